@@ -1,0 +1,29 @@
+# Every target sets itself up: a .venv is created if missing and the package installed into it
+# (editable, with the mpi and test extras) under constraints.txt, which pins the CPU torch wheel.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(CURDIR)/$(VENV)/bin
+STAMP  := $(VENV)/.installed
+NP     ?= 8
+# mpiexec from the mpich wheel lives in the venv; put it first on PATH so ranks find the same python.
+export PATH := $(BIN):$(PATH)
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: install test demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[mpi,test]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+demo: $(STAMP)
+	$(BIN)/mpiexec -n $(NP) $(BIN)/python -m experiments.demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info

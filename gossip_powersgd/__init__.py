@@ -1,0 +1,25 @@
+"""gossip_powersgd: decentralized training with low-rank compressed gossip (PowerGossip).
+
+Peers sit on a graph (see the `topologies` package) and talk only to their neighbours, through an
+MPI transport (`MPICommunicator`, one peer per rank) or an in-process one (`LocalCluster`, one
+thread per peer). Algorithms are written once for both.
+"""
+
+from .algorithms import ExactGossip, GossipAlgorithm, NonFiniteError, make_algorithm
+from .comm import (
+    AgreementError,
+    Communicator,
+    CommunicationError,
+    LocalCluster,
+    MPICommunicator,
+    PeerAborted,
+)
+from .metrics import consensus_distance
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ExactGossip", "GossipAlgorithm", "NonFiniteError", "make_algorithm",
+    "AgreementError", "Communicator", "CommunicationError", "LocalCluster", "MPICommunicator",
+    "PeerAborted", "consensus_distance",
+]

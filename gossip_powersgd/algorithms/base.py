@@ -1,0 +1,148 @@
+"""What every gossip algorithm shares: the parameter list, the start-up agreement check, packing
+tensors into one message, and the finiteness guard on everything sent."""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, Iterable, List, Sequence, Tuple, Union
+
+import torch
+
+from ..comm.base import Tensor
+
+ParamsLike = Union[Iterable[Tensor], Iterable[Tuple[str, Tensor]]]
+
+
+class NonFiniteError(FloatingPointError):
+    """A peer was about to send a NaN or an infinity to its neighbours."""
+
+
+def named_tensors(params: ParamsLike) -> Tuple[List[str], List[Tensor]]:
+    """Accept `model.parameters()`, `model.named_parameters()` or a list of tensors."""
+    names, tensors = [], []
+    for k, item in enumerate(params):
+        if isinstance(item, tuple):
+            name, tensor = item
+        else:
+            name, tensor = f"param[{k}]", item
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} is a {type(tensor).__name__}, not a torch.Tensor")
+        names.append(name)
+        tensors.append(tensor)
+    return names, tensors
+
+
+def signature(names: Sequence[str], tensors: Sequence[Tensor]) -> str:
+    """What all peers must agree on: shapes and dtypes (names are not compared, shapes are)."""
+    return ";".join(f"{tuple(t.shape)}:{t.dtype}" for t in tensors)
+
+
+class FlatParams:
+    """A preallocated contiguous copy of a list of same-dtype tensors, for one-message gossip."""
+
+    def __init__(self, tensors: Sequence[Tensor]):
+        self.tensors = list(tensors)
+        total = sum(t.numel() for t in self.tensors)
+        first = self.tensors[0] if self.tensors else torch.empty(0)
+        self.buffer = torch.empty(total, dtype=first.dtype, device=first.device)
+        self.views, offset = [], 0
+        for t in self.tensors:
+            self.views.append(self.buffer[offset:offset + t.numel()].view(t.shape))
+            offset += t.numel()
+
+    def pack(self) -> Tensor:
+        for view, t in zip(self.views, self.tensors):
+            view.copy_(t.detach())
+        return self.buffer
+
+    def unpack(self) -> None:
+        with torch.no_grad():
+            for view, t in zip(self.views, self.tensors):
+                t.copy_(view)
+
+
+class GossipAlgorithm:
+    """Base class: holds the parameters (updated in place) and the communicator.
+
+    Construction is collective: every peer checks that all peers hold parameters of the same shapes
+    and dtypes, and fails with the same `AgreementError` on every rank otherwise.
+    """
+
+    name = "gossip"
+
+    def __init__(self, params: ParamsLike, comm):
+        self.names, self.params = named_tensors(params)
+        self.comm = comm
+        if not self.params:
+            raise ValueError("no parameters given: pass model.parameters() or a list of tensors")
+        dtypes = {t.dtype for t in self.params}
+        if len(dtypes) > 1:
+            raise ValueError(
+                f"parameters have mixed dtypes {sorted(map(str, dtypes))}: convert the model to one "
+                "dtype (e.g. model.float()) before gossiping"
+            )
+        if not self.params[0].is_floating_point():
+            raise ValueError(f"parameters must be floating point, got {self.params[0].dtype}")
+        devices = {t.device for t in self.params}
+        if len(devices) > 1:
+            raise ValueError(f"parameters live on several devices {sorted(map(str, devices))}: move the model to one")
+        self.dtype = self.params[0].dtype
+        self.device = self.params[0].device
+        self.steps = 0
+        # Wall time spent in step() and, within it, waiting on the transport; the rest is the
+        # algorithm's own compute.
+        self.time_total = 0.0
+        self.time_communication = 0.0
+        comm.check_agreement("parameter shapes and dtypes", signature(self.names, self.params))
+
+    def step(self) -> None:
+        """One gossip round on the parameters, in place."""
+        start = time.perf_counter()
+        with torch.no_grad():
+            self._step()
+        self.steps += 1
+        self.time_total += time.perf_counter() - start
+
+    @property
+    def time_compute(self) -> float:
+        return self.time_total - self.time_communication
+
+    # ---- to be implemented ---------------------------------------------------------------------
+    def _step(self) -> None:
+        raise NotImplementedError
+
+    def bytes_per_step(self) -> int:
+        """Training bytes this peer sends per `step()`, from the algorithm's own formula."""
+        raise NotImplementedError
+
+    # ---- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, object]:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: Dict[str, object]) -> None:
+        self.steps = int(state["steps"])
+
+    # ---- helpers -----------------------------------------------------------------------------------
+    def _exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
+        """`comm.exchange`, refusing to send anything non-finite (a NaN would spread to everyone)."""
+        checked = set()
+        for buffer in send.values():
+            if id(buffer) in checked:
+                continue
+            checked.add(id(buffer))
+            if buffer.is_floating_point() and not bool(torch.isfinite(buffer).all()):
+                self._raise_non_finite()
+        start = time.perf_counter()
+        self.comm.exchange(send, recv)
+        self.time_communication += time.perf_counter() - start
+
+    def _raise_non_finite(self) -> None:
+        bad = [n for n, t in zip(self.names, self.params) if not bool(torch.isfinite(t).all())]
+        where = f"parameter(s) {', '.join(bad)}" if bad else "the outgoing message (overflow)"
+        raise NonFiniteError(
+            f"rank {self.comm.rank}: non-finite values in {where} at gossip step {self.steps}; "
+            "nothing was sent (lower the learning rate or check the data)"
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.comm.rank}, tensors={len(self.params)})"

@@ -1,0 +1,59 @@
+"""Exact (uncompressed) gossip: x_i <- x_i + gamma * sum_j W[i,j] (x_j - x_i)."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence
+
+import torch
+
+from ..comm.base import Tensor
+from .base import FlatParams, GossipAlgorithm, ParamsLike
+
+
+def resolve_gamma(gamma: Optional[float], comm) -> float:
+    """`None` means the topology's consensus step 2/(lambda_min + lambda_max) of I - W."""
+    value = comm.topology.gamma if gamma is None else float(gamma)
+    if not value > 0:
+        raise ValueError(f"gamma must be > 0, got {gamma}")
+    return value
+
+
+def mix_exact(x: Tensor, received: Sequence[Tensor], weights: Sequence[float], gamma: float,
+              scratch: Tensor) -> None:
+    """x += gamma * sum_j w_j (x_j - x), accumulated in neighbour order (deterministic bits)."""
+    mix = scratch.zero_()
+    for x_j, w in zip(received, weights):
+        mix.add_(x_j, alpha=w)
+    mix.add_(x, alpha=-sum(weights))
+    x.add_(mix, alpha=gamma)
+
+
+class ExactGossip(GossipAlgorithm):
+    """Every peer sends its whole model to each neighbour, all tensors packed in one message.
+
+    gamma = 1 is plain mixing with W; gamma=None uses the topology's optimal step (`topology.gamma`).
+    """
+
+    name = "exact"
+
+    def __init__(self, params: ParamsLike, comm, gamma: Optional[float] = None):
+        super().__init__(params, comm)
+        self.gamma = resolve_gamma(gamma, comm)
+        self._flat = FlatParams(self.params)
+        self._recv = {j: torch.empty_like(self._flat.buffer) for j in comm.neighbors}
+        self._weights = [comm.topology.weight(comm.rank, j) for j in comm.neighbors]
+        self._mix = torch.empty_like(self._flat.buffer)
+
+    def _step(self) -> None:
+        if not self.comm.neighbors:
+            return
+        x = self._flat.pack()
+        self._exchange({j: x for j in self.comm.neighbors}, self._recv)
+        mix_exact(x, [self._recv[j] for j in self.comm.neighbors], self._weights, self.gamma, self._mix)
+        self._flat.unpack()
+
+    def bytes_per_step(self) -> int:
+        return len(self.comm.neighbors) * self._flat.buffer.numel() * self._flat.buffer.element_size()
+
+    def state_dict(self) -> Dict[str, object]:
+        return {"steps": self.steps, "gamma": self.gamma}

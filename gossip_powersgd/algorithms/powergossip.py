@@ -1,0 +1,354 @@
+"""PowerGossip: gossip of low-rank approximations of the model differences between neighbours.
+
+Vogels, Karimireddy, Jaggi, "Practical Low-Rank Communication Compression in Decentralized Deep
+Learning", NeurIPS 2020. For an edge {i, j} and a parameter viewed as a matrix M (rows x rest), both
+ends hold the same factors P (rows x r) and Q (cols x r), seeded from (seed, min(i,j), max(i,j)).
+With D = M_big - M_small (big = max(i, j)), half-steps alternate on a global counter:
+
+    right (odd):  orthonormalise Q, send M Q,   both form P = M_big Q - M_small Q   = D Q
+    left  (even): orthonormalise P, send M^T P, both form Q = M_big^T P - M_small^T P = D^T P
+
+and after each half-step  M_i += sigma * gamma * W[i,j] * P Q^T,  sigma = +1 at the smaller rank and
+-1 at the larger, so each edge adds +U at one end and -U at the other: the average over peers is
+preserved exactly (up to float rounding). The factor kept from one half-step seeds the next (warm
+start), so successive steps continue one power iteration on the slowly changing D. Nothing but the
+products crosses the wire; no error feedback is needed since what is not sent stays in D.
+
+Work is done once per half-step, not once per neighbour: tensors of the same matrix shape are
+stacked and multiplied with `bmm`; the products for all neighbours come from one multiplication of M
+by the neighbours' factors side by side, and the updates from all neighbours are added by one
+`baddbmm` of rank deg*r. Per-edge work (orthonormalising the shared factor, forming it from the two
+products) runs on tensors whose shape is the same at both ends, so both ends compute identical bits.
+
+Tensors with one dimension, and any tensor whose low-rank form would not be smaller (PyTorch's
+`min_compression_rate` rule), are gossiped exactly, once per `step()`, in the first half-step's
+message and with the same gamma.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+from ..comm.base import Tensor
+from .base import FlatParams, GossipAlgorithm, ParamsLike
+from .exact import mix_exact, resolve_gamma
+
+#: Above this rank the factors are orthonormalised with a QR factorisation instead of Gram-Schmidt.
+GRAM_SCHMIDT_MAX_RANK = 4
+#: Added to column norms so that an all-zero column (identical models) stays zero, never NaN.
+ORTHO_EPS = 1e-8
+
+
+def edge_seed(seed: int, i: int, j: int) -> int:
+    """A seed both ends of edge {i, j} derive alike, without collisions between edges (unlike joined
+    decimal strings, where (1, 12) and (11, 2) collide)."""
+    small, big = min(i, j), max(i, j)
+    state = np.random.SeedSequence([seed, small, big]).generate_state(1, dtype=np.uint64)[0]
+    return int(state) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def orthonormalize_(factor: Tensor) -> Tensor:
+    """Orthonormalise the columns of each matrix of a (batch, n, r) tensor in place.
+
+    Gram-Schmidt dividing by (norm + eps) for small r (zero columns stay zero), QR above.
+    """
+    r = factor.shape[-1]
+    if r > GRAM_SCHMIDT_MAX_RANK:
+        q, _ = torch.linalg.qr(factor, mode="reduced")
+        return factor.copy_(q)
+    for k in range(r):
+        column = factor[..., k:k + 1]
+        for previous in range(k):
+            basis = factor[..., previous:previous + 1]
+            column.sub_(basis * (basis * column).sum(dim=-2, keepdim=True))
+        column.div_(torch.linalg.vector_norm(column, dim=-2, keepdim=True).add_(ORTHO_EPS))
+    return factor
+
+
+@dataclasses.dataclass
+class _Group:
+    """Parameters sharing one matrix shape, stacked as a (batch, rows, cols) tensor."""
+
+    indices: List[int]
+    rows: int
+    cols: int
+    rank: int
+    matrices: Tensor = None  # (batch, rows, cols): the parameters themselves (views), or their home
+    right: Dict[int, Tensor] = None  # neighbour -> Q (batch, cols, r): the right factor
+    left: Dict[int, Tensor] = None  # neighbour -> P (batch, rows, r): the left factor
+    right_cat: Tensor = None  # (batch, cols, deg*r): the neighbours' Q side by side
+    left_cat: Tensor = None  # (batch, rows, deg*r): the neighbours' P side by side (scaled for the update)
+    products_right: Tensor = None  # (batch, rows, deg*r) = M @ right_cat
+    products_left: Tensor = None  # (batch, cols, deg*r) = M^T @ left_cat
+
+    @property
+    def batch(self) -> int:
+        return len(self.indices)
+
+
+class PowerGossip(GossipAlgorithm):
+    """Low-rank compressed gossip with shared per-edge factors and warm-started power iteration.
+
+    Args:
+        params: tensors or `model.parameters()` / `named_parameters()`, updated in place.
+        comm: a communicator (`MPICommunicator` or the one `LocalCluster.run` passes).
+        rank: the rank r of the approximation of each matrix difference (clipped to the matrix's
+            smaller side).
+        num_iterations: half-steps per `step()`; each has its own message and update.
+        gamma: consensus step; None uses the topology's `gamma`, the value exact gossip would use.
+        warm_start: keep each factor for the next half-step (True) or redraw it from the edge's
+            shared generator every time ("random restart", False).
+        seed: base of the per-edge seeds.
+        min_compression_rate: a matrix is compressed only if (rows + cols) * r * rate < rows * cols;
+            otherwise it is gossiped exactly. 1 compresses whatever gets smaller; 0 compresses every
+            matrix (useful in tests at full rank).
+
+    Matrices of equal shape are stacked into one buffer and the parameters are re-pointed at slices
+    of it (`param.data = ...`): their values and identities do not change, and the stacking costs no
+    copy at each step. If something re-points them again (e.g. `model.to(device)`), the next step
+    notices and re-stacks them.
+    """
+
+    name = "powergossip"
+
+    def __init__(self, params: ParamsLike, comm, rank: int = 1, num_iterations: int = 1,
+                 gamma: Optional[float] = None, warm_start: bool = True, seed: int = 0,
+                 min_compression_rate: float = 1.0):
+        super().__init__(params, comm)
+        if int(rank) != rank or rank < 1:
+            raise ValueError(f"rank must be an integer >= 1, got {rank}")
+        if int(num_iterations) != num_iterations or num_iterations < 1:
+            raise ValueError(f"num_iterations must be an integer >= 1, got {num_iterations}")
+        if min_compression_rate < 0:
+            raise ValueError(f"min_compression_rate must be >= 0, got {min_compression_rate}")
+        self.rank = int(rank)
+        self.num_iterations = int(num_iterations)
+        self.gamma = resolve_gamma(gamma, comm)
+        self.warm_start = bool(warm_start)
+        self.seed = int(seed)
+        self.min_compression_rate = float(min_compression_rate)
+        self.half_steps = 0
+
+        me, neighbors = comm.rank, comm.neighbors
+        self._weights = [comm.topology.weight(me, j) for j in neighbors]
+        # +1 at the smaller end of an edge, -1 at the larger: opposite updates preserve the average.
+        self._signs = [1.0 if me < j else -1.0 for j in neighbors]
+        self._generators = {j: torch.Generator(device="cpu").manual_seed(edge_seed(self.seed, me, j))
+                            for j in neighbors}
+
+        self._groups = self._make_groups()
+        exact = [self.params[k] for k in range(len(self.params)) if k not in self._compressed]
+        self._exact = FlatParams(exact) if exact else None
+        self._exact_scratch = torch.empty_like(self._exact.buffer) if exact else None
+        self._make_factors()
+        self._make_messages()
+
+    # ---- set-up --------------------------------------------------------------------------------
+    def _make_groups(self) -> List[_Group]:
+        shapes: Dict[tuple, List[int]] = {}
+        for k, tensor in enumerate(self.params):
+            if tensor.dim() < 2:
+                continue
+            rows = tensor.shape[0]
+            cols = tensor.numel() // rows
+            r = min(self.rank, rows, cols)
+            if (rows + cols) * r * self.min_compression_rate < rows * cols:
+                shapes.setdefault((rows, cols), []).append(k)
+        groups = [_Group(indices, rows, cols, min(self.rank, rows, cols))
+                  for (rows, cols), indices in shapes.items()]
+        self._compressed = {k for g in groups for k in g.indices}
+        for group in groups:
+            self._home(group)
+        return groups
+
+    def _home(self, group: _Group) -> None:
+        """Give a group one (batch, rows, cols) buffer that its parameters are views of."""
+        first = self.params[group.indices[0]]
+        if group.batch == 1 and first.is_contiguous():
+            group.matrices = first.data.view(1, group.rows, group.cols)
+            return
+        if group.matrices is None:
+            group.matrices = torch.empty((group.batch, group.rows, group.cols),
+                                         dtype=self.dtype, device=self.device)
+        for slot, k in enumerate(group.indices):
+            tensor = self.params[k]
+            group.matrices[slot].copy_(tensor.detach().reshape(group.rows, group.cols))
+            tensor.data = group.matrices[slot].view(tensor.shape)
+
+    def _check_homes(self) -> None:
+        for group in self._groups:
+            for slot, k in enumerate(group.indices):
+                if self.params[k].data_ptr() != group.matrices[slot].data_ptr():
+                    self._home(group)
+                    break
+
+    def _draw(self, j: int, shape) -> Tensor:
+        # Drawn on the CPU from the edge's generator, then moved: a CPU peer and a GPU peer agree.
+        return torch.randn(shape, generator=self._generators[j], dtype=self.dtype).to(self.device)
+
+    def _make_factors(self) -> None:
+        deg = len(self.comm.neighbors)
+        for group in self._groups:
+            b, rows, cols, r = group.batch, group.rows, group.cols, group.rank
+            group.right = {j: self._draw(j, (b, cols, r)) for j in self.comm.neighbors}
+            group.left = {j: torch.zeros((b, rows, r), dtype=self.dtype, device=self.device)
+                          for j in self.comm.neighbors}
+            new = lambda *shape: torch.zeros(shape, dtype=self.dtype, device=self.device)  # noqa: E731
+            group.right_cat = new(b, cols, deg * r)
+            group.left_cat = new(b, rows, deg * r)
+            group.products_right = new(b, rows, deg * r)
+            group.products_left = new(b, cols, deg * r)
+
+    def _make_messages(self) -> None:
+        """One preallocated send and receive buffer per neighbour, with views for every segment.
+
+        Layout of a message: for each group, its products (batch x rows x r on a right half-step,
+        batch x cols x r on a left one), then, on the first half-step of a step, the exact part.
+        """
+        right = sum(g.batch * g.rows * g.rank for g in self._groups)
+        left = sum(g.batch * g.cols * g.rank for g in self._groups)
+        exact = self._exact.buffer.numel() if self._exact is not None else 0
+        self._message_numel = {(side, with_exact): size + (exact if with_exact else 0)
+                               for side, size in (("right", right), ("left", left))
+                               for with_exact in (False, True)}
+        capacity = max(right, left) + exact
+        new = lambda: torch.zeros(capacity, dtype=self.dtype, device=self.device)  # noqa: E731
+        self._send = {j: new() for j in self.comm.neighbors}
+        self._recv = {j: new() for j in self.comm.neighbors}
+        # Segment views: (group index, side) -> neighbour -> view; "exact" -> neighbour -> view.
+        self._send_views: Dict[tuple, Dict[int, Tensor]] = {}
+        self._recv_views: Dict[tuple, Dict[int, Tensor]] = {}
+        for side in ("right", "left"):
+            offset = 0
+            for index, g in enumerate(self._groups):
+                shape = (g.batch, g.rows if side == "right" else g.cols, g.rank)
+                size = shape[0] * shape[1] * shape[2]
+                for views, buffers in ((self._send_views, self._send), (self._recv_views, self._recv)):
+                    views[(index, side)] = {j: buffers[j][offset:offset + size].view(shape)
+                                            for j in self.comm.neighbors}
+                offset += size
+            for views, buffers in ((self._send_views, self._send), (self._recv_views, self._recv)):
+                views[("exact", side)] = {j: buffers[j][offset:offset + exact] for j in self.comm.neighbors}
+
+    # ---- the algorithm -------------------------------------------------------------------------
+    def _step(self) -> None:
+        if not self.comm.neighbors:
+            self.half_steps += self.num_iterations
+            return
+        self._check_homes()
+        for iteration in range(self.num_iterations):
+            self.half_steps += 1
+            self._half_step(right=self.half_steps % 2 == 1, with_exact=iteration == 0)
+
+    def _half_step(self, right: bool, with_exact: bool) -> None:
+        neighbors = self.comm.neighbors
+        side = "right" if right else "left"
+
+        # 1. Orthonormalise the factor we multiply by, and compute all neighbours' products at once.
+        for index, g in enumerate(self._groups):
+            factors, cat = (g.right, g.right_cat) if right else (g.left, g.left_cat)
+            r = g.rank
+            for n, j in enumerate(neighbors):
+                if not self.warm_start:
+                    factors[j].copy_(self._draw(j, factors[j].shape))
+                orthonormalize_(factors[j])
+                cat[..., n * r:(n + 1) * r] = factors[j]
+            if right:
+                torch.bmm(g.matrices, g.right_cat, out=g.products_right)
+                products = g.products_right
+            else:
+                torch.bmm(g.matrices.transpose(1, 2), g.left_cat, out=g.products_left)
+                products = g.products_left
+            sends = self._send_views[(index, side)]
+            for n, j in enumerate(neighbors):
+                sends[j].copy_(products[..., n * r:(n + 1) * r])
+        if with_exact and self._exact is not None:
+            x = self._exact.pack()
+            for j in neighbors:
+                self._send_views[("exact", side)][j].copy_(x)
+
+        # 2. One message per neighbour, all computed from the models as they were before any update.
+        numel = self._message_numel[(side, with_exact and self._exact is not None)]
+        self._exchange({j: self._send[j][:numel] for j in neighbors},
+                       {j: self._recv[j][:numel] for j in neighbors})
+
+        # 3. Both ends form the same new factor D Q (or D^T P), then the update of rank deg*r.
+        for index, g in enumerate(self._groups):
+            r = g.rank
+            sends, recvs = self._send_views[(index, side)], self._recv_views[(index, side)]
+            new_factors = g.left if right else g.right
+            for n, j in enumerate(neighbors):
+                # big's product minus small's product, written in the same order at both ends.
+                if self.comm.rank < j:
+                    torch.sub(recvs[j], sends[j], out=new_factors[j])
+                else:
+                    torch.sub(sends[j], recvs[j], out=new_factors[j])
+                scale = self._signs[n] * self.gamma * self._weights[n]
+                torch.mul(g.left[j], scale, out=g.left_cat[..., n * r:(n + 1) * r])
+                if not right:
+                    g.right_cat[..., n * r:(n + 1) * r] = g.right[j]
+            # M += sum_j sigma_j gamma w_j P_j Q_j^T, all neighbours in one multiply-add
+            g.matrices.baddbmm_(g.left_cat, g.right_cat.transpose(1, 2))
+        if with_exact and self._exact is not None:
+            x = self._exact.buffer
+            received = [self._recv_views[("exact", side)][j] for j in neighbors]
+            mix_exact(x, received, self._weights, self.gamma, self._exact_scratch)
+            self._exact.unpack()
+
+    # ---- accounting and state ------------------------------------------------------------------
+    def bytes_per_step(self) -> int:
+        """Bytes this peer will send in its next `step()` (half-steps alternate right and left)."""
+        total, half = 0, self.half_steps
+        has_exact = self._exact is not None
+        for iteration in range(self.num_iterations):
+            half += 1
+            side = "right" if half % 2 == 1 else "left"
+            total += self._message_numel[(side, iteration == 0 and has_exact)]
+        return total * len(self.comm.neighbors) * torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def compressed_fraction(self) -> float:
+        """Share of the parameters (by count) that travel in low-rank form."""
+        compressed = sum(self.params[k].numel() for k in self._compressed)
+        return compressed / max(1, sum(t.numel() for t in self.params))
+
+    def factors(self, neighbor: int) -> Dict[str, Tensor]:
+        """The factors this peer shares with `neighbor`, for inspection and tests."""
+        out = {}
+        for index, g in enumerate(self._groups):
+            out[f"{index}.P"] = g.left[neighbor]
+            out[f"{index}.Q"] = g.right[neighbor]
+        return out
+
+    def state_dict(self) -> Dict[str, object]:
+        state: Dict[str, object] = {"steps": self.steps, "half_steps": self.half_steps,
+                                    "rank": self.rank, "seed": self.seed}
+        for j in self.comm.neighbors:
+            for name, tensor in self.factors(j).items():
+                state[f"factor.{j}.{name}"] = tensor.detach().cpu().clone()
+            state[f"generator.{j}"] = self._generators[j].get_state()
+        return state
+
+    def load_state_dict(self, state: Dict[str, object]) -> None:
+        if int(state["rank"]) != self.rank or int(state["seed"]) != self.seed:
+            raise ValueError(
+                f"PowerGossip state is for rank={state['rank']}, seed={state['seed']}; this instance "
+                f"has rank={self.rank}, seed={self.seed}"
+            )
+        for j in self.comm.neighbors:
+            for name, tensor in self.factors(j).items():
+                key = f"factor.{j}.{name}"
+                if key not in state:
+                    raise ValueError(f"PowerGossip state has no {key}: it was saved on another topology")
+                saved = state[key]
+                if tuple(saved.shape) != tuple(tensor.shape):
+                    raise ValueError(f"PowerGossip state {key} has shape {tuple(saved.shape)}, "
+                                     f"expected {tuple(tensor.shape)}")
+                tensor.copy_(saved)
+            self._generators[j].set_state(state[f"generator.{j}"])
+        self.steps = int(state["steps"])
+        self.half_steps = int(state["half_steps"])

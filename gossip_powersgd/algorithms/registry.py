@@ -1,0 +1,84 @@
+"""`make_algorithm("powergossip:rank=2,iters=1", params, comm)`: the CLI spelling of an algorithm.
+
+A spec is `name` or `name:key=value,key=value`. Each algorithm declares the keys it accepts, with the
+keyword argument each maps to and how to parse its value; anything else is an error that lists
+what is valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Tuple
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true/false, got {text!r}")
+
+
+def parse_optional_float(text: str):
+    return None if text.lower() in ("none", "auto", "default") else float(text)
+
+
+@dataclasses.dataclass
+class AlgorithmEntry:
+    factory: Callable[..., Any]
+    keys: Dict[str, Tuple[str, Callable[[str], Any]]]  # spec key -> (keyword argument, parser)
+    summary: str
+
+
+REGISTRY: Dict[str, AlgorithmEntry] = {}
+
+
+def register(name: str, factory, keys: Dict[str, Tuple[str, Callable[[str], Any]]], summary: str) -> None:
+    REGISTRY[name] = AlgorithmEntry(factory, keys, summary)
+
+
+def split_spec(spec: str) -> Tuple[str, Dict[str, str]]:
+    """"choco:compressor=topk:0.01,gamma=0.4" -> ("choco", {"compressor": "topk:0.01", "gamma": "0.4"})."""
+    name, _, rest = spec.strip().partition(":")
+    options: Dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"algorithm spec {spec!r}: option {item!r} is not key=value")
+        options[key.strip()] = value.strip()
+    return name.strip().lower(), options
+
+
+def algorithm_kwargs(spec: str) -> Tuple[AlgorithmEntry, Dict[str, Any]]:
+    """Validate a spec without building anything (so a config can be checked before training)."""
+    name, options = split_spec(spec)
+    if name not in REGISTRY:
+        raise ValueError(f"unknown algorithm {name!r}; valid: {', '.join(sorted(REGISTRY))}")
+    entry = REGISTRY[name]
+    kwargs: Dict[str, Any] = {}
+    for key, value in options.items():
+        if key not in entry.keys:
+            valid = ", ".join(sorted(entry.keys)) or "none"
+            raise ValueError(f"algorithm {name!r} has no option {key!r}; valid: {valid}")
+        argument, parse = entry.keys[key]
+        try:
+            kwargs[argument] = parse(value)
+        except ValueError as exc:
+            raise ValueError(f"algorithm {name!r}: bad value {value!r} for {key}: {exc}") from None
+    return entry, kwargs
+
+
+def make_algorithm(spec: str, params, comm):
+    """Build the algorithm a spec names, on `params`, talking through `comm`."""
+    entry, kwargs = algorithm_kwargs(spec)
+    return entry.factory(params, comm, **kwargs)
+
+
+def describe_algorithms() -> str:
+    lines = []
+    for name in sorted(REGISTRY):
+        entry = REGISTRY[name]
+        keys = ",".join(sorted(entry.keys))
+        lines.append(f"{name}{':' + keys if keys else ''}  {entry.summary}")
+    return "\n".join(lines)

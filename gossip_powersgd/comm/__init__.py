@@ -1,0 +1,17 @@
+"""Transports: who talks to whom, and the only place where bytes are counted."""
+
+from .base import (
+    AgreementError,
+    CommStats,
+    Communicator,
+    CommunicationError,
+    PeerAborted,
+    reduce_in_rank_order,
+)
+from .local import LocalCluster, LocalCommunicator, run_local
+from .mpi import MPICommunicator
+
+__all__ = [
+    "AgreementError", "CommStats", "Communicator", "CommunicationError", "PeerAborted",
+    "reduce_in_rank_order", "LocalCluster", "LocalCommunicator", "run_local", "MPICommunicator",
+]

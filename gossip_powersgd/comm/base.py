@@ -1,0 +1,216 @@
+"""The communicator interface shared by the MPI and the in-process transports.
+
+A communicator knows the topology, its own rank and its neighbours, and moves raw tensor bytes. It
+is the only place in the package that counts bytes: every algorithm goes through `exchange` (one
+message to each neighbour, one from each) or `allreduce_`, and `stats` is what the results report.
+
+Traffic is split in two: *training* traffic (what an algorithm needs to train) and *metric* traffic
+(monitoring all-reduces such as the consensus distance or the averaged-model evaluation). Only the
+former is the cost of an algorithm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Dict, List, Sequence
+
+import torch
+
+Tensor = torch.Tensor
+
+#: Default seconds a peer waits for a neighbour's message before it gives up naming that neighbour.
+DEFAULT_TIMEOUT = 120.0
+
+REDUCE_OPS = ("sum", "mean", "max", "min")
+
+# Message tags carry the dtype so that a receiver can reject a message of the wrong dtype even though
+# only raw bytes travel.
+DTYPE_CODES = {
+    torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4, torch.uint8: 5,
+    torch.int8: 6, torch.int16: 7, torch.int32: 8, torch.int64: 9, torch.bool: 10,
+}
+CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
+
+
+class CommunicationError(RuntimeError):
+    """A message could not be delivered or was not what the receiver expected."""
+
+
+class PeerAborted(CommunicationError):
+    """Another peer failed, so this one stops instead of waiting forever."""
+
+
+class AgreementError(ValueError):
+    """Peers disagree on something they must share (topology, parameter shapes, configuration).
+
+    Raised identically on every rank, so that every rank can exit with the same message.
+    """
+
+
+@dataclasses.dataclass
+class CommStats:
+    """Traffic sent by one peer. `bytes_sent`/`messages_sent` are training traffic only."""
+
+    bytes_sent: int = 0
+    messages_sent: int = 0
+    metric_bytes_sent: int = 0
+    metric_messages_sent: int = 0
+
+    def as_dict(self) -> Dict[str, int]:
+        return dataclasses.asdict(self)
+
+    def reset(self) -> None:
+        self.bytes_sent = self.messages_sent = 0
+        self.metric_bytes_sent = self.metric_messages_sent = 0
+
+
+def nbytes(tensor: Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def reduce_in_rank_order(stacked: Sequence[Tensor], op: str) -> Tensor:
+    """Reduce per-rank tensors in rank order.
+
+    Both transports reduce with this very function, so an all-reduce gives the same bits on every
+    rank and under either transport (MPI's own reductions do not promise an order).
+    """
+    result = stacked[0].clone()
+    for other in stacked[1:]:
+        if op in ("sum", "mean"):
+            result.add_(other)
+        elif op == "max":
+            torch.maximum(result, other, out=result)
+        else:
+            torch.minimum(result, other, out=result)
+    if op == "mean":
+        result.div_(len(stacked))
+    return result
+
+
+def digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).digest()
+
+
+def describe_disagreement(what: str, digests: List[bytes]) -> str:
+    """One line naming which ranks hold which variant."""
+    groups: Dict[bytes, List[int]] = {}
+    for rank, d in enumerate(digests):
+        groups.setdefault(d, []).append(rank)
+    variants = sorted(groups.values(), key=lambda ranks: (-len(ranks), ranks))
+    parts = [f"ranks {_ranges(r)} hold variant {k + 1}" for k, r in enumerate(variants)]
+    return f"{what} differs across ranks: " + "; ".join(parts)
+
+
+def _ranges(ranks: List[int]) -> str:
+    out, start = [], ranks[0]
+    for a, b in zip(ranks, ranks[1:] + [None]):
+        if b != a + 1:
+            out.append(str(start) if start == a else f"{start}-{a}")
+            start = b
+    return ",".join(out)
+
+
+class Communicator:
+    """What algorithms see of a transport. Subclasses implement the `_raw` methods."""
+
+    rank: int
+    size: int
+    topology: "object"
+    timeout: float
+
+    def __init__(self, topology, rank: int, timeout: float | None):
+        self.topology = topology
+        self.rank = rank
+        self.size = topology.size
+        self.neighbors = tuple(topology.neighbors(rank))
+        self.timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+        if self.timeout <= 0:
+            raise ValueError(f"timeout must be positive seconds, got {timeout}")
+        self.stats = CommStats()
+
+    # ---- point to point ------------------------------------------------------------------------
+    def exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
+        """Send `send[j]` to every neighbour j and fill `recv[j]` in place with j's message.
+
+        Both dicts must have exactly the neighbours as keys. The receive buffers are preallocated by
+        the caller: a message whose byte size or dtype differs raises `CommunicationError` naming the
+        sending peer. Returns when every message has been received and every send has completed.
+        """
+        if not self.neighbors:
+            return
+        expected = set(self.neighbors)
+        if set(send) != expected or set(recv) != expected:
+            raise ValueError(
+                f"rank {self.rank}: exchange needs one send and one receive buffer per neighbour "
+                f"{sorted(expected)}, got send {sorted(send)} and recv {sorted(recv)}"
+            )
+        for j in self.neighbors:
+            if not recv[j].is_contiguous():
+                raise ValueError(f"rank {self.rank}: the receive buffer for peer {j} is not contiguous")
+        self._exchange(send, recv)
+        for j in self.neighbors:
+            self.stats.bytes_sent += nbytes(send[j])
+            self.stats.messages_sent += 1
+
+    def _exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
+        raise NotImplementedError
+
+    def _check_message(self, source: int, got_bytes: int, got_dtype, buffer: Tensor) -> None:
+        want = nbytes(buffer)
+        if got_dtype != buffer.dtype:
+            raise CommunicationError(
+                f"rank {self.rank}: message from peer {source} has dtype {got_dtype}, expected "
+                f"{buffer.dtype} (do both peers run the same algorithm on the same model?)"
+            )
+        if got_bytes != want:
+            raise CommunicationError(
+                f"rank {self.rank}: message from peer {source} has {got_bytes} bytes, expected "
+                f"{want} (do both peers run the same algorithm on the same model?)"
+            )
+
+    # ---- collectives ---------------------------------------------------------------------------
+    def allreduce_(self, tensor: Tensor, op: str = "mean", metric: bool = False) -> Tensor:
+        """All-reduce `tensor` in place over all peers and return it.
+
+        The reduction runs in rank order on every peer (see `reduce_in_rank_order`), so every peer
+        and both transports get the same bits. Training traffic (`metric=False`) is charged at the
+        cost of a bandwidth-optimal ring all-reduce, 2(n-1)/n x the tensor's bytes in 2(n-1)
+        messages per peer, which is what a tuned MPI or NCCL all-reduce sends; `metric=True` charges
+        the metric counters instead.
+        """
+        if op not in REDUCE_OPS:
+            raise ValueError(f"unknown reduce op {op!r}; valid: {', '.join(REDUCE_OPS)}")
+        if self.size > 1:
+            gathered = self._allgather_tensor(tensor)
+            tensor.copy_(reduce_in_rank_order(gathered, op))
+            sent = 2 * (self.size - 1) * nbytes(tensor) // self.size
+            if metric:
+                self.stats.metric_bytes_sent += sent
+                self.stats.metric_messages_sent += 2 * (self.size - 1)
+            else:
+                self.stats.bytes_sent += sent
+                self.stats.messages_sent += 2 * (self.size - 1)
+        elif op == "mean":
+            pass  # the mean of one value is itself
+        return tensor
+
+    def _allgather_tensor(self, tensor: Tensor) -> List[Tensor]:
+        raise NotImplementedError
+
+    def allgather_bytes(self, data: bytes) -> List[bytes]:
+        """Gather a short byte string of the same length from every peer (control traffic)."""
+        gathered = self._allgather_tensor(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        return [bytes(t.numpy().tobytes()) for t in gathered]
+
+    def barrier(self) -> None:
+        self.allgather_bytes(b"\0")
+
+    def check_agreement(self, what: str, value: str) -> None:
+        """Raise `AgreementError` on every rank unless all ranks pass the same `value`."""
+        digests = self.allgather_bytes(digest(value))
+        if len(set(digests)) > 1:
+            raise AgreementError(describe_disagreement(what, digests))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, size={self.size}, neighbors={self.neighbors})"

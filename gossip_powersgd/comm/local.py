@@ -1,0 +1,161 @@
+"""All peers inside one process, one thread each: simulate 64 peers on a laptop, test without MPI.
+
+`LocalCluster(topology).run(fn, *args)` calls `fn(comm, *args)` once per peer, each in its own
+thread with its own `LocalCommunicator`, and returns the return values by rank. Messages travel
+through in-memory mailboxes as copies of the sent bytes, so a peer can reuse its send buffer as soon
+as `exchange` returns, exactly as with MPI. If any peer raises, every other peer is released from
+whatever it waits on (it raises `PeerAborted`), and `run` re-raises the first real error: a failure
+never turns into a hang.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from .base import Communicator, CommunicationError, PeerAborted, Tensor
+
+_POLL_SECONDS = 0.05
+
+
+class _Shared:
+    """State the peers of one `run` share: mailboxes, a barrier for collectives, the abort flag."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.mailboxes: Dict[tuple, "queue.SimpleQueue"] = {}
+        self.mailbox_lock = threading.Lock()
+        self.barrier = threading.Barrier(size)
+        self.slots: List[Any] = [None] * size
+        self.aborted = threading.Event()
+        self.failed_rank: Optional[int] = None
+
+    def mailbox(self, source: int, dest: int) -> "queue.SimpleQueue":
+        key = (source, dest)
+        with self.mailbox_lock:
+            box = self.mailboxes.get(key)
+            if box is None:
+                box = self.mailboxes[key] = queue.SimpleQueue()
+            return box
+
+    def abort(self, rank: int) -> None:
+        if not self.aborted.is_set():
+            self.failed_rank = rank
+            self.aborted.set()
+        self.barrier.abort()
+
+
+class LocalCommunicator(Communicator):
+    """One peer's view of an in-process cluster. Made by `LocalCluster.run`, not by hand."""
+
+    def __init__(self, topology, rank: int, shared: _Shared, timeout: float | None = None):
+        super().__init__(topology, rank, timeout)
+        self._shared = shared
+        self.check_agreement("topology", f"{topology.size}:{topology.fingerprint}")
+
+    def _raise_if_aborted(self) -> None:
+        if self._shared.aborted.is_set():
+            raise PeerAborted(f"rank {self.rank}: stopping because peer {self._shared.failed_rank} failed")
+
+    def _exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
+        self._raise_if_aborted()
+        for j in self.neighbors:
+            # A copy, because the sender may overwrite its buffer as soon as exchange returns.
+            self._shared.mailbox(self.rank, j).put(send[j].detach().clone())
+        deadline = time.monotonic() + self.timeout
+        for j in self.neighbors:
+            box = self._shared.mailbox(j, self.rank)
+            while True:
+                try:
+                    message = box.get(timeout=_POLL_SECONDS)
+                    break
+                except queue.Empty:
+                    self._raise_if_aborted()
+                    if time.monotonic() > deadline:
+                        raise CommunicationError(
+                            f"rank {self.rank}: no message from neighbour {j} within {self.timeout:g} s "
+                            f"(is peer {j} alive? raise the timeout if it is just slow)"
+                        ) from None
+            self._check_message(j, message.numel() * message.element_size(), message.dtype, recv[j])
+            recv[j].copy_(message.view(recv[j].shape))
+
+    def _wait_barrier(self) -> None:
+        try:
+            self._shared.barrier.wait(timeout=self.timeout)
+        except threading.BrokenBarrierError:
+            self._raise_if_aborted()
+            raise CommunicationError(
+                f"rank {self.rank}: a collective did not complete within {self.timeout:g} s "
+                "(did every peer call it?)"
+            ) from None
+
+    def _allgather_tensor(self, tensor: Tensor) -> List[Tensor]:
+        shared = self._shared
+        shared.slots[self.rank] = tensor.detach().clone()
+        self._wait_barrier()  # every peer has deposited
+        gathered = list(shared.slots)
+        self._wait_barrier()  # every peer has read before the next collective overwrites the slots
+        for k, other in enumerate(gathered):
+            if other.dtype != tensor.dtype or other.numel() != tensor.numel():
+                raise CommunicationError(
+                    f"rank {self.rank}: all-reduce/all-gather got {other.numel()} x {other.dtype} "
+                    f"from peer {k}, expected {tensor.numel()} x {tensor.dtype}"
+                )
+        return [other.view(tensor.shape).to(tensor.device) for other in gathered]
+
+
+class LocalCluster:
+    """Run one function on every peer of `topology`, one thread per peer, in this process.
+
+    `timeout` is how long a peer waits for a neighbour or a collective before it raises (seconds).
+    """
+
+    def __init__(self, topology, timeout: float | None = None):
+        self.topology = topology
+        self.timeout = timeout
+
+    @property
+    def size(self) -> int:
+        return self.topology.size
+
+    def run(self, fn: Callable[..., Any], *args, **kwargs) -> List[Any]:
+        shared = _Shared(self.topology.size)
+        results: List[Any] = [None] * shared.size
+        errors: List[Optional[BaseException]] = [None] * shared.size
+
+        def peer(rank: int) -> None:
+            try:
+                comm = LocalCommunicator(self.topology, rank, shared, self.timeout)
+                results[rank] = fn(comm, *args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller below
+                errors[rank] = exc
+                shared.abort(rank)
+
+        threads = [
+            threading.Thread(target=peer, args=(rank,), name=f"peer-{rank}", daemon=True)
+            for rank in range(shared.size)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        first = shared.failed_rank
+        if first is not None and not isinstance(errors[first], PeerAborted):
+            raise errors[first]
+        real = [e for e in errors if e is not None and not isinstance(e, PeerAborted)]
+        if real:
+            raise real[0]
+        aborted = [e for e in errors if e is not None]
+        if aborted:
+            raise aborted[0]
+        return results
+
+
+def run_local(topology, fn: Callable[..., Any], *args, **kwargs) -> List[Any]:
+    """Shorthand for `LocalCluster(topology).run(fn, *args, **kwargs)`."""
+    return LocalCluster(topology).run(fn, *args, **kwargs)
+
+
+__all__ = ["LocalCluster", "LocalCommunicator", "run_local"]
