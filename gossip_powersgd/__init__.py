@@ -5,7 +5,17 @@ MPI transport (`MPICommunicator`, one peer per rank) or an in-process one (`Loca
 thread per peer). Algorithms are written once for both.
 """
 
-from .algorithms import ExactGossip, GossipAlgorithm, NonFiniteError, make_algorithm
+from .algorithms import (
+    AllReduce,
+    ChocoGossip,
+    DeepSqueeze,
+    ExactGossip,
+    GossipAlgorithm,
+    NonFiniteError,
+    PowerGossip,
+    PowerSGDAllReduce,
+    make_algorithm,
+)
 from .comm import (
     AgreementError,
     Communicator,
@@ -19,7 +29,8 @@ from .metrics import consensus_distance
 __version__ = "0.1.0"
 
 __all__ = [
-    "ExactGossip", "GossipAlgorithm", "NonFiniteError", "make_algorithm",
+    "ExactGossip", "PowerGossip", "ChocoGossip", "DeepSqueeze", "AllReduce", "PowerSGDAllReduce",
+    "GossipAlgorithm", "NonFiniteError", "make_algorithm",
     "AgreementError", "Communicator", "CommunicationError", "LocalCluster", "MPICommunicator",
     "PeerAborted", "consensus_distance",
 ]

@@ -69,6 +69,9 @@ class GossipAlgorithm:
     """
 
     name = "gossip"
+    #: "parameters": step() gossips the parameters, after optimizer.step() (D-PSGD order).
+    #: "gradients": step() averages p.grad, between backward() and optimizer.step().
+    acts_on = "parameters"
 
     def __init__(self, params: ParamsLike, comm):
         self.names, self.params = named_tensors(params)

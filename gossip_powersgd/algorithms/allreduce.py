@@ -1,0 +1,302 @@
+"""Centralized baselines: exact all-reduce averaging, and PowerSGD with error feedback.
+
+Both ignore the topology: every peer ends a step with the same bits (every all-reduce reduces in
+rank order, see `reduce_in_rank_order`), and the communicator charges each all-reduce at the cost of
+a bandwidth-optimal ring all-reduce, 2(n-1)/n x the buffer's bytes per peer.
+
+`AllReduce` averages the *parameters* (it is a drop-in for a gossip step: the models are equal after
+every step). `PowerSGDAllReduce` averages the *gradients*, between `backward()` and
+`optimizer.step()`, as PyTorch's DDP communication hook `powerSGD_hook` does (Vogels, Karimireddy,
+Jaggi, "PowerSGD: Practical Low-Rank Gradient Compression for Distributed Optimization", NeurIPS
+2019).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Dict, List
+
+import torch
+
+from ..comm.base import Tensor
+from .base import FlatParams, GossipAlgorithm, NonFiniteError, ParamsLike
+from .powergossip import orthonormalize_
+
+
+def ring_allreduce_bytes(nbytes: int, size: int) -> int:
+    """Bytes one peer sends in a ring all-reduce of `nbytes` (what the communicator charges)."""
+    return 2 * (size - 1) * nbytes // size if size > 1 else 0
+
+
+class _Collective(GossipAlgorithm):
+    """An algorithm that talks through all-reduces (training traffic, timed as communication)."""
+
+    def _allreduce(self, buffer: Tensor) -> None:
+        start = time.perf_counter()
+        self.comm.allreduce_(buffer, "mean")
+        self.time_communication += time.perf_counter() - start
+
+
+class AllReduce(_Collective):
+    """Exact averaging of the parameters with one all-reduce per step (all tensors in one buffer)."""
+
+    name = "allreduce"
+
+    def __init__(self, params: ParamsLike, comm):
+        super().__init__(params, comm)
+        self._flat = FlatParams(self.params)
+
+    def _step(self) -> None:
+        x = self._flat.pack()
+        if not bool(torch.isfinite(x).all()):
+            self._raise_non_finite()
+        self._allreduce(x)
+        self._flat.unpack()
+
+    def bytes_per_step(self) -> int:
+        buffer = self._flat.buffer
+        return ring_allreduce_bytes(buffer.numel() * buffer.element_size(), self.comm.size)
+
+
+@dataclasses.dataclass
+class _Matrices:
+    """Compressed gradients sharing one matrix shape, stacked (batch, rows, cols)."""
+
+    indices: List[int]
+    rows: int
+    cols: int
+    rank: int
+    memory: Tensor = None  # (batch, rows, cols): the error memory e; scratch for the approximation
+    work: Tensor = None  # (batch, rows, cols): M = g + e
+    P: Tensor = None  # (batch, rows, r): a view into the first all-reduce buffer
+    Q: Tensor = None  # (batch, cols, r): a view into the second all-reduce buffer, kept (warm start)
+
+    @property
+    def batch(self) -> int:
+        return len(self.indices)
+
+
+class PowerSGDAllReduce(_Collective):
+    """Centralized PowerSGD on the gradients, with error feedback and warm start.
+
+    Call `step()` after `loss.backward()` and before `optimizer.step()`: it replaces every `p.grad`
+    by the average over peers (compressed for the matrices, exact for the rest). Per step, for
+    each compressed gradient G (viewed as rows = shape[0] x cols = the rest):
+
+        M = G + e                                    (error feedback)
+        P = M Q;     P <- mean over peers; orthonormalise the columns of P
+        Q = M^T P;   Q <- mean over peers
+        G <- P Q^T;  e <- M - P Q^T                  (what was not transmitted, kept for later)
+
+    Q is kept from step to step (warm start) or redrawn from a generator seeded alike on all ranks.
+    Every P (and the exactly averaged tensors) travels in one all-reduce, every Q in a second one.
+
+    Args:
+        params: the model's parameters (`model.parameters()` or `named_parameters()`); their
+            `.grad` is read and overwritten.
+        comm: a communicator.
+        rank: rank r of the approximation (clipped to the matrix's smaller side).
+        warm_start: keep Q between steps (True) or redraw it every step.
+        start_iter: the first `start_iter` steps are plain exact all-reduces of the gradients
+            (PyTorch's `start_powerSGD_iter`); the error memories start at zero after them.
+        min_compression_rate: a matrix is compressed only if (rows + cols) * r * rate < rows * cols
+            (PyTorch's rule); 1-D tensors and the others are averaged exactly. 0 compresses every
+            matrix.
+        seed: seed of the generator that draws Q (identical on all ranks).
+
+    Since every result comes out of an all-reduce, all ranks hold bit-identical gradients after a
+    step.
+    """
+
+    name = "powersgd"
+    acts_on = "gradients"
+
+    def __init__(self, params: ParamsLike, comm, rank: int = 1, warm_start: bool = True,
+                 start_iter: int = 10, min_compression_rate: float = 2.0, seed: int = 0):
+        super().__init__(params, comm)
+        if int(rank) != rank or rank < 1:
+            raise ValueError(f"rank must be an integer >= 1, got {rank}")
+        if int(start_iter) != start_iter or start_iter < 0:
+            raise ValueError(f"start_iter must be an integer >= 0, got {start_iter}")
+        if not min_compression_rate >= 0:
+            raise ValueError(f"min_compression_rate must be >= 0, got {min_compression_rate}")
+        if isinstance(seed, bool) or int(seed) != seed:
+            raise ValueError(f"seed must be an integer, got {seed!r}")
+        self.rank = int(rank)
+        self.warm_start = bool(warm_start)
+        self.start_iter = int(start_iter)
+        self.min_compression_rate = float(min_compression_rate)
+        self.seed = int(seed)
+        self._generator = torch.Generator(device="cpu").manual_seed(self.seed)
+        self._plain = None  # flat buffer of the plain all-reduce, allocated while it is used
+
+        new = lambda *shape: torch.zeros(shape, dtype=self.dtype, device=self.device)  # noqa: E731
+        shapes: Dict[tuple, List[int]] = {}
+        for k, tensor in enumerate(self.params):
+            if tensor.dim() < 2 or tensor.numel() == 0:
+                continue
+            rows = tensor.shape[0]
+            cols = tensor.numel() // rows
+            r = min(self.rank, rows, cols)
+            if (rows + cols) * r * self.min_compression_rate < rows * cols:
+                shapes.setdefault((rows, cols), []).append(k)
+        self._groups = [_Matrices(indices, rows, cols, min(self.rank, rows, cols))
+                        for (rows, cols), indices in shapes.items()]
+        compressed = {k for g in self._groups for k in g.indices}
+        self._exact_indices = [k for k in range(len(self.params)) if k not in compressed]
+
+        # First all-reduce: every P, then the exactly averaged tensors. Second: every Q.
+        p_numel = sum(g.batch * g.rows * g.rank for g in self._groups)
+        exact_numel = sum(self.params[k].numel() for k in self._exact_indices)
+        self._first = new(p_numel + exact_numel)
+        self._second = new(sum(g.batch * g.cols * g.rank for g in self._groups))
+        p_offset, q_offset = 0, 0
+        for g in self._groups:
+            b, rows, cols, r = g.batch, g.rows, g.cols, g.rank
+            g.memory, g.work = new(b, rows, cols), new(b, rows, cols)
+            g.P = self._first[p_offset:p_offset + b * rows * r].view(b, rows, r)
+            g.Q = self._second[q_offset:q_offset + b * cols * r].view(b, cols, r)
+            p_offset += b * rows * r
+            q_offset += b * cols * r
+            self._draw_q(g)
+        self._exact_views, offset = [], p_offset
+        for k in self._exact_indices:
+            numel = self.params[k].numel()
+            self._exact_views.append(self._first[offset:offset + numel])
+            offset += numel
+        comm.check_agreement("PowerSGD configuration",
+                             f"{self.rank};{self.warm_start};{self.start_iter};"
+                             f"{self.min_compression_rate!r};{self.seed}")
+
+    def _draw_q(self, g: _Matrices) -> None:
+        # Drawn on the CPU from the shared generator, then moved: CPU and GPU ranks agree.
+        q = torch.randn(g.Q.shape, generator=self._generator, dtype=self.dtype)
+        g.Q.copy_(q.to(self.device))
+        orthonormalize_(g.Q)
+
+    # ---- the algorithm -------------------------------------------------------------------------
+    def _grads(self) -> List[Tensor]:
+        grads = []
+        for name, p in zip(self.names, self.params):
+            g = p.grad
+            if g is None:
+                raise ValueError(
+                    f"rank {self.comm.rank}: parameter {name} has no gradient (p.grad is None): call "
+                    "PowerSGDAllReduce.step() after loss.backward(), and pass only parameters that "
+                    "take part in the loss (every rank must average the same tensors)"
+                )
+            if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
+                raise ValueError(f"rank {self.comm.rank}: the gradient of {name} is {tuple(g.shape)} "
+                                 f"{g.dtype} on {g.device}, unlike the parameter")
+            grads.append(g)
+        return grads
+
+    def _raise_non_finite_grads(self, grads: List[Tensor]) -> None:
+        bad = [n for n, g in zip(self.names, grads) if not bool(torch.isfinite(g).all())]
+        where = f"the gradient(s) of {', '.join(bad)}" if bad else "the error-feedback memory"
+        raise NonFiniteError(
+            f"rank {self.comm.rank}: non-finite values in {where} at step {self.steps}; nothing was "
+            "sent (lower the learning rate or check the data)"
+        )
+
+    def _step(self) -> None:
+        grads = self._grads()
+        if self.steps < self.start_iter:
+            self._plain_step(grads)
+            return
+        self._plain = None
+        # 1. M = G + e; P = M Q (all matrices of one shape at once); the exact part beside the Ps.
+        for g in self._groups:
+            for slot, k in enumerate(g.indices):
+                torch.add(grads[k].reshape(g.rows, g.cols), g.memory[slot], out=g.work[slot])
+            if not self.warm_start:
+                self._draw_q(g)
+            torch.bmm(g.work, g.Q, out=g.P)
+        for view, k in zip(self._exact_views, self._exact_indices):
+            view.copy_(grads[k].reshape(-1))
+        if not bool(torch.isfinite(self._first).all()):
+            self._raise_non_finite_grads(grads)
+        self._allreduce(self._first)
+        # 2. Orthonormalise the averaged P; Q = M^T P, averaged.
+        if self._groups:
+            for g in self._groups:
+                orthonormalize_(g.P)
+                torch.bmm(g.work.transpose(1, 2), g.P, out=g.Q)
+            self._allreduce(self._second)
+        # 3. G <- P Q^T; e <- M - P Q^T.
+        for g in self._groups:
+            approx = torch.bmm(g.P, g.Q.transpose(1, 2), out=g.memory)
+            for slot, k in enumerate(g.indices):
+                grads[k].copy_(approx[slot].view(grads[k].shape))
+            torch.sub(g.work, approx, out=g.memory)
+        for view, k in zip(self._exact_views, self._exact_indices):
+            grads[k].copy_(view.view(grads[k].shape))
+
+    def _plain_step(self, grads: List[Tensor]) -> None:
+        if self._plain is None:
+            self._plain = FlatParams(grads)
+        else:
+            self._plain.tensors = grads  # p.grad may be a new tensor at every backward()
+        buffer = self._plain.pack()
+        if not bool(torch.isfinite(buffer).all()):
+            self._raise_non_finite_grads(grads)
+        self._allreduce(buffer)
+        for view, g in zip(self._plain.views, grads):
+            g.copy_(view)
+
+    # ---- accounting and state ------------------------------------------------------------------
+    def bytes_per_step(self) -> int:
+        """Bytes this peer sends in its next `step()` (plain before `start_iter`, compressed after)."""
+        size, itemsize = self.comm.size, torch.empty((), dtype=self.dtype).element_size()
+        if self.steps < self.start_iter:
+            total = sum(t.numel() for t in self.params)
+            return ring_allreduce_bytes(total * itemsize, size)
+        first = ring_allreduce_bytes(self._first.numel() * itemsize, size)
+        second = ring_allreduce_bytes(self._second.numel() * itemsize, size) if self._groups else 0
+        return first + second
+
+    @property
+    def compressed_names(self) -> List[str]:
+        """Names of the parameters whose gradients travel in low-rank form."""
+        return [self.names[k] for g in self._groups for k in g.indices]
+
+    def error_memory(self) -> Dict[str, Tensor]:
+        """Parameter name -> its error-feedback memory e (a view, shaped like the parameter)."""
+        out = {}
+        for g in self._groups:
+            for slot, k in enumerate(g.indices):
+                out[self.names[k]] = g.memory[slot].view(self.params[k].shape)
+        return out
+
+    def factors(self) -> Dict[str, Tensor]:
+        """Parameter name -> its Q factor (cols x r), a view; kept between steps if warm_start."""
+        return {self.names[k]: g.Q[slot] for g in self._groups for slot, k in enumerate(g.indices)}
+
+    def state_dict(self) -> Dict[str, object]:
+        state: Dict[str, object] = {
+            "steps": self.steps, "rank": self.rank, "seed": self.seed, "start_iter": self.start_iter,
+            "warm_start": self.warm_start, "generator": self._generator.get_state(),
+        }
+        for name, tensor in self.error_memory().items():
+            state[f"error.{name}"] = tensor.detach().cpu().clone()
+        for name, tensor in self.factors().items():
+            state[f"Q.{name}"] = tensor.detach().cpu().clone()
+        return state
+
+    def load_state_dict(self, state: Dict[str, object]) -> None:
+        if int(state["rank"]) != self.rank or int(state["seed"]) != self.seed:
+            raise ValueError(f"PowerSGDAllReduce state is for rank={state['rank']}, seed={state['seed']}; "
+                             f"this instance has rank={self.rank}, seed={self.seed}")
+        targets = {f"error.{n}": t for n, t in self.error_memory().items()}
+        targets.update({f"Q.{n}": t for n, t in self.factors().items()})
+        for key, tensor in targets.items():
+            if key not in state:
+                raise ValueError(f"PowerSGDAllReduce state has no {key!r} (saved for another model?)")
+            saved = state[key]
+            if tuple(saved.shape) != tuple(tensor.shape):
+                raise ValueError(f"PowerSGDAllReduce state {key!r} has shape {tuple(saved.shape)}, "
+                                 f"expected {tuple(tensor.shape)}")
+            tensor.copy_(saved)
+        self._generator.set_state(state["generator"])
+        self.steps = int(state["steps"])

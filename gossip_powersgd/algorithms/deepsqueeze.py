@@ -1,0 +1,121 @@
+"""DeepSqueeze: error-compensated compressed gossip of the models themselves.
+
+Tang, Lian, Qiu, Yuan, Zhang, Zhang, Liu, "DeepSqueeze: Decentralization Meets Error-Compensated
+Compression", 2019 (arXiv:1907.07346), Algorithm 1, gossip part (the local SGD step that precedes it
+is the optimizer's). Peer i keeps an error memory δ_i (zero at the start). One round, per tensor:
+
+    v_i  = x_i + δ_i                        error-compensated model
+    c_i  = C(v_i)                           encoded once, the same payload to every neighbour
+    δ_i  = v_i − c_i                        what the compression dropped, sent in later rounds
+    x_i += γ Σ_j (W[i,j] − I[i,j]) c_j  =  x_i + γ Σ_{j~i} W[i,j] (c_j − c_i)
+
+(the two forms agree because the rows of W sum to one; the code uses the second, which needs
+only the neighbours' weights). The model itself is kept: only the mixing term uses the compressed
+values. The sender decodes its own payload so that its c_i is bit-for-bit what its neighbours use.
+
+Average preservation: summing the update over peers, Σ_i Σ_j (W[i,j] − I[i,j]) c_j
+= Σ_j c_j (Σ_i W[i,j] − 1) = 0 because the columns of a doubly stochastic W sum to one. So
+Σ_i x_i is preserved exactly (in exact arithmetic) at every round, whatever the compressor; the
+error memories are not part of the invariant (Σ_i (x_i + δ_i) is *not* preserved). In floating
+point the code uses, at peer i, the weights W[i,j] for the neighbours and their sum for itself; on a
+symmetric W these are exactly the weights with which i's c_i reaches the other peers, so rounding
+is the only source of drift.
+
+Unlike Choco, DeepSqueeze compresses v_i ≈ x_i rather than a difference that vanishes at
+consensus, so with a biased compressor the models reach a neighbourhood of consensus whose size
+shrinks with γ, not exact consensus. γ must be tuned; it has no default.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+
+from .base import GossipAlgorithm, ParamsLike
+from .choco import (
+    CompressedMessages,
+    _check_saved_config,
+    _load_buffer,
+    check_seed,
+    flat_state,
+    require_tuned_gamma,
+)
+from ..compressors import parse_compressor
+
+
+class DeepSqueeze(GossipAlgorithm):
+    """DeepSqueeze gossip with any `Compressor` (or its spelling, e.g. "sign").
+
+    Args:
+        params: tensors or `model.parameters()` / `named_parameters()`, updated in place.
+        comm: a communicator.
+        compressor: a `Compressor` or a spec for `parse_compressor`.
+        gamma: the consensus step η of the paper, required (tune it).
+        seed: base of the compression keys (same derivation as `ChocoGossip`).
+
+    Extra memory: four model-sized buffers (δ, v, c, the mixing sum).
+    """
+
+    name = "deepsqueeze"
+
+    def __init__(self, params: ParamsLike, comm, compressor=None, gamma: Optional[float] = None,
+                 seed: int = 0):
+        super().__init__(params, comm)
+        if compressor is None:
+            raise ValueError("DeepSqueeze needs a compressor, e.g. compressor='sign' "
+                             "(spelling: deepsqueeze:compressor=sign,gamma=0.1)")
+        self.compressor = parse_compressor(compressor)
+        self.gamma = require_tuned_gamma(gamma, "DeepSqueeze",
+                                         f"deepsqueeze:compressor={self.compressor!r},gamma=0.1")
+        self.seed = check_seed(seed)
+        me, neighbors = comm.rank, comm.neighbors
+        self._weights = [comm.topology.weight(me, j) for j in neighbors]
+        self._out_weight = sum(self._weights)  # 1 - W[i,i], as the neighbours' weights sum
+        self.error, self._error = flat_state(self.params, self.dtype, self.device)
+        self._v_flat, self._v = flat_state(self.params, self.dtype, self.device)
+        self._c_flat, self._c = flat_state(self.params, self.dtype, self.device)
+        self._mix_flat, self._mix = flat_state(self.params, self.dtype, self.device)
+        self._messages = CompressedMessages(self.compressor, [t.shape for t in self.params],
+                                            self.dtype, self.device, neighbors, self.seed)
+        comm.check_agreement("DeepSqueeze configuration",
+                             f"{self.compressor!r};{self.gamma!r};{self.seed}")
+
+    def _step(self) -> None:
+        me, neighbors, k = self.comm.rank, self.comm.neighbors, self.steps
+        messages = self._messages
+        # v_i = x_i + δ_i, compressed once for every neighbour
+        for x, error, v in zip(self.params, self._error, self._v):
+            torch.add(x.detach(), error, out=v)
+        if not bool(torch.isfinite(self._v_flat).all()):
+            self._raise_non_finite()
+        messages.encode(self._v, k, me)
+        self._exchange({j: messages.send for j in neighbors}, messages.recv)
+        # c_i = C(v_i) as the neighbours decode it; δ_i = v_i - c_i
+        messages.decode(messages.send_views, self._c, k, me)
+        torch.sub(self._v_flat, self._c_flat, out=self.error)
+        # x_i += gamma * (sum_j W_ij c_j - (sum_j W_ij) c_i), neighbours in order; v is scratch now
+        mix = self._mix_flat.zero_()
+        for j, w in zip(neighbors, self._weights):
+            messages.decode(messages.recv_views[j], self._v, k, j)
+            mix.add_(self._v_flat, alpha=w)
+        mix.add_(self._c_flat, alpha=-self._out_weight)
+        for x, update in zip(self.params, self._mix):
+            x.add_(update, alpha=self.gamma)
+
+    def bytes_per_step(self) -> int:
+        return len(self.comm.neighbors) * self._messages.nbytes
+
+    @property
+    def payload_bytes(self) -> int:
+        """Bytes of one message (all tensors' payloads)."""
+        return self._messages.nbytes
+
+    def state_dict(self) -> Dict[str, object]:
+        return {"steps": self.steps, "gamma": self.gamma, "seed": self.seed,
+                "compressor": repr(self.compressor), "error": self.error.detach().cpu().clone()}
+
+    def load_state_dict(self, state: Dict[str, object]) -> None:
+        _check_saved_config(self, state, "DeepSqueeze")
+        _load_buffer(state, "error", self.error, "DeepSqueeze")
+        self.steps = int(state["steps"])

@@ -1,0 +1,67 @@
+"""Shared fixtures: run a script under mpiexec with a hard timeout, so a deadlock fails, not hangs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
+# Bit-equality across transports needs one intra-op thread per peer, and 2 shared cores need it too.
+torch.set_num_threads(1)
+
+
+def mpiexec_path() -> str:
+    local = Path(sys.executable).parent / "mpiexec"
+    found = str(local) if local.exists() else shutil.which("mpiexec")
+    if found is None:
+        raise RuntimeError("mpiexec not found: run the tests through 'make test', which installs mpich")
+    return found
+
+
+class MPIResult(subprocess.CompletedProcess):
+    pass
+
+
+def run_mpi(n: int, args, timeout: float = 120, env=None, cwd=None) -> subprocess.CompletedProcess:
+    """Run `python ARGS...` on n ranks; return the completed process (stdout/stderr captured).
+
+    On timeout the whole process group is killed and the test fails naming the command.
+    """
+    command = [mpiexec_path(), "-n", str(n), sys.executable, *map(str, args)]
+    full_env = dict(os.environ)
+    full_env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}"})
+    full_env.update(env or {})
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=full_env, cwd=cwd or ROOT, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"mpiexec -n {n} {' '.join(map(str, args))} did not finish within {timeout} s "
+                    f"(a hang):\n{stdout[-2000:]}\n{stderr[-2000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def run_scenario_mpi(n: int, scenario: str, topology: str, out_dir: Path, timeout: float = 120,
+                     extra=()):
+    """Run `module:function` from tests/ under mpiexec via tests/mpi_worker.py; return per-rank results."""
+    result = run_mpi(n, [TESTS / "mpi_worker.py", scenario, topology, out_dir, *extra], timeout=timeout)
+    if result.returncode != 0:
+        pytest.fail(f"mpi scenario {scenario} failed (exit {result.returncode}):\n"
+                    f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return [torch.load(out_dir / f"rank-{k}.pt", weights_only=True) for k in range(n)]
+
+
+@pytest.fixture
+def mpi():
+    return run_mpi

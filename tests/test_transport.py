@@ -1,0 +1,219 @@
+"""Transports: the in-process cluster and MPI, their closed forms, equality and failure modes."""
+
+import pytest
+import torch
+
+import topologies
+from gossip_powersgd import (
+    AgreementError,
+    CommunicationError,
+    ExactGossip,
+    LocalCluster,
+    consensus_distance,
+)
+from conftest import TESTS, run_mpi, run_scenario_mpi
+
+
+# ---- in-process ------------------------------------------------------------------------------------
+def test_run_returns_values_by_rank():
+    assert LocalCluster(topologies.ring(5)).run(lambda comm: comm.rank * 10) == [0, 10, 20, 30, 40]
+
+
+def test_exchange_delivers_each_neighbours_value_and_counts_bytes():
+    def peer(comm):
+        send = {j: torch.full((3,), float(comm.rank)) for j in comm.neighbors}
+        recv = {j: torch.empty(3) for j in comm.neighbors}
+        comm.exchange(send, recv)
+        return {j: recv[j].tolist() for j in comm.neighbors}, comm.stats.bytes_sent, comm.stats.messages_sent
+
+    topology = topologies.torus(2, 3)
+    for rank, (received, sent, messages) in enumerate(LocalCluster(topology).run(peer)):
+        assert received == {j: [float(j)] * 3 for j in topology.neighbors(rank)}
+        assert messages == len(topology.neighbors(rank))
+        assert sent == messages * 3 * 4
+
+
+def test_allreduce_is_bit_identical_on_every_peer_and_not_charged_when_metric():
+    def peer(comm):
+        g = torch.Generator().manual_seed(comm.rank)
+        x = torch.randn(1000, generator=g)
+        mean = comm.allreduce_(x.clone(), "mean", metric=True)
+        total = comm.allreduce_(x.clone(), "sum")
+        high = comm.allreduce_(x.clone(), "max")
+        return mean, total, high, x, comm.stats.as_dict()
+
+    results = LocalCluster(topologies.ring(6)).run(peer)
+    stacked = torch.stack([r[3] for r in results])
+    for mean, total, high, _, stats in results:
+        assert torch.equal(mean, results[0][0]) and torch.equal(total, results[0][1])
+        assert torch.allclose(mean, stacked.mean(0), atol=1e-6)
+        assert torch.allclose(total, stacked.sum(0), atol=1e-5)
+        assert torch.equal(high, stacked.max(0).values)
+        # ring all-reduce cost 2(n-1)/n x 4000 bytes, twice (sum and max), the mean on the metric side
+        assert stats["bytes_sent"] == 2 * (2 * 5 * 4000 // 6)
+        assert stats["metric_bytes_sent"] == 2 * 5 * 4000 // 6
+
+
+def test_a_failing_peer_releases_the_others_and_its_error_is_raised():
+    def peer(comm):
+        if comm.rank == 3:
+            raise RuntimeError("boom on 3")
+        comm.exchange({j: torch.zeros(2) for j in comm.neighbors}, {j: torch.zeros(2) for j in comm.neighbors})
+        comm.barrier()
+
+    with pytest.raises(RuntimeError, match="boom on 3"):
+        LocalCluster(topologies.ring(6), timeout=60).run(peer)
+
+
+def test_wrong_message_size_names_the_sending_peer():
+    def peer(comm):
+        size = 4 if comm.rank == 1 else 3
+        comm.exchange({j: torch.zeros(size) for j in comm.neighbors}, {j: torch.zeros(3) for j in comm.neighbors})
+
+    with pytest.raises(CommunicationError, match="from peer 1 has 16 bytes, expected 12"):
+        LocalCluster(topologies.ring(4)).run(peer)
+
+
+def test_wrong_message_dtype_names_the_sending_peer():
+    def peer(comm):
+        dtype = torch.int32 if comm.rank == 2 else torch.float32
+        comm.exchange({j: torch.zeros(3, dtype=dtype) for j in comm.neighbors},
+                      {j: torch.zeros(3) for j in comm.neighbors})
+
+    with pytest.raises(CommunicationError, match="from peer 2 has dtype torch.int32"):
+        LocalCluster(topologies.ring(4)).run(peer)
+
+
+def test_a_silent_neighbour_times_out_naming_it():
+    def peer(comm):
+        if comm.rank == 0:
+            return  # never sends
+        comm.exchange({j: torch.zeros(1) for j in comm.neighbors}, {j: torch.zeros(1) for j in comm.neighbors})
+
+    with pytest.raises(CommunicationError, match="no message from neighbour 0 within 0.5 s"):
+        LocalCluster(topologies.ring(4), timeout=0.5).run(peer)
+
+
+def test_disagreeing_parameter_shapes_fail_identically_on_every_peer():
+    def peer(comm):
+        rows = 6 if comm.rank in (1, 2) else 5
+        try:
+            ExactGossip([torch.zeros(rows, 3)], comm)
+        except AgreementError as exc:
+            return str(exc)
+        return "no error"
+
+    messages = LocalCluster(topologies.ring(5)).run(peer)
+    assert len(set(messages)) == 1
+    assert messages[0] == ("parameter shapes and dtypes differs across ranks: ranks 0,3-4 hold "
+                           "variant 1; ranks 1-2 hold variant 2")
+
+
+def test_exchange_requires_exactly_the_neighbours():
+    def peer(comm):
+        comm.exchange({comm.neighbors[0]: torch.zeros(1)}, {comm.neighbors[0]: torch.zeros(1)})
+
+    with pytest.raises(ValueError, match="one send and one receive buffer per neighbour"):
+        LocalCluster(topologies.ring(4)).run(peer)
+
+
+# ---- exact gossip ----------------------------------------------------------------------------------
+def rank_valued_step(comm, gamma="1.0"):
+    """BlueFog's pattern: peer i holds the value i; one step has a closed-form result."""
+    x = torch.full((3, 2), float(comm.rank), dtype=torch.float64)
+    ExactGossip([x], comm, gamma=float(gamma)).step()
+    return x
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.5])
+def test_exact_gossip_one_step_closed_form_on_a_ring(gamma):
+    n = 6
+    results = LocalCluster(topologies.ring(n)).run(rank_valued_step, str(gamma))
+    for i, x in enumerate(results):
+        left, right = (i - 1) % n, (i + 1) % n
+        expected = i + gamma * ((left - i) + (right - i)) / 3
+        assert torch.allclose(x, torch.full_like(x, expected), rtol=0, atol=1e-12)
+
+
+def random_peer_data(comm, dtype=torch.float64, shapes=((100, 100), (10,))):
+    g = torch.Generator().manual_seed(42 + comm.rank)
+    return [torch.randn(s, generator=g, dtype=dtype) for s in shapes]
+
+
+def exact_gossip_run(comm, steps="30"):
+    x = random_peer_data(comm)
+    gossip = ExactGossip(x, comm)
+    errors = [consensus_distance(x, comm)]
+    for _ in range(int(steps)):
+        gossip.step()
+        errors.append(consensus_distance(x, comm))
+    return {"x": x, "errors": torch.tensor(errors), "bytes": comm.stats.bytes_sent}
+
+
+def test_exact_gossip_preserves_the_average_and_converges():
+    topology = topologies.torus(2, 4)
+    before = LocalCluster(topology).run(lambda comm: random_peer_data(comm))
+    after = LocalCluster(topology).run(exact_gossip_run)
+    for k in range(2):
+        mean_before = torch.stack([p[k] for p in before]).mean(0)
+        mean_after = torch.stack([r["x"][k] for r in after]).mean(0)
+        assert torch.allclose(mean_before, mean_after, rtol=0, atol=1e-12)
+    errors = after[0]["errors"]
+    assert errors[-1] < 1e-6 * errors[0]
+    assert all(b < a for a, b in zip(errors.tolist(), errors.tolist()[1:]))
+    # one message of the whole model (10,010 float64) to each of 3 neighbours per step
+    assert after[0]["bytes"] == 30 * 3 * 10010 * 8
+
+
+def test_single_peer_gossip_is_a_no_op():
+    def peer(comm):
+        x = [torch.arange(6.0).reshape(2, 3)]
+        ExactGossip(x, comm).step()
+        return x[0], consensus_distance(x, comm), comm.stats.bytes_sent
+
+    (x, distance, sent), = LocalCluster(topologies.ring(1)).run(peer)
+    assert torch.equal(x, torch.arange(6.0).reshape(2, 3)) and distance == 0 and sent == 0
+
+
+# ---- MPI -------------------------------------------------------------------------------------------
+def test_mpi_closed_form_and_equality_with_local(tmp_path):
+    mpi = run_scenario_mpi(4, "test_transport:rank_valued_step", "ring:4", tmp_path)
+    local = LocalCluster(topologies.ring(4)).run(rank_valued_step)
+    for i in range(4):
+        expected = (i + (i - 1) % 4 + (i + 1) % 4) / 3
+        assert torch.allclose(mpi[i], torch.full_like(mpi[i], expected), rtol=0, atol=1e-12)
+        assert torch.equal(mpi[i], local[i])
+
+
+def test_mpi_exact_gossip_is_bit_equal_to_local(tmp_path):
+    mpi = run_scenario_mpi(4, "test_transport:exact_gossip_run", "torus:2x2", tmp_path)
+    local = LocalCluster(topologies.torus(2, 2)).run(exact_gossip_run)
+    for a, b in zip(mpi, local):
+        assert all(torch.equal(x, y) for x, y in zip(a["x"], b["x"]))
+        assert torch.equal(a["errors"], b["errors"]) and a["bytes"] == b["bytes"]
+
+
+@pytest.mark.parametrize("case, n, message", [
+    ("world_size", 4, "MPI world size 4 does not match the topology's 8 peers: run mpiexec -n 8"),
+    ("topologies_differ", 4, "topology differs across ranks: ranks 0-2 hold variant 1; ranks 3 hold variant 2"),
+    ("shapes_differ", 4, "parameter shapes and dtypes differs across ranks: ranks 0-1,3 hold variant 1; "
+                         "ranks 2 hold variant 2"),
+])
+def test_mpi_bad_inputs_fail_on_every_rank(case, n, message):
+    result = run_mpi(n, [TESTS / "mpi_bad_inputs.py", case], timeout=60)
+    assert result.returncode != 0
+    for rank in range(n):
+        assert f"error (rank {rank}): {message}" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+def test_mpi_wrong_message_size_ends_the_job_naming_the_peer():
+    result = run_mpi(4, [TESTS / "mpi_bad_inputs.py", "message_size"], timeout=60)
+    assert result.returncode != 0
+    assert "message from peer 1 has 28 bytes, expected 20" in result.stderr, result.stderr[-2000:]
+
+
+def test_mpi_silent_peer_ends_the_job_naming_it():
+    result = run_mpi(4, [TESTS / "mpi_bad_inputs.py", "silent_peer"], timeout=60)
+    assert result.returncode != 0
+    assert "no message from neighbour(s) [2] within 3 s" in result.stderr, result.stderr[-2000:]

@@ -1,0 +1,440 @@
+"""Topology generators, graph/edge-list importers and the CLI spec parser.
+
+Every generator is a pure function of its arguments (random ones take an integer ``seed``, so that
+all ranks build the same graph) and returns a validated :class:`~topologies.Topology` whose
+``name`` is the spec string that :func:`parse` turns back into the same topology.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import os
+import random
+import re
+
+import networkx as nx
+import numpy as np
+
+from .topology import Topology, _check_graph_input, _matrix_from_weighted_graph, check_connected
+from .weights import check_scheme, weight_matrix
+
+__all__ = [
+    "ring",
+    "torus",
+    "grid",
+    "complete",
+    "star",
+    "hypercube",
+    "exponential",
+    "random_regular",
+    "small_world",
+    "from_graph",
+    "from_edge_list",
+    "parse",
+    "SPEC_USAGE",
+]
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def _int(value, what: str, minimum: int) -> int:
+    """``value`` as an int ≥ ``minimum``, or a ValueError naming ``what``."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{what} must be an integer, got {value!r}") from None
+    if v < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {v}")
+    return v
+
+
+def _from_edges(n: int, edges, name: str, weights: str) -> Topology:
+    """Topology on nodes 0..n-1 with the given (i, j) edges; self-loops and duplicates collapse."""
+    check_scheme(weights)
+    adj = np.zeros((n, n), dtype=bool)
+    e = np.asarray(list(edges), dtype=np.int64).reshape(-1, 2)
+    adj[e[:, 0], e[:, 1]] = True
+    adj[e[:, 1], e[:, 0]] = True
+    np.fill_diagonal(adj, False)
+    # Connectivity first, so a disconnected graph is reported as such and not as a weighting error.
+    check_connected(adj)
+    return Topology(weight_matrix(adj, weights), name=name, scheme=weights)
+
+
+def _dims(dims, what: str) -> tuple[int, ...]:
+    # torus((4, 4)) reads naturally too; accept a single sequence argument.
+    if len(dims) == 1 and not isinstance(dims[0], (int, np.integer)):
+        dims = tuple(dims[0])
+    if not dims:
+        raise ValueError(f"{what} needs at least one dimension, e.g. {what}(4, 4)")
+    return tuple(_int(d, f"{what} dimension", 1) for d in dims)
+
+
+def _lattice(dims: tuple[int, ...], periodic: bool):
+    """Edges of the (periodic) lattice with the given dims; nodes numbered in row-major order."""
+    n = math.prod(dims)
+    coords = np.indices(dims).reshape(len(dims), n)
+    for axis, size in enumerate(dims):
+        nxt = coords.copy()
+        nxt[axis] += 1
+        if periodic:
+            nxt[axis] %= size  # size 2: +1 and −1 are the same node; size 1: a self-loop (dropped)
+            keep = np.ones(n, dtype=bool)
+        else:
+            keep = nxt[axis] < size
+        src = np.ravel_multi_index(coords[:, keep], dims)
+        dst = np.ravel_multi_index(nxt[:, keep], dims)
+        yield from zip(src.tolist(), dst.tolist())
+
+
+# --- generators ----------------------------------------------------------------------------------
+
+
+def ring(n: int, *, weights: str = "metropolis") -> Topology:
+    """Cycle on n nodes: i ~ i ± 1 (mod n). ring(2) is one edge, ring(1) a single node."""
+    n = _int(n, "ring size n", 1)
+    return _from_edges(n, _lattice((n,), periodic=True), f"ring:{n}", weights)
+
+
+def torus(*dims: int, weights: str = "metropolis") -> Topology:
+    """Periodic lattice with the given dimensions, e.g. ``torus(4, 4)`` or ``torus(2, 2, 2)``.
+
+    Nodes are numbered in row-major order. A dimension of size 2 contributes one neighbour (the
+    node one step "forward" is also the one "backward"), a dimension of size 1 none.
+    """
+    dims = _dims(dims, "torus")
+    return _from_edges(
+        math.prod(dims), _lattice(dims, periodic=True), "torus:" + "x".join(map(str, dims)), weights
+    )
+
+
+def grid(*dims: int, weights: str = "metropolis") -> Topology:
+    """Non-periodic lattice with the given dimensions, e.g. ``grid(4, 4)``; row-major numbering."""
+    dims = _dims(dims, "grid")
+    return _from_edges(
+        math.prod(dims), _lattice(dims, periodic=False), "grid:" + "x".join(map(str, dims)), weights
+    )
+
+
+def complete(n: int, *, weights: str = "metropolis") -> Topology:
+    """Every node linked to every other (with metropolis weights, W = 11ᵀ/n)."""
+    n = _int(n, "complete graph size n", 1)
+    edges = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    return _from_edges(n, edges, f"complete:{n}", weights)
+
+
+def star(n: int, *, weights: str = "metropolis") -> Topology:
+    """Node 0 linked to nodes 1..n-1."""
+    n = _int(n, "star size n", 1)
+    return _from_edges(n, [(0, i) for i in range(1, n)], f"star:{n}", weights)
+
+
+def hypercube(dim: int, *, weights: str = "metropolis") -> Topology:
+    """The dim-dimensional hypercube on 2**dim nodes: i ~ i XOR 2**b."""
+    dim = _int(dim, "hypercube dimension", 0)
+    n = 1 << dim
+    edges = [(i, i ^ (1 << b)) for i in range(n) for b in range(dim)]
+    return _from_edges(n, edges, f"hypercube:{dim}", weights)
+
+
+def exponential(n: int, *, weights: str = "metropolis") -> Topology:
+    """Undirected exponential graph: i ~ i ± 2**k (mod n) for every 2**k < n."""
+    n = _int(n, "exponential graph size n", 1)
+    offsets = [1 << k for k in range(max(n - 1, 1).bit_length()) if (1 << k) < n]
+    edges = [(i, (i + off) % n) for i in range(n) for off in offsets]
+    return _from_edges(n, edges, f"exponential:{n}", weights)
+
+
+def random_regular(n: int, d: int, seed: int = 0, *, weights: str = "metropolis") -> Topology:
+    """A connected random d-regular graph on n nodes (networkx ``random_regular_graph``).
+
+    If the draw for ``seed`` is disconnected, further draws from the same seeded stream are tried,
+    so the result is still a deterministic function of (n, d, seed).
+    """
+    n = _int(n, "random_regular size n", 1)
+    d = _int(d, "random_regular degree d", 0)
+    seed = _int(seed, "random_regular seed", 0)
+    if d >= n and not (n == 1 and d == 0):
+        raise ValueError(f"random_regular degree d must be < n, got d={d}, n={n}")
+    if (n * d) % 2:
+        raise ValueError(f"random_regular needs n*d even, got n={n}, d={d}")
+    if (d == 0 and n > 1) or (d == 1 and n > 2):
+        raise ValueError(f"a {d}-regular graph on {n} nodes is never connected; use d >= 2")
+    name = f"random_regular:{n}:{d}" + (f":{seed}" if seed else "")
+    rng = random.Random(seed)  # same first draw as seed=seed; retries continue the stream
+    for _ in range(100):
+        g = nx.random_regular_graph(d, n, seed=rng)
+        if nx.is_connected(g):
+            return from_graph(g, weights=weights, name=name)
+    raise ValueError(f"no connected {d}-regular graph on {n} nodes found in 100 draws; use a larger d")
+
+
+def small_world(n: int, k: int, p: float, seed: int = 0, *, weights: str = "metropolis") -> Topology:
+    """Connected Watts–Strogatz small-world graph (networkx ``connected_watts_strogatz_graph``).
+
+    Each node starts linked to its k nearest ring neighbours (k // 2 on each side), then each edge
+    is rewired with probability p.
+    """
+    n = _int(n, "small_world size n", 1)
+    k = _int(k, "small_world neighbour count k", 0)
+    seed = _int(seed, "small_world seed", 0)
+    try:
+        p = float(p)
+    except (TypeError, ValueError):
+        raise ValueError(f"small_world rewiring probability p must be a number, got {p!r}") from None
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"small_world rewiring probability p must be in [0, 1], got {p}")
+    if k > n:
+        raise ValueError(f"small_world needs k <= n, got k={k}, n={n}")
+    name = f"small_world:{n}:{k}:{p!r}" + (f":{seed}" if seed else "")
+    try:
+        g = nx.connected_watts_strogatz_graph(n, k, p, tries=100, seed=seed)
+    except nx.NetworkXError as exc:
+        raise ValueError(f"small_world({n}, {k}, {p}): {exc}") from None
+    return from_graph(g, weights=weights, name=name)
+
+
+# --- importers -----------------------------------------------------------------------------------
+
+
+def from_graph(g: nx.Graph, weights: str = "metropolis", *, name: str | None = None) -> Topology:
+    """Topology of any undirected networkx graph.
+
+    Nodes are relabelled 0..n-1 in sorted order (insertion order if the labels do not sort);
+    self-loops are ignored. ``weights`` is a scheme from :data:`topologies.SCHEMES`, or ``"given"``
+    to use each edge's ``"weight"`` attribute with the diagonal set to 1 − row sum.
+    A multigraph's parallel edges are collapsed (not allowed with ``"given"``).
+    """
+    if not isinstance(g, nx.Graph):
+        raise TypeError(f"from_graph needs a networkx.Graph, got {type(g).__name__}")
+    check_scheme(weights, extra=("given",))
+    if g.is_multigraph() and not g.is_directed():
+        if weights == "given":
+            raise ValueError("multigraph given with weights='given': parallel edges make W ambiguous")
+        g = nx.Graph(g)
+    _check_graph_input(g)
+
+    nodes = list(g.nodes)
+    try:
+        nodes = sorted(nodes)
+    except TypeError:
+        pass  # mixed or unorderable labels: keep the graph's own order
+    index = {v: i for i, v in enumerate(nodes)}
+    n = len(nodes)
+    adj = np.zeros((n, n), dtype=bool)
+    for u, v in g.edges():
+        if u != v:
+            adj[index[u], index[v]] = adj[index[v], index[u]] = True
+    check_connected(adj)
+
+    w = _matrix_from_weighted_graph(g, nodes) if weights == "given" else weight_matrix(adj, weights)
+    return Topology(w, name=name if name is not None else f"graph:{n}", scheme=weights)
+
+
+_EDGE_LINE = re.compile(r"^\s*(\d+)\s+(\d+)(?:\s+(\S+))?\s*$", re.ASCII)
+
+
+def from_edge_list(
+    path: str | os.PathLike, weights: str | None = None, *, name: str | None = None
+) -> Topology:
+    """Topology from a text file with one edge per line: ``i j`` or ``i j w``.
+
+    Node ids are integers 0..n-1 and every one of them must appear (``i i`` declares a node without
+    adding an edge, e.g. the single line ``0 0`` is the one-node topology). ``#`` starts a comment;
+    blank lines are ignored. If the edges carry weights, either all or none must; then by default
+    W[i,j] = w and the diagonal is 1 − row sum (``weights="given"``). Otherwise, or if ``weights``
+    names a scheme, the weights are computed from the structure (default ``"metropolis"``).
+    A line that does not parse raises ``ValueError`` naming the file and line number.
+    """
+    path = os.fspath(path)
+    edges: dict[tuple[int, int], tuple[float | None, int]] = {}
+    nodes: set[int] = set()
+    weighted: bool | None = None
+    with open(path, encoding="utf-8") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            m = _EDGE_LINE.match(line)
+            w = None
+            if m and m.group(3) is not None:
+                try:
+                    w = float(m.group(3))
+                except ValueError:
+                    m = None
+                else:
+                    if not math.isfinite(w) or w < 0:
+                        raise ValueError(
+                            f"{path}:{lineno}: edge weight {m.group(3)} must be finite and >= 0"
+                        )
+            if m is None:
+                raise ValueError(
+                    f"{path}:{lineno}: cannot parse {line!r}; expected 'i j' or 'i j w' "
+                    f"with integer node ids >= 0"
+                )
+            i, j = int(m.group(1)), int(m.group(2))
+            nodes.update((i, j))
+            if i == j:
+                continue  # the diagonal is always derived
+            if weighted is None:
+                weighted = w is not None
+            elif weighted != (w is not None):
+                raise ValueError(
+                    f"{path}:{lineno}: {'missing' if weighted else 'unexpected'} edge weight; "
+                    f"give a weight on every edge line or on none"
+                )
+            key = (min(i, j), max(i, j))
+            if key in edges and edges[key][0] != w:
+                raise ValueError(
+                    f"{path}:{lineno}: edge {key} repeats line {edges[key][1]} with a different weight"
+                )
+            edges.setdefault(key, (w, lineno))
+
+    if not nodes:
+        raise ValueError(f"{path}: no edges found; write one 'i j' per line (or '0 0' for one node)")
+    n = max(nodes) + 1
+    missing = sorted(set(range(n)) - nodes)
+    if missing:
+        raise ValueError(
+            f"{path}: node ids must be 0..{n - 1} and each must appear, but {missing[:5]} "
+            f"{'is' if len(missing) == 1 else 'are'} missing; renumber the nodes"
+        )
+
+    if weights is None:
+        weights = "given" if weighted else "metropolis"
+    check_scheme(weights, extra=("given",))
+    if weights == "given" and not weighted:
+        raise ValueError(f"{path}: weights='given' but the edges carry no weights; use 'i j w' lines")
+
+    g = nx.Graph()
+    g.add_nodes_from(range(n))
+    for (i, j), (w, _) in edges.items():
+        g.add_edge(i, j, **({"weight": w} if w is not None else {}))
+    return from_graph(g, weights=weights, name=name if name is not None else f"file:{path}")
+
+
+# --- the CLI spelling ----------------------------------------------------------------------------
+
+#: How each topology is spelled in a spec string (``N`` may be left out when ``parse`` gets ``n``).
+SPEC_USAGE: dict[str, str] = {
+    "ring": "ring:N",
+    "torus": "torus:AxB[xC...]",
+    "grid": "grid:AxB[xC...]",
+    "complete": "complete:N",
+    "star": "star:N",
+    "hypercube": "hypercube:DIM",
+    "exponential": "exponential:N",
+    "random_regular": "random_regular:N:D[:SEED]",
+    "small_world": "small_world:N:K:P[:SEED]",
+    "file": "file:PATH",
+}
+
+
+def _squarest(n: int) -> tuple[int, int]:
+    """The 2-D factorisation a×b = n with a ≤ b and a as large as possible (16 → 4×4, 8 → 2×4)."""
+    a = math.isqrt(n)
+    while n % a:
+        a -= 1
+    return a, n // a
+
+
+def parse(spec, n: int | None = None, weights: str | None = None) -> Topology:
+    """Build a topology from its CLI spelling, e.g. ``"torus:4x4"`` or ``parse("ring", n=8)``.
+
+    Spellings: see :data:`SPEC_USAGE`. When ``n`` is given the size may be left out of the spec
+    (``"ring"``, ``"torus"`` → the squarest 2-D torus, ``"hypercube"``, ``"random_regular:D"``,
+    ``"small_world:K:P"``), and a spec that does include a size must agree with it. ``weights``
+    defaults to ``"metropolis"`` (for ``file:`` specs, to the file's own weights if it has them).
+    A ``Topology`` passed as ``spec`` is returned as is (after the size check).
+    Unknown names and malformed specs raise ``ValueError``.
+    """
+    if isinstance(spec, Topology):
+        topo = spec
+    else:
+        topo = _parse(spec, n, weights)
+    if n is not None and topo.size != n:
+        raise ValueError(f"topology {topo.name!r} has {topo.size} nodes but n={n} was asked for")
+    return topo
+
+
+def _parse(spec, n, weights) -> Topology:
+    if not isinstance(spec, str):
+        raise TypeError(f"topology spec must be a string, got {type(spec).__name__}")
+    if n is not None:
+        n = _int(n, "n", 1)
+    kind, _, rest = spec.strip().partition(":")
+    kind = kind.strip().lower().replace("-", "_")
+    if kind not in SPEC_USAGE:
+        raise ValueError(
+            f"unknown topology {kind!r} in spec {spec!r}; valid: {', '.join(SPEC_USAGE)} "
+            f"(e.g. 'torus:4x4')"
+        )
+    usage = SPEC_USAGE[kind]
+
+    def bad(detail: str) -> ValueError:
+        return ValueError(f"bad topology spec {spec!r}: {detail}; expected {usage!r}")
+
+    if kind == "file":
+        if not rest:
+            raise bad("missing path")
+        return from_edge_list(rest, weights=weights)
+
+    w = {"weights": weights if weights is not None else "metropolis"}
+    args = [a.strip() for a in rest.split(":")] if rest else []
+
+    def num(text: str, conv=int):
+        try:
+            return conv(text)
+        except ValueError:
+            raise bad(f"{text!r} is not a valid {'integer' if conv is int else 'number'}") from None
+
+    def need_n() -> int:
+        if n is None:
+            raise bad("the size is missing (give it in the spec, or pass n)")
+        return n
+
+    if kind in ("ring", "complete", "star", "exponential"):
+        if len(args) > 1:
+            raise bad("too many fields")
+        size = num(args[0]) if args else need_n()
+        return {"ring": ring, "complete": complete, "star": star, "exponential": exponential}[kind](
+            size, **w
+        )
+
+    if kind in ("torus", "grid"):
+        if len(args) > 1:
+            raise bad("too many fields")
+        if args:
+            dims = tuple(num(d) for d in re.split(r"[xX]", args[0]))
+        else:
+            dims = _squarest(need_n())
+        return (torus if kind == "torus" else grid)(*dims, **w)
+
+    if kind == "hypercube":
+        if len(args) > 1:
+            raise bad("too many fields")
+        if args:
+            return hypercube(num(args[0]), **w)
+        size = need_n()
+        if size & (size - 1):
+            raise bad(f"n={size} is not a power of two")
+        return hypercube(size.bit_length() - 1, **w)
+
+    if kind == "random_regular":
+        if len(args) == 1:
+            return random_regular(need_n(), num(args[0]), **w)
+        if len(args) in (2, 3):
+            return random_regular(*(num(a) for a in args), **w)
+        raise bad("wrong number of fields")
+
+    # small_world
+    if len(args) == 2:
+        return small_world(need_n(), num(args[0]), num(args[1], float), **w)
+    if len(args) in (3, 4):
+        extra = [num(args[3])] if len(args) == 4 else []
+        return small_world(num(args[0]), num(args[1]), num(args[2], float), *extra, **w)
+    raise bad("wrong number of fields")
