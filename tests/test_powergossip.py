@@ -196,10 +196,10 @@ def test_consensus_error_decays_log_linearly_and_rank_and_warm_start_help():
 
 
 # ---- 7. the batched path equals a plain per-neighbour loop, in any neighbour order ---------------
-def gossip_with_initial_factors(comm, rank, iters, steps):
+def gossip_with_initial_factors(comm, rank, iters, steps, batched=True):
     x = peer_tensors(comm)
     start = [t.clone() for t in x]
-    gossip = PowerGossip(x, comm, rank=rank, num_iterations=iters)
+    gossip = PowerGossip(x, comm, rank=rank, num_iterations=iters, batch_neighbors=batched)
     factors = {j: {k: v.clone() for k, v in gossip.factors(j).items()} for j in comm.neighbors}
     for _ in range(steps):
         gossip.step()
@@ -267,10 +267,11 @@ def reference_powergossip(topology, start, factors, rank, iters, steps, order_se
     return x
 
 
+@pytest.mark.parametrize("batched", [True, False])
 @pytest.mark.parametrize("rank, iters", [(1, 1), (2, 3)])
-def test_batched_equals_a_per_neighbour_loop_in_any_order(rank, iters):
+def test_batched_equals_a_per_neighbour_loop_in_any_order(rank, iters, batched):
     topology = topologies.small_world(8, 4, 0.5)
-    results = LocalCluster(topology).run(gossip_with_initial_factors, rank, iters, 4)
+    results = LocalCluster(topology).run(gossip_with_initial_factors, rank, iters, 4, batched)
     start = [r[0] for r in results]
     factors = [r[1] for r in results]
     for order_seed in (0, 1):

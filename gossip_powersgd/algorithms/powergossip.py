@@ -106,6 +106,9 @@ class PowerGossip(GossipAlgorithm):
         min_compression_rate: a matrix is compressed only if (rows + cols) * r * rate < rows * cols;
             otherwise it is gossiped exactly. 1 compresses whatever gets smaller; 0 compresses every
             matrix (useful in tests at full rank).
+        batch_neighbors: compute the products for all neighbours in one multiplication and add
+            their updates in one multiply-add (True), or one product and one update per neighbour
+            (False: the same algorithm and messages, kept as the benchmark's comparison).
 
     Matrices of equal shape are stacked into one buffer and the parameters are re-pointed at slices
     of it (`param.data = ...`): their values and identities do not change, and the stacking costs no
@@ -117,7 +120,7 @@ class PowerGossip(GossipAlgorithm):
 
     def __init__(self, params: ParamsLike, comm, rank: int = 1, num_iterations: int = 1,
                  gamma: Optional[float] = None, warm_start: bool = True, seed: int = 0,
-                 min_compression_rate: float = 1.0):
+                 min_compression_rate: float = 1.0, batch_neighbors: bool = True):
         super().__init__(params, comm)
         if int(rank) != rank or rank < 1:
             raise ValueError(f"rank must be an integer >= 1, got {rank}")
@@ -131,6 +134,7 @@ class PowerGossip(GossipAlgorithm):
         self.warm_start = bool(warm_start)
         self.seed = int(seed)
         self.min_compression_rate = float(min_compression_rate)
+        self.batch_neighbors = bool(batch_neighbors)
         self.half_steps = 0
 
         me, neighbors = comm.rank, comm.neighbors
@@ -257,15 +261,16 @@ class PowerGossip(GossipAlgorithm):
                     factors[j].copy_(self._draw(j, factors[j].shape))
                 orthonormalize_(factors[j])
                 cat[..., n * r:(n + 1) * r] = factors[j]
-            if right:
-                torch.bmm(g.matrices, g.right_cat, out=g.products_right)
-                products = g.products_right
-            else:
-                torch.bmm(g.matrices.transpose(1, 2), g.left_cat, out=g.products_left)
-                products = g.products_left
             sends = self._send_views[(index, side)]
-            for n, j in enumerate(neighbors):
-                sends[j].copy_(products[..., n * r:(n + 1) * r])
+            matrices = g.matrices if right else g.matrices.transpose(1, 2)
+            if self.batch_neighbors:
+                products = g.products_right if right else g.products_left
+                torch.bmm(matrices, cat, out=products)
+                for n, j in enumerate(neighbors):
+                    sends[j].copy_(products[..., n * r:(n + 1) * r])
+            else:
+                for j in neighbors:
+                    torch.bmm(matrices, factors[j], out=sends[j])
         if with_exact and self._exact is not None:
             x = self._exact.pack()
             for j in neighbors:
@@ -291,8 +296,13 @@ class PowerGossip(GossipAlgorithm):
                 torch.mul(g.left[j], scale, out=g.left_cat[..., n * r:(n + 1) * r])
                 if not right:
                     g.right_cat[..., n * r:(n + 1) * r] = g.right[j]
-            # M += sum_j sigma_j gamma w_j P_j Q_j^T, all neighbours in one multiply-add
-            g.matrices.baddbmm_(g.left_cat, g.right_cat.transpose(1, 2))
+            if self.batch_neighbors:
+                # M += sum_j sigma_j gamma w_j P_j Q_j^T, all neighbours in one multiply-add
+                g.matrices.baddbmm_(g.left_cat, g.right_cat.transpose(1, 2))
+            else:
+                for n in range(len(neighbors)):
+                    g.matrices.baddbmm_(g.left_cat[..., n * r:(n + 1) * r],
+                                        g.right_cat[..., n * r:(n + 1) * r].transpose(1, 2))
         if with_exact and self._exact is not None:
             x = self._exact.buffer
             received = [self._recv_views[("exact", side)][j] for j in neighbors]
