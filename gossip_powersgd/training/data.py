@@ -1,0 +1,544 @@
+"""Datasets, per-peer partitions and a checkpointable batch iterator.
+
+Everything in this module is computed locally and deterministically from seeds. A peer's raw data
+never crosses the transport: every peer loads (or generates) the same dataset, computes the same
+partition from the same seed with a numpy ``Generator`` (PCG64), and keeps only its own slice.
+
+Dataset specs (``load_dataset``)::
+
+    "mnist1d"                                  the mnist1d package's local generator, 4000/1000 x 40
+    "mnist1d:num_samples=1000,shuffle_seq=1"   same, with generator options
+    "synthetic_logreg"                         seeded linear classification problem
+    "synthetic_logreg:d=20,classes=4,n=4000,noise=0.1,test=0.2"
+    "package.module:function"                  bring your own: function() or function(seed=seed)
+                                               returns (x_train, y_train, x_test, y_test)
+
+Partition specs (``partition`` / ``peer_shard``)::
+
+    "iid"            seeded random split, sizes differ by at most one
+    "dirichlet:0.5"  per-class proportions across peers ~ Dir(alpha * 1)
+    "shards:2"       label-sorted data cut into num_peers * k shards, k random shards per peer
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import inspect
+import random
+import sys
+import threading
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+__all__ = [
+    "Dataset",
+    "load_dataset",
+    "clear_dataset_cache",
+    "partition",
+    "peer_shard",
+    "label_histogram",
+    "skew",
+    "Batches",
+    "DATASET_NAMES",
+    "PARTITION_NAMES",
+]
+
+DATASET_NAMES = ("mnist1d", "synthetic_logreg", "package.module:function")
+PARTITION_NAMES = ("iid", "dirichlet:<alpha>", "shards:<k>")
+
+
+# --------------------------------------------------------------------------------------------------
+# Spec helpers (shared with models.py)
+# --------------------------------------------------------------------------------------------------
+
+
+def _split_spec(spec: str) -> tuple[str, str | None]:
+    """``"name:args"`` -> ``("name", "args")``; ``"name"`` -> ``("name", None)``."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"spec must be a non-empty string, got {spec!r}")
+    head, sep, tail = spec.strip().partition(":")
+    return head.strip(), (tail.strip() if sep else None)
+
+
+def _parse_options(spec: str, text: str | None, types: dict[str, Callable[[str], Any]]) -> dict:
+    """Parse ``"k=v,k=v"`` into a dict, converting each value with ``types[k]``.
+
+    Unknown keys and unparsable values raise a one-line ValueError naming the spec, so a typo in a
+    config file is reported instead of silently falling back to a default.
+    """
+    options: dict[str, Any] = {}
+    if text is None or text == "":
+        return options
+    for item in text.split(","):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ValueError(f"{spec!r}: expected key=value, got {item!r} "
+                             f"(valid keys: {', '.join(types)})")
+        if key not in types:
+            raise ValueError(f"{spec!r}: unknown option {key!r} (valid keys: {', '.join(types)})")
+        try:
+            options[key] = types[key](value.strip())
+        except (TypeError, ValueError):
+            raise ValueError(f"{spec!r}: option {key}={value.strip()!r} is not a valid "
+                             f"{getattr(types[key], '__name__', 'value')}") from None
+    return options
+
+
+def _bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+_bool.__name__ = "bool"
+
+
+def _import_object(spec: str, valid: Sequence[str]) -> Any:
+    """Resolve a bring-your-own ``"package.module:attribute"`` spec to the object it names."""
+    module_name, attr = _split_spec(spec)
+    if not module_name or not attr:
+        raise ValueError(f"unknown spec {spec!r}: valid are {', '.join(valid)}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"{spec!r}: cannot import module {module_name!r} ({exc}); "
+                         f"valid built-in specs are {', '.join(valid)}") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{spec!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"{spec!r}: {attr!r} is not callable")
+    return obj
+
+
+def _accepts(fn: Callable, name: str) -> bool:
+    """Whether ``fn`` can be called with keyword argument ``name``."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # some builtins have no signature
+        return False
+    return any(p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+               or p.kind == p.VAR_KEYWORD for p in params)
+
+
+# --------------------------------------------------------------------------------------------------
+# Datasets
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # == on tensors is ambiguous: compare by identity
+class Dataset:
+    """A classification dataset held in memory.
+
+    ``x_*`` are float32 tensors of shape ``(N, *input_shape)``, ``y_*`` int64 tensors of shape
+    ``(N,)`` with values in ``[0, num_classes)``. Instances come from an in-process cache shared by
+    every thread, so treat the tensors as read-only (``peer_shard`` returns copies).
+    """
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    input_shape: tuple[int, ...]
+    name: str
+
+    @property
+    def num_train(self) -> int:
+        return len(self.y_train)
+
+    @property
+    def num_test(self) -> int:
+        return len(self.y_test)
+
+
+# Peers that are threads of one process all call load_dataset at start-up; one lock makes the first
+# caller generate while the others wait and then share the result. Re-entrant so that a
+# bring-your-own loader may itself call load_dataset.
+_CACHE: dict[tuple[str, int], Dataset] = {}
+_CACHE_LOCK = threading.RLock()
+
+
+def load_dataset(name: str, seed: int = 0) -> Dataset:
+    """Load or generate the dataset named by ``name`` (see the module docstring for specs).
+
+    Deterministic from ``seed``; cached in-process by ``(name, seed)`` and thread-safe.
+    """
+    key = (name.strip() if isinstance(name, str) else name, int(seed))
+    with _CACHE_LOCK:
+        cached = _CACHE.get(key)
+        if cached is None:
+            cached = _build_dataset(key[0], key[1])
+            _CACHE[key] = cached
+        return cached
+
+
+def clear_dataset_cache() -> None:
+    """Forget every cached dataset (tests; freeing memory after peers took their shards)."""
+    with _CACHE_LOCK:
+        _CACHE.clear()
+
+
+def _build_dataset(spec: str, seed: int) -> Dataset:
+    head, args = _split_spec(spec)
+    if head == "mnist1d":
+        return _mnist1d(spec, args, seed)
+    if head == "synthetic_logreg":
+        return _synthetic_logreg(spec, args, seed)
+    if args is not None:  # anything else with a colon is "package.module:function"
+        return _byo_dataset(spec, seed)
+    raise ValueError(f"unknown dataset {spec!r}: valid are {', '.join(DATASET_NAMES)}")
+
+
+class _MuteThread:
+    """A stdout stand-in that drops writes from one thread and forwards everyone else's.
+
+    ``contextlib.redirect_stdout`` swaps ``sys.stdout`` for the whole process; muting only the
+    generating thread keeps other peers' log lines while the dataset is being built.
+    """
+
+    def __init__(self, real, thread_id: int):
+        self._real, self._thread_id = real, thread_id
+
+    def write(self, text: str) -> int:
+        if threading.get_ident() == self._thread_id:
+            return len(text)
+        return self._real.write(text)
+
+    def flush(self) -> None:
+        self._real.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+#: The mnist1d package's own default seed: the data set its paper's published figures are about.
+MNIST1D_STANDARD_SEED = 42
+
+
+def _mnist1d(spec: str, args_text: str | None, seed: int) -> Dataset:
+    """The standard MNIST-1D (seed 42) whatever the run's seed, unless `mnist1d:seed=N` asks."""
+    options = _parse_options(spec, args_text, {"num_samples": int, "shuffle_seq": _bool,
+                                               "train_split": float, "seed": int})
+    # Only the local generator: get_dataset would try to download a pickle.
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.seed = options.pop("seed", MNIST1D_STANDARD_SEED)
+    for key, value in options.items():
+        setattr(args, key, value)
+
+    # make_dataset seeds and draws from the *global* numpy and random RNGs; put them back so that
+    # loading data never changes anyone else's random stream.
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:
+        with contextlib.redirect_stdout(_MuteThread(sys.stdout, threading.get_ident())):
+            raw = make_dataset(args)
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+
+    return _make_dataset_record(spec, raw["x"], raw["y"], raw["x_test"], raw["y_test"],
+                                num_classes=10)
+
+
+def _synthetic_logreg(spec: str, args_text: str | None, seed: int) -> Dataset:
+    """x ~ N(0, I_d), y = argmax(x W* + noise) with a seeded teacher W* (d x classes).
+
+    W* has entries ~ N(0, 1/d) so teacher logits have unit variance whatever ``d`` is, which makes
+    ``noise`` (std of the logit noise) comparable across dimensions. A linear model can represent
+    the teacher exactly, so logistic regression learns it well.
+    """
+    opts = {"d": 20, "classes": 10, "n": 5000, "noise": 0.1, "test": 0.2}
+    opts.update(_parse_options(spec, args_text, {"d": int, "classes": int, "n": int,
+                                                 "noise": float, "test": float}))
+    d, classes, n, noise, test = opts["d"], opts["classes"], opts["n"], opts["noise"], opts["test"]
+    if d < 1 or classes < 2 or noise < 0 or not 0 < test < 1:
+        raise ValueError(f"{spec!r}: need d >= 1, classes >= 2, noise >= 0 and 0 < test < 1")
+    n_test = int(round(n * test))
+    if n_test < 1 or n - n_test < 1:
+        raise ValueError(f"{spec!r}: n={n} is too small for a {test:g} test split; raise n")
+
+    rng = np.random.default_rng(seed)
+    teacher = rng.standard_normal((d, classes)) / np.sqrt(d)
+    x = rng.standard_normal((n, d))
+    y = np.argmax(x @ teacher + noise * rng.standard_normal((n, classes)), axis=1)
+    return _make_dataset_record(spec, x[n_test:], y[n_test:], x[:n_test], y[:n_test],
+                                num_classes=classes)
+
+
+def _byo_dataset(spec: str, seed: int) -> Dataset:
+    fn = _import_object(spec, DATASET_NAMES)
+    try:
+        result = fn(seed=seed) if _accepts(fn, "seed") else fn()
+    except Exception as exc:
+        raise ValueError(f"{spec!r}: calling it raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(result, (tuple, list)) or len(result) != 4:
+        raise ValueError(f"{spec!r}: must return a tuple (x_train, y_train, x_test, y_test), "
+                         f"got {type(result).__name__}")
+    return _make_dataset_record(spec, *result, num_classes=None)
+
+
+def _make_dataset_record(spec, x_train, y_train, x_test, y_test, num_classes) -> Dataset:
+    """Validate and convert four arrays into a Dataset (float32 x, int64 y)."""
+    xs, ys = [], []
+    for what, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
+        try:
+            x = torch.as_tensor(np.asarray(x) if not torch.is_tensor(x) else x).to(torch.float32)
+            y = torch.as_tensor(np.asarray(y) if not torch.is_tensor(y) else y)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"{spec!r}: {what} arrays are not numeric ({exc})") from None
+        if x.ndim < 1 or y.ndim != 1:
+            raise ValueError(f"{spec!r}: y_{what} must be 1-D and x_{what} at least 1-D, "
+                             f"got shapes {tuple(x.shape)} and {tuple(y.shape)}")
+        if len(x) != len(y):
+            raise ValueError(f"{spec!r}: x_{what} has {len(x)} samples but y_{what} has {len(y)}")
+        if y.is_floating_point():
+            if not torch.equal(y, torch.round(y)):
+                raise ValueError(f"{spec!r}: y_{what} must hold integer class labels")
+        elif y.dtype == torch.bool or y.is_complex():
+            raise ValueError(f"{spec!r}: y_{what} must hold integer class labels, not {y.dtype}")
+        y = y.to(torch.int64)
+        if len(y) and int(y.min()) < 0:
+            raise ValueError(f"{spec!r}: y_{what} has negative labels")
+        xs.append(x.contiguous())
+        ys.append(y.contiguous())
+    if len(ys[0]) == 0:
+        raise ValueError(f"{spec!r}: the training set is empty")
+    if xs[0].shape[1:] != xs[1].shape[1:]:
+        raise ValueError(f"{spec!r}: train samples have shape {tuple(xs[0].shape[1:])} but test "
+                         f"samples {tuple(xs[1].shape[1:])}")
+    largest = max(int(y.max()) for y in ys if len(y))
+    if num_classes is None:
+        num_classes = largest + 1
+    elif largest >= num_classes:
+        raise ValueError(f"{spec!r}: label {largest} out of range for {num_classes} classes")
+    return Dataset(x_train=xs[0], y_train=ys[0], x_test=xs[1], y_test=ys[1],
+                   num_classes=int(num_classes), input_shape=tuple(xs[0].shape[1:]), name=spec)
+
+
+# --------------------------------------------------------------------------------------------------
+# Partitions
+# --------------------------------------------------------------------------------------------------
+
+# Dirichlet draws can leave a peer with no samples at all (likely for small alpha and many peers).
+# We redraw the whole partition up to this many times, then repair what is left (see _dirichlet).
+_DIRICHLET_TRIES = 100
+
+
+def _as_numpy_labels(labels) -> np.ndarray:
+    if torch.is_tensor(labels):
+        labels = labels.detach().cpu().numpy()
+    labels = np.asarray(labels)
+    if labels.ndim != 1:
+        raise ValueError(f"labels must be 1-D, got shape {labels.shape}")
+    return labels
+
+
+def partition(labels, num_peers: int, spec: str, seed: int) -> list[np.ndarray]:
+    """Split the training indices ``0..len(labels)-1`` among ``num_peers`` peers.
+
+    Returns one sorted int64 index array per peer; the arrays are disjoint, non-empty and together
+    cover every index. The result depends only on ``(labels, num_peers, spec, seed)``, so all peers
+    compute the same partition without communicating.
+    """
+    labels = _as_numpy_labels(labels)
+    n = len(labels)
+    if isinstance(num_peers, bool) or int(num_peers) != num_peers or num_peers < 1:
+        raise ValueError(f"num_peers must be a positive integer, got {num_peers!r}")
+    num_peers = int(num_peers)
+    if num_peers > n:
+        raise ValueError(f"cannot split {n} samples among {num_peers} peers: "
+                         f"use at most {n} peers or a larger dataset")
+
+    head, arg = _split_spec(spec)
+    rng = np.random.default_rng(np.random.PCG64(seed))
+    if head == "iid" and arg is None:
+        parts = np.array_split(rng.permutation(n), num_peers)
+    elif head == "dirichlet":
+        alpha = _number_arg(spec, arg, float, "alpha", "dirichlet:0.5")
+        if not np.isfinite(alpha) or alpha <= 0:
+            raise ValueError(f"{spec!r}: Dirichlet alpha must be > 0 (e.g. dirichlet:0.5; "
+                             f"smaller is more skewed)")
+        parts = _dirichlet(labels, num_peers, alpha, rng)
+    elif head == "shards":
+        k = _number_arg(spec, arg, int, "k", "shards:2")
+        if k < 1:
+            raise ValueError(f"{spec!r}: shards per peer k must be >= 1 (e.g. shards:2)")
+        if num_peers * k > n:
+            raise ValueError(f"{spec!r}: {num_peers} peers x {k} shards = {num_peers * k} shards "
+                             f"but only {n} samples; use fewer peers or a smaller k")
+        parts = _shards(labels, num_peers, k, rng)
+    else:
+        raise ValueError(f"unknown partition {spec!r}: valid are {', '.join(PARTITION_NAMES)}")
+    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+
+
+def _number_arg(spec: str, arg: str | None, kind: type, name: str, example: str):
+    """The number after the colon of ``"dirichlet:0.5"``; ``"dirichlet:alpha=0.5"`` also works."""
+    if arg is None or arg == "":
+        raise ValueError(f"{spec!r}: missing {name}, write it like {example}")
+    text = arg.split("=", 1)[1] if arg.startswith(f"{name}=") else arg
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"{spec!r}: {name} must be a{'n integer' if kind is int else ' number'},"
+                         f" write it like {example}") from None
+
+
+def _dirichlet(labels: np.ndarray, num_peers: int, alpha: float,
+               rng: np.random.Generator) -> list[np.ndarray]:
+    """Per class, split its (shuffled) indices across peers in proportions ~ Dir(alpha * 1).
+
+    Empty peers: the whole draw is repeated (from the same generator, so still deterministic) up
+    to ``_DIRICHLET_TRIES`` times until every peer has at least one sample. If every try leaves
+    someone empty (tiny datasets, extreme alpha), the last draw is repaired: each empty peer in
+    turn takes one random sample from the currently largest peer. Conditioning on non-empty
+    peers is the usual practice; the repair changes at most ``num_peers - 1`` samples.
+    """
+    classes = np.unique(labels)
+    by_class = [np.flatnonzero(labels == c) for c in classes]
+    parts: list[list[np.ndarray]] = []
+    for _ in range(_DIRICHLET_TRIES):
+        parts = [[] for _ in range(num_peers)]
+        for idx in by_class:
+            idx = rng.permutation(idx)
+            proportions = rng.dirichlet(np.full(num_peers, alpha))
+            # Extreme alphas can underflow to all zeros; treat that as "all to one random peer".
+            if not np.all(np.isfinite(proportions)) or proportions.sum() <= 0:
+                proportions = np.eye(num_peers)[rng.integers(num_peers)]
+            counts = rng.multinomial(len(idx), proportions / proportions.sum())
+            for peer, chunk in enumerate(np.split(idx, np.cumsum(counts)[:-1])):
+                parts[peer].append(chunk)
+        if all(sum(len(c) for c in peer) > 0 for peer in parts):
+            break
+    flat = [np.concatenate(p) if p else np.empty(0, np.int64) for p in parts]
+    for peer in range(num_peers):
+        if len(flat[peer]) == 0:
+            donor = int(np.argmax([len(f) for f in flat]))
+            take = int(rng.integers(len(flat[donor])))
+            flat[peer] = flat[donor][take:take + 1]
+            flat[donor] = np.delete(flat[donor], take)
+    return flat
+
+
+def _shards(labels: np.ndarray, num_peers: int, k: int,
+            rng: np.random.Generator) -> list[np.ndarray]:
+    """McMahan et al.'s pathological non-IID split: label-sorted shards, k per peer."""
+    # Shuffle before the stable sort so that which samples of a class share a shard is random.
+    shuffled = rng.permutation(len(labels))
+    order = shuffled[np.argsort(labels[shuffled], kind="stable")]
+    shards = np.array_split(order, num_peers * k)
+    owner = rng.permutation(num_peers * k)
+    return [np.concatenate([shards[s] for s in owner[p * k:(p + 1) * k]]) for p in range(num_peers)]
+
+
+def peer_shard(dataset: Dataset, rank: int, num_peers: int, spec: str,
+               seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This peer's own training samples ``(x, y)`` under ``partition(..., spec, seed)``.
+
+    The returned tensors are fresh copies of just this peer's rows, so the caller may drop the
+    shared dataset afterwards (e.g. ``clear_dataset_cache()``) without keeping it alive.
+    """
+    if not 0 <= rank < num_peers:
+        raise ValueError(f"rank {rank} out of range for {num_peers} peers")
+    mine = partition(dataset.y_train, num_peers, spec, seed)[rank]
+    index = torch.from_numpy(mine).to(dataset.y_train.device)
+    # Advanced indexing copies, so these do not reference the full tensors.
+    return dataset.x_train[index], dataset.y_train[index]
+
+
+def label_histogram(y, num_classes: int) -> list[int]:
+    """Number of samples of each class ``0..num_classes-1`` in ``y``."""
+    y = _as_numpy_labels(y).astype(np.int64, copy=False)
+    if len(y) and (y.min() < 0 or y.max() >= num_classes):
+        raise ValueError(f"labels must lie in [0, {num_classes}), found {y.min()}..{y.max()}")
+    return np.bincount(y, minlength=num_classes).tolist()
+
+
+def skew(partitions: Sequence[np.ndarray], labels, num_classes: int) -> float:
+    """Mean total-variation distance between each peer's label distribution and the global one.
+
+    0 means every peer sees the global class mix; values near 1 mean peers see disjoint classes.
+    """
+    labels = _as_numpy_labels(labels)
+    global_dist = np.asarray(label_histogram(labels, num_classes), dtype=np.float64)
+    global_dist /= global_dist.sum()
+    distances = []
+    for peer, idx in enumerate(partitions):
+        if len(idx) == 0:
+            raise ValueError(f"peer {peer} has no samples; its label distribution is undefined")
+        local = np.asarray(label_histogram(labels[np.asarray(idx)], num_classes), np.float64)
+        distances.append(0.5 * np.abs(local / local.sum() - global_dist).sum())
+    return float(np.mean(distances))
+
+
+# --------------------------------------------------------------------------------------------------
+# Batches
+# --------------------------------------------------------------------------------------------------
+
+
+class Batches:
+    """Deterministic mini-batches over ``(x, y)`` with a checkpointable position.
+
+    Each epoch uses a fresh permutation drawn from a generator seeded by ``(seed, rank, epoch)``,
+    so the batch sequence is a pure function of the state: save ``state_dict()`` with a
+    checkpoint, ``load_state_dict`` it into a new iterator over the same data, and the remaining
+    batches come out identical.
+
+    Iterating yields ``(xb, yb)`` from the current position to the end of the current epoch. The
+    state advances *before* each batch is handed out, so a ``state_dict()`` taken while holding a
+    batch points at the next one — what a checkpoint written after processing that batch needs.
+    The last batch may be smaller (``drop_last=False``); ``len()`` counts it.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int = 0,
+                 rank: int = 0):
+        if len(x) != len(y):
+            raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
+        if len(x) == 0:
+            raise ValueError("cannot batch an empty dataset")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if seed < 0 or rank < 0:
+            raise ValueError(f"seed and rank must be non-negative, got seed={seed}, rank={rank}")
+        self.x, self.y = x, y
+        self.batch_size = int(batch_size)
+        self.seed, self.rank = int(seed), int(rank)
+        self.epoch, self.position = 0, 0  # position = batches already handed out this epoch
+
+    def __len__(self) -> int:
+        return -(-len(self.x) // self.batch_size)
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, self.rank, epoch]))
+        return torch.from_numpy(rng.permutation(len(self.x))).to(self.x.device)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        epoch, order = self.epoch, self._permutation(self.epoch)
+        while self.epoch == epoch:
+            start = self.position * self.batch_size
+            index = order[start:start + self.batch_size]
+            self.position += 1
+            if self.position == len(self):
+                self.epoch, self.position = self.epoch + 1, 0
+            yield self.x[index], self.y[index]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        epoch, position, seed = int(state["epoch"]), int(state["position"]), int(state["seed"])
+        if epoch < 0 or not 0 <= position < len(self) or seed < 0:
+            raise ValueError(f"invalid Batches state {dict(state)} for {len(self)} batches/epoch")
+        self.epoch, self.position, self.seed = epoch, position, seed

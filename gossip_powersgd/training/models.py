@@ -1,0 +1,206 @@
+"""Models for the experiments, initialised deterministically from a seed.
+
+Every peer builds its model from the same ``(spec, seed)`` and must get bit-identical initial
+weights without communicating, and building a model must not disturb the global torch RNG (peers
+are often threads of one process sharing that RNG). Built-in models are therefore constructed on
+the ``meta`` device (which draws no random numbers), materialised on the CPU, and initialised
+from a local ``torch.Generator`` with PyTorch's default scheme for each layer type.
+
+Model specs (``build_model``)::
+
+    "logreg"                     flatten -> Linear
+    "mlp"  "mlp:100,100"         flatten -> (Linear -> ReLU) per hidden width -> Linear
+    "cnn1d"  "cnn1d:channels=32" the MNIST-1D paper's CNN family:
+                                 3 x (Conv1d(k=5, s=2, p=1) -> ReLU) -> flatten -> Linear
+    "package.module:callable"    bring your own: callable(input_shape=..., num_classes=...) or
+                                 callable(); must return an nn.Module
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from gossip_powersgd.training.data import _accepts, _import_object, _parse_options, _split_spec
+
+__all__ = ["build_model", "count_parameters", "CNN1d", "MODEL_NAMES"]
+
+MODEL_NAMES = ("logreg", "mlp", "mlp:<width>,<width>,...", "cnn1d", "cnn1d:channels=<c>",
+               "package.module:callable")
+
+_DEFAULT_MLP_WIDTHS = (100, 100)
+_DEFAULT_CNN_CHANNELS = 32
+
+
+class CNN1d(nn.Module):
+    """Three strided 1-D convolutions with ReLU, then a linear classifier.
+
+    Accepts ``(N, L)`` inputs (a single channel, as MNIST-1D) or ``(N, C, L)``.
+    """
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int, channels: int = 32,
+                 device: torch.device | str | None = None):
+        super().__init__()
+        if len(input_shape) == 1:
+            in_channels, length = 1, input_shape[0]
+        elif len(input_shape) == 2:
+            in_channels, length = input_shape
+        else:
+            raise ValueError(f"cnn1d needs input_shape (length,) or (channels, length), "
+                             f"got {tuple(input_shape)}")
+        self.in_channels = in_channels
+        convs = [nn.Conv1d(c_in, channels, kernel_size=5, stride=2, padding=1, device=device)
+                 for c_in in (in_channels, channels, channels)]
+        self.features = nn.Sequential(*[m for conv in convs for m in (conv, nn.ReLU())])
+        flat = _flattened_size(convs, in_channels, length)
+        if flat == 0:
+            raise ValueError(f"cnn1d: input length {length} is too short for three stride-2 "
+                             f"convolutions of kernel 5; use an input of length >= 11")
+        self.classifier = nn.Linear(flat, num_classes, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(len(x), self.in_channels, -1)
+        return self.classifier(self.features(x).flatten(1))
+
+
+def _flattened_size(convs: Sequence[nn.Conv1d], in_channels: int, length: int) -> int:
+    """Features per sample after ``convs``, by a dummy forward of zeros through same-shaped convs.
+
+    Zero weights on the CPU rather than the layers themselves: those may live on the meta device,
+    whose first use imports sympy (seconds), and random weights would consume RNG state.
+    """
+    x = torch.zeros(1, in_channels, length)
+    try:
+        for conv in convs:
+            weight = torch.zeros(conv.out_channels, conv.in_channels, *conv.kernel_size)
+            x = F.conv1d(x, weight, stride=conv.stride, padding=conv.padding)
+    except RuntimeError:  # input shorter than the kernel somewhere along the stack
+        return 0
+    return x.numel()
+
+
+def _logreg(spec, args, input_shape, num_classes, device) -> nn.Module:
+    if args is not None:
+        raise ValueError(f"{spec!r}: logreg takes no options; write 'logreg'")
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes,
+                                                 device=device))
+
+
+def _mlp(spec, args, input_shape, num_classes, device) -> nn.Module:
+    widths = _DEFAULT_MLP_WIDTHS
+    if args is not None:
+        try:
+            widths = tuple(int(w) for w in args.split(","))
+        except ValueError:
+            widths = ()
+        if not widths or min(widths) < 1:
+            raise ValueError(f"{spec!r}: expected positive hidden widths, e.g. mlp:100,100")
+    layers: list[nn.Module] = [nn.Flatten()]
+    fan_in = math.prod(input_shape)
+    for width in widths:
+        layers += [nn.Linear(fan_in, width, device=device), nn.ReLU()]
+        fan_in = width
+    layers.append(nn.Linear(fan_in, num_classes, device=device))
+    return nn.Sequential(*layers)
+
+
+def _cnn1d(spec, args, input_shape, num_classes, device) -> nn.Module:
+    options = _parse_options(spec, args, {"channels": int})
+    channels = options.get("channels", _DEFAULT_CNN_CHANNELS)
+    if channels < 1:
+        raise ValueError(f"{spec!r}: channels must be >= 1")
+    return CNN1d(input_shape, num_classes, channels=channels, device=device)
+
+
+_BUILDERS = {"logreg": _logreg, "mlp": _mlp, "cnn1d": _cnn1d}
+
+
+def _materialize(module: nn.Module) -> None:
+    """Give every meta-device parameter real (uninitialised) CPU storage, in place.
+
+    ``Module.to_empty`` would do this too, but on the meta device it goes through
+    ``torch.empty_like``, whose first call imports sympy (seconds of start-up per process).
+    """
+    for layer in module.modules():
+        for name, param in layer.named_parameters(recurse=False):
+            fresh = torch.empty(param.shape, dtype=param.dtype, device="cpu")
+            setattr(layer, name, nn.Parameter(fresh, requires_grad=param.requires_grad))
+
+
+def _init_parameters(module: nn.Module, generator: torch.Generator) -> None:
+    """PyTorch's default Linear/Conv initialisation, drawn from ``generator``.
+
+    ``kaiming_uniform_(a=sqrt(5))`` on the weight and the bias rule of ``reset_parameters`` both
+    reduce to U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+    """
+    initialised = set()
+    for layer in module.modules():
+        if isinstance(layer, (nn.Linear, nn.Conv1d)):
+            bound = 1.0 / math.sqrt(layer.weight[0].numel())
+            with torch.no_grad():
+                layer.weight.uniform_(-bound, bound, generator=generator)
+                initialised.add(id(layer.weight))
+                if layer.bias is not None:
+                    layer.bias.uniform_(-bound, bound, generator=generator)
+                    initialised.add(id(layer.bias))
+    # _materialize leaves garbage in memory; never hand out a parameter we did not initialise.
+    missed = [name for name, p in module.named_parameters() if id(p) not in initialised]
+    if missed:
+        raise RuntimeError(f"no initialiser for parameters {missed}")
+
+
+# Bring-your-own constructors draw from the global RNG; we seed it temporarily and restore it, and
+# the lock keeps two peers' threads from seeding it at the same time.
+_GLOBAL_RNG_LOCK = threading.Lock()
+
+
+def _byo_model(spec, input_shape, num_classes, seed) -> nn.Module:
+    factory = _import_object(spec, MODEL_NAMES)
+    with_shapes = _accepts(factory, "input_shape") and _accepts(factory, "num_classes")
+    with _GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)  # CPU only: leave CUDA RNGs alone
+        try:
+            model = (factory(input_shape=tuple(input_shape), num_classes=num_classes)
+                     if with_shapes else factory())
+        except Exception as exc:
+            raise ValueError(f"{spec!r}: calling it raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"{spec!r}: must return a torch.nn.Module, got {type(model).__name__}")
+    return model
+
+
+def build_model(spec: str, input_shape: Sequence[int], num_classes: int,
+                seed: int = 0) -> nn.Module:
+    """Build the model named by ``spec`` on the CPU, initialised deterministically from ``seed``.
+
+    The same ``(spec, input_shape, num_classes, seed)`` always gives identical parameters, and the
+    global torch RNG state is left untouched. Bring-your-own constructors run with the global CPU
+    RNG temporarily seeded from ``seed`` (so they are deterministic too, as long as no other
+    thread draws from the global RNG meanwhile); they should build on the CPU.
+    """
+    input_shape = tuple(int(s) for s in input_shape)
+    if not input_shape or min(input_shape) < 1:
+        raise ValueError(f"input_shape must be a non-empty tuple of positive sizes, "
+                         f"got {input_shape}")
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+    head, args = _split_spec(spec)
+    builder = _BUILDERS.get(head)
+    if builder is not None:
+        model = builder(spec, args, input_shape, num_classes, "meta")
+        _materialize(model)
+        _init_parameters(model, torch.Generator(device="cpu").manual_seed(int(seed)))
+        return model
+    if args is not None:
+        return _byo_model(spec, input_shape, num_classes, int(seed))
+    raise ValueError(f"unknown model {spec!r}: valid are {', '.join(MODEL_NAMES)}")
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of scalar parameters (shared parameters counted once)."""
+    return sum(p.numel() for p in model.parameters())

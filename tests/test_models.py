@@ -1,0 +1,127 @@
+"""Tests for gossip_powersgd.training.models."""
+
+import os
+import sys
+import threading
+
+import pytest
+import torch
+
+from gossip_powersgd.training.data import Batches, load_dataset
+from gossip_powersgd.training.models import build_model, count_parameters
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for "byo_fixtures:..." specs
+
+SPECS = ["logreg", "mlp", "mlp:16", "mlp:32,16,8", "cnn1d", "cnn1d:channels=8"]
+
+
+def same_parameters(a, b):
+    pa, pb = list(a.parameters()), list(b.parameters())
+    return len(pa) == len(pb) and all(torch.equal(x, y) for x, y in zip(pa, pb))
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_output_shape_and_determinism(spec):
+    model = build_model(spec, (40,), 10, seed=3)
+    assert model(torch.randn(7, 40)).shape == (7, 10)
+    assert all(p.device.type == "cpu" and torch.isfinite(p).all() for p in model.parameters())
+    assert same_parameters(model, build_model(spec, (40,), 10, seed=3))
+    assert not same_parameters(model, build_model(spec, (40,), 10, seed=4))
+
+
+@pytest.mark.parametrize("spec", SPECS + ["byo_fixtures:small_net"])
+def test_global_rng_untouched(spec):
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    build_model(spec, (40,), 10, seed=5)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_concurrent_builds_are_identical():
+    specs = ["cnn1d", "byo_fixtures:small_net"]
+    models = {s: [None] * 8 for s in specs}
+
+    def build(i):
+        for s in specs:
+            models[s][i] = build_model(s, (40,), 10, seed=1)
+
+    threads = [threading.Thread(target=build, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in specs:
+        assert all(same_parameters(models[s][0], m) for m in models[s][1:])
+
+
+def test_parameter_counts():
+    assert count_parameters(build_model("logreg", (40,), 10, 0)) == 40 * 10 + 10
+    assert count_parameters(build_model("mlp", (40,), 10, 0)) == (40 * 100 + 100) + \
+        (100 * 100 + 100) + (100 * 10 + 10)
+    # cnn1d: lengths 40 -> 19 -> 9 -> 4, so the classifier sees 4 * channels features.
+    for c in (8, 25, 32):
+        expected = (1 * c * 5 + c) + 2 * (c * c * 5 + c) + (4 * c * 10 + 10)
+        spec = "cnn1d" if c == 32 else f"cnn1d:channels={c}"
+        assert count_parameters(build_model(spec, (40,), 10, 0)) == expected
+
+
+def test_cnn1d_accepts_channel_inputs():
+    model = build_model("cnn1d:channels=4", (40,), 10, 0)
+    x = torch.randn(3, 40)
+    assert torch.equal(model(x), model(x.unsqueeze(1)))
+    two = build_model("cnn1d:channels=4", (2, 64), 5, 0)
+    assert two(torch.randn(3, 2, 64)).shape == (3, 5)
+
+
+def test_default_init_scale():
+    # PyTorch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases.
+    layer = build_model("logreg", (400,), 300, seed=0)[1]
+    bound = 1 / 400 ** 0.5
+    assert layer.weight.abs().max() <= bound and layer.weight.abs().max() > 0.99 * bound
+    assert abs(layer.weight.std().item() - bound / 3 ** 0.5) < 0.01 * bound
+
+
+def test_byo_models():
+    a = build_model("byo_fixtures:small_net", (4, 10), 3, seed=2)
+    assert a(torch.randn(5, 4, 10)).shape == (5, 3)
+    assert same_parameters(a, build_model("byo_fixtures:small_net", (4, 10), 3, seed=2))
+    assert not same_parameters(a, build_model("byo_fixtures:small_net", (4, 10), 3, seed=9))
+    assert build_model("byo_fixtures:fixed_net", (40,), 10, 0)(torch.randn(2, 40)).shape == (2, 10)
+
+
+@pytest.mark.parametrize("spec, shape, match", [
+    ("resnet50", (40,), "unknown model 'resnet50'.*logreg.*cnn1d"),
+    ("mlp:abc", (40,), "positive hidden widths"),
+    ("mlp:0", (40,), "positive hidden widths"),
+    ("mlp:", (40,), "positive hidden widths"),
+    ("logreg:3", (40,), "no options"),
+    ("cnn1d:width=3", (40,), "unknown option 'width'"),
+    ("cnn1d:channels=0", (40,), "channels must be >= 1"),
+    ("cnn1d", (8,), "too short"),
+    ("cnn1d", (2, 3, 40), "input_shape"),
+    ("logreg", (), "input_shape"),
+    ("byo_fixtures:not_a_module", (40,), "must return a torch.nn.Module"),
+    ("byo_fixtures:nothing_here", (40,), "no attribute"),
+    ("not_a_real_pkg.models:net", (40,), "cannot import"),
+])
+def test_bad_specs(spec, shape, match):
+    with pytest.raises(ValueError, match=match) as info:
+        build_model(spec, shape, 10, seed=0)
+    assert "\n" not in str(info.value)
+
+
+def test_logreg_learns_synthetic_logreg():
+    torch.manual_seed(0)
+    data = load_dataset("synthetic_logreg:d=20,classes=4,n=2000", seed=0)
+    model = build_model("logreg", data.input_shape, data.num_classes, seed=0)
+    batches = Batches(data.x_train, data.y_train, batch_size=64, seed=0)
+    for _ in range(12):  # 12 epochs x 25 batches = 300 steps
+        for xb, yb in batches:
+            model.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            with torch.no_grad():  # plain SGD by hand: torch.optim's first step imports seconds
+                for p in model.parameters():
+                    p -= 0.5 * p.grad
+    with torch.no_grad():
+        accuracy = (model(data.x_test).argmax(1) == data.y_test).float().mean().item()
+    assert accuracy > 0.8
