@@ -15,13 +15,15 @@ register("exact", ExactGossip, {"gamma": ("gamma", parse_optional_float)},
 register("powergossip", PowerGossip, {
     "rank": ("rank", int), "iters": ("num_iterations", int), "gamma": ("gamma", parse_optional_float),
     "warm": ("warm_start", parse_bool), "seed": ("seed", int),
-    "min_compression_rate": ("min_compression_rate", float),
+    "min_compression_rate": ("min_compression_rate", float), "batched": ("batch_neighbors", parse_bool),
 }, "low-rank compressed gossip (PowerGossip), gamma defaults to the topology's")
 register("choco", ChocoGossip, {
-    "compressor": ("compressor", parse_compressor), "gamma": ("gamma", parse_optional_float), "seed": ("seed", int),
+    "compressor": ("compressor", parse_compressor), "gamma": ("gamma", parse_optional_float),
+    "seed": ("seed", int),
 }, "Choco-Gossip: compressed gossip of x - x_hat (gamma must be tuned), e.g. compressor=topk:0.01")
 register("deepsqueeze", DeepSqueeze, {
-    "compressor": ("compressor", parse_compressor), "gamma": ("gamma", parse_optional_float), "seed": ("seed", int),
+    "compressor": ("compressor", parse_compressor), "gamma": ("gamma", parse_optional_float),
+    "seed": ("seed", int),
 }, "DeepSqueeze: error-compensated compressed gossip (gamma must be tuned), e.g. compressor=sign")
 register("allreduce", AllReduce, {}, "exact all-reduce average of the parameters (centralized)")
 register("powersgd", PowerSGDAllReduce, {

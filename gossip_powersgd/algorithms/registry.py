@@ -38,15 +38,41 @@ def register(name: str, factory, keys: Dict[str, Tuple[str, Callable[[str], Any]
     REGISTRY[name] = AlgorithmEntry(factory, keys, summary)
 
 
+def _split_top_level(text: str) -> list:
+    """Split on commas outside square brackets, so nested specs can carry their own options."""
+    parts, depth, current = [], 0, []
+    for char in text:
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current))
+    return parts
+
+
 def split_spec(spec: str) -> Tuple[str, Dict[str, str]]:
-    """"choco:compressor=topk:0.01,gamma=0.4" -> ("choco", {"compressor": "topk:0.01", "gamma": "0.4"})."""
+    """"choco:compressor=topk:0.01,gamma=0.4" -> ("choco", {"compressor": "topk:0.01", "gamma": "0.4"}).
+
+    A value with commas of its own goes in square brackets:
+    "choco:compressor=[randomk:0.1,seed=3],gamma=0.4".
+    """
     name, _, rest = spec.strip().partition(":")
+    if rest.count("[") != rest.count("]"):
+        raise ValueError(f"algorithm spec {spec!r}: unbalanced square brackets")
     options: Dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
+    for item in filter(None, (part.strip() for part in _split_top_level(rest))):
         key, eq, value = item.partition("=")
         if not eq:
             raise ValueError(f"algorithm spec {spec!r}: option {item!r} is not key=value")
-        options[key.strip()] = value.strip()
+        value = value.strip()
+        if value.startswith("[") and value.endswith("]"):
+            value = value[1:-1]
+        options[key.strip()] = value
     return name.strip().lower(), options
 
 
