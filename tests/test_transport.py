@@ -33,6 +33,23 @@ def test_exchange_delivers_each_neighbours_value_and_counts_bytes():
         assert sent == messages * 3 * 4
 
 
+def test_critical_path_counts_one_round_per_exchange_at_its_largest_message():
+    def peer(comm):
+        # neighbour j gets j + 1 floats: the largest message sets the round's cost
+        send = {j: torch.zeros(j + 1) for j in comm.neighbors}
+        recv = {j: torch.zeros(comm.rank + 1) for j in comm.neighbors}
+        comm.exchange(send, recv)
+        comm.allreduce_(torch.zeros(10))
+        return comm.stats
+
+    topology = topologies.ring(5)
+    for rank, stats in enumerate(LocalCluster(topology).run(peer)):
+        ring_allreduce = 2 * 4 * 40 // 5
+        assert stats.rounds == 1 + 2 * 4
+        assert stats.critical_bytes == 4 * (max(topology.neighbors(rank)) + 1) + ring_allreduce
+        assert stats.projected_seconds(1e-3, 1e6) == pytest.approx(9e-3 + stats.critical_bytes / 1e6)
+
+
 def test_allreduce_is_bit_identical_on_every_peer_and_not_charged_when_metric():
     def peer(comm):
         g = torch.Generator().manual_seed(comm.rank)

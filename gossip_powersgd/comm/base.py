@@ -50,12 +50,24 @@ class AgreementError(ValueError):
 
 @dataclasses.dataclass
 class CommStats:
-    """Traffic sent by one peer. `bytes_sent`/`messages_sent` are training traffic only."""
+    """Traffic sent by one peer. `bytes_sent`/`messages_sent` are training traffic only.
+
+    `rounds` and `critical_bytes` describe the training traffic's critical path for a network
+    model in which a peer talks to all its neighbours in parallel: every `exchange` is one round
+    whose cost is its largest message; a ring all-reduce is 2(n-1) rounds of 1/n of the tensor.
+    Projected communication time = rounds x latency + critical_bytes / bandwidth.
+    """
 
     bytes_sent: int = 0
     messages_sent: int = 0
     metric_bytes_sent: int = 0
     metric_messages_sent: int = 0
+    rounds: int = 0
+    critical_bytes: int = 0
+
+    def projected_seconds(self, latency: float, bandwidth_bytes_per_second: float) -> float:
+        """Communication time of the training traffic under the model above."""
+        return self.rounds * latency + self.critical_bytes / bandwidth_bytes_per_second
 
     def as_dict(self) -> Dict[str, int]:
         return dataclasses.asdict(self)
@@ -63,6 +75,7 @@ class CommStats:
     def reset(self) -> None:
         self.bytes_sent = self.messages_sent = 0
         self.metric_bytes_sent = self.metric_messages_sent = 0
+        self.rounds = self.critical_bytes = 0
 
 
 def nbytes(tensor: Tensor) -> int:
@@ -152,6 +165,8 @@ class Communicator:
         for j in self.neighbors:
             self.stats.bytes_sent += nbytes(send[j])
             self.stats.messages_sent += 1
+        self.stats.rounds += 1
+        self.stats.critical_bytes += max(nbytes(send[j]) for j in self.neighbors)
 
     def _exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
         raise NotImplementedError
@@ -191,6 +206,8 @@ class Communicator:
             else:
                 self.stats.bytes_sent += sent
                 self.stats.messages_sent += 2 * (self.size - 1)
+                self.stats.rounds += 2 * (self.size - 1)
+                self.stats.critical_bytes += sent
         elif op == "mean":
             pass  # the mean of one value is itself
         return tensor
