@@ -61,9 +61,14 @@ class LocalCommunicator(Communicator):
 
     def _exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
         self._raise_if_aborted()
+        copies: Dict[int, Tensor] = {}
         for j in self.neighbors:
-            # A copy, because the sender may overwrite its buffer as soon as exchange returns.
-            self._shared.mailbox(self.rank, j).put(send[j].detach().clone())
+            # A copy, because the sender may overwrite its buffer as soon as exchange returns; one
+            # per distinct buffer, since receivers only read it (gossip often sends one to all).
+            buffer = send[j]
+            if id(buffer) not in copies:
+                copies[id(buffer)] = buffer.detach().clone()
+            self._shared.mailbox(self.rank, j).put(copies[id(buffer)])
         deadline = time.monotonic() + self.timeout
         for j in self.neighbors:
             box = self._shared.mailbox(j, self.rank)
