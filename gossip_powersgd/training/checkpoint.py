@@ -1,0 +1,278 @@
+"""Per-rank checkpoints: atomic, self-checking, loadable with `torch.load(weights_only=True)`.
+
+Each rank K writes `RUN_DIR/checkpoints/rank-K-epoch-E.pt` and keeps its two newest, so that a job
+killed while some ranks had written epoch E and others had not can still resume from epoch E-1, the
+newest epoch every rank holds (`find_resume_epoch`). A file is written to a temporary name in the
+same directory, flushed and fsynced, then renamed over the final name (`os.replace`), so a reader
+sees either the old file or the complete new one.
+
+File layout (only tensors and primitive containers, so `weights_only=True` loads it)::
+
+    {"header":  {"format", "rank", "world_size", "topology", "topology_fingerprint",
+                 "config_hash", "config", "epoch", "step"},
+     "sha256":  hex digest of the payload bytes,
+     "payload": uint8 tensor: torch.save of the state (model, optimizer, algorithm, RNG states,
+                data iterator position, comm stats, timers, metric history)}
+
+The digest catches corruption that a zip reader would not; the header is checked against the
+resuming run (world size, topology, config) before the state is used. Every problem is a one-line
+`ValueError` naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+FORMAT = 1
+KEEP = 2  # checkpoints kept per rank
+_NAME = re.compile(r"rank-(\d+)-epoch-(\d+)\.pt$")
+
+
+def checkpoint_dir(run_dir) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def checkpoint_path(run_dir, rank: int, epoch: int) -> Path:
+    return checkpoint_dir(run_dir) / f"rank-{rank}-epoch-{epoch}.pt"
+
+
+def available_epochs(run_dir, rank: int) -> List[int]:
+    """Epochs for which `rank` has a checkpoint file (not yet verified), ascending."""
+    folder = checkpoint_dir(run_dir)
+    if not folder.is_dir():
+        return []
+    epochs = []
+    for entry in folder.iterdir():
+        match = _NAME.match(entry.name)
+        if match and int(match.group(1)) == rank:
+            epochs.append(int(match.group(2)))
+    return sorted(epochs)
+
+
+# ---- atomic writes ----------------------------------------------------------------------------------
+
+def atomic_write_bytes(path, data: bytes) -> None:
+    """Write `data` to `path` atomically: temp file in the same directory, fsync, os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{id(data)}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ---- RNG states as tensors -------------------------------------------------------------------------
+
+def rng_state(include_global: bool = True) -> Dict[str, Any]:
+    """The global RNG states (torch CPU and CUDA, numpy, python `random`) as tensors."""
+    if not include_global:
+        return {}
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy_keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+        "numpy_meta": torch.tensor([pos, has_gauss], dtype=torch.int64),
+        "numpy_cached": torch.tensor([cached], dtype=torch.float64),
+        "python": torch.tensor(list(internal), dtype=torch.int64),
+        "python_meta": torch.tensor([version], dtype=torch.int64),
+        "python_gauss": torch.tensor([0.0 if gauss_next is None else gauss_next], dtype=torch.float64),
+        "python_has_gauss": torch.tensor([gauss_next is not None]),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+    return state
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    if not state:
+        return
+    torch.set_rng_state(state["torch"])
+    pos, has_gauss = (int(v) for v in state["numpy_meta"].tolist())
+    np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss,
+                         float(state["numpy_cached"][0])))
+    gauss = float(state["python_gauss"][0]) if bool(state["python_has_gauss"][0]) else None
+    random.setstate((int(state["python_meta"][0]), tuple(int(v) for v in state["python"].tolist()),
+                     gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        states = list(state["cuda"])
+        if len(states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(states)
+
+
+# ---- save / load ----------------------------------------------------------------------------------
+
+_ALLOWED = (torch.Tensor, str, int, float, bool, type(None))
+
+
+def _check_safe(obj: Any, where: str) -> None:
+    """Only what `torch.load(weights_only=True)` accepts; fail at save time, not at resume time."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if not isinstance(key, (str, int)):
+                raise TypeError(f"checkpoint: key {key!r} in {where} is a {type(key).__name__}")
+            _check_safe(value, f"{where}.{key}")
+    elif isinstance(obj, (list, tuple)):
+        for k, value in enumerate(obj):
+            _check_safe(value, f"{where}[{k}]")
+    elif not isinstance(obj, _ALLOWED):
+        raise TypeError(f"checkpoint: {where} is a {type(obj).__name__}; store tensors or "
+                        "primitive values only (torch.load weights_only=True)")
+
+
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu").clone()
+    if isinstance(obj, dict):
+        return type(obj)((k, _to_cpu(v)) for k, v in obj.items())
+    if isinstance(obj, list):
+        return [_to_cpu(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_to_cpu(v) for v in obj)
+    return obj
+
+
+def make_header(*, rank: int, world_size: int, topology, topology_spec: str, config_hash: str,
+                config_json: str, epoch: int, step: int) -> Dict[str, Any]:
+    return {"format": FORMAT, "rank": int(rank), "world_size": int(world_size),
+            "topology": str(topology_spec), "topology_fingerprint": str(topology.fingerprint),
+            "config_hash": config_hash, "config": config_json, "epoch": int(epoch), "step": int(step)}
+
+
+def save_checkpoint(run_dir, header: Dict[str, Any], state: Dict[str, Any]) -> Path:
+    """Write this rank's checkpoint for `header['epoch']` atomically; keep the newest `KEEP`."""
+    state = _to_cpu(state)
+    _check_safe(state, "state")
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
+    record = {"header": dict(header), "sha256": hashlib.sha256(payload).hexdigest(),
+              "payload": torch.frombuffer(bytearray(payload), dtype=torch.uint8)}
+    out = io.BytesIO()
+    torch.save(record, out)
+    rank, epoch = header["rank"], header["epoch"]
+    path = checkpoint_path(run_dir, rank, epoch)
+    atomic_write_bytes(path, out.getvalue())
+    for old in available_epochs(run_dir, rank)[:-KEEP]:
+        try:
+            checkpoint_path(run_dir, rank, old).unlink()
+        except FileNotFoundError:
+            pass
+    return path
+
+
+def read_checkpoint(path) -> Dict[str, Any]:
+    """Load and verify one file: returns {"header": ..., "state": ...}; ValueError if unreadable."""
+    path = Path(path)
+    try:
+        record = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"checkpoint {path} does not exist") from None
+    except Exception as exc:  # noqa: BLE001 - any failure to parse is a corrupt file
+        raise ValueError(f"checkpoint {path} is corrupt or truncated ({_short(exc)})") from None
+    if (not isinstance(record, dict) or not isinstance(record.get("header"), dict)
+            or not isinstance(record.get("payload"), torch.Tensor) or "sha256" not in record):
+        raise ValueError(f"checkpoint {path} is not a gossip_powersgd checkpoint (no header/payload)")
+    header = record["header"]
+    if header.get("format") != FORMAT:
+        raise ValueError(f"checkpoint {path} has format {header.get('format')!r}; this version reads "
+                         f"format {FORMAT}")
+    payload = record["payload"].numpy().tobytes()
+    if hashlib.sha256(payload).hexdigest() != record["sha256"]:
+        raise ValueError(f"checkpoint {path} is corrupt (its checksum does not match its contents)")
+    try:
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"checkpoint {path} is corrupt ({_short(exc)})") from None
+    return {"header": header, "state": state}
+
+
+def check_header(path, header: Dict[str, Any], *, rank: int, world_size: int, topology,
+                 topology_spec: str, config_hash: str, config_json: str) -> None:
+    """Raise a ValueError naming `path` and what differs from the resuming run."""
+    if header.get("world_size") != world_size:
+        raise ValueError(f"checkpoint {path} was written by a run of {header.get('world_size')} peers; "
+                         f"this run has {world_size}")
+    if header.get("topology_fingerprint") != topology.fingerprint:
+        raise ValueError(f"checkpoint {path} is for topology {header.get('topology')!r} "
+                         f"(another mixing matrix); this run uses {topology_spec!r}")
+    if header.get("rank") != rank:
+        raise ValueError(f"checkpoint {path} belongs to rank {header.get('rank')}, not rank {rank}")
+    if header.get("config_hash") != config_hash:
+        raise ValueError(f"checkpoint {path} was written with another config: "
+                         f"{describe_config_diff(header.get('config', '{}'), config_json)}")
+
+
+def describe_config_diff(saved_json: str, current_json: str) -> str:
+    try:
+        saved = json.loads(saved_json)
+    except (TypeError, ValueError):
+        return "its recorded config is unreadable"
+    current = json.loads(current_json)
+    diffs = []
+    for key in sorted(set(saved) | set(current)):
+        if saved.get(key, "<absent>") != current.get(key, "<absent>"):
+            diffs.append(f"{key} {saved.get(key, '<absent>')!r} -> {current.get(key, '<absent>')!r}")
+    return "; ".join(diffs) if diffs else "(hash differs)"
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
+
+
+def load_for_resume(run_dir, epoch: int, **expected) -> Dict[str, Any]:
+    """Read `rank`'s checkpoint of `epoch` and check it belongs to this run (see `check_header`)."""
+    path = checkpoint_path(run_dir, expected["rank"], epoch)
+    loaded = read_checkpoint(path)
+    check_header(path, loaded["header"], **expected)
+    return loaded
+
+
+__all__ = [
+    "FORMAT", "KEEP", "atomic_write_bytes", "atomic_write_text", "available_epochs", "check_header",
+    "checkpoint_dir", "checkpoint_path", "load_for_resume", "make_header", "read_checkpoint",
+    "rng_state", "save_checkpoint", "set_rng_state",
+]
+
+
+def latest_common_epoch(per_rank: List[List[int]]) -> Optional[int]:
+    """The newest epoch every rank has a file for (None if there is none)."""
+    common = set(per_rank[0]) if per_rank else set()
+    for epochs in per_rank[1:]:
+        common &= set(epochs)
+    return max(common) if common else None

@@ -1,0 +1,382 @@
+"""`TrainConfig`: every setting of a decentralized training run, and `load_config` for YAML files.
+
+A config file is a flat YAML mapping of the keys below; anything not given takes its default.
+`load_config(path, ["lr=0.05", "algorithm=exact"])` applies command-line overrides (each value is
+parsed with `yaml.safe_load`, so `milestones=[5,8]`, `peers=null` and `quiet=true` work) and
+validates the result: an unknown key or a bad value raises a one-line `ValueError` that lists the
+valid keys or values.
+
+Some keys only say *how* a run is executed, not *what* it computes (`BACKEND_KEYS`); peers need not
+agree on them and a checkpoint may be resumed with other values. `RUN_KEYS` (where the run is
+written, how often it is checkpointed) are likewise left out of the checkpoint's config hash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import yaml
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "step", "cosine")
+BACKENDS = ("mpi", "local")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """One training run. Each field's comment is its documentation (`describe_keys()` prints them)."""
+
+    #: Gossip graph, as `topologies.parse` spells it: "ring:8", "torus:4x4", "exponential:16", ...
+    #: A spec without a size ("ring") takes `peers` (local backend) or the MPI world size.
+    topology: str = "ring:8"
+    #: Algorithm, as `make_algorithm` spells it: "powergossip:rank=1", "exact", "powersgd:rank=2", ...
+    algorithm: str = "powergossip:rank=1"
+    #: Dataset spec for `load_dataset`: "mnist1d", "synthetic_logreg:d=20,classes=4", "pkg.mod:fn".
+    dataset: str = "mnist1d"
+    #: How the training set is split among peers: "iid", "dirichlet:<alpha>", "shards:<k>".
+    partition: str = "iid"
+    #: Model spec for `build_model`: "logreg", "mlp:100,100", "cnn1d", "cnn1d:channels=32", "pkg.mod:fn".
+    model: str = "cnn1d"
+    #: Local optimizer: sgd | adam | adamw (torch.optim, default betas/eps).
+    optimizer: str = "sgd"
+    #: Peak learning rate (reached after the warm-up).
+    lr: float = 0.1
+    #: SGD momentum (0 = plain SGD); must be 0 for adam/adamw.
+    momentum: float = 0.0
+    #: Nesterov momentum (sgd with momentum > 0 only).
+    nesterov: bool = False
+    #: Weight decay (L2 for sgd/adam, decoupled for adamw).
+    weight_decay: float = 0.0
+    #: Linear warm-up from lr/(warm-up steps) to lr over this many epochs (may be fractional; 0 = none).
+    warmup_epochs: float = 0.0
+    #: Learning-rate schedule after the warm-up, applied every step: constant | step | cosine (to 0).
+    schedule: str = "constant"
+    #: `step` schedule: epochs (may be fractional) at which the learning rate is multiplied by `decay`.
+    milestones: List[float] = dataclasses.field(default_factory=list)
+    #: `step` schedule: the factor applied at each milestone, in (0, 1].
+    decay: float = 0.1
+    #: Mini-batch size of each peer.
+    batch_size: int = 32
+    #: Number of epochs. An epoch is ceil(training samples / (peers x batch_size)) steps, the same
+    #: on every peer; a peer whose shard runs out starts its next pass over its shard.
+    epochs: int = 10
+    #: Evaluate (accuracies, consensus distance, averaged model) every this many epochs, and at the end.
+    eval_every: int = 1
+    #: Also record the training loss and consensus distance every this many steps (0 = never).
+    log_every: int = 0
+    #: Seed of everything: data generation, partition, model init (identical on every peer) and the
+    #: per-peer batch order (which also depends on the rank).
+    seed: int = 0
+    #: Run directory (config.yaml, metrics/, checkpoints/, summary.*). None: runs/<config name> from
+    #: the command line; no files at all when `train` is called directly.
+    out_dir: Optional[str] = None
+    #: Write a checkpoint every this many epochs, and at the end (0 = never).
+    checkpoint_every: int = 1
+    #: Transport: mpi (one peer per MPI rank, launch with mpiexec) | local (one thread per peer).
+    backend: str = "local"
+    #: Number of peers (local backend); None = the topology's size. Must match the topology.
+    peers: Optional[int] = None
+    #: Seconds a peer waits for a neighbour or a collective before it fails naming that peer.
+    comm_timeout: float = 120.0
+    #: No progress bar and no per-evaluation lines (the final summary is still printed).
+    quiet: bool = False
+    #: Torch intra-op threads per process (1 keeps runs bit-reproducible across backends).
+    threads: int = 1
+    #: Device of the models: cpu | cuda | cuda:K | auto (cuda:rank%count when a GPU is present).
+    device: str = "cpu"
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def to_dict(self) -> Dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["milestones"] = list(data["milestones"])
+        return data
+
+    def replace(self, **changes) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)
+
+
+#: How a run is executed, not what it computes: excluded from the peers' agreement check.
+BACKEND_KEYS = ("backend", "peers", "comm_timeout", "quiet", "threads", "device")
+#: Where and how often a run is saved: also excluded from the checkpoint's config hash.
+RUN_KEYS = ("out_dir", "checkpoint_every")
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+VALID_KEYS = tuple(_FIELDS)
+
+
+def describe_keys() -> str:
+    """`key (default)  documentation` for every key, from the comments in this file."""
+    import inspect
+    import re
+
+    source = inspect.getsource(TrainConfig)
+    docs: Dict[str, List[str]] = {}
+    pending: List[str] = []
+    for line in source.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#:"):
+            pending.append(stripped[2:].strip())
+            continue
+        match = re.match(r"(\w+):", stripped)
+        if match and match.group(1) in _FIELDS and pending:
+            docs[match.group(1)] = pending
+        pending = []
+    defaults = TrainConfig().to_dict()
+    return "\n".join(f"{key} ({defaults[key]!r})  {' '.join(docs.get(key, []))}" for key in VALID_KEYS)
+
+
+# ---- canonical forms --------------------------------------------------------------------------------
+
+def canonical_json(config: TrainConfig, exclude: Sequence[str] = ()) -> str:
+    data = {k: v for k, v in config.to_dict().items() if k not in exclude}
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def agreement_text(config: TrainConfig) -> str:
+    """What every peer must hold identically: the config minus the backend-only keys."""
+    return canonical_json(config, BACKEND_KEYS)
+
+
+def hashed_config(config: TrainConfig) -> Dict[str, Any]:
+    """The part of the config a checkpoint is bound to (what the model's trajectory depends on)."""
+    return {k: v for k, v in config.to_dict().items() if k not in BACKEND_KEYS + RUN_KEYS}
+
+
+def config_hash(config: TrainConfig) -> str:
+    text = json.dumps(hashed_config(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ---- parsing and validation -------------------------------------------------------------------------
+
+def _type_name(key: str) -> str:
+    return {"milestones": "list of numbers"}.get(key, {
+        "str": "string", "float": "number", "int": "integer", "bool": "true/false",
+        "Optional[str]": "string or null", "Optional[int]": "integer or null",
+    }.get(str(_FIELDS[key].type), str(_FIELDS[key].type)))
+
+
+def _coerce(key: str, value: Any) -> Any:
+    """Check the YAML value of `key` has the right type; ints are accepted where floats are."""
+    kind = str(_FIELDS[key].type)
+    optional = kind.startswith("Optional[")
+    if value is None and optional:
+        return None
+    base = kind[len("Optional["):-1] if optional else kind
+    ok = False
+    if base == "str":
+        ok = isinstance(value, str)
+    elif base == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif base == "float":
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok:
+            value = float(value)
+    elif base == "bool":
+        ok = isinstance(value, bool)
+    elif key == "milestones":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = [value]
+        ok = isinstance(value, (list, tuple)) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        if ok:
+            value = [float(v) for v in value]
+    if not ok:
+        raise ValueError(f"bad value for {key!r}: {value!r} is not a {_type_name(key)}")
+    return value
+
+
+def _unknown_keys_error(unknown: Sequence[str], where: str) -> ValueError:
+    names = ", ".join(repr(k) for k in unknown)
+    return ValueError(f"unknown config key{'s' if len(unknown) > 1 else ''} {names}{where}; "
+                      f"valid keys: {', '.join(VALID_KEYS)}")
+
+
+def config_from_dict(data: Dict[str, Any], where: str = "") -> TrainConfig:
+    """Build a `TrainConfig` from a mapping, checking keys and value types (not the specs)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a config must be a mapping of key: value{where}, got {type(data).__name__}")
+    unknown = [k for k in data if k not in _FIELDS]
+    if unknown:
+        raise _unknown_keys_error(unknown, where)
+    return TrainConfig(**{k: _coerce(k, v) for k, v in data.items()})
+
+
+def parse_override(text: str) -> tuple:
+    """"lr=0.05" -> ("lr", 0.05): the value is parsed with yaml.safe_load."""
+    key, eq, value = text.partition("=")
+    key = key.strip()
+    if not eq or not key:
+        raise ValueError(f"--set expects key=value, got {text!r}; valid keys: {', '.join(VALID_KEYS)}")
+    if key not in _FIELDS:
+        raise _unknown_keys_error([key], " in --set")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"--set {key}: cannot parse {value!r} as YAML ({one_line(exc)})") from None
+    if isinstance(parsed, (int, float)) and str(_FIELDS[key].type) in ("str", "Optional[str]"):
+        parsed = value.strip()  # e.g. --set out_dir=2024 is a directory name, not a number
+    return key, parsed
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def load_config(path, overrides: Sequence[str] = (), deep: bool = True) -> TrainConfig:
+    """Read a YAML config, apply `key=value` overrides, validate (see `validate_config`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {str(path)!r} not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML ({one_line(exc)})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a config must be a mapping of key: value, got {type(data).__name__}")
+    config = config_from_dict(data, f" in {path}")
+    changes = {}
+    for text in overrides:
+        key, value = parse_override(text)
+        changes[key] = _coerce(key, value)
+    config = config.replace(**changes)
+    validate_config(config, deep=deep)
+    return config
+
+
+def _check(condition: bool, key: str, value: Any, requirement: str) -> None:
+    if not condition:
+        raise ValueError(f"bad value for {key!r}: {value!r} ({requirement})")
+
+
+def resolve_topology(config: TrainConfig, world_size: Optional[int] = None):
+    """The `Topology` of a config: `peers` (or the MPI world size) fills a spec without a size."""
+    import topologies
+
+    n = config.peers
+    if n is None and not _has_size(config.topology):
+        n = world_size
+    try:
+        return topologies.parse(config.topology, n=n)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"bad value for 'topology': {one_line(exc)}") from None
+
+
+def validate_config(config: TrainConfig, deep: bool = True) -> None:
+    """Raise a one-line ValueError for the first bad value.
+
+    `deep` also builds what the specs name, exactly as training will (the dataset, the partition,
+    the model; the algorithm spec and the topology are always checked).
+    """
+    c = config
+    for key in VALID_KEYS:  # values set in code rather than from YAML
+        _coerce(key, getattr(c, key))
+    _check(c.optimizer in OPTIMIZERS, "optimizer", c.optimizer, f"valid: {', '.join(OPTIMIZERS)}")
+    _check(c.schedule in SCHEDULES, "schedule", c.schedule, f"valid: {', '.join(SCHEDULES)}")
+    _check(c.backend in BACKENDS, "backend", c.backend, f"valid: {', '.join(BACKENDS)}")
+    _check(math.isfinite(c.lr) and c.lr > 0, "lr", c.lr, "must be > 0")
+    _check(0 <= c.momentum < 1, "momentum", c.momentum, "must be in [0, 1)")
+    _check(c.momentum == 0 or c.optimizer == "sgd", "momentum", c.momentum,
+           f"momentum is for sgd only; {c.optimizer} has its own betas, set momentum to 0")
+    _check(not c.nesterov or (c.optimizer == "sgd" and c.momentum > 0), "nesterov", c.nesterov,
+           "needs optimizer sgd with momentum > 0")
+    _check(math.isfinite(c.weight_decay) and c.weight_decay >= 0, "weight_decay", c.weight_decay,
+           "must be >= 0")
+    _check(c.batch_size >= 1, "batch_size", c.batch_size, "must be >= 1")
+    _check(c.epochs >= 1, "epochs", c.epochs, "must be >= 1")
+    _check(0 <= c.warmup_epochs <= c.epochs, "warmup_epochs", c.warmup_epochs,
+           f"must be in [0, epochs={c.epochs}]")
+    _check(0 < c.decay <= 1, "decay", c.decay, "must be in (0, 1]")
+    _check(all(0 < m <= c.epochs for m in c.milestones) and list(c.milestones) == sorted(c.milestones),
+           "milestones", c.milestones, f"must be increasing epochs in (0, {c.epochs}]")
+    _check(c.schedule == "step" or not c.milestones, "milestones", c.milestones,
+           "milestones are for schedule: step")
+    _check(c.eval_every >= 1, "eval_every", c.eval_every, "must be >= 1 (epochs)")
+    _check(c.log_every >= 0, "log_every", c.log_every, "must be >= 0 (steps; 0 = off)")
+    _check(c.checkpoint_every >= 0, "checkpoint_every", c.checkpoint_every, "must be >= 0 (0 = off)")
+    _check(c.seed >= 0, "seed", c.seed, "must be >= 0")
+    _check(c.peers is None or c.peers >= 1, "peers", c.peers, "must be >= 1 or null")
+    _check(math.isfinite(c.comm_timeout) and c.comm_timeout > 0, "comm_timeout", c.comm_timeout,
+           "must be > 0 seconds")
+    _check(c.threads >= 1, "threads", c.threads, "must be >= 1")
+    _check(c.device == "auto" or c.device == "cpu" or c.device == "cuda" or c.device.startswith("cuda:"),
+           "device", c.device, "valid: cpu, cuda, cuda:K, auto")
+    _check(c.out_dir is None or c.out_dir.strip() != "", "out_dir", c.out_dir, "must not be empty")
+
+    from ..algorithms import algorithm_kwargs
+
+    try:
+        algorithm_kwargs(c.algorithm)
+    except ValueError as exc:
+        raise ValueError(f"bad value for 'algorithm': {one_line(exc)}") from None
+    import topologies
+
+    if _has_size(c.topology):
+        num_peers = topologies.parse(c.topology).size
+        _check(c.peers is None or c.peers == num_peers, "peers", c.peers,
+               f"topology {c.topology!r} has {num_peers} peers")
+    elif c.peers is not None:
+        num_peers = resolve_topology(c).size
+    else:
+        num_peers = None  # "ring" under MPI: sized by the world at launch
+        try:
+            topologies.parse(c.topology, n=4)  # the name and its options, at some size
+        except ValueError as exc:
+            raise ValueError(f"bad value for 'topology': {one_line(exc)}") from None
+        _check(c.backend == "mpi", "topology", c.topology,
+               "give its size, e.g. ring:8, or set peers (the local backend cannot guess it)")
+    if deep:
+        validate_specs(c, num_peers)
+
+
+def _has_size(spec: str) -> bool:
+    import topologies
+
+    try:
+        topologies.parse(spec)
+        return True
+    except (ValueError, TypeError):
+        return False
+
+
+def validate_specs(config: TrainConfig, num_peers: Optional[int]) -> None:
+    """Build the dataset (cached, so training reuses it), the partition and the model."""
+    from .data import load_dataset, partition
+    from .models import build_model
+
+    try:
+        dataset = load_dataset(config.dataset, config.seed)
+    except ValueError as exc:
+        raise ValueError(f"bad value for 'dataset': {one_line(exc)}") from None
+    if num_peers is not None:
+        try:
+            partition(dataset.y_train, num_peers, config.partition, config.seed)
+        except ValueError as exc:
+            raise ValueError(f"bad value for 'partition': {one_line(exc)}") from None
+    else:
+        try:
+            partition(dataset.y_train, 1, config.partition, config.seed)
+        except ValueError as exc:
+            raise ValueError(f"bad value for 'partition': {one_line(exc)}") from None
+    try:
+        build_model(config.model, dataset.input_shape, dataset.num_classes, config.seed)
+    except ValueError as exc:
+        raise ValueError(f"bad value for 'model': {one_line(exc)}") from None
+
+
+def dump_config(config: TrainConfig) -> str:
+    """The fully resolved config as YAML (key order as declared)."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None)

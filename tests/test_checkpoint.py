@@ -1,0 +1,214 @@
+"""Checkpoints: atomic files, bit-exact resume, and every way a checkpoint can be refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import topologies
+from gossip_powersgd import LocalCluster
+from gossip_powersgd.training import checkpoint as ckpt
+from gossip_powersgd.training.config import TrainConfig, load_config
+from gossip_powersgd.training.trainer import TIMING_KEYS, train
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
+
+
+class Interrupted(RuntimeError):
+    pass
+
+
+def config_for(out_dir, **changes) -> TrainConfig:
+    # momentum, a cosine schedule with warm-up and log records make every piece of state matter
+    base = load_config(TINY, deep=False).replace(
+        out_dir=str(out_dir), quiet=True, momentum=0.9, lr=0.2, schedule="cosine",
+        warmup_epochs=0.5, log_every=4, epochs=4, checkpoint_every=1)
+    return base.replace(**changes)
+
+
+def run(config: TrainConfig, resume: bool = False, stop_at: int | None = None):
+    def on_step(step):
+        if stop_at is not None and step == stop_at:
+            raise Interrupted(f"interrupted at step {step}")
+
+    topology = topologies.parse(config.topology)
+    return LocalCluster(topology, timeout=30).run(train, config, resume=resume, on_step=on_step)
+
+
+def comparable(records):
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
+
+
+def read_jsonl(run_dir, rank):
+    lines = (Path(run_dir) / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted 4-epoch run (PowerGossip, SGD with momentum, cosine schedule)."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    summaries = run(config_for(out))
+    return out, summaries
+
+
+@pytest.mark.parametrize("algorithm, changes", [
+    ("powergossip:rank=1", {}),
+    ("powersgd:rank=1", {}),  # a gradient averager, with error feedback
+    # uneven shards: the data iterators stand mid-pass at the checkpoint; Adam's state
+    ("powergossip:rank=2", dict(optimizer="adam", momentum=0.0, lr=0.01, model="mlp:16,16",
+                                partition="dirichlet:0.3")),
+])
+def test_resume_after_interruption_is_bit_exact(tmp_path, reference, algorithm, changes):
+    ref_dir, ref = reference
+    if algorithm != "powergossip:rank=1" or changes:  # its own uninterrupted reference
+        ref_dir = tmp_path / "reference"
+        ref = run(config_for(ref_dir, algorithm=algorithm, **changes))
+    out = tmp_path / "run"
+    config = config_for(out, algorithm=algorithm, **changes)
+    steps_per_epoch = ref[0]["steps_per_epoch"]
+    with pytest.raises(Interrupted):
+        run(config, stop_at=2 * steps_per_epoch + 3)  # in epoch 3, after the epoch-2 checkpoint
+    assert ckpt.available_epochs(out, 0) == [1, 2]
+    assert not (out / "summary.json").exists()
+    resumed = run(config, resume=True)
+    for rank in range(4):
+        assert resumed[rank]["model_sha256"] == ref[rank]["model_sha256"]
+        assert comparable(resumed[rank]["history"]) == comparable(ref[rank]["history"])
+        # the JSONL lost the records past the checkpoint, then got them again: no duplicates
+        assert comparable(read_jsonl(out, rank)) == comparable(read_jsonl(ref_dir, rank))
+    assert json.loads((out / "summary.json").read_text())["model_sha256"] == ref[0]["model_sha256"]
+
+
+def test_resume_from_newest_epoch_all_ranks_hold(tmp_path, reference):
+    """A job killed while only some ranks had written epoch E resumes from E-1."""
+    ref_dir, ref = reference
+    out = tmp_path / "run"
+    import shutil
+
+    shutil.copytree(ref_dir, out)
+    for name in ("summary.json", "summary.md"):
+        (out / name).unlink()
+    ckpt.checkpoint_path(out, 2, 4).unlink()  # rank 2 died before writing epoch 4
+    resumed = run(config_for(out), resume=True)
+    assert [s["model_sha256"] for s in resumed] == [s["model_sha256"] for s in ref]
+    assert comparable(read_jsonl(out, 0)) == comparable(read_jsonl(ref_dir, 0))
+
+
+def test_checkpoint_file_is_plain_weights_only_torch(reference):
+    ref_dir, _ = reference
+    path = ckpt.checkpoint_path(ref_dir, 1, 4)
+    record = torch.load(path, weights_only=True)
+    header = record["header"]
+    assert header["rank"] == 1 and header["world_size"] == 4 and header["epoch"] == 4
+    assert header["topology"] == "ring:4"
+    loaded = ckpt.read_checkpoint(path)
+    state = loaded["state"]
+    for key in ("model", "optimizer", "algorithm", "rng", "batches", "history", "stats", "step"):
+        assert key in state
+    assert state["stats"]["bytes_sent"] > 0
+    assert not list(ckpt.checkpoint_dir(ref_dir).glob(".*tmp*"))  # no temporary files left
+    assert ckpt.available_epochs(ref_dir, 1) == [3, 4]  # the two newest are kept
+
+
+def test_rng_state_round_trip():
+    import random
+
+    import numpy as np
+
+    state = ckpt.rng_state()
+    a = (torch.rand(3), np.random.rand(3), random.random())
+    ckpt.set_rng_state(state)
+    b = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
+
+
+def test_atomic_write_replaces_whole_file(tmp_path):
+    path = tmp_path / "x" / "f.txt"
+    ckpt.atomic_write_text(path, "one")
+    ckpt.atomic_write_text(path, "two")
+    assert path.read_text() == "two"
+    assert [p.name for p in path.parent.iterdir()] == ["f.txt"]
+
+
+def _copy_run(reference, tmp_path) -> Path:
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(reference[0], out)
+    return out
+
+
+@pytest.mark.parametrize("change, topology, expected", [
+    (dict(lr=0.3), None, r"rank-0-epoch-4\.pt was written with another config: lr 0\.2 -> 0\.3"),
+    (dict(epochs=6), None, r"another config: epochs 4 -> 6"),
+    (dict(topology="complete:4"), None,
+     r"rank-0-epoch-4\.pt is for topology 'ring:4' \(another mixing matrix\); this run uses 'complete:4'"),
+    (dict(topology="ring:2"), None, r"rank-0-epoch-4\.pt was written by a run of 4 peers; this run has 2"),
+    (dict(topology="ring:6"), None, r"has checkpoints for rank\(s\) 0-3 but not for every one of the 6"),
+])
+def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, reference, change, topology, expected):
+    out = _copy_run(reference, tmp_path)
+    with pytest.raises(ValueError, match=expected) as info:
+        run(config_for(out, **change), resume=True)
+    assert "\n" not in str(info.value)
+
+
+def test_backend_keys_may_change_on_resume(tmp_path, reference):
+    out = _copy_run(reference, tmp_path)
+    ckpt.checkpoint_path(out, 0, 4).unlink()
+    resumed = run(config_for(out, checkpoint_every=2, comm_timeout=20.0), resume=True)
+    assert resumed[0]["model_sha256"] == reference[1][0]["model_sha256"]
+
+
+@pytest.mark.parametrize("damage, expected", [
+    ("truncate", r"rank-1-epoch-4\.pt is corrupt or truncated"),
+    ("flip", r"rank-1-epoch-4\.pt is corrupt"),
+    ("garbage", r"rank-1-epoch-4\.pt is corrupt or truncated"),
+    ("empty", r"rank-1-epoch-4\.pt is corrupt or truncated"),
+    ("foreign", r"rank-1-epoch-4\.pt is not a gossip_powersgd checkpoint"),
+])
+def test_corrupt_checkpoint_is_named_on_every_rank(tmp_path, reference, damage, expected):
+    out = _copy_run(reference, tmp_path)
+    path = ckpt.checkpoint_path(out, 1, 4)
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    elif damage == "flip":
+        record = torch.load(path, weights_only=True)
+        record["payload"][len(record["payload"]) // 2] ^= 0xFF
+        torch.save(record, path)
+    elif damage == "garbage":
+        path.write_bytes(b"not a checkpoint at all" * 10)
+    elif damage == "empty":
+        path.write_bytes(b"")
+    else:
+        torch.save({"model": torch.zeros(3)}, path)
+    with pytest.raises(ValueError, match=expected) as info:
+        run(config_for(out), resume=True)
+    assert "\n" not in str(info.value)
+    # the same message on every peer: collectively() shares the failing rank's line
+    from gossip_powersgd.training.trainer import collectively
+
+    messages = []
+
+    def peer(comm):
+        try:
+            collectively(comm, ckpt.read_checkpoint, ckpt.checkpoint_path(out, comm.rank, 4))
+        except ValueError as exc:
+            messages.append(str(exc))
+
+    LocalCluster(topologies.parse("ring:4")).run(peer)
+    assert len(messages) == 4 and len(set(messages)) == 1 and "rank-1-epoch-4.pt" in messages[0]
+
+
+def test_resume_without_checkpoints_or_directory(tmp_path):
+    with pytest.raises(ValueError, match="no such run directory"):
+        run(config_for(tmp_path / "missing"), resume=True)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no checkpoint in"):
+        run(config_for(tmp_path / "empty"), resume=True)

@@ -1,0 +1,237 @@
+"""The trainer: convergence, the D-PSGD step order, accounting, and the CLI end to end (MPI too)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import topologies
+from gossip_powersgd import LocalCluster
+from gossip_powersgd.algorithms import REGISTRY, register
+from gossip_powersgd.algorithms.base import GossipAlgorithm
+from gossip_powersgd.training.config import TrainConfig, load_config
+from gossip_powersgd.training.trainer import TIMING_KEYS, train
+
+from conftest import run_mpi
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
+
+
+def local(config: TrainConfig, **kwargs):
+    return LocalCluster(topologies.parse(config.topology), timeout=30).run(train, config, **kwargs)
+
+
+def comparable(records):
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
+
+
+# ---- convergence -------------------------------------------------------------------------------
+
+CONVERGENCE = TrainConfig(
+    topology="ring:8", dataset="synthetic_logreg:d=20,classes=4,n=4000", model="logreg",
+    optimizer="sgd", lr=0.5, batch_size=32, epochs=6, eval_every=2, quiet=True, checkpoint_every=0)
+
+
+@pytest.mark.parametrize("algorithm", ["powergossip:rank=1", "exact", "powersgd:rank=1"])
+def test_logistic_regression_converges_on_8_peers(algorithm):
+    summaries = local(CONVERGENCE.replace(algorithm=algorithm))
+    s = summaries[0]
+    assert s["steps"] == 6 * 13
+    # the teacher is linear with small logit noise: a good fit has a low loss and a high accuracy
+    assert s["final_train_loss"] < 0.45, s
+    assert s["final_test_acc_avg_model"] > 0.9, s
+    assert s["final_test_acc_local_min"] > 0.85, s
+    assert s["final_consensus_distance"] < 0.5
+    # every peer returns the same summary (only its own history and rank differ)
+    for other in summaries[1:]:
+        assert {k: v for k, v in other.items() if k not in ("rank", "history")} == \
+               {k: v for k, v in s.items() if k not in ("rank", "history")}
+
+
+def test_accounting_exact_gossip_matches_the_formula():
+    s = local(CONVERGENCE.replace(algorithm="exact", epochs=1))[0]
+    # exact gossip sends the model to each neighbour every step: the formula is what it sends
+    assert s["compression_ratio"] == pytest.approx(1.0)
+    assert s["mb_sent_per_peer"] == pytest.approx(s["exact_gossip_mb_per_peer_formula"])
+    assert s["messages_sent_per_peer"] == 2 * s["steps"]
+    p = local(CONVERGENCE.replace(algorithm="powergossip:rank=1", epochs=1))[0]
+    assert p["compression_ratio"] > 2
+    assert len(p["label_histogram"]) == 8 and sum(map(sum, p["label_histogram"])) == 3200
+
+
+# ---- the step order ----------------------------------------------------------------------------
+
+class _Probe(GossipAlgorithm):
+    """Records, at each step(), whether the gradients exist and whether the optimizer has stepped."""
+
+    name = "probe"
+    log = []
+
+    def __init__(self, params, comm, mode="parameters"):
+        super().__init__(params, comm)
+        self.acts_on = mode
+        self.before = [p.detach().clone() for p in self.params]
+
+    def _step(self):
+        moved = any(not torch.equal(p, b) for p, b in zip(self.params, self.before))
+        grads = all(p.grad is not None for p in self.params)
+        _Probe.log.append((self.comm.rank, self.acts_on, grads, moved))
+        if self.acts_on == "gradients":
+            for p in self.params:
+                p.grad.zero_()  # the optimizer must see what the averager left
+        self.before = [p.detach().clone() for p in self.params]
+
+    def bytes_per_step(self):
+        return 0
+
+
+@pytest.fixture
+def probe():
+    register("probe", _Probe, {"mode": ("mode", str)}, "test probe")
+    _Probe.log = []
+    yield _Probe
+    REGISTRY.pop("probe")
+
+
+def test_dpsgd_order_parameters_after_optimizer_step(probe):
+    local(CONVERGENCE.replace(algorithm="probe:mode=parameters", topology="ring:4", epochs=1,
+                              lr=0.1))
+    assert probe.log and all(grads and moved for _, _, grads, moved in probe.log)
+
+
+def test_gradient_averagers_act_between_backward_and_optimizer_step(probe):
+    summaries = local(CONVERGENCE.replace(algorithm="probe:mode=gradients", topology="ring:4",
+                                          epochs=1, lr=0.1))
+    # gradients present, parameters not yet moved at each call; since the probe zeroes the
+    # gradients, the optimizer never moves anything: the model stays at its initial value.
+    assert probe.log and all(grads and not moved for _, _, grads, moved in probe.log)
+    assert summaries[0]["final_consensus_distance"] == 0.0
+
+
+def test_train_without_out_dir_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    summaries = local(load_config(TINY, deep=False).replace(epochs=1, quiet=True))
+    assert summaries[0]["run_dir"] is None and list(tmp_path.iterdir()) == []
+    assert len({s["model_sha256"][s["rank"]] for s in summaries}) == 4  # peers differ
+    assert all(s["model_sha256"] == summaries[0]["model_sha256"] for s in summaries)
+
+
+def test_uneven_shards_keep_peers_in_lockstep():
+    config = CONVERGENCE.replace(topology="ring:4", partition="dirichlet:0.3", epochs=2,
+                                 algorithm="powergossip:rank=1")
+    s = local(config)[0]
+    sizes = [sum(row) for row in s["label_histogram"]]
+    assert len(set(sizes)) > 1 and s["steps"] == 2 * s["steps_per_epoch"]
+
+
+# ---- the CLI, under MPI and in one process -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mpi_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mpi") / "run"
+    result = run_mpi(4, ["-m", "experiments.train", "--config", TINY, "--set", "backend=mpi",
+                         "--set", f"out_dir={out}", "--quiet"], timeout=100)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out, result
+
+
+def test_mpi_end_to_end_run_directory(mpi_run, tmp_path):
+    out, result = mpi_run
+    assert "averaged-model test accuracy" in result.stdout
+    assert result.stdout.count("averaged-model test accuracy") == 1  # rank 0 only
+    config = load_config(out / "config.yaml", deep=False)
+    assert config.backend == "mpi" and config.peers == 4 and config.out_dir == str(out)
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("final_test_acc_avg_model", "final_test_acc_local_mean", "final_test_acc_local_min",
+                "final_test_acc_local_max", "final_consensus_distance", "mb_sent_per_peer",
+                "exact_gossip_mb_per_peer_formula", "compression_ratio", "wall_time_s",
+                "label_histogram"):
+        assert summary[key] is not None, key
+    assert summary["final_test_acc_avg_model"] > 0.8
+    assert "formula" in summary["exact_gossip_formula"]
+    assert "| averaged-model test accuracy |" in (out / "summary.md").read_text()
+    for rank in range(4):
+        records = [json.loads(line) for line in
+                   (out / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()]
+        evals = [r for r in records if r["kind"] == "eval"]
+        assert [r["epoch"] for r in evals] == [1, 2, 3]
+        assert any(r["kind"] == "log" for r in records)
+        assert all(r["bytes_sent"] > 0 for r in evals)
+        assert (out / "checkpoints" / f"rank-{rank}-epoch-3.pt").exists()
+
+    from experiments.plot import FIGURES, run as plot
+
+    written = plot([str(out), str(out), "--out", str(tmp_path / "plots")])
+    assert sorted(p.name for p in written) == sorted(FIGURES)
+    for path in written:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_mpi_and_local_backends_agree_bit_for_bit(mpi_run, tmp_path):
+    out, _ = mpi_run
+    from experiments.train import run
+
+    local_out = tmp_path / "local"
+    summary = run(["--config", str(TINY), "--set", f"out_dir={local_out}", "--quiet"])
+    mpi_summary = json.loads((out / "summary.json").read_text())
+    assert summary["model_sha256"] == mpi_summary["model_sha256"]
+    for rank in range(4):
+        a = [json.loads(x) for x in (out / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()]
+        b = [json.loads(x) for x in
+             (local_out / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()]
+        assert comparable(a) == comparable(b)
+
+
+def test_existing_run_dir_is_never_overwritten(mpi_run):
+    out, _ = mpi_run
+    before = (out / "summary.json").read_text()
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.train", "--config", str(TINY), "--set", f"out_dir={out}"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: run directory {out} already exists")
+    assert "--resume" in lines[0]
+    assert (out / "summary.json").read_text() == before
+
+
+def test_cli_errors_in_process(tmp_path):
+    from experiments.train import run
+
+    with pytest.raises(ValueError, match="backend mpi runs one peer per MPI rank: launch with mpiexec -n 4"):
+        run(["--config", str(TINY), "--set", "backend=mpi", "--set", f"out_dir={tmp_path / 'x'}"])
+    with pytest.raises(ValueError, match="give --config"):
+        run([])
+    with pytest.raises(ValueError, match="has no config.yaml"):
+        run(["--resume", str(tmp_path)])
+    with pytest.raises(ValueError, match="bad value for 'model'"):
+        run(["--config", str(TINY), "--set", "model=transformer"])
+
+
+def test_cli_resume_of_an_mpi_run_in_one_process(mpi_run, tmp_path):
+    """--resume RUN_DIR uses the run's config.yaml; a checkpoint written under MPI resumes locally."""
+    import shutil
+
+    from experiments.train import run
+
+    out, _ = mpi_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    for rank in range(4):
+        (copy / "checkpoints" / f"rank-{rank}-epoch-3.pt").unlink()
+    (copy / "summary.json").unlink()
+    with pytest.raises(ValueError, match=r"another config: lr 0\.5 -> 0\.25"):
+        run(["--resume", str(copy), "--set", "backend=local", "--set", "lr=0.25"])
+    summary = run(["--resume", str(copy), "--set", "backend=local", "--quiet"])
+    assert summary["model_sha256"] == json.loads((out / "summary.json").read_text())["model_sha256"]
+    assert load_config(copy / "config.yaml", deep=False).backend == "local"
+    for rank in range(4):
+        a = (out / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()
+        b = (copy / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()
+        assert comparable(map(json.loads, a)) == comparable(map(json.loads, b))
