@@ -87,14 +87,19 @@ def test_edge_seeds_do_not_collide():
 
 
 # ---- 3. two peers, W = 1/2, gamma = 1: the projected component is removed exactly ----------------
+def orthonormal(factor):
+    """The first matrix of a (batch, n, r) factor with orthonormalised columns, as the step uses it."""
+    return orthonormalize_(factor.transpose(1, 2).clone()).transpose(1, 2)[0]
+
+
 def two_peer_half_steps(comm):
     x = peer_tensors(comm, shapes=[(7, 5)])
     gossip = PowerGossip(x, comm, rank=2, gamma=1.0)
     other = comm.neighbors[0]
-    q0 = orthonormalize_(gossip.factors(other)["0.Q"].clone())[0]
+    q0 = orthonormal(gossip.factors(other)["0.Q"])
     states = [x[0].clone()]
     gossip.step()  # right half-step: projects onto span(Q)
-    p1 = orthonormalize_(gossip.factors(other)["0.P"].clone())[0]
+    p1 = orthonormal(gossip.factors(other)["0.P"])
     states.append(x[0].clone())
     gossip.step()  # left half-step: projects onto span(P)
     states.append(x[0].clone())

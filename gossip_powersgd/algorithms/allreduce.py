@@ -173,7 +173,7 @@ class PowerSGDAllReduce(_Collective):
         # Drawn on the CPU from the shared generator, then moved: CPU and GPU ranks agree.
         q = torch.randn(g.Q.shape, generator=self._generator, dtype=self.dtype)
         g.Q.copy_(q.to(self.device))
-        orthonormalize_(g.Q)
+        orthonormalize_(g.Q.transpose(1, 2))  # it takes (batch, r, n): the vectors along the last dim
 
     # ---- the algorithm -------------------------------------------------------------------------
     def _grads(self) -> List[Tensor]:
@@ -221,7 +221,7 @@ class PowerSGDAllReduce(_Collective):
         # 2. Orthonormalise the averaged P; Q = M^T P, averaged.
         if self._groups:
             for g in self._groups:
-                orthonormalize_(g.P)
+                orthonormalize_(g.P.transpose(1, 2))
                 torch.bmm(g.work.transpose(1, 2), g.P, out=g.Q)
             self._allreduce(self._second)
         # 3. G <- P Q^T; e <- M - P Q^T.

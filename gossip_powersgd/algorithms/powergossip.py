@@ -52,42 +52,52 @@ def edge_seed(seed: int, i: int, j: int) -> int:
 
 
 def orthonormalize_(factor: Tensor) -> Tensor:
-    """Orthonormalise the columns of each matrix of a (batch, n, r) tensor in place.
+    """Orthonormalise, in place, the r vectors of each (r, n) matrix of a (batch, r, n) tensor.
 
-    Gram-Schmidt dividing by (norm + eps) for small r (zero columns stay zero), QR above.
+    Factors are stored vector-major (the transpose of the usual n x r), because the products with
+    M are then the fast BLAS layouts. Gram-Schmidt dividing by (norm + eps) for small r (a zero
+    vector stays zero, never NaN), QR above.
     """
-    r = factor.shape[-1]
+    r = factor.shape[-2]
     if r > GRAM_SCHMIDT_MAX_RANK:
-        q, _ = torch.linalg.qr(factor, mode="reduced")
-        return factor.copy_(q)
+        q, _ = torch.linalg.qr(factor.transpose(-1, -2), mode="reduced")
+        return factor.copy_(q.transpose(-1, -2))
     for k in range(r):
-        column = factor[..., k:k + 1]
+        vector = factor[..., k:k + 1, :]
         for previous in range(k):
-            basis = factor[..., previous:previous + 1]
-            column.sub_(basis * (basis * column).sum(dim=-2, keepdim=True))
-        column.div_(torch.linalg.vector_norm(column, dim=-2, keepdim=True).add_(ORTHO_EPS))
+            basis = factor[..., previous:previous + 1, :]
+            vector.sub_(basis * (basis * vector).sum(dim=-1, keepdim=True))
+        vector.div_(torch.linalg.vector_norm(vector, dim=-1, keepdim=True).add_(ORTHO_EPS))
     return factor
 
 
 @dataclasses.dataclass
 class _Group:
-    """Parameters sharing one matrix shape, stacked as a (batch, rows, cols) tensor."""
+    """Parameters sharing one matrix shape, stacked as a (batch, rows, cols) tensor.
+
+    The factors of all neighbours sit side by side, vector-major: neighbour number n owns rows
+    n*r:(n+1)*r of `right` (its Q^T, batch x r x cols) and of `left` (its P^T, batch x r x rows).
+    """
 
     indices: List[int]
     rows: int
     cols: int
     rank: int
-    matrices: Tensor = None  # (batch, rows, cols): the parameters themselves (views), or their home
-    right: Dict[int, Tensor] = None  # neighbour -> Q (batch, cols, r): the right factor
-    left: Dict[int, Tensor] = None  # neighbour -> P (batch, rows, r): the left factor
-    right_cat: Tensor = None  # (batch, cols, deg*r): the neighbours' Q side by side
-    left_cat: Tensor = None  # (batch, rows, deg*r): the neighbours' P side by side (scaled for the update)
-    products_right: Tensor = None  # (batch, rows, deg*r) = M @ right_cat
-    products_left: Tensor = None  # (batch, cols, deg*r) = M^T @ left_cat
+    matrices: Optional[Tensor] = None  # (batch, rows, cols): the parameters themselves (views)
+    right: Optional[Tensor] = None  # (batch, deg*r, cols): every neighbour's Q^T
+    left: Optional[Tensor] = None  # (batch, deg*r, rows): every neighbour's P^T
+    scaled_left: Optional[Tensor] = None  # (batch, deg*r, rows): P^T times sigma*gamma*W per neighbour
+    products_right: Optional[Tensor] = None  # (batch, deg*r, rows) = (M Q)^T for every neighbour
+    products_left: Optional[Tensor] = None  # (batch, deg*r, cols) = (M^T P)^T for every neighbour
+    scales: Optional[Tensor] = None  # (1, deg*r, 1): sigma * gamma * W[i, j] for each factor vector
 
     @property
     def batch(self) -> int:
         return len(self.indices)
+
+    def block(self, factors: Tensor, n: int) -> Tensor:
+        """Neighbour number n's part of a side-by-side tensor."""
+        return factors[:, n * self.rank:(n + 1) * self.rank, :]
 
 
 class PowerGossip(GossipAlgorithm):
@@ -195,23 +205,29 @@ class PowerGossip(GossipAlgorithm):
         return torch.randn(shape, generator=self._generators[j], dtype=self.dtype).to(self.device)
 
     def _make_factors(self) -> None:
-        deg = len(self.comm.neighbors)
+        neighbors = self.comm.neighbors
+        deg = len(neighbors)
+        # sigma * gamma * W[i, j] per factor vector, to scale all neighbours' P in one multiply
+        scales = [self._signs[n] * self.gamma * self._weights[n] for n in range(deg)]
         for group in self._groups:
             b, rows, cols, r = group.batch, group.rows, group.cols, group.rank
-            group.right = {j: self._draw(j, (b, cols, r)) for j in self.comm.neighbors}
-            group.left = {j: torch.zeros((b, rows, r), dtype=self.dtype, device=self.device)
-                          for j in self.comm.neighbors}
             new = lambda *shape: torch.zeros(shape, dtype=self.dtype, device=self.device)  # noqa: E731
-            group.right_cat = new(b, cols, deg * r)
-            group.left_cat = new(b, rows, deg * r)
-            group.products_right = new(b, rows, deg * r)
-            group.products_left = new(b, cols, deg * r)
+            group.right = new(b, deg * r, cols)
+            group.left = new(b, deg * r, rows)
+            group.scaled_left = new(b, deg * r, rows)
+            group.products_right = new(b, deg * r, rows)
+            group.products_left = new(b, deg * r, cols)
+            for n, j in enumerate(neighbors):
+                group.block(group.right, n).copy_(self._draw(j, (b, r, cols)))
+            group.scales = torch.tensor([scales[n] for n in range(deg) for _ in range(r)],
+                                        dtype=self.dtype, device=self.device).view(1, deg * r, 1)
 
     def _make_messages(self) -> None:
         """One preallocated send and receive buffer per neighbour, with views for every segment.
 
-        Layout of a message: for each group, its products (batch x rows x r on a right half-step,
-        batch x cols x r on a left one), then, on the first half-step of a step, the exact part.
+        Layout of a message: for each group, its products (batch x r x rows on a right half-step,
+        (M Q)^T; batch x r x cols on a left one, (M^T P)^T), then, on the first half-step of a
+        step, the exact part.
         """
         right = sum(g.batch * g.rows * g.rank for g in self._groups)
         left = sum(g.batch * g.cols * g.rank for g in self._groups)
@@ -229,7 +245,7 @@ class PowerGossip(GossipAlgorithm):
         for side in ("right", "left"):
             offset = 0
             for index, g in enumerate(self._groups):
-                shape = (g.batch, g.rows if side == "right" else g.cols, g.rank)
+                shape = (g.batch, g.rank, g.rows if side == "right" else g.cols)
                 size = shape[0] * shape[1] * shape[2]
                 for views, buffers in ((self._send_views, self._send), (self._recv_views, self._recv)):
                     views[(index, side)] = {j: buffers[j][offset:offset + size].view(shape)
@@ -252,25 +268,29 @@ class PowerGossip(GossipAlgorithm):
         neighbors = self.comm.neighbors
         side = "right" if right else "left"
 
-        # 1. Orthonormalise the factor we multiply by, and compute all neighbours' products at once.
+        # 1. Orthonormalise the factors we multiply by, and compute all neighbours' products at once.
         for index, g in enumerate(self._groups):
-            factors, cat = (g.right, g.right_cat) if right else (g.left, g.left_cat)
-            r = g.rank
+            factors = g.right if right else g.left
             for n, j in enumerate(neighbors):
+                block = g.block(factors, n)
                 if not self.warm_start:
-                    factors[j].copy_(self._draw(j, factors[j].shape))
-                orthonormalize_(factors[j])
-                cat[..., n * r:(n + 1) * r] = factors[j]
+                    block.copy_(self._draw(j, block.shape))
+                orthonormalize_(block)  # same shape at both ends of the edge: identical bits
             sends = self._send_views[(index, side)]
-            matrices = g.matrices if right else g.matrices.transpose(1, 2)
+            products = g.products_right if right else g.products_left
             if self.batch_neighbors:
-                products = g.products_right if right else g.products_left
-                torch.bmm(matrices, cat, out=products)
+                if right:
+                    torch.bmm(g.right, g.matrices.transpose(1, 2), out=products)  # (M Q)^T
+                else:
+                    torch.bmm(g.left, g.matrices, out=products)  # (M^T P)^T
                 for n, j in enumerate(neighbors):
-                    sends[j].copy_(products[..., n * r:(n + 1) * r])
+                    sends[j].copy_(g.block(products, n))
             else:
-                for j in neighbors:
-                    torch.bmm(matrices, factors[j], out=sends[j])
+                for n, j in enumerate(neighbors):
+                    if right:
+                        torch.bmm(g.block(g.right, n), g.matrices.transpose(1, 2), out=sends[j])
+                    else:
+                        torch.bmm(g.block(g.left, n), g.matrices, out=sends[j])
         if with_exact and self._exact is not None:
             x = self._exact.pack()
             for j in neighbors:
@@ -283,26 +303,21 @@ class PowerGossip(GossipAlgorithm):
 
         # 3. Both ends form the same new factor D Q (or D^T P), then the update of rank deg*r.
         for index, g in enumerate(self._groups):
-            r = g.rank
             sends, recvs = self._send_views[(index, side)], self._recv_views[(index, side)]
             new_factors = g.left if right else g.right
             for n, j in enumerate(neighbors):
                 # big's product minus small's product, written in the same order at both ends.
                 if self.comm.rank < j:
-                    torch.sub(recvs[j], sends[j], out=new_factors[j])
+                    torch.sub(recvs[j], sends[j], out=g.block(new_factors, n))
                 else:
-                    torch.sub(sends[j], recvs[j], out=new_factors[j])
-                scale = self._signs[n] * self.gamma * self._weights[n]
-                torch.mul(g.left[j], scale, out=g.left_cat[..., n * r:(n + 1) * r])
-                if not right:
-                    g.right_cat[..., n * r:(n + 1) * r] = g.right[j]
+                    torch.sub(sends[j], recvs[j], out=g.block(new_factors, n))
+            torch.mul(g.left, g.scales, out=g.scaled_left)
             if self.batch_neighbors:
                 # M += sum_j sigma_j gamma w_j P_j Q_j^T, all neighbours in one multiply-add
-                g.matrices.baddbmm_(g.left_cat, g.right_cat.transpose(1, 2))
+                g.matrices.baddbmm_(g.scaled_left.transpose(1, 2), g.right)
             else:
                 for n in range(len(neighbors)):
-                    g.matrices.baddbmm_(g.left_cat[..., n * r:(n + 1) * r],
-                                        g.right_cat[..., n * r:(n + 1) * r].transpose(1, 2))
+                    g.matrices.baddbmm_(g.block(g.scaled_left, n).transpose(1, 2), g.block(g.right, n))
         if with_exact and self._exact is not None:
             x = self._exact.buffer
             received = [self._recv_views[("exact", side)][j] for j in neighbors]
@@ -327,11 +342,13 @@ class PowerGossip(GossipAlgorithm):
         return compressed / max(1, sum(t.numel() for t in self.params))
 
     def factors(self, neighbor: int) -> Dict[str, Tensor]:
-        """The factors this peer shares with `neighbor`, for inspection and tests."""
+        """The factors this peer shares with `neighbor`: views, P as (batch, rows, r) and Q as
+        (batch, cols, r) for group number g under the keys "g.P" and "g.Q"."""
+        n = self.comm.neighbors.index(neighbor)
         out = {}
         for index, g in enumerate(self._groups):
-            out[f"{index}.P"] = g.left[neighbor]
-            out[f"{index}.Q"] = g.right[neighbor]
+            out[f"{index}.P"] = g.block(g.left, n).transpose(1, 2)
+            out[f"{index}.Q"] = g.block(g.right, n).transpose(1, 2)
         return out
 
     def state_dict(self) -> Dict[str, object]:
