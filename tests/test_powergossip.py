@@ -383,3 +383,17 @@ def test_parameters_re_pointed_elsewhere_are_re_stacked():
 
     for x, stacked in LocalCluster(topologies.ring(4)).run(peer):
         assert torch.equal(stacked[1], x[1])
+
+
+def test_state_from_another_model_or_topology_is_refused_naming_the_key():
+    def saved_state(comm, rows):
+        return PowerGossip([torch.zeros(rows, 6)], comm, rank=1).state_dict()
+
+    def load(comm, states, rows):
+        PowerGossip([torch.zeros(rows, 6)], comm, rank=1).load_state_dict(states[comm.rank])
+
+    ring = LocalCluster(topologies.ring(4)).run(saved_state, 8)
+    with pytest.raises(ValueError, match=r"state 'factor.1.0.P' has shape \(1, 8, 1\), expected \(1, 9, 1\)"):
+        LocalCluster(topologies.ring(4)).run(load, ring, 9)
+    with pytest.raises(ValueError, match="PowerGossip state has no 'factor.2.0.P'"):
+        LocalCluster(topologies.complete(4)).run(load, ring, 8)

@@ -20,7 +20,7 @@ from typing import Dict, List
 import torch
 
 from ..comm.base import Tensor
-from .base import FlatParams, GossipAlgorithm, NonFiniteError, ParamsLike
+from .base import FlatParams, GossipAlgorithm, NonFiniteError, ParamsLike, load_tensors_
 from .powergossip import orthonormalize_
 
 
@@ -290,13 +290,6 @@ class PowerSGDAllReduce(_Collective):
                              f"this instance has rank={self.rank}, seed={self.seed}")
         targets = {f"error.{n}": t for n, t in self.error_memory().items()}
         targets.update({f"Q.{n}": t for n, t in self.factors().items()})
-        for key, tensor in targets.items():
-            if key not in state:
-                raise ValueError(f"PowerSGDAllReduce state has no {key!r} (saved for another model?)")
-            saved = state[key]
-            if tuple(saved.shape) != tuple(tensor.shape):
-                raise ValueError(f"PowerSGDAllReduce state {key!r} has shape {tuple(saved.shape)}, "
-                                 f"expected {tuple(tensor.shape)}")
-            tensor.copy_(saved)
+        load_tensors_("PowerSGDAllReduce", state, targets)
         self._generator.set_state(state["generator"])
         self.steps = int(state["steps"])

@@ -61,6 +61,19 @@ class FlatParams:
                 t.copy_(view)
 
 
+def load_tensors_(who: str, state: Dict[str, object], targets: Dict[str, Tensor]) -> None:
+    """Copy `state[key]` into each target tensor, refusing a missing key or a different shape
+    (a state saved for another model or topology) with an error naming the key."""
+    for key, tensor in targets.items():
+        if key not in state:
+            raise ValueError(f"{who} state has no {key!r}: it was saved for another model or topology")
+        saved = state[key]
+        if tuple(saved.shape) != tuple(tensor.shape):
+            raise ValueError(f"{who} state {key!r} has shape {tuple(saved.shape)}, "
+                             f"expected {tuple(tensor.shape)}")
+        tensor.copy_(saved)
+
+
 class GossipAlgorithm:
     """Base class: holds the parameters (updated in place) and the communicator.
 

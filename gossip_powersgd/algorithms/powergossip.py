@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ..comm.base import Tensor
-from .base import FlatParams, GossipAlgorithm, ParamsLike
+from .base import FlatParams, GossipAlgorithm, ParamsLike, load_tensors_
 from .exact import mix_exact, resolve_gamma
 
 #: Above this rank the factors are orthonormalised with a QR factorisation instead of Gram-Schmidt.
@@ -367,15 +367,8 @@ class PowerGossip(GossipAlgorithm):
                 f"has rank={self.rank}, seed={self.seed}"
             )
         for j in self.comm.neighbors:
-            for name, tensor in self.factors(j).items():
-                key = f"factor.{j}.{name}"
-                if key not in state:
-                    raise ValueError(f"PowerGossip state has no {key}: it was saved on another topology")
-                saved = state[key]
-                if tuple(saved.shape) != tuple(tensor.shape):
-                    raise ValueError(f"PowerGossip state {key} has shape {tuple(saved.shape)}, "
-                                     f"expected {tuple(tensor.shape)}")
-                tensor.copy_(saved)
+            load_tensors_("PowerGossip", state,
+                          {f"factor.{j}.{name}": t for name, t in self.factors(j).items()})
             self._generators[j].set_state(state[f"generator.{j}"])
         self.steps = int(state["steps"])
         self.half_steps = int(state["half_steps"])
