@@ -393,7 +393,7 @@ def test_state_from_another_model_or_topology_is_refused_naming_the_key():
         PowerGossip([torch.zeros(rows, 6)], comm, rank=1).load_state_dict(states[comm.rank])
 
     ring = LocalCluster(topologies.ring(4)).run(saved_state, 8)
-    with pytest.raises(ValueError, match=r"state 'factor.1.0.P' has shape \(1, 8, 1\), expected \(1, 9, 1\)"):
+    with pytest.raises(ValueError, match=r"state 'factor\.\d\.0\.P' has shape \(1, 8, 1\), expected \(1, 9, 1\)"):
         LocalCluster(topologies.ring(4)).run(load, ring, 9)
-    with pytest.raises(ValueError, match="PowerGossip state has no 'factor.2.0.P'"):
+    with pytest.raises(ValueError, match=r"PowerGossip state has no 'factor\.\d\.0\.P': it was saved for another model"):
         LocalCluster(topologies.complete(4)).run(load, ring, 8)
