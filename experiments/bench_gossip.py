@@ -439,12 +439,19 @@ def kernel_benchmark(rounds: int = 7, columns: Sequence[int] = (1, 2, 3, 4)) -> 
         P = torch.randn(b, rows, k).mul_(1e-3)
         QT, PT = Q.transpose(1, 2).contiguous(), P.transpose(1, 2).contiguous()
         out_r, out_l, out_lt = torch.empty(b, rows, k), torch.empty(b, cols, k), torch.empty(b, k, cols)
-        add(f"k={k} right: bmm(M, Q) [library]", lambda Q=Q, o=out_r: torch.bmm(M, Q, out=o), nbytes)
-        add(f"k={k} left: bmm(M^T view, P) [library]",
+        out_rt = torch.empty(b, k, rows)
+        # What PowerGossip does now: factors stored vector-major (Q^T, P^T contiguous).
+        add(f"k={k} right: bmm(Q^T, M^T view) [library]",
+            lambda QT=QT, o=out_rt: torch.bmm(QT, M.transpose(1, 2), out=o), nbytes)
+        add(f"k={k} left: bmm(P^T, M) [library]", lambda PT=PT, o=out_lt: torch.bmm(PT, M, out=o), nbytes)
+        add(f"k={k} update: baddbmm_(P^T view, Q^T) [library]",
+            lambda PT=PT, QT=QT: M.baddbmm_(PT.transpose(1, 2), QT), 2 * nbytes)
+        # The first formulation (factors stored rows x r), kept to show what the layout costs.
+        add(f"k={k} right: bmm(M, Q) [before]", lambda Q=Q, o=out_r: torch.bmm(M, Q, out=o), nbytes)
+        add(f"k={k} left: bmm(M^T view, P) [before]",
             lambda P=P, o=out_l: torch.bmm(M.transpose(1, 2), P, out=o), nbytes)
-        add(f"k={k} update: baddbmm_(P, Q^T) [library]",
+        add(f"k={k} update: baddbmm_(P, Q^T view) [before]",
             lambda P=P, Q=Q: M.baddbmm_(P, Q.transpose(1, 2)), 2 * nbytes)
-        add(f"k={k} left alt: bmm(P^T, M)", lambda PT=PT, o=out_lt: torch.bmm(PT, M, out=o), nbytes)
         add(f"k={k} right alt: per matrix linear(M_i, Q_i^T)",
             lambda QT=QT: [F.linear(M[i], QT[i]) for i in range(b)], nbytes)
         add(f"k={k} right alt: per matrix, per column mv",
@@ -809,13 +816,13 @@ def kernel_prediction(k: Dict[str, Any]) -> List[str]:
     a right half-step costs 1/a_right + 2/a_update copy-times of M, a left one 1/a_left + 2/a_update."""
     speed = {row["name"]: row["of_copy"] for row in k["kernels"]}
     ks = sorted({int(name.split()[0][2:]) for name in speed if name.startswith("k=")})
-    L = ["| k = degree × rank | library kernels: right / left / mean | with `bmm(Pᵀ, M)` for the left "
-         "product and the faster of per-matrix `linear` / `mv` for the right: right / left / mean |",
+    L = ["| k = degree × rank | library kernels (factors stored Qᵀ, Pᵀ): right / left / mean | "
+         "first formulation (factors stored Q, P): right / left / mean |",
          "|---|---|---|"]
     for kk in ks:
         p = _prediction(speed, kk)
         L.append(f"| {kk} | {_pct(p['lib_right'])} / {_pct(p['lib_left'])} / {_pct(p['lib_mean'])} | "
-                 f"{_pct(p['alt_right'])} / {_pct(p['alt_left'])} / {_pct(p['alt_mean'])} |")
+                 f"{_pct(p['old_right'])} / {_pct(p['old_left'])} / {_pct(p['old_mean'])} |")
     L.append("")
     return L
 
@@ -823,13 +830,14 @@ def kernel_prediction(k: Dict[str, Any]) -> List[str]:
 def _prediction(speed: Dict[str, float], k: int) -> Dict[str, float]:
     """Half-step efficiency the kernel speeds (fractions of the copy) alone allow, at k columns."""
     g = lambda name: speed[f"k={k} {name}"]  # noqa: E731
-    upd = 2 / g("update: baddbmm_(P, Q^T) [library]")
-    lib_r, lib_l = 1 / g("right: bmm(M, Q) [library]") + upd, 1 / g("left: bmm(M^T view, P) [library]") + upd
-    alt_r = 1 / max(g("right alt: per matrix linear(M_i, Q_i^T)"),
-                    g("right alt: per matrix, per column mv")) + upd
-    alt_l = 1 / g("left alt: bmm(P^T, M)") + upd
+    upd = 2 / g("update: baddbmm_(P^T view, Q^T) [library]")
+    lib_r = 1 / g("right: bmm(Q^T, M^T view) [library]") + upd
+    lib_l = 1 / g("left: bmm(P^T, M) [library]") + upd
+    old_upd = 2 / g("update: baddbmm_(P, Q^T view) [before]")
+    old_r = 1 / g("right: bmm(M, Q) [before]") + old_upd
+    old_l = 1 / g("left: bmm(M^T view, P) [before]") + old_upd
     return {"lib_right": 3 / lib_r, "lib_left": 3 / lib_l, "lib_mean": 6 / (lib_r + lib_l),
-            "alt_right": 3 / alt_r, "alt_left": 3 / alt_l, "alt_mean": 6 / (alt_r + alt_l)}
+            "old_right": 3 / old_r, "old_left": 3 / old_l, "old_mean": 6 / (old_r + old_l)}
 
 
 def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]]) -> List[str]:
@@ -847,20 +855,21 @@ def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]])
                 f"{_span([v['right']['efficiency'] for v in b], _pct)}, left "
                 f"{_span([v['left']['efficiency'] for v in b], _pct)}), although both move the same "
                 "bytes.")
-        if speed and "k=3 left alt: bmm(P^T, M)" in speed:
+        if speed and "k=3 left: bmm(P^T, M) [library]" in speed:
             g = lambda name: speed[f"k=3 {name}"]  # noqa: E731
             p = _prediction(speed, 3)
-            text += (f" At k = 3 (torus:2x4), the left product `torch.bmm(M.transpose(1, 2), P)` "
-                     f"runs at {_pct(g('left: bmm(M^T view, P) [library]'))} of the copy bandwidth "
-                     f"while the same product written `torch.bmm(Pᵀ, M)` (M in its own row-major "
-                     f"layout, result transposed afterwards) runs at "
-                     f"{_pct(g('left alt: bmm(P^T, M)'))}; the right product `torch.bmm(M, Q)` runs at "
-                     f"{_pct(g('right: bmm(M, Q) [library]'))} (per-matrix `F.linear`: "
-                     f"{_pct(g('right alt: per matrix linear(M_i, Q_i^T)'))}); the update "
-                     f"`baddbmm_` at {_pct(g('update: baddbmm_(P, Q^T) [library]'))}. Those kernel "
-                     f"speeds alone cap a half-step at {_pct(p['lib_mean'])} with the library's "
-                     f"formulation and {_pct(p['alt_mean'])} with the two alternatives (table in "
-                     "*Kernel diagnosis*); the per-neighbour small ops take the rest.")
+            text += (f" At k = 3 (torus:2x4), the library's kernels run at "
+                     f"{_pct(g('right: bmm(Q^T, M^T view) [library]'))} (right product), "
+                     f"{_pct(g('left: bmm(P^T, M) [library]'))} (left product) and "
+                     f"{_pct(g('update: baddbmm_(P^T view, Q^T) [library]'))} (update) of the copy "
+                     f"bandwidth; the first formulation, with factors stored rows × r "
+                     f"(`bmm(M, Q)`, `bmm(Mᵀ view, P)`, `baddbmm_(P, Qᵀ view)`), runs at "
+                     f"{_pct(g('right: bmm(M, Q) [before]'))}, "
+                     f"{_pct(g('left: bmm(M^T view, P) [before]'))} and "
+                     f"{_pct(g('update: baddbmm_(P, Q^T view) [before]'))}. Those kernel speeds alone "
+                     f"cap a half-step at {_pct(p['lib_mean'])} now ({_pct(p['old_mean'])} with the "
+                     "first formulation; table in *Kernel diagnosis*); the per-neighbour small ops "
+                     "take the rest.")
         L.append(text)
     r20 = [s for s in iso if s["model"] == "resnet20"]
     if r20:
@@ -876,20 +885,19 @@ def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]])
                  "two big multiplications does not remove. Hence also its smaller batched/naive gain.")
     sp = [s for s in summaries if "speedup" in s and s["model"] == "vgg16"]
     if sp and speed:
-        one = speed.get("k=1 right: bmm(M, Q) [library]")
+        one = speed.get("k=1 right: bmm(Q^T, M^T view) [library]")
         mv = speed.get("k=1 right alt: per matrix, per column mv")
-        lone = speed.get("k=1 left: bmm(M^T view, P) [library]")
+        lone = speed.get("k=1 left: bmm(P^T, M) [library]")
         lmv = speed.get("k=1 left alt: per matrix, per column mv(M_i^T)")
-        three = [speed.get(f"k=3 {side}: bmm(M, Q) [library]" if side == "right" else
-                           "k=3 left: bmm(M^T view, P) [library]") for side in ("right", "left")]
-        L.append(f"* **The naive baseline pays the same slow kernels, once per neighbour.** Its "
-                 f"one-column `bmm` runs at {_pct(one)} (right) and {_pct(lone)} (left) of the copy "
-                 f"bandwidth where `torch.mv` reaches {_pct(mv)} and {_pct(lmv)}. A three-column "
-                 f"product takes {one / three[0]:.2f}× (right) and {lone / three[1]:.2f}× (left) the "
-                 "time of a one-column one instead of 3×, so the batched path's gain over the naive "
-                 f"one ({_span([s['speedup']['compute'] for s in sp], lambda x: f'{x:.2f}×')} on "
-                 "VGG-16) can exceed the degree; against a per-neighbour path built on `mv` it would "
-                 "be smaller.")
+        three = [speed.get("k=3 right: bmm(Q^T, M^T view) [library]"),
+                 speed.get("k=3 left: bmm(P^T, M) [library]")]
+        L.append(f"* **The naive baseline runs the same kernels once per neighbour.** Its "
+                 f"one-column products run at {_pct(one)} (right) and {_pct(lone)} (left) of the copy "
+                 f"bandwidth (`torch.mv`: {_pct(mv)} and {_pct(lmv)}). A three-column product takes "
+                 f"{one / three[0]:.2f}× (right) and {lone / three[1]:.2f}× (left) the time of a "
+                 "one-column one, against 3× for three one-column products; the measured gain of the "
+                 f"batched path over the naive one is "
+                 f"{_span([s['speedup']['compute'] for s in sp], lambda x: f'{x:.2f}×')} on VGG-16.")
     if L:
         L.append("")
     return L

@@ -25,6 +25,7 @@ import yaml
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine")
 BACKENDS = ("mpi", "local")
+_FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch
 
 
 @dataclasses.dataclass
@@ -287,7 +288,9 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
     _check(c.optimizer in OPTIMIZERS, "optimizer", c.optimizer, f"valid: {', '.join(OPTIMIZERS)}")
     _check(c.schedule in SCHEDULES, "schedule", c.schedule, f"valid: {', '.join(SCHEDULES)}")
     _check(c.backend in BACKENDS, "backend", c.backend, f"valid: {', '.join(BACKENDS)}")
-    _check(math.isfinite(c.lr) and c.lr > 0, "lr", c.lr, "must be > 0")
+    # models train in float32: a larger lr cannot even be applied (torch raises an overflow error)
+    _check(math.isfinite(c.lr) and 0 < c.lr <= _FLOAT32_MAX, "lr", c.lr,
+           f"must be > 0 and at most {_FLOAT32_MAX:.4g} (float32)")
     _check(0 <= c.momentum < 1, "momentum", c.momentum, "must be in [0, 1)")
     _check(c.momentum == 0 or c.optimizer == "sgd", "momentum", c.momentum,
            f"momentum is for sgd only; {c.optimizer} has its own betas, set momentum to 0")
