@@ -496,3 +496,17 @@ def test_long_run_smoke(capsys):
     assert main(["--steps", "200", "--log-every", "100"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["steps"] == 200 and summary["drift_ok"] and summary["memory_ok"]
+
+
+def test_a_killed_writers_leftover_temporary_file_is_removed_by_the_next_save(tmp_path):
+    from gossip_powersgd.training.checkpoint import checkpoint_dir, save_checkpoint
+
+    folder = checkpoint_dir(tmp_path)
+    folder.mkdir(parents=True)
+    leftover = folder / ".rank-1-epoch-3.pt.tmp-999-1"
+    other_rank = folder / ".rank-2-epoch-3.pt.tmp-999-1"
+    leftover.write_bytes(b"half a checkpoint")
+    other_rank.write_bytes(b"half a checkpoint")
+    path = save_checkpoint(tmp_path, {"rank": 1, "epoch": 4}, {"x": torch.zeros(2)})
+    assert path.exists() and not leftover.exists()
+    assert other_rank.exists()  # another rank's file is that rank's business

@@ -192,6 +192,13 @@ def save_checkpoint(run_dir, header: Dict[str, Any], state: Dict[str, Any]) -> P
             checkpoint_path(run_dir, rank, old).unlink()
         except FileNotFoundError:
             pass
+    # A writer killed mid-write (e.g. SIGKILL) leaves its temporary file behind; this rank has just
+    # written a complete checkpoint, so any temporary file of its own is such a leftover.
+    for leftover in checkpoint_dir(run_dir).glob(f".rank-{rank}-epoch-*.pt.tmp-*"):
+        try:
+            leftover.unlink()
+        except FileNotFoundError:
+            pass
     return path
 
 
