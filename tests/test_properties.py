@@ -2,7 +2,6 @@
 
 import networkx as nx
 import numpy as np
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 

@@ -24,13 +24,11 @@ import ast
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 import torch

@@ -20,7 +20,7 @@ from typing import Dict, List
 import torch
 
 from ..comm.base import Tensor
-from .base import FlatParams, GossipAlgorithm, NonFiniteError, ParamsLike, load_tensors_
+from .base import FlatParams, GossipAlgorithm, NonFiniteError, ParamsLike, compressible_matrices, load_tensors_
 from .powergossip import orthonormalize_
 
 
@@ -132,15 +132,7 @@ class PowerSGDAllReduce(_Collective):
         self._plain = None  # flat buffer of the plain all-reduce, allocated while it is used
 
         new = lambda *shape: torch.zeros(shape, dtype=self.dtype, device=self.device)  # noqa: E731
-        shapes: Dict[tuple, List[int]] = {}
-        for k, tensor in enumerate(self.params):
-            if tensor.dim() < 2 or tensor.numel() == 0:
-                continue
-            rows = tensor.shape[0]
-            cols = tensor.numel() // rows
-            r = min(self.rank, rows, cols)
-            if (rows + cols) * r * self.min_compression_rate < rows * cols:
-                shapes.setdefault((rows, cols), []).append(k)
+        shapes = compressible_matrices(self.params, self.rank, self.min_compression_rate)
         self._groups = [_Matrices(indices, rows, cols, min(self.rank, rows, cols))
                         for (rows, cols), indices in shapes.items()]
         compressed = {k for g in self._groups for k in g.indices}

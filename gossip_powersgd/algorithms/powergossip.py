@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ..comm.base import Tensor
-from .base import FlatParams, GossipAlgorithm, ParamsLike, load_tensors_
+from .base import FlatParams, GossipAlgorithm, ParamsLike, compressible_matrices, load_tensors_
 from .exact import mix_exact, resolve_gamma
 
 #: Above this rank the factors are orthonormalised with a QR factorisation instead of Gram-Schmidt.
@@ -163,15 +163,7 @@ class PowerGossip(GossipAlgorithm):
 
     # ---- set-up --------------------------------------------------------------------------------
     def _make_groups(self) -> List[_Group]:
-        shapes: Dict[tuple, List[int]] = {}
-        for k, tensor in enumerate(self.params):
-            if tensor.dim() < 2:
-                continue
-            rows = tensor.shape[0]
-            cols = tensor.numel() // rows
-            r = min(self.rank, rows, cols)
-            if (rows + cols) * r * self.min_compression_rate < rows * cols:
-                shapes.setdefault((rows, cols), []).append(k)
+        shapes = compressible_matrices(self.params, self.rank, self.min_compression_rate)
         groups = [_Group(indices, rows, cols, min(self.rank, rows, cols))
                   for (rows, cols), indices in shapes.items()]
         self._compressed = {k for g in groups for k in g.indices}

@@ -24,7 +24,6 @@ from .base import (
     Tensor,
     describe_disagreement,
     digest,
-    nbytes,
 )
 
 _TAG_BASE = 1000
