@@ -98,12 +98,7 @@ def plot_runs(run_dirs, out_dir=None) -> List[Path]:
                 color=color, label=f"{label}, local mean")
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy (%)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    path = out / FIGURES[0]
-    _save(fig, path)
-    plt.close(fig)
-    written.append(path)
+    written.append(_finish(plt, fig, ax, out / FIGURES[0]))
 
     # accuracy vs MB sent per peer
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -117,12 +112,7 @@ def plot_runs(run_dirs, out_dir=None) -> List[Path]:
     finals = [f for f in finals if f > 0]
     if finals and max(finals) > 10 * min(finals):  # e.g. exact gossip next to PowerGossip
         ax.set_xscale("log")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    path = out / FIGURES[1]
-    _save(fig, path)
-    plt.close(fig)
-    written.append(path)
+    written.append(_finish(plt, fig, ax, out / FIGURES[1]))
 
     # consensus distance vs step (eval and log records)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -134,13 +124,17 @@ def plot_runs(run_dirs, out_dir=None) -> List[Path]:
     ax.set_xlabel("step")
     ax.set_ylabel("consensus distance  mean ||x_i - x̄||²")
     ax.set_yscale("log")
+    written.append(_finish(plt, fig, ax, out / FIGURES[2]))
+    return written
+
+
+def _finish(plt, fig, ax, path: Path) -> Path:
+    """Grid, legend, atomic save, close: the same for every figure."""
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    path = out / FIGURES[2]
     _save(fig, path)
     plt.close(fig)
-    written.append(path)
-    return written
+    return path
 
 
 def run(argv: Optional[List[str]] = None) -> List[Path]:

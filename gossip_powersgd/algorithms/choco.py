@@ -26,7 +26,7 @@ apply, so `gamma` has no default.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -65,6 +65,17 @@ def check_seed(seed) -> int:
     if isinstance(seed, bool) or int(seed) != seed or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     return int(seed)
+
+
+def compressed_gossip_arguments(who: str, spelling: str, example: str, compressor, gamma,
+                                seed) -> Tuple[Compressor, float, int]:
+    """Check what every compressed-gossip algorithm needs: a compressor, a tuned gamma, a seed."""
+    if compressor is None:
+        raise ValueError(f"{who} needs a compressor, e.g. compressor='{example}' "
+                         f"(spelling: {spelling}:compressor={example},gamma=0.1)")
+    compressor = parse_compressor(compressor)
+    gamma = require_tuned_gamma(gamma, who, f"{spelling}:compressor={compressor!r},gamma=0.1")
+    return compressor, gamma, check_seed(seed)
 
 
 class CompressedMessages:
@@ -134,13 +145,8 @@ class ChocoGossip(GossipAlgorithm):
     def __init__(self, params: ParamsLike, comm, compressor=None, gamma: Optional[float] = None,
                  seed: int = 0):
         super().__init__(params, comm)
-        if compressor is None:
-            raise ValueError("ChocoGossip needs a compressor, e.g. compressor='topk:0.01' "
-                             "(spelling: choco:compressor=topk:0.01,gamma=0.4)")
-        self.compressor = parse_compressor(compressor)
-        self.gamma = require_tuned_gamma(gamma, "ChocoGossip",
-                                         f"choco:compressor={self.compressor!r},gamma=0.1")
-        self.seed = check_seed(seed)
+        self.compressor, self.gamma, self.seed = compressed_gossip_arguments(
+            "ChocoGossip", "choco", "topk:0.01", compressor, gamma, seed)
         me, neighbors = comm.rank, comm.neighbors
         self._self_weight = comm.topology.weight(me, me)
         self._weights = [comm.topology.weight(me, j) for j in neighbors]

@@ -37,11 +37,9 @@ from .choco import (
     CompressedMessages,
     _check_saved_config,
     _load_buffer,
-    check_seed,
+    compressed_gossip_arguments,
     flat_state,
-    require_tuned_gamma,
 )
-from ..compressors import parse_compressor
 
 
 class DeepSqueeze(GossipAlgorithm):
@@ -62,13 +60,8 @@ class DeepSqueeze(GossipAlgorithm):
     def __init__(self, params: ParamsLike, comm, compressor=None, gamma: Optional[float] = None,
                  seed: int = 0):
         super().__init__(params, comm)
-        if compressor is None:
-            raise ValueError("DeepSqueeze needs a compressor, e.g. compressor='sign' "
-                             "(spelling: deepsqueeze:compressor=sign,gamma=0.1)")
-        self.compressor = parse_compressor(compressor)
-        self.gamma = require_tuned_gamma(gamma, "DeepSqueeze",
-                                         f"deepsqueeze:compressor={self.compressor!r},gamma=0.1")
-        self.seed = check_seed(seed)
+        self.compressor, self.gamma, self.seed = compressed_gossip_arguments(
+            "DeepSqueeze", "deepsqueeze", "sign", compressor, gamma, seed)
         me, neighbors = comm.rank, comm.neighbors
         self._weights = [comm.topology.weight(me, j) for j in neighbors]
         self._out_weight = sum(self._weights)  # 1 - W[i,i], as the neighbours' weights sum
