@@ -24,6 +24,7 @@ from .comm import (
     MPICommunicator,
     PeerAborted,
 )
+from .launch import run_peers
 from .metrics import consensus_distance
 
 __version__ = "0.1.0"
@@ -32,5 +33,5 @@ __all__ = [
     "ExactGossip", "PowerGossip", "ChocoGossip", "DeepSqueeze", "AllReduce", "PowerSGDAllReduce",
     "GossipAlgorithm", "NonFiniteError", "make_algorithm",
     "AgreementError", "Communicator", "CommunicationError", "LocalCluster", "MPICommunicator",
-    "PeerAborted", "consensus_distance",
+    "PeerAborted", "consensus_distance", "run_peers",
 ]

@@ -1,6 +1,7 @@
 """Entry-point plumbing for scripts that may run under mpiexec or in one process.
 
-`main_guard(main)` runs `main()` and turns an exception into one line on stderr and a non-zero exit
+`run_peers(topology, fn, backend=...)` runs a function on every peer, whatever the transport, so that
+an experiment is written once for one process and for mpiexec. `main_guard(main)` runs `main()` and turns an exception into one line on stderr and a non-zero exit
 on every rank, never a hang: if every rank failed (a bad config, a disagreement found by a
 collective check) each rank exits with its own message; if only some did, the job is aborted with
 MPI_Abort so that the others do not wait forever for a peer that is gone.
@@ -12,10 +13,11 @@ import os
 import sys
 import time
 import traceback
-from typing import Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from .algorithms.base import NonFiniteError
 from .comm.base import AgreementError, CommunicationError
+from .utils import one_line
 
 # Errors that describe a problem with the user's input or the run: one line, no traceback.
 EXPECTED_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, IsADirectoryError,
@@ -39,11 +41,54 @@ def launched_by_mpiexec() -> bool:
     return any(m in os.environ for m in markers)
 
 
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if isinstance(exc, KeyError):
-        text = text.strip("'\"")
-    return text
+#: The transports `run_peers` knows, by the name the CLIs and configs use.
+BACKENDS = ("local", "mpi")
+
+
+def resolve_backend(backend: Optional[str]) -> str:
+    """`backend`, or for None / "auto" the one this process was started for: "mpi" under mpiexec
+    with more than one rank, else "local". An MPI backend outside mpiexec (or a local one inside a
+    multi-rank job) is refused with the command that works."""
+    if backend in (None, "auto"):
+        return "mpi" if launched_by_mpiexec() and _mpi_world_size() > 1 else "local"
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}, auto")
+    if backend == "mpi" and not launched_by_mpiexec():
+        raise ValueError("backend mpi needs mpiexec: mpiexec -n N python -m ... (N = the "
+                         "topology's size), or use backend local")
+    if backend == "local" and launched_by_mpiexec() and _mpi_world_size() > 1:
+        raise ValueError("backend local runs every peer in one process: do not launch it under "
+                         "mpiexec with more than one rank (or use backend mpi)")
+    return backend
+
+
+def _mpi_world_size() -> int:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_size()
+
+
+def run_peers(topology, fn: Callable[..., Any], *args, backend: Optional[str] = "local",
+              timeout: Optional[float] = None, **kwargs) -> Dict[int, Any]:
+    """Run `fn(comm, *args, **kwargs)` on every peer of `topology`; return {rank: value}.
+
+    backend "local": every peer is a thread of this process (`LocalCluster`); the dict holds every
+    rank's value. backend "mpi": this process is one rank of an mpiexec job (`MPICommunicator` on
+    COMM_WORLD, whose size must be the topology's); the dict holds this rank's value only, so
+    `results.get(0)` is rank 0's value on rank 0 and None elsewhere, under either backend. None or
+    "auto" picks the backend this process was launched for (see `resolve_backend`). `timeout` is the
+    communicator's (seconds a peer may wait for a message).
+    """
+    backend = resolve_backend(backend)
+    if backend == "mpi":
+        from .comm.mpi import MPICommunicator
+
+        comm = MPICommunicator(topology, timeout=timeout)
+        return {comm.rank: fn(comm, *args, **kwargs)}
+    from .comm.local import LocalCluster
+
+    values = LocalCluster(topology, timeout=timeout).run(fn, *args, **kwargs)
+    return dict(enumerate(values))
 
 
 def report_and_exit(exc: BaseException, code: int = 1) -> None:

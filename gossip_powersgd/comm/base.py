@@ -17,6 +17,8 @@ from typing import Dict, List, Sequence
 
 import torch
 
+from ..utils import format_ranks
+
 Tensor = torch.Tensor
 
 #: Default seconds a peer waits for a neighbour's message before it gives up naming that neighbour.
@@ -111,17 +113,8 @@ def describe_disagreement(what: str, digests: List[bytes]) -> str:
     for rank, d in enumerate(digests):
         groups.setdefault(d, []).append(rank)
     variants = sorted(groups.values(), key=lambda ranks: (-len(ranks), ranks))
-    parts = [f"ranks {_ranges(r)} hold variant {k + 1}" for k, r in enumerate(variants)]
+    parts = [f"ranks {format_ranks(r)} hold variant {k + 1}" for k, r in enumerate(variants)]
     return f"{what} differs across ranks: " + "; ".join(parts)
-
-
-def _ranges(ranks: List[int]) -> str:
-    out, start = [], ranks[0]
-    for a, b in zip(ranks, ranks[1:] + [None]):
-        if b != a + 1:
-            out.append(str(start) if start == a else f"{start}-{a}")
-            start = b
-    return ",".join(out)
 
 
 class Communicator:

@@ -1,0 +1,98 @@
+"""Small helpers every layer shares: one-line error text, atomic file writes, rank ranges, commits.
+
+Each lives here once so that the trainer, checkpoints, the transports and the experiments say and do
+the same thing (an error's first line, a file that is either old or new, never half-written).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Iterable, Optional, Union
+
+
+def one_line(exc: BaseException, limit: Optional[int] = None) -> str:
+    """The first line of an exception's message (its type name if it has none).
+
+    A KeyError's message is the repr of its key; its quotes are dropped so that the line reads as
+    text. `limit` cuts the line to that many characters.
+    """
+    text = str(exc).strip()
+    if isinstance(exc, KeyError):
+        text = text.strip("'\"")
+    text = text.splitlines()[0] if text else type(exc).__name__
+    return text[:limit] if limit is not None else text
+
+
+def atomic_write(path: Union[str, Path], data: Union[bytes, str]) -> None:
+    """Write `data` (bytes, or text as UTF-8) to `path` so that `path` is always old or new, whole.
+
+    The data goes to a temporary file in the same directory, is fsynced, and replaces `path` with
+    `os.replace` (atomic on POSIX); the directory is fsynced too so the rename survives a crash. The
+    parent directory is created if missing; the file gets a normal mode (0666 less the umask).
+    """
+    path = Path(path)
+    if isinstance(data, str):
+        payload = data.encode("utf-8")
+    elif isinstance(data, (bytes, bytearray, memoryview)):
+        payload = bytes(data)
+    else:
+        raise TypeError(f"atomic_write takes bytes or str, not {type(data).__name__}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems cannot fsync a directory; the rename itself is still atomic
+    finally:
+        os.close(fd)
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """Ranks as compact ranges: [0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
+    ranks = sorted(set(int(r) for r in ranks))
+    if not ranks:
+        return ""
+    out, start = [], ranks[0]
+    for a, b in zip(ranks, ranks[1:] + [None]):
+        if b != a + 1:
+            out.append(str(start) if start == a else f"{start}-{a}")
+            start = b
+    return ",".join(out)
+
+
+def git_commit(folder: Union[str, Path, None] = None) -> str:
+    """The short commit hash of the checkout at `folder` (default: this package's), or "unknown"."""
+    folder = Path(folder) if folder is not None else Path(__file__).resolve().parent
+    try:
+        result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=folder,
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return result.stdout.strip() or "unknown"
+
+
+__all__ = ["one_line", "atomic_write", "format_ranks", "git_commit"]

@@ -1,0 +1,66 @@
+"""The shared helpers: one-line errors, atomic writes, rank ranges, and run_peers on one process."""
+
+import os
+
+import pytest
+import torch
+
+import topologies
+from gossip_powersgd import run_peers
+from gossip_powersgd.launch import resolve_backend
+from gossip_powersgd.utils import atomic_write, format_ranks, one_line
+
+
+def test_one_line_takes_the_first_line_and_unquotes_key_errors():
+    assert one_line(ValueError("first\nsecond")) == "first"
+    assert one_line(KeyError("missing key")) == "missing key"
+    assert one_line(RuntimeError()) == "RuntimeError"
+    assert one_line(ValueError("x" * 300), limit=200) == "x" * 200
+
+
+def test_format_ranks_compacts_runs():
+    assert format_ranks([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert format_ranks([3]) == "3"
+    assert format_ranks([2, 0, 1]) == "0-2"
+
+
+def test_atomic_write_replaces_whole_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "sub" / "out.txt"
+    atomic_write(path, "old")
+    atomic_write(path, b"new")
+    assert path.read_bytes() == b"new"
+    assert os.listdir(path.parent) == ["out.txt"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_atomic_write_keeps_the_old_file_when_the_write_fails(tmp_path, monkeypatch):
+    path = tmp_path / "out.txt"
+    atomic_write(path, "old")
+    with pytest.raises(TypeError):
+        atomic_write(path, 12345)
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(path, "new")  # fails after the data went to the temporary file
+    assert path.read_text() == "old"
+    assert os.listdir(tmp_path) == ["out.txt"]
+
+
+def test_run_peers_local_returns_every_rank_by_rank():
+    def fn(comm, base):
+        t = torch.tensor([float(comm.rank)])
+        comm.allreduce_(t, op="sum")
+        return base + comm.rank, float(t)
+
+    results = run_peers(topologies.ring(4), fn, 10, backend="local")
+    assert results == {r: (10 + r, 6.0) for r in range(4)}
+
+
+def test_backend_choice_outside_mpiexec():
+    assert resolve_backend(None) == "local"
+    assert resolve_backend("auto") == "local"
+    with pytest.raises(ValueError, match="needs mpiexec"):
+        resolve_backend("mpi")
+    with pytest.raises(ValueError, match="unknown backend"):
+        resolve_backend("gloo")
