@@ -8,7 +8,7 @@ what is valid.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 
 def parse_bool(text: str) -> bool:
@@ -24,18 +24,30 @@ def parse_optional_float(text: str):
     return None if text.lower() in ("none", "auto", "default") else float(text)
 
 
+#: What an algorithm's γ is when its spec does not set one.
+GAMMA_KINDS = ("topology", "tuned", "none")
+
+
 @dataclasses.dataclass
 class AlgorithmEntry:
     factory: Callable[..., Any]
     keys: Dict[str, Tuple[str, Callable[[str], Any]]]  # spec key -> (keyword argument, parser)
     summary: str
+    #: "topology": an unset γ is the topology's (`Topology.gamma`); "tuned": γ has no good default
+    #: and must be swept; "none": the algorithm has no γ (all-reduce baselines).
+    gamma: str = "none"
+    #: Short legend label from the spec's options (γ left out), e.g. "PowerGossip r1", "Choco sign".
+    label: Optional[Callable[[Dict[str, str]], str]] = None
 
 
 REGISTRY: Dict[str, AlgorithmEntry] = {}
 
 
-def register(name: str, factory, keys: Dict[str, Tuple[str, Callable[[str], Any]]], summary: str) -> None:
-    REGISTRY[name] = AlgorithmEntry(factory, keys, summary)
+def register(name: str, factory, keys: Dict[str, Tuple[str, Callable[[str], Any]]], summary: str,
+             *, gamma: str = "none", label: Optional[Callable[[Dict[str, str]], str]] = None) -> None:
+    if gamma not in GAMMA_KINDS:
+        raise ValueError(f"register({name!r}): gamma must be one of {', '.join(GAMMA_KINDS)}")
+    REGISTRY[name] = AlgorithmEntry(factory, keys, summary, gamma, label)
 
 
 def _split_top_level(text: str) -> list:
@@ -93,6 +105,44 @@ def algorithm_kwargs(spec: str) -> Tuple[AlgorithmEntry, Dict[str, Any]]:
         except ValueError as exc:
             raise ValueError(f"algorithm {name!r}: bad value {value!r} for {key}: {exc}") from None
     return entry, kwargs
+
+
+def _entry(spec: str) -> Tuple[str, AlgorithmEntry, Dict[str, str]]:
+    name, options = split_spec(spec)
+    if name not in REGISTRY:
+        raise ValueError(f"unknown algorithm {name!r}; valid: {', '.join(sorted(REGISTRY))}")
+    return name, REGISTRY[name], options
+
+
+def algorithm_label(spec: str) -> str:
+    """The legend label of a spec: "exact gossip", "PowerGossip r1 K2", "Choco sign", ... (no γ)."""
+    name, entry, options = _entry(spec)
+    if entry.label is not None:
+        return entry.label(options)
+    rest = ",".join(f"{k}={v}" for k, v in options.items() if k != "gamma")
+    return f"{name} {rest}".strip()
+
+
+def gamma_kind(spec: str) -> str:
+    """What the spec's γ is when it sets none: "topology", "tuned" or "none" (see `AlgorithmEntry`)."""
+    return _entry(spec)[1].gamma
+
+
+def spec_gamma(spec: str, topology) -> Optional[float]:
+    """The γ a spec runs with on `topology`: its own, else the topology's for "topology" algorithms,
+    else None (a "tuned" algorithm without γ, or one that has no γ)."""
+    _, entry, options = _entry(spec)
+    value = options.get("gamma")
+    if value is not None and value.lower() not in ("none", "auto", "default"):
+        return float(value)
+    return float(topology.gamma) if entry.gamma == "topology" else None
+
+
+def with_option(spec: str, key: str, value: str) -> str:
+    """The spec with option `key` set to `value` (added, or replacing the one it had)."""
+    name, options = split_spec(spec)
+    options[key] = value
+    return name + ":" + ",".join(f"{k}=[{v}]" if "," in v else f"{k}={v}" for k, v in options.items())
 
 
 def make_algorithm(spec: str, params, comm):
