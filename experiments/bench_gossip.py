@@ -262,7 +262,7 @@ def peer_benchmark(comm, cfg: BenchConfig) -> Dict[str, Any]:
     out["compressed_fraction"] = first.compressed_fraction
     out["param_bytes"] = sum(t.numel() * t.element_size() for t in first.params)
     out["compressed_bytes"] = sum(t.numel() * t.element_size() for k, t in enumerate(first.params)
-                                  if k in first._compressed)  # noqa: SLF001 - reporting only
+                                  if k in first.compressed_indices)
     out["gamma"] = first.gamma
 
     if cfg.bytes_only:
@@ -306,7 +306,7 @@ def isolated_benchmark(cfg: BenchConfig, topology) -> Dict[str, Any]:
     del base
     first = gossips["batched"]
     compressed = sum(t.numel() * t.element_size() for k, t in enumerate(first.params)
-                     if k in first._compressed)  # noqa: SLF001 - reporting only
+                     if k in first.compressed_indices)
     for g in gossips.values():
         run_block(g, comm, cfg.warmup)
     src = torch.ones(cfg.isolated_copy_mb * 2 ** 20 // 4)

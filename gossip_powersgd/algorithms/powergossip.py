@@ -328,6 +328,12 @@ class PowerGossip(GossipAlgorithm):
         return total * len(self.comm.neighbors) * torch.empty((), dtype=self.dtype).element_size()
 
     @property
+    def compressed_indices(self) -> frozenset:
+        """Positions (in the parameter list) of the tensors that travel in low-rank form; the
+        others (vectors, matrices too small to compress) are sent exactly."""
+        return frozenset(self._compressed)
+
+    @property
     def compressed_fraction(self) -> float:
         """Share of the parameters (by count) that travel in low-rank form."""
         compressed = sum(self.params[k].numel() for k in self._compressed)
