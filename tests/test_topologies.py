@@ -632,3 +632,38 @@ def test_cli_in_process(capsys, tmp_path):
     assert "use weights='metropolis'" in capsys.readouterr().err
     assert main(["show", f"file:{tmp_path / 'missing.txt'}"]) == 2
     assert "No such file" in capsys.readouterr().err
+
+
+# --- sizes are checked before anything of that size is allocated ---------------------------------
+
+
+@pytest.mark.parametrize("spec", ["hypercube:40", "ring:100000", "torus:100x100", "complete:5000",
+                                  "star:4097", "exponential:10000", "random_regular:5000:3"])
+def test_oversized_topologies_are_refused_before_allocation(spec):
+    with pytest.raises(ValueError, match=f"above the maximum of {topologies.MAX_PEERS}"):
+        topologies.parse(spec)
+
+
+def test_edge_list_id_typo_is_refused_before_allocation(tmp_path):
+    p = tmp_path / "typo.txt"
+    p.write_text("0 1\n1 2\n2 99999999999999\n")
+    with pytest.raises(ValueError, match=r"node id 99999999999999 but only 4 distinct nodes"):
+        topologies.from_edge_list(p)
+
+
+def test_stable_gamma_range_closed_forms():
+    # ring:4 with metropolis weights 1/3: I - W has eigenvalues 0, 1/3, 1/3, 4/3 -> gamma < 1.5.
+    ring4 = topologies.ring(4)
+    assert ring4.gamma_stable_max == pytest.approx(1.5)
+    ring4.check_gamma(1.4)
+    with pytest.raises(ValueError, match=r"outside the stable range \(0, 1.5\) of ring:4"):
+        ring4.check_gamma(3.0)
+    with pytest.raises(ValueError, match="stable range"):
+        ring4.check_gamma(0.0)
+    # complete graph, W = 11^T/n: every non-zero eigenvalue of I - W is 1 -> gamma < 2.
+    assert topologies.complete(8).gamma_stable_max == pytest.approx(2.0)
+    assert topologies.ring(1).gamma_stable_max == float("inf")
+    # The topology's own gamma is always inside the range.
+    for spec in ("ring:8", "torus:4x4", "star:6", "exponential:16"):
+        t = topologies.parse(spec)
+        t.check_gamma(t.gamma)

@@ -25,11 +25,12 @@ from .generators import (
     star,
     torus,
 )
-from .topology import Topology, validate_mixing_matrix
+from .topology import MAX_PEERS, Topology, validate_mixing_matrix
 from .weights import SCHEMES, weight_matrix
 
 __all__ = [
     "Topology",
+    "MAX_PEERS",
     "SCHEMES",
     "SPEC_USAGE",
     "complete",

@@ -16,7 +16,14 @@ import re
 import networkx as nx
 import numpy as np
 
-from .topology import Topology, _check_graph_input, _matrix_from_weighted_graph, check_connected
+from .topology import (
+    MAX_PEERS,
+    Topology,
+    _check_graph_input,
+    _matrix_from_weighted_graph,
+    check_connected,
+    check_size,
+)
 from .weights import check_scheme, weight_matrix
 
 __all__ = [
@@ -55,6 +62,7 @@ def _int(value, what: str, minimum: int) -> int:
 def _from_edges(n: int, edges, name: str, weights: str) -> Topology:
     """Topology on nodes 0..n-1 with the given (i, j) edges; self-loops and duplicates collapse."""
     check_scheme(weights)
+    check_size(n, name)
     adj = np.zeros((n, n), dtype=bool)
     e = np.asarray(list(edges), dtype=np.int64).reshape(-1, 2)
     adj[e[:, 0], e[:, 1]] = True
@@ -96,7 +104,7 @@ def _lattice(dims: tuple[int, ...], periodic: bool):
 
 def ring(n: int, *, weights: str = "metropolis") -> Topology:
     """Cycle on n nodes: i ~ i ± 1 (mod n). ring(2) is one edge, ring(1) a single node."""
-    n = _int(n, "ring size n", 1)
+    n = check_size(_int(n, "ring size n", 1), f"ring:{n}")
     return _from_edges(n, _lattice((n,), periodic=True), f"ring:{n}", weights)
 
 
@@ -107,6 +115,7 @@ def torus(*dims: int, weights: str = "metropolis") -> Topology:
     node one step "forward" is also the one "backward"), a dimension of size 1 none.
     """
     dims = _dims(dims, "torus")
+    check_size(math.prod(dims), "torus:" + "x".join(map(str, dims)))
     return _from_edges(
         math.prod(dims), _lattice(dims, periodic=True), "torus:" + "x".join(map(str, dims)), weights
     )
@@ -115,6 +124,7 @@ def torus(*dims: int, weights: str = "metropolis") -> Topology:
 def grid(*dims: int, weights: str = "metropolis") -> Topology:
     """Non-periodic lattice with the given dimensions, e.g. ``grid(4, 4)``; row-major numbering."""
     dims = _dims(dims, "grid")
+    check_size(math.prod(dims), "grid:" + "x".join(map(str, dims)))
     return _from_edges(
         math.prod(dims), _lattice(dims, periodic=False), "grid:" + "x".join(map(str, dims)), weights
     )
@@ -122,28 +132,28 @@ def grid(*dims: int, weights: str = "metropolis") -> Topology:
 
 def complete(n: int, *, weights: str = "metropolis") -> Topology:
     """Every node linked to every other (with metropolis weights, W = 11ᵀ/n)."""
-    n = _int(n, "complete graph size n", 1)
+    n = check_size(_int(n, "complete graph size n", 1), f"complete:{n}")
     edges = [(i, j) for i in range(n) for j in range(i + 1, n)]
     return _from_edges(n, edges, f"complete:{n}", weights)
 
 
 def star(n: int, *, weights: str = "metropolis") -> Topology:
     """Node 0 linked to nodes 1..n-1."""
-    n = _int(n, "star size n", 1)
+    n = check_size(_int(n, "star size n", 1), f"star:{n}")
     return _from_edges(n, [(0, i) for i in range(1, n)], f"star:{n}", weights)
 
 
 def hypercube(dim: int, *, weights: str = "metropolis") -> Topology:
     """The dim-dimensional hypercube on 2**dim nodes: i ~ i XOR 2**b."""
     dim = _int(dim, "hypercube dimension", 0)
-    n = 1 << dim
+    n = check_size(1 << dim, f"hypercube:{dim}")  # before the edge list of 2**dim nodes exists
     edges = [(i, i ^ (1 << b)) for i in range(n) for b in range(dim)]
     return _from_edges(n, edges, f"hypercube:{dim}", weights)
 
 
 def exponential(n: int, *, weights: str = "metropolis") -> Topology:
     """Undirected exponential graph: i ~ i ± 2**k (mod n) for every 2**k < n."""
-    n = _int(n, "exponential graph size n", 1)
+    n = check_size(_int(n, "exponential graph size n", 1), f"exponential:{n}")
     offsets = [1 << k for k in range(max(n - 1, 1).bit_length()) if (1 << k) < n]
     edges = [(i, (i + off) % n) for i in range(n) for off in offsets]
     return _from_edges(n, edges, f"exponential:{n}", weights)
@@ -155,7 +165,7 @@ def random_regular(n: int, d: int, seed: int = 0, *, weights: str = "metropolis"
     If the draw for ``seed`` is disconnected, further draws from the same seeded stream are tried,
     so the result is still a deterministic function of (n, d, seed).
     """
-    n = _int(n, "random_regular size n", 1)
+    n = check_size(_int(n, "random_regular size n", 1), f"random_regular:{n}")
     d = _int(d, "random_regular degree d", 0)
     seed = _int(seed, "random_regular seed", 0)
     if d >= n and not (n == 1 and d == 0):
@@ -179,7 +189,7 @@ def small_world(n: int, k: int, p: float, seed: int = 0, *, weights: str = "metr
     Each node starts linked to its k nearest ring neighbours (k // 2 on each side), then each edge
     is rewired with probability p.
     """
-    n = _int(n, "small_world size n", 1)
+    n = check_size(_int(n, "small_world size n", 1), f"small_world:{n}")
     k = _int(k, "small_world neighbour count k", 0)
     seed = _int(seed, "small_world seed", 0)
     try:
@@ -296,7 +306,15 @@ def from_edge_list(
 
     if not nodes:
         raise ValueError(f"{path}: no edges found; write one 'i j' per line (or '0 0' for one node)")
-    n = max(nodes) + 1
+    # Ids are checked against the number of distinct nodes before anything of size max(id) exists:
+    # a typo like 99999999999999 must not allocate a range or a matrix of that size.
+    largest = max(nodes)
+    if largest >= len(nodes) and largest >= MAX_PEERS:
+        raise ValueError(
+            f"{path}: node id {largest} but only {len(nodes)} distinct nodes; node ids must be "
+            f"0..{len(nodes) - 1} (renumber the nodes, or fix the typo)"
+        )
+    n = check_size(largest + 1, f"file:{path}")
     missing = sorted(set(range(n)) - nodes)
     if missing:
         raise ValueError(

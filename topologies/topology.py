@@ -10,7 +10,23 @@ from functools import cached_property
 import networkx as nx
 import numpy as np
 
-__all__ = ["Topology"]
+__all__ = ["Topology", "MAX_PEERS", "check_size"]
+
+#: The largest topology built here. W is kept as a dense n×n float64 matrix and its eigenvalues are
+#: computed for the diagnostics (γ, spectral gap), which costs n² × 8 bytes of memory and O(n³)
+#: time: 4096 peers is 128 MiB and a few seconds, far beyond any cluster one machine simulates.
+MAX_PEERS = 4096
+
+
+def check_size(n: int, what: str) -> int:
+    """``n`` if it is at most MAX_PEERS, else a one-line ValueError (before anything is allocated)."""
+    if n > MAX_PEERS:
+        gigabytes = n * n * 8 / 1e9
+        raise ValueError(
+            f"{what} has {n} peers, above the maximum of {MAX_PEERS} (W is a dense n×n matrix: "
+            f"{gigabytes:.3g} GB); use at most {MAX_PEERS} peers"
+        )
+    return n
 
 # Tolerances. Symmetry is checked tightly because PowerGossip's average preservation relies on both
 # ends of an edge using the very same W[i,j]; row sums get more slack because the diagonal of a
@@ -275,6 +291,29 @@ class Topology:
         if mu.size == 0:
             return 1.0
         return float(2.0 / (mu.min() + mu.max()))
+
+    @cached_property
+    def gamma_stable_max(self) -> float:
+        """The largest stable consensus step: exact gossip x ← x − γ(I − W)x contracts every
+        disagreement direction iff 0 < γ < 2 / μ_max, μ_max the largest eigenvalue of I − W.
+
+        (At γ = 2 / μ_max the slowest direction neither grows nor shrinks.) ``inf`` when n = 1.
+        """
+        mu = 1.0 - self.eigenvalues
+        mu = mu[np.abs(mu) > EIGEN_ZERO_TOL]
+        if mu.size == 0:
+            return float("inf")
+        return float(2.0 / mu.max())
+
+    def check_gamma(self, gamma: float) -> None:
+        """Raise a one-line ValueError unless exact gossip with step ``gamma`` converges here."""
+        top = self.gamma_stable_max
+        if not (0.0 < gamma < top):
+            raise ValueError(
+                f"gamma={gamma:g} is outside the stable range (0, {top:.4g}) of {self._name} "
+                f"(2 / largest eigenvalue of I - W): gossip would diverge; the topology's own "
+                f"gamma is {self.gamma:.4g}"
+            )
 
     @cached_property
     def fingerprint(self) -> str:
