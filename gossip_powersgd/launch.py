@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-import time
+import threading
 import traceback
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -19,12 +19,13 @@ from .algorithms.base import NonFiniteError
 from .comm.base import AgreementError, CommunicationError
 from .utils import one_line
 
-# Errors that describe a problem with the user's input or the run: one line, no traceback.
-EXPECTED_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, IsADirectoryError,
-                   PermissionError, AgreementError, CommunicationError, NonFiniteError, ImportError)
+# Errors that describe a problem with the user's input or the run: one line, no traceback. OSError
+# covers a read-only or full disk and a path that is not a directory (its text names the path).
+EXPECTED_ERRORS = (ValueError, KeyError, OSError, MemoryError, AgreementError, CommunicationError,
+                   NonFiniteError, ImportError)
 
-# How long a failing rank waits for the others to fail too before it aborts the whole job.
-_GRACE_SECONDS = 5.0
+#: Exit status after Ctrl-C, as a shell reports a process ended by SIGINT.
+INTERRUPTED_EXIT = 130
 
 
 def mpi_world() -> Tuple[int, int]:
@@ -91,23 +92,42 @@ def run_peers(topology, fn: Callable[..., Any], *args, backend: Optional[str] = 
     return dict(enumerate(values))
 
 
+def error_line(exc: BaseException) -> str:
+    """The one line a user sees for `exc`; a MemoryError (often without a message) says what ran out."""
+    if isinstance(exc, MemoryError):
+        detail = str(exc).strip()
+        return ("out of memory" + (f" ({detail.splitlines()[0]})" if detail else "")
+                + ": use a smaller model, batch size or number of peers per machine")
+    return one_line(exc)
+
+
 def report_and_exit(exc: BaseException, code: int = 1) -> None:
     rank, size = mpi_world()
     prefix = f"error (rank {rank}): " if size > 1 else "error: "
     if not isinstance(exc, EXPECTED_ERRORS) or os.environ.get("GOSSIP_TRACEBACK"):
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-    print(prefix + one_line(exc), file=sys.stderr, flush=True)
+    print(prefix + error_line(exc), file=sys.stderr, flush=True)
     if size > 1:
-        from mpi4py import MPI
+        from .comm.mpi import exit_or_abort
 
-        request = MPI.COMM_WORLD.Ibarrier()
-        deadline = time.monotonic() + _GRACE_SECONDS
-        while not request.Test():
-            if time.monotonic() > deadline:
-                MPI.COMM_WORLD.Abort(code)  # some rank is still running: take the job down
-            time.sleep(0.01)
+        exit_or_abort(code)
     sys.stdout.flush()
     sys.exit(code)
+
+
+def _exit_interrupted() -> None:
+    """Ctrl-C: one line and status 130. Peer threads were told to stop (`LocalCluster.run`); files
+    are only ever replaced whole, so nothing half-written is left behind."""
+    rank, size = mpi_world()
+    prefix = f"rank {rank}: " if size > 1 else ""
+    print(f"{prefix}interrupted (Ctrl-C); files already written are complete, nothing was left "
+          "half-written", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    if threading.active_count() > 1:
+        # A peer thread still inside a long computation: leave without waiting for it, since the
+        # interpreter's shutdown would otherwise tear down native threads under it (exit 134).
+        os._exit(INTERRUPTED_EXIT)
+    sys.exit(INTERRUPTED_EXIT)
 
 
 def main_guard(main: Callable[..., Optional[int]], *args, **kwargs) -> None:
@@ -115,7 +135,8 @@ def main_guard(main: Callable[..., Optional[int]], *args, **kwargs) -> None:
     try:
         code = main(*args, **kwargs)
     except KeyboardInterrupt:
-        raise
+        _exit_interrupted()
+        return
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: BLE001

@@ -11,9 +11,11 @@ former is the cost of an algorithm.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
-from typing import Dict, List, Sequence
+import threading
+from typing import Dict, Iterator, List, Sequence
 
 import torch
 
@@ -117,6 +119,18 @@ def describe_disagreement(what: str, digests: List[bytes]) -> str:
     return f"{what} differs across ranks: " + "; ".join(parts)
 
 
+def as_topology(topology, who: str):
+    """`topology` itself, or the Topology a spec string such as "ring:4" names."""
+    import topologies
+
+    if isinstance(topology, str):
+        return topologies.parse(topology)
+    if not isinstance(topology, topologies.Topology):
+        raise TypeError(f"{who} needs a topologies.Topology or a spec string such as 'ring:4', "
+                        f"got {type(topology).__name__}")
+    return topology
+
+
 class Communicator:
     """What algorithms see of a transport. Subclasses implement the `_raw` methods."""
 
@@ -134,6 +148,22 @@ class Communicator:
         if self.timeout <= 0:
             raise ValueError(f"timeout must be positive seconds, got {timeout}")
         self.stats = CommStats()
+        # One operation at a time: two threads stepping algorithms on one communicator would pair
+        # one algorithm's message with the other's whenever their shapes agree. Caught, not queued.
+        self._busy = threading.Lock()
+
+    @contextlib.contextmanager
+    def _one_at_a_time(self, what: str) -> Iterator[None]:
+        if not self._busy.acquire(blocking=False):
+            raise CommunicationError(
+                f"rank {self.rank}: {what} started on a communicator that is already in the middle "
+                "of an exchange or collective (two threads using one communicator?); step the "
+                "algorithms one after the other, or give each thread its own communicator"
+            )
+        try:
+            yield
+        finally:
+            self._busy.release()
 
     # ---- point to point ------------------------------------------------------------------------
     def exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
@@ -142,6 +172,8 @@ class Communicator:
         Both dicts must have exactly the neighbours as keys. The receive buffers are preallocated by
         the caller: a message whose byte size or dtype differs raises `CommunicationError` naming the
         sending peer. Returns when every message has been received and every send has completed.
+        A communicator carries one exchange or collective at a time: one started from another
+        thread while the first is in flight raises `CommunicationError`.
         """
         if not self.neighbors:
             return
@@ -154,7 +186,8 @@ class Communicator:
         for j in self.neighbors:
             if not recv[j].is_contiguous():
                 raise ValueError(f"rank {self.rank}: the receive buffer for peer {j} is not contiguous")
-        self._exchange(send, recv)
+        with self._one_at_a_time("an exchange"):
+            self._exchange(send, recv)
         for j in self.neighbors:
             self.stats.bytes_sent += nbytes(send[j])
             self.stats.messages_sent += 1
@@ -190,7 +223,8 @@ class Communicator:
         if op not in REDUCE_OPS:
             raise ValueError(f"unknown reduce op {op!r}; valid: {', '.join(REDUCE_OPS)}")
         if self.size > 1:
-            gathered = self._allgather_tensor(tensor)
+            with self._one_at_a_time("an all-reduce"):
+                gathered = self._allgather_tensor(tensor)
             tensor.copy_(reduce_in_rank_order(gathered, op))
             sent = 2 * (self.size - 1) * nbytes(tensor) // self.size
             if metric:
@@ -210,7 +244,8 @@ class Communicator:
 
     def allgather_bytes(self, data: bytes) -> List[bytes]:
         """Gather a short byte string of the same length from every peer (control traffic)."""
-        gathered = self._allgather_tensor(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        with self._one_at_a_time("an all-gather"):
+            gathered = self._allgather_tensor(torch.frombuffer(bytearray(data), dtype=torch.uint8))
         return [bytes(t.numpy().tobytes()) for t in gathered]
 
     def barrier(self) -> None:

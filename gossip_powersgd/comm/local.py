@@ -15,9 +15,11 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from .base import Communicator, CommunicationError, PeerAborted, Tensor
+from .base import Communicator, CommunicationError, PeerAborted, Tensor, as_topology
 
 _POLL_SECONDS = 0.05
+#: After Ctrl-C, how long `run` waits for the peer threads to stop before it re-raises anyway.
+_INTERRUPT_GRACE_SECONDS = 5.0
 
 
 class _Shared:
@@ -31,6 +33,7 @@ class _Shared:
         self.slots: List[Any] = [None] * size
         self.aborted = threading.Event()
         self.failed_rank: Optional[int] = None
+        self.interrupted = False
 
     def mailbox(self, source: int, dest: int) -> "queue.SimpleQueue":
         key = (source, dest)
@@ -57,6 +60,8 @@ class LocalCommunicator(Communicator):
 
     def _raise_if_aborted(self) -> None:
         if self._shared.aborted.is_set():
+            if self._shared.interrupted:
+                raise PeerAborted(f"rank {self.rank}: stopping because the run was interrupted")
             raise PeerAborted(f"rank {self.rank}: stopping because peer {self._shared.failed_rank} failed")
 
     def _exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
@@ -118,7 +123,7 @@ class LocalCluster:
     """
 
     def __init__(self, topology, timeout: float | None = None):
-        self.topology = topology
+        self.topology = as_topology(topology, "LocalCluster")
         self.timeout = timeout
 
     @property
@@ -144,8 +149,18 @@ class LocalCluster:
         ]
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join()
+        try:
+            for thread in threads:
+                thread.join()
+        except KeyboardInterrupt:
+            # Ctrl-C reaches the main thread only: tell every peer to stop at its next exchange or
+            # collective, give them a moment to unwind, and let the interrupt go on to the caller.
+            shared.interrupted = True
+            shared.abort(-1)
+            deadline = time.monotonic() + _INTERRUPT_GRACE_SECONDS
+            for thread in threads:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            raise
         first = shared.failed_rank
         if first is not None and not isinstance(errors[first], PeerAborted):
             raise errors[first]

@@ -6,12 +6,20 @@ posted before any receive; receives are matched with a probe so that a message o
 dtype (the dtype travels in the tag) is reported naming the sender before it touches our buffer.
 Every wait polls with a deadline, so a silent or dead neighbour becomes an error naming it rather
 than a hang.
+
+Creating an `MPICommunicator` installs `abort_on_uncaught_exception`: an exception that escapes on
+one rank (a plain script, no `main_guard`) ends every rank within a few seconds, naming the rank
+that failed, instead of leaving the others to wait out their timeouts.
 """
 
 from __future__ import annotations
 
+import sys
 import time
+import traceback
 from typing import Dict, List
+
+from ..utils import one_line
 
 import torch
 
@@ -22,11 +30,60 @@ from .base import (
     Communicator,
     CommunicationError,
     Tensor,
+    as_topology,
     describe_disagreement,
     digest,
 )
 
 _TAG_BASE = 1000
+
+#: How long a failing rank waits for the other ranks to fail too before it aborts the whole job.
+GRACE_SECONDS = 5.0
+
+
+def exit_or_abort(code: int) -> None:
+    """End this rank with `code`; if some rank is still running after GRACE_SECONDS, abort the job.
+
+    Every failing rank enters a non-blocking barrier. When all ranks failed (a bad config found by a
+    collective check), all reach it and exit with their own message; when only some did, the
+    others are busy elsewhere, the barrier never completes, and MPI_Abort takes the job down so that
+    nobody waits for a peer that is gone.
+    """
+    MPI = _mpi()
+    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+        request = MPI.COMM_WORLD.Ibarrier()
+        deadline = time.monotonic() + GRACE_SECONDS
+        while not request.Test():
+            if time.monotonic() > deadline:
+                sys.stderr.flush()
+                MPI.COMM_WORLD.Abort(code)
+            time.sleep(0.01)
+    sys.stdout.flush()
+    sys.exit(code)
+
+
+def _report_uncaught(exc_type, exc, tb) -> None:
+    if issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+        sys.__excepthook__(exc_type, exc, tb)
+        return
+    MPI = _mpi()
+    rank = MPI.COMM_WORLD.Get_rank()
+    traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
+    print(f"error (rank {rank}): {one_line(exc)}", file=sys.stderr, flush=True)
+    try:
+        exit_or_abort(1)
+    except SystemExit:
+        pass  # the interpreter is already on its way out with a non-zero status
+
+
+def abort_on_uncaught_exception() -> None:
+    """Make an uncaught exception on any rank end the whole MPI job (see `exit_or_abort`).
+
+    Installed as `sys.excepthook` by the first `MPICommunicator`; an excepthook the user set
+    themselves is left alone.
+    """
+    if sys.excepthook is sys.__excepthook__:
+        sys.excepthook = _report_uncaught
 
 
 def _mpi():
@@ -76,6 +133,8 @@ class MPICommunicator(Communicator):
     def __init__(self, topology, comm=None, timeout: float | None = None):
         MPI = _mpi()
         self._MPI = MPI
+        abort_on_uncaught_exception()
+        topology = as_topology(topology, "MPICommunicator")
         # A private duplicate, so that our messages never match a user's receives.
         self._comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
         world_rank, world_size = self._comm.Get_rank(), self._comm.Get_size()
@@ -162,7 +221,8 @@ class MPICommunicator(Communicator):
         return [out[k].to(tensor.device) for k in range(self.size)]
 
     def allgather_bytes(self, data: bytes) -> List[bytes]:
-        return self._allgather_raw(data)
+        with self._one_at_a_time("an all-gather"):
+            return self._allgather_raw(data)
 
     def abort(self, code: int = 1) -> None:
         """Kill every rank of the job (used when a failure is not shared by all ranks)."""
