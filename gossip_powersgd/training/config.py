@@ -2,9 +2,10 @@
 
 A config file is a flat YAML mapping of the keys below; anything not given takes its default.
 `load_config(path, ["lr=0.05", "algorithm=exact"])` applies command-line overrides (each value is
-parsed with `yaml.safe_load`, so `milestones=[5,8]`, `peers=null` and `quiet=true` work) and
-validates the result: an unknown key or a bad value raises a one-line `ValueError` that lists the
-valid keys or values.
+parsed as YAML, so `milestones=[5,8]`, `peers=null` and `quiet=true` work) and validates the
+result. YAML is loaded safely (plain data only), and a duplicate key, an alias bomb or a file far
+larger than a config is refused (`yaml_loader.py`). Validation: an unknown key or a bad value
+raises a one-line `ValueError` that lists the valid keys or values.
 
 Some keys only say *how* a run is executed, not *what* it computes (`BACKEND_KEYS`); peers need not
 agree on them and a checkpoint may be resumed with other values. `RUN_KEYS` (where the run is
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
+
+from .yaml_loader import strict_yaml_load
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine")
@@ -221,10 +224,7 @@ def parse_override(text: str) -> tuple:
         raise ValueError(f"--set expects key=value, got {text!r}; valid keys: {', '.join(VALID_KEYS)}")
     if key not in _FIELDS:
         raise _unknown_keys_error([key], " in --set")
-    try:
-        parsed = yaml.safe_load(value) if value.strip() else None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"--set {key}: cannot parse {value!r} as YAML ({one_line(exc)})") from None
+    parsed = strict_yaml_load(value, f"--set {key}={value}") if value.strip() else None
     if isinstance(parsed, (int, float)) and str(_FIELDS[key].type) in ("str", "Optional[str]"):
         parsed = value.strip()  # e.g. --set out_dir=2024 is a directory name, not a number
     return key, parsed
@@ -240,10 +240,7 @@ def load_config(path, overrides: Sequence[str] = (), deep: bool = True) -> Train
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} not found")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML ({one_line(exc)})") from None
+    data = strict_yaml_load(path.read_text(), str(path))
     if data is None:
         data = {}
     if not isinstance(data, dict):

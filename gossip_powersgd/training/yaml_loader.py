@@ -1,0 +1,92 @@
+"""`strict_yaml_load`: yaml.safe_load with the limits a config file needs.
+
+PyYAML's safe loader builds only plain data, but it still lets a duplicate key silently replace the
+first one (`lr: 0.1` ... `lr: 0.5` trains with 0.5) and an alias bomb (nine anchors, each a list of
+nine aliases of the previous one) stand for 9**9 values that the first walk over the config (its
+hash, its validation) expands until the machine runs out of memory. Both are refused here, before
+anything walks the data, as is a file far larger than any config.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import yaml
+
+#: A config is a few hundred bytes; anything past this is not a config.
+MAX_CONFIG_BYTES = 1 << 20
+#: Values a config may stand for once every alias is expanded (a real one has a few dozen).
+MAX_EXPANDED_NODES = 100_000
+
+
+class _StrictLoader(yaml.SafeLoader):
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: Dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    hash(key)
+                except TypeError:
+                    continue  # the base class reports unhashable keys itself
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (lines {seen[key]} and {line}): each key "
+                        "may appear once", key_node.start_mark)
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_size(node, memo: Dict[int, int]) -> int:
+    """Number of values `node` stands for with every alias expanded (shared nodes counted each time)."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = 1  # a cycle (a recursive anchor) counts once instead of recursing forever
+    if isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(_expanded_size(child, memo) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    else:
+        size = 1
+    memo[key] = size
+    return size
+
+
+def _describe(exc: yaml.YAMLError) -> str:
+    """A YAML error in one line: what is wrong and where (the library's text spans several lines)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
+        text = " ".join(filter(None, (exc.context, exc.problem)))
+        if exc.problem_mark is not None and "line" not in exc.problem:
+            text += f" at line {exc.problem_mark.line + 1}, column {exc.problem_mark.column + 1}"
+        return text
+    return " ".join(str(exc).split())
+
+
+def strict_yaml_load(text: str, where: str) -> Any:
+    """Parse YAML text as `yaml.safe_load` does, refusing duplicate keys, alias bombs and huge input.
+
+    Errors are `ValueError`s of one line that start with `where` (a file name or "--set key").
+    """
+    if len(text.encode("utf-8", errors="replace")) > MAX_CONFIG_BYTES:
+        raise ValueError(f"{where}: {len(text)} characters is far more than a config holds "
+                         f"(the limit is {MAX_CONFIG_BYTES} bytes); is this the right file?")
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        size = _expanded_size(node, {})
+        if size > MAX_EXPANDED_NODES:
+            raise ValueError(f"{where}: the YAML expands to {size} values through its aliases (a "
+                             f"YAML alias bomb?); a config may stand for at most "
+                             f"{MAX_EXPANDED_NODES}: write the values out")
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{where}: not valid YAML ({_describe(exc)})") from None
+    finally:
+        loader.dispose()
+
+
+__all__ = ["strict_yaml_load", "MAX_CONFIG_BYTES", "MAX_EXPANDED_NODES"]
