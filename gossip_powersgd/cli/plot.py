@@ -1,6 +1,7 @@
 """Plot one or several training runs.
 
-    python -m experiments.plot RUN_DIR [RUN_DIR ...] [--out DIR]
+    gossip-plot RUN_DIR [RUN_DIR ...] [--out DIR]
+    python -m gossip_powersgd.cli.plot ...        # the same program, without the script
 
 Writes, atomically, into DIR (default: the run directory for one run, ./plots for several):
 
@@ -17,10 +18,15 @@ values, so rank 0's file is enough.
 from __future__ import annotations
 
 import argparse
+import io
 import json
-import os
 from pathlib import Path
 from typing import Dict, List, Optional
+
+from gossip_powersgd.utils import atomic_write
+
+#: The module `python -m` runs this program as; a checkout's `experiments.plot` passes its own.
+MODULE = "gossip_powersgd.cli.plot"
 
 FIGURES = ("accuracy_vs_epoch.png", "accuracy_vs_mb.png", "consensus_vs_step.png")
 
@@ -58,14 +64,10 @@ def _labels(runs: List[Dict[str, object]]) -> List[str]:
 
 
 def _save(fig, path: Path) -> None:
-    """savefig to a temporary file in the same directory, then os.replace."""
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
-    try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    """Render the PNG in memory, then write it atomically: a crash leaves the old figure or none."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    atomic_write(path, buffer.getvalue())
 
 
 def plot_runs(run_dirs, out_dir=None) -> List[Path]:
@@ -137,8 +139,9 @@ def _finish(plt, fig, ax, path: Path) -> Path:
     return path
 
 
-def run(argv: Optional[List[str]] = None) -> List[Path]:
-    parser = argparse.ArgumentParser(prog="python -m experiments.plot", description=__doc__.split("\n")[0])
+def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> List[Path]:
+    """Parse `argv`, write the figures, print and return their paths (`python -m <module>` in the help)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR")
     parser.add_argument("--out", metavar="DIR", help="output directory (default: the run directory "
                         "for one run, ./plots for several)")
@@ -149,10 +152,11 @@ def run(argv: Optional[List[str]] = None) -> List[Path]:
     return written
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: Optional[List[str]] = None, *, module: str = MODULE) -> None:
+    """Console-script entry point (`gossip-plot`): one-line errors, exit status."""
     from gossip_powersgd.launch import main_guard
 
-    main_guard(lambda: (run(argv), 0)[1])
+    main_guard(lambda: (run(argv, module=module), 0)[1])
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
-"""Train with decentralized gossip from a YAML config.
+"""Train with decentralized gossip from a YAML config (the `gossip-train` program).
 
-    python -m experiments.train --config experiments/configs/tiny.yaml
-    mpiexec -n 8 python -m experiments.train --config experiments/configs/demo.yaml --set lr=0.05
-    python -m experiments.train --resume runs/demo            # continue from the last checkpoint
-    gossip-train --config ... [--set key=value ...] [--resume RUN_DIR] [--quiet]
-    python -m experiments.train --help-config                 # every config key, documented
+    gossip-train --config experiments/configs/tiny.yaml
+    mpiexec -n 8 gossip-train --config experiments/configs/demo.yaml --set lr=0.05
+    gossip-train --resume runs/demo                      # continue from the last checkpoint
+    gossip-train --help-config                           # every config key, documented
+    python -m gossip_powersgd.cli.train ...              # the same program, without the script
 
 `backend: mpi` runs one peer per MPI rank and must be launched with mpiexec (as many ranks as the
 topology has peers); `backend: local` runs every peer as a thread of this one process. The run
@@ -22,10 +22,15 @@ from typing import Any, Dict, List, Optional
 
 from gossip_powersgd.launch import launched_by_mpiexec, main_guard
 
+#: The module `python -m` runs this program as; a checkout's `experiments.train` passes its own, so
+#: that its help and its mpiexec hint name the command the user typed.
+MODULE = "gossip_powersgd.cli.train"
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(module: str = MODULE) -> argparse.ArgumentParser:
+    """The command line of `gossip-train`, its usage line spelled as `python -m <module>`."""
     parser = argparse.ArgumentParser(
-        prog="python -m experiments.train",
+        prog=f"python -m {module}",
         description="Decentralized training with gossip (PowerGossip and baselines).")
     parser.add_argument("--config", help="YAML config file (see --help-config for the keys)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -73,12 +78,13 @@ def resolve(args: argparse.Namespace, world_size: int):
     return config
 
 
-def run(argv: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
+def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[Dict[str, Any]]:
     """Parse `argv`, train, print the summary on rank 0; returns this process's summary.
 
-    Raises on errors (`main` turns them into one line and a non-zero exit).
+    Raises on errors (`main` turns them into one line and a non-zero exit). `module` is the name
+    the help and the error hints give the program (`python -m <module>`).
     """
-    args = build_parser().parse_args(argv)
+    args = build_parser(module).parse_args(argv)
     if args.help_config:
         from gossip_powersgd.training.config import describe_keys
 
@@ -101,7 +107,7 @@ def run(argv: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
             except ValueError:
                 n = "N"
             raise ValueError(f"backend mpi runs one peer per MPI rank: launch with mpiexec -n {n} "
-                             f"{Path(sys.executable).name} -m experiments.train ..., or use "
+                             f"{Path(sys.executable).name} -m {module} ..., or use "
                              "--set backend=local")
         if config.peers is not None and config.peers != world_size:
             raise ValueError(f"peers is {config.peers} but mpiexec started {world_size} ranks: "
@@ -131,9 +137,9 @@ def run(argv: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
     return summary
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: Optional[List[str]] = None, *, module: str = MODULE) -> None:
     """Console-script entry point (`gossip-train`): one-line errors, exit status."""
-    main_guard(lambda: (run(argv), 0)[1])
+    main_guard(lambda: (run(argv, module=module), 0)[1])
 
 
 if __name__ == "__main__":
