@@ -22,12 +22,13 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 # The main job: 8 peers on a ring under mpiexec, MNIST-1D, a CNN, PowerGossip rank 1; prints the
-# summary table and writes the plots. Each run gets its own directory under runs/.
+# summary table and writes the plots. Each run gets its own directory under runs/. The programs are
+# the library's (gossip-train, gossip-plot), run as modules so that every rank uses the venv's python.
 demo: $(STAMP)
 	@run=runs/demo-$$(date +%Y%m%d-%H%M%S); \
-	$(BIN)/mpiexec -n $(NP) $(BIN)/python -m experiments.train --config experiments/configs/demo.yaml \
-		--set out_dir=$$run && \
-	$(BIN)/python -m experiments.plot $$run --out $$run/plots
+	$(BIN)/mpiexec -n $(NP) $(BIN)/python -m gossip_powersgd.cli.train \
+		--config experiments/configs/demo.yaml --set out_dir=$$run && \
+	$(BIN)/python -m gossip_powersgd.cli.plot $$run --out $$run/plots
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,159 +1,29 @@
-"""Plot one or several training runs.
+"""`python -m experiments.plot`: the `gossip-plot` program, run from a checkout.
 
-    python -m experiments.plot RUN_DIR [RUN_DIR ...] [--out DIR]
-
-Writes, atomically, into DIR (default: the run directory for one run, ./plots for several):
-
-    accuracy_vs_epoch.png        averaged-model test accuracy (solid) and mean local accuracy
-                                 (dashed) against epochs
-    accuracy_vs_mb.png           averaged-model test accuracy against training MB sent per peer
-    consensus_vs_step.png        consensus distance (log scale) against steps
-
-Each run is one colour, labelled with its algorithm (and its directory name when two runs share an
-algorithm). The curves come from `metrics/rank-0.jsonl`: every rank records the same aggregated
-values, so rank 0's file is enough.
+The program lives in `gossip_powersgd.cli.plot`; this wrapper only names itself in the help, so a
+checkout's commands and their output stay as they were.
 """
 
-from __future__ import annotations
-
-import argparse
-import json
-import os
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List, Optional
 
-FIGURES = ("accuracy_vs_epoch.png", "accuracy_vs_mb.png", "consensus_vs_step.png")
+from gossip_powersgd.cli import plot as _program
+from gossip_powersgd.cli.plot import FIGURES, plot_runs, read_run
 
-
-def read_run(run_dir) -> Dict[str, object]:
-    """{"dir", "algorithm", "records"} of a run directory; ValueError if it is not one."""
-    run_dir = Path(run_dir)
-    metrics = run_dir / "metrics" / "rank-0.jsonl"
-    if not metrics.is_file():
-        raise ValueError(f"{run_dir} is not a run directory: {metrics} is missing")
-    records = []
-    for number, line in enumerate(metrics.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            raise ValueError(f"{metrics}:{number}: not valid JSON") from None
-    algorithm = None
-    config = run_dir / "config.yaml"
-    if config.is_file():
-        import yaml
-
-        try:
-            algorithm = (yaml.safe_load(config.read_text()) or {}).get("algorithm")
-        except yaml.YAMLError:
-            algorithm = None
-    return {"dir": run_dir, "algorithm": algorithm or run_dir.name, "records": records}
-
-
-def _labels(runs: List[Dict[str, object]]) -> List[str]:
-    names = [str(r["algorithm"]) for r in runs]
-    return [f"{name} ({Path(r['dir']).name})" if names.count(name) > 1 else name
-            for name, r in zip(names, runs)]
-
-
-def _save(fig, path: Path) -> None:
-    """savefig to a temporary file in the same directory, then os.replace."""
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
-    try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def plot_runs(run_dirs, out_dir=None) -> List[Path]:
-    """Write the three figures for `run_dirs`; returns their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = [read_run(d) for d in run_dirs]
-    if not runs:
-        raise ValueError("give at least one run directory")
-    out = Path(out_dir) if out_dir is not None else (
-        Path(runs[0]["dir"]) if len(runs) == 1 else Path("plots"))
-    out.mkdir(parents=True, exist_ok=True)
-    labels = _labels(runs)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    written = []
-
-    def evals(run):
-        return [r for r in run["records"] if r.get("kind") == "eval"]
-
-    # accuracy vs epoch
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for k, (run, label) in enumerate(zip(runs, labels)):
-        rs, color = evals(run), colors[k % len(colors)]
-        ax.plot([r["epoch"] for r in rs], [100 * r["test_acc_avg_model"] for r in rs], "-o",
-                color=color, ms=3, label=f"{label}, averaged model")
-        ax.plot([r["epoch"] for r in rs], [100 * r["test_acc_mean"] for r in rs], "--",
-                color=color, label=f"{label}, local mean")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("test accuracy (%)")
-    written.append(_finish(plt, fig, ax, out / FIGURES[0]))
-
-    # accuracy vs MB sent per peer
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for k, (run, label) in enumerate(zip(runs, labels)):
-        rs = evals(run)
-        ax.plot([r["mb_sent_per_peer"] for r in rs], [100 * r["test_acc_avg_model"] for r in rs],
-                "-o", ms=3, color=colors[k % len(colors)], label=label)
-    ax.set_xlabel("training MB sent per peer")
-    ax.set_ylabel("averaged-model test accuracy (%)")
-    finals = [max((r["mb_sent_per_peer"] for r in evals(run)), default=0) for run in runs]
-    finals = [f for f in finals if f > 0]
-    if finals and max(finals) > 10 * min(finals):  # e.g. exact gossip next to PowerGossip
-        ax.set_xscale("log")
-    written.append(_finish(plt, fig, ax, out / FIGURES[1]))
-
-    # consensus distance vs step (eval and log records)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for k, (run, label) in enumerate(zip(runs, labels)):
-        rs = sorted((r for r in run["records"] if "consensus_distance" in r), key=lambda r: r["step"])
-        steps = [r["step"] for r in rs]
-        values = [max(r["consensus_distance"], 1e-30) for r in rs]
-        ax.plot(steps, values, "-", color=colors[k % len(colors)], label=label)
-    ax.set_xlabel("step")
-    ax.set_ylabel("consensus distance  mean ||x_i - x̄||²")
-    ax.set_yscale("log")
-    written.append(_finish(plt, fig, ax, out / FIGURES[2]))
-    return written
-
-
-def _finish(plt, fig, ax, path: Path) -> Path:
-    """Grid, legend, atomic save, close: the same for every figure."""
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    _save(fig, path)
-    plt.close(fig)
-    return path
+MODULE = "experiments.plot"
 
 
 def run(argv: Optional[List[str]] = None) -> List[Path]:
-    parser = argparse.ArgumentParser(prog="python -m experiments.plot", description=__doc__.split("\n")[0])
-    parser.add_argument("runs", nargs="+", metavar="RUN_DIR")
-    parser.add_argument("--out", metavar="DIR", help="output directory (default: the run directory "
-                        "for one run, ./plots for several)")
-    args = parser.parse_args(argv)
-    written = plot_runs(args.runs, args.out)
-    for path in written:
-        print(path)
-    return written
+    """`gossip_powersgd.cli.plot.run`, as `python -m experiments.plot`."""
+    return _program.run(argv, module=MODULE)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    from gossip_powersgd.launch import main_guard
+    """`gossip_powersgd.cli.plot.main`, as `python -m experiments.plot`."""
+    _program.main(argv, module=MODULE)
 
-    main_guard(lambda: (run(argv), 0)[1])
 
+__all__ = ["FIGURES", "main", "plot_runs", "read_run", "run"]
 
 if __name__ == "__main__":
     main()

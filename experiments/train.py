@@ -1,140 +1,28 @@
-"""Train with decentralized gossip from a YAML config.
+"""`python -m experiments.train`: the `gossip-train` program, run from a checkout.
 
-    python -m experiments.train --config experiments/configs/tiny.yaml
-    mpiexec -n 8 python -m experiments.train --config experiments/configs/demo.yaml --set lr=0.05
-    python -m experiments.train --resume runs/demo            # continue from the last checkpoint
-    gossip-train --config ... [--set key=value ...] [--resume RUN_DIR] [--quiet]
-    python -m experiments.train --help-config                 # every config key, documented
-
-`backend: mpi` runs one peer per MPI rank and must be launched with mpiexec (as many ranks as the
-topology has peers); `backend: local` runs every peer as a thread of this one process. The run
-directory (`out_dir`, default runs/<config name>) receives config.yaml (the fully resolved config),
-metrics/rank-K.jsonl, checkpoints/, summary.json and summary.md; an existing one is never
-overwritten, only continued with --resume. Any error is one line on every rank and a non-zero exit.
+The program lives in `gossip_powersgd.cli.train`; this wrapper only names itself in the help and
+the error hints, so a checkout's commands and their output stay as they were.
 """
 
-from __future__ import annotations
-
-import argparse
-import sys
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from gossip_powersgd.launch import launched_by_mpiexec, main_guard
+from gossip_powersgd.cli import train as _program
+from gossip_powersgd.cli.train import build_parser, resolve
 
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.train",
-        description="Decentralized training with gossip (PowerGossip and baselines).")
-    parser.add_argument("--config", help="YAML config file (see --help-config for the keys)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key; VALUE is parsed as YAML (repeatable)")
-    parser.add_argument("--resume", metavar="RUN_DIR",
-                        help="continue the run in RUN_DIR from its newest checkpoint (its "
-                             "config.yaml is used unless --config is given)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines")
-    parser.add_argument("--help-config", action="store_true", help="list every config key and exit")
-    return parser
-
-
-def _mpi_world() -> tuple:
-    """(rank, size) when launched by mpiexec (initialising MPI), else (0, 1)."""
-    if not launched_by_mpiexec():
-        return 0, 1
-    try:
-        from mpi4py import MPI
-    except ImportError as exc:
-        raise ImportError("launched by mpiexec but mpi4py is missing: "
-                          "pip install 'gossip_powersgd[mpi]'") from exc
-    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-
-
-def resolve(args: argparse.Namespace, world_size: int):
-    """The validated config of this invocation, with out_dir and peers filled in."""
-    from gossip_powersgd.training.config import load_config
-
-    if args.config is None and args.resume is None:
-        raise ValueError("give --config FILE (or --resume RUN_DIR to continue a run)")
-    overrides = list(args.overrides)
-    if args.quiet:
-        overrides.append("quiet=true")
-    if args.resume is not None:
-        path = Path(args.config) if args.config else Path(args.resume) / "config.yaml"
-        if args.config is None and not path.is_file():
-            raise ValueError(f"cannot resume {args.resume}: it has no config.yaml (is it a run directory?)")
-    else:
-        path = Path(args.config)
-    config = load_config(path, overrides)
-    if args.resume is not None:
-        config = config.replace(out_dir=str(args.resume))  # the run being continued is authoritative
-    if config.out_dir is None:
-        config = config.replace(out_dir=str(Path("runs") / path.stem))
-    return config
+MODULE = "experiments.train"
 
 
 def run(argv: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
-    """Parse `argv`, train, print the summary on rank 0; returns this process's summary.
-
-    Raises on errors (`main` turns them into one line and a non-zero exit).
-    """
-    args = build_parser().parse_args(argv)
-    if args.help_config:
-        from gossip_powersgd.training.config import describe_keys
-
-        print(describe_keys())
-        return None
-    rank, world_size = _mpi_world()  # initialise MPI first, so that errors are reported per rank
-    config = resolve(args, world_size)
-
-    import torch
-
-    from gossip_powersgd.training.config import resolve_topology
-    from gossip_powersgd.training.trainer import format_summary, train
-
-    torch.set_num_threads(config.threads)
-    resume = args.resume is not None
-    if config.backend == "mpi":
-        if not launched_by_mpiexec():
-            try:
-                n = resolve_topology(config).size
-            except ValueError:
-                n = "N"
-            raise ValueError(f"backend mpi runs one peer per MPI rank: launch with mpiexec -n {n} "
-                             f"{Path(sys.executable).name} -m experiments.train ..., or use "
-                             "--set backend=local")
-        if config.peers is not None and config.peers != world_size:
-            raise ValueError(f"peers is {config.peers} but mpiexec started {world_size} ranks: "
-                             f"run mpiexec -n {config.peers}")
-        topology = resolve_topology(config, world_size=world_size)
-        if topology.size != world_size:
-            raise ValueError(f"topology {config.topology!r} has {topology.size} peers but mpiexec "
-                             f"started {world_size} ranks: run mpiexec -n {topology.size}")
-        config = config.replace(peers=topology.size)
-        from gossip_powersgd import MPICommunicator
-
-        comm = MPICommunicator(topology, timeout=config.comm_timeout)
-        summary = train(comm, config, resume=resume)
-    else:
-        if world_size > 1:
-            raise ValueError(f"backend local runs every peer as a thread of one process; do not "
-                             f"launch it with mpiexec -n {world_size} (or use --set backend=mpi)")
-        topology = resolve_topology(config)
-        config = config.replace(peers=topology.size)
-        from gossip_powersgd import LocalCluster
-
-        summary = LocalCluster(topology, timeout=config.comm_timeout).run(train, config,
-                                                                          resume=resume)[0]
-    if summary["rank"] == 0:
-        print(format_summary(summary))
-        print(f"run directory: {config.out_dir}", flush=True)
-    return summary
+    """`gossip_powersgd.cli.train.run`, as `python -m experiments.train`."""
+    return _program.run(argv, module=MODULE)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """Console-script entry point (`gossip-train`): one-line errors, exit status."""
-    main_guard(lambda: (run(argv), 0)[1])
+    """`gossip_powersgd.cli.train.main`, as `python -m experiments.train`."""
+    _program.main(argv, module=MODULE)
 
+
+__all__ = ["build_parser", "main", "resolve", "run"]
 
 if __name__ == "__main__":
     main()

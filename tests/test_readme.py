@@ -1,5 +1,6 @@
 """The README's library example runs as printed, and its claims about it hold."""
 
+import inspect
 import re
 import subprocess
 import sys
@@ -24,3 +25,38 @@ def test_readme_library_example_runs():
 def test_readme_shows_the_two_commands():
     text = (ROOT / "README.md").read_text()
     assert "make demo" in text and "make test" in text
+
+
+def layout_section(text: str) -> str:
+    return re.search(r"## Layout\n(.*?)(?:\n## |\Z)", text, re.S).group(1)
+
+
+def test_readme_layout_names_only_paths_that_exist():
+    layout = layout_section((ROOT / "README.md").read_text())
+    paths = set(re.findall(r"^([\w./]+/?)\s", re.search(r"```\n(.*?)```", layout, re.S).group(1), re.M))
+    paths |= set(re.findall(r"`((?:gossip_powersgd|experiments|topologies)/[\w./]*)`", layout))
+    experiments_rows = re.search(r"^experiments/(.*?)^tests/", layout, re.S | re.M).group(1)
+    paths |= {f"experiments/{name}" for name in re.findall(r"\b(\w+\.py|\w+/)", experiments_rows)}
+    assert len(paths) >= 15
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert not missing, f"README Layout names paths that do not exist: {missing}"
+
+
+def test_readme_layout_points_at_the_functions_it_names():
+    """One hop each: the D-PSGD loop, the checkpoint writer, the algorithm registry, the programs."""
+    layout = layout_section((ROOT / "README.md").read_text())
+    claims = [("train()", "gossip_powersgd/training/trainer.py", r"^def train\("),
+              ("save_checkpoint", "gossip_powersgd/training/checkpoint.py", r"^def save_checkpoint\("),
+              ("register(...)", "gossip_powersgd/algorithms/__init__.py", r"^register\(\"exact\", "),
+              ("gossip-train", "gossip_powersgd/cli/", None)]
+    for name, path, definition in claims:
+        assert name in layout and path in layout, (name, path)
+        if definition is not None:
+            assert re.search(definition, (ROOT / path).read_text(), re.M), (name, path)
+    from gossip_powersgd.algorithms import register
+
+    assert "`gamma=`" in layout and "`label=`" in layout
+    assert {"gamma", "label"} <= set(inspect.signature(register).parameters)
+    setup = (ROOT / "setup.cfg").read_text()
+    assert "gossip-train = gossip_powersgd.cli.train:main" in setup
+    assert "gossip-plot = gossip_powersgd.cli.plot:main" in setup

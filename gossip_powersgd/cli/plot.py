@@ -1,0 +1,163 @@
+"""Plot one or several training runs.
+
+    gossip-plot RUN_DIR [RUN_DIR ...] [--out DIR]
+    python -m gossip_powersgd.cli.plot ...        # the same program, without the script
+
+Writes, atomically, into DIR (default: the run directory for one run, ./plots for several):
+
+    accuracy_vs_epoch.png        averaged-model test accuracy (solid) and mean local accuracy
+                                 (dashed) against epochs
+    accuracy_vs_mb.png           averaged-model test accuracy against training MB sent per peer
+    consensus_vs_step.png        consensus distance (log scale) against steps
+
+Each run is one colour, labelled with its algorithm (and its directory name when two runs share an
+algorithm). The curves come from `metrics/rank-0.jsonl`: every rank records the same aggregated
+values, so rank 0's file is enough.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from gossip_powersgd.utils import atomic_write
+
+#: The module `python -m` runs this program as; a checkout's `experiments.plot` passes its own.
+MODULE = "gossip_powersgd.cli.plot"
+
+FIGURES = ("accuracy_vs_epoch.png", "accuracy_vs_mb.png", "consensus_vs_step.png")
+
+
+def read_run(run_dir) -> Dict[str, object]:
+    """{"dir", "algorithm", "records"} of a run directory; ValueError if it is not one."""
+    run_dir = Path(run_dir)
+    metrics = run_dir / "metrics" / "rank-0.jsonl"
+    if not metrics.is_file():
+        raise ValueError(f"{run_dir} is not a run directory: {metrics} is missing")
+    records = []
+    for number, line in enumerate(metrics.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            raise ValueError(f"{metrics}:{number}: not valid JSON") from None
+    algorithm = None
+    config = run_dir / "config.yaml"
+    if config.is_file():
+        import yaml
+
+        try:
+            algorithm = (yaml.safe_load(config.read_text()) or {}).get("algorithm")
+        except yaml.YAMLError:
+            algorithm = None
+    return {"dir": run_dir, "algorithm": algorithm or run_dir.name, "records": records}
+
+
+def _labels(runs: List[Dict[str, object]]) -> List[str]:
+    names = [str(r["algorithm"]) for r in runs]
+    return [f"{name} ({Path(r['dir']).name})" if names.count(name) > 1 else name
+            for name, r in zip(names, runs)]
+
+
+def _save(fig, path: Path) -> None:
+    """Render the PNG in memory, then write it atomically: a crash leaves the old figure or none."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    atomic_write(path, buffer.getvalue())
+
+
+def plot_runs(run_dirs, out_dir=None) -> List[Path]:
+    """Write the three figures for `run_dirs`; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [read_run(d) for d in run_dirs]
+    if not runs:
+        raise ValueError("give at least one run directory")
+    out = Path(out_dir) if out_dir is not None else (
+        Path(runs[0]["dir"]) if len(runs) == 1 else Path("plots"))
+    out.mkdir(parents=True, exist_ok=True)
+    labels = _labels(runs)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    written = []
+
+    def evals(run):
+        return [r for r in run["records"] if r.get("kind") == "eval"]
+
+    # accuracy vs epoch
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for k, (run, label) in enumerate(zip(runs, labels)):
+        rs, color = evals(run), colors[k % len(colors)]
+        ax.plot([r["epoch"] for r in rs], [100 * r["test_acc_avg_model"] for r in rs], "-o",
+                color=color, ms=3, label=f"{label}, averaged model")
+        ax.plot([r["epoch"] for r in rs], [100 * r["test_acc_mean"] for r in rs], "--",
+                color=color, label=f"{label}, local mean")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test accuracy (%)")
+    written.append(_finish(plt, fig, ax, out / FIGURES[0]))
+
+    # accuracy vs MB sent per peer
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for k, (run, label) in enumerate(zip(runs, labels)):
+        rs = evals(run)
+        ax.plot([r["mb_sent_per_peer"] for r in rs], [100 * r["test_acc_avg_model"] for r in rs],
+                "-o", ms=3, color=colors[k % len(colors)], label=label)
+    ax.set_xlabel("training MB sent per peer")
+    ax.set_ylabel("averaged-model test accuracy (%)")
+    finals = [max((r["mb_sent_per_peer"] for r in evals(run)), default=0) for run in runs]
+    finals = [f for f in finals if f > 0]
+    if finals and max(finals) > 10 * min(finals):  # e.g. exact gossip next to PowerGossip
+        ax.set_xscale("log")
+    written.append(_finish(plt, fig, ax, out / FIGURES[1]))
+
+    # consensus distance vs step (eval and log records)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for k, (run, label) in enumerate(zip(runs, labels)):
+        rs = sorted((r for r in run["records"] if "consensus_distance" in r), key=lambda r: r["step"])
+        steps = [r["step"] for r in rs]
+        values = [max(r["consensus_distance"], 1e-30) for r in rs]
+        ax.plot(steps, values, "-", color=colors[k % len(colors)], label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("consensus distance  mean ||x_i - x̄||²")
+    ax.set_yscale("log")
+    written.append(_finish(plt, fig, ax, out / FIGURES[2]))
+    return written
+
+
+def _finish(plt, fig, ax, path: Path) -> Path:
+    """Grid, legend, atomic save, close: the same for every figure."""
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+    plt.close(fig)
+    return path
+
+
+def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> List[Path]:
+    """Parse `argv`, write the figures, print and return their paths (`python -m <module>` in the help)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    parser.add_argument("--out", metavar="DIR", help="output directory (default: the run directory "
+                        "for one run, ./plots for several)")
+    args = parser.parse_args(argv)
+    written = plot_runs(args.runs, args.out)
+    for path in written:
+        print(path)
+    return written
+
+
+def main(argv: Optional[List[str]] = None, *, module: str = MODULE) -> None:
+    """Console-script entry point (`gossip-plot`): one-line errors, exit status."""
+    from gossip_powersgd.launch import main_guard
+
+    main_guard(lambda: (run(argv, module=module), 0)[1])
+
+
+if __name__ == "__main__":
+    main()

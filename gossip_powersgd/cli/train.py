@@ -1,0 +1,146 @@
+"""Train with decentralized gossip from a YAML config (the `gossip-train` program).
+
+    gossip-train --config experiments/configs/tiny.yaml
+    mpiexec -n 8 gossip-train --config experiments/configs/demo.yaml --set lr=0.05
+    gossip-train --resume runs/demo                      # continue from the last checkpoint
+    gossip-train --help-config                           # every config key, documented
+    python -m gossip_powersgd.cli.train ...              # the same program, without the script
+
+`backend: mpi` runs one peer per MPI rank and must be launched with mpiexec (as many ranks as the
+topology has peers); `backend: local` runs every peer as a thread of this one process. The run
+directory (`out_dir`, default runs/<config name>) receives config.yaml (the fully resolved config),
+metrics/rank-K.jsonl, checkpoints/, summary.json and summary.md; an existing one is never
+overwritten, only continued with --resume. Any error is one line on every rank and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from gossip_powersgd.launch import launched_by_mpiexec, main_guard
+
+#: The module `python -m` runs this program as; a checkout's `experiments.train` passes its own, so
+#: that its help and its mpiexec hint name the command the user typed.
+MODULE = "gossip_powersgd.cli.train"
+
+
+def build_parser(module: str = MODULE) -> argparse.ArgumentParser:
+    """The command line of `gossip-train`, its usage line spelled as `python -m <module>`."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {module}",
+        description="Decentralized training with gossip (PowerGossip and baselines).")
+    parser.add_argument("--config", help="YAML config file (see --help-config for the keys)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key; VALUE is parsed as YAML (repeatable)")
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        help="continue the run in RUN_DIR from its newest checkpoint (its "
+                             "config.yaml is used unless --config is given)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines")
+    parser.add_argument("--help-config", action="store_true", help="list every config key and exit")
+    return parser
+
+
+def _mpi_world() -> tuple:
+    """(rank, size) when launched by mpiexec (initialising MPI), else (0, 1)."""
+    if not launched_by_mpiexec():
+        return 0, 1
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise ImportError("launched by mpiexec but mpi4py is missing: "
+                          "pip install 'gossip_powersgd[mpi]'") from exc
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+def resolve(args: argparse.Namespace, world_size: int):
+    """The validated config of this invocation, with out_dir and peers filled in."""
+    from gossip_powersgd.training.config import load_config
+
+    if args.config is None and args.resume is None:
+        raise ValueError("give --config FILE (or --resume RUN_DIR to continue a run)")
+    overrides = list(args.overrides)
+    if args.quiet:
+        overrides.append("quiet=true")
+    if args.resume is not None:
+        path = Path(args.config) if args.config else Path(args.resume) / "config.yaml"
+        if args.config is None and not path.is_file():
+            raise ValueError(f"cannot resume {args.resume}: it has no config.yaml (is it a run directory?)")
+    else:
+        path = Path(args.config)
+    config = load_config(path, overrides)
+    if args.resume is not None:
+        config = config.replace(out_dir=str(args.resume))  # the run being continued is authoritative
+    if config.out_dir is None:
+        config = config.replace(out_dir=str(Path("runs") / path.stem))
+    return config
+
+
+def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[Dict[str, Any]]:
+    """Parse `argv`, train, print the summary on rank 0; returns this process's summary.
+
+    Raises on errors (`main` turns them into one line and a non-zero exit). `module` is the name
+    the help and the error hints give the program (`python -m <module>`).
+    """
+    args = build_parser(module).parse_args(argv)
+    if args.help_config:
+        from gossip_powersgd.training.config import describe_keys
+
+        print(describe_keys())
+        return None
+    rank, world_size = _mpi_world()  # initialise MPI first, so that errors are reported per rank
+    config = resolve(args, world_size)
+
+    import torch
+
+    from gossip_powersgd.training.config import resolve_topology
+    from gossip_powersgd.training.trainer import format_summary, train
+
+    torch.set_num_threads(config.threads)
+    resume = args.resume is not None
+    if config.backend == "mpi":
+        if not launched_by_mpiexec():
+            try:
+                n = resolve_topology(config).size
+            except ValueError:
+                n = "N"
+            raise ValueError(f"backend mpi runs one peer per MPI rank: launch with mpiexec -n {n} "
+                             f"{Path(sys.executable).name} -m {module} ..., or use "
+                             "--set backend=local")
+        if config.peers is not None and config.peers != world_size:
+            raise ValueError(f"peers is {config.peers} but mpiexec started {world_size} ranks: "
+                             f"run mpiexec -n {config.peers}")
+        topology = resolve_topology(config, world_size=world_size)
+        if topology.size != world_size:
+            raise ValueError(f"topology {config.topology!r} has {topology.size} peers but mpiexec "
+                             f"started {world_size} ranks: run mpiexec -n {topology.size}")
+        config = config.replace(peers=topology.size)
+        from gossip_powersgd import MPICommunicator
+
+        comm = MPICommunicator(topology, timeout=config.comm_timeout)
+        summary = train(comm, config, resume=resume)
+    else:
+        if world_size > 1:
+            raise ValueError(f"backend local runs every peer as a thread of one process; do not "
+                             f"launch it with mpiexec -n {world_size} (or use --set backend=mpi)")
+        topology = resolve_topology(config)
+        config = config.replace(peers=topology.size)
+        from gossip_powersgd import LocalCluster
+
+        summary = LocalCluster(topology, timeout=config.comm_timeout).run(train, config,
+                                                                          resume=resume)[0]
+    if summary["rank"] == 0:
+        print(format_summary(summary))
+        print(f"run directory: {config.out_dir}", flush=True)
+    return summary
+
+
+def main(argv: Optional[List[str]] = None, *, module: str = MODULE) -> None:
+    """Console-script entry point (`gossip-train`): one-line errors, exit status."""
+    main_guard(lambda: (run(argv, module=module), 0)[1])
+
+
+if __name__ == "__main__":
+    main()
