@@ -22,6 +22,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
+from ..utils import one_line
+
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine")
 BACKENDS = ("mpi", "local")
@@ -228,11 +230,6 @@ def parse_override(text: str) -> tuple:
     if isinstance(parsed, (int, float)) and str(_FIELDS[key].type) in ("str", "Optional[str]"):
         parsed = value.strip()  # e.g. --set out_dir=2024 is a directory name, not a number
     return key, parsed
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def load_config(path, overrides: Sequence[str] = (), deep: bool = True) -> TrainConfig:
