@@ -153,7 +153,6 @@ def _process_owned(comm) -> bool:
     return not isinstance(comm, LocalCommunicator)
 
 
-
 def _endless(batches) -> Iterator:
     """`batches` without end: when this peer's pass over its shard is over, start the next one."""
     while True:
@@ -412,7 +411,7 @@ def train(comm, config, *, resume: bool = False, on_step: Optional[Callable[[int
         if comm.rank == 0:
             atomic_write(run_dir / "config.yaml", dump_config(config))
     model, optimizer, algorithm = run.model, run.optimizer, run.algorithm
-    state.wall_start = time.perf_counter()
+    state.wall_start = time.perf_counter()  # wall time counts training, not set-up or loading
     timers = functools.partial(state.timers, algorithm)
     printer = _Printer(comm.rank, config, config.epochs * run.steps_per_epoch, state.step)
     batches = _endless(run.batches)
