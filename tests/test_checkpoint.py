@@ -13,6 +13,7 @@ from gossip_powersgd import LocalCluster
 from gossip_powersgd.training import checkpoint as ckpt
 from gossip_powersgd.training.config import TrainConfig, load_config
 from gossip_powersgd.training.trainer import TIMING_KEYS, train
+from gossip_powersgd.utils import atomic_write
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
@@ -129,8 +130,8 @@ def test_rng_state_round_trip():
 
 def test_atomic_write_replaces_whole_file(tmp_path):
     path = tmp_path / "x" / "f.txt"
-    ckpt.atomic_write_text(path, "one")
-    ckpt.atomic_write_text(path, "two")
+    atomic_write(path, "one")
+    atomic_write(path, "two")
     assert path.read_text() == "two"
     assert [p.name for p in path.parent.iterdir()] == ["f.txt"]
 

@@ -41,6 +41,7 @@ from gossip_powersgd import (
     NonFiniteError,
     PowerGossip,
 )
+from gossip_powersgd import utils
 from gossip_powersgd.comm.base import nbytes
 from gossip_powersgd.training import checkpoint as ckpt
 from gossip_powersgd.training import trainer as trainer_module
@@ -326,7 +327,9 @@ def test_a_write_failing_halfway_keeps_the_previous_checkpoint(tmp_path, monkeyp
         def __getattr__(self, name):
             return getattr(self.f, name)
 
-    monkeypatch.setattr(ckpt, "open", lambda p, mode: HalfFile(open(p, mode)), raising=False)
+    # checkpoints are written by utils.atomic_write, through os.fdopen of its temporary file
+    real_fdopen = utils.os.fdopen
+    monkeypatch.setattr(utils.os, "fdopen", lambda fd, mode: HalfFile(real_fdopen(fd, mode)))
     with pytest.raises(OSError, match="No space left"):
         ckpt.save_checkpoint(tmp_path, _header(), {"value": torch.full((1000,), 2.0)})
     monkeypatch.undo()
@@ -501,10 +504,12 @@ def test_a_killed_writers_leftover_temporary_file_is_removed_by_the_next_save(tm
 
     folder = checkpoint_dir(tmp_path)
     folder.mkdir(parents=True)
-    leftover = folder / ".rank-1-epoch-3.pt.tmp-999-1"
+    leftover = folder / ".rank-1-epoch-3.pt.tmp-999-1"  # named by earlier versions
     other_rank = folder / ".rank-2-epoch-3.pt.tmp-999-1"
-    leftover.write_bytes(b"half a checkpoint")
-    other_rank.write_bytes(b"half a checkpoint")
+    leftover_mkstemp = folder / ".rank-1-epoch-3.pt.k2j4_x9q.tmp"  # named by utils.atomic_write
+    other_rank_mkstemp = folder / ".rank-2-epoch-3.pt.k2j4_x9q.tmp"
+    for file in (leftover, other_rank, leftover_mkstemp, other_rank_mkstemp):
+        file.write_bytes(b"half a checkpoint")
     path = save_checkpoint(tmp_path, {"rank": 1, "epoch": 4}, {"x": torch.zeros(2)})
-    assert path.exists() and not leftover.exists()
-    assert other_rank.exists()  # another rank's file is that rank's business
+    assert path.exists() and not leftover.exists() and not leftover_mkstemp.exists()
+    assert other_rank.exists() and other_rank_mkstemp.exists()  # that rank's business

@@ -2,10 +2,13 @@
 
     from gossip_powersgd.training import TrainConfig, load_config, train
     summary = LocalCluster(topology).run(train, load_config("experiments/configs/tiny.yaml"))
+
+`TrainingHooks` (in `hooks.py`) are the loop's extension points: `train(comm, config, hooks=[...])`.
 """
 
 from .config import TrainConfig, describe_keys, dump_config, load_config, validate_config
+from .hooks import SetupContext, TrainingHooks
 from .trainer import format_summary, learning_rate, train
 
 __all__ = ["TrainConfig", "describe_keys", "dump_config", "load_config", "validate_config",
-           "format_summary", "learning_rate", "train"]
+           "SetupContext", "TrainingHooks", "format_summary", "learning_rate", "train"]

@@ -1,9 +1,10 @@
-"""Per-rank checkpoints: atomic, self-checking, loadable with `torch.load(weights_only=True)`.
+"""Per-rank checkpoints (atomic, self-checking, loadable with `torch.load(weights_only=True)`) and
+the run directory they live in.
 
 Each rank K writes `RUN_DIR/checkpoints/rank-K-epoch-E.pt` and keeps its two newest, so that a job
 killed while some ranks had written epoch E and others had not can still resume from epoch E-1, the
-newest epoch every rank holds (`find_resume_epoch`). A file is written to a temporary name in the
-same directory, flushed and fsynced, then renamed over the final name (`os.replace`), so a reader
+newest epoch every rank holds (`agree_resume_epoch`). A file is written with `utils.atomic_write`
+(a temporary name in the same directory, fsynced, then renamed over the final name), so a reader
 sees either the old file or the complete new one.
 
 File layout (only tensors and primitive containers, so `weights_only=True` loads it)::
@@ -12,11 +13,16 @@ File layout (only tensors and primitive containers, so `weights_only=True` loads
                  "config_hash", "config", "epoch", "step"},
      "sha256":  hex digest of the payload bytes,
      "payload": uint8 tensor: torch.save of the state (model, optimizer, algorithm, RNG states,
-                data iterator position, comm stats, timers, metric history)}
+                data iterator position, comm stats, timers, metric history, hooks' state;
+                the trainer's `RunState` decides its keys)}
 
 The digest catches corruption that a zip reader would not; the header is checked against the
 resuming run (world size, topology, config) before the state is used. Every problem is a one-line
 `ValueError` naming the file.
+
+The run directory: a new run never writes into a non-empty directory (`check_run_dir`); a resumed
+one cuts its JSONL metrics back to the checkpoint's step (`open_metrics`, `truncate_jsonl`) so that
+the records written again after it are not duplicated.
 """
 
 from __future__ import annotations
@@ -24,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import random
 import re
 from pathlib import Path
@@ -33,9 +38,13 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
+from ..utils import atomic_write, format_ranks, one_line
+
 FORMAT = 1
 KEEP = 2  # checkpoints kept per rank
 _NAME = re.compile(r"rank-(\d+)-epoch-(\d+)\.pt$")
+#: How many of its newest epochs each rank offers when the ranks agree on the one to resume from.
+_OFFERED_EPOCHS = 8
 
 
 def checkpoint_dir(run_dir) -> Path:
@@ -57,42 +66,6 @@ def available_epochs(run_dir, rank: int) -> List[int]:
         if match and int(match.group(1)) == rank:
             epochs.append(int(match.group(2)))
     return sorted(epochs)
-
-
-# ---- atomic writes ----------------------------------------------------------------------------------
-
-def atomic_write_bytes(path, data: bytes) -> None:
-    """Write `data` to `path` atomically: temp file in the same directory, fsync, os.replace."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{id(data)}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    _fsync_dir(path.parent)
-
-
-def atomic_write_text(path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # ---- RNG states as tensors -------------------------------------------------------------------------
@@ -186,7 +159,7 @@ def save_checkpoint(run_dir, header: Dict[str, Any], state: Dict[str, Any]) -> P
     torch.save(record, out)
     rank, epoch = header["rank"], header["epoch"]
     path = checkpoint_path(run_dir, rank, epoch)
-    atomic_write_bytes(path, out.getvalue())
+    atomic_write(path, out.getvalue())
     for old in available_epochs(run_dir, rank)[:-KEEP]:
         try:
             checkpoint_path(run_dir, rank, old).unlink()
@@ -194,12 +167,23 @@ def save_checkpoint(run_dir, header: Dict[str, Any], state: Dict[str, Any]) -> P
             pass
     # A writer killed mid-write (e.g. SIGKILL) leaves its temporary file behind; this rank has just
     # written a complete checkpoint, so any temporary file of its own is such a leftover.
-    for leftover in checkpoint_dir(run_dir).glob(f".rank-{rank}-epoch-*.pt.tmp-*"):
+    for leftover in _leftover_temporaries(run_dir, rank):
         try:
             leftover.unlink()
         except FileNotFoundError:
             pass
     return path
+
+
+def _leftover_temporaries(run_dir, rank: int) -> List[Path]:
+    """`rank`'s temporary checkpoint files: `utils.atomic_write` names them
+    `.rank-K-epoch-E.pt.XXXXXXXX.tmp` (mkstemp); earlier versions wrote `.rank-K-epoch-E.pt.tmp-*`,
+    which a run directory resumed from such a version may still hold."""
+    pattern = re.compile(rf"\.rank-{int(rank)}-epoch-\d+\.pt\.(?:[^.]+\.tmp|tmp-.*)$")
+    folder = checkpoint_dir(run_dir)
+    if not folder.is_dir():
+        return []
+    return [entry for entry in folder.iterdir() if pattern.match(entry.name)]
 
 
 def read_checkpoint(path) -> Dict[str, Any]:
@@ -210,7 +194,7 @@ def read_checkpoint(path) -> Dict[str, Any]:
     except FileNotFoundError:
         raise ValueError(f"checkpoint {path} does not exist") from None
     except Exception as exc:  # noqa: BLE001 - any failure to parse is a corrupt file
-        raise ValueError(f"checkpoint {path} is corrupt or truncated ({_short(exc)})") from None
+        raise ValueError(f"checkpoint {path} is corrupt or truncated ({one_line(exc, limit=200)})") from None
     if (not isinstance(record, dict) or not isinstance(record.get("header"), dict)
             or not isinstance(record.get("payload"), torch.Tensor) or "sha256" not in record):
         raise ValueError(f"checkpoint {path} is not a gossip_powersgd checkpoint (no header/payload)")
@@ -224,7 +208,7 @@ def read_checkpoint(path) -> Dict[str, Any]:
     try:
         state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001
-        raise ValueError(f"checkpoint {path} is corrupt ({_short(exc)})") from None
+        raise ValueError(f"checkpoint {path} is corrupt ({one_line(exc, limit=200)})") from None
     return {"header": header, "state": state}
 
 
@@ -257,11 +241,6 @@ def describe_config_diff(saved_json: str, current_json: str) -> str:
     return "; ".join(diffs) if diffs else "(hash differs)"
 
 
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:200]
-
-
 def load_for_resume(run_dir, epoch: int, **expected) -> Dict[str, Any]:
     """Read `rank`'s checkpoint of `epoch` and check it belongs to this run (see `check_header`)."""
     path = checkpoint_path(run_dir, expected["rank"], epoch)
@@ -270,16 +249,87 @@ def load_for_resume(run_dir, epoch: int, **expected) -> Dict[str, Any]:
     return loaded
 
 
-__all__ = [
-    "FORMAT", "KEEP", "atomic_write_bytes", "atomic_write_text", "available_epochs", "check_header",
-    "checkpoint_dir", "checkpoint_path", "load_for_resume", "make_header", "read_checkpoint",
-    "rng_state", "save_checkpoint", "set_rng_state",
-]
-
-
 def latest_common_epoch(per_rank: List[List[int]]) -> Optional[int]:
     """The newest epoch every rank has a file for (None if there is none)."""
     common = set(per_rank[0]) if per_rank else set()
     for epochs in per_rank[1:]:
         common &= set(epochs)
     return max(common) if common else None
+
+
+# ---- the run directory ------------------------------------------------------------------------------
+
+def check_run_dir(run_dir, resume: bool) -> None:
+    """Refuse to start a run over an existing, non-empty directory, or to resume a missing one."""
+    run_dir = Path(run_dir)
+    if resume:
+        if not run_dir.is_dir():
+            raise ValueError(f"cannot resume {run_dir}: no such run directory")
+        return
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise ValueError(f"run directory {run_dir} already exists; choose another out_dir "
+                         f"(--set out_dir=...) or continue it with --resume {run_dir}")
+
+
+def truncate_jsonl(path, last_step: int) -> None:
+    """Keep the records up to `last_step` (what the checkpoint holds); drop the rest.
+
+    A resumed run writes the records after its checkpoint again, so those the interrupted run had
+    already written would otherwise appear twice.
+    """
+    path = Path(path)
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            break  # a half-written last line
+        if record.get("step", 0) > last_step:
+            break
+        kept.append(line)
+    atomic_write(path, "".join(k + "\n" for k in kept))
+
+
+def metrics_path(run_dir, rank: int) -> Path:
+    return Path(run_dir) / "metrics" / f"rank-{rank}.jsonl"
+
+
+def open_metrics(run_dir, rank: int, resume_step: Optional[int] = None):
+    """`rank`'s JSONL metrics file, opened for appending; on resume first cut to `resume_step`."""
+    path = metrics_path(run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if resume_step is not None:
+        truncate_jsonl(path, resume_step)
+    return open(path, "a")
+
+
+def agree_resume_epoch(comm, run_dir) -> int:
+    """The newest epoch every rank has a checkpoint file for (same answer on every rank).
+
+    Collective: each rank offers the epochs of its newest files; a ValueError names the ranks that
+    hold checkpoints when no epoch is common to all.
+    """
+    mine = available_epochs(run_dir, comm.rank)[-_OFFERED_EPOCHS:]
+    data = np.asarray(mine + [-1] * (_OFFERED_EPOCHS - len(mine)), dtype=np.int64).tobytes()
+    per_rank = [[int(v) for v in np.frombuffer(g, dtype=np.int64) if v >= 0]
+                for g in comm.allgather_bytes(data)]
+    epoch = latest_common_epoch(per_rank)
+    if epoch is None:
+        holders = [k for k, e in enumerate(per_rank) if e]
+        folder = checkpoint_dir(run_dir)
+        if not holders:
+            raise ValueError(f"cannot resume {run_dir}: no checkpoint in {folder}")
+        raise ValueError(f"cannot resume {run_dir}: {folder} has checkpoints for rank(s) "
+                         f"{format_ranks(holders)} but not for every one of the {comm.size} ranks "
+                         "(was it written by a run with another number of peers?)")
+    return epoch
+
+
+__all__ = [
+    "FORMAT", "KEEP", "agree_resume_epoch", "available_epochs", "check_header", "check_run_dir",
+    "checkpoint_dir", "checkpoint_path", "latest_common_epoch", "load_for_resume", "make_header",
+    "metrics_path", "open_metrics", "read_checkpoint", "rng_state", "save_checkpoint",
+    "set_rng_state", "truncate_jsonl",
+]

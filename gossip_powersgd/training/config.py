@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
+from ..utils import one_line
 from .yaml_loader import strict_yaml_load
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -217,7 +218,7 @@ def config_from_dict(data: Dict[str, Any], where: str = "") -> TrainConfig:
 
 
 def parse_override(text: str) -> tuple:
-    """"lr=0.05" -> ("lr", 0.05): the value is parsed with yaml.safe_load."""
+    """"lr=0.05" -> ("lr", 0.05): the value is parsed as YAML (`strict_yaml_load`)."""
     key, eq, value = text.partition("=")
     key = key.strip()
     if not eq or not key:
@@ -228,11 +229,6 @@ def parse_override(text: str) -> tuple:
     if isinstance(parsed, (int, float)) and str(_FIELDS[key].type) in ("str", "Optional[str]"):
         parsed = value.strip()  # e.g. --set out_dir=2024 is a directory name, not a number
     return key, parsed
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def load_config(path, overrides: Sequence[str] = (), deep: bool = True) -> TrainConfig:

@@ -1,0 +1,271 @@
+"""What a run reports: model evaluation, the log and eval records, and the run's summary.
+
+Every all-reduce here is metric traffic (`metric=True`), never charged to the algorithm. The record
+builders are collective: every peer calls them at the same step, in the same order.
+
+Records (one JSON object per line in `RUN_DIR/metrics/rank-K.jsonl`, and in the summary's
+`history`): `kind: "log"` every `log_every` steps (training loss, consensus distance, traffic), and
+`kind: "eval"` every `eval_every` epochs (each peer's local test accuracy/loss with the mean, min
+and max over peers, the averaged model's, the consensus distance, traffic, timers, the model's
+sha256). `summary.json` is `run_summary`'s dict; `format_summary` prints it as a table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Callable, Dict, List, Optional, TextIO
+
+import torch
+import torch.nn.functional as F
+
+from ..metrics import consensus_distance
+
+#: Record keys that depend on timing, not on the computation (left out when comparing runs).
+TIMING_KEYS = ("time_compute", "time_gossip_compute", "time_communication", "wall_time")
+
+
+# ---- models ----------------------------------------------------------------------------------------
+
+def model_digest(model: torch.nn.Module) -> str:
+    """sha256 of the model's state (parameters and buffers, in order): equal iff bit-identical."""
+    h = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        h.update(name.encode())
+        h.update(str(tensor.dtype).encode())
+        h.update(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def evaluate_model(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1024):
+    """(accuracy, mean cross-entropy) of `model` on (x, y), in eval mode, without gradients."""
+    was_training = model.training
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    with torch.no_grad():
+        for start in range(0, len(y), batch):
+            out = model(x[start:start + batch])
+            target = y[start:start + batch]
+            loss_sum += float(F.cross_entropy(out, target, reduction="sum"))
+            correct += int((out.argmax(dim=1) == target).sum())
+    model.train(was_training)
+    return correct / max(1, len(y)), loss_sum / max(1, len(y))
+
+
+def average_state_into(model: torch.nn.Module, target: torch.nn.Module, comm) -> None:
+    """`target` <- the peers' average of `model` (floating parameters and buffers; metric traffic).
+
+    Integer buffers (e.g. BatchNorm's num_batches_tracked) are copied from this peer.
+    """
+    state = model.state_dict()
+    floating = [k for k, v in state.items() if v.is_floating_point()]
+    if floating:
+        flat = torch.cat([state[k].detach().reshape(-1).to(torch.float64) for k in floating])
+        comm.allreduce_(flat, op="mean", metric=True)
+    new_state, offset = {}, 0
+    for key, value in state.items():
+        if key in floating:
+            n = value.numel()
+            new_state[key] = flat[offset:offset + n].view(value.shape).to(value.dtype)
+            offset += n
+        else:
+            new_state[key] = value
+    target.load_state_dict(new_state)
+
+
+# ---- records ---------------------------------------------------------------------------------------
+
+class RecordLog:
+    """The run's records: appended to `history` and, when a file is given, one JSON line each."""
+
+    def __init__(self, history: List[Dict[str, Any]], file: Optional[TextIO] = None):
+        self.history = history
+        self.file = file
+
+    def write(self, record: Dict[str, Any]) -> None:
+        """Append `record`; flushed at once, so an interrupted run keeps every record written."""
+        self.history.append(record)
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def traffic_means(comm) -> torch.Tensor:
+    """[bytes, messages] sent for training, each the mean over peers (collective)."""
+    t = torch.tensor([comm.stats.bytes_sent, comm.stats.messages_sent], dtype=torch.float64)
+    return comm.allreduce_(t, op="mean", metric=True)
+
+
+def log_record(comm, model: torch.nn.Module, *, step: int, steps_per_epoch: int, lr: float,
+               train_loss_local: float, timers: Callable[[], Dict[str, float]]) -> Dict[str, Any]:
+    """The `kind: "log"` record of `step` (collective): `train_loss_local` is this peer's mean
+    training loss since the previous log record; the record holds the mean over peers."""
+    loss = torch.tensor([train_loss_local], dtype=torch.float64)
+    comm.allreduce_(loss, op="mean", metric=True)
+    traffic = traffic_means(comm)
+    return {"kind": "log", "epoch": step / steps_per_epoch, "step": step, "lr": lr,
+            "train_loss": float(loss[0]),
+            "consensus_distance": consensus_distance(model.parameters(), comm),
+            "bytes_sent": comm.stats.bytes_sent, "messages_sent": comm.stats.messages_sent,
+            "mb_sent_per_peer": float(traffic[0]) / 1e6, **timers()}
+
+
+def eval_record(comm, model: torch.nn.Module, averaged: torch.nn.Module, x_test: torch.Tensor,
+                y_test: torch.Tensor, *, epoch: int, step: int, lr: float, train_loss_local: float,
+                timers: Callable[[], Dict[str, float]]) -> Dict[str, Any]:
+    """The `kind: "eval"` record after `epoch` (collective).
+
+    `averaged` is a scratch copy of the model's architecture: it is overwritten with the peers'
+    average and evaluated. `train_loss_local` is this peer's mean training loss since the previous
+    evaluation.
+    """
+    acc, loss = evaluate_model(model, x_test, y_test)
+    local = torch.tensor([acc, loss], dtype=torch.float64)
+    means = comm.allreduce_(torch.tensor([acc, loss, train_loss_local], dtype=torch.float64),
+                            op="mean", metric=True)
+    lows = comm.allreduce_(local.clone(), op="min", metric=True)
+    highs = comm.allreduce_(local.clone(), op="max", metric=True)
+    average_state_into(model, averaged, comm)
+    avg_acc, avg_loss = evaluate_model(averaged, x_test, y_test)
+    distance = consensus_distance(model.parameters(), comm)
+    traffic = traffic_means(comm)
+    return {
+        "kind": "eval", "epoch": epoch, "step": step, "lr": lr,
+        "train_loss": float(means[2]), "train_loss_local": train_loss_local,
+        "test_acc_avg_model": avg_acc, "test_loss_avg_model": avg_loss,
+        "test_acc_mean": float(means[0]), "test_acc_min": float(lows[0]),
+        "test_acc_max": float(highs[0]), "test_loss_mean": float(means[1]),
+        "test_loss_min": float(lows[1]), "test_loss_max": float(highs[1]),
+        "test_acc_local": acc, "test_loss_local": loss, "consensus_distance": distance,
+        "bytes_sent": comm.stats.bytes_sent, "messages_sent": comm.stats.messages_sent,
+        "mb_sent_per_peer": float(traffic[0]) / 1e6,
+        "messages_sent_per_peer": float(traffic[1]),
+        "metric_bytes_sent": comm.stats.metric_bytes_sent,
+        **timers(), "model_sha256": model_digest(model),
+    }
+
+
+def eval_line(record: Dict[str, Any], epochs: int) -> str:
+    """The progress line rank 0 prints for an eval record."""
+    r = record
+    return (f"epoch {r['epoch']}/{epochs}  train loss {r['train_loss']:.4f}  "
+            f"avg-model acc {100 * r['test_acc_avg_model']:.2f}%  local acc "
+            f"{100 * r['test_acc_mean']:.2f}% [{100 * r['test_acc_min']:.2f}, "
+            f"{100 * r['test_acc_max']:.2f}]  consensus {r['consensus_distance']:.3g}  "
+            f"{r['mb_sent_per_peer']:.3g} MB/peer")
+
+
+# ---- the summary -----------------------------------------------------------------------------------
+
+def mean_degree(topology) -> float:
+    """The mean number of neighbours of a peer."""
+    return sum(len(topology.neighbors(i)) for i in range(topology.size)) / topology.size
+
+
+def run_summary(comm, config, history, histogram, num_parameters, parameter_bytes, algorithm, model,
+                step, steps_per_epoch, timers) -> Dict[str, Any]:
+    """What `summary.json` holds (collective; the same dict on every peer).
+
+    The final metrics are the last eval record's; traffic and timers are means over peers, the wall
+    time the slowest peer's; `model_sha256` lists every peer's model digest in rank order.
+    """
+    evals = [r for r in history if r.get("kind") == "eval"]
+    final = evals[-1] if evals else {}
+    num_classes = len(histogram)
+    hist = torch.zeros(comm.size, num_classes, dtype=torch.float64)
+    hist[comm.rank] = torch.tensor(histogram, dtype=torch.float64)
+    comm.allreduce_(hist, op="sum", metric=True)
+    means = comm.allreduce_(torch.tensor(
+        [comm.stats.bytes_sent, comm.stats.messages_sent, timers["time_compute"],
+         timers["time_gossip_compute"], timers["time_communication"]], dtype=torch.float64),
+        op="mean", metric=True)
+    wall = torch.tensor([timers["wall_time"]], dtype=torch.float64)
+    comm.allreduce_(wall, op="max", metric=True)
+    digests = [d.hex() for d in comm.allgather_bytes(bytes.fromhex(model_digest(model)))]
+    degree = mean_degree(comm.topology)
+    exact_bytes = parameter_bytes * degree * step
+    sent = float(means[0])
+    return {
+        "algorithm": config.algorithm, "topology": config.topology, "peers": comm.size,
+        "dataset": config.dataset, "partition": config.partition, "model": config.model,
+        "optimizer": config.optimizer, "epochs": config.epochs, "epochs_done": final.get("epoch", 0),
+        "steps": step, "steps_per_epoch": steps_per_epoch, "parameters": num_parameters,
+        "final_test_acc_avg_model": final.get("test_acc_avg_model"),
+        "final_test_acc_local_mean": final.get("test_acc_mean"),
+        "final_test_acc_local_min": final.get("test_acc_min"),
+        "final_test_acc_local_max": final.get("test_acc_max"),
+        "final_train_loss": final.get("train_loss"),
+        "final_consensus_distance": final.get("consensus_distance"),
+        "mb_sent_per_peer": sent / 1e6,
+        "messages_sent_per_peer": float(means[1]),
+        "exact_gossip_mb_per_peer_formula": exact_bytes / 1e6,
+        "exact_gossip_formula": (f"model bytes {parameter_bytes} x mean degree {degree:g} x steps "
+                                 f"{step} (formula, not measured)"),
+        "compression_ratio": (exact_bytes / sent) if sent > 0 else None,
+        "bytes_per_step": int(algorithm.bytes_per_step()),
+        "wall_time_s": float(wall[0]),
+        "time_compute_s": float(means[2]), "time_gossip_compute_s": float(means[3]),
+        "time_communication_s": float(means[4]),
+        "label_histogram": [[int(v) for v in row] for row in hist.tolist()],
+        "model_sha256": digests,
+        "run_dir": config.out_dir,
+    }
+
+
+def _fmt(value, pct: bool = False) -> str:
+    if value is None:
+        return "n/a"
+    if pct:
+        return f"{100 * value:.2f} %"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
+    """The summary as a table (markdown for summary.md, aligned text for the terminal)."""
+    rows = [
+        ("algorithm", summary["algorithm"]),
+        ("topology", f"{summary['topology']} ({summary['peers']} peers)"),
+        ("data / model", f"{summary['dataset']} ({summary['partition']}) / {summary['model']}, "
+                         f"{summary['parameters']} parameters"),
+        ("epochs / steps", f"{summary['epochs_done']} / {summary['steps']}"),
+        ("averaged-model test accuracy", _fmt(summary["final_test_acc_avg_model"], pct=True)),
+        ("local test accuracy mean [min, max]",
+         f"{_fmt(summary['final_test_acc_local_mean'], True)} "
+         f"[{_fmt(summary['final_test_acc_local_min'], True)}, "
+         f"{_fmt(summary['final_test_acc_local_max'], True)}]"),
+        ("training loss (mean over peers)", _fmt(summary["final_train_loss"])),
+        ("consensus distance", _fmt(summary["final_consensus_distance"])),
+        ("training MB sent per peer", f"{summary['mb_sent_per_peer']:.3f}"),
+        ("exact gossip MB per peer (formula)",
+         f"{summary['exact_gossip_mb_per_peer_formula']:.3f} = {summary['exact_gossip_formula']}"),
+        ("exact gossip formula / sent", "n/a" if summary["compression_ratio"] is None
+         else f"{summary['compression_ratio']:.1f}x"),
+        ("wall time", f"{summary['wall_time_s']:.1f} s (compute {summary['time_compute_s']:.1f} s, "
+                      f"gossip compute {summary['time_gossip_compute_s']:.1f} s, communication "
+                      f"{summary['time_communication_s']:.1f} s, means over peers)"),
+    ]
+    hist = summary["label_histogram"]
+    if markdown:
+        lines = ["# Run summary", "", "| quantity | value |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in rows]
+        lines += ["", "## Label histogram per peer", "",
+                  "| peer | " + " | ".join(str(c) for c in range(len(hist[0]))) + " |",
+                  "|---" * (len(hist[0]) + 1) + "|"]
+        lines += [f"| {k} | " + " | ".join(map(str, row)) + " |" for k, row in enumerate(hist)]
+        return "\n".join(lines) + "\n"
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    lines.append("label histogram per peer (classes 0..{}):".format(len(hist[0]) - 1))
+    lines += [f"  peer {k:>3}: {' '.join(f'{v:>4}' for v in row)}" for k, row in enumerate(hist)]
+    return "\n".join(lines)
+
+
+__all__ = ["TIMING_KEYS", "RecordLog", "average_state_into", "eval_line", "eval_record",
+           "evaluate_model", "format_summary", "log_record", "mean_degree", "model_digest",
+           "run_summary", "traffic_means"]

@@ -1,0 +1,167 @@
+"""Extension points of the training loop: subclass `TrainingHooks`, pass `train(..., hooks=[...])`.
+
+A privacy engine (clip and noise each peer's gradients), a message observer (wrap the algorithm or
+watch the parameters after gossip) or an extra metric plugs in here without editing the loop. Each
+method is a no-op by default; override only the points you need. Within one step the points run in
+this order (D-PSGD, see `trainer`)::
+
+    setup(context)                                 once, before the first step (and before resume)
+    per step:
+        before_backward(step, loss)                -> may return the loss to back-propagate
+        after_backward(step)                       gradients exist; nothing has been averaged yet
+        [gradient averagers: algorithm.step(); after_gossip(step)]
+        optimizer.step(); after_optimizer_step(step)
+        [parameter gossip:   algorithm.step(); after_gossip(step)]
+    on_evaluation(record)                          -> may return extra keys for the eval record
+    state_dict() / load_state_dict(state)          saved with every checkpoint, restored on resume
+
+`step` is the 0-based index of the step in progress. Hooks run in list order, on every peer; a hook
+may use the communicator (it is collective then, and must be called the same way on every peer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Iterable, List, Optional
+
+import torch
+
+
+@dataclasses.dataclass
+class SetupContext:
+    """What `TrainingHooks.setup` sees. A hook may replace `model`, `optimizer`, `batches` and
+    `algorithm` (e.g. with wrappers); the loop uses whatever the last hook left.
+
+    A replacement must behave like what it replaces: the model is called on a batch of inputs and
+    returns logits; the optimizer has `param_groups` (the loop sets each group's "lr" every step),
+    `zero_grad(set_to_none=...)`, `step()` and `state_dict()`/`load_state_dict()`; `batches` yields
+    (inputs, targets) until its pass ends and has `state_dict()`/`load_state_dict()` (its position
+    is checkpointed); the algorithm is a `GossipAlgorithm` over the model's parameters. The other
+    fields are for reading only.
+    """
+
+    config: Any  #: the run's `TrainConfig`
+    comm: Any  #: this peer's communicator
+    device: torch.device
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    batches: Any  #: this peer's mini-batches (`data.Batches`)
+    algorithm: Any  #: the gossip algorithm (`acts_on` says where it runs in the step)
+    steps_per_epoch: int
+
+
+class TrainingHooks:
+    """Base class of the training loop's extension points; every method is a no-op.
+
+    `name` keys this hook's state in checkpoints: two hooks of one run need distinct names, and a
+    run resumes only with hooks of the names its checkpoint holds.
+    """
+
+    name: str = ""
+
+    @property
+    def key(self) -> str:
+        """The name this hook's checkpoint state is saved under (`name`, else the class name)."""
+        return self.name or type(self).__name__
+
+    def setup(self, context: SetupContext) -> None:
+        """Once per run, after the model, optimizer, batches and algorithm are built and before a
+        checkpoint is loaded into them (so wrappers see the resumed state). May replace
+        `context.model`, `.optimizer`, `.batches`, `.algorithm` (see `SetupContext`)."""
+
+    def before_backward(self, step: int, loss: torch.Tensor) -> Optional[torch.Tensor]:
+        """After the forward pass. May return a tensor to back-propagate instead of `loss` (e.g. the
+        loss plus a penalty); None keeps `loss`. The recorded training loss stays the
+        cross-entropy."""
+        return None
+
+    def after_backward(self, step: int) -> None:
+        """After `loss.backward()`, before gradients are averaged (gradient averagers) and before
+        the optimizer step: the place to clip and noise gradients. May change `p.grad` in place."""
+
+    def after_optimizer_step(self, step: int) -> None:
+        """After `optimizer.step()`. May read or change the parameters in place."""
+
+    def after_gossip(self, step: int) -> None:
+        """After `algorithm.step()`: for parameter gossip the parameters are mixed (end of the
+        step); for gradient averagers the gradients are averaged (the optimizer step follows)."""
+
+    def on_evaluation(self, record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """After an eval record is built, before it is written. May return extra keys (JSON
+        values) to add to it; a key the record already has is refused. `record` is a copy: changing it
+        changes nothing."""
+        return None
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Extra state saved with every checkpoint: tensors and primitive containers only (the
+        checkpoint is loaded with `weights_only=True`)."""
+        return {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """On resume, after `setup`: what `state_dict` returned when the checkpoint was written."""
+
+
+class HookList:
+    """Calls each hook's extension point in order (what the loop holds instead of a list)."""
+
+    def __init__(self, hooks: Iterable[TrainingHooks] = ()):
+        self.hooks: List[TrainingHooks] = list(hooks)
+        for h in self.hooks:
+            if not isinstance(h, TrainingHooks):
+                raise ValueError(f"hook {h!r} is a {type(h).__name__}; hooks must subclass "
+                                 "TrainingHooks (gossip_powersgd.training.hooks)")
+        keys = [h.key for h in self.hooks]
+        duplicates = sorted({k for k in keys if keys.count(k) > 1})
+        if duplicates:
+            raise ValueError(f"two hooks are named {duplicates[0]!r}; give each a distinct `name` "
+                             "(it keys their checkpoint state)")
+
+    def setup(self, context: SetupContext) -> None:
+        for h in self.hooks:
+            h.setup(context)
+
+    def before_backward(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        for h in self.hooks:
+            replaced = h.before_backward(step, loss)
+            if replaced is not None:
+                loss = replaced
+        return loss
+
+    def after_backward(self, step: int) -> None:
+        for h in self.hooks:
+            h.after_backward(step)
+
+    def after_optimizer_step(self, step: int) -> None:
+        for h in self.hooks:
+            h.after_optimizer_step(step)
+
+    def after_gossip(self, step: int) -> None:
+        for h in self.hooks:
+            h.after_gossip(step)
+
+    def on_evaluation(self, record: Dict[str, Any]) -> Dict[str, Any]:
+        """`record` with every hook's extra keys added (a new dict)."""
+        record = dict(record)
+        for h in self.hooks:
+            extra = h.on_evaluation(dict(record)) or {}
+            clashes = sorted(set(extra) & set(record))
+            if clashes:
+                raise ValueError(f"hook {h.key!r} returned eval key {clashes[0]!r}, which the "
+                                 "record already has; return new keys only")
+            record.update(extra)
+        return record
+
+    def state_dict(self) -> Dict[str, Dict[str, Any]]:
+        return {h.key: h.state_dict() for h in self.hooks}
+
+    def load_state_dict(self, state: Dict[str, Dict[str, Any]]) -> None:
+        """Restore each hook's saved state; the checkpoint must hold exactly this run's hooks."""
+        saved, current = sorted(state), sorted(h.key for h in self.hooks)
+        if saved != current:
+            raise ValueError(f"the checkpoint holds state for hooks {saved} but this run has "
+                             f"{current}; resume with the hooks the run was started with")
+        for h in self.hooks:
+            h.load_state_dict(state[h.key])
+
+
+__all__ = ["HookList", "SetupContext", "TrainingHooks"]
