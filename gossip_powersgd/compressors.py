@@ -36,6 +36,8 @@ from typing import Dict, Iterable, Tuple, Type
 import torch
 from torch import Tensor
 
+from .specs import parse_typed
+
 __all__ = [
     "Compressor",
     "Identity",
@@ -592,37 +594,14 @@ class LowRank(Compressor):
 # CLI spelling
 
 
-def _parse_bool(text: str, name: str) -> bool:
-    lowered = text.lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name} must be true or false, got {text!r}")
-
-
-def _parse_int(text: str, name: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {text!r}") from None
-
-
-def _parse_float(text: str, name: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"{name} must be a number, got {text!r}") from None
-
-
-# name -> (class, ordered (argument, parser) pairs; the first may be given positionally)
-_SPECS: Dict[str, Tuple[Type[Compressor], Tuple[Tuple[str, object], ...]]] = {
+# name -> (class, ordered (argument, kind) pairs; the first may be given positionally)
+_SPECS: Dict[str, Tuple[Type[Compressor], Tuple[Tuple[str, type], ...]]] = {
     "identity": (Identity, ()),
-    "topk": (TopK, (("ratio", _parse_float),)),
-    "randomk": (RandomK, (("ratio", _parse_float), ("seed", _parse_int), ("scaled", _parse_bool))),
+    "topk": (TopK, (("ratio", float),)),
+    "randomk": (RandomK, (("ratio", float), ("seed", int), ("scaled", bool))),
     "sign": (SignNorm, ()),
-    "qsgd": (QSGD, (("levels", _parse_int),)),
-    "lowrank": (LowRank, (("rank", _parse_int), ("iterations", _parse_int))),
+    "qsgd": (QSGD, (("levels", int),)),
+    "lowrank": (LowRank, (("rank", int), ("iterations", int))),
 }
 
 
@@ -645,7 +624,7 @@ def parse_compressor(spec) -> Compressor:
             f"unknown compressor {name!r} in {spec!r}; valid names: {', '.join(_SPECS)}"
         )
     cls, params = _SPECS[name]
-    parsers = dict(params)
+    kinds = dict(params)
     kwargs = {}
     items = [item.strip() for item in rest.split(",")] if rest.strip() else []
     for position, item in enumerate(items):
@@ -656,12 +635,12 @@ def parse_compressor(spec) -> Compressor:
             key, value = params[0][0], item
         else:
             raise ValueError(f"cannot parse {item!r} in compressor spec {spec!r}; expected key=value")
-        if key not in parsers:
-            valid = ", ".join(parsers) or "none"
+        if key not in kinds:
+            valid = ", ".join(kinds) or "none"
             raise ValueError(f"{name} has no argument {key!r} (arguments: {valid}) in {spec!r}")
         if key in kwargs:
             raise ValueError(f"argument {key!r} given twice in compressor spec {spec!r}")
-        kwargs[key] = parsers[key](value, key)
+        kwargs[key] = parse_typed(value, kinds[key], key)
     if params and params[0][0] not in kwargs:
         required = params[0][0]
         raise ValueError(f"compressor {name!r} needs {required}, e.g. {name}:<{required}> in {spec!r}")

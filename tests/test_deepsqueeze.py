@@ -7,7 +7,7 @@ import torch
 import topologies
 from gossip_powersgd import DeepSqueeze, ExactGossip, LocalCluster, NonFiniteError, consensus_distance
 from gossip_powersgd.algorithms import make_algorithm
-from gossip_powersgd.algorithms.choco import compression_keys
+from gossip_powersgd.algorithms.compressed import compression_keys
 from gossip_powersgd.compressors import Identity, QSGD, SignNorm, TopK, parse_compressor
 from test_allreduce import mpi_baselines
 from test_choco import consensus_problem, peer_tensors

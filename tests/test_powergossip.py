@@ -7,7 +7,8 @@ import torch
 
 import topologies
 from gossip_powersgd import ExactGossip, LocalCluster, PowerGossip, consensus_distance
-from gossip_powersgd.algorithms.powergossip import edge_seed, orthonormalize_
+from gossip_powersgd.algorithms.lowrank import orthonormalize_
+from gossip_powersgd.algorithms.powergossip import edge_seed
 from conftest import run_scenario_mpi
 
 # A small model: two same-shape matrices (batched together), a conv weight, a bias, and a matrix too

@@ -18,11 +18,11 @@ from .registry import (
     spec_gamma,
     with_option,
 )
-from .registry import parse_bool, parse_optional_float
+from ..specs import FALSE_WORDS, parse_bool, parse_optional_float
 
 
 def _is_false(text: str) -> bool:
-    return text.lower() in ("0", "false", "no", "off")
+    return text.lower() in FALSE_WORDS
 
 
 def _powergossip_label(options) -> str:

@@ -20,8 +20,8 @@ from typing import Dict, List
 import torch
 
 from ..comm.base import Tensor
-from .base import FlatParams, GossipAlgorithm, NonFiniteError, ParamsLike, compressible_matrices, load_tensors_
-from .powergossip import orthonormalize_
+from .base import FlatParams, GossipAlgorithm, NonFiniteError, ParamsLike, load_tensors_
+from .lowrank import MatrixStack, matrix_stacks, orthonormalize_
 
 
 def ring_allreduce_bytes(nbytes: int, size: int) -> int:
@@ -60,21 +60,13 @@ class AllReduce(_Collective):
 
 
 @dataclasses.dataclass
-class _Matrices:
-    """Compressed gradients sharing one matrix shape, stacked (batch, rows, cols)."""
+class _ErrorFeedback(MatrixStack):
+    """One matrix shape's compressed gradients: error memory, working matrix and factors, stacked."""
 
-    indices: List[int]
-    rows: int
-    cols: int
-    rank: int
     memory: Tensor = None  # (batch, rows, cols): the error memory e; scratch for the approximation
     work: Tensor = None  # (batch, rows, cols): M = g + e
     P: Tensor = None  # (batch, rows, r): a view into the first all-reduce buffer
     Q: Tensor = None  # (batch, cols, r): a view into the second all-reduce buffer, kept (warm start)
-
-    @property
-    def batch(self) -> int:
-        return len(self.indices)
 
 
 class PowerSGDAllReduce(_Collective):
@@ -132,9 +124,7 @@ class PowerSGDAllReduce(_Collective):
         self._plain = None  # flat buffer of the plain all-reduce, allocated while it is used
 
         new = lambda *shape: torch.zeros(shape, dtype=self.dtype, device=self.device)  # noqa: E731
-        shapes = compressible_matrices(self.params, self.rank, self.min_compression_rate)
-        self._groups = [_Matrices(indices, rows, cols, min(self.rank, rows, cols))
-                        for (rows, cols), indices in shapes.items()]
+        self._groups = matrix_stacks(_ErrorFeedback, self.params, self.rank, self.min_compression_rate)
         compressed = {k for g in self._groups for k in g.indices}
         self._exact_indices = [k for k in range(len(self.params)) if k not in compressed]
 
@@ -161,7 +151,7 @@ class PowerSGDAllReduce(_Collective):
                              f"{self.rank};{self.warm_start};{self.start_iter};"
                              f"{self.min_compression_rate!r};{self.seed}")
 
-    def _draw_q(self, g: _Matrices) -> None:
+    def _draw_q(self, g: _ErrorFeedback) -> None:
         # Drawn on the CPU from the shared generator, then moved: CPU and GPU ranks agree.
         q = torch.randn(g.Q.shape, generator=self._generator, dtype=self.dtype)
         g.Q.copy_(q.to(self.device))

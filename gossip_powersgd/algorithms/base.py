@@ -61,27 +61,6 @@ class FlatParams:
                 t.copy_(view)
 
 
-def compressible_matrices(tensors: Sequence[Tensor], rank: int,
-                          min_compression_rate: float) -> Dict[Tuple[int, int], List[int]]:
-    """Group the tensors worth sending in low-rank form by their matrix shape.
-
-    A tensor of shape (d0, d1, ...) is viewed as a d0 x (d1*d2*...) matrix; it is compressed when
-    (rows + cols) * r * min_compression_rate < rows * cols, r = min(rank, rows, cols) (PyTorch's
-    PowerSGD rule). Returns {(rows, cols): [tensor indices]} in order of first appearance, which is
-    the same on every peer.
-    """
-    shapes: Dict[Tuple[int, int], List[int]] = {}
-    for k, tensor in enumerate(tensors):
-        if tensor.dim() < 2 or tensor.numel() == 0:
-            continue
-        rows = tensor.shape[0]
-        cols = tensor.numel() // rows
-        r = min(rank, rows, cols)
-        if (rows + cols) * r * min_compression_rate < rows * cols:
-            shapes.setdefault((rows, cols), []).append(k)
-    return shapes
-
-
 def load_tensors_(who: str, state: Dict[str, object], targets: Dict[str, Tensor]) -> None:
     """Copy `state[key]` into each target tensor, refusing a missing key or a different shape
     (a state saved for another model or topology) with an error naming the key."""

@@ -32,17 +32,12 @@ from typing import Dict, Optional
 
 import torch
 
-from .base import GossipAlgorithm, ParamsLike
-from .choco import (
-    CompressedMessages,
-    _check_saved_config,
-    _load_buffer,
-    compressed_gossip_arguments,
-    flat_state,
-)
+from ..comm.base import Tensor
+from .base import ParamsLike
+from .compressed import CompressedGossip
 
 
-class DeepSqueeze(GossipAlgorithm):
+class DeepSqueeze(CompressedGossip):
     """DeepSqueeze gossip with any `Compressor` (or its spelling, e.g. "sign").
 
     Args:
@@ -56,59 +51,33 @@ class DeepSqueeze(GossipAlgorithm):
     """
 
     name = "deepsqueeze"
+    config_name = "DeepSqueeze"
+    example_compressor = "sign"
 
     def __init__(self, params: ParamsLike, comm, compressor=None, gamma: Optional[float] = None,
                  seed: int = 0):
-        super().__init__(params, comm)
-        self.compressor, self.gamma, self.seed = compressed_gossip_arguments(
-            "DeepSqueeze", "deepsqueeze", "sign", compressor, gamma, seed)
-        me, neighbors = comm.rank, comm.neighbors
-        self._weights = [comm.topology.weight(me, j) for j in neighbors]
+        super().__init__(params, comm, compressor, gamma, seed)
         self._out_weight = sum(self._weights)  # 1 - W[i,i], as the neighbours' weights sum
-        self.error, self._error = flat_state(self.params, self.dtype, self.device)
-        self._v_flat, self._v = flat_state(self.params, self.dtype, self.device)
-        self._c_flat, self._c = flat_state(self.params, self.dtype, self.device)
-        self._mix_flat, self._mix = flat_state(self.params, self.dtype, self.device)
-        self._messages = CompressedMessages(self.compressor, [t.shape for t in self.params],
-                                            self.dtype, self.device, neighbors, self.seed)
-        comm.check_agreement("DeepSqueeze configuration",
-                             f"{self.compressor!r};{self.gamma!r};{self.seed}")
+        self.error, self._error = self._flat_state()
+        self._v_flat, self._v = self._flat_state()
+        self._c_flat, self._c = self._flat_state()
+        self._mix_flat, self._mix = self._flat_state()
 
     def _step(self) -> None:
-        me, neighbors, k = self.comm.rank, self.comm.neighbors, self.steps
-        messages = self._messages
         # v_i = x_i + δ_i, compressed once for every neighbour
         for x, error, v in zip(self.params, self._error, self._v):
             torch.add(x.detach(), error, out=v)
-        if not bool(torch.isfinite(self._v_flat).all()):
-            self._raise_non_finite()
-        messages.encode(self._v, k, me)
-        self._exchange({j: messages.send for j in neighbors}, messages.recv)
+        self._send_compressed(self._v_flat, self._v)
         # c_i = C(v_i) as the neighbours decode it; δ_i = v_i - c_i
-        messages.decode(messages.send_views, self._c, k, me)
+        self._decode_own(self._c)
         torch.sub(self._v_flat, self._c_flat, out=self.error)
         # x_i += gamma * (sum_j W_ij c_j - (sum_j W_ij) c_i), neighbours in order; v is scratch now
         mix = self._mix_flat.zero_()
-        for j, w in zip(neighbors, self._weights):
-            messages.decode(messages.recv_views[j], self._v, k, j)
+        for w in self._decode_neighbors(self._v):
             mix.add_(self._v_flat, alpha=w)
         mix.add_(self._c_flat, alpha=-self._out_weight)
         for x, update in zip(self.params, self._mix):
             x.add_(update, alpha=self.gamma)
 
-    def bytes_per_step(self) -> int:
-        return len(self.comm.neighbors) * self._messages.nbytes
-
-    @property
-    def payload_bytes(self) -> int:
-        """Bytes of one message (all tensors' payloads)."""
-        return self._messages.nbytes
-
-    def state_dict(self) -> Dict[str, object]:
-        return {"steps": self.steps, "gamma": self.gamma, "seed": self.seed,
-                "compressor": repr(self.compressor), "error": self.error.detach().cpu().clone()}
-
-    def load_state_dict(self, state: Dict[str, object]) -> None:
-        _check_saved_config(self, state, "DeepSqueeze")
-        _load_buffer(state, "error", self.error, "DeepSqueeze")
-        self.steps = int(state["steps"])
+    def state_buffers(self) -> Dict[str, Tensor]:
+        return {"error": self.error}

@@ -34,13 +34,9 @@ import numpy as np
 import torch
 
 from ..comm.base import Tensor
-from .base import FlatParams, GossipAlgorithm, ParamsLike, compressible_matrices, load_tensors_
+from .base import FlatParams, GossipAlgorithm, ParamsLike, load_tensors_
 from .exact import mix_exact, resolve_gamma
-
-#: Above this rank the factors are orthonormalised with a QR factorisation instead of Gram-Schmidt.
-GRAM_SCHMIDT_MAX_RANK = 4
-#: Added to column norms so that an all-zero column (identical models) stays zero, never NaN.
-ORTHO_EPS = 1e-8
+from .lowrank import MatrixStack, matrix_stacks, orthonormalize_
 
 
 def edge_seed(seed: int, i: int, j: int) -> int:
@@ -51,38 +47,14 @@ def edge_seed(seed: int, i: int, j: int) -> int:
     return int(state) & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def orthonormalize_(factor: Tensor) -> Tensor:
-    """Orthonormalise, in place, the r vectors of each (r, n) matrix of a (batch, r, n) tensor.
-
-    Factors are stored vector-major (the transpose of the usual n x r), because the products with
-    M are then the fast BLAS layouts. Gram-Schmidt dividing by (norm + eps) for small r (a zero
-    vector stays zero, never NaN), QR above.
-    """
-    r = factor.shape[-2]
-    if r > GRAM_SCHMIDT_MAX_RANK:
-        q, _ = torch.linalg.qr(factor.transpose(-1, -2), mode="reduced")
-        return factor.copy_(q.transpose(-1, -2))
-    for k in range(r):
-        vector = factor[..., k:k + 1, :]
-        for previous in range(k):
-            basis = factor[..., previous:previous + 1, :]
-            vector.sub_(basis * (basis * vector).sum(dim=-1, keepdim=True))
-        vector.div_(torch.linalg.vector_norm(vector, dim=-1, keepdim=True).add_(ORTHO_EPS))
-    return factor
-
-
 @dataclasses.dataclass
-class _Group:
-    """Parameters sharing one matrix shape, stacked as a (batch, rows, cols) tensor.
+class _EdgeFactors(MatrixStack):
+    """One matrix shape's parameters, stacked, with the factors shared with every neighbour.
 
     The factors of all neighbours sit side by side, vector-major: neighbour number n owns rows
     n*r:(n+1)*r of `right` (its Q^T, batch x r x cols) and of `left` (its P^T, batch x r x rows).
     """
 
-    indices: List[int]
-    rows: int
-    cols: int
-    rank: int
     matrices: Optional[Tensor] = None  # (batch, rows, cols): the parameters themselves (views)
     right: Optional[Tensor] = None  # (batch, deg*r, cols): every neighbour's Q^T
     left: Optional[Tensor] = None  # (batch, deg*r, rows): every neighbour's P^T
@@ -90,14 +62,6 @@ class _Group:
     products_right: Optional[Tensor] = None  # (batch, deg*r, rows) = (M Q)^T for every neighbour
     products_left: Optional[Tensor] = None  # (batch, deg*r, cols) = (M^T P)^T for every neighbour
     scales: Optional[Tensor] = None  # (1, deg*r, 1): sigma * gamma * W[i, j] for each factor vector
-
-    @property
-    def batch(self) -> int:
-        return len(self.indices)
-
-    def block(self, factors: Tensor, n: int) -> Tensor:
-        """Neighbour number n's part of a side-by-side tensor."""
-        return factors[:, n * self.rank:(n + 1) * self.rank, :]
 
 
 class PowerGossip(GossipAlgorithm):
@@ -162,16 +126,14 @@ class PowerGossip(GossipAlgorithm):
         self._make_messages()
 
     # ---- set-up --------------------------------------------------------------------------------
-    def _make_groups(self) -> List[_Group]:
-        shapes = compressible_matrices(self.params, self.rank, self.min_compression_rate)
-        groups = [_Group(indices, rows, cols, min(self.rank, rows, cols))
-                  for (rows, cols), indices in shapes.items()]
+    def _make_groups(self) -> List[_EdgeFactors]:
+        groups = matrix_stacks(_EdgeFactors, self.params, self.rank, self.min_compression_rate)
         self._compressed = {k for g in groups for k in g.indices}
         for group in groups:
             self._home(group)
         return groups
 
-    def _home(self, group: _Group) -> None:
+    def _home(self, group: _EdgeFactors) -> None:
         """Give a group one (batch, rows, cols) buffer that its parameters are views of."""
         first = self.params[group.indices[0]]
         if group.batch == 1 and first.is_contiguous():

@@ -10,18 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Dict, Optional, Tuple
 
-
-def parse_bool(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected true/false, got {text!r}")
-
-
-def parse_optional_float(text: str):
-    return None if text.lower() in ("none", "auto", "default") else float(text)
+from .. import specs
+# Re-exported: algorithm option tables (and the experiments) parse their values with these.
+from ..specs import parse_bool, parse_optional_float  # noqa: F401
 
 
 #: What an algorithm's γ is when its spec does not set one.
@@ -50,42 +41,11 @@ def register(name: str, factory, keys: Dict[str, Tuple[str, Callable[[str], Any]
     REGISTRY[name] = AlgorithmEntry(factory, keys, summary, gamma, label)
 
 
-def _split_top_level(text: str) -> list:
-    """Split on commas outside square brackets, so nested specs can carry their own options."""
-    parts, depth, current = [], 0, []
-    for char in text:
-        if char == "[":
-            depth += 1
-        elif char == "]":
-            depth -= 1
-        if char == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    parts.append("".join(current))
-    return parts
-
-
 def split_spec(spec: str) -> Tuple[str, Dict[str, str]]:
-    """"choco:compressor=topk:0.01,gamma=0.4" -> ("choco", {"compressor": "topk:0.01", "gamma": "0.4"}).
-
-    A value with commas of its own goes in square brackets:
-    "choco:compressor=[randomk:0.1,seed=3],gamma=0.4".
-    """
-    name, _, rest = spec.strip().partition(":")
-    if rest.count("[") != rest.count("]"):
-        raise ValueError(f"algorithm spec {spec!r}: unbalanced square brackets")
-    options: Dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in _split_top_level(rest))):
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ValueError(f"algorithm spec {spec!r}: option {item!r} is not key=value")
-        value = value.strip()
-        if value.startswith("[") and value.endswith("]"):
-            value = value[1:-1]
-        options[key.strip()] = value
-    return name.strip().lower(), options
+    """An algorithm spec's lower-cased name and its options as strings (see `specs.split_spec`):
+    "choco:compressor=[randomk:0.1,seed=3],gamma=0.4" -> ("choco", {"compressor": "randomk:0.1,seed=3",
+    "gamma": "0.4"})."""
+    return specs.split_spec(spec, "algorithm spec")
 
 
 def algorithm_kwargs(spec: str) -> Tuple[AlgorithmEntry, Dict[str, Any]]:

@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
-import inspect
 import random
 import sys
 import threading
-from typing import Any, Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
+
+from ..specs import accepts, import_object, parse_options, split_name
 
 __all__ = [
     "Dataset",
@@ -49,86 +49,6 @@ __all__ = [
 
 DATASET_NAMES = ("mnist1d", "synthetic_logreg", "package.module:function")
 PARTITION_NAMES = ("iid", "dirichlet:<alpha>", "shards:<k>")
-
-
-# --------------------------------------------------------------------------------------------------
-# Spec helpers (shared with models.py)
-# --------------------------------------------------------------------------------------------------
-
-
-def _split_spec(spec: str) -> tuple[str, str | None]:
-    """``"name:args"`` -> ``("name", "args")``; ``"name"`` -> ``("name", None)``."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"spec must be a non-empty string, got {spec!r}")
-    head, sep, tail = spec.strip().partition(":")
-    return head.strip(), (tail.strip() if sep else None)
-
-
-def _parse_options(spec: str, text: str | None, types: dict[str, Callable[[str], Any]]) -> dict:
-    """Parse ``"k=v,k=v"`` into a dict, converting each value with ``types[k]``.
-
-    Unknown keys and unparsable values raise a one-line ValueError naming the spec, so a typo in a
-    config file is reported instead of silently falling back to a default.
-    """
-    options: dict[str, Any] = {}
-    if text is None or text == "":
-        return options
-    for item in text.split(","):
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq or not key:
-            raise ValueError(f"{spec!r}: expected key=value, got {item!r} "
-                             f"(valid keys: {', '.join(types)})")
-        if key not in types:
-            raise ValueError(f"{spec!r}: unknown option {key!r} (valid keys: {', '.join(types)})")
-        try:
-            options[key] = types[key](value.strip())
-        except (TypeError, ValueError):
-            raise ValueError(f"{spec!r}: option {key}={value.strip()!r} is not a valid "
-                             f"{getattr(types[key], '__name__', 'value')}") from None
-    return options
-
-
-def _bool(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(text)
-
-
-_bool.__name__ = "bool"
-
-
-def _import_object(spec: str, valid: Sequence[str]) -> Any:
-    """Resolve a bring-your-own ``"package.module:attribute"`` spec to the object it names."""
-    module_name, attr = _split_spec(spec)
-    if not module_name or not attr:
-        raise ValueError(f"unknown spec {spec!r}: valid are {', '.join(valid)}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"{spec!r}: cannot import module {module_name!r} ({exc}); "
-                         f"valid built-in specs are {', '.join(valid)}") from None
-    obj = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{spec!r}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"{spec!r}: {attr!r} is not callable")
-    return obj
-
-
-def _accepts(fn: Callable, name: str) -> bool:
-    """Whether ``fn`` can be called with keyword argument ``name``."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # some builtins have no signature
-        return False
-    return any(p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-               or p.kind == p.VAR_KEYWORD for p in params)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -190,7 +110,7 @@ def clear_dataset_cache() -> None:
 
 
 def _build_dataset(spec: str, seed: int) -> Dataset:
-    head, args = _split_spec(spec)
+    head, args = split_name(spec)
     if head == "mnist1d":
         return _mnist1d(spec, args, seed)
     if head == "synthetic_logreg":
@@ -228,7 +148,7 @@ MNIST1D_STANDARD_SEED = 42
 
 def _mnist1d(spec: str, args_text: str | None, seed: int) -> Dataset:
     """The standard MNIST-1D (seed 42) whatever the run's seed, unless `mnist1d:seed=N` asks."""
-    options = _parse_options(spec, args_text, {"num_samples": int, "shuffle_seq": _bool,
+    options = parse_options(spec, args_text, {"num_samples": int, "shuffle_seq": bool,
                                                "train_split": float, "seed": int})
     # Only the local generator: get_dataset would try to download a pickle.
     from mnist1d.data import get_dataset_args, make_dataset
@@ -260,7 +180,7 @@ def _synthetic_logreg(spec: str, args_text: str | None, seed: int) -> Dataset:
     the teacher exactly, so logistic regression learns it well.
     """
     opts = {"d": 20, "classes": 10, "n": 5000, "noise": 0.1, "test": 0.2}
-    opts.update(_parse_options(spec, args_text, {"d": int, "classes": int, "n": int,
+    opts.update(parse_options(spec, args_text, {"d": int, "classes": int, "n": int,
                                                  "noise": float, "test": float}))
     d, classes, n, noise, test = opts["d"], opts["classes"], opts["n"], opts["noise"], opts["test"]
     if d < 1 or classes < 2 or noise < 0 or not 0 < test < 1:
@@ -278,9 +198,9 @@ def _synthetic_logreg(spec: str, args_text: str | None, seed: int) -> Dataset:
 
 
 def _byo_dataset(spec: str, seed: int) -> Dataset:
-    fn = _import_object(spec, DATASET_NAMES)
+    fn = import_object(spec, DATASET_NAMES)
     try:
-        result = fn(seed=seed) if _accepts(fn, "seed") else fn()
+        result = fn(seed=seed) if accepts(fn, "seed") else fn()
     except Exception as exc:
         raise ValueError(f"{spec!r}: calling it raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(result, (tuple, list)) or len(result) != 4:
@@ -361,7 +281,7 @@ def partition(labels, num_peers: int, spec: str, seed: int) -> list[np.ndarray]:
         raise ValueError(f"cannot split {n} samples among {num_peers} peers: "
                          f"use at most {n} peers or a larger dataset")
 
-    head, arg = _split_spec(spec)
+    head, arg = split_name(spec)
     rng = np.random.default_rng(np.random.PCG64(seed))
     if head == "iid" and arg is None:
         parts = np.array_split(rng.permutation(n), num_peers)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from gossip_powersgd.training.data import _accepts, _import_object, _parse_options, _split_spec
+from ..specs import accepts, import_object, parse_options, split_name
 
 __all__ = ["build_model", "count_parameters", "CNN1d", "MODEL_NAMES"]
 
@@ -110,7 +110,7 @@ def _mlp(spec, args, input_shape, num_classes, device) -> nn.Module:
 
 
 def _cnn1d(spec, args, input_shape, num_classes, device) -> nn.Module:
-    options = _parse_options(spec, args, {"channels": int})
+    options = parse_options(spec, args, {"channels": int})
     channels = options.get("channels", _DEFAULT_CNN_CHANNELS)
     if channels < 1:
         raise ValueError(f"{spec!r}: channels must be >= 1")
@@ -160,8 +160,8 @@ _GLOBAL_RNG_LOCK = threading.Lock()
 
 
 def _byo_model(spec, input_shape, num_classes, seed) -> nn.Module:
-    factory = _import_object(spec, MODEL_NAMES)
-    with_shapes = _accepts(factory, "input_shape") and _accepts(factory, "num_classes")
+    factory = import_object(spec, MODEL_NAMES)
+    with_shapes = accepts(factory, "input_shape") and accepts(factory, "num_classes")
     with _GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)  # CPU only: leave CUDA RNGs alone
         try:
@@ -189,7 +189,7 @@ def build_model(spec: str, input_shape: Sequence[int], num_classes: int,
                          f"got {input_shape}")
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-    head, args = _split_spec(spec)
+    head, args = split_name(spec)
     builder = _BUILDERS.get(head)
     if builder is not None:
         model = builder(spec, args, input_shape, num_classes, "meta")

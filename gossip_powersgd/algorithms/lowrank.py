@@ -1,0 +1,93 @@
+"""The low-rank pieces PowerGossip and PowerSGD share: which tensors are compressed, how tensors of
+one matrix shape are stacked, and how factors are orthonormalised.
+
+A tensor of shape (d0, d1, ...) is treated as the d0 x (d1*d2*...) matrix of its row-major data.
+Tensors of equal matrix shape are processed together as one (batch, rows, cols) stack, so a step
+costs one batched multiplication per shape rather than one per tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+
+from ..comm.base import Tensor
+
+#: Above this rank the factors are orthonormalised with a QR factorisation instead of Gram-Schmidt.
+GRAM_SCHMIDT_MAX_RANK = 4
+#: Added to column norms so that an all-zero column (identical models) stays zero, never NaN.
+ORTHO_EPS = 1e-8
+
+
+def orthonormalize_(factor: Tensor) -> Tensor:
+    """Orthonormalise, in place, the r vectors of each (r, n) matrix of a (batch, r, n) tensor.
+
+    Factors are stored vector-major (the transpose of the usual n x r), because the products with
+    M are then the fast BLAS layouts. Gram-Schmidt dividing by (norm + eps) for small r (a zero
+    vector stays zero, never NaN), QR above.
+    """
+    r = factor.shape[-2]
+    if r > GRAM_SCHMIDT_MAX_RANK:
+        q, _ = torch.linalg.qr(factor.transpose(-1, -2), mode="reduced")
+        return factor.copy_(q.transpose(-1, -2))
+    for k in range(r):
+        vector = factor[..., k:k + 1, :]
+        for previous in range(k):
+            basis = factor[..., previous:previous + 1, :]
+            vector.sub_(basis * (basis * vector).sum(dim=-1, keepdim=True))
+        vector.div_(torch.linalg.vector_norm(vector, dim=-1, keepdim=True).add_(ORTHO_EPS))
+    return factor
+
+
+def compressible_matrices(tensors: Sequence[Tensor], rank: int,
+                          min_compression_rate: float) -> Dict[Tuple[int, int], List[int]]:
+    """Group the tensors worth sending in low-rank form by their matrix shape.
+
+    A tensor of shape (d0, d1, ...) is viewed as a d0 x (d1*d2*...) matrix; it is compressed when
+    (rows + cols) * r * min_compression_rate < rows * cols, r = min(rank, rows, cols) (PyTorch's
+    PowerSGD rule). Returns {(rows, cols): [tensor indices]} in order of first appearance, which is
+    the same on every peer.
+    """
+    shapes: Dict[Tuple[int, int], List[int]] = {}
+    for k, tensor in enumerate(tensors):
+        if tensor.dim() < 2 or tensor.numel() == 0:
+            continue
+        rows = tensor.shape[0]
+        cols = tensor.numel() // rows
+        r = min(rank, rows, cols)
+        if (rows + cols) * r * min_compression_rate < rows * cols:
+            shapes.setdefault((rows, cols), []).append(k)
+    return shapes
+
+
+@dataclasses.dataclass
+class MatrixStack:
+    """The compressed tensors of one matrix shape, worked on as a (batch, rows, cols) stack.
+
+    `rank` is the approximation's rank for this shape (the requested one, clipped to the smaller
+    side). An algorithm subclasses this record to add the stacked buffers it keeps per shape.
+    """
+
+    indices: List[int]  # positions of the stacked tensors in the parameter list, in stack order
+    rows: int
+    cols: int
+    rank: int
+
+    @property
+    def batch(self) -> int:
+        return len(self.indices)
+
+    def block(self, factors: Tensor, n: int) -> Tensor:
+        """Part number n of factors kept side by side along dim 1, `rank` vectors per part."""
+        return factors[:, n * self.rank:(n + 1) * self.rank, :]
+
+
+def matrix_stacks(stack_type: type, tensors: Sequence[Tensor], rank: int,
+                  min_compression_rate: float) -> List[MatrixStack]:
+    """One `stack_type` (a `MatrixStack` subclass) per shape of `compressible_matrices`, in the
+    order those shapes first appear (the same on every peer)."""
+    shapes = compressible_matrices(tensors, rank, min_compression_rate)
+    return [stack_type(indices, rows, cols, min(rank, rows, cols))
+            for (rows, cols), indices in shapes.items()]

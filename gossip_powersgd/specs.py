@@ -1,0 +1,178 @@
+"""Parsing the one-line spellings ("specs") of algorithms, compressors, datasets and models.
+
+Every spec is a name, optionally followed by a colon and arguments: ``"topk:0.01"``,
+``"synthetic_logreg:d=5,n=1000"``, ``"choco:compressor=[randomk:0.1,seed=3],gamma=0.4"``,
+``"package.module:function"``. The pieces here are shared by the modules that read such specs, so
+that a boolean, a key=value list or a bring-your-own import means the same thing everywhere. Each
+caller keeps its own error wording (tests and users rely on it) by passing in what it is parsing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+__all__ = [
+    "TRUE_WORDS",
+    "FALSE_WORDS",
+    "DEFAULT_WORDS",
+    "parse_bool",
+    "parse_optional_float",
+    "parse_typed",
+    "split_name",
+    "split_top_level",
+    "split_spec",
+    "parse_options",
+    "import_object",
+    "accepts",
+]
+
+#: Spellings of a boolean option, compared case-insensitively.
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+#: Spellings that mean "use the default" for an optional number (e.g. ``gamma=auto``).
+DEFAULT_WORDS = ("none", "auto", "default")
+
+#: How `parse_typed` describes each kind in its error message.
+_KIND_WORDS = {bool: "true or false", int: "an integer", float: "a number"}
+
+
+def parse_bool(text: str) -> bool:
+    """``"true"``/``"yes"``/``"on"``/``"1"`` -> True, their opposites -> False (any case)."""
+    lowered = text.lower()
+    if lowered in TRUE_WORDS:
+        return True
+    if lowered in FALSE_WORDS:
+        return False
+    raise ValueError(f"expected true/false, got {text!r}")
+
+
+def parse_optional_float(text: str) -> Optional[float]:
+    """A number, or None for ``"none"``/``"auto"``/``"default"`` (any case)."""
+    return None if text.lower() in DEFAULT_WORDS else float(text)
+
+
+def _converter(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    # bool("false") is True: a boolean option must go through parse_bool, never through bool().
+    return parse_bool if kind is bool else kind
+
+
+def parse_typed(text: str, kind: Callable[[str], Any], name: str) -> Any:
+    """Convert option `name`'s value with `kind` (bool, int, float or any parser).
+
+    A value that does not convert raises a one-line ValueError such as
+    ``"levels must be an integer, got '1.5'"``.
+    """
+    try:
+        return _converter(kind)(text)
+    except (TypeError, ValueError):
+        what = _KIND_WORDS.get(kind, f"a valid {getattr(kind, '__name__', 'value')}")
+        raise ValueError(f"{name} must be {what}, got {text!r}") from None
+
+
+def split_name(spec: str) -> Tuple[str, Optional[str]]:
+    """``"name:args"`` -> ``("name", "args")``; ``"name"`` -> ``("name", None)`` (both stripped)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"spec must be a non-empty string, got {spec!r}")
+    head, sep, tail = spec.strip().partition(":")
+    return head.strip(), (tail.strip() if sep else None)
+
+
+def split_top_level(text: str) -> List[str]:
+    """Split on commas outside square brackets, so nested specs can carry their own options."""
+    parts, depth, current = [], 0, []
+    for char in text:
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current))
+    return parts
+
+
+def split_spec(spec: str, what: str) -> Tuple[str, Dict[str, str]]:
+    """``"choco:compressor=topk:0.01,gamma=0.4"`` -> ``("choco", {"compressor": "topk:0.01",
+    "gamma": "0.4"})``: the lower-cased name and the options as strings.
+
+    A value with commas of its own goes in square brackets, which are stripped:
+    ``"choco:compressor=[randomk:0.1,seed=3],gamma=0.4"``. `what` names the spec in errors.
+    """
+    name, _, rest = spec.strip().partition(":")
+    if rest.count("[") != rest.count("]"):
+        raise ValueError(f"{what} {spec!r}: unbalanced square brackets")
+    options: Dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in split_top_level(rest))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"{what} {spec!r}: option {item!r} is not key=value")
+        value = value.strip()
+        if value.startswith("[") and value.endswith("]"):
+            value = value[1:-1]
+        options[key.strip()] = value
+    return name.strip().lower(), options
+
+
+def parse_options(spec: str, text: Optional[str],
+                  types: Mapping[str, Callable[[str], Any]]) -> Dict[str, Any]:
+    """Parse ``"k=v,k=v"`` (the part of `spec` after its colon) into a dict, converting each value
+    with ``types[k]`` (``bool`` means `parse_bool`).
+
+    Unknown keys and unparsable values raise a one-line ValueError naming the spec, so a typo in a
+    config file is reported instead of silently falling back to a default.
+    """
+    options: Dict[str, Any] = {}
+    if text is None or text == "":
+        return options
+    for item in text.split(","):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ValueError(f"{spec!r}: expected key=value, got {item!r} "
+                             f"(valid keys: {', '.join(types)})")
+        if key not in types:
+            raise ValueError(f"{spec!r}: unknown option {key!r} (valid keys: {', '.join(types)})")
+        try:
+            options[key] = _converter(types[key])(value.strip())
+        except (TypeError, ValueError):
+            raise ValueError(f"{spec!r}: option {key}={value.strip()!r} is not a valid "
+                             f"{getattr(types[key], '__name__', 'value')}") from None
+    return options
+
+
+def import_object(spec: str, valid: Sequence[str]) -> Any:
+    """Resolve a bring-your-own ``"package.module:attribute"`` spec to the callable it names.
+
+    `valid` lists the built-in specs, for the error when `spec` is neither.
+    """
+    module_name, attr = split_name(spec)
+    if not module_name or not attr:
+        raise ValueError(f"unknown spec {spec!r}: valid are {', '.join(valid)}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"{spec!r}: cannot import module {module_name!r} ({exc}); "
+                         f"valid built-in specs are {', '.join(valid)}") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{spec!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"{spec!r}: {attr!r} is not callable")
+    return obj
+
+
+def accepts(fn: Callable, name: str) -> bool:
+    """Whether ``fn`` can be called with keyword argument ``name``."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # some builtins have no signature
+        return False
+    return any(p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+               or p.kind == p.VAR_KEYWORD for p in params)

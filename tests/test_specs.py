@@ -1,0 +1,178 @@
+"""The shared spec parsing: booleans, typed values, name:args, nested options, bring-your-own imports;
+and the shared low-rank and compressed-gossip pieces the algorithms are built from."""
+
+import pytest
+import torch
+
+import topologies
+from gossip_powersgd import LocalCluster
+from gossip_powersgd.algorithms import ChocoGossip, DeepSqueeze, registry
+from gossip_powersgd.algorithms.compressed import CompressedGossip
+from gossip_powersgd.algorithms.lowrank import (
+    MatrixStack,
+    compressible_matrices,
+    matrix_stacks,
+    orthonormalize_,
+)
+from gossip_powersgd.specs import (
+    accepts,
+    import_object,
+    parse_bool,
+    parse_optional_float,
+    parse_options,
+    parse_typed,
+    split_name,
+    split_spec,
+    split_top_level,
+)
+
+
+@pytest.mark.parametrize("text, value", [("1", True), ("TRUE", True), ("yes", True), ("On", True),
+                                         ("0", False), ("false", False), ("No", False), ("off", False)])
+def test_parse_bool_accepts_the_usual_words(text, value):
+    assert parse_bool(text) is value
+
+
+def test_parse_bool_refuses_anything_else():
+    with pytest.raises(ValueError, match="expected true/false, got 'maybe'"):
+        parse_bool("maybe")
+
+
+def test_parse_optional_float():
+    assert parse_optional_float("0.25") == 0.25
+    assert [parse_optional_float(t) for t in ("none", "AUTO", "default")] == [None, None, None]
+    with pytest.raises(ValueError):
+        parse_optional_float("fast")
+
+
+def test_parse_typed_converts_and_names_the_option():
+    assert parse_typed("3", int, "levels") == 3
+    assert parse_typed("0.5", float, "ratio") == 0.5
+    assert parse_typed("off", bool, "scaled") is False  # not bool("off"), which is True
+    for text, kind, message in [("1.5", int, "levels must be an integer, got '1.5'"),
+                                ("abc", float, "ratio must be a number, got 'abc'"),
+                                ("maybe", bool, "scaled must be true or false, got 'maybe'")]:
+        with pytest.raises(ValueError, match=message):
+            parse_typed(text, kind, message.split()[0])
+
+
+def test_split_name():
+    assert split_name(" mlp : 100,100 ") == ("mlp", "100,100")
+    assert split_name("logreg") == ("logreg", None)
+    assert split_name("pkg.mod:fn") == ("pkg.mod", "fn")
+    for bad in ("", "  ", None):
+        with pytest.raises(ValueError, match="non-empty string"):
+            split_name(bad)
+
+
+def test_split_top_level_keeps_bracketed_commas():
+    assert split_top_level("a=1,b=[x,y],c=[[p,q],r]") == ["a=1", "b=[x,y]", "c=[[p,q],r]"]
+    assert split_top_level("") == [""]
+
+
+def test_split_spec_names_what_it_parses():
+    assert split_spec("Choco:compressor=[randomk:0.1,seed=3], gamma = 0.4", "algorithm spec") == (
+        "choco", {"compressor": "randomk:0.1,seed=3", "gamma": "0.4"})
+    with pytest.raises(ValueError, match=r"^widget 'w:a=\[1': unbalanced square brackets$"):
+        split_spec("w:a=[1", "widget")
+    with pytest.raises(ValueError, match=r"^widget 'w:a': option 'a' is not key=value$"):
+        split_spec("w:a", "widget")
+
+
+def test_registry_keeps_its_spec_helpers():
+    assert registry.split_spec("exact:gamma=0.5") == ("exact", {"gamma": "0.5"})
+    assert registry.parse_bool is parse_bool
+    with pytest.raises(ValueError, match="^algorithm spec 'x:y': option 'y' is not key=value$"):
+        registry.split_spec("x:y")
+
+
+def test_parse_options_converts_and_refuses_typos():
+    types = {"n": int, "noise": float, "shuffle": bool}
+    assert parse_options("s", "n=3, noise=0.5,shuffle=no", types) == {"n": 3, "noise": 0.5,
+                                                                      "shuffle": False}
+    assert parse_options("s", None, types) == {} and parse_options("s", "", types) == {}
+    for text, message in [("m=3", "'s': unknown option 'm' (valid keys: n, noise, shuffle)"),
+                          ("n", "'s': expected key=value, got 'n'"),
+                          ("n=three", "'s': option n='three' is not a valid int"),
+                          ("shuffle=2", "'s': option shuffle='2' is not a valid bool")]:
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            parse_options("s", text, types)
+
+
+def test_import_object_resolves_and_explains():
+    assert import_object("byo_fixtures:linear_data", ["builtin"]).__name__ == "linear_data"
+    for spec, message in [("nomodule", "unknown spec 'nomodule': valid are builtin"),
+                          ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
+                          ("byo_fixtures:missing", "has no attribute 'missing'"),
+                          ("byo_fixtures:NOT_CALLABLE", "is not callable")]:
+        with pytest.raises(ValueError, match=message):
+            import_object(spec, ["builtin"])
+
+
+def test_accepts():
+    def f(a, *, seed=0):
+        return a
+
+    def g(**kwargs):
+        return kwargs
+
+    def h(*args):
+        return args
+
+    assert accepts(f, "seed") and accepts(f, "a") and not accepts(f, "rank")
+    assert accepts(g, "anything") and not accepts(h, "seed")
+
+
+# ---- low-rank pieces ---------------------------------------------------------------------------
+def test_compressible_matrices_groups_by_shape_in_order():
+    tensors = [torch.zeros(8, 6), torch.zeros(5), torch.zeros(8, 3, 2), torch.zeros(2, 2),
+               torch.zeros(0, 4), torch.zeros(4, 10)]
+    assert compressible_matrices(tensors, 1, 1.0) == {(8, 6): [0, 2], (4, 10): [5]}
+    # rate 0 compresses every matrix, even the 2 x 2 one
+    assert list(compressible_matrices(tensors, 1, 0.0)) == [(8, 6), (2, 2), (4, 10)]
+
+
+def test_matrix_stacks_clip_the_rank_and_index_blocks():
+    stacks = matrix_stacks(MatrixStack, [torch.zeros(8, 6), torch.zeros(3, 40)], 4, 0.0)
+    assert [(s.indices, s.rows, s.cols, s.rank, s.batch) for s in stacks] == [
+        ([0], 8, 6, 4, 1), ([1], 3, 40, 3, 1)]
+    factors = torch.arange(2 * 9 * 5).reshape(2, 9, 5)
+    assert torch.equal(stacks[1].block(factors, 2), factors[:, 6:9, :])
+
+
+@pytest.mark.parametrize("rank", [1, 3, 6])
+def test_orthonormalize_gives_orthonormal_vectors_and_keeps_zeros(rank):
+    g = torch.Generator().manual_seed(rank)
+    factor = torch.randn(3, rank, 20, generator=g, dtype=torch.float64)
+    orthonormalize_(factor)
+    gram = factor @ factor.transpose(1, 2)
+    assert torch.allclose(gram, torch.eye(rank, dtype=torch.float64).expand_as(gram), atol=1e-6)
+    zeros = torch.zeros(1, min(rank, 4), 7)
+    assert torch.equal(orthonormalize_(zeros), torch.zeros_like(zeros))
+
+
+# ---- the compressed-gossip base ------------------------------------------------------------------
+def test_compressed_gossip_owns_wire_and_state_for_both_algorithms():
+    def peer(comm):
+        out = {}
+        for cls, keys in ((ChocoGossip, ["x_hat", "s"]), (DeepSqueeze, ["error"])):
+            x = [torch.full((6, 4), float(comm.rank)), torch.ones(5)]
+            algorithm = cls(x, comm, compressor="topk:0.5", gamma=0.2)
+            assert isinstance(algorithm, CompressedGossip)
+            algorithm.step()
+            state = algorithm.state_dict()
+            assert list(state) == ["steps", "gamma", "seed", "compressor"] + keys
+            fresh = cls([t.clone() for t in x], comm, compressor="topk:0.5", gamma=0.2)
+            fresh.load_state_dict(state)
+            assert fresh.steps == 1
+            assert all(torch.equal(a, b) for a, b in zip(fresh.state_buffers().values(),
+                                                         algorithm.state_buffers().values()))
+            other = cls([t.clone() for t in x], comm, compressor="sign", gamma=0.2)
+            with pytest.raises(ValueError, match=f"^{cls.__name__} state is for compressor=topk:0.5"):
+                other.load_state_dict(state)
+            out[cls.__name__] = (algorithm.payload_bytes, algorithm.bytes_per_step())
+        return out
+
+    for result in LocalCluster(topologies.ring(3)).run(peer):
+        # topk:0.5 keeps 12 of 24 and 2 of 5 (round half to even) entries: float32 value + int32 index
+        assert result == {"ChocoGossip": (112, 224), "DeepSqueeze": (112, 224)}
