@@ -93,8 +93,9 @@ def spec_gamma(spec: str, topology) -> Optional[float]:
     else None (a "tuned" algorithm without γ, or one that has no γ)."""
     _, entry, options = _entry(spec)
     value = options.get("gamma")
-    if value is not None and value.lower() not in ("none", "auto", "default"):
-        return float(value)
+    gamma = parse_optional_float(value) if value is not None else None
+    if gamma is not None:
+        return gamma
     return float(topology.gamma) if entry.gamma == "topology" else None
 
 
