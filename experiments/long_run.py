@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 
 import topologies
-from gossip_powersgd import LocalCluster, MPICommunicator, PowerGossip, consensus_distance
-from gossip_powersgd.launch import launched_by_mpiexec, main_guard
+from gossip_powersgd import PowerGossip, consensus_distance
+from gossip_powersgd.launch import BACKENDS, main_guard, resolve_backend, run_peers
 from gossip_powersgd.metrics import parameter_average
+from gossip_powersgd.utils import atomic_write
 
 DRIFT_LIMIT = 1e-6
 MEMORY_GROWTH_LIMIT = 0.05
@@ -38,6 +39,7 @@ def resident_bytes() -> int:
 
 
 def peer(comm, steps: int, log_every: int, rank: int):
+    """One peer's long run: PowerGossip steps, a record every `log_every` steps (and at 1, 100)."""
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(42 + comm.rank)
     x = [torch.randn(100, 100, generator=g)]
@@ -57,6 +59,7 @@ def peer(comm, steps: int, log_every: int, rank: int):
 
 
 def summarize(records, steps: int):
+    """The checks: the largest drift of the average, and memory growth from step 100 to the end."""
     by_step = {r["step"]: r for r in records}
     base = by_step.get(100, records[0])
     last = records[-1]
@@ -68,32 +71,24 @@ def summarize(records, steps: int):
             "final_consensus_distance": last["consensus_distance"], "seconds": last["seconds"]}
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--topology", default="ring:8")
     parser.add_argument("--rank", type=int, default=1)
     parser.add_argument("--log-every", type=int, default=500)
-    parser.add_argument("--backend", choices=["local", "mpi"], default="mpi" if launched_by_mpiexec() else "local")
+    parser.add_argument("--backend", choices=BACKENDS, default=None,
+                        help="local: one thread per peer; mpi: one peer per rank, under mpiexec "
+                             "(default: mpi when launched by mpiexec)")
     parser.add_argument("--out", type=Path, default=None, help="write a markdown summary here")
     args = parser.parse_args(argv)
     if args.steps < 100:
         raise ValueError("--steps must be >= 100 (memory is compared from step 100 on)")
     topology = topologies.parse(args.topology)
-    if args.backend == "mpi":
-        comm = MPICommunicator(topology)
-        records = peer(comm, args.steps, args.log_every, args.rank)
-        if comm.rank != 0:
-            return 0
-    else:
-        records = LocalCluster(topology).run(peer, args.steps, args.log_every, args.rank)[0]
+    args.backend = resolve_backend(args.backend)
+    records = run_peers(topology, peer, args.steps, args.log_every, args.rank, backend=args.backend).get(0)
+    if records is None:  # not rank 0 of an MPI job: rank 0 reports
+        return 0
     summary = summarize(records, args.steps)
     for r in records:
         print(json.dumps(r))
@@ -116,7 +111,7 @@ def main(argv=None) -> int:
         ]
         lines += [f"| {r['step']} | {r['consensus_distance']:.3e} | {r['average_drift']:.2e} | "
                   f"{r['rss_bytes'] / 1e6:.1f} |" for r in records]
-        write_atomic(args.out, "\n".join(lines) + "\n")
+        atomic_write(args.out, "\n".join(lines) + "\n")
     return 0 if summary["drift_ok"] and summary["memory_ok"] else 1
 
 

@@ -1,0 +1,271 @@
+"""The consensus experiment's measurements: the problems, one run's error curve, the runs to make,
+and the best γ per bit budget. Nothing here writes files or formats text (see `report`)."""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+BUDGETS = (1e5, 1e6, 1e7)
+#: 8 values, log-uniform from 1e-3 to 1 (rounded to 3 significant digits).
+DEFAULT_GAMMAS = tuple(float(f"{10 ** (-3 + 3 * k / 7):.3g}") for k in range(8))
+SEED_BASE = 42
+#: A run stops as diverged once its error exceeds this multiple of the initial error.
+DIVERGE_FACTOR = 1e4
+#: Without --steps, a run goes until it has sent more than the largest budget, at most this long.
+STEP_CAP = 100_000
+
+#: Algorithms that run at the topology's γ (no tuning).
+UNTUNED = (
+    "exact",
+    "powergossip:rank=1,iters=1,warm=true",
+    "powergossip:rank=2,iters=1,warm=true",
+    "powergossip:rank=4,iters=1,warm=true",
+    "powergossip:rank=1,iters=1,warm=false",
+)
+#: Baselines whose γ must be tuned: `--sweep` runs each at every γ of the grid.
+BASELINES = (
+    "choco:compressor=sign",
+    "choco:compressor=topk:matched",
+    "choco:compressor=lowrank:1",
+    "deepsqueeze:compressor=sign",
+    "deepsqueeze:compressor=topk:matched",
+    "deepsqueeze:compressor=lowrank:1",
+)
+#: The spec PowerGossip rank 1 runs with; `topk:matched` matches its floats per message.
+MATCHED_SPEC = "powergossip:rank=1,iters=1,warm=true"
+#: The `cnn` problem: the parameters of the MNIST-1D model `cnn1d` (40 inputs, 10 classes).
+CNN_MODEL, CNN_INPUT_SHAPE, CNN_CLASSES = "cnn1d", (40,), 10
+
+
+# --------------------------------------------------------------------------------------------------
+# problems
+
+
+@functools.lru_cache(maxsize=None)
+def cnn1d_shapes() -> Tuple[Tuple[int, ...], ...]:
+    """Parameter shapes of MNIST-1D's cnn1d, read from the model the training code builds."""
+    from gossip_powersgd.training.models import build_model
+
+    model = build_model(CNN_MODEL, CNN_INPUT_SHAPE, CNN_CLASSES)
+    return tuple(tuple(p.shape) for p in model.parameters())
+
+
+def problem_shapes(problem: str) -> List[Tuple[int, ...]]:
+    """`matrix` (100x100), `matrix:N`, `matrix:RxC`, or `cnn` -> the list of tensor shapes."""
+    name, _, arg = problem.strip().lower().partition(":")
+    if name == "matrix":
+        if not arg:
+            return [(100, 100)]
+        match = re.fullmatch(r"(\d+)(?:x(\d+))?", arg)
+        if not match:
+            raise ValueError(f"problem {problem!r}: expected matrix, matrix:N or matrix:RxC")
+        rows = int(match.group(1))
+        cols = int(match.group(2) or rows)
+        if rows < 1 or cols < 1:
+            raise ValueError(f"problem {problem!r}: sizes must be >= 1")
+        return [(rows, cols)]
+    if name == "cnn" and not arg:
+        return list(cnn1d_shapes())
+    raise ValueError(f"unknown problem {problem!r}; valid: matrix, matrix:N, matrix:RxC, cnn")
+
+
+def make_problem(problem: str, rank: int, dtype=torch.float32) -> List[torch.Tensor]:
+    """Peer `rank`'s tensors: N(0,1) entries from a CPU generator seeded SEED_BASE + rank."""
+    generator = torch.Generator(device="cpu").manual_seed(SEED_BASE + rank)
+    return [torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype)
+            for shape in problem_shapes(problem)]
+
+
+# --------------------------------------------------------------------------------------------------
+# one run
+
+
+def eval_steps(max_steps: int, dense: int = 20, ratio: float = 1.06, max_gap: int = 20) -> set:
+    """Steps at which the error is recorded (besides budget boundaries and the last step):
+    every step up to `dense`, then a geometric grid with gaps of at most `max_gap` steps."""
+    steps = set(range(0, min(dense, max_steps) + 1))
+    value = float(dense)
+    while value < max_steps:
+        value = min(value * ratio, value + max_gap)
+        steps.add(min(int(round(value)), max_steps))
+    return steps
+
+
+def _regular(topology) -> bool:
+    return len({len(topology.neighbors(i)) for i in range(topology.size)}) == 1
+
+
+def consensus_curve(comm, problem: str, spec: str, max_steps: int, max_bits: float,
+                    budgets: Sequence[float] = BUDGETS, diverge_factor: float = DIVERGE_FACTOR) -> Dict:
+    """Run one algorithm on one peer of the consensus problem (collective: every peer calls it).
+
+    Returns {"history": [{"step", "bits_per_peer", "error"}, ...], "stop": why it stopped,
+    "seconds": wall time}. Every peer returns the same history. The run stops after the first
+    step whose cumulative bits per peer exceed `max_bits`, after `max_steps` steps, or once the
+    error is not finite or above `diverge_factor` x the initial error ("diverged").
+    """
+    from gossip_powersgd import consensus_distance, make_algorithm
+
+    start = time.perf_counter()
+    tensors = make_problem(problem, comm.rank)
+    algorithm = make_algorithm(spec, tensors, comm)
+    regular = _regular(comm.topology)
+    bytes0 = comm.stats.bytes_sent
+
+    def bits_now() -> float:
+        own = float(8 * (comm.stats.bytes_sent - bytes0))
+        if regular:  # every peer sends as much (same algorithm, same degree): no collective needed
+            return own
+        return float(comm.allreduce_(torch.tensor([own], dtype=torch.float64), op="mean", metric=True))
+
+    schedule = eval_steps(max_steps)
+    ordered = sorted(float(b) for b in budgets)
+    error0 = consensus_distance(tensors, comm)
+    history = [{"step": 0, "bits_per_peer": 0.0, "error": error0}]
+    previous = [t.detach().clone() for t in tensors]
+    previous_bits, stop = 0.0, "max_steps"
+    for step in range(1, max_steps + 1):
+        for saved, t in zip(previous, tensors):
+            saved.copy_(t)
+        algorithm.step()
+        bits = bits_now()
+        # The previous step was the last one within a budget: record it (from the saved copy).
+        crossed = any(previous_bits <= b < bits for b in ordered)
+        if crossed and step > 1 and history[-1]["step"] != step - 1:
+            history.append({"step": step - 1, "bits_per_peer": previous_bits,
+                            "error": consensus_distance(previous, comm)})
+        last = step == max_steps or bits > max_bits
+        if step in schedule or last:
+            error = consensus_distance(tensors, comm)
+            history.append({"step": step, "bits_per_peer": bits, "error": error})
+            if not math.isfinite(error) or error > diverge_factor * error0:
+                stop = "diverged"
+                break
+        if bits > max_bits:
+            stop = "max_bits"
+            break
+        previous_bits = bits
+    if regular and comm.size > 1:  # check the no-collective shortcut: all peers counted the same
+        own = torch.tensor([float(comm.stats.bytes_sent - bytes0)], dtype=torch.float64)
+        low = comm.allreduce_(own.clone(), op="min", metric=True)
+        high = comm.allreduce_(own.clone(), op="max", metric=True)
+        if float(low) != float(high):
+            raise RuntimeError(f"{spec}: peers of a regular topology sent different byte counts "
+                               f"({float(low):.0f} .. {float(high):.0f})")
+    return {"history": history, "stop": stop, "seconds": time.perf_counter() - start,
+            "bytes_sent": comm.stats.bytes_sent - bytes0}
+
+
+def matched_ratio(comm, problem: str) -> float:
+    """Top-k ratio matching PowerGossip rank 1's floats per message: measured over 2 steps."""
+    from gossip_powersgd import make_algorithm
+
+    tensors = make_problem(problem, comm.rank)
+    algorithm = make_algorithm(MATCHED_SPEC, tensors, comm)
+    bytes0, messages0 = comm.stats.bytes_sent, comm.stats.messages_sent
+    for _ in range(2):
+        algorithm.step()
+    messages = comm.stats.messages_sent - messages0
+    if messages == 0:
+        return 1.0
+    floats = (comm.stats.bytes_sent - bytes0) / messages / tensors[0].element_size()
+    return float(f"{floats / sum(t.numel() for t in tensors):.4g}")
+
+
+# --------------------------------------------------------------------------------------------------
+# the runs to make, and the best γ per budget
+
+
+def expand(specs: Sequence[str], sweep: bool, gammas: Sequence[float], ratio: Optional[float]) -> List[Dict]:
+    """The runs to make: [{"label", "spec", "swept"}]; `topk:matched` resolved to `ratio`.
+
+    An algorithm whose γ the registry marks as needing tuning, given without γ, runs once per γ of
+    `gammas` when sweeping, and is refused otherwise."""
+    from gossip_powersgd.algorithms import algorithm_label, gamma_kind, with_option
+    from gossip_powersgd.algorithms.registry import split_spec
+
+    runs = []
+    for spec in specs:
+        if "topk:matched" in spec:
+            spec = spec.replace("topk:matched", f"topk:{ratio:g}")
+        label = algorithm_label(spec)
+        if gamma_kind(spec) == "tuned" and "gamma" not in split_spec(spec)[1]:
+            if not sweep:
+                raise ValueError(f"{spec!r} needs a tuned gamma: add gamma=... to the spec or pass "
+                                 "--sweep to try every value of --gammas")
+            runs += [{"label": label, "spec": with_option(spec, "gamma", f"{g:g}"), "swept": True}
+                     for g in gammas]
+        else:
+            runs.append({"label": label, "spec": spec, "swept": False})
+    specs_made = [r["spec"] for r in runs]
+    if len(set(specs_made)) != len(specs_made):
+        raise ValueError("the same algorithm spec is given twice: give each spec once")
+    return runs
+
+
+def budget_rows(history: Sequence[Dict], budgets: Sequence[float] = BUDGETS) -> Dict[float, Dict]:
+    """For each budget: {"status": "ok", "row": the last row with bits_per_peer <= budget} when
+    the run went past the budget; {"status": "—"} when its first step already exceeds it;
+    {"status": "not reached"} when the history ends within the budget (stopped early)."""
+    out = {}
+    steps = [r for r in history if r["step"] >= 1]
+    for budget in budgets:
+        if not steps or steps[0]["step"] != 1:
+            raise ValueError("history must record step 1")
+        if steps[0]["bits_per_peer"] > budget:
+            out[budget] = {"status": "—"}
+        elif steps[-1]["bits_per_peer"] <= budget:
+            out[budget] = {"status": "not reached"}
+        else:
+            row = max((r for r in steps if r["bits_per_peer"] <= budget), key=lambda r: r["step"])
+            out[budget] = {"status": "ok", "row": row}
+    return out
+
+
+def cells_for(history: Sequence[Dict], budgets: Sequence[float], stop: str, stage: str) -> Dict[float, Dict]:
+    """`budget_rows`, with "not reached" refined: "diverged" (stopped as diverged) or "screened out"
+    (a sweep's screening run that was not picked for the full length)."""
+    cells = budget_rows(history, budgets)
+    for budget, cell in cells.items():
+        if cell["status"] == "not reached" and stop == "diverged":
+            cells[budget] = {"status": "diverged"}
+        elif cell["status"] == "not reached" and stage == "screen" and stop == "max_bits":
+            cells[budget] = {"status": "screened out"}
+    return cells
+
+
+def summarize(results: Sequence[Dict], budgets: Sequence[float]) -> Dict[str, Dict]:
+    """Per label: for each budget the best run (lowest error among the runs that reached it and
+    had not diverged by then), and the run to plot (best at the largest budget any run reached)."""
+    table: Dict[str, Dict] = {}
+    for result in results:
+        entry = table.setdefault(result["label"], {"runs": [], "budgets": {}, "swept": result["swept"]})
+        entry["runs"].append(result)
+    for label, entry in table.items():
+        for budget in budgets:
+            best = None
+            statuses = set()
+            for result in entry["runs"]:
+                cell = result["budgets"][budget]
+                statuses.add(cell["status"])
+                if cell["status"] == "ok" and math.isfinite(cell["row"]["error"]):
+                    if best is None or cell["row"]["error"] < best["row"]["error"]:
+                        best = {**cell, "gamma": result["gamma"], "spec": result["spec"]}
+            if best is None:
+                status = "—" if statuses == {"—"} else ("diverged" if statuses == {"diverged"}
+                                                        else "not reached")
+                best = {"status": status}
+            entry["budgets"][budget] = best
+        plotted = None
+        for budget in sorted(budgets, reverse=True):
+            if entry["budgets"][budget]["status"] == "ok":
+                plotted = entry["budgets"][budget]["spec"]
+                break
+        entry["plot_spec"] = plotted or entry["runs"][0]["spec"]
+    return table

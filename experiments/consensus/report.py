@@ -1,0 +1,208 @@
+"""The consensus experiment's outputs: run files, the budget table (text, markdown, CSV), plots,
+the summary JSON that a record is rebuilt from, and the report page. Numbers come in as the records
+`driver.run_experiment` builds; nothing here runs an algorithm."""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import io
+import json
+import math
+import re
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from gossip_powersgd.utils import atomic_write
+
+from .measure import cells_for, summarize
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "experiments" / "results"
+#: The report's data lives here, one folder per (topology, problem).
+DEFAULT_OUT = RESULTS / "consensus"
+#: Plain runs write here (git-ignored), so that they never overwrite the report's committed data.
+SCRATCH_OUT = ROOT / "runs" / "consensus"
+REPORT_PATH = RESULTS / "consensus.md"
+
+
+# --------------------------------------------------------------------------------------------------
+# names and numbers
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.=_-]+", "_", text).strip("_")
+
+
+def run_file(spec: str) -> str:
+    """The name of a run's curve file under runs/."""
+    return slug(spec.replace(":", "_").replace(",", "_")) + ".jsonl"
+
+
+def default_out(topology: str, problem: str, base: Path = SCRATCH_OUT) -> Path:
+    """The output folder of one (topology, problem) under `base`, e.g. base/ring8_matrix."""
+    return base / f"{slug(topology.replace(':', ''))}_{slug(problem.replace(':', ''))}"
+
+
+def fmt_err(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def fmt_gamma(value: Optional[float]) -> str:
+    return "—" if value is None else f"{value:.4g}"
+
+
+def budget_name(budget: float) -> str:
+    exponent = math.log10(budget)
+    return f"1e{int(exponent)}" if exponent == int(exponent) else f"{budget:g}"
+
+
+def _family(entry: Dict) -> Tuple[str, str, str]:
+    """(algorithm name, what its γ is without a value, compressor name) of a summary entry."""
+    from gossip_powersgd.algorithms import gamma_kind
+    from gossip_powersgd.algorithms.registry import split_spec
+
+    spec = entry["runs"][0]["spec"]
+    name, options = split_spec(spec)
+    return name, gamma_kind(spec), options.get("compressor", "").split(":")[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# tables
+
+
+def cell_text(cell: Dict, swept: bool) -> str:
+    if cell["status"] != "ok":
+        return cell["status"]
+    text = fmt_err(cell["row"]["error"])
+    return f"{text} (γ={fmt_gamma(cell['gamma'])})" if swept else text
+
+
+def format_table(summary: Dict[str, Dict], budgets: Sequence[float], markdown: bool = False) -> str:
+    """The error reached at each bit budget (per peer), one row per algorithm."""
+    header = ["algorithm", "γ"] + [f"≤ {budget_name(b)} bits" for b in budgets]
+    rows = []
+    for label, entry in summary.items():
+        gammas = {r["gamma"] for r in entry["runs"]}
+        gamma = "swept (best per budget)" if entry["swept"] else fmt_gamma(next(iter(gammas)))
+        rows.append([label, gamma] + [cell_text(entry["budgets"][b], entry["swept"]) for b in budgets])
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(lines)
+    widths = [max(len(str(r[k])) for r in rows + [header]) for k in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def table_csv(results: Sequence[Dict], summary: Dict[str, Dict], budgets: Sequence[float],
+              topology: str, problem: str) -> str:
+    """Every run's cell at every budget, the best γ per (algorithm, budget) marked 1."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["topology", "problem", "algorithm", "spec", "gamma", "budget_bits", "status",
+                     "step", "bits_per_peer", "error", "best"])
+    for result in results:
+        for budget in budgets:
+            cell = result["budgets"][budget]
+            best = summary[result["label"]]["budgets"][budget]
+            is_best = best.get("spec") == result["spec"]
+            row = cell.get("row", {})
+            writer.writerow([topology, problem, result["label"], result["spec"], result["gamma"],
+                             f"{budget:g}", cell["status"], row.get("step", ""),
+                             row.get("bits_per_peer", ""), row.get("error", ""), int(is_best)])
+    return buffer.getvalue()
+
+
+def history_jsonl(history: Sequence[Dict]) -> str:
+    return "".join(json.dumps({"step": r["step"], "bits_per_peer": r["bits_per_peer"],
+                               "error": r["error"]}) + "\n" for r in history)
+
+
+# --------------------------------------------------------------------------------------------------
+# plots and files
+
+
+def plot(summary: Dict[str, Dict], results: Sequence[Dict], out: Path, title: str,
+         budgets: Sequence[float] = ()) -> List[Path]:
+    """error_vs_bits.png (log-log) and error_vs_steps.png (semilog-y), one line per algorithm:
+    solid for those at the topology's γ, dashed for the tuned baselines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_spec = {r["spec"]: r for r in results}
+    paths = []
+    for name, xkey, xlabel, logx in (("error_vs_bits.png", "bits_per_peer", "bits sent per peer", True),
+                                      ("error_vs_steps.png", "step", "steps", False)):
+        fig, ax = plt.subplots(figsize=(7.5, 5))
+        for k, (label, entry) in enumerate(summary.items()):
+            result = by_spec[entry["plot_spec"]]
+            rows = [r for r in result["history"] if (r[xkey] > 0 or not logx) and r["error"] > 0]
+            if not rows:
+                continue
+            legend = label + (f" (γ={fmt_gamma(result['gamma'])})" if entry["swept"] else "")
+            style = "-" if _family(entry)[1] == "topology" else "--"
+            ax.plot([r[xkey] for r in rows], [r["error"] for r in rows], style, label=legend,
+                    color=f"C{k % 10}", linewidth=1.4)
+        ax.set_yscale("log")
+        if logx:
+            ax.set_xscale("log")
+            for budget in budgets:
+                ax.axvline(budget, color="0.6", linestyle=":", linewidth=0.8)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("error: mean over peers of ‖x_i − x̄‖²")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7, loc="lower left")
+        path = out / name
+        buffer = io.BytesIO()
+        try:
+            fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+        finally:
+            plt.close(fig)
+        atomic_write(path, buffer.getvalue())
+        paths.append(path)
+    return paths
+
+
+def write_outputs(record: Dict, out: Path, plots: bool = True) -> None:
+    """runs/*.jsonl, table.csv, summary.json and (with `plots`) the PNGs of one record into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    for result in record["results"]:
+        atomic_write(out / "runs" / result["file"], history_jsonl(result["history"]))
+    atomic_write(out / "table.csv", table_csv(record["results"], record["summary"], record["budgets"],
+                                              record["topology"], record["problem"]))
+    light = {k: v for k, v in record.items() if k not in ("results", "summary", "table", "out")}
+    light["finished"] = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    light["runs"] = [{k: r[k] for k in ("label", "spec", "gamma", "swept", "stage", "stop", "steps",
+                                         "bits_per_peer", "seconds", "file")} for r in record["results"]]
+    light["best"] = {label: {f"{b:g}": {k: v for k, v in cell.items() if k != "status"} | {"status": cell["status"]}
+                             for b, cell in entry["budgets"].items()}
+                     for label, entry in record["summary"].items()}
+    atomic_write(out / "summary.json", json.dumps(light, indent=1) + "\n")
+    if plots:
+        plot(record["summary"], record["results"], out,
+             f"{record['topology']} (W={record['weights']}), {record['problem']}: consensus error",
+             record["budgets"])
+
+
+def load_record(out: Path) -> Dict:
+    """The record `run_experiment` returned, rebuilt from the files it wrote into `out`."""
+    out = Path(out)
+    saved = json.loads((out / "summary.json").read_text())
+    budgets = tuple(float(b) for b in saved["budgets"])
+    results = []
+    for run in saved["runs"]:
+        rows = [json.loads(line) for line in (out / "runs" / run["file"]).read_text().splitlines() if line]
+        results.append({**run, "history": rows,
+                        "budgets": cells_for(rows, budgets, run["stop"], run.get("stage", "full"))})
+    summary = summarize(results, budgets)
+    if "finished" not in saved:
+        mtime = (out / "summary.json").stat().st_mtime
+        saved["finished"] = datetime.datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M")
+    return {**saved, "budgets": list(budgets), "out": str(out), "results": results, "summary": summary,
+            "table": format_table(summary, budgets)}

@@ -1,0 +1,37 @@
+"""The paper's claims, reproduced by real training runs: one command per result page.
+
+    python -m experiments.suite training      # experiments/results/training.{md,csv,png} + README_results.md
+    python -m experiments.suite gamma         # experiments/results/gamma.{md,csv,png}
+    python -m experiments.suite consensus     # experiments/results/consensus.md (experiments.consensus --report)
+    python -m experiments.suite training --quick --out runs/suite-quick   # seconds: a smoke test
+
+Every peer runs as a thread of this one process (`backend: local`, `LocalCluster`); the MPI
+transport runs the very same algorithm code and its equality with the local one is tested in
+tests/ (not here). All runs are sequential in one process, so MNIST-1D is generated once.
+
+Projected wall time (per peer) = measured compute time (forward/backward/optimizer + the algorithm's
+own compression arithmetic, means over peers) + projected communication time, where projected
+communication = rounds x latency + critical_bytes / bandwidth, from the transport's counters
+(`CommStats.projected_seconds`: one round per exchange costing its largest message, a ring
+all-reduce 2(n-1) rounds of 1/n of the tensor). Latency 50 us, bandwidth 1 and 10 Gbit/s. Bytes
+always come from the counters, never a formula.
+
+Modules: `runs` (one training run on every peer, a row's numbers), `tables` (markdown and CSV from
+the rows), `training` and `gamma` (one page each), `driver` (the CLI).
+"""
+
+from .driver import build_parser, main
+from .gamma import gamma_verdict, run_gamma
+from .runs import (BANDWIDTHS, BASE, LATENCY_S, QUICK_BASE, attempt, combine, communication_seconds,
+                   measurements, projected_seconds, run_one)
+from .tables import CSV_FIELDS, TABLE_HEADER, build_csv, build_table, exact_reference, header, ratio_to_exact
+from .training import (CORE_ROWS, EXACT, GAMMA_GRID, POWERGOSSIP, ROWS, SETTINGS, WIDE_MODEL, readme_section,
+                       run_training, targets, training_page)
+
+__all__ = [
+    "BANDWIDTHS", "BASE", "CORE_ROWS", "CSV_FIELDS", "EXACT", "GAMMA_GRID", "LATENCY_S", "POWERGOSSIP",
+    "QUICK_BASE", "ROWS", "SETTINGS", "TABLE_HEADER", "WIDE_MODEL", "attempt", "build_csv", "build_parser",
+    "build_table", "combine", "communication_seconds", "exact_reference", "gamma_verdict", "header",
+    "main", "measurements", "projected_seconds", "ratio_to_exact", "readme_section", "run_gamma",
+    "run_one", "run_training", "targets", "training_page",
+]

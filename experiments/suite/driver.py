@@ -1,0 +1,46 @@
+"""The suite's CLI: `python -m experiments.suite training|gamma|consensus [options]`."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from .gamma import run_gamma
+from .tables import RESULTS, ROOT
+from .training import run_training
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI: which page to make, and how long to train."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.suite",
+                                     description="Reproduce the paper's claims with real runs.")
+    parser.add_argument("what", choices=("training", "gamma", "consensus"))
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny problem (synthetic logistic regression, ring:4, 1 epoch), seconds")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output folder (default experiments/results, or runs/suite-quick with --quick)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="epochs of the non-headline rows (training: 8) / of each run (gamma: 5)")
+    parser.add_argument("--headline-epochs", type=int, default=25, help="epochs of the headline rows")
+    parser.add_argument("--wide-epochs", type=int, default=3, help="epochs of the wider-model rows")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """`python -m experiments.suite WHAT ...`; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    command = "python -m experiments.suite " + " ".join(shlex.quote(a) for a in argv)
+    out = args.out or (ROOT / "runs" / "suite-quick" if args.quick else RESULTS)
+    if args.what == "training":
+        run_training(out, args.quick, epochs=args.epochs or 8, headline_epochs=args.headline_epochs,
+                     wide_epochs=args.wide_epochs, command=command)
+    elif args.what == "gamma":
+        run_gamma(out, args.quick, epochs=args.epochs or 5, command=command)
+    else:
+        from experiments import consensus
+
+        return consensus.main(["--report", "--render-only"] if args.quick else ["--report"])
+    return 0

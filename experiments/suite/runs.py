@@ -1,0 +1,146 @@
+"""One suite run: train on every peer of a topology (threads of this process, through `run_peers`)
+and keep the numbers a table row needs; a failing run becomes a row saying so."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Dict, Optional, Sequence
+
+LATENCY_S = 50e-6
+BANDWIDTHS = (("1 Gbit/s", 1e9 / 8), ("10 Gbit/s", 10e9 / 8))
+
+#: The MNIST-1D demo recipe (experiments/configs/demo.yaml), on the local backend, no files written.
+BASE = dict(dataset="mnist1d", model="cnn1d", optimizer="sgd", lr=0.1, momentum=0.9,
+            weight_decay=0.0001, warmup_epochs=2, schedule="cosine", batch_size=32, seed=0,
+            backend="local", quiet=True, log_every=0, checkpoint_every=0, out_dir=None, threads=1)
+#: --quick: a tiny problem (seconds), for tests and smoke checks.
+QUICK_BASE = dict(dataset="synthetic_logreg:d=20,classes=4,n=2000", model="logreg", optimizer="sgd",
+                  lr=0.5, batch_size=32, seed=0, backend="local", quiet=True, log_every=0,
+                  checkpoint_every=0, out_dir=None, threads=1)
+
+
+def _peer(comm, config):
+    """One peer: train, and return its summary and transport counters."""
+    from gossip_powersgd.training.trainer import train
+
+    summary = train(comm, config)
+    return summary, comm.stats.as_dict()
+
+
+def run_one(overrides: Dict[str, Any], quick: bool = False) -> Dict[str, Any]:
+    """Train once on every peer (threads of this process); the row's raw measurements."""
+    import torch
+
+    from gossip_powersgd.launch import run_peers
+    from gossip_powersgd.training.config import config_from_dict, resolve_topology
+
+    torch.set_num_threads(1)
+    data = dict(QUICK_BASE if quick else BASE)
+    data.update(overrides)
+    config = config_from_dict(data)
+    topology = resolve_topology(config)
+    config = config.replace(peers=topology.size)
+    started = time.perf_counter()
+    values = run_peers(topology, _peer, config, backend="local", timeout=config.comm_timeout)
+    results = [values[rank] for rank in sorted(values)]
+    seconds = time.perf_counter() - started
+    summary = results[0][0]
+    stats = [s for _, s in results]
+    curve = [(r["mb_sent_per_peer"], r["test_acc_avg_model"])
+             for r in summary["history"] if r.get("kind") == "eval"]
+    return measurements(summary, stats, seconds, curve)
+
+
+def measurements(summary: Dict[str, Any], stats: Sequence[Dict[str, int]], seconds: float,
+                 curve: Sequence = ()) -> Dict[str, Any]:
+    """The numbers a table row needs, from a `train` summary and every peer's `CommStats.as_dict()`."""
+    steps = max(1, int(summary["steps"]))
+    return {
+        "algorithm": summary["algorithm"], "topology": summary["topology"],
+        "partition": summary["partition"], "model": summary["model"], "peers": summary["peers"],
+        "epochs": summary["epochs"], "steps": steps, "parameters": summary["parameters"],
+        "acc_avg": summary["final_test_acc_avg_model"],
+        "acc_local_mean": summary["final_test_acc_local_mean"],
+        "acc_local_min": summary["final_test_acc_local_min"],
+        "mb_per_peer": summary["mb_sent_per_peer"],
+        "mb_per_step": summary["mb_sent_per_peer"] / steps,
+        "compute_s": summary["time_compute_s"] + summary["time_gossip_compute_s"],
+        # the critical path: the slowest peer's rounds and largest-message bytes
+        "rounds": max(int(s["rounds"]) for s in stats),
+        "critical_bytes": max(int(s["critical_bytes"]) for s in stats),
+        "run_seconds": seconds, "curve": list(curve),
+    }
+
+
+def projected_seconds(m: Dict[str, Any], bandwidth_bytes_per_second: float,
+                      latency: float = LATENCY_S) -> float:
+    """Measured compute + projected communication (`CommStats.projected_seconds` on the counters)."""
+    from gossip_powersgd.comm.base import CommStats
+
+    comm = CommStats(rounds=int(m["rounds"]), critical_bytes=int(m["critical_bytes"]))
+    return float(m["compute_s"]) + comm.projected_seconds(latency, bandwidth_bytes_per_second)
+
+
+def communication_seconds(m: Dict[str, Any], bandwidth_bytes_per_second: float,
+                          latency: float = LATENCY_S) -> float:
+    """The projected communication part alone (deterministic: counters only)."""
+    return projected_seconds(dict(m, compute_s=0.0), bandwidth_bytes_per_second, latency)
+
+
+def combine(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """Several seeds of one row: accuracies as mean and std, the rest as means."""
+    out = dict(runs[0])
+    out["seeds"] = len(runs)
+    for key in ("acc_avg", "acc_local_mean", "acc_local_min", "mb_per_peer", "mb_per_step",
+                "compute_s", "rounds", "critical_bytes", "run_seconds"):
+        values = [float(r[key]) for r in runs]
+        out[key] = statistics.fmean(values)
+        out[key + "_std"] = statistics.stdev(values) if len(values) > 1 else None
+    return out
+
+
+def log(text: str) -> None:
+    """A timestamped progress line."""
+    print(f"[suite {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# training
+
+
+def _labelled(label: str, spec: str, gamma: Optional[float], m: Dict[str, Any], kind: str = "main"):
+    """A table row: the measurements, its label and spec, and its γ as the table shows it."""
+    from gossip_powersgd.algorithms import gamma_kind
+
+    row = dict(m, label=label, spec=spec, model_kind=kind)
+    row["gamma"] = gamma
+    if gamma is not None:
+        row["gamma_text"] = f"{gamma:.3g}"
+    elif gamma_kind(spec) == "topology":
+        row["gamma_text"] = "topology"
+    else:
+        row["gamma_text"] = "—"
+    return row
+
+
+def attempt(label: str, spec: str, overrides: Dict[str, Any], quick: bool, gamma=None,
+             kind: str = "main") -> Dict[str, Any]:
+    """Run one row (`spec` with `overrides`); its row, or a row saying why it failed."""
+    log(f"{label} {overrides.get('topology')} {overrides.get('partition')} "
+         f"{overrides.get('epochs')} epochs seed {overrides.get('seed', 0)}: {spec}")
+    try:
+        m = run_one(dict(overrides, algorithm=spec), quick=quick)
+    except Exception as exc:  # a failing algorithm is a table row saying so, not a lost suite
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        log(f"  FAILED: {type(exc).__name__}: {first}")
+        what = "diverged" if type(exc).__name__ == "NonFiniteError" else type(exc).__name__
+        row = {"topology": overrides.get("topology"), "partition": overrides.get("partition"),
+               "epochs": overrides.get("epochs"), "algorithm": spec,
+               "error": f"{what}: {first}"[:200].replace("|", "/")}
+        row.update(label=label, spec=spec, gamma=gamma, model_kind=kind,
+                   gamma_text="—" if gamma is None else f"{gamma:g}")
+        return row
+    log(f"  acc {m['acc_avg']:.4f}  {m['mb_per_peer']:.3f} MB/peer  {m['run_seconds']:.1f} s")
+    return _labelled(label, spec, gamma, m, kind)
+
