@@ -254,6 +254,10 @@ def test_bad_sampler_and_step_arguments_are_one_line_errors():
     one_line_error(dp.privatize, model, 9, match="pass len")
     one_line_error(dp.privatize, model, -1, match=">= 0")
     one_line_error(dp.wrap, small_model(), match="already wraps")
+    assert dp.wrap(model) is model  # wrapping is done once
+    one_line_error(DPSGD(1.0, 1.0, 0.5, 20).wrap, model, match="another DPSGD")
+    one_line_error(noise_for_target, 0.0, 1e-5, [0.1], 10, match="dp_target_epsilon must be")
+    one_line_error(noise_for_target, 1.0, 1.5, [0.1], 10, match="dp_delta must lie")
 
 
 # --------------------------------------------------------------------------------------------------
