@@ -1,0 +1,136 @@
+"""Privacy accounting: Opacus accountants, epsilon, the noise for a target epsilon, default delta.
+
+Each peer owns one accountant and steps it once per optimizer step with its own (sigma, q). Peers
+have different shard sizes, hence different sampling rates q and different epsilons: the run's
+guarantee is the worst peer's, and every peer's epsilon is reported.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Sequence
+
+from gossip_powersgd.privacy.dependency import import_opacus
+
+__all__ = ["ACCOUNTANT_NAMES", "make_accountant", "epsilon", "noise_for_target", "default_delta",
+           "TARGET_TOLERANCE"]
+
+#: Accountants Opacus provides: Renyi DP (default), privacy random variables, Gaussian DP.
+ACCOUNTANT_NAMES = ("rdp", "prv", "gdp")
+
+#: noise_for_target's sigma ends the worst peer at an epsilon in [(1 - this) * target, target].
+TARGET_TOLERANCE = 0.01
+
+# The search brackets: Opacus' get_noise_multiplier starts at 10 and gives up past 1e6.
+_FIRST_SIGMA = 5.0
+_MAX_SIGMA = 1e6
+_MAX_HALVINGS = 100
+
+
+def check_accountant_name(name) -> str:
+    """``name`` if it names an accountant, else a one-line ValueError listing the valid ones."""
+    if name not in ACCOUNTANT_NAMES:
+        raise ValueError(f"dp_accountant must be one of {', '.join(ACCOUNTANT_NAMES)}, "
+                         f"got {name!r}")
+    return name
+
+
+def make_accountant(name: str = "rdp"):
+    """A fresh Opacus accountant: ``"rdp"``, ``"prv"`` or ``"gdp"``."""
+    check_accountant_name(name)
+    accountants = import_opacus("opacus.accountants")
+    with warnings.catch_warnings():
+        # GDP warns on construction that it is experimental; the name is the user's choice and
+        # the docs of dp_accountant say so, so one warning per peer per run is noise.
+        warnings.simplefilter("ignore", UserWarning)
+        return accountants.create_accountant(mechanism=name)
+
+
+def epsilon(accountant, delta: float) -> float:
+    """The epsilon ``accountant`` has spent so far at ``delta`` (0.0 before the first step).
+
+    Uses each accountant's default precision, so the number equals what any fresh Opacus
+    accountant with the same history reports.
+    """
+    if len(accountant.history) == 0:  # GDP and PRV cannot evaluate an empty history
+        return 0.0
+    return float(accountant.get_epsilon(delta=float(delta)))
+
+
+def noise_for_target(target_epsilon: float, delta: float, sample_rates: Sequence[float],
+                     steps: int, accountant: str = "rdp") -> float:
+    """The noise multiplier sigma that ends the peer with the largest sampling rate at the target.
+
+    All peers take the same number of ``steps`` with the same sigma, so the peer with the largest
+    rate spends the most: solving for it makes every peer end at epsilon <= ``target_epsilon``,
+    and the worst one within ``TARGET_TOLERANCE`` (1 %) of it. Raises a one-line ValueError when
+    no sigma reaches the target (too small a target for that rate, delta and number of steps).
+    """
+    rates = [float(q) for q in sample_rates]
+    if not rates:
+        raise ValueError("noise_for_target needs at least one peer's sample rate")
+    if any(not 0 < q <= 1 for q in rates):
+        raise ValueError(f"sample rates must lie in (0, 1], got {rates}")
+    if isinstance(steps, bool) or int(steps) != steps or steps < 1:
+        raise ValueError(f"the number of steps must be a positive integer, got {steps!r}")
+    if isinstance(target_epsilon, bool) or not 0 < float(target_epsilon) < math.inf:
+        raise ValueError(f"dp_target_epsilon must be a finite number > 0, got {target_epsilon!r}")
+    if isinstance(delta, bool) or not 0 < float(delta) < 1:
+        raise ValueError(f"dp_delta must lie strictly between 0 and 1, got {delta!r}")
+    check_accountant_name(accountant)
+    rate, steps, delta = max(rates), int(steps), float(delta)
+    unreachable = (f"dp_target_epsilon={target_epsilon:g} is unreachable with delta={delta:g}, "
+                   f"sample rate {rate:g} and {steps} steps: raise the target or delta, or lower "
+                   f"the batch size or the number of epochs")
+    check = make_accountant(accountant)
+
+    def spent(sigma: float) -> float:
+        check.history = [(sigma, rate, steps)]
+        try:
+            with warnings.catch_warnings():  # RDP's "optimal order is the largest alpha" probes
+                warnings.simplefilter("ignore", UserWarning)
+                value = epsilon(check, delta)
+        except (ValueError, ArithmeticError, RuntimeError):
+            # GDP's solver raises once epsilon leaves [0, 500]: far too little noise.
+            return math.inf
+        return value if math.isfinite(value) else math.inf
+
+    # Opacus' get_noise_multiplier search (double sigma until the target is met, then bisect),
+    # with the failures above read as "too little noise" instead of ending the search, and a
+    # bounded number of halvings. Every candidate is evaluated with the accountant each peer
+    # uses, at its default precision, so what is reported at the end is what is promised here.
+    tolerance = TARGET_TOLERANCE * float(target_epsilon)
+    low, high, spent_high = 0.0, _FIRST_SIGMA, math.inf
+    while spent_high > target_epsilon:
+        high *= 2
+        if high > _MAX_SIGMA:
+            raise ValueError(unreachable)
+        spent_high = spent(high)
+    for _ in range(_MAX_HALVINGS):
+        if target_epsilon - spent_high <= tolerance:
+            break
+        middle = (low + high) / 2
+        spent_middle = spent(middle)
+        if spent_middle <= target_epsilon:
+            high, spent_high = middle, spent_middle
+        else:
+            low = middle
+    return float(high)
+
+
+def default_delta(largest_shard: int) -> float:
+    """The delta used when none is configured: the largest power of ten <= 1 / (10 n).
+
+    ``n`` is the largest peer's shard size. The usual rule asks delta < 1/n (a mechanism that
+    publishes one random record outright has delta = 1/n); one more factor of ten keeps the
+    default clearly below it, and a power of ten keeps it readable: n = 1000 gives 1e-4,
+    n = 1500 or 10000 gives 1e-5.
+    """
+    if isinstance(largest_shard, bool) or int(largest_shard) != largest_shard or largest_shard < 1:
+        raise ValueError(f"the largest shard size must be a positive integer, got "
+                         f"{largest_shard!r}")
+    exponent = 1
+    while 10 ** exponent < 10 * int(largest_shard):  # integers: no log10 rounding at 10**k
+        exponent += 1
+    return float(10.0 ** -exponent)

@@ -1,0 +1,309 @@
+"""Per-peer DP-SGD: per-example clipping and Gaussian noise on each peer's own gradient.
+
+Each peer privatizes its own gradient before its optimizer step, then gossips as usual: what
+leaves a peer is already private, whatever gossip algorithm carries it (post-processing). This is
+why there is no DistributedDataParallel here: Opacus' distributed optimizer adds the noise on one
+rank only, which protects the average, not each peer's records.
+
+How a trainer uses it, per peer::
+
+    options checked      validate_dp_options(sigma, C, delta, target, accountant)
+    set-up               model = validate_model(model, fix)   # before building the optimizer
+                         model = dp.wrap(model)               # opacus GradSampleModule
+                         batches = PoissonBatches(x, y, q, seed, rank)
+    after backward       dp.privatize(model, len(yb))         # empty batch: no forward, just this
+    evaluation           dp.epsilon(delta)
+    checkpoint           dp.state_dict() / dp.load_state_dict(state)
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from numbers import Real
+from typing import Optional
+
+import torch
+from torch import nn
+
+from gossip_powersgd.privacy.accounting import check_accountant_name, epsilon, make_accountant
+from gossip_powersgd.privacy.dependency import import_opacus
+from gossip_powersgd.privacy.seeds import NOISE_STREAM, derive_seed
+
+__all__ = ["DPSGD", "validate_model", "validate_dp_options", "dp_enabled"]
+
+#: Added to each per-example norm before dividing, as Opacus does, so a zero gradient stays zero.
+_NORM_EPS = 1e-6
+
+#: The two ways out, named in every unsupported-layer error.
+_FIXES = ("replace it with a layer Opacus supports (GroupNorm for BatchNorm), or set "
+          "dp_fix_model: true to let Opacus' validator replace it")
+
+
+def dp_enabled(noise_multiplier: Optional[float], target_epsilon: Optional[float]) -> bool:
+    """Differential privacy is on exactly when sigma or a target epsilon is set."""
+    return noise_multiplier is not None or target_epsilon is not None
+
+
+def _number(key: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or math.isnan(float(value)):
+        raise ValueError(f"{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def validate_dp_options(noise_multiplier: Optional[float] = None,
+                        max_grad_norm: Optional[float] = None, delta: Optional[float] = None,
+                        target_epsilon: Optional[float] = None, accountant: str = "rdp") -> None:
+    """One-line ValueError for the first bad differential-privacy option; None when all are fine.
+
+    ``None`` means "not set". sigma = 0 with C = inf is allowed (it reproduces plain SGD, a
+    check of the machinery, with an infinite epsilon); noise with C = inf is not.
+    """
+    if noise_multiplier is not None and target_epsilon is not None:
+        raise ValueError("set either dp_noise_multiplier or dp_target_epsilon, not both "
+                         "(the target computes the noise multiplier)")
+    if noise_multiplier is not None:
+        sigma = _number("dp_noise_multiplier", noise_multiplier)
+        if not 0 <= sigma < math.inf:
+            raise ValueError(f"dp_noise_multiplier must be a finite number >= 0, got {sigma:g}")
+    if target_epsilon is not None:
+        target = _number("dp_target_epsilon", target_epsilon)
+        if not 0 < target < math.inf:
+            raise ValueError(f"dp_target_epsilon must be a finite number > 0, got {target:g}")
+    if delta is not None:
+        d = _number("dp_delta", delta)
+        if not 0 < d < 1:
+            raise ValueError(f"dp_delta must lie strictly between 0 and 1, got {d:g}")
+    check_accountant_name(accountant)
+    if not dp_enabled(noise_multiplier, target_epsilon):
+        return
+    if max_grad_norm is None:
+        raise ValueError("differential privacy needs dp_max_grad_norm (the per-example clipping "
+                         "norm C), e.g. dp_max_grad_norm: 1.0")
+    clip = _number("dp_max_grad_norm", max_grad_norm)
+    if not clip > 0:
+        raise ValueError(f"dp_max_grad_norm must be > 0, got {clip:g}")
+    noisy = target_epsilon is not None or float(noise_multiplier) > 0
+    if noisy and math.isinf(clip):
+        raise ValueError("dp_max_grad_norm must be finite when noise is added (the noise std is "
+                         "dp_noise_multiplier * dp_max_grad_norm)")
+
+
+def _first_bad_layer(model: nn.Module) -> Optional[str]:
+    """The problem of the first layer that cannot be trained per example, or None.
+
+    Opacus' ModuleValidator looks only at layers with trainable parameters; a BatchNorm without
+    affine weights mixes the examples of a batch just the same, so every BatchNorm is checked.
+    """
+    validators = import_opacus("opacus.validators.module_validator").ModuleValidator.VALIDATORS
+    for name, module in model.named_modules():
+        label = f"layer {name or '<root>'!r} ({type(module).__name__})"
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            return f"{label} mixes the examples of a batch, so per-example gradients do not exist"
+        trainable = any(p.requires_grad for p in module.parameters(recurse=False))
+        if not trainable:
+            continue
+        errors = validators[type(module)](module) if type(module) in validators else []
+        if errors:
+            reason = str(errors[0]).strip().split(". ")[0].splitlines()[0].rstrip(".")
+            return f"{label} is not supported by Opacus ({reason})"
+        if any(True for _ in module.buffers(recurse=False)):
+            return f"{label} keeps buffers computed from the data, which would not be private"
+    return None
+
+
+def validate_model(model: nn.Module, fix: bool = False) -> nn.Module:
+    """``model`` if Opacus can compute its per-example gradients; a one-line ValueError if not.
+
+    With ``fix=True`` a model with unsupported layers is replaced by a copy in which Opacus'
+    ``ModuleValidator.fix`` swapped them (BatchNorm -> GroupNorm, LSTM -> DPLSTM, ...); use the
+    returned model, and build the optimizer on its parameters. A model with no trainable
+    parameter is an error either way: there would be nothing to privatize.
+    """
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"differential privacy needs a model with trainable parameters; "
+                         f"{type(model).__name__} has none")
+    problem = _first_bad_layer(model)
+    if problem is None:
+        return model
+    if not fix:
+        raise ValueError(f"{problem}: {_FIXES}")
+    fixed = import_opacus("opacus.validators.module_validator").ModuleValidator.fix(model)
+    left = _first_bad_layer(fixed)
+    if left is not None:
+        raise ValueError(f"{left}, and Opacus' validator cannot replace it: replace it by hand "
+                         f"(GroupNorm instead of BatchNorm)")
+    return fixed
+
+
+class DPSGD:
+    """One peer's DP-SGD step: clip each example's gradient to C, sum, add N(0, (sigma C)^2).
+
+    The sum is divided by the *expected* batch size ``sample_rate * shard_size``, not by the
+    batch's actual size, which would depend on (and leak) how many records were sampled. The noise
+    comes from this peer's own CPU generator seeded by ``(seed, rank)``, so runs repeat exactly;
+    ``secure=True`` draws every step's seed from the OS entropy pool instead (not reproducible)
+    and averages draws as Opacus' secure mode does, against floating-point attacks.
+    """
+
+    def __init__(self, noise_multiplier: float, max_grad_norm: float, sample_rate: float,
+                 shard_size: int, *, accountant: str = "rdp", seed: int = 0, rank: int = 0,
+                 secure: bool = False):
+        validate_dp_options(noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
+                            accountant=accountant)
+        if isinstance(sample_rate, bool) or not 0 < float(sample_rate) <= 1:
+            raise ValueError(f"the sample rate must lie in (0, 1], got {sample_rate!r}")
+        if isinstance(shard_size, bool) or int(shard_size) != shard_size or shard_size < 1:
+            raise ValueError(f"the shard size must be a positive integer, got {shard_size!r}")
+        self.noise_multiplier = float(noise_multiplier)
+        self.max_grad_norm = float(max_grad_norm)
+        self.sample_rate = float(sample_rate)
+        self.expected_batch_size = self.sample_rate * int(shard_size)
+        self.secure = bool(secure)
+        self.accountant_name = accountant
+        self.accountant = make_accountant(accountant)
+        self.generator = torch.Generator(device="cpu")
+        self.generator.manual_seed(derive_seed(seed, rank, NOISE_STREAM))
+        self.module: Optional[nn.Module] = None
+
+    # ---- set-up -----------------------------------------------------------------------------
+
+    validate_model = staticmethod(validate_model)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """``model`` in an Opacus GradSampleModule that records per-example gradients.
+
+        ``loss_reduction="mean"``: the trainer keeps its mean loss, Opacus rescales per example.
+        Wrapping is done once; wrapping the already wrapped model again returns it.
+        """
+        grad_sample = import_opacus("opacus.grad_sample")
+        if isinstance(model, grad_sample.GradSampleModule):
+            if model is not self.module:
+                raise ValueError("this model is already wrapped by another DPSGD: give each peer "
+                                 "its own unwrapped model")
+            return model
+        if self.module is not None:
+            raise ValueError("this DPSGD already wraps a model: create one DPSGD per peer model")
+        validate_model(model, fix=False)
+        self.module = grad_sample.GradSampleModule(model, batch_first=True,
+                                                   loss_reduction="mean", strict=True)
+        return self.module
+
+    # ---- after backward ---------------------------------------------------------------------
+
+    def per_example_gradients(self, model: nn.Module, batch_size: int) -> list[torch.Tensor]:
+        """Each trainable parameter's per-example gradients, shape ``(batch_size, *p.shape)``.
+
+        What Opacus recorded during the last backward, for the examples' own (not averaged)
+        losses; zeros for a parameter the forward did not use.
+        """
+        gradients = []
+        for p in (p for p in model.parameters() if p.requires_grad):
+            sample = getattr(p, "grad_sample", None)
+            if isinstance(sample, list):
+                raise ValueError("privatize found gradients of several forward/backward passes: "
+                                 "call it after every backward (Poisson batches do not accumulate)")
+            if sample is None:
+                sample = torch.zeros((batch_size, *p.shape), dtype=p.dtype, device=p.device)
+            if sample.shape[0] != batch_size:
+                raise ValueError(f"privatize was told the batch has {batch_size} examples but the "
+                                 f"per-example gradients hold {sample.shape[0]}: pass len(batch)")
+            gradients.append(sample)
+        return gradients
+
+    def clip_factors(self, gradients: list[torch.Tensor]) -> torch.Tensor:
+        """Per example, min(1, C / (norm + 1e-6)); norm over all trainable parameters together."""
+        batch_size = gradients[0].shape[0]
+        norms = torch.stack([g.reshape(batch_size, -1).norm(2, dim=1) for g in gradients],
+                            dim=1).norm(2, dim=1)
+        return (self.max_grad_norm / (norms + _NORM_EPS)).clamp(max=1.0)
+
+    def _noise(self, like: torch.Tensor) -> torch.Tensor:
+        if self.noise_multiplier == 0:  # before multiplying: 0 * C is NaN for C = inf
+            return torch.zeros_like(like)
+        std = self.noise_multiplier * self.max_grad_norm
+        if not self.secure:
+            noise = torch.normal(0.0, std, size=like.shape, generator=self.generator)
+        else:
+            # Sum of four draws / 2 has std `std` and resists the floating-point attacks on one
+            # Gaussian draw (Opacus' secure mode; arXiv:2112.05307).
+            noise = sum(torch.normal(0.0, std, size=like.shape, generator=self.generator)
+                        for _ in range(4)) / 2
+        return noise.to(device=like.device, dtype=like.dtype)
+
+    def privatize(self, model: nn.Module, batch_size_actual: int) -> None:
+        """Replace every trainable ``p.grad`` of ``model`` by its private version; step accounting.
+
+        Call after ``loss.backward()`` and before ``optimizer.step()``. For an empty Poisson batch
+        skip forward and backward and call this with 0: the gradient is then pure noise divided
+        by the expected batch size, and the step is accounted for like any other.
+        """
+        if isinstance(batch_size_actual, bool) or int(batch_size_actual) != batch_size_actual \
+                or batch_size_actual < 0:
+            raise ValueError(f"batch_size_actual must be an integer >= 0, got "
+                             f"{batch_size_actual!r}")
+        batch_size = int(batch_size_actual)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("differential privacy needs a model with trainable parameters; "
+                             "this one has none")
+        if self.secure:
+            self.generator.manual_seed(secrets.randbits(64))
+        with torch.no_grad():
+            if batch_size == 0:
+                summed = [torch.zeros_like(p) for p in params]
+            else:
+                gradients = self.per_example_gradients(model, batch_size)
+                factor = self.clip_factors(gradients)
+                summed = [torch.einsum("i,i...->...", factor.to(g.dtype), g) for g in gradients]
+            for p, total in zip(params, summed):
+                p.grad = ((total + self._noise(p)) / self.expected_batch_size).to(p.dtype)
+                p.grad_sample = None
+        self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
+
+    # ---- evaluation -------------------------------------------------------------------------
+
+    @property
+    def steps(self) -> int:
+        """Private steps taken so far (what the accountant has composed)."""
+        return sum(int(entry[2]) for entry in self.accountant.history)
+
+    def epsilon(self, delta: float) -> float:
+        """The epsilon this peer has spent so far at ``delta``."""
+        return epsilon(self.accountant, delta)
+
+    # ---- checkpoint -------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Accountant history and noise-generator state, as plain numbers, strings and tensors.
+
+        Survives ``torch.save`` / ``torch.load(weights_only=True)``. In secure mode the generator
+        is reseeded from OS entropy every step, so there is no generator state worth keeping.
+        """
+        state = {
+            "accountant": self.accountant_name,
+            "history": [[float(s), float(q), int(n)] for s, q, n in self.accountant.history],
+            "secure": self.secure,
+        }
+        if not self.secure:
+            state["noise_generator"] = self.generator.get_state()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a ``state_dict()``: same epsilon so far, same noise from here on."""
+        name = state.get("accountant")
+        if name != self.accountant_name:
+            raise ValueError(f"the checkpoint's accountant is {name!r} but this run uses "
+                             f"{self.accountant_name!r}: resume with dp_accountant: {name}")
+        try:
+            history = [(float(s), float(q), int(n)) for s, q, n in state["history"]]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("the checkpoint's privacy state has no valid accountant history "
+                             "(expected a list of [sigma, sample_rate, steps])") from None
+        if not self.secure:
+            generator_state = state.get("noise_generator")
+            if not isinstance(generator_state, torch.Tensor):
+                raise ValueError("the checkpoint has no noise generator state (it was written with "
+                                 "dp_secure_noise: true): resume with dp_secure_noise: true")
+            self.generator.set_state(generator_state.to(torch.uint8))
+        self.accountant.history = history

@@ -1,0 +1,95 @@
+"""Poisson sampling of a peer's shard: the batches the privacy accountant assumes.
+
+The accountants' epsilon holds for batches in which every record is included independently with
+probability q. A shuffled fixed-size batch is a different mechanism; using it with these
+accountants would report a smaller epsilon than the run spent. ``PoissonBatches`` draws exactly
+what is accounted for.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from gossip_powersgd.privacy.seeds import SAMPLER_STREAM, derive_seed
+
+__all__ = ["PoissonBatches", "poisson_rate"]
+
+
+def poisson_rate(batch_size: int, shard_size: int) -> float:
+    """A peer's sampling rate q = batch_size / shard_size (its expected batch is batch_size)."""
+    if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if isinstance(shard_size, bool) or int(shard_size) != shard_size or shard_size < 1:
+        raise ValueError(f"a peer's shard must hold at least one sample, got {shard_size!r}")
+    if batch_size > shard_size:
+        raise ValueError(f"batch_size={batch_size} is larger than a peer's shard of {shard_size} "
+                         f"samples, so Poisson sampling at rate batch_size/shard is impossible: "
+                         f"lower batch_size to at most {shard_size}")
+    return batch_size / shard_size
+
+
+class PoissonBatches:
+    """Poisson-sampled batches over ``(x, y)`` with a checkpointable position.
+
+    Every step includes each example independently with probability ``sample_rate``, so batch
+    sizes vary and may be 0 (then ``xb`` and ``yb`` have length 0). An epoch is
+    ``round(1 / sample_rate)`` steps, which visits each example once in expectation.
+
+    The inclusion mask of a step is drawn from a CPU ``torch.Generator`` seeded by
+    ``(seed, rank, epoch, step)``, so the batches are a pure function of the state and
+    ``load_state_dict`` resumes them bit for bit. The interface is the trainer's ``Batches``:
+    iterating yields ``(xb, yb)`` to the end of the current epoch, and the state advances before
+    a batch is handed out.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, sample_rate: float, seed: int = 0,
+                 rank: int = 0):
+        if len(x) != len(y):
+            raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
+        if len(x) == 0:
+            raise ValueError("cannot sample batches from an empty dataset")
+        if isinstance(sample_rate, bool) or not 0 < float(sample_rate) <= 1:
+            raise ValueError(f"the Poisson sample rate must lie in (0, 1], got {sample_rate!r}")
+        if seed < 0 or rank < 0:
+            raise ValueError(f"seed and rank must be non-negative, got seed={seed}, rank={rank}")
+        self.x, self.y = x, y
+        self.sample_rate = float(sample_rate)
+        self.seed, self.rank = int(seed), int(rank)
+        self.epoch, self.position = 0, 0  # position = steps already taken this epoch
+
+    def __len__(self) -> int:
+        return max(1, round(1 / self.sample_rate))
+
+    @property
+    def expected_batch_size(self) -> float:
+        """q * |D|: what the private gradient's sum is divided by, whatever a batch's size."""
+        return self.sample_rate * len(self.x)
+
+    def _mask(self, epoch: int, position: int) -> torch.Tensor:
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(derive_seed(self.seed, self.rank, SAMPLER_STREAM, epoch, position))
+        mask = torch.rand(len(self.x), generator=generator) < self.sample_rate
+        return mask.to(self.x.device)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        epoch = self.epoch
+        while self.epoch == epoch:
+            index = torch.nonzero(self._mask(self.epoch, self.position), as_tuple=True)[0]
+            self.position += 1
+            if self.position == len(self):
+                self.epoch, self.position = self.epoch + 1, 0
+            yield self.x[index], self.y[index]
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the sampler is (plain ints: survives ``torch.load(weights_only=True)``)."""
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a ``state_dict()``: the following batches are those the saver would see."""
+        epoch, position, seed = int(state["epoch"]), int(state["position"]), int(state["seed"])
+        if epoch < 0 or not 0 <= position < len(self) or seed < 0:
+            raise ValueError(f"invalid PoissonBatches state {dict(state)} for {len(self)} "
+                             f"steps/epoch")
+        self.epoch, self.position, self.seed = epoch, position, seed

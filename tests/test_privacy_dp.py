@@ -1,0 +1,423 @@
+"""Per-peer DP-SGD core: clipping, noise, accounting, Poisson sampling, model checks, resume.
+
+Per-example gradients are recomputed independently with torch.func, and epsilons with fresh Opacus
+accountants, so the checks do not trust the code under test to grade itself.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from gossip_powersgd.privacy import (
+    DPSGD,
+    MISSING_OPACUS,
+    PoissonBatches,
+    default_delta,
+    epsilon,
+    import_opacus,
+    make_accountant,
+    noise_for_target,
+    poisson_rate,
+    validate_dp_options,
+    validate_model,
+)
+
+pytest.importorskip("opacus")
+from opacus.accountants import GaussianAccountant, PRVAccountant, RDPAccountant  # noqa: E402
+
+# Opacus' hooks on a first layer whose input needs no gradient make torch warn once per backward;
+# GDP warns that it is experimental. Neither is what these tests are about.
+pytestmark = [pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
+              pytest.mark.filterwarnings("ignore:GDP accounting is experimental"),
+              pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha")]
+
+OPACUS_ACCOUNTANTS = {"rdp": RDPAccountant, "prv": PRVAccountant, "gdp": GaussianAccountant}
+
+
+def small_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+
+
+def data(n: int, seed: int = 1):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 6, generator=generator), torch.randint(0, 3, (n,), generator=generator)
+
+
+def backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    model.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()
+
+
+def func_per_example_gradients(model: nn.Module, x, y) -> list[torch.Tensor]:
+    """Per-example gradients of each example's own loss, with torch.func (not Opacus)."""
+    params = {name: p.detach() for name, p in model.named_parameters()}
+
+    def loss(p, xi, yi):
+        out = torch.func.functional_call(model, p, (xi.unsqueeze(0),))
+        return F.cross_entropy(out, yi.unsqueeze(0))
+
+    grads = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    return [grads[name] for name, _ in model.named_parameters()]
+
+
+def one_line_error(fn, *args, match: str, **kwargs) -> str:
+    with pytest.raises(ValueError, match=match) as info:
+        fn(*args, **kwargs)
+    text = str(info.value)
+    assert "\n" not in text
+    return text
+
+
+# --------------------------------------------------------------------------------------------------
+# Clipping and noise
+# --------------------------------------------------------------------------------------------------
+
+
+def test_clipped_per_example_gradients_have_norm_at_most_c_and_match_torch_func():
+    clip, batch = 0.05, 16
+    reference = small_model()
+    x, y = data(batch)
+    independent = func_per_example_gradients(reference, x, y)
+    norms = torch.stack([g.reshape(batch, -1).norm(dim=1) for g in independent], 1).norm(dim=1)
+    assert (norms > clip).sum() >= batch // 2  # the bound must actually bite
+
+    dp = DPSGD(0.0, clip, sample_rate=batch / 160, shard_size=160)
+    model = dp.wrap(small_model())
+    backward(model, x, y)
+    recorded = dp.per_example_gradients(model, batch)
+    for mine, theirs in zip(recorded, independent):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+
+    factors = dp.clip_factors(recorded)
+    clipped = [g * factors.view(-1, *[1] * (g.dim() - 1)) for g in independent]
+    clipped_norms = torch.stack([g.reshape(batch, -1).norm(dim=1) for g in clipped], 1).norm(dim=1)
+    assert torch.all(clipped_norms <= clip * (1 + 1e-5))
+    unclipped = norms <= clip
+    torch.testing.assert_close(clipped_norms[unclipped], norms[unclipped], rtol=1e-4, atol=0)
+
+    dp.privatize(model, batch)  # sigma = 0: the update is exactly the clipped sum / expected batch
+    for p, g in zip(model.parameters(), clipped):
+        torch.testing.assert_close(p.grad, g.sum(0) / batch, rtol=1e-5, atol=1e-7)
+        assert p.grad_sample is None
+
+
+def test_sigma_zero_infinite_clip_reproduces_the_plain_gradient():
+    batch, shard = 12, 48
+    x, y = data(batch)
+    plain = small_model()
+    backward(plain, x, y)
+    dp = DPSGD(0.0, math.inf, sample_rate=batch / shard, shard_size=shard)
+    model = dp.wrap(small_model())
+    backward(model, x, y)
+    dp.privatize(model, batch)
+    for mine, theirs in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("empty_batch", [False, True])
+def test_zero_loss_update_is_gaussian_with_std_sigma_c_over_expected_batch(empty_batch):
+    sigma, clip, q, shard = 1.3, 0.7, 0.1, 250  # expected batch 25
+    dp = DPSGD(sigma, clip, sample_rate=q, shard_size=shard, seed=5, rank=2)
+    model = dp.wrap(nn.Linear(60, 50))
+    if empty_batch:
+        dp.privatize(model, 0)  # no forward for an empty Poisson batch: pure noise
+    else:
+        x = torch.randn(8, 60)
+        model.zero_grad(set_to_none=True)
+        (0.0 * model(x).sum()).backward()
+        dp.privatize(model, 8)
+    update = torch.cat([p.grad.flatten() for p in model.parameters()]).double()
+    n = update.numel()  # 3050 independent draws
+    expected = sigma * clip / (q * shard)
+    # The sample std of n normals has relative standard error 1/sqrt(2(n-1)); allow 5 of them.
+    assert abs(update.std().item() / expected - 1) < 5 / math.sqrt(2 * (n - 1))
+    assert abs(update.mean().item()) < 5 * expected / math.sqrt(n)
+
+
+def test_noise_is_seeded_per_seed_and_rank():
+    def noise(seed, rank, secure=False):
+        dp = DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=4, seed=seed, rank=rank, secure=secure)
+        model = dp.wrap(nn.Linear(4, 4))
+        dp.privatize(model, 0)
+        return next(model.parameters()).grad.clone()
+
+    assert torch.equal(noise(3, 1), noise(3, 1))
+    assert not torch.equal(noise(3, 1), noise(3, 2))
+    assert not torch.equal(noise(3, 1), noise(4, 1))
+    assert not torch.equal(noise(3, 1, secure=True), noise(3, 1, secure=True))
+
+
+# --------------------------------------------------------------------------------------------------
+# Accounting
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["rdp", "prv", "gdp"])
+def test_each_peers_epsilon_equals_a_fresh_opacus_accountant(name):
+    sigma, delta, steps = 1.1, 1e-5, 30
+    shards = [200, 500]  # batch 10: rates 0.05 and 0.02
+    epsilons = []
+    for rank, shard in enumerate(shards):
+        q = poisson_rate(10, shard)
+        dp = DPSGD(sigma, 1.0, sample_rate=q, shard_size=shard, accountant=name, rank=rank)
+        model = dp.wrap(nn.Linear(3, 2))
+        for _ in range(steps):
+            dp.privatize(model, 0)
+        reference = OPACUS_ACCOUNTANTS[name]()
+        for _ in range(steps):
+            reference.step(noise_multiplier=sigma, sample_rate=q)
+        assert dp.steps == steps
+        assert dp.epsilon(delta) == reference.get_epsilon(delta=delta)
+        epsilons.append(dp.epsilon(delta))
+    assert epsilons[0] > epsilons[1] > 0  # the larger rate spends more
+
+
+@pytest.mark.parametrize("name, target", [("rdp", 2.0), ("gdp", 1.0), ("prv", 3.0)])
+def test_target_epsilon_ends_the_worst_peer_at_or_just_below_it(name, target):
+    delta, steps, rates = 1e-5, 40, [0.02, 0.05, 0.03]
+    sigma = noise_for_target(target, delta, rates, steps, name)
+    finals = []
+    for q in rates:
+        accountant = make_accountant(name)
+        for _ in range(steps):
+            accountant.step(noise_multiplier=sigma, sample_rate=q)
+        finals.append(epsilon(accountant, delta))
+    assert max(finals) <= target
+    assert max(finals) >= 0.95 * target
+    assert finals[1] == max(finals)
+
+
+def test_unreachable_target_is_one_line_naming_the_budget():
+    text = one_line_error(noise_for_target, 0.05, 1e-5, [0.02, 0.1], 100, "rdp",
+                          match="unreachable")
+    for part in ("0.05", "1e-05", "0.1", "100 steps"):
+        assert part in text
+
+
+def test_default_delta_is_a_power_of_ten_below_one_over_the_largest_shard():
+    assert default_delta(1000) == 1e-4
+    assert default_delta(1001) == 1e-5
+    assert default_delta(1) == 0.1
+    for n in (1, 7, 999, 1000, 12345, 10**6):
+        delta = default_delta(n)
+        assert delta <= 1 / (10 * n) < 1 / n
+        assert math.log10(delta) == round(math.log10(delta))
+    one_line_error(default_delta, 0, match="positive integer")
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"noise_multiplier": -0.1, "max_grad_norm": 1.0}, "dp_noise_multiplier must be"),
+    ({"noise_multiplier": 1.0, "max_grad_norm": 0.0}, "dp_max_grad_norm must be > 0"),
+    ({"noise_multiplier": 1.0, "max_grad_norm": -2.0}, "dp_max_grad_norm must be > 0"),
+    ({"noise_multiplier": 1.0, "max_grad_norm": math.inf}, "must be finite when noise"),
+    ({"noise_multiplier": 1.0}, "needs dp_max_grad_norm"),
+    ({"noise_multiplier": 1.0, "max_grad_norm": 1.0, "delta": 0.0}, "dp_delta must lie"),
+    ({"noise_multiplier": 1.0, "max_grad_norm": 1.0, "delta": 1.0}, "dp_delta must lie"),
+    ({"target_epsilon": 0.0, "max_grad_norm": 1.0}, "dp_target_epsilon must be"),
+    ({"target_epsilon": -1.0, "max_grad_norm": 1.0}, "dp_target_epsilon must be"),
+    ({"noise_multiplier": 1.0, "target_epsilon": 2.0, "max_grad_norm": 1.0}, "not both"),
+    ({"noise_multiplier": 1.0, "max_grad_norm": 1.0, "accountant": "moments"}, "dp_accountant"),
+    ({"noise_multiplier": "1", "max_grad_norm": 1.0}, "must be a number"),
+])
+def test_bad_options_are_one_line_errors(options, match):
+    one_line_error(validate_dp_options, match=match, **options)
+
+
+def test_good_options_pass_and_dp_off_needs_nothing():
+    validate_dp_options()  # DP off
+    validate_dp_options(noise_multiplier=0.0, max_grad_norm=math.inf)
+    validate_dp_options(target_epsilon=3.0, max_grad_norm=1.0, delta=1e-5, accountant="prv")
+
+
+def test_bad_sampler_and_step_arguments_are_one_line_errors():
+    x, y = data(10)
+    one_line_error(PoissonBatches, x, y, 0.0, match="sample rate")
+    one_line_error(PoissonBatches, x, y, 1.5, match="sample rate")
+    one_line_error(poisson_rate, 11, 10, match="lower batch_size")
+    dp = DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=20)
+    model = dp.wrap(small_model())
+    backward(model, x, y)
+    one_line_error(dp.privatize, model, 9, match="pass len")
+    one_line_error(dp.privatize, model, -1, match=">= 0")
+    one_line_error(dp.wrap, small_model(), match="already wraps")
+    assert dp.wrap(model) is model  # wrapping is done once
+    one_line_error(DPSGD(1.0, 1.0, 0.5, 20).wrap, model, match="another DPSGD")
+    one_line_error(noise_for_target, 0.0, 1e-5, [0.1], 10, match="dp_target_epsilon must be")
+    one_line_error(noise_for_target, 1.0, 1.5, [0.1], 10, match="dp_delta must lie")
+
+
+# --------------------------------------------------------------------------------------------------
+# Model support
+# --------------------------------------------------------------------------------------------------
+
+
+def test_batchnorm_is_refused_naming_the_layer_and_both_fixes():
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
+    text = one_line_error(validate_model, model, match="BatchNorm1d")
+    assert "'1'" in text and "GroupNorm" in text and "dp_fix_model: true" in text
+    dp = DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=20)
+    one_line_error(dp.wrap, model, match="BatchNorm1d")
+
+
+def test_fix_replaces_batchnorm_and_the_fixed_model_trains_privately():
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
+    fixed = validate_model(model, fix=True)
+    assert isinstance(fixed[1], nn.GroupNorm)
+    assert not any(isinstance(m, nn.BatchNorm1d) for m in fixed.modules())
+    dp = DPSGD(0.5, 1.0, sample_rate=0.5, shard_size=20)
+    wrapped = dp.wrap(fixed)
+    x, y = data(10)
+    backward(wrapped, x, y)
+    dp.privatize(wrapped, 10)
+    assert all(torch.isfinite(p.grad).all() for p in wrapped.parameters())
+
+
+def test_a_model_without_trainable_parameters_is_refused():
+    one_line_error(validate_model, nn.ReLU(), match="no.*trainable|has none")
+    frozen = nn.Linear(3, 2).requires_grad_(False)
+    one_line_error(validate_model, frozen, match="has none")
+
+
+# --------------------------------------------------------------------------------------------------
+# Poisson sampling
+# --------------------------------------------------------------------------------------------------
+
+
+def test_poisson_batches_have_the_expected_size_on_average_and_vary():
+    n, q, steps = 400, 0.05, 200
+    x = torch.arange(n, dtype=torch.float32).unsqueeze(1)
+    batches = PoissonBatches(x, torch.arange(n), q, seed=1, rank=3)
+    assert len(batches) == 20
+    sizes, seen = [], torch.zeros(n)
+    while len(sizes) < steps:
+        for xb, yb in batches:
+            assert torch.equal(xb[:, 0].long(), yb)
+            assert len(torch.unique(yb)) == len(yb)  # without replacement within a step
+            sizes.append(len(yb))
+            seen[yb] += 1
+    total = sum(sizes)
+    mean, sd = n * steps * q, math.sqrt(n * steps * q * (1 - q))  # Binomial(n * steps, q)
+    assert abs(total - mean) < 5 * sd
+    assert len(set(sizes)) > 5
+    assert batches.epoch == steps // 20
+
+
+def test_poisson_batches_can_be_empty_and_depend_on_rank():
+    x, y = data(30)
+    sizes = [len(yb) for _ in range(3) for _, yb in PoissonBatches(x, y, 0.01, seed=0, rank=0)]
+    assert 0 in sizes
+    first = [yb for _, yb in PoissonBatches(x, y, 0.3, seed=0, rank=0)]
+    other = [yb for _, yb in PoissonBatches(x, y, 0.3, seed=0, rank=1)]
+    assert any(not torch.equal(a, b) for a, b in zip(first, other))
+
+
+def weights_only_round_trip(state):
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def test_sampler_resume_is_bit_exact_across_an_epoch_boundary():
+    x, y = data(50)
+    batches = PoissonBatches(x, y, 0.2, seed=7, rank=1)  # 5 steps per epoch
+    taken = 0
+    while taken < 7:  # stop mid-epoch, holding a batch, as a checkpoint after it would
+        for _ in batches:
+            taken += 1
+            if taken == 7:
+                break
+    state = weights_only_round_trip(batches.state_dict())
+    resumed = PoissonBatches(x, y, 0.2, seed=7, rank=1)
+    resumed.load_state_dict(state)
+
+    def take(sampler, count):
+        out = []
+        while len(out) < count:
+            out.extend(sampler)
+        return out[:count]
+
+    for (xa, ya), (xb, yb) in zip(take(batches, 9), take(resumed, 9)):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    one_line_error(resumed.load_state_dict, {"epoch": 0, "position": 5, "seed": 7},
+                   match="invalid PoissonBatches state")
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------------------------------
+
+
+def test_noise_and_accountant_resume_bit_exact_through_weights_only_load():
+    x, y = data(12)
+
+    def peer():
+        dp = DPSGD(0.9, 0.5, sample_rate=0.3, shard_size=40, seed=11, rank=2)
+        return dp, dp.wrap(small_model())
+
+    def step(dp, model):
+        backward(model, x, y)
+        dp.privatize(model, len(y))
+        return [p.grad.clone() for p in model.parameters()]
+
+    original, model = peer()
+    for _ in range(3):
+        step(original, model)
+    state = weights_only_round_trip(original.state_dict())
+    resumed, resumed_model = peer()
+    resumed.load_state_dict(state)
+    assert resumed.epsilon(1e-5) == original.epsilon(1e-5)
+    for _ in range(2):
+        for a, b in zip(step(original, model), step(resumed, resumed_model)):
+            assert torch.equal(a, b)
+    assert resumed.steps == original.steps == 5
+    assert resumed.epsilon(1e-5) == original.epsilon(1e-5)
+
+
+def test_privacy_state_holds_only_plain_values_and_refuses_a_mismatch():
+    dp = DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=4, accountant="prv")
+    dp.privatize(dp.wrap(nn.Linear(2, 2)), 0)
+    state = weights_only_round_trip(dp.state_dict())
+    assert state["history"] == [[1.0, 0.5, 1]] and state["accountant"] == "prv"
+    secure = DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=4, secure=True)
+    secure_state = weights_only_round_trip(secure.state_dict())
+    assert "noise_generator" not in secure_state
+    one_line_error(DPSGD(1.0, 1.0, 0.5, 4, accountant="rdp").load_state_dict, state,
+                   match="dp_accountant: prv")
+    one_line_error(DPSGD(1.0, 1.0, 0.5, 4).load_state_dict, secure_state,
+                   match="dp_secure_noise: true")
+
+
+# --------------------------------------------------------------------------------------------------
+# Opacus as an optional dependency
+# --------------------------------------------------------------------------------------------------
+
+
+def test_missing_opacus_is_a_one_line_import_error(monkeypatch):
+    for name in [n for n in sys.modules if n == "opacus" or n.startswith("opacus.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(ImportError) as info:
+        import_opacus("opacus.accountants")
+    assert str(info.value) == MISSING_OPACUS
+    with pytest.raises(ImportError, match="pip install 'gossip_powersgd\\[privacy\\]'"):
+        make_accountant("rdp")
+
+
+def test_importing_the_package_does_not_import_opacus():
+    code = ("import sys, gossip_powersgd.privacy; "
+            "sys.exit(any(n.split('.')[0] == 'opacus' for n in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
