@@ -273,9 +273,8 @@ class RandomMatchings(Schedule):
 
     @cached_property
     def union(self) -> Topology:
-        n = self._size
-        every_pair = np.array([(i, j) for i in range(n) for j in range(i + 1, n)], dtype=np.int64)
-        return Topology(metropolis_on(n, every_pair.reshape(-1, 2)), name=f"union({self._name})",
+        every_pair = ~np.eye(self._size, dtype=bool)
+        return Topology(weight_matrix(every_pair, "metropolis"), name=f"union({self._name})",
                         scheme="metropolis")
 
 
