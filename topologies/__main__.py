@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         help="print size, degrees, spectral gap, gamma and fingerprint of a topology",
         epilog="specs: " + ", ".join(SPEC_USAGE.values()),
     )
-    show.add_argument("spec", help="topology spec, e.g. torus:4x4 or ring:8")
+    show.add_argument("spec", help="topology or schedule spec, e.g. torus:4x4 or one_peer_exponential:16")
     show.add_argument("-n", type=int, default=None, help="number of nodes (if the spec omits it)")
     show.add_argument("--weights", default=None, help=f"weight scheme: {', '.join(SCHEMES)}")
     show.add_argument("--png", metavar="FILE", default=None,
