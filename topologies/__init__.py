@@ -7,6 +7,12 @@
 >>> round(topologies.ring(8).gamma, 3)
 1.308
 
+Schedules give a different graph at every step (``s.at(t)``), for time-varying gossip:
+
+>>> s = topologies.parse("one_peer_exponential:16")
+>>> s.period, s.at(1).neighbors(0)
+(4, (2,))
+
 See ``python -m topologies show SPEC`` for a summary (and a drawing) of any spec.
 """
 
@@ -25,26 +31,52 @@ from .generators import (
     star,
     torus,
 )
+from .directed import (
+    DirectedSchedule,
+    DirectedTopology,
+    directed_exponential,
+    from_directed_edge_list,
+    validate_column_stochastic,
+)
+from .schedules import (
+    Schedule,
+    cyclic,
+    edge_sampling,
+    matchings,
+    one_peer_exponential,
+    product_gap,
+)
 from .topology import MAX_PEERS, Topology, validate_mixing_matrix
 from .weights import SCHEMES, weight_matrix
 
 __all__ = [
     "Topology",
+    "Schedule",
+    "DirectedTopology",
+    "DirectedSchedule",
     "MAX_PEERS",
     "SCHEMES",
     "SPEC_USAGE",
     "complete",
+    "cyclic",
+    "directed_exponential",
+    "edge_sampling",
     "exponential",
+    "from_directed_edge_list",
     "from_edge_list",
     "from_graph",
     "grid",
     "hypercube",
+    "matchings",
+    "one_peer_exponential",
     "parse",
+    "product_gap",
     "random_regular",
     "ring",
     "small_world",
     "star",
     "torus",
+    "validate_column_stochastic",
     "validate_mixing_matrix",
     "weight_matrix",
 ]

@@ -1,7 +1,10 @@
 """``python -m topologies show SPEC [--png FILE] [--weights SCHEME] [-n N]``
 
 Prints a topology's size, edge count, degree range, spectral gap, γ and fingerprint, and with
-``--png`` draws it. A bad spec is reported on one line on stderr with exit status 2.
+``--png`` draws it. For a schedule it prints the period, the union graph, the degrees of each
+step (one period, or the first ``--steps`` of a random schedule) and the spectral gap of the
+product of the mixing matrices over those steps; ``--png`` draws the union graph.
+A bad spec is reported on one line on stderr with exit status 2.
 """
 
 from __future__ import annotations
@@ -13,8 +16,12 @@ import sys
 import tempfile
 
 from .generators import SPEC_USAGE, parse
+from .schedules import product_gap
 from .topology import Topology
 from .weights import SCHEMES
+
+#: At most this many steps are listed one per line by ``show``.
+STEPS_LISTED = 16
 
 
 def summary(topo: Topology) -> str:
@@ -31,6 +38,46 @@ def summary(topo: Topology) -> str:
         ("fingerprint", topo.fingerprint),
     ]
     return "\n".join(f"{k:<13}{v}" for k, v in rows)
+
+
+def _degree_range(degrees) -> str:
+    lo, hi = min(degrees), max(degrees)
+    return f"{lo}" if lo == hi else f"{lo}..{hi}"
+
+
+def schedule_summary(schedule, steps: int = 8) -> str:
+    """The text ``show`` prints for a schedule or a directed graph.
+
+    ``steps`` is how many steps a random schedule (no period) is described over; a periodic one
+    is described over its period.
+    """
+    directed = schedule.is_directed
+    span = schedule.period or steps
+    union = schedule.union
+
+    def degrees(graph):
+        return graph.out_degrees if directed else graph.degrees
+
+    rows = [
+        ("schedule", schedule.name),
+        ("size", schedule.size),
+        ("directed", "yes (push-sum, column-stochastic)" if directed else "no"),
+        ("period", schedule.period if schedule.period else "none (random)"),
+        ("union edges", len(union.edges())),
+        ("union " + ("out-degrees" if directed else "degrees"), _degree_range(degrees(union))),
+    ]
+    for t in range(min(span, STEPS_LISTED)):
+        step = schedule.at(t)
+        kind = "out-degrees" if directed else "degrees"
+        rows.append((f"step {t}", f"{len(step.edges())} edges, {kind} {_degree_range(degrees(step))}"))
+    if span > STEPS_LISTED:
+        rows.append(("...", f"{span - STEPS_LISTED} more steps"))
+    over = "one period" if schedule.period else f"steps 0..{span - 1}"
+    # repr of the rounded value, so that exact averaging reads 1.0 (not 1, which looks like a count)
+    rows.append((f"product gap ({over})", repr(round(product_gap(schedule, span), 6))))
+    rows.append(("fingerprint", schedule.fingerprint))
+    width = max(13, max(len(k) for k, _ in rows) + 2)
+    return "\n".join(f"{k:<{width}}{v}" for k, v in rows)
 
 
 def _layout(topo: Topology):
@@ -116,11 +163,17 @@ def main(argv: list[str] | None = None) -> int:
         help="print size, degrees, spectral gap, gamma and fingerprint of a topology",
         epilog="specs: " + ", ".join(SPEC_USAGE.values()),
     )
-    show.add_argument("spec", help="topology spec, e.g. torus:4x4 or ring:8")
+    show.add_argument("spec", help="topology or schedule spec, e.g. torus:4x4 or one_peer_exponential:16")
     show.add_argument("-n", type=int, default=None, help="number of nodes (if the spec omits it)")
     show.add_argument("--weights", default=None, help=f"weight scheme: {', '.join(SCHEMES)}")
-    show.add_argument("--png", metavar="FILE", default=None, help="also draw the graph to FILE")
+    show.add_argument("--png", metavar="FILE", default=None,
+                      help="also draw the graph (of a schedule: its union graph) to FILE")
+    show.add_argument("--steps", type=int, default=8,
+                      help="steps described for a random schedule, which has no period (default 8)")
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        print(f"{show.prog}: error: --steps must be >= 1, got {args.steps}", file=sys.stderr)
+        return 2
 
     try:
         topo = parse(args.spec, n=args.n, weights=args.weights)
@@ -128,7 +181,15 @@ def main(argv: list[str] | None = None) -> int:
         # One line, argparse style: these are user errors, a traceback would only hide the message.
         print(f"{show.prog}: error: {exc}", file=sys.stderr)
         return 2
-    print(summary(topo))
+    if not isinstance(topo, Topology):
+        if args.png and topo.is_directed:
+            print(f"{show.prog}: error: --png draws undirected graphs only; {topo.name!r} is directed",
+                  file=sys.stderr)
+            return 2
+        print(schedule_summary(topo, args.steps))
+        topo = topo.union  # what --png draws
+    else:
+        print(summary(topo))
     if args.png:
         try:
             draw_png(topo, args.png)

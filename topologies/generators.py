@@ -211,13 +211,20 @@ def small_world(n: int, k: int, p: float, seed: int = 0, *, weights: str = "metr
 # --- importers -----------------------------------------------------------------------------------
 
 
-def from_graph(g: nx.Graph, weights: str = "metropolis", *, name: str | None = None) -> Topology:
+def from_graph(
+    g: nx.Graph,
+    weights: str = "metropolis",
+    *,
+    name: str | None = None,
+    require_connected: bool = True,
+) -> Topology:
     """Topology of any undirected networkx graph.
 
     Nodes are relabelled 0..n-1 in sorted order (insertion order if the labels do not sort);
     self-loops are ignored. ``weights`` is a scheme from :data:`topologies.SCHEMES`, or ``"given"``
     to use each edge's ``"weight"`` attribute with the diagonal set to 1 − row sum.
     A multigraph's parallel edges are collapsed (not allowed with ``"given"``).
+    ``require_connected=False`` accepts a disconnected graph, for one member of a cyclic schedule.
     """
     if not isinstance(g, nx.Graph):
         raise TypeError(f"from_graph needs a networkx.Graph, got {type(g).__name__}")
@@ -239,17 +246,51 @@ def from_graph(g: nx.Graph, weights: str = "metropolis", *, name: str | None = N
     for u, v in g.edges():
         if u != v:
             adj[index[u], index[v]] = adj[index[v], index[u]] = True
-    check_connected(adj)
+    if require_connected:
+        check_connected(adj)
 
     w = _matrix_from_weighted_graph(g, nodes) if weights == "given" else weight_matrix(adj, weights)
-    return Topology(w, name=name if name is not None else f"graph:{n}", scheme=weights)
+    return Topology(
+        w,
+        name=name if name is not None else f"graph:{n}",
+        scheme=weights,
+        require_connected=require_connected,
+    )
 
 
 _EDGE_LINE = re.compile(r"^\s*(\d+)\s+(\d+)(?:\s+(\S+))?\s*$", re.ASCII)
 
 
+def node_count(path: str, nodes: set[int]) -> int:
+    """n for an edge-list file whose node ids are ``nodes``: they must be exactly 0..n-1.
+
+    Ids are checked against the number of distinct nodes before anything of size max(id) exists:
+    a typo like 99999999999999 must not allocate a range or a matrix of that size.
+    """
+    if not nodes:
+        raise ValueError(f"{path}: no edges found; write one 'i j' per line (or '0 0' for one node)")
+    largest = max(nodes)
+    if largest >= len(nodes) and largest >= MAX_PEERS:
+        raise ValueError(
+            f"{path}: node id {largest} but only {len(nodes)} distinct nodes; node ids must be "
+            f"0..{len(nodes) - 1} (renumber the nodes, or fix the typo)"
+        )
+    n = check_size(largest + 1, f"file:{path}")
+    missing = sorted(set(range(n)) - nodes)
+    if missing:
+        raise ValueError(
+            f"{path}: node ids must be 0..{n - 1} and each must appear, but {missing[:5]} "
+            f"{'is' if len(missing) == 1 else 'are'} missing; renumber the nodes"
+        )
+    return n
+
+
 def from_edge_list(
-    path: str | os.PathLike, weights: str | None = None, *, name: str | None = None
+    path: str | os.PathLike,
+    weights: str | None = None,
+    *,
+    name: str | None = None,
+    require_connected: bool = True,
 ) -> Topology:
     """Topology from a text file with one edge per line: ``i j`` or ``i j w``.
 
@@ -259,6 +300,7 @@ def from_edge_list(
     W[i,j] = w and the diagonal is 1 − row sum (``weights="given"``). Otherwise, or if ``weights``
     names a scheme, the weights are computed from the structure (default ``"metropolis"``).
     A line that does not parse raises ``ValueError`` naming the file and line number.
+    ``require_connected=False`` accepts a disconnected graph, for one member of a cyclic schedule.
     """
     path = os.fspath(path)
     edges: dict[tuple[int, int], tuple[float | None, int]] = {}
@@ -304,23 +346,7 @@ def from_edge_list(
                 )
             edges.setdefault(key, (w, lineno))
 
-    if not nodes:
-        raise ValueError(f"{path}: no edges found; write one 'i j' per line (or '0 0' for one node)")
-    # Ids are checked against the number of distinct nodes before anything of size max(id) exists:
-    # a typo like 99999999999999 must not allocate a range or a matrix of that size.
-    largest = max(nodes)
-    if largest >= len(nodes) and largest >= MAX_PEERS:
-        raise ValueError(
-            f"{path}: node id {largest} but only {len(nodes)} distinct nodes; node ids must be "
-            f"0..{len(nodes) - 1} (renumber the nodes, or fix the typo)"
-        )
-    n = check_size(largest + 1, f"file:{path}")
-    missing = sorted(set(range(n)) - nodes)
-    if missing:
-        raise ValueError(
-            f"{path}: node ids must be 0..{n - 1} and each must appear, but {missing[:5]} "
-            f"{'is' if len(missing) == 1 else 'are'} missing; renumber the nodes"
-        )
+    n = node_count(path, nodes)
 
     if weights is None:
         weights = "given" if weighted else "metropolis"
@@ -332,7 +358,12 @@ def from_edge_list(
     g.add_nodes_from(range(n))
     for (i, j), (w, _) in edges.items():
         g.add_edge(i, j, **({"weight": w} if w is not None else {}))
-    return from_graph(g, weights=weights, name=name if name is not None else f"file:{path}")
+    return from_graph(
+        g,
+        weights=weights,
+        name=name if name is not None else f"file:{path}",
+        require_connected=require_connected,
+    )
 
 
 # --- the CLI spelling ----------------------------------------------------------------------------
@@ -349,7 +380,21 @@ SPEC_USAGE: dict[str, str] = {
     "random_regular": "random_regular:N:D[:SEED]",
     "small_world": "small_world:N:K:P[:SEED]",
     "file": "file:PATH",
+    # Schedules: a different graph at every step (topologies.schedules, topologies.directed).
+    "one_peer_exponential": "one_peer_exponential:N",
+    "matchings": "matchings:N[:SEED]",
+    "edge_sampling": "edge_sampling:SPEC:P[:SEED]",
+    "cyclic": "cyclic:SPEC,SPEC[,...]",
+    "directed_exponential": "directed_exponential:N",
+    "directed_file": "directed_file:PATH",
 }
+
+
+#: The spellings in SPEC_USAGE that :mod:`topologies.schedules` parses.
+SCHEDULE_KINDS = (
+    "one_peer_exponential", "matchings", "edge_sampling", "cyclic", "directed_exponential",
+    "directed_file",
+)
 
 
 def _squarest(n: int) -> tuple[int, int]:
@@ -360,8 +405,8 @@ def _squarest(n: int) -> tuple[int, int]:
     return a, n // a
 
 
-def parse(spec, n: int | None = None, weights: str | None = None) -> Topology:
-    """Build a topology from its CLI spelling, e.g. ``"torus:4x4"`` or ``parse("ring", n=8)``.
+def parse(spec, n: int | None = None, weights: str | None = None):
+    """Build a topology or schedule from its CLI spelling, e.g. ``"torus:4x4"``, ``parse("ring", n=8)``.
 
     Spellings: see :data:`SPEC_USAGE`. When ``n`` is given the size may be left out of the spec
     (``"ring"``, ``"torus"`` → the squarest 2-D torus, ``"hypercube"``, ``"random_regular:D"``,
@@ -369,8 +414,16 @@ def parse(spec, n: int | None = None, weights: str | None = None) -> Topology:
     defaults to ``"metropolis"`` (for ``file:`` specs, to the file's own weights if it has them).
     A ``Topology`` passed as ``spec`` is returned as is (after the size check).
     Unknown names and malformed specs raise ``ValueError``.
+
+    Static spellings give a :class:`Topology`; ``one_peer_exponential``, ``matchings``,
+    ``edge_sampling`` and ``cyclic`` give a :class:`~topologies.Schedule`, ``directed_exponential``
+    a :class:`~topologies.DirectedSchedule` and ``directed_file`` a
+    :class:`~topologies.DirectedTopology` (check ``is_directed`` before using the result).
     """
-    if isinstance(spec, Topology):
+    from .directed import DirectedSchedule, DirectedTopology
+    from .schedules import Schedule
+
+    if isinstance(spec, (Topology, Schedule, DirectedTopology, DirectedSchedule)):
         topo = spec
     else:
         topo = _parse(spec, n, weights)
@@ -392,6 +445,10 @@ def _parse(spec, n, weights) -> Topology:
             f"(e.g. 'torus:4x4')"
         )
     usage = SPEC_USAGE[kind]
+    if kind in SCHEDULE_KINDS:
+        from .schedules import parse_schedule  # schedules build on parse; imported when used
+
+        return parse_schedule(spec, kind, rest, n, weights)
 
     def bad(detail: str) -> ValueError:
         return ValueError(f"bad topology spec {spec!r}: {detail}; expected {usage!r}")

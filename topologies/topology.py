@@ -10,7 +10,7 @@ from functools import cached_property
 import networkx as nx
 import numpy as np
 
-__all__ = ["Topology", "MAX_PEERS", "check_size"]
+__all__ = ["Topology", "MAX_PEERS", "check_size", "step_index"]
 
 #: The largest topology built here. W is kept as a dense n×n float64 matrix and its eigenvalues are
 #: computed for the diagnostics (γ, spectral gap), which costs n² × 8 bytes of memory and O(n³)
@@ -27,6 +27,19 @@ def check_size(n: int, what: str) -> int:
             f"{gigabytes:.3g} GB); use at most {MAX_PEERS} peers"
         )
     return n
+
+def step_index(t) -> int:
+    """``t`` as a step number (an int >= 0), else a one-line ValueError."""
+    try:
+        if isinstance(t, bool):
+            raise TypeError
+        t = operator.index(t)
+    except TypeError:
+        raise ValueError(f"step t must be an integer, got {t!r}") from None
+    if t < 0:
+        raise ValueError(f"step t must be >= 0, got {t}")
+    return t
+
 
 # Tolerances. Symmetry is checked tightly because PowerGossip's average preservation relies on both
 # ends of an edge using the very same W[i,j]; row sums get more slack because the diagonal of a
@@ -92,11 +105,13 @@ def check_connected(adjacency: np.ndarray) -> None:
         )
 
 
-def validate_mixing_matrix(w) -> np.ndarray:
+def validate_mixing_matrix(w, *, require_connected: bool = True) -> np.ndarray:
     """Check that ``w`` is a valid gossip mixing matrix and return it as a new float64 array.
 
     Valid means: a square n×n matrix with n ≥ 1, finite, symmetric, doubly stochastic, with
     non-negative off-diagonal entries, whose support graph (j ≠ i with W[i,j] > 0) is connected.
+    ``require_connected=False`` drops only the last condition: one step of a time-varying schedule
+    (a matching, a sample of edges) is disconnected, and the schedule checks its union instead.
     The diagonal may be negative (best-constant weights do that on irregular graphs) as long as no
     eigenvalue of W falls below −1, so that mixing never amplifies disagreement. Each violation
     raises a one-line ``ValueError`` naming the problem.
@@ -143,7 +158,8 @@ def validate_mixing_matrix(w) -> np.ndarray:
             f"set the diagonal to 1 - (sum of the row's edge weights)"
         )
 
-    check_connected(off > 0)
+    if require_connected:
+        check_connected(off > 0)
 
     if np.diag(w).min() < 0:
         lam_min = np.linalg.eigvalsh(w)[0]
@@ -156,8 +172,8 @@ def validate_mixing_matrix(w) -> np.ndarray:
     return w
 
 
-def _rebuild(w, name, scheme):
-    return Topology(w, name=name, scheme=scheme)
+def _rebuild(w, name, scheme, require_connected=True):
+    return Topology(w, name=name, scheme=scheme, require_connected=require_connected)
 
 
 class Topology:
@@ -169,11 +185,24 @@ class Topology:
     ``topologies.parse("torus:4x4")``. Construction raises ``ValueError`` if W is not a valid mixing
     matrix (see :func:`validate_mixing_matrix`).
 
+    ``require_connected=False`` accepts a disconnected support graph (every other check stays); it
+    is how the steps of a :class:`~topologies.Schedule` are built.
+
+    A topology is also the constant schedule: ``at(t)`` and ``union`` are the topology itself and
+    ``period`` is 1, so code written for schedules takes a static topology as well.
+
     Instances are immutable: ``W`` is a read-only array, ``graph`` a frozen networkx graph, and the
     spectral quantities are computed once, on first use.
     """
 
-    def __init__(self, W, name: str | None = None, *, scheme: str | None = None):
+    def __init__(
+        self,
+        W,
+        name: str | None = None,
+        *,
+        scheme: str | None = None,
+        require_connected: bool = True,
+    ):
         if isinstance(W, nx.Graph):
             _check_graph_input(W)
             nodes = list(W.nodes)
@@ -186,13 +215,14 @@ class Topology:
                 )
             W = _matrix_from_weighted_graph(W, list(range(len(nodes))))
             scheme = scheme or "given"
-        w = validate_mixing_matrix(W)
+        w = validate_mixing_matrix(W, require_connected=require_connected)
         w.flags.writeable = False
 
         set_ = object.__setattr__  # instances are immutable after __init__
         set_(self, "_W", w)
         set_(self, "_name", str(name) if name is not None else f"custom:{w.shape[0]}")
         set_(self, "_scheme", scheme)
+        set_(self, "_require_connected", bool(require_connected))
         nbrs = []
         for i in range(w.shape[0]):
             row = np.flatnonzero(w[i] > 0)
@@ -207,7 +237,7 @@ class Topology:
 
     def __reduce__(self):
         # The default pickle path would restore W as a writeable array and skip validation.
-        return (_rebuild, (np.array(self._W), self._name, self._scheme))
+        return (_rebuild, (np.array(self._W), self._name, self._scheme, self._require_connected))
 
     # --- basic structure -------------------------------------------------------------------
 
@@ -261,6 +291,32 @@ class Topology:
         g.add_nodes_from(range(self.size))
         g.add_weighted_edges_from((i, j, float(self._W[i, j])) for i, j in self.edges())
         return nx.freeze(g)
+
+    @property
+    def is_directed(self) -> bool:
+        """False: W is symmetric. (Directed graphs are :class:`~topologies.DirectedTopology`.)"""
+        return False
+
+    # --- as the constant schedule ----------------------------------------------------------
+
+    def at(self, t: int) -> Topology:
+        """The topology of step ``t``: this one, for every t >= 0."""
+        step_index(t)
+        return self
+
+    @property
+    def period(self) -> int:
+        """1: the same graph at every step."""
+        return 1
+
+    @property
+    def union(self) -> Topology:
+        """The union of the graphs of all steps: this topology."""
+        return self
+
+    def neighbors_union(self, i: int) -> tuple[int, ...]:
+        """Neighbours of ``i`` at some step; for a static topology, :meth:`neighbors`."""
+        return self.neighbors(i)
 
     # --- spectral diagnostics --------------------------------------------------------------
 

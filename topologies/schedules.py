@@ -1,0 +1,503 @@
+"""Time-varying undirected topologies: a schedule gives the gossip graph of every step t.
+
+>>> import topologies
+>>> s = topologies.parse("one_peer_exponential:8")   # or topologies.one_peer_exponential(8)
+>>> s.period, s.at(0).neighbors(0), s.at(1).neighbors(0)
+(3, (1,), (2,))
+
+Every step's W is a validated :class:`~topologies.Topology` built with ``require_connected=False``
+(a matching is disconnected); the schedule itself checks that the union of its graphs is
+connected, over one period, or for the random schedules over their first :func:`random_window`
+steps. Random schedules are pure functions of ``(seed, t)``, so every peer derives the same graph
+of step t without communicating, and ``at(t)`` may be called in any order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import threading
+from collections import OrderedDict
+from functools import cached_property
+
+import numpy as np
+
+from .generators import SPEC_USAGE, _int, parse
+from .topology import Topology, check_size, step_index
+from .weights import weight_matrix
+
+__all__ = [
+    "Schedule",
+    "OnePeerExponential",
+    "RandomMatchings",
+    "EdgeSampling",
+    "CyclicSchedule",
+    "one_peer_exponential",
+    "matchings",
+    "edge_sampling",
+    "cyclic",
+    "random_window",
+    "product_gap",
+    "parse_schedule",
+]
+
+#: Random schedules are validated over their first WINDOW_PER_PEER · n steps.
+WINDOW_PER_PEER = 64
+#: How many recently built steps a schedule keeps (a dense n×n W each).
+CACHE_STEPS = 8
+
+
+def random_window(n: int) -> int:
+    """Steps over which a random schedule on ``n`` peers must have a connected union: 64·n."""
+    return WINDOW_PER_PEER * n
+
+
+def _power_of_two_exponent(n: int, what: str) -> int:
+    """log2 n for a power of two n >= 2, else a one-line ValueError."""
+    if n < 2 or n & (n - 1):
+        raise ValueError(f"{what} needs n to be a power of two >= 2, got n={n}; use e.g. n=16")
+    return n.bit_length() - 1
+
+
+class _Components:
+    """Union-find over 0..n-1 that counts its components, for incremental connectivity checks."""
+
+    def __init__(self, n: int):
+        self.parent = list(range(n))
+        self.count = n
+
+    def _root(self, i: int) -> int:
+        parent = self.parent
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]  # path halving
+            i = parent[i]
+        return i
+
+    def join(self, edges: np.ndarray) -> None:
+        for u, v in edges.tolist():
+            ru, rv = self._root(u), self._root(v)
+            if ru != rv:
+                self.parent[ru] = rv
+                self.count -= 1
+
+
+def metropolis_on(n: int, edges: np.ndarray) -> np.ndarray:
+    """Metropolis W of the graph on n nodes with the (k, 2) ``edges``; isolated nodes keep 1."""
+    adj = np.zeros((n, n), dtype=bool)
+    adj[edges[:, 0], edges[:, 1]] = True
+    adj[edges[:, 1], edges[:, 0]] = True
+    np.fill_diagonal(adj, False)
+    return weight_matrix(adj, "metropolis")
+
+
+class StepCache:
+    """The machinery every schedule shares: step checks, a small cache, the fingerprint.
+
+    Subclasses set ``_size``, ``_name``, ``_period`` and ``_identity`` (a tuple of plain values
+    that determines the schedule) through :meth:`_setup`, and implement ``_build(t)`` for a step
+    already reduced modulo the period.
+    """
+
+    _TAG = b"topologies.Schedule/v1\0"
+
+    def _setup(self, size: int, name: str, period: int | None, identity: tuple) -> None:
+        self._size = size
+        self._name = name
+        self._period = period
+        self._identity = identity
+        self._cache: OrderedDict = OrderedDict()
+        # Peers of a local cluster are threads sharing one schedule object.
+        self._lock = threading.Lock()
+
+    @property
+    def size(self) -> int:
+        """Number of peers n."""
+        return self._size
+
+    @property
+    def name(self) -> str:
+        """The spec string that :func:`topologies.parse` turns back into this schedule."""
+        return self._name
+
+    @property
+    def period(self) -> int | None:
+        """Steps after which the graphs repeat, or None for a random schedule."""
+        return self._period
+
+    def at(self, t: int):
+        """The graph of step ``t`` (any t >= 0, in any order)."""
+        t = step_index(t)
+        key = t % self._period if self._period else t
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        step = self._build(key)
+        with self._lock:
+            self._cache[key] = step
+            while len(self._cache) > CACHE_STEPS:
+                self._cache.popitem(last=False)
+        return step
+
+    def _build(self, t: int):
+        raise NotImplementedError
+
+    def neighbors_union(self, i: int) -> tuple[int, ...]:
+        """Peers that ``i`` exchanges with at some step: its neighbours in :attr:`union`."""
+        return self.union.neighbors(i)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A stable sha256 hex digest of the schedule's kind, size and parameters.
+
+        Distinct from every static topology's fingerprint (another prefix is hashed), and the same
+        on every peer, for cross-rank agreement checks.
+        """
+        h = hashlib.sha256(self._TAG)
+        h.update(repr(self._identity).encode())
+        return h.hexdigest()
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_cache"] = OrderedDict()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def __eq__(self, other) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._name == other._name and self.fingerprint == other.fingerprint
+
+    def __hash__(self) -> int:
+        return hash((self._name, self.fingerprint))
+
+    def __repr__(self) -> str:
+        period = self._period if self._period else "random"
+        return f"{type(self).__name__}({self._name!r}, size={self._size}, period={period})"
+
+
+class Schedule(StepCache):
+    """An undirected time-varying topology: ``at(t)`` is the :class:`Topology` of step t.
+
+    Each step's W is symmetric and doubly stochastic (Metropolis weights on the step's graph
+    unless the schedule says otherwise); the union of the graphs is connected. Build one with
+    :func:`one_peer_exponential`, :func:`matchings`, :func:`edge_sampling`, :func:`cyclic` or
+    :func:`topologies.parse`.
+    """
+
+    @property
+    def is_directed(self) -> bool:
+        """False: every step is undirected (directed ones are :class:`DirectedSchedule`)."""
+        return False
+
+    def _step_edges(self, t: int) -> np.ndarray:
+        """The (k, 2) int array of edges active at step ``t``."""
+        raise NotImplementedError
+
+    def _build(self, t: int) -> Topology:
+        w = metropolis_on(self._size, self._step_edges(t))
+        return Topology(w, name=f"{self._name}@{t}", scheme="metropolis", require_connected=False)
+
+    def _check_union_connected(self, fix: str = "add edges between them") -> None:
+        """One-line ValueError unless the graphs of one period (or the random window) connect."""
+        n = self._size
+        components = _Components(n)
+        steps = self._period or random_window(n)
+        for t in range(steps):
+            if components.count == 1:
+                return
+            components.join(self._step_edges(t))
+        if components.count == 1:
+            return
+        over = (
+            f"one period ({steps} steps)" if self._period
+            else f"the first {steps} steps ({WINDOW_PER_PEER} per peer)"
+        )
+        raise ValueError(
+            f"schedule {self._name!r} is not connected: the union of its graphs over {over} has "
+            f"{components.count} components, so gossip cannot reach consensus; {fix}"
+        )
+
+    @cached_property
+    def union(self) -> Topology:
+        """Every edge active at some step, with Metropolis weights (connected).
+
+        For the random schedules this is the set of edges that can be drawn (all pairs for
+        matchings, the base graph for edge sampling), so per-edge state sized from it never misses
+        an edge of a later step.
+        """
+        edges = np.concatenate([self._step_edges(t) for t in range(self._period)])
+        return Topology(metropolis_on(self._size, edges), name=f"union({self._name})",
+                        scheme="metropolis")
+
+
+class OnePeerExponential(Schedule):
+    """At step t peer i pairs with i XOR 2^(t mod log2 n); n a power of two, weights 1/2.
+
+    The product of W over one period is exactly J/n = 11ᵀ/n: averaging takes log2 n steps.
+    """
+
+    def __init__(self, n: int):
+        n = check_size(_int(n, "one_peer_exponential size n", 2), f"one_peer_exponential:{n}")
+        period = _power_of_two_exponent(n, "one_peer_exponential")
+        self._setup(n, f"one_peer_exponential:{n}", period, ("one_peer_exponential", n))
+        self._check_union_connected()
+
+    def _step_edges(self, t: int) -> np.ndarray:
+        bit = 1 << (t % self._period)
+        low = np.flatnonzero((np.arange(self._size) & bit) == 0)
+        return np.stack([low, low | bit], axis=1)
+
+
+class RandomMatchings(Schedule):
+    """At every step a uniformly random perfect matching, seeded by ``(seed, t)``; weights 1/2."""
+
+    def __init__(self, n: int, seed: int = 0):
+        n = check_size(_int(n, "matchings size n", 2), f"matchings:{n}")
+        seed = _int(seed, "matchings seed", 0)
+        if n % 2:
+            raise ValueError(f"matchings needs an even number of peers for perfect matchings, got n={n}")
+        name = f"matchings:{n}" + (f":{seed}" if seed else "")
+        self._setup(n, name, None, ("matchings", n, seed))
+        self._seed = seed
+        self._check_union_connected()
+
+    def _step_edges(self, t: int) -> np.ndarray:
+        rng = np.random.default_rng(np.random.SeedSequence([self._seed, t]))
+        return rng.permutation(self._size).reshape(-1, 2)
+
+    @cached_property
+    def union(self) -> Topology:
+        every_pair = ~np.eye(self._size, dtype=bool)
+        return Topology(weight_matrix(every_pair, "metropolis"), name=f"union({self._name})",
+                        scheme="metropolis")
+
+
+class EdgeSampling(Schedule):
+    """Each edge of a static base graph is active at each step with probability ``p``, seeded.
+
+    A step's W has Metropolis weights on the active edges (isolated peers keep their value).
+    """
+
+    def __init__(self, base: Topology, p: float, seed: int = 0):
+        if not isinstance(base, Topology):
+            raise ValueError(
+                f"edge_sampling needs a static base topology, got {type(base).__name__}; "
+                f"use e.g. edge_sampling('ring:16', 0.5)"
+            )
+        try:
+            p = float(p)
+        except (TypeError, ValueError):
+            raise ValueError(f"edge_sampling probability p must be a number, got {p!r}") from None
+        if not 0.0 < p <= 1.0:
+            raise ValueError(f"edge_sampling probability p must be in (0, 1], got {p}; use e.g. 0.5")
+        seed = _int(seed, "edge_sampling seed", 0)
+        name = f"edge_sampling:{base.name}:{p!r}" + (f":{seed}" if seed else "")
+        self._setup(base.size, name, None, ("edge_sampling", base.fingerprint, p, seed))
+        self._base = base
+        self._base_edges = np.array(base.edges(), dtype=np.int64).reshape(-1, 2)
+        self._p = p
+        self._seed = seed
+        self._check_union_connected(fix="raise p or use a denser base graph")
+
+    @property
+    def base(self) -> Topology:
+        """The graph whose edges are sampled."""
+        return self._base
+
+    @property
+    def p(self) -> float:
+        """Probability that an edge is active at a step."""
+        return self._p
+
+    def _step_edges(self, t: int) -> np.ndarray:
+        rng = np.random.default_rng(np.random.SeedSequence([self._seed, t]))
+        return self._base_edges[rng.random(len(self._base_edges)) < self._p]
+
+    @cached_property
+    def union(self) -> Topology:
+        return Topology(metropolis_on(self._size, self._base_edges), name=f"union({self._name})",
+                        scheme="metropolis")
+
+
+class CyclicSchedule(Schedule):
+    """A list of topologies used in turn: step t is ``members[t mod len(members)]``, W as given."""
+
+    def __init__(self, members, name: str | None = None):
+        members = list(members)
+        if not members:
+            raise ValueError("cyclic needs at least one topology, e.g. cyclic(['ring:8', 'star:8'])")
+        members = [parse(m) if isinstance(m, str) else m for m in members]
+        for m in members:
+            if not isinstance(m, Topology):
+                raise ValueError(
+                    f"cyclic members must be static undirected topologies, got {m!r}; "
+                    f"list the graphs of one period instead"
+                )
+        sizes = sorted({m.size for m in members})
+        if len(sizes) > 1:
+            raise ValueError(f"cyclic members must have the same size, got sizes {sizes}")
+        name = name if name is not None else "cyclic:" + ",".join(m.name for m in members)
+        identity = ("cyclic", sizes[0], tuple(m.fingerprint for m in members))
+        self._setup(sizes[0], name, len(members), identity)
+        self._members = tuple(members)
+        self._check_union_connected()
+
+    @property
+    def members(self) -> tuple[Topology, ...]:
+        """The topologies of one period, in order."""
+        return self._members
+
+    def _step_edges(self, t: int) -> np.ndarray:
+        return np.array(self._members[t].edges(), dtype=np.int64).reshape(-1, 2)
+
+    def _build(self, t: int) -> Topology:
+        return self._members[t]
+
+
+def one_peer_exponential(n: int) -> OnePeerExponential:
+    """The one-peer exponential schedule on n peers (a power of two): i pairs with i XOR 2^(t mod log2 n)."""
+    return OnePeerExponential(n)
+
+
+def matchings(n: int, seed: int = 0) -> RandomMatchings:
+    """Random perfect matchings on n peers (n even), a pure function of ``(seed, t)``."""
+    return RandomMatchings(n, seed)
+
+
+def edge_sampling(base, p: float, seed: int = 0) -> EdgeSampling:
+    """Each edge of ``base`` (a Topology or static spec) active with probability p at each step."""
+    return EdgeSampling(parse(base) if isinstance(base, str) else base, p, seed)
+
+
+def cyclic(members, name: str | None = None) -> CyclicSchedule:
+    """The schedule that uses ``members`` (Topologies or static specs) in turn, one per step."""
+    return CyclicSchedule(members, name)
+
+
+def product_gap(schedule, steps: int | None = None) -> float:
+    """Spectral gap of the product of the mixing matrices of steps 0..steps-1 (default one period).
+
+    Undirected: 1 − ‖W_{k-1}⋯W_0 − J/n‖₂, how much one pass over the steps shrinks the worst
+    disagreement (for a static topology and one step, its spectral gap). Directed: 1 − |λ₂| of the
+    product of the column-stochastic P's, push-sum's rate. 1.0 means exact averaging.
+    """
+    if steps is None:
+        steps = schedule.period
+    if steps is None:
+        raise ValueError(f"{schedule.name!r} is random and has no period; give the number of steps")
+    steps = _int(steps, "steps", 1)
+    n = schedule.size
+    if n == 1:
+        return 1.0
+    product = np.eye(n)
+    for t in range(steps):
+        step = schedule.at(t)
+        product = (step.P if schedule.is_directed else step.W) @ product
+    if schedule.is_directed:
+        moduli = np.sort(np.abs(np.linalg.eigvals(product)))[::-1]
+        return float(1.0 - moduli[1])
+    return float(1.0 - np.linalg.norm(product - 1.0 / n, ord=2))
+
+
+# --- the CLI spelling ----------------------------------------------------------------------------
+
+_WHOLE = re.compile(r"^\d+$")
+
+
+def _split_sampling(fields: list[str]) -> tuple[list[str], str, str | None]:
+    """(base fields, P, SEED) of ``edge_sampling:SPEC:P[:SEED]``.
+
+    The last field is the seed when it is a whole number and the field before it a probability in
+    (0, 1]; so ``edge_sampling:ring:16:1`` is p = 1, and ``...:0.5:3`` is p = 0.5, seed 3.
+    """
+    if len(fields) >= 3 and _WHOLE.match(fields[-1]):
+        try:
+            probability = float(fields[-2])
+        except ValueError:
+            probability = math.nan
+        if 0.0 < probability <= 1.0:
+            return fields[:-2], fields[-2], fields[-1]
+    return fields[:-1], fields[-1], None
+
+
+def parse_schedule(spec: str, kind: str, rest: str, n: int | None, weights: str | None):
+    """The schedule of a spec whose kind is one of ``generators.SCHEDULE_KINDS`` (see ``parse``)."""
+    from .directed import directed_exponential, from_directed_edge_list
+
+    usage = SPEC_USAGE[kind]
+
+    def bad(detail: str) -> ValueError:
+        return ValueError(f"bad topology spec {spec!r}: {detail}; expected {usage!r}")
+
+    def num(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise bad(f"{text!r} is not a valid integer") from None
+
+    def size(text: str | None) -> int:
+        if text:
+            return num(text)
+        if n is None:
+            raise bad("the size is missing (give it in the spec, or pass n)")
+        return n
+
+    if kind == "cyclic":
+        if not rest.strip():
+            raise bad("no topologies listed")
+        members = [
+            # A member file may hold a disconnected graph: only the union must be connected.
+            parse_member(m.strip(), n, weights) for m in rest.split(",")
+        ]
+        return cyclic(members)
+
+    if weights not in (None, "metropolis"):
+        raise bad(f"its weights are fixed (Metropolis on each step's graph), not {weights!r}; "
+                  f"drop the weights option")
+    if kind == "directed_file":
+        if not rest:
+            raise bad("missing path")
+        return from_directed_edge_list(rest)
+
+    fields = [a.strip() for a in rest.split(":")] if rest else []
+    if kind in ("one_peer_exponential", "directed_exponential"):
+        if len(fields) > 1:
+            raise bad("too many fields")
+        build = one_peer_exponential if kind == "one_peer_exponential" else directed_exponential
+        return build(size(fields[0] if fields else None))
+    if kind == "matchings":
+        if len(fields) > 2:
+            raise bad("too many fields")
+        seed = num(fields[1]) if len(fields) == 2 else 0
+        return matchings(size(fields[0] if fields else None), seed)
+
+    # edge_sampling
+    if len(fields) < 2:
+        raise bad("give a base topology and a probability")
+    base_fields, p_text, seed_text = _split_sampling(fields)
+    try:
+        p = float(p_text)
+    except ValueError:
+        raise bad(f"{p_text!r} is not a valid number") from None
+    base = parse(":".join(base_fields), n=n)
+    if not isinstance(base, Topology):
+        raise bad(f"the base {base.name!r} is a schedule; sample the edges of a static topology")
+    return edge_sampling(base, p, num(seed_text) if seed_text is not None else 0)
+
+
+def parse_member(spec: str, n: int | None, weights: str | None) -> Topology:
+    """One member of a ``cyclic:`` spec: a static topology (``file:`` ones may be disconnected)."""
+    from .generators import from_edge_list
+
+    if spec.lower().startswith("file:"):
+        return from_edge_list(spec[5:], weights=weights, require_connected=False)
+    member = parse(spec, n=n, weights=weights)
+    if not isinstance(member, Topology):
+        raise ValueError(f"cyclic member {spec!r} is a schedule; list static topologies only")
+    return member
