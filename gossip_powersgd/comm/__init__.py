@@ -7,11 +7,13 @@ from .base import (
     CommunicationError,
     PeerAborted,
     reduce_in_rank_order,
+    ring_allreduce_bytes,
+    ring_chunks,
 )
 from .local import LocalCluster, LocalCommunicator, run_local
 from .mpi import MPICommunicator
 
 __all__ = [
     "AgreementError", "CommStats", "Communicator", "CommunicationError", "PeerAborted",
-    "reduce_in_rank_order", "LocalCluster", "LocalCommunicator", "run_local", "MPICommunicator",
+    "reduce_in_rank_order", "ring_allreduce_bytes", "ring_chunks", "LocalCluster", "LocalCommunicator", "run_local", "MPICommunicator",
 ]
