@@ -1,4 +1,5 @@
-"""Transports: who talks to whom, and the only place where bytes are counted."""
+"""Transports (in-process, MPI, torch.distributed): who talks to whom, and the only place where
+bytes are counted."""
 
 from .base import (
     AgreementError,
@@ -12,8 +13,10 @@ from .base import (
 )
 from .local import LocalCluster, LocalCommunicator, run_local
 from .mpi import MPICommunicator
+from .torch import TorchCommunicator
 
 __all__ = [
     "AgreementError", "CommStats", "Communicator", "CommunicationError", "PeerAborted",
     "reduce_in_rank_order", "ring_allreduce_bytes", "ring_chunks", "LocalCluster", "LocalCommunicator", "run_local", "MPICommunicator",
+    "TorchCommunicator",
 ]
