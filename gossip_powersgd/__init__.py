@@ -1,7 +1,8 @@
 """gossip_powersgd: decentralized training with low-rank compressed gossip (PowerGossip).
 
 Peers sit on a graph (see the `topologies` package) and talk only to their neighbours, through an
-MPI transport (`MPICommunicator`, one peer per rank) or an in-process one (`LocalCluster`, one
+MPI transport (`MPICommunicator`, one peer per rank), a torch.distributed one (`TorchCommunicator`,
+gloo or NCCL, one peer per process) or an in-process one (`LocalCluster`, one
 thread per peer). Algorithms are written once for both.
 """
 
@@ -23,6 +24,7 @@ from .comm import (
     LocalCluster,
     MPICommunicator,
     PeerAborted,
+    TorchCommunicator,
 )
 from .launch import run_peers
 from .metrics import consensus_distance
@@ -33,5 +35,5 @@ __all__ = [
     "ExactGossip", "PowerGossip", "ChocoGossip", "DeepSqueeze", "AllReduce", "PowerSGDAllReduce",
     "GossipAlgorithm", "NonFiniteError", "make_algorithm",
     "AgreementError", "Communicator", "CommunicationError", "LocalCluster", "MPICommunicator",
-    "PeerAborted", "consensus_distance", "run_peers",
+    "PeerAborted", "TorchCommunicator", "consensus_distance", "run_peers",
 ]

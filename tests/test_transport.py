@@ -11,6 +11,7 @@ from gossip_powersgd import (
     LocalCluster,
     consensus_distance,
 )
+from gossip_powersgd.comm import ring_allreduce_bytes
 from conftest import TESTS, run_mpi, run_scenario_mpi
 
 
@@ -61,14 +62,19 @@ def test_allreduce_is_bit_identical_on_every_peer_and_not_charged_when_metric():
 
     results = LocalCluster(topologies.ring(6)).run(peer)
     stacked = torch.stack([r[3] for r in results])
-    for mean, total, high, _, stats in results:
+    for rank, (mean, total, high, _, stats) in enumerate(results):
         assert torch.equal(mean, results[0][0]) and torch.equal(total, results[0][1])
         assert torch.allclose(mean, stacked.mean(0), atol=1e-6)
         assert torch.allclose(total, stacked.sum(0), atol=1e-5)
         assert torch.equal(high, stacked.max(0).values)
-        # ring all-reduce cost 2(n-1)/n x 4000 bytes, twice (sum and max), the mean on the metric side
-        assert stats["bytes_sent"] == 2 * (2 * 5 * 4000 // 6)
-        assert stats["metric_bytes_sent"] == 2 * 5 * 4000 // 6
+        # ring all-reduce cost 2(n-1)/n x 4000 bytes, twice (sum and max), the mean on the metric
+        # side; 1000 floats do not split evenly over 6 peers, so a peer sends within one float of it
+        ring = ring_allreduce_bytes(1000, 4, 6, rank)
+        assert abs(ring - 2 * 5 * 4000 / 6) <= 4
+        assert stats["bytes_sent"] == 2 * ring
+        assert stats["metric_bytes_sent"] == ring
+    # and between them the peers send exactly 2(n-1) x the tensor per all-reduce
+    assert sum(r[4]["metric_bytes_sent"] for r in results) == 2 * 5 * 4000
 
 
 def test_a_failing_peer_releases_the_others_and_its_error_is_raised():

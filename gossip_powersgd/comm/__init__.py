@@ -1,4 +1,5 @@
-"""Transports: who talks to whom, and the only place where bytes are counted."""
+"""Transports (in-process, MPI, torch.distributed): who talks to whom, and the only place where
+bytes are counted."""
 
 from .base import (
     AgreementError,
@@ -7,11 +8,15 @@ from .base import (
     CommunicationError,
     PeerAborted,
     reduce_in_rank_order,
+    ring_allreduce_bytes,
+    ring_chunks,
 )
 from .local import LocalCluster, LocalCommunicator, run_local
 from .mpi import MPICommunicator
+from .torch import TorchCommunicator
 
 __all__ = [
     "AgreementError", "CommStats", "Communicator", "CommunicationError", "PeerAborted",
-    "reduce_in_rank_order", "LocalCluster", "LocalCommunicator", "run_local", "MPICommunicator",
+    "reduce_in_rank_order", "ring_allreduce_bytes", "ring_chunks", "LocalCluster", "LocalCommunicator", "run_local", "MPICommunicator",
+    "TorchCommunicator",
 ]

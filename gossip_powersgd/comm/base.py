@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import hashlib
 import threading
-from typing import Dict, Iterator, List, Sequence
+from typing import Dict, Iterator, List, Sequence, Tuple
 
 import torch
 
@@ -87,22 +87,56 @@ def nbytes(tensor: Tensor) -> int:
 
 
 def reduce_in_rank_order(stacked: Sequence[Tensor], op: str) -> Tensor:
-    """Reduce per-rank tensors in rank order.
+    """Reduce per-rank tensors in rank order (for small control data that is gathered anyway).
 
-    Both transports reduce with this very function, so an all-reduce gives the same bits on every
-    rank and under either transport (MPI's own reductions do not promise an order).
+    Every peer reducing the same gathered list with this function gets the same bits. The
+    communicators' `allreduce_` does not gather: it runs the ring below.
     """
     result = stacked[0].clone()
     for other in stacked[1:]:
-        if op in ("sum", "mean"):
-            result.add_(other)
-        elif op == "max":
-            torch.maximum(result, other, out=result)
-        else:
-            torch.minimum(result, other, out=result)
+        _combine_(result, other, op)
     if op == "mean":
         result.div_(len(stacked))
     return result
+
+
+def _combine_(accumulator: Tensor, other: Tensor, op: str) -> None:
+    if op in ("sum", "mean"):
+        accumulator.add_(other)
+    elif op == "max":
+        torch.maximum(accumulator, other, out=accumulator)
+    else:
+        torch.minimum(accumulator, other, out=accumulator)
+
+
+def ring_chunks(numel: int, size: int) -> List[Tuple[int, int]]:
+    """The (start, stop) of each peer's chunk of a flat tensor in the ring all-reduce.
+
+    Chunk sizes differ by at most one element; the extra elements are spread evenly around the ring
+    (chunk c has one more when floor((c+1) r / n) > floor(c r / n), r = numel mod n) rather than
+    given to the first chunks, so that every peer sends the same number of bytes whenever that is
+    possible at all (when n divides 2 numel), and otherwise within one element.
+    """
+    base, extra = divmod(numel, size)
+    bounds, start = [], 0
+    for c in range(size):
+        stop = start + base + ((c + 1) * extra // size - c * extra // size)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def ring_allreduce_bytes(numel: int, element_size: int, size: int, rank: int) -> int:
+    """Bytes `rank` sends in a ring all-reduce of `numel` elements over `size` peers.
+
+    Rank r sends every chunk but chunk r+1 in the reduce-scatter and every chunk but chunk r+2 in
+    the all-gather (see `Communicator.allreduce_`): in total 2(n-1)/n x the tensor, to the element.
+    """
+    if size <= 1:
+        return 0
+    chunks = ring_chunks(numel, size)
+    skipped = [chunks[(rank + 1) % size], chunks[(rank + 2) % size]]
+    return (2 * numel - sum(stop - start for start, stop in skipped)) * element_size
 
 
 def digest(text: str) -> bytes:
@@ -214,32 +248,71 @@ class Communicator:
     def allreduce_(self, tensor: Tensor, op: str = "mean", metric: bool = False) -> Tensor:
         """All-reduce `tensor` in place over all peers and return it.
 
-        The reduction runs in rank order on every peer (see `reduce_in_rank_order`), so every peer
-        and both transports get the same bits. Training traffic (`metric=False`) is charged at the
-        cost of a bandwidth-optimal ring all-reduce, 2(n-1)/n x the tensor's bytes in 2(n-1)
-        messages per peer, which is what a tuned MPI or NCCL all-reduce sends; `metric=True` charges
-        the metric counters instead.
+        A ring all-reduce over all ranks (not the gossip topology): the flat tensor is cut into n
+        chunks (`ring_chunks`); in n-1 reduce-scatter steps rank r sends one chunk to rank r+1 and
+        combines the one it gets from rank r-1, so chunk c accumulates ranks c, c+1, ..., c-1 in
+        that order; "mean" then divides the finished chunk by n; n-1 all-gather steps copy the
+        finished chunks around. The order of operations is fixed by numel and n alone, so every
+        peer ends with the same bits and every transport computes the same bits. Each peer sends
+        2(n-1)/n x the tensor's bytes (`ring_allreduce_bytes`), in 2(n-1) messages (fewer when the
+        tensor has fewer elements than there are peers: empty chunks do not travel), and that is
+        what is charged: to the training counters, or with `metric=True` to the metric counters.
         """
         if op not in REDUCE_OPS:
             raise ValueError(f"unknown reduce op {op!r}; valid: {', '.join(REDUCE_OPS)}")
-        if self.size > 1:
-            with self._one_at_a_time("an all-reduce"):
-                gathered = self._allgather_tensor(tensor)
-            tensor.copy_(reduce_in_rank_order(gathered, op))
-            sent = 2 * (self.size - 1) * nbytes(tensor) // self.size
-            if metric:
-                self.stats.metric_bytes_sent += sent
-                self.stats.metric_messages_sent += 2 * (self.size - 1)
-            else:
-                self.stats.bytes_sent += sent
-                self.stats.messages_sent += 2 * (self.size - 1)
-                self.stats.rounds += 2 * (self.size - 1)
-                self.stats.critical_bytes += sent
-        elif op == "mean":
-            pass  # the mean of one value is itself
+        if self.size == 1:
+            return tensor  # the reduction of one value is itself, for every op
+        with self._one_at_a_time("an all-reduce"):
+            sent, messages = self._ring_allreduce(tensor, op)
+        if metric:
+            self.stats.metric_bytes_sent += sent
+            self.stats.metric_messages_sent += messages
+        else:
+            self.stats.bytes_sent += sent
+            self.stats.messages_sent += messages
+            self.stats.rounds += 2 * (self.size - 1)
+            self.stats.critical_bytes += sent
         return tensor
 
+    def _ring_allreduce(self, tensor: Tensor, op: str) -> Tuple[int, int]:
+        """The ring described in `allreduce_`; returns (bytes sent, messages sent)."""
+        n, r = self.size, self.rank
+        work = tensor.detach()
+        flat = work.view(-1) if work.is_contiguous() else work.reshape(-1).clone()
+        chunks = [flat[start:stop] for start, stop in ring_chunks(flat.numel(), n)]
+        incoming = torch.empty(max(c.numel() for c in chunks), dtype=flat.dtype, device=flat.device)
+        right, left = (r + 1) % n, (r - 1) % n
+        sent = messages = 0
+        for phase in ("reduce-scatter", "all-gather"):
+            for step in range(n - 1):
+                if phase == "reduce-scatter":
+                    out_chunk, in_chunk = chunks[(r - step) % n], chunks[(r - step - 1) % n]
+                    landing = incoming[:in_chunk.numel()]
+                else:
+                    out_chunk, in_chunk = chunks[(r + 1 - step) % n], chunks[(r - step) % n]
+                    landing = in_chunk
+                # Both ends know every chunk's size, so empty chunks are skipped on both ends.
+                self._sendrecv(right if out_chunk.numel() else None, out_chunk,
+                               left if in_chunk.numel() else None, landing)
+                if out_chunk.numel():
+                    sent += nbytes(out_chunk)
+                    messages += 1
+                if phase == "reduce-scatter":
+                    _combine_(in_chunk, landing, op)
+            if phase == "reduce-scatter" and op == "mean":
+                chunks[(r + 1) % n].div_(n)  # the chunk this rank finished
+        if not work.is_contiguous():
+            work.copy_(flat.view(work.shape))
+        return sent, messages
+
+    def _sendrecv(self, dest, send: Tensor, source, recv: Tensor) -> None:
+        """Send `send` to rank `dest` and fill `recv` from rank `source` (any ranks, not only
+        neighbours); either side may be None for nothing to send or receive. The message is
+        checked for size and dtype like an `exchange`'s."""
+        raise NotImplementedError
+
     def _allgather_tensor(self, tensor: Tensor) -> List[Tensor]:
+        """Every peer's copy of a small tensor, by rank (control data only: n x the tensor moves)."""
         raise NotImplementedError
 
     def allgather_bytes(self, data: bytes) -> List[bytes]:

@@ -35,8 +35,8 @@ class _Shared:
         self.failed_rank: Optional[int] = None
         self.interrupted = False
 
-    def mailbox(self, source: int, dest: int) -> "queue.SimpleQueue":
-        key = (source, dest)
+    def mailbox(self, source: int, dest: int, channel: str = "exchange") -> "queue.SimpleQueue":
+        key = (source, dest, channel)
         with self.mailbox_lock:
             box = self.mailboxes.get(key)
             if box is None:
@@ -76,20 +76,31 @@ class LocalCommunicator(Communicator):
             self._shared.mailbox(self.rank, j).put(copies[id(buffer)])
         deadline = time.monotonic() + self.timeout
         for j in self.neighbors:
-            box = self._shared.mailbox(j, self.rank)
-            while True:
-                try:
-                    message = box.get(timeout=_POLL_SECONDS)
-                    break
-                except queue.Empty:
-                    self._raise_if_aborted()
-                    if time.monotonic() > deadline:
-                        raise CommunicationError(
-                            f"rank {self.rank}: no message from neighbour {j} within {self.timeout:g} s "
-                            f"(is peer {j} alive? raise the timeout if it is just slow)"
-                        ) from None
-            self._check_message(j, message.numel() * message.element_size(), message.dtype, recv[j])
-            recv[j].copy_(message.view(recv[j].shape))
+            self._receive(self._shared.mailbox(j, self.rank), j, recv[j], deadline, "neighbour")
+
+    def _sendrecv(self, dest, send: Tensor, source, recv: Tensor) -> None:
+        self._raise_if_aborted()
+        if dest is not None:
+            self._shared.mailbox(self.rank, dest, "ring").put(send.detach().clone())
+        if source is not None:
+            self._receive(self._shared.mailbox(source, self.rank, "ring"), source, recv,
+                          time.monotonic() + self.timeout, "peer")
+
+    def _receive(self, box: "queue.SimpleQueue", source: int, buffer: Tensor, deadline: float,
+                 role: str) -> None:
+        while True:
+            try:
+                message = box.get(timeout=_POLL_SECONDS)
+                break
+            except queue.Empty:
+                self._raise_if_aborted()
+                if time.monotonic() > deadline:
+                    raise CommunicationError(
+                        f"rank {self.rank}: no message from {role} {source} within {self.timeout:g} s "
+                        f"(is peer {source} alive? raise the timeout if it is just slow)"
+                    ) from None
+        self._check_message(source, message.numel() * message.element_size(), message.dtype, buffer)
+        buffer.copy_(message.view(buffer.shape))
 
     def _wait_barrier(self) -> None:
         try:
@@ -110,7 +121,7 @@ class LocalCommunicator(Communicator):
         for k, other in enumerate(gathered):
             if other.dtype != tensor.dtype or other.numel() != tensor.numel():
                 raise CommunicationError(
-                    f"rank {self.rank}: all-reduce/all-gather got {other.numel()} x {other.dtype} "
+                    f"rank {self.rank}: all-gather got {other.numel()} x {other.dtype} "
                     f"from peer {k}, expected {tensor.numel()} x {tensor.dtype}"
                 )
         return [other.view(tensor.shape).to(tensor.device) for other in gathered]

@@ -137,6 +137,8 @@ class MPICommunicator(Communicator):
         topology = as_topology(topology, "MPICommunicator")
         # A private duplicate, so that our messages never match a user's receives.
         self._comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
+        # The all-reduce ring talks on its own duplicate, so its messages never match an exchange's.
+        self._ring_comm = self._comm.Dup()
         world_rank, world_size = self._comm.Get_rank(), self._comm.Get_size()
         self.timeout = 120.0 if timeout is None else float(timeout)
         self.rank = world_rank  # needed by the raw all-gather below before the base class is set up
@@ -182,15 +184,39 @@ class MPICommunicator(Communicator):
         self._wait(requests, "sending to neighbours")
         del keep_alive
 
-    def _receive(self, source: int, status, buffer: Tensor) -> None:
+    def _receive(self, source: int, status, buffer: Tensor, comm=None) -> None:
         MPI = self._MPI
+        comm = self._comm if comm is None else comm
         tag = status.Get_tag()
         dtype = CODE_DTYPES.get(tag - _TAG_BASE, f"<unknown tag {tag}>")
         self._check_message(source, status.Get_count(MPI.BYTE), dtype, buffer)
-        target = buffer if buffer.device.type == "cpu" else torch.empty_like(buffer, device="cpu")
-        self._comm.Recv([_byte_view(target), MPI.BYTE], source=source, tag=tag)
+        in_place = buffer.device.type == "cpu" and buffer.is_contiguous()
+        target = buffer if in_place else torch.empty(buffer.shape, dtype=buffer.dtype)
+        comm.Recv([_byte_view(target), MPI.BYTE], source=source, tag=tag)
         if target is not buffer:
             buffer.copy_(target)
+
+    def _sendrecv(self, dest, send: Tensor, source, recv: Tensor) -> None:
+        MPI = self._MPI
+        requests, message = [], None
+        if dest is not None:
+            message = send.detach()
+            if message.device.type != "cpu" or not message.is_contiguous():
+                message = message.to("cpu").contiguous()
+            tag = _TAG_BASE + DTYPE_CODES[message.dtype]
+            requests.append(self._ring_comm.Isend([_byte_view(message), MPI.BYTE], dest=dest, tag=tag))
+        if source is not None:
+            status = MPI.Status()
+            poller = _Poller(self.timeout)
+            while not self._ring_comm.Iprobe(source=source, tag=MPI.ANY_TAG, status=status):
+                if not poller.idle():
+                    raise CommunicationError(
+                        f"rank {self.rank}: no all-reduce message from peer {source} within "
+                        f"{self.timeout:g} s (is every peer alive and calling the same all-reduce?)"
+                    )
+            self._receive(source, status, recv, self._ring_comm)
+        self._wait(requests, "an all-reduce send")
+        del message
 
     def _wait(self, requests, what: str) -> None:
         poller = _Poller(self.timeout)
@@ -211,14 +237,6 @@ class MPICommunicator(Communicator):
         out = np.empty(size * len(data), dtype=np.uint8)
         self._wait([self._comm.Iallgather([send, MPI.BYTE], [out, MPI.BYTE])], "an all-gather")
         return [out[k * len(data):(k + 1) * len(data)].tobytes() for k in range(size)]
-
-    def _allgather_tensor(self, tensor: Tensor) -> List[Tensor]:
-        MPI = self._MPI
-        source = tensor.detach().to("cpu").contiguous()
-        out = torch.empty((self.size,) + tuple(source.shape), dtype=source.dtype)
-        self._wait([self._comm.Iallgather([_byte_view(source), MPI.BYTE], [_byte_view(out), MPI.BYTE])],
-                   "an all-reduce")
-        return [out[k].to(tensor.device) for k in range(self.size)]
 
     def allgather_bytes(self, data: bytes) -> List[bytes]:
         with self._one_at_a_time("an all-gather"):

@@ -1,0 +1,286 @@
+"""The torch.distributed transport: one peer per process, launched by torchrun or mpiexec.
+
+    torchrun --nproc-per-node N python -m ...        (sets RANK, WORLD_SIZE, MASTER_ADDR/PORT)
+    mpiexec -n N python -m ...                       (PMI_RANK/PMI_SIZE or OMPI_COMM_WORLD_* are
+                                                      mapped to RANK/WORLD_SIZE; MASTER_ADDR
+                                                      defaults to 127.0.0.1, MASTER_PORT to 29500)
+
+gloo moves CPU tensors, NCCL CUDA tensors, which stay on the device (no host staging). Messages are
+raw tensors, never pickled objects. Before every exchange each peer sends its neighbours a
+two-number header (byte size, dtype), and before every all-reduce its ring neighbour one (size,
+dtype, op), so that a wrong message is reported naming the sender instead of corrupting a buffer or
+hanging; headers are envelope, like MPI's tag and count, and not counted as traffic. Every wait
+polls with a deadline, so a silent or dead peer becomes an error naming it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ..utils import format_ranks
+from .base import (
+    CODE_DTYPES,
+    DTYPE_CODES,
+    REDUCE_OPS,
+    AgreementError,
+    Communicator,
+    CommunicationError,
+    Tensor,
+    as_topology,
+    describe_disagreement,
+    digest,
+    nbytes,
+)
+from .mpi import GRACE_SECONDS
+
+DEFAULT_MASTER_ADDR = "127.0.0.1"
+DEFAULT_MASTER_PORT = "29500"
+
+# (rank variable, size variable, local rank variable) of the launchers whose environment we map.
+_MPI_LAUNCHERS = (
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+)
+
+# The store of the process's latest communicator, for `exit_after_peers`.
+_store_for_exit: Optional[Tuple[object, int]] = None
+_instances = 0
+
+
+def launcher_environment() -> Tuple[int, int]:
+    """(rank, world size) from torchrun's variables, or from mpiexec's mapped onto them.
+
+    Sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT when an MPI launcher started us;
+    raises a one-line ValueError when no launcher did.
+    """
+    env = os.environ
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        for rank_var, size_var, local_var in _MPI_LAUNCHERS:
+            if rank_var in env and size_var in env:
+                env["RANK"], env["WORLD_SIZE"] = env[rank_var], env[size_var]
+                env.setdefault("LOCAL_RANK", env.get(local_var, env[rank_var]))
+                break
+        else:
+            raise ValueError("backend torch needs a launcher: torchrun --nproc-per-node N python -m "
+                             "... or mpiexec -n N python -m ... (N = the topology's size); RANK and "
+                             "WORLD_SIZE are not set")
+    env.setdefault("MASTER_ADDR", DEFAULT_MASTER_ADDR)
+    env.setdefault("MASTER_PORT", DEFAULT_MASTER_PORT)
+    try:
+        return int(env["RANK"]), int(env["WORLD_SIZE"])
+    except ValueError:
+        raise ValueError(f"RANK={env['RANK']!r} and WORLD_SIZE={env['WORLD_SIZE']!r} must be "
+                         "integers (set by torchrun or mpiexec)") from None
+
+
+def _resolve_device(device, backend: Optional[str]) -> Tuple[torch.device, str]:
+    device = torch.device("cpu" if device is None else device)
+    if backend is None:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"unknown torch.distributed backend {backend!r}; valid: gloo, nccl")
+    if backend == "nccl" or device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{'backend nccl' if backend == 'nccl' else f'device {device}'} needs "
+                             "CUDA, which this machine does not have: use backend gloo on device cpu")
+        if backend == "nccl" and device.type != "cuda":
+            raise ValueError(f"backend nccl moves CUDA tensors only, but the device is {device}: "
+                             "use device cuda, or backend gloo on the CPU")
+        if device.index is None:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    elif device.type != "cpu":
+        raise ValueError(f"device {device} is not supported: use cpu (gloo) or cuda (nccl)")
+    return device, backend
+
+
+class TorchCommunicator(Communicator):
+    """One peer per torch.distributed process, on `topology`.
+
+    `device` is where the tensors live ("cpu", default, with gloo; "cuda" or "cuda:K" with NCCL,
+    "cuda" meaning the LOCAL_RANK-th GPU). The constructor is collective: all ranks compare the
+    topology's fingerprint, the world size and the device type through the rendezvous store, and
+    any disagreement raises the same one-line error on every rank. `timeout` (seconds) bounds the
+    rendezvous and every wait for a neighbour or a collective.
+    """
+
+    def __init__(self, topology, device=None, backend: Optional[str] = None,
+                 timeout: Optional[float] = None):
+        global _store_for_exit, _instances
+        topology = as_topology(topology, "TorchCommunicator")
+        device, backend = _resolve_device(device, backend)
+        rank, world_size = launcher_environment()
+        self.rank = rank
+        self.timeout = 120.0 if timeout is None else float(timeout)
+        wait = datetime.timedelta(seconds=self.timeout)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        self._owns_group = not dist.is_initialized()
+        if self._owns_group:
+            store, _, _ = next(dist.rendezvous("env://", timeout=wait))
+        else:
+            store = dist.distributed_c10d._get_default_store()
+        _instances += 1
+        self._store = dist.PrefixStore(f"gossip_powersgd/{_instances}/", store)
+        _store_for_exit = (self._store, world_size)
+        self._agree_before_joining(topology, world_size, device)
+        if self._owns_group:
+            # gloo carries the CPU control data (agreement checks, all-gathers) in either case.
+            dist.init_process_group("cpu:gloo,cuda:nccl" if backend == "nccl" else "gloo",
+                                    store=store, rank=rank, world_size=world_size,
+                                    timeout=wait + datetime.timedelta(seconds=GRACE_SECONDS))
+        self.device, self.backend = device, backend
+        super().__init__(topology, rank, timeout)
+
+    def _agree_before_joining(self, topology, world_size: int, device: torch.device) -> None:
+        """Compare what every rank must share through the store (raw strings, not pickles)."""
+        mine = f"{digest(f'{topology.size}:{topology.fingerprint}').hex()}|{device.type}"
+        self._store.set(f"hello/{self.rank}", mine)
+        keys = [f"hello/{k}" for k in range(world_size)]
+        try:
+            self._store.wait(keys, datetime.timedelta(seconds=self.timeout))
+        except Exception:  # noqa: BLE001 - the store's timeout error type varies across versions
+            missing = [k for k, key in enumerate(keys) if not self._store.check([key])]
+            raise CommunicationError(
+                f"rank {self.rank}: ranks {format_ranks(missing)} did not join within "
+                f"{self.timeout:g} s (did the launcher start WORLD_SIZE={world_size} processes?)"
+            ) from None
+        hellos = [self._store.get(key).decode().split("|") for key in keys]
+        topologies_seen = [bytes.fromhex(h[0]) for h in hellos]
+        if len(set(topologies_seen)) > 1:
+            raise AgreementError(describe_disagreement("topology", topologies_seen))
+        if world_size != topology.size:
+            raise ValueError(
+                f"torch.distributed world size {world_size} does not match the topology's "
+                f"{topology.size} peers: run torchrun --nproc-per-node {topology.size}, or pick a "
+                f"topology with {world_size} peers"
+            )
+        devices = [h[1] for h in hellos]
+        if len(set(devices)) > 1:
+            parts = [f"ranks {format_ranks(k for k, d in enumerate(devices) if d == kind)} use {kind}"
+                     for kind in sorted(set(devices))]
+            raise AgreementError("device type differs across ranks: " + "; ".join(parts)
+                                 + " (give every peer the same device)")
+
+    # ---- point to point ------------------------------------------------------------------------
+    def _on_device(self, tensor: Tensor, what: str) -> Tensor:
+        if tensor.device != self.device:
+            raise ValueError(f"rank {self.rank}: {what} is on {tensor.device} but this communicator "
+                             f"moves tensors on {self.device}: create it with device={tensor.device}"
+                             " or move the tensors")
+        return tensor
+
+    def _header(self, *values: int) -> Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=self.device)
+
+    def _exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
+        headers_in = {j: self._header(-1, -1) for j in self.neighbors}
+        self._transfer([(j, self._header(nbytes(send[j]), DTYPE_CODES[send[j].dtype]), headers_in[j])
+                        for j in self.neighbors], "neighbour(s)")
+        for j in self.neighbors:
+            size, code = headers_in[j].tolist()
+            self._check_message(j, size, CODE_DTYPES.get(code, f"<unknown code {code}>"), recv[j])
+        messages = []
+        for j in self.neighbors:
+            message = self._on_device(send[j].detach(), f"the message for peer {j}")
+            messages.append((j, message.contiguous(), self._on_device(recv[j], "a receive buffer")))
+        self._transfer(messages, "neighbour(s)")
+
+    def _sendrecv(self, dest, send: Tensor, source, recv: Tensor) -> None:
+        ops = []
+        if dest is not None:
+            ops.append(dist.P2POp(dist.isend, send, dest))
+        if source is not None:
+            ops.append(dist.P2POp(dist.irecv, recv, source))
+        if ops:
+            self._wait(dist.batch_isend_irecv(ops), [source] if source is not None else [],
+                       "peer")
+
+    def _transfer(self, pairs: List[Tuple[int, Tensor, Tensor]], role: str) -> None:
+        """Send each (peer, outgoing, incoming) triple's message and receive its reply."""
+        ops = [dist.P2POp(dist.isend, out, j) for j, out, _ in pairs]
+        ops += [dist.P2POp(dist.irecv, into, j) for j, _, into in pairs]
+        self._wait(dist.batch_isend_irecv(ops), [j for j, _, _ in pairs], role)
+
+    def _wait(self, works, peers: List[int], role: str) -> None:
+        # gloo's p2p requests report completion only through wait(), so wait on each with what is
+        # left of one deadline rather than polling is_completed().
+        deadline = time.monotonic() + self.timeout
+        for w in works:
+            left = max(deadline - time.monotonic(), 0.001)
+            try:
+                finished = w.wait(datetime.timedelta(seconds=left))
+            except RuntimeError as exc:
+                text = str(exc).lower()
+                if "timed out" in text or "timeout" in text:
+                    finished = False
+                else:
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    raise CommunicationError(f"rank {self.rank}: talking to {role} {peers} failed "
+                                             f"({first}); did a peer stop?") from None
+            if finished is False:
+                raise CommunicationError(
+                    f"rank {self.rank}: no message from {role} {peers} within {self.timeout:g} s "
+                    "(is that peer alive? raise comm_timeout if it is just slow)"
+                )
+
+    # ---- collectives ---------------------------------------------------------------------------
+    def _ring_allreduce(self, tensor: Tensor, op: str) -> Tuple[int, int]:
+        self._on_device(tensor, "the all-reduced tensor")
+        n = self.size
+        right, left = (self.rank + 1) % n, (self.rank - 1) % n
+        mine = (tensor.numel(), DTYPE_CODES[tensor.dtype], REDUCE_OPS.index(op))
+        theirs = self._header(-1, -1, -1)
+        self._sendrecv(right, self._header(*mine), left, theirs)
+        theirs = tuple(theirs.tolist())
+        if theirs != mine:
+            def describe(h):
+                return f"{h[0]} x {CODE_DTYPES.get(h[1], '?')} ({REDUCE_OPS[h[2]]})"
+            raise CommunicationError(
+                f"rank {self.rank}: all-reduce of {describe(mine)} here, but peer {left} reduces "
+                f"{describe(theirs)} (do all peers run the same algorithm on the same model?)"
+            )
+        return super()._ring_allreduce(tensor, op)
+
+    def allgather_bytes(self, data: bytes) -> List[bytes]:
+        with self._one_at_a_time("an all-gather"):
+            mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            out = [torch.empty_like(mine) for _ in range(self.size)]
+            self._wait([dist.all_gather(out, mine, async_op=True)], [], "an all-gather with peers")
+        return [bytes(t.numpy().tobytes()) for t in out]
+
+    def close(self) -> None:
+        """Leave the process group (if this communicator created it)."""
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_group = False
+
+
+def exit_after_peers(code: int) -> None:
+    """End this process with `code`, first giving the other ranks GRACE_SECONDS to fail too.
+
+    When every rank failed (a disagreement found by a collective check) each prints its own line
+    before any exits, so a launcher that stops the job at the first exit cuts nobody's message off;
+    when only some did, the wait runs out and the launcher takes the others down.
+    """
+    if _store_for_exit is not None:
+        store, world_size = _store_for_exit
+        try:
+            store.add("failed", 1)
+            deadline = time.monotonic() + GRACE_SECONDS
+            while store.add("failed", 0) < world_size and time.monotonic() < deadline:
+                time.sleep(0.02)
+        except Exception:  # noqa: BLE001 - the store may be gone with rank 0; exit regardless
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+__all__ = ["TorchCommunicator", "launcher_environment", "exit_after_peers"]
