@@ -63,7 +63,9 @@ def run_private(overrides: Dict[str, Any], quick: bool) -> Dict[str, Any]:
 def _attempt(label, spec, partition, target, seed, plan) -> Dict[str, Any]:
     overrides = dict(topology=plan["topology"], partition=partition, epochs=plan["epochs"],
                      eval_every=plan["epochs"], seed=seed, algorithm=spec,
-                     warmup_epochs=plan["warmup"])
+                     warmup_epochs=plan["warmup"],
+                     # a loaded shared machine can stall a peer thread for minutes: wait, not fail
+                     comm_timeout=600.0)
     if target is not None:
         overrides.update(dp_target_epsilon=target, dp_max_grad_norm=CLIP, dp_delta=DELTA)
     row = dict(label=label, spec=spec, partition=partition, target=target, seed=seed)
