@@ -213,10 +213,10 @@ ANALYSIS = """## Why DP hurts some algorithms more
   every step (its variance divided by 8); exact gossip averages only with 2 neighbours per step,
   so each model keeps more of its own noise and consensus takes several steps.
 - Compressed gossip adds its own error on top: PowerGossip's rank-1 approximation of the model
-  differences and Choco's sign compression transmit only part of the difference between
-  neighbours, so the independent noise of neighbouring peers is averaged more slowly. Noise makes
-  those differences larger and less low-rank (isotropic noise has no low-rank structure), which
-  is where a low-rank or sign message loses most.
+  differences transmits only part of the difference between neighbours. Noise makes those
+  differences larger and less low-rank (isotropic noise has no low-rank structure), so a rank-1
+  message carries a smaller share of them and the peers' independent noise is averaged more
+  slowly; Choco's sign message keeps every coordinate's direction and suffers less.
 - Under Dirichlet(0.5) shards the peers have different sampling rates q = batch / shard size;
   σ is set for the largest q, so peers with large shards spend much less than the target ε
   (the ε [min, max] column) and the small-shard peer sets the noise for everyone.
