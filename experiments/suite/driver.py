@@ -1,4 +1,4 @@
-"""The suite's CLI: `python -m experiments.suite training|gamma|consensus [options]`."""
+"""The suite's CLI: `python -m experiments.suite training|gamma|consensus|privacy [options]`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The CLI: which page to make, and how long to train."""
     parser = argparse.ArgumentParser(prog="python -m experiments.suite",
                                      description="Reproduce the paper's claims with real runs.")
-    parser.add_argument("what", choices=("training", "gamma", "consensus"))
+    parser.add_argument("what", choices=("training", "gamma", "consensus", "privacy"))
     parser.add_argument("--quick", action="store_true",
                         help="tiny problem (synthetic logistic regression, ring:4, 1 epoch), seconds")
     parser.add_argument("--out", type=Path, default=None,
@@ -37,6 +37,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.what == "training":
         run_training(out, args.quick, epochs=args.epochs or 8, headline_epochs=args.headline_epochs,
                      wide_epochs=args.wide_epochs, command=command)
+    elif args.what == "privacy":
+        from .privacy import run_privacy
+
+        run_privacy(out, args.quick, epochs=args.epochs or 4, command=command)
     elif args.what == "gamma":
         run_gamma(out, args.quick, epochs=args.epochs or 5, command=command)
     else:

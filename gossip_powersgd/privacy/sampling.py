@@ -58,6 +58,8 @@ class PoissonBatches:
         self.sample_rate = float(sample_rate)
         self.seed, self.rank = int(seed), int(rank)
         self.epoch, self.position = 0, 0  # position = steps already taken this epoch
+        #: Size of the batch handed out last: what `DPSGD.privatize` is told after its backward.
+        self.last_batch_size = 0
 
     def __len__(self) -> int:
         return max(1, round(1 / self.sample_rate))
@@ -80,6 +82,7 @@ class PoissonBatches:
             self.position += 1
             if self.position == len(self):
                 self.epoch, self.position = self.epoch + 1, 0
+            self.last_batch_size = len(index)
             yield self.x[index], self.y[index]
 
     def state_dict(self) -> dict[str, int]:

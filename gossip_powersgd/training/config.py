@@ -43,7 +43,9 @@ class TrainConfig:
     algorithm: str = "powergossip:rank=1"
     #: Dataset spec for `load_dataset`: "mnist1d", "synthetic_logreg:d=20,classes=4", "pkg.mod:fn".
     dataset: str = "mnist1d"
-    #: How the training set is split among peers: "iid", "dirichlet:<alpha>", "shards:<k>".
+    #: How the training set is split among peers: "iid", "dirichlet:<alpha>", "shards:<k>", or
+    #: "local": a bring-your-own dataset function called with rank and num_peers returns only that
+    #: peer's data (its shard and its own test set, or None for the shared one; see data.py).
     partition: str = "iid"
     #: Model spec for `build_model`: "logreg", "mlp:100,100", "cnn1d", "cnn1d:channels=32", "pkg.mod:fn".
     model: str = "cnn1d"
@@ -94,6 +96,23 @@ class TrainConfig:
     threads: int = 1
     #: Device of the models: cpu | cuda | cuda:K | auto (cuda:rank%count when a GPU is present).
     device: str = "cpu"
+    #: Differential privacy (DP-SGD on each peer's own gradient): the noise multiplier sigma; the
+    #: noise std is sigma x dp_max_grad_norm. DP is off unless this or dp_target_epsilon is set.
+    dp_noise_multiplier: Optional[float] = None
+    #: DP: the per-example clipping norm C (required when DP is on).
+    dp_max_grad_norm: Optional[float] = None
+    #: DP: the delta of the reported (epsilon, delta); None = the largest power of ten <= 1/(10 x
+    #: the largest peer's shard size), stated in the summary.
+    dp_delta: Optional[float] = None
+    #: DP, instead of dp_noise_multiplier: the epsilon the run must end at; sigma is computed for
+    #: the run's steps so that the peer with the largest sampling rate ends at or just below it.
+    dp_target_epsilon: Optional[float] = None
+    #: DP accountant: rdp (Renyi DP) | prv (privacy random variables) | gdp (Gaussian DP).
+    dp_accountant: str = "rdp"
+    #: DP: let Opacus' validator replace layers it cannot privatize (BatchNorm -> GroupNorm, ...).
+    dp_fix_model: bool = False
+    #: DP: noise from OS entropy, not reproducible (seeded noise is for research only).
+    dp_secure_noise: bool = False
 
     # ---- helpers ---------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -163,6 +182,7 @@ def _type_name(key: str) -> str:
     return {"milestones": "list of numbers"}.get(key, {
         "str": "string", "float": "number", "int": "integer", "bool": "true/false",
         "Optional[str]": "string or null", "Optional[int]": "integer or null",
+        "Optional[float]": "number or null",
     }.get(str(_FIELDS[key].type), str(_FIELDS[key].type)))
 
 
@@ -334,6 +354,9 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
             raise ValueError(f"bad value for 'topology': {one_line(exc)}") from None
         _check(c.backend == "mpi", "topology", c.topology,
                "give its size, e.g. ring:8, or set peers (the local backend cannot guess it)")
+    from ..privacy.training import validate_privacy_config
+
+    validate_privacy_config(c)
     if deep:
         validate_specs(c, num_peers)
 
@@ -350,9 +373,12 @@ def _has_size(spec: str) -> bool:
 
 def validate_specs(config: TrainConfig, num_peers: Optional[int]) -> None:
     """Build the dataset (cached, so training reuses it), the partition and the model."""
-    from .data import load_dataset, partition
+    from .data import LOCAL_PARTITION, load_dataset, partition
     from .models import build_model
 
+    if config.partition == LOCAL_PARTITION:
+        # Each peer's data exists only on that peer: it is loaded, checked and agreed at start-up.
+        return
     try:
         dataset = load_dataset(config.dataset, config.seed)
     except ValueError as exc:

@@ -18,6 +18,12 @@ Partition specs (``partition`` / ``peer_shard``)::
     "iid"            seeded random split, sizes differ by at most one
     "dirichlet:0.5"  per-class proportions across peers ~ Dir(alpha * 1)
     "shards:2"       label-sorted data cut into num_peers * k shards, k random shards per peer
+    "local"          data that exists only on its peer: the bring-your-own function is called as
+                     function(rank=r, num_peers=n[, seed=s]) on peer r and returns that peer's
+                     (x_train, y_train, x_test, y_test) only; x_test and y_test may be None, and the
+                     peer then evaluates on the shared test set function(rank=None, num_peers=n)
+                     returns as (x_test, y_test). Peers agree on sizes and the number of classes
+                     through scalar collectives (``agree_local_dataset``); no sample moves.
 """
 
 from __future__ import annotations
@@ -42,13 +48,18 @@ __all__ = [
     "peer_shard",
     "label_histogram",
     "skew",
+    "load_peer_dataset",
+    "agree_local_dataset",
+    "LOCAL_PARTITION",
     "Batches",
     "DATASET_NAMES",
     "PARTITION_NAMES",
 ]
 
 DATASET_NAMES = ("mnist1d", "synthetic_logreg", "package.module:function")
-PARTITION_NAMES = ("iid", "dirichlet:<alpha>", "shards:<k>")
+PARTITION_NAMES = ("iid", "dirichlet:<alpha>", "shards:<k>", "local")
+#: The partition whose data is never split by us: each peer's function call returns its own.
+LOCAL_PARTITION = "local"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -247,6 +258,67 @@ def _make_dataset_record(spec, x_train, y_train, x_test, y_test, num_classes) ->
                    num_classes=int(num_classes), input_shape=tuple(xs[0].shape[1:]), name=spec)
 
 
+def load_peer_dataset(spec: str, rank: int, num_peers: int, seed: int = 0) -> Dataset:
+    """``partition: local``: peer ``rank``'s own data from a bring-your-own function.
+
+    ``function(rank=rank, num_peers=num_peers[, seed=seed])`` returns this peer's
+    ``(x_train, y_train, x_test, y_test)``; with ``x_test`` and ``y_test`` None the shared test set
+    is ``function(rank=None, num_peers=num_peers[, seed=seed])``, a pair ``(x_test, y_test)``. The
+    record's ``num_classes`` is this peer's own (largest label + 1): `agree_local_dataset` makes it
+    the peers' common one. Nothing is cached: the data belongs to this peer alone.
+    """
+    head, args = split_name(spec)
+    if head in ("mnist1d", "synthetic_logreg") or args is None:
+        raise ValueError(f"partition: local needs a bring-your-own dataset 'package.module:function'"
+                         f" taking rank and num_peers, got dataset {spec!r}; or use partition: iid")
+    fn = import_object(spec, DATASET_NAMES)
+    if not (accepts(fn, "rank") and accepts(fn, "num_peers")):
+        raise ValueError(f"{spec!r}: with partition: local the dataset function must take the "
+                         f"arguments rank and num_peers (and return only that peer's data)")
+    kwargs = {"num_peers": int(num_peers), **({"seed": seed} if accepts(fn, "seed") else {})}
+
+    def call(who):
+        try:
+            return fn(rank=who, **kwargs)
+        except Exception as exc:
+            raise ValueError(f"{spec!r}: calling it with rank={who} raised "
+                             f"{type(exc).__name__}: {exc}") from exc
+
+    result = call(int(rank))
+    if not isinstance(result, (tuple, list)) or len(result) != 4:
+        raise ValueError(f"{spec!r}: must return this peer's tuple (x_train, y_train, x_test, "
+                         f"y_test), got {type(result).__name__}")
+    x_train, y_train, x_test, y_test = result
+    if x_test is None and y_test is None:
+        shared = call(None)
+        if not isinstance(shared, (tuple, list)) or len(shared) != 2:
+            raise ValueError(f"{spec!r}: with rank=None it must return the shared test set "
+                             f"(x_test, y_test), got {type(shared).__name__}")
+        x_test, y_test = shared
+    if x_test is None or y_test is None:
+        raise ValueError(f"{spec!r}: rank {rank} returned only one of x_test and y_test; return "
+                         f"both, or both None to use the shared test set")
+    dataset = _make_dataset_record(spec, x_train, y_train, x_test, y_test, num_classes=None)
+    if dataset.num_test == 0:
+        raise ValueError(f"{spec!r}: rank {rank} has an empty test set; return at least one test "
+                         f"sample, or None, None for the shared test set")
+    return dataset
+
+
+def agree_local_dataset(comm, dataset: Dataset) -> tuple[Dataset, int]:
+    """This peer's local dataset with the peers' common ``num_classes``, and the total training size.
+
+    Collective, scalars only (metric traffic): the sum of the shard sizes, the largest label, and
+    an agreement check on the input shape (the models must have the same architecture).
+    """
+    comm.check_agreement("input shape of the local dataset", repr(tuple(dataset.input_shape)))
+    counts = torch.tensor([float(dataset.num_train), float(dataset.num_classes)],
+                          dtype=torch.float64)
+    total = comm.allreduce_(counts[:1].clone(), op="sum", metric=True)
+    classes = comm.allreduce_(counts[1:].clone(), op="max", metric=True)
+    return dataclasses.replace(dataset, num_classes=int(classes[0])), int(total[0])
+
+
 # --------------------------------------------------------------------------------------------------
 # Partitions
 # --------------------------------------------------------------------------------------------------
@@ -282,6 +354,9 @@ def partition(labels, num_peers: int, spec: str, seed: int) -> list[np.ndarray]:
                          f"use at most {n} peers or a larger dataset")
 
     head, arg = split_name(spec)
+    if spec == LOCAL_PARTITION:
+        raise ValueError("partition: local has no global split to compute: each peer's dataset "
+                         "function returns its own data (load_peer_dataset)")
     rng = np.random.default_rng(np.random.PCG64(seed))
     if head == "iid" and arg is None:
         parts = np.array_split(rng.permutation(n), num_peers)
@@ -372,6 +447,8 @@ def peer_shard(dataset: Dataset, rank: int, num_peers: int, spec: str,
     """
     if not 0 <= rank < num_peers:
         raise ValueError(f"rank {rank} out of range for {num_peers} peers")
+    if spec == LOCAL_PARTITION:  # `dataset` is this peer's own (load_peer_dataset)
+        return dataset.x_train.clone(), dataset.y_train.clone()
     mine = partition(dataset.y_train, num_peers, spec, seed)[rank]
     index = torch.from_numpy(mine).to(dataset.y_train.device)
     # Advanced indexing copies, so these do not reference the full tensors.

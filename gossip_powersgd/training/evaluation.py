@@ -116,21 +116,27 @@ def log_record(comm, model: torch.nn.Module, *, step: int, steps_per_epoch: int,
 
 def eval_record(comm, model: torch.nn.Module, averaged: torch.nn.Module, x_test: torch.Tensor,
                 y_test: torch.Tensor, *, epoch: int, step: int, lr: float, train_loss_local: float,
-                timers: Callable[[], Dict[str, float]]) -> Dict[str, Any]:
+                timers: Callable[[], Dict[str, float]], pooled: bool = False) -> Dict[str, Any]:
     """The `kind: "eval"` record after `epoch` (collective).
 
     `averaged` is a scratch copy of the model's architecture: it is overwritten with the peers'
     average and evaluated. `train_loss_local` is this peer's mean training loss since the previous
-    evaluation.
+    evaluation. `pooled` (partition: local, where each peer holds its own test set): the mean
+    local and the averaged-model accuracy and loss are over all peers' test samples together,
+    combined from each peer's counts, so no test sample leaves its peer.
     """
     acc, loss = evaluate_model(model, x_test, y_test)
     local = torch.tensor([acc, loss], dtype=torch.float64)
     means = comm.allreduce_(torch.tensor([acc, loss, train_loss_local], dtype=torch.float64),
                             op="mean", metric=True)
+    if pooled:
+        means[:2] = pooled_means(comm, [acc, loss], len(y_test))
     lows = comm.allreduce_(local.clone(), op="min", metric=True)
     highs = comm.allreduce_(local.clone(), op="max", metric=True)
     average_state_into(model, averaged, comm)
     avg_acc, avg_loss = evaluate_model(averaged, x_test, y_test)
+    if pooled:
+        avg_acc, avg_loss = (float(v) for v in pooled_means(comm, [avg_acc, avg_loss], len(y_test)))
     distance = consensus_distance(model.parameters(), comm)
     traffic = traffic_means(comm)
     return {
@@ -149,14 +155,27 @@ def eval_record(comm, model: torch.nn.Module, averaged: torch.nn.Module, x_test:
     }
 
 
+def pooled_means(comm, per_sample_means, count: int) -> torch.Tensor:
+    """Means over every peer's samples together, from each peer's means over its `count` samples.
+
+    Collective, scalars only: sum(mean_k x count_k) / sum(count_k) for each value.
+    """
+    totals = torch.tensor([*(float(v) * count for v in per_sample_means), float(count)],
+                          dtype=torch.float64)
+    comm.allreduce_(totals, op="sum", metric=True)
+    return totals[:-1] / max(1.0, float(totals[-1]))
+
+
 def eval_line(record: Dict[str, Any], epochs: int) -> str:
-    """The progress line rank 0 prints for an eval record."""
+    """The progress line rank 0 prints for an eval record (with the worst peer's ε under DP)."""
     r = record
+    worst = r.get("epsilon_max")  # a number, or "inf" (no noise); absent without DP
+    privacy = "" if worst is None else f"  worst ε {worst if worst == 'inf' else f'{worst:.3g}'}"
     return (f"epoch {r['epoch']}/{epochs}  train loss {r['train_loss']:.4f}  "
             f"avg-model acc {100 * r['test_acc_avg_model']:.2f}%  local acc "
             f"{100 * r['test_acc_mean']:.2f}% [{100 * r['test_acc_min']:.2f}, "
             f"{100 * r['test_acc_max']:.2f}]  consensus {r['consensus_distance']:.3g}  "
-            f"{r['mb_sent_per_peer']:.3g} MB/peer")
+            f"{r['mb_sent_per_peer']:.3g} MB/peer" + privacy)
 
 
 # ---- the summary -----------------------------------------------------------------------------------
@@ -250,6 +269,9 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
                       f"gossip compute {summary['time_gossip_compute_s']:.1f} s, communication "
                       f"{summary['time_communication_s']:.1f} s, means over peers)"),
     ]
+    from ..privacy.training import summary_rows
+
+    rows += summary_rows(summary)
     hist = summary["label_histogram"]
     if markdown:
         lines = ["# Run summary", "", "| quantity | value |", "|---|---|"]
@@ -268,4 +290,4 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
 
 __all__ = ["TIMING_KEYS", "RecordLog", "average_state_into", "eval_line", "eval_record",
            "evaluate_model", "format_summary", "log_record", "mean_degree", "model_digest",
-           "run_summary", "traffic_means"]
+           "pooled_means", "run_summary", "traffic_means"]

@@ -184,9 +184,11 @@ class RunState:
     base_wall: float = 0.0
     wall_start: float = dataclasses.field(default_factory=time.perf_counter)  # this process's
 
-    def finish_step(self, loss: float) -> None:
-        """Count a completed step and its training loss."""
+    def finish_step(self, loss: Optional[float]) -> None:
+        """Count a completed step and its training loss (None: an empty batch, no loss)."""
         self.step += 1
+        if loss is None:
+            return
         self.loss_sum += loss
         self.loss_count += 1
         self.log_sum += loss
@@ -291,7 +293,8 @@ def _checked_config(comm, config, resume: bool) -> TrainConfig:
 
 def _build_run(comm, config: TrainConfig, hooks: HookList) -> _Run:
     """Seed, load this peer's shard, build the model, algorithm and optimizer; run setup hooks."""
-    from .data import Batches, label_histogram, load_dataset, peer_shard
+    from .data import (LOCAL_PARTITION, Batches, agree_local_dataset, label_histogram,
+                       load_dataset, load_peer_dataset, peer_shard)
     from .models import build_model, count_parameters
 
     rank, size = comm.rank, comm.size
@@ -303,12 +306,17 @@ def _build_run(comm, config: TrainConfig, hooks: HookList) -> _Run:
         np.random.seed(seed)
         random.seed(seed)
 
-    dataset = load_dataset(config.dataset, config.seed)
+    if config.partition == LOCAL_PARTITION:  # the data exists only on its peer
+        dataset = collectively(comm, load_peer_dataset, config.dataset, rank, size, config.seed)
+        dataset, num_train = agree_local_dataset(comm, dataset)
+    else:
+        dataset = load_dataset(config.dataset, config.seed)
+        num_train = dataset.num_train
     x_train, y_train = peer_shard(dataset, rank, size, config.partition, config.seed)
     histogram = label_histogram(y_train, dataset.num_classes)
     x_train, y_train = x_train.to(device), y_train.to(device)
     batches = Batches(x_train, y_train, config.batch_size, seed=config.seed, rank=rank)
-    steps_per_epoch = max(1, -(-dataset.num_train // (size * config.batch_size)))
+    steps_per_epoch = max(1, -(-num_train // (size * config.batch_size)))
 
     model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.seed).to(device)
     num_parameters = count_parameters(model)
@@ -398,8 +406,11 @@ def train(comm, config, *, resume: bool = False, on_step: Optional[Callable[[int
     The returned dict (same on every peer except `rank` and `history`, this peer's records) is what
     `summary.json` holds, plus `history`.
     """
+    from ..privacy.training import privacy_hook
+
     config = _checked_config(comm, config, resume)
-    hooks = HookList(hooks)
+    privacy = privacy_hook(config)  # None unless the config turns differential privacy on
+    hooks = HookList([*hooks, *([privacy] if privacy is not None else [])])
     run_dir = Path(config.out_dir) if config.out_dir is not None else None
     if run_dir is not None:
         collectively(comm, ckpt.check_run_dir, run_dir, resume)
@@ -424,11 +435,13 @@ def train(comm, config, *, resume: bool = False, on_step: Optional[Callable[[int
                 xb, yb = next(batches)
                 start = time.perf_counter()
                 optimizer.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(model(xb), yb)
-                hooks.before_backward(state.step, loss).backward()
-                value = float(loss.detach())
+                value = None  # an empty Poisson batch (DP) has no loss: no forward, no backward,
+                if len(yb):   # the privacy hook's after_backward makes its (pure noise) gradient
+                    loss = F.cross_entropy(model(xb), yb)
+                    hooks.before_backward(state.step, loss).backward()
+                    value = float(loss.detach())
                 state.time_compute += time.perf_counter() - start
-                if not math.isfinite(value):
+                if value is not None and not math.isfinite(value):
                     raise NonFiniteError(f"rank {comm.rank}: the training loss is {value} at step "
                                          f"{state.step} (lower the learning rate or check the data)")
                 hooks.after_backward(state.step)
@@ -454,8 +467,10 @@ def train(comm, config, *, resume: bool = False, on_step: Optional[Callable[[int
             if state.epoch % config.eval_every == 0 or state.epoch == config.epochs:
                 record = eval_record(comm, model, run.averaged, run.x_test, run.y_test,
                                      epoch=state.epoch, step=state.step, lr=lr,
-                                     train_loss_local=state.take_train_loss(), timers=timers)
-                records.write(hooks.on_evaluation(record))
+                                     train_loss_local=state.take_train_loss(), timers=timers,
+                                     pooled=config.partition == "local")
+                record = hooks.on_evaluation(record)
+                records.write(record)
                 printer.line(eval_line(record, config.epochs))
             if run_dir is not None and config.checkpoint_every and (
                     state.epoch % config.checkpoint_every == 0 or state.epoch == config.epochs):
@@ -467,6 +482,8 @@ def train(comm, config, *, resume: bool = False, on_step: Optional[Callable[[int
     summary = run_summary(comm, config, state.history, run.histogram, run.num_parameters,
                           run.parameter_bytes, algorithm, model, state.step, run.steps_per_epoch,
                           state.timers(algorithm))
+    if privacy is not None:
+        summary.update(privacy.summary_fields())
     if comm.rank == 0 and run_dir is not None:
         atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         atomic_write(run_dir / "summary.md", format_summary(summary, markdown=True))

@@ -1,0 +1,297 @@
+"""Differential privacy in training runs (the `DifferentialPrivacy` hook the config turns on), and
+`partition: local`, data that exists only on its peer."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import topologies
+from gossip_powersgd import LocalCluster
+from gossip_powersgd.algorithms import REGISTRY, register
+from gossip_powersgd.algorithms.base import GossipAlgorithm
+from gossip_powersgd.privacy import make_accountant
+from gossip_powersgd.training.config import TrainConfig, describe_keys, validate_config
+from gossip_powersgd.training.trainer import TIMING_KEYS, train
+
+from conftest import run_scenario_mpi
+
+pytest.importorskip("opacus")
+
+PEERS = 4
+DP = TrainConfig(topology="ring:4", dataset="synthetic_logreg:d=20,classes=4,n=2000",
+                 model="logreg", lr=0.5, batch_size=32, epochs=2, quiet=True, checkpoint_every=0,
+                 algorithm="exact", partition="dirichlet:0.5", dp_noise_multiplier=1.0,
+                 dp_max_grad_norm=1.0)
+
+
+def local(config: TrainConfig, **kwargs):
+    return LocalCluster(topologies.parse(config.topology), timeout=60).run(train, config, **kwargs)
+
+
+def comparable(records):
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
+
+
+def independent_epsilon(sigma, rate, steps, delta):
+    accountant = make_accountant("rdp")
+    for _ in range(steps):
+        accountant.step(noise_multiplier=sigma, sample_rate=rate)
+    return accountant.get_epsilon(delta=delta)
+
+
+# ---- reporting ---------------------------------------------------------------------------------
+
+def test_every_peer_reports_its_own_epsilon_equal_to_an_independent_accountant(tmp_path):
+    out = tmp_path / "run"
+    summaries = local(DP.replace(out_dir=str(out), checkpoint_every=0))
+    s = summaries[0]
+    assert s["noise_multiplier"] == 1.0 and s["max_grad_norm"] == 1.0
+    sizes = [sum(row) for row in s["label_histogram"]]
+    assert s["sample_rate"] == [32 / n for n in sizes]
+    assert len(set(s["sample_rate"])) == PEERS  # Dirichlet shards: four different rates
+    assert s["delta"] == 10.0 ** -math.ceil(math.log10(10 * max(sizes)))  # below 1 / largest shard
+    for rank in range(PEERS):
+        expected = independent_epsilon(1.0, s["sample_rate"][rank], s["steps"], s["delta"])
+        assert s["epsilon"][rank] == pytest.approx(expected, rel=1e-12)
+        evals = [r for r in summaries[rank]["history"] if r["kind"] == "eval"]
+        assert [r["epsilon"] for r in evals] == pytest.approx(
+            [independent_epsilon(1.0, s["sample_rate"][rank], r["step"], s["delta"])
+             for r in evals], rel=1e-12)
+        assert all(r["epsilon_max"] == pytest.approx(max(
+            independent_epsilon(1.0, q, r["step"], s["delta"]) for q in s["sample_rate"]))
+            for r in evals)
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["epsilon"] == s["epsilon"] and on_disk["sample_rate"] == s["sample_rate"]
+    table = (out / "summary.md").read_text()
+    assert "DP noise multiplier σ / clip norm C | 1 / 1.0" in table
+    assert f"[{min(s['epsilon']):.4g}, {max(s['epsilon']):.4g}]" in table
+    record = json.loads((out / "metrics" / "rank-2.jsonl").read_text().splitlines()[-1])
+    assert record["epsilon"] == s["epsilon"][2]
+
+
+def test_without_dp_keys_the_run_is_unchanged():
+    plain = local(DP.replace(dp_noise_multiplier=None, dp_max_grad_norm=None))[0]
+    assert "epsilon" not in plain and "epsilon" not in plain["history"][-1]
+
+
+def test_a_target_epsilon_ends_the_worst_peer_at_or_just_below_it():
+    for target in (1.0, 4.0):
+        s = local(DP.replace(dp_noise_multiplier=None, dp_target_epsilon=target))[0]
+        assert 0.95 * target <= max(s["epsilon"]) <= target, s["epsilon"]
+        assert min(s["epsilon"]) < max(s["epsilon"])  # smaller shards spend less... of a larger q
+
+
+def test_noise_free_dp_spends_an_infinite_epsilon():
+    s = local(DP.replace(dp_noise_multiplier=0.0, dp_max_grad_norm=1.0, epochs=1))[0]
+    assert s["epsilon"] == ["inf"] * PEERS and s["history"][-1]["epsilon_max"] == "inf"
+
+
+# ---- where the noise goes ----------------------------------------------------------------------
+
+class _GradientProbe(GossipAlgorithm):
+    """A gradient averager that records the norm of the gradient it is given."""
+
+    name = "gradprobe"
+    norms = []
+
+    def __init__(self, params, comm):
+        super().__init__(params, comm)
+        self.acts_on = "gradients"
+
+    def _step(self):
+        norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in self.params))
+        _GradientProbe.norms.append(float(norm))
+
+    def bytes_per_step(self):
+        return 0
+
+
+def test_gradient_averagers_see_the_clipped_noisy_gradient_not_the_raw_one():
+    register("gradprobe", _GradientProbe, {}, "test probe")
+    try:
+        _GradientProbe.norms = []
+        local(DP.replace(algorithm="gradprobe", dp_noise_multiplier=0.0, dp_max_grad_norm=1e-3,
+                         epochs=1, lr=5.0))
+        clipped = list(_GradientProbe.norms)
+        _GradientProbe.norms = []
+        local(DP.replace(algorithm="gradprobe", dp_noise_multiplier=None, dp_max_grad_norm=None,
+                         epochs=1, lr=5.0))
+        raw = list(_GradientProbe.norms)
+    finally:
+        REGISTRY.pop("gradprobe")
+    # Each example is clipped to 1e-3 and the sum divided by the expected batch size, so the
+    # gradient PowerSGD would all-reduce is tiny; the raw one is not.
+    assert clipped and max(clipped) < 1e-3 * 3
+    assert min(raw) > 0.05
+
+
+def test_empty_poisson_batches_take_a_pure_noise_step_without_a_forward():
+    # batch_size 1: a peer's batch is empty with probability (1 - 1/n)^n, about 37 %
+    s = local(DP.replace(batch_size=1, epochs=1, lr=0.05))[0]
+    assert s["steps"] == s["steps_per_epoch"] and math.isfinite(s["final_train_loss"])
+    expected = independent_epsilon(1.0, s["sample_rate"][0], s["steps"], s["delta"])
+    assert s["epsilon"][0] == pytest.approx(expected, rel=1e-12)
+
+
+# ---- resume and MPI ----------------------------------------------------------------------------
+
+class Interrupted(RuntimeError):
+    pass
+
+
+def test_resume_is_bit_identical_to_an_uninterrupted_private_run(tmp_path):
+    config = DP.replace(epochs=3, checkpoint_every=1)
+    reference = local(config.replace(out_dir=str(tmp_path / "reference")))
+    stop = 2 * reference[0]["steps_per_epoch"] + 3
+
+    def on_step(step):
+        if step == stop:
+            raise Interrupted("stop")
+
+    run = config.replace(out_dir=str(tmp_path / "run"))
+    with pytest.raises(Interrupted):
+        local(run, on_step=on_step)
+    resumed = local(run, resume=True)
+    for rank in range(PEERS):
+        assert comparable(resumed[rank]["history"]) == comparable(reference[rank]["history"])
+    assert resumed[0]["model_sha256"] == reference[0]["model_sha256"]
+    assert resumed[0]["epsilon"] == reference[0]["epsilon"]
+
+
+def mpi_dp_scenario(comm, partition):
+    """One private run on this peer (MPI worker and local alike): its comparable result."""
+    summary = train(comm, DP.replace(partition=partition, dataset=_dataset_for(partition)))
+    return {"history": json.dumps(comparable(summary["history"])),
+            "epsilon": json.dumps(summary["epsilon"]), "sha": summary["model_sha256"][comm.rank]}
+
+
+def _dataset_for(partition):
+    return "test_privacy_training:own_rank_only" if partition == "local" else DP.dataset
+
+
+@pytest.mark.parametrize("partition", ["dirichlet:0.5", "local"])
+def test_mpi_equals_local_with_dp_on(tmp_path, partition):
+    mpi = run_scenario_mpi(PEERS, "test_privacy_training:mpi_dp_scenario", DP.topology, tmp_path,
+                           timeout=240, extra=(partition,))
+    threads = LocalCluster(topologies.parse(DP.topology), timeout=60).run(mpi_dp_scenario,
+                                                                         partition)
+    assert mpi == threads
+
+
+# ---- data that exists only on its peer ---------------------------------------------------------
+
+def _caller_rank():
+    """The rank of the peer calling: the MPI rank, or the LocalCluster thread's."""
+    name = threading.current_thread().name
+    if name.startswith("peer-"):
+        return int(name.split("-")[1])
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank()
+
+
+def own_rank_only(rank, num_peers, seed=0):
+    """Each peer's own data, of a different size per peer; refuses anyone else's."""
+    if rank is not None and rank != _caller_rank():
+        raise PermissionError(f"peer {_caller_rank()} asked for rank {rank}'s data")
+    rng = np.random.default_rng([seed, rank])
+    n = 100 + 60 * rank
+    x = rng.standard_normal((n + 10 + 5 * rank, 20))
+    y = (x[:, 0] > 0).astype(np.int64) + 2 * (x[:, 1] > 0)
+    return x[:n], y[:n], x[n:], y[n:]
+
+
+def shared_test_set(rank, num_peers, seed=0):
+    """Own training data; the test set is shared (rank=None)."""
+    rng = np.random.default_rng([seed, 99 if rank is None else rank])
+    x = rng.standard_normal((80, 20))
+    y = (x[:, 0] > 0).astype(np.int64)
+    if rank is None:
+        return x, y
+    return x, y, None, None
+
+
+def test_local_partition_loads_only_each_peers_data_and_pools_the_evaluation():
+    config = DP.replace(partition="local", dataset="test_privacy_training:own_rank_only",
+                        dp_noise_multiplier=None, dp_max_grad_norm=None, epochs=2)
+    summaries = local(config)
+    s = summaries[0]
+    sizes = [100 + 60 * k for k in range(PEERS)]
+    assert [sum(row) for row in s["label_histogram"]] == sizes
+    assert s["steps_per_epoch"] == -(-sum(sizes) // (PEERS * 32))
+    tests = [10 + 5 * k for k in range(PEERS)]
+    final = [summaries[k]["history"][-1] for k in range(PEERS)]
+    pooled = sum(f["test_acc_local"] * n for f, n in zip(final, tests)) / sum(tests)
+    assert final[0]["test_acc_mean"] == pytest.approx(pooled, abs=1e-12)
+    # the averaged model is the same on every peer; its accuracy is pooled the same way
+    assert s["final_test_acc_avg_model"] * sum(tests) == pytest.approx(
+        round(s["final_test_acc_avg_model"] * sum(tests)), abs=1e-9)
+
+
+def test_local_partition_with_dp_and_a_shared_test_set():
+    config = DP.replace(partition="local", dataset="test_privacy_training:shared_test_set",
+                        epochs=1)
+    s = local(config)[0]
+    assert s["sample_rate"] == [32 / 80] * PEERS
+    assert s["delta"] == 1e-3
+
+
+# ---- models ------------------------------------------------------------------------------------
+
+def batchnorm_net(input_shape, num_classes):
+    return nn.Sequential(nn.Linear(int(np.prod(input_shape)), 8), nn.BatchNorm1d(8), nn.ReLU(),
+                         nn.Linear(8, num_classes))
+
+
+def frozen_net(input_shape, num_classes):
+    return nn.Linear(int(np.prod(input_shape)), num_classes).requires_grad_(False)
+
+
+def test_batchnorm_is_a_one_line_error_naming_the_layer_and_the_fix(tmp_path):
+    config = DP.replace(model="test_privacy_training:batchnorm_net", out_dir=str(tmp_path / "r"))
+    with pytest.raises(ValueError, match=r"layer '1' \(BatchNorm1d\).*GroupNorm.*dp_fix_model: "
+                                         r"true") as info:
+        local(config)
+    assert "\n" not in str(info.value) and not (tmp_path / "r").exists()
+    s = local(config.replace(dp_fix_model=True, out_dir=None, epochs=1))[0]
+    assert s["epsilon"][0] > 0 and s["final_test_acc_avg_model"] is not None
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(dp_noise_multiplier=-1.0), "dp_noise_multiplier must be a finite number >= 0"),
+    (dict(dp_max_grad_norm=0.0), "dp_max_grad_norm must be > 0"),
+    (dict(dp_max_grad_norm=None), "differential privacy needs dp_max_grad_norm"),
+    (dict(dp_delta=1.0), "dp_delta must lie strictly between 0 and 1"),
+    (dict(dp_delta=0.0), "dp_delta must lie strictly between 0 and 1"),
+    (dict(dp_noise_multiplier=None, dp_target_epsilon=0.0),
+     "dp_target_epsilon must be a finite number > 0"),
+    (dict(dp_target_epsilon=3.0), "set either dp_noise_multiplier or dp_target_epsilon"),
+    (dict(dp_accountant="moments"), "dp_accountant must be one of rdp, prv, gdp"),
+    (dict(dp_noise_multiplier=None, dp_target_epsilon=1e-4, dp_delta=1e-12),
+     "dp_target_epsilon=0.0001 is unreachable"),
+    (dict(model="test_privacy_training:frozen_net"), "trainable parameters"),
+])
+def test_bad_dp_inputs_are_one_line_errors_and_write_nothing(tmp_path, changes, message):
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=message) as info:
+        local(DP.replace(out_dir=str(out), **changes))
+    assert "\n" not in str(info.value)
+    assert not out.exists()
+
+
+def test_dp_keys_are_documented_and_validated_with_the_config():
+    text = describe_keys()
+    for key in ("dp_noise_multiplier", "dp_max_grad_norm", "dp_delta", "dp_target_epsilon",
+                "dp_accountant", "dp_fix_model", "dp_secure_noise"):
+        assert f"\n{key} (" in text
+    with pytest.raises(ValueError, match="dp_noise_multiplier must be a finite number >= 0"):
+        validate_config(DP.replace(dp_noise_multiplier=-0.5))
+    with pytest.raises(ValueError, match="partition: local needs a bring-your-own dataset"):
+        local(DP.replace(partition="local"))
