@@ -61,7 +61,7 @@ from gossip_powersgd import (
     PowerGossip,
 )
 from gossip_powersgd import utils
-from gossip_powersgd.comm.base import nbytes
+from gossip_powersgd.comm.base import PeerAborted, nbytes
 from gossip_powersgd.training import checkpoint as ckpt
 from gossip_powersgd.training import trainer as trainer_module
 from gossip_powersgd.training.config import load_config
@@ -541,15 +541,21 @@ def tiny_config(*overrides, deep=False):
 
 
 def every_rank(config, **kwargs):
-    """Train on every peer of tiny's ring; each rank's error text (or "ok")."""
+    """Train on every peer of tiny's ring; each rank's error text (or "ok"), leaving out the ranks
+    that a failing peer released from a collective before they raised their own (`PeerAborted`:
+    in one process, a failure on one thread may overtake the others in the same collective)."""
     def peer(comm):
         try:
             train(comm, config, **kwargs)
+        except PeerAborted:
+            return None
         except Exception as exc:  # noqa: BLE001 - the test compares what every rank saw
             return f"{type(exc).__name__}: {exc}"
         return "ok"
 
-    return LocalCluster(topologies.parse(config.topology), timeout=30).run(peer)
+    seen = LocalCluster(topologies.parse(config.topology), timeout=30).run(peer)
+    assert any(text is not None for text in seen), seen
+    return [text for text in seen if text is not None]
 
 
 def test_peers_that_load_different_data_fail_naming_the_ranks(monkeypatch):
@@ -675,8 +681,12 @@ def test_finite_divergence_stops_every_rank_with_one_line(tmp_path, capsys):
     assert lines == ["error: the run diverged: the training loss is 1.36e+08 at step 5, more than "
                      "1e+06 x ln(4) (a uniform guess's loss); lower the learning rate (or the "
                      "algorithm's gamma)"], lines
-    records = [json.loads(line) for line in (out / "metrics" / "rank-0.jsonl").read_text().splitlines()]
-    assert records[-1]["train_loss"] > 1e6 * math.log(4) and not (out / "summary.json").exists()
+    # the record that diverged is written first (by at least the rank that stopped first: the
+    # others may be released from a collective by its failure before they write)
+    last = [json.loads(lines[-1]) for lines in (p.read_text().splitlines()
+                                                for p in (out / "metrics").glob("rank-*.jsonl")) if lines]
+    assert last and all(r["train_loss"] > 1e6 * math.log(4) for r in last)
+    assert not (out / "summary.json").exists()
 
 
 def test_a_growing_consensus_distance_is_divergence():
@@ -696,8 +706,8 @@ def test_an_unusable_out_dir_is_one_line_on_every_rank(tmp_path, where):
         # tests run as root, who may write anywhere chmod forbids; not even root creates in /sys
         out, reason = "/sys/gossip_powersgd_run", "Operation not permitted"
     errors = every_rank(tiny_config(f"out_dir={out}"))
-    assert errors == [f"ValueError: cannot create run directory {out}: {reason}; choose a writable "
-                      "out_dir (--set out_dir=...)"] * 4
+    assert set(errors) == {f"ValueError: cannot create run directory {out}: {reason}; choose a "
+                           "writable out_dir (--set out_dir=...)"}
 
 
 def test_a_full_disk_during_a_checkpoint_stops_every_rank_keeping_the_previous_one(tmp_path,
@@ -712,9 +722,9 @@ def test_a_full_disk_during_a_checkpoint_stops_every_rank_keeping_the_previous_o
 
     monkeypatch.setattr(ckpt, "atomic_write", atomic_write)
     errors = every_rank(tiny_config(f"out_dir={out}"))
-    assert errors == [f"ValueError: rank 1: cannot write the epoch-2 checkpoint in {out / 'checkpoints'}"
-                      ": No space left on device; the previous checkpoints are intact (free space, "
-                      "then --resume)"] * 4
+    assert set(errors) == {f"ValueError: rank 1: cannot write the epoch-2 checkpoint in "
+                           f"{out / 'checkpoints'}: No space left on device; the previous "
+                           "checkpoints are intact (free space, then --resume)"}
     assert ckpt.available_epochs(out, 1) == [1]
     for rank in range(4):
         assert ckpt.read_checkpoint(ckpt.checkpoint_path(out, rank, 1))["header"]["epoch"] == 1
