@@ -16,15 +16,34 @@ Bad inputs already covered elsewhere (not repeated here):
  11 wrong-size message ............ test_transport.test_mpi_wrong_message_size_ends_the_job_naming_the_peer
                                     (the size and dtype are checked from the probe, before the Recv)
  12 edge list that does not parse . test_topologies.test_edge_list_errors (+ CLI below)
+
+Trainer-side bad inputs, below (each a one-line error on every rank, a non-zero exit, no hang):
+ 13 peers load different data ..... test_peers_that_load_different_data_fail_naming_the_ranks,
+                                    test_mpi_ranks_with_unseeded_data_fail_on_every_rank
+ 14 two runs in one run directory . test_a_second_run_in_the_same_run_directory_fails_at_once_naming_
+                                    the_holder; stale lock, another host's lock, release on error,
+                                    --resume: the test_*lock* tests
+ 15 empty test set ................ test_an_empty_test_set_is_refused_at_load_time
+ 16 finite divergence ............. test_finite_divergence_stops_every_rank_with_one_line,
+                                    test_a_growing_consensus_distance_is_divergence
+ 17 label far beyond the classes .. test_a_huge_label_is_refused_before_anything_is_sized_by_it
+ 18 unusable out_dir, full disk ... test_an_unusable_out_dir_is_one_line_on_every_rank,
+                                    test_a_full_disk_during_a_checkpoint_stops_every_rank_keeping_...
+ 19 seed too large ................ test_a_huge_seed_is_blamed_on_the_seed
+ 20 unusable user model ........... test_an_unusable_user_model_is_one_line (frozen, meta, dtype,
+                                    input size), test_batch_norm_on_a_one_sample_last_batch_is_told_...
 """
 
 from __future__ import annotations
 
 import ast
+import errno
 import json
+import math
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -42,7 +61,7 @@ from gossip_powersgd import (
     PowerGossip,
 )
 from gossip_powersgd import utils
-from gossip_powersgd.comm.base import nbytes
+from gossip_powersgd.comm.base import PeerAborted, nbytes
 from gossip_powersgd.training import checkpoint as ckpt
 from gossip_powersgd.training import trainer as trainer_module
 from gossip_powersgd.training.config import load_config
@@ -513,3 +532,234 @@ def test_a_killed_writers_leftover_temporary_file_is_removed_by_the_next_save(tm
     path = save_checkpoint(tmp_path, {"rank": 1, "epoch": 4}, {"x": torch.zeros(2)})
     assert path.exists() and not leftover.exists() and not leftover_mkstemp.exists()
     assert other_rank.exists() and other_rank_mkstemp.exists()  # that rank's business
+
+
+# ---- trainer-side bad inputs: one line, every rank, no hang ------------------------------------------
+
+def tiny_config(*overrides, deep=False):
+    return load_config(TINY, ["quiet=true", *overrides], deep=deep)
+
+
+def every_rank(config, **kwargs):
+    """Train on every peer of tiny's ring; each rank's error text (or "ok"), leaving out the ranks
+    that a failing peer released from a collective before they raised their own (`PeerAborted`:
+    in one process, a failure on one thread may overtake the others in the same collective)."""
+    def peer(comm):
+        try:
+            train(comm, config, **kwargs)
+        except PeerAborted:
+            return None
+        except Exception as exc:  # noqa: BLE001 - the test compares what every rank saw
+            return f"{type(exc).__name__}: {exc}"
+        return "ok"
+
+    seen = LocalCluster(topologies.parse(config.topology), timeout=30).run(peer)
+    assert any(text is not None for text in seen), seen
+    return [text for text in seen if text is not None]
+
+
+def test_peers_that_load_different_data_fail_naming_the_ranks(monkeypatch):
+    """Bad input 13: threads share a dataset cache; uncached, each peer loads its own, as separate
+    processes do, and the BYO function returns other data on every call."""
+    from gossip_powersgd.training import data
+
+    monkeypatch.setattr(data, "load_dataset", lambda name, seed=0: data._build_dataset(name, seed))
+    errors = every_rank(tiny_config("dataset=reliability_fixtures:per_call_data"))
+    assert len(set(errors)) == 1, errors
+    assert errors[0].startswith("AgreementError: dataset differs across ranks: ranks ")
+    assert "usually unseeded randomness" in errors[0] and "\n" not in errors[0]
+
+
+def test_mpi_ranks_with_unseeded_data_fail_on_every_rank(tmp_path):
+    """Bad input 13 under mpiexec: numpy's global random state differs per rank."""
+    from conftest import run_mpi
+
+    result = run_mpi(4, ["-m", "experiments.train", "--config", TINY, "--set", "backend=mpi",
+                         "--set", "dataset=reliability_fixtures:unseeded_data",
+                         "--set", f"out_dir={tmp_path / 'run'}", "--quiet"], timeout=180)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error (rank")]
+    assert result.returncode != 0
+    assert sorted(line.split(")")[0] for line in lines) == [f"error (rank {r}" for r in range(4)], \
+        result.stderr[-2000:]
+    assert all("dataset differs across ranks" in line and "unseeded" in line for line in lines)
+    assert "Traceback" not in result.stderr
+
+
+def test_a_second_run_in_the_same_run_directory_fails_at_once_naming_the_holder(tmp_path):
+    """Bad input 14: while one run trains, another into its directory fails with one line."""
+    out = tmp_path / "run"
+    config = tiny_config(f"out_dir={out}")
+    second = {}
+
+    def start_a_second_run(step):
+        if step == 2 and "error" not in second:
+            second["error"] = "no error"
+            try:
+                LocalCluster(topologies.parse(config.topology), timeout=30).run(train, config)
+            except ValueError as exc:
+                second["error"] = str(exc)
+
+    def peer(comm):
+        return train(comm, config, on_step=start_a_second_run if comm.rank == 0 else None)
+
+    summaries = LocalCluster(topologies.parse(config.topology), timeout=60).run(peer)
+    assert second["error"] == (f"run directory {out} is in use by another run (pid {os.getpid()} on "
+                               f"host {socket.gethostname()} holds {out / '.lock'}); wait for it to "
+                               "end or choose another out_dir (delete the lock file only if that "
+                               "run is gone)")
+    assert summaries[0]["epochs_done"] == config.epochs
+    assert json.loads((out / "summary.json").read_text())["steps"] == summaries[0]["steps"]
+    lines = (out / "metrics" / "rank-0.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == sorted(json.loads(l)["step"] for l in lines)
+    assert not (out / ".lock").exists()  # released at the end
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_a_stale_lock_of_an_ended_process_is_replaced_with_a_note(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": dead_pid()}))
+    assert every_rank(tiny_config(f"out_dir={out}", "epochs=1")) == ["ok"] * 4
+    err = capsys.readouterr().err
+    assert "note: replaced the stale lock" in err and "(that process has ended)" in err
+    assert not (out / ".lock").exists() and (out / "summary.json").exists()
+
+
+def test_a_lock_of_another_host_is_never_taken_over(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".lock").write_text(json.dumps({"host": "elsewhere", "pid": dead_pid()}))
+    errors = every_rank(tiny_config(f"out_dir={out}", "epochs=1"))
+    assert len(set(errors)) == 1 and "on host elsewhere holds" in errors[0], errors
+    assert [p.name for p in out.iterdir()] == [".lock"]
+
+
+def test_the_lock_is_released_when_the_run_fails(tmp_path):
+    out = tmp_path / "run"
+    errors = every_rank(tiny_config(f"out_dir={out}", "lr=1e9"))
+    assert all("diverged" in e for e in errors), errors
+    assert out.is_dir() and not (out / ".lock").exists()
+    # nothing written yet: a failure at set-up leaves no directory at all
+    errors = every_rank(tiny_config(f"out_dir={tmp_path / 'other'}", "model=reliability_fixtures:meta_net"))
+    assert all("meta device" in e for e in errors) and not (tmp_path / "other").exists()
+
+
+def test_resume_takes_the_lock_too(tmp_path):
+    out = tmp_path / "run"
+    assert every_rank(tiny_config(f"out_dir={out}", "epochs=1")) == ["ok"] * 4
+    (out / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    errors = every_rank(tiny_config(f"out_dir={out}", "epochs=2"), resume=True)
+    assert len(set(errors)) == 1 and "is in use by another run" in errors[0], errors
+
+
+def test_an_empty_test_set_is_refused_at_load_time(tmp_path, capsys):
+    code, lines = cli(["--config", TINY, "--set", "dataset=reliability_fixtures:empty_test_set",
+                       "--set", f"out_dir={tmp_path / 'run'}"], capsys)
+    assert code != 0 and lines == ["error: bad value for 'dataset': 'reliability_fixtures:"
+                                   "empty_test_set': the test set is empty; return at least one "
+                                   "test sample (x_test, y_test)"]
+
+
+def test_a_huge_label_is_refused_before_anything_is_sized_by_it(tmp_path, capsys):
+    code, lines = cli(["--config", TINY, "--set", "dataset=reliability_fixtures:huge_label",
+                       "--set", f"out_dir={tmp_path / 'run'}"], capsys)
+    assert code != 0 and len(lines) == 1, lines
+    assert ("label 1000000000 in y_train implies 1000000001 classes but only 3 distinct labels "
+            "occur") in lines[0]
+
+
+def test_finite_divergence_stops_every_rank_with_one_line(tmp_path, capsys):
+    """lr=1e9 gives a training loss of ~1e9, finite, which used to end as a successful run."""
+    out = tmp_path / "run"
+    code, lines = cli(["--config", TINY, "--set", "lr=1e9", "--set", f"out_dir={out}"], capsys)
+    assert code != 0
+    assert lines == ["error: the run diverged: the training loss is 1.36e+08 at step 5, more than "
+                     "1e+06 x ln(4) (a uniform guess's loss); lower the learning rate (or the "
+                     "algorithm's gamma)"], lines
+    # the record that diverged is written first (by at least the rank that stopped first: the
+    # others may be released from a collective by its failure before they write)
+    last = [json.loads(lines[-1]) for lines in (p.read_text().splitlines()
+                                                for p in (out / "metrics").glob("rank-*.jsonl")) if lines]
+    assert last and all(r["train_loss"] > 1e6 * math.log(4) for r in last)
+    assert not (out / "summary.json").exists()
+
+
+def test_a_growing_consensus_distance_is_divergence():
+    history = [{"kind": "log", "step": 5, "train_loss": 1.0, "consensus_distance": 0.01}]
+    trainer_module.check_divergence(dict(history[0], step=10, consensus_distance=9e5), history, 4)
+    with pytest.raises(NonFiniteError, match=r"^the run diverged: the consensus distance is 2e\+06 "
+                                             r"at step 10, more than 1e\+06 x max\(1, its first"):
+        trainer_module.check_divergence(dict(history[0], step=10, consensus_distance=2e6), history, 4)
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "read-only"])
+def test_an_unusable_out_dir_is_one_line_on_every_rank(tmp_path, where):
+    if where == "under-a-file":
+        (tmp_path / "file").write_text("")
+        out, reason = tmp_path / "file" / "run", "Not a directory"
+    else:
+        # tests run as root, who may write anywhere chmod forbids; not even root creates in /sys
+        out, reason = "/sys/gossip_powersgd_run", "Operation not permitted"
+    errors = every_rank(tiny_config(f"out_dir={out}"))
+    assert set(errors) == {f"ValueError: cannot create run directory {out}: {reason}; choose a "
+                           "writable out_dir (--set out_dir=...)"}
+
+
+def test_a_full_disk_during_a_checkpoint_stops_every_rank_keeping_the_previous_one(tmp_path,
+                                                                                monkeypatch):
+    out = tmp_path / "run"
+    real_write = ckpt.atomic_write
+
+    def atomic_write(path, data):
+        if path.name == "rank-1-epoch-2.pt":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(path, data)
+
+    monkeypatch.setattr(ckpt, "atomic_write", atomic_write)
+    errors = every_rank(tiny_config(f"out_dir={out}"))
+    assert set(errors) == {f"ValueError: rank 1: cannot write the epoch-2 checkpoint in "
+                           f"{out / 'checkpoints'}: No space left on device; the previous "
+                           "checkpoints are intact (free space, then --resume)"}
+    assert ckpt.available_epochs(out, 1) == [1]
+    for rank in range(4):
+        assert ckpt.read_checkpoint(ckpt.checkpoint_path(out, rank, 1))["header"]["epoch"] == 1
+
+
+def test_a_huge_seed_is_blamed_on_the_seed(tmp_path, capsys):
+    code, lines = cli(["--config", TINY, "--set", f"seed={2 ** 64}", "--set",
+                       f"out_dir={tmp_path / 'run'}"], capsys)
+    assert code != 0 and lines == [f"error: bad value for 'seed': {2 ** 64} (must be in [0, 2**64))"]
+    assert tiny_config(f"seed={2 ** 64 - 1}", deep=True).seed == 2 ** 64 - 1
+
+
+@pytest.mark.parametrize("model, expected", [
+    ("frozen_net", "the model has no trainable parameter (none, or every one has requires_grad=False)"),
+    ("meta_net", "the model has parameters or buffers on the meta device (no data to train); build it "
+                 "on the CPU"),
+    ("double_net", "cannot run on this dataset's inputs (shape (20,), torch.float32): RuntimeError: "),
+    ("wrong_input_net", "cannot run on this dataset's inputs (shape (20,), torch.float32): RuntimeError: "
+                        "mat1 and mat2 shapes cannot be multiplied"),
+])
+def test_an_unusable_user_model_is_one_line(tmp_path, capsys, model, expected):
+    spec = f"model=reliability_fixtures:{model}"
+    errors = every_rank(tiny_config(spec))  # the trainer's own checks
+    assert len(set(errors)) == 1 and expected in errors[0] and "\n" not in errors[0], errors
+    code, lines = cli(["--config", TINY, "--set", spec, "--set", f"out_dir={tmp_path / 'run'}"], capsys)
+    assert code != 0 and len(lines) == 1 and lines[0].startswith("error: bad value for 'model'")
+    assert expected in lines[0]
+
+
+def test_batch_norm_on_a_one_sample_last_batch_is_told_to_change_the_batch_size():
+    """tiny's 1600 training samples give each of 4 peers 400: batch_size 399 leaves 1."""
+    errors = every_rank(tiny_config("model=reliability_fixtures:batch_norm_net", "batch_size=399"))
+    assert len(set(errors)) == 1, errors
+    assert errors[0].startswith("ValueError: model 'reliability_fixtures:batch_norm_net' cannot train "
+                                "on a batch of 1 sample (Expected more than 1 value per channel")
+    assert "change batch_size (e.g. to 400)" in errors[0]
+    assert every_rank(tiny_config("model=reliability_fixtures:batch_norm_net", "batch_size=398",
+                                  "epochs=1")) == ["ok"] * 4

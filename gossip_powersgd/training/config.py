@@ -30,6 +30,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine")
 BACKENDS = ("mpi", "local")
 _FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch
+_SEED_LIMIT = 2 ** 64  # torch.Generator.manual_seed's range
 
 
 @dataclasses.dataclass
@@ -323,7 +324,8 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
     _check(c.eval_every >= 1, "eval_every", c.eval_every, "must be >= 1 (epochs)")
     _check(c.log_every >= 0, "log_every", c.log_every, "must be >= 0 (steps; 0 = off)")
     _check(c.checkpoint_every >= 0, "checkpoint_every", c.checkpoint_every, "must be >= 0 (0 = off)")
-    _check(c.seed >= 0, "seed", c.seed, "must be >= 0")
+    # torch's generators take seeds below 2**64; a larger one would fail inside the model's set-up
+    _check(0 <= c.seed < _SEED_LIMIT, "seed", c.seed, "must be in [0, 2**64)")
     _check(c.peers is None or c.peers >= 1, "peers", c.peers, "must be >= 1 or null")
     _check(math.isfinite(c.comm_timeout) and c.comm_timeout > 0, "comm_timeout", c.comm_timeout,
            "must be > 0 seconds")
@@ -374,7 +376,7 @@ def _has_size(spec: str) -> bool:
 def validate_specs(config: TrainConfig, num_peers: Optional[int]) -> None:
     """Build the dataset (cached, so training reuses it), the partition and the model."""
     from .data import LOCAL_PARTITION, load_dataset, partition
-    from .models import build_model
+    from .models import build_model, check_model_fits
 
     if config.partition == LOCAL_PARTITION:
         # Each peer's data exists only on that peer: it is loaded, checked and agreed at start-up.
@@ -394,7 +396,8 @@ def validate_specs(config: TrainConfig, num_peers: Optional[int]) -> None:
         except ValueError as exc:
             raise ValueError(f"bad value for 'partition': {one_line(exc)}") from None
     try:
-        build_model(config.model, dataset.input_shape, dataset.num_classes, config.seed)
+        model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.seed)
+        check_model_fits(model, config.model, dataset.x_test[:2], dataset.num_classes)
     except ValueError as exc:
         raise ValueError(f"bad value for 'model': {one_line(exc)}") from None
 

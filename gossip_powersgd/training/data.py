@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import random
 import sys
 import threading
@@ -42,6 +43,7 @@ from ..specs import accepts, import_object, parse_options, split_name
 
 __all__ = [
     "Dataset",
+    "dataset_digest",
     "load_dataset",
     "clear_dataset_cache",
     "partition",
@@ -83,6 +85,9 @@ class Dataset:
     num_classes: int
     input_shape: tuple[int, ...]
     name: str
+    #: Whether every peer holds this same test set (False for a peer's own test data under
+    #: ``partition: local``): only shared data is compared across peers.
+    shared_test: bool = True
 
     @property
     def num_train(self) -> int:
@@ -246,14 +251,14 @@ def _make_dataset_record(spec, x_train, y_train, x_test, y_test, num_classes) ->
         ys.append(y.contiguous())
     if len(ys[0]) == 0:
         raise ValueError(f"{spec!r}: the training set is empty")
+    if len(ys[1]) == 0:
+        # An empty test set would be reported as 0 % accuracy, which reads as a result.
+        raise ValueError(f"{spec!r}: the test set is empty; return at least one test sample "
+                         "(x_test, y_test)")
     if xs[0].shape[1:] != xs[1].shape[1:]:
         raise ValueError(f"{spec!r}: train samples have shape {tuple(xs[0].shape[1:])} but test "
                          f"samples {tuple(xs[1].shape[1:])}")
-    largest = max(int(y.max()) for y in ys if len(y))
-    if num_classes is None:
-        num_classes = largest + 1
-    elif largest >= num_classes:
-        raise ValueError(f"{spec!r}: label {largest} out of range for {num_classes} classes")
+    num_classes = _checked_class_count(spec, ys, num_classes)
     return Dataset(x_train=xs[0], y_train=ys[0], x_test=xs[1], y_test=ys[1],
                    num_classes=int(num_classes), input_shape=tuple(xs[0].shape[1:]), name=spec)
 
@@ -289,7 +294,8 @@ def load_peer_dataset(spec: str, rank: int, num_peers: int, seed: int = 0) -> Da
         raise ValueError(f"{spec!r}: must return this peer's tuple (x_train, y_train, x_test, "
                          f"y_test), got {type(result).__name__}")
     x_train, y_train, x_test, y_test = result
-    if x_test is None and y_test is None:
+    shared_test = x_test is None and y_test is None
+    if shared_test:
         shared = call(None)
         if not isinstance(shared, (tuple, list)) or len(shared) != 2:
             raise ValueError(f"{spec!r}: with rank=None it must return the shared test set "
@@ -298,7 +304,9 @@ def load_peer_dataset(spec: str, rank: int, num_peers: int, seed: int = 0) -> Da
     if x_test is None or y_test is None:
         raise ValueError(f"{spec!r}: rank {rank} returned only one of x_test and y_test; return "
                          f"both, or both None to use the shared test set")
-    dataset = _make_dataset_record(spec, x_train, y_train, x_test, y_test, num_classes=None)
+    dataset = dataclasses.replace(
+        _make_dataset_record(spec, x_train, y_train, x_test, y_test, num_classes=None),
+        shared_test=shared_test)
     if dataset.num_test == 0:
         raise ValueError(f"{spec!r}: rank {rank} has an empty test set; return at least one test "
                          f"sample, or None, None for the shared test set")
@@ -317,6 +325,45 @@ def agree_local_dataset(comm, dataset: Dataset) -> tuple[Dataset, int]:
     total = comm.allreduce_(counts[:1].clone(), op="sum", metric=True)
     classes = comm.allreduce_(counts[1:].clone(), op="max", metric=True)
     return dataclasses.replace(dataset, num_classes=int(classes[0])), int(total[0])
+
+
+#: A bring-your-own dataset's class count is its largest label + 1; it may exceed the number of
+#: distinct labels seen by this factor plus `_SPARE_CLASSES` (classes absent from a small dataset)
+#: but no more: a stray label such as 10**9 would otherwise mean a 10**9-wide output layer and
+#: label histogram (gigabytes) before the first step.
+_CLASS_COUNT_FACTOR = 2
+_SPARE_CLASSES = 16
+
+
+def _checked_class_count(spec, ys, num_classes) -> int:
+    """`num_classes`, or for a bring-your-own dataset (None) the count its labels imply, after
+    checking every label lies in [0, num_classes) (before anything is sized by it)."""
+    largest = max(int(y.max()) for y in ys if len(y))
+    which = "train" if len(ys[0]) and int(ys[0].max()) == largest else "test"
+    if num_classes is None:
+        seen = len(torch.unique(torch.cat(ys)))
+        limit = _CLASS_COUNT_FACTOR * seen + _SPARE_CLASSES
+        if largest + 1 > limit:
+            raise ValueError(f"{spec!r}: label {largest} in y_{which} implies {largest + 1} classes "
+                             f"but only {seen} distinct labels occur; number the classes "
+                             f"0..K-1 (at most {limit} classes for these labels)")
+        return largest + 1
+    if largest >= num_classes:
+        raise ValueError(f"{spec!r}: label {largest} in y_{which} is out of range for "
+                         f"{num_classes} classes (labels must be 0..{num_classes - 1})")
+    return int(num_classes)
+
+
+def dataset_digest(dataset: Dataset, parts: Sequence[str] = ("train", "test")) -> str:
+    """A sha256 over the sizes, dtypes and bytes of `dataset`'s arrays of `parts` and its class
+    count: peers compare it to be sure they loaded the same data (the digest, never the data)."""
+    h = hashlib.sha256(f"classes={dataset.num_classes};".encode())
+    for part in parts:
+        for kind in ("x", "y"):
+            tensor = getattr(dataset, f"{kind}_{part}")
+            h.update(f"{kind}_{part}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+            h.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------------

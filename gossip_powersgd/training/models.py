@@ -27,8 +27,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..specs import accepts, import_object, parse_options, split_name
+from ..utils import one_line
 
-__all__ = ["build_model", "count_parameters", "CNN1d", "MODEL_NAMES"]
+__all__ = ["build_model", "check_model_fits", "check_single_sample_batch", "count_parameters",
+           "has_batch_norm", "CNN1d", "MODEL_NAMES"]
 
 MODEL_NAMES = ("logreg", "mlp", "mlp:<width>,<width>,...", "cnn1d", "cnn1d:channels=<c>",
                "package.module:callable")
@@ -171,7 +173,64 @@ def _byo_model(spec, input_shape, num_classes, seed) -> nn.Module:
             raise ValueError(f"{spec!r}: calling it raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, nn.Module):
         raise ValueError(f"{spec!r}: must return a torch.nn.Module, got {type(model).__name__}")
+    tensors = list(model.parameters()) + list(model.buffers())
+    if any(t.is_meta for t in tensors):
+        raise ValueError(f"{spec!r}: the model has parameters or buffers on the meta device (no "
+                         "data to train); build it on the CPU")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"{spec!r}: the model has no trainable parameter (none, or every one has "
+                         "requires_grad=False); leave at least one unfrozen")
     return model
+
+
+def check_model_fits(model: nn.Module, spec: str, x_sample: torch.Tensor, num_classes: int) -> None:
+    """Run `model` once on `x_sample` (a few of the dataset's inputs) and check it returns
+    (samples, num_classes) logits; a one-line ValueError says what does not fit.
+
+    Eval mode without gradients, so nothing about the model changes (no BatchNorm statistics).
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(x_sample)
+    except Exception as exc:  # noqa: BLE001 - whatever the model raises is a mismatch with the data
+        raise ValueError(f"model {spec!r} cannot run on this dataset's inputs (shape "
+                         f"{tuple(x_sample.shape[1:])}, {x_sample.dtype}): "
+                         f"{type(exc).__name__}: {one_line(exc, limit=300)}; build it for inputs of "
+                         "that shape and dtype") from None
+    finally:
+        model.train(was_training)
+    wanted = (len(x_sample), num_classes)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != wanted:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"model {spec!r} returns {got} for {len(x_sample)} inputs; it must "
+                         f"return logits of shape {wanted} (one per class)")
+
+
+def has_batch_norm(model: nn.Module) -> bool:
+    """Whether `model` holds a BatchNorm layer (which cannot train on a batch of one sample)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def check_single_sample_batch(model: nn.Module, spec: str, x_one: torch.Tensor, *, rank: int,
+                              shard_size: int, batch_size: int) -> None:
+    """The last batch of this peer's shard holds one sample (`x_one`): check `model` trains on it.
+
+    A copy of the model takes the forward pass in training mode, so the model itself is untouched.
+    BatchNorm over a single value per channel fails there; the error says how to avoid the batch.
+    """
+    import copy
+
+    trial = copy.deepcopy(model).train()
+    try:
+        trial(x_one)
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"model {spec!r} cannot train on a batch of 1 sample ({one_line(exc, limit=300)}), "
+                         f"and rank {rank}'s shard of {shard_size} samples ends in one at "
+                         f"batch_size {batch_size}; change batch_size (e.g. to {batch_size + 1}) "
+                         "or drop a training sample so that the last batch is not a single "
+                         "sample") from None
 
 
 def build_model(spec: str, input_shape: Sequence[int], num_classes: int,

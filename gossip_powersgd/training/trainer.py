@@ -47,8 +47,9 @@ import torch.nn.functional as F
 
 from ..algorithms import make_algorithm
 from ..algorithms.base import NonFiniteError
-from ..comm.base import CommunicationError
-from ..utils import atomic_write, one_line
+from ..comm.base import AgreementError, CommunicationError
+from ..launch import error_line
+from ..utils import atomic_write
 from . import checkpoint as ckpt
 from .config import (
     TrainConfig,
@@ -94,15 +95,18 @@ def collectively(comm, fn: Callable[..., Any], *args, **kwargs) -> Any:
         result = fn(*args, **kwargs)
     except CommunicationError:
         raise
-    except (ValueError, KeyError, OSError, RuntimeError, TypeError) as exc:
+    except (ValueError, KeyError, OSError, RuntimeError, TypeError, MemoryError) as exc:
         error = exc
-    text = "" if error is None else one_line(error) or type(error).__name__
-    data = text.encode("utf-8")[:_MESSAGE_BYTES].ljust(_MESSAGE_BYTES, b"\0")
-    gathered = comm.allgather_bytes(data)
-    for message in gathered:
-        message = message.rstrip(b"\0")
-        if message:
-            raise ValueError(message.decode("utf-8", errors="replace"))
+    text = "" if error is None else error_line(error) or type(error).__name__
+    data = text.encode("utf-8")[:_MESSAGE_BYTES]
+    # Lengths first, so that the usual outcome (no error anywhere) costs a 4-byte all-gather.
+    lengths = comm.allgather_bytes(len(data).to_bytes(4, "little"))
+    longest = max(int.from_bytes(n, "little") for n in lengths)
+    if longest:
+        for message in comm.allgather_bytes(data.ljust(longest, b"\0")):
+            message = message.rstrip(b"\0")
+            if message:
+                raise ValueError(message.decode("utf-8", errors="replace"))
     return result
 
 
@@ -269,6 +273,7 @@ class _Run:
     x_test: torch.Tensor
     y_test: torch.Tensor
     histogram: List[int]
+    num_classes: int
     steps_per_epoch: int
     num_parameters: int
     parameter_bytes: int
@@ -295,7 +300,7 @@ def _build_run(comm, config: TrainConfig, hooks: HookList) -> _Run:
     """Seed, load this peer's shard, build the model, algorithm and optimizer; run setup hooks."""
     from .data import (LOCAL_PARTITION, Batches, agree_local_dataset, label_histogram,
                        load_dataset, load_peer_dataset, peer_shard)
-    from .models import build_model, count_parameters
+    from .models import count_parameters
 
     rank, size = comm.rank, comm.size
     device = resolve_device(config.device, rank)
@@ -309,16 +314,20 @@ def _build_run(comm, config: TrainConfig, hooks: HookList) -> _Run:
     if config.partition == LOCAL_PARTITION:  # the data exists only on its peer
         dataset = collectively(comm, load_peer_dataset, config.dataset, rank, size, config.seed)
         dataset, num_train = agree_local_dataset(comm, dataset)
+        _check_same_dataset(comm, config, dataset, ("test",) if dataset.shared_test else ())
     else:
-        dataset = load_dataset(config.dataset, config.seed)
+        dataset = collectively(comm, load_dataset, config.dataset, config.seed)
         num_train = dataset.num_train
-    x_train, y_train = peer_shard(dataset, rank, size, config.partition, config.seed)
+        _check_same_dataset(comm, config, dataset, _SHARED_DATA)
+    x_train, y_train = collectively(comm, peer_shard, dataset, rank, size, config.partition,
+                                    config.seed)
     histogram = label_histogram(y_train, dataset.num_classes)
+    model = collectively(comm, _checked_model, config, dataset, x_train, rank)
     x_train, y_train = x_train.to(device), y_train.to(device)
     batches = Batches(x_train, y_train, config.batch_size, seed=config.seed, rank=rank)
     steps_per_epoch = max(1, -(-num_train // (size * config.batch_size)))
 
-    model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.seed).to(device)
+    model = model.to(device)
     num_parameters = count_parameters(model)
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     algorithm = make_algorithm(config.algorithm, model.named_parameters(), comm)
@@ -337,8 +346,45 @@ def _build_run(comm, config: TrainConfig, hooks: HookList) -> _Run:
     return _Run(model=context.model, averaged=copy.deepcopy(context.model),
                 optimizer=context.optimizer, algorithm=context.algorithm, batches=context.batches,
                 acts_on=acts_on, x_test=dataset.x_test.to(device), y_test=dataset.y_test.to(device),
-                histogram=histogram, steps_per_epoch=steps_per_epoch, num_parameters=num_parameters,
+                histogram=histogram, num_classes=dataset.num_classes,
+                steps_per_epoch=steps_per_epoch, num_parameters=num_parameters,
                 parameter_bytes=parameter_bytes, owns_process=owns_process, header_args=header_args)
+
+
+#: Which of the dataset's arrays every peer must hold identically. Every peer loads the whole
+#: dataset and keeps its own shard, so all of it; under `partition: local` each peer loads only its
+#: own data and only a shared test set is compared.
+_SHARED_DATA = ("train", "test")
+
+
+def _check_same_dataset(comm, config: TrainConfig, dataset, parts) -> None:
+    """Fail on every peer, naming the ranks, unless all loaded the same data of `parts` (a digest
+    is sent, never the data). Collective: every peer calls it, also with no shared part (a peer's
+    own test data under `partition: local`), when the peers only agree that nothing is shared."""
+    from .data import dataset_digest
+
+    if not parts:
+        comm.check_agreement("dataset (no shared part)", "local")
+        return
+    try:
+        comm.check_agreement("dataset", dataset_digest(dataset, parts))
+    except AgreementError as exc:
+        raise AgreementError(f"{exc} ({config.dataset!r} returned different data on different "
+                             "ranks, usually unseeded randomness: draw from a generator seeded "
+                             "with its seed argument, e.g. numpy.random.default_rng(seed))") from None
+
+
+def _checked_model(config: TrainConfig, dataset, x_train: torch.Tensor, rank: int):
+    """The config's model, checked against this peer's data before anything trains: it runs on
+    the dataset's inputs and, if this peer's last batch holds one sample, trains on such a batch."""
+    from .models import build_model, check_model_fits, check_single_sample_batch, has_batch_norm
+
+    model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.seed)
+    check_model_fits(model, config.model, dataset.x_test[:2], dataset.num_classes)
+    if len(x_train) % config.batch_size == 1 and has_batch_norm(model):
+        check_single_sample_batch(model, config.model, x_train[:1], rank=rank,
+                                  shard_size=len(x_train), batch_size=config.batch_size)
+    return model
 
 
 def _resume(comm, run_dir: Path, run: _Run, hooks: HookList) -> RunState:
@@ -352,10 +398,53 @@ def _resume(comm, run_dir: Path, run: _Run, hooks: HookList) -> RunState:
 
 
 def _save(comm, run_dir: Path, run: _Run, state: RunState, hooks: HookList) -> None:
+    """Write this peer's checkpoint; a failure on any peer (a full disk) stops every peer with the
+    same line, and the previous checkpoints stay as they were (files are replaced whole)."""
     header = ckpt.make_header(epoch=state.epoch, step=state.step, **run.header_args)
-    ckpt.save_checkpoint(run_dir, header, state.to_checkpoint(
+    payload = state.to_checkpoint(
         model=run.model, optimizer=run.optimizer, algorithm=run.algorithm, batches=run.batches,
-        comm=comm, hooks=hooks, include_rng=run.owns_process))
+        comm=comm, hooks=hooks, include_rng=run.owns_process)
+
+    def write() -> None:
+        try:
+            ckpt.save_checkpoint(run_dir, header, payload)
+        except OSError as exc:
+            raise OSError(f"rank {comm.rank}: cannot write the epoch-{state.epoch} checkpoint in "
+                          f"{ckpt.checkpoint_dir(run_dir)}: {exc.strerror or exc}; the previous "
+                          "checkpoints are intact (free space, then --resume)") from None
+
+    collectively(comm, write)
+
+
+#: A run has diverged when a log or eval record's training loss (mean over peers) exceeds this
+#: factor times ln(classes), the loss of a uniform guess, which is about where every run starts, or
+#: its consensus distance exceeds it times the first recorded consensus distance (at least 1).
+#: Both values are the same on every peer, so every peer stops at the same record. 1e6 is far
+#: beyond what a run that still learns reaches (its loss falls below ln(classes)), and far below
+#: float32's overflow, so the run stops with a clear line long before it turns into NaN.
+DIVERGENCE_FACTOR = 1e6
+
+
+def check_divergence(record: Dict[str, Any], history: List[Dict[str, Any]], num_classes: int) -> None:
+    """Raise `NonFiniteError` ("diverged") if `record` passes the `DIVERGENCE_FACTOR` limits;
+    `history` (the run's records so far, checkpointed) gives the first consensus distance."""
+    loss_limit = DIVERGENCE_FACTOR * math.log(max(2, num_classes))
+    loss = record.get("train_loss")
+    if loss is not None and loss > loss_limit:
+        raise NonFiniteError(
+            f"the run diverged: the training loss is {loss:.3g} at step {record['step']}, more than "
+            f"{DIVERGENCE_FACTOR:g} x ln({num_classes}) (a uniform guess's loss); lower the learning "
+            "rate (or the algorithm's gamma)")
+    first = next((r["consensus_distance"] for r in history if "consensus_distance" in r), None)
+    distance = record.get("consensus_distance")
+    if first is None or distance is None:
+        return
+    distance_limit = DIVERGENCE_FACTOR * max(1.0, first)
+    if distance > distance_limit:
+        raise NonFiniteError(
+            f"the run diverged: the consensus distance is {distance:.3g} at step {record['step']}, "
+            f"more than {DIVERGENCE_FACTOR:g} x max(1, its first value {first:.3g}); lower the "
+            "learning rate (or the algorithm's gamma)")
 
 
 # ---- training ------------------------------------------------------------------------------------
@@ -412,8 +501,31 @@ def train(comm, config, *, resume: bool = False, on_step: Optional[Callable[[int
     privacy = privacy_hook(config)  # None unless the config turns differential privacy on
     hooks = HookList([*hooks, *([privacy] if privacy is not None else [])])
     run_dir = Path(config.out_dir) if config.out_dir is not None else None
+    lock = None
     if run_dir is not None:
-        collectively(comm, ckpt.check_run_dir, run_dir, resume)
+        lock = collectively(comm, _claim_run_dir, comm.rank, run_dir, resume)
+    try:
+        if run_dir is not None:
+            collectively(comm, ckpt.check_run_dir, run_dir, resume)
+        return _train(comm, config, run_dir, resume=resume, on_step=on_step, hooks=hooks)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _claim_run_dir(rank: int, run_dir: Path, resume: bool):
+    """Rank 0 locks the run directory for the run (`checkpoint.take_run_lock`); others hold none."""
+    if rank != 0:
+        return None
+    lock = ckpt.take_run_lock(run_dir, create=not resume)
+    if lock.note:
+        print(lock.note, file=sys.stderr, flush=True)
+    return lock
+
+
+def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
+           on_step: Optional[Callable[[int], None]], hooks: HookList) -> Dict[str, Any]:
+    """`train` once the run directory is held: build, resume, run the loop, write the summary."""
     run = _build_run(comm, config, hooks)
     state = _resume(comm, run_dir, run, hooks) if resume else RunState()
     records = RecordLog(state.history)
@@ -458,9 +570,11 @@ def train(comm, config, *, resume: bool = False, on_step: Optional[Callable[[int
                 state.finish_step(value)
                 printer.update()
                 if config.log_every and state.step % config.log_every == 0:
-                    records.write(log_record(
+                    record = log_record(
                         comm, model, step=state.step, steps_per_epoch=run.steps_per_epoch, lr=lr,
-                        train_loss_local=state.take_log_loss(), timers=timers))
+                        train_loss_local=state.take_log_loss(), timers=timers)
+                    records.write(record)
+                    check_divergence(record, state.history, run.num_classes)
                 if on_step is not None:
                     on_step(state.step)
             state.epoch += 1
@@ -472,6 +586,7 @@ def train(comm, config, *, resume: bool = False, on_step: Optional[Callable[[int
                 record = hooks.on_evaluation(record)
                 records.write(record)
                 printer.line(eval_line(record, config.epochs))
+                check_divergence(record, state.history, run.num_classes)
             if run_dir is not None and config.checkpoint_every and (
                     state.epoch % config.checkpoint_every == 0 or state.epoch == config.epochs):
                 _save(comm, run_dir, run, state, hooks)
@@ -492,4 +607,4 @@ def train(comm, config, *, resume: bool = False, on_step: Optional[Callable[[int
 
 __all__ = ["train", "format_summary", "learning_rate", "make_optimizer", "model_digest",
            "evaluate_model", "average_state_into", "collectively", "resolve_device", "RunState",
-           "TIMING_KEYS"]
+           "TIMING_KEYS", "DIVERGENCE_FACTOR", "check_divergence"]

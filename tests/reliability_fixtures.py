@@ -1,0 +1,71 @@
+"""Bring-your-own datasets and models that go wrong, for test_reliability.py.
+
+Referenced by spec strings such as ``"reliability_fixtures:unseeded_data"`` (tests/ is on sys.path).
+"""
+
+import itertools
+import threading
+
+import numpy as np
+import torch
+from torch import nn
+
+_CALLS = itertools.count()
+_CALLS_LOCK = threading.Lock()
+
+
+def _arrays(rng):
+    x = rng.standard_normal((400, 5))
+    y = (x[:, 0] > 0).astype(np.int64)
+    return x[:320], y[:320], x[320:], y[320:]
+
+
+def per_call_data(seed=0):
+    """Different data on every call, as if each peer's process drew its own."""
+    with _CALLS_LOCK:
+        call = next(_CALLS)
+    return _arrays(np.random.default_rng([seed, call]))
+
+
+def unseeded_data():
+    """Draws from numpy's global random state: different data on every MPI rank."""
+    x = np.random.standard_normal((400, 5))
+    y = (x[:, 0] > 0).astype(np.int64)
+    return x[:320], y[:320], x[320:], y[320:]
+
+
+def empty_test_set(seed=0):
+    x_train, y_train, _, _ = _arrays(np.random.default_rng(seed))
+    return x_train, y_train, np.zeros((0, 5)), np.zeros(0, dtype=np.int64)
+
+
+def huge_label(seed=0):
+    x_train, y_train, x_test, y_test = _arrays(np.random.default_rng(seed))
+    y_train = y_train.copy()
+    y_train[7] = 10 ** 9
+    return x_train, y_train, x_test, y_test
+
+
+def frozen_net(input_shape, num_classes):
+    net = nn.Linear(int(np.prod(input_shape)), num_classes)
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return net
+
+
+def meta_net(input_shape, num_classes):
+    return nn.Linear(int(np.prod(input_shape)), num_classes, device="meta")
+
+
+def double_net(input_shape, num_classes):
+    return nn.Linear(int(np.prod(input_shape)), num_classes).to(torch.float64)
+
+
+def wrong_input_net(input_shape, num_classes):
+    return nn.Linear(int(np.prod(input_shape)) + 3, num_classes)
+
+
+def batch_norm_net(input_shape, num_classes):
+    width = int(np.prod(input_shape))
+    return nn.Sequential(nn.Flatten(), nn.Linear(width, 8), nn.BatchNorm1d(8), nn.ReLU(),
+                         nn.Linear(8, num_classes))
