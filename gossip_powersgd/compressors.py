@@ -31,12 +31,12 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from typing import Dict, Iterable, Tuple, Type
+from typing import Dict, Iterable, Optional, Tuple, Type
 
 import torch
 from torch import Tensor
 
-from .specs import parse_typed
+from .specs import check_seed, parse_typed
 
 __all__ = [
     "Compressor",
@@ -226,9 +226,29 @@ class Compressor:
     Subclasses implement :meth:`nbytes`, :meth:`_encode`, :meth:`_decode` and :meth:`__repr__`
     (which returns the spelling :func:`parse_compressor` accepts). The public :meth:`encode` and
     :meth:`decode` check the buffers, then delegate.
+
+    A compressor is one of two kinds, which :meth:`variance_bound` tells apart:
+
+    * *contractive* (biased): ``E‖C(x) − x‖² ≤ (1 − δ)‖x‖²`` for some δ > 0 — top-k, plain
+      random-k, sign, low rank. ``variance_bound`` is None (the default for subclasses, which must
+      then be contractive);
+    * *unbiased*: ``E[C(x)] = x`` and ``E‖C(x)‖² ≤ (1 + ω)‖x‖²`` — identity (ω = 0), QSGD,
+      rescaled random-k. ``variance_bound(numel)`` returns ω. Such a C need not be contractive
+      (QSGD with few levels has ω ≫ 1), but ``C(x) / (1 + ω)`` is, with δ = 1 / (1 + ω)
+      (Koloskova, Stich, Jaggi, ICML 2019, on unbiased quantizers): Choco-SGD and DeepSqueeze
+      divide by :meth:`contraction_scale`.
     """
 
     name: str = ""
+
+    def variance_bound(self, numel: int) -> Optional[float]:
+        """ω of an unbiased compressor on a tensor of ``numel`` entries, None for a contractive one."""
+        return None
+
+    def contraction_scale(self, numel: int) -> float:
+        """τ such that ``C(x) / τ`` is contractive: ``1 + ω`` if unbiased, 1 if already contractive."""
+        omega = self.variance_bound(numel)
+        return 1.0 if omega is None else 1.0 + float(omega)
 
     def nbytes(self, shape: torch.Size, dtype: torch.dtype) -> int:
         """Exact payload size in bytes for a tensor of ``shape`` and ``dtype``."""
@@ -292,6 +312,10 @@ class Identity(Compressor):
     """
 
     name = "identity"
+
+    def variance_bound(self, numel: int) -> float:
+        """Exact, hence unbiased with ω = 0."""
+        return 0.0
 
     def nbytes(self, shape, dtype) -> int:
         return _numel(shape) * _itemsize(dtype)
@@ -359,6 +383,9 @@ class RandomK(Compressor):
     ``scaled=True`` the kept values are multiplied by ``numel / k`` on decode, which makes
     ``E[C(x)] = x``; otherwise C is the (biased, contractive) plain selection.
 
+    Scaled, ``E‖C(x)‖² = (numel / k)‖x‖²``, so its variance bound is ``ω = numel / k − 1``; divided
+    by ``1 + ω`` (see :meth:`Compressor.contraction_scale`) it is the plain selection again.
+
     Wire format (``k * itemsize`` bytes)::
 
         values   k * itemsize   the selected entries (unscaled), x's dtype, ascending index order
@@ -368,9 +395,7 @@ class RandomK(Compressor):
 
     def __init__(self, ratio: float, seed: int = 0, scaled: bool = False):
         self.ratio = _check_ratio(ratio)
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
-        self.seed = int(seed)
+        self.seed = check_seed(seed)
         if not isinstance(scaled, bool):
             raise ValueError(f"scaled must be True or False, got {scaled!r}")
         self.scaled = scaled
@@ -378,6 +403,13 @@ class RandomK(Compressor):
     def k(self, numel: int) -> int:
         """Number of entries sent for a tensor of ``numel`` entries."""
         return _selection_size(self.ratio, numel)
+
+    def variance_bound(self, numel: int) -> Optional[float]:
+        """``numel / k − 1`` when scaled (unbiased), None for the plain (contractive) selection."""
+        if not self.scaled:
+            return None
+        k = self.k(numel)
+        return numel / k - 1.0 if k else 0.0
 
     def indices(self, numel: int, key: int) -> Tensor:
         """The flat indices (int64, CPU, ascending) selected for ``key``."""
@@ -461,6 +493,10 @@ class QSGD(Compressor):
 
         norm     itemsize          ‖x‖₂ in x's dtype
         codes    ceil(d * b / 8)   d codes of b bits, densely bit-packed LSB first
+
+    Unbiased with ``E‖C(x)‖² ≤ (1 + ω)‖x‖²``, ``ω = min(d / s², √d / s)`` (Alistarh et al.,
+    "QSGD", NeurIPS 2017, Lemma 3.1): not contractive for coarse levels (ω ≫ 1), see
+    :meth:`Compressor.contraction_scale`.
     """
 
     name = "qsgd"
@@ -469,6 +505,11 @@ class QSGD(Compressor):
         self.levels = _check_int(levels, "levels", 1, _MAX_LEVELS)
         self.level_bits = self.levels.bit_length()  # == ceil(log2(levels + 1))
         self.bits = self.level_bits + 1
+
+    def variance_bound(self, numel: int) -> float:
+        """``min(d / s², √d / s)`` for d = ``numel`` entries and s levels."""
+        s = self.levels
+        return min(numel / s**2, math.sqrt(numel) / s)
 
     def nbytes(self, shape, dtype) -> int:
         _require_float(dtype, "QSGD")

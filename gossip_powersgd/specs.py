@@ -20,6 +20,9 @@ __all__ = [
     "parse_bool",
     "parse_optional_float",
     "parse_typed",
+    "SEED_MAX",
+    "check_seed",
+    "parse_seed",
     "split_name",
     "split_top_level",
     "split_spec",
@@ -33,6 +36,10 @@ TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 #: Spellings that mean "use the default" for an optional number (e.g. ``gamma=auto``).
 DEFAULT_WORDS = ("none", "auto", "default")
+
+#: The largest seed an algorithm or compressor accepts: seeds feed torch generators, whose seed is
+#: a signed 64-bit integer, and larger values would otherwise wrap around and alias smaller ones.
+SEED_MAX = (1 << 63) - 1
 
 #: How `parse_typed` describes each kind in its error message.
 _KIND_WORDS = {bool: "true or false", int: "an integer", float: "a number"}
@@ -51,6 +58,30 @@ def parse_bool(text: str) -> bool:
 def parse_optional_float(text: str) -> Optional[float]:
     """A number, or None for ``"none"``/``"auto"``/``"default"`` (any case)."""
     return None if text.lower() in DEFAULT_WORDS else float(text)
+
+
+def check_seed(seed, name: str = "seed") -> int:
+    """`seed` as an int, refusing anything but an integer in [0, SEED_MAX] with a one-line
+    ValueError that names `name` and the valid range."""
+    valid = f"an integer in [0, {SEED_MAX}]"
+    if isinstance(seed, bool):
+        raise ValueError(f"{name} must be {valid}, got {seed!r}")
+    try:
+        value = int(seed)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be {valid}, got {seed!r}") from None
+    if value != seed or not 0 <= value <= SEED_MAX:
+        raise ValueError(f"{name} must be {valid}, got {seed!r}")
+    return value
+
+
+def parse_seed(text: str) -> int:
+    """A seed option's value: a decimal integer in [0, SEED_MAX] (see `check_seed`)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"seed must be an integer in [0, {SEED_MAX}], got {text!r}") from None
+    return check_seed(value)
 
 
 def _converter(kind: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -101,7 +132,8 @@ def split_spec(spec: str, what: str) -> Tuple[str, Dict[str, str]]:
     "gamma": "0.4"})``: the lower-cased name and the options as strings.
 
     A value with commas of its own goes in square brackets, which are stripped:
-    ``"choco:compressor=[randomk:0.1,seed=3],gamma=0.4"``. `what` names the spec in errors.
+    ``"choco:compressor=[randomk:0.1,seed=3],gamma=0.4"``. A key given twice is an error (the
+    intended value is ambiguous). `what` names the spec in errors.
     """
     name, _, rest = spec.strip().partition(":")
     if rest.count("[") != rest.count("]"):
@@ -111,10 +143,12 @@ def split_spec(spec: str, what: str) -> Tuple[str, Dict[str, str]]:
         key, eq, value = item.partition("=")
         if not eq:
             raise ValueError(f"{what} {spec!r}: option {item!r} is not key=value")
-        value = value.strip()
+        key, value = key.strip(), value.strip()
+        if key in options:
+            raise ValueError(f"{what} {spec!r}: option {key!r} is given twice; give it once")
         if value.startswith("[") and value.endswith("]"):
             value = value[1:-1]
-        options[key.strip()] = value
+        options[key] = value
     return name.strip().lower(), options
 
 
@@ -123,8 +157,8 @@ def parse_options(spec: str, text: Optional[str],
     """Parse ``"k=v,k=v"`` (the part of `spec` after its colon) into a dict, converting each value
     with ``types[k]`` (``bool`` means `parse_bool`).
 
-    Unknown keys and unparsable values raise a one-line ValueError naming the spec, so a typo in a
-    config file is reported instead of silently falling back to a default.
+    Unknown or repeated keys and unparsable values raise a one-line ValueError naming the spec, so
+    a typo in a config file is reported instead of silently falling back to a default.
     """
     options: Dict[str, Any] = {}
     if text is None or text == "":
@@ -137,6 +171,8 @@ def parse_options(spec: str, text: Optional[str],
                              f"(valid keys: {', '.join(types)})")
         if key not in types:
             raise ValueError(f"{spec!r}: unknown option {key!r} (valid keys: {', '.join(types)})")
+        if key in options:
+            raise ValueError(f"{spec!r}: option {key!r} is given twice; give it once")
         try:
             options[key] = _converter(types[key])(value.strip())
         except (TypeError, ValueError):

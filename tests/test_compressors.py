@@ -458,3 +458,31 @@ def test_lossy_compressors_reject_integer_tensors():
     for c in ALL[1:]:
         with pytest.raises(TypeError, match="floating"):
             c.nbytes(torch.Size([4]), torch.int64)
+
+
+# ---- variance bounds and the contraction scale ------------------------------------------------------
+def test_variance_bounds_say_which_compressors_are_unbiased():
+    assert QSGD(2).variance_bound(10_000) == 50.0  # min(10000 / 4, 100 / 2)
+    assert QSGD(2).variance_bound(100) == 5.0  # min(25, 5)
+    assert QSGD(16).variance_bound(64) == 0.25  # min(64 / 256, 8 / 16)
+    assert RandomK(0.25, scaled=True).variance_bound(100) == 3.0  # numel / k - 1
+    assert Identity().variance_bound(7) == 0.0
+    for contractive in (TopK(0.1), RandomK(0.25), SignNorm(), LowRank(2)):
+        assert contractive.variance_bound(100) is None
+        assert contractive.contraction_scale(100) == 1.0
+    assert QSGD(2).contraction_scale(100) == 6.0
+
+
+@pytest.mark.parametrize("levels", [1, 2, 4])
+def test_qsgd_second_moment_is_within_its_bound(levels):
+    """E‖C(x)‖² <= (1 + ω)‖x‖² (Alistarh et al., Lemma 3.1), estimated over 400 keys."""
+    x = randn(50, seed=11)
+    second = torch.stack([QSGD(levels).compress(x, key).square().sum() for key in range(400)]).mean()
+    assert second <= (1 + QSGD(levels).variance_bound(50)) * x.square().sum()
+    assert second > 1.5 * x.square().sum()  # and far from contractive: the rescaling is needed
+
+
+def test_rescaled_scaled_randomk_is_the_plain_selection():
+    x = randn(40, seed=12)
+    scaled, plain = RandomK(0.25, seed=3, scaled=True), RandomK(0.25, seed=3)
+    torch.testing.assert_close(scaled.compress(x, 9) / scaled.contraction_scale(40), plain.compress(x, 9))

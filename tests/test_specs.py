@@ -14,6 +14,7 @@ from gossip_powersgd.algorithms.lowrank import (
     matrix_stacks,
     orthonormalize_,
 )
+from gossip_powersgd import specs
 from gossip_powersgd.specs import (
     accepts,
     import_object,
@@ -176,3 +177,26 @@ def test_compressed_gossip_owns_wire_and_state_for_both_algorithms():
     for result in LocalCluster(topologies.ring(3)).run(peer):
         # topk:0.5 keeps 12 of 24 and 2 of 5 (round half to even) entries: float32 value + int32 index
         assert result == {"ChocoGossip": (112, 224), "DeepSqueeze": (112, 224)}
+
+
+# ---- repeated keys and seeds ----------------------------------------------------------------------
+def test_split_spec_refuses_a_repeated_key():
+    with pytest.raises(ValueError, match=r"option 'rank' is given twice; give it once"):
+        specs.split_spec("powergossip:rank=1,rank=2", "algorithm spec")
+
+
+def test_parse_options_refuses_a_repeated_key():
+    with pytest.raises(ValueError, match=r"option 'd' is given twice; give it once"):
+        specs.parse_options("synthetic_logreg:d=5,d=6", "d=5,d=6", {"d": int})
+
+
+@pytest.mark.parametrize("value", [-1, specs.SEED_MAX + 1, 1.5, True, "3"])
+def test_check_seed_names_the_valid_range(value):
+    with pytest.raises(ValueError, match=rf"^seed must be an integer in \[0, {specs.SEED_MAX}\], got "):
+        specs.check_seed(value)
+
+
+def test_parse_seed_accepts_the_whole_range():
+    assert specs.parse_seed("0") == 0 and specs.parse_seed(str(specs.SEED_MAX)) == specs.SEED_MAX
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[0, "):
+        specs.parse_seed("99999999999999999999999")

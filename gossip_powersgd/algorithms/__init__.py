@@ -18,7 +18,7 @@ from .registry import (
     spec_gamma,
     with_option,
 )
-from ..specs import FALSE_WORDS, parse_bool, parse_optional_float
+from ..specs import FALSE_WORDS, parse_bool, parse_optional_float, parse_seed
 
 
 def _is_false(text: str) -> bool:
@@ -50,25 +50,25 @@ register("exact", ExactGossip, {"gamma": ("gamma", parse_optional_float)},
          gamma="topology", label=lambda options: "exact gossip")
 register("powergossip", PowerGossip, {
     "rank": ("rank", int), "iters": ("num_iterations", int), "gamma": ("gamma", parse_optional_float),
-    "warm": ("warm_start", parse_bool), "seed": ("seed", int),
+    "warm": ("warm_start", parse_bool), "seed": ("seed", parse_seed),
     "min_compression_rate": ("min_compression_rate", float), "batched": ("batch_neighbors", parse_bool),
 }, "low-rank compressed gossip (PowerGossip), gamma defaults to the topology's",
    gamma="topology", label=_powergossip_label)
 register("choco", ChocoGossip, {
     "compressor": ("compressor", parse_compressor), "gamma": ("gamma", parse_optional_float),
-    "seed": ("seed", int),
+    "seed": ("seed", parse_seed),
 }, "Choco-Gossip: compressed gossip of x - x_hat (gamma must be tuned), e.g. compressor=topk:0.01",
    gamma="tuned", label=_compressed_label("Choco"))
 register("deepsqueeze", DeepSqueeze, {
     "compressor": ("compressor", parse_compressor), "gamma": ("gamma", parse_optional_float),
-    "seed": ("seed", int),
+    "seed": ("seed", parse_seed),
 }, "DeepSqueeze: error-compensated compressed gossip (gamma must be tuned), e.g. compressor=sign",
    gamma="tuned", label=_compressed_label("DeepSqueeze"))
 register("allreduce", AllReduce, {}, "exact all-reduce average of the parameters (centralized)",
          label=lambda options: "all-reduce")
 register("powersgd", PowerSGDAllReduce, {
     "rank": ("rank", int), "warm": ("warm_start", parse_bool), "start_iter": ("start_iter", int),
-    "min_compression_rate": ("min_compression_rate", float), "seed": ("seed", int),
+    "min_compression_rate": ("min_compression_rate", float), "seed": ("seed", parse_seed),
 }, "centralized PowerSGD all-reduce of the gradients with error feedback (DDP hook)",
    label=_powersgd_label)
 

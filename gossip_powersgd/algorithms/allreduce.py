@@ -20,6 +20,7 @@ from typing import Dict, List
 import torch
 
 from ..comm.base import Tensor
+from ..specs import check_seed
 from .base import FlatParams, GossipAlgorithm, NonFiniteError, ParamsLike, load_tensors_
 from .lowrank import MatrixStack, matrix_stacks, orthonormalize_
 
@@ -113,13 +114,11 @@ class PowerSGDAllReduce(_Collective):
             raise ValueError(f"start_iter must be an integer >= 0, got {start_iter}")
         if not min_compression_rate >= 0:
             raise ValueError(f"min_compression_rate must be >= 0, got {min_compression_rate}")
-        if isinstance(seed, bool) or int(seed) != seed:
-            raise ValueError(f"seed must be an integer, got {seed!r}")
         self.rank = int(rank)
         self.warm_start = bool(warm_start)
         self.start_iter = int(start_iter)
         self.min_compression_rate = float(min_compression_rate)
-        self.seed = int(seed)
+        self.seed = check_seed(seed)
         self._generator = torch.Generator(device="cpu").manual_seed(self.seed)
         self._plain = None  # flat buffer of the plain all-reduce, allocated while it is used
 

@@ -4,6 +4,7 @@ tensors into one message, and the finiteness guard on everything sent."""
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Dict, Iterable, List, Sequence, Tuple, Union
 
 import torch
@@ -72,6 +73,18 @@ def load_tensors_(who: str, state: Dict[str, object], targets: Dict[str, Tensor]
             raise ValueError(f"{who} state {key!r} has shape {tuple(saved.shape)}, "
                              f"expected {tuple(tensor.shape)}")
         tensor.copy_(saved)
+
+
+def warn_if_unstable_gamma(who: str, gamma: float, topology) -> None:
+    """Warn (once per call) when `gamma` is outside the stable range of exact gossip on `topology`.
+
+    For compressed gossip this is a warning, not an error: its effective step is not γ (only part
+    of each difference is applied per round), so a γ that exact gossip cannot take may still work.
+    """
+    try:
+        topology.check_gamma(gamma)
+    except ValueError as exc:
+        warnings.warn(f"{who}: {exc}", UserWarning, stacklevel=3)
 
 
 class GossipAlgorithm:

@@ -4,13 +4,20 @@ Each round a peer compresses one list of model-shaped tensors with a `Compressor
 payload to every neighbour, and decodes its own and its neighbours' payloads; only what it does with
 the decoded tensors (its update rule) differs between algorithms.
 
+Both update rules need a contractive compressor. An unbiased one (QSGD, scaled random-k) is not
+contractive when its variance bound ω exceeds about 1 — Choco and DeepSqueeze with `qsgd:2` then
+diverge at every γ — so every decoded tensor is divided by τ = 1 + ω
+(`Compressor.contraction_scale`, per tensor size), the standard rescaling of Koloskova et al. 2019.
+The division happens after decoding, identically at the sender (decoding its own payload) and at
+its receivers, so x̂ and c stay the same at both ends and nothing extra is sent.
+
 Randomised compressors (random-k, QSGD, low rank) take a `key`: the key of tensor t in round k from
 sender i is derived from (seed, k, i, t) alone, so every receiver decodes with the sender's key.
 
 The payload is a uint8 buffer holding every tensor's encoding back to back (offsets from
 `Compressor.nbytes`, fixed for the run), preallocated once, as are all receive buffers and state.
 γ must be tuned per compressor and topology: the topology's optimal γ for exact gossip does not
-apply, so `gamma` has no default.
+apply, so `gamma` has no default. A γ outside exact gossip's stable range draws a warning.
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ import torch
 
 from ..comm.base import Tensor
 from ..compressors import Compressor, parse_compressor
-from .base import GossipAlgorithm, ParamsLike
+from ..specs import check_seed
+from .base import GossipAlgorithm, ParamsLike, warn_if_unstable_gamma
 
 _INT63 = 0x7FFF_FFFF_FFFF_FFFF
 
@@ -50,13 +58,6 @@ def require_tuned_gamma(gamma: Optional[float], who: str, spelling: str) -> floa
     return value
 
 
-def check_seed(seed) -> int:
-    """The seed as an int, refusing anything that is not an integer >= 0."""
-    if isinstance(seed, bool) or int(seed) != seed or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-    return int(seed)
-
-
 def compressed_gossip_arguments(who: str, spelling: str, example: str, compressor, gamma,
                                 seed) -> Tuple[Compressor, float, int]:
     """Check what every compressed-gossip algorithm needs: a compressor, a tuned gamma, a seed."""
@@ -73,7 +74,8 @@ class CompressedMessages:
 
     `send` is one uint8 buffer (all tensors' payloads back to back); `recv[j]` is the same layout
     for neighbour j. `encode` fills `send` from a list of tensors, `decode` reads any payload into a
-    list of tensors, both with the keys of a given sender and round.
+    list of tensors, both with the keys of a given sender and round, then divides each tensor by
+    its `Compressor.contraction_scale` (so an unbiased compressor's output becomes contractive).
     """
 
     def __init__(self, compressor: Compressor, shapes: Sequence[torch.Size], dtype: torch.dtype,
@@ -83,6 +85,8 @@ class CompressedMessages:
         self.offsets: List[int] = [0]
         for shape in shapes:
             self.offsets.append(self.offsets[-1] + compressor.nbytes(shape, dtype))
+        #: τ of each tensor: decoded values are divided by it (1 for contractive compressors).
+        self.scales = [compressor.contraction_scale(torch.Size(shape).numel()) for shape in shapes]
         self.nbytes = self.offsets[-1]
         new = lambda: torch.zeros(self.nbytes, dtype=torch.uint8, device=device)  # noqa: E731
         self.send = new()
@@ -101,8 +105,10 @@ class CompressedMessages:
             self.compressor.encode(x, out, key)
 
     def decode(self, payloads: Sequence[Tensor], outs: Sequence[Tensor], step: int, sender: int) -> None:
-        for payload, out, key in zip(payloads, outs, self.keys(step, sender)):
+        for payload, out, key, scale in zip(payloads, outs, self.keys(step, sender), self.scales):
             self.compressor.decode(payload, out, key)
+            if scale != 1.0:
+                out.div_(scale)
 
 
 def flat_state(tensors: Sequence[Tensor], dtype, device):
@@ -135,6 +141,7 @@ class CompressedGossip(GossipAlgorithm):
         super().__init__(params, comm)
         self.compressor, self.gamma, self.seed = compressed_gossip_arguments(
             self._who, self.name, self.example_compressor, compressor, gamma, seed)
+        warn_if_unstable_gamma(self._who, self.gamma, comm.topology)
         me, neighbors = comm.rank, comm.neighbors
         self._weights = [comm.topology.weight(me, j) for j in neighbors]
         self._messages = CompressedMessages(self.compressor, [t.shape for t in self.params],

@@ -32,13 +32,18 @@ class ExactGossip(GossipAlgorithm):
     """Every peer sends its whole model to each neighbour, all tensors packed in one message.
 
     gamma = 1 is plain mixing with W; gamma=None uses the topology's optimal step (`topology.gamma`).
+    An explicit gamma outside the stable range (0, `topology.gamma_stable_max`) is refused with
+    `Topology.check_gamma`'s error: exact gossip would diverge with it.
     """
 
     name = "exact"
 
     def __init__(self, params: ParamsLike, comm, gamma: Optional[float] = None):
-        super().__init__(params, comm)
+        # Checked before the collective set-up, so that every rank raises this error itself.
         self.gamma = resolve_gamma(gamma, comm)
+        if gamma is not None:
+            comm.topology.check_gamma(self.gamma)
+        super().__init__(params, comm)
         self._flat = FlatParams(self.params)
         self._recv = {j: torch.empty_like(self._flat.buffer) for j in comm.neighbors}
         self._weights = [comm.topology.weight(comm.rank, j) for j in comm.neighbors]

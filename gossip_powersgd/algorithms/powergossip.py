@@ -34,7 +34,8 @@ import numpy as np
 import torch
 
 from ..comm.base import Tensor
-from .base import FlatParams, GossipAlgorithm, ParamsLike, load_tensors_
+from ..specs import check_seed
+from .base import FlatParams, GossipAlgorithm, ParamsLike, load_tensors_, warn_if_unstable_gamma
 from .exact import mix_exact, resolve_gamma
 from .lowrank import MatrixStack, matrix_stacks, orthonormalize_
 
@@ -74,6 +75,8 @@ class PowerGossip(GossipAlgorithm):
             smaller side).
         num_iterations: half-steps per `step()`; each has its own message and update.
         gamma: consensus step; None uses the topology's `gamma`, the value exact gossip would use.
+            One outside exact gossip's stable range (0, `topology.gamma_stable_max`) draws a
+            warning (the low-rank step applies only part of each difference, so it may still work).
         warm_start: keep each factor for the next half-step (True) or redraw it from the edge's
             shared generator every time ("random restart", False).
         seed: base of the per-edge seeds.
@@ -105,8 +108,10 @@ class PowerGossip(GossipAlgorithm):
         self.rank = int(rank)
         self.num_iterations = int(num_iterations)
         self.gamma = resolve_gamma(gamma, comm)
+        if gamma is not None:
+            warn_if_unstable_gamma("PowerGossip", self.gamma, comm.topology)
         self.warm_start = bool(warm_start)
-        self.seed = int(seed)
+        self.seed = check_seed(seed)
         self.min_compression_rate = float(min_compression_rate)
         self.batch_neighbors = bool(batch_neighbors)
         self.half_steps = 0

@@ -1,0 +1,128 @@
+"""Inputs an algorithm must refuse or flag: a consensus step outside the topology's stable range,
+repeated spec options and seeds the generators cannot take."""
+
+import warnings
+
+import pytest
+import torch
+
+import topologies
+from gossip_powersgd import LocalCluster, make_algorithm
+from gossip_powersgd.algorithms import ChocoGossip, DeepSqueeze, ExactGossip, PowerGossip, algorithm_kwargs
+from gossip_powersgd.specs import SEED_MAX
+from gossip_powersgd.training.config import load_config
+from gossip_powersgd.training.trainer import train
+
+from conftest import ROOT
+
+TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
+
+
+def tensors(comm):
+    g = torch.Generator().manual_seed(comm.rank)
+    return [torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randn(4, generator=g, dtype=torch.float64)]
+
+
+# ---- 4a. gamma outside the stable range ------------------------------------------------------------
+def test_ring4_stable_range_is_what_the_tests_assume():
+    assert topologies.ring(4).gamma_stable_max == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("build", [lambda x, comm: ExactGossip(x, comm, gamma=3.0),
+                                   lambda x, comm: make_algorithm("exact:gamma=3", x, comm)])
+def test_exact_gossip_refuses_an_unstable_gamma_in_one_line(build):
+    def peer(comm):
+        build(tensors(comm), comm)
+
+    with pytest.raises(ValueError, match=r"^gamma=3 is outside the stable range \(0, 1\.5\) of ") as info:
+        LocalCluster(topologies.ring(4)).run(peer)
+    assert "\n" not in str(info.value)
+
+
+def test_exact_gossip_keeps_stable_and_default_gammas():
+    def peer(comm):
+        return ExactGossip(tensors(comm), comm, gamma=1.4).gamma, ExactGossip(tensors(comm), comm).gamma
+
+    explicit, default = LocalCluster(topologies.ring(4)).run(peer)[0]
+    assert explicit == 1.4 and default == topologies.ring(4).gamma
+
+
+COMPRESSED = {
+    "PowerGossip": lambda x, comm, gamma: PowerGossip(x, comm, gamma=gamma),
+    "ChocoGossip": lambda x, comm, gamma: ChocoGossip(x, comm, "sign", gamma=gamma),
+    "DeepSqueeze": lambda x, comm, gamma: DeepSqueeze(x, comm, "sign", gamma=gamma),
+}
+
+
+@pytest.mark.parametrize("who", sorted(COMPRESSED))
+def test_compressed_gossip_warns_once_per_construction_about_an_unstable_gamma(who):
+    def peer(comm, gamma):
+        COMPRESSED[who](tensors(comm), comm, gamma)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        LocalCluster(topologies.ring(4)).run(peer, 3.0)
+        unstable = [str(w.message) for w in caught]
+        LocalCluster(topologies.ring(4)).run(peer, 0.5)
+        stable = [str(w.message) for w in caught][len(unstable):]
+    assert len(unstable) == 4, unstable  # one per peer's construction
+    assert set(unstable) == {f"{who}: gamma=3 is outside the stable range (0, 1.5) of "
+                             f"{unstable[0].split(' of ', 1)[1]}"}
+    assert "\n" not in unstable[0]
+    assert stable == []
+
+
+def test_training_with_an_unstable_exact_gamma_fails_with_the_same_line_on_every_rank():
+    """The config check cannot see the topology's range (it builds nothing), so the error comes from
+    building the algorithm, which every rank does before its first step."""
+    config = load_config(TINY, ["algorithm=exact:gamma=3", "topology=ring:4", "quiet=true"], deep=False)
+    messages = {}
+
+    def peer(comm):
+        try:
+            train(comm, config)
+        except ValueError as exc:
+            messages[comm.rank] = str(exc)
+            raise
+
+    with pytest.raises(ValueError, match=r"^gamma=3 is outside the stable range \(0, 1\.5\)"):
+        LocalCluster(topologies.ring(4), timeout=60).run(peer)
+    assert sorted(messages) == [0, 1, 2, 3]
+    assert len(set(messages.values())) == 1 and "\n" not in messages[0]
+
+
+# ---- 10. repeated options and seeds ---------------------------------------------------------------
+@pytest.mark.parametrize("spec, key", [("powergossip:rank=1,rank=2", "rank"),
+                                       ("choco:compressor=sign,gamma=0.1,gamma=0.2", "gamma"),
+                                       ("choco:compressor=[topk:0.1,ratio=0.2],gamma=0.1", "ratio")])
+def test_a_repeated_option_is_an_error_naming_the_key(spec, key):
+    with pytest.raises(ValueError, match=f"'{key}'.* given twice") as info:
+        algorithm_kwargs(spec)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("spec", ["powergossip:seed=99999999999999999999999", "powersgd:seed=-1",
+                                  "choco:compressor=sign,gamma=0.1,seed=9223372036854775808",
+                                  "deepsqueeze:compressor=[randomk:0.1,seed=99999999999999999999999],gamma=0.1"])
+def test_a_seed_the_generators_cannot_take_is_blamed_on_the_seed(spec):
+    with pytest.raises(ValueError, match=rf"seed must be an integer in \[0, {SEED_MAX}\], got "):
+        algorithm_kwargs(spec)
+
+
+def test_the_largest_seed_works():
+    def peer(comm):
+        algorithm = make_algorithm(f"powergossip:seed={SEED_MAX}", tensors(comm), comm)
+        algorithm.step()
+        return algorithm.seed
+
+    assert LocalCluster(topologies.ring(3)).run(peer) == [SEED_MAX] * 3
+
+
+@pytest.mark.parametrize("make", [lambda x, comm: PowerGossip(x, comm, seed=2**64),
+                                  lambda x, comm: ChocoGossip(x, comm, "sign", gamma=0.1, seed=-3)])
+def test_constructors_check_the_seed_too(make):
+    def peer(comm):
+        make(tensors(comm), comm)
+
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[0, "):
+        LocalCluster(topologies.ring(3)).run(peer)
