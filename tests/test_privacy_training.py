@@ -276,7 +276,7 @@ def test_batchnorm_is_a_one_line_error_naming_the_layer_and_the_fix(tmp_path):
     (dict(dp_accountant="moments"), "dp_accountant must be one of rdp, prv, gdp"),
     (dict(dp_noise_multiplier=None, dp_target_epsilon=1e-4, dp_delta=1e-12),
      "dp_target_epsilon=0.0001 is unreachable"),
-    (dict(model="test_privacy_training:frozen_net"), "trainable parameters"),
+    (dict(model="test_privacy_training:frozen_net"), "no trainable parameter"),
 ])
 def test_bad_dp_inputs_are_one_line_errors_and_write_nothing(tmp_path, changes, message):
     out = tmp_path / "run"

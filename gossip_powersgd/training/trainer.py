@@ -507,7 +507,8 @@ def train(comm, config, *, resume: bool = False, on_step: Optional[Callable[[int
     try:
         if run_dir is not None:
             collectively(comm, ckpt.check_run_dir, run_dir, resume)
-        return _train(comm, config, run_dir, resume=resume, on_step=on_step, hooks=hooks)
+        return _train(comm, config, run_dir, resume=resume, on_step=on_step, hooks=hooks,
+                      privacy=privacy)
     finally:
         if lock is not None:
             lock.release()
@@ -524,7 +525,7 @@ def _claim_run_dir(rank: int, run_dir: Path, resume: bool):
 
 
 def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
-           on_step: Optional[Callable[[int], None]], hooks: HookList) -> Dict[str, Any]:
+           on_step: Optional[Callable[[int], None]], hooks: HookList, privacy) -> Dict[str, Any]:
     """`train` once the run directory is held: build, resume, run the loop, write the summary."""
     run = _build_run(comm, config, hooks)
     state = _resume(comm, run_dir, run, hooks) if resume else RunState()
