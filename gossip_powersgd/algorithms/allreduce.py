@@ -1,8 +1,8 @@
 """Centralized baselines: exact all-reduce averaging, and PowerSGD with error feedback.
 
-Both ignore the topology: every peer ends a step with the same bits (every all-reduce reduces in
-rank order, see `reduce_in_rank_order`), and the communicator charges each all-reduce at the cost of
-a bandwidth-optimal ring all-reduce, 2(n-1)/n x the buffer's bytes per peer.
+Both ignore the topology: every peer ends a step with the same bits (the communicator's ring
+all-reduce adds the peers' chunks in a fixed order, see `Communicator.allreduce_`), and each peer
+sends, and is charged, about 2(n-1)/n x the buffer's bytes (`comm.ring_allreduce_bytes`).
 
 `AllReduce` averages the *parameters* (it is a drop-in for a gossip step: the models are equal after
 every step). `PowerSGDAllReduce` averages the *gradients*, between `backward()` and
@@ -19,15 +19,15 @@ from typing import Dict, List
 
 import torch
 
-from ..comm.base import Tensor
+from ..comm.base import Tensor, ring_allreduce_bytes
 from ..specs import check_seed
 from .base import FlatParams, GossipAlgorithm, NonFiniteError, ParamsLike, load_tensors_
 from .lowrank import MatrixStack, matrix_stacks, orthonormalize_
 
 
-def ring_allreduce_bytes(nbytes: int, size: int) -> int:
-    """Bytes one peer sends in a ring all-reduce of `nbytes` (what the communicator charges)."""
-    return 2 * (size - 1) * nbytes // size if size > 1 else 0
+def _allreduce_bytes(comm, numel: int, itemsize: int) -> int:
+    """Bytes this peer sends in an all-reduce of `numel` elements (exactly what the ring moves)."""
+    return ring_allreduce_bytes(numel, itemsize, comm.size, comm.rank)
 
 
 class _Collective(GossipAlgorithm):
@@ -57,7 +57,7 @@ class AllReduce(_Collective):
 
     def bytes_per_step(self) -> int:
         buffer = self._flat.buffer
-        return ring_allreduce_bytes(buffer.numel() * buffer.element_size(), self.comm.size)
+        return _allreduce_bytes(self.comm, buffer.numel(), buffer.element_size())
 
 
 @dataclasses.dataclass
@@ -229,12 +229,11 @@ class PowerSGDAllReduce(_Collective):
     # ---- accounting and state ------------------------------------------------------------------
     def bytes_per_step(self) -> int:
         """Bytes this peer sends in its next `step()` (plain before `start_iter`, compressed after)."""
-        size, itemsize = self.comm.size, torch.empty((), dtype=self.dtype).element_size()
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
         if self.steps < self.start_iter:
-            total = sum(t.numel() for t in self.params)
-            return ring_allreduce_bytes(total * itemsize, size)
-        first = ring_allreduce_bytes(self._first.numel() * itemsize, size)
-        second = ring_allreduce_bytes(self._second.numel() * itemsize, size) if self._groups else 0
+            return _allreduce_bytes(self.comm, sum(t.numel() for t in self.params), itemsize)
+        first = _allreduce_bytes(self.comm, self._first.numel(), itemsize)
+        second = _allreduce_bytes(self.comm, self._second.numel(), itemsize) if self._groups else 0
         return first + second
 
     @property
