@@ -29,9 +29,10 @@ from gossip_powersgd.privacy.reconstruction import (
     relative_error,
     trivial_estimates,
 )
-from gossip_powersgd.privacy.views import ObservedView, ObserverHooks, load_view, observed_dir
+from gossip_powersgd.privacy.views import ObserverHooks, load_view, observed_dir
 from gossip_powersgd.training.config import load_config
 from gossip_powersgd.training.data import load_dataset
+from gossip_powersgd.training.models import build_model
 from gossip_powersgd.training.trainer import train
 from privacy_attack_scenarios import observed_gossip
 
@@ -87,6 +88,13 @@ def test_observe_every_bounds_what_is_recorded(tmp_path):
         ObserverHooks([0], observe_every=0)
 
 
+def test_bad_observers_and_missing_views_are_one_line_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"observers \[4\] are not ranks of this 4-peer run"):
+        train_all(tiny(), lambda: ObserverHooks([4]))
+    with pytest.raises(ValueError, match="holds no recorded view"):
+        load_view(tmp_path)
+
+
 def tiny(**changes):
     base = load_config(TINY, deep=False).replace(quiet=True, checkpoint_every=0, log_every=0,
                                                  epochs=1)
@@ -130,8 +138,6 @@ def test_observer_hooks_record_under_train_without_changing_the_run(tmp_path):
     dataset = load_dataset(config.dataset, config.seed)
     members, nonmembers = membership_samples(dataset, 0, 4, config.partition, config.seed)
     assert len(members[0]) == len(nonmembers[0]) > 0
-    from gossip_powersgd.training.models import build_model
-
     model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.seed)
     last = steps - 1
     average = [torch.stack(ts).mean(0) for ts in zip(*(v.own_trajectory()[last] for v in views))]
@@ -293,13 +299,9 @@ def test_epsilon_is_the_minimum_over_alpha_of_the_classic_conversion():
     eps = pairwise_epsilon(topologies.parse("grid:4"), 2, 1.0, delta)
     assert eps[1, 0] > eps[0, 2] > eps[0, 3] == 0.0 and np.isnan(eps[0, 0])
     with pytest.raises(ValueError, match="sigma must be a finite number > 0"):
-        pairwise_rdp(complete_graph(), 2, 0.0)
+        pairwise_rdp(topologies.complete(3), 2, 0.0)
     with pytest.raises(ValueError, match="delta must lie strictly between 0 and 1"):
         dp_epsilon(rho, 1.0)
-
-
-def complete_graph():
-    return topologies.complete(3)
 
 
 # ---- under mpiexec -------------------------------------------------------------------------------
