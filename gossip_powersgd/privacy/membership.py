@@ -1,0 +1,136 @@
+"""Membership inference with the LOSS attack (Yeom, Giacomelli, Fredrikson, Jha, CSF 2018).
+
+The attacker scores a sample by -loss(sample) under some model and calls it a member when the
+score is high. Members are the victim's training shard; non-members are an equal number of
+held-out samples from the same distribution (the test set: `membership_samples`). `loss_attack`
+reports the AUC of the scores and the TPR at 1 % FPR; `membership_inference` does so for several
+models at once, e.g. (a) the victim's true model, (b) an observer's reconstruction of it
+(`reconstruction.reconstruct` loaded with `model_with_parameters`), (c) the observer's own model,
+(d) the average of all models.
+
+Under the null hypothesis (the model does not depend on which samples are members) the AUC of
+m members and k non-members has mean 1/2 and standard deviation sqrt((m + k + 1) / (12 m k))
+(`null_auc_std`, Mann-Whitney without ties): an AUC within a few of those of 1/2 is chance.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Dict, Mapping, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = ["DEFAULT_FPR", "auc", "loss_attack", "loss_scores", "membership_inference",
+           "membership_samples", "model_with_parameters", "null_auc_std", "tpr_at_fpr"]
+
+#: The false-positive rate at which `loss_attack` reports the true-positive rate.
+DEFAULT_FPR = 0.01
+
+
+@torch.no_grad()
+def loss_scores(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                batch: int = 1024) -> np.ndarray:
+    """The LOSS attack's score of every sample: -cross-entropy under `model` (in eval mode)."""
+    was_training = model.training
+    model.eval()
+    try:
+        scores = [-F.cross_entropy(model(x[k:k + batch]), y[k:k + batch], reduction="none")
+                  for k in range(0, len(x), batch)]
+    finally:
+        model.train(was_training)
+    return torch.cat(scores).double().cpu().numpy()
+
+
+def _scores(name: str, values) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64).ravel()
+    if array.size == 0:
+        raise ValueError(f"no {name} scores: the attack needs at least one member and one non-member")
+    return array
+
+
+def auc(member_scores, nonmember_scores) -> float:
+    """P(member score > non-member score) + P(equal) / 2: the ROC AUC (Mann-Whitney U)."""
+    members, others = _scores("member", member_scores), _scores("non-member", nonmember_scores)
+    ranks = _average_ranks(np.concatenate([members, others]))
+    u = ranks[:members.size].sum() - members.size * (members.size + 1) / 2
+    return float(u / (members.size * others.size))
+
+
+def _average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties sharing their average rank."""
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(values.size)
+    sorted_values = values[order]
+    start = 0
+    while start < values.size:
+        stop = start
+        while stop + 1 < values.size and sorted_values[stop + 1] == sorted_values[start]:
+            stop += 1
+        ranks[order[start:stop + 1]] = (start + stop) / 2 + 1
+        start = stop + 1
+    return ranks
+
+
+def tpr_at_fpr(member_scores, nonmember_scores, fpr: float = DEFAULT_FPR) -> float:
+    """The share of members scored strictly above a threshold that at most `fpr` of the
+    non-members exceed (the strictest such threshold from the non-members' own scores)."""
+    if not 0 <= fpr < 1:
+        raise ValueError(f"fpr must lie in [0, 1), got {fpr}")
+    members, others = _scores("member", member_scores), _scores("non-member", nonmember_scores)
+    allowed = int(math.floor(fpr * others.size))  # non-members that may lie above the threshold
+    threshold = np.sort(others)[::-1][allowed]
+    return float((members > threshold).mean())
+
+
+def null_auc_std(members: int, nonmembers: int) -> float:
+    """Standard deviation of the AUC of a model that ignores membership (see the module docstring)."""
+    return math.sqrt((members + nonmembers + 1) / (12.0 * members * nonmembers))
+
+
+def loss_attack(model: torch.nn.Module, members: Tuple[torch.Tensor, torch.Tensor],
+                nonmembers: Tuple[torch.Tensor, torch.Tensor],
+                fpr: float = DEFAULT_FPR) -> Dict[str, float]:
+    """{"auc", "tpr_at_fpr", "fpr"} of the LOSS attack with `model` on (x, y) members and
+    non-members."""
+    inside, outside = loss_scores(model, *members), loss_scores(model, *nonmembers)
+    return {"auc": auc(inside, outside), "tpr_at_fpr": tpr_at_fpr(inside, outside, fpr), "fpr": fpr}
+
+
+def membership_inference(models: Mapping[str, torch.nn.Module], members, nonmembers,
+                         fpr: float = DEFAULT_FPR) -> Dict[str, Dict[str, float]]:
+    """`loss_attack` with each named model, on the same members and non-members."""
+    return {name: loss_attack(model, members, nonmembers, fpr) for name, model in models.items()}
+
+
+def membership_samples(dataset, rank: int, num_peers: int, partition: str = "iid", seed: int = 0,
+                       ) -> Tuple[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]:
+    """(members, non-members) for victim `rank`: its training shard, as `train` splits it, and as
+    many test samples (drawn without replacement with `seed`; all of them if there are fewer)."""
+    from gossip_powersgd.training.data import peer_shard
+
+    x_in, y_in = peer_shard(dataset, rank, num_peers, partition, seed)
+    count = min(len(x_in), len(dataset.x_test))
+    pick = torch.randperm(len(dataset.x_test), generator=torch.Generator().manual_seed(seed))[:count]
+    if count < len(x_in):
+        keep = torch.randperm(len(x_in), generator=torch.Generator().manual_seed(seed))[:count]
+        x_in, y_in = x_in[keep], y_in[keep]
+    return (x_in, y_in), (dataset.x_test[pick], dataset.y_test[pick])
+
+
+def model_with_parameters(model: torch.nn.Module, parameters: Sequence[torch.Tensor]) -> torch.nn.Module:
+    """A copy of `model` whose parameters (in `model.parameters()` order) are `parameters`."""
+    copied = copy.deepcopy(model)
+    own = list(copied.parameters())
+    if len(own) != len(parameters):
+        raise ValueError(f"the model has {len(own)} parameter tensors but {len(parameters)} were "
+                         "given: reconstruct with the same model the run trained")
+    with torch.no_grad():
+        for target, value in zip(own, parameters):
+            if tuple(target.shape) != tuple(value.shape):
+                raise ValueError(f"parameter of shape {tuple(target.shape)} given a tensor of shape "
+                                 f"{tuple(value.shape)}: reconstruct with the run's model")
+            target.copy_(value)
+    return copied

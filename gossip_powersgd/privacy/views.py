@@ -1,0 +1,283 @@
+"""Recorded views: every message an honest-but-curious peer receives, saved as it was delivered.
+
+Threat model: a peer follows the protocol, does not collude, and sees exactly the bytes the
+transport delivers to it, plus what it legitimately knows: its own model, the factors it shares
+with each neighbour (PowerGossip), the seeds and compressor of the run (Choco, DeepSqueeze).
+
+`ViewRecorder(algorithm, directory, observe_every)` re-points the algorithm's communicator at a
+`RecordingCommunicator`, which passes every exchange through to the real transport unchanged (the
+transport still counts the bytes, once) and then copies what was delivered. Only `exchange` is
+recorded: collectives (the metric all-reduces, the all-reduce baselines) are not gossip messages.
+`ObserverHooks` does the same from inside `train(..., hooks=[...])` for the ranks it names.
+
+On-disk format, under `<run>/observed/rank-K/` (every file is `torch.save` of plain tensors,
+numbers, strings, lists and dicts, so `torch.load(path, weights_only=True)` reads it):
+
+    meta.pt            {"format": 1, "observer": K, "algorithm": name, "neighbors": [...],
+                        "observe_every": e, "shapes": [[...], ...], "dtype": "float32",
+                        + PowerGossip: "groups": [[indices, rows, cols, rank], ...],
+                                       "exact_indices": [...]
+                        + Choco / DeepSqueeze: "compressor": spelling, "seed": s}
+    step-00000012.pt   {"format": 1, "step": 12,
+                        "own": [tensor per parameter]   the observer's parameters when it sent
+                                                        the step's first message (its trajectory),
+                        "messages": [{"exchange": k (0-based within the step), "sender": j,
+                                      "kind": "right" | "left" | "" (PowerGossip half-step),
+                                      "tensor": the message exactly as delivered,
+                                      "factors": {"g": the factor of group g it was computed with,
+                                                  Q (batch, cols, r) on a right half-step, P
+                                                  (batch, rows, r) on a left one; PowerGossip only}},
+                                     ...]}
+
+`step` is the gossip step's 0-based index (`algorithm.steps` while it runs). Only steps with
+`step % observe_every == 0` are recorded, which bounds the size; `bytes_recorded` counts the bytes of
+the delivered messages kept (not the observer's own model or the factors).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+import torch
+
+from gossip_powersgd.algorithms.compressed import CompressedGossip
+from gossip_powersgd.algorithms.powergossip import PowerGossip
+from gossip_powersgd.comm.base import Tensor, nbytes
+from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
+from gossip_powersgd.utils import atomic_write
+
+__all__ = ["FORMAT", "ObservedView", "ObserverHooks", "RecordingCommunicator", "ViewRecorder",
+           "load_view", "observed_dir"]
+
+#: Version of the on-disk format described in the module docstring.
+FORMAT = 1
+
+
+def observed_dir(run_dir, rank: int) -> Path:
+    """Where rank `rank`'s recorded view of run `run_dir` lives: `<run>/observed/rank-K`."""
+    return Path(run_dir) / "observed" / f"rank-{rank}"
+
+
+def check_observe_every(value) -> int:
+    """`value` as an int, refusing anything that is not an integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 1:
+        raise ValueError(f"observe_every must be an integer >= 1 (record every k-th step), got {value!r}")
+    return int(value)
+
+
+class RecordingCommunicator:
+    """A communicator that behaves exactly like `inner` and reports every completed exchange.
+
+    `exchange` runs the inner transport's (which checks, delivers and counts the bytes) and then
+    calls `listener(send, recv)` with the filled receive buffers; the listener must copy what it
+    keeps. Everything else (rank, neighbours, stats, collectives) is the inner communicator's.
+    """
+
+    def __init__(self, inner, listener: Callable[[Dict[int, Tensor], Dict[int, Tensor]], None]):
+        self.inner = inner
+        self.listener = listener
+
+    def exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
+        """`inner.exchange(send, recv)`, then the listener sees what was delivered."""
+        self.inner.exchange(send, recv)
+        if self.inner.neighbors:
+            self.listener(send, recv)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def __repr__(self) -> str:
+        return f"RecordingCommunicator({self.inner!r})"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def view_meta(algorithm, observe_every: int) -> Dict[str, Any]:
+    """What a reader of the view needs to decode its messages (see the module docstring)."""
+    comm = algorithm.comm
+    meta: Dict[str, Any] = {
+        "format": FORMAT, "observer": int(comm.rank), "algorithm": algorithm.name,
+        "neighbors": [int(j) for j in comm.neighbors], "observe_every": int(observe_every),
+        "shapes": [list(p.shape) for p in algorithm.params], "dtype": _dtype_name(algorithm.dtype),
+    }
+    if isinstance(algorithm, PowerGossip):
+        meta["groups"] = [[list(g.indices), g.rows, g.cols, g.rank] for g in algorithm._groups]
+        meta["exact_indices"] = [k for k in range(len(algorithm.params))
+                                 if k not in algorithm.compressed_indices]
+    if isinstance(algorithm, CompressedGossip):
+        meta["compressor"] = repr(algorithm.compressor)
+        meta["seed"] = int(algorithm.seed)
+    return meta
+
+
+class ViewRecorder:
+    """Record every message `algorithm`'s peer receives, on the steps `observe_every` selects.
+
+    Installs itself by replacing `algorithm.comm` with a `RecordingCommunicator` over it (what is
+    sent, received and counted does not change). Call `flush()` after each `algorithm.step()` (the
+    hook does) to write the step's record; `close()` writes what is pending. With `directory=None`
+    the records are kept in `records` instead of written.
+    """
+
+    def __init__(self, algorithm, directory=None, observe_every: int = 1):
+        self.algorithm = algorithm
+        self.observe_every = check_observe_every(observe_every)
+        self.directory = Path(directory) if directory is not None else None
+        self.records: List[Dict[str, Any]] = []
+        self.bytes_recorded = 0
+        self._pending: Optional[Dict[str, Any]] = None
+        self._exchanges = 0  # exchanges so far in the step being recorded
+        self.meta = view_meta(algorithm, self.observe_every)
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            _save(self.directory / "meta.pt", self.meta)
+        algorithm.comm = RecordingCommunicator(algorithm.comm, self._on_exchange)
+
+    def _on_exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
+        algorithm = self.algorithm
+        step = int(algorithm.steps)
+        if step % self.observe_every:
+            return
+        if self._pending is not None and self._pending["step"] != step:
+            self.flush()
+        if self._pending is None:
+            # The observer's own model before this step's gossip changes it: no algorithm updates
+            # its parameters before its first exchange of a step.
+            self._pending = {"format": FORMAT, "step": step, "messages": [],
+                             "own": [p.detach().cpu().clone() for p in algorithm.params]}
+            self._exchanges = 0
+        kind = ""
+        if isinstance(algorithm, PowerGossip):
+            kind = "right" if algorithm.half_steps % 2 == 1 else "left"
+        for j in algorithm.comm.neighbors:
+            message = {"exchange": self._exchanges, "sender": int(j), "kind": kind,
+                       "tensor": recv[j].detach().cpu().clone()}
+            if kind:
+                # The factor the products were computed with, as both ends of the edge hold it.
+                letter = "Q" if kind == "right" else "P"
+                factors = algorithm.factors(j)
+                message["factors"] = {str(g): factors[f"{g}.{letter}"].detach().cpu().clone()
+                                      for g in range(len(self.meta["groups"]))}
+            self._pending["messages"].append(message)
+            self.bytes_recorded += nbytes(recv[j])
+        self._exchanges += 1
+
+    def flush(self) -> None:
+        """Write (or keep) the record of the step in progress, if it has one."""
+        record, self._pending = self._pending, None
+        if record is None:
+            return
+        if self.directory is None:
+            self.records.append(record)
+        else:
+            _save(self.directory / f"step-{record['step']:08d}.pt", record)
+
+    def close(self) -> None:
+        """Flush, and give the algorithm its own communicator back."""
+        self.flush()
+        if isinstance(self.algorithm.comm, RecordingCommunicator):
+            self.algorithm.comm = self.algorithm.comm.inner
+
+
+def _save(path: Path, payload: Dict[str, Any]) -> None:
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    atomic_write(path, buffer.getvalue())
+
+
+class ObserverHooks(TrainingHooks):
+    """Record the views of the ranks in `observers` during `train(..., hooks=[ObserverHooks(...)])`.
+
+    Views go to `directory` (default `<out_dir>/observed/rank-K`, or kept in memory in
+    `recorder.records` when the run has no `out_dir`). Every rank runs the hook; only the observers
+    record. Each eval record gains `observed_bytes`: the message bytes this rank has recorded
+    (0 on the other ranks).
+    """
+
+    name = "observers"
+
+    def __init__(self, observers: Iterable[int], observe_every: int = 1, directory=None):
+        self.observers = sorted({int(k) for k in observers})
+        self.observe_every = check_observe_every(observe_every)
+        self.directory = directory
+        self.recorder: Optional[ViewRecorder] = None
+        self._restored_bytes = 0
+
+    def setup(self, context: SetupContext) -> None:
+        comm = context.comm
+        bad = [k for k in self.observers if not 0 <= k < comm.size]
+        if bad:
+            raise ValueError(f"observers {bad} are not ranks of this {comm.size}-peer run; "
+                             f"name ranks 0..{comm.size - 1}")
+        if comm.rank not in self.observers:
+            return
+        directory = self.directory
+        if directory is None and context.config.out_dir is not None:
+            directory = observed_dir(context.config.out_dir, comm.rank)
+        self.recorder = ViewRecorder(context.algorithm, directory, self.observe_every)
+
+    def after_gossip(self, step: int) -> None:
+        if self.recorder is not None:
+            self.recorder.flush()
+
+    @property
+    def bytes_recorded(self) -> int:
+        """Message bytes this rank recorded in this run, resumed parts included."""
+        mine = self.recorder.bytes_recorded if self.recorder is not None else 0
+        return self._restored_bytes + mine
+
+    def on_evaluation(self, record: Dict[str, Any]) -> Dict[str, Any]:
+        return {"observed_bytes": self.bytes_recorded}
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"bytes_recorded": self.bytes_recorded}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self._restored_bytes = int(state.get("bytes_recorded", 0))
+
+
+class ObservedView:
+    """A recorded view read back: `meta` and the step records in step order."""
+
+    def __init__(self, meta: Dict[str, Any], records: List[Dict[str, Any]]):
+        self.meta = meta
+        self.records = sorted(records, key=lambda r: r["step"])
+
+    @property
+    def steps(self) -> List[int]:
+        return [r["step"] for r in self.records]
+
+    def own_trajectory(self) -> Dict[int, List[Tensor]]:
+        """The observer's own parameters at each recorded step (before that step's gossip)."""
+        return {r["step"]: r["own"] for r in self.records}
+
+    def messages_from(self, sender: int) -> List[Dict[str, Any]]:
+        """`sender`'s messages in the order they arrived, each with its "step" added."""
+        if sender not in self.meta["neighbors"]:
+            raise ValueError(f"peer {sender} is not a neighbour of observer {self.meta['observer']} "
+                             f"(its neighbours: {self.meta['neighbors']})")
+        return [dict(m, step=r["step"]) for r in self.records for m in r["messages"]
+                if m["sender"] == sender]
+
+
+def load_view(source) -> ObservedView:
+    """Read a view: a `<run>/observed/rank-K` directory, or a `ViewRecorder` kept in memory."""
+    if isinstance(source, ViewRecorder):
+        return ObservedView(source.meta, list(source.records))
+    directory = Path(source)
+    meta_path = directory / "meta.pt"
+    if not meta_path.is_file():
+        raise ValueError(f"{directory} holds no recorded view (no meta.pt): record one with "
+                         "ObserverHooks or ViewRecorder")
+    meta = torch.load(meta_path, weights_only=True)
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{meta_path} has view format {meta.get('format')!r}; this version reads "
+                         f"format {FORMAT}")
+    records = [torch.load(directory / name, weights_only=True)
+               for name in sorted(os.listdir(directory)) if name.startswith("step-")]
+    return ObservedView(meta, records)
