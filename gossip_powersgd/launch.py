@@ -36,6 +36,19 @@ def mpi_world() -> Tuple[int, int]:
     return mpi.COMM_WORLD.Get_rank(), mpi.COMM_WORLD.Get_size()
 
 
+def torch_world() -> Tuple[int, int]:
+    """(rank, size) of the default torch.distributed group when one is running, else (0, 1)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
+def launched_by_torchrun() -> bool:
+    """True when torchrun (or a launcher setting its variables by hand) started this process."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
 def launched_by_mpiexec() -> bool:
     """True when this process is one rank of an mpiexec/mpirun job (MPICH, Open MPI, Slurm PMI)."""
     markers = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
@@ -43,20 +56,26 @@ def launched_by_mpiexec() -> bool:
 
 
 #: The transports `run_peers` knows, by the name the CLIs and configs use.
-BACKENDS = ("local", "mpi")
+BACKENDS = ("local", "mpi", "torch")
 
 
 def resolve_backend(backend: Optional[str]) -> str:
     """`backend`, or for None / "auto" the one this process was started for: "mpi" under mpiexec
-    with more than one rank, else "local". An MPI backend outside mpiexec (or a local one inside a
-    multi-rank job) is refused with the command that works."""
+    with more than one rank, "torch" under torchrun, else "local". A backend whose launcher is
+    missing (or a local one inside a multi-rank job) is refused with the command that works."""
     if backend in (None, "auto"):
-        return "mpi" if launched_by_mpiexec() and _mpi_world_size() > 1 else "local"
+        if launched_by_mpiexec() and _mpi_world_size() > 1:
+            return "mpi"
+        return "torch" if launched_by_torchrun() else "local"
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}, auto")
     if backend == "mpi" and not launched_by_mpiexec():
         raise ValueError("backend mpi needs mpiexec: mpiexec -n N python -m ... (N = the "
                          "topology's size), or use backend local")
+    if backend == "torch" and not (launched_by_torchrun() or launched_by_mpiexec()):
+        raise ValueError("backend torch needs a launcher: torchrun --nproc-per-node N python -m "
+                         "... or mpiexec -n N python -m ... (N = the topology's size), or use "
+                         "backend local")
     if backend == "local" and launched_by_mpiexec() and _mpi_world_size() > 1:
         raise ValueError("backend local runs every peer in one process: do not launch it under "
                          "mpiexec with more than one rank (or use backend mpi)")
@@ -75,16 +94,19 @@ def run_peers(topology, fn: Callable[..., Any], *args, backend: Optional[str] = 
 
     backend "local": every peer is a thread of this process (`LocalCluster`); the dict holds every
     rank's value. backend "mpi": this process is one rank of an mpiexec job (`MPICommunicator` on
-    COMM_WORLD, whose size must be the topology's); the dict holds this rank's value only, so
+    COMM_WORLD, whose size must be the topology's); backend "torch": one process of a torchrun (or
+    mpiexec) job (`TorchCommunicator`, gloo on the CPU); the dict then holds this rank's value only, so
     `results.get(0)` is rank 0's value on rank 0 and None elsewhere, under either backend. None or
     "auto" picks the backend this process was launched for (see `resolve_backend`). `timeout` is the
     communicator's (seconds a peer may wait for a message).
     """
     backend = resolve_backend(backend)
-    if backend == "mpi":
-        from .comm.mpi import MPICommunicator
-
-        comm = MPICommunicator(topology, timeout=timeout)
+    if backend in ("mpi", "torch"):
+        if backend == "mpi":
+            from .comm.mpi import MPICommunicator as Transport
+        else:
+            from .comm.torch import TorchCommunicator as Transport
+        comm = Transport(topology, timeout=timeout)
         return {comm.rank: fn(comm, *args, **kwargs)}
     from .comm.local import LocalCluster
 
@@ -103,10 +125,17 @@ def error_line(exc: BaseException) -> str:
 
 def report_and_exit(exc: BaseException, code: int = 1) -> None:
     rank, size = mpi_world()
+    torch_rank, torch_size = torch_world()
+    if size == 1 and torch_size > 1:
+        rank, size = torch_rank, torch_size
     prefix = f"error (rank {rank}): " if size > 1 else "error: "
     if not isinstance(exc, EXPECTED_ERRORS) or os.environ.get("GOSSIP_TRACEBACK"):
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     print(prefix + error_line(exc), file=sys.stderr, flush=True)
+    if torch_size > 1 and mpi_world()[1] == 1:
+        from .comm.torch import exit_after_peers
+
+        exit_after_peers(code)
     if size > 1:
         from .comm.mpi import exit_or_abort
 

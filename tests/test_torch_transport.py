@@ -151,3 +151,34 @@ def test_no_launcher_environment_is_one_line():
     assert process.stderr.strip() == ("error (rank ?): backend torch needs a launcher: torchrun "
                                       "--nproc-per-node N python -m ... or mpiexec -n N python -m ... "
                                       "(N = the topology's size); RANK and WORLD_SIZE are not set")
+
+
+def test_training_under_torchrun_equals_the_local_backend(tmp_path):
+    """`backend: torch` through the training CLI: the same models, bit for bit, as in one process."""
+    import json
+
+    from experiments.train import run
+
+    tiny = ROOT / "experiments" / "configs" / "tiny.yaml"
+    local = run(["--config", str(tiny), "--quiet", "--set", f"out_dir={tmp_path / 'local'}",
+                 "--set", "epochs=1"])
+    result = run_torchrun(4, ["-m", "experiments.train", "--config", tiny, "--quiet", "--set",
+                              "backend=torch", "--set", f"out_dir={tmp_path / 'torch'}", "--set",
+                              "epochs=1"], timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "torch" / "summary.json").read_text())
+    assert summary["model_sha256"] == local["model_sha256"]
+    assert summary["mb_sent_per_peer"] == local["mb_sent_per_peer"]
+
+
+def test_backend_torch_without_a_launcher_is_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.train", "--config",
+         str(ROOT / "experiments" / "configs" / "tiny.yaml"), "--set", "backend=torch",
+         "--set", f"out_dir={tmp_path / 'run'}"], capture_output=True, text=True, env=_env(), cwd=ROOT,
+        timeout=120)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == ["error: backend torch runs one peer per process: launch with torchrun "
+                     "--nproc-per-node 4 -m experiments.train ..., or use --set backend=local"]
+    assert not (tmp_path / "run").exists()

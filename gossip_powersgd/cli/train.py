@@ -100,27 +100,9 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
 
     torch.set_num_threads(config.threads)
     resume = args.resume is not None
-    if config.backend == "mpi":
-        if not launched_by_mpiexec():
-            try:
-                n = resolve_topology(config).size
-            except ValueError:
-                n = "N"
-            raise ValueError(f"backend mpi runs one peer per MPI rank: launch with mpiexec -n {n} "
-                             f"{Path(sys.executable).name} -m {module} ..., or use "
-                             "--set backend=local")
-        if config.peers is not None and config.peers != world_size:
-            raise ValueError(f"peers is {config.peers} but mpiexec started {world_size} ranks: "
-                             f"run mpiexec -n {config.peers}")
-        topology = resolve_topology(config, world_size=world_size)
-        if topology.size != world_size:
-            raise ValueError(f"topology {config.topology!r} has {topology.size} peers but mpiexec "
-                             f"started {world_size} ranks: run mpiexec -n {topology.size}")
-        config = config.replace(peers=topology.size)
-        from gossip_powersgd import MPICommunicator
-
-        comm = MPICommunicator(topology, timeout=config.comm_timeout)
-        summary = train(comm, config, resume=resume)
+    if config.backend in ("mpi", "torch"):
+        comm = _launched_communicator(config, world_size, module)
+        summary = train(comm, config.replace(peers=comm.size), resume=resume)
     else:
         if world_size > 1:
             raise ValueError(f"backend local runs every peer as a thread of one process; do not "
@@ -135,6 +117,50 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
         print(format_summary(summary))
         print(f"run directory: {config.out_dir}", flush=True)
     return summary
+
+
+def _launched_communicator(config, mpi_world_size: int, module: str):
+    """This process's communicator for a launched backend (mpi: mpiexec; torch: torchrun or
+    mpiexec), after checking that the launcher started as many processes as the topology has."""
+    from gossip_powersgd.training.config import resolve_topology
+
+    if config.backend == "mpi":
+        launcher, ok, world_size = "mpiexec", launched_by_mpiexec(), mpi_world_size
+    else:
+        from gossip_powersgd.launch import launched_by_torchrun
+
+        launcher, ok = "torchrun", launched_by_torchrun() or launched_by_mpiexec()
+        world_size = None
+        if ok:
+            from gossip_powersgd.comm.torch import launcher_environment
+
+            world_size = launcher_environment()[1]
+    if not ok:
+        try:
+            n = resolve_topology(config).size
+        except ValueError:
+            n = "N"
+        how = (f"mpiexec -n {n} {Path(sys.executable).name} -m {module} ..." if launcher == "mpiexec"
+               else f"torchrun --nproc-per-node {n} -m {module} ...")
+        unit = "MPI rank" if launcher == "mpiexec" else "process"
+        raise ValueError(f"backend {config.backend} runs one peer per {unit}: launch with {how}, "
+                         "or use --set backend=local")
+    if config.peers is not None and config.peers != world_size:
+        raise ValueError(f"peers is {config.peers} but {launcher} started {world_size} processes: "
+                         f"start {config.peers}")
+    topology = resolve_topology(config, world_size=world_size)
+    if topology.size != world_size:
+        raise ValueError(f"topology {config.topology!r} has {topology.size} peers but {launcher} "
+                         f"started {world_size} processes: start {topology.size}")
+    if config.backend == "mpi":
+        from gossip_powersgd import MPICommunicator
+
+        return MPICommunicator(topology, timeout=config.comm_timeout)
+    from gossip_powersgd.comm.torch import TorchCommunicator
+    from gossip_powersgd.training.trainer import resolve_device
+
+    device = resolve_device(config.device, 0).type  # the GPU index comes from LOCAL_RANK
+    return TorchCommunicator(topology, device=device, timeout=config.comm_timeout)
 
 
 def main(argv: Optional[List[str]] = None, *, module: str = MODULE) -> None:

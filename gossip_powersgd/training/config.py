@@ -28,7 +28,7 @@ from .yaml_loader import strict_yaml_load
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine")
-BACKENDS = ("mpi", "local")
+BACKENDS = ("mpi", "local", "torch")
 _FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch
 _SEED_LIMIT = 2 ** 64  # torch.Generator.manual_seed's range
 
@@ -85,7 +85,9 @@ class TrainConfig:
     out_dir: Optional[str] = None
     #: Write a checkpoint every this many epochs, and at the end (0 = never).
     checkpoint_every: int = 1
-    #: Transport: mpi (one peer per MPI rank, launch with mpiexec) | local (one thread per peer).
+    #: Transport: mpi (one peer per MPI rank, launch with mpiexec) | local (one thread per peer) |
+    #: torch (torch.distributed, one peer per process: torchrun --nproc-per-node N, gloo on the
+    #: CPU, NCCL with device cuda).
     backend: str = "local"
     #: Number of peers (local backend); None = the topology's size. Must match the topology.
     peers: Optional[int] = None
