@@ -32,6 +32,26 @@ Trainer-side bad inputs, below (each a one-line error on every rank, a non-zero 
  19 seed too large ................ test_a_huge_seed_is_blamed_on_the_seed
  20 unusable user model ........... test_an_unusable_user_model_is_one_line (frozen, meta, dtype,
                                     input size), test_batch_norm_on_a_one_sample_last_batch_is_told_...
+
+Reliability II items tested in other modules (same rules: one line, every rank, no hang):
+ 21 gamma outside the stable range  test_algorithm_inputs (exact refused naming the range, compressed
+                                    warned; a train() run gives one line on every rank);
+                                    test_topologies.test_stable_gamma_range_closed_forms
+ 22 Choco / DeepSqueeze with QSGD .. test_choco / test_deepsqueeze (qsgd:2 and qsgd:4 converge on
+                                    averaging after the 1 + omega rescaling)
+ 23 two threads on one communicator test_failures.test_a_second_exchange_in_flight_on_one_
+                                    communicator_is_an_error
+ 24 library path under MPI raises . test_failures.test_uncaught_exception_on_one_rank_ends_the_mpi_
+                                    job_promptly (mpiexec -n 4, the rank named, seconds not 120 s)
+ 25 Ctrl-C on the local backend ... test_failures.test_ctrl_c_on_the_local_backend_stops_every_peer_
+                                    and_exits_130
+ 26 memory runaways ............... test_topologies.test_oversized_topologies_are_refused_before_
+                                    allocation, ..._edge_list_id_typo_..., test_failures yaml alias
+                                    bomb / oversized file; label: 17 above
+ 27 poor messages ................. duplicate YAML keys (test_failures), duplicate algorithm
+                                    options and seed range (test_algorithm_inputs, test_specs),
+                                    LocalCluster("ring:4") (test_failures), OSError/MemoryError
+                                    one line (18 above)
 """
 
 from __future__ import annotations
