@@ -73,8 +73,8 @@ def test_compressed_gossip_warns_once_per_construction_about_an_unstable_gamma(w
 
 
 def test_training_with_an_unstable_exact_gamma_fails_with_the_same_line_on_every_rank():
-    """The config check cannot see the topology's range (it builds nothing), so the error comes from
-    building the algorithm, which every rank does before its first step."""
+    """The trainer checks exact gossip's γ against the communicator's topology before any collective,
+    so every rank raises the line itself (none is merely released as an aborted peer)."""
     config = load_config(TINY, ["algorithm=exact:gamma=3", "topology=ring:4", "quiet=true"], deep=False)
     messages = {}
 

@@ -290,10 +290,22 @@ def _checked_config(comm, config, resume: bool) -> TrainConfig:
     if wanted.size != comm.size or wanted.fingerprint != comm.topology.fingerprint:
         raise ValueError(f"config topology {config.topology!r} ({wanted.size} peers) is not the "
                          f"communicator's ({comm.size} peers)")
+    _check_exact_gamma(config.algorithm, wanted)
     comm.check_agreement("config", agreement_text(config))
     if resume and config.out_dir is None:
         raise ValueError("resume needs a run directory: set out_dir")
     return config
+
+
+def _check_exact_gamma(spec: str, topology) -> None:
+    """Exact gossip refuses a γ outside the topology's stable range when it is built; the same
+    check runs here, from the config alone, so that every rank reports it before any peer starts a
+    collective the others would never join."""
+    from ..algorithms import spec_gamma
+    from ..specs import split_spec
+
+    if split_spec(spec, "algorithm spec")[0] == "exact" and hasattr(topology, "check_gamma"):
+        topology.check_gamma(spec_gamma(spec, topology))
 
 
 def _build_run(comm, config: TrainConfig, hooks: HookList) -> _Run:
