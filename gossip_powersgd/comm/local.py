@@ -22,6 +22,47 @@ _POLL_SECONDS = 0.05
 _INTERRUPT_GRACE_SECONDS = 5.0
 
 
+class _Barrier:
+    """A reusable barrier whose completed rounds stay completed.
+
+    `threading.Barrier.abort()` also fails the threads of a round that has just completed but that
+    have not woken up yet, so a peer that failed right after a collective would turn its
+    neighbours' finished collective into an abort, and hide their own (identical) errors. Here a
+    waiter whose round completed returns normally even if the barrier is broken afterwards; a
+    timeout breaks it for everyone, as threading's does.
+    """
+
+    def __init__(self, parties: int):
+        self._cond = threading.Condition()
+        self._parties = parties
+        self._arrived = 0
+        self._round = 0
+        self._broken = False
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        with self._cond:
+            if self._broken:
+                raise threading.BrokenBarrierError
+            this_round = self._round
+            self._arrived += 1
+            if self._arrived == self._parties:
+                self._arrived = 0
+                self._round += 1
+                self._cond.notify_all()
+                return
+            self._cond.wait_for(lambda: self._round != this_round or self._broken, timeout)
+            if self._round != this_round:
+                return
+            self._broken = True
+            self._cond.notify_all()
+            raise threading.BrokenBarrierError
+
+    def abort(self) -> None:
+        with self._cond:
+            self._broken = True
+            self._cond.notify_all()
+
+
 class _Shared:
     """State the peers of one `run` share: mailboxes, a barrier for collectives, the abort flag."""
 
@@ -29,7 +70,7 @@ class _Shared:
         self.size = size
         self.mailboxes: Dict[tuple, "queue.SimpleQueue"] = {}
         self.mailbox_lock = threading.Lock()
-        self.barrier = threading.Barrier(size)
+        self.barrier = _Barrier(size)
         self.slots: List[Any] = [None] * size
         self.aborted = threading.Event()
         self.failed_rank: Optional[int] = None
