@@ -32,3 +32,30 @@ def consensus_distance(params: ParamsLike, comm) -> float:
 def parameter_average(params: ParamsLike, comm) -> torch.Tensor:
     """The average over peers of the flattened parameters, in float64 (collective, metric traffic)."""
     return comm.allreduce_(_flat64(params), op="mean", metric=True)
+
+
+def _step_degrees(graph) -> int:
+    """Sum over peers of the peers each sends to in one step's graph."""
+    if graph.is_directed:
+        return sum(graph.out_degrees)
+    return sum(len(graph.neighbors(i)) for i in range(graph.size))
+
+
+def mean_active_degree(topology, steps: int) -> float:
+    """Mean over peers and over steps 0..steps-1 of the neighbours a peer sends to in that step.
+
+    A static topology's mean degree (whatever `steps`); on a schedule the degree of each step's
+    graph, not of the union (so per-step traffic formulas stay honest); on a directed graph the
+    out-degree. A periodic schedule is summed over one period and its remainder.
+    """
+    if topology.period == 1 or steps <= 0:
+        return _step_degrees(topology.at(0)) / topology.size
+    period = topology.period
+    counted = min(steps, period) if period else steps
+    per_step = [_step_degrees(topology.at(t)) for t in range(counted)]
+    if period and steps > period:
+        full, rest = divmod(steps, period)
+        total = full * sum(per_step) + sum(per_step[:rest])
+    else:
+        total = sum(per_step)
+    return total / (topology.size * steps)

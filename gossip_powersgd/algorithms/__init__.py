@@ -7,6 +7,7 @@ from .choco import ChocoGossip
 from .deepsqueeze import DeepSqueeze
 from .exact import ExactGossip
 from .powergossip import PowerGossip
+from .pushsum import PushSum
 from .registry import (
     REGISTRY,
     algorithm_kwargs,
@@ -64,6 +65,9 @@ register("deepsqueeze", DeepSqueeze, {
     "seed": ("seed", parse_seed),
 }, "DeepSqueeze: error-compensated compressed gossip (gamma must be tuned), e.g. compressor=sign",
    gamma="tuned", label=_compressed_label("DeepSqueeze"))
+register("pushsum", PushSum, {},
+         "push-sum gossip for directed graphs (column-stochastic P, de-biased model x/w)",
+         label=lambda options: "push-sum")
 register("allreduce", AllReduce, {}, "exact all-reduce average of the parameters (centralized)",
          label=lambda options: "all-reduce")
 register("powersgd", PowerSGDAllReduce, {
@@ -73,7 +77,7 @@ register("powersgd", PowerSGDAllReduce, {
    label=_powersgd_label)
 
 __all__ = [
-    "GossipAlgorithm", "NonFiniteError", "ExactGossip", "PowerGossip", "ChocoGossip", "DeepSqueeze",
+    "GossipAlgorithm", "NonFiniteError", "ExactGossip", "PowerGossip", "PushSum", "ChocoGossip", "DeepSqueeze",
     "AllReduce", "PowerSGDAllReduce", "REGISTRY", "algorithm_kwargs", "algorithm_label",
     "describe_algorithms", "gamma_kind", "make_algorithm", "register", "spec_gamma", "with_option",
 ]

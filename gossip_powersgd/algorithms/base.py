@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Dict, Iterable, List, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -87,6 +87,20 @@ def warn_if_unstable_gamma(who: str, gamma: float, topology) -> None:
         warnings.warn(f"{who}: {exc}", UserWarning, stacklevel=3)
 
 
+def require_undirected(who: str, comm) -> None:
+    """Refuse a directed topology: the algorithm pairs every message with one coming back."""
+    if comm.is_directed:
+        raise ValueError(f"{who} needs symmetric edges, but the topology {comm.topology.name!r} is "
+                         "directed: use algorithm pushsum on directed graphs, or an undirected topology")
+
+
+def step_weights(comm, step: int) -> Tuple[Tuple[int, ...], List[float]]:
+    """The neighbours of `step` and their weights W(step)[i, j], in neighbour order."""
+    graph = comm.topology_at(step)
+    neighbors = tuple(graph.neighbors(comm.rank))
+    return neighbors, [graph.weight(comm.rank, j) for j in neighbors]
+
+
 class GossipAlgorithm:
     """Base class: holds the parameters (updated in place) and the communicator.
 
@@ -152,8 +166,9 @@ class GossipAlgorithm:
         self.steps = int(state["steps"])
 
     # ---- helpers -----------------------------------------------------------------------------------
-    def _exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
-        """`comm.exchange`, refusing to send anything non-finite (a NaN would spread to everyone)."""
+    def _exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor],
+                  step: Optional[int] = None, directed: bool = False) -> None:
+        """`comm.exchange` (of `step`'s neighbours, or `comm.exchange_directed` for `directed`), refusing to send anything non-finite (a NaN would spread to everyone)."""
         checked = set()
         for buffer in send.values():
             if id(buffer) in checked:
@@ -162,7 +177,10 @@ class GossipAlgorithm:
             if buffer.is_floating_point() and not bool(torch.isfinite(buffer).all()):
                 self._raise_non_finite()
         start = time.perf_counter()
-        self.comm.exchange(send, recv)
+        if directed:
+            self.comm.exchange_directed(send, recv, step)
+        else:
+            self.comm.exchange(send, recv, step)
         self.time_communication += time.perf_counter() - start
 
     def _raise_non_finite(self) -> None:

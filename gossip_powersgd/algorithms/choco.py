@@ -15,6 +15,21 @@ arithmetic s_i = Σ_j W[i,j] x̂_j at all times, hence Σ_i (s_i − x̂_i) = 0 
 and the average of the models is preserved. With C = identity, x̂_i becomes the pre-round model and
 the round is exact gossip x_i += γ Σ_j W[i,j] (x_j − x_i), whatever γ.
 
+On a schedule (a graph W(t) per step, t the algorithm's step count) one public copy x̂_i is
+wrong: a neighbour that is idle in a round misses that round's q_i and its copy of x̂_i would stay
+behind for good. So the copies are kept per edge of the union graph: x̂_{i→j}, what j holds of x_i,
+and x̂_{j→i}, what i holds of x_j. In a round each active edge gets its own payload:
+
+    q_{i→j} = C(x_i − x̂_{i→j}),   x̂_{i→j} += q_{i→j},   x̂_{j→i} += q_{j→i}
+    x_i += γ Σ_{j active} W(t)[i,j] (x̂_{j→i} − x̂_{i→j})
+
+Both ends of an edge decode the same payloads, so each copy is the same bits at both ends. An
+idle edge's copies stay as they are until the edge comes back, and then the next payload is the
+difference to exactly what the other end still holds. Each active edge adds opposite terms at its
+two ends (W(t) symmetric), so the average is preserved; with C = identity the round is exact
+gossip with W(t). A peer without neighbours at step t skips the round. Static topologies keep the
+node-level form above (same bits as ever).
+
 Randomised compressors, the wire format and the required γ: see `algorithms.compressed`.
 """
 
@@ -25,7 +40,7 @@ from typing import Dict, Optional
 import torch
 
 from ..comm.base import Tensor
-from .base import ParamsLike
+from .base import ParamsLike, step_weights
 from .compressed import CompressedGossip
 
 
@@ -40,7 +55,8 @@ class ChocoGossip(CompressedGossip):
         seed: base of the compression keys (random-k, QSGD, low rank draw from them).
 
     Each tensor is compressed as a whole, in its own shape (low rank views a tensor as
-    shape[0] x rest). Extra memory: three model-sized buffers (x̂, s, one scratch).
+    shape[0] x rest). Extra memory: three model-sized buffers (x̂, s, one scratch); on a
+    schedule two per union neighbour (the copies of the edge) and two scratch.
     """
 
     name = "choco"
@@ -50,12 +66,25 @@ class ChocoGossip(CompressedGossip):
     def __init__(self, params: ParamsLike, comm, compressor=None, gamma: Optional[float] = None,
                  seed: int = 0):
         super().__init__(params, comm, compressor, gamma, seed)
+        self._scratch_flat, self._scratch = self._flat_state()
+        if not comm.is_static:
+            self._edge_state(comm.neighbors)
+            return
         self._self_weight = comm.topology.weight(comm.rank, comm.rank)
         self.x_hat, self._x_hat = self._flat_state()
         self.s, self._s = self._flat_state()
-        self._scratch_flat, self._scratch = self._flat_state()
+
+    def _edge_state(self, neighbors) -> None:
+        """The per-edge copies of a schedule run (see the module docstring)."""
+        self.x_hat_out = {j: self._flat_state() for j in neighbors}  # x̂_{i→j}: flat, views
+        self.x_hat_in = {j: self._flat_state()[0] for j in neighbors}  # x̂_{j→i}
+        self._edge_send = {j: torch.zeros_like(self._messages.send) for j in neighbors}
+        self._mix_flat, self._mix = self._flat_state()
 
     def _step(self) -> None:
+        if not self.comm.is_static:
+            self._scheduled_step()
+            return
         q = self._scratch
         # q_i = C(x_i - x̂_i), encoded once for every neighbour.
         for x, x_hat, diff in zip(self.params, self._x_hat, q):
@@ -71,5 +100,35 @@ class ChocoGossip(CompressedGossip):
         for x, update in zip(self.params, q):
             x.add_(update, alpha=self.gamma)
 
+    def _scheduled_step(self) -> None:
+        step = self.steps
+        neighbors, weights = step_weights(self.comm, step)
+        if not neighbors:
+            return
+        q, q_flat, messages, me = self._scratch, self._scratch_flat, self._messages, self.comm.rank
+        for j in neighbors:
+            x_hat_flat, x_hat = self.x_hat_out[j]
+            for x, x_hat_t, diff in zip(self.params, x_hat, q):
+                torch.sub(x.detach(), x_hat_t, out=diff)
+            if not bool(torch.isfinite(q_flat).all()):
+                self._raise_non_finite()
+            messages.encode(q, step, me)
+            self._edge_send[j].copy_(messages.send)
+            messages.decode(messages.send_views, q, step, me)  # what j decodes of it
+            x_hat_flat.add_(q_flat)
+        self._exchange({j: self._edge_send[j] for j in neighbors},
+                       {j: messages.recv[j] for j in neighbors}, step)
+        mix = self._mix_flat.zero_()
+        for j, w in zip(neighbors, self._decode_neighbors(q, neighbors, weights)):
+            self.x_hat_in[j].add_(q_flat)
+            mix.add_(self.x_hat_in[j], alpha=w)
+            mix.add_(self.x_hat_out[j][0], alpha=-w)
+        for x, update in zip(self.params, self._mix):
+            x.add_(update, alpha=self.gamma)
+
     def state_buffers(self) -> Dict[str, Tensor]:
+        if not self.comm.is_static:
+            state = {f"x_hat_out.{j}": flat for j, (flat, _) in self.x_hat_out.items()}
+            state.update({f"x_hat_in.{j}": flat for j, flat in self.x_hat_in.items()})
+            return state
         return {"x_hat": self.x_hat, "s": self.s}

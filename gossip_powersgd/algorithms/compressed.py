@@ -30,7 +30,7 @@ import torch
 from ..comm.base import Tensor
 from ..compressors import Compressor, parse_compressor
 from ..specs import check_seed
-from .base import GossipAlgorithm, ParamsLike, warn_if_unstable_gamma
+from .base import GossipAlgorithm, ParamsLike, require_undirected, warn_if_unstable_gamma
 
 _INT63 = 0x7FFF_FFFF_FFFF_FFFF
 
@@ -138,12 +138,16 @@ class CompressedGossip(GossipAlgorithm):
 
     def __init__(self, params: ParamsLike, comm, compressor=None, gamma: Optional[float] = None,
                  seed: int = 0):
+        require_undirected(type(self).__name__, comm)
         super().__init__(params, comm)
         self.compressor, self.gamma, self.seed = compressed_gossip_arguments(
             self._who, self.name, self.example_compressor, compressor, gamma, seed)
-        warn_if_unstable_gamma(self._who, self.gamma, comm.topology)
         me, neighbors = comm.rank, comm.neighbors
-        self._weights = [comm.topology.weight(me, j) for j in neighbors]
+        if comm.is_static:
+            warn_if_unstable_gamma(self._who, self.gamma, comm.topology)
+            self._weights = [comm.topology.weight(me, j) for j in neighbors]
+        else:
+            self._weights = None  # W(t)'s, looked up every step
         self._messages = CompressedMessages(self.compressor, [t.shape for t in self.params],
                                             self.dtype, self.device, neighbors, self.seed)
         comm.check_agreement(f"{self.config_name} configuration",
@@ -158,29 +162,39 @@ class CompressedGossip(GossipAlgorithm):
         return flat_state(self.params, self.dtype, self.device)
 
     # ---- the wire --------------------------------------------------------------------------------
-    def _send_compressed(self, flat: Tensor, tensors: Sequence[Tensor]) -> None:
-        """Encode `tensors` (views of `flat`) once and send the payload to every neighbour; refuse
-        to if `flat` holds a NaN or an infinity (the payload is bytes, `_exchange` cannot tell)."""
+    def _send_compressed(self, flat: Tensor, tensors: Sequence[Tensor],
+                         neighbors: Optional[Sequence[int]] = None, step: Optional[int] = None) -> None:
+        """Encode `tensors` (views of `flat`) once and send the payload to every neighbour (of
+        `step`, when given: then `neighbors` are that step's); refuse to if `flat` holds a NaN or
+        an infinity (the payload is bytes, `_exchange` cannot tell)."""
         if not bool(torch.isfinite(flat).all()):
             self._raise_non_finite()
         messages = self._messages
         messages.encode(tensors, self.steps, self.comm.rank)
-        self._exchange({j: messages.send for j in self.comm.neighbors}, messages.recv)
+        neighbors = self.comm.neighbors if neighbors is None else neighbors
+        self._exchange({j: messages.send for j in neighbors},
+                       {j: messages.recv[j] for j in neighbors}, step)
 
     def _decode_own(self, outs: Sequence[Tensor]) -> None:
         """Decode this peer's own payload into `outs`: exactly what its neighbours decode of it."""
         self._messages.decode(self._messages.send_views, outs, self.steps, self.comm.rank)
 
-    def _decode_neighbors(self, outs: Sequence[Tensor]) -> Iterator[float]:
+    def _decode_neighbors(self, outs: Sequence[Tensor], neighbors: Optional[Sequence[int]] = None,
+                          weights: Optional[Sequence[float]] = None) -> Iterator[float]:
         """Decode each neighbour's payload into `outs` in turn, in neighbour order (deterministic
-        sums), yielding its weight W[i, j] while `outs` holds it."""
-        for j, w in zip(self.comm.neighbors, self._weights):
+        sums), yielding its weight W[i, j] while `outs` holds it (the static neighbours and
+        weights, unless a step's are given)."""
+        if neighbors is None:
+            neighbors, weights = self.comm.neighbors, self._weights
+        for j, w in zip(neighbors, weights):
             self._messages.decode(self._messages.recv_views[j], outs, self.steps, j)
             yield w
 
     # ---- accounting and state ------------------------------------------------------------------
     def bytes_per_step(self) -> int:
-        return len(self.comm.neighbors) * self._messages.nbytes
+        """Bytes of the next `step()`: one payload to each of that step's neighbours."""
+        degree = len(self.comm.neighbors if self.comm.is_static else self.comm.neighbors_at(self.steps))
+        return degree * self._messages.nbytes
 
     @property
     def payload_bytes(self) -> int:

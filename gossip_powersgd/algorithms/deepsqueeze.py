@@ -24,6 +24,11 @@ is the only source of drift.
 Unlike Choco, DeepSqueeze compresses v_i ≈ x_i rather than a difference that vanishes at
 consensus, so with a biased compressor the models reach a neighbourhood of consensus whose size
 shrinks with γ, not exact consensus. γ must be tuned; it has no default.
+
+On a schedule, step t (the algorithm's step count) mixes with W(t) over that step's neighbours.
+DeepSqueeze keeps nothing per neighbour (only c_j of the current round is used), so an idle edge
+simply contributes nothing, and average preservation holds for every step's symmetric W(t). A peer
+without neighbours at step t skips the round: it compresses nothing and keeps its error memory.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from typing import Dict, Optional
 import torch
 
 from ..comm.base import Tensor
-from .base import ParamsLike
+from .base import ParamsLike, step_weights
 from .compressed import CompressedGossip
 
 
@@ -57,25 +62,34 @@ class DeepSqueeze(CompressedGossip):
     def __init__(self, params: ParamsLike, comm, compressor=None, gamma: Optional[float] = None,
                  seed: int = 0):
         super().__init__(params, comm, compressor, gamma, seed)
-        self._out_weight = sum(self._weights)  # 1 - W[i,i], as the neighbours' weights sum
+        # 1 - W[i,i], as the neighbours' weights sum (per step on a schedule)
+        self._out_weight = sum(self._weights) if self._weights is not None else None
         self.error, self._error = self._flat_state()
         self._v_flat, self._v = self._flat_state()
         self._c_flat, self._c = self._flat_state()
         self._mix_flat, self._mix = self._flat_state()
 
     def _step(self) -> None:
+        if self.comm.is_static:
+            step, neighbors, weights, out_weight = None, None, None, self._out_weight
+        else:
+            step = self.steps
+            neighbors, weights = step_weights(self.comm, step)
+            out_weight = sum(weights)
+            if not neighbors:
+                return
         # v_i = x_i + δ_i, compressed once for every neighbour
         for x, error, v in zip(self.params, self._error, self._v):
             torch.add(x.detach(), error, out=v)
-        self._send_compressed(self._v_flat, self._v)
+        self._send_compressed(self._v_flat, self._v, neighbors, step)
         # c_i = C(v_i) as the neighbours decode it; δ_i = v_i - c_i
         self._decode_own(self._c)
         torch.sub(self._v_flat, self._c_flat, out=self.error)
         # x_i += gamma * (sum_j W_ij c_j - (sum_j W_ij) c_i), neighbours in order; v is scratch now
         mix = self._mix_flat.zero_()
-        for w in self._decode_neighbors(self._v):
+        for w in self._decode_neighbors(self._v, neighbors, weights):
             mix.add_(self._v_flat, alpha=w)
-        mix.add_(self._c_flat, alpha=-self._out_weight)
+        mix.add_(self._c_flat, alpha=-out_weight)
         for x, update in zip(self.params, self._mix):
             x.add_(update, alpha=self.gamma)
 

@@ -1,4 +1,8 @@
-"""Exact (uncompressed) gossip: x_i <- x_i + gamma * sum_j W[i,j] (x_j - x_i)."""
+"""Exact (uncompressed) gossip: x_i <- x_i + gamma * sum_j W[i,j] (x_j - x_i).
+
+On a schedule the weights of step t are W(t)'s, t being the algorithm's own step count (so a
+resumed run continues on the right graph); a peer without neighbours at t leaves its model alone.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,16 @@ from typing import Dict, Optional, Sequence
 import torch
 
 from ..comm.base import Tensor
-from .base import FlatParams, GossipAlgorithm, ParamsLike
+from .base import FlatParams, GossipAlgorithm, ParamsLike, require_undirected, step_weights
 
 
 def resolve_gamma(gamma: Optional[float], comm) -> float:
-    """`None` means the topology's consensus step 2/(lambda_min + lambda_max) of I - W."""
-    value = comm.topology.gamma if gamma is None else float(gamma)
+    """`None` means the topology's consensus step 2/(lambda_min + lambda_max) of I - W; on a
+    schedule (whose W changes every step) it means 1, plain mixing with each step's W."""
+    if gamma is None:
+        value = comm.topology.gamma if comm.is_static else 1.0
+    else:
+        value = float(gamma)
     if not value > 0:
         raise ValueError(f"gamma must be > 0, got {gamma}")
     return value
@@ -31,34 +39,44 @@ def mix_exact(x: Tensor, received: Sequence[Tensor], weights: Sequence[float], g
 class ExactGossip(GossipAlgorithm):
     """Every peer sends its whole model to each neighbour, all tensors packed in one message.
 
-    gamma = 1 is plain mixing with W; gamma=None uses the topology's optimal step (`topology.gamma`).
-    An explicit gamma outside the stable range (0, `topology.gamma_stable_max`) is refused with
-    `Topology.check_gamma`'s error: exact gossip would diverge with it.
+    gamma = 1 is plain mixing with W; gamma=None uses the topology's optimal step (`topology.gamma`),
+    or 1 on a schedule. An explicit gamma outside the stable range (0, `topology.gamma_stable_max`)
+    of a static topology is refused with `Topology.check_gamma`'s error: exact gossip would
+    diverge with it. Directed topologies are refused (use push-sum).
     """
 
     name = "exact"
 
     def __init__(self, params: ParamsLike, comm, gamma: Optional[float] = None):
         # Checked before the collective set-up, so that every rank raises this error itself.
+        require_undirected("exact gossip", comm)
         self.gamma = resolve_gamma(gamma, comm)
-        if gamma is not None:
+        if gamma is not None and comm.is_static:
             comm.topology.check_gamma(self.gamma)
         super().__init__(params, comm)
         self._flat = FlatParams(self.params)
         self._recv = {j: torch.empty_like(self._flat.buffer) for j in comm.neighbors}
-        self._weights = [comm.topology.weight(comm.rank, j) for j in comm.neighbors]
+        self._weights = ([comm.topology.weight(comm.rank, j) for j in comm.neighbors]
+                         if comm.is_static else None)
         self._mix = torch.empty_like(self._flat.buffer)
 
     def _step(self) -> None:
-        if not self.comm.neighbors:
+        if self.comm.is_static:
+            neighbors, weights, step = self.comm.neighbors, self._weights, None
+        else:
+            step = self.steps
+            neighbors, weights = step_weights(self.comm, step)
+        if not neighbors:
             return
         x = self._flat.pack()
-        self._exchange({j: x for j in self.comm.neighbors}, self._recv)
-        mix_exact(x, [self._recv[j] for j in self.comm.neighbors], self._weights, self.gamma, self._mix)
+        self._exchange({j: x for j in neighbors}, {j: self._recv[j] for j in neighbors}, step)
+        mix_exact(x, [self._recv[j] for j in neighbors], weights, self.gamma, self._mix)
         self._flat.unpack()
 
     def bytes_per_step(self) -> int:
-        return len(self.comm.neighbors) * self._flat.buffer.numel() * self._flat.buffer.element_size()
+        """Bytes of the next `step()`: the whole model to each of that step's neighbours."""
+        degree = len(self.comm.neighbors if self.comm.is_static else self.comm.neighbors_at(self.steps))
+        return degree * self._flat.buffer.numel() * self._flat.buffer.element_size()
 
     def state_dict(self) -> Dict[str, object]:
         return {"steps": self.steps, "gamma": self.gamma}

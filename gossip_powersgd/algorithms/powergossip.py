@@ -23,6 +23,16 @@ products) runs on tensors whose shape is the same at both ends, so both ends com
 Tensors with one dimension, and any tensor whose low-rank form would not be smaller (PyTorch's
 `min_compression_rate` rule), are gossiped exactly, once per `step()`, in the first half-step's
 message and with the same gamma.
+
+On a schedule (a graph per step t, t being this algorithm's own step count) the state is kept per
+edge of the union graph: each edge's factors, generator and its own half-step counter (which side
+comes next). At step t only the edges of W(t) take part, with the weights W(t)[i, j]; an idle edge's
+factors and counter stay as they are, so when the edge comes back its power iteration resumes from
+its last factor, on the side it had reached. A union edge is seeded at construction exactly as a
+static edge is. Both ends of an edge see the same history, so they agree on its counter and
+factors, and each active edge still adds +U and -U at its ends: the average is preserved exactly.
+The batched path gathers the active edges' factors and multiplies them together, per side.
+The default gamma on a schedule is 1 (plain mixing with each step's W).
 """
 
 from __future__ import annotations
@@ -35,7 +45,8 @@ import torch
 
 from ..comm.base import Tensor
 from ..specs import check_seed
-from .base import FlatParams, GossipAlgorithm, ParamsLike, load_tensors_, warn_if_unstable_gamma
+from .base import (FlatParams, GossipAlgorithm, ParamsLike, load_tensors_, require_undirected,
+                   step_weights, warn_if_unstable_gamma)
 from .exact import mix_exact, resolve_gamma
 from .lowrank import MatrixStack, matrix_stacks, orthonormalize_
 
@@ -98,6 +109,7 @@ class PowerGossip(GossipAlgorithm):
     def __init__(self, params: ParamsLike, comm, rank: int = 1, num_iterations: int = 1,
                  gamma: Optional[float] = None, warm_start: bool = True, seed: int = 0,
                  min_compression_rate: float = 1.0, batch_neighbors: bool = True):
+        require_undirected("PowerGossip", comm)
         super().__init__(params, comm)
         if int(rank) != rank or rank < 1:
             raise ValueError(f"rank must be an integer >= 1, got {rank}")
@@ -108,7 +120,7 @@ class PowerGossip(GossipAlgorithm):
         self.rank = int(rank)
         self.num_iterations = int(num_iterations)
         self.gamma = resolve_gamma(gamma, comm)
-        if gamma is not None:
+        if gamma is not None and comm.is_static:
             warn_if_unstable_gamma("PowerGossip", self.gamma, comm.topology)
         self.warm_start = bool(warm_start)
         self.seed = check_seed(seed)
@@ -117,7 +129,11 @@ class PowerGossip(GossipAlgorithm):
         self.half_steps = 0
 
         me, neighbors = comm.rank, comm.neighbors
-        self._weights = [comm.topology.weight(me, j) for j in neighbors]
+        # Static weights; on a schedule they are W(t)'s, looked up every step.
+        self._weights = [comm.topology.weight(me, j) for j in neighbors] if comm.is_static else None
+        #: Per union edge, the half-steps it has taken (schedules only: on a static topology every
+        #: edge is always active and `half_steps` is every edge's counter).
+        self._edge_half_steps = None if comm.is_static else {j: 0 for j in neighbors}
         # +1 at the smaller end of an edge, -1 at the larger: opposite updates preserve the average.
         self._signs = [1.0 if me < j else -1.0 for j in neighbors]
         self._generators = {j: torch.Generator(device="cpu").manual_seed(edge_seed(self.seed, me, j))
@@ -167,7 +183,8 @@ class PowerGossip(GossipAlgorithm):
         neighbors = self.comm.neighbors
         deg = len(neighbors)
         # sigma * gamma * W[i, j] per factor vector, to scale all neighbours' P in one multiply
-        scales = [self._signs[n] * self.gamma * self._weights[n] for n in range(deg)]
+        weights = self._weights if self._weights is not None else [0.0] * deg
+        scales = [self._signs[n] * self.gamma * weights[n] for n in range(deg)]
         for group in self._groups:
             b, rows, cols, r = group.batch, group.rows, group.cols, group.rank
             new = lambda *shape: torch.zeros(shape, dtype=self.dtype, device=self.device)  # noqa: E731
@@ -215,6 +232,9 @@ class PowerGossip(GossipAlgorithm):
 
     # ---- the algorithm -------------------------------------------------------------------------
     def _step(self) -> None:
+        if not self.comm.is_static:
+            self._scheduled_step()
+            return
         if not self.comm.neighbors:
             self.half_steps += self.num_iterations
             return
@@ -283,16 +303,111 @@ class PowerGossip(GossipAlgorithm):
             mix_exact(x, received, self._weights, self.gamma, self._exact_scratch)
             self._exact.unpack()
 
+    # ---- on a schedule ---------------------------------------------------------------------------
+    def _edge_side(self, j: int, ahead: int = 1) -> str:
+        """The side of edge j's half-step `ahead` half-steps from now (odd counts are right)."""
+        return "right" if (self._edge_half_steps[j] + ahead) % 2 == 1 else "left"
+
+    def _scheduled_step(self) -> None:
+        step = self.steps
+        active, weights = step_weights(self.comm, step)
+        self.half_steps += self.num_iterations
+        if not active:
+            return
+        self._check_homes()
+        positions = [self.comm.neighbors.index(j) for j in active]
+        for iteration in range(self.num_iterations):
+            for j in active:
+                self._edge_half_steps[j] += 1
+            self._scheduled_half_step(step, active, positions, weights, with_exact=iteration == 0)
+
+    def _rows(self, g: _EdgeFactors, positions: List[int]) -> Tensor:
+        """Indices of the factor vectors of the union neighbours at `positions`, block by block."""
+        r = g.rank
+        return torch.tensor([n * r + k for n in positions for k in range(r)], device=self.device)
+
+    def _scheduled_half_step(self, step: int, active, positions: List[int], weights: List[float],
+                             with_exact: bool) -> None:
+        sides = {j: self._edge_side(j, ahead=0) for j in active}
+        by_side = {side: [(n, j) for n, j in zip(positions, active) if sides[j] == side]
+                   for side in ("right", "left")}
+        has_exact = with_exact and self._exact is not None
+
+        # 1. Per side, orthonormalise the active edges' factors and multiply M by them together.
+        for index, g in enumerate(self._groups):
+            for side, edges in by_side.items():
+                if not edges:
+                    continue
+                right = side == "right"
+                factors = g.right if right else g.left
+                for n, j in edges:
+                    block = g.block(factors, n)
+                    if not self.warm_start:
+                        block.copy_(self._draw(j, block.shape))
+                    orthonormalize_(block)
+                sends = self._send_views[(index, side)]
+                matrix = g.matrices.transpose(1, 2) if right else g.matrices
+                if self.batch_neighbors:
+                    stacked = factors.index_select(1, self._rows(g, [n for n, _ in edges]))
+                    products = torch.bmm(stacked, matrix)
+                    for k, (_, j) in enumerate(edges):
+                        sends[j].copy_(products[:, k * g.rank:(k + 1) * g.rank, :])
+                else:
+                    for n, j in edges:
+                        torch.bmm(g.block(factors, n), matrix, out=sends[j])
+        if has_exact:
+            x = self._exact.pack()
+            for j in active:
+                self._send_views[("exact", sides[j])][j].copy_(x)
+
+        # 2. One message per active neighbour, sized for that edge's side.
+        numel = {j: self._message_numel[(sides[j], has_exact)] for j in active}
+        self._exchange({j: self._send[j][:numel[j]] for j in active},
+                       {j: self._recv[j][:numel[j]] for j in active}, step)
+
+        # 3. Both ends form the edge's new factor, then M += sum_j sigma_j gamma W(t)_ij P_j Q_j^T.
+        scales = {j: self._signs[n] * self.gamma * w for n, j, w in zip(positions, active, weights)}
+        for index, g in enumerate(self._groups):
+            for side, edges in by_side.items():
+                sends, recvs = self._send_views[(index, side)], self._recv_views[(index, side)]
+                new_factors = g.left if side == "right" else g.right
+                for n, j in edges:
+                    if self.comm.rank < j:
+                        torch.sub(recvs[j], sends[j], out=g.block(new_factors, n))
+                    else:
+                        torch.sub(sends[j], recvs[j], out=g.block(new_factors, n))
+            if self.batch_neighbors:
+                rows = self._rows(g, positions)
+                column = torch.tensor([scales[j] for j in active for _ in range(g.rank)],
+                                      dtype=self.dtype, device=self.device).view(1, -1, 1)
+                scaled = g.left.index_select(1, rows).mul_(column)
+                g.matrices.baddbmm_(scaled.transpose(1, 2), g.right.index_select(1, rows))
+            else:
+                for n, j in zip(positions, active):
+                    scaled = g.block(g.left, n) * scales[j]
+                    g.matrices.baddbmm_(scaled.transpose(1, 2), g.block(g.right, n))
+        if has_exact:
+            x = self._exact.buffer
+            received = [self._recv_views[("exact", sides[j])][j] for j in active]
+            mix_exact(x, received, weights, self.gamma, self._exact_scratch)
+            self._exact.unpack()
+
     # ---- accounting and state ------------------------------------------------------------------
     def bytes_per_step(self) -> int:
-        """Bytes this peer will send in its next `step()` (half-steps alternate right and left)."""
-        total, half = 0, self.half_steps
+        """Bytes this peer will send in its next `step()` (half-steps alternate right and left;
+        on a schedule, to the next step's neighbours, each edge on its own side)."""
         has_exact = self._exact is not None
+        size = torch.empty((), dtype=self.dtype).element_size()
+        if not self.comm.is_static:
+            total = sum(self._message_numel[(self._edge_side(j, ahead=1 + k), k == 0 and has_exact)]
+                        for j in self.comm.neighbors_at(self.steps) for k in range(self.num_iterations))
+            return total * size
+        total, half = 0, self.half_steps
         for iteration in range(self.num_iterations):
             half += 1
             side = "right" if half % 2 == 1 else "left"
             total += self._message_numel[(side, iteration == 0 and has_exact)]
-        return total * len(self.comm.neighbors) * torch.empty((), dtype=self.dtype).element_size()
+        return total * len(self.comm.neighbors) * size
 
     @property
     def compressed_indices(self) -> frozenset:
@@ -323,6 +438,8 @@ class PowerGossip(GossipAlgorithm):
             for name, tensor in self.factors(j).items():
                 state[f"factor.{j}.{name}"] = tensor.detach().cpu().clone()
             state[f"generator.{j}"] = self._generators[j].get_state()
+            if self._edge_half_steps is not None:
+                state[f"edge_half_steps.{j}"] = self._edge_half_steps[j]
         return state
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
@@ -335,5 +452,11 @@ class PowerGossip(GossipAlgorithm):
             load_tensors_("PowerGossip", state,
                           {f"factor.{j}.{name}": t for name, t in self.factors(j).items()})
             self._generators[j].set_state(state[f"generator.{j}"])
+            if self._edge_half_steps is not None:
+                key = f"edge_half_steps.{j}"
+                if key not in state:
+                    raise ValueError(f"PowerGossip state has no {key!r}: it was saved on a static "
+                                     "topology, and this run uses a schedule")
+                self._edge_half_steps[j] = int(state[key])
         self.steps = int(state["steps"])
         self.half_steps = int(state["half_steps"])

@@ -154,15 +154,30 @@ def describe_disagreement(what: str, digests: List[bytes]) -> str:
 
 
 def as_topology(topology, who: str):
-    """`topology` itself, or the Topology a spec string such as "ring:4" names."""
+    """`topology` itself, or the graph a spec string such as "ring:4" names.
+
+    Accepted: a static `Topology`, an undirected `Schedule`, a `DirectedTopology` or a
+    `DirectedSchedule` (anything with `at(t)`, `union`, `size` and `fingerprint`).
+    """
     import topologies
 
     if isinstance(topology, str):
         return topologies.parse(topology)
-    if not isinstance(topology, topologies.Topology):
-        raise TypeError(f"{who} needs a topologies.Topology or a spec string such as 'ring:4', "
+    kinds = (topologies.Topology, topologies.Schedule, topologies.DirectedTopology,
+             topologies.DirectedSchedule)
+    if not isinstance(topology, kinds):
+        raise TypeError(f"{who} needs a topologies.Topology, Schedule, DirectedTopology or "
+                        f"DirectedSchedule, or a spec string such as 'ring:4', "
                         f"got {type(topology).__name__}")
     return topology
+
+
+def union_neighbors(topology, rank: int) -> Tuple[int, ...]:
+    """Every peer `rank` talks to at some step, sorted: in either direction for a directed graph."""
+    union = topology.union
+    if topology.is_directed:
+        return tuple(sorted(set(union.out_neighbors(rank)) | set(union.in_neighbors(rank))))
+    return tuple(union.neighbors(rank))
 
 
 class Communicator:
@@ -177,7 +192,8 @@ class Communicator:
         self.topology = topology
         self.rank = rank
         self.size = topology.size
-        self.neighbors = tuple(topology.neighbors(rank))
+        #: The union graph's neighbours (a static topology's neighbours); a step's are `neighbors_at`.
+        self.neighbors = union_neighbors(topology, rank)
         self.timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
         if self.timeout <= 0:
             raise ValueError(f"timeout must be positive seconds, got {timeout}")
@@ -199,36 +215,98 @@ class Communicator:
         finally:
             self._busy.release()
 
+    # ---- the graph of a step -------------------------------------------------------------------
+    # Rule: the communicator keeps no step counter. An algorithm passes its own step count t (kept
+    # in its state_dict, so a resumed run continues at the right t) and every peer, counting the
+    # same steps, derives the same graph from the schedule without talking.
+
+    @property
+    def is_static(self) -> bool:
+        """True for a static undirected `Topology` (the same graph and W at every step)."""
+        import topologies
+
+        return isinstance(self.topology, topologies.Topology)
+
+    @property
+    def is_directed(self) -> bool:
+        """True for a `DirectedTopology` or `DirectedSchedule` (push-sum graphs)."""
+        return bool(self.topology.is_directed)
+
+    def topology_at(self, step: int):
+        """The graph of step `step`: a `Topology` (or `DirectedTopology` for a directed schedule)."""
+        return self.topology.at(step)
+
+    def neighbors_at(self, step: int) -> Tuple[int, ...]:
+        """This peer's neighbours at step `step` (undirected graphs; see `out_neighbors_at`)."""
+        if self.is_directed:
+            raise ValueError(f"rank {self.rank}: the topology {self.topology.name!r} is directed; "
+                             "use out_neighbors_at / in_neighbors_at")
+        return tuple(self.topology.at(step).neighbors(self.rank))
+
+    def out_neighbors_at(self, step: int) -> Tuple[int, ...]:
+        """Peers this peer sends to at step `step` (its neighbours, on an undirected graph)."""
+        graph = self.topology.at(step)
+        return tuple(graph.out_neighbors(self.rank) if graph.is_directed else graph.neighbors(self.rank))
+
+    def in_neighbors_at(self, step: int) -> Tuple[int, ...]:
+        """Peers this peer receives from at step `step` (its neighbours, on an undirected graph)."""
+        graph = self.topology.at(step)
+        return tuple(graph.in_neighbors(self.rank) if graph.is_directed else graph.neighbors(self.rank))
+
     # ---- point to point ------------------------------------------------------------------------
-    def exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
+    def exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor],
+                 step: int | None = None) -> None:
         """Send `send[j]` to every neighbour j and fill `recv[j]` in place with j's message.
 
-        Both dicts must have exactly the neighbours as keys. The receive buffers are preallocated by
-        the caller: a message whose byte size or dtype differs raises `CommunicationError` naming the
-        sending peer. Returns when every message has been received and every send has completed.
-        A communicator carries one exchange or collective at a time: one started from another
-        thread while the first is in flight raises `CommunicationError`.
+        Both dicts must have exactly the neighbours as keys: the static (union) neighbours when
+        `step` is None, else the neighbours of that step (`neighbors_at(step)`); a step in which
+        this peer has no neighbour is no exchange at all (nothing sent, no round counted). The
+        receive buffers are preallocated by the caller: a message whose byte size or dtype differs
+        raises `CommunicationError` naming the sending peer. Returns when every message has been
+        received and every send has completed. A communicator carries one exchange or collective
+        at a time: one started from another thread while the first is in flight raises
+        `CommunicationError`.
         """
-        if not self.neighbors:
+        expected = self.neighbors if step is None else self.neighbors_at(step)
+        if not expected:
             return
-        expected = set(self.neighbors)
-        if set(send) != expected or set(recv) != expected:
+        if set(send) != set(expected) or set(recv) != set(expected):
             raise ValueError(
                 f"rank {self.rank}: exchange needs one send and one receive buffer per neighbour "
                 f"{sorted(expected)}, got send {sorted(send)} and recv {sorted(recv)}"
             )
-        for j in self.neighbors:
-            if not recv[j].is_contiguous():
+        self._transfer_counted({j: send[j] for j in expected}, {j: recv[j] for j in expected})
+
+    def exchange_directed(self, send: Dict[int, Tensor], recv: Dict[int, Tensor], step: int) -> None:
+        """Send `send[j]` to every out-neighbour j of step `step` and fill `recv[k]` from every
+        in-neighbour k (push-sum's transport). Keys must be exactly `out_neighbors_at(step)` and
+        `in_neighbors_at(step)`; checks, counting and threading rules are `exchange`'s."""
+        outs, ins = self.out_neighbors_at(step), self.in_neighbors_at(step)
+        if not outs and not ins:
+            return
+        if set(send) != set(outs) or set(recv) != set(ins):
+            raise ValueError(
+                f"rank {self.rank}: a directed exchange at step {step} needs send buffers for the "
+                f"out-neighbours {list(outs)} and receive buffers for the in-neighbours {list(ins)}, "
+                f"got send {sorted(send)} and recv {sorted(recv)}"
+            )
+        self._transfer_counted({j: send[j] for j in outs}, {k: recv[k] for k in ins})
+
+    def _transfer_counted(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
+        for j, buffer in recv.items():
+            if not buffer.is_contiguous():
                 raise ValueError(f"rank {self.rank}: the receive buffer for peer {j} is not contiguous")
         with self._one_at_a_time("an exchange"):
             self._exchange(send, recv)
-        for j in self.neighbors:
-            self.stats.bytes_sent += nbytes(send[j])
+        for buffer in send.values():
+            self.stats.bytes_sent += nbytes(buffer)
             self.stats.messages_sent += 1
         self.stats.rounds += 1
-        self.stats.critical_bytes += max(nbytes(send[j]) for j in self.neighbors)
+        self.stats.critical_bytes += max((nbytes(buffer) for buffer in send.values()), default=0)
 
     def _exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
+        """Send `send[j]` to each of its keys and receive `recv[k]` from each of its keys (the key
+        sets differ on a directed graph); every peer it names posts the matching operation."""
         raise NotImplementedError
 
     def _check_message(self, source: int, got_bytes: int, got_dtype, buffer: Tensor) -> None:

@@ -108,7 +108,7 @@ class LocalCommunicator(Communicator):
     def _exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
         self._raise_if_aborted()
         copies: Dict[int, Tensor] = {}
-        for j in self.neighbors:
+        for j in send:
             # A copy, because the sender may overwrite its buffer as soon as exchange returns; one
             # per distinct buffer, since receivers only read it (gossip often sends one to all).
             buffer = send[j]
@@ -116,7 +116,7 @@ class LocalCommunicator(Communicator):
                 copies[id(buffer)] = buffer.detach().clone()
             self._shared.mailbox(self.rank, j).put(copies[id(buffer)])
         deadline = time.monotonic() + self.timeout
-        for j in self.neighbors:
+        for j in recv:
             self._receive(self._shared.mailbox(j, self.rank), j, recv[j], deadline, "neighbour")
 
     def _sendrecv(self, dest, send: Tensor, source, recv: Tensor) -> None:

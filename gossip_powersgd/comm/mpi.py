@@ -156,7 +156,7 @@ class MPICommunicator(Communicator):
     def _exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
         MPI = self._MPI
         requests, keep_alive = [], []
-        for j in self.neighbors:
+        for j in send:
             message = send[j].detach()
             if message.device.type != "cpu" or not message.is_contiguous():
                 message = message.to("cpu").contiguous()
@@ -164,7 +164,7 @@ class MPICommunicator(Communicator):
             tag = _TAG_BASE + DTYPE_CODES[message.dtype]
             requests.append(self._comm.Isend([_byte_view(message), MPI.BYTE], dest=j, tag=tag))
 
-        pending = list(self.neighbors)
+        pending = list(recv)
         status = MPI.Status()
         poller = _Poller(self.timeout)
         while pending:

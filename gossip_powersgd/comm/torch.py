@@ -180,17 +180,16 @@ class TorchCommunicator(Communicator):
         return torch.tensor(values, dtype=torch.int64, device=self.device)
 
     def _exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
-        headers_in = {j: self._header(-1, -1) for j in self.neighbors}
-        self._transfer([(j, self._header(nbytes(send[j]), DTYPE_CODES[send[j].dtype]), headers_in[j])
-                        for j in self.neighbors], "neighbour(s)")
-        for j in self.neighbors:
+        headers_in = {j: self._header(-1, -1) for j in recv}
+        self._transfer([(j, self._header(nbytes(send[j]), DTYPE_CODES[send[j].dtype])) for j in send],
+                       list(headers_in.items()), "neighbour(s)")
+        for j in recv:
             size, code = headers_in[j].tolist()
             self._check_message(j, size, CODE_DTYPES.get(code, f"<unknown code {code}>"), recv[j])
-        messages = []
-        for j in self.neighbors:
-            message = self._on_device(send[j].detach(), f"the message for peer {j}")
-            messages.append((j, message.contiguous(), self._on_device(recv[j], "a receive buffer")))
-        self._transfer(messages, "neighbour(s)")
+        outgoing = [(j, self._on_device(send[j].detach(), f"the message for peer {j}").contiguous())
+                    for j in send]
+        incoming = [(j, self._on_device(recv[j], "a receive buffer")) for j in recv]
+        self._transfer(outgoing, incoming, "neighbour(s)")
 
     def _sendrecv(self, dest, send: Tensor, source, recv: Tensor) -> None:
         ops = []
@@ -202,11 +201,13 @@ class TorchCommunicator(Communicator):
             self._wait(dist.batch_isend_irecv(ops), [source] if source is not None else [],
                        "peer")
 
-    def _transfer(self, pairs: List[Tuple[int, Tensor, Tensor]], role: str) -> None:
-        """Send each (peer, outgoing, incoming) triple's message and receive its reply."""
-        ops = [dist.P2POp(dist.isend, out, j) for j, out, _ in pairs]
-        ops += [dist.P2POp(dist.irecv, into, j) for j, _, into in pairs]
-        self._wait(dist.batch_isend_irecv(ops), [j for j, _, _ in pairs], role)
+    def _transfer(self, outgoing: List[Tuple[int, Tensor]], incoming: List[Tuple[int, Tensor]],
+                  role: str) -> None:
+        """Send each (peer, tensor) of `outgoing` and fill each (peer, buffer) of `incoming`."""
+        ops = [dist.P2POp(dist.isend, out, j) for j, out in outgoing]
+        ops += [dist.P2POp(dist.irecv, into, j) for j, into in incoming]
+        if ops:
+            self._wait(dist.batch_isend_irecv(ops), [j for j, _ in incoming], role)
 
     def _wait(self, works, peers: List[int], role: str) -> None:
         # gloo's p2p requests report completion only through wait(), so wait on each with what is

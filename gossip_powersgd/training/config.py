@@ -292,6 +292,24 @@ def resolve_topology(config: TrainConfig, world_size: Optional[int] = None):
         raise ValueError(f"bad value for 'topology': {one_line(exc)}") from None
 
 
+#: Algorithms that run on a directed topology: push-sum, and the all-reduce baselines (no graph).
+DIRECTED_ALGORITHMS = ("pushsum", "allreduce", "powersgd")
+
+
+def _check_directed(c: TrainConfig, num_peers: Optional[int]) -> None:
+    """Refuse a directed topology (or schedule) for an algorithm that needs symmetric edges."""
+    import topologies
+
+    name = c.algorithm.split(":", 1)[0].strip().lower()
+    if name in DIRECTED_ALGORITHMS:
+        return
+    n = None if _has_size(c.topology) else (num_peers if num_peers is not None else 4)
+    if topologies.parse(c.topology, n=n).is_directed:
+        raise ValueError(f"bad value for 'algorithm': {name!r} needs symmetric edges, but topology "
+                         f"{c.topology!r} is directed; use algorithm pushsum (or an undirected "
+                         "topology)")
+
+
 def validate_config(config: TrainConfig, deep: bool = True) -> None:
     """Raise a one-line ValueError for the first bad value.
 
@@ -358,6 +376,7 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
             raise ValueError(f"bad value for 'topology': {one_line(exc)}") from None
         _check(c.backend == "mpi", "topology", c.topology,
                "give its size, e.g. ring:8, or set peers (the local backend cannot guess it)")
+    _check_directed(c, num_peers)
     from ..privacy.training import validate_privacy_config
 
     validate_privacy_config(c)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, TextIO
 import torch
 import torch.nn.functional as F
 
-from ..metrics import consensus_distance
+from ..metrics import consensus_distance, mean_active_degree
 
 #: Record keys that depend on timing, not on the computation (left out when comparing runs).
 TIMING_KEYS = ("time_compute", "time_gossip_compute", "time_communication", "wall_time")
@@ -205,7 +205,7 @@ def run_summary(comm, config, history, histogram, num_parameters, parameter_byte
     wall = torch.tensor([timers["wall_time"]], dtype=torch.float64)
     comm.allreduce_(wall, op="max", metric=True)
     digests = [d.hex() for d in comm.allgather_bytes(bytes.fromhex(model_digest(model)))]
-    degree = mean_degree(comm.topology)
+    degree = mean_active_degree(comm.topology, step)  # per step's graph on a schedule
     exact_bytes = parameter_bytes * degree * step
     sent = float(means[0])
     return {
