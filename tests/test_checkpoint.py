@@ -63,6 +63,10 @@ def reference(tmp_path_factory):
     # uneven shards: the data iterators stand mid-pass at the checkpoint; Adam's state
     ("powergossip:rank=2", dict(optimizer="adam", momentum=0.0, lr=0.01, model="mlp:16,16",
                                 partition="dirichlet:0.3")),
+    # topologies that change every step: per-edge state and the schedule position
+    ("powergossip:rank=1", dict(topology="matchings:4")),
+    ("choco:compressor=sign,gamma=0.2", dict(topology="one_peer_exponential:4")),
+    ("pushsum", dict(topology="directed_exponential:4")),
 ])
 def test_resume_after_interruption_is_bit_exact(tmp_path, reference, algorithm, changes):
     ref_dir, ref = reference
