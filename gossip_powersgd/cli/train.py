@@ -157,7 +157,7 @@ def _launched_communicator(config, mpi_world_size: int, module: str):
 
         return MPICommunicator(topology, timeout=config.comm_timeout)
     from gossip_powersgd.comm.torch import TorchCommunicator
-    from gossip_powersgd.training.trainer import resolve_device
+    from gossip_powersgd.training.setup import resolve_device
 
     device = resolve_device(config.device, 0).type  # the GPU index comes from LOCAL_RANK
     return TorchCommunicator(topology, device=device, timeout=config.comm_timeout)

@@ -72,7 +72,7 @@ class DifferentialPrivacy(TrainingHooks):
 
     def setup(self, context: SetupContext) -> None:
         """Fix or check the model, wrap it, sample Poisson batches, pick sigma and delta."""
-        from gossip_powersgd.training.trainer import collectively, make_optimizer
+        from gossip_powersgd.training.setup import collectively, make_optimizer
 
         config, comm = context.config, context.comm
         self.comm = comm

@@ -1,0 +1,238 @@
+"""Setting up one peer's run: the checked config, its data, model, algorithm and optimizer.
+
+`build_run` does, on every peer, what happens before the first step of `trainer.train`: seed this
+process (when it owns it), load this peer's data (the whole dataset and its shard, or under
+`partition: local` only its own data) and check that every peer loaded the same shared data (a
+digest, never the data), build and check the model, the algorithm and the optimizer, and run the
+set-up hooks. `collectively` is how checks whose outcome may differ between peers (files, user code)
+become the same one-line error on every peer.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import random
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from ..algorithms import make_algorithm
+from ..comm.base import AgreementError, CommunicationError
+from ..launch import error_line
+from .config import (
+    TrainConfig,
+    agreement_text,
+    config_from_dict,
+    config_hash,
+    hashed_config,
+    resolve_topology,
+    validate_config,
+)
+from .hooks import HookList, SetupContext
+
+#: Bytes of an error message shared with every peer (see `collectively`).
+_MESSAGE_BYTES = 1024
+def collectively(comm, fn: Callable[..., Any], *args, **kwargs) -> Any:
+    """Run `fn` on every peer; if it failed on any, raise the same ValueError on every peer.
+
+    The message is the first failing rank's (in rank order), so every rank, under either transport,
+    reports the same one line. Used for checks whose outcome may differ between ranks (files on disk).
+    """
+    error: Optional[BaseException] = None
+    result = None
+    try:
+        result = fn(*args, **kwargs)
+    except CommunicationError:
+        raise
+    except (ValueError, KeyError, OSError, RuntimeError, TypeError, MemoryError) as exc:
+        error = exc
+    text = "" if error is None else error_line(error) or type(error).__name__
+    data = text.encode("utf-8")[:_MESSAGE_BYTES]
+    # Lengths first, so that the usual outcome (no error anywhere) costs a 4-byte all-gather.
+    lengths = comm.allgather_bytes(len(data).to_bytes(4, "little"))
+    longest = max(int.from_bytes(n, "little") for n in lengths)
+    if longest:
+        for message in comm.allgather_bytes(data.ljust(longest, b"\0")):
+            message = message.rstrip(b"\0")
+            if message:
+                raise ValueError(message.decode("utf-8", errors="replace"))
+    return result
+
+
+def resolve_device(spec: str, rank: int) -> torch.device:
+    """The torch device of `spec` ("cpu", "cuda", "cuda:K", "auto") for `rank`: plain "cuda" spreads
+    the ranks over the visible GPUs."""
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {spec!r} requested but CUDA is not available (use device: cpu)")
+    if spec == "cuda":
+        return torch.device(f"cuda:{rank % torch.cuda.device_count()}")
+    return torch.device(spec)
+
+
+def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
+    """The local optimizer the config names, over `params`."""
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
+                               weight_decay=config.weight_decay, nesterov=config.nesterov)
+    if config.optimizer == "adam":
+        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    raise ValueError(f"unknown optimizer {config.optimizer!r}; valid: sgd, adam, adamw")
+
+
+def _process_owned(comm) -> bool:
+    """Whether this peer has the process to itself (MPI), so that the global RNGs are its own."""
+    from ..comm.local import LocalCommunicator
+
+    return not isinstance(comm, LocalCommunicator)
+
+
+@dataclasses.dataclass
+class PeerRun:
+    """What one peer trains with: built once by `build_run`, fixed for the run."""
+
+    model: torch.nn.Module
+    averaged: torch.nn.Module  # evaluated with the peers' average; never trained
+    optimizer: torch.optim.Optimizer
+    algorithm: Any
+    batches: Any
+    acts_on: str
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    histogram: List[int]
+    num_classes: int
+    steps_per_epoch: int
+    num_parameters: int
+    parameter_bytes: int
+    owns_process: bool
+    header_args: Dict[str, Any]  # what every checkpoint header of this run says
+
+
+def checked_config(comm, config, resume: bool) -> TrainConfig:
+    """The config as a validated `TrainConfig` that fits the communicator and every peer agrees on."""
+    if isinstance(config, dict):
+        config = config_from_dict(config)
+    validate_config(config, deep=False)
+    wanted = resolve_topology(config, world_size=comm.size)
+    if wanted.size != comm.size or wanted.fingerprint != comm.topology.fingerprint:
+        raise ValueError(f"config topology {config.topology!r} ({wanted.size} peers) is not the "
+                         f"communicator's ({comm.size} peers)")
+    _check_exact_gamma(config.algorithm, wanted)
+    comm.check_agreement("config", agreement_text(config))
+    if resume and config.out_dir is None:
+        raise ValueError("resume needs a run directory: set out_dir")
+    return config
+
+
+def _check_exact_gamma(spec: str, topology) -> None:
+    """Exact gossip refuses a γ outside the topology's stable range when it is built; the same
+    check runs here, from the config alone, so that every rank reports it before any peer starts a
+    collective the others would never join."""
+    from ..algorithms import spec_gamma
+    from ..specs import split_spec
+
+    if split_spec(spec, "algorithm spec")[0] == "exact" and hasattr(topology, "check_gamma"):
+        topology.check_gamma(spec_gamma(spec, topology))
+
+
+def build_run(comm, config: TrainConfig, hooks: HookList) -> PeerRun:
+    """Seed, load this peer's shard, build the model, algorithm and optimizer; run setup hooks."""
+    from .data import (LOCAL_PARTITION, Batches, agree_local_dataset, label_histogram,
+                       load_dataset, load_peer_dataset, peer_shard)
+    from .models import count_parameters
+
+    rank, size = comm.rank, comm.size
+    device = resolve_device(config.device, rank)
+    owns_process = _process_owned(comm)
+    if owns_process:
+        seed = int(np.random.SeedSequence([config.seed, rank]).generate_state(1)[0])
+        torch.manual_seed(seed)
+        np.random.seed(seed)
+        random.seed(seed)
+
+    if config.partition == LOCAL_PARTITION:  # the data exists only on its peer
+        dataset = collectively(comm, load_peer_dataset, config.dataset, rank, size, config.seed)
+        dataset, num_train = agree_local_dataset(comm, dataset)
+        _check_same_dataset(comm, config, dataset, ("test",) if dataset.shared_test else ())
+    else:
+        dataset = collectively(comm, load_dataset, config.dataset, config.seed)
+        num_train = dataset.num_train
+        _check_same_dataset(comm, config, dataset, _SHARED_DATA)
+    x_train, y_train = collectively(comm, peer_shard, dataset, rank, size, config.partition,
+                                    config.seed)
+    histogram = label_histogram(y_train, dataset.num_classes)
+    model = collectively(comm, _checked_model, config, dataset, x_train, rank)
+    x_train, y_train = x_train.to(device), y_train.to(device)
+    batches = Batches(x_train, y_train, config.batch_size, seed=config.seed, rank=rank)
+    steps_per_epoch = max(1, -(-num_train // (size * config.batch_size)))
+
+    model = model.to(device)
+    num_parameters = count_parameters(model)
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    algorithm = make_algorithm(config.algorithm, model.named_parameters(), comm)
+    optimizer = make_optimizer(config, model.parameters())
+    context = SetupContext(config=config, comm=comm, device=device, model=model,
+                           optimizer=optimizer, batches=batches, algorithm=algorithm,
+                           steps_per_epoch=steps_per_epoch)
+    hooks.setup(context)
+    acts_on = getattr(context.algorithm, "acts_on", "parameters")
+    if acts_on not in ("parameters", "gradients"):
+        raise ValueError(f"algorithm {config.algorithm!r} has acts_on={acts_on!r}; "
+                         "expected 'parameters' or 'gradients'")
+    header_args = dict(rank=rank, world_size=size, topology=comm.topology,
+                       topology_spec=config.topology, config_hash=config_hash(config),
+                       config_json=json.dumps(hashed_config(config), sort_keys=True))
+    return PeerRun(model=context.model, averaged=copy.deepcopy(context.model),
+                optimizer=context.optimizer, algorithm=context.algorithm, batches=context.batches,
+                acts_on=acts_on, x_test=dataset.x_test.to(device), y_test=dataset.y_test.to(device),
+                histogram=histogram, num_classes=dataset.num_classes,
+                steps_per_epoch=steps_per_epoch, num_parameters=num_parameters,
+                parameter_bytes=parameter_bytes, owns_process=owns_process, header_args=header_args)
+
+
+#: Which of the dataset's arrays every peer must hold identically. Every peer loads the whole
+#: dataset and keeps its own shard, so all of it; under `partition: local` each peer loads only its
+#: own data and only a shared test set is compared.
+_SHARED_DATA = ("train", "test")
+
+
+def _check_same_dataset(comm, config: TrainConfig, dataset, parts) -> None:
+    """Fail on every peer, naming the ranks, unless all loaded the same data of `parts` (a digest
+    is sent, never the data). Collective: every peer calls it, also with no shared part (a peer's
+    own test data under `partition: local`), when the peers only agree that nothing is shared."""
+    from .data import dataset_digest
+
+    if not parts:
+        comm.check_agreement("dataset (no shared part)", "local")
+        return
+    try:
+        comm.check_agreement("dataset", dataset_digest(dataset, parts))
+    except AgreementError as exc:
+        raise AgreementError(f"{exc} ({config.dataset!r} returned different data on different "
+                             "ranks, usually unseeded randomness: draw from a generator seeded "
+                             "with its seed argument, e.g. numpy.random.default_rng(seed))") from None
+
+
+def _checked_model(config: TrainConfig, dataset, x_train: torch.Tensor, rank: int):
+    """The config's model, checked against this peer's data before anything trains: it runs on
+    the dataset's inputs and, if this peer's last batch holds one sample, trains on such a batch."""
+    from .models import build_model, check_model_fits, check_single_sample_batch, has_batch_norm
+
+    model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.seed)
+    check_model_fits(model, config.model, dataset.x_test[:2], dataset.num_classes)
+    if len(x_train) % config.batch_size == 1 and has_batch_norm(model):
+        check_single_sample_batch(model, config.model, x_train[:1], rank=rank,
+                                  shard_size=len(x_train), batch_size=config.batch_size)
+    return model
+
+
+
+
+__all__ = ["collectively", "resolve_device", "make_optimizer", "checked_config", "build_run",
+           "PeerRun"]
