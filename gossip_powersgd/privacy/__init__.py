@@ -7,6 +7,11 @@ therefore different epsilons, all of which are reported.
 
 Opacus is imported only when one of these is used; without it they raise a one-line ImportError
 with the install command.
+
+What an honest-but-curious neighbour learns: `views` records what each observer receives
+(`ObserverHooks`, the ``observers`` config key), `reconstruction` estimates a neighbour's model
+from a view, `membership` runs the LOSS membership-inference attack, and `network_dp` computes the
+pairwise (Muffliato) network-DP of noisy exact gossip.
 """
 
 from gossip_powersgd.privacy.accounting import (
@@ -18,20 +23,80 @@ from gossip_powersgd.privacy.accounting import (
 )
 from gossip_powersgd.privacy.dependency import MISSING_OPACUS, import_opacus
 from gossip_powersgd.privacy.dpsgd import DPSGD, dp_enabled, validate_dp_options, validate_model
+from gossip_powersgd.privacy.membership import (
+    DEFAULT_FPR,
+    auc,
+    loss_attack,
+    loss_scores,
+    membership_inference,
+    membership_samples,
+    model_with_parameters,
+    null_auc_std,
+    tpr_at_fpr,
+)
+from gossip_powersgd.privacy.network_dp import (
+    dp_epsilon,
+    mixing_matrix,
+    pairwise_epsilon,
+    pairwise_privacy_loss,
+    pairwise_rdp,
+)
+from gossip_powersgd.privacy.reconstruction import (
+    DEFAULT_WINDOW,
+    reconstruct,
+    reconstruction_errors,
+    relative_error,
+    trivial_estimates,
+)
 from gossip_powersgd.privacy.sampling import PoissonBatches, poisson_rate
+from gossip_powersgd.privacy.views import (
+    ObservedView,
+    ObserverHooks,
+    RecordingCommunicator,
+    ViewRecorder,
+    load_view,
+    observed_dir,
+    observer_hook,
+)
 
 __all__ = [
     "ACCOUNTANT_NAMES",
+    "DEFAULT_FPR",
+    "DEFAULT_WINDOW",
     "DPSGD",
     "MISSING_OPACUS",
+    "ObservedView",
+    "ObserverHooks",
     "PoissonBatches",
+    "RecordingCommunicator",
+    "ViewRecorder",
+    "auc",
     "default_delta",
     "dp_enabled",
+    "dp_epsilon",
     "epsilon",
     "import_opacus",
+    "load_view",
+    "loss_attack",
+    "loss_scores",
     "make_accountant",
+    "membership_inference",
+    "membership_samples",
+    "mixing_matrix",
+    "model_with_parameters",
     "noise_for_target",
+    "null_auc_std",
+    "observed_dir",
+    "observer_hook",
+    "pairwise_epsilon",
+    "pairwise_privacy_loss",
+    "pairwise_rdp",
     "poisson_rate",
+    "reconstruct",
+    "reconstruction_errors",
+    "relative_error",
+    "tpr_at_fpr",
+    "trivial_estimates",
     "validate_dp_options",
     "validate_model",
 ]

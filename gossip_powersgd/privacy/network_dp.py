@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 
-__all__ = ["dp_epsilon", "mixing_matrix", "pairwise_epsilon", "pairwise_rdp"]
+__all__ = ["dp_epsilon", "mixing_matrix", "pairwise_epsilon", "pairwise_privacy_loss", "pairwise_rdp"]
 
 
 def mixing_matrix(topology, gamma: float = 1.0) -> np.ndarray:
@@ -100,3 +100,6 @@ def pairwise_epsilon(topology, steps: int, sigma: float, delta: float, sensitivi
     `dp_epsilon`); the diagonal is NaN."""
     return dp_epsilon(pairwise_rdp(topology, steps, sigma, sensitivity, gamma=gamma,
                                    rounds=rounds), delta)
+
+#: The name the project's API uses for the pairwise Rényi-DP matrix of noisy exact gossip.
+pairwise_privacy_loss = pairwise_rdp

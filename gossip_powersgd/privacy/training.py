@@ -159,9 +159,12 @@ def _json_number(value: float):
 
 
 def summary_rows(summary: Dict[str, Any]) -> List[tuple]:
-    """The summary table's privacy rows; none for a run without differential privacy."""
+    """The summary table's privacy rows: differential privacy's, then the recorded views'
+    (`views.observer_summary_rows`); none for a run with neither."""
+    from gossip_powersgd.privacy.views import observer_summary_rows
+
     if "noise_multiplier" not in summary:
-        return []
+        return observer_summary_rows(summary)
     epsilons = [math.inf if e == "inf" else float(e) for e in summary["epsilon"]]
     rates = summary["sample_rate"]
     return [
@@ -171,4 +174,4 @@ def summary_rows(summary: Dict[str, Any]) -> List[tuple]:
         ("DP sampling rate q [min, max]", f"[{min(rates):.4g}, {max(rates):.4g}]"),
         (f"DP ε at δ ({summary['dp_accountant']}) [min, max]",
          f"[{min(epsilons):.4g}, {max(epsilons):.4g}]"),
-    ]
+    ] + observer_summary_rows(summary)

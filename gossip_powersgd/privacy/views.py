@@ -50,7 +50,7 @@ from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
 from gossip_powersgd.utils import atomic_write
 
 __all__ = ["FORMAT", "ObservedView", "ObserverHooks", "RecordingCommunicator", "ViewRecorder",
-           "load_view", "observed_dir"]
+           "load_view", "observed_dir", "observer_hook", "observer_summary_rows"]
 
 #: Version of the on-disk format described in the module docstring.
 FORMAT = 1
@@ -207,9 +207,10 @@ class ObserverHooks(TrainingHooks):
         self.directory = directory
         self.recorder: Optional[ViewRecorder] = None
         self._restored_bytes = 0
+        self._comm = None
 
     def setup(self, context: SetupContext) -> None:
-        comm = context.comm
+        comm = self._comm = context.comm
         bad = [k for k in self.observers if not 0 <= k < comm.size]
         if bad:
             raise ValueError(f"observers {bad} are not ranks of this {comm.size}-peer run; "
@@ -234,11 +235,38 @@ class ObserverHooks(TrainingHooks):
     def on_evaluation(self, record: Dict[str, Any]) -> Dict[str, Any]:
         return {"observed_bytes": self.bytes_recorded}
 
+    def summary_fields(self) -> Dict[str, Any]:
+        """What summary.json adds for a run with observers (collective): every rank's recorded
+        message bytes, in rank order (0 on the ranks that do not observe)."""
+        counts = torch.zeros(self._comm.size, dtype=torch.float64)
+        counts[self._comm.rank] = float(self.bytes_recorded)
+        self._comm.allreduce_(counts, op="sum", metric=True)
+        return {"observers": list(self.observers), "observe_every": self.observe_every,
+                "observed_bytes": [int(c) for c in counts]}
+
     def state_dict(self) -> Dict[str, Any]:
         return {"bytes_recorded": self.bytes_recorded}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self._restored_bytes = int(state.get("bytes_recorded", 0))
+
+
+def observer_hook(config) -> Optional[ObserverHooks]:
+    """The hook a run with `config` needs: `ObserverHooks` for its ``observers`` (recording every
+    ``observe_every``-th step), or None when the config names no observer."""
+    if not config.observers:
+        return None
+    return ObserverHooks(config.observers, config.observe_every)
+
+
+def observer_summary_rows(summary: Dict[str, Any]) -> List[tuple]:
+    """The summary table's row for recorded views; none for a run without observers."""
+    if "observed_bytes" not in summary:
+        return []
+    counts = summary["observed_bytes"]
+    per_rank = ", ".join(f"rank {k}: {counts[k] / 1e6:.3f}" for k in summary["observers"])
+    return [(f"observed message MB (every {summary['observe_every']} step(s))",
+             f"{sum(counts) / 1e6:.3f} ({per_rank})")]
 
 
 class ObservedView:

@@ -116,11 +116,17 @@ class TrainConfig:
     dp_fix_model: bool = False
     #: DP: noise from OS entropy, not reproducible (seeded noise is for research only).
     dp_secure_noise: bool = False
+    #: Curious neighbours: the ranks whose received messages are recorded, under
+    #: <out_dir>/observed/rank-K (in memory without out_dir); [] = none. Recording changes nothing.
+    observers: List[int] = dataclasses.field(default_factory=list)
+    #: Curious neighbours: record every k-th gossip step (Choco reconstruction needs 1).
+    observe_every: int = 1
 
     # ---- helpers ---------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
         data = dataclasses.asdict(self)
         data["milestones"] = list(data["milestones"])
+        data["observers"] = list(data["observers"])
         return data
 
     def replace(self, **changes) -> "TrainConfig":
@@ -182,7 +188,7 @@ def config_hash(config: TrainConfig) -> str:
 # ---- parsing and validation -------------------------------------------------------------------------
 
 def _type_name(key: str) -> str:
-    return {"milestones": "list of numbers"}.get(key, {
+    return {"milestones": "list of numbers", "observers": "list of ranks"}.get(key, {
         "str": "string", "float": "number", "int": "integer", "bool": "true/false",
         "Optional[str]": "string or null", "Optional[int]": "integer or null",
         "Optional[float]": "number or null",
@@ -219,6 +225,13 @@ def _coerce(key: str, value: Any) -> Any:
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
         if ok:
             value = [float(v) for v in value]
+    elif key == "observers":
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = [value]
+        ok = isinstance(value, (list, tuple)) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value)
+        if ok:
+            value = [int(v) for v in value]
     if not ok:
         raise ValueError(f"bad value for {key!r}: {value!r} is not a {_type_name(key)}")
     return value
@@ -353,6 +366,9 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
     _check(c.device == "auto" or c.device == "cpu" or c.device == "cuda" or c.device.startswith("cuda:"),
            "device", c.device, "valid: cpu, cuda, cuda:K, auto")
     _check(c.out_dir is None or c.out_dir.strip() != "", "out_dir", c.out_dir, "must not be empty")
+    _check(all(k >= 0 for k in c.observers) and len(set(c.observers)) == len(c.observers),
+           "observers", c.observers, "must be distinct ranks >= 0, e.g. [3]")
+    _check(c.observe_every >= 1, "observe_every", c.observe_every, "must be >= 1 (steps)")
 
     from ..algorithms import algorithm_kwargs
 

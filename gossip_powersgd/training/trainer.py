@@ -38,7 +38,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import torch.nn.functional as F
 
@@ -295,10 +295,14 @@ def train(comm, config, *, resume: bool = False, on_step: Optional[Callable[[int
     `summary.json` holds, plus `history`.
     """
     from ..privacy.training import privacy_hook
+    from ..privacy.views import observer_hook
 
     config = checked_config(comm, config, resume)
     privacy = privacy_hook(config)  # None unless the config turns differential privacy on
-    hooks = HookList([*hooks, *([privacy] if privacy is not None else [])])
+    # Observers go last: they record the algorithm the DP hook may have rebuilt.
+    observer = observer_hook(config)  # None unless the config names observers
+    added = [h for h in (privacy, observer) if h is not None]
+    hooks = HookList([*hooks, *added])
     run_dir = Path(config.out_dir) if config.out_dir is not None else None
     lock = None
     if run_dir is not None:
@@ -307,7 +311,7 @@ def train(comm, config, *, resume: bool = False, on_step: Optional[Callable[[int
         if run_dir is not None:
             collectively(comm, ckpt.check_run_dir, run_dir, resume)
         return _train(comm, config, run_dir, resume=resume, on_step=on_step, hooks=hooks,
-                      privacy=privacy)
+                      reporting=added)
     finally:
         if lock is not None:
             lock.release()
@@ -324,8 +328,10 @@ def _claim_run_dir(rank: int, run_dir: Path, resume: bool):
 
 
 def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
-           on_step: Optional[Callable[[int], None]], hooks: HookList, privacy) -> Dict[str, Any]:
-    """`train` once the run directory is held: build, resume, run the loop, write the summary."""
+           on_step: Optional[Callable[[int], None]], hooks: HookList,
+           reporting: Sequence[TrainingHooks]) -> Dict[str, Any]:
+    """`train` once the run directory is held: build, resume, run the loop, write the summary
+    (which each hook in `reporting` extends with its `summary_fields()`)."""
     run = build_run(comm, config, hooks)
     state = _resume(comm, run_dir, run, hooks) if resume else RunState()
     records = RecordLog(state.history)
@@ -397,8 +403,8 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
     summary = run_summary(comm, config, state.history, run.histogram, run.num_parameters,
                           run.parameter_bytes, algorithm, model, state.step, run.steps_per_epoch,
                           state.timers(algorithm))
-    if privacy is not None:
-        summary.update(privacy.summary_fields())
+    for hook in reporting:
+        summary.update(hook.summary_fields())
     if comm.rank == 0 and run_dir is not None:
         atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         atomic_write(run_dir / "summary.md", format_summary(summary, markdown=True))

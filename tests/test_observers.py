@@ -1,0 +1,153 @@
+"""Curious neighbours in training runs: the `observers` / `observe_every` config keys record views
+through the trainer (local and under mpiexec) without changing the run, and the summary states how
+many bytes were recorded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import topologies
+from gossip_powersgd import LocalCluster
+from gossip_powersgd.privacy import load_view, observed_dir, observer_hook, reconstruction_errors
+from gossip_powersgd.privacy.views import observer_summary_rows
+from gossip_powersgd.training.config import load_config
+from gossip_powersgd.training.evaluation import format_summary
+from gossip_powersgd.training.trainer import train
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
+
+
+def tiny(*overrides):
+    return load_config(TINY, ["quiet=true", "checkpoint_every=0", "log_every=0", "epochs=1",
+                              *overrides], deep=False)
+
+
+def train_everywhere(config):
+    return LocalCluster(topologies.parse(config.topology), timeout=60).run(train, config)
+
+
+def message_bytes(view):
+    return sum(m["tensor"].numel() * m["tensor"].element_size()
+               for r in view.records for m in r["messages"])
+
+
+def test_the_observers_key_records_views_without_changing_a_model_bit(tmp_path):
+    recorded = train_everywhere(tiny(f"out_dir={tmp_path / 'rec'}", "observers=[3, 0]"))
+    plain = train_everywhere(tiny(f"out_dir={tmp_path / 'plain'}"))
+    for a, b in zip(recorded, plain):
+        assert a["model_sha256"] == b["model_sha256"]
+        assert a["mb_sent_per_peer"] == b["mb_sent_per_peer"]
+    assert [observed_dir(tmp_path / "rec", k).is_dir() for k in range(4)] == [True, False, False, True]
+    assert not (tmp_path / "plain" / "observed").exists()
+    assert "observed_bytes" not in plain[0]
+
+    views = {k: load_view(observed_dir(tmp_path / "rec", k)) for k in (0, 3)}
+    steps = recorded[0]["steps"]
+    assert views[3].steps == list(range(steps)) and views[3].meta["neighbors"] == [0, 2]
+    summary = json.loads((tmp_path / "rec" / "summary.json").read_text())
+    assert summary["observers"] == [0, 3] and summary["observe_every"] == 1
+    assert summary["observed_bytes"] == [message_bytes(views[0]), 0, 0, message_bytes(views[3])]
+    assert summary["observed_bytes"][3] > 0
+    assert "observed message MB" in (tmp_path / "rec" / "summary.md").read_text()
+    # Rank 3 reconstructs its neighbour 0, whose own recorded view holds the truth.
+    errors = reconstruction_errors(views[3], 0, views[0].own_trajectory())
+    assert errors["estimate"][-1] < errors["trivial"][-1]
+
+
+def test_observe_every_thins_the_views_and_the_bytes(tmp_path):
+    every = train_everywhere(tiny(f"out_dir={tmp_path / 'every'}", "observers=[1]"))
+    thinned = train_everywhere(tiny(f"out_dir={tmp_path / 'thin'}", "observers=[1]",
+                                    "observe_every=3"))
+    assert every[0]["model_sha256"] == thinned[0]["model_sha256"]
+    view = load_view(observed_dir(tmp_path / "thin", 1))
+    assert view.steps == list(range(0, every[0]["steps"], 3))
+    assert thinned[0]["observed_bytes"][1] == message_bytes(view) < every[0]["observed_bytes"][1]
+
+
+def test_observers_without_out_dir_record_in_memory_and_still_report_bytes():
+    summaries = train_everywhere(tiny("observers=[2]"))
+    assert summaries[0]["observed_bytes"][2] > 0
+    assert summaries[0]["observed_bytes"][:2] == [0, 0]
+
+
+def test_bad_observer_values_are_one_line_errors():
+    for override, message in [("observers=[-1]", "must be distinct ranks >= 0"),
+                              ("observers=[1, 1]", "must be distinct ranks >= 0"),
+                              ("observers=three", "is not a list of ranks"),
+                              ("observe_every=0", "'observe_every': 0 (must be >= 1")]:
+        with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")) as info:
+            tiny(override)
+        assert "\n" not in str(info.value)
+    assert tiny("observers=2").observers == [2]  # one rank needs no brackets
+    with pytest.raises(ValueError, match=r"observers \[7\] are not ranks of this 4-peer run"):
+        train_everywhere(tiny("observers=[7]"))
+
+
+def test_observer_hook_and_summary_rows():
+    assert observer_hook(tiny()) is None
+    hook = observer_hook(tiny("observers=[3, 1]", "observe_every=2"))
+    assert hook.observers == [1, 3] and hook.observe_every == 2
+    assert observer_summary_rows({}) == []
+    rows = observer_summary_rows({"observers": [1, 3], "observe_every": 2,
+                                  "observed_bytes": [0, 2_000_000, 0, 500_000]})
+    assert rows == [("observed message MB (every 2 step(s))",
+                     "2.500 (rank 1: 2.000, rank 3: 0.500)")]
+
+
+def test_the_summary_table_shows_the_recorded_bytes():
+    summary = train_everywhere(tiny("observers=[0]"))[0]
+    assert "observed message MB (every 1 step(s))" in format_summary(summary)
+
+
+def test_recording_works_under_mpiexec_through_the_trainer_cli(tmp_path):
+    from conftest import run_mpi
+
+    def cli(out, *extra):
+        return run_mpi(4, ["-m", "experiments.train", "--config", TINY, "--set", "backend=mpi",
+                           "--set", "epochs=1", "--set", "checkpoint_every=0", "--set",
+                           f"out_dir={out}", "--quiet", *extra], timeout=180)
+
+    result = cli(tmp_path / "mpi", "--set", "observers=[1]")
+    assert result.returncode == 0, result.stderr[-2000:]
+    local = train_everywhere(tiny(f"out_dir={tmp_path / 'local'}", "observers=[1]",
+                                  "checkpoint_every=0"))
+    summary = json.loads((tmp_path / "mpi" / "summary.json").read_text())
+    assert summary["model_sha256"] == local[0]["model_sha256"]
+    assert [observed_dir(tmp_path / "mpi", k).exists() for k in range(4)] == [False, True, False, False]
+    mpi_view = load_view(observed_dir(tmp_path / "mpi", 1))
+    local_view = load_view(observed_dir(tmp_path / "local", 1))
+    assert summary["observed_bytes"] == local[0]["observed_bytes"] == [0, message_bytes(mpi_view), 0, 0]
+    assert mpi_view.meta == local_view.meta and mpi_view.steps == local_view.steps
+    for a, b in zip(mpi_view.records, local_view.records):
+        assert all(torch.equal(x["tensor"], y["tensor"]) for x, y in zip(a["messages"], b["messages"]))
+
+
+def test_the_attack_page_is_computed_from_its_rows():
+    from experiments.privacy_attacks import report
+    from experiments.privacy_attacks.measure import NETWORK_TOPOLOGIES, SETTING, network_dp
+
+    network = network_dp()
+    assert list(network) == list(NETWORK_TOPOLOGIES)
+    # At equal σ and steps the complete graph leaks most to a single observer, the ring least.
+    assert network["complete:16"]["median"] > network["exponential:16"]["median"] \
+        > network["ring:16"]["median"]
+    row = dict(topology="ring:8", spec="powergossip:rank=1", private=False, eps_max=float("inf"),
+               sigma=None, mb_sent_per_peer=1.0, observed_mb=1.0, acc_avg=0.5, train_loss=0.1,
+               final_error=0.2, final_error_trivial=0.3, error_steps=[0, 1], error=[0.1, 0.2],
+               error_trivial=[0.2, 0.3], auc_null_std=0.03, auc_victim=0.9,
+               auc_reconstruction=0.8, auc_observer=0.7, auc_average=0.6, tpr_victim=0.1,
+               tpr_reconstruction=0.05, tpr_observer=0.02, tpr_average=0.01)
+    exact = dict(row, spec="exact", mb_sent_per_peer=40.0, auc_reconstruction=0.9, final_error=0.0)
+    failed = dict(topology="ring:8", spec="choco:compressor=sign,gamma=1.0", private=True,
+                  failure="ValueError: boom")
+    text = report.page([exact, row, failed], network,
+                       {"setting": SETTING, "epochs": 3, "window": 4, "private_note": "x"}, "Made.")
+    assert "| ring:8 | PowerGossip r1 | none | 1.000 | 1.000 | 50.00 % |" in text
+    assert "FAILED: ValueError: boom" in text
+    assert "sends 40.0x fewer bytes than exact gossip; the observer's attack keeps 0.75" in text
+    assert report.rows_csv([row]).splitlines()[1].startswith("ring:8,powergossip:rank=1,False")
