@@ -64,9 +64,19 @@ def with_gather_rule(point: Point, skipped: List[str]) -> Point:
     return dataclasses.replace(point, kinds=[k for k in point.kinds if k != "gather"])
 
 
+#: In-process, every ring all-reduce is 2(n-1) sequential messages per peer, n^2 queue hand-offs
+#: between threads on the shared cores: at 256 peers the all-reduce kinds alone outlast a point's
+#: time limit, so that point measures the two gossip algorithms only.
+GOSSIP_ONLY = ("exact", "powergossip")
+PLAN_NOTES = ["peers: local ring:256 resnet20: all-reduce, PowerSGD and both reductions skipped "
+              "(in-process they cost n² thread hand-offs per step: the point with them did not finish "
+              "within 420 s); the two gossip algorithms are measured"]
+
+
 def full_plan() -> List[Point]:
     """What `python -m experiments.bench_scale` measures (about 15 minutes on 2 shared cores)."""
-    plan = [Point("peers", "local", n, "resnet20", 4 if n <= 64 else 2) for n in (8, 16, 32, 64, 128, 256)]
+    plan = [Point("peers", "local", n, "resnet20", 4 if n <= 64 else 2) for n in (8, 16, 32, 64, 128)]
+    plan.append(Point("peers", "local", 256, "resnet20", 2, GOSSIP_ONLY))
     for backend in ("mpi", "torch"):
         plan += [Point("peers", backend, n, "resnet20", 4) for n in (2, 4, 8, 16)]
     plan += [Point("size", "local", 4, p, 4) for p in ("1e4", "1e5", "1e6", "1e7")]
@@ -145,6 +155,38 @@ def _peer(comm, point: Point, folder: str) -> bool:
     return True
 
 
+def merged(path: Path, records: List[Dict[str, Any]], meta: Dict[str, Any]):
+    """The earlier run's records with this run's points replacing theirs, and both runs' metadata."""
+    if not path.exists():
+        raise ValueError(f"--merge needs the earlier run's {path.name} beside --out; run without --merge first")
+    earlier = json.loads(path.read_text())
+    new = {Point(**r["point"]).label(): r for r in records}
+    kept = [r for r in earlier["records"] if Point(**r["point"]).label() not in new]
+    old = earlier["meta"]
+    combined = {**old, "command": f"{old['command']}, then {meta['command']} ({meta['date']}, "
+                                  f"{meta['seconds']:.0f} s)",
+                "seconds": old["seconds"] + meta["seconds"],
+                "skipped": sorted(set(old.get("skipped", [])) | set(meta["skipped"]))}
+    order = {point.label(): k for k, point in enumerate(full_plan())}
+    combined_records = sorted(kept + records, key=lambda r: order.get(Point(**r["point"]).label(), len(order)))
+    return combined_records, combined
+
+
+def render_only(out: Path) -> int:
+    """Rewrite the page from the json beside it (after a change to the report's layout)."""
+    from gossip_powersgd.utils import atomic_write
+
+    from .report import render_markdown
+
+    path = out.with_suffix(".json")
+    if not path.exists():
+        raise ValueError(f"--render needs {path.name} beside --out; run the benchmark first")
+    data = json.loads(path.read_text())
+    atomic_write(out, render_markdown(data["records"], data["meta"]))
+    print(f"wrote {out} from {path.name}")
+    return 0
+
+
 # ---- the CLI -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -156,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plan", choices=("full", "tiny"), default="full",
                         help="full: the committed page's points; tiny: a few seconds (smoke test)")
     parser.add_argument("--only", choices=("local", "mpi", "torch"), help="one transport's points")
+    parser.add_argument("--points", help="only these points, as BACKEND:PEERS[,...] (e.g. local:256)")
+    parser.add_argument("--merge", action="store_true",
+                        help="replace the measured points in the existing --out page and json, keep the rest")
+    parser.add_argument("--render", action="store_true",
+                        help="only rewrite the --out page from its json (no measurement)")
     parser.add_argument("--timeout", type=float, default=420.0, help="seconds per point")
     parser.add_argument("--point", help=argparse.SUPPRESS)
     parser.add_argument("--point-dir", help=argparse.SUPPRESS)
@@ -167,6 +214,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.point:
         return child_main(args.point, args.point_dir)
+    if args.render:
+        return render_only(Path(args.out))
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be positive seconds, got {args.timeout:g}")
     from gossip_powersgd.utils import atomic_write
@@ -176,7 +225,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     plan = full_plan() if args.plan == "full" else tiny_plan()
     if args.only:
         plan = [p for p in plan if p.backend == args.only]
-    skipped: List[str] = []
+    if args.points:
+        wanted = {tuple(item.strip().split(":")) for item in args.points.split(",")}
+        plan = [p for p in plan if (p.backend, str(p.peers)) in wanted]
+        if not plan:
+            raise ValueError(f"--points {args.points!r} selects no point of the {args.plan} plan "
+                             "(write BACKEND:PEERS, e.g. local:256)")
+    skipped: List[str] = list(PLAN_NOTES) if args.plan == "full" else []
     plan = [with_gather_rule(p, skipped) for p in plan]
     started, start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.perf_counter()
     load_start = os.getloadavg()[0]
@@ -187,10 +242,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         status = record.get("error") or f"{record['wall']:.0f} s"
         print(f"{point.label()}: {status}", flush=True)
     command = "python -m experiments.bench_scale" + (f" --plan {args.plan}" if args.plan != "full" else "") \
-        + (f" --only {args.only}" if args.only else "")
+        + (f" --only {args.only}" if args.only else "") + (f" --points {args.points}" if args.points else "") \
+        + (" --merge" if args.merge else "")
     meta = {"command": command, "date": started, "seconds": time.perf_counter() - start,
             "machine": machine_line(load_start, os.getloadavg()[0]), "skipped": skipped}
     out = Path(args.out)
+    if args.merge:
+        records, meta = merged(out.with_suffix(".json"), records, meta)
     atomic_write(out, render_markdown(records, meta))
     atomic_write(out.with_suffix(".json"), json.dumps({"meta": meta, "records": records}, indent=1))
     print(f"wrote {out} and {out.with_suffix('.json').name} ({meta['seconds']:.0f} s)")

@@ -152,9 +152,10 @@ def measure_kind(comm, kind: str, shapes: Shapes, steps: int, device: str = "cpu
     out = {"kind": kind, "rank": comm.rank, "steps": steps, "seconds_per_step": seconds / steps,
            "bytes_sent": (comm.stats.bytes_sent - sent0) / steps,
            "bytes_received": received["bytes"] / steps, "rss": rss_bytes()}
-    comm.barrier()
     del step, keep
-    gc.collect()
+    comm.barrier()
+    if comm.rank == 0:  # one collection per process suffices (in-process, every peer shares it)
+        gc.collect()
     return out
 
 
