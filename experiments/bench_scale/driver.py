@@ -172,6 +172,23 @@ def merged(path: Path, records: List[Dict[str, Any]], meta: Dict[str, Any]):
     return combined_records, combined
 
 
+def rounded(obj: Any, digits: int = 5) -> Any:
+    """`obj` with every float rounded to `digits` significant digits (a compact raw file)."""
+    if isinstance(obj, float):
+        return float(f"{obj:.{digits}g}")
+    if isinstance(obj, dict):
+        return {k: rounded(v, digits) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [rounded(v, digits) for v in obj]
+    return obj
+
+
+def raw_json(obj: Any) -> str:
+    """The raw records, one line per point, floats to 5 significant digits."""
+    records = ",\n".join(json.dumps(r, separators=(",", ":")) for r in rounded(obj["records"]))
+    return '{"meta": ' + json.dumps(obj["meta"]) + ',\n"records": [\n' + records + "\n]}\n"
+
+
 def render_only(out: Path) -> int:
     """Rewrite the page from the json beside it (after a change to the report's layout)."""
     from gossip_powersgd.utils import atomic_write
@@ -249,8 +266,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out)
     if args.merge:
         records, meta = merged(out.with_suffix(".json"), records, meta)
+    records = rounded(records)  # the page is exactly what --render makes of the json
     atomic_write(out, render_markdown(records, meta))
-    atomic_write(out.with_suffix(".json"), json.dumps({"meta": meta, "records": records}, indent=1))
+    atomic_write(out.with_suffix(".json"), raw_json({"meta": meta, "records": records}))
     print(f"wrote {out} and {out.with_suffix('.json').name} ({meta['seconds']:.0f} s)")
     failed = [r for r in records if "error" in r]
     return 1 if failed and len(failed) == len(records) else 0
