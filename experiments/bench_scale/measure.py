@@ -1,0 +1,173 @@
+"""What one peer measures at one point of the scaling benchmark: time per step, bytes sent and
+bytes received per rank, and the process's memory, for each algorithm and for the two reductions.
+
+Runs unchanged on every transport (`LocalCluster` threads, MPI ranks, torch.distributed processes):
+everything goes through the communicator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import resource
+import time
+from typing import Any, Dict, Iterator, List, Sequence
+
+import torch
+
+from gossip_powersgd.comm.base import nbytes, reduce_in_rank_order
+
+from ..bench_gossip.shapes import Shapes, make_params, model_shapes
+
+#: What a point can time: four algorithms (one `step()` each) and two reductions of one flat tensor.
+ALGORITHMS = ("exact", "powergossip", "allreduce", "powersgd")
+REDUCTIONS = ("ring", "gather")
+KINDS = ALGORITHMS + REDUCTIONS
+
+
+def square_shapes(numel: int) -> Shapes:
+    """One square matrix of about `numel` parameters: the simplest set on which every compressor
+    acts, so that cost against model size is not mixed with a change of layer shapes."""
+    side = max(2, round(math.sqrt(numel)))
+    return [("weight", (side, side))]
+
+
+def parameter_shapes(params: str) -> Shapes:
+    """A model's shapes ("resnet20", "vgg16") or, for a number such as "1e6", `square_shapes`."""
+    try:
+        return square_shapes(int(float(params)))
+    except ValueError:
+        return model_shapes(params)
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (ru_maxrss is in kB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def gather_reduce_(comm, tensor: torch.Tensor) -> torch.Tensor:
+    """The all-gather reduction the library used before its ring: every peer receives every other
+    peer's whole tensor (n - 1 copies, passed around the ring whole) and averages the n copies in
+    rank order. Written here on the transport's point-to-point primitive so that it moves its bytes
+    through the same path as `comm.allreduce_`; kept only to measure what the ring saves."""
+    n, r = comm.size, comm.rank
+    if n == 1:
+        return tensor
+    flat = tensor.detach().reshape(-1)
+    copies: List[torch.Tensor] = [None] * n  # type: ignore[list-item]
+    copies[r] = flat.clone()
+    right, left = (r + 1) % n, (r - 1) % n
+    for step in range(n - 1):
+        outgoing = copies[(r - step) % n]
+        incoming = torch.empty_like(flat)
+        comm._sendrecv(right, outgoing, left, incoming)
+        copies[(r - step - 1) % n] = incoming
+        comm.stats.bytes_sent += nbytes(outgoing)
+        comm.stats.messages_sent += 1
+    flat.copy_(reduce_in_rank_order(copies, "mean"))
+    return tensor
+
+
+@contextlib.contextmanager
+def counting_received(comm, counter: Dict[str, int]) -> Iterator[None]:
+    """Add to counter["bytes"] the payload bytes this peer receives (gossip messages and ring or
+    gather chunks; the torch transport's int64 headers are envelope and left out)."""
+    exchange, sendrecv = comm._exchange, comm._sendrecv
+
+    def counted_exchange(send, recv):
+        exchange(send, recv)
+        counter["bytes"] += sum(nbytes(buffer) for buffer in recv.values())
+
+    def counted_sendrecv(dest, send, source, recv):
+        sendrecv(dest, send, source, recv)
+        if source is not None and recv.is_floating_point():
+            counter["bytes"] += nbytes(recv)
+
+    comm._exchange, comm._sendrecv = counted_exchange, counted_sendrecv
+    try:
+        yield
+    finally:
+        del comm._exchange, comm._sendrecv  # back to the class's methods
+
+
+def build(kind: str, comm, shapes: Shapes, device: str):
+    """(a zero-argument step function, the tensors it keeps alive) for one kind on this peer."""
+    from gossip_powersgd import AllReduce, ExactGossip, PowerGossip, PowerSGDAllReduce
+
+    params = [t.to(device) for t in make_params(shapes, comm.rank)]
+    if kind in REDUCTIONS:
+        flat = torch.cat([p.reshape(-1) for p in params])
+        del params
+        if kind == "ring":
+            return (lambda: comm.allreduce_(flat, "mean")), flat
+        return (lambda: gather_reduce_(comm, flat)), flat
+    if kind == "exact":
+        algorithm = ExactGossip(params, comm)
+    elif kind == "powergossip":
+        algorithm = PowerGossip(params, comm, rank=1)
+    elif kind == "allreduce":
+        algorithm = AllReduce(params, comm)
+    elif kind == "powersgd":
+        for p in params:
+            p.grad = torch.randn_like(p)
+        algorithm = PowerSGDAllReduce(params, comm, rank=1, start_iter=0)
+    else:
+        raise ValueError(f"unknown kind {kind!r}; valid: {', '.join(KINDS)}")
+    return algorithm.step, algorithm
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def measure_kind(comm, kind: str, shapes: Shapes, steps: int, device: str = "cpu") -> Dict[str, Any]:
+    """One warm-up step, then `steps` timed ones between barriers: seconds per step on this peer,
+    bytes sent (transport counters) and received per step, and the process's RSS afterwards."""
+    step, keep = build(kind, comm, shapes, device)
+    step()  # warm-up: first-touch allocations, factor set-up
+    synchronize(device)
+    received = {"bytes": 0}
+    comm.barrier()
+    sent0 = comm.stats.bytes_sent
+    with counting_received(comm, received):
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        synchronize(device)
+        seconds = time.perf_counter() - start
+    out = {"kind": kind, "rank": comm.rank, "steps": steps, "seconds_per_step": seconds / steps,
+           "bytes_sent": (comm.stats.bytes_sent - sent0) / steps,
+           "bytes_received": received["bytes"] / steps, "rss": rss_bytes()}
+    del step, keep
+    comm.barrier()
+    if comm.rank == 0:  # one collection per process suffices (in-process, every peer shares it)
+        gc.collect()
+    return out
+
+
+def peer_point(comm, kinds: Sequence[str], params: str, steps: int, device: str = "cpu") -> Dict[str, Any]:
+    """Every kind in turn on this peer (each freed before the next starts); the point's record."""
+    shapes = parameter_shapes(params)
+    numel = sum(math.prod(shape) for _, shape in shapes)
+    out: Dict[str, Any] = {"rank": comm.rank, "size": comm.size, "params": params, "numel": numel,
+                           "rss_start": rss_bytes(), "results": []}
+    for kind in kinds:
+        # PowerGossip alternates right and left half-steps: time whole power iterations.
+        count = steps + steps % 2 if kind == "powergossip" else steps
+        out["results"].append(measure_kind(comm, kind, shapes, count, device))
+    out["rss_peak"] = peak_rss_bytes()
+    return out

@@ -1,0 +1,275 @@
+"""GPU readiness check: PowerGossip and exact gossip with CUDA tensors, against the CPU run.
+
+    python -m experiments.gpu_check                          # on a CUDA machine -> experiments/results/gpu_check.md
+    python -m experiments.gpu_check --device cpu --dry-run --out /tmp/gpu_check.md
+                                                             # the same code path on the CPU (no GPU needed)
+
+What it does, on ring:P (P = --peers):
+
+1. local transport (`LocalCluster`, one thread per peer) with every tensor on the device: exact gossip
+   and PowerGossip r1 for --steps steps on ResNet-20 shapes; the final models must equal the CPU
+   run's to float tolerance, and the average over peers must be what it was at the start;
+2. torch.distributed transport: the script starts itself under torchrun (`python -m
+   torch.distributed.run --nproc-per-node P`, bounded by --timeout), one process per GPU with NCCL
+   (gloo on the CPU in a dry run), and checks the same two things;
+3. times a VGG-16-shaped gossip step (15.2 M parameters) of both algorithms on the device;
+4. writes the page (default experiments/results/gpu_check.md; a dry run writes only to --out).
+
+On a machine without CUDA it refuses with one line and exit status 1. NCCL wants one GPU per rank, so
+with fewer than two GPUs step 2 is reported as skipped (with the reason), not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a file by torchrun
+    sys.path.insert(0, str(ROOT))
+
+from experiments.bench_gossip.shapes import make_params, model_shapes  # noqa: E402
+
+DEFAULT_OUT = ROOT / "experiments" / "results" / "gpu_check.md"
+ALGORITHMS = ("exact", "powergossip")
+#: Largest relative difference (2-norm over a peer's whole model) allowed between device and CPU
+#: runs, and between the average over peers before and after gossip. float32 products summed in a
+#: different order differ by ~1e-7 relative per operation; a few steps stay far below these.
+MODEL_TOLERANCE = {"exact": 1e-5, "powergossip": 1e-4}
+AVERAGE_TOLERANCE = 1e-5
+
+
+def require_device(device: str, dry_run: bool) -> torch.device:
+    """The device to check, or a one-line ValueError saying why this machine cannot run the check."""
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        if not dry_run:
+            raise ValueError("--device cpu checks the script, not a GPU: add --dry-run (and --out "
+                             "PATH to keep its page)")
+        return dev
+    if dev.type != "cuda":
+        raise ValueError(f"device {device!r} is not supported: use cuda (or cpu with --dry-run)")
+    if not torch.cuda.is_available():
+        raise ValueError(f"gpu_check needs CUDA, and this machine has none (torch {torch.__version__}, "
+                         "torch.cuda.is_available() is False): run it on a GPU machine, or check the "
+                         "script itself with --device cpu --dry-run")
+    # TF32 would change the products' bits far beyond float tolerance; the check is for float32.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return dev
+
+
+def check_shapes(dry_run: bool):
+    """ResNet-20 shapes, or in a dry run a few small matrices and a vector (seconds on a CPU)."""
+    if dry_run:
+        return [("a", (16, 24)), ("b", (16, 24)), ("c", (8, 3, 3, 3)), ("bias", (16,))]
+    return model_shapes("resnet20")
+
+
+def gossip_peer(comm, algorithm: str, shapes, steps: int, device: str) -> Dict[str, Any]:
+    """One peer: `steps` steps of `algorithm` on its random parameters; its final model on the CPU
+    and its seconds per step (after one warm-up step when steps > 1)."""
+    from gossip_powersgd import ExactGossip, PowerGossip
+
+    params = [t.to(device) for t in make_params(shapes, comm.rank)]
+    gossip = ExactGossip(params, comm) if algorithm == "exact" else PowerGossip(params, comm, rank=1)
+    seconds = []
+    for _ in range(steps):
+        comm.barrier()
+        start = time.perf_counter()
+        gossip.step()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+    timed = seconds[1:] or seconds
+    return {"params": [p.detach().cpu().clone() for p in params], "seconds": sum(timed) / len(timed)}
+
+
+def run_local(peers: int, algorithm: str, shapes, steps: int, device: str) -> List[Dict[str, Any]]:
+    import topologies
+    from gossip_powersgd import LocalCluster
+
+    return LocalCluster(topologies.ring(peers), timeout=300).run(gossip_peer, algorithm, shapes, steps,
+                                                                 device)
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def compare(runs: Sequence[Dict[str, Any]], reference: Sequence[Dict[str, Any]], shapes,
+            algorithm: str) -> Dict[str, Any]:
+    """How far `runs` (one record per rank) is from the CPU `reference`, and how well it kept the
+    average over peers; `ok` when both are within tolerance."""
+    flat = lambda record: torch.cat([p.reshape(-1).double() for p in record["params"]])  # noqa: E731
+    model_diff = max(relative(flat(r), flat(ref)) for r, ref in zip(runs, reference))
+    start = torch.stack([torch.cat([t.reshape(-1).double() for t in make_params(shapes, k)])
+                         for k in range(len(runs))]).mean(0)
+    end = torch.stack([flat(r) for r in runs]).mean(0)
+    average_drift = relative(end, start)
+    ok = len(runs) == len(reference) and model_diff <= MODEL_TOLERANCE[algorithm] \
+        and average_drift <= AVERAGE_TOLERANCE
+    return {"model_diff": model_diff, "average_drift": average_drift, "ok": ok}
+
+
+# ---- torch.distributed -----------------------------------------------------------------------------
+def torch_peers(device: torch.device, peers: int) -> tuple:
+    """(processes to launch, or 0, and why not) for the torch.distributed part."""
+    if device.type == "cpu":
+        return peers, ""
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        return 0, (f"NCCL wants one GPU per rank and this machine has {gpus}; run the check on a "
+                   "machine with at least two GPUs for this part")
+    return min(peers, gpus), ""
+
+
+def launch_torch(processes: int, args, folder: Path) -> str:
+    """Run this script's workers under torchrun; '' on success, else the failure in one line."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
+               "--master-addr", "127.0.0.1", "--master-port", str(port), str(Path(__file__).resolve()),
+               "--worker", str(folder), "--device", args.device, "--steps", str(args.steps)]
+    if args.dry_run:
+        command.append("--dry-run")
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    child = subprocess.Popen(command, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        _, err = child.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        return f"torchrun did not finish within {args.timeout:g} s"
+    if child.returncode != 0:
+        lines = [line for line in err.splitlines() if line.strip()] or ["(no output)"]
+        errors = [line for line in lines if line.startswith("error")]
+        return f"torchrun exit {child.returncode}: {(errors or lines)[-1][:300]}"
+    return ""
+
+
+def worker_main(folder: str, args) -> int:
+    """Inside torchrun: both algorithms on a TorchCommunicator on this rank's device; the rank's
+    records saved as rank-K.pt."""
+    import topologies
+    from gossip_powersgd import TorchCommunicator
+
+    world = int(os.environ["WORLD_SIZE"])
+    device = "cpu" if args.device == "cpu" else "cuda"
+    comm = TorchCommunicator(topologies.ring(world), device=device, timeout=args.timeout)
+    device = str(comm.device)
+    shapes = check_shapes(args.dry_run)
+    out = {name: gossip_peer(comm, name, shapes, args.steps, device) for name in ALGORITHMS}
+    torch.save(out, Path(folder) / f"rank-{comm.rank}.pt")
+    comm.barrier()
+    comm.close()
+    return 0
+
+
+# ---- the page ------------------------------------------------------------------------------------
+def render(rows: List[Dict[str, Any]], timings: Dict[str, float], meta: Dict[str, Any]) -> str:
+    lines = ["# GPU readiness check", "", f"Command: `{meta['command']}`", "",
+             f"Date: {meta['date']} ({meta['seconds']:.0f} s). Device: {meta['device_name']}; "
+             f"torch {torch.__version__}; {meta['peers']} peers on a ring; {meta['steps']} steps; "
+             f"TF32 off.", "",
+             f"Models compared with the CPU run of the same algorithm (relative 2-norm difference per "
+             f"peer, worst peer; tolerance exact {MODEL_TOLERANCE['exact']:g}, PowerGossip "
+             f"{MODEL_TOLERANCE['powergossip']:g}); average over peers after vs before (tolerance "
+             f"{AVERAGE_TOLERANCE:g}).", "",
+             "| transport | algorithm | model vs CPU | average drift | result |", "|---|---|---|---|---|"]
+    for row in rows:
+        if "skipped" in row:
+            lines.append(f"| {row['transport']} | {row['algorithm']} | – | – | skipped: {row['skipped']} |")
+        elif "error" in row:
+            lines.append(f"| {row['transport']} | {row['algorithm']} | – | – | **FAIL**: {row['error']} |")
+        else:
+            lines.append(f"| {row['transport']} | {row['algorithm']} | {row['model_diff']:.2e} | "
+                         f"{row['average_drift']:.2e} | {'pass' if row['ok'] else '**FAIL**'} |")
+    lines += ["", f"## Time per gossip step ({meta['timing_shapes']}, local transport on the device)", "",
+              "| algorithm | time / step |", "|---|---|"]
+    lines += [f"| {name} | {seconds * 1e3:.3g} ms |" for name, seconds in timings.items()]
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m experiments.gpu_check", description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (with --dry-run)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="small shapes and the CPU allowed: checks the script, not a GPU")
+    parser.add_argument("--peers", type=int, default=4, help="peers on the ring (default 4)")
+    parser.add_argument("--steps", type=int, default=6, help="gossip steps per run (default 6)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the torchrun part")
+    parser.add_argument("--out", help="page to write (default experiments/results/gpu_check.md; "
+                                      "none in a dry run unless given)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the check; print the page; exit 1 if any comparison failed."""
+    args = build_parser().parse_args(argv)
+    if args.peers < 2 or args.steps < 1 or args.timeout <= 0:
+        raise ValueError("--peers must be >= 2, --steps >= 1 and --timeout > 0")
+    device = require_device(args.device, args.dry_run)
+    if args.worker:
+        return worker_main(args.worker, args)
+    from gossip_powersgd.utils import atomic_write
+
+    start, date = time.perf_counter(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    shapes = check_shapes(args.dry_run)
+    reference = {name: run_local(args.peers, name, shapes, args.steps, "cpu") for name in ALGORITHMS}
+    rows = []
+    for name in ALGORITHMS:
+        run = run_local(args.peers, name, shapes, args.steps, str(device))
+        rows.append({"transport": f"local on {device.type}", "algorithm": name,
+                     **compare(run, reference[name], shapes, name)})
+    processes, why_not = torch_peers(device, args.peers)
+    backend = "gloo" if device.type == "cpu" else "nccl"
+    if processes and processes != args.peers:
+        reference = {name: run_local(processes, name, shapes, args.steps, "cpu") for name in ALGORITHMS}
+    with tempfile.TemporaryDirectory(prefix="gpu_check-") as folder:
+        failure = launch_torch(processes, args, Path(folder)) if processes else ""
+        for name in ALGORITHMS:
+            row = {"transport": f"torch/{backend}, {processes or args.peers} processes", "algorithm": name}
+            if not processes:
+                rows.append({**row, "skipped": why_not})
+                continue
+            if failure:
+                rows.append({**row, "error": failure, "ok": False})
+                continue
+            runs = [torch.load(Path(folder) / f"rank-{k}.pt", weights_only=True)[name]
+                    for k in range(processes)]
+            rows.append({**row, **compare(runs, reference[name], shapes, name)})
+    timing_shapes = "small dry-run shapes" if args.dry_run else "VGG-16 shapes, 15.2 M parameters"
+    timing_set = shapes if args.dry_run else model_shapes("vgg16")
+    timings = {name: sum(r["seconds"] for r in run_local(args.peers, name, timing_set, 3, str(device)))
+               / args.peers for name in ALGORITHMS}
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)"
+    command = "python -m experiments.gpu_check" + (f" --device {args.device} --dry-run" if args.dry_run else "")
+    meta = {"command": command, "date": date, "seconds": time.perf_counter() - start,
+            "device_name": name, "peers": args.peers, "steps": args.steps, "timing_shapes": timing_shapes}
+    page = render(rows, timings, meta)
+    out = args.out or (None if args.dry_run else str(DEFAULT_OUT))
+    if out:
+        atomic_write(Path(out), page)
+    print(page + (f"\nwrote {out}" if out else ""))
+    return 0 if all(row.get("ok", True) for row in rows) else 1
+
+
+if __name__ == "__main__":
+    from gossip_powersgd.launch import main_guard
+
+    main_guard(main)
