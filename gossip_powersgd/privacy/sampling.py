@@ -8,11 +8,12 @@ what is accounted for.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable
 
 import torch
 
 from gossip_powersgd.privacy.seeds import SAMPLER_STREAM, derive_seed
+from gossip_powersgd.training.data import ResumableBatches
 
 __all__ = ["PoissonBatches", "poisson_rate"]
 
@@ -30,7 +31,7 @@ def poisson_rate(batch_size: int, shard_size: int) -> float:
     return batch_size / shard_size
 
 
-class PoissonBatches:
+class PoissonBatches(ResumableBatches):
     """Poisson-sampled batches over ``(x, y)`` with a checkpointable position.
 
     Every step includes each example independently with probability ``sample_rate``, so batch
@@ -39,27 +40,16 @@ class PoissonBatches:
 
     The inclusion mask of a step is drawn from a CPU ``torch.Generator`` seeded by
     ``(seed, rank, epoch, step)``, so the batches are a pure function of the state and
-    ``load_state_dict`` resumes them bit for bit. The interface is the trainer's ``Batches``:
-    iterating yields ``(xb, yb)`` to the end of the current epoch, and the state advances before
-    a batch is handed out.
+    ``load_state_dict`` resumes them bit for bit; iteration and resuming are the trainer's
+    ``Batches``' (see `ResumableBatches`). ``last_batch_size`` is what `DPSGD.privatize` is told.
     """
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, sample_rate: float, seed: int = 0,
                  rank: int = 0):
-        if len(x) != len(y):
-            raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
-        if len(x) == 0:
-            raise ValueError("cannot sample batches from an empty dataset")
         if isinstance(sample_rate, bool) or not 0 < float(sample_rate) <= 1:
             raise ValueError(f"the Poisson sample rate must lie in (0, 1], got {sample_rate!r}")
-        if seed < 0 or rank < 0:
-            raise ValueError(f"seed and rank must be non-negative, got seed={seed}, rank={rank}")
-        self.x, self.y = x, y
+        super().__init__(x, y, seed, rank, "cannot sample batches from an empty dataset")
         self.sample_rate = float(sample_rate)
-        self.seed, self.rank = int(seed), int(rank)
-        self.epoch, self.position = 0, 0  # position = steps already taken this epoch
-        #: Size of the batch handed out last: what `DPSGD.privatize` is told after its backward.
-        self.last_batch_size = 0
 
     def __len__(self) -> int:
         return max(1, round(1 / self.sample_rate))
@@ -75,24 +65,5 @@ class PoissonBatches:
         mask = torch.rand(len(self.x), generator=generator) < self.sample_rate
         return mask.to(self.x.device)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        epoch = self.epoch
-        while self.epoch == epoch:
-            index = torch.nonzero(self._mask(self.epoch, self.position), as_tuple=True)[0]
-            self.position += 1
-            if self.position == len(self):
-                self.epoch, self.position = self.epoch + 1, 0
-            self.last_batch_size = len(index)
-            yield self.x[index], self.y[index]
-
-    def state_dict(self) -> dict[str, int]:
-        """Where the sampler is (plain ints: survives ``torch.load(weights_only=True)``)."""
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue from a ``state_dict()``: the following batches are those the saver would see."""
-        epoch, position, seed = int(state["epoch"]), int(state["position"]), int(state["seed"])
-        if epoch < 0 or not 0 <= position < len(self) or seed < 0:
-            raise ValueError(f"invalid PoissonBatches state {dict(state)} for {len(self)} "
-                             f"steps/epoch")
-        self.epoch, self.position, self.seed = epoch, position, seed
+    def _epoch_indices(self, epoch: int) -> Callable[[int], torch.Tensor]:
+        return lambda position: torch.nonzero(self._mask(epoch, position), as_tuple=True)[0]
