@@ -80,10 +80,18 @@ class RecordingCommunicator:
         self.inner = inner
         self.listener = listener
 
-    def exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
-        """`inner.exchange(send, recv)`, then the listener sees what was delivered."""
-        self.inner.exchange(send, recv)
-        if self.inner.neighbors:
+    def exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor],
+                 step: Optional[int] = None) -> None:
+        """`inner.exchange(send, recv, step)`, then the listener sees what was delivered (a step
+        of a changing topology in which this peer has no neighbour delivers nothing)."""
+        self.inner.exchange(send, recv, step)
+        if recv:
+            self.listener(send, recv)
+
+    def exchange_directed(self, send: Dict[int, Tensor], recv: Dict[int, Tensor], step: int) -> None:
+        """`inner.exchange_directed(send, recv, step)` (push-sum), then the listener."""
+        self.inner.exchange_directed(send, recv, step)
+        if recv:
             self.listener(send, recv)
 
     def __getattr__(self, name: str):
