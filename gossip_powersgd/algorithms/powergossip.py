@@ -214,17 +214,20 @@ class PowerGossip(GossipAlgorithm):
             tensor.data = flat.view(tensor.shape)
 
     def _check_homes(self) -> None:
+        """Re-stack whatever has been re-pointed since the last step (e.g. by `model.to`)."""
         params = self.params
+        if all(params[k].data_ptr() == ptr for k, ptr in self._home_ptrs):
+            return
         for group in self._groups:
             for slot, k in enumerate(group.indices):
                 if params[k].data_ptr() != group.matrices[slot].data_ptr():
                     self._home(group)
-                    self._make_plans()
                     break
         for k, flat in zip(self._exact_indices, self._exact_views):
             if params[k].data_ptr() != flat.data_ptr() or params[k].numel() != flat.numel():
                 self._home_exact()
                 break
+        self._make_plans()
 
     def _draw(self, j: int, shape) -> Tensor:
         # Drawn on the CPU from the edge's generator, then moved: a CPU peer and a GPU peer agree.
@@ -315,6 +318,10 @@ class PowerGossip(GossipAlgorithm):
         on the group's buffers: they are rebuilt whenever a group is re-stacked)."""
         deg = len(self.comm.neighbors)
         runs = self._sign_runs()
+        # Where each parameter's data must start for the plans to be valid (see `_check_homes`).
+        self._home_ptrs = [(k, group.matrices[slot].data_ptr())
+                           for group in self._groups for slot, k in enumerate(group.indices)]
+        self._home_ptrs += [(k, flat.data_ptr()) for k, flat in zip(self._exact_indices, self._exact_views)]
         self._plans: Dict[str, List[_SidePlan]] = {"right": [], "left": []}
         for index, g in enumerate(self._groups):
             b, r = g.batch, g.rank
