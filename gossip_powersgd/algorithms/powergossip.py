@@ -45,10 +45,10 @@ import torch
 
 from ..comm.base import Tensor
 from ..specs import check_seed
-from .base import (FlatParams, GossipAlgorithm, ParamsLike, load_tensors_, require_undirected,
+from .base import (GossipAlgorithm, ParamsLike, load_tensors_, require_undirected,
                    step_weights, warn_if_unstable_gamma)
 from .exact import mix_exact, resolve_gamma
-from .lowrank import MatrixStack, matrix_stacks, orthonormalize_
+from .lowrank import GRAM_SCHMIDT_MAX_RANK, MatrixStack, matrix_stacks, orthonormalize_
 
 
 def edge_seed(seed: int, i: int, j: int) -> int:
@@ -57,6 +57,14 @@ def edge_seed(seed: int, i: int, j: int) -> int:
     small, big = min(i, j), max(i, j)
     state = np.random.SeedSequence([seed, small, big]).generate_state(1, dtype=np.uint64)[0]
     return int(state) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+#: Alignment of each neighbour's message buffer (that of PyTorch's CPU allocator).
+_ALIGN_BYTES = 64
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
 
 
 @dataclasses.dataclass
@@ -74,6 +82,22 @@ class _EdgeFactors(MatrixStack):
     products_right: Optional[Tensor] = None  # (batch, deg*r, rows) = (M Q)^T for every neighbour
     products_left: Optional[Tensor] = None  # (batch, deg*r, cols) = (M^T P)^T for every neighbour
     scales: Optional[Tensor] = None  # (1, deg*r, 1): sigma * gamma * W[i, j] for each factor vector
+
+
+@dataclasses.dataclass
+class _SidePlan:
+    """The views one group works on in a static half-step of one side (right: multiply by Q)."""
+
+    group: _EdgeFactors
+    blocks: List[Tensor]  # each neighbour's factor to multiply by, (batch, r, n)
+    factor_sets: Optional[Tensor]  # all of them as (batch, deg, r, n), for one Gram-Schmidt call
+    matrix: Tensor  # M^T (right) or M (left), as bmm takes it
+    factors: Tensor  # (batch, deg*r, n): the factors multiplied by, side by side
+    products: Tensor  # (batch, deg*r, length): their products with M
+    product_sets: Tensor  # the same as (batch, deg, r, length)
+    send_sets: Tensor  # every neighbour's message segment, as (batch, deg, r, length)
+    differences: List[tuple]  # (first, second, out) per run of neighbours: out = first - second
+    scaled_left_t: Tensor  # the group's scaled P^T, transposed for the update
 
 
 class PowerGossip(GossipAlgorithm):
@@ -140,11 +164,14 @@ class PowerGossip(GossipAlgorithm):
                             for j in neighbors}
 
         self._groups = self._make_groups()
-        exact = [self.params[k] for k in range(len(self.params)) if k not in self._compressed]
-        self._exact = FlatParams(exact) if exact else None
-        self._exact_scratch = torch.empty_like(self._exact.buffer) if exact else None
+        self._exact_indices = [k for k in range(len(self.params)) if k not in self._compressed]
+        self._exact: Optional[Tensor] = None  # the exactly gossiped tensors, which are views of it
+        self._exact_views: List[Tensor] = []
+        self._home_exact()
+        self._exact_scratch = torch.empty_like(self._exact) if self._exact is not None else None
         self._make_factors()
         self._make_messages()
+        self._make_plans()
 
     # ---- set-up --------------------------------------------------------------------------------
     def _make_groups(self) -> List[_EdgeFactors]:
@@ -168,12 +195,39 @@ class PowerGossip(GossipAlgorithm):
             group.matrices[slot].copy_(tensor.detach().reshape(group.rows, group.cols))
             tensor.data = group.matrices[slot].view(tensor.shape)
 
+    def _home_exact(self) -> None:
+        """Give the exactly gossiped tensors one flat buffer that they are views of, so that a step
+        mixes that buffer in place instead of packing and unpacking every small tensor."""
+        if not self._exact_indices:
+            return
+        if self._exact is None:
+            total = sum(self.params[k].numel() for k in self._exact_indices)
+            self._exact = torch.empty(total, dtype=self.dtype, device=self.device)
+            offset = 0
+            for k in self._exact_indices:
+                size = self.params[k].numel()
+                self._exact_views.append(self._exact[offset:offset + size])
+                offset += size
+        for k, flat in zip(self._exact_indices, self._exact_views):
+            tensor = self.params[k]
+            flat.copy_(tensor.detach().reshape(-1))
+            tensor.data = flat.view(tensor.shape)
+
     def _check_homes(self) -> None:
+        """Re-stack whatever has been re-pointed since the last step (e.g. by `model.to`)."""
+        params = self.params
+        if all(params[k].data_ptr() == ptr for k, ptr in self._home_ptrs):
+            return
         for group in self._groups:
             for slot, k in enumerate(group.indices):
-                if self.params[k].data_ptr() != group.matrices[slot].data_ptr():
+                if params[k].data_ptr() != group.matrices[slot].data_ptr():
                     self._home(group)
                     break
+        for k, flat in zip(self._exact_indices, self._exact_views):
+            if params[k].data_ptr() != flat.data_ptr() or params[k].numel() != flat.numel():
+                self._home_exact()
+                break
+        self._make_plans()
 
     def _draw(self, j: int, shape) -> Tensor:
         # Drawn on the CPU from the edge's generator, then moved: a CPU peer and a GPU peer agree.
@@ -203,18 +257,25 @@ class PowerGossip(GossipAlgorithm):
 
         Layout of a message: for each group, its products (batch x r x rows on a right half-step,
         (M Q)^T; batch x r x cols on a left one, (M^T P)^T), then, on the first half-step of a
-        step, the exact part.
+        step, the exact part. The neighbours' buffers are the rows of one (deg, capacity) tensor,
+        so that a segment of every neighbour's message is one strided view.
         """
+        neighbors = self.comm.neighbors
         right = sum(g.batch * g.rows * g.rank for g in self._groups)
         left = sum(g.batch * g.cols * g.rank for g in self._groups)
-        exact = self._exact.buffer.numel() if self._exact is not None else 0
+        exact = self._exact.numel() if self._exact is not None else 0
         self._message_numel = {(side, with_exact): size + (exact if with_exact else 0)
                                for side, size in (("right", right), ("left", left))
                                for with_exact in (False, True)}
-        capacity = max(right, left) + exact
-        new = lambda: torch.zeros(capacity, dtype=self.dtype, device=self.device)  # noqa: E731
-        self._send = {j: new() for j in self.comm.neighbors}
-        self._recv = {j: new() for j in self.comm.neighbors}
+        # Rows start on 64-byte boundaries, as separately allocated buffers do: a BLAS kernel
+        # writing a product into a message may round differently at another alignment.
+        capacity = _round_up(max(right, left) + exact, max(1, _ALIGN_BYTES // self._element_size()))
+        self._send_rows = torch.zeros((len(neighbors), capacity), dtype=self.dtype, device=self.device)
+        self._recv_rows = torch.zeros_like(self._send_rows)
+        self._send = {j: self._send_rows[n] for n, j in enumerate(neighbors)}
+        self._recv = {j: self._recv_rows[n] for n, j in enumerate(neighbors)}
+        # Segment offsets: (group index or "exact", side) -> (offset, size).
+        self._segments: Dict[tuple, tuple] = {}
         # Segment views: (group index, side) -> neighbour -> view; "exact" -> neighbour -> view.
         self._send_views: Dict[tuple, Dict[int, Tensor]] = {}
         self._recv_views: Dict[tuple, Dict[int, Tensor]] = {}
@@ -223,12 +284,75 @@ class PowerGossip(GossipAlgorithm):
             for index, g in enumerate(self._groups):
                 shape = (g.batch, g.rank, g.rows if side == "right" else g.cols)
                 size = shape[0] * shape[1] * shape[2]
+                self._segments[(index, side)] = (offset, size)
                 for views, buffers in ((self._send_views, self._send), (self._recv_views, self._recv)):
                     views[(index, side)] = {j: buffers[j][offset:offset + size].view(shape)
-                                            for j in self.comm.neighbors}
+                                            for j in neighbors}
                 offset += size
+            self._segments[("exact", side)] = (offset, exact)
             for views, buffers in ((self._send_views, self._send), (self._recv_views, self._recv)):
-                views[("exact", side)] = {j: buffers[j][offset:offset + exact] for j in self.comm.neighbors}
+                views[("exact", side)] = {j: buffers[j][offset:offset + exact] for j in neighbors}
+        # The exchange's buffers, sliced to each message's size once: (side, with exact) -> dicts.
+        self._messages = {key: ({j: self._send[j][:numel] for j in neighbors},
+                                {j: self._recv[j][:numel] for j in neighbors})
+                          for key, numel in self._message_numel.items()}
+
+    def _element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    def _sign_runs(self) -> List[tuple]:
+        """Runs (start, stop, smaller) of consecutive neighbour positions on the same side of this
+        peer's rank: within a run, the new factors are one subtraction in the same order."""
+        runs: List[tuple] = []
+        for n, j in enumerate(self.comm.neighbors):
+            smaller = self.comm.rank < j
+            if runs and runs[-1][2] == smaller:
+                runs[-1] = (runs[-1][0], n + 1, smaller)
+            else:
+                runs.append((n, n + 1, smaller))
+        return runs
+
+    def _make_plans(self) -> None:
+        """Precompute, per group and side, the views a static half-step works on, so that a
+        half-step issues a handful of operations per group whatever the degree (the views depend
+        on the group's buffers: they are rebuilt whenever a group is re-stacked)."""
+        deg = len(self.comm.neighbors)
+        runs = self._sign_runs()
+        # Where each parameter's data must start for the plans to be valid (see `_check_homes`).
+        self._home_ptrs = [(k, group.matrices[slot].data_ptr())
+                           for group in self._groups for slot, k in enumerate(group.indices)]
+        self._home_ptrs += [(k, flat.data_ptr()) for k, flat in zip(self._exact_indices, self._exact_views)]
+        self._plans: Dict[str, List[_SidePlan]] = {"right": [], "left": []}
+        for index, g in enumerate(self._groups):
+            b, r = g.batch, g.rank
+            for side in ("right", "left"):
+                right = side == "right"
+                factors, new_factors = (g.right, g.left) if right else (g.left, g.right)
+                products = g.products_right if right else g.products_left
+                length = g.rows if right else g.cols  # of the products and of the new factors
+                offset, size = self._segments[(index, side)]
+
+                def sets(rows: Tensor) -> Tensor:  # every neighbour's segment, as (b, deg, r, length)
+                    return rows[:, offset:offset + size].view(deg, b, r, length).permute(1, 0, 2, 3)
+
+                sends, recvs = sets(self._send_rows), sets(self._recv_rows)
+                new_sets = new_factors.view(b, deg, r, length)
+                differences = []
+                for start, stop, smaller in runs:
+                    # big's product minus small's product, written in the same order at both ends
+                    first, second = (recvs, sends) if smaller else (sends, recvs)
+                    differences.append((first[:, start:stop], second[:, start:stop],
+                                        new_sets[:, start:stop]))
+                width = factors.shape[-1]
+                self._plans[side].append(_SidePlan(
+                    group=g,
+                    blocks=[g.block(factors, n) for n in range(deg)],
+                    factor_sets=factors.view(b, deg, r, width) if r <= GRAM_SCHMIDT_MAX_RANK else None,
+                    matrix=g.matrices.transpose(1, 2) if right else g.matrices,
+                    factors=factors, products=products,
+                    product_sets=products.view(b, deg, r, length), send_sets=sends,
+                    differences=differences, scaled_left_t=g.scaled_left.transpose(1, 2),
+                ))
 
     # ---- the algorithm -------------------------------------------------------------------------
     def _step(self) -> None:
@@ -243,65 +367,56 @@ class PowerGossip(GossipAlgorithm):
             self.half_steps += 1
             self._half_step(right=self.half_steps % 2 == 1, with_exact=iteration == 0)
 
+    def _orthonormalize(self, plan: "_SidePlan") -> None:
+        if not self.warm_start:
+            for block, j in zip(plan.blocks, self.comm.neighbors):
+                block.copy_(self._draw(j, block.shape))
+        if plan.factor_sets is not None:
+            # Gram-Schmidt works on each (r, n) matrix on its own, so all neighbours' factors go in
+            # one call; each edge's factor is the same shape at both ends: identical bits.
+            orthonormalize_(plan.factor_sets)
+        else:
+            for block in plan.blocks:
+                orthonormalize_(block)
+
     def _half_step(self, right: bool, with_exact: bool) -> None:
         neighbors = self.comm.neighbors
         side = "right" if right else "left"
+        plans = self._plans[side]
+        has_exact = with_exact and self._exact is not None
 
         # 1. Orthonormalise the factors we multiply by, and compute all neighbours' products at once.
-        for index, g in enumerate(self._groups):
-            factors = g.right if right else g.left
-            for n, j in enumerate(neighbors):
-                block = g.block(factors, n)
-                if not self.warm_start:
-                    block.copy_(self._draw(j, block.shape))
-                orthonormalize_(block)  # same shape at both ends of the edge: identical bits
-            sends = self._send_views[(index, side)]
-            products = g.products_right if right else g.products_left
+        for index, plan in enumerate(plans):
+            self._orthonormalize(plan)
             if self.batch_neighbors:
-                if right:
-                    torch.bmm(g.right, g.matrices.transpose(1, 2), out=products)  # (M Q)^T
-                else:
-                    torch.bmm(g.left, g.matrices, out=products)  # (M^T P)^T
-                for n, j in enumerate(neighbors):
-                    sends[j].copy_(g.block(products, n))
+                torch.bmm(plan.factors, plan.matrix, out=plan.products)  # (M Q)^T or (M^T P)^T
+                plan.send_sets.copy_(plan.product_sets)
             else:
-                for n, j in enumerate(neighbors):
-                    if right:
-                        torch.bmm(g.block(g.right, n), g.matrices.transpose(1, 2), out=sends[j])
-                    else:
-                        torch.bmm(g.block(g.left, n), g.matrices, out=sends[j])
-        if with_exact and self._exact is not None:
-            x = self._exact.pack()
-            for j in neighbors:
-                self._send_views[("exact", side)][j].copy_(x)
+                sends = self._send_views[(index, side)]
+                for block, j in zip(plan.blocks, neighbors):
+                    torch.bmm(block, plan.matrix, out=sends[j])
+        if has_exact:
+            offset, size = self._segments[("exact", side)]
+            self._send_rows[:, offset:offset + size].copy_(self._exact.expand(len(neighbors), size))
 
         # 2. One message per neighbour, all computed from the models as they were before any update.
-        numel = self._message_numel[(side, with_exact and self._exact is not None)]
-        self._exchange({j: self._send[j][:numel] for j in neighbors},
-                       {j: self._recv[j][:numel] for j in neighbors})
+        self._exchange(*self._messages[(side, has_exact)])
 
         # 3. Both ends form the same new factor D Q (or D^T P), then the update of rank deg*r.
-        for index, g in enumerate(self._groups):
-            sends, recvs = self._send_views[(index, side)], self._recv_views[(index, side)]
-            new_factors = g.left if right else g.right
-            for n, j in enumerate(neighbors):
-                # big's product minus small's product, written in the same order at both ends.
-                if self.comm.rank < j:
-                    torch.sub(recvs[j], sends[j], out=g.block(new_factors, n))
-                else:
-                    torch.sub(sends[j], recvs[j], out=g.block(new_factors, n))
+        for plan in plans:
+            for first, second, out in plan.differences:
+                torch.sub(first, second, out=out)
+            g = plan.group
             torch.mul(g.left, g.scales, out=g.scaled_left)
             if self.batch_neighbors:
                 # M += sum_j sigma_j gamma w_j P_j Q_j^T, all neighbours in one multiply-add
-                g.matrices.baddbmm_(g.scaled_left.transpose(1, 2), g.right)
+                g.matrices.baddbmm_(plan.scaled_left_t, g.right)
             else:
                 for n in range(len(neighbors)):
                     g.matrices.baddbmm_(g.block(g.scaled_left, n).transpose(1, 2), g.block(g.right, n))
-        if with_exact and self._exact is not None:
-            x = self._exact.buffer
+        if has_exact:
             received = [self._recv_views[("exact", side)][j] for j in neighbors]
-            mix_exact(x, received, self._weights, self.gamma, self._exact_scratch)
-            self._exact.unpack()
+            mix_exact(self._exact, received, self._weights, self.gamma, self._exact_scratch)
 
     # ---- on a schedule ---------------------------------------------------------------------------
     def _edge_side(self, j: int, ahead: int = 1) -> str:
@@ -356,7 +471,7 @@ class PowerGossip(GossipAlgorithm):
                     for n, j in edges:
                         torch.bmm(g.block(factors, n), matrix, out=sends[j])
         if has_exact:
-            x = self._exact.pack()
+            x = self._exact
             for j in active:
                 self._send_views[("exact", sides[j])][j].copy_(x)
 
@@ -387,10 +502,8 @@ class PowerGossip(GossipAlgorithm):
                     scaled = g.block(g.left, n) * scales[j]
                     g.matrices.baddbmm_(scaled.transpose(1, 2), g.block(g.right, n))
         if has_exact:
-            x = self._exact.buffer
             received = [self._recv_views[("exact", sides[j])][j] for j in active]
-            mix_exact(x, received, weights, self.gamma, self._exact_scratch)
-            self._exact.unpack()
+            mix_exact(self._exact, received, weights, self.gamma, self._exact_scratch)
 
     # ---- accounting and state ------------------------------------------------------------------
     def bytes_per_step(self) -> int:

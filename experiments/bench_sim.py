@@ -1,0 +1,203 @@
+"""Simulation at scale: PowerGossip on many in-process peers, and one half-step's efficiency.
+
+    python -m experiments.bench_sim [--peers 64] [--big-peers 256] [--before c0bf4d7]
+                                    [--out experiments/results/bench_sim.md]
+
+Measures, with ResNet-20-shaped random parameters and PowerGossip rank 1 on a ring, one torch
+thread: (1) gossip steps per second of a `LocalCluster` of `--peers` peers (one thread each), for
+the current `PowerGossip` and for the one of commit `--before`, in interleaved repetitions of the
+same run, and whether both end with bit-identical parameters; (2) one peer's half-step alone on a
+loopback transport (ResNet-20 and VGG-16), as a fraction of the copy bandwidth measured right
+before each block (3 x compressed bytes / (compute time per half-step x copy GB/s), as in
+`experiments.bench_gossip`); (3) `--big-peers` peers: seconds per step and the process's memory.
+The previous implementation is read with `git show` and imported under another module name, so
+both run side by side in one process; without git the "before" columns are left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+
+import topologies
+from experiments.bench_gossip.measure import copy_bandwidth, loopback_communicator, median
+from experiments.bench_gossip.shapes import make_params, model_shapes
+from gossip_powersgd import LocalCluster, PowerGossip
+from gossip_powersgd.utils import atomic_write
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULE = "gossip_powersgd/algorithms/powergossip.py"
+
+
+def previous_powergossip(commit: str) -> Optional[type]:
+    """`PowerGossip` as it was at `commit` (imported beside the current one), or None without git."""
+    try:
+        source = subprocess.run(["git", "show", f"{commit}:{MODULE}"], cwd=ROOT, check=True,
+                                capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="bench_sim_"))
+    path = folder / "powergossip_before.py"
+    path.write_text(source)
+    # A name inside the package, so that the module's relative imports resolve as they did.
+    name = "gossip_powersgd.algorithms._powergossip_before"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module.PowerGossip
+
+
+def resident_mib() -> float:
+    """This process's resident memory now (MiB, from /proc)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+
+
+def cluster_run(algorithm: type, peers: int, steps: int) -> Dict[str, Any]:
+    """`steps` gossip steps (after two warm-up steps) on `peers` threads; steps/s from the slowest
+    peer's wall time between two barriers, and the final parameters."""
+    shapes = model_shapes("resnet20")
+
+    def peer(comm):
+        x = make_params(shapes, comm.rank)
+        gossip = algorithm(x, comm, rank=1)
+        gossip.step()
+        gossip.step()
+        comm.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            gossip.step()
+        comm.barrier()
+        return time.perf_counter() - start, x
+
+    out = LocalCluster(topologies.parse(f"ring:{peers}")).run(peer)
+    wall = max(seconds for seconds, _ in out)
+    return {"steps_per_s": steps / wall, "seconds_per_step": wall / steps, "params": [x for _, x in out]}
+
+
+def isolated(algorithm: type, model: str, steps: int, reps: int) -> Dict[str, float]:
+    """Peer 0 of a ring alone on a loopback transport: compute ms per half-step and its fraction of
+    a one-thread 256 MB copy, paired per block, medians."""
+    comm = loopback_communicator(topologies.parse("ring:8"), 0)
+    gossip = algorithm(make_params(model_shapes(model), 0), comm, rank=1)
+    compressed = sum(t.numel() * t.element_size() for k, t in enumerate(gossip.params)
+                     if k in gossip.compressed_indices)
+    for _ in range(2):
+        gossip.step()
+    src = torch.ones(64 * 2 ** 20)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times, fractions = [], []
+    for _ in range(reps):
+        bandwidth = copy_bandwidth(0, 1, (src, dst))[0]
+        total, communication = gossip.time_total, gossip.time_communication
+        for _ in range(steps):
+            gossip.step()
+        seconds = ((gossip.time_total - total) - (gossip.time_communication - communication)) / steps
+        times.append(seconds * 1e3)
+        fractions.append(3 * compressed / (seconds * bandwidth * 1e9))
+    return {"ms": median(times), "of_copy": median(fractions)}
+
+
+def render(args, results: Dict[str, Any], seconds: float) -> str:
+    """The results page."""
+    load = os.getloadavg()
+    variants = [v for v in ("before", "after") if v in results["sim"]]
+    label = {"before": f"before (`{args.before}`)", "after": "after (this tree)"}
+    L = ["# Simulation at scale: PowerGossip rank 1 on in-process peers", "",
+         f"Command: `python -m experiments.bench_sim --peers {args.peers} --big-peers {args.big_peers} "
+         f"--before {args.before}`", "",
+         f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC ({seconds:.0f} s). "
+         f"Machine: {os.cpu_count()} cores shared with other jobs (load average {load[0]:.1f} at the "
+         f"end), Python {platform.python_version()}, torch {torch.__version__}, one torch thread. "
+         "Absolute times move by 2x between runs on this shared machine; the before/after columns "
+         "come from interleaved repetitions of one run.", "",
+         "ResNet-20-shaped random float32 parameters (269,722, 1.07 MB in compressed matrices), "
+         "PowerGossip rank 1, one half-step per step, warm start, ring topology (degree 2), "
+         "`LocalCluster` (one thread per peer).", "",
+         f"## {args.peers} peers: gossip steps per second", "",
+         "| | " + " | ".join(label[v] for v in variants) + " |",
+         "|---|" + "---|" * len(variants),
+         "| steps / s (median of reps) | " + " | ".join(f"**{median(results['sim'][v]):.1f}**"
+                                                        for v in variants) + " |",
+         "| each rep | " + " | ".join(", ".join(f"{s:.1f}" for s in results["sim"][v])
+                                      for v in variants) + " |", ""]
+    if "identical" in results:
+        L += [f"Final parameters of all peers bit-identical before and after: "
+              f"**{'yes' if results['identical'] else 'no'}**.", ""]
+    L += ["## One peer's half-step alone (loopback transport, degree 2)", "",
+          "| model | " + " | ".join(f"{label[v]}: ms, % of copy" for v in variants) + " |",
+          "|---|" + "---|" * len(variants)]
+    for model in ("resnet20", "vgg16"):
+        L.append(f"| {model} | " + " | ".join(
+            f"{results['isolated'][v][model]['ms']:.2f} ms, **{results['isolated'][v][model]['of_copy'] * 100:.0f} %**"
+            for v in variants) + " |")
+    big = results["big"]
+    L += ["", f"## {args.big_peers} peers (after)", "",
+          f"{big['steps']} steps: **{big['seconds_per_step']:.2f} s per step** "
+          f"({1 / big['seconds_per_step']:.1f} steps/s); resident memory of the process "
+          f"{big['rss_before']:.0f} MiB before the cluster, {big['rss_after']:.0f} MiB with its "
+          f"results held, peak {big['peak']:.0f} MiB.", ""]
+    return "\n".join(L)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Run the measurements and write the page."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--peers", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=20, help="measured steps per repetition")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--big-peers", type=int, default=256)
+    parser.add_argument("--big-steps", type=int, default=6)
+    parser.add_argument("--before", default="c0bf4d7", help="commit whose PowerGossip is 'before'")
+    parser.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_sim.md"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    variants = {"after": PowerGossip}
+    before = previous_powergossip(args.before)
+    if before is not None:
+        variants = {"before": before, "after": PowerGossip}
+    results: Dict[str, Any] = {"sim": {v: [] for v in variants}, "isolated": {v: {} for v in variants}}
+    finals = {}
+    for rep in range(args.reps):
+        for name in (list(variants) if rep % 2 == 0 else list(variants)[::-1]):
+            run = cluster_run(variants[name], args.peers, args.steps)
+            results["sim"][name].append(run["steps_per_s"])
+            finals[name] = run["params"]
+            print(f"{args.peers} peers, {name}: {run['steps_per_s']:.1f} steps/s", flush=True)
+    if "before" in finals:
+        results["identical"] = all(torch.equal(a.view(-1).view(torch.int32), b.view(-1).view(torch.int32))
+                                   for pa, pb in zip(finals["before"], finals["after"])
+                                   for a, b in zip(pa, pb))
+    del finals
+    for name, algorithm in variants.items():
+        for model, steps in (("resnet20", 100), ("vgg16", 4)):
+            results["isolated"][name][model] = isolated(algorithm, model, steps, 5)
+            print(f"isolated {model}, {name}: {results['isolated'][name][model]}", flush=True)
+    rss_before = resident_mib()
+    run = cluster_run(PowerGossip, args.big_peers, args.big_steps)
+    results["big"] = {"steps": args.big_steps, "seconds_per_step": run["seconds_per_step"],
+                      "rss_before": rss_before, "rss_after": resident_mib(),
+                      "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    print(f"{args.big_peers} peers: {run['seconds_per_step']:.2f} s/step", flush=True)
+    page = render(args, results, time.perf_counter() - start)
+    atomic_write(args.out, page + "\n")
+    print(page)
+
+
+if __name__ == "__main__":
+    main()
