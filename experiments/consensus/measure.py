@@ -97,25 +97,32 @@ def eval_steps(max_steps: int, dense: int = 20, ratio: float = 1.06, max_gap: in
     return steps
 
 
-def _regular(topology) -> bool:
+def _regular(comm) -> bool:
+    """Whether every peer has the same degree on a static undirected graph. A schedule's or a
+    directed graph's traffic can differ per peer and per step, so those always count by collective."""
+    topology = comm.topology
+    if not comm.is_static or topology.is_directed:
+        return False
     return len({len(topology.neighbors(i)) for i in range(topology.size)}) == 1
 
 
 def consensus_curve(comm, problem: str, spec: str, max_steps: int, max_bits: float,
-                    budgets: Sequence[float] = BUDGETS, diverge_factor: float = DIVERGE_FACTOR) -> Dict:
+                    budgets: Sequence[float] = BUDGETS, diverge_factor: float = DIVERGE_FACTOR,
+                    stop_error: Optional[float] = None) -> Dict:
     """Run one algorithm on one peer of the consensus problem (collective: every peer calls it).
 
     Returns {"history": [{"step", "bits_per_peer", "error"}, ...], "stop": why it stopped,
     "seconds": wall time}. Every peer returns the same history. The run stops after the first
     step whose cumulative bits per peer exceed `max_bits`, after `max_steps` steps, or once the
-    error is not finite or above `diverge_factor` x the initial error ("diverged").
+    error is not finite or above `diverge_factor` x the initial error ("diverged"), or, with
+    `stop_error`, once a recorded error is at most `stop_error` x the initial error ("reached").
     """
     from gossip_powersgd import consensus_distance, make_algorithm
 
     start = time.perf_counter()
     tensors = make_problem(problem, comm.rank)
     algorithm = make_algorithm(spec, tensors, comm)
-    regular = _regular(comm.topology)
+    regular = _regular(comm)
     bytes0 = comm.stats.bytes_sent
 
     def bits_now() -> float:
@@ -146,6 +153,9 @@ def consensus_curve(comm, problem: str, spec: str, max_steps: int, max_bits: flo
             history.append({"step": step, "bits_per_peer": bits, "error": error})
             if not math.isfinite(error) or error > diverge_factor * error0:
                 stop = "diverged"
+                break
+            if stop_error is not None and error <= stop_error * error0:
+                stop = "reached"
                 break
         if bits > max_bits:
             stop = "max_bits"

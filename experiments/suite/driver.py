@@ -1,4 +1,4 @@
-"""The suite's CLI: `python -m experiments.suite training|gamma|consensus|privacy [options]`."""
+"""The suite's CLI: `python -m experiments.suite training|gamma|consensus|privacy|dynamic [options]`."""
 
 from __future__ import annotations
 
@@ -16,13 +16,14 @@ def build_parser() -> argparse.ArgumentParser:
     """The CLI: which page to make, and how long to train."""
     parser = argparse.ArgumentParser(prog="python -m experiments.suite",
                                      description="Reproduce the paper's claims with real runs.")
-    parser.add_argument("what", choices=("training", "gamma", "consensus", "privacy"))
+    parser.add_argument("what", choices=("training", "gamma", "consensus", "privacy", "dynamic"))
     parser.add_argument("--quick", action="store_true",
                         help="tiny problem (synthetic logistic regression, ring:4, 1 epoch), seconds")
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default experiments/results, or runs/suite-quick with --quick)")
     parser.add_argument("--epochs", type=int, default=None,
-                        help="epochs of the non-headline rows (training: 8) / of each run (gamma: 5)")
+                        help="epochs of the non-headline rows (training: 8) / of each run (gamma: 5, "
+                             "dynamic: 30)")
     parser.add_argument("--headline-epochs", type=int, default=25, help="epochs of the headline rows")
     parser.add_argument("--wide-epochs", type=int, default=3, help="epochs of the wider-model rows")
     return parser
@@ -41,6 +42,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .privacy import run_privacy
 
         run_privacy(out, args.quick, epochs=args.epochs or 4, command=command)
+    elif args.what == "dynamic":
+        from .dynamic import TRAINING_EPOCHS, run_dynamic
+
+        run_dynamic(out, args.quick, epochs=args.epochs or TRAINING_EPOCHS, command=command)
     elif args.what == "gamma":
         run_gamma(out, args.quick, epochs=args.epochs or 5, command=command)
     else:
