@@ -11,13 +11,16 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from gossip_powersgd.utils import atomic_write
 
+from experiments.consensus.matched import bits_to_reach, error_at_bits
+from experiments.consensus.matched import positive_points as _positive
+
+from .dynamic_plots import plot_consensus, plot_training
 from .runs import BANDWIDTHS, BASE, QUICK_BASE, attempt, log, projected_seconds
 from .tables import _pct, build_csv, build_table, header
 
@@ -55,50 +58,6 @@ def cases(p: Dict[str, Any]) -> List[Tuple[str, str, str, str]]:
     rows = [(topology, label, cspec, tspec) for topology in p["topologies"]
             for label, cspec, tspec in ALGORITHMS]
     return rows + [tuple(p["pushsum"])]
-
-
-# --------------------------------------------------------------------------------------------------
-# matched-bits comparisons on a logged curve
-
-
-def _loglog(x0: float, y0: float, x1: float, y1: float, x: float) -> float:
-    """y at x on the straight line through (x0, y0), (x1, y1) in log-log coordinates."""
-    if x1 == x0:
-        return y1
-    t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
-    return math.exp(math.log(y0) + t * (math.log(y1) - math.log(y0)))
-
-
-def _positive(history: Sequence[Dict]) -> List[Dict]:
-    return [r for r in history if r["bits_per_peer"] > 0 and r["error"] > 0 and math.isfinite(r["error"])]
-
-
-def error_at_bits(history: Sequence[Dict], bits: float) -> Optional[float]:
-    """The error at `bits` per peer, log-log interpolated between the logged steps around it;
-    None when `bits` is before the first step's or after the last logged step's bits."""
-    rows = _positive(history)
-    if not rows or bits < rows[0]["bits_per_peer"] or bits > rows[-1]["bits_per_peer"]:
-        return None
-    for before, after in zip(rows, rows[1:]):
-        if before["bits_per_peer"] <= bits <= after["bits_per_peer"]:
-            return _loglog(before["bits_per_peer"], before["error"], after["bits_per_peer"],
-                           after["error"], bits)
-    return rows[0]["error"]  # a single logged step, exactly at `bits`
-
-
-def bits_to_reach(history: Sequence[Dict], relative: float) -> Optional[float]:
-    """Bits per peer at which the error first falls to `relative` x the initial error, log-log
-    interpolated between the logged steps around the crossing; None if the run never got there."""
-    target = relative * history[0]["error"]
-    rows = _positive(history)
-    for k, row in enumerate(rows):
-        if row["error"] <= target:
-            if k == 0:
-                return row["bits_per_peer"]
-            before = rows[k - 1]
-            return _loglog(before["error"], before["bits_per_peer"], row["error"], row["bits_per_peer"],
-                           target)
-    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -303,76 +262,7 @@ def verdict(consensus: Sequence[Dict[str, Any]], training: Sequence[Dict[str, An
 
 
 # --------------------------------------------------------------------------------------------------
-# plots and the page
-
-
-def _style(topology: str, label: str, p: Dict[str, Any]) -> Dict[str, Any]:
-    order = list(p["topologies"]) + [p["pushsum"][0]]
-    return dict(color=f"C{order.index(topology) % 10}",
-                linestyle="--" if label == ALGORITHMS[0][0] else "-" if label == POWERGOSSIP else ":")
-
-
-def plot_consensus(rows: Sequence[Dict[str, Any]], p: Dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    for r in rows:
-        if "history" not in r:
-            continue
-        pts = _positive(r["history"])
-        ax.plot([x["bits_per_peer"] for x in pts], [x["error"] / r["error0"] for x in pts],
-                label=f"{r['topology']} {r['label']}", linewidth=1.4, **_style(r["topology"], r["label"], p))
-    for t in TARGETS:
-        ax.axhline(t, color="0.6", linestyle=":", linewidth=0.8)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("bits sent per peer")
-    ax.set_ylabel("relative error ‖x_i − x̄‖² / initial")
-    ax.set_title(f"consensus, {p['problem']} per peer", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower left")
-    _save(fig, path)
-
-
-def plot_training(rows: Sequence[Dict[str, Any]], p: Dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-    for r in rows:
-        if "error" in r:
-            continue
-        style = _style(r["topology"], r["label"], p)
-        mb = [(x, a) for x, a in r["curve"] if a is not None and x > 0]
-        axes[0].plot([x for x, _ in mb], [100 * a for _, a in mb], marker="o", ms=3,
-                     label=f"{r['topology']} {r['label']}", **style)
-        tc = training_curve_time(r, BANDWIDTHS[0][1])
-        axes[1].plot([x for x, _ in tc], [100 * a for _, a in tc], marker="o", ms=3, **style)
-    axes[0].set_xscale("log")
-    axes[0].set_xlabel("MB sent per peer")
-    axes[1].set_xlabel(f"projected wall time per peer (s) @ {BANDWIDTHS[0][0]}")
-    for ax in axes:
-        ax.set_ylabel("averaged-model test accuracy (%)")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    _save(fig, path)
-
-
-def _save(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    try:
-        fig.tight_layout()
-        fig.savefig(buffer, format="png", dpi=110)
-    finally:
-        plt.close(fig)
-    atomic_write(path, buffer.getvalue())
+# the page
 
 
 def run_dynamic(out: Path, quick: bool = False, epochs: int = TRAINING_EPOCHS,
