@@ -56,7 +56,7 @@ def observed_gossip(comm, spec, steps, observers="all", directory=None, observe_
 
 def _consumed(algorithm, j):
     """The receive buffer algorithm `algorithm` read neighbour j's last message from."""
-    if hasattr(algorithm, "_messages"):  # Choco, DeepSqueeze
+    if algorithm.name in ("choco", "deepsqueeze"):
         return algorithm._messages.recv[j]
     if algorithm.name == "powergossip":
         numel = algorithm._message_numel  # the step's only half-step: with the exact part

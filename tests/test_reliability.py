@@ -83,6 +83,7 @@ from gossip_powersgd import (
 from gossip_powersgd import utils
 from gossip_powersgd.comm.base import PeerAborted, nbytes
 from gossip_powersgd.training import checkpoint as ckpt
+from gossip_powersgd.training import setup as training_setup
 from gossip_powersgd.training import trainer as trainer_module
 from gossip_powersgd.training.config import load_config
 from gossip_powersgd.training.trainer import train
@@ -478,7 +479,7 @@ def test_a_peer_sends_exactly_the_algorithms_bytes(monkeypatch, algorithm):
     the model and short control messages, so no training data ever leaves a peer."""
     config = load_config(TINY, [f"algorithm={algorithm}", "epochs=2", "quiet=true"], deep=False)
     predicted, traffic = {}, {}
-    real_make = trainer_module.make_algorithm
+    real_make = training_setup.make_algorithm
 
     def make_algorithm(spec, params, comm):
         algorithm = real_make(spec, params, comm)
@@ -491,7 +492,7 @@ def test_a_peer_sends_exactly_the_algorithms_bytes(monkeypatch, algorithm):
         algorithm.step = step
         return algorithm
 
-    monkeypatch.setattr(trainer_module, "make_algorithm", make_algorithm)
+    monkeypatch.setattr(training_setup, "make_algorithm", make_algorithm)
 
     def peer(comm):
         predicted[comm.rank] = 0

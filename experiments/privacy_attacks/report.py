@@ -158,7 +158,8 @@ def plot_auc(rows: Sequence[Dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     markers = {False: "o", True: "s"}
     for r in ok:
-        ax.scatter(r["mb_sent_per_peer"], r["auc_reconstruction"], marker=markers[r["private"]])
+        ax.plot([r["mb_sent_per_peer"]], [r["auc_reconstruction"]], linestyle="none",
+                marker=markers[r["private"]])
         ax.annotate(f"{label(r['spec'])}, {r['topology']}{', DP' if r['private'] else ''}",
                     (r["mb_sent_per_peer"], r["auc_reconstruction"]), fontsize=7,
                     xytext=(4, 2), textcoords="offset points")

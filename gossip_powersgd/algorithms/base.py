@@ -179,6 +179,8 @@ class GossipAlgorithm:
         start = time.perf_counter()
         if directed:
             self.comm.exchange_directed(send, recv, step)
+        elif step is None:  # a static topology: the two-argument call every communicator takes
+            self.comm.exchange(send, recv)
         else:
             self.comm.exchange(send, recv, step)
         self.time_communication += time.perf_counter() - start
