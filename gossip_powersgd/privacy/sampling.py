@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from gossip_powersgd.privacy.seeds import SAMPLER_STREAM, derive_seed
-from gossip_powersgd.training.data import ResumableBatches
+from gossip_powersgd.training.batches import ResumableBatches
 
 __all__ = ["PoissonBatches", "poisson_rate"]
 

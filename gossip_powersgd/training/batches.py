@@ -1,0 +1,95 @@
+"""Checkpointable batch iterators: a peer's batch sequence is a pure function of its state.
+
+`Batches` (shuffled mini-batches, the trainer's default) and `privacy.PoissonBatches` (what the DP
+accountant assumes) share `ResumableBatches`: iteration to the end of the epoch, and a
+`state_dict()` that resumes the remaining batches bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+
+class ResumableBatches:
+    """Batches over ``(x, y)`` that are a pure function of ``(seed, rank, epoch, position)``.
+
+    What `Batches` and `privacy.PoissonBatches` share: iterating yields ``(xb, yb)`` from the
+    current position to the end of the current epoch; the state advances *before* each batch is
+    handed out, so a ``state_dict()`` taken while holding a batch points at the next one — what a
+    checkpoint written after processing that batch needs; ``load_state_dict`` into a new instance
+    over the same data and the remaining batches come out identical. Subclasses say how many steps
+    an epoch has (``__len__``) and which samples a step takes (``_epoch_indices``).
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, seed: int, rank: int, empty_error: str):
+        if len(x) != len(y):
+            raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
+        if len(x) == 0:
+            raise ValueError(empty_error)
+        if seed < 0 or rank < 0:
+            raise ValueError(f"seed and rank must be non-negative, got seed={seed}, rank={rank}")
+        self.x, self.y = x, y
+        self.seed, self.rank = int(seed), int(rank)
+        self.epoch, self.position = 0, 0  # position = steps already taken this epoch
+        #: Size of the batch handed out last (the DP engine divides by the expected size instead).
+        self.last_batch_size = 0
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def _epoch_indices(self, epoch: int) -> Callable[[int], torch.Tensor]:
+        """For `epoch`, the function from a step's position to the indices of its samples."""
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        epoch = self.epoch
+        indices = self._epoch_indices(epoch)
+        while self.epoch == epoch:
+            index = indices(self.position)
+            self.position += 1
+            if self.position == len(self):
+                self.epoch, self.position = self.epoch + 1, 0
+            self.last_batch_size = len(index)
+            yield self.x[index], self.y[index]
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the batches are (plain ints: survives ``torch.load(weights_only=True)``)."""
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a ``state_dict()``: the following batches are those the saver would see."""
+        epoch, position, seed = int(state["epoch"]), int(state["position"]), int(state["seed"])
+        if epoch < 0 or not 0 <= position < len(self) or seed < 0:
+            raise ValueError(f"invalid {type(self).__name__} state {dict(state)} for {len(self)} "
+                             "steps/epoch")
+        self.epoch, self.position, self.seed = epoch, position, seed
+
+
+class Batches(ResumableBatches):
+    """Deterministic shuffled mini-batches over ``(x, y)`` with a checkpointable position.
+
+    Each epoch uses a fresh permutation drawn from a generator seeded by ``(seed, rank, epoch)``
+    (see `ResumableBatches` for iteration and resuming). The last batch may be smaller
+    (``drop_last=False``); ``len()`` counts it.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int = 0,
+                 rank: int = 0):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        super().__init__(x, y, seed, rank, "cannot batch an empty dataset")
+        self.batch_size = int(batch_size)
+
+    def __len__(self) -> int:
+        return -(-len(self.x) // self.batch_size)
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, self.rank, epoch]))
+        return torch.from_numpy(rng.permutation(len(self.x))).to(self.x.device)
+
+    def _epoch_indices(self, epoch: int) -> Callable[[int], torch.Tensor]:
+        order = self._permutation(epoch)
+        return lambda position: order[position * self.batch_size:(position + 1) * self.batch_size]
