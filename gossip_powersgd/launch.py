@@ -107,7 +107,11 @@ def run_peers(topology, fn: Callable[..., Any], *args, backend: Optional[str] = 
         else:
             from .comm.torch import TorchCommunicator as Transport
         comm = Transport(topology, timeout=timeout)
-        return {comm.rank: fn(comm, *args, **kwargs)}
+        value = fn(comm, *args, **kwargs)
+        if hasattr(comm, "close"):
+            comm.barrier()
+            comm.close()
+        return {comm.rank: value}
     from .comm.local import LocalCluster
 
     values = LocalCluster(topology, timeout=timeout).run(fn, *args, **kwargs)

@@ -103,6 +103,9 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
     if config.backend in ("mpi", "torch"):
         comm = _launched_communicator(config, world_size, module)
         summary = train(comm, config.replace(peers=comm.size), resume=resume)
+        if hasattr(comm, "close"):
+            comm.barrier()  # every peer is done with the group before any leaves it
+            comm.close()
     else:
         if world_size > 1:
             raise ValueError(f"backend local runs every peer as a thread of one process; do not "

@@ -15,6 +15,7 @@ polls with a deadline, so a silent or dead peer becomes an error naming it.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import sys
@@ -135,6 +136,9 @@ class TorchCommunicator(Communicator):
             dist.init_process_group("cpu:gloo,cuda:nccl" if backend == "nccl" else "gloo",
                                     store=store, rank=rank, world_size=world_size,
                                     timeout=wait + datetime.timedelta(seconds=GRACE_SECONDS))
+            # Leave the group before the interpreter tears down: gloo's threads still running at
+            # exit make the C++ runtime abort the process ("terminate called ...", SIGABRT).
+            atexit.register(self.close)
         self.device, self.backend = device, backend
         super().__init__(topology, rank, timeout)
 
