@@ -23,7 +23,7 @@ import numpy as np
 
 from .generators import _int, node_count
 from .schedules import StepCache
-from .topology import STOCHASTIC_TOL, check_size, step_index
+from .topology import STOCHASTIC_TOL, ConstantSchedule, check_size
 
 __all__ = [
     "DirectedTopology",
@@ -97,7 +97,7 @@ def _rebuild(p, name, require_connected):
     return DirectedTopology(p, name=name, require_connected=require_connected)
 
 
-class DirectedTopology:
+class DirectedTopology(ConstantSchedule):
     """A directed gossip graph: n peers and a validated column-stochastic P (see module doc).
 
     ``DirectedTopology(P, name=...)`` validates P (:func:`validate_column_stochastic`);
@@ -165,21 +165,6 @@ class DirectedTopology:
     def edges(self) -> list[tuple[int, int]]:
         """All directed edges as ``(src, dst)``, sorted."""
         return [(j, i) for j, outs in enumerate(self._out) for i in outs]
-
-    def at(self, t: int) -> DirectedTopology:
-        """The graph of step ``t``: this one, for every t >= 0."""
-        step_index(t)
-        return self
-
-    @property
-    def period(self) -> int:
-        """1: the same graph at every step."""
-        return 1
-
-    @property
-    def union(self) -> DirectedTopology:
-        """The union of the graphs of all steps: this graph."""
-        return self
 
     @cached_property
     def spectral_gap(self) -> float:

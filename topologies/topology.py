@@ -176,7 +176,27 @@ def _rebuild(w, name, scheme, require_connected=True):
     return Topology(w, name=name, scheme=scheme, require_connected=require_connected)
 
 
-class Topology:
+class ConstantSchedule:
+    """What a static graph (undirected `Topology` or `DirectedTopology`) answers as a schedule:
+    the same graph at every step, so algorithms written for schedules take static graphs too."""
+
+    def at(self, t: int):
+        """The graph of step ``t``: this one, for every t >= 0."""
+        step_index(t)
+        return self
+
+    @property
+    def period(self) -> int:
+        """1: the same graph at every step."""
+        return 1
+
+    @property
+    def union(self):
+        """The union of the graphs of all steps: this graph."""
+        return self
+
+
+class Topology(ConstantSchedule):
     """An undirected gossip topology: n nodes 0..n-1 and a validated mixing matrix W.
 
     Construct it from a matrix, ``Topology(W, name="my-graph")``, from a networkx graph whose nodes
@@ -297,22 +317,7 @@ class Topology:
         """False: W is symmetric. (Directed graphs are :class:`~topologies.DirectedTopology`.)"""
         return False
 
-    # --- as the constant schedule ----------------------------------------------------------
-
-    def at(self, t: int) -> Topology:
-        """The topology of step ``t``: this one, for every t >= 0."""
-        step_index(t)
-        return self
-
-    @property
-    def period(self) -> int:
-        """1: the same graph at every step."""
-        return 1
-
-    @property
-    def union(self) -> Topology:
-        """The union of the graphs of all steps: this topology."""
-        return self
+    # --- as the constant schedule (at, period, union: ConstantSchedule) ----------------------
 
     def neighbors_union(self, i: int) -> tuple[int, ...]:
         """Neighbours of ``i`` at some step; for a static topology, :meth:`neighbors`."""
