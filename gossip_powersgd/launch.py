@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from .algorithms.base import NonFiniteError
 from .comm.base import AgreementError, CommunicationError
-from .utils import one_line
+from .utils import one_line, write_stderr_line
 
 # Errors that describe a problem with the user's input or the run: one line, no traceback. OSError
 # covers a read-only or full disk and a path that is not a directory (its text names the path).
@@ -135,7 +135,7 @@ def report_and_exit(exc: BaseException, code: int = 1) -> None:
     prefix = f"error (rank {rank}): " if size > 1 else "error: "
     if not isinstance(exc, EXPECTED_ERRORS) or os.environ.get("GOSSIP_TRACEBACK"):
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-    print(prefix + error_line(exc), file=sys.stderr, flush=True)
+    write_stderr_line(prefix + error_line(exc))
     if torch_size > 1 and mpi_world()[1] == 1:
         from .comm.torch import exit_after_peers
 

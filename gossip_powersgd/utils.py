@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterable, Optional, Union
@@ -24,6 +25,17 @@ def one_line(exc: BaseException, limit: Optional[int] = None) -> str:
         text = text.strip("'\"")
     text = text.splitlines()[0] if text else type(exc).__name__
     return text[:limit] if limit is not None else text
+
+
+def write_stderr_line(line: str) -> None:
+    """Write `line` and its newline to stderr in one write call.
+
+    `print` writes the text and the newline separately; under mpiexec the ranks share one stderr,
+    so another rank's line could land between the two and two error lines would run together.
+    A single write of under a pipe buffer (4 KiB) is atomic.
+    """
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def atomic_write(path: Union[str, Path], data: Union[bytes, str]) -> None:

@@ -8,7 +8,7 @@ import torch
 import topologies
 from gossip_powersgd import run_peers
 from gossip_powersgd.launch import resolve_backend
-from gossip_powersgd.utils import atomic_write, format_ranks, one_line
+from gossip_powersgd.utils import atomic_write, format_ranks, one_line, write_stderr_line
 
 
 def test_one_line_takes_the_first_line_and_unquotes_key_errors():
@@ -64,3 +64,19 @@ def test_backend_choice_outside_mpiexec():
         resolve_backend("mpi")
     with pytest.raises(ValueError, match="unknown backend"):
         resolve_backend("gloo")
+
+
+def test_stderr_line_is_one_write_so_ranks_cannot_interleave(monkeypatch):
+    """mpiexec merges every rank's stderr; `print` would write the text and its newline apart."""
+    calls = []
+
+    class Recorder:
+        def write(self, text):
+            calls.append(text)
+
+        def flush(self):
+            calls.append(None)
+
+    monkeypatch.setattr("sys.stderr", Recorder())
+    write_stderr_line("error (rank 2): bad data")
+    assert calls == ["error (rank 2): bad data\n", None]

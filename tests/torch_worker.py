@@ -21,7 +21,7 @@ torch.set_num_threads(1)
 import topologies  # noqa: E402
 from gossip_powersgd import ExactGossip, TorchCommunicator  # noqa: E402
 from gossip_powersgd.comm.torch import exit_after_peers  # noqa: E402
-from gossip_powersgd.utils import one_line  # noqa: E402
+from gossip_powersgd.utils import one_line, write_stderr_line  # noqa: E402
 
 
 def scenario(target, spec, out_dir) -> None:
@@ -95,8 +95,7 @@ def main() -> None:
         else:
             scenario(*sys.argv[1:4])
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line and exit 1
-        print(f"error (rank {os.environ.get('RANK', '?')}): {one_line(exc)}", file=sys.stderr,
-              flush=True)
+        write_stderr_line(f"error (rank {os.environ.get('RANK', '?')}): {one_line(exc)}")
         exit_after_peers(1)
 
 

@@ -19,7 +19,7 @@ import time
 import traceback
 from typing import Dict, List
 
-from ..utils import one_line
+from ..utils import one_line, write_stderr_line
 
 import torch
 
@@ -69,7 +69,7 @@ def _report_uncaught(exc_type, exc, tb) -> None:
     MPI = _mpi()
     rank = MPI.COMM_WORLD.Get_rank()
     traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
-    print(f"error (rank {rank}): {one_line(exc)}", file=sys.stderr, flush=True)
+    write_stderr_line(f"error (rank {rank}): {one_line(exc)}")
     try:
         exit_or_abort(1)
     except SystemExit:
