@@ -89,6 +89,8 @@ def test_counted_bytes_are_the_bytes_that_moved(monkeypatch):
         original(self, dest, send, source, recv)
 
     monkeypatch.setattr(LocalCommunicator, "_sendrecv", counting_sendrecv)
+    # the point-to-point ring that MPI and torch run (in-process runs use shared memory, below)
+    monkeypatch.setattr(LocalCommunicator, "shared_memory_allreduce", False)
     results = LocalCluster(topologies.ring(4)).run(awkward_allreduces)
     for rank, r in enumerate(results):
         assert tuple(r["bytes"].tolist()) == moved[rank]
@@ -97,6 +99,22 @@ def test_counted_bytes_are_the_bytes_that_moved(monkeypatch):
     # a single float on 4 peers moves through 3 reduce-scatter and 3 all-gather hops in all
     total_one = sum(ring_allreduce_bytes(1, 4, 4, rank) for rank in range(4))
     assert total_one == 2 * 3 * 4
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 7])
+def test_shared_memory_all_reduce_is_the_point_to_point_ring_bit_for_bit(n, monkeypatch):
+    """In-process peers reduce through shared memory: same bits, same counters as the ring."""
+    def peer(comm):
+        out = awkward_allreduces(comm)
+        out["stats"] = torch.tensor(list(comm.stats.as_dict().values()))
+        return out
+
+    shared = LocalCluster(topologies.ring(n)).run(peer)
+    monkeypatch.setattr(LocalCommunicator, "shared_memory_allreduce", False)
+    ring = LocalCluster(topologies.ring(n)).run(peer)
+    for a, b in zip(shared, ring):
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
 
 
 def test_metric_all_reduce_charges_the_metric_counters_only():
