@@ -112,6 +112,10 @@ def build(kind: str, comm, shapes: Shapes, device: str):
         flat = torch.cat([p.reshape(-1) for p in params])
         del params
         if kind == "ring":
+            # In-process, `allreduce_` reaches the ring's bits through shared memory; this table
+            # compares the two reductions on the point-to-point path every transport has.
+            if hasattr(comm, "shared_memory_allreduce"):
+                comm.shared_memory_allreduce = False
             return (lambda: comm.allreduce_(flat, "mean")), flat
         return (lambda: gather_reduce_(comm, flat)), flat
     if kind == "exact":
@@ -153,6 +157,7 @@ def measure_kind(comm, kind: str, shapes: Shapes, steps: int, device: str = "cpu
            "bytes_sent": (comm.stats.bytes_sent - sent0) / steps,
            "bytes_received": received["bytes"] / steps, "rss": rss_bytes()}
     del step, keep
+    vars(comm).pop("shared_memory_allreduce", None)  # back to the class default for the next kind
     comm.barrier()
     if comm.rank == 0:  # one collection per process suffices (in-process, every peer shares it)
         gc.collect()

@@ -126,7 +126,10 @@ def render_markdown(records: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
     out += ["## Ring all-reduce vs the all-gather reduction (one flat tensor of the model's size)", "",
             "The ring (`comm.allreduce_`) sends and receives 2(n−1)/n of the tensor per rank; the "
             "all-gather reduction (the library's earlier one, re-implemented in the benchmark on the "
-            "same point-to-point path) receives n−1 whole copies and reduces them in rank order.", "",
+            "same point-to-point path) receives n−1 whole copies and reduces them in rank order. Both run on "
+            "the point-to-point path every transport has; in-process, the all-reduce of the table "
+            "above (and of training) computes the same ring's bits through shared memory instead, "
+            "two barriers rather than 2(n−1) hand-offs.", "",
             "| transport | n | ring: time | ring: received / rank | all-gather: time | "
             "all-gather: received / rank | all-gather ÷ ring: bytes, time |", "|---|---|---|---|---|---|---|"]
     for r in _ok(records, "peers"):
