@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -164,8 +165,10 @@ def merged(path: Path, records: List[Dict[str, Any]], meta: Dict[str, Any]):
     new = {Point(**r["point"]).label(): r for r in records}
     kept = [r for r in earlier["records"] if Point(**r["point"]).label() not in new]
     old = earlier["meta"]
+    # the later run's load: its points were timed on a machine as shared as this one said
+    load = re.search(r"load average at start [\d.]+, at end [\d.]+", meta.get("machine", ""))
     combined = {**old, "command": f"{old['command']}, then {meta['command']} ({meta['date']}, "
-                                  f"{meta['seconds']:.0f} s)",
+                                  f"{meta['seconds']:.0f} s" + (f", {load.group(0)}" if load else "") + ")",
                 "seconds": old["seconds"] + meta["seconds"],
                 # an earlier note about a re-measured point no longer describes it
                 "skipped": sorted({note for note in old.get("skipped", [])
