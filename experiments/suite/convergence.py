@@ -9,12 +9,33 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .tables import _pct
 
-#: A fixed target next to the data-driven one (the worst row's final accuracy).
+#: A fixed target next to the data-driven one (the worst converged row's final accuracy).
 FIXED_TARGET = 0.85
+#: A row "collapsed" when its final accuracy is below this fraction of its best evaluation's (it
+#: trained, then fell apart): it does not set the common target and cannot be the cheapest.
+COLLAPSE_FRACTION = 0.9
 
 
 def _good(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return [r for r in rows if "error" not in r and r.get("evals")]
+
+
+def peak(row: Dict[str, Any]) -> Dict[str, float]:
+    """The row's evaluation with the best averaged-model accuracy (the first such)."""
+    return max((e for e in row["evals"] if e["acc_avg"] is not None), key=lambda e: e["acc_avg"])
+
+
+def collapsed(row: Dict[str, Any]) -> bool:
+    """Whether the row's final accuracy fell below `COLLAPSE_FRACTION` of its peak."""
+    return row["acc_avg"] < COLLAPSE_FRACTION * peak(row)["acc_avg"]
+
+
+def collapse_note(row: Dict[str, Any]) -> str:
+    """"collapsed: peak P % at epoch E" for a collapsed row, else ""."""
+    if not collapsed(row):
+        return ""
+    best = peak(row)
+    return f"collapsed: peak {_pct(best['acc_avg'])} at epoch {best['epoch']:g}"
 
 
 def first_reach(evals: Sequence[Dict[str, float]], target: float) -> Optional[Dict[str, float]]:
@@ -34,8 +55,10 @@ def accuracy_at_mb(evals: Sequence[Dict[str, float]], budget_mb: float) -> Optio
 
 
 def common_target(rows: Sequence[Dict[str, Any]]) -> Optional[float]:
-    """The worst row's final averaged-model accuracy, floored to 0.1 pp: every row reaches it."""
-    finals = [r["acc_avg"] for r in _good(rows) if r.get("acc_avg") is not None]
+    """The worst converged (not collapsed) row's final averaged-model accuracy, floored to 0.1 pp:
+    every converged row reaches it. If every row collapsed, the worst of all."""
+    good = [r for r in _good(rows) if r.get("acc_avg") is not None]
+    finals = [r["acc_avg"] for r in good if not collapsed(r)] or [r["acc_avg"] for r in good]
     if not finals:
         return None
     return math.floor(1000 * min(finals) + 1e-9) / 1000
@@ -63,7 +86,7 @@ def equal_bytes_rows(rows: Sequence[Dict[str, Any]], targets: Sequence[float],
         out.append({"label": r["label"], "final": r["acc_avg"], "seeds": r.get("seeds", 1),
                     "reach": [first_reach(r["evals"], t) for t in targets],
                     "at_budget": None if budget is None else accuracy_at_mb(r["evals"], budget),
-                    "total_mb": r["evals"][-1]["mb"]})
+                    "total_mb": r["evals"][-1]["mb"], "collapse": collapse_note(r)})
     return out
 
 
@@ -81,7 +104,9 @@ def equal_bytes_table(rows: Sequence[Dict[str, Any]]) -> Tuple[str, Optional[flo
             + (f" | acc after {budget:.3g} MB / peer |" if budget is not None else " |"))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for d in data:
-        cells = [d["label"], str(d["seeds"]), _pct(d["final"]), f"{d['total_mb']:.3g}"]
+        note = d["collapse"]
+        cells = [d["label"], str(d["seeds"]), _pct(d["final"]) + (f" ({note})" if note else ""),
+                 f"{d['total_mb']:.3g}"]
         cells += [reach_cell(x) for x in d["reach"]]
         if budget is not None:
             cells.append(_pct(d["at_budget"]))
@@ -90,8 +115,9 @@ def equal_bytes_table(rows: Sequence[Dict[str, Any]]) -> Tuple[str, Optional[flo
 
 
 def cheapest_to_reach(rows: Sequence[Dict[str, Any]], target: float) -> Optional[Dict[str, Any]]:
-    """The row that first reaches `target` with the fewest MB sent per peer (None: no row does)."""
-    reached = [(first_reach(r["evals"], target), r) for r in _good(rows)]
+    """The converged row that first reaches `target` with the fewest MB sent per peer (None: no row
+    does)."""
+    reached = [(first_reach(r["evals"], target), r) for r in _good(rows) if not collapsed(r)]
     reached = [(rec, r) for rec, r in reached if rec is not None]
     if not reached:
         return None

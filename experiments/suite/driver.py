@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--wide-epochs", type=int, default=30, help="training: epochs of the wide model")
     parser.add_argument("--reference-epochs", type=int, default=100,
                         help="training: epochs of the reference runs (none if not above --epochs)")
+    parser.add_argument("--render-only", action="store_true",
+                        help="training: draw the page, plots and README section again from the run's "
+                             "CSVs in --out, without training")
     parser.add_argument("--eval-every", type=int, default=2,
                         help="training: epochs between evaluations (the curves' resolution)")
     return parser
@@ -43,7 +46,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     command = "python -m experiments.suite " + " ".join(shlex.quote(a) for a in argv)
     out = args.out or (ROOT / "runs" / "suite-quick" if args.quick else RESULTS)
-    if args.what == "training":
+    if args.what == "training" and args.render_only:
+        from .training_render import render_training
+
+        render_training(out, command)
+    elif args.what == "training":
         run_training(out, args.quick, epochs=args.epochs or 60, seeds=args.seeds,
                      choco_seeds=args.choco_seeds, sweep_epochs=args.sweep_epochs,
                      wide_epochs=args.wide_epochs, reference_epochs=args.reference_epochs,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence
 
-from .convergence import FIXED_TARGET, cheapest_to_reach, equal_bytes_table
+from .convergence import COLLAPSE_FRACTION, FIXED_TARGET, cheapest_to_reach, equal_bytes_table
 from .noniid import gap_table, gap_verdict
 from .runs import BASE, LATENCY_S, QUICK_BASE
 from .tables import _pct, build_table, header
@@ -80,9 +80,10 @@ def _equal_bytes(rows: Sequence[Dict[str, Any]], what: str) -> str:
         return ""
     lines = [f"Equal bytes, {what}: the first evaluation (every few epochs; seed-mean curve where "
              f"several seeds ran) at which each row's averaged model reaches the common target "
-             f"{_pct(target)} (the worst row's final accuracy) and {_pct(FIXED_TARGET)}, and each "
-             f"row's accuracy at the last evaluation within {budget:.3g} MB per peer (what the "
-             "cheapest row sent in its whole run).\n", table]
+             f"{_pct(target)} (the worst converged row's final accuracy; a row that collapsed, "
+             f"ending below {100 * COLLAPSE_FRACTION:.0f} % of its peak, is left out) and "
+             f"{_pct(FIXED_TARGET)}, and each row's accuracy at the last evaluation within "
+             f"{budget:.3g} MB per peer (what the cheapest row sent in its whole run).\n", table]
     best = cheapest_to_reach(rows, target)
     if best is not None:
         lines.append(f"Fewest bytes to {_pct(target)}: **{best['label']}** "
