@@ -4,6 +4,7 @@
     python -m experiments.suite gamma         # experiments/results/gamma.{md,csv,png}
     python -m experiments.suite consensus     # experiments/results/consensus.md (experiments.consensus --report)
     python -m experiments.suite training --quick --out runs/suite-quick   # seconds: a smoke test
+    python -m experiments.suite training --render-only   # the page again from the run's CSVs
 
 Every peer runs as a thread of this one process (`backend: local`, `LocalCluster`); the MPI
 transport runs the very same algorithm code and its equality with the local one is tested in
@@ -17,7 +18,11 @@ all-reduce 2(n-1) rounds of 1/n of the tensor). Latency 50 us, bandwidth 1 and 1
 always come from the counters, never a formula.
 
 Modules: `runs` (one training run on every peer, a row's numbers), `tables` (markdown and CSV from
-the rows), `training` and `gamma` (one page each), `driver` (the CLI).
+the rows), `convergence` (rows compared at equal bytes, from their evaluation history), `noniid`
+(the non-IID gap of PowerGossip's ranks and iterations), `training` (the training page's runs and
+targets), `training_markdown` and `training_plots` (its markdown and pictures), `training_render`
+(the page drawn again from a finished run's CSVs), `gamma`, `privacy`,
+`dynamic` (one page each), `driver` (the CLI).
 """
 
 from .driver import build_parser, main
@@ -25,13 +30,20 @@ from .gamma import gamma_verdict, run_gamma
 from .runs import (BANDWIDTHS, BASE, LATENCY_S, QUICK_BASE, attempt, combine, communication_seconds,
                    measurements, projected_seconds, run_one)
 from .tables import CSV_FIELDS, TABLE_HEADER, build_csv, build_table, exact_reference, header, ratio_to_exact
-from .training import (CORE_ROWS, EXACT, GAMMA_GRID, POWERGOSSIP, ROWS, SETTINGS, WIDE_MODEL, readme_section,
-                       run_training, targets, training_page)
+from .convergence import (COLLAPSE_FRACTION, FIXED_TARGET, accuracy_at_mb, cheapest_to_reach, collapsed,
+                          common_budget, common_target,
+                          equal_bytes_table, first_reach)
+from .noniid import NONIID_ROWS, closing_setting, gap_table, gap_verdict, gaps
+from .training import (EXACT, GAMMA_GRID, POWERGOSSIP, ROWS, WIDE_MODEL, run_training, targets,
+                       training_plan)
+from .training_markdown import readme_section, training_page
 
 __all__ = [
-    "BANDWIDTHS", "BASE", "CORE_ROWS", "CSV_FIELDS", "EXACT", "GAMMA_GRID", "LATENCY_S", "POWERGOSSIP",
-    "QUICK_BASE", "ROWS", "SETTINGS", "TABLE_HEADER", "WIDE_MODEL", "attempt", "build_csv", "build_parser",
-    "build_table", "combine", "communication_seconds", "exact_reference", "gamma_verdict", "header",
+    "BANDWIDTHS", "BASE", "COLLAPSE_FRACTION", "CSV_FIELDS", "EXACT", "FIXED_TARGET", "GAMMA_GRID", "LATENCY_S",
+    "NONIID_ROWS", "POWERGOSSIP", "QUICK_BASE", "ROWS", "TABLE_HEADER", "WIDE_MODEL", "accuracy_at_mb",
+    "attempt", "build_csv", "build_parser", "build_table", "cheapest_to_reach", "closing_setting", "collapsed",
+    "combine", "common_budget", "common_target", "communication_seconds", "equal_bytes_table",
+    "exact_reference", "first_reach", "gamma_verdict", "gap_table", "gap_verdict", "gaps", "header",
     "main", "measurements", "projected_seconds", "ratio_to_exact", "readme_section", "run_gamma",
-    "run_one", "run_training", "targets", "training_page",
+    "run_one", "run_training", "targets", "training_page", "training_plan",
 ]

@@ -22,10 +22,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default experiments/results, or runs/suite-quick with --quick)")
     parser.add_argument("--epochs", type=int, default=None,
-                        help="epochs of the non-headline rows (training: 8) / of each run (gamma: 5, "
-                             "dynamic: 30)")
-    parser.add_argument("--headline-epochs", type=int, default=25, help="epochs of the headline rows")
-    parser.add_argument("--wide-epochs", type=int, default=3, help="epochs of the wider-model rows")
+                        help="epochs of each run (training: 60, the CNN rows; gamma: 5; dynamic: 30; "
+                             "privacy: 4)")
+    parser.add_argument("--seeds", type=int, default=3, help="training: seeds of the ring:8 iid rows")
+    parser.add_argument("--choco-seeds", type=int, default=1,
+                        help="training: seeds of the Choco rows on iid (at most --seeds; each costs ~4x "
+                             "an exact-gossip run)")
+    parser.add_argument("--sweep-epochs", type=int, default=10, help="training: epochs of the γ sweep")
+    parser.add_argument("--wide-epochs", type=int, default=30, help="training: epochs of the wide model")
+    parser.add_argument("--reference-epochs", type=int, default=100,
+                        help="training: epochs of the reference runs (none if not above --epochs)")
+    parser.add_argument("--render-only", action="store_true",
+                        help="training: draw the page, plots and README section again from the run's "
+                             "CSVs in --out, without training")
+    parser.add_argument("--eval-every", type=int, default=2,
+                        help="training: epochs between evaluations (the curves' resolution)")
     return parser
 
 
@@ -35,9 +46,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     command = "python -m experiments.suite " + " ".join(shlex.quote(a) for a in argv)
     out = args.out or (ROOT / "runs" / "suite-quick" if args.quick else RESULTS)
-    if args.what == "training":
-        run_training(out, args.quick, epochs=args.epochs or 8, headline_epochs=args.headline_epochs,
-                     wide_epochs=args.wide_epochs, command=command)
+    if args.what == "training" and args.render_only:
+        from .training_render import render_training
+
+        render_training(out, command)
+    elif args.what == "training":
+        run_training(out, args.quick, epochs=args.epochs or 60, seeds=args.seeds,
+                     choco_seeds=args.choco_seeds, sweep_epochs=args.sweep_epochs,
+                     wide_epochs=args.wide_epochs, reference_epochs=args.reference_epochs,
+                     eval_every=args.eval_every, command=command)
     elif args.what == "privacy":
         from .privacy import run_privacy
 

@@ -47,14 +47,20 @@ def run_one(overrides: Dict[str, Any], quick: bool = False) -> Dict[str, Any]:
     seconds = time.perf_counter() - started
     summary = results[0][0]
     stats = [s for _, s in results]
-    curve = [(r["mb_sent_per_peer"], r["test_acc_avg_model"])
-             for r in summary["history"] if r.get("kind") == "eval"]
-    return measurements(summary, stats, seconds, curve)
+    records = [r for r in summary["history"] if r.get("kind") == "eval"]
+    curve = [(r["mb_sent_per_peer"], r["test_acc_avg_model"]) for r in records]
+    evals = [{"epoch": r["epoch"], "mb": r["mb_sent_per_peer"], "acc_avg": r["test_acc_avg_model"],
+              "acc_local_mean": r["test_acc_mean"], "acc_local_min": r["test_acc_min"]}
+             for r in records]
+    return measurements(summary, stats, seconds, curve, evals)
 
 
 def measurements(summary: Dict[str, Any], stats: Sequence[Dict[str, int]], seconds: float,
-                 curve: Sequence = ()) -> Dict[str, Any]:
-    """The numbers a table row needs, from a `train` summary and every peer's `CommStats.as_dict()`."""
+                 curve: Sequence = (), evals: Sequence[Dict[str, float]] = ()) -> Dict[str, Any]:
+    """The numbers a table row needs, from a `train` summary and every peer's `CommStats.as_dict()`.
+
+    `curve`: (MB sent per peer, averaged-model accuracy) at each evaluation; `evals`: the same
+    evaluations as dicts (epoch, mb, acc_avg, acc_local_mean, acc_local_min)."""
     steps = max(1, int(summary["steps"]))
     return {
         "algorithm": summary["algorithm"], "topology": summary["topology"],
@@ -69,7 +75,7 @@ def measurements(summary: Dict[str, Any], stats: Sequence[Dict[str, int]], secon
         # the critical path: the slowest peer's rounds and largest-message bytes
         "rounds": max(int(s["rounds"]) for s in stats),
         "critical_bytes": max(int(s["critical_bytes"]) for s in stats),
-        "run_seconds": seconds, "curve": list(curve),
+        "run_seconds": seconds, "curve": list(curve), "evals": [dict(e) for e in evals],
     }
 
 
@@ -89,14 +95,21 @@ def communication_seconds(m: Dict[str, Any], bandwidth_bytes_per_second: float,
 
 
 def combine(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
-    """Several seeds of one row: accuracies as mean and std, the rest as means."""
+    """Several seeds of one row: accuracies as mean and std, the rest as means; the evaluation
+    history as the mean over seeds at each evaluation all seeds share (same epochs)."""
     out = dict(runs[0])
     out["seeds"] = len(runs)
+    out["seed_list"] = [r.get("seed", 0) for r in runs]
     for key in ("acc_avg", "acc_local_mean", "acc_local_min", "mb_per_peer", "mb_per_step",
                 "compute_s", "rounds", "critical_bytes", "run_seconds"):
         values = [float(r[key]) for r in runs]
         out[key] = statistics.fmean(values)
         out[key + "_std"] = statistics.stdev(values) if len(values) > 1 else None
+    histories = [r.get("evals") or [] for r in runs]
+    shared = min(len(h) for h in histories) if histories else 0
+    out["evals"] = [{key: statistics.fmean(float(h[i][key]) for h in histories) for key in histories[0][i]}
+                    for i in range(shared)]
+    out["curve"] = [(e["mb"], e["acc_avg"]) for e in out["evals"]] or list(runs[0].get("curve", []))
     return out
 
 
@@ -129,6 +142,7 @@ def attempt(label: str, spec: str, overrides: Dict[str, Any], quick: bool, gamma
     """Run one row (`spec` with `overrides`); its row, or a row saying why it failed."""
     log(f"{label} {overrides.get('topology')} {overrides.get('partition')} "
          f"{overrides.get('epochs')} epochs seed {overrides.get('seed', 0)}: {spec}")
+    seed = overrides.get("seed", 0)
     try:
         m = run_one(dict(overrides, algorithm=spec), quick=quick)
     except Exception as exc:  # a failing algorithm is a table row saying so, not a lost suite
@@ -138,9 +152,9 @@ def attempt(label: str, spec: str, overrides: Dict[str, Any], quick: bool, gamma
         row = {"topology": overrides.get("topology"), "partition": overrides.get("partition"),
                "epochs": overrides.get("epochs"), "algorithm": spec,
                "error": f"{what}: {first}"[:200].replace("|", "/")}
-        row.update(label=label, spec=spec, gamma=gamma, model_kind=kind,
+        row.update(label=label, spec=spec, gamma=gamma, model_kind=kind, seed=seed,
                    gamma_text="—" if gamma is None else f"{gamma:g}")
         return row
     log(f"  acc {m['acc_avg']:.4f}  {m['mb_per_peer']:.3f} MB/peer  {m['run_seconds']:.1f} s")
-    return _labelled(label, spec, gamma, m, kind)
+    return dict(_labelled(label, spec, gamma, m, kind), seed=seed)
 

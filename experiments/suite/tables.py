@@ -80,8 +80,8 @@ def build_table(rows: Sequence[Dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-CSV_FIELDS = ("topology", "partition", "label", "algorithm", "gamma", "model", "peers", "epochs",
-              "steps", "seeds", "acc_avg", "acc_avg_std", "acc_local_mean", "acc_local_min",
+CSV_FIELDS = ("group", "topology", "partition", "label", "algorithm", "gamma", "model", "parameters", "peers", "epochs",
+              "steps", "seed", "seeds", "acc_avg", "acc_avg_std", "acc_local_mean", "acc_local_min",
               "mb_per_peer", "mb_per_step", "ratio_to_exact", "compute_s", "rounds",
               "critical_bytes", "projected_s_1gbit", "projected_s_10gbit", "run_seconds", "error")
 
@@ -93,6 +93,7 @@ def build_csv(rows: Sequence[Dict[str, Any]]) -> str:
     for row in rows:
         out = {k: row.get(k, "") for k in CSV_FIELDS}
         out["seeds"] = row.get("seeds", 1)
+        out["group"] = row.get("model_kind", "main")
         if "error" not in row:
             ratio = ratio_to_exact(row, exact_reference(rows, row["topology"], row["partition"],
                                                         row.get("model_kind", "main")))
@@ -120,9 +121,11 @@ def header(title: str, command: str, seconds: float, extra: str = "",
 
 
 def _git() -> str:
-    """The checkout's commit, marked when tracked files have uncommitted changes."""
+    """The checkout's commit, marked when tracked files other than the result pages (which a run
+    of the suite rewrites itself) have uncommitted changes."""
     try:
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)experiments/results"], cwd=ROOT,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         dirty = ""

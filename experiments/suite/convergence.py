@@ -1,0 +1,125 @@
+"""Algorithms compared at equal bytes, from each run's evaluation history: the MB (and epoch) at
+which a row first reaches a common target accuracy, and the accuracy each row had reached when it
+had sent as many bytes as the cheapest row sent in the whole run."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .tables import _pct
+
+#: A fixed target next to the data-driven one (the worst converged row's final accuracy).
+FIXED_TARGET = 0.85
+#: A row "collapsed" when its final accuracy is below this fraction of its best evaluation's (it
+#: trained, then fell apart): it does not set the common target and cannot be the cheapest.
+COLLAPSE_FRACTION = 0.9
+
+
+def _good(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    return [r for r in rows if "error" not in r and r.get("evals")]
+
+
+def peak(row: Dict[str, Any]) -> Dict[str, float]:
+    """The row's evaluation with the best averaged-model accuracy (the first such)."""
+    return max((e for e in row["evals"] if e["acc_avg"] is not None), key=lambda e: e["acc_avg"])
+
+
+def collapsed(row: Dict[str, Any]) -> bool:
+    """Whether the row's final accuracy fell below `COLLAPSE_FRACTION` of its peak."""
+    return row["acc_avg"] < COLLAPSE_FRACTION * peak(row)["acc_avg"]
+
+
+def collapse_note(row: Dict[str, Any]) -> str:
+    """"collapsed: peak P % at epoch E" for a collapsed row, else ""."""
+    if not collapsed(row):
+        return ""
+    best = peak(row)
+    return f"collapsed: peak {_pct(best['acc_avg'])} at epoch {best['epoch']:g}"
+
+
+def first_reach(evals: Sequence[Dict[str, float]], target: float) -> Optional[Dict[str, float]]:
+    """The first evaluation whose averaged-model accuracy is at least `target` (None: never)."""
+    for record in evals:
+        if record["acc_avg"] is not None and record["acc_avg"] >= target - 1e-12:
+            return record
+    return None
+
+
+def accuracy_at_mb(evals: Sequence[Dict[str, float]], budget_mb: float) -> Optional[float]:
+    """The averaged-model accuracy of the last evaluation made within `budget_mb` MB sent per peer
+    (None: the first evaluation already cost more). No interpolation: a row is never credited with
+    an accuracy it had not measured by then."""
+    within = [e for e in evals if e["mb"] <= budget_mb * (1 + 1e-9) and e["acc_avg"] is not None]
+    return within[-1]["acc_avg"] if within else None
+
+
+def common_target(rows: Sequence[Dict[str, Any]]) -> Optional[float]:
+    """The worst converged (not collapsed) row's final averaged-model accuracy, floored to 0.1 pp:
+    every converged row reaches it. If every row collapsed, the worst of all."""
+    good = [r for r in _good(rows) if r.get("acc_avg") is not None]
+    finals = [r["acc_avg"] for r in good if not collapsed(r)] or [r["acc_avg"] for r in good]
+    if not finals:
+        return None
+    return math.floor(1000 * min(finals) + 1e-9) / 1000
+
+
+def common_budget(rows: Sequence[Dict[str, Any]]) -> Optional[float]:
+    """The smallest total MB per peer of any row: every row has a measurement within it, or it is
+    the row that sent the least."""
+    totals = [r["evals"][-1]["mb"] for r in _good(rows) if r["evals"][-1]["mb"] > 0]
+    return min(totals) if totals else None
+
+
+def reach_cell(record: Optional[Dict[str, float]]) -> str:
+    """"MB (epoch E)" of a reach, or "not reached"."""
+    if record is None:
+        return "not reached"
+    return f"{record['mb']:.3g} MB (epoch {record['epoch']:g})"
+
+
+def equal_bytes_rows(rows: Sequence[Dict[str, Any]], targets: Sequence[float],
+                     budget: Optional[float]) -> List[Dict[str, Any]]:
+    """Per row: its label, final accuracy, reach records of each target, and accuracy at `budget`."""
+    out = []
+    for r in _good(rows):
+        out.append({"label": r["label"], "final": r["acc_avg"], "seeds": r.get("seeds", 1),
+                    "reach": [first_reach(r["evals"], t) for t in targets],
+                    "at_budget": None if budget is None else accuracy_at_mb(r["evals"], budget),
+                    "total_mb": r["evals"][-1]["mb"], "collapse": collapse_note(r)})
+    return out
+
+
+def equal_bytes_table(rows: Sequence[Dict[str, Any]]) -> Tuple[str, Optional[float], Optional[float]]:
+    """The markdown table comparing `rows` (one setting) at equal bytes; with its data-driven target
+    and byte budget."""
+    target = common_target(rows)
+    budget = common_budget(rows)
+    targets: List[float] = [t for t in (target, FIXED_TARGET) if t is not None]
+    if target is not None and abs(target - FIXED_TARGET) < 1e-9:
+        targets = [target]
+    data = equal_bytes_rows(rows, targets, budget)
+    head = ("| algorithm | seeds | final averaged-model acc | total MB / peer | "
+            + " | ".join(f"first reaches {_pct(t)} at" for t in targets)
+            + (f" | acc after {budget:.3g} MB / peer |" if budget is not None else " |"))
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for d in data:
+        note = d["collapse"]
+        cells = [d["label"], str(d["seeds"]), _pct(d["final"]) + (f" ({note})" if note else ""),
+                 f"{d['total_mb']:.3g}"]
+        cells += [reach_cell(x) for x in d["reach"]]
+        if budget is not None:
+            cells.append(_pct(d["at_budget"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n", target, budget
+
+
+def cheapest_to_reach(rows: Sequence[Dict[str, Any]], target: float) -> Optional[Dict[str, Any]]:
+    """The converged row that first reaches `target` with the fewest MB sent per peer (None: no row
+    does)."""
+    reached = [(first_reach(r["evals"], target), r) for r in _good(rows) if not collapsed(r)]
+    reached = [(rec, r) for rec, r in reached if rec is not None]
+    if not reached:
+        return None
+    rec, row = min(reached, key=lambda x: x[0]["mb"])
+    return dict(row, reach=rec)

@@ -1,0 +1,93 @@
+"""The training page's pictures and curve data: averaged-model accuracy vs MB sent per peer and vs
+epochs, one panel per setting, from each run's evaluation history."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any, Dict, List, Sequence, Tuple
+
+from .convergence import common_target
+
+CURVE_FIELDS = ("group", "topology", "partition", "model", "label", "algorithm", "seed", "epoch",
+                "mb_sent_per_peer", "acc_avg", "acc_local_mean", "acc_local_min")
+
+
+def curves_csv(rows: Sequence[Dict[str, Any]]) -> str:
+    """Every run's evaluation history, one line per evaluation."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CURVE_FIELDS)
+    for r in rows:
+        for e in r.get("evals") or []:
+            writer.writerow([r.get("model_kind", "main"), r["topology"], r["partition"], r.get("model", ""),
+                             r["label"], r["algorithm"], r.get("seed", 0), e["epoch"],
+                             f"{e['mb']:.6g}", e["acc_avg"], f"{e['acc_local_mean']:.6g}",
+                             e["acc_local_min"]])
+    return buffer.getvalue()
+
+
+def panels(state: Dict[str, Any], headline: Sequence[Dict[str, Any]]) -> List[Tuple[str, List[Dict]]]:
+    """(title, rows) of each panel: iid (seed means), Dirichlet, the wide model."""
+    from .training import noniid_grid
+
+    plan = state["plan"]
+    seeds = ", ".join(str(s) for s in plan["seeds"])
+    out = [(f"{plan['topology']} {plan['iid']}, cnn1d (mean over seeds {seeds} where run)", list(headline))]
+    noniid = [r for r in state["noniid"]]
+    extra = [r for r in noniid_grid(state) if r["spec"] not in {x["spec"] for x in noniid}]
+    if noniid:
+        out.append((f"{plan['topology']} {plan['noniid']}, cnn1d, seed 0", noniid + extra))
+    if state["wide"]:
+        out.append((f"{plan['topology']} {plan['iid']}, {state['wide'][0].get('model', 'wide')}, seed 0",
+                    list(state["wide"])))
+    return out
+
+
+def plot_training(state: Dict[str, Any], headline: Sequence[Dict[str, Any]], out: Path) -> None:
+    """training_accuracy_vs_mb.png and training_accuracy_vs_epochs.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = [(title, [r for r in rows if "error" not in r and r.get("evals")])
+              for title, rows in panels(state, headline)]
+    groups = [(t, rows) for t, rows in groups if rows]
+    if not groups:
+        return
+    palette = plt.get_cmap("tab10").colors
+    labels: List[str] = []
+    for _, rows in groups:
+        for r in rows:
+            if r["label"].split(",")[0] not in labels:
+                labels.append(r["label"].split(",")[0])
+    colour = {label: palette[i % len(palette)] for i, label in enumerate(labels)}
+    for x_key, file_name, x_label in (("mb", "training_accuracy_vs_mb.png", "MB sent per peer (log scale)"),
+                                 ("epoch", "training_accuracy_vs_epochs.png", "epoch")):
+        fig, axes = plt.subplots(1, len(groups), figsize=(6.2 * len(groups), 4.6), squeeze=False)
+        for ax, (title, rows) in zip(axes.flat, groups):
+            for r in rows:
+                points = [(e[x_key], 100 * e["acc_avg"]) for e in r["evals"]
+                          if e["acc_avg"] is not None and (x_key != "mb" or e["mb"] > 0)]
+                legend = r["label"].split(",")[0]
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=2, lw=1.2,
+                        label=legend, color=colour[legend])
+            target = common_target(rows)
+            if target is not None:
+                ax.axhline(100 * target, color="gray", ls="--", lw=0.8,
+                           label=f"common target {100 * target:.1f} %")
+            if x_key == "mb":
+                ax.set_xscale("log")
+            lows = [100 * e["acc_avg"] for r in rows for e in r["evals"][len(r["evals"]) // 3:]]
+            if lows:
+                ax.set_ylim(max(0.0, min(lows) - 5), min(100.0, max(lows) + 2))
+            ax.set_xlabel(x_label)
+            ax.set_ylabel("averaged-model test accuracy (%)")
+            ax.set_title(title, fontsize=9)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / file_name, dpi=100)
+        plt.close(fig)
