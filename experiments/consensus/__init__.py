@@ -45,18 +45,26 @@ Modules: `measure` (problems, one run's curve, the best gamma per budget), `repo
 plots, run files), `page` (the report page), `driver` (runs on every peer, the CLI).
 """
 
-from .driver import REPORT_CONFIGS, build_parser, main, run_experiment
-from .measure import (BASELINES, BUDGETS, DEFAULT_GAMMAS, DIVERGE_FACTOR, SEED_BASE, STEP_CAP, UNTUNED,
-                      budget_rows, cells_for, cnn1d_shapes, consensus_curve, eval_steps, expand,
-                      make_problem, matched_ratio, problem_shapes, summarize)
+from .cli import build_parser, main, report_settings
+from .compare import REACH_TARGETS, heat_map, powergossip_ratio, reach_cells, winner_cell, winner_text
+from .driver import REPORT_CONFIGS, parse_topology, run_experiment
+from .matched import bits_to_reach, error_at_bits
+from .measure import (BASELINES, BUDGETS, COARSE_GAMMAS, DEFAULT_GAMMAS, DIVERGE_FACTOR, DTYPES, FLOOR_MARGIN,
+                      FLOOR_ULPS, STEP_CAP, STOP_RELATIVE, UNTUNED, WINNER_SPECS, budget_rows, cells_for,
+                      consensus_curve, eval_steps, expand, matched_ratio, precision_floor, summarize)
 from .page import write_report
+from .problems import (SEED_BASE, cnn1d_shapes, make_problem, parse_problem, problem_shapes,
+                       spectral_values)
 from .report import (DEFAULT_OUT, REPORT_PATH, SCRATCH_OUT, default_out, format_table, load_record, plot,
                      table_csv, write_outputs)
 
 __all__ = [
-    "BASELINES", "BUDGETS", "DEFAULT_GAMMAS", "DEFAULT_OUT", "DIVERGE_FACTOR", "REPORT_CONFIGS",
-    "REPORT_PATH", "SCRATCH_OUT", "SEED_BASE", "STEP_CAP", "UNTUNED", "budget_rows", "build_parser",
-    "cells_for", "cnn1d_shapes", "consensus_curve", "default_out", "eval_steps", "expand",
-    "format_table", "load_record", "main", "make_problem", "matched_ratio", "plot", "problem_shapes",
-    "run_experiment", "summarize", "table_csv", "write_outputs", "write_report",
+    "BASELINES", "BUDGETS", "COARSE_GAMMAS", "DEFAULT_GAMMAS", "DEFAULT_OUT", "DIVERGE_FACTOR", "DTYPES",
+    "FLOOR_MARGIN", "FLOOR_ULPS", "REACH_TARGETS", "REPORT_CONFIGS", "REPORT_PATH", "SCRATCH_OUT",
+    "SEED_BASE", "STEP_CAP", "STOP_RELATIVE", "UNTUNED", "WINNER_SPECS", "bits_to_reach", "budget_rows",
+    "build_parser", "cells_for", "cnn1d_shapes", "consensus_curve", "default_out", "error_at_bits",
+    "eval_steps", "expand", "format_table", "heat_map", "load_record", "main", "make_problem",
+    "matched_ratio", "parse_problem", "parse_topology", "plot", "powergossip_ratio", "precision_floor",
+    "problem_shapes", "reach_cells", "report_settings", "run_experiment", "spectral_values", "summarize",
+    "table_csv", "winner_cell", "winner_text", "write_outputs", "write_report",
 ]
