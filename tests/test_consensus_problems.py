@@ -148,3 +148,48 @@ def test_winner_map_takes_means_over_seeds_and_flags_disagreeing_seeds():
     assert reach["winner"] == "Choco sign" and reach["margin"] == pytest.approx(20.0 / 5.0)
     assert "seed 1" in compare.winner_text(cell)
     assert compare.powergossip_ratio(record, "reach", 1e-2) == pytest.approx(4.0)
+
+
+def test_models_problem_reads_the_saved_epochs(tmp_path):
+    from experiments.consensus.models import SaveAtEpochs
+
+    model = torch.nn.Linear(3, 2)
+    hook = SaveAtEpochs((1, 3))
+    hook.setup(type("Context", (), {"model": model, "steps_per_epoch": 2})())
+    snapshots = {}
+    for step in range(6):
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        hook.after_gossip(step)
+        snapshots[step] = model.weight.detach().clone()
+    assert sorted(hook.saved) == [1, 3]
+    assert torch.equal(hook.saved[1][0], snapshots[1]) and torch.equal(hook.saved[3][0], snapshots[5])
+    path = tmp_path / "models.pt"
+    torch.save({"epochs": {1: {0: hook.saved[1], 1: hook.saved[3]}}}, path)
+    peer = consensus.make_problem("models:epoch=1", 1, torch.float64, models_file=path)
+    assert peer[0].dtype == torch.float64 and torch.equal(peer[0], snapshots[5].double())
+    with pytest.raises(ValueError, match="saved at epochs"):
+        consensus.make_problem("models:epoch=3", 0, models_file=path)
+    with pytest.raises(ValueError, match="no trained models"):
+        consensus.make_problem("models:epoch=1", 0, models_file=tmp_path / "missing.pt")
+
+
+def test_seeds_rerun_the_chosen_algorithms_at_seed_zeros_best_gamma(tmp_path):
+    record = consensus.run_experiment(
+        "ring:4", "lowrank:r=2,sigma=0.1,n=12", ["exact", "choco:compressor=sign", "choco:compressor=topk:0.2"],
+        backend="local", out=tmp_path / "x", sweep=True, gammas=(0.1, 1.0), budgets=(1e4, 3e4), finalists=1,
+        log=lambda *a, **k: None, plots=False, seeds=(0, 1), reseed=("exact", "choco:compressor=sign"))
+    by_seed = {s: [r for r in record["results"] if r["seed"] == s] for s in (0, 1)}
+    assert len(by_seed[0]) == 5 and {r["label"] for r in by_seed[1]} == {"exact gossip", "Choco sign"}
+    best = record["summary"]["Choco sign"]["plot_spec"]
+    assert [r["spec"] for r in by_seed[1] if r["label"] == "Choco sign"] == [best]
+    loaded = consensus.load_record(tmp_path / "x")
+    for kind, key in compare.columns(record["budgets"]):
+        assert compare.winner_cell(loaded, kind, key) == compare.winner_cell(record, kind, key)
+    page = tmp_path / "page.md"
+    (tmp_path / "consensus").mkdir()
+    record["out"] = str(tmp_path / "x")
+    consensus.write_report([record], "cmd", 1.0, path=page)
+    text = page.read_text()
+    assert "## Winner map" in text and "| ring:4 | lowrank:r=2,sigma=0.1,n=12 | 2 |" in text
+    assert (tmp_path / "consensus" / "winner_map.png").exists()

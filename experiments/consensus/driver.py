@@ -143,7 +143,8 @@ def run_experiment(topology: str = "ring:8", problem: str = "matrix", algorithms
             ratio = next(iter(run_peers(topo, matched_ratio, problem, dtype, 0, models_files[0],
                                         backend=backend).values()))
     plan = expand(algorithms, sweep, gammas, ratio)
-    reseed_labels = None if reseed is None else {algorithm_label(s) for s in reseed}
+    reseed_labels = None if reseed is None else {  # labels as `expand` makes them (top-k resolved)
+        algorithm_label(s.replace("topk:matched", f"topk:{ratio:g}") if ratio else s) for s in reseed}
     say(f"consensus: {topology} (weights={weights or 'default'}, γ={topo.gamma:.4g}), problem {problem}, "
         f"{dtype}, seeds {', '.join(map(str, seeds))}, backend {backend}, {len(plan)} runs on seed 0"
         + (f", top-k matched ratio {ratio:g}" if ratio else ""))

@@ -17,7 +17,7 @@ BUDGETS = (1e5, 1e6, 1e7)
 #: past the topologies' consensus step (1.31 on ring:8, 1 on torus:4x4), where Choco-sign's best lies.
 DEFAULT_GAMMAS = tuple(float(f"{10 ** (-3 + 3 * k / 7):.3g}") for k in range(8)) + (1.4, 2.0)
 #: The coarser grid of the added problems (and of the report's original ones, to fit its time).
-COARSE_GAMMAS = (0.01, 0.03, 0.1, 0.3, 1.0, 1.4, 2.0)
+COARSE_GAMMAS = (0.01, 0.03, 0.1, 0.3, 1.0, 1.2, 1.4, 2.0)
 #: A run stops once its error is at most this multiple of the initial error ("reached").
 STOP_RELATIVE = 1e-12
 #: The precision floor of a state in dtype d: FLOOR_ULPS x eps(d)^2 x mean_i ||x_i||^2 (about one
