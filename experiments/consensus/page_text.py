@@ -33,9 +33,18 @@ def method_lines(records: Sequence[Dict]) -> List[str]:
         f"parameters after E epochs of D-PSGD (exact gossip, lr {TRAINING['lr']}, momentum "
         f"{TRAINING['momentum']}, cosine, batch {TRAINING['batch_size']}, the demo recipe) on MNIST-1D "
         f"with a {TRAINING['partition'].replace(':', '(')}) label partition, trained on the consensus "
-        f"topology itself (8 peers on ring:8, 16 on torus:4x4), saved at epochs "
+        f"topology itself (as many peers as it has), saved at epochs "
         f"{', '.join(map(str, SAVED_EPOCHS))} of one 30-epoch run (training seed 0; cached, not "
         "committed; the consensus problem has no other randomness, so it runs on one seed).",
+        "",
+        "Scope (cut to fit about 45 minutes on 2 shared cores; one added instance takes about 150 s "
+        "on either topology): " + "; ".join(
+            f"{topology}: " + ", ".join(f"`{r['problem']}`" for r in records if r["topology"] == topology)
+            for topology in dict.fromkeys(r["topology"] for r in records))
+        + ". The lowrank σ grid {0, 0.1, 0.3} runs only at r = 4 (r = 1 and 16 at σ = 0.1; σ = 0.03 "
+        "dropped); torus:4x4 runs only the `matrix` problem (full algorithm list) and "
+        "`spectral:alpha=2`, so the trained-models problem is on ring:8 only; the previous page's "
+        "torus:4x4 `cnn` instance is not rerun.",
         "",
         f"State dtype: {', '.join(dtypes)} (the consensus state, and what every algorithm sends: "
         "exact gossip and PowerGossip send floats of the state's dtype, so a float64 float costs 8 "
