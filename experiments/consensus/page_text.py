@@ -35,7 +35,11 @@ def method_lines(records: Sequence[Dict]) -> List[str]:
         f"with a {TRAINING['partition'].replace(':', '(')}) label partition, trained on the consensus "
         f"topology itself (as many peers as it has), saved at epochs "
         f"{', '.join(map(str, SAVED_EPOCHS))} of one 30-epoch run (training seed 0; cached, not "
-        "committed; the consensus problem has no other randomness, so it runs on one seed).",
+        "committed; the consensus problem has no other randomness, so it runs on one seed). Choco and "
+        "DeepSqueeze start their public copies x̂_i at 0, so where the peers share a large component "
+        "(`offset`, trained models) their first bits go to sending it, which gossip on x_i − x_j "
+        "(exact, PowerGossip) never does; inside training the copies would have tracked it from "
+        "the start, so those rows measure gossip started from such states, not training.",
         "",
         "Scope (cut to fit about 45 minutes on 2 shared cores; one added instance takes about 150 s "
         "on either topology): " + "; ".join(
