@@ -112,7 +112,8 @@ def _render_only() -> int:
     seconds = records[0].get("report_seconds") or sum(r["seconds"] for r in records)
     path = write_report(records, command, seconds, date=dates[-1] or None,
                         note=" (this page re-rendered from its saved outputs by "
-                             "`python -m experiments.consensus --report --render-only`)")
+                             "`python -m experiments.consensus --report --render-only`; running time: "
+                             "the sum of its instances' times, without the page writing between them)")
     print(f"wrote {path}")
     return 0
 

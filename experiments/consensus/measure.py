@@ -22,7 +22,7 @@ COARSE_GAMMAS = (0.01, 0.03, 0.1, 0.3, 1.0, 1.2, 1.4, 2.0)
 STOP_RELATIVE = 1e-12
 #: The precision floor of a state in dtype d: FLOOR_ULPS x eps(d)^2 x mean_i ||x_i||^2 (about one
 #: rounding error per entry of the state and of each of its copies, squared; float32 Choco-sign
-#: stalled at 94 x eps^2 x mean ||x_i||^2 on the previous page). Values <= FLOOR_MARGIN x the floor
+#: stalled at 83 x eps^2 x mean ||x_i||^2 on the previous page). Values <= FLOOR_MARGIN x the floor
 #: are marked "at precision floor", and a run stops there ("reached floor").
 FLOOR_ULPS, FLOOR_MARGIN = 100.0, 10.0
 DTYPES = {"float32": torch.float32, "float64": torch.float64}

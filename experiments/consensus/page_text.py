@@ -67,7 +67,7 @@ def method_lines(records: Sequence[Dict]) -> List[str]:
         "",
         f"Precision floor: F = {FLOOR_ULPS:g}·eps(dtype)²·mean_i ‖x_i‖² (about one rounding error per "
         "entry of the state and of the copies an algorithm keeps, squared; float32 Choco-sign "
-        "stalled at 94·eps²·mean‖x_i‖² on the previous page, 1.17e-8 absolute). A value ≤ "
+        "stalled at 1.17e-8 absolute on the previous page's ring:8 `matrix`, 83·eps²·mean‖x_i‖²). A value ≤ "
         f"{FLOOR_MARGIN:g}·F is marked \"(floor)\"/\"at precision floor\" and its run stops there "
         "(\"floor\"). The floor scales with ‖x_i‖², not with the initial error: a shared offset "
         "raises it. "
