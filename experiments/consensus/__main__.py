@@ -2,7 +2,7 @@
 
 from gossip_powersgd.launch import main_guard
 
-from experiments.consensus.driver import main
+from experiments.consensus.cli import main
 
 if __name__ == "__main__":
     main_guard(main)

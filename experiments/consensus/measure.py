@@ -3,18 +3,29 @@ and the best γ per bit budget. Nothing here writes files or formats text (see `
 
 from __future__ import annotations
 
-import functools
 import math
-import re
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .matched import error_at_bits
+from .problems import SEED_BASE, cnn1d_shapes, make_problem, problem_shapes
+
 BUDGETS = (1e5, 1e6, 1e7)
-#: 8 values, log-uniform from 1e-3 to 1 (rounded to 3 significant digits).
-DEFAULT_GAMMAS = tuple(float(f"{10 ** (-3 + 3 * k / 7):.3g}") for k in range(8))
-SEED_BASE = 42
+#: 8 values, log-uniform from 1e-3 to 1 (rounded to 3 significant digits), then beyond 1 up to 2,
+#: past the topologies' consensus step (1.31 on ring:8, 1 on torus:4x4), where Choco-sign's best lies.
+DEFAULT_GAMMAS = tuple(float(f"{10 ** (-3 + 3 * k / 7):.3g}") for k in range(8)) + (1.4, 2.0)
+#: The coarser grid of the added problems (and of the report's original ones, to fit its time).
+COARSE_GAMMAS = (0.01, 0.03, 0.1, 0.3, 1.0, 1.2, 1.4, 2.0)
+#: A run stops once its error is at most this multiple of the initial error ("reached").
+STOP_RELATIVE = 1e-12
+#: The precision floor of a state in dtype d: FLOOR_ULPS x eps(d)^2 x mean_i ||x_i||^2 (about one
+#: rounding error per entry of the state and of each of its copies, squared; float32 Choco-sign
+#: stalled at 83 x eps^2 x mean ||x_i||^2 on the previous page). Values <= FLOOR_MARGIN x the floor
+#: are marked "at precision floor", and a run stops there ("reached floor").
+FLOOR_ULPS, FLOOR_MARGIN = 100.0, 10.0
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
 #: A run stops as diverged once its error exceeds this multiple of the initial error.
 DIVERGE_FACTOR = 1e4
 #: Without --steps, a run goes until it has sent more than the largest budget, at most this long.
@@ -28,6 +39,14 @@ UNTUNED = (
     "powergossip:rank=4,iters=1,warm=true",
     "powergossip:rank=1,iters=1,warm=false",
 )
+#: The algorithms of the added problems (and of the winner map, and of seeds beyond the first).
+WINNER_SPECS = (
+    "exact",
+    "powergossip:rank=1,iters=1,warm=true",
+    "powergossip:rank=4,iters=1,warm=true",
+    "choco:compressor=sign",
+    "choco:compressor=topk:matched",
+)
 #: Baselines whose γ must be tuned: `--sweep` runs each at every γ of the grid.
 BASELINES = (
     "choco:compressor=sign",
@@ -39,47 +58,6 @@ BASELINES = (
 )
 #: The spec PowerGossip rank 1 runs with; `topk:matched` matches its floats per message.
 MATCHED_SPEC = "powergossip:rank=1,iters=1,warm=true"
-#: The `cnn` problem: the parameters of the MNIST-1D model `cnn1d` (40 inputs, 10 classes).
-CNN_MODEL, CNN_INPUT_SHAPE, CNN_CLASSES = "cnn1d", (40,), 10
-
-
-# --------------------------------------------------------------------------------------------------
-# problems
-
-
-@functools.lru_cache(maxsize=None)
-def cnn1d_shapes() -> Tuple[Tuple[int, ...], ...]:
-    """Parameter shapes of MNIST-1D's cnn1d, read from the model the training code builds."""
-    from gossip_powersgd.training.models import build_model
-
-    model = build_model(CNN_MODEL, CNN_INPUT_SHAPE, CNN_CLASSES)
-    return tuple(tuple(p.shape) for p in model.parameters())
-
-
-def problem_shapes(problem: str) -> List[Tuple[int, ...]]:
-    """`matrix` (100x100), `matrix:N`, `matrix:RxC`, or `cnn` -> the list of tensor shapes."""
-    name, _, arg = problem.strip().lower().partition(":")
-    if name == "matrix":
-        if not arg:
-            return [(100, 100)]
-        match = re.fullmatch(r"(\d+)(?:x(\d+))?", arg)
-        if not match:
-            raise ValueError(f"problem {problem!r}: expected matrix, matrix:N or matrix:RxC")
-        rows = int(match.group(1))
-        cols = int(match.group(2) or rows)
-        if rows < 1 or cols < 1:
-            raise ValueError(f"problem {problem!r}: sizes must be >= 1")
-        return [(rows, cols)]
-    if name == "cnn" and not arg:
-        return list(cnn1d_shapes())
-    raise ValueError(f"unknown problem {problem!r}; valid: matrix, matrix:N, matrix:RxC, cnn")
-
-
-def make_problem(problem: str, rank: int, dtype=torch.float32) -> List[torch.Tensor]:
-    """Peer `rank`'s tensors: N(0,1) entries from a CPU generator seeded SEED_BASE + rank."""
-    generator = torch.Generator(device="cpu").manual_seed(SEED_BASE + rank)
-    return [torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype)
-            for shape in problem_shapes(problem)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -106,21 +84,33 @@ def _regular(comm) -> bool:
     return len({len(topology.neighbors(i)) for i in range(topology.size)}) == 1
 
 
+def precision_floor(mean_norm2: float, dtype) -> float:
+    """The error below which a state in `dtype` cannot average further (see FLOOR_ULPS)."""
+    return FLOOR_ULPS * torch.finfo(dtype).eps ** 2 * mean_norm2
+
+
 def consensus_curve(comm, problem: str, spec: str, max_steps: int, max_bits: float,
                     budgets: Sequence[float] = BUDGETS, diverge_factor: float = DIVERGE_FACTOR,
-                    stop_error: Optional[float] = None) -> Dict:
+                    stop_error: Optional[float] = None, seed: int = 0, dtype: str = "float32",
+                    models_file: Optional[str] = None, stop_at_floor: bool = False) -> Dict:
     """Run one algorithm on one peer of the consensus problem (collective: every peer calls it).
 
     Returns {"history": [{"step", "bits_per_peer", "error"}, ...], "stop": why it stopped,
-    "seconds": wall time}. Every peer returns the same history. The run stops after the first
-    step whose cumulative bits per peer exceed `max_bits`, after `max_steps` steps, or once the
-    error is not finite or above `diverge_factor` x the initial error ("diverged"), or, with
-    `stop_error`, once a recorded error is at most `stop_error` x the initial error ("reached").
+    "seconds": wall time, "floor": the precision floor, "norm2": mean_i ||x_i||^2 at the start}.
+    Every peer returns the same history. The run stops after the first step whose cumulative bits
+    per peer exceed `max_bits`, after `max_steps` steps, once the error is not finite or above
+    `diverge_factor` x the initial error ("diverged"), with `stop_at_floor` once a recorded error
+    is within FLOOR_MARGIN of the dtype's precision floor ("floor"), or, with `stop_error`, once a recorded error is at
+    most `stop_error` x the initial error ("reached"). Around every budget the last step within it
+    and the first step beyond it are recorded, so that the error at the budget is interpolated
+    between neighbouring steps.
     """
     from gossip_powersgd import consensus_distance, make_algorithm
 
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     start = time.perf_counter()
-    tensors = make_problem(problem, comm.rank)
+    tensors = make_problem(problem, comm.rank, DTYPES[dtype], seed, models_file)
     algorithm = make_algorithm(spec, tensors, comm)
     regular = _regular(comm)
     bytes0 = comm.stats.bytes_sent
@@ -134,6 +124,9 @@ def consensus_curve(comm, problem: str, spec: str, max_steps: int, max_bits: flo
     schedule = eval_steps(max_steps)
     ordered = sorted(float(b) for b in budgets)
     error0 = consensus_distance(tensors, comm)
+    own_norm2 = sum(float(t.double().square().sum()) for t in tensors)
+    norm2 = float(comm.allreduce_(torch.tensor([own_norm2], dtype=torch.float64), op="mean", metric=True))
+    floor = precision_floor(norm2, DTYPES[dtype])
     history = [{"step": 0, "bits_per_peer": 0.0, "error": error0}]
     previous = [t.detach().clone() for t in tensors]
     previous_bits, stop = 0.0, "max_steps"
@@ -142,17 +135,21 @@ def consensus_curve(comm, problem: str, spec: str, max_steps: int, max_bits: flo
             saved.copy_(t)
         algorithm.step()
         bits = bits_now()
-        # The previous step was the last one within a budget: record it (from the saved copy).
+        # The previous step was the last one within a budget: record it (from the saved copy), and
+        # this one, the first beyond it.
         crossed = any(previous_bits <= b < bits for b in ordered)
         if crossed and step > 1 and history[-1]["step"] != step - 1:
             history.append({"step": step - 1, "bits_per_peer": previous_bits,
                             "error": consensus_distance(previous, comm)})
         last = step == max_steps or bits > max_bits
-        if step in schedule or last:
+        if step in schedule or last or crossed:
             error = consensus_distance(tensors, comm)
             history.append({"step": step, "bits_per_peer": bits, "error": error})
             if not math.isfinite(error) or error > diverge_factor * error0:
                 stop = "diverged"
+                break
+            if stop_at_floor and error <= FLOOR_MARGIN * floor:
+                stop = "floor"
                 break
             if stop_error is not None and error <= stop_error * error0:
                 stop = "reached"
@@ -169,14 +166,15 @@ def consensus_curve(comm, problem: str, spec: str, max_steps: int, max_bits: flo
             raise RuntimeError(f"{spec}: peers of a regular topology sent different byte counts "
                                f"({float(low):.0f} .. {float(high):.0f})")
     return {"history": history, "stop": stop, "seconds": time.perf_counter() - start,
-            "bytes_sent": comm.stats.bytes_sent - bytes0}
+            "bytes_sent": comm.stats.bytes_sent - bytes0, "floor": floor, "norm2": norm2}
 
 
-def matched_ratio(comm, problem: str) -> float:
+def matched_ratio(comm, problem: str, dtype: str = "float32", seed: int = 0,
+                  models_file: Optional[str] = None) -> float:
     """Top-k ratio matching PowerGossip rank 1's floats per message: measured over 2 steps."""
     from gossip_powersgd import make_algorithm
 
-    tensors = make_problem(problem, comm.rank)
+    tensors = make_problem(problem, comm.rank, DTYPES[dtype], seed, models_file)
     algorithm = make_algorithm(MATCHED_SPEC, tensors, comm)
     bytes0, messages0 = comm.stats.bytes_sent, comm.stats.messages_sent
     for _ in range(2):
@@ -238,15 +236,38 @@ def budget_rows(history: Sequence[Dict], budgets: Sequence[float] = BUDGETS) -> 
     return out
 
 
-def cells_for(history: Sequence[Dict], budgets: Sequence[float], stop: str, stage: str) -> Dict[float, Dict]:
-    """`budget_rows`, with "not reached" refined: "diverged" (stopped as diverged) or "screened out"
-    (a sweep's screening run that was not picked for the full length)."""
-    cells = budget_rows(history, budgets)
-    for budget, cell in cells.items():
-        if cell["status"] == "not reached" and stop == "diverged":
-            cells[budget] = {"status": "diverged"}
-        elif cell["status"] == "not reached" and stage == "screen" and stop == "max_bits":
-            cells[budget] = {"status": "screened out"}
+def cells_for(history: Sequence[Dict], budgets: Sequence[float], stop: str, stage: str,
+              floor: Optional[float] = None) -> Dict[float, Dict]:
+    """Per budget, the run's error at exactly that many bits per peer (`error_at_bits`: log-log
+    interpolated between the recorded steps around it), as {"status": "ok", "row": {"bits_per_peer",
+    "error", "relative", "bound", "at_floor"}}. A run that stopped early below its target or at
+    the precision floor ("reached", "floor") gets its last error as an upper bound ("bound": True)
+    at the budgets beyond; otherwise a budget it never reached is "diverged", "screened out" (a
+    sweep's screening run not picked for the full length) or "not reached"; "—" when the first step
+    already costs more than the budget."""
+    error0 = history[0]["error"]
+    steps = [r for r in history if r["step"] >= 1]
+    if not steps or steps[0]["step"] != 1:
+        raise ValueError("history must record step 1")
+    cells: Dict[float, Dict] = {}
+    for budget in budgets:
+        if steps[0]["bits_per_peer"] > budget:
+            cells[budget] = {"status": "—"}
+            continue
+        if steps[-1]["bits_per_peer"] < budget:
+            if stop in ("reached", "floor"):
+                error, bound = steps[-1]["error"], True
+            else:
+                status = {"diverged": "diverged"}.get(stop, "screened out" if stage == "screen"
+                                                      and stop == "max_bits" else "not reached")
+                cells[budget] = {"status": status}
+                continue
+        else:
+            error, bound = error_at_bits(history, budget), False
+        at_floor = floor is not None and error <= FLOOR_MARGIN * floor
+        cells[budget] = {"status": "ok", "row": {"bits_per_peer": float(budget), "error": error,
+                                                 "relative": error / error0, "bound": bound,
+                                                 "at_floor": at_floor}}
     return cells
 
 

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from gossip_powersgd.utils import atomic_write
 
+from .compare import REACH_TARGETS, reach_cells, target_name
 from .measure import cells_for, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,9 +35,10 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.=_-]+", "_", text).strip("_")
 
 
-def run_file(spec: str) -> str:
-    """The name of a run's curve file under runs/."""
-    return slug(spec.replace(":", "_").replace(",", "_")) + ".jsonl"
+def run_file(spec: str, seed: int = 0) -> str:
+    """The name of a run's curve file under runs/ (seeds after the first in runs/seed<k>/)."""
+    name = slug(spec.replace(":", "_").replace(",", "_")) + ".jsonl"
+    return name if seed == 0 else f"seed{seed}/{name}"
 
 
 def default_out(topology: str, problem: str, base: Path = SCRATCH_OUT) -> Path:
@@ -72,20 +74,44 @@ def _family(entry: Dict) -> Tuple[str, str, str]:
 
 
 def cell_text(cell: Dict, swept: bool) -> str:
+    """A budget cell: the relative error at matched bits (the absolute one when a cell has no
+    relative error), "≤" when the run stopped earlier below it, "(floor)" at the precision floor."""
     if cell["status"] != "ok":
         return cell["status"]
-    text = fmt_err(cell["row"]["error"])
+    row = cell["row"]
+    text = ("≤ " if row.get("bound") else "") + fmt_err(row.get("relative", row["error"]))
+    if row.get("at_floor"):
+        text += " (floor)"
     return f"{text} (γ={fmt_gamma(cell['gamma'])})" if swept else text
 
 
+def best_reach(entry: Dict, target: float) -> Tuple[Optional[float], Optional[float]]:
+    """(fewest bits to reach `target` over an algorithm's runs, the γ of that run)."""
+    found = [(r["reach"][target], r["gamma"]) for r in entry["runs"]
+             if r.get("reach", {}).get(target) is not None]
+    return min(found) if found else (None, None)
+
+
+def reach_text(entry: Dict, target: float) -> str:
+    bits, gamma = best_reach(entry, target)
+    if bits is None:
+        return "not reached"
+    return f"{bits:.3g} (γ={fmt_gamma(gamma)})" if entry["swept"] else f"{bits:.3g}"
+
+
 def format_table(summary: Dict[str, Dict], budgets: Sequence[float], markdown: bool = False) -> str:
-    """The error reached at each bit budget (per peer), one row per algorithm."""
-    header = ["algorithm", "γ"] + [f"≤ {budget_name(b)} bits" for b in budgets]
+    """Relative error (error / initial error) at exactly each bit budget (per peer), and the bits
+    per peer to reach each of REACH_TARGETS, one row per algorithm."""
+    with_reach = any("reach" in r for entry in summary.values() for r in entry["runs"])
+    header = ["algorithm", "γ"] + [f"@ {budget_name(b)} bits" for b in budgets]
+    if with_reach:
+        header += [f"bits to {target_name(t)}" for t in REACH_TARGETS]
     rows = []
     for label, entry in summary.items():
         gammas = {r["gamma"] for r in entry["runs"]}
-        gamma = "swept (best per budget)" if entry["swept"] else fmt_gamma(next(iter(gammas)))
-        rows.append([label, gamma] + [cell_text(entry["budgets"][b], entry["swept"]) for b in budgets])
+        gamma = "swept (best per column)" if entry["swept"] else fmt_gamma(next(iter(gammas)))
+        rows.append([label, gamma] + [cell_text(entry["budgets"][b], entry["swept"]) for b in budgets]
+                    + ([reach_text(entry, t) for t in REACH_TARGETS] if with_reach else []))
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -99,20 +125,27 @@ def format_table(summary: Dict[str, Dict], budgets: Sequence[float], markdown: b
 
 def table_csv(results: Sequence[Dict], summary: Dict[str, Dict], budgets: Sequence[float],
               topology: str, problem: str) -> str:
-    """Every run's cell at every budget, the best γ per (algorithm, budget) marked 1."""
+    """Every run's cell at every budget (seed, absolute and relative error at exactly the budget,
+    whether it is an upper bound or at the precision floor, bits to each REACH_TARGET); on seed 0
+    the best γ per (algorithm, budget) is marked 1."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["topology", "problem", "algorithm", "spec", "gamma", "budget_bits", "status",
-                     "step", "bits_per_peer", "error", "best"])
+    writer.writerow(["topology", "problem", "seed", "dtype", "algorithm", "spec", "gamma", "budget_bits",
+                     "status", "error", "relative_error", "upper_bound", "at_precision_floor", "best"]
+                    + [f"bits_to_{target_name(t)}" for t in REACH_TARGETS])
     for result in results:
+        seed = result.get("seed", 0)
         for budget in budgets:
             cell = result["budgets"][budget]
             best = summary[result["label"]]["budgets"][budget]
-            is_best = best.get("spec") == result["spec"]
+            is_best = seed == 0 and best.get("spec") == result["spec"]
             row = cell.get("row", {})
-            writer.writerow([topology, problem, result["label"], result["spec"], result["gamma"],
-                             f"{budget:g}", cell["status"], row.get("step", ""),
-                             row.get("bits_per_peer", ""), row.get("error", ""), int(is_best)])
+            reach = result.get("reach", {})
+            writer.writerow([topology, problem, seed, result.get("dtype", "float32"), result["label"],
+                             result["spec"], result["gamma"], f"{budget:g}", cell["status"],
+                             row.get("error", ""), row.get("relative", ""), int(bool(row.get("bound"))),
+                             int(bool(row.get("at_floor"))), int(is_best)]
+                            + ["" if reach.get(t) is None else reach[t] for t in REACH_TARGETS])
     return buffer.getvalue()
 
 
@@ -134,7 +167,7 @@ def plot(summary: Dict[str, Dict], results: Sequence[Dict], out: Path, title: st
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    by_spec = {r["spec"]: r for r in results}
+    by_spec = {r["spec"]: r for r in results if r.get("seed", 0) == 0}
     paths = []
     for name, xkey, xlabel, logx in (("error_vs_bits.png", "bits_per_peer", "bits sent per peer", True),
                                       ("error_vs_steps.png", "step", "steps", False)):
@@ -144,9 +177,10 @@ def plot(summary: Dict[str, Dict], results: Sequence[Dict], out: Path, title: st
             rows = [r for r in result["history"] if (r[xkey] > 0 or not logx) and r["error"] > 0]
             if not rows:
                 continue
+            error0 = result["history"][0]["error"]
             legend = label + (f" (γ={fmt_gamma(result['gamma'])})" if entry["swept"] else "")
             style = "-" if _family(entry)[1] == "topology" else "--"
-            ax.plot([r[xkey] for r in rows], [r["error"] for r in rows], style, label=legend,
+            ax.plot([r[xkey] for r in rows], [r["error"] / error0 for r in rows], style, label=legend,
                     color=f"C{k % 10}", linewidth=1.4)
         ax.set_yscale("log")
         if logx:
@@ -154,7 +188,7 @@ def plot(summary: Dict[str, Dict], results: Sequence[Dict], out: Path, title: st
             for budget in budgets:
                 ax.axvline(budget, color="0.6", linestyle=":", linewidth=0.8)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("error: mean over peers of ‖x_i − x̄‖²")
+        ax.set_ylabel("relative error: mean_i ‖x_i − x̄‖² / its initial value")
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=7, loc="lower left")
@@ -179,7 +213,8 @@ def write_outputs(record: Dict, out: Path, plots: bool = True) -> None:
     light = {k: v for k, v in record.items() if k not in ("results", "summary", "table", "out")}
     light["finished"] = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     light["runs"] = [{k: r[k] for k in ("label", "spec", "gamma", "swept", "stage", "stop", "steps",
-                                         "bits_per_peer", "seconds", "file")} for r in record["results"]]
+                                         "bits_per_peer", "seconds", "file", "seed", "dtype", "floor")}
+                     for r in record["results"]]
     light["best"] = {label: {f"{b:g}": {k: v for k, v in cell.items() if k != "status"} | {"status": cell["status"]}
                              for b, cell in entry["budgets"].items()}
                      for label, entry in record["summary"].items()}
@@ -198,9 +233,10 @@ def load_record(out: Path) -> Dict:
     results = []
     for run in saved["runs"]:
         rows = [json.loads(line) for line in (out / "runs" / run["file"]).read_text().splitlines() if line]
-        results.append({**run, "history": rows,
-                        "budgets": cells_for(rows, budgets, run["stop"], run.get("stage", "full"))})
-    summary = summarize(results, budgets)
+        results.append({**run, "history": rows, "reach": reach_cells(rows),
+                        "budgets": cells_for(rows, budgets, run["stop"], run.get("stage", "full"),
+                                             run.get("floor"))})
+    summary = summarize([r for r in results if r.get("seed", 0) == 0], budgets)
     if "finished" not in saved:
         mtime = (out / "summary.json").stat().st_mtime
         saved["finished"] = datetime.datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M")

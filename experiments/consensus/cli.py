@@ -1,0 +1,160 @@
+"""`python -m experiments.consensus`: the CLI, and the report (every instance of REPORT_CONFIGS)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+
+from gossip_powersgd.launch import resolve_backend
+
+from .driver import REPORT_CONFIGS, REPORT_SEEDS, run_experiment
+from .measure import (BASELINES, BUDGETS, COARSE_GAMMAS, DEFAULT_GAMMAS, DTYPES, STOP_RELATIVE, UNTUNED,
+                      WINNER_SPECS)
+from .page import write_report
+from .problems import VALID, parse_problem
+from .report import DEFAULT_OUT, REPORT_PATH, ROOT, SCRATCH_OUT, default_out, load_record
+
+#: Where the report's trained models are cached (git-ignored; regenerated when missing).
+REPORT_MODELS = SCRATCH_OUT / "models"
+
+
+def report_settings(kind: str) -> Dict:
+    """The algorithms, γ grid, finalists and seeds of one kind of report instance (see REPORT_CONFIGS)."""
+    if kind == "full":
+        return {"algorithms": UNTUNED + BASELINES, "gammas": COARSE_GAMMAS, "finalists": 1,
+                "seeds": REPORT_SEEDS, "reseed": WINNER_SPECS}
+    return {"algorithms": WINNER_SPECS, "gammas": COARSE_GAMMAS, "finalists": 1, "seeds": REPORT_SEEDS,
+            "reseed": None}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI; its help describes the experiment (the package docstring)."""
+    from experiments import consensus as package
+
+    summary, _, details = package.__doc__.partition("\n\n")
+    parser = argparse.ArgumentParser(prog="python -m experiments.consensus",
+                                     description=summary.replace("\n", " "), epilog=details,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--topology", default="ring:8", help="topology spec (default ring:8)")
+    parser.add_argument("--weights", default=None,
+                        help="mixing weights of a static graph: uniform (the default, 1/3 on a ring), "
+                             "metropolis, ...")
+    parser.add_argument("--problem", default="matrix", help=f"one of {VALID} (default matrix, 100x100)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float64",
+                        help="dtype of the consensus state and of what is sent (default float64; a "
+                             "float64 message costs 8 bytes per float)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
+                        help="problem seeds (default 0); γ is swept on seed 0 and the others rerun "
+                             "each algorithm at its best γ on seed 0")
+    parser.add_argument("--algorithms", nargs="+", metavar="SPEC",
+                        help="algorithm specs (default: exact gossip and PowerGossip rank 1, 2, 4 warm "
+                             "and rank 1 restart; with --sweep also Choco and DeepSqueeze with sign, "
+                             "topk:matched and lowrank:1)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="at most this many steps per run (default: until a run exceeds the "
+                             "largest budget)")
+    parser.add_argument("--backend", choices=("local", "mpi"), default=None,
+                        help="local: one thread per peer; mpi: one peer per rank, under mpiexec "
+                             "(default: mpi when launched by mpiexec)")
+    parser.add_argument("--out", type=Path, default=None, help="output directory")
+    parser.add_argument("--sweep", action="store_true",
+                        help="run Choco/DeepSqueeze specs without gamma at every value of --gammas")
+    parser.add_argument("--gammas", type=float, nargs="+", default=list(DEFAULT_GAMMAS),
+                        help="the sweep's gamma grid (default: 8 log-spaced values in [1e-3, 1], then "
+                             "1.4 and 2)")
+    parser.add_argument("--sweep-bits", type=float, default=None,
+                        help="sweep stage 1: every gamma runs to this many bits per peer (default: the "
+                             "second largest budget); 0 = every gamma runs to the largest budget")
+    parser.add_argument("--finalists", type=int, default=2,
+                        help="sweep stage 2: rerun this many best gammas (at --sweep-bits) to the "
+                             "largest budget (default 2)")
+    parser.add_argument("--budgets", type=float, nargs="+", default=list(BUDGETS),
+                        help="bit budgets per peer for the table (default 1e5 1e6 1e7)")
+    parser.add_argument("--stop-relative", type=float, default=None,
+                        help=f"stop a run once its error is this fraction of the initial error "
+                             f"(default: never; the report uses {STOP_RELATIVE:g})")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNGs")
+    parser.add_argument("--render-only", action="store_true",
+                        help="with --report: rebuild the report page from the saved outputs, run nothing")
+    parser.add_argument("--report", action="store_true",
+                        help=f"run every report instance (ring:8 and torus:4x4; the original and the "
+                             f"added problems; 3 seeds) on the local backend, and write "
+                             f"{REPORT_PATH.relative_to(ROOT)}")
+    return parser
+
+
+def _check(args) -> None:
+    if args.steps is not None and args.steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {args.steps}")
+    if any(b <= 0 for b in args.budgets) or any(g <= 0 for g in args.gammas):
+        raise ValueError("budgets and gammas must be > 0: give positive --budgets and --gammas")
+    if args.finalists < 1:
+        raise ValueError(f"--finalists must be >= 1, got {args.finalists}")
+    if args.stop_relative is not None and args.stop_relative <= 0:
+        raise ValueError(f"--stop-relative must be > 0, got {args.stop_relative}")
+    parse_problem(args.problem)
+
+
+def _render_only() -> int:
+    records = [load_record(default_out(t, p, DEFAULT_OUT)) for t, p, _ in REPORT_CONFIGS
+               if (default_out(t, p, DEFAULT_OUT) / "summary.json").exists()]
+    if not records:
+        raise ValueError("--render-only: no saved outputs yet; run `python -m experiments.consensus --report`")
+    command = records[0].get("command", "python -m experiments.consensus --report")
+    dates = sorted(r.get("finished", "") for r in records)
+    seconds = records[0].get("report_seconds") or sum(r["seconds"] for r in records)
+    path = write_report(records, command, seconds, date=dates[-1] or None,
+                        note=" (this page re-rendered from its saved outputs by "
+                             "`python -m experiments.consensus --report --render-only`; running time: "
+                             "the sum of its instances' times, without the page writing between them)")
+    print(f"wrote {path}")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """`python -m experiments.consensus ...`: one experiment, or with --report the report page."""
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(1)
+    _check(args)
+    backend = resolve_backend(args.backend)
+    sweep_bits = args.sweep_bits
+    if sweep_bits is not None and sweep_bits <= 0:
+        sweep_bits = math.inf  # no screening: every gamma runs to the largest budget
+    command = "python -m experiments.consensus " + " ".join(
+        shlex.quote(str(a)) for a in (argv if argv is not None else sys.argv[1:]))
+    if args.render_only:
+        if not args.report:
+            raise ValueError("--render-only goes with --report")
+        return _render_only()
+    if args.report:
+        if backend != "local":
+            raise ValueError("--report runs two topology sizes: use the local backend")
+        started = time.perf_counter()
+        records = []
+        for topology, problem, kind in REPORT_CONFIGS:
+            settings = report_settings(kind)
+            records.append(run_experiment(topology, problem, args.algorithms or settings["algorithms"],
+                                          args.steps, "local", default_out(topology, problem, DEFAULT_OUT),
+                                          True, settings["gammas"], args.budgets, args.weights,
+                                          sweep_bits=sweep_bits, finalists=settings["finalists"],
+                                          command=command, seeds=settings["seeds"], dtype=args.dtype,
+                                          stop_relative=args.stop_relative or STOP_RELATIVE,
+                                          reseed=settings["reseed"],
+                                          models_dir=REPORT_MODELS))
+            # The page after every instance: an interrupted report still leaves a real page.
+            write_report(records, command, time.perf_counter() - started)
+        path = write_report(records, command, time.perf_counter() - started)
+        print(f"wrote {path}")
+        return 0
+    run_experiment(args.topology, args.problem, args.algorithms, args.steps, backend, args.out,
+                   args.sweep, args.gammas, args.budgets, args.weights, sweep_bits=sweep_bits,
+                   finalists=args.finalists, plots=not args.no_plot, command=command, seeds=args.seeds,
+                   dtype=args.dtype, stop_relative=args.stop_relative)
+    return 0
