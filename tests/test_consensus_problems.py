@@ -193,3 +193,24 @@ def test_seeds_rerun_the_chosen_algorithms_at_seed_zeros_best_gamma(tmp_path):
     text = page.read_text()
     assert "## Winner map" in text and "| ring:4 | lowrank:r=2,sigma=0.1,n=12 | 2 |" in text
     assert (tmp_path / "consensus" / "winner_map.png").exists()
+
+
+def test_page_lists_what_of_the_full_grid_did_not_run():
+    from experiments.consensus.driver import FULL_GRID
+    from experiments.consensus.page_text import _not_run
+
+    ran = [{"topology": "ring:8", "problem": p} for p in FULL_GRID if p != "lowrank:r=16,sigma=0.3"]
+    ran.append({"topology": "torus:4x4", "problem": "matrix"})
+    missing = _not_run(ran)
+    assert missing["ring:8"] == ["lowrank:r=16,sigma=0.3"]
+    # the trained models exist for ring:8 only, so a torus page does not count them as missing
+    assert "matrix" not in missing["torus:4x4"] and "cnn" in missing["torus:4x4"]
+    assert not any(p.startswith("models:") for p in missing["torus:4x4"])
+    assert len(missing["torus:4x4"]) == len(FULL_GRID) - 1 - 3
+
+
+def test_missing_needs_report():
+    from experiments.consensus import main
+
+    with pytest.raises(ValueError, match="--missing goes with --report"):
+        main(["--missing"])

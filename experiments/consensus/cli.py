@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-plot", action="store_true", help="skip the PNGs")
     parser.add_argument("--render-only", action="store_true",
                         help="with --report: rebuild the report page from the saved outputs, run nothing")
+    parser.add_argument("--missing", action="store_true",
+                        help="with --report: run only the instances that have no saved outputs yet "
+                             "and write the page from all of them")
     parser.add_argument("--report", action="store_true",
                         help=f"run every report instance (ring:8 and torus:4x4; the original and the "
                              f"added problems; 3 seeds) on the local backend, and write "
@@ -129,6 +132,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         sweep_bits = math.inf  # no screening: every gamma runs to the largest budget
     command = "python -m experiments.consensus " + " ".join(
         shlex.quote(str(a)) for a in (argv if argv is not None else sys.argv[1:]))
+    if args.missing and not args.report:
+        raise ValueError("--missing goes with --report")
     if args.render_only:
         if not args.report:
             raise ValueError("--render-only goes with --report")
@@ -138,7 +143,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ValueError("--report runs two topology sizes: use the local backend")
         started = time.perf_counter()
         records = []
+        note = (" (the instances saved by an earlier `python -m experiments.consensus --report` kept, "
+                "the others run now; running time: the earlier instances' times plus this run's)"
+                if args.missing else "")
+        earlier = 0.0
         for topology, problem, kind in REPORT_CONFIGS:
+            out = default_out(topology, problem, DEFAULT_OUT)
+            if args.missing and (out / "summary.json").exists():
+                records.append(load_record(out))
+                earlier += records[-1]["seconds"]
+                continue
             settings = report_settings(kind)
             records.append(run_experiment(topology, problem, args.algorithms or settings["algorithms"],
                                           args.steps, "local", default_out(topology, problem, DEFAULT_OUT),
@@ -149,8 +163,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                           reseed=settings["reseed"],
                                           models_dir=REPORT_MODELS))
             # The page after every instance: an interrupted report still leaves a real page.
-            write_report(records, command, time.perf_counter() - started)
-        path = write_report(records, command, time.perf_counter() - started)
+            write_report(records, command, earlier + time.perf_counter() - started, note=note)
+        path = write_report(records, command, earlier + time.perf_counter() - started, note=note)
         print(f"wrote {path}")
         return 0
     run_experiment(args.topology, args.problem, args.algorithms, args.steps, backend, args.out,
