@@ -70,7 +70,7 @@ def ensure_models(topology: str, seed: int, base: Path, epochs: Sequence[int] = 
 
     path = models_file(base, topology, seed)
     if path.exists():
-        saved = torch.load(path, map_location="cpu")
+        saved = torch.load(path, map_location="cpu", weights_only=True)
         if set(epochs) <= set(saved["epochs"]):
             return path
     topo = topologies.parse(topology)

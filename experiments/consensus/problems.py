@@ -158,7 +158,7 @@ def make_problem(problem: str, rank: int, dtype=torch.float32, seed: int = 0,
         if models_file is None or not Path(models_file).exists():
             raise ValueError(f"problem {problem!r}: no trained models; run it through "
                              "`python -m experiments.consensus`, which trains them first")
-        saved = torch.load(models_file, map_location="cpu")
+        saved = torch.load(models_file, map_location="cpu", weights_only=True)
         epoch = int(options["epoch"])
         if epoch not in saved["epochs"]:
             raise ValueError(f"problem {problem!r}: models were saved at epochs {sorted(saved['epochs'])}; "
