@@ -70,6 +70,20 @@ def atomic_write(path: Union[str, Path], data: Union[bytes, str]) -> None:
     _fsync_dir(path.parent)
 
 
+def atomic_write_figure(path: Union[str, Path], figure, dpi: int = 110) -> None:
+    """Save a matplotlib figure as PNG with `atomic_write`, and close it (also when saving fails)."""
+    import io
+
+    buffer = io.BytesIO()
+    try:
+        figure.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(figure)
+    atomic_write(path, buffer.getvalue())
+
+
 def _fsync_dir(folder: Path) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY)

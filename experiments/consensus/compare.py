@@ -135,15 +135,13 @@ def powergossip_ratio(record: Dict, kind: str, key: float) -> Optional[float]:
 
 def heat_map(records: Sequence[Dict], budgets: Sequence[float], path: Path) -> Path:
     """A heat map of `powergossip_ratio` (log10), rows the instances, columns the winner map's."""
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from gossip_powersgd.utils import atomic_write
+    from gossip_powersgd.utils import atomic_write_figure
 
     cols = columns(budgets)
     grid = np.full((len(records), len(cols)), np.nan)
@@ -167,12 +165,7 @@ def heat_map(records: Sequence[Dict], budgets: Sequence[float], path: Path) -> P
     ax.set_title("best PowerGossip ÷ best of Choco sign / top-k (mean over seeds; < 1: PowerGossip "
                  "better)", fontsize=8)
     fig.colorbar(image, ax=ax, label="log10 ratio")
-    buffer = io.BytesIO()
-    try:
-        fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    finally:
-        plt.close(fig)
-    atomic_write(path, buffer.getvalue())
+    atomic_write_figure(path, fig)
     return path
 
 

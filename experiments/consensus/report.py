@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from gossip_powersgd.utils import atomic_write
+from gossip_powersgd.utils import atomic_write, atomic_write_figure
 
 from .compare import REACH_TARGETS, reach_cells, target_name
 from .measure import cells_for, summarize
@@ -193,12 +193,7 @@ def plot(summary: Dict[str, Dict], results: Sequence[Dict], out: Path, title: st
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=7, loc="lower left")
         path = out / name
-        buffer = io.BytesIO()
-        try:
-            fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-        finally:
-            plt.close(fig)
-        atomic_write(path, buffer.getvalue())
+        atomic_write_figure(path, fig)
         paths.append(path)
     return paths
 
