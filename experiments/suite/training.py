@@ -255,18 +255,23 @@ def targets(headline: Sequence[Dict[str, Any]], rows: Sequence[Dict[str, Any]],
 
 def write_outputs(out: Path, state: Dict[str, Any], done: int) -> None:
     """The page, CSVs, plots and README section from the stages done so far."""
-    from .training_markdown import readme_section, training_page
-    from .training_plots import curves_csv, plot_training
+    from .training_plots import curves_csv
 
     seconds = time.perf_counter() - state["started"]
-    generated = generated_sentence(state["command"], seconds)
-    headline = combined_iid(state)
-    claims = targets(headline, state["noniid"], state["wide"], state["reference"])
-    page = training_page(state, headline, generated, claims, done)
     every = [r for key in RUN_LISTS for r in state[key]]
-    atomic_write(out / "training.md", page)
     atomic_write(out / "training.csv", build_csv(every))
     atomic_write(out / "training_curves.csv", curves_csv(every))
+    write_pages(out, state, generated_sentence(state["command"], seconds), done)
+
+
+def write_pages(out: Path, state: Dict[str, Any], generated: str, done: int) -> None:
+    """training.md, its plots and README_results.md from the runs in `state` (also --render-only)."""
+    from .training_markdown import readme_section, training_page
+    from .training_plots import plot_training
+
+    headline = combined_iid(state)
+    claims = targets(headline, state["noniid"], state["wide"], state["reference"])
+    atomic_write(out / "training.md", training_page(state, headline, generated, claims, done))
     try:
         plot_training(state, headline, out)
     except Exception as exc:  # the tables matter more than the pictures

@@ -140,12 +140,8 @@ def rebuild_state(out: Path) -> Tuple[Dict[str, Any], int, str]:
 
 def render_training(out: Path, command: str) -> Path:
     """Draw the page, plots and README section again from the run's files in `out`."""
-    from gossip_powersgd.utils import atomic_write
-
     from .tables import _git
-    from .training import combined_iid, targets
-    from .training_markdown import readme_section, training_page
-    from .training_plots import plot_training
+    from .training import write_pages
 
     for name in ("training.md", "training.csv", "training_curves.csv"):
         if not (out / name).is_file():
@@ -154,14 +150,7 @@ def render_training(out: Path, command: str) -> Path:
     state, done, generated = rebuild_state(out)
     again = (f"Drawn again from the run's training.csv and training_curves.csv by `{command}` (commit "
              f"{_git()}): the numbers are the run's.")
-    headline = combined_iid(state)
-    claims = targets(headline, state["noniid"], state["wide"], state["reference"])
-    atomic_write(out / "training.md", training_page(state, headline, f"{generated} {again}", claims, done))
-    try:
-        plot_training(state, headline, out)
-    except Exception as exc:  # the tables matter more than the pictures
-        log(f"plot failed: {type(exc).__name__}: {exc}")
-    atomic_write(out / "README_results.md", readme_section(state, headline, claims, f"{generated} {again}"))
+    write_pages(out, state, f"{generated} {again}", done)
     log(f"drew {out / 'training.md'} again from the run's CSVs")
     return out / "training.md"
 
