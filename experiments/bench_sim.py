@@ -4,14 +4,18 @@
                                     [--out experiments/results/bench_sim.md]
 
 Measures, with ResNet-20-shaped random parameters and PowerGossip rank 1 on a ring, one torch
-thread: (1) gossip steps per second of a `LocalCluster` of `--peers` peers (one thread each), for
-the current `PowerGossip` and for the one of commit `--before`, in interleaved repetitions of the
-same run, and whether both end with bit-identical parameters; (2) one peer's half-step alone on a
-loopback transport (ResNet-20 and VGG-16), as a fraction of the copy bandwidth measured right
-before each block (3 x compressed bytes / (compute time per half-step x copy GB/s), as in
-`experiments.bench_gossip`); (3) `--big-peers` peers: seconds per step and the process's memory.
-The previous implementation is read with `git show` and imported under another module name, so
-both run side by side in one process; without git the "before" columns are left out.
+thread: (1) gossip steps per second of a `LocalCluster` of `--peers` peers (one thread each), in
+interleaved repetitions of the same run, for three set-ups: the `PowerGossip` of commit `--before`
+on free-running threads (the cluster as it was), the current one on free-running threads
+(`cooperative=False`), and the current one taking turns (`cooperative=True`, the default when
+peers outnumber cores); whether all three end with bit-identical parameters; and, as the bound
+without threads, every peer stepped in turn by one thread on a loopback transport; (2) one peer's
+half-step alone on a loopback transport (ResNet-20 and VGG-16), as a fraction of the copy
+bandwidth measured right before each block (3 x compressed bytes / (compute time per half-step x
+copy GB/s), as in `experiments.bench_gossip`); (3) `--big-peers` peers taking turns: seconds per
+step and the process's memory. The previous implementation is read with `git show` and imported
+under another module name, so both run side by side in one process; without git the "before"
+column is left out.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import topologies
 from experiments.bench_gossip.measure import copy_bandwidth, loopback_communicator, median
 from experiments.bench_gossip.shapes import make_params, model_shapes
 from gossip_powersgd import LocalCluster, PowerGossip
-from gossip_powersgd.utils import atomic_write
+from gossip_powersgd.utils import atomic_write, git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = "gossip_powersgd/algorithms/powergossip.py"
@@ -66,7 +70,8 @@ def resident_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
-def cluster_run(algorithm: type, peers: int, steps: int) -> Dict[str, Any]:
+def cluster_run(algorithm: type, peers: int, steps: int, cooperative: Optional[bool] = None
+                ) -> Dict[str, Any]:
     """`steps` gossip steps (after two warm-up steps) on `peers` threads; steps/s from the slowest
     peer's wall time between two barriers, and the final parameters."""
     shapes = model_shapes("resnet20")
@@ -83,9 +88,27 @@ def cluster_run(algorithm: type, peers: int, steps: int) -> Dict[str, Any]:
         comm.barrier()
         return time.perf_counter() - start, x
 
-    out = LocalCluster(topologies.parse(f"ring:{peers}")).run(peer)
+    out = LocalCluster(topologies.parse(f"ring:{peers}"), cooperative=cooperative).run(peer)
     wall = max(seconds for seconds, _ in out)
     return {"steps_per_s": steps / wall, "seconds_per_step": wall / steps, "params": [x for _, x in out]}
+
+
+def one_thread_run(peers: int, steps: int) -> float:
+    """Steps/s of `peers` PowerGossip peers stepped in turn by this thread, each on a loopback
+    transport: the same per-peer compute on the same working set, without threads or messages
+    (what the simulation would reach if switching peers and moving messages cost nothing)."""
+    topology = topologies.parse(f"ring:{peers}")
+    shapes = model_shapes("resnet20")
+    gossips = [PowerGossip(make_params(shapes, rank), loopback_communicator(topology, rank), rank=1)
+               for rank in range(peers)]
+    for _ in range(2):
+        for gossip in gossips:
+            gossip.step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        for gossip in gossips:
+            gossip.step()
+    return steps / (time.perf_counter() - start)
 
 
 def isolated(algorithm: type, model: str, steps: int, reps: int) -> Dict[str, float]:
@@ -115,19 +138,25 @@ def isolated(algorithm: type, model: str, steps: int, reps: int) -> Dict[str, fl
 def render(args, results: Dict[str, Any], seconds: float) -> str:
     """The results page."""
     load = os.getloadavg()
-    variants = [v for v in ("before", "after") if v in results["sim"]]
-    label = {"before": f"before (`{args.before}`)", "after": "after (this tree)"}
+    variants = [v for v in ("before", "free", "turns", "one thread") if v in results["sim"]]
+    label = {"before": f"`{args.before}`'s PowerGossip, free threads", "free": "this tree, free threads",
+             "turns": "this tree, taking turns", "one thread": "bound: one thread, no messages"}
     L = ["# Simulation at scale: PowerGossip rank 1 on in-process peers", "",
          f"Command: `python -m experiments.bench_sim --peers {args.peers} --big-peers {args.big_peers} "
          f"--before {args.before}`", "",
-         f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC ({seconds:.0f} s). "
+         f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC ({seconds:.0f} s), "
+         f"commit {git_commit()}. "
          f"Machine: {os.cpu_count()} cores shared with other jobs (load average {load[0]:.1f} at the "
          f"end), Python {platform.python_version()}, torch {torch.__version__}, one torch thread. "
-         "Absolute times move by 2x between runs on this shared machine; the before/after columns "
-         "come from interleaved repetitions of one run.", "",
+         "Absolute times move by 2x between runs on this shared machine; the columns come from "
+         "interleaved repetitions of one run.", "",
          "ResNet-20-shaped random float32 parameters (269,722, 1.07 MB in compressed matrices), "
          "PowerGossip rank 1, one half-step per step, warm start, ring topology (degree 2), "
-         "`LocalCluster` (one thread per peer).", "",
+         "`LocalCluster` (one thread per peer). *Free threads*: `cooperative=False`, every peer "
+         "thread runs whenever the GIL lets it. *Taking turns*: `cooperative=True` (the default "
+         "when peers outnumber cores), one peer runs until it waits for a message or a "
+         "collective. *One thread*: every peer stepped in turn by one thread on a loopback "
+         "transport (no threads, no messages): the bound for this per-peer compute.", "",
          f"## {args.peers} peers: gossip steps per second", "",
          "| | " + " | ".join(label[v] for v in variants) + " |",
          "|---|" + "---|" * len(variants),
@@ -135,18 +164,24 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
                                                         for v in variants) + " |",
          "| each rep | " + " | ".join(", ".join(f"{s:.1f}" for s in results["sim"][v])
                                       for v in variants) + " |", ""]
+    if "turns" in results["sim"] and "before" in results["sim"]:
+        L += [f"Taking turns / before: **{median(results['sim']['turns']) / median(results['sim']['before']):.1f}×**; "
+              f"taking turns / free threads (this tree): "
+              f"{median(results['sim']['turns']) / median(results['sim']['free']):.1f}×.", ""]
     if "identical" in results:
-        L += [f"Final parameters of all peers bit-identical before and after: "
+        L += [f"Final parameters of all peers bit-identical across the cluster set-ups: "
               f"**{'yes' if results['identical'] else 'no'}**.", ""]
+    isolated_variants = [v for v in ("before", "after") if v in results["isolated"]]
+    ilabel = {"before": f"before (`{args.before}`)", "after": "after (this tree)"}
     L += ["## One peer's half-step alone (loopback transport, degree 2)", "",
-          "| model | " + " | ".join(f"{label[v]}: ms, % of copy" for v in variants) + " |",
-          "|---|" + "---|" * len(variants)]
+          "| model | " + " | ".join(f"{ilabel[v]}: ms, % of copy" for v in isolated_variants) + " |",
+          "|---|" + "---|" * len(isolated_variants)]
     for model in ("resnet20", "vgg16"):
         L.append(f"| {model} | " + " | ".join(
             f"{results['isolated'][v][model]['ms']:.2f} ms, **{results['isolated'][v][model]['of_copy'] * 100:.0f} %**"
-            for v in variants) + " |")
+            for v in isolated_variants) + " |")
     big = results["big"]
-    L += ["", f"## {args.big_peers} peers (after)", "",
+    L += ["", f"## {args.big_peers} peers (this tree, taking turns)", "",
           f"{big['steps']} steps: **{big['seconds_per_step']:.2f} s per step** "
           f"({1 / big['seconds_per_step']:.1f} steps/s); resident memory of the process "
           f"{big['rss_before']:.0f} MiB before the cluster, {big['rss_after']:.0f} MiB with its "
@@ -167,29 +202,34 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     start = time.perf_counter()
-    variants = {"after": PowerGossip}
     before = previous_powergossip(args.before)
+    setups = {"free": (PowerGossip, False), "turns": (PowerGossip, True)}
     if before is not None:
-        variants = {"before": before, "after": PowerGossip}
-    results: Dict[str, Any] = {"sim": {v: [] for v in variants}, "isolated": {v: {} for v in variants}}
+        setups = {"before": (before, False), **setups}
+    results: Dict[str, Any] = {"sim": {v: [] for v in [*setups, "one thread"]}, "isolated": {}}
     finals = {}
     for rep in range(args.reps):
-        for name in (list(variants) if rep % 2 == 0 else list(variants)[::-1]):
-            run = cluster_run(variants[name], args.peers, args.steps)
+        for name in (list(setups) if rep % 2 == 0 else list(setups)[::-1]):
+            algorithm, cooperative = setups[name]
+            run = cluster_run(algorithm, args.peers, args.steps, cooperative)
             results["sim"][name].append(run["steps_per_s"])
             finals[name] = run["params"]
             print(f"{args.peers} peers, {name}: {run['steps_per_s']:.1f} steps/s", flush=True)
-    if "before" in finals:
-        results["identical"] = all(torch.equal(a.view(-1).view(torch.int32), b.view(-1).view(torch.int32))
-                                   for pa, pb in zip(finals["before"], finals["after"])
-                                   for a, b in zip(pa, pb))
+        results["sim"]["one thread"].append(one_thread_run(args.peers, args.steps))
+        print(f"{args.peers} peers, one thread: {results['sim']['one thread'][-1]:.1f} steps/s", flush=True)
+    reference = finals["free"]
+    results["identical"] = all(torch.equal(a.view(-1).view(torch.int32), b.view(-1).view(torch.int32))
+                               for other in finals.values() for pa, pb in zip(reference, other)
+                               for a, b in zip(pa, pb))
     del finals
+    variants = {"after": PowerGossip} if before is None else {"before": before, "after": PowerGossip}
+    results["isolated"] = {v: {} for v in variants}
     for name, algorithm in variants.items():
         for model, steps in (("resnet20", 100), ("vgg16", 4)):
             results["isolated"][name][model] = isolated(algorithm, model, steps, 5)
             print(f"isolated {model}, {name}: {results['isolated'][name][model]}", flush=True)
     rss_before = resident_mib()
-    run = cluster_run(PowerGossip, args.big_peers, args.big_steps)
+    run = cluster_run(PowerGossip, args.big_peers, args.big_steps, cooperative=True)
     results["big"] = {"steps": args.big_steps, "seconds_per_step": run["seconds_per_step"],
                       "rss_before": rss_before, "rss_after": resident_mib(),
                       "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}

@@ -32,6 +32,8 @@ def orthonormalize_(factor: Tensor) -> Tensor:
     if r > GRAM_SCHMIDT_MAX_RANK:
         q, _ = torch.linalg.qr(factor.transpose(-1, -2), mode="reduced")
         return factor.copy_(q.transpose(-1, -2))
+    if r == 1:  # the same operations as the loop below, without slicing out the one vector
+        return factor.div_(torch.linalg.vector_norm(factor, dim=-1, keepdim=True).add_(ORTHO_EPS))
     for k in range(r):
         vector = factor[..., k:k + 1, :]
         for previous in range(k):

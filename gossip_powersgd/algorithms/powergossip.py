@@ -296,6 +296,8 @@ class PowerGossip(GossipAlgorithm):
         self._messages = {key: ({j: self._send[j][:numel] for j in neighbors},
                                 {j: self._recv[j][:numel] for j in neighbors})
                           for key, numel in self._message_numel.items()}
+        # All of those messages at once, for the finiteness check before they leave.
+        self._outgoing = {key: self._send_rows[:, :numel] for key, numel in self._message_numel.items()}
 
     def _element_size(self) -> int:
         return torch.empty((), dtype=self.dtype).element_size()
@@ -400,7 +402,8 @@ class PowerGossip(GossipAlgorithm):
             self._send_rows[:, offset:offset + size].copy_(self._exact.expand(len(neighbors), size))
 
         # 2. One message per neighbour, all computed from the models as they were before any update.
-        self._exchange(*self._messages[(side, has_exact)])
+        send, recv = self._messages[(side, has_exact)]
+        self._exchange(send, recv, outgoing=self._outgoing[(side, has_exact)])
 
         # 3. Both ends form the same new factor D Q (or D^T P), then the update of rank deg*r.
         for plan in plans:

@@ -1,0 +1,132 @@
+"""The in-process cluster's turn-taking (`LocalCluster(..., cooperative=True)`): one peer runs at a
+time, the results are bit for bit those of free-running threads, and nothing that fails or blocks
+turns into a hang."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import topologies
+from gossip_powersgd import CommunicationError, ExactGossip, LocalCluster, PowerGossip
+from gossip_powersgd.algorithms.base import all_finite
+from gossip_powersgd.comm import local
+
+
+def _train_like(comm):
+    """A few gossip steps of two algorithms and an all-reduce, returning everything they produce."""
+    generator = torch.Generator().manual_seed(comm.rank)
+    x = [torch.randn(12, 10, generator=generator), torch.randn(7, generator=generator)]
+    y = [torch.randn(30, generator=generator)]
+    power, exact = PowerGossip(x, comm, rank=2), ExactGossip(y, comm)
+    mean = torch.randn(1000, generator=generator)
+    for _ in range(6):
+        power.step()
+        exact.step()
+        comm.allreduce_(mean)
+    return [t.clone() for t in x + y] + [mean.clone()], comm.stats.as_dict()
+
+
+@pytest.mark.parametrize("spec", ["ring:8", "torus:3x3", "one_peer_exponential:8"])
+def test_taking_turns_gives_the_bits_and_bytes_of_free_threads(spec):
+    free = LocalCluster(spec, cooperative=False).run(_train_like)
+    turns = LocalCluster(spec, cooperative=True).run(_train_like)
+    for (tensors_a, stats_a), (tensors_b, stats_b) in zip(free, turns):
+        assert stats_a == stats_b
+        assert all(torch.equal(a, b) for a, b in zip(tensors_a, tensors_b))
+
+
+def _overlap(cooperative: bool) -> int:
+    """The most peers ever inside their compute section at once (the sleep releases the GIL, so
+    free threads overlap there)."""
+    lock = threading.Lock()
+    state = {"running": 0, "most": 0}
+
+    def peer(comm):
+        send = {j: torch.full((3,), float(comm.rank)) for j in comm.neighbors}
+        recv = {j: torch.empty(3) for j in comm.neighbors}
+        for _ in range(8):
+            with lock:
+                state["running"] += 1
+                state["most"] = max(state["most"], state["running"])
+            time.sleep(0.002)
+            with lock:
+                state["running"] -= 1
+            comm.exchange(send, recv)
+            assert all(float(recv[j][0]) == j for j in comm.neighbors)
+        comm.allreduce_(torch.ones(5))
+
+    LocalCluster("ring:8", cooperative=cooperative).run(peer)
+    return state["most"]
+
+
+def test_one_peer_runs_at_a_time_when_taking_turns():
+    assert _overlap(cooperative=True) == 1
+    assert _overlap(cooperative=False) > 1  # the measurement can see an overlap
+
+
+def test_the_default_takes_turns_exactly_when_peers_outnumber_cores(monkeypatch):
+    monkeypatch.setattr(local.os, "cpu_count", lambda: 4)
+    assert LocalCluster("ring:5").cooperative and not LocalCluster("ring:4").cooperative
+    assert not LocalCluster("ring:5", cooperative=False).cooperative
+
+
+def test_a_peer_blocking_outside_the_communicator_delays_the_others_but_never_deadlocks(monkeypatch):
+    """Each peer waits for an event that only the other one sets: the first to get the turn blocks
+    with it, and the other runs without the turn once it has waited `patience` seconds."""
+    monkeypatch.setattr(local, "_PATIENCE_SECONDS", 0.3)
+    arrived = [threading.Event(), threading.Event()]
+
+    def peer(comm):
+        arrived[comm.rank].set()
+        assert arrived[1 - comm.rank].wait(timeout=30), "the other peer never ran"
+        recv = {j: torch.empty(1) for j in comm.neighbors}
+        comm.exchange({j: torch.ones(1) for j in comm.neighbors}, recv)
+        return float(recv[1 - comm.rank][0])
+
+    begin = time.monotonic()
+    assert LocalCluster("ring:2", cooperative=True).run(peer) == [1.0, 1.0]
+    assert time.monotonic() - begin < 10
+
+
+def test_a_failing_peer_releases_everybody_waiting_for_a_turn_or_a_message():
+    def peer(comm):
+        send = {j: torch.zeros(4) for j in comm.neighbors}
+        recv = {j: torch.empty(4) for j in comm.neighbors}
+        for step in range(20):
+            if comm.rank == 3 and step == 5:
+                raise ValueError("peer 3 fails on purpose")
+            comm.exchange(send, recv)
+
+    begin = time.monotonic()
+    with pytest.raises(ValueError, match="peer 3 fails on purpose"):
+        LocalCluster("ring:8", timeout=60, cooperative=True).run(peer)
+    assert time.monotonic() - begin < 10
+
+
+def test_a_silent_peer_is_named_by_its_neighbours_timeout():
+    def peer(comm):
+        if comm.rank == 0:
+            return  # never sends
+        comm.exchange({j: torch.zeros(2) for j in comm.neighbors},
+                      {j: torch.empty(2) for j in comm.neighbors})
+
+    begin = time.monotonic()
+    with pytest.raises(CommunicationError, match="no message from neighbour 0 within 1 s"):
+        LocalCluster("ring:4", timeout=1, cooperative=True).run(peer)
+    assert time.monotonic() - begin < 10
+
+
+def test_all_finite_takes_the_sum_shortcut_only_when_it_proves_finiteness():
+    assert all_finite(torch.tensor([1.0, -2.0])) and all_finite(torch.empty(0))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        assert not all_finite(torch.tensor([1.0, bad, 3.0]))
+    assert not all_finite(torch.tensor([float("inf"), -float("inf")]))  # the sum is NaN
+    # finite values whose sum overflows are finite
+    assert all_finite(torch.tensor([3e38, 3e38]))
+    assert all_finite(torch.tensor([60000.0, 60000.0], dtype=torch.float16))
+    assert not all_finite(torch.tensor([1.0, float("nan")], dtype=torch.bfloat16))
+    assert all_finite(torch.ones(2, dtype=torch.float64)) and all_finite(torch.arange(3))
