@@ -80,16 +80,28 @@ def test_a_peer_blocking_outside_the_communicator_delays_the_others_but_never_de
     monkeypatch.setattr(local, "_PATIENCE_SECONDS", 0.3)
     arrived = [threading.Event(), threading.Event()]
 
+    lock = threading.Lock()
+    state = {"running": 0, "most": 0}
+
     def peer(comm):
         arrived[comm.rank].set()
         assert arrived[1 - comm.rank].wait(timeout=30), "the other peer never ran"
         recv = {j: torch.empty(1) for j in comm.neighbors}
         comm.exchange({j: torch.ones(1) for j in comm.neighbors}, recv)
+        for _ in range(5):  # the peer that ran without the turn takes turns again
+            with lock:
+                state["running"] += 1
+                state["most"] = max(state["most"], state["running"])
+            time.sleep(0.01)
+            with lock:
+                state["running"] -= 1
+            comm.exchange({j: torch.ones(1) for j in comm.neighbors}, recv)
         return float(recv[1 - comm.rank][0])
 
     begin = time.monotonic()
     assert LocalCluster("ring:2", cooperative=True).run(peer) == [1.0, 1.0]
     assert time.monotonic() - begin < 10
+    assert state["most"] == 1
 
 
 def test_a_failing_peer_releases_everybody_waiting_for_a_turn_or_a_message():

@@ -127,6 +127,16 @@ class _Turns:
             elif waiter in self._ready:
                 self._ready.remove(waiter)
 
+    def enter(self) -> None:
+        """A peer thread starts: it takes turns from now on (other threads never do)."""
+        self._mine.peer = True
+        self.take()
+
+    def _rejoin(self) -> None:
+        """A peer thread that ran without the turn (out of patience) queues for it again."""
+        if getattr(self._mine, "peer", False) and not self.holding():
+            self.take()
+
     def take(self) -> None:
         """Wait for the turn (a peer starting, or leaving a collective)."""
         with self._lock:
@@ -147,14 +157,11 @@ class _Turns:
     @contextlib.contextmanager
     def released(self):
         """Give the turn up while blocking in what follows, and wait for it again afterwards."""
-        if not self.holding():
-            yield
-            return
         self.give()
         try:
             yield
         finally:
-            self.take()
+            self._rejoin()
 
     def post(self, key: tuple, box: "queue.SimpleQueue", message: Tensor) -> None:
         """Put a message in a mailbox; the peer waiting for it becomes able to run."""
@@ -168,7 +175,8 @@ class _Turns:
                 check: Callable[[], None]) -> Optional[Tensor]:
         """The next message of a mailbox, for the turn's holder, which keeps (or gets back) the
         turn: if it is not there, the turn goes on until the message has come and this peer's
-        turn is next. None (nothing taken) for a thread without the turn, or after an abort."""
+        turn is next. None (nothing taken) for a thread that is not a peer's, or after an abort."""
+        self._rejoin()
         with self._lock:
             if not self.holding() or self._broken:
                 return None
@@ -457,7 +465,7 @@ class LocalCluster:
             # with many peers means thousands of needless wake-ups per step.
             torch.set_num_threads(intra_op_threads)
             if shared.turns is not None:
-                shared.turns.take()
+                shared.turns.enter()
             try:
                 comm = LocalCommunicator(self.topology, rank, shared, self.timeout)
                 results[rank] = fn(comm, *args, **kwargs)
