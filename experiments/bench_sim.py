@@ -88,9 +88,14 @@ def cluster_run(algorithm: type, peers: int, steps: int, cooperative: Optional[b
         comm.barrier()
         return time.perf_counter() - start, x
 
+    before = resource.getrusage(resource.RUSAGE_SELF)
     out = LocalCluster(topologies.parse(f"ring:{peers}"), cooperative=cooperative).run(peer)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    # The whole run's context switches (all threads, set-up included) per measured step.
+    switches = (after.ru_nvcsw + after.ru_nivcsw - before.ru_nvcsw - before.ru_nivcsw) / steps
     wall = max(seconds for seconds, _ in out)
-    return {"steps_per_s": steps / wall, "seconds_per_step": wall / steps, "params": [x for _, x in out]}
+    return {"steps_per_s": steps / wall, "seconds_per_step": wall / steps, "switches": switches,
+            "params": [x for _, x in out]}
 
 
 def one_thread_run(peers: int, steps: int) -> float:
@@ -156,14 +161,20 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
          "thread runs whenever the GIL lets it. *Taking turns*: `cooperative=True` (the default "
          "when peers outnumber cores), one peer runs until it waits for a message or a "
          "collective. *One thread*: every peer stepped in turn by one thread on a loopback "
-         "transport (no threads, no messages): the bound for this per-peer compute.", "",
+         "transport (no threads, no messages): the bound for this per-peer compute. Context "
+         "switches: voluntary and involuntary, of all the process's threads over the whole "
+         "cluster run (set-up included), divided by the measured steps; free threads switch at "
+         "nearly every tensor operation, because PyTorch releases the GIL around each one.", "",
          f"## {args.peers} peers: gossip steps per second", "",
          "| | " + " | ".join(label[v] for v in variants) + " |",
          "|---|" + "---|" * len(variants),
          "| steps / s (median of reps) | " + " | ".join(f"**{median(results['sim'][v]):.1f}**"
                                                         for v in variants) + " |",
          "| each rep | " + " | ".join(", ".join(f"{s:.1f}" for s in results["sim"][v])
-                                      for v in variants) + " |", ""]
+                                      for v in variants) + " |",
+         "| context switches of the process per step (median) | " + " | ".join(
+             f"{median(results['switches'][v]):,.0f}" if v in results["switches"] else "–"
+             for v in variants) + " |", ""]
     if "turns" in results["sim"] and "before" in results["sim"]:
         L += [f"Taking turns / before: **{median(results['sim']['turns']) / median(results['sim']['before']):.1f}×**; "
               f"taking turns / free threads (this tree): "
@@ -206,13 +217,15 @@ def main(argv: Optional[List[str]] = None) -> None:
     setups = {"free": (PowerGossip, False), "turns": (PowerGossip, True)}
     if before is not None:
         setups = {"before": (before, False), **setups}
-    results: Dict[str, Any] = {"sim": {v: [] for v in [*setups, "one thread"]}, "isolated": {}}
+    results: Dict[str, Any] = {"sim": {v: [] for v in [*setups, "one thread"]}, "isolated": {},
+                               "switches": {}}
     finals = {}
     for rep in range(args.reps):
         for name in (list(setups) if rep % 2 == 0 else list(setups)[::-1]):
             algorithm, cooperative = setups[name]
             run = cluster_run(algorithm, args.peers, args.steps, cooperative)
             results["sim"][name].append(run["steps_per_s"])
+            results["switches"].setdefault(name, []).append(run["switches"])
             finals[name] = run["params"]
             print(f"{args.peers} peers, {name}: {run['steps_per_s']:.1f} steps/s", flush=True)
         results["sim"]["one thread"].append(one_thread_run(args.peers, args.steps))

@@ -102,5 +102,6 @@ def test_bench_sim_writes_its_page_with_before_and_after(tmp_path):
     assert "## 6 peers (this tree, taking turns)" in page
     assert "this tree, free threads" in page and "this tree, taking turns" in page
     assert "bound: one thread, no messages" in page
+    assert "| context switches of the process per step (median) |" in page
     assert "| resnet20 |" in page and "| vgg16 |" in page
     assert "bit-identical across the cluster set-ups: **yes**" in page

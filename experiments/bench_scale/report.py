@@ -10,7 +10,9 @@ from .measure import ALGORITHMS
 
 LABELS = {"exact": "exact gossip", "powergossip": "PowerGossip r1", "allreduce": "all-reduce",
           "powersgd": "PowerSGD r1", "ring": "ring all-reduce", "gather": "all-gather reduction"}
-BACKENDS = {"local": "in-process (`LocalCluster`, one thread per peer)",
+BACKENDS = {"local": "in-process (`LocalCluster`, one thread per peer; the threads take turns "
+                      "when peers outnumber cores, the default since commit 1c0b316: the points of "
+                      "the runs dated 14:41 UTC or later)",
             "mpi": "MPI (`mpiexec -n N`, one process per peer)",
             "torch": "torch.distributed/gloo (`torchrun --nproc-per-node N`)"}
 
