@@ -39,28 +39,40 @@ def test_taking_turns_gives_the_bits_and_bytes_of_free_threads(spec):
         assert all(torch.equal(a, b) for a, b in zip(tensors_a, tensors_b))
 
 
+class _Overlap:
+    """Counts the most threads ever inside `with overlap:` at once."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.running = self.most = 0
+
+    def __enter__(self):
+        with self._lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+
+    def __exit__(self, *exc):
+        with self._lock:
+            self.running -= 1
+
+
 def _overlap(cooperative: bool) -> int:
     """The most peers ever inside their compute section at once (the sleep releases the GIL, so
     free threads overlap there)."""
-    lock = threading.Lock()
-    state = {"running": 0, "most": 0}
+    overlap = _Overlap()
 
     def peer(comm):
         send = {j: torch.full((3,), float(comm.rank)) for j in comm.neighbors}
         recv = {j: torch.empty(3) for j in comm.neighbors}
         for _ in range(8):
-            with lock:
-                state["running"] += 1
-                state["most"] = max(state["most"], state["running"])
-            time.sleep(0.002)
-            with lock:
-                state["running"] -= 1
+            with overlap:
+                time.sleep(0.002)
             comm.exchange(send, recv)
             assert all(float(recv[j][0]) == j for j in comm.neighbors)
         comm.allreduce_(torch.ones(5))
 
     LocalCluster("ring:8", cooperative=cooperative).run(peer)
-    return state["most"]
+    return overlap.most
 
 
 def test_one_peer_runs_at_a_time_when_taking_turns():
@@ -80,8 +92,7 @@ def test_a_peer_blocking_outside_the_communicator_delays_the_others_but_never_de
     monkeypatch.setattr(local, "_PATIENCE_SECONDS", 0.3)
     arrived = [threading.Event(), threading.Event()]
 
-    lock = threading.Lock()
-    state = {"running": 0, "most": 0}
+    overlap = _Overlap()
 
     def peer(comm):
         arrived[comm.rank].set()
@@ -89,19 +100,15 @@ def test_a_peer_blocking_outside_the_communicator_delays_the_others_but_never_de
         recv = {j: torch.empty(1) for j in comm.neighbors}
         comm.exchange({j: torch.ones(1) for j in comm.neighbors}, recv)
         for _ in range(5):  # the peer that ran without the turn takes turns again
-            with lock:
-                state["running"] += 1
-                state["most"] = max(state["most"], state["running"])
-            time.sleep(0.01)
-            with lock:
-                state["running"] -= 1
+            with overlap:
+                time.sleep(0.01)
             comm.exchange({j: torch.ones(1) for j in comm.neighbors}, recv)
         return float(recv[1 - comm.rank][0])
 
     begin = time.monotonic()
     assert LocalCluster("ring:2", cooperative=True).run(peer) == [1.0, 1.0]
     assert time.monotonic() - begin < 10
-    assert state["most"] == 1
+    assert overlap.most == 1
 
 
 def test_a_failing_peer_releases_everybody_waiting_for_a_turn_or_a_message():
