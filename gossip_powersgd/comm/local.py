@@ -53,13 +53,15 @@ class _Waiter:
 
 class _Turns:
     """Lets one peer thread run at a time, in dataflow order: whenever the running peer would wait
-    (for a message or a collective), the turn goes to the peer that has been able to run longest
-    (its message has arrived, or its collective is over).
+    (for a message or a collective), the turn goes to a peer able to run (its message has arrived,
+    or its collective is over), the one that became able last: its data are the likeliest to be
+    still in cache. That cannot starve anyone for long: a peer gets at most one step ahead of its
+    neighbours before it waits for them, and patience (below) bounds any wait for the turn.
 
     With one thread per peer and many more peers than cores, free-running threads spend most of a
     gossip step handing the GIL around: PyTorch releases it around every tensor operation, so each
     small operation of one peer lets another peer in, and every such hand-over is a context switch
-    (64 peers of a ResNet-20: thousands per step). Taking turns makes a switch happen only where a
+    (64 peers of a ResNet-20: tens of thousands per step). Taking turns makes a switch happen only where a
     peer has to wait anyway, and a peer that waits for a message is not woken before it has come.
     It is a schedule, nothing more: messages and collectives are the same, so are the results'
     bits. A peer able to run that waits longer than `patience` seconds for the turn runs without
@@ -90,7 +92,7 @@ class _Turns:
             waiter.gate.release()
 
     def _hand_over(self) -> None:
-        """The turn's holder stops: the first peer able to run gets it."""
+        """The turn's holder stops: the peer that became able to run last gets it."""
         if self._ready:
             waiter = self._ready.pop()
             waiter.granted = True
