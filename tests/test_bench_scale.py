@@ -1,6 +1,7 @@
 """Smoke tests of the scaling benchmark (tiny sizes) and of the GPU check's CPU-side code path."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -59,6 +60,10 @@ def test_tiny_plan_writes_page_and_json(tmp_path):
                     "## Cost vs model size", "## Growth rates"):
         assert heading in page
     assert render_markdown(data["records"], data["meta"]) == page
+    # each in-process point records whether its threads took turns, and the page marks those
+    turns = [r["point"]["peers"] > os.cpu_count() for r in data["records"]]
+    assert [r["ranks"][0]["takes_turns"] for r in data["records"]] == turns
+    assert ("‡ the peer threads took turns" in page) == any(turns)
     summary = summarize(data["records"][0])
     assert set(summary) == set(KINDS)
 

@@ -153,6 +153,8 @@ def _peer(comm, point: Point, folder: str) -> bool:
     from .measure import peer_point
 
     record = peer_point(comm, point.kinds, point.params, point.steps)
+    # in-process: whether the peer threads took turns (LocalCluster's default when peers outnumber cores)
+    record["takes_turns"] = bool(getattr(comm, "takes_turns", False))
     atomic_write(Path(folder) / f"rank-{comm.rank}.json", json.dumps(record))
     return True
 

@@ -10,9 +10,7 @@ from .measure import ALGORITHMS
 
 LABELS = {"exact": "exact gossip", "powergossip": "PowerGossip r1", "allreduce": "all-reduce",
           "powersgd": "PowerSGD r1", "ring": "ring all-reduce", "gather": "all-gather reduction"}
-BACKENDS = {"local": "in-process (`LocalCluster`, one thread per peer; the threads take turns "
-                      "when peers outnumber cores, the default since commit 1c0b316: the points of "
-                      "the runs dated 14:41 UTC or later)",
+BACKENDS = {"local": "in-process (`LocalCluster`, one thread per peer)",
             "mpi": "MPI (`mpiexec -n N`, one process per peer)",
             "torch": "torch.distributed/gloo (`torchrun --nproc-per-node N`)"}
 
@@ -25,6 +23,18 @@ def machine_line(load_start: float, load_end: float) -> str:
     return (f"{m['cpu']}, {m['cores']} cores, {m['memory']}; load average at start {load_start:.1f}, "
             f"at end {load_end:.1f} (the cores are shared with other jobs). Python {m['python']}, "
             f"torch {m['torch']}, {m['mpi']}")
+
+
+#: Marks an in-process point whose peer threads took turns (`LocalCluster(cooperative=...)`).
+TURNS_MARK = " ‡"
+TURNS_NOTE = ("‡ the peer threads took turns (`LocalCluster`'s default when peers outnumber cores); "
+              "the other in-process points ran on free threads (points measured before turn-taking "
+              "existed record no mode).")
+
+
+def mode(record: Dict[str, Any]) -> str:
+    """TURNS_MARK for an in-process point whose threads took turns, else nothing."""
+    return TURNS_MARK if record["ranks"][0].get("takes_turns") else ""
 
 
 def summarize(record: Dict[str, Any]) -> Dict[str, Dict[str, float]]:
@@ -123,8 +133,11 @@ def render_markdown(records: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
         if not recs:
             continue
         out += [f"### {BACKENDS[backend]}", ""]
-        out += cost_table([(f"n = {r['point']['peers']}", summarize(r)) for r in recs], ALGORITHMS)
+        out += cost_table([(f"n = {r['point']['peers']}{mode(r)}", summarize(r)) for r in recs],
+                          ALGORITHMS)
         out.append("")
+        if any(mode(r) for r in recs):
+            out += [TURNS_NOTE, ""]
     out += ["## Ring all-reduce vs the all-gather reduction (one flat tensor of the model's size)", "",
             "The ring (`comm.allreduce_`) sends and receives 2(n−1)/n of the tensor per rank; the "
             "all-gather reduction (the library's earlier one, re-implemented in the benchmark on the "
@@ -155,16 +168,18 @@ def render_markdown(records: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
                 "|---|---|---|---|---|---|"]
         for r in big:
             s, n = summarize(r)["powergossip"], r["point"]["peers"]
-            out.append(f"| {n} | {fmt_seconds(s['seconds'])} | {1 / s['seconds']:.3g} | "
+            out.append(f"| {n}{mode(r)} | {fmt_seconds(s['seconds'])} | {1 / s['seconds']:.3g} | "
                        f"{fmt_bytes(s['rss'])} | {fmt_bytes(s['rss'] / n)} | "
                        f"{fmt_bytes(r['ranks'][0]['rss_peak'])} |")
         out.append("")
     size_recs = _ok(records, "size")
     if size_recs:
         out += ["## Cost vs model size (one square matrix of about N parameters)", ""]
-        out += cost_table([(f"ring:{r['point']['peers']}, N = {r['ranks'][0]['numel']:,}", summarize(r))
-                           for r in size_recs], ALGORITHMS)
+        out += cost_table([(f"ring:{r['point']['peers']}, N = {r['ranks'][0]['numel']:,}{mode(r)}",
+                            summarize(r)) for r in size_recs], ALGORITHMS)
         out.append("")
+        if any(mode(r) for r in size_recs):
+            out += [TURNS_NOTE, ""]
     out += ["## Growth rates", "",
             "Exponent a of cost ∝ x^a, least squares on log-log axes over the points above (time "
             "per step, bytes sent per rank).", ""]

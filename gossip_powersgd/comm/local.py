@@ -302,6 +302,11 @@ class LocalCommunicator(Communicator):
         self._shared = shared
         self.check_agreement("topology", f"{topology.size}:{topology.fingerprint}")
 
+    @property
+    def takes_turns(self) -> bool:
+        """Whether this cluster's peer threads take turns (see `LocalCluster`'s `cooperative`)."""
+        return self._shared.turns is not None
+
     def _raise_if_aborted(self) -> None:
         if self._shared.aborted.is_set():
             if self._shared.interrupted:
