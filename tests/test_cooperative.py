@@ -56,9 +56,8 @@ class _Overlap:
             self.running -= 1
 
 
-def _overlap(cooperative: bool) -> int:
-    """The most peers ever inside their compute section at once (the sleep releases the GIL, so
-    free threads overlap there)."""
+def _overlap(cooperative: bool, hold) -> int:
+    """The most peers ever inside their compute section (which calls `hold`) at once."""
     overlap = _Overlap()
 
     def peer(comm):
@@ -66,7 +65,7 @@ def _overlap(cooperative: bool) -> int:
         recv = {j: torch.empty(3) for j in comm.neighbors}
         for _ in range(8):
             with overlap:
-                time.sleep(0.002)
+                hold()
             comm.exchange(send, recv)
             assert all(float(recv[j][0]) == j for j in comm.neighbors)
         comm.allreduce_(torch.ones(5))
@@ -76,8 +75,12 @@ def _overlap(cooperative: bool) -> int:
 
 
 def test_one_peer_runs_at_a_time_when_taking_turns():
-    assert _overlap(cooperative=True) == 1
-    assert _overlap(cooperative=False) > 1  # the measurement can see an overlap
+    # The sleep lets the CPU and the GIL go while a peer holds the turn: threads that did not take
+    # turns would enter the section meanwhile (it is not a timing assertion).
+    assert _overlap(cooperative=True, hold=lambda: time.sleep(0.002)) == 1
+    # The counter sees an overlap: free threads all meet inside the section.
+    everyone = threading.Barrier(8)
+    assert _overlap(cooperative=False, hold=lambda: everyone.wait(timeout=30)) == 8
 
 
 def test_the_default_takes_turns_exactly_when_peers_outnumber_cores(monkeypatch):
@@ -101,7 +104,7 @@ def test_a_peer_blocking_outside_the_communicator_delays_the_others_but_never_de
         comm.exchange({j: torch.ones(1) for j in comm.neighbors}, recv)
         for _ in range(5):  # the peer that ran without the turn takes turns again
             with overlap:
-                time.sleep(0.01)
+                time.sleep(0.01)  # lets the GIL go: a peer still running without the turn would enter
             comm.exchange({j: torch.ones(1) for j in comm.neighbors}, recv)
         return float(recv[1 - comm.rank][0])
 

@@ -189,17 +189,10 @@ class GossipAlgorithm:
         refusing to send anything non-finite (a NaN would spread to everyone). `outgoing`, when
         given, is one tensor whose elements are exactly those of all the send buffers (e.g. the
         rows they are views of), checked in one go instead of buffer by buffer."""
-        if outgoing is not None:
-            if not all_finite(outgoing):
-                self._raise_non_finite()
-        else:
-            checked = set()
-            for buffer in send.values():
-                if id(buffer) in checked:
-                    continue
-                checked.add(id(buffer))
-                if not all_finite(buffer):
-                    self._raise_non_finite()
+        # each distinct buffer once (gossip often sends one buffer to every neighbour)
+        buffers = [outgoing] if outgoing is not None else {id(b): b for b in send.values()}.values()
+        if not all(all_finite(buffer) for buffer in buffers):
+            self._raise_non_finite()
         start = time.perf_counter()
         if directed:
             self.comm.exchange_directed(send, recv, step)

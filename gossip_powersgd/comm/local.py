@@ -8,13 +8,12 @@ whatever it waits on (it raises `PeerAborted`), and `run` re-raises the first re
 never turns into a hang.
 
 When peers outnumber cores, the threads take turns: one peer runs at a time, until it waits for a
-message or a collective (see `_Turns` and `LocalCluster`'s `cooperative`): the same messages and
+message or a collective (see `comm.turns.Turns` and `LocalCluster`'s `cooperative`): the same messages and
 bits as free-running threads, several times faster at 64 peers.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import queue
@@ -26,184 +25,13 @@ import torch
 
 from .base import (Communicator, CommunicationError, PeerAborted, Tensor, _combine_, as_topology, nbytes,
                    ring_allreduce_bytes, ring_chunks)
+from .turns import Turns
 
 _POLL_SECONDS = 0.05
 #: After Ctrl-C, how long `run` waits for the peer threads to stop before it re-raises anyway.
 _INTERRUPT_GRACE_SECONDS = 5.0
 #: In a cooperative cluster, how long a peer waits for its turn before it runs without one.
 _PATIENCE_SECONDS = 5.0
-
-
-#: How often a peer waiting for its turn checks for an abort or its deadline.
-_TURN_POLL_SECONDS = 0.25
-
-
-class _Waiter:
-    """A peer thread waiting to run: its gate opens when it is granted the turn (or on an abort)."""
-
-    __slots__ = ("gate", "granted", "key", "ready_since")
-
-    def __init__(self, key=None):
-        self.gate = threading.Lock()
-        self.gate.acquire()
-        self.granted = False
-        self.key = key  # the mailbox it waits on, while it waits for a message
-        self.ready_since: Optional[float] = None  # when it became able to run
-
-
-class _Turns:
-    """Lets one peer thread run at a time, in dataflow order: whenever the running peer would wait
-    (for a message or a collective), the turn goes to a peer able to run (its message has arrived,
-    or its collective is over), the one that became able last: its data are the likeliest to be
-    still in cache. That cannot starve anyone for long: a peer gets at most one step ahead of its
-    neighbours before it waits for them, and patience (below) bounds any wait for the turn.
-
-    With one thread per peer and many more peers than cores, free-running threads spend most of a
-    gossip step handing the GIL around: PyTorch releases it around every tensor operation, so each
-    small operation of one peer lets another peer in, and every such hand-over is a context switch
-    (64 peers of a ResNet-20: tens of thousands per step). Taking turns makes a switch happen only where a
-    peer has to wait anyway, and a peer that waits for a message is not woken before it has come.
-    It is a schedule, nothing more: messages and collectives are the same, so are the results'
-    bits. A peer able to run that waits longer than `patience` seconds for the turn runs without
-    it, so user code that blocks outside the communicator while it has the turn (a sleep, an event
-    another peer sets) delays the others instead of deadlocking them; after an abort everybody runs
-    freely.
-    """
-
-    def __init__(self, patience: float):
-        self._patience = patience
-        self._lock = threading.Lock()
-        self._ready: "collections.deque[_Waiter]" = collections.deque()
-        self._blocked: Dict[tuple, _Waiter] = {}  # mailbox key -> the peer waiting for a message
-        self._taken = False
-        self._broken = False
-        self._mine = threading.local()
-
-    def holding(self) -> bool:
-        return getattr(self._mine, "turn", False)
-
-    # ---- under self._lock ------------------------------------------------------------------------
-    def _make_ready(self, waiter: _Waiter) -> None:
-        if self._taken:
-            waiter.ready_since = time.monotonic()
-            self._ready.append(waiter)
-        else:
-            self._taken = waiter.granted = True
-            waiter.gate.release()
-
-    def _hand_over(self) -> None:
-        """The turn's holder stops: the peer that became able to run last gets it."""
-        if self._ready:
-            waiter = self._ready.pop()
-            waiter.granted = True
-            waiter.gate.release()
-        else:
-            self._taken = False
-
-    # ---- for the peer threads ----------------------------------------------------------------------
-    def _wait(self, waiter: _Waiter, check: Optional[Callable[[], None]]) -> None:
-        """Wait until `waiter` is granted the turn. While it waits for a message, `check` may raise
-        (an abort, the deadline); once able to run, it goes on without the turn after waiting
-        `patience` seconds."""
-        while not waiter.gate.acquire(timeout=_TURN_POLL_SECONDS):
-            with self._lock:
-                ready = waiter.ready_since is not None
-                if (not waiter.granted and ready
-                        and time.monotonic() - waiter.ready_since > self._patience):
-                    self._ready.remove(waiter)
-                    return  # out of patience: run without the turn
-            if not ready and check is not None:
-                try:
-                    check()
-                except BaseException:
-                    self._leave(waiter)
-                    raise
-        self._mine.turn = waiter.granted  # False when an abort opened the gate
-
-    def _leave(self, waiter: _Waiter) -> None:
-        with self._lock:
-            if waiter.granted:
-                self._hand_over()  # it was granted just now: pass it on
-            elif self._blocked.get(waiter.key) is waiter:
-                del self._blocked[waiter.key]
-            elif waiter in self._ready:
-                self._ready.remove(waiter)
-
-    def enter(self) -> None:
-        """A peer thread starts: it takes turns from now on (other threads never do)."""
-        self._mine.peer = True
-        self.take()
-
-    def _rejoin(self) -> None:
-        """A peer thread that ran without the turn (out of patience) queues for it again."""
-        if getattr(self._mine, "peer", False) and not self.holding():
-            self.take()
-
-    def take(self) -> None:
-        """Wait for the turn (a peer starting, or leaving a collective)."""
-        with self._lock:
-            if self._broken:
-                return
-            waiter = _Waiter()
-            self._make_ready(waiter)
-        self._wait(waiter, None)
-
-    def give(self) -> None:
-        """Stop running: hand the turn on (a no-op for a thread that does not hold it)."""
-        if not self.holding():
-            return
-        self._mine.turn = False
-        with self._lock:
-            self._hand_over()
-
-    @contextlib.contextmanager
-    def released(self):
-        """Give the turn up while blocking in what follows, and wait for it again afterwards."""
-        self.give()
-        try:
-            yield
-        finally:
-            self._rejoin()
-
-    def post(self, key: tuple, box: "queue.SimpleQueue", message: Tensor) -> None:
-        """Put a message in a mailbox; the peer waiting for it becomes able to run."""
-        with self._lock:
-            box.put(message)
-            waiter = self._blocked.pop(key, None)
-            if waiter is not None and not self._broken:
-                self._make_ready(waiter)
-
-    def receive(self, key: tuple, box: "queue.SimpleQueue",
-                check: Callable[[], None]) -> Optional[Tensor]:
-        """The next message of a mailbox, for the turn's holder, which keeps (or gets back) the
-        turn: if it is not there, the turn goes on until the message has come and this peer's
-        turn is next. None (nothing taken) for a thread that is not a peer's, or after an abort."""
-        self._rejoin()
-        with self._lock:
-            if not self.holding() or self._broken:
-                return None
-            try:
-                return box.get_nowait()
-            except queue.Empty:
-                pass
-            waiter = self._blocked[key] = _Waiter(key)
-            self._mine.turn = False
-            self._hand_over()
-        self._wait(waiter, check)
-        try:
-            return box.get_nowait()
-        except queue.Empty:  # an abort opened the gate before the message came
-            check()
-            return None
-
-    def abort(self) -> None:
-        """Release everybody for good: after a failure nobody waits for a turn."""
-        with self._lock:
-            self._broken = True
-            for waiter in [*self._ready, *self._blocked.values()]:
-                waiter.gate.release()
-            self._ready.clear()
-            self._blocked.clear()
 
 
 class _Barrier:
@@ -252,7 +80,7 @@ class _Shared:
 
     def __init__(self, size: int, cooperative: bool = False):
         self.size = size
-        self.turns: Optional[_Turns] = _Turns(_PATIENCE_SECONDS) if cooperative else None
+        self.turns: Optional[Turns] = Turns(_PATIENCE_SECONDS) if cooperative else None
         self.mailboxes: Dict[tuple, "queue.SimpleQueue"] = {}
         self.mailbox_lock = threading.Lock()
         self.barrier = _Barrier(size)
@@ -286,7 +114,7 @@ class _Shared:
             self.turns.abort()
 
     def released(self):
-        """`_Turns.released` in a cooperative cluster, else nothing."""
+        """`Turns.released` in a cooperative cluster, else nothing."""
         return self.turns.released() if self.turns is not None else contextlib.nullcontext()
 
 
@@ -440,7 +268,7 @@ class LocalCluster:
     `timeout` is how long a peer waits for a neighbour or a collective before it raises (seconds).
 
     `cooperative` decides how the peer threads share the cores. True: one peer runs at a time,
-    and the turn passes on whenever a peer waits for a message or a collective (`_Turns`). False:
+    and the turn passes on whenever a peer waits for a message or a collective (`comm.turns.Turns`). False:
     all threads run freely and the GIL decides. The messages and the results' bits are the same
     either way; taking turns is several times faster once peers outnumber cores (64 ResNet-20
     peers on 2 cores: experiments/results/bench_sim.md). None (the default) takes turns exactly
