@@ -1,14 +1,16 @@
 """Simulation at scale: PowerGossip on many in-process peers, and one half-step's efficiency.
 
-    python -m experiments.bench_sim [--peers 64] [--big-peers 256] [--before c0bf4d7]
+    python -m experiments.bench_sim [--peers 64] [--steps 100] [--big-peers 256] [--before c0bf4d7]
                                     [--out experiments/results/bench_sim.md]
 
 Measures, with ResNet-20-shaped random parameters and PowerGossip rank 1 on a ring, one torch
 thread: (1) gossip steps per second of a `LocalCluster` of `--peers` peers (one thread each), in
-interleaved repetitions of the same run, for three set-ups: the `PowerGossip` of commit `--before`
+interleaved repetitions of the same run, for four set-ups: the `PowerGossip` of commit `--before`
 on free-running threads (the cluster as it was), the current one on free-running threads
 (`cooperative=False`), and the current one taking turns (`cooperative=True`, the default when
-peers outnumber cores); whether all three end with bit-identical parameters; and, as the bound
+peers outnumber cores) with its threads not pinned (`pin=False`) and pinned to one core (the
+default); whether the last three end with bit-identical parameters, and how far the first is
+from them; and, as the bound
 without threads, every peer stepped in turn by one thread on a loopback transport; (2) one peer's
 half-step alone on a loopback transport (ResNet-20 and VGG-16), as a fraction of the copy
 bandwidth measured right before each block (3 x compressed bytes / (compute time per half-step x
@@ -70,8 +72,8 @@ def resident_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
-def cluster_run(algorithm: type, peers: int, steps: int, cooperative: Optional[bool] = None
-                ) -> Dict[str, Any]:
+def cluster_run(algorithm: type, peers: int, steps: int, cooperative: Optional[bool] = None,
+                pin: Optional[bool] = None) -> Dict[str, Any]:
     """`steps` gossip steps (after two warm-up steps) on `peers` threads; steps/s from the slowest
     peer's wall time between two barriers, and the final parameters."""
     shapes = model_shapes("resnet20")
@@ -89,7 +91,7 @@ def cluster_run(algorithm: type, peers: int, steps: int, cooperative: Optional[b
         return time.perf_counter() - start, x
 
     before = resource.getrusage(resource.RUSAGE_SELF)
-    out = LocalCluster(topologies.parse(f"ring:{peers}"), cooperative=cooperative).run(peer)
+    out = LocalCluster(topologies.parse(f"ring:{peers}"), cooperative=cooperative, pin=pin).run(peer)
     after = resource.getrusage(resource.RUSAGE_SELF)
     # The whole run's context switches (all threads, set-up included) per measured step.
     switches = (after.ru_nvcsw + after.ru_nivcsw - before.ru_nvcsw - before.ru_nivcsw) / steps
@@ -143,12 +145,14 @@ def isolated(algorithm: type, model: str, steps: int, reps: int) -> Dict[str, fl
 def render(args, results: Dict[str, Any], seconds: float) -> str:
     """The results page."""
     load = os.getloadavg()
-    variants = [v for v in ("before", "free", "turns", "one thread") if v in results["sim"]]
+    variants = [v for v in ("before", "free", "turns unpinned", "turns", "one thread") if v in results["sim"]]
     label = {"before": f"`{args.before}`'s PowerGossip, free threads", "free": "this tree, free threads",
-             "turns": "this tree, taking turns", "one thread": "bound: one thread, no messages"}
+             "turns unpinned": "this tree, taking turns, threads not pinned (`pin=False`)",
+             "turns": "this tree, taking turns, pinned (the default)",
+             "one thread": "bound: one thread, no messages"}
     L = ["# Simulation at scale: PowerGossip rank 1 on in-process peers", "",
-         f"Command: `python -m experiments.bench_sim --peers {args.peers} --big-peers {args.big_peers} "
-         f"--before {args.before}`", "",
+         f"Command: `python -m experiments.bench_sim --peers {args.peers} --steps {args.steps} "
+         f"--big-peers {args.big_peers} --before {args.before}`", "",
          f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC ({seconds:.0f} s), "
          f"commit {git_commit()}. "
          f"Machine: {os.cpu_count()} cores shared with other jobs (load average {load[0]:.1f} at the "
@@ -160,7 +164,10 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
          "`LocalCluster` (one thread per peer). *Free threads*: `cooperative=False`, every peer "
          "thread runs whenever the GIL lets it. *Taking turns*: `cooperative=True` (the default "
          "when peers outnumber cores), one peer runs until it waits for a message or a "
-         "collective. *One thread*: every peer stepped in turn by one thread on a loopback "
+         "collective; *pinned*: its peer threads kept on one core (as many as torch's intra-op "
+         "threads, here 1; `LocalCluster(pin=...)`, the default when taking turns). Each repetition "
+         f"times {args.steps} steps after two warm-up steps; the first few steps of a cluster that "
+         "takes turns are slower than the rest. *One thread*: every peer stepped in turn by one thread on a loopback "
          "transport (no threads, no messages): the bound for this per-peer compute. Context "
          "switches: voluntary and involuntary, of all the process's threads over the whole "
          "cluster run (set-up included), divided by the measured steps; free threads switch at "
@@ -178,10 +185,19 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
     if "turns" in results["sim"] and "before" in results["sim"]:
         L += [f"Taking turns / before: **{median(results['sim']['turns']) / median(results['sim']['before']):.1f}×**; "
               f"taking turns / free threads (this tree): "
-              f"{median(results['sim']['turns']) / median(results['sim']['free']):.1f}×.", ""]
+              f"{median(results['sim']['turns']) / median(results['sim']['free']):.1f}×; pinned / not "
+              f"pinned: {median(results['sim']['turns']) / median(results['sim']['turns unpinned']):.2f}×.", ""]
     if "identical" in results:
-        L += [f"Final parameters of all peers bit-identical across the cluster set-ups: "
-              f"**{'yes' if results['identical'] else 'no'}**.", ""]
+        L += [f"Final parameters of all peers bit-identical with free threads and taking turns (pinned or not): "
+              f"**{'yes' if results['identical'] else 'no'}**."]
+        if "before_difference" in results:
+            L += [f"Against `{args.before}`'s PowerGossip: largest difference "
+                  f"{results['before_difference']:.1e} (parameters up to {results['scale']:.1f} in "
+                  "absolute value), float rounding: at rank 1 the factors now sit in the messages' "
+                  "layout, and BLAS rounds products with such strided operands differently; the two "
+                  "ends of an edge still form identical factors, since they subtract the same two "
+                  "products."]
+        L += [""]
     isolated_variants = [v for v in ("before", "after") if v in results["isolated"]]
     ilabel = {"before": f"before (`{args.before}`)", "after": "after (this tree)"}
     L += ["## One peer's half-step alone (loopback transport, degree 2)", "",
@@ -204,7 +220,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     """Run the measurements and write the page."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--peers", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=20, help="measured steps per repetition")
+    parser.add_argument("--steps", type=int, default=100, help="measured steps per repetition")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--big-peers", type=int, default=256)
     parser.add_argument("--big-steps", type=int, default=6)
@@ -214,16 +230,17 @@ def main(argv: Optional[List[str]] = None) -> None:
     torch.set_num_threads(1)
     start = time.perf_counter()
     before = previous_powergossip(args.before)
-    setups = {"free": (PowerGossip, False), "turns": (PowerGossip, True)}
+    setups = {"free": (PowerGossip, False, None), "turns unpinned": (PowerGossip, True, False),
+              "turns": (PowerGossip, True, True)}
     if before is not None:
-        setups = {"before": (before, False), **setups}
+        setups = {"before": (before, False, None), **setups}
     results: Dict[str, Any] = {"sim": {v: [] for v in [*setups, "one thread"]}, "isolated": {},
                                "switches": {}}
     finals = {}
     for rep in range(args.reps):
         for name in (list(setups) if rep % 2 == 0 else list(setups)[::-1]):
-            algorithm, cooperative = setups[name]
-            run = cluster_run(algorithm, args.peers, args.steps, cooperative)
+            algorithm, cooperative, pin = setups[name]
+            run = cluster_run(algorithm, args.peers, args.steps, cooperative, pin)
             results["sim"][name].append(run["steps_per_s"])
             results["switches"].setdefault(name, []).append(run["switches"])
             finals[name] = run["params"]
@@ -232,8 +249,14 @@ def main(argv: Optional[List[str]] = None) -> None:
         print(f"{args.peers} peers, one thread: {results['sim']['one thread'][-1]:.1f} steps/s", flush=True)
     reference = finals["free"]
     results["identical"] = all(torch.equal(a.view(-1).view(torch.int32), b.view(-1).view(torch.int32))
-                               for other in finals.values() for pa, pb in zip(reference, other)
-                               for a, b in zip(pa, pb))
+                               for name in ("turns", "turns unpinned")
+                               for pa, pb in zip(reference, finals[name]) for a, b in zip(pa, pb))
+    if "before" in finals:
+        # Not bit for bit: the factors' memory layout changed, and BLAS rounds a product of a
+        # strided operand differently. Both ends of an edge still agree (they exchange products).
+        results["before_difference"] = max(float((a - b).abs().max()) for pa, pb in
+                                           zip(reference, finals["before"]) for a, b in zip(pa, pb))
+        results["scale"] = max(float(a.abs().max()) for pa in reference for a in pa)
     del finals
     variants = {"after": PowerGossip} if before is None else {"before": before, "after": PowerGossip}
     results["isolated"] = {v: {} for v in variants}

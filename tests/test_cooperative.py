@@ -4,6 +4,7 @@ turns into a hang."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -87,6 +88,43 @@ def test_the_default_takes_turns_exactly_when_peers_outnumber_cores(monkeypatch)
     monkeypatch.setattr(local.os, "cpu_count", lambda: 4)
     assert LocalCluster("ring:5").cooperative and not LocalCluster("ring:4").cooperative
     assert not LocalCluster("ring:5", cooperative=False).cooperative
+
+
+@pytest.fixture
+def one_intra_op_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning threads needs Linux and two cores to choose from")
+def test_peer_threads_taking_turns_are_pinned_to_the_intra_op_thread_count_of_cores(one_intra_op_thread):
+    caller = os.sched_getaffinity(0)
+
+    def cores(comm):
+        comm.barrier()
+        return frozenset(os.sched_getaffinity(0))
+
+    pinned = LocalCluster("ring:4", cooperative=True).run(cores)
+    assert len(set(pinned)) == 1 and len(pinned[0]) == 1 and pinned[0] <= caller
+    assert LocalCluster("ring:4", cooperative=True, pin=False).run(cores) == [caller] * 4
+    assert LocalCluster("ring:4", cooperative=False, pin=True).run(cores) == [caller] * 4  # free: never
+    assert os.sched_getaffinity(0) == caller  # only the peer threads were pinned
+    torch.set_num_threads(len(caller))
+    assert LocalCluster("ring:4", cooperative=True).run(cores) == [caller] * 4  # as many as there are
+
+
+def test_peer_cores_takes_the_count_asked_for_from_the_allowed_ones(monkeypatch):
+    if not hasattr(os, "sched_setaffinity"):
+        assert local.peer_cores(1) is None
+        return
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 5, 8, 9})
+    for count in (1, 2, 3):
+        chosen = local.peer_cores(count)
+        assert len(chosen) == count and chosen <= {3, 5, 8, 9}
+    assert local.peer_cores(4) is None and local.peer_cores(6) is None
 
 
 def test_a_peer_blocking_outside_the_communicator_delays_the_others_but_never_deadlocks(monkeypatch):

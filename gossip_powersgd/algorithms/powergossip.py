@@ -48,7 +48,7 @@ from ..specs import check_seed
 from .base import (GossipAlgorithm, ParamsLike, load_tensors_, require_undirected,
                    step_weights, warn_if_unstable_gamma)
 from .exact import mix_exact, resolve_gamma
-from .lowrank import GRAM_SCHMIDT_MAX_RANK, MatrixStack, matrix_stacks, orthonormalize_
+from .lowrank import GRAM_SCHMIDT_MAX_RANK, ORTHO_EPS, MatrixStack, matrix_stacks, orthonormalize_
 
 
 def edge_seed(seed: int, i: int, j: int) -> int:
@@ -65,6 +65,12 @@ _ALIGN_BYTES = 64
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
+
+
+def _segments_of(rows: Tensor, offset: int, batch: int, length: int) -> Tensor:
+    """The (batch, deg, length) view of every row's segment [offset, offset + batch*length) of a
+    (deg, width) tensor: neighbour n's (batch x length) block is row n's segment."""
+    return rows[:, offset:offset + batch * length].view(rows.shape[0], batch, length).permute(1, 0, 2)
 
 
 @dataclasses.dataclass
@@ -98,6 +104,7 @@ class _SidePlan:
     send_sets: Tensor  # every neighbour's message segment, as (batch, deg, r, length)
     differences: List[tuple]  # (first, second, out) per run of neighbours: out = first - second
     scaled_left_t: Tensor  # the group's scaled P^T, transposed for the update
+    norms: Optional[Tensor] = None  # rank 1: (batch, deg, 1), where the factors' norms are written
 
 
 class PowerGossip(GossipAlgorithm):
@@ -169,8 +176,8 @@ class PowerGossip(GossipAlgorithm):
         self._exact_views: List[Tensor] = []
         self._home_exact()
         self._exact_scratch = torch.empty_like(self._exact) if self._exact is not None else None
-        self._make_factors()
         self._make_messages()
+        self._make_factors()
         self._make_plans()
 
     # ---- set-up --------------------------------------------------------------------------------
@@ -216,7 +223,8 @@ class PowerGossip(GossipAlgorithm):
     def _check_homes(self) -> None:
         """Re-stack whatever has been re-pointed since the last step (e.g. by `model.to`)."""
         params = self.params
-        if all(params[k].data_ptr() == ptr for k, ptr in self._home_ptrs):
+        # one comparison of two lists: this runs at every step
+        if [params[k].data_ptr() for k in self._home_indices] == self._home_ptrs:
             return
         for group in self._groups:
             for slot, k in enumerate(group.indices):
@@ -239,12 +247,37 @@ class PowerGossip(GossipAlgorithm):
         # sigma * gamma * W[i, j] per factor vector, to scale all neighbours' P in one multiply
         weights = self._weights if self._weights is not None else [0.0] * deg
         scales = [self._signs[n] * self.gamma * weights[n] for n in range(deg)]
-        for group in self._groups:
+        new = lambda *shape: torch.zeros(shape, dtype=self.dtype, device=self.device)  # noqa: E731
+        # At rank 1 the factors of all groups sit in (deg, width) rows laid out as the messages they
+        # are formed from (a left factor like a right half-step's message, and the other way
+        # round): forming every group's new factor is then one subtraction per run of neighbours,
+        # and scaling them one multiplication, instead of a few operations per group.
+        self._factor_rows: Optional[Dict[str, Tensor]] = None
+        if self._groups and all(g.rank == 1 for g in self._groups):
+            align = max(1, _ALIGN_BYTES // self._element_size())
+            left = _round_up(self._message_numel[("right", False)], align)
+            right = _round_up(self._message_numel[("left", False)], align)
+            self._factor_rows = {"left": new(deg, left), "right": new(deg, right),
+                                 "scaled_left": new(deg, left)}
+            self._scale_column = torch.tensor(scales, dtype=self.dtype, device=self.device).view(deg, 1)
+            # One norm per factor vector, for the vectors multiplied by on each side, so that the
+            # epsilon is added to all of them at once; a tensor, not a Python number, because
+            # a number would be converted into one at every call.
+            vectors = deg * sum(g.batch for g in self._groups)
+            self._norm_rows = {"right": new(vectors), "left": new(vectors)}
+            self._epsilon = torch.tensor(ORTHO_EPS, dtype=self.dtype, device=self.device)
+        for index, group in enumerate(self._groups):
             b, rows, cols, r = group.batch, group.rows, group.cols, group.rank
-            new = lambda *shape: torch.zeros(shape, dtype=self.dtype, device=self.device)  # noqa: E731
-            group.right = new(b, deg * r, cols)
-            group.left = new(b, deg * r, rows)
-            group.scaled_left = new(b, deg * r, rows)
+            if self._factor_rows is None:
+                group.right = new(b, deg * r, cols)
+                group.left = new(b, deg * r, rows)
+                group.scaled_left = new(b, deg * r, rows)
+            else:
+                rows_of = self._factor_rows
+                group.right = _segments_of(rows_of["right"], self._segments[(index, "left")][0], b, cols)
+                group.left = _segments_of(rows_of["left"], self._segments[(index, "right")][0], b, rows)
+                group.scaled_left = _segments_of(rows_of["scaled_left"],
+                                                 self._segments[(index, "right")][0], b, rows)
             group.products_right = new(b, deg * r, rows)
             group.products_left = new(b, deg * r, cols)
             for n, j in enumerate(neighbors):
@@ -321,9 +354,10 @@ class PowerGossip(GossipAlgorithm):
         deg = len(self.comm.neighbors)
         runs = self._sign_runs()
         # Where each parameter's data must start for the plans to be valid (see `_check_homes`).
-        self._home_ptrs = [(k, group.matrices[slot].data_ptr())
-                           for group in self._groups for slot, k in enumerate(group.indices)]
-        self._home_ptrs += [(k, flat.data_ptr()) for k, flat in zip(self._exact_indices, self._exact_views)]
+        homes = [(k, group.matrices[slot]) for group in self._groups for slot, k in enumerate(group.indices)]
+        homes += list(zip(self._exact_indices, self._exact_views))
+        self._home_indices = [k for k, _ in homes]
+        self._home_ptrs = [home.data_ptr() for _, home in homes]
         self._plans: Dict[str, List[_SidePlan]] = {"right": [], "left": []}
         for index, g in enumerate(self._groups):
             b, r = g.batch, g.rank
@@ -346,6 +380,10 @@ class PowerGossip(GossipAlgorithm):
                     differences.append((first[:, start:stop], second[:, start:stop],
                                         new_sets[:, start:stop]))
                 width = factors.shape[-1]
+                norms = None
+                if self._factor_rows is not None:
+                    start = sum(q.batch for q in self._groups[:index]) * deg
+                    norms = self._norm_rows[side][start:start + b * deg].view(b, deg, 1)
                 self._plans[side].append(_SidePlan(
                     group=g,
                     blocks=[g.block(factors, n) for n in range(deg)],
@@ -354,7 +392,21 @@ class PowerGossip(GossipAlgorithm):
                     factors=factors, products=products,
                     product_sets=products.view(b, deg, r, length), send_sets=sends,
                     differences=differences, scaled_left_t=g.scaled_left.transpose(1, 2),
+                    norms=norms,
                 ))
+        # At rank 1, every group's new factors at once: one subtraction per run of neighbours over
+        # the groups' part of the messages (big's product minus small's, as per group above).
+        self._row_differences: Dict[str, List[tuple]] = {}
+        if self._factor_rows is not None:
+            for side, new_rows in (("right", self._factor_rows["left"]),
+                                   ("left", self._factor_rows["right"])):
+                size = self._message_numel[(side, False)]
+                sends, recvs = self._send_rows[:, :size], self._recv_rows[:, :size]
+                differences = []
+                for start, stop, smaller in runs:
+                    first, second = (recvs, sends) if smaller else (sends, recvs)
+                    differences.append((first[start:stop], second[start:stop], new_rows[start:stop, :size]))
+                self._row_differences[side] = differences
 
     # ---- the algorithm -------------------------------------------------------------------------
     def _step(self) -> None:
@@ -369,17 +421,29 @@ class PowerGossip(GossipAlgorithm):
             self.half_steps += 1
             self._half_step(right=self.half_steps % 2 == 1, with_exact=iteration == 0)
 
-    def _orthonormalize(self, plan: "_SidePlan") -> None:
+    def _orthonormalize(self, plans: List["_SidePlan"], side: str) -> None:
+        """Orthonormalise the factors every group multiplies by on this side, in place."""
         if not self.warm_start:
-            for block, j in zip(plan.blocks, self.comm.neighbors):
-                block.copy_(self._draw(j, block.shape))
-        if plan.factor_sets is not None:
-            # Gram-Schmidt works on each (r, n) matrix on its own, so all neighbours' factors go in
-            # one call; each edge's factor is the same shape at both ends: identical bits.
-            orthonormalize_(plan.factor_sets)
-        else:
-            for block in plan.blocks:
-                orthonormalize_(block)
+            for plan in plans:
+                for block, j in zip(plan.blocks, self.comm.neighbors):
+                    block.copy_(self._draw(j, block.shape))
+        if self._factor_rows is not None:
+            # Rank 1: orthonormalize_'s division by (norm + eps), with the eps added to all the
+            # groups' norms in one operation; the same bits, since each is still its own vector's.
+            for plan in plans:
+                torch.linalg.vector_norm(plan.factors, dim=-1, keepdim=True, out=plan.norms)
+            self._norm_rows[side].add_(self._epsilon)
+            for plan in plans:
+                plan.factors.div_(plan.norms)
+            return
+        for plan in plans:
+            if plan.factor_sets is not None:
+                # Gram-Schmidt works on each (r, n) matrix on its own, so all neighbours' factors go
+                # in one call; each edge's factor is the same shape at both ends: identical bits.
+                orthonormalize_(plan.factor_sets)
+            else:
+                for block in plan.blocks:
+                    orthonormalize_(block)
 
     def _half_step(self, right: bool, with_exact: bool) -> None:
         neighbors = self.comm.neighbors
@@ -388,8 +452,8 @@ class PowerGossip(GossipAlgorithm):
         has_exact = with_exact and self._exact is not None
 
         # 1. Orthonormalise the factors we multiply by, and compute all neighbours' products at once.
+        self._orthonormalize(plans, side)
         for index, plan in enumerate(plans):
-            self._orthonormalize(plan)
             if self.batch_neighbors:
                 torch.bmm(plan.factors, plan.matrix, out=plan.products)  # (M Q)^T or (M^T P)^T
                 plan.send_sets.copy_(plan.product_sets)
@@ -406,11 +470,16 @@ class PowerGossip(GossipAlgorithm):
         self._exchange(send, recv, outgoing=self._outgoing[(side, has_exact)])
 
         # 3. Both ends form the same new factor D Q (or D^T P), then the update of rank deg*r.
-        for plan in plans:
-            for first, second, out in plan.differences:
+        if self._factor_rows is not None:  # rank 1: all groups at once
+            for first, second, out in self._row_differences[side]:
                 torch.sub(first, second, out=out)
+            torch.mul(self._factor_rows["left"], self._scale_column, out=self._factor_rows["scaled_left"])
+        for plan in plans:
             g = plan.group
-            torch.mul(g.left, g.scales, out=g.scaled_left)
+            if self._factor_rows is None:
+                for first, second, out in plan.differences:
+                    torch.sub(first, second, out=out)
+                torch.mul(g.left, g.scales, out=g.scaled_left)
             if self.batch_neighbors:
                 # M += sum_j sigma_j gamma w_j P_j Q_j^T, all neighbours in one multiply-add
                 g.matrices.baddbmm_(plan.scaled_left_t, g.right)

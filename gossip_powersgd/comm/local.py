@@ -275,14 +275,26 @@ class LocalCluster:
     when there are more peers than cores. A peer that blocks outside the communicator while it
     has the turn (a sleep, an event another peer sets) holds up the peers able to run for up to
     5 s each time (then they run anyway): pass False for such code.
+
+    `pin` (Linux) decides where the peer threads of a cluster that takes turns run. True keeps them
+    on as many cores as the caller's intra-op thread count (`torch.get_num_threads()`), starting
+    with the core the caller is on. Only one peer computes at a time, so the other cores are not
+    missed, and keeping the threads together is measured faster (experiments/results/bench_sim.md
+    compares both at 64 peers), presumably because the messages just written and the
+    interpreter's own data stay in that core's caches instead of moving with every hand-over.
+    Anything a pinned peer thread starts (threads, DataLoader worker processes) inherits its cores:
+    pass False to leave the threads where the operating system puts them. None (the default)
+    pins whenever the threads take turns. Free-running threads are never pinned.
     """
 
-    def __init__(self, topology, timeout: float | None = None, cooperative: Optional[bool] = None):
+    def __init__(self, topology, timeout: float | None = None, cooperative: Optional[bool] = None,
+                 pin: Optional[bool] = None):
         self.topology = as_topology(topology, "LocalCluster")
         self.timeout = timeout
         if cooperative is None:
             cooperative = self.topology.size > (os.cpu_count() or 1)
         self.cooperative = bool(cooperative)
+        self.pin = self.cooperative if pin is None else bool(pin) and self.cooperative
 
     @property
     def size(self) -> int:
@@ -293,12 +305,15 @@ class LocalCluster:
         results: List[Any] = [None] * shared.size
         errors: List[Optional[BaseException]] = [None] * shared.size
         intra_op_threads = torch.get_num_threads()
+        cores = peer_cores(intra_op_threads) if self.pin else None
 
         def peer(rank: int) -> None:
             # OpenMP keeps the thread count per thread: a new thread would otherwise run every
             # tensor operation on the default team (all cores) whatever the caller set, which
             # with many peers means thousands of needless wake-ups per step.
             torch.set_num_threads(intra_op_threads)
+            if cores is not None:
+                os.sched_setaffinity(0, cores)  # 0: this thread, not the process
             if shared.turns is not None:
                 shared.turns.enter()
             try:
@@ -341,9 +356,28 @@ class LocalCluster:
         return results
 
 
+def peer_cores(count: int) -> Optional[set]:
+    """`count` of the cores this thread may run on, the one it runs on now first, for pinned peer
+    threads; None where threads cannot be pinned (not Linux) or where `count` cores is all of them
+    anyway."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if count >= len(allowed):
+        return None
+    try:
+        with open("/proc/thread-self/stat") as f:
+            # field 39, "processor"; the fields after the command's closing parenthesis start at 3
+            current = int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, IndexError, ValueError):
+        current = allowed[0]
+    start = allowed.index(current) if current in allowed else 0
+    return {allowed[(start + k) % len(allowed)] for k in range(max(1, count))}
+
+
 def run_local(topology, fn: Callable[..., Any], *args, **kwargs) -> List[Any]:
     """Shorthand for `LocalCluster(topology).run(fn, *args, **kwargs)`."""
     return LocalCluster(topology).run(fn, *args, **kwargs)
 
 
-__all__ = ["LocalCluster", "LocalCommunicator", "run_local"]
+__all__ = ["LocalCluster", "LocalCommunicator", "peer_cores", "run_local"]
