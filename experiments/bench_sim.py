@@ -1,23 +1,25 @@
 """Simulation at scale: PowerGossip on many in-process peers, and one half-step's efficiency.
 
     python -m experiments.bench_sim [--peers 64] [--steps 100] [--big-peers 256] [--before c0bf4d7]
+                                    [--before-steps 20] [--previous 05215e8]
                                     [--out experiments/results/bench_sim.md]
 
 Measures, with ResNet-20-shaped random parameters and PowerGossip rank 1 on a ring, one torch
 thread: (1) gossip steps per second of a `LocalCluster` of `--peers` peers (one thread each), in
-interleaved repetitions of the same run, for four set-ups: the `PowerGossip` of commit `--before`
-on free-running threads (the cluster as it was), the current one on free-running threads
-(`cooperative=False`), and the current one taking turns (`cooperative=True`, the default when
-peers outnumber cores) with its threads not pinned (`pin=False`) and pinned to one core (the
-default); whether the last three end with bit-identical parameters, and how far the first is
-from them; and, as the bound
-without threads, every peer stepped in turn by one thread on a loopback transport; (2) one peer's
-half-step alone on a loopback transport (ResNet-20 and VGG-16), as a fraction of the copy
-bandwidth measured right before each block (3 x compressed bytes / (compute time per half-step x
-copy GB/s), as in `experiments.bench_gossip`); (3) `--big-peers` peers taking turns: seconds per
-step and the process's memory. The previous implementation is read with `git show` and imported
-under another module name, so both run side by side in one process; without git the "before"
-column is left out.
+interleaved repetitions of the same run, for five set-ups: the `PowerGossip` of commit `--before`
+on free-running threads (the cluster as it was then), the current one on free-running threads
+(`cooperative=False`), the `PowerGossip` of commit `--previous` taking turns with its threads not
+pinned (the cluster as it was then), and the current one taking turns (`cooperative=True`, the
+default when peers outnumber cores) with its threads not pinned (`pin=False`) and pinned (the
+default); whether the current set-ups end with bit-identical parameters; and, as the bound
+without threads, every peer stepped in turn by one thread on a loopback transport; (2) how far
+`--before`'s results are from the current ones, step by step, with both consensus distances;
+(3) one peer's half-step alone on a loopback transport (ResNet-20 and VGG-16), as a fraction of
+the copy bandwidth measured right before each block (3 x compressed bytes / (compute time per
+half-step x copy GB/s), as in `experiments.bench_gossip`); (4) `--big-peers` peers taking turns:
+seconds per step and the process's memory. Earlier implementations are read with `git show` and
+imported under other module names, so all run side by side in one process; without git their
+columns are left out.
 """
 
 from __future__ import annotations
@@ -55,10 +57,10 @@ def previous_powergossip(commit: str) -> Optional[type]:
     except (OSError, subprocess.CalledProcessError):
         return None
     folder = Path(tempfile.mkdtemp(prefix="bench_sim_"))
-    path = folder / "powergossip_before.py"
+    path = folder / f"powergossip_{commit}.py"
     path.write_text(source)
     # A name inside the package, so that the module's relative imports resolve as they did.
-    name = "gossip_powersgd.algorithms._powergossip_before"
+    name = f"gossip_powersgd.algorithms._powergossip_{commit}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -98,6 +100,29 @@ def cluster_run(algorithm: type, peers: int, steps: int, cooperative: Optional[b
     wall = max(seconds for seconds, _ in out)
     return {"steps_per_s": steps / wall, "seconds_per_step": wall / steps, "switches": switches,
             "params": [x for _, x in out]}
+
+
+def divergence(before: type, peers: int, marks=(1, 10, 100)) -> Dict[int, Dict[str, float]]:
+    """`before`'s PowerGossip against this tree's on ring:`peers` (ResNet-20 shapes, rank 1): the
+    largest parameter difference and both consensus distances after each of `marks` steps."""
+    from gossip_powersgd.metrics import consensus_distance
+
+    def peer(comm, algorithm):
+        x = make_params(model_shapes("resnet20"), comm.rank)
+        gossip = algorithm(x, comm, rank=1)
+        out = {}
+        for step in range(1, max(marks) + 1):
+            gossip.step()
+            if step in marks:
+                out[step] = ([t.clone() for t in x], consensus_distance(x, comm))
+        return out
+
+    topology = topologies.parse(f"ring:{peers}")
+    new, old = (LocalCluster(topology).run(peer, algorithm) for algorithm in (PowerGossip, before))
+    return {step: {"difference": max(float((a - b).abs().max()) for pn, po in zip(new, old)
+                                     for a, b in zip(pn[step][0], po[step][0])),
+                   "consensus_new": new[0][step][1], "consensus_before": old[0][step][1]}
+            for step in marks}
 
 
 def one_thread_run(peers: int, steps: int) -> float:
@@ -145,14 +170,19 @@ def isolated(algorithm: type, model: str, steps: int, reps: int) -> Dict[str, fl
 def render(args, results: Dict[str, Any], seconds: float) -> str:
     """The results page."""
     load = os.getloadavg()
-    variants = [v for v in ("before", "free", "turns unpinned", "turns", "one thread") if v in results["sim"]]
-    label = {"before": f"`{args.before}`'s PowerGossip, free threads", "free": "this tree, free threads",
+    variants = [v for v in ("before", "free", "previous", "turns unpinned", "turns", "one thread")
+                if v in results["sim"]]
+    label = {"before": f"`{args.before}`'s PowerGossip, free threads ({args.before_steps} steps)",
+             "free": "this tree, free threads",
+             "previous": f"`{args.previous}`'s PowerGossip, taking turns, not pinned (the cluster as "
+                         f"at `{args.previous}`)",
              "turns unpinned": "this tree, taking turns, threads not pinned (`pin=False`)",
              "turns": "this tree, taking turns, pinned (the default)",
              "one thread": "bound: one thread, no messages"}
     L = ["# Simulation at scale: PowerGossip rank 1 on in-process peers", "",
          f"Command: `python -m experiments.bench_sim --peers {args.peers} --steps {args.steps} "
-         f"--big-peers {args.big_peers} --before {args.before}`", "",
+         f"--big-peers {args.big_peers} --before {args.before} --before-steps {args.before_steps} "
+         f"--previous {args.previous}`", "",
          f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC ({seconds:.0f} s), "
          f"commit {git_commit()}. "
          f"Machine: {os.cpu_count()} cores shared with other jobs (load average {load[0]:.1f} at the "
@@ -186,17 +216,29 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
         L += [f"Taking turns / before: **{median(results['sim']['turns']) / median(results['sim']['before']):.1f}×**; "
               f"taking turns / free threads (this tree): "
               f"{median(results['sim']['turns']) / median(results['sim']['free']):.1f}×; pinned / not "
-              f"pinned: {median(results['sim']['turns']) / median(results['sim']['turns unpinned']):.2f}×.", ""]
+              f"pinned: {median(results['sim']['turns']) / median(results['sim']['turns unpinned']):.2f}×"
+              + (f"; this tree pinned / `{args.previous}`: "
+                 f"**{median(results['sim']['turns']) / median(results['sim']['previous']):.2f}×**"
+                 if "previous" in results["sim"] else "") + ".", ""]
     if "identical" in results:
         L += [f"Final parameters of all peers bit-identical with free threads and taking turns (pinned or not): "
               f"**{'yes' if results['identical'] else 'no'}**."]
-        if "before_difference" in results:
-            L += [f"Against `{args.before}`'s PowerGossip: largest difference "
-                  f"{results['before_difference']:.1e} (parameters up to {results['scale']:.1f} in "
-                  "absolute value), float rounding: at rank 1 the factors now sit in the messages' "
-                  "layout, and BLAS rounds products with such strided operands differently; the two "
-                  "ends of an edge still form identical factors, since they subtract the same two "
-                  "products."]
+        L += [""]
+    if "divergence" in results:
+        L += [f"## The same algorithm as `{args.before}`, rounded differently", "",
+              f"At rank 1 the factors now sit in the messages' row layout, and BLAS rounds a product "
+              "with such a strided operand differently, so the bits differ from "
+              f"`{args.before}`'s (whose bits `{args.previous}` kept). The two ends of an edge still "
+              "form identical factors, since they subtract the same two products. The differences "
+              "start at float rounding and the power iteration amplifies them (its factor "
+              "directions depend on them), while the consensus distance stays the same. "
+              f"ring:{args.divergence_peers}, ResNet-20 shapes, rank 1, random parameters "
+              f"(up to {results['scale']:.1f} in absolute value):", "",
+              f"| steps | largest parameter difference | consensus distance, this tree | "
+              f"consensus distance, `{args.before}` |", "|---|---|---|---|"]
+        for step, row in results["divergence"].items():
+            L.append(f"| {step} | {row['difference']:.1e} | {row['consensus_new']:.6g} | "
+                     f"{row['consensus_before']:.6g} |")
         L += [""]
     isolated_variants = [v for v in ("before", "after") if v in results["isolated"]]
     ilabel = {"before": f"before (`{args.before}`)", "after": "after (this tree)"}
@@ -225,22 +267,31 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--big-peers", type=int, default=256)
     parser.add_argument("--big-steps", type=int, default=6)
     parser.add_argument("--before", default="c0bf4d7", help="commit whose PowerGossip is 'before'")
+    parser.add_argument("--before-steps", type=int, default=20,
+                        help="measured steps per repetition of 'before' (about 1 step/s)")
+    parser.add_argument("--previous", default="05215e8",
+                        help="commit whose PowerGossip runs taking turns, not pinned ('' to leave out)")
+    parser.add_argument("--divergence-peers", type=int, default=16)
     parser.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_sim.md"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     start = time.perf_counter()
     before = previous_powergossip(args.before)
-    setups = {"free": (PowerGossip, False, None), "turns unpinned": (PowerGossip, True, False),
-              "turns": (PowerGossip, True, True)}
+    previous = previous_powergossip(args.previous) if args.previous else None
+    setups = {"free": (PowerGossip, False, None, args.steps)}
+    if previous is not None:
+        setups["previous"] = (previous, True, False, args.steps)
+    setups.update({"turns unpinned": (PowerGossip, True, False, args.steps),
+                   "turns": (PowerGossip, True, True, args.steps)})
     if before is not None:
-        setups = {"before": (before, False, None), **setups}
+        setups = {"before": (before, False, None, args.before_steps), **setups}
     results: Dict[str, Any] = {"sim": {v: [] for v in [*setups, "one thread"]}, "isolated": {},
                                "switches": {}}
     finals = {}
     for rep in range(args.reps):
         for name in (list(setups) if rep % 2 == 0 else list(setups)[::-1]):
-            algorithm, cooperative, pin = setups[name]
-            run = cluster_run(algorithm, args.peers, args.steps, cooperative, pin)
+            algorithm, cooperative, pin, steps = setups[name]
+            run = cluster_run(algorithm, args.peers, steps, cooperative, pin)
             results["sim"][name].append(run["steps_per_s"])
             results["switches"].setdefault(name, []).append(run["switches"])
             finals[name] = run["params"]
@@ -251,13 +302,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     results["identical"] = all(torch.equal(a.view(-1).view(torch.int32), b.view(-1).view(torch.int32))
                                for name in ("turns", "turns unpinned")
                                for pa, pb in zip(reference, finals[name]) for a, b in zip(pa, pb))
-    if "before" in finals:
-        # Not bit for bit: the factors' memory layout changed, and BLAS rounds a product of a
-        # strided operand differently. Both ends of an edge still agree (they exchange products).
-        results["before_difference"] = max(float((a - b).abs().max()) for pa, pb in
-                                           zip(reference, finals["before"]) for a, b in zip(pa, pb))
-        results["scale"] = max(float(a.abs().max()) for pa in reference for a in pa)
+    results["scale"] = max(float(a.abs().max()) for pa in reference for a in pa)
     del finals
+    if before is not None:
+        results["divergence"] = divergence(before, args.divergence_peers)
     variants = {"after": PowerGossip} if before is None else {"before": before, "after": PowerGossip}
     results["isolated"] = {v: {} for v in variants}
     for name, algorithm in variants.items():

@@ -132,7 +132,8 @@ def test_bench_sim_writes_its_page_with_before_and_after(tmp_path):
 
     out = tmp_path / "bench_sim.md"
     bench_sim.main(["--peers", "4", "--steps", "2", "--reps", "2", "--big-peers", "6",
-                    "--big-steps", "2", "--out", str(out)])
+                    "--big-steps", "2", "--before-steps", "2", "--divergence-peers", "3",
+                    "--out", str(out)])
     page = out.read_text()
     assert "## 4 peers: gossip steps per second" in page
     assert "## 6 peers (this tree, taking turns)" in page
@@ -142,3 +143,6 @@ def test_bench_sim_writes_its_page_with_before_and_after(tmp_path):
     assert "| resnet20 |" in page and "| vgg16 |" in page
     assert "bit-identical with free threads and taking turns (pinned or not): **yes**" in page
     assert "taking turns, threads not pinned" in page and "pinned / not pinned:" in page
+    if bench_sim.previous_powergossip("05215e8") is not None:  # a clone with its history
+        assert "`05215e8`'s PowerGossip, taking turns, not pinned" in page
+        assert "| 100 | " in page and "rounded differently" in page
