@@ -231,7 +231,7 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
               f"`{args.before}`'s (whose bits `{args.previous}` kept). The two ends of an edge still "
               "form identical factors, since they subtract the same two products. The differences "
               "start at float rounding and the power iteration amplifies them (its factor "
-              "directions depend on them), while the consensus distance stays the same. "
+              "directions depend on them), while the consensus distances stay close. "
               f"ring:{args.divergence_peers}, ResNet-20 shapes, rank 1, random parameters "
               f"(up to {results['scale']:.1f} in absolute value):", "",
               f"| steps | largest parameter difference | consensus distance, this tree | "
