@@ -1,6 +1,6 @@
 """Simulation at scale: PowerGossip on many in-process peers, and one half-step's efficiency.
 
-    python -m experiments.bench_sim [--peers 64] [--steps 100] [--big-peers 256] [--before c0bf4d7]
+    python -m experiments.bench_sim [--peers 64] [--steps 100] [--reps 3] [--big-peers 256] [--before c0bf4d7]
                                     [--before-steps 20] [--previous 05215e8]
                                     [--out experiments/results/bench_sim.md]
 
@@ -180,7 +180,7 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
              "turns": "this tree, taking turns, pinned (the default)",
              "one thread": "bound: one thread, no messages"}
     L = ["# Simulation at scale: PowerGossip rank 1 on in-process peers", "",
-         f"Command: `python -m experiments.bench_sim --peers {args.peers} --steps {args.steps} "
+         f"Command: `python -m experiments.bench_sim --peers {args.peers} --steps {args.steps} --reps {args.reps} "
          f"--big-peers {args.big_peers} --before {args.before} --before-steps {args.before_steps} "
          f"--previous {args.previous}`", "",
          f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC ({seconds:.0f} s), "
