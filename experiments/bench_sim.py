@@ -180,7 +180,8 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
              "turns": "this tree, taking turns, pinned (the default)",
              "one thread": "bound: one thread, no messages"}
     L = ["# Simulation at scale: PowerGossip rank 1 on in-process peers", "",
-         f"Command: `python -m experiments.bench_sim --peers {args.peers} --steps {args.steps} --reps {args.reps} "
+         f"Command: `python -m experiments.bench_sim --peers {args.peers} --steps {args.steps} "
+         f"--reps {args.reps} "
          f"--big-peers {args.big_peers} --before {args.before} --before-steps {args.before_steps} "
          f"--previous {args.previous}`", "",
          f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC ({seconds:.0f} s), "
@@ -196,8 +197,8 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
          "when peers outnumber cores), one peer runs until it waits for a message or a "
          "collective; *pinned*: its peer threads kept on one core (as many as torch's intra-op "
          "threads, here 1; `LocalCluster(pin=...)`, the default when taking turns). Each repetition "
-         f"times {args.steps} steps after two warm-up steps; the first few steps of a cluster that "
-         "takes turns are slower than the rest. *One thread*: every peer stepped in turn by one thread on a loopback "
+         f"times {args.steps} steps after two warm-up steps. *One thread*: every peer stepped in "
+         "turn by one thread on a loopback "
          "transport (no threads, no messages): the bound for this per-peer compute. Context "
          "switches: voluntary and involuntary, of all the process's threads over the whole "
          "cluster run (set-up included), divided by the measured steps; free threads switch at "
@@ -213,7 +214,8 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
              f"{median(results['switches'][v]):,.0f}" if v in results["switches"] else "–"
              for v in variants) + " |", ""]
     if "turns" in results["sim"] and "before" in results["sim"]:
-        L += [f"Taking turns / before: **{median(results['sim']['turns']) / median(results['sim']['before']):.1f}×**; "
+        turns = median(results['sim']['turns'])
+        L += [f"Taking turns / before: **{turns / median(results['sim']['before']):.1f}×**; "
               f"taking turns / free threads (this tree): "
               f"{median(results['sim']['turns']) / median(results['sim']['free']):.1f}×; pinned / not "
               f"pinned: {median(results['sim']['turns']) / median(results['sim']['turns unpinned']):.2f}×"
@@ -221,8 +223,8 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
                  f"**{median(results['sim']['turns']) / median(results['sim']['previous']):.2f}×**"
                  if "previous" in results["sim"] else "") + ".", ""]
     if "identical" in results:
-        L += [f"Final parameters of all peers bit-identical with free threads and taking turns (pinned or not): "
-              f"**{'yes' if results['identical'] else 'no'}**."]
+        L += ["Final parameters of all peers bit-identical with free threads and taking turns "
+              f"(pinned or not): **{'yes' if results['identical'] else 'no'}**."]
         L += [""]
     if "divergence" in results:
         L += [f"## The same algorithm as `{args.before}`, rounded differently", "",
