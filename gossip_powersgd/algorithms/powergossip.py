@@ -19,6 +19,11 @@ stacked and multiplied with `bmm`; the products for all neighbours come from one
 by the neighbours' factors side by side, and the updates from all neighbours are added by one
 `baddbmm` of rank deg*r. Per-edge work (orthonormalising the shared factor, forming it from the two
 products) runs on tensors whose shape is the same at both ends, so both ends compute identical bits.
+At rank 1 the factors of all groups sit in (deg, width) rows laid out like the messages they are
+formed from, so that forming every group's new factor is one subtraction per run of neighbours on
+the same side, and scaling them one multiplication. (The products, computed from these strided
+factors, round differently from products of contiguous ones; both ends still form the same factor,
+since each subtracts the same two products.)
 
 Tensors with one dimension, and any tensor whose low-rank form would not be smaller (PyTorch's
 `min_compression_rate` rule), are gossiped exactly, once per `step()`, in the first half-step's
