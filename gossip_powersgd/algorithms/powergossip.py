@@ -72,10 +72,11 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def _segments_of(rows: Tensor, offset: int, batch: int, length: int) -> Tensor:
-    """The (batch, deg, length) view of every row's segment [offset, offset + batch*length) of a
-    (deg, width) tensor: neighbour n's (batch x length) block is row n's segment."""
-    return rows[:, offset:offset + batch * length].view(rows.shape[0], batch, length).permute(1, 0, 2)
+def _segments_of(rows: Tensor, offset: int, batch: int, *inner: int) -> Tensor:
+    """The (batch, deg, *inner) view of every row's segment that starts at `offset` of a
+    (deg, width) tensor: neighbour n's (batch, *inner) block is row n's segment."""
+    size = batch * int(np.prod(inner))
+    return rows[:, offset:offset + size].view(rows.shape[0], batch, *inner).transpose(0, 1)
 
 
 @dataclasses.dataclass
@@ -371,15 +372,13 @@ class PowerGossip(GossipAlgorithm):
                 factors, new_factors = (g.right, g.left) if right else (g.left, g.right)
                 products = g.products_right if right else g.products_left
                 length = g.rows if right else g.cols  # of the products and of the new factors
-                offset, size = self._segments[(index, side)]
-
-                def sets(rows: Tensor) -> Tensor:  # every neighbour's segment, as (b, deg, r, length)
-                    return rows[:, offset:offset + size].view(deg, b, r, length).permute(1, 0, 2, 3)
-
-                sends, recvs = sets(self._send_rows), sets(self._recv_rows)
+                offset = self._segments[(index, side)][0]
+                # every neighbour's message segment, as (b, deg, r, length)
+                sends = _segments_of(self._send_rows, offset, b, r, length)
+                recvs = _segments_of(self._recv_rows, offset, b, r, length)
                 new_sets = new_factors.view(b, deg, r, length)
-                differences = []
-                for start, stop, smaller in runs:
+                differences = []  # at rank 1, `_row_differences` does this for all groups at once
+                for start, stop, smaller in runs if self._factor_rows is None else ():
                     # big's product minus small's product, written in the same order at both ends
                     first, second = (recvs, sends) if smaller else (sends, recvs)
                     differences.append((first[:, start:stop], second[:, start:stop],
