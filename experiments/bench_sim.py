@@ -1,18 +1,19 @@
 """Simulation at scale: PowerGossip on many in-process peers, and one half-step's efficiency.
 
     python -m experiments.bench_sim [--peers 64] [--steps 100] [--reps 3] [--big-peers 256] [--before c0bf4d7]
-                                    [--before-steps 20] [--previous 05215e8]
+                                    [--before-steps 20] [--previous 610f530]
                                     [--out experiments/results/bench_sim.md]
 
 Measures, with ResNet-20-shaped random parameters and PowerGossip rank 1 on a ring, one torch
 thread: (1) gossip steps per second of a `LocalCluster` of `--peers` peers (one thread each), in
-interleaved repetitions of the same run, for five set-ups: the `PowerGossip` of commit `--before`
+interleaved repetitions of the same run, for six set-ups: the `PowerGossip` of commit `--before`
 on free-running threads (the cluster as it was then), the current one on free-running threads
-(`cooperative=False`), the `PowerGossip` of commit `--previous` taking turns with its threads not
-pinned (the cluster as it was then), and the current one taking turns (`cooperative=True`, the
-default when peers outnumber cores) with its threads not pinned (`pin=False`) and pinned (the
-default); whether the current set-ups end with bit-identical parameters; and, as the bound
-without threads, every peer stepped in turn by one thread on a loopback transport; (2) how far
+(`cooperative=False`), the `PowerGossip` of commit `--previous` taking turns, one peer at a time
+(the cluster as it was then), the current one the same way (`cooperative=True`, the default when
+peers outnumber cores), and the current one in two lanes (`lanes=2`: two peers at once), with its
+tensor work as Python and compiled (the default); whether all but `--before` end with
+bit-identical parameters; and, as the bound for one peer at a time, every peer stepped in turn by
+one thread on a loopback transport; (2) how far
 `--before`'s results are from the current ones, step by step, with both consensus distances;
 (3) one peer's half-step alone on a loopback transport (ResNet-20 and VGG-16), as a fraction of
 the copy bandwidth measured right before each block (3 x compressed bytes / (compute time per
@@ -25,6 +26,7 @@ columns are left out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import os
@@ -74,10 +76,29 @@ def resident_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
+@contextlib.contextmanager
+def python_kernels():
+    """PowerGossip's tensor work run as the kernels' Python bodies, not compiled (what compiling
+    buys), until the block ends."""
+    from gossip_powersgd.algorithms import kernels, powergossip
+
+    names = {"normalize_rows": "normalize_rows", "multiply_into_messages": "multiply_into_messages",
+             "form_factors_and_update": "form_factors_and_update", "mix_exact_kernel": "mix_exact"}
+    saved = {name: getattr(powergossip, name) for name in names}
+    try:
+        for name, kernel in names.items():
+            setattr(powergossip, name, getattr(kernels, kernel).python)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(powergossip, name, value)
+
+
 def cluster_run(algorithm: type, peers: int, steps: int, cooperative: Optional[bool] = None,
-                pin: Optional[bool] = None) -> Dict[str, Any]:
-    """`steps` gossip steps (after two warm-up steps) on `peers` threads; steps/s from the slowest
-    peer's wall time between two barriers, and the final parameters."""
+                pin: Optional[bool] = None, lanes: int = 1, python: bool = False) -> Dict[str, Any]:
+    """`steps` gossip steps (after two warm-up steps) on `peers` threads in `lanes` lanes (with the
+    tensor work as Python for `python`); steps/s from the slowest peer's wall time between two
+    barriers, and the final parameters."""
     shapes = model_shapes("resnet20")
 
     def peer(comm):
@@ -92,8 +113,10 @@ def cluster_run(algorithm: type, peers: int, steps: int, cooperative: Optional[b
         comm.barrier()
         return time.perf_counter() - start, x
 
+    cluster = LocalCluster(topologies.parse(f"ring:{peers}"), cooperative=cooperative, pin=pin, lanes=lanes)
     before = resource.getrusage(resource.RUSAGE_SELF)
-    out = LocalCluster(topologies.parse(f"ring:{peers}"), cooperative=cooperative, pin=pin).run(peer)
+    with python_kernels() if python else contextlib.nullcontext():
+        out = cluster.run(peer)
     after = resource.getrusage(resource.RUSAGE_SELF)
     # The whole run's context switches (all threads, set-up included) per measured step.
     switches = (after.ru_nvcsw + after.ru_nivcsw - before.ru_nvcsw - before.ru_nivcsw) / steps
@@ -170,15 +193,16 @@ def isolated(algorithm: type, model: str, steps: int, reps: int) -> Dict[str, fl
 def render(args, results: Dict[str, Any], seconds: float) -> str:
     """The results page."""
     load = os.getloadavg()
-    variants = [v for v in ("before", "free", "previous", "turns unpinned", "turns", "one thread")
+    variants = [v for v in ("before", "free", "previous", "turns", "lanes python", "lanes", "one thread")
                 if v in results["sim"]]
     label = {"before": f"`{args.before}`'s PowerGossip, free threads ({args.before_steps} steps)",
              "free": "this tree, free threads",
-             "previous": f"`{args.previous}`'s PowerGossip, taking turns, not pinned (the cluster as "
+             "previous": f"`{args.previous}`'s PowerGossip, taking turns, one lane (the cluster as "
                          f"at `{args.previous}`)",
-             "turns unpinned": "this tree, taking turns, threads not pinned (`pin=False`)",
-             "turns": "this tree, taking turns, pinned (the default)",
-             "one thread": "bound: one thread, no messages"}
+             "turns": "this tree, taking turns, one lane (the default)",
+             "lanes python": "this tree, two lanes, tensor work as Python (not compiled)",
+             "lanes": "**this tree, two lanes** (`lanes=2`)",
+             "one thread": "bound for one lane: one thread, no messages"}
     L = ["# Simulation at scale: PowerGossip rank 1 on in-process peers", "",
          f"Command: `python -m experiments.bench_sim --peers {args.peers} --steps {args.steps} "
          f"--reps {args.reps} "
@@ -195,11 +219,17 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
          "`LocalCluster` (one thread per peer). *Free threads*: `cooperative=False`, every peer "
          "thread runs whenever the GIL lets it. *Taking turns*: `cooperative=True` (the default "
          "when peers outnumber cores), one peer runs until it waits for a message or a "
-         "collective; *pinned*: its peer threads kept on one core (as many as torch's intra-op "
-         "threads, here 1; `LocalCluster(pin=...)`, the default when taking turns). Each repetition "
+         "collective; its peer threads are pinned to one core (as many as torch's intra-op "
+         "threads, here 1; `LocalCluster(pin=None)`, the default). *Two lanes*: `lanes=2`, ranks "
+         "0-31 and 32-63 take turns on their own, each lane pinned to its own core, so two peers "
+         "run at once; PowerGossip's tensor work is compiled by TorchScript, which runs it without "
+         "the GIL (*as Python*: the same functions, not compiled). Earlier commits' PowerGossip "
+         "modules are imported into this tree's package, so they run with its helper modules "
+         "(base, exact, lowrank). Each repetition "
          f"times {args.steps} steps after two warm-up steps. *One thread*: every peer stepped in "
          "turn by one thread on a loopback "
-         "transport (no threads, no messages): the bound for this per-peer compute. Context "
+         "transport (no threads, no messages): the bound for this per-peer compute one peer at a "
+         "time. Context "
          "switches: voluntary and involuntary, of all the process's threads over the whole "
          "cluster run (set-up included), divided by the measured steps; free threads switch at "
          "nearly every tensor operation, because PyTorch releases the GIL around each one.", "",
@@ -213,24 +243,26 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
          "| context switches of the process per step (median) | " + " | ".join(
              f"{median(results['switches'][v]):,.0f}" if v in results["switches"] else "–"
              for v in variants) + " |", ""]
-    if "turns" in results["sim"] and "before" in results["sim"]:
-        turns = median(results['sim']['turns'])
-        L += [f"Taking turns / before: **{turns / median(results['sim']['before']):.1f}×**; "
-              f"taking turns / free threads (this tree): "
-              f"{median(results['sim']['turns']) / median(results['sim']['free']):.1f}×; pinned / not "
-              f"pinned: {median(results['sim']['turns']) / median(results['sim']['turns unpinned']):.2f}×"
-              + (f"; this tree pinned / `{args.previous}`: "
-                 f"**{median(results['sim']['turns']) / median(results['sim']['previous']):.2f}×**"
-                 if "previous" in results["sim"] else "") + ".", ""]
+    sim = {v: median(results["sim"][v]) for v in variants}
+    ratios = [f"two lanes / one lane: **{sim['lanes'] / sim['turns']:.2f}×**",
+              f"two lanes, compiled / as Python: {sim['lanes'] / sim['lanes python']:.2f}×"]
+    if "previous" in sim:
+        ratios += [f"two lanes / `{args.previous}`: **{sim['lanes'] / sim['previous']:.2f}×**",
+                   f"one lane, this tree / `{args.previous}`: {sim['turns'] / sim['previous']:.2f}×"]
+    ratios.append(f"one lane / free threads (this tree): {sim['turns'] / sim['free']:.1f}×")
+    if "before" in sim:
+        ratios.append(f"two lanes / before: {sim['lanes'] / sim['before']:.1f}×")
+    L += ["Ratios of the medians: " + "; ".join(ratios) + ".", ""]
     if "identical" in results:
-        L += ["Final parameters of all peers bit-identical with free threads and taking turns "
-              f"(pinned or not): **{'yes' if results['identical'] else 'no'}**."]
+        L += ["Final parameters of all peers bit-identical with free threads, one lane and two "
+              f"lanes, compiled or not{f' and with `{args.previous}`' if 'previous' in sim else ''}: "
+              f"**{'yes' if results['identical'] else 'no'}**."]
         L += [""]
     if "divergence" in results:
         L += [f"## The same algorithm as `{args.before}`, rounded differently", "",
-              f"At rank 1 the factors now sit in the messages' row layout, and BLAS rounds a product "
+              f"At rank 1 the factors sit in the messages' row layout, and BLAS rounds a product "
               "with such a strided operand differently, so the bits differ from "
-              f"`{args.before}`'s (whose bits `{args.previous}` kept). The two ends of an edge still "
+              f"`{args.before}`'s. The two ends of an edge still "
               "form identical factors, since they subtract the same two products. The differences "
               "start at float rounding and the power iteration amplifies them (its factor "
               "directions depend on them), while the consensus distances stay close. "
@@ -252,7 +284,7 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
             f"{results['isolated'][v][model]['ms']:.2f} ms, **{results['isolated'][v][model]['of_copy'] * 100:.0f} %**"
             for v in isolated_variants) + " |")
     big = results["big"]
-    L += ["", f"## {args.big_peers} peers (this tree, taking turns)", "",
+    L += ["", f"## {args.big_peers} peers (this tree, two lanes)", "",
           f"{big['steps']} steps: **{big['seconds_per_step']:.2f} s per step** "
           f"({1 / big['seconds_per_step']:.1f} steps/s); resident memory of the process "
           f"{big['rss_before']:.0f} MiB before the cluster, {big['rss_after']:.0f} MiB with its "
@@ -271,8 +303,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--before", default="c0bf4d7", help="commit whose PowerGossip is 'before'")
     parser.add_argument("--before-steps", type=int, default=20,
                         help="measured steps per repetition of 'before' (about 1 step/s)")
-    parser.add_argument("--previous", default="05215e8",
-                        help="commit whose PowerGossip runs taking turns, not pinned ('' to leave out)")
+    parser.add_argument("--previous", default="610f530",
+                        help="commit whose PowerGossip runs taking turns, one lane ('' to leave out)")
     parser.add_argument("--divergence-peers", type=int, default=16)
     parser.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_sim.md"))
     args = parser.parse_args(argv)
@@ -280,20 +312,22 @@ def main(argv: Optional[List[str]] = None) -> None:
     start = time.perf_counter()
     before = previous_powergossip(args.before)
     previous = previous_powergossip(args.previous) if args.previous else None
-    setups = {"free": (PowerGossip, False, None, args.steps)}
+    # name -> (PowerGossip class, cooperative, lanes, tensor work as Python, steps)
+    setups = {"free": (PowerGossip, False, 1, False, args.steps)}
     if previous is not None:
-        setups["previous"] = (previous, True, False, args.steps)
-    setups.update({"turns unpinned": (PowerGossip, True, False, args.steps),
-                   "turns": (PowerGossip, True, True, args.steps)})
+        setups["previous"] = (previous, True, 1, False, args.steps)
+    setups.update({"turns": (PowerGossip, True, 1, False, args.steps),
+                   "lanes python": (PowerGossip, True, 2, True, args.steps),
+                   "lanes": (PowerGossip, True, 2, False, args.steps)})
     if before is not None:
-        setups = {"before": (before, False, None, args.before_steps), **setups}
+        setups = {"before": (before, False, 1, False, args.before_steps), **setups}
     results: Dict[str, Any] = {"sim": {v: [] for v in [*setups, "one thread"]}, "isolated": {},
                                "switches": {}}
     finals = {}
     for rep in range(args.reps):
         for name in (list(setups) if rep % 2 == 0 else list(setups)[::-1]):
-            algorithm, cooperative, pin, steps = setups[name]
-            run = cluster_run(algorithm, args.peers, steps, cooperative, pin)
+            algorithm, cooperative, lanes, python, steps = setups[name]
+            run = cluster_run(algorithm, args.peers, steps, cooperative, lanes=lanes, python=python)
             results["sim"][name].append(run["steps_per_s"])
             results["switches"].setdefault(name, []).append(run["switches"])
             finals[name] = run["params"]
@@ -302,7 +336,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         print(f"{args.peers} peers, one thread: {results['sim']['one thread'][-1]:.1f} steps/s", flush=True)
     reference = finals["free"]
     results["identical"] = all(torch.equal(a.view(-1).view(torch.int32), b.view(-1).view(torch.int32))
-                               for name in ("turns", "turns unpinned")
+                               for name in setups if name not in ("before", "free")
                                for pa, pb in zip(reference, finals[name]) for a, b in zip(pa, pb))
     results["scale"] = max(float(a.abs().max()) for pa in reference for a in pa)
     del finals
@@ -315,7 +349,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             results["isolated"][name][model] = isolated(algorithm, model, steps, 5)
             print(f"isolated {model}, {name}: {results['isolated'][name][model]}", flush=True)
     rss_before = resident_mib()
-    run = cluster_run(PowerGossip, args.big_peers, args.big_steps, cooperative=True)
+    run = cluster_run(PowerGossip, args.big_peers, args.big_steps, cooperative=True, lanes=2)
     results["big"] = {"steps": args.big_steps, "seconds_per_step": run["seconds_per_step"],
                       "rss_before": rss_before, "rss_after": resident_mib(),
                       "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}

@@ -122,9 +122,79 @@ def test_peer_cores_takes_the_count_asked_for_from_the_allowed_ones(monkeypatch)
         return
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 5, 8, 9})
     for count in (1, 2, 3):
-        chosen = local.peer_cores(count)
+        [chosen] = local.peer_cores(count)
         assert len(chosen) == count and chosen <= {3, 5, 8, 9}
     assert local.peer_cores(4) is None and local.peer_cores(6) is None
+    # lanes get cores of their own while there are enough, and share them after that
+    first, second = local.peer_cores(2, lanes=2)
+    assert len(first) == len(second) == 2 and not first & second and first | second == {3, 5, 8, 9}
+    lanes = local.peer_cores(1, lanes=6)
+    assert all(len(c) == 1 for c in lanes) and set().union(*lanes[:4]) == {3, 5, 8, 9}
+    assert lanes[4] == lanes[0] and lanes[5] == lanes[1]
+
+
+def _concurrent_pair(comm, meeting):
+    """Peers 0 and 4 meet at a two-party barrier before their first exchange; the others gossip."""
+    if comm.rank in (0, 4):
+        meeting.wait(timeout=30)
+    send = {j: torch.full((3,), float(comm.rank)) for j in comm.neighbors}
+    recv = {j: torch.empty(3) for j in comm.neighbors}
+    comm.exchange(send, recv)
+    return all(float(recv[j][0]) == j for j in comm.neighbors)
+
+
+def test_two_lanes_run_one_peer_of_each_at_once_with_the_same_bits():
+    # Peers 0 and 4 are in different lanes (ranks 0-3 and 4-7): each lane grants its own turn,
+    # so both reach the barrier while holding their turns, and it opens at once. (With one lane
+    # the first to arrive would hold the only turn, and the other would reach it only when its
+    # patience runs out.)
+    start = time.monotonic()
+    assert all(LocalCluster("ring:8", cooperative=True, lanes=2).run(_concurrent_pair, threading.Barrier(2)))
+    assert time.monotonic() - start < local._PATIENCE_SECONDS
+    # Never more peers at once than lanes (the sleep lets the GIL go inside the section).
+    lanes = LocalCluster("ring:8", cooperative=True, lanes=2)
+    overlap = _Overlap()
+
+    def peer(comm):
+        send = {j: torch.full((3,), float(comm.rank)) for j in comm.neighbors}
+        recv = {j: torch.empty(3) for j in comm.neighbors}
+        for _ in range(8):
+            with overlap:
+                time.sleep(0.002)
+            comm.exchange(send, recv)
+
+    lanes.run(peer)
+    assert overlap.most <= 2
+    for spec in ("ring:8", "star:5"):
+        one = LocalCluster(spec, cooperative=True).run(_train_like)
+        two = LocalCluster(spec, cooperative=True, lanes=3).run(_train_like)
+        for (tensors_a, stats_a), (tensors_b, stats_b) in zip(one, two):
+            assert stats_a == stats_b
+            assert all(torch.equal(a, b) for a, b in zip(tensors_a, tensors_b))
+
+
+@pytest.mark.parametrize("lanes", [0, -1, 1.5, True, "2"])
+def test_lanes_must_be_a_whole_number_of_at_least_one(lanes):
+    with pytest.raises(ValueError, match="lanes must be a whole number >= 1"):
+        LocalCluster("ring:4", lanes=lanes)
+
+
+def test_lanes_apply_to_a_cluster_taking_turns_only():
+    assert LocalCluster("ring:4", cooperative=True, lanes=2).lanes == 2
+    assert LocalCluster("ring:4", cooperative=True, lanes=9).lanes == 4  # no more lanes than peers
+    assert LocalCluster("ring:4", cooperative=False, lanes=2).lanes == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning threads needs Linux and two cores to choose from")
+def test_each_lane_is_pinned_to_cores_of_its_own(one_intra_op_thread):
+    def cores(comm):
+        comm.barrier()
+        return frozenset(os.sched_getaffinity(0))
+
+    pinned = LocalCluster("ring:4", cooperative=True, lanes=2).run(cores)
+    assert pinned[0] == pinned[1] and pinned[2] == pinned[3] and not pinned[0] & pinned[2]
+    assert all(len(c) == 1 for c in pinned)
 
 
 def test_a_peer_blocking_outside_the_communicator_delays_the_others_but_never_deadlocks(monkeypatch):

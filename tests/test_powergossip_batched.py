@@ -136,13 +136,16 @@ def test_bench_sim_writes_its_page_with_before_and_after(tmp_path):
                     "--out", str(out)])
     page = out.read_text()
     assert "## 4 peers: gossip steps per second" in page
-    assert "## 6 peers (this tree, taking turns)" in page
-    assert "this tree, free threads" in page and "this tree, taking turns" in page
-    assert "bound: one thread, no messages" in page
+    assert "## 6 peers (this tree, two lanes)" in page
+    assert "this tree, free threads" in page and "this tree, taking turns, one lane" in page
+    assert "this tree, two lanes** (`lanes=2`)" in page and "two lanes, tensor work as Python" in page
+    assert "bound for one lane: one thread, no messages" in page
     assert "| context switches of the process per step (median) |" in page
     assert "| resnet20 |" in page and "| vgg16 |" in page
-    assert "bit-identical with free threads and taking turns (pinned or not): **yes**" in page
-    assert "taking turns, threads not pinned" in page and "pinned / not pinned:" in page
-    if bench_sim.previous_powergossip("05215e8") is not None:  # a clone with its history
-        assert "`05215e8`'s PowerGossip, taking turns, not pinned" in page
+    assert "two lanes / one lane: **" in page and "compiled / as Python:" in page
+    if bench_sim.previous_powergossip("610f530") is not None:  # a clone with its history
+        assert "two lanes, compiled or not and with `610f530`: **yes**" in page
+        assert "`610f530`'s PowerGossip, taking turns, one lane" in page
         assert "| 100 | " in page and "rounded differently" in page
+    else:
+        assert "two lanes, compiled or not: **yes**" in page

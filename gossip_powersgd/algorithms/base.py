@@ -63,17 +63,20 @@ class FlatParams:
                 t.copy_(view)
 
 
-def all_finite(tensor: Tensor) -> bool:
+def all_finite(tensor: Tensor, total: Optional[float] = None) -> bool:
     """True when no element is a NaN or an infinity, in two operations for the common case.
 
     A NaN or an infinity anywhere makes the sum NaN or infinite, so a finite sum proves the tensor
     finite; only a non-finite sum (a real NaN, or finite values whose sum overflows) is checked
     element by element. Half-precision sums accumulate in float32, where they rarely overflow.
+    `total`, when given, is that sum, already computed (e.g. by `kernels.multiply_into_messages`).
     """
     if not tensor.is_floating_point() or tensor.numel() == 0:
         return True
-    accumulate = torch.float32 if tensor.element_size() < 4 else None
-    if math.isfinite(float(tensor.sum(dtype=accumulate))):
+    if total is None:
+        accumulate = torch.float32 if tensor.element_size() < 4 else None
+        total = float(tensor.sum(dtype=accumulate))
+    if math.isfinite(total):
         return True
     return bool(torch.isfinite(tensor).all())
 
@@ -184,14 +187,17 @@ class GossipAlgorithm:
     # ---- helpers -----------------------------------------------------------------------------------
     def _exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor],
                   step: Optional[int] = None, directed: bool = False,
-                  outgoing: Optional[Tensor] = None) -> None:
+                  outgoing: Optional[Tensor] = None, outgoing_sum: Optional[float] = None) -> None:
         """`comm.exchange` (of `step`'s neighbours, or `comm.exchange_directed` for `directed`),
         refusing to send anything non-finite (a NaN would spread to everyone). `outgoing`, when
         given, is one tensor whose elements are exactly those of all the send buffers (e.g. the
-        rows they are views of), checked in one go instead of buffer by buffer."""
+        rows they are views of), checked in one go instead of buffer by buffer; `outgoing_sum` is
+        its sum where the caller has computed it."""
+        if outgoing is not None:
+            if not all_finite(outgoing, outgoing_sum):
+                self._raise_non_finite()
         # each distinct buffer once (gossip often sends one buffer to every neighbour)
-        buffers = [outgoing] if outgoing is not None else {id(b): b for b in send.values()}.values()
-        if not all(all_finite(buffer) for buffer in buffers):
+        elif not all(all_finite(b) for b in {id(b): b for b in send.values()}.values()):
             self._raise_non_finite()
         start = time.perf_counter()
         if directed:

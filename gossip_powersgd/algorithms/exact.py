@@ -11,6 +11,7 @@ from typing import Dict, Optional, Sequence
 import torch
 
 from ..comm.base import Tensor
+from . import kernels
 from .base import FlatParams, GossipAlgorithm, ParamsLike, require_undirected, step_weights
 
 
@@ -28,12 +29,9 @@ def resolve_gamma(gamma: Optional[float], comm) -> float:
 
 def mix_exact(x: Tensor, received: Sequence[Tensor], weights: Sequence[float], gamma: float,
               scratch: Tensor) -> None:
-    """x += gamma * sum_j w_j (x_j - x), accumulated in neighbour order (deterministic bits)."""
-    mix = scratch.zero_()
-    for x_j, w in zip(received, weights):
-        mix.add_(x_j, alpha=w)
-    mix.add_(x, alpha=-sum(weights))
-    x.add_(mix, alpha=gamma)
+    """x += gamma * sum_j w_j (x_j - x), accumulated in neighbour order (deterministic bits);
+    `kernels.mix_exact`, which runs without the GIL, on lists of tensors and of floats."""
+    kernels.mix_exact(x, list(received), [float(w) for w in weights], float(gamma), scratch)
 
 
 class ExactGossip(GossipAlgorithm):

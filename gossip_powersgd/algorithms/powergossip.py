@@ -53,6 +53,8 @@ from ..specs import check_seed
 from .base import (GossipAlgorithm, ParamsLike, load_tensors_, require_undirected,
                    step_weights, warn_if_unstable_gamma)
 from .exact import mix_exact, resolve_gamma
+from .kernels import form_factors_and_update, multiply_into_messages, normalize_rows
+from .kernels import mix_exact as mix_exact_kernel
 from .lowrank import GRAM_SCHMIDT_MAX_RANK, ORTHO_EPS, MatrixStack, matrix_stacks, orthonormalize_
 
 
@@ -111,6 +113,16 @@ class _SidePlan:
     differences: List[tuple]  # (first, second, out) per run of neighbours: out = first - second
     scaled_left_t: Tensor  # the group's scaled P^T, transposed for the update
     norms: Optional[Tensor] = None  # rank 1: (batch, deg, 1), where the factors' norms are written
+
+
+@dataclasses.dataclass
+class _HalfStepWork:
+    """The argument lists of a static half-step's compiled tensor work (see `kernels`): each
+    half-step is a handful of calls however many groups and neighbours there are."""
+
+    multiply: tuple  # for multiply_into_messages: products, copies into the messages, all messages
+    update: tuple  # for form_factors_and_update: new factors, scaled P, the updates
+    received_exact: List[Tensor]  # the neighbours' exact parts, in neighbour order
 
 
 class PowerGossip(GossipAlgorithm):
@@ -411,6 +423,63 @@ class PowerGossip(GossipAlgorithm):
                     first, second = (recvs, sends) if smaller else (sends, recvs)
                     differences.append((first[start:stop], second[start:stop], new_rows[start:stop, :size]))
                 self._row_differences[side] = differences
+        self._make_work()
+
+    def _make_work(self) -> None:
+        """The argument lists of every static half-step's tensor work (`_HalfStepWork`), per side
+        and with or without the exact part."""
+        self._work: Dict[tuple, _HalfStepWork] = {}
+        neighbors = self.comm.neighbors
+        self._float_weights = [float(w) for w in self._weights] if self._weights is not None else []
+        if not self.comm.is_static or not neighbors:
+            return
+        for side, plans in self._plans.items():
+            lefts, rights, products, copy_to, copy_from = [], [], [], [], []
+            for index, plan in enumerate(plans):
+                if self.batch_neighbors:
+                    lefts.append(plan.factors)
+                    rights.append(plan.matrix)
+                    products.append(plan.products)
+                    copy_to.append(plan.send_sets)
+                    copy_from.append(plan.product_sets)
+                else:  # one product per neighbour, straight into its message
+                    sends = self._send_views[(index, side)]
+                    for block, j in zip(plan.blocks, neighbors):
+                        lefts.append(block)
+                        rights.append(plan.matrix)
+                        products.append(sends[j])
+            if self._factor_rows is not None:  # rank 1: all groups at once
+                differences = self._row_differences[side]
+                factors, scales = [self._factor_rows["left"]], [self._scale_column]
+                scaled = [self._factor_rows["scaled_left"]]
+            else:
+                differences = [d for plan in plans for d in plan.differences]
+                factors = [plan.group.left for plan in plans]
+                scales = [plan.group.scales for plan in plans]
+                scaled = [plan.group.scaled_left for plan in plans]
+            matrices, update_lefts, update_rights = [], [], []
+            for plan in plans:
+                g = plan.group
+                if self.batch_neighbors:  # all neighbours in one multiply-add
+                    matrices.append(g.matrices)
+                    update_lefts.append(plan.scaled_left_t)
+                    update_rights.append(g.right)
+                else:
+                    for n in range(len(neighbors)):
+                        matrices.append(g.matrices)
+                        update_lefts.append(g.block(g.scaled_left, n).transpose(1, 2))
+                        update_rights.append(g.block(g.right, n))
+            update = ([d[0] for d in differences], [d[1] for d in differences], [d[2] for d in differences],
+                      factors, scales, scaled, matrices, update_lefts, update_rights)
+            for has_exact in (False, True):
+                to, source, received = list(copy_to), list(copy_from), []
+                if has_exact and self._exact is not None:
+                    offset, size = self._segments[("exact", side)]
+                    to.append(self._send_rows[:, offset:offset + size])
+                    source.append(self._exact.expand(len(neighbors), size))
+                    received = [self._recv_views[("exact", side)][j] for j in neighbors]
+                multiply = (lefts, rights, products, to, source, self._outgoing[(side, has_exact)])
+                self._work[(side, has_exact)] = _HalfStepWork(multiply, update, received)
 
     # ---- the algorithm -------------------------------------------------------------------------
     def _step(self) -> None:
@@ -434,11 +503,8 @@ class PowerGossip(GossipAlgorithm):
         if self._factor_rows is not None:
             # Rank 1: orthonormalize_'s division by (norm + eps), with the eps added to all the
             # groups' norms in one operation; the same bits, since each is still its own vector's.
-            for plan in plans:
-                torch.linalg.vector_norm(plan.factors, dim=-1, keepdim=True, out=plan.norms)
-            self._norm_rows[side].add_(self._epsilon)
-            for plan in plans:
-                plan.factors.div_(plan.norms)
+            normalize_rows([plan.factors for plan in plans], [plan.norms for plan in plans],
+                           [self._norm_rows[side]], self._epsilon)
             return
         for plan in plans:
             if plan.factor_sets is not None:
@@ -450,49 +516,26 @@ class PowerGossip(GossipAlgorithm):
                     orthonormalize_(block)
 
     def _half_step(self, right: bool, with_exact: bool) -> None:
-        neighbors = self.comm.neighbors
         side = "right" if right else "left"
         plans = self._plans[side]
         has_exact = with_exact and self._exact is not None
+        work = self._work[(side, has_exact)]
 
-        # 1. Orthonormalise the factors we multiply by, and compute all neighbours' products at once.
+        # 1. Orthonormalise the factors we multiply by, compute all neighbours' products at once
+        # ((M Q)^T or (M^T P)^T) and write them, with the exact part, into the messages.
         self._orthonormalize(plans, side)
-        for index, plan in enumerate(plans):
-            if self.batch_neighbors:
-                torch.bmm(plan.factors, plan.matrix, out=plan.products)  # (M Q)^T or (M^T P)^T
-                plan.send_sets.copy_(plan.product_sets)
-            else:
-                sends = self._send_views[(index, side)]
-                for block, j in zip(plan.blocks, neighbors):
-                    torch.bmm(block, plan.matrix, out=sends[j])
-        if has_exact:
-            offset, size = self._segments[("exact", side)]
-            self._send_rows[:, offset:offset + size].copy_(self._exact.expand(len(neighbors), size))
+        total = multiply_into_messages(*work.multiply)
 
         # 2. One message per neighbour, all computed from the models as they were before any update.
         send, recv = self._messages[(side, has_exact)]
-        self._exchange(send, recv, outgoing=self._outgoing[(side, has_exact)])
+        self._exchange(send, recv, outgoing=self._outgoing[(side, has_exact)], outgoing_sum=total)
 
-        # 3. Both ends form the same new factor D Q (or D^T P), then the update of rank deg*r.
-        if self._factor_rows is not None:  # rank 1: all groups at once
-            for first, second, out in self._row_differences[side]:
-                torch.sub(first, second, out=out)
-            torch.mul(self._factor_rows["left"], self._scale_column, out=self._factor_rows["scaled_left"])
-        for plan in plans:
-            g = plan.group
-            if self._factor_rows is None:
-                for first, second, out in plan.differences:
-                    torch.sub(first, second, out=out)
-                torch.mul(g.left, g.scales, out=g.scaled_left)
-            if self.batch_neighbors:
-                # M += sum_j sigma_j gamma w_j P_j Q_j^T, all neighbours in one multiply-add
-                g.matrices.baddbmm_(plan.scaled_left_t, g.right)
-            else:
-                for n in range(len(neighbors)):
-                    g.matrices.baddbmm_(g.block(g.scaled_left, n).transpose(1, 2), g.block(g.right, n))
+        # 3. Both ends form the same new factor D Q (or D^T P), then the update of rank deg*r:
+        # M += sum_j sigma_j gamma w_j P_j Q_j^T.
+        form_factors_and_update(*work.update)
         if has_exact:
-            received = [self._recv_views[("exact", side)][j] for j in neighbors]
-            mix_exact(self._exact, received, self._weights, self.gamma, self._exact_scratch)
+            mix_exact_kernel(self._exact, work.received_exact, self._float_weights, self.gamma,
+                             self._exact_scratch)
 
     # ---- on a schedule ---------------------------------------------------------------------------
     def _edge_side(self, j: int, ahead: int = 1) -> str:

@@ -7,9 +7,10 @@ as `exchange` returns, exactly as with MPI. If any peer raises, every other peer
 whatever it waits on (it raises `PeerAborted`), and `run` re-raises the first real error: a failure
 never turns into a hang.
 
-When peers outnumber cores, the threads take turns: one peer runs at a time, until it waits for a
-message or a collective (see `comm.turns.Turns` and `LocalCluster`'s `cooperative`): the same messages and
-bits as free-running threads, several times faster at 64 peers.
+When peers outnumber cores, the threads take turns: one peer runs at a time (or one per lane, see
+`LocalCluster`'s `lanes`), until it waits for a message or a collective (see `comm.turns.Turns` and
+`LocalCluster`'s `cooperative`): the same messages and bits as free-running threads, several times
+faster at 64 peers.
 """
 
 from __future__ import annotations
@@ -78,9 +79,9 @@ class _Barrier:
 class _Shared:
     """State the peers of one `run` share: mailboxes, a barrier for collectives, the abort flag."""
 
-    def __init__(self, size: int, cooperative: bool = False):
+    def __init__(self, size: int, cooperative: bool = False, lanes: int = 1):
         self.size = size
-        self.turns: Optional[Turns] = Turns(_PATIENCE_SECONDS) if cooperative else None
+        self.turns: Optional[Turns] = Turns(_PATIENCE_SECONDS, lanes) if cooperative else None
         self.mailboxes: Dict[tuple, "queue.SimpleQueue"] = {}
         self.mailbox_lock = threading.Lock()
         self.barrier = _Barrier(size)
@@ -267,8 +268,9 @@ class LocalCluster:
 
     `timeout` is how long a peer waits for a neighbour or a collective before it raises (seconds).
 
-    `cooperative` decides how the peer threads share the cores. True: one peer runs at a time,
-    and the turn passes on whenever a peer waits for a message or a collective (`comm.turns.Turns`). False:
+    `cooperative` decides how the peer threads share the cores. True: one peer runs at a time (per
+    lane, below), and the turn passes on whenever a peer waits for a message or a collective
+    (`comm.turns.Turns`). False:
     all threads run freely and the GIL decides. The messages and the results' bits are the same
     either way; taking turns is several times faster once peers outnumber cores (64 ResNet-20
     peers on 2 cores: experiments/results/bench_sim.md). None (the default) takes turns exactly
@@ -278,44 +280,59 @@ class LocalCluster:
 
     `pin` (Linux) decides where the peer threads of a cluster that takes turns run. True keeps them
     on as many cores as the caller's intra-op thread count (`torch.get_num_threads()`), starting
-    with the core the caller is on. Only one peer computes at a time, so the other cores are not
-    missed, and keeping the threads together is measured faster (experiments/results/bench_sim.md
-    compares both at 64 peers), presumably because the messages just written and the
+    with the core the caller is on, each lane on cores of its own. Only one peer per lane computes
+    at a time, so the other cores are not missed, and keeping the threads together was measured
+    faster (1.16x at 64 peers, one lane), presumably because the messages just written and the
     interpreter's own data stay in that core's caches instead of moving with every hand-over.
     Anything a pinned peer thread starts (threads, DataLoader worker processes) inherits its cores:
     pass False to leave the threads where the operating system puts them. None (the default)
     pins whenever the threads take turns. Free-running threads are never pinned.
+
+    `lanes` (taking turns only) is how many peers run at once: the peers are cut into `lanes`
+    blocks of consecutive ranks, and each block takes turns on its own (pinned, each block on
+    its own cores). Two peers running at once only gain where their work runs without the GIL:
+    PowerGossip's tensor work does (it is compiled with TorchScript), so 64 ResNet-20 peers of
+    PowerGossip on 2 cores run faster with `lanes=2` and one intra-op thread
+    (experiments/results/bench_sim.md); algorithms made of many small Python-driven operations
+    (Choco-SGD's top-k) run slower, since the two running peers then hand the GIL back and forth.
+    The default, 1, runs one peer at a time. The bits are the same whatever the lanes.
     """
 
     def __init__(self, topology, timeout: float | None = None, cooperative: Optional[bool] = None,
-                 pin: Optional[bool] = None):
+                 pin: Optional[bool] = None, lanes: int = 1):
         self.topology = as_topology(topology, "LocalCluster")
         self.timeout = timeout
+        if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
+            raise ValueError(f"LocalCluster: lanes must be a whole number >= 1 (peers running at once), "
+                             f"got {lanes!r}")
         if cooperative is None:
             cooperative = self.topology.size > (os.cpu_count() or 1)
         self.cooperative = bool(cooperative)
         self.pin = self.cooperative if pin is None else bool(pin) and self.cooperative
+        self.lanes = min(lanes, self.topology.size) if self.cooperative else 1
 
     @property
     def size(self) -> int:
         return self.topology.size
 
     def run(self, fn: Callable[..., Any], *args, **kwargs) -> List[Any]:
-        shared = _Shared(self.topology.size, self.cooperative)
+        shared = _Shared(self.topology.size, self.cooperative, self.lanes)
         results: List[Any] = [None] * shared.size
         errors: List[Optional[BaseException]] = [None] * shared.size
         intra_op_threads = torch.get_num_threads()
-        cores = peer_cores(intra_op_threads) if self.pin else None
+        cores = peer_cores(intra_op_threads, self.lanes) if self.pin else None
 
         def peer(rank: int) -> None:
             # OpenMP keeps the thread count per thread: a new thread would otherwise run every
             # tensor operation on the default team (all cores) whatever the caller set, which
             # with many peers means thousands of needless wake-ups per step.
             torch.set_num_threads(intra_op_threads)
+            # consecutive ranks share a lane: on ring-like graphs most neighbours are in it
+            lane = rank * self.lanes // shared.size
             if cores is not None:
-                os.sched_setaffinity(0, cores)  # 0: this thread, not the process
+                os.sched_setaffinity(0, cores[lane])  # 0: this thread, not the process
             if shared.turns is not None:
-                shared.turns.enter()
+                shared.turns.enter(lane)
             try:
                 comm = LocalCommunicator(self.topology, rank, shared, self.timeout)
                 results[rank] = fn(comm, *args, **kwargs)
@@ -356,13 +373,15 @@ class LocalCluster:
         return results
 
 
-def peer_cores(count: int) -> Optional[set]:
-    """`count` of the cores this thread may run on, the one it runs on now first, for pinned peer
-    threads; None where threads cannot be pinned (not Linux) or where `count` cores is all of them
-    anyway."""
+def peer_cores(count: int, lanes: int = 1) -> Optional[List[set]]:
+    """For pinned peer threads, `count` of the cores this thread may run on for each of `lanes`
+    lanes, the one it runs on now first, the next lane's after them (lanes share cores only when
+    there are too few); None where threads cannot be pinned (not Linux) or where `count` cores is
+    all of them anyway."""
     if not hasattr(os, "sched_setaffinity"):
         return None
     allowed = sorted(os.sched_getaffinity(0))
+    count = max(1, count)
     if count >= len(allowed):
         return None
     try:
@@ -372,7 +391,8 @@ def peer_cores(count: int) -> Optional[set]:
     except (OSError, IndexError, ValueError):
         current = allowed[0]
     start = allowed.index(current) if current in allowed else 0
-    return {allowed[(start + k) % len(allowed)] for k in range(max(1, count))}
+    return [{allowed[(start + lane * count + k) % len(allowed)] for k in range(count)}
+            for lane in range(lanes)]
 
 
 def run_local(topology, fn: Callable[..., Any], *args, **kwargs) -> List[Any]:

@@ -10,7 +10,7 @@ import contextlib
 import queue
 import threading
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 from .base import Tensor
 
@@ -21,9 +21,10 @@ _TURN_POLL_SECONDS = 0.25
 class _Waiter:
     """A peer thread waiting to run: its gate opens when it is granted the turn (or on an abort)."""
 
-    __slots__ = ("gate", "granted", "key", "ready_since")
+    __slots__ = ("gate", "granted", "key", "lane", "ready_since")
 
-    def __init__(self, key=None):
+    def __init__(self, lane: int, key=None):
+        self.lane = lane  # whose turn it waits for
         self.gate = threading.Lock()
         self.gate.acquire()
         self.granted = False
@@ -32,7 +33,7 @@ class _Waiter:
 
 
 class Turns:
-    """Lets one peer thread run at a time, in dataflow order: whenever the running peer would wait
+    """Lets one peer thread per lane run at a time, in dataflow order: whenever the running peer would wait
     (for a message or a collective), the turn goes to a peer able to run (its message has arrived,
     or its collective is over), the one that became able last: its data are the likeliest to be
     still in cache. That cannot starve anyone for long: a peer gets at most one step ahead of its
@@ -48,14 +49,18 @@ class Turns:
     it, so user code that blocks outside the communicator while it has the turn (a sleep, an event
     another peer sets) delays the others instead of deadlocking them; after an abort everybody runs
     freely.
+
+    Each peer belongs to one of `lanes` lanes for good (`enter(lane)`), and each lane has its own
+    turn: with two lanes two peers run at once, one of each. Messages cross lanes as they cross
+    peers; a peer waiting for a message from another lane hands its own lane's turn on.
     """
 
-    def __init__(self, patience: float):
+    def __init__(self, patience: float, lanes: int = 1):
         self._patience = patience
         self._lock = threading.Lock()
-        self._ready: "collections.deque[_Waiter]" = collections.deque()
+        self._ready: List["collections.deque[_Waiter]"] = [collections.deque() for _ in range(lanes)]
         self._blocked: Dict[tuple, _Waiter] = {}  # mailbox key -> the peer waiting for a message
-        self._taken = False
+        self._taken = [False] * lanes
         self._broken = False
         self._mine = threading.local()
 
@@ -64,21 +69,22 @@ class Turns:
 
     # ---- under self._lock ------------------------------------------------------------------------
     def _make_ready(self, waiter: _Waiter) -> None:
-        if self._taken:
+        if self._taken[waiter.lane]:
             waiter.ready_since = time.monotonic()
-            self._ready.append(waiter)
+            self._ready[waiter.lane].append(waiter)
         else:
-            self._taken = waiter.granted = True
+            self._taken[waiter.lane] = waiter.granted = True
             waiter.gate.release()
 
-    def _hand_over(self) -> None:
-        """The turn's holder stops: the peer that became able to run last gets it."""
-        if self._ready:
-            waiter = self._ready.pop()
+    def _hand_over(self, lane: int) -> None:
+        """The holder of `lane`'s turn stops: the peer of that lane that became able to run last
+        gets it."""
+        if self._ready[lane]:
+            waiter = self._ready[lane].pop()
             waiter.granted = True
             waiter.gate.release()
         else:
-            self._taken = False
+            self._taken[lane] = False
 
     # ---- for the peer threads ----------------------------------------------------------------------
     def _wait(self, waiter: _Waiter, check: Optional[Callable[[], None]]) -> None:
@@ -90,7 +96,7 @@ class Turns:
                 ready = waiter.ready_since is not None
                 if (not waiter.granted and ready
                         and time.monotonic() - waiter.ready_since > self._patience):
-                    self._ready.remove(waiter)
+                    self._ready[waiter.lane].remove(waiter)
                     return  # out of patience: run without the turn
             if not ready and check is not None:
                 try:
@@ -103,15 +109,17 @@ class Turns:
     def _leave(self, waiter: _Waiter) -> None:
         with self._lock:
             if waiter.granted:
-                self._hand_over()  # it was granted just now: pass it on
+                self._hand_over(waiter.lane)  # it was granted just now: pass it on
             elif self._blocked.get(waiter.key) is waiter:
                 del self._blocked[waiter.key]
-            elif waiter in self._ready:
-                self._ready.remove(waiter)
+            elif waiter in self._ready[waiter.lane]:
+                self._ready[waiter.lane].remove(waiter)
 
-    def enter(self) -> None:
-        """A peer thread starts: it takes turns from now on (other threads never do)."""
+    def enter(self, lane: int = 0) -> None:
+        """A peer thread starts: it takes the turns of `lane` from now on (other threads never
+        take turns)."""
         self._mine.peer = True
+        self._mine.lane = lane
         self.take()
 
     def _rejoin(self) -> None:
@@ -124,7 +132,7 @@ class Turns:
         with self._lock:
             if self._broken:
                 return
-            waiter = _Waiter()
+            waiter = _Waiter(self._mine.lane)
             self._make_ready(waiter)
         self._wait(waiter, None)
 
@@ -134,7 +142,7 @@ class Turns:
             return
         self._mine.turn = False
         with self._lock:
-            self._hand_over()
+            self._hand_over(self._mine.lane)
 
     @contextlib.contextmanager
     def released(self):
@@ -166,9 +174,9 @@ class Turns:
                 return box.get_nowait()
             except queue.Empty:
                 pass
-            waiter = self._blocked[key] = _Waiter(key)
+            waiter = self._blocked[key] = _Waiter(self._mine.lane, key)
             self._mine.turn = False
-            self._hand_over()
+            self._hand_over(waiter.lane)
         self._wait(waiter, check)
         try:
             return box.get_nowait()
@@ -180,9 +188,10 @@ class Turns:
         """Release everybody for good: after a failure nobody waits for a turn."""
         with self._lock:
             self._broken = True
-            for waiter in [*self._ready, *self._blocked.values()]:
+            for waiter in [*(w for ready in self._ready for w in ready), *self._blocked.values()]:
                 waiter.gate.release()
-            self._ready.clear()
+            for ready in self._ready:
+                ready.clear()
             self._blocked.clear()
 
 
