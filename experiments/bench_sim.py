@@ -82,12 +82,11 @@ def python_kernels():
     buys), until the block ends."""
     from gossip_powersgd.algorithms import kernels, powergossip
 
-    names = {"normalize_rows": "normalize_rows", "multiply_into_messages": "multiply_into_messages",
-             "form_factors_and_update": "form_factors_and_update", "mix_exact_kernel": "mix_exact"}
+    names = ("multiply_into_messages", "form_factors_and_update")
     saved = {name: getattr(powergossip, name) for name in names}
     try:
-        for name, kernel in names.items():
-            setattr(powergossip, name, getattr(kernels, kernel).python)
+        for name in names:
+            setattr(powergossip, name, getattr(kernels, name).python)
         yield
     finally:
         for name, value in saved.items():

@@ -1,4 +1,5 @@
-"""Small helpers every layer shares: one-line error text, atomic file writes, rank ranges, commits.
+"""Small helpers every layer shares: one-line error text, atomic file writes, rank ranges, commits,
+tensor work compiled to run without the GIL.
 
 Each lives here once so that the trainer, checkpoints, the transports and the experiments say and do
 the same thing (an error's first line, a file that is either old or new, never half-written).
@@ -6,12 +7,15 @@ the same thing (an error's first line, a file that is either old or new, never h
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 import tempfile
+import threading
+import warnings
 from pathlib import Path
-from typing import Iterable, Optional, Union
+from typing import Callable, Iterable, List, Optional, Union
 
 
 def one_line(exc: BaseException, limit: Optional[int] = None) -> str:
@@ -121,4 +125,40 @@ def git_commit(folder: Union[str, Path, None] = None) -> str:
     return result.stdout.strip() or "unknown"
 
 
-__all__ = ["one_line", "atomic_write", "format_ranks", "git_commit"]
+def gil_free(fn: Callable) -> Callable:
+    """`fn` compiled by TorchScript at its first call, so that its tensor operations run one after
+    another in C++ without the GIL (PyTorch takes the GIL back between operations called from
+    Python, and with two peers of the in-process cluster running at once, `LocalCluster(lanes=2)`,
+    each hand-over of it is a context switch). The operations and their arguments are the Python
+    body's, so the bits are the same. Where TorchScript is not there or cannot compile `fn`
+    (`PYTORCH_JIT=0` makes `torch.jit.script` return it as is), the Python body runs: same bits,
+    slower. `torch.jit.script` is deprecated in recent PyTorch releases; its warning is not passed
+    on, since nothing here would change for it. The Python body stays available as `.python`,
+    and `.implementation()` says what runs (the tests compare the two)."""
+    import torch
+
+    lock = threading.Lock()
+    compiled: List[Callable] = []
+
+    def implementation() -> Callable:
+        if not compiled:
+            with lock:  # peer threads may make the first call at once: compile once
+                if not compiled:
+                    try:
+                        with warnings.catch_warnings():
+                            warnings.simplefilter("ignore")  # torch.jit.script's deprecation
+                            compiled.append(torch.jit.script(fn))
+                    except Exception:  # noqa: BLE001 - whatever stops TorchScript: run the Python body
+                        compiled.append(fn)
+        return compiled[0]
+
+    @functools.wraps(fn)
+    def call(*args):
+        return (compiled[0] if compiled else implementation())(*args)
+
+    call.python = fn
+    call.implementation = implementation
+    return call
+
+
+__all__ = ["one_line", "atomic_write", "format_ranks", "gil_free", "git_commit"]

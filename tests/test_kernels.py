@@ -10,8 +10,9 @@ import topologies
 from gossip_powersgd import ExactGossip, LocalCluster, PowerGossip
 from gossip_powersgd.algorithms import kernels, powergossip
 from gossip_powersgd.algorithms.base import all_finite
+from gossip_powersgd.utils import gil_free
 
-KERNELS = ("normalize_rows", "multiply_into_messages", "form_factors_and_update", "mix_exact")
+KERNELS = ("multiply_into_messages", "form_factors_and_update", "mix_exact")
 
 
 def test_the_kernels_are_compiled_by_torchscript():
@@ -28,7 +29,6 @@ def python_kernels(monkeypatch):
             monkeypatch.setattr(kernels, name, python)
             if hasattr(powergossip, name):
                 monkeypatch.setattr(powergossip, name, python)
-        monkeypatch.setattr(powergossip, "mix_exact_kernel", kernels.mix_exact)
     return use_python
 
 
@@ -58,7 +58,7 @@ def test_compiled_and_python_kernels_give_the_same_bits(spec, python_kernels):
 
 
 def test_a_function_torchscript_cannot_compile_runs_as_python():
-    @kernels.gil_free
+    @gil_free
     def count(*args):  # TorchScript takes no *args
         return len(args)
 
@@ -66,13 +66,17 @@ def test_a_function_torchscript_cannot_compile_runs_as_python():
     assert count.implementation() is count.python
 
 
-def test_multiply_into_messages_sums_what_leaves_as_all_finite_does():
-    left, right = torch.ones(1, 1, 2), torch.ones(1, 2, 3)
-    product, message = torch.empty(1, 1, 3), torch.zeros(2, 3)
-    total = kernels.multiply_into_messages([left], [right], [product], [message[:1]], [product[0]], message)
-    assert total == 6.0 and torch.equal(message[0], torch.full((3,), 2.0))
+def test_multiply_into_messages_normalises_multiplies_and_sums_what_leaves():
+    factor, norm = torch.tensor([[[3.0, 4.0]]]), torch.empty(1, 1, 1)  # norm 5
+    norms, epsilon = norm.view(-1), torch.tensor(1.0)
+    right, product, message = torch.ones(1, 2, 3), torch.empty(1, 1, 3), torch.zeros(2, 3)
+    total = kernels.multiply_into_messages([factor], [norm], [norms], epsilon, [factor], [right],
+                                           [product], [message[:1]], [product[0]], message)
+    assert torch.equal(factor, torch.tensor([[[0.5, 4 / 6]]]))  # divided by norm + epsilon
+    assert torch.allclose(message[0], torch.full((3,), 0.5 + 4 / 6)) and total == float(message.sum())
+    nothing = ([], [], [], epsilon, [], [], [], [], [])
     half = torch.full((4,), 60000.0, dtype=torch.float16)  # overflows a float16 sum
-    assert kernels.multiply_into_messages([], [], [], [], [], half) == 240000.0
+    assert kernels.multiply_into_messages(*nothing, half) == 240000.0
     # a sum that is not finite sends the check element by element; a finite one proves finiteness
     assert all_finite(torch.ones(3), total=float("inf"))
     assert not all_finite(torch.tensor([1.0, float("nan")]), total=float("nan"))

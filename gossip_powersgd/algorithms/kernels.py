@@ -8,73 +8,40 @@ the GIL only at its call, so two such peers do compute at once; issuing each ope
 less than from Python. The operations and their arguments are exactly those of the Python body,
 so the bits are the same.
 
-`gil_free` compiles on the first call. Where TorchScript is not there or cannot compile a function
-(a PyTorch without it; `PYTORCH_JIT=0`, under which `torch.jit.script` returns the function), the
-Python body runs instead: same bits, slower. `torch.jit.script` is deprecated in recent PyTorch
-releases; its deprecation warning is not passed on, since nothing here would change for it.
+`utils.gil_free` compiles each on its first call; where TorchScript cannot, the Python body runs
+(same bits, slower).
 """
 
 from __future__ import annotations
 
-import functools
-import threading
-import warnings
-from typing import Callable, List
+from typing import List, Optional
 
 import torch
 
 from ..comm.base import Tensor
-
-
-def gil_free(fn: Callable) -> Callable:
-    """`fn` compiled by TorchScript at its first call (`fn` itself where it cannot be). The
-    Python body stays available as `.python`, and `.implementation()` says what runs (the tests
-    compare the two)."""
-    lock = threading.Lock()
-    compiled: List[Callable] = []
-
-    def implementation() -> Callable:
-        if not compiled:
-            with lock:  # peer threads may make the first call at once: compile once
-                if not compiled:
-                    try:
-                        with warnings.catch_warnings():
-                            warnings.simplefilter("ignore")  # torch.jit.script's deprecation
-                            compiled.append(torch.jit.script(fn))
-                    except Exception:  # noqa: BLE001 - whatever stops TorchScript: run the Python body
-                        compiled.append(fn)
-        return compiled[0]
-
-    @functools.wraps(fn)
-    def call(*args):
-        return (compiled[0] if compiled else implementation())(*args)
-
-    call.python = fn
-    call.implementation = implementation
-    return call
+from ..utils import gil_free
 
 
 @gil_free
-def normalize_rows(factors: List[Tensor], norms: List[Tensor], norm_rows: List[Tensor],
-                   epsilon: Tensor) -> None:
-    """Rank-1 orthonormalisation of several factor stacks: every vector (last dimension) of
-    `factors[i]` divided by its norm plus `epsilon`. `norms[i]` receives the norms; the `norm_rows`
-    are the tensors those are views of, so that epsilon is added to all in one operation (the
-    bits of `lowrank.orthonormalize_` at rank 1: each vector's own norm, plus epsilon, divides it)."""
+def multiply_into_messages(factors: List[Tensor], norms: List[Tensor], norm_rows: List[Tensor],
+                           epsilon: Tensor, lefts: List[Tensor], rights: List[Tensor],
+                           products: List[Tensor], copy_to: List[Tensor], copy_from: List[Tensor],
+                           outgoing: Tensor) -> float:
+    """A static half-step up to the exchange.
+
+    First, rank-1 orthonormalisation of the `factors` stacks (none at other ranks): every vector
+    (last dimension) divided by its norm plus `epsilon`, the norms written into `norms[i]`, views
+    of the `norm_rows`, to which epsilon is added in one operation (the bits of
+    `lowrank.orthonormalize_` at rank 1: each vector's own norm, plus epsilon, divides it).
+    Then `products[i] = lefts[i] @ rights[i]` (bmm), and `copy_to[i] <- copy_from[i]` (the
+    products and the exactly gossiped part into the messages). Returns the sum of `outgoing` (all
+    the messages) for the finiteness check before they leave (`base.all_finite`)."""
     for i in range(len(factors)):
         torch.linalg.vector_norm(factors[i], 2.0, [-1], True, out=norms[i])
     for rows in norm_rows:
         rows.add_(epsilon)
     for i in range(len(factors)):
         factors[i].div_(norms[i])
-
-
-@gil_free
-def multiply_into_messages(lefts: List[Tensor], rights: List[Tensor], products: List[Tensor],
-                           copy_to: List[Tensor], copy_from: List[Tensor], outgoing: Tensor) -> float:
-    """`products[i] = lefts[i] @ rights[i]` (bmm), then `copy_to[i] <- copy_from[i]` (the products
-    and the exactly gossiped part into the messages), then the sum of `outgoing` (all the
-    messages), for the finiteness check before they leave (`base.all_finite`)."""
     for i in range(len(lefts)):
         torch.bmm(lefts[i], rights[i], out=products[i])
     for i in range(len(copy_to)):
@@ -88,22 +55,25 @@ def multiply_into_messages(lefts: List[Tensor], rights: List[Tensor], products: 
 @gil_free
 def form_factors_and_update(firsts: List[Tensor], seconds: List[Tensor], differences: List[Tensor],
                             factors: List[Tensor], scales: List[Tensor], scaled: List[Tensor],
-                            matrices: List[Tensor], lefts: List[Tensor], rights: List[Tensor]) -> None:
-    """After the exchange: `differences[i] = firsts[i] - seconds[i]` (the new factors, from the two
-    ends' products), `scaled[i] = factors[i] * scales[i]`, then `matrices[i] += lefts[i] @ rights[i]`
-    (baddbmm_, the low-rank updates)."""
+                            matrices: List[Tensor], lefts: List[Tensor], rights: List[Tensor],
+                            exact: Optional[Tensor], received: List[Tensor], weights: List[float],
+                            gamma: float, scratch: Optional[Tensor]) -> None:
+    """A static half-step after the exchange: `differences[i] = firsts[i] - seconds[i]` (the new
+    factors, from the two ends' products), `scaled[i] = factors[i] * scales[i]`, then
+    `matrices[i] += lefts[i] @ rights[i]` (baddbmm_, the low-rank updates); and, given `exact`,
+    `mix_exact(exact, received, weights, gamma, scratch)`."""
     for i in range(len(firsts)):
         torch.sub(firsts[i], seconds[i], out=differences[i])
     for i in range(len(factors)):
         torch.mul(factors[i], scales[i], out=scaled[i])
     for i in range(len(matrices)):
         matrices[i].baddbmm_(lefts[i], rights[i])
+    if exact is not None and scratch is not None:
+        _mix_exact(exact, received, weights, gamma, scratch)
 
 
-@gil_free
-def mix_exact(x: Tensor, received: List[Tensor], weights: List[float], gamma: float,
-              scratch: Tensor) -> None:
-    """x += gamma * sum_j w_j (x_j - x), accumulated in neighbour order (deterministic bits)."""
+def _mix_exact(x: Tensor, received: List[Tensor], weights: List[float], gamma: float,
+               scratch: Tensor) -> None:
     mix = scratch.zero_()
     total = 0.0
     for i in range(len(received)):
@@ -113,4 +83,11 @@ def mix_exact(x: Tensor, received: List[Tensor], weights: List[float], gamma: fl
     x.add_(mix, alpha=gamma)
 
 
-__all__ = ["form_factors_and_update", "gil_free", "mix_exact", "multiply_into_messages", "normalize_rows"]
+@gil_free
+def mix_exact(x: Tensor, received: List[Tensor], weights: List[float], gamma: float,
+              scratch: Tensor) -> None:
+    """x += gamma * sum_j w_j (x_j - x), accumulated in neighbour order (deterministic bits)."""
+    _mix_exact(x, received, weights, gamma, scratch)
+
+
+__all__ = ["form_factors_and_update", "mix_exact", "multiply_into_messages"]

@@ -53,8 +53,7 @@ from ..specs import check_seed
 from .base import (GossipAlgorithm, ParamsLike, load_tensors_, require_undirected,
                    step_weights, warn_if_unstable_gamma)
 from .exact import mix_exact, resolve_gamma
-from .kernels import form_factors_and_update, multiply_into_messages, normalize_rows
-from .kernels import mix_exact as mix_exact_kernel
+from .kernels import form_factors_and_update, multiply_into_messages
 from .lowrank import GRAM_SCHMIDT_MAX_RANK, ORTHO_EPS, MatrixStack, matrix_stacks, orthonormalize_
 
 
@@ -117,12 +116,11 @@ class _SidePlan:
 
 @dataclasses.dataclass
 class _HalfStepWork:
-    """The argument lists of a static half-step's compiled tensor work (see `kernels`): each
-    half-step is a handful of calls however many groups and neighbours there are."""
+    """The argument lists of a static half-step's compiled tensor work (see `kernels`): a
+    half-step is two calls around the exchange, however many groups and neighbours there are."""
 
-    multiply: tuple  # for multiply_into_messages: products, copies into the messages, all messages
-    update: tuple  # for form_factors_and_update: new factors, scaled P, the updates
-    received_exact: List[Tensor]  # the neighbours' exact parts, in neighbour order
+    multiply: tuple  # for multiply_into_messages, after the normalisation: products, messages
+    update: tuple  # for form_factors_and_update: new factors, scaled P, updates, exact mixing
 
 
 class PowerGossip(GossipAlgorithm):
@@ -430,10 +428,15 @@ class PowerGossip(GossipAlgorithm):
         and with or without the exact part."""
         self._work: Dict[tuple, _HalfStepWork] = {}
         neighbors = self.comm.neighbors
-        self._float_weights = [float(w) for w in self._weights] if self._weights is not None else []
+        self._no_normalization = ([], [], [], torch.zeros(()))
         if not self.comm.is_static or not neighbors:
             return
+        weights = [float(w) for w in self._weights]
+        self._normalization = {}
         for side, plans in self._plans.items():
+            if self._factor_rows is not None:
+                self._normalization[side] = ([plan.factors for plan in plans], [plan.norms for plan in plans],
+                                             [self._norm_rows[side]], self._epsilon)
             lefts, rights, products, copy_to, copy_from = [], [], [], [], []
             for index, plan in enumerate(plans):
                 if self.batch_neighbors:
@@ -472,14 +475,15 @@ class PowerGossip(GossipAlgorithm):
             update = ([d[0] for d in differences], [d[1] for d in differences], [d[2] for d in differences],
                       factors, scales, scaled, matrices, update_lefts, update_rights)
             for has_exact in (False, True):
-                to, source, received = list(copy_to), list(copy_from), []
+                to, source, mixing = list(copy_to), list(copy_from), (None, [], [], 0.0, None)
                 if has_exact and self._exact is not None:
                     offset, size = self._segments[("exact", side)]
                     to.append(self._send_rows[:, offset:offset + size])
                     source.append(self._exact.expand(len(neighbors), size))
                     received = [self._recv_views[("exact", side)][j] for j in neighbors]
+                    mixing = (self._exact, received, weights, float(self.gamma), self._exact_scratch)
                 multiply = (lefts, rights, products, to, source, self._outgoing[(side, has_exact)])
-                self._work[(side, has_exact)] = _HalfStepWork(multiply, update, received)
+                self._work[(side, has_exact)] = _HalfStepWork(multiply, update + mixing)
 
     # ---- the algorithm -------------------------------------------------------------------------
     def _step(self) -> None:
@@ -494,8 +498,9 @@ class PowerGossip(GossipAlgorithm):
             self.half_steps += 1
             self._half_step(right=self.half_steps % 2 == 1, with_exact=iteration == 0)
 
-    def _orthonormalize(self, plans: List["_SidePlan"], side: str) -> None:
-        """Orthonormalise the factors every group multiplies by on this side, in place."""
+    def _orthonormalize(self, plans: List["_SidePlan"], side: str) -> Optional[tuple]:
+        """Orthonormalise the factors every group multiplies by on this side, in place; at rank 1,
+        return that work instead, for the compiled call that computes the products to do first."""
         if not self.warm_start:
             for plan in plans:
                 for block, j in zip(plan.blocks, self.comm.neighbors):
@@ -503,9 +508,7 @@ class PowerGossip(GossipAlgorithm):
         if self._factor_rows is not None:
             # Rank 1: orthonormalize_'s division by (norm + eps), with the eps added to all the
             # groups' norms in one operation; the same bits, since each is still its own vector's.
-            normalize_rows([plan.factors for plan in plans], [plan.norms for plan in plans],
-                           [self._norm_rows[side]], self._epsilon)
-            return
+            return self._normalization[side]
         for plan in plans:
             if plan.factor_sets is not None:
                 # Gram-Schmidt works on each (r, n) matrix on its own, so all neighbours' factors go
@@ -514,6 +517,7 @@ class PowerGossip(GossipAlgorithm):
             else:
                 for block in plan.blocks:
                     orthonormalize_(block)
+        return None
 
     def _half_step(self, right: bool, with_exact: bool) -> None:
         side = "right" if right else "left"
@@ -523,8 +527,8 @@ class PowerGossip(GossipAlgorithm):
 
         # 1. Orthonormalise the factors we multiply by, compute all neighbours' products at once
         # ((M Q)^T or (M^T P)^T) and write them, with the exact part, into the messages.
-        self._orthonormalize(plans, side)
-        total = multiply_into_messages(*work.multiply)
+        normalization = self._orthonormalize(plans, side) or self._no_normalization
+        total = multiply_into_messages(*normalization, *work.multiply)
 
         # 2. One message per neighbour, all computed from the models as they were before any update.
         send, recv = self._messages[(side, has_exact)]
@@ -533,9 +537,6 @@ class PowerGossip(GossipAlgorithm):
         # 3. Both ends form the same new factor D Q (or D^T P), then the update of rank deg*r:
         # M += sum_j sigma_j gamma w_j P_j Q_j^T.
         form_factors_and_update(*work.update)
-        if has_exact:
-            mix_exact_kernel(self._exact, work.received_exact, self._float_weights, self.gamma,
-                             self._exact_scratch)
 
     # ---- on a schedule ---------------------------------------------------------------------------
     def _edge_side(self, j: int, ahead: int = 1) -> str:
