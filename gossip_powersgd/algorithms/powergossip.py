@@ -23,7 +23,9 @@ At rank 1 the factors of all groups sit in (deg, width) rows laid out like the m
 formed from, so that forming every group's new factor is one subtraction per run of neighbours on
 the same side, and scaling them one multiplication. (The products, computed from these strided
 factors, round differently from products of contiguous ones; both ends still form the same factor,
-since each subtracts the same two products.)
+since each subtracts the same two products.) A static half-step's tensor work is two functions
+compiled by TorchScript (`kernels`), one before the exchange and one after, so that it runs without
+the GIL: two peers of the in-process cluster can then compute at once (`LocalCluster(lanes=2)`).
 
 Tensors with one dimension, and any tensor whose low-rank form would not be smaller (PyTorch's
 `min_compression_rate` rule), are gossiped exactly, once per `step()`, in the first half-step's

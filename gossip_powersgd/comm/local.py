@@ -298,7 +298,8 @@ class LocalCluster:
     PowerGossip's tensor work does (it is compiled with TorchScript), so 64 ResNet-20 peers of
     PowerGossip on 2 cores run faster with `lanes=2` and one intra-op thread
     (experiments/results/bench_sim.md); algorithms made of many small Python-driven operations
-    (Choco-SGD's top-k) run slower, since the two running peers then hand the GIL back and forth.
+    (Choco-SGD, DeepSqueeze) can run slower, since the two running peers then hand the GIL back
+    and forth.
     The default, 1, runs one peer at a time. The bits are the same whatever the lanes.
     """
 
