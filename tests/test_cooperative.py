@@ -57,7 +57,7 @@ class _Overlap:
             self.running -= 1
 
 
-def _overlap(cooperative: bool, hold) -> int:
+def _overlap(cooperative: bool, hold, lanes: int = 1) -> int:
     """The most peers ever inside their compute section (which calls `hold`) at once."""
     overlap = _Overlap()
 
@@ -71,7 +71,7 @@ def _overlap(cooperative: bool, hold) -> int:
             assert all(float(recv[j][0]) == j for j in comm.neighbors)
         comm.allreduce_(torch.ones(5))
 
-    LocalCluster("ring:8", cooperative=cooperative).run(peer)
+    LocalCluster("ring:8", cooperative=cooperative, lanes=lanes).run(peer)
     return overlap.most
 
 
@@ -152,19 +152,7 @@ def test_two_lanes_run_one_peer_of_each_at_once_with_the_same_bits():
     assert all(LocalCluster("ring:8", cooperative=True, lanes=2).run(_concurrent_pair, threading.Barrier(2)))
     assert time.monotonic() - start < local._PATIENCE_SECONDS
     # Never more peers at once than lanes (the sleep lets the GIL go inside the section).
-    lanes = LocalCluster("ring:8", cooperative=True, lanes=2)
-    overlap = _Overlap()
-
-    def peer(comm):
-        send = {j: torch.full((3,), float(comm.rank)) for j in comm.neighbors}
-        recv = {j: torch.empty(3) for j in comm.neighbors}
-        for _ in range(8):
-            with overlap:
-                time.sleep(0.002)
-            comm.exchange(send, recv)
-
-    lanes.run(peer)
-    assert overlap.most <= 2
+    assert _overlap(cooperative=True, hold=lambda: time.sleep(0.002), lanes=2) <= 2
     for spec in ("ring:8", "star:5"):
         one = LocalCluster(spec, cooperative=True).run(_train_like)
         two = LocalCluster(spec, cooperative=True, lanes=3).run(_train_like)
