@@ -286,7 +286,8 @@ class LocalCluster:
     on as many cores as the caller's intra-op thread count (`torch.get_num_threads()`), starting
     with the core the caller is on, each lane on cores of its own. Only one peer per lane computes
     at a time, so the other cores are not missed, and keeping the threads together was measured
-    faster (1.16x at 64 peers, one lane), presumably because the messages just written and the
+    faster (1.16x at 64 peers with one lane: experiments/results/bench_sim.md as of commit
+    ad7d87a), presumably because the messages just written and the
     interpreter's own data stay in that core's caches instead of moving with every hand-over.
     Anything a pinned peer thread starts (threads, DataLoader worker processes) inherits its cores:
     pass False to leave the threads where the operating system puts them. None (the default)
