@@ -235,3 +235,28 @@ def test_cli_resume_of_an_mpi_run_in_one_process(mpi_run, tmp_path):
         a = (out / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()
         b = (copy / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()
         assert comparable(map(json.loads, a)) == comparable(map(json.loads, b))
+
+
+def test_every_run_records_its_provenance(mpi_run, tmp_path):
+    out, _ = mpi_run
+    origin = json.loads((out / "summary.json").read_text())["provenance"]
+    import socket
+
+    import gossip_powersgd
+    from gossip_powersgd.training.provenance import source_checkout
+
+    assert origin["gossip_powersgd"] == gossip_powersgd.__version__
+    assert origin["libraries"]["torch"] == torch.__version__
+    assert origin["libraries"]["mpi4py"] is not None
+    assert (origin["backend"], origin["world_size"]) == ("mpi", 4)
+    assert origin["peers_per_host"] == {socket.gethostname()[:64]: 4}
+    assert "--config" in origin["command"] and str(TINY) in origin["command"]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=30).stdout.strip()
+    assert origin["git_commit"] == head and isinstance(origin["git_dirty"], bool)
+    # config.yaml opens with the same facts as comments and still reads as the run's config
+    text = (out / "config.yaml").read_text()
+    assert text.startswith(f"# gossip_powersgd {gossip_powersgd.__version__}, commit {head}")
+    assert load_config(out / "config.yaml").backend == "mpi"
+    # a folder that is no checkout of this package (an installed wheel) records no commit
+    assert source_checkout(tmp_path) == {"git_commit": None, "git_dirty": None}

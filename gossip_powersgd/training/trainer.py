@@ -59,6 +59,7 @@ from .evaluation import (
     run_summary,
 )
 from .hooks import HookList, TrainingHooks
+from .provenance import as_comments, provenance
 from .setup import PeerRun, build_run, checked_config, collectively, make_optimizer, resolve_device
 
 #: The communicator's traffic counters a checkpoint restores.
@@ -335,10 +336,11 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
     run = build_run(comm, config, hooks)
     state = _resume(comm, run_dir, run, hooks) if resume else RunState()
     records = RecordLog(state.history)
+    origin = provenance(comm, config)
     if run_dir is not None:
         records.file = ckpt.open_metrics(run_dir, comm.rank, state.step if resume else None)
         if comm.rank == 0:
-            atomic_write(run_dir / "config.yaml", dump_config(config))
+            atomic_write(run_dir / "config.yaml", as_comments(origin) + dump_config(config))
     model, optimizer, algorithm = run.model, run.optimizer, run.algorithm
     state.wall_start = time.perf_counter()  # wall time counts training, not set-up or loading
     timers = functools.partial(state.timers, algorithm)
@@ -405,6 +407,7 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
                           state.timers(algorithm))
     for hook in reporting:
         summary.update(hook.summary_fields())
+    summary["provenance"] = origin
     if comm.rank == 0 and run_dir is not None:
         atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         atomic_write(run_dir / "summary.md", format_summary(summary, markdown=True))
