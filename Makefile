@@ -1,5 +1,5 @@
 # Every target sets itself up: a .venv is created if missing and the package installed into it
-# (editable, with the mpi, test and privacy extras) under constraints.txt, which pins the CPU torch wheel.
+# (editable, with the mpi, test, privacy and tracking extras) under constraints.txt, which pins the CPU torch wheel.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(CURDIR)/$(VENV)/bin
@@ -15,7 +15,7 @@ install: $(STAMP)
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[mpi,test,privacy]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[mpi,test,privacy,tracking]'
 	touch $(STAMP)
 
 test: $(STAMP)

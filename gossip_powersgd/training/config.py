@@ -121,6 +121,12 @@ class TrainConfig:
     observers: List[int] = dataclasses.field(default_factory=list)
     #: Curious neighbours: record every k-th gossip step (Choco reconstruction needs 1).
     observe_every: int = 1
+    #: Experiment trackers that log rank 0's log and eval records: tensorboard | wandb | mlflow,
+    #: each a name or {name: {option: value}} (see training/extensions.py); [] = none.
+    loggers: List[Any] = dataclasses.field(default_factory=list)
+    #: User hooks built on every peer: "package.module:Class" (a TrainingHooks subclass) or
+    #: {"package.module:Class": {option: value}}; [] = none.
+    hooks: List[Any] = dataclasses.field(default_factory=list)
 
     # ---- helpers ---------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -188,7 +194,8 @@ def config_hash(config: TrainConfig) -> str:
 # ---- parsing and validation -------------------------------------------------------------------------
 
 def _type_name(key: str) -> str:
-    return {"milestones": "list of numbers", "observers": "list of ranks"}.get(key, {
+    return {"milestones": "list of numbers", "observers": "list of ranks",
+            "loggers": "list of names", "hooks": "list of specs"}.get(key, {
         "str": "string", "float": "number", "int": "integer", "bool": "true/false",
         "Optional[str]": "string or null", "Optional[int]": "integer or null",
         "Optional[float]": "number or null",
@@ -232,6 +239,11 @@ def _coerce(key: str, value: Any) -> Any:
             isinstance(v, int) and not isinstance(v, bool) for v in value)
         if ok:
             value = [int(v) for v in value]
+    elif key in ("loggers", "hooks"):
+        from .extensions import entries
+
+        entries(value, key)  # a one-line error for a malformed entry
+        value, ok = list(value) if isinstance(value, (list, tuple)) else [value], True
     if not ok:
         raise ValueError(f"bad value for {key!r}: {value!r} is not a {_type_name(key)}")
     return value
@@ -396,6 +408,9 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
     from ..privacy.training import validate_privacy_config
 
     validate_privacy_config(c)
+    from .extensions import config_hooks
+
+    config_hooks(c)  # unknown or uninstalled loggers, user hooks that do not import or build
     if deep:
         validate_specs(c, num_peers)
 

@@ -12,8 +12,11 @@ this order (D-PSGD, see `trainer`)::
         [gradient averagers: algorithm.step(); after_gossip(step)]
         optimizer.step(); after_optimizer_step(step)
         [parameter gossip:   algorithm.step(); after_gossip(step)]
+        after_step(step, loss)                     the step's training loss on this peer
     on_evaluation(record)                          -> may return extra keys for the eval record
+    on_record(record)                              each log / eval record, as written
     state_dict() / load_state_dict(state)          saved with every checkpoint, restored on resume
+    close()                                        once at the end, also when the run fails
 
 `step` is the 0-based index of the step in progress. Hooks run in list order, on every peer; a hook
 may use the communicator (it is collective then, and must be called the same way on every peer).
@@ -86,6 +89,17 @@ class TrainingHooks:
         """After `algorithm.step()`: for parameter gossip the parameters are mixed (end of the
         step); for gradient averagers the gradients are averaged (the optimizer step follows)."""
 
+    def after_step(self, step: int, loss: Optional[float]) -> None:
+        """After the step is complete: `loss` is this peer's training loss of the step (None
+        for an empty batch, which Poisson sampling under DP can draw). Under DP it is a function
+        of this peer's data: keep it on this peer."""
+
+    def on_record(self, record: Dict[str, Any]) -> None:
+        """After a `log` or `eval` record is written to this peer's metrics file (a copy)."""
+
+    def close(self) -> None:
+        """Once when the training loop ends, also when it fails: flush and close what was opened."""
+
     def on_evaluation(self, record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         """After an eval record is built, before it is written. May return extra keys (JSON
         values) to add to it; a key the record already has is refused. `record` is a copy: changing it
@@ -138,6 +152,25 @@ class HookList:
     def after_gossip(self, step: int) -> None:
         for h in self.hooks:
             h.after_gossip(step)
+
+    def after_step(self, step: int, loss: Optional[float]) -> None:
+        for h in self.hooks:
+            h.after_step(step, loss)
+
+    def on_record(self, record: Dict[str, Any]) -> None:
+        for h in self.hooks:
+            h.on_record(dict(record))
+
+    def close(self) -> None:
+        """Close every hook, even when one of them fails (the first error is raised after)."""
+        error = None
+        for h in self.hooks:
+            try:
+                h.close()
+            except Exception as exc:  # noqa: BLE001 - the others must still close
+                error = error or exc
+        if error is not None:
+            raise error
 
     def on_evaluation(self, record: Dict[str, Any]) -> Dict[str, Any]:
         """`record` with every hook's extra keys added (a new dict)."""

@@ -58,6 +58,7 @@ from .evaluation import (
     model_digest,
     run_summary,
 )
+from .extensions import config_hooks
 from .hooks import HookList, TrainingHooks
 from .provenance import as_comments, provenance
 from .setup import PeerRun, build_run, checked_config, collectively, make_optimizer, resolve_device
@@ -303,7 +304,7 @@ def train(comm, config, *, resume: bool = False, on_step: Optional[Callable[[int
     # Observers go last: they record the algorithm the DP hook may have rebuilt.
     observer = observer_hook(config)  # None unless the config names observers
     added = [h for h in (privacy, observer) if h is not None]
-    hooks = HookList([*hooks, *added])
+    hooks = HookList([*hooks, *config_hooks(config), *added])  # loggers: and hooks: (extensions.py)
     run_dir = Path(config.out_dir) if config.out_dir is not None else None
     lock = None
     if run_dir is not None:
@@ -376,12 +377,14 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
                     algorithm.step()
                     hooks.after_gossip(state.step)
                 state.finish_step(value)
+                hooks.after_step(state.step - 1, value)
                 printer.update()
                 if config.log_every and state.step % config.log_every == 0:
                     record = log_record(
                         comm, model, step=state.step, steps_per_epoch=run.steps_per_epoch, lr=lr,
                         train_loss_local=state.take_log_loss(), timers=timers)
                     records.write(record)
+                    hooks.on_record(record)
                     check_divergence(record, state.history, run.num_classes)
                 if on_step is not None:
                     on_step(state.step)
@@ -393,6 +396,7 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
                                      pooled=config.partition == "local")
                 record = hooks.on_evaluation(record)
                 records.write(record)
+                hooks.on_record(record)
                 printer.line(eval_line(record, config.epochs))
                 check_divergence(record, state.history, run.num_classes)
             if run_dir is not None and config.checkpoint_every and (
@@ -401,6 +405,12 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
     finally:
         printer.close()
         records.close()
+        failing = sys.exc_info()[0] is not None
+        try:
+            hooks.close()
+        except Exception:
+            if not failing:  # a hook that fails to close must not hide why the run failed
+                raise
 
     summary = run_summary(comm, config, state.history, run.histogram, run.num_parameters,
                           run.parameter_bytes, algorithm, model, state.step, run.steps_per_epoch,

@@ -1,0 +1,266 @@
+"""Hooks named in the config: experiment trackers (`loggers:`) and user hooks (`hooks:`).
+
+Both keys take a list whose entries are a name, or a one-key mapping from the name to its options::
+
+    loggers: [tensorboard, {wandb: {project: my-study, mode: offline}}, mlflow]
+    hooks: [my_pkg.hooks:GradNormHook, {my_pkg.hooks:EarlyStop: {patience: 3}}]
+
+On the command line: ``--set loggers=[tensorboard]`` or ``--set 'hooks=[my_pkg.mod:Class]'``.
+
+A tracker logs, from rank 0 only, every record the run writes to rank 0's metrics file: the
+``eval`` records (accuracies, losses, consensus distance, traffic) and, with ``log_every: k``, the
+``log`` records every k steps (training loss, consensus distance, traffic). Each metric is logged as
+``<kind>/<key>`` at the record's step. Under differential privacy the records hold only what the
+run's privacy settings allow rank 0 to see, so a tracker releases nothing more. Each tracker's
+package is an optional extra (``pip install 'gossip_powersgd[tracking]'``):
+
+- ``tensorboard``: event files under ``<run>/tensorboard`` (option ``log_dir``).
+- ``wandb``: ``wandb.init(dir=<run>, config=<the run's config>, **options)`` (``project``, ``mode``
+  — e.g. ``offline`` —, ``name``, ``entity``, ``tags``); a resumed run continues the same W&B run.
+- ``mlflow``: a run in the experiment ``experiment`` (default ``gossip_powersgd``) of
+  ``tracking_uri`` (default a file store under ``<run>/mlruns``, for which MLFLOW_ALLOW_FILE_STORE
+  is set to true unless set already: MLflow 3 keeps that store in maintenance mode), the config
+  as its parameters; a resumed run continues the same MLflow run.
+
+A user hook is a `TrainingHooks` subclass, instantiated with the entry's options as keyword
+arguments on every peer (see `hooks.py` for its extension points; `after_step(step, loss)` sees
+each step's training loss on that peer).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..specs import import_object
+from .hooks import SetupContext, TrainingHooks
+
+
+def entries(value: Any, key: str) -> List[Tuple[str, Dict[str, Any]]]:
+    """`value` of config key `key` as [(name, options)], with a one-line ValueError for anything
+    but a list of names and one-key {name: {options}} mappings."""
+    if isinstance(value, (str, dict)):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"bad value for {key!r}: {value!r} is not a list (e.g. {key}: [name])")
+    out = []
+    for item in value:
+        if isinstance(item, str) and item:
+            out.append((item, {}))
+        elif (isinstance(item, dict) and len(item) == 1 and isinstance(next(iter(item)), str)
+              and isinstance(next(iter(item.values())), (dict, type(None)))):
+            name, options = next(iter(item.items()))
+            if not all(isinstance(k, str) for k in (options or {})):
+                raise ValueError(f"bad value for {key!r}: the options of {name!r} need string keys")
+            out.append((name, dict(options or {})))
+        else:
+            raise ValueError(f"bad value for {key!r}: {item!r} is neither a name nor a one-key "
+                             f"mapping {{name: {{option: value}}}}")
+    return out
+
+
+def _scalars(record: Dict[str, Any]) -> Dict[str, float]:
+    """The record's finite numbers, keyed ``<kind>/<key>`` (step and epoch are the axes)."""
+    kind = record.get("kind", "record")
+    return {f"{kind}/{k}": float(v) for k, v in record.items()
+            if k not in ("kind", "step") and isinstance(v, (int, float))
+            and not isinstance(v, bool) and math.isfinite(v)}
+
+
+class Tracker(TrainingHooks):
+    """Base of the experiment trackers: active on rank 0 only; subclasses open, write and close."""
+
+    package = ""  #: the module that must import (named in the error when it does not)
+
+    def __init__(self, **options: Any):
+        self.options = options
+        self.active = False
+        self.run_id: Optional[str] = None  # a resumed run continues the tracker's run
+
+    @property
+    def key(self) -> str:
+        return f"logger.{self.name}"
+
+    @classmethod
+    def check_installed(cls) -> None:
+        try:
+            importlib.import_module(cls.package)
+        except ImportError:
+            raise ValueError(f"loggers: {cls.name} needs the {cls.package} package: "
+                             "pip install 'gossip_powersgd[tracking]' (or drop it from loggers)"
+                             ) from None
+
+    def setup(self, context: SetupContext) -> None:
+        self.active, self.opened = context.comm.rank == 0, False
+        if self.active:
+            out = context.config.out_dir
+            if out is None and not self._has_location():
+                raise ValueError(f"loggers: {self.name} needs a run directory (out_dir) or a "
+                                 f"location option ({self._location_hint()})")
+            self.context, self.run_dir = context, Path(out) if out is not None else None
+
+    def on_record(self, record: Dict[str, Any]) -> None:
+        if self.active:
+            if not self.opened:  # at the first record: a resumed run's state is loaded by then
+                self.open(self.context, self.run_dir)
+                self.opened = True
+            self.write(_scalars(record), int(record.get("step", 0)))
+
+    def close(self) -> None:
+        if self.active and self.opened:
+            self.active = False
+            self.finish()
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"run_id": self.run_id} if self.run_id else {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.run_id = state.get("run_id", self.run_id)
+
+    # ---- what each tracker does ------------------------------------------------------------------
+    def _has_location(self) -> bool:
+        return False
+
+    def _location_hint(self) -> str:
+        return ""
+
+    def open(self, context: SetupContext, run_dir: Optional[Path]) -> None:
+        raise NotImplementedError
+
+    def write(self, scalars: Dict[str, float], step: int) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        raise NotImplementedError
+
+
+class TensorBoardTracker(Tracker):
+    name = "tensorboard"
+    package = "tensorboard"
+
+    def _has_location(self) -> bool:
+        return "log_dir" in self.options
+
+    def _location_hint(self) -> str:
+        return "{tensorboard: {log_dir: DIR}}"
+
+    def open(self, context, run_dir):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(self.options.get("log_dir", run_dir / "tensorboard")))
+
+    def write(self, scalars, step):
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, value, global_step=step)
+
+    def finish(self):
+        self.writer.close()
+
+
+class WandbTracker(Tracker):
+    name = "wandb"
+    package = "wandb"
+
+    def _has_location(self) -> bool:
+        return "dir" in self.options
+
+    def _location_hint(self) -> str:
+        return "{wandb: {dir: DIR}}"
+
+    def open(self, context, run_dir):
+        import wandb
+
+        options = dict(self.options)
+        options.setdefault("dir", str(run_dir))
+        options.setdefault("project", "gossip_powersgd")
+        if self.run_id:
+            options.update(id=self.run_id, resume="allow")
+        self.run = wandb.init(config=context.config.to_dict(), **options)
+        self.run_id = self.run.id
+
+    def write(self, scalars, step):
+        if scalars:
+            self.run.log(scalars, step=step)
+
+    def finish(self):
+        self.run.finish()
+
+
+class MLflowTracker(Tracker):
+    name = "mlflow"
+    package = "mlflow"
+
+    def _has_location(self) -> bool:
+        return "tracking_uri" in self.options
+
+    def _location_hint(self) -> str:
+        return "{mlflow: {tracking_uri: URI}}"
+
+    def open(self, context, run_dir):
+        from mlflow.tracking import MlflowClient  # a client, not mlflow's process-global run
+
+        uri = self.options.get("tracking_uri")
+        if uri is None:  # a file store in the run directory: MLflow 3 asks to opt in to it
+            uri = (run_dir / "mlruns").resolve().as_uri()
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = MlflowClient(tracking_uri=uri)
+        if self.run_id is None:
+            name = self.options.get("experiment", "gossip_powersgd")
+            found = self.client.get_experiment_by_name(name)
+            experiment = found.experiment_id if found else self.client.create_experiment(name)
+            self.run_id = self.client.create_run(experiment).info.run_id
+            for key, value in context.config.to_dict().items():
+                self.client.log_param(self.run_id, key, str(value)[:500])
+
+    def write(self, scalars, step):
+        for key, value in scalars.items():
+            self.client.log_metric(self.run_id, key.replace("/", "."), value, step=step)
+
+    def finish(self):
+        self.client.set_terminated(self.run_id)
+
+
+TRACKERS = {t.name: t for t in (TensorBoardTracker, WandbTracker, MLflowTracker)}
+
+
+def make_trackers(value: Any) -> List[Tracker]:
+    """The trackers that config key `loggers` names (one-line ValueError for an unknown name or a
+    missing package)."""
+    out = []
+    for name, options in entries(value, "loggers"):
+        if name not in TRACKERS:
+            raise ValueError(f"loggers: unknown logger {name!r}; valid: {', '.join(TRACKERS)}")
+        TRACKERS[name].check_installed()
+        out.append(TRACKERS[name](**options))
+    return out
+
+
+def make_user_hooks(value: Any) -> List[TrainingHooks]:
+    """The `TrainingHooks` that config key `hooks` names, each built with its options."""
+    out = []
+    for spec, options in entries(value, "hooks"):
+        try:
+            cls = import_object(spec, ["package.module:Class (a TrainingHooks subclass)"])
+        except ValueError as exc:
+            raise ValueError(f"hooks: {exc}") from None
+        if not (isinstance(cls, type) and issubclass(cls, TrainingHooks)):
+            raise ValueError(f"hooks: {spec!r} is not a TrainingHooks subclass (subclass "
+                             "gossip_powersgd.training.hooks.TrainingHooks)")
+        try:
+            out.append(cls(**options))
+        except TypeError as exc:
+            raise ValueError(f"hooks: {spec!r} does not take the options {sorted(options)} ({exc})"
+                             ) from None
+    return out
+
+
+def config_hooks(config) -> List[TrainingHooks]:
+    """The trackers and user hooks a config names (user hooks first, trackers last, so that they
+    log what the other hooks added to a record)."""
+    return [*make_user_hooks(config.hooks), *make_trackers(config.loggers)]
+
+
+__all__ = ["entries", "Tracker", "TRACKERS", "make_trackers", "make_user_hooks", "config_hooks"]
