@@ -112,6 +112,12 @@ def test_schedules_and_spec_strings_are_accepted_and_other_inputs_refused():
     assert leak[3, 0] == pytest.approx(0.5) and leak[4, 0] == 0.0
     schedule = topologies.parse("one_peer_exponential:8")
     assert np.array_equal(pairwise_leakage(schedule, 2), leak, equal_nan=True)
+    # A step where the observer has no neighbour adds no row; with none at all its view is empty.
+    sampled = topologies.parse("edge_sampling:ring:8:0.3")
+    alone = [v for v in range(8) if not sampled.at(0).neighbors(v)]
+    leak = pairwise_leakage(sampled, 1)
+    assert alone and all((np.nan_to_num(leak[:, v]) == 0).all() for v in alone)
+    assert all(leak[w, v] == pytest.approx(1.0) for v in range(8) for w in sampled.at(0).neighbors(v))
     with pytest.raises(ValueError, match="directed.*not push-sum"):
         pairwise_epsilon("directed_exponential:8", 2, SIGMA, DELTA)
     with pytest.raises(TypeError, match="topology must be a topologies.Topology.*got ndarray"):

@@ -3,9 +3,10 @@
 The setting of Muffliato (Cyffers, Even, Bellet, Massoulié, "Muffliato: Peer-to-Peer Privacy
 Amplification for Decentralized Optimization and Averaging", NeurIPS 2022): peers run exact gossip
 y <- M_t y with M_t = (1 - gamma) I + gamma W_t (W_t the graph of step t: a `topologies.Topology`,
-a `Schedule`, or a spec string), and every message carries Gaussian noise of std `sigma` that its
-sender drew once. An honest-but-curious observer v receives, at every step t < T, the value of
-each neighbour w of step t. Two noise modes (`noise`):
+a `Schedule`, or a spec string), and each peer adds Gaussian noise of std `sigma` (per coordinate)
+to its own value. An honest-but-curious observer v receives, at every step t < T, the value of
+each neighbour w of step t. Values are vectors, gossiped coordinate by coordinate with the same
+linear map; Delta bounds the L2 norm of a record's change. Two noise modes (`noise`):
 
 - ``"once"`` (the consensus setting): y(0) = x + eta, then T gossip steps without new noise.
 - ``"every_step"`` (the training setting, plain SGD): at step t each peer adds its contribution
@@ -13,19 +14,20 @@ each neighbour w of step t. Two noise modes (`noise`):
   step's noise is a new block of unknowns.
 
 Everything v receives is a linear function of the unknowns z (the other peers' x + eta, one block
-per noisy step): its view is V = A z + (terms v knows: its own noisy values, which it drew, and the
-public initial model), one row of A per received value (`view_matrix`). V is a single Gaussian
+per noisy step) plus terms v knows: its own x_v + eta_v (its data, and noise it drew itself,
+independent of everyone else's) and the public initial model. So v's view is V = A z + known, one
+row of A per received value, v's own columns removed (`view_matrix`). V is a single Gaussian
 N(A c, sigma^2 A A^T), and the messages share the same noise: summing a privacy loss per message
-(what Muffliato's code does, `per_message_composition_rdp`) is not a bound of anything. A record
+(what Muffliato's code does, `per_message_composition_rdp`) is not a valid bound. A record
 of peer u that shifts u's contribution by delta_s at step s (||delta_s||_2 <= Delta) shifts V's
 mean by sum_s delta_s a_{u,s}; for equal covariances the Rényi divergence of order alpha is exact:
 
     RDP_{u->v}(alpha) = alpha / (2 sigma^2) * sum_{s,s'} G_{ss'} <delta_s, delta_s'>,
-    G = Q_u Q_u^T,  Q an orthonormal basis of the row space of A (rows: u's columns),
+    G = Q_u Q_u^T,  Q_u: u's columns' rows of an orthonormal basis Q of A's row space;
 
-that is alpha Delta^2 / (2 sigma^2) * a_u^T (A A^T)^+ a_u = alpha Delta^2/(2 sigma^2) ||P_row(A) e_u||^2
-for noise once: never above local DP, alpha Delta^2 / (2 sigma^2), since V is post-processing
-of x + eta. With noise every step, `shift` says which record change is assumed: ``"constant"``
+for noise once that is alpha Delta^2 / (2 sigma^2) * a_u^T (A A^T)^+ a_u
+= alpha Delta^2 / (2 sigma^2) * ||P_row(A) e_u||^2: never above local DP, alpha Delta^2 / (2 sigma^2),
+since V is post-processing of x + eta. With noise every step, `shift` says which record change is assumed: ``"constant"``
 the same delta at every step (shift vector sum_s a_{u,s}: exact), ``"any"`` (default) any
 per-step delta_s with ||delta_s|| <= Delta, as DP-SGD's per-step clipped gradients of one record:
 the worst case is the semidefinite program max tr(G X) over X >= 0 with diag(X) <= 1 (models have
@@ -151,7 +153,8 @@ def view_matrix(topology, steps: int, observer: int, *, noise: str = "once",
                 row[s] = p[w]
             rows.append(row)
     others = np.array([u for u in range(n) if u != observer], dtype=np.int64)
-    a = np.array(rows).reshape(len(rows), blocks, n)[:, :, others].reshape(len(rows), -1)
+    a = np.array(rows).reshape(len(rows), blocks, n)[:, :, others]  # no rows: v has no neighbours
+    a = a.reshape(len(rows), blocks * len(others))
     return a, np.tile(others, blocks)
 
 
@@ -196,7 +199,8 @@ def _mixing_upper_bound(g: np.ndarray, sweeps: int) -> np.ndarray:
     diag = np.einsum("pii->pi", g).copy()
     off = g.copy()
     off[:, np.arange(t), np.arange(t)] = 0.0
-    v = np.random.default_rng(0).standard_normal((p, t, min(t, int(math.ceil(math.sqrt(2 * t))) + 1)))
+    rank = min(t, int(math.ceil(math.sqrt(2 * t))) + 1)  # enough for a global optimum
+    v = np.random.default_rng(0).standard_normal((p, t, rank))
     v /= np.linalg.norm(v, axis=2, keepdims=True)
     previous = np.full(p, -math.inf)
     for _ in range(sweeps):
@@ -240,19 +244,16 @@ def _leakage(grams: list, shift: str) -> np.ndarray:
 
 
 def pairwise_leakage(topology, steps: int, *, noise: str = "once", gamma: float = 1.0,
-                     shift: str = "any", observers=None) -> np.ndarray:
+                     shift: str = "any") -> np.ndarray:
     """l[u, v]: observer v's view's squared mean shift for peer u per unit Delta (the exact Gaussian
     mechanism is mu = Delta sqrt(l) / sigma); the diagonal is NaN. Noise once: 0 <= l <= 1 (1: v
-    determines x_u + eta_u); every step: 0 <= l <= steps. `observers` (default all) restricts the
-    columns computed; the others are NaN."""
+    determines x_u + eta_u); every step: 0 <= l <= steps."""
     _choice("shift", shift, SHIFTS)
     graphs = _graphs(topology)
     n = graphs.size
-    observers = range(n) if observers is None else observers
-    out = np.full((n, n), np.nan)
+    out = np.zeros((n, n))
     pairs, grams = [], []
-    for v in observers:
-        out[:, v] = 0.0
+    for v in range(n):
         for u, g in _grams(graphs, steps, v, noise, gamma).items():
             pairs.append((u, v))
             grams.append(g)
@@ -348,8 +349,8 @@ def per_message_composition_rdp(topology, steps: int, sigma: float, sensitivity:
                                 *, gamma: float = 1.0) -> np.ndarray:
     """Muffliato's code's per-message sum (`graphutils.contrib`), NOT a valid privacy bound.
 
-    sum over t < T and w in v's closed neighbourhood of Delta^2 (M^t)_{w,u}^2 / (2 sigma^2 ||(M^t)_w||^2):
-    each message composed as if it carried fresh noise, on a static topology with noise once. Kept
+    sum over t < T and w in v's closed neighbourhood of
+    Delta^2 (M^t)_{w,u}^2 / (2 sigma^2 ||(M^t)_w||^2): each message composed as if it carried fresh noise, on a static topology with noise once. Kept
     to show the gap: it can be below the exact value (ring:4, T = 2, observer 0, peer 2: 0.797
     against 0.980 after the classic conversion) and above the local-DP ceiling.
     """
