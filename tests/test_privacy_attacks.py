@@ -1,5 +1,5 @@
-"""What a curious neighbour learns: recorded views, model reconstruction, membership inference,
-and the pairwise network-DP accountant of noisy exact gossip."""
+"""What a curious neighbour learns: recorded views, model reconstruction and membership inference
+(the network-DP accountant: tests/test_network_dp.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from gossip_powersgd.privacy.membership import (
     null_auc_std,
     tpr_at_fpr,
 )
-from gossip_powersgd.privacy.network_dp import dp_epsilon, pairwise_epsilon, pairwise_rdp
 from gossip_powersgd.privacy.reconstruction import (
     reconstruct,
     reconstruction_errors,
@@ -246,62 +245,6 @@ def test_model_with_parameters_refuses_another_models_parameters():
         model_with_parameters(model, [torch.zeros(2, 3)])
     copied = model_with_parameters(model, [torch.ones(2, 3), torch.zeros(2)])
     assert torch.equal(copied.weight, torch.ones(2, 3)) and not torch.equal(model.weight, copied.weight)
-
-
-# ---- pairwise network DP -------------------------------------------------------------------------
-
-def direct_rdp(w, steps, sigma, sensitivity, u, v):
-    """The Muffliato sum written out message by message."""
-    total = 0.0
-    for t in range(steps):
-        power = np.linalg.matrix_power(w, t)
-        for seen in range(len(w)):
-            if seen == v or w[v, seen] > 0:
-                total += sensitivity ** 2 * power[seen, u] ** 2 / (
-                    2 * sigma ** 2 * (power[seen] ** 2).sum())
-    return total
-
-
-def test_pairwise_rdp_on_a_4_peer_path_matches_hand_values():
-    path = topologies.parse("grid:4")  # 0 - 1 - 2 - 3, Metropolis weights 1/3
-    rho = pairwise_rdp(path, steps=2, sigma=1.0)
-    assert rho[0, 3] == 0.0  # two steps: 3 sees 2 and itself, which have not yet heard of 0
-    assert rho[0, 2] == pytest.approx(1 / 6)  # W_10^2 / ||W_1||^2 / 2 = (1/9) / (1/3) / 2
-    assert rho[1, 0] == pytest.approx((1 + 1 / 5 + 1 / 3) / 2)  # 1 itself, then rows 0 and 1
-    assert np.isnan(np.diag(rho)).all()
-    w = np.asarray(path.W)
-    rho = pairwise_rdp(path, steps=5, sigma=2.0, sensitivity=3.0)
-    for u in range(4):
-        for v in range(4):
-            if u != v:
-                assert rho[u, v] == pytest.approx(direct_rdp(w, 5, 2.0, 3.0, u, v), rel=1e-12)
-    assert np.allclose(pairwise_rdp(path, 5, 2.0, 3.0, rounds=3), 3 * rho, equal_nan=True)
-
-
-def test_on_the_complete_graph_every_pair_sees_what_a_central_observer_sees():
-    complete = topologies.complete(5)
-    steps, sigma = 4, 1.5
-    rho = pairwise_rdp(complete, steps, sigma)
-    w = np.asarray(complete.W)
-    central = sum(np.linalg.matrix_power(w, t)[seen, 0] ** 2
-                  / (np.linalg.matrix_power(w, t)[seen] ** 2).sum()
-                  for t in range(steps) for seen in range(5)) / (2 * sigma ** 2)
-    off = rho[~np.eye(5, dtype=bool)]
-    assert np.allclose(off, central) and central == pytest.approx(steps / (2 * sigma ** 2))
-
-
-def test_epsilon_is_the_minimum_over_alpha_of_the_classic_conversion():
-    rho, delta = 0.3, 1e-5
-    alphas = np.linspace(1.001, 200, 400_000)
-    grid = (alphas * rho + math.log(1 / delta) / (alphas - 1)).min()
-    assert dp_epsilon(rho, delta) == pytest.approx(grid, rel=1e-6)
-    assert dp_epsilon(0.0, delta) == 0.0
-    eps = pairwise_epsilon(topologies.parse("grid:4"), 2, 1.0, delta)
-    assert eps[1, 0] > eps[0, 2] > eps[0, 3] == 0.0 and np.isnan(eps[0, 0])
-    with pytest.raises(ValueError, match="sigma must be a finite number > 0"):
-        pairwise_rdp(topologies.complete(3), 2, 0.0)
-    with pytest.raises(ValueError, match="delta must lie strictly between 0 and 1"):
-        dp_epsilon(rho, 1.0)
 
 
 # ---- under mpiexec -------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """The CLI: `python -m experiments.privacy_attacks [--quick] [--out DIR] [--epochs N]` runs every
-attacked run of the plan, then writes the page, its CSV and JSON and the plots."""
+attacked run of the plan, then writes the page, its CSV and JSON and the plots;
+`--network-only` recomputes only the network-DP section (seconds) and re-renders the page from
+the rows already in the folder's privacy_attacks.json."""
 
 from __future__ import annotations
 
@@ -36,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="output folder (default experiments/results, or runs/privacy-attacks-quick "
                              "with --quick)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default 25)")
+    parser.add_argument("--network-only", action="store_true",
+                        help="recompute only the network-DP section and its heat maps; the runs' "
+                             "rows come from the folder's privacy_attacks.json, unchanged")
     return parser
 
 
@@ -78,6 +83,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     epochs = args.epochs or (2 if args.quick else 25)
     command = " ".join(["python -m experiments.privacy_attacks", *map(shlex.quote, argv)])
+    if args.network_only:
+        return network_only(out, args.quick, command)
     started = time.perf_counter()
     rows = measure_all(QUICK_PLAN if args.quick else PLAN, epochs, args.quick)
     network = network_dp()
@@ -93,6 +100,40 @@ def main(argv: Optional[List[str]] = None) -> int:
     atomic_write(out / "privacy_attacks.md", report.page(rows, network, plan, generated))
     atomic_write(out / "privacy_attacks.csv", report.rows_csv(rows))
     atomic_write(out / "privacy_attacks.json", json.dumps(
-        {"generated": generated, "rows": rows, "network_dp": network}, indent=1) + "\n")
+        {"generated": generated, "plan": plan, "rows": rows, "network_dp": network},
+        indent=1) + "\n")
     _log(f"wrote {out / 'privacy_attacks.md'} ({seconds:.0f} s)")
     return 0 if all("failure" not in r for r in rows) else 1
+
+
+def _stamp(command: str, seconds: float) -> str:
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"`{command}` on {date} in {seconds:.0f} s (commit {git_commit()})"
+
+
+def network_only(out: Path, quick: bool, command: str) -> int:
+    """Recompute the network-DP section and its heat maps; the runs, their CSV and their plots stay
+    as the JSON's run made them (its plan, or for a JSON written before plans were stored, today's
+    setting with the rows' epochs)."""
+    from gossip_powersgd.privacy import DEFAULT_WINDOW
+
+    source = out / "privacy_attacks.json"
+    if not source.exists():
+        raise SystemExit(f"error: --network-only needs the rows of a previous run in {source}; "
+                         "run without --network-only first")
+    saved = json.loads(source.read_text())
+    rows = saved["rows"]
+    plan = saved.get("plan") or {
+        "setting": QUICK_SETTING if quick else SETTING, "window": DEFAULT_WINDOW,
+        "epochs": next((r["epochs"] for r in rows if "epochs" in r), None),
+        "private_note": "on ring:4." if quick else PRIVATE_NOTE}
+    started = time.perf_counter()
+    network = network_dp()
+    report.plot_network(network, out / report.HEATMAP_PNG)
+    network["generated"] = f"Section made by {_stamp(command, time.perf_counter() - started)}."
+    atomic_write(out / "privacy_attacks.md", report.page(rows, network, plan, saved["generated"]))
+    atomic_write(out / "privacy_attacks.json", json.dumps(
+        {"generated": saved["generated"], "plan": plan, "rows": rows, "network_dp": network},
+        indent=1) + "\n")
+    _log(f"wrote the network-DP section of {out / 'privacy_attacks.md'}")
+    return 0

@@ -147,22 +147,41 @@ def membership(config, parameters: Dict[str, Sequence[torch.Tensor]]) -> Dict[st
     return out
 
 
-#: The network-DP comparison: three 16-peer topologies at one σ and number of steps.
+#: The network-DP comparison: three 16-peer topologies at one sigma and delta (sensitivity 1), in
+#: the cases (noise, steps): noise once then 2 or 20 gossip steps, and fresh noise at each of 20.
 NETWORK_TOPOLOGIES = ("ring:16", "exponential:16", "complete:16")
-NETWORK_SIGMA, NETWORK_STEPS, NETWORK_DELTA = 5.0, 20, 1e-5
+NETWORK_SIGMA, NETWORK_DELTA = 5.0, 1e-5
+NETWORK_CASES = (("once", 2), ("once", 20), ("every_step", 20))
 
 
-def network_dp() -> Dict[str, Any]:
-    """Pairwise ε[u, v] (u's privacy towards observer v) of noisy exact gossip per topology."""
+def network_dp(specs: Sequence[str] = NETWORK_TOPOLOGIES,
+               network_cases: Sequence[tuple] = NETWORK_CASES) -> Dict[str, Any]:
+    """Exact pairwise epsilon[u, v] (u's privacy towards observer v's whole view) of noisy exact
+    gossip per case and topology, beside its local-DP ceiling and, with noise once, Muffliato's
+    per-message sum (not a bound) converted the same way."""
     import numpy as np
 
+    from gossip_powersgd.privacy import (gaussian_epsilon, local_epsilon, pairwise_epsilon,
+                                         per_message_composition_rdp)
     import topologies
-    from gossip_powersgd.privacy import pairwise_epsilon
 
-    out = {}
-    for spec in NETWORK_TOPOLOGIES:
-        eps = pairwise_epsilon(topologies.parse(spec), NETWORK_STEPS, NETWORK_SIGMA, NETWORK_DELTA)
-        off = eps[~np.eye(len(eps), dtype=bool)]
-        out[spec] = {"matrix": eps.tolist(), "min": float(off.min()),
-                     "median": float(np.median(off)), "max": float(off.max())}
-    return out
+    cases = []
+    for noise, steps in network_cases:
+        ceiling = local_epsilon(steps, NETWORK_SIGMA, NETWORK_DELTA, noise=noise)
+        for spec in specs:
+            eps = pairwise_epsilon(spec, steps, NETWORK_SIGMA, NETWORK_DELTA, noise=noise)
+            mask = ~np.eye(len(eps), dtype=bool)
+            off = eps[mask]
+            case = {"topology": spec, "noise": noise, "steps": steps, "matrix": eps.tolist(),
+                    "min": float(off.min()), "median": float(np.median(off)),
+                    "max": float(off.max()), "local": ceiling,
+                    "at_local": float(np.isclose(off, ceiling, rtol=1e-9, atol=0).mean())}
+            if noise == "once":
+                rho = per_message_composition_rdp(topologies.parse(spec), steps, NETWORK_SIGMA)
+                summed = gaussian_epsilon(np.sqrt(2 * rho[mask]), NETWORK_DELTA)
+                case["per_message_min"] = float(summed.min())
+                case["per_message_max"] = float(summed.max())
+                case["per_message_below_exact"] = float((summed < off * (1 - 1e-9)).mean())
+                case["per_message_above_local"] = float((summed > ceiling * (1 + 1e-9)).mean())
+            cases.append(case)
+    return {"sigma": NETWORK_SIGMA, "delta": NETWORK_DELTA, "cases": cases}

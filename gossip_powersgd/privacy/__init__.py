@@ -11,7 +11,8 @@ with the install command.
 What an honest-but-curious neighbour learns: `views` records what each observer receives
 (`ObserverHooks`, the ``observers`` config key), `reconstruction` estimates a neighbour's model
 from a view, `membership` runs the LOSS membership-inference attack, and `network_dp` computes the
-pairwise (Muffliato) network-DP of noisy exact gossip.
+exact pairwise network DP of noisy exact gossip (each observer's whole view as one Gaussian
+mechanism).
 """
 
 from gossip_powersgd.privacy.accounting import (
@@ -36,10 +37,15 @@ from gossip_powersgd.privacy.membership import (
 )
 from gossip_powersgd.privacy.network_dp import (
     dp_epsilon,
+    gaussian_epsilon,
+    local_epsilon,
     mixing_matrix,
     pairwise_epsilon,
+    pairwise_leakage,
     pairwise_privacy_loss,
     pairwise_rdp,
+    per_message_composition_rdp,
+    view_matrix,
 )
 from gossip_powersgd.privacy.reconstruction import (
     DEFAULT_WINDOW,
@@ -75,8 +81,10 @@ __all__ = [
     "dp_enabled",
     "dp_epsilon",
     "epsilon",
+    "gaussian_epsilon",
     "import_opacus",
     "load_view",
+    "local_epsilon",
     "loss_attack",
     "loss_scores",
     "make_accountant",
@@ -89,8 +97,10 @@ __all__ = [
     "observed_dir",
     "observer_hook",
     "pairwise_epsilon",
+    "pairwise_leakage",
     "pairwise_privacy_loss",
     "pairwise_rdp",
+    "per_message_composition_rdp",
     "poisson_rate",
     "reconstruct",
     "reconstruction_errors",
@@ -99,4 +109,5 @@ __all__ = [
     "trivial_estimates",
     "validate_dp_options",
     "validate_model",
+    "view_matrix",
 ]
