@@ -72,10 +72,24 @@ def resolve(args: argparse.Namespace, world_size: int):
         path = Path(args.config)
     config = load_config(path, overrides)
     if args.resume is not None:
+        _refuse_another_out_dir(args.resume, overrides)
         config = config.replace(out_dir=str(args.resume))  # the run being continued is authoritative
     if config.out_dir is None:
         config = config.replace(out_dir=str(Path("runs") / path.stem))
     return config
+
+
+def _refuse_another_out_dir(resume: str, overrides: List[str]) -> None:
+    """--resume D continues the run in D: a --set out_dir naming another directory would be
+    ignored, so it is refused rather than leaving the user to look for the run in the wrong place."""
+    from gossip_powersgd.training.config import parse_override
+
+    for text in overrides:
+        key, value = parse_override(text)
+        if key == "out_dir" and (value is None or Path(value).resolve() != Path(resume).resolve()):
+            raise ValueError(f"--resume {resume} continues the run in {resume}, so --set "
+                             f"out_dir={value} would be ignored: drop --set out_dir (or copy the run "
+                             f"directory there and --resume that copy)")
 
 
 def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[Dict[str, Any]]:
