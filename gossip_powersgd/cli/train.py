@@ -34,7 +34,8 @@ def build_parser(module: str = MODULE) -> argparse.ArgumentParser:
         description="Decentralized training with gossip (PowerGossip and baselines).")
     parser.add_argument("--config", help="YAML config file (see --help-config for the keys)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key; VALUE is parsed as YAML (repeatable)")
+                        help="override a config key; VALUE is parsed as YAML, except that a "
+                             "string key takes the text as typed (repeatable)")
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its newest checkpoint (its "
                              "config.yaml is used unless --config is given)")

@@ -2,7 +2,8 @@
 
 A config file is a flat YAML mapping of the keys below; anything not given takes its default.
 `load_config(path, ["lr=0.05", "algorithm=exact"])` applies command-line overrides (each value is
-parsed as YAML, so `milestones=[5,8]`, `peers=null` and `quiet=true` work) and validates the
+parsed as YAML, so `milestones=[5,8]`, `peers=null` and `quiet=true` work, except that a string
+key takes the text as typed: `out_dir=2024-01-01` is a directory, not a date) and validates the
 result. YAML is loaded safely (plain data only), and a duplicate key, an alias bomb or a file far
 larger than a config is refused (`yaml_loader.py`). Validation: an unknown key or a bad value
 raises a one-line `ValueError` that lists the valid keys or values.
