@@ -87,7 +87,8 @@ def _refuse_another_out_dir(resume: str, overrides: List[str]) -> None:
 
     for text in overrides:
         key, value = parse_override(text)
-        if key == "out_dir" and (value is None or Path(value).resolve() != Path(resume).resolve()):
+        same = isinstance(value, str) and Path(value).resolve() == Path(resume).resolve()
+        if key == "out_dir" and not same:
             raise ValueError(f"--resume {resume} continues the run in {resume}, so --set "
                              f"out_dir={value} would be ignored: drop --set out_dir (or copy the run "
                              f"directory there and --resume that copy)")

@@ -234,10 +234,11 @@ def _coerce(key: str, value: Any) -> Any:
         if ok:
             value = [int(v) for v in value]
     if not ok:
-        hint = ""
-        if base == "str" and value is not None and not isinstance(value, (list, dict)):
-            # YAML turned unquoted text (a date, a number, yes/no) into another type
-            hint = f"; quote it in the YAML file: {key}: '{value}'"
+        hint = ""  # YAML turned unquoted text into another type: say how to keep it text
+        if base == "str" and isinstance(value, bool):
+            hint = "; quote it in the YAML file (YAML reads unquoted yes/no/on/off as true/false)"
+        elif base == "str" and value is not None and not isinstance(value, (list, dict)):
+            hint = f"; quote it in the YAML file: {key}: '{value}'"  # a date, a number
         raise ValueError(f"bad value for {key!r}: {value!r} is not a {_type_name(key)}{hint}")
     return value
 
