@@ -151,7 +151,7 @@ def test_dp_fix_model_fixes_a_locally_defined_class_without_pickling_it():
     from gossip_powersgd.privacy import validate_model
 
     net = local_class_net((20,), 4)
-    with pytest.raises(Exception, match="Can't pickle local object"):
+    with pytest.raises((pickle.PicklingError, AttributeError)):  # "Can't pickle local object"
         pickle.dumps(net)  # what Opacus' fix does (torch.save) and fails on
     fixed = validate_model(net, fix=True)
     assert isinstance(fixed.body[1], nn.GroupNorm) and isinstance(net.body[1], nn.BatchNorm1d)
