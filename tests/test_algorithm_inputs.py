@@ -91,6 +91,81 @@ def test_training_with_an_unstable_exact_gamma_fails_with_the_same_line_on_every
     assert len(set(messages.values())) == 1 and "\n" not in messages[0]
 
 
+# ---- gamma on a schedule: the stable range of every one of its graphs ------------------------------
+SCHEDULES = ["one_peer_exponential:8", "matchings:8", "edge_sampling:ring:8:0.5",
+             "cyclic:ring:8,star:8"]
+
+
+def test_schedule_stable_ranges_are_the_intersection_of_their_graphs_ranges():
+    # each step of one_peer_exponential and matchings is a perfect matching with weights 1/2: I - W
+    # has eigenvalues 0 and 1, so 2 / mu_max = 2 exactly
+    assert topologies.parse("one_peer_exponential:8").gamma_stable_max == 2.0
+    assert topologies.parse("matchings:8").gamma_stable_max == 2.0
+    # cyclic: the smaller member's range; ring:8 (Metropolis 1/3): mu_max = 1 - (1/3 - 2/3) = 4/3
+    cyclic = topologies.parse("cyclic:ring:8,star:8")
+    assert cyclic.gamma_stable_max == pytest.approx(1.5, rel=1e-12)
+    assert cyclic.gamma_stable_max == min(m.gamma_stable_max for m in cyclic.members)
+    # edge sampling on a ring: the Gershgorin bound (1 + D) / D with D = 2; it must hold at every
+    # step drawn, and the full ring (every edge active) attains it
+    sampled = topologies.parse("edge_sampling:ring:8:0.5")
+    assert sampled.gamma_stable_max == 1.5
+    assert min(sampled.at(t).gamma_stable_max for t in range(300)) >= 1.5
+    assert topologies.ring(8).gamma_stable_max == pytest.approx(1.5, rel=1e-12)
+    matchings = topologies.parse("matchings:8")
+    assert all(matchings.at(t).gamma_stable_max == pytest.approx(2.0, rel=1e-12)
+               for t in range(50))
+
+
+@pytest.mark.parametrize("spec", SCHEDULES)
+def test_exact_gossip_refuses_an_unstable_gamma_on_a_schedule(spec):
+    top = topologies.parse(spec).gamma_stable_max
+
+    def peer(comm, gamma):
+        return ExactGossip(tensors(comm), comm, gamma=gamma).gamma
+
+    with pytest.raises(ValueError, match=rf"^gamma=5 is outside the stable range \(0, {top:.4g}\) "
+                                         rf"of {spec} \(") as info:
+        LocalCluster(topologies.parse(spec)).run(peer, 5.0)
+    assert "\n" not in str(info.value)
+    assert LocalCluster(topologies.parse(spec)).run(peer, 0.99 * top) == [0.99 * top] * 8
+
+
+@pytest.mark.parametrize("who", sorted(COMPRESSED))
+def test_compressed_gossip_warns_about_an_unstable_gamma_on_a_schedule(who):
+    def peer(comm, gamma):
+        COMPRESSED[who](tensors(comm), comm, gamma)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        LocalCluster(topologies.parse("one_peer_exponential:8")).run(peer, 5.0)
+        unstable = [str(w.message) for w in caught]
+        LocalCluster(topologies.parse("one_peer_exponential:8")).run(peer, 1.0)
+        stable = [str(w.message) for w in caught][len(unstable):]
+    assert len(unstable) == 8 and set(unstable) == {
+        f"{who}: gamma=5 is outside the stable range (0, 2) of one_peer_exponential:8 (the "
+        "smallest of 2 / largest eigenvalue of I - W(t) over one period, 3 graphs): gossip would "
+        "diverge; on a schedule the default gamma is 1 (plain mixing with each step's W)"}
+    assert stable == []
+
+
+def test_training_exact_on_a_schedule_with_an_unstable_gamma_fails_on_every_rank():
+    config = load_config(TINY, ["algorithm=exact:gamma=5", "topology=matchings:8", "quiet=true"],
+                         deep=False)
+    messages = {}
+
+    def peer(comm):
+        try:
+            train(comm, config)
+        except ValueError as exc:
+            messages[comm.rank] = str(exc)
+            raise
+
+    with pytest.raises(ValueError, match=r"^gamma=5 is outside the stable range \(0, 2\) of "
+                                         r"matchings:8 "):
+        LocalCluster(topologies.parse("matchings:8"), timeout=60).run(peer)
+    assert sorted(messages) == list(range(8)) and len(set(messages.values())) == 1
+
+
 # ---- 10. repeated options and seeds ---------------------------------------------------------------
 @pytest.mark.parametrize("spec, key", [("powergossip:rank=1,rank=2", "rank"),
                                        ("choco:compressor=sign,gamma=0.1,gamma=0.2", "gamma"),

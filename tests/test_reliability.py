@@ -52,6 +52,25 @@ Reliability II items tested in other modules (same rules: one line, every rank, 
                                     options and seed range (test_algorithm_inputs, test_specs),
                                     LocalCluster("ring:4") (test_failures), OSError/MemoryError
                                     one line (18 above)
+
+Reliability III poor messages (one line naming the problem and the fix; test_reliability_inputs
+unless named otherwise):
+ 28 a dp_* key while DP is off .... test_a_dp_key_while_dp_is_off_is_refused_naming_it
+ 29 absurd noise multiplier ....... test_noise_beyond_any_signal_is_refused_at_the_bound,
+                                    test_an_absurd_noise_multiplier_is_one_line_on_every_rank_...;
+                                    divergence under DP names the noise: test_a_divergence_under_dp_...
+ 30 dp_fix_model, local class ..... test_dp_fix_model_fixes_a_locally_defined_class_without_pickling_it
+ 31 older checkpoint renamed ...... test_an_older_checkpoint_renamed_to_the_newest_epoch_is_named
+ 32 pickled checkpoint ............ test_a_pickled_checkpoint_is_refused_in_our_own_words (file, plain
+                                    pickle, payload under a valid digest), test_garbage_is_still_...
+ 33 full disk at the first
+    checkpoint, then --resume ..... test_resume_after_a_full_disk_at_the_first_checkpoint_gives_...;
+                                    another number of peers: test_checkpoint (ring:6)
+ 34 --resume D --set out_dir=E .... test_resume_with_another_out_dir_is_refused
+ 35 --set out_dir=2024-01-01 ...... test_a_string_key_takes_the_set_text_as_typed (YAML file: quote it)
+ 36 gamma unstable on a schedule .. test_algorithm_inputs: test_exact_gossip_refuses_an_unstable_gamma_
+                                    on_a_schedule, test_compressed_gossip_warns_..._on_a_schedule,
+                                    test_training_exact_on_a_schedule_..., test_schedule_stable_ranges_...
 """
 
 from __future__ import annotations

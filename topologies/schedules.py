@@ -224,6 +224,43 @@ class Schedule(StepCache):
         )
 
     @cached_property
+    def gamma_stable_max(self) -> float:
+        """The largest consensus step stable at every step of the schedule.
+
+        Exact gossip's step x ← x − γ(I − W(t))x is non-expansive for every disagreement iff
+        0 < γ < 2 / μ_max(t), μ_max(t) the largest eigenvalue of I − W(t) (`Topology`'s range), so
+        the range of a schedule is the intersection of its graphs' ranges: the smallest bound over
+        one period. A random schedule has no period; `_random_gamma_bound` is a bound that holds
+        for every graph it can draw.
+        """
+        if self._period:
+            return min(self.at(t).gamma_stable_max for t in range(self._period))
+        return self._random_gamma_bound()
+
+    def _random_gamma_bound(self) -> float:
+        """(1 + D) / D, D the largest degree of the union: a conservative bound for any step.
+
+        Every step's W has Metropolis weights on a subgraph of the union, so row i of I − W(t) has
+        diagonal s_i = Σ_j w_ij ≤ d_i / (1 + d_i) and off-diagonal sum s_i; by Gershgorin
+        μ_max(t) ≤ 2 max_i s_i ≤ 2D / (1 + D), and 2 / μ_max(t) ≥ (1 + D) / D.
+        """
+        top = max(self.union.degrees)
+        return (1.0 + top) / top
+
+    def check_gamma(self, gamma: float) -> None:
+        """Raise a one-line ValueError unless `gamma` is in the stable range of every step."""
+        top = self.gamma_stable_max
+        if not (0.0 < gamma < top):
+            over = (f"the smallest of 2 / largest eigenvalue of I - W(t) over one period, "
+                    f"{self._period} graphs" if self._period
+                    else "a bound that holds for every graph this random schedule can draw")
+            raise ValueError(
+                f"gamma={gamma:g} is outside the stable range (0, {top:.4g}) of {self._name} "
+                f"({over}): gossip would diverge; on a schedule the default gamma is 1 (plain "
+                f"mixing with each step's W)"
+            )
+
+    @cached_property
     def union(self) -> Topology:
         """Every edge active at some step, with Metropolis weights (connected).
 
@@ -270,6 +307,11 @@ class RandomMatchings(Schedule):
     def _step_edges(self, t: int) -> np.ndarray:
         rng = np.random.default_rng(np.random.SeedSequence([self._seed, t]))
         return rng.permutation(self._size).reshape(-1, 2)
+
+    def _random_gamma_bound(self) -> float:
+        """2, exactly: every step is a perfect matching with weights 1/2, whose I − W has the
+        eigenvalues 0 and 1 only."""
+        return 2.0
 
     @cached_property
     def union(self) -> Topology:

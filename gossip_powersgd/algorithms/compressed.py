@@ -143,8 +143,8 @@ class CompressedGossip(GossipAlgorithm):
         self.compressor, self.gamma, self.seed = compressed_gossip_arguments(
             self._who, self.name, self.example_compressor, compressor, gamma, seed)
         me, neighbors = comm.rank, comm.neighbors
+        warn_if_unstable_gamma(self._who, self.gamma, comm.topology)  # a schedule's too
         if comm.is_static:
-            warn_if_unstable_gamma(self._who, self.gamma, comm.topology)
             self._weights = [comm.topology.weight(me, j) for j in neighbors]
         else:
             self._weights = None  # W(t)'s, looked up every step

@@ -49,7 +49,7 @@ class ExactGossip(GossipAlgorithm):
         # Checked before the collective set-up, so that every rank raises this error itself.
         require_undirected("exact gossip", comm)
         self.gamma = resolve_gamma(gamma, comm)
-        if gamma is not None and comm.is_static:
+        if gamma is not None:  # a schedule's range holds at every one of its graphs
             comm.topology.check_gamma(self.gamma)
         super().__init__(params, comm)
         self._flat = FlatParams(self.params)

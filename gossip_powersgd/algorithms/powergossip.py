@@ -169,7 +169,7 @@ class PowerGossip(GossipAlgorithm):
         self.rank = int(rank)
         self.num_iterations = int(num_iterations)
         self.gamma = resolve_gamma(gamma, comm)
-        if gamma is not None and comm.is_static:
+        if gamma is not None:  # on a schedule, against the range of every one of its graphs
             warn_if_unstable_gamma("PowerGossip", self.gamma, comm.topology)
         self.warm_start = bool(warm_start)
         self.seed = check_seed(seed)

@@ -34,7 +34,8 @@ def build_parser(module: str = MODULE) -> argparse.ArgumentParser:
         description="Decentralized training with gossip (PowerGossip and baselines).")
     parser.add_argument("--config", help="YAML config file (see --help-config for the keys)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key; VALUE is parsed as YAML (repeatable)")
+                        help="override a config key; VALUE is parsed as YAML, except that a "
+                             "string key takes the text as typed (repeatable)")
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its newest checkpoint (its "
                              "config.yaml is used unless --config is given)")
@@ -72,10 +73,25 @@ def resolve(args: argparse.Namespace, world_size: int):
         path = Path(args.config)
     config = load_config(path, overrides)
     if args.resume is not None:
+        _refuse_another_out_dir(args.resume, overrides)
         config = config.replace(out_dir=str(args.resume))  # the run being continued is authoritative
     if config.out_dir is None:
         config = config.replace(out_dir=str(Path("runs") / path.stem))
     return config
+
+
+def _refuse_another_out_dir(resume: str, overrides: List[str]) -> None:
+    """--resume D continues the run in D: a --set out_dir naming another directory would be
+    ignored, so it is refused rather than leaving the user to look for the run in the wrong place."""
+    from gossip_powersgd.training.config import parse_override
+
+    for text in overrides:
+        key, value = parse_override(text)
+        same = isinstance(value, str) and Path(value).resolve() == Path(resume).resolve()
+        if key == "out_dir" and not same:
+            raise ValueError(f"--resume {resume} continues the run in {resume}, so --set "
+                             f"out_dir={value} would be ignored: drop --set out_dir (or copy the run "
+                             f"directory there and --resume that copy)")
 
 
 def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[Dict[str, Any]]:

@@ -18,6 +18,7 @@ How a trainer uses it, per peer::
 
 from __future__ import annotations
 
+import copy
 import math
 import secrets
 from numbers import Real
@@ -29,6 +30,7 @@ from torch import nn
 from gossip_powersgd.privacy.accounting import check_accountant_name, epsilon, make_accountant
 from gossip_powersgd.privacy.dependency import import_opacus
 from gossip_powersgd.privacy.seeds import NOISE_STREAM, derive_seed
+from gossip_powersgd.utils import one_line
 
 __all__ = ["DPSGD", "validate_model", "validate_dp_options", "dp_enabled"]
 
@@ -112,6 +114,36 @@ def _first_bad_layer(model: nn.Module) -> Optional[str]:
     return None
 
 
+def _fixed_copy(model: nn.Module) -> nn.Module:
+    """Opacus' ``ModuleValidator.fix``, on a ``copy.deepcopy`` of ``model``.
+
+    Opacus clones the model with torch.save and ``torch.load(weights_only=False)``: it pickles the
+    model, which fails for a class defined inside a function ("Can't pickle local object"), and
+    unpickles it, which may run code. A deep copy needs neither; the layers are then replaced by
+    Opacus' own fixers, exactly as its ``fix`` does (trainable layers with a registered fixer).
+    """
+    fixers = import_opacus("opacus.validators.module_validator").ModuleValidator.FIXERS
+    try:
+        root = copy.deepcopy(model)
+    except Exception as exc:  # noqa: BLE001 - whatever the model holds that cannot be copied
+        raise ValueError(f"dp_fix_model cannot copy the model ({type(exc).__name__}: "
+                         f"{one_line(exc, limit=160)}): replace its unsupported layers by hand "
+                         "(GroupNorm instead of BatchNorm)") from None
+    names = [name for name, module in root.named_modules()
+             if type(module) in fixers and any(p.requires_grad
+                                               for p in module.parameters(recurse=False))]
+    for name in names:
+        module = root.get_submodule(name)
+        replacement = fixers[type(module)](module)
+        replacement.to(next(module.parameters()).device)
+        if not name:
+            root = replacement
+            continue
+        parent, _, child = name.rpartition(".")
+        root.get_submodule(parent)._modules[child] = replacement
+    return root
+
+
 def validate_model(model: nn.Module, fix: bool = False) -> nn.Module:
     """``model`` if Opacus can compute its per-example gradients; a one-line ValueError if not.
 
@@ -128,7 +160,7 @@ def validate_model(model: nn.Module, fix: bool = False) -> nn.Module:
         return model
     if not fix:
         raise ValueError(f"{problem}: {_FIXES}")
-    fixed = import_opacus("opacus.validators.module_validator").ModuleValidator.fix(model)
+    fixed = _fixed_copy(model)
     left = _first_bad_layer(fixed)
     if left is not None:
         raise ValueError(f"{left}, and Opacus' validator cannot replace it: replace it by hand "

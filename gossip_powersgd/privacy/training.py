@@ -30,7 +30,8 @@ from gossip_powersgd.privacy.dpsgd import DPSGD, dp_enabled, validate_dp_options
 from gossip_powersgd.privacy.sampling import PoissonBatches, poisson_rate
 from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
 
-__all__ = ["DifferentialPrivacy", "privacy_hook", "validate_privacy_config", "summary_rows"]
+__all__ = ["DifferentialPrivacy", "privacy_hook", "validate_privacy_config", "summary_rows",
+           "check_noise_scale"]
 
 
 def validate_privacy_config(config) -> None:
@@ -38,6 +39,29 @@ def validate_privacy_config(config) -> None:
     validate_dp_options(noise_multiplier=config.dp_noise_multiplier,
                         max_grad_norm=config.dp_max_grad_norm, delta=config.dp_delta,
                         target_epsilon=config.dp_target_epsilon, accountant=config.dp_accountant)
+
+
+def check_noise_scale(sigma: float, batch: int, steps: int, peers: int,
+                      target_epsilon: Optional[float] = None) -> None:
+    """Refuse a noise multiplier with which nothing can be learned; one line naming the bound.
+
+    Along any direction, the clipped gradients of all ``peers`` over all ``steps`` sum to at most
+    steps x peers x batch x C (each example's gradient has norm <= C, ``batch`` is the expected
+    batch), while their noise sums to a Gaussian of std sqrt(steps x peers) x sigma x C. For
+    sigma > batch x sqrt(steps x peers) the noise of the whole run exceeds the largest signal it
+    could carry, even averaged over every peer: the run cannot learn, and would only end in a
+    divergence blamed on the learning rate.
+    """
+    bound = batch * math.sqrt(steps * peers)
+    if sigma <= bound:
+        return
+    what = (f"dp_target_epsilon={target_epsilon:g} needs dp_noise_multiplier {sigma:.4g}, which is"
+            if target_epsilon is not None else f"dp_noise_multiplier={sigma:g} is")
+    fix = "raise dp_target_epsilon" if target_epsilon is not None else "lower dp_noise_multiplier"
+    raise ValueError(f"{what} too large to learn anything: over the run's {steps} steps on {peers} "
+                     f"peers its noise exceeds the largest signal the clipped gradients can carry "
+                     f"(sigma must be at most batch x sqrt(steps x peers) = {bound:.4g}, batch "
+                     f"{batch} the expected batch size); {fix} (or train longer)")
 
 
 def privacy_hook(config) -> Optional["DifferentialPrivacy"]:
@@ -90,6 +114,8 @@ class DifferentialPrivacy(TrainingHooks):
                                  self.sample_rates, steps, config.dp_accountant)
         else:
             sigma = float(config.dp_noise_multiplier)
+        collectively(comm, check_noise_scale, sigma, config.batch_size, steps, comm.size,
+                     config.dp_target_epsilon)
         model = collectively(comm, validate_model, context.model, config.dp_fix_model)
         if model is not context.model:
             # The fix swapped layers, so the parameters are new objects: the optimizer and the
@@ -119,6 +145,18 @@ class DifferentialPrivacy(TrainingHooks):
         self.dp.privatize(self.model, self.batches.last_batch_size)
 
     # ---- reporting --------------------------------------------------------------------------
+
+    def divergence_hint(self) -> str:
+        """What a divergence message adds when DP is on: the noise, a likely cause, in numbers."""
+        dp = self.dp
+        if dp is None or dp.noise_multiplier == 0:
+            return ""
+        relative = dp.noise_multiplier / dp.expected_batch_size
+        return (f"; DP is on and its noise is a likely cause: its std sigma x C / B is "
+                f"{relative * dp.max_grad_norm:.3g} on each coordinate of the gradient, "
+                f"{relative:.3g} x the clipping norm C = {dp.max_grad_norm:g} that bounds the "
+                f"whole clipped gradient (B = {dp.expected_batch_size:.4g}, the expected batch): "
+                "lower dp_noise_multiplier (or raise dp_target_epsilon)")
 
     def epsilon(self) -> float:
         """This peer's epsilon so far at the run's delta (infinite without noise)."""

@@ -34,6 +34,7 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import random
 import re
 import socket
@@ -191,15 +192,48 @@ def _leftover_temporaries(run_dir, rank: int) -> List[Path]:
     return [entry for entry in folder.iterdir() if pattern.match(entry.name)]
 
 
+def _not_ours(path: Path, what: str) -> ValueError:
+    return ValueError(f"checkpoint {path} is not a weights-only checkpoint of this project: {what}, "
+                      "which is never loaded; it was not written by gossip_powersgd (or was "
+                      "replaced): restore the file, or delete it to resume from the previous epoch")
+
+
+def _load_weights_only(data, path: Path, what: str) -> Any:
+    """`torch.load(weights_only=True)` of a file or of bytes, every failure in our own one line.
+
+    Our checkpoints are torch's zip format; a plain (or legacy torch) pickle is refused before
+    any unpickler sees it. torch's text for a refused unpickling spans lines, carries terminal
+    escapes and advises `weights_only=False`, which would run whatever the file holds: it is never
+    quoted."""
+    if isinstance(data, bytes):
+        head, source = data[:1], io.BytesIO(data)
+    else:
+        try:
+            with open(data, "rb") as f:
+                head = f.read(1)
+        except FileNotFoundError:
+            raise ValueError(f"checkpoint {path} does not exist") from None
+        except OSError:
+            head = b""  # torch.load reports it below
+        source = data
+    if head == b"\x80":  # how pickle protocols 2+ begin; a zip begins with PK
+        raise _not_ours(path, f"{what} is a pickle, not torch's zip format")
+    try:
+        return torch.load(source, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "global" in str(exc):  # the unpickler met a class or function it does not allow
+            raise _not_ours(path, f"{what} holds pickled Python objects") from None
+        raise ValueError(f"checkpoint {path} is corrupt or truncated ({what} is not a torch "
+                         "file)") from None
+    except Exception as exc:  # noqa: BLE001 - any failure to parse is a corrupt file
+        raise ValueError(f"checkpoint {path} is corrupt or truncated "
+                         f"({one_line(exc, limit=200)})") from None
+
+
 def read_checkpoint(path) -> Dict[str, Any]:
     """Load and verify one file: returns {"header": ..., "state": ...}; ValueError if unreadable."""
     path = Path(path)
-    try:
-        record = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise ValueError(f"checkpoint {path} does not exist") from None
-    except Exception as exc:  # noqa: BLE001 - any failure to parse is a corrupt file
-        raise ValueError(f"checkpoint {path} is corrupt or truncated ({one_line(exc, limit=200)})") from None
+    record = _load_weights_only(path, path, "the file")
     if (not isinstance(record, dict) or not isinstance(record.get("header"), dict)
             or not isinstance(record.get("payload"), torch.Tensor) or "sha256" not in record):
         raise ValueError(f"checkpoint {path} is not a gossip_powersgd checkpoint (no header/payload)")
@@ -210,10 +244,8 @@ def read_checkpoint(path) -> Dict[str, Any]:
     payload = record["payload"].numpy().tobytes()
     if hashlib.sha256(payload).hexdigest() != record["sha256"]:
         raise ValueError(f"checkpoint {path} is corrupt (its checksum does not match its contents)")
-    try:
-        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001
-        raise ValueError(f"checkpoint {path} is corrupt ({one_line(exc, limit=200)})") from None
+    # a valid header and digest may still wrap a foreign payload
+    state = _load_weights_only(payload, path, "its payload")
     return {"header": header, "state": state}
 
 
@@ -251,6 +283,11 @@ def load_for_resume(run_dir, epoch: int, **expected) -> Dict[str, Any]:
     path = checkpoint_path(run_dir, expected["rank"], epoch)
     loaded = read_checkpoint(path)
     check_header(path, loaded["header"], **expected)
+    held = loaded["header"].get("epoch")
+    if held != epoch:  # a file renamed or copied over another: its state is of another step
+        raise ValueError(f"checkpoint {path} holds epoch {held} (step {loaded['header'].get('step')}), "
+                         f"not epoch {epoch} as its name says: it was renamed or copied over; restore "
+                         "the right file, or delete it to resume from the previous epoch")
     return loaded
 
 
@@ -442,10 +479,37 @@ def agree_resume_epoch(comm, run_dir) -> int:
         folder = checkpoint_dir(run_dir)
         if not holders:
             raise ValueError(f"cannot resume {run_dir}: no checkpoint in {folder}")
-        raise ValueError(f"cannot resume {run_dir}: {folder} has checkpoints for rank(s) "
-                         f"{format_ranks(holders)} but not for every one of the {comm.size} ranks "
-                         "(was it written by a run with another number of peers?)")
+        # Every rank is here (the epochs are the same everywhere): one more all-gather tells
+        # whether the files that exist were written by a run of this many peers.
+        sizes = [int(np.frombuffer(g, dtype=np.int64)[0]) for g in
+                 comm.allgather_bytes(np.int64(_written_world_size(run_dir, comm.rank, mine))
+                                      .tobytes())]
+        other = sorted({n for n in sizes if n > 0 and n != comm.size})
+        if other:
+            raise ValueError(f"cannot resume {run_dir}: its checkpoints were written by a run of "
+                             f"{other[0]} peers; this run has {comm.size}: resume with "
+                             f"{other[0]} peers")
+        missing = [k for k, e in enumerate(per_rank) if not e]
+        what = (f"rank(s) {format_ranks(missing)} have none" if missing else
+                "no epoch is held by every rank")
+        raise ValueError(f"cannot resume {run_dir}: {folder} has checkpoint files for rank(s) "
+                         f"{format_ranks(holders)} but {what}, so some files are missing or "
+                         "incomplete, most likely from an interrupted write (a full disk or a job "
+                         "killed while writing its first checkpoint); no epoch can be resumed on every "
+                         "rank: restore the missing files, or start the run again")
     return epoch
+
+
+def _written_world_size(run_dir, rank: int, epochs: List[int]) -> int:
+    """The world size the header of `rank`'s newest checkpoint names; 0 when none can be read."""
+    if not epochs:
+        return 0
+    try:
+        header = read_checkpoint(checkpoint_path(run_dir, rank, epochs[-1]))["header"]
+    except ValueError:
+        return 0
+    size = header.get("world_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) else 0
 
 
 __all__ = [

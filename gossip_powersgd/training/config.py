@@ -2,7 +2,8 @@
 
 A config file is a flat YAML mapping of the keys below; anything not given takes its default.
 `load_config(path, ["lr=0.05", "algorithm=exact"])` applies command-line overrides (each value is
-parsed as YAML, so `milestones=[5,8]`, `peers=null` and `quiet=true` work) and validates the
+parsed as YAML, so `milestones=[5,8]`, `peers=null` and `quiet=true` work, except that a string
+key takes the text as typed: `out_dir=2024-01-01` is a directory, not a date) and validates the
 result. YAML is loaded safely (plain data only), and a duplicate key, an alias bomb or a file far
 larger than a config is refused (`yaml_loader.py`). Validation: an unknown key or a bad value
 raises a one-line `ValueError` that lists the valid keys or values.
@@ -245,7 +246,12 @@ def _coerce(key: str, value: Any) -> Any:
         entries(value, key)  # a one-line error for a malformed entry
         value, ok = list(value) if isinstance(value, (list, tuple)) else [value], True
     if not ok:
-        raise ValueError(f"bad value for {key!r}: {value!r} is not a {_type_name(key)}")
+        hint = ""  # YAML turned unquoted text into another type: say how to keep it text
+        if base == "str" and isinstance(value, bool):
+            hint = "; quote it in the YAML file (YAML reads unquoted yes/no/on/off as true/false)"
+        elif base == "str" and value is not None and not isinstance(value, (list, dict)):
+            hint = f"; quote it in the YAML file: {key}: '{value}'"  # a date, a number
+        raise ValueError(f"bad value for {key!r}: {value!r} is not a {_type_name(key)}{hint}")
     return value
 
 
@@ -274,8 +280,11 @@ def parse_override(text: str) -> tuple:
     if key not in _FIELDS:
         raise _unknown_keys_error([key], " in --set")
     parsed = strict_yaml_load(value, f"--set {key}={value}") if value.strip() else None
-    if isinstance(parsed, (int, float)) and str(_FIELDS[key].type) in ("str", "Optional[str]"):
-        parsed = value.strip()  # e.g. --set out_dir=2024 is a directory name, not a number
+    if (parsed is not None and not isinstance(parsed, (str, list, dict))
+            and str(_FIELDS[key].type) in ("str", "Optional[str]")):
+        # A string key takes the text as typed: --set out_dir=2024-01-01 is a directory, not a
+        # date (YAML reads dates, numbers and yes/no as such); null still means None.
+        parsed = value.strip()
     return key, parsed
 
 
@@ -333,6 +342,20 @@ def _check_directed(c: TrainConfig, num_peers: Optional[int]) -> None:
         raise ValueError(f"bad value for 'algorithm': {name!r} needs symmetric edges, but topology "
                          f"{c.topology!r} is directed; use algorithm pushsum (or an undirected "
                          "topology)")
+
+
+def _check_dp_keys_need_dp(c: TrainConfig) -> None:
+    """Refuse a ``dp_*`` key set while differential privacy is off: without this, a run given
+    only ``dp_max_grad_norm`` (or ``dp_secure_noise``, ...) would train with no privacy at all and
+    look as if it had some."""
+    if c.dp_noise_multiplier is not None or c.dp_target_epsilon is not None:
+        return
+    defaults = TrainConfig()
+    for key in ("dp_max_grad_norm", "dp_delta", "dp_accountant", "dp_fix_model", "dp_secure_noise"):
+        if getattr(c, key) != getattr(defaults, key):
+            raise ValueError(f"{key} is set but differential privacy is off (neither "
+                             "dp_noise_multiplier nor dp_target_epsilon is set): set one of them "
+                             f"to turn DP on (e.g. dp_noise_multiplier: 1.0), or drop {key}")
 
 
 def validate_config(config: TrainConfig, deep: bool = True) -> None:
@@ -405,6 +428,7 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
         _check(c.backend == "mpi", "topology", c.topology,
                "give its size, e.g. ring:8, or set peers (the local backend cannot guess it)")
     _check_directed(c, num_peers)
+    _check_dp_keys_need_dp(c)
     from ..privacy.training import validate_privacy_config
 
     validate_privacy_config(c)

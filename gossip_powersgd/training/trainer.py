@@ -226,16 +226,18 @@ def _save(comm, run_dir: Path, run: PeerRun, state: RunState, hooks: HookList) -
 DIVERGENCE_FACTOR = 1e6
 
 
-def check_divergence(record: Dict[str, Any], history: List[Dict[str, Any]], num_classes: int) -> None:
+def check_divergence(record: Dict[str, Any], history: List[Dict[str, Any]], num_classes: int,
+                     hint: str = "") -> None:
     """Raise `NonFiniteError` ("diverged") if `record` passes the `DIVERGENCE_FACTOR` limits;
-    `history` (the run's records so far, checkpointed) gives the first consensus distance."""
+    `history` (the run's records so far, checkpointed) gives the first consensus distance; `hint`
+    ends the message (the DP hook's `divergence_hint`: the noise as a likely cause)."""
     loss_limit = DIVERGENCE_FACTOR * math.log(max(2, num_classes))
     loss = record.get("train_loss")
     if loss is not None and loss > loss_limit:
         raise NonFiniteError(
             f"the run diverged: the training loss is {loss:.3g} at step {record['step']}, more than "
             f"{DIVERGENCE_FACTOR:g} x ln({num_classes}) (a uniform guess's loss); lower the learning "
-            "rate (or the algorithm's gamma)")
+            f"rate (or the algorithm's gamma){hint}")
     first = next((r["consensus_distance"] for r in history if "consensus_distance" in r), None)
     distance = record.get("consensus_distance")
     if first is None or distance is None:
@@ -245,7 +247,7 @@ def check_divergence(record: Dict[str, Any], history: List[Dict[str, Any]], num_
         raise NonFiniteError(
             f"the run diverged: the consensus distance is {distance:.3g} at step {record['step']}, "
             f"more than {DIVERGENCE_FACTOR:g} x max(1, its first value {first:.3g}); lower the "
-            "learning rate (or the algorithm's gamma)")
+            f"learning rate (or the algorithm's gamma){hint}")
 
 
 # ---- training ------------------------------------------------------------------------------------
@@ -335,6 +337,8 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
     """`train` once the run directory is held: build, resume, run the loop, write the summary
     (which each hook in `reporting` extends with its `summary_fields()`)."""
     run = build_run(comm, config, hooks)
+    # what a divergence message adds (differential privacy names its noise); after the set-up
+    hint = "".join(h.divergence_hint() for h in reporting if hasattr(h, "divergence_hint"))
     state = _resume(comm, run_dir, run, hooks) if resume else RunState()
     records = RecordLog(state.history)
     origin = provenance(comm, config)
@@ -364,7 +368,8 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
                 state.time_compute += time.perf_counter() - start
                 if value is not None and not math.isfinite(value):
                     raise NonFiniteError(f"rank {comm.rank}: the training loss is {value} at step "
-                                         f"{state.step} (lower the learning rate or check the data)")
+                                         f"{state.step} (lower the learning rate or check the "
+                                         f"data){hint}")
                 hooks.after_backward(state.step)
                 if run.acts_on == "gradients":
                     algorithm.step()
@@ -385,7 +390,7 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
                         train_loss_local=state.take_log_loss(), timers=timers)
                     records.write(record)
                     hooks.on_record(record)
-                    check_divergence(record, state.history, run.num_classes)
+                    check_divergence(record, state.history, run.num_classes, hint)
                 if on_step is not None:
                     on_step(state.step)
             state.epoch += 1
@@ -398,7 +403,7 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
                 records.write(record)
                 hooks.on_record(record)
                 printer.line(eval_line(record, config.epochs))
-                check_divergence(record, state.history, run.num_classes)
+                check_divergence(record, state.history, run.num_classes, hint)
             if run_dir is not None and config.checkpoint_every and (
                     state.epoch % config.checkpoint_every == 0 or state.epoch == config.epochs):
                 _save(comm, run_dir, run, state, hooks)
