@@ -52,6 +52,8 @@ Reliability II items tested in other modules (same rules: one line, every rank, 
                                     options and seed range (test_algorithm_inputs, test_specs),
                                     LocalCluster("ring:4") (test_failures), OSError/MemoryError
                                     one line (18 above)
+ 28 lanes without taking turns .... test_cooperative.test_lanes_apply_to_a_cluster_taking_turns_only
+                                    (LocalCluster(lanes=2, cooperative=False) refused, naming the fix)
 """
 
 from __future__ import annotations
