@@ -54,6 +54,9 @@ Reliability II items tested in other modules (same rules: one line, every rank, 
                                     one line (18 above)
  28 lanes without taking turns .... test_cooperative.test_lanes_apply_to_a_cluster_taking_turns_only
                                     (LocalCluster(lanes=2, cooperative=False) refused, naming the fix)
+ 29 topologies show on 4096 peers . test_reliability_cli.test_show_of_a_4096_peer_schedule_answers_
+                                    without_the_dense_products, ..._bounds_the_product_gap_before_
+                                    computing_it; --steps 1e8 and --png of 32640 edges: refused
 """
 
 from __future__ import annotations
