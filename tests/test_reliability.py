@@ -57,6 +57,14 @@ Reliability II items tested in other modules (same rules: one line, every rank, 
  29 topologies show on 4096 peers . test_reliability_cli.test_show_of_a_4096_peer_schedule_answers_
                                     without_the_dense_products, ..._bounds_the_product_gap_before_
                                     computing_it; --steps 1e8 and --png of 32640 edges: refused
+ 30 consensus problem too large ... test_reliability_cli.test_consensus_cli_huge_problem_is_one_line_
+                                    before_allocating, ..._larger_than_memory_before_allocating
+ 31 consensus arguments late/silent test_reliability_cli.test_consensus_cli_refuses_bad_arguments_
+                                    before_any_run (--budgets nan, --gammas inf, --stop-relative 2,
+                                    --sweep-bits -5, --steps 1e8, a bad last algorithm spec)
+ 32 unusable --out of the CLIs .... test_reliability_cli.test_consensus_cli_checks_its_output_
+                                    directory_before_the_runs, test_privacy_attacks_checks_its_output_
+                                    directory_before_the_runs (utils.check_writable_dir, both CLIs)
 """
 
 from __future__ import annotations
