@@ -88,6 +88,24 @@ def atomic_write_figure(path: Union[str, Path], figure, dpi: int = 110) -> None:
     atomic_write(path, buffer.getvalue())
 
 
+def check_writable_dir(path: Union[str, Path], fix: str = "choose another output directory") -> Path:
+    """`path` as a directory a file can be written in, created (with its parents) if missing; else a
+    one-line ValueError naming it, the reason and `fix`. For the start of a command whose results
+    go there, so that an unusable output directory is found before the work, not after it."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"cannot write to {path}: it exists and is not a directory; {fix}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-check-", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        where = "" if exc.filename in (None, str(path)) else f" ({exc.filename})"
+        raise ValueError(f"cannot write to {path}: {exc.strerror or one_line(exc)}{where}; {fix}") from None
+    return path
+
+
 def _fsync_dir(folder: Path) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY)
@@ -161,4 +179,4 @@ def gil_free(fn: Callable) -> Callable:
     return call
 
 
-__all__ = ["one_line", "atomic_write", "format_ranks", "gil_free", "git_commit"]
+__all__ = ["one_line", "atomic_write", "check_writable_dir", "format_ranks", "gil_free", "git_commit"]

@@ -170,7 +170,11 @@ def test_lanes_must_be_a_whole_number_of_at_least_one(lanes):
 def test_lanes_apply_to_a_cluster_taking_turns_only():
     assert LocalCluster("ring:4", cooperative=True, lanes=2).lanes == 2
     assert LocalCluster("ring:4", cooperative=True, lanes=9).lanes == 4  # no more lanes than peers
-    assert LocalCluster("ring:4", cooperative=False, lanes=2).lanes == 1
+    # Free threads have no lanes: asking for them is refused rather than silently ignored.
+    with pytest.raises(ValueError, match=r"lanes=2 applies only when peers take turns, but "
+                                         r"cooperative=False .* pass cooperative=True"):
+        LocalCluster("ring:4", cooperative=False, lanes=2)
+    assert LocalCluster("ring:4", cooperative=False, lanes=1).lanes == 1
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,

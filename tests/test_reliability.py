@@ -71,6 +71,19 @@ unless named otherwise):
  36 gamma unstable on a schedule .. test_algorithm_inputs: test_exact_gossip_refuses_an_unstable_gamma_
                                     on_a_schedule, test_compressed_gossip_warns_..._on_a_schedule,
                                     test_training_exact_on_a_schedule_..., test_schedule_stable_ranges_...
+ 37 lanes without taking turns .... test_cooperative.test_lanes_apply_to_a_cluster_taking_turns_only
+                                    (LocalCluster(lanes=2, cooperative=False) refused, naming the fix)
+ 38 topologies show on 4096 peers . test_reliability_cli.test_show_of_a_4096_peer_schedule_answers_
+                                    without_the_dense_products, ..._bounds_the_product_gap_before_
+                                    computing_it; --steps 1e8 and --png of 32640 edges: refused
+ 39 consensus problem too large ... test_reliability_cli.test_consensus_cli_huge_problem_is_one_line_
+                                    before_allocating, ..._larger_than_memory_before_allocating
+ 40 consensus arguments late/silent test_reliability_cli.test_consensus_cli_refuses_bad_arguments_
+                                    before_any_run (--budgets nan, --gammas inf, --stop-relative 2,
+                                    --sweep-bits -5, --steps 1e8, a bad last algorithm spec)
+ 41 unusable --out of the CLIs .... test_reliability_cli.test_consensus_cli_checks_its_output_
+                                    directory_before_the_runs, test_privacy_attacks_checks_its_output_
+                                    directory_before_the_runs (utils.check_writable_dir, both CLIs)
 """
 
 from __future__ import annotations

@@ -5,6 +5,12 @@ Prints a topology's size, edge count, degree range, spectral gap, γ and fingerp
 step (one period, or the first ``--steps`` of a random schedule) and the spectral gap of the
 product of the mixing matrices over those steps; ``--png`` draws the union graph.
 A bad spec is reported on one line on stderr with exit status 2.
+
+The work is bounded before it starts, so that ``show`` answers in seconds at any size it accepts:
+the counts come from the degrees (never a list of every edge), a schedule's steps from their edge
+arrays, and the product gap, which multiplies dense n×n matrices, is computed only within
+:data:`PRODUCT_GAP_WORK` (otherwise its row says why and what to pass instead). ``--steps`` is at
+most :data:`MAX_STEPS` and ``--png`` draws at most :data:`PNG_MAX_EDGES` edges.
 """
 
 from __future__ import annotations
@@ -15,13 +21,26 @@ import os
 import sys
 import tempfile
 
+import numpy as np
+
 from .generators import SPEC_USAGE, parse
-from .schedules import product_gap
+from .directed import DirectedSchedule
+from .schedules import CyclicSchedule, Schedule, product_gap
 from .topology import Topology
 from .weights import SCHEMES
 
 #: At most this many steps are listed one per line by ``show``.
 STEPS_LISTED = 16
+#: The largest ``--steps``: the product gap builds every step's graph and multiplies it in, and the
+#: statistics of a random schedule settle long before (10000 steps of a small graph: seconds).
+MAX_STEPS = 10_000
+#: The product gap costs about (steps + PRODUCT_GAP_DECOMPOSITION) dense n×n products (n³
+#: multiply-adds each: the steps, then the singular values or eigenvalues of the product); it is
+#: computed when that is at most this many multiply-adds: 8 steps at 2048 peers, about 150 at 1024.
+PRODUCT_GAP_WORK = 18 * 2048 ** 3
+PRODUCT_GAP_DECOMPOSITION = 10
+#: ``--png`` draws at most this many edges (matplotlib draws each one as a Python object).
+PNG_MAX_EDGES = 20_000
 
 
 def summary(topo: Topology) -> str:
@@ -30,7 +49,7 @@ def summary(topo: Topology) -> str:
     rows = [
         ("topology", topo.name),
         ("size", topo.size),
-        ("edges", len(topo.edges())),
+        ("edges", sum(topo.degrees) // 2),
         ("degrees", f"{lo}" if lo == hi else f"{lo}..{hi}"),
         ("weights", topo.scheme),
         ("spectral gap", f"{topo.spectral_gap:.6g}"),
@@ -45,6 +64,41 @@ def _degree_range(degrees) -> str:
     return f"{lo}" if lo == hi else f"{lo}..{hi}"
 
 
+def _step_counts(schedule, t: int) -> tuple[int, tuple[int, ...]]:
+    """(edge count, degrees; out-degrees when directed) of step ``t``, from the step's edge array
+    where the schedule has one, so that the step's dense n×n W (or P) is never built here."""
+    n, directed = schedule.size, schedule.is_directed
+    if isinstance(schedule, DirectedSchedule):
+        edges = schedule._edges[t % schedule.period]
+    elif isinstance(schedule, Schedule) and not isinstance(schedule, CyclicSchedule):
+        edges = schedule._step_edges(t % schedule.period if schedule.period else t)
+    else:  # a cyclic schedule's members, or a static directed graph: already built
+        step = schedule.at(t)
+        degrees = step.out_degrees if directed else step.degrees
+        return (sum(degrees) if directed else sum(degrees) // 2), degrees
+    # Each edge once, as the step's graph has it: no self-loops, (i, j) = (j, i) when undirected.
+    edges = edges[edges[:, 0] != edges[:, 1]]
+    if not directed:
+        edges = np.sort(edges, axis=1)
+    src, dst = np.divmod(np.unique(edges[:, 0] * n + edges[:, 1]), n)
+    degrees = np.bincount(src, minlength=n) + (0 if directed else np.bincount(dst, minlength=n))
+    return len(src), tuple(degrees.tolist())
+
+
+def product_gap_row(schedule, span: int) -> str:
+    """The product gap over ``span`` steps, or, above PRODUCT_GAP_WORK, why it is not computed."""
+    n = schedule.size
+    work = (span + PRODUCT_GAP_DECOMPOSITION) * n ** 3
+    if work > PRODUCT_GAP_WORK:
+        fewer = PRODUCT_GAP_WORK // n ** 3 - PRODUCT_GAP_DECOMPOSITION
+        fix = (f"pass --steps {fewer} or fewer" if fewer >= 1 and not schedule.period
+               else "use fewer peers to see it")
+        return (f"not computed: {span} dense {n}x{n} products and a decomposition, ~{work:.2g} "
+                f"multiply-adds, above show's {PRODUCT_GAP_WORK:.2g}; {fix}")
+    # repr of the rounded value, so that exact averaging reads 1.0 (not 1, which looks like a count)
+    return repr(round(product_gap(schedule, span), 6))
+
+
 def schedule_summary(schedule, steps: int = 8) -> str:
     """The text ``show`` prints for a schedule or a directed graph.
 
@@ -54,27 +108,24 @@ def schedule_summary(schedule, steps: int = 8) -> str:
     directed = schedule.is_directed
     span = schedule.period or steps
     union = schedule.union
-
-    def degrees(graph):
-        return graph.out_degrees if directed else graph.degrees
+    union_degrees = union.out_degrees if directed else union.degrees
+    kind = "out-degrees" if directed else "degrees"
 
     rows = [
         ("schedule", schedule.name),
         ("size", schedule.size),
         ("directed", "yes (push-sum, column-stochastic)" if directed else "no"),
         ("period", schedule.period if schedule.period else "none (random)"),
-        ("union edges", len(union.edges())),
-        ("union " + ("out-degrees" if directed else "degrees"), _degree_range(degrees(union))),
+        ("union edges", sum(union_degrees) if directed else sum(union_degrees) // 2),
+        ("union " + kind, _degree_range(union_degrees)),
     ]
     for t in range(min(span, STEPS_LISTED)):
-        step = schedule.at(t)
-        kind = "out-degrees" if directed else "degrees"
-        rows.append((f"step {t}", f"{len(step.edges())} edges, {kind} {_degree_range(degrees(step))}"))
+        count, degrees = _step_counts(schedule, t)
+        rows.append((f"step {t}", f"{count} edges, {kind} {_degree_range(degrees)}"))
     if span > STEPS_LISTED:
         rows.append(("...", f"{span - STEPS_LISTED} more steps"))
     over = "one period" if schedule.period else f"steps 0..{span - 1}"
-    # repr of the rounded value, so that exact averaging reads 1.0 (not 1, which looks like a count)
-    rows.append((f"product gap ({over})", repr(round(product_gap(schedule, span), 6))))
+    rows.append((f"product gap ({over})", product_gap_row(schedule, span)))
     rows.append(("fingerprint", schedule.fingerprint))
     width = max(13, max(len(k) for k, _ in rows) + 2)
     return "\n".join(f"{k:<{width}}{v}" for k, v in rows)
@@ -169,10 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--png", metavar="FILE", default=None,
                       help="also draw the graph (of a schedule: its union graph) to FILE")
     show.add_argument("--steps", type=int, default=8,
-                      help="steps described for a random schedule, which has no period (default 8)")
+                      help="steps described for a random schedule, which has no period (default 8, "
+                           f"at most {MAX_STEPS})")
     args = parser.parse_args(argv)
-    if args.steps < 1:
-        print(f"{show.prog}: error: --steps must be >= 1, got {args.steps}", file=sys.stderr)
+    if not 1 <= args.steps <= MAX_STEPS:
+        print(f"{show.prog}: error: --steps must be in 1..{MAX_STEPS}, got {args.steps} (every step's "
+              "graph is built and multiplied into the product gap, and a random schedule's "
+              "statistics settle long before); use e.g. --steps 64", file=sys.stderr)
         return 2
 
     try:
@@ -186,13 +240,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{show.prog}: error: --png draws undirected graphs only; {topo.name!r} is directed",
                   file=sys.stderr)
             return 2
-        print(schedule_summary(topo, args.steps))
-        topo = topo.union  # what --png draws
+        drawn = topo.union  # what --png draws
     else:
-        print(summary(topo))
+        drawn = topo
+    if args.png and sum(drawn.degrees) // 2 > PNG_MAX_EDGES:
+        print(f"{show.prog}: error: --png draws at most {PNG_MAX_EDGES} edges and {drawn.name!r} has "
+              f"{sum(drawn.degrees) // 2} (each is drawn as a Python object: minutes); drop --png "
+              "or draw a smaller graph", file=sys.stderr)
+        return 2
+    print(summary(topo) if isinstance(topo, Topology) else schedule_summary(topo, args.steps))
     if args.png:
         try:
-            draw_png(topo, args.png)
+            draw_png(drawn, args.png)
         except OSError as exc:
             print(f"{show.prog}: error: cannot write {args.png}: {exc}", file=sys.stderr)
             return 1

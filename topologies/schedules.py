@@ -74,12 +74,17 @@ class _Components:
             i = parent[i]
         return i
 
-    def join(self, edges: np.ndarray) -> None:
-        for u, v in edges.tolist():
-            ru, rv = self._root(u), self._root(v)
-            if ru != rv:
-                self.parent[ru] = rv
-                self.count -= 1
+    def join(self, edges: np.ndarray, chunk: int = 4096) -> None:
+        # In chunks, stopping once connected: a dense step (edge sampling of a complete graph)
+        # connects everything within its first few thousand of millions of edges.
+        for start in range(0, len(edges), chunk):
+            if self.count == 1:
+                return
+            for u, v in edges[start:start + chunk].tolist():
+                ru, rv = self._root(u), self._root(v)
+                if ru != rv:
+                    self.parent[ru] = rv
+                    self.count -= 1
 
 
 def metropolis_on(n: int, edges: np.ndarray) -> np.ndarray:
@@ -342,7 +347,8 @@ class EdgeSampling(Schedule):
         name = f"edge_sampling:{base.name}:{p!r}" + (f":{seed}" if seed else "")
         self._setup(base.size, name, None, ("edge_sampling", base.fingerprint, p, seed))
         self._base = base
-        self._base_edges = np.array(base.edges(), dtype=np.int64).reshape(-1, 2)
+        # base.edges() in its order (i < j, row by row), without a Python tuple per edge
+        self._base_edges = np.argwhere(np.triu(base.W > 0, k=1)).astype(np.int64).reshape(-1, 2)
         self._p = p
         self._seed = seed
         self._check_union_connected(fix="raise p or use a denser base graph")

@@ -87,12 +87,27 @@ def _check_graph_input(g: nx.Graph) -> None:
 
 
 def count_components(adjacency: np.ndarray) -> int:
-    """Number of connected components of the undirected graph with boolean ``adjacency``."""
+    """Number of connected components of the undirected graph with boolean ``adjacency``.
+
+    A breadth-first search over the rows of the dense matrix, one numpy call per level: O(n²) in
+    all, where a networkx graph of the edges would hold n²/2 Python objects on a dense graph (the
+    complete graph on MAX_PEERS peers took tens of seconds and gigabytes that way).
+    """
+    adjacency = np.asarray(adjacency, dtype=bool)
     n = adjacency.shape[0]
-    g = nx.Graph()
-    g.add_nodes_from(range(n))
-    g.add_edges_from(zip(*np.nonzero(np.triu(adjacency, k=1))))
-    return nx.number_connected_components(g)
+    seen = np.zeros(n, dtype=bool)
+    count = 0
+    for start in range(n):
+        if seen[start]:
+            continue
+        count += 1
+        seen[start] = True
+        frontier = np.array([start])
+        while frontier.size:
+            reached = adjacency[frontier].any(axis=0) & ~seen
+            frontier = np.flatnonzero(reached)
+            seen[frontier] = True
+    return count
 
 
 def check_connected(adjacency: np.ndarray) -> None:
@@ -246,7 +261,7 @@ class Topology(ConstantSchedule):
         nbrs = []
         for i in range(w.shape[0]):
             row = np.flatnonzero(w[i] > 0)
-            nbrs.append(tuple(int(j) for j in row if j != i))
+            nbrs.append(tuple(row[row != i].tolist()))  # Python ints, as a plain loop would give
         set_(self, "_neighbors", tuple(nbrs))
 
     def __setattr__(self, key, value):

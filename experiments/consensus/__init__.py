@@ -45,7 +45,10 @@ go to experiments/results/consensus/<topology>_<problem>): `runs/<run>.jsonl` (s
 `runs/seed<k>/`; one row per recorded step: step, bits_per_peer, error), `table.csv` (every run's
 absolute and relative error at every budget, bits to each target, best gamma marked),
 `summary.json`, `error_vs_bits.png` and `error_vs_steps.png` (relative error, one line per
-algorithm at its best gamma, seed 0); the report adds `winner_map.png`.
+algorithm at its best gamma, seed 0); the report adds `winner_map.png`. Every argument, every
+algorithm spec (each built once on every peer), the problem's size (at most `problems.MAX_FLOATS`
+floats per peer, and within the machine's memory) and the output directory are checked before the
+first run, each bad one refused in one line.
 
 Modules: `problems` (the problems), `models` (training the models problem), `measure` (one run's
 curve, the runs to make, matched-bit cells, the best gamma per budget), `matched` (interpolation),

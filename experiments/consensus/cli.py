@@ -13,10 +13,11 @@ from typing import Dict, List, Optional
 import torch
 
 from gossip_powersgd.launch import resolve_backend
+from gossip_powersgd.utils import check_writable_dir
 
 from .driver import REPORT_CONFIGS, REPORT_SEEDS, run_experiment
-from .measure import (BASELINES, BUDGETS, COARSE_GAMMAS, DEFAULT_GAMMAS, DTYPES, STOP_RELATIVE, UNTUNED,
-                      WINNER_SPECS)
+from .measure import (BASELINES, BUDGETS, COARSE_GAMMAS, DEFAULT_GAMMAS, DTYPES, STEP_CAP, STOP_RELATIVE,
+                      UNTUNED, WINNER_SPECS)
 from .page import write_report
 from .problems import VALID, parse_problem
 from .report import DEFAULT_OUT, REPORT_PATH, ROOT, SCRATCH_OUT, default_out, load_record
@@ -94,15 +95,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check(args) -> None:
-    if args.steps is not None and args.steps < 1:
-        raise ValueError(f"--steps must be >= 1, got {args.steps}")
-    if any(b <= 0 for b in args.budgets) or any(g <= 0 for g in args.gammas):
-        raise ValueError("budgets and gammas must be > 0: give positive --budgets and --gammas")
+    """Every argument, before anything runs (a bad one found after the runs would lose them)."""
+    if args.steps is not None and not 1 <= args.steps <= STEP_CAP:
+        raise ValueError(f"--steps must be in 1..{STEP_CAP}, got {args.steps} (without it a run stops "
+                         f"at {STEP_CAP} steps or once it has sent more than the largest budget, "
+                         "whichever comes first); use e.g. --steps 1000")
+    for flag, values in (("--budgets", args.budgets), ("--gammas", args.gammas)):
+        bad = [v for v in values if not (math.isfinite(v) and v > 0)]
+        if bad:
+            raise ValueError(f"{flag} must be finite and > 0, got {bad[0]:g}; e.g. {flag} "
+                             + ("1e5 1e6 1e7" if flag == "--budgets" else "0.01 0.1 1"))
     if args.finalists < 1:
         raise ValueError(f"--finalists must be >= 1, got {args.finalists}")
-    if args.stop_relative is not None and args.stop_relative <= 0:
-        raise ValueError(f"--stop-relative must be > 0, got {args.stop_relative}")
+    if args.stop_relative is not None and not 0 < args.stop_relative < 1:
+        raise ValueError(f"--stop-relative must be in (0, 1), got {args.stop_relative:g}: it is a "
+                         "fraction of the initial error, where every run starts (1 or more stops it at "
+                         f"once); e.g. --stop-relative {STOP_RELATIVE:g}")
+    if args.sweep_bits is not None and not args.sweep_bits >= 0:
+        raise ValueError(f"--sweep-bits must be >= 0 (bits per peer; 0 runs every gamma to the largest "
+                         f"budget), got {args.sweep_bits:g}; e.g. --sweep-bits 1e6")
     parse_problem(args.problem)
+
+
+def _check_report_outputs() -> None:
+    """The report's output directories writable, before its first instance runs (each instance's
+    `run_experiment` checks its own again, after its arguments)."""
+    for folder in [default_out(t, p, DEFAULT_OUT) for t, p, _ in REPORT_CONFIGS] + [REPORT_PATH.parent]:
+        check_writable_dir(folder, "the report writes into the checkout: make it writable")
 
 
 def _render_only() -> int:
@@ -128,7 +147,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     _check(args)
     backend = resolve_backend(args.backend)
     sweep_bits = args.sweep_bits
-    if sweep_bits is not None and sweep_bits <= 0:
+    if sweep_bits == 0:
         sweep_bits = math.inf  # no screening: every gamma runs to the largest budget
     command = "python -m experiments.consensus " + " ".join(
         shlex.quote(str(a)) for a in (argv if argv is not None else sys.argv[1:]))
@@ -141,6 +160,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.report:
         if backend != "local":
             raise ValueError("--report runs two topology sizes: use the local backend")
+        _check_report_outputs()
         started = time.perf_counter()
         records = []
         note = (" (the instances saved by an earlier `python -m experiments.consensus --report` kept, "

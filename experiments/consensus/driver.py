@@ -4,6 +4,7 @@ through `run_peers` on either transport, on one or more seeds, and hand the reco
 from __future__ import annotations
 
 import math
+import os
 import shlex
 import sys
 import time
@@ -13,12 +14,13 @@ from typing import Dict, Optional, Sequence
 import torch
 
 from gossip_powersgd.launch import mpi_world, resolve_backend, run_peers
+from gossip_powersgd.utils import check_writable_dir
 
 from .compare import reach_cells
 from .measure import (BASELINES, BUDGETS, DEFAULT_GAMMAS, DIVERGE_FACTOR, DTYPES, STEP_CAP, UNTUNED,
                       cells_for, consensus_curve, expand, matched_ratio, summarize)
 from .models import ensure_models
-from .problems import parse_problem
+from .problems import parse_problem, problem_shapes
 from .report import SCRATCH_OUT, default_out, fmt_err, format_table, run_file, write_outputs
 
 #: The report's instances, in the order they run: (topology, problem, kind). "full": an original
@@ -71,11 +73,53 @@ def parse_topology(topology: str, weights: Optional[str]):
     import topologies
 
     topo = topologies.parse(topology, weights=weights)
-    if getattr(topo, "gamma", None) is None:
+    if not isinstance(topo, topologies.Topology):  # (asking for topo.gamma would compute it)
         raise ValueError(f"topology {topology!r} has no consensus step γ (a schedule or a directed "
                          "graph): the consensus experiment runs on static undirected graphs; use "
                          "e.g. ring:16, torus:4x4 or exponential:16")
     return topo
+
+
+def physical_memory() -> Optional[int]:
+    """This machine's memory in bytes, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_memory(topo, problem: str, dtype: str, backend: str) -> None:
+    """A one-line ValueError, before anything is allocated, when the peers of this process would
+    hold more than the machine's memory: each peer keeps its tensors about 2 + degree times (its
+    state, what it sends, one message from each neighbour); the local backend runs every peer."""
+    floats = sum(math.prod(shape) for shape in problem_shapes(problem))
+    copies = 2 + max(topo.degrees)
+    peers = topo.size if backend == "local" else 1
+    need = peers * floats * DTYPES[dtype].itemsize * copies
+    have = physical_memory()
+    if have is not None and need > have:
+        raise ValueError(f"problem {problem!r} on {topo.name} needs about {need / 2**30:.3g} GiB "
+                         f"({peers} peer(s) x {floats} floats x {copies} copies, {dtype}), more than "
+                         f"this machine's {have / 2**30:.3g} GiB; use a smaller problem or topology")
+
+
+def _build_every(comm, specs: Sequence[str], problem: str, dtype: str) -> bool:
+    """Build (and drop) every algorithm on this peer, on zeros shaped like the problem: what a run
+    would refuse (a bad option, a rank too large for the tensors, an unstable γ) it refuses here."""
+    from gossip_powersgd import make_algorithm
+
+    for spec in specs:
+        make_algorithm(spec, [torch.zeros(shape, dtype=DTYPES[dtype]) for shape in problem_shapes(problem)],
+                       comm)
+    return True
+
+
+def check_specs(topo, algorithms: Sequence[str], sweep: bool, gammas: Sequence[float], problem: str,
+                dtype: str, backend: str) -> None:
+    """Every run's algorithm built once on every peer before the first run, so that a bad last spec
+    does not fail after the runs before it (`topk:matched` is checked as top-k)."""
+    specs = [run["spec"] for run in expand(algorithms, sweep, gammas, 0.5)]
+    run_peers(topo, _build_every, specs, problem, dtype, backend=backend)
 
 
 class _SwitchInterval:
@@ -129,20 +173,25 @@ def run_experiment(topology: str = "ring:8", problem: str = "matrix", algorithms
         raise ValueError(f"seeds {seeds}: give 0 first (the γ sweep runs on seed 0), then others >= 1")
     topo = parse_topology(topology, weights)
     name, _ = parse_problem(problem)  # validate before anything runs
+    if name == "models" and backend != "local":
+        raise ValueError("models:epoch=E problems train on the local backend: drop --backend mpi")
+    check_memory(topo, problem, dtype, backend)
     budgets = tuple(sorted(float(b) for b in budgets))
     max_bits = float(max_bits if max_bits is not None else budgets[-1])
     max_steps = int(steps) if steps else STEP_CAP
     if algorithms is None:
         algorithms = UNTUNED + (BASELINES if sweep else ())
+    with _SwitchInterval(LOCAL_SWITCH_INTERVAL_S if backend == "local" else None):
+        check_specs(topo, algorithms, sweep, gammas, problem, dtype, backend)
     out = Path(out) if out is not None else default_out(topology, problem)
     is_root = mpi_world()[0] == 0
+    if write and is_root:  # last of the checks: found now, not after every run (their results lost)
+        check_writable_dir(out, "choose a writable --out")
     say = log if is_root else (lambda *a, **k: None)
     started = time.perf_counter()
     switch = _SwitchInterval(LOCAL_SWITCH_INTERVAL_S if backend == "local" else None)
     models_files: Dict[int, Optional[str]] = {s: None for s in seeds}
     if name == "models":
-        if backend != "local":
-            raise ValueError("models:epoch=E problems train on the local backend: drop --backend mpi")
         # One training (seed 0) gives every peer's models: the consensus problem has no other
         # randomness, so further seeds would repeat it; they are dropped.
         seeds = (0,)

@@ -36,6 +36,10 @@ SHARED_BASE = 7_000_000
 #: The `cnn` problem: the parameters of the MNIST-1D model `cnn1d` (40 inputs, 10 classes).
 CNN_MODEL, CNN_INPUT_SHAPE, CNN_CLASSES = "cnn1d", (40,), 10
 DEFAULT_SIZE = 100
+#: The most floats a problem gives each peer (a 2048x2048 matrix, 32 MiB in float64). Every peer
+#: holds them several times over (its state, a message per neighbour), every peer of the topology
+#: at once on the local backend, so larger ones are refused before anything is allocated.
+MAX_FLOATS = 2048 * 2048
 #: Options each problem takes, with their defaults (None: required).
 _OPTIONS: Dict[str, Dict[str, Optional[float]]] = {
     "spectral": {"alpha": None, "n": DEFAULT_SIZE},
@@ -68,6 +72,7 @@ def parse_problem(problem: str) -> Tuple[str, Dict[str, float]]:
         rows, cols = int(match.group(1)), int(match.group(2) or match.group(1))
         if rows < 1 or cols < 1:
             raise ValueError(f"problem {problem!r}: sizes must be >= 1")
+        _check_floats(problem, rows * cols)
         return name, {"rows": rows, "cols": cols}
     if name == "cnn" and not arg:
         return name, {}
@@ -95,7 +100,17 @@ def parse_problem(problem: str) -> Tuple[str, Dict[str, float]]:
         raise ValueError(f"problem {problem!r}: r must be <= n={options['n']:g}")
     if options.get("sigma", 0) < 0 or not all(math.isfinite(v) for v in options.values()):
         raise ValueError(f"problem {problem!r}: sigma must be >= 0 and every option finite")
+    if "n" in options:
+        _check_floats(problem, int(options["n"]) ** 2)
     return name, options
+
+
+def _check_floats(problem: str, floats: int) -> None:
+    """A one-line ValueError when a problem gives each peer more than MAX_FLOATS floats."""
+    if floats > MAX_FLOATS:
+        raise ValueError(f"problem {problem!r} gives every peer {floats:.3g} floats ({8 * floats / 2**30:.3g} "
+                         f"GiB in float64), above the maximum of {MAX_FLOATS} (2048x2048): every peer "
+                         "holds them several times over; use e.g. matrix:1000 or n=1000")
 
 
 def _example(name: str) -> str:
@@ -167,5 +182,5 @@ def make_problem(problem: str, rank: int, dtype=torch.float32, seed: int = 0,
     return [t.to(dtype).contiguous() for t in tensors]
 
 
-__all__ = ["CNN_CLASSES", "CNN_INPUT_SHAPE", "CNN_MODEL", "SEED_BASE", "VALID", "cnn1d_shapes",
+__all__ = ["CNN_CLASSES", "CNN_INPUT_SHAPE", "CNN_MODEL", "MAX_FLOATS", "SEED_BASE", "VALID", "cnn1d_shapes",
            "make_problem", "parse_problem", "problem_shapes", "spectral_values"]

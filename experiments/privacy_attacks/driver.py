@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from gossip_powersgd.utils import atomic_write, git_commit, one_line
+from gossip_powersgd.utils import atomic_write, check_writable_dir, git_commit, one_line
 
 from . import report
 from .measure import ALGORITHMS, QUICK_SETTING, SETTING, attacked_run, network_dp
@@ -80,7 +80,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.epochs is not None and args.epochs < 1:
         raise SystemExit("error: --epochs must be >= 1")
     out = args.out or (ROOT / "runs" / "privacy-attacks-quick" if args.quick else RESULTS)
-    out.mkdir(parents=True, exist_ok=True)
+    try:  # now, not after the runs (minutes of them) when the page is written
+        check_writable_dir(out, "choose a writable --out")
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     epochs = args.epochs or (2 if args.quick else 25)
     command = " ".join(["python -m experiments.privacy_attacks", *map(shlex.quote, argv)])
     if args.network_only:

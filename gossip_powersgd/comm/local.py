@@ -302,6 +302,9 @@ class LocalCluster:
     (Choco-SGD, DeepSqueeze) can run slower, since the two running peers then hand the GIL back
     and forth.
     The default, 1, runs one peer at a time. The bits are the same whatever the lanes.
+    `lanes` > 1 with `cooperative=False` is refused (free threads have no lanes); with
+    `cooperative=None` it applies when the cluster takes turns (more peers than cores), and
+    otherwise every peer runs at once anyway.
     """
 
     def __init__(self, topology, timeout: float | None = None, cooperative: Optional[bool] = None,
@@ -311,6 +314,11 @@ class LocalCluster:
         if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
             raise ValueError(f"LocalCluster: lanes must be a whole number >= 1 (peers running at once), "
                              f"got {lanes!r}")
+        if cooperative is False and lanes > 1:
+            # Free-running threads all run at once: a lane count would be silently ignored.
+            raise ValueError(f"LocalCluster: lanes={lanes} applies only when peers take turns, but "
+                             "cooperative=False runs every peer at once; pass cooperative=True to "
+                             f"run {lanes} peers at a time, or drop lanes")
         if cooperative is None:
             cooperative = self.topology.size > (os.cpu_count() or 1)
         self.cooperative = bool(cooperative)
