@@ -3,6 +3,7 @@
     gossip-train --config experiments/configs/tiny.yaml
     mpiexec -n 8 gossip-train --config experiments/configs/demo.yaml --set lr=0.05
     gossip-train --resume runs/demo                      # continue from the last checkpoint
+    gossip-train --config C.yaml --resume auto           # continue if checkpointed, else start
     gossip-train --help-config                           # every config key, documented
     python -m gossip_powersgd.cli.train ...              # the same program, without the script
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from gossip_powersgd.launch import launched_by_mpiexec, main_guard
 
@@ -36,9 +37,13 @@ def build_parser(module: str = MODULE) -> argparse.ArgumentParser:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key; VALUE is parsed as YAML, except that a "
                              "string key takes the text as typed (repeatable)")
-    parser.add_argument("--resume", metavar="RUN_DIR",
-                        help="continue the run in RUN_DIR from its newest checkpoint (its "
-                             "config.yaml is used unless --config is given)")
+    parser.add_argument("--resume", nargs="+", metavar="RUN_DIR",
+                        help="RUN_DIR: continue the run in RUN_DIR from its newest checkpoint "
+                             "(its config.yaml is used unless --config is given); auto "
+                             "[RUN_DIR]: continue the run (RUN_DIR, else the config's out_dir) "
+                             "if it has a checkpoint, else start it, so that a relaunch of the "
+                             "same command (torchrun --max-restarts, a requeued batch job) "
+                             "carries on")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines")
     parser.add_argument("--help-config", action="store_true", help="list every config key and exit")
     return parser
@@ -56,25 +61,44 @@ def _mpi_world() -> tuple:
     return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
 
+def resume_request(args: argparse.Namespace) -> Tuple[Optional[str], Optional[str]]:
+    """What --resume asks for: (None, None) nothing; ("dir", RUN_DIR); ("auto", RUN_DIR or None)."""
+    from gossip_powersgd.training.rundir import AUTO  # after MPI is initialised (imports torch)
+
+    values = args.resume or []
+    if not values:
+        return None, None
+    if values[0] == AUTO and len(values) <= 2:
+        return AUTO, values[1] if len(values) == 2 else None
+    if len(values) == 1:
+        return "dir", values[0]
+    raise ValueError(f"--resume takes RUN_DIR or auto [RUN_DIR], got {' '.join(values)!r} (a run "
+                     "directory named auto: --resume ./auto)")
+
+
 def resolve(args: argparse.Namespace, world_size: int):
     """The validated config of this invocation, with out_dir and peers filled in."""
     from gossip_powersgd.training.config import load_config
 
-    if args.config is None and args.resume is None:
-        raise ValueError("give --config FILE (or --resume RUN_DIR to continue a run)")
+    mode, target = resume_request(args)
+    if args.config is None and target is None:
+        raise ValueError("give --config FILE (or --resume RUN_DIR to continue a run)"
+                         if mode is None else "--resume auto needs --config FILE or a RUN_DIR "
+                         "holding config.yaml")
     overrides = list(args.overrides)
     if args.quiet:
         overrides.append("quiet=true")
-    if args.resume is not None:
-        path = Path(args.config) if args.config else Path(args.resume) / "config.yaml"
-        if args.config is None and not path.is_file():
-            raise ValueError(f"cannot resume {args.resume}: it has no config.yaml (is it a run directory?)")
+    if args.config is None:
+        path = Path(target) / "config.yaml"
+        if not path.is_file():
+            raise ValueError(f"cannot resume {target}: it has no config.yaml (is it a run "
+                             "directory? to start it, give --config FILE)")
     else:
         path = Path(args.config)
     config = load_config(path, overrides)
-    if args.resume is not None:
-        _refuse_another_out_dir(args.resume, overrides)
-        config = config.replace(out_dir=str(args.resume))  # the run being continued is authoritative
+    if target is not None:
+        _refuse_another_out_dir(target, overrides)
+        config = config.replace(out_dir=str(target))  # the run being continued is authoritative
     if config.out_dir is None:
         config = config.replace(out_dir=str(Path("runs") / path.stem))
     return config
@@ -115,7 +139,7 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
     from gossip_powersgd.training.trainer import format_summary, train
 
     torch.set_num_threads(config.threads)
-    resume = args.resume is not None
+    resume = {None: False, "dir": True, "auto": "auto"}[resume_request(args)[0]]
     if config.backend in ("mpi", "torch"):
         comm = _launched_communicator(config, world_size, module)
         summary = train(comm, config.replace(peers=comm.size), resume=resume)

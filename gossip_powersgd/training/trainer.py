@@ -38,13 +38,15 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 import torch.nn.functional as F
 
 from ..algorithms.base import NonFiniteError
 from ..utils import atomic_write
 from . import checkpoint as ckpt
+from . import rundir
+from .rundir import AUTO
 from .config import TrainConfig, dump_config
 from .evaluation import (
     TIMING_KEYS,
@@ -282,7 +284,8 @@ class _Printer:
 
 
 
-def train(comm, config, *, resume: bool = False, on_step: Optional[Callable[[int], None]] = None,
+def train(comm, config, *, resume: Union[bool, str] = False,
+          on_step: Optional[Callable[[int], None]] = None,
           hooks: Iterable[TrainingHooks] = ()) -> Dict[str, Any]:
     """Train on this peer; call it on every peer (it is collective). Returns the run's summary.
 
@@ -290,7 +293,11 @@ def train(comm, config, *, resume: bool = False, on_step: Optional[Callable[[int
         comm: this peer's communicator (`MPICommunicator`, or the one `LocalCluster.run` passes).
         config: a `TrainConfig` (or a dict of its keys). With `out_dir` set, the run directory is
             written as described in the module docstring; with `out_dir=None` nothing is written.
-        resume: continue the run in `config.out_dir` from the newest checkpoint all ranks hold.
+        resume: continue the run in `config.out_dir` from the newest checkpoint all ranks hold;
+            "auto": continue it if any rank has a checkpoint there, else start it (what a relaunch
+            by `torchrun --max-restarts` or a batch scheduler's requeue wants; the files of an
+            attempt that ended before its first checkpoint are moved to
+            `RUN_DIR/failed-attempts/K/`, never deleted).
         on_step: called as `on_step(step)` after every completed step (tests use it to interrupt).
         hooks: `TrainingHooks` run at the loop's extension points, in order (see `hooks.py`); a
             resumed run needs the hooks it was started with (their state is checkpointed).
@@ -301,7 +308,11 @@ def train(comm, config, *, resume: bool = False, on_step: Optional[Callable[[int
     from ..privacy.training import privacy_hook
     from ..privacy.views import observer_hook
 
-    config = checked_config(comm, config, resume)
+    auto = resume == AUTO
+    config = checked_config(comm, config, bool(resume))
+    if auto:
+        resume = collectively(comm, rundir.has_checkpoints, config.out_dir, comm.rank)
+        resume = any(b == b"\1" for b in comm.allgather_bytes(b"\1" if resume else b"\0"))
     privacy = privacy_hook(config)  # None unless the config turns differential privacy on
     # Observers go last: they record the algorithm the DP hook may have rebuilt.
     observer = observer_hook(config)  # None unless the config names observers
@@ -313,12 +324,21 @@ def train(comm, config, *, resume: bool = False, on_step: Optional[Callable[[int
         lock = collectively(comm, _claim_run_dir, comm.rank, run_dir, resume)
     try:
         if run_dir is not None:
+            if auto and not resume:  # collective: every rank waits for rank 0 to move them
+                collectively(comm, _set_aside_failed_attempt, comm.rank, run_dir)
             collectively(comm, ckpt.check_run_dir, run_dir, resume)
         return _train(comm, config, run_dir, resume=resume, on_step=on_step, hooks=hooks,
                       reporting=added)
     finally:
         if lock is not None:
             lock.release()
+
+
+def _set_aside_failed_attempt(rank: int, run_dir: Path) -> None:
+    if rank == 0:
+        note = rundir.set_aside_failed_attempt(run_dir)
+        if note:
+            print(note, file=sys.stderr, flush=True)
 
 
 def _claim_run_dir(rank: int, run_dir: Path, resume: bool):
