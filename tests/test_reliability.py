@@ -52,6 +52,21 @@ Reliability II items tested in other modules (same rules: one line, every rank, 
                                     options and seed range (test_algorithm_inputs, test_specs),
                                     LocalCluster("ring:4") (test_failures), OSError/MemoryError
                                     one line (18 above)
+
+Reliability III items, in test_reliability_views (same rules):
+ 28 observers on a schedule or a .. test_observers_record_what_arrived_on_changing_graphs (matchings,
+    directed graph                  one_peer_exponential, edge_sampling, cyclic Choco, push-sum);
+                                    an internal KeyError: test_an_internal_key_error_names_its_type_...
+ 29 --resume resets two counters .. test_resume_restores_every_traffic_counter (the whole CommStats)
+ 30 a FIFO in place of a checkpoint test_a_fifo_in_place_of_a_checkpoint_is_refused_on_every_rank;
+                                    a view's: test_a_damaged_view_file_is_one_line_naming_it
+ 31 full disk while recording ..... test_a_full_disk_while_recording_names_the_file_and_the_fix
+ 32 damaged view files ............ test_a_damaged_view_file_is_one_line_naming_it (empty, corrupt,
+                                    pickled class, truncated zip, a list, missing keys, FIFO, dir)
+ 33 a killed view writer's .tmp ... test_a_killed_writers_leftover_temporary_view_files_are_removed_...
+ 34 --resume with observers ....... test_a_run_resumes_with_observers_added_recording_from_the_...,
+                                    ..._dropped, test_a_refused_resume_writes_no_view,
+                                    test_a_resume_with_another_observe_every_is_refused_naming_...
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from ..utils import atomic_write, format_ranks, one_line
+from ..utils import atomic_write, format_ranks, one_line, require_regular_file
 
 FORMAT = 1
 KEEP = 2  # checkpoints kept per rank
@@ -194,6 +194,7 @@ def _leftover_temporaries(run_dir, rank: int) -> List[Path]:
 def read_checkpoint(path) -> Dict[str, Any]:
     """Load and verify one file: returns {"header": ..., "state": ...}; ValueError if unreadable."""
     path = Path(path)
+    require_regular_file(path, f"checkpoint {path}")  # a FIFO would block open() for good
     try:
         record = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
