@@ -67,6 +67,7 @@ Reliability III items, in test_reliability_views (same rules):
  34 --resume with observers ....... test_a_run_resumes_with_observers_added_recording_from_the_...,
                                     ..._dropped, test_a_refused_resume_writes_no_view,
                                     test_a_resume_with_another_observe_every_is_refused_naming_...
+ 35 attack on a NaN model ......... test_non_finite_attack_scores_are_refused_naming_the_count
 """
 
 from __future__ import annotations
