@@ -68,6 +68,9 @@ Reliability III items, in test_reliability_views (same rules):
                                     ..._dropped, test_a_refused_resume_writes_no_view,
                                     test_a_resume_with_another_observe_every_is_refused_naming_...
  35 attack on a NaN model ......... test_non_finite_attack_scores_are_refused_naming_the_count
+ 36 sys.exit in user code ......... test_user_code_calling_sys_exit_is_an_error_naming_the_spec (exit(0),
+                                    exit(1), sys:exit, builtins:exit, at import, in forward),
+                                    test_user_code_calling_sys_exit_fails_on_every_rank
 """
 
 from __future__ import annotations

@@ -367,3 +367,44 @@ def test_non_finite_attack_scores_are_refused_naming_the_count():
     assert str(info.value) == ("5 of 5 member scores are not finite (NaN or infinite): the model "
                                "has likely diverged (check its parameters for NaN/inf); no attack "
                                "score is meaningful for it")
+
+
+# ---- user code that calls sys.exit --------------------------------------------------------------------
+
+EXIT_HINT = ("; a dataset or model function must return its result (or raise an exception), never "
+             "exit the process")
+
+
+@pytest.mark.parametrize("override, line", [
+    ("dataset=exit_fixtures:data_exit0", "'exit_fixtures:data_exit0': the user code called "
+     "sys.exit/exit(0) while calling it"),
+    ("dataset=exit_fixtures:data_exit1", "'exit_fixtures:data_exit1': the user code called "
+     "sys.exit/exit(1) while calling it"),
+    ("dataset=sys:exit", "'sys:exit': the user code called sys.exit/exit() while calling it"),
+    ("model=builtins:exit", "'builtins:exit': the user code called sys.exit/exit() while calling it"),
+    ("dataset=exit_on_import:data", "'exit_on_import:data': the user code called sys.exit/exit(0) "
+     "while importing module 'exit_on_import'"),
+    ("model=exit_fixtures:model_exit_in_forward", "'exit_fixtures:model_exit_in_forward': the user "
+     "code called sys.exit/exit() while running the model on the dataset's inputs"),
+])
+def test_user_code_calling_sys_exit_is_an_error_naming_the_spec(tmp_path, capsys, override, line):
+    code, lines = cli(["--config", TINY, "--set", override, "--set", f"out_dir={tmp_path / 'run'}"],
+                      capsys)
+    key = override.split("=")[0]  # the CLI's deep config check loads and runs them first
+    assert code == 1 and lines == [f"error: bad value for {key!r}: {line}{EXIT_HINT}"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_user_code_calling_sys_exit_fails_on_every_rank():
+    def peer(comm, config):
+        try:
+            train(comm, config)
+        except ValueError as exc:
+            return str(exc)
+        return "trained"
+
+    for spec, partition in [("exit_fixtures:data_exit0", "iid"),
+                            ("exit_fixtures:local_data_exit", "local")]:
+        config = tiny(f"dataset={spec}", f"partition={partition}", "checkpoint_every=0")
+        lines = LocalCluster(topologies.ring(4), timeout=60).run(peer, config)
+        assert len(set(lines)) == 1 and "the user code called sys.exit/exit(" in lines[0], lines
