@@ -71,6 +71,9 @@ Reliability III items, in test_reliability_views (same rules):
  36 sys.exit in user code ......... test_user_code_calling_sys_exit_is_an_error_naming_the_spec (exit(0),
                                     exit(1), sys:exit, builtins:exit, at import, in forward),
                                     test_user_code_calling_sys_exit_fails_on_every_rank
+ 37 README example not reproducible test_the_readme_example_is_bit_identical_when_peers_run_at_once
+    with peers running at once      (lanes=2, free threads); the guard: test_concurrent_peers_that_
+                                    use_the_global_rng_are_warned_once, test_one_peer_at_a_time_...
 """
 
 from __future__ import annotations
