@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import io
 import os
-import pickle
 import re
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional
@@ -418,14 +417,14 @@ def _load(path: Path, kind: str) -> Dict[str, Any]:
                          "view again, or remove the file")
     try:
         value = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        if "unsupported global" in str(exc).lower():  # torch refused a class: no view holds one
-            raise ValueError(f"{where} holds objects other than tensors, numbers, strings, lists "
-                             "and dicts: it was not written by ViewRecorder and was not "
-                             "loaded") from None
-        raise ValueError(f"{where} is corrupt (not a file torch.save wrote): record the view "
-                         "again, or remove the file") from None
-    except Exception as exc:  # noqa: BLE001 - any other failure to parse is a damaged file
+    except Exception as exc:  # noqa: BLE001 - any failure to parse is a damaged or foreign file
+        if type(exc).__name__ == "UnpicklingError":  # (the pickle module is never imported here)
+            if "unsupported global" in str(exc).lower():  # torch refused a class: no view has one
+                raise ValueError(f"{where} holds objects other than tensors, numbers, strings, "
+                                 "lists and dicts: it was not written by ViewRecorder and was not "
+                                 "loaded") from None
+            raise ValueError(f"{where} is corrupt (not a file torch.save wrote): record the view "
+                             "again, or remove the file") from None
         raise ValueError(f"{where} is truncated or corrupt ({type(exc).__name__}: "
                          f"{one_line(exc, limit=120)}): record the view again, or remove the "
                          "file") from None
