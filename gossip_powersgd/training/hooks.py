@@ -166,10 +166,10 @@ class HookList:
     def load_state_dict(self, state: Dict[str, Dict[str, Any]]) -> None:
         """Restore each hook's saved state; the checkpoint must hold exactly this run's hooks,
         except optional ones (`TrainingHooks.optional`), which may have been added or left out."""
-        dropped = {k[len(OPTIONAL):] for k in state if k.startswith(OPTIONAL)}
+        saved_optional = {k[len(OPTIONAL):] for k in state if k.startswith(OPTIONAL)}
         state = {(k[len(OPTIONAL):] if k.startswith(OPTIONAL) else k): v for k, v in state.items()}
         optional = {h.key for h in self.hooks if h.optional}
-        saved = sorted(set(state) - dropped - optional)
+        saved = sorted(set(state) - saved_optional - optional)
         current = sorted(h.key for h in self.hooks if not h.optional)
         if saved != current:
             raise ValueError(f"the checkpoint holds state for hooks {saved} but this run has "
