@@ -21,7 +21,8 @@ from .utils import one_line, write_stderr_line
 
 # Errors that describe a problem with the user's input or the run: one line, no traceback. OSError
 # covers a read-only or full disk and a path that is not a directory (its text names the path).
-EXPECTED_ERRORS = (ValueError, KeyError, OSError, MemoryError, AgreementError, CommunicationError,
+# A KeyError is not one: no check raises it, so one that gets here is a bug, and its traceback shows.
+EXPECTED_ERRORS = (ValueError, OSError, MemoryError, AgreementError, CommunicationError,
                    NonFiniteError, ImportError)
 
 #: Exit status after Ctrl-C, as a shell reports a process ended by SIGINT.
@@ -124,6 +125,11 @@ def error_line(exc: BaseException) -> str:
         detail = str(exc).strip()
         return ("out of memory" + (f" ({detail.splitlines()[0]})" if detail else "")
                 + ": use a smaller model, batch size or number of peers per machine")
+    if isinstance(exc, KeyError):
+        # Its text is only the missing key's repr ("error: 0" said nothing): name what it is.
+        key = exc.args[0] if len(exc.args) == 1 else exc.args
+        return (f"internal error: KeyError {key!r} (a lookup of a missing key; please report it "
+                "with the command that caused it)")
     return one_line(exc)
 
 

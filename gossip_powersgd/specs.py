@@ -9,9 +9,10 @@ caller keeps its own error wording (tests and users rely on it) by passing in wh
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 __all__ = [
     "TRUE_WORDS",
@@ -28,6 +29,8 @@ __all__ = [
     "split_spec",
     "parse_options",
     "import_object",
+    "user_code",
+    "UserCodeExit",
     "accepts",
 ]
 
@@ -181,6 +184,25 @@ def parse_options(spec: str, text: Optional[str],
     return options
 
 
+class UserCodeExit(ValueError):
+    """User code called sys.exit/exit (see `user_code`); the callers' own wrapping lets it through."""
+
+
+@contextlib.contextmanager
+def user_code(spec: str, doing: str) -> Iterator[None]:
+    """Run code a bring-your-own `spec` supplies (its module's import, its function, its model):
+    a `SystemExit` it raises (``sys.exit()``, ``exit()``, even with status 0) becomes a one-line
+    ValueError naming the spec. Let through, it would end the run reporting success (status 0)
+    with nothing trained, or (from a peer thread) with no message at all."""
+    try:
+        yield
+    except SystemExit as exc:
+        code = "" if exc.code is None else repr(exc.code)
+        raise UserCodeExit(f"{spec!r}: the user code called sys.exit/exit({code}) while {doing}; "
+                         "a dataset or model function must return its result (or raise an "
+                         "exception), never exit the process") from None
+
+
 def import_object(spec: str, valid: Sequence[str]) -> Any:
     """Resolve a bring-your-own ``"package.module:attribute"`` spec to the callable it names.
 
@@ -190,7 +212,8 @@ def import_object(spec: str, valid: Sequence[str]) -> Any:
     if not module_name or not attr:
         raise ValueError(f"unknown spec {spec!r}: valid are {', '.join(valid)}")
     try:
-        module = importlib.import_module(module_name)
+        with user_code(spec, f"importing module {module_name!r}"):
+            module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"{spec!r}: cannot import module {module_name!r} ({exc}); "
                          f"valid built-in specs are {', '.join(valid)}") from None

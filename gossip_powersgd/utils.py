@@ -74,6 +74,26 @@ def atomic_write(path: Union[str, Path], data: Union[bytes, str]) -> None:
     _fsync_dir(path.parent)
 
 
+def require_regular_file(path: Union[str, Path], what: str) -> None:
+    """Raise a one-line ValueError unless `path` is a regular file (after symlinks), before anything
+    opens it: opening a FIFO blocks until a writer comes (forever, and no timeout applies), and a
+    device or a directory is no file of ours. `what` names the file ("checkpoint /x/y.pt")."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ValueError(f"{what} does not exist") from None
+    except OSError as exc:
+        raise ValueError(f"{what} cannot be read: {exc.strerror or one_line(exc)}") from None
+    if stat.S_ISREG(mode):
+        return
+    kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    raise ValueError(f"{what} is {kind}, not a regular file: replace it with the file itself")
+
+
 def atomic_write_figure(path: Union[str, Path], figure, dpi: int = 110) -> None:
     """Save a matplotlib figure as PNG with `atomic_write`, and close it (also when saving fails)."""
     import io
@@ -179,4 +199,5 @@ def gil_free(fn: Callable) -> Callable:
     return call
 
 
-__all__ = ["one_line", "atomic_write", "check_writable_dir", "format_ranks", "gil_free", "git_commit"]
+__all__ = ["one_line", "atomic_write", "check_writable_dir", "require_regular_file", "format_ranks",
+           "gil_free", "git_commit"]

@@ -84,6 +84,27 @@ unless named otherwise):
  41 unusable --out of the CLIs .... test_reliability_cli.test_consensus_cli_checks_its_output_
                                     directory_before_the_runs, test_privacy_attacks_checks_its_output_
                                     directory_before_the_runs (utils.check_writable_dir, both CLIs)
+Reliability III items, in test_reliability_views (same rules):
+ 42 observers on a schedule or a .. test_observers_record_what_arrived_on_changing_graphs (matchings,
+    directed graph                  one_peer_exponential, edge_sampling, cyclic Choco, push-sum);
+                                    an internal KeyError: test_an_internal_key_error_names_its_type_...
+ 43 --resume resets two counters .. test_resume_restores_every_traffic_counter (the whole CommStats)
+ 44 a FIFO in place of a checkpoint test_a_fifo_in_place_of_a_checkpoint_is_refused_on_every_rank;
+                                    a view's: test_a_damaged_view_file_is_one_line_naming_it
+ 45 full disk while recording ..... test_a_full_disk_while_recording_names_the_file_and_the_fix
+ 46 damaged view files ............ test_a_damaged_view_file_is_one_line_naming_it (empty, corrupt,
+                                    pickled class, truncated zip, a list, missing keys, FIFO, dir)
+ 47 a killed view writer's .tmp ... test_a_killed_writers_leftover_temporary_view_files_are_removed_...
+ 48 --resume with observers ....... test_a_run_resumes_with_observers_added_recording_from_the_...,
+                                    ..._dropped, test_a_refused_resume_writes_no_view,
+                                    test_a_resume_with_another_observe_every_is_refused_naming_...
+ 49 attack on a NaN model ......... test_non_finite_attack_scores_are_refused_naming_the_count
+ 50 sys.exit in user code ......... test_user_code_calling_sys_exit_is_an_error_naming_the_spec (exit(0),
+                                    exit(1), sys:exit, builtins:exit, at import, in forward),
+                                    test_user_code_calling_sys_exit_fails_on_every_rank
+ 51 README example not reproducible test_the_readme_example_is_bit_identical_when_peers_run_at_once
+    with peers running at once      (lanes=2, free threads); the guard: test_concurrent_peers_that_
+                                    use_the_global_rng_are_warned_once, test_one_peer_at_a_time_...
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import os
 import queue
 import threading
 import time
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -33,6 +34,11 @@ _POLL_SECONDS = 0.05
 _INTERRUPT_GRACE_SECONDS = 5.0
 #: In a cooperative cluster, how long a peer waits for its turn before it runs without one.
 _PATIENCE_SECONDS = 5.0
+#: What `LocalCluster.run` warns when peers that ran at once drew from torch's global RNG.
+GLOBAL_RNG_WARNING = (
+    "LocalCluster: peers running at once used torch's global RNG (torch.manual_seed, torch.randn, "
+    "default layer initialisation...), so the results change from run to run: give each peer its "
+    "own torch.Generator and pass it explicitly (see the LocalCluster docstring)")
 
 
 class _Barrier:
@@ -305,6 +311,15 @@ class LocalCluster:
     `lanes` > 1 with `cooperative=False` is refused (free threads have no lanes); with
     `cooperative=None` it applies when the cluster takes turns (more peers than cores), and
     otherwise every peer runs at once anyway.
+
+    Randomness: the peers are threads of one process and share torch's global RNG. Where peers run
+    at once (free threads, the default when there are no more peers than cores, or `lanes` > 1),
+    the order in which they draw from it (`torch.manual_seed`, `torch.randn`, a layer's default
+    initialisation, dropout) changes from run to run, and so do the results. Give each peer its
+    own `torch.Generator` (seeded from its rank) and pass it explicitly, e.g. build the model with
+    `torch.nn.utils.skip_init` and fill it with `torch.nn.init.normal_(p, generator=g)` (the
+    README's example): then the runs are bit-identical. `run` warns (a RuntimeWarning, once per
+    run) when the global CPU generator's state changed during a run whose peers could run at once.
     """
 
     def __init__(self, topology, timeout: float | None = None, cooperative: Optional[bool] = None,
@@ -357,6 +372,9 @@ class LocalCluster:
                 if shared.turns is not None:
                     shared.turns.give()
 
+        # Peers that may run at once must not share torch's global RNG (see the class docstring).
+        concurrent = shared.size > 1 and (not self.cooperative or self.lanes > 1)
+        rng_before = torch.default_generator.get_state() if concurrent else None
         threads = [
             threading.Thread(target=peer, args=(rank,), name=f"peer-{rank}", daemon=True)
             for rank in range(shared.size)
@@ -384,6 +402,8 @@ class LocalCluster:
         aborted = [e for e in errors if e is not None]
         if aborted:
             raise aborted[0]
+        if rng_before is not None and not torch.equal(rng_before, torch.default_generator.get_state()):
+            warnings.warn(GLOBAL_RNG_WARNING, RuntimeWarning, stacklevel=2)
         return results
 
 

@@ -48,6 +48,12 @@ def _scores(name: str, values) -> np.ndarray:
     array = np.asarray(values, dtype=np.float64).ravel()
     if array.size == 0:
         raise ValueError(f"no {name} scores: the attack needs at least one member and one non-member")
+    bad = int(np.count_nonzero(~np.isfinite(array)))
+    if bad:
+        # NaN compares false with everything, so a rank or threshold of it would be a confident lie
+        raise ValueError(f"{bad} of {array.size} {name} scores are not finite (NaN or infinite): "
+                         "the model has likely diverged (check its parameters for NaN/inf); no "
+                         "attack score is meaningful for it")
     return array
 
 

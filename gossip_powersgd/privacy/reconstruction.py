@@ -22,6 +22,11 @@ with it, the run's compressor and seeds, and the observer's own model.
                  rank but mixes measurements of a drifting M_j. Tensors PowerGossip sends exactly
                  are read off the step's first message.
 
+On a schedule or a directed graph an edge may be idle in a step: the view then holds no message of
+that neighbour for it (each record lists its `senders`), so there is no estimate for that step;
+Choco's copy stays as it was (as it does at both ends of the edge) and PowerGossip's window stacks
+the neighbour's last messages, whatever steps they came in, each with the side its edge had reached.
+
 The trivial estimate is the observer's own model (`trivial_estimates`). `reconstruction_errors`
 reports the relative error ||x_hat_j - x_j|| / ||x_j|| (all parameters as one vector) of both.
 """

@@ -19,8 +19,13 @@ numbers, strings, lists and dicts, so `torch.load(path, weights_only=True)` read
                                        "exact_indices": [...]
                         + Choco / DeepSqueeze: "compressor": spelling, "seed": s}
     step-00000012.pt   {"format": 1, "step": 12,
+                        "senders": [j, ...]             the neighbours whose messages arrived in
+                                                        this step (on a schedule or a directed
+                                                        graph only the step's active ones; [] on
+                                                        a step in which the observer was idle),
                         "own": [tensor per parameter]   the observer's parameters when it sent
-                                                        the step's first message (its trajectory),
+                                                        the step's first message (its trajectory;
+                                                        on an idle step, its parameters then),
                         "messages": [{"exchange": k (0-based within the step), "sender": j,
                                       "kind": "right" | "left" | "" (PowerGossip half-step),
                                       "tensor": the message exactly as delivered,
@@ -31,13 +36,23 @@ numbers, strings, lists and dicts, so `torch.load(path, weights_only=True)` read
 
 `step` is the gossip step's 0-based index (`algorithm.steps` while it runs). Only steps with
 `step % observe_every == 0` are recorded, which bounds the size; `bytes_recorded` counts the bytes of
-the delivered messages kept (not the observer's own model or the factors).
+the delivered messages kept (not the observer's own model or the factors). On a changing topology
+(a schedule, a directed graph) a message is recorded only from the neighbours active in that step,
+and a selected step in which the observer exchanged nothing still gets its (empty) record, so that
+the steps of a view stay consecutive.
+
+Nothing is written before the first step is recorded: a run that fails before training (e.g. a
+refused resume) leaves no view behind. A resumed run records from the step it resumes at, into the
+same directory (the steps before it are those the interrupted run recorded). A write the process
+did not survive (SIGKILL) can leave a temporary `.NAME.XXXX.tmp` of the atomic writer; those are
+removed when recording starts, never a complete file.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import re
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
@@ -47,7 +62,7 @@ from gossip_powersgd.algorithms.compressed import CompressedGossip
 from gossip_powersgd.algorithms.powergossip import PowerGossip
 from gossip_powersgd.comm.base import Tensor, nbytes
 from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
-from gossip_powersgd.utils import atomic_write
+from gossip_powersgd.utils import atomic_write, one_line, require_regular_file
 
 __all__ = ["FORMAT", "ObservedView", "ObserverHooks", "RecordingCommunicator", "ViewRecorder",
            "load_view", "observed_dir", "observer_hook", "observer_summary_rows"]
@@ -140,11 +155,46 @@ class ViewRecorder:
         self.bytes_recorded = 0
         self._pending: Optional[Dict[str, Any]] = None
         self._exchanges = 0  # exchanges so far in the step being recorded
+        self._last_step: Optional[int] = None  # the newest step recorded
+        self._started = False  # meta.pt written (at the first record, see the module docstring)
         self.meta = view_meta(algorithm, self.observe_every)
+        #: Idle steps get an empty record only where a step can be idle (a changing topology).
+        self._record_idle = not getattr(algorithm.comm, "is_static", True)
         if self.directory is not None:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            _save(self.directory / "meta.pt", self.meta)
+            self._check_earlier_meta()
         algorithm.comm = RecordingCommunicator(algorithm.comm, self._on_exchange)
+
+    def _check_earlier_meta(self) -> None:
+        """A resumed run records into the interrupted run's view: refuse one recorded otherwise."""
+        path = self.directory / "meta.pt"
+        if not path.exists():
+            return
+        earlier = _load(path, "meta")
+        if earlier != self.meta:
+            keys = sorted(k for k in set(earlier) | set(self.meta) if earlier.get(k) != self.meta.get(k))
+            raise ValueError(f"recorded view file {path} was written with other settings "
+                             f"({', '.join(keys)} differ): resume with the observe_every it was "
+                             "recorded with, or move that directory away")
+
+    def _start(self) -> None:
+        """At the first record: the directory, its stale temporary files gone, meta.pt."""
+        self._started = True
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for entry in self.directory.iterdir():
+            if _TEMPORARY.match(entry.name):
+                try:
+                    entry.unlink()
+                except FileNotFoundError:
+                    pass
+        self._save(self.directory / "meta.pt", self.meta)
+
+    def _save(self, path: Path, payload: Dict[str, Any]) -> None:
+        try:
+            _save(path, payload)
+        except OSError as exc:
+            raise OSError(f"rank {self.meta['observer']}: cannot write the recorded view file "
+                          f"{path}: {exc.strerror or one_line(exc)}; free space or choose another "
+                          "out_dir (--set out_dir=...)") from None
 
     def _on_exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
         algorithm = self.algorithm
@@ -154,17 +204,15 @@ class ViewRecorder:
         if self._pending is not None and self._pending["step"] != step:
             self.flush()
         if self._pending is None:
-            # The observer's own model before this step's gossip changes it: no algorithm updates
-            # its parameters before its first exchange of a step.
-            self._pending = {"format": FORMAT, "step": step, "messages": [],
-                             "own": [p.detach().cpu().clone() for p in algorithm.params]}
+            self._pending = self._new_record(step)
             self._exchanges = 0
-        kind = ""
-        if isinstance(algorithm, PowerGossip):
-            kind = "right" if algorithm.half_steps % 2 == 1 else "left"
-        for j in algorithm.comm.neighbors:
+        senders = self._pending["senders"]
+        for j in sorted(recv):  # the peers whose message arrived: a step's, not the union's
+            kind = _kind(algorithm, j)
             message = {"exchange": self._exchanges, "sender": int(j), "kind": kind,
                        "tensor": recv[j].detach().cpu().clone()}
+            if int(j) not in senders:
+                senders.append(int(j))
             if kind:
                 # The factor the products were computed with, as both ends of the edge hold it.
                 letter = "Q" if kind == "right" else "P"
@@ -175,21 +223,50 @@ class ViewRecorder:
             self.bytes_recorded += nbytes(recv[j])
         self._exchanges += 1
 
+    def _new_record(self, step: int) -> Dict[str, Any]:
+        # The observer's own model before this step's gossip changes it: no algorithm updates
+        # its parameters before its first exchange of a step.
+        return {"format": FORMAT, "step": step, "senders": [], "messages": [],
+                "own": [p.detach().cpu().clone() for p in self.algorithm.params]}
+
     def flush(self) -> None:
-        """Write (or keep) the record of the step in progress, if it has one."""
+        """Write (or keep) the record of the step in progress, if it has one. Called after a step
+        in which this peer exchanged nothing (idle on a schedule), it records that step empty."""
         record, self._pending = self._pending, None
         if record is None:
-            return
+            done = int(self.algorithm.steps) - 1  # the step that just ended
+            if (not self._record_idle or done < 0 or done % self.observe_every
+                    or (self._last_step is not None and done <= self._last_step)):
+                return
+            record = self._new_record(done)
+        self._last_step = record["step"]
         if self.directory is None:
             self.records.append(record)
         else:
-            _save(self.directory / f"step-{record['step']:08d}.pt", record)
+            if not self._started:
+                self._start()
+            self._save(self.directory / f"step-{record['step']:08d}.pt", record)
 
     def close(self) -> None:
         """Flush, and give the algorithm its own communicator back."""
         self.flush()
         if isinstance(self.algorithm.comm, RecordingCommunicator):
             self.algorithm.comm = self.algorithm.comm.inner
+
+
+def _kind(algorithm, sender: int) -> str:
+    """PowerGossip's half-step side of the message from `sender` ("right" | "left"), "" for other
+    algorithms. On a schedule each edge keeps its own half-step counter (already advanced for the
+    half-step in flight), since an idle edge skips steps."""
+    if not isinstance(algorithm, PowerGossip):
+        return ""
+    if algorithm._edge_half_steps is not None:
+        return algorithm._edge_side(sender, ahead=0)
+    return "right" if algorithm.half_steps % 2 == 1 else "left"
+
+
+#: The temporary files `utils.atomic_write` makes for this directory's files: `.NAME.XXXXXXXX.tmp`.
+_TEMPORARY = re.compile(r"^\.(?:meta|step-\d+)\.pt\.[^.]+\.tmp$")
 
 
 def _save(path: Path, payload: Dict[str, Any]) -> None:
@@ -208,6 +285,7 @@ class ObserverHooks(TrainingHooks):
     """
 
     name = "observers"
+    optional = True  # recording changes no bit: a run may resume with observers added or removed
 
     def __init__(self, observers: Iterable[int], observe_every: int = 1, directory=None):
         self.observers = sorted({int(k) for k in observers})
@@ -302,18 +380,59 @@ class ObservedView:
 
 
 def load_view(source) -> ObservedView:
-    """Read a view: a `<run>/observed/rank-K` directory, or a `ViewRecorder` kept in memory."""
+    """Read a view: a `<run>/observed/rank-K` directory, or a `ViewRecorder` kept in memory.
+
+    Any file that is not a view file this version wrote (empty, truncated, not a regular file,
+    holding objects beyond tensors and plain containers, or of the wrong shape) is a one-line
+    ValueError naming it; nothing in it is unpickled beyond what `weights_only=True` allows."""
     if isinstance(source, ViewRecorder):
         return ObservedView(source.meta, list(source.records))
     directory = Path(source)
     meta_path = directory / "meta.pt"
-    if not meta_path.is_file():
+    if not meta_path.exists():
         raise ValueError(f"{directory} holds no recorded view (no meta.pt): record one with "
                          "ObserverHooks or ViewRecorder")
-    meta = torch.load(meta_path, weights_only=True)
+    meta = _load(meta_path, "meta")
     if meta.get("format") != FORMAT:
         raise ValueError(f"{meta_path} has view format {meta.get('format')!r}; this version reads "
                          f"format {FORMAT}")
-    records = [torch.load(directory / name, weights_only=True)
-               for name in sorted(os.listdir(directory)) if name.startswith("step-")]
+    records = [_load(directory / name, "step")
+               for name in sorted(os.listdir(directory)) if _STEP_FILE.match(name)]
     return ObservedView(meta, records)
+
+
+_STEP_FILE = re.compile(r"^step-\d+\.pt$")
+#: What each kind of view file must hold (key: type), beyond being a dict.
+_REQUIRED = {"meta": {"format": int, "observer": int, "algorithm": str, "neighbors": list,
+                      "shapes": list, "dtype": str},
+             "step": {"step": int, "messages": list, "own": list}}
+
+
+def _load(path: Path, kind: str) -> Dict[str, Any]:
+    """One view file (`kind` "meta" or "step"), checked; a ValueError naming it otherwise."""
+    where = f"recorded view file {path}"
+    require_regular_file(path, where)
+    if path.stat().st_size == 0:
+        raise ValueError(f"{where} is empty (0 bytes; a write that did not finish?): record the "
+                         "view again, or remove the file")
+    try:
+        value = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure to parse is a damaged or foreign file
+        if type(exc).__name__ == "UnpicklingError":  # (the pickle module is never imported here)
+            if "unsupported global" in str(exc).lower():  # torch refused a class: no view has one
+                raise ValueError(f"{where} holds objects other than tensors, numbers, strings, "
+                                 "lists and dicts: it was not written by ViewRecorder and was not "
+                                 "loaded") from None
+            raise ValueError(f"{where} is corrupt (not a file torch.save wrote): record the view "
+                             "again, or remove the file") from None
+        raise ValueError(f"{where} is truncated or corrupt ({type(exc).__name__}: "
+                         f"{one_line(exc, limit=120)}): record the view again, or remove the "
+                         "file") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} holds a {type(value).__name__}, not the dict of a {kind} "
+                         "record: it was not written by ViewRecorder")
+    wrong = [k for k, t in _REQUIRED[kind].items() if not isinstance(value.get(k), t)]
+    if wrong:
+        raise ValueError(f"{where} lacks or mistypes {', '.join(wrong)}: it is not a {kind} "
+                         "record written by ViewRecorder")
+    return value

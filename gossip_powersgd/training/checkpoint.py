@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from ..utils import atomic_write, format_ranks, one_line
+from ..utils import atomic_write, format_ranks, one_line, require_regular_file
 from .rundir import LOCK_NAME, RunLock, check_run_dir, take_run_lock  # noqa: F401 (re-exported)
 
 FORMAT = 1
@@ -231,6 +231,7 @@ def _load_weights_only(data, path: Path, what: str) -> Any:
 def read_checkpoint(path) -> Dict[str, Any]:
     """Load and verify one file: returns {"header": ..., "state": ...}; ValueError if unreadable."""
     path = Path(path)
+    require_regular_file(path, f"checkpoint {path}")  # a FIFO would block open() for good
     record = _load_weights_only(path, path, "the file")
     if (not isinstance(record, dict) or not isinstance(record.get("header"), dict)
             or not isinstance(record.get("payload"), torch.Tensor) or "sha256" not in record):

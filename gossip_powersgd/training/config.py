@@ -10,7 +10,8 @@ raises a one-line `ValueError` that lists the valid keys or values.
 
 Some keys only say *how* a run is executed, not *what* it computes (`BACKEND_KEYS`); peers need not
 agree on them and a checkpoint may be resumed with other values. `RUN_KEYS` (where the run is
-written, how often it is checkpointed) are likewise left out of the checkpoint's config hash.
+written, how often it is checkpointed) and `RECORDING_KEYS` (which messages are recorded) are
+likewise left out of the checkpoint's config hash.
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ class TrainConfig:
     #: DP: noise from OS entropy, not reproducible (seeded noise is for research only).
     dp_secure_noise: bool = False
     #: Curious neighbours: the ranks whose received messages are recorded, under
-    #: <out_dir>/observed/rank-K (in memory without out_dir); [] = none. Recording changes nothing.
+    #: <out_dir>/observed/rank-K (in memory without out_dir); [] = none. Recording changes nothing,
+    #: so a run may resume with other observers: they record from the step it resumes at.
     observers: List[int] = dataclasses.field(default_factory=list)
     #: Curious neighbours: record every k-th gossip step (Choco reconstruction needs 1).
     observe_every: int = 1
@@ -144,6 +146,9 @@ class TrainConfig:
 BACKEND_KEYS = ("backend", "peers", "comm_timeout", "quiet", "threads", "device")
 #: Where and how often a run is saved: also excluded from the checkpoint's config hash.
 RUN_KEYS = ("out_dir", "checkpoint_every")
+#: Which messages are recorded (changes no bit of the run): a run may resume with other values,
+#: recording from the step it resumes at. Every peer must still agree on them.
+RECORDING_KEYS = ("observers", "observe_every")
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 VALID_KEYS = tuple(_FIELDS)
@@ -184,7 +189,8 @@ def agreement_text(config: TrainConfig) -> str:
 
 def hashed_config(config: TrainConfig) -> Dict[str, Any]:
     """The part of the config a checkpoint is bound to (what the model's trajectory depends on)."""
-    return {k: v for k, v in config.to_dict().items() if k not in BACKEND_KEYS + RUN_KEYS}
+    return {k: v for k, v in config.to_dict().items()
+            if k not in BACKEND_KEYS + RUN_KEYS + RECORDING_KEYS}
 
 
 def config_hash(config: TrainConfig) -> str:

@@ -39,7 +39,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..specs import accepts, import_object, parse_options, split_name
+from ..specs import accepts, import_object, parse_options, split_name, user_code, UserCodeExit
 from .batches import Batches, ResumableBatches  # the iterators' home is batches.py
 
 
@@ -218,7 +218,10 @@ def _synthetic_logreg(spec: str, args_text: str | None, seed: int) -> Dataset:
 def _byo_dataset(spec: str, seed: int) -> Dataset:
     fn = import_object(spec, DATASET_NAMES)
     try:
-        result = fn(seed=seed) if accepts(fn, "seed") else fn()
+        with user_code(spec, "calling it"):
+            result = fn(seed=seed) if accepts(fn, "seed") else fn()
+    except UserCodeExit:
+        raise
     except Exception as exc:
         raise ValueError(f"{spec!r}: calling it raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(result, (tuple, list)) or len(result) != 4:
@@ -286,7 +289,10 @@ def load_peer_dataset(spec: str, rank: int, num_peers: int, seed: int = 0) -> Da
 
     def call(who):
         try:
-            return fn(rank=who, **kwargs)
+            with user_code(spec, f"calling it with rank={who}"):
+                return fn(rank=who, **kwargs)
+        except UserCodeExit:
+            raise
         except Exception as exc:
             raise ValueError(f"{spec!r}: calling it with rank={who} raised "
                              f"{type(exc).__name__}: {exc}") from exc

@@ -61,6 +61,9 @@ class TrainingHooks:
     """
 
     name: str = ""
+    #: True for a hook that only watches (it changes no bit of the run, e.g. the view recorder): a
+    #: run may resume with it added (it starts fresh) or left out (its saved state is dropped).
+    optional: bool = False
 
     @property
     def key(self) -> str:
@@ -113,6 +116,11 @@ class TrainingHooks:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """On resume, after `setup`: what `state_dict` returned when the checkpoint was written."""
+
+
+#: Prefix of an optional hook's key in a checkpoint, so that a run resumed without it knows that
+#: its state may be dropped.
+OPTIONAL = "optional:"
 
 
 class HookList:
@@ -185,16 +193,23 @@ class HookList:
         return record
 
     def state_dict(self) -> Dict[str, Dict[str, Any]]:
-        return {h.key: h.state_dict() for h in self.hooks}
+        """Each hook's state by key; an optional hook's key is prefixed `OPTIONAL` (see below)."""
+        return {(OPTIONAL + h.key if h.optional else h.key): h.state_dict() for h in self.hooks}
 
     def load_state_dict(self, state: Dict[str, Dict[str, Any]]) -> None:
-        """Restore each hook's saved state; the checkpoint must hold exactly this run's hooks."""
-        saved, current = sorted(state), sorted(h.key for h in self.hooks)
+        """Restore each hook's saved state; the checkpoint must hold exactly this run's hooks,
+        except optional ones (`TrainingHooks.optional`), which may have been added or left out."""
+        saved_optional = {k[len(OPTIONAL):] for k in state if k.startswith(OPTIONAL)}
+        state = {(k[len(OPTIONAL):] if k.startswith(OPTIONAL) else k): v for k, v in state.items()}
+        optional = {h.key for h in self.hooks if h.optional}
+        saved = sorted(set(state) - saved_optional - optional)
+        current = sorted(h.key for h in self.hooks if not h.optional)
         if saved != current:
             raise ValueError(f"the checkpoint holds state for hooks {saved} but this run has "
                              f"{current}; resume with the hooks the run was started with")
         for h in self.hooks:
-            h.load_state_dict(state[h.key])
+            if h.key in state:
+                h.load_state_dict(state[h.key])
 
 
 __all__ = ["HookList", "SetupContext", "TrainingHooks"]

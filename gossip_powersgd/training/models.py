@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..specs import accepts, import_object, parse_options, split_name
+from ..specs import accepts, import_object, parse_options, split_name, user_code, UserCodeExit
 from ..utils import one_line
 
 __all__ = ["build_model", "check_model_fits", "check_single_sample_batch", "count_parameters",
@@ -167,8 +167,11 @@ def _byo_model(spec, input_shape, num_classes, seed) -> nn.Module:
     with _GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)  # CPU only: leave CUDA RNGs alone
         try:
-            model = (factory(input_shape=tuple(input_shape), num_classes=num_classes)
-                     if with_shapes else factory())
+            with user_code(spec, "calling it"):
+                model = (factory(input_shape=tuple(input_shape), num_classes=num_classes)
+                         if with_shapes else factory())
+        except UserCodeExit:
+            raise
         except Exception as exc:
             raise ValueError(f"{spec!r}: calling it raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, nn.Module):
@@ -192,8 +195,10 @@ def check_model_fits(model: nn.Module, spec: str, x_sample: torch.Tensor, num_cl
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), user_code(spec, "running the model on the dataset's inputs"):
             out = model(x_sample)
+    except UserCodeExit:
+        raise
     except Exception as exc:  # noqa: BLE001 - whatever the model raises is a mismatch with the data
         raise ValueError(f"model {spec!r} cannot run on this dataset's inputs (shape "
                          f"{tuple(x_sample.shape[1:])}, {x_sample.dtype}): "
@@ -224,7 +229,10 @@ def check_single_sample_batch(model: nn.Module, spec: str, x_one: torch.Tensor, 
 
     trial = copy.deepcopy(model).train()
     try:
-        trial(x_one)
+        with user_code(spec, "training the model on one sample"):
+            trial(x_one)
+    except UserCodeExit:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise ValueError(f"model {spec!r} cannot train on a batch of 1 sample ({one_line(exc, limit=300)}), "
                          f"and rank {rank}'s shard of {shard_size} samples ends in one at "

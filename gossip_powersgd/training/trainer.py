@@ -65,8 +65,6 @@ from .hooks import HookList, TrainingHooks
 from .provenance import as_comments, provenance
 from .setup import PeerRun, build_run, checked_config, collectively, make_optimizer, resolve_device
 
-#: The communicator's traffic counters a checkpoint restores.
-_RESTORED_STATS = ("bytes_sent", "messages_sent", "metric_bytes_sent", "metric_messages_sent")
 
 
 # ---- small helpers ---------------------------------------------------------------------------------
@@ -176,8 +174,14 @@ class RunState:
         hooks.load_state_dict(state.get("hooks", {}))  # checkpoints from before hooks hold none
         if restore_rng:
             ckpt.set_rng_state(state["rng"])
-        for key in _RESTORED_STATS:
-            setattr(comm.stats, key, int(state["stats"][key]))
+        # Every counter (the projected times come from rounds and critical_bytes): a counter
+        # missing from a checkpoint is refused, not silently restarted from zero.
+        saved = state["stats"]
+        for field in dataclasses.fields(comm.stats):
+            if field.name not in saved:
+                raise ValueError(f"the checkpoint's traffic counters lack {field.name!r} (written "
+                                 "by an older version?); start the run again")
+            setattr(comm.stats, field.name, int(saved[field.name]))
         times = state["times"]
         return cls(step=int(state["step"]), epoch=int(state["epoch"]),
                    history=json.loads(state["history"]),
