@@ -71,3 +71,14 @@ def test_the_checkout_wrappers_name_the_command_the_user_typed(tmp_path):
                                 text=True, timeout=120, cwd=ROOT)
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith(f"usage: python -m {module} ")
+
+
+def test_the_console_scripts_name_themselves_in_their_help():
+    from pathlib import Path
+
+    for script in ("gossip-train", "gossip-plot"):
+        path = Path(sys.executable).parent / script  # installed by make's editable install
+        result = subprocess.run([str(path), "--help"], capture_output=True, text=True, timeout=120,
+                                cwd=ROOT)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"usage: {script} "), result.stdout.splitlines()[0]

@@ -5,3 +5,12 @@
 
 Nothing is imported here, so `python -m gossip_powersgd.cli.<program>` loads only what it needs.
 """
+
+
+def program_name(module: str, script: str) -> str:
+    """How a program's usage line names it: its console script (`script`) when that is what
+    ran, else ``python -m <module>`` (a checkout's `experiments.train` passes its own module)."""
+    import sys
+    from pathlib import Path
+
+    return script if sys.argv and Path(sys.argv[0]).name == script else f"python -m {module}"

@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from gossip_powersgd.cli import program_name
 from gossip_powersgd.utils import atomic_write
 
 #: The module `python -m` runs this program as; a checkout's `experiments.plot` passes its own.
@@ -141,7 +142,8 @@ def _finish(plt, fig, ax, path: Path) -> Path:
 
 def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> List[Path]:
     """Parse `argv`, write the figures, print and return their paths (`python -m <module>` in the help)."""
-    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=program_name(module, "gossip-plot"),
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR")
     parser.add_argument("--out", metavar="DIR", help="output directory (default: the run directory "
                         "for one run, ./plots for several)")

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from gossip_powersgd.cli import program_name
 from gossip_powersgd.launch import launched_by_mpiexec, main_guard
 
 #: The module `python -m` runs this program as; a checkout's `experiments.train` passes its own, so
@@ -31,7 +32,7 @@ MODULE = "gossip_powersgd.cli.train"
 def build_parser(module: str = MODULE) -> argparse.ArgumentParser:
     """The command line of `gossip-train`, its usage line spelled as `python -m <module>`."""
     parser = argparse.ArgumentParser(
-        prog=f"python -m {module}",
+        prog=program_name(module, "gossip-train"),
         description="Decentralized training with gossip (PowerGossip and baselines).")
     parser.add_argument("--config", help="YAML config file (see --help-config for the keys)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
