@@ -96,7 +96,10 @@ def spec_gamma(spec: str, topology) -> Optional[float]:
     gamma = parse_optional_float(value) if value is not None else None
     if gamma is not None:
         return gamma
-    return float(topology.gamma) if entry.gamma == "topology" else None
+    if entry.gamma != "topology":
+        return None
+    # a schedule has no one optimal step: its algorithms take 1 (exact.resolve_gamma)
+    return float(topology.gamma) if hasattr(topology, "gamma") else 1.0
 
 
 def with_option(spec: str, key: str, value: str) -> str:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import pickle
 import random
 import re
 from pathlib import Path
@@ -218,12 +217,12 @@ def _load_weights_only(data, path: Path, what: str) -> Any:
         raise _not_ours(path, f"{what} is a pickle, not torch's zip format")
     try:
         return torch.load(source, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        if "global" in str(exc):  # the unpickler met a class or function it does not allow
-            raise _not_ours(path, f"{what} holds pickled Python objects") from None
-        raise ValueError(f"checkpoint {path} is corrupt or truncated ({what} is not a torch "
-                         "file)") from None
     except Exception as exc:  # noqa: BLE001 - any failure to parse is a corrupt file
+        if type(exc).__name__ == "UnpicklingError":  # pickle's, named so as not to import it
+            if "global" in str(exc):  # the unpickler met a class or function it does not allow
+                raise _not_ours(path, f"{what} holds pickled Python objects") from None
+            raise ValueError(f"checkpoint {path} is corrupt or truncated ({what} is not a torch "
+                             "file)") from None
         raise ValueError(f"checkpoint {path} is corrupt or truncated "
                          f"({one_line(exc, limit=200)})") from None
 
