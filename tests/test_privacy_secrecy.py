@@ -283,3 +283,13 @@ def test_no_peer_statistic_crosses_to_another_peer_or_into_rank_0s_output(tmp_pa
         assert not numbers & set(map(float, SIZES)), numbers & set(map(float, SIZES))
         assert not re.search(r"train(ing)? loss\S* \d", text) and "histogram per peer" not in text
     assert "epoch 2/2" in printed  # rank 0 did print its progress lines
+
+
+def test_a_damaged_key_file_is_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    config = CONFIG.replace(out_dir=str(run_dir), dp_secret="run_dir", checkpoint_every=1)
+    local(config)
+    (run_dir / "secrets" / "rank-2.key").write_bytes(b"short")
+    with pytest.raises(ValueError, match=r"the DP key file .*rank-2.key is damaged") as info:
+        local(config, resume=True)
+    assert "\n" not in str(info.value)

@@ -52,6 +52,11 @@ Reliability II items tested in other modules (same rules: one line, every rank, 
                                     options and seed range (test_algorithm_inputs, test_specs),
                                     LocalCluster("ring:4") (test_failures), OSError/MemoryError
                                     one line (18 above)
+ 28 DP randomness / peer statistics test_privacy_training.test_bad_dp_inputs_are_one_line_errors_
+                                    and_write_nothing (dp_secret unknown, dp_secure_noise: false,
+                                    run_dir with public randomness, partition: local without
+                                    public_train_size, public_train_size off local); a damaged key
+                                    file: test_privacy_secrecy.test_a_damaged_key_file_is_one_line
 """
 
 from __future__ import annotations
