@@ -9,9 +9,9 @@ How a trainer uses it, per peer::
 
     options checked      validate_dp_options(sigma, C, delta, target, accountant)
     set-up               model = validate_model(model, fix)   # before building the optimizer
-                         model = dp.wrap(model)               # opacus GradSampleModule
                          randomness = Randomness.os_entropy()  # the peer's secret key
                          dp = DPSGD(sigma, C, q, n, randomness=randomness)
+                         model = dp.wrap(model)               # opacus GradSampleModule
                          batches = PoissonBatches(x, y, q, randomness=randomness)
     after backward       dp.privatize(model, len(yb))         # empty batch: no forward, just this
     evaluation           dp.epsilon(delta)
