@@ -42,12 +42,15 @@ def write_stderr_line(line: str) -> None:
     sys.stderr.flush()
 
 
-def atomic_write(path: Union[str, Path], data: Union[bytes, str]) -> None:
+def atomic_write(path: Union[str, Path], data: Union[bytes, str],
+                 mode: Optional[int] = None) -> None:
     """Write `data` (bytes, or text as UTF-8) to `path` so that `path` is always old or new, whole.
 
     The data goes to a temporary file in the same directory, is fsynced, and replaces `path` with
     `os.replace` (atomic on POSIX); the directory is fsynced too so the rename survives a crash. The
-    parent directory is created if missing; the file gets a normal mode (0666 less the umask).
+    parent directory is created if missing; the file gets a normal mode (0666 less the umask), or
+    `mode` (e.g. 0o600 for a secret: the temporary file has it from its creation on, so the secret
+    is never readable by others, not even for a moment).
     """
     path = Path(path)
     if isinstance(data, str):
@@ -64,9 +67,11 @@ def atomic_write(path: Union[str, Path], data: Union[bytes, str]) -> None:
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600
+        if mode is None:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask  # mkstemp makes it 0600
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     finally:
         if tmp.exists():

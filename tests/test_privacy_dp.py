@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import io
 import math
+import secrets
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -29,6 +31,7 @@ from gossip_powersgd.privacy import (
     validate_dp_options,
     validate_model,
 )
+from gossip_powersgd.privacy.seeds import NOISE_STREAM, SAMPLER_STREAM, Randomness
 
 pytest.importorskip("opacus")
 from opacus.accountants import GaussianAccountant, PRVAccountant, RDPAccountant  # noqa: E402
@@ -126,7 +129,7 @@ def test_sigma_zero_infinite_clip_reproduces_the_plain_gradient():
 @pytest.mark.parametrize("empty_batch", [False, True])
 def test_zero_loss_update_is_gaussian_with_std_sigma_c_over_expected_batch(empty_batch):
     sigma, clip, q, shard = 1.3, 0.7, 0.1, 250  # expected batch 25
-    dp = DPSGD(sigma, clip, sample_rate=q, shard_size=shard, seed=5, rank=2)
+    dp = DPSGD(sigma, clip, sample_rate=q, shard_size=shard)  # a fresh OS-entropy key
     model = dp.wrap(nn.Linear(60, 50))
     if empty_batch:
         dp.privatize(model, 0)  # no forward for an empty Poisson batch: pure noise
@@ -143,17 +146,38 @@ def test_zero_loss_update_is_gaussian_with_std_sigma_c_over_expected_batch(empty
     assert abs(update.mean().item()) < 5 * expected / math.sqrt(n)
 
 
-def test_noise_is_seeded_per_seed_and_rank():
-    def noise(seed, rank, secure=False):
-        dp = DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=4, seed=seed, rank=rank, secure=secure)
+def test_noise_is_a_function_of_the_key_and_fresh_keys_differ():
+    def noise(randomness=None):
+        dp = DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=4, randomness=randomness)
         model = dp.wrap(nn.Linear(4, 4))
         dp.privatize(model, 0)
         return next(model.parameters()).grad.clone()
 
-    assert torch.equal(noise(3, 1), noise(3, 1))
-    assert not torch.equal(noise(3, 1), noise(3, 2))
-    assert not torch.equal(noise(3, 1), noise(4, 1))
-    assert not torch.equal(noise(3, 1, secure=True), noise(3, 1, secure=True))
+    key = secrets.token_bytes(32)
+    assert torch.equal(noise(Randomness(key, "run_dir")), noise(Randomness(key, "run_dir")))
+    assert not torch.equal(noise(), noise())  # two OS-entropy keys
+    assert torch.equal(noise(Randomness.public(3, 1)), noise(Randomness.public(3, 1)))
+    assert not torch.equal(noise(Randomness.public(3, 1)), noise(Randomness.public(3, 2)))
+    assert "key=<secret>" in repr(Randomness(key, "os")) and key.hex() not in repr(
+        Randomness(key, "os"))
+
+
+def test_keystream_gaussians_and_uniforms_have_the_right_distribution():
+    # A fixed key, so the check is deterministic; the bounds are what an exact sampler passes
+    # with probability >= 1 - 3e-6 each (Kolmogorov: P(sqrt(n) D > 2.6) <= 2 exp(-2 * 2.6^2)).
+    from scipy import stats
+
+    randomness = Randomness(bytes(range(32)), "run_dir")
+    n = 200_000
+    z = randomness.normals(NOISE_STREAM, 0, 0, n=n).numpy()
+    u = randomness.uniforms(SAMPLER_STREAM, 0, 0, n=n).numpy()
+    assert math.sqrt(n) * stats.kstest(z, "norm").statistic < 2.6
+    assert math.sqrt(n) * stats.kstest(u, "uniform").statistic < 2.6
+    assert 0 < u.min() and u.max() < 1
+    # Labels are independent streams: another step's, or the masks' stream, share no draws.
+    other = randomness.normals(NOISE_STREAM, 1, 0, n=n).numpy()
+    assert abs(float(np.corrcoef(z, other)[0, 1])) < 5 / math.sqrt(n)
+    assert np.array_equal(randomness.normals(NOISE_STREAM, 0, 0, n=n).numpy(), z)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -168,7 +192,7 @@ def test_each_peers_epsilon_equals_a_fresh_opacus_accountant(name):
     epsilons = []
     for rank, shard in enumerate(shards):
         q = poisson_rate(10, shard)
-        dp = DPSGD(sigma, 1.0, sample_rate=q, shard_size=shard, accountant=name, rank=rank)
+        dp = DPSGD(sigma, 1.0, sample_rate=q, shard_size=shard, accountant=name)
         model = dp.wrap(nn.Linear(3, 2))
         for _ in range(steps):
             dp.privatize(model, 0)
@@ -316,13 +340,33 @@ def test_poisson_batches_have_the_expected_size_on_average_and_vary():
     assert batches.epoch == steps // 20
 
 
-def test_poisson_batches_can_be_empty_and_depend_on_rank():
+def test_poisson_batches_can_be_empty_and_depend_on_the_key_only():
     x, y = data(30)
     sizes = [len(yb) for _ in range(3) for _, yb in PoissonBatches(x, y, 0.01, seed=0, rank=0)]
     assert 0 in sizes
-    first = [yb for _, yb in PoissonBatches(x, y, 0.3, seed=0, rank=0)]
-    other = [yb for _, yb in PoissonBatches(x, y, 0.3, seed=0, rank=1)]
+    key = secrets.token_bytes(32)
+    first = [yb for _, yb in PoissonBatches(x, y, 0.3, randomness=Randomness(key, "run_dir"))]
+    same = [yb for _, yb in PoissonBatches(x, y, 0.3, seed=5, rank=2,
+                                           randomness=Randomness(key, "run_dir"))]
+    other = [yb for _, yb in PoissonBatches(x, y, 0.3)]  # a fresh OS-entropy key
+    assert all(torch.equal(a, b) for a, b in zip(first, same))
     assert any(not torch.equal(a, b) for a, b in zip(first, other))
+
+
+def test_each_record_is_included_at_rate_q_independently_of_the_others():
+    # 60 steps x 500 records at q = 0.1 from a fixed key. Per record the count is Binomial(60, q);
+    # over records the counts' variance is 60 q (1 - q) = 5.4, whose sample estimate from 500
+    # records has relative standard error sqrt(2 / 499) (about 6.3 %): 5 of them is a 32 % band.
+    n, q, steps = 500, 0.1, 60
+    batches = PoissonBatches(torch.zeros(n, 1), torch.arange(n), q,
+                             randomness=Randomness(bytes(32), "run_dir"))
+    counts = torch.zeros(n)
+    for _ in range(steps // len(batches)):
+        for _, yb in batches:
+            counts[yb] += 1
+    mean, var = steps * q, steps * q * (1 - q)
+    assert abs(counts.mean().item() - mean) < 5 * math.sqrt(var / n)
+    assert abs(counts.var().item() / var - 1) < 5 * math.sqrt(2 / (n - 1))
 
 
 def weights_only_round_trip(state):
@@ -334,7 +378,8 @@ def weights_only_round_trip(state):
 
 def test_sampler_resume_is_bit_exact_across_an_epoch_boundary():
     x, y = data(50)
-    batches = PoissonBatches(x, y, 0.2, seed=7, rank=1)  # 5 steps per epoch
+    key = secrets.token_bytes(32)
+    batches = PoissonBatches(x, y, 0.2, randomness=Randomness(key, "run_dir"))  # 5 steps/epoch
     taken = 0
     while taken < 7:  # stop mid-epoch, holding a batch, as a checkpoint after it would
         for _ in batches:
@@ -342,7 +387,7 @@ def test_sampler_resume_is_bit_exact_across_an_epoch_boundary():
             if taken == 7:
                 break
     state = weights_only_round_trip(batches.state_dict())
-    resumed = PoissonBatches(x, y, 0.2, seed=7, rank=1)
+    resumed = PoissonBatches(x, y, 0.2, randomness=Randomness(key, "run_dir"))
     resumed.load_state_dict(state)
 
     def take(sampler, count):
@@ -366,7 +411,10 @@ def test_noise_and_accountant_resume_bit_exact_through_weights_only_load():
     x, y = data(12)
 
     def peer():
-        dp = DPSGD(0.9, 0.5, sample_rate=0.3, shard_size=40, seed=11, rank=2)
+        # Each peer starts with a key of its own: the resumed one gets the original's from the
+        # checkpoint (a run-directory key is the one kind a checkpoint keeps).
+        dp = DPSGD(0.9, 0.5, sample_rate=0.3, shard_size=40,
+                   randomness=Randomness(secrets.token_bytes(32), "run_dir"))
         return dp, dp.wrap(small_model())
 
     def step(dp, model):
@@ -393,13 +441,17 @@ def test_privacy_state_holds_only_plain_values_and_refuses_a_mismatch():
     dp.privatize(dp.wrap(nn.Linear(2, 2)), 0)
     state = weights_only_round_trip(dp.state_dict())
     assert state["history"] == [[1.0, 0.5, 1]] and state["accountant"] == "prv"
-    secure = DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=4, secure=True)
-    secure_state = weights_only_round_trip(secure.state_dict())
-    assert "noise_generator" not in secure_state
+    assert state["randomness"] == {"kind": "os"}  # an OS-entropy key is never written
+    keyed = DPSGD(1.0, 1.0, 0.5, 4, randomness=Randomness(secrets.token_bytes(32), "run_dir"))
+    keyed_state = weights_only_round_trip(keyed.state_dict())
+    assert keyed_state["randomness"]["key"].dtype == torch.uint8
     one_line_error(DPSGD(1.0, 1.0, 0.5, 4, accountant="rdp").load_state_dict, state,
                    match="dp_accountant: prv")
-    one_line_error(DPSGD(1.0, 1.0, 0.5, 4).load_state_dict, secure_state,
-                   match="dp_secure_noise: true")
+    one_line_error(DPSGD(1.0, 1.0, 0.5, 4).load_state_dict, keyed_state,
+                   match="DP randomness is 'run_dir' but this run's is 'os'")
+    old = {k: v for k, v in state.items() if k != "randomness"}  # an older version's checkpoint
+    one_line_error(DPSGD(1.0, 1.0, 0.5, 4, accountant="prv").load_state_dict, old,
+                   match="whose noise was public")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -50,7 +50,8 @@ def independent_epsilon(sigma, rate, steps, delta):
 
 def test_every_peer_reports_its_own_epsilon_equal_to_an_independent_accountant(tmp_path):
     out = tmp_path / "run"
-    summaries = local(DP.replace(out_dir=str(out), checkpoint_every=0))
+    summaries = local(DP.replace(out_dir=str(out), checkpoint_every=0,
+                                 release_peer_statistics=True))
     s = summaries[0]
     assert s["noise_multiplier"] == 1.0 and s["max_grad_norm"] == 1.0
     sizes = [sum(row) for row in s["label_histogram"]]
@@ -72,8 +73,14 @@ def test_every_peer_reports_its_own_epsilon_equal_to_an_independent_accountant(t
     table = (out / "summary.md").read_text()
     assert "DP noise multiplier σ / clip norm C | 1 / 1.0" in table
     assert f"[{min(s['epsilon']):.4g}, {max(s['epsilon']):.4g}]" in table
+    assert "replace-one (PLD)" in table and s["dp_adjacency"].startswith("add/remove one record")
     record = json.loads((out / "metrics" / "rank-2.jsonl").read_text().splitlines()[-1])
     assert record["epsilon"] == s["epsilon"][2]
+    for rank in range(PEERS):  # PLD is tighter than RDP; replace-one (PLD) spends more than
+        # add/remove (PLD), though not always more than add/remove by the looser RDP
+        assert s["epsilon_pld"][rank] < min(s["epsilon"][rank], s["epsilon_replace_one"][rank])
+        assert json.loads((out / "peers" / f"rank-{rank}.json").read_text())["epsilon"] == \
+            s["epsilon"][rank]
 
 
 def test_without_dp_keys_the_run_is_unchanged():
@@ -83,14 +90,26 @@ def test_without_dp_keys_the_run_is_unchanged():
 
 def test_a_target_epsilon_ends_the_worst_peer_at_or_just_below_it():
     for target in (1.0, 4.0):
-        s = local(DP.replace(dp_noise_multiplier=None, dp_target_epsilon=target))[0]
+        s = local(DP.replace(dp_noise_multiplier=None, dp_target_epsilon=target,
+                             release_peer_statistics=True))[0]
         assert 0.95 * target <= max(s["epsilon"]) <= target, s["epsilon"]
         assert min(s["epsilon"]) < max(s["epsilon"])  # smaller shards spend less... of a larger q
 
 
+def test_with_private_sizes_every_peer_meets_the_target_with_its_own_sigma():
+    summaries = local(DP.replace(dp_noise_multiplier=None, dp_target_epsilon=2.0))
+    assert summaries[0]["noise_multiplier"] is None and "epsilon" not in summaries[0]
+    sigmas = [s["peer"]["noise_multiplier"] for s in summaries]
+    assert len(set(sigmas)) == PEERS  # four rates, four sigmas
+    for s in summaries:
+        assert 0.95 * 2.0 <= s["peer"]["epsilon"] <= 2.0
+
+
 def test_noise_free_dp_spends_an_infinite_epsilon():
-    s = local(DP.replace(dp_noise_multiplier=0.0, dp_max_grad_norm=1.0, epochs=1))[0]
+    s = local(DP.replace(dp_noise_multiplier=0.0, dp_max_grad_norm=1.0, epochs=1,
+                         release_peer_statistics=True))[0]
     assert s["epsilon"] == ["inf"] * PEERS and s["history"][-1]["epsilon_max"] == "inf"
+    assert s["epsilon_pld"] == ["inf"] * PEERS
 
 
 # ---- where the noise goes ----------------------------------------------------------------------
@@ -135,9 +154,9 @@ def test_gradient_averagers_see_the_clipped_noisy_gradient_not_the_raw_one():
 def test_empty_poisson_batches_take_a_pure_noise_step_without_a_forward():
     # batch_size 1: a peer's batch is empty with probability (1 - 1/n)^n, about 37 %
     s = local(DP.replace(batch_size=1, epochs=1, lr=0.05))[0]
-    assert s["steps"] == s["steps_per_epoch"] and math.isfinite(s["final_train_loss"])
-    expected = independent_epsilon(1.0, s["sample_rate"][0], s["steps"], s["delta"])
-    assert s["epsilon"][0] == pytest.approx(expected, rel=1e-12)
+    assert s["steps"] == s["steps_per_epoch"] and math.isfinite(s["peer"]["final_train_loss_local"])
+    expected = independent_epsilon(1.0, s["peer"]["sample_rate"], s["steps"], s["delta"])
+    assert s["peer"]["epsilon"] == pytest.approx(expected, rel=1e-12)
 
 
 # ---- resume and MPI ----------------------------------------------------------------------------
@@ -147,7 +166,9 @@ class Interrupted(RuntimeError):
 
 
 def test_resume_is_bit_identical_to_an_uninterrupted_private_run(tmp_path):
-    config = DP.replace(epochs=3, checkpoint_every=1)
+    # Public randomness: the interrupted run and the reference draw the same noise. With secret
+    # keys the same holds for a run and its own resumption (test_privacy_secrecy).
+    config = DP.replace(epochs=3, checkpoint_every=1, dp_public_randomness=True)
     reference = local(config.replace(out_dir=str(tmp_path / "reference")))
     stop = 2 * reference[0]["steps_per_epoch"] + 3
 
@@ -162,14 +183,19 @@ def test_resume_is_bit_identical_to_an_uninterrupted_private_run(tmp_path):
     for rank in range(PEERS):
         assert comparable(resumed[rank]["history"]) == comparable(reference[rank]["history"])
     assert resumed[0]["model_sha256"] == reference[0]["model_sha256"]
-    assert resumed[0]["epsilon"] == reference[0]["epsilon"]
+    assert resumed[0]["peer"]["epsilon"] == reference[0]["peer"]["epsilon"]
 
 
 def mpi_dp_scenario(comm, partition):
-    """One private run on this peer (MPI worker and local alike): its comparable result."""
-    summary = train(comm, DP.replace(partition=partition, dataset=_dataset_for(partition)))
+    """One private run on this peer (MPI worker and local alike): its comparable result. Public
+    randomness, so that both transports draw the same noise."""
+    summary = train(comm, DP.replace(partition=partition, dataset=_dataset_for(partition),
+                                     dp_public_randomness=True,
+                                     public_train_size=OWN_RANK_TOTAL if partition == "local"
+                                     else None))
     return {"history": json.dumps(comparable(summary["history"])),
-            "epsilon": json.dumps(summary["epsilon"]), "sha": summary["model_sha256"][comm.rank]}
+            "epsilon": json.dumps(summary["peer"]["epsilon"]),
+            "sha": summary["model_sha256"][comm.rank]}
 
 
 def _dataset_for(partition):
@@ -197,6 +223,10 @@ def _caller_rank():
     return MPI.COMM_WORLD.Get_rank()
 
 
+#: The training samples of all peers of `own_rank_only` (100 + 60 k each), declared public.
+OWN_RANK_TOTAL = sum(100 + 60 * k for k in range(PEERS))
+
+
 def own_rank_only(rank, num_peers, seed=0):
     """Each peer's own data, of a different size per peer; refuses anyone else's."""
     if rank is not None and rank != _caller_rank():
@@ -220,7 +250,8 @@ def shared_test_set(rank, num_peers, seed=0):
 
 def test_local_partition_loads_only_each_peers_data_and_pools_the_evaluation():
     config = DP.replace(partition="local", dataset="test_privacy_training:own_rank_only",
-                        dp_noise_multiplier=None, dp_max_grad_norm=None, epochs=2)
+                        dp_noise_multiplier=None, dp_max_grad_norm=None, epochs=2,
+                        release_peer_statistics=True)
     summaries = local(config)
     s = summaries[0]
     sizes = [100 + 60 * k for k in range(PEERS)]
@@ -237,10 +268,12 @@ def test_local_partition_loads_only_each_peers_data_and_pools_the_evaluation():
 
 def test_local_partition_with_dp_and_a_shared_test_set():
     config = DP.replace(partition="local", dataset="test_privacy_training:shared_test_set",
-                        epochs=1)
-    s = local(config)[0]
-    assert s["sample_rate"] == [32 / 80] * PEERS
-    assert s["delta"] == 1e-3
+                        epochs=1, public_train_size=320)
+    summaries = local(config)
+    assert [s["peer"]["sample_rate"] for s in summaries] == [32 / 80] * PEERS
+    # The default delta comes from the public total (320 samples: 1e-4), not from a shard size.
+    assert summaries[0]["delta"] == 1e-4 and "sample_rate" not in summaries[0]
+    assert summaries[0]["steps_per_epoch"] == -(-320 // (PEERS * 32))
 
 
 # ---- models ------------------------------------------------------------------------------------
@@ -261,7 +294,7 @@ def test_batchnorm_is_a_one_line_error_naming_the_layer_and_the_fix(tmp_path):
         local(config)
     assert "\n" not in str(info.value) and not (tmp_path / "r").exists()
     s = local(config.replace(dp_fix_model=True, out_dir=None, epochs=1))[0]
-    assert s["epsilon"][0] > 0 and s["final_test_acc_avg_model"] is not None
+    assert s["peer"]["epsilon"] > 0 and s["final_test_acc_avg_model"] is not None
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -277,6 +310,12 @@ def test_batchnorm_is_a_one_line_error_naming_the_layer_and_the_fix(tmp_path):
     (dict(dp_noise_multiplier=None, dp_target_epsilon=1e-4, dp_delta=1e-12),
      "dp_target_epsilon=0.0001 is unreachable"),
     (dict(model="test_privacy_training:frozen_net"), "no trainable parameter"),
+    (dict(dp_secret="seed"), "dp_secret must be one of os, run_dir"),
+    (dict(dp_secure_noise=False), "dp_secure_noise: false .* is gone"),
+    (dict(dp_secret="run_dir", dp_public_randomness=True), "set only one of them"),
+    (dict(partition="local", dataset="test_privacy_training:own_rank_only"),
+     "partition: local needs the total number of training samples declared public"),
+    (dict(public_train_size=100), "public_train_size.*is for partition: local"),
 ])
 def test_bad_dp_inputs_are_one_line_errors_and_write_nothing(tmp_path, changes, message):
     out = tmp_path / "run"
@@ -289,9 +328,10 @@ def test_bad_dp_inputs_are_one_line_errors_and_write_nothing(tmp_path, changes, 
 def test_dp_keys_are_documented_and_validated_with_the_config():
     text = describe_keys()
     for key in ("dp_noise_multiplier", "dp_max_grad_norm", "dp_delta", "dp_target_epsilon",
-                "dp_accountant", "dp_fix_model", "dp_secure_noise"):
+                "dp_accountant", "dp_fix_model", "dp_secure_noise", "dp_secret",
+                "dp_public_randomness", "release_peer_statistics", "public_train_size"):
         assert f"\n{key} (" in text
     with pytest.raises(ValueError, match="dp_noise_multiplier must be a finite number >= 0"):
         validate_config(DP.replace(dp_noise_multiplier=-0.5))
     with pytest.raises(ValueError, match="partition: local needs a bring-your-own dataset"):
-        local(DP.replace(partition="local"))
+        local(DP.replace(partition="local", public_train_size=100))

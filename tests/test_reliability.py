@@ -105,6 +105,12 @@ Reliability III items, in test_reliability_views (same rules):
  51 README example not reproducible test_the_readme_example_is_bit_identical_when_peers_run_at_once
     with peers running at once      (lanes=2, free threads); the guard: test_concurrent_peers_that_
                                     use_the_global_rng_are_warned_once, test_one_peer_at_a_time_...
+Privacy III inputs (same rules):
+ 52 DP randomness / peer statistics test_privacy_training.test_bad_dp_inputs_are_one_line_errors_
+                                    and_write_nothing (dp_secret unknown, dp_secure_noise: false,
+                                    run_dir with public randomness, partition: local without
+                                    public_train_size, public_train_size off local); a damaged key
+                                    file: test_privacy_secrecy.test_a_damaged_key_file_is_one_line
 """
 
 from __future__ import annotations

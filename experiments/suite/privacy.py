@@ -67,7 +67,9 @@ def _attempt(label, spec, partition, target, seed, plan) -> Dict[str, Any]:
                      # a loaded shared machine can stall a peer thread for minutes: wait, not fail
                      comm_timeout=600.0)
     if target is not None:
-        overrides.update(dp_target_epsilon=target, dp_max_grad_norm=CLIP, dp_delta=DELTA)
+        # the page reports every peer's epsilon and rate: released to the experimenter
+        overrides.update(dp_target_epsilon=target, dp_max_grad_norm=CLIP, dp_delta=DELTA,
+                         release_peer_statistics=True)
     row = dict(label=label, spec=spec, partition=partition, target=target, seed=seed)
     log(f"{label} {partition} target ε {target} seed {seed}")
     try:
@@ -191,7 +193,9 @@ def privacy_page(rows, plan, command, seconds) -> str:
                f"gradient before its optimizer step, RDP accountant, δ = {DELTA:g}; σ is computed "
                f"per run from the target ε so that the peer with the largest q ends at or just "
                f"below it (`dp_target_epsilon`). Target ∞ is the same recipe without DP (shuffled "
-               f"batches, no clipping). Seeded noise (research mode, not `dp_secure_noise`).")
+               f"batches, no clipping). Noise and Poisson masks secret per peer (fresh OS "
+               f"entropy); the peers' sizes and ε released to the experimenter "
+               f"(`release_peer_statistics`).")
     text = header("Differential privacy: accuracy vs ε" + (" (--quick)" if plan["quick"] else ""),
                   command, seconds, extra, generated=generated_sentence(command, seconds))
     label, partition, target = HEADLINE

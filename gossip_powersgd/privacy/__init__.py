@@ -1,9 +1,10 @@
 """Record-level differential privacy on each peer: DP-SGD with Opacus and honest accounting.
 
 Every peer samples its own shard by Poisson sampling (``PoissonBatches``), clips each example's
-gradient and adds its own Gaussian noise before its optimizer step (``DPSGD``), and keeps its own
-accountant (``accounting``): peers with different shard sizes have different sampling rates and
-therefore different epsilons, all of which are reported.
+gradient and adds its own Gaussian noise before its optimizer step (``DPSGD``), both drawn from a
+keystream keyed by a secret of that peer (``Randomness``), and keeps its own accountant
+(``accounting``, with dp-accounting's PLD beside it: ``pld_epsilon``): peers with different shard
+sizes have different sampling rates and therefore different epsilons, each in its own file.
 
 Opacus is imported only when one of these is used; without it they raise a one-line ImportError
 with the install command.
@@ -21,6 +22,7 @@ from gossip_powersgd.privacy.accounting import (
     epsilon,
     make_accountant,
     noise_for_target,
+    pld_epsilon,
 )
 from gossip_powersgd.privacy.dependency import MISSING_OPACUS, import_opacus
 from gossip_powersgd.privacy.dpsgd import DPSGD, dp_enabled, validate_dp_options, validate_model
@@ -55,6 +57,7 @@ from gossip_powersgd.privacy.reconstruction import (
     trivial_estimates,
 )
 from gossip_powersgd.privacy.sampling import PoissonBatches, poisson_rate
+from gossip_powersgd.privacy.seeds import Randomness
 from gossip_powersgd.privacy.views import (
     ObservedView,
     ObserverHooks,
@@ -74,6 +77,7 @@ __all__ = [
     "ObservedView",
     "ObserverHooks",
     "PoissonBatches",
+    "Randomness",
     "RecordingCommunicator",
     "ViewRecorder",
     "auc",
@@ -101,6 +105,7 @@ __all__ = [
     "pairwise_privacy_loss",
     "pairwise_rdp",
     "per_message_composition_rdp",
+    "pld_epsilon",
     "poisson_rate",
     "reconstruct",
     "reconstruction_errors",

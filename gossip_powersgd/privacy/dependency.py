@@ -1,4 +1,5 @@
-"""Opacus, imported on first use so that the rest of the package works without it installed."""
+"""Opacus and dp-accounting, imported on first use so that the rest of the package works without
+them installed."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ MISSING_OPACUS = "differential privacy needs Opacus: pip install 'gossip_powersg
 
 
 def import_opacus(module: str = "opacus") -> ModuleType:
-    """Import ``module`` (``"opacus"`` or one of its submodules); one-line ImportError if missing.
+    """Import ``module`` (``"opacus"``, ``"dp_accounting"`` or a submodule); one-line ImportError
+    if missing.
 
     Only an absent Opacus is turned into the install hint: an Opacus that is present but fails to
     import for another reason keeps its own error, which is what would help fixing it.
@@ -18,6 +20,9 @@ def import_opacus(module: str = "opacus") -> ModuleType:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        if exc.name is not None and exc.name.split(".")[0] == "opacus":
+        top = None if exc.name is None else exc.name.split(".")[0]
+        if top == "opacus":
             raise ImportError(MISSING_OPACUS) from None
+        if top == "dp_accounting":
+            raise ImportError(MISSING_OPACUS.replace("Opacus", "dp-accounting")) from None
         raise

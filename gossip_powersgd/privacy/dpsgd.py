@@ -9,8 +9,10 @@ How a trainer uses it, per peer::
 
     options checked      validate_dp_options(sigma, C, delta, target, accountant)
     set-up               model = validate_model(model, fix)   # before building the optimizer
+                         randomness = Randomness.os_entropy()  # the peer's secret key
+                         dp = DPSGD(sigma, C, q, n, randomness=randomness)
                          model = dp.wrap(model)               # opacus GradSampleModule
-                         batches = PoissonBatches(x, y, q, seed, rank)
+                         batches = PoissonBatches(x, y, q, randomness=randomness)
     after backward       dp.privatize(model, len(yb))         # empty batch: no forward, just this
     evaluation           dp.epsilon(delta)
     checkpoint           dp.state_dict() / dp.load_state_dict(state)
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import math
-import secrets
 from numbers import Real
 from typing import Optional
 
@@ -29,7 +30,7 @@ from torch import nn
 
 from gossip_powersgd.privacy.accounting import check_accountant_name, epsilon, make_accountant
 from gossip_powersgd.privacy.dependency import import_opacus
-from gossip_powersgd.privacy.seeds import NOISE_STREAM, derive_seed
+from gossip_powersgd.privacy.seeds import NOISE_STREAM, Randomness
 from gossip_powersgd.utils import one_line
 
 __all__ = ["DPSGD", "validate_model", "validate_dp_options", "dp_enabled"]
@@ -173,14 +174,16 @@ class DPSGD:
 
     The sum is divided by the *expected* batch size ``sample_rate * shard_size``, not by the
     batch's actual size, which would depend on (and leak) how many records were sampled. The noise
-    comes from this peer's own CPU generator seeded by ``(seed, rank)``, so runs repeat exactly;
-    ``secure=True`` draws every step's seed from the OS entropy pool instead (not reproducible)
-    and averages draws as Opacus' secure mode does, against floating-point attacks.
+    comes from this peer's secret keystream ``randomness`` (`seeds.Randomness`; default: a fresh
+    OS-entropy key), at the label (NOISE_STREAM, step, draw): step t's noise depends only on the
+    key and t, so a run resumed with the same key continues bit for bit, and nobody without the
+    key (a neighbour knowing the whole config) can regenerate it. Share the same `Randomness`
+    with the peer's `PoissonBatches` (another stream tag): one key per peer.
     """
 
     def __init__(self, noise_multiplier: float, max_grad_norm: float, sample_rate: float,
-                 shard_size: int, *, accountant: str = "rdp", seed: int = 0, rank: int = 0,
-                 secure: bool = False):
+                 shard_size: int, *, accountant: str = "rdp",
+                 randomness: Optional[Randomness] = None):
         validate_dp_options(noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
                             accountant=accountant)
         if isinstance(sample_rate, bool) or not 0 < float(sample_rate) <= 1:
@@ -191,11 +194,10 @@ class DPSGD:
         self.max_grad_norm = float(max_grad_norm)
         self.sample_rate = float(sample_rate)
         self.expected_batch_size = self.sample_rate * int(shard_size)
-        self.secure = bool(secure)
+        self.randomness = randomness if randomness is not None else Randomness.os_entropy()
         self.accountant_name = accountant
         self.accountant = make_accountant(accountant)
-        self.generator = torch.Generator(device="cpu")
-        self.generator.manual_seed(derive_seed(seed, rank, NOISE_STREAM))
+        self._noise_label = (-1, 0)  # (step, draws so far in that step) of the last noise draw
         self.module: Optional[nn.Module] = None
 
     # ---- set-up -----------------------------------------------------------------------------
@@ -251,17 +253,21 @@ class DPSGD:
         return (self.max_grad_norm / (norms + _NORM_EPS)).clamp(max=1.0)
 
     def _noise(self, like: torch.Tensor) -> torch.Tensor:
+        """N(0, (sigma C)^2) shaped like `like`: the next draw of this step's noise stream.
+
+        The k-th call within step t (t = steps accounted so far) reads the label
+        (NOISE_STREAM, t, k), so the noise of a step is a function of the key and t alone.
+        Returned in float64 (Box-Muller's precision, see `Randomness.normals`); the caller adds it
+        to the sum before rounding to the parameter's dtype.
+        """
+        step = self.steps
+        draw = self._noise_label[1] if self._noise_label[0] == step else 0
+        self._noise_label = (step, draw + 1)
         if self.noise_multiplier == 0:  # before multiplying: 0 * C is NaN for C = inf
             return torch.zeros_like(like)
         std = self.noise_multiplier * self.max_grad_norm
-        if not self.secure:
-            noise = torch.normal(0.0, std, size=like.shape, generator=self.generator)
-        else:
-            # Sum of four draws / 2 has std `std` and resists the floating-point attacks on one
-            # Gaussian draw (Opacus' secure mode; arXiv:2112.05307).
-            noise = sum(torch.normal(0.0, std, size=like.shape, generator=self.generator)
-                        for _ in range(4)) / 2
-        return noise.to(device=like.device, dtype=like.dtype)
+        noise = self.randomness.normals(NOISE_STREAM, step, draw, n=like.numel())
+        return (std * noise).reshape(like.shape).to(device=like.device)
 
     def privatize(self, model: nn.Module, batch_size_actual: int) -> None:
         """Replace every trainable ``p.grad`` of ``model`` by its private version; step accounting.
@@ -279,8 +285,6 @@ class DPSGD:
         if not params:
             raise ValueError("differential privacy needs a model with trainable parameters; "
                              "this one has none")
-        if self.secure:
-            self.generator.manual_seed(secrets.randbits(64))
         with torch.no_grad():
             if batch_size == 0:
                 summed = [torch.zeros_like(p) for p in params]
@@ -307,19 +311,18 @@ class DPSGD:
     # ---- checkpoint -------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """Accountant history and noise-generator state, as plain numbers, strings and tensors.
+        """Accountant history and the randomness' state, as plain numbers, strings and tensors.
 
-        Survives ``torch.save`` / ``torch.load(weights_only=True)``. In secure mode the generator
-        is reseeded from OS entropy every step, so there is no generator state worth keeping.
+        Survives ``torch.save`` / ``torch.load(weights_only=True)``. The noise stream is counter
+        based (the step count is the history's), so the randomness' state is its kind and, for a
+        run-directory key only, the key (`Randomness.state_dict`): an OS-entropy key is never
+        written anywhere.
         """
-        state = {
+        return {
             "accountant": self.accountant_name,
             "history": [[float(s), float(q), int(n)] for s, q, n in self.accountant.history],
-            "secure": self.secure,
+            "randomness": self.randomness.state_dict(),
         }
-        if not self.secure:
-            state["noise_generator"] = self.generator.get_state()
-        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a ``state_dict()``: same epsilon so far, same noise from here on."""
@@ -332,10 +335,8 @@ class DPSGD:
         except (KeyError, TypeError, ValueError):
             raise ValueError("the checkpoint's privacy state has no valid accountant history "
                              "(expected a list of [sigma, sample_rate, steps])") from None
-        if not self.secure:
-            generator_state = state.get("noise_generator")
-            if not isinstance(generator_state, torch.Tensor):
-                raise ValueError("the checkpoint has no noise generator state (it was written with "
-                                 "dp_secure_noise: true): resume with dp_secure_noise: true")
-            self.generator.set_state(generator_state.to(torch.uint8))
+        if not isinstance(state.get("randomness"), dict):
+            raise ValueError("the checkpoint's privacy state has no DP randomness (it was written "
+                             "by an older version, whose noise was public): start a new run")
+        self.randomness.load_state_dict(state["randomness"])
         self.accountant.history = history

@@ -8,11 +8,11 @@ what is accounted for.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
-from gossip_powersgd.privacy.seeds import SAMPLER_STREAM, derive_seed
+from gossip_powersgd.privacy.seeds import SAMPLER_STREAM, Randomness
 from gossip_powersgd.training.batches import ResumableBatches
 
 __all__ = ["PoissonBatches", "poisson_rate"]
@@ -38,18 +38,22 @@ class PoissonBatches(ResumableBatches):
     sizes vary and may be 0 (then ``xb`` and ``yb`` have length 0). An epoch is
     ``round(1 / sample_rate)`` steps, which visits each example once in expectation.
 
-    The inclusion mask of a step is drawn from a CPU ``torch.Generator`` seeded by
-    ``(seed, rank, epoch, step)``, so the batches are a pure function of the state and
-    ``load_state_dict`` resumes them bit for bit; iteration and resuming are the trainer's
-    ``Batches``' (see `ResumableBatches`). ``last_batch_size`` is what `DPSGD.privatize` is told.
+    The inclusion mask of step ``position`` of ``epoch`` is drawn from this peer's secret
+    keystream ``randomness`` (`seeds.Randomness`; default: a fresh OS-entropy key), at the label
+    ``(SAMPLER_STREAM, epoch, position)``: a neighbour who knows the config cannot tell which
+    records a batch holds, which is what amplification by subsampling assumes. The batches are a
+    pure function of the key and the state, so ``load_state_dict`` with the same key resumes
+    them bit for bit; iteration and resuming are the trainer's ``Batches``' (see
+    `ResumableBatches`). ``last_batch_size`` is what `DPSGD.privatize` is told.
     """
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, sample_rate: float, seed: int = 0,
-                 rank: int = 0):
+                 rank: int = 0, *, randomness: Optional[Randomness] = None):
         if isinstance(sample_rate, bool) or not 0 < float(sample_rate) <= 1:
             raise ValueError(f"the Poisson sample rate must lie in (0, 1], got {sample_rate!r}")
         super().__init__(x, y, seed, rank, "cannot sample batches from an empty dataset")
         self.sample_rate = float(sample_rate)
+        self.randomness = randomness if randomness is not None else Randomness.os_entropy()
 
     def __len__(self) -> int:
         return max(1, round(1 / self.sample_rate))
@@ -60,10 +64,8 @@ class PoissonBatches(ResumableBatches):
         return self.sample_rate * len(self.x)
 
     def _mask(self, epoch: int, position: int) -> torch.Tensor:
-        generator = torch.Generator(device="cpu")
-        generator.manual_seed(derive_seed(self.seed, self.rank, SAMPLER_STREAM, epoch, position))
-        mask = torch.rand(len(self.x), generator=generator) < self.sample_rate
-        return mask.to(self.x.device)
+        uniforms = self.randomness.uniforms(SAMPLER_STREAM, epoch, position, n=len(self.x))
+        return (uniforms < self.sample_rate).to(self.x.device)
 
     def _epoch_indices(self, epoch: int) -> Callable[[int], torch.Tensor]:
         return lambda position: torch.nonzero(self._mask(epoch, position), as_tuple=True)[0]

@@ -10,11 +10,20 @@ The trainer appends this hook when the config sets ``dp_noise_multiplier`` or
   peer's own sum (``DPSGD.privatize``). This runs before any gradient averaging (PowerSGD) and
   before the optimizer step, so every message a peer sends afterwards, whatever the algorithm, is
   post-processing of already private values;
-* reports its epsilon after every evaluation and in the summary; checkpoints the accountant and the
-  noise generator.
+* draws its noise and its Poisson masks from its own secret keystream (`seeds.Randomness`, the
+  ``dp_secret`` key: fresh OS entropy, or a key kept in its own run directory and checkpoint);
+* reports its epsilon after every evaluation, and at the end writes its own figures (shard size,
+  sampling rate, sigma, epsilon by the configured accountant and by dp-accounting's PLD) to its own
+  ``peers/rank-K.json``; checkpoints the accountant and the randomness' state.
 
-Peers agree on what they need from each other (shard sizes, for the default delta and the sigma of
-a target epsilon) through scalar collectives only; no sample ever leaves its peer.
+What crosses to other peers: nothing computed from a peer's data but its messages. Its shard
+size, sampling rate, epsilon (a function of the rate) and label histogram are not gathered unless
+``release_peer_statistics: true``; then the summary lists them for every peer, and epsilon under
+replace-one adjacency too (a public size makes it the fitting relation). The default delta comes
+from the public total number of training samples, not from the shard sizes. With
+``dp_target_epsilon`` and private sizes each peer solves for its own sigma (its own rate): every
+peer meets the target, but the scale of its noise, visible in its messages, then reflects its
+shard size roughly; set ``dp_noise_multiplier`` (one public sigma) where that matters.
 """
 
 from __future__ import annotations
@@ -25,13 +34,48 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from gossip_powersgd.privacy.accounting import default_delta, noise_for_target
+from gossip_powersgd.privacy.accounting import (ADD_REMOVE, REPLACE_ONE, default_delta,
+                                                noise_for_target, pld_epsilon)
 from gossip_powersgd.privacy.dpsgd import DPSGD, dp_enabled, validate_dp_options, validate_model
 from gossip_powersgd.privacy.sampling import PoissonBatches, poisson_rate
+from gossip_powersgd.privacy.seeds import make_randomness
 from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
 
 __all__ = ["DifferentialPrivacy", "privacy_hook", "validate_privacy_config", "summary_rows",
-           "check_noise_scale"]
+           "check_noise_scale",
+           "keeps_peer_statistics_private"]
+
+
+
+#: What each randomness kind means for the guarantee, in the words the summary uses.
+RANDOMNESS_NOTES = {
+    "os": "secret per peer: a fresh OS-entropy key, never written anywhere",
+    "run_dir": "secret per peer: a key kept only in that peer's secrets/rank-K.key (mode 0600) "
+               "and its checkpoint",
+    "public": "PUBLIC (dp_public_randomness): noise and masks derive from the shared seed, so every "
+              "peer can regenerate and subtract them; ε holds against outsiders only, not against "
+              "the peers",
+}
+
+_SECRETS = ("os", "run_dir")
+
+
+def randomness_kind(config) -> str:
+    """The `seeds.RANDOMNESS_KINDS` entry a config asks for."""
+    return "public" if config.dp_public_randomness else config.dp_secret
+
+
+def keeps_peer_statistics_private(config) -> bool:
+    """Whether each peer's shard size, label histogram and training loss stay on that peer.
+
+    They are functions of its private data computed outside the DP mechanism, so under
+    differential privacy, and under `partition: local` (where the data exists only on its peer),
+    nothing gathers them to other peers, the summary or rank 0's output, unless the user sets
+    `release_peer_statistics: true`.
+    """
+    private = (config.dp_noise_multiplier is not None or config.dp_target_epsilon is not None
+               or config.partition == "local")
+    return private and not config.release_peer_statistics
 
 
 def validate_privacy_config(config) -> None:
@@ -39,6 +83,41 @@ def validate_privacy_config(config) -> None:
     validate_dp_options(noise_multiplier=config.dp_noise_multiplier,
                         max_grad_norm=config.dp_max_grad_norm, delta=config.dp_delta,
                         target_epsilon=config.dp_target_epsilon, accountant=config.dp_accountant)
+    total = config.public_train_size
+    if total is not None and config.partition != "local":
+        raise ValueError(f"bad value for 'public_train_size': {total!r} (it is for partition: "
+                         "local; other partitions split a dataset every peer loads, whose size is "
+                         "public)")
+    if total is None and config.partition == "local" and keeps_peer_statistics_private(config):
+        raise ValueError("bad value for 'public_train_size': None (partition: local needs the "
+                         "total number of training samples declared public to size an epoch: set "
+                         "public_train_size: N, or release_peer_statistics: true to let the peers "
+                         "all-reduce their shard sizes)")
+    if config.dp_secret not in _SECRETS:
+        raise ValueError(f"dp_secret must be one of {', '.join(_SECRETS)}, got "
+                         f"{config.dp_secret!r}")
+    if config.dp_secure_noise is False:
+        raise ValueError("dp_secure_noise: false (noise from the shared seed) is gone: the noise "
+                         "is secret per peer; for reproducible runs set dp_secret: run_dir (or "
+                         "dp_public_randomness: true, which every peer can undo)")
+    if config.dp_public_randomness and config.dp_secret == "run_dir":
+        raise ValueError("dp_public_randomness: true derives the noise from the shared seed, so a "
+                         "dp_secret: run_dir key would be unused: set only one of them")
+    if dp_enabled(config.dp_noise_multiplier, config.dp_target_epsilon) and \
+            randomness_kind(config) == "run_dir" and config.out_dir is None:
+        raise ValueError("dp_secret: run_dir keeps each peer's key in its run directory: set "
+                         "out_dir, or use dp_secret: os")
+
+
+def _own_sigma(target: float, delta: float, rate: float, steps: int, accountant: str) -> float:
+    """`noise_for_target` for this peer's own rate; its error names no rate (it would tell the
+    other peers this peer's shard size)."""
+    try:
+        return noise_for_target(target, delta, [rate], steps, accountant)
+    except ValueError:
+        raise ValueError(f"dp_target_epsilon={target:g} is unreachable for at least one peer with "
+                         f"delta={delta:g} and {steps} steps: raise the target or delta, or lower "
+                         f"the batch size or the number of epochs") from None
 
 
 def check_noise_scale(sigma: float, batch: int, steps: int, peers: int,
@@ -90,28 +169,41 @@ class DifferentialPrivacy(TrainingHooks):
         self.model: Optional[torch.nn.Module] = None
         self.comm = None
         self.delta = math.nan
-        self.sample_rates: List[float] = []
+        self.release = False
+        self.sigma_per_peer = False  # a target epsilon with private sizes: each peer its own sigma
+        self.sample_rates: List[float] = []  # every peer's, with release_peer_statistics only
+        self._figures: Optional[Dict[str, Any]] = None
 
     # ---- set-up -----------------------------------------------------------------------------
 
     def setup(self, context: SetupContext) -> None:
-        """Fix or check the model, wrap it, sample Poisson batches, pick sigma and delta."""
+        """Fix or check the model, wrap it, sample Poisson batches, pick sigma, delta and the key."""
         from gossip_powersgd.training.setup import collectively, make_optimizer
 
         config, comm = context.config, context.comm
-        self.comm = comm
-        # The shard sizes first: the collective runs on every peer before anything can fail on one.
-        shard = len(context.batches.x)
-        sizes = [int(s) for s in _gather_floats(comm, shard)]
-        collectively(comm, validate_privacy_config, config)
-        self.sample_rates = collectively(comm, lambda: [poisson_rate(config.batch_size, s)
-                                                        for s in sizes])
-        self.delta = float(config.dp_delta) if config.dp_delta is not None \
-            else default_delta(max(sizes))
+        self.comm, self.release = comm, bool(config.release_peer_statistics)
+        shard, rank = len(context.batches.x), comm.rank
         steps = config.epochs * context.steps_per_epoch
-        if config.dp_target_epsilon is not None:
+        if self.release:
+            # The shard sizes first: the collective runs on every peer before anything can fail.
+            sizes = [int(s) for s in _gather_floats(comm, shard)]
+        collectively(comm, validate_privacy_config, config)
+        if self.release:
+            self.sample_rates = collectively(comm, lambda: [poisson_rate(config.batch_size, s)
+                                                            for s in sizes])
+            rate, largest = self.sample_rates[rank], max(sizes)
+        else:
+            rate = collectively(comm, poisson_rate, config.batch_size, shard)
+            largest = context.train_size  # public, and at least every shard's size
+        self.delta = float(config.dp_delta) if config.dp_delta is not None \
+            else default_delta(largest)
+        if config.dp_target_epsilon is not None and self.release:
             sigma = collectively(comm, noise_for_target, config.dp_target_epsilon, self.delta,
                                  self.sample_rates, steps, config.dp_accountant)
+        elif config.dp_target_epsilon is not None:
+            self.sigma_per_peer = True
+            sigma = collectively(comm, _own_sigma, config.dp_target_epsilon, self.delta, rate,
+                                 steps, config.dp_accountant)
         else:
             sigma = float(config.dp_noise_multiplier)
         collectively(comm, check_noise_scale, sigma, config.batch_size, steps, comm.size,
@@ -125,18 +217,19 @@ class DifferentialPrivacy(TrainingHooks):
             model = model.to(context.device)
             context.optimizer = make_optimizer(config, model.parameters())
             context.algorithm = make_algorithm(config.algorithm, model.named_parameters(), comm)
-        rank = comm.rank
-        self.dp = DPSGD(sigma, config.dp_max_grad_norm, self.sample_rates[rank], shard,
-                        accountant=config.dp_accountant, seed=config.seed, rank=rank,
-                        secure=config.dp_secure_noise)
+        # Last, so that a run refused above leaves no key file behind.
+        randomness = collectively(comm, make_randomness, randomness_kind(config),
+                                  seed=config.seed, rank=rank, run_dir=config.out_dir)
+        self.dp = DPSGD(sigma, config.dp_max_grad_norm, rate, shard,
+                        accountant=config.dp_accountant, randomness=randomness)
         # Opacus' per-example hooks on a first layer whose input needs no gradient make torch
         # warn at every backward; the gradients are right (Opacus' own tests run this way).
         warnings.filterwarnings("ignore", message="Full backward hook is firing",
                                 category=UserWarning)
         self.model = context.model = self.dp.wrap(model)
         self.batches = context.batches = PoissonBatches(
-            context.batches.x, context.batches.y, self.sample_rates[rank], seed=config.seed,
-            rank=rank)
+            context.batches.x, context.batches.y, rate, seed=config.seed, rank=rank,
+            randomness=randomness)
 
     # ---- every step -------------------------------------------------------------------------
 
@@ -165,21 +258,63 @@ class DifferentialPrivacy(TrainingHooks):
         return self.dp.epsilon(self.delta)
 
     def on_evaluation(self, record: Dict[str, Any]) -> Dict[str, Any]:
-        """This peer's epsilon and the worst peer's (collective: every peer evaluates together)."""
+        """This peer's epsilon; the worst peer's too where the peers' figures are released
+        (then collective: every peer evaluates together)."""
         mine = self.epsilon()
-        worst = torch.tensor([mine], dtype=torch.float64)
-        self.comm.allreduce_(worst, op="max", metric=True)
-        return {"epsilon": _json_number(mine), "epsilon_max": _json_number(float(worst[0])),
-                "delta": self.delta}
+        extra = {"epsilon": _json_number(mine), "delta": self.delta}
+        if self.release:
+            worst = torch.tensor([mine], dtype=torch.float64)
+            self.comm.allreduce_(worst, op="max", metric=True)
+            extra["epsilon_max"] = _json_number(float(worst[0]))
+        return extra
+
+    def own_figures(self) -> Dict[str, Any]:
+        """This peer's privacy figures (computed once, at the end): its rate, sigma, steps, and
+        epsilon by the run's accountant and by dp-accounting's PLD (add/remove; replace-one too
+        where the sizes are released)."""
+        if self._figures is None:
+            history = [tuple(entry) for entry in self.dp.accountant.history]
+            figures = {"sample_rate": self.dp.sample_rate,
+                       "noise_multiplier": self.dp.noise_multiplier, "steps": self.dp.steps,
+                       "delta": self.delta, "epsilon": _json_number(self.epsilon()),
+                       "epsilon_pld": _json_number(pld_epsilon(history, self.delta)),
+                       "dp_accountant": self.dp.accountant_name, "dp_adjacency": ADD_REMOVE}
+            if self.release:
+                figures["epsilon_replace_one"] = _json_number(
+                    pld_epsilon(history, self.delta, replace_one=True))
+            self._figures = figures
+        return self._figures
+
+    def peer_fields(self) -> Dict[str, Any]:
+        """What this peer adds to its own ``peers/rank-K.json`` (not collective)."""
+        kind = self.dp.randomness.kind
+        return {**self.own_figures(), "dp_randomness": kind,
+                "dp_randomness_note": RANDOMNESS_NOTES[kind]}
 
     def summary_fields(self) -> Dict[str, Any]:
-        """What summary.json adds for a private run (collective)."""
-        epsilons = _gather_floats(self.comm, self.epsilon())
-        return {"epsilon": [_json_number(e) for e in epsilons], "delta": self.delta,
-                "noise_multiplier": self.dp.noise_multiplier,
-                "max_grad_norm": _json_number(self.dp.max_grad_norm),
-                "sample_rate": list(self.sample_rates), "dp_accountant": self.dp.accountant_name,
-                "dp_secure_noise": self.dp.secure}
+        """What summary.json adds for a private run (collective when the figures are released).
+
+        Public figures only: delta (from the config or the public total size), C, the accountant,
+        the adjacency, where the randomness comes from, and sigma when the config fixes it. Every
+        peer's epsilons and sampling rate only with ``release_peer_statistics``."""
+        kind = self.dp.randomness.kind
+        fields = {"delta": self.delta, "max_grad_norm": _json_number(self.dp.max_grad_norm),
+                  "dp_accountant": self.dp.accountant_name, "dp_adjacency": ADD_REMOVE,
+                  "dp_randomness": kind, "dp_randomness_note": RANDOMNESS_NOTES[kind],
+                  "noise_multiplier": self.dp.noise_multiplier}
+        mine = self.own_figures()
+        if not self.release:
+            if self.sigma_per_peer:  # each peer's own, from its own rate: not public
+                fields["noise_multiplier"] = None
+            fields["epsilon_per_peer"] = "in each peer's own peers/rank-K.json"
+            return fields
+        columns = {key: _gather_floats(self.comm, _float(mine[key]))
+                   for key in ("epsilon", "epsilon_pld", "epsilon_replace_one", "sample_rate")}
+        fields.update({key: [_json_number(v) for v in values] for key, values in columns.items()
+                       if key != "sample_rate"})
+        fields["sample_rate"] = columns["sample_rate"]
+        fields["dp_adjacency_replace_one"] = REPLACE_ONE
+        return fields
 
     # ---- checkpoint -------------------------------------------------------------------------
 
@@ -196,20 +331,39 @@ def _json_number(value: float):
     return value if math.isfinite(value) else "inf"
 
 
+def _float(value) -> float:
+    """The inverse of `_json_number`."""
+    return math.inf if value == "inf" else float(value)
+
+
 def summary_rows(summary: Dict[str, Any]) -> List[tuple]:
     """The summary table's privacy rows: differential privacy's, then the recorded views'
     (`views.observer_summary_rows`); none for a run with neither."""
     from gossip_powersgd.privacy.views import observer_summary_rows
 
-    if "noise_multiplier" not in summary:
+    if "dp_adjacency" not in summary:
         return observer_summary_rows(summary)
-    epsilons = [math.inf if e == "inf" else float(e) for e in summary["epsilon"]]
-    rates = summary["sample_rate"]
-    return [
-        ("DP noise multiplier σ / clip norm C", f"{summary['noise_multiplier']:.4g} / "
-                                                f"{summary['max_grad_norm']}"),
+    sigma = summary["noise_multiplier"]
+    rows = [
+        ("DP noise multiplier σ / clip norm C",
+         f"{'per peer' if sigma is None else f'{sigma:.4g}'} / {summary['max_grad_norm']}"),
         ("DP δ", f"{summary['delta']:g}"),
+        ("DP adjacency", summary["dp_adjacency"]),
+        ("DP randomness", summary["dp_randomness_note"]),
+    ]
+    if "epsilon" not in summary:
+        rows.append(("DP ε, sampling rate", "private: " + summary["epsilon_per_peer"]))
+        return rows + observer_summary_rows(summary)
+
+    def span(key):
+        values = [_float(v) for v in summary[key]]
+        return f"[{min(values):.4g}, {max(values):.4g}]"
+
+    rates = summary["sample_rate"]
+    rows += [
         ("DP sampling rate q [min, max]", f"[{min(rates):.4g}, {max(rates):.4g}]"),
-        (f"DP ε at δ ({summary['dp_accountant']}) [min, max]",
-         f"[{min(epsilons):.4g}, {max(epsilons):.4g}]"),
-    ] + observer_summary_rows(summary)
+        (f"DP ε at δ ({summary['dp_accountant']}) [min, max]", span("epsilon")),
+        ("DP ε at δ (PLD, dp-accounting) [min, max]", span("epsilon_pld")),
+        ("DP ε at δ, replace-one (PLD) [min, max]", span("epsilon_replace_one")),
+    ]
+    return rows + observer_summary_rows(summary)

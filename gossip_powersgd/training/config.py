@@ -116,8 +116,24 @@ class TrainConfig:
     dp_accountant: str = "rdp"
     #: DP: let Opacus' validator replace layers it cannot privatize (BatchNorm -> GroupNorm, ...).
     dp_fix_model: bool = False
-    #: DP: noise from OS entropy, not reproducible (seeded noise is for research only).
-    dp_secure_noise: bool = False
+    #: DP: where each peer's secret key for its noise and Poisson masks comes from: os (fresh OS
+    #: entropy, never written anywhere; not reproducible) | run_dir (generated on the peer when the
+    #: run starts, kept only in RUN_DIR/secrets/rank-K.key, mode 0600, and in its checkpoint, so
+    #: --resume continues bit for bit; needs out_dir). Never derived from the config, never sent.
+    dp_secret: str = "os"
+    #: DP, for exact-reproducibility tests only: noise and masks from the shared seed. Every peer
+    #: can then regenerate them, so epsilon holds against outsiders only, not against the peers.
+    dp_public_randomness: bool = False
+    #: DP: deprecated, the noise is always secret now (true is accepted; see dp_secret).
+    dp_secure_noise: Optional[bool] = None
+    #: DP runs and partition: local: gather every peer's shard size, label histogram and training
+    #: loss into the summary, logs and progress line, and report epsilon under replace-one too.
+    #: Off (default): these functions of a peer's private data stay in that peer's own files.
+    release_peer_statistics: bool = False
+    #: partition: local: the total number of training samples of all peers, declared public; an
+    #: epoch is ceil(public_train_size / (peers x batch_size)) steps. Needed under partition: local
+    #: unless release_peer_statistics: true (then the peers all-reduce their sizes).
+    public_train_size: Optional[int] = None
     #: Curious neighbours: the ranks whose received messages are recorded, under
     #: <out_dir>/observed/rank-K (in memory without out_dir); [] = none. Recording changes nothing,
     #: so a run may resume with other observers: they record from the step it resumes at.
@@ -410,6 +426,8 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
     _check(all(k >= 0 for k in c.observers) and len(set(c.observers)) == len(c.observers),
            "observers", c.observers, "must be distinct ranks >= 0, e.g. [3]")
     _check(c.observe_every >= 1, "observe_every", c.observe_every, "must be >= 1 (steps)")
+    _check(c.public_train_size is None or c.public_train_size >= 1, "public_train_size",
+           c.public_train_size, "must be >= 1 (training samples of all peers) or null")
 
     from ..algorithms import algorithm_kwargs
 

@@ -34,7 +34,7 @@ import hashlib
 import random
 import sys
 import threading
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -321,18 +321,23 @@ def load_peer_dataset(spec: str, rank: int, num_peers: int, seed: int = 0) -> Da
     return dataset
 
 
-def agree_local_dataset(comm, dataset: Dataset) -> tuple[Dataset, int]:
+def agree_local_dataset(comm, dataset: Dataset,
+                        share_size: bool = True) -> tuple[Dataset, Optional[int]]:
     """This peer's local dataset with the peers' common ``num_classes``, and the total training size.
 
-    Collective, scalars only (metric traffic): the sum of the shard sizes, the largest label, and
-    an agreement check on the input shape (the models must have the same architecture).
+    Collective, scalars only (metric traffic): the largest label (the models' output width must
+    agree), an agreement check on the input shape, and with ``share_size`` the sum of the shard
+    sizes (else the total is None: the shard sizes are private, see
+    `privacy.training.keeps_peer_statistics_private`).
     """
     comm.check_agreement("input shape of the local dataset", repr(tuple(dataset.input_shape)))
-    counts = torch.tensor([float(dataset.num_train), float(dataset.num_classes)],
-                          dtype=torch.float64)
-    total = comm.allreduce_(counts[:1].clone(), op="sum", metric=True)
-    classes = comm.allreduce_(counts[1:].clone(), op="max", metric=True)
-    return dataclasses.replace(dataset, num_classes=int(classes[0])), int(total[0])
+    total = None
+    if share_size:
+        sizes = torch.tensor([float(dataset.num_train)], dtype=torch.float64)
+        total = int(comm.allreduce_(sizes, op="sum", metric=True)[0])
+    classes = comm.allreduce_(torch.tensor([float(dataset.num_classes)], dtype=torch.float64),
+                              op="max", metric=True)
+    return dataclasses.replace(dataset, num_classes=int(classes[0])), total
 
 
 #: A bring-your-own dataset's class count is its largest label + 1; it may exceed the number of

@@ -8,6 +8,13 @@ Records (one JSON object per line in `RUN_DIR/metrics/rank-K.jsonl`, and in the 
 `kind: "eval"` every `eval_every` epochs (each peer's local test accuracy/loss with the mean, min
 and max over peers, the averaged model's, the consensus distance, traffic, timers, the model's
 sha256). `summary.json` is `run_summary`'s dict; `format_summary` prints it as a table.
+
+Under differential privacy and under `partition: local`
+(`privacy.training.keeps_peer_statistics_private`) the builders are called with ``private=True``:
+a peer's training loss and label histogram are functions of its private data outside the DP
+mechanism, so they are not all-reduced; each record keeps this peer's own `train_loss_local` (in
+its own metrics file), and `peer_report` is what the peer writes to its own
+`RUN_DIR/peers/rank-K.json`.
 """
 
 from __future__ import annotations
@@ -101,14 +108,19 @@ def traffic_means(comm) -> torch.Tensor:
 
 
 def log_record(comm, model: torch.nn.Module, *, step: int, steps_per_epoch: int, lr: float,
-               train_loss_local: float, timers: Callable[[], Dict[str, float]]) -> Dict[str, Any]:
+               train_loss_local: float, timers: Callable[[], Dict[str, float]],
+               private: bool = False) -> Dict[str, Any]:
     """The `kind: "log"` record of `step` (collective): `train_loss_local` is this peer's mean
-    training loss since the previous log record; the record holds the mean over peers."""
-    loss = torch.tensor([train_loss_local], dtype=torch.float64)
-    comm.allreduce_(loss, op="mean", metric=True)
+    training loss since the previous log record; the record holds the mean over peers
+    (`train_loss`), or with `private` this peer's own only (`train_loss_local`)."""
+    if private:
+        losses = {"train_loss_local": train_loss_local}
+    else:
+        loss = torch.tensor([train_loss_local], dtype=torch.float64)
+        comm.allreduce_(loss, op="mean", metric=True)
+        losses = {"train_loss": float(loss[0])}
     traffic = traffic_means(comm)
-    return {"kind": "log", "epoch": step / steps_per_epoch, "step": step, "lr": lr,
-            "train_loss": float(loss[0]),
+    return {"kind": "log", "epoch": step / steps_per_epoch, "step": step, "lr": lr, **losses,
             "consensus_distance": consensus_distance(model.parameters(), comm),
             "bytes_sent": comm.stats.bytes_sent, "messages_sent": comm.stats.messages_sent,
             "mb_sent_per_peer": float(traffic[0]) / 1e6, **timers()}
@@ -116,19 +128,21 @@ def log_record(comm, model: torch.nn.Module, *, step: int, steps_per_epoch: int,
 
 def eval_record(comm, model: torch.nn.Module, averaged: torch.nn.Module, x_test: torch.Tensor,
                 y_test: torch.Tensor, *, epoch: int, step: int, lr: float, train_loss_local: float,
-                timers: Callable[[], Dict[str, float]], pooled: bool = False) -> Dict[str, Any]:
+                timers: Callable[[], Dict[str, float]], pooled: bool = False,
+                private: bool = False) -> Dict[str, Any]:
     """The `kind: "eval"` record after `epoch` (collective).
 
     `averaged` is a scratch copy of the model's architecture: it is overwritten with the peers'
     average and evaluated. `train_loss_local` is this peer's mean training loss since the previous
     evaluation. `pooled` (partition: local, where each peer holds its own test set): the mean
     local and the averaged-model accuracy and loss are over all peers' test samples together,
-    combined from each peer's counts, so no test sample leaves its peer.
+    combined from each peer's counts, so no test sample leaves its peer. `private`: the training
+    loss is not all-reduced (the record has this peer's `train_loss_local` only).
     """
     acc, loss = evaluate_model(model, x_test, y_test)
     local = torch.tensor([acc, loss], dtype=torch.float64)
-    means = comm.allreduce_(torch.tensor([acc, loss, train_loss_local], dtype=torch.float64),
-                            op="mean", metric=True)
+    shared = [acc, loss] if private else [acc, loss, train_loss_local]
+    means = comm.allreduce_(torch.tensor(shared, dtype=torch.float64), op="mean", metric=True)
     if pooled:
         means[:2] = pooled_means(comm, [acc, loss], len(y_test))
     lows = comm.allreduce_(local.clone(), op="min", metric=True)
@@ -139,9 +153,10 @@ def eval_record(comm, model: torch.nn.Module, averaged: torch.nn.Module, x_test:
         avg_acc, avg_loss = (float(v) for v in pooled_means(comm, [avg_acc, avg_loss], len(y_test)))
     distance = consensus_distance(model.parameters(), comm)
     traffic = traffic_means(comm)
+    losses = {} if private else {"train_loss": float(means[2])}
     return {
         "kind": "eval", "epoch": epoch, "step": step, "lr": lr,
-        "train_loss": float(means[2]), "train_loss_local": train_loss_local,
+        **losses, "train_loss_local": train_loss_local,
         "test_acc_avg_model": avg_acc, "test_loss_avg_model": avg_loss,
         "test_acc_mean": float(means[0]), "test_acc_min": float(lows[0]),
         "test_acc_max": float(highs[0]), "test_loss_mean": float(means[1]),
@@ -167,11 +182,20 @@ def pooled_means(comm, per_sample_means, count: int) -> torch.Tensor:
 
 
 def eval_line(record: Dict[str, Any], epochs: int) -> str:
-    """The progress line rank 0 prints for an eval record (with the worst peer's ε under DP)."""
+    """The progress line rank 0 prints for an eval record: with the peers' mean training loss and
+    the worst peer's ε where they are released, else rank 0's own ε only (under DP)."""
     r = record
-    worst = r.get("epsilon_max")  # a number, or "inf" (no noise); absent without DP
-    privacy = "" if worst is None else f"  worst ε {worst if worst == 'inf' else f'{worst:.3g}'}"
-    return (f"epoch {r['epoch']}/{epochs}  train loss {r['train_loss']:.4f}  "
+
+    def number(value):  # a number, or "inf" (no noise)
+        return value if value == "inf" else f"{value:.3g}"
+
+    privacy = ""
+    if r.get("epsilon_max") is not None:
+        privacy = f"  worst ε {number(r['epsilon_max'])}"
+    elif r.get("epsilon") is not None:
+        privacy = f"  peer-0 ε {number(r['epsilon'])}"
+    loss = f"  train loss {r['train_loss']:.4f}" if "train_loss" in r else ""
+    return (f"epoch {r['epoch']}/{epochs}{loss}  "
             f"avg-model acc {100 * r['test_acc_avg_model']:.2f}%  local acc "
             f"{100 * r['test_acc_mean']:.2f}% [{100 * r['test_acc_min']:.2f}, "
             f"{100 * r['test_acc_max']:.2f}]  consensus {r['consensus_distance']:.3g}  "
@@ -186,18 +210,24 @@ def mean_degree(topology) -> float:
 
 
 def run_summary(comm, config, history, histogram, num_parameters, parameter_bytes, algorithm, model,
-                step, steps_per_epoch, timers) -> Dict[str, Any]:
+                step, steps_per_epoch, timers, private: bool = False) -> Dict[str, Any]:
     """What `summary.json` holds (collective; the same dict on every peer).
 
     The final metrics are the last eval record's; traffic and timers are means over peers, the wall
     time the slowest peer's; `model_sha256` lists every peer's model digest in rank order.
+    `private`: no label histogram and no training loss (`peer_statistics` says where they are).
     """
     evals = [r for r in history if r.get("kind") == "eval"]
     final = evals[-1] if evals else {}
-    num_classes = len(histogram)
-    hist = torch.zeros(comm.size, num_classes, dtype=torch.float64)
-    hist[comm.rank] = torch.tensor(histogram, dtype=torch.float64)
-    comm.allreduce_(hist, op="sum", metric=True)
+    released = {}
+    if private:
+        released["peer_statistics"] = ("private: each peer's shard size, label histogram and "
+                                       "training loss are in its own peers/rank-K.json")
+    else:
+        hist = torch.zeros(comm.size, len(histogram), dtype=torch.float64)
+        hist[comm.rank] = torch.tensor(histogram, dtype=torch.float64)
+        comm.allreduce_(hist, op="sum", metric=True)
+        released["label_histogram"] = [[int(v) for v in row] for row in hist.tolist()]
     means = comm.allreduce_(torch.tensor(
         [comm.stats.bytes_sent, comm.stats.messages_sent, timers["time_compute"],
          timers["time_gossip_compute"], timers["time_communication"]], dtype=torch.float64),
@@ -229,7 +259,7 @@ def run_summary(comm, config, history, histogram, num_parameters, parameter_byte
         "wall_time_s": float(wall[0]),
         "time_compute_s": float(means[2]), "time_gossip_compute_s": float(means[3]),
         "time_communication_s": float(means[4]),
-        "label_histogram": [[int(v) for v in row] for row in hist.tolist()],
+        **released,
         "model_sha256": digests,
         "run_dir": config.out_dir,
     }
@@ -258,7 +288,8 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
          f"{_fmt(summary['final_test_acc_local_mean'], True)} "
          f"[{_fmt(summary['final_test_acc_local_min'], True)}, "
          f"{_fmt(summary['final_test_acc_local_max'], True)}]"),
-        ("training loss (mean over peers)", _fmt(summary["final_train_loss"])),
+        ("training loss (mean over peers)", _fmt(summary["final_train_loss"])
+         if "label_histogram" in summary else "private (each peer's own file)"),
         ("consensus distance", _fmt(summary["final_consensus_distance"])),
         ("training MB sent per peer", f"{summary['mb_sent_per_peer']:.3f}"),
         ("exact gossip MB per peer (formula)",
@@ -272,7 +303,14 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
     from ..privacy.training import summary_rows
 
     rows += summary_rows(summary)
-    hist = summary["label_histogram"]
+    hist = summary.get("label_histogram")
+    if hist is None:  # private peer statistics: nothing of any peer's own data to show
+        rows.append(("peer statistics", summary.get("peer_statistics", "n/a")))
+        if markdown:
+            return "\n".join(["# Run summary", "", "| quantity | value |", "|---|---|"]
+                             + [f"| {k} | {v} |" for k, v in rows]) + "\n"
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
     if markdown:
         lines = ["# Run summary", "", "| quantity | value |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in rows]
@@ -288,6 +326,15 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
     return "\n".join(lines)
 
 
+def peer_report(comm, history, histogram, shard_size: int) -> Dict[str, Any]:
+    """This peer's own figures, for its own `RUN_DIR/peers/rank-K.json` only (not collective):
+    its shard size, label histogram and last training loss (the privacy hook adds its epsilons)."""
+    evals = [r for r in history if r.get("kind") == "eval"]
+    return {"rank": comm.rank, "shard_size": int(shard_size),
+            "label_histogram": [int(v) for v in histogram],
+            "final_train_loss_local": evals[-1].get("train_loss_local") if evals else None}
+
+
 __all__ = ["TIMING_KEYS", "RecordLog", "average_state_into", "eval_line", "eval_record",
            "evaluate_model", "format_summary", "log_record", "mean_degree", "model_digest",
-           "pooled_means", "run_summary", "traffic_means"]
+           "peer_report", "pooled_means", "run_summary", "traffic_means"]

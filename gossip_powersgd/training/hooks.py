@@ -51,6 +51,10 @@ class SetupContext:
     batches: Any  #: this peer's mini-batches (`data.Batches`)
     algorithm: Any  #: the gossip algorithm (`acts_on` says where it runs in the step)
     steps_per_epoch: int
+    #: The total number of training samples of all peers, public: the shared dataset's size, or
+    #: under `partition: local` the declared `public_train_size` (the all-reduced sum when
+    #: `release_peer_statistics`). Never a peer's own shard size.
+    train_size: Optional[int] = None
 
 
 class TrainingHooks:

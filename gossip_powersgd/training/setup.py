@@ -158,7 +158,14 @@ def build_run(comm, config: TrainConfig, hooks: HookList) -> PeerRun:
 
     if config.partition == LOCAL_PARTITION:  # the data exists only on its peer
         dataset = collectively(comm, load_peer_dataset, config.dataset, rank, size, config.seed)
-        dataset, num_train = agree_local_dataset(comm, dataset)
+        # The shard sizes stay private unless released: the epoch is then sized by the declared
+        # public total (validate_config requires one).
+        from ..privacy.training import keeps_peer_statistics_private
+
+        share = not keeps_peer_statistics_private(config)
+        dataset, num_train = agree_local_dataset(comm, dataset, share_size=share)
+        if not share:
+            num_train = int(config.public_train_size)
         _check_same_dataset(comm, config, dataset, ("test",) if dataset.shared_test else ())
     else:
         dataset = collectively(comm, load_dataset, config.dataset, config.seed)
@@ -179,7 +186,7 @@ def build_run(comm, config: TrainConfig, hooks: HookList) -> PeerRun:
     optimizer = make_optimizer(config, model.parameters())
     context = SetupContext(config=config, comm=comm, device=device, model=model,
                            optimizer=optimizer, batches=batches, algorithm=algorithm,
-                           steps_per_epoch=steps_per_epoch)
+                           steps_per_epoch=steps_per_epoch, train_size=num_train)
     hooks.setup(context)
     acts_on = getattr(context.algorithm, "acts_on", "parameters")
     if acts_on not in ("parameters", "gradients"):

@@ -26,7 +26,9 @@ never charged to the algorithm (`evaluation.py`: each peer's local test accuracy
 mean, min and max over peers, the averaged model, the consensus distance, the training loss).
 Records go to `RUN_DIR/metrics/rank-K.jsonl`; checkpoints and the run directory are in
 `checkpoint.py`, what a checkpoint holds is `RunState`; rank 0 writes `summary.json` and
-`summary.md`.
+`summary.md`, and every peer its own figures (shard size, label histogram, training loss, its ε
+under DP) to `RUN_DIR/peers/rank-K.json`. Under DP and `partition: local` those figures go nowhere
+else unless `release_peer_statistics: true` (`privacy.training.keeps_peer_statistics_private`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from .evaluation import (
     format_summary,
     log_record,
     model_digest,
+    peer_report,
     run_summary,
 )
 from .extensions import config_hooks
@@ -306,8 +309,8 @@ def train(comm, config, *, resume: Union[bool, str] = False,
         hooks: `TrainingHooks` run at the loop's extension points, in order (see `hooks.py`); a
             resumed run needs the hooks it was started with (their state is checkpointed).
 
-    The returned dict (same on every peer except `rank` and `history`, this peer's records) is what
-    `summary.json` holds, plus `history`.
+    The returned dict (same on every peer except `rank`, `history`, this peer's records, and
+    `peer`, its own figures as in `peers/rank-K.json`) is what `summary.json` holds, plus these.
     """
     from ..privacy.training import privacy_hook
     from ..privacy.views import observer_hook
@@ -375,6 +378,9 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
     timers = functools.partial(state.timers, algorithm)
     printer = _Printer(comm.rank, config, config.epochs * run.steps_per_epoch, state.step)
     batches = _endless(run.batches)
+    from ..privacy.training import keeps_peer_statistics_private
+
+    private = keeps_peer_statistics_private(config)
     try:
         while state.epoch < config.epochs:
             for _ in range(run.steps_per_epoch):
@@ -411,7 +417,7 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
                 if config.log_every and state.step % config.log_every == 0:
                     record = log_record(
                         comm, model, step=state.step, steps_per_epoch=run.steps_per_epoch, lr=lr,
-                        train_loss_local=state.take_log_loss(), timers=timers)
+                        train_loss_local=state.take_log_loss(), timers=timers, private=private)
                     records.write(record)
                     hooks.on_record(record)
                     check_divergence(record, state.history, run.num_classes, hint)
@@ -422,7 +428,7 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
                 record = eval_record(comm, model, run.averaged, run.x_test, run.y_test,
                                      epoch=state.epoch, step=state.step, lr=lr,
                                      train_loss_local=state.take_train_loss(), timers=timers,
-                                     pooled=config.partition == "local")
+                                     pooled=config.partition == "local", private=private)
                 record = hooks.on_evaluation(record)
                 records.write(record)
                 hooks.on_record(record)
@@ -443,14 +449,18 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
 
     summary = run_summary(comm, config, state.history, run.histogram, run.num_parameters,
                           run.parameter_bytes, algorithm, model, state.step, run.steps_per_epoch,
-                          state.timers(algorithm))
+                          state.timers(algorithm), private=private)
+    peer = peer_report(comm, state.history, run.histogram, len(run.batches.x))
     for hook in reporting:
         summary.update(hook.summary_fields())
+        peer.update(getattr(hook, "peer_fields", dict)())
+    if run_dir is not None:  # each peer's own figures, in its own file
+        atomic_write(run_dir / "peers" / f"rank-{comm.rank}.json", json.dumps(peer, indent=2) + "\n")
     summary["provenance"] = origin
     if comm.rank == 0 and run_dir is not None:
         atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         atomic_write(run_dir / "summary.md", format_summary(summary, markdown=True))
-    return dict(summary, rank=comm.rank, history=state.history)
+    return dict(summary, rank=comm.rank, history=state.history, peer=peer)
 
 
 __all__ = ["train", "format_summary", "learning_rate", "make_optimizer", "model_digest",
