@@ -141,8 +141,13 @@ def _check_exact_gamma(spec: str, topology) -> None:
         topology.check_gamma(spec_gamma(spec, topology))
 
 
-def build_run(comm, config: TrainConfig, hooks: HookList) -> PeerRun:
-    """Seed, load this peer's shard, build the model, algorithm and optimizer; run setup hooks."""
+def build_run(comm, config: TrainConfig, hooks: HookList, log=None) -> PeerRun:
+    """Seed, load this peer's shard, build the model, algorithm and optimizer; run setup hooks.
+    `log` (a `progress.SetupLog`) is told as each phase ends."""
+    if log is None:
+        from .progress import SetupLog
+
+        log = SetupLog(comm.rank, quiet=True)
     from .data import (LOCAL_PARTITION, Batches, agree_local_dataset, label_histogram,
                        load_dataset, load_peer_dataset, peer_shard)
     from .models import count_parameters
@@ -174,6 +179,7 @@ def build_run(comm, config: TrainConfig, hooks: HookList) -> PeerRun:
     x_train, y_train = collectively(comm, peer_shard, dataset, rank, size, config.partition,
                                     config.seed)
     histogram = label_histogram(y_train, dataset.num_classes)
+    log.done(f"data {config.dataset} loaded, partition {config.partition}")
     model = collectively(comm, _checked_model, config, dataset, x_train, rank)
     x_train, y_train = x_train.to(device), y_train.to(device)
     batches = Batches(x_train, y_train, config.batch_size, seed=config.seed, rank=rank)
@@ -187,6 +193,7 @@ def build_run(comm, config: TrainConfig, hooks: HookList) -> PeerRun:
     context = SetupContext(config=config, comm=comm, device=device, model=model,
                            optimizer=optimizer, batches=batches, algorithm=algorithm,
                            steps_per_epoch=steps_per_epoch, train_size=num_train)
+    log.done(f"model {config.model} ({num_parameters} parameters) and {config.algorithm} built")
     hooks.setup(context)
     acts_on = getattr(context.algorithm, "acts_on", "parameters")
     if acts_on not in ("parameters", "gradients"):

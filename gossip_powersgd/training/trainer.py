@@ -65,6 +65,7 @@ from .evaluation import (
 )
 from .extensions import config_hooks
 from .hooks import HookList, TrainingHooks
+from .progress import Printer, SetupLog
 from .provenance import as_comments, provenance
 from .setup import PeerRun, build_run, checked_config, collectively, make_optimizer, resolve_device
 
@@ -261,36 +262,6 @@ def check_divergence(record: Dict[str, Any], history: List[Dict[str, Any]], num_
 
 # ---- training ------------------------------------------------------------------------------------
 
-class _Printer:
-    """Rank 0's progress bar and evaluation lines (nothing on other ranks or when quiet)."""
-
-    def __init__(self, rank: int, config: TrainConfig, total: int, initial: int):
-        self.enabled = rank == 0 and not config.quiet
-        self.bar = None
-        if self.enabled and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
-                            desc=f"{config.algorithm} on {config.topology}", file=sys.stderr)
-
-    def update(self, n: int = 1) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def line(self, text: str) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.write(text)
-        else:
-            print(text, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-
 def train(comm, config, *, resume: Union[bool, str] = False,
           on_step: Optional[Callable[[int], None]] = None,
           hooks: Iterable[TrainingHooks] = ()) -> Dict[str, Any]:
@@ -316,7 +287,10 @@ def train(comm, config, *, resume: Union[bool, str] = False,
     from ..privacy.views import observer_hook
 
     auto = resume == AUTO
+    log = SetupLog(comm.rank, quiet=False)
     config = checked_config(comm, config, bool(resume))
+    log.enabled = log.enabled and not config.quiet
+    log.done(f"config checked: {comm.size} peers agree on it")
     if auto:
         resume = collectively(comm, rundir.has_checkpoints, config.out_dir, comm.rank)
         resume = any(b == b"\1" for b in comm.allgather_bytes(b"\1" if resume else b"\0"))
@@ -335,7 +309,7 @@ def train(comm, config, *, resume: Union[bool, str] = False,
                 collectively(comm, _set_aside_failed_attempt, comm.rank, run_dir)
             collectively(comm, ckpt.check_run_dir, run_dir, resume)
         return _train(comm, config, run_dir, resume=resume, on_step=on_step, hooks=hooks,
-                      reporting=added)
+                      reporting=added, log=log)
     finally:
         if lock is not None:
             lock.release()
@@ -358,15 +332,17 @@ def _claim_run_dir(rank: int, run_dir: Path, resume: bool):
     return lock
 
 
-def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
+def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool, log: SetupLog,
            on_step: Optional[Callable[[int], None]], hooks: HookList,
            reporting: Sequence[TrainingHooks]) -> Dict[str, Any]:
     """`train` once the run directory is held: build, resume, run the loop, write the summary
     (which each hook in `reporting` extends with its `summary_fields()`)."""
-    run = build_run(comm, config, hooks)
+    run = build_run(comm, config, hooks, log)
     # what a divergence message adds (differential privacy names its noise); after the set-up
     hint = "".join(h.divergence_hint() for h in reporting if hasattr(h, "divergence_hint"))
     state = _resume(comm, run_dir, run, hooks) if resume else RunState()
+    if resume:
+        log.done(f"resumed from the checkpoint of epoch {state.epoch} (step {state.step})")
     records = RecordLog(state.history)
     origin = provenance(comm, config)
     if run_dir is not None:
@@ -376,7 +352,7 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool,
     model, optimizer, algorithm = run.model, run.optimizer, run.algorithm
     state.wall_start = time.perf_counter()  # wall time counts training, not set-up or loading
     timers = functools.partial(state.timers, algorithm)
-    printer = _Printer(comm.rank, config, config.epochs * run.steps_per_epoch, state.step)
+    printer = Printer(comm.rank, config, config.epochs * run.steps_per_epoch, state.step)
     batches = _endless(run.batches)
     from ..privacy.training import keeps_peer_statistics_private
 
