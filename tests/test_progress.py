@@ -1,5 +1,5 @@
-"""What rank 0 prints without a terminal (a launcher's pipe, a log file): set-up lines with their
-times, then plain progress lines; nothing of it with --quiet."""
+"""What rank 0 prints to stdout without a terminal (a launcher's pipe, a log file): set-up lines
+with their times, then plain progress lines; nothing of it with --quiet."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def launch(tmp_path, *extra):
 def test_without_a_terminal_rank_0_prints_set_up_and_progress_lines(tmp_path):
     result = launch(tmp_path)  # stderr is a pipe here, as under mpiexec or torchrun
     assert result.returncode == 0, result.stderr
-    lines = result.stderr.splitlines()
+    assert result.stderr == ""  # stderr stays for errors: a failing run's is its one-line error
+    lines = result.stdout.splitlines()
     assert lines[0] == "start: 1 process, loading the libraries and the config"
     setup = [line for line in lines if line.startswith("set-up: ")]
     assert [re.sub(r" \(\d+\.\d s\)$", "", line) for line in setup] == [
@@ -40,5 +41,5 @@ def test_without_a_terminal_rank_0_prints_set_up_and_progress_lines(tmp_path):
 def test_quiet_prints_no_set_up_or_progress_lines(tmp_path):
     result = launch(tmp_path, "--quiet")
     assert result.returncode == 0, result.stderr
-    assert not [line for line in result.stderr.splitlines()
+    assert not [line for line in result.stdout.splitlines()
                 if line.startswith(("start:", "set-up:", "progress:"))]

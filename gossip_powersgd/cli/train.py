@@ -134,7 +134,7 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
     rank, world_size = _mpi_world()  # initialise MPI first, so that errors are reported per rank
     if rank == 0 and not args.quiet:  # the first sign of life, before torch is imported
         print(f"start: {world_size} process{'es' if world_size > 1 else ''}, loading the "
-              "libraries and the config", file=sys.stderr, flush=True)
+              "libraries and the config", flush=True)
     config = resolve(args, world_size)
 
     import torch

@@ -1,11 +1,12 @@
 """What rank 0 tells the user while a run sets up and trains (nothing on other ranks, nothing with
 `quiet`).
 
-Set-up lines go to stderr as each phase ends, with its time, so that a job under mpiexec or
+Set-up lines go to stdout as each phase ends, with its time, so that a job under mpiexec or
 torchrun is not silent while it loads data and agrees with its peers. During training, a terminal
 gets tqdm's bar; anything else (a launcher's pipe, a log file, a batch job) gets a plain progress
-line every `PROGRESS_FRACTION` of the run's steps and at least every `PROGRESS_SECONDS`. The
-evaluation lines go to stdout either way.
+line on stdout every `PROGRESS_FRACTION` of the run's steps and at least every
+`PROGRESS_SECONDS`, beside the evaluation lines. stderr stays for errors: a failing run's stderr is
+its one-line error.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class SetupLog:
     def done(self, what: str) -> None:
         now = time.perf_counter()
         if self.enabled:
-            print(f"set-up: {what} ({now - self.last:.1f} s)", file=sys.stderr, flush=True)
+            print(f"set-up: {what} ({now - self.last:.1f} s)", flush=True)
         self.last = now
 
 
@@ -68,7 +69,7 @@ class Printer:
             if (self.done % self.every == 0 or self.done == self.total
                     or now - self.last_line >= PROGRESS_SECONDS):
                 self.last_line = now
-                print(self.progress_line(now), file=sys.stderr, flush=True)
+                print(self.progress_line(now), flush=True)
 
     def progress_line(self, now: Optional[float] = None) -> str:
         now = time.perf_counter() if now is None else now
