@@ -115,7 +115,8 @@ def test_an_absurd_noise_multiplier_is_one_line_on_every_rank_not_a_divergence(t
 def test_a_divergence_under_dp_names_the_noise():
     pytest.importorskip("opacus")
     # sigma 200 is below tiny's bound for one epoch (32 x sqrt(13 x 4) = 231); with lr 1e6 the
-    # first log record's loss is about 20 x the divergence limit, whatever the noise's draws
+    # loss is about 20 x the divergence limit, whatever the noise's draws. Under DP no training
+    # loss is shared (peer statistics stay private): the epoch's eval record's test loss is it.
     error = one_error(every_rank(tiny("dp_noise_multiplier=200", "dp_max_grad_norm=1", "lr=1e6",
                                       "epochs=1")))
     assert error.startswith("NonFiniteError: the run diverged: ")

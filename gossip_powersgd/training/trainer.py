@@ -242,10 +242,14 @@ def check_divergence(record: Dict[str, Any], history: List[Dict[str, Any]], num_
     `history` (the run's records so far, checkpointed) gives the first consensus distance; `hint`
     ends the message (the DP hook's `divergence_hint`: the noise as a likely cause)."""
     loss_limit = DIVERGENCE_FACTOR * math.log(max(2, num_classes))
-    loss = record.get("train_loss")
+    # With private peer statistics (DP) no training loss is shared: the peers' test loss, a
+    # function of their (private) models on the test set only, stands in at evaluations.
+    which, loss = "training loss", record.get("train_loss")
+    if loss is None:
+        which, loss = "mean test loss of the peers' models", record.get("test_loss_mean")
     if loss is not None and loss > loss_limit:
         raise NonFiniteError(
-            f"the run diverged: the training loss is {loss:.3g} at step {record['step']}, more than "
+            f"the run diverged: the {which} is {loss:.3g} at step {record['step']}, more than "
             f"{DIVERGENCE_FACTOR:g} x ln({num_classes}) (a uniform guess's loss); lower the learning "
             f"rate (or the algorithm's gamma){hint}")
     first = next((r["consensus_distance"] for r in history if "consensus_distance" in r), None)
