@@ -40,16 +40,37 @@ def run_mpi(n: int, args, timeout: float = 120, env=None, cwd=None) -> subproces
     full_env = dict(os.environ)
     full_env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}"})
     full_env.update(env or {})
+    return run_bounded(command, timeout, f"mpiexec -n {n} {' '.join(map(str, args))}",
+                       env=full_env, cwd=cwd or ROOT)
+
+
+def run_bounded(command, timeout: float, what: str, **popen) -> subprocess.CompletedProcess:
+    """Run `command` in a new process group (stdout/stderr captured); past `timeout` the whole
+    group is killed and the test fails naming `what` as a hang."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=full_env, cwd=cwd or ROOT, start_new_session=True)
+                               start_new_session=True, **popen)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
-        pytest.fail(f"mpiexec -n {n} {' '.join(map(str, args))} did not finish within {timeout} s "
-                    f"(a hang):\n{stdout[-2000:]}\n{stderr[-2000:]}")
+        pytest.fail(f"{what} did not finish within {timeout} s (a hang):\n{stdout[-2000:]}\n"
+                    f"{stderr[-2000:]}")
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def no_space_for(monkeypatch, module, name: str) -> None:
+    """Make `module.atomic_write` fail with ENOSPC (a full disk) for files named `name`."""
+    import errno
+
+    real_write = module.atomic_write
+
+    def atomic_write(path, data, *args, **kwargs):
+        if Path(path).name == name:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(module, "atomic_write", atomic_write)
 
 
 def run_scenario_mpi(n: int, scenario: str, topology: str, out_dir: Path, timeout: float = 120,

@@ -11,7 +11,6 @@ import time
 import pytest
 import torch
 
-import topologies
 from gossip_powersgd import CommunicationError, ExactGossip, LocalCluster, PowerGossip
 from gossip_powersgd.algorithms.base import all_finite
 from gossip_powersgd.comm import local

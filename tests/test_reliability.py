@@ -116,7 +116,6 @@ Privacy III inputs (same rules):
 from __future__ import annotations
 
 import ast
-import errno
 import json
 import math
 import os
@@ -147,7 +146,7 @@ from gossip_powersgd.training import trainer as trainer_module
 from gossip_powersgd.training.config import load_config
 from gossip_powersgd.training.trainer import train
 
-from conftest import ROOT, TESTS, mpiexec_path
+from conftest import ROOT, TESTS, mpiexec_path, no_space_for
 
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 
@@ -793,14 +792,7 @@ def test_an_unusable_out_dir_is_one_line_on_every_rank(tmp_path, where):
 def test_a_full_disk_during_a_checkpoint_stops_every_rank_keeping_the_previous_one(tmp_path,
                                                                                 monkeypatch):
     out = tmp_path / "run"
-    real_write = ckpt.atomic_write
-
-    def atomic_write(path, data):
-        if path.name == "rank-1-epoch-2.pt":
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real_write(path, data)
-
-    monkeypatch.setattr(ckpt, "atomic_write", atomic_write)
+    no_space_for(monkeypatch, ckpt, "rank-1-epoch-2.pt")
     errors = every_rank(tiny_config(f"out_dir={out}"))
     assert set(errors) == {f"ValueError: rank 1: cannot write the epoch-2 checkpoint in "
                            f"{out / 'checkpoints'}: No space left on device; the previous "

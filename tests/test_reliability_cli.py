@@ -7,7 +7,6 @@ timeout, and what must be refused is refused before the work it would waste."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ import pytest
 import topologies
 from topologies import __main__ as show_cli
 
-from conftest import ROOT, TESTS
+from conftest import ROOT, TESTS, run_bounded
 
 
 def run_module(*args, timeout: float = 90) -> subprocess.CompletedProcess:
@@ -25,17 +24,8 @@ def run_module(*args, timeout: float = 90) -> subprocess.CompletedProcess:
     env = dict(os.environ, MPLBACKEND="Agg", OMP_NUM_THREADS="1",
                PYTHONPATH=f"{ROOT}{os.pathsep}{TESTS}")
     env.pop("GOSSIP_TRACEBACK", None)
-    process = subprocess.Popen([sys.executable, *map(str, args)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
-                               start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        pytest.fail(f"python {' '.join(map(str, args))} did not finish within {timeout} s (a hang):\n"
-                    f"{stdout[-2000:]}\n{stderr[-2000:]}")
-    return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
+    return run_bounded([sys.executable, *map(str, args)], timeout,
+                       f"python {' '.join(map(str, args))}", cwd=ROOT, env=env)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *expected: str) -> str:

@@ -6,7 +6,6 @@ missing after a full disk, --resume with another out_dir, and string keys given 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import pickle
@@ -24,7 +23,7 @@ from gossip_powersgd.training import checkpoint as ckpt
 from gossip_powersgd.training.config import load_config
 from gossip_powersgd.training.trainer import train
 
-from conftest import ROOT
+from conftest import ROOT, no_space_for
 
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 
@@ -243,14 +242,7 @@ def test_garbage_is_still_corrupt_and_torch_advice_is_never_quoted(reference, tm
 def test_resume_after_a_full_disk_at_the_first_checkpoint_gives_the_real_reason(tmp_path,
                                                                                 monkeypatch):
     out = tmp_path / "run"
-    real_write = ckpt.atomic_write
-
-    def atomic_write(path, data):
-        if path.name == "rank-1-epoch-1.pt":
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real_write(path, data)
-
-    monkeypatch.setattr(ckpt, "atomic_write", atomic_write)
+    no_space_for(monkeypatch, ckpt, "rank-1-epoch-1.pt")
     assert "No space left on device" in one_error(every_rank(tiny(f"out_dir={out}", "epochs=2")))
     monkeypatch.undo()
     assert [ckpt.available_epochs(out, k) for k in range(4)] == [[1], [], [1], [1]]

@@ -4,7 +4,6 @@ diverged model, files that are not regular files (rows 28-37 of test_reliability
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from gossip_powersgd.training import checkpoint as ckpt
 from gossip_powersgd.training.config import load_config
 from gossip_powersgd.training.trainer import train
 
-from conftest import ROOT
+from conftest import ROOT, no_space_for
 
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 
@@ -199,14 +198,7 @@ def test_a_full_disk_while_recording_names_the_file_and_the_fix(tmp_path, monkey
     from gossip_powersgd.privacy import views
 
     out = tmp_path / "run"
-    real_write = views.atomic_write
-
-    def atomic_write(path, data):
-        if path.name == "step-00000003.pt":
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real_write(path, data)
-
-    monkeypatch.setattr(views, "atomic_write", atomic_write)
+    no_space_for(monkeypatch, views, "step-00000003.pt")
     with pytest.raises(OSError) as info:
         train_everywhere(tiny(f"out_dir={out}", "observers=[1]"))
     path = observed_dir(out, 1) / "step-00000003.pt"
