@@ -86,3 +86,26 @@ def run_scenario_mpi(n: int, scenario: str, topology: str, out_dir: Path, timeou
 @pytest.fixture
 def mpi():
     return run_mpi
+
+
+def errors_on_every_rank(config, **kwargs):
+    """Train `config` on every peer of its topology in one process; each rank's error text (or
+    "ok"), leaving out the ranks that a failing peer released from a collective before they raised
+    their own (`PeerAborted`: in one process, a failure on one thread may overtake the others in
+    the same collective)."""
+    import topologies
+    from gossip_powersgd import LocalCluster, PeerAborted
+    from gossip_powersgd.training.trainer import train
+
+    def peer(comm):
+        try:
+            train(comm, config, **kwargs)
+        except PeerAborted:
+            return None
+        except Exception as exc:  # noqa: BLE001 - the test compares what every rank saw
+            return f"{type(exc).__name__}: {exc}"
+        return "ok"
+
+    seen = LocalCluster(topologies.parse(config.topology), timeout=30).run(peer)
+    assert any(text is not None for text in seen), seen
+    return [text for text in seen if text is not None]

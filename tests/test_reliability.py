@@ -139,14 +139,14 @@ from gossip_powersgd import (
     PowerGossip,
 )
 from gossip_powersgd import utils
-from gossip_powersgd.comm.base import PeerAborted, nbytes
+from gossip_powersgd.comm.base import nbytes
 from gossip_powersgd.training import checkpoint as ckpt
 from gossip_powersgd.training import setup as training_setup
 from gossip_powersgd.training import trainer as trainer_module
 from gossip_powersgd.training.config import load_config
 from gossip_powersgd.training.trainer import train
 
-from conftest import ROOT, TESTS, mpiexec_path, no_space_for
+from conftest import ROOT, TESTS, errors_on_every_rank, mpiexec_path, no_space_for
 
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 
@@ -619,22 +619,7 @@ def tiny_config(*overrides, deep=False):
     return load_config(TINY, ["quiet=true", *overrides], deep=deep)
 
 
-def every_rank(config, **kwargs):
-    """Train on every peer of tiny's ring; each rank's error text (or "ok"), leaving out the ranks
-    that a failing peer released from a collective before they raised their own (`PeerAborted`:
-    in one process, a failure on one thread may overtake the others in the same collective)."""
-    def peer(comm):
-        try:
-            train(comm, config, **kwargs)
-        except PeerAborted:
-            return None
-        except Exception as exc:  # noqa: BLE001 - the test compares what every rank saw
-            return f"{type(exc).__name__}: {exc}"
-        return "ok"
-
-    seen = LocalCluster(topologies.parse(config.topology), timeout=30).run(peer)
-    assert any(text is not None for text in seen), seen
-    return [text for text in seen if text is not None]
+every_rank = errors_on_every_rank
 
 
 def test_peers_that_load_different_data_fail_naming_the_ranks(monkeypatch):

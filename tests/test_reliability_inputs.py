@@ -16,14 +16,10 @@ import pytest
 import torch
 from torch import nn
 
-import topologies
-from gossip_powersgd import LocalCluster
-from gossip_powersgd.comm.base import PeerAborted
 from gossip_powersgd.training import checkpoint as ckpt
 from gossip_powersgd.training.config import load_config
-from gossip_powersgd.training.trainer import train
 
-from conftest import ROOT, no_space_for
+from conftest import ROOT, errors_on_every_rank, no_space_for
 
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 
@@ -32,19 +28,7 @@ def tiny(*overrides, deep=False):
     return load_config(TINY, ["quiet=true", *overrides], deep=deep)
 
 
-def every_rank(config, **kwargs):
-    """Each rank's error text ("ok" if none), leaving out ranks released as aborted peers."""
-    def peer(comm):
-        try:
-            train(comm, config, **kwargs)
-        except PeerAborted:
-            return None
-        except Exception as exc:  # noqa: BLE001 - the test compares what every rank saw
-            return f"{type(exc).__name__}: {exc}"
-        return "ok"
-
-    seen = LocalCluster(topologies.parse(config.topology), timeout=30).run(peer)
-    return [text for text in seen if text is not None]
+every_rank = errors_on_every_rank
 
 
 def one_error(errors):
