@@ -58,6 +58,13 @@ def conv_model():
                          nn.Linear(8, 3))
 
 
+def strided_conv_model():
+    """Conv1d with stride, padding and dilation after a Linear, so its input gradient matters."""
+    return nn.Sequential(nn.Linear(12, 12), nn.Unflatten(1, (2, 6)),
+                         nn.Conv1d(2, 3, 3, stride=2, padding=2, dilation=2), nn.Tanh(),
+                         nn.Flatten(), nn.Linear(9, 3))
+
+
 def conv2d_model():
     """Conv2d has no ghost rule: the vmap engine takes it."""
     return nn.Sequential(nn.Unflatten(1, (1, 3, 4)), nn.Conv2d(1, 2, 2), nn.Tanh(), nn.Flatten(),
@@ -83,6 +90,7 @@ CASES = {
     "shared": Shared,
     "sequence": Sequence,
     "conv_norms": conv_model,
+    "strided_conv": strided_conv_model,
     "conv2d": conv2d_model,
     "embedding": Embedded,
 }
@@ -126,7 +134,7 @@ def private_sum(engine: str, model: nn.Module, x, y, clip: float):
 
 
 #: Opacus' engines on the layers the project's models use (Opacus' own tests cover the rest).
-OPACUS_CASES = ("logreg", "mlp", "cnn1d", "conv_norms")
+OPACUS_CASES = ("logreg", "mlp", "cnn1d", "conv_norms", "strided_conv")
 
 
 @pytest.mark.parametrize("engine, case", [(e, c) for e in ("ghost", "vmap") for c in CASES]
@@ -144,12 +152,12 @@ def test_each_engine_gives_the_exact_clipped_sum_on_each_layer_type(engine, case
         torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-10 * clip)
 
 
-@pytest.mark.parametrize("case", ["cnn1d", "shared", "sequence", "conv_norms"])
+@pytest.mark.parametrize("case", ["cnn1d", "shared", "sequence", "conv_norms", "strided_conv"])
 def test_gram_norms_used_for_large_layers_give_the_same_clipped_sum(case, monkeypatch):
     """Layers whose per-example gradients would not fit take the Gram form; forced here."""
-    from gossip_powersgd.privacy import per_sample
+    from gossip_powersgd.privacy import per_sample_layers
 
-    monkeypatch.setattr(per_sample, "MATERIALISE_LIMIT", 0)
+    monkeypatch.setattr(per_sample_layers, "MATERIALISE_LIMIT", 0)
     x, y = inputs(case)
     _, norms, _ = reference(make(case).double(), x, y, clip=1.0)
     clip = float(norms.median())
@@ -159,7 +167,8 @@ def test_gram_norms_used_for_large_layers_give_the_same_clipped_sum(case, monkey
 
 
 @pytest.mark.parametrize("engine", ["ghost", "vmap"])
-@pytest.mark.parametrize("case", ["mlp", "cnn1d", "shared", "sequence", "conv_norms", "embedding"])
+@pytest.mark.parametrize("case", ["mlp", "cnn1d", "shared", "sequence", "conv_norms",
+                                  "strided_conv", "embedding"])
 def test_materialised_per_example_gradients_equal_torch_func(engine, case):
     model = make(case).double()
     x, y = inputs(case)
