@@ -267,3 +267,27 @@ def test_empty_batch_after_a_forward_without_backward_is_pure_noise():
     dp.privatize(model, 0)
     assert all(p.grad is not None and math.isfinite(float(p.grad.abs().sum()))
                for p in model.parameters())
+
+
+def test_bench_dp_measures_every_candidate_and_renders_both_ratios():
+    """The bench's pieces on a tiny problem (its full run is minutes): every one-peer candidate,
+    one private ring:8 run through the trainer, and the page from them."""
+    import argparse
+
+    from experiments import bench_dp
+
+    one_peer = {spec: bench_dp.measure_one_peer(spec, reps=1, steps=1)
+                for spec in bench_dp.MODELS}
+    for times in one_peer.values():
+        assert all(len(t["cpu"]) == 1 and t["cpu"][0] > 0 for t in times.values())
+    run = bench_dp._run("exact", "auto", 1, 8, "synthetic_logreg:d=40,classes=10,n=800")
+    assert run["steps"] >= 1 and run["cpu"] > 0
+    e2e = {"times": {(label, engine): {"cpu": [run["cpu"]], "wall": [run["wall"]]}
+                     for label, _ in bench_dp.ALGORITHMS for engine in (None, "auto", "hooks")},
+           "steps": run["steps"], "first": run["first"]}
+    args = argparse.Namespace(reps=1, steps=1, e2e_reps=1, e2e_epochs=1, dataset="mnist1d")
+    page = bench_dp.render(args, one_peer, e2e, 1.0, "python -m experiments.bench_dp")
+    assert "## (a) One peer, batch 32" in page and "## (b) ring:8, cnn1d, MNIST-1D" in page
+    for row in ("| mlp:128,128 | **", "| cnn1d | **", "| exact gossip |", "| PowerGossip r1 |"):
+        assert row in page
+    assert "clipped sum, ghost" in page and "DP, Opacus hooks" in page and "**1.00×**" in page
