@@ -1,7 +1,7 @@
 """What DP-SGD costs per step: per-example clipping engines side by side, and private training.
 
-    python -m experiments.bench_dp [--reps 15] [--steps 20] [--e2e-reps 5] [--e2e-epochs 3]
-                                   [--out experiments/results/bench_dp.md]
+    python -m experiments.bench_dp [--reps 15] [--steps 20] [--big-batch 256] [--e2e-reps 5]
+                                   [--e2e-epochs 3] [--out experiments/results/bench_dp.md]
 
 (a) One peer, batch 32, MNIST-1D-shaped inputs (length 40, 10 classes), one torch thread, for
 mlp:128,128 and cnn1d: a non-private step (zero_grad, forward, cross-entropy, backward, SGD step)
@@ -10,7 +10,8 @@ against the same step with the clipped sum of per-example gradients in place of 
 against the whole private step (`DPSGD.privatize`: clip, noise, scale, accounting) for the
 default engine and for Opacus' hooks (the engine before this bench). Repetitions are interleaved:
 each one times `--steps` steps of every candidate in turn, so a burst of load from other jobs
-falls on all of them alike.
+falls on all of them alike. The non-private step and the default engine's clipped sum again at
+batch `--big-batch`.
 
 (b) End to end: ring:8, cnn1d, MNIST-1D iid, batch 32, the in-process `LocalCluster` (the
 trainer's `backend: local`), exact gossip and PowerGossip r1, without DP and with DP-SGD
@@ -60,19 +61,20 @@ def median(values: List[float]) -> float:
 # ---- (a) one peer ---------------------------------------------------------------------------
 
 
-def _one_peer_step(spec: str, dp_engine: Optional[str], full: bool) -> Callable[[], None]:
+def _one_peer_step(spec: str, dp_engine: Optional[str], full: bool,
+                   batch: int = BATCH) -> Callable[[], None]:
     """One training step of a fresh model; with `dp_engine`, the clipped sum (or, `full`, the
     whole private step) replaces the gradient."""
     from gossip_powersgd.privacy import DPSGD
     from gossip_powersgd.training.models import build_model
 
     generator = torch.Generator().manual_seed(1)
-    x = torch.randn(BATCH, 40, generator=generator)
-    y = torch.randint(0, 10, (BATCH,), generator=generator)
+    x = torch.randn(batch, 40, generator=generator)
+    y = torch.randint(0, 10, (batch,), generator=generator)
     model = build_model(spec, input_shape=(40,), num_classes=10, seed=0)
     dp = None
     if dp_engine is not None:
-        dp = DPSGD(1.0, 1.0, sample_rate=BATCH / 500, shard_size=500, engine=dp_engine)
+        dp = DPSGD(1.0, 1.0, sample_rate=batch / 4000, shard_size=4000, engine=dp_engine)
         model = dp.wrap(model)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=0.01)
@@ -81,17 +83,22 @@ def _one_peer_step(spec: str, dp_engine: Optional[str], full: bool) -> Callable[
         optimizer.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
         if dp is not None and full:
-            dp.privatize(model, BATCH)
+            dp.privatize(model, batch)
         elif dp is not None:
             with torch.no_grad():
-                for p, total in zip(params, dp.clipped_sum(model, BATCH)):
-                    p.grad = total / dp.expected_batch_size
+                sums = dp.clipped_sum(model, batch)
+                torch._foreach_div_(sums, dp.expected_batch_size)
+                for p, total in zip(params, sums):
+                    p.grad = total
         optimizer.step()
 
     return step
 
 
-def one_peer_candidates(spec: str) -> Dict[str, Callable[[], None]]:
+def one_peer_candidates(spec: str, batch: int = BATCH) -> Dict[str, Callable[[], None]]:
+    if batch != BATCH:
+        return {"non-private": _one_peer_step(spec, None, False, batch),
+                "clipped sum, ghost": _one_peer_step(spec, "ghost", False, batch)}
     candidates = {"non-private": _one_peer_step(spec, None, False)}
     for engine in ENGINES:
         candidates[f"clipped sum, {engine}"] = _one_peer_step(spec, engine, False)
@@ -100,9 +107,10 @@ def one_peer_candidates(spec: str) -> Dict[str, Callable[[], None]]:
     return candidates
 
 
-def measure_one_peer(spec: str, reps: int, steps: int) -> Dict[str, Dict[str, List[float]]]:
+def measure_one_peer(spec: str, reps: int, steps: int,
+                     batch: int = BATCH) -> Dict[str, Dict[str, List[float]]]:
     """Per candidate, per repetition: ms per step, thread CPU time and wall time."""
-    candidates = one_peer_candidates(spec)
+    candidates = one_peer_candidates(spec, batch)
     for step in candidates.values():  # warm-up: allocator, autograd graphs, lazy imports
         for _ in range(5):
             step()
@@ -186,7 +194,7 @@ def _ratio(values: List[float], base: List[float]) -> float:
     return median(values) / median(base)
 
 
-def render(args, one_peer, e2e, seconds: float, command: str) -> str:
+def render(args, one_peer, e2e, seconds: float, command: str, big=None) -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -221,6 +229,14 @@ def render(args, one_peer, e2e, seconds: float, command: str) -> str:
         base = times["non-private"]["cpu"]
         lines.append(f"| {spec} | " + " | ".join(
             f"**{_ratio(times[n]['cpu'], base):.2f}×**" for n in names[1:]) + " |")
+    if big:
+        lines += ["", f"Batch {args.big_batch}, the same way: where the arithmetic, not the "
+                  "number of operations, sets the cost.", "",
+                  "| model | non-private | clipped sum, ghost | ratio |", "|---|---|---|---|"]
+        for spec, times in big.items():
+            plain, ghost = times["non-private"]["cpu"], times["clipped sum, ghost"]["cpu"]
+            lines.append(f"| {spec} | {_cell(plain)} | {_cell(ghost)} | "
+                         f"**{_ratio(ghost, plain):.2f}×** |")
     data = "MNIST-1D" if args.dataset == "mnist1d" else f"`{args.dataset}`"
     lines += ["", f"## (b) ring:8, cnn1d, {data} iid, local backend, ms per step", "",
               f"{args.e2e_reps} interleaved repetitions of whole runs of {args.e2e_epochs} "
@@ -250,6 +266,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--e2e-reps", type=int, default=5)
     parser.add_argument("--e2e-epochs", type=int, default=3)
+    parser.add_argument("--big-batch", type=int, default=256,
+                        help="(a) again at this batch size, non-private and ghost (0: skip)")
     parser.add_argument("--dataset", default="mnist1d",
                         help="the end-to-end runs' dataset (inputs of length 40: cnn1d)")
     parser.add_argument("--out", type=Path, default=ROOT / "experiments/results/bench_dp.md")
@@ -264,14 +282,18 @@ def main(argv: Optional[List[str]] = None) -> None:
     for spec in MODELS:
         log(f"one peer: {spec}")
         one_peer[spec] = measure_one_peer(spec, args.reps, args.steps)
+    big = {}
+    for spec in MODELS if args.big_batch else ():
+        log(f"one peer: {spec}, batch {args.big_batch}")
+        big[spec] = measure_one_peer(spec, args.reps, args.steps, args.big_batch)
     log("end to end: ring:8, cnn1d")
     e2e = measure_end_to_end(args.e2e_reps, args.e2e_epochs, args.dataset)
     seconds = time.perf_counter() - started
-    page = render(args, one_peer, e2e, seconds, command.strip())
+    page = render(args, one_peer, e2e, seconds, command.strip(), big)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(args.out, page)
     data = {"command": command.strip(), "commit": git_commit(), "seconds": seconds,
-            "one_peer_ms": one_peer,
+            "one_peer_ms": one_peer, f"one_peer_batch_{args.big_batch}_ms": big,
             "end_to_end_ms": {f"{label} | DP {engine or 'off'}": v
                               for (label, engine), v in e2e["times"].items()},
             "end_to_end_steps": e2e["steps"]}
