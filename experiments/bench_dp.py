@@ -255,8 +255,22 @@ def render(args, one_peer, e2e, seconds: float, command: str, big=None) -> str:
             f"**{_ratio(ghost['cpu'], plain['cpu']):.2f}×** | "
             f"{_ratio(hooks['cpu'], plain['cpu']):.2f}× | {median(plain['wall']):.1f} | "
             f"{median(ghost['wall']):.1f} | {median(hooks['wall']):.1f} |")
-    lines += ["", "Targets: the clipped sum at ≤ 1.5× a non-private step for mlp and cnn1d (a), "
-              "DP training at ≤ 2× the non-private time per step on ring:8 with cnn1d (b).", ""]
+    lines += ["", "## Targets", ""]
+
+    def status(ratio: float, bound: float, hooks: float) -> str:
+        return f"{'MET' if ratio <= bound else 'MISSED'} ({ratio:.2f}×; Opacus' hooks {hooks:.2f}×)"
+
+    for spec, times in one_peer.items():
+        plain = times["non-private"]["cpu"]
+        lines.append(f"- **The clipped sum at ≤ 1.5× a non-private step**, {spec}, batch {BATCH}: "
+                     + status(_ratio(times["clipped sum, ghost"]["cpu"], plain), 1.5,
+                              _ratio(times["clipped sum, hooks"]["cpu"], plain)) + ".")
+    for label, _ in ALGORITHMS:
+        plain = t[(label, None)]["cpu"]
+        lines.append(f"- **DP training at ≤ 2× the non-private time per step**, ring:8 cnn1d, "
+                     f"{label}: " + status(_ratio(t[(label, "auto")]["cpu"], plain), 2.0,
+                                           _ratio(t[(label, "hooks")]["cpu"], plain)) + ".")
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -296,3 +296,6 @@ def test_bench_dp_measures_every_candidate_and_renders_both_ratios():
     for row in ("| mlp:128,128 | **", "| cnn1d | **", "| exact gossip |", "| PowerGossip r1 |"):
         assert row in page
     assert "clipped sum, ghost" in page and "DP, Opacus hooks" in page and "**1.00×**" in page
+    assert "**DP training at ≤ 2× the non-private time per step**, ring:8 cnn1d, exact gossip: " \
+        "MET (1.00×" in page  # the same run in every column: ratio 1
+    assert page.count("**The clipped sum at ≤ 1.5× a non-private step**") == 2
