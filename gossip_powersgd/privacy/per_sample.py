@@ -162,8 +162,9 @@ class PerSampleModule(nn.Module):
                     layer)
         with torch.no_grad():
             used = rows or others
-            dtype = used[0].records[0][1].dtype if used else torch.get_default_dtype()
-            squared = torch.zeros(batch, dtype=dtype)
+            like = used[0].records[0][1] if used else \
+                next((p for *_, p in self.slots), torch.zeros(()))
+            squared = torch.zeros(batch, dtype=like.dtype, device=like.device)
             for layer in others:
                 squared.add_(layer.squared_norms())
             factors, weights, sums = clip_rows(
