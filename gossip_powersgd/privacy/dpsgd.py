@@ -11,7 +11,7 @@ How a trainer uses it, per peer::
     set-up               model = validate_model(model, fix)   # before building the optimizer
                          randomness = Randomness.os_entropy()  # the peer's secret key
                          dp = DPSGD(sigma, C, q, n, randomness=randomness)
-                         model = dp.wrap(model)               # opacus GradSampleModule
+                         model = dp.wrap(model)               # records per-example pieces
                          batches = PoissonBatches(x, y, q, randomness=randomness)
     after backward       dp.privatize(model, len(yb))         # empty batch: no forward, just this
     evaluation           dp.epsilon(delta)
@@ -30,10 +30,21 @@ from torch import nn
 
 from gossip_powersgd.privacy.accounting import check_accountant_name, epsilon, make_accountant
 from gossip_powersgd.privacy.dependency import import_opacus
+from gossip_powersgd.privacy.per_sample import PerSampleModule
 from gossip_powersgd.privacy.seeds import NOISE_STREAM, Randomness
 from gossip_powersgd.utils import one_line
 
-__all__ = ["DPSGD", "validate_model", "validate_dp_options", "dp_enabled"]
+__all__ = ["DPSGD", "validate_model", "validate_dp_options", "dp_enabled", "GRAD_SAMPLE_ENGINES"]
+
+#: How per-example clipping is computed (`DPSGD(engine=...)`): "auto" (the default: "ghost" unless
+#: a trainable layer is one the vmap engine cannot take, then "hooks"), "ghost" (ghost norms and
+#: book-keeping for Linear and Conv1d, vmap for other layers; `per_sample.py`), "vmap" (torch.func
+#: for every layer), and Opacus' GradSampleModule modes "hooks" and "ew" (expanded weights).
+GRAD_SAMPLE_ENGINES = ("auto", "ghost", "vmap", "hooks", "ew")
+
+#: Layers whose forward takes a batch and returns one tensor, which the vmap engine differentiates.
+_VMAP_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.GroupNorm, nn.LayerNorm,
+                nn.Embedding, nn.PReLU, nn.modules.instancenorm._InstanceNorm)
 
 #: Added to each per-example norm before dividing, as Opacus does, so a zero gradient stays zero.
 _NORM_EPS = 1e-6
@@ -169,6 +180,15 @@ def validate_model(model: nn.Module, fix: bool = False) -> nn.Module:
     return fixed
 
 
+def _auto_engine(model: nn.Module) -> str:
+    """"ghost" when every trainable layer is one it (or its vmap fallback) handles, else "hooks"."""
+    for module in model.modules():
+        if any(p.requires_grad for p in module.parameters(recurse=False)) \
+                and not isinstance(module, _VMAP_LAYERS):
+            return "hooks"
+    return "ghost"
+
+
 class DPSGD:
     """One peer's DP-SGD step: clip each example's gradient to C, sum, add N(0, (sigma C)^2).
 
@@ -183,9 +203,12 @@ class DPSGD:
 
     def __init__(self, noise_multiplier: float, max_grad_norm: float, sample_rate: float,
                  shard_size: int, *, accountant: str = "rdp",
-                 randomness: Optional[Randomness] = None):
+                 randomness: Optional[Randomness] = None, engine: str = "auto"):
         validate_dp_options(noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
                             accountant=accountant)
+        if engine not in GRAD_SAMPLE_ENGINES:
+            raise ValueError(f"unknown per-example gradient engine {engine!r}; choose one of "
+                             f"{', '.join(GRAD_SAMPLE_ENGINES)}")
         if isinstance(sample_rate, bool) or not 0 < float(sample_rate) <= 1:
             raise ValueError(f"the sample rate must lie in (0, 1], got {sample_rate!r}")
         if isinstance(shard_size, bool) or int(shard_size) != shard_size or shard_size < 1:
@@ -195,6 +218,7 @@ class DPSGD:
         self.sample_rate = float(sample_rate)
         self.expected_batch_size = self.sample_rate * int(shard_size)
         self.randomness = randomness if randomness is not None else Randomness.os_entropy()
+        self.engine = engine
         self.accountant_name = accountant
         self.accountant = make_accountant(accountant)
         self._noise_label = (-1, 0)  # (step, draws so far in that step) of the last noise draw
@@ -205,13 +229,14 @@ class DPSGD:
     validate_model = staticmethod(validate_model)
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        """``model`` in an Opacus GradSampleModule that records per-example gradients.
+        """``model`` wrapped to record what per-example clipping needs (see `GRAD_SAMPLE_ENGINES`).
 
-        ``loss_reduction="mean"``: the trainer keeps its mean loss, Opacus rescales per example.
-        Wrapping is done once; wrapping the already wrapped model again returns it.
+        ``loss_reduction="mean"``: the trainer keeps its mean loss, the engine rescales per
+        example. Wrapping is done once; wrapping the already wrapped model again returns it.
+        Either wrapper names the parameters ``_module.<name>``, so checkpoints are the same.
         """
         grad_sample = import_opacus("opacus.grad_sample")
-        if isinstance(model, grad_sample.GradSampleModule):
+        if isinstance(model, (grad_sample.AbstractGradSampleModule, PerSampleModule)):
             if model is not self.module:
                 raise ValueError("this model is already wrapped by another DPSGD: give each peer "
                                  "its own unwrapped model")
@@ -219,8 +244,15 @@ class DPSGD:
         if self.module is not None:
             raise ValueError("this DPSGD already wraps a model: create one DPSGD per peer model")
         validate_model(model, fix=False)
-        self.module = grad_sample.GradSampleModule(model, batch_first=True,
-                                                   loss_reduction="mean", strict=True)
+        engine = self.engine if self.engine != "auto" else _auto_engine(model)
+        if engine in ("ghost", "vmap"):
+            self.module = PerSampleModule(model, engine, loss_reduction="mean")
+        elif engine == "hooks":
+            self.module = grad_sample.GradSampleModule(model, batch_first=True,
+                                                       loss_reduction="mean", strict=True)
+        else:
+            self.module = grad_sample.wrap_model(model, engine, batch_first=True,
+                                                 loss_reduction="mean")
         return self.module
 
     # ---- after backward ---------------------------------------------------------------------
@@ -228,9 +260,11 @@ class DPSGD:
     def per_example_gradients(self, model: nn.Module, batch_size: int) -> list[torch.Tensor]:
         """Each trainable parameter's per-example gradients, shape ``(batch_size, *p.shape)``.
 
-        What Opacus recorded during the last backward, for the examples' own (not averaged)
+        What the engine recorded during the last backward, for the examples' own (not averaged)
         losses; zeros for a parameter the forward did not use.
         """
+        if isinstance(model, PerSampleModule):
+            return model.per_example_gradients(batch_size)
         gradients = []
         for p in (p for p in model.parameters() if p.requires_grad):
             sample = getattr(p, "grad_sample", None)
@@ -244,6 +278,22 @@ class DPSGD:
                                  f"per-example gradients hold {sample.shape[0]}: pass len(batch)")
             gradients.append(sample)
         return gradients
+
+    def clipped_sum(self, model: nn.Module, batch_size: int) -> list[torch.Tensor]:
+        """Per trainable parameter, the sum over the batch of the clipped per-example gradients.
+
+        The ghost and vmap engines compute it without keeping per-example gradients of the
+        Linear and Conv1d layers beyond the norms (`per_sample.py`); Opacus' engines from the
+        per-example gradients they recorded.
+        """
+        if isinstance(model, PerSampleModule):
+            return model.clipped_sum(self.max_grad_norm, batch_size, _NORM_EPS)[0]
+        gradients = self.per_example_gradients(model, batch_size)
+        factor = self.clip_factors(gradients)
+        summed = [torch.einsum("i,i...->...", factor.to(g.dtype), g) for g in gradients]
+        for p in model.parameters():
+            p.grad_sample = None
+        return summed
 
     def clip_factors(self, gradients: list[torch.Tensor]) -> torch.Tensor:
         """Per example, min(1, C / (norm + 1e-6)); norm over all trainable parameters together."""
@@ -288,13 +338,12 @@ class DPSGD:
         with torch.no_grad():
             if batch_size == 0:
                 summed = [torch.zeros_like(p) for p in params]
+                if isinstance(model, PerSampleModule):
+                    model.clear()
             else:
-                gradients = self.per_example_gradients(model, batch_size)
-                factor = self.clip_factors(gradients)
-                summed = [torch.einsum("i,i...->...", factor.to(g.dtype), g) for g in gradients]
+                summed = self.clipped_sum(model, batch_size)
             for p, total in zip(params, summed):
                 p.grad = ((total + self._noise(p)) / self.expected_batch_size).to(p.dtype)
-                p.grad_sample = None
         self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
 
     # ---- evaluation -------------------------------------------------------------------------

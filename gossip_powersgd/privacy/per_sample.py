@@ -1,0 +1,204 @@
+"""Per-example clipping without Opacus' hooks: ghost norms for Linear and Conv1d, vmap for the rest.
+
+DP-SGD needs, per step, the clipped sum ``sum_i c_i g_i`` with ``c_i = min(1, C / |g_i|)``, where
+``g_i`` is example i's gradient over all parameters. Materialising every ``g_i`` (Opacus' hooks)
+costs a batch of weight-sized tensors per layer. For a layer ``out = a W^T`` the gradient of
+example i is ``b_i^T a_i`` (``b`` the gradient at the layer's output, ``a`` its input), so:
+
+* its squared norm is ``|a_i|^2 |b_i|^2`` for one position per example (a Linear on (N, d)
+  inputs); for T positions (a sequence, or the T output positions of a convolution, whose input
+  is unfolded, im2col) the per-example gradients ``b_i^T a_i`` are formed (cost T p q, and the
+  clipped sum is then one more product), or, where a batch of them would not fit in
+  `per_sample_layers.MATERIALISE_LIMIT` numbers, the Gram form
+  ``sum_{t,s} (a_t.a_s + 1)(b_t.b_s)`` (cost T^2 (p + q), the 1 for the bias; ghost norm);
+* the clipped sum is ``(c * b)^T a``: one weight-gradient product with the output gradients
+  scaled per example (book-keeping, Bu et al. 2022; ghost clipping, Li et al. 2021).
+
+So the backward pass computes only the gradients with respect to activations (Linear and Conv1d
+run through `_Recorded`, which keeps ``(a, b)`` and returns no weight gradient; a convolution
+runs as a product with its unfolded input, which the norms need anyway and which is faster than
+the convolution kernels at these sizes), and `PerSampleModule.clipped_sum` adds the norms and
+one product per weight, the Linear layers' all in one function (`clip_rows`: at batch 32 issuing
+an operation costs about as much as computing it). A trainable layer of any other type is
+recorded by a forward hook: GroupNorm and LayerNorm have closed forms, the rest gets its
+per-example gradients from ``torch.func.vmap`` over ``vjp`` of that layer alone
+(``engine="vmap"`` sends every layer that way: the general engine, and the measured reference).
+Measured choices are in experiments/results/bench_dp.md.
+
+The wrapped model keeps Opacus' parameter names (``_module.<name>``), so checkpoints of either
+engine load into the other.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List
+
+import torch
+from torch import nn
+
+from gossip_powersgd.privacy.per_sample_layers import (
+    _Conv1dLayer,
+    _conv1d_supported,
+    _GeneralLayer,
+    _Layer,
+    _LinearLayer,
+    _Recorded,
+    _State,
+    clip_rows,
+)
+
+
+__all__ = ["PerSampleModule", "ENGINES"]
+
+#: Engines of `PerSampleModule`: "ghost" (ghost norms for Linear and Conv1d, vmap for other
+#: layers) and "vmap" (vmap for every layer).
+ENGINES = ("ghost", "vmap")
+
+
+class PerSampleModule(nn.Module):
+    """``module`` with per-example clipping by `clipped_sum` after each backward (see module doc).
+
+    The forward is the module's own; a backward leaves the private layers' ``.grad`` untouched
+    and keeps what `clipped_sum` needs. ``loss_reduction="mean"``: the backward loss is the mean of
+    the examples' losses (the trainer's), and the recorded gradients are scaled by the batch size.
+    """
+
+    def __init__(self, module: nn.Module, engine: str = "ghost", loss_reduction: str = "mean"):
+        super().__init__()
+        if engine not in ENGINES:
+            raise ValueError(f"unknown per-example engine {engine!r}; choose one of {ENGINES}")
+        if loss_reduction not in ("mean", "sum"):
+            raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        self._module = module
+        self.engine = engine
+        self.loss_reduction = loss_reduction
+        self.state = _State()
+        self.layers: List[_Layer] = []
+        self._patched: List[nn.Module] = []
+        owner_of = {}
+        for name, sub in module.named_modules():
+            own = [n for n, p in sub.named_parameters(recurse=False) if p.requires_grad]
+            if own:
+                layer = self._layer(name, sub, own)
+                self.layers.append(layer)
+                for n in own:
+                    owner_of[id(getattr(sub, n))] = (layer, n)
+        #: (layer, index in its params, parameter) of each trainable one, in the model's order
+        self.slots = [(owner_of[id(p)][0], owner_of[id(p)][0].params.index(owner_of[id(p)][1]), p)
+                      for p in module.parameters() if p.requires_grad]
+
+    def _layer(self, name: str, sub: nn.Module, own: List[str]) -> _Layer:
+        label = f"{name or '<root>'!r} ({type(sub).__name__})"
+        kind = None
+        if self.engine == "ghost" and type(sub) is nn.Linear:
+            kind = _LinearLayer
+        elif self.engine == "ghost" and type(sub) is nn.Conv1d and _conv1d_supported(sub):
+            kind = _Conv1dLayer
+        if kind is None:
+            if any(p.requires_grad for c in sub.children() for p in c.parameters()):
+                raise ValueError(f"per-example gradients: layer {label} has trainable parameters "
+                                 f"of its own and in its sub-layers; use engine='hooks' (Opacus)")
+            return _GeneralLayer(sub, own, self, label)
+        layer = kind(sub, own, self)
+        sub.forward = _recording_forward(sub, layer)
+        self._patched.append(sub)
+        return layer
+
+    def forward(self, *args, **kwargs):
+        self.state.passes += 1
+        return self._module(*args, **kwargs)
+
+    def remove(self) -> None:
+        """Undo the wrapping: the module's own forward again, no hooks."""
+        for sub in self._patched:
+            del sub.forward
+        for layer in self.layers:
+            if isinstance(layer, _GeneralLayer):
+                layer.handle.remove()
+        self._patched, self.layers, self.slots = [], [], []
+
+    # ---- after backward ---------------------------------------------------------------------
+
+    def _check(self, batch: int) -> None:
+        if len(self.state.seen) > 1:
+            raise ValueError("privatize found gradients of several forward/backward passes: "
+                             "call it after every backward (Poisson batches do not accumulate)")
+        for layer in self.layers:
+            for record in layer.records:
+                size = record[1].shape[0]
+                if size != batch:
+                    raise ValueError(f"privatize was told the batch has {batch} examples but the "
+                                     f"per-example gradients hold {size}: pass len(batch)")
+
+    def _scale(self, batch: int) -> float:
+        return float(batch) if self.loss_reduction == "mean" else 1.0
+
+    def per_example_gradients(self, batch: int) -> List[torch.Tensor]:
+        """Each trainable parameter's per-example gradients, shape (batch, *p.shape) (zeros for a
+        parameter the forward did not use); materialised, for checks. Keeps the records."""
+        self._check(batch)
+        scale = self._scale(batch)
+        with torch.no_grad():
+            found = {id(layer): layer.per_example() for layer in self.layers if layer.records}
+            out = []
+            for layer, index, p in self.slots:
+                g = found.get(id(layer), {}).get(layer.params[index])
+                out.append(torch.zeros((batch, *p.shape), dtype=p.dtype, device=p.device)
+                           if g is None else g.reshape(batch, *p.shape) * scale)
+        return out
+
+    def clipped_sum(self, max_norm: float, batch: int,
+                    norm_eps: float) -> tuple[List[torch.Tensor], torch.Tensor]:
+        """The clipped sum ``sum_i c_i g_i`` per trainable parameter, and the factors ``c``.
+
+        ``c_i = min(1, C / (|g_i| + norm_eps))``, ``|g_i|`` over all trainable parameters
+        together. Clears what the backward recorded.
+        """
+        self._check(batch)
+        rows, others = [], []
+        for layer in self.layers:
+            if layer.records:
+                (rows if isinstance(layer, _LinearLayer) and layer.is_rows() else others).append(
+                    layer)
+        with torch.no_grad():
+            used = rows or others
+            like = used[0].records[0][1] if used else \
+                next((p for *_, p in self.slots), torch.zeros(()))
+            squared = torch.zeros(batch, dtype=like.dtype, device=like.device)
+            for layer in others:
+                squared.add_(layer.squared_norms())
+            factors, weights, sums = clip_rows(
+                [layer.records[0][0] for layer in rows], [layer.records[0][1] for layer in rows],
+                [layer.is_weight for layer in rows], squared, float(max_norm),
+                self._scale(batch), float(norm_eps))
+            found = {}
+            for layer, parts in zip(rows, sums):
+                found[id(layer)] = parts
+            for layer in others:
+                clipped = layer.clipped(weights)
+                found[id(layer)] = [clipped[n] for n in layer.params]
+            out = []
+            for layer, index, p in self.slots:
+                parts = found.get(id(layer))
+                out.append(torch.zeros_like(p) if parts is None else parts[index].reshape(p.shape))
+        self.clear()
+        return out, factors
+
+    def clear(self) -> None:
+        """Forget what the backward passes recorded."""
+        self.state.seen.clear()
+        for layer in self.layers:
+            layer.clear()
+
+
+def _recording_forward(module: nn.Module, layer: _Layer) -> Callable:
+    """The module's forward through `_Recorded` (which keeps what per-example clipping needs)."""
+
+    def forward(x):
+        if not torch.is_grad_enabled():  # evaluation: the layer's own forward
+            return type(module).forward(module, x)
+        if isinstance(module, nn.Conv1d) and x.dim() != 3:
+            raise ValueError("per-example gradients: Conv1d needs batched (N, C, L) input")
+        return _Recorded.apply(x, module.weight, module.bias, layer)
+
+    return forward

@@ -1,0 +1,352 @@
+"""The layers of per-example clipping (`per_sample.PerSampleModule`): what each keeps, its norms.
+
+Linear and Conv1d run through `_Recorded`, an autograd function whose backward keeps the layer's
+input (a convolution's unfolded input) and output gradient and computes no weight gradient; the
+per-example squared norms and the clipped sum are then a few products per layer (see
+`per_sample`'s module docstring for the formulas). Any other layer with trainable parameters is a
+`_GeneralLayer`: GroupNorm and LayerNorm in closed form, the rest by torch.func vmap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, List, Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+if TYPE_CHECKING:
+    from gossip_powersgd.privacy.per_sample import PerSampleModule
+
+def _cat(parts: List[torch.Tensor]) -> torch.Tensor:
+    """Several uses of one layer in a forward, as more positions (no copy for a single use)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+
+class _Recorded(torch.autograd.Function):
+    """``forward(x)`` of a Linear or Conv1d layer whose backward keeps (input, output gradient)
+    for the layer's `_Layer` and returns the input's gradient only (the weights get none: their
+    private gradient is `PerSampleModule.clipped_sum`). The layer's ``compute`` returns its output
+    and what its rule keeps of the input (the input itself, or a convolution's unfolded input)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer):
+        ctx.layer, ctx.pass_id, ctx.shape = layer, layer.state.passes, x.shape
+        out, kept = layer.compute(x, weight, bias)
+        ctx.save_for_backward(kept, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        kept, weight = ctx.saved_tensors
+        ctx.layer.add(ctx.pass_id, (kept, grad_out))
+        grad_x = ctx.layer.input_gradient(ctx.shape, kept, weight, grad_out) \
+            if ctx.needs_input_grad[0] else None
+        return grad_x, None, None, None
+
+
+class _State:
+    """A wrapper's bookkeeping, in a plain object: setting attributes of an nn.Module at every
+    step goes through Module.__setattr__, which costs more than the arithmetic of a small layer."""
+
+    def __init__(self):
+        self.passes = 0  # forward passes so far; what a backward records is tagged with its pass
+        self.seen: set = set()  # the passes whose backward has recorded something
+        self.computing = False  # the vmap engine runs a layer: its hook must not record
+
+
+class _Layer:
+    """One trainable layer: what it recorded in the last backward, and its per-example pieces.
+
+    ``rows(batch)`` returns per example the layer's input and output gradient as
+    ``(a, b)`` of shapes (B, T, p) and (B, T, q), T positions (several uses of the layer add
+    positions: their gradients add up, as positions' do). The weight gradient is ``b^T a``.
+    """
+
+    def __init__(self, module: nn.Module, params: Sequence[str], owner: "PerSampleModule"):
+        self.module = module
+        self.params = list(params)  # trainable direct parameters, in the model's order
+        self.is_weight = [n == "weight" for n in self.params]
+        self.state = owner.state
+        self.records: list = []
+
+    def add(self, pass_id: int, record: tuple) -> None:
+        """Keep one use's (input, output gradient), noting which forward pass it belongs to."""
+        self.state.seen.add(pass_id)
+        self.records.append(record)
+
+    def clear(self) -> None:
+        self.records = []
+
+
+class _LinearLayer(_Layer):
+    """nn.Linear, input (B, ..., p): every middle position of an example is a position."""
+
+    def compute(self, x, weight, bias):
+        return F.linear(x, weight, bias), x
+
+    def input_gradient(self, shape, x, weight, grad_out):
+        return grad_out @ weight
+
+    def _rows(self):
+        """(a, b) as (B, p) and (B, q) for one position per example, else (B, T, p), (B, T, q)."""
+        if len(self.records) == 1 and self.records[0][0].dim() == 2:
+            return self.records[0]
+        return (_cat([x.reshape(x.shape[0], -1, x.shape[-1]) for x, _ in self.records]),
+                _cat([g.reshape(g.shape[0], -1, g.shape[-1]) for _, g in self.records]))
+
+    def is_rows(self) -> bool:
+        """One use, one position per example: the case `clip_rows` takes."""
+        return len(self.records) == 1 and self.records[0][0].dim() == 2
+
+    def squared_norms(self) -> torch.Tensor:
+        a, b = self._rows()
+        has_w, has_b = "weight" in self.params, "bias" in self.params
+        if a.dim() == 2:  # |g_i|^2 = |a_i|^2 |b_i|^2 for the weight, |b_i|^2 for the bias
+            b2 = torch.linalg.vecdot(b, b)
+            if not has_w:
+                return b2
+            a2 = torch.linalg.vecdot(a, a)
+            return torch.addcmul(b2, a2, b2) if has_b else a2 * b2
+        # Positions: the weight's gradient is sum_t b_t a_t^T; Gram matrices or the gradients
+        return _sequence_norms(a.transpose(1, 2), b.transpose(1, 2), has_w, has_b)[0]
+
+    def clipped(self, weights: torch.Tensor) -> dict:
+        a, b = self._rows()
+        scaled = b * weights.view(-1, *[1] * (b.dim() - 1))
+        out = {}
+        if "weight" in self.params:
+            out["weight"] = scaled.reshape(-1, b.shape[-1]).t() @ a.reshape(-1, a.shape[-1])
+        if "bias" in self.params:
+            out["bias"] = scaled.reshape(-1, b.shape[-1]).sum(0)
+        return out
+
+    def per_example(self) -> dict:
+        a, b = self._rows()
+        if a.dim() == 2:
+            a, b = a.unsqueeze(1), b.unsqueeze(1)
+        return {"weight": torch.bmm(b.transpose(1, 2), a), "bias": b.sum(1)}
+
+
+class _Conv1dLayer(_Layer):
+    """nn.Conv1d (one group, zero padding): the unfolded input (im2col) is ``a``."""
+
+    def compute(self, x, weight, bias):
+        """As a product with the unfolded input, which the norms need anyway (and which is
+        faster than the convolution kernels at these sizes); the unfolded input is kept."""
+        cols = self._unfold(x)
+        out = torch.matmul(weight.reshape(weight.shape[0], -1), cols)
+        if bias is not None:
+            out = out + bias.unsqueeze(1)
+        return out, cols
+
+    def input_gradient(self, shape, cols, weight, grad_out):
+        """col2im of W^T b: each kernel tap's columns added back at their strided positions."""
+        m = self.module
+        (k,), (d,), (s,), (p,) = m.kernel_size, m.dilation, m.stride, m.padding
+        batch, channels, length = shape
+        grad_cols = torch.matmul(weight.reshape(weight.shape[0], -1).t(), grad_out)
+        grad_cols = grad_cols.view(batch, channels, k, -1)
+        positions = grad_cols.shape[3]
+        padded = grad_out.new_zeros(batch, channels, length + 2 * p)
+        for j in range(k):
+            padded[:, :, j * d: j * d + s * (positions - 1) + 1: s] += grad_cols[:, :, j]
+        return padded[:, :, p: p + length] if p else padded
+
+    def _unfold(self, x: torch.Tensor) -> torch.Tensor:
+        """im2col by a strided view of the padded input: (B, C_in k, T), weight's column order."""
+        m = self.module
+        (k,), (d,), (s,), (p,) = m.kernel_size, m.dilation, m.stride, m.padding
+        if p:
+            x = F.pad(x, (p, p))
+        cols = x.unfold(2, d * (k - 1) + 1, s)  # (B, C_in, T, span)
+        if d > 1:
+            cols = cols[..., ::d]
+        # contiguous: with one input channel the reshape is a strided view, slow in products
+        return cols.permute(0, 1, 3, 2).reshape(x.shape[0], -1, cols.shape[2]).contiguous()
+
+    def _columns(self):
+        """(a, b) as (B, C_in k, T) and (B, C_out, T); several uses add positions."""
+        a = [cols for cols, _ in self.records]
+        b = [g for _, g in self.records]
+        return (a[0], b[0]) if len(a) == 1 else (torch.cat(a, 2), torch.cat(b, 2))
+
+    def squared_norms(self) -> torch.Tensor:
+        a, b = self._columns()
+        squared, grads, totals = _sequence_norms(a, b, "weight" in self.params,
+                                                 "bias" in self.params)
+        self.cache = (a, b, grads, totals)
+        return squared
+
+    def clipped(self, weights: torch.Tensor) -> dict:
+        """Batched products on the unfolded input (faster than the convolution's own
+        weight-gradient kernel at these sizes), or the per-example gradients when made."""
+        a, b, grads, totals = self.cache
+        out = {}
+        if "weight" in self.params:
+            total = torch.mv(grads.t(), weights) if grads is not None \
+                else torch.bmm(b * weights.view(-1, 1, 1), a.transpose(1, 2)).sum(0)
+            out["weight"] = total.reshape(self.module.weight.shape)
+        if "bias" in self.params:
+            out["bias"] = torch.mv((b.sum(2) if totals is None else totals).t(), weights)
+        return out
+
+    def clear(self) -> None:
+        self.records, self.cache = [], None
+
+    def per_example(self) -> dict:
+        a, b = self._columns()
+        grads = torch.bmm(b, a.transpose(1, 2))
+        return {"weight": grads.reshape(len(b), *self.module.weight.shape), "bias": b.sum(2)}
+
+
+#: Per-example weight gradients are materialised when a layer's batch of them holds at most this
+#: many numbers (64 MiB in float32); above, the Gram form keeps memory at T^2 per example.
+MATERIALISE_LIMIT = 1 << 24
+
+
+def _squares(rows: torch.Tensor) -> torch.Tensor:
+    """Each row's squared norm. vector_norm is one fused reduction; vecdot, quicker for short
+    rows, was measured 4-8x slower on per-example gradients of thousands of numbers."""
+    return torch.linalg.vector_norm(rows, dim=1).square_()
+
+
+def _sequence_norms(a: torch.Tensor, b: torch.Tensor, has_w: bool, has_b: bool):
+    """Per example |sum_t b_t a_t^T|^2 (+ |sum_t b_t|^2 with a bias), a: (B, p, T), b: (B, q, T).
+
+    The per-example gradients cost T p q to form, and then give the clipped sum for p q more;
+    the Gram form sum_{t,s} (a_t.a_s + 1)(b_t.b_s) costs T^2 (p + q), but the clipped sum then
+    needs a product of T p q anyway. So the gradients are formed unless they would not fit in
+    `MATERIALISE_LIMIT`. Returns (squared norms, the per-example weight gradients flattened or
+    None, the per-example bias gradients or None) for the clipped sum.
+    """
+    p, q = a.shape[1], b.shape[1]
+    if not has_w:
+        totals = b.sum(2)
+        return torch.linalg.vecdot(totals, totals), None, totals
+    if len(a) * p * q > MATERIALISE_LIMIT:
+        gram_a = torch.bmm(a.transpose(1, 2), a)
+        if has_b:
+            gram_a += 1
+        gram_b = torch.bmm(b.transpose(1, 2), b)
+        return (gram_a * gram_b).flatten(1).sum(1), None, None
+    grads = torch.bmm(b, a.transpose(1, 2)).flatten(1)
+    squared = _squares(grads)
+    totals = None
+    if has_b:
+        totals = b.sum(2)
+        squared += torch.linalg.vecdot(totals, totals)
+    return squared, grads, totals
+
+
+def _conv1d_supported(module: nn.Conv1d) -> bool:
+    return (module.groups == 1 and module.padding_mode == "zeros"
+            and not isinstance(module.padding, str))
+
+
+class _GeneralLayer(_Layer):
+    """Any other layer with its own trainable parameters: per-example gradients by vmap(vjp).
+
+    A forward hook keeps the layer's inputs and, at backward, the gradient at its output; the
+    layer is then differentiated alone, one example at a time under ``torch.func.vmap``. Needs a
+    layer that takes tensors (batch first) and returns one tensor, like every torch.nn layer
+    that treats examples independently.
+    """
+
+    def __init__(self, module, params, owner: "PerSampleModule", label: str):
+        super().__init__(module, params, owner)
+        self.label = label
+        self.handle = module.register_forward_hook(self._hook)
+
+    def _hook(self, module, args, out):
+        if self.state.computing or not torch.is_grad_enabled():
+            return
+        if not isinstance(out, torch.Tensor):
+            raise ValueError(f"per-example gradients: layer {self.label} returns "
+                             f"{type(out).__name__}, not one tensor; use engine='hooks' (Opacus)")
+        if out.requires_grad:
+            pass_id = self.state.passes
+            out.register_hook(lambda g: self.add(pass_id, (args, g)))
+
+    def per_example(self) -> dict:
+        """This layer's per-example gradients, one (B, *shape) tensor per parameter."""
+        self.state.computing = True  # its own forward hook must not record the vmap's calls
+        try:
+            return self._per_example()
+        finally:
+            self.state.computing = False
+
+    def squared_norms(self) -> torch.Tensor:
+        self.grads = self.per_example()
+        return sum(_squares(g.flatten(1)) for g in self.grads.values())
+
+    def clipped(self, weights: torch.Tensor) -> dict:
+        return {n: torch.einsum("i,i...->...", weights.to(g.dtype), g)
+                for n, g in self.grads.items()}
+
+    def clear(self) -> None:
+        self.records, self.grads = [], {}
+
+    def _per_example(self) -> dict:
+        if isinstance(self.module, (nn.GroupNorm, nn.LayerNorm)):
+            return self._norm_per_example()
+        params = {n: getattr(self.module, n).detach() for n in self.params}
+        total = None
+        for args, grad_out in self.records:
+            dims = tuple(0 if isinstance(a, torch.Tensor) else None for a in args)
+
+            def one(p, xs, g):
+                inputs = tuple(x.unsqueeze(0) if isinstance(x, torch.Tensor) else x for x in xs)
+                _, pullback = torch.func.vjp(
+                    lambda q: torch.func.functional_call(self.module, q, inputs), p)
+                return pullback(g.unsqueeze(0))[0]
+
+            grads = torch.func.vmap(one, in_dims=(None, dims, 0))(params, args, grad_out)
+            total = grads if total is None else {n: total[n] + grads[n] for n in grads}
+        return total
+
+
+    def _norm_per_example(self) -> dict:
+        """GroupNorm and LayerNorm in closed form: the affine weight's gradient is the normalised
+        input times the output gradient, summed over the positions (vmap would run them on a
+        batch of one, which GroupNorm with one value per group refuses)."""
+        m = self.module
+        total = {}
+        for (x, *_), g in self.records:
+            if isinstance(m, nn.GroupNorm):
+                normed, dims = F.group_norm(x, m.num_groups, eps=m.eps), list(range(2, x.dim()))
+            else:
+                normed = F.layer_norm(x, m.normalized_shape, eps=m.eps)
+                dims = list(range(1, x.dim() - len(m.normalized_shape)))
+            grads = {"weight": (normed * g).sum(dims) if dims else normed * g,
+                     "bias": g.sum(dims) if dims else g}
+            for n in self.params:
+                total[n] = grads[n] if n not in total else total[n] + grads[n]
+        return total
+
+
+def clip_rows(a: List[torch.Tensor], b: List[torch.Tensor], is_weight: List[List[bool]],
+              squared: torch.Tensor, max_norm: float, scale: float, norm_eps: float):
+    """Clip factors, and the clipped sums of the Linear layers with one position per example.
+
+    ``a[i]``, ``b[i]``: (B, p), (B, q) input and output gradient of layer i, whose trainable
+    parameters are weight and/or bias (``is_weight[i]`` says which, in order); ``squared``: the
+    other layers' per-example squared norms, added to in place. Returns (factors
+    ``min(1, C / (|g_i| + eps))``, the per-example weights of the sum, per layer the sums in
+    parameter order). One function for all of them: at these sizes issuing an operation costs
+    about as much as computing it, so it issues few (TorchScript was measured slower still).
+    """
+    for ai, bi, kinds in zip(a, b, is_weight):
+        b2 = torch.linalg.vecdot(bi, bi)
+        for weight in kinds:
+            if weight:  # |b_i a_i^T|^2 = |a_i|^2 |b_i|^2
+                squared.addcmul_(torch.linalg.vecdot(ai, ai), b2)
+            else:
+                squared.add_(b2)
+    factors = torch.div(max_norm, squared.sqrt_().mul_(scale).add_(norm_eps)).clamp_(max=1.0)
+    weights = factors * scale
+    sums = []
+    for ai, bi, kinds in zip(a, b, is_weight):
+        scaled = bi * weights.unsqueeze(1)
+        sums.append([scaled.t().mm(ai) if weight else scaled.sum(0) for weight in kinds])
+    return factors, weights, sums

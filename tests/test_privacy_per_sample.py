@@ -1,0 +1,301 @@
+"""Per-example clipping engines (`DPSGD(engine=...)`, `privacy/per_sample.py`) against torch.func.
+
+The reference is computed independently of every engine: per-example gradients of each example's
+own loss by ``torch.func.vmap(grad)``, clipped to C one by one and summed, in float64. Each engine
+x layer type must give that clipped sum (the update with sigma = 0, times the batch size).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from gossip_powersgd.privacy import DPSGD
+from gossip_powersgd.privacy.per_sample import PerSampleModule
+from gossip_powersgd.training.models import build_model
+
+pytest.importorskip("opacus")
+
+pytestmark = [pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
+              pytest.mark.filterwarnings("ignore:Using a non-full backward hook")]
+
+BATCH = 12
+NORM_EPS = 1e-6  # what DPSGD adds to every norm before dividing (as Opacus)
+
+
+class Shared(nn.Module):
+    """One Linear used twice in a forward: its per-example gradient is the sum of both uses'."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.inner(torch.tanh(self.inner(x)))))
+
+
+class Sequence(nn.Module):
+    """A Linear on (N, T, d) inputs: T positions per example (the Gram/gradient path)."""
+
+    def __init__(self):
+        super().__init__()
+        self.mix = nn.Linear(4, 5)
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.mix(x.view(len(x), 3, 4))).mean(1))
+
+
+def conv_model():
+    """Conv1d without bias, with dilation and no padding, then GroupNorm and LayerNorm."""
+    return nn.Sequential(nn.Unflatten(1, (2, 6)), nn.Conv1d(2, 4, 3, dilation=2, bias=False),
+                         nn.GroupNorm(2, 4), nn.Tanh(), nn.Flatten(), nn.LayerNorm(8),
+                         nn.Linear(8, 3))
+
+
+def strided_conv_model():
+    """Conv1d with stride, padding and dilation after a Linear, so its input gradient matters."""
+    return nn.Sequential(nn.Linear(12, 12), nn.Unflatten(1, (2, 6)),
+                         nn.Conv1d(2, 3, 3, stride=2, padding=2, dilation=2), nn.Tanh(),
+                         nn.Flatten(), nn.Linear(9, 3))
+
+
+def conv2d_model():
+    """Conv2d has no ghost rule: the vmap engine takes it."""
+    return nn.Sequential(nn.Unflatten(1, (1, 3, 4)), nn.Conv2d(1, 2, 2), nn.Tanh(), nn.Flatten(),
+                         nn.Linear(12, 3))
+
+
+class Embedded(nn.Module):
+    """Integer inputs through an Embedding (vmap engine), then a Linear (ghost)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(self.embed((x.abs() * 3).long().clamp(max=9)[:, :3]).sum(1))
+
+
+CASES = {
+    "logreg": lambda: build_model("logreg", input_shape=(12,), num_classes=3, seed=0),
+    "mlp": lambda: build_model("mlp:7,5", input_shape=(12,), num_classes=3, seed=0),
+    "cnn1d": lambda: build_model("cnn1d:channels=4", input_shape=(40,), num_classes=3, seed=0),
+    "shared": Shared,
+    "sequence": Sequence,
+    "conv_norms": conv_model,
+    "strided_conv": strided_conv_model,
+    "conv2d": conv2d_model,
+    "embedding": Embedded,
+}
+INPUTS = {"cnn1d": 40, "shared": 6}
+
+
+def make(case: str) -> nn.Module:
+    """The same model every time (the custom ones draw from the global generator)."""
+    torch.manual_seed(0)
+    return CASES[case]()
+
+
+def inputs(case: str, seed: int = 1):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(BATCH, INPUTS.get(case, 12), generator=generator, dtype=torch.float64)
+    return x, torch.randint(0, 3, (BATCH,), generator=generator)
+
+
+def reference(model: nn.Module, x, y, clip: float):
+    """(per-example gradients, clipped sum) by torch.func, one example's own loss at a time."""
+    params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+
+    def loss(p, xi, yi):
+        return F.cross_entropy(torch.func.functional_call(model, p, (xi[None],)), yi[None])
+
+    grads = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    grads = [grads[n] for n, p in model.named_parameters() if p.requires_grad]
+    norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads], 1).norm(dim=1)
+    factors = (clip / (norms + NORM_EPS)).clamp(max=1.0)
+    return grads, norms, [torch.einsum("i,i...->...", factors, g) for g in grads]
+
+
+def private_sum(engine: str, model: nn.Module, x, y, clip: float):
+    """The engine's clipped sum: the sigma = 0 update times the (expected = actual) batch size."""
+    dp = DPSGD(0.0, clip, sample_rate=BATCH / 120, shard_size=120, engine=engine)
+    wrapped = dp.wrap(model)
+    wrapped.zero_grad(set_to_none=True)
+    F.cross_entropy(wrapped(x), y).backward()
+    dp.privatize(wrapped, BATCH)
+    return [p.grad * BATCH for p in model.parameters() if p.requires_grad]
+
+
+#: Opacus' engines on the layers the project's models use (Opacus' own tests cover the rest).
+OPACUS_CASES = ("logreg", "mlp", "cnn1d", "conv_norms", "strided_conv")
+
+
+@pytest.mark.parametrize("engine, case", [(e, c) for e in ("ghost", "vmap") for c in CASES]
+                         + [(e, c) for e in ("hooks", "ew") for c in OPACUS_CASES])
+def test_each_engine_gives_the_exact_clipped_sum_on_each_layer_type(engine, case):
+    x, y = inputs(case)
+    _, norms, expected = reference(make(case).double(), x, y, clip=1.0)
+    clip = float(norms.median())  # about half the examples are clipped, half are not
+    _, _, expected = reference(make(case).double(), x, y, clip=clip)
+    assert (norms > clip).any() and (norms < clip).any()
+    got = private_sum(engine, make(case).double(), x, y, clip)
+    # float64: both sides sum at most a few hundred products in another order, so they agree to
+    # ~1e-13 relative to the largest term (each term is at most C); 1e-10 leaves margin.
+    for mine, theirs in zip(got, expected):
+        torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-10 * clip)
+
+
+@pytest.mark.parametrize("case", ["cnn1d", "shared", "sequence", "conv_norms", "strided_conv"])
+def test_gram_norms_used_for_large_layers_give_the_same_clipped_sum(case, monkeypatch):
+    """Layers whose per-example gradients would not fit take the Gram form; forced here."""
+    from gossip_powersgd.privacy import per_sample_layers
+
+    monkeypatch.setattr(per_sample_layers, "MATERIALISE_LIMIT", 0)
+    x, y = inputs(case)
+    _, norms, _ = reference(make(case).double(), x, y, clip=1.0)
+    clip = float(norms.median())
+    _, _, expected = reference(make(case).double(), x, y, clip=clip)
+    for mine, theirs in zip(private_sum("ghost", make(case).double(), x, y, clip), expected):
+        torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-10 * clip)  # as above
+
+
+@pytest.mark.parametrize("engine", ["ghost", "vmap"])
+@pytest.mark.parametrize("case", ["mlp", "cnn1d", "shared", "sequence", "conv_norms",
+                                  "strided_conv", "embedding"])
+def test_materialised_per_example_gradients_equal_torch_func(engine, case):
+    model = make(case).double()
+    x, y = inputs(case)
+    grads, _, _ = reference(model, x, y, clip=1.0)
+    wrapped = PerSampleModule(model, engine)
+    F.cross_entropy(wrapped(x), y).backward()
+    for mine, theirs in zip(wrapped.per_example_gradients(BATCH), grads):
+        torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-12)  # float64, as above
+
+
+def test_float32_built_in_models_match_the_float64_reference():
+    for case in ("mlp", "cnn1d"):
+        x, y = inputs(case)
+        _, norms, _ = reference(make(case).double(), x, y, clip=1.0)
+        clip = float(norms.median())
+        _, _, expected = reference(make(case).double(), x, y, clip=clip)
+        got = private_sum("ghost", make(case), x.float(), y, clip)
+        # float32 rounding (2^-24 ~ 6e-8) through a forward and a backward of a few layers
+        for mine, theirs in zip(got, expected):
+            torch.testing.assert_close(mine.double(), theirs, rtol=1e-4, atol=1e-5 * clip)
+
+
+def test_frozen_and_unused_parameters():
+    """A frozen weight gets no gradient and its bias is still clipped with the rest; a trainable
+    layer the forward does not use contributes zero (its update is pure noise)."""
+    model = nn.Sequential(nn.Linear(12, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+    model[0].weight.requires_grad_(False)
+    unused = nn.Linear(2, 2).double()
+    holder = nn.ModuleDict({"net": model, "unused": unused})
+    holder.forward = model.forward  # the wrapper calls the container; only `net` runs
+    x, y = inputs("mlp")
+    _, norms, expected = reference(model, x, y, clip=1.0)
+    clip = float(norms.median())
+    _, _, expected = reference(model, x, y, clip=clip)
+    got = private_sum("ghost", holder, x, y, clip)
+    assert len(got) == len(expected) + 2
+    for mine, theirs in zip(got, expected):
+        torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-10 * clip)
+    assert all(torch.count_nonzero(g) == 0 for g in got[len(expected):])
+    assert model[0].weight.grad is None
+
+
+def test_several_backward_passes_and_a_wrong_batch_size_are_one_line_errors():
+    dp = DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=40, engine="ghost")
+    model = dp.wrap(make("mlp"))
+    x, y = inputs("mlp")
+    for _ in range(2):
+        F.cross_entropy(model(x.float()), y).backward()
+    with pytest.raises(ValueError, match="several forward/backward passes") as info:
+        dp.privatize(model, BATCH)
+    assert "\n" not in str(info.value)
+    model.clear()
+    F.cross_entropy(model(x.float()), y).backward()
+    with pytest.raises(ValueError, match=f"told the batch has {BATCH - 1} examples"):
+        dp.privatize(model, BATCH - 1)
+
+
+def test_auto_picks_ghost_for_the_built_in_models_and_opacus_for_other_layers():
+    from opacus.grad_sample import GradSampleModule
+
+    for case in ("logreg", "mlp", "cnn1d", "conv_norms", "embedding"):
+        wrapped = DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=40).wrap(make(case))
+        assert isinstance(wrapped, PerSampleModule) and wrapped.engine == "ghost"
+    rnn = nn.Sequential(nn.Linear(4, 4), nn.RNN(4, 4, batch_first=True))
+    assert isinstance(DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=40).wrap(rnn), GradSampleModule)
+
+
+def test_engines_keep_opacus_parameter_names_so_checkpoints_load_across_them():
+    names = {engine: list(DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=40, engine=engine)
+                          .wrap(make("cnn1d")).state_dict()) for engine in ("ghost", "hooks")}
+    assert names["ghost"] == names["hooks"] and names["ghost"][0].startswith("_module.")
+
+
+def test_bad_engine_and_unsupported_nesting_are_one_line_errors():
+    with pytest.raises(ValueError, match="unknown per-example gradient engine 'fast'.*ghost"):
+        DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=40, engine="fast")
+
+    class Nested(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(3))
+            self.inner = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.inner(x) * self.scale
+
+    with pytest.raises(ValueError, match="layer '<root>' \\(Nested\\).*engine='hooks'"):
+        PerSampleModule(Nested(), "ghost")
+
+
+def test_empty_batch_after_a_forward_without_backward_is_pure_noise():
+    dp = DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=40, engine="ghost")
+    model = dp.wrap(make("cnn1d"))
+    with torch.no_grad():
+        model(inputs("cnn1d")[0].float())  # an evaluation records nothing
+    dp.privatize(model, 0)
+    assert all(p.grad is not None and math.isfinite(float(p.grad.abs().sum()))
+               for p in model.parameters())
+
+
+def test_bench_dp_measures_every_candidate_and_renders_both_ratios():
+    """The bench's pieces on a tiny problem (its full run is minutes): every one-peer candidate,
+    one private ring:8 run through the trainer, and the page from them."""
+    import argparse
+
+    from experiments import bench_dp
+
+    one_peer = {spec: bench_dp.measure_one_peer(spec, reps=1, steps=1)
+                for spec in bench_dp.MODELS}
+    for times in one_peer.values():
+        assert all(len(t["cpu"]) == 1 and t["cpu"][0] > 0 for t in times.values())
+    run = bench_dp._run("exact", "auto", 1, 8, "synthetic_logreg:d=40,classes=10,n=800")
+    assert run["steps"] >= 1 and run["cpu"] > 0
+    e2e = {"times": {(label, engine): {"cpu": [run["cpu"]], "wall": [run["wall"]]}
+                     for label, _ in bench_dp.ALGORITHMS for engine in (None, "auto", "hooks")},
+           "steps": run["steps"], "first": run["first"]}
+    big = {spec: bench_dp.measure_one_peer(spec, reps=1, steps=1, batch=48)
+           for spec in bench_dp.MODELS}
+    assert all(len(times) == 1 + len(bench_dp.ENGINES) for times in big.values())
+    args = argparse.Namespace(reps=1, steps=1, e2e_reps=1, e2e_epochs=1, dataset="mnist1d",
+                              big_batch=48)
+    page = bench_dp.render(args, one_peer, e2e, 1.0, "python -m experiments.bench_dp", big)
+    assert "Batch 48, the same way" in page and "| cnn1d | " in page.split("Batch 48")[1]
+    assert "## (a) One peer, batch 32" in page and "## (b) ring:8, cnn1d, MNIST-1D" in page
+    for row in ("| mlp:128,128 | **", "| cnn1d | **", "| exact gossip |", "| PowerGossip r1 |"):
+        assert row in page
+    assert "clipped sum, ghost" in page and "DP, Opacus hooks" in page and "**1.00×**" in page
+    assert "**DP training at ≤ 2× the non-private time per step**, ring:8 cnn1d, exact gossip: " \
+        "MET (1.00×" in page  # the same run in every column: ratio 1
+    assert page.count("**The clipped sum at ≤ 1.5× a non-private step**") == 2
