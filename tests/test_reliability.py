@@ -52,6 +52,13 @@ Reliability II items tested in other modules (same rules: one line, every rank, 
                                     options and seed range (test_algorithm_inputs, test_specs),
                                     LocalCluster("ring:4") (test_failures), OSError/MemoryError
                                     one line (18 above)
+ 28 backend local under torchrun .. test_torch_transport.test_backend_local_under_torchrun_is_one_
+                                    line_not_a_lock_error (was: the run lock blamed)
+ 29 sizeless topology, torch ...... test_torch_transport.test_training_under_torchrun_equals_the_
+                                    local_backend (topology=ring takes torchrun's world size)
+ 30 comm_timeout out of range ..... test_config.test_bad_values_one_line[comm_timeout=1e-6/1e12];
+                                    library: test_torch_transport.test_a_timeout_too_short_to_join_
+                                    is_one_line_naming_the_rank
 """
 
 from __future__ import annotations

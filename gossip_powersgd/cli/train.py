@@ -110,6 +110,10 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
         if world_size > 1:
             raise ValueError(f"backend local runs every peer as a thread of one process; do not "
                              f"launch it with mpiexec -n {world_size} (or use --set backend=mpi)")
+        from gossip_powersgd.launch import local_under_torchrun_error, torchrun_world_size
+
+        if torchrun_world_size() > 1:
+            raise local_under_torchrun_error(torchrun_world_size())
         topology = resolve_topology(config)
         config = config.replace(peers=topology.size)
         from gossip_powersgd import LocalCluster

@@ -124,7 +124,7 @@ class TorchCommunicator(Communicator):
             torch.cuda.set_device(device)
         self._owns_group = not dist.is_initialized()
         if self._owns_group:
-            store, _, _ = next(dist.rendezvous("env://", timeout=wait))
+            store = self._rendezvous(wait)
         else:
             store = dist.distributed_c10d._get_default_store()
         _instances += 1
@@ -141,6 +141,23 @@ class TorchCommunicator(Communicator):
             atexit.register(self.close)
         self.device, self.backend = device, backend
         super().__init__(topology, rank, timeout)
+
+    def _rendezvous(self, wait: datetime.timedelta):
+        """Connect to the launcher's store; a failure is one line naming this rank and the timeout
+        (torch's own error is a multi-line C++ trace that names neither)."""
+        if self.timeout <= 0:
+            raise ValueError(f"timeout must be positive seconds, got {self.timeout:g}")
+        try:
+            store, _, _ = next(dist.rendezvous("env://", timeout=wait))
+        except (RuntimeError, ValueError) as exc:  # DistNetworkError and DistStoreError among them
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
+            where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+            raise CommunicationError(
+                f"rank {self.rank}: could not join the process group at {where} within "
+                f"{self.timeout:g} s ({first}): raise the timeout (comm_timeout in a config) if the peers "
+                "are just slow to start, and check that MASTER_ADDR and MASTER_PORT reach rank 0"
+            ) from None
+        return store
 
     def _agree_before_joining(self, topology, world_size: int, device: torch.device) -> None:
         """Compare what every rank must share through the store (raw strings, not pickles)."""
