@@ -59,6 +59,12 @@ Reliability II items tested in other modules (same rules: one line, every rank, 
  30 comm_timeout out of range ..... test_config.test_bad_values_one_line[comm_timeout=1e-6/1e12];
                                     library: test_torch_transport.test_a_timeout_too_short_to_join_
                                     is_one_line_naming_the_rank
+ 31 SIGSTOP of one rank ........... test_failures.test_a_stopped_rank_is_named_by_every_rank_and_the_
+                                    job_ends_before_the_timeout[mpi, torch] (every rank names the
+                                    stopped peer; torch: gone in < 40 s, was timeout + 35 s)
+ 32 sys.exit on one rank .......... test_failures.test_a_rank_that_calls_sys_exit_is_named_within_
+                                    seconds[mpi, torch] (was: mpi waited out comm_timeout, torch
+                                    blamed both neighbours)
 """
 
 from __future__ import annotations
