@@ -172,6 +172,8 @@ def _exit_interrupted() -> None:
     """Ctrl-C: one line and status 130. Peer threads were told to stop (`LocalCluster.run`); files
     are only ever replaced whole, so nothing half-written is left behind."""
     rank, size = mpi_world()
+    if size == 1:
+        rank, size = torch_world()
     prefix = f"rank {rank}: " if size > 1 else ""
     print(f"{prefix}interrupted (Ctrl-C); files already written are complete, nothing was left "
           "half-written", file=sys.stderr, flush=True)

@@ -204,6 +204,21 @@ def test_a_rank_that_calls_sys_exit_is_named_within_seconds(launcher):
                for line in errors), errors
 
 
+def test_ctrl_c_on_torchrun_stops_every_rank_each_naming_itself():
+    """torchrun passes Ctrl-C (SIGINT) on to every worker: each says it was interrupted, naming its
+    rank (before, four identical lines without one). torchrun's own status is 1, from its own
+    SignalException: a launcher's status, which its workers cannot set."""
+    job = FaultJob("torch", timeout=60)
+    job.ready_pids()
+    job.process.send_signal(signal.SIGINT)
+    job.wait(within=60)
+    for reader in job.readers:
+        reader.join(timeout=10)
+    lines = sorted(line.strip() for line in job.stderr if "interrupted (Ctrl-C)" in line)
+    assert [line.split(":")[0] for line in lines] == [f"rank {k}" for k in range(4)], job.stderr
+    assert job.process.returncode != 0
+
+
 # ---- config files: duplicate keys, alias bombs, huge input ------------------------------------------
 
 def test_duplicate_yaml_keys_are_an_error_not_last_one_wins(tmp_path):
