@@ -65,6 +65,8 @@ Reliability II items tested in other modules (same rules: one line, every rank, 
  32 sys.exit on one rank .......... test_failures.test_a_rank_that_calls_sys_exit_is_named_within_
                                     seconds[mpi, torch] (was: mpi waited out comm_timeout, torch
                                     blamed both neighbours)
+ 33 Ctrl-C under torchrun ......... test_failures.test_ctrl_c_on_torchrun_stops_every_rank_each_
+                                    naming_itself (torchrun's own status stays 1: README)
 """
 
 from __future__ import annotations
