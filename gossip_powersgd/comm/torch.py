@@ -270,7 +270,10 @@ class TorchCommunicator(Communicator):
                                             "peer stop?", peers) from None
                 if finished is False:
                     if works_peers is not None:  # name the senders that did not deliver
-                        peers = self._undelivered(works[k:], works_peers[k:], peers) or peers
+                        first = len(works) - len(peers)  # the receives come last, one per sender
+                        receives = [(w, peer) for i, (w, peer) in
+                                    enumerate(zip(works[first:], peers)) if first + i >= k]
+                        peers = self._undelivered(receives) or peers
                     raise self._faults.timed_out(f"no message from {role} {peers} within "
                                                  f"{self.timeout:g} s (is that peer alive? raise "
                                                  "comm_timeout if it is just slow)", peers)
@@ -286,13 +289,11 @@ class TorchCommunicator(Communicator):
             self._faults.tell_exit()
 
     @staticmethod
-    def _undelivered(works, works_peers: List[int], senders: List[int]) -> List[int]:
-        """The senders among the works left after a timeout whose message did not arrive (gloo
-        closed the connections at the timeout: a wait that has not completed now fails at once)."""
+    def _undelivered(receives) -> List[int]:
+        """The senders of the (work, sender) receives left after a timeout whose message did not
+        arrive (gloo closed the connections at the timeout: a receive not complete now fails)."""
         missing = []
-        for w, peer in zip(works, works_peers):
-            if peer not in senders or peer in missing:
-                continue
+        for w, peer in receives:
             try:
                 done = w.wait(datetime.timedelta(milliseconds=1))
             except RuntimeError:
