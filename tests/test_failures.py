@@ -204,6 +204,22 @@ def test_a_rank_that_calls_sys_exit_is_named_within_seconds(launcher):
                for line in errors), errors
 
 
+def test_a_rank_that_exits_before_its_communicator_exists_is_named(tmp_path):
+    """Under mpiexec, rank 1's dataset function calls sys.exit(0) while the config is validated,
+    before any communicator: the others, in the communicator's collective set-up, read the notice
+    it sent on COMM_WORLD as it ended. Before, they hung there for ever (a blocking MPI_Comm_dup)."""
+    started = time.monotonic()
+    result = run_mpi(4, ["-m", "experiments.train", "--config",
+                         ROOT / "experiments" / "configs" / "tiny.yaml", "--set", "backend=mpi",
+                         "--set", "dataset=fault_fixtures:exit_on_rank_1", "--set",
+                         f"out_dir={tmp_path / 'run'}", "--quiet"], timeout=100)
+    seconds = time.monotonic() - started
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error (rank")]
+    assert result.returncode != 0
+    assert seconds < 60, errors  # the default comm_timeout is 120 s
+    assert len(errors) == 3 and all("peer 1 ended its process" in line for line in errors), errors
+
+
 def test_ctrl_c_on_torchrun_stops_every_rank_each_naming_itself():
     """torchrun passes Ctrl-C (SIGINT) on to every worker: each says it was interrupted, naming its
     rank (before, four identical lines without one). torchrun's own status is 1, from its own

@@ -67,6 +67,8 @@ Reliability II items tested in other modules (same rules: one line, every rank, 
                                     blamed both neighbours)
  33 Ctrl-C under torchrun ......... test_failures.test_ctrl_c_on_torchrun_stops_every_rank_each_
                                     naming_itself (torchrun's own status stays 1: README)
+ 34 sys.exit before the comm, mpi . test_failures.test_a_rank_that_exits_before_its_communicator_
+                                    exists_is_named (was: the others hung in MPI_Comm_dup for ever)
 """
 
 from __future__ import annotations

@@ -52,6 +52,9 @@ def _mpi_world() -> tuple:
     except ImportError as exc:
         raise ImportError("launched by mpiexec but mpi4py is missing: "
                           "pip install 'gossip_powersgd[mpi]'") from exc
+    from gossip_powersgd.comm.mpi import tell_world_at_exit
+
+    tell_world_at_exit()  # a rank that exits before its communicator exists still tells the others
     return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
 

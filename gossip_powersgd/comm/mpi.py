@@ -47,6 +47,9 @@ from .liveness import STOPPED_HOW, StopWatch, process_key, stopped_after, stoppe
 
 _TAG_BASE = 1000
 _NOTICE_TAG = 7
+# On COMM_WORLD itself, for a rank that ends before it created any MPICommunicator (see
+# `tell_world_at_exit`): no other communicator is shared yet.
+_WORLD_EXIT_TAG = 32_123
 # What a notice says happened to its culprit.
 _EXITED, _STOPPED, _SILENT = 1.0, 2.0, 3.0
 #: Seconds a rank still looks for a peer's message after reading that the peer exited: the notice
@@ -81,6 +84,34 @@ def exit_or_abort(code: int) -> None:
 
 
 _failing = False
+_communicators = 0  # MPICommunicators created in this process (each then tells its own peers)
+_world_hook = False
+
+
+def tell_world_at_exit() -> None:
+    """Make this process, if it ends before creating an MPICommunicator (`sys.exit` in code that
+    runs first, such as a dataset module the config names), tell every other rank of COMM_WORLD,
+    which waits for it in the communicator's set-up. Called by the training CLI once MPI is up."""
+    global _world_hook
+    if not _world_hook:
+        _world_hook = True
+        atexit.register(_tell_world_exit)
+
+
+def _tell_world_exit() -> None:
+    import numpy as np
+
+    MPI = _mpi()
+    if _communicators or _failing or not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    notice = np.array([_EXITED, rank, 0.0], dtype=np.float64)
+    requests = [world.Isend([notice, MPI.BYTE], dest=k, tag=_WORLD_EXIT_TAG)
+                for k in range(size) if k != rank]
+    deadline = time.monotonic() + 1.0  # small messages leave at once; never hold up the exit
+    while not MPI.Request.Testall(requests) and time.monotonic() < deadline:
+        time.sleep(1e-3)
 
 
 def _report_uncaught(exc_type, exc, tb) -> None:
@@ -158,8 +189,11 @@ class MPICommunicator(Communicator):
         self._MPI = MPI
         abort_on_uncaught_exception()
         topology = as_topology(topology, "MPICommunicator")
+        global _communicators
+        _communicators += 1
+        self.timeout = 120.0 if timeout is None else float(timeout)
         # A private duplicate, so that our messages never match a user's receives.
-        self._comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
+        self._comm = self._first_dup(comm if comm is not None else MPI.COMM_WORLD)
         # The all-reduce ring talks on its own duplicate, so its messages never match an exchange's.
         self._ring_comm = self._comm.Dup()
         # Why a peer left (see the module docstring), never matched by any other receive.
@@ -168,7 +202,6 @@ class MPICommunicator(Communicator):
         self._outbox: list = []  # notices in flight, kept alive until the process ends
         self._closed = self._told = False
         world_rank, world_size = self._comm.Get_rank(), self._comm.Get_size()
-        self.timeout = 120.0 if timeout is None else float(timeout)
         self.rank = world_rank  # needed by the raw all-gather below before the base class is set up
         self._watch = StopWatch({}, stopped_after(self.timeout))
         key = process_key()
@@ -187,6 +220,23 @@ class MPICommunicator(Communicator):
                 f"run mpiexec -n {topology.size}, or pick a topology with {world_size} peers"
             )
         super().__init__(topology, world_rank, timeout)
+
+    def _first_dup(self, comm):
+        """`comm.Dup()`, collective, within the timeout: a rank that never gets here (it failed or
+        exited before) would otherwise hold the others in a blocking call for ever."""
+        MPI = self._MPI
+        new, request = comm.Idup()
+        poller, status, rank = _Poller(self.timeout), MPI.Status(), comm.Get_rank()
+        while not request.Test():
+            if MPI.COMM_WORLD.Iprobe(source=MPI.ANY_SOURCE, tag=_WORLD_EXIT_TAG, status=status):
+                raise CommunicationError(f"rank {rank}: {_cause(_EXITED, status.Get_source(), 0)}, "
+                                         "before it created its communicator")
+            if not poller.idle():
+                raise CommunicationError(
+                    f"rank {rank}: not every rank created its communicator within "
+                    f"{self.timeout:g} s (did one fail or exit before? raise comm_timeout if it is "
+                    "just slow to start)")
+        return new
 
     # ---- point to point ------------------------------------------------------------------------
     def _exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
