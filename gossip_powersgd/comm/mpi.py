@@ -229,8 +229,9 @@ class MPICommunicator(Communicator):
         poller, status, rank = _Poller(self.timeout), MPI.Status(), comm.Get_rank()
         while not request.Test():
             if MPI.COMM_WORLD.Iprobe(source=MPI.ANY_SOURCE, tag=_WORLD_EXIT_TAG, status=status):
-                raise CommunicationError(f"rank {rank}: {_cause(_EXITED, status.Get_source(), 0)}, "
-                                         "before it created its communicator")
+                raise CommunicationError(f"rank {rank}: peer {status.Get_source()} ended its process "
+                                         "(sys.exit, or the end of its script) before it created "
+                                         "its communicator")
             if not poller.idle():
                 raise CommunicationError(
                     f"rank {rank}: not every rank created its communicator within "
