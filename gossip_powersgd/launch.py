@@ -50,6 +50,24 @@ def launched_by_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
+def torchrun_world_size() -> int:
+    """WORLD_SIZE when torchrun (or a launcher setting its variables) started this process, else 1."""
+    if not launched_by_torchrun():
+        return 1
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+def local_under_torchrun_error(world_size: int) -> ValueError:
+    """The one line for backend local in one of torchrun's processes: each would run every peer
+    and all would then fight over the run directory's lock, which is all a user would see."""
+    return ValueError(f"backend local runs every peer as a thread of one process, but torchrun "
+                      f"started {world_size} processes (WORLD_SIZE={world_size}): use --set "
+                      "backend=torch, or run without torchrun")
+
+
 def launched_by_mpiexec() -> bool:
     """True when this process is one rank of an mpiexec/mpirun job (MPICH, Open MPI, Slurm PMI)."""
     markers = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
@@ -80,6 +98,8 @@ def resolve_backend(backend: Optional[str]) -> str:
     if backend == "local" and launched_by_mpiexec() and _mpi_world_size() > 1:
         raise ValueError("backend local runs every peer in one process: do not launch it under "
                          "mpiexec with more than one rank (or use backend mpi)")
+    if backend == "local" and torchrun_world_size() > 1:
+        raise local_under_torchrun_error(torchrun_world_size())
     return backend
 
 
@@ -158,6 +178,8 @@ def _exit_interrupted() -> None:
     """Ctrl-C: one line and status 130. Peer threads were told to stop (`LocalCluster.run`); files
     are only ever replaced whole, so nothing half-written is left behind."""
     rank, size = mpi_world()
+    if size == 1:
+        rank, size = torch_world()
     prefix = f"rank {rank}: " if size > 1 else ""
     print(f"{prefix}interrupted (Ctrl-C); files already written are complete, nothing was left "
           "half-written", file=sys.stderr, flush=True)

@@ -113,6 +113,9 @@ def test_missing_file(tmp_path):
     ("quiet=maybe", "'quiet'"),
     ("device=tpu", "'device'"),
     ("comm_timeout=0", "'comm_timeout'"),
+    # below the second a process group's set-up needs (torch's socket error named neither rank nor key)
+    ("comm_timeout=1e-6", r"'comm_timeout': 1e-06 \(must be in \[1, 604800\] seconds"),
+    ("comm_timeout=1e12", r"'comm_timeout'.*\(1 s to a week\)"),
     ("algorithm=nosuch", "'algorithm'.*unknown algorithm 'nosuch'; valid: .*powergossip"),
     ("algorithm=powergossip:rnk=1", "'algorithm'.*no option 'rnk'; valid: .*rank"),
     ("algorithm=powergossip:rank=x", "'algorithm'.*bad value 'x' for rank"),

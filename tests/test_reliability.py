@@ -111,6 +111,24 @@ Privacy III inputs (same rules):
                                     run_dir with public randomness, partition: local without
                                     public_train_size, public_train_size off local); a damaged key
                                     file: test_privacy_secrecy.test_a_damaged_key_file_is_one_line
+Reliability III launcher faults (same rules):
+ 53 backend local under torchrun .. test_torch_transport.test_backend_local_under_torchrun_is_one_
+                                    line_not_a_lock_error (was: the run lock blamed)
+ 54 sizeless topology, torch ...... test_torch_transport.test_training_under_torchrun_equals_the_
+                                    local_backend (topology=ring takes torchrun's world size)
+ 55 comm_timeout out of range ..... test_config.test_bad_values_one_line[comm_timeout=1e-6/1e12];
+                                    library: test_torch_transport.test_a_timeout_too_short_to_join_
+                                    is_one_line_naming_the_rank
+ 56 SIGSTOP of one rank ........... test_failures.test_a_stopped_rank_is_named_by_every_rank_and_the_
+                                    job_ends_before_the_timeout[mpi, torch] (every rank names the
+                                    stopped peer; torch: gone in < 40 s, was timeout + 35 s)
+ 57 sys.exit on one rank .......... test_failures.test_a_rank_that_calls_sys_exit_is_named_within_
+                                    seconds[mpi, torch] (was: mpi waited out comm_timeout, torch
+                                    blamed both neighbours)
+ 58 Ctrl-C under torchrun ......... test_failures.test_ctrl_c_on_torchrun_stops_every_rank_each_
+                                    naming_itself (torchrun's own status stays 1: README)
+ 59 sys.exit before the comm, mpi . test_failures.test_a_rank_that_exits_before_its_communicator_
+                                    exists_is_named (was: the others hung in MPI_Comm_dup for ever)
 """
 
 from __future__ import annotations

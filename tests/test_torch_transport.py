@@ -123,6 +123,15 @@ def test_bad_inputs_fail_on_every_rank(case, message):
     assert "Traceback" not in stderr
 
 
+def test_a_timeout_too_short_to_join_is_one_line_naming_the_rank():
+    codes, stderr = run_ranks(2, "tiny_timeout")
+    assert all(code != 0 for code in codes), stderr[-2000:]
+    for rank in range(2):
+        assert (f"error (rank {rank}): rank {rank}: could not join the process group at 127.0.0.1:"
+                in stderr), stderr[-2000:]
+    assert "within 1e-06 s" in stderr and "Traceback" not in stderr
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_nccl_without_cuda_fails_on_every_rank():
     codes, stderr = run_ranks(4, "nccl_without_cuda")
@@ -141,7 +150,11 @@ def test_wrong_message_size_names_the_peer():
 def test_silent_peer_is_named_by_its_neighbours():
     codes, stderr = run_ranks(4, "silent_peer")
     assert codes[1] != 0 and codes[3] != 0
-    assert "rank 1: no message from neighbour(s) [0, 2] within 3 s" in stderr, stderr[-2000:]
+    # rank 1 names only the neighbour whose message did not come; rank 0, whose neighbours 1 and 3
+    # timed out waiting for 2, names 2 (before: [0, 2] and [1, 3])
+    assert "rank 1: no message from neighbour(s) [2] within 3 s" in stderr, stderr[-2000:]
+    assert ("rank 0: no message from neighbour(s) [1, 3] within 3 s: they wait for peer(s) [2] "
+            "themselves, which sent nothing (is it alive?)") in stderr, stderr[-2000:]
 
 
 def test_no_launcher_environment_is_one_line():
@@ -154,7 +167,8 @@ def test_no_launcher_environment_is_one_line():
 
 
 def test_training_under_torchrun_equals_the_local_backend(tmp_path):
-    """`backend: torch` through the training CLI: the same models, bit for bit, as in one process."""
+    """`backend: torch` through the training CLI: the same models, bit for bit, as in one process
+    (tiny.yaml's ring:4 given as a sizeless ring, which torchrun's world size completes)."""
     import json
 
     from experiments.train import run
@@ -162,9 +176,11 @@ def test_training_under_torchrun_equals_the_local_backend(tmp_path):
     tiny = ROOT / "experiments" / "configs" / "tiny.yaml"
     local = run(["--config", str(tiny), "--quiet", "--set", f"out_dir={tmp_path / 'local'}",
                  "--set", "epochs=1"])
+    # a sizeless "ring" takes torchrun's world size, as under mpiexec (it was refused as a spec "the
+    # local backend cannot guess")
     result = run_torchrun(4, ["-m", "experiments.train", "--config", tiny, "--quiet", "--set",
-                              "backend=torch", "--set", f"out_dir={tmp_path / 'torch'}", "--set",
-                              "epochs=1"], timeout=240)
+                              "backend=torch", "--set", "topology=ring", "--set",
+                              f"out_dir={tmp_path / 'torch'}", "--set", "epochs=1"], timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "torch" / "summary.json").read_text())
     assert summary["model_sha256"] == local["model_sha256"]
@@ -181,4 +197,16 @@ def test_backend_torch_without_a_launcher_is_one_line(tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == ["error: backend torch runs one peer per process: launch with torchrun "
                      "--nproc-per-node 4 -m experiments.train ..., or use --set backend=local"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_backend_local_under_torchrun_is_one_line_not_a_lock_error(tmp_path):
+    result = run_torchrun(2, ["-m", "experiments.train", "--config",
+                              ROOT / "experiments" / "configs" / "tiny.yaml", "--set", "backend=local",
+                              "--set", f"out_dir={tmp_path / 'run'}"], timeout=120)
+    assert result.returncode != 0
+    expected = ("error: backend local runs every peer as a thread of one process, but torchrun "
+                "started 2 processes (WORLD_SIZE=2): use --set backend=torch, or run without torchrun")
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert lines == [expected] * 2, result.stderr[-2000:]
     assert not (tmp_path / "run").exists()

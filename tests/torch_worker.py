@@ -84,8 +84,13 @@ def device_differs() -> None:
     comm_class(topologies.ring(n), timeout=20)
 
 
+def tiny_timeout() -> None:
+    # far below what connecting to the rendezvous takes
+    TorchCommunicator(topologies.ring(int(os.environ["WORLD_SIZE"])), timeout=1e-6)
+
+
 CASES = {f.__name__: f for f in (world_size, topologies_differ, shapes_differ, message_size,
-                                 silent_peer, nccl_without_cuda, device_differs)}
+                                 silent_peer, nccl_without_cuda, device_differs, tiny_timeout)}
 
 
 def main() -> None:

@@ -59,6 +59,9 @@ def _mpi_world() -> tuple:
     except ImportError as exc:
         raise ImportError("launched by mpiexec but mpi4py is missing: "
                           "pip install 'gossip_powersgd[mpi]'") from exc
+    from gossip_powersgd.comm.mpi import tell_world_at_exit
+
+    tell_world_at_exit()  # a rank that exits before its communicator exists still tells the others
     return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
 
@@ -154,6 +157,10 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
         if world_size > 1:
             raise ValueError(f"backend local runs every peer as a thread of one process; do not "
                              f"launch it with mpiexec -n {world_size} (or use --set backend=mpi)")
+        from gossip_powersgd.launch import local_under_torchrun_error, torchrun_world_size
+
+        if torchrun_world_size() > 1:
+            raise local_under_torchrun_error(torchrun_world_size())
         topology = resolve_topology(config)
         config = config.replace(peers=topology.size)
         from gossip_powersgd import LocalCluster

@@ -11,6 +11,11 @@ two-number header (byte size, dtype), and before every all-reduce its ring neigh
 dtype, op), so that a wrong message is reported naming the sender instead of corrupting a buffer or
 hanging; headers are envelope, like MPI's tag and count, and not counted as traffic. Every wait
 polls with a deadline, so a silent or dead peer becomes an error naming it.
+
+A rank whose wait fails names the peer at the root of it, read from the rendezvous store
+(`torch_faults`): a process that ends with its communicator open (`sys.exit` in user code, a script
+that never calls `close`) writes there that it left, and a peer of this machine found stopped while
+we wait for it (see `liveness`) is written there and ended.
 """
 
 from __future__ import annotations
@@ -39,7 +44,9 @@ from .base import (
     digest,
     nbytes,
 )
+from .liveness import StopWatch, process_key, stopped_after
 from .mpi import GRACE_SECONDS
+from .torch_faults import PeerWatch
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = "29500"
@@ -53,6 +60,7 @@ _MPI_LAUNCHERS = (
 # The store of the process's latest communicator, for `exit_after_peers`.
 _store_for_exit: Optional[Tuple[object, int]] = None
 _instances = 0
+_failing = False  # set by exit_after_peers: a failing rank's peers learn it from its own line
 
 
 def launcher_environment() -> Tuple[int, int]:
@@ -124,7 +132,7 @@ class TorchCommunicator(Communicator):
             torch.cuda.set_device(device)
         self._owns_group = not dist.is_initialized()
         if self._owns_group:
-            store, _, _ = next(dist.rendezvous("env://", timeout=wait))
+            store = self._rendezvous(wait)
         else:
             store = dist.distributed_c10d._get_default_store()
         _instances += 1
@@ -141,10 +149,31 @@ class TorchCommunicator(Communicator):
             atexit.register(self.close)
         self.device, self.backend = device, backend
         super().__init__(topology, rank, timeout)
+        self._faults = PeerWatch(self._store, rank, world_size, self._watch)
+        atexit.register(self._tell_exit)  # runs before close (atexit is last in, first out)
+
+    def _rendezvous(self, wait: datetime.timedelta):
+        """Connect to the launcher's store; a failure is one line naming this rank and the timeout
+        (torch's own error is a multi-line C++ trace that names neither)."""
+        if self.timeout <= 0:
+            raise ValueError(f"timeout must be positive seconds, got {self.timeout:g}")
+        try:
+            store, _, _ = next(dist.rendezvous("env://", timeout=wait))
+        except (RuntimeError, ValueError) as exc:  # DistNetworkError and DistStoreError among them
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
+            where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+            raise CommunicationError(
+                f"rank {self.rank}: could not join the process group at {where} within "
+                f"{self.timeout:g} s ({first}): raise the timeout (comm_timeout in a config) if the peers "
+                "are just slow to start, and check that MASTER_ADDR and MASTER_PORT reach rank 0"
+            ) from None
+        return store
 
     def _agree_before_joining(self, topology, world_size: int, device: torch.device) -> None:
         """Compare what every rank must share through the store (raw strings, not pickles)."""
-        mine = f"{digest(f'{topology.size}:{topology.fingerprint}').hex()}|{device.type}"
+        key = process_key()
+        mine = (f"{digest(f'{topology.size}:{topology.fingerprint}').hex()}|{device.type}|"
+                f"{os.getpid()}|{key.hex()}")
         self._store.set(f"hello/{self.rank}", mine)
         keys = [f"hello/{k}" for k in range(world_size)]
         try:
@@ -155,7 +184,10 @@ class TorchCommunicator(Communicator):
                 f"rank {self.rank}: ranks {format_ranks(missing)} did not join within "
                 f"{self.timeout:g} s (did the launcher start WORLD_SIZE={world_size} processes?)"
             ) from None
-        hellos = [self._store.get(key).decode().split("|") for key in keys]
+        hellos = [self._store.get(k).decode().split("|") for k in keys]
+        self._watch = StopWatch({k: int(h[2]) for k, h in enumerate(hellos)
+                                 if h[3] == key.hex() and key != bytes(8) and k != self.rank},
+                                stopped_after(self.timeout))
         topologies_seen = [bytes.fromhex(h[0]) for h in hellos]
         if len(set(topologies_seen)) > 1:
             raise AgreementError(describe_disagreement("topology", topologies_seen))
@@ -203,7 +235,7 @@ class TorchCommunicator(Communicator):
             ops.append(dist.P2POp(dist.irecv, recv, source))
         if ops:
             self._wait(dist.batch_isend_irecv(ops), [source] if source is not None else [],
-                       "peer")
+                       "peer", [p for p in (dest, source) if p is not None])
 
     def _transfer(self, outgoing: List[Tuple[int, Tensor]], incoming: List[Tuple[int, Tensor]],
                   role: str) -> None:
@@ -211,29 +243,64 @@ class TorchCommunicator(Communicator):
         ops = [dist.P2POp(dist.isend, out, j) for j, out in outgoing]
         ops += [dist.P2POp(dist.irecv, into, j) for j, into in incoming]
         if ops:
-            self._wait(dist.batch_isend_irecv(ops), [j for j, _ in incoming], role)
+            self._wait(dist.batch_isend_irecv(ops), [j for j, _ in incoming], role,
+                       [j for j, _ in outgoing + incoming])
 
-    def _wait(self, works, peers: List[int], role: str) -> None:
+    def _wait(self, works, peers: List[int], role: str, works_peers: Optional[List[int]] = None
+              ) -> None:
+        """Wait for `works` (whose peers are `works_peers`; None: every other rank), naming
+        `peers` (the senders) if they fail or time out."""
         # gloo's p2p requests report completion only through wait(), so wait on each with what is
         # left of one deadline rather than polling is_completed().
+        everyone = [k for k in range(self.size) if k != self.rank]
+        self._faults.awaited = everyone if works_peers is None else works_peers
         deadline = time.monotonic() + self.timeout
-        for w in works:
-            left = max(deadline - time.monotonic(), 0.001)
+        try:
+            for k, w in enumerate(works):
+                left = max(deadline - time.monotonic(), 0.001)
+                try:
+                    finished = w.wait(datetime.timedelta(seconds=left))
+                except RuntimeError as exc:
+                    text = str(exc).lower()
+                    if "timed out" in text or "timeout" in text:
+                        finished = False
+                    else:
+                        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                        raise self._failure(f"talking to {role} {peers} failed ({first}); did a "
+                                            "peer stop?", peers) from None
+                if finished is False:
+                    if works_peers is not None:  # name the senders that did not deliver
+                        first = len(works) - len(peers)  # the receives come last, one per sender
+                        receives = [(w, peer) for i, (w, peer) in
+                                    enumerate(zip(works[first:], peers)) if first + i >= k]
+                        peers = self._undelivered(receives) or peers
+                    raise self._faults.timed_out(f"no message from {role} {peers} within "
+                                                 f"{self.timeout:g} s (is that peer alive? raise "
+                                                 "comm_timeout if it is just slow)", peers)
+        finally:
+            self._faults.awaited = None
+
+    def _failure(self, what: str, peers: Optional[List[int]] = None) -> CommunicationError:
+        return self._faults.failure(what, peers or [])
+
+    def _tell_exit(self) -> None:
+        """At interpreter exit, with the communicator still open: record that this rank left."""
+        if self._owns_group and dist.is_initialized() and not _failing:
+            self._faults.tell_exit()
+
+    @staticmethod
+    def _undelivered(receives) -> List[int]:
+        """The senders of the (work, sender) receives left after a timeout whose message did not
+        arrive (gloo closed the connections at the timeout: a receive not complete now fails)."""
+        missing = []
+        for w, peer in receives:
             try:
-                finished = w.wait(datetime.timedelta(seconds=left))
-            except RuntimeError as exc:
-                text = str(exc).lower()
-                if "timed out" in text or "timeout" in text:
-                    finished = False
-                else:
-                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                    raise CommunicationError(f"rank {self.rank}: talking to {role} {peers} failed "
-                                             f"({first}); did a peer stop?") from None
-            if finished is False:
-                raise CommunicationError(
-                    f"rank {self.rank}: no message from {role} {peers} within {self.timeout:g} s "
-                    "(is that peer alive? raise comm_timeout if it is just slow)"
-                )
+                done = w.wait(datetime.timedelta(milliseconds=1))
+            except RuntimeError:
+                done = False
+            if done is False:
+                missing.append(peer)
+        return missing
 
     # ---- collectives ---------------------------------------------------------------------------
     def _ring_allreduce(self, tensor: Tensor, op: str) -> Tuple[int, int]:
@@ -262,6 +329,8 @@ class TorchCommunicator(Communicator):
 
     def close(self) -> None:
         """Leave the process group (if this communicator created it)."""
+        if getattr(self, "_faults", None) is not None:
+            self._faults.close()
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_group = False
@@ -274,6 +343,8 @@ def exit_after_peers(code: int) -> None:
     before any exits, so a launcher that stops the job at the first exit cuts nobody's message off;
     when only some did, the wait runs out and the launcher takes the others down.
     """
+    global _failing
+    _failing = True
     if _store_for_exit is not None:
         store, world_size = _store_for_exit
         try:

@@ -40,7 +40,8 @@ class TrainConfig:
     """One training run. Each field's comment is its documentation (`describe_keys()` prints them)."""
 
     #: Gossip graph, as `topologies.parse` spells it: "ring:8", "torus:4x4", "exponential:16", ...
-    #: A spec without a size ("ring") takes `peers` (local backend) or the MPI world size.
+    #: A spec without a size ("ring") takes `peers` (local backend) or the launcher's world size
+    #: (mpi and torch backends).
     topology: str = "ring:8"
     #: Algorithm, as `make_algorithm` spells it: "powergossip:rank=1", "exact", "powersgd:rank=2", ...
     algorithm: str = "powergossip:rank=1"
@@ -93,7 +94,8 @@ class TrainConfig:
     backend: str = "local"
     #: Number of peers (local backend); None = the topology's size. Must match the topology.
     peers: Optional[int] = None
-    #: Seconds a peer waits for a neighbour or a collective before it fails naming that peer.
+    #: Seconds a peer waits for a neighbour or a collective before it fails naming that peer
+    #: (from 1 s, the least in which a process group's set-up connects every peer, to a week).
     comm_timeout: float = 120.0
     #: No progress bar and no per-evaluation lines (the final summary is still printed).
     quiet: bool = False
@@ -157,6 +159,9 @@ class TrainConfig:
     def replace(self, **changes) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
 
+
+#: The range of comm_timeout, in seconds (see validate_config).
+MIN_COMM_TIMEOUT, MAX_COMM_TIMEOUT = 1.0, 7 * 24 * 3600.0
 
 #: How a run is executed, not what it computes: excluded from the peers' agreement check.
 BACKEND_KEYS = ("backend", "peers", "comm_timeout", "quiet", "threads", "device")
@@ -336,7 +341,7 @@ def _check(condition: bool, key: str, value: Any, requirement: str) -> None:
 
 
 def resolve_topology(config: TrainConfig, world_size: Optional[int] = None):
-    """The `Topology` of a config: `peers` (or the MPI world size) fills a spec without a size."""
+    """The `Topology` of a config: `peers` (or the launcher's world size) fills a spec without a size."""
     import topologies
 
     n = config.peers
@@ -417,8 +422,13 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
     # torch's generators take seeds below 2**64; a larger one would fail inside the model's set-up
     _check(0 <= c.seed < _SEED_LIMIT, "seed", c.seed, "must be in [0, 2**64)")
     _check(c.peers is None or c.peers >= 1, "peers", c.peers, "must be >= 1 or null")
-    _check(math.isfinite(c.comm_timeout) and c.comm_timeout > 0, "comm_timeout", c.comm_timeout,
-           "must be > 0 seconds")
+    # The set-up of a launched run waits comm_timeout for every process to connect to the
+    # rendezvous: below a second that fails on an ordinary start (torch then reports only its
+    # socket's "timed out after 0ms"); beyond a week it is no bound at all, and far beyond,
+    # Python's waits overflow (threading.TIMEOUT_MAX).
+    _check(math.isfinite(c.comm_timeout) and MIN_COMM_TIMEOUT <= c.comm_timeout <= MAX_COMM_TIMEOUT,
+           "comm_timeout", c.comm_timeout,
+           f"must be in [{MIN_COMM_TIMEOUT:g}, {MAX_COMM_TIMEOUT:g}] seconds (1 s to a week)")
     _check(c.threads >= 1, "threads", c.threads, "must be >= 1")
     _check(c.device == "auto" or c.device == "cpu" or c.device == "cuda" or c.device.startswith("cuda:"),
            "device", c.device, "valid: cpu, cuda, cuda:K, auto")
@@ -444,12 +454,12 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
     elif c.peers is not None:
         num_peers = resolve_topology(c).size
     else:
-        num_peers = None  # "ring" under MPI: sized by the world at launch
+        num_peers = None  # "ring" under mpiexec or torchrun: sized by the world at launch
         try:
             topologies.parse(c.topology, n=4)  # the name and its options, at some size
         except ValueError as exc:
             raise ValueError(f"bad value for 'topology': {one_line(exc)}") from None
-        _check(c.backend == "mpi", "topology", c.topology,
+        _check(c.backend in ("mpi", "torch"), "topology", c.topology,
                "give its size, e.g. ring:8, or set peers (the local backend cannot guess it)")
     _check_directed(c, num_peers)
     _check_dp_keys_need_dp(c)
