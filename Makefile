@@ -9,7 +9,7 @@ NP     ?= 8
 export PATH := $(BIN):$(PATH)
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test demo clean
+.PHONY: install lint test demo clean
 
 install: $(STAMP)
 
@@ -17,6 +17,10 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[mpi,test,privacy,tracking]'
 	touch $(STAMP)
+
+# ruff's checks as configured in pyproject.toml (pyflakes and pycodestyle's error classes).
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -98,7 +98,7 @@ def cost_table(rows: List[Tuple[str, Dict[str, Dict[str, float]]]], kinds: Seque
 
 def growth_table(series: Dict[str, List[Tuple[float, Dict[str, Dict[str, float]]]]],
                  kinds: Sequence[str], what: str) -> List[str]:
-    lines = [f"| series | " + " | ".join(f"{LABELS[k]}: time, bytes" for k in kinds) + " |",
+    lines = ["| series | " + " | ".join(f"{LABELS[k]}: time, bytes" for k in kinds) + " |",
              "|---|" + "---|" * len(kinds)]
     for name, points in series.items():
         cells = []

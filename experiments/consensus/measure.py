@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
 from .matched import error_at_bits
-from .problems import SEED_BASE, cnn1d_shapes, make_problem, problem_shapes
+from .problems import make_problem
 
 BUDGETS = (1e5, 1e6, 1e7)
 #: 8 values, log-uniform from 1e-3 to 1 (rounded to 3 significant digits), then beyond 1 up to 2,

@@ -1,0 +1,201 @@
+"""Validation of a `TrainConfig`: every value checked before anything is built, each problem one
+line naming the key, its value and what is wanted (`validate_config`); `deep` also builds the data
+and the model exactly as training will (`validate_specs`). `config.py` re-exports these names."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from ..utils import one_line
+from .config import (
+    _FLOAT32_MAX,
+    _SEED_LIMIT,
+    BACKENDS,
+    MAX_COMM_TIMEOUT,
+    MIN_COMM_TIMEOUT,
+    OPTIMIZERS,
+    SCHEDULES,
+    VALID_KEYS,
+    TrainConfig,
+    _coerce,
+)
+
+def _check(condition: bool, key: str, value: Any, requirement: str) -> None:
+    if not condition:
+        raise ValueError(f"bad value for {key!r}: {value!r} ({requirement})")
+
+
+def resolve_topology(config: TrainConfig, world_size: Optional[int] = None):
+    """The `Topology` of a config: `peers` (or the launcher's world size) fills a spec without a size."""
+    import topologies
+
+    n = config.peers
+    if n is None and not _has_size(config.topology):
+        n = world_size
+    try:
+        return topologies.parse(config.topology, n=n)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"bad value for 'topology': {one_line(exc)}") from None
+
+
+#: Algorithms that run on a directed topology: push-sum, and the all-reduce baselines (no graph).
+DIRECTED_ALGORITHMS = ("pushsum", "allreduce", "powersgd")
+
+
+def _check_directed(c: TrainConfig, num_peers: Optional[int]) -> None:
+    """Refuse a directed topology (or schedule) for an algorithm that needs symmetric edges."""
+    import topologies
+
+    name = c.algorithm.split(":", 1)[0].strip().lower()
+    if name in DIRECTED_ALGORITHMS:
+        return
+    n = None if _has_size(c.topology) else (num_peers if num_peers is not None else 4)
+    if topologies.parse(c.topology, n=n).is_directed:
+        raise ValueError(f"bad value for 'algorithm': {name!r} needs symmetric edges, but topology "
+                         f"{c.topology!r} is directed; use algorithm pushsum (or an undirected "
+                         "topology)")
+
+
+def _check_dp_keys_need_dp(c: TrainConfig) -> None:
+    """Refuse a ``dp_*`` key set while differential privacy is off: without this, a run given
+    only ``dp_max_grad_norm`` (or ``dp_secure_noise``, ...) would train with no privacy at all and
+    look as if it had some."""
+    if c.dp_noise_multiplier is not None or c.dp_target_epsilon is not None:
+        return
+    defaults = TrainConfig()
+    for key in ("dp_max_grad_norm", "dp_delta", "dp_accountant", "dp_fix_model", "dp_secure_noise"):
+        if getattr(c, key) != getattr(defaults, key):
+            raise ValueError(f"{key} is set but differential privacy is off (neither "
+                             "dp_noise_multiplier nor dp_target_epsilon is set): set one of them "
+                             f"to turn DP on (e.g. dp_noise_multiplier: 1.0), or drop {key}")
+
+
+def validate_config(config: TrainConfig, deep: bool = True) -> None:
+    """Raise a one-line ValueError for the first bad value.
+
+    `deep` also builds what the specs name, exactly as training will (the dataset, the partition,
+    the model; the algorithm spec and the topology are always checked).
+    """
+    c = config
+    for key in VALID_KEYS:  # values set in code rather than from YAML
+        _coerce(key, getattr(c, key))
+    _check(c.optimizer in OPTIMIZERS, "optimizer", c.optimizer, f"valid: {', '.join(OPTIMIZERS)}")
+    _check(c.schedule in SCHEDULES, "schedule", c.schedule, f"valid: {', '.join(SCHEDULES)}")
+    _check(c.backend in BACKENDS, "backend", c.backend, f"valid: {', '.join(BACKENDS)}")
+    # models train in float32: a larger lr cannot even be applied (torch raises an overflow error)
+    _check(math.isfinite(c.lr) and 0 < c.lr <= _FLOAT32_MAX, "lr", c.lr,
+           f"must be > 0 and at most {_FLOAT32_MAX:.4g} (float32)")
+    _check(0 <= c.momentum < 1, "momentum", c.momentum, "must be in [0, 1)")
+    _check(c.momentum == 0 or c.optimizer == "sgd", "momentum", c.momentum,
+           f"momentum is for sgd only; {c.optimizer} has its own betas, set momentum to 0")
+    _check(not c.nesterov or (c.optimizer == "sgd" and c.momentum > 0), "nesterov", c.nesterov,
+           "needs optimizer sgd with momentum > 0")
+    _check(math.isfinite(c.weight_decay) and c.weight_decay >= 0, "weight_decay", c.weight_decay,
+           "must be >= 0")
+    _check(c.batch_size >= 1, "batch_size", c.batch_size, "must be >= 1")
+    _check(c.epochs >= 1, "epochs", c.epochs, "must be >= 1")
+    _check(0 <= c.warmup_epochs <= c.epochs, "warmup_epochs", c.warmup_epochs,
+           f"must be in [0, epochs={c.epochs}]")
+    _check(0 < c.decay <= 1, "decay", c.decay, "must be in (0, 1]")
+    _check(all(0 < m <= c.epochs for m in c.milestones) and list(c.milestones) == sorted(c.milestones),
+           "milestones", c.milestones, f"must be increasing epochs in (0, {c.epochs}]")
+    _check(c.schedule == "step" or not c.milestones, "milestones", c.milestones,
+           "milestones are for schedule: step")
+    _check(c.eval_every >= 1, "eval_every", c.eval_every, "must be >= 1 (epochs)")
+    _check(c.log_every >= 0, "log_every", c.log_every, "must be >= 0 (steps; 0 = off)")
+    _check(c.checkpoint_every >= 0, "checkpoint_every", c.checkpoint_every, "must be >= 0 (0 = off)")
+    # torch's generators take seeds below 2**64; a larger one would fail inside the model's set-up
+    _check(0 <= c.seed < _SEED_LIMIT, "seed", c.seed, "must be in [0, 2**64)")
+    _check(c.peers is None or c.peers >= 1, "peers", c.peers, "must be >= 1 or null")
+    # The set-up of a launched run waits comm_timeout for every process to connect to the
+    # rendezvous: below a second that fails on an ordinary start (torch then reports only its
+    # socket's "timed out after 0ms"); beyond a week it is no bound at all, and far beyond,
+    # Python's waits overflow (threading.TIMEOUT_MAX).
+    _check(math.isfinite(c.comm_timeout) and MIN_COMM_TIMEOUT <= c.comm_timeout <= MAX_COMM_TIMEOUT,
+           "comm_timeout", c.comm_timeout,
+           f"must be in [{MIN_COMM_TIMEOUT:g}, {MAX_COMM_TIMEOUT:g}] seconds (1 s to a week)")
+    _check(c.threads >= 1, "threads", c.threads, "must be >= 1")
+    _check(c.device == "auto" or c.device == "cpu" or c.device == "cuda" or c.device.startswith("cuda:"),
+           "device", c.device, "valid: cpu, cuda, cuda:K, auto")
+    _check(c.out_dir is None or c.out_dir.strip() != "", "out_dir", c.out_dir, "must not be empty")
+    _check(all(k >= 0 for k in c.observers) and len(set(c.observers)) == len(c.observers),
+           "observers", c.observers, "must be distinct ranks >= 0, e.g. [3]")
+    _check(c.observe_every >= 1, "observe_every", c.observe_every, "must be >= 1 (steps)")
+    _check(c.public_train_size is None or c.public_train_size >= 1, "public_train_size",
+           c.public_train_size, "must be >= 1 (training samples of all peers) or null")
+
+    from ..algorithms import algorithm_kwargs
+
+    try:
+        algorithm_kwargs(c.algorithm)
+    except ValueError as exc:
+        raise ValueError(f"bad value for 'algorithm': {one_line(exc)}") from None
+    import topologies
+
+    if _has_size(c.topology):
+        num_peers = topologies.parse(c.topology).size
+        _check(c.peers is None or c.peers == num_peers, "peers", c.peers,
+               f"topology {c.topology!r} has {num_peers} peers")
+    elif c.peers is not None:
+        num_peers = resolve_topology(c).size
+    else:
+        num_peers = None  # "ring" under mpiexec or torchrun: sized by the world at launch
+        try:
+            topologies.parse(c.topology, n=4)  # the name and its options, at some size
+        except ValueError as exc:
+            raise ValueError(f"bad value for 'topology': {one_line(exc)}") from None
+        _check(c.backend in ("mpi", "torch"), "topology", c.topology,
+               "give its size, e.g. ring:8, or set peers (the local backend cannot guess it)")
+    _check_directed(c, num_peers)
+    _check_dp_keys_need_dp(c)
+    from ..privacy.training import validate_privacy_config
+
+    validate_privacy_config(c)
+    from .extensions import config_hooks
+
+    config_hooks(c)  # unknown or uninstalled loggers, user hooks that do not import or build
+    if deep:
+        validate_specs(c, num_peers)
+
+
+def _has_size(spec: str) -> bool:
+    import topologies
+
+    try:
+        topologies.parse(spec)
+        return True
+    except (ValueError, TypeError):
+        return False
+
+
+def validate_specs(config: TrainConfig, num_peers: Optional[int]) -> None:
+    """Build the dataset (cached, so training reuses it), the partition and the model."""
+    from .data import LOCAL_PARTITION, load_dataset, partition
+    from .models import build_model, check_model_fits
+
+    if config.partition == LOCAL_PARTITION:
+        # Each peer's data exists only on that peer: it is loaded, checked and agreed at start-up.
+        return
+    try:
+        dataset = load_dataset(config.dataset, config.seed)
+    except ValueError as exc:
+        raise ValueError(f"bad value for 'dataset': {one_line(exc)}") from None
+    if num_peers is not None:
+        try:
+            partition(dataset.y_train, num_peers, config.partition, config.seed)
+        except ValueError as exc:
+            raise ValueError(f"bad value for 'partition': {one_line(exc)}") from None
+    else:
+        try:
+            partition(dataset.y_train, 1, config.partition, config.seed)
+        except ValueError as exc:
+            raise ValueError(f"bad value for 'partition': {one_line(exc)}") from None
+    try:
+        model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.seed)
+        check_model_fits(model, config.model, dataset.x_test[:2], dataset.num_classes)
+    except ValueError as exc:
+        raise ValueError(f"bad value for 'model': {one_line(exc)}") from None
+
+
+__all__ = ["validate_config", "validate_specs", "resolve_topology", "DIRECTED_ALGORITHMS"]
