@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from .matched import error_at_bits
-from .problems import make_problem
+from .problems import SEED_BASE, cnn1d_shapes, make_problem, problem_shapes  # noqa: F401 (names others import from here)
 
 BUDGETS = (1e5, 1e6, 1e7)
 #: 8 values, log-uniform from 1e-3 to 1 (rounded to 3 significant digits), then beyond 1 up to 2,

@@ -12,8 +12,8 @@ from typing import Dict, List, Optional, Sequence
 
 from gossip_powersgd.utils import atomic_write, git_commit
 
-from .compare import columns, heat_map, target_name, winner_cell, winner_text
-from .measure import problem_shapes
+from .compare import REACH_TARGETS, columns, heat_map, target_name, winner_cell, winner_text  # noqa: F401 (names others import from here)
+from .measure import DIVERGE_FACTOR, FLOOR_MARGIN, FLOOR_ULPS, problem_shapes  # noqa: F401 (names others import from here)
 from .report import REPORT_PATH, ROOT, _family, budget_name, fmt_err, fmt_gamma, format_table
 
 

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from gossip_powersgd.utils import atomic_write
 
 from experiments.consensus.matched import bits_to_reach, error_at_bits
+from experiments.consensus.matched import positive_points as _positive  # noqa: F401 (names others import from here)
 
 from .dynamic_plots import plot_consensus, plot_training
 from .runs import BANDWIDTHS, BASE, QUICK_BASE, attempt, log, projected_seconds

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from ..specs import accepts, import_object, parse_options, split_name, user_code, UserCodeExit
-from .batches import Batches  # the iterators' home is batches.py
+from .batches import Batches, ResumableBatches  # noqa: F401 (the iterators' home is batches.py)
 
 
 __all__ = [
