@@ -128,7 +128,9 @@ Reliability III launcher faults (same rules):
  58 Ctrl-C under torchrun ......... test_failures.test_ctrl_c_on_torchrun_stops_every_rank_each_
                                     naming_itself (torchrun's own status stays 1: README)
  59 sys.exit before the comm, mpi . test_failures.test_a_rank_that_exits_before_its_communicator_
-                                    exists_is_named (was: the others hung in MPI_Comm_dup for ever)
+                                    exists_is_named (was: the others hung in MPI_Comm_dup for ever);
+                                    in a dataset spec: test_user_code_that_exits_during_the_config_
+                                    check_ends_the_mpi_job_naming_it
 """
 
 from __future__ import annotations
