@@ -131,8 +131,9 @@ def _fixed_copy(model: nn.Module) -> nn.Module:
 
     Opacus clones the model with torch.save and an unrestricted load (``weights_only=False``): it
     pickles the model, which fails for a class defined inside a function ("Can't pickle local
-    object"), and unpickles it, which may run code. A deep copy needs neither; the layers are then replaced by
-    Opacus' own fixers, exactly as its ``fix`` does (trainable layers with a registered fixer).
+    object"), and unpickles it, which may run code. A deep copy needs neither; the layers are then
+    replaced by Opacus' own fixers, exactly as its ``fix`` does (trainable layers with a registered
+    fixer).
     """
     fixers = import_opacus("opacus.validators.module_validator").ModuleValidator.FIXERS
     try:
