@@ -72,10 +72,17 @@ def test_compressed_gossip_warns_once_per_construction_about_an_unstable_gamma(w
     assert stable == []
 
 
-def test_training_with_an_unstable_exact_gamma_fails_with_the_same_line_on_every_rank():
-    """The trainer checks exact gossip's γ against the communicator's topology before any collective,
-    so every rank raises the line itself (none is merely released as an aborted peer)."""
-    config = load_config(TINY, ["algorithm=exact:gamma=3", "topology=ring:4", "quiet=true"], deep=False)
+@pytest.mark.parametrize("topology, gamma, message", [
+    ("ring:4", 3, r"^gamma=3 is outside the stable range \(0, 1\.5\)"),
+    ("matchings:8", 5, r"^gamma=5 is outside the stable range \(0, 2\) of matchings:8 "),
+])
+def test_training_with_an_unstable_exact_gamma_fails_with_the_same_line_on_every_rank(
+        topology, gamma, message):
+    """The trainer checks exact gossip's γ against the communicator's topology (on a schedule: the
+    range of every one of its graphs) before any collective, so every rank raises the line itself
+    (none is merely released as an aborted peer)."""
+    config = load_config(TINY, [f"algorithm=exact:gamma={gamma}", f"topology={topology}",
+                                "quiet=true"], deep=False)
     messages = {}
 
     def peer(comm):
@@ -85,9 +92,10 @@ def test_training_with_an_unstable_exact_gamma_fails_with_the_same_line_on_every
             messages[comm.rank] = str(exc)
             raise
 
-    with pytest.raises(ValueError, match=r"^gamma=3 is outside the stable range \(0, 1\.5\)"):
-        LocalCluster(topologies.ring(4), timeout=60).run(peer)
-    assert sorted(messages) == [0, 1, 2, 3]
+    schedule = topologies.parse(topology)
+    with pytest.raises(ValueError, match=message):
+        LocalCluster(schedule, timeout=60).run(peer)
+    assert sorted(messages) == list(range(schedule.size))
     assert len(set(messages.values())) == 1 and "\n" not in messages[0]
 
 
@@ -146,24 +154,6 @@ def test_compressed_gossip_warns_about_an_unstable_gamma_on_a_schedule(who):
         "smallest of 2 / largest eigenvalue of I - W(t) over one period, 3 graphs): gossip would "
         "diverge; on a schedule the default gamma is 1 (plain mixing with each step's W)"}
     assert stable == []
-
-
-def test_training_exact_on_a_schedule_with_an_unstable_gamma_fails_on_every_rank():
-    config = load_config(TINY, ["algorithm=exact:gamma=5", "topology=matchings:8", "quiet=true"],
-                         deep=False)
-    messages = {}
-
-    def peer(comm):
-        try:
-            train(comm, config)
-        except ValueError as exc:
-            messages[comm.rank] = str(exc)
-            raise
-
-    with pytest.raises(ValueError, match=r"^gamma=5 is outside the stable range \(0, 2\) of "
-                                         r"matchings:8 "):
-        LocalCluster(topologies.parse("matchings:8"), timeout=60).run(peer)
-    assert sorted(messages) == list(range(8)) and len(set(messages.values())) == 1
 
 
 # ---- 10. repeated options and seeds ---------------------------------------------------------------

@@ -156,7 +156,9 @@ class FaultJob:
 def _stopped_ranks_gone(pids) -> bool:
     from test_reliability import alive
 
-    deadline = time.monotonic() + 10  # a killed process takes a moment to be reaped
+    # A killed process takes a moment to be reaped, and it is not our child (no waitpid): poll,
+    # bounded by the deadline, and report what is still alive at its end.
+    deadline = time.monotonic() + 10
     while any(alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
     return not any(alive(pid) for pid in pids.values())

@@ -70,7 +70,8 @@ unless named otherwise):
  35 --set out_dir=2024-01-01 ...... test_a_string_key_takes_the_set_text_as_typed (YAML file: quote it)
  36 gamma unstable on a schedule .. test_algorithm_inputs: test_exact_gossip_refuses_an_unstable_gamma_
                                     on_a_schedule, test_compressed_gossip_warns_..._on_a_schedule,
-                                    test_training_exact_on_a_schedule_..., test_schedule_stable_ranges_...
+                                    test_training_with_an_unstable_exact_gamma_...[matchings:8],
+                                    test_schedule_stable_ranges_...
  37 lanes without taking turns .... test_cooperative.test_lanes_apply_to_a_cluster_taking_turns_only
                                     (LocalCluster(lanes=2, cooperative=False) refused, naming the fix)
  38 topologies show on 4096 peers . test_reliability_cli.test_show_of_a_4096_peer_schedule_answers_
