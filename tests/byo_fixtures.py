@@ -55,3 +55,10 @@ def fixed_net():
 
 def not_a_module(input_shape, num_classes):
     return "a string"
+
+
+def options_net(input_shape, num_classes, width=4, bias=True, act="relu"):
+    """A constructor with keyword options, torchvision style ("byo_fixtures:options_net:width=8")."""
+    activation = {"relu": nn.ReLU(), "tanh": nn.Tanh()}[act]
+    return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(input_shape)), width, bias=bias),
+                         activation, nn.Linear(width, num_classes))

@@ -12,8 +12,23 @@ Model specs (``build_model``)::
     "mlp"  "mlp:100,100"         flatten -> (Linear -> ReLU) per hidden width -> Linear
     "cnn1d"  "cnn1d:channels=32" the MNIST-1D paper's CNN family:
                                  3 x (Conv1d(k=5, s=2, p=1) -> ReLU) -> flatten -> Linear
+    "resnet20"  "resnet20:width=16"
+                                 the CIFAR ResNet-20 of the PowerGossip / Choco-SGD experiments
+                                 (272,474 parameters at width 16 for 10 classes); image inputs
+    "vgg16"  "vgg16:bn=false,width=64,dropout=0.5"
+                                 VGG-16 for 32x32 images, with BatchNorm unless bn=false
+    "lstm_lm"  "lstm_lm:layers=3,hidden=650,tied=true,dropout=0.4,embedding=650"
+                                 an LSTM language model over token sequences; its "classes" are
+                                 the vocabulary (defaults: 2 layers, 200 hidden, tied, dropout 0.2)
     "package.module:callable"    bring your own: callable(input_shape=..., num_classes=...) or
                                  callable(); must return an nn.Module
+    "package.module:callable:width=32,bn=true"
+                                 the same, called with keyword options too; a value that reads
+                                 as an integer, a number or true/false is passed as one, any other
+                                 as a string
+
+The zoo models (`zoo.py`) are initialised as in the paper's code (He-normal convolutions,
+BatchNorm at 1/0), the others with PyTorch's default rule for each layer type.
 """
 
 from __future__ import annotations
@@ -26,14 +41,28 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..specs import accepts, import_object, parse_options, split_name, user_code, UserCodeExit
+from ..specs import (
+    FALSE_WORDS,
+    TRUE_WORDS,
+    UserCodeExit,
+    accepts,
+    import_object,
+    parse_options,
+    parse_typed,
+    split_name,
+    split_spec,
+    user_code,
+)
 from ..utils import one_line
+from .zoo import LSTMLanguageModel, ResNet20, VGG16, init_zoo_module
 
 __all__ = ["build_model", "check_model_fits", "check_single_sample_batch", "count_parameters",
            "has_batch_norm", "CNN1d", "MODEL_NAMES"]
 
 MODEL_NAMES = ("logreg", "mlp", "mlp:<width>,<width>,...", "cnn1d", "cnn1d:channels=<c>",
-               "package.module:callable")
+               "resnet20[:width=<w>]", "vgg16[:bn=<bool>,width=<w>,dropout=<p>]",
+               "lstm_lm[:layers=<l>,hidden=<h>,embedding=<e>,tied=<bool>,dropout=<p>]",
+               "package.module:callable[:key=value,...]")
 
 _DEFAULT_MLP_WIDTHS = (100, 100)
 _DEFAULT_CNN_CHANNELS = 32
@@ -119,7 +148,51 @@ def _cnn1d(spec, args, input_shape, num_classes, device) -> nn.Module:
     return CNN1d(input_shape, num_classes, channels=channels, device=device)
 
 
-_BUILDERS = {"logreg": _logreg, "mlp": _mlp, "cnn1d": _cnn1d}
+def _zoo_options(spec: str, types: dict, defaults: dict) -> dict:
+    """The ``key=value`` options of a zoo model's spec (`specs.split_spec`), typed and checked."""
+    _, raw = split_spec(spec, "model")
+    unknown = sorted(set(raw) - set(types))
+    if unknown:
+        raise ValueError(f"model {spec!r}: unknown option {unknown[0]!r} (valid: "
+                         f"{', '.join(types)})")
+    options = dict(defaults)
+    for key, text in raw.items():
+        try:
+            options[key] = parse_typed(text, types[key], key)
+        except ValueError as exc:
+            raise ValueError(f"model {spec!r}: {exc}") from None
+    for key, value in options.items():
+        low = 0 if key == "dropout" else 1
+        if types[key] in (int, float) and value is not None and not value >= low:
+            raise ValueError(f"model {spec!r}: {key} must be >= {low}, got {value}")
+        if key == "dropout" and value >= 1:
+            raise ValueError(f"model {spec!r}: dropout must be < 1, got {value}")
+    return options
+
+
+def _resnet20(spec, args, input_shape, num_classes, device) -> nn.Module:
+    options = _zoo_options(spec, {"width": int}, {"width": 16})
+    return ResNet20(input_shape, num_classes, width=options["width"], device=device)
+
+
+def _vgg16(spec, args, input_shape, num_classes, device) -> nn.Module:
+    options = _zoo_options(spec, {"bn": bool, "width": int, "dropout": float},
+                           {"bn": True, "width": 64, "dropout": 0.5})
+    return VGG16(input_shape, num_classes, width=options["width"], batch_norm=options["bn"],
+                 dropout=options["dropout"], device=device)
+
+
+def _lstm_lm(spec, args, input_shape, num_classes, device) -> nn.Module:
+    options = _zoo_options(
+        spec, {"layers": int, "hidden": int, "embedding": int, "tied": bool, "dropout": float},
+        {"layers": 2, "hidden": 200, "embedding": None, "tied": True, "dropout": 0.2})
+    return LSTMLanguageModel(input_shape, num_classes, layers=options["layers"],
+                             hidden=options["hidden"], embedding=options["embedding"],
+                             tied=options["tied"], dropout=options["dropout"], device=device)
+
+
+_BUILDERS = {"logreg": _logreg, "mlp": _mlp, "cnn1d": _cnn1d, "resnet20": _resnet20,
+             "vgg16": _vgg16, "lstm_lm": _lstm_lm}
 
 
 def _materialize(module: nn.Module) -> None:
@@ -128,10 +201,17 @@ def _materialize(module: nn.Module) -> None:
     ``Module.to_empty`` would do this too, but on the meta device it goes through
     ``torch.empty_like``, whose first call imports sympy (seconds of start-up per process).
     """
+    fresh_of: dict[int, nn.Parameter] = {}  # a tied parameter stays one parameter
     for layer in module.modules():
         for name, param in layer.named_parameters(recurse=False):
-            fresh = torch.empty(param.shape, dtype=param.dtype, device="cpu")
-            setattr(layer, name, nn.Parameter(fresh, requires_grad=param.requires_grad))
+            if id(param) not in fresh_of:
+                fresh = torch.empty(param.shape, dtype=param.dtype, device="cpu")
+                fresh_of[id(param)] = nn.Parameter(fresh, requires_grad=param.requires_grad)
+            setattr(layer, name, fresh_of[id(param)])
+        for name, buffer in layer.named_buffers(recurse=False):
+            if buffer is not None and buffer.is_meta:
+                layer.register_buffer(name, torch.empty(buffer.shape, dtype=buffer.dtype),
+                                      persistent=name not in layer._non_persistent_buffers_set)
 
 
 def _init_parameters(module: nn.Module, generator: torch.Generator) -> None:
@@ -140,9 +220,12 @@ def _init_parameters(module: nn.Module, generator: torch.Generator) -> None:
     ``kaiming_uniform_(a=sqrt(5))`` on the weight and the bias rule of ``reset_parameters`` both
     reduce to U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
     """
-    initialised = set()
-    for layer in module.modules():
-        if isinstance(layer, (nn.Linear, nn.Conv1d)):
+    initialised: set[int] = set()
+    for layer in module.modules():  # pre-order: a zoo model's own rule comes before its layers'
+        if any(id(p) in initialised for p in layer.parameters(recurse=False)):
+            continue
+        initialised |= init_zoo_module(layer, generator)
+        if isinstance(layer, (nn.Linear, nn.Conv1d)) and id(layer.weight) not in initialised:
             bound = 1.0 / math.sqrt(layer.weight[0].numel())
             with torch.no_grad():
                 layer.weight.uniform_(-bound, bound, generator=generator)
@@ -150,10 +233,11 @@ def _init_parameters(module: nn.Module, generator: torch.Generator) -> None:
                 if layer.bias is not None:
                     layer.bias.uniform_(-bound, bound, generator=generator)
                     initialised.add(id(layer.bias))
-    # _materialize leaves garbage in memory; never hand out a parameter we did not initialise.
-    missed = [name for name, p in module.named_parameters() if id(p) not in initialised]
+    # _materialize leaves garbage in memory; never hand out a tensor we did not initialise.
+    missed = [name for name, p in [*module.named_parameters(), *module.named_buffers()]
+              if id(p) not in initialised]
     if missed:
-        raise RuntimeError(f"no initialiser for parameters {missed}")
+        raise RuntimeError(f"no initialiser for parameters or buffers {missed}")
 
 
 # Bring-your-own constructors draw from the global RNG; we seed it temporarily and restore it, and
@@ -161,15 +245,42 @@ def _init_parameters(module: nn.Module, generator: torch.Generator) -> None:
 _GLOBAL_RNG_LOCK = threading.Lock()
 
 
+def _literal(text: str):
+    """A bring-your-own option's value: an int, a float or a bool where it reads as one."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    if text.lower() in TRUE_WORDS + FALSE_WORDS:
+        return text.lower() in TRUE_WORDS
+    return text
+
+
+def byo_options(spec: str) -> tuple[str, dict]:
+    """``"pkg.mod:fn:width=32,bn=true"`` -> ``("pkg.mod:fn", {"width": 32, "bn": True})``."""
+    module, rest = split_name(spec)
+    attr, sep, text = (rest or "").partition(":")
+    if not sep:
+        return spec, {}
+    _, raw = split_spec("options:" + text, f"{spec!r}:")
+    return f"{module}:{attr.strip()}", {k: _literal(v) for k, v in raw.items()}
+
+
 def _byo_model(spec, input_shape, num_classes, seed) -> nn.Module:
-    factory = import_object(spec, MODEL_NAMES)
+    target, options = byo_options(spec)
+    factory = import_object(target, MODEL_NAMES)
+    for key in options:
+        if not accepts(factory, key):
+            raise ValueError(f"{spec!r}: {target} takes no keyword argument {key!r}; drop the "
+                             "option or add the argument")
     with_shapes = accepts(factory, "input_shape") and accepts(factory, "num_classes")
+    shapes = dict(input_shape=tuple(input_shape), num_classes=num_classes) if with_shapes else {}
     with _GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)  # CPU only: leave CUDA RNGs alone
         try:
             with user_code(spec, "calling it"):
-                model = (factory(input_shape=tuple(input_shape), num_classes=num_classes)
-                         if with_shapes else factory())
+                model = factory(**shapes, **options)
         except UserCodeExit:
             raise
         except Exception as exc:
