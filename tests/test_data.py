@@ -151,7 +151,7 @@ def test_byo_dataset_errors(spec, match):
 
 def test_unknown_dataset_lists_valid_names():
     with pytest.raises(ValueError, match="mnist1d.*synthetic_logreg"):
-        load_dataset("cifar10")
+        load_dataset("imagenet")
 
 
 # ---------------------------------------------------------------------------------- partitions

@@ -64,7 +64,8 @@ def test_lstm_lm_options_and_tied_embedding():
     spec = "lstm_lm:layers=3,hidden=16,tied=true,dropout=0.4"
     model = build_model(spec, (7,), 50, seed=2)
     assert model.decoder.weight is model.encoder.weight
-    assert model.rnn.num_layers == 3 and model.rnn.hidden_size == 16 and model.drop.p == 0.4
+    assert len(model.rnns) == 3 and model.rnns[0].hidden_size == 16
+    assert [d.p for d in model.drops] == [0.4] * 4
     out = model(torch.randint(0, 50, (4, 7)))
     assert out.shape == (4, 7, 50)  # a prediction per token
     lstm = 4 * 16 * (16 + 16) + 2 * 4 * 16  # per layer: four gates over [input, hidden], 2 biases
@@ -115,3 +116,20 @@ def test_bad_options(spec, shape, match):
     with pytest.raises(ValueError, match=match) as info:
         build_model(spec, shape, 10, seed=0)
     assert "\n" not in str(info.value)
+
+
+def test_dropout_draws_from_the_model_not_the_global_rng():
+    import copy
+
+    model = build_model("lstm_lm:layers=2,hidden=8,dropout=0.5", (5,), 20, seed=0).train()
+    x = torch.randint(0, 20, (3, 5))
+    saved = copy.deepcopy(model.state_dict())
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    first, second = model(x), model(x)
+    assert torch.equal(torch.get_rng_state(), state)  # the global RNG is untouched
+    assert not torch.equal(first, second)  # fresh masks at every forward
+    model.load_state_dict(saved)  # the masks' generator is checkpointed with the model
+    assert torch.equal(model(x), first)
+    model.eval()
+    assert torch.equal(model(x), model(x))

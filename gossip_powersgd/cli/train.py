@@ -122,6 +122,16 @@ def _refuse_another_out_dir(resume: str, overrides: List[str]) -> None:
                              f"directory there and --resume that copy)")
 
 
+def _import_from_cwd() -> None:
+    """Put the current directory first on sys.path, as ``python -m`` does, so that a
+    bring-your-own ``mydata:load`` module next to the config imports without PYTHONPATH."""
+    import os
+
+    here = os.getcwd()
+    if "" not in sys.path and here not in sys.path:
+        sys.path.insert(0, here)
+
+
 def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[Dict[str, Any]]:
     """Parse `argv`, train, print the summary on rank 0; returns this process's summary.
 
@@ -129,6 +139,7 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
     the help and the error hints give the program (`python -m <module>`).
     """
     args = build_parser(module).parse_args(argv)
+    _import_from_cwd()
     if args.help_config:
         from gossip_powersgd.training.config import describe_keys
 

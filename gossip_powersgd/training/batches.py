@@ -7,10 +7,14 @@ accountant assumes) share `ResumableBatches`: iteration to the end of the epoch,
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import torch
+
+
+#: Distinguishes the transform's stream from the batch order's (which seeds (seed, rank, epoch)).
+_TRANSFORM_STREAM = 0xA06
 
 
 class ResumableBatches:
@@ -34,6 +38,9 @@ class ResumableBatches:
         self.x, self.y = x, y
         self.seed, self.rank = int(seed), int(rank)
         self.epoch, self.position = 0, 0  # position = steps already taken this epoch
+        #: Per-batch transform ``transform(xb, generator)`` (augmentation, normalisation), or None;
+        #: its generator is a pure function of (seed, rank, epoch, position), see `_generator`.
+        self.transform: Optional[Callable[[torch.Tensor, torch.Generator], torch.Tensor]] = None
         #: Size of the batch handed out last (the DP engine divides by the expected size instead).
         self.last_batch_size = 0
 
@@ -48,12 +55,23 @@ class ResumableBatches:
         epoch = self.epoch
         indices = self._epoch_indices(epoch)
         while self.epoch == epoch:
-            index = indices(self.position)
+            position = self.position
+            index = indices(position)
             self.position += 1
             if self.position == len(self):
                 self.epoch, self.position = self.epoch + 1, 0
             self.last_batch_size = len(index)
-            yield self.x[index], self.y[index]
+            xb = self.x[index]
+            if self.transform is not None:
+                xb = self.transform(xb, self._generator(epoch, position))
+            yield xb, self.y[index]
+
+    def _generator(self, epoch: int, position: int) -> torch.Generator:
+        """The transform's generator for step `position` of `epoch`: this peer's own stream
+        (seeded by its rank), the same under every transport and after a resume."""
+        words = np.random.SeedSequence([self.seed, self.rank, epoch, position, _TRANSFORM_STREAM])
+        state = words.generate_state(2)
+        return torch.Generator().manual_seed((int(state[0]) << 31) ^ int(state[1]))
 
     def state_dict(self) -> dict[str, int]:
         """Where the batches are (plain ints: survives ``torch.load(weights_only=True)``)."""

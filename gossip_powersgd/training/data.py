@@ -11,11 +11,17 @@ Dataset specs (``load_dataset``)::
     "synthetic_logreg"                         seeded linear classification problem
     "synthetic_logreg:d=20,classes=4,n=4000,noise=0.1,test=0.2"
     "package.module:function"                  bring your own: function() or function(seed=seed)
-                                               returns (x_train, y_train, x_test, y_test)
+                                               returns (x_train, y_train, x_test, y_test), or
+                                               (train, test) torch Datasets (`records.py`)
+    "cifar10:root=DIR"  "wikitext2:root=DIR,bptt=35"
+                                               read from local files, record by record: each
+                                               peer reads only its shard (`records.py`)
 
 Partition specs (``partition`` / ``peer_shard``)::
 
     "iid"            seeded random split, sizes differ by at most one
+    "contiguous"     peer r takes the r-th of num_peers consecutive runs of records (a language
+                     model's text in contiguous chunks), sizes differ by at most one
     "dirichlet:0.5"  per-class proportions across peers ~ Dir(alpha * 1)
     "shards:2"       label-sorted data cut into num_peers * k shards, k random shards per peer
     "local"          data that exists only on its peer: the bring-your-own function is called as
@@ -60,8 +66,9 @@ __all__ = [
     "PARTITION_NAMES",
 ]
 
-DATASET_NAMES = ("mnist1d", "synthetic_logreg", "package.module:function")
-PARTITION_NAMES = ("iid", "dirichlet:<alpha>", "shards:<k>", "local")
+DATASET_NAMES = ("mnist1d", "synthetic_logreg", "cifar10:root=<dir>",
+                 "wikitext2:root=<dir>[,bptt=<n>,split=test|valid]", "package.module:function")
+PARTITION_NAMES = ("iid", "dirichlet:<alpha>", "shards:<k>", "contiguous", "local")
 #: The partition whose data is never split by us: each peer's function call returns its own.
 LOCAL_PARTITION = "local"
 
@@ -91,9 +98,21 @@ class Dataset:
     #: ``partition: local``): only shared data is compared across peers.
     shared_test: bool = True
 
+    #: In-memory datasets need no per-batch transform (see `records.RecordDataset`).
+    train_transform = None
+
     @property
     def num_train(self) -> int:
         return len(self.y_train)
+
+    def partition_labels(self, spec: str) -> torch.Tensor:
+        """The labels `partition` splits by (all of them: they are in memory)."""
+        return self.y_train
+
+    def read_train(self, indices) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the training samples at `indices` (advanced indexing copies)."""
+        index = torch.as_tensor(np.asarray(indices, dtype=np.int64)).to(self.y_train.device)
+        return self.x_train[index], self.y_train[index]
 
     @property
     def num_test(self) -> int:
@@ -127,8 +146,32 @@ def clear_dataset_cache() -> None:
         _CACHE.clear()
 
 
+#: The file datasets' options and their types (`root` is required).
+_FILE_DATASETS = {"cifar10": {"root": str, "augment": bool},
+                  "wikitext2": {"root": str, "bptt": int, "split": str}}
+
+
+def _file_dataset(spec: str, head: str):
+    from . import records
+    from ..specs import parse_typed, split_spec
+
+    types = _FILE_DATASETS[head]
+    _, raw = split_spec(spec, "dataset")
+    unknown = sorted(set(raw) - set(types))
+    if unknown:
+        raise ValueError(f"dataset {spec!r}: unknown option {unknown[0]!r} (valid: "
+                         f"{', '.join(types)})")
+    if not raw.get("root"):
+        raise ValueError(f"dataset {spec!r} needs the folder of its files: {head}:root=DIR (or "
+                         f"--set dataset={head}:root=DIR); nothing is downloaded")
+    options = {k: parse_typed(v, types[k], k) for k, v in raw.items()}
+    return getattr(records, head)(spec, options)
+
+
 def _build_dataset(spec: str, seed: int) -> Dataset:
     head, args = split_name(spec)
+    if head in _FILE_DATASETS:
+        return _file_dataset(spec, head)
     if head == "mnist1d":
         return _mnist1d(spec, args, seed)
     if head == "synthetic_logreg":
@@ -224,9 +267,14 @@ def _byo_dataset(spec: str, seed: int) -> Dataset:
         raise
     except Exception as exc:
         raise ValueError(f"{spec!r}: calling it raised {type(exc).__name__}: {exc}") from exc
+    if (isinstance(result, (tuple, list)) and len(result) == 2
+            and all(hasattr(d, "__getitem__") and hasattr(d, "__len__") for d in result)):
+        from .records import torch_datasets
+
+        return torch_datasets(spec, *result)
     if not isinstance(result, (tuple, list)) or len(result) != 4:
-        raise ValueError(f"{spec!r}: must return a tuple (x_train, y_train, x_test, y_test), "
-                         f"got {type(result).__name__}")
+        raise ValueError(f"{spec!r}: must return a tuple (x_train, y_train, x_test, y_test) or "
+                         f"two torch Datasets (train, test), got {type(result).__name__}")
     return _make_dataset_record(spec, *result, num_classes=None)
 
 
@@ -371,6 +419,9 @@ def dataset_digest(dataset: Dataset, parts: Sequence[str] = ("train", "test")) -
     """A sha256 over the sizes, dtypes and bytes of `dataset`'s arrays of `parts` and its class
     count: peers compare it to be sure they loaded the same data (the digest, never the data)."""
     h = hashlib.sha256(f"classes={dataset.num_classes};".encode())
+    if hasattr(dataset, "fingerprint"):  # a RecordDataset: its files' digest, no record read
+        h.update(dataset.fingerprint.encode())
+        return h.hexdigest()
     for part in parts:
         for kind in ("x", "y"):
             tensor = getattr(dataset, f"{kind}_{part}")
@@ -420,6 +471,8 @@ def partition(labels, num_peers: int, spec: str, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(np.random.PCG64(seed))
     if head == "iid" and arg is None:
         parts = np.array_split(rng.permutation(n), num_peers)
+    elif head == "contiguous" and arg is None:
+        parts = np.array_split(np.arange(n), num_peers)
     elif head == "dirichlet":
         alpha = _number_arg(spec, arg, float, "alpha", "dirichlet:0.5")
         if not np.isfinite(alpha) or alpha <= 0:
@@ -503,16 +556,15 @@ def peer_shard(dataset: Dataset, rank: int, num_peers: int, spec: str,
     """This peer's own training samples ``(x, y)`` under ``partition(..., spec, seed)``.
 
     The returned tensors are fresh copies of just this peer's rows, so the caller may drop the
-    shared dataset afterwards (e.g. ``clear_dataset_cache()``) without keeping it alive.
+    shared dataset afterwards (e.g. ``clear_dataset_cache()``) without keeping it alive. A
+    `records.RecordDataset` reads only these records (its other records are never touched).
     """
     if not 0 <= rank < num_peers:
         raise ValueError(f"rank {rank} out of range for {num_peers} peers")
     if spec == LOCAL_PARTITION:  # `dataset` is this peer's own (load_peer_dataset)
         return dataset.x_train.clone(), dataset.y_train.clone()
-    mine = partition(dataset.y_train, num_peers, spec, seed)[rank]
-    index = torch.from_numpy(mine).to(dataset.y_train.device)
-    # Advanced indexing copies, so these do not reference the full tensors.
-    return dataset.x_train[index], dataset.y_train[index]
+    mine = partition(dataset.partition_labels(spec), num_peers, spec, seed)[rank]
+    return dataset.read_train(mine)
 
 
 def label_histogram(y, num_classes: int) -> list[int]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any, Callable, Dict, List, Optional, TextIO
 
 import torch
@@ -44,19 +45,28 @@ def model_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def flat_logits(logits: torch.Tensor, target: torch.Tensor):
+    """(logits, targets) with one row per prediction: a language model predicts every token of
+    its (batch, bptt) input, so (batch, bptt, vocabulary) logits become (batch x bptt, vocabulary)
+    rows; a classifier's (batch, classes) logits are returned as they are."""
+    if logits.ndim > 2:
+        return logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
+    return logits, target
+
+
 def evaluate_model(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1024):
-    """(accuracy, mean cross-entropy) of `model` on (x, y), in eval mode, without gradients."""
+    """(accuracy, mean cross-entropy) of `model` on (x, y), in eval mode, without gradients; with
+    a target per token (a language model) both are per token (perplexity = exp(cross-entropy))."""
     was_training = model.training
     model.eval()
     correct, loss_sum = 0, 0.0
     with torch.no_grad():
         for start in range(0, len(y), batch):
-            out = model(x[start:start + batch])
-            target = y[start:start + batch]
+            out, target = flat_logits(model(x[start:start + batch]), y[start:start + batch])
             loss_sum += float(F.cross_entropy(out, target, reduction="sum"))
             correct += int((out.argmax(dim=1) == target).sum())
     model.train(was_training)
-    return correct / max(1, len(y)), loss_sum / max(1, len(y))
+    return correct / max(1, y.numel()), loss_sum / max(1, y.numel())
 
 
 def average_state_into(model: torch.nn.Module, target: torch.nn.Module, comm) -> None:
@@ -154,6 +164,10 @@ def eval_record(comm, model: torch.nn.Module, averaged: torch.nn.Module, x_test:
     distance = consensus_distance(model.parameters(), comm)
     traffic = traffic_means(comm)
     losses = {} if private else {"train_loss": float(means[2])}
+    if y_test.ndim > 1:  # a target per token: perplexity, exp(per-token cross-entropy), too
+        losses.update(test_perplexity_avg_model=_perplexity(avg_loss),
+                      test_perplexity_local=_perplexity(loss),
+                      test_perplexity_mean=_perplexity(float(means[1])))  # of the mean loss
     return {
         "kind": "eval", "epoch": epoch, "step": step, "lr": lr,
         **losses, "train_loss_local": train_loss_local,
@@ -168,6 +182,10 @@ def eval_record(comm, model: torch.nn.Module, averaged: torch.nn.Module, x_test:
         "metric_bytes_sent": comm.stats.metric_bytes_sent,
         **timers(), "model_sha256": model_digest(model),
     }
+
+
+def _perplexity(loss: float) -> float:
+    return math.exp(min(loss, 700.0))  # exp overflows a float past ~709
 
 
 def pooled_means(comm, per_sample_means, count: int) -> torch.Tensor:
@@ -195,6 +213,8 @@ def eval_line(record: Dict[str, Any], epochs: int) -> str:
     elif r.get("epsilon") is not None:
         privacy = f"  peer-0 ε {number(r['epsilon'])}"
     loss = f"  train loss {r['train_loss']:.4f}" if "train_loss" in r else ""
+    if "test_perplexity_avg_model" in r:
+        loss += f"  avg-model perplexity {r['test_perplexity_avg_model']:.4g}"
     return (f"epoch {r['epoch']}/{epochs}{loss}  "
             f"avg-model acc {100 * r['test_acc_avg_model']:.2f}%  local acc "
             f"{100 * r['test_acc_mean']:.2f}% [{100 * r['test_acc_min']:.2f}, "

@@ -297,9 +297,11 @@ def _byo_model(spec, input_shape, num_classes, seed) -> nn.Module:
     return model
 
 
-def check_model_fits(model: nn.Module, spec: str, x_sample: torch.Tensor, num_classes: int) -> None:
+def check_model_fits(model: nn.Module, spec: str, x_sample: torch.Tensor, num_classes: int,
+                     target_shape: tuple = ()) -> None:
     """Run `model` once on `x_sample` (a few of the dataset's inputs) and check it returns
-    (samples, num_classes) logits; a one-line ValueError says what does not fit.
+    (samples, *target_shape, num_classes) logits (`target_shape`: a sample's targets, e.g. one per
+    token of a language model's sequence); a one-line ValueError says what does not fit.
 
     Eval mode without gradients, so nothing about the model changes (no BatchNorm statistics).
     """
@@ -317,7 +319,7 @@ def check_model_fits(model: nn.Module, spec: str, x_sample: torch.Tensor, num_cl
                          "that shape and dtype") from None
     finally:
         model.train(was_training)
-    wanted = (len(x_sample), num_classes)
+    wanted = (len(x_sample), *target_shape, num_classes)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != wanted:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(f"model {spec!r} returns {got} for {len(x_sample)} inputs; it must "

@@ -178,11 +178,13 @@ def build_run(comm, config: TrainConfig, hooks: HookList, log=None) -> PeerRun:
         _check_same_dataset(comm, config, dataset, _SHARED_DATA)
     x_train, y_train = collectively(comm, peer_shard, dataset, rank, size, config.partition,
                                     config.seed)
-    histogram = label_histogram(y_train, dataset.num_classes)
+    # a language model's targets are tokens: no label histogram (it would be vocabulary-wide)
+    histogram = label_histogram(y_train, dataset.num_classes) if y_train.ndim == 1 else []
     log.done(f"data {config.dataset} loaded, partition {config.partition}")
     model = collectively(comm, _checked_model, config, dataset, x_train, rank)
     x_train, y_train = x_train.to(device), y_train.to(device)
     batches = Batches(x_train, y_train, config.batch_size, seed=config.seed, rank=rank)
+    batches.transform = dataset.train_transform
     steps_per_epoch = max(1, -(-num_train // (size * config.batch_size)))
 
     model = model.to(device)
@@ -195,6 +197,7 @@ def build_run(comm, config: TrainConfig, hooks: HookList, log=None) -> PeerRun:
                            steps_per_epoch=steps_per_epoch, train_size=num_train)
     log.done(f"model {config.model} ({num_parameters} parameters) and {config.algorithm} built")
     hooks.setup(context)
+    context.batches.transform = dataset.train_transform  # also on batches a hook replaced (DP)
     acts_on = getattr(context.algorithm, "acts_on", "parameters")
     if acts_on not in ("parameters", "gradients"):
         raise ValueError(f"algorithm {config.algorithm!r} has acts_on={acts_on!r}; "
@@ -239,9 +242,13 @@ def _checked_model(config: TrainConfig, dataset, x_train: torch.Tensor, rank: in
     from .models import build_model, check_model_fits, check_single_sample_batch, has_batch_norm
 
     model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.seed)
-    check_model_fits(model, config.model, dataset.x_test[:2], dataset.num_classes)
+    check_model_fits(model, config.model, dataset.x_test[:2], dataset.num_classes,
+                     target_shape=tuple(dataset.y_test.shape[1:]))
     if len(x_train) % config.batch_size == 1 and has_batch_norm(model):
-        check_single_sample_batch(model, config.model, x_train[:1], rank=rank,
+        x_one = x_train[:1]
+        if dataset.train_transform is not None:
+            x_one = dataset.train_transform(x_one, torch.Generator().manual_seed(0))
+        check_single_sample_batch(model, config.model, x_one, rank=rank,
                                   shard_size=len(x_train), batch_size=config.batch_size)
     return model
 

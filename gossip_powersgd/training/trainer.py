@@ -52,6 +52,7 @@ from .rundir import AUTO
 from .config import TrainConfig, dump_config
 from .evaluation import (
     TIMING_KEYS,
+    flat_logits,
     RecordLog,
     average_state_into,
     eval_line,
@@ -372,7 +373,7 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool, 
                 optimizer.zero_grad(set_to_none=True)
                 value = None  # an empty Poisson batch (DP) has no loss: no forward, no backward,
                 if len(yb):   # the privacy hook's after_backward makes its (pure noise) gradient
-                    loss = F.cross_entropy(model(xb), yb)
+                    loss = F.cross_entropy(*flat_logits(model(xb), yb))
                     hooks.before_backward(state.step, loss).backward()
                     value = float(loss.detach())
                 state.time_compute += time.perf_counter() - start

@@ -183,17 +183,20 @@ def validate_specs(config: TrainConfig, num_peers: Optional[int]) -> None:
         raise ValueError(f"bad value for 'dataset': {one_line(exc)}") from None
     if num_peers is not None:
         try:
-            partition(dataset.y_train, num_peers, config.partition, config.seed)
+            partition(dataset.partition_labels(config.partition), num_peers, config.partition,
+                      config.seed)
         except ValueError as exc:
             raise ValueError(f"bad value for 'partition': {one_line(exc)}") from None
     else:
         try:
-            partition(dataset.y_train, 1, config.partition, config.seed)
+            partition(dataset.partition_labels(config.partition), 1, config.partition,
+                      config.seed)
         except ValueError as exc:
             raise ValueError(f"bad value for 'partition': {one_line(exc)}") from None
     try:
         model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.seed)
-        check_model_fits(model, config.model, dataset.x_test[:2], dataset.num_classes)
+        check_model_fits(model, config.model, dataset.x_test[:2], dataset.num_classes,
+                         target_shape=tuple(dataset.y_test.shape[1:]))
     except ValueError as exc:
         raise ValueError(f"bad value for 'model': {one_line(exc)}") from None
 

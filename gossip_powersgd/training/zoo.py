@@ -21,7 +21,36 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["ResNet20", "VGG16", "LSTMLanguageModel", "init_zoo_module", "VGG16_LAYOUT"]
+__all__ = ["ResNet20", "VGG16", "LSTMLanguageModel", "SeededDropout", "init_zoo_module",
+           "VGG16_LAYOUT"]
+
+
+class SeededDropout(nn.Module):
+    """Dropout whose masks come from the module's own generator, never from torch's global RNG.
+
+    Peers that are threads of one process share the global RNG, so ``nn.Dropout`` would make a
+    run's result depend on thread timing (and differ between transports). The generator's state
+    is a buffer (``rng_state``), so it is checkpointed with the model and a resumed run draws the
+    same masks; it is seeded from the model's seed, so every peer draws the same sequence of masks
+    (on different data). Masks are drawn on the CPU.
+    """
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = float(p)
+        self.register_buffer("rng_state", torch.Generator().get_state())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        generator = torch.Generator()
+        generator.set_state(self.rng_state.cpu())
+        keep = torch.rand(x.shape, generator=generator) >= self.p
+        self.rng_state.copy_(generator.get_state())
+        return x * keep.to(x.device, x.dtype) / (1 - self.p)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
 
 
 def _image_shape(name: str, input_shape: Sequence[int]) -> tuple[int, int, int]:
@@ -104,8 +133,8 @@ class VGG16(nn.Module):
             c_in = c_out
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Sequential(
-            nn.Dropout(dropout), nn.Linear(c_in, c_in, device=device), nn.ReLU(),
-            nn.Dropout(dropout), nn.Linear(c_in, c_in, device=device), nn.ReLU(),
+            SeededDropout(dropout), nn.Linear(c_in, c_in, device=device), nn.ReLU(),
+            SeededDropout(dropout), nn.Linear(c_in, c_in, device=device), nn.ReLU(),
             nn.Linear(c_in, num_classes, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -114,9 +143,11 @@ class VGG16(nn.Module):
 
 
 class LSTMLanguageModel(nn.Module):
-    """Word-level language model: embedding -> dropout -> LSTM(layers, hidden, dropout between
-    layers) -> dropout -> linear decoder to the vocabulary, whose weight is the embedding's with
-    ``tied`` (then the embedding size is ``hidden``).
+    """Word-level language model: embedding -> dropout -> `layers` single-layer LSTMs with dropout
+    after each -> linear decoder to the vocabulary, whose weight is the embedding's with ``tied``
+    (then the embedding size is ``hidden``). The layers are separate ``nn.LSTM`` modules so that
+    the dropout between them is a `SeededDropout` (``nn.LSTM``'s own draws from the global RNG);
+    the parameters are those of one ``nn.LSTM(embedding, hidden, layers)``.
 
     Input: token ids ``(batch, bptt)``; output: logits ``(batch, bptt, vocabulary)``, one
     prediction per position. Every batch starts from a zero hidden state (batches of one peer are
@@ -135,17 +166,20 @@ class LSTMLanguageModel(nn.Module):
             raise ValueError(f"lstm_lm: tied=true needs embedding == hidden, got embedding "
                              f"{embedding} and hidden {hidden}; drop embedding= or set tied=false")
         self.encoder = nn.Embedding(num_classes, embedding, device=device)
-        self.rnn = nn.LSTM(embedding, hidden, layers, batch_first=True,
-                           dropout=dropout if layers > 1 else 0.0, device=device)
-        self.drop = nn.Dropout(dropout)
+        self.rnns = nn.ModuleList(
+            nn.LSTM(embedding if i == 0 else hidden, hidden, 1, batch_first=True, device=device)
+            for i in range(layers))
+        self.drops = nn.ModuleList(SeededDropout(dropout) for _ in range(layers + 1))
         self.decoder = nn.Linear(hidden, num_classes, device=device)
         self.tied = bool(tied)
         if tied:
             self.decoder.weight = self.encoder.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out, _ = self.rnn(self.drop(self.encoder(x.long())))
-        return self.decoder(self.drop(out))
+        out = self.drops[0](self.encoder(x.long()))
+        for rnn, drop in zip(self.rnns, self.drops[1:]):
+            out = drop(rnn(out)[0])
+        return self.decoder(out)
 
 
 def init_zoo_module(module: nn.Module, generator: torch.Generator) -> set[int]:
@@ -179,8 +213,12 @@ def init_zoo_module(module: nn.Module, generator: torch.Generator) -> set[int]:
             if not module.tied:
                 module.decoder.weight.uniform_(-0.1, 0.1, generator=generator)
             module.decoder.bias.zero_()
-            bound = 1.0 / math.sqrt(module.rnn.hidden_size)
-            for weight in module.rnn.parameters():
+            bound = 1.0 / math.sqrt(module.rnns[0].hidden_size)
+            for weight in module.rnns.parameters():
                 weight.uniform_(-bound, bound, generator=generator)
             done.update(id(t) for t in module.parameters())
+        elif isinstance(module, SeededDropout):
+            seed = int(torch.randint(0, 2**62, (), generator=generator))
+            module.rng_state.copy_(torch.Generator().manual_seed(seed).get_state())
+            done.add(id(module.rng_state))
     return done

@@ -1,0 +1,275 @@
+"""Datasets read record by record from local files: each peer reads only its own shard.
+
+`RecordDataset` is the second kind of dataset `data.load_dataset` returns (the first, `Dataset`,
+holds every array in memory). It holds the test set in memory (every peer evaluates on all of it)
+but not the training set: `read_train(indices)` reads just the records a peer's shard names (an
+indexed read of a memory map), and a per-batch `train_transform` (augmentation, normalisation)
+runs on each mini-batch with a generator the batch iterator derives from (seed, rank, epoch,
+step), so runs stay reproducible, resume bit for bit and agree between transports.
+
+Built in, from files on disk (nothing is ever downloaded)::
+
+    "cifar10:root=DIR"           the CIFAR-10 binary distribution: DIR/data_batch_{1..5}.bin and
+                                 DIR/test_batch.bin (or DIR/cifar-10-batches-bin/...), records of
+                                 1 label byte + 3072 pixel bytes (3 x 32 x 32, channel-major);
+                                 training batches get a 4-pixel zero-padded random crop and a random
+                                 horizontal flip, every image the per-channel normalisation
+                                 (options: augment=false)
+    "wikitext2:root=DIR,bptt=35" WikiText-2 (word level): DIR/wiki.{train,valid,test}.tokens (or
+                                 DIR/wikitext-2/...); every line's words plus <eos>, the vocabulary
+                                 of the training text (the files already spell rare words <unk>;
+                                 a valid/test word absent from train reads as <unk>); records are
+                                 the consecutive bptt-token windows, the target of each token the
+                                 next token; evaluation on split=test (or split=valid)
+
+A bring-your-own dataset function may return ``(train, test)``, two map-style torch Datasets
+(``len`` and ``[i] -> (x, y)``), instead of four arrays: a peer calls ``train[i]`` for the
+indices of its own shard only (once, at start-up). Non-IID partitions need the labels of every
+record: give the training Dataset a ``targets`` attribute (as torchvision's do).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+__all__ = ["RecordDataset", "cifar10", "wikitext2", "torch_datasets", "cifar_augment",
+           "CIFAR10_MEAN", "CIFAR10_STD"]
+
+#: Per-channel mean and standard deviation of the CIFAR-10 training images (pixels in [0, 1]).
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+_CIFAR_RECORD = 1 + 3 * 32 * 32
+_CIFAR_ARCHIVE = ("the standard archive cifar-10-binary.tar.gz from "
+                  "https://www.cs.toronto.edu/~kriz/cifar.html unpacks into cifar-10-batches-bin/")
+_WIKITEXT_ARCHIVE = ("the standard archive wikitext-2-v1.zip unpacks into wikitext-2/ with "
+                     "wiki.train.tokens, wiki.valid.tokens and wiki.test.tokens")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RecordDataset:
+    """A dataset whose training records are read on demand (see the module docstring).
+
+    ``read_train(indices)`` returns ``(x, y)`` tensors of those training records, untransformed;
+    ``labels`` (optional) returns every training label (only for label-based partitions);
+    ``train_transform(xb, generator)`` turns a batch of raw records into model inputs.
+    """
+
+    num_train: int
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    input_shape: tuple[int, ...]
+    name: str
+    read_train: Callable[[np.ndarray], tuple[torch.Tensor, torch.Tensor]]
+    fingerprint: str  # what peers compare to know they read the same files
+    labels: Optional[Callable[[], np.ndarray]] = None
+    train_transform: Optional[Callable[[torch.Tensor, torch.Generator], torch.Tensor]] = None
+    shared_test: bool = True
+
+    @property
+    def num_test(self) -> int:
+        return len(self.y_test)
+
+    def partition_labels(self, spec: str) -> np.ndarray:
+        """What `data.partition` needs for `spec`: for a split that ignores labels (iid,
+        contiguous) placeholders, so no record is read; else every training label."""
+        head = spec.split(":", 1)[0].strip()
+        if head in ("iid", "contiguous"):
+            return np.zeros(self.num_train, dtype=np.int64)
+        if self.labels is None:
+            raise ValueError(f"dataset {self.name!r} has no per-record labels for partition "
+                             f"{spec!r} (a language model's targets are tokens); use iid or "
+                             "contiguous")
+        return self.labels()
+
+
+def _find(root: str, spec: str, subdir: str, names: tuple[str, ...], archive: str) -> Path:
+    """The folder under `root` (itself or root/subdir) holding every file of `names`."""
+    base = Path(root).expanduser()
+    for folder in (base, base / subdir):
+        if all((folder / n).is_file() for n in names):
+            return folder
+    folder = base / subdir if (base / subdir).is_dir() else base
+    missing = next(n for n in names if not (folder / n).is_file())
+    raise ValueError(f"{spec!r}: {folder / missing} does not exist ({archive}; point root= at the "
+                     "folder that holds it)")
+
+
+# ---- CIFAR-10 --------------------------------------------------------------------------------------
+
+def _cifar_records(path: Path, spec: str) -> np.memmap:
+    size = path.stat().st_size
+    if size == 0 or size % _CIFAR_RECORD:
+        raise ValueError(f"{spec!r}: {path} holds {size} bytes, not a whole number of "
+                         f"{_CIFAR_RECORD}-byte CIFAR-10 records (a truncated download?)")
+    return np.memmap(path, dtype=np.uint8, mode="r", shape=(size // _CIFAR_RECORD, _CIFAR_RECORD))
+
+
+def _normalise(x: torch.Tensor) -> torch.Tensor:
+    """uint8 (or [0, 1] float) images -> per-channel standardised float32."""
+    x = x.to(torch.float32) / 255.0 if x.dtype == torch.uint8 else x.to(torch.float32)
+    mean = torch.tensor(CIFAR10_MEAN, device=x.device).view(1, 3, 1, 1)
+    std = torch.tensor(CIFAR10_STD, device=x.device).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+def cifar_augment(x: torch.Tensor, generator: torch.Generator, *, padding: int = 4,
+                  flip: bool = True) -> torch.Tensor:
+    """The standard CIFAR training augmentation on a batch, as tensor ops: zero-pad `padding`
+    pixels on each side, crop a random 32x32 (well, HxW) window per image, flip each image
+    horizontally with probability 1/2; then normalise. Draws only from `generator` (CPU)."""
+    n, c, h, w = x.shape
+    if n == 0:
+        return _normalise(x)
+    padded = torch.nn.functional.pad(x.to(torch.float32), (padding,) * 4)
+    dy = torch.randint(0, 2 * padding + 1, (n,), generator=generator).to(x.device)
+    dx = torch.randint(0, 2 * padding + 1, (n,), generator=generator).to(x.device)
+    rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
+    cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
+    batch = torch.arange(n, device=x.device)[:, None, None, None]
+    channel = torch.arange(c, device=x.device)[None, :, None, None]
+    out = padded[batch, channel, rows, cols]
+    if flip:
+        flips = (torch.rand(n, generator=generator) < 0.5).to(x.device)
+        out = torch.where(flips[:, None, None, None], out.flip(-1), out)
+    return _normalise(out.to(torch.uint8) if x.dtype == torch.uint8 else out)
+
+
+def cifar10(spec: str, options: dict[str, Any]) -> RecordDataset:
+    """``cifar10:root=DIR[,augment=false]`` (see the module docstring)."""
+    names = tuple(f"data_batch_{i}.bin" for i in range(1, 6)) + ("test_batch.bin",)
+    folder = _find(options["root"], spec, "cifar-10-batches-bin", names, _CIFAR_ARCHIVE)
+    train = [_cifar_records(folder / n, spec) for n in names[:5]]
+    test = _cifar_records(folder / names[5], spec)
+    starts = np.cumsum([0] + [len(t) for t in train])
+
+    def read_train(indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        indices = np.asarray(indices, dtype=np.int64)
+        rows = np.empty((len(indices), _CIFAR_RECORD), dtype=np.uint8)
+        which = np.searchsorted(starts, indices, side="right") - 1
+        for f in np.unique(which):  # an indexed read of each file's memory map: these rows only
+            mine = which == f
+            rows[mine] = train[f][indices[mine] - starts[f]]
+        return torch.from_numpy(rows[:, 1:].reshape(-1, 3, 32, 32).copy()), \
+            torch.from_numpy(rows[:, 0].astype(np.int64))
+
+    def labels() -> np.ndarray:
+        return np.concatenate([np.asarray(t[:, 0], dtype=np.int64) for t in train])
+
+    raw = np.asarray(test)
+    y_test = torch.from_numpy(raw[:, 0].astype(np.int64))
+    for part, y in (("test_batch.bin", raw[:, 0]),):
+        if y.max() > 9:
+            raise ValueError(f"{spec!r}: {folder / part} has label {int(y.max())}; CIFAR-10 labels "
+                             "are 0..9 (is this the CIFAR-100 archive?)")
+    x_test = _normalise(torch.from_numpy(raw[:, 1:].reshape(-1, 3, 32, 32).copy()))
+    digest = hashlib.sha256(raw.tobytes())
+    digest.update(repr([t.shape for t in train]).encode())
+    augment = options.get("augment", True)
+    return RecordDataset(
+        num_train=int(starts[-1]), x_test=x_test, y_test=y_test, num_classes=10,
+        input_shape=(3, 32, 32), name=spec, read_train=read_train, fingerprint=digest.hexdigest(),
+        labels=labels, train_transform=cifar_augment if augment else _drop_generator(_normalise))
+
+
+def _drop_generator(fn):
+    return lambda x, generator: fn(x)
+
+
+# ---- WikiText-2 ------------------------------------------------------------------------------------
+
+def _words(path: Path) -> list[str]:
+    """Every line's words followed by <eos> (blank lines too, as the original loader does)."""
+    with open(path, encoding="utf-8") as f:
+        return [w for line in f for w in line.split() + ["<eos>"]]
+
+
+def _windows(tokens: torch.Tensor, bptt: int, indices) -> tuple[torch.Tensor, torch.Tensor]:
+    starts = torch.as_tensor(np.asarray(indices, dtype=np.int64)) * bptt
+    offsets = starts[:, None] + torch.arange(bptt)
+    return tokens[offsets], tokens[offsets + 1]
+
+
+def wikitext2(spec: str, options: dict[str, Any]) -> RecordDataset:
+    """``wikitext2:root=DIR[,bptt=35,split=test]`` (see the module docstring)."""
+    bptt, split = options.get("bptt", 35), options.get("split", "test")
+    if bptt < 1:
+        raise ValueError(f"{spec!r}: bptt must be >= 1")
+    if split not in ("test", "valid"):
+        raise ValueError(f"{spec!r}: split must be test or valid, got {split!r}")
+    names = ("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.tokens")
+    folder = _find(options["root"], spec, "wikitext-2", names, _WIKITEXT_ARCHIVE)
+    train_words = _words(folder / names[0])
+    vocabulary = {"<unk>": 0}
+    for word in train_words:
+        vocabulary.setdefault(word, len(vocabulary))
+    unk = vocabulary["<unk>"]
+
+    def ids(words: list[str]) -> torch.Tensor:
+        return torch.tensor([vocabulary.get(w, unk) for w in words], dtype=torch.int64)
+
+    train = ids(train_words)
+    test = ids(_words(folder / f"wiki.{split}.tokens"))
+    n_train, n_test = (len(train) - 1) // bptt, (len(test) - 1) // bptt
+    if n_train < 1 or n_test < 1:
+        raise ValueError(f"{spec!r}: the {'training' if n_train < 1 else split} text has fewer than "
+                         f"bptt + 1 = {bptt + 1} tokens; lower bptt")
+    x_test, y_test = _windows(test, bptt, np.arange(n_test))
+    digest = hashlib.sha256(train.numpy().tobytes())
+    digest.update(test.numpy().tobytes())
+    return RecordDataset(
+        num_train=n_train, x_test=x_test, y_test=y_test, num_classes=len(vocabulary),
+        input_shape=(bptt,), name=spec, read_train=lambda idx: _windows(train, bptt, idx),
+        fingerprint=digest.hexdigest())
+
+
+# ---- bring-your-own torch Datasets -----------------------------------------------------------------
+
+def _stack(dataset, indices, spec: str, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    xs, ys = [], []
+    for i in indices:
+        try:
+            x, y = dataset[int(i)]
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{spec!r}: {what}[{int(i)}] must be a pair (x, y): {exc}") from None
+        xs.append(torch.as_tensor(np.asarray(x) if not torch.is_tensor(x) else x))
+        ys.append(torch.as_tensor(y))
+    if not xs:
+        raise ValueError(f"{spec!r}: the {what} Dataset is empty")
+    return torch.stack(xs).to(torch.float32), torch.stack(ys).to(torch.int64)
+
+
+def torch_datasets(spec: str, train, test) -> RecordDataset:
+    """A bring-your-own function's ``(train, test)`` torch Datasets as a `RecordDataset`."""
+    x_test, y_test = _stack(test, range(len(test)), spec, "test")
+    n = len(train)
+    if n == 0:
+        raise ValueError(f"{spec!r}: the training Dataset is empty")
+    classes = getattr(train, "classes", None)
+    targets = getattr(train, "targets", None)
+    num_classes = len(classes) if classes is not None else int(y_test.max()) + 1
+    if targets is not None:
+        num_classes = max(num_classes, int(np.max(np.asarray(targets))) + 1)
+
+    def read_train(indices):
+        x, y = _stack(train, indices, spec, "train")
+        if len(y) and int(y.max()) >= num_classes:
+            raise ValueError(f"{spec!r}: training label {int(y.max())} is out of range for "
+                             f"{num_classes} classes; give the Dataset a classes or targets "
+                             "attribute")
+        return x, y
+
+    digest = hashlib.sha256(f"{n};{num_classes};".encode())
+    digest.update(x_test.numpy().tobytes())
+    digest.update(y_test.numpy().tobytes())
+    return RecordDataset(
+        num_train=n, x_test=x_test, y_test=y_test, num_classes=num_classes,
+        input_shape=tuple(x_test.shape[1:]), name=spec, read_train=read_train,
+        fingerprint=digest.hexdigest(),
+        labels=None if targets is None else (lambda: np.asarray(targets, dtype=np.int64)))

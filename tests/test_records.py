@@ -1,0 +1,224 @@
+"""Datasets from local files (CIFAR-10 binary, WikiText-2 tokens) and the per-peer pipeline."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gossip_powersgd.training.batches import Batches
+from gossip_powersgd.training.data import clear_dataset_cache, load_dataset, peer_shard
+from gossip_powersgd.training.records import CIFAR10_MEAN, CIFAR10_STD, cifar_augment
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+import paper_fixtures  # noqa: E402
+
+from conftest import ROOT, run_bounded, run_mpi  # noqa: E402
+
+
+@pytest.fixture
+def cifar_root(tmp_path):
+    paper_fixtures.write_cifar10(tmp_path)
+    clear_dataset_cache()
+    yield tmp_path
+    clear_dataset_cache()
+
+
+def normalised(records):
+    """The closed form: (pixel / 255 - mean) / std per channel, channel-major 3 x 32 x 32."""
+    x = records[:, 1:].reshape(-1, 3, 32, 32).astype(np.float64) / 255
+    return (x - np.array(CIFAR10_MEAN)[:, None, None]) / np.array(CIFAR10_STD)[:, None, None]
+
+
+def test_cifar10_reads_the_binary_format(cifar_root):
+    data = load_dataset(f"cifar10:root={cifar_root}")
+    assert data.num_train == 40 and data.num_test == 10 and data.input_shape == (3, 32, 32)
+    test = paper_fixtures.cifar_records(10, 0)
+    assert torch.equal(data.y_test, torch.from_numpy(test[:, 0].astype(np.int64)))
+    # float32 rounding of values of size <= 2.1: 1e-6 covers a few ulps
+    assert np.allclose(data.x_test.numpy(), normalised(test), atol=1e-6)
+    # records 8..15 are data_batch_2's; 39 is the last of data_batch_5
+    x, y = data.read_train(np.array([9, 39, 0]))
+    batch2, batch5 = paper_fixtures.cifar_records(8, 2), paper_fixtures.cifar_records(8, 5)
+    assert x.dtype == torch.uint8 and y.tolist() == [batch2[1, 0], batch5[7, 0],
+                                                     paper_fixtures.cifar_records(8, 1)[0, 0]]
+    assert np.array_equal(x[0].numpy().reshape(-1), batch2[1, 1:])
+    # the root may also be the folder itself
+    assert load_dataset(f"cifar10:root={cifar_root}/cifar-10-batches-bin").num_train == 40
+
+
+def test_cifar10_missing_and_truncated_files(cifar_root):
+    folder = cifar_root / "cifar-10-batches-bin"
+    (folder / "data_batch_3.bin").unlink()
+    with pytest.raises(ValueError, match="data_batch_3.bin does not exist.*cifar-10-batches-bin") \
+            as info:
+        load_dataset(f"cifar10:root={cifar_root}")
+    assert "\n" not in str(info.value)
+    (folder / "data_batch_3.bin").write_bytes(b"\0" * 3074)
+    with pytest.raises(ValueError, match="not a whole number of 3073-byte"):
+        load_dataset(f"cifar10:root={cifar_root}")
+    for spec, match in (("cifar10", "needs the folder"), (f"cifar10:root={cifar_root},x=1",
+                                                           "unknown option 'x'")):
+        with pytest.raises(ValueError, match=match):
+            load_dataset(spec)
+
+
+def test_augmentation_is_a_padded_crop_and_flip():
+    x = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8)
+    out = cifar_augment(x, torch.Generator().manual_seed(5))
+    again = cifar_augment(x, torch.Generator().manual_seed(5))
+    assert torch.equal(out, again)
+    g = torch.Generator().manual_seed(5)  # the same draws, in the same order
+    dy, dx = torch.randint(0, 9, (16,), generator=g), torch.randint(0, 9, (16,), generator=g)
+    flips = torch.rand(16, generator=g) < 0.5
+    padded = torch.nn.functional.pad(x.double() / 255, (4, 4, 4, 4))
+    mean = torch.tensor(CIFAR10_MEAN, dtype=torch.float64)[:, None, None]
+    std = torch.tensor(CIFAR10_STD, dtype=torch.float64)[:, None, None]
+    for i in range(16):
+        crop = padded[i, :, dy[i]:dy[i] + 32, dx[i]:dx[i] + 32]
+        crop = crop.flip(-1) if flips[i] else crop
+        assert torch.allclose(out[i].double(), (crop - mean) / std, atol=1e-5)  # float32 ulps
+    assert 0 < int(flips.sum()) < 16 and len(set(dy.tolist())) > 1
+
+
+def test_batches_transform_is_reproducible_and_resumes(cifar_root):
+    data = load_dataset(f"cifar10:root={cifar_root}")
+    x, y = peer_shard(data, 1, 2, "iid", 0)
+
+    def batches():
+        b = Batches(x, y, batch_size=6, seed=0, rank=1)
+        b.transform = data.train_transform
+        return b
+
+    first = batches()
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    rest = [xb for xb, _ in it]
+    resumed = batches()
+    resumed.load_state_dict(state)
+    assert all(torch.equal(a, b) for a, (b, _) in zip(rest, resumed, strict=True))
+    other_rank = Batches(x, y, batch_size=6, seed=0, rank=0)
+    other_rank.transform = data.train_transform
+    assert not torch.equal(next(iter(other_rank))[0], next(iter(batches()))[0])
+
+
+def test_wikitext2_vocabulary_and_windows(tmp_path):
+    paper_fixtures.write_wikitext2(tmp_path, repeat=3)
+    data = load_dataset(f"wikitext2:root={tmp_path},bptt=4")
+    words = []
+    for line in (paper_fixtures.TRAIN_TEXT * 3).splitlines(keepends=True):
+        words += line.split() + ["<eos>"]
+    vocabulary = ["<unk>"] + list(dict.fromkeys(w for w in words if w != "<unk>"))
+    assert data.num_classes == len(vocabulary) and data.input_shape == (4,)
+    assert data.num_train == (len(words) - 1) // 4
+    ids = torch.tensor([vocabulary.index(w) for w in words])
+    x, y = data.read_train(np.array([0, 2]))
+    assert torch.equal(x[1], ids[8:12]) and torch.equal(y[1], ids[9:13])  # targets: next tokens
+    test_words = []
+    for line in (paper_fixtures.TEST_TEXT * 3).splitlines(keepends=True):
+        test_words += line.split() + ["<eos>"]
+    expect = [vocabulary.index(w) if w in vocabulary else 0 for w in test_words]  # unseen: <unk>
+    assert data.x_test.reshape(-1).tolist() == expect[:4 * data.num_test]
+    assert "unseen" not in vocabulary and data.x_test[0, 1] == 0
+    (tmp_path / "wikitext-2" / "wiki.valid.tokens").unlink()
+    with pytest.raises(ValueError, match="wiki.valid.tokens does not exist.*wikitext-2"):
+        load_dataset(f"wikitext2:root={tmp_path}")
+
+
+def test_contiguous_partition_gives_text_chunks(tmp_path):
+    paper_fixtures.write_wikitext2(tmp_path)
+    data = load_dataset(f"wikitext2:root={tmp_path},bptt=5")
+    shards = [peer_shard(data, r, 3, "contiguous", 0) for r in range(3)]
+    together = torch.cat([x for x, _ in shards])
+    assert torch.equal(together, data.read_train(np.arange(data.num_train))[0])
+
+
+def test_peer_reads_only_its_own_records():
+    data = load_dataset("paper_fixtures:torch_pair")
+    touched = []
+    original = data.read_train
+
+    def spy(indices):
+        touched.append(np.asarray(indices).copy())
+        return original(indices)
+
+    object.__setattr__(data, "read_train", spy)
+    try:
+        from gossip_powersgd.training.data import partition
+
+        x, y = peer_shard(data, 2, 4, "iid", 0)
+        mine = partition(np.zeros(96), 4, "iid", 0)[2]
+        assert len(touched) == 1 and np.array_equal(touched[0], mine) and len(y) == 24
+        with pytest.raises(ValueError, match="no per-record labels for partition"):
+            data.partition_labels("dirichlet:0.5")  # no targets attribute: no label split
+    finally:
+        object.__setattr__(data, "read_train", original)
+        clear_dataset_cache()
+
+
+def test_other_ranks_records_raise_and_the_run_still_trains(tmp_path):
+    out = tmp_path / "run"
+    config = tmp_path / "guarded.yaml"
+    config.write_text("topology: ring:3\nalgorithm: exact\ndataset: paper_fixtures:rank_guarded\n"
+                      "model: mlp:8\nbatch_size: 8\nepochs: 2\nlr: 0.3\nbackend: mpi\n")
+    result = run_mpi(3, ["-m", "gossip_powersgd.cli.train", "--config", config, "--set",
+                         f"out_dir={out}", "--quiet"], timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 * 4 and summary["final_test_acc_avg_model"] > 0.6
+
+
+def test_a_user_module_in_the_cwd_imports_without_pythonpath(tmp_path):
+    (tmp_path / "mydata.py").write_text(
+        "import numpy as np\n"
+        "def load(seed=0):\n"
+        "    rng = np.random.default_rng(seed)\n"
+        "    x = rng.standard_normal((40, 3)); y = (x[:, 0] > 0).astype(int)\n"
+        "    return x[:32], y[:32], x[32:], y[32:]\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    script = ("import sys; sys.path = [p for p in sys.path if p not in ('', '.')]; "
+              "sys.path.insert(0, sys.argv.pop(1)); "
+              "from gossip_powersgd.cli.train import main; main()")
+    result = run_bounded([sys.executable, "-c", script, str(ROOT), "--set", "dataset=mydata:load",
+                          "--set", "model=logreg", "--set", "topology=ring:2", "--set",
+                          "epochs=1", "--set", "algorithm=exact", "--quiet", "--config",
+                          str(ROOT / "experiments" / "configs" / "tiny.yaml"), "--set",
+                          f"out_dir={tmp_path / 'run'}"],
+                         120, "gossip-train with a module in the cwd", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "run" / "summary.json").is_file()
+
+
+def local_train(config):
+    import topologies
+
+    from gossip_powersgd import LocalCluster
+    from gossip_powersgd.training.config import config_from_dict
+    from gossip_powersgd.training.trainer import train
+
+    config = config_from_dict(config)
+    return LocalCluster(topologies.parse(config.topology), timeout=60).run(train, config)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # peers used the global RNG (dropout)
+def test_cifar10_resnet_and_wikitext_lstm_train_in_process(cifar_root, tmp_path):
+    common = dict(topology="ring:2", algorithm="powergossip:rank=1", epochs=1, quiet=True)
+    s = local_train(dict(common, dataset=f"cifar10:root={cifar_root}", model="resnet20:width=4",
+                         batch_size=8, lr=0.05))
+    assert s[0]["steps"] == 3 and s[0]["final_test_acc_avg_model"] is not None
+    paper_fixtures.write_wikitext2(tmp_path)
+    lm = local_train(dict(common, dataset=f"wikitext2:root={tmp_path},bptt=6",
+                          partition="contiguous", model="lstm_lm:layers=1,hidden=8", lr=1.0,
+                          batch_size=4, epochs=2))
+    final = [r for r in lm[0]["history"] if r["kind"] == "eval"]
+    vocabulary = load_dataset(f"wikitext2:root={tmp_path},bptt=6").num_classes
+    # perplexity is exp(per-token cross-entropy); below the vocabulary size: better than uniform
+    assert final[-1]["test_perplexity_avg_model"] == pytest.approx(
+        np.exp(final[-1]["test_loss_avg_model"]), rel=1e-12)
+    assert final[-1]["test_perplexity_avg_model"] < vocabulary
+    assert lm[0]["label_histogram"] == [[], []]  # a target per token: no label histogram
