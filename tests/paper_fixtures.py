@@ -99,3 +99,18 @@ def torch_pair(seed=0):
     x, y = _separable(96, 1)
     x_test, y_test = _separable(40, 2)
     return Plain(x, y), Plain(x_test, y_test)
+
+
+def class_images(seed=0):
+    """A learnable image task for BatchNorm tests: 4 classes of 3x8x8 images, each a fixed random
+    template per class plus noise (train 320, test 160)."""
+    g = torch.Generator().manual_seed(7)
+    templates = torch.randn(4, 3, 8, 8, generator=g)
+
+    def draw(n, s):
+        gen = torch.Generator().manual_seed(s)
+        y = torch.randint(0, 4, (n,), generator=gen)
+        return 3.0 + 2.0 * templates[y] + 1.5 * torch.randn(n, 3, 8, 8, generator=gen), y
+
+    (x, y), (xt, yt) = draw(320, 1), draw(160, 2)
+    return x, y, xt, yt

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Any, Callable, Dict, List, Optional, TextIO
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, TextIO
 
 import torch
 import torch.nn.functional as F
@@ -90,6 +90,68 @@ def average_state_into(model: torch.nn.Module, target: torch.nn.Module, comm) ->
     target.load_state_dict(new_state)
 
 
+#: How many of its own training batches each peer runs the averaged model on to recompute its
+#: BatchNorm statistics (`refresh_batch_norm`).
+BN_REFRESH_BATCHES = 8
+
+
+def refresh_batch_norm(model: torch.nn.Module, inputs: Iterable[torch.Tensor], comm) -> bool:
+    """Recompute the BatchNorm running statistics of `model` (the averaged model, the same on
+    every peer) on this peer's `inputs`, then average them over the peers (collective, metric
+    traffic); False (and nothing done) for a model without BatchNorm.
+
+    Why: a BN network's running statistics belong to its own parameters. Gossip mixes the
+    parameters only, so each local model keeps (and is evaluated with) its own statistics, and
+    the average of the peers' statistics does not describe the averaged parameters (a 2-step
+    ResNet run gave the averaged model below-chance accuracy that way). Each peer therefore
+    passes a few of its own training batches through the averaged model in training mode with a
+    cumulative average (``momentum=None``, as ``torch.optim.swa_utils.update_bn``), and the peers
+    combine their per-channel statistics: mean = the peers' mean of means; variance = the peers'
+    mean of (variance + mean^2) - mean^2 (the law of total variance, equal batch counts).
+    """
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+             and m.track_running_stats]
+    if not norms:
+        return False
+    momenta = [m.momentum for m in norms]
+    was_training = model.training
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None
+    model.train()
+    with torch.no_grad():
+        for x in inputs:
+            model(x)
+    for m, momentum in zip(norms, momenta):
+        m.momentum = momentum
+    model.train(was_training)
+    flat = torch.cat([torch.cat([m.running_mean, m.running_var + m.running_mean ** 2]).double()
+                      for m in norms])
+    comm.allreduce_(flat, op="mean", metric=True)
+    offset = 0
+    for m in norms:
+        c = m.num_features
+        mean, second = flat[offset:offset + c], flat[offset + c:offset + 2 * c]
+        m.running_mean.copy_(mean)
+        m.running_var.copy_((second - mean ** 2).clamp_min(0))
+        offset += 2 * c
+    return True
+
+
+def refresh_inputs(batches, step: int, count: int = BN_REFRESH_BATCHES) -> Iterator[torch.Tensor]:
+    """The first `count` mini-batches of this peer's shard (`batches.x`), through its per-batch
+    transform with a generator of (seed, rank, step): what `refresh_batch_norm` runs on. Leaves
+    the batch iterator's position alone."""
+    size = getattr(batches, "batch_size", None) or max(1, round(batches.sample_rate * len(batches.x)))
+    for i in range(min(count, -(-len(batches.x) // size))):
+        x = batches.x[i * size:(i + 1) * size]
+        if len(x) < 2:  # training-mode BN needs more than one value per channel
+            break
+        if batches.transform is not None:
+            x = batches.transform(x, batches._generator(-1 - step, i))  # not a training stream
+        yield x
+
+
 # ---- records ---------------------------------------------------------------------------------------
 
 class RecordLog:
@@ -139,7 +201,8 @@ def log_record(comm, model: torch.nn.Module, *, step: int, steps_per_epoch: int,
 def eval_record(comm, model: torch.nn.Module, averaged: torch.nn.Module, x_test: torch.Tensor,
                 y_test: torch.Tensor, *, epoch: int, step: int, lr: float, train_loss_local: float,
                 timers: Callable[[], Dict[str, float]], pooled: bool = False,
-                private: bool = False) -> Dict[str, Any]:
+                private: bool = False,
+                bn_inputs: Optional[Callable[[], Iterable[torch.Tensor]]] = None) -> Dict[str, Any]:
     """The `kind: "eval"` record after `epoch` (collective).
 
     `averaged` is a scratch copy of the model's architecture: it is overwritten with the peers'
@@ -147,7 +210,10 @@ def eval_record(comm, model: torch.nn.Module, averaged: torch.nn.Module, x_test:
     evaluation. `pooled` (partition: local, where each peer holds its own test set): the mean
     local and the averaged-model accuracy and loss are over all peers' test samples together,
     combined from each peer's counts, so no test sample leaves its peer. `private`: the training
-    loss is not all-reduced (the record has this peer's `train_loss_local` only).
+    loss is not all-reduced (the record has this peer's `train_loss_local` only). `bn_inputs`:
+    this peer's batches for `refresh_batch_norm` of the averaged model (None: the averaged model
+    keeps the peers' mean BatchNorm statistics, as under DP, where a peer's batch statistics
+    would leave it outside the mechanism).
     """
     acc, loss = evaluate_model(model, x_test, y_test)
     local = torch.tensor([acc, loss], dtype=torch.float64)
@@ -158,6 +224,8 @@ def eval_record(comm, model: torch.nn.Module, averaged: torch.nn.Module, x_test:
     lows = comm.allreduce_(local.clone(), op="min", metric=True)
     highs = comm.allreduce_(local.clone(), op="max", metric=True)
     average_state_into(model, averaged, comm)
+    if bn_inputs is not None:
+        refresh_batch_norm(averaged, bn_inputs(), comm)
     avg_acc, avg_loss = evaluate_model(averaged, x_test, y_test)
     if pooled:
         avg_acc, avg_loss = (float(v) for v in pooled_means(comm, [avg_acc, avg_loss], len(y_test)))

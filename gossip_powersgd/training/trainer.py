@@ -24,6 +24,8 @@ with unequal shards (Dirichlet partitions) still gossip in lockstep.
 Every `eval_every` epochs (and at the end) the peers evaluate, with metric all-reduces that are
 never charged to the algorithm (`evaluation.py`: each peer's local test accuracy/loss with the
 mean, min and max over peers, the averaged model, the consensus distance, the training loss).
+BatchNorm statistics are not gossiped: each local model is evaluated with its own, and the averaged
+model's are recomputed on a few of each peer's batches (`evaluation.refresh_batch_norm`).
 Records go to `RUN_DIR/metrics/rank-K.jsonl`; checkpoints and the run directory are in
 `checkpoint.py`, what a checkpoint holds is `RunState`; rank 0 writes `summary.json` and
 `summary.md`, and every peer its own figures (shard size, label histogram, training loss, its ε
@@ -62,6 +64,7 @@ from .evaluation import (
     log_record,
     model_digest,
     peer_report,
+    refresh_inputs,
     run_summary,
 )
 from .extensions import config_hooks
@@ -409,7 +412,9 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool, 
                 record = eval_record(comm, model, run.averaged, run.x_test, run.y_test,
                                      epoch=state.epoch, step=state.step, lr=lr,
                                      train_loss_local=state.take_train_loss(), timers=timers,
-                                     pooled=config.partition == "local", private=private)
+                                     pooled=config.partition == "local", private=private,
+                                     bn_inputs=None if private else functools.partial(
+                                         refresh_inputs, run.batches, state.step))
                 record = hooks.on_evaluation(record)
                 records.write(record)
                 hooks.on_record(record)
