@@ -71,6 +71,10 @@ class TrainConfig:
     decay: float = 0.1
     #: Mini-batch size of each peer.
     batch_size: int = 32
+    #: Local steps H: the algorithm communicates once every H optimizer steps, after steps H, 2H,
+    #: ... (1 = every step; the paper's "32 local steps" baseline is 32). Parameter-mixing
+    #: algorithms only (a gradient averager such as powersgd averages every step's gradients).
+    local_steps: int = 1
     #: Number of epochs. An epoch is ceil(training samples / (peers x batch_size)) steps, the same
     #: on every peer; a peer whose shard runs out starts its next pass over its shard.
     epochs: int = 10

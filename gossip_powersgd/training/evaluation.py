@@ -323,8 +323,10 @@ def run_summary(comm, config, history, histogram, num_parameters, parameter_byte
     wall = torch.tensor([timers["wall_time"]], dtype=torch.float64)
     comm.allreduce_(wall, op="max", metric=True)
     digests = [d.hex() for d in comm.allgather_bytes(bytes.fromhex(model_digest(model)))]
-    degree = mean_active_degree(comm.topology, step)  # per step's graph on a schedule
-    exact_bytes = parameter_bytes * degree * step
+    local_steps = getattr(config, "local_steps", 1)
+    rounds = step // local_steps if algorithm.acts_on == "parameters" else step
+    degree = mean_active_degree(comm.topology, rounds)  # per round's graph on a schedule
+    exact_bytes = parameter_bytes * degree * rounds
     sent = float(means[0])
     return {
         "algorithm": config.algorithm, "topology": config.topology, "peers": comm.size,
@@ -340,8 +342,9 @@ def run_summary(comm, config, history, histogram, num_parameters, parameter_byte
         "mb_sent_per_peer": sent / 1e6,
         "messages_sent_per_peer": float(means[1]),
         "exact_gossip_mb_per_peer_formula": exact_bytes / 1e6,
-        "exact_gossip_formula": (f"model bytes {parameter_bytes} x mean degree {degree:g} x steps "
-                                 f"{step} (formula, not measured)"),
+        "exact_gossip_formula": (f"model bytes {parameter_bytes} x mean degree {degree:g} x "
+                                 f"communication rounds {rounds} (formula, not measured)"),
+        "local_steps": local_steps, "communication_rounds": rounds,
         "compression_ratio": (exact_bytes / sent) if sent > 0 else None,
         "bytes_per_step": int(algorithm.bytes_per_step()),
         "wall_time_s": float(wall[0]),

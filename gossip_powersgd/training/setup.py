@@ -202,6 +202,10 @@ def build_run(comm, config: TrainConfig, hooks: HookList, log=None) -> PeerRun:
     if acts_on not in ("parameters", "gradients"):
         raise ValueError(f"algorithm {config.algorithm!r} has acts_on={acts_on!r}; "
                          "expected 'parameters' or 'gradients'")
+    if acts_on == "gradients" and config.local_steps != 1:
+        raise ValueError(f"local_steps {config.local_steps} needs an algorithm that mixes the "
+                         f"parameters; {config.algorithm!r} averages every step's gradients (use "
+                         "allreduce for local SGD, or set local_steps to 1)")
     header_args = dict(rank=rank, world_size=size, topology=comm.topology,
                        topology_spec=config.topology, config_hash=config_hash(config),
                        config_json=json.dumps(hashed_config(config), sort_keys=True))

@@ -10,7 +10,8 @@ Each step follows the D-PSGD order, on every peer at once::
        algo.step() mixes the parameters with the neighbours'
 
 so with parameter gossip each peer takes a local step and then averages with its neighbours, as in
-Lian et al. (2017) and the PowerGossip paper. The learning rate is set before every step from the
+Lian et al. (2017) and the PowerGossip paper; with `local_steps: H` step 4 runs after every H-th
+step only (local SGD between communication rounds). The learning rate is set before every step from the
 schedule (linear warm-up, then constant / step / cosine). `hooks` (see `hooks.TrainingHooks`) run
 at named points of the step, at evaluation and at checkpoints.
 
@@ -91,6 +92,13 @@ def learning_rate(config: TrainConfig, step: int, steps_per_epoch: int) -> float
         progress = (step - warmup_steps) / max(1, total)
         return config.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
     return config.lr
+
+
+def gossips_after(step: int, local_steps: int) -> bool:
+    """Whether the algorithm communicates after optimizer step `step` (0-based): after steps
+    H-1, 2H-1, ... for `local_steps` H. A pure function of the step, so a run resumed from a
+    checkpoint in the middle of a period gossips where the uninterrupted one would."""
+    return (step + 1) % local_steps == 0
 
 
 def _endless(batches) -> Iterator:
@@ -392,7 +400,7 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool, 
                 optimizer.step()
                 state.time_compute += time.perf_counter() - start
                 hooks.after_optimizer_step(state.step)
-                if run.acts_on == "parameters":
+                if run.acts_on == "parameters" and gossips_after(state.step, config.local_steps):
                     algorithm.step()
                     hooks.after_gossip(state.step)
                 state.finish_step(value)

@@ -94,6 +94,8 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
     _check(math.isfinite(c.weight_decay) and c.weight_decay >= 0, "weight_decay", c.weight_decay,
            "must be >= 0")
     _check(c.batch_size >= 1, "batch_size", c.batch_size, "must be >= 1")
+    _check(c.local_steps >= 1, "local_steps", c.local_steps,
+           "must be >= 1 (optimizer steps per communication round)")
     _check(c.epochs >= 1, "epochs", c.epochs, "must be >= 1")
     _check(0 <= c.warmup_epochs <= c.epochs, "warmup_epochs", c.warmup_epochs,
            f"must be in [0, epochs={c.epochs}]")
