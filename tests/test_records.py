@@ -222,3 +222,19 @@ def test_cifar10_resnet_and_wikitext_lstm_train_in_process(cifar_root, tmp_path)
         np.exp(final[-1]["test_loss_avg_model"]), rel=1e-12)
     assert final[-1]["test_perplexity_avg_model"] < vocabulary
     assert lm[0]["label_histogram"] == [[], []]  # a target per token: no label histogram
+
+
+def test_augmented_cifar_run_is_the_same_under_mpi_and_local(cifar_root, tmp_path):
+    config = tmp_path / "cifar.yaml"
+    config.write_text(f"topology: ring:2\nalgorithm: powergossip:rank=1\n"
+                      f"dataset: cifar10:root={cifar_root}\nmodel: resnet20:width=4\n"
+                      "batch_size: 8\nepochs: 2\nlr: 0.05\nmomentum: 0.9\n")
+    out = tmp_path / "mpi"
+    result = run_mpi(2, ["-m", "gossip_powersgd.cli.train", "--config", config, "--set",
+                         "backend=mpi", "--set", f"out_dir={out}", "--quiet"], timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    from gossip_powersgd.training.config import load_config
+
+    summary = local_train(load_config(config, deep=False).replace(quiet=True).__dict__)[0]
+    mpi_summary = json.loads((out / "summary.json").read_text())
+    assert mpi_summary["model_sha256"] == summary["model_sha256"]  # crops, flips, BN refresh

@@ -15,6 +15,9 @@ import torch
 
 #: Distinguishes the transform's stream from the batch order's (which seeds (seed, rank, epoch)).
 _TRANSFORM_STREAM = 0xA06
+#: The stream of the batches `evaluation.refresh_inputs` transforms (epoch: the step, position:
+#: the batch's index).
+BN_STREAM = 0xB17
 
 
 class ResumableBatches:
@@ -66,10 +69,12 @@ class ResumableBatches:
                 xb = self.transform(xb, self._generator(epoch, position))
             yield xb, self.y[index]
 
-    def _generator(self, epoch: int, position: int) -> torch.Generator:
+    def _generator(self, epoch: int, position: int,
+                   stream: int = _TRANSFORM_STREAM) -> torch.Generator:
         """The transform's generator for step `position` of `epoch`: this peer's own stream
-        (seeded by its rank), the same under every transport and after a resume."""
-        words = np.random.SeedSequence([self.seed, self.rank, epoch, position, _TRANSFORM_STREAM])
+        (seeded by its rank), the same under every transport and after a resume. Another
+        `stream` gives draws independent of the training batches' (e.g. `BN_STREAM`)."""
+        words = np.random.SeedSequence([self.seed, self.rank, epoch, position, stream])
         state = words.generate_state(2)
         return torch.Generator().manual_seed((int(state[0]) << 31) ^ int(state[1]))
 

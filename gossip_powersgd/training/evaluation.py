@@ -148,7 +148,9 @@ def refresh_inputs(batches, step: int, count: int = BN_REFRESH_BATCHES) -> Itera
         if len(x) < 2:  # training-mode BN needs more than one value per channel
             break
         if batches.transform is not None:
-            x = batches.transform(x, batches._generator(-1 - step, i))  # not a training stream
+            from .batches import BN_STREAM
+
+            x = batches.transform(x, batches._generator(step, i, stream=BN_STREAM))
         yield x
 
 
