@@ -10,7 +10,7 @@ from torch import nn
 
 from gossip_powersgd import LocalCluster
 from gossip_powersgd.training.config import config_from_dict
-from gossip_powersgd.training.evaluation import refresh_batch_norm
+from gossip_powersgd.training.batchnorm import refresh_batch_norm
 from gossip_powersgd.training.trainer import train
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for "paper_fixtures:..." specs

@@ -26,7 +26,7 @@ Every `eval_every` epochs (and at the end) the peers evaluate, with metric all-r
 never charged to the algorithm (`evaluation.py`: each peer's local test accuracy/loss with the
 mean, min and max over peers, the averaged model, the consensus distance, the training loss).
 BatchNorm statistics are not gossiped: each local model is evaluated with its own, and the averaged
-model's are recomputed on a few of each peer's batches (`evaluation.refresh_batch_norm`).
+model's are recomputed on a few of each peer's batches (`batchnorm.py`).
 Records go to `RUN_DIR/metrics/rank-K.jsonl`; checkpoints and the run directory are in
 `checkpoint.py`, what a checkpoint holds is `RunState`; rank 0 writes `summary.json` and
 `summary.md`, and every peer its own figures (shard size, label histogram, training loss, its ε
@@ -65,9 +65,9 @@ from .evaluation import (
     log_record,
     model_digest,
     peer_report,
-    refresh_inputs,
     run_summary,
 )
+from .batchnorm import refresh_inputs
 from .extensions import config_hooks
 from .hooks import HookList, TrainingHooks
 from .progress import Printer, SetupLog
