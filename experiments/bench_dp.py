@@ -84,11 +84,9 @@ def _one_peer_step(spec: str, dp_engine: Optional[str], full: bool,
         F.cross_entropy(model(x), y).backward()
         if dp is not None and full:
             dp.privatize(model, batch)
-        elif dp is not None:
+        elif dp is not None:  # the clipped sum divided by the expected batch, as privatize
             with torch.no_grad():
-                sums = dp.clipped_sum(model, batch)
-                torch._foreach_div_(sums, dp.expected_batch_size)
-                for p, total in zip(params, sums):
+                for p, total in zip(params, dp.clipped_sum(model, batch, dp.expected_batch_size)):
                     p.grad = total
         optimizer.step()
 

@@ -196,9 +196,10 @@ class DPSGD:
     The sum is divided by the *expected* batch size ``sample_rate * shard_size``, not by the
     batch's actual size, which would depend on (and leak) how many records were sampled. The noise
     comes from this peer's secret keystream ``randomness`` (`seeds.Randomness`; default: a fresh
-    OS-entropy key), at the label (NOISE_STREAM, step, draw): step t's noise depends only on the
-    key and t, so a run resumed with the same key continues bit for bit, and nobody without the
-    key (a neighbour knowing the whole config) can regenerate it. Share the same `Randomness`
+    OS-entropy key), at the label (NOISE_STREAM, step, 0), one draw for all parameters in the
+    model's order: step t's noise depends only on the key and t, so a run resumed with the same
+    key continues bit for bit, and nobody without the key (a neighbour knowing the whole config)
+    can regenerate it. Share the same `Randomness`
     with the peer's `PoissonBatches` (another stream tag): one key per peer.
     """
 
@@ -280,17 +281,19 @@ class DPSGD:
             gradients.append(sample)
         return gradients
 
-    def clipped_sum(self, model: nn.Module, batch_size: int) -> list[torch.Tensor]:
-        """Per trainable parameter, the sum over the batch of the clipped per-example gradients.
+    def clipped_sum(self, model: nn.Module, batch_size: int,
+                    divisor: float = 1.0) -> list[torch.Tensor]:
+        """Per trainable parameter, the sum over the batch of the clipped per-example gradients,
+        divided by ``divisor`` (folded into the per-example clip factors).
 
         The ghost and vmap engines compute it without keeping per-example gradients of the
         Linear and Conv1d layers beyond the norms (`per_sample.py`); Opacus' engines from the
         per-example gradients they recorded.
         """
         if isinstance(model, PerSampleModule):
-            return model.clipped_sum(self.max_grad_norm, batch_size, _NORM_EPS)[0]
+            return model.clipped_sum(self.max_grad_norm, batch_size, _NORM_EPS, divisor)[0]
         gradients = self.per_example_gradients(model, batch_size)
-        factor = self.clip_factors(gradients)
+        factor = self.clip_factors(gradients) / divisor
         summed = [torch.einsum("i,i...->...", factor.to(g.dtype), g) for g in gradients]
         for p in model.parameters():
             p.grad_sample = None
@@ -303,22 +306,42 @@ class DPSGD:
                             dim=1).norm(2, dim=1)
         return (self.max_grad_norm / (norms + _NORM_EPS)).clamp(max=1.0)
 
-    def _noise(self, like: torch.Tensor) -> torch.Tensor:
-        """N(0, (sigma C)^2) shaped like `like`: the next draw of this step's noise stream.
+    def _noise(self, n: int) -> Optional[torch.Tensor]:
+        """``n`` draws of N(0, 1) (float64, CPU) of this step's noise stream; None for sigma = 0.
 
         The k-th call within step t (t = steps accounted so far) reads the label
-        (NOISE_STREAM, t, k), so the noise of a step is a function of the key and t alone.
-        Returned in float64 (Box-Muller's precision, see `Randomness.normals`); the caller adds it
-        to the sum before rounding to the parameter's dtype.
+        (NOISE_STREAM, t, k), so the noise of a step is a function of the key and t alone;
+        `privatize` makes one call per step, for all parameters in the model's order.
+        Float64 is Box-Muller's precision (see `Randomness.normals`); the caller adds it to the
+        gradient before rounding to the parameter's dtype.
         """
         step = self.steps
         draw = self._noise_label[1] if self._noise_label[0] == step else 0
         self._noise_label = (step, draw + 1)
         if self.noise_multiplier == 0:  # before multiplying: 0 * C is NaN for C = inf
-            return torch.zeros_like(like)
-        std = self.noise_multiplier * self.max_grad_norm
-        noise = self.randomness.normals(NOISE_STREAM, step, draw, n=like.numel())
-        return (std * noise).reshape(like.shape).to(device=like.device)
+            return None
+        return self.randomness.normals(NOISE_STREAM, step, draw, n=n)
+
+    def _noisy(self, params: list, means: list) -> list:
+        """Per parameter ``mean + (sigma C / B) z`` in float64, rounded to the parameter's dtype,
+        ``z`` this step's noise (`_noise`) in the parameters' order, ``B`` the expected batch."""
+        noise = self._noise(sum(p.numel() for p in params))
+        if noise is None:
+            return [m.to(p.dtype) for p, m in zip(params, means)]
+        scale = self.noise_multiplier * self.max_grad_norm / self.expected_batch_size
+        dtype, device = params[0].dtype, params[0].device
+        if all(p.dtype == dtype and p.device == device for p in params):  # one flat product
+            flat = torch.cat([m.reshape(-1) for m in means]) if len(means) > 1 \
+                else means[0].reshape(-1)
+            total = torch.add(flat, noise.to(device), alpha=scale).to(dtype)
+            return [t.view(p.shape) for t, p in
+                    zip(torch.split(total, [p.numel() for p in params]), params)]
+        out, start = [], 0
+        for p, m in zip(params, means):
+            part = noise[start: start + p.numel()].to(p.device).view(p.shape)
+            out.append(torch.add(m, part, alpha=scale).to(p.dtype))
+            start += p.numel()
+        return out
 
     def privatize(self, model: nn.Module, batch_size_actual: int) -> None:
         """Replace every trainable ``p.grad`` of ``model`` by its private version; step accounting.
@@ -338,13 +361,13 @@ class DPSGD:
                              "this one has none")
         with torch.no_grad():
             if batch_size == 0:
-                summed = [torch.zeros_like(p) for p in params]
+                means = [torch.zeros_like(p) for p in params]
                 if isinstance(model, PerSampleModule):
                     model.clear()
-            else:
-                summed = self.clipped_sum(model, batch_size)
-            for p, total in zip(params, summed):
-                p.grad = ((total + self._noise(p)) / self.expected_batch_size).to(p.dtype)
+            else:  # the clipped sum divided by the expected batch size
+                means = self.clipped_sum(model, batch_size, divisor=self.expected_batch_size)
+            for p, grad in zip(params, self._noisy(params, means)):
+                p.grad = grad
         self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
 
     # ---- evaluation -------------------------------------------------------------------------

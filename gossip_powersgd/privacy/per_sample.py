@@ -42,7 +42,7 @@ from gossip_powersgd.privacy.per_sample_layers import (
     _GeneralLayer,
     _Layer,
     _LinearLayer,
-    _Recorded,
+    _RecordedLayer,
     _State,
     clip_rows,
 )
@@ -86,6 +86,8 @@ class PerSampleModule(nn.Module):
         #: (layer, index in its params, parameter) of each trainable one, in the model's order
         self.slots = [(owner_of[id(p)][0], owner_of[id(p)][0].params.index(owner_of[id(p)][1]), p)
                       for p in module.parameters() if p.requires_grad]
+        self._recorded = [layer for layer in self.layers if isinstance(layer, _RecordedLayer)]
+        self._general = [layer for layer in self.layers if isinstance(layer, _GeneralLayer)]
 
     def _layer(self, name: str, sub: nn.Module, own: List[str]) -> _Layer:
         label = f"{name or '<root>'!r} ({type(sub).__name__})"
@@ -99,13 +101,17 @@ class PerSampleModule(nn.Module):
                 raise ValueError(f"per-example gradients: layer {label} has trainable parameters "
                                  f"of its own and in its sub-layers; use engine='hooks' (Opacus)")
             return _GeneralLayer(sub, own, self, label)
-        layer = kind(sub, own, self)
+        layer = kind(sub, own, self, label)
         sub.forward = _recording_forward(sub, layer)
         self._patched.append(sub)
         return layer
 
     def forward(self, *args, **kwargs):
-        self.state.passes += 1
+        state = self.state
+        state.passes += 1
+        if state.recorded:  # an earlier forward's records were not consumed by `clipped_sum`
+            for layer in self._recorded:
+                layer.prune()  # those of a forward without backward hold memory for nothing
         return self._module(*args, **kwargs)
 
     def remove(self) -> None:
@@ -119,13 +125,17 @@ class PerSampleModule(nn.Module):
 
     # ---- after backward ---------------------------------------------------------------------
 
-    def _check(self, batch: int) -> None:
+    def _collect(self, batch: int) -> None:
+        """Each layer's (a, b) of the uses the last backward reached (`_Layer.pairs`); checks
+        that they come from one backward and hold ``batch`` examples."""
+        for layer in self.layers:
+            layer.pairs = layer.used()
         if len(self.state.seen) > 1:
             raise ValueError("privatize found gradients of several forward/backward passes: "
                              "call it after every backward (Poisson batches do not accumulate)")
         for layer in self.layers:
-            for record in layer.records:
-                size = record[1].shape[0]
+            for pair in layer.pairs:
+                size = pair[1].shape[0]
                 if size != batch:
                     raise ValueError(f"privatize was told the batch has {batch} examples but the "
                                      f"per-example gradients hold {size}: pass len(batch)")
@@ -136,10 +146,11 @@ class PerSampleModule(nn.Module):
     def per_example_gradients(self, batch: int) -> List[torch.Tensor]:
         """Each trainable parameter's per-example gradients, shape (batch, *p.shape) (zeros for a
         parameter the forward did not use); materialised, for checks. Keeps the records."""
-        self._check(batch)
+        self._collect(batch)
+        self.state.seen.clear()
         scale = self._scale(batch)
         with torch.no_grad():
-            found = {id(layer): layer.per_example() for layer in self.layers if layer.records}
+            found = {id(layer): layer.per_example() for layer in self.layers if layer.pairs}
             out = []
             for layer, index, p in self.slots:
                 g = found.get(id(layer), {}).get(layer.params[index])
@@ -147,58 +158,63 @@ class PerSampleModule(nn.Module):
                            if g is None else g.reshape(batch, *p.shape) * scale)
         return out
 
-    def clipped_sum(self, max_norm: float, batch: int,
-                    norm_eps: float) -> tuple[List[torch.Tensor], torch.Tensor]:
-        """The clipped sum ``sum_i c_i g_i`` per trainable parameter, and the factors ``c``.
+    def clipped_sum(self, max_norm: float, batch: int, norm_eps: float,
+                    divisor: float = 1.0) -> tuple[List[torch.Tensor], torch.Tensor]:
+        """The clipped sum ``sum_i c_i g_i`` per trainable parameter, divided by ``divisor``, and
+        the factors ``c``.
 
         ``c_i = min(1, C / (|g_i| + norm_eps))``, ``|g_i|`` over all trainable parameters
-        together. Clears what the backward recorded.
+        together; the division is folded into the per-example weights. Clears what the backward
+        recorded.
         """
-        self._check(batch)
+        self._collect(batch)
         rows, others = [], []
         for layer in self.layers:
-            if layer.records:
+            if layer.pairs:
                 (rows if isinstance(layer, _LinearLayer) and layer.is_rows() else others).append(
                     layer)
         with torch.no_grad():
             used = rows or others
-            like = used[0].records[0][1] if used else \
+            like = used[0].pairs[0][1] if used else \
                 next((p for *_, p in self.slots), torch.zeros(()))
             squared = torch.zeros(batch, dtype=like.dtype, device=like.device)
             for layer in others:
                 squared.add_(layer.squared_norms())
             factors, weights, sums = clip_rows(
-                [layer.records[0][0] for layer in rows], [layer.records[0][1] for layer in rows],
+                [layer.pairs[0][0] for layer in rows], [layer.pairs[0][1] for layer in rows],
                 [layer.is_weight for layer in rows], squared, float(max_norm),
-                self._scale(batch), float(norm_eps))
-            found = {}
-            for layer, parts in zip(rows, sums):
-                found[id(layer)] = parts
+                self._scale(batch), float(norm_eps), float(divisor))
+            found = {id(layer): parts for layer, parts in zip(rows, sums)}
             for layer in others:
                 clipped = layer.clipped(weights)
-                found[id(layer)] = [clipped[n] for n in layer.params]
+                found[id(layer)] = [clipped[n].reshape(p.shape)
+                                    for n, p in zip(layer.params, layer.tensors)]
             out = []
             for layer, index, p in self.slots:
                 parts = found.get(id(layer))
-                out.append(torch.zeros_like(p) if parts is None else parts[index].reshape(p.shape))
+                out.append(torch.zeros_like(p) if parts is None else parts[index])
         self.clear()
         return out, factors
 
     def clear(self) -> None:
-        """Forget what the backward passes recorded."""
+        """Forget what the forward and backward passes recorded."""
         self.state.seen.clear()
+        self.state.recorded = False
         for layer in self.layers:
             layer.clear()
 
 
-def _recording_forward(module: nn.Module, layer: _Layer) -> Callable:
-    """The module's forward through `_Recorded` (which keeps what per-example clipping needs)."""
+def _recording_forward(module: nn.Module, layer: _RecordedLayer) -> Callable:
+    """The module's forward through `_RecordedLayer.record` (which keeps what per-example
+    clipping needs) in grad mode; the module's own forward otherwise (evaluation)."""
+    own = type(module).forward
+    conv = isinstance(module, nn.Conv1d)
 
     def forward(x):
-        if not torch.is_grad_enabled():  # evaluation: the layer's own forward
-            return type(module).forward(module, x)
-        if isinstance(module, nn.Conv1d) and x.dim() != 3:
+        if not torch.is_grad_enabled():
+            return own(module, x)
+        if conv and x.dim() != 3:
             raise ValueError("per-example gradients: Conv1d needs batched (N, C, L) input")
-        return _Recorded.apply(x, module.weight, module.bias, layer)
+        return layer.record(x)
 
     return forward

@@ -1,10 +1,12 @@
 """The layers of per-example clipping (`per_sample.PerSampleModule`): what each keeps, its norms.
 
-Linear and Conv1d run through `_Recorded`, an autograd function whose backward keeps the layer's
-input (a convolution's unfolded input) and output gradient and computes no weight gradient; the
-per-example squared norms and the clipped sum are then a few products per layer (see
-`per_sample`'s module docstring for the formulas). Any other layer with trainable parameters is a
-`_GeneralLayer`: GroupNorm and LayerNorm in closed form, the rest by torch.func vmap.
+Linear and Conv1d run through a patched forward that computes the layer's product with the
+weights detached, so the backward computes no weight gradient, and keeps the layer's input (a
+convolution's unfolded input) and the product ``z`` before the bias, whose gradient autograd
+retains (``retain_grad``, a hook in C++: no Python runs during the backward). The per-example
+squared norms and the clipped sum are then a few products per layer (see `per_sample`'s module
+docstring for the formulas). Any other layer with trainable parameters is a `_GeneralLayer`:
+GroupNorm and LayerNorm in closed form, the rest by torch.func vmap.
 """
 
 from __future__ import annotations
@@ -18,31 +20,10 @@ from torch.nn import functional as F
 if TYPE_CHECKING:
     from gossip_powersgd.privacy.per_sample import PerSampleModule
 
+
 def _cat(parts: List[torch.Tensor]) -> torch.Tensor:
     """Several uses of one layer in a forward, as more positions (no copy for a single use)."""
     return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
-
-
-class _Recorded(torch.autograd.Function):
-    """``forward(x)`` of a Linear or Conv1d layer whose backward keeps (input, output gradient)
-    for the layer's `_Layer` and returns the input's gradient only (the weights get none: their
-    private gradient is `PerSampleModule.clipped_sum`). The layer's ``compute`` returns its output
-    and what its rule keeps of the input (the input itself, or a convolution's unfolded input)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, layer):
-        ctx.layer, ctx.pass_id, ctx.shape = layer, layer.state.passes, x.shape
-        out, kept = layer.compute(x, weight, bias)
-        ctx.save_for_backward(kept, weight)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        kept, weight = ctx.saved_tensors
-        ctx.layer.add(ctx.pass_id, (kept, grad_out))
-        grad_x = ctx.layer.input_gradient(ctx.shape, kept, weight, grad_out) \
-            if ctx.needs_input_grad[0] else None
-        return grad_x, None, None, None
 
 
 class _State:
@@ -50,25 +31,30 @@ class _State:
     step goes through Module.__setattr__, which costs more than the arithmetic of a small layer."""
 
     def __init__(self):
-        self.passes = 0  # forward passes so far; what a backward records is tagged with its pass
-        self.seen: set = set()  # the passes whose backward has recorded something
+        self.passes = 0  # forward passes so far; what a forward records is tagged with its pass
+        self.seen: set = set()  # the passes whose backward has reached a vmap layer
+        self.recorded = False  # a forward recorded something not yet consumed
         self.computing = False  # the vmap engine runs a layer: its hook must not record
 
 
 class _Layer:
     """One trainable layer: what it recorded in the last backward, and its per-example pieces.
 
-    ``rows(batch)`` returns per example the layer's input and output gradient as
-    ``(a, b)`` of shapes (B, T, p) and (B, T, q), T positions (several uses of the layer add
-    positions: their gradients add up, as positions' do). The weight gradient is ``b^T a``.
+    ``_pairs()`` returns per example the layer's input and output gradient as ``(a, b)``, one
+    pair per use of the layer in the forward whose backward reached it. The weight gradient of
+    example i is ``b_i^T a_i`` summed over positions and uses.
     """
 
-    def __init__(self, module: nn.Module, params: Sequence[str], owner: "PerSampleModule"):
+    def __init__(self, module: nn.Module, params: Sequence[str], owner: "PerSampleModule",
+                 label: str):
         self.module = module
+        self.label = label  # for errors: the layer's name and type
         self.params = list(params)  # trainable direct parameters, in the model's order
         self.is_weight = [n == "weight" for n in self.params]
+        self.tensors = [getattr(module, n) for n in self.params]  # for their shapes
         self.state = owner.state
         self.records: list = []
+        self.pairs: list = []  # (a, b) of each use the last backward reached; see `_pairs`
 
     def add(self, pass_id: int, record: tuple) -> None:
         """Keep one use's (input, output gradient), noting which forward pass it belongs to."""
@@ -76,28 +62,69 @@ class _Layer:
         self.records.append(record)
 
     def clear(self) -> None:
-        self.records = []
+        self.records, self.pairs = [], []
 
 
-class _LinearLayer(_Layer):
+class _RecordedLayer(_Layer):
+    """Linear or Conv1d: the forward keeps ``(kept input, z, z's version, pass)`` per use, ``z``
+    the product with the detached weights, whose gradient autograd retains."""
+
+    def record(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer's output for ``x``; keeps what the clipped sum needs (grad mode only)."""
+        params = self.module._parameters  # a dict lookup: Module.__getattr__ costs more
+        z, kept = self.compute(x, params["weight"].detach())
+        if z.requires_grad:
+            z.retain_grad()
+        else:  # the first layer: nothing before it needs a gradient
+            z.requires_grad_()
+        state = self.state
+        self.records.append((kept, z, z._version, state.passes))
+        state.recorded = True
+        bias = params["bias"]
+        # A separate tensor after the bias: an in-place operation on the output (ReLU(inplace))
+        # then leaves z, and so its retained gradient, alone
+        return z if bias is None else self.add_bias(z, bias.detach())
+
+    def prune(self) -> None:
+        """Forget the uses that no backward reached (a forward without backward)."""
+        self.records = [r for r in self.records if r[1].grad is not None]
+
+    def used(self) -> list:
+        """The records whose backward ran, as (kept, b); checks that nothing changed z since."""
+        out = []
+        for kept, z, version, pass_id in self.records:
+            if z.grad is None:
+                continue
+            if z._version != version:
+                raise ValueError(f"per-example gradients: the output of layer {self.label}, "
+                                 f"which has no bias, was changed in place (e.g. by "
+                                 f"ReLU(inplace=True)); use inplace=False after it")
+            self.state.seen.add(pass_id)
+            out.append((kept, z.grad))
+        return out
+
+
+class _LinearLayer(_RecordedLayer):
     """nn.Linear, input (B, ..., p): every middle position of an example is a position."""
 
-    def compute(self, x, weight, bias):
-        return F.linear(x, weight, bias), x
+    def compute(self, x, weight):
+        return F.linear(x, weight), x
 
-    def input_gradient(self, shape, x, weight, grad_out):
-        return grad_out @ weight
+    @staticmethod
+    def add_bias(z, bias):
+        return z + bias
 
     def _rows(self):
         """(a, b) as (B, p) and (B, q) for one position per example, else (B, T, p), (B, T, q)."""
-        if len(self.records) == 1 and self.records[0][0].dim() == 2:
-            return self.records[0]
-        return (_cat([x.reshape(x.shape[0], -1, x.shape[-1]) for x, _ in self.records]),
-                _cat([g.reshape(g.shape[0], -1, g.shape[-1]) for _, g in self.records]))
+        pairs = self.pairs
+        if len(pairs) == 1 and pairs[0][0].dim() == 2:
+            return pairs[0]
+        return (_cat([x.reshape(x.shape[0], -1, x.shape[-1]) for x, _ in pairs]),
+                _cat([g.reshape(g.shape[0], -1, g.shape[-1]) for _, g in pairs]))
 
     def is_rows(self) -> bool:
         """One use, one position per example: the case `clip_rows` takes."""
-        return len(self.records) == 1 and self.records[0][0].dim() == 2
+        return len(self.pairs) == 1 and self.pairs[0][0].dim() == 2
 
     def squared_norms(self) -> torch.Tensor:
         a, b = self._rows()
@@ -128,30 +155,18 @@ class _LinearLayer(_Layer):
         return {"weight": torch.bmm(b.transpose(1, 2), a), "bias": b.sum(1)}
 
 
-class _Conv1dLayer(_Layer):
+class _Conv1dLayer(_RecordedLayer):
     """nn.Conv1d (one group, zero padding): the unfolded input (im2col) is ``a``."""
 
-    def compute(self, x, weight, bias):
+    def compute(self, x, weight):
         """As a product with the unfolded input, which the norms need anyway (and which is
         faster than the convolution kernels at these sizes); the unfolded input is kept."""
         cols = self._unfold(x)
-        out = torch.matmul(weight.reshape(weight.shape[0], -1), cols)
-        if bias is not None:
-            out = out + bias.unsqueeze(1)
-        return out, cols
+        return torch.matmul(weight.reshape(weight.shape[0], -1), cols), cols
 
-    def input_gradient(self, shape, cols, weight, grad_out):
-        """col2im of W^T b: each kernel tap's columns added back at their strided positions."""
-        m = self.module
-        (k,), (d,), (s,), (p,) = m.kernel_size, m.dilation, m.stride, m.padding
-        batch, channels, length = shape
-        grad_cols = torch.matmul(weight.reshape(weight.shape[0], -1).t(), grad_out)
-        grad_cols = grad_cols.view(batch, channels, k, -1)
-        positions = grad_cols.shape[3]
-        padded = grad_out.new_zeros(batch, channels, length + 2 * p)
-        for j in range(k):
-            padded[:, :, j * d: j * d + s * (positions - 1) + 1: s] += grad_cols[:, :, j]
-        return padded[:, :, p: p + length] if p else padded
+    @staticmethod
+    def add_bias(z, bias):
+        return z + bias.unsqueeze(1)
 
     def _unfold(self, x: torch.Tensor) -> torch.Tensor:
         """im2col by a strided view of the padded input: (B, C_in k, T), weight's column order."""
@@ -167,8 +182,8 @@ class _Conv1dLayer(_Layer):
 
     def _columns(self):
         """(a, b) as (B, C_in k, T) and (B, C_out, T); several uses add positions."""
-        a = [cols for cols, _ in self.records]
-        b = [g for _, g in self.records]
+        a = [cols for cols, _ in self.pairs]
+        b = [g for _, g in self.pairs]
         return (a[0], b[0]) if len(a) == 1 else (torch.cat(a, 2), torch.cat(b, 2))
 
     def squared_norms(self) -> torch.Tensor:
@@ -192,7 +207,7 @@ class _Conv1dLayer(_Layer):
         return out
 
     def clear(self) -> None:
-        self.records, self.cache = [], None
+        self.records, self.pairs, self.cache = [], [], None
 
     def per_example(self) -> dict:
         a, b = self._columns()
@@ -254,8 +269,7 @@ class _GeneralLayer(_Layer):
     """
 
     def __init__(self, module, params, owner: "PerSampleModule", label: str):
-        super().__init__(module, params, owner)
-        self.label = label
+        super().__init__(module, params, owner, label)
         self.handle = module.register_forward_hook(self._hook)
 
     def _hook(self, module, args, out):
@@ -284,8 +298,15 @@ class _GeneralLayer(_Layer):
         return {n: torch.einsum("i,i...->...", weights.to(g.dtype), g)
                 for n, g in self.grads.items()}
 
+    def used(self) -> list:
+        """The (inputs, output gradient) of each use the backward reached (its hooks ran)."""
+        return self.records
+
+    def prune(self) -> None:
+        """Nothing to forget: only a backward records (`_hook`)."""
+
     def clear(self) -> None:
-        self.records, self.grads = [], {}
+        self.records, self.pairs, self.grads = [], [], {}
 
     def _per_example(self) -> dict:
         if isinstance(self.module, (nn.GroupNorm, nn.LayerNorm)):
@@ -326,15 +347,18 @@ class _GeneralLayer(_Layer):
 
 
 def clip_rows(a: List[torch.Tensor], b: List[torch.Tensor], is_weight: List[List[bool]],
-              squared: torch.Tensor, max_norm: float, scale: float, norm_eps: float):
+              squared: torch.Tensor, max_norm: float, scale: float, norm_eps: float,
+              divisor: float = 1.0):
     """Clip factors, and the clipped sums of the Linear layers with one position per example.
 
     ``a[i]``, ``b[i]``: (B, p), (B, q) input and output gradient of layer i, whose trainable
     parameters are weight and/or bias (``is_weight[i]`` says which, in order); ``squared``: the
-    other layers' per-example squared norms, added to in place. Returns (factors
-    ``min(1, C / (|g_i| + eps))``, the per-example weights of the sum, per layer the sums in
-    parameter order). One function for all of them: at these sizes issuing an operation costs
-    about as much as computing it, so it issues few (TorchScript was measured slower still).
+    other layers' per-example squared norms, added to in place; the recorded gradients are
+    ``scale`` times the examples' own. Returns (factors ``min(1, C / (|g_i| + eps))``, the
+    per-example weights of the sum ``factor * scale / divisor``, per layer the sums, divided by
+    ``divisor``, in parameter order). One function for all of them: at these sizes issuing an
+    operation costs about as much as computing it, so it issues few (TorchScript was measured
+    slower still).
     """
     for ai, bi, kinds in zip(a, b, is_weight):
         b2 = torch.linalg.vecdot(bi, bi)
@@ -344,9 +368,10 @@ def clip_rows(a: List[torch.Tensor], b: List[torch.Tensor], is_weight: List[List
             else:
                 squared.add_(b2)
     factors = torch.div(max_norm, squared.sqrt_().mul_(scale).add_(norm_eps)).clamp_(max=1.0)
-    weights = factors * scale
+    weights = factors * (scale / divisor)
     sums = []
+    column = weights.unsqueeze(1)
     for ai, bi, kinds in zip(a, b, is_weight):
-        scaled = bi * weights.unsqueeze(1)
+        scaled = bi * column
         sums.append([scaled.t().mm(ai) if weight else scaled.sum(0) for weight in kinds])
     return factors, weights, sums
