@@ -299,3 +299,44 @@ def test_bench_dp_measures_every_candidate_and_renders_both_ratios():
     assert "**DP training at ≤ 2× the non-private time per step**, ring:8 cnn1d, exact gossip: " \
         "MET (1.00×" in page  # the same run in every column: ratio 1
     assert page.count("**The clipped sum at ≤ 1.5× a non-private step**") == 2
+
+
+def test_an_in_place_change_of_a_recorded_output_is_refused_and_vmap_takes_it():
+    """The ghost engine retains the gradient of each Linear's output; ReLU(inplace=True) would move
+    it to the ReLU's output (a wrong norm), so the changed version is a one-line error, and the
+    vmap engine, whose hooks see the gradient before the change, gives the exact sum. The first
+    layer's retained tensor is not its output: an in-place change there is fine."""
+
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(12, 7), nn.ReLU(inplace=True), nn.Linear(7, 7),
+                             nn.ReLU(inplace=True), nn.Linear(7, 3)).double()
+
+    x, y = inputs("mlp")
+    _, norms, _ = reference(model(), x, y, clip=1.0)
+    clip = float(norms.median())
+    _, _, expected = reference(model(), x, y, clip=clip)
+    with pytest.raises(ValueError, match=r"layer .2. \(Linear\) was changed in place.*"
+                                         r"inplace=False") as info:
+        private_sum("ghost", model(), x, y, clip)
+    assert "\n" not in str(info.value)
+    for mine, theirs in zip(private_sum("vmap", model(), x, y, clip), expected):
+        torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-10 * clip)  # as above
+
+
+def test_a_forward_without_backward_before_the_step_changes_nothing():
+    """An evaluation in grad mode (forward, no backward) leaves records no backward reaches: the
+    next forward forgets them, and the step's clipped sum is that of its own backward alone."""
+    x, y = inputs("cnn1d")
+    _, norms, _ = reference(make("cnn1d").double(), x, y, clip=1.0)
+    clip = float(norms.median())
+    _, _, expected = reference(make("cnn1d").double(), x, y, clip=clip)
+    dp = DPSGD(0.0, clip, sample_rate=BATCH / 120, shard_size=120, engine="ghost")
+    model = dp.wrap(make("cnn1d").double())
+    model(inputs("cnn1d", seed=2)[0])  # grad mode, never backpropagated
+    assert all(len(layer.records) == 1 for layer in model.layers)
+    F.cross_entropy(model(x), y).backward()
+    assert all(len(layer.records) == 1 for layer in model.layers)  # the first pass forgotten
+    dp.privatize(model, BATCH)
+    for p, theirs in zip(model.parameters(), expected):
+        torch.testing.assert_close(p.grad * BATCH, theirs, rtol=1e-10, atol=1e-10 * clip)

@@ -291,7 +291,7 @@ class DPSGD:
         per-example gradients they recorded.
         """
         if isinstance(model, PerSampleModule):
-            return model.clipped_sum(self.max_grad_norm, batch_size, _NORM_EPS, divisor)[0]
+            return model.clipped_sum(self.max_grad_norm, batch_size, _NORM_EPS, divisor)
         gradients = self.per_example_gradients(model, batch_size)
         factor = self.clip_factors(gradients) / divisor
         summed = [torch.einsum("i,i...->...", factor.to(g.dtype), g) for g in gradients]

@@ -159,9 +159,8 @@ class PerSampleModule(nn.Module):
         return out
 
     def clipped_sum(self, max_norm: float, batch: int, norm_eps: float,
-                    divisor: float = 1.0) -> tuple[List[torch.Tensor], torch.Tensor]:
-        """The clipped sum ``sum_i c_i g_i`` per trainable parameter, divided by ``divisor``, and
-        the factors ``c``.
+                    divisor: float = 1.0) -> List[torch.Tensor]:
+        """The clipped sum ``sum_i c_i g_i`` per trainable parameter, divided by ``divisor``.
 
         ``c_i = min(1, C / (|g_i| + norm_eps))``, ``|g_i|`` over all trainable parameters
         together; the division is folded into the per-example weights. Clears what the backward
@@ -180,7 +179,7 @@ class PerSampleModule(nn.Module):
             squared = torch.zeros(batch, dtype=like.dtype, device=like.device)
             for layer in others:
                 squared.add_(layer.squared_norms())
-            factors, weights, sums = clip_rows(
+            weights, sums = clip_rows(
                 [layer.pairs[0][0] for layer in rows], [layer.pairs[0][1] for layer in rows],
                 [layer.is_weight for layer in rows], squared, float(max_norm),
                 self._scale(batch), float(norm_eps), float(divisor))
@@ -194,7 +193,7 @@ class PerSampleModule(nn.Module):
                 parts = found.get(id(layer))
                 out.append(torch.zeros_like(p) if parts is None else parts[index])
         self.clear()
-        return out, factors
+        return out
 
     def clear(self) -> None:
         """Forget what the forward and backward passes recorded."""

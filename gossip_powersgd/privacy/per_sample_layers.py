@@ -1,9 +1,9 @@
 """The layers of per-example clipping (`per_sample.PerSampleModule`): what each keeps, its norms.
 
-Linear and Conv1d run through a patched forward that computes the layer's product with the
-weights detached, so the backward computes no weight gradient, and keeps the layer's input (a
-convolution's unfolded input) and the product ``z`` before the bias, whose gradient autograd
-retains (``retain_grad``, a hook in C++: no Python runs during the backward). The per-example
+Linear and Conv1d run through a patched forward that computes the layer's output from detached
+parameters, so the backward computes no weight gradient, and keeps the layer's input (a
+convolution's unfolded input) and its output, whose gradient autograd retains (``retain_grad``, a
+hook in C++: no Python runs during the backward). The per-example
 squared norms and the clipped sum are then a few products per layer (see `per_sample`'s module
 docstring for the formulas). Any other layer with trainable parameters is a `_GeneralLayer`:
 GroupNorm and LayerNorm in closed form, the rest by torch.func vmap.
@@ -67,23 +67,28 @@ class _Layer:
 
 class _RecordedLayer(_Layer):
     """Linear or Conv1d: the forward keeps ``(kept input, z, z's version, pass)`` per use, ``z``
-    the product with the detached weights, whose gradient autograd retains."""
+    the layer's output computed from detached parameters (for the first layer, whose ``z`` is a
+    leaf, before the bias), whose gradient autograd retains. An in-place change of ``z``
+    (ReLU(inplace=True)) would move the retained gradient to the changed tensor: `used` checks
+    the version and refuses."""
 
     def record(self, x: torch.Tensor) -> torch.Tensor:
         """The layer's output for ``x``; keeps what the clipped sum needs (grad mode only)."""
         params = self.module._parameters  # a dict lookup: Module.__getattr__ costs more
-        z, kept = self.compute(x, params["weight"].detach())
-        if z.requires_grad:
-            z.retain_grad()
-        else:  # the first layer: nothing before it needs a gradient
+        weight, bias = params["weight"].detach(), params["bias"]
+        bias = None if bias is None else bias.detach()
+        if x.requires_grad:
+            out, kept = self.compute(x, weight, bias)
+            out.retain_grad()
+            z = out
+        else:  # the first layer: z is a leaf, which in-place operations refuse; out is not
+            z, kept = self.compute(x, weight, None)
             z.requires_grad_()
+            out = z.clone() if bias is None else self.add_bias(z, bias)
         state = self.state
         self.records.append((kept, z, z._version, state.passes))
         state.recorded = True
-        bias = params["bias"]
-        # A separate tensor after the bias: an in-place operation on the output (ReLU(inplace))
-        # then leaves z, and so its retained gradient, alone
-        return z if bias is None else self.add_bias(z, bias.detach())
+        return out
 
     def prune(self) -> None:
         """Forget the uses that no backward reached (a forward without backward)."""
@@ -96,9 +101,9 @@ class _RecordedLayer(_Layer):
             if z.grad is None:
                 continue
             if z._version != version:
-                raise ValueError(f"per-example gradients: the output of layer {self.label}, "
-                                 f"which has no bias, was changed in place (e.g. by "
-                                 f"ReLU(inplace=True)); use inplace=False after it")
+                raise ValueError(f"per-example gradients: the output of layer {self.label} was "
+                                 f"changed in place (e.g. by ReLU(inplace=True)); use "
+                                 f"inplace=False after it, or engine='vmap'")
             self.state.seen.add(pass_id)
             out.append((kept, z.grad))
         return out
@@ -107,8 +112,8 @@ class _RecordedLayer(_Layer):
 class _LinearLayer(_RecordedLayer):
     """nn.Linear, input (B, ..., p): every middle position of an example is a position."""
 
-    def compute(self, x, weight):
-        return F.linear(x, weight), x
+    def compute(self, x, weight, bias):
+        return F.linear(x, weight, bias), x
 
     @staticmethod
     def add_bias(z, bias):
@@ -158,11 +163,12 @@ class _LinearLayer(_RecordedLayer):
 class _Conv1dLayer(_RecordedLayer):
     """nn.Conv1d (one group, zero padding): the unfolded input (im2col) is ``a``."""
 
-    def compute(self, x, weight):
+    def compute(self, x, weight, bias):
         """As a product with the unfolded input, which the norms need anyway (and which is
         faster than the convolution kernels at these sizes); the unfolded input is kept."""
         cols = self._unfold(x)
-        return torch.matmul(weight.reshape(weight.shape[0], -1), cols), cols
+        out = torch.matmul(weight.reshape(weight.shape[0], -1), cols)
+        return (out if bias is None else self.add_bias(out, bias)), cols
 
     @staticmethod
     def add_bias(z, bias):
@@ -349,15 +355,18 @@ class _GeneralLayer(_Layer):
 def clip_rows(a: List[torch.Tensor], b: List[torch.Tensor], is_weight: List[List[bool]],
               squared: torch.Tensor, max_norm: float, scale: float, norm_eps: float,
               divisor: float = 1.0):
-    """Clip factors, and the clipped sums of the Linear layers with one position per example.
+    """The per-example weights of the clipped sum, and the sums of the Linear layers with one
+    position per example.
 
     ``a[i]``, ``b[i]``: (B, p), (B, q) input and output gradient of layer i, whose trainable
     parameters are weight and/or bias (``is_weight[i]`` says which, in order); ``squared``: the
     other layers' per-example squared norms, added to in place; the recorded gradients are
-    ``scale`` times the examples' own. Returns (factors ``min(1, C / (|g_i| + eps))``, the
-    per-example weights of the sum ``factor * scale / divisor``, per layer the sums, divided by
-    ``divisor``, in parameter order). One function for all of them: at these sizes issuing an
-    operation costs about as much as computing it, so it issues few (TorchScript was measured
+    ``scale`` times the examples' own. The weights are ``c_i scale / divisor`` with the clip
+    factors ``c_i = min(1, C / (|g_i| + eps))``; the sums, per layer in parameter order, are
+    divided by ``divisor``. One function for all of them: at these sizes issuing an operation
+    costs more than computing it (an operation with a Python number twice one without), so it
+    issues few: ``c_i scale / divisor = min(k, (C k / scale) / (|b-norm_i| + eps / scale))``
+    with ``k = scale / divisor`` and ``|b-norm_i| = |g_i| / scale`` (TorchScript was measured
     slower still).
     """
     for ai, bi, kinds in zip(a, b, is_weight):
@@ -367,11 +376,12 @@ def clip_rows(a: List[torch.Tensor], b: List[torch.Tensor], is_weight: List[List
                 squared.addcmul_(torch.linalg.vecdot(ai, ai), b2)
             else:
                 squared.add_(b2)
-    factors = torch.div(max_norm, squared.sqrt_().mul_(scale).add_(norm_eps)).clamp_(max=1.0)
-    weights = factors * (scale / divisor)
+    k = scale / divisor
+    weights = torch.div(max_norm * k / scale, squared.sqrt_().add_(norm_eps / scale))
+    weights.clamp_(max=k)
     sums = []
     column = weights.unsqueeze(1)
     for ai, bi, kinds in zip(a, b, is_weight):
         scaled = bi * column
         sums.append([scaled.t().mm(ai) if weight else scaled.sum(0) for weight in kinds])
-    return factors, weights, sums
+    return weights, sums
