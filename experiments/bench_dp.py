@@ -62,9 +62,10 @@ def median(values: List[float]) -> float:
 
 
 def _one_peer_step(spec: str, dp_engine: Optional[str], full: bool,
-                   batch: int = BATCH) -> Callable[[], None]:
+                   batch: int = BATCH, backward_only: bool = False) -> Callable[[], None]:
     """One training step of a fresh model; with `dp_engine`, the clipped sum (or, `full`, the
-    whole private step) replaces the gradient."""
+    whole private step) replaces the gradient. `backward_only`: zero_grad, forward, loss and
+    backward only (what the engine recorded is dropped), for the breakdown (c)."""
     from gossip_powersgd.privacy import DPSGD
     from gossip_powersgd.training.models import build_model
 
@@ -82,6 +83,10 @@ def _one_peer_step(spec: str, dp_engine: Optional[str], full: bool,
     def step():
         optimizer.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
+        if backward_only:
+            if dp is not None:
+                model.clear()
+            return
         if dp is not None and full:
             dp.privatize(model, batch)
         elif dp is not None:  # the clipped sum divided by the expected batch, as privatize
@@ -120,6 +125,51 @@ def measure_one_peer(spec: str, reps: int, steps: int,
             times[name]["cpu"].append((time.thread_time() - cpu) / steps * 1e3)
             times[name]["wall"].append((time.perf_counter() - wall) / steps * 1e3)
     return times
+
+
+#: The breakdown (c): the step's parts, measured like (a).
+PARTS = {"forward + backward, non-private": (None, False, True),
+         "forward + backward, ghost": ("ghost", False, True),
+         "whole step, non-private": (None, False, False),
+         "whole step, clipped sum ghost": ("ghost", False, False)}
+
+
+def count_operations(step: Callable[[], None]) -> int:
+    """The tensor operations (ATen calls, the backward's included) one call of `step` issues."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    step()  # warm: lazy state of the optimizer and the engine
+    with Count():
+        step()
+    return Count.calls
+
+
+def measure_parts(spec: str, reps: int, steps: int) -> Dict[str, Any]:
+    """(c): per part, per repetition, ms per step (thread CPU, wall); and operation counts."""
+    candidates = {name: _one_peer_step(spec, engine, full, BATCH, backward_only)
+                  for name, (engine, full, backward_only) in PARTS.items()}
+    operations = {name: count_operations(_one_peer_step(spec, *args)) for name, args in (
+        ("non-private", (None, False)), ("clipped sum, ghost", ("ghost", False)),
+        ("private step, ghost", ("ghost", True)))}
+    for step in candidates.values():
+        for _ in range(5):
+            step()
+    times = {name: {"cpu": [], "wall": []} for name in candidates}
+    for _ in range(reps):
+        for name, step in candidates.items():
+            cpu, wall = time.thread_time(), time.perf_counter()
+            for _ in range(steps):
+                step()
+            times[name]["cpu"].append((time.thread_time() - cpu) / steps * 1e3)
+            times[name]["wall"].append((time.perf_counter() - wall) / steps * 1e3)
+    return {"times": times, "operations": operations}
 
 
 # ---- (b) end to end -------------------------------------------------------------------------
@@ -191,7 +241,8 @@ def _ratio(values: List[float], base: List[float]) -> float:
     return median(values) / median(base)
 
 
-def render(args, one_peer, e2e, seconds: float, command: str, big=None) -> str:
+def render(args, one_peer, e2e, seconds: float, command: str, big=None,
+           parts=None) -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -204,14 +255,16 @@ def render(args, one_peer, e2e, seconds: float, command: str, big=None) -> str:
         "repetitions (range in brackets), and the times are CPU time (of the measuring thread in "
         "(a), of the whole process with its 8 peer threads in (b)), which leaves out the time a "
         "thread waits for a core; wall times are in the JSON file.", "",
-        "Engines (`DPSGD(engine=...)`): **ghost** (the default, `auto`, for these models): the "
-        "backward keeps each Linear / Conv1d layer's input and output gradient and computes no "
-        "weight gradient; per-example norms from |a_i| |b_i| (Linear) or the im2col per-example "
+        "Engines (`DPSGD(engine=...)`): **ghost** (the default, `auto`, for these models): "
+        "each Linear / Conv1d layer's forward uses detached parameters, keeps its input and "
+        "retains its output's gradient, so the backward computes no weight gradient and runs no "
+        "Python; per-example norms from |a_i| |b_i| (Linear) or the im2col per-example "
         "gradients (Conv1d), then the clipped sum as one product per weight; **vmap**: "
         "torch.func per layer; **ew**, **hooks**: Opacus' GradSampleModule with expanded "
         "weights or hooks (hooks was the only engine before). *Clipped sum*: the step with the "
-        "sum of clipped per-example gradients in place of the gradient; *private step*: the "
-        "whole `privatize` (clip, Gaussian noise, scale, accounting).", "",
+        "sum of clipped per-example gradients, divided by the expected batch, in place of the "
+        "gradient; *private step*: the whole `privatize` (clip, Gaussian noise from the peer's "
+        "ChaCha20 keystream, scale, accounting).", "",
         f"## (a) One peer, batch {BATCH}, ms per step", "",
         f"{args.reps} interleaved repetitions of {args.steps} steps each, after 5 warm-up steps.",
         "",
@@ -236,6 +289,8 @@ def render(args, one_peer, e2e, seconds: float, command: str, big=None) -> str:
             lines.append(f"| {spec} | {_cell(base)} | " + " | ".join(
                 f"{_cell(times[n]['cpu'])} ms, **{_ratio(times[n]['cpu'], base):.2f}×**"
                 for n in names[1:]) + " |")
+    if parts:
+        lines += _render_parts(args, parts)
     data = "MNIST-1D" if args.dataset == "mnist1d" else f"`{args.dataset}`"
     lines += ["", f"## (b) ring:8, cnn1d, {data} iid, local backend, ms per step", "",
               f"{args.e2e_reps} interleaved repetitions of whole runs of {args.e2e_epochs} "
@@ -272,6 +327,34 @@ def render(args, one_peer, e2e, seconds: float, command: str, big=None) -> str:
     return "\n".join(lines)
 
 
+def _render_parts(args, parts) -> List[str]:
+    """(c): the step in parts, and the tensor operations per step."""
+    lines = ["", f"## (c) Where the ghost engine's extra time goes, batch {BATCH}", "",
+             f"The same way as (a) ({args.reps} interleaved repetitions of {args.steps} steps); "
+             "*forward + backward*: zero_grad, forward, loss, backward (the ghost engine's "
+             "records dropped); the rest of the whole step is, without DP, the SGD step, and, "
+             "with the ghost engine, the clipped sum (norms, clip factors, one product per "
+             "weight), the gradient assignment and the SGD step. *Operations*: ATen calls per "
+             "step, the backward's included (counted by a TorchDispatchMode).", "",
+             "| model | forward + backward: non-private | forward + backward: ghost | rest: "
+             "non-private | rest: ghost | operations: non-private | operations: clipped sum, "
+             "ghost | operations: private step, ghost | extra time per extra operation |",
+             "|---" * 9 + "|"]
+    for spec, part in parts.items():
+        t = {name: median(v["cpu"]) for name, v in part["times"].items()}
+        ops = part["operations"]
+        fb0, fb1 = t["forward + backward, non-private"], t["forward + backward, ghost"]
+        rest0 = t["whole step, non-private"] - fb0
+        rest1 = t["whole step, clipped sum ghost"] - fb1
+        extra_ops = ops["clipped sum, ghost"] - ops["non-private"]
+        per_op = (t["whole step, clipped sum ghost"] - t["whole step, non-private"]) * 1e3 \
+            / extra_ops if extra_ops > 0 else float("nan")
+        lines.append(f"| {spec} | {fb0:.3f} ms | {fb1:.3f} ms | {rest0:.3f} ms | {rest1:.3f} ms | "
+                     f"{ops['non-private']} | {ops['clipped sum, ghost']} | "
+                     f"{ops['private step, ghost']} | {per_op:.1f} µs |")
+    return lines
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench_dp", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -299,14 +382,20 @@ def main(argv: Optional[List[str]] = None) -> None:
     for spec in MODELS if args.big_batch else ():
         log(f"one peer: {spec}, batch {args.big_batch}")
         big[spec] = measure_one_peer(spec, args.reps, args.steps, args.big_batch)
+    parts = {}
+    for spec in MODELS:
+        log(f"one peer: {spec}, the step in parts")
+        parts[spec] = measure_parts(spec, args.reps, args.steps)
     log("end to end: ring:8, cnn1d")
     e2e = measure_end_to_end(args.e2e_reps, args.e2e_epochs, args.dataset)
     seconds = time.perf_counter() - started
-    page = render(args, one_peer, e2e, seconds, command.strip(), big)
+    page = render(args, one_peer, e2e, seconds, command.strip(), big, parts)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(args.out, page)
     data = {"command": command.strip(), "commit": git_commit(), "seconds": seconds,
             "one_peer_ms": one_peer, f"one_peer_batch_{args.big_batch}_ms": big,
+            "one_peer_parts_ms": {spec: part["times"] for spec, part in parts.items()},
+            "one_peer_operations": {spec: part["operations"] for spec, part in parts.items()},
             "end_to_end_ms": {f"{label} | DP {engine or 'off'}": v
                               for (label, engine), v in e2e["times"].items()},
             "end_to_end_steps": e2e["steps"]}

@@ -290,7 +290,14 @@ def test_bench_dp_measures_every_candidate_and_renders_both_ratios():
     assert all(len(times) == 1 + len(bench_dp.ENGINES) for times in big.values())
     args = argparse.Namespace(reps=1, steps=1, e2e_reps=1, e2e_epochs=1, dataset="mnist1d",
                               big_batch=48)
-    page = bench_dp.render(args, one_peer, e2e, 1.0, "python -m experiments.bench_dp", big)
+    parts = {spec: bench_dp.measure_parts(spec, reps=1, steps=1) for spec in bench_dp.MODELS}
+    for part in parts.values():
+        ops = part["operations"]
+        # the clipped sum adds operations to the plain step, the noise more again
+        assert 0 < ops["non-private"] < ops["clipped sum, ghost"] < ops["private step, ghost"]
+    page = bench_dp.render(args, one_peer, e2e, 1.0, "python -m experiments.bench_dp", big,
+                           parts)
+    assert "## (c) Where the ghost engine's extra time goes" in page
     assert "Batch 48, the same way" in page and "| cnn1d | " in page.split("Batch 48")[1]
     assert "## (a) One peer, batch 32" in page and "## (b) ring:8, cnn1d, MNIST-1D" in page
     for row in ("| mlp:128,128 | **", "| cnn1d | **", "| exact gossip |", "| PowerGossip r1 |"):

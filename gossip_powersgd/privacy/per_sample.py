@@ -14,15 +14,19 @@ example i is ``b_i^T a_i`` (``b`` the gradient at the layer's output, ``a`` its 
 * the clipped sum is ``(c * b)^T a``: one weight-gradient product with the output gradients
   scaled per example (book-keeping, Bu et al. 2022; ghost clipping, Li et al. 2021).
 
-So the backward pass computes only the gradients with respect to activations (Linear and Conv1d
-run through `_Recorded`, which keeps ``(a, b)`` and returns no weight gradient; a convolution
-runs as a product with its unfolded input, which the norms need anyway and which is faster than
-the convolution kernels at these sizes), and `PerSampleModule.clipped_sum` adds the norms and
-one product per weight, the Linear layers' all in one function (`clip_rows`: at batch 32 issuing
-an operation costs about as much as computing it). A trainable layer of any other type is
-recorded by a forward hook: GroupNorm and LayerNorm have closed forms, the rest gets its
-per-example gradients from ``torch.func.vmap`` over ``vjp`` of that layer alone
-(``engine="vmap"`` sends every layer that way: the general engine, and the measured reference).
+So the backward pass computes only the gradients with respect to activations: Linear and Conv1d
+run through a patched forward (`per_sample_layers._RecordedLayer.record`) that computes the
+layer's output from detached parameters, keeps its input and retains the gradient of its output
+(``retain_grad``: no Python runs during the backward, which a custom autograd function or a
+tensor hook would cost per layer); a convolution runs as a product with its unfolded input, which
+the norms need anyway and which is faster than the convolution kernels at these sizes. Then
+`PerSampleModule.clipped_sum` adds the norms and one product per weight, the Linear layers' all
+in one function (`clip_rows`: at batch 32 issuing an operation costs about as much as computing
+it). A trainable layer of any other type is recorded by a forward hook: GroupNorm and LayerNorm
+have closed forms, the rest gets its per-example gradients from ``torch.func.vmap`` over ``vjp``
+of that layer alone (``engine="vmap"`` sends every layer that way: the general engine, and the
+measured reference). An in-place change of a recorded output (``ReLU(inplace=True)`` after a
+Linear) is refused in one line: the retained gradient would be the changed tensor's.
 Measured choices are in experiments/results/bench_dp.md.
 
 The wrapped model keeps Opacus' parameter names (``_module.<name>``), so checkpoints of either
