@@ -180,6 +180,16 @@ def test_keystream_gaussians_and_uniforms_have_the_right_distribution():
     assert np.array_equal(randomness.normals(NOISE_STREAM, 0, 0, n=n).numpy(), z)
 
 
+def test_a_draw_longer_than_chachas_block_counter_is_refused():
+    """ChaCha20 counts 64-byte blocks in 32 bits: a longer draw would repeat its keystream."""
+    from gossip_powersgd.privacy import seeds
+
+    randomness = Randomness(bytes(range(32)), "run_dir")
+    with pytest.raises(ValueError, match="at most 34359738368 numbers"):
+        randomness._bytes(NOISE_STREAM, [0, 0], seeds._MAX_BYTES + 1)  # refused before drawing
+    assert len(randomness._bytes(NOISE_STREAM, [0, 0], 64)) == 64
+
+
 # --------------------------------------------------------------------------------------------------
 # Accounting
 # --------------------------------------------------------------------------------------------------

@@ -199,8 +199,8 @@ class DPSGD:
     OS-entropy key), at the label (NOISE_STREAM, step, 0), one draw for all parameters in the
     model's order: step t's noise depends only on the key and t, so a run resumed with the same
     key continues bit for bit, and nobody without the key (a neighbour knowing the whole config)
-    can regenerate it. Share the same `Randomness`
-    with the peer's `PoissonBatches` (another stream tag): one key per peer.
+    can regenerate it. Share the same `Randomness` with the peer's `PoissonBatches` (another
+    stream tag): one key per peer.
     """
 
     def __init__(self, noise_multiplier: float, max_grad_norm: float, sample_rate: float,
