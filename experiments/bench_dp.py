@@ -366,7 +366,9 @@ def main(argv: Optional[List[str]] = None) -> None:
                         help="(a) again at this batch size, without the private steps (0: skip)")
     parser.add_argument("--dataset", default="mnist1d",
                         help="the end-to-end runs' dataset (inputs of length 40: cnn1d)")
-    parser.add_argument("--out", type=Path, default=ROOT / "experiments/results/bench_dp.md")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs/bench_dp.md",
+                        help="the page (default runs/bench_dp.md; the committed page: "
+                             "--out experiments/results/bench_dp.md)")
     args = parser.parse_args(argv)
     if min(args.reps, args.steps, args.e2e_reps, args.e2e_epochs) < 1:
         parser.error("--reps, --steps, --e2e-reps and --e2e-epochs must be >= 1")

@@ -305,7 +305,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--previous", default="610f530",
                         help="commit whose PowerGossip runs taking turns, one lane ('' to leave out)")
     parser.add_argument("--divergence-peers", type=int, default=16)
-    parser.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_sim.md"))
+    parser.add_argument("--out", default=str(ROOT / "runs" / "bench_sim.md"),
+                        help="the page (default runs/bench_sim.md; the committed page: "
+                             "--out experiments/results/bench_sim.md)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     start = time.perf_counter()

@@ -1,6 +1,6 @@
 """GPU readiness check: PowerGossip and exact gossip with CUDA tensors, against the CPU run.
 
-    python -m experiments.gpu_check                          # on a CUDA machine -> experiments/results/gpu_check.md
+    python -m experiments.gpu_check --out experiments/results/gpu_check.md   # on a CUDA machine
     python -m experiments.gpu_check --device cpu --dry-run --out /tmp/gpu_check.md
                                                              # the same code path on the CPU (no GPU needed)
 
@@ -13,7 +13,7 @@ What it does, on ring:P (P = --peers):
    torch.distributed.run --nproc-per-node P`, bounded by --timeout), one process per GPU with NCCL
    (gloo on the CPU in a dry run), and checks the same two things;
 3. times a VGG-16-shaped gossip step (15.2 M parameters) of both algorithms on the device;
-4. writes the page (default experiments/results/gpu_check.md; a dry run writes only to --out).
+4. writes the page (default runs/gpu_check.md; a dry run writes only to --out).
 
 On a machine without CUDA it refuses with one line and exit status 1. NCCL wants one GPU per rank, so
 with fewer than two GPUs step 2 is reported as skipped (with the reason), not run.
@@ -40,7 +40,8 @@ if str(ROOT) not in sys.path:  # run as a file by torchrun
 
 from experiments.bench_gossip.shapes import make_params, model_shapes  # noqa: E402
 
-DEFAULT_OUT = ROOT / "experiments" / "results" / "gpu_check.md"
+# Pages go to experiments/results/ only when --out names it; by default under runs/ (git-ignored).
+DEFAULT_OUT = ROOT / "runs" / "gpu_check.md"
 ALGORITHMS = ("exact", "powergossip")
 #: Largest relative difference (2-norm over a peer's whole model) allowed between device and CPU
 #: runs, and between the average over peers before and after gossip. float32 products summed in a
@@ -212,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--peers", type=int, default=4, help="peers on the ring (default 4)")
     parser.add_argument("--steps", type=int, default=6, help="gossip steps per run (default 6)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the torchrun part")
-    parser.add_argument("--out", help="page to write (default experiments/results/gpu_check.md; "
+    parser.add_argument("--out", help="page to write (default runs/gpu_check.md; the committed page: "
+                                      "--out experiments/results/gpu_check.md; "
                                       "none in a dry run unless given)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     return parser
@@ -258,7 +260,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     timings = {name: sum(r["seconds"] for r in run_local(args.peers, name, timing_set, 3, str(device)))
                / args.peers for name in ALGORITHMS}
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)"
-    command = "python -m experiments.gpu_check" + (f" --device {args.device} --dry-run" if args.dry_run else "")
+    command = ("python -m experiments.gpu_check" + (f" --device {args.device} --dry-run" if args.dry_run else "")
+               + (f" --out {args.out}" if args.out else ""))
     meta = {"command": command, "date": date, "seconds": time.perf_counter() - start,
             "device_name": name, "peers": args.peers, "steps": args.steps, "timing_shapes": timing_shapes}
     page = render(rows, timings, meta)

@@ -28,6 +28,8 @@ from gossip_powersgd.launch import BACKENDS, main_guard, resolve_backend, run_pe
 from gossip_powersgd.metrics import parameter_average
 from gossip_powersgd.utils import atomic_write
 
+from experiments.pages import page_commit
+
 DRIFT_LIMIT = 1e-6
 MEMORY_GROWTH_LIMIT = 0.05
 
@@ -86,6 +88,7 @@ def main(argv=None) -> int:
         raise ValueError("--steps must be >= 100 (memory is compared from step 100 on)")
     topology = topologies.parse(args.topology)
     args.backend = resolve_backend(args.backend)
+    commit = page_commit()  # the code as it is when the run starts
     records = run_peers(topology, peer, args.steps, args.log_every, args.rank, backend=args.backend).get(0)
     if records is None:  # not rank 0 of an MPI job: rank 0 reports
         return 0
@@ -98,7 +101,7 @@ def main(argv=None) -> int:
         lines = [
             "# Long run: average drift and memory over many PowerGossip steps", "",
             f"Command: `{command}` (backend {args.backend}, rank-0 process), "
-            f"{datetime.date.today().isoformat()}, {summary['seconds']:.0f} s.", "",
+            f"{datetime.date.today().isoformat()}, {summary['seconds']:.0f} s, commit {commit}.", "",
             f"Setup: {args.topology}, PowerGossip rank {args.rank}, 100x100 float32 N(0,1) per peer.", "",
             "| check | measured | limit | ok |", "|---|---|---|---|",
             f"| max relative drift of the average | {summary['max_average_drift']:.2e} | {DRIFT_LIMIT:g} | "

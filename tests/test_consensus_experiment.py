@@ -3,7 +3,6 @@ table, and the MPI transport giving the very numbers of the in-process one."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -109,9 +108,7 @@ def test_problems():
 
 
 def _read(directory):
-    runs = directory / "runs"
-    return {p.name: [json.loads(line) for line in p.read_text().splitlines()]
-            for p in sorted(runs.glob("*.jsonl"))}
+    return consensus.read_curves(directory / consensus.CURVES)
 
 
 def test_mpi_backend_equals_local_backend(tmp_path):

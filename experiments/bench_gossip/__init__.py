@@ -1,6 +1,7 @@
 """Benchmark PowerGossip (rank 1) against exact gossip on ResNet-20 and VGG-16 parameter shapes.
 
-    python -m experiments.bench_gossip --all            # everything -> experiments/results/bench_gossip.md
+    python -m experiments.bench_gossip --all            # everything -> runs/bench_gossip.md
+    python -m experiments.bench_gossip --all --out experiments/results/bench_gossip.md   # the page
     python -m experiments.bench_gossip --model vgg16 --topology torus:2x4 --backend local --naive
     python -m experiments.bench_gossip --model resnet20 --backend mpi --out /tmp/r20.md
                                                         # launches `mpiexec -n 8` by itself

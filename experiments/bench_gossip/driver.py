@@ -26,7 +26,8 @@ from .shapes import MODELS
 from .summary import summarize_setting
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = ROOT / "experiments" / "results" / "bench_gossip.md"
+# Pages go to experiments/results/ only when --out names it; by default under runs/ (git-ignored).
+DEFAULT_OUT = ROOT / "runs" / "bench_gossip.md"
 DEFAULT_TOPOLOGIES = ("ring:8", "torus:2x4")
 # torus:2x4 has degree 3 (the dimension of size 2 wraps onto the same neighbour), so --all adds an
 # 8-peer graph of degree 4: the circulant C8(1, 2) (Watts-Strogatz with k=4 and no rewiring).
@@ -152,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bytes-only", action="store_true", help="2 steps, bytes only (no timing)")
     p.add_argument("--kernels", action="store_true", help="only the kernel diagnosis")
     p.add_argument("--out", help="write the markdown here (and the raw numbers next to it as .json); "
-                                 "default: print it (with --all: experiments/results/bench_gossip.md)")
+                                 "default: print it (with --all: runs/bench_gossip.md; the committed "
+                                 "page: --out experiments/results/bench_gossip.md)")
     p.add_argument("--json", help=argparse.SUPPRESS)  # internal: raw results for the --all driver
     return p
 

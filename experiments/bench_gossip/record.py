@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict
 
+from experiments.pages import page_commit
+
 def _rounded(obj: Any, digits: int = 5) -> Any:
     """`obj` with every float rounded to `digits` significant digits (compact raw files)."""
     if isinstance(obj, float):
@@ -70,5 +72,5 @@ def machine_description() -> Dict[str, Any]:
             "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
             "python": platform.python_version(), "torch": torch.__version__,
             "torch_default_threads": torch.get_num_threads(), "mpi": mpi,
-            "platform": platform.platform()}
+            "platform": platform.platform(), "commit": page_commit()}
 

@@ -259,7 +259,7 @@ def render_markdown(command: str, results: List[Dict[str, Any]], machine: Dict[s
     load_end = (machine_end or {}).get("load_average")
     L = ["# Gossip benchmark: PowerGossip (rank 1) vs exact gossip", "",
          f"Command: `{command}`", "",
-         f"Date: {started} ({seconds:.0f} s). Machine: {machine['cpu']}, {machine['cores']} cores, "
+         f"Date: {started} ({seconds:.0f} s), commit {machine.get('commit', 'not recorded')}. Machine: {machine['cpu']}, {machine['cores']} cores, "
          f"{machine['memory']}; load average at start "
          + (f"{load[0]:.1f}" if load else "?") + (f", at end {load_end[0]:.1f}" if load_end else "")
          + f" (the cores are shared with other jobs). Python {machine['python']}, torch "

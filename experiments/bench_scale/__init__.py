@@ -1,6 +1,7 @@
 """Scaling benchmark: cost vs number of peers and vs model size.
 
-    python -m experiments.bench_scale                   # -> experiments/results/bench_scale.md (+ .json)
+    python -m experiments.bench_scale                   # -> runs/bench_scale.md (+ .json)
+    python -m experiments.bench_scale --out experiments/results/bench_scale.md   # the committed page
     python -m experiments.bench_scale --only mpi --out /tmp/mpi.md
     python -m experiments.bench_scale --plan tiny --out /tmp/tiny.md   # seconds: the code path only
 

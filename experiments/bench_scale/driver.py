@@ -26,7 +26,8 @@ from typing import Any, Dict, List, Optional, Sequence
 from .measure import KINDS, parameter_shapes
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = ROOT / "experiments" / "results" / "bench_scale.md"
+# Pages go to experiments/results/ only when --out names it; by default under runs/ (git-ignored).
+DEFAULT_OUT = ROOT / "runs" / "bench_scale.md"
 
 #: The all-gather reduction holds n copies of the tensor on each of n peers; in one process that is
 #: n^2 copies, so in-process points above this many gathered bytes skip it (and say so).
@@ -172,6 +173,7 @@ def merged(path: Path, records: List[Dict[str, Any]], meta: Dict[str, Any]):
     combined = {**old, "command": f"{old['command']}, then {meta['command']} ({meta['date']}, "
                                   f"{meta['seconds']:.0f} s" + (f", {load.group(0)}" if load else "") + ")",
                 "seconds": old["seconds"] + meta["seconds"],
+                "commit": f"{old.get('commit', 'not recorded')}, then {meta['commit']}",
                 # an earlier note about a re-measured point no longer describes it
                 "skipped": sorted({note for note in old.get("skipped", [])
                                    if not any(note.startswith(f"{label}: ") for label in new)}
@@ -223,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="markdown page (a .json beside it)")
     parser.add_argument("--plan", choices=("full", "tiny"), default="full",
                         help="full: the committed page's points; tiny: a few seconds (smoke test)")
+    parser.add_argument("--quick", action="store_true", help="the same as --plan tiny")
     parser.add_argument("--only", choices=("local", "mpi", "torch"), help="one transport's points")
     parser.add_argument("--points", help="only these points, as BACKEND:PEERS[,...] (e.g. local:256)")
     parser.add_argument("--merge", action="store_true",
@@ -238,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the plan and write the page; print one line per point as it finishes."""
     args = build_parser().parse_args(argv)
+    if args.quick:
+        args.plan = "tiny"
     if args.point:
         return child_main(args.point, args.point_dir)
     if args.render:
@@ -269,9 +274,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{point.label()}: {status}", flush=True)
     command = "python -m experiments.bench_scale" + (f" --plan {args.plan}" if args.plan != "full" else "") \
         + (f" --only {args.only}" if args.only else "") + (f" --points {args.points}" if args.points else "") \
-        + (" --merge" if args.merge else "")
+        + (" --merge" if args.merge else "") + (f" --out {args.out}" if Path(args.out) != DEFAULT_OUT else "")
+    from experiments.pages import page_commit
+
     meta = {"command": command, "date": started, "seconds": time.perf_counter() - start,
-            "machine": machine_line(load_start, os.getloadavg()[0]), "skipped": skipped}
+            "machine": machine_line(load_start, os.getloadavg()[0]), "skipped": skipped,
+            "commit": page_commit()}
     out = Path(args.out)
     if args.merge:
         records, meta = merged(out.with_suffix(".json"), records, meta)

@@ -114,7 +114,8 @@ def render_markdown(records: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
     """The page: header, cost vs n, the reductions side by side, 256 peers, cost vs size, rates."""
     out = ["# Scaling benchmark: cost vs number of peers and vs model size", "",
            f"Command: `{meta['command']}`", "",
-           f"Date: {meta['date']} ({meta['seconds']:.0f} s). Machine: {meta['machine']}.", "",
+           f"Date: {meta['date']} ({meta['seconds']:.0f} s). Commit: {meta.get('commit', 'not recorded')}. "
+           f"Machine: {meta['machine']}.", "",
            "Parameters are random float32 tensors (no training) on ring:n (degree 2; ring:2 has one "
            "neighbour). Time per step: wall time of `step()` (or of one reduction) on each peer, "
            "between barriers, after one warm-up step; the slowest peer's mean over the measured "

@@ -12,7 +12,7 @@ graphs; `--weights` for others); schedules and directed graphs are refused (no c
     python -m experiments.consensus --topology torus:4x4 --problem spectral:alpha=1 --sweep --seeds 0 1 2
     python -m experiments.consensus --algorithms exact "choco:compressor=sign,gamma=0.1" --dtype float32
     mpiexec -n 8 python -m experiments.consensus --backend mpi        # one peer per rank, same numbers
-    python -m experiments.consensus --report                          # experiments/results/consensus.md
+    python -m experiments.consensus --report --out experiments/results   # the committed page
 
 Problems (see `problems`): `matrix` (100x100 N(0,1); `matrix:N`, `matrix:RxC`), `cnn` (N(0,1)
 tensors shaped like MNIST-1D's `cnn1d` parameters), `spectral:alpha=A` (singular values decaying
@@ -40,9 +40,11 @@ reaches its dtype's precision floor (100 eps^2 mean ||x_i||^2; values within 10x
 with `--stop-relative`, that relative error. When sweeping, every gamma first runs to the second
 largest budget and the best `--finalists` are rerun to the largest.
 
-Outputs, written atomically into --out (default runs/consensus/<topology>_<problem>; the report's
-go to experiments/results/consensus/<topology>_<problem>): `runs/<run>.jsonl` (seed 0; others in
-`runs/seed<k>/`; one row per recorded step: step, bits_per_peer, error), `table.csv` (every run's
+Outputs, written atomically into --out (default runs/consensus/<topology>_<problem>; with
+`--report`, --out is the folder of the page consensus.md and of its instances' folders
+consensus/<topology>_<problem>, default runs/consensus-report; the committed page is made with
+`--report --out experiments/results`): `curves.jsonl.gz` (every run's curve, one gzipped JSON
+line per run: its name, and step, bits_per_peer, error per recorded step), `table.csv` (every run's
 absolute and relative error at every budget, bits to each target, best gamma marked),
 `summary.json`, `error_vs_bits.png` and `error_vs_steps.png` (relative error, one line per
 algorithm at its best gamma, seed 0); the report adds `winner_map.png`. Every argument, every
@@ -66,11 +68,11 @@ from .measure import (BASELINES, BUDGETS, COARSE_GAMMAS, DEFAULT_GAMMAS, DIVERGE
 from .page import write_report
 from .problems import (SEED_BASE, cnn1d_shapes, make_problem, parse_problem, problem_shapes,
                        spectral_values)
-from .report import (DEFAULT_OUT, REPORT_PATH, SCRATCH_OUT, default_out, format_table, load_record, plot,
-                     table_csv, write_outputs)
+from .report import (CURVES, DEFAULT_OUT, REPORT_OUT, REPORT_PATH, SCRATCH_OUT, default_out, format_table,
+                     load_record, plot, read_curves, table_csv, write_outputs)
 
 __all__ = [
-    "BASELINES", "BUDGETS", "COARSE_GAMMAS", "DEFAULT_GAMMAS", "DEFAULT_OUT", "DIVERGE_FACTOR", "DTYPES",
+    "BASELINES", "BUDGETS", "CURVES", "REPORT_OUT", "read_curves", "COARSE_GAMMAS", "DEFAULT_GAMMAS", "DEFAULT_OUT", "DIVERGE_FACTOR", "DTYPES",
     "FLOOR_MARGIN", "FLOOR_ULPS", "REACH_TARGETS", "REPORT_CONFIGS", "REPORT_PATH", "SCRATCH_OUT",
     "SEED_BASE", "STEP_CAP", "STOP_RELATIVE", "UNTUNED", "WINNER_SPECS", "bits_to_reach", "budget_rows",
     "build_parser", "cells_for", "cnn1d_shapes", "consensus_curve", "default_out", "error_at_bits",

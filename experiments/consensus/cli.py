@@ -20,7 +20,7 @@ from .measure import (BASELINES, BUDGETS, COARSE_GAMMAS, DEFAULT_GAMMAS, DTYPES,
                       UNTUNED, WINNER_SPECS)
 from .page import write_report
 from .problems import VALID, parse_problem
-from .report import DEFAULT_OUT, REPORT_PATH, ROOT, SCRATCH_OUT, default_out, load_record
+from .report import REPORT_OUT, REPORT_PATH, ROOT, SCRATCH_OUT, default_out, load_record
 
 #: Where the report's trained models are cached (git-ignored; regenerated when missing).
 REPORT_MODELS = SCRATCH_OUT / "models"
@@ -64,7 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--backend", choices=("local", "mpi"), default=None,
                         help="local: one thread per peer; mpi: one peer per rank, under mpiexec "
                              "(default: mpi when launched by mpiexec)")
-    parser.add_argument("--out", type=Path, default=None, help="output directory")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output directory (default runs/consensus/<topology>_<problem>; with "
+                             "--report the folder of the page, consensus.md, and of its data, "
+                             f"consensus/<instance>/: default {REPORT_OUT.relative_to(ROOT)}; the "
+                             f"committed page: --out {REPORT_PATH.parent.relative_to(ROOT)})")
     parser.add_argument("--sweep", action="store_true",
                         help="run Choco/DeepSqueeze specs without gamma at every value of --gammas")
     parser.add_argument("--gammas", type=float, nargs="+", default=list(DEFAULT_GAMMAS),
@@ -88,9 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --report: run only the instances that have no saved outputs yet "
                              "and write the page from all of them")
     parser.add_argument("--report", action="store_true",
-                        help=f"run every report instance (ring:8 and torus:4x4; the original and the "
-                             f"added problems; 3 seeds) on the local backend, and write "
-                             f"{REPORT_PATH.relative_to(ROOT)}")
+                        help="run every report instance (ring:8 and torus:4x4; the original and the "
+                             "added problems; 3 seeds) on the local backend, and write the page "
+                             "consensus.md into --out")
     return parser
 
 
@@ -117,25 +121,27 @@ def _check(args) -> None:
     parse_problem(args.problem)
 
 
-def _check_report_outputs() -> None:
+def _check_report_outputs(base: Path) -> None:
     """The report's output directories writable, before its first instance runs (each instance's
     `run_experiment` checks its own again, after its arguments)."""
-    for folder in [default_out(t, p, DEFAULT_OUT) for t, p, _ in REPORT_CONFIGS] + [REPORT_PATH.parent]:
-        check_writable_dir(folder, "the report writes into the checkout: make it writable")
+    for folder in [default_out(t, p, base / "consensus") for t, p, _ in REPORT_CONFIGS] + [base]:
+        check_writable_dir(folder, "choose another --out")
 
 
-def _render_only() -> int:
-    records = [load_record(default_out(t, p, DEFAULT_OUT)) for t, p, _ in REPORT_CONFIGS
-               if (default_out(t, p, DEFAULT_OUT) / "summary.json").exists()]
+def _render_only(base: Path, command: str) -> int:
+    data = base / "consensus"
+    records = [load_record(default_out(t, p, data)) for t, p, _ in REPORT_CONFIGS
+               if (default_out(t, p, data) / "summary.json").exists()]
     if not records:
-        raise ValueError("--render-only: no saved outputs yet; run `python -m experiments.consensus --report`")
-    command = records[0].get("command", "python -m experiments.consensus --report")
+        raise ValueError(f"--render-only: no saved outputs in {data}; run `python -m experiments.consensus "
+                         f"--report --out {base}` first, or name the folder that has them with --out")
+    ran = records[0].get("command", "python -m experiments.consensus --report")
     dates = sorted(r.get("finished", "") for r in records)
     seconds = records[0].get("report_seconds") or sum(r["seconds"] for r in records)
-    path = write_report(records, command, seconds, date=dates[-1] or None,
-                        note=" (this page re-rendered from its saved outputs by "
-                             "`python -m experiments.consensus --report --render-only`; running time: "
-                             "the sum of its instances' times, without the page writing between them)")
+    path = write_report(records, ran, seconds, path=base / "consensus.md", date=dates[-1] or None,
+                        note=f" (this page re-rendered from its saved outputs by `{command}`; running "
+                             "time: the sum of its instances' times, without the page writing between "
+                             "them)")
     print(f"wrote {path}")
     return 0
 
@@ -153,14 +159,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         shlex.quote(str(a)) for a in (argv if argv is not None else sys.argv[1:]))
     if args.missing and not args.report:
         raise ValueError("--missing goes with --report")
+    base = args.out if args.out is not None else REPORT_OUT
     if args.render_only:
         if not args.report:
             raise ValueError("--render-only goes with --report")
-        return _render_only()
+        return _render_only(base, command)
     if args.report:
         if backend != "local":
             raise ValueError("--report runs two topology sizes: use the local backend")
-        _check_report_outputs()
+        _check_report_outputs(base)
         started = time.perf_counter()
         records = []
         note = (" (the instances saved by an earlier `python -m experiments.consensus --report` kept, "
@@ -168,14 +175,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if args.missing else "")
         earlier = 0.0
         for topology, problem, kind in REPORT_CONFIGS:
-            out = default_out(topology, problem, DEFAULT_OUT)
+            out = default_out(topology, problem, base / "consensus")
             if args.missing and (out / "summary.json").exists():
                 records.append(load_record(out))
                 earlier += records[-1]["seconds"]
                 continue
             settings = report_settings(kind)
             records.append(run_experiment(topology, problem, args.algorithms or settings["algorithms"],
-                                          args.steps, "local", default_out(topology, problem, DEFAULT_OUT),
+                                          args.steps, "local", out,
                                           True, settings["gammas"], args.budgets, args.weights,
                                           sweep_bits=sweep_bits, finalists=settings["finalists"],
                                           command=command, seeds=settings["seeds"], dtype=args.dtype,
@@ -183,8 +190,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                                           reseed=settings["reseed"],
                                           models_dir=REPORT_MODELS))
             # The page after every instance: an interrupted report still leaves a real page.
-            write_report(records, command, earlier + time.perf_counter() - started, note=note)
-        path = write_report(records, command, earlier + time.perf_counter() - started, note=note)
+            write_report(records, command, earlier + time.perf_counter() - started,
+                         path=base / "consensus.md", note=note)
+        path = write_report(records, command, earlier + time.perf_counter() - started,
+                            path=base / "consensus.md", note=note)
         print(f"wrote {path}")
         return 0
     run_experiment(args.topology, args.problem, args.algorithms, args.steps, backend, args.out,

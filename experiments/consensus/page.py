@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import math
+from collections import Counter
 import os
 import platform
 from pathlib import Path
@@ -14,7 +15,7 @@ from gossip_powersgd.utils import atomic_write, git_commit
 
 from .compare import REACH_TARGETS, columns, heat_map, target_name, winner_cell, winner_text  # noqa: F401 (names others import from here)
 from .measure import DIVERGE_FACTOR, FLOOR_MARGIN, FLOOR_ULPS, problem_shapes  # noqa: F401 (names others import from here)
-from .report import REPORT_PATH, ROOT, _family, budget_name, fmt_err, fmt_gamma, format_table
+from .report import CURVES, ROOT, _family, budget_name, fmt_err, fmt_gamma, format_table
 
 
 def _ratio_text(pg: Dict, other: Dict) -> str:
@@ -103,9 +104,22 @@ def _winner_map(records: Sequence[Dict], path: Path) -> List[str]:
     return lines + ["", f"![PowerGossip ÷ best baseline]({rel})", ""]
 
 
-def write_report(records: Sequence[Dict], command: str, seconds: float, path: Path = REPORT_PATH,
+def _commits(records: Sequence[Dict]) -> str:
+    """The commit(s) whose code made the records' numbers (each instance records its own), and the
+    page's own commit where that differs (a page re-rendered later from saved outputs)."""
+    counts = Counter(r.get("commit", "unknown") for r in records)
+    now = git_commit(ROOT)
+    if len(counts) == 1:
+        text = f"commit {next(iter(counts))}"
+    else:
+        text = "commits " + ", ".join(f"{c} ({n} instance{'s' * (n > 1)})" for c, n in counts.items())
+    return text + ("" if set(counts) == {now} else f" (page rendered at commit {now})")
+
+
+def write_report(records: Sequence[Dict], command: str, seconds: float, path: Path,
                  date: Optional[str] = None, note: str = "", intro: Sequence[str] = ()) -> Path:
-    """experiments/results/consensus.md from the records of `run_experiment` (or `load_record`)."""
+    """The report page at `path` (consensus.md; the instances' folders under path.parent /
+    consensus) from the records of `run_experiment` (or `load_record`)."""
     from .page_text import method_lines
 
     backends = sorted({r["backend"] for r in records})
@@ -113,7 +127,7 @@ def write_report(records: Sequence[Dict], command: str, seconds: float, path: Pa
         "# Consensus experiment (PowerGossip paper §5)",
         "",
         f"Command: `{command}`{note}  ",
-        f"Date: {date or datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} · commit {git_commit(ROOT)} · "
+        f"Date: {date or datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} · {_commits(records)} · "
         f"backend: {', '.join(backends)} ({'LocalCluster, one thread per peer' if backends == ['local'] else 'MPI'}), "
         f"torch threads 1 · running time {seconds / 60:.1f} min on {os.cpu_count()} shared cores "
         f"({platform.machine()}) · {len(records)} instances",
@@ -157,8 +171,8 @@ def write_report(records: Sequence[Dict], command: str, seconds: float, path: Pa
             f"![error vs steps]({rel.as_posix()}/error_vs_steps.png)",
             "",
             f"Data: [`{rel.as_posix()}/table.csv`]({rel.as_posix()}/table.csv) (every run and seed at "
-            f"every budget, absolute and relative errors), `{rel.as_posix()}/runs/*.jsonl` (curves; "
-            f"seeds after 0 in `runs/seed<k>/`), `{rel.as_posix()}/summary.json`.",
+            f"every budget, absolute and relative errors), `{rel.as_posix()}/{CURVES}` (every run's curve: "
+            f"gzipped JSON lines, one per run; seeds after 0 named `seed<k>/...`), `{rel.as_posix()}/summary.json`.",
             "",
         ]
     atomic_write(path, "\n".join(lines))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import gzip
 import io
 import json
 import math
@@ -13,18 +14,23 @@ import re
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from gossip_powersgd.utils import atomic_write, atomic_write_figure
+from gossip_powersgd.utils import atomic_write, atomic_write_figure, git_commit
 
 from .compare import REACH_TARGETS, reach_cells, target_name
 from .measure import cells_for, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "results"
-#: The report's data lives here, one folder per (topology, problem).
+#: The committed report's data, one folder per (topology, problem), and its page: written only by
+#: `--report --out experiments/results`, never by default.
 DEFAULT_OUT = RESULTS / "consensus"
+REPORT_PATH = RESULTS / "consensus.md"
 #: Plain runs write here (git-ignored), so that they never overwrite the report's committed data.
 SCRATCH_OUT = ROOT / "runs" / "consensus"
-REPORT_PATH = RESULTS / "consensus.md"
+#: `--report` without --out: its page and data go here (git-ignored).
+REPORT_OUT = ROOT / "runs" / "consensus-report"
+#: One instance's run curves, packed: gzipped JSON lines, one per run (see `write_curves`).
+CURVES = "curves.jsonl.gz"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -36,7 +42,7 @@ def slug(text: str) -> str:
 
 
 def run_file(spec: str, seed: int = 0) -> str:
-    """The name of a run's curve file under runs/ (seeds after the first in runs/seed<k>/)."""
+    """A run's name in its instance's CURVES file (seeds after the first as seed<k>/...)."""
     name = slug(spec.replace(":", "_").replace(",", "_")) + ".jsonl"
     return name if seed == 0 else f"seed{seed}/{name}"
 
@@ -149,9 +155,26 @@ def table_csv(results: Sequence[Dict], summary: Dict[str, Dict], budgets: Sequen
     return buffer.getvalue()
 
 
-def history_jsonl(history: Sequence[Dict]) -> str:
-    return "".join(json.dumps({"step": r["step"], "bits_per_peer": r["bits_per_peer"],
-                               "error": r["error"]}) + "\n" for r in history)
+def curves_bytes(results: Sequence[Dict]) -> bytes:
+    """Every run's curve as one gzipped JSON line: {"run": its name, "step": [...],
+    "bits_per_peer": [...], "error": [...]}. JSON writes a float's shortest repr, which reads back
+    as the same double, so a page rendered from the file is the page rendered from the run; the gzip
+    header carries no time stamp, so the same runs give the same bytes."""
+    text = "".join(json.dumps({"run": r["file"], **{key: [row[key] for row in r["history"]]
+                                                     for key in ("step", "bits_per_peer", "error")}})
+                   + "\n" for r in results)
+    return gzip.compress(text.encode("utf-8"), mtime=0)
+
+
+def read_curves(path: Path) -> Dict[str, List[Dict]]:
+    """{run name: its rows [{"step", "bits_per_peer", "error"}, ...]} from a CURVES file."""
+    curves = {}
+    for line in gzip.decompress(Path(path).read_bytes()).decode("utf-8").splitlines():
+        if line:
+            item = json.loads(line)
+            curves[item["run"]] = [{"step": s, "bits_per_peer": b, "error": e} for s, b, e in
+                                   zip(item["step"], item["bits_per_peer"], item["error"])]
+    return curves
 
 
 # --------------------------------------------------------------------------------------------------
@@ -199,12 +222,12 @@ def plot(summary: Dict[str, Dict], results: Sequence[Dict], out: Path, title: st
 
 
 def write_outputs(record: Dict, out: Path, plots: bool = True) -> None:
-    """runs/*.jsonl, table.csv, summary.json and (with `plots`) the PNGs of one record into `out`."""
+    """CURVES, table.csv, summary.json and (with `plots`) the PNGs of one record into `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    for result in record["results"]:
-        atomic_write(out / "runs" / result["file"], history_jsonl(result["history"]))
+    atomic_write(out / CURVES, curves_bytes(record["results"]))
     atomic_write(out / "table.csv", table_csv(record["results"], record["summary"], record["budgets"],
                                               record["topology"], record["problem"]))
+    record.setdefault("commit", git_commit(ROOT))  # the code that made these numbers
     light = {k: v for k, v in record.items() if k not in ("results", "summary", "table", "out")}
     light["finished"] = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     light["runs"] = [{k: r[k] for k in ("label", "spec", "gamma", "swept", "stage", "stop", "steps",
@@ -225,9 +248,10 @@ def load_record(out: Path) -> Dict:
     out = Path(out)
     saved = json.loads((out / "summary.json").read_text())
     budgets = tuple(float(b) for b in saved["budgets"])
+    curves = read_curves(out / CURVES)
     results = []
     for run in saved["runs"]:
-        rows = [json.loads(line) for line in (out / "runs" / run["file"]).read_text().splitlines() if line]
+        rows = curves[run["file"]]
         results.append({**run, "history": rows, "reach": reach_cells(rows),
                         "budgets": cells_for(rows, budgets, run["stop"], run.get("stage", "full"),
                                              run.get("floor"))})

@@ -20,7 +20,9 @@ from . import report
 from .measure import ALGORITHMS, QUICK_SETTING, SETTING, attacked_run, network_dp
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "experiments" / "results"
+#: The default output folder: under runs/ (git-ignored); the committed page is written only by an
+#: explicit `--out experiments/results`.
+DEFAULT_OUT = ROOT / "runs" / "privacy-attacks"
 #: (topology, private) of the runs, every algorithm each. DP-SGD (Opacus' per-example gradients)
 #: makes a run ~4x slower, so the second topology runs without DP only, to fit ~20 min on 2 cores.
 PLAN = (("ring:8", False), ("ring:8", True), ("exponential:8", False))
@@ -35,8 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true",
                         help="tiny problem (synthetic data, ring:4, 2 epochs), seconds")
     parser.add_argument("--out", type=Path, default=None,
-                        help="output folder (default experiments/results, or runs/privacy-attacks-quick "
-                             "with --quick)")
+                        help="output folder (default runs/privacy-attacks, or runs/privacy-attacks-quick "
+                             "with --quick; the committed page: --out experiments/results)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default 25)")
     parser.add_argument("--network-only", action="store_true",
                         help="recompute only the network-DP section and its heat maps; the runs' "
@@ -79,7 +81,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.epochs is not None and args.epochs < 1:
         raise SystemExit("error: --epochs must be >= 1")
-    out = args.out or (ROOT / "runs" / "privacy-attacks-quick" if args.quick else RESULTS)
+    out = args.out or (ROOT / "runs" / "privacy-attacks-quick" if args.quick else DEFAULT_OUT)
     try:  # now, not after the runs (minutes of them) when the page is written
         check_writable_dir(out, "choose a writable --out")
     except ValueError as exc:

@@ -1,10 +1,14 @@
 """The paper's claims, reproduced by real training runs: one command per result page.
 
-    python -m experiments.suite training      # experiments/results/training.{md,csv,png} + README_results.md
-    python -m experiments.suite gamma         # experiments/results/gamma.{md,csv,png}
-    python -m experiments.suite consensus     # experiments/results/consensus.md (experiments.consensus --report)
-    python -m experiments.suite training --quick --out runs/suite-quick   # seconds: a smoke test
-    python -m experiments.suite training --render-only   # the page again from the run's CSVs
+    python -m experiments.suite training      # runs/suite/training.{md,csv,png}
+    python -m experiments.suite gamma         # runs/suite/gamma.{md,csv,png}
+    python -m experiments.suite consensus     # runs/suite/consensus.md (experiments.consensus --report)
+    python -m experiments.suite gamma --epochs 10 --out experiments/results   # the committed page
+    python -m experiments.suite training --quick   # seconds, a smoke test (runs/suite-quick)
+    python -m experiments.suite training --render-only --out DIR   # the page again from DIR's CSVs
+
+Pages are written into experiments/results/ only when `--out experiments/results` says so; by
+default they go under runs/ (git-ignored), so that no run overwrites a committed page by accident.
 
 Every peer runs as a thread of this one process (`backend: local`, `LocalCluster`); the MPI
 transport runs the very same algorithm code and its equality with the local one is tested in
@@ -36,7 +40,7 @@ from .convergence import (COLLAPSE_FRACTION, FIXED_TARGET, accuracy_at_mb, cheap
 from .noniid import NONIID_ROWS, closing_setting, gap_table, gap_verdict, gaps
 from .training import (EXACT, GAMMA_GRID, POWERGOSSIP, ROWS, WIDE_MODEL, run_training, targets,
                        training_plan)
-from .training_markdown import readme_section, training_page
+from .training_markdown import training_page
 
 __all__ = [
     "BANDWIDTHS", "BASE", "COLLAPSE_FRACTION", "CSV_FIELDS", "EXACT", "FIXED_TARGET", "GAMMA_GRID", "LATENCY_S",
@@ -44,6 +48,6 @@ __all__ = [
     "attempt", "build_csv", "build_parser", "build_table", "cheapest_to_reach", "closing_setting", "collapsed",
     "combine", "common_budget", "common_target", "communication_seconds", "equal_bytes_table",
     "exact_reference", "first_reach", "gamma_verdict", "gap_table", "gap_verdict", "gaps", "header",
-    "main", "measurements", "projected_seconds", "ratio_to_exact", "readme_section", "run_gamma",
+    "main", "measurements", "projected_seconds", "ratio_to_exact", "run_gamma",
     "run_one", "run_training", "targets", "training_page", "training_plan",
 ]

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from .gamma import run_gamma
-from .tables import RESULTS, ROOT
+from .tables import ROOT
 from .training import run_training
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,7 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true",
                         help="tiny problem (synthetic logistic regression, ring:4, 1 epoch), seconds")
     parser.add_argument("--out", type=Path, default=None,
-                        help="output folder (default experiments/results, or runs/suite-quick with --quick)")
+                        help="output folder (default runs/suite, or runs/suite-quick with --quick; "
+                             "the committed pages: --out experiments/results)")
     parser.add_argument("--epochs", type=int, default=None,
                         help="epochs of each run (training: 60, the CNN rows; gamma: 5; dynamic: 30; "
                              "privacy: 4)")
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--reference-epochs", type=int, default=100,
                         help="training: epochs of the reference runs (none if not above --epochs)")
     parser.add_argument("--render-only", action="store_true",
-                        help="training: draw the page, plots and README section again from the run's "
+                        help="training: draw the page and plots again from the run's "
                              "CSVs in --out, without training")
     parser.add_argument("--eval-every", type=int, default=2,
                         help="training: epochs between evaluations (the curves' resolution)")
@@ -45,7 +46,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     command = "python -m experiments.suite " + " ".join(shlex.quote(a) for a in argv)
-    out = args.out or (ROOT / "runs" / "suite-quick" if args.quick else RESULTS)
+    # Pages go to experiments/results/ only when --out names it: the default is under runs/.
+    out = args.out or (ROOT / "runs" / ("suite-quick" if args.quick else "suite"))
     if args.what == "training" and args.render_only:
         from .training_render import render_training
 
@@ -68,5 +70,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         from experiments import consensus
 
-        return consensus.main(["--report", "--render-only"] if args.quick else ["--report"])
+        if args.quick:  # one small instance (seconds), not the report
+            return consensus.main(["--topology", "ring:4", "--problem", "matrix:20", "--steps", "40",
+                                   "--out", str(out / "consensus")])
+        return consensus.main(["--report", "--out", str(out)])
     return 0

@@ -254,7 +254,7 @@ def targets(headline: Sequence[Dict[str, Any]], rows: Sequence[Dict[str, Any]],
 
 
 def write_outputs(out: Path, state: Dict[str, Any], done: int) -> None:
-    """The page, CSVs, plots and README section from the stages done so far."""
+    """The page, CSVs and plots from the stages done so far."""
     from .training_plots import curves_csv
 
     seconds = time.perf_counter() - state["started"]
@@ -265,8 +265,8 @@ def write_outputs(out: Path, state: Dict[str, Any], done: int) -> None:
 
 
 def write_pages(out: Path, state: Dict[str, Any], generated: str, done: int) -> None:
-    """training.md, its plots and README_results.md from the runs in `state` (also --render-only)."""
-    from .training_markdown import readme_section, training_page
+    """training.md and its plots from the runs in `state` (also --render-only)."""
+    from .training_markdown import training_page
     from .training_plots import plot_training
 
     headline = combined_iid(state)
@@ -276,4 +276,3 @@ def write_pages(out: Path, state: Dict[str, Any], generated: str, done: int) -> 
         plot_training(state, headline, out)
     except Exception as exc:  # the tables matter more than the pictures
         log(f"plot failed: {type(exc).__name__}: {exc}")
-    atomic_write(out / "README_results.md", readme_section(state, headline, claims, generated))

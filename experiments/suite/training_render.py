@@ -1,5 +1,5 @@
-"""`python -m experiments.suite training --render-only`: the training page, plots and README
-section drawn again from a finished run's own files (training.csv: every run's numbers;
+"""`python -m experiments.suite training --render-only`: the training page and plots
+drawn again from a finished run's own files (training.csv: every run's numbers;
 training_curves.csv: every run's evaluations; training.md: the run's command, date, commit and
 stage times), without training. The numbers are the run's; only the rendering is today's code."""
 
@@ -139,7 +139,7 @@ def rebuild_state(out: Path) -> Tuple[Dict[str, Any], int, str]:
 
 
 def render_training(out: Path, command: str) -> Path:
-    """Draw the page, plots and README section again from the run's files in `out`."""
+    """Draw the page and plots again from the run's files in `out`."""
     from .tables import _git
     from .training import write_pages
 

@@ -3,7 +3,8 @@
     gossip-plot RUN_DIR [RUN_DIR ...] [--out DIR]
     python -m gossip_powersgd.cli.plot ...        # the same program, without the script
 
-Writes, atomically, into DIR (default: the run directory for one run, ./plots for several):
+Writes, atomically, into DIR (default: the run directory for one run; for several, a folder
+plots-<run>-vs-<run> beside the first run, named on stderr):
 
     accuracy_vs_epoch.png        averaged-model test accuracy (solid) and mean local accuracy
                                  (dashed) against epochs
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -71,6 +73,19 @@ def _save(fig, path: Path) -> None:
     atomic_write(path, buffer.getvalue())
 
 
+def default_out(run_dirs) -> Path:
+    """Where the figures go without --out: the run directory for one run; for several, a folder
+    beside the first run (runs/ is git-ignored, so a checkout stays clean), named after the runs,
+    e.g. runs/plots-a-vs-b."""
+    dirs = [Path(d) for d in run_dirs]
+    if len(dirs) == 1:
+        return dirs[0]
+    name = "plots-" + "-vs-".join(d.resolve().name for d in dirs)
+    if len(name) > 100:  # a file name stays short; the runs are named in the legends anyway
+        name = name[:80] + f"-and-{len(dirs)}-runs"
+    return dirs[0].resolve().parent / name
+
+
 def plot_runs(run_dirs, out_dir=None) -> List[Path]:
     """Write the three figures for `run_dirs`; returns their paths."""
     import matplotlib
@@ -81,8 +96,7 @@ def plot_runs(run_dirs, out_dir=None) -> List[Path]:
     runs = [read_run(d) for d in run_dirs]
     if not runs:
         raise ValueError("give at least one run directory")
-    out = Path(out_dir) if out_dir is not None else (
-        Path(runs[0]["dir"]) if len(runs) == 1 else Path("plots"))
+    out = Path(out_dir) if out_dir is not None else default_out([run["dir"] for run in runs])
     out.mkdir(parents=True, exist_ok=True)
     labels = _labels(runs)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -146,8 +160,10 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> List[Path]
                                      description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR")
     parser.add_argument("--out", metavar="DIR", help="output directory (default: the run directory "
-                        "for one run, ./plots for several)")
+                        "for one run; for several, plots-<run>-vs-<run> beside the first run)")
     args = parser.parse_args(argv)
+    if args.out is None and len(args.runs) > 1:
+        print(f"writing the figures to {default_out(args.runs)} (--out DIR to choose)", file=sys.stderr)
     written = plot_runs(args.runs, args.out)
     for path in written:
         print(path)

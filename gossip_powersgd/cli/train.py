@@ -1,7 +1,8 @@
 """Train with decentralized gossip from a YAML config (the `gossip-train` program).
 
-    gossip-train --config experiments/configs/tiny.yaml
-    mpiexec -n 8 gossip-train --config experiments/configs/demo.yaml --set lr=0.05
+    gossip-train --config tiny                           # a bundled example (seconds)
+    gossip-train --config experiments/configs/tiny.yaml  # the same file, from a checkout
+    mpiexec -n 8 gossip-train --config demo --set lr=0.05
     gossip-train --resume runs/demo                      # continue from the last checkpoint
     gossip-train --config C.yaml --resume auto           # continue if checkpointed, else start
     gossip-train --help-config                           # every config key, documented
@@ -12,6 +13,10 @@ topology has peers); `backend: local` runs every peer as a thread of this one pr
 directory (`out_dir`, default runs/<config name>) receives config.yaml (the fully resolved config),
 metrics/rank-K.jsonl, checkpoints/, summary.json and summary.md; an existing one is never
 overwritten, only continued with --resume. Any error is one line on every rank and a non-zero exit.
+
+The example configs ship with the package (gossip_powersgd/examples/*.yaml, in a checkout a link
+to experiments/configs): `--config NAME` runs the bundled NAME.yaml when no file
+NAME exists, so a pip-installed package runs them without a checkout.
 """
 
 from __future__ import annotations
@@ -27,6 +32,27 @@ from gossip_powersgd.launch import launched_by_mpiexec, main_guard
 #: The module `python -m` runs this program as; a checkout's `experiments.train` passes its own, so
 #: that its help and its mpiexec hint name the command the user typed.
 MODULE = "gossip_powersgd.cli.train"
+#: The bundled example configs (package data).
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def example_configs() -> Dict[str, Path]:
+    """{name: path} of the bundled example configs (`--config NAME`)."""
+    return {p.stem: p for p in sorted(EXAMPLES.glob("*.yaml"))}
+
+
+def config_path(text: str) -> Path:
+    """The config file `--config TEXT` names: the file TEXT if it exists, else the bundled example
+    TEXT (with or without .yaml); neither is a one-line error listing the examples."""
+    path = Path(text)
+    if path.exists():
+        return path
+    examples = example_configs()
+    name = text[:-5] if text.endswith(".yaml") else text
+    if "/" not in text and name in examples:
+        return examples[name]
+    raise ValueError(f"config file {text} not found (the bundled examples, usable as --config NAME: "
+                     f"{', '.join(examples) or 'none installed'})")
 
 
 def build_parser(module: str = MODULE) -> argparse.ArgumentParser:
@@ -34,7 +60,9 @@ def build_parser(module: str = MODULE) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name(module, "gossip-train"),
         description="Decentralized training with gossip (PowerGossip and baselines).")
-    parser.add_argument("--config", help="YAML config file (see --help-config for the keys)")
+    parser.add_argument("--config", metavar="FILE|NAME",
+                        help="YAML config file (see --help-config for the keys), or the name of a "
+                             f"bundled example: {', '.join(example_configs())}")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key; VALUE is parsed as YAML, except that a "
                              "string key takes the text as typed (repeatable)")
@@ -98,7 +126,7 @@ def resolve(args: argparse.Namespace, world_size: int):
             raise ValueError(f"cannot resume {target}: it has no config.yaml (is it a run "
                              "directory? to start it, give --config FILE)")
     else:
-        path = Path(args.config)
+        path = config_path(args.config)
     config = load_config(path, overrides)
     if target is not None:
         _refuse_another_out_dir(target, overrides)
@@ -208,6 +236,12 @@ def _launched_communicator(config, mpi_world_size: int, module: str):
         how = (f"mpiexec -n {n} {Path(sys.executable).name} -m {module} ..." if launcher == "mpiexec"
                else f"torchrun --nproc-per-node {n} -m {module} ...")
         unit = "MPI rank" if launcher == "mpiexec" else "process"
+        from gossip_powersgd.launch import launched_by_torchrun
+
+        if launcher == "mpiexec" and launched_by_torchrun():
+            raise ValueError(f"backend {config.backend} runs one peer per MPI rank, but torchrun "
+                             "started this process: add --set backend=torch (torch.distributed, "
+                             f"the same numbers), or launch with {how}")
         raise ValueError(f"backend {config.backend} runs one peer per {unit}: launch with {how}, "
                          "or use --set backend=local")
     if config.peers is not None and config.peers != world_size:
