@@ -222,6 +222,9 @@ class DPSGD:
         self.engine = engine
         self.accountant_name = accountant
         self.accountant = make_accountant(accountant)
+        #: None, or ``extra_noise(step, k, p)``: float64 noise (units of the clipped sum) a
+        #: mechanism adds to parameter k's noisy sum at `step` (`privacy.mechanisms.decor`).
+        self.extra_noise = None
         self._noise_label = (-1, 0)  # (step, draws so far in that step) of the last noise draw
         self.module: Optional[nn.Module] = None
 
@@ -343,8 +346,12 @@ class DPSGD:
                     model.clear()
             else:
                 summed = self.clipped_sum(model, batch_size)
-            for p, total in zip(params, summed):
-                p.grad = ((total + self._noise(p)) / self.expected_batch_size).to(p.dtype)
+            step = self.steps
+            for k, (p, total) in enumerate(zip(params, summed)):
+                noise = self._noise(p)
+                if self.extra_noise is not None:  # a mechanism's own noise (DECOR's pairs')
+                    noise = noise + self.extra_noise(step, k, p)
+                p.grad = ((total + noise) / self.expected_batch_size).to(p.dtype)
         self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
 
     # ---- evaluation -------------------------------------------------------------------------
