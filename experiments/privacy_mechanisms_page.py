@@ -37,7 +37,9 @@ def render_page(setting, noises, rows, reuse_muffliato, generated, c, pm) -> str
         "so slowly per DP step that the private runs of a few hundred steps each would have "
         "taken hours, so this page trains the model and data set above instead (measured "
         f"here: {c['per_step']:.3g} s of wall time per step, set-up and evaluation included, "
-        "on average over all runs); the non-private rows are its ceiling. "
+        "on average over all runs); the non-private rows are its ceiling. Each run is "
+        "evaluated once, at its end: whether the private rows had reached their plateau is not "
+        "measured here. "
         "**Not done here: mnist1d / cnn1d, ring:16, exponential:16**; the script takes the "
         "setting as data (`SETTINGS`) and runs them unchanged on a quieter machine.", "",
         f"Target: **ε = {c['target']:g} against a direct neighbour** (victim 1, observer 0; the "
