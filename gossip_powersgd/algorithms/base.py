@@ -128,6 +128,14 @@ class GossipAlgorithm:
     """
 
     name = "gossip"
+    #: The one hook through which a privacy mechanism puts noise on the messages themselves (ZIP-DL,
+    #: `privacy.mechanisms.zipdl`): None, or a callable ``edge_noise(step, neighbors, weights, rows)``
+    #: that adds, in place, a different noise to each row of `rows` (the outgoing messages, one row
+    #: per neighbour in `neighbors` order, W[i, j] of this step in `weights`) just before they are
+    #: sent. Only algorithms with ``supports_edge_noise = True`` call it; each says in its
+    #: docstring where the rows come from and which invariant holds.
+    supports_edge_noise = False
+    edge_noise = None
     #: "parameters": step() gossips the parameters, after optimizer.step() (D-PSGD order).
     #: "gradients": step() averages p.grad, between backward() and optimizer.step().
     acts_on = "parameters"

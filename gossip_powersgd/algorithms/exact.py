@@ -44,6 +44,10 @@ class ExactGossip(GossipAlgorithm):
     """
 
     name = "exact"
+    #: With `edge_noise` set, neighbour j receives x + n_j (its own row), while this peer mixes with
+    #: its own x unchanged: the network average moves by gamma sum_i sum_j W[i,j] n_{j->i}, zero
+    #: when each sender's noises sum to zero with the weights W[i, j] (ZIP-DL's promise).
+    supports_edge_noise = True
 
     def __init__(self, params: ParamsLike, comm, gamma: Optional[float] = None):
         # Checked before the collective set-up, so that every rank raises this error itself.
@@ -67,7 +71,13 @@ class ExactGossip(GossipAlgorithm):
         if not neighbors:
             return
         x = self._flat.pack()
-        self._exchange({j: x for j in neighbors}, {j: self._recv[j] for j in neighbors}, step)
+        if self.edge_noise is None:
+            send = {j: x for j in neighbors}
+        else:  # a different noisy copy of x for each neighbour
+            rows = x.unsqueeze(0).repeat(len(neighbors), 1)
+            self.edge_noise(self.steps, neighbors, weights, rows)
+            send = {j: rows[n] for n, j in enumerate(neighbors)}
+        self._exchange(send, {j: self._recv[j] for j in neighbors}, step)
         mix_exact(x, [self._recv[j] for j in neighbors], weights, self.gamma, self._mix)
         self._flat.unpack()
 

@@ -154,6 +154,11 @@ class PowerGossip(GossipAlgorithm):
     """
 
     name = "powergossip"
+    #: On a static topology, `edge_noise` gets the send rows of every half-step after the products
+    #: are written (the noise is on the projected messages per edge, the exact part included) and
+    #: both ends form the factors from the noisy rows: the average is kept exactly, for any noise.
+    #: Schedules do not call it (`privacy.mechanisms` refuses them).
+    supports_edge_noise = True
 
     def __init__(self, params: ParamsLike, comm, rank: int = 1, num_iterations: int = 1,
                  gamma: Optional[float] = None, warm_start: bool = True, seed: int = 0,
@@ -531,6 +536,13 @@ class PowerGossip(GossipAlgorithm):
         # ((M Q)^T or (M^T P)^T) and write them, with the exact part, into the messages.
         normalization = self._orthonormalize(plans, side) or self._no_normalization
         total = multiply_into_messages(*normalization, *work.multiply)
+        if self.edge_noise is not None:
+            # Per-edge noise on the projected messages (and the exact part), written into the send
+            # rows, from which this end forms its factors too: both ends still form the same
+            # factor, so each edge still adds +U and -U (the average is kept whatever the noise).
+            outgoing = self._outgoing[(side, has_exact)]
+            self.edge_noise(self.half_steps, self.comm.neighbors, self._weights, outgoing)
+            total = None
 
         # 2. One message per neighbour, all computed from the models as they were before any update.
         send, recv = self._messages[(side, has_exact)]

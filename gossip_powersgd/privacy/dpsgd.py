@@ -223,6 +223,9 @@ class DPSGD:
         self.engine = engine
         self.accountant_name = accountant
         self.accountant = make_accountant(accountant)
+        #: None, or ``extra_noise(step, k, p)``: float64 noise (units of the clipped sum) a
+        #: mechanism adds to parameter k's noisy sum at `step` (`privacy.mechanisms.decor`).
+        self.extra_noise = None
         self._noise_label = (-1, 0)  # (step, draws so far in that step) of the last noise draw
         self.module: Optional[nn.Module] = None
 
@@ -366,6 +369,10 @@ class DPSGD:
                     model.clear()
             else:  # the clipped sum divided by the expected batch size
                 means = self.clipped_sum(model, batch_size, divisor=self.expected_batch_size)
+            if self.extra_noise is not None:  # a mechanism's own noise (DECOR's pairs')
+                step = self.steps
+                means = [m + self.extra_noise(step, k, p) / self.expected_batch_size
+                         for k, (p, m) in enumerate(zip(params, means))]
             for p, grad in zip(params, self._noisy(params, means)):
                 p.grad = grad
         self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)

@@ -103,6 +103,9 @@ def validate_privacy_config(config) -> None:
     if config.dp_public_randomness and config.dp_secret == "run_dir":
         raise ValueError("dp_public_randomness: true derives the noise from the shared seed, so a "
                          "dp_secret: run_dir key would be unused: set only one of them")
+    from gossip_powersgd.privacy.mechanisms import validate_mechanism_config
+
+    validate_mechanism_config(config)
     if dp_enabled(config.dp_noise_multiplier, config.dp_target_epsilon) and \
             randomness_kind(config) == "run_dir" and config.out_dir is None:
         raise ValueError("dp_secret: run_dir keeps each peer's key in its run directory: set "
@@ -173,6 +176,7 @@ class DifferentialPrivacy(TrainingHooks):
         self.sigma_per_peer = False  # a target epsilon with private sizes: each peer its own sigma
         self.sample_rates: List[float] = []  # every peer's, with release_peer_statistics only
         self._figures: Optional[Dict[str, Any]] = None
+        self.mechanism = "local"
 
     # ---- set-up -----------------------------------------------------------------------------
 
@@ -222,6 +226,10 @@ class DifferentialPrivacy(TrainingHooks):
                                   seed=config.seed, rank=rank, run_dir=config.out_dir)
         self.dp = DPSGD(sigma, config.dp_max_grad_norm, rate, shard,
                         accountant=config.dp_accountant, randomness=randomness)
+        from gossip_powersgd.privacy.mechanisms import attach_mechanism
+
+        self.mechanism = config.dp_mechanism
+        collectively(comm, attach_mechanism, config, comm, self.dp, context.algorithm, randomness)
         # Opacus' per-example hooks on a first layer whose input needs no gradient make torch
         # warn at every backward; the gradients are right (Opacus' own tests run this way).
         warnings.filterwarnings("ignore", message="Full backward hook is firing",
@@ -299,6 +307,7 @@ class DifferentialPrivacy(TrainingHooks):
         peer's epsilons and sampling rate only with ``release_peer_statistics``."""
         kind = self.dp.randomness.kind
         fields = {"delta": self.delta, "max_grad_norm": _json_number(self.dp.max_grad_norm),
+                  "dp_mechanism": self.mechanism,
                   "dp_accountant": self.dp.accountant_name, "dp_adjacency": ADD_REMOVE,
                   "dp_randomness": kind, "dp_randomness_note": RANDOMNESS_NOTES[kind],
                   "noise_multiplier": self.dp.noise_multiplier}

@@ -130,6 +130,15 @@ class TrainConfig:
     dp_public_randomness: bool = False
     #: DP: deprecated, the noise is always secret now (true is accepted; see dp_secret).
     dp_secure_noise: Optional[bool] = None
+    # ---- privacy mechanisms that use the graph (privacy/mechanisms/), on top of DP-SGD ----
+    #: DP mechanism: local (DP-SGD alone) | muffliato (the same noise, accounted per pair) | zipdl
+    #: (zero-sum noise per edge on the messages) | decor (antisymmetric pairwise noise from
+    #: Diffie-Hellman pair keys; dp_noise_multiplier is then its independent sigma_ind).
+    dp_mechanism: str = "local"
+    #: zipdl: std of the per-edge zero-sum noise on every message coordinate (parameter units).
+    dp_zipdl_sigma: Optional[float] = None
+    #: decor: the pairs' noise multiplier sigma_cor (std sigma_cor x dp_max_grad_norm per pair).
+    dp_decor_sigma_cor: Optional[float] = None
     #: DP runs and partition: local: gather every peer's shard size, label histogram and training
     #: loss into the summary, logs and progress line, and report epsilon under replace-one too.
     #: Off (default): these functions of a peer's private data stay in that peer's own files.
