@@ -51,11 +51,12 @@ import numpy as np
 import torch
 
 from ..comm.base import Tensor
-from ..specs import check_seed
-from .base import (GossipAlgorithm, ParamsLike, load_tensors_, require_undirected,
+from ..specs import FALSE_WORDS, check_seed, parse_bool, parse_optional_float, parse_seed
+from .base import (GossipAlgorithm, Option, ParamsLike, load_tensors_, require_undirected,
                    step_weights, warn_if_unstable_gamma)
 from .exact import mix_exact, resolve_gamma
 from .kernels import form_factors_and_update, multiply_into_messages
+from .layout import MessageLayout, Part, unflatten
 from .lowrank import GRAM_SCHMIDT_MAX_RANK, ORTHO_EPS, MatrixStack, matrix_stacks, orthonormalize_
 
 
@@ -125,6 +126,51 @@ class _HalfStepWork:
     update: tuple  # for form_factors_and_update: new factors, scaled P, updates, exact mixing
 
 
+class LowRankProducts(MessageLayout):
+    """A PowerGossip message. On its edge's right half-step it holds, for each group of stacked
+    matrices (the `groups` field: [indices, rows, cols, r] each, in order), the products
+    (M Q)^T as batch x r x rows; on a left half-step (M^T P)^T as batch x r x cols; then, in the
+    first half-step of a step only, the exactly gossiped tensors (`exact_indices`), flattened.
+
+    The side is the edge's: on a static topology every edge takes the same one (an odd half-step
+    count is right), on a schedule each edge keeps its own counter (an idle edge skips steps), so
+    `annotate` asks the algorithm (`PowerGossip.edge_side`) and records, with the side, the shared
+    factor the products were computed with (Q on a right half-step, P on a left one, as both ends
+    hold it). How a peer keeps its factors (at rank 1, side by side in rows laid out like the
+    messages) does not change what a message holds.
+    """
+
+    @classmethod
+    def run_fields(cls, algorithm):
+        return {"groups": algorithm.groups,
+                "exact_indices": [k for k in range(len(algorithm.params))
+                                  if k not in algorithm.compressed_indices]}
+
+    def annotate(self, algorithm, sender):
+        kind = algorithm.edge_side(sender)
+        letter = "Q" if kind == "right" else "P"
+        factors = algorithm.factors(sender)
+        return {"kind": kind,
+                "factors": {str(g): factors[f"{g}.{letter}"].detach().cpu().clone()
+                            for g in range(len(self.meta["groups"]))}}
+
+    def decode(self, message):
+        tensor, kind = message["tensor"], message["kind"]
+        parts, offset = [], 0
+        for g, (indices, rows, cols, r) in enumerate(self.meta["groups"]):
+            width = rows if kind == "right" else cols
+            size = len(indices) * r * width
+            block = tensor[offset:offset + size].view(len(indices), r, width)
+            parts.append(Part(kind, list(indices), block=block, factor=message["factors"][str(g)],
+                              rows=rows, cols=cols))
+            offset += size
+        exact = self.meta["exact_indices"]
+        if exact and tensor.numel() > offset:  # the first half-step of a step
+            parts.append(Part("model", list(exact),
+                              unflatten(tensor[offset:], [self.shapes[k] for k in exact])))
+        return parts
+
+
 class PowerGossip(GossipAlgorithm):
     """Low-rank compressed gossip with shared per-edge factors and warm-started power iteration.
 
@@ -154,6 +200,24 @@ class PowerGossip(GossipAlgorithm):
     """
 
     name = "powergossip"
+    summary = "low-rank compressed gossip (PowerGossip), gamma defaults to the topology's"
+    options = {"rank": Option("rank", int), "iters": Option("num_iterations", int),
+               "gamma": Option("gamma", parse_optional_float),
+               "warm": Option("warm_start", parse_bool), "seed": Option("seed", parse_seed),
+               "min_compression_rate": Option("min_compression_rate", float),
+               "batched": Option("batch_neighbors", parse_bool)}
+    gamma_source = "topology"
+    directed = False
+    layout = LowRankProducts
+
+    @classmethod
+    def label(cls, options) -> str:
+        text = f"PowerGossip r{options.get('rank', '1')}"
+        if options.get("iters", "1") != "1":
+            text += f" K{options['iters']}"
+        if options.get("warm", "true").lower() in FALSE_WORDS:
+            text += " restart"
+        return text
 
     def __init__(self, params: ParamsLike, comm, rank: int = 1, num_iterations: int = 1,
                  gamma: Optional[float] = None, warm_start: bool = True, seed: int = 0,
@@ -643,6 +707,18 @@ class PowerGossip(GossipAlgorithm):
             side = "right" if half % 2 == 1 else "left"
             total += self._message_numel[(side, iteration == 0 and has_exact)]
         return total * len(self.comm.neighbors) * size
+
+    def edge_side(self, neighbor: int) -> str:
+        """The side ("right" | "left") of the half-step in flight on the edge to `neighbor` (the
+        last one taken, between steps). On a schedule each edge has its own counter."""
+        if self._edge_half_steps is not None:
+            return self._edge_side(neighbor, ahead=0)
+        return "right" if self.half_steps % 2 == 1 else "left"
+
+    @property
+    def groups(self) -> List[list]:
+        """The stacked groups as [indices, rows, cols, r], in message order (every peer's)."""
+        return [[list(g.indices), g.rows, g.cols, g.rank] for g in self._groups]
 
     @property
     def compressed_indices(self) -> frozenset:
