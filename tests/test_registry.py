@@ -48,3 +48,59 @@ def test_make_algorithm_builds_a_working_algorithm(spec):
 
     totals = LocalCluster(topologies.ring(4)).run(peer)
     assert sum(totals) == pytest.approx(35 * (0 + 1 + 2 + 3))
+
+
+# ---- algorithms describe themselves -----------------------------------------------------------------
+
+def test_every_registered_algorithm_is_complete_and_exported():
+    import gossip_powersgd
+    from gossip_powersgd.algorithms import ALGORITHMS, REGISTRY
+    from gossip_powersgd.algorithms.registry import declaration_problems
+
+    assert [REGISTRY[cls.name] for cls in ALGORITHMS] == ALGORITHMS
+    for cls in ALGORITHMS:
+        assert declaration_problems(cls) == []
+        assert getattr(gossip_powersgd, cls.__name__) is cls and cls.__name__ in gossip_powersgd.__all__
+
+
+def test_a_class_missing_a_declaration_is_refused_naming_what_is_missing():
+    from gossip_powersgd.algorithms import ExactGossip, GossipAlgorithm, Option, register
+
+    class Bare(GossipAlgorithm):
+        name = "bare"
+
+    with pytest.raises(TypeError, match=r"algorithm class Bare cannot be registered: it does not "
+                                        r"declare its own `summary`.*`options`.*`gamma_source`.*"
+                                        r"`directed`.*`label`.*`layout`"):
+        register(Bare)
+
+    class Renamed(ExactGossip):  # inherits everything but must name and describe itself
+        options = {"step": Option("step_size", float)}
+
+    with pytest.raises(TypeError, match=r"its own `name`.*its own `summary`.*option 'step': its "
+                                        r"argument 'step_size' is not a keyword of the constructor"):
+        register(Renamed)
+
+    class Taken(ExactGossip):
+        name = "powergossip"
+        summary = "a second powergossip"
+
+    with pytest.raises(TypeError, match="algorithm name 'powergossip' is taken by PowerGossip"):
+        register(Taken)
+
+
+def test_direction_and_config_checks_come_from_the_classes():
+    from gossip_powersgd.algorithms import check_config, check_directed
+
+    directed = topologies.parse("directed_exponential:4")
+    for spec in ("pushsum", "allreduce", "powersgd"):
+        check_directed(spec, directed, "directed_exponential:4")
+    for spec in ("exact", "powergossip", "choco:compressor=sign,gamma=0.1"):
+        with pytest.raises(ValueError, match=f"'{spec.split(':')[0]}' needs symmetric edges, but "
+                                             "topology 'directed_exponential:4' is directed"):
+            check_directed(spec, directed, "directed_exponential:4")
+    ring = topologies.ring(8)
+    check_config("exact:gamma=1.0", ring)
+    check_config("powergossip:gamma=5", ring)  # a warning when built, not a config error
+    with pytest.raises(ValueError, match="gamma"):
+        check_config("exact:gamma=5", ring)  # outside exact gossip's stable range: diverges
