@@ -55,7 +55,7 @@ from ..specs import FALSE_WORDS, check_seed, parse_bool, parse_optional_float, p
 from .base import (GossipAlgorithm, Option, ParamsLike, load_tensors_, require_undirected,
                    step_weights, warn_if_unstable_gamma)
 from .exact import mix_exact, resolve_gamma
-from .kernels import form_factors_and_update, multiply_into_messages
+from .kernels import Normalization, Products, Update, form_factors_and_update, multiply_into_messages
 from .layout import MessageLayout, Part, unflatten
 from .lowrank import GRAM_SCHMIDT_MAX_RANK, ORTHO_EPS, MatrixStack, matrix_stacks, orthonormalize_
 
@@ -122,8 +122,8 @@ class _HalfStepWork:
     """The argument lists of a static half-step's compiled tensor work (see `kernels`): a
     half-step is two calls around the exchange, however many groups and neighbours there are."""
 
-    multiply: tuple  # for multiply_into_messages, after the normalisation: products, messages
-    update: tuple  # for form_factors_and_update: new factors, scaled P, updates, exact mixing
+    multiply: Products  # for multiply_into_messages, after the normalisation: products, messages
+    update: Update  # for form_factors_and_update: new factors, scaled P, updates, exact mixing
 
 
 class LowRankProducts(MessageLayout):
@@ -494,15 +494,16 @@ class PowerGossip(GossipAlgorithm):
         and with or without the exact part."""
         self._work: Dict[tuple, _HalfStepWork] = {}
         neighbors = self.comm.neighbors
-        self._no_normalization = ([], [], [], torch.zeros(()))
+        self._no_normalization = Normalization([], [], [], torch.zeros(()))
         if not self.comm.is_static or not neighbors:
             return
         weights = [float(w) for w in self._weights]
         self._normalization = {}
         for side, plans in self._plans.items():
             if self._factor_rows is not None:
-                self._normalization[side] = ([plan.factors for plan in plans], [plan.norms for plan in plans],
-                                             [self._norm_rows[side]], self._epsilon)
+                self._normalization[side] = Normalization(
+                    factors=[plan.factors for plan in plans], norms=[plan.norms for plan in plans],
+                    norm_rows=[self._norm_rows[side]], epsilon=self._epsilon)
             lefts, rights, products, copy_to, copy_from = [], [], [], [], []
             for index, plan in enumerate(plans):
                 if self.batch_neighbors:
@@ -538,18 +539,22 @@ class PowerGossip(GossipAlgorithm):
                         matrices.append(g.matrices)
                         update_lefts.append(g.block(g.scaled_left, n).transpose(1, 2))
                         update_rights.append(g.block(g.right, n))
-            update = ([d[0] for d in differences], [d[1] for d in differences], [d[2] for d in differences],
-                      factors, scales, scaled, matrices, update_lefts, update_rights)
+            low_rank = dict(firsts=[d[0] for d in differences], seconds=[d[1] for d in differences],
+                            differences=[d[2] for d in differences], factors=factors, scales=scales,
+                            scaled=scaled, matrices=matrices, lefts=update_lefts, rights=update_rights)
             for has_exact in (False, True):
-                to, source, mixing = list(copy_to), list(copy_from), (None, [], [], 0.0, None)
+                to, source = list(copy_to), list(copy_from)
+                mixing = dict(exact=None, received=[], weights=[], gamma=0.0, scratch=None)
                 if has_exact and self._exact is not None:
                     offset, size = self._segments[("exact", side)]
                     to.append(self._send_rows[:, offset:offset + size])
                     source.append(self._exact.expand(len(neighbors), size))
                     received = [self._recv_views[("exact", side)][j] for j in neighbors]
-                    mixing = (self._exact, received, weights, float(self.gamma), self._exact_scratch)
-                multiply = (lefts, rights, products, to, source, self._outgoing[(side, has_exact)])
-                self._work[(side, has_exact)] = _HalfStepWork(multiply, update + mixing)
+                    mixing = dict(exact=self._exact, received=received, weights=weights,
+                                  gamma=float(self.gamma), scratch=self._exact_scratch)
+                multiply = Products(lefts=lefts, rights=rights, products=products, copy_to=to,
+                                    copy_from=source, outgoing=self._outgoing[(side, has_exact)])
+                self._work[(side, has_exact)] = _HalfStepWork(multiply, Update(**low_rank, **mixing))
 
     # ---- the algorithm -------------------------------------------------------------------------
     def _step(self) -> None:
