@@ -1,5 +1,7 @@
 """The CLI spelling of algorithms: parsing, nesting, and errors that list what is valid."""
 
+import inspect
+
 import pytest
 import torch
 
@@ -55,12 +57,15 @@ def test_make_algorithm_builds_a_working_algorithm(spec):
 def test_every_registered_algorithm_is_complete_and_exported():
     import gossip_powersgd
     from gossip_powersgd.algorithms import ALGORITHMS, REGISTRY
-    from gossip_powersgd.algorithms.registry import declaration_problems
+    from gossip_powersgd.algorithms.registry import constructor_defaults, declaration_problems
 
     assert [REGISTRY[cls.name] for cls in ALGORITHMS] == ALGORITHMS
     for cls in ALGORITHMS:
         assert declaration_problems(cls) == []
+        defaults = constructor_defaults(cls)  # every option's default is its constructor's
+        assert all(defaults[o.argument] is not inspect.Parameter.empty for o in cls.options.values())
         assert getattr(gossip_powersgd, cls.__name__) is cls and cls.__name__ in gossip_powersgd.__all__
+    assert constructor_defaults(REGISTRY["powergossip"])["num_iterations"] == 1
 
 
 def test_a_class_missing_a_declaration_is_refused_naming_what_is_missing():
@@ -104,3 +109,31 @@ def test_direction_and_config_checks_come_from_the_classes():
     check_config("powergossip:gamma=5", ring)  # a warning when built, not a config error
     with pytest.raises(ValueError, match="gamma"):
         check_config("exact:gamma=5", ring)  # outside exact gossip's stable range: diverges
+
+
+def test_the_earlier_register_form_still_registers_a_class_observers_cannot_decode():
+    from gossip_powersgd.algorithms import REGISTRY, ExactGossip, algorithm_label, register
+    from gossip_powersgd.privacy.views import ObservedView
+
+    cls = register("plain", ExactGossip, {"gamma": ("gamma", float)}, "exact, by another name",
+                   gamma="topology", label=lambda options: "plain gossip")
+    try:
+        assert issubclass(cls, ExactGossip) and REGISTRY["plain"] is cls
+        assert algorithm_label("plain:gamma=0.5") == "plain gossip"
+        # the layout is inherited from ExactGossip: its messages decode as the model
+        assert cls.layout is ExactGossip.layout
+    finally:
+        REGISTRY.pop("plain")
+
+    class NoLayout(ExactGossip):
+        layout = None
+
+    cls = register("opaque", NoLayout, {}, "no layout declared")
+    try:
+        meta = {"algorithm": "opaque", "shapes": [[2]], "dtype": "float32", "neighbors": [1],
+                "observer": 0}
+        view = ObservedView(meta, [])
+        with pytest.raises(ValueError, match="algorithm 'opaque' declares no message layout"):
+            view.decode({"tensor": torch.zeros(2), "sender": 1, "step": 0, "exchange": 0})
+    finally:
+        REGISTRY.pop("opaque")

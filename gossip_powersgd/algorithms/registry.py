@@ -37,10 +37,16 @@ ALGORITHMS = [ExactGossip, PowerGossip, ChocoGossip, DeepSqueeze, PushSum, AllRe
 REGISTRY: Dict[str, type] = {}
 
 
-def _constructor_defaults(cls) -> Dict[str, Any]:
+def constructor_defaults(cls) -> Dict[str, Any]:
+    """The constructor's keyword arguments and their defaults (`inspect.Parameter.empty` for
+    none): the defaults of the spec options that set them."""
     parameters = inspect.signature(cls.__init__).parameters
     return {name: p.default for name, p in parameters.items()
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def _takes_any_keyword(cls) -> bool:
+    return any(p.kind == p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values())
 
 
 def declaration_problems(cls) -> list:
@@ -57,11 +63,11 @@ def declaration_problems(cls) -> list:
     if not isinstance(cls.options, dict):
         problems.append("`options` (a dict of spec key -> Option; {} for none)")
     else:
-        defaults = _constructor_defaults(cls)
+        defaults = constructor_defaults(cls)
         for key, option in cls.options.items():
             if not isinstance(option, Option) or not callable(option.parse):
                 problems.append(f"option {key!r} as an Option(argument, parse)")
-            elif option.argument not in defaults:
+            elif option.argument not in defaults and not _takes_any_keyword(cls):
                 problems.append(f"option {key!r}: its argument {option.argument!r} is not a keyword "
                                 "of the constructor")
     if cls.gamma_source not in GAMMA_KINDS:
