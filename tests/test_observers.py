@@ -271,3 +271,23 @@ def test_a_view_on_a_schedule_decodes_to_what_the_neighbour_sent(schedule, spec)
                 # Q (or P) is orthonormal to rounding (QR), so the solve loses only ~n*u
                 for step, estimate in estimates.items():
                     assert relative_error(estimate, sender_own[step]) < 1e-12
+
+
+def test_a_pushsum_view_on_a_directed_schedule_decodes_to_the_de_biased_model():
+    from gossip_powersgd.privacy.reconstruction import reconstruct
+    from gossip_powersgd.privacy.views import ObservedView
+
+    topology, steps = topologies.parse("directed_exponential:4"), 4
+    out = LocalCluster(topology).run(_tapped_peer, "pushsum", steps)
+    views = [ObservedView(meta, records) for records, meta, _, _ in out]
+    checked = 0
+    for i, view in enumerate(views):
+        for j in view.meta["neighbors"]:
+            truth = views[j].own_trajectory()  # z_j, what j's parameters hold
+            for step, estimate in reconstruct(view, j).items():
+                assert j in topology.at(step).in_neighbors(i)
+                # the message is fl(w z) and w: dividing again is off by at most 2u|z| + O(u^2)
+                for e, z in zip(estimate, truth[step]):
+                    assert ((e - z).abs() <= 1.01 * torch.finfo(z.dtype).eps * z.abs()).all()
+                checked += 1
+    assert checked >= 4 * (steps - 1)  # every peer hears from someone at every step
