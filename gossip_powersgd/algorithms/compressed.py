@@ -170,6 +170,13 @@ class CompressedGossip(GossipAlgorithm):
     gamma_source = "tuned"
     directed = False
 
+    @classmethod
+    def check_config(cls, kwargs, topology) -> None:
+        """A compressor and a tuned γ, from the config alone: the error the constructor raises,
+        on every rank before any collective."""
+        compressed_gossip_arguments(cls.__name__, cls.name, cls.example_compressor,
+                                    kwargs.get("compressor"), kwargs.get("gamma"), kwargs.get("seed", 0))
+
     #: Name in the configuration agreement check ("<config_name> configuration").
     config_name = "Compressed gossip"
     #: A compressor spelling the "needs a compressor" error suggests.
