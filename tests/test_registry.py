@@ -137,3 +137,15 @@ def test_the_earlier_register_form_still_registers_a_class_observers_cannot_deco
             view.decode({"tensor": torch.zeros(2), "sender": 1, "step": 0, "exchange": 0})
     finally:
         REGISTRY.pop("opaque")
+
+
+@pytest.mark.parametrize("spec, message", [("powergossip:rank=0", "rank must be an integer >= 1, got 0"),
+                                           ("powergossip:iters=0", "num_iterations must be an integer >= 1"),
+                                           ("powergossip:min_compression_rate=-1",
+                                            "min_compression_rate must be >= 0")])
+def test_powergossip_checks_its_options_from_the_spec_alone(spec, message):
+    from gossip_powersgd.algorithms import check_config
+
+    with pytest.raises(ValueError, match=message):
+        check_config(spec, topologies.ring(4))
+    check_config("powergossip:rank=2,iters=3,min_compression_rate=0", topologies.ring(4))

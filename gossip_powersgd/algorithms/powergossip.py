@@ -219,17 +219,27 @@ class PowerGossip(GossipAlgorithm):
             text += " restart"
         return text
 
-    def __init__(self, params: ParamsLike, comm, rank: int = 1, num_iterations: int = 1,
-                 gamma: Optional[float] = None, warm_start: bool = True, seed: int = 0,
-                 min_compression_rate: float = 1.0, batch_neighbors: bool = True):
-        require_undirected("PowerGossip", comm)
-        super().__init__(params, comm)
+    @staticmethod
+    def _check_arguments(rank, num_iterations, min_compression_rate) -> None:
         if int(rank) != rank or rank < 1:
             raise ValueError(f"rank must be an integer >= 1, got {rank}")
         if int(num_iterations) != num_iterations or num_iterations < 1:
             raise ValueError(f"num_iterations must be an integer >= 1, got {num_iterations}")
         if min_compression_rate < 0:
             raise ValueError(f"min_compression_rate must be >= 0, got {min_compression_rate}")
+
+    @classmethod
+    def check_config(cls, kwargs, topology) -> None:
+        """The constructor's checks of rank, iterations and compression rate, from the spec alone."""
+        cls._check_arguments(kwargs.get("rank", 1), kwargs.get("num_iterations", 1),
+                             kwargs.get("min_compression_rate", 1.0))
+
+    def __init__(self, params: ParamsLike, comm, rank: int = 1, num_iterations: int = 1,
+                 gamma: Optional[float] = None, warm_start: bool = True, seed: int = 0,
+                 min_compression_rate: float = 1.0, batch_neighbors: bool = True):
+        require_undirected("PowerGossip", comm)
+        super().__init__(params, comm)
+        self._check_arguments(rank, num_iterations, min_compression_rate)
         self.rank = int(rank)
         self.num_iterations = int(num_iterations)
         self.gamma = resolve_gamma(gamma, comm)
