@@ -15,6 +15,7 @@ from .algorithms import (
     NonFiniteError,
     PowerGossip,
     PowerSGDAllReduce,
+    PushSum,
     make_algorithm,
 )
 from .comm import (
@@ -32,7 +33,8 @@ from .metrics import consensus_distance
 __version__ = "0.1.0"
 
 __all__ = [
-    "ExactGossip", "PowerGossip", "ChocoGossip", "DeepSqueeze", "AllReduce", "PowerSGDAllReduce",
+    "ExactGossip", "PowerGossip", "PushSum", "ChocoGossip", "DeepSqueeze", "AllReduce",
+    "PowerSGDAllReduce",
     "GossipAlgorithm", "NonFiniteError", "make_algorithm",
     "AgreementError", "Communicator", "CommunicationError", "LocalCluster", "MPICommunicator",
     "PeerAborted", "TorchCommunicator", "consensus_distance", "run_peers",

@@ -8,7 +8,8 @@ import torch
 
 import topologies
 from gossip_powersgd import LocalCluster, make_algorithm
-from gossip_powersgd.algorithms import ChocoGossip, DeepSqueeze, ExactGossip, PowerGossip, algorithm_kwargs
+from gossip_powersgd.algorithms import (ChocoGossip, DeepSqueeze, ExactGossip, PowerGossip,
+                                        algorithm_kwargs, check_config)
 from gossip_powersgd.specs import SEED_MAX
 from gossip_powersgd.training.config import load_config
 from gossip_powersgd.training.trainer import train
@@ -191,3 +192,27 @@ def test_constructors_check_the_seed_too(make):
 
     with pytest.raises(ValueError, match=r"seed must be an integer in \[0, "):
         LocalCluster(topologies.ring(3)).run(peer)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("choco:compressor=sign", r"^ChocoGossip needs a tuned consensus step gamma"),
+    ("deepsqueeze:gamma=0.1", r"^DeepSqueeze needs a compressor, e\.g\. compressor='sign'"),
+])
+def test_compressed_gossip_without_its_required_options_fails_on_every_rank_at_set_up(spec, message):
+    """The class's config-time check (`check_config`) runs before any collective, so every rank
+    raises the constructor's line itself."""
+    config = load_config(TINY, [f"algorithm={spec}", "quiet=true"], deep=False)
+    messages = {}
+
+    def peer(comm):
+        try:
+            train(comm, config)
+        except ValueError as exc:
+            messages[comm.rank] = str(exc)
+            raise
+
+    with pytest.raises(ValueError, match=message):
+        LocalCluster(topologies.parse(config.topology), timeout=60).run(peer)
+    assert sorted(messages) == [0, 1, 2, 3] and len(set(messages.values())) == 1
+    with pytest.raises(ValueError, match=message):  # from the spec alone, nothing built
+        check_config(spec, topologies.parse(config.topology))

@@ -177,3 +177,117 @@ def test_network_only_rerenders_the_network_section_and_keeps_the_rows(tmp_path,
     assert "| once | 2 | ring:4 | 0.726 | 0.726 | 0.726 | 100 % | 0.726 |" in page
     written = json.loads((tmp_path / "privacy_attacks.json").read_text())
     assert written["rows"] == [row] and (tmp_path / "privacy_attacks_network_dp.png").exists()
+
+
+# ---- observers on schedules, through the declared message layout --------------------------------
+
+SCHEDULES = ["one_peer_exponential:4", "matchings:4", "edge_sampling:ring:4:0.5"]
+OBSERVED_SHAPES = [(6, 6), (6, 6), (5, 5), (5,)]  # square (full rank determines them) and a bias
+
+
+def _tapped_peer(comm, spec, steps):
+    """Gossip `spec` with every peer recording its view, and tapping what it sends: (view records,
+    {(step, exchange within it): {receiver: tensor sent}}, the algorithm's final state)."""
+    from gossip_powersgd.algorithms import make_algorithm
+    from gossip_powersgd.privacy.views import RecordingCommunicator, ViewRecorder
+
+    g = torch.Generator().manual_seed(100 + comm.rank)
+    x = [torch.randn(s, generator=g, dtype=torch.float64) for s in OBSERVED_SHAPES]
+    sent, holder = {}, {}
+
+    def tap(send, recv):
+        step = holder["algorithm"].steps
+        exchange = sum(1 for s, _ in sent if s == step)
+        sent[(step, exchange)] = {j: t.clone() for j, t in send.items()}
+
+    algorithm = holder["algorithm"] = make_algorithm(spec, x, RecordingCommunicator(comm, tap))
+    recorder = ViewRecorder(algorithm)
+    for step in range(steps):
+        for t in x:  # a local change, standing in for the optimizer's step
+            t.add_(torch.randn(t.shape, generator=g, dtype=t.dtype), alpha=0.05)
+        algorithm.step()
+        recorder.flush()
+    return recorder.records, recorder.meta, sent, algorithm.state_dict()
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("spec", ["powergossip:rank=1,min_compression_rate=0",
+                                  "powergossip:rank=6,min_compression_rate=0",
+                                  "choco:compressor=topk:0.5,gamma=0.5"])
+def test_a_view_on_a_schedule_decodes_to_what_the_neighbour_sent(schedule, spec):
+    from gossip_powersgd.privacy.reconstruction import reconstruct, relative_error
+    from gossip_powersgd.privacy.views import ObservedView
+
+    topology, steps = topologies.parse(schedule), 6
+    out = LocalCluster(topology).run(_tapped_peer, spec, steps)
+    views = [ObservedView(meta, records) for records, meta, _, _ in out]
+    for i, view in enumerate(views):
+        for record in view.records:  # the neighbours of the step's graph, never the union's
+            assert record["senders"] == sorted(topology.at(record["step"]).neighbors(i))
+        for j in view.meta["neighbors"]:
+            messages = view.messages_from(j)
+            sender_sent, sender_own = out[j][2], views[j].own_trajectory()
+            assert [m["step"] for m in messages] == [
+                s for s in range(steps) if j in topology.at(s).neighbors(i)]
+            for m in messages:
+                # the bytes are those j sent to i in that exchange
+                assert torch.equal(m["tensor"], sender_sent[(m["step"], m["exchange"])][i])
+                parts = view.decode(m)
+                if spec.startswith("choco"):
+                    (part,) = parts
+                    assert part.kind == "increment" and part.indices == [0, 1, 2, 3]
+                    continue
+                truth = sender_own[m["step"]]  # j's model when it sent (one half-step per step)
+                for part in parts:
+                    if part.kind == "model":  # the exactly gossiped bias, bit for bit
+                        assert part.indices == [3] and torch.equal(part.values[0], truth[3])
+                        continue
+                    matrices = torch.stack([truth[k] for k in part.indices])
+                    if part.kind == "right":  # (M Q)^T
+                        expected = (matrices @ part.factor).transpose(1, 2)
+                    else:  # P^T M
+                        expected = part.factor.transpose(1, 2) @ matrices
+                    # Each entry is a dot product of length n = 6 of a row (right) or column (left)
+                    # of M with a unit-norm factor column, summed in another order than the
+                    # sender's kernel: they differ by at most 2 n u |row| |column| (twice the dot
+                    # product's forward error bound, one for each side; u = eps / 2).
+                    longest = max(torch.linalg.vector_norm(matrices, dim=d).max().item() for d in (1, 2))
+                    bound = 6 * torch.finfo(torch.float64).eps * longest
+                    assert (part.block - expected).abs().max().item() <= bound
+                # both ends hold the same factors: i's record of j's message, j's of i's
+                back = [n for n in views[j].messages_from(i)
+                        if (n["step"], n["exchange"]) == (m["step"], m["exchange"])]
+                assert all(torch.equal(m["factors"][g], back[0]["factors"][g]) for g in m["factors"])
+            estimates = reconstruct(view, j, window=1)
+            assert sorted(estimates) == sorted({m["step"] for m in messages})
+            if spec.startswith("choco"):  # the rebuilt copy is what j holds of itself, bit for bit
+                held = out[j][3][f"x_hat_out.{i}"]
+                if not estimates:  # an edge idle in every step so far: both copies still zero
+                    assert not held.any()
+                    continue
+                last = torch.cat([t.reshape(-1) for t in estimates[max(estimates)]])
+                assert torch.equal(last, held)
+            elif "rank=6" in spec:  # full rank: one half-step's square factor determines M_j;
+                # Q (or P) is orthonormal to rounding (QR), so the solve loses only ~n*u
+                for step, estimate in estimates.items():
+                    assert relative_error(estimate, sender_own[step]) < 1e-12
+
+
+def test_a_pushsum_view_on_a_directed_schedule_decodes_to_the_de_biased_model():
+    from gossip_powersgd.privacy.reconstruction import reconstruct
+    from gossip_powersgd.privacy.views import ObservedView
+
+    topology, steps = topologies.parse("directed_exponential:4"), 4
+    out = LocalCluster(topology).run(_tapped_peer, "pushsum", steps)
+    views = [ObservedView(meta, records) for records, meta, _, _ in out]
+    checked = 0
+    for i, view in enumerate(views):
+        for j in view.meta["neighbors"]:
+            truth = views[j].own_trajectory()  # z_j, what j's parameters hold
+            for step, estimate in reconstruct(view, j).items():
+                assert j in topology.at(step).in_neighbors(i)
+                # the message is fl(w z) and w: dividing again is off by at most 2u|z| + O(u^2)
+                for e, z in zip(estimate, truth[step]):
+                    assert ((e - z).abs() <= 1.01 * torch.finfo(z.dtype).eps * z.abs()).all()
+                checked += 1
+    assert checked >= 4 * (steps - 1)  # every peer hears from someone at every step

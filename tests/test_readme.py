@@ -1,6 +1,5 @@
 """The README's library example runs as printed, and its claims about it hold."""
 
-import inspect
 import re
 import subprocess
 import sys
@@ -47,16 +46,21 @@ def test_readme_layout_points_at_the_functions_it_names():
     layout = layout_section((ROOT / "README.md").read_text())
     claims = [("train()", "gossip_powersgd/training/trainer.py", r"^def train\("),
               ("save_checkpoint", "gossip_powersgd/training/checkpoint.py", r"^def save_checkpoint\("),
-              ("register(...)", "gossip_powersgd/algorithms/__init__.py", r"^register\(\"exact\", "),
+              ("register(MyAlgorithm)", "gossip_powersgd/algorithms/registry.py", r"^ALGORITHMS = \["),
               ("gossip-train", "gossip_powersgd/cli/", None)]
     for name, path, definition in claims:
         assert name in layout and path in layout, (name, path)
         if definition is not None:
             assert re.search(definition, (ROOT / path).read_text(), re.M), (name, path)
-    from gossip_powersgd.algorithms import register
+    from gossip_powersgd.algorithms import GossipAlgorithm
+    from gossip_powersgd.algorithms.registry import declaration_problems
 
-    assert "`gamma=`" in layout and "`label=`" in layout
-    assert {"gamma", "label"} <= set(inspect.signature(register).parameters)
+    # every declaration the paragraph names is one GossipAlgorithm has, and the registry checks
+    declared = ["name", "summary", "options", "gamma_source", "directed", "label", "layout"]
+    assert all(f"`{attr}`" in layout and hasattr(GossipAlgorithm, attr) for attr in declared)
+    assert "`check_config`" in layout and hasattr(GossipAlgorithm, "check_config")
+    missing = " ".join(declaration_problems(type("Bare", (GossipAlgorithm,), {})))
+    assert all(f"`{attr}`" in missing for attr in declared)
     setup = (ROOT / "setup.cfg").read_text()
     assert "gossip-train = gossip_powersgd.cli.train:main" in setup
     assert "gossip-plot = gossip_powersgd.cli.plot:main" in setup

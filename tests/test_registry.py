@@ -1,5 +1,7 @@
 """The CLI spelling of algorithms: parsing, nesting, and errors that list what is valid."""
 
+import inspect
+
 import pytest
 import torch
 
@@ -48,3 +50,102 @@ def test_make_algorithm_builds_a_working_algorithm(spec):
 
     totals = LocalCluster(topologies.ring(4)).run(peer)
     assert sum(totals) == pytest.approx(35 * (0 + 1 + 2 + 3))
+
+
+# ---- algorithms describe themselves -----------------------------------------------------------------
+
+def test_every_registered_algorithm_is_complete_and_exported():
+    import gossip_powersgd
+    from gossip_powersgd.algorithms import ALGORITHMS, REGISTRY
+    from gossip_powersgd.algorithms.registry import constructor_defaults, declaration_problems
+
+    assert [REGISTRY[cls.name] for cls in ALGORITHMS] == ALGORITHMS
+    for cls in ALGORITHMS:
+        assert declaration_problems(cls) == []
+        defaults = constructor_defaults(cls)  # every option's default is its constructor's
+        assert all(defaults[o.argument] is not inspect.Parameter.empty for o in cls.options.values())
+        assert getattr(gossip_powersgd, cls.__name__) is cls and cls.__name__ in gossip_powersgd.__all__
+    assert constructor_defaults(REGISTRY["powergossip"])["num_iterations"] == 1
+
+
+def test_a_class_missing_a_declaration_is_refused_naming_what_is_missing():
+    from gossip_powersgd.algorithms import ExactGossip, GossipAlgorithm, Option, register
+
+    class Bare(GossipAlgorithm):
+        name = "bare"
+
+    with pytest.raises(TypeError, match=r"algorithm class Bare cannot be registered: it does not "
+                                        r"declare its own `summary`.*`options`.*`gamma_source`.*"
+                                        r"`directed`.*`label`.*`layout`"):
+        register(Bare)
+
+    class Renamed(ExactGossip):  # inherits everything but must name and describe itself
+        options = {"step": Option("step_size", float)}
+
+    with pytest.raises(TypeError, match=r"its own `name`.*its own `summary`.*option 'step': its "
+                                        r"argument 'step_size' is not a keyword of the constructor"):
+        register(Renamed)
+
+    class Taken(ExactGossip):
+        name = "powergossip"
+        summary = "a second powergossip"
+
+    with pytest.raises(TypeError, match="algorithm name 'powergossip' is taken by PowerGossip"):
+        register(Taken)
+
+
+def test_direction_and_config_checks_come_from_the_classes():
+    from gossip_powersgd.algorithms import check_config, check_directed
+
+    directed = topologies.parse("directed_exponential:4")
+    for spec in ("pushsum", "allreduce", "powersgd"):
+        check_directed(spec, directed, "directed_exponential:4")
+    for spec in ("exact", "powergossip", "choco:compressor=sign,gamma=0.1"):
+        with pytest.raises(ValueError, match=f"'{spec.split(':')[0]}' needs symmetric edges, but "
+                                             "topology 'directed_exponential:4' is directed"):
+            check_directed(spec, directed, "directed_exponential:4")
+    ring = topologies.ring(8)
+    check_config("exact:gamma=1.0", ring)
+    check_config("powergossip:gamma=5", ring)  # a warning when built, not a config error
+    with pytest.raises(ValueError, match="gamma"):
+        check_config("exact:gamma=5", ring)  # outside exact gossip's stable range: diverges
+
+
+def test_the_earlier_register_form_still_registers_a_class_observers_cannot_decode():
+    from gossip_powersgd.algorithms import REGISTRY, ExactGossip, algorithm_label, register
+    from gossip_powersgd.privacy.views import ObservedView
+
+    cls = register("plain", ExactGossip, {"gamma": ("gamma", float)}, "exact, by another name",
+                   gamma="topology", label=lambda options: "plain gossip")
+    try:
+        assert issubclass(cls, ExactGossip) and REGISTRY["plain"] is cls
+        assert algorithm_label("plain:gamma=0.5") == "plain gossip"
+        # the layout is inherited from ExactGossip: its messages decode as the model
+        assert cls.layout is ExactGossip.layout
+    finally:
+        REGISTRY.pop("plain")
+
+    class NoLayout(ExactGossip):
+        layout = None
+
+    cls = register("opaque", NoLayout, {}, "no layout declared")
+    try:
+        meta = {"algorithm": "opaque", "shapes": [[2]], "dtype": "float32", "neighbors": [1],
+                "observer": 0}
+        view = ObservedView(meta, [])
+        with pytest.raises(ValueError, match="algorithm 'opaque' declares no message layout"):
+            view.decode({"tensor": torch.zeros(2), "sender": 1, "step": 0, "exchange": 0})
+    finally:
+        REGISTRY.pop("opaque")
+
+
+@pytest.mark.parametrize("spec, message", [("powergossip:rank=0", "rank must be an integer >= 1, got 0"),
+                                           ("powergossip:iters=0", "num_iterations must be an integer >= 1"),
+                                           ("powergossip:min_compression_rate=-1",
+                                            "min_compression_rate must be >= 0")])
+def test_powergossip_checks_its_options_from_the_spec_alone(spec, message):
+    from gossip_powersgd.algorithms import check_config
+
+    with pytest.raises(ValueError, match=message):
+        check_config(spec, topologies.ring(4))
+    check_config("powergossip:rank=2,iters=3,min_compression_rate=0", topologies.ring(4))

@@ -20,8 +20,9 @@ from typing import Dict, List
 import torch
 
 from ..comm.base import Tensor, ring_allreduce_bytes
-from ..specs import check_seed
-from .base import FlatParams, GossipAlgorithm, NonFiniteError, ParamsLike, load_tensors_
+from ..specs import check_seed, parse_bool, parse_seed
+from .base import FlatParams, GossipAlgorithm, NonFiniteError, Option, ParamsLike, load_tensors_
+from .layout import NoMessages
 from .lowrank import MatrixStack, matrix_stacks, orthonormalize_
 
 
@@ -33,6 +34,10 @@ def _allreduce_bytes(comm, numel: int, itemsize: int) -> int:
 class _Collective(GossipAlgorithm):
     """An algorithm that talks through all-reduces (training traffic, timed as communication)."""
 
+    gamma_source = "none"
+    directed = True  # no graph: the all-reduce ignores the topology
+    layout = NoMessages
+
     def _allreduce(self, buffer: Tensor) -> None:
         start = time.perf_counter()
         self.comm.allreduce_(buffer, "mean")
@@ -43,6 +48,12 @@ class AllReduce(_Collective):
     """Exact averaging of the parameters with one all-reduce per step (all tensors in one buffer)."""
 
     name = "allreduce"
+    summary = "exact all-reduce average of the parameters (centralized)"
+    options = {}
+
+    @classmethod
+    def label(cls, options) -> str:
+        return "all-reduce"
 
     def __init__(self, params: ParamsLike, comm):
         super().__init__(params, comm)
@@ -103,6 +114,15 @@ class PowerSGDAllReduce(_Collective):
     """
 
     name = "powersgd"
+    summary = "centralized PowerSGD all-reduce of the gradients with error feedback (DDP hook)"
+    options = {"rank": Option("rank", int), "warm": Option("warm_start", parse_bool),
+               "start_iter": Option("start_iter", int),
+               "min_compression_rate": Option("min_compression_rate", float),
+               "seed": Option("seed", parse_seed)}
+
+    @classmethod
+    def label(cls, options) -> str:
+        return f"PowerSGD all-reduce r{options.get('rank', '1')}"
     acts_on = "gradients"
 
     def __init__(self, params: ParamsLike, comm, rank: int = 1, warm_start: bool = True,

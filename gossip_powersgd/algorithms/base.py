@@ -3,10 +3,11 @@ tensors into one message, and the finiteness guard on everything sent."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -120,13 +121,29 @@ def step_weights(comm, step: int) -> Tuple[Tuple[int, ...], List[float]]:
     return neighbors, [graph.weight(comm.rank, j) for j in neighbors]
 
 
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One key of an algorithm's spec: the constructor's keyword argument it sets, and how its text
+    is parsed (its type). The default is the constructor's (`registry` reads it from there)."""
+
+    argument: str
+    parse: Callable[[str], Any]
+    help: str = ""
+
+
 class GossipAlgorithm:
     """Base class: holds the parameters (updated in place) and the communicator.
 
     Construction is collective: every peer checks that all peers hold parameters of the same shapes
     and dtypes, and fails with the same `AgreementError` on every rank otherwise.
+
+    A registered algorithm describes itself with the class attributes below (`registry.register`
+    refuses a class that leaves one unset): its spec name, a one-line summary, its spec options,
+    where its γ comes from, whether it runs on directed graphs, its legend label, the layout of its
+    messages (`layout.MessageLayout`) and, optionally, its config-time checks.
     """
 
+    #: The spec name ("powergossip" in "powergossip:rank=2").
     name = "gossip"
     #: The one hook through which a privacy mechanism puts noise on the messages themselves (ZIP-DL,
     #: `privacy.mechanisms.zipdl`): None, or a callable ``edge_noise(step, neighbors, weights, rows)``
@@ -136,9 +153,30 @@ class GossipAlgorithm:
     #: docstring where the rows come from and which invariant holds.
     supports_edge_noise = False
     edge_noise = None
+    #: One line for `describe_algorithms()` (the CLI's list).
+    summary: Optional[str] = None
+    #: Spec key -> `Option` (an empty dict for none).
+    options: Optional[Dict[str, Option]] = None
+    #: What γ is when the spec sets none: "topology" (the topology's `gamma`; 1 on a schedule),
+    #: "tuned" (no good default: sweep it), "none" (the algorithm has no γ).
+    gamma_source: Optional[str] = None
+    #: True when the algorithm runs on a directed topology (push-sum, the all-reduce baselines).
+    directed: Optional[bool] = None
+    #: The `layout.MessageLayout` subclass that says what every message holds, for observers.
+    layout: Optional[type] = None
     #: "parameters": step() gossips the parameters, after optimizer.step() (D-PSGD order).
     #: "gradients": step() averages p.grad, between backward() and optimizer.step().
     acts_on = "parameters"
+
+    #: The legend label of a spec's options (strings, γ left out), e.g. "PowerGossip r1"; a
+    #: classmethod `label(cls, options) -> str` in every registered class.
+    label: Optional[Callable[[Dict[str, str]], str]] = None
+
+    @classmethod
+    def check_config(cls, kwargs: Dict[str, Any], topology) -> None:
+        """Config-time checks of the spec's parsed options against the run's topology (or
+        schedule), run on every rank before any collective; raise a one-line ValueError. Whether
+        the topology's direction suits the algorithm is checked from `directed` already."""
 
     def __init__(self, params: ParamsLike, comm):
         self.names, self.params = named_tensors(params)

@@ -41,7 +41,14 @@ import torch
 
 from ..comm.base import Tensor
 from .base import ParamsLike, step_weights
-from .compressed import CompressedGossip
+from .compressed import CompressedGossip, CompressedPayloads, compressed_label
+
+
+class ChocoIncrements(CompressedPayloads):
+    """A Choco message decodes to q_j, the increment of the copy x̂_j (per edge on a schedule)
+    that the receiver keeps of the sender; the copies start at zero."""
+
+    part_kind = "increment"
 
 
 class ChocoGossip(CompressedGossip):
@@ -60,6 +67,10 @@ class ChocoGossip(CompressedGossip):
     """
 
     name = "choco"
+    summary = ("Choco-Gossip: compressed gossip of x - x_hat (gamma must be tuned), "
+               "e.g. compressor=topk:0.01")
+    layout = ChocoIncrements
+    label = compressed_label("Choco")
     config_name = "Choco"
     example_compressor = "topk:0.01"
 

@@ -29,8 +29,9 @@ import torch
 
 from ..comm.base import Tensor
 from ..compressors import Compressor, parse_compressor
-from ..specs import check_seed
-from .base import GossipAlgorithm, ParamsLike, require_undirected, warn_if_unstable_gamma
+from ..specs import check_seed, parse_optional_float, parse_seed
+from .base import GossipAlgorithm, Option, ParamsLike, require_undirected, warn_if_unstable_gamma
+from .layout import MessageLayout, Part
 
 _INT63 = 0x7FFF_FFFF_FFFF_FFFF
 
@@ -122,6 +123,38 @@ def flat_state(tensors: Sequence[Tensor], dtype, device):
     return flat, views
 
 
+class CompressedPayloads(MessageLayout):
+    """A compressed-gossip message: every tensor's `Compressor` payload back to back, decoded
+    with the sender's keys of the message's step (as the receiver decodes it); `part_kind` says
+    what the decoded tensors are to the receiver."""
+
+    part_kind = "estimate"
+
+    @classmethod
+    def run_fields(cls, algorithm):
+        return {"compressor": repr(algorithm.compressor), "seed": int(algorithm.seed)}
+
+    def decode(self, message):
+        if not hasattr(self, "_decoder"):
+            self._decoder = CompressedMessages(parse_compressor(self.meta["compressor"]),
+                                               [torch.Size(s) for s in self.shapes], self.dtype,
+                                               torch.device("cpu"), [], int(self.meta["seed"]))
+        decoder = self._decoder
+        outs = [torch.zeros(s, dtype=self.dtype) for s in self.shapes]
+        payload = message["tensor"]
+        views = [payload[a:b] for a, b in zip(decoder.offsets, decoder.offsets[1:])]
+        decoder.decode(views, outs, int(message["step"]), int(message["sender"]))
+        return [Part(self.part_kind, list(range(len(self.shapes))), outs)]
+
+
+def compressed_label(pretty: str):
+    """A label function: "<pretty> <compressor spec, ':' as a space>"."""
+    def label(cls, options) -> str:
+        compressor = options.get("compressor", "?")
+        return f"{pretty} {compressor.replace(':', ' ')}"
+    return classmethod(label)
+
+
 class CompressedGossip(GossipAlgorithm):
     """Base class of gossip that sends every tensor through a `Compressor`.
 
@@ -130,6 +163,19 @@ class CompressedGossip(GossipAlgorithm):
     state buffers in `state_buffers()`, and writes `_step()` with `_send_compressed`,
     `_decode_own` and `_decode_neighbors`.
     """
+
+    options = {"compressor": Option("compressor", parse_compressor, "e.g. topk:0.01, sign"),
+               "gamma": Option("gamma", parse_optional_float, "consensus step (required)"),
+               "seed": Option("seed", parse_seed)}
+    gamma_source = "tuned"
+    directed = False
+
+    @classmethod
+    def check_config(cls, kwargs, topology) -> None:
+        """A compressor and a tuned γ, from the config alone: the error the constructor raises,
+        on every rank before any collective."""
+        compressed_gossip_arguments(cls.__name__, cls.name, cls.example_compressor,
+                                    kwargs.get("compressor"), kwargs.get("gamma"), kwargs.get("seed", 0))
 
     #: Name in the configuration agreement check ("<config_name> configuration").
     config_name = "Compressed gossip"

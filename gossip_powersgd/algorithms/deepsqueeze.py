@@ -39,7 +39,14 @@ import torch
 
 from ..comm.base import Tensor
 from .base import ParamsLike, step_weights
-from .compressed import CompressedGossip
+from .compressed import CompressedGossip, CompressedPayloads, compressed_label
+
+
+class DeepSqueezeEstimates(CompressedPayloads):
+    """A DeepSqueeze message decodes to c_j = C(x_j + δ_j), the estimate of the sender's model that
+    the protocol publishes."""
+
+    part_kind = "estimate"
 
 
 class DeepSqueeze(CompressedGossip):
@@ -56,6 +63,10 @@ class DeepSqueeze(CompressedGossip):
     """
 
     name = "deepsqueeze"
+    summary = ("DeepSqueeze: error-compensated compressed gossip (gamma must be tuned), "
+               "e.g. compressor=sign")
+    layout = DeepSqueezeEstimates
+    label = compressed_label("DeepSqueeze")
     config_name = "DeepSqueeze"
     example_compressor = "sign"
 

@@ -11,8 +11,10 @@ from typing import Dict, Optional, Sequence
 import torch
 
 from ..comm.base import Tensor
+from ..specs import parse_optional_float
 from . import kernels
-from .base import FlatParams, GossipAlgorithm, ParamsLike, require_undirected, step_weights
+from .base import FlatParams, GossipAlgorithm, Option, ParamsLike, require_undirected, step_weights
+from .layout import WholeModel
 
 
 def resolve_gamma(gamma: Optional[float], comm) -> float:
@@ -48,6 +50,26 @@ class ExactGossip(GossipAlgorithm):
     #: its own x unchanged: the network average moves by gamma sum_i sum_j W[i,j] n_{j->i}, zero
     #: when each sender's noises sum to zero with the weights W[i, j] (ZIP-DL's promise).
     supports_edge_noise = True
+    summary = "uncompressed gossip, x += gamma * sum_j W_ij (x_j - x)"
+    options = {"gamma": Option("gamma", parse_optional_float, "consensus step (default: the topology's)")}
+    gamma_source = "topology"
+    directed = False
+    layout = WholeModel
+
+    @classmethod
+    def label(cls, options) -> str:
+        return "exact gossip"
+
+    @classmethod
+    def check_config(cls, kwargs, topology) -> None:
+        """Exact gossip refuses a γ outside the topology's stable range when it is built; the same
+        check runs from the config alone, so that every rank reports it before any peer starts a
+        collective the others would never join."""
+        if hasattr(topology, "check_gamma"):
+            gamma = kwargs.get("gamma")
+            if gamma is None:  # a schedule has no one optimal step: 1 (resolve_gamma)
+                gamma = float(topology.gamma) if hasattr(topology, "gamma") else 1.0
+            topology.check_gamma(gamma)
 
     def __init__(self, params: ParamsLike, comm, gamma: Optional[float] = None):
         # Checked before the collective set-up, so that every rank raises this error itself.

@@ -14,7 +14,8 @@ so the bits are the same.
 
 from __future__ import annotations
 
-from typing import List, Optional
+import inspect
+from typing import List, NamedTuple, Optional
 
 import torch
 
@@ -90,4 +91,57 @@ def mix_exact(x: Tensor, received: List[Tensor], weights: List[float], gamma: fl
     _mix_exact(x, received, weights, gamma, scratch)
 
 
-__all__ = ["form_factors_and_update", "mix_exact", "multiply_into_messages"]
+class Normalization(NamedTuple):
+    """The first arguments of `multiply_into_messages`: the rank-1 orthonormalisation (all empty
+    lists at other ranks)."""
+
+    factors: List[Tensor]
+    norms: List[Tensor]
+    norm_rows: List[Tensor]
+    epsilon: Tensor
+
+
+class Products(NamedTuple):
+    """The rest of `multiply_into_messages`'s arguments: the products and the message copies."""
+
+    lefts: List[Tensor]
+    rights: List[Tensor]
+    products: List[Tensor]
+    copy_to: List[Tensor]
+    copy_from: List[Tensor]
+    outgoing: Tensor
+
+
+class Update(NamedTuple):
+    """The arguments of `form_factors_and_update`, by name (they are passed in this order)."""
+
+    firsts: List[Tensor]
+    seconds: List[Tensor]
+    differences: List[Tensor]
+    factors: List[Tensor]
+    scales: List[Tensor]
+    scaled: List[Tensor]
+    matrices: List[Tensor]
+    lefts: List[Tensor]
+    rights: List[Tensor]
+    exact: Optional[Tensor]
+    received: List[Tensor]
+    weights: List[float]
+    gamma: float
+    scratch: Optional[Tensor]
+
+
+def _check_fields() -> None:
+    """The named tuples list the compiled functions' parameters in order (they are splatted
+    positionally, since a TorchScript call takes no keywords cheaply): refuse a drift at import."""
+    multiply = list(inspect.signature(multiply_into_messages.python).parameters)
+    update = list(inspect.signature(form_factors_and_update.python).parameters)
+    if multiply != [*Normalization._fields, *Products._fields] or update != list(Update._fields):
+        raise ImportError("kernels: the named argument tuples no longer match the compiled "
+                          "functions' parameters; update them together")
+
+
+_check_fields()
+
+__all__ = ["Normalization", "Products", "Update", "form_factors_and_update", "mix_exact",
+           "multiply_into_messages"]

@@ -51,11 +51,12 @@ import numpy as np
 import torch
 
 from ..comm.base import Tensor
-from ..specs import check_seed
-from .base import (GossipAlgorithm, ParamsLike, load_tensors_, require_undirected,
+from ..specs import FALSE_WORDS, check_seed, parse_bool, parse_optional_float, parse_seed
+from .base import (GossipAlgorithm, Option, ParamsLike, load_tensors_, require_undirected,
                    step_weights, warn_if_unstable_gamma)
 from .exact import mix_exact, resolve_gamma
-from .kernels import form_factors_and_update, multiply_into_messages
+from .kernels import Normalization, Products, Update, form_factors_and_update, multiply_into_messages
+from .layout import MessageLayout, Part, unflatten
 from .lowrank import GRAM_SCHMIDT_MAX_RANK, ORTHO_EPS, MatrixStack, matrix_stacks, orthonormalize_
 
 
@@ -121,8 +122,53 @@ class _HalfStepWork:
     """The argument lists of a static half-step's compiled tensor work (see `kernels`): a
     half-step is two calls around the exchange, however many groups and neighbours there are."""
 
-    multiply: tuple  # for multiply_into_messages, after the normalisation: products, messages
-    update: tuple  # for form_factors_and_update: new factors, scaled P, updates, exact mixing
+    multiply: Products  # for multiply_into_messages, after the normalisation: products, messages
+    update: Update  # for form_factors_and_update: new factors, scaled P, updates, exact mixing
+
+
+class LowRankProducts(MessageLayout):
+    """A PowerGossip message. On its edge's right half-step it holds, for each group of stacked
+    matrices (the `groups` field: [indices, rows, cols, r] each, in order), the products
+    (M Q)^T as batch x r x rows; on a left half-step (M^T P)^T as batch x r x cols; then, in the
+    first half-step of a step only, the exactly gossiped tensors (`exact_indices`), flattened.
+
+    The side is the edge's: on a static topology every edge takes the same one (an odd half-step
+    count is right), on a schedule each edge keeps its own counter (an idle edge skips steps), so
+    `annotate` asks the algorithm (`PowerGossip.edge_side`) and records, with the side, the shared
+    factor the products were computed with (Q on a right half-step, P on a left one, as both ends
+    hold it). How a peer keeps its factors (at rank 1, side by side in rows laid out like the
+    messages) does not change what a message holds.
+    """
+
+    @classmethod
+    def run_fields(cls, algorithm):
+        return {"groups": algorithm.groups,
+                "exact_indices": [k for k in range(len(algorithm.params))
+                                  if k not in algorithm.compressed_indices]}
+
+    def annotate(self, algorithm, sender):
+        kind = algorithm.edge_side(sender)
+        letter = "Q" if kind == "right" else "P"
+        factors = algorithm.factors(sender)
+        return {"kind": kind,
+                "factors": {str(g): factors[f"{g}.{letter}"].detach().cpu().clone()
+                            for g in range(len(self.meta["groups"]))}}
+
+    def decode(self, message):
+        tensor, kind = message["tensor"], message["kind"]
+        parts, offset = [], 0
+        for g, (indices, rows, cols, r) in enumerate(self.meta["groups"]):
+            width = rows if kind == "right" else cols
+            size = len(indices) * r * width
+            block = tensor[offset:offset + size].view(len(indices), r, width)
+            parts.append(Part(kind, list(indices), block=block, factor=message["factors"][str(g)],
+                              rows=rows, cols=cols))
+            offset += size
+        exact = self.meta["exact_indices"]
+        if exact and tensor.numel() > offset:  # the first half-step of a step
+            parts.append(Part("model", list(exact),
+                              unflatten(tensor[offset:], [self.shapes[k] for k in exact])))
+        return parts
 
 
 class PowerGossip(GossipAlgorithm):
@@ -159,18 +205,46 @@ class PowerGossip(GossipAlgorithm):
     #: both ends form the factors from the noisy rows: the average is kept exactly, for any noise.
     #: Schedules do not call it (`privacy.mechanisms` refuses them).
     supports_edge_noise = True
+    summary = "low-rank compressed gossip (PowerGossip), gamma defaults to the topology's"
+    options = {"rank": Option("rank", int), "iters": Option("num_iterations", int),
+               "gamma": Option("gamma", parse_optional_float),
+               "warm": Option("warm_start", parse_bool), "seed": Option("seed", parse_seed),
+               "min_compression_rate": Option("min_compression_rate", float),
+               "batched": Option("batch_neighbors", parse_bool)}
+    gamma_source = "topology"
+    directed = False
+    layout = LowRankProducts
 
-    def __init__(self, params: ParamsLike, comm, rank: int = 1, num_iterations: int = 1,
-                 gamma: Optional[float] = None, warm_start: bool = True, seed: int = 0,
-                 min_compression_rate: float = 1.0, batch_neighbors: bool = True):
-        require_undirected("PowerGossip", comm)
-        super().__init__(params, comm)
+    @classmethod
+    def label(cls, options) -> str:
+        text = f"PowerGossip r{options.get('rank', '1')}"
+        if options.get("iters", "1") != "1":
+            text += f" K{options['iters']}"
+        if options.get("warm", "true").lower() in FALSE_WORDS:
+            text += " restart"
+        return text
+
+    @staticmethod
+    def _check_arguments(rank, num_iterations, min_compression_rate) -> None:
         if int(rank) != rank or rank < 1:
             raise ValueError(f"rank must be an integer >= 1, got {rank}")
         if int(num_iterations) != num_iterations or num_iterations < 1:
             raise ValueError(f"num_iterations must be an integer >= 1, got {num_iterations}")
         if min_compression_rate < 0:
             raise ValueError(f"min_compression_rate must be >= 0, got {min_compression_rate}")
+
+    @classmethod
+    def check_config(cls, kwargs, topology) -> None:
+        """The constructor's checks of rank, iterations and compression rate, from the spec alone."""
+        cls._check_arguments(kwargs.get("rank", 1), kwargs.get("num_iterations", 1),
+                             kwargs.get("min_compression_rate", 1.0))
+
+    def __init__(self, params: ParamsLike, comm, rank: int = 1, num_iterations: int = 1,
+                 gamma: Optional[float] = None, warm_start: bool = True, seed: int = 0,
+                 min_compression_rate: float = 1.0, batch_neighbors: bool = True):
+        require_undirected("PowerGossip", comm)
+        super().__init__(params, comm)
+        self._check_arguments(rank, num_iterations, min_compression_rate)
         self.rank = int(rank)
         self.num_iterations = int(num_iterations)
         self.gamma = resolve_gamma(gamma, comm)
@@ -435,15 +509,16 @@ class PowerGossip(GossipAlgorithm):
         and with or without the exact part."""
         self._work: Dict[tuple, _HalfStepWork] = {}
         neighbors = self.comm.neighbors
-        self._no_normalization = ([], [], [], torch.zeros(()))
+        self._no_normalization = Normalization([], [], [], torch.zeros(()))
         if not self.comm.is_static or not neighbors:
             return
         weights = [float(w) for w in self._weights]
         self._normalization = {}
         for side, plans in self._plans.items():
             if self._factor_rows is not None:
-                self._normalization[side] = ([plan.factors for plan in plans], [plan.norms for plan in plans],
-                                             [self._norm_rows[side]], self._epsilon)
+                self._normalization[side] = Normalization(
+                    factors=[plan.factors for plan in plans], norms=[plan.norms for plan in plans],
+                    norm_rows=[self._norm_rows[side]], epsilon=self._epsilon)
             lefts, rights, products, copy_to, copy_from = [], [], [], [], []
             for index, plan in enumerate(plans):
                 if self.batch_neighbors:
@@ -479,18 +554,22 @@ class PowerGossip(GossipAlgorithm):
                         matrices.append(g.matrices)
                         update_lefts.append(g.block(g.scaled_left, n).transpose(1, 2))
                         update_rights.append(g.block(g.right, n))
-            update = ([d[0] for d in differences], [d[1] for d in differences], [d[2] for d in differences],
-                      factors, scales, scaled, matrices, update_lefts, update_rights)
+            low_rank = dict(firsts=[d[0] for d in differences], seconds=[d[1] for d in differences],
+                            differences=[d[2] for d in differences], factors=factors, scales=scales,
+                            scaled=scaled, matrices=matrices, lefts=update_lefts, rights=update_rights)
             for has_exact in (False, True):
-                to, source, mixing = list(copy_to), list(copy_from), (None, [], [], 0.0, None)
+                to, source = list(copy_to), list(copy_from)
+                mixing = dict(exact=None, received=[], weights=[], gamma=0.0, scratch=None)
                 if has_exact and self._exact is not None:
                     offset, size = self._segments[("exact", side)]
                     to.append(self._send_rows[:, offset:offset + size])
                     source.append(self._exact.expand(len(neighbors), size))
                     received = [self._recv_views[("exact", side)][j] for j in neighbors]
-                    mixing = (self._exact, received, weights, float(self.gamma), self._exact_scratch)
-                multiply = (lefts, rights, products, to, source, self._outgoing[(side, has_exact)])
-                self._work[(side, has_exact)] = _HalfStepWork(multiply, update + mixing)
+                    mixing = dict(exact=self._exact, received=received, weights=weights,
+                                  gamma=float(self.gamma), scratch=self._exact_scratch)
+                multiply = Products(lefts=lefts, rights=rights, products=products, copy_to=to,
+                                    copy_from=source, outgoing=self._outgoing[(side, has_exact)])
+                self._work[(side, has_exact)] = _HalfStepWork(multiply, Update(**low_rank, **mixing))
 
     # ---- the algorithm -------------------------------------------------------------------------
     def _step(self) -> None:
@@ -655,6 +734,18 @@ class PowerGossip(GossipAlgorithm):
             side = "right" if half % 2 == 1 else "left"
             total += self._message_numel[(side, iteration == 0 and has_exact)]
         return total * len(self.comm.neighbors) * size
+
+    def edge_side(self, neighbor: int) -> str:
+        """The side ("right" | "left") of the half-step in flight on the edge to `neighbor` (the
+        last one taken, between steps). On a schedule each edge has its own counter."""
+        if self._edge_half_steps is not None:
+            return self._edge_side(neighbor, ahead=0)
+        return "right" if self.half_steps % 2 == 1 else "left"
+
+    @property
+    def groups(self) -> List[list]:
+        """The stacked groups as [indices, rows, cols, r], in message order (every peer's)."""
+        return [[list(g.indices), g.rows, g.cols, g.rank] for g in self._groups]
 
     @property
     def compressed_indices(self) -> frozenset:

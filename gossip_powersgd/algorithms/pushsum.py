@@ -27,6 +27,17 @@ import torch
 
 from ..comm.base import Tensor
 from .base import FlatParams, GossipAlgorithm, ParamsLike
+from .layout import MessageLayout, Part, unflatten
+
+
+class PushSumMessages(MessageLayout):
+    """A push-sum message: the sender's x_j = w_j z_j, flattened, then w_j; its model is x_j / w_j
+    (the de-biased z_j its parameters hold, up to the rounding of the division)."""
+
+    def decode(self, message):
+        tensor = message["tensor"]
+        model = tensor[:-1] / tensor[-1]
+        return [Part("model", list(range(len(self.shapes))), unflatten(model, self.shapes))]
 
 
 def push_shares(graph, rank: int) -> Tuple[Tuple[int, ...], Tuple[int, ...], float, List[float]]:
@@ -52,6 +63,15 @@ class PushSum(GossipAlgorithm):
     """
 
     name = "pushsum"
+    summary = "push-sum gossip for directed graphs (column-stochastic P, de-biased model x/w)"
+    options = {}
+    gamma_source = "none"
+    directed = True
+    layout = PushSumMessages
+
+    @classmethod
+    def label(cls, options) -> str:
+        return "push-sum"
 
     def __init__(self, params: ParamsLike, comm):
         super().__init__(params, comm)

@@ -15,9 +15,10 @@ numbers, strings, lists and dicts, so `torch.load(path, weights_only=True)` read
 
     meta.pt            {"format": 1, "observer": K, "algorithm": name, "neighbors": [...],
                         "observe_every": e, "shapes": [[...], ...], "dtype": "float32",
-                        + PowerGossip: "groups": [[indices, rows, cols, rank], ...],
+                        + the fields of the algorithm's message layout, e.g.
+                          PowerGossip: "groups": [[indices, rows, cols, rank], ...],
                                        "exact_indices": [...]
-                        + Choco / DeepSqueeze: "compressor": spelling, "seed": s}
+                          Choco / DeepSqueeze: "compressor": spelling, "seed": s}
     step-00000012.pt   {"format": 1, "step": 12,
                         "senders": [j, ...]             the neighbours whose messages arrived in
                                                         this step (on a schedule or a directed
@@ -29,10 +30,15 @@ numbers, strings, lists and dicts, so `torch.load(path, weights_only=True)` read
                         "messages": [{"exchange": k (0-based within the step), "sender": j,
                                       "kind": "right" | "left" | "" (PowerGossip half-step),
                                       "tensor": the message exactly as delivered,
+                                      + what the layout's `annotate` adds, e.g. PowerGossip's
                                       "factors": {"g": the factor of group g it was computed with,
                                                   Q (batch, cols, r) on a right half-step, P
-                                                  (batch, rows, r) on a left one; PowerGossip only}},
+                                                  (batch, rows, r) on a left one}},
                                      ...]}
+
+Everything algorithm-specific comes from the algorithm's declared message layout
+(`algorithms.layout`): its fields in meta.pt, each message's annotation, and, when read back,
+`ObservedView.decode`, which says which of the sender's tensors a message holds.
 
 `step` is the gossip step's 0-based index (`algorithm.steps` while it runs). Only steps with
 `step % observe_every == 0` are recorded, which bounds the size; `bytes_recorded` counts the bytes of
@@ -58,8 +64,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import torch
 
-from gossip_powersgd.algorithms.compressed import CompressedGossip
-from gossip_powersgd.algorithms.powergossip import PowerGossip
+from gossip_powersgd.algorithms.layout import MessageLayout, Part, Undeclared
+from gossip_powersgd.algorithms.registry import REGISTRY
 from gossip_powersgd.comm.base import Tensor, nbytes
 from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
 from gossip_powersgd.utils import atomic_write, one_line, require_regular_file
@@ -120,21 +126,32 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def view_meta(algorithm, observe_every: int) -> Dict[str, Any]:
+def layout_type(algorithm_or_name) -> type:
+    """The `MessageLayout` class an algorithm (instance, class or registered name) declares;
+    `Undeclared` (records, cannot decode) for one that declares none."""
+    if isinstance(algorithm_or_name, str):
+        cls = REGISTRY.get(algorithm_or_name)
+        if cls is None:
+            raise ValueError(f"the view was recorded from algorithm {algorithm_or_name!r}, which is "
+                             f"not registered here (registered: {', '.join(sorted(REGISTRY))}): "
+                             "import the module that registers it")
+    else:
+        cls = algorithm_or_name if isinstance(algorithm_or_name, type) else type(algorithm_or_name)
+    layout = getattr(cls, "layout", None)
+    return layout if isinstance(layout, type) and issubclass(layout, MessageLayout) else Undeclared
+
+
+def view_meta(algorithm, observe_every: int, layout: Optional[MessageLayout] = None) -> Dict[str, Any]:
     """What a reader of the view needs to decode its messages (see the module docstring)."""
     comm = algorithm.comm
+    if layout is None:
+        layout = layout_type(algorithm).of(algorithm)
     meta: Dict[str, Any] = {
         "format": FORMAT, "observer": int(comm.rank), "algorithm": algorithm.name,
         "neighbors": [int(j) for j in comm.neighbors], "observe_every": int(observe_every),
         "shapes": [list(p.shape) for p in algorithm.params], "dtype": _dtype_name(algorithm.dtype),
     }
-    if isinstance(algorithm, PowerGossip):
-        meta["groups"] = [[list(g.indices), g.rows, g.cols, g.rank] for g in algorithm._groups]
-        meta["exact_indices"] = [k for k in range(len(algorithm.params))
-                                 if k not in algorithm.compressed_indices]
-    if isinstance(algorithm, CompressedGossip):
-        meta["compressor"] = repr(algorithm.compressor)
-        meta["seed"] = int(algorithm.seed)
+    meta.update(layout.fields)
     return meta
 
 
@@ -157,7 +174,8 @@ class ViewRecorder:
         self._exchanges = 0  # exchanges so far in the step being recorded
         self._last_step: Optional[int] = None  # the newest step recorded
         self._started = False  # meta.pt written (at the first record, see the module docstring)
-        self.meta = view_meta(algorithm, self.observe_every)
+        self.layout = layout_type(algorithm).of(algorithm)
+        self.meta = view_meta(algorithm, self.observe_every, self.layout)
         #: Idle steps get an empty record only where a step can be idle (a changing topology).
         self._record_idle = not getattr(algorithm.comm, "is_static", True)
         if self.directory is not None:
@@ -207,18 +225,14 @@ class ViewRecorder:
             self._pending = self._new_record(step)
             self._exchanges = 0
         senders = self._pending["senders"]
-        for j in sorted(recv):  # the peers whose message arrived: a step's, not the union's
-            kind = _kind(algorithm, j)
-            message = {"exchange": self._exchanges, "sender": int(j), "kind": kind,
+        # The peers whose message arrived: the neighbours of this step's graph that sent to this
+        # peer (on a schedule or a directed graph), never the union graph's.
+        for j in sorted(recv):
+            message = {"exchange": self._exchanges, "sender": int(j), "kind": "",
                        "tensor": recv[j].detach().cpu().clone()}
+            message.update(self.layout.annotate(algorithm, int(j)))
             if int(j) not in senders:
                 senders.append(int(j))
-            if kind:
-                # The factor the products were computed with, as both ends of the edge hold it.
-                letter = "Q" if kind == "right" else "P"
-                factors = algorithm.factors(j)
-                message["factors"] = {str(g): factors[f"{g}.{letter}"].detach().cpu().clone()
-                                      for g in range(len(self.meta["groups"]))}
             self._pending["messages"].append(message)
             self.bytes_recorded += nbytes(recv[j])
         self._exchanges += 1
@@ -252,17 +266,6 @@ class ViewRecorder:
         self.flush()
         if isinstance(self.algorithm.comm, RecordingCommunicator):
             self.algorithm.comm = self.algorithm.comm.inner
-
-
-def _kind(algorithm, sender: int) -> str:
-    """PowerGossip's half-step side of the message from `sender` ("right" | "left"), "" for other
-    algorithms. On a schedule each edge keeps its own half-step counter (already advanced for the
-    half-step in flight), since an idle edge skips steps."""
-    if not isinstance(algorithm, PowerGossip):
-        return ""
-    if algorithm._edge_half_steps is not None:
-        return algorithm._edge_side(sender, ahead=0)
-    return "right" if algorithm.half_steps % 2 == 1 else "left"
 
 
 #: The temporary files `utils.atomic_write` makes for this directory's files: `.NAME.XXXXXXXX.tmp`.
@@ -369,6 +372,16 @@ class ObservedView:
     def own_trajectory(self) -> Dict[int, List[Tensor]]:
         """The observer's own parameters at each recorded step (before that step's gossip)."""
         return {r["step"]: r["own"] for r in self.records}
+
+    def layout(self) -> MessageLayout:
+        """The recorded algorithm's message layout, built from this view's meta."""
+        if not hasattr(self, "_layout"):
+            self._layout = layout_type(self.meta["algorithm"])(self.meta)
+        return self._layout
+
+    def decode(self, message: Dict[str, Any]) -> List[Part]:
+        """What one message of `messages_from` holds, as the layout's `Part`s."""
+        return self.layout().decode(message)
 
     def messages_from(self, sender: int) -> List[Dict[str, Any]]:
         """`sender`'s messages in the order they arrived, each with its "step" added."""

@@ -353,7 +353,6 @@ def dump_config(config: TrainConfig) -> str:
 
 # Validation lives in validation.py; its names stay importable from here.
 from .validation import (  # noqa: E402,F401  (validation.py imports this module's names)
-    DIRECTED_ALGORITHMS,
     resolve_topology,
     validate_config,
     validate_specs,

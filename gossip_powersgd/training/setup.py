@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 import torch
 
-from ..algorithms import make_algorithm
+from ..algorithms import check_config, make_algorithm
 from ..comm.base import AgreementError, CommunicationError
 from ..launch import error_line
 from .config import (
@@ -123,22 +123,13 @@ def checked_config(comm, config, resume: bool) -> TrainConfig:
     if wanted.size != comm.size or wanted.fingerprint != comm.topology.fingerprint:
         raise ValueError(f"config topology {config.topology!r} ({wanted.size} peers) is not the "
                          f"communicator's ({comm.size} peers)")
-    _check_exact_gamma(config.algorithm, wanted)
+    # the algorithm's own config-time checks (exact gossip's stable γ), on every rank before any
+    # peer starts a collective the others would never join
+    check_config(config.algorithm, wanted)
     comm.check_agreement("config", agreement_text(config))
     if resume and config.out_dir is None:
         raise ValueError("resume needs a run directory: set out_dir")
     return config
-
-
-def _check_exact_gamma(spec: str, topology) -> None:
-    """Exact gossip refuses a γ outside the topology's stable range when it is built; the same
-    check runs here, from the config alone, so that every rank reports it before any peer starts a
-    collective the others would never join."""
-    from ..algorithms import spec_gamma
-    from ..specs import split_spec
-
-    if split_spec(spec, "algorithm spec")[0] == "exact" and hasattr(topology, "check_gamma"):
-        topology.check_gamma(spec_gamma(spec, topology))
 
 
 def build_run(comm, config: TrainConfig, hooks: HookList, log=None) -> PeerRun:

@@ -39,22 +39,17 @@ def resolve_topology(config: TrainConfig, world_size: Optional[int] = None):
         raise ValueError(f"bad value for 'topology': {one_line(exc)}") from None
 
 
-#: Algorithms that run on a directed topology: push-sum, and the all-reduce baselines (no graph).
-DIRECTED_ALGORITHMS = ("pushsum", "allreduce", "powersgd")
-
-
 def _check_directed(c: TrainConfig, num_peers: Optional[int]) -> None:
-    """Refuse a directed topology (or schedule) for an algorithm that needs symmetric edges."""
+    """Refuse a directed topology (or schedule) for an algorithm that does not declare `directed`."""
     import topologies
 
-    name = c.algorithm.split(":", 1)[0].strip().lower()
-    if name in DIRECTED_ALGORITHMS:
-        return
+    from ..algorithms import check_directed
+
     n = None if _has_size(c.topology) else (num_peers if num_peers is not None else 4)
-    if topologies.parse(c.topology, n=n).is_directed:
-        raise ValueError(f"bad value for 'algorithm': {name!r} needs symmetric edges, but topology "
-                         f"{c.topology!r} is directed; use algorithm pushsum (or an undirected "
-                         "topology)")
+    try:
+        check_directed(c.algorithm, topologies.parse(c.topology, n=n), c.topology)
+    except ValueError as exc:
+        raise ValueError(f"bad value for 'algorithm': {one_line(exc)}") from None
 
 
 def _check_dp_keys_need_dp(c: TrainConfig) -> None:
@@ -203,4 +198,4 @@ def validate_specs(config: TrainConfig, num_peers: Optional[int]) -> None:
         raise ValueError(f"bad value for 'model': {one_line(exc)}") from None
 
 
-__all__ = ["validate_config", "validate_specs", "resolve_topology", "DIRECTED_ALGORITHMS"]
+__all__ = ["validate_config", "validate_specs", "resolve_topology"]
