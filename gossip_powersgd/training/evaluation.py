@@ -10,7 +10,7 @@ and max over peers, the averaged model's, the consensus distance, traffic, timer
 sha256). `summary.json` is `run_summary`'s dict; `format_summary` prints it as a table.
 
 Under differential privacy and under `partition: local`
-(`privacy.training.keeps_peer_statistics_private`) the builders are called with ``private=True``:
+(`features.peer_statistics_private`) the builders are called with ``private=True``:
 a peer's training loss and label histogram are functions of its private data outside the DP
 mechanism, so they are not all-reduced; each record keeps this peer's own `train_loss_local` (in
 its own metrics file), and `peer_report` is what the peer writes to its own
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from ..metrics import consensus_distance, mean_active_degree
 from .batchnorm import refresh_batch_norm
+from .features import eval_text, summary_rows
 
 #: Record keys that depend on timing, not on the computation (left out when comparing runs).
 TIMING_KEYS = ("time_compute", "time_gossip_compute", "time_communication", "wall_time")
@@ -207,18 +208,9 @@ def pooled_means(comm, per_sample_means, count: int) -> torch.Tensor:
 
 
 def eval_line(record: Dict[str, Any], epochs: int) -> str:
-    """The progress line rank 0 prints for an eval record: with the peers' mean training loss and
-    the worst peer's ε where they are released, else rank 0's own ε only (under DP)."""
+    """The progress line rank 0 prints for an eval record: with the peers' mean training loss
+    where it is released, and what each feature adds (`Feature.eval_text`: under DP, ε)."""
     r = record
-
-    def number(value):  # a number, or "inf" (no noise)
-        return value if value == "inf" else f"{value:.3g}"
-
-    privacy = ""
-    if r.get("epsilon_max") is not None:
-        privacy = f"  worst ε {number(r['epsilon_max'])}"
-    elif r.get("epsilon") is not None:
-        privacy = f"  peer-0 ε {number(r['epsilon'])}"
     loss = f"  train loss {r['train_loss']:.4f}" if "train_loss" in r else ""
     if "test_perplexity_avg_model" in r:
         loss += f"  avg-model perplexity {r['test_perplexity_avg_model']:.4g}"
@@ -226,7 +218,7 @@ def eval_line(record: Dict[str, Any], epochs: int) -> str:
             f"avg-model acc {100 * r['test_acc_avg_model']:.2f}%  local acc "
             f"{100 * r['test_acc_mean']:.2f}% [{100 * r['test_acc_min']:.2f}, "
             f"{100 * r['test_acc_max']:.2f}]  consensus {r['consensus_distance']:.3g}  "
-            f"{r['mb_sent_per_peer']:.3g} MB/peer" + privacy)
+            f"{r['mb_sent_per_peer']:.3g} MB/peer" + eval_text(r))
 
 
 # ---- the summary -----------------------------------------------------------------------------------
@@ -330,9 +322,7 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
                       f"gossip compute {summary['time_gossip_compute_s']:.1f} s, communication "
                       f"{summary['time_communication_s']:.1f} s, means over peers)"),
     ]
-    from ..privacy.training import summary_rows
-
-    rows += summary_rows(summary)
+    rows += summary_rows(summary)  # each feature's (differential privacy, observers, ...)
     hist = summary.get("label_histogram")
     if hist is None:  # private peer statistics: nothing of any peer's own data to show
         rows.append(("peer statistics", summary.get("peer_statistics", "n/a")))
