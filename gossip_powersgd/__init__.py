@@ -28,10 +28,8 @@ from .comm import (
 )
 from .launch import run_peers
 from .metrics import consensus_distance
-
-__version__ = "0.1.0"
-
 from .training.features import declare as _declare_feature
+from .version import __version__  # noqa: F401
 
 #: The config-driven features (`training/features.py`): each module registers its own when
 #: imported, on first use; their hooks run in this order. A new feature is a module and a line here.

@@ -71,6 +71,11 @@ def available_epochs(run_dir, rank: int) -> List[int]:
     return sorted(epochs)
 
 
+def has_checkpoints(run_dir, rank: int) -> bool:
+    """Whether `rank` has a checkpoint file in `run_dir` (for `resume=AUTO`)."""
+    return bool(available_epochs(run_dir, rank))
+
+
 # ---- RNG states as tensors -------------------------------------------------------------------------
 
 def rng_state(include_global: bool = True) -> Dict[str, Any]:
@@ -381,7 +386,7 @@ def _written_world_size(run_dir, rank: int, epochs: List[int]) -> int:
 
 
 __all__ = [
-    "FORMAT", "KEEP", "LOCK_NAME", "RunLock", "take_run_lock", "agree_resume_epoch", "available_epochs", "check_header", "check_run_dir",
+    "FORMAT", "KEEP", "LOCK_NAME", "RunLock", "take_run_lock", "agree_resume_epoch", "available_epochs", "has_checkpoints", "check_header", "check_run_dir",
     "checkpoint_dir", "checkpoint_path", "latest_common_epoch", "load_for_resume", "make_header",
     "metrics_path", "open_metrics", "read_checkpoint", "rng_state", "save_checkpoint",
     "set_rng_state", "truncate_jsonl",

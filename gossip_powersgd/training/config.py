@@ -34,11 +34,19 @@ import yaml
 from . import features as _features
 from .yaml_loader import strict_yaml_load
 
-OPTIMIZERS = ("sgd", "adam", "adamw")
-SCHEDULES = ("constant", "step", "cosine")
-BACKENDS = ("mpi", "local", "torch")
-_FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch
-_SEED_LIMIT = 2 ** 64  # torch.Generator.manual_seed's range
+# Validation lives in validation.py (which imports nothing of this module); its names stay
+# importable from here.
+from .validation import (  # noqa: F401  (re-exported)
+    BACKENDS,
+    DIRECTED_ALGORITHMS,
+    MAX_COMM_TIMEOUT,
+    MIN_COMM_TIMEOUT,
+    OPTIMIZERS,
+    SCHEDULES,
+    resolve_topology,
+    validate_config,
+    validate_specs,
+)
 
 
 @dataclasses.dataclass
@@ -172,9 +180,12 @@ class TrainConfig(_CoreConfig):
     def replace(self, **changes) -> "TrainConfig":
         return TrainConfig(**{**self.to_dict(), **changes})
 
+    def check_types(self) -> None:
+        """A one-line ValueError for the first value of the wrong type (a value set in code
+        rather than read from YAML, which `config_from_dict` checks)."""
+        for key in valid_keys():
+            _coerce(key, getattr(self, key))
 
-#: The range of comm_timeout, in seconds (see validate_config).
-MIN_COMM_TIMEOUT, MAX_COMM_TIMEOUT = 1.0, 7 * 24 * 3600.0
 
 #: How a run is executed, not what it computes: excluded from the peers' agreement check.
 BACKEND_KEYS = ("backend", "peers", "comm_timeout", "quiet", "threads", "device")
@@ -409,12 +420,3 @@ def load_config(path, overrides: Sequence[str] = (), deep: bool = True) -> Train
 def dump_config(config: TrainConfig) -> str:
     """The fully resolved config as YAML (key order as declared)."""
     return yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None)
-
-
-# Validation lives in validation.py; its names stay importable from here.
-from .validation import (  # noqa: E402,F401  (validation.py imports this module's names)
-    DIRECTED_ALGORITHMS,
-    resolve_topology,
-    validate_config,
-    validate_specs,
-)

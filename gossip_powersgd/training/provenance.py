@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from .. import __version__
+from ..version import __version__
 
 #: Libraries whose versions are recorded; one that is not installed is recorded as None.
 LIBRARIES = ("torch", "numpy", "networkx", "mpi4py", "opacus", "dp-accounting")

@@ -305,7 +305,7 @@ def train(comm, config, *, resume: Union[bool, str] = False,
     log.enabled = log.enabled and not config.quiet
     log.done(f"config checked: {comm.size} peers agree on it")
     if auto:
-        resume = collectively(comm, rundir.has_checkpoints, config.out_dir, comm.rank)
+        resume = collectively(comm, ckpt.has_checkpoints, config.out_dir, comm.rank)
         resume = any(b == b"\1" for b in comm.allgather_bytes(b"\1" if resume else b"\0"))
     added = feature_hooks(config)  # what the config turns on: DP, observers, loggers (features.py)
     hooks = HookList([*hooks, *added])

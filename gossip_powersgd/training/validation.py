@@ -1,26 +1,26 @@
 """Validation of a `TrainConfig`: every value checked before anything is built, each problem one
 line naming the key, its value and what is wanted (`validate_config`); `deep` also builds the data
-and the model exactly as training will (`validate_specs`). `config.py` re-exports these names."""
+and the model exactly as training will (`validate_specs`). `config.py` re-exports these names
+(this module imports nothing of it: a config arrives as an argument)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..utils import one_line
-from .config import (
-    _FLOAT32_MAX,
-    _SEED_LIMIT,
-    BACKENDS,
-    MAX_COMM_TIMEOUT,
-    MIN_COMM_TIMEOUT,
-    OPTIMIZERS,
-    SCHEDULES,
-    TrainConfig,
-    _coerce,
-    valid_keys,
-)
 from .features import features, peer_statistics_private
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "step", "cosine")
+BACKENDS = ("mpi", "local", "torch")
+_FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch
+_SEED_LIMIT = 2 ** 64  # torch.Generator.manual_seed's range
+#: The range of comm_timeout, in seconds (see validate_config).
+MIN_COMM_TIMEOUT, MAX_COMM_TIMEOUT = 1.0, 7 * 24 * 3600.0
 
 
 def _check(condition: bool, key: str, value: Any, requirement: str) -> None:
@@ -66,8 +66,7 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
     the model; the algorithm spec and the topology are always checked).
     """
     c = config
-    for key in valid_keys():  # values set in code rather than from YAML
-        _coerce(key, getattr(c, key))
+    c.check_types()  # values set in code rather than from YAML
     _check(c.optimizer in OPTIMIZERS, "optimizer", c.optimizer, f"valid: {', '.join(OPTIMIZERS)}")
     _check(c.schedule in SCHEDULES, "schedule", c.schedule, f"valid: {', '.join(SCHEDULES)}")
     _check(c.backend in BACKENDS, "backend", c.backend, f"valid: {', '.join(BACKENDS)}")
