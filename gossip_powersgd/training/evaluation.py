@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Any, Callable, Dict, Iterable, List, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, TextIO
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,10 @@ import torch.nn.functional as F
 from ..metrics import consensus_distance, mean_active_degree
 from .batchnorm import refresh_batch_norm
 from .features import eval_text, summary_rows
+
+if TYPE_CHECKING:
+    from topologies import Topology
+    from ..comm.base import Comm
 
 #: Record keys that depend on timing, not on the computation (left out when comparing runs).
 TIMING_KEYS = ("time_compute", "time_gossip_compute", "time_communication", "wall_time")
@@ -71,7 +75,7 @@ def evaluate_model(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bat
     return correct / max(1, y.numel()), loss_sum / max(1, y.numel())
 
 
-def average_state_into(model: torch.nn.Module, target: torch.nn.Module, comm) -> None:
+def average_state_into(model: torch.nn.Module, target: torch.nn.Module, comm: Comm) -> None:
     """`target` <- the peers' average of `model` (floating parameters and buffers; metric traffic).
 
     Integer buffers (e.g. BatchNorm's num_batches_tracked) are copied from this peer.
@@ -113,13 +117,13 @@ class RecordLog:
             self.file.close()
 
 
-def traffic_means(comm) -> torch.Tensor:
+def traffic_means(comm: Comm) -> torch.Tensor:
     """[bytes, messages] sent for training, each the mean over peers (collective)."""
     t = torch.tensor([comm.stats.bytes_sent, comm.stats.messages_sent], dtype=torch.float64)
     return comm.allreduce_(t, op="mean", metric=True)
 
 
-def log_record(comm, model: torch.nn.Module, *, step: int, steps_per_epoch: int, lr: float,
+def log_record(comm: Comm, model: torch.nn.Module, *, step: int, steps_per_epoch: int, lr: float,
                train_loss_local: float, timers: Callable[[], Dict[str, float]],
                private: bool = False) -> Dict[str, Any]:
     """The `kind: "log"` record of `step` (collective): `train_loss_local` is this peer's mean
@@ -138,7 +142,7 @@ def log_record(comm, model: torch.nn.Module, *, step: int, steps_per_epoch: int,
             "mb_sent_per_peer": float(traffic[0]) / 1e6, **timers()}
 
 
-def eval_record(comm, model: torch.nn.Module, averaged: torch.nn.Module, x_test: torch.Tensor,
+def eval_record(comm: Comm, model: torch.nn.Module, averaged: torch.nn.Module, x_test: torch.Tensor,
                 y_test: torch.Tensor, *, epoch: int, step: int, lr: float, train_loss_local: float,
                 timers: Callable[[], Dict[str, float]], pooled: bool = False,
                 private: bool = False,
@@ -196,7 +200,7 @@ def _perplexity(loss: float) -> float:
     return math.exp(min(loss, 700.0))  # exp overflows a float past ~709
 
 
-def pooled_means(comm, per_sample_means, count: int) -> torch.Tensor:
+def pooled_means(comm: Comm, per_sample_means, count: int) -> torch.Tensor:
     """Means over every peer's samples together, from each peer's means over its `count` samples.
 
     Collective, scalars only: sum(mean_k x count_k) / sum(count_k) for each value.
@@ -223,12 +227,12 @@ def eval_line(record: Dict[str, Any], epochs: int) -> str:
 
 # ---- the summary -----------------------------------------------------------------------------------
 
-def mean_degree(topology) -> float:
+def mean_degree(topology: Topology) -> float:
     """The mean number of neighbours of a peer."""
     return sum(len(topology.neighbors(i)) for i in range(topology.size)) / topology.size
 
 
-def run_summary(comm, config, history, histogram, num_parameters, parameter_bytes, algorithm, model,
+def run_summary(comm: Comm, config, history, histogram, num_parameters, parameter_bytes, algorithm, model,
                 step, steps_per_epoch, timers, private: bool = False) -> Dict[str, Any]:
     """What `summary.json` holds (collective; the same dict on every peer).
 
@@ -346,7 +350,7 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
     return "\n".join(lines)
 
 
-def peer_report(comm, history, histogram, shard_size: int) -> Dict[str, Any]:
+def peer_report(comm: Comm, history, histogram, shard_size: int) -> Dict[str, Any]:
     """This peer's own figures, for its own `RUN_DIR/peers/rank-K.json` only (not collective):
     its shard size, label histogram and last training loss (the privacy hook adds its epsilons)."""
     evals = [r for r in history if r.get("kind") == "eval"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..launch import BACKENDS
 from ..utils import one_line
 from .features import features, peer_statistics_private
 
@@ -16,7 +17,6 @@ if TYPE_CHECKING:
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine")
-BACKENDS = ("mpi", "local", "torch")
 _FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch
 _SEED_LIMIT = 2 ** 64  # torch.Generator.manual_seed's range
 #: The range of comm_timeout, in seconds (see validate_config).
