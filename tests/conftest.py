@@ -19,6 +19,55 @@ ROOT = TESTS.parent
 torch.set_num_threads(1)
 
 
+# ---- launcher markers ------------------------------------------------------------------------------
+# A test that starts mpiexec carries @pytest.mark.mpi, one that starts torchrun
+# @pytest.mark.torchrun (setup.cfg registers both), so that `pytest -m "not mpi and not torchrun"`
+# is a fast inner loop. Every process a test starts is checked: a launch by a test without its
+# marker fails that test, naming the marker (also when a fixture it uses does the launching).
+
+#: The test running now (set around each test's set-up, call and tear-down).
+_RUNNING: dict = {"item": None}
+
+
+def launcher_marker(args) -> str | None:
+    """"mpi" for a command that starts mpiexec (or mpirun), "torchrun" for one that starts
+    torchrun (or `python -m torch.distributed.run`), else None."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        args = [args]
+    parts = [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in args]
+    if not parts:
+        return None
+    program = Path(parts[0]).name
+    if program in ("mpiexec", "mpirun", "mpiexec.hydra"):
+        return "mpi"
+    if program == "torchrun" or "torch.distributed.run" in parts[1:3]:
+        return "torchrun"
+    return None
+
+
+class _CheckedPopen(subprocess.Popen):
+    def __init__(self, args, *rest, **kwargs):
+        item = _RUNNING["item"]
+        marker = launcher_marker(args)
+        if item is not None and marker is not None and item.get_closest_marker(marker) is None:
+            pytest.fail(f"{item.nodeid} starts {'mpiexec' if marker == 'mpi' else 'torchrun'} but "
+                        f"has no @pytest.mark.{marker}: add it (pytest -m 'not {marker}' must "
+                        "skip every such test)", pytrace=False)
+        super().__init__(args, *rest, **kwargs)
+
+
+subprocess.Popen = _CheckedPopen  # subprocess.run and check_output build theirs from this name
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _RUNNING["item"] = item
+    try:
+        yield
+    finally:
+        _RUNNING["item"] = None
+
+
 def mpiexec_path() -> str:
     local = Path(sys.executable).parent / "mpiexec"
     found = str(local) if local.exists() else shutil.which("mpiexec")

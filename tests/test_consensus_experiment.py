@@ -114,6 +114,7 @@ def _read(directory):
             for p in sorted(runs.glob("*.jsonl"))}
 
 
+@pytest.mark.mpi
 def test_mpi_backend_equals_local_backend(tmp_path):
     args = ["--topology", "ring:4", "--problem", TINY, "--steps", "30", "--no-plot",
             "--algorithms", "exact", PG, "choco:compressor=topk:0.05,gamma=0.3",

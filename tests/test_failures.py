@@ -56,6 +56,7 @@ def test_local_cluster_accepts_a_spec_and_names_what_it_needs():
         LocalCluster(4)
 
 
+@pytest.mark.mpi
 def test_uncaught_exception_on_one_rank_ends_the_mpi_job_promptly():
     started = time.monotonic()
     result = run_mpi(4, [TESTS / "scripts" / "readme_snippet_failure.py"], timeout=60)
@@ -165,6 +166,8 @@ def _stopped_ranks_gone(pids) -> bool:
     return not any(alive(pid) for pid in pids.values())
 
 
+@pytest.mark.mpi
+@pytest.mark.torchrun
 @pytest.mark.parametrize("launcher", ["mpi", "torch"])
 def test_a_stopped_rank_is_named_by_every_rank_and_the_job_ends_before_the_timeout(launcher):
     """SIGSTOP rank 2 of ring:4 with a 20 s comm timeout. A stopped peer never answers: its
@@ -190,6 +193,8 @@ def test_a_stopped_rank_is_named_by_every_rank_and_the_job_ends_before_the_timeo
     assert _stopped_ranks_gone(pids)
 
 
+@pytest.mark.mpi
+@pytest.mark.torchrun
 @pytest.mark.parametrize("launcher", ["mpi", "torch"])
 def test_a_rank_that_calls_sys_exit_is_named_within_seconds(launcher):
     """Rank 1 calls sys.exit(0) mid-gossip (user code may): its process says it left as it ends,
@@ -207,6 +212,7 @@ def test_a_rank_that_calls_sys_exit_is_named_within_seconds(launcher):
                for line in errors), errors
 
 
+@pytest.mark.mpi
 def test_a_rank_that_exits_before_its_communicator_exists_is_named():
     """Under mpiexec, rank 1 ends its process (sys.exit(0)) before it creates a communicator: the
     others, in the communicator's collective set-up, read the notice it sent on COMM_WORLD as it
@@ -220,6 +226,7 @@ def test_a_rank_that_exits_before_its_communicator_exists_is_named():
     assert len(errors) == 3 and all("peer 1 ended its process" in line for line in errors), errors
 
 
+@pytest.mark.mpi
 def test_user_code_that_exits_during_the_config_check_ends_the_mpi_job_naming_it(tmp_path):
     """A dataset function that calls sys.exit(0) on rank 1 while the config is validated (before
     any communicator) is an error of that rank naming the spec (`specs.user_code`), and the job
@@ -236,6 +243,7 @@ def test_user_code_that_exits_during_the_config_check_ends_the_mpi_job_naming_it
                "user code called sys.exit/exit(0)" in line for line in errors), errors
 
 
+@pytest.mark.torchrun
 def test_ctrl_c_on_torchrun_stops_every_rank_each_naming_itself():
     """torchrun passes Ctrl-C (SIGINT) on to every worker: each says it was interrupted, naming its
     rank (before, four identical lines without one). torchrun's own status is 1, from its own

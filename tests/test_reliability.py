@@ -351,6 +351,7 @@ def alive(pid: int) -> bool:
 EPOCHS = 16
 
 
+@pytest.mark.mpi
 def test_a_rank_killed_mid_training_ends_the_job_and_the_run_resumes_exactly(tmp_path):
     """SIGKILL rank 2 of 4 after the epoch-1 checkpoints: the others exit within 30 s; any survivor
     that reports names rank 2; the newest checkpoint loads; --resume finishes with the model of an
@@ -655,6 +656,7 @@ def test_peers_that_load_different_data_fail_naming_the_ranks(monkeypatch):
     assert "usually unseeded randomness" in errors[0] and "\n" not in errors[0]
 
 
+@pytest.mark.mpi
 def test_mpi_ranks_with_unseeded_data_fail_on_every_rank(tmp_path):
     """Bad input 13 under mpiexec: numpy's global random state differs per rank."""
     from conftest import run_mpi

@@ -92,6 +92,8 @@ def assert_bit_equal(a, b, where=""):
         assert a == b, where
 
 
+@pytest.mark.mpi
+@pytest.mark.torchrun
 def test_torch_equals_mpi_equals_local_bit_for_bit(tmp_path):
     (tmp_path / "torch").mkdir()
     (tmp_path / "mpi").mkdir()
@@ -170,6 +172,7 @@ def test_no_launcher_environment_is_one_line():
                                       "(N = the topology's size); RANK and WORLD_SIZE are not set")
 
 
+@pytest.mark.torchrun
 def test_training_under_torchrun_equals_the_local_backend(tmp_path):
     """`backend: torch` through the training CLI: the same models, bit for bit, as in one process
     (tiny.yaml's ring:4 given as a sizeless ring, which torchrun's world size completes)."""
@@ -204,6 +207,7 @@ def test_backend_torch_without_a_launcher_is_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.torchrun
 def test_backend_local_under_torchrun_is_one_line_not_a_lock_error(tmp_path):
     result = run_torchrun(2, ["-m", "experiments.train", "--config",
                               ROOT / "experiments" / "configs" / "tiny.yaml", "--set", "backend=local",
