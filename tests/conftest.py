@@ -14,6 +14,11 @@ import torch
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
+#: The helper modules the tests import by name (fixtures, workers, bring-your-own specs such as
+#: "byo_fixtures:linear_data") and the scripts they run: on sys.path here, and on the PYTHONPATH
+#: of the processes the tests start.
+SUPPORT = TESTS / "support"
+sys.path.insert(0, str(SUPPORT))
 
 # Bit-equality across transports needs one intra-op thread per peer, and 2 shared cores need it too.
 torch.set_num_threads(1)
@@ -87,7 +92,7 @@ def run_mpi(n: int, args, timeout: float = 120, env=None, cwd=None) -> subproces
     """
     command = [mpiexec_path(), "-n", str(n), sys.executable, *map(str, args)]
     full_env = dict(os.environ)
-    full_env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}"})
+    full_env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{SUPPORT}"})
     full_env.update(env or {})
     return run_bounded(command, timeout, f"mpiexec -n {n} {' '.join(map(str, args))}",
                        env=full_env, cwd=cwd or ROOT)
@@ -124,8 +129,8 @@ def no_space_for(monkeypatch, module, name: str) -> None:
 
 def run_scenario_mpi(n: int, scenario: str, topology: str, out_dir: Path, timeout: float = 120,
                      extra=()):
-    """Run `module:function` from tests/ under mpiexec via tests/mpi_worker.py; return per-rank results."""
-    result = run_mpi(n, [TESTS / "mpi_worker.py", scenario, topology, out_dir, *extra], timeout=timeout)
+    """Run `module:function` from tests/ under mpiexec via tests/support/mpi_worker.py; return per-rank results."""
+    result = run_mpi(n, [SUPPORT / "mpi_worker.py", scenario, topology, out_dir, *extra], timeout=timeout)
     if result.returncode != 0:
         pytest.fail(f"mpi scenario {scenario} failed (exit {result.returncode}):\n"
                     f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import topologies
-from conftest import ROOT, TESTS, mpiexec_path, run_mpi
+from conftest import ROOT, SUPPORT, mpiexec_path, run_mpi
 from gossip_powersgd import CommunicationError, LocalCluster
 
 
@@ -59,7 +59,7 @@ def test_local_cluster_accepts_a_spec_and_names_what_it_needs():
 @pytest.mark.mpi
 def test_uncaught_exception_on_one_rank_ends_the_mpi_job_promptly():
     started = time.monotonic()
-    result = run_mpi(4, [TESTS / "scripts" / "readme_snippet_failure.py"], timeout=60)
+    result = run_mpi(4, [SUPPORT / "scripts" / "readme_snippet_failure.py"], timeout=60)
     elapsed = time.monotonic() - started
     assert result.returncode != 0
     assert "error (rank 2): rank 2 found something wrong with its data" in result.stderr
@@ -71,7 +71,7 @@ def test_uncaught_exception_on_one_rank_ends_the_mpi_job_promptly():
 
 def test_ctrl_c_on_the_local_backend_stops_every_peer_and_exits_130():
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    process = subprocess.Popen([sys.executable, str(TESTS / "scripts" / "interrupt_local.py")],
+    process = subprocess.Popen([sys.executable, str(SUPPORT / "scripts" / "interrupt_local.py")],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                cwd=ROOT, start_new_session=True)
     try:
@@ -90,14 +90,14 @@ def test_ctrl_c_on_the_local_backend_stops_every_peer_and_exits_130():
 # ---- a rank stopped, or leaving early, under mpiexec and torchrun ----------------------------------
 
 class FaultJob:
-    """tests/scripts/fault_peer.py on 4 ranks under `launcher` (mpi: mpiexec, torch: torchrun).
+    """tests/support/scripts/fault_peer.py on 4 ranks under `launcher` (mpi: mpiexec, torch: torchrun).
 
     stdout is read by a thread, so that waiting for the ranks' `ready` lines has a deadline."""
 
     def __init__(self, launcher: str, timeout: float, action: str = ""):
         from test_torch_transport import _env, free_port
 
-        script = [str(TESTS / "scripts" / "fault_peer.py"), launcher, str(timeout)]
+        script = [str(SUPPORT / "scripts" / "fault_peer.py"), launcher, str(timeout)]
         script += [action] if action else []
         if launcher == "mpi":
             command = [mpiexec_path(), "-n", "4", sys.executable, *script]
@@ -218,7 +218,7 @@ def test_a_rank_that_exits_before_its_communicator_exists_is_named():
     others, in the communicator's collective set-up, read the notice it sent on COMM_WORLD as it
     ended. Before, they hung there for ever (a blocking MPI_Comm_dup)."""
     started = time.monotonic()
-    result = run_mpi(4, [ROOT / "tests" / "scripts" / "exit_before_comm.py", "120"], timeout=100)
+    result = run_mpi(4, [SUPPORT / "scripts" / "exit_before_comm.py", "120"], timeout=100)
     seconds = time.monotonic() - started
     errors = [line for line in result.stderr.splitlines() if line.startswith("error (rank")]
     assert result.returncode != 0

@@ -21,6 +21,7 @@ from gossip_powersgd.training.config import (TrainConfig, config_from_dict, hash
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
+SUPPORT = TESTS / "support"
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 #: The one line, then the CLI.
 LINE = "from gossip_powersgd.training.features import declare; declare('example_feature'); "
@@ -29,7 +30,7 @@ CLI = "from gossip_powersgd.cli.train import main; main()"
 
 def _cli(*args, declare=True):
     env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=f"{ROOT}{os.pathsep}{TESTS / 'support'}")
+               PYTHONPATH=f"{ROOT}{os.pathsep}{SUPPORT}")
     program = (LINE if declare else "") + CLI
     return subprocess.run([sys.executable, "-c", program, *map(str, args)], capture_output=True,
                           text=True, cwd=ROOT, env=env, timeout=300)

@@ -12,7 +12,7 @@ from gossip_powersgd import (
     consensus_distance,
 )
 from gossip_powersgd.comm import ring_allreduce_bytes
-from conftest import TESTS, run_mpi, run_scenario_mpi
+from conftest import SUPPORT, run_mpi, run_scenario_mpi
 
 
 # ---- in-process ------------------------------------------------------------------------------------
@@ -226,7 +226,7 @@ def test_mpi_exact_gossip_is_bit_equal_to_local(tmp_path):
 ])
 @pytest.mark.mpi
 def test_mpi_bad_inputs_fail_on_every_rank(case, n, message):
-    result = run_mpi(n, [TESTS / "mpi_bad_inputs.py", case], timeout=60)
+    result = run_mpi(n, [SUPPORT / "mpi_bad_inputs.py", case], timeout=60)
     assert result.returncode != 0
     for rank in range(n):
         assert f"error (rank {rank}): {message}" in result.stderr, result.stderr[-2000:]
@@ -235,13 +235,13 @@ def test_mpi_bad_inputs_fail_on_every_rank(case, n, message):
 
 @pytest.mark.mpi
 def test_mpi_wrong_message_size_ends_the_job_naming_the_peer():
-    result = run_mpi(4, [TESTS / "mpi_bad_inputs.py", "message_size"], timeout=60)
+    result = run_mpi(4, [SUPPORT / "mpi_bad_inputs.py", "message_size"], timeout=60)
     assert result.returncode != 0
     assert "message from peer 1 has 28 bytes, expected 20" in result.stderr, result.stderr[-2000:]
 
 
 @pytest.mark.mpi
 def test_mpi_silent_peer_ends_the_job_naming_it():
-    result = run_mpi(4, [TESTS / "mpi_bad_inputs.py", "silent_peer"], timeout=60)
+    result = run_mpi(4, [SUPPORT / "mpi_bad_inputs.py", "silent_peer"], timeout=60)
     assert result.returncode != 0
     assert "no message from neighbour(s) [2] within 3 s" in result.stderr, result.stderr[-2000:]
