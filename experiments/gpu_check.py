@@ -166,17 +166,18 @@ def worker_main(folder: str, args) -> int:
     """Inside torchrun: both algorithms on a TorchCommunicator on this rank's device; the rank's
     records saved as rank-K.pt."""
     import topologies
-    from gossip_powersgd import TorchCommunicator
+    from gossip_powersgd.launch import run_peers
 
     world = int(os.environ["WORLD_SIZE"])
-    device = "cpu" if args.device == "cpu" else "cuda"
-    comm = TorchCommunicator(topologies.ring(world), device=device, timeout=args.timeout)
-    device = str(comm.device)
-    shapes = check_shapes(args.dry_run)
-    out = {name: gossip_peer(comm, name, shapes, args.steps, device) for name in ALGORITHMS}
-    torch.save(out, Path(folder) / f"rank-{comm.rank}.pt")
-    comm.barrier()
-    comm.close()
+
+    def peer(comm):
+        shapes = check_shapes(args.dry_run)
+        out = {name: gossip_peer(comm, name, shapes, args.steps, str(comm.device))
+               for name in ALGORITHMS}
+        torch.save(out, Path(folder) / f"rank-{comm.rank}.pt")
+
+    run_peers(topologies.ring(world), peer, backend="torch", timeout=args.timeout,
+              device="cpu" if args.device == "cpu" else "cuda")
     return 0
 
 

@@ -29,8 +29,18 @@ from .comm import (
 )
 from .launch import run_peers
 from .metrics import consensus_distance
+from .training.features import declare as _declare_feature
+from .version import __version__  # noqa: F401
 
-__version__ = "0.1.0"
+#: The config-driven features (`training/features.py`): each module registers its own when
+#: imported, on first use; their hooks run in this order. A new feature is a module and a line here.
+FEATURE_MODULES = (
+    "gossip_powersgd.training.extensions",  # hooks: (user hooks), then loggers: (trackers)
+    "gossip_powersgd.privacy.training",  # dp_*: differential privacy (DP-SGD)
+    "gossip_powersgd.privacy.observing",  # observers:, observe_every: (last: they record the rest)
+)
+for _module in FEATURE_MODULES:
+    _declare_feature(_module)
 
 __all__ = [
     "ExactGossip", "PowerGossip", "PushSum", "ChocoGossip", "DeepSqueeze", "AllReduce",

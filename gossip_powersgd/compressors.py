@@ -36,7 +36,7 @@ from typing import Dict, Iterable, Optional, Tuple, Type
 import torch
 from torch import Tensor
 
-from .specs import check_seed, parse_typed
+from .specs import check_seed, parse_spec, parse_typed
 
 __all__ = [
     "Compressor",
@@ -658,8 +658,8 @@ def parse_compressor(spec) -> Compressor:
         return spec
     if not isinstance(spec, str):
         raise ValueError(f"compressor spec must be a string, got {spec!r}")
-    name, _, rest = spec.strip().partition(":")
-    name = name.strip().lower()
+    parsed = parse_spec(spec, "compressor spec")  # the one spec grammar (specs.py)
+    name = parsed.name
     if name not in _SPECS:
         raise ValueError(
             f"unknown compressor {name!r} in {spec!r}; valid names: {', '.join(_SPECS)}"
@@ -667,15 +667,11 @@ def parse_compressor(spec) -> Compressor:
     cls, params = _SPECS[name]
     kinds = dict(params)
     kwargs = {}
-    items = [item.strip() for item in rest.split(",")] if rest.strip() else []
-    for position, item in enumerate(items):
-        if "=" in item:
-            key, _, value = item.partition("=")
-            key, value = key.strip(), value.strip()
-        elif position == 0 and params:
-            key, value = params[0][0], item
-        else:
-            raise ValueError(f"cannot parse {item!r} in compressor spec {spec!r}; expected key=value")
+    if len(parsed.positional) > (1 if params else 0):
+        item = parsed.positional[1 if params else 0]
+        raise ValueError(f"cannot parse {item!r} in compressor spec {spec!r}; expected key=value")
+    items = [(params[0][0], value) for value in parsed.positional] + list(parsed.options.items())
+    for key, value in items:
         if key not in kinds:
             valid = ", ".join(kinds) or "none"
             raise ValueError(f"{name} has no argument {key!r} (arguments: {valid}) in {spec!r}")

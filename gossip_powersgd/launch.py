@@ -13,11 +13,17 @@ import os
 import sys
 import threading
 import traceback
-from typing import Any, Callable, Dict, Optional, Tuple
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 from .algorithms.base import NonFiniteError
 from .comm.base import AgreementError, CommunicationError
 from .utils import one_line, write_stderr_line
+
+if TYPE_CHECKING:
+    from topologies import Topology
+
+    from .comm.base import Communicator
 
 # Errors that describe a problem with the user's input or the run: one line, no traceback. OSError
 # covers a read-only or full disk and a path that is not a directory (its text names the path).
@@ -74,30 +80,49 @@ def launched_by_mpiexec() -> bool:
     return any(m in os.environ for m in markers)
 
 
-#: The transports `run_peers` knows, by the name the CLIs and configs use.
-BACKENDS = ("local", "mpi", "torch")
+#: The transports, by the name the CLIs and configs use (`TrainConfig.backend` too).
+BACKENDS = ("mpi", "local", "torch")
 
 
-def resolve_backend(backend: Optional[str]) -> str:
+def _fix(backend: str, cli: Optional[str]) -> str:
+    return f"--set backend={backend}" if cli else f"backend {backend}"
+
+
+def launch_command(backend: str, n: Any = "N", cli: Optional[str] = None) -> str:
+    """The command that starts `n` peers of backend mpi or torch (`cli`: the module run)."""
+    python = Path(sys.executable).name if cli else "python"
+    module = cli or "..."
+    if backend == "mpi":
+        return f"mpiexec -n {n} {python} -m {module} ..."
+    return f"torchrun --nproc-per-node {n} -m {module} ..."
+
+
+def resolve_backend(backend: Optional[str], *, cli: Optional[str] = None, n: Any = "N") -> str:
     """`backend`, or for None / "auto" the one this process was started for: "mpi" under mpiexec
     with more than one rank, "torch" under torchrun, else "local". A backend whose launcher is
-    missing (or a local one inside a multi-rank job) is refused with the command that works."""
+    missing (or a local one inside a multi-process job) is refused with the command that works:
+    `cli` names the module the user runs (the fix is then spelled ``--set backend=...``), `n` the
+    number of peers. The one set of launcher checks of the CLI, `run_peers` and the experiments."""
     if backend in (None, "auto"):
         if launched_by_mpiexec() and _mpi_world_size() > 1:
             return "mpi"
         return "torch" if launched_by_torchrun() else "local"
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}, auto")
+    if backend == "mpi" and not launched_by_mpiexec() and launched_by_torchrun():
+        raise ValueError(f"backend mpi runs one peer per MPI rank, but torchrun started this "
+                         f"process: add {_fix('torch', cli)} (torch.distributed, the same "
+                         f"numbers), or launch with {launch_command('mpi', n, cli)}")
     if backend == "mpi" and not launched_by_mpiexec():
-        raise ValueError("backend mpi needs mpiexec: mpiexec -n N python -m ... (N = the "
-                         "topology's size), or use backend local")
+        raise ValueError(f"backend mpi runs one peer per MPI rank: launch with "
+                         f"{launch_command('mpi', n, cli)}, or use {_fix('local', cli)}")
     if backend == "torch" and not (launched_by_torchrun() or launched_by_mpiexec()):
-        raise ValueError("backend torch needs a launcher: torchrun --nproc-per-node N python -m "
-                         "... or mpiexec -n N python -m ... (N = the topology's size), or use "
-                         "backend local")
+        raise ValueError(f"backend torch runs one peer per process: launch with "
+                         f"{launch_command('torch', n, cli)}, or use {_fix('local', cli)}")
     if backend == "local" and launched_by_mpiexec() and _mpi_world_size() > 1:
-        raise ValueError("backend local runs every peer in one process: do not launch it under "
-                         "mpiexec with more than one rank (or use backend mpi)")
+        raise ValueError(f"backend local runs every peer as a thread of one process; do not "
+                         f"launch it with mpiexec -n {_mpi_world_size()} (or use "
+                         f"{_fix('mpi', cli)})")
     if backend == "local" and torchrun_world_size() > 1:
         raise local_under_torchrun_error(torchrun_world_size())
     return backend
@@ -109,28 +134,57 @@ def _mpi_world_size() -> int:
     return MPI.COMM_WORLD.Get_size()
 
 
-def run_peers(topology, fn: Callable[..., Any], *args, backend: Optional[str] = "local",
-              timeout: Optional[float] = None, **kwargs) -> Dict[int, Any]:
+def launched_world_size(backend: str) -> int:
+    """How many processes the launcher of `backend` started (1 for local)."""
+    if backend == "mpi":
+        return _mpi_world_size()
+    if backend == "torch":
+        from .comm.torch import launcher_environment
+
+        return launcher_environment()[1]
+    return 1
+
+
+def make_communicator(backend: str, topology: "Topology", *, timeout: Optional[float] = None,
+                      device: str = "cpu") -> "Communicator":
+    """This process's communicator for a launched backend (mpi or torch), checking that the
+    launcher started as many processes as `topology` has peers."""
+    world = launched_world_size(backend)
+    if topology.size != world:
+        launcher = "mpiexec" if backend == "mpi" or not launched_by_torchrun() else "torchrun"
+        raise ValueError(f"topology {topology.name!r} has {topology.size} peers but {launcher} "
+                         f"started {world} processes: start {topology.size}")
+    if backend == "mpi":
+        from .comm.mpi import MPICommunicator
+
+        return MPICommunicator(topology, timeout=timeout)
+    if backend == "torch":
+        from .comm.torch import TorchCommunicator
+
+        return TorchCommunicator(topology, device=device, timeout=timeout)
+    raise ValueError(f"backend {backend!r} has no communicator per process (local runs every "
+                     "peer in this one: run_peers)")
+
+
+def run_peers(topology: "Topology", fn: Callable[..., Any], *args, backend: Optional[str] = "local",
+              timeout: Optional[float] = None, device: str = "cpu", **kwargs) -> Dict[int, Any]:
     """Run `fn(comm, *args, **kwargs)` on every peer of `topology`; return {rank: value}.
 
     backend "local": every peer is a thread of this process (`LocalCluster`); the dict holds every
     rank's value. backend "mpi": this process is one rank of an mpiexec job (`MPICommunicator` on
     COMM_WORLD, whose size must be the topology's); backend "torch": one process of a torchrun (or
-    mpiexec) job (`TorchCommunicator`, gloo on the CPU); the dict then holds this rank's value only, so
-    `results.get(0)` is rank 0's value on rank 0 and None elsewhere, under either backend. None or
-    "auto" picks the backend this process was launched for (see `resolve_backend`). `timeout` is the
-    communicator's (seconds a peer may wait for a message).
+    mpiexec) job (`TorchCommunicator`, gloo on the CPU, NCCL with `device` cuda); the dict then
+    holds this rank's value only, so `results.get(0)` is rank 0's value on rank 0 and None
+    elsewhere, under either backend. None or "auto" picks the backend this process was launched
+    for (see `resolve_backend`). `timeout` is the communicator's (seconds a peer may wait for a
+    message). The one transport builder of the CLI and the experiments.
     """
     backend = resolve_backend(backend)
     if backend in ("mpi", "torch"):
-        if backend == "mpi":
-            from .comm.mpi import MPICommunicator as Transport
-        else:
-            from .comm.torch import TorchCommunicator as Transport
-        comm = Transport(topology, timeout=timeout)
+        comm = make_communicator(backend, topology, timeout=timeout, device=device)
         value = fn(comm, *args, **kwargs)
         if hasattr(comm, "close"):
-            comm.barrier()
+            comm.barrier()  # every peer is done with the group before any leaves it
             comm.close()
         return {comm.rank: value}
     from .comm.local import LocalCluster

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .algorithms.base import ParamsLike, named_tensors
+
+if TYPE_CHECKING:
+    from topologies import Topology
+    from .comm.base import Comm
 
 
 def _flat64(params: ParamsLike) -> torch.Tensor:
@@ -12,7 +18,7 @@ def _flat64(params: ParamsLike) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
 
 
-def consensus_distance(params: ParamsLike, comm) -> float:
+def consensus_distance(params: ParamsLike, comm: Comm) -> float:
     """Mean over peers of ||x_i - x_bar||^2, summed over all tensors (computed in float64).
 
     Collective: every peer must call it, and every peer gets the same value. Traffic (metric
@@ -29,7 +35,7 @@ def consensus_distance(params: ParamsLike, comm) -> float:
     return float(local.item())
 
 
-def parameter_average(params: ParamsLike, comm) -> torch.Tensor:
+def parameter_average(params: ParamsLike, comm: Comm) -> torch.Tensor:
     """The average over peers of the flattened parameters, in float64 (collective, metric traffic)."""
     return comm.allreduce_(_flat64(params), op="mean", metric=True)
 
@@ -41,7 +47,7 @@ def _step_degrees(graph) -> int:
     return sum(len(graph.neighbors(i)) for i in range(graph.size))
 
 
-def mean_active_degree(topology, steps: int) -> float:
+def mean_active_degree(topology: Topology, steps: int) -> float:
     """Mean over peers and over steps 0..steps-1 of the neighbours a peer sends to in that step.
 
     A static topology's mean degree (whatever `steps`); on a schedule the degree of each step's

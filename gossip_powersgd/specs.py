@@ -1,15 +1,26 @@
 """Parsing the one-line spellings ("specs") of algorithms, compressors, datasets and models.
 
-Every spec is a name, optionally followed by a colon and arguments: ``"topk:0.01"``,
-``"synthetic_logreg:d=5,n=1000"``, ``"choco:compressor=[randomk:0.1,seed=3],gamma=0.4"``,
-``"package.module:function"``. The pieces here are shared by the modules that read such specs, so
-that a boolean, a key=value list or a bring-your-own import means the same thing everywhere. Each
-caller keeps its own error wording (tests and users rely on it) by passing in what it is parsing.
+One grammar (`parse_spec`)::
+
+    spec     := name [":" item ("," item)*]
+    item     := key "=" value | value          (positional values first, by convention)
+    value    := text without a top-level comma | "[" any text, brackets balanced "]"
+    name     := word | module.path ":" attribute      (bring-your-own: "pkg.mod:fn")
+
+``"topk:0.01"`` (a positional), ``"synthetic_logreg:d=5,n=1000"``, ``"mlp:100,100"``,
+``"choco:compressor=[randomk:0.1,seed=3],gamma=0.4"`` (square brackets hold a value with commas
+of its own, and are stripped), ``"resnet20:width=16"``, ``"package.module:function"`` and
+``"package.module:function:width=32"`` (a name with a dot is a module path: its attribute belongs to
+the name, which keeps its case). Errors are one line: ``<what> '<spec>': <problem>``. `split_spec`
+(options only) and `parse_options` (typed options) are built on it; topology specs
+(``topologies.parse``) use the same shape with colon-separated positional fields
+(``small_world:16:4:0.2``), parsed in the topologies package, which sits below this one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import inspect
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -26,6 +37,8 @@ __all__ = [
     "parse_seed",
     "split_name",
     "split_top_level",
+    "Spec",
+    "parse_spec",
     "split_spec",
     "parse_options",
     "import_object",
@@ -130,29 +143,66 @@ def split_top_level(text: str) -> List[str]:
     return parts
 
 
-def split_spec(spec: str, what: str) -> Tuple[str, Dict[str, str]]:
-    """``"choco:compressor=topk:0.01,gamma=0.4"`` -> ``("choco", {"compressor": "topk:0.01",
-    "gamma": "0.4"})``: the lower-cased name and the options as strings.
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """A parsed spec: its name, positional values and key=value options (all text)."""
 
-    A value with commas of its own goes in square brackets, which are stripped:
-    ``"choco:compressor=[randomk:0.1,seed=3],gamma=0.4"``. A key given twice is an error (the
-    intended value is ambiguous). `what` names the spec in errors.
-    """
-    name, _, rest = spec.strip().partition(":")
-    if rest.count("[") != rest.count("]"):
+    name: str
+    positional: Tuple[str, ...] = ()
+    options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def is_import(self) -> bool:
+        """Whether the name is a bring-your-own ``"package.module:attribute"``."""
+        return ":" in self.name
+
+
+def _unbracket(value: str) -> str:
+    return value[1:-1] if value.startswith("[") and value.endswith("]") else value
+
+
+def parse_spec(spec: str, what: str = "spec") -> Spec:
+    """`spec` split by the grammar of the module docstring; `what` names it in errors. A key given
+    twice is an error (the intended value would be ambiguous); so are unbalanced brackets."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"{what} must be a non-empty string, got {spec!r}")
+    text = spec.strip()
+    if text.count("[") != text.count("]"):
         raise ValueError(f"{what} {spec!r}: unbalanced square brackets")
+    name, _, rest = text.partition(":")
+    name = name.strip()
+    if "." in name and rest:  # "pkg.mod:fn[:options]": the attribute belongs to the name
+        attribute, _, rest = rest.partition(":")
+        name = f"{name}:{attribute.strip()}"
+    else:
+        name = name.lower()
+    positional: List[str] = []
     options: Dict[str, str] = {}
     for item in filter(None, (part.strip() for part in split_top_level(rest))):
         key, eq, value = item.partition("=")
-        if not eq:
-            raise ValueError(f"{what} {spec!r}: option {item!r} is not key=value")
-        key, value = key.strip(), value.strip()
+        if not eq or "[" in key:  # a positional value (which may hold '=' inside brackets)
+            positional.append(_unbracket(item))
+            continue
+        key = key.strip()
         if key in options:
             raise ValueError(f"{what} {spec!r}: option {key!r} is given twice; give it once")
-        if value.startswith("[") and value.endswith("]"):
-            value = value[1:-1]
-        options[key] = value
-    return name.strip().lower(), options
+        options[key] = _unbracket(value.strip())
+    return Spec(name, tuple(positional), options)
+
+
+def split_spec(spec: str, what: str) -> Tuple[str, Dict[str, str]]:
+    """``"choco:compressor=topk:0.01,gamma=0.4"`` -> ``("choco", {"compressor": "topk:0.01",
+    "gamma": "0.4"})``: the name (lower-cased unless it is a ``"package.module:attribute"``) and
+    the options as strings, for a spec that takes options only (`parse_spec`; a positional value is
+    refused).
+
+    A value with commas of its own goes in square brackets, which are stripped:
+    ``"choco:compressor=[randomk:0.1,seed=3],gamma=0.4"``. `what` names the spec in errors.
+    """
+    parsed = parse_spec(spec, what)
+    if parsed.positional:
+        raise ValueError(f"{what} {spec!r}: option {parsed.positional[0]!r} is not key=value")
+    return parsed.name, dict(parsed.options)
 
 
 def parse_options(spec: str, text: Optional[str],
@@ -166,7 +216,7 @@ def parse_options(spec: str, text: Optional[str],
     options: Dict[str, Any] = {}
     if text is None or text == "":
         return options
-    for item in text.split(","):
+    for item in split_top_level(text):  # the grammar's items (`parse_spec`)
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or not key:
@@ -177,7 +227,7 @@ def parse_options(spec: str, text: Optional[str],
         if key in options:
             raise ValueError(f"{spec!r}: option {key!r} is given twice; give it once")
         try:
-            options[key] = _converter(types[key])(value.strip())
+            options[key] = _converter(types[key])(_unbracket(value.strip()))
         except (TypeError, ValueError):
             raise ValueError(f"{spec!r}: option {key}={value.strip()!r} is not a valid "
                              f"{getattr(types[key], '__name__', 'value')}") from None

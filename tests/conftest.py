@@ -14,9 +14,63 @@ import torch
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
+#: The helper modules the tests import by name (fixtures, workers, bring-your-own specs such as
+#: "byo_fixtures:linear_data") and the scripts they run: on sys.path here, and on the PYTHONPATH
+#: of the processes the tests start.
+SUPPORT = TESTS / "support"
+sys.path.insert(0, str(SUPPORT))
 
 # Bit-equality across transports needs one intra-op thread per peer, and 2 shared cores need it too.
 torch.set_num_threads(1)
+
+
+# ---- launcher markers ------------------------------------------------------------------------------
+# A test that starts mpiexec carries @pytest.mark.mpi, one that starts torchrun
+# @pytest.mark.torchrun (setup.cfg registers both), so that `pytest -m "not mpi and not torchrun"`
+# is a fast inner loop. Every process a test starts is checked: a launch by a test without its
+# marker fails that test, naming the marker (also when a fixture it uses does the launching).
+
+#: The test running now (set around each test's set-up, call and tear-down).
+_RUNNING: dict = {"item": None}
+
+
+def launcher_marker(args) -> str | None:
+    """"mpi" for a command that starts mpiexec (or mpirun), "torchrun" for one that starts
+    torchrun (or `python -m torch.distributed.run`), else None."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        args = [args]
+    parts = [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in args]
+    if not parts:
+        return None
+    program = Path(parts[0]).name
+    if program in ("mpiexec", "mpirun", "mpiexec.hydra"):
+        return "mpi"
+    if program == "torchrun" or "torch.distributed.run" in parts[1:3]:
+        return "torchrun"
+    return None
+
+
+class _CheckedPopen(subprocess.Popen):
+    def __init__(self, args, *rest, **kwargs):
+        item = _RUNNING["item"]
+        marker = launcher_marker(args)
+        if item is not None and marker is not None and item.get_closest_marker(marker) is None:
+            pytest.fail(f"{item.nodeid} starts {'mpiexec' if marker == 'mpi' else 'torchrun'} but "
+                        f"has no @pytest.mark.{marker}: add it (pytest -m 'not {marker}' must "
+                        "skip every such test)", pytrace=False)
+        super().__init__(args, *rest, **kwargs)
+
+
+subprocess.Popen = _CheckedPopen  # subprocess.run and check_output build theirs from this name
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _RUNNING["item"] = item
+    try:
+        yield
+    finally:
+        _RUNNING["item"] = None
 
 
 def mpiexec_path() -> str:
@@ -38,7 +92,7 @@ def run_mpi(n: int, args, timeout: float = 120, env=None, cwd=None) -> subproces
     """
     command = [mpiexec_path(), "-n", str(n), sys.executable, *map(str, args)]
     full_env = dict(os.environ)
-    full_env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}"})
+    full_env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{SUPPORT}"})
     full_env.update(env or {})
     return run_bounded(command, timeout, f"mpiexec -n {n} {' '.join(map(str, args))}",
                        env=full_env, cwd=cwd or ROOT)
@@ -75,8 +129,8 @@ def no_space_for(monkeypatch, module, name: str) -> None:
 
 def run_scenario_mpi(n: int, scenario: str, topology: str, out_dir: Path, timeout: float = 120,
                      extra=()):
-    """Run `module:function` from tests/ under mpiexec via tests/mpi_worker.py; return per-rank results."""
-    result = run_mpi(n, [TESTS / "mpi_worker.py", scenario, topology, out_dir, *extra], timeout=timeout)
+    """Run `module:function` from tests/ under mpiexec via tests/support/mpi_worker.py; return per-rank results."""
+    result = run_mpi(n, [SUPPORT / "mpi_worker.py", scenario, topology, out_dir, *extra], timeout=timeout)
     if result.returncode != 0:
         pytest.fail(f"mpi scenario {scenario} failed (exit {result.returncode}):\n"
                     f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")

@@ -273,6 +273,7 @@ def mpi_baselines(tmp_path_factory):
     return _MPI_RESULTS["ring:4"]
 
 
+@pytest.mark.mpi
 def test_mpi_allreduce_and_powersgd_are_bit_equal_to_local(tmp_path_factory):
     mpi = [r["allreduce"] for r in mpi_baselines(tmp_path_factory)]
     local = LocalCluster(topologies.ring(4)).run(allreduce_run)

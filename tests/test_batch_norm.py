@@ -13,7 +13,7 @@ from gossip_powersgd.training.config import config_from_dict
 from gossip_powersgd.training.batchnorm import refresh_batch_norm
 from gossip_powersgd.training.trainer import train
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # for "paper_fixtures:..." specs
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))  # for "paper_fixtures:..." specs
 
 
 def test_refreshed_statistics_are_the_pooled_ones():

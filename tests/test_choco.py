@@ -190,6 +190,7 @@ def choco_run(comm, steps="4"):
             "messages": comm.stats.messages_sent, "expected_bytes": expected}
 
 
+@pytest.mark.mpi
 def test_mpi_choco_is_bit_equal_to_local(tmp_path_factory):
     # One mpiexec launch runs every baseline's scenario (see test_allreduce.mpi_baselines).
     mpi = [r["choco"] for r in mpi_baselines(tmp_path_factory)]

@@ -137,6 +137,7 @@ def test_mismatched_sizes_fail_naming_a_peer_instead_of_hanging():
         LocalCluster(topologies.ring(4), timeout=5).run(peer)
 
 
+@pytest.mark.mpi
 def test_mpi_ring_allreduce_is_bit_equal_to_local(tmp_path):
     mpi = run_scenario_mpi(4, "test_collectives:awkward_allreduces", "ring:4", tmp_path)
     local = LocalCluster(topologies.ring(4)).run(awkward_allreduces)

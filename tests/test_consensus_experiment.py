@@ -111,6 +111,7 @@ def _read(directory):
     return consensus.read_curves(directory / consensus.CURVES)
 
 
+@pytest.mark.mpi
 def test_mpi_backend_equals_local_backend(tmp_path):
     args = ["--topology", "ring:4", "--problem", TINY, "--steps", "30", "--no-plot",
             "--algorithms", "exact", PG, "choco:compressor=topk:0.05,gamma=0.3",

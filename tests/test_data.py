@@ -21,7 +21,7 @@ from gossip_powersgd.training.data import (
     skew,
 )
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for "byo_fixtures:..." specs
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))  # for "byo_fixtures:..." specs
 
 
 def balanced_labels(n, classes, seed=0):

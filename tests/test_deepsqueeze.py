@@ -154,6 +154,7 @@ def deepsqueeze_run(comm, steps="4"):
             "messages": comm.stats.messages_sent, "expected_bytes": expected}
 
 
+@pytest.mark.mpi
 def test_mpi_deepsqueeze_is_bit_equal_to_local(tmp_path_factory):
     mpi = [r["deepsqueeze"] for r in mpi_baselines(tmp_path_factory)]
     local = LocalCluster(topologies.ring(4)).run(deepsqueeze_run)

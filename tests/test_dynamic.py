@@ -231,6 +231,7 @@ def mpi_scenario(comm):
     return out
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("spec", ["one_peer_exponential:4", "directed_exponential:4"])
 def test_mpi_equals_local_on_a_schedule(tmp_path, spec):
     mpi = run_scenario_mpi(4, "test_dynamic:mpi_scenario", spec, tmp_path, timeout=180)

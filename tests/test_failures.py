@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import topologies
-from conftest import ROOT, TESTS, mpiexec_path, run_mpi
+from conftest import ROOT, SUPPORT, mpiexec_path, run_mpi
 from gossip_powersgd import CommunicationError, LocalCluster
 
 
@@ -56,9 +56,10 @@ def test_local_cluster_accepts_a_spec_and_names_what_it_needs():
         LocalCluster(4)
 
 
+@pytest.mark.mpi
 def test_uncaught_exception_on_one_rank_ends_the_mpi_job_promptly():
     started = time.monotonic()
-    result = run_mpi(4, [TESTS / "scripts" / "readme_snippet_failure.py"], timeout=60)
+    result = run_mpi(4, [SUPPORT / "scripts" / "readme_snippet_failure.py"], timeout=60)
     elapsed = time.monotonic() - started
     assert result.returncode != 0
     assert "error (rank 2): rank 2 found something wrong with its data" in result.stderr
@@ -70,7 +71,7 @@ def test_uncaught_exception_on_one_rank_ends_the_mpi_job_promptly():
 
 def test_ctrl_c_on_the_local_backend_stops_every_peer_and_exits_130():
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    process = subprocess.Popen([sys.executable, str(TESTS / "scripts" / "interrupt_local.py")],
+    process = subprocess.Popen([sys.executable, str(SUPPORT / "scripts" / "interrupt_local.py")],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                cwd=ROOT, start_new_session=True)
     try:
@@ -89,14 +90,14 @@ def test_ctrl_c_on_the_local_backend_stops_every_peer_and_exits_130():
 # ---- a rank stopped, or leaving early, under mpiexec and torchrun ----------------------------------
 
 class FaultJob:
-    """tests/scripts/fault_peer.py on 4 ranks under `launcher` (mpi: mpiexec, torch: torchrun).
+    """tests/support/scripts/fault_peer.py on 4 ranks under `launcher` (mpi: mpiexec, torch: torchrun).
 
     stdout is read by a thread, so that waiting for the ranks' `ready` lines has a deadline."""
 
     def __init__(self, launcher: str, timeout: float, action: str = ""):
         from test_torch_transport import _env, free_port
 
-        script = [str(TESTS / "scripts" / "fault_peer.py"), launcher, str(timeout)]
+        script = [str(SUPPORT / "scripts" / "fault_peer.py"), launcher, str(timeout)]
         script += [action] if action else []
         if launcher == "mpi":
             command = [mpiexec_path(), "-n", "4", sys.executable, *script]
@@ -165,6 +166,8 @@ def _stopped_ranks_gone(pids) -> bool:
     return not any(alive(pid) for pid in pids.values())
 
 
+@pytest.mark.mpi
+@pytest.mark.torchrun
 @pytest.mark.parametrize("launcher", ["mpi", "torch"])
 def test_a_stopped_rank_is_named_by_every_rank_and_the_job_ends_before_the_timeout(launcher):
     """SIGSTOP rank 2 of ring:4 with a 20 s comm timeout. A stopped peer never answers: its
@@ -190,6 +193,8 @@ def test_a_stopped_rank_is_named_by_every_rank_and_the_job_ends_before_the_timeo
     assert _stopped_ranks_gone(pids)
 
 
+@pytest.mark.mpi
+@pytest.mark.torchrun
 @pytest.mark.parametrize("launcher", ["mpi", "torch"])
 def test_a_rank_that_calls_sys_exit_is_named_within_seconds(launcher):
     """Rank 1 calls sys.exit(0) mid-gossip (user code may): its process says it left as it ends,
@@ -207,12 +212,13 @@ def test_a_rank_that_calls_sys_exit_is_named_within_seconds(launcher):
                for line in errors), errors
 
 
+@pytest.mark.mpi
 def test_a_rank_that_exits_before_its_communicator_exists_is_named():
     """Under mpiexec, rank 1 ends its process (sys.exit(0)) before it creates a communicator: the
     others, in the communicator's collective set-up, read the notice it sent on COMM_WORLD as it
     ended. Before, they hung there for ever (a blocking MPI_Comm_dup)."""
     started = time.monotonic()
-    result = run_mpi(4, [ROOT / "tests" / "scripts" / "exit_before_comm.py", "120"], timeout=100)
+    result = run_mpi(4, [SUPPORT / "scripts" / "exit_before_comm.py", "120"], timeout=100)
     seconds = time.monotonic() - started
     errors = [line for line in result.stderr.splitlines() if line.startswith("error (rank")]
     assert result.returncode != 0
@@ -220,6 +226,7 @@ def test_a_rank_that_exits_before_its_communicator_exists_is_named():
     assert len(errors) == 3 and all("peer 1 ended its process" in line for line in errors), errors
 
 
+@pytest.mark.mpi
 def test_user_code_that_exits_during_the_config_check_ends_the_mpi_job_naming_it(tmp_path):
     """A dataset function that calls sys.exit(0) on rank 1 while the config is validated (before
     any communicator) is an error of that rank naming the spec (`specs.user_code`), and the job
@@ -236,6 +243,7 @@ def test_user_code_that_exits_during_the_config_check_ends_the_mpi_job_naming_it
                "user code called sys.exit/exit(0)" in line for line in errors), errors
 
 
+@pytest.mark.torchrun
 def test_ctrl_c_on_torchrun_stops_every_rank_each_naming_itself():
     """torchrun passes Ctrl-C (SIGINT) on to every worker: each says it was interrupted, naming its
     rank (before, four identical lines without one). torchrun's own status is 1, from its own

@@ -102,6 +102,7 @@ def test_resume_mid_period_is_bit_exact(tmp_path):
         assert ca == cb  # traffic counters, rounds and critical bytes included
 
 
+@pytest.mark.mpi
 def test_mpi_matches_local(tmp_path):
     out = tmp_path / "mpi"
     args = ["--set", "local_steps=3", "--set", "epochs=2", "--set",

@@ -104,6 +104,7 @@ def test_the_summary_table_shows_the_recorded_bytes():
     assert "observed message MB (every 1 step(s))" in format_summary(summary)
 
 
+@pytest.mark.mpi
 def test_recording_works_under_mpiexec_through_the_trainer_cli(tmp_path):
     from conftest import run_mpi
 

@@ -327,6 +327,7 @@ def mpi_scenario(comm, steps="6"):
             "factors": {str(j): gossip.factors(j) for j in comm.neighbors}}
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("n, spec", [(4, "ring:4"), (8, "torus:2x4")])
 def test_mpi_equals_local_bit_for_bit(tmp_path, n, spec):
     mpi = run_scenario_mpi(n, "test_powergossip:mpi_scenario", spec, tmp_path, timeout=180)

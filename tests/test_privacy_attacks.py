@@ -248,6 +248,7 @@ def test_model_with_parameters_refuses_another_models_parameters():
 
 # ---- under mpiexec -------------------------------------------------------------------------------
 
+@pytest.mark.mpi
 def test_recording_works_under_mpiexec_and_matches_the_local_run(tmp_path):
     spec, steps = "powergossip:rank=2", 3
     mpi_dir, local_dir = tmp_path / "mpi", tmp_path / "local"

@@ -202,6 +202,7 @@ def _dataset_for(partition):
     return "test_privacy_training:own_rank_only" if partition == "local" else DP.dataset
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("partition", ["dirichlet:0.5", "local"])
 def test_mpi_equals_local_with_dp_on(tmp_path, partition):
     mpi = run_scenario_mpi(PEERS, "test_privacy_training:mpi_dp_scenario", DP.topology, tmp_path,

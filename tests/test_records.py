@@ -161,6 +161,7 @@ def test_peer_reads_only_its_own_records():
         clear_dataset_cache()
 
 
+@pytest.mark.mpi
 def test_other_ranks_records_raise_and_the_run_still_trains(tmp_path):
     out = tmp_path / "run"
     config = tmp_path / "guarded.yaml"
@@ -224,6 +225,7 @@ def test_cifar10_resnet_and_wikitext_lstm_train_in_process(cifar_root, tmp_path)
     assert lm[0]["label_histogram"] == [[], []]  # a target per token: no label histogram
 
 
+@pytest.mark.mpi
 def test_augmented_cifar_run_is_the_same_under_mpi_and_local(cifar_root, tmp_path):
     config = tmp_path / "cifar.yaml"
     config.write_text(f"topology: ring:2\nalgorithm: powergossip:rank=1\n"

@@ -167,7 +167,7 @@ from gossip_powersgd.training import trainer as trainer_module
 from gossip_powersgd.training.config import load_config
 from gossip_powersgd.training.trainer import train
 
-from conftest import ROOT, TESTS, errors_on_every_rank, mpiexec_path, no_space_for
+from conftest import ROOT, SUPPORT, TESTS, errors_on_every_rank, mpiexec_path, no_space_for
 
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 
@@ -351,6 +351,7 @@ def alive(pid: int) -> bool:
 EPOCHS = 16
 
 
+@pytest.mark.mpi
 def test_a_rank_killed_mid_training_ends_the_job_and_the_run_resumes_exactly(tmp_path):
     """SIGKILL rank 2 of 4 after the epoch-1 checkpoints: the others exit within 30 s; any survivor
     that reports names rank 2; the newest checkpoint loads; --resume finishes with the model of an
@@ -363,7 +364,7 @@ def test_a_rank_killed_mid_training_ends_the_job_and_the_run_resumes_exactly(tmp
     Each rank's stderr goes to its own file: forwarded output races with the job's teardown."""
     out = tmp_path / "run"
     overrides = ["--set", f"epochs={EPOCHS}", "--set", "log_every=0", "--set", f"eval_every={EPOCHS}"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{ROOT}{os.pathsep}{TESTS}")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{SUPPORT}")
     command = [mpiexec_path(), "-disable-auto-cleanup", "-errfile-pattern",
                str(tmp_path / "stderr-%r.txt"), "-n", "4", sys.executable, "-m", "experiments.train",
                "--config", str(TINY), "--set", "backend=mpi", "--set", f"out_dir={out}",
@@ -655,6 +656,7 @@ def test_peers_that_load_different_data_fail_naming_the_ranks(monkeypatch):
     assert "usually unseeded randomness" in errors[0] and "\n" not in errors[0]
 
 
+@pytest.mark.mpi
 def test_mpi_ranks_with_unseeded_data_fail_on_every_rank(tmp_path):
     """Bad input 13 under mpiexec: numpy's global random state differs per rank."""
     from conftest import run_mpi

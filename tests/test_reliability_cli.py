@@ -15,14 +15,14 @@ import pytest
 import topologies
 from topologies import __main__ as show_cli
 
-from conftest import ROOT, TESTS, run_bounded
+from conftest import ROOT, SUPPORT, TESTS, run_bounded
 
 
 def run_module(*args, timeout: float = 90) -> subprocess.CompletedProcess:
     """`python ARGS...` from the repository root; a run past `timeout` is killed and fails the test
     as a hang (the refusals below answer in about a second)."""
     env = dict(os.environ, MPLBACKEND="Agg", OMP_NUM_THREADS="1",
-               PYTHONPATH=f"{ROOT}{os.pathsep}{TESTS}")
+               PYTHONPATH=f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{SUPPORT}")
     env.pop("GOSSIP_TRACEBACK", None)
     return run_bounded([sys.executable, *map(str, args)], timeout,
                        f"python {' '.join(map(str, args))}", cwd=ROOT, env=env)

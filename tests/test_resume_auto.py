@@ -40,7 +40,7 @@ def command(run_dir: Path, fail_at: int, marker: Path):
 
 
 def launch(args):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT / "tests" / "support"),
                                                       os.environ.get("PYTHONPATH", "")]))
     return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
 

@@ -200,3 +200,28 @@ def test_parse_seed_accepts_the_whole_range():
     assert specs.parse_seed("0") == 0 and specs.parse_seed(str(specs.SEED_MAX)) == specs.SEED_MAX
     with pytest.raises(ValueError, match=r"seed must be an integer in \[0, "):
         specs.parse_seed("99999999999999999999999")
+
+
+def test_one_grammar_for_every_spec():
+    from gossip_powersgd.specs import Spec, parse_spec
+
+    assert parse_spec("topk:0.01") == Spec("topk", ("0.01",), {})
+    assert parse_spec("mlp:100,100") == Spec("mlp", ("100", "100"), {})
+    assert parse_spec("Synthetic_Logreg:d=5, n=1000") == Spec("synthetic_logreg", (),
+                                                              {"d": "5", "n": "1000"})
+    assert parse_spec("lowrank:2,iterations=3") == Spec("lowrank", ("2",), {"iterations": "3"})
+    assert parse_spec("choco:compressor=[randomk:0.1,seed=3],gamma=0.4").options == {
+        "compressor": "randomk:0.1,seed=3", "gamma": "0.4"}
+    assert parse_spec("cyclic:[ring:8],[star:8]").positional == ("ring:8", "star:8")
+    assert parse_spec("resnet20:width=16") == Spec("resnet20", (), {"width": "16"})
+    # A name with a dot is a bring-your-own import: its attribute belongs to it, case kept.
+    byo = parse_spec("my_pkg.Models:Wide:width=32,depth=[2]")
+    assert byo == Spec("my_pkg.Models:Wide", (), {"width": "32", "depth": "2"}) and byo.is_import
+    assert parse_spec("pkg.mod:fn").name == "pkg.mod:fn" and not parse_spec("ring:8").is_import
+    assert split_spec("pkg.mod:fn:width=32", "model spec") == ("pkg.mod:fn", {"width": "32"})
+    for spec, message in [("x:a=1,a=2", "^thing 'x:a=1,a=2': option 'a' is given twice; give it "
+                                        "once$"),
+                          ("x:a=[1", r"^thing 'x:a=\[1': unbalanced square brackets$"),
+                          (" ", "^thing must be a non-empty string, got ' '$")]:
+        with pytest.raises(ValueError, match=message):
+            parse_spec(spec, "thing")

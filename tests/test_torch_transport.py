@@ -14,7 +14,7 @@ import torch
 
 import topologies
 from gossip_powersgd import LocalCluster
-from conftest import ROOT, TESTS, run_scenario_mpi
+from conftest import ROOT, SUPPORT, TESTS, run_scenario_mpi
 
 
 def free_port() -> int:
@@ -25,7 +25,7 @@ def free_port() -> int:
 
 def _env(extra=None):
     env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}"})
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{SUPPORT}"})
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "PMI_RANK",
                 "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
         env.pop(var, None)
@@ -55,7 +55,7 @@ def run_ranks(n, case, timeout=90):
     """Start n worker processes with the launcher's variables set by hand; return (codes, stderr)."""
     port = str(free_port())
     processes = [subprocess.Popen(
-        [sys.executable, str(TESTS / "torch_worker.py"), "--case", case], stdout=subprocess.PIPE,
+        [sys.executable, str(SUPPORT / "torch_worker.py"), "--case", case], stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
         env=_env({"RANK": str(k), "WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
                   "MASTER_PORT": port})) for k in range(n)]
@@ -92,10 +92,12 @@ def assert_bit_equal(a, b, where=""):
         assert a == b, where
 
 
+@pytest.mark.mpi
+@pytest.mark.torchrun
 def test_torch_equals_mpi_equals_local_bit_for_bit(tmp_path):
     (tmp_path / "torch").mkdir()
     (tmp_path / "mpi").mkdir()
-    result = run_torchrun(4, [TESTS / "torch_worker.py", "test_torch_transport:gossip_scenarios",
+    result = run_torchrun(4, [SUPPORT / "torch_worker.py", "test_torch_transport:gossip_scenarios",
                               "ring:4", tmp_path / "torch"])
     assert result.returncode == 0, result.stderr[-3000:]
     over_torch = [torch.load(tmp_path / "torch" / f"rank-{k}.pt", weights_only=True) for k in range(4)]
@@ -162,7 +164,7 @@ def test_silent_peer_is_named_by_its_neighbours():
 
 
 def test_no_launcher_environment_is_one_line():
-    process = subprocess.run([sys.executable, str(TESTS / "torch_worker.py"), "--case", "world_size"],
+    process = subprocess.run([sys.executable, str(SUPPORT / "torch_worker.py"), "--case", "world_size"],
                              capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=60)
     assert process.returncode != 0
     assert process.stderr.strip() == ("error (rank ?): backend torch needs a launcher: torchrun "
@@ -170,6 +172,7 @@ def test_no_launcher_environment_is_one_line():
                                       "(N = the topology's size); RANK and WORLD_SIZE are not set")
 
 
+@pytest.mark.torchrun
 def test_training_under_torchrun_equals_the_local_backend(tmp_path):
     """`backend: torch` through the training CLI: the same models, bit for bit, as in one process
     (tiny.yaml's ring:4 given as a sizeless ring, which torchrun's world size completes)."""
@@ -204,6 +207,7 @@ def test_backend_torch_without_a_launcher_is_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.torchrun
 def test_backend_local_under_torchrun_is_one_line_not_a_lock_error(tmp_path):
     result = run_torchrun(2, ["-m", "experiments.train", "--config",
                               ROOT / "experiments" / "configs" / "tiny.yaml", "--set", "backend=local",

@@ -176,7 +176,7 @@ def test_a_hooks_entry_runs_a_user_hook_from_gossip_train(tmp_path):
     """))
     out = tmp_path / "seen"
     entry = json.dumps([{"my_hooks:Recorder": {"path": str(out), "tag": "from-cli"}}])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "tests"),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "tests"), str(ROOT / "tests" / "support"),
                                                       os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run(
         [sys.executable, "-m", "gossip_powersgd.cli.train", "--config", str(TINY), "--quiet",

@@ -141,6 +141,7 @@ def mpi_run(tmp_path_factory):
     return out, result
 
 
+@pytest.mark.mpi
 def test_mpi_end_to_end_run_directory(mpi_run, tmp_path):
     out, result = mpi_run
     assert "averaged-model test accuracy" in result.stdout
@@ -173,6 +174,7 @@ def test_mpi_end_to_end_run_directory(mpi_run, tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.mpi
 def test_mpi_and_local_backends_agree_bit_for_bit(mpi_run, tmp_path):
     out, _ = mpi_run
     from experiments.train import run
@@ -188,6 +190,7 @@ def test_mpi_and_local_backends_agree_bit_for_bit(mpi_run, tmp_path):
         assert comparable(a) == comparable(b)
 
 
+@pytest.mark.mpi
 def test_existing_run_dir_is_never_overwritten(mpi_run):
     out, _ = mpi_run
     before = (out / "summary.json").read_text()
@@ -214,6 +217,7 @@ def test_cli_errors_in_process(tmp_path):
         run(["--config", str(TINY), "--set", "model=transformer"])
 
 
+@pytest.mark.mpi
 def test_cli_resume_of_an_mpi_run_in_one_process(mpi_run, tmp_path):
     """--resume RUN_DIR uses the run's config.yaml; a checkpoint written under MPI resumes locally."""
     import shutil
@@ -237,6 +241,7 @@ def test_cli_resume_of_an_mpi_run_in_one_process(mpi_run, tmp_path):
         assert comparable(map(json.loads, a)) == comparable(map(json.loads, b))
 
 
+@pytest.mark.mpi
 def test_every_run_records_its_provenance(mpi_run, tmp_path):
     out, _ = mpi_run
     origin = json.loads((out / "summary.json").read_text())["provenance"]

@@ -12,7 +12,7 @@ from gossip_powersgd import (
     consensus_distance,
 )
 from gossip_powersgd.comm import ring_allreduce_bytes
-from conftest import TESTS, run_mpi, run_scenario_mpi
+from conftest import SUPPORT, run_mpi, run_scenario_mpi
 
 
 # ---- in-process ------------------------------------------------------------------------------------
@@ -199,6 +199,7 @@ def test_single_peer_gossip_is_a_no_op():
 
 
 # ---- MPI -------------------------------------------------------------------------------------------
+@pytest.mark.mpi
 def test_mpi_closed_form_and_equality_with_local(tmp_path):
     mpi = run_scenario_mpi(4, "test_transport:rank_valued_step", "ring:4", tmp_path)
     local = LocalCluster(topologies.ring(4)).run(rank_valued_step)
@@ -208,6 +209,7 @@ def test_mpi_closed_form_and_equality_with_local(tmp_path):
         assert torch.equal(mpi[i], local[i])
 
 
+@pytest.mark.mpi
 def test_mpi_exact_gossip_is_bit_equal_to_local(tmp_path):
     mpi = run_scenario_mpi(4, "test_transport:exact_gossip_run", "torus:2x2", tmp_path)
     local = LocalCluster(topologies.torus(2, 2)).run(exact_gossip_run)
@@ -222,21 +224,24 @@ def test_mpi_exact_gossip_is_bit_equal_to_local(tmp_path):
     ("shapes_differ", 4, "parameter shapes and dtypes differs across ranks: ranks 0-1,3 hold variant 1; "
                          "ranks 2 hold variant 2"),
 ])
+@pytest.mark.mpi
 def test_mpi_bad_inputs_fail_on_every_rank(case, n, message):
-    result = run_mpi(n, [TESTS / "mpi_bad_inputs.py", case], timeout=60)
+    result = run_mpi(n, [SUPPORT / "mpi_bad_inputs.py", case], timeout=60)
     assert result.returncode != 0
     for rank in range(n):
         assert f"error (rank {rank}): {message}" in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.mpi
 def test_mpi_wrong_message_size_ends_the_job_naming_the_peer():
-    result = run_mpi(4, [TESTS / "mpi_bad_inputs.py", "message_size"], timeout=60)
+    result = run_mpi(4, [SUPPORT / "mpi_bad_inputs.py", "message_size"], timeout=60)
     assert result.returncode != 0
     assert "message from peer 1 has 28 bytes, expected 20" in result.stderr, result.stderr[-2000:]
 
 
+@pytest.mark.mpi
 def test_mpi_silent_peer_ends_the_job_naming_it():
-    result = run_mpi(4, [TESTS / "mpi_bad_inputs.py", "silent_peer"], timeout=60)
+    result = run_mpi(4, [SUPPORT / "mpi_bad_inputs.py", "silent_peer"], timeout=60)
     assert result.returncode != 0
     assert "no message from neighbour(s) [2] within 3 s" in result.stderr, result.stderr[-2000:]

@@ -24,7 +24,6 @@ from .generators import (
     from_graph,
     grid,
     hypercube,
-    parse,
     random_regular,
     ring,
     small_world,
@@ -46,6 +45,7 @@ from .schedules import (
     one_peer_exponential,
     product_gap,
 )
+from .spec import parse
 from .topology import MAX_PEERS, Topology, validate_mixing_matrix
 from .weights import SCHEMES, weight_matrix
 

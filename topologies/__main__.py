@@ -23,7 +23,8 @@ import tempfile
 
 import numpy as np
 
-from .generators import SPEC_USAGE, parse
+from .generators import SPEC_USAGE
+from .spec import parse
 from .directed import DirectedSchedule
 from .schedules import CyclicSchedule, Schedule, product_gap
 from .topology import Topology

@@ -22,7 +22,7 @@ import networkx as nx
 import numpy as np
 
 from .generators import _int, node_count
-from .schedules import StepCache
+from .stepcache import StepCache
 from .topology import STOCHASTIC_TOL, ConstantSchedule, check_size
 
 __all__ = [

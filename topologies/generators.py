@@ -38,7 +38,7 @@ __all__ = [
     "small_world",
     "from_graph",
     "from_edge_list",
-    "parse",
+    "parse_static",
     "SPEC_USAGE",
 ]
 
@@ -405,34 +405,9 @@ def _squarest(n: int) -> tuple[int, int]:
     return a, n // a
 
 
-def parse(spec, n: int | None = None, weights: str | None = None):
-    """Build a topology or schedule from its CLI spelling, e.g. ``"torus:4x4"``, ``parse("ring", n=8)``.
-
-    Spellings: see :data:`SPEC_USAGE`. When ``n`` is given the size may be left out of the spec
-    (``"ring"``, ``"torus"`` → the squarest 2-D torus, ``"hypercube"``, ``"random_regular:D"``,
-    ``"small_world:K:P"``), and a spec that does include a size must agree with it. ``weights``
-    defaults to ``"metropolis"`` (for ``file:`` specs, to the file's own weights if it has them).
-    A ``Topology`` passed as ``spec`` is returned as is (after the size check).
-    Unknown names and malformed specs raise ``ValueError``.
-
-    Static spellings give a :class:`Topology`; ``one_peer_exponential``, ``matchings``,
-    ``edge_sampling`` and ``cyclic`` give a :class:`~topologies.Schedule`, ``directed_exponential``
-    a :class:`~topologies.DirectedSchedule` and ``directed_file`` a
-    :class:`~topologies.DirectedTopology` (check ``is_directed`` before using the result).
-    """
-    from .directed import DirectedSchedule, DirectedTopology
-    from .schedules import Schedule
-
-    if isinstance(spec, (Topology, Schedule, DirectedTopology, DirectedSchedule)):
-        topo = spec
-    else:
-        topo = _parse(spec, n, weights)
-    if n is not None and topo.size != n:
-        raise ValueError(f"topology {topo.name!r} has {topo.size} nodes but n={n} was asked for")
-    return topo
-
-
-def _parse(spec, n, weights) -> Topology:
+def parse_static(spec, n: int | None = None, weights: str | None = None) -> Topology:
+    """The static topology of ``spec`` (`topologies.parse` without schedules; a schedule's spec is
+    handed to ``schedules.parse_schedule`` by ``parse``, which builds on this)."""
     if not isinstance(spec, str):
         raise TypeError(f"topology spec must be a string, got {type(spec).__name__}")
     if n is not None:
@@ -446,9 +421,7 @@ def _parse(spec, n, weights) -> Topology:
         )
     usage = SPEC_USAGE[kind]
     if kind in SCHEDULE_KINDS:
-        from .schedules import parse_schedule  # schedules build on parse; imported when used
-
-        return parse_schedule(spec, kind, rest, n, weights)
+        raise ValueError(f"topology spec {spec!r} is a schedule; parse it with topologies.parse")
 
     def bad(detail: str) -> ValueError:
         return ValueError(f"bad topology spec {spec!r}: {detail}; expected {usage!r}")

@@ -14,17 +14,15 @@ of step t without communicating, and ``at(t)`` may be called in any order.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
-import threading
-from collections import OrderedDict
 from functools import cached_property
 
 import numpy as np
 
-from .generators import SPEC_USAGE, _int, parse
-from .topology import Topology, check_size, step_index
+from .generators import SCHEDULE_KINDS, SPEC_USAGE, _int, from_edge_list, parse_static
+from .stepcache import CACHE_STEPS, StepCache  # noqa: F401 (importable from here, as before)
+from .topology import Topology, check_size
 from .weights import weight_matrix
 
 __all__ = [
@@ -44,8 +42,6 @@ __all__ = [
 
 #: Random schedules are validated over their first WINDOW_PER_PEER · n steps.
 WINDOW_PER_PEER = 64
-#: How many recently built steps a schedule keeps (a dense n×n W each).
-CACHE_STEPS = 8
 
 
 def random_window(n: int) -> int:
@@ -94,96 +90,6 @@ def metropolis_on(n: int, edges: np.ndarray) -> np.ndarray:
     adj[edges[:, 1], edges[:, 0]] = True
     np.fill_diagonal(adj, False)
     return weight_matrix(adj, "metropolis")
-
-
-class StepCache:
-    """The machinery every schedule shares: step checks, a small cache, the fingerprint.
-
-    Subclasses set ``_size``, ``_name``, ``_period`` and ``_identity`` (a tuple of plain values
-    that determines the schedule) through :meth:`_setup`, and implement ``_build(t)`` for a step
-    already reduced modulo the period.
-    """
-
-    _TAG = b"topologies.Schedule/v1\0"
-
-    def _setup(self, size: int, name: str, period: int | None, identity: tuple) -> None:
-        self._size = size
-        self._name = name
-        self._period = period
-        self._identity = identity
-        self._cache: OrderedDict = OrderedDict()
-        # Peers of a local cluster are threads sharing one schedule object.
-        self._lock = threading.Lock()
-
-    @property
-    def size(self) -> int:
-        """Number of peers n."""
-        return self._size
-
-    @property
-    def name(self) -> str:
-        """The spec string that :func:`topologies.parse` turns back into this schedule."""
-        return self._name
-
-    @property
-    def period(self) -> int | None:
-        """Steps after which the graphs repeat, or None for a random schedule."""
-        return self._period
-
-    def at(self, t: int):
-        """The graph of step ``t`` (any t >= 0, in any order)."""
-        t = step_index(t)
-        key = t % self._period if self._period else t
-        with self._lock:
-            if key in self._cache:
-                self._cache.move_to_end(key)
-                return self._cache[key]
-        step = self._build(key)
-        with self._lock:
-            self._cache[key] = step
-            while len(self._cache) > CACHE_STEPS:
-                self._cache.popitem(last=False)
-        return step
-
-    def _build(self, t: int):
-        raise NotImplementedError
-
-    def neighbors_union(self, i: int) -> tuple[int, ...]:
-        """Peers that ``i`` exchanges with at some step: its neighbours in :attr:`union`."""
-        return self.union.neighbors(i)
-
-    @cached_property
-    def fingerprint(self) -> str:
-        """A stable sha256 hex digest of the schedule's kind, size and parameters.
-
-        Distinct from every static topology's fingerprint (another prefix is hashed), and the same
-        on every peer, for cross-rank agreement checks.
-        """
-        h = hashlib.sha256(self._TAG)
-        h.update(repr(self._identity).encode())
-        return h.hexdigest()
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_cache"] = OrderedDict()
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-
-    def __eq__(self, other) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        return self._name == other._name and self.fingerprint == other.fingerprint
-
-    def __hash__(self) -> int:
-        return hash((self._name, self.fingerprint))
-
-    def __repr__(self) -> str:
-        period = self._period if self._period else "random"
-        return f"{type(self).__name__}({self._name!r}, size={self._size}, period={period})"
 
 
 class Schedule(StepCache):
@@ -380,7 +286,7 @@ class CyclicSchedule(Schedule):
         members = list(members)
         if not members:
             raise ValueError("cyclic needs at least one topology, e.g. cyclic(['ring:8', 'star:8'])")
-        members = [parse(m) if isinstance(m, str) else m for m in members]
+        members = [_static(m, "cyclic member") if isinstance(m, str) else m for m in members]
         for m in members:
             if not isinstance(m, Topology):
                 raise ValueError(
@@ -420,7 +326,8 @@ def matchings(n: int, seed: int = 0) -> RandomMatchings:
 
 def edge_sampling(base, p: float, seed: int = 0) -> EdgeSampling:
     """Each edge of ``base`` (a Topology or static spec) active with probability p at each step."""
-    return EdgeSampling(parse(base) if isinstance(base, str) else base, p, seed)
+    return EdgeSampling(_static(base, "edge_sampling base") if isinstance(base, str) else base, p,
+                        seed)
 
 
 def cyclic(members, name: str | None = None) -> CyclicSchedule:
@@ -472,6 +379,18 @@ def _split_sampling(fields: list[str]) -> tuple[list[str], str, str | None]:
         if 0.0 < probability <= 1.0:
             return fields[:-2], fields[-2], fields[-1]
     return fields[:-1], fields[-1], None
+
+
+def _is_schedule_spec(spec: str) -> bool:
+    return spec.strip().partition(":")[0].strip().lower().replace("-", "_") in SCHEDULE_KINDS
+
+
+def _static(spec, what: str, n: int | None = None, weights: str | None = None) -> Topology:
+    """The static topology of `spec` (a schedule's member or base); `what` names a schedule's
+    spec in the error."""
+    if _is_schedule_spec(spec):
+        raise ValueError(f"{what} {spec.strip()!r} is a schedule; {'list static topologies only' if what.startswith('cyclic') else 'sample the edges of a static topology'}")
+    return parse_static(spec, n, weights)
 
 
 def parse_schedule(spec: str, kind: str, rest: str, n: int | None, weights: str | None):
@@ -533,19 +452,20 @@ def parse_schedule(spec: str, kind: str, rest: str, n: int | None, weights: str 
         p = float(p_text)
     except ValueError:
         raise bad(f"{p_text!r} is not a valid number") from None
-    base = parse(":".join(base_fields), n=n)
-    if not isinstance(base, Topology):
-        raise bad(f"the base {base.name!r} is a schedule; sample the edges of a static topology")
+    base_spec = ":".join(base_fields)
+    if _is_schedule_spec(base_spec):
+        raise bad(f"the base {base_spec!r} is a schedule; sample the edges of a static topology")
+    base = parse_static(base_spec, n, None)
+    if n is not None and base.size != n:
+        raise ValueError(f"topology {base.name!r} has {base.size} nodes but n={n} was asked for")
     return edge_sampling(base, p, num(seed_text) if seed_text is not None else 0)
 
 
 def parse_member(spec: str, n: int | None, weights: str | None) -> Topology:
     """One member of a ``cyclic:`` spec: a static topology (``file:`` ones may be disconnected)."""
-    from .generators import from_edge_list
-
     if spec.lower().startswith("file:"):
         return from_edge_list(spec[5:], weights=weights, require_connected=False)
-    member = parse(spec, n=n, weights=weights)
-    if not isinstance(member, Topology):
-        raise ValueError(f"cyclic member {spec!r} is a schedule; list static topologies only")
+    member = _static(spec, "cyclic member", n, weights)
+    if n is not None and member.size != n:
+        raise ValueError(f"topology {member.name!r} has {member.size} nodes but n={n} was asked for")
     return member

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import math
 import shlex
 import sys
@@ -37,9 +38,10 @@ def report_settings(kind: str) -> Dict:
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI; its help describes the experiment (the package docstring)."""
-    from experiments import consensus as package
-
-    summary, _, details = package.__doc__.partition("\n\n")
+    # The package's docstring, read from its source (the package imports this module)
+    doc = ast.get_docstring(ast.parse((Path(__file__).parent / "__init__.py").read_text()),
+                            clean=False)
+    summary, _, details = doc.partition("\n\n")
     parser = argparse.ArgumentParser(prog="python -m experiments.consensus",
                                      description=summary.replace("\n", " "), epilog=details,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -20,26 +20,22 @@ from gossip_powersgd.utils import atomic_write
 from experiments.consensus.matched import bits_to_reach, error_at_bits
 from experiments.consensus.matched import positive_points as _positive  # noqa: F401 (names others import from here)
 
-from .dynamic_plots import plot_consensus, plot_training
-from .runs import BANDWIDTHS, BASE, QUICK_BASE, attempt, log, projected_seconds
+from .dynamic_design import (  # noqa: F401 (the design's names, importable from here)
+    ALGORITHMS,
+    BUDGETS,
+    MAX_BITS,
+    MAX_STEPS,
+    POWERGOSSIP,
+    PUSHSUM,
+    SCHEDULES,
+    TARGETS,
+    TOPOLOGIES,
+    TRAINING_EPOCHS,
+)
+from .dynamic_plots import plot_consensus, plot_training, training_curve_time
+from .runs import BANDWIDTHS, BASE, QUICK_BASE, attempt, log
 from .tables import _pct, build_csv, build_table, header
 
-#: The graphs compared: two static, two changing every step.
-TOPOLOGIES = ("ring:16", "torus:4x4", "one_peer_exponential:16", "matchings:16")
-SCHEDULES = ("one_peer_exponential:16", "matchings:16")
-#: (label, consensus spec, training spec) run on every graph of TOPOLOGIES.
-ALGORITHMS = (("exact gossip", "exact", "exact"),
-              ("PowerGossip r1", "powergossip:rank=1,iters=1,warm=true", "powergossip:rank=1,iters=1"))
-#: Push-sum runs on the directed schedule only (the symmetric algorithms refuse a directed graph).
-PUSHSUM = ("directed_exponential:16", "push-sum", "pushsum", "pushsum")
-POWERGOSSIP = ALGORITHMS[1][0]
-#: Consensus: bit budgets per peer for the matched-bits table, relative errors for bits-to-reach.
-BUDGETS = (1e5, 1e6, 1e7)
-TARGETS = (1e-2, 1e-4)
-#: Consensus: a run stops past this many bits per peer, after this many steps, or at the smallest
-#: target halved (so that the crossing of the target is bracketed by logged steps).
-MAX_BITS, MAX_STEPS = 1e7, 4000
-TRAINING_EPOCHS = 30
 
 
 def plan(quick: bool, epochs: int) -> Dict[str, Any]:
@@ -139,15 +135,6 @@ def consensus_csv(rows: Sequence[Dict[str, Any]], budgets: Sequence[float]) -> s
 
 # --------------------------------------------------------------------------------------------------
 # training section
-
-
-def training_curve_time(row: Dict[str, Any], bandwidth: float) -> List[Tuple[float, float]]:
-    """(projected seconds, averaged-model accuracy) at each evaluation: the run's projected time
-    scaled by the evaluation's share of the steps (both the counters and compute grow per step)."""
-    total = projected_seconds(row, bandwidth)
-    mb_total = row["mb_per_peer"] or 1.0
-    # The curve holds (MB, accuracy); a step's traffic is constant on these graphs, so MB share = step share.
-    return [(total * mb / mb_total, acc) for mb, acc in row.get("curve", []) if acc is not None]
 
 
 def _reach(curve: Sequence[Tuple[float, float]], target: float) -> Optional[float]:

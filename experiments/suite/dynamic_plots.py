@@ -4,24 +4,31 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 from experiments.consensus.matched import positive_points as _positive
 from gossip_powersgd.utils import atomic_write
 
-from .runs import BANDWIDTHS
+from .dynamic_design import ALGORITHMS, POWERGOSSIP, TARGETS
+from .runs import BANDWIDTHS, projected_seconds
+
+
+def training_curve_time(row: Dict[str, Any], bandwidth: float) -> List[Tuple[float, float]]:
+    """(projected seconds, averaged-model accuracy) at each evaluation: the run's projected time
+    scaled by the evaluation's share of the steps (both the counters and compute grow per step)."""
+    total = projected_seconds(row, bandwidth)
+    mb_total = row["mb_per_peer"] or 1.0
+    # The curve holds (MB, accuracy); a step's traffic is constant on these graphs, so MB share = step share.
+    return [(total * mb / mb_total, acc) for mb, acc in row.get("curve", []) if acc is not None]
 
 
 def _style(topology: str, label: str, p: Dict[str, Any]) -> Dict[str, Any]:
-    from .dynamic import ALGORITHMS, POWERGOSSIP
-
     order = list(p["topologies"]) + [p["pushsum"][0]]
     return dict(color=f"C{order.index(topology) % 10}",
                 linestyle="--" if label == ALGORITHMS[0][0] else "-" if label == POWERGOSSIP else ":")
 
 
 def plot_consensus(rows: Sequence[Dict[str, Any]], p: Dict[str, Any], path: Path) -> None:
-    from .dynamic import TARGETS
     import matplotlib
 
     matplotlib.use("Agg")
@@ -47,7 +54,6 @@ def plot_consensus(rows: Sequence[Dict[str, Any]], p: Dict[str, Any], path: Path
 
 
 def plot_training(rows: Sequence[Dict[str, Any]], p: Dict[str, Any], path: Path) -> None:
-    from .dynamic import training_curve_time
     import matplotlib
 
     matplotlib.use("Agg")

@@ -13,36 +13,30 @@ from typing import Any, Dict, List, Optional, Sequence
 from gossip_powersgd.utils import atomic_write
 
 from .noniid import NONIID_ROWS
+from .training_markdown import training_page
+from .training_plots import curves_csv, plot_training
+from .training_design import (  # noqa: F401 (the design's names, importable from here)
+    ALLREDUCE,
+    CHOCO_SIGN,
+    CHOCO_TOPK,
+    EXACT,
+    GAMMA_GRID,
+    IID,
+    NONIID,
+    POWERGOSSIP,
+    POWERGOSSIP_R4,
+    REFERENCE_ROWS,
+    ROWS,
+    RUN_LISTS,
+    SLOW_ROWS,
+    STAGES,
+    TOPOLOGY,
+    WIDE_MODEL,
+    WIDE_ROWS,
+    noniid_grid,
+)
 from .runs import BASE, attempt, combine, log
 from .tables import _pct, build_csv, generated_sentence
-
-EXACT, POWERGOSSIP = "exact gossip", "PowerGossip r1 (1 iter)"
-ALLREDUCE, POWERGOSSIP_R4 = "all-reduce", "PowerGossip r4 (1 iter)"
-CHOCO_SIGN, CHOCO_TOPK = "Choco sign", "Choco top-k 1%"
-#: (label, spec, or a spec template with {gamma} for a swept γ); the order of the tables.
-ROWS = [
-    (ALLREDUCE, "allreduce"),
-    (EXACT, "exact"),
-    (POWERGOSSIP, "powergossip:rank=1,iters=1"),
-    (POWERGOSSIP_R4, "powergossip:rank=4,iters=1"),
-    (CHOCO_SIGN, "choco:compressor=sign,gamma={gamma}"),
-    (CHOCO_TOPK, "choco:compressor=topk:0.01,gamma={gamma}"),
-]
-#: γ values swept (short runs, ring:8 iid, seed 0) for the algorithms whose γ must be tuned.
-GAMMA_GRID = {CHOCO_SIGN: (0.5, 1.0, 1.3), CHOCO_TOPK: (0.05, 0.1, 0.2)}
-#: The rows whose extra seeds are optional (`choco_seeds`): each costs ~4x an exact-gossip run here.
-SLOW_ROWS = (CHOCO_SIGN, CHOCO_TOPK)
-TOPOLOGY, IID, NONIID = "ring:8", "iid", "dirichlet:0.5"
-#: A wider model, where PowerGossip's saving is larger (its matrices are 512x512).
-WIDE_MODEL = "mlp:512,512"
-WIDE_ROWS = [(EXACT, "exact"), (POWERGOSSIP, "powergossip:rank=1,iters=1"), (ALLREDUCE, "allreduce"),
-             ("PowerGossip r1 (2 iters)", "powergossip:rank=1,iters=2")]
-#: The reference runs: the same recipe with the demo's 100 epochs, to show how far `epochs` is.
-REFERENCE_ROWS = [(EXACT, "exact"), (POWERGOSSIP, "powergossip:rank=1,iters=1")]
-STAGES = ("γ sweep", "iid, first seed", "Dirichlet and the non-IID grid", "wide model",
-          "iid, further seeds", "reference runs")
-#: The state's lists of runs, in the CSV's order.
-RUN_LISTS = ("sweeps", "iid", "noniid", "noniid_extra", "wide", "reference")
 
 
 def training_plan(quick: bool, epochs: int = 60, seeds: int = 3, choco_seeds: int = 1,
@@ -197,12 +191,6 @@ def combined_iid(state) -> List[Dict[str, Any]]:
     return out
 
 
-def noniid_grid(state) -> List[Dict[str, Any]]:
-    """The non-IID grid's rows, in NONIID_ROWS order, reusing the main Dirichlet runs."""
-    by_spec = {r["spec"]: r for r in state["noniid"] + state["noniid_extra"]}
-    return [dict(by_spec[spec], label=label) for label, spec in state["plan"]["noniid_rows"] if spec in by_spec]
-
-
 def _by_label(rows: Sequence[Dict[str, Any]], label: str) -> Optional[Dict[str, Any]]:
     return next((r for r in rows if r.get("label", "").split(",")[0] == label and "error" not in r), None)
 
@@ -255,8 +243,6 @@ def targets(headline: Sequence[Dict[str, Any]], rows: Sequence[Dict[str, Any]],
 
 def write_outputs(out: Path, state: Dict[str, Any], done: int) -> None:
     """The page, CSVs and plots from the stages done so far."""
-    from .training_plots import curves_csv
-
     seconds = time.perf_counter() - state["started"]
     every = [r for key in RUN_LISTS for r in state[key]]
     atomic_write(out / "training.csv", build_csv(every))
@@ -266,9 +252,6 @@ def write_outputs(out: Path, state: Dict[str, Any], done: int) -> None:
 
 def write_pages(out: Path, state: Dict[str, Any], generated: str, done: int) -> None:
     """training.md and its plots from the runs in `state` (also --render-only)."""
-    from .training_markdown import training_page
-    from .training_plots import plot_training
-
     headline = combined_iid(state)
     claims = targets(headline, state["noniid"], state["wide"], state["reference"])
     atomic_write(out / "training.md", training_page(state, headline, generated, claims, done))

@@ -8,6 +8,7 @@ from .convergence import COLLAPSE_FRACTION, FIXED_TARGET, cheapest_to_reach, equ
 from .noniid import gap_table, gap_verdict
 from .runs import BASE, LATENCY_S, QUICK_BASE
 from .tables import _pct, build_table, header
+from .training_design import RUN_LISTS, SLOW_ROWS, STAGES, noniid_grid
 
 #: The epoch budget is "at the plateau" when the longer reference runs gain at most this many pp.
 PLATEAU_PP = 0.5
@@ -35,8 +36,6 @@ def _recipe(quick: bool) -> str:
 
 def running_time(state: Dict[str, Any], done: int) -> str:
     """Which stages ran, each one's seconds, and the number of training runs."""
-    from .training import RUN_LISTS, STAGES
-
     stages = "; ".join(f"{name} {seconds:.0f} s" for name, seconds in state["stage_seconds"].items())
     runs = sum(len(state[k]) for k in RUN_LISTS)
     text = (f"Running time by stage: {stages}; {runs} training runs in all, one after another in one "
@@ -105,7 +104,6 @@ def training_page(state: Dict[str, Any], headline: Sequence[Dict[str, Any]], gen
                   claims: Sequence[str], done: int) -> str:
     """training.md from the stages done so far."""
     from .tables import exact_reference
-    from .training import SLOW_ROWS, noniid_grid
 
     plan, quick = state["plan"], state["quick"]
     text = header("Decentralized training: accuracy vs bytes, to convergence" + (" (--quick)" if quick else ""),

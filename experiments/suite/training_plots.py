@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
 from .convergence import common_target
+from .training_design import noniid_grid
 
 CURVE_FIELDS = ("group", "topology", "partition", "model", "label", "algorithm", "seed", "epoch",
                 "mb_sent_per_peer", "acc_avg", "acc_local_mean", "acc_local_min")
@@ -30,8 +31,6 @@ def curves_csv(rows: Sequence[Dict[str, Any]]) -> str:
 
 def panels(state: Dict[str, Any], headline: Sequence[Dict[str, Any]]) -> List[Tuple[str, List[Dict]]]:
     """(title, rows) of each panel: iid (seed means), Dirichlet, the wide model."""
-    from .training import noniid_grid
-
     plan = state["plan"]
     seeds = ", ".join(str(s) for s in plan["seeds"])
     out = [(f"{plan['topology']} {plan['iid']}, cnn1d (mean over seeds {seeds} where run)", list(headline))]

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from gossip_powersgd.cli import program_name
-from gossip_powersgd.launch import launched_by_mpiexec, main_guard
+from gossip_powersgd.launch import (launched_by_mpiexec, launched_by_torchrun, launched_world_size,
+                                    main_guard, resolve_backend, run_peers)
 
 #: The module `python -m` runs this program as; a checkout's `experiments.train` passes its own, so
 #: that its help and its mpiexec hint name the command the user typed.
@@ -181,69 +182,41 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
 
     import torch
 
-    from gossip_powersgd.training.config import resolve_topology
     from gossip_powersgd.training.trainer import format_summary, train
 
     torch.set_num_threads(config.threads)
     resume = {None: False, "dir": True, "auto": "auto"}[resume_request(args)[0]]
-    if config.backend in ("mpi", "torch"):
-        comm = _launched_communicator(config, world_size, module)
-        summary = train(comm, config.replace(peers=comm.size), resume=resume)
-        if hasattr(comm, "close"):
-            comm.barrier()  # every peer is done with the group before any leaves it
-            comm.close()
-    else:
-        if world_size > 1:
-            raise ValueError(f"backend local runs every peer as a thread of one process; do not "
-                             f"launch it with mpiexec -n {world_size} (or use --set backend=mpi)")
-        from gossip_powersgd.launch import local_under_torchrun_error, torchrun_world_size
+    topology = _topology(config, module)
+    device = "cpu"
+    if config.backend == "torch":
+        from gossip_powersgd.training.setup import resolve_device
 
-        if torchrun_world_size() > 1:
-            raise local_under_torchrun_error(torchrun_world_size())
-        topology = resolve_topology(config)
-        config = config.replace(peers=topology.size)
-        from gossip_powersgd import LocalCluster
-
-        summary = LocalCluster(topology, timeout=config.comm_timeout).run(train, config,
-                                                                          resume=resume)[0]
+        device = resolve_device(config.device, 0).type  # the GPU index comes from LOCAL_RANK
+    config = config.replace(peers=topology.size)
+    results = run_peers(topology, train, config, resume=resume, backend=config.backend,
+                        timeout=config.comm_timeout, device=device)
+    summary = results[min(results)]  # rank 0's under local, this process's when launched
     if summary["rank"] == 0:
         print(format_summary(summary))
         print(f"run directory: {config.out_dir}", flush=True)
     return summary
 
 
-def _launched_communicator(config, mpi_world_size: int, module: str):
-    """This process's communicator for a launched backend (mpi: mpiexec; torch: torchrun or
-    mpiexec), after checking that the launcher started as many processes as the topology has."""
+def _topology(config, module: str):
+    """The config's topology, after checking that this process was started as its backend needs
+    (`launch.resolve_backend`: the launcher checks every entry point shares) and, for a launched
+    backend, that the launcher started as many processes as the topology has peers."""
     from gossip_powersgd.training.config import resolve_topology
 
-    if config.backend == "mpi":
-        launcher, ok, world_size = "mpiexec", launched_by_mpiexec(), mpi_world_size
-    else:
-        from gossip_powersgd.launch import launched_by_torchrun
-
-        launcher, ok = "torchrun", launched_by_torchrun() or launched_by_mpiexec()
-        world_size = None
-        if ok:
-            from gossip_powersgd.comm.torch import launcher_environment
-
-            world_size = launcher_environment()[1]
-    if not ok:
-        try:
-            n = resolve_topology(config).size
-        except ValueError:
-            n = "N"
-        how = (f"mpiexec -n {n} {Path(sys.executable).name} -m {module} ..." if launcher == "mpiexec"
-               else f"torchrun --nproc-per-node {n} -m {module} ...")
-        unit = "MPI rank" if launcher == "mpiexec" else "process"
-        from gossip_powersgd.launch import launched_by_torchrun
-
-        if launcher == "mpiexec" and launched_by_torchrun():
-            raise ValueError(f"backend {config.backend} runs one peer per MPI rank, but torchrun "
-                             "started this process: add --set backend=torch (torch.distributed, "
-                             f"the same numbers), or launch with {how}")
-        raise ValueError(f"backend {config.backend} runs one peer per {unit}: launch with {how}, "
-                         "or use --set backend=local")
+    try:
+        n = resolve_topology(config).size
+    except ValueError:
+        n = "N"
+    resolve_backend(config.backend, cli=module, n=n)
+    if config.backend == "local":
+        return resolve_topology(config)
+    world_size = launched_world_size(config.backend)
+    launcher = "mpiexec" if config.backend == "mpi" or not launched_by_torchrun() else "torchrun"
     if config.peers is not None and config.peers != world_size:
         raise ValueError(f"peers is {config.peers} but {launcher} started {world_size} processes: "
                          f"start {config.peers}")
@@ -251,15 +224,7 @@ def _launched_communicator(config, mpi_world_size: int, module: str):
     if topology.size != world_size:
         raise ValueError(f"topology {config.topology!r} has {topology.size} peers but {launcher} "
                          f"started {world_size} processes: start {topology.size}")
-    if config.backend == "mpi":
-        from gossip_powersgd import MPICommunicator
-
-        return MPICommunicator(topology, timeout=config.comm_timeout)
-    from gossip_powersgd.comm.torch import TorchCommunicator
-    from gossip_powersgd.training.setup import resolve_device
-
-    device = resolve_device(config.device, 0).type  # the GPU index comes from LOCAL_RANK
-    return TorchCommunicator(topology, device=device, timeout=config.comm_timeout)
+    return topology
 
 
 def main(argv: Optional[List[str]] = None, *, module: str = MODULE) -> None:

@@ -3,6 +3,7 @@ bytes are counted."""
 
 from .base import (
     AgreementError,
+    Comm,
     CommStats,
     Communicator,
     CommunicationError,
@@ -16,7 +17,7 @@ from .mpi import MPICommunicator
 from .torch import TorchCommunicator
 
 __all__ = [
-    "AgreementError", "CommStats", "Communicator", "CommunicationError", "PeerAborted",
+    "AgreementError", "Comm", "CommStats", "Communicator", "CommunicationError", "PeerAborted",
     "reduce_in_rank_order", "ring_allreduce_bytes", "ring_chunks", "LocalCluster", "LocalCommunicator", "run_local", "MPICommunicator",
     "TorchCommunicator",
 ]

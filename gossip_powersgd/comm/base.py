@@ -15,11 +15,14 @@ import contextlib
 import dataclasses
 import hashlib
 import threading
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Protocol, Sequence, Tuple, runtime_checkable
 
 import torch
 
 from ..utils import format_ranks
+
+if TYPE_CHECKING:
+    from topologies import Topology
 
 Tensor = torch.Tensor
 
@@ -35,6 +38,50 @@ DTYPE_CODES = {
     torch.int8: 6, torch.int16: 7, torch.int32: 8, torch.int64: 9, torch.bool: 10,
 }
 CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
+
+
+@runtime_checkable
+class Comm(Protocol):
+    """What a communicator offers the algorithms, hooks and the trainer: every `comm` argument in
+    the package is one. The transports (`LocalCommunicator`, `MPICommunicator`,
+    `TorchCommunicator`) implement it by subclassing `Communicator`, which writes the shared part
+    once; a wrapper (the view recorder) satisfies it by delegation. `tests/test_communicator.py`
+    checks each against this list, names and parameters."""
+
+    rank: int  #: this peer
+    size: int  #: number of peers
+    topology: Any  #: the `Topology` (or schedule) this peer gossips on
+    neighbors: Tuple[int, ...]  #: every peer this one ever talks to (a schedule's union graph)
+    timeout: float  #: seconds a peer waits for a neighbour or a collective
+    stats: "CommStats"  #: the traffic this peer sent (training and metric)
+
+    @property
+    def is_static(self) -> bool: ...
+
+    @property
+    def is_directed(self) -> bool: ...
+
+    def topology_at(self, step: int) -> Any: ...
+
+    def neighbors_at(self, step: int) -> Tuple[int, ...]: ...
+
+    def out_neighbors_at(self, step: int) -> Tuple[int, ...]: ...
+
+    def in_neighbors_at(self, step: int) -> Tuple[int, ...]: ...
+
+    def exchange(self, send: Dict[int, "Tensor"], recv: Dict[int, "Tensor"],
+                 step: int | None = None) -> None: ...
+
+    def exchange_directed(self, send: Dict[int, "Tensor"], recv: Dict[int, "Tensor"],
+                          step: int) -> None: ...
+
+    def allreduce_(self, tensor: "Tensor", op: str = "mean", metric: bool = False) -> "Tensor": ...
+
+    def allgather_bytes(self, data: bytes) -> List[bytes]: ...
+
+    def barrier(self) -> None: ...
+
+    def check_agreement(self, what: str, value: str) -> None: ...
 
 
 class CommunicationError(RuntimeError):
@@ -153,7 +200,7 @@ def describe_disagreement(what: str, digests: List[bytes]) -> str:
     return f"{what} differs across ranks: " + "; ".join(parts)
 
 
-def as_topology(topology, who: str):
+def as_topology(topology: Topology, who: str):
     """`topology` itself, or the graph a spec string such as "ring:4" names.
 
     Accepted: a static `Topology`, an undirected `Schedule`, a `DirectedTopology` or a
@@ -172,7 +219,7 @@ def as_topology(topology, who: str):
     return topology
 
 
-def union_neighbors(topology, rank: int) -> Tuple[int, ...]:
+def union_neighbors(topology: Topology, rank: int) -> Tuple[int, ...]:
     """Every peer `rank` talks to at some step, sorted: in either direction for a directed graph."""
     union = topology.union
     if topology.is_directed:
@@ -188,7 +235,7 @@ class Communicator:
     topology: "object"
     timeout: float
 
-    def __init__(self, topology, rank: int, timeout: float | None):
+    def __init__(self, topology: "Topology", rank: int, timeout: float | None):
         self.topology = topology
         self.rank = rank
         self.size = topology.size

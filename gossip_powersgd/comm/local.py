@@ -21,13 +21,16 @@ import queue
 import threading
 import time
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from .base import (Communicator, CommunicationError, PeerAborted, Tensor, _combine_, as_topology, nbytes,
                    ring_allreduce_bytes, ring_chunks)
 from .turns import Turns
+
+if TYPE_CHECKING:
+    from topologies import Topology
 
 _POLL_SECONDS = 0.05
 #: After Ctrl-C, how long `run` waits for the peer threads to stop before it re-raises anyway.
@@ -132,7 +135,7 @@ class LocalCommunicator(Communicator):
     #: `False` runs instead: the tests compare the two).
     shared_memory_allreduce = True
 
-    def __init__(self, topology, rank: int, shared: _Shared, timeout: float | None = None):
+    def __init__(self, topology: Topology, rank: int, shared: _Shared, timeout: float | None = None):
         super().__init__(topology, rank, timeout)
         self._shared = shared
         self.check_agreement("topology", f"{topology.size}:{topology.fingerprint}")
@@ -322,7 +325,7 @@ class LocalCluster:
     run) when the global CPU generator's state changed during a run whose peers could run at once.
     """
 
-    def __init__(self, topology, timeout: float | None = None, cooperative: Optional[bool] = None,
+    def __init__(self, topology: Topology, timeout: float | None = None, cooperative: Optional[bool] = None,
                  pin: Optional[bool] = None, lanes: int = 1):
         self.topology = as_topology(topology, "LocalCluster")
         self.timeout = timeout
@@ -429,7 +432,7 @@ def peer_cores(count: int, lanes: int = 1) -> Optional[List[set]]:
             for lane in range(lanes)]
 
 
-def run_local(topology, fn: Callable[..., Any], *args, **kwargs) -> List[Any]:
+def run_local(topology: Topology, fn: Callable[..., Any], *args, **kwargs) -> List[Any]:
     """Shorthand for `LocalCluster(topology).run(fn, *args, **kwargs)`."""
     return LocalCluster(topology).run(fn, *args, **kwargs)
 

@@ -26,7 +26,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from ..utils import one_line, write_stderr_line
 
@@ -44,6 +44,10 @@ from .base import (
     digest,
 )
 from .liveness import STOPPED_HOW, StopWatch, process_key, stopped_after, stopped_message
+
+if TYPE_CHECKING:
+    from topologies import Topology
+    from .base import Comm
 
 _TAG_BASE = 1000
 _NOTICE_TAG = 7
@@ -182,7 +186,7 @@ class MPICommunicator(Communicator):
     `timeout` (seconds) bounds every wait for a neighbour or a collective.
     """
 
-    def __init__(self, topology, comm=None, timeout: float | None = None):
+    def __init__(self, topology: Topology, comm: Comm  =None, timeout: float | None = None):
         import numpy as np
 
         MPI = _mpi()
@@ -221,7 +225,7 @@ class MPICommunicator(Communicator):
             )
         super().__init__(topology, world_rank, timeout)
 
-    def _first_dup(self, comm):
+    def _first_dup(self, comm: Comm):
         """`comm.Dup()`, collective, within the timeout: a rank that never gets here (it failed or
         exited before) would otherwise hold the others in a blocking call for ever."""
         MPI = self._MPI
@@ -270,7 +274,7 @@ class MPICommunicator(Communicator):
         self._wait(requests, "sending to neighbours", list(send))
         del keep_alive
 
-    def _receive(self, source: int, status, buffer: Tensor, comm=None) -> None:
+    def _receive(self, source: int, status, buffer: Tensor, comm: Comm  =None) -> None:
         MPI = self._MPI
         comm = self._comm if comm is None else comm
         tag = status.Get_tag()

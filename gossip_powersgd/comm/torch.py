@@ -25,7 +25,7 @@ import datetime
 import os
 import sys
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -47,6 +47,9 @@ from .base import (
 from .liveness import StopWatch, process_key, stopped_after
 from .mpi import GRACE_SECONDS
 from .torch_faults import PeerWatch
+
+if TYPE_CHECKING:
+    from topologies import Topology
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = "29500"
@@ -119,7 +122,7 @@ class TorchCommunicator(Communicator):
     rendezvous and every wait for a neighbour or a collective.
     """
 
-    def __init__(self, topology, device=None, backend: Optional[str] = None,
+    def __init__(self, topology: Topology, device=None, backend: Optional[str] = None,
                  timeout: Optional[float] = None):
         global _store_for_exit, _instances
         topology = as_topology(topology, "TorchCommunicator")
@@ -169,7 +172,7 @@ class TorchCommunicator(Communicator):
             ) from None
         return store
 
-    def _agree_before_joining(self, topology, world_size: int, device: torch.device) -> None:
+    def _agree_before_joining(self, topology: Topology, world_size: int, device: torch.device) -> None:
         """Compare what every rank must share through the store (raw strings, not pickles)."""
         key = process_key()
         mine = (f"{digest(f'{topology.size}:{topology.fingerprint}').hex()}|{device.type}|"

@@ -39,12 +39,11 @@ from gossip_powersgd.privacy.accounting import (ADD_REMOVE, REPLACE_ONE, default
 from gossip_powersgd.privacy.dpsgd import DPSGD, dp_enabled, validate_dp_options, validate_model
 from gossip_powersgd.privacy.sampling import PoissonBatches, poisson_rate
 from gossip_powersgd.privacy.seeds import make_randomness
+from gossip_powersgd.training.features import Feature, Key, peer_statistics_private, register
 from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
 
 __all__ = ["DifferentialPrivacy", "privacy_hook", "validate_privacy_config", "summary_rows",
-           "check_noise_scale",
-           "keeps_peer_statistics_private"]
-
+           "dp_summary_rows", "check_noise_scale", "keeps_peer_statistics_private", "DP_FEATURE"]
 
 
 #: What each randomness kind means for the guarantee, in the words the summary uses.
@@ -73,9 +72,7 @@ def keeps_peer_statistics_private(config) -> bool:
     nothing gathers them to other peers, the summary or rank 0's output, unless the user sets
     `release_peer_statistics: true`.
     """
-    private = (config.dp_noise_multiplier is not None or config.dp_target_epsilon is not None
-               or config.partition == "local")
-    return private and not config.release_peer_statistics
+    return peer_statistics_private(config)
 
 
 def validate_privacy_config(config) -> None:
@@ -350,8 +347,13 @@ def summary_rows(summary: Dict[str, Any]) -> List[tuple]:
     (`views.observer_summary_rows`); none for a run with neither."""
     from gossip_powersgd.privacy.views import observer_summary_rows
 
+    return dp_summary_rows(summary) + observer_summary_rows(summary)
+
+
+def dp_summary_rows(summary: Dict[str, Any]) -> List[tuple]:
+    """The summary table's rows of differential privacy; none for a run without it."""
     if "dp_adjacency" not in summary:
-        return observer_summary_rows(summary)
+        return []
     sigma = summary["noise_multiplier"]
     rows = [
         ("DP noise multiplier σ / clip norm C",
@@ -362,7 +364,7 @@ def summary_rows(summary: Dict[str, Any]) -> List[tuple]:
     ]
     if "epsilon" not in summary:
         rows.append(("DP ε, sampling rate", "private: " + summary["epsilon_per_peer"]))
-        return rows + observer_summary_rows(summary)
+        return rows
 
     def span(key):
         values = [_float(v) for v in summary[key]]
@@ -375,4 +377,93 @@ def summary_rows(summary: Dict[str, Any]) -> List[tuple]:
         ("DP ε at δ (PLD, dp-accounting) [min, max]", span("epsilon_pld")),
         ("DP ε at δ, replace-one (PLD) [min, max]", span("epsilon_replace_one")),
     ]
-    return rows + observer_summary_rows(summary)
+    return rows
+
+
+def _eval_text(record: Dict[str, Any]) -> str:
+    """The progress line's privacy figure: the worst peer's ε where the peers' figures are
+    released, else this peer's own (rank 0 prints the line)."""
+    def number(value):  # a number, or "inf" (no noise)
+        return value if value == "inf" else f"{value:.3g}"
+
+    if record.get("epsilon_max") is not None:
+        return f"  worst ε {number(record['epsilon_max'])}"
+    if record.get("epsilon") is not None:
+        return f"  peer-0 ε {number(record['epsilon'])}"
+    return ""
+
+
+def _check_dp_keys_need_dp(config) -> None:
+    """Refuse a ``dp_*`` key set while differential privacy is off: without this, a run given
+    only ``dp_max_grad_norm`` (or ``dp_secure_noise``, ...) would train with no privacy at all and
+    look as if it had some."""
+    if dp_enabled(config.dp_noise_multiplier, config.dp_target_epsilon):
+        return
+    for key in DP_FEATURE.keys:
+        if key.name in ("dp_max_grad_norm", "dp_delta", "dp_accountant", "dp_fix_model",
+                        "dp_secure_noise") and getattr(config, key.name) != key.default:
+            raise ValueError(f"{key.name} is set but differential privacy is off (neither "
+                             "dp_noise_multiplier nor dp_target_epsilon is set): set one of them "
+                             f"to turn DP on (e.g. dp_noise_multiplier: 1.0), or drop {key.name}")
+
+
+def _validate(config) -> None:
+    _check_dp_keys_need_dp(config)
+    validate_privacy_config(config)
+
+
+#: Differential privacy as a config-driven feature (`training/features.py`): the ``dp_*`` keys
+#: (also nested: ``dp: {noise_multiplier: 1.0, max_grad_norm: 1.0}``).
+DP_FEATURE = register(Feature(
+    name="dp",
+    section="dp",
+    keys=[
+        Key("dp_noise_multiplier", "Optional[float]", None,
+            "Differential privacy (DP-SGD on each peer's own gradient): the noise multiplier "
+            "sigma; the noise std is sigma x dp_max_grad_norm. DP is off unless this or "
+            "dp_target_epsilon is set."),
+        Key("dp_max_grad_norm", "Optional[float]", None,
+            "DP: the per-example clipping norm C (required when DP is on)."),
+        Key("dp_delta", "Optional[float]", None,
+            "DP: the delta of the reported (epsilon, delta); None = the largest power of ten <= "
+            "1/(10 x the largest peer's shard size), stated in the summary."),
+        Key("dp_target_epsilon", "Optional[float]", None,
+            "DP, instead of dp_noise_multiplier: the epsilon the run must end at; sigma is "
+            "computed for the run's steps so that the peer with the largest sampling rate ends "
+            "at or just below it."),
+        Key("dp_accountant", "str", "rdp",
+            "DP accountant: rdp (Renyi DP) | prv (privacy random variables) | gdp (Gaussian DP)."),
+        Key("dp_fix_model", "bool", False,
+            "DP: let Opacus' validator replace layers it cannot privatize (BatchNorm -> "
+            "GroupNorm, ...)."),
+        Key("dp_secret", "str", "os",
+            "DP: where each peer's secret key for its noise and Poisson masks comes from: os "
+            "(fresh OS entropy, never written anywhere; not reproducible) | run_dir (generated on "
+            "the peer when the run starts, kept only in RUN_DIR/secrets/rank-K.key, mode 0600, "
+            "and in its checkpoint, so --resume continues bit for bit; needs out_dir). Never "
+            "derived from the config, never sent."),
+        Key("dp_public_randomness", "bool", False,
+            "DP, for exact-reproducibility tests only: noise and masks from the shared seed. "
+            "Every peer can then regenerate them, so epsilon holds against outsiders only, not "
+            "against the peers."),
+        Key("dp_secure_noise", "Optional[bool]", None,
+            "DP: deprecated, the noise is always secret now (true is accepted; see dp_secret)."),
+        # ---- privacy mechanisms that use the graph (privacy/mechanisms/), on top of DP-SGD ----
+        Key("dp_mechanism", "str", "local",
+            "DP mechanism: local (DP-SGD alone) | muffliato (the same noise, accounted per pair) "
+            "| zipdl (zero-sum noise per edge on the messages) | decor (antisymmetric pairwise "
+            "noise from Diffie-Hellman pair keys; dp_noise_multiplier is then its independent "
+            "sigma_ind)."),
+        Key("dp_zipdl_sigma", "Optional[float]", None,
+            "zipdl: std of the per-edge zero-sum noise on every message coordinate (parameter "
+            "units)."),
+        Key("dp_decor_sigma_cor", "Optional[float]", None,
+            "decor: the pairs' noise multiplier sigma_cor (std sigma_cor x dp_max_grad_norm per "
+            "pair)."),
+    ],
+    validate=_validate,
+    hooks=lambda config: [h for h in (privacy_hook(config),) if h is not None],
+    summary_rows=dp_summary_rows,
+    eval_text=_eval_text,
+    private=lambda config: dp_enabled(config.dp_noise_multiplier, config.dp_target_epsilon),
+))

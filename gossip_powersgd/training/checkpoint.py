@@ -35,13 +35,17 @@ import json
 import random
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import numpy as np
 import torch
 
 from ..utils import atomic_write, format_ranks, one_line, require_regular_file
 from .rundir import LOCK_NAME, RunLock, check_run_dir, take_run_lock  # noqa: F401 (re-exported)
+
+if TYPE_CHECKING:
+    from topologies import Topology
+    from ..comm.base import Comm
 
 FORMAT = 1
 KEEP = 2  # checkpoints kept per rank
@@ -69,6 +73,11 @@ def available_epochs(run_dir, rank: int) -> List[int]:
         if match and int(match.group(1)) == rank:
             epochs.append(int(match.group(2)))
     return sorted(epochs)
+
+
+def has_checkpoints(run_dir, rank: int) -> bool:
+    """Whether `rank` has a checkpoint file in `run_dir` (for `resume=AUTO`)."""
+    return bool(available_epochs(run_dir, rank))
 
 
 # ---- RNG states as tensors -------------------------------------------------------------------------
@@ -142,7 +151,7 @@ def _to_cpu(obj: Any) -> Any:
     return obj
 
 
-def make_header(*, rank: int, world_size: int, topology, topology_spec: str, config_hash: str,
+def make_header(*, rank: int, world_size: int, topology: Topology, topology_spec: str, config_hash: str,
                 config_json: str, epoch: int, step: int) -> Dict[str, Any]:
     return {"format": FORMAT, "rank": int(rank), "world_size": int(world_size),
             "topology": str(topology_spec), "topology_fingerprint": str(topology.fingerprint),
@@ -247,7 +256,7 @@ def read_checkpoint(path) -> Dict[str, Any]:
     return {"header": header, "state": state}
 
 
-def check_header(path, header: Dict[str, Any], *, rank: int, world_size: int, topology,
+def check_header(path, header: Dict[str, Any], *, rank: int, world_size: int, topology: Topology,
                  topology_spec: str, config_hash: str, config_json: str) -> None:
     """Raise a ValueError naming `path` and what differs from the resuming run."""
     if header.get("world_size") != world_size:
@@ -331,7 +340,7 @@ def open_metrics(run_dir, rank: int, resume_step: Optional[int] = None):
     return open(path, "a")
 
 
-def agree_resume_epoch(comm, run_dir) -> int:
+def agree_resume_epoch(comm: Comm, run_dir) -> int:
     """The newest epoch every rank has a checkpoint file for (same answer on every rank).
 
     Collective: each rank offers the epochs of its newest files; a ValueError names the ranks that
@@ -381,7 +390,7 @@ def _written_world_size(run_dir, rank: int, epochs: List[int]) -> int:
 
 
 __all__ = [
-    "FORMAT", "KEEP", "LOCK_NAME", "RunLock", "take_run_lock", "agree_resume_epoch", "available_epochs", "check_header", "check_run_dir",
+    "FORMAT", "KEEP", "LOCK_NAME", "RunLock", "take_run_lock", "agree_resume_epoch", "available_epochs", "has_checkpoints", "check_header", "check_run_dir",
     "checkpoint_dir", "checkpoint_path", "latest_common_epoch", "load_for_resume", "make_header",
     "metrics_path", "open_metrics", "read_checkpoint", "rng_state", "save_checkpoint",
     "set_rng_state", "truncate_jsonl",

@@ -8,6 +8,12 @@ result. YAML is loaded safely (plain data only), and a duplicate key, an alias b
 larger than a config is refused (`yaml_loader.py`). Validation: an unknown key or a bad value
 raises a one-line `ValueError` that lists the valid keys or values.
 
+The core keys are the fields below; the keys of config-driven features (differential privacy
+`dp_*`, observers, loggers, user hooks, ...) are declared by each feature (`features.py`) and held
+by `TrainConfig` alongside: `config.dp_noise_multiplier` reads like a field. A feature with a
+section may also be written nested (``dp: {noise_multiplier: 1.0}``, ``--set dp.delta=1e-5``);
+the flat spelling is the canonical one (dumped, hashed).
+
 Some keys only say *how* a run is executed, not *what* it computes (`BACKEND_KEYS`); peers need not
 agree on them and a checkpoint may be resumed with other values. `RUN_KEYS` (where the run is
 written, how often it is checkpointed) and `RECORDING_KEYS` (which messages are recorded) are
@@ -16,6 +22,7 @@ likewise left out of the checkpoint's config hash.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -24,18 +31,26 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
+from . import features as _features
 from .yaml_loader import strict_yaml_load
 
-OPTIMIZERS = ("sgd", "adam", "adamw")
-SCHEDULES = ("constant", "step", "cosine")
-BACKENDS = ("mpi", "local", "torch")
-_FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch
-_SEED_LIMIT = 2 ** 64  # torch.Generator.manual_seed's range
+# Validation lives in validation.py (which imports nothing of this module); its names stay
+# importable from here.
+from .validation import (  # noqa: F401  (re-exported)
+    BACKENDS,
+    MAX_COMM_TIMEOUT,
+    MIN_COMM_TIMEOUT,
+    OPTIMIZERS,
+    SCHEDULES,
+    resolve_topology,
+    validate_config,
+    validate_specs,
+)
 
 
 @dataclasses.dataclass
-class TrainConfig:
-    """One training run. Each field's comment is its documentation (`describe_keys()` prints them)."""
+class _CoreConfig:
+    """The core keys of a training run. Each field's comment is its documentation."""
 
     #: Gossip graph, as `topologies.parse` spells it: "ring:8", "torus:4x4", "exponential:16", ...
     #: A spec without a size ("ring") takes `peers` (local backend) or the launcher's world size
@@ -105,40 +120,6 @@ class TrainConfig:
     threads: int = 1
     #: Device of the models: cpu | cuda | cuda:K | auto (cuda:rank%count when a GPU is present).
     device: str = "cpu"
-    #: Differential privacy (DP-SGD on each peer's own gradient): the noise multiplier sigma; the
-    #: noise std is sigma x dp_max_grad_norm. DP is off unless this or dp_target_epsilon is set.
-    dp_noise_multiplier: Optional[float] = None
-    #: DP: the per-example clipping norm C (required when DP is on).
-    dp_max_grad_norm: Optional[float] = None
-    #: DP: the delta of the reported (epsilon, delta); None = the largest power of ten <= 1/(10 x
-    #: the largest peer's shard size), stated in the summary.
-    dp_delta: Optional[float] = None
-    #: DP, instead of dp_noise_multiplier: the epsilon the run must end at; sigma is computed for
-    #: the run's steps so that the peer with the largest sampling rate ends at or just below it.
-    dp_target_epsilon: Optional[float] = None
-    #: DP accountant: rdp (Renyi DP) | prv (privacy random variables) | gdp (Gaussian DP).
-    dp_accountant: str = "rdp"
-    #: DP: let Opacus' validator replace layers it cannot privatize (BatchNorm -> GroupNorm, ...).
-    dp_fix_model: bool = False
-    #: DP: where each peer's secret key for its noise and Poisson masks comes from: os (fresh OS
-    #: entropy, never written anywhere; not reproducible) | run_dir (generated on the peer when the
-    #: run starts, kept only in RUN_DIR/secrets/rank-K.key, mode 0600, and in its checkpoint, so
-    #: --resume continues bit for bit; needs out_dir). Never derived from the config, never sent.
-    dp_secret: str = "os"
-    #: DP, for exact-reproducibility tests only: noise and masks from the shared seed. Every peer
-    #: can then regenerate them, so epsilon holds against outsiders only, not against the peers.
-    dp_public_randomness: bool = False
-    #: DP: deprecated, the noise is always secret now (true is accepted; see dp_secret).
-    dp_secure_noise: Optional[bool] = None
-    # ---- privacy mechanisms that use the graph (privacy/mechanisms/), on top of DP-SGD ----
-    #: DP mechanism: local (DP-SGD alone) | muffliato (the same noise, accounted per pair) | zipdl
-    #: (zero-sum noise per edge on the messages) | decor (antisymmetric pairwise noise from
-    #: Diffie-Hellman pair keys; dp_noise_multiplier is then its independent sigma_ind).
-    dp_mechanism: str = "local"
-    #: zipdl: std of the per-edge zero-sum noise on every message coordinate (parameter units).
-    dp_zipdl_sigma: Optional[float] = None
-    #: decor: the pairs' noise multiplier sigma_cor (std sigma_cor x dp_max_grad_norm per pair).
-    dp_decor_sigma_cor: Optional[float] = None
     #: DP runs and partition: local: gather every peer's shard size, label histogram and training
     #: loss into the summary, logs and progress line, and report epsilon under replace-one too.
     #: Off (default): these functions of a peer's private data stay in that peer's own files.
@@ -147,52 +128,101 @@ class TrainConfig:
     #: epoch is ceil(public_train_size / (peers x batch_size)) steps. Needed under partition: local
     #: unless release_peer_statistics: true (then the peers all-reduce their sizes).
     public_train_size: Optional[int] = None
-    #: Curious neighbours: the ranks whose received messages are recorded, under
-    #: <out_dir>/observed/rank-K (in memory without out_dir); [] = none. Recording changes nothing,
-    #: so a run may resume with other observers: they record from the step it resumes at.
-    observers: List[int] = dataclasses.field(default_factory=list)
-    #: Curious neighbours: record every k-th gossip step (Choco reconstruction needs 1).
-    observe_every: int = 1
-    #: Experiment trackers that log rank 0's log and eval records: tensorboard | wandb | mlflow,
-    #: each a name or {name: {option: value}} (see training/extensions.py); [] = none.
-    loggers: List[Any] = dataclasses.field(default_factory=list)
-    #: User hooks built on every peer: "package.module:Class" (a TrainingHooks subclass) or
-    #: {"package.module:Class": {option: value}}; [] = none.
-    hooks: List[Any] = dataclasses.field(default_factory=list)
+
+class TrainConfig(_CoreConfig):
+    """One training run: the core keys (fields of `_CoreConfig`) and every registered feature's
+    keys (`features.feature_keys()`), each readable and settable as an attribute.
+    `describe_keys()` prints them all with their documentation."""
+
+    def __init__(self, **values: Any):
+        keys = _features.feature_keys()
+        extra = {k: values.pop(k) for k in list(values) if k not in _FIELDS}
+        unknown = [k for k in extra if k not in keys]
+        if unknown:
+            raise TypeError(f"TrainConfig got unknown key{'s' if len(unknown) > 1 else ''} "
+                            f"{', '.join(map(repr, unknown))}; valid keys: {', '.join(valid_keys())}")
+        super().__init__(**values)
+        self.__dict__["_feature_values"] = {name: extra[name] if name in extra else key.fresh_default()
+                                            for name, key in keys.items()}
+
+    def __getattr__(self, name: str) -> Any:  # only for names that are not core fields
+        values = self.__dict__.get("_feature_values")
+        if values is not None and name in values:
+            return values[name]
+        if values is not None and not name.startswith("__") and name in _features.feature_keys():
+            return _features.feature_keys()[name].fresh_default()  # registered after this config
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        values = self.__dict__.get("_feature_values")
+        if name not in _FIELDS and values is not None and name in _features.feature_keys():
+            values[name] = value
+        else:
+            super().__setattr__(name, value)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, TrainConfig) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # mutable, like the dataclass it extends
+
+    def __repr__(self) -> str:
+        return f"TrainConfig({', '.join(f'{k}={v!r}' for k, v in self.to_dict().items())})"
 
     # ---- helpers ---------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
-        data = dataclasses.asdict(self)
+        """Every key's value: the core keys in declared order, then each feature's."""
+        data = {name: copy.deepcopy(getattr(self, name)) for name in _FIELDS}
         data["milestones"] = list(data["milestones"])
-        data["observers"] = list(data["observers"])
+        data.update({name: copy.deepcopy(getattr(self, name)) for name in _features.feature_keys()})
         return data
 
     def replace(self, **changes) -> "TrainConfig":
-        return dataclasses.replace(self, **changes)
+        return TrainConfig(**{**self.to_dict(), **changes})
 
+    def check_types(self) -> None:
+        """A one-line ValueError for the first value of the wrong type (a value set in code
+        rather than read from YAML, which `config_from_dict` checks)."""
+        for key in valid_keys():
+            _coerce(key, getattr(self, key))
 
-#: The range of comm_timeout, in seconds (see validate_config).
-MIN_COMM_TIMEOUT, MAX_COMM_TIMEOUT = 1.0, 7 * 24 * 3600.0
 
 #: How a run is executed, not what it computes: excluded from the peers' agreement check.
 BACKEND_KEYS = ("backend", "peers", "comm_timeout", "quiet", "threads", "device")
 #: Where and how often a run is saved: also excluded from the checkpoint's config hash.
 RUN_KEYS = ("out_dir", "checkpoint_every")
-#: Which messages are recorded (changes no bit of the run): a run may resume with other values,
-#: recording from the step it resumes at. Every peer must still agree on them.
-RECORDING_KEYS = ("observers", "observe_every")
 
-_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
-VALID_KEYS = tuple(_FIELDS)
+_FIELDS = {f.name: f for f in dataclasses.fields(_CoreConfig)}
+
+
+def valid_keys() -> tuple:
+    """Every key a config may set: the core keys, then the registered features'."""
+    return (*_FIELDS, *_features.feature_keys())
+
+
+def recording_keys() -> tuple:
+    """Keys that only say which messages are recorded (a feature's `Key.recording`): they change no
+    bit of the run, so a run may resume with other values, recording from the step it resumes at.
+    Every peer must still agree on them."""
+    return tuple(name for name, key in _features.feature_keys().items() if key.recording)
+
+
+def __getattr__(name: str) -> Any:
+    """`VALID_KEYS` and `RECORDING_KEYS` as constants (they include the registered features')."""
+    if name == "VALID_KEYS":
+        return valid_keys()
+    if name == "RECORDING_KEYS":
+        return recording_keys()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def describe_keys() -> str:
-    """`key (default)  documentation` for every key, from the comments in this file."""
+    """`key (default)  documentation` for every key, from the comments in this file and the
+    features' `Key.doc`."""
     import inspect
     import re
 
-    source = inspect.getsource(TrainConfig)
-    docs: Dict[str, List[str]] = {}
+    source = inspect.getsource(_CoreConfig)
+    docs: Dict[str, str] = {}
     pending: List[str] = []
     for line in source.splitlines():
         stripped = line.strip()
@@ -201,10 +231,11 @@ def describe_keys() -> str:
             continue
         match = re.match(r"(\w+):", stripped)
         if match and match.group(1) in _FIELDS and pending:
-            docs[match.group(1)] = pending
+            docs[match.group(1)] = " ".join(pending)
         pending = []
+    docs.update({name: key.doc for name, key in _features.feature_keys().items()})
     defaults = TrainConfig().to_dict()
-    return "\n".join(f"{key} ({defaults[key]!r})  {' '.join(docs.get(key, []))}" for key in VALID_KEYS)
+    return "\n".join(f"{key} ({defaults[key]!r})  {docs.get(key, '')}" for key in valid_keys())
 
 
 # ---- canonical forms --------------------------------------------------------------------------------
@@ -221,8 +252,8 @@ def agreement_text(config: TrainConfig) -> str:
 
 def hashed_config(config: TrainConfig) -> Dict[str, Any]:
     """The part of the config a checkpoint is bound to (what the model's trajectory depends on)."""
-    return {k: v for k, v in config.to_dict().items()
-            if k not in BACKEND_KEYS + RUN_KEYS + RECORDING_KEYS}
+    excluded = BACKEND_KEYS + RUN_KEYS + recording_keys()
+    return {k: v for k, v in config.to_dict().items() if k not in excluded}
 
 
 def config_hash(config: TrainConfig) -> str:
@@ -232,18 +263,30 @@ def config_hash(config: TrainConfig) -> str:
 
 # ---- parsing and validation -------------------------------------------------------------------------
 
+_TYPE_NAMES = {"str": "string", "float": "number", "int": "integer", "bool": "true/false",
+               "Optional[str]": "string or null", "Optional[int]": "integer or null",
+               "Optional[float]": "number or null", "Optional[bool]": "true/false or null"}
+
+
+def _kind(key: str) -> str:
+    return str(_FIELDS[key].type) if key in _FIELDS else _features.feature_keys()[key].kind
+
+
 def _type_name(key: str) -> str:
-    return {"milestones": "list of numbers", "observers": "list of ranks",
-            "loggers": "list of names", "hooks": "list of specs"}.get(key, {
-        "str": "string", "float": "number", "int": "integer", "bool": "true/false",
-        "Optional[str]": "string or null", "Optional[int]": "integer or null",
-        "Optional[float]": "number or null",
-    }.get(str(_FIELDS[key].type), str(_FIELDS[key].type)))
+    if key == "milestones":
+        return "list of numbers"
+    feature_key = _features.feature_keys().get(key)
+    if feature_key is not None and feature_key.type_name:
+        return feature_key.type_name
+    return _TYPE_NAMES.get(_kind(key), _kind(key))
 
 
 def _coerce(key: str, value: Any) -> Any:
     """Check the YAML value of `key` has the right type; ints are accepted where floats are."""
-    kind = str(_FIELDS[key].type)
+    feature_key = _features.feature_keys().get(key)
+    if feature_key is not None and feature_key.coerce is not None:
+        return feature_key.coerce(value)
+    kind = _kind(key)
     optional = kind.startswith("Optional[")
     if value is None and optional:
         return None
@@ -271,18 +314,6 @@ def _coerce(key: str, value: Any) -> Any:
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
         if ok:
             value = [float(v) for v in value]
-    elif key == "observers":
-        if isinstance(value, int) and not isinstance(value, bool):
-            value = [value]
-        ok = isinstance(value, (list, tuple)) and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value)
-        if ok:
-            value = [int(v) for v in value]
-    elif key in ("loggers", "hooks"):
-        from .extensions import entries
-
-        entries(value, key)  # a one-line error for a malformed entry
-        value, ok = list(value) if isinstance(value, (list, tuple)) else [value], True
     if not ok:
         hint = ""  # YAML turned unquoted text into another type: say how to keep it text
         if base == "str" and isinstance(value, bool):
@@ -296,30 +327,69 @@ def _coerce(key: str, value: Any) -> Any:
 def _unknown_keys_error(unknown: Sequence[str], where: str) -> ValueError:
     names = ", ".join(repr(k) for k in unknown)
     return ValueError(f"unknown config key{'s' if len(unknown) > 1 else ''} {names}{where}; "
-                      f"valid keys: {', '.join(VALID_KEYS)}")
+                      f"valid keys: {', '.join(valid_keys())}")
+
+
+def _nested_key(section: str, name: str, where: str) -> str:
+    """The flat key of `name` in feature section `section` (``dp``, ``noise_multiplier`` ->
+    ``dp_noise_multiplier``)."""
+    feature = _features.section_of(section)
+    by_nested = {feature.nested_name(k): k.name for k in feature.keys}
+    if name not in by_nested:
+        raise ValueError(f"unknown key {name!r} in section {section!r}{where}; valid: "
+                         f"{', '.join(by_nested)}")
+    return by_nested[name]
+
+
+def _flatten(data: Dict[str, Any], where: str) -> Dict[str, Any]:
+    """`data` with every feature section (``dp: {noise_multiplier: 1.0}``) spelled flat."""
+    flat: Dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(key, str) and key not in _FIELDS and _features.section_of(key) is not None:
+            if not isinstance(value, dict):
+                raise ValueError(f"bad value for {key!r}{where}: {value!r} is not a mapping of its "
+                                 f"keys (e.g. {key}: {{name: value}})")
+            for name, inner in value.items():
+                flat_key = _nested_key(key, name, where)
+                if flat_key in data or flat_key in flat:
+                    raise ValueError(f"{flat_key} is set twice{where}: as {flat_key} and in "
+                                     f"section {key}; set it once")
+                flat[flat_key] = inner
+        else:
+            if key in flat:
+                raise ValueError(f"{key} is set twice{where}: as {key} and in a section; set it once")
+            flat[key] = value
+    return flat
 
 
 def config_from_dict(data: Dict[str, Any], where: str = "") -> TrainConfig:
     """Build a `TrainConfig` from a mapping, checking keys and value types (not the specs)."""
     if not isinstance(data, dict):
         raise ValueError(f"a config must be a mapping of key: value{where}, got {type(data).__name__}")
-    unknown = [k for k in data if k not in _FIELDS]
+    data = _flatten(data, where)
+    keys = valid_keys()
+    unknown = [k for k in data if k not in keys]
     if unknown:
         raise _unknown_keys_error(unknown, where)
     return TrainConfig(**{k: _coerce(k, v) for k, v in data.items()})
 
 
 def parse_override(text: str) -> tuple:
-    """"lr=0.05" -> ("lr", 0.05): the value is parsed as YAML (`strict_yaml_load`)."""
+    """"lr=0.05" -> ("lr", 0.05): the value is parsed as YAML (`strict_yaml_load`). A feature's
+    key may be spelled with its section: "dp.noise_multiplier=1.0"."""
     key, eq, value = text.partition("=")
     key = key.strip()
     if not eq or not key:
-        raise ValueError(f"--set expects key=value, got {text!r}; valid keys: {', '.join(VALID_KEYS)}")
-    if key not in _FIELDS:
+        raise ValueError(f"--set expects key=value, got {text!r}; valid keys: "
+                         f"{', '.join(valid_keys())}")
+    section, dot, name = key.partition(".")
+    if dot and _features.section_of(section) is not None:
+        key = _nested_key(section, name, " in --set")
+    if key not in valid_keys():
         raise _unknown_keys_error([key], " in --set")
     parsed = strict_yaml_load(value, f"--set {key}={value}") if value.strip() else None
     if (parsed is not None and not isinstance(parsed, (str, list, dict))
-            and str(_FIELDS[key].type) in ("str", "Optional[str]")):
+            and _kind(key) in ("str", "Optional[str]")):
         # A string key takes the text as typed: --set out_dir=2024-01-01 is a directory, not a
         # date (YAML reads dates, numbers and yes/no as such); null still means None.
         parsed = value.strip()
@@ -349,11 +419,3 @@ def load_config(path, overrides: Sequence[str] = (), deep: bool = True) -> Train
 def dump_config(config: TrainConfig) -> str:
     """The fully resolved config as YAML (key order as declared)."""
     return yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None)
-
-
-# Validation lives in validation.py; its names stay importable from here.
-from .validation import (  # noqa: E402,F401  (validation.py imports this module's names)
-    resolve_topology,
-    validate_config,
-    validate_specs,
-)

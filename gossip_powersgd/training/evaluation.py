@@ -10,7 +10,7 @@ and max over peers, the averaged model's, the consensus distance, traffic, timer
 sha256). `summary.json` is `run_summary`'s dict; `format_summary` prints it as a table.
 
 Under differential privacy and under `partition: local`
-(`privacy.training.keeps_peer_statistics_private`) the builders are called with ``private=True``:
+(`features.peer_statistics_private`) the builders are called with ``private=True``:
 a peer's training loss and label histogram are functions of its private data outside the DP
 mechanism, so they are not all-reduced; each record keeps this peer's own `train_loss_local` (in
 its own metrics file), and `peer_report` is what the peer writes to its own
@@ -22,13 +22,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Any, Callable, Dict, Iterable, List, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, TextIO
 
 import torch
 import torch.nn.functional as F
 
 from ..metrics import consensus_distance, mean_active_degree
 from .batchnorm import refresh_batch_norm
+from .features import eval_text, summary_rows
+
+if TYPE_CHECKING:
+    from topologies import Topology
+    from ..comm.base import Comm
 
 #: Record keys that depend on timing, not on the computation (left out when comparing runs).
 TIMING_KEYS = ("time_compute", "time_gossip_compute", "time_communication", "wall_time")
@@ -70,7 +75,7 @@ def evaluate_model(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bat
     return correct / max(1, y.numel()), loss_sum / max(1, y.numel())
 
 
-def average_state_into(model: torch.nn.Module, target: torch.nn.Module, comm) -> None:
+def average_state_into(model: torch.nn.Module, target: torch.nn.Module, comm: Comm) -> None:
     """`target` <- the peers' average of `model` (floating parameters and buffers; metric traffic).
 
     Integer buffers (e.g. BatchNorm's num_batches_tracked) are copied from this peer.
@@ -112,13 +117,13 @@ class RecordLog:
             self.file.close()
 
 
-def traffic_means(comm) -> torch.Tensor:
+def traffic_means(comm: Comm) -> torch.Tensor:
     """[bytes, messages] sent for training, each the mean over peers (collective)."""
     t = torch.tensor([comm.stats.bytes_sent, comm.stats.messages_sent], dtype=torch.float64)
     return comm.allreduce_(t, op="mean", metric=True)
 
 
-def log_record(comm, model: torch.nn.Module, *, step: int, steps_per_epoch: int, lr: float,
+def log_record(comm: Comm, model: torch.nn.Module, *, step: int, steps_per_epoch: int, lr: float,
                train_loss_local: float, timers: Callable[[], Dict[str, float]],
                private: bool = False) -> Dict[str, Any]:
     """The `kind: "log"` record of `step` (collective): `train_loss_local` is this peer's mean
@@ -137,7 +142,7 @@ def log_record(comm, model: torch.nn.Module, *, step: int, steps_per_epoch: int,
             "mb_sent_per_peer": float(traffic[0]) / 1e6, **timers()}
 
 
-def eval_record(comm, model: torch.nn.Module, averaged: torch.nn.Module, x_test: torch.Tensor,
+def eval_record(comm: Comm, model: torch.nn.Module, averaged: torch.nn.Module, x_test: torch.Tensor,
                 y_test: torch.Tensor, *, epoch: int, step: int, lr: float, train_loss_local: float,
                 timers: Callable[[], Dict[str, float]], pooled: bool = False,
                 private: bool = False,
@@ -195,7 +200,7 @@ def _perplexity(loss: float) -> float:
     return math.exp(min(loss, 700.0))  # exp overflows a float past ~709
 
 
-def pooled_means(comm, per_sample_means, count: int) -> torch.Tensor:
+def pooled_means(comm: Comm, per_sample_means, count: int) -> torch.Tensor:
     """Means over every peer's samples together, from each peer's means over its `count` samples.
 
     Collective, scalars only: sum(mean_k x count_k) / sum(count_k) for each value.
@@ -207,18 +212,9 @@ def pooled_means(comm, per_sample_means, count: int) -> torch.Tensor:
 
 
 def eval_line(record: Dict[str, Any], epochs: int) -> str:
-    """The progress line rank 0 prints for an eval record: with the peers' mean training loss and
-    the worst peer's ε where they are released, else rank 0's own ε only (under DP)."""
+    """The progress line rank 0 prints for an eval record: with the peers' mean training loss
+    where it is released, and what each feature adds (`Feature.eval_text`: under DP, ε)."""
     r = record
-
-    def number(value):  # a number, or "inf" (no noise)
-        return value if value == "inf" else f"{value:.3g}"
-
-    privacy = ""
-    if r.get("epsilon_max") is not None:
-        privacy = f"  worst ε {number(r['epsilon_max'])}"
-    elif r.get("epsilon") is not None:
-        privacy = f"  peer-0 ε {number(r['epsilon'])}"
     loss = f"  train loss {r['train_loss']:.4f}" if "train_loss" in r else ""
     if "test_perplexity_avg_model" in r:
         loss += f"  avg-model perplexity {r['test_perplexity_avg_model']:.4g}"
@@ -226,17 +222,17 @@ def eval_line(record: Dict[str, Any], epochs: int) -> str:
             f"avg-model acc {100 * r['test_acc_avg_model']:.2f}%  local acc "
             f"{100 * r['test_acc_mean']:.2f}% [{100 * r['test_acc_min']:.2f}, "
             f"{100 * r['test_acc_max']:.2f}]  consensus {r['consensus_distance']:.3g}  "
-            f"{r['mb_sent_per_peer']:.3g} MB/peer" + privacy)
+            f"{r['mb_sent_per_peer']:.3g} MB/peer" + eval_text(r))
 
 
 # ---- the summary -----------------------------------------------------------------------------------
 
-def mean_degree(topology) -> float:
+def mean_degree(topology: Topology) -> float:
     """The mean number of neighbours of a peer."""
     return sum(len(topology.neighbors(i)) for i in range(topology.size)) / topology.size
 
 
-def run_summary(comm, config, history, histogram, num_parameters, parameter_bytes, algorithm, model,
+def run_summary(comm: Comm, config, history, histogram, num_parameters, parameter_bytes, algorithm, model,
                 step, steps_per_epoch, timers, private: bool = False) -> Dict[str, Any]:
     """What `summary.json` holds (collective; the same dict on every peer).
 
@@ -330,9 +326,7 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
                       f"gossip compute {summary['time_gossip_compute_s']:.1f} s, communication "
                       f"{summary['time_communication_s']:.1f} s, means over peers)"),
     ]
-    from ..privacy.training import summary_rows
-
-    rows += summary_rows(summary)
+    rows += summary_rows(summary)  # each feature's (differential privacy, observers, ...)
     hist = summary.get("label_histogram")
     if hist is None:  # private peer statistics: nothing of any peer's own data to show
         rows.append(("peer statistics", summary.get("peer_statistics", "n/a")))
@@ -356,7 +350,7 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
     return "\n".join(lines)
 
 
-def peer_report(comm, history, histogram, shard_size: int) -> Dict[str, Any]:
+def peer_report(comm: Comm, history, histogram, shard_size: int) -> Dict[str, Any]:
     """This peer's own figures, for its own `RUN_DIR/peers/rank-K.json` only (not collective):
     its shard size, label histogram and last training loss (the privacy hook adds its epsilons)."""
     evals = [r for r in history if r.get("kind") == "eval"]

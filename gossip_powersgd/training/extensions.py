@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..specs import import_object
+from .features import Feature, Key, register
 from .hooks import SetupContext, TrainingHooks
 
 
@@ -263,4 +264,33 @@ def config_hooks(config) -> List[TrainingHooks]:
     return [*make_user_hooks(config.hooks), *make_trackers(config.loggers)]
 
 
-__all__ = ["entries", "Tracker", "TRACKERS", "make_trackers", "make_user_hooks", "config_hooks"]
+def _entry_list(key: str):
+    def coerce(value: Any) -> List[Any]:
+        entries(value, key)  # a one-line error for a malformed entry
+        return list(value) if isinstance(value, (list, tuple)) else [value]
+    return coerce
+
+
+#: `hooks:` and `loggers:` as config-driven features (`features.py`): user hooks run first, trackers
+#: after them, so that they log what the other hooks added to a record.
+USER_HOOKS = register(Feature(
+    name="hooks",
+    keys=[Key("hooks", "list", [], coerce=_entry_list("hooks"), type_name="list of specs",
+              doc='User hooks built on every peer: "package.module:Class" (a TrainingHooks '
+                  'subclass) or {"package.module:Class": {option: value}}; [] = none.')],
+    validate=lambda config: make_user_hooks(config.hooks),  # they import and build
+    hooks=lambda config: make_user_hooks(config.hooks),
+))
+LOGGERS = register(Feature(
+    name="loggers",
+    keys=[Key("loggers", "list", [], coerce=_entry_list("loggers"), type_name="list of names",
+              doc="Experiment trackers that log rank 0's log and eval records: tensorboard | "
+                  "wandb | mlflow, each a name or {name: {option: value}} (see "
+                  "training/extensions.py); [] = none.")],
+    validate=lambda config: make_trackers(config.loggers),  # known, and their package installed
+    hooks=lambda config: make_trackers(config.loggers),
+))
+
+
+__all__ = ["entries", "Tracker", "TRACKERS", "make_trackers", "make_user_hooks", "config_hooks",
+           "USER_HOOKS", "LOGGERS"]

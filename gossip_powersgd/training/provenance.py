@@ -14,11 +14,14 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
 
-from .. import __version__
+from ..version import __version__
+
+if TYPE_CHECKING:
+    from ..comm.base import Comm
 
 #: Libraries whose versions are recorded; one that is not installed is recorded as None.
 LIBRARIES = ("torch", "numpy", "networkx", "mpi4py", "opacus", "dp-accounting")
@@ -62,13 +65,13 @@ def source_checkout(folder: Optional[Path] = None) -> Dict[str, Any]:
     return {"git_commit": commit, "git_dirty": bool(status)}
 
 
-def gather_hosts(comm) -> List[str]:
+def gather_hosts(comm: Comm) -> List[str]:
     """Every peer's host name, in rank order (an all-gather of fixed-length byte strings)."""
     name = socket.gethostname().encode("utf-8", "replace")[:HOST_BYTES].ljust(HOST_BYTES, b"\0")
     return [raw.rstrip(b"\0").decode("utf-8", "replace") for raw in comm.allgather_bytes(name)]
 
 
-def provenance(comm, config) -> Dict[str, Any]:
+def provenance(comm: Comm, config) -> Dict[str, Any]:
     """The run's provenance (collective; the same dict on every peer)."""
     hosts = gather_hosts(comm)
     return {

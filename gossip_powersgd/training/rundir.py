@@ -22,13 +22,6 @@ AUTO = "auto"
 ATTEMPTS_NAME = "failed-attempts"
 
 
-def has_checkpoints(run_dir, rank: int) -> bool:
-    """Whether `rank` has a checkpoint file in `run_dir` (for `resume=AUTO`)."""
-    from .checkpoint import available_epochs
-
-    return bool(available_epochs(run_dir, rank))
-
-
 def set_aside_failed_attempt(run_dir) -> Optional[str]:
     """Move what an attempt that ended before its first checkpoint left in `run_dir` (its
     config.yaml, metrics, views) into RUN_DIR/failed-attempts/K/, so that a new attempt can start
@@ -179,5 +172,5 @@ def take_run_lock(run_dir, create: bool = True) -> RunLock:
                      "being replaced; choose another out_dir")
 
 
-__all__ = ["AUTO", "ATTEMPTS_NAME", "LOCK_NAME", "RunLock", "check_run_dir", "has_checkpoints",
+__all__ = ["AUTO", "ATTEMPTS_NAME", "LOCK_NAME", "RunLock", "check_run_dir",
            "set_aside_failed_attempt", "take_run_lock"]

@@ -31,6 +31,7 @@ from .config import (
     resolve_topology,
     validate_config,
 )
+from .features import peer_statistics_private
 from .hooks import HookList, SetupContext
 
 #: Bytes of an error message shared with every peer (see `collectively`).
@@ -156,9 +157,7 @@ def build_run(comm, config: TrainConfig, hooks: HookList, log=None) -> PeerRun:
         dataset = collectively(comm, load_peer_dataset, config.dataset, rank, size, config.seed)
         # The shard sizes stay private unless released: the epoch is then sized by the declared
         # public total (validate_config requires one).
-        from ..privacy.training import keeps_peer_statistics_private
-
-        share = not keeps_peer_statistics_private(config)
+        share = not peer_statistics_private(config)
         dataset, num_train = agree_local_dataset(comm, dataset, share_size=share)
         if not share:
             num_train = int(config.public_train_size)

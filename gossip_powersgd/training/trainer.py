@@ -68,7 +68,7 @@ from .evaluation import (
     run_summary,
 )
 from .batchnorm import refresh_inputs
-from .extensions import config_hooks
+from .features import feature_hooks, peer_statistics_private
 from .hooks import HookList, TrainingHooks
 from .progress import Printer, SetupLog
 from .provenance import as_comments, provenance
@@ -299,22 +299,16 @@ def train(comm, config, *, resume: Union[bool, str] = False,
     The returned dict (same on every peer except `rank`, `history`, this peer's records, and
     `peer`, its own figures as in `peers/rank-K.json`) is what `summary.json` holds, plus these.
     """
-    from ..privacy.training import privacy_hook
-    from ..privacy.views import observer_hook
-
     auto = resume == AUTO
     log = SetupLog(comm.rank, quiet=False)
     config = checked_config(comm, config, bool(resume))
     log.enabled = log.enabled and not config.quiet
     log.done(f"config checked: {comm.size} peers agree on it")
     if auto:
-        resume = collectively(comm, rundir.has_checkpoints, config.out_dir, comm.rank)
+        resume = collectively(comm, ckpt.has_checkpoints, config.out_dir, comm.rank)
         resume = any(b == b"\1" for b in comm.allgather_bytes(b"\1" if resume else b"\0"))
-    privacy = privacy_hook(config)  # None unless the config turns differential privacy on
-    # Observers go last: they record the algorithm the DP hook may have rebuilt.
-    observer = observer_hook(config)  # None unless the config names observers
-    added = [h for h in (privacy, observer) if h is not None]
-    hooks = HookList([*hooks, *config_hooks(config), *added])  # loggers: and hooks: (extensions.py)
+    added = feature_hooks(config)  # what the config turns on: DP, observers, loggers (features.py)
+    hooks = HookList([*hooks, *added])
     run_dir = Path(config.out_dir) if config.out_dir is not None else None
     lock = None
     if run_dir is not None:
@@ -352,7 +346,8 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool, 
            on_step: Optional[Callable[[int], None]], hooks: HookList,
            reporting: Sequence[TrainingHooks]) -> Dict[str, Any]:
     """`train` once the run directory is held: build, resume, run the loop, write the summary
-    (which each hook in `reporting` extends with its `summary_fields()`)."""
+    (which each hook in `reporting`, the features' hooks, extends with its `summary_fields()`,
+    and its own `peers/rank-K.json` with `peer_fields()`, where it has them)."""
     run = build_run(comm, config, hooks, log)
     # what a divergence message adds (differential privacy names its noise); after the set-up
     hint = "".join(h.divergence_hint() for h in reporting if hasattr(h, "divergence_hint"))
@@ -370,9 +365,7 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool, 
     timers = functools.partial(state.timers, algorithm)
     printer = Printer(comm.rank, config, config.epochs * run.steps_per_epoch, state.step)
     batches = _endless(run.batches)
-    from ..privacy.training import keeps_peer_statistics_private
-
-    private = keeps_peer_statistics_private(config)
+    private = peer_statistics_private(config)
     try:
         while state.epoch < config.epochs:
             for _ in range(run.steps_per_epoch):
@@ -446,7 +439,7 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool, 
                           state.timers(algorithm), private=private)
     peer = peer_report(comm, state.history, run.histogram, len(run.batches.x))
     for hook in reporting:
-        summary.update(hook.summary_fields())
+        summary.update(getattr(hook, "summary_fields", dict)())
         peer.update(getattr(hook, "peer_fields", dict)())
     if run_dir is not None:  # each peer's own figures, in its own file
         atomic_write(run_dir / "peers" / f"rank-{comm.rank}.json", json.dumps(peer, indent=2) + "\n")

@@ -1,25 +1,27 @@
 """Validation of a `TrainConfig`: every value checked before anything is built, each problem one
 line naming the key, its value and what is wanted (`validate_config`); `deep` also builds the data
-and the model exactly as training will (`validate_specs`). `config.py` re-exports these names."""
+and the model exactly as training will (`validate_specs`). `config.py` re-exports these names
+(this module imports nothing of it: a config arrives as an argument)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
+from ..launch import BACKENDS
 from ..utils import one_line
-from .config import (
-    _FLOAT32_MAX,
-    _SEED_LIMIT,
-    BACKENDS,
-    MAX_COMM_TIMEOUT,
-    MIN_COMM_TIMEOUT,
-    OPTIMIZERS,
-    SCHEDULES,
-    VALID_KEYS,
-    TrainConfig,
-    _coerce,
-)
+from .features import features, peer_statistics_private
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "step", "cosine")
+_FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch
+_SEED_LIMIT = 2 ** 64  # torch.Generator.manual_seed's range
+#: The range of comm_timeout, in seconds (see validate_config).
+MIN_COMM_TIMEOUT, MAX_COMM_TIMEOUT = 1.0, 7 * 24 * 3600.0
+
 
 def _check(condition: bool, key: str, value: Any, requirement: str) -> None:
     if not condition:
@@ -52,20 +54,6 @@ def _check_directed(c: TrainConfig, num_peers: Optional[int]) -> None:
         raise ValueError(f"bad value for 'algorithm': {one_line(exc)}") from None
 
 
-def _check_dp_keys_need_dp(c: TrainConfig) -> None:
-    """Refuse a ``dp_*`` key set while differential privacy is off: without this, a run given
-    only ``dp_max_grad_norm`` (or ``dp_secure_noise``, ...) would train with no privacy at all and
-    look as if it had some."""
-    if c.dp_noise_multiplier is not None or c.dp_target_epsilon is not None:
-        return
-    defaults = TrainConfig()
-    for key in ("dp_max_grad_norm", "dp_delta", "dp_accountant", "dp_fix_model", "dp_secure_noise"):
-        if getattr(c, key) != getattr(defaults, key):
-            raise ValueError(f"{key} is set but differential privacy is off (neither "
-                             "dp_noise_multiplier nor dp_target_epsilon is set): set one of them "
-                             f"to turn DP on (e.g. dp_noise_multiplier: 1.0), or drop {key}")
-
-
 def validate_config(config: TrainConfig, deep: bool = True) -> None:
     """Raise a one-line ValueError for the first bad value.
 
@@ -73,8 +61,7 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
     the model; the algorithm spec and the topology are always checked).
     """
     c = config
-    for key in VALID_KEYS:  # values set in code rather than from YAML
-        _coerce(key, getattr(c, key))
+    c.check_types()  # values set in code rather than from YAML
     _check(c.optimizer in OPTIMIZERS, "optimizer", c.optimizer, f"valid: {', '.join(OPTIMIZERS)}")
     _check(c.schedule in SCHEDULES, "schedule", c.schedule, f"valid: {', '.join(SCHEDULES)}")
     _check(c.backend in BACKENDS, "backend", c.backend, f"valid: {', '.join(BACKENDS)}")
@@ -116,9 +103,6 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
     _check(c.device == "auto" or c.device == "cpu" or c.device == "cuda" or c.device.startswith("cuda:"),
            "device", c.device, "valid: cpu, cuda, cuda:K, auto")
     _check(c.out_dir is None or c.out_dir.strip() != "", "out_dir", c.out_dir, "must not be empty")
-    _check(all(k >= 0 for k in c.observers) and len(set(c.observers)) == len(c.observers),
-           "observers", c.observers, "must be distinct ranks >= 0, e.g. [3]")
-    _check(c.observe_every >= 1, "observe_every", c.observe_every, "must be >= 1 (steps)")
     _check(c.public_train_size is None or c.public_train_size >= 1, "public_train_size",
            c.public_train_size, "must be >= 1 (training samples of all peers) or null")
 
@@ -145,15 +129,26 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
         _check(c.backend in ("mpi", "torch"), "topology", c.topology,
                "give its size, e.g. ring:8, or set peers (the local backend cannot guess it)")
     _check_directed(c, num_peers)
-    _check_dp_keys_need_dp(c)
-    from ..privacy.training import validate_privacy_config
-
-    validate_privacy_config(c)
-    from .extensions import config_hooks
-
-    config_hooks(c)  # unknown or uninstalled loggers, user hooks that do not import or build
+    _check_public_train_size(c)
+    for feature in features():  # differential privacy, observers, loggers, user hooks, ...
+        feature.validate(c)
     if deep:
         validate_specs(c, num_peers)
+
+
+def _check_public_train_size(c: TrainConfig) -> None:
+    """`public_train_size` is for `partition: local`, and needed there while the shard sizes are
+    private (nothing else can size an epoch)."""
+    total = c.public_train_size
+    if total is not None and c.partition != "local":
+        raise ValueError(f"bad value for 'public_train_size': {total!r} (it is for partition: "
+                         "local; other partitions split a dataset every peer loads, whose size is "
+                         "public)")
+    if total is None and c.partition == "local" and peer_statistics_private(c):
+        raise ValueError("bad value for 'public_train_size': None (partition: local needs the "
+                         "total number of training samples declared public to size an epoch: set "
+                         "public_train_size: N, or release_peer_statistics: true to let the peers "
+                         "all-reduce their shard sizes)")
 
 
 def _has_size(spec: str) -> bool:

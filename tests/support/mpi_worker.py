@@ -1,6 +1,6 @@
 """Run one test scenario on this MPI rank and save what it returns.
 
-    mpiexec -n 4 python tests/mpi_worker.py MODULE:FUNCTION TOPOLOGY OUT_DIR [ARGS...]
+    mpiexec -n 4 python tests/support/mpi_worker.py MODULE:FUNCTION TOPOLOGY OUT_DIR [ARGS...]
 
 FUNCTION(comm, *ARGS) runs with an `MPICommunicator` on `topologies.parse(TOPOLOGY)`; its return
 value (tensors, numbers, dicts or lists of them) is saved to OUT_DIR/rank-K.pt, so that the test can
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # the support modules and the test modules
 torch.set_num_threads(1)
 
 

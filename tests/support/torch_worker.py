@@ -1,7 +1,7 @@
 """Run one test scenario, or one bad input, on this torch.distributed process and save the result.
 
-    python -m torch.distributed.run --nproc-per-node 4 tests/torch_worker.py MODULE:FUNCTION TOPOLOGY OUT_DIR
-    python tests/torch_worker.py --case CASE        (RANK/WORLD_SIZE/MASTER_* set by the test)
+    python -m torch.distributed.run --nproc-per-node 4 tests/support/torch_worker.py MODULE:FUNCTION TOPOLOGY OUT_DIR
+    python tests/support/torch_worker.py --case CASE        (RANK/WORLD_SIZE/MASTER_* set by the test)
 
 FUNCTION(comm) runs with a `TorchCommunicator` (gloo, CPU) on `topologies.parse(TOPOLOGY)`; its
 return value is saved to OUT_DIR/rank-K.pt for a bit-for-bit comparison with the other transports.
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # the support modules and the test modules
 torch.set_num_threads(1)
 
 import topologies  # noqa: E402

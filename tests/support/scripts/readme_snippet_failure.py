@@ -1,6 +1,6 @@
 """The README's library path without main_guard: rank 2 raises, the other ranks wait in a gossip step.
 
-Run as `mpiexec -n 4 python tests/scripts/readme_snippet_failure.py`; the job must end within seconds
+Run as `mpiexec -n 4 python tests/support/scripts/readme_snippet_failure.py`; the job must end within seconds
 (the abort hook that MPICommunicator installs), naming rank 2.
 """
 

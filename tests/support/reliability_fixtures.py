@@ -1,6 +1,6 @@
 """Bring-your-own datasets and models that go wrong, for test_reliability.py.
 
-Referenced by spec strings such as ``"reliability_fixtures:unseeded_data"`` (tests/ is on sys.path).
+Referenced by spec strings such as ``"reliability_fixtures:unseeded_data"`` (tests/support/ is on sys.path).
 """
 
 import itertools

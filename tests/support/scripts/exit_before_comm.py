@@ -1,7 +1,7 @@
 """Rank 1 ends its process (sys.exit(0)) before it creates its communicator; the other ranks of
 ring:4 create theirs and must name it within seconds (for the fault tests, under mpiexec).
 
-    mpiexec -n 4 python tests/scripts/exit_before_comm.py TIMEOUT
+    mpiexec -n 4 python tests/support/scripts/exit_before_comm.py TIMEOUT
 
 As the training CLI does once MPI is up, the script first asks to tell COMM_WORLD at exit.
 """

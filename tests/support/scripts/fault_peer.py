@@ -1,7 +1,7 @@
 """Four peers gossiping on ring:4 for the fault tests, under mpiexec or torchrun.
 
-    mpiexec -n 4 python tests/scripts/fault_peer.py mpi TIMEOUT [exit:RANK:CODE | raise:RANK]
-    torchrun --nproc-per-node 4 tests/scripts/fault_peer.py torch TIMEOUT [exit:RANK:CODE | raise:RANK]
+    mpiexec -n 4 python tests/support/scripts/fault_peer.py mpi TIMEOUT [exit:RANK:CODE | raise:RANK]
+    torchrun --nproc-per-node 4 tests/support/scripts/fault_peer.py torch TIMEOUT [exit:RANK:CODE | raise:RANK]
 
 Every rank prints `ready RANK PID` after a few gossip steps and goes on gossiping, so that a test can
 stop or kill one of them; `exit:RANK:CODE` makes RANK call sys.exit(CODE) a few steps later, as user
