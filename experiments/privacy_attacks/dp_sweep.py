@@ -32,15 +32,19 @@ BASE = dict(dataset=DATA, model="cnn1d", optimizer="sgd", momentum=0.9, weight_d
             comm_timeout=600.0)
 DELTA = 1e-5
 #: (label, batch, lr, clip C or None for no DP, epochs).
+#: DP-SGD's cost grows with epochs x data (one per-example gradient each), and one DP run of this
+#: size takes 3-6 min on the shared 2 cores: 20 epochs, and few rows.
 SWEEP = (("non-private, batch 32", 32, 0.1, None, 20),
-         ("non-private, batch 256", 256, 0.2, None, 30),
-         ("DP", 256, 0.2, 1.0, 30), ("DP", 256, 0.5, 1.0, 30), ("DP", 256, 0.5, 0.5, 30),
-         ("DP", 512, 0.5, 1.0, 40), ("DP", 512, 1.0, 1.0, 40))
-#: Part 2: the algorithms under DP in the chosen regime (PowerGossip remedies included).
-ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1"),
-              ("PowerGossip r1, 4 power iterations", "powergossip:rank=1,iters=4"),
-              ("PowerGossip r8", "powergossip:rank=8"),
-              ("Choco sign", "choco:compressor=sign,gamma=1.0"), ("all-reduce", "allreduce"))
+         ("non-private, batch 256", 256, 0.5, None, 20),
+         ("DP", 256, 0.5, 1.0, 20), ("DP", 256, 1.0, 1.0, 20), ("DP", 256, 2.0, 1.0, 20))
+#: Part 2: the algorithms in the chosen regime, (label, spec, private); PowerGossip's remedies
+#: (more power iterations, a higher rank) under DP.
+ALGORITHMS = (("PowerGossip r1", "powergossip:rank=1", True),
+              ("PowerGossip r1", "powergossip:rank=1", False),
+              ("PowerGossip r1, 4 power iterations", "powergossip:rank=1,iters=4", True),
+              ("PowerGossip r8", "powergossip:rank=8", True),
+              ("Choco sign", "choco:compressor=sign,gamma=1.0", True),
+              ("Choco sign", "choco:compressor=sign,gamma=1.0", False))
 QUICK = dict(BASE, dataset="synthetic_logreg:d=20,classes=4,n=2000", model="logreg",
              topology="ring:4", warmup_epochs=0)
 
@@ -76,7 +80,7 @@ def run(overrides: Dict[str, Any], quick: bool = False) -> Dict[str, Any]:
 
 
 def _private(batch, lr, clip, epochs, target=8.0):
-    out = dict(batch_size=batch, lr=lr, epochs=epochs, eval_every=max(1, epochs // 6))
+    out = dict(batch_size=batch, lr=lr, epochs=epochs, eval_every=max(1, epochs // 5))
     if clip is not None:
         out.update(dp_target_epsilon=target, dp_max_grad_norm=clip, dp_delta=DELTA,
                    release_peer_statistics=True)
@@ -100,25 +104,37 @@ def _attempt(row: Dict[str, Any], overrides: Dict[str, Any], quick: bool) -> Dic
     return row
 
 
-def sweep(quick: bool) -> Dict[str, Any]:
-    plan = SWEEP[:3] if quick else SWEEP
-    rows = [_attempt(dict(label=label, algorithm="exact", batch=b, lr=lr, clip=c,
-                          epochs=(1 if quick else e)),
-                     dict(_private(b, lr, c, 1 if quick else e), algorithm="exact"), quick)
-            for label, b, lr, c, e in plan]
-    private = [r for r in rows if r["clip"] is not None and "error" not in r]
+def _key(row: Dict[str, Any]) -> tuple:
+    return tuple(row[k] for k in ("label", "algorithm", "batch", "lr", "clip", "epochs"))
+
+
+def sweep(quick: bool, saved: Optional[Dict[str, Any]] = None, save=None) -> Dict[str, Any]:
+    """Every row of the plan; rows already in `saved` (a previous, interrupted run of the same
+    commit's plan) are kept, and `save(result)` is called after each new row."""
+    done = {_key(r): r for part in ("sweep", "algorithms") for r in (saved or {}).get(part, [])
+            if "error" not in r}
+    result: Dict[str, Any] = dict(sweep=[], chosen=None, algorithms=[])
+
+    def attempt(part, row, overrides):
+        result[part].append(done.get(_key(row)) or _attempt(row, overrides, quick))
+        if save is not None:
+            save(result)
+
+    for label, b, lr, c, e in (SWEEP[:3] if quick else SWEEP):
+        e = 1 if quick else e
+        attempt("sweep", dict(label=label, algorithm="exact", batch=b, lr=lr, clip=c, epochs=e),
+                dict(_private(b, lr, c, e), algorithm="exact"))
+    private = [r for r in result["sweep"] if r["clip"] is not None and "error" not in r]
     best = max(private, key=lambda r: r["acc_avg"]) if private else None
-    algos = []
-    if best is not None:
-        for label, spec in (ALGORITHMS[:2] if quick else ALGORITHMS):
-            for clip in (best["clip"], None):
-                algos.append(_attempt(
-                    dict(label=label, algorithm=spec, batch=best["batch"], lr=best["lr"],
-                         clip=clip, epochs=best["epochs"]),
-                    dict(_private(best["batch"], best["lr"], clip, best["epochs"]),
-                         algorithm=spec), quick))
-    return dict(sweep=rows, chosen=None if best is None else {k: best[k] for k in
-                ("batch", "lr", "clip", "epochs")}, algorithms=algos)
+    if best is None:
+        return result
+    result["chosen"] = {k: best[k] for k in ("batch", "lr", "clip", "epochs")}
+    for label, spec, dp in (ALGORITHMS[:2] if quick else ALGORITHMS):
+        clip = best["clip"] if dp else None
+        attempt("algorithms", dict(label=label, algorithm=spec, batch=best["batch"], lr=best["lr"],
+                                   clip=clip, epochs=best["epochs"]),
+                dict(_private(best["batch"], best["lr"], clip, best["epochs"]), algorithm=spec))
+    return result
 
 
 def _pct(v) -> str:
@@ -171,10 +187,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m experiments.privacy_attacks.dp_sweep" + (" --quick" if args.quick else "")
     started = time.perf_counter()
-    result = sweep(args.quick)
-    seconds = time.perf_counter() - started
+    partial = out / "privacy_dp_sweep.partial.json"
+    saved = json.loads(partial.read_text()) if partial.exists() else None
+    result = sweep(args.quick, saved, lambda r: atomic_write(partial, json.dumps(r, indent=1)))
+    seconds = time.perf_counter() - started + sum(
+        r.get("seconds", 0) for part in ("sweep", "algorithms") for r in (saved or {}).get(part, []))
     atomic_write(out / "privacy_dp_sweep.md", page(result, command, seconds, args.quick))
     atomic_write(out / "privacy_dp_sweep.json", json.dumps(result, indent=1) + "\n")
+    partial.unlink()
     _log(f"wrote {out / 'privacy_dp_sweep.md'}")
     return 0
 
