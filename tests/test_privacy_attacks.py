@@ -507,3 +507,31 @@ def test_difference_estimate_of_a_static_difference_is_exact_once_the_factors_sp
     estimate = difference_estimates(view, 1, steps=[last], window=12)[last]
     truth = [a + b for a, b in zip(own[last], shift)]
     assert relative_error(estimate, truth) < 1e-8  # float64 solve of well-conditioned 6 x 6 sums
+
+
+# ---- the page ------------------------------------------------------------------------------------
+
+def test_the_attack_page_is_computed_from_its_rows(tmp_path, monkeypatch):
+    import json
+
+    from experiments.privacy_attacks import driver, measure
+
+    monkeypatch.setattr(driver, "QUICK_PLAN", (("powergossip:rank=1", None),))
+    monkeypatch.setattr(driver, "QUICK_SEEDS", (0,))
+    monkeypatch.setattr(driver, "network_dp", lambda: measure.network_dp(("ring:4",), (("once", 2),)))
+    assert driver.main(["--quick", "--out", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "privacy_attacks.json").read_text())
+    row = saved["rows"][0]
+    flat = row["rounds"][str(row["last"])]["flat"]
+    page = (tmp_path / "privacy_attacks.md").read_text()
+    victim = (f"| PowerGossip r1 | none | victim | {flat['auc/victim/LOSS']:.3f} | "
+              f"{flat['auc/victim/LiRA offline']:.3f} | {flat['auc/victim/LiRA online']:.3f} |")
+    assert victim in page
+    assert f"| {flat['auc/class prior']:.3f} |" in page  # the blind baseline beside the figure
+    assert "oracle: D on the span of all factors" in page and "LS on D, 64 msgs" in page
+    # the audit record: the split's held-out indices, disjoint from the members
+    split = row["split"]
+    for v in split["victims"]:
+        assert not set(split["heldout"][str(v)]) & set(split["members"][str(v)])
+    assert (tmp_path / "privacy_attacks_roc.png").exists()
+    assert not (tmp_path / "privacy_attacks.partial.json").exists()  # every row done

@@ -23,6 +23,7 @@ from .measure import ALGORITHMS, QUICK_SETTING, REFERENCES, SETTING, attacked_ru
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "results"
 SEEDS = (0, 1, 2)
+QUICK_SEEDS = (0, 1)
 #: (spec, target epsilon or None): every algorithm without DP; DP (a run costs 3-6 min on the
 #: shared machine) for exact gossip and PowerGossip r1 at epsilon 8.
 PLAN = tuple((spec, None) for _, spec in ALGORITHMS) + (("exact", 8.0), ("powergossip:rank=1", 8.0))
@@ -57,27 +58,12 @@ def _key(spec, target, seed) -> str:
     return f"{spec}|{target}|{seed}"
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    out = args.out or (ROOT / "runs" / "privacy-attacks-quick" if args.quick else RESULTS)
-    try:
-        check_writable_dir(out, "choose a writable --out")
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
-    command = " ".join(["python -m experiments.privacy_attacks", *map(shlex.quote, argv)])
-    if args.network_only:
-        return network_only(out, command)
-    setting = QUICK_SETTING if args.quick else SETTING
-    plan_rows = QUICK_PLAN if args.quick else PLAN
-    seeds = (0, 1) if args.quick else SEEDS
-    references = 4 if args.quick else REFERENCES
-    partial = out / "privacy_attacks.partial.json"
-    saved = json.loads(partial.read_text()) if partial.exists() else {"rows": {}, "seconds": 0.0}
+def measure_all(plan_rows, seeds, setting, references, part, saved, save) -> None:
+    """Every (spec, target, seed) of the plan not yet in `saved["rows"]`; `save()` after each."""
     started = time.perf_counter()
     refs: Dict[int, Any] = {}
     for spec, target in plan_rows:
-        if (args.part == "nodp" and target is not None) or (args.part == "dp" and target is None):
+        if (part == "nodp" and target is not None) or (part == "dp" and target is None):
             continue
         for seed in seeds:
             key = _key(spec, target, seed)
@@ -91,12 +77,34 @@ def main(argv: Optional[List[str]] = None) -> int:
                 _log(f"  FAILED: {row['failure']}")
             else:
                 flat = row["rounds"][str(row["last"])]["flat"]
-                _log(f"  acc {row['acc_avg']:.3f} victim LiRA AUC {flat['auc/victim/LiRA offline']:.3f} "
-                     f"{row['run_seconds']:.0f} s")
+                _log(f"  acc {row['acc_avg']:.3f} victim LiRA AUC "
+                     f"{flat['auc/victim/LiRA offline']:.3f} {row['run_seconds']:.0f} s")
+            row["commit"] = git_commit()
             saved["rows"][key] = row
             saved["seconds"] = saved.get("seconds", 0.0) + time.perf_counter() - started
             started = time.perf_counter()
-            atomic_write(partial, json.dumps(saved) + "\n")
+            save()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    out = args.out or (ROOT / "runs" / "privacy-attacks-quick" if args.quick else RESULTS)
+    try:
+        check_writable_dir(out, "choose a writable --out")
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    command = " ".join(["python -m experiments.privacy_attacks", *map(shlex.quote, argv)])
+    if args.network_only:
+        return network_only(out, command)
+    setting = QUICK_SETTING if args.quick else SETTING
+    plan_rows = QUICK_PLAN if args.quick else PLAN
+    seeds = QUICK_SEEDS if args.quick else SEEDS
+    references = 4 if args.quick else REFERENCES
+    partial = out / "privacy_attacks.partial.json"
+    saved = json.loads(partial.read_text()) if partial.exists() else {"rows": {}, "seconds": 0.0}
+    measure_all(plan_rows, seeds, setting, references, args.part, saved,
+                lambda: atomic_write(partial, json.dumps(saved) + "\n"))
     rows = [saved["rows"][_key(s, t, seed)] for s, t in plan_rows for seed in seeds
             if _key(s, t, seed) in saved["rows"]]
     missing = [_key(s, t, seed) for s, t in plan_rows for seed in seeds
@@ -107,7 +115,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ok = [r for r in rows if "failure" not in r]
     plan = {"setting": setting, "seeds": len(seeds), "references": references,
             "members": ok[0]["members"] if ok else 0,
-            "per_peer": len(ok[0]["split"]["members"][str(0)]) if ok else 0, "nonmembers": ok[0]["nonmembers"] if ok else 0,
+            "per_peer": len(ok[0]["split"]["members"]["0"]) if ok else 0,
+            "nonmembers": ok[0]["nonmembers"] if ok else 0,
             "scale_note": SCALE_NOTE if not args.quick else "--quick: a smoke test, not a result.",
             "not_reached": list(NOT_REACHED if not args.quick else ())
             + [f"run missing: {m}" for m in missing]

@@ -381,7 +381,7 @@ def page(rows, network: Dict[str, Any], plan: Dict[str, Any], generated: str) ->
         f"`{setting['partition']}`, `{setting['model']}`, {setting['topology']}, SGD lr "
         f"{setting['lr']} momentum {setting['momentum']}, cosine schedule, batch "
         f"{setting['batch_size']}, {setting['epochs']} epochs. Private rows: DP-SGD on every peer "
-        f"in the regime privacy_dp_sweep.md chose (batch {dp.get('batch_size')}, lr "
+        f"(batch {dp.get('batch_size')}, lr "
         f"{dp.get('lr')}, clip C = {dp.get('dp_max_grad_norm')}, {dp.get('epochs')} epochs, "
         f"δ = {dp.get('dp_delta')}), noise secret per peer; the ε in a row is each victim's own. "
         f"Scale: the page must run in ≤ 25 min on this shared machine, so a DP run (~3–6 min "
