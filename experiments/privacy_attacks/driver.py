@@ -142,6 +142,9 @@ def network_only(out: Path, command: str) -> int:
         raise SystemExit(f"error: --network-only needs the rows of a previous run in {source}; "
                          "run without --network-only first")
     saved = json.loads(source.read_text())
+    plan = saved.get("plan") or {  # a JSON written before plans were stored
+        "setting": SETTING, "seeds": len(SEEDS), "references": REFERENCES, "members": 0,
+        "nonmembers": 0, "per_peer": 0, "scale_note": "", "not_reached": []}
     started = time.perf_counter()
     network = network_dp()
     report.plot_network(network, out / report.HEATMAP_PNG)
@@ -149,6 +152,7 @@ def network_only(out: Path, command: str) -> int:
     network["generated"] = (f"Section made by `{command}` on {date} in "
                             f"{time.perf_counter() - started:.0f} s (commit {git_commit()}).")
     atomic_write(out / "privacy_attacks.md",
-                 report.page(saved["rows"], network, saved["plan"], saved["generated"]))
-    atomic_write(out / "privacy_attacks.json", json.dumps(dict(saved, network_dp=network)) + "\n")
+                 report.page(saved["rows"], network, plan, saved["generated"]))
+    atomic_write(out / "privacy_attacks.json",
+                 json.dumps(dict(saved, plan=plan, network_dp=network)) + "\n")
     return 0
