@@ -143,19 +143,21 @@ def attacked_run(spec: str, target: Optional[float], seed: int, setting: Dict[st
             references, recipe, seed)
     refs = refs_cache[seed]
 
+    moving = {v: reconstruct(view, v, window=4) for v in split.victims}  # every step at once
+
     def estimates(step: int) -> Dict[str, Dict[int, list]]:
         """Per estimator, per victim, the parameters at `step`."""
         out: Dict[str, Dict[int, list]] = {}
         for v in split.victims:
             if view.meta["algorithm"] == "powergossip":
-                out.setdefault("moving M, 4 msgs (reconstruction.py)", {})[v] =                     reconstruct(view, v, window=4)[step]
+                out.setdefault("moving M, 4 msgs (reconstruction.py)", {})[v] = moving[v][step]
                 for name, window, forget in ESTIMATORS:
                     out.setdefault(name, {})[v] = difference_estimates(
                         view, v, [step], window=window, forget=forget)[step]
                 out.setdefault("oracle: D on the span of all factors", {})[v] = oracle_estimates(
                     view, v, {step: snaps[v][step]}, [step], window=10 ** 9)[step]
             else:
-                out.setdefault("read off / public copy", {})[v] = reconstruct(view, v)[step]
+                out.setdefault("read off / public copy", {})[v] = moving[v][step]
         return out
 
     def pooled(per_victim: Dict[int, torch.nn.Module]) -> Dict[int, torch.nn.Module]:
