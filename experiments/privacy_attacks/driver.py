@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--part", choices=("nodp", "dp", "all"), default="all",
                         help="run only the non-private or only the private rows (the page is "
                              "written from every row the folder's partial file holds)")
+    parser.add_argument("--render-only", action="store_true",
+                        help="run nothing: write the page from the rows the folder's partial "
+                             "files hold")
     parser.add_argument("--network-only", action="store_true",
                         help="recompute only the network-DP section from privacy_attacks.json")
     return parser
@@ -101,10 +104,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     plan_rows = QUICK_PLAN if args.quick else PLAN
     seeds = QUICK_SEEDS if args.quick else SEEDS
     references = 4 if args.quick else REFERENCES
-    partial = out / "privacy_attacks.partial.json"
+    # One partial file per --part, so that a non-private and a private process can run at once.
+    partial = out / ("privacy_attacks.partial.json" if args.part != "dp"
+                     else "privacy_attacks.partial-dp.json")
     saved = json.loads(partial.read_text()) if partial.exists() else {"rows": {}, "seconds": 0.0}
-    measure_all(plan_rows, seeds, setting, references, args.part, saved,
-                lambda: atomic_write(partial, json.dumps(saved) + "\n"))
+    if not args.render_only:
+        measure_all(plan_rows, seeds, setting, references, args.part, saved,
+                    lambda: atomic_write(partial, json.dumps(saved) + "\n"))
+    partials = sorted(out.glob("privacy_attacks.partial*.json"))
+    for other in partials:
+        if other != partial:
+            more = json.loads(other.read_text())
+            saved["rows"].update(more["rows"])
+            saved["seconds"] = saved.get("seconds", 0.0) + more.get("seconds", 0.0)
     rows = [saved["rows"][_key(s, t, seed)] for s, t in plan_rows for seed in seeds
             if _key(s, t, seed) in saved["rows"]]
     missing = [_key(s, t, seed) for s, t in plan_rows for seed in seeds
@@ -130,7 +142,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     atomic_write(out / "privacy_attacks.json", json.dumps(
         {"generated": generated, "plan": plan, "rows": rows, "network_dp": network}) + "\n")
     if not missing:
-        partial.unlink()
+        for other in partials:
+            other.unlink()
     _log(f"wrote {out / 'privacy_attacks.md'}")
     return 0 if all("failure" not in r for r in rows) else 1
 
