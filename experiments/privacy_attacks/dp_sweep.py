@@ -105,14 +105,19 @@ def _key(row: Dict[str, Any]) -> tuple:
     return tuple(row[k] for k in ("label", "algorithm", "batch", "lr", "clip", "epochs"))
 
 
-def sweep(quick: bool, saved: Optional[Dict[str, Any]] = None, save=None) -> Dict[str, Any]:
+def sweep(quick: bool, saved: Optional[Dict[str, Any]] = None, save=None,
+          render_only: bool = False) -> Dict[str, Any]:
     """Every row of the plan; rows already in `saved` (a previous, interrupted run of the same
-    commit's plan) are kept, and `save(result)` is called after each new row."""
+    commit's plan) are kept, and `save(result)` is called after each new row. `render_only`:
+    run nothing, keep the saved rows (the plan's others are listed as not run)."""
     done = {_key(r): r for part in ("sweep", "algorithms") for r in (saved or {}).get(part, [])
             if "error" not in r}
     result: Dict[str, Any] = dict(sweep=[], chosen=None, algorithms=[])
 
     def attempt(part, row, overrides):
+        if render_only and _key(row) not in done:
+            result.setdefault("not_run", []).append(row)
+            return
         result[part].append(done.get(_key(row)) or _attempt(row, overrides, quick))
         if save is not None:
             save(result)
@@ -172,6 +177,12 @@ def page(result: Dict[str, Any], command: str, seconds: float, quick: bool) -> s
         curve = ", ".join(f"{e['consensus']:.3g}" for e in r["evals"] if e["consensus"] is not None)
         text += (f"| {r['label']} | {'yes' if r['clip'] else 'no'} | {r['eps_max']:.3g} | "
                  f"{_pct(r['acc_avg'])} | {curve} |\n")
+    if result.get("not_run"):
+        text += ("\n## Not run\n\nThese rows of the plan did not finish in the time the shared "
+                 "machine allowed (the page was rendered with --render-only from the rows that "
+                 "did):\n\n" + "\n".join(f"- {r['label']} ({r['algorithm']}), batch {r['batch']}, "
+                                           f"lr {r['lr']}, C {r['clip']}" for r in result["not_run"])
+                 + "\n")
     return text
 
 
@@ -179,19 +190,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.privacy_attacks.dp_sweep")
     parser.add_argument("--quick", action="store_true", help="tiny problem, seconds")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--render-only", action="store_true",
+                        help="run nothing: write the page from the rows of the partial file")
     args = parser.parse_args(argv)
     out = args.out or (ROOT / "runs" / "dp-sweep-quick" if args.quick else RESULTS)
     out.mkdir(parents=True, exist_ok=True)
-    command = "python -m experiments.privacy_attacks.dp_sweep" + (" --quick" if args.quick else "")
+    command = "python -m experiments.privacy_attacks.dp_sweep" + "".join(
+        f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     started = time.perf_counter()
     partial = out / "privacy_dp_sweep.partial.json"
     saved = json.loads(partial.read_text()) if partial.exists() else None
-    result = sweep(args.quick, saved, lambda r: atomic_write(partial, json.dumps(r, indent=1)))
+    result = sweep(args.quick, saved, lambda r: atomic_write(partial, json.dumps(r, indent=1)),
+                   render_only=args.render_only)
     seconds = time.perf_counter() - started + sum(
         r.get("seconds", 0) for part in ("sweep", "algorithms") for r in (saved or {}).get(part, []))
     atomic_write(out / "privacy_dp_sweep.md", page(result, command, seconds, args.quick))
     atomic_write(out / "privacy_dp_sweep.json", json.dumps(result, indent=1) + "\n")
-    partial.unlink()
+    if not result.get("not_run"):
+        partial.unlink()
     _log(f"wrote {out / 'privacy_dp_sweep.md'}")
     return 0
 
