@@ -27,7 +27,6 @@ QUICK_SEEDS = (0, 1)
 #: (spec, target epsilon or None): every algorithm without DP; DP (a run costs 3-6 min on the
 #: shared machine) for exact gossip and PowerGossip r1 at epsilon 8.
 PLAN = tuple((spec, None) for _, spec in ALGORITHMS) + (("exact", 8.0), ("powergossip:rank=1", 8.0))
-#: The order the runs go in: what the page's answers need first (a run takes minutes here).
 QUICK_PLAN = (("exact", None), ("powergossip:rank=1", None), ("exact", 8.0))
 SCALE_NOTE = ("every algorithm without DP, exact gossip and PowerGossip r1 at target ε = 8, three "
               "seeds each.")
