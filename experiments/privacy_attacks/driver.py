@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shlex
 import sys
 import time
@@ -83,6 +84,7 @@ def measure_all(plan_rows, seeds, setting, references, part, saved, save) -> Non
                 _log(f"  acc {row['acc_avg']:.3f} victim LiRA AUC "
                      f"{flat['auc/victim/LiRA offline']:.3f} {row['run_seconds']:.0f} s")
             row["commit"] = git_commit()
+            row["load"] = os.getloadavg()[0]
             saved["rows"][key] = row
             saved["seconds"] = saved.get("seconds", 0.0) + time.perf_counter() - started
             started = time.perf_counter()

@@ -346,8 +346,11 @@ def answers(rows) -> List[str]:
 def page(rows, network: Dict[str, Any], plan: Dict[str, Any], generated: str) -> str:
     setting = plan["setting"]
     text = "# What a curious neighbour learns\n\n"
+    loads = [r["load"] for r in rows if "load" in r]
+    load = (f" (1-min load average {min(loads):.1f}–{max(loads):.1f} at the ends of the runs)"
+            if loads else "")
     text += (f"{generated} Backend `local` (every peer a thread of one process), on 2 CPU cores "
-             f"shared with six other engineers' jobs (load average 6–11 during the run).\n\n")
+             f"shared with other engineers' jobs{load}.\n\n")
     text += ("**Threat model.** Honest-but-curious peers: they follow the protocol, do not collude, "
              "and see exactly the bytes the transport delivers to them, plus what they legitimately "
              "know (their own model and data, the config and seed, the shared PowerGossip factors, "
