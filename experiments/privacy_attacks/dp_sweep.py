@@ -226,14 +226,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     started = time.perf_counter()
     partial = out / "privacy_dp_sweep.partial.json"
-    saved = json.loads(partial.read_text()) if partial.exists() else None
+    final = out / "privacy_dp_sweep.json"
+    source = partial if partial.exists() else final if args.render_only and final.exists() else None
+    saved = json.loads(source.read_text()) if source is not None else None
     result = sweep(args.quick, saved, lambda r: atomic_write(partial, json.dumps(r, indent=1)),
                    render_only=args.render_only)
     seconds = time.perf_counter() - started + sum(
         r.get("seconds", 0) for part in ("sweep", "algorithms") for r in (saved or {}).get(part, []))
     atomic_write(out / "privacy_dp_sweep.md", page(result, command, seconds, args.quick))
     atomic_write(out / "privacy_dp_sweep.json", json.dumps(result, indent=1) + "\n")
-    if not result.get("not_run"):
+    if not result.get("not_run") and partial.exists():
         partial.unlink()
     _log(f"wrote {out / 'privacy_dp_sweep.md'}")
     return 0
