@@ -130,12 +130,13 @@ def evaluate(models: Dict[str, Any], candidates: Candidates, refs: References,
     blind = scores(refs.blind, candidates, refs)
     out["blind_model"] = {a: report(s, candidates) for a, s in blind.items()}
     y = candidates.y.numpy()
-    members_y = np.concatenate([split.member_set(v)[1].numpy() for v in split.victims])
-    prior = class_prior_scores(y, members_y, int(y.max()) + 1)
+    # The victims' whole shards (members and held-out): fitted on the members alone, the
+    # frequencies would favour them.
+    prior = class_prior_scores(y, y, int(y.max()) + 1)
     out["class_prior"] = report(prior, candidates)
     m = candidates.member
-    # Ranks only (no ties in continuous scores): the band depends on the counts, not the scores.
-    out["null_band"] = null_band(blind["LOSS"][m], blind["LOSS"][~m])
+    # A continuous score (no ties; LOSS ties at a loss of 0): the band depends on the counts only.
+    out["null_band"] = null_band(blind["LiRA offline"][m], blind["LiRA offline"][~m])
     out["fprs"] = list(LOW_FPRS)
     return out
 
