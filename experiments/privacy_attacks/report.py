@@ -79,6 +79,7 @@ def _strongest(group: Sequence[Dict[str, Any]]) -> str:
 
 
 _BANDS: Dict[tuple, Dict[str, list]] = {}
+_PRIORS: Dict[tuple, Dict[str, Any]] = {}
 
 
 def band_of(members: int, nonmembers: int) -> Dict[str, list]:
@@ -106,6 +107,9 @@ def class_prior(r: Dict[str, Any]) -> Dict[str, Any]:
     from gossip_powersgd.training.data import load_dataset
 
     split = r["split"]
+    key = (split["dataset"], split["seed"], split["split_seed"], tuple(split["victims"]))
+    if key in _PRIORS:
+        return _PRIORS[key]
     y = load_dataset(split["dataset"], split["seed"]).y_train.numpy()
     member, labels = [], []
     for v in split["victims"]:
@@ -117,6 +121,7 @@ def class_prior(r: Dict[str, Any]) -> Dict[str, Any]:
     scores = class_prior_scores(labels, labels, int(y.max()) + 1)
     rep = attack_report(scores[member], scores[~member])
     rep.pop("roc")
+    _PRIORS[key] = rep
     return rep
 
 
