@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
 from .attacks import ATTACKS
-from .measure import ALGORITHMS, OBSERVER
+from .measure import ALGORITHMS, DP, OBSERVER
 
 ROC_PNG = "privacy_attacks_roc.png"
 HEATMAP_PNG = "privacy_attacks_network_dp.png"
@@ -366,15 +366,20 @@ def answers(rows) -> List[str]:
         # equal bytes: exact gossip's round whose received MB is closest to this run's total
         mb = g[0]["observed_mb"]
         r0 = exact[0]
+        a_g = statistics.fmean(r["acc_avg"] for r in g)
+        a_e = statistics.fmean(r["acc_avg"] for r in exact)
+        sd_g = statistics.stdev([r["acc_avg"] for r in g]) if len(g) > 1 else 0.0
+        sd_e = statistics.stdev([r["acc_avg"] for r in exact]) if len(exact) > 1 else 0.0
         step = min(r0["round_steps"], key=lambda s: abs(r0["observed_mb"] * (s + 1) / r0["steps"] - mb))
         at = statistics.fmean(r["rounds"][str(step)]["flat"][f"auc/victim/{HEADLINE}"] for r in exact)
         out.append(
             f"- **{label(spec)}** (no DP): through its strongest reconstruction ({best}) the "
             f"neighbour's {HEADLINE} AUC is {c_auc:.3f} and TPR at 1 % FPR {c_tpr:.4f}, against "
             f"{e_auc:.3f} / {e_tpr:.4f} for exact gossip, whose messages are the model, at "
-            f"averaged-model accuracy {100 * statistics.fmean(r['acc_avg'] for r in g):.1f} % vs "
-            f"{100 * statistics.fmean(r['acc_avg'] for r in exact):.1f} % (equal accuracy within "
-            f"the spread), and the victim's own model gives {v_auc:.3f}. The observer received "
+            f"averaged-model accuracy {100 * a_g:.1f} % vs {100 * a_e:.1f} % ("
+            + ("equal within the seeds' spread" if abs(a_g - a_e) <= sd_g + sd_e else
+               "not equal: more than the seeds' spread apart")
+            + f"), and the victim's own model gives {v_auc:.3f}. The observer received "
             f"{mb:.3g} MB against {r0['observed_mb']:.3g} MB; at the exact-gossip round closest to "
             f"equal bytes (step {step}, {r0['observed_mb'] * (step + 1) / r0['steps']:.3g} MB) "
             f"exact gossip's AUC is {at:.3f}.")
@@ -411,7 +416,7 @@ def page(rows, network: Dict[str, Any], plan: Dict[str, Any], generated: str) ->
              "Choco's public copy x̂). Rank "
              f"{OBSERVER} observes (records every message it receives, every step) and attacks both "
              f"its neighbours (the victims), whose own models give the truth.\n\n")
-    dp = setting.get("dp", {})
+    dp = setting.get("dp") or DP
     text += (
         f"**Membership protocol.** Before training each victim's shard is split at random "
         f"(`gossip_powersgd.privacy.heldout.make_split`, seed = the run's seed; the indices are in "
