@@ -53,8 +53,9 @@ def logit_confidence(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
         for k in range(0, len(x), batch):
             z = model(x[k:k + batch]).double()
             yy = y[k:k + batch]
-            true = z.gather(1, yy[:, None]).squeeze(1)
-            others = z.scatter(1, yy[:, None], float("-inf")).logsumexp(1)
+            true = z.take_along_dim(yy[:, None], 1).squeeze(1)
+            mask = torch.nn.functional.one_hot(yy, z.shape[1]).bool()
+            others = z.masked_fill(mask, float("-inf")).logsumexp(1)
             out.append(true - others)
     finally:
         model.train(was_training)
