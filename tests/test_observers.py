@@ -128,10 +128,8 @@ def test_recording_works_under_mpiexec_through_the_trainer_cli(tmp_path):
         assert all(torch.equal(x["tensor"], y["tensor"]) for x, y in zip(a["messages"], b["messages"]))
 
 
-def test_the_attack_page_is_computed_from_its_rows():
-    from experiments.privacy_attacks import report
-    from experiments.privacy_attacks.measure import (NETWORK_CASES, NETWORK_TOPOLOGIES, SETTING,
-                                                     network_dp)
+def test_the_attack_pages_network_section():
+    from experiments.privacy_attacks.measure import NETWORK_CASES, NETWORK_TOPOLOGIES, network_dp
 
     network = network_dp()
     cases = {(c["noise"], c["steps"], c["topology"]): c for c in network["cases"]}
@@ -144,21 +142,7 @@ def test_the_attack_page_is_computed_from_its_rows():
     every = [cases[("every_step", 20, spec)]["median"] for spec in NETWORK_TOPOLOGIES]
     assert every[0] < every[1] < every[2]
     assert every[2] == pytest.approx(cases[("every_step", 20, "ring:16")]["local"])
-    row = dict(topology="ring:8", spec="powergossip:rank=1", private=False, eps_max=float("inf"),
-               sigma=None, mb_sent_per_peer=1.0, observed_mb=1.0, acc_avg=0.5, train_loss=0.1,
-               final_error=0.2, final_error_trivial=0.3, error_steps=[0, 1], error=[0.1, 0.2],
-               error_trivial=[0.2, 0.3], auc_null_std=0.03, auc_victim=0.9,
-               auc_reconstruction=0.8, auc_observer=0.7, auc_average=0.6, tpr_victim=0.1,
-               tpr_reconstruction=0.05, tpr_observer=0.02, tpr_average=0.01)
-    exact = dict(row, spec="exact", mb_sent_per_peer=40.0, auc_reconstruction=0.9, final_error=0.0)
-    failed = dict(topology="ring:8", spec="choco:compressor=sign,gamma=1.0", private=True,
-                  failure="ValueError: boom")
-    text = report.page([exact, row, failed], network,
-                       {"setting": SETTING, "epochs": 3, "window": 4, "private_note": "x"}, "Made.")
-    assert "| ring:8 | PowerGossip r1 | none | 1.000 | 1.000 | 50.00 % |" in text
-    assert "FAILED: ValueError: boom" in text
-    assert "sends 40.0x fewer bytes than exact gossip; the observer's attack keeps 0.75" in text
-    assert report.rows_csv([row]).splitlines()[1].startswith("ring:8,powergossip:rank=1,False")
+    # The page's rows: tests/test_privacy_attacks.py::test_the_attack_page_is_computed_from_its_rows
 
 
 def test_network_only_rerenders_the_network_section_and_keeps_the_rows(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,6 +16,7 @@ from gossip_powersgd import LocalCluster
 from gossip_powersgd.privacy.membership import (
     auc,
     loss_attack,
+    loss_scores,
     membership_inference,
     membership_samples,
     model_with_parameters,
@@ -266,3 +268,271 @@ def test_recording_works_under_mpiexec_and_matches_the_local_run(tmp_path):
             assert (x["sender"], x["kind"]) == (y["sender"], y["kind"])
             assert torch.equal(x["tensor"], y["tensor"])
             assert all(torch.equal(x["factors"][g], y["factors"][g]) for g in x["factors"])
+
+
+# ---- the membership protocol: held-out split ------------------------------------------------------
+
+from gossip_powersgd.privacy.heldout import make_split  # noqa: E402
+from gossip_powersgd.privacy.membership import (  # noqa: E402
+    attack_report,
+    class_prior_scores,
+    null_band,
+    per_class_auc,
+    roc_curve,
+)
+
+SPLIT_DATA = "synthetic_logreg:d=8,classes=4,n=800"
+
+
+def test_split_members_and_heldout_are_disjoint_and_cover_the_victims_shard():
+    from gossip_powersgd.training.data import load_dataset, partition
+
+    split = make_split(SPLIT_DATA, 4, "dirichlet:0.5", seed=3, victims=[1, 3], fraction=0.5,
+                       split_seed=7)
+    shards = partition(load_dataset(SPLIT_DATA, 3).y_train, 4, "dirichlet:0.5", 3)
+    for rank in range(4):
+        members, heldout = set(split.members[rank]), set(split.heldout[rank])
+        assert not members & heldout
+        assert members | heldout == set(shards[rank].tolist())
+        assert len(heldout) == (round(0.5 * len(shards[rank])) if rank in (1, 3) else 0)
+    assert split.victims == (1, 3)
+    record = split.record()  # the audit record holds the seeds and every index
+    assert record["split_seed"] == 7 and record["heldout"]["1"] == split.heldout[1].tolist()
+    assert make_split(SPLIT_DATA, 4, "dirichlet:0.5", 3, [1, 3], 0.5, 7).key() == split.key()
+    with pytest.raises(ValueError, match="not ranks of a 4-peer run"):
+        make_split(SPLIT_DATA, 4, "iid", 0, victims=[4])
+
+
+def test_heldout_class_mix_matches_the_shard_in_expectation():
+    """Over many split seeds the held-out count of each class averages h n_c / n (hypergeometric
+    mean); the tolerance is 4 standard errors of the mean of the hypergeometric counts."""
+    from gossip_powersgd.training.data import load_dataset
+
+    y = load_dataset(SPLIT_DATA, 0).y_train.numpy()
+    seeds = 200
+    counts = []
+    for s in range(seeds):
+        split = make_split(SPLIT_DATA, 4, "dirichlet:0.5", 0, victims=[2], fraction=0.3,
+                           split_seed=s)
+        counts.append(np.bincount(y[split.heldout[2]], minlength=4))
+    shard = np.r_[split.members[2], split.heldout[2]]
+    n, h = len(shard), len(split.heldout[2])
+    share = np.bincount(y[shard], minlength=4) / n
+    expected = h * share
+    sd = np.sqrt(h * share * (1 - share) * (n - h) / (n - 1))
+    assert np.all(np.abs(np.mean(counts, axis=0) - expected) <= 4 * sd / np.sqrt(seeds) + 1e-12)
+
+
+def test_no_peer_ever_trains_on_a_held_out_record():
+    """Through the training data path: every peer's batches (what its loop samples from) hold
+    exactly its members, and no held-out row of any victim."""
+    from gossip_powersgd.training.hooks import TrainingHooks
+
+    split = make_split(SPLIT_DATA, 4, "iid", seed=0, victims=[0, 1], fraction=0.5, split_seed=1)
+    seen = {}
+
+    class Capture(TrainingHooks):
+        name = "capture"
+
+        def setup(self, context):
+            self.context = context
+
+        def after_step(self, step, loss):
+            seen.setdefault(self.context.comm.rank, self.context.batches.x.clone())
+
+    config = tiny(dataset=split.spec(), partition="local", release_peer_statistics=True,
+                  model="logreg")
+    train_all(config, Capture)
+    held = torch.cat([split.heldout_set(v)[0] for v in split.victims])
+    for rank in range(4):
+        x = seen[rank]
+        assert torch.equal(x, split.member_set(rank)[0])
+        assert not (x[:, None, :] == held[None, :, :]).all(-1).any()
+
+
+def test_the_class_prior_score_is_at_chance_on_a_heldout_split_not_on_test_samples():
+    """The blind baseline: under a skewed shard the class-prior score separates the shard from
+    uniform test samples, but not from a random held-out part of the same shard."""
+    from gossip_powersgd.training.data import load_dataset
+
+    split = make_split(SPLIT_DATA, 4, "dirichlet:0.3", seed=0, victims=[1], split_seed=0)
+    data = load_dataset(SPLIT_DATA, 0)
+    members, heldout = split.member_set(1)[1], split.heldout_set(1)[1]
+    prior = lambda y: class_prior_scores(y, members, 4)  # noqa: E731
+    band = null_band(prior(members), prior(heldout), permutations=200)
+    assert band["auc"][0] <= auc(prior(members), prior(heldout)) <= band["auc"][1]
+    test = data.y_test[:len(heldout)]
+    assert auc(prior(members), prior(test)) > band["auc"][1]
+
+
+def test_tpr_at_a_fixed_fpr_has_the_known_answer():
+    # 1000 non-members 0..999; half the members above all of them: TPR at 0.1 % FPR is 1/2.
+    others = np.arange(1000.0)
+    members = np.r_[np.full(50, 2000.0), np.arange(50.0)]
+    assert tpr_at_fpr(members, others, 0.001) == 0.5
+    # Gaussians N(mu, 1) vs N(0, 1): TPR(f) = 1 - Phi(Phi^-1(1 - f) - mu). With 20 000 members,
+    # the threshold's sampling error shifts it by ~sqrt(f(1-f)/k)/phi(z) and the member count adds
+    # sqrt(p(1-p)/m): 5 combined standard errors bound it.
+    from scipy.stats import norm
+
+    rng = np.random.default_rng(0)
+    k = m = 20000
+    mu, f = 2.0, 0.01
+    out, inside = rng.standard_normal(k), rng.standard_normal(m) + mu
+    z = norm.ppf(1 - f)
+    p = 1 - norm.cdf(z - mu)
+    se = np.sqrt(p * (1 - p) / m) + norm.pdf(z - mu) * np.sqrt(f * (1 - f) / k) / norm.pdf(z)
+    assert abs(tpr_at_fpr(inside, out, f) - p) < 5 * se
+    report = attack_report(inside, out, np.zeros(m), np.zeros(k))
+    assert report["tpr"][1] == tpr_at_fpr(inside, out, 0.01)
+    assert report["auc"] == pytest.approx(norm.cdf(mu / np.sqrt(2)), abs=5 * null_auc_std(m, k))
+    fpr, tpr = roc_curve([3, 2], [1, 2])
+    assert fpr.tolist() == [0, 0, 0.5, 1] and tpr.tolist() == [0, 0.5, 1, 1]
+    assert per_class_auc([3, 0], [1, 1], [0, 1], [0, 1]) == {0: 1.0, 1: 0.0}
+
+
+# ---- LiRA ---------------------------------------------------------------------------------------
+
+def test_lira_finds_an_overfitted_models_members_and_not_an_independent_models():
+    """A linear model in 400 dimensions on 60 random-label points memorises them (its members'
+    confidence is high) while its confidence on an unseen point stays near the prior: LiRA with
+    8 reference models on random halves of the 120 candidates separates the members (AUC near 1);
+    for a model trained on other data every candidate is out, so its AUC is chance (within 4 null
+    standard deviations)."""
+    from gossip_powersgd.privacy.lira import (inclusion_masks, lira_scores, logit_confidence,
+                                              train_classifier)
+
+    def blobs(seed):
+        generator = torch.Generator().manual_seed(seed)
+        return torch.randn(120, 400, generator=generator), torch.randint(0, 4, (120,), generator=generator)
+
+    def make():
+        model = torch.nn.Linear(400, 4)
+        torch.nn.init.zeros_(model.weight)
+        torch.nn.init.zeros_(model.bias)
+        return model
+
+    x, y = blobs(5)
+    masks = inclusion_masks(len(x), 8, seed=0)
+    assert (masks.sum(0) == 4).all()
+    fit = dict(epochs=30, lr=0.02, batch=60)
+    references = [train_classifier(make, x[torch.from_numpy(masks[k])], y[torch.from_numpy(masks[k])],
+                                   seed=k, **fit) for k in range(8)]
+    phi = np.stack([logit_confidence(m, x, y) for m in references])
+    loss = np.stack([-loss_scores(m, x, y) for m in references])
+    members = np.zeros(len(x), dtype=bool)
+    members[np.random.default_rng(1).permutation(len(x))[:60]] = True
+    pick = torch.from_numpy(members)
+    target = train_classifier(make, x[pick], y[pick], seed=100, **fit)
+    independent = train_classifier(make, *blobs(6), seed=101, **fit)
+    for online in (False, True):
+        scores = lira_scores(logit_confidence(target, x, y), phi, masks, online=online)
+        assert auc(scores[members], scores[~members]) > 0.98
+        blind = lira_scores(logit_confidence(independent, x, y), phi, masks, online=online)
+        assert abs(auc(blind[members], blind[~members]) - 0.5) < 4 * null_auc_std(60, 60)
+    assert loss.shape == masks.shape
+    with pytest.raises(ValueError, match="even number"):
+        inclusion_masks(10, 3)
+
+
+def test_calibrated_and_class_conditional_loss_scores_by_hand():
+    from gossip_powersgd.privacy.lira import (calibrated_loss_scores,
+                                              class_conditional_loss_scores, lira_scores)
+
+    reference = np.array([[1.0, 4.0], [3.0, 2.0]])  # 2 models x 2 candidates
+    masks = np.array([[True, False], [False, True]])  # model 0 trained on candidate 0
+    # OUT mean: candidate 0 -> model 1's 3.0, candidate 1 -> model 0's 4.0
+    assert calibrated_loss_scores(np.array([0.5, 1.0]), reference, masks).tolist() == [2.5, 3.0]
+    # OUT losses per class: class 0 holds both candidates: OUT values 3.0 and 4.0 (mean 3.5, sd 0.5)
+    scores = class_conditional_loss_scores(np.array([3.0, 4.5]), np.array([0, 0]), reference, masks)
+    assert scores.tolist() == [1.0, -2.0]
+    # offline LiRA: (phi - mu_out) / sigma, sigma pooled; one OUT value per candidate gives no
+    # spread, so the floor 1e-12 of the variance applies and the sign is what is left to test
+    assert np.sign(lira_scores(np.array([5.0, 3.0]), reference, masks)).tolist() == [1.0, -1.0]
+
+
+# ---- least squares on the model difference ----------------------------------------------------
+
+def test_difference_estimate_is_exact_at_full_rank_and_never_beats_its_oracle(tmp_path):
+    from gossip_powersgd.privacy.estimators import difference_estimates, oracle_estimates
+
+    results, views = run_views("powergossip:rank=6,min_compression_rate=0", steps=4, tmp=tmp_path)
+    truth = dict(enumerate(results[3]["sent"]))
+    # One square factor determines D exactly: the error is float64 round-off of a 6 x 6 solve.
+    for step, estimate in difference_estimates(views[0], 3, steps=[0, 1, 2, 3], window=1).items():
+        assert relative_error(estimate, truth[step]) < 1e-10
+    results, views = run_views("powergossip:rank=1", steps=8, tmp=tmp_path / "r1")
+    truth = dict(enumerate(results[1]["sent"]))
+    steps = [3, 5, 7]
+    for window in (2, 8):
+        lsq = difference_estimates(views[0], 1, steps=steps, window=window)
+        oracle = oracle_estimates(views[0], 1, truth, steps=steps, window=window)
+        for s in steps:
+            # The least-squares D is zero exactly where the oracle drops the truth (the directions
+            # no factor measured) and the oracle is exact on the rest: an orthogonal split, so the
+            # oracle's error is a lower bound up to round-off.
+            assert relative_error(oracle[s], truth[s]) <= relative_error(lsq[s], truth[s]) + 1e-12
+    with pytest.raises(ValueError, match="forget must lie in"):
+        difference_estimates(views[0], 1, forget=0)
+    with pytest.raises(ValueError, match="PowerGossip views"):
+        difference_estimates(run_views("exact", steps=1, tmp=tmp_path / "e")[1][0], 1)
+
+
+def test_difference_estimate_of_a_static_difference_is_exact_once_the_factors_span_it(tmp_path):
+    """When the difference is constant the window's measurements are consistent: once the
+    factors span the space (8 half-steps of rank 1 for a 6 x 6 with random factors) the
+    least squares returns D exactly, wherever both models move (the observer's own history
+    removes the common motion)."""
+    from gossip_powersgd.privacy.estimators import difference_estimates
+
+    results, views = run_views("powergossip:rank=1", steps=12, tmp=tmp_path)
+    view = views[0]
+    own = view.own_trajectory()
+    shift = [torch.randn(t.shape, generator=torch.Generator().manual_seed(9), dtype=t.dtype)
+             for t in own[0]]
+    # Rewrite the recorded messages as those of a neighbour at the observer's model + shift.
+    for record in view.records:
+        for m in record["messages"]:
+            if m["sender"] != 1:
+                continue
+            neighbour = [a + b for a, b in zip(record["own"], shift)]
+            blocks = []
+            for g, (indices, rows, cols, r) in enumerate(view.meta["groups"]):
+                mats = torch.stack([neighbour[k].reshape(rows, cols) for k in indices])
+                f = m["factors"][str(g)]
+                blocks.append((mats @ f).transpose(1, 2) if m["kind"] == "right"
+                              else f.transpose(1, 2) @ mats)
+            exact = [neighbour[k].reshape(-1) for k in view.meta["exact_indices"]]
+            m["tensor"] = torch.cat([b.reshape(-1) for b in blocks] + exact)
+    last = view.steps[-1]
+    estimate = difference_estimates(view, 1, steps=[last], window=12)[last]
+    truth = [a + b for a, b in zip(own[last], shift)]
+    assert relative_error(estimate, truth) < 1e-8  # float64 solve of well-conditioned 6 x 6 sums
+
+
+# ---- the page ------------------------------------------------------------------------------------
+
+def test_the_attack_page_is_computed_from_its_rows(tmp_path, monkeypatch):
+    import json
+
+    from experiments.privacy_attacks import driver, measure
+
+    monkeypatch.setattr(driver, "QUICK_PLAN", (("powergossip:rank=1", None),))
+    monkeypatch.setattr(driver, "QUICK_SEEDS", (0,))
+    monkeypatch.setattr(driver, "network_dp", lambda: measure.network_dp(("ring:4",), (("once", 2),)))
+    assert driver.main(["--quick", "--out", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "privacy_attacks.json").read_text())
+    row = saved["rows"][0]
+    flat = row["rounds"][str(row["last"])]["flat"]
+    page = (tmp_path / "privacy_attacks.md").read_text()
+    victim = (f"| PowerGossip r1 | none | victim | {flat['auc/victim/LOSS']:.3f} | "
+              f"{flat['auc/victim/LiRA offline']:.3f} | {flat['auc/victim/LiRA online']:.3f} |")
+    assert victim in page
+    assert f"| {flat['auc/class prior']:.3f} |" in page  # the blind baseline beside the figure
+    assert "oracle: D on the span of all factors" in page and "LS on D, 64 msgs" in page
+    # the audit record: the split's held-out indices, disjoint from the members
+    split = row["split"]
+    for v in split["victims"]:
+        assert not set(split["heldout"][str(v)]) & set(split["members"][str(v)])
+    assert (tmp_path / "privacy_attacks_roc.png").exists()
+    assert not (tmp_path / "privacy_attacks.partial.json").exists()  # every row done

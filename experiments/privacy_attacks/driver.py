@@ -1,13 +1,15 @@
-"""The CLI: `python -m experiments.privacy_attacks [--quick] [--out DIR] [--epochs N]` runs every
-attacked run of the plan, then writes the page, its CSV and JSON and the plots;
-`--network-only` recomputes only the network-DP section (seconds) and re-renders the page from
-the rows already in the folder's privacy_attacks.json."""
+"""The CLI: `python -m experiments.privacy_attacks [--quick] [--out DIR] [--part nodp|dp|all]`
+runs the attacked runs of the plan (rows already in the folder's privacy_attacks.partial.json,
+from an interrupted run of the same plan, are kept), then writes the page, its JSON and the ROC
+plot; `--network-only` recomputes only the network-DP section (seconds) from the rows already in
+the folder's privacy_attacks.json."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
+import os
 import shlex
 import sys
 import time
@@ -17,128 +19,168 @@ from typing import Any, Dict, List, Optional
 from gossip_powersgd.utils import atomic_write, check_writable_dir, git_commit, one_line
 
 from . import report
-from .measure import ALGORITHMS, QUICK_SETTING, SETTING, attacked_run, network_dp
+from .measure import ALGORITHMS, QUICK_SETTING, REFERENCES, SETTING, attacked_run, network_dp
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The default output folder: under runs/ (git-ignored); the committed page is written only by an
 #: explicit `--out experiments/results`.
 DEFAULT_OUT = ROOT / "runs" / "privacy-attacks"
-#: (topology, private) of the runs, every algorithm each. DP-SGD (Opacus' per-example gradients)
-#: makes a run ~4x slower, so the second topology runs without DP only, to fit ~20 min on 2 cores.
-PLAN = (("ring:8", False), ("ring:8", True), ("exponential:8", False))
-QUICK_PLAN = (("ring:4", False), ("ring:4", True))
-PRIVATE_NOTE = "on ring:8 only (DP-SGD makes a run ~4x slower; exponential:8 runs without DP)."
+SEEDS = (0, 1, 2)
+QUICK_SEEDS = (0, 1)
+#: (spec, target epsilon or None): every algorithm without DP; DP (a run costs 3-6 min on the
+#: shared machine) for exact gossip and PowerGossip r1 at epsilon 8.
+PLAN = tuple((spec, None) for _, spec in ALGORITHMS) + (("exact", 8.0), ("powergossip:rank=1", 8.0))
+QUICK_PLAN = (("exact", None), ("powergossip:rank=1", None), ("exact", 8.0))
+SCALE_NOTE = ("every algorithm without DP, exact gossip and PowerGossip r1 at target ε = 8, three "
+              "seeds each.")
+NOT_REACHED = (
+    "Useful accuracy under DP: in the regimes the shared machine could afford, exact gossip at "
+    "ε = 8 stays far below its non-private accuracy (privacy_dp_sweep.md, 2000 samples per peer); "
+    "the private rows here (500 members per victim) are further from it, so they show leakage at "
+    "an accuracy no one would deploy, not a privacy–utility trade-off.",
+    "PowerGossip r4 and Choco sign under DP, and target ε ∈ {1, 3}, were not run (time on the "
+    "shared machine): the TPR-at-chance answer rests on ε = 8 and ∞ only.",
+    "Online LiRA uses 8 reference models (4 IN, 4 OUT per candidate), far fewer than the 64+ of "
+    "Carlini et al.; its AUC here is a lower bound on what LiRA can do.")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m experiments.privacy_attacks",
                                      description="Measure what an honest-but-curious neighbour "
                                                  "learns, and write the results page.")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny problem (synthetic data, ring:4, 2 epochs), seconds")
+    parser.add_argument("--quick", action="store_true", help="tiny problem (synthetic data, ring:4)")
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default runs/privacy-attacks, or runs/privacy-attacks-quick "
                              "with --quick; the committed page: --out experiments/results)")
-    parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default 25)")
+    parser.add_argument("--part", choices=("nodp", "dp", "all"), default="all",
+                        help="run only the non-private or only the private rows (the page is "
+                             "written from every row the folder's partial file holds)")
+    parser.add_argument("--render-only", action="store_true",
+                        help="run nothing: write the page from the rows the folder's partial "
+                             "files hold")
     parser.add_argument("--network-only", action="store_true",
-                        help="recompute only the network-DP section and its heat maps; the runs' "
-                             "rows come from the folder's privacy_attacks.json, unchanged")
+                        help="recompute only the network-DP section from privacy_attacks.json")
     return parser
 
 
 def _log(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    print(f"[privacy-attacks {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
-def measure_all(plan, epochs: int, quick: bool) -> List[Dict[str, Any]]:
-    """Every (topology, private, algorithm) run; a failing run becomes a row saying so."""
-    rows = []
-    sigmas: Dict[str, float] = {}  # per topology: the σ of the target ε, found by its first private run
-    for topology, private in plan:
-        for name, spec in ALGORITHMS:
-            _log(f"{topology} {name} DP {'on' if private else 'off'}")
-            try:
-                row = attacked_run(topology, spec, private, epochs, quick,
-                                   sigma=sigmas.get(topology) if private else None)
-                if private:
-                    sigmas.setdefault(topology, row["sigma"])
-            except Exception as exc:  # one failed run is a row of the page, not a lost page
-                row = dict(topology=topology, spec=spec, private=private, failure=one_line(exc, 160))
-                _log(f"  FAILED: {row['failure']}")
-            else:
-                _log(f"  AUC v/r/o/a {row['auc_victim']:.3f}/{row['auc_reconstruction']:.3f}/"
-                     f"{row['auc_observer']:.3f}/{row['auc_average']:.3f}  "
-                     f"{row['run_seconds']:.0f} s")
-            rows.append(row)
-    return rows
+def _key(spec, target, seed) -> str:
+    return f"{spec}|{target}|{seed}"
+
+
+def measure_all(plan_rows, seeds, setting, references, part, saved, save) -> None:
+    """Every (spec, target, seed) of the plan not yet in `saved["rows"]`; `save()` after each."""
+    started = time.perf_counter()
+    refs: Dict[int, Any] = {}
+    # Exact gossip and PowerGossip r1 first, seed by seed (the page's answers compare them), then
+    # the rest seed by seed: a run takes minutes on the shared machine.
+    first = [(s, t) for s, t in plan_rows if s in ("exact", "powergossip:rank=1")]
+    order = [(s, t, seed) for group in (first, [r for r in plan_rows if r not in first])
+             for seed in seeds for s, t in group]
+    for spec, target, seed in order:
+        if (part == "nodp" and target is not None) or (part == "dp" and target is None):
+            continue
+        key = _key(spec, target, seed)
+        if key in saved["rows"] and "failure" not in saved["rows"][key]:
+            continue
+        _log(f"{spec} target ε {target} seed {seed}")
+        try:
+            row = attacked_run(spec, target, seed, setting, refs, references)
+        except Exception as exc:  # one failed run is a row of the page, not a lost page
+            row = dict(spec=spec, target=target, seed=seed, failure=one_line(exc, 200))
+            _log(f"  FAILED: {row['failure']}")
+        else:
+            flat = row["rounds"][str(row["last"])]["flat"]
+            _log(f"  acc {row['acc_avg']:.3f} victim LiRA AUC "
+                 f"{flat['auc/victim/LiRA offline']:.3f} {row['run_seconds']:.0f} s")
+        row["commit"] = git_commit()
+        row["load"] = os.getloadavg()[0]
+        saved["rows"][key] = row
+        saved["seconds"] = saved.get("seconds", 0.0) + time.perf_counter() - started
+        started = time.perf_counter()
+        save()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run the plan and write privacy_attacks.{md,csv,json} and the PNGs; returns the exit code."""
-    from gossip_powersgd.privacy import DEFAULT_WINDOW
-
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    if args.epochs is not None and args.epochs < 1:
-        raise SystemExit("error: --epochs must be >= 1")
     out = args.out or (ROOT / "runs" / "privacy-attacks-quick" if args.quick else DEFAULT_OUT)
-    try:  # now, not after the runs (minutes of them) when the page is written
+    try:
         check_writable_dir(out, "choose a writable --out")
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
-    epochs = args.epochs or (2 if args.quick else 25)
     command = " ".join(["python -m experiments.privacy_attacks", *map(shlex.quote, argv)])
     if args.network_only:
-        return network_only(out, args.quick, command)
-    started = time.perf_counter()
-    rows = measure_all(QUICK_PLAN if args.quick else PLAN, epochs, args.quick)
+        return network_only(out, command)
+    setting = QUICK_SETTING if args.quick else SETTING
+    plan_rows = QUICK_PLAN if args.quick else PLAN
+    seeds = QUICK_SEEDS if args.quick else SEEDS
+    references = 4 if args.quick else REFERENCES
+    # One partial file per --part, so that a non-private and a private process can run at once.
+    partial = out / ("privacy_attacks.partial.json" if args.part != "dp"
+                     else "privacy_attacks.partial-dp.json")
+    saved = json.loads(partial.read_text()) if partial.exists() else {"rows": {}, "seconds": 0.0}
+    if not args.render_only:
+        measure_all(plan_rows, seeds, setting, references, args.part, saved,
+                    lambda: atomic_write(partial, json.dumps(saved) + "\n"))
+    partials = sorted(out.glob("privacy_attacks.partial*.json"))
+    for other in partials:
+        if other != partial:
+            more = json.loads(other.read_text())
+            saved["rows"].update(more["rows"])
+            saved["seconds"] = saved.get("seconds", 0.0) + more.get("seconds", 0.0)
+    rows = [saved["rows"][_key(s, t, seed)] for s, t in plan_rows for seed in seeds
+            if _key(s, t, seed) in saved["rows"]]
+    missing = [_key(s, t, seed) for s, t in plan_rows for seed in seeds
+               if _key(s, t, seed) not in saved["rows"]]
     network = network_dp()
-    report.plot_errors(rows, out / report.ERROR_PNG)
-    report.plot_auc(rows, out / report.AUC_PNG)
     report.plot_network(network, out / report.HEATMAP_PNG)
-    seconds = time.perf_counter() - started
+    report.plot_roc(rows, out / report.ROC_PNG)
+    ok = [r for r in rows if "failure" not in r]
+    plan = {"setting": setting, "seeds": len(seeds), "references": references,
+            "members": ok[0]["members"] if ok else 0,
+            "per_peer": len(ok[0]["split"]["members"]["0"]) if ok else 0,
+            "nonmembers": ok[0]["nonmembers"] if ok else 0,
+            "scale_note": SCALE_NOTE if not args.quick else "--quick: a smoke test, not a result.",
+            "not_reached": list(NOT_REACHED if not args.quick else ())
+            + [f"run missing: {m}" for m in missing]
+            + [f"run failed: {r['spec']} ε {r['target']} seed {r['seed']}: {r['failure']}"
+               for r in rows if "failure" in r]}
+    seconds = saved.get("seconds", 0.0)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    generated = f"Generated by `{command}` on {date} in {seconds:.0f} s (commit {git_commit()})."
-    plan = {"setting": QUICK_SETTING if args.quick else SETTING, "epochs": epochs,
-            "window": DEFAULT_WINDOW,
-            "private_note": "on ring:4." if args.quick else PRIVATE_NOTE}
+    generated = (f"Generated by `{command}` (the runs, resumable, in {seconds:.0f} s in all) on "
+                 f"{date} (commit {git_commit()}).")
     atomic_write(out / "privacy_attacks.md", report.page(rows, network, plan, generated))
-    atomic_write(out / "privacy_attacks.csv", report.rows_csv(rows))
     atomic_write(out / "privacy_attacks.json", json.dumps(
-        {"generated": generated, "plan": plan, "rows": rows, "network_dp": network},
-        indent=1) + "\n")
-    _log(f"wrote {out / 'privacy_attacks.md'} ({seconds:.0f} s)")
+        {"generated": generated, "plan": plan, "rows": rows, "network_dp": network}) + "\n")
+    if not missing:
+        for other in partials:
+            other.unlink()
+    _log(f"wrote {out / 'privacy_attacks.md'}")
     return 0 if all("failure" not in r for r in rows) else 1
 
 
-def _stamp(command: str, seconds: float) -> str:
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return f"`{command}` on {date} in {seconds:.0f} s (commit {git_commit()})"
-
-
-def network_only(out: Path, quick: bool, command: str) -> int:
-    """Recompute the network-DP section and its heat maps; the runs, their CSV and their plots stay
-    as the JSON's run made them (its plan, or for a JSON written before plans were stored, today's
-    setting with the rows' epochs)."""
-    from gossip_powersgd.privacy import DEFAULT_WINDOW
-
+def network_only(out: Path, command: str) -> int:
+    """Recompute the network-DP section and its heat maps; the rows stay as the JSON has them."""
     source = out / "privacy_attacks.json"
     if not source.exists():
         raise SystemExit(f"error: --network-only needs the rows of a previous run in {source}; "
                          "run without --network-only first")
     saved = json.loads(source.read_text())
-    rows = saved["rows"]
-    plan = saved.get("plan") or {
-        "setting": QUICK_SETTING if quick else SETTING, "window": DEFAULT_WINDOW,
-        "epochs": next((r["epochs"] for r in rows if "epochs" in r), None),
-        "private_note": "on ring:4." if quick else PRIVATE_NOTE}
+    plan = saved.get("plan") or {  # a JSON written before plans were stored
+        "setting": SETTING, "seeds": len(SEEDS), "references": REFERENCES, "members": 0,
+        "nonmembers": 0, "per_peer": 0, "scale_note": "", "not_reached": []}
     started = time.perf_counter()
     network = network_dp()
     report.plot_network(network, out / report.HEATMAP_PNG)
-    network["generated"] = f"Section made by {_stamp(command, time.perf_counter() - started)}."
-    atomic_write(out / "privacy_attacks.md", report.page(rows, network, plan, saved["generated"]))
-    atomic_write(out / "privacy_attacks.json", json.dumps(
-        {"generated": saved["generated"], "plan": plan, "rows": rows, "network_dp": network},
-        indent=1) + "\n")
-    _log(f"wrote the network-DP section of {out / 'privacy_attacks.md'}")
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    network["generated"] = (f"Section made by `{command}` on {date} in "
+                            f"{time.perf_counter() - started:.0f} s (commit {git_commit()}).")
+    atomic_write(out / "privacy_attacks.md",
+                 report.page(saved["rows"], network, plan, saved["generated"]))
+    atomic_write(out / "privacy_attacks.json",
+                 json.dumps(dict(saved, plan=plan, network_dp=network)) + "\n")
     return 0

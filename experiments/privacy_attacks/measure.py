@@ -1,152 +1,220 @@
-"""One attacked run: train with an observer and its victim recording their views, then measure what
-the observer learns of the victim (reconstruction error over time, LOSS membership inference with
-four models) and what the run sent; and the pairwise network-DP matrices of noisy exact gossip."""
+"""One attacked run under the membership protocol: split the victims' shards (members and
+held-out records no peer trains on), train with the observer recording its view, then measure
+what the observer learns of its two neighbours (the victims): reconstructions of their models
+(read off, public copy, least squares on the model difference, its drift-aware variant, the
+oracle ceiling) judged by the attacks through them, prediction agreement and L2 error, at several
+rounds; and the pairwise network-DP matrices of noisy exact gossip."""
 
 from __future__ import annotations
 
 import math
-import shutil
-import tempfile
 import time
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
 from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
 
-#: The setting, chosen so that the attack has signal: small Dirichlet(0.5) shards of MNIST-1D
-#: (1600 training samples over 8 peers, ~200 each), an MLP with 23k parameters (over-
-#: parameterised for its shard) trained long enough to fit its shard, no weight decay.
-SETTING = dict(dataset="mnist1d:num_samples=2000", partition="dirichlet:0.5", model="mlp:128,128",
-               optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=0.0, batch_size=32, seed=0,
-               backend="local", quiet=True, log_every=0, checkpoint_every=0, threads=1,
-               comm_timeout=600.0)
-#: --quick: seconds, for tests and smoke checks.
-QUICK_SETTING = dict(SETTING, dataset="synthetic_logreg:d=20,classes=4,n=400", model="mlp:32",
-                     partition="iid", lr=0.2, momentum=0.0)
-#: (label, spec). Choco sign's γ = 1.0 is what the training page's sweep chose on ring:8
-#: (experiments/results/training.md; the privacy page uses the same).
+#: mnist1d generates any number of samples: 8000 training samples, 1000 per peer on ring:8; each
+#: victim trains on 500 and holds 500 out, so a run has 1000 members and 1000 non-members (pooled
+#: over the two victims): TPR at 0.1 % FPR allows 1 non-member above the threshold. Sized for the
+#: shared 2-core machine at load 10-19 (a 2000-per-peer run took > 8 min there; 10 epochs
+#: reached only 65 %).
+SETTING = dict(dataset="mnist1d:num_samples=10000", partition="iid", model="cnn1d",
+               optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=0.0, warmup_epochs=1,
+               schedule="cosine", batch_size=32, epochs=20, backend="local", quiet=True,
+               log_every=0, checkpoint_every=0, threads=1, comm_timeout=900.0,
+               topology="ring:8")
+QUICK_SETTING = dict(SETTING, dataset="synthetic_logreg:d=20,classes=4,n=1200", model="mlp:32",
+                     lr=0.2, momentum=0.0, topology="ring:4", epochs=2, warmup_epochs=0,
+                     dp=dict(batch_size=32, lr=0.2, dp_max_grad_norm=1.0, dp_delta=1e-5, epochs=2))
+#: Private runs at a target epsilon: larger batches than the non-private recipe (DP's noise per
+#: coordinate is sigma C / batch), a higher lr for clipped gradients, clip C = 1; at this scale
+#: (500 members per victim) not the regime of privacy_dp_sweep.md, which needs more data.
+DP = dict(batch_size=128, lr=0.5, dp_max_grad_norm=1.0, dp_delta=1e-5,
+          release_peer_statistics=True, epochs=20)
 ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1"),
               ("PowerGossip r4", "powergossip:rank=4"), ("Choco sign", "choco:compressor=sign,gamma=1.0"))
-#: The observer, and the neighbour it attacks (a neighbour of 0 on every topology used here).
-OBSERVER, VICTIM = 0, 1
-#: The one ε of the private runs (DP-SGD on every peer, target ε at δ, clip norm C).
-#: The experimenter plays every peer and reports the victim's epsilon, so the peers' figures are
-#: released to it (release_peer_statistics); the noise and masks stay secret per peer.
-DP = dict(dp_target_epsilon=8.0, dp_delta=1e-5, dp_max_grad_norm=1.0, release_peer_statistics=True)
-#: The membership-inference models, as the page names them.
-MODELS = (("victim", "(a) victim's true model"), ("reconstruction", "(b) observer's reconstruction"),
-          ("observer", "(c) observer's own model"), ("average", "(d) average of all models"))
+#: The observer, and its two neighbours on a ring, the victims.
+OBSERVER = 0
+#: The held-out share of each victim's shard.
+FRACTION = 0.5
+#: LiRA's reference models per seed (each candidate in half of them).
+REFERENCES = 8
+#: The rounds the attacks run at, as fractions of the run.
+ROUNDS = (0.25, 0.5, 0.75, 1.0)
+#: Least squares on D: (name, window in messages, forgetting factor).
+ESTIMATORS = (("LS on D, 64 msgs", 64, 1.0), ("LS on D drift-aware, 256 msgs, forget 0.97", 256, 0.97))
 
 
-class LastModels(TrainingHooks):
-    """Keeps this peer's parameters as they are when the last step's gossip starts: the same
-    instant as the last recorded `own` of a view (no algorithm changes its parameters before a
-    step's first exchange)."""
+class Snapshots(TrainingHooks):
+    """This peer's parameters when the chosen steps' gossip starts (the instant of a view's
+    `own`: no algorithm changes the parameters before a step's first exchange)."""
 
-    name = "last_models"
+    name = "snapshots"
 
-    def __init__(self):
+    def __init__(self, fractions: Sequence[float]):
+        self.fractions = fractions
         self.context: Optional[SetupContext] = None
-        self.total_steps = 0
-        self.parameters: List[torch.Tensor] = []
+        self.steps: List[int] = []
+        self.parameters: Dict[int, List[torch.Tensor]] = {}
 
     def setup(self, context: SetupContext) -> None:
-        self.context = context  # read at the end: a later hook may replace the algorithm
-        self.total_steps = context.config.epochs * context.steps_per_epoch
+        self.context = context
+        total = context.config.epochs * context.steps_per_epoch
+        self.steps = sorted({max(0, round(f * total) - 1) for f in self.fractions})
 
     def after_optimizer_step(self, step: int) -> None:
-        if step == self.total_steps - 1:
-            self.parameters = [p.detach().cpu().clone() for p in self.context.algorithm.params]
+        if step in self.steps:
+            self.parameters[step] = [p.detach().cpu().clone() for p in self.context.algorithm.params]
 
 
-def _peer(comm, config, keeper: Dict[int, LastModels]):
+def victims(topology: str) -> List[int]:
+    import topologies
+
+    return sorted(int(j) for j in topologies.parse(topology).neighbors(OBSERVER))
+
+
+def make_split(setting: Dict[str, Any], seed: int):
+    from gossip_powersgd.privacy.heldout import make_split as split_of
+
+    peers = __import__("topologies").parse(setting["topology"]).size
+    return split_of(setting["dataset"], peers, setting["partition"], seed=0,
+                    victims=victims(setting["topology"]), fraction=FRACTION, split_seed=seed)
+
+
+def _peer(comm, config, hooks):
+    from gossip_powersgd.privacy.views import ObserverHooks
     from gossip_powersgd.training.trainer import train
 
-    hook = keeper[comm.rank] = LastModels()
-    return train(comm, config, hooks=[hook])
+    mine = hooks[comm.rank] = {"observer": ObserverHooks([OBSERVER]), "snap": Snapshots(ROUNDS)}
+    return train(comm, config, hooks=[mine["observer"], mine["snap"]])
 
 
-def attacked_run(topology: str, spec: str, private: bool, epochs: int, quick: bool = False,
-                 window: Optional[int] = None, sigma: Optional[float] = None) -> Dict[str, Any]:
-    """Train `spec` on `topology` with OBSERVER and VICTIM recording (every step), and measure the
-    attack; the views live in a temporary folder, removed afterwards. `window`: PowerGossip's
-    least-squares window (default `reconstruction.DEFAULT_WINDOW`). `sigma`: a private run's noise
-    multiplier, when a run of the same shards and steps already found the one of DP's target ε
-    (the search for it costs more than a small run)."""
-    from gossip_powersgd.launch import run_peers
-    from gossip_powersgd.privacy import (DEFAULT_WINDOW, load_view, observed_dir, reconstruct,
-                                         reconstruction_errors)
-    from gossip_powersgd.training.config import config_from_dict, resolve_topology
-
-    torch.set_num_threads(1)
-    folder = Path(tempfile.mkdtemp(prefix="privacy-attacks-"))
-    try:
-        data = dict(QUICK_SETTING if quick else SETTING, topology=topology, algorithm=spec,
-                    epochs=epochs, eval_every=epochs, observers=[OBSERVER, VICTIM],
-                    observe_every=1, out_dir=str(folder / "run"))
-        if private:
-            data.update(DP)
-            if sigma is not None:
-                del data["dp_target_epsilon"]
-                data["dp_noise_multiplier"] = sigma
-        config = config_from_dict(data)
-        config = config.replace(peers=resolve_topology(config).size)
-        keeper: Dict[int, LastModels] = {}
-        started = time.perf_counter()
-        summaries = run_peers(resolve_topology(config), _peer, config, keeper, backend="local",
-                              timeout=config.comm_timeout)
-        seconds = time.perf_counter() - started
-        summary = summaries[0]
-        observer = load_view(observed_dir(config.out_dir, OBSERVER))
-        victim = load_view(observed_dir(config.out_dir, VICTIM))
-        errors = reconstruction_errors(observer, VICTIM, victim.own_trajectory(),
-                                       window or DEFAULT_WINDOW)
-        last = errors["steps"][-1]
-        parameters = {"victim": victim.own_trajectory()[last],
-                      "reconstruction": reconstruct(observer, VICTIM, window or DEFAULT_WINDOW)[last],
-                      "observer": observer.own_trajectory()[last],
-                      "average": [torch.stack(ts).mean(0) for ts in
-                                  zip(*(keeper[k].parameters for k in sorted(keeper)))]}
-        attack = membership(config, parameters)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    epsilons = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
-    return {
-        "topology": topology, "spec": spec, "private": private, "epochs": epochs,
-        "steps": summary["steps"], "parameters": summary["parameters"],
-        "mb_sent_per_peer": summary["mb_sent_per_peer"],
-        "observed_mb": summary["observed_bytes"][OBSERVER] / 1e6,
-        "acc_avg": summary["final_test_acc_avg_model"],
-        "acc_local_mean": summary["final_test_acc_local_mean"],
-        "train_loss": summary["final_train_loss"], "eps_max": max(epsilons),
-        "sigma": summary.get("noise_multiplier"),
-        "error_steps": errors["steps"], "error": errors["estimate"], "error_trivial": errors["trivial"],
-        "final_error": errors["estimate"][-1], "final_error_trivial": errors["trivial"][-1],
-        "members": attack.pop("members"), **attack, "run_seconds": seconds,
-    }
-
-
-def membership(config, parameters: Dict[str, Sequence[torch.Tensor]]) -> Dict[str, Any]:
-    """LOSS-attack AUC and TPR at 1 % FPR on VICTIM's shard, with each model in `parameters`."""
-    from gossip_powersgd.privacy import (membership_inference, membership_samples,
-                                         model_with_parameters, null_auc_std)
-    from gossip_powersgd.training.data import load_dataset
+def _model(config, dataset_like, parameters):
+    from gossip_powersgd.privacy.membership import model_with_parameters
     from gossip_powersgd.training.models import build_model
 
-    dataset = load_dataset(config.dataset, config.seed)
-    members, nonmembers = membership_samples(dataset, VICTIM, config.peers, config.partition,
-                                             config.seed)
-    model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.seed)
-    models = {name: model_with_parameters(model, values) for name, values in parameters.items()}
-    report = membership_inference(models, members, nonmembers)
-    out: Dict[str, Any] = {"members": len(members[0]),
-                           "auc_null_std": null_auc_std(len(members[0]), len(nonmembers[0]))}
-    for name, values in report.items():
-        out[f"auc_{name}"] = values["auc"]
-        out[f"tpr_{name}"] = values["tpr_at_fpr"]
-    return out
+    model = build_model(config.model, dataset_like.input_shape, dataset_like.num_classes, 0)
+    return model_with_parameters(model, parameters)
+
+
+def attacked_run(spec: str, target: Optional[float], seed: int, setting: Dict[str, Any],
+                 refs_cache: Dict[int, Any], references: int = REFERENCES) -> Dict[str, Any]:
+    """Train `spec` with the seed's split (DP at `target` epsilon, or none), attack, measure."""
+    from gossip_powersgd.launch import run_peers
+    from gossip_powersgd.privacy.estimators import (difference_estimates, oracle_estimates,
+                                                    prediction_agreement)
+    from gossip_powersgd.privacy.reconstruction import reconstruct, relative_error
+    from gossip_powersgd.privacy.views import ObservedView
+    from gossip_powersgd.training.config import config_from_dict, resolve_topology
+    from gossip_powersgd.training.models import build_model
+
+    from .attacks import Candidates, References, evaluate, flat, per_class
+
+    torch.set_num_threads(1)
+    split = make_split(setting, seed)
+    data = {k: v for k, v in setting.items() if k != "dp"}
+    data.update(dataset=split.spec(), partition="local", seed=seed, algorithm=spec,
+                out_dir=None, release_peer_statistics=True)
+    if target is not None:
+        data.update(setting.get("dp", DP), dp_target_epsilon=target)
+    data["eval_every"] = data["epochs"]
+    config = config_from_dict(data)
+    topology = resolve_topology(config)
+    config = config.replace(peers=topology.size)
+    hooks: Dict[int, Dict[str, Any]] = {}
+    started = time.perf_counter()
+    summary = run_peers(topology, _peer, config, hooks, backend="local",
+                        timeout=config.comm_timeout)[0]
+    seconds = time.perf_counter() - started
+    base = split.data()
+    recorder = hooks[OBSERVER]["observer"].recorder
+    view = ObservedView(recorder.meta, recorder.records)
+    snaps = {k: h["snap"].parameters for k, h in hooks.items()}
+    steps = hooks[OBSERVER]["snap"].steps
+    last = steps[-1]
+    candidates = Candidates.of(split)
+    if seed not in refs_cache:
+        recipe = dict(epochs=setting["epochs"], lr=setting["lr"], batch=setting["batch_size"],
+                      momentum=setting["momentum"])
+        refs_cache[seed] = References.build(
+            split, candidates, OBSERVER,
+            lambda: build_model(setting["model"], base.input_shape, base.num_classes, 0),
+            references, recipe, seed)
+    refs = refs_cache[seed]
+
+    moving = {v: reconstruct(view, v, window=4) for v in split.victims}  # every step at once
+
+    def estimates(step: int) -> Dict[str, Dict[int, list]]:
+        """Per estimator, per victim, the parameters at `step`."""
+        out: Dict[str, Dict[int, list]] = {}
+        for v in split.victims:
+            if view.meta["algorithm"] == "powergossip":
+                out.setdefault("moving M, 4 msgs (reconstruction.py)", {})[v] = moving[v][step]
+                for name, window, forget in ESTIMATORS:
+                    out.setdefault(name, {})[v] = difference_estimates(
+                        view, v, [step], window=window, forget=forget)[step]
+                out.setdefault("oracle: D on the span of all factors", {})[v] = oracle_estimates(
+                    view, v, {step: snaps[v][step]}, [step], window=10 ** 9)[step]
+            else:
+                out.setdefault("read off / public copy", {})[v] = moving[v][step]
+        return out
+
+    def pooled(per_victim: Dict[int, torch.nn.Module]) -> Dict[int, torch.nn.Module]:
+        return per_victim  # each victim's candidates are scored with that victim's model
+
+    x_test = base.x_test
+    row: Dict[str, Any] = {"rounds": {}}
+    for step in steps:
+        est = estimates(step)
+        models = {"victim": pooled({v: _model(config, base, snaps[v][step]) for v in split.victims})}
+        for name, per in est.items():
+            models[name] = pooled({v: _model(config, base, per[v]) for v in split.victims})
+        if step == last:
+            models["observer's own"] = pooled({v: _model(config, base, snaps[OBSERVER][step])
+                                               for v in split.victims})
+            average = [torch.stack(ts).mean(0) for ts in zip(*(snaps[k][step] for k in snaps))]
+            models["average of all"] = pooled({v: _model(config, base, average)
+                                               for v in split.victims})
+        evaluation = evaluate(models, candidates, refs, split,
+                              roc_models=[n for n in models if step == last])
+        quality = {}
+        for name, per in est.items():
+            quality[name] = {
+                "l2": sum(relative_error(per[v], snaps[v][step]) for v in split.victims)
+                / len(split.victims),
+                "agreement": sum(prediction_agreement(_model(config, base, per[v]),
+                                                      _model(config, base, snaps[v][step]), x_test)
+                                 for v in split.victims) / len(split.victims)}
+        quality["observer's own"] = {
+            "l2": sum(relative_error(snaps[OBSERVER][step], snaps[v][step]) for v in split.victims)
+            / len(split.victims),
+            "agreement": sum(prediction_agreement(_model(config, base, snaps[OBSERVER][step]),
+                                                  _model(config, base, snaps[v][step]), x_test)
+                             for v in split.victims) / len(split.victims)}
+        entry = {"flat": flat(evaluation), "quality": quality}
+        if step == last:
+            entry["evaluation"] = evaluation
+            entry["per_class_victim"] = per_class(evaluation, "victim")
+        row["rounds"][str(step)] = entry
+    epsilons = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
+    victim_acc = []
+    for v in split.victims:
+        model = _model(config, base, snaps[v][last])
+        with torch.no_grad():
+            victim_acc.append(float((model(x_test).argmax(1) == base.y_test).double().mean()))
+    row.update(spec=spec, target=target, seed=seed, steps=summary["steps"], last=last,
+               round_steps=steps, epochs=config.epochs, batch=config.batch_size, lr=config.lr,
+               acc_avg=summary["final_test_acc_avg_model"], acc_victim=sum(victim_acc) / len(victim_acc),
+               consensus=summary.get("final_consensus_distance"),
+               eps_victims=[epsilons[v] for v in split.victims] if len(epsilons) > 1 else None,
+               eps_max=max(epsilons), sigma=summary.get("noise_multiplier"),
+               mb_sent_per_peer=summary["mb_sent_per_peer"],
+               observed_mb=recorder.bytes_recorded / 1e6, run_seconds=seconds,
+               reference_cpu_seconds=refs.seconds, split=split.record(),
+               members=int(candidates.member.sum()), nonmembers=int((~candidates.member).sum()))
+    return row
 
 
 #: The network-DP comparison: three 16-peer topologies at one sigma and delta (sensitivity 1), in

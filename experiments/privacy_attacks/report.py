@@ -1,71 +1,278 @@
-"""The privacy-attacks page from measured rows: markdown tables, CSV, JSON and three PNG plots
-(reconstruction error over time, membership AUC against MB sent, network-DP heat maps)."""
+"""The privacy-attacks page from measured rows: tables of leakage (mean ± sd over seeds) with the
+blind baselines and the null band beside every figure, reconstructions judged by the attacks
+through them, attacks over rounds, per-class AUC, a log-scale ROC plot; and the network-DP
+section (heat maps)."""
 
 from __future__ import annotations
 
-import csv
-import io
 import math
+import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
-from .measure import ALGORITHMS, DP, MODELS, OBSERVER, VICTIM
+from .attacks import ATTACKS
+from .measure import ALGORITHMS, DP, OBSERVER
 
-ERROR_PNG = "privacy_attacks_reconstruction.png"
-AUC_PNG = "privacy_attacks_auc_vs_mb.png"
+ROC_PNG = "privacy_attacks_roc.png"
 HEATMAP_PNG = "privacy_attacks_network_dp.png"
+#: The attack the headline columns use (the strongest here on average; every attack is in the JSON).
+HEADLINE = "LiRA offline"
 
 
 def label(spec: str) -> str:
     return dict((s, name) for name, s in ALGORITHMS).get(spec, spec)
 
 
-def _dp_text(row: Dict[str, Any]) -> str:
-    return f"ε = {row['eps_max']:.3g} (σ = {row['sigma']:.3g})" if row["private"] else "none"
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
-def _num(value, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{value:.{digits}f}"
-
-
-def runs_table(rows: Sequence[Dict[str, Any]]) -> str:
-    lines = ["| topology | algorithm | DP | MB sent / peer | MB recorded by observer | "
-             "averaged-model acc | training loss | reconstruction error (final) | "
-             "trivial error (final) | " + " | ".join(f"AUC {title}" for _, title in MODELS) + " | "
-             + " | ".join(f"TPR@1%FPR {name[:1]}" for name, _ in MODELS) + " |",
-             "|---" * (9 + 2 * len(MODELS)) + "|"]
+def groups(rows: Sequence[Dict[str, Any]]) -> List[List[Dict[str, Any]]]:
+    """Rows of the same (algorithm, target epsilon), in plan order."""
+    out: Dict[tuple, List[Dict[str, Any]]] = {}
     for r in rows:
-        if "failure" in r:
-            lines.append(f"| {r['topology']} | {label(r['spec'])} | {'ε' if r['private'] else 'none'}"
-                         f" | FAILED: {r['failure']} |")
-            continue
-        aucs = " | ".join(_num(r[f"auc_{name}"]) for name, _ in MODELS)
-        tprs = " | ".join(_num(r[f"tpr_{name}"]) for name, _ in MODELS)
-        lines.append(f"| {r['topology']} | {label(r['spec'])} | {_dp_text(r)} | "
-                     f"{r['mb_sent_per_peer']:.3f} | {r['observed_mb']:.3f} | "
-                     f"{100 * r['acc_avg']:.2f} % | {r['train_loss']:.3f} | {_num(r['final_error'], 4)}"
-                     f" | {_num(r['final_error_trivial'], 4)} | {aucs} | {tprs} |")
+        if "failure" not in r:
+            out.setdefault((r["spec"], r["target"]), []).append(r)
+    return list(out.values())
+
+
+def _stat(values: Sequence[float], digits: int = 3, pct: bool = False) -> str:
+    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not values:
+        return "n/a"
+    scale = 100 if pct else 1
+    mean = statistics.fmean(values) * scale
+    if len(values) == 1:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {statistics.stdev(values) * scale:.{digits}f}"
+
+
+def _last(r: Dict[str, Any]) -> Dict[str, Any]:
+    return r["rounds"][str(r["last"])]
+
+
+def _dp(group: Sequence[Dict[str, Any]]) -> str:
+    r = group[0]
+    if r["target"] is None:
+        return "none"
+    eps = [e for g in group for e in (g["eps_victims"] or [g["eps_max"]])]
+    span = f"{min(eps):.3g}" if f"{min(eps):.3g}" == f"{max(eps):.3g}" else \
+        f"{min(eps):.3g}–{max(eps):.3g}"
+    return f"ε = {span} (victims' own; target {r['target']:g})"
+
+
+def _reconstructions(r: Dict[str, Any]) -> List[str]:
+    return [k for k in _last(r)["quality"] if k != "observer's own"]
+
+
+def _strongest(group: Sequence[Dict[str, Any]]) -> str:
+    """The observer's estimator with the highest mean headline AUC (the oracle excluded: it uses
+    the truth)."""
+    names = [n for n in _reconstructions(group[0]) if not n.startswith("oracle")]
+    return max(names, key=lambda n: statistics.fmean(
+        _last(r)["flat"][f"auc/{n}/{HEADLINE}"] for r in group))
+
+
+_BANDS: Dict[tuple, Dict[str, list]] = {}
+_PRIORS: Dict[tuple, Dict[str, Any]] = {}
+
+
+def band_of(members: int, nonmembers: int) -> Dict[str, list]:
+    """The permutation null band (`membership.null_band`) of a continuous score (no ties) for
+    these counts: it depends on the counts only, so it is computed once from Gaussian scores."""
+    import numpy as np
+
+    from gossip_powersgd.privacy.membership import null_band
+
+    key = (members, nonmembers)
+    if key not in _BANDS:
+        rng = np.random.default_rng(0)
+        _BANDS[key] = null_band(rng.standard_normal(members), rng.standard_normal(nonmembers),
+                                permutations=400)
+    return _BANDS[key]
+
+
+def class_prior(r: Dict[str, Any]) -> Dict[str, Any]:
+    """The blind class-prior score of the row's candidates: each label's frequency in the
+    victims' whole shards (members and held-out alike: with as many of each, its AUC is 1/2 in
+    expectation, where frequencies fitted on the members alone favour them)."""
+    import numpy as np
+
+    from gossip_powersgd.privacy.membership import attack_report, class_prior_scores
+    from gossip_powersgd.training.data import load_dataset
+
+    split = r["split"]
+    key = (split["dataset"], split["seed"], split["split_seed"], tuple(split["victims"]))
+    if key in _PRIORS:
+        return _PRIORS[key]
+    y = load_dataset(split["dataset"], split["seed"]).y_train.numpy()
+    member, labels = [], []
+    for v in split["victims"]:
+        for inside in (True, False):
+            index = split["members" if inside else "heldout"][str(v)]
+            member += [inside] * len(index)
+            labels.append(y[index])
+    labels, member = np.concatenate(labels), np.array(member)
+    scores = class_prior_scores(labels, labels, int(y.max()) + 1)
+    rep = attack_report(scores[member], scores[~member])
+    rep.pop("roc")
+    _PRIORS[key] = rep
+    return rep
+
+
+def _band(r: Dict[str, Any]) -> Dict[str, list]:
+    return band_of(r["members"], r["nonmembers"])
+
+
+def _within(value: float, band: Sequence[float]) -> bool:
+    return band[0] <= value <= band[1]
+
+
+def blind_check(group: Sequence[Dict[str, Any]]) -> str:
+    """How many seeds have both blind baselines inside the permutation null band: the class
+    prior's AUC, and the blind model's AUC and TPR at 0.1 % and 1 % FPR (headline attack)."""
+    ok = 0
+    for r in group:
+        e = _last(r)["evaluation"]
+        band = _band(r)
+        blind = e["blind_model"][HEADLINE]
+        # The class prior takes ~10 values: no threshold has FPR <= 1 %, so only its AUC counts.
+        ok += (_within(class_prior(r)["auc"], band["auc"]) and _within(blind["auc"], band["auc"])
+               and all(_within(t, b) for t, b in zip(blind["tpr"], band["tpr"])))
+    return f"{ok}/{len(group)}"
+
+
+def runs_table(rows) -> str:
+    lines = ["| algorithm | DP | seeds | averaged-model acc | victims' model acc | MB sent / peer | "
+             "MB the observer received | consensus distance (end) | run s (mean) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for g in groups(rows):
+        lines.append(f"| {label(g[0]['spec'])} | {_dp(g)} | {len(g)} | "
+                     f"{_stat([r['acc_avg'] for r in g], 2, True)} % | "
+                     f"{_stat([r['acc_victim'] for r in g], 2, True)} % | "
+                     f"{g[0]['mb_sent_per_peer']:.3f} | {g[0]['observed_mb']:.3f} | "
+                     f"{_stat([r['consensus'] for r in g], 3)} | "
+                     f"{statistics.fmean(r['run_seconds'] for r in g):.0f} |")
     return "\n".join(lines) + "\n"
 
 
-def error_table(rows: Sequence[Dict[str, Any]], points: int = 5) -> str:
-    """Relative reconstruction error at a few evenly spaced recorded steps."""
-    ok = [r for r in rows if "failure" not in r]
-    if not ok:
-        return ""
-    steps = ok[0]["error_steps"]
-    picks = sorted({steps[round(k * (len(steps) - 1) / (points - 1))] for k in range(points)})
-    lines = ["| topology | algorithm | DP | " + " | ".join(f"step {s}" for s in picks) + " |",
-             "|---" * (3 + len(picks)) + "|"]
-    for r in ok:
-        where = {s: e for s, e in zip(r["error_steps"], r["error"])}
-        trivial = {s: e for s, e in zip(r["error_steps"], r["error_trivial"])}
-        cells = " | ".join(f"{where[s]:.3g} ({trivial[s]:.3g})" if s in where else "n/a" for s in picks)
-        lines.append(f"| {r['topology']} | {label(r['spec'])} | {'yes' if r['private'] else 'no'} | "
-                     f"{cells} |")
+def leakage_table(rows) -> str:
+    lines = ["| algorithm | DP | model | LOSS AUC | LiRA offline AUC | LiRA online AUC | "
+             "TPR @ 0.1 % FPR | TPR @ 1 % FPR | blind: class prior AUC | blind: model that never "
+             "saw the victims, AUC / TPR @ 0.1 % | null band AUC / TPR @ 0.1 % / TPR @ 1 % | "
+             "blind within band (seeds) |",
+             "|---" * 12 + "|"]
+    for g in groups(rows):
+        strongest = _strongest(g) if _reconstructions(g[0]) else None
+        models = ["victim"] + ([strongest, "oracle: D on the span of all factors"]
+                               if strongest and "oracle: D on the span of all factors"
+                               in _reconstructions(g[0]) else [strongest] if strongest else [])
+        models += ["observer's own", "average of all"]
+        band = _band(g[0])
+        blind = (f"{_stat([class_prior(r)['auc'] for r in g])}",
+                 f"{_stat([_last(r)['flat'][f'auc/blind model/{HEADLINE}'] for r in g])} / "
+                 f"{_stat([_last(r)['flat'][f'tpr0.1/blind model/{HEADLINE}'] for r in g], 4)}",
+                 f"[{band['auc'][0]:.3f}, {band['auc'][1]:.3f}] / [{band['tpr'][0][0]:.4f}, "
+                 f"{band['tpr'][0][1]:.4f}] / [{band['tpr'][1][0]:.4f}, {band['tpr'][1][1]:.4f}]")
+        for name in models:
+            f = [_last(r)["flat"] for r in g]
+            title = name if name != strongest else f"strongest reconstruction: {name}"
+            lines.append(
+                f"| {label(g[0]['spec'])} | {_dp(g)} | {title} | "
+                f"{_stat([x[f'auc/{name}/LOSS'] for x in f])} | "
+                f"{_stat([x[f'auc/{name}/LiRA offline'] for x in f])} | "
+                f"{_stat([x[f'auc/{name}/LiRA online'] for x in f])} | "
+                f"{_stat([x[f'tpr0.1/{name}/{HEADLINE}'] for x in f], 4)} | "
+                f"{_stat([x[f'tpr1/{name}/{HEADLINE}'] for x in f], 4)} | "
+                f"{blind[0]} | {blind[1]} | {blind[2]} | {blind_check(g)} |")
     return "\n".join(lines) + "\n"
+
+
+def all_attacks_table(rows) -> str:
+    lines = ["| algorithm | DP | " + " | ".join(f"{a} AUC (victim's model)" for a in ATTACKS)
+             + " |", "|---" * (2 + len(ATTACKS)) + "|"]
+    for g in groups(rows):
+        cells = " | ".join(_stat([_last(r)["flat"][f"auc/victim/{a}"] for r in g]) for a in ATTACKS)
+        lines.append(f"| {label(g[0]['spec'])} | {_dp(g)} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def reconstruction_table(rows) -> str:
+    lines = ["| algorithm | DP | estimate of the victim's model | relative L2 error | prediction "
+             "agreement with the victim's model (test set) | LiRA offline AUC through it | TPR @ "
+             "1 % FPR | the victim's own model: AUC / TPR @ 1 % |", "|---" * 8 + "|"]
+    for g in groups(rows):
+        own = (f"{_stat([_last(r)['flat'][f'auc/victim/{HEADLINE}'] for r in g])} / "
+               f"{_stat([_last(r)['flat'][f'tpr1/victim/{HEADLINE}'] for r in g], 4)}")
+        for name in _reconstructions(g[0]) + ["observer's own"]:
+            q = [_last(r)["quality"][name] for r in g]
+            f = [_last(r)["flat"] for r in g]
+            lines.append(f"| {label(g[0]['spec'])} | {_dp(g)} | {name} | "
+                         f"{_stat([x['l2'] for x in q], 4)} | {_stat([x['agreement'] for x in q], 2, True)} % | "
+                         f"{_stat([x[f'auc/{name}/{HEADLINE}'] for x in f])} | "
+                         f"{_stat([x[f'tpr1/{name}/{HEADLINE}'] for x in f], 4)} | {own} |")
+    return "\n".join(lines) + "\n"
+
+
+def rounds_table(rows) -> str:
+    lines = ["| algorithm | DP | model | " + "LiRA offline AUC at round (share of the run; MB the "
+             "observer had received): 25 % | 50 % | 75 % | 100 % |", "|---" * 7 + "|"]
+    for g in groups(rows):
+        r0 = g[0]
+        steps = r0["round_steps"]
+        names = ["victim"] + ([_strongest(g)] if _reconstructions(r0) else [])
+        for name in names:
+            cells = []
+            for s in steps:
+                values = [r["rounds"][str(s)]["flat"].get(f"auc/{name}/{HEADLINE}") for r in g]
+                mb = r0["observed_mb"] * (s + 1) / r0["steps"]
+                cells.append(f"{_stat(values)} ({mb:.3g} MB)")
+            lines.append(f"| {label(r0['spec'])} | {_dp(g)} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def per_class_table(rows) -> str:
+    lines = ["| algorithm | DP | per-class LiRA offline AUC, victim's model (classes 0–9, mean "
+             "over seeds) |", "|---|---|---|"]
+    for g in groups(rows):
+        per = [r["rounds"][str(r["last"])]["per_class_victim"] for r in g]
+        mean = [statistics.fmean(col) for col in zip(*per)]
+        lines.append(f"| {label(g[0]['spec'])} | {_dp(g)} | "
+                     + ", ".join(f"{v:.3f}" for v in mean) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_roc(rows, path: Path) -> None:
+    """Log-log ROC of the headline attack, seed of each group's first row: the victim's model and
+    the strongest reconstruction, the blind model, chance."""
+    plt = _pyplot()
+    gs = groups(rows)
+    fig, axes = plt.subplots(1, len(gs), figsize=(3.6 * len(gs), 3.6), squeeze=False)
+    for ax, g in zip(axes.flat, gs):
+        e = _last(g[0])["evaluation"]
+        names = ["victim"] + ([_strongest(g)] if _reconstructions(g[0]) else [])
+        for name, style in zip(names, ("-", "--")):
+            fpr, tpr = e["models"][name][HEADLINE]["roc"]
+            ax.plot([max(v, 1e-4) for v in fpr], [max(v, 1e-4) for v in tpr], style,
+                    label="victim" if name == "victim" else "reconstruction")
+        ax.plot([1e-4, 1], [1e-4, 1], ":", color="grey", label="chance")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(1e-4, 1)
+        ax.set_ylim(1e-4, 1)
+        ax.set_title(f"{label(g[0]['spec'])}, {'no DP' if g[0]['target'] is None else 'DP'}",
+                     fontsize=8)
+        ax.set_xlabel("FPR")
+        ax.set_ylabel("TPR")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 NOISE_TEXT = {"once": "once", "every_step": "every step"}
@@ -106,102 +313,6 @@ def network_text(network: Dict[str, Any]) -> str:
             + network_table(network) + f"\n![network DP]({HEATMAP_PNG})\n\n")
 
 
-def findings(rows: Sequence[Dict[str, Any]]) -> List[str]:
-    """Sentences computed from the rows (no number on the page is typed by hand)."""
-    ok = [r for r in rows if "failure" not in r]
-    out = []
-    for r in ok:
-        gap = r["auc_victim"] - r["auc_reconstruction"]
-        over_own = r["auc_reconstruction"] - r["auc_observer"]
-        out.append(
-            f"- {r['topology']}, {label(r['spec'])}, DP {'on' if r['private'] else 'off'}: the "
-            f"reconstruction's AUC is {r['auc_reconstruction']:.3f}, {gap:+.3f} below the victim's "
-            f"own model ({r['auc_victim']:.3f}) and {over_own:+.3f} above the observer's own model "
-            f"({r['auc_observer']:.3f}); the observer received {r['observed_mb']:.3f} MB "
-            f"(reconstruction error {r['final_error']:.3g} vs {r['final_error_trivial']:.3g} trivial).")
-    exact = {(r["topology"], r["private"]): r for r in ok if r["spec"] == "exact"}
-    for r in ok:
-        if r["spec"].startswith("powergossip") and (r["topology"], r["private"]) in exact:
-            e = exact[(r["topology"], r["private"])]
-            leak = r["auc_reconstruction"] - 0.5
-            full = e["auc_reconstruction"] - 0.5
-            share = leak / full if full > 0 else float("nan")
-            out.append(f"- {label(r['spec'])} on {r['topology']} (DP {'on' if r['private'] else 'off'})"
-                       f" sends {e['mb_sent_per_peer'] / r['mb_sent_per_peer']:.1f}x fewer bytes than "
-                       f"exact gossip; the observer's attack keeps {_num(share, 2)} of exact "
-                       f"gossip's AUC advantage over chance (AUC − 0.5).")
-    return out
-
-
-CSV_FIELDS = ("topology", "spec", "private", "eps_max", "sigma", "epochs", "steps", "parameters",
-              "mb_sent_per_peer", "observed_mb", "acc_avg", "acc_local_mean", "train_loss",
-              "final_error", "final_error_trivial", "members", "auc_null_std",
-              *(f"auc_{n}" for n, _ in MODELS), *(f"tpr_{n}" for n, _ in MODELS), "run_seconds",
-              "failure")
-
-
-def rows_csv(rows: Sequence[Dict[str, Any]]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for r in rows:
-        writer.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
-    return buffer.getvalue()
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_errors(rows: Sequence[Dict[str, Any]], path: Path) -> None:
-    """Relative reconstruction error against step, one panel per (topology, DP)."""
-    plt = _pyplot()
-    ok = [r for r in rows if "failure" not in r]
-    panels = list(dict.fromkeys((r["topology"], r["private"]) for r in ok))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for ax, (topology, private) in zip(axes.flat, panels):
-        for r in ok:
-            if (r["topology"], r["private"]) == (topology, private):
-                line, = ax.plot(r["error_steps"], [max(e, 1e-8) for e in r["error"]],
-                                label=label(r["spec"]))
-                ax.plot(r["error_steps"], r["error_trivial"], color=line.get_color(), ls=":", lw=1)
-        ax.set_yscale("log")
-        ax.set_xlabel("step")
-        ax.set_ylabel("‖x̂ − x‖ / ‖x‖ (dotted: observer's own model)")
-        ax.set_title(f"{topology}, DP {'on' if private else 'off'}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_auc(rows: Sequence[Dict[str, Any]], path: Path) -> None:
-    """Membership AUC with the observer's reconstruction against MB sent per peer."""
-    plt = _pyplot()
-    ok = [r for r in rows if "failure" not in r]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    markers = {False: "o", True: "s"}
-    for r in ok:
-        ax.plot([r["mb_sent_per_peer"]], [r["auc_reconstruction"]], linestyle="none",
-                marker=markers[r["private"]])
-        ax.annotate(f"{label(r['spec'])}, {r['topology']}{', DP' if r['private'] else ''}",
-                    (r["mb_sent_per_peer"], r["auc_reconstruction"]), fontsize=7,
-                    xytext=(4, 2), textcoords="offset points")
-    ax.axhline(0.5, color="grey", ls=":", lw=1)
-    ax.set_xscale("log")
-    ax.set_xlabel("MB sent per peer (log)")
-    ax.set_ylabel("LOSS-attack AUC, observer's reconstruction")
-    ax.set_title("membership leakage vs bytes (squares: DP on)")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def plot_network(network: Dict[str, Any], path: Path) -> None:
@@ -231,42 +342,132 @@ def plot_network(network: Dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def page(rows: Sequence[Dict[str, Any]], network: Dict[str, Any], plan: Dict[str, Any],
-         generated: str) -> str:
-    """The markdown page."""
+
+
+def _mean(group, key) -> float:
+    return statistics.fmean(_last(r)["flat"][key] for r in group)
+
+
+def answers(rows) -> List[str]:
+    """The page's two questions, answered from the rows (no number typed by hand)."""
+    gs = {(g[0]["spec"], g[0]["target"]): g for g in groups(rows)}
+    out = []
+    exact = gs.get(("exact", None))
+    for spec in ("powergossip:rank=1", "powergossip:rank=4", "choco:compressor=sign,gamma=1.0"):
+        g = gs.get((spec, None))
+        if exact is None or g is None:
+            continue
+        best = _strongest(g)
+        e_auc = _mean(exact, f"auc/victim/{HEADLINE}")
+        c_auc = _mean(g, f"auc/{best}/{HEADLINE}")
+        v_auc = _mean(g, f"auc/victim/{HEADLINE}")
+        e_tpr = _mean(exact, f"tpr1/victim/{HEADLINE}")
+        c_tpr = _mean(g, f"tpr1/{best}/{HEADLINE}")
+        # equal bytes: exact gossip's round whose received MB is closest to this run's total
+        mb = g[0]["observed_mb"]
+        r0 = exact[0]
+        a_g = statistics.fmean(r["acc_avg"] for r in g)
+        a_e = statistics.fmean(r["acc_avg"] for r in exact)
+        sd_g = statistics.stdev([r["acc_avg"] for r in g]) if len(g) > 1 else 0.0
+        sd_e = statistics.stdev([r["acc_avg"] for r in exact]) if len(exact) > 1 else 0.0
+        step = min(r0["round_steps"], key=lambda s: abs(r0["observed_mb"] * (s + 1) / r0["steps"] - mb))
+        at = statistics.fmean(r["rounds"][str(step)]["flat"][f"auc/victim/{HEADLINE}"] for r in exact)
+        out.append(
+            f"- **{label(spec)}** (no DP): through its strongest reconstruction ({best}) the "
+            f"neighbour's {HEADLINE} AUC is {c_auc:.3f} and TPR at 1 % FPR {c_tpr:.4f}, against "
+            f"{e_auc:.3f} / {e_tpr:.4f} for exact gossip, whose messages are the model, at "
+            f"averaged-model accuracy {100 * a_g:.1f} % vs {100 * a_e:.1f} % ("
+            + ("equal within the seeds' spread" if abs(a_g - a_e) <= sd_g + sd_e else
+               "not equal: more than the seeds' spread apart")
+            + f"), and the victim's own model gives {v_auc:.3f}. The observer received "
+            f"{mb:.3g} MB against {r0['observed_mb']:.3g} MB; at the exact-gossip round closest to "
+            f"equal bytes (step {step}, {r0['observed_mb'] * (step + 1) / r0['steps']:.3g} MB) "
+            f"exact gossip's AUC is {at:.3f}.")
+    targets = sorted({t for (_, t) in gs if t is not None})
+    for spec in dict.fromkeys(s for (s, _) in gs):
+        parts = []
+        for t in targets + [None]:
+            g = gs.get((spec, t))
+            if g is None:
+                continue
+            band = _band(g[0])["tpr"][0]
+            models = ["victim"] + ([_strongest(g)] if _reconstructions(g[0]) else [])
+            values = [_mean(g, f"tpr0.1/{m}/{HEADLINE}") for m in models]
+            chance = all(v <= band[1] for v in values)
+            parts.append(f"ε {'∞' if t is None else f'{t:g}'}: TPR @ 0.1 % FPR "
+                         + " / ".join(f"{v:.4f}" for v in values)
+                         + f" (null band up to {band[1]:.4f}: {'chance' if chance else 'above chance'})")
+        if parts:
+            out.append(f"- {label(spec)}: " + "; ".join(parts) + ".")
+    return out
+
+
+def page(rows, network: Dict[str, Any], plan: Dict[str, Any], generated: str) -> str:
     setting = plan["setting"]
     text = "# What a curious neighbour learns\n\n"
-    text += (f"{generated} Backend: `local` (every peer a thread of one process). Rank {OBSERVER} "
-             f"observes (records every message it receives, every step) and attacks its neighbour, "
-             f"rank {VICTIM}, whose own recorded view gives the truth.\n\n")
+    loads = [r["load"] for r in rows if "load" in r]
+    load = (f" (1-min load average {min(loads):.1f}–{max(loads):.1f} at the ends of the runs)"
+            if loads else "")
+    text += (f"{generated} Backend `local` (every peer a thread of one process), on 2 CPU cores "
+             f"shared with other engineers' jobs{load}.\n\n")
     text += ("**Threat model.** Honest-but-curious peers: they follow the protocol, do not collude, "
              "and see exactly the bytes the transport delivers to them, plus what they legitimately "
-             "know (their own model, the shared edge seeds and PowerGossip factors, the algorithm's "
-             "public state such as Choco's x̂ of the neighbour).\n\n")
-    text += (f"**Setting (chosen so the attack has signal).** `{setting['dataset']}`, partition "
-             f"`{setting['partition']}`, model `{setting['model']}` "
-             f"(over-parameterised for its shard), `{setting['optimizer']}` lr {setting['lr']} "
-             f"momentum {setting['momentum']}, no weight decay, batch {setting['batch_size']}, "
-             f"{plan['epochs']} epochs, seed {setting['seed']}. Private runs: DP-SGD on every peer "
-             f"with target ε = {DP['dp_target_epsilon']:g} at δ = {DP['dp_delta']:g}, clip "
-             f"C = {DP['dp_max_grad_norm']:g}; {plan['private_note']} Membership inference: the LOSS "
-             f"attack on the victim's shard against as many test samples; an AUC within ~2 × "
-             f"{_num(rows[0].get('auc_null_std') if rows else None)} (the null standard deviation) of "
-             f"0.5 is chance. Reconstruction: exact gossip read off, PowerGossip least squares over "
-             f"the last {plan['window']} half-steps, Choco its public copy x̂ (see "
-             f"`gossip_powersgd/privacy/reconstruction.py`).\n\n")
+             "know (their own model and data, the config and seed, the shared PowerGossip factors, "
+             "Choco's public copy x̂). Rank "
+             f"{OBSERVER} observes (records every message it receives, every step) and attacks both "
+             f"its neighbours (the victims), whose own models give the truth.\n\n")
+    dp = setting.get("dp") or DP
+    text += (
+        f"**Membership protocol.** Before training each victim's shard is split at random "
+        f"(`gossip_powersgd.privacy.heldout.make_split`, seed = the run's seed; the indices are in "
+        f"the JSON) into members, which it trains on, and held-out records that no peer ever trains "
+        f"on (the split enters training as a `partition: local` dataset, so nothing else can be "
+        f"trained on). Members and non-members therefore come from the same distribution. Per run: "
+        f"{plan['members']} members and {plan['nonmembers']} non-members pooled over the two "
+        f"victims, so TPR at 0.1 % FPR lets {plan['nonmembers'] // 1000} non-members above the "
+        f"threshold and is coarse (steps of 1/{plan['nonmembers']} in FPR); every figure is mean "
+        f"± sd over {plan['seeds']} seeds (a new split and a new training seed each). Blind "
+        f"baselines beside every figure: the class-prior score (the label's frequency among the "
+        f"victims' members: never looks at a model) and the same attacks through a model that never "
+        f"saw the victims (trained in-process on the observer's own shard); both must sit in the "
+        f"null band, the central 95 % of AUC and TPR under 200 random permutations of the member "
+        f"labels. Attacks: LOSS; calibrated LOSS (−loss + the mean loss of the reference models "
+        f"that did not train on the candidate); class-conditional LOSS; LiRA offline and online "
+        f"(Carlini et al. 2022) with {plan['references']} reference models per seed trained "
+        f"in-process, each on a random half of the candidate pool (every candidate in exactly half "
+        f"of them) plus the observer's own shard, with the non-private recipe below (no DP for the "
+        f"reference models, also for the DP rows: a weaker but cheaper attacker), global variance. "
+        f"The headline attack is {HEADLINE}.\n\n"
+        f"**Setting and scale.** `{setting['dataset']}` ({plan['per_peer']} training samples per "
+        f"peer), "
+        f"`{setting['partition']}`, `{setting['model']}`, {setting['topology']}, SGD lr "
+        f"{setting['lr']} momentum {setting['momentum']}, cosine schedule, batch "
+        f"{setting['batch_size']}, {setting['epochs']} epochs. Private rows: DP-SGD on every peer "
+        f"(batch {dp.get('batch_size')}, lr "
+        f"{dp.get('lr')}, clip C = {dp.get('dp_max_grad_norm')}, {dp.get('epochs')} epochs, "
+        f"δ = {dp.get('dp_delta')}), noise secret per peer; the ε in a row is each victim's own. "
+        f"Scale: the page must run in ≤ 25 min on this shared machine, so a DP run (~3–6 min "
+        f"here) is affordable only for a few rows: {plan['scale_note']}\n\n")
     text += "## Runs\n\n" + runs_table(rows) + "\n"
-    text += ("AUC columns: LOSS attack with (a) the victim's true model, (b) the observer's "
-             "reconstruction of it, (c) the observer's own model, (d) the average of all peers' "
-             "models; TPR@1%FPR columns in the same order (v, r, o, a). All models at the last "
-             "step, before its gossip.\n\n")
-    text += ("## Reconstruction error over time\n\nRelative error ‖x̂ − x‖ / ‖x‖ of the observer's "
-             "estimate of the victim's model (in brackets: of the observer's own model, the trivial "
-             "estimate).\n\n" + error_table(rows) + f"\n![reconstruction error]({ERROR_PNG})\n\n")
-    text += f"## Membership AUC against bytes\n\n![AUC vs MB]({AUC_PNG})\n\n"
-    text += "## What the rows show\n\n" + "\n".join(findings(rows)) + "\n\n"
+    text += ("## Leakage to the neighbour (last round)\n\nThe strongest reconstruction is the "
+             "observer's estimator with the highest mean LiRA AUC (the oracle uses the truth and "
+             "is a ceiling, not an attack).\n\n" + leakage_table(rows) + "\n")
+    text += "All five attacks with the victim's own model:\n\n" + all_attacks_table(rows) + "\n"
+    text += f"![ROC, log scale]({ROC_PNG})\n\n"
+    text += ("## Reconstructions, judged by what they enable\n\nEstimators "
+             "(`gossip_powersgd.privacy.estimators`): PowerGossip — the moving-M least squares of "
+             "`reconstruction.py` (last 4 messages), least squares on the difference D = M_victim − "
+             "M_observer over the last 64 messages, its drift-aware variant (256 messages weighted "
+             "0.97^age, each corrected by the observer's own model history), and the oracle: the "
+             "true D projected on the span of every factor the observer saw (a ceiling); exact "
+             "gossip: read off; Choco: its public copy x̂. Relative L2 error and agreement are means "
+             "over the two victims.\n\n" + reconstruction_table(rows) + "\n")
+    text += "## Attacks over rounds\n\n" + rounds_table(rows) + "\n"
+    text += "## Per-class AUC (diagnostic)\n\n" + per_class_table(rows) + "\n"
+    text += "## Answers\n\n" + "\n".join(answers(rows)) + "\n\n"
+    if plan.get("not_reached"):
+        text += "## Not reached\n\n" + "\n".join(f"- {x}" for x in plan["not_reached"]) + "\n\n"
     text += network_text(network)
-    text += ("Data: [privacy_attacks.csv](privacy_attacks.csv) (one row per run), "
-             "[privacy_attacks.json](privacy_attacks.json) (rows with their error curves, and the "
-             "network-DP matrices).\n")
+    text += ("Data: [privacy_attacks.json](privacy_attacks.json) (every row with every attack, "
+             "round, ROC, per-class AUC and the split's indices; the network-DP matrices).\n")
     return text

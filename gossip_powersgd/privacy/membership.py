@@ -1,8 +1,10 @@
-"""Membership inference with the LOSS attack (Yeom, Giacomelli, Fredrikson, Jha, CSF 2018).
+"""Membership inference with the LOSS attack (Yeom, Giacomelli, Fredrikson, Jha, CSF 2018), and the
+metrics and blind baselines of the membership protocol.
 
 The attacker scores a sample by -loss(sample) under some model and calls it a member when the
-score is high. Members are the victim's training shard; non-members are an equal number of
-held-out samples from the same distribution (the test set: `membership_samples`). `loss_attack`
+score is high. Members and non-members must come from the same distribution: with non-IID shards
+use `heldout.make_split` (a random held-out part of the victim's own shard that no peer trains on);
+`membership_samples` (the victim's shard against test samples) is right only for iid shards. `loss_attack`
 reports the AUC of the scores and the TPR at 1 % FPR; `membership_inference` does so for several
 models at once, e.g. (a) the victim's true model, (b) an observer's reconstruction of it
 (`reconstruction.reconstruct` loaded with `model_with_parameters`), (c) the observer's own model,
@@ -23,11 +25,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DEFAULT_FPR", "auc", "loss_attack", "loss_scores", "membership_inference",
-           "membership_samples", "model_with_parameters", "null_auc_std", "tpr_at_fpr"]
+__all__ = ["DEFAULT_FPR", "LOW_FPRS", "attack_report", "auc", "class_prior_scores", "loss_attack",
+           "loss_scores", "membership_inference", "membership_samples", "model_with_parameters",
+           "null_auc_std", "null_band", "per_class_auc", "roc_curve", "tpr_at_fpr"]
 
 #: The false-positive rate at which `loss_attack` reports the true-positive rate.
 DEFAULT_FPR = 0.01
+#: The low false-positive rates every attack is reported at (Carlini et al. 2022).
+LOW_FPRS = (0.001, 0.01)
 
 
 @torch.no_grad()
@@ -140,3 +145,70 @@ def model_with_parameters(model: torch.nn.Module, parameters: Sequence[torch.Ten
                                  f"{tuple(value.shape)}: reconstruct with the run's model")
             target.copy_(value)
     return copied
+
+
+def roc_curve(member_scores, nonmember_scores) -> Tuple[np.ndarray, np.ndarray]:
+    """(FPR, TPR) of every threshold, from (0, 0) to (1, 1), ties taken together."""
+    members, others = _scores("member", member_scores), _scores("non-member", nonmember_scores)
+    values = np.concatenate([members, others])
+    is_member = np.concatenate([np.ones(members.size), np.zeros(others.size)])
+    order = np.argsort(-values, kind="stable")
+    values, is_member = values[order], is_member[order]
+    last = np.r_[np.flatnonzero(np.diff(values)), values.size - 1]  # end of each tie group
+    tp, fp = np.cumsum(is_member)[last], np.cumsum(1 - is_member)[last]
+    return np.r_[0.0, fp / others.size], np.r_[0.0, tp / members.size]
+
+
+def per_class_auc(member_scores, nonmember_scores, member_labels, nonmember_labels
+                  ) -> Dict[int, float]:
+    """The AUC among the samples of each class that has both members and non-members."""
+    members, others = np.asarray(member_scores, float), np.asarray(nonmember_scores, float)
+    a, b = np.asarray(member_labels), np.asarray(nonmember_labels)
+    return {int(c): auc(members[a == c], others[b == c]) for c in np.union1d(a, b)
+            if (a == c).any() and (b == c).any()}
+
+
+def class_prior_scores(labels, reference_labels, num_classes: int) -> np.ndarray:
+    """The blind class-prior score: each sample's label's frequency in `reference_labels` (e.g.
+    the victim's training shard). It never looks at a model: on members and non-members drawn
+    from one distribution its AUC is chance."""
+    counts = np.bincount(np.asarray(reference_labels, dtype=np.int64), minlength=num_classes)
+    return counts[np.asarray(labels, dtype=np.int64)] / max(1, counts.sum())
+
+
+def null_band(member_scores, nonmember_scores, fprs: Sequence[float] = LOW_FPRS,
+              permutations: int = 200, seed: int = 0, level: float = 0.95) -> Dict[str, list]:
+    """The central `level` range of AUC and TPR at each FPR when membership is independent of the
+    score: the same scores with member / non-member labels permuted at random."""
+    members, others = _scores("member", member_scores), _scores("non-member", nonmember_scores)
+    values = np.concatenate([members, others])
+    rng = np.random.default_rng(seed)
+    aucs, tprs = [], []
+    for _ in range(permutations):
+        order = rng.permutation(values.size)
+        inside, outside = values[order[:members.size]], values[order[members.size:]]
+        aucs.append(auc(inside, outside))
+        tprs.append([tpr_at_fpr(inside, outside, f) for f in fprs])
+    lo, hi = (1 - level) / 2, 1 - (1 - level) / 2
+    tprs = np.array(tprs)
+    return {"auc": [float(np.quantile(aucs, lo)), float(np.quantile(aucs, hi))],
+            "tpr": [[float(np.quantile(tprs[:, k], lo)), float(np.quantile(tprs[:, k], hi))]
+                    for k in range(len(fprs))]}
+
+
+def attack_report(member_scores, nonmember_scores, member_labels=None, nonmember_labels=None,
+                  fprs: Sequence[float] = LOW_FPRS) -> Dict[str, object]:
+    """AUC, TPR at each FPR, the ROC curve (thinned to <= 400 points) and, with labels, the AUC
+    per class. Equal member and non-member counts make the AUC balanced; the AUC is in any case
+    the probability that a random member outscores a random non-member, whatever the counts."""
+    members, others = _scores("member", member_scores), _scores("non-member", nonmember_scores)
+    fpr, tpr = roc_curve(members, others)
+    keep = np.unique(np.r_[np.searchsorted(fpr, np.geomspace(1e-4, 1, 300)).clip(0, fpr.size - 1),
+                           0, fpr.size - 1])
+    out: Dict[str, object] = {"auc": auc(members, others), "fprs": list(fprs),
+                              "tpr": [tpr_at_fpr(members, others, f) for f in fprs],
+                              "members": int(members.size), "nonmembers": int(others.size),
+                              "roc": [fpr[keep].tolist(), tpr[keep].tolist()]}
+    if member_labels is not None and nonmember_labels is not None:
+        out["per_class_auc"] = per_class_auc(members, others, member_labels, nonmember_labels)
+    return out

@@ -1,0 +1,135 @@
+"""LiRA, the likelihood-ratio membership attack (Carlini, Chien, Nasr, Song, Terzis, Tramèr,
+"Membership Inference Attacks From First Principles", IEEE S&P 2022), and calibrated LOSS attacks.
+
+Reference models are trained on random halves of a candidate pool (the victim's members and its
+held-out non-members), each candidate in exactly half of them (`inclusion_masks`); the attacker
+knows the pool, not which half the victim trained on. Each model's statistic of a candidate
+(x, y) is the logit-scaled confidence phi = log p_y - log(1 - p_y) = z_y - logsumexp_{j != y} z_j
+(`logit_confidence`, computed from the logits z without forming p). Per candidate:
+
+  offline  score = (phi_target - mu_out) / sigma_out: how far above the reference models that did
+           not train on it the target's confidence lies (one-sided test of the OUT Gaussian);
+  online   score = log N(phi_target; mu_in, sigma_in) - log N(phi_target; mu_out, sigma_out).
+
+With few reference models the per-candidate variances are noisy; `lira_scores` uses the variance
+pooled over candidates (Carlini et al.'s "global variance", their recommendation below 64 models).
+
+Calibrated LOSS (difficulty calibration, Watson et al., ICLR 2022): -loss_target + mean OUT loss.
+Class-conditional LOSS: -loss z-scored within its class by the OUT reference losses of that class.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = ["calibrated_loss_scores", "class_conditional_loss_scores", "inclusion_masks",
+           "lira_scores", "logit_confidence", "reference_statistics", "train_classifier"]
+
+
+def inclusion_masks(candidates: int, models: int, seed: int = 0) -> np.ndarray:
+    """(models, candidates) booleans: model k trains on candidate i; every candidate is in exactly
+    half of the models (`models` must be even)."""
+    if models < 2 or models % 2:
+        raise ValueError(f"LiRA needs an even number >= 2 of reference models, got {models}")
+    rng = np.random.default_rng(seed)
+    masks = np.zeros((models, candidates), dtype=bool)
+    for i in range(candidates):
+        masks[rng.permutation(models)[:models // 2], i] = True
+    return masks
+
+
+@torch.no_grad()
+def logit_confidence(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                     batch: int = 2048) -> np.ndarray:
+    """phi = z_y - logsumexp_{j != y} z_j of every sample under `model` (eval mode), float64."""
+    was_training = model.training
+    model.eval()
+    out = []
+    try:
+        for k in range(0, len(x), batch):
+            z = model(x[k:k + batch]).double()
+            yy = y[k:k + batch]
+            true = z.take_along_dim(yy[:, None], 1).squeeze(1)
+            mask = torch.nn.functional.one_hot(yy, z.shape[1]).bool()
+            others = z.masked_fill(mask, float("-inf")).logsumexp(1)
+            out.append(true - others)
+    finally:
+        model.train(was_training)
+    return torch.cat(out).numpy()
+
+
+def _pooled(phi: np.ndarray, mask: np.ndarray) -> Tuple[np.ndarray, float]:
+    """Per-candidate mean over the models where `mask`, and the variance pooled over candidates."""
+    count = mask.sum(0)
+    mean = np.where(mask, phi, 0).sum(0) / count
+    var = (np.where(mask, phi - mean, 0) ** 2).sum() / max(1, (count - 1).sum())
+    return mean, float(max(var, 1e-12))
+
+
+def lira_scores(target: np.ndarray, reference: np.ndarray, masks: np.ndarray,
+                online: bool = False) -> np.ndarray:
+    """LiRA scores of the candidates (higher: member) from the target's `logit_confidence`, the
+    reference models' (models, candidates) confidences and their `inclusion_masks`."""
+    target, reference = np.asarray(target, float), np.asarray(reference, float)
+    if reference.shape != masks.shape or target.shape != masks.shape[1:]:
+        raise ValueError(f"shapes disagree: target {target.shape}, reference {reference.shape}, "
+                         f"masks {masks.shape}")
+    mu_out, var_out = _pooled(reference, ~masks)
+    if not online:
+        return (target - mu_out) / np.sqrt(var_out)
+    mu_in, var_in = _pooled(reference, masks)
+    return (-(target - mu_in) ** 2 / (2 * var_in) - 0.5 * np.log(var_in)
+            + (target - mu_out) ** 2 / (2 * var_out) + 0.5 * np.log(var_out))
+
+
+def calibrated_loss_scores(target_loss: np.ndarray, reference_loss: np.ndarray,
+                           masks: np.ndarray) -> np.ndarray:
+    """-loss_target + mean OUT reference loss of each candidate (higher: member)."""
+    mean_out, _ = _pooled(np.asarray(reference_loss, float), ~masks)
+    return -np.asarray(target_loss, float) + mean_out
+
+
+def class_conditional_loss_scores(target_loss: np.ndarray, labels: np.ndarray,
+                                  reference_loss: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """-loss z-scored by the OUT reference losses of the candidate's class (higher: member)."""
+    target_loss, labels = np.asarray(target_loss, float), np.asarray(labels)
+    reference_loss = np.asarray(reference_loss, float)
+    out = np.empty_like(target_loss)
+    for c in np.unique(labels):
+        where = labels == c
+        pool = reference_loss[:, where][~masks[:, where]]
+        out[where] = -(target_loss[where] - pool.mean()) / max(pool.std(), 1e-12)
+    return out
+
+
+def train_classifier(make_model: Callable[[], torch.nn.Module], x: torch.Tensor, y: torch.Tensor,
+                     epochs: int, lr: float, batch: int, momentum: float = 0.9,
+                     seed: int = 0) -> torch.nn.Module:
+    """A reference model: SGD with momentum and a cosine schedule on (x, y), shuffled per epoch."""
+    generator = torch.Generator().manual_seed(seed)
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    steps = epochs * max(1, -(-len(x) // batch))
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+    model.train()
+    for _ in range(epochs):
+        order = torch.randperm(len(x), generator=generator)
+        for k in range(0, len(x), batch):
+            pick = order[k:k + batch]
+            optimizer.zero_grad()
+            F.cross_entropy(model(x[pick]), y[pick]).backward()
+            optimizer.step()
+            schedule.step()
+    return model
+
+
+def reference_statistics(models, x: torch.Tensor, y: torch.Tensor) -> Dict[str, np.ndarray]:
+    """(models, candidates) logit confidences and losses of the reference models."""
+    from gossip_powersgd.privacy.membership import loss_scores
+
+    return {"phi": np.stack([logit_confidence(m, x, y) for m in models]),
+            "loss": np.stack([-loss_scores(m, x, y) for m in models])}
