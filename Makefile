@@ -18,9 +18,11 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[mpi,test,privacy,tracking]'
 	touch $(STAMP)
 
-# ruff's checks as configured in pyproject.toml (pyflakes and pycodestyle's error classes).
+# ruff's checks as configured in pyproject.toml (pyflakes and pycodestyle's error classes), and
+# the format check (the tree is `ruff format`ted; run `$(BIN)/ruff format .` before committing).
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -61,8 +61,9 @@ def median(values: List[float]) -> float:
 # ---- (a) one peer ---------------------------------------------------------------------------
 
 
-def _one_peer_step(spec: str, dp_engine: Optional[str], full: bool,
-                   batch: int = BATCH, backward_only: bool = False) -> Callable[[], None]:
+def _one_peer_step(
+    spec: str, dp_engine: Optional[str], full: bool, batch: int = BATCH, backward_only: bool = False
+) -> Callable[[], None]:
     """One training step of a fresh model; with `dp_engine`, the clipped sum (or, `full`, the
     whole private step) replaces the gradient. `backward_only`: zero_grad, forward, loss and
     backward only (what the engine recorded is dropped), for the breakdown (c)."""
@@ -109,8 +110,9 @@ def one_peer_candidates(spec: str, batch: int = BATCH) -> Dict[str, Callable[[],
     return candidates
 
 
-def measure_one_peer(spec: str, reps: int, steps: int,
-                     batch: int = BATCH) -> Dict[str, Dict[str, List[float]]]:
+def measure_one_peer(
+    spec: str, reps: int, steps: int, batch: int = BATCH
+) -> Dict[str, Dict[str, List[float]]]:
     """Per candidate, per repetition: ms per step, thread CPU time and wall time."""
     candidates = one_peer_candidates(spec, batch)
     for step in candidates.values():  # warm-up: allocator, autograd graphs, lazy imports
@@ -128,10 +130,12 @@ def measure_one_peer(spec: str, reps: int, steps: int,
 
 
 #: The breakdown (c): the step's parts, measured like (a).
-PARTS = {"forward + backward, non-private": (None, False, True),
-         "forward + backward, ghost": ("ghost", False, True),
-         "whole step, non-private": (None, False, False),
-         "whole step, clipped sum ghost": ("ghost", False, False)}
+PARTS = {
+    "forward + backward, non-private": (None, False, True),
+    "forward + backward, ghost": ("ghost", False, True),
+    "whole step, non-private": (None, False, False),
+    "whole step, clipped sum ghost": ("ghost", False, False),
+}
 
 
 def count_operations(step: Callable[[], None]) -> int:
@@ -153,11 +157,18 @@ def count_operations(step: Callable[[], None]) -> int:
 
 def measure_parts(spec: str, reps: int, steps: int) -> Dict[str, Any]:
     """(c): per part, per repetition, ms per step (thread CPU, wall); and operation counts."""
-    candidates = {name: _one_peer_step(spec, engine, full, BATCH, backward_only)
-                  for name, (engine, full, backward_only) in PARTS.items()}
-    operations = {name: count_operations(_one_peer_step(spec, *args)) for name, args in (
-        ("non-private", (None, False)), ("clipped sum, ghost", ("ghost", False)),
-        ("private step, ghost", ("ghost", True)))}
+    candidates = {
+        name: _one_peer_step(spec, engine, full, BATCH, backward_only)
+        for name, (engine, full, backward_only) in PARTS.items()
+    }
+    operations = {
+        name: count_operations(_one_peer_step(spec, *args))
+        for name, args in (
+            ("non-private", (None, False)),
+            ("clipped sum, ghost", ("ghost", False)),
+            ("private step, ghost", ("ghost", True)),
+        )
+    }
     for step in candidates.values():
         for _ in range(5):
             step()
@@ -175,8 +186,9 @@ def measure_parts(spec: str, reps: int, steps: int) -> Dict[str, Any]:
 # ---- (b) end to end -------------------------------------------------------------------------
 
 
-def _run(spec: str, engine: Optional[str], epochs: int, first: int,
-         dataset: str) -> Dict[str, float]:
+def _run(
+    spec: str, engine: Optional[str], epochs: int, first: int, dataset: str
+) -> Dict[str, float]:
     """One ring:8 training run; ms per step (process CPU, wall) from step `first` (at most half
     the run) to the last."""
     from gossip_powersgd.launch import run_peers
@@ -187,8 +199,16 @@ def _run(spec: str, engine: Optional[str], epochs: int, first: int,
 
     from experiments.suite.runs import BASE
 
-    overrides = dict(topology="ring:8", partition="iid", epochs=epochs, eval_every=epochs,
-                     warmup_epochs=0, algorithm=spec, comm_timeout=600.0, dataset=dataset)
+    overrides = dict(
+        topology="ring:8",
+        partition="iid",
+        epochs=epochs,
+        eval_every=epochs,
+        warmup_epochs=0,
+        algorithm=spec,
+        comm_timeout=600.0,
+        dataset=dataset,
+    )
     if engine is not None:
         overrides.update(dp_noise_multiplier=1.0, dp_max_grad_norm=1.0, dp_delta=1e-5)
     config = config_from_dict(dict(BASE, **overrides))
@@ -200,6 +220,7 @@ def _run(spec: str, engine: Optional[str], epochs: int, first: int,
         def on_step(step):
             if comm.rank == 0:
                 marks[step] = (time.process_time(), time.perf_counter())
+
         return train(comm, config, on_step=on_step)
 
     engine_class = functools.partial(DPSGD, engine=engine) if engine is not None else DPSGD
@@ -208,9 +229,12 @@ def _run(spec: str, engine: Optional[str], epochs: int, first: int,
     last = max(marks)
     first = min(first, last // 2)
     steps = last - first
-    return {"cpu": (marks[last][0] - marks[first][0]) / steps * 1e3,
-            "wall": (marks[last][1] - marks[first][1]) / steps * 1e3, "steps": steps,
-            "first": first}
+    return {
+        "cpu": (marks[last][0] - marks[first][0]) / steps * 1e3,
+        "wall": (marks[last][1] - marks[first][1]) / steps * 1e3,
+        "steps": steps,
+        "first": first,
+    }
 
 
 def measure_end_to_end(reps: int, epochs: int, dataset: str, first: int = 8) -> Dict[str, Any]:
@@ -241,20 +265,22 @@ def _ratio(values: List[float], base: List[float]) -> float:
     return median(values) / median(base)
 
 
-def render(args, one_peer, e2e, seconds: float, command: str, big=None,
-           parts=None) -> str:
+def render(args, one_peer, e2e, seconds: float, command: str, big=None, parts=None) -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
-        "# What DP-SGD costs per step", "",
-        f"Command: `{command}`", "",
+        "# What DP-SGD costs per step",
+        "",
+        f"Command: `{command}`",
+        "",
         f"Date: {now} ({seconds:.0f} s), commit {git_commit()}. Machine: {os.cpu_count()} cores "
         f"shared with other jobs (load average {load:.1f} at the end), Python "
         f"{platform.python_version()}, torch {torch.__version__}, one torch thread. The machine "
         "was loaded by other jobs during the run: the figures are medians of interleaved "
         "repetitions (range in brackets), and the times are CPU time (of the measuring thread in "
         "(a), of the whole process with its 8 peer threads in (b)), which leaves out the time a "
-        "thread waits for a core; wall times are in the JSON file.", "",
+        "thread waits for a core; wall times are in the JSON file.",
+        "",
         "Engines (`DPSGD(engine=...)`): **ghost** (the default, `auto`, for these models): "
         "each Linear / Conv1d layer's forward uses detached parameters, keeps its input and "
         "retains its output's gradient, so the backward computes no weight gradient and runs no "
@@ -264,8 +290,10 @@ def render(args, one_peer, e2e, seconds: float, command: str, big=None,
         "weights or hooks (hooks was the only engine before). *Clipped sum*: the step with the "
         "sum of clipped per-example gradients, divided by the expected batch, in place of the "
         "gradient; *private step*: the whole `privatize` (clip, Gaussian noise from the peer's "
-        "ChaCha20 keystream, scale, accounting).", "",
-        f"## (a) One peer, batch {BATCH}, ms per step", "",
+        "ChaCha20 keystream, scale, accounting).",
+        "",
+        f"## (a) One peer, batch {BATCH}, ms per step",
+        "",
         f"{args.reps} interleaved repetitions of {args.steps} steps each, after 5 warm-up steps.",
         "",
     ]
@@ -273,33 +301,56 @@ def render(args, one_peer, e2e, seconds: float, command: str, big=None,
     lines += ["| model | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for spec, times in one_peer.items():
         lines.append(f"| {spec} | " + " | ".join(_cell(times[n]["cpu"]) for n in names) + " |")
-    lines += ["", "Ratios to the non-private step (medians of CPU time):", "",
-              "| model | " + " | ".join(names[1:]) + " |", "|---" * len(names) + "|"]
+    lines += [
+        "",
+        "Ratios to the non-private step (medians of CPU time):",
+        "",
+        "| model | " + " | ".join(names[1:]) + " |",
+        "|---" * len(names) + "|",
+    ]
     for spec, times in one_peer.items():
         base = times["non-private"]["cpu"]
-        lines.append(f"| {spec} | " + " | ".join(
-            f"**{_ratio(times[n]['cpu'], base):.2f}×**" for n in names[1:]) + " |")
+        lines.append(
+            f"| {spec} | "
+            + " | ".join(f"**{_ratio(times[n]['cpu'], base):.2f}×**" for n in names[1:])
+            + " |"
+        )
     if big:
         names = list(next(iter(big.values())))
-        lines += ["", f"Batch {args.big_batch}, the same way (ratios to the non-private step):",
-                  "", "| model | non-private, ms | " + " | ".join(names[1:]) + " |",
-                  "|---" * (len(names) + 1) + "|"]
+        lines += [
+            "",
+            f"Batch {args.big_batch}, the same way (ratios to the non-private step):",
+            "",
+            "| model | non-private, ms | " + " | ".join(names[1:]) + " |",
+            "|---" * (len(names) + 1) + "|",
+        ]
         for spec, times in big.items():
             base = times["non-private"]["cpu"]
-            lines.append(f"| {spec} | {_cell(base)} | " + " | ".join(
-                f"{_cell(times[n]['cpu'])} ms, **{_ratio(times[n]['cpu'], base):.2f}×**"
-                for n in names[1:]) + " |")
+            lines.append(
+                f"| {spec} | {_cell(base)} | "
+                + " | ".join(
+                    f"{_cell(times[n]['cpu'])} ms, **{_ratio(times[n]['cpu'], base):.2f}×**"
+                    for n in names[1:]
+                )
+                + " |"
+            )
     if parts:
         lines += _render_parts(args, parts)
     data = "MNIST-1D" if args.dataset == "mnist1d" else f"`{args.dataset}`"
-    lines += ["", f"## (b) ring:8, cnn1d, {data} iid, local backend, ms per step", "",
-              f"{args.e2e_reps} interleaved repetitions of whole runs of {args.e2e_epochs} "
-              f"epochs; each times steps {e2e['first']} to {e2e['first'] + e2e['steps']} "
-              "(process CPU time of all 8 peers per step, then wall time). DP-SGD: σ = 1, C = 1, "
-              "Poisson batches of expected size 32.", "",
-              "| algorithm | non-private | DP, ghost (the default) | DP, Opacus hooks | DP ghost ÷ "
-              "non-private | DP hooks ÷ non-private | wall: non-private | wall: DP ghost | "
-              "wall: DP hooks |", "|---" * 9 + "|"]
+    lines += [
+        "",
+        f"## (b) ring:8, cnn1d, {data} iid, local backend, ms per step",
+        "",
+        f"{args.e2e_reps} interleaved repetitions of whole runs of {args.e2e_epochs} "
+        f"epochs; each times steps {e2e['first']} to {e2e['first'] + e2e['steps']} "
+        "(process CPU time of all 8 peers per step, then wall time). DP-SGD: σ = 1, C = 1, "
+        "Poisson batches of expected size 32.",
+        "",
+        "| algorithm | non-private | DP, ghost (the default) | DP, Opacus hooks | DP ghost ÷ "
+        "non-private | DP hooks ÷ non-private | wall: non-private | wall: DP ghost | "
+        "wall: DP hooks |",
+        "|---" * 9 + "|",
+    ]
     t = e2e["times"]
     for label, _ in ALGORITHMS:
         plain, ghost, hooks = t[(label, None)], t[(label, "auto")], t[(label, "hooks")]
@@ -307,7 +358,8 @@ def render(args, one_peer, e2e, seconds: float, command: str, big=None,
             f"| {label} | {_cell(plain['cpu'])} | {_cell(ghost['cpu'])} | {_cell(hooks['cpu'])} | "
             f"**{_ratio(ghost['cpu'], plain['cpu']):.2f}×** | "
             f"{_ratio(hooks['cpu'], plain['cpu']):.2f}× | {median(plain['wall']):.1f} | "
-            f"{median(ghost['wall']):.1f} | {median(hooks['wall']):.1f} |")
+            f"{median(ghost['wall']):.1f} | {median(hooks['wall']):.1f} |"
+        )
     lines += ["", "## Targets", ""]
 
     def status(ratio: float, bound: float, hooks: float) -> str:
@@ -315,31 +367,49 @@ def render(args, one_peer, e2e, seconds: float, command: str, big=None,
 
     for spec, times in one_peer.items():
         plain = times["non-private"]["cpu"]
-        lines.append(f"- **The clipped sum at ≤ 1.5× a non-private step**, {spec}, batch {BATCH}: "
-                     + status(_ratio(times["clipped sum, ghost"]["cpu"], plain), 1.5,
-                              _ratio(times["clipped sum, hooks"]["cpu"], plain)) + ".")
+        lines.append(
+            f"- **The clipped sum at ≤ 1.5× a non-private step**, {spec}, batch {BATCH}: "
+            + status(
+                _ratio(times["clipped sum, ghost"]["cpu"], plain),
+                1.5,
+                _ratio(times["clipped sum, hooks"]["cpu"], plain),
+            )
+            + "."
+        )
     for label, _ in ALGORITHMS:
         plain = t[(label, None)]["cpu"]
-        lines.append(f"- **DP training at ≤ 2× the non-private time per step**, ring:8 cnn1d, "
-                     f"{label}: " + status(_ratio(t[(label, "auto")]["cpu"], plain), 2.0,
-                                           _ratio(t[(label, "hooks")]["cpu"], plain)) + ".")
+        lines.append(
+            f"- **DP training at ≤ 2× the non-private time per step**, ring:8 cnn1d, "
+            f"{label}: "
+            + status(
+                _ratio(t[(label, "auto")]["cpu"], plain),
+                2.0,
+                _ratio(t[(label, "hooks")]["cpu"], plain),
+            )
+            + "."
+        )
     lines.append("")
     return "\n".join(lines)
 
 
 def _render_parts(args, parts) -> List[str]:
     """(c): the step in parts, and the tensor operations per step."""
-    lines = ["", f"## (c) Where the ghost engine's extra time goes, batch {BATCH}", "",
-             f"The same way as (a) ({args.reps} interleaved repetitions of {args.steps} steps); "
-             "*forward + backward*: zero_grad, forward, loss, backward (the ghost engine's "
-             "records dropped); the rest of the whole step is, without DP, the SGD step, and, "
-             "with the ghost engine, the clipped sum (norms, clip factors, one product per "
-             "weight), the gradient assignment and the SGD step. *Operations*: ATen calls per "
-             "step, the backward's included (counted by a TorchDispatchMode).", "",
-             "| model | forward + backward: non-private | forward + backward: ghost | rest: "
-             "non-private | rest: ghost | operations: non-private | operations: clipped sum, "
-             "ghost | operations: private step, ghost | extra time per extra operation |",
-             "|---" * 9 + "|"]
+    lines = [
+        "",
+        f"## (c) Where the ghost engine's extra time goes, batch {BATCH}",
+        "",
+        f"The same way as (a) ({args.reps} interleaved repetitions of {args.steps} steps); "
+        "*forward + backward*: zero_grad, forward, loss, backward (the ghost engine's "
+        "records dropped); the rest of the whole step is, without DP, the SGD step, and, "
+        "with the ghost engine, the clipped sum (norms, clip factors, one product per "
+        "weight), the gradient assignment and the SGD step. *Operations*: ATen calls per "
+        "step, the backward's included (counted by a TorchDispatchMode).",
+        "",
+        "| model | forward + backward: non-private | forward + backward: ghost | rest: "
+        "non-private | rest: ghost | operations: non-private | operations: clipped sum, "
+        "ghost | operations: private step, ghost | extra time per extra operation |",
+        "|---" * 9 + "|",
+    ]
     for spec, part in parts.items():
         t = {name: median(v["cpu"]) for name, v in part["times"].items()}
         ops = part["operations"]
@@ -347,33 +417,53 @@ def _render_parts(args, parts) -> List[str]:
         rest0 = t["whole step, non-private"] - fb0
         rest1 = t["whole step, clipped sum ghost"] - fb1
         extra_ops = ops["clipped sum, ghost"] - ops["non-private"]
-        per_op = (t["whole step, clipped sum ghost"] - t["whole step, non-private"]) * 1e3 \
-            / extra_ops if extra_ops > 0 else float("nan")
-        lines.append(f"| {spec} | {fb0:.3f} ms | {fb1:.3f} ms | {rest0:.3f} ms | {rest1:.3f} ms | "
-                     f"{ops['non-private']} | {ops['clipped sum, ghost']} | "
-                     f"{ops['private step, ghost']} | {per_op:.1f} µs |")
+        per_op = (
+            (t["whole step, clipped sum ghost"] - t["whole step, non-private"]) * 1e3 / extra_ops
+            if extra_ops > 0
+            else float("nan")
+        )
+        lines.append(
+            f"| {spec} | {fb0:.3f} ms | {fb1:.3f} ms | {rest0:.3f} ms | {rest1:.3f} ms | "
+            f"{ops['non-private']} | {ops['clipped sum, ghost']} | "
+            f"{ops['private step, ghost']} | {per_op:.1f} µs |"
+        )
     return lines
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench_dp", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.bench_dp",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--e2e-reps", type=int, default=5)
     parser.add_argument("--e2e-epochs", type=int, default=3)
-    parser.add_argument("--big-batch", type=int, default=256,
-                        help="(a) again at this batch size, without the private steps (0: skip)")
-    parser.add_argument("--dataset", default="mnist1d",
-                        help="the end-to-end runs' dataset (inputs of length 40: cnn1d)")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs/bench_dp.md",
-                        help="the page (default runs/bench_dp.md; the committed page: "
-                             "--out experiments/results/bench_dp.md)")
+    parser.add_argument(
+        "--big-batch",
+        type=int,
+        default=256,
+        help="(a) again at this batch size, without the private steps (0: skip)",
+    )
+    parser.add_argument(
+        "--dataset",
+        default="mnist1d",
+        help="the end-to-end runs' dataset (inputs of length 40: cnn1d)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "runs/bench_dp.md",
+        help="the page (default runs/bench_dp.md; the committed page: "
+        "--out experiments/results/bench_dp.md)",
+    )
     args = parser.parse_args(argv)
     if min(args.reps, args.steps, args.e2e_reps, args.e2e_epochs) < 1:
         parser.error("--reps, --steps, --e2e-reps and --e2e-epochs must be >= 1")
-    command = "python -m experiments.bench_dp " + " ".join(argv if argv is not None
-                                                          else sys.argv[1:])
+    command = "python -m experiments.bench_dp " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
     torch.set_num_threads(1)
     started = time.perf_counter()
     one_peer = {}
@@ -394,13 +484,19 @@ def main(argv: Optional[List[str]] = None) -> None:
     page = render(args, one_peer, e2e, seconds, command.strip(), big, parts)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(args.out, page)
-    data = {"command": command.strip(), "commit": git_commit(), "seconds": seconds,
-            "one_peer_ms": one_peer, f"one_peer_batch_{args.big_batch}_ms": big,
-            "one_peer_parts_ms": {spec: part["times"] for spec, part in parts.items()},
-            "one_peer_operations": {spec: part["operations"] for spec, part in parts.items()},
-            "end_to_end_ms": {f"{label} | DP {engine or 'off'}": v
-                              for (label, engine), v in e2e["times"].items()},
-            "end_to_end_steps": e2e["steps"]}
+    data = {
+        "command": command.strip(),
+        "commit": git_commit(),
+        "seconds": seconds,
+        "one_peer_ms": one_peer,
+        f"one_peer_batch_{args.big_batch}_ms": big,
+        "one_peer_parts_ms": {spec: part["times"] for spec, part in parts.items()},
+        "one_peer_operations": {spec: part["operations"] for spec, part in parts.items()},
+        "end_to_end_ms": {
+            f"{label} | DP {engine or 'off'}": v for (label, engine), v in e2e["times"].items()
+        },
+        "end_to_end_steps": e2e["steps"],
+    }
     atomic_write(args.out.with_suffix(".json"), json.dumps(data, indent=1))
     log(f"wrote {args.out} in {seconds:.0f} s")
 

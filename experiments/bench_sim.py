@@ -54,8 +54,13 @@ MODULE = "gossip_powersgd/algorithms/powergossip.py"
 def previous_powergossip(commit: str) -> Optional[type]:
     """`PowerGossip` as it was at `commit` (imported beside the current one), or None without git."""
     try:
-        source = subprocess.run(["git", "show", f"{commit}:{MODULE}"], cwd=ROOT, check=True,
-                                capture_output=True, text=True).stdout
+        source = subprocess.run(
+            ["git", "show", f"{commit}:{MODULE}"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     folder = Path(tempfile.mkdtemp(prefix="bench_sim_"))
@@ -73,7 +78,7 @@ def previous_powergossip(commit: str) -> Optional[type]:
 def resident_mib() -> float:
     """This process's resident memory now (MiB, from /proc)."""
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 @contextlib.contextmanager
@@ -93,8 +98,15 @@ def python_kernels():
             setattr(powergossip, name, value)
 
 
-def cluster_run(algorithm: type, peers: int, steps: int, cooperative: Optional[bool] = None,
-                pin: Optional[bool] = None, lanes: int = 1, python: bool = False) -> Dict[str, Any]:
+def cluster_run(
+    algorithm: type,
+    peers: int,
+    steps: int,
+    cooperative: Optional[bool] = None,
+    pin: Optional[bool] = None,
+    lanes: int = 1,
+    python: bool = False,
+) -> Dict[str, Any]:
     """`steps` gossip steps (after two warm-up steps) on `peers` threads in `lanes` lanes (with the
     tensor work as Python for `python`); steps/s from the slowest peer's wall time between two
     barriers, and the final parameters."""
@@ -112,7 +124,9 @@ def cluster_run(algorithm: type, peers: int, steps: int, cooperative: Optional[b
         comm.barrier()
         return time.perf_counter() - start, x
 
-    cluster = LocalCluster(topologies.parse(f"ring:{peers}"), cooperative=cooperative, pin=pin, lanes=lanes)
+    cluster = LocalCluster(
+        topologies.parse(f"ring:{peers}"), cooperative=cooperative, pin=pin, lanes=lanes
+    )
     before = resource.getrusage(resource.RUSAGE_SELF)
     with python_kernels() if python else contextlib.nullcontext():
         out = cluster.run(peer)
@@ -120,8 +134,12 @@ def cluster_run(algorithm: type, peers: int, steps: int, cooperative: Optional[b
     # The whole run's context switches (all threads, set-up included) per measured step.
     switches = (after.ru_nvcsw + after.ru_nivcsw - before.ru_nvcsw - before.ru_nivcsw) / steps
     wall = max(seconds for seconds, _ in out)
-    return {"steps_per_s": steps / wall, "seconds_per_step": wall / steps, "switches": switches,
-            "params": [x for _, x in out]}
+    return {
+        "steps_per_s": steps / wall,
+        "seconds_per_step": wall / steps,
+        "switches": switches,
+        "params": [x for _, x in out],
+    }
 
 
 def divergence(before: type, peers: int, marks=(1, 10, 100)) -> Dict[int, Dict[str, float]]:
@@ -141,10 +159,18 @@ def divergence(before: type, peers: int, marks=(1, 10, 100)) -> Dict[int, Dict[s
 
     topology = topologies.parse(f"ring:{peers}")
     new, old = (LocalCluster(topology).run(peer, algorithm) for algorithm in (PowerGossip, before))
-    return {step: {"difference": max(float((a - b).abs().max()) for pn, po in zip(new, old)
-                                     for a, b in zip(pn[step][0], po[step][0])),
-                   "consensus_new": new[0][step][1], "consensus_before": old[0][step][1]}
-            for step in marks}
+    return {
+        step: {
+            "difference": max(
+                float((a - b).abs().max())
+                for pn, po in zip(new, old)
+                for a, b in zip(pn[step][0], po[step][0])
+            ),
+            "consensus_new": new[0][step][1],
+            "consensus_before": old[0][step][1],
+        }
+        for step in marks
+    }
 
 
 def one_thread_run(peers: int, steps: int) -> float:
@@ -153,8 +179,10 @@ def one_thread_run(peers: int, steps: int) -> float:
     (what the simulation would reach if switching peers and moving messages cost nothing)."""
     topology = topologies.parse(f"ring:{peers}")
     shapes = model_shapes("resnet20")
-    gossips = [PowerGossip(make_params(shapes, rank), loopback_communicator(topology, rank), rank=1)
-               for rank in range(peers)]
+    gossips = [
+        PowerGossip(make_params(shapes, rank), loopback_communicator(topology, rank), rank=1)
+        for rank in range(peers)
+    ]
     for _ in range(2):
         for gossip in gossips:
             gossip.step()
@@ -170,11 +198,14 @@ def isolated(algorithm: type, model: str, steps: int, reps: int) -> Dict[str, fl
     a one-thread 256 MB copy, paired per block, medians."""
     comm = loopback_communicator(topologies.parse("ring:8"), 0)
     gossip = algorithm(make_params(model_shapes(model), 0), comm, rank=1)
-    compressed = sum(t.numel() * t.element_size() for k, t in enumerate(gossip.params)
-                     if k in gossip.compressed_indices)
+    compressed = sum(
+        t.numel() * t.element_size()
+        for k, t in enumerate(gossip.params)
+        if k in gossip.compressed_indices
+    )
     for _ in range(2):
         gossip.step()
-    src = torch.ones(64 * 2 ** 20)
+    src = torch.ones(64 * 2**20)
     dst = torch.empty_like(src)
     dst.copy_(src)
     times, fractions = [], []
@@ -183,7 +214,9 @@ def isolated(algorithm: type, model: str, steps: int, reps: int) -> Dict[str, fl
         total, communication = gossip.time_total, gossip.time_communication
         for _ in range(steps):
             gossip.step()
-        seconds = ((gossip.time_total - total) - (gossip.time_communication - communication)) / steps
+        seconds = (
+            (gossip.time_total - total) - (gossip.time_communication - communication)
+        ) / steps
         times.append(seconds * 1e3)
         fractions.append(3 * compressed / (seconds * bandwidth * 1e9))
     return {"ms": median(times), "of_copy": median(fractions)}
@@ -192,102 +225,146 @@ def isolated(algorithm: type, model: str, steps: int, reps: int) -> Dict[str, fl
 def render(args, results: Dict[str, Any], seconds: float) -> str:
     """The results page."""
     load = os.getloadavg()
-    variants = [v for v in ("before", "free", "previous", "turns", "lanes python", "lanes", "one thread")
-                if v in results["sim"]]
-    label = {"before": f"`{args.before}`'s PowerGossip, free threads ({args.before_steps} steps)",
-             "free": "this tree, free threads",
-             "previous": f"`{args.previous}`'s PowerGossip, taking turns, one lane (the cluster as "
-                         f"at `{args.previous}`)",
-             "turns": "this tree, taking turns, one lane (the default)",
-             "lanes python": "this tree, two lanes, tensor work as Python (not compiled)",
-             "lanes": "**this tree, two lanes** (`lanes=2`)",
-             "one thread": "bound for one lane: one thread, no messages"}
-    L = ["# Simulation at scale: PowerGossip rank 1 on in-process peers", "",
-         f"Command: `python -m experiments.bench_sim --peers {args.peers} --steps {args.steps} "
-         f"--reps {args.reps} "
-         f"--big-peers {args.big_peers} --before {args.before} --before-steps {args.before_steps} "
-         f"--previous {args.previous}`", "",
-         f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC ({seconds:.0f} s), "
-         f"commit {git_commit()}. "
-         f"Machine: {os.cpu_count()} cores shared with other jobs (load average {load[0]:.1f} at the "
-         f"end), Python {platform.python_version()}, torch {torch.__version__}, one torch thread. "
-         "Absolute times move by 2x between runs on this shared machine; the columns come from "
-         "interleaved repetitions of one run.", "",
-         "ResNet-20-shaped random float32 parameters (269,722, 1.07 MB in compressed matrices), "
-         "PowerGossip rank 1, one half-step per step, warm start, ring topology (degree 2), "
-         "`LocalCluster` (one thread per peer). *Free threads*: `cooperative=False`, every peer "
-         "thread runs whenever the GIL lets it. *Taking turns*: `cooperative=True` (the default "
-         "when peers outnumber cores), one peer runs until it waits for a message or a "
-         "collective; its peer threads are pinned to one core (as many as torch's intra-op "
-         "threads, here 1; `LocalCluster(pin=None)`, the default). *Two lanes*: `lanes=2`, ranks "
-         "0-31 and 32-63 take turns on their own, each lane pinned to its own core, so two peers "
-         "run at once; PowerGossip's tensor work is compiled by TorchScript, which runs it without "
-         "the GIL (*as Python*: the same functions, not compiled). Earlier commits' PowerGossip "
-         "modules are imported into this tree's package, so they run with its helper modules "
-         "(base, exact, lowrank). Each repetition "
-         f"times {args.steps} steps after two warm-up steps. *One thread*: every peer stepped in "
-         "turn by one thread on a loopback "
-         "transport (no threads, no messages): the bound for this per-peer compute one peer at a "
-         "time. Context "
-         "switches: voluntary and involuntary, of all the process's threads over the whole "
-         "cluster run (set-up included), divided by the measured steps; free threads switch at "
-         "nearly every tensor operation, because PyTorch releases the GIL around each one.", "",
-         f"## {args.peers} peers: gossip steps per second", "",
-         "| | " + " | ".join(label[v] for v in variants) + " |",
-         "|---|" + "---|" * len(variants),
-         "| steps / s (median of reps) | " + " | ".join(f"**{median(results['sim'][v]):.1f}**"
-                                                        for v in variants) + " |",
-         "| each rep | " + " | ".join(", ".join(f"{s:.1f}" for s in results["sim"][v])
-                                      for v in variants) + " |",
-         "| context switches of the process per step (median) | " + " | ".join(
-             f"{median(results['switches'][v]):,.0f}" if v in results["switches"] else "–"
-             for v in variants) + " |", ""]
+    variants = [
+        v
+        for v in ("before", "free", "previous", "turns", "lanes python", "lanes", "one thread")
+        if v in results["sim"]
+    ]
+    label = {
+        "before": f"`{args.before}`'s PowerGossip, free threads ({args.before_steps} steps)",
+        "free": "this tree, free threads",
+        "previous": f"`{args.previous}`'s PowerGossip, taking turns, one lane (the cluster as "
+        f"at `{args.previous}`)",
+        "turns": "this tree, taking turns, one lane (the default)",
+        "lanes python": "this tree, two lanes, tensor work as Python (not compiled)",
+        "lanes": "**this tree, two lanes** (`lanes=2`)",
+        "one thread": "bound for one lane: one thread, no messages",
+    }
+    L = [
+        "# Simulation at scale: PowerGossip rank 1 on in-process peers",
+        "",
+        f"Command: `python -m experiments.bench_sim --peers {args.peers} --steps {args.steps} "
+        f"--reps {args.reps} "
+        f"--big-peers {args.big_peers} --before {args.before} --before-steps {args.before_steps} "
+        f"--previous {args.previous}`",
+        "",
+        f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC ({seconds:.0f} s), "
+        f"commit {git_commit()}. "
+        f"Machine: {os.cpu_count()} cores shared with other jobs (load average {load[0]:.1f} at the "
+        f"end), Python {platform.python_version()}, torch {torch.__version__}, one torch thread. "
+        "Absolute times move by 2x between runs on this shared machine; the columns come from "
+        "interleaved repetitions of one run.",
+        "",
+        "ResNet-20-shaped random float32 parameters (269,722, 1.07 MB in compressed matrices), "
+        "PowerGossip rank 1, one half-step per step, warm start, ring topology (degree 2), "
+        "`LocalCluster` (one thread per peer). *Free threads*: `cooperative=False`, every peer "
+        "thread runs whenever the GIL lets it. *Taking turns*: `cooperative=True` (the default "
+        "when peers outnumber cores), one peer runs until it waits for a message or a "
+        "collective; its peer threads are pinned to one core (as many as torch's intra-op "
+        "threads, here 1; `LocalCluster(pin=None)`, the default). *Two lanes*: `lanes=2`, ranks "
+        "0-31 and 32-63 take turns on their own, each lane pinned to its own core, so two peers "
+        "run at once; PowerGossip's tensor work is compiled by TorchScript, which runs it without "
+        "the GIL (*as Python*: the same functions, not compiled). Earlier commits' PowerGossip "
+        "modules are imported into this tree's package, so they run with its helper modules "
+        "(base, exact, lowrank). Each repetition "
+        f"times {args.steps} steps after two warm-up steps. *One thread*: every peer stepped in "
+        "turn by one thread on a loopback "
+        "transport (no threads, no messages): the bound for this per-peer compute one peer at a "
+        "time. Context "
+        "switches: voluntary and involuntary, of all the process's threads over the whole "
+        "cluster run (set-up included), divided by the measured steps; free threads switch at "
+        "nearly every tensor operation, because PyTorch releases the GIL around each one.",
+        "",
+        f"## {args.peers} peers: gossip steps per second",
+        "",
+        "| | " + " | ".join(label[v] for v in variants) + " |",
+        "|---|" + "---|" * len(variants),
+        "| steps / s (median of reps) | "
+        + " | ".join(f"**{median(results['sim'][v]):.1f}**" for v in variants)
+        + " |",
+        "| each rep | "
+        + " | ".join(", ".join(f"{s:.1f}" for s in results["sim"][v]) for v in variants)
+        + " |",
+        "| context switches of the process per step (median) | "
+        + " | ".join(
+            f"{median(results['switches'][v]):,.0f}" if v in results["switches"] else "–"
+            for v in variants
+        )
+        + " |",
+        "",
+    ]
     sim = {v: median(results["sim"][v]) for v in variants}
-    ratios = [f"two lanes / one lane: **{sim['lanes'] / sim['turns']:.2f}×**",
-              f"two lanes, compiled / as Python: {sim['lanes'] / sim['lanes python']:.2f}×"]
+    ratios = [
+        f"two lanes / one lane: **{sim['lanes'] / sim['turns']:.2f}×**",
+        f"two lanes, compiled / as Python: {sim['lanes'] / sim['lanes python']:.2f}×",
+    ]
     if "previous" in sim:
-        ratios += [f"two lanes / `{args.previous}`: **{sim['lanes'] / sim['previous']:.2f}×**",
-                   f"one lane, this tree / `{args.previous}`: {sim['turns'] / sim['previous']:.2f}×"]
+        ratios += [
+            f"two lanes / `{args.previous}`: **{sim['lanes'] / sim['previous']:.2f}×**",
+            f"one lane, this tree / `{args.previous}`: {sim['turns'] / sim['previous']:.2f}×",
+        ]
     ratios.append(f"one lane / free threads (this tree): {sim['turns'] / sim['free']:.1f}×")
     if "before" in sim:
         ratios.append(f"two lanes / before: {sim['lanes'] / sim['before']:.1f}×")
     L += ["Ratios of the medians: " + "; ".join(ratios) + ".", ""]
     if "identical" in results:
-        L += ["Final parameters of all peers bit-identical with free threads, one lane and two "
-              f"lanes, compiled or not{f' and with `{args.previous}`' if 'previous' in sim else ''}: "
-              f"**{'yes' if results['identical'] else 'no'}**."]
+        L += [
+            "Final parameters of all peers bit-identical with free threads, one lane and two "
+            f"lanes, compiled or not{f' and with `{args.previous}`' if 'previous' in sim else ''}: "
+            f"**{'yes' if results['identical'] else 'no'}**."
+        ]
         L += [""]
     if "divergence" in results:
-        L += [f"## The same algorithm as `{args.before}`, rounded differently", "",
-              f"At rank 1 the factors sit in the messages' row layout, and BLAS rounds a product "
-              "with such a strided operand differently, so the bits differ from "
-              f"`{args.before}`'s. The two ends of an edge still "
-              "form identical factors, since they subtract the same two products. The differences "
-              "start at float rounding and the power iteration amplifies them (its factor "
-              "directions depend on them), while the consensus distances stay close. "
-              f"ring:{args.divergence_peers}, ResNet-20 shapes, rank 1, random parameters "
-              f"(up to {results['scale']:.1f} in absolute value):", "",
-              f"| steps | largest parameter difference | consensus distance, this tree | "
-              f"consensus distance, `{args.before}` |", "|---|---|---|---|"]
+        L += [
+            f"## The same algorithm as `{args.before}`, rounded differently",
+            "",
+            f"At rank 1 the factors sit in the messages' row layout, and BLAS rounds a product "
+            "with such a strided operand differently, so the bits differ from "
+            f"`{args.before}`'s. The two ends of an edge still "
+            "form identical factors, since they subtract the same two products. The differences "
+            "start at float rounding and the power iteration amplifies them (its factor "
+            "directions depend on them), while the consensus distances stay close. "
+            f"ring:{args.divergence_peers}, ResNet-20 shapes, rank 1, random parameters "
+            f"(up to {results['scale']:.1f} in absolute value):",
+            "",
+            f"| steps | largest parameter difference | consensus distance, this tree | "
+            f"consensus distance, `{args.before}` |",
+            "|---|---|---|---|",
+        ]
         for step, row in results["divergence"].items():
-            L.append(f"| {step} | {row['difference']:.1e} | {row['consensus_new']:.6g} | "
-                     f"{row['consensus_before']:.6g} |")
+            L.append(
+                f"| {step} | {row['difference']:.1e} | {row['consensus_new']:.6g} | "
+                f"{row['consensus_before']:.6g} |"
+            )
         L += [""]
     isolated_variants = [v for v in ("before", "after") if v in results["isolated"]]
     ilabel = {"before": f"before (`{args.before}`)", "after": "after (this tree)"}
-    L += ["## One peer's half-step alone (loopback transport, degree 2)", "",
-          "| model | " + " | ".join(f"{ilabel[v]}: ms, % of copy" for v in isolated_variants) + " |",
-          "|---|" + "---|" * len(isolated_variants)]
+    L += [
+        "## One peer's half-step alone (loopback transport, degree 2)",
+        "",
+        "| model | " + " | ".join(f"{ilabel[v]}: ms, % of copy" for v in isolated_variants) + " |",
+        "|---|" + "---|" * len(isolated_variants),
+    ]
     for model in ("resnet20", "vgg16"):
-        L.append(f"| {model} | " + " | ".join(
-            f"{results['isolated'][v][model]['ms']:.2f} ms, **{results['isolated'][v][model]['of_copy'] * 100:.0f} %**"
-            for v in isolated_variants) + " |")
+        L.append(
+            f"| {model} | "
+            + " | ".join(
+                f"{results['isolated'][v][model]['ms']:.2f} ms, **{results['isolated'][v][model]['of_copy'] * 100:.0f} %**"
+                for v in isolated_variants
+            )
+            + " |"
+        )
     big = results["big"]
-    L += ["", f"## {args.big_peers} peers (this tree, two lanes)", "",
-          f"{big['steps']} steps: **{big['seconds_per_step']:.2f} s per step** "
-          f"({1 / big['seconds_per_step']:.1f} steps/s); resident memory of the process "
-          f"{big['rss_before']:.0f} MiB before the cluster, {big['rss_after']:.0f} MiB with its "
-          f"results held, peak {big['peak']:.0f} MiB.", ""]
+    L += [
+        "",
+        f"## {args.big_peers} peers (this tree, two lanes)",
+        "",
+        f"{big['steps']} steps: **{big['seconds_per_step']:.2f} s per step** "
+        f"({1 / big['seconds_per_step']:.1f} steps/s); resident memory of the process "
+        f"{big['rss_before']:.0f} MiB before the cluster, {big['rss_after']:.0f} MiB with its "
+        f"results held, peak {big['peak']:.0f} MiB.",
+        "",
+    ]
     return "\n".join(L)
 
 
@@ -300,14 +377,24 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--big-peers", type=int, default=256)
     parser.add_argument("--big-steps", type=int, default=6)
     parser.add_argument("--before", default="c0bf4d7", help="commit whose PowerGossip is 'before'")
-    parser.add_argument("--before-steps", type=int, default=20,
-                        help="measured steps per repetition of 'before' (about 1 step/s)")
-    parser.add_argument("--previous", default="610f530",
-                        help="commit whose PowerGossip runs taking turns, one lane ('' to leave out)")
+    parser.add_argument(
+        "--before-steps",
+        type=int,
+        default=20,
+        help="measured steps per repetition of 'before' (about 1 step/s)",
+    )
+    parser.add_argument(
+        "--previous",
+        default="610f530",
+        help="commit whose PowerGossip runs taking turns, one lane ('' to leave out)",
+    )
     parser.add_argument("--divergence-peers", type=int, default=16)
-    parser.add_argument("--out", default=str(ROOT / "runs" / "bench_sim.md"),
-                        help="the page (default runs/bench_sim.md; the committed page: "
-                             "--out experiments/results/bench_sim.md)")
+    parser.add_argument(
+        "--out",
+        default=str(ROOT / "runs" / "bench_sim.md"),
+        help="the page (default runs/bench_sim.md; the committed page: "
+        "--out experiments/results/bench_sim.md)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     start = time.perf_counter()
@@ -317,16 +404,23 @@ def main(argv: Optional[List[str]] = None) -> None:
     setups = {"free": (PowerGossip, False, 1, False, args.steps)}
     if previous is not None:
         setups["previous"] = (previous, True, 1, False, args.steps)
-    setups.update({"turns": (PowerGossip, True, 1, False, args.steps),
-                   "lanes python": (PowerGossip, True, 2, True, args.steps),
-                   "lanes": (PowerGossip, True, 2, False, args.steps)})
+    setups.update(
+        {
+            "turns": (PowerGossip, True, 1, False, args.steps),
+            "lanes python": (PowerGossip, True, 2, True, args.steps),
+            "lanes": (PowerGossip, True, 2, False, args.steps),
+        }
+    )
     if before is not None:
         setups = {"before": (before, False, 1, False, args.before_steps), **setups}
-    results: Dict[str, Any] = {"sim": {v: [] for v in [*setups, "one thread"]}, "isolated": {},
-                               "switches": {}}
+    results: Dict[str, Any] = {
+        "sim": {v: [] for v in [*setups, "one thread"]},
+        "isolated": {},
+        "switches": {},
+    }
     finals = {}
     for rep in range(args.reps):
-        for name in (list(setups) if rep % 2 == 0 else list(setups)[::-1]):
+        for name in list(setups) if rep % 2 == 0 else list(setups)[::-1]:
             algorithm, cooperative, lanes, python, steps = setups[name]
             run = cluster_run(algorithm, args.peers, steps, cooperative, lanes=lanes, python=python)
             results["sim"][name].append(run["steps_per_s"])
@@ -334,16 +428,25 @@ def main(argv: Optional[List[str]] = None) -> None:
             finals[name] = run["params"]
             print(f"{args.peers} peers, {name}: {run['steps_per_s']:.1f} steps/s", flush=True)
         results["sim"]["one thread"].append(one_thread_run(args.peers, args.steps))
-        print(f"{args.peers} peers, one thread: {results['sim']['one thread'][-1]:.1f} steps/s", flush=True)
+        print(
+            f"{args.peers} peers, one thread: {results['sim']['one thread'][-1]:.1f} steps/s",
+            flush=True,
+        )
     reference = finals["free"]
-    results["identical"] = all(torch.equal(a.view(-1).view(torch.int32), b.view(-1).view(torch.int32))
-                               for name in setups if name not in ("before", "free")
-                               for pa, pb in zip(reference, finals[name]) for a, b in zip(pa, pb))
+    results["identical"] = all(
+        torch.equal(a.view(-1).view(torch.int32), b.view(-1).view(torch.int32))
+        for name in setups
+        if name not in ("before", "free")
+        for pa, pb in zip(reference, finals[name])
+        for a, b in zip(pa, pb)
+    )
     results["scale"] = max(float(a.abs().max()) for pa in reference for a in pa)
     del finals
     if before is not None:
         results["divergence"] = divergence(before, args.divergence_peers)
-    variants = {"after": PowerGossip} if before is None else {"before": before, "after": PowerGossip}
+    variants = (
+        {"after": PowerGossip} if before is None else {"before": before, "after": PowerGossip}
+    )
     results["isolated"] = {v: {} for v in variants}
     for name, algorithm in variants.items():
         for model, steps in (("resnet20", 100), ("vgg16", 4)):
@@ -351,9 +454,13 @@ def main(argv: Optional[List[str]] = None) -> None:
             print(f"isolated {model}, {name}: {results['isolated'][name][model]}", flush=True)
     rss_before = resident_mib()
     run = cluster_run(PowerGossip, args.big_peers, args.big_steps, cooperative=True, lanes=2)
-    results["big"] = {"steps": args.big_steps, "seconds_per_step": run["seconds_per_step"],
-                      "rss_before": rss_before, "rss_after": resident_mib(),
-                      "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    results["big"] = {
+        "steps": args.big_steps,
+        "seconds_per_step": run["seconds_per_step"],
+        "rss_before": rss_before,
+        "rss_after": resident_mib(),
+        "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
     print(f"{args.big_peers} peers: {run['seconds_per_step']:.2f} s/step", flush=True)
     page = render(args, results, time.perf_counter() - start)
     atomic_write(args.out, page + "\n")

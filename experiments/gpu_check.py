@@ -55,15 +55,19 @@ def require_device(device: str, dry_run: bool) -> torch.device:
     dev = torch.device(device)
     if dev.type == "cpu":
         if not dry_run:
-            raise ValueError("--device cpu checks the script, not a GPU: add --dry-run (and --out "
-                             "PATH to keep its page)")
+            raise ValueError(
+                "--device cpu checks the script, not a GPU: add --dry-run (and --out "
+                "PATH to keep its page)"
+            )
         return dev
     if dev.type != "cuda":
         raise ValueError(f"device {device!r} is not supported: use cuda (or cpu with --dry-run)")
     if not torch.cuda.is_available():
-        raise ValueError(f"gpu_check needs CUDA, and this machine has none (torch {torch.__version__}, "
-                         "torch.cuda.is_available() is False): run it on a GPU machine, or check the "
-                         "script itself with --device cpu --dry-run")
+        raise ValueError(
+            f"gpu_check needs CUDA, and this machine has none (torch {torch.__version__}, "
+            "torch.cuda.is_available() is False): run it on a GPU machine, or check the "
+            "script itself with --device cpu --dry-run"
+        )
     # TF32 would change the products' bits far beyond float tolerance; the check is for float32.
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -83,7 +87,9 @@ def gossip_peer(comm, algorithm: str, shapes, steps: int, device: str) -> Dict[s
     from gossip_powersgd import ExactGossip, PowerGossip
 
     params = [t.to(device) for t in make_params(shapes, comm.rank)]
-    gossip = ExactGossip(params, comm) if algorithm == "exact" else PowerGossip(params, comm, rank=1)
+    gossip = (
+        ExactGossip(params, comm) if algorithm == "exact" else PowerGossip(params, comm, rank=1)
+    )
     seconds = []
     for _ in range(steps):
         comm.barrier()
@@ -93,33 +99,45 @@ def gossip_peer(comm, algorithm: str, shapes, steps: int, device: str) -> Dict[s
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
     timed = seconds[1:] or seconds
-    return {"params": [p.detach().cpu().clone() for p in params], "seconds": sum(timed) / len(timed)}
+    return {
+        "params": [p.detach().cpu().clone() for p in params],
+        "seconds": sum(timed) / len(timed),
+    }
 
 
 def run_local(peers: int, algorithm: str, shapes, steps: int, device: str) -> List[Dict[str, Any]]:
     import topologies
     from gossip_powersgd import LocalCluster
 
-    return LocalCluster(topologies.ring(peers), timeout=300).run(gossip_peer, algorithm, shapes, steps,
-                                                                 device)
+    return LocalCluster(topologies.ring(peers), timeout=300).run(
+        gossip_peer, algorithm, shapes, steps, device
+    )
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def compare(runs: Sequence[Dict[str, Any]], reference: Sequence[Dict[str, Any]], shapes,
-            algorithm: str) -> Dict[str, Any]:
+def compare(
+    runs: Sequence[Dict[str, Any]], reference: Sequence[Dict[str, Any]], shapes, algorithm: str
+) -> Dict[str, Any]:
     """How far `runs` (one record per rank) is from the CPU `reference`, and how well it kept the
     average over peers; `ok` when both are within tolerance."""
     flat = lambda record: torch.cat([p.reshape(-1).double() for p in record["params"]])  # noqa: E731
     model_diff = max(relative(flat(r), flat(ref)) for r, ref in zip(runs, reference))
-    start = torch.stack([torch.cat([t.reshape(-1).double() for t in make_params(shapes, k)])
-                         for k in range(len(runs))]).mean(0)
+    start = torch.stack(
+        [
+            torch.cat([t.reshape(-1).double() for t in make_params(shapes, k)])
+            for k in range(len(runs))
+        ]
+    ).mean(0)
     end = torch.stack([flat(r) for r in runs]).mean(0)
     average_drift = relative(end, start)
-    ok = len(runs) == len(reference) and model_diff <= MODEL_TOLERANCE[algorithm] \
+    ok = (
+        len(runs) == len(reference)
+        and model_diff <= MODEL_TOLERANCE[algorithm]
         and average_drift <= AVERAGE_TOLERANCE
+    )
     return {"model_diff": model_diff, "average_drift": average_drift, "ok": ok}
 
 
@@ -130,8 +148,10 @@ def torch_peers(device: torch.device, peers: int) -> tuple:
         return peers, ""
     gpus = torch.cuda.device_count()
     if gpus < 2:
-        return 0, (f"NCCL wants one GPU per rank and this machine has {gpus}; run the check on a "
-                   "machine with at least two GPUs for this part")
+        return 0, (
+            f"NCCL wants one GPU per rank and this machine has {gpus}; run the check on a "
+            "machine with at least two GPUs for this part"
+        )
     return min(peers, gpus), ""
 
 
@@ -140,15 +160,40 @@ def launch_torch(processes: int, args, folder: Path) -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
-               "--master-addr", "127.0.0.1", "--master-port", str(port), str(Path(__file__).resolve()),
-               "--worker", str(folder), "--device", args.device, "--steps", str(args.steps)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(processes),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        str(Path(__file__).resolve()),
+        "--worker",
+        str(folder),
+        "--device",
+        args.device,
+        "--steps",
+        str(args.steps),
+    ]
     if args.dry_run:
         command.append("--dry-run")
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    child = subprocess.Popen(command, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, start_new_session=True)
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
+    child = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         _, err = child.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -172,51 +217,87 @@ def worker_main(folder: str, args) -> int:
 
     def peer(comm):
         shapes = check_shapes(args.dry_run)
-        out = {name: gossip_peer(comm, name, shapes, args.steps, str(comm.device))
-               for name in ALGORITHMS}
+        out = {
+            name: gossip_peer(comm, name, shapes, args.steps, str(comm.device))
+            for name in ALGORITHMS
+        }
         torch.save(out, Path(folder) / f"rank-{comm.rank}.pt")
 
-    run_peers(topologies.ring(world), peer, backend="torch", timeout=args.timeout,
-              device="cpu" if args.device == "cpu" else "cuda")
+    run_peers(
+        topologies.ring(world),
+        peer,
+        backend="torch",
+        timeout=args.timeout,
+        device="cpu" if args.device == "cpu" else "cuda",
+    )
     return 0
 
 
 # ---- the page ------------------------------------------------------------------------------------
 def render(rows: List[Dict[str, Any]], timings: Dict[str, float], meta: Dict[str, Any]) -> str:
-    lines = ["# GPU readiness check", "", f"Command: `{meta['command']}`", "",
-             f"Date: {meta['date']} ({meta['seconds']:.0f} s). Device: {meta['device_name']}; "
-             f"torch {torch.__version__}; {meta['peers']} peers on a ring; {meta['steps']} steps; "
-             f"TF32 off.", "",
-             f"Models compared with the CPU run of the same algorithm (relative 2-norm difference per "
-             f"peer, worst peer; tolerance exact {MODEL_TOLERANCE['exact']:g}, PowerGossip "
-             f"{MODEL_TOLERANCE['powergossip']:g}); average over peers after vs before (tolerance "
-             f"{AVERAGE_TOLERANCE:g}).", "",
-             "| transport | algorithm | model vs CPU | average drift | result |", "|---|---|---|---|---|"]
+    lines = [
+        "# GPU readiness check",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        f"Date: {meta['date']} ({meta['seconds']:.0f} s). Device: {meta['device_name']}; "
+        f"torch {torch.__version__}; {meta['peers']} peers on a ring; {meta['steps']} steps; "
+        f"TF32 off.",
+        "",
+        f"Models compared with the CPU run of the same algorithm (relative 2-norm difference per "
+        f"peer, worst peer; tolerance exact {MODEL_TOLERANCE['exact']:g}, PowerGossip "
+        f"{MODEL_TOLERANCE['powergossip']:g}); average over peers after vs before (tolerance "
+        f"{AVERAGE_TOLERANCE:g}).",
+        "",
+        "| transport | algorithm | model vs CPU | average drift | result |",
+        "|---|---|---|---|---|",
+    ]
     for row in rows:
         if "skipped" in row:
-            lines.append(f"| {row['transport']} | {row['algorithm']} | – | – | skipped: {row['skipped']} |")
+            lines.append(
+                f"| {row['transport']} | {row['algorithm']} | – | – | skipped: {row['skipped']} |"
+            )
         elif "error" in row:
-            lines.append(f"| {row['transport']} | {row['algorithm']} | – | – | **FAIL**: {row['error']} |")
+            lines.append(
+                f"| {row['transport']} | {row['algorithm']} | – | – | **FAIL**: {row['error']} |"
+            )
         else:
-            lines.append(f"| {row['transport']} | {row['algorithm']} | {row['model_diff']:.2e} | "
-                         f"{row['average_drift']:.2e} | {'pass' if row['ok'] else '**FAIL**'} |")
-    lines += ["", f"## Time per gossip step ({meta['timing_shapes']}, local transport on the device)", "",
-              "| algorithm | time / step |", "|---|---|"]
+            lines.append(
+                f"| {row['transport']} | {row['algorithm']} | {row['model_diff']:.2e} | "
+                f"{row['average_drift']:.2e} | {'pass' if row['ok'] else '**FAIL**'} |"
+            )
+    lines += [
+        "",
+        f"## Time per gossip step ({meta['timing_shapes']}, local transport on the device)",
+        "",
+        "| algorithm | time / step |",
+        "|---|---|",
+    ]
     lines += [f"| {name} | {seconds * 1e3:.3g} ms |" for name, seconds in timings.items()]
     return "\n".join(lines) + "\n"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m experiments.gpu_check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.gpu_check", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (with --dry-run)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="small shapes and the CPU allowed: checks the script, not a GPU")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="small shapes and the CPU allowed: checks the script, not a GPU",
+    )
     parser.add_argument("--peers", type=int, default=4, help="peers on the ring (default 4)")
     parser.add_argument("--steps", type=int, default=6, help="gossip steps per run (default 6)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the torchrun part")
-    parser.add_argument("--out", help="page to write (default runs/gpu_check.md; the committed page: "
-                                      "--out experiments/results/gpu_check.md; "
-                                      "none in a dry run unless given)")
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds for the torchrun part"
+    )
+    parser.add_argument(
+        "--out",
+        help="page to write (default runs/gpu_check.md; the committed page: "
+        "--out experiments/results/gpu_check.md; "
+        "none in a dry run unless given)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     return parser
 
@@ -233,38 +314,65 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     start, date = time.perf_counter(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     shapes = check_shapes(args.dry_run)
-    reference = {name: run_local(args.peers, name, shapes, args.steps, "cpu") for name in ALGORITHMS}
+    reference = {
+        name: run_local(args.peers, name, shapes, args.steps, "cpu") for name in ALGORITHMS
+    }
     rows = []
     for name in ALGORITHMS:
         run = run_local(args.peers, name, shapes, args.steps, str(device))
-        rows.append({"transport": f"local on {device.type}", "algorithm": name,
-                     **compare(run, reference[name], shapes, name)})
+        rows.append(
+            {
+                "transport": f"local on {device.type}",
+                "algorithm": name,
+                **compare(run, reference[name], shapes, name),
+            }
+        )
     processes, why_not = torch_peers(device, args.peers)
     backend = "gloo" if device.type == "cpu" else "nccl"
     if processes and processes != args.peers:
-        reference = {name: run_local(processes, name, shapes, args.steps, "cpu") for name in ALGORITHMS}
+        reference = {
+            name: run_local(processes, name, shapes, args.steps, "cpu") for name in ALGORITHMS
+        }
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as folder:
         failure = launch_torch(processes, args, Path(folder)) if processes else ""
         for name in ALGORITHMS:
-            row = {"transport": f"torch/{backend}, {processes or args.peers} processes", "algorithm": name}
+            row = {
+                "transport": f"torch/{backend}, {processes or args.peers} processes",
+                "algorithm": name,
+            }
             if not processes:
                 rows.append({**row, "skipped": why_not})
                 continue
             if failure:
                 rows.append({**row, "error": failure, "ok": False})
                 continue
-            runs = [torch.load(Path(folder) / f"rank-{k}.pt", weights_only=True)[name]
-                    for k in range(processes)]
+            runs = [
+                torch.load(Path(folder) / f"rank-{k}.pt", weights_only=True)[name]
+                for k in range(processes)
+            ]
             rows.append({**row, **compare(runs, reference[name], shapes, name)})
     timing_shapes = "small dry-run shapes" if args.dry_run else "VGG-16 shapes, 15.2 M parameters"
     timing_set = shapes if args.dry_run else model_shapes("vgg16")
-    timings = {name: sum(r["seconds"] for r in run_local(args.peers, name, timing_set, 3, str(device)))
-               / args.peers for name in ALGORITHMS}
+    timings = {
+        name: sum(r["seconds"] for r in run_local(args.peers, name, timing_set, 3, str(device)))
+        / args.peers
+        for name in ALGORITHMS
+    }
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)"
-    command = ("python -m experiments.gpu_check" + (f" --device {args.device} --dry-run" if args.dry_run else "")
-               + (f" --out {args.out}" if args.out else ""))
-    meta = {"command": command, "date": date, "seconds": time.perf_counter() - start,
-            "device_name": name, "peers": args.peers, "steps": args.steps, "timing_shapes": timing_shapes}
+    command = (
+        "python -m experiments.gpu_check"
+        + (f" --device {args.device} --dry-run" if args.dry_run else "")
+        + (f" --out {args.out}" if args.out else "")
+    )
+    meta = {
+        "command": command,
+        "date": date,
+        "seconds": time.perf_counter() - start,
+        "device_name": name,
+        "peers": args.peers,
+        "steps": args.steps,
+        "timing_shapes": timing_shapes,
+    }
     page = render(rows, timings, meta)
     out = args.out or (None if args.dry_run else str(DEFAULT_OUT))
     if out:

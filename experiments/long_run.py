@@ -54,9 +54,15 @@ def peer(comm, steps: int, log_every: int, rank: int):
         if step % log_every == 0 or step in (1, 100):
             mean = parameter_average(x, comm)
             drift = float((mean - start_mean).norm() / start_mean.norm())
-            records.append({"step": step, "consensus_distance": consensus_distance(x, comm),
-                            "average_drift": drift, "rss_bytes": resident_bytes(),
-                            "seconds": time.perf_counter() - started})
+            records.append(
+                {
+                    "step": step,
+                    "consensus_distance": consensus_distance(x, comm),
+                    "average_drift": drift,
+                    "rss_bytes": resident_bytes(),
+                    "seconds": time.perf_counter() - started,
+                }
+            )
     return records
 
 
@@ -67,10 +73,17 @@ def summarize(records, steps: int):
     last = records[-1]
     growth = (last["rss_bytes"] - base["rss_bytes"]) / base["rss_bytes"]
     max_drift = max(r["average_drift"] for r in records)
-    return {"steps": steps, "max_average_drift": max_drift, "drift_ok": max_drift <= DRIFT_LIMIT,
-            "rss_step_100_mb": base["rss_bytes"] / 1e6, "rss_last_mb": last["rss_bytes"] / 1e6,
-            "rss_growth": growth, "memory_ok": growth < MEMORY_GROWTH_LIMIT,
-            "final_consensus_distance": last["consensus_distance"], "seconds": last["seconds"]}
+    return {
+        "steps": steps,
+        "max_average_drift": max_drift,
+        "drift_ok": max_drift <= DRIFT_LIMIT,
+        "rss_step_100_mb": base["rss_bytes"] / 1e6,
+        "rss_last_mb": last["rss_bytes"] / 1e6,
+        "rss_growth": growth,
+        "memory_ok": growth < MEMORY_GROWTH_LIMIT,
+        "final_consensus_distance": last["consensus_distance"],
+        "seconds": last["seconds"],
+    }
 
 
 def main(argv=None) -> int:
@@ -79,9 +92,13 @@ def main(argv=None) -> int:
     parser.add_argument("--topology", default="ring:8")
     parser.add_argument("--rank", type=int, default=1)
     parser.add_argument("--log-every", type=int, default=500)
-    parser.add_argument("--backend", choices=BACKENDS, default=None,
-                        help="local: one thread per peer; mpi: one peer per rank, under mpiexec "
-                             "(default: mpi when launched by mpiexec)")
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=None,
+        help="local: one thread per peer; mpi: one peer per rank, under mpiexec "
+        "(default: mpi when launched by mpiexec)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write a markdown summary here")
     args = parser.parse_args(argv)
     if args.steps < 100:
@@ -89,7 +106,9 @@ def main(argv=None) -> int:
     topology = topologies.parse(args.topology)
     args.backend = resolve_backend(args.backend)
     commit = page_commit()  # the code as it is when the run starts
-    records = run_peers(topology, peer, args.steps, args.log_every, args.rank, backend=args.backend).get(0)
+    records = run_peers(
+        topology, peer, args.steps, args.log_every, args.rank, backend=args.backend
+    ).get(0)
     if records is None:  # not rank 0 of an MPI job: rank 0 reports
         return 0
     summary = summarize(records, args.steps)
@@ -97,23 +116,35 @@ def main(argv=None) -> int:
         print(json.dumps(r))
     print(json.dumps(summary))
     if args.out:
-        command = "python -m experiments.long_run " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "python -m experiments.long_run " + " ".join(
+            argv if argv is not None else sys.argv[1:]
+        )
         lines = [
-            "# Long run: average drift and memory over many PowerGossip steps", "",
+            "# Long run: average drift and memory over many PowerGossip steps",
+            "",
             f"Command: `{command}` (backend {args.backend}, rank-0 process), "
-            f"{datetime.date.today().isoformat()}, {summary['seconds']:.0f} s, commit {commit}.", "",
-            f"Setup: {args.topology}, PowerGossip rank {args.rank}, 100x100 float32 N(0,1) per peer.", "",
-            "| check | measured | limit | ok |", "|---|---|---|---|",
+            f"{datetime.date.today().isoformat()}, {summary['seconds']:.0f} s, commit {commit}.",
+            "",
+            f"Setup: {args.topology}, PowerGossip rank {args.rank}, 100x100 float32 N(0,1) per peer.",
+            "",
+            "| check | measured | limit | ok |",
+            "|---|---|---|---|",
             f"| max relative drift of the average | {summary['max_average_drift']:.2e} | {DRIFT_LIMIT:g} | "
             f"{'yes' if summary['drift_ok'] else 'NO'} |",
             f"| resident memory, step 100 -> {args.steps} | {summary['rss_step_100_mb']:.1f} MB -> "
             f"{summary['rss_last_mb']:.1f} MB ({100 * summary['rss_growth']:+.2f} %) | +5 % | "
-            f"{'yes' if summary['memory_ok'] else 'NO'} |", "",
-            f"Final consensus distance: {summary['final_consensus_distance']:.3e}.", "",
-            "| step | consensus distance | average drift | RSS (MB) |", "|---|---|---|---|",
+            f"{'yes' if summary['memory_ok'] else 'NO'} |",
+            "",
+            f"Final consensus distance: {summary['final_consensus_distance']:.3e}.",
+            "",
+            "| step | consensus distance | average drift | RSS (MB) |",
+            "|---|---|---|---|",
         ]
-        lines += [f"| {r['step']} | {r['consensus_distance']:.3e} | {r['average_drift']:.2e} | "
-                  f"{r['rss_bytes'] / 1e6:.1f} |" for r in records]
+        lines += [
+            f"| {r['step']} | {r['consensus_distance']:.3e} | {r['average_drift']:.2e} | "
+            f"{r['rss_bytes'] / 1e6:.1f} |"
+            for r in records
+        ]
         atomic_write(args.out, "\n".join(lines) + "\n")
     return 0 if summary["drift_ok"] and summary["memory_ok"] else 1
 

@@ -14,9 +14,21 @@ def page_commit() -> str:
     """The checkout's short commit, "+ uncommitted changes" when tracked files other than the
     result pages differ from it (a page run rewrites its own page), "unknown" outside git."""
     try:
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":(exclude)experiments/results"], cwd=ROOT, capture_output=True,
-                               text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":(exclude)experiments/results",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         dirty = ""
     return git_commit(ROOT) + (" + uncommitted changes" if dirty else "")

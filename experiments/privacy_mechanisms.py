@@ -33,10 +33,28 @@ DECOR_RATIO = 4.0
 ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1,iters=1"))
 MECHANISMS = ("local", "muffliato", "zipdl", "decor")
 SETTINGS = {
-    False: dict(topology="ring:8", peers=8, dataset="synthetic_logreg:d=20,classes=10,n=10000",
-                model="logreg", batch_size=64, lr=0.5, epochs=32, seeds=(0, 1, 2), shard=1000),
-    True: dict(topology="ring:4", peers=4, dataset="synthetic_logreg:d=20,classes=4,n=1000",
-               model="logreg", batch_size=32, lr=0.5, epochs=2, seeds=(0,), shard=200),
+    False: dict(
+        topology="ring:8",
+        peers=8,
+        dataset="synthetic_logreg:d=20,classes=10,n=10000",
+        model="logreg",
+        batch_size=64,
+        lr=0.5,
+        epochs=32,
+        seeds=(0, 1, 2),
+        shard=1000,
+    ),
+    True: dict(
+        topology="ring:4",
+        peers=4,
+        dataset="synthetic_logreg:d=20,classes=4,n=1000",
+        model="logreg",
+        batch_size=32,
+        lr=0.5,
+        epochs=2,
+        seeds=(0,),
+        shard=200,
+    ),
 }
 
 
@@ -64,14 +82,22 @@ def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
 
     out: Dict[str, Dict[str, Any]] = {}
     base = local_eps(local_sigma)
-    out["local"] = dict(sigma=local_sigma, extra="—", neighbour=base["rdp"], far=base["rdp"],
-                        neighbour_pld=base["pld"], local=base["rdp"],
-                        note="DP-SGD: the same epsilon against every peer")
+    out["local"] = dict(
+        sigma=local_sigma,
+        extra="—",
+        neighbour=base["rdp"],
+        far=base["rdp"],
+        neighbour_pld=base["pld"],
+        local=base["rdp"],
+        note="DP-SGD: the same epsilon against every peer",
+    )
     # Muffliato: network bound on exact gossip (plain SGD, constant lr); leakage independent of sigma
     started = time.perf_counter()
     leak = muffliato.network_leakage(topology, steps, observer=0)
-    log(f"Muffliato view of observer 0 over {steps} steps: {time.perf_counter() - started:.0f} s; "
-        f"l = {{{', '.join(f'{u}: {v:.1f}' for u, v in leak.items())}}}")
+    log(
+        f"Muffliato view of observer 0 over {steps} steps: {time.perf_counter() - started:.0f} s; "
+        f"l = {{{', '.join(f'{u}: {v:.1f}' for u, v in leak.items())}}}"
+    )
 
     def muff(sigma, u):
         net = float(network_dp.gaussian_epsilon(math.sqrt(leak[u]) / sigma, DELTA))
@@ -85,30 +111,54 @@ def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     sigma = hi
     nb, nb_net = muff(sigma, 1)
     fa, fa_net = muff(sigma, far)
-    out["muffliato"] = dict(sigma=sigma, extra="—", neighbour=nb, far=fa,
-                            neighbour_pld=local_eps(sigma)["pld"], local=_rdp(sigma, q, steps),
-                            network_neighbour=nb_net, network_far=fa_net,
-                            note=(f"min(local, network view); network bound alone: neighbour "
-                                  f"{nb_net:.3g}, peer {far} hops away {fa_net:.3g} (exact gossip "
-                                  f"only; PowerGossip: local)"))
+    out["muffliato"] = dict(
+        sigma=sigma,
+        extra="—",
+        neighbour=nb,
+        far=fa,
+        neighbour_pld=local_eps(sigma)["pld"],
+        local=_rdp(sigma, q, steps),
+        network_neighbour=nb_net,
+        network_far=fa_net,
+        note=(
+            f"min(local, network view); network bound alone: neighbour "
+            f"{nb_net:.3g}, peer {far} hops away {fa_net:.3g} (exact gossip "
+            f"only; PowerGossip: local)"
+        ),
+    )
     zip_sigma = setting["lr"] * local_sigma * CLIP / setting["batch_size"]
-    out["zipdl"] = dict(sigma=local_sigma, extra=f"zero-sum std {zip_sigma:.3g} per message",
-                        zipdl_sigma=zip_sigma, neighbour=base["rdp"], far=base["rdp"],
-                        neighbour_pld=base["pld"], local=base["rdp"],
-                        note="DP-SGD's epsilon; the zero-sum noise is not credited")
+    out["zipdl"] = dict(
+        sigma=local_sigma,
+        extra=f"zero-sum std {zip_sigma:.3g} per message",
+        zipdl_sigma=zip_sigma,
+        neighbour=base["rdp"],
+        far=base["rdp"],
+        neighbour_pld=base["pld"],
+        local=base["rdp"],
+        note="DP-SGD's epsilon; the zero-sum noise is not credited",
+    )
     adjacency = decor.adjacency_of(topology)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        s_ind = decor.sigma_ind_for_target(TARGET, adjacency, DECOR_RATIO, q, steps, DELTA,
-                                           [(1, 0)])
+        s_ind = decor.sigma_ind_for_target(
+            TARGET, adjacency, DECOR_RATIO, q, steps, DELTA, [(1, 0)]
+        )
         s_cor = DECOR_RATIO * s_ind
         nb = decor.secldp_epsilon(adjacency, s_ind, s_cor, 1, 0, q, steps, DELTA)
         fa = decor.secldp_epsilon(adjacency, s_ind, s_cor, far, 0, q, steps, DELTA)
         nb_pld = decor.secldp_epsilon(adjacency, s_ind, s_cor, 1, 0, q, steps, DELTA, "pld")
-    out["decor"] = dict(sigma=s_ind, extra=f"sigma_cor {s_cor:.3g} per pair", sigma_cor=s_cor,
-                        neighbour=nb, far=fa, neighbour_pld=nb_pld, local=_rdp(s_ind, q, steps),
-                        note=("SecLDP; 'local' = against a peer holding all the victim's pair "
-                              "keys (sigma_ind alone)"))
+    out["decor"] = dict(
+        sigma=s_ind,
+        extra=f"sigma_cor {s_cor:.3g} per pair",
+        sigma_cor=s_cor,
+        neighbour=nb,
+        far=fa,
+        neighbour_pld=nb_pld,
+        local=_rdp(s_ind, q, steps),
+        note=(
+            "SecLDP; 'local' = against a peer holding all the victim's pair keys (sigma_ind alone)"
+        ),
+    )
     for row in out.values():
         row.update(q=q, steps=steps, far_peer=far)
     return out
@@ -127,22 +177,39 @@ def _rdp(sigma: float, q: float, steps: int) -> float:
 def train_row(setting, spec, mechanism, noise, seed) -> Dict[str, Any]:
     from experiments.suite.runs import run_one
 
-    overrides = dict(topology=setting["topology"], dataset=setting["dataset"],
-                     model=setting["model"], batch_size=setting["batch_size"], lr=setting["lr"],
-                     momentum=0.0, weight_decay=0.0, schedule="constant", warmup_epochs=0,
-                     epochs=setting["epochs"], eval_every=setting["epochs"], seed=seed,
-                     algorithm=spec, comm_timeout=600.0)
+    overrides = dict(
+        topology=setting["topology"],
+        dataset=setting["dataset"],
+        model=setting["model"],
+        batch_size=setting["batch_size"],
+        lr=setting["lr"],
+        momentum=0.0,
+        weight_decay=0.0,
+        schedule="constant",
+        warmup_epochs=0,
+        epochs=setting["epochs"],
+        eval_every=setting["epochs"],
+        seed=seed,
+        algorithm=spec,
+        comm_timeout=600.0,
+    )
     if mechanism is not None:
-        overrides.update(dp_noise_multiplier=noise["sigma"], dp_max_grad_norm=CLIP,
-                         dp_delta=DELTA, dp_mechanism=mechanism)
+        overrides.update(
+            dp_noise_multiplier=noise["sigma"],
+            dp_max_grad_norm=CLIP,
+            dp_delta=DELTA,
+            dp_mechanism=mechanism,
+        )
         if mechanism == "zipdl":
             overrides["dp_zipdl_sigma"] = noise["zipdl_sigma"]
         if mechanism == "decor":
             overrides["dp_decor_sigma_cor"] = noise["sigma_cor"]
     m = run_one(overrides)
     if noise is not None and m["steps"] != noise["steps"]:
-        raise RuntimeError(f"the run took {m['steps']} steps, the calibration assumed "
-                           f"{noise['steps']}: fix SETTINGS")
+        raise RuntimeError(
+            f"the run took {m['steps']} steps, the calibration assumed "
+            f"{noise['steps']}: fix SETTINGS"
+        )
     return m
 
 
@@ -168,7 +235,9 @@ def main(argv=None) -> None:
     started = time.perf_counter()
     noises = calibrate(setting)
     for name, row in noises.items():
-        log(f"{name}: sigma {row['sigma']:.4g} {row['extra']}; eps neighbour {row['neighbour']:.3g}")
+        log(
+            f"{name}: sigma {row['sigma']:.4g} {row['extra']}; eps neighbour {row['neighbour']:.3g}"
+        )
     reuse_muffliato = abs(noises["muffliato"]["sigma"] - noises["local"]["sigma"]) < 1e-9
     rows: List[Dict[str, Any]] = []
     for label, spec in ALGORITHMS:
@@ -187,16 +256,30 @@ def main(argv=None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(out_dir / "privacy_mechanisms.csv", rows)
     per_step = statistics.fmean(r["run_seconds"] / r["steps"] for r in rows)
-    page = render(setting, noises, rows, reuse_muffliato,
-                  generated_sentence(COMMAND + (" --quick" if args.quick else ""), seconds),
-                  dict(load=(load_start, os.getloadavg()[0]), per_step=per_step))
+    page = render(
+        setting,
+        noises,
+        rows,
+        reuse_muffliato,
+        generated_sentence(COMMAND + (" --quick" if args.quick else ""), seconds),
+        dict(load=(load_start, os.getloadavg()[0]), per_step=per_step),
+    )
     atomic_write(out_dir / "privacy_mechanisms.md", page.encode())
     log(f"wrote {out_dir / 'privacy_mechanisms.md'} in {seconds:.0f} s")
 
 
 def write_csv(path: Path, rows) -> None:
-    keys = ["mechanism", "algorithm", "seed", "acc_avg", "acc_local_mean", "acc_local_min",
-            "mb_per_peer", "steps", "run_seconds"]
+    keys = [
+        "mechanism",
+        "algorithm",
+        "seed",
+        "acc_avg",
+        "acc_local_mean",
+        "acc_local_min",
+        "mb_per_peer",
+        "steps",
+        "run_seconds",
+    ]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=keys, extrasaction="ignore")
     writer.writeheader()
@@ -207,9 +290,22 @@ def write_csv(path: Path, rows) -> None:
 def render(setting, noises, rows, reuse_muffliato, generated, measured) -> str:
     from experiments.privacy_mechanisms_page import render_page
 
-    return render_page(setting, noises, rows, reuse_muffliato, generated,
-                       dict(target=TARGET, delta=DELTA, clip=CLIP, ratio=DECOR_RATIO,
-                            algorithms=[a for a, _ in ALGORITHMS], **measured), _pm)
+    return render_page(
+        setting,
+        noises,
+        rows,
+        reuse_muffliato,
+        generated,
+        dict(
+            target=TARGET,
+            delta=DELTA,
+            clip=CLIP,
+            ratio=DECOR_RATIO,
+            algorithms=[a for a, _ in ALGORITHMS],
+            **measured,
+        ),
+        _pm,
+    )
 
 
 if __name__ == "__main__":

@@ -43,9 +43,23 @@ for _module in FEATURE_MODULES:
     _declare_feature(_module)
 
 __all__ = [
-    "ExactGossip", "PowerGossip", "PushSum", "ChocoGossip", "DeepSqueeze", "AllReduce",
+    "ExactGossip",
+    "PowerGossip",
+    "PushSum",
+    "ChocoGossip",
+    "DeepSqueeze",
+    "AllReduce",
     "PowerSGDAllReduce",
-    "GossipAlgorithm", "NonFiniteError", "make_algorithm",
-    "AgreementError", "Communicator", "CommunicationError", "LocalCluster", "MPICommunicator",
-    "PeerAborted", "TorchCommunicator", "consensus_distance", "run_peers",
+    "GossipAlgorithm",
+    "NonFiniteError",
+    "make_algorithm",
+    "AgreementError",
+    "Communicator",
+    "CommunicationError",
+    "LocalCluster",
+    "MPICommunicator",
+    "PeerAborted",
+    "TorchCommunicator",
+    "consensus_distance",
+    "run_peers",
 ]

@@ -467,7 +467,9 @@ class SignNorm(Compressor):
         flat = x.reshape(-1)
         d = flat.numel()
         cdt = _compute_dtype(flat.dtype)
-        scale = flat.to(cdt).abs().sum() / d if d else torch.zeros((), dtype=cdt, device=flat.device)
+        scale = (
+            flat.to(cdt).abs().sum() / d if d else torch.zeros((), dtype=cdt, device=flat.device)
+        )
         offset = _put(out, 0, scale.to(flat.dtype))
         _put(out, offset, _pack_bits((flat < 0).to(torch.int64), 1))
 
@@ -680,7 +682,9 @@ def parse_compressor(spec) -> Compressor:
         kwargs[key] = parse_typed(value, kinds[key], key)
     if params and params[0][0] not in kwargs:
         required = params[0][0]
-        raise ValueError(f"compressor {name!r} needs {required}, e.g. {name}:<{required}> in {spec!r}")
+        raise ValueError(
+            f"compressor {name!r} needs {required}, e.g. {name}:<{required}> in {spec!r}"
+        )
     return cls(**kwargs)
 
 

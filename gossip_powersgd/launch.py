@@ -28,8 +28,15 @@ if TYPE_CHECKING:
 # Errors that describe a problem with the user's input or the run: one line, no traceback. OSError
 # covers a read-only or full disk and a path that is not a directory (its text names the path).
 # A KeyError is not one: no check raises it, so one that gets here is a bug, and its traceback shows.
-EXPECTED_ERRORS = (ValueError, OSError, MemoryError, AgreementError, CommunicationError,
-                   NonFiniteError, ImportError)
+EXPECTED_ERRORS = (
+    ValueError,
+    OSError,
+    MemoryError,
+    AgreementError,
+    CommunicationError,
+    NonFiniteError,
+    ImportError,
+)
 
 #: Exit status after Ctrl-C, as a shell reports a process ended by SIGINT.
 INTERRUPTED_EXIT = 130
@@ -53,7 +60,9 @@ def torch_world() -> Tuple[int, int]:
 
 def launched_by_torchrun() -> bool:
     """True when torchrun (or a launcher setting its variables by hand) started this process."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+    return "TORCHELASTIC_RUN_ID" in os.environ or (
+        "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    )
 
 
 def torchrun_world_size() -> int:
@@ -69,9 +78,11 @@ def torchrun_world_size() -> int:
 def local_under_torchrun_error(world_size: int) -> ValueError:
     """The one line for backend local in one of torchrun's processes: each would run every peer
     and all would then fight over the run directory's lock, which is all a user would see."""
-    return ValueError(f"backend local runs every peer as a thread of one process, but torchrun "
-                      f"started {world_size} processes (WORLD_SIZE={world_size}): use --set "
-                      "backend=torch, or run without torchrun")
+    return ValueError(
+        f"backend local runs every peer as a thread of one process, but torchrun "
+        f"started {world_size} processes (WORLD_SIZE={world_size}): use --set "
+        "backend=torch, or run without torchrun"
+    )
 
 
 def launched_by_mpiexec() -> bool:
@@ -110,19 +121,27 @@ def resolve_backend(backend: Optional[str], *, cli: Optional[str] = None, n: Any
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}, auto")
     if backend == "mpi" and not launched_by_mpiexec() and launched_by_torchrun():
-        raise ValueError(f"backend mpi runs one peer per MPI rank, but torchrun started this "
-                         f"process: add {_fix('torch', cli)} (torch.distributed, the same "
-                         f"numbers), or launch with {launch_command('mpi', n, cli)}")
+        raise ValueError(
+            f"backend mpi runs one peer per MPI rank, but torchrun started this "
+            f"process: add {_fix('torch', cli)} (torch.distributed, the same "
+            f"numbers), or launch with {launch_command('mpi', n, cli)}"
+        )
     if backend == "mpi" and not launched_by_mpiexec():
-        raise ValueError(f"backend mpi runs one peer per MPI rank: launch with "
-                         f"{launch_command('mpi', n, cli)}, or use {_fix('local', cli)}")
+        raise ValueError(
+            f"backend mpi runs one peer per MPI rank: launch with "
+            f"{launch_command('mpi', n, cli)}, or use {_fix('local', cli)}"
+        )
     if backend == "torch" and not (launched_by_torchrun() or launched_by_mpiexec()):
-        raise ValueError(f"backend torch runs one peer per process: launch with "
-                         f"{launch_command('torch', n, cli)}, or use {_fix('local', cli)}")
+        raise ValueError(
+            f"backend torch runs one peer per process: launch with "
+            f"{launch_command('torch', n, cli)}, or use {_fix('local', cli)}"
+        )
     if backend == "local" and launched_by_mpiexec() and _mpi_world_size() > 1:
-        raise ValueError(f"backend local runs every peer as a thread of one process; do not "
-                         f"launch it with mpiexec -n {_mpi_world_size()} (or use "
-                         f"{_fix('mpi', cli)})")
+        raise ValueError(
+            f"backend local runs every peer as a thread of one process; do not "
+            f"launch it with mpiexec -n {_mpi_world_size()} (or use "
+            f"{_fix('mpi', cli)})"
+        )
     if backend == "local" and torchrun_world_size() > 1:
         raise local_under_torchrun_error(torchrun_world_size())
     return backend
@@ -145,15 +164,18 @@ def launched_world_size(backend: str) -> int:
     return 1
 
 
-def make_communicator(backend: str, topology: "Topology", *, timeout: Optional[float] = None,
-                      device: str = "cpu") -> "Communicator":
+def make_communicator(
+    backend: str, topology: "Topology", *, timeout: Optional[float] = None, device: str = "cpu"
+) -> "Communicator":
     """This process's communicator for a launched backend (mpi or torch), checking that the
     launcher started as many processes as `topology` has peers."""
     world = launched_world_size(backend)
     if topology.size != world:
         launcher = "mpiexec" if backend == "mpi" or not launched_by_torchrun() else "torchrun"
-        raise ValueError(f"topology {topology.name!r} has {topology.size} peers but {launcher} "
-                         f"started {world} processes: start {topology.size}")
+        raise ValueError(
+            f"topology {topology.name!r} has {topology.size} peers but {launcher} "
+            f"started {world} processes: start {topology.size}"
+        )
     if backend == "mpi":
         from .comm.mpi import MPICommunicator
 
@@ -162,12 +184,21 @@ def make_communicator(backend: str, topology: "Topology", *, timeout: Optional[f
         from .comm.torch import TorchCommunicator
 
         return TorchCommunicator(topology, device=device, timeout=timeout)
-    raise ValueError(f"backend {backend!r} has no communicator per process (local runs every "
-                     "peer in this one: run_peers)")
+    raise ValueError(
+        f"backend {backend!r} has no communicator per process (local runs every "
+        "peer in this one: run_peers)"
+    )
 
 
-def run_peers(topology: "Topology", fn: Callable[..., Any], *args, backend: Optional[str] = "local",
-              timeout: Optional[float] = None, device: str = "cpu", **kwargs) -> Dict[int, Any]:
+def run_peers(
+    topology: "Topology",
+    fn: Callable[..., Any],
+    *args,
+    backend: Optional[str] = "local",
+    timeout: Optional[float] = None,
+    device: str = "cpu",
+    **kwargs,
+) -> Dict[int, Any]:
     """Run `fn(comm, *args, **kwargs)` on every peer of `topology`; return {rank: value}.
 
     backend "local": every peer is a thread of this process (`LocalCluster`); the dict holds every
@@ -197,13 +228,18 @@ def error_line(exc: BaseException) -> str:
     """The one line a user sees for `exc`; a MemoryError (often without a message) says what ran out."""
     if isinstance(exc, MemoryError):
         detail = str(exc).strip()
-        return ("out of memory" + (f" ({detail.splitlines()[0]})" if detail else "")
-                + ": use a smaller model, batch size or number of peers per machine")
+        return (
+            "out of memory"
+            + (f" ({detail.splitlines()[0]})" if detail else "")
+            + ": use a smaller model, batch size or number of peers per machine"
+        )
     if isinstance(exc, KeyError):
         # Its text is only the missing key's repr ("error: 0" said nothing): name what it is.
         key = exc.args[0] if len(exc.args) == 1 else exc.args
-        return (f"internal error: KeyError {key!r} (a lookup of a missing key; please report it "
-                "with the command that caused it)")
+        return (
+            f"internal error: KeyError {key!r} (a lookup of a missing key; please report it "
+            "with the command that caused it)"
+        )
     return one_line(exc)
 
 
@@ -235,8 +271,12 @@ def _exit_interrupted() -> None:
     if size == 1:
         rank, size = torch_world()
     prefix = f"rank {rank}: " if size > 1 else ""
-    print(f"{prefix}interrupted (Ctrl-C); files already written are complete, nothing was left "
-          "half-written", file=sys.stderr, flush=True)
+    print(
+        f"{prefix}interrupted (Ctrl-C); files already written are complete, nothing was left "
+        "half-written",
+        file=sys.stderr,
+        flush=True,
+    )
     sys.stdout.flush()
     if threading.active_count() > 1:
         # A peer thread still inside a long computation: leave without waiting for it, since the

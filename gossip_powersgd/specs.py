@@ -205,8 +205,9 @@ def split_spec(spec: str, what: str) -> Tuple[str, Dict[str, str]]:
     return parsed.name, dict(parsed.options)
 
 
-def parse_options(spec: str, text: Optional[str],
-                  types: Mapping[str, Callable[[str], Any]]) -> Dict[str, Any]:
+def parse_options(
+    spec: str, text: Optional[str], types: Mapping[str, Callable[[str], Any]]
+) -> Dict[str, Any]:
     """Parse ``"k=v,k=v"`` (the part of `spec` after its colon) into a dict, converting each value
     with ``types[k]`` (``bool`` means `parse_bool`).
 
@@ -220,8 +221,9 @@ def parse_options(spec: str, text: Optional[str],
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or not key:
-            raise ValueError(f"{spec!r}: expected key=value, got {item!r} "
-                             f"(valid keys: {', '.join(types)})")
+            raise ValueError(
+                f"{spec!r}: expected key=value, got {item!r} (valid keys: {', '.join(types)})"
+            )
         if key not in types:
             raise ValueError(f"{spec!r}: unknown option {key!r} (valid keys: {', '.join(types)})")
         if key in options:
@@ -229,8 +231,10 @@ def parse_options(spec: str, text: Optional[str],
         try:
             options[key] = _converter(types[key])(_unbracket(value.strip()))
         except (TypeError, ValueError):
-            raise ValueError(f"{spec!r}: option {key}={value.strip()!r} is not a valid "
-                             f"{getattr(types[key], '__name__', 'value')}") from None
+            raise ValueError(
+                f"{spec!r}: option {key}={value.strip()!r} is not a valid "
+                f"{getattr(types[key], '__name__', 'value')}"
+            ) from None
     return options
 
 
@@ -248,9 +252,11 @@ def user_code(spec: str, doing: str) -> Iterator[None]:
         yield
     except SystemExit as exc:
         code = "" if exc.code is None else repr(exc.code)
-        raise UserCodeExit(f"{spec!r}: the user code called sys.exit/exit({code}) while {doing}; "
-                         "a dataset or model function must return its result (or raise an "
-                         "exception), never exit the process") from None
+        raise UserCodeExit(
+            f"{spec!r}: the user code called sys.exit/exit({code}) while {doing}; "
+            "a dataset or model function must return its result (or raise an "
+            "exception), never exit the process"
+        ) from None
 
 
 def import_object(spec: str, valid: Sequence[str]) -> Any:
@@ -265,8 +271,10 @@ def import_object(spec: str, valid: Sequence[str]) -> Any:
         with user_code(spec, f"importing module {module_name!r}"):
             module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"{spec!r}: cannot import module {module_name!r} ({exc}); "
-                         f"valid built-in specs are {', '.join(valid)}") from None
+        raise ValueError(
+            f"{spec!r}: cannot import module {module_name!r} ({exc}); "
+            f"valid built-in specs are {', '.join(valid)}"
+        ) from None
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -283,5 +291,9 @@ def accepts(fn: Callable, name: str) -> bool:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # some builtins have no signature
         return False
-    return any(p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-               or p.kind == p.VAR_KEYWORD for p in params)
+    return any(
+        p.name == name
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        or p.kind == p.VAR_KEYWORD
+        for p in params
+    )

@@ -42,8 +42,9 @@ def write_stderr_line(line: str) -> None:
     sys.stderr.flush()
 
 
-def atomic_write(path: Union[str, Path], data: Union[bytes, str],
-                 mode: Optional[int] = None) -> None:
+def atomic_write(
+    path: Union[str, Path], data: Union[bytes, str], mode: Optional[int] = None
+) -> None:
     """Write `data` (bytes, or text as UTF-8) to `path` so that `path` is always old or new, whole.
 
     The data goes to a temporary file in the same directory, is fsynced, and replaces `path` with
@@ -93,9 +94,17 @@ def require_regular_file(path: Union[str, Path], what: str) -> None:
         raise ValueError(f"{what} cannot be read: {exc.strerror or one_line(exc)}") from None
     if stat.S_ISREG(mode):
         return
-    kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode)
-            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    kind = (
+        "a FIFO (named pipe)"
+        if stat.S_ISFIFO(mode)
+        else "a directory"
+        if stat.S_ISDIR(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "not a regular file"
+    )
     raise ValueError(f"{what} is {kind}, not a regular file: replace it with the file itself")
 
 
@@ -113,7 +122,9 @@ def atomic_write_figure(path: Union[str, Path], figure, dpi: int = 110) -> None:
     atomic_write(path, buffer.getvalue())
 
 
-def check_writable_dir(path: Union[str, Path], fix: str = "choose another output directory") -> Path:
+def check_writable_dir(
+    path: Union[str, Path], fix: str = "choose another output directory"
+) -> Path:
     """`path` as a directory a file can be written in, created (with its parents) if missing; else a
     one-line ValueError naming it, the reason and `fix`. For the start of a command whose results
     go there, so that an unusable output directory is found before the work, not after it."""
@@ -127,7 +138,9 @@ def check_writable_dir(path: Union[str, Path], fix: str = "choose another output
         os.unlink(probe)
     except OSError as exc:
         where = "" if exc.filename in (None, str(path)) else f" ({exc.filename})"
-        raise ValueError(f"cannot write to {path}: {exc.strerror or one_line(exc)}{where}; {fix}") from None
+        raise ValueError(
+            f"cannot write to {path}: {exc.strerror or one_line(exc)}{where}; {fix}"
+        ) from None
     return path
 
 
@@ -161,8 +174,13 @@ def git_commit(folder: Union[str, Path, None] = None) -> str:
     """The short commit hash of the checkout at `folder` (default: this package's), or "unknown"."""
     folder = Path(folder) if folder is not None else Path(__file__).resolve().parent
     try:
-        result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=folder,
-                                capture_output=True, text=True, timeout=10)
+        result = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return result.stdout.strip() or "unknown"
@@ -204,5 +222,12 @@ def gil_free(fn: Callable) -> Callable:
     return call
 
 
-__all__ = ["one_line", "atomic_write", "check_writable_dir", "require_regular_file", "format_ranks",
-           "gil_free", "git_commit"]
+__all__ = [
+    "one_line",
+    "atomic_write",
+    "check_writable_dir",
+    "require_regular_file",
+    "format_ranks",
+    "gil_free",
+    "git_commit",
+]

@@ -35,7 +35,7 @@ _RUNNING: dict = {"item": None}
 
 
 def launcher_marker(args) -> str | None:
-    """"mpi" for a command that starts mpiexec (or mpirun), "torchrun" for one that starts
+    """ "mpi" for a command that starts mpiexec (or mpirun), "torchrun" for one that starts
     torchrun (or `python -m torch.distributed.run`), else None."""
     if isinstance(args, (str, bytes, os.PathLike)):
         args = [args]
@@ -55,9 +55,12 @@ class _CheckedPopen(subprocess.Popen):
         item = _RUNNING["item"]
         marker = launcher_marker(args)
         if item is not None and marker is not None and item.get_closest_marker(marker) is None:
-            pytest.fail(f"{item.nodeid} starts {'mpiexec' if marker == 'mpi' else 'torchrun'} but "
-                        f"has no @pytest.mark.{marker}: add it (pytest -m 'not {marker}' must "
-                        "skip every such test)", pytrace=False)
+            pytest.fail(
+                f"{item.nodeid} starts {'mpiexec' if marker == 'mpi' else 'torchrun'} but "
+                f"has no @pytest.mark.{marker}: add it (pytest -m 'not {marker}' must "
+                "skip every such test)",
+                pytrace=False,
+            )
         super().__init__(args, *rest, **kwargs)
 
 
@@ -77,7 +80,9 @@ def mpiexec_path() -> str:
     local = Path(sys.executable).parent / "mpiexec"
     found = str(local) if local.exists() else shutil.which("mpiexec")
     if found is None:
-        raise RuntimeError("mpiexec not found: run the tests through 'make test', which installs mpich")
+        raise RuntimeError(
+            "mpiexec not found: run the tests through 'make test', which installs mpich"
+        )
     return found
 
 
@@ -92,24 +97,39 @@ def run_mpi(n: int, args, timeout: float = 120, env=None, cwd=None) -> subproces
     """
     command = [mpiexec_path(), "-n", str(n), sys.executable, *map(str, args)]
     full_env = dict(os.environ)
-    full_env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{SUPPORT}"})
+    full_env.update(
+        {"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{SUPPORT}"}
+    )
     full_env.update(env or {})
-    return run_bounded(command, timeout, f"mpiexec -n {n} {' '.join(map(str, args))}",
-                       env=full_env, cwd=cwd or ROOT)
+    return run_bounded(
+        command,
+        timeout,
+        f"mpiexec -n {n} {' '.join(map(str, args))}",
+        env=full_env,
+        cwd=cwd or ROOT,
+    )
 
 
 def run_bounded(command, timeout: float, what: str, **popen) -> subprocess.CompletedProcess:
     """Run `command` in a new process group (stdout/stderr captured); past `timeout` the whole
     group is killed and the test fails naming `what` as a hang."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True, **popen)
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **popen,
+    )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
-        pytest.fail(f"{what} did not finish within {timeout} s (a hang):\n{stdout[-2000:]}\n"
-                    f"{stderr[-2000:]}")
+        pytest.fail(
+            f"{what} did not finish within {timeout} s (a hang):\n{stdout[-2000:]}\n"
+            f"{stderr[-2000:]}"
+        )
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
@@ -127,13 +147,18 @@ def no_space_for(monkeypatch, module, name: str) -> None:
     monkeypatch.setattr(module, "atomic_write", atomic_write)
 
 
-def run_scenario_mpi(n: int, scenario: str, topology: str, out_dir: Path, timeout: float = 120,
-                     extra=()):
+def run_scenario_mpi(
+    n: int, scenario: str, topology: str, out_dir: Path, timeout: float = 120, extra=()
+):
     """Run `module:function` from tests/ under mpiexec via tests/support/mpi_worker.py; return per-rank results."""
-    result = run_mpi(n, [SUPPORT / "mpi_worker.py", scenario, topology, out_dir, *extra], timeout=timeout)
+    result = run_mpi(
+        n, [SUPPORT / "mpi_worker.py", scenario, topology, out_dir, *extra], timeout=timeout
+    )
     if result.returncode != 0:
-        pytest.fail(f"mpi scenario {scenario} failed (exit {result.returncode}):\n"
-                    f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        pytest.fail(
+            f"mpi scenario {scenario} failed (exit {result.returncode}):\n"
+            f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
     return [torch.load(out_dir / f"rank-{k}.pt", weights_only=True) for k in range(n)]
 
 

@@ -8,8 +8,14 @@ import torch
 
 import topologies
 from gossip_powersgd import LocalCluster, make_algorithm
-from gossip_powersgd.algorithms import (ChocoGossip, DeepSqueeze, ExactGossip, PowerGossip,
-                                        algorithm_kwargs, check_config)
+from gossip_powersgd.algorithms import (
+    ChocoGossip,
+    DeepSqueeze,
+    ExactGossip,
+    PowerGossip,
+    algorithm_kwargs,
+    check_config,
+)
 from gossip_powersgd.specs import SEED_MAX
 from gossip_powersgd.training.config import load_config
 from gossip_powersgd.training.trainer import train
@@ -21,7 +27,10 @@ TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 
 def tensors(comm):
     g = torch.Generator().manual_seed(comm.rank)
-    return [torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randn(4, generator=g, dtype=torch.float64)]
+    return [
+        torch.randn(6, 5, generator=g, dtype=torch.float64),
+        torch.randn(4, generator=g, dtype=torch.float64),
+    ]
 
 
 # ---- 4a. gamma outside the stable range ------------------------------------------------------------
@@ -29,20 +38,29 @@ def test_ring4_stable_range_is_what_the_tests_assume():
     assert topologies.ring(4).gamma_stable_max == pytest.approx(1.5)
 
 
-@pytest.mark.parametrize("build", [lambda x, comm: ExactGossip(x, comm, gamma=3.0),
-                                   lambda x, comm: make_algorithm("exact:gamma=3", x, comm)])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda x, comm: ExactGossip(x, comm, gamma=3.0),
+        lambda x, comm: make_algorithm("exact:gamma=3", x, comm),
+    ],
+)
 def test_exact_gossip_refuses_an_unstable_gamma_in_one_line(build):
     def peer(comm):
         build(tensors(comm), comm)
 
-    with pytest.raises(ValueError, match=r"^gamma=3 is outside the stable range \(0, 1\.5\) of ") as info:
+    with pytest.raises(
+        ValueError, match=r"^gamma=3 is outside the stable range \(0, 1\.5\) of "
+    ) as info:
         LocalCluster(topologies.ring(4)).run(peer)
     assert "\n" not in str(info.value)
 
 
 def test_exact_gossip_keeps_stable_and_default_gammas():
     def peer(comm):
-        return ExactGossip(tensors(comm), comm, gamma=1.4).gamma, ExactGossip(tensors(comm), comm).gamma
+        return ExactGossip(tensors(comm), comm, gamma=1.4).gamma, ExactGossip(
+            tensors(comm), comm
+        ).gamma
 
     explicit, default = LocalCluster(topologies.ring(4)).run(peer)[0]
     assert explicit == 1.4 and default == topologies.ring(4).gamma
@@ -65,25 +83,31 @@ def test_compressed_gossip_warns_once_per_construction_about_an_unstable_gamma(w
         LocalCluster(topologies.ring(4)).run(peer, 3.0)
         unstable = [str(w.message) for w in caught]
         LocalCluster(topologies.ring(4)).run(peer, 0.5)
-        stable = [str(w.message) for w in caught][len(unstable):]
+        stable = [str(w.message) for w in caught][len(unstable) :]
     assert len(unstable) == 4, unstable  # one per peer's construction
-    assert set(unstable) == {f"{who}: gamma=3 is outside the stable range (0, 1.5) of "
-                             f"{unstable[0].split(' of ', 1)[1]}"}
+    assert set(unstable) == {
+        f"{who}: gamma=3 is outside the stable range (0, 1.5) of {unstable[0].split(' of ', 1)[1]}"
+    }
     assert "\n" not in unstable[0]
     assert stable == []
 
 
-@pytest.mark.parametrize("topology, gamma, message", [
-    ("ring:4", 3, r"^gamma=3 is outside the stable range \(0, 1\.5\)"),
-    ("matchings:8", 5, r"^gamma=5 is outside the stable range \(0, 2\) of matchings:8 "),
-])
+@pytest.mark.parametrize(
+    "topology, gamma, message",
+    [
+        ("ring:4", 3, r"^gamma=3 is outside the stable range \(0, 1\.5\)"),
+        ("matchings:8", 5, r"^gamma=5 is outside the stable range \(0, 2\) of matchings:8 "),
+    ],
+)
 def test_training_with_an_unstable_exact_gamma_fails_with_the_same_line_on_every_rank(
-        topology, gamma, message):
+    topology, gamma, message
+):
     """The trainer checks exact gossip's γ against the communicator's topology (on a schedule: the
     range of every one of its graphs) before any collective, so every rank raises the line itself
     (none is merely released as an aborted peer)."""
-    config = load_config(TINY, [f"algorithm=exact:gamma={gamma}", f"topology={topology}",
-                                "quiet=true"], deep=False)
+    config = load_config(
+        TINY, [f"algorithm=exact:gamma={gamma}", f"topology={topology}", "quiet=true"], deep=False
+    )
     messages = {}
 
     def peer(comm):
@@ -101,8 +125,12 @@ def test_training_with_an_unstable_exact_gamma_fails_with_the_same_line_on_every
 
 
 # ---- gamma on a schedule: the stable range of every one of its graphs ------------------------------
-SCHEDULES = ["one_peer_exponential:8", "matchings:8", "edge_sampling:ring:8:0.5",
-             "cyclic:ring:8,star:8"]
+SCHEDULES = [
+    "one_peer_exponential:8",
+    "matchings:8",
+    "edge_sampling:ring:8:0.5",
+    "cyclic:ring:8,star:8",
+]
 
 
 def test_schedule_stable_ranges_are_the_intersection_of_their_graphs_ranges():
@@ -121,8 +149,7 @@ def test_schedule_stable_ranges_are_the_intersection_of_their_graphs_ranges():
     assert min(sampled.at(t).gamma_stable_max for t in range(300)) >= 1.5
     assert topologies.ring(8).gamma_stable_max == pytest.approx(1.5, rel=1e-12)
     matchings = topologies.parse("matchings:8")
-    assert all(matchings.at(t).gamma_stable_max == pytest.approx(2.0, rel=1e-12)
-               for t in range(50))
+    assert all(matchings.at(t).gamma_stable_max == pytest.approx(2.0, rel=1e-12) for t in range(50))
 
 
 @pytest.mark.parametrize("spec", SCHEDULES)
@@ -132,8 +159,11 @@ def test_exact_gossip_refuses_an_unstable_gamma_on_a_schedule(spec):
     def peer(comm, gamma):
         return ExactGossip(tensors(comm), comm, gamma=gamma).gamma
 
-    with pytest.raises(ValueError, match=rf"^gamma=5 is outside the stable range \(0, {top:.4g}\) "
-                                         rf"of {spec} \(") as info:
+    with pytest.raises(
+        ValueError,
+        match=rf"^gamma=5 is outside the stable range \(0, {top:.4g}\) "
+        rf"of {spec} \(",
+    ) as info:
         LocalCluster(topologies.parse(spec)).run(peer, 5.0)
     assert "\n" not in str(info.value)
     assert LocalCluster(topologies.parse(spec)).run(peer, 0.99 * top) == [0.99 * top] * 8
@@ -149,27 +179,39 @@ def test_compressed_gossip_warns_about_an_unstable_gamma_on_a_schedule(who):
         LocalCluster(topologies.parse("one_peer_exponential:8")).run(peer, 5.0)
         unstable = [str(w.message) for w in caught]
         LocalCluster(topologies.parse("one_peer_exponential:8")).run(peer, 1.0)
-        stable = [str(w.message) for w in caught][len(unstable):]
+        stable = [str(w.message) for w in caught][len(unstable) :]
     assert len(unstable) == 8 and set(unstable) == {
         f"{who}: gamma=5 is outside the stable range (0, 2) of one_peer_exponential:8 (the "
         "smallest of 2 / largest eigenvalue of I - W(t) over one period, 3 graphs): gossip would "
-        "diverge; on a schedule the default gamma is 1 (plain mixing with each step's W)"}
+        "diverge; on a schedule the default gamma is 1 (plain mixing with each step's W)"
+    }
     assert stable == []
 
 
 # ---- 10. repeated options and seeds ---------------------------------------------------------------
-@pytest.mark.parametrize("spec, key", [("powergossip:rank=1,rank=2", "rank"),
-                                       ("choco:compressor=sign,gamma=0.1,gamma=0.2", "gamma"),
-                                       ("choco:compressor=[topk:0.1,ratio=0.2],gamma=0.1", "ratio")])
+@pytest.mark.parametrize(
+    "spec, key",
+    [
+        ("powergossip:rank=1,rank=2", "rank"),
+        ("choco:compressor=sign,gamma=0.1,gamma=0.2", "gamma"),
+        ("choco:compressor=[topk:0.1,ratio=0.2],gamma=0.1", "ratio"),
+    ],
+)
 def test_a_repeated_option_is_an_error_naming_the_key(spec, key):
     with pytest.raises(ValueError, match=f"'{key}'.* given twice") as info:
         algorithm_kwargs(spec)
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("spec", ["powergossip:seed=99999999999999999999999", "powersgd:seed=-1",
-                                  "choco:compressor=sign,gamma=0.1,seed=9223372036854775808",
-                                  "deepsqueeze:compressor=[randomk:0.1,seed=99999999999999999999999],gamma=0.1"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "powergossip:seed=99999999999999999999999",
+        "powersgd:seed=-1",
+        "choco:compressor=sign,gamma=0.1,seed=9223372036854775808",
+        "deepsqueeze:compressor=[randomk:0.1,seed=99999999999999999999999],gamma=0.1",
+    ],
+)
 def test_a_seed_the_generators_cannot_take_is_blamed_on_the_seed(spec):
     with pytest.raises(ValueError, match=rf"seed must be an integer in \[0, {SEED_MAX}\], got "):
         algorithm_kwargs(spec)
@@ -184,8 +226,13 @@ def test_the_largest_seed_works():
     assert LocalCluster(topologies.ring(3)).run(peer) == [SEED_MAX] * 3
 
 
-@pytest.mark.parametrize("make", [lambda x, comm: PowerGossip(x, comm, seed=2**64),
-                                  lambda x, comm: ChocoGossip(x, comm, "sign", gamma=0.1, seed=-3)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda x, comm: PowerGossip(x, comm, seed=2**64),
+        lambda x, comm: ChocoGossip(x, comm, "sign", gamma=0.1, seed=-3),
+    ],
+)
 def test_constructors_check_the_seed_too(make):
     def peer(comm):
         make(tensors(comm), comm)
@@ -194,11 +241,16 @@ def test_constructors_check_the_seed_too(make):
         LocalCluster(topologies.ring(3)).run(peer)
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("choco:compressor=sign", r"^ChocoGossip needs a tuned consensus step gamma"),
-    ("deepsqueeze:gamma=0.1", r"^DeepSqueeze needs a compressor, e\.g\. compressor='sign'"),
-])
-def test_compressed_gossip_without_its_required_options_fails_on_every_rank_at_set_up(spec, message):
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("choco:compressor=sign", r"^ChocoGossip needs a tuned consensus step gamma"),
+        ("deepsqueeze:gamma=0.1", r"^DeepSqueeze needs a compressor, e\.g\. compressor='sign'"),
+    ],
+)
+def test_compressed_gossip_without_its_required_options_fails_on_every_rank_at_set_up(
+    spec, message
+):
     """The class's config-time check (`check_config`) runs before any collective, so every rank
     raises the constructor's line itself."""
     config = load_config(TINY, [f"algorithm={spec}", "quiet=true"], deep=False)

@@ -13,8 +13,12 @@ from conftest import run_scenario_mpi
 def peer_grads(comm, step=0, dtype=torch.float64):
     """Gradients for a linear layer, a conv layer, a bias and a wide matrix, seeded by (rank, step)."""
     g = torch.Generator().manual_seed(100 * step + comm.rank)
-    return [torch.randn(6, 8, generator=g, dtype=dtype), torch.randn(5, 3, 2, 2, generator=g, dtype=dtype),
-            torch.randn(6, generator=g, dtype=dtype), torch.randn(3, 10, generator=g, dtype=dtype)]
+    return [
+        torch.randn(6, 8, generator=g, dtype=dtype),
+        torch.randn(5, 3, 2, 2, generator=g, dtype=dtype),
+        torch.randn(6, generator=g, dtype=dtype),
+        torch.randn(3, 10, generator=g, dtype=dtype),
+    ]
 
 
 def make_params(comm, dtype=torch.float64):
@@ -89,7 +93,9 @@ def test_powersgd_error_feedback_and_plain_warmup():
 
     def peer(comm):
         params = make_params(comm)
-        algorithm = PowerSGDAllReduce(params, comm, rank=1, start_iter=start_iter, min_compression_rate=1)
+        algorithm = PowerSGDAllReduce(
+            params, comm, rank=1, start_iter=start_iter, min_compression_rate=1
+        )
         records = []
         for step in range(5):
             set_grads(params, comm, step)
@@ -98,10 +104,15 @@ def test_powersgd_error_feedback_and_plain_warmup():
             predicted = algorithm.bytes_per_step()
             sent_before = comm.stats.bytes_sent
             algorithm.step()
-            records.append({"raw": raw, "out": [p.grad.clone() for p in params],
-                            "memory_before": memory_before,
-                            "memory_after": {n: e.clone() for n, e in algorithm.error_memory().items()},
-                            "bytes": (predicted, comm.stats.bytes_sent - sent_before)})
+            records.append(
+                {
+                    "raw": raw,
+                    "out": [p.grad.clone() for p in params],
+                    "memory_before": memory_before,
+                    "memory_after": {n: e.clone() for n, e in algorithm.error_memory().items()},
+                    "bytes": (predicted, comm.stats.bytes_sent - sent_before),
+                }
+            )
         return records, algorithm.compressed_names
 
     results = LocalCluster(topology).run(peer)
@@ -152,12 +163,17 @@ def test_powersgd_error_feedback_recovers_the_mean_over_time():
         return sums, {n: e.clone() for n, e in algorithm.error_memory().items()}
 
     results = LocalCluster(topology).run(peer)
-    exact = [sum(ts) for ts in zip(*[mean_over_peers(LocalCluster(topology).run(peer_grads, s))
-                                     for s in range(6)])]
+    exact = [
+        sum(ts)
+        for ts in zip(
+            *[mean_over_peers(LocalCluster(topology).run(peer_grads, s)) for s in range(6)]
+        )
+    ]
     mean_memory = mean_over_peers([[r[1][f"param[{k}]"] for k in (0, 1, 3)] for r in results])
     for k, memory in zip((0, 1, 3), mean_memory):
-        torch.testing.assert_close(results[0][0][k], exact[k] - memory.view(exact[k].shape),
-                                   rtol=0, atol=1e-10)
+        torch.testing.assert_close(
+            results[0][0][k], exact[k] - memory.view(exact[k].shape), rtol=0, atol=1e-10
+        )
 
 
 def test_powersgd_warm_start_keeps_q_and_state_resumes():
@@ -196,8 +212,9 @@ def test_powersgd_names_a_missing_gradient_and_refuses_non_finite_ones():
         params = make_params(comm)
         set_grads(params, comm, 0)
         params[2].grad = None
-        PowerSGDAllReduce(list(zip(["fc.weight", "conv.weight", "fc.bias", "head.weight"], params)),
-                          comm).step()
+        PowerSGDAllReduce(
+            list(zip(["fc.weight", "conv.weight", "fc.bias", "head.weight"], params)), comm
+        ).step()
 
     with pytest.raises(ValueError, match="parameter fc.bias has no gradient"):
         LocalCluster(topologies.ring(3)).run(missing)
@@ -210,7 +227,9 @@ def test_powersgd_names_a_missing_gradient_and_refuses_non_finite_ones():
             params[1].grad[0, 0, 0, 0] = float("nan")
         algorithm.step()
 
-    with pytest.raises(NonFiniteError, match=r"rank 0: non-finite values in the gradient\(s\) of param\[1\]"):
+    with pytest.raises(
+        NonFiniteError, match=r"rank 0: non-finite values in the gradient\(s\) of param\[1\]"
+    ):
         LocalCluster(topologies.ring(3)).run(nan)
 
 
@@ -221,7 +240,9 @@ def test_make_algorithm_builds_the_centralized_baselines():
         powersgd = make_algorithm("powersgd:rank=4,start_iter=10,warm=true", params, comm)
         with pytest.raises(ValueError, match="has no option 'gamma'; valid: none"):
             make_algorithm("allreduce:gamma=1", params, comm)
-        with pytest.raises(ValueError, match="valid: min_compression_rate, rank, seed, start_iter, warm"):
+        with pytest.raises(
+            ValueError, match="valid: min_compression_rate, rank, seed, start_iter, warm"
+        ):
             make_algorithm("powersgd:iters=2", params, comm)
         return plain, powersgd
 
@@ -245,8 +266,13 @@ def allreduce_run(comm, steps="4"):
         powersgd.step()
         grads.append([p.grad.clone() for p in params])
     memory = {n: e.clone() for n, e in powersgd.error_memory().items()}
-    return {"x": x, "grads": grads, "memory": memory, "bytes": comm.stats.bytes_sent,
-            "expected_bytes": expected}
+    return {
+        "x": x,
+        "grads": grads,
+        "memory": memory,
+        "bytes": comm.stats.bytes_sent,
+        "expected_bytes": expected,
+    }
 
 
 def baselines_run(comm):
@@ -255,8 +281,11 @@ def baselines_run(comm):
     from test_deepsqueeze import deepsqueeze_run
 
     out = {}
-    for name, scenario in (("choco", choco_run), ("deepsqueeze", deepsqueeze_run),
-                           ("allreduce", allreduce_run)):
+    for name, scenario in (
+        ("choco", choco_run),
+        ("deepsqueeze", deepsqueeze_run),
+        ("allreduce", allreduce_run),
+    ):
         comm.stats.reset()
         out[name] = scenario(comm)
     return out
@@ -269,7 +298,9 @@ def mpi_baselines(tmp_path_factory):
     """Per-rank results of `baselines_run` under `mpiexec -n 4` on ring:4, run once per session."""
     if "ring:4" not in _MPI_RESULTS:
         out_dir = tmp_path_factory.mktemp("baselines-mpi")
-        _MPI_RESULTS["ring:4"] = run_scenario_mpi(4, "test_allreduce:baselines_run", "ring:4", out_dir)
+        _MPI_RESULTS["ring:4"] = run_scenario_mpi(
+            4, "test_allreduce:baselines_run", "ring:4", out_dir
+        )
     return _MPI_RESULTS["ring:4"]
 
 
@@ -284,4 +315,6 @@ def test_mpi_allreduce_and_powersgd_are_bit_equal_to_local(tmp_path_factory):
         assert all(torch.equal(a["memory"][n], b["memory"][n]) for n in a["memory"])
         assert a["bytes"] == b["bytes"] == a["expected_bytes"]
     for a in mpi:  # every rank ends with the same averaged gradients
-        assert all(torch.equal(u, v) for x, y in zip(a["grads"], mpi[0]["grads"]) for u, v in zip(x, y))
+        assert all(
+            torch.equal(u, v) for x, y in zip(a["grads"], mpi[0]["grads"]) for u, v in zip(x, y)
+        )

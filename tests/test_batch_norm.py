@@ -13,12 +13,16 @@ from gossip_powersgd.training.config import config_from_dict
 from gossip_powersgd.training.batchnorm import refresh_batch_norm
 from gossip_powersgd.training.trainer import train
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))  # for "paper_fixtures:..." specs
+sys.path.insert(
+    0, str(Path(__file__).resolve().parent / "support")
+)  # for "paper_fixtures:..." specs
 
 
 def test_refreshed_statistics_are_the_pooled_ones():
-    inputs = [torch.randn(2, 6, 3, generator=torch.Generator().manual_seed(r)) * (r + 1) + r
-              for r in range(3)]
+    inputs = [
+        torch.randn(2, 6, 3, generator=torch.Generator().manual_seed(r)) * (r + 1) + r
+        for r in range(3)
+    ]
 
     def peer(comm):
         model = nn.Sequential(nn.BatchNorm1d(3)).eval()
@@ -33,7 +37,7 @@ def test_refreshed_statistics_are_the_pooled_ones():
     means = [torch.stack([b.mean(0) for b in x]).mean(0).double() for x in inputs]
     variances = [torch.stack([b.var(0) for b in x]).mean(0).double() for x in inputs]
     mean = sum(means) / 3
-    var = sum(v + m ** 2 for v, m in zip(variances, means)) / 3 - mean ** 2
+    var = sum(v + m**2 for v, m in zip(variances, means)) / 3 - mean**2
     for got_mean, got_var in results:
         # float32 statistics of O(10) values: 1e-5 relative is a few float32 ulps of accumulation
         assert torch.allclose(got_mean.double(), mean, rtol=1e-5, atol=1e-5)
@@ -47,9 +51,19 @@ def test_model_without_batch_norm_is_left_alone():
 
 @pytest.mark.parametrize("algorithm", ["powergossip:rank=1", "exact"])
 def test_averaged_bn_model_is_at_least_as_good_as_the_worst_local_one(algorithm):
-    config = config_from_dict(dict(
-        topology="ring:4", algorithm=algorithm, dataset="paper_fixtures:class_images",
-        model="resnet20:width=4", batch_size=16, epochs=2, lr=0.05, momentum=0.9, quiet=True))
+    config = config_from_dict(
+        dict(
+            topology="ring:4",
+            algorithm=algorithm,
+            dataset="paper_fixtures:class_images",
+            model="resnet20:width=4",
+            batch_size=16,
+            epochs=2,
+            lr=0.05,
+            momentum=0.9,
+            quiet=True,
+        )
+    )
     summary = LocalCluster(topologies.parse(config.topology), timeout=60).run(train, config)[0]
     for record in (r for r in summary["history"] if r["kind"] == "eval"):
         assert record["test_acc_avg_model"] >= record["test_acc_min"], record

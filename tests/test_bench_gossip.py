@@ -9,8 +9,13 @@ import json
 import torch
 
 import topologies
-from experiments.bench_gossip import (BenchConfig, isolated_benchmark, peer_benchmark,
-                                      render_markdown, summarize_setting)
+from experiments.bench_gossip import (
+    BenchConfig,
+    isolated_benchmark,
+    peer_benchmark,
+    render_markdown,
+    summarize_setting,
+)
 from gossip_powersgd import LocalCluster
 
 # Two compressed matrices of different shapes (one of them a conv weight) and one 1-D tensor.
@@ -19,9 +24,19 @@ SHAPES = [("w", (8, 6)), ("conv", (4, 3, 2, 2)), ("bias", (8,))]
 
 def test_bench_core_on_a_tiny_parameter_set():
     torch.set_num_threads(1)
-    cfg = BenchConfig(model="tiny", topology="torus:2x4", backend="local", steps=2, reps=1,
-                      naive=True, exact_steps=1, warmup=0, concurrent_copy_mb=1, isolated_copy_mb=1,
-                      shapes=SHAPES)
+    cfg = BenchConfig(
+        model="tiny",
+        topology="torus:2x4",
+        backend="local",
+        steps=2,
+        reps=1,
+        naive=True,
+        exact_steps=1,
+        warmup=0,
+        concurrent_copy_mb=1,
+        isolated_copy_mb=1,
+        shapes=SHAPES,
+    )
     topology = topologies.parse(cfg.topology)
     peers = LocalCluster(topology, timeout=60).run(peer_benchmark, cfg)
     iso = isolated_benchmark(cfg, topology)
@@ -39,7 +54,9 @@ def test_bench_core_on_a_tiny_parameter_set():
         for name in ("batched", "naive"):
             steps = [st for block in p["variants"][name] for st in block["steps"]]
             assert [st["side"] for st in steps] == ["right", "left"]
-            assert [st["bytes"] for st in steps] == [st["expected"] for st in steps] == [right, left]
+            assert (
+                [st["bytes"] for st in steps] == [st["expected"] for st in steps] == [right, left]
+            )
         assert p["exact"]["steps"][0]["bytes"] == p["exact"]["steps"][0]["expected"] == exact
     for name in ("batched", "naive"):
         v = s["variants"][name]
@@ -61,9 +78,22 @@ def test_bench_core_on_a_tiny_parameter_set():
             assert set(isolated["variants"][name][side]) == {"compute", "efficiency"}
     assert "speedup" in isolated
 
-    text = render_markdown("python -m experiments.bench_gossip (test)", [{"summary": s, "raw": {}}],
-                           {"cpu": "test", "cores": 1, "memory": "?", "load_average": None,
-                            "python": "3", "torch": torch.__version__, "torch_default_threads": 1,
-                            "mpi": "none"}, None, "today", 0.0)
+    text = render_markdown(
+        "python -m experiments.bench_gossip (test)",
+        [{"summary": s, "raw": {}}],
+        {
+            "cpu": "test",
+            "cores": 1,
+            "memory": "?",
+            "load_average": None,
+            "python": "3",
+            "torch": torch.__version__,
+            "torch_default_threads": 1,
+            "mpi": "none",
+        },
+        None,
+        "today",
+        0.0,
+    )
     assert "### tiny · torus:2x4 (degree 3) · backend local" in text
     assert "bytes ratio exact / PowerGossip" in text

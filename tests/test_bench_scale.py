@@ -56,8 +56,12 @@ def test_tiny_plan_writes_page_and_json(tmp_path):
     page = out.read_text()
     data = json.loads(out.with_suffix(".json").read_text())
     assert not [r for r in data["records"] if "error" in r]
-    for heading in ("## Cost vs number of peers", "## Ring all-reduce vs the all-gather reduction",
-                    "## Cost vs model size", "## Growth rates"):
+    for heading in (
+        "## Cost vs number of peers",
+        "## Ring all-reduce vs the all-gather reduction",
+        "## Cost vs model size",
+        "## Growth rates",
+    ):
         assert heading in page
     assert render_markdown(data["records"], data["meta"]) == page
     # each in-process point records whether its threads took turns, and the page marks those
@@ -68,10 +72,17 @@ def test_tiny_plan_writes_page_and_json(tmp_path):
     assert set(summary) == set(KINDS)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA"
+)
 def test_gpu_check_refuses_without_cuda_in_one_line():
-    result = subprocess.run([sys.executable, "-m", "experiments.gpu_check"], cwd=ROOT, text=True,
-                            capture_output=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.gpu_check"],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert result.stderr.startswith("error: gpu_check needs CUDA")
@@ -89,9 +100,28 @@ def test_gpu_check_compare_catches_a_wrong_model_and_a_moved_average():
 
 def test_gpu_check_dry_run_passes_on_cpu(tmp_path):
     out = tmp_path / "gpu_check.md"
-    result = subprocess.run([sys.executable, "-m", "experiments.gpu_check", "--device", "cpu", "--dry-run",
-                             "--peers", "2", "--steps", "2", "--timeout", "240", "--out", str(out)],
-                            cwd=ROOT, text=True, capture_output=True, timeout=400)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.gpu_check",
+            "--device",
+            "cpu",
+            "--dry-run",
+            "--peers",
+            "2",
+            "--steps",
+            "2",
+            "--timeout",
+            "240",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=400,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     page = out.read_text()
     assert page.count("| pass |") == 4  # local and torch/gloo, both algorithms

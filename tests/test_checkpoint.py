@@ -26,8 +26,16 @@ class Interrupted(RuntimeError):
 def config_for(out_dir, **changes) -> TrainConfig:
     # momentum, a cosine schedule with warm-up and log records make every piece of state matter
     base = load_config(TINY, deep=False).replace(
-        out_dir=str(out_dir), quiet=True, momentum=0.9, lr=0.2, schedule="cosine",
-        warmup_epochs=0.5, log_every=4, epochs=4, checkpoint_every=1)
+        out_dir=str(out_dir),
+        quiet=True,
+        momentum=0.9,
+        lr=0.2,
+        schedule="cosine",
+        warmup_epochs=0.5,
+        log_every=4,
+        epochs=4,
+        checkpoint_every=1,
+    )
     return base.replace(**changes)
 
 
@@ -57,17 +65,28 @@ def reference(tmp_path_factory):
     return out, summaries
 
 
-@pytest.mark.parametrize("algorithm, changes", [
-    ("powergossip:rank=1", {}),
-    ("powersgd:rank=1", {}),  # a gradient averager, with error feedback
-    # uneven shards: the data iterators stand mid-pass at the checkpoint; Adam's state
-    ("powergossip:rank=2", dict(optimizer="adam", momentum=0.0, lr=0.01, model="mlp:16,16",
-                                partition="dirichlet:0.3")),
-    # topologies that change every step: per-edge state and the schedule position
-    ("powergossip:rank=1", dict(topology="matchings:4")),
-    ("choco:compressor=sign,gamma=0.2", dict(topology="one_peer_exponential:4")),
-    ("pushsum", dict(topology="directed_exponential:4")),
-])
+@pytest.mark.parametrize(
+    "algorithm, changes",
+    [
+        ("powergossip:rank=1", {}),
+        ("powersgd:rank=1", {}),  # a gradient averager, with error feedback
+        # uneven shards: the data iterators stand mid-pass at the checkpoint; Adam's state
+        (
+            "powergossip:rank=2",
+            dict(
+                optimizer="adam",
+                momentum=0.0,
+                lr=0.01,
+                model="mlp:16,16",
+                partition="dirichlet:0.3",
+            ),
+        ),
+        # topologies that change every step: per-edge state and the schedule position
+        ("powergossip:rank=1", dict(topology="matchings:4")),
+        ("choco:compressor=sign,gamma=0.2", dict(topology="one_peer_exponential:4")),
+        ("pushsum", dict(topology="directed_exponential:4")),
+    ],
+)
 def test_resume_after_interruption_is_bit_exact(tmp_path, reference, algorithm, changes):
     ref_dir, ref = reference
     if algorithm != "powergossip:rank=1" or changes:  # its own uninterrupted reference
@@ -148,16 +167,36 @@ def _copy_run(reference, tmp_path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("change, topology, expected", [
-    (dict(lr=0.3), None, r"rank-0-epoch-4\.pt was written with another config: lr 0\.2 -> 0\.3"),
-    (dict(epochs=6), None, r"another config: epochs 4 -> 6"),
-    (dict(topology="complete:4"), None,
-     r"rank-0-epoch-4\.pt is for topology 'ring:4' \(another mixing matrix\); this run uses 'complete:4'"),
-    (dict(topology="ring:2"), None, r"rank-0-epoch-4\.pt was written by a run of 4 peers; this run has 2"),
-    (dict(topology="ring:6"), None, r"its checkpoints were written by a run of 4 peers; this run "
-                                    r"has 6: resume with 4 peers"),
-])
-def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, reference, change, topology, expected):
+@pytest.mark.parametrize(
+    "change, topology, expected",
+    [
+        (
+            dict(lr=0.3),
+            None,
+            r"rank-0-epoch-4\.pt was written with another config: lr 0\.2 -> 0\.3",
+        ),
+        (dict(epochs=6), None, r"another config: epochs 4 -> 6"),
+        (
+            dict(topology="complete:4"),
+            None,
+            r"rank-0-epoch-4\.pt is for topology 'ring:4' \(another mixing matrix\); this run uses 'complete:4'",
+        ),
+        (
+            dict(topology="ring:2"),
+            None,
+            r"rank-0-epoch-4\.pt was written by a run of 4 peers; this run has 2",
+        ),
+        (
+            dict(topology="ring:6"),
+            None,
+            r"its checkpoints were written by a run of 4 peers; this run "
+            r"has 6: resume with 4 peers",
+        ),
+    ],
+)
+def test_resume_refuses_a_checkpoint_of_another_run(
+    tmp_path, reference, change, topology, expected
+):
     out = _copy_run(reference, tmp_path)
     with pytest.raises(ValueError, match=expected) as info:
         run(config_for(out, **change), resume=True)
@@ -171,13 +210,16 @@ def test_backend_keys_may_change_on_resume(tmp_path, reference):
     assert resumed[0]["model_sha256"] == reference[1][0]["model_sha256"]
 
 
-@pytest.mark.parametrize("damage, expected", [
-    ("truncate", r"rank-1-epoch-4\.pt is corrupt or truncated"),
-    ("flip", r"rank-1-epoch-4\.pt is corrupt"),
-    ("garbage", r"rank-1-epoch-4\.pt is corrupt or truncated"),
-    ("empty", r"rank-1-epoch-4\.pt is corrupt or truncated"),
-    ("foreign", r"rank-1-epoch-4\.pt is not a gossip_powersgd checkpoint"),
-])
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        ("truncate", r"rank-1-epoch-4\.pt is corrupt or truncated"),
+        ("flip", r"rank-1-epoch-4\.pt is corrupt"),
+        ("garbage", r"rank-1-epoch-4\.pt is corrupt or truncated"),
+        ("empty", r"rank-1-epoch-4\.pt is corrupt or truncated"),
+        ("foreign", r"rank-1-epoch-4\.pt is not a gossip_powersgd checkpoint"),
+    ],
+)
 def test_corrupt_checkpoint_is_named_on_every_rank(tmp_path, reference, damage, expected):
     out = _copy_run(reference, tmp_path)
     path = ckpt.checkpoint_path(out, 1, 4)

@@ -5,7 +5,13 @@ import pytest
 import torch
 
 import topologies
-from gossip_powersgd import ChocoGossip, ExactGossip, LocalCluster, NonFiniteError, consensus_distance
+from gossip_powersgd import (
+    ChocoGossip,
+    ExactGossip,
+    LocalCluster,
+    NonFiniteError,
+    consensus_distance,
+)
 from gossip_powersgd.algorithms import make_algorithm
 from gossip_powersgd.algorithms.compressed import compression_keys
 from gossip_powersgd.compressors import Identity, RandomK, SignNorm, TopK, parse_compressor
@@ -15,9 +21,11 @@ from test_allreduce import mpi_baselines
 def peer_tensors(comm, dtype=torch.float64):
     """A matrix, a conv-like 4-D tensor and a vector per peer, seeded by rank."""
     g = torch.Generator().manual_seed(1000 + comm.rank)
-    return [torch.randn(12, 9, generator=g, dtype=dtype),
-            torch.randn(4, 3, 2, 2, generator=g, dtype=dtype),
-            torch.randn(7, generator=g, dtype=dtype)]
+    return [
+        torch.randn(12, 9, generator=g, dtype=dtype),
+        torch.randn(4, 3, 2, 2, generator=g, dtype=dtype),
+        torch.randn(7, generator=g, dtype=dtype),
+    ]
 
 
 def consensus_problem(comm):
@@ -64,15 +72,17 @@ def test_choco_with_identity_is_exact_gossip(gamma):
         for k, (x_hat, s, q) in enumerate(x_hats, start=1):
             torch.testing.assert_close(x_hat, flat(history[k - 1]), rtol=0, atol=1e-12)
             mixed = topology.weight(i, i) * flat(results[i][1][k - 1]) + sum(
-                topology.weight(i, j) * flat(results[j][1][k - 1]) for j in topology.neighbors(i))
+                topology.weight(i, j) * flat(results[j][1][k - 1]) for j in topology.neighbors(i)
+            )
             torch.testing.assert_close(s, mixed, rtol=0, atol=1e-12)
             expected_q = flat(history[0]) if k == 1 else flat(history[k - 1]) - flat(history[k - 2])
             torch.testing.assert_close(q, expected_q, rtol=0, atol=1e-12)
 
 
 # ---- average preservation ---------------------------------------------------------------------------
-@pytest.mark.parametrize("compressor, gamma", [("topk:0.05", 0.2), ("sign", 0.2), ("randomk:0.1", 0.05),
-                                               ("qsgd:2", 0.2)])
+@pytest.mark.parametrize(
+    "compressor, gamma", [("topk:0.05", 0.2), ("sign", 0.2), ("randomk:0.1", 0.05), ("qsgd:2", 0.2)]
+)
 def test_choco_preserves_the_average(compressor, gamma):
     """On a symmetric doubly stochastic W, sum_i (s_i - x̂_i) = 0, so sum_i x_i never moves:
     float64, 60 steps, relative drift of the sum <= 1e-12."""
@@ -92,7 +102,10 @@ def test_choco_preserves_the_average(compressor, gamma):
         total_after = torch.stack([r[0][k] for r in after]).sum(0)
         assert (total_after - total_before).norm() <= 1e-12 * total_before.norm()
     # and the models did move towards each other (the test is not vacuous)
-    assert after[0][1] < 0.5 * LocalCluster(topology).run(lambda c: consensus_distance(peer_tensors(c), c))[0]
+    assert (
+        after[0][1]
+        < 0.5 * LocalCluster(topology).run(lambda c: consensus_distance(peer_tensors(c), c))[0]
+    )
 
 
 # ---- convergence on the 8-ring ------------------------------------------------------------------------
@@ -152,8 +165,9 @@ def test_rescaled_public_copies_are_the_same_at_both_ends(compressor):
 
     results = LocalCluster(topology).run(peer)
     for i, (x_hat, s) in enumerate(results):
-        mixed = topology.weight(i, i) * x_hat + sum(topology.weight(i, j) * results[j][0]
-                                                    for j in topology.neighbors(i))
+        mixed = topology.weight(i, i) * x_hat + sum(
+            topology.weight(i, j) * results[j][0] for j in topology.neighbors(i)
+        )
         torch.testing.assert_close(s, mixed, rtol=0, atol=1e-12)
         assert x_hat.norm() > 0
 
@@ -186,8 +200,15 @@ def choco_run(comm, steps="4"):
         expected += a.bytes_per_step() + b.bytes_per_step()
         a.step()
         b.step()
-    return {"x": x, "y": y, "x_hat": a.x_hat, "s": b.s, "bytes": comm.stats.bytes_sent,
-            "messages": comm.stats.messages_sent, "expected_bytes": expected}
+    return {
+        "x": x,
+        "y": y,
+        "x_hat": a.x_hat,
+        "s": b.s,
+        "bytes": comm.stats.bytes_sent,
+        "messages": comm.stats.messages_sent,
+        "expected_bytes": expected,
+    }
 
 
 @pytest.mark.mpi
@@ -231,7 +252,7 @@ def test_bytes_per_step_is_the_payload_formula():
 def test_keys_depend_on_seed_step_sender_and_tensor():
     keys = compression_keys(0, 3, 1, 4)
     assert keys == compression_keys(0, 3, 1, 4) and len(set(keys)) == 4
-    assert all(0 <= k < 2 ** 63 for k in keys)
+    assert all(0 <= k < 2**63 for k in keys)
     assert keys != compression_keys(0, 4, 1, 4) and keys != compression_keys(0, 3, 2, 4)
     assert keys != compression_keys(1, 3, 1, 4)
     assert compression_keys(0, 3, 1, 2) == keys[:2]
@@ -270,7 +291,9 @@ def test_gamma_is_required_and_non_finite_models_are_not_sent():
             x[2][0] = float("nan")
         choco.step()
 
-    with pytest.raises(NonFiniteError, match=r"rank 1: non-finite values in parameter\(s\) param\[2\]"):
+    with pytest.raises(
+        NonFiniteError, match=r"rank 1: non-finite values in parameter\(s\) param\[2\]"
+    ):
         LocalCluster(topologies.ring(3)).run(nan_peer)
 
 
@@ -278,7 +301,9 @@ def test_make_algorithm_builds_choco_from_its_spelling():
     def peer(comm):
         x = peer_tensors(comm)
         algorithm = make_algorithm("choco:compressor=topk:0.01,gamma=0.4,seed=3", x, comm)
-        with pytest.raises(ValueError, match="has no option 'rank'; valid: compressor, gamma, seed"):
+        with pytest.raises(
+            ValueError, match="has no option 'rank'; valid: compressor, gamma, seed"
+        ):
             make_algorithm("choco:compressor=sign,gamma=0.1,rank=2", x, comm)
         with pytest.raises(ValueError, match="tune"):
             make_algorithm("choco:compressor=sign", x, comm)

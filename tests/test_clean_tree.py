@@ -26,22 +26,79 @@ QUICK = [
     ["-m", "experiments.suite", "privacy", "--quick", "--epochs", "1"],
     ["-m", "experiments.suite", "dynamic", "--quick", "--epochs", "1"],
     ["-m", "experiments.privacy_attacks", "--quick", "--epochs", "1"],
-    ["-m", "experiments.consensus", "--topology", "ring:4", "--problem", "matrix:20", "--steps", "20"],
+    [
+        "-m",
+        "experiments.consensus",
+        "--topology",
+        "ring:4",
+        "--problem",
+        "matrix:20",
+        "--steps",
+        "20",
+    ],
     ["-m", "experiments.bench_scale", "--quick"],
-    ["-m", "experiments.bench_gossip", "--bytes-only", "--model", "resnet20", "--topology", "ring:4"],
-    ["-m", "experiments.bench_sim", "--peers", "4", "--steps", "2", "--reps", "1", "--big-peers", "4",
-     "--big-steps", "1", "--before-steps", "2", "--divergence-peers", "4"],
-    ["-m", "experiments.bench_dp", "--reps", "1", "--steps", "1", "--e2e-reps", "1",
-     "--e2e-epochs", "1", "--big-batch", "8"],
+    [
+        "-m",
+        "experiments.bench_gossip",
+        "--bytes-only",
+        "--model",
+        "resnet20",
+        "--topology",
+        "ring:4",
+    ],
+    [
+        "-m",
+        "experiments.bench_sim",
+        "--peers",
+        "4",
+        "--steps",
+        "2",
+        "--reps",
+        "1",
+        "--big-peers",
+        "4",
+        "--big-steps",
+        "1",
+        "--before-steps",
+        "2",
+        "--divergence-peers",
+        "4",
+    ],
+    [
+        "-m",
+        "experiments.bench_dp",
+        "--reps",
+        "1",
+        "--steps",
+        "1",
+        "--e2e-reps",
+        "1",
+        "--e2e-epochs",
+        "1",
+        "--big-batch",
+        "8",
+    ],
     ["-m", "experiments.gpu_check", "--dry-run", "--device", "cpu"],
     ["-m", "experiments.long_run", "--steps", "100", "--topology", "ring:4", "--log-every", "50"],
-    ["-m", "experiments.bench_backends", "--config", "experiments/configs/tiny.yaml", "--peers", "4",
-     "--set", "epochs=1", "--reps", "1"],
+    [
+        "-m",
+        "experiments.bench_backends",
+        "--config",
+        "experiments/configs/tiny.yaml",
+        "--peers",
+        "4",
+        "--set",
+        "epochs=1",
+        "--reps",
+        "1",
+    ],
 ]
 
 
 def _git(*args, cwd) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout
 
 
 def _clone(tmp_path: Path) -> Path:
@@ -58,8 +115,18 @@ def _clone(tmp_path: Path) -> Path:
     for name in filter(None, deleted):
         (clone / name).unlink(missing_ok=True)
     _git("add", "-A", cwd=clone)
-    _git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "tree",
-         cwd=clone)
+    _git(
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@t",
+        "commit",
+        "-q",
+        "--allow-empty",
+        "-m",
+        "tree",
+        cwd=clone,
+    )
     return clone
 
 
@@ -67,13 +134,19 @@ def _clone(tmp_path: Path) -> Path:
 def test_quick_modes_leave_a_clean_checkout(tmp_path):
     clone = _clone(tmp_path)
     assert _git("status", "--porcelain", cwd=clone) == ""
-    env = {**os.environ, "PYTHONPATH": str(clone), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
-           "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(clone),
+        "OMP_NUM_THREADS": "1",
+        "MPLBACKEND": "Agg",
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
 
     def run(args):
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, *args], cwd=clone, env=env, capture_output=True,
-                              text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, *args], cwd=clone, env=env, capture_output=True, text=True, timeout=600
+        )
         return args, done, time.perf_counter() - started
 
     # Two at a time: most of each is single-threaded start-up and tiny runs.
@@ -82,26 +155,47 @@ def test_quick_modes_leave_a_clean_checkout(tmp_path):
     for args, done, _ in outcomes:
         assert done.returncode == 0, (" ".join(args), done.stderr[-2000:])
     # gossip-train's smallest example, twice, and gossip-plot of both runs without --out.
-    train = [sys.executable, "-m", "gossip_powersgd.cli.train", "--config",
-             "experiments/configs/tiny.yaml", "--set"]
+    train = [
+        sys.executable,
+        "-m",
+        "gossip_powersgd.cli.train",
+        "--config",
+        "experiments/configs/tiny.yaml",
+        "--set",
+    ]
     for name in ("a", "b"):
-        done = subprocess.run([*train, f"out_dir=runs/tiny-{name}"], cwd=clone, env=env,
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [*train, f"out_dir=runs/tiny-{name}"],
+            cwd=clone,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
-    done = subprocess.run([sys.executable, "-m", "gossip_powersgd.cli.plot", "runs/tiny-a",
-                           "runs/tiny-b"], cwd=clone, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "gossip_powersgd.cli.plot", "runs/tiny-a", "runs/tiny-b"],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "writing the figures to" in done.stderr and "--out DIR" in done.stderr
     assert (clone / "runs" / "plots-tiny-a-vs-tiny-b" / "accuracy_vs_epoch.png").exists()
     # One run's plots go into its run directory; the demo page tool reads them from there.
-    for args in (["-m", "gossip_powersgd.cli.plot", "runs/tiny-a", "--out", "runs/tiny-a/plots"],
-                 ["-m", "experiments.demo_page", "runs/tiny-a"]):
-        done = subprocess.run([sys.executable, *args], cwd=clone, env=env, capture_output=True,
-                              text=True, timeout=300)
+    for args in (
+        ["-m", "gossip_powersgd.cli.plot", "runs/tiny-a", "--out", "runs/tiny-a/plots"],
+        ["-m", "experiments.demo_page", "runs/tiny-a"],
+    ):
+        done = subprocess.run(
+            [sys.executable, *args], cwd=clone, env=env, capture_output=True, text=True, timeout=300
+        )
         assert done.returncode == 0, done.stderr[-2000:]
     page = (clone / "runs" / "demo.md").read_text()
     assert (clone / "runs" / "tiny-a" / "summary.md").read_text().strip() in page  # unchanged
     assert "at commit " in page and (clone / "runs" / "demo" / "accuracy_vs_mb.png").exists()
-    assert _git("status", "--porcelain", "--untracked-files=all", cwd=clone) == "", \
-        [(" ".join(a), f"{s:.0f} s") for a, _, s in outcomes]
+    assert _git("status", "--porcelain", "--untracked-files=all", cwd=clone) == "", [
+        (" ".join(a), f"{s:.0f} s") for a, _, s in outcomes
+    ]

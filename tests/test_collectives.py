@@ -67,10 +67,18 @@ def awkward_allreduces(comm):
 def test_awkward_sizes_give_the_same_bits_on_every_peer_and_the_right_values():
     results = LocalCluster(topologies.ring(4)).run(awkward_allreduces)
     for numel in AWKWARD_SIZES:
-        data = torch.stack([torch.randn(numel, generator=torch.Generator().manual_seed(1000 * numel + r))
-                            for r in range(4)])
-        for op, want in (("sum", data.sum(0)), ("mean", data.mean(0)), ("min", data.min(0).values),
-                         ("max", data.max(0).values)):
+        data = torch.stack(
+            [
+                torch.randn(numel, generator=torch.Generator().manual_seed(1000 * numel + r))
+                for r in range(4)
+            ]
+        )
+        for op, want in (
+            ("sum", data.sum(0)),
+            ("mean", data.mean(0)),
+            ("min", data.min(0).values),
+            ("max", data.max(0).values),
+        ):
             got = [r[f"{op}-{numel}"] for r in results]
             assert all(torch.equal(g, got[0]) for g in got), (op, numel)
             torch.testing.assert_close(got[0], want, rtol=1e-6, atol=1e-6)
@@ -104,6 +112,7 @@ def test_counted_bytes_are_the_bytes_that_moved(monkeypatch):
 @pytest.mark.parametrize("n", [2, 3, 4, 7])
 def test_shared_memory_all_reduce_is_the_point_to_point_ring_bit_for_bit(n, monkeypatch):
     """In-process peers reduce through shared memory: same bits, same counters as the ring."""
+
     def peer(comm):
         out = awkward_allreduces(comm)
         out["stats"] = torch.tensor(list(comm.stats.as_dict().values()))
@@ -114,7 +123,9 @@ def test_shared_memory_all_reduce_is_the_point_to_point_ring_bit_for_bit(n, monk
     ring = LocalCluster(topologies.ring(n)).run(peer)
     for a, b in zip(shared, ring):
         assert a.keys() == b.keys()
-        assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+        assert all(torch.equal(a[k], b[k]) for k in a), [
+            k for k in a if not torch.equal(a[k], b[k])
+        ]
 
 
 def test_metric_all_reduce_charges_the_metric_counters_only():
@@ -133,7 +144,9 @@ def test_mismatched_sizes_fail_naming_a_peer_instead_of_hanging():
         comm.allreduce_(torch.zeros(9 if comm.rank == 2 else 8), "sum")
 
     # rank 2's chunks differ from its ring neighbours' (1 and 3): whichever notices first names it
-    with pytest.raises(CommunicationError, match=r"rank [123]: message from peer [123] has \d+ bytes, expected"):
+    with pytest.raises(
+        CommunicationError, match=r"rank [123]: message from peer [123] has \d+ bytes, expected"
+    ):
         LocalCluster(topologies.ring(4), timeout=5).run(peer)
 
 

@@ -222,7 +222,9 @@ def test_randomk_scaled_is_unbiased():
     c = RandomK(ratio, scaled=True)
     # Averaging over keys and over identical copies inside one tensor: 6,000 samples per entry for
     # 300 calls (the calls, not the arithmetic, are what costs time).
-    mean = sum(c.compress(x.repeat(copies), key) for key in range(keys)).view(copies, d).mean(0) / keys
+    mean = (
+        sum(c.compress(x.repeat(copies), key) for key in range(keys)).view(copies, d).mean(0) / keys
+    )
     # C(x)_i = (d/k) x_i with probability k/d, else 0: Var = x_i² (d/k − 1); sampling without
     # replacement correlates the copies negatively, so this bound on the mean's spread is safe.
     k_over_d = round(ratio * d * copies) / (d * copies)
@@ -251,7 +253,9 @@ def test_sign_norm_layout_and_l1(dtype, d):
     assert as_bytes_int(payload[item:]) == bits  # LSB-first, padding bits zero
     y = decode(c, payload, x)
     assert torch.equal(y, torch.where(x < 0, -scale, scale))
-    assert torch.allclose(y.abs().sum(), x.abs().sum(), rtol=1e-6 if dtype == torch.float32 else 1e-14)
+    assert torch.allclose(
+        y.abs().sum(), x.abs().sum(), rtol=1e-6 if dtype == torch.float32 else 1e-14
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -342,7 +346,13 @@ def test_lowrank_zero_matrix_gives_zeros():
 
 def test_lowrank_sends_exactly_what_does_not_pay_to_factor():
     c = LowRank(2)
-    for shape in [(50,), (), (0, 4), (3, 3), (2, 100)]:  # last: rank 2 of a 2-row matrix is all of it
+    for shape in [
+        (50,),
+        (),
+        (0, 4),
+        (3, 3),
+        (2, 100),
+    ]:  # last: rank 2 of a 2-row matrix is all of it
         x = randn(*shape, seed=8)
         assert c.nbytes(x.shape, x.dtype) == x.numel() * 8
         assert torch.equal(c.compress(x), x)
@@ -477,7 +487,9 @@ def test_variance_bounds_say_which_compressors_are_unbiased():
 def test_qsgd_second_moment_is_within_its_bound(levels):
     """E‖C(x)‖² <= (1 + ω)‖x‖² (Alistarh et al., Lemma 3.1), estimated over 400 keys."""
     x = randn(50, seed=11)
-    second = torch.stack([QSGD(levels).compress(x, key).square().sum() for key in range(400)]).mean()
+    second = torch.stack(
+        [QSGD(levels).compress(x, key).square().sum() for key in range(400)]
+    ).mean()
     assert second <= (1 + QSGD(levels).variance_bound(50)) * x.square().sum()
     assert second > 1.5 * x.square().sum()  # and far from contractive: the rescaling is needed
 
@@ -485,4 +497,6 @@ def test_qsgd_second_moment_is_within_its_bound(levels):
 def test_rescaled_scaled_randomk_is_the_plain_selection():
     x = randn(40, seed=12)
     scaled, plain = RandomK(0.25, seed=3, scaled=True), RandomK(0.25, seed=3)
-    torch.testing.assert_close(scaled.compress(x, 9) / scaled.contraction_scale(40), plain.compress(x, 9))
+    torch.testing.assert_close(
+        scaled.compress(x, 9) / scaled.contraction_scale(40), plain.compress(x, 9)
+    )

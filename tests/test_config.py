@@ -34,14 +34,22 @@ def write(tmp_path, text: str) -> Path:
 
 def test_every_shipped_config_validates():
     names = sorted(p.name for p in CONFIGS.glob("*.yaml"))
-    for required in ("demo.yaml", "tiny.yaml", "ring8_mnist1d_powergossip.yaml",
-                     "ring8_mnist1d_exact.yaml", "ring8_mnist1d_allreduce.yaml",
-                     "torus16_mnist1d_powergossip.yaml"):
+    for required in (
+        "demo.yaml",
+        "tiny.yaml",
+        "ring8_mnist1d_powergossip.yaml",
+        "ring8_mnist1d_exact.yaml",
+        "ring8_mnist1d_allreduce.yaml",
+        "torus16_mnist1d_powergossip.yaml",
+    ):
         assert required in names
     for name in names:
         config = load_config(CONFIGS / name, deep=False)  # deep checks below for tiny only (speed)
         assert isinstance(config, TrainConfig)
-    assert load_config(CONFIGS / "torus16_mnist1d_powergossip.yaml", deep=False).topology == "torus:4x4"
+    assert (
+        load_config(CONFIGS / "torus16_mnist1d_powergossip.yaml", deep=False).topology
+        == "torus:4x4"
+    )
     assert load_config(CONFIGS / "demo.yaml", deep=False).backend == "mpi"
 
 
@@ -54,34 +62,57 @@ def test_tiny_loads_with_deep_validation_and_round_trips(tmp_path):
 
 
 def test_overrides_are_parsed_as_yaml():
-    config = load_config(TINY, ["lr=0.05", "milestones=[1, 2]", "schedule=step", "peers=null",
-                                "quiet=true", "algorithm=powergossip:rank=2,iters=2",
-                                "out_dir=2024", "epochs=4"], deep=False)
+    config = load_config(
+        TINY,
+        [
+            "lr=0.05",
+            "milestones=[1, 2]",
+            "schedule=step",
+            "peers=null",
+            "quiet=true",
+            "algorithm=powergossip:rank=2,iters=2",
+            "out_dir=2024",
+            "epochs=4",
+        ],
+        deep=False,
+    )
     assert config.lr == 0.05 and isinstance(config.lr, float)
     assert config.milestones == [1.0, 2.0] and config.schedule == "step"
     assert config.peers is None and config.quiet is True
     assert config.algorithm == "powergossip:rank=2,iters=2"
     assert config.out_dir == "2024" and config.epochs == 4
-    assert load_config(TINY, ["lr=1e-3", "weight_decay=5e-4"], deep=False).lr == 1e-3  # YAML 1.1 strings
+    assert (
+        load_config(TINY, ["lr=1e-3", "weight_decay=5e-4"], deep=False).lr == 1e-3
+    )  # YAML 1.1 strings
     assert parse_override("topology=torus:4x4") == ("topology", "torus:4x4")
 
 
 def test_hash_and_agreement_ignore_backend_keys():
     a = TrainConfig()
-    b = a.replace(backend="mpi", peers=8, quiet=True, comm_timeout=5.0, out_dir="x",
-                  checkpoint_every=3, threads=2)
+    b = a.replace(
+        backend="mpi",
+        peers=8,
+        quiet=True,
+        comm_timeout=5.0,
+        out_dir="x",
+        checkpoint_every=3,
+        threads=2,
+    )
     assert config_hash(a) == config_hash(b)
     assert agreement_text(a) != agreement_text(b)  # out_dir and checkpoint_every must agree
     assert agreement_text(a) == agreement_text(a.replace(backend="mpi", peers=8, quiet=True))
     assert config_hash(a) != config_hash(a.replace(lr=0.2))
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("lr: 0.1\nbogus: 3\n", "unknown config key 'bogus'"),
-    ("lr: fast\n", "bad value for 'lr'"),
-    ("- a\n- b\n", "must be a mapping"),
-    ("lr: [\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("lr: 0.1\nbogus: 3\n", "unknown config key 'bogus'"),
+        ("lr: fast\n", "bad value for 'lr'"),
+        ("- a\n- b\n", "must be a mapping"),
+        ("lr: [\n", "not valid YAML"),
+    ],
+)
 def test_bad_files(tmp_path, text, expected):
     with pytest.raises(ValueError, match=expected) as info:
         load_config(write(tmp_path, text), deep=False)
@@ -95,40 +126,43 @@ def test_missing_file(tmp_path):
         load_config(tmp_path / "nope.yaml")
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("bogus=1", "unknown config key 'bogus' in --set; valid keys:"),
-    ("lr", "--set expects key=value"),
-    ("lr=-1", "'lr'.*must be > 0"),
-    ("lr=.nan", "'lr'"),
-    ("optimizer=rmsprop", "'optimizer'.*valid: sgd, adam, adamw"),
-    ("schedule=linear", "'schedule'.*valid: constant, step, cosine"),
-    ("backend=tcp", "'backend'.*valid: mpi, local"),
-    ("batch_size=0", "'batch_size'.*>= 1"),
-    ("batch_size=abc", "'batch_size'.*not a integer"),
-    ("batch_size=2.5", "'batch_size'"),
-    ("epochs=true", "'epochs'"),
-    ("momentum=1.5", "'momentum'"),
-    ("milestones=[2]", "'milestones'.*schedule: step"),
-    ("warmup_epochs=99", "'warmup_epochs'"),
-    ("quiet=maybe", "'quiet'"),
-    ("device=tpu", "'device'"),
-    ("comm_timeout=0", "'comm_timeout'"),
-    # below the second a process group's set-up needs (torch's socket error named neither rank nor key)
-    ("comm_timeout=1e-6", r"'comm_timeout': 1e-06 \(must be in \[1, 604800\] seconds"),
-    ("comm_timeout=1e12", r"'comm_timeout'.*\(1 s to a week\)"),
-    ("algorithm=nosuch", "'algorithm'.*unknown algorithm 'nosuch'; valid: .*powergossip"),
-    ("algorithm=powergossip:rnk=1", "'algorithm'.*no option 'rnk'; valid: .*rank"),
-    ("algorithm=powergossip:rank=x", "'algorithm'.*bad value 'x' for rank"),
-    ("topology=moebius:8", "'topology'.*unknown topology 'moebius'"),
-    ("topology=ring:0", "'topology'"),
-    ("peers=5", "'peers'"),
-    ("dataset=mnist2d", "'dataset'.*unknown dataset 'mnist2d'"),
-    ("dataset=synthetic_logreg:dim=3", "'dataset'.*unknown option 'dim'"),
-    ("partition=dirichlet:-1", "'partition'.*alpha must be > 0"),
-    ("partition=halves", "'partition'.*unknown partition 'halves'"),
-    ("model=resnet", "'model'.*unknown model 'resnet'"),
-    ("model=mlp:0", "'model'"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("bogus=1", "unknown config key 'bogus' in --set; valid keys:"),
+        ("lr", "--set expects key=value"),
+        ("lr=-1", "'lr'.*must be > 0"),
+        ("lr=.nan", "'lr'"),
+        ("optimizer=rmsprop", "'optimizer'.*valid: sgd, adam, adamw"),
+        ("schedule=linear", "'schedule'.*valid: constant, step, cosine"),
+        ("backend=tcp", "'backend'.*valid: mpi, local"),
+        ("batch_size=0", "'batch_size'.*>= 1"),
+        ("batch_size=abc", "'batch_size'.*not a integer"),
+        ("batch_size=2.5", "'batch_size'"),
+        ("epochs=true", "'epochs'"),
+        ("momentum=1.5", "'momentum'"),
+        ("milestones=[2]", "'milestones'.*schedule: step"),
+        ("warmup_epochs=99", "'warmup_epochs'"),
+        ("quiet=maybe", "'quiet'"),
+        ("device=tpu", "'device'"),
+        ("comm_timeout=0", "'comm_timeout'"),
+        # below the second a process group's set-up needs (torch's socket error named neither rank nor key)
+        ("comm_timeout=1e-6", r"'comm_timeout': 1e-06 \(must be in \[1, 604800\] seconds"),
+        ("comm_timeout=1e12", r"'comm_timeout'.*\(1 s to a week\)"),
+        ("algorithm=nosuch", "'algorithm'.*unknown algorithm 'nosuch'; valid: .*powergossip"),
+        ("algorithm=powergossip:rnk=1", "'algorithm'.*no option 'rnk'; valid: .*rank"),
+        ("algorithm=powergossip:rank=x", "'algorithm'.*bad value 'x' for rank"),
+        ("topology=moebius:8", "'topology'.*unknown topology 'moebius'"),
+        ("topology=ring:0", "'topology'"),
+        ("peers=5", "'peers'"),
+        ("dataset=mnist2d", "'dataset'.*unknown dataset 'mnist2d'"),
+        ("dataset=synthetic_logreg:dim=3", "'dataset'.*unknown option 'dim'"),
+        ("partition=dirichlet:-1", "'partition'.*alpha must be > 0"),
+        ("partition=halves", "'partition'.*unknown partition 'halves'"),
+        ("model=resnet", "'model'.*unknown model 'resnet'"),
+        ("model=mlp:0", "'model'"),
+    ],
+)
 def test_bad_values_one_line(override, expected):
     with pytest.raises(ValueError, match=expected) as info:
         load_config(TINY, [override])
@@ -156,10 +190,12 @@ def test_learning_rate_schedule():
     assert all(learning_rate(constant, s, spe) == 0.4 for s in range(40))
     warm = TrainConfig(lr=0.4, epochs=4, warmup_epochs=1)
     assert [learning_rate(warm, s, spe) for s in (0, 4, 9, 10, 39)] == pytest.approx(
-        [0.04, 0.2, 0.4, 0.4, 0.4])
+        [0.04, 0.2, 0.4, 0.4, 0.4]
+    )
     step = TrainConfig(lr=1.0, epochs=4, schedule="step", milestones=[2, 3.5], decay=0.5)
     assert [learning_rate(step, s, spe) for s in (0, 19, 20, 34, 35, 39)] == pytest.approx(
-        [1.0, 1.0, 0.5, 0.5, 0.25, 0.25])
+        [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
+    )
     cosine = TrainConfig(lr=1.0, epochs=4, warmup_epochs=2, schedule="cosine")
     assert learning_rate(cosine, 19, spe) == pytest.approx(1.0)
     assert learning_rate(cosine, 20, spe) == pytest.approx(1.0)
@@ -168,16 +204,44 @@ def test_learning_rate_schedule():
 
 
 def test_valid_keys_cover_the_brief():
-    for key in ("topology", "algorithm", "dataset", "partition", "model", "optimizer", "lr",
-                "momentum", "weight_decay", "nesterov", "warmup_epochs", "schedule", "milestones",
-                "decay", "batch_size", "epochs", "eval_every", "log_every", "seed", "out_dir",
-                "checkpoint_every", "backend", "peers", "comm_timeout", "quiet"):
+    for key in (
+        "topology",
+        "algorithm",
+        "dataset",
+        "partition",
+        "model",
+        "optimizer",
+        "lr",
+        "momentum",
+        "weight_decay",
+        "nesterov",
+        "warmup_epochs",
+        "schedule",
+        "milestones",
+        "decay",
+        "batch_size",
+        "epochs",
+        "eval_every",
+        "log_every",
+        "seed",
+        "out_dir",
+        "checkpoint_every",
+        "backend",
+        "peers",
+        "comm_timeout",
+        "quiet",
+    ):
         assert key in VALID_KEYS
 
 
 def _cli(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "experiments.train", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.train", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
 
 
 def test_cli_config_error_is_one_line_and_nonzero():

@@ -66,7 +66,9 @@ def test_budget_boundaries_are_recorded_exactly():
 
 def test_budget_table_picks_the_last_row_within_each_budget():
     history = [{"step": 0, "bits_per_peer": 0.0, "error": 100.0}]
-    history += [{"step": s, "bits_per_peer": 300.0 * s, "error": 100.0 / (s + 1)} for s in (1, 2, 3, 5, 8)]
+    history += [
+        {"step": s, "bits_per_peer": 300.0 * s, "error": 100.0 / (s + 1)} for s in (1, 2, 3, 5, 8)
+    ]
     cells = consensus.budget_rows(history, (200, 300, 1000, 1500, 2000, 2400))
     assert cells[200] == {"status": "—"}  # the first step (300 bits) already exceeds it
     assert cells[300]["row"]["step"] == 1  # exactly at the budget counts
@@ -77,12 +79,21 @@ def test_budget_table_picks_the_last_row_within_each_budget():
 
     # summarize: the best gamma per budget, per algorithm; diverged runs never win.
     def result(gamma, errors, status="ok"):
-        return {"label": "Choco sign", "spec": f"choco:compressor=sign,gamma={gamma}", "gamma": gamma,
-                "swept": True, "budgets": {b: ({"status": "ok", "row": {"error": e}} if e is not None
-                                               else {"status": status}) for b, e in zip((1e5, 1e6), errors)}}
+        return {
+            "label": "Choco sign",
+            "spec": f"choco:compressor=sign,gamma={gamma}",
+            "gamma": gamma,
+            "swept": True,
+            "budgets": {
+                b: ({"status": "ok", "row": {"error": e}} if e is not None else {"status": status})
+                for b, e in zip((1e5, 1e6), errors)
+            },
+        }
 
-    summary = consensus.summarize([result(0.1, [5.0, 1.0]), result(0.3, [2.0, 3.0]),
-                                   result(1.0, [1.0, None], "diverged")], (1e5, 1e6))
+    summary = consensus.summarize(
+        [result(0.1, [5.0, 1.0]), result(0.3, [2.0, 3.0]), result(1.0, [1.0, None], "diverged")],
+        (1e5, 1e6),
+    )
     best = summary["Choco sign"]["budgets"]
     assert (best[1e5]["gamma"], best[1e6]["gamma"]) == (1.0, 0.1)
     assert summary["Choco sign"]["plot_spec"] == "choco:compressor=sign,gamma=0.1"
@@ -94,14 +105,24 @@ def test_tuned_baselines_need_gamma_or_sweep():
     with pytest.raises(ValueError, match="--sweep"):
         consensus.expand(["choco:compressor=sign"], False, [0.1], None)
     runs = consensus.expand(["choco:compressor=topk:matched"], True, [0.1, 1.0], 0.05)
-    assert [r["spec"] for r in runs] == ["choco:compressor=topk:0.05,gamma=0.1",
-                                        "choco:compressor=topk:0.05,gamma=1"]
+    assert [r["spec"] for r in runs] == [
+        "choco:compressor=topk:0.05,gamma=0.1",
+        "choco:compressor=topk:0.05,gamma=1",
+    ]
 
 
 def test_problems():
     assert consensus.problem_shapes("matrix") == [(100, 100)]
-    assert consensus.problem_shapes("cnn") == [(32, 1, 5), (32,), (32, 32, 5), (32,), (32, 32, 5),
-                                               (32,), (10, 128), (10,)]
+    assert consensus.problem_shapes("cnn") == [
+        (32, 1, 5),
+        (32,),
+        (32, 32, 5),
+        (32,),
+        (32, 32, 5),
+        (32,),
+        (10, 128),
+        (10,),
+    ]
     a, b = consensus.make_problem("matrix", 0), consensus.make_problem("matrix", 1)
     assert a[0].dtype == torch.float32 and not torch.equal(a[0], b[0])
     assert torch.equal(a[0], consensus.make_problem("matrix", 0)[0])
@@ -113,14 +134,30 @@ def _read(directory):
 
 @pytest.mark.mpi
 def test_mpi_backend_equals_local_backend(tmp_path):
-    args = ["--topology", "ring:4", "--problem", TINY, "--steps", "30", "--no-plot",
-            "--algorithms", "exact", PG, "choco:compressor=topk:0.05,gamma=0.3",
-            "choco:compressor=sign,gamma=1"]
-    result = run_mpi(4, ["-m", "experiments.consensus", "--backend", "mpi", "--out", tmp_path / "mpi", *args],
-                     timeout=120)
+    args = [
+        "--topology",
+        "ring:4",
+        "--problem",
+        TINY,
+        "--steps",
+        "30",
+        "--no-plot",
+        "--algorithms",
+        "exact",
+        PG,
+        "choco:compressor=topk:0.05,gamma=0.3",
+        "choco:compressor=sign,gamma=1",
+    ]
+    result = run_mpi(
+        4,
+        ["-m", "experiments.consensus", "--backend", "mpi", "--out", tmp_path / "mpi", *args],
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert consensus.main(["--backend", "local", "--out", str(tmp_path / "local"), *args]) == 0
     mpi, local = _read(tmp_path / "mpi"), _read(tmp_path / "local")
     assert len(local) == 4 and all(rows[-1]["step"] == 30 for rows in local.values())
     assert mpi == local  # bit-equal numbers: same steps, bits and errors
-    assert (tmp_path / "mpi" / "table.csv").read_text() == (tmp_path / "local" / "table.csv").read_text()
+    assert (tmp_path / "mpi" / "table.csv").read_text() == (
+        tmp_path / "local" / "table.csv"
+    ).read_text()

@@ -19,15 +19,24 @@ RESULTS = ROOT / "experiments" / "results"
 
 def test_packed_curves_read_back_bit_for_bit(tmp_path):
     out = tmp_path / "consensus" / "ring4_matrix20"
-    record = consensus.run_experiment("ring:4", "matrix:20", ["exact", "powergossip:rank=1,iters=1"],
-                                      steps=12, out=out, plots=False, seeds=(0, 1), log=lambda *a: None)
+    record = consensus.run_experiment(
+        "ring:4",
+        "matrix:20",
+        ["exact", "powergossip:rank=1,iters=1"],
+        steps=12,
+        out=out,
+        plots=False,
+        seeds=(0, 1),
+        log=lambda *a: None,
+    )
     assert not list(out.rglob("*.jsonl"))  # only the packed file
     back = consensus.load_record(out)
     assert [r["file"] for r in back["results"]] == [r["file"] for r in record["results"]]
     for mine, theirs in zip(record["results"], back["results"]):
         # JSON writes a float's shortest repr, which parses back to the same double: equality.
-        assert theirs["history"] == [{k: row[k] for k in ("step", "bits_per_peer", "error")}
-                                     for row in mine["history"]]
+        assert theirs["history"] == [
+            {k: row[k] for k in ("step", "bits_per_peer", "error")} for row in mine["history"]
+        ]
     assert back["table"] == record["table"]
     # Same runs, same bytes (no time stamp in the gzip header): a re-run leaves git status clean.
     first = (out / consensus.CURVES).read_bytes()

@@ -97,9 +97,13 @@ def one_intra_op_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
-                    reason="pinning threads needs Linux and two cores to choose from")
-def test_peer_threads_taking_turns_are_pinned_to_the_intra_op_thread_count_of_cores(one_intra_op_thread):
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="pinning threads needs Linux and two cores to choose from",
+)
+def test_peer_threads_taking_turns_are_pinned_to_the_intra_op_thread_count_of_cores(
+    one_intra_op_thread,
+):
     caller = os.sched_getaffinity(0)
 
     def cores(comm):
@@ -109,10 +113,14 @@ def test_peer_threads_taking_turns_are_pinned_to_the_intra_op_thread_count_of_co
     pinned = LocalCluster("ring:4", cooperative=True).run(cores)
     assert len(set(pinned)) == 1 and len(pinned[0]) == 1 and pinned[0] <= caller
     assert LocalCluster("ring:4", cooperative=True, pin=False).run(cores) == [caller] * 4
-    assert LocalCluster("ring:4", cooperative=False, pin=True).run(cores) == [caller] * 4  # free: never
+    assert (
+        LocalCluster("ring:4", cooperative=False, pin=True).run(cores) == [caller] * 4
+    )  # free: never
     assert os.sched_getaffinity(0) == caller  # only the peer threads were pinned
     torch.set_num_threads(len(caller))
-    assert LocalCluster("ring:4", cooperative=True).run(cores) == [caller] * 4  # as many as there are
+    assert (
+        LocalCluster("ring:4", cooperative=True).run(cores) == [caller] * 4
+    )  # as many as there are
 
 
 def test_peer_cores_takes_the_count_asked_for_from_the_allowed_ones(monkeypatch):
@@ -148,7 +156,11 @@ def test_two_lanes_run_one_peer_of_each_at_once_with_the_same_bits():
     # the first to arrive would hold the only turn, and the other would reach it only when its
     # patience runs out.)
     start = time.monotonic()
-    assert all(LocalCluster("ring:8", cooperative=True, lanes=2).run(_concurrent_pair, threading.Barrier(2)))
+    assert all(
+        LocalCluster("ring:8", cooperative=True, lanes=2).run(
+            _concurrent_pair, threading.Barrier(2)
+        )
+    )
     assert time.monotonic() - start < local._PATIENCE_SECONDS
     # Never more peers at once than lanes (the sleep lets the GIL go inside the section).
     assert _overlap(cooperative=True, hold=lambda: time.sleep(0.002), lanes=2) <= 2
@@ -170,14 +182,19 @@ def test_lanes_apply_to_a_cluster_taking_turns_only():
     assert LocalCluster("ring:4", cooperative=True, lanes=2).lanes == 2
     assert LocalCluster("ring:4", cooperative=True, lanes=9).lanes == 4  # no more lanes than peers
     # Free threads have no lanes: asking for them is refused rather than silently ignored.
-    with pytest.raises(ValueError, match=r"lanes=2 applies only when peers take turns, but "
-                                         r"cooperative=False .* pass cooperative=True"):
+    with pytest.raises(
+        ValueError,
+        match=r"lanes=2 applies only when peers take turns, but "
+        r"cooperative=False .* pass cooperative=True",
+    ):
         LocalCluster("ring:4", cooperative=False, lanes=2)
     assert LocalCluster("ring:4", cooperative=False, lanes=1).lanes == 1
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
-                    reason="pinning threads needs Linux and two cores to choose from")
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="pinning threads needs Linux and two cores to choose from",
+)
 def test_each_lane_is_pinned_to_cores_of_its_own(one_intra_op_thread):
     def cores(comm):
         comm.barrier()
@@ -188,7 +205,9 @@ def test_each_lane_is_pinned_to_cores_of_its_own(one_intra_op_thread):
     assert all(len(c) == 1 for c in pinned)
 
 
-def test_a_peer_blocking_outside_the_communicator_delays_the_others_but_never_deadlocks(monkeypatch):
+def test_a_peer_blocking_outside_the_communicator_delays_the_others_but_never_deadlocks(
+    monkeypatch,
+):
     """Each peer waits for an event that only the other one sets: the first to get the turn blocks
     with it, and the other runs without the turn once it has waited `patience` seconds."""
     monkeypatch.setattr(local, "_PATIENCE_SECONDS", 0.3)
@@ -203,7 +222,9 @@ def test_a_peer_blocking_outside_the_communicator_delays_the_others_but_never_de
         comm.exchange({j: torch.ones(1) for j in comm.neighbors}, recv)
         for _ in range(5):  # the peer that ran without the turn takes turns again
             with overlap:
-                time.sleep(0.01)  # lets the GIL go: a peer still running without the turn would enter
+                time.sleep(
+                    0.01
+                )  # lets the GIL go: a peer still running without the turn would enter
             comm.exchange({j: torch.ones(1) for j in comm.neighbors}, recv)
         return float(recv[1 - comm.rank][0])
 
@@ -232,8 +253,9 @@ def test_a_silent_peer_is_named_by_its_neighbours_timeout():
     def peer(comm):
         if comm.rank == 0:
             return  # never sends
-        comm.exchange({j: torch.zeros(2) for j in comm.neighbors},
-                      {j: torch.empty(2) for j in comm.neighbors})
+        comm.exchange(
+            {j: torch.zeros(2) for j in comm.neighbors}, {j: torch.empty(2) for j in comm.neighbors}
+        )
 
     begin = time.monotonic()
     with pytest.raises(CommunicationError, match="no message from neighbour 0 within 1 s"):

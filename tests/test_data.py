@@ -21,7 +21,9 @@ from gossip_powersgd.training.data import (
     skew,
 )
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))  # for "byo_fixtures:..." specs
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support")
+)  # for "byo_fixtures:..." specs
 
 
 def balanced_labels(n, classes, seed=0):
@@ -105,13 +107,16 @@ def test_synthetic_logreg_defaults_and_options():
     assert not torch.equal(s.x_train, other.x_train)
 
 
-@pytest.mark.parametrize("spec, match", [
-    ("synthetic_logreg:dim=5", "unknown option 'dim'"),
-    ("synthetic_logreg:d=five", "d='five'"),
-    ("synthetic_logreg:classes=1", "classes >= 2"),
-    ("synthetic_logreg:n=2", "too small"),
-    ("synthetic_logreg:d", "key=value"),
-])
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ("synthetic_logreg:dim=5", "unknown option 'dim'"),
+        ("synthetic_logreg:d=five", "d='five'"),
+        ("synthetic_logreg:classes=1", "classes >= 2"),
+        ("synthetic_logreg:n=2", "too small"),
+        ("synthetic_logreg:d", "key=value"),
+    ],
+)
 def test_synthetic_logreg_bad_options(spec, match):
     with pytest.raises(ValueError, match=match):
         load_dataset(spec)
@@ -134,15 +139,18 @@ def test_byo_dataset_tensors_without_seed():
     assert d.num_classes == 3 and d.input_shape == (2,)
 
 
-@pytest.mark.parametrize("spec, match", [
-    ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
-    ("byo_fixtures:missing", "no attribute 'missing'"),
-    ("byo_fixtures:NOT_CALLABLE", "not callable"),
-    ("byo_fixtures:three_arrays", "must return a tuple"),
-    ("byo_fixtures:mismatched_lengths", "10 samples but y_train has 9"),
-    ("byo_fixtures:fractional_labels", "integer class labels"),
-    ("byo_fixtures:broken", "disk on fire"),
-])
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
+        ("byo_fixtures:missing", "no attribute 'missing'"),
+        ("byo_fixtures:NOT_CALLABLE", "not callable"),
+        ("byo_fixtures:three_arrays", "must return a tuple"),
+        ("byo_fixtures:mismatched_lengths", "10 samples but y_train has 9"),
+        ("byo_fixtures:fractional_labels", "integer class labels"),
+        ("byo_fixtures:broken", "disk on fire"),
+    ],
+)
 def test_byo_dataset_errors(spec, match):
     with pytest.raises(ValueError, match=match) as info:
         load_dataset(spec)
@@ -167,10 +175,15 @@ def check_partition(parts, n, num_peers):
 
 
 @settings(max_examples=60, deadline=None)
-@given(num_peers=st.integers(1, 24), n=st.integers(48, 400), classes=st.integers(1, 12),
-       seed=st.integers(0, 2**32 - 1),
-       spec=st.sampled_from(["iid", "dirichlet:100", "dirichlet:0.5", "dirichlet:0.05",
-                             "shards:1", "shards:2"]))
+@given(
+    num_peers=st.integers(1, 24),
+    n=st.integers(48, 400),
+    classes=st.integers(1, 12),
+    seed=st.integers(0, 2**32 - 1),
+    spec=st.sampled_from(
+        ["iid", "dirichlet:100", "dirichlet:0.5", "dirichlet:0.05", "shards:1", "shards:2"]
+    ),
+)
 def test_partition_properties(num_peers, n, classes, seed, spec):
     labels = balanced_labels(n, classes, seed % 1000)
     parts = partition(labels, num_peers, spec, seed)
@@ -196,9 +209,12 @@ def test_iid_sizes_are_balanced():
 
 def test_dirichlet_skew_grows_as_alpha_falls():
     labels = balanced_labels(2000, 10)
-    mean_skew = {alpha: np.mean([skew(partition(labels, 8, f"dirichlet:{alpha}", s), labels, 10)
-                                 for s in range(5)])
-                 for alpha in (100, 1, 0.1)}
+    mean_skew = {
+        alpha: np.mean(
+            [skew(partition(labels, 8, f"dirichlet:{alpha}", s), labels, 10) for s in range(5)]
+        )
+        for alpha in (100, 1, 0.1)
+    }
     assert mean_skew[100] < 0.1 < mean_skew[1] < mean_skew[0.1]
     assert skew(partition(labels, 8, "iid", 0), labels, 10) < 0.1
 
@@ -227,19 +243,22 @@ def test_shards_limit_labels_per_peer(k):
         assert all(len(np.unique(labels[p])) == 1 for p in parts)
 
 
-@pytest.mark.parametrize("n, peers, spec, match", [
-    (5, 8, "iid", "cannot split 5 samples among 8 peers"),
-    (20, 8, "shards:3", "24 shards but only 20 samples"),
-    (100, 4, "dirichlet:0", "alpha must be > 0"),
-    (100, 4, "dirichlet:-1", "alpha must be > 0"),
-    (100, 4, "dirichlet", "missing alpha"),
-    (100, 4, "dirichlet:abc", "alpha must be a number"),
-    (100, 4, "shards:0", "k must be >= 1"),
-    (100, 4, "shards:1.5", "k must be an integer"),
-    (100, 4, "pathological", "valid are iid, dirichlet"),
-    (100, 4, "iid:3", "valid are iid"),
-    (100, 0, "iid", "positive integer"),
-])
+@pytest.mark.parametrize(
+    "n, peers, spec, match",
+    [
+        (5, 8, "iid", "cannot split 5 samples among 8 peers"),
+        (20, 8, "shards:3", "24 shards but only 20 samples"),
+        (100, 4, "dirichlet:0", "alpha must be > 0"),
+        (100, 4, "dirichlet:-1", "alpha must be > 0"),
+        (100, 4, "dirichlet", "missing alpha"),
+        (100, 4, "dirichlet:abc", "alpha must be a number"),
+        (100, 4, "shards:0", "k must be >= 1"),
+        (100, 4, "shards:1.5", "k must be an integer"),
+        (100, 4, "pathological", "valid are iid, dirichlet"),
+        (100, 4, "iid:3", "valid are iid"),
+        (100, 0, "iid", "positive integer"),
+    ],
+)
 def test_partition_errors(n, peers, spec, match):
     with pytest.raises(ValueError, match=match) as info:
         partition(balanced_labels(n, 4), peers, spec, seed=0)
@@ -288,8 +307,9 @@ def test_batches_cover_each_epoch_once():
     epoch = list(batches)
     assert [len(b[1]) for b in epoch] == [5, 5, 5, 5, 3]
     assert sorted(torch.cat([b[1] for b in epoch]).tolist()) == list(range(23))
-    assert torch.equal(torch.cat([b[0] for b in epoch]).squeeze(1).long(),
-                       torch.cat([b[1] for b in epoch]))  # x and y stay paired
+    assert torch.equal(
+        torch.cat([b[0] for b in epoch]).squeeze(1).long(), torch.cat([b[1] for b in epoch])
+    )  # x and y stay paired
     assert batches.state_dict() == {"epoch": 1, "position": 0, "seed": 0}
     second = torch.cat([b[1] for b in batches])
     assert not torch.equal(second, torch.cat([b[1] for b in epoch]))  # reshuffled

@@ -5,7 +5,13 @@ import pytest
 import torch
 
 import topologies
-from gossip_powersgd import DeepSqueeze, ExactGossip, LocalCluster, NonFiniteError, consensus_distance
+from gossip_powersgd import (
+    DeepSqueeze,
+    ExactGossip,
+    LocalCluster,
+    NonFiniteError,
+    consensus_distance,
+)
 from gossip_powersgd.algorithms import make_algorithm
 from gossip_powersgd.algorithms.compressed import compression_keys
 from gossip_powersgd.compressors import Identity, QSGD, SignNorm, TopK, parse_compressor
@@ -57,15 +63,19 @@ def test_one_round_follows_the_paper_update():
             x, error = results[i][k]
             v[i] = [t + e.view(t.shape) for t, e in zip(x, error.split([t.numel() for t in x]))]
             keys = compression_keys(seed, k, i, len(shapes))
-            c[i] = [compressor.compress(t, key) / compressor.contraction_scale(t.numel())
-                    for t, key in zip(v[i], keys)]
+            c[i] = [
+                compressor.compress(t, key) / compressor.contraction_scale(t.numel())
+                for t, key in zip(v[i], keys)
+            ]
         for i in range(4):
             x, _ = results[i][k]
             x_next, error_next = results[i][k + 1]
             flat = lambda ts: torch.cat([t.reshape(-1) for t in ts])  # noqa: E731
             torch.testing.assert_close(error_next, flat(v[i]) - flat(c[i]), rtol=0, atol=1e-12)
             for t in range(len(shapes)):
-                mix = sum(topology.weight(i, j) * (c[j][t] - c[i][t]) for j in topology.neighbors(i))
+                mix = sum(
+                    topology.weight(i, j) * (c[j][t] - c[i][t]) for j in topology.neighbors(i)
+                )
                 torch.testing.assert_close(x_next[t], x[t] + gamma * mix, rtol=0, atol=1e-12)
 
 
@@ -150,8 +160,15 @@ def deepsqueeze_run(comm, steps="4"):
         expected += a.bytes_per_step() + b.bytes_per_step()
         a.step()
         b.step()
-    return {"x": x, "y": y, "error_a": a.error, "error_b": b.error, "bytes": comm.stats.bytes_sent,
-            "messages": comm.stats.messages_sent, "expected_bytes": expected}
+    return {
+        "x": x,
+        "y": y,
+        "error_a": a.error,
+        "error_b": b.error,
+        "bytes": comm.stats.bytes_sent,
+        "messages": comm.stats.messages_sent,
+        "expected_bytes": expected,
+    }
 
 
 @pytest.mark.mpi
@@ -204,7 +221,9 @@ def test_state_dict_resumes_bit_exactly():
 
 def test_gamma_is_required_and_non_finite_models_are_not_sent():
     with pytest.raises(ValueError, match="tune"):
-        LocalCluster(topologies.ring(3)).run(lambda comm: DeepSqueeze(peer_tensors(comm), comm, "sign"))
+        LocalCluster(topologies.ring(3)).run(
+            lambda comm: DeepSqueeze(peer_tensors(comm), comm, "sign")
+        )
 
     def inf_peer(comm):
         x = peer_tensors(comm)
@@ -213,7 +232,9 @@ def test_gamma_is_required_and_non_finite_models_are_not_sent():
             x[0][3, 3] = float("inf")
         squeeze.step()
 
-    with pytest.raises(NonFiniteError, match=r"rank 2: non-finite values in parameter\(s\) param\[0\]"):
+    with pytest.raises(
+        NonFiniteError, match=r"rank 2: non-finite values in parameter\(s\) param\[0\]"
+    ):
         LocalCluster(topologies.ring(3)).run(inf_peer)
 
 
@@ -221,7 +242,9 @@ def test_make_algorithm_builds_deepsqueeze_from_its_spelling():
     def peer(comm):
         x = peer_tensors(comm)
         algorithm = make_algorithm("deepsqueeze:compressor=sign,gamma=0.1", x, comm)
-        with pytest.raises(ValueError, match="has no option 'warm'; valid: compressor, gamma, seed"):
+        with pytest.raises(
+            ValueError, match="has no option 'warm'; valid: compressor, gamma, seed"
+        ):
             make_algorithm("deepsqueeze:compressor=sign,gamma=0.1,warm=true", x, comm)
         return algorithm
 

@@ -13,8 +13,12 @@ from gossip_powersgd.comm import LocalCluster
 from gossip_powersgd.metrics import mean_active_degree
 from gossip_powersgd.training.config import TrainConfig, validate_config
 
-SCHEDULES = ["one_peer_exponential:8", "matchings:8", "edge_sampling:ring:8:0.5",
-             "cyclic:ring:8,star:8"]
+SCHEDULES = [
+    "one_peer_exponential:8",
+    "matchings:8",
+    "edge_sampling:ring:8:0.5",
+    "cyclic:ring:8,star:8",
+]
 
 
 def start(rank: int, shapes=((6, 5), (4,), (6, 5))):
@@ -23,6 +27,7 @@ def start(rank: int, shapes=((6, 5), (4,), (6, 5))):
 
 
 # ---- closed forms -------------------------------------------------------------------------------
+
 
 def test_one_peer_exponential_averages_exactly_in_log2_n_steps():
     def peer(comm):
@@ -51,18 +56,20 @@ def test_a_matching_step_averages_each_pair():
     out = LocalCluster(schedule).run(peer)
     for i in range(8):
         (j,) = graph.neighbors(i) or (i,)
-        assert out[i] == pytest.approx((i ** 3 + j ** 3) / 2, abs=1e-12)
+        assert out[i] == pytest.approx((i**3 + j**3) / 2, abs=1e-12)
 
 
 # ---- PowerGossip --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("spec", SCHEDULES)
 @pytest.mark.parametrize("batched", [True, False])
 def test_powergossip_preserves_the_average_on_every_schedule(spec, batched):
     def peer(comm):
         xs = start(comm.rank)
-        algorithm = make_algorithm(f"powergossip:rank=2,iters=2,batched={batched},"
-                                   "min_compression_rate=0", xs, comm)
+        algorithm = make_algorithm(
+            f"powergossip:rank=2,iters=2,batched={batched},min_compression_rate=0", xs, comm
+        )
         sent = 0
         for _ in range(12):
             sent += algorithm.bytes_per_step()
@@ -86,8 +93,12 @@ def test_an_idle_edge_resumes_from_its_last_factor():
         for _ in range(3):
             algorithm.step()
             state = algorithm.state_dict()
-            seen.append(({k: v.clone() for k, v in state.items() if k.startswith("factor.")},
-                         {k: v for k, v in state.items() if k.startswith("edge_half_steps.")}))
+            seen.append(
+                (
+                    {k: v.clone() for k, v in state.items() if k.startswith("factor.")},
+                    {k: v for k, v in state.items() if k.startswith("edge_half_steps.")},
+                )
+            )
         return seen
 
     seen = LocalCluster("one_peer_exponential:4").run(peer)[0]
@@ -99,15 +110,18 @@ def test_an_idle_edge_resumes_from_its_last_factor():
     assert (c0["edge_half_steps.2"], c1["edge_half_steps.2"], c2["edge_half_steps.2"]) == (0, 1, 1)
     # the resumed edge takes the left half-step (P from the last right one), as the reference does
     models = [start(i) for i in range(4)]
-    edges = reference_powergossip(models, topologies.parse("one_peer_exponential:4"), 3,
-                                  min_compression_rate=0)
+    edges = reference_powergossip(
+        models, topologies.parse("one_peer_exponential:4"), 3, min_compression_rate=0
+    )
     assert edges[(0, 1)].half_steps == 2
 
 
 # ---- compressed gossip ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("algorithm", ["choco:compressor=topk:0.5,gamma=0.5",
-                                       "deepsqueeze:compressor=sign,gamma=0.1"])
+
+@pytest.mark.parametrize(
+    "algorithm", ["choco:compressor=topk:0.5,gamma=0.5", "deepsqueeze:compressor=sign,gamma=0.1"]
+)
 @pytest.mark.parametrize("spec", ["one_peer_exponential:8", "edge_sampling:ring:8:0.5"])
 def test_compressed_gossip_preserves_the_average_on_schedules(algorithm, spec):
     def peer(comm):
@@ -140,6 +154,7 @@ def test_choco_with_identity_is_exact_gossip_on_a_schedule():
 
 
 # ---- push-sum -------------------------------------------------------------------------------------
+
 
 def test_pushsum_de_biased_estimates_converge_on_a_non_doubly_stochastic_graph(tmp_path):
     path = tmp_path / "graph.txt"
@@ -178,11 +193,15 @@ def test_pushsum_on_the_directed_exponential_schedule_averages_in_log2_n_steps()
 
 # ---- resume, bytes, MPI ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec,schedule", [
-    ("powergossip:rank=1,iters=1", "matchings:8"),
-    ("choco:compressor=randomk:0.5,gamma=0.4", "edge_sampling:ring:8:0.5"),
-    ("pushsum", "directed_exponential:8"),
-])
+
+@pytest.mark.parametrize(
+    "spec,schedule",
+    [
+        ("powergossip:rank=1,iters=1", "matchings:8"),
+        ("choco:compressor=randomk:0.5,gamma=0.4", "edge_sampling:ring:8:0.5"),
+        ("pushsum", "directed_exponential:8"),
+    ],
+)
 def test_resume_equals_uninterrupted(spec, schedule):
     def peer(comm):
         xs = start(comm.rank)
@@ -217,9 +236,14 @@ def test_mean_active_degree_counts_each_steps_graph():
 def mpi_scenario(comm):
     """PowerGossip, Choco and push-sum (or exact) on the communicator's schedule."""
     out = {}
-    specs = (["pushsum"] if comm.is_directed else
-             ["powergossip:rank=2,iters=2,min_compression_rate=0",
-              "choco:compressor=randomk:0.5,gamma=0.4"])
+    specs = (
+        ["pushsum"]
+        if comm.is_directed
+        else [
+            "powergossip:rank=2,iters=2,min_compression_rate=0",
+            "choco:compressor=randomk:0.5,gamma=0.4",
+        ]
+    )
     for spec in specs:
         xs = start(comm.rank)
         a = make_algorithm(spec, xs, comm)
@@ -247,8 +271,16 @@ def test_mpi_equals_local_on_a_schedule(tmp_path, spec):
 
 # ---- errors ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec", ["exact", "powergossip:rank=1", "choco:compressor=sign,gamma=0.1",
-                                  "deepsqueeze:compressor=sign,gamma=0.1"])
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "exact",
+        "powergossip:rank=1",
+        "choco:compressor=sign,gamma=0.1",
+        "deepsqueeze:compressor=sign,gamma=0.1",
+    ],
+)
 def test_symmetric_algorithms_refuse_a_directed_graph_naming_pushsum(spec):
     def peer(comm):
         make_algorithm(spec, [torch.zeros(3, 2)], comm)

@@ -27,7 +27,9 @@ def test_error_at_bits_is_log_log_interpolated_between_logged_steps():
 def test_bits_to_reach_interpolates_the_crossing_and_says_when_never():
     history = _curve([(0, 100.0), (10, 10.0), (1000, 0.1)])
     assert dynamic.bits_to_reach(history, 1e-2) == pytest.approx(100.0)  # error 1 = 1e-2 x 100
-    assert dynamic.bits_to_reach(history, 0.5) == pytest.approx(10.0)  # already met at the first step
+    assert dynamic.bits_to_reach(history, 0.5) == pytest.approx(
+        10.0
+    )  # already met at the first step
     assert dynamic.bits_to_reach(history, 1e-4) is None
 
 
@@ -43,10 +45,16 @@ def test_quick_dynamic_page(tmp_path):
     assert "one_peer_exponential:4" in page and "directed_exponential:4" in page
     assert "FAILED" not in page
     rows = list(csv.DictReader(io.StringIO((tmp_path / "dynamic_consensus.csv").read_text())))
-    assert {r["topology"] for r in rows} == {"ring:4", "one_peer_exponential:4", "matchings:4",
-                                            "directed_exponential:4"}
+    assert {r["topology"] for r in rows} == {
+        "ring:4",
+        "one_peer_exponential:4",
+        "matchings:4",
+        "directed_exponential:4",
+    }
     # exact gossip on the one-peer schedule averages exactly in log2(4) = 2 steps
-    exact = next(r for r in rows if r["topology"] == "one_peer_exponential:4" and r["spec"] == "exact")
+    exact = next(
+        r for r in rows if r["topology"] == "one_peer_exponential:4" and r["spec"] == "exact"
+    )
     assert exact["stop"] == "reached" and int(exact["steps"]) == 2
     saved = json.loads((tmp_path / "dynamic.json").read_text())
     assert len(saved["training"]) == 7 and all("error" not in r for r in saved["training"])

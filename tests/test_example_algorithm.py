@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from gossip_powersgd.algorithms import REGISTRY, GossipAlgorithm, MessageLayout, Option, Part, register
+from gossip_powersgd.algorithms import (
+    REGISTRY,
+    GossipAlgorithm,
+    MessageLayout,
+    Option,
+    Part,
+    register,
+)
 from gossip_powersgd.algorithms.base import FlatParams, require_undirected, step_weights
 from gossip_powersgd.algorithms.exact import resolve_gamma
 from gossip_powersgd.algorithms.layout import unflatten
@@ -59,8 +66,11 @@ class HalfGossip(GossipAlgorithm):
             return
         x = self._flat.pack()
         self._send.copy_(x)
-        self._exchange({j: self._send for j in neighbors}, {j: self._recv[j] for j in neighbors},
-                       None if self.comm.is_static else self.steps)
+        self._exchange(
+            {j: self._send for j in neighbors},
+            {j: self._recv[j] for j in neighbors},
+            None if self.comm.is_static else self.steps,
+        )
         own = self._send.to(x.dtype)
         for j, w in zip(neighbors, weights):
             x.add_(self._recv[j].to(x.dtype) - own, alpha=self.gamma * w)
@@ -83,8 +93,23 @@ def test_the_example_trains_through_the_cli_and_is_observed_and_reconstructed(re
 
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as info:
-        main(["--config", str(TINY), "--quiet", "--set", "algorithm=halfgossip", "--set", "epochs=1",
-              "--set", "checkpoint_every=0", "--set", "observers=[0, 1]", "--set", f"out_dir={out}"])
+        main(
+            [
+                "--config",
+                str(TINY),
+                "--quiet",
+                "--set",
+                "algorithm=halfgossip",
+                "--set",
+                "epochs=1",
+                "--set",
+                "checkpoint_every=0",
+                "--set",
+                "observers=[0, 1]",
+                "--set",
+                f"out_dir={out}",
+            ]
+        )
     assert info.value.code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["algorithm"] == "halfgossip" and summary["observed_bytes"][1] > 0
@@ -100,10 +125,19 @@ def test_the_example_trains_through_the_cli_and_is_observed_and_reconstructed(re
 
 
 def test_the_registry_describes_the_example_from_its_class_alone(registered):
-    from gossip_powersgd.algorithms import algorithm_label, describe_algorithms, gamma_kind, make_algorithm
+    from gossip_powersgd.algorithms import (
+        algorithm_label,
+        describe_algorithms,
+        gamma_kind,
+        make_algorithm,
+    )
 
-    assert "halfgossip:gamma  exact gossip of the models rounded to float16" in describe_algorithms()
+    assert (
+        "halfgossip:gamma  exact gossip of the models rounded to float16" in describe_algorithms()
+    )
     assert algorithm_label("halfgossip:gamma=0.5") == "half-precision gossip"
     assert gamma_kind("halfgossip") == "topology"
-    with pytest.raises(ValueError, match="algorithm 'halfgossip' has no option 'rank'; valid: gamma"):
+    with pytest.raises(
+        ValueError, match="algorithm 'halfgossip' has no option 'rank'; valid: gamma"
+    ):
         make_algorithm("halfgossip:rank=2", [], None)

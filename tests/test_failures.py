@@ -71,9 +71,15 @@ def test_uncaught_exception_on_one_rank_ends_the_mpi_job_promptly():
 
 def test_ctrl_c_on_the_local_backend_stops_every_peer_and_exits_130():
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    process = subprocess.Popen([sys.executable, str(SUPPORT / "scripts" / "interrupt_local.py")],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               cwd=ROOT, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, str(SUPPORT / "scripts" / "interrupt_local.py")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
     try:
         assert process.stdout.readline().strip() == "ready"
         process.send_signal(signal.SIGINT)
@@ -89,6 +95,7 @@ def test_ctrl_c_on_the_local_backend_stops_every_peer_and_exits_130():
 
 # ---- a rank stopped, or leaving early, under mpiexec and torchrun ----------------------------------
 
+
 class FaultJob:
     """tests/support/scripts/fault_peer.py on 4 ranks under `launcher` (mpi: mpiexec, torch: torchrun).
 
@@ -102,15 +109,36 @@ class FaultJob:
         if launcher == "mpi":
             command = [mpiexec_path(), "-n", "4", sys.executable, *script]
         else:
-            command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-                       "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *script]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, env=_env(), cwd=ROOT, start_new_session=True)
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                "4",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(free_port()),
+                *script,
+            ]
+        self.process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+            cwd=ROOT,
+            start_new_session=True,
+        )
         self.lines = queue.Queue()
         self.stderr = []
-        self.readers = [threading.Thread(target=self._pump, args=(stream, put), daemon=True)
-                        for stream, put in ((self.process.stdout, self.lines.put),
-                                            (self.process.stderr, self.stderr.append))]
+        self.readers = [
+            threading.Thread(target=self._pump, args=(stream, put), daemon=True)
+            for stream, put in (
+                (self.process.stdout, self.lines.put),
+                (self.process.stderr, self.stderr.append),
+            )
+        ]
         for reader in self.readers:
             reader.start()
 
@@ -208,8 +236,9 @@ def test_a_rank_that_calls_sys_exit_is_named_within_seconds(launcher):
     assert job.process.returncode != 0
     assert seconds < 60, errors
     assert len(errors) >= 2, errors
-    assert all("peer 1 ended its process (sys.exit, or the end of its script)" in line
-               for line in errors), errors
+    assert all(
+        "peer 1 ended its process (sys.exit, or the end of its script)" in line for line in errors
+    ), errors
 
 
 @pytest.mark.mpi
@@ -232,15 +261,31 @@ def test_user_code_that_exits_during_the_config_check_ends_the_mpi_job_naming_it
     any communicator) is an error of that rank naming the spec (`specs.user_code`), and the job
     ends within seconds, not after comm_timeout."""
     started = time.monotonic()
-    result = run_mpi(4, ["-m", "experiments.train", "--config",
-                         ROOT / "experiments" / "configs" / "tiny.yaml", "--set", "backend=mpi",
-                         "--set", "dataset=fault_fixtures:exit_on_rank_1", "--set",
-                         f"out_dir={tmp_path / 'run'}", "--quiet"], timeout=100)
+    result = run_mpi(
+        4,
+        [
+            "-m",
+            "experiments.train",
+            "--config",
+            ROOT / "experiments" / "configs" / "tiny.yaml",
+            "--set",
+            "backend=mpi",
+            "--set",
+            "dataset=fault_fixtures:exit_on_rank_1",
+            "--set",
+            f"out_dir={tmp_path / 'run'}",
+            "--quiet",
+        ],
+        timeout=100,
+    )
     seconds = time.monotonic() - started
     errors = [line for line in result.stderr.splitlines() if line.startswith("error (rank")]
     assert result.returncode != 0 and seconds < 60, errors
-    assert any(line.startswith("error (rank 1): ") and "'fault_fixtures:exit_on_rank_1': the "
-               "user code called sys.exit/exit(0)" in line for line in errors), errors
+    assert any(
+        line.startswith("error (rank 1): ")
+        and "'fault_fixtures:exit_on_rank_1': the user code called sys.exit/exit(0)" in line
+        for line in errors
+    ), errors
 
 
 @pytest.mark.torchrun
@@ -262,6 +307,7 @@ def test_ctrl_c_on_torchrun_stops_every_rank_each_naming_itself():
 
 
 # ---- config files: duplicate keys, alias bombs, huge input ------------------------------------------
+
 
 def test_duplicate_yaml_keys_are_an_error_not_last_one_wins(tmp_path):
     from gossip_powersgd.training.config import load_config

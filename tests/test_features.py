@@ -16,8 +16,12 @@ from pathlib import Path
 import pytest
 
 from gossip_powersgd.training import features
-from gossip_powersgd.training.config import (TrainConfig, config_from_dict, hashed_config,
-                                             parse_override)
+from gossip_powersgd.training.config import (
+    TrainConfig,
+    config_from_dict,
+    hashed_config,
+    parse_override,
+)
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -29,11 +33,16 @@ CLI = "from gossip_powersgd.cli.train import main; main()"
 
 
 def _cli(*args, declare=True):
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=f"{ROOT}{os.pathsep}{SUPPORT}")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{ROOT}{os.pathsep}{SUPPORT}")
     program = (LINE if declare else "") + CLI
-    return subprocess.run([sys.executable, "-c", program, *map(str, args)], capture_output=True,
-                          text=True, cwd=ROOT, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", program, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_an_example_feature_trains_through_the_cli(tmp_path):
@@ -50,10 +59,11 @@ def test_an_example_feature_trains_through_the_cli(tmp_path):
 
 
 def test_the_example_features_validation_is_a_one_line_error(tmp_path):
-    result = _cli("--config", TINY, "--set", f"out_dir={tmp_path / 'run'}",
-                  "--set", "count_steps_every=-1")
+    result = _cli(
+        "--config", TINY, "--set", f"out_dir={tmp_path / 'run'}", "--set", "count_steps_every=-1"
+    )
     assert result.returncode != 0
-    line, = result.stderr.strip().splitlines()
+    (line,) = result.stderr.strip().splitlines()
     assert "'count_steps_every': -1 (must be >= 0 steps" in line
     assert not (tmp_path / "run").exists()
 
@@ -65,10 +75,12 @@ def test_without_its_line_the_feature_does_not_exist(tmp_path):
 
 
 def test_nested_and_flat_spellings_are_one_config():
-    nested = config_from_dict({"dp": {"noise_multiplier": 1, "max_grad_norm": 2.0},
-                               "observe": {"ranks": [1], "every": 3}})
-    flat = TrainConfig(dp_noise_multiplier=1.0, dp_max_grad_norm=2.0, observers=[1],
-                       observe_every=3)
+    nested = config_from_dict(
+        {"dp": {"noise_multiplier": 1, "max_grad_norm": 2.0}, "observe": {"ranks": [1], "every": 3}}
+    )
+    flat = TrainConfig(
+        dp_noise_multiplier=1.0, dp_max_grad_norm=2.0, observers=[1], observe_every=3
+    )
     assert nested == flat and nested.to_dict() == flat.to_dict()
     assert parse_override("dp.delta=0.001") == ("dp_delta", 0.001)
     # Recording keys stay out of the checkpoint's hash, as when they were core keys.

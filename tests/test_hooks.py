@@ -71,12 +71,19 @@ class Recorder(TrainingHooks):
         self.events.append(("on_evaluation", record["step"]))
 
 
-@pytest.mark.parametrize("algorithm, step_order", [
-    ("powergossip:rank=1",  # parameter gossip: after the optimizer step
-     ["before_backward", "after_backward", "after_optimizer_step", "after_gossip"]),
-    ("powersgd:rank=1",  # a gradient averager: between backward and the optimizer step
-     ["before_backward", "after_backward", "after_gossip", "after_optimizer_step"]),
-])
+@pytest.mark.parametrize(
+    "algorithm, step_order",
+    [
+        (
+            "powergossip:rank=1",  # parameter gossip: after the optimizer step
+            ["before_backward", "after_backward", "after_optimizer_step", "after_gossip"],
+        ),
+        (
+            "powersgd:rank=1",  # a gradient averager: between backward and the optimizer step
+            ["before_backward", "after_backward", "after_gossip", "after_optimizer_step"],
+        ),
+    ],
+)
 def test_each_point_runs_once_per_step_in_the_d_psgd_order(algorithm, step_order):
     config = tiny(algorithm=algorithm, epochs=2)
     summaries, made = run_with_hooks(config, lambda: [Recorder()])
@@ -186,8 +193,9 @@ def comparable(records):
 
 
 def test_a_hooks_state_is_checkpointed_and_comes_back_on_resume(tmp_path):
-    reference, _ = run_with_hooks(tiny(out_dir=str(tmp_path / "reference"), checkpoint_every=1),
-                                  lambda: [Accountant()])
+    reference, _ = run_with_hooks(
+        tiny(out_dir=str(tmp_path / "reference"), checkpoint_every=1), lambda: [Accountant()]
+    )
     steps_per_epoch = reference[0]["steps_per_epoch"]
     out = tmp_path / "run"
     config = tiny(out_dir=str(out), checkpoint_every=1)
@@ -211,8 +219,11 @@ def test_resume_needs_the_hooks_the_run_was_started_with(tmp_path):
     run_with_hooks(config, lambda: [Accountant()])
     for name in ("summary.json", "summary.md"):
         (tmp_path / "run" / name).unlink()
-    with pytest.raises(ValueError, match=r"holds state for hooks \['accountant'\] but this run has "
-                                         r"\[\]; resume with the hooks") as info:
+    with pytest.raises(
+        ValueError,
+        match=r"holds state for hooks \['accountant'\] but this run has "
+        r"\[\]; resume with the hooks",
+    ) as info:
         run_with_hooks(config, lambda: [], resume=True)
     assert "\n" not in str(info.value)
 

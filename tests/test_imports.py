@@ -33,8 +33,11 @@ def _imports(name: str, path: Path, known: Set[str]) -> Set[str]:
     found = set()
     tree = ast.parse(path.read_text(), str(path))
     for node in ast.walk(tree):  # `if TYPE_CHECKING:` blocks never run: their imports are not
-        if (isinstance(node, ast.If) and isinstance(node.test, ast.Name)  # dependencies
-                and node.test.id == "TYPE_CHECKING"):
+        if (
+            isinstance(node, ast.If)
+            and isinstance(node.test, ast.Name)  # dependencies
+            and node.test.id == "TYPE_CHECKING"
+        ):
             node.body = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -42,12 +45,14 @@ def _imports(name: str, path: Path, known: Set[str]) -> Set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = name.split(".") if is_package else name.split(".")[:-1]
-                base = base[:len(base) - node.level + 1]
+                base = base[: len(base) - node.level + 1]
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            targets = [f"{module}.{alias.name}" if f"{module}.{alias.name}" in known else module
-                       for alias in node.names]
+            targets = [
+                f"{module}.{alias.name}" if f"{module}.{alias.name}" in known else module
+                for alias in node.names
+            ]
         else:
             continue
         for target in targets:
@@ -109,14 +114,20 @@ def test_the_analysis_finds_a_circle(tmp_path):
     assert _cycles({"a": {"b"}, "b": set()}) == []
     # A function-level import counts; a TYPE_CHECKING one does not; importing p.q.r runs p.q.
     source = tmp_path / "m.py"
-    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import p.x\n"
-                      "def f():\n    from p.q import r\n")
+    source.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import p.x\n"
+        "def f():\n    from p.q import r\n"
+    )
     assert _imports("m", source, {"m", "p", "p.q", "p.q.r", "p.x"}) == {"p.q.r", "p.q", "p"}
 
 
 def test_training_imports_nothing_from_privacy():
     graph = import_graph()
-    offenders = sorted(f"{a} -> {b}" for a, targets in graph.items()
-                       if a.startswith("gossip_powersgd.training") for b in targets
-                       if b.startswith("gossip_powersgd.privacy"))
+    offenders = sorted(
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        if a.startswith("gossip_powersgd.training")
+        for b in targets
+        if b.startswith("gossip_powersgd.privacy")
+    )
     assert not offenders, offenders

@@ -23,12 +23,14 @@ def test_the_kernels_are_compiled_by_torchscript():
 @pytest.fixture
 def python_kernels(monkeypatch):
     """Every kernel's Python body in place of its compiled form, wherever it is called from."""
+
     def use_python():
         for name in KERNELS:
             python = getattr(kernels, name).python
             monkeypatch.setattr(kernels, name, python)
             if hasattr(powergossip, name):
                 monkeypatch.setattr(powergossip, name, python)
+
     return use_python
 
 
@@ -70,10 +72,22 @@ def test_multiply_into_messages_normalises_multiplies_and_sums_what_leaves():
     factor, norm = torch.tensor([[[3.0, 4.0]]]), torch.empty(1, 1, 1)  # norm 5
     norms, epsilon = norm.view(-1), torch.tensor(1.0)
     right, product, message = torch.ones(1, 2, 3), torch.empty(1, 1, 3), torch.zeros(2, 3)
-    total = kernels.multiply_into_messages([factor], [norm], [norms], epsilon, [factor], [right],
-                                           [product], [message[:1]], [product[0]], message)
+    total = kernels.multiply_into_messages(
+        [factor],
+        [norm],
+        [norms],
+        epsilon,
+        [factor],
+        [right],
+        [product],
+        [message[:1]],
+        [product[0]],
+        message,
+    )
     assert torch.equal(factor, torch.tensor([[[0.5, 4 / 6]]]))  # divided by norm + epsilon
-    assert torch.allclose(message[0], torch.full((3,), 0.5 + 4 / 6)) and total == float(message.sum())
+    assert torch.allclose(message[0], torch.full((3,), 0.5 + 4 / 6)) and total == float(
+        message.sum()
+    )
     nothing = ([], [], [], epsilon, [], [], [], [], [])
     half = torch.full((4,), 60000.0, dtype=torch.float16)  # overflows a float16 sum
     assert kernels.multiply_into_messages(*nothing, half) == 240000.0

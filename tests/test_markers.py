@@ -15,8 +15,12 @@ from conftest import launcher_marker
 def test_launchers_are_recognised():
     assert launcher_marker(["/usr/bin/mpiexec", "-n", "4", sys.executable, "x.py"]) == "mpi"
     assert launcher_marker(["mpirun", "-n", "2", "a"]) == "mpi"
-    assert launcher_marker([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-                            "2", "x.py"]) == "torchrun"
+    assert (
+        launcher_marker(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "x.py"]
+        )
+        == "torchrun"
+    )
     assert launcher_marker(["torchrun", "--nproc-per-node", "2", "x.py"]) == "torchrun"
     assert launcher_marker([sys.executable, "-m", "experiments.train"]) is None
     assert launcher_marker("ls") is None

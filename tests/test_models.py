@@ -10,7 +10,9 @@ import torch
 from gossip_powersgd.training.data import Batches, load_dataset
 from gossip_powersgd.training.models import build_model, count_parameters
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))  # for "byo_fixtures:..." specs
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support")
+)  # for "byo_fixtures:..." specs
 
 SPECS = ["logreg", "mlp", "mlp:16", "mlp:32,16,8", "cnn1d", "cnn1d:channels=8"]
 
@@ -56,8 +58,9 @@ def test_concurrent_builds_are_identical():
 
 def test_parameter_counts():
     assert count_parameters(build_model("logreg", (40,), 10, 0)) == 40 * 10 + 10
-    assert count_parameters(build_model("mlp", (40,), 10, 0)) == (40 * 100 + 100) + \
-        (100 * 100 + 100) + (100 * 10 + 10)
+    assert count_parameters(build_model("mlp", (40,), 10, 0)) == (40 * 100 + 100) + (
+        100 * 100 + 100
+    ) + (100 * 10 + 10)
     # cnn1d: lengths 40 -> 19 -> 9 -> 4, so the classifier sees 4 * channels features.
     for c in (8, 25, 32):
         expected = (1 * c * 5 + c) + 2 * (c * c * 5 + c) + (4 * c * 10 + 10)
@@ -76,9 +79,9 @@ def test_cnn1d_accepts_channel_inputs():
 def test_default_init_scale():
     # PyTorch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases.
     layer = build_model("logreg", (400,), 300, seed=0)[1]
-    bound = 1 / 400 ** 0.5
+    bound = 1 / 400**0.5
     assert layer.weight.abs().max() <= bound and layer.weight.abs().max() > 0.99 * bound
-    assert abs(layer.weight.std().item() - bound / 3 ** 0.5) < 0.01 * bound
+    assert abs(layer.weight.std().item() - bound / 3**0.5) < 0.01 * bound
 
 
 def test_byo_models():
@@ -89,21 +92,24 @@ def test_byo_models():
     assert build_model("byo_fixtures:fixed_net", (40,), 10, 0)(torch.randn(2, 40)).shape == (2, 10)
 
 
-@pytest.mark.parametrize("spec, shape, match", [
-    ("resnet50", (40,), "unknown model 'resnet50'.*logreg.*cnn1d"),
-    ("mlp:abc", (40,), "positive hidden widths"),
-    ("mlp:0", (40,), "positive hidden widths"),
-    ("mlp:", (40,), "positive hidden widths"),
-    ("logreg:3", (40,), "no options"),
-    ("cnn1d:width=3", (40,), "unknown option 'width'"),
-    ("cnn1d:channels=0", (40,), "channels must be >= 1"),
-    ("cnn1d", (8,), "too short"),
-    ("cnn1d", (2, 3, 40), "input_shape"),
-    ("logreg", (), "input_shape"),
-    ("byo_fixtures:not_a_module", (40,), "must return a torch.nn.Module"),
-    ("byo_fixtures:nothing_here", (40,), "no attribute"),
-    ("not_a_real_pkg.models:net", (40,), "cannot import"),
-])
+@pytest.mark.parametrize(
+    "spec, shape, match",
+    [
+        ("resnet50", (40,), "unknown model 'resnet50'.*logreg.*cnn1d"),
+        ("mlp:abc", (40,), "positive hidden widths"),
+        ("mlp:0", (40,), "positive hidden widths"),
+        ("mlp:", (40,), "positive hidden widths"),
+        ("logreg:3", (40,), "no options"),
+        ("cnn1d:width=3", (40,), "unknown option 'width'"),
+        ("cnn1d:channels=0", (40,), "channels must be >= 1"),
+        ("cnn1d", (8,), "too short"),
+        ("cnn1d", (2, 3, 40), "input_shape"),
+        ("logreg", (), "input_shape"),
+        ("byo_fixtures:not_a_module", (40,), "must return a torch.nn.Module"),
+        ("byo_fixtures:nothing_here", (40,), "no attribute"),
+        ("not_a_real_pkg.models:net", (40,), "cannot import"),
+    ],
+)
 def test_bad_specs(spec, shape, match):
     with pytest.raises(ValueError, match=match) as info:
         build_model(spec, shape, 10, seed=0)

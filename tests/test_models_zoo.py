@@ -35,8 +35,9 @@ def test_resnet20_is_the_choco_version():
     model = build_model("resnet20", (3, 32, 32), 10, seed=0)
     assert count_parameters(model) == 272_474  # Tao Lin's / the PowerGossip paper's ResNet-20
     assert resnet20_count(16, 10) == 272_474
-    assert count_parameters(build_model("resnet20:width=4", (3, 8, 8), 7, 0)) == \
-        resnet20_count(4, 7)
+    assert count_parameters(build_model("resnet20:width=4", (3, 8, 8), 7, 0)) == resnet20_count(
+        4, 7
+    )
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
     bns = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
     assert len(bns) == 19 + 2  # 19 after convolutions, 2 in the shortcuts
@@ -52,7 +53,9 @@ def test_vgg16_with_and_without_batch_norm():
     assert sum(isinstance(m, nn.BatchNorm2d) for m in with_bn.modules()) == 13
     assert not any(isinstance(m, nn.BatchNorm2d) for m in without.modules())
     # without BN each conv has a bias instead of BN's weight and bias: 13 x c fewer parameters
-    assert count_parameters(with_bn) - count_parameters(without) == sum(c.out_channels for c in convs)
+    assert count_parameters(with_bn) - count_parameters(without) == sum(
+        c.out_channels for c in convs
+    )
     assert with_bn(torch.randn(2, 3, 32, 32)).shape == (2, 10)
     full = build_model("vgg16", (3, 32, 32), 10, seed=0)
     widths = [64, 64, 128, 128, 256, 256, 256, 512, 512, 512, 512, 512, 512]
@@ -77,9 +80,10 @@ def test_lstm_lm_options_and_tied_embedding():
     assert torch.equal(model.decoder.bias, torch.zeros(50))
 
 
-@pytest.mark.parametrize("spec, shape", [("resnet20:width=4", (3, 8, 8)),
-                                         ("vgg16:width=4", (3, 32, 32)),
-                                         ("lstm_lm:hidden=8", (5,))])
+@pytest.mark.parametrize(
+    "spec, shape",
+    [("resnet20:width=4", (3, 8, 8)), ("vgg16:width=4", (3, 32, 32)), ("lstm_lm:hidden=8", (5,))],
+)
 def test_deterministic_from_the_seed_and_rng_untouched(spec, shape):
     torch.manual_seed(0)
     state = torch.get_rng_state()
@@ -94,24 +98,29 @@ def test_bring_your_own_keyword_options():
     model = build_model("byo_fixtures:options_net:width=6,bias=false,act=tanh", (2, 3), 4, seed=0)
     first = model[1]
     assert first.out_features == 6 and first.bias is None and isinstance(model[2], nn.Tanh)
-    assert states_equal(model, build_model("byo_fixtures:options_net:width=6,bias=false,act=tanh",
-                                           (2, 3), 4, seed=0))
+    assert states_equal(
+        model,
+        build_model("byo_fixtures:options_net:width=6,bias=false,act=tanh", (2, 3), 4, seed=0),
+    )
     assert build_model("byo_fixtures:options_net", (2, 3), 4, seed=0)[1].out_features == 4
 
 
-@pytest.mark.parametrize("spec, shape, match", [
-    ("resnet20:depth=32", (3, 32, 32), "unknown option 'depth'"),
-    ("resnet20:width=0", (3, 32, 32), "width must be >= 1"),
-    ("resnet20:width=abc", (3, 32, 32), "width must be an integer"),
-    ("resnet20", (40,), "image inputs"),
-    ("vgg16", (3, 16, 16), "at least 32x32"),
-    ("vgg16:bn=maybe", (3, 32, 32), "bn must be true or false"),
-    ("lstm_lm:dropout=1", (5,), "dropout must be < 1"),
-    ("lstm_lm:embedding=4,hidden=8", (5,), "tied=true needs embedding == hidden"),
-    ("lstm_lm", (3, 32, 32), "token sequences"),
-    ("byo_fixtures:options_net:depth=3", (4,), "takes no keyword argument 'depth'"),
-    ("byo_fixtures:options_net:width", (4,), "not key=value"),
-])
+@pytest.mark.parametrize(
+    "spec, shape, match",
+    [
+        ("resnet20:depth=32", (3, 32, 32), "unknown option 'depth'"),
+        ("resnet20:width=0", (3, 32, 32), "width must be >= 1"),
+        ("resnet20:width=abc", (3, 32, 32), "width must be an integer"),
+        ("resnet20", (40,), "image inputs"),
+        ("vgg16", (3, 16, 16), "at least 32x32"),
+        ("vgg16:bn=maybe", (3, 32, 32), "bn must be true or false"),
+        ("lstm_lm:dropout=1", (5,), "dropout must be < 1"),
+        ("lstm_lm:embedding=4,hidden=8", (5,), "tied=true needs embedding == hidden"),
+        ("lstm_lm", (3, 32, 32), "token sequences"),
+        ("byo_fixtures:options_net:depth=3", (4,), "takes no keyword argument 'depth'"),
+        ("byo_fixtures:options_net:width", (4,), "not key=value"),
+    ],
+)
 def test_bad_options(spec, shape, match):
     with pytest.raises(ValueError, match=match) as info:
         build_model(spec, shape, 10, seed=0)

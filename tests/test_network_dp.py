@@ -43,8 +43,9 @@ def test_ring4_example_the_observer_reads_off_the_opposite_peer():
     assert np.allclose(a.T @ solution[0], [0, 1, 0], atol=1e-14)  # e_2 is in the row space
     classic = pairwise_epsilon(ring, 2, SIGMA, DELTA, conversion="rdp")
     assert classic[2, 0] == pytest.approx(0.980, abs=5e-4)  # the classic RDP conversion: 0.9797
-    assert classic[2, 0] == pytest.approx(local_epsilon(2, SIGMA, DELTA, conversion="rdp"),
-                                          rel=LEAK_TOL)
+    assert classic[2, 0] == pytest.approx(
+        local_epsilon(2, SIGMA, DELTA, conversion="rdp"), rel=LEAK_TOL
+    )
     exact = pairwise_epsilon(ring, 2, SIGMA, DELTA)  # the analytic Gaussian conversion
     assert exact[2, 0] == pytest.approx(local_epsilon(2, SIGMA, DELTA), rel=LEAK_TOL)
     assert exact[2, 0] == pytest.approx(0.7255, abs=5e-5)
@@ -62,8 +63,9 @@ def test_a_view_that_determines_x_plus_eta_gives_exactly_local_dp():
         a, _ = view_matrix(spec, steps, 0)
         assert np.linalg.matrix_rank(a) == 15  # the view has full rank: it determines x + eta
         eps = pairwise_epsilon(spec, steps, SIGMA, DELTA)
-        assert np.allclose(eps[~np.eye(16, dtype=bool)], local_epsilon(steps, SIGMA, DELTA),
-                           rtol=LEAK_TOL, atol=0)
+        assert np.allclose(
+            eps[~np.eye(16, dtype=bool)], local_epsilon(steps, SIGMA, DELTA), rtol=LEAK_TOL, atol=0
+        )
 
 
 def test_a_star_leaf_learns_only_the_sum_of_the_other_leaves():
@@ -73,7 +75,7 @@ def test_a_star_leaf_learns_only_the_sum_of_the_other_leaves():
     leak = pairwise_leakage(star, 2)
     assert leak[2, 1] == pytest.approx(0.5, abs=LEAK_TOL) and leak[0, 1] == pytest.approx(1.0)
     rho = pairwise_rdp(star, 2, SIGMA, sensitivity=3.0)
-    assert rho[2, 1] == pytest.approx(9 * 0.5 / (2 * SIGMA ** 2))
+    assert rho[2, 1] == pytest.approx(9 * 0.5 / (2 * SIGMA**2))
     assert pairwise_privacy_loss is pairwise_rdp
 
 
@@ -87,7 +89,8 @@ def test_every_step_on_ring4_matches_the_hand_value():
     # A neighbour's fresh value at every step reaches the observer directly: the T-fold ceiling.
     assert pairwise_leakage("complete:4", 3, noise="every_step")[1, 0] == pytest.approx(3.0)
     assert local_epsilon(3, SIGMA, DELTA, noise="every_step") == pytest.approx(
-        float(gaussian_epsilon(math.sqrt(3) / SIGMA, DELTA)))
+        float(gaussian_epsilon(math.sqrt(3) / SIGMA, DELTA))
+    )
 
 
 def test_a_peer_whose_noise_cannot_reach_the_observer_has_epsilon_zero():
@@ -102,9 +105,11 @@ def test_a_peer_whose_noise_cannot_reach_the_observer_has_epsilon_zero():
 
 def test_schedules_and_spec_strings_are_accepted_and_other_inputs_refused():
     # Spec strings: the same as the parsed topology (this raised AttributeError 'W' before).
-    assert np.array_equal(pairwise_epsilon("ring:8", 3, SIGMA, DELTA),
-                          pairwise_epsilon(topologies.parse("ring:8"), 3, SIGMA, DELTA),
-                          equal_nan=True)
+    assert np.array_equal(
+        pairwise_epsilon("ring:8", 3, SIGMA, DELTA),
+        pairwise_epsilon(topologies.parse("ring:8"), 3, SIGMA, DELTA),
+        equal_nan=True,
+    )
     # one_peer_exponential:8 at step 0 pairs i with i XOR 1, at step 1 with i XOR 2 (weights 1/2):
     # observer 0 receives y1, then (y2 + y3)/2 - half of each of 2 and 3.
     leak = pairwise_leakage("one_peer_exponential:8", 2)
@@ -117,7 +122,9 @@ def test_schedules_and_spec_strings_are_accepted_and_other_inputs_refused():
     alone = [v for v in range(8) if not sampled.at(0).neighbors(v)]
     leak = pairwise_leakage(sampled, 1)
     assert alone and all((np.nan_to_num(leak[:, v]) == 0).all() for v in alone)
-    assert all(leak[w, v] == pytest.approx(1.0) for v in range(8) for w in sampled.at(0).neighbors(v))
+    assert all(
+        leak[w, v] == pytest.approx(1.0) for v in range(8) for w in sampled.at(0).neighbors(v)
+    )
     with pytest.raises(ValueError, match="directed.*not push-sum"):
         pairwise_epsilon("directed_exponential:8", 2, SIGMA, DELTA)
     with pytest.raises(TypeError, match="topology must be a topologies.Topology.*got ndarray"):
@@ -148,8 +155,11 @@ def _exact_leakage(topology, steps, observer, u, every_step):
     row w of W^(t - s)."""
     w, n = _exact_metropolis(topology), topology.size
     blocks = steps if every_step else 1
-    rows = [[(w ** (t - s))[nb, c] if s <= t else 0 for s in range(blocks) for c in range(n)]
-            for t in range(steps) for nb in topology.neighbors(observer)]
+    rows = [
+        [(w ** (t - s))[nb, c] if s <= t else 0 for s in range(blocks) for c in range(n)]
+        for t in range(steps)
+        for nb in topology.neighbors(observer)
+    ]
     keep = [k for k in range(blocks * n) if k % n != observer]
     a = sympy.Matrix(rows)[:, keep]
     shift = sympy.Matrix([1 if keep[k] % n == u else 0 for k in range(len(keep))])
@@ -157,21 +167,33 @@ def _exact_leakage(topology, steps, observer, u, every_step):
     return (a_u.T * (a * a.T).pinv() * a_u)[0, 0]
 
 
-@pytest.mark.parametrize("graph, steps, observer, u, every_step", [
-    (nx.bull_graph(), 3, 3, 4, False), (nx.bull_graph(), 3, 0, 4, False),
-    (nx.path_graph(4), 3, 0, 2, True), (nx.cycle_graph(4), 3, 0, 2, True)])
+@pytest.mark.parametrize(
+    "graph, steps, observer, u, every_step",
+    [
+        (nx.bull_graph(), 3, 3, 4, False),
+        (nx.bull_graph(), 3, 0, 4, False),
+        (nx.path_graph(4), 3, 0, 2, True),
+        (nx.cycle_graph(4), 3, 0, 2, True),
+    ],
+)
 def test_leakage_equals_exact_rational_arithmetic(graph, steps, observer, u, every_step):
     topology = topologies.from_graph(graph)
     exact = _exact_leakage(topology, steps, observer, u, every_step)
     assert 0 < exact <= (steps if every_step else 1)
-    leak = pairwise_leakage(topology, steps, noise="every_step" if every_step else "once",
-                            shift="constant")
+    leak = pairwise_leakage(
+        topology, steps, noise="every_step" if every_step else "once", shift="constant"
+    )
     assert leak[u, observer] == pytest.approx(float(exact), abs=LEAK_TOL)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(3, 7), p=st.floats(0.3, 1.0), seed=st.integers(0, 10_000),
-       steps=st.integers(1, 5), gamma=st.sampled_from([1.0, 0.5]))
+@given(
+    n=st.integers(3, 7),
+    p=st.floats(0.3, 1.0),
+    seed=st.integers(0, 10_000),
+    steps=st.integers(1, 5),
+    gamma=st.sampled_from([1.0, 0.5]),
+)
 def test_noise_once_never_exceeds_local_dp_and_grows_with_steps(n, p, seed, steps, gamma):
     graph = nx.gnp_random_graph(n, p, seed=seed)
     graph.add_edges_from((i, i + 1) for i in range(n - 1))  # connected

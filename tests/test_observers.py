@@ -23,8 +23,11 @@ TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 
 
 def tiny(*overrides):
-    return load_config(TINY, ["quiet=true", "checkpoint_every=0", "log_every=0", "epochs=1",
-                              *overrides], deep=False)
+    return load_config(
+        TINY,
+        ["quiet=true", "checkpoint_every=0", "log_every=0", "epochs=1", *overrides],
+        deep=False,
+    )
 
 
 def train_everywhere(config):
@@ -32,8 +35,11 @@ def train_everywhere(config):
 
 
 def message_bytes(view):
-    return sum(m["tensor"].numel() * m["tensor"].element_size()
-               for r in view.records for m in r["messages"])
+    return sum(
+        m["tensor"].numel() * m["tensor"].element_size()
+        for r in view.records
+        for m in r["messages"]
+    )
 
 
 def test_the_observers_key_records_views_without_changing_a_model_bit(tmp_path):
@@ -42,7 +48,12 @@ def test_the_observers_key_records_views_without_changing_a_model_bit(tmp_path):
     for a, b in zip(recorded, plain):
         assert a["model_sha256"] == b["model_sha256"]
         assert a["mb_sent_per_peer"] == b["mb_sent_per_peer"]
-    assert [observed_dir(tmp_path / "rec", k).is_dir() for k in range(4)] == [True, False, False, True]
+    assert [observed_dir(tmp_path / "rec", k).is_dir() for k in range(4)] == [
+        True,
+        False,
+        False,
+        True,
+    ]
     assert not (tmp_path / "plain" / "observed").exists()
     assert "observed_bytes" not in plain[0]
 
@@ -61,8 +72,9 @@ def test_the_observers_key_records_views_without_changing_a_model_bit(tmp_path):
 
 def test_observe_every_thins_the_views_and_the_bytes(tmp_path):
     every = train_everywhere(tiny(f"out_dir={tmp_path / 'every'}", "observers=[1]"))
-    thinned = train_everywhere(tiny(f"out_dir={tmp_path / 'thin'}", "observers=[1]",
-                                    "observe_every=3"))
+    thinned = train_everywhere(
+        tiny(f"out_dir={tmp_path / 'thin'}", "observers=[1]", "observe_every=3")
+    )
     assert every[0]["model_sha256"] == thinned[0]["model_sha256"]
     view = load_view(observed_dir(tmp_path / "thin", 1))
     assert view.steps == list(range(0, every[0]["steps"], 3))
@@ -76,11 +88,15 @@ def test_observers_without_out_dir_record_in_memory_and_still_report_bytes():
 
 
 def test_bad_observer_values_are_one_line_errors():
-    for override, message in [("observers=[-1]", "must be distinct ranks >= 0"),
-                              ("observers=[1, 1]", "must be distinct ranks >= 0"),
-                              ("observers=three", "is not a list of ranks"),
-                              ("observe_every=0", "'observe_every': 0 (must be >= 1")]:
-        with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")) as info:
+    for override, message in [
+        ("observers=[-1]", "must be distinct ranks >= 0"),
+        ("observers=[1, 1]", "must be distinct ranks >= 0"),
+        ("observers=three", "is not a list of ranks"),
+        ("observe_every=0", "'observe_every': 0 (must be >= 1"),
+    ]:
+        with pytest.raises(
+            ValueError, match=message.replace("[", r"\[").replace("(", r"\(")
+        ) as info:
             tiny(override)
         assert "\n" not in str(info.value)
     assert tiny("observers=2").observers == [2]  # one rank needs no brackets
@@ -93,10 +109,12 @@ def test_observer_hook_and_summary_rows():
     hook = observer_hook(tiny("observers=[3, 1]", "observe_every=2"))
     assert hook.observers == [1, 3] and hook.observe_every == 2
     assert observer_summary_rows({}) == []
-    rows = observer_summary_rows({"observers": [1, 3], "observe_every": 2,
-                                  "observed_bytes": [0, 2_000_000, 0, 500_000]})
-    assert rows == [("observed message MB (every 2 step(s))",
-                     "2.500 (rank 1: 2.000, rank 3: 0.500)")]
+    rows = observer_summary_rows(
+        {"observers": [1, 3], "observe_every": 2, "observed_bytes": [0, 2_000_000, 0, 500_000]}
+    )
+    assert rows == [
+        ("observed message MB (every 2 step(s))", "2.500 (rank 1: 2.000, rank 3: 0.500)")
+    ]
 
 
 def test_the_summary_table_shows_the_recorded_bytes():
@@ -109,23 +127,52 @@ def test_recording_works_under_mpiexec_through_the_trainer_cli(tmp_path):
     from conftest import run_mpi
 
     def cli(out, *extra):
-        return run_mpi(4, ["-m", "experiments.train", "--config", TINY, "--set", "backend=mpi",
-                           "--set", "epochs=1", "--set", "checkpoint_every=0", "--set",
-                           f"out_dir={out}", "--quiet", *extra], timeout=180)
+        return run_mpi(
+            4,
+            [
+                "-m",
+                "experiments.train",
+                "--config",
+                TINY,
+                "--set",
+                "backend=mpi",
+                "--set",
+                "epochs=1",
+                "--set",
+                "checkpoint_every=0",
+                "--set",
+                f"out_dir={out}",
+                "--quiet",
+                *extra,
+            ],
+            timeout=180,
+        )
 
     result = cli(tmp_path / "mpi", "--set", "observers=[1]")
     assert result.returncode == 0, result.stderr[-2000:]
-    local = train_everywhere(tiny(f"out_dir={tmp_path / 'local'}", "observers=[1]",
-                                  "checkpoint_every=0"))
+    local = train_everywhere(
+        tiny(f"out_dir={tmp_path / 'local'}", "observers=[1]", "checkpoint_every=0")
+    )
     summary = json.loads((tmp_path / "mpi" / "summary.json").read_text())
     assert summary["model_sha256"] == local[0]["model_sha256"]
-    assert [observed_dir(tmp_path / "mpi", k).exists() for k in range(4)] == [False, True, False, False]
+    assert [observed_dir(tmp_path / "mpi", k).exists() for k in range(4)] == [
+        False,
+        True,
+        False,
+        False,
+    ]
     mpi_view = load_view(observed_dir(tmp_path / "mpi", 1))
     local_view = load_view(observed_dir(tmp_path / "local", 1))
-    assert summary["observed_bytes"] == local[0]["observed_bytes"] == [0, message_bytes(mpi_view), 0, 0]
+    assert (
+        summary["observed_bytes"]
+        == local[0]["observed_bytes"]
+        == [0, message_bytes(mpi_view), 0, 0]
+    )
     assert mpi_view.meta == local_view.meta and mpi_view.steps == local_view.steps
     for a, b in zip(mpi_view.records, local_view.records):
-        assert all(torch.equal(x["tensor"], y["tensor"]) for x, y in zip(a["messages"], b["messages"]))
+        assert all(
+            torch.equal(x["tensor"], y["tensor"]) for x, y in zip(a["messages"], b["messages"])
+        )
 
 
 def test_the_attack_pages_network_section():
@@ -150,11 +197,17 @@ def test_network_only_rerenders_the_network_section_and_keeps_the_rows(tmp_path,
 
     with pytest.raises(SystemExit, match="needs the rows of a previous run"):
         driver.main(["--network-only", "--out", str(tmp_path)])
-    row = dict(topology="ring:8", spec="choco:compressor=sign,gamma=1.0", private=True,
-               failure="ValueError: boom")
+    row = dict(
+        topology="ring:8",
+        spec="choco:compressor=sign,gamma=1.0",
+        private=True,
+        failure="ValueError: boom",
+    )
     saved = {"generated": "Generated by hand-made rows.", "rows": [row], "network_dp": {}}
     (tmp_path / "privacy_attacks.json").write_text(json.dumps(saved))
-    monkeypatch.setattr(driver, "network_dp", lambda: measure.network_dp(("ring:4",), (("once", 2),)))
+    monkeypatch.setattr(
+        driver, "network_dp", lambda: measure.network_dp(("ring:4",), (("once", 2),))
+    )
     assert driver.main(["--network-only", "--out", str(tmp_path)]) == 0
     page = (tmp_path / "privacy_attacks.md").read_text()
     assert page.startswith("# What a curious neighbour learns\n\nGenerated by hand-made rows.")
@@ -196,9 +249,14 @@ def _tapped_peer(comm, spec, steps):
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("spec", ["powergossip:rank=1,min_compression_rate=0",
-                                  "powergossip:rank=6,min_compression_rate=0",
-                                  "choco:compressor=topk:0.5,gamma=0.5"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "powergossip:rank=1,min_compression_rate=0",
+        "powergossip:rank=6,min_compression_rate=0",
+        "choco:compressor=topk:0.5,gamma=0.5",
+    ],
+)
 def test_a_view_on_a_schedule_decodes_to_what_the_neighbour_sent(schedule, spec):
     from gossip_powersgd.privacy.reconstruction import reconstruct, relative_error
     from gossip_powersgd.privacy.views import ObservedView
@@ -213,7 +271,8 @@ def test_a_view_on_a_schedule_decodes_to_what_the_neighbour_sent(schedule, spec)
             messages = view.messages_from(j)
             sender_sent, sender_own = out[j][2], views[j].own_trajectory()
             assert [m["step"] for m in messages] == [
-                s for s in range(steps) if j in topology.at(s).neighbors(i)]
+                s for s in range(steps) if j in topology.at(s).neighbors(i)
+            ]
             for m in messages:
                 # the bytes are those j sent to i in that exchange
                 assert torch.equal(m["tensor"], sender_sent[(m["step"], m["exchange"])][i])
@@ -236,13 +295,20 @@ def test_a_view_on_a_schedule_decodes_to_what_the_neighbour_sent(schedule, spec)
                     # of M with a unit-norm factor column, summed in another order than the
                     # sender's kernel: they differ by at most 2 n u |row| |column| (twice the dot
                     # product's forward error bound, one for each side; u = eps / 2).
-                    longest = max(torch.linalg.vector_norm(matrices, dim=d).max().item() for d in (1, 2))
+                    longest = max(
+                        torch.linalg.vector_norm(matrices, dim=d).max().item() for d in (1, 2)
+                    )
                     bound = 6 * torch.finfo(torch.float64).eps * longest
                     assert (part.block - expected).abs().max().item() <= bound
                 # both ends hold the same factors: i's record of j's message, j's of i's
-                back = [n for n in views[j].messages_from(i)
-                        if (n["step"], n["exchange"]) == (m["step"], m["exchange"])]
-                assert all(torch.equal(m["factors"][g], back[0]["factors"][g]) for g in m["factors"])
+                back = [
+                    n
+                    for n in views[j].messages_from(i)
+                    if (n["step"], n["exchange"]) == (m["step"], m["exchange"])
+                ]
+                assert all(
+                    torch.equal(m["factors"][g], back[0]["factors"][g]) for g in m["factors"]
+                )
             estimates = reconstruct(view, j, window=1)
             assert sorted(estimates) == sorted({m["step"] for m in messages})
             if spec.startswith("choco"):  # the rebuilt copy is what j holds of itself, bit for bit

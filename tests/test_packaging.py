@@ -40,8 +40,10 @@ def test_only_the_library_and_the_topologies_are_installed():
 
 def test_console_scripts_point_into_the_library_and_run_without_arguments():
     scripts = console_scripts()
-    assert scripts == {"gossip-train": "gossip_powersgd.cli.train:main",
-                       "gossip-plot": "gossip_powersgd.cli.plot:main"}
+    assert scripts == {
+        "gossip-train": "gossip_powersgd.cli.train:main",
+        "gossip-plot": "gossip_powersgd.cli.plot:main",
+    }
     for target in scripts.values():
         module_name, function_name = target.split(":")
         assert module_name.split(".")[0] in {p.split(".")[0] for p in installed_packages()}
@@ -53,8 +55,13 @@ def test_console_scripts_point_into_the_library_and_run_without_arguments():
 
 def test_the_library_programs_run_as_modules():
     for module in ("gossip_powersgd.cli.train", "gossip_powersgd.cli.plot"):
-        result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
-                                text=True, timeout=120, cwd=ROOT)
+        result = subprocess.run(
+            [sys.executable, "-m", module, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith(f"usage: python -m {module} ")
 
@@ -67,8 +74,13 @@ def test_the_checkout_wrappers_name_the_command_the_user_typed(tmp_path):
     with pytest.raises(ValueError, match=r"mpiexec -n 4 \S+ -m experiments\.train \.\.\., or use"):
         run(["--config", str(tiny), "--set", "backend=mpi", "--set", f"out_dir={tmp_path / 'x'}"])
     for module in ("experiments.train", "experiments.plot"):
-        result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
-                                text=True, timeout=120, cwd=ROOT)
+        result = subprocess.run(
+            [sys.executable, "-m", module, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith(f"usage: python -m {module} ")
 
@@ -78,7 +90,8 @@ def test_the_console_scripts_name_themselves_in_their_help():
 
     for script in ("gossip-train", "gossip-plot"):
         path = Path(sys.executable).parent / script  # installed by make's editable install
-        result = subprocess.run([str(path), "--help"], capture_output=True, text=True, timeout=120,
-                                cwd=ROOT)
+        result = subprocess.run(
+            [str(path), "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT
+        )
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith(f"usage: {script} "), result.stdout.splitlines()[0]

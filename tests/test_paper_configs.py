@@ -28,8 +28,10 @@ CONFIGS = sorted(PAPER.glob("*.yaml"))
 @pytest.fixture(scope="module")
 def roots(tmp_path_factory):
     base = tmp_path_factory.mktemp("paper-data")
-    return {"cifar10": paper_fixtures.write_cifar10(base, per_batch=12),
-            "wikitext2": paper_fixtures.write_wikitext2(base, repeat=40)}
+    return {
+        "cifar10": paper_fixtures.write_cifar10(base, per_batch=12),
+        "wikitext2": paper_fixtures.write_wikitext2(base, repeat=40),
+    }
 
 
 def data_override(path: Path, roots) -> str:
@@ -42,12 +44,29 @@ def data_override(path: Path, roots) -> str:
 
 def test_the_grid_is_complete():
     names = {p.stem for p in CONFIGS}
-    assert {f"resnet20_cifar10_{a}" for a in (
-        "allreduce", "exact", "powergossip_r1_i1_warm", "powergossip_r1_i2_warm",
-        "powergossip_r1_i1_random", "powergossip_r1_i2_random", "choco_sign", "choco_topk1",
-        "deepsqueeze")} | {f"lstm_wikitext2_{a}" for a in (
-            "exact", "powergossip_r1_i8", "powergossip_r1_i16", "powergossip_r1_i32",
-            "local_steps32")} == names
+    assert {
+        f"resnet20_cifar10_{a}"
+        for a in (
+            "allreduce",
+            "exact",
+            "powergossip_r1_i1_warm",
+            "powergossip_r1_i2_warm",
+            "powergossip_r1_i1_random",
+            "powergossip_r1_i2_random",
+            "choco_sign",
+            "choco_topk1",
+            "deepsqueeze",
+        )
+    } | {
+        f"lstm_wikitext2_{a}"
+        for a in (
+            "exact",
+            "powergossip_r1_i8",
+            "powergossip_r1_i16",
+            "powergossip_r1_i32",
+            "local_steps32",
+        )
+    } == names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
@@ -76,10 +95,28 @@ def test_config_builds_model_and_pipeline_on_fixture_files(path, roots):
 def test_a_paper_config_trains_through_the_cli(tmp_path, roots):
     path = PAPER / "resnet20_cifar10_powergossip_r1_i1_warm.yaml"
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "gossip_powersgd.cli.train", "--config", str(path),
-               "--set", data_override(path, roots), "--set", "backend=local", "--set",
-               "epochs=1", "--set", "warmup_epochs=0", "--set", "schedule=constant", "--set",
-               "milestones=[]", "--set", f"out_dir={out}", "--quiet"]
+    command = [
+        sys.executable,
+        "-m",
+        "gossip_powersgd.cli.train",
+        "--config",
+        str(path),
+        "--set",
+        data_override(path, roots),
+        "--set",
+        "backend=local",
+        "--set",
+        "epochs=1",
+        "--set",
+        "warmup_epochs=0",
+        "--set",
+        "schedule=constant",
+        "--set",
+        "milestones=[]",
+        "--set",
+        f"out_dir={out}",
+        "--quiet",
+    ]
     result = run_bounded(command, 300, "a paper config through the CLI", cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())

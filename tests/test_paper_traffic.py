@@ -44,10 +44,13 @@ def test_powergossip_sends_56_times_fewer_floats_than_exact_gossip_on_resnet20()
     two_iterations, rank_two = measure("powergossip:rank=1,iters=2"), measure("powergossip:rank=2")
     for rank in range(8):
         assert exact[rank] == [272_474 * per_float] * ROUNDS
-        assert powergossip[rank] == [(rows + vectors) * per_float,
-                                     (cols + vectors) * per_float] * (ROUNDS // 2)
+        assert powergossip[rank] == [(rows + vectors) * per_float, (cols + vectors) * per_float] * (
+            ROUNDS // 2
+        )
         assert two_iterations[rank] == [(rows + cols + vectors) * per_float] * ROUNDS
-        assert rank_two[rank] == [(2 * rows + vectors) * per_float,
-                                  (2 * cols + vectors) * per_float] * (ROUNDS // 2)
+        assert rank_two[rank] == [
+            (2 * rows + vectors) * per_float,
+            (2 * cols + vectors) * per_float,
+        ] * (ROUNDS // 2)
     ratio = sum(exact[0]) / sum(powergossip[0])
     assert 56.0 < ratio < 56.3  # 272,474 / ((794 + 5,755) / 2 + 1,578) = 56.15

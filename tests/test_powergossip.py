@@ -47,13 +47,17 @@ def relative_drift(results):
 @pytest.mark.parametrize("spec", ["ring:8", "torus:2x4", "random_regular:8:3"])
 @pytest.mark.parametrize("rank, iters, warm", [(1, 1, True), (2, 2, True), (4, 1, False)])
 def test_average_is_preserved_in_float64(spec, rank, iters, warm):
-    results = LocalCluster(topologies.parse(spec)).run(average_run, 100, torch.float64, rank, iters, warm)
+    results = LocalCluster(topologies.parse(spec)).run(
+        average_run, 100, torch.float64, rank, iters, warm
+    )
     assert relative_drift(results) <= 1e-12
 
 
 @pytest.mark.parametrize("rank, iters, warm", [(1, 1, True), (4, 2, False)])
 def test_average_is_preserved_in_float32_over_1000_steps(rank, iters, warm):
-    results = LocalCluster(topologies.ring(4)).run(average_run, 1000 // iters, torch.float32, rank, iters, warm)
+    results = LocalCluster(topologies.ring(4)).run(
+        average_run, 1000 // iters, torch.float32, rank, iters, warm
+    )
     assert relative_drift(results) <= 1e-6
 
 
@@ -64,12 +68,16 @@ def factor_history(comm, warm):
     history = []
     for _ in range(6):  # one half-step per step
         gossip.step()
-        history.append({j: {k: v.clone() for k, v in gossip.factors(j).items()} for j in comm.neighbors})
+        history.append(
+            {j: {k: v.clone() for k, v in gossip.factors(j).items()} for j in comm.neighbors}
+        )
     return history
 
 
 @pytest.mark.parametrize("warm", [True, False])
-@pytest.mark.parametrize("spec", ["star:5", "small_world:8:4:0.5"])  # irregular: degrees differ per end
+@pytest.mark.parametrize(
+    "spec", ["star:5", "small_world:8:4:0.5"]
+)  # irregular: degrees differ per end
 def test_both_ends_hold_bit_identical_factors(spec, warm):
     topology = topologies.parse(spec)
     results = LocalCluster(topology).run(factor_history, warm)
@@ -165,7 +173,7 @@ def test_one_peer_is_a_no_op():
         gossip.step()
         return before, x, comm.stats.bytes_sent, gossip.bytes_per_step()
 
-    (before, after, sent, formula), = LocalCluster(topologies.ring(1)).run(peer)
+    ((before, after, sent, formula),) = LocalCluster(topologies.ring(1)).run(peer)
     assert all(torch.equal(a, b) for a, b in zip(before, after)) and sent == 0 and formula == 0
 
 
@@ -238,8 +246,16 @@ def reference_powergossip(topology, start, factors, rank, iters, steps, order_se
             where[k] = (group, sum(1 for kk in where if where[kk][0] == group))
     edges = topology.edges()
     generator = torch.Generator().manual_seed(order_seed)
-    P = {(e, k): factors[e[0]][e[1]][f"{where[k][0]}.P"][where[k][1]].clone() for e in edges for k in where}
-    Q = {(e, k): factors[e[0]][e[1]][f"{where[k][0]}.Q"][where[k][1]].clone() for e in edges for k in where}
+    P = {
+        (e, k): factors[e[0]][e[1]][f"{where[k][0]}.P"][where[k][1]].clone()
+        for e in edges
+        for k in where
+    }
+    Q = {
+        (e, k): factors[e[0]][e[1]][f"{where[k][0]}.Q"][where[k][1]].clone()
+        for e in edges
+        for k in where
+    }
     half = 0
     for _ in range(steps):
         for iteration in range(iters):
@@ -250,7 +266,10 @@ def reference_powergossip(topology, start, factors, rank, iters, steps, order_se
                 w = topology.weight(i, j)
                 for k in range(len(SHAPES)):
                     if k in where:
-                        mi, mj = x[i][k].reshape(SHAPES[k][0], -1), x[j][k].reshape(SHAPES[k][0], -1)
+                        mi, mj = (
+                            x[i][k].reshape(SHAPES[k][0], -1),
+                            x[j][k].reshape(SHAPES[k][0], -1),
+                        )
                         if half % 2 == 1:
                             q = Q[(e, k)] = gram_schmidt(Q[((i, j), k)]) if (e := (i, j)) else None
                             P[(e, k)] = mj @ q - mi @ q
@@ -323,8 +342,12 @@ def mpi_scenario(comm, steps="6"):
     other = PowerGossip(restart, comm, rank=1, warm_start=False, seed=3)
     for _ in range(int(steps)):
         other.step()
-    return {"x": x, "restart": restart, "bytes": comm.stats.bytes_sent,
-            "factors": {str(j): gossip.factors(j) for j in comm.neighbors}}
+    return {
+        "x": x,
+        "restart": restart,
+        "bytes": comm.stats.bytes_sent,
+        "factors": {str(j): gossip.factors(j) for j in comm.neighbors},
+    }
 
 
 @pytest.mark.mpi
@@ -367,9 +390,11 @@ def test_bad_arguments_raise_naming_them():
     def peer(comm, **kwargs):
         PowerGossip([torch.zeros(4, 4)], comm, **kwargs)
 
-    for kwargs, message in [({"rank": 0}, "rank must be an integer >= 1"),
-                            ({"num_iterations": 0}, "num_iterations must be an integer >= 1"),
-                            ({"gamma": -1.0}, "gamma must be > 0")]:
+    for kwargs, message in [
+        ({"rank": 0}, "rank must be an integer >= 1"),
+        ({"num_iterations": 0}, "num_iterations must be an integer >= 1"),
+        ({"gamma": -1.0}, "gamma must be > 0"),
+    ]:
         with pytest.raises(ValueError, match=message):
             LocalCluster(topologies.ring(2)).run(peer, **kwargs)
 
@@ -395,7 +420,12 @@ def test_state_from_another_model_or_topology_is_refused_naming_the_key():
         PowerGossip([torch.zeros(rows, 6)], comm, rank=1).load_state_dict(states[comm.rank])
 
     ring = LocalCluster(topologies.ring(4)).run(saved_state, 8)
-    with pytest.raises(ValueError, match=r"state 'factor\.\d\.0\.P' has shape \(1, 8, 1\), expected \(1, 9, 1\)"):
+    with pytest.raises(
+        ValueError, match=r"state 'factor\.\d\.0\.P' has shape \(1, 8, 1\), expected \(1, 9, 1\)"
+    ):
         LocalCluster(topologies.ring(4)).run(load, ring, 9)
-    with pytest.raises(ValueError, match=r"PowerGossip state has no 'factor\.\d\.0\.P': it was saved for another model"):
+    with pytest.raises(
+        ValueError,
+        match=r"PowerGossip state has no 'factor\.\d\.0\.P': it was saved for another model",
+    ):
         LocalCluster(topologies.complete(4)).run(load, ring, 8)

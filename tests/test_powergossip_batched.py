@@ -35,7 +35,9 @@ def run(comm, algorithm, rank, warm, steps=6, dtype=torch.float64, repoint=False
     gossip = algorithm(x, comm, rank=rank, num_iterations=2, warm_start=warm)
     for step in range(steps):
         if repoint and step == 3:
-            x[3].data = x[3].data.clone()  # an exactly gossiped bias, re-pointed as model.to() would
+            x[3].data = x[
+                3
+            ].data.clone()  # an exactly gossiped bias, re-pointed as model.to() would
             x[0].data = x[0].data.clone()
         gossip.step()
     factors = {j: {k: v.clone() for k, v in gossip.factors(j).items()} for j in comm.neighbors}
@@ -63,7 +65,9 @@ def test_one_gram_schmidt_per_group_gives_the_per_neighbour_bits(spec, rank, war
 RESNET_LIKE = [(16, 3, 3, 3), (32, 16, 3, 3), (32, 16, 3, 3), (64, 32, 3, 3), (10, 64), (64,)]
 
 
-@pytest.mark.parametrize("spec", ["star:5", "small_world:8:4:0.5"])  # irregular: degrees differ per end
+@pytest.mark.parametrize(
+    "spec", ["star:5", "small_world:8:4:0.5"]
+)  # irregular: degrees differ per end
 def test_rank_one_factors_live_in_message_rows_and_are_bit_identical_at_both_ends(spec):
     def peer(comm):
         g = torch.Generator().manual_seed(comm.rank)
@@ -72,12 +76,17 @@ def test_rank_one_factors_live_in_message_rows_and_are_bit_identical_at_both_end
         gossip = PowerGossip(x, comm, rank=1)
         rows = gossip._factor_rows
         start = {name: t.data_ptr() for name, t in rows.items()}
-        inside = all(start[name] <= getattr(group, name).data_ptr() < start[name] + rows[name].nbytes
-                     for group in gossip._groups for name in ("left", "right", "scaled_left"))
+        inside = all(
+            start[name] <= getattr(group, name).data_ptr() < start[name] + rows[name].nbytes
+            for group in gossip._groups
+            for name in ("left", "right", "scaled_left")
+        )
         history = []
         for _ in range(5):
             gossip.step()
-            history.append({j: {k: v.clone() for k, v in gossip.factors(j).items()} for j in comm.neighbors})
+            history.append(
+                {j: {k: v.clone() for k, v in gossip.factors(j).items()} for j in comm.neighbors}
+            )
         return inside, history, before, torch.cat([t.reshape(-1) for t in x])
 
     topology = topologies.parse(spec)
@@ -113,8 +122,9 @@ def test_exact_tensors_are_views_of_one_buffer_and_re_stacked_when_re_pointed():
 def test_message_rows_start_on_64_byte_boundaries(dtype):
     def peer(comm):
         gossip = PowerGossip(peer_tensors(comm, dtype), comm)
-        return [row.data_ptr() % 64 for row in gossip._send.values()] + \
-               [row.data_ptr() % 64 for row in gossip._recv.values()]
+        return [row.data_ptr() % 64 for row in gossip._send.values()] + [
+            row.data_ptr() % 64 for row in gossip._recv.values()
+        ]
 
     for offsets in LocalCluster(topologies.parse("small_world:8:4:0.5")).run(peer):
         assert offsets and set(offsets) == {0}
@@ -131,14 +141,33 @@ def test_bench_sim_writes_its_page_with_before_and_after(tmp_path):
     from experiments import bench_sim
 
     out = tmp_path / "bench_sim.md"
-    bench_sim.main(["--peers", "4", "--steps", "2", "--reps", "2", "--big-peers", "6",
-                    "--big-steps", "2", "--before-steps", "2", "--divergence-peers", "3",
-                    "--out", str(out)])
+    bench_sim.main(
+        [
+            "--peers",
+            "4",
+            "--steps",
+            "2",
+            "--reps",
+            "2",
+            "--big-peers",
+            "6",
+            "--big-steps",
+            "2",
+            "--before-steps",
+            "2",
+            "--divergence-peers",
+            "3",
+            "--out",
+            str(out),
+        ]
+    )
     page = out.read_text()
     assert "## 4 peers: gossip steps per second" in page
     assert "## 6 peers (this tree, two lanes)" in page
     assert "this tree, free threads" in page and "this tree, taking turns, one lane" in page
-    assert "this tree, two lanes** (`lanes=2`)" in page and "two lanes, tensor work as Python" in page
+    assert (
+        "this tree, two lanes** (`lanes=2`)" in page and "two lanes, tensor work as Python" in page
+    )
     assert "bound for one lane: one thread, no messages" in page
     assert "| context switches of the process per step (median) |" in page
     assert "| resnet20 |" in page and "| vgg16 |" in page

@@ -21,14 +21,25 @@ from dp_accounting.rdp import rdp_privacy_accountant  # noqa: E402
 from opacus.accountants import RDPAccountant  # noqa: E402
 from scipy import optimize, stats  # noqa: E402
 
-pytestmark = [pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha"),
-              pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha"),
+    pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha"),
+]
 
 #: (q, sigma, T, delta): rates of small to large shards, epsilons from 0.2 to about 40.
-GRID = [(0.01, 0.8, 200, 1e-5), (0.01, 1.0, 2000, 1e-5), (0.01, 2.0, 10, 1e-3),
-        (0.064, 0.8, 10, 1e-5), (0.064, 1.0, 200, 1e-5), (0.064, 1.0, 200, 1e-3),
-        (0.064, 2.0, 2000, 1e-5), (0.3, 1.0, 10, 1e-5), (0.3, 2.0, 200, 1e-5),
-        (0.3, 2.0, 200, 1e-3), (0.5, 5.0, 100, 1e-6)]
+GRID = [
+    (0.01, 0.8, 200, 1e-5),
+    (0.01, 1.0, 2000, 1e-5),
+    (0.01, 2.0, 10, 1e-3),
+    (0.064, 0.8, 10, 1e-5),
+    (0.064, 1.0, 200, 1e-5),
+    (0.064, 1.0, 200, 1e-3),
+    (0.064, 2.0, 2000, 1e-5),
+    (0.3, 1.0, 10, 1e-5),
+    (0.3, 2.0, 200, 1e-5),
+    (0.3, 2.0, 200, 1e-3),
+    (0.5, 5.0, 100, 1e-6),
+]
 
 
 def reported(q, sigma, steps, delta):
@@ -62,8 +73,9 @@ def test_reported_epsilon_agrees_with_dp_accounting(q, sigma, steps, delta):
     opacus_integers = RDPAccountant()
     opacus_integers.history = [(sigma, q, steps)]
     on_integers = opacus_integers.get_privacy_spent(delta=delta, alphas=integers)[0]
-    assert on_integers == pytest.approx(dp_accounting_rdp(q, sigma, steps, delta, integers),
-                                        rel=1e-9)
+    assert on_integers == pytest.approx(
+        dp_accounting_rdp(q, sigma, steps, delta, integers), rel=1e-9
+    )
     # 2. Over all of Opacus' orders the reported value is the minimum over a superset of the
     # integers, and dp-accounting, which skips fractional orders below 2 where its series does
     # not converge, minimises over a subset of Opacus' orders: reported <= both, up to rounding.
@@ -80,9 +92,13 @@ def test_reported_epsilon_agrees_with_dp_accounting(q, sigma, steps, delta):
 def gaussian_epsilon(mu, delta):
     """The exact epsilon at `delta` of a Gaussian mechanism with sensitivity / sigma = mu
     (Balle & Wang 2018): delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)."""
+
     def excess(eps):
-        return (stats.norm.cdf(-eps / mu + mu / 2)
-                - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2) - delta)
+        return (
+            stats.norm.cdf(-eps / mu + mu / 2)
+            - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)
+            - delta
+        )
 
     return optimize.brentq(excess, 0.0, 100.0, xtol=1e-12)
 
@@ -106,4 +122,5 @@ def test_pld_edge_cases():
     assert pld_epsilon([(0.0, 0.1, 5)], 1e-5) == math.inf
     # two history entries compose: the same as one entry of the summed steps
     assert pld_epsilon([(1.0, 0.1, 30), (1.0, 0.1, 20)], 1e-5) == pytest.approx(
-        pld_epsilon([(1.0, 0.1, 50)], 1e-5), rel=1e-6)
+        pld_epsilon([(1.0, 0.1, 50)], 1e-5), rel=1e-6
+    )

@@ -40,28 +40,39 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 RING = topologies.ring(4)
 
-SPECS = ["exact", "powergossip:rank=1", "powergossip:rank=6,min_compression_rate=0",
-         "choco:compressor=topk:0.3,gamma=0.3", "deepsqueeze:compressor=sign,gamma=0.1"]
+SPECS = [
+    "exact",
+    "powergossip:rank=1",
+    "powergossip:rank=6,min_compression_rate=0",
+    "choco:compressor=topk:0.3,gamma=0.3",
+    "deepsqueeze:compressor=sign,gamma=0.1",
+]
 
 
 def run_views(spec, steps=4, observe_every=1, tmp=None):
     """Gossip on a 4-ring with every rank observing; returns (results, views by rank)."""
-    results = LocalCluster(RING, timeout=30).run(observed_gossip, spec, steps, "all", tmp,
-                                                 str(observe_every))
+    results = LocalCluster(RING, timeout=30).run(
+        observed_gossip, spec, steps, "all", tmp, str(observe_every)
+    )
     views = [load_view(observed_dir(tmp, k)) for k in range(4)] if tmp is not None else None
     return results, views
 
 
 # ---- recorded views ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("spec", SPECS)
 def test_a_recorded_view_is_bit_for_bit_what_the_algorithm_consumed(spec, tmp_path):
     results, views = run_views(spec, steps=3, tmp=tmp_path)
     for rank, (result, view) in enumerate(zip(results, views)):
         assert view.steps == [0, 1, 2]
-        assert view.meta["observer"] == rank and view.meta["neighbors"] == list(RING.neighbors(rank))
+        assert view.meta["observer"] == rank and view.meta["neighbors"] == list(
+            RING.neighbors(rank)
+        )
         for step, record in enumerate(view.records):
-            assert len(record["messages"]) == len(RING.neighbors(rank))  # one exchange per step here
+            assert len(record["messages"]) == len(
+                RING.neighbors(rank)
+            )  # one exchange per step here
             for message in record["messages"]:
                 consumed = result["consumed"][step][message["sender"]]
                 assert message["tensor"].dtype == consumed.dtype
@@ -96,8 +107,9 @@ def test_bad_observers_and_missing_views_are_one_line_errors(tmp_path):
 
 
 def tiny(**changes):
-    base = load_config(TINY, deep=False).replace(quiet=True, checkpoint_every=0, log_every=0,
-                                                 epochs=1)
+    base = load_config(TINY, deep=False).replace(
+        quiet=True, checkpoint_every=0, log_every=0, epochs=1
+    )
     return base.replace(**changes)
 
 
@@ -122,8 +134,11 @@ def test_observer_hooks_record_under_train_without_changing_the_run(tmp_path):
     views = [load_view(observed_dir(run, k)) for k in range(4)]
     view0, view1 = views[0], views[1]
     assert view1.steps == list(range(steps))
-    message_bytes = sum(m["tensor"].numel() * m["tensor"].element_size()
-                        for r in view1.records for m in r["messages"])
+    message_bytes = sum(
+        m["tensor"].numel() * m["tensor"].element_size()
+        for r in view1.records
+        for m in r["messages"]
+    )
     assert hooks[1].bytes_recorded == message_bytes > 0
     assert observed[1]["history"][-1]["observed_bytes"] == message_bytes
 
@@ -141,16 +156,19 @@ def test_observer_hooks_record_under_train_without_changing_the_run(tmp_path):
     model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.seed)
     last = steps - 1
     average = [torch.stack(ts).mean(0) for ts in zip(*(v.own_trajectory()[last] for v in views))]
-    models = {"victim": model_with_parameters(model, view0.own_trajectory()[last]),
-              "reconstruction": model_with_parameters(model, reconstruct(view1, 0)[last]),
-              "observer": model_with_parameters(model, view1.own_trajectory()[last]),
-              "average": model_with_parameters(model, average)}
+    models = {
+        "victim": model_with_parameters(model, view0.own_trajectory()[last]),
+        "reconstruction": model_with_parameters(model, reconstruct(view1, 0)[last]),
+        "observer": model_with_parameters(model, view1.own_trajectory()[last]),
+        "average": model_with_parameters(model, average),
+    }
     report = membership_inference(models, members, nonmembers)
     for values in report.values():
         assert 0 <= values["auc"] <= 1 and 0 <= values["tpr_at_fpr"] <= 1
 
 
 # ---- reconstruction --------------------------------------------------------------------------
+
 
 def test_reconstruction_reads_exact_gossip_off_bit_for_bit(tmp_path):
     results, views = run_views("exact", steps=3, tmp=tmp_path)
@@ -179,8 +197,9 @@ def test_low_rank_powergossip_reconstruction_beats_the_trivial_estimate(tmp_path
         reconstruct(views[0], 2)
 
 
-@pytest.mark.parametrize("spec", ["choco:compressor=identity,gamma=0.5",
-                                  "deepsqueeze:compressor=identity,gamma=0.5"])
+@pytest.mark.parametrize(
+    "spec", ["choco:compressor=identity,gamma=0.5", "deepsqueeze:compressor=identity,gamma=0.5"]
+)
 def test_public_estimates_are_the_model_with_the_identity_compressor(spec, tmp_path):
     results, views = run_views(spec, steps=4, tmp=tmp_path)
     estimates = reconstruct(views[2], 1)
@@ -195,7 +214,9 @@ def test_compressed_public_estimates_are_closer_than_the_trivial_one(tmp_path):
 
 
 def test_choco_reconstruction_needs_every_step(tmp_path):
-    _, views = run_views("choco:compressor=topk:0.3,gamma=0.3", steps=3, observe_every=2, tmp=tmp_path)
+    _, views = run_views(
+        "choco:compressor=topk:0.3,gamma=0.3", steps=3, observe_every=2, tmp=tmp_path
+    )
     with pytest.raises(ValueError, match="observe_every=1"):
         reconstruct(views[0], 1)
 
@@ -208,6 +229,7 @@ def test_trivial_estimate_is_the_observers_own_model(tmp_path):
 
 
 # ---- membership inference ----------------------------------------------------------------------
+
 
 def test_auc_and_tpr_on_hand_computed_scores():
     assert auc([3, 4], [1, 2]) == 1.0 and auc([1, 2], [3, 4]) == 0.0
@@ -245,23 +267,34 @@ def test_model_with_parameters_refuses_another_models_parameters():
     with pytest.raises(ValueError, match="parameter tensors"):
         model_with_parameters(model, [torch.zeros(2, 3)])
     copied = model_with_parameters(model, [torch.ones(2, 3), torch.zeros(2)])
-    assert torch.equal(copied.weight, torch.ones(2, 3)) and not torch.equal(model.weight, copied.weight)
+    assert torch.equal(copied.weight, torch.ones(2, 3)) and not torch.equal(
+        model.weight, copied.weight
+    )
 
 
 # ---- under mpiexec -------------------------------------------------------------------------------
+
 
 @pytest.mark.mpi
 def test_recording_works_under_mpiexec_and_matches_the_local_run(tmp_path):
     spec, steps = "powergossip:rank=2", 3
     mpi_dir, local_dir = tmp_path / "mpi", tmp_path / "local"
     mpi_dir.mkdir()
-    results = run_scenario_mpi(4, "privacy_attack_scenarios:mpi_observed_gossip", "ring:4", mpi_dir,
-                               extra=(mpi_dir, spec, steps))
+    results = run_scenario_mpi(
+        4,
+        "privacy_attack_scenarios:mpi_observed_gossip",
+        "ring:4",
+        mpi_dir,
+        extra=(mpi_dir, spec, steps),
+    )
     local = LocalCluster(RING).run(observed_gossip, spec, steps, "3", local_dir)
     for a, b in zip(results, local):
         assert all(torch.equal(x, y) for x, y in zip(a["final"], b["final"]))
     assert [observed_dir(mpi_dir, k).exists() for k in range(4)] == [False, False, False, True]
-    mpi_view, local_view = load_view(observed_dir(mpi_dir, 3)), load_view(observed_dir(local_dir, 3))
+    mpi_view, local_view = (
+        load_view(observed_dir(mpi_dir, 3)),
+        load_view(observed_dir(local_dir, 3)),
+    )
     assert mpi_view.meta == local_view.meta and mpi_view.steps == local_view.steps == [0, 1, 2]
     for a, b in zip(mpi_view.records, local_view.records):
         for x, y in zip(a["messages"], b["messages"]):
@@ -287,8 +320,9 @@ SPLIT_DATA = "synthetic_logreg:d=8,classes=4,n=800"
 def test_split_members_and_heldout_are_disjoint_and_cover_the_victims_shard():
     from gossip_powersgd.training.data import load_dataset, partition
 
-    split = make_split(SPLIT_DATA, 4, "dirichlet:0.5", seed=3, victims=[1, 3], fraction=0.5,
-                       split_seed=7)
+    split = make_split(
+        SPLIT_DATA, 4, "dirichlet:0.5", seed=3, victims=[1, 3], fraction=0.5, split_seed=7
+    )
     shards = partition(load_dataset(SPLIT_DATA, 3).y_train, 4, "dirichlet:0.5", 3)
     for rank in range(4):
         members, heldout = set(split.members[rank]), set(split.heldout[rank])
@@ -312,8 +346,9 @@ def test_heldout_class_mix_matches_the_shard_in_expectation():
     seeds = 200
     counts = []
     for s in range(seeds):
-        split = make_split(SPLIT_DATA, 4, "dirichlet:0.5", 0, victims=[2], fraction=0.3,
-                           split_seed=s)
+        split = make_split(
+            SPLIT_DATA, 4, "dirichlet:0.5", 0, victims=[2], fraction=0.3, split_seed=s
+        )
         counts.append(np.bincount(y[split.heldout[2]], minlength=4))
     shard = np.r_[split.members[2], split.heldout[2]]
     n, h = len(shard), len(split.heldout[2])
@@ -340,8 +375,9 @@ def test_no_peer_ever_trains_on_a_held_out_record():
         def after_step(self, step, loss):
             seen.setdefault(self.context.comm.rank, self.context.batches.x.clone())
 
-    config = tiny(dataset=split.spec(), partition="local", release_peer_statistics=True,
-                  model="logreg")
+    config = tiny(
+        dataset=split.spec(), partition="local", release_peer_statistics=True, model="logreg"
+    )
     train_all(config, Capture)
     held = torch.cat([split.heldout_set(v)[0] for v in split.victims])
     for rank in range(4):
@@ -361,7 +397,7 @@ def test_the_class_prior_score_is_at_chance_on_a_heldout_split_not_on_test_sampl
     prior = lambda y: class_prior_scores(y, members, 4)  # noqa: E731
     band = null_band(prior(members), prior(heldout), permutations=200)
     assert band["auc"][0] <= auc(prior(members), prior(heldout)) <= band["auc"][1]
-    test = data.y_test[:len(heldout)]
+    test = data.y_test[: len(heldout)]
     assert auc(prior(members), prior(test)) > band["auc"][1]
 
 
@@ -393,18 +429,25 @@ def test_tpr_at_a_fixed_fpr_has_the_known_answer():
 
 # ---- LiRA ---------------------------------------------------------------------------------------
 
+
 def test_lira_finds_an_overfitted_models_members_and_not_an_independent_models():
     """A linear model in 400 dimensions on 60 random-label points memorises them (its members'
     confidence is high) while its confidence on an unseen point stays near the prior: LiRA with
     8 reference models on random halves of the 120 candidates separates the members (AUC near 1);
     for a model trained on other data every candidate is out, so its AUC is chance (within 4 null
     standard deviations)."""
-    from gossip_powersgd.privacy.lira import (inclusion_masks, lira_scores, logit_confidence,
-                                              train_classifier)
+    from gossip_powersgd.privacy.lira import (
+        inclusion_masks,
+        lira_scores,
+        logit_confidence,
+        train_classifier,
+    )
 
     def blobs(seed):
         generator = torch.Generator().manual_seed(seed)
-        return torch.randn(120, 400, generator=generator), torch.randint(0, 4, (120,), generator=generator)
+        return torch.randn(120, 400, generator=generator), torch.randint(
+            0, 4, (120,), generator=generator
+        )
 
     def make():
         model = torch.nn.Linear(400, 4)
@@ -416,8 +459,12 @@ def test_lira_finds_an_overfitted_models_members_and_not_an_independent_models()
     masks = inclusion_masks(len(x), 8, seed=0)
     assert (masks.sum(0) == 4).all()
     fit = dict(epochs=30, lr=0.02, batch=60)
-    references = [train_classifier(make, x[torch.from_numpy(masks[k])], y[torch.from_numpy(masks[k])],
-                                   seed=k, **fit) for k in range(8)]
+    references = [
+        train_classifier(
+            make, x[torch.from_numpy(masks[k])], y[torch.from_numpy(masks[k])], seed=k, **fit
+        )
+        for k in range(8)
+    ]
     phi = np.stack([logit_confidence(m, x, y) for m in references])
     loss = np.stack([-loss_scores(m, x, y) for m in references])
     members = np.zeros(len(x), dtype=bool)
@@ -436,8 +483,11 @@ def test_lira_finds_an_overfitted_models_members_and_not_an_independent_models()
 
 
 def test_calibrated_and_class_conditional_loss_scores_by_hand():
-    from gossip_powersgd.privacy.lira import (calibrated_loss_scores,
-                                              class_conditional_loss_scores, lira_scores)
+    from gossip_powersgd.privacy.lira import (
+        calibrated_loss_scores,
+        class_conditional_loss_scores,
+        lira_scores,
+    )
 
     reference = np.array([[1.0, 4.0], [3.0, 2.0]])  # 2 models x 2 candidates
     masks = np.array([[True, False], [False, True]])  # model 0 trained on candidate 0
@@ -452,6 +502,7 @@ def test_calibrated_and_class_conditional_loss_scores_by_hand():
 
 
 # ---- least squares on the model difference ----------------------------------------------------
+
 
 def test_difference_estimate_is_exact_at_full_rank_and_never_beats_its_oracle(tmp_path):
     from gossip_powersgd.privacy.estimators import difference_estimates, oracle_estimates
@@ -488,8 +539,10 @@ def test_difference_estimate_of_a_static_difference_is_exact_once_the_factors_sp
     results, views = run_views("powergossip:rank=1", steps=12, tmp=tmp_path)
     view = views[0]
     own = view.own_trajectory()
-    shift = [torch.randn(t.shape, generator=torch.Generator().manual_seed(9), dtype=t.dtype)
-             for t in own[0]]
+    shift = [
+        torch.randn(t.shape, generator=torch.Generator().manual_seed(9), dtype=t.dtype)
+        for t in own[0]
+    ]
     # Rewrite the recorded messages as those of a neighbour at the observer's model + shift.
     for record in view.records:
         for m in record["messages"]:
@@ -500,8 +553,9 @@ def test_difference_estimate_of_a_static_difference_is_exact_once_the_factors_sp
             for g, (indices, rows, cols, r) in enumerate(view.meta["groups"]):
                 mats = torch.stack([neighbour[k].reshape(rows, cols) for k in indices])
                 f = m["factors"][str(g)]
-                blocks.append((mats @ f).transpose(1, 2) if m["kind"] == "right"
-                              else f.transpose(1, 2) @ mats)
+                blocks.append(
+                    (mats @ f).transpose(1, 2) if m["kind"] == "right" else f.transpose(1, 2) @ mats
+                )
             exact = [neighbour[k].reshape(-1) for k in view.meta["exact_indices"]]
             m["tensor"] = torch.cat([b.reshape(-1) for b in blocks] + exact)
     last = view.steps[-1]
@@ -512,6 +566,7 @@ def test_difference_estimate_of_a_static_difference_is_exact_once_the_factors_sp
 
 # ---- the page ------------------------------------------------------------------------------------
 
+
 def test_the_attack_page_is_computed_from_its_rows(tmp_path, monkeypatch):
     import json
 
@@ -519,14 +574,18 @@ def test_the_attack_page_is_computed_from_its_rows(tmp_path, monkeypatch):
 
     monkeypatch.setattr(driver, "QUICK_PLAN", (("powergossip:rank=1", None),))
     monkeypatch.setattr(driver, "QUICK_SEEDS", (0,))
-    monkeypatch.setattr(driver, "network_dp", lambda: measure.network_dp(("ring:4",), (("once", 2),)))
+    monkeypatch.setattr(
+        driver, "network_dp", lambda: measure.network_dp(("ring:4",), (("once", 2),))
+    )
     assert driver.main(["--quick", "--out", str(tmp_path)]) == 0
     saved = json.loads((tmp_path / "privacy_attacks.json").read_text())
     row = saved["rows"][0]
     flat = row["rounds"][str(row["last"])]["flat"]
     page = (tmp_path / "privacy_attacks.md").read_text()
-    victim = (f"| PowerGossip r1 | none | victim | {flat['auc/victim/LOSS']:.3f} | "
-              f"{flat['auc/victim/LiRA offline']:.3f} | {flat['auc/victim/LiRA online']:.3f} |")
+    victim = (
+        f"| PowerGossip r1 | none | victim | {flat['auc/victim/LOSS']:.3f} | "
+        f"{flat['auc/victim/LiRA offline']:.3f} | {flat['auc/victim/LiRA online']:.3f} |"
+    )
     assert victim in page
     assert f"| {flat['auc/class prior']:.3f} |" in page  # the blind baseline beside the figure
     assert "oracle: D on the span of all factors" in page and "LS on D, 64 msgs" in page

@@ -38,9 +38,11 @@ from opacus.accountants import GaussianAccountant, PRVAccountant, RDPAccountant 
 
 # Opacus' hooks on a first layer whose input needs no gradient make torch warn once per backward;
 # GDP warns that it is experimental. Neither is what these tests are about.
-pytestmark = [pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
-              pytest.mark.filterwarnings("ignore:GDP accounting is experimental"),
-              pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
+    pytest.mark.filterwarnings("ignore:GDP accounting is experimental"),
+    pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha"),
+]
 
 OPACUS_ACCOUNTANTS = {"rdp": RDPAccountant, "prv": PRVAccountant, "gdp": GaussianAccountant}
 
@@ -159,7 +161,8 @@ def test_noise_is_a_function_of_the_key_and_fresh_keys_differ():
     assert torch.equal(noise(Randomness.public(3, 1)), noise(Randomness.public(3, 1)))
     assert not torch.equal(noise(Randomness.public(3, 1)), noise(Randomness.public(3, 2)))
     assert "key=<secret>" in repr(Randomness(key, "os")) and key.hex() not in repr(
-        Randomness(key, "os"))
+        Randomness(key, "os")
+    )
 
 
 def test_keystream_gaussians_and_uniforms_have_the_right_distribution():
@@ -231,8 +234,9 @@ def test_target_epsilon_ends_the_worst_peer_at_or_just_below_it(name, target):
 
 
 def test_unreachable_target_is_one_line_naming_the_budget():
-    text = one_line_error(noise_for_target, 0.05, 1e-5, [0.02, 0.1], 100, "rdp",
-                          match="unreachable")
+    text = one_line_error(
+        noise_for_target, 0.05, 1e-5, [0.02, 0.1], 100, "rdp", match="unreachable"
+    )
     for part in ("0.05", "1e-05", "0.1", "100 steps"):
         assert part in text
 
@@ -253,20 +257,23 @@ def test_default_delta_is_a_power_of_ten_below_one_over_the_largest_shard():
 # --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("options, match", [
-    ({"noise_multiplier": -0.1, "max_grad_norm": 1.0}, "dp_noise_multiplier must be"),
-    ({"noise_multiplier": 1.0, "max_grad_norm": 0.0}, "dp_max_grad_norm must be > 0"),
-    ({"noise_multiplier": 1.0, "max_grad_norm": -2.0}, "dp_max_grad_norm must be > 0"),
-    ({"noise_multiplier": 1.0, "max_grad_norm": math.inf}, "must be finite when noise"),
-    ({"noise_multiplier": 1.0}, "needs dp_max_grad_norm"),
-    ({"noise_multiplier": 1.0, "max_grad_norm": 1.0, "delta": 0.0}, "dp_delta must lie"),
-    ({"noise_multiplier": 1.0, "max_grad_norm": 1.0, "delta": 1.0}, "dp_delta must lie"),
-    ({"target_epsilon": 0.0, "max_grad_norm": 1.0}, "dp_target_epsilon must be"),
-    ({"target_epsilon": -1.0, "max_grad_norm": 1.0}, "dp_target_epsilon must be"),
-    ({"noise_multiplier": 1.0, "target_epsilon": 2.0, "max_grad_norm": 1.0}, "not both"),
-    ({"noise_multiplier": 1.0, "max_grad_norm": 1.0, "accountant": "moments"}, "dp_accountant"),
-    ({"noise_multiplier": "1", "max_grad_norm": 1.0}, "must be a number"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"noise_multiplier": -0.1, "max_grad_norm": 1.0}, "dp_noise_multiplier must be"),
+        ({"noise_multiplier": 1.0, "max_grad_norm": 0.0}, "dp_max_grad_norm must be > 0"),
+        ({"noise_multiplier": 1.0, "max_grad_norm": -2.0}, "dp_max_grad_norm must be > 0"),
+        ({"noise_multiplier": 1.0, "max_grad_norm": math.inf}, "must be finite when noise"),
+        ({"noise_multiplier": 1.0}, "needs dp_max_grad_norm"),
+        ({"noise_multiplier": 1.0, "max_grad_norm": 1.0, "delta": 0.0}, "dp_delta must lie"),
+        ({"noise_multiplier": 1.0, "max_grad_norm": 1.0, "delta": 1.0}, "dp_delta must lie"),
+        ({"target_epsilon": 0.0, "max_grad_norm": 1.0}, "dp_target_epsilon must be"),
+        ({"target_epsilon": -1.0, "max_grad_norm": 1.0}, "dp_target_epsilon must be"),
+        ({"noise_multiplier": 1.0, "target_epsilon": 2.0, "max_grad_norm": 1.0}, "not both"),
+        ({"noise_multiplier": 1.0, "max_grad_norm": 1.0, "accountant": "moments"}, "dp_accountant"),
+        ({"noise_multiplier": "1", "max_grad_norm": 1.0}, "must be a number"),
+    ],
+)
 def test_bad_options_are_one_line_errors(options, match):
     one_line_error(validate_dp_options, match=match, **options)
 
@@ -356,8 +363,12 @@ def test_poisson_batches_can_be_empty_and_depend_on_the_key_only():
     assert 0 in sizes
     key = secrets.token_bytes(32)
     first = [yb for _, yb in PoissonBatches(x, y, 0.3, randomness=Randomness(key, "run_dir"))]
-    same = [yb for _, yb in PoissonBatches(x, y, 0.3, seed=5, rank=2,
-                                           randomness=Randomness(key, "run_dir"))]
+    same = [
+        yb
+        for _, yb in PoissonBatches(
+            x, y, 0.3, seed=5, rank=2, randomness=Randomness(key, "run_dir")
+        )
+    ]
     other = [yb for _, yb in PoissonBatches(x, y, 0.3)]  # a fresh OS-entropy key
     assert all(torch.equal(a, b) for a, b in zip(first, same))
     assert any(not torch.equal(a, b) for a, b in zip(first, other))
@@ -368,8 +379,9 @@ def test_each_record_is_included_at_rate_q_independently_of_the_others():
     # over records the counts' variance is 60 q (1 - q) = 5.4, whose sample estimate from 500
     # records has relative standard error sqrt(2 / 499) (about 6.3 %): 5 of them is a 32 % band.
     n, q, steps = 500, 0.1, 60
-    batches = PoissonBatches(torch.zeros(n, 1), torch.arange(n), q,
-                             randomness=Randomness(bytes(32), "run_dir"))
+    batches = PoissonBatches(
+        torch.zeros(n, 1), torch.arange(n), q, randomness=Randomness(bytes(32), "run_dir")
+    )
     counts = torch.zeros(n)
     for _ in range(steps // len(batches)):
         for _, yb in batches:
@@ -408,8 +420,11 @@ def test_sampler_resume_is_bit_exact_across_an_epoch_boundary():
 
     for (xa, ya), (xb, yb) in zip(take(batches, 9), take(resumed, 9)):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
-    one_line_error(resumed.load_state_dict, {"epoch": 0, "position": 5, "seed": 7},
-                   match="invalid PoissonBatches state")
+    one_line_error(
+        resumed.load_state_dict,
+        {"epoch": 0, "position": 5, "seed": 7},
+        match="invalid PoissonBatches state",
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -423,8 +438,13 @@ def test_noise_and_accountant_resume_bit_exact_through_weights_only_load():
     def peer():
         # Each peer starts with a key of its own: the resumed one gets the original's from the
         # checkpoint (a run-directory key is the one kind a checkpoint keeps).
-        dp = DPSGD(0.9, 0.5, sample_rate=0.3, shard_size=40,
-                   randomness=Randomness(secrets.token_bytes(32), "run_dir"))
+        dp = DPSGD(
+            0.9,
+            0.5,
+            sample_rate=0.3,
+            shard_size=40,
+            randomness=Randomness(secrets.token_bytes(32), "run_dir"),
+        )
         return dp, dp.wrap(small_model())
 
     def step(dp, model):
@@ -455,13 +475,20 @@ def test_privacy_state_holds_only_plain_values_and_refuses_a_mismatch():
     keyed = DPSGD(1.0, 1.0, 0.5, 4, randomness=Randomness(secrets.token_bytes(32), "run_dir"))
     keyed_state = weights_only_round_trip(keyed.state_dict())
     assert keyed_state["randomness"]["key"].dtype == torch.uint8
-    one_line_error(DPSGD(1.0, 1.0, 0.5, 4, accountant="rdp").load_state_dict, state,
-                   match="dp_accountant: prv")
-    one_line_error(DPSGD(1.0, 1.0, 0.5, 4).load_state_dict, keyed_state,
-                   match="DP randomness is 'run_dir' but this run's is 'os'")
+    one_line_error(
+        DPSGD(1.0, 1.0, 0.5, 4, accountant="rdp").load_state_dict, state, match="dp_accountant: prv"
+    )
+    one_line_error(
+        DPSGD(1.0, 1.0, 0.5, 4).load_state_dict,
+        keyed_state,
+        match="DP randomness is 'run_dir' but this run's is 'os'",
+    )
     old = {k: v for k, v in state.items() if k != "randomness"}  # an older version's checkpoint
-    one_line_error(DPSGD(1.0, 1.0, 0.5, 4, accountant="prv").load_state_dict, old,
-                   match="whose noise was public")
+    one_line_error(
+        DPSGD(1.0, 1.0, 0.5, 4, accountant="prv").load_state_dict,
+        old,
+        match="whose noise was public",
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -480,6 +507,8 @@ def test_missing_opacus_is_a_one_line_import_error(monkeypatch):
 
 
 def test_importing_the_package_does_not_import_opacus():
-    code = ("import sys, gossip_powersgd.privacy; "
-            "sys.exit(any(n.split('.')[0] == 'opacus' for n in sys.modules))")
+    code = (
+        "import sys, gossip_powersgd.privacy; "
+        "sys.exit(any(n.split('.')[0] == 'opacus' for n in sys.modules))"
+    )
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

@@ -20,7 +20,7 @@ from gossip_powersgd.privacy import network_dp
 from gossip_powersgd.privacy.mechanisms import decor, muffliato, pair_secrets, zipdl
 from gossip_powersgd.privacy.seeds import Randomness
 
-U64 = 2.0 ** -53  # float64 unit roundoff
+U64 = 2.0**-53  # float64 unit roundoff
 SHAPES = [(12, 9), (6, 3, 2, 2), (12,), (2, 2)]
 
 
@@ -30,6 +30,7 @@ def peer_tensors(comm, seed=7):
 
 
 # ---- ZIP-DL --------------------------------------------------------------------------------------
+
 
 def test_zero_sum_noise_sums_to_zero_with_the_weights_and_differs_per_neighbour():
     weights = [0.29, 0.17, 0.2, 0.2, 0.14]
@@ -52,8 +53,10 @@ def zipdl_run(comm, kind, steps, sigma, centred):
     gossip = ExactGossip(x, comm) if kind == "exact" else PowerGossip(x, comm, rank=1)
     noise = zipdl.ZeroSumNoise(Randomness.os_entropy(), sigma)
     if not centred:  # the control: independent noise per message, not zero-sum
+
         def noise(counter, neighbors, weights, rows, _r=Randomness.os_entropy()):
             rows.add_(sigma * _r.normals(zipdl.ZIPDL_STREAM, counter, n=rows.numel()).view_as(rows))
+
     gossip.edge_noise = noise
     largest = 0.0
     for _ in range(steps):
@@ -80,9 +83,17 @@ def test_zipdl_leaves_the_network_average_unchanged(kind, spec):
     # The control, independent noise per message, moves the average by ~ sigma gamma w / sqrt(n)
     # per step: far above the bound, so the assertion above can fail.
     control = LocalCluster(topology).run(zipdl_run, kind, steps, sigma, False)
-    moved = max(float((torch.stack([r[1][k] for r in control]).mean(0)
-                       - torch.stack([r[0][k] for r in control]).mean(0)).abs().max())
-                for k in range(len(SHAPES)))
+    moved = max(
+        float(
+            (
+                torch.stack([r[1][k] for r in control]).mean(0)
+                - torch.stack([r[0][k] for r in control]).mean(0)
+            )
+            .abs()
+            .max()
+        )
+        for k in range(len(SHAPES))
+    )
     assert moved > 1e6 * bound
 
 
@@ -105,11 +116,13 @@ def test_zipdl_messages_differ_per_neighbour():
     sent = LocalCluster(topologies.ring(4)).run(run)
     a, b = sent[0].values()
     assert not torch.equal(a, b)
-    assert torch.allclose(a + b, 2 * torch.cat([t.reshape(-1) for t in
-                                                peer_tensors(type("C", (), {"rank": 0}))]))
+    assert torch.allclose(
+        a + b, 2 * torch.cat([t.reshape(-1) for t in peer_tensors(type("C", (), {"rank": 0}))])
+    )
 
 
 # ---- DECOR: pair secrets ------------------------------------------------------------------------
+
 
 def miller_rabin(n: int, bases=(2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41)) -> bool:
     d, s = n - 1, 0
@@ -134,7 +147,7 @@ def test_the_group_is_rfc_3526s_safe_prime():
     mpmath = pytest.importorskip("mpmath")
     mpmath.mp.dps = 700  # 2^1918 pi needs ~578 decimal digits
     floor = int(mpmath.floor(mpmath.mpf(2) ** 1918 * mpmath.pi))
-    assert p == 2 ** 2048 - 2 ** 1984 - 1 + 2 ** 64 * (floor + 124476)
+    assert p == 2**2048 - 2**1984 - 1 + 2**64 * (floor + 124476)
 
 
 def recording_agreement(comm, kind, seed, run_dir=None):
@@ -162,9 +175,15 @@ def test_a_third_peer_cannot_cancel_a_pairs_noise(kind):
     assert keys[1][2] == keys[2][1]  # the two ends agree
     assert keys[1][2] not in (keys[0][1], keys[0][2])
     truth = decor.PairwiseNoise(1, keys[1], sigma, 1.0, kind).pair_noise(2, 5, 0, numel)
-    candidates = [pair_secrets.public_pair_key(seed, 1, 2), Randomness.public(seed, 1)._key,
-                  Randomness.public(seed, 2)._key, keys[0][1], keys[0][2]]
+    candidates = [
+        pair_secrets.public_pair_key(seed, 1, 2),
+        Randomness.public(seed, 1)._key,
+        Randomness.public(seed, 2)._key,
+        keys[0][1],
+        keys[0][2],
+    ]
     import hashlib
+
     for message in results[0][1]:
         candidates += [hashlib.sha256(message).digest(), hashlib.sha256(message[1:]).digest()]
     residuals = []
@@ -204,6 +223,7 @@ def test_pairwise_noise_cancels_in_the_sum_and_is_fresh_every_step():
 
 # ---- DECOR: the SecLDP accountant ----------------------------------------------------------------
 
+
 def complete_closed_form(n, a, b):
     """[Sigma^-1]_ii for K_n, Sigma = a I + b (n I - J): eigenvalue a on 1, a + b n on 1-perp."""
     return (1 - 1 / n) / (a + b * n) + 1 / (a * n)
@@ -228,23 +248,26 @@ def path_closed_form(m, a, b, i):
 @pytest.mark.parametrize("n", [4, 9])
 @pytest.mark.parametrize("sigma_ind, sigma_cor", [(1.0, 0.5), (0.3, 4.0)])
 def test_secldp_closed_forms_on_the_complete_graph_and_the_ring(n, sigma_ind, sigma_cor):
-    a, b, clip = sigma_ind ** 2, sigma_cor ** 2, 0.7
+    a, b, clip = sigma_ind**2, sigma_cor**2, 0.7
     # A linear solve's relative error is <= ~ n u cond(Sigma), cond = (a + b lambda_max) / a.
-    for spec, form, lam in ((f"complete:{n}", complete_closed_form(n, a, b), n),
-                            (f"ring:{n}", ring_closed_form(n, a, b), 4)):
+    for spec, form, lam in (
+        (f"complete:{n}", complete_closed_form(n, a, b), n),
+        (f"ring:{n}", ring_closed_form(n, a, b), 4),
+    ):
         tol = 10 * n * U64 * (a + b * lam) / a
         adjacency = decor.adjacency_of(topologies.parse(spec))
-        assert decor.decor_rdp(adjacency, sigma_ind, sigma_cor, clip) == \
-            pytest.approx(2 * clip ** 2 * form, rel=tol)
+        assert decor.decor_rdp(adjacency, sigma_ind, sigma_cor, clip) == pytest.approx(
+            2 * clip**2 * form, rel=tol
+        )
     # Against a peer that holds its own keys: K_n loses a node (K_{n-1}), the ring becomes a path.
     ring = decor.adjacency_of(topologies.parse(f"ring:{n}"))
     tol = 10 * n * U64 * (a + 4 * b) / a
     for victim in range(1, n):
         z = decor.effective_noise(ring, sigma_ind, sigma_cor, victim, adversary=0)
-        assert 1 / z ** 2 == pytest.approx(path_closed_form(n - 1, a, b, victim - 1), rel=tol)
+        assert 1 / z**2 == pytest.approx(path_closed_form(n - 1, a, b, victim - 1), rel=tol)
     complete = decor.adjacency_of(topologies.parse(f"complete:{n}"))
     z = decor.effective_noise(complete, sigma_ind, sigma_cor, 1, adversary=0)
-    assert 1 / z ** 2 == pytest.approx(complete_closed_form(n - 1, a, b), rel=tol)
+    assert 1 / z**2 == pytest.approx(complete_closed_form(n - 1, a, b), rel=tol)
 
 
 def test_secldp_limits_and_cross_check_with_dp_accounting():
@@ -253,8 +276,9 @@ def test_secldp_limits_and_cross_check_with_dp_accounting():
     assert decor.effective_noise(ring, 0.8, 0.0, 2, 1) == pytest.approx(0.8, rel=1e-14)
     # (the remainder, sum over the path's other eigenvalues of v^2 / (b lambda) with lambda_1 =
     # 2 - 2 cos(pi / 7) ~ 0.2, is ~ 1e-7 relative; the solve's error ~ 7 u cond, cond ~ 6e8)
-    assert decor.effective_noise(ring, 0.8, 1e4, 2, 1) == pytest.approx(0.8 * math.sqrt(7),
-                                                                        rel=1e-5)
+    assert decor.effective_noise(ring, 0.8, 1e4, 2, 1) == pytest.approx(
+        0.8 * math.sqrt(7), rel=1e-5
+    )
     rdp = decor.secldp_epsilon(ring, 0.5, 2.0, 2, 1, 0.05, 300, 1e-5, "rdp")
     pld = decor.secldp_epsilon(ring, 0.5, 2.0, 2, 1, 0.05, 300, 1e-5, "pld")
     # PLD is tighter than RDP's conversion, by 8-21 % on DP-SGD settings (privacy reference)
@@ -263,13 +287,13 @@ def test_secldp_limits_and_cross_check_with_dp_accounting():
 
 # ---- Muffliato -------------------------------------------------------------------------------------
 
+
 def test_muffliato_gaussian_conversion_matches_dp_accounting():
     dp_accounting = pytest.importorskip("dp_accounting")
     from dp_accounting.pld import pld_privacy_accountant
 
     for mu in (0.3, 1.0, 2.5):
-        accountant = pld_privacy_accountant.PLDAccountant(
-            value_discretization_interval=1e-4)
+        accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
         accountant.compose(dp_accounting.GaussianDpEvent(1 / mu))
         pld = accountant.get_epsilon(1e-5)
         exact = network_dp.gaussian_epsilon(mu, 1e-5)
@@ -292,17 +316,30 @@ def test_muffliato_pairwise_epsilon_on_a_ring():
 
 # ---- in training, and through the CLI --------------------------------------------------------------
 
-MECHANISM_KEYS = {"zipdl": {"dp_zipdl_sigma": 0.01}, "decor": {"dp_decor_sigma_cor": 1.0},
-                  "muffliato": {}}
+MECHANISM_KEYS = {
+    "zipdl": {"dp_zipdl_sigma": 0.01},
+    "decor": {"dp_decor_sigma_cor": 1.0},
+    "muffliato": {},
+}
 
 
 def small_config(**changes):
     from gossip_powersgd.training.config import TrainConfig
 
-    base = TrainConfig(topology="ring:4", dataset="synthetic_logreg:d=20,classes=4,n=2000",
-                       model="logreg", lr=0.5, batch_size=32, epochs=1, quiet=True,
-                       checkpoint_every=0, algorithm="exact", partition="iid",
-                       dp_noise_multiplier=0.5, dp_max_grad_norm=1.0)
+    base = TrainConfig(
+        topology="ring:4",
+        dataset="synthetic_logreg:d=20,classes=4,n=2000",
+        model="logreg",
+        lr=0.5,
+        batch_size=32,
+        epochs=1,
+        quiet=True,
+        checkpoint_every=0,
+        algorithm="exact",
+        partition="iid",
+        dp_noise_multiplier=0.5,
+        dp_max_grad_norm=1.0,
+    )
     return base.replace(**changes)
 
 
@@ -311,8 +348,7 @@ def small_config(**changes):
 def test_each_mechanism_trains_on_both_algorithms(mechanism, algorithm):
     from gossip_powersgd.training.trainer import train
 
-    config = small_config(algorithm=algorithm, dp_mechanism=mechanism,
-                          **MECHANISM_KEYS[mechanism])
+    config = small_config(algorithm=algorithm, dp_mechanism=mechanism, **MECHANISM_KEYS[mechanism])
     results = LocalCluster(topologies.ring(4), timeout=60).run(train, config)
     assert results[0]["dp_mechanism"] == mechanism
     # learned something: synthetic logreg with 4 classes, chance 25 %
@@ -320,10 +356,22 @@ def test_each_mechanism_trains_on_both_algorithms(mechanism, algorithm):
 
 
 def cli(tmp_path, *sets):
-    args = [sys.executable, "-m", "gossip_powersgd.cli.train", "--config",
-            "experiments/configs/tiny.yaml", "--quiet", "--set", "epochs=1",
-            "--set", f"out_dir={tmp_path}/run", "--set", "dp_noise_multiplier=0.5",
-            "--set", "dp_max_grad_norm=1"]
+    args = [
+        sys.executable,
+        "-m",
+        "gossip_powersgd.cli.train",
+        "--config",
+        "experiments/configs/tiny.yaml",
+        "--quiet",
+        "--set",
+        "epochs=1",
+        "--set",
+        f"out_dir={tmp_path}/run",
+        "--set",
+        "dp_noise_multiplier=0.5",
+        "--set",
+        "dp_max_grad_norm=1",
+    ]
     for item in sets:
         args += ["--set", item]
     return subprocess.run(args, capture_output=True, text=True, timeout=300)
@@ -332,28 +380,38 @@ def cli(tmp_path, *sets):
 def test_a_mechanism_trains_through_the_cli_and_is_refused_elsewhere_in_one_line(tmp_path):
     import json
 
-    done = cli(tmp_path, "algorithm=powergossip:rank=1", "dp_mechanism=decor",
-               "dp_decor_sigma_cor=3")
+    done = cli(
+        tmp_path, "algorithm=powergossip:rank=1", "dp_mechanism=decor", "dp_decor_sigma_cor=3"
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["dp_mechanism"] == "decor"
-    done = cli(tmp_path / "refused", "algorithm=allreduce", "dp_mechanism=zipdl",
-               "dp_zipdl_sigma=0.1")
+    done = cli(
+        tmp_path / "refused", "algorithm=allreduce", "dp_mechanism=zipdl", "dp_zipdl_sigma=0.1"
+    )
     assert done.returncode != 0
-    assert done.stderr.strip() == ("error: dp_mechanism: zipdl works with algorithm exact or "
-                                   "powergossip, not allreduce"), done.stderr
+    assert done.stderr.strip() == (
+        "error: dp_mechanism: zipdl works with algorithm exact or powergossip, not allreduce"
+    ), done.stderr
 
 
-@pytest.mark.parametrize("changes, words", [
-    (dict(algorithm="pushsum", dp_mechanism="decor", dp_decor_sigma_cor=1.0),
-     "dp_mechanism: decor works with algorithm exact or powergossip or choco, not pushsum"),
-    (dict(dp_mechanism="decor"), "dp_mechanism: decor needs dp_decor_sigma_cor"),
-    (dict(dp_mechanism="zipdl"), "dp_mechanism: zipdl needs dp_zipdl_sigma"),
-    (dict(dp_mechanism="secure_aggregation"), "dp_mechanism must be one of local, muffliato"),
-    (dict(dp_decor_sigma_cor=1.0), "dp_decor_sigma_cor is for dp_mechanism: decor"),
-    (dict(dp_mechanism="muffliato", dp_noise_multiplier=None, dp_max_grad_norm=None),
-     "dp_mechanism: muffliato runs on DP-SGD"),
-])
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        (
+            dict(algorithm="pushsum", dp_mechanism="decor", dp_decor_sigma_cor=1.0),
+            "dp_mechanism: decor works with algorithm exact or powergossip or choco, not pushsum",
+        ),
+        (dict(dp_mechanism="decor"), "dp_mechanism: decor needs dp_decor_sigma_cor"),
+        (dict(dp_mechanism="zipdl"), "dp_mechanism: zipdl needs dp_zipdl_sigma"),
+        (dict(dp_mechanism="secure_aggregation"), "dp_mechanism must be one of local, muffliato"),
+        (dict(dp_decor_sigma_cor=1.0), "dp_decor_sigma_cor is for dp_mechanism: decor"),
+        (
+            dict(dp_mechanism="muffliato", dp_noise_multiplier=None, dp_max_grad_norm=None),
+            "dp_mechanism: muffliato runs on DP-SGD",
+        ),
+    ],
+)
 def test_bad_mechanism_settings_are_one_line_errors(changes, words):
     from gossip_powersgd.privacy.mechanisms import validate_mechanism_config
 
@@ -364,8 +422,9 @@ def test_bad_mechanism_settings_are_one_line_errors(changes, words):
 def test_zipdl_on_a_schedule_is_refused_on_every_rank():
     from gossip_powersgd.training.trainer import train
 
-    config = small_config(topology="one_peer_exponential:4", dp_mechanism="zipdl",
-                          dp_zipdl_sigma=0.1)
+    config = small_config(
+        topology="one_peer_exponential:4", dp_mechanism="zipdl", dp_zipdl_sigma=0.1
+    )
     with pytest.raises(Exception, match="zipdl needs a static topology"):
         LocalCluster(topologies.parse(config.topology), timeout=60).run(train, config)
 
@@ -373,8 +432,14 @@ def test_zipdl_on_a_schedule_is_refused_on_every_rank():
 def test_decor_pair_keys_resume_bit_for_bit(tmp_path):
     from gossip_powersgd.training.trainer import train
 
-    config = small_config(epochs=2, checkpoint_every=1, algorithm="powergossip:rank=1",
-                          dp_secret="run_dir", dp_mechanism="decor", dp_decor_sigma_cor=3.0)
+    config = small_config(
+        epochs=2,
+        checkpoint_every=1,
+        algorithm="powergossip:rank=1",
+        dp_secret="run_dir",
+        dp_mechanism="decor",
+        dp_decor_sigma_cor=3.0,
+    )
 
     def local(c, **kw):
         return LocalCluster(topologies.ring(4), timeout=60).run(train, c, **kw)
@@ -387,7 +452,10 @@ def test_decor_pair_keys_resume_bit_for_bit(tmp_path):
         (tmp_path / "b" / name).unlink()
     resumed = local(config.replace(out_dir=str(tmp_path / "b")), resume=True)
     assert resumed[0]["model_sha256"] == reference[0]["model_sha256"]
-    keys = {(k, j): pair_secrets.pair_key_path(tmp_path / "a", k, j).read_bytes()
-            for k in range(4) for j in ((k + 1) % 4, (k - 1) % 4)}
+    keys = {
+        (k, j): pair_secrets.pair_key_path(tmp_path / "a", k, j).read_bytes()
+        for k in range(4)
+        for j in ((k + 1) % 4, (k - 1) % 4)
+    }
     assert all(keys[(k, j)] == keys[(j, k)] for k, j in keys)
     assert len(set(keys.values())) == 4  # one key per edge

@@ -20,8 +20,10 @@ from gossip_powersgd.training.models import build_model
 
 pytest.importorskip("opacus")
 
-pytestmark = [pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
-              pytest.mark.filterwarnings("ignore:Using a non-full backward hook")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
+    pytest.mark.filterwarnings("ignore:Using a non-full backward hook"),
+]
 
 BATCH = 12
 NORM_EPS = 1e-6  # what DPSGD adds to every norm before dividing (as Opacus)
@@ -53,22 +55,34 @@ class Sequence(nn.Module):
 
 def conv_model():
     """Conv1d without bias, with dilation and no padding, then GroupNorm and LayerNorm."""
-    return nn.Sequential(nn.Unflatten(1, (2, 6)), nn.Conv1d(2, 4, 3, dilation=2, bias=False),
-                         nn.GroupNorm(2, 4), nn.Tanh(), nn.Flatten(), nn.LayerNorm(8),
-                         nn.Linear(8, 3))
+    return nn.Sequential(
+        nn.Unflatten(1, (2, 6)),
+        nn.Conv1d(2, 4, 3, dilation=2, bias=False),
+        nn.GroupNorm(2, 4),
+        nn.Tanh(),
+        nn.Flatten(),
+        nn.LayerNorm(8),
+        nn.Linear(8, 3),
+    )
 
 
 def strided_conv_model():
     """Conv1d with stride, padding and dilation after a Linear, so its input gradient matters."""
-    return nn.Sequential(nn.Linear(12, 12), nn.Unflatten(1, (2, 6)),
-                         nn.Conv1d(2, 3, 3, stride=2, padding=2, dilation=2), nn.Tanh(),
-                         nn.Flatten(), nn.Linear(9, 3))
+    return nn.Sequential(
+        nn.Linear(12, 12),
+        nn.Unflatten(1, (2, 6)),
+        nn.Conv1d(2, 3, 3, stride=2, padding=2, dilation=2),
+        nn.Tanh(),
+        nn.Flatten(),
+        nn.Linear(9, 3),
+    )
 
 
 def conv2d_model():
     """Conv2d has no ghost rule: the vmap engine takes it."""
-    return nn.Sequential(nn.Unflatten(1, (1, 3, 4)), nn.Conv2d(1, 2, 2), nn.Tanh(), nn.Flatten(),
-                         nn.Linear(12, 3))
+    return nn.Sequential(
+        nn.Unflatten(1, (1, 3, 4)), nn.Conv2d(1, 2, 2), nn.Tanh(), nn.Flatten(), nn.Linear(12, 3)
+    )
 
 
 class Embedded(nn.Module):
@@ -137,8 +151,11 @@ def private_sum(engine: str, model: nn.Module, x, y, clip: float):
 OPACUS_CASES = ("logreg", "mlp", "cnn1d", "conv_norms", "strided_conv")
 
 
-@pytest.mark.parametrize("engine, case", [(e, c) for e in ("ghost", "vmap") for c in CASES]
-                         + [(e, c) for e in ("hooks", "ew") for c in OPACUS_CASES])
+@pytest.mark.parametrize(
+    "engine, case",
+    [(e, c) for e in ("ghost", "vmap") for c in CASES]
+    + [(e, c) for e in ("hooks", "ew") for c in OPACUS_CASES],
+)
 def test_each_engine_gives_the_exact_clipped_sum_on_each_layer_type(engine, case):
     x, y = inputs(case)
     _, norms, expected = reference(make(case).double(), x, y, clip=1.0)
@@ -167,8 +184,9 @@ def test_gram_norms_used_for_large_layers_give_the_same_clipped_sum(case, monkey
 
 
 @pytest.mark.parametrize("engine", ["ghost", "vmap"])
-@pytest.mark.parametrize("case", ["mlp", "cnn1d", "shared", "sequence", "conv_norms",
-                                  "strided_conv", "embedding"])
+@pytest.mark.parametrize(
+    "case", ["mlp", "cnn1d", "shared", "sequence", "conv_norms", "strided_conv", "embedding"]
+)
 def test_materialised_per_example_gradients_equal_torch_func(engine, case):
     model = make(case).double()
     x, y = inputs(case)
@@ -207,7 +225,7 @@ def test_frozen_and_unused_parameters():
     assert len(got) == len(expected) + 2
     for mine, theirs in zip(got, expected):
         torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-10 * clip)
-    assert all(torch.count_nonzero(g) == 0 for g in got[len(expected):])
+    assert all(torch.count_nonzero(g) == 0 for g in got[len(expected) :])
     assert model[0].weight.grad is None
 
 
@@ -237,8 +255,14 @@ def test_auto_picks_ghost_for_the_built_in_models_and_opacus_for_other_layers():
 
 
 def test_engines_keep_opacus_parameter_names_so_checkpoints_load_across_them():
-    names = {engine: list(DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=40, engine=engine)
-                          .wrap(make("cnn1d")).state_dict()) for engine in ("ghost", "hooks")}
+    names = {
+        engine: list(
+            DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=40, engine=engine)
+            .wrap(make("cnn1d"))
+            .state_dict()
+        )
+        for engine in ("ghost", "hooks")
+    }
     assert names["ghost"] == names["hooks"] and names["ghost"][0].startswith("_module.")
 
 
@@ -265,8 +289,9 @@ def test_empty_batch_after_a_forward_without_backward_is_pure_noise():
     with torch.no_grad():
         model(inputs("cnn1d")[0].float())  # an evaluation records nothing
     dp.privatize(model, 0)
-    assert all(p.grad is not None and math.isfinite(float(p.grad.abs().sum()))
-               for p in model.parameters())
+    assert all(
+        p.grad is not None and math.isfinite(float(p.grad.abs().sum())) for p in model.parameters()
+    )
 
 
 def test_bench_dp_measures_every_candidate_and_renders_both_ratios():
@@ -276,35 +301,43 @@ def test_bench_dp_measures_every_candidate_and_renders_both_ratios():
 
     from experiments import bench_dp
 
-    one_peer = {spec: bench_dp.measure_one_peer(spec, reps=1, steps=1)
-                for spec in bench_dp.MODELS}
+    one_peer = {spec: bench_dp.measure_one_peer(spec, reps=1, steps=1) for spec in bench_dp.MODELS}
     for times in one_peer.values():
         assert all(len(t["cpu"]) == 1 and t["cpu"][0] > 0 for t in times.values())
     run = bench_dp._run("exact", "auto", 1, 8, "synthetic_logreg:d=40,classes=10,n=800")
     assert run["steps"] >= 1 and run["cpu"] > 0
-    e2e = {"times": {(label, engine): {"cpu": [run["cpu"]], "wall": [run["wall"]]}
-                     for label, _ in bench_dp.ALGORITHMS for engine in (None, "auto", "hooks")},
-           "steps": run["steps"], "first": run["first"]}
-    big = {spec: bench_dp.measure_one_peer(spec, reps=1, steps=1, batch=48)
-           for spec in bench_dp.MODELS}
+    e2e = {
+        "times": {
+            (label, engine): {"cpu": [run["cpu"]], "wall": [run["wall"]]}
+            for label, _ in bench_dp.ALGORITHMS
+            for engine in (None, "auto", "hooks")
+        },
+        "steps": run["steps"],
+        "first": run["first"],
+    }
+    big = {
+        spec: bench_dp.measure_one_peer(spec, reps=1, steps=1, batch=48) for spec in bench_dp.MODELS
+    }
     assert all(len(times) == 1 + len(bench_dp.ENGINES) for times in big.values())
-    args = argparse.Namespace(reps=1, steps=1, e2e_reps=1, e2e_epochs=1, dataset="mnist1d",
-                              big_batch=48)
+    args = argparse.Namespace(
+        reps=1, steps=1, e2e_reps=1, e2e_epochs=1, dataset="mnist1d", big_batch=48
+    )
     parts = {spec: bench_dp.measure_parts(spec, reps=1, steps=1) for spec in bench_dp.MODELS}
     for part in parts.values():
         ops = part["operations"]
         # the clipped sum adds operations to the plain step, the noise more again
         assert 0 < ops["non-private"] < ops["clipped sum, ghost"] < ops["private step, ghost"]
-    page = bench_dp.render(args, one_peer, e2e, 1.0, "python -m experiments.bench_dp", big,
-                           parts)
+    page = bench_dp.render(args, one_peer, e2e, 1.0, "python -m experiments.bench_dp", big, parts)
     assert "## (c) Where the ghost engine's extra time goes" in page
     assert "Batch 48, the same way" in page and "| cnn1d | " in page.split("Batch 48")[1]
     assert "## (a) One peer, batch 32" in page and "## (b) ring:8, cnn1d, MNIST-1D" in page
     for row in ("| mlp:128,128 | **", "| cnn1d | **", "| exact gossip |", "| PowerGossip r1 |"):
         assert row in page
     assert "clipped sum, ghost" in page and "DP, Opacus hooks" in page and "**1.00×**" in page
-    assert "**DP training at ≤ 2× the non-private time per step**, ring:8 cnn1d, exact gossip: " \
-        "MET (1.00×" in page  # the same run in every column: ratio 1
+    assert (
+        "**DP training at ≤ 2× the non-private time per step**, ring:8 cnn1d, exact gossip: "
+        "MET (1.00×" in page
+    )  # the same run in every column: ratio 1
     assert page.count("**The clipped sum at ≤ 1.5× a non-private step**") == 2
 
 
@@ -316,15 +349,23 @@ def test_an_in_place_change_of_a_recorded_output_is_refused_and_vmap_takes_it():
 
     def model():
         torch.manual_seed(0)
-        return nn.Sequential(nn.Linear(12, 7), nn.ReLU(inplace=True), nn.Linear(7, 7),
-                             nn.ReLU(inplace=True), nn.Linear(7, 3)).double()
+        return nn.Sequential(
+            nn.Linear(12, 7),
+            nn.ReLU(inplace=True),
+            nn.Linear(7, 7),
+            nn.ReLU(inplace=True),
+            nn.Linear(7, 3),
+        ).double()
 
     x, y = inputs("mlp")
     _, norms, _ = reference(model(), x, y, clip=1.0)
     clip = float(norms.median())
     _, _, expected = reference(model(), x, y, clip=clip)
-    with pytest.raises(ValueError, match=r"layer .2. \(Linear\) was changed in place.*"
-                                         r"inplace=False") as info:
+    with pytest.raises(
+        ValueError,
+        match=r"layer .2. \(Linear\) was changed in place.*"
+        r"inplace=False",
+    ) as info:
         private_sum("ghost", model(), x, y, clip)
     assert "\n" not in str(info.value)
     for mine, theirs in zip(private_sum("vmap", model(), x, y, clip), expected):

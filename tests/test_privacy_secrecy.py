@@ -29,10 +29,20 @@ from gossip_powersgd.training.trainer import TIMING_KEYS, train
 pytest.importorskip("opacus")
 
 VICTIM, OBSERVER = 1, 0
-CONFIG = TrainConfig(topology="ring:4", dataset="synthetic_logreg:d=20,classes=4,n=2000",
-                     model="logreg", lr=0.5, batch_size=32, epochs=1, quiet=True,
-                     checkpoint_every=0, algorithm="exact", partition="iid",
-                     dp_noise_multiplier=1.0, dp_max_grad_norm=1.0)
+CONFIG = TrainConfig(
+    topology="ring:4",
+    dataset="synthetic_logreg:d=20,classes=4,n=2000",
+    model="logreg",
+    lr=0.5,
+    batch_size=32,
+    epochs=1,
+    quiet=True,
+    checkpoint_every=0,
+    algorithm="exact",
+    partition="iid",
+    dp_noise_multiplier=1.0,
+    dp_max_grad_norm=1.0,
+)
 
 
 def local(config: TrainConfig, **kwargs):
@@ -40,6 +50,7 @@ def local(config: TrainConfig, **kwargs):
 
 
 # ---- the neighbour as attacker -------------------------------------------------------------------
+
 
 def initial_model(config):
     """The common initial model: built from the config, as every peer builds it."""
@@ -62,8 +73,9 @@ def regenerated_noises(config, shapes):
 
     std = config.dp_noise_multiplier * config.dp_max_grad_norm
     generator = torch.Generator().manual_seed(derive_seed(config.seed, VICTIM, NOISE_STREAM))
-    seeded = torch.cat([torch.normal(0.0, std, size=s, generator=generator).reshape(-1)
-                        for s in shapes]).double()
+    seeded = torch.cat(
+        [torch.normal(0.0, std, size=s, generator=generator).reshape(-1) for s in shapes]
+    ).double()
     public = Randomness.public(config.seed, VICTIM)
     keyed = std * public.normals(NOISE_STREAM, 0, 0, n=sum(math.prod(s) for s in shapes))
     return {"seeded by (seed, rank)": seeded, "public key of (seed, rank)": keyed}
@@ -74,7 +86,8 @@ def regenerated_masks(config, shard_size, rate):
     from gossip_powersgd.privacy.seeds import Randomness
 
     generator = torch.Generator().manual_seed(
-        derive_seed(config.seed, VICTIM, SAMPLER_STREAM, 0, 0))
+        derive_seed(config.seed, VICTIM, SAMPLER_STREAM, 0, 0)
+    )
     seeded = torch.rand(shard_size, generator=generator) < rate
     public = Randomness.public(config.seed, VICTIM).uniforms(SAMPLER_STREAM, 0, 0, n=shard_size)
     return {"seeded by (seed, rank)": seeded, "public key of (seed, rank)": public < rate}
@@ -138,7 +151,7 @@ def test_a_neighbour_cannot_regenerate_the_victims_noise_or_masks(tmp_path):
         # Independent of the true noise, the error is the difference of two N(0, std^2 I): its
         # norm is about sqrt(2) x noise_norm; below half of noise_norm has probability < 1e-20.
         assert error > 0.5 * noise_norm, how
-    expected = len(y) * rate ** 2  # |guess & truth| of independent masks: Binomial(n, q^2)
+    expected = len(y) * rate**2  # |guess & truth| of independent masks: Binomial(n, q^2)
     for how, guess in regenerated_masks(config, len(y), rate).items():
         overlap = int((guess & mask).sum())
         # mean n q^2 = 2 here; 10 is > 5 standard deviations above it
@@ -146,6 +159,7 @@ def test_a_neighbour_cannot_regenerate_the_victims_noise_or_masks(tmp_path):
 
 
 # ---- where the secret lives ----------------------------------------------------------------------
+
 
 def comparable(records):
     return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
@@ -213,8 +227,14 @@ def own_data(rank, num_peers, seed=0):
     return x[:n], y[:n], x[n:], y[n:]
 
 
-LOCAL_DP = CONFIG.replace(partition="local", dataset="test_privacy_secrecy:own_data",
-                          public_train_size=sum(SIZES), epochs=2, log_every=3, quiet=False)
+LOCAL_DP = CONFIG.replace(
+    partition="local",
+    dataset="test_privacy_secrecy:own_data",
+    public_train_size=sum(SIZES),
+    epochs=2,
+    log_every=3,
+    quiet=False,
+)
 
 
 def _numbers(obj):
@@ -230,8 +250,9 @@ def _numbers(obj):
 
 
 @pytest.mark.parametrize("dp", [True, False])
-def test_no_peer_statistic_crosses_to_another_peer_or_into_rank_0s_output(tmp_path, monkeypatch,
-                                                                         capsys, dp):
+def test_no_peer_statistic_crosses_to_another_peer_or_into_rank_0s_output(
+    tmp_path, monkeypatch, capsys, dp
+):
     crossed = []  # what every collective carried, as the peers passed it in
     allreduce, allgather = LocalCommunicator.allreduce_, LocalCommunicator.allgather_bytes
 
@@ -256,8 +277,9 @@ def test_no_peer_statistic_crosses_to_another_peer_or_into_rank_0s_output(tmp_pa
     assert [p["shard_size"] for p in peers] == SIZES  # each peer's own file has its figures
     assert [sum(p["label_histogram"]) for p in peers] == SIZES
     # each peer's own training losses: in its eval records (2) and, private, its log records (4)
-    losses = [r["train_loss_local"] for s in summaries for r in s["history"]
-              if "train_loss_local" in r]
+    losses = [
+        r["train_loss_local"] for s in summaries for r in s["history"] if "train_loss_local" in r
+    ]
     assert len(losses) >= 4 * 2 and all(math.isfinite(v) for v in losses)
     if dp:
         assert all(0 < p["epsilon_pld"] < p["epsilon"] for p in peers)
@@ -268,10 +290,14 @@ def test_no_peer_statistic_crosses_to_another_peer_or_into_rank_0s_output(tmp_pa
         assert not values & private, values & private
         if isinstance(payload, torch.Tensor):  # no histogram row, as consecutive values
             as_list = payload.tolist()
-            assert not any(as_list[i:i + len(row)] == [float(v) for v in row]
-                           for row in rows for i in range(len(as_list))), as_list
+            assert not any(
+                as_list[i : i + len(row)] == [float(v) for v in row]
+                for row in rows
+                for i in range(len(as_list))
+            ), as_list
         assert not isinstance(payload, bytes) or not any(
-            str(n).encode() in payload for n in SIZES), payload
+            str(n).encode() in payload for n in SIZES
+        ), payload
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "label_histogram" not in summary and summary["final_train_loss"] is None
     assert not set(_numbers(summary)) & private

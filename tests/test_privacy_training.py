@@ -25,10 +25,20 @@ from conftest import run_scenario_mpi
 pytest.importorskip("opacus")
 
 PEERS = 4
-DP = TrainConfig(topology="ring:4", dataset="synthetic_logreg:d=20,classes=4,n=2000",
-                 model="logreg", lr=0.5, batch_size=32, epochs=2, quiet=True, checkpoint_every=0,
-                 algorithm="exact", partition="dirichlet:0.5", dp_noise_multiplier=1.0,
-                 dp_max_grad_norm=1.0)
+DP = TrainConfig(
+    topology="ring:4",
+    dataset="synthetic_logreg:d=20,classes=4,n=2000",
+    model="logreg",
+    lr=0.5,
+    batch_size=32,
+    epochs=2,
+    quiet=True,
+    checkpoint_every=0,
+    algorithm="exact",
+    partition="dirichlet:0.5",
+    dp_noise_multiplier=1.0,
+    dp_max_grad_norm=1.0,
+)
 
 
 def local(config: TrainConfig, **kwargs):
@@ -48,10 +58,12 @@ def independent_epsilon(sigma, rate, steps, delta):
 
 # ---- reporting ---------------------------------------------------------------------------------
 
+
 def test_every_peer_reports_its_own_epsilon_equal_to_an_independent_accountant(tmp_path):
     out = tmp_path / "run"
-    summaries = local(DP.replace(out_dir=str(out), checkpoint_every=0,
-                                 release_peer_statistics=True))
+    summaries = local(
+        DP.replace(out_dir=str(out), checkpoint_every=0, release_peer_statistics=True)
+    )
     s = summaries[0]
     assert s["noise_multiplier"] == 1.0 and s["max_grad_norm"] == 1.0
     sizes = [sum(row) for row in s["label_histogram"]]
@@ -63,11 +75,19 @@ def test_every_peer_reports_its_own_epsilon_equal_to_an_independent_accountant(t
         assert s["epsilon"][rank] == pytest.approx(expected, rel=1e-12)
         evals = [r for r in summaries[rank]["history"] if r["kind"] == "eval"]
         assert [r["epsilon"] for r in evals] == pytest.approx(
-            [independent_epsilon(1.0, s["sample_rate"][rank], r["step"], s["delta"])
-             for r in evals], rel=1e-12)
-        assert all(r["epsilon_max"] == pytest.approx(max(
-            independent_epsilon(1.0, q, r["step"], s["delta"]) for q in s["sample_rate"]))
-            for r in evals)
+            [
+                independent_epsilon(1.0, s["sample_rate"][rank], r["step"], s["delta"])
+                for r in evals
+            ],
+            rel=1e-12,
+        )
+        assert all(
+            r["epsilon_max"]
+            == pytest.approx(
+                max(independent_epsilon(1.0, q, r["step"], s["delta"]) for q in s["sample_rate"])
+            )
+            for r in evals
+        )
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk["epsilon"] == s["epsilon"] and on_disk["sample_rate"] == s["sample_rate"]
     table = (out / "summary.md").read_text()
@@ -79,8 +99,10 @@ def test_every_peer_reports_its_own_epsilon_equal_to_an_independent_accountant(t
     for rank in range(PEERS):  # PLD is tighter than RDP; replace-one (PLD) spends more than
         # add/remove (PLD), though not always more than add/remove by the looser RDP
         assert s["epsilon_pld"][rank] < min(s["epsilon"][rank], s["epsilon_replace_one"][rank])
-        assert json.loads((out / "peers" / f"rank-{rank}.json").read_text())["epsilon"] == \
-            s["epsilon"][rank]
+        assert (
+            json.loads((out / "peers" / f"rank-{rank}.json").read_text())["epsilon"]
+            == s["epsilon"][rank]
+        )
 
 
 def test_without_dp_keys_the_run_is_unchanged():
@@ -90,8 +112,11 @@ def test_without_dp_keys_the_run_is_unchanged():
 
 def test_a_target_epsilon_ends_the_worst_peer_at_or_just_below_it():
     for target in (1.0, 4.0):
-        s = local(DP.replace(dp_noise_multiplier=None, dp_target_epsilon=target,
-                             release_peer_statistics=True))[0]
+        s = local(
+            DP.replace(
+                dp_noise_multiplier=None, dp_target_epsilon=target, release_peer_statistics=True
+            )
+        )[0]
         assert 0.95 * target <= max(s["epsilon"]) <= target, s["epsilon"]
         assert min(s["epsilon"]) < max(s["epsilon"])  # smaller shards spend less... of a larger q
 
@@ -106,13 +131,17 @@ def test_with_private_sizes_every_peer_meets_the_target_with_its_own_sigma():
 
 
 def test_noise_free_dp_spends_an_infinite_epsilon():
-    s = local(DP.replace(dp_noise_multiplier=0.0, dp_max_grad_norm=1.0, epochs=1,
-                         release_peer_statistics=True))[0]
+    s = local(
+        DP.replace(
+            dp_noise_multiplier=0.0, dp_max_grad_norm=1.0, epochs=1, release_peer_statistics=True
+        )
+    )[0]
     assert s["epsilon"] == ["inf"] * PEERS and s["history"][-1]["epsilon_max"] == "inf"
     assert s["epsilon_pld"] == ["inf"] * PEERS
 
 
 # ---- where the noise goes ----------------------------------------------------------------------
+
 
 class _GradientProbe(GossipAlgorithm):
     """A gradient averager that records the norm of the gradient it is given."""
@@ -136,12 +165,26 @@ def test_gradient_averagers_see_the_clipped_noisy_gradient_not_the_raw_one():
     register("gradprobe", _GradientProbe, {}, "test probe")
     try:
         _GradientProbe.norms = []
-        local(DP.replace(algorithm="gradprobe", dp_noise_multiplier=0.0, dp_max_grad_norm=1e-3,
-                         epochs=1, lr=5.0))
+        local(
+            DP.replace(
+                algorithm="gradprobe",
+                dp_noise_multiplier=0.0,
+                dp_max_grad_norm=1e-3,
+                epochs=1,
+                lr=5.0,
+            )
+        )
         clipped = list(_GradientProbe.norms)
         _GradientProbe.norms = []
-        local(DP.replace(algorithm="gradprobe", dp_noise_multiplier=None, dp_max_grad_norm=None,
-                         epochs=1, lr=5.0))
+        local(
+            DP.replace(
+                algorithm="gradprobe",
+                dp_noise_multiplier=None,
+                dp_max_grad_norm=None,
+                epochs=1,
+                lr=5.0,
+            )
+        )
         raw = list(_GradientProbe.norms)
     finally:
         REGISTRY.pop("gradprobe")
@@ -160,6 +203,7 @@ def test_empty_poisson_batches_take_a_pure_noise_step_without_a_forward():
 
 
 # ---- resume and MPI ----------------------------------------------------------------------------
+
 
 class Interrupted(RuntimeError):
     pass
@@ -189,13 +233,20 @@ def test_resume_is_bit_identical_to_an_uninterrupted_private_run(tmp_path):
 def mpi_dp_scenario(comm, partition):
     """One private run on this peer (MPI worker and local alike): its comparable result. Public
     randomness, so that both transports draw the same noise."""
-    summary = train(comm, DP.replace(partition=partition, dataset=_dataset_for(partition),
-                                     dp_public_randomness=True,
-                                     public_train_size=OWN_RANK_TOTAL if partition == "local"
-                                     else None))
-    return {"history": json.dumps(comparable(summary["history"])),
-            "epsilon": json.dumps(summary["peer"]["epsilon"]),
-            "sha": summary["model_sha256"][comm.rank]}
+    summary = train(
+        comm,
+        DP.replace(
+            partition=partition,
+            dataset=_dataset_for(partition),
+            dp_public_randomness=True,
+            public_train_size=OWN_RANK_TOTAL if partition == "local" else None,
+        ),
+    )
+    return {
+        "history": json.dumps(comparable(summary["history"])),
+        "epsilon": json.dumps(summary["peer"]["epsilon"]),
+        "sha": summary["model_sha256"][comm.rank],
+    }
 
 
 def _dataset_for(partition):
@@ -205,14 +256,22 @@ def _dataset_for(partition):
 @pytest.mark.mpi
 @pytest.mark.parametrize("partition", ["dirichlet:0.5", "local"])
 def test_mpi_equals_local_with_dp_on(tmp_path, partition):
-    mpi = run_scenario_mpi(PEERS, "test_privacy_training:mpi_dp_scenario", DP.topology, tmp_path,
-                           timeout=240, extra=(partition,))
-    threads = LocalCluster(topologies.parse(DP.topology), timeout=60).run(mpi_dp_scenario,
-                                                                         partition)
+    mpi = run_scenario_mpi(
+        PEERS,
+        "test_privacy_training:mpi_dp_scenario",
+        DP.topology,
+        tmp_path,
+        timeout=240,
+        extra=(partition,),
+    )
+    threads = LocalCluster(topologies.parse(DP.topology), timeout=60).run(
+        mpi_dp_scenario, partition
+    )
     assert mpi == threads
 
 
 # ---- data that exists only on its peer ---------------------------------------------------------
+
 
 def _caller_rank():
     """The rank of the peer calling: the MPI rank, or the LocalCluster thread's."""
@@ -250,9 +309,14 @@ def shared_test_set(rank, num_peers, seed=0):
 
 
 def test_local_partition_loads_only_each_peers_data_and_pools_the_evaluation():
-    config = DP.replace(partition="local", dataset="test_privacy_training:own_rank_only",
-                        dp_noise_multiplier=None, dp_max_grad_norm=None, epochs=2,
-                        release_peer_statistics=True)
+    config = DP.replace(
+        partition="local",
+        dataset="test_privacy_training:own_rank_only",
+        dp_noise_multiplier=None,
+        dp_max_grad_norm=None,
+        epochs=2,
+        release_peer_statistics=True,
+    )
     summaries = local(config)
     s = summaries[0]
     sizes = [100 + 60 * k for k in range(PEERS)]
@@ -264,12 +328,17 @@ def test_local_partition_loads_only_each_peers_data_and_pools_the_evaluation():
     assert final[0]["test_acc_mean"] == pytest.approx(pooled, abs=1e-12)
     # the averaged model is the same on every peer; its accuracy is pooled the same way
     assert s["final_test_acc_avg_model"] * sum(tests) == pytest.approx(
-        round(s["final_test_acc_avg_model"] * sum(tests)), abs=1e-9)
+        round(s["final_test_acc_avg_model"] * sum(tests)), abs=1e-9
+    )
 
 
 def test_local_partition_with_dp_and_a_shared_test_set():
-    config = DP.replace(partition="local", dataset="test_privacy_training:shared_test_set",
-                        epochs=1, public_train_size=320)
+    config = DP.replace(
+        partition="local",
+        dataset="test_privacy_training:shared_test_set",
+        epochs=1,
+        public_train_size=320,
+    )
     summaries = local(config)
     assert [s["peer"]["sample_rate"] for s in summaries] == [32 / 80] * PEERS
     # The default delta comes from the public total (320 samples: 1e-4), not from a shard size.
@@ -279,9 +348,14 @@ def test_local_partition_with_dp_and_a_shared_test_set():
 
 # ---- models ------------------------------------------------------------------------------------
 
+
 def batchnorm_net(input_shape, num_classes):
-    return nn.Sequential(nn.Linear(int(np.prod(input_shape)), 8), nn.BatchNorm1d(8), nn.ReLU(),
-                         nn.Linear(8, num_classes))
+    return nn.Sequential(
+        nn.Linear(int(np.prod(input_shape)), 8),
+        nn.BatchNorm1d(8),
+        nn.ReLU(),
+        nn.Linear(8, num_classes),
+    )
 
 
 def frozen_net(input_shape, num_classes):
@@ -290,34 +364,46 @@ def frozen_net(input_shape, num_classes):
 
 def test_batchnorm_is_a_one_line_error_naming_the_layer_and_the_fix(tmp_path):
     config = DP.replace(model="test_privacy_training:batchnorm_net", out_dir=str(tmp_path / "r"))
-    with pytest.raises(ValueError, match=r"layer '1' \(BatchNorm1d\).*GroupNorm.*dp_fix_model: "
-                                         r"true") as info:
+    with pytest.raises(
+        ValueError,
+        match=r"layer '1' \(BatchNorm1d\).*GroupNorm.*dp_fix_model: "
+        r"true",
+    ) as info:
         local(config)
     assert "\n" not in str(info.value) and not (tmp_path / "r").exists()
     s = local(config.replace(dp_fix_model=True, out_dir=None, epochs=1))[0]
     assert s["peer"]["epsilon"] > 0 and s["final_test_acc_avg_model"] is not None
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(dp_noise_multiplier=-1.0), "dp_noise_multiplier must be a finite number >= 0"),
-    (dict(dp_max_grad_norm=0.0), "dp_max_grad_norm must be > 0"),
-    (dict(dp_max_grad_norm=None), "differential privacy needs dp_max_grad_norm"),
-    (dict(dp_delta=1.0), "dp_delta must lie strictly between 0 and 1"),
-    (dict(dp_delta=0.0), "dp_delta must lie strictly between 0 and 1"),
-    (dict(dp_noise_multiplier=None, dp_target_epsilon=0.0),
-     "dp_target_epsilon must be a finite number > 0"),
-    (dict(dp_target_epsilon=3.0), "set either dp_noise_multiplier or dp_target_epsilon"),
-    (dict(dp_accountant="moments"), "dp_accountant must be one of rdp, prv, gdp"),
-    (dict(dp_noise_multiplier=None, dp_target_epsilon=1e-4, dp_delta=1e-12),
-     "dp_target_epsilon=0.0001 is unreachable"),
-    (dict(model="test_privacy_training:frozen_net"), "no trainable parameter"),
-    (dict(dp_secret="seed"), "dp_secret must be one of os, run_dir"),
-    (dict(dp_secure_noise=False), "dp_secure_noise: false .* is gone"),
-    (dict(dp_secret="run_dir", dp_public_randomness=True), "set only one of them"),
-    (dict(partition="local", dataset="test_privacy_training:own_rank_only"),
-     "partition: local needs the total number of training samples declared public"),
-    (dict(public_train_size=100), "public_train_size.*is for partition: local"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(dp_noise_multiplier=-1.0), "dp_noise_multiplier must be a finite number >= 0"),
+        (dict(dp_max_grad_norm=0.0), "dp_max_grad_norm must be > 0"),
+        (dict(dp_max_grad_norm=None), "differential privacy needs dp_max_grad_norm"),
+        (dict(dp_delta=1.0), "dp_delta must lie strictly between 0 and 1"),
+        (dict(dp_delta=0.0), "dp_delta must lie strictly between 0 and 1"),
+        (
+            dict(dp_noise_multiplier=None, dp_target_epsilon=0.0),
+            "dp_target_epsilon must be a finite number > 0",
+        ),
+        (dict(dp_target_epsilon=3.0), "set either dp_noise_multiplier or dp_target_epsilon"),
+        (dict(dp_accountant="moments"), "dp_accountant must be one of rdp, prv, gdp"),
+        (
+            dict(dp_noise_multiplier=None, dp_target_epsilon=1e-4, dp_delta=1e-12),
+            "dp_target_epsilon=0.0001 is unreachable",
+        ),
+        (dict(model="test_privacy_training:frozen_net"), "no trainable parameter"),
+        (dict(dp_secret="seed"), "dp_secret must be one of os, run_dir"),
+        (dict(dp_secure_noise=False), "dp_secure_noise: false .* is gone"),
+        (dict(dp_secret="run_dir", dp_public_randomness=True), "set only one of them"),
+        (
+            dict(partition="local", dataset="test_privacy_training:own_rank_only"),
+            "partition: local needs the total number of training samples declared public",
+        ),
+        (dict(public_train_size=100), "public_train_size.*is for partition: local"),
+    ],
+)
 def test_bad_dp_inputs_are_one_line_errors_and_write_nothing(tmp_path, changes, message):
     out = tmp_path / "run"
     with pytest.raises(ValueError, match=message) as info:
@@ -328,9 +414,19 @@ def test_bad_dp_inputs_are_one_line_errors_and_write_nothing(tmp_path, changes, 
 
 def test_dp_keys_are_documented_and_validated_with_the_config():
     text = describe_keys()
-    for key in ("dp_noise_multiplier", "dp_max_grad_norm", "dp_delta", "dp_target_epsilon",
-                "dp_accountant", "dp_fix_model", "dp_secure_noise", "dp_secret",
-                "dp_public_randomness", "release_peer_statistics", "public_train_size"):
+    for key in (
+        "dp_noise_multiplier",
+        "dp_max_grad_norm",
+        "dp_delta",
+        "dp_target_epsilon",
+        "dp_accountant",
+        "dp_fix_model",
+        "dp_secure_noise",
+        "dp_secret",
+        "dp_public_randomness",
+        "release_peer_statistics",
+        "public_train_size",
+    ):
         assert f"\n{key} (" in text
     with pytest.raises(ValueError, match="dp_noise_multiplier must be a finite number >= 0"):
         validate_config(DP.replace(dp_noise_multiplier=-0.5))

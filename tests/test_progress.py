@@ -14,9 +14,21 @@ TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 
 def launch(tmp_path, *extra):
     return subprocess.run(
-        [sys.executable, "-m", "gossip_powersgd.cli.train", "--config", str(TINY),
-         "--set", f"out_dir={tmp_path / 'run'}", *extra],
-        capture_output=True, text=True, cwd=ROOT, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "gossip_powersgd.cli.train",
+            "--config",
+            str(TINY),
+            "--set",
+            f"out_dir={tmp_path / 'run'}",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
 
 
 def test_without_a_terminal_rank_0_prints_set_up_and_progress_lines(tmp_path):
@@ -29,9 +41,13 @@ def test_without_a_terminal_rank_0_prints_set_up_and_progress_lines(tmp_path):
     assert [re.sub(r" \(\d+\.\d s\)$", "", line) for line in setup] == [
         "set-up: config checked: 4 peers agree on it",
         "set-up: data synthetic_logreg:d=20,classes=4,n=2000 loaded, partition iid",
-        "set-up: model logreg (84 parameters) and powergossip:rank=1 built"]
-    steps = [int(m.group(1)) for m in (re.match(r"progress: step (\d+)/39 \(\d+ %\)", line)
-                                        for line in lines) if m]
+        "set-up: model logreg (84 parameters) and powergossip:rank=1 built",
+    ]
+    steps = [
+        int(m.group(1))
+        for m in (re.match(r"progress: step (\d+)/39 \(\d+ %\)", line) for line in lines)
+        if m
+    ]
     # 3 epochs of 13 steps: a line every ceil(39 / 10) = 4 steps and at the last one (a line
     # that a slow machine adds after 60 s would only add steps to the list)
     assert set(range(4, 39, 4)) | {39} <= set(steps) and steps == sorted(steps)
@@ -41,5 +57,8 @@ def test_without_a_terminal_rank_0_prints_set_up_and_progress_lines(tmp_path):
 def test_quiet_prints_no_set_up_or_progress_lines(tmp_path):
     result = launch(tmp_path, "--quiet")
     assert result.returncode == 0, result.stderr
-    assert not [line for line in result.stdout.splitlines()
-                if line.startswith(("start:", "set-up:", "progress:"))]
+    assert not [
+        line
+        for line in result.stdout.splitlines()
+        if line.startswith(("start:", "set-up:", "progress:"))
+    ]

@@ -46,19 +46,27 @@ def random_shapes_run(comm, shapes, rank, iters, warm):
 
 
 shapes = st.lists(
-    st.lists(st.integers(1, 9), min_size=1, max_size=4).map(tuple), min_size=1, max_size=5)
+    st.lists(st.integers(1, 9), min_size=1, max_size=4).map(tuple), min_size=1, max_size=5
+)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(shapes, st.integers(1, 5), st.integers(1, 3), st.booleans(),
-       st.sampled_from(["ring:5", "star:4", "torus:2x3", "complete:3"]))
+@given(
+    shapes,
+    st.integers(1, 5),
+    st.integers(1, 3),
+    st.booleans(),
+    st.sampled_from(["ring:5", "star:4", "torus:2x3", "complete:3"]),
+)
 def test_random_shapes_preserve_the_average_and_share_factors(shapes, rank, iters, warm, spec):
     topology = topologies.parse(spec)
     results = LocalCluster(topology).run(random_shapes_run, shapes, rank, iters, warm)
     for k in range(len(shapes)):
         before = torch.stack([r[0][k] for r in results]).mean(0)
         after = torch.stack([r[1][k] for r in results]).mean(0)
-        assert torch.allclose(before, after, rtol=0, atol=1e-12 * max(1.0, float(before.abs().max())))
+        assert torch.allclose(
+            before, after, rtol=0, atol=1e-12 * max(1.0, float(before.abs().max()))
+        )
     for i, j in topology.edges():
         mine, theirs = results[i][2][j], results[j][2][i]
         assert all(torch.equal(mine[key], theirs[key]) for key in mine)

@@ -12,8 +12,9 @@ def test_readme_library_example_runs():
     text = (ROOT / "README.md").read_text()
     block = re.search(r"## The library in 20 lines\n\n```python\n(.*?)```", text, re.S).group(1)
     assert len(block.strip().splitlines()) <= 20
-    result = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=300,
-                            cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", block], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
     assert result.returncode == 0, result.stderr
     values = eval(result.stdout.strip())  # a list of (consensus distance, bytes) per peer
     assert len(values) == 8 and len({v for v in values}) == 1
@@ -32,7 +33,9 @@ def layout_section(text: str) -> str:
 
 def test_readme_layout_names_only_paths_that_exist():
     layout = layout_section((ROOT / "README.md").read_text())
-    paths = set(re.findall(r"^([\w./]+/?)\s", re.search(r"```\n(.*?)```", layout, re.S).group(1), re.M))
+    paths = set(
+        re.findall(r"^([\w./]+/?)\s", re.search(r"```\n(.*?)```", layout, re.S).group(1), re.M)
+    )
     paths |= set(re.findall(r"`((?:gossip_powersgd|experiments|topologies)/[\w./]*)`", layout))
     experiments_rows = re.search(r"^experiments/(.*?)^tests/", layout, re.S | re.M).group(1)
     paths |= {f"experiments/{name}" for name in re.findall(r"\b(\w+\.py|\w+/)", experiments_rows)}
@@ -44,10 +47,12 @@ def test_readme_layout_names_only_paths_that_exist():
 def test_readme_layout_points_at_the_functions_it_names():
     """One hop each: the D-PSGD loop, the checkpoint writer, the algorithm registry, the programs."""
     layout = layout_section((ROOT / "README.md").read_text())
-    claims = [("train()", "gossip_powersgd/training/trainer.py", r"^def train\("),
-              ("save_checkpoint", "gossip_powersgd/training/checkpoint.py", r"^def save_checkpoint\("),
-              ("register(MyAlgorithm)", "gossip_powersgd/algorithms/registry.py", r"^ALGORITHMS = \["),
-              ("gossip-train", "gossip_powersgd/cli/", None)]
+    claims = [
+        ("train()", "gossip_powersgd/training/trainer.py", r"^def train\("),
+        ("save_checkpoint", "gossip_powersgd/training/checkpoint.py", r"^def save_checkpoint\("),
+        ("register(MyAlgorithm)", "gossip_powersgd/algorithms/registry.py", r"^ALGORITHMS = \["),
+        ("gossip-train", "gossip_powersgd/cli/", None),
+    ]
     for name, path, definition in claims:
         assert name in layout and path in layout, (name, path)
         if definition is not None:

@@ -44,8 +44,11 @@ def test_cifar10_reads_the_binary_format(cifar_root):
     # records 8..15 are data_batch_2's; 39 is the last of data_batch_5
     x, y = data.read_train(np.array([9, 39, 0]))
     batch2, batch5 = paper_fixtures.cifar_records(8, 2), paper_fixtures.cifar_records(8, 5)
-    assert x.dtype == torch.uint8 and y.tolist() == [batch2[1, 0], batch5[7, 0],
-                                                     paper_fixtures.cifar_records(8, 1)[0, 0]]
+    assert x.dtype == torch.uint8 and y.tolist() == [
+        batch2[1, 0],
+        batch5[7, 0],
+        paper_fixtures.cifar_records(8, 1)[0, 0],
+    ]
     assert np.array_equal(x[0].numpy().reshape(-1), batch2[1, 1:])
     # the root may also be the folder itself
     assert load_dataset(f"cifar10:root={cifar_root}/cifar-10-batches-bin").num_train == 40
@@ -54,15 +57,18 @@ def test_cifar10_reads_the_binary_format(cifar_root):
 def test_cifar10_missing_and_truncated_files(cifar_root):
     folder = cifar_root / "cifar-10-batches-bin"
     (folder / "data_batch_3.bin").unlink()
-    with pytest.raises(ValueError, match="data_batch_3.bin does not exist.*cifar-10-batches-bin") \
-            as info:
+    with pytest.raises(
+        ValueError, match="data_batch_3.bin does not exist.*cifar-10-batches-bin"
+    ) as info:
         load_dataset(f"cifar10:root={cifar_root}")
     assert "\n" not in str(info.value)
     (folder / "data_batch_3.bin").write_bytes(b"\0" * 3074)
     with pytest.raises(ValueError, match="not a whole number of 3073-byte"):
         load_dataset(f"cifar10:root={cifar_root}")
-    for spec, match in (("cifar10", "needs the folder"), (f"cifar10:root={cifar_root},x=1",
-                                                           "unknown option 'x'")):
+    for spec, match in (
+        ("cifar10", "needs the folder"),
+        (f"cifar10:root={cifar_root},x=1", "unknown option 'x'"),
+    ):
         with pytest.raises(ValueError, match=match):
             load_dataset(spec)
 
@@ -79,7 +85,7 @@ def test_augmentation_is_a_padded_crop_and_flip():
     mean = torch.tensor(CIFAR10_MEAN, dtype=torch.float64)[:, None, None]
     std = torch.tensor(CIFAR10_STD, dtype=torch.float64)[:, None, None]
     for i in range(16):
-        crop = padded[i, :, dy[i]:dy[i] + 32, dx[i]:dx[i] + 32]
+        crop = padded[i, :, dy[i] : dy[i] + 32, dx[i] : dx[i] + 32]
         crop = crop.flip(-1) if flips[i] else crop
         assert torch.allclose(out[i].double(), (crop - mean) / std, atol=1e-5)  # float32 ulps
     assert 0 < int(flips.sum()) < 16 and len(set(dy.tolist())) > 1
@@ -123,7 +129,7 @@ def test_wikitext2_vocabulary_and_windows(tmp_path):
     for line in (paper_fixtures.TEST_TEXT * 3).splitlines(keepends=True):
         test_words += line.split() + ["<eos>"]
     expect = [vocabulary.index(w) if w in vocabulary else 0 for w in test_words]  # unseen: <unk>
-    assert data.x_test.reshape(-1).tolist() == expect[:4 * data.num_test]
+    assert data.x_test.reshape(-1).tolist() == expect[: 4 * data.num_test]
     assert "unseen" not in vocabulary and data.x_test[0, 1] == 0
     (tmp_path / "wikitext-2" / "wiki.valid.tokens").unlink()
     with pytest.raises(ValueError, match="wiki.valid.tokens does not exist.*wikitext-2"):
@@ -165,10 +171,23 @@ def test_peer_reads_only_its_own_records():
 def test_other_ranks_records_raise_and_the_run_still_trains(tmp_path):
     out = tmp_path / "run"
     config = tmp_path / "guarded.yaml"
-    config.write_text("topology: ring:3\nalgorithm: exact\ndataset: paper_fixtures:rank_guarded\n"
-                      "model: mlp:8\nbatch_size: 8\nepochs: 2\nlr: 0.3\nbackend: mpi\n")
-    result = run_mpi(3, ["-m", "gossip_powersgd.cli.train", "--config", config, "--set",
-                         f"out_dir={out}", "--quiet"], timeout=120)
+    config.write_text(
+        "topology: ring:3\nalgorithm: exact\ndataset: paper_fixtures:rank_guarded\n"
+        "model: mlp:8\nbatch_size: 8\nepochs: 2\nlr: 0.3\nbackend: mpi\n"
+    )
+    result = run_mpi(
+        3,
+        [
+            "-m",
+            "gossip_powersgd.cli.train",
+            "--config",
+            config,
+            "--set",
+            f"out_dir={out}",
+            "--quiet",
+        ],
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2 * 4 and summary["final_test_acc_avg_model"] > 0.6
@@ -180,17 +199,41 @@ def test_a_user_module_in_the_cwd_imports_without_pythonpath(tmp_path):
         "def load(seed=0):\n"
         "    rng = np.random.default_rng(seed)\n"
         "    x = rng.standard_normal((40, 3)); y = (x[:, 0] > 0).astype(int)\n"
-        "    return x[:32], y[:32], x[32:], y[32:]\n")
+        "    return x[:32], y[:32], x[32:], y[32:]\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    script = ("import sys; sys.path = [p for p in sys.path if p not in ('', '.')]; "
-              "sys.path.insert(0, sys.argv.pop(1)); "
-              "from gossip_powersgd.cli.train import main; main()")
-    result = run_bounded([sys.executable, "-c", script, str(ROOT), "--set", "dataset=mydata:load",
-                          "--set", "model=logreg", "--set", "topology=ring:2", "--set",
-                          "epochs=1", "--set", "algorithm=exact", "--quiet", "--config",
-                          str(ROOT / "experiments" / "configs" / "tiny.yaml"), "--set",
-                          f"out_dir={tmp_path / 'run'}"],
-                         120, "gossip-train with a module in the cwd", cwd=tmp_path, env=env)
+    script = (
+        "import sys; sys.path = [p for p in sys.path if p not in ('', '.')]; "
+        "sys.path.insert(0, sys.argv.pop(1)); "
+        "from gossip_powersgd.cli.train import main; main()"
+    )
+    result = run_bounded(
+        [
+            sys.executable,
+            "-c",
+            script,
+            str(ROOT),
+            "--set",
+            "dataset=mydata:load",
+            "--set",
+            "model=logreg",
+            "--set",
+            "topology=ring:2",
+            "--set",
+            "epochs=1",
+            "--set",
+            "algorithm=exact",
+            "--quiet",
+            "--config",
+            str(ROOT / "experiments" / "configs" / "tiny.yaml"),
+            "--set",
+            f"out_dir={tmp_path / 'run'}",
+        ],
+        120,
+        "gossip-train with a module in the cwd",
+        cwd=tmp_path,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert (tmp_path / "run" / "summary.json").is_file()
 
@@ -209,18 +252,34 @@ def local_train(config):
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # peers used the global RNG (dropout)
 def test_cifar10_resnet_and_wikitext_lstm_train_in_process(cifar_root, tmp_path):
     common = dict(topology="ring:2", algorithm="powergossip:rank=1", epochs=1, quiet=True)
-    s = local_train(dict(common, dataset=f"cifar10:root={cifar_root}", model="resnet20:width=4",
-                         batch_size=8, lr=0.05))
+    s = local_train(
+        dict(
+            common,
+            dataset=f"cifar10:root={cifar_root}",
+            model="resnet20:width=4",
+            batch_size=8,
+            lr=0.05,
+        )
+    )
     assert s[0]["steps"] == 3 and s[0]["final_test_acc_avg_model"] is not None
     paper_fixtures.write_wikitext2(tmp_path)
-    lm = local_train(dict(common, dataset=f"wikitext2:root={tmp_path},bptt=6",
-                          partition="contiguous", model="lstm_lm:layers=1,hidden=8", lr=1.0,
-                          batch_size=4, epochs=2))
+    lm = local_train(
+        dict(
+            common,
+            dataset=f"wikitext2:root={tmp_path},bptt=6",
+            partition="contiguous",
+            model="lstm_lm:layers=1,hidden=8",
+            lr=1.0,
+            batch_size=4,
+            epochs=2,
+        )
+    )
     final = [r for r in lm[0]["history"] if r["kind"] == "eval"]
     vocabulary = load_dataset(f"wikitext2:root={tmp_path},bptt=6").num_classes
     # perplexity is exp(per-token cross-entropy); below the vocabulary size: better than uniform
     assert final[-1]["test_perplexity_avg_model"] == pytest.approx(
-        np.exp(final[-1]["test_loss_avg_model"]), rel=1e-12)
+        np.exp(final[-1]["test_loss_avg_model"]), rel=1e-12
+    )
     assert final[-1]["test_perplexity_avg_model"] < vocabulary
     assert lm[0]["label_histogram"] == [[], []]  # a target per token: no label histogram
 
@@ -228,12 +287,27 @@ def test_cifar10_resnet_and_wikitext_lstm_train_in_process(cifar_root, tmp_path)
 @pytest.mark.mpi
 def test_augmented_cifar_run_is_the_same_under_mpi_and_local(cifar_root, tmp_path):
     config = tmp_path / "cifar.yaml"
-    config.write_text(f"topology: ring:2\nalgorithm: powergossip:rank=1\n"
-                      f"dataset: cifar10:root={cifar_root}\nmodel: resnet20:width=4\n"
-                      "batch_size: 8\nepochs: 2\nlr: 0.05\nmomentum: 0.9\n")
+    config.write_text(
+        f"topology: ring:2\nalgorithm: powergossip:rank=1\n"
+        f"dataset: cifar10:root={cifar_root}\nmodel: resnet20:width=4\n"
+        "batch_size: 8\nepochs: 2\nlr: 0.05\nmomentum: 0.9\n"
+    )
     out = tmp_path / "mpi"
-    result = run_mpi(2, ["-m", "gossip_powersgd.cli.train", "--config", config, "--set",
-                         "backend=mpi", "--set", f"out_dir={out}", "--quiet"], timeout=120)
+    result = run_mpi(
+        2,
+        [
+            "-m",
+            "gossip_powersgd.cli.train",
+            "--config",
+            config,
+            "--set",
+            "backend=mpi",
+            "--set",
+            f"out_dir={out}",
+            "--quiet",
+        ],
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     from gossip_powersgd.training.config import load_config
 

@@ -80,11 +80,19 @@ def fast(comm, spec, steps, shapes=SHAPES):
     return xs
 
 
-TOPOLOGIES = ["ring:8", "star:5", "small_world:8:4:0.5",  # static: sign runs on both sides of a rank
-              "one_peer_exponential:8", "matchings:8", "edge_sampling:ring:8:0.5"]
-VARIANTS = [dict(rank=1, num_iterations=1, warm_start=True),  # the rank-1 row layout
-            dict(rank=2, num_iterations=3, warm_start=True),  # Gram-Schmidt, both sides per step
-            dict(rank=5, num_iterations=2, warm_start=False)]  # QR, random restart
+TOPOLOGIES = [
+    "ring:8",
+    "star:5",
+    "small_world:8:4:0.5",  # static: sign runs on both sides of a rank
+    "one_peer_exponential:8",
+    "matchings:8",
+    "edge_sampling:ring:8:0.5",
+]
+VARIANTS = [
+    dict(rank=1, num_iterations=1, warm_start=True),  # the rank-1 row layout
+    dict(rank=2, num_iterations=3, warm_start=True),  # Gram-Schmidt, both sides per step
+    dict(rank=5, num_iterations=2, warm_start=False),
+]  # QR, random restart
 
 
 @pytest.mark.parametrize("spec", TOPOLOGIES)
@@ -92,14 +100,17 @@ VARIANTS = [dict(rank=1, num_iterations=1, warm_start=True),  # the rank-1 row l
 @pytest.mark.parametrize("variant", VARIANTS, ids=["r1", "r2K3", "r5restart"])
 def test_every_fast_variant_lands_on_the_reference(spec, batched, variant):
     topology, steps = topologies.parse(spec), 5
-    text = (f"powergossip:rank={variant['rank']},iters={variant['num_iterations']},"
-            f"warm={variant['warm_start']},batched={batched},gamma=1")
+    text = (
+        f"powergossip:rank={variant['rank']},iters={variant['num_iterations']},"
+        f"warm={variant['warm_start']},batched={batched},gamma=1"
+    )
     out = LocalCluster(topology).run(fast, text, steps)
     expected, tolerance = reference_with_bound(topology, steps, gamma=1.0, **variant)
     # The tolerance is the conditioning's (see rounding_bound), not a tuned constant; a wrong
     # sign, weight, side or draw is orders of magnitude outside it (checked below).
-    worst = max((a - b).abs().max().item() for got, want in zip(out, expected)
-                for a, b in zip(got, want))
+    worst = max(
+        (a - b).abs().max().item() for got, want in zip(out, expected) for a, b in zip(got, want)
+    )
     assert worst <= tolerance, f"largest difference {worst:.3g}, rounding bound {tolerance:.3g}"
     moved = max((a - b).abs().max().item() for got in out for a, b in zip(got, start(0)))
     assert moved > 1e3 * tolerance  # the models did change: the comparison is not vacuous
@@ -108,10 +119,17 @@ def test_every_fast_variant_lands_on_the_reference(spec, batched, variant):
 def test_a_wrong_variant_is_far_outside_the_bound():
     topology = topologies.parse("edge_sampling:ring:8:0.5")
     out = LocalCluster(topology).run(fast, "powergossip:rank=2,iters=3,gamma=1", 5)
-    for wrong in (dict(gamma=1.0 + 1e-6), dict(gamma=1.0, seed=1), dict(gamma=1.0, warm_start=False)):
+    for wrong in (
+        dict(gamma=1.0 + 1e-6),
+        dict(gamma=1.0, seed=1),
+        dict(gamma=1.0, warm_start=False),
+    ):
         expected, tolerance = reference_with_bound(topology, 5, rank=2, num_iterations=3, **wrong)
-        worst = max((a - b).abs().max().item() for got, want in zip(out, expected)
-                    for a, b in zip(got, want))
+        worst = max(
+            (a - b).abs().max().item()
+            for got, want in zip(out, expected)
+            for a, b in zip(got, want)
+        )
         assert worst > 10 * tolerance, wrong
 
 

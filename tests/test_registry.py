@@ -13,9 +13,13 @@ from gossip_powersgd.algorithms.registry import split_spec
 
 def test_split_spec_handles_nested_specs():
     assert split_spec("choco:compressor=topk:0.01,gamma=0.4") == (
-        "choco", {"compressor": "topk:0.01", "gamma": "0.4"})
+        "choco",
+        {"compressor": "topk:0.01", "gamma": "0.4"},
+    )
     assert split_spec("choco:compressor=[randomk:0.1,seed=3],gamma=0.4") == (
-        "choco", {"compressor": "randomk:0.1,seed=3", "gamma": "0.4"})
+        "choco",
+        {"compressor": "randomk:0.1,seed=3", "gamma": "0.4"},
+    )
     assert split_spec("exact") == ("exact", {})
 
 
@@ -26,21 +30,38 @@ def test_specs_map_to_keyword_arguments():
     assert repr(kwargs["compressor"]) == "lowrank:2,iterations=2" and kwargs["gamma"] == 0.4
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("gossipx", "unknown algorithm 'gossipx'; valid: allreduce, choco, deepsqueeze, exact, powergossip, powersgd"),
-    ("powergossip:rnk=2", "algorithm 'powergossip' has no option 'rnk'; valid: batched, gamma, iters, "
-                          "min_compression_rate, rank, seed, warm"),
-    ("powergossip:rank=two", "algorithm 'powergossip': bad value 'two' for rank"),
-    ("powergossip:rank", "option 'rank' is not key=value"),
-    ("choco:compressor=[topk:0.1,gamma=0.4", "unbalanced square brackets"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (
+            "gossipx",
+            "unknown algorithm 'gossipx'; valid: allreduce, choco, deepsqueeze, exact, powergossip, powersgd",
+        ),
+        (
+            "powergossip:rnk=2",
+            "algorithm 'powergossip' has no option 'rnk'; valid: batched, gamma, iters, "
+            "min_compression_rate, rank, seed, warm",
+        ),
+        ("powergossip:rank=two", "algorithm 'powergossip': bad value 'two' for rank"),
+        ("powergossip:rank", "option 'rank' is not key=value"),
+        ("choco:compressor=[topk:0.1,gamma=0.4", "unbalanced square brackets"),
+    ],
+)
 def test_bad_specs_name_the_problem(spec, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
         algorithm_kwargs(spec)
 
 
-@pytest.mark.parametrize("spec", ["exact", "powergossip:rank=2", "choco:compressor=sign,gamma=0.1",
-                                  "deepsqueeze:compressor=topk:0.5,gamma=0.1", "allreduce"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "exact",
+        "powergossip:rank=2",
+        "choco:compressor=sign,gamma=0.1",
+        "deepsqueeze:compressor=topk:0.5,gamma=0.1",
+        "allreduce",
+    ],
+)
 def test_make_algorithm_builds_a_working_algorithm(spec):
     def peer(comm):
         x = [torch.full((6, 5), float(comm.rank)), torch.full((5,), float(comm.rank))]
@@ -54,6 +75,7 @@ def test_make_algorithm_builds_a_working_algorithm(spec):
 
 # ---- algorithms describe themselves -----------------------------------------------------------------
 
+
 def test_every_registered_algorithm_is_complete_and_exported():
     import gossip_powersgd
     from gossip_powersgd.algorithms import ALGORITHMS, REGISTRY
@@ -63,8 +85,13 @@ def test_every_registered_algorithm_is_complete_and_exported():
     for cls in ALGORITHMS:
         assert declaration_problems(cls) == []
         defaults = constructor_defaults(cls)  # every option's default is its constructor's
-        assert all(defaults[o.argument] is not inspect.Parameter.empty for o in cls.options.values())
-        assert getattr(gossip_powersgd, cls.__name__) is cls and cls.__name__ in gossip_powersgd.__all__
+        assert all(
+            defaults[o.argument] is not inspect.Parameter.empty for o in cls.options.values()
+        )
+        assert (
+            getattr(gossip_powersgd, cls.__name__) is cls
+            and cls.__name__ in gossip_powersgd.__all__
+        )
     assert constructor_defaults(REGISTRY["powergossip"])["num_iterations"] == 1
 
 
@@ -74,16 +101,22 @@ def test_a_class_missing_a_declaration_is_refused_naming_what_is_missing():
     class Bare(GossipAlgorithm):
         name = "bare"
 
-    with pytest.raises(TypeError, match=r"algorithm class Bare cannot be registered: it does not "
-                                        r"declare its own `summary`.*`options`.*`gamma_source`.*"
-                                        r"`directed`.*`label`.*`layout`"):
+    with pytest.raises(
+        TypeError,
+        match=r"algorithm class Bare cannot be registered: it does not "
+        r"declare its own `summary`.*`options`.*`gamma_source`.*"
+        r"`directed`.*`label`.*`layout`",
+    ):
         register(Bare)
 
     class Renamed(ExactGossip):  # inherits everything but must name and describe itself
         options = {"step": Option("step_size", float)}
 
-    with pytest.raises(TypeError, match=r"its own `name`.*its own `summary`.*option 'step': its "
-                                        r"argument 'step_size' is not a keyword of the constructor"):
+    with pytest.raises(
+        TypeError,
+        match=r"its own `name`.*its own `summary`.*option 'step': its "
+        r"argument 'step_size' is not a keyword of the constructor",
+    ):
         register(Renamed)
 
     class Taken(ExactGossip):
@@ -101,8 +134,11 @@ def test_direction_and_config_checks_come_from_the_classes():
     for spec in ("pushsum", "allreduce", "powersgd"):
         check_directed(spec, directed, "directed_exponential:4")
     for spec in ("exact", "powergossip", "choco:compressor=sign,gamma=0.1"):
-        with pytest.raises(ValueError, match=f"'{spec.split(':')[0]}' needs symmetric edges, but "
-                                             "topology 'directed_exponential:4' is directed"):
+        with pytest.raises(
+            ValueError,
+            match=f"'{spec.split(':')[0]}' needs symmetric edges, but "
+            "topology 'directed_exponential:4' is directed",
+        ):
             check_directed(spec, directed, "directed_exponential:4")
     ring = topologies.ring(8)
     check_config("exact:gamma=1.0", ring)
@@ -115,8 +151,14 @@ def test_the_earlier_register_form_still_registers_a_class_observers_cannot_deco
     from gossip_powersgd.algorithms import REGISTRY, ExactGossip, algorithm_label, register
     from gossip_powersgd.privacy.views import ObservedView
 
-    cls = register("plain", ExactGossip, {"gamma": ("gamma", float)}, "exact, by another name",
-                   gamma="topology", label=lambda options: "plain gossip")
+    cls = register(
+        "plain",
+        ExactGossip,
+        {"gamma": ("gamma", float)},
+        "exact, by another name",
+        gamma="topology",
+        label=lambda options: "plain gossip",
+    )
     try:
         assert issubclass(cls, ExactGossip) and REGISTRY["plain"] is cls
         assert algorithm_label("plain:gamma=0.5") == "plain gossip"
@@ -130,8 +172,13 @@ def test_the_earlier_register_form_still_registers_a_class_observers_cannot_deco
 
     cls = register("opaque", NoLayout, {}, "no layout declared")
     try:
-        meta = {"algorithm": "opaque", "shapes": [[2]], "dtype": "float32", "neighbors": [1],
-                "observer": 0}
+        meta = {
+            "algorithm": "opaque",
+            "shapes": [[2]],
+            "dtype": "float32",
+            "neighbors": [1],
+            "observer": 0,
+        }
         view = ObservedView(meta, [])
         with pytest.raises(ValueError, match="algorithm 'opaque' declares no message layout"):
             view.decode({"tensor": torch.zeros(2), "sender": 1, "step": 0, "exchange": 0})
@@ -139,10 +186,14 @@ def test_the_earlier_register_form_still_registers_a_class_observers_cannot_deco
         REGISTRY.pop("opaque")
 
 
-@pytest.mark.parametrize("spec, message", [("powergossip:rank=0", "rank must be an integer >= 1, got 0"),
-                                           ("powergossip:iters=0", "num_iterations must be an integer >= 1"),
-                                           ("powergossip:min_compression_rate=-1",
-                                            "min_compression_rate must be >= 0")])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("powergossip:rank=0", "rank must be an integer >= 1, got 0"),
+        ("powergossip:iters=0", "num_iterations must be an integer >= 1"),
+        ("powergossip:min_compression_rate=-1", "min_compression_rate must be >= 0"),
+    ],
+)
 def test_powergossip_checks_its_options_from_the_spec_alone(spec, message):
     from gossip_powersgd.algorithms import check_config
 

@@ -189,7 +189,10 @@ EDGE_LISTS = {
     # diagonal, and this one would diverge
     "heavy": ("0 1 0.7\n1 2 0.7\n", "eigenvalue -1.1 < -1"),
     # the only way to write an asymmetric W in an undirected edge list is to give an edge twice
-    "asymmetric": ("0 1 0.3\n1 2 0.3\n1 0 0.5\n", "reliability_asymmetric.txt:3: edge (0, 1) repeats line 1"),
+    "asymmetric": (
+        "0 1 0.3\n1 2 0.3\n1 0 0.5\n",
+        "reliability_asymmetric.txt:3: edge (0, 1) repeats line 1",
+    ),
     "unparsable": ("0 1\n1 2\nfoo bar\n", "reliability_unparsable.txt:3: cannot parse 'foo bar'"),
 }
 
@@ -199,27 +202,52 @@ def test_cli_bad_edge_list_files(tmp_path, capsys, name):
     text, expected = EDGE_LISTS[name]
     path = tmp_path / f"reliability_{name}.txt"
     path.write_text(text)
-    code, lines = cli(["--config", TINY, "--set", f"topology=file:{path}",
-                       "--set", f"out_dir={tmp_path / 'run'}"], capsys)
+    code, lines = cli(
+        [
+            "--config",
+            TINY,
+            "--set",
+            f"topology=file:{path}",
+            "--set",
+            f"out_dir={tmp_path / 'run'}",
+        ],
+        capsys,
+    )
     assert code != 0
     assert len(lines) == 1 and lines[0].startswith("error: bad value for 'topology'"), lines
     assert expected in lines[0]
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("algorithm=gossipx", "unknown algorithm 'gossipx'; valid: allreduce, choco, deepsqueeze, exact, "
-                          "powergossip, powersgd"),
-    ("algorithm=choco:compressor=foo", "unknown compressor 'foo' in 'foo'; valid names: identity, topk"),
-    ("topology=moebius:4", "unknown topology 'moebius' in spec 'moebius:4'; valid: ring, torus"),
-    ("optimiser=sgd", "unknown config key 'optimiser' in --set; valid keys: topology, algorithm"),
-    ("algorithm=powergossip:rank=0", "rank must be an integer >= 1, got 0"),
-    # beyond float32: torch's optimizer would fail with a traceback at the first step
-    ("lr=1e39", "bad value for 'lr': 1e+39 (must be > 0 and at most 3.403e+38 (float32))"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        (
+            "algorithm=gossipx",
+            "unknown algorithm 'gossipx'; valid: allreduce, choco, deepsqueeze, exact, "
+            "powergossip, powersgd",
+        ),
+        (
+            "algorithm=choco:compressor=foo",
+            "unknown compressor 'foo' in 'foo'; valid names: identity, topk",
+        ),
+        (
+            "topology=moebius:4",
+            "unknown topology 'moebius' in spec 'moebius:4'; valid: ring, torus",
+        ),
+        (
+            "optimiser=sgd",
+            "unknown config key 'optimiser' in --set; valid keys: topology, algorithm",
+        ),
+        ("algorithm=powergossip:rank=0", "rank must be an integer >= 1, got 0"),
+        # beyond float32: torch's optimizer would fail with a traceback at the first step
+        ("lr=1e39", "bad value for 'lr': 1e+39 (must be > 0 and at most 3.403e+38 (float32))"),
+    ],
+)
 def test_cli_bad_names_and_values_are_one_line(tmp_path, capsys, override, expected):
-    code, lines = cli(["--config", TINY, "--set", override, "--set", f"out_dir={tmp_path / 'run'}"],
-                      capsys)
+    code, lines = cli(
+        ["--config", TINY, "--set", override, "--set", f"out_dir={tmp_path / 'run'}"], capsys
+    )
     assert code != 0
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
 
@@ -234,16 +262,25 @@ def test_disagreeing_parameter_dtypes_fail_identically_on_every_peer():
         return "no error"
 
     messages = LocalCluster(topologies.ring(4)).run(peer)
-    assert messages == ["parameter shapes and dtypes differs across ranks: ranks 0,2-3 hold variant 1; "
-                        "ranks 1 hold variant 2"] * 4
+    assert (
+        messages
+        == [
+            "parameter shapes and dtypes differs across ranks: ranks 0,2-3 hold variant 1; "
+            "ranks 1 hold variant 2"
+        ]
+        * 4
+    )
 
 
 def test_powergossip_clips_the_rank_to_the_smaller_side():
     """rank=50 on 4x3 matrices is rank 3 (documented): same bytes, same result, bit for bit."""
+
     def peer(comm, rank):
         g = torch.Generator().manual_seed(comm.rank)
-        x = [torch.randn(4, 3, generator=g, dtype=torch.float64), torch.randn(3, 4, generator=g,
-                                                                             dtype=torch.float64)]
+        x = [
+            torch.randn(4, 3, generator=g, dtype=torch.float64),
+            torch.randn(3, 4, generator=g, dtype=torch.float64),
+        ]
         gossip = PowerGossip(x, comm, rank=rank, seed=1)
         sizes = []
         for _ in range(3):
@@ -260,6 +297,7 @@ def test_powergossip_clips_the_rank_to_the_smaller_side():
 
 # ---- non-finite values: named, and never sent -----------------------------------------------------
 
+
 def watch_received(comm, log):
     """Wrap comm.exchange to record whether any received message held a NaN or an infinity."""
     real = comm.exchange
@@ -272,8 +310,11 @@ def watch_received(comm, log):
     comm.exchange = exchange
 
 
-@pytest.mark.parametrize("make", [lambda x, comm: PowerGossip(x, comm, rank=1),
-                                  lambda x, comm: ExactGossip(x, comm)], ids=["powergossip", "exact"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda x, comm: PowerGossip(x, comm, rank=1), lambda x, comm: ExactGossip(x, comm)],
+    ids=["powergossip", "exact"],
+)
 def test_a_nan_parameter_is_named_and_never_reaches_a_neighbour(make):
     log = {}
 
@@ -289,8 +330,9 @@ def test_a_nan_parameter_is_named_and_never_reaches_a_neighbour(make):
 
     with pytest.raises(NonFiniteError) as info:
         LocalCluster(topologies.ring(4), timeout=30).run(peer)
-    assert str(info.value).startswith("rank 2: non-finite values in parameter(s) layer.weight at gossip "
-                                      "step 2; nothing was sent")
+    assert str(info.value).startswith(
+        "rank 2: non-finite values in parameter(s) layer.weight at gossip step 2; nothing was sent"
+    )
     assert log == {}  # no peer ever received a NaN
 
 
@@ -302,13 +344,17 @@ def test_a_diverging_training_run_names_the_rank_and_sends_nothing_non_finite():
         watch_received(comm, log)
         return train(comm, config)
 
-    with pytest.raises(NonFiniteError, match=r"^rank [0-3]: the training loss is (inf|nan) at step \d+ "
-                                             r"\(lower the learning rate"):
+    with pytest.raises(
+        NonFiniteError,
+        match=r"^rank [0-3]: the training loss is (inf|nan) at step \d+ "
+        r"\(lower the learning rate",
+    ):
         LocalCluster(topologies.parse(config.topology), timeout=30).run(peer)
     assert log == {}
 
 
 # ---- faults: a rank killed mid-training -----------------------------------------------------------
+
 
 def _children() -> dict:
     kids = {}
@@ -336,7 +382,7 @@ def rank_pids(root_pid: int) -> dict:
                 continue
             for v in variables:
                 if v.startswith(b"PMI_RANK="):
-                    ranks[int(v[len("PMI_RANK="):])] = child
+                    ranks[int(v[len("PMI_RANK=") :])] = child
     return ranks
 
 
@@ -363,14 +409,49 @@ def test_a_rank_killed_mid_training_ends_the_job_and_the_run_resumes_exactly(tmp
     names the silent neighbour (a timeout inside a collective names the operation, not the peer).
     Each rank's stderr goes to its own file: forwarded output races with the job's teardown."""
     out = tmp_path / "run"
-    overrides = ["--set", f"epochs={EPOCHS}", "--set", "log_every=0", "--set", f"eval_every={EPOCHS}"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{SUPPORT}")
-    command = [mpiexec_path(), "-disable-auto-cleanup", "-errfile-pattern",
-               str(tmp_path / "stderr-%r.txt"), "-n", "4", sys.executable, "-m", "experiments.train",
-               "--config", str(TINY), "--set", "backend=mpi", "--set", f"out_dir={out}",
-               "--set", "comm_timeout=5", *overrides, "--quiet"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=env, cwd=ROOT, start_new_session=True)
+    overrides = [
+        "--set",
+        f"epochs={EPOCHS}",
+        "--set",
+        "log_every=0",
+        "--set",
+        f"eval_every={EPOCHS}",
+    ]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{SUPPORT}",
+    )
+    command = [
+        mpiexec_path(),
+        "-disable-auto-cleanup",
+        "-errfile-pattern",
+        str(tmp_path / "stderr-%r.txt"),
+        "-n",
+        "4",
+        sys.executable,
+        "-m",
+        "experiments.train",
+        "--config",
+        str(TINY),
+        "--set",
+        "backend=mpi",
+        "--set",
+        f"out_dir={out}",
+        "--set",
+        "comm_timeout=5",
+        *overrides,
+        "--quiet",
+    ]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 150
         while not all(ckpt.checkpoint_path(out, r, 1).exists() for r in range(4)):
@@ -388,8 +469,10 @@ def test_a_rank_killed_mid_training_ends_the_job_and_the_run_resumes_exactly(tmp
             os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
     errors = "".join(p.read_text() for p in sorted(tmp_path.glob("stderr-*.txt")))
-    print(f"other ranks gone {exit_seconds:.1f} s after the SIGKILL; exit {process.returncode}\n"
-          f"{output[-1500:]}\n{errors}")
+    print(
+        f"other ranks gone {exit_seconds:.1f} s after the SIGKILL; exit {process.returncode}\n"
+        f"{output[-1500:]}\n{errors}"
+    )
     assert process.returncode != 0
     assert exit_seconds < 30
     assert not any(alive(pid) for pid in pids.values())
@@ -410,16 +493,21 @@ def test_a_rank_killed_mid_training_ends_the_job_and_the_run_resumes_exactly(tmp
 
     from experiments.train import run
 
-    resumed = run(["--resume", str(out), "--set", "backend=local", "--set", "comm_timeout=60",
-                   "--quiet"])
-    reference = run(["--config", str(TINY), *overrides, "--set", f"out_dir={tmp_path / 'reference'}",
-                     "--quiet"])
+    resumed = run(
+        ["--resume", str(out), "--set", "backend=local", "--set", "comm_timeout=60", "--quiet"]
+    )
+    reference = run(
+        ["--config", str(TINY), *overrides, "--set", f"out_dir={tmp_path / 'reference'}", "--quiet"]
+    )
     assert resumed["steps"] == reference["steps"]
     assert resumed["model_sha256"] == reference["model_sha256"]
-    assert json.loads((out / "summary.json").read_text())["model_sha256"] == reference["model_sha256"]
+    assert (
+        json.loads((out / "summary.json").read_text())["model_sha256"] == reference["model_sha256"]
+    )
 
 
 # ---- faults: a checkpoint writer killed mid-write -------------------------------------------------
+
 
 def _header(epoch=1):
     return {"format": ckpt.FORMAT, "rank": 0, "epoch": epoch}
@@ -471,8 +559,13 @@ WRITER = textwrap.dedent("""
 
 
 def test_a_writer_killed_mid_write_never_leaves_a_half_file(tmp_path):
-    process = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE,
-                               text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    process = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     try:
         for _ in range(2):  # two complete writes, then kill it somewhere in the third or fourth
             assert process.stdout.readline().strip(), "the writer died"
@@ -485,17 +578,48 @@ def test_a_writer_killed_mid_write_never_leaves_a_half_file(tmp_path):
             process.wait()
     path = ckpt.checkpoint_path(tmp_path, 0, 1)
     state = ckpt.read_checkpoint(path)["state"]  # complete and verified (sha256)
-    assert state["i"] >= 2 and torch.equal(state["big"], torch.full((2_000_000,), float(state["i"])))
+    assert state["i"] >= 2 and torch.equal(
+        state["big"], torch.full((2_000_000,), float(state["i"]))
+    )
     assert ckpt.available_epochs(tmp_path, 0) == [1]  # a leftover temp file is never taken for one
 
 
 # ---- security ---------------------------------------------------------------------------------------
 
 # mpi4py's lower-case methods pickle their payload; only upper-case buffer methods may be used.
-PICKLING_MPI = {"send", "recv", "isend", "irecv", "ssend", "bsend", "sendrecv", "bcast", "gather",
-                "allgather", "scatter", "alltoall", "reduce", "allreduce", "scan", "exscan",
-                "ibcast", "igather", "iallgather", "mprobe", "improbe"}
-UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "marshal", "shelve", "cloudpickle", "joblib"}
+PICKLING_MPI = {
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "ssend",
+    "bsend",
+    "sendrecv",
+    "bcast",
+    "gather",
+    "allgather",
+    "scatter",
+    "alltoall",
+    "reduce",
+    "allreduce",
+    "scan",
+    "exscan",
+    "ibcast",
+    "igather",
+    "iallgather",
+    "mprobe",
+    "improbe",
+}
+UNSAFE_MODULES = {
+    "pickle",
+    "cPickle",
+    "_pickle",
+    "dill",
+    "marshal",
+    "shelve",
+    "cloudpickle",
+    "joblib",
+}
 
 
 def unsafe_calls(source: str, filename: str = "<string>"):
@@ -505,9 +629,14 @@ def unsafe_calls(source: str, filename: str = "<string>"):
     for node in ast.walk(ast.parse(source, filename)):
         where = f"{filename}:{getattr(node, 'lineno', '?')}"
         if isinstance(node, ast.Import):
-            problems += [f"{where}: import {a.name}" for a in node.names
-                         if a.name.split(".")[0] in UNSAFE_MODULES]
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in UNSAFE_MODULES:
+            problems += [
+                f"{where}: import {a.name}"
+                for a in node.names
+                if a.name.split(".")[0] in UNSAFE_MODULES
+            ]
+        elif (
+            isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in UNSAFE_MODULES
+        ):
             problems.append(f"{where}: from {node.module} import")
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             attr, owner = node.func.attr, node.func.value
@@ -523,18 +652,24 @@ def unsafe_calls(source: str, filename: str = "<string>"):
                 problems.append(f"{where}: yaml.{attr}")
             elif owner_name in ("np", "numpy") and attr == "load":
                 flag = keywords.get("allow_pickle")
-                if flag is not None and not (isinstance(flag, ast.Constant) and flag.value is False):
+                if flag is not None and not (
+                    isinstance(flag, ast.Constant) and flag.value is False
+                ):
                     problems.append(f"{where}: np.load with allow_pickle")
     return problems
 
 
 def test_the_unsafe_call_scanner_finds_each_kind():
-    planted = ("import pickle\nfrom dill import loads\ncomm.send(x, dest=1)\ncomm.bcast(x)\n"
-               "torch.load(p)\ntorch.load(p, weights_only=False)\nyaml.load(s)\nyaml.unsafe_load(s)\n"
-               "np.load(p, allow_pickle=True)\n")
+    planted = (
+        "import pickle\nfrom dill import loads\ncomm.send(x, dest=1)\ncomm.bcast(x)\n"
+        "torch.load(p)\ntorch.load(p, weights_only=False)\nyaml.load(s)\nyaml.unsafe_load(s)\n"
+        "np.load(p, allow_pickle=True)\n"
+    )
     assert len(unsafe_calls(planted)) == 9
-    fine = ("comm.Isend([b, MPI.BYTE], dest=1)\ncomm.allreduce_(t)\ncomm.allgather_bytes(b)\n"
-            "torch.load(p, map_location='cpu', weights_only=True)\nyaml.safe_load(s)\nnp.load(p)\n")
+    fine = (
+        "comm.Isend([b, MPI.BYTE], dest=1)\ncomm.allreduce_(t)\ncomm.allgather_bytes(b)\n"
+        "torch.load(p, map_location='cpu', weights_only=True)\nyaml.safe_load(s)\nnp.load(p)\n"
+    )
     assert unsafe_calls(fine) == []
 
 
@@ -542,13 +677,16 @@ def test_nothing_is_ever_unpickled():
     """No pickling MPI call, pickle import, unsafe torch.load or yaml load in the package, the
     topology library or the experiments. (Receive sizes and dtypes are checked from the probe before
     the buffer is touched: test_transport.test_mpi_wrong_message_size_ends_the_job_naming_the_peer.)"""
-    files = [p for folder in ("gossip_powersgd", "topologies", "experiments")
-             for p in sorted((ROOT / folder).rglob("*.py"))]
+    files = [
+        p
+        for folder in ("gossip_powersgd", "topologies", "experiments")
+        for p in sorted((ROOT / folder).rglob("*.py"))
+    ]
     assert len(files) > 20
     problems = [p for f in files for p in unsafe_calls(f.read_text(), str(f.relative_to(ROOT)))]
     assert problems == []
     mpi_source = (ROOT / "gossip_powersgd" / "comm" / "mpi.py").read_text()
-    receive = mpi_source[mpi_source.index("def _receive"):]
+    receive = mpi_source[mpi_source.index("def _receive") :]
     assert receive.index("self._check_message(") < receive.index(".Recv(")
 
 
@@ -576,9 +714,17 @@ def test_a_peer_sends_exactly_the_algorithms_bytes(monkeypatch, algorithm):
 
     def peer(comm):
         predicted[comm.rank] = 0
-        seen = traffic[comm.rank] = {"exchange": 0, "training_allreduce": 0, "metric_numel": [],
-                                     "control_bytes": []}
-        real_exchange, real_allreduce, real_gather = comm.exchange, comm.allreduce_, comm.allgather_bytes
+        seen = traffic[comm.rank] = {
+            "exchange": 0,
+            "training_allreduce": 0,
+            "metric_numel": [],
+            "control_bytes": [],
+        }
+        real_exchange, real_allreduce, real_gather = (
+            comm.exchange,
+            comm.allreduce_,
+            comm.allgather_bytes,
+        )
 
         def exchange(send, recv):
             seen["exchange"] += sum(nbytes(t) for t in send.values())
@@ -611,6 +757,7 @@ def test_a_peer_sends_exactly_the_algorithms_bytes(monkeypatch, algorithm):
 
 # ---- long runs -------------------------------------------------------------------------------------
 
+
 def test_long_run_smoke(capsys):
     from experiments.long_run import main
 
@@ -637,6 +784,7 @@ def test_a_killed_writers_leftover_temporary_file_is_removed_by_the_next_save(tm
 
 # ---- trainer-side bad inputs: one line, every rank, no hang ------------------------------------------
 
+
 def tiny_config(*overrides, deep=False):
     return load_config(TINY, ["quiet=true", *overrides], deep=deep)
 
@@ -661,13 +809,28 @@ def test_mpi_ranks_with_unseeded_data_fail_on_every_rank(tmp_path):
     """Bad input 13 under mpiexec: numpy's global random state differs per rank."""
     from conftest import run_mpi
 
-    result = run_mpi(4, ["-m", "experiments.train", "--config", TINY, "--set", "backend=mpi",
-                         "--set", "dataset=reliability_fixtures:unseeded_data",
-                         "--set", f"out_dir={tmp_path / 'run'}", "--quiet"], timeout=180)
+    result = run_mpi(
+        4,
+        [
+            "-m",
+            "experiments.train",
+            "--config",
+            TINY,
+            "--set",
+            "backend=mpi",
+            "--set",
+            "dataset=reliability_fixtures:unseeded_data",
+            "--set",
+            f"out_dir={tmp_path / 'run'}",
+            "--quiet",
+        ],
+        timeout=180,
+    )
     lines = [line for line in result.stderr.splitlines() if line.startswith("error (rank")]
     assert result.returncode != 0
-    assert sorted(line.split(")")[0] for line in lines) == [f"error (rank {r}" for r in range(4)], \
+    assert sorted(line.split(")")[0] for line in lines) == [f"error (rank {r}" for r in range(4)], (
         result.stderr[-2000:]
+    )
     assert all("dataset differs across ranks" in line and "unseeded" in line for line in lines)
     assert "Traceback" not in result.stderr
 
@@ -690,14 +853,18 @@ def test_a_second_run_in_the_same_run_directory_fails_at_once_naming_the_holder(
         return train(comm, config, on_step=start_a_second_run if comm.rank == 0 else None)
 
     summaries = LocalCluster(topologies.parse(config.topology), timeout=60).run(peer)
-    assert second["error"] == (f"run directory {out} is in use by another run (pid {os.getpid()} on "
-                               f"host {socket.gethostname()} holds {out / '.lock'}); wait for it to "
-                               "end or choose another out_dir (delete the lock file only if that "
-                               "run is gone)")
+    assert second["error"] == (
+        f"run directory {out} is in use by another run (pid {os.getpid()} on "
+        f"host {socket.gethostname()} holds {out / '.lock'}); wait for it to "
+        "end or choose another out_dir (delete the lock file only if that "
+        "run is gone)"
+    )
     assert summaries[0]["epochs_done"] == config.epochs
     assert json.loads((out / "summary.json").read_text())["steps"] == summaries[0]["steps"]
     lines = (out / "metrics" / "rank-0.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == sorted(json.loads(l)["step"] for l in lines)
+    assert [json.loads(line)["step"] for line in lines] == sorted(
+        json.loads(l)["step"] for l in lines
+    )
     assert not (out / ".lock").exists()  # released at the end
 
 
@@ -732,7 +899,9 @@ def test_the_lock_is_released_when_the_run_fails(tmp_path):
     assert all("diverged" in e for e in errors), errors
     assert out.is_dir() and not (out / ".lock").exists()
     # nothing written yet: a failure at set-up leaves no directory at all
-    errors = every_rank(tiny_config(f"out_dir={tmp_path / 'other'}", "model=reliability_fixtures:meta_net"))
+    errors = every_rank(
+        tiny_config(f"out_dir={tmp_path / 'other'}", "model=reliability_fixtures:meta_net")
+    )
     assert all("meta device" in e for e in errors) and not (tmp_path / "other").exists()
 
 
@@ -745,19 +914,40 @@ def test_resume_takes_the_lock_too(tmp_path):
 
 
 def test_an_empty_test_set_is_refused_at_load_time(tmp_path, capsys):
-    code, lines = cli(["--config", TINY, "--set", "dataset=reliability_fixtures:empty_test_set",
-                       "--set", f"out_dir={tmp_path / 'run'}"], capsys)
-    assert code != 0 and lines == ["error: bad value for 'dataset': 'reliability_fixtures:"
-                                   "empty_test_set': the test set is empty; return at least one "
-                                   "test sample (x_test, y_test)"]
+    code, lines = cli(
+        [
+            "--config",
+            TINY,
+            "--set",
+            "dataset=reliability_fixtures:empty_test_set",
+            "--set",
+            f"out_dir={tmp_path / 'run'}",
+        ],
+        capsys,
+    )
+    assert code != 0 and lines == [
+        "error: bad value for 'dataset': 'reliability_fixtures:"
+        "empty_test_set': the test set is empty; return at least one "
+        "test sample (x_test, y_test)"
+    ]
 
 
 def test_a_huge_label_is_refused_before_anything_is_sized_by_it(tmp_path, capsys):
-    code, lines = cli(["--config", TINY, "--set", "dataset=reliability_fixtures:huge_label",
-                       "--set", f"out_dir={tmp_path / 'run'}"], capsys)
+    code, lines = cli(
+        [
+            "--config",
+            TINY,
+            "--set",
+            "dataset=reliability_fixtures:huge_label",
+            "--set",
+            f"out_dir={tmp_path / 'run'}",
+        ],
+        capsys,
+    )
     assert code != 0 and len(lines) == 1, lines
-    assert ("label 1000000000 in y_train implies 1000000001 classes but only 3 distinct labels "
-            "occur") in lines[0]
+    assert (
+        "label 1000000000 in y_train implies 1000000001 classes but only 3 distinct labels occur"
+    ) in lines[0]
 
 
 def test_finite_divergence_stops_every_rank_with_one_line(tmp_path, capsys):
@@ -765,13 +955,18 @@ def test_finite_divergence_stops_every_rank_with_one_line(tmp_path, capsys):
     out = tmp_path / "run"
     code, lines = cli(["--config", TINY, "--set", "lr=1e9", "--set", f"out_dir={out}"], capsys)
     assert code != 0
-    assert lines == ["error: the run diverged: the training loss is 1.36e+08 at step 5, more than "
-                     "1e+06 x ln(4) (a uniform guess's loss); lower the learning rate (or the "
-                     "algorithm's gamma)"], lines
+    assert lines == [
+        "error: the run diverged: the training loss is 1.36e+08 at step 5, more than "
+        "1e+06 x ln(4) (a uniform guess's loss); lower the learning rate (or the "
+        "algorithm's gamma)"
+    ], lines
     # the record that diverged is written first (by at least the rank that stopped first: the
     # others may be released from a collective by its failure before they write)
-    last = [json.loads(lines[-1]) for lines in (p.read_text().splitlines()
-                                                for p in (out / "metrics").glob("rank-*.jsonl")) if lines]
+    last = [
+        json.loads(lines[-1])
+        for lines in (p.read_text().splitlines() for p in (out / "metrics").glob("rank-*.jsonl"))
+        if lines
+    ]
     assert last and all(r["train_loss"] > 1e6 * math.log(4) for r in last)
     assert not (out / "summary.json").exists()
 
@@ -779,9 +974,14 @@ def test_finite_divergence_stops_every_rank_with_one_line(tmp_path, capsys):
 def test_a_growing_consensus_distance_is_divergence():
     history = [{"kind": "log", "step": 5, "train_loss": 1.0, "consensus_distance": 0.01}]
     trainer_module.check_divergence(dict(history[0], step=10, consensus_distance=9e5), history, 4)
-    with pytest.raises(NonFiniteError, match=r"^the run diverged: the consensus distance is 2e\+06 "
-                                             r"at step 10, more than 1e\+06 x max\(1, its first"):
-        trainer_module.check_divergence(dict(history[0], step=10, consensus_distance=2e6), history, 4)
+    with pytest.raises(
+        NonFiniteError,
+        match=r"^the run diverged: the consensus distance is 2e\+06 "
+        r"at step 10, more than 1e\+06 x max\(1, its first",
+    ):
+        trainer_module.check_divergence(
+            dict(history[0], step=10, consensus_distance=2e6), history, 4
+        )
 
 
 @pytest.mark.parametrize("where", ["under-a-file", "read-only"])
@@ -793,43 +993,66 @@ def test_an_unusable_out_dir_is_one_line_on_every_rank(tmp_path, where):
         # tests run as root, who may write anywhere chmod forbids; not even root creates in /sys
         out, reason = "/sys/gossip_powersgd_run", "Operation not permitted"
     errors = every_rank(tiny_config(f"out_dir={out}"))
-    assert set(errors) == {f"ValueError: cannot create run directory {out}: {reason}; choose a "
-                           "writable out_dir (--set out_dir=...)"}
+    assert set(errors) == {
+        f"ValueError: cannot create run directory {out}: {reason}; choose a "
+        "writable out_dir (--set out_dir=...)"
+    }
 
 
-def test_a_full_disk_during_a_checkpoint_stops_every_rank_keeping_the_previous_one(tmp_path,
-                                                                                monkeypatch):
+def test_a_full_disk_during_a_checkpoint_stops_every_rank_keeping_the_previous_one(
+    tmp_path, monkeypatch
+):
     out = tmp_path / "run"
     no_space_for(monkeypatch, ckpt, "rank-1-epoch-2.pt")
     errors = every_rank(tiny_config(f"out_dir={out}"))
-    assert set(errors) == {f"ValueError: rank 1: cannot write the epoch-2 checkpoint in "
-                           f"{out / 'checkpoints'}: No space left on device; the previous "
-                           "checkpoints are intact (free space, then --resume)"}
+    assert set(errors) == {
+        f"ValueError: rank 1: cannot write the epoch-2 checkpoint in "
+        f"{out / 'checkpoints'}: No space left on device; the previous "
+        "checkpoints are intact (free space, then --resume)"
+    }
     assert ckpt.available_epochs(out, 1) == [1]
     for rank in range(4):
         assert ckpt.read_checkpoint(ckpt.checkpoint_path(out, rank, 1))["header"]["epoch"] == 1
 
 
 def test_a_huge_seed_is_blamed_on_the_seed(tmp_path, capsys):
-    code, lines = cli(["--config", TINY, "--set", f"seed={2 ** 64}", "--set",
-                       f"out_dir={tmp_path / 'run'}"], capsys)
-    assert code != 0 and lines == [f"error: bad value for 'seed': {2 ** 64} (must be in [0, 2**64))"]
-    assert tiny_config(f"seed={2 ** 64 - 1}", deep=True).seed == 2 ** 64 - 1
+    code, lines = cli(
+        ["--config", TINY, "--set", f"seed={2**64}", "--set", f"out_dir={tmp_path / 'run'}"], capsys
+    )
+    assert code != 0 and lines == [f"error: bad value for 'seed': {2**64} (must be in [0, 2**64))"]
+    assert tiny_config(f"seed={2**64 - 1}", deep=True).seed == 2**64 - 1
 
 
-@pytest.mark.parametrize("model, expected", [
-    ("frozen_net", "the model has no trainable parameter (none, or every one has requires_grad=False)"),
-    ("meta_net", "the model has parameters or buffers on the meta device (no data to train); build it "
-                 "on the CPU"),
-    ("double_net", "cannot run on this dataset's inputs (shape (20,), torch.float32): RuntimeError: "),
-    ("wrong_input_net", "cannot run on this dataset's inputs (shape (20,), torch.float32): RuntimeError: "
-                        "mat1 and mat2 shapes cannot be multiplied"),
-])
+@pytest.mark.parametrize(
+    "model, expected",
+    [
+        (
+            "frozen_net",
+            "the model has no trainable parameter (none, or every one has requires_grad=False)",
+        ),
+        (
+            "meta_net",
+            "the model has parameters or buffers on the meta device (no data to train); build it "
+            "on the CPU",
+        ),
+        (
+            "double_net",
+            "cannot run on this dataset's inputs (shape (20,), torch.float32): RuntimeError: ",
+        ),
+        (
+            "wrong_input_net",
+            "cannot run on this dataset's inputs (shape (20,), torch.float32): RuntimeError: "
+            "mat1 and mat2 shapes cannot be multiplied",
+        ),
+    ],
+)
 def test_an_unusable_user_model_is_one_line(tmp_path, capsys, model, expected):
     spec = f"model=reliability_fixtures:{model}"
     errors = every_rank(tiny_config(spec))  # the trainer's own checks
     assert len(set(errors)) == 1 and expected in errors[0] and "\n" not in errors[0], errors
-    code, lines = cli(["--config", TINY, "--set", spec, "--set", f"out_dir={tmp_path / 'run'}"], capsys)
+    code, lines = cli(
+        ["--config", TINY, "--set", spec, "--set", f"out_dir={tmp_path / 'run'}"], capsys
+    )
     assert code != 0 and len(lines) == 1 and lines[0].startswith("error: bad value for 'model'")
     assert expected in lines[0]
 
@@ -838,8 +1061,14 @@ def test_batch_norm_on_a_one_sample_last_batch_is_told_to_change_the_batch_size(
     """tiny's 1600 training samples give each of 4 peers 400: batch_size 399 leaves 1."""
     errors = every_rank(tiny_config("model=reliability_fixtures:batch_norm_net", "batch_size=399"))
     assert len(set(errors)) == 1, errors
-    assert errors[0].startswith("ValueError: model 'reliability_fixtures:batch_norm_net' cannot train "
-                                "on a batch of 1 sample (Expected more than 1 value per channel")
+    assert errors[0].startswith(
+        "ValueError: model 'reliability_fixtures:batch_norm_net' cannot train "
+        "on a batch of 1 sample (Expected more than 1 value per channel"
+    )
     assert "change batch_size (e.g. to 400)" in errors[0]
-    assert every_rank(tiny_config("model=reliability_fixtures:batch_norm_net", "batch_size=398",
-                                  "epochs=1")) == ["ok"] * 4
+    assert (
+        every_rank(
+            tiny_config("model=reliability_fixtures:batch_norm_net", "batch_size=398", "epochs=1")
+        )
+        == ["ok"] * 4
+    )

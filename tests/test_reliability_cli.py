@@ -21,11 +21,20 @@ from conftest import ROOT, SUPPORT, TESTS, run_bounded
 def run_module(*args, timeout: float = 90) -> subprocess.CompletedProcess:
     """`python ARGS...` from the repository root; a run past `timeout` is killed and fails the test
     as a hang (the refusals below answer in about a second)."""
-    env = dict(os.environ, MPLBACKEND="Agg", OMP_NUM_THREADS="1",
-               PYTHONPATH=f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{SUPPORT}")
+    env = dict(
+        os.environ,
+        MPLBACKEND="Agg",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{SUPPORT}",
+    )
     env.pop("GOSSIP_TRACEBACK", None)
-    return run_bounded([sys.executable, *map(str, args)], timeout,
-                       f"python {' '.join(map(str, args))}", cwd=ROOT, env=env)
+    return run_bounded(
+        [sys.executable, *map(str, args)],
+        timeout,
+        f"python {' '.join(map(str, args))}",
+        cwd=ROOT,
+        env=env,
+    )
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *expected: str) -> str:
@@ -53,9 +62,17 @@ def test_show_of_a_4096_peer_schedule_answers_without_the_dense_products():
     assert "use fewer peers to see it" in r.stdout
 
 
-@pytest.mark.parametrize("spec", ["matchings:16:3", "edge_sampling:complete:12:0.5",
-                                  "edge_sampling:torus:4x4:0.3:2", "one_peer_exponential:8",
-                                  "directed_exponential:8", "cyclic:ring:8,star:8"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "matchings:16:3",
+        "edge_sampling:complete:12:0.5",
+        "edge_sampling:torus:4x4:0.3:2",
+        "one_peer_exponential:8",
+        "directed_exponential:8",
+        "cyclic:ring:8,star:8",
+    ],
+)
 def test_show_counts_each_step_from_its_edges_as_its_graph_has_them(spec):
     # The step rows no longer build each step's W: the counts from the edge arrays must be the
     # built graph's, edge for edge.
@@ -73,12 +90,12 @@ def test_show_bounds_the_product_gap_before_computing_it(monkeypatch, capsys):
     monkeypatch.setattr(show_cli, "product_gap", refuse)
     # (8 + 10) · 64³ multiply-adds is above a bound of 2 · 64³: 2 - 10 < 1 step fits, so the fix
     # is fewer peers; with a bound of 12 · 64³, 2 steps fit.
-    monkeypatch.setattr(show_cli, "PRODUCT_GAP_WORK", 2 * 64 ** 3)
+    monkeypatch.setattr(show_cli, "PRODUCT_GAP_WORK", 2 * 64**3)
     assert show_cli.main(["show", "edge_sampling:complete:64:0.5"]) == 0
     out = capsys.readouterr().out
     assert "product gap (steps 0..7)  not computed: 8 dense 64x64 products" in out
     assert "use fewer peers to see it" in out
-    monkeypatch.setattr(show_cli, "PRODUCT_GAP_WORK", 12 * 64 ** 3)
+    monkeypatch.setattr(show_cli, "PRODUCT_GAP_WORK", 12 * 64**3)
     assert show_cli.main(["show", "matchings:64", "--steps", "3"]) == 0
     out = capsys.readouterr().out
     assert "product gap (steps 0..2)  not computed" in out and "pass --steps 2 or fewer" in out
@@ -97,7 +114,7 @@ def test_show_refuses_to_draw_more_edges_than_it_can(tmp_path, capsys):
     assert show_cli.main(["show", "matchings:256", "--png", str(png)]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and not png.exists()
-    line, = captured.err.strip().splitlines()
+    (line,) = captured.err.strip().splitlines()
     assert "--png draws at most 20000 edges and 'union(matchings:256)' has 32640" in line
     assert "drop --png or draw a smaller graph" in line
 
@@ -106,22 +123,39 @@ def test_show_refuses_to_draw_more_edges_than_it_can(tmp_path, capsys):
 
 # Each case used to run (some of) the experiment first, or silently change what it runs.
 CONSENSUS_CASES = {
-    "huge spectral": (["--problem", "spectral:alpha=1,n=5000"],
-                      ["problem 'spectral:alpha=1,n=5000' gives every peer 2.5e+07 floats", "n=1000"]),
-    "nan budget": (["--budgets", "1e5", "nan"],
-                   ["--budgets must be finite and > 0, got nan", "e.g. --budgets 1e5 1e6 1e7"]),
+    "huge spectral": (
+        ["--problem", "spectral:alpha=1,n=5000"],
+        ["problem 'spectral:alpha=1,n=5000' gives every peer 2.5e+07 floats", "n=1000"],
+    ),
+    "nan budget": (
+        ["--budgets", "1e5", "nan"],
+        ["--budgets must be finite and > 0, got nan", "e.g. --budgets 1e5 1e6 1e7"],
+    ),
     "infinite gamma": (["--gammas", "inf"], ["--gammas must be finite and > 0, got inf"]),
-    "stop-relative above 1": (["--stop-relative", "2"],
-                              ["--stop-relative must be in (0, 1), got 2",
-                               "fraction of the initial error", "e.g. --stop-relative 1e-12"]),
-    "negative sweep bits": (["--sweep-bits", "-5"],
-                            ["--sweep-bits must be >= 0", "got -5", "e.g. --sweep-bits 1e6"]),
-    "absurd steps": (["--steps", "100000000"],
-                     ["--steps must be in 1..100000, got 100000000", "use e.g. --steps 1000"]),
-    "bad last spec": (["--algorithms", "exact", "powergossip:rank=0"],
-                      ["rank must be an integer >= 1, got 0"]),
-    "output is a file": (["--out", "FILE"], ["cannot write to FILE: it exists and is not a "
-                                             "directory; choose a writable --out"]),
+    "stop-relative above 1": (
+        ["--stop-relative", "2"],
+        [
+            "--stop-relative must be in (0, 1), got 2",
+            "fraction of the initial error",
+            "e.g. --stop-relative 1e-12",
+        ],
+    ),
+    "negative sweep bits": (
+        ["--sweep-bits", "-5"],
+        ["--sweep-bits must be >= 0", "got -5", "e.g. --sweep-bits 1e6"],
+    ),
+    "absurd steps": (
+        ["--steps", "100000000"],
+        ["--steps must be in 1..100000, got 100000000", "use e.g. --steps 1000"],
+    ),
+    "bad last spec": (
+        ["--algorithms", "exact", "powergossip:rank=0"],
+        ["rank must be an integer >= 1, got 0"],
+    ),
+    "output is a file": (
+        ["--out", "FILE"],
+        ["cannot write to FILE: it exists and is not a directory; choose a writable --out"],
+    ),
 }
 
 
@@ -149,8 +183,9 @@ def test_consensus_cli_refuses_bad_arguments_before_any_run(tmp_path, consensus_
     argv = [str(blocker) if a == "FILE" else a for a in argv]
     expected = [e.replace("FILE", str(blocker)) for e in expected]
     with pytest.raises(ValueError) as info:
-        consensus_without_runs(["--steps", "2", "--algorithms", "exact", "--no-plot", "--out", str(out),
-                                *argv])
+        consensus_without_runs(
+            ["--steps", "2", "--algorithms", "exact", "--no-plot", "--out", str(out), *argv]
+        )
     line = str(info.value)
     assert "\n" not in line and all(e in line for e in expected), line
     assert not out.exists() and blocker.read_text() == "not a directory\n"
@@ -159,8 +194,12 @@ def test_consensus_cli_refuses_bad_arguments_before_any_run(tmp_path, consensus_
 def test_consensus_cli_huge_problem_is_one_line_before_allocating():
     # It was the allocator's traceback ("you tried to allocate 80000000000 bytes"), after the start.
     r = run_module("-m", "experiments.consensus", "--problem", "matrix:100000x100000", "--no-plot")
-    assert_one_line_error(r, "error: problem 'matrix:100000x100000' gives every peer 1e+10 floats",
-                          "above the maximum of 4194304 (2048x2048)", "use e.g. matrix:1000")
+    assert_one_line_error(
+        r,
+        "error: problem 'matrix:100000x100000' gives every peer 1e+10 floats",
+        "above the maximum of 4194304 (2048x2048)",
+        "use e.g. matrix:1000",
+    )
     assert r.stdout == ""
 
 
@@ -169,22 +208,39 @@ def test_consensus_cli_checks_its_output_directory_before_the_runs(tmp_path):
     blocker = tmp_path / "blocker"
     blocker.write_text("not a directory\n")
     out = blocker / "out"
-    r = run_module("-m", "experiments.consensus", "--steps", "2", "--algorithms", "exact",
-                   "--no-plot", "--out", out)
-    assert_one_line_error(r, f"error: cannot write to {out}: Not a directory; choose a writable --out")
+    r = run_module(
+        "-m",
+        "experiments.consensus",
+        "--steps",
+        "2",
+        "--algorithms",
+        "exact",
+        "--no-plot",
+        "--out",
+        out,
+    )
+    assert_one_line_error(
+        r, f"error: cannot write to {out}: Not a directory; choose a writable --out"
+    )
     assert r.stdout == "", r.stdout  # not even the "consensus: ..." line of a run starting
 
 
-def test_consensus_refuses_a_problem_larger_than_memory_before_allocating(monkeypatch, tmp_path,
-                                                                          consensus_without_runs):
+def test_consensus_refuses_a_problem_larger_than_memory_before_allocating(
+    monkeypatch, tmp_path, consensus_without_runs
+):
     # 8 peers x 2048² float64 floats x (2 + degree 2) copies = 1 GiB, on a "machine" of 0.5 GiB.
     from experiments.consensus import driver
 
-    monkeypatch.setattr(driver, "physical_memory", lambda: 2 ** 29)
-    with pytest.raises(ValueError, match=r"problem 'matrix:2048' on ring:8 needs about 1 GiB \(8 "
-                                         r"peer\(s\) x 4194304 floats x 4 copies, float64\), more than "
-                                         r"this machine's 0.5 GiB; use a smaller problem or topology"):
-        consensus_without_runs(["--problem", "matrix:2048", "--out", str(tmp_path / "out"), "--no-plot"])
+    monkeypatch.setattr(driver, "physical_memory", lambda: 2**29)
+    with pytest.raises(
+        ValueError,
+        match=r"problem 'matrix:2048' on ring:8 needs about 1 GiB \(8 "
+        r"peer\(s\) x 4194304 floats x 4 copies, float64\), more than "
+        r"this machine's 0.5 GiB; use a smaller problem or topology",
+    ):
+        consensus_without_runs(
+            ["--problem", "matrix:2048", "--out", str(tmp_path / "out"), "--no-plot"]
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -198,12 +254,16 @@ def test_privacy_attacks_checks_its_output_directory_before_the_runs(tmp_path, m
     blocker = tmp_path / "blocker"
     blocker.write_text("not a directory\n")
     r = run_module("-m", "experiments.privacy_attacks", "--quick", "--out", blocker / "out")
-    assert_one_line_error(r, f"error: cannot write to {blocker / 'out'}: Not a directory; "
-                             "choose a writable --out")
+    assert_one_line_error(
+        r, f"error: cannot write to {blocker / 'out'}: Not a directory; choose a writable --out"
+    )
     assert r.stdout == "" and "DP" not in r.stderr  # no run began (each logs "ring:4 ... DP off")
     monkeypatch.setattr(driver, "measure_all", lambda *a: pytest.fail("a run began"))
-    with pytest.raises(SystemExit, match=f"^error: cannot write to {blocker}: it exists and is not "
-                                         "a directory; choose a writable --out$"):
+    with pytest.raises(
+        SystemExit,
+        match=f"^error: cannot write to {blocker}: it exists and is not "
+        "a directory; choose a writable --out$",
+    ):
         driver.main(["--quick", "--out", str(blocker)])
     assert blocker.read_text() == "not a directory\n"
 

@@ -50,18 +50,22 @@ def active_senders(topology, rank: int, step: int):
 CHOCO = "choco:compressor=topk:0.5,gamma=0.5"
 
 
-@pytest.mark.parametrize("spec, algorithm", [
-    ("matchings:4", "exact"),
-    ("one_peer_exponential:4", "powergossip:rank=1"),
-    ("edge_sampling:ring:4:0.5", "powergossip:rank=1"),  # rank 1 is idle at steps 1, 14 and 15
-    ("edge_sampling:ring:4:0.5", CHOCO),
-    ("cyclic:ring:4,complete:4", CHOCO),
-    ("directed_exponential:4", "pushsum"),
-])
+@pytest.mark.parametrize(
+    "spec, algorithm",
+    [
+        ("matchings:4", "exact"),
+        ("one_peer_exponential:4", "powergossip:rank=1"),
+        ("edge_sampling:ring:4:0.5", "powergossip:rank=1"),  # rank 1 is idle at steps 1, 14 and 15
+        ("edge_sampling:ring:4:0.5", CHOCO),
+        ("cyclic:ring:4,complete:4", CHOCO),
+        ("directed_exponential:4", "pushsum"),
+    ],
+)
 def test_observers_record_what_arrived_on_changing_graphs(tmp_path, spec, algorithm):
     out = tmp_path / "run"
-    summaries = train_everywhere(tiny(f"topology={spec}", f"algorithm={algorithm}",
-                                      f"out_dir={out}", "observers=[0, 1]"))
+    summaries = train_everywhere(
+        tiny(f"topology={spec}", f"algorithm={algorithm}", f"out_dir={out}", "observers=[0, 1]")
+    )
     topology, steps = topologies.parse(spec), summaries[0]["steps"]
     views = {k: load_view(observed_dir(out, k)) for k in (0, 1)}
     view = views[1]
@@ -99,12 +103,15 @@ def test_an_internal_key_error_names_its_type_and_key(tmp_path, capsys, monkeypa
     monkeypatch.setattr(trainer_module, "_train", broken)
     code, lines = cli(["--config", TINY, "--set", f"out_dir={tmp_path / 'run'}"], capsys)
     assert code == 1
-    assert lines[-1] == ("error: internal error: KeyError 0 (a lookup of a missing key; please "
-                         "report it with the command that caused it)")
+    assert lines[-1] == (
+        "error: internal error: KeyError 0 (a lookup of a missing key; please "
+        "report it with the command that caused it)"
+    )
     assert lines[0].startswith("Traceback")  # a bug is not hidden behind one line
 
 
 # ---- --resume: every traffic counter, observers added or dropped ---------------------------------
+
 
 class Interrupted(RuntimeError):
     pass
@@ -112,6 +119,7 @@ class Interrupted(RuntimeError):
 
 def run_with_stats(config, resume=False, stop_at=None):
     """Train on every peer; each peer's summary and its communicator's final `CommStats`."""
+
     def on_step(step):
         if step == stop_at:
             raise Interrupted(f"interrupted at step {step}")
@@ -148,8 +156,11 @@ def test_resume_restores_every_traffic_counter(tmp_path, topology):
 
 
 def message_bytes(view):
-    return sum(m["tensor"].numel() * m["tensor"].element_size()
-               for r in view.records for m in r["messages"])
+    return sum(
+        m["tensor"].numel() * m["tensor"].element_size()
+        for r in view.records
+        for m in r["messages"]
+    )
 
 
 def test_a_run_resumes_with_observers_added_recording_from_the_resumed_step(tmp_path):
@@ -187,12 +198,15 @@ def test_a_resume_with_another_observe_every_is_refused_naming_the_view(tmp_path
     meta = observed_dir(out, 1) / "meta.pt"
     with pytest.raises(ValueError) as info:
         run_with_stats(resumable(out, "observers=[1]", "observe_every=2"), resume=True)
-    assert str(info.value) == (f"recorded view file {meta} was written with other settings "
-                               "(observe_every differ): resume with the observe_every it was "
-                               "recorded with, or move that directory away")
+    assert str(info.value) == (
+        f"recorded view file {meta} was written with other settings "
+        "(observe_every differ): resume with the observe_every it was "
+        "recorded with, or move that directory away"
+    )
 
 
 # ---- view files: a full disk, damaged files, a killed writer's leftovers --------------------------
+
 
 def test_a_full_disk_while_recording_names_the_file_and_the_fix(tmp_path, monkeypatch):
     from gossip_powersgd.privacy import views
@@ -202,9 +216,11 @@ def test_a_full_disk_while_recording_names_the_file_and_the_fix(tmp_path, monkey
     with pytest.raises(OSError) as info:
         train_everywhere(tiny(f"out_dir={out}", "observers=[1]"))
     path = observed_dir(out, 1) / "step-00000003.pt"
-    assert str(info.value) == (f"rank 1: cannot write the recorded view file {path}: No space "
-                               "left on device; free space or choose another out_dir "
-                               "(--set out_dir=...)")
+    assert str(info.value) == (
+        f"rank 1: cannot write the recorded view file {path}: No space "
+        "left on device; free space or choose another out_dir "
+        "(--set out_dir=...)"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -259,25 +275,56 @@ def directory(path):
 
 
 VIEW_DAMAGES = [
-    ("meta.pt", lambda p: p.write_bytes(b""), "is empty (0 bytes; a write that did not finish?): "
-     "record the view again, or remove the file"),
-    ("meta.pt", lambda p: p.write_bytes(b"\x80\x02garbage"),
-     "is corrupt (not a file torch.save wrote): record the view again, or remove the file"),
-    ("meta.pt", pickled_object, "holds objects other than tensors, numbers, strings, lists and "
-     "dicts: it was not written by ViewRecorder and was not loaded"),
-    ("step-00000002.pt", lambda p: p.write_bytes(p.read_bytes()[:300]), "is truncated or corrupt ("),
-    ("meta.pt", lambda p: torch.save([1, 2], p), "holds a list, not the dict of a meta record: it "
-     "was not written by ViewRecorder"),
-    ("step-00000002.pt", lambda p: torch.save({"step": 2}, p), "lacks or mistypes messages, own: "
-     "it is not a step record written by ViewRecorder"),
-    ("meta.pt", fifo, "is a FIFO (named pipe), not a regular file: replace it with the file itself"),
-    ("step-00000002.pt", directory, "is a directory, not a regular file: replace it with the "
-     "file itself"),
+    (
+        "meta.pt",
+        lambda p: p.write_bytes(b""),
+        "is empty (0 bytes; a write that did not finish?): "
+        "record the view again, or remove the file",
+    ),
+    (
+        "meta.pt",
+        lambda p: p.write_bytes(b"\x80\x02garbage"),
+        "is corrupt (not a file torch.save wrote): record the view again, or remove the file",
+    ),
+    (
+        "meta.pt",
+        pickled_object,
+        "holds objects other than tensors, numbers, strings, lists and "
+        "dicts: it was not written by ViewRecorder and was not loaded",
+    ),
+    (
+        "step-00000002.pt",
+        lambda p: p.write_bytes(p.read_bytes()[:300]),
+        "is truncated or corrupt (",
+    ),
+    (
+        "meta.pt",
+        lambda p: torch.save([1, 2], p),
+        "holds a list, not the dict of a meta record: it was not written by ViewRecorder",
+    ),
+    (
+        "step-00000002.pt",
+        lambda p: torch.save({"step": 2}, p),
+        "lacks or mistypes messages, own: it is not a step record written by ViewRecorder",
+    ),
+    (
+        "meta.pt",
+        fifo,
+        "is a FIFO (named pipe), not a regular file: replace it with the file itself",
+    ),
+    (
+        "step-00000002.pt",
+        directory,
+        "is a directory, not a regular file: replace it with the file itself",
+    ),
 ]
 
 
-@pytest.mark.parametrize("name, damage, expected", VIEW_DAMAGES,
-                         ids=[f"{n}-{k}" for k, (n, _, _) in enumerate(VIEW_DAMAGES)])
+@pytest.mark.parametrize(
+    "name, damage, expected",
+    VIEW_DAMAGES,
+    ids=[f"{n}-{k}" for k, (n, _, _) in enumerate(VIEW_DAMAGES)],
+)
 def test_a_damaged_view_file_is_one_line_naming_it(recorded, tmp_path, name, damage, expected):
     folder, path = damaged_copy(recorded, tmp_path, name, damage)
     with pytest.raises(ValueError) as info:
@@ -312,11 +359,14 @@ def test_a_killed_writers_leftover_temporary_view_files_are_removed_when_recordi
     assert LocalCluster(topologies.ring(4), timeout=30).run(peer)[1]
     assert not any(f.exists() for f in leftovers)
     assert all(f.exists() for f in kept)
-    assert sorted(p.name for p in folder.glob("step-0000000*.pt")) == ["step-00000000.pt",
-                                                                      "step-00000001.pt"]
+    assert sorted(p.name for p in folder.glob("step-0000000*.pt")) == [
+        "step-00000000.pt",
+        "step-00000001.pt",
+    ]
 
 
 # ---- a FIFO in place of a checkpoint ----------------------------------------------------------------
+
 
 def test_a_fifo_in_place_of_a_checkpoint_is_refused_on_every_rank(tmp_path):
     out = tmp_path / "run"
@@ -334,19 +384,25 @@ def test_a_fifo_in_place_of_a_checkpoint_is_refused_on_every_rank(tmp_path):
         return "trained"
 
     lines = LocalCluster(topologies.ring(4), timeout=60).run(peer)  # hung in open() before
-    assert set(lines) == {f"checkpoint {path} is a FIFO (named pipe), not a regular file: "
-                          "replace it with the file itself"}
+    assert set(lines) == {
+        f"checkpoint {path} is a FIFO (named pipe), not a regular file: "
+        "replace it with the file itself"
+    }
 
 
 # ---- attack scores of a diverged model --------------------------------------------------------------
+
 
 def test_non_finite_attack_scores_are_refused_naming_the_count():
     from gossip_powersgd.privacy import auc, loss_attack
     from gossip_powersgd.privacy.membership import tpr_at_fpr
 
     nan = float("nan")
-    with pytest.raises(ValueError, match=r"^3 of 3 member scores are not finite \(NaN or infinite\): "
-                                         r"the model has likely diverged"):
+    with pytest.raises(
+        ValueError,
+        match=r"^3 of 3 member scores are not finite \(NaN or infinite\): "
+        r"the model has likely diverged",
+    ):
         auc([nan] * 3, [0.0, 1.0, 2.0])
     with pytest.raises(ValueError, match=r"^1 of 2 non-member scores are not finite"):
         tpr_at_fpr([0.0, 1.0], [float("inf"), 1.0])
@@ -356,32 +412,53 @@ def test_non_finite_attack_scores_are_refused_naming_the_count():
     x, y = torch.ones(5, 4), torch.zeros(5, dtype=torch.long)
     with pytest.raises(ValueError) as info:
         loss_attack(model, (x, y), (x, y))
-    assert str(info.value) == ("5 of 5 member scores are not finite (NaN or infinite): the model "
-                               "has likely diverged (check its parameters for NaN/inf); no attack "
-                               "score is meaningful for it")
+    assert str(info.value) == (
+        "5 of 5 member scores are not finite (NaN or infinite): the model "
+        "has likely diverged (check its parameters for NaN/inf); no attack "
+        "score is meaningful for it"
+    )
 
 
 # ---- user code that calls sys.exit --------------------------------------------------------------------
 
-EXIT_HINT = ("; a dataset or model function must return its result (or raise an exception), never "
-             "exit the process")
+EXIT_HINT = (
+    "; a dataset or model function must return its result (or raise an exception), never "
+    "exit the process"
+)
 
 
-@pytest.mark.parametrize("override, line", [
-    ("dataset=exit_fixtures:data_exit0", "'exit_fixtures:data_exit0': the user code called "
-     "sys.exit/exit(0) while calling it"),
-    ("dataset=exit_fixtures:data_exit1", "'exit_fixtures:data_exit1': the user code called "
-     "sys.exit/exit(1) while calling it"),
-    ("dataset=sys:exit", "'sys:exit': the user code called sys.exit/exit() while calling it"),
-    ("model=builtins:exit", "'builtins:exit': the user code called sys.exit/exit() while calling it"),
-    ("dataset=exit_on_import:data", "'exit_on_import:data': the user code called sys.exit/exit(0) "
-     "while importing module 'exit_on_import'"),
-    ("model=exit_fixtures:model_exit_in_forward", "'exit_fixtures:model_exit_in_forward': the user "
-     "code called sys.exit/exit() while running the model on the dataset's inputs"),
-])
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        (
+            "dataset=exit_fixtures:data_exit0",
+            "'exit_fixtures:data_exit0': the user code called sys.exit/exit(0) while calling it",
+        ),
+        (
+            "dataset=exit_fixtures:data_exit1",
+            "'exit_fixtures:data_exit1': the user code called sys.exit/exit(1) while calling it",
+        ),
+        ("dataset=sys:exit", "'sys:exit': the user code called sys.exit/exit() while calling it"),
+        (
+            "model=builtins:exit",
+            "'builtins:exit': the user code called sys.exit/exit() while calling it",
+        ),
+        (
+            "dataset=exit_on_import:data",
+            "'exit_on_import:data': the user code called sys.exit/exit(0) "
+            "while importing module 'exit_on_import'",
+        ),
+        (
+            "model=exit_fixtures:model_exit_in_forward",
+            "'exit_fixtures:model_exit_in_forward': the user "
+            "code called sys.exit/exit() while running the model on the dataset's inputs",
+        ),
+    ],
+)
 def test_user_code_calling_sys_exit_is_an_error_naming_the_spec(tmp_path, capsys, override, line):
-    code, lines = cli(["--config", TINY, "--set", override, "--set", f"out_dir={tmp_path / 'run'}"],
-                      capsys)
+    code, lines = cli(
+        ["--config", TINY, "--set", override, "--set", f"out_dir={tmp_path / 'run'}"], capsys
+    )
     key = override.split("=")[0]  # the CLI's deep config check loads and runs them first
     assert code == 1 and lines == [f"error: bad value for {key!r}: {line}{EXIT_HINT}"]
     assert not (tmp_path / "run").exists()
@@ -395,8 +472,10 @@ def test_user_code_calling_sys_exit_fails_on_every_rank():
             return str(exc)
         return "trained"
 
-    for spec, partition in [("exit_fixtures:data_exit0", "iid"),
-                            ("exit_fixtures:local_data_exit", "local")]:
+    for spec, partition in [
+        ("exit_fixtures:data_exit0", "iid"),
+        ("exit_fixtures:local_data_exit", "local"),
+    ]:
         extra = ["public_train_size=64"] if partition == "local" else []  # sizes stay private
         config = tiny(f"dataset={spec}", f"partition={partition}", "checkpoint_every=0", *extra)
         lines = LocalCluster(topologies.ring(4), timeout=60).run(peer, config)
@@ -404,6 +483,7 @@ def test_user_code_calling_sys_exit_fails_on_every_rank():
 
 
 # ---- in-process peers and torch's global RNG --------------------------------------------------------
+
 
 def global_rng_peer(comm):
     torch.manual_seed(42 + comm.rank)  # the shared global generator: order depends on the threads
@@ -421,8 +501,11 @@ def rng_warnings(cluster, fn):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         results = cluster.run(fn)
-    return results, [w for w in caught if issubclass(w.category, RuntimeWarning)
-                     and "global RNG" in str(w.message)]
+    return results, [
+        w
+        for w in caught
+        if issubclass(w.category, RuntimeWarning) and "global RNG" in str(w.message)
+    ]
 
 
 @pytest.mark.parametrize("kwargs", [dict(cooperative=False), dict(cooperative=True, lanes=2)])
@@ -432,8 +515,10 @@ def test_concurrent_peers_that_use_the_global_rng_are_warned_once(kwargs):
     _, caught = rng_warnings(LocalCluster(topologies.ring(4), **kwargs), global_rng_peer)
     assert [str(w.message) for w in caught] == [GLOBAL_RNG_WARNING]
     assert "\n" not in GLOBAL_RNG_WARNING and "own torch.Generator" in GLOBAL_RNG_WARNING
-    runs = [rng_warnings(LocalCluster(topologies.ring(4), **kwargs), own_generator_peer)
-            for _ in range(2)]
+    runs = [
+        rng_warnings(LocalCluster(topologies.ring(4), **kwargs), own_generator_peer)
+        for _ in range(2)
+    ]
     assert runs[0][1] == runs[1][1] == []
     assert all(torch.equal(a, b) for a, b in zip(runs[0][0], runs[1][0]))
 
@@ -449,7 +534,7 @@ def test_the_readme_example_is_bit_identical_when_peers_run_at_once():
     text = (ROOT / "README.md").read_text()
     block = re.search(r"## The library in 20 lines\n\n```python\n(.*?)```", text, re.S).group(1)
     namespace = {}
-    exec(block[:block.index("topology = ")], namespace)  # defines peer(comm), runs nothing
+    exec(block[: block.index("topology = ")], namespace)  # defines peer(comm), runs nothing
     results = []
     for kwargs in [dict(cooperative=True, lanes=2)] * 2 + [dict(cooperative=False)] * 2:
         values, caught = rng_warnings(LocalCluster(topologies.ring(8), **kwargs), namespace["peer"])

@@ -34,14 +34,31 @@ class FailOnce(TrainingHooks):
 
 def command(run_dir: Path, fail_at: int, marker: Path):
     hook = json.dumps([{"test_resume_auto:FailOnce": {"step": fail_at, "marker": str(marker)}}])
-    return [sys.executable, "-m", "gossip_powersgd.cli.train", "--config", str(TINY), "--quiet",
-            "--set", "epochs=2", "--set", f"out_dir={run_dir}", "--set", f"hooks={hook}",
-            "--resume", "auto"]
+    return [
+        sys.executable,
+        "-m",
+        "gossip_powersgd.cli.train",
+        "--config",
+        str(TINY),
+        "--quiet",
+        "--set",
+        "epochs=2",
+        "--set",
+        f"out_dir={run_dir}",
+        "--set",
+        f"hooks={hook}",
+        "--resume",
+        "auto",
+    ]
 
 
 def launch(args):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT / "tests" / "support"),
-                                                      os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT / "tests"), str(ROOT / "tests" / "support"), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
     return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
 
 
@@ -69,10 +86,12 @@ def test_a_relaunch_of_the_same_command_continues_the_run(tmp_path, fail_at):
         assert "ended before its first checkpoint" in second.stderr
     else:
         assert not attempts.exists()
+
     # the metrics file holds every step once, as the reference's does
     def steps(run):
         lines = (tmp_path / run / "metrics" / "rank-0.jsonl").read_text().splitlines()
         return [json.loads(line)["step"] for line in lines]
+
     assert steps("run") == steps("reference")
 
 
@@ -80,6 +99,7 @@ def test_resume_auto_needs_a_config_to_start_from(tmp_path):
     result = launch([sys.executable, "-m", "gossip_powersgd.cli.train", "--resume", "auto"])
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1] == (
-        "error: --resume auto needs --config FILE or a RUN_DIR holding config.yaml")
+        "error: --resume auto needs --config FILE or a RUN_DIR holding config.yaml"
+    )
     result = launch([sys.executable, "-m", "gossip_powersgd.cli.train", "--resume", "a", "b"])
     assert result.returncode != 0 and "--resume takes RUN_DIR or auto [RUN_DIR]" in result.stderr

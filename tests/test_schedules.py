@@ -130,12 +130,17 @@ def test_edge_sampling_with_p_one_is_the_base_graph_every_step():
 def test_edge_sampling_spec_fields():
     assert topologies.parse("edge_sampling:ring:16:0.5:3").name == "edge_sampling:ring:16:0.5:3"
     # A base with colons of its own: the last field is p unless it is a seed after a p.
-    assert topologies.parse("edge_sampling:random_regular:8:3:0.5").base == topologies.random_regular(8, 3)
+    assert topologies.parse(
+        "edge_sampling:random_regular:8:3:0.5"
+    ).base == topologies.random_regular(8, 3)
     s = topologies.parse("edge_sampling:small_world:12:4:0.5:3:0.25:7")
     assert s.base == topologies.small_world(12, 4, 0.5, 3) and s.p == 0.25
     assert topologies.parse(s.name) == s
     assert topologies.parse("edge_sampling:ring:0.5", n=8).base == topologies.ring(8)
-    a, b = topologies.parse("edge_sampling:ring:16:0.5"), topologies.parse("edge_sampling:ring:16:0.5:1")
+    a, b = (
+        topologies.parse("edge_sampling:ring:16:0.5"),
+        topologies.parse("edge_sampling:ring:16:0.5:1"),
+    )
     assert a.fingerprint != b.fingerprint
     assert [a.at(t).edges() for t in range(4)] != [b.at(t).edges() for t in range(4)]
 
@@ -146,7 +151,11 @@ def test_edge_sampling_spec_fields():
 def test_cyclic_list_uses_its_members_in_turn():
     s = topologies.parse("cyclic:ring:8,star:8,complete:8")
     assert s.period == 3 and s.name == "cyclic:ring:8,star:8,complete:8"
-    assert [s.at(t) for t in range(6)] == [topologies.ring(8), topologies.star(8), topologies.complete(8)] * 2
+    assert [s.at(t) for t in range(6)] == [
+        topologies.ring(8),
+        topologies.star(8),
+        topologies.complete(8),
+    ] * 2
     assert topologies.cyclic(["ring:8", topologies.star(8), "complete:8"]) == s
     assert sorted(s.union.edges()) == topologies.complete(8).edges()
     assert topologies.parse("cyclic:ring,star", n=6).size == 6
@@ -203,7 +212,11 @@ def test_steps_may_be_disconnected_but_are_otherwise_validated():
         ("edge_sampling:ring:8:-0.5", {}, r"p must be in \(0, 1\]"),
         ("edge_sampling:ring:8:nan", {}, r"p must be in \(0, 1\]"),
         ("edge_sampling:ring:8:half", {}, "'half' is not a valid number"),
-        ("edge_sampling:ring:16:1e-6", {}, r"first 1024 steps \(64 per peer\) has \d+ components.*; raise p"),
+        (
+            "edge_sampling:ring:16:1e-6",
+            {},
+            r"first 1024 steps \(64 per peer\) has \d+ components.*; raise p",
+        ),
         ("edge_sampling:matchings:8:0.5", {}, "sample the edges of a static topology"),
         ("edge_sampling:0.5", {}, "give a base topology and a probability"),
         ("cyclic:ring:8,ring:6", {}, r"same size, got sizes \[6, 8\]"),
@@ -231,7 +244,11 @@ def test_disconnected_union_of_a_period_is_rejected(tmp_path):
 
 def test_bad_steps_are_refused():
     s = topologies.matchings(4)
-    for t, match in ((-1, "must be >= 0"), (1.5, "must be an integer"), (True, "must be an integer")):
+    for t, match in (
+        (-1, "must be >= 0"),
+        (1.5, "must be an integer"),
+        (True, "must be an integer"),
+    ):
         with pytest.raises(ValueError, match=match):
             s.at(t)
     with pytest.raises(ValueError, match="must be >= 0"):
@@ -240,8 +257,15 @@ def test_bad_steps_are_refused():
         topologies.product_gap(s)
 
 
-@pytest.mark.parametrize("spec", ["one_peer_exponential:8192", "matchings:5000", "directed_exponential:5000",
-                                  "edge_sampling:ring:5000:0.5"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "one_peer_exponential:8192",
+        "matchings:5000",
+        "directed_exponential:5000",
+        "edge_sampling:ring:5000:0.5",
+    ],
+)
 def test_oversized_schedules_are_refused_before_allocation(spec):
     with pytest.raises(ValueError, match=f"above the maximum of {topologies.MAX_PEERS}"):
         topologies.parse(spec)
@@ -317,8 +341,12 @@ def test_directed_and_undirected_fingerprints_differ():
 
 def _show(*args):
     return subprocess.run(
-        [sys.executable, "-m", "topologies", "show", *args], capture_output=True, text=True,
-        cwd=REPO, env=dict(os.environ, MPLBACKEND="Agg"), timeout=120,
+        [sys.executable, "-m", "topologies", "show", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, MPLBACKEND="Agg"),
+        timeout=120,
     )
 
 

@@ -28,8 +28,19 @@ from gossip_powersgd.specs import (
 )
 
 
-@pytest.mark.parametrize("text, value", [("1", True), ("TRUE", True), ("yes", True), ("On", True),
-                                         ("0", False), ("false", False), ("No", False), ("off", False)])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("1", True),
+        ("TRUE", True),
+        ("yes", True),
+        ("On", True),
+        ("0", False),
+        ("false", False),
+        ("No", False),
+        ("off", False),
+    ],
+)
 def test_parse_bool_accepts_the_usual_words(text, value):
     assert parse_bool(text) is value
 
@@ -50,9 +61,11 @@ def test_parse_typed_converts_and_names_the_option():
     assert parse_typed("3", int, "levels") == 3
     assert parse_typed("0.5", float, "ratio") == 0.5
     assert parse_typed("off", bool, "scaled") is False  # not bool("off"), which is True
-    for text, kind, message in [("1.5", int, "levels must be an integer, got '1.5'"),
-                                ("abc", float, "ratio must be a number, got 'abc'"),
-                                ("maybe", bool, "scaled must be true or false, got 'maybe'")]:
+    for text, kind, message in [
+        ("1.5", int, "levels must be an integer, got '1.5'"),
+        ("abc", float, "ratio must be a number, got 'abc'"),
+        ("maybe", bool, "scaled must be true or false, got 'maybe'"),
+    ]:
         with pytest.raises(ValueError, match=message):
             parse_typed(text, kind, message.split()[0])
 
@@ -73,7 +86,9 @@ def test_split_top_level_keeps_bracketed_commas():
 
 def test_split_spec_names_what_it_parses():
     assert split_spec("Choco:compressor=[randomk:0.1,seed=3], gamma = 0.4", "algorithm spec") == (
-        "choco", {"compressor": "randomk:0.1,seed=3", "gamma": "0.4"})
+        "choco",
+        {"compressor": "randomk:0.1,seed=3", "gamma": "0.4"},
+    )
     with pytest.raises(ValueError, match=r"^widget 'w:a=\[1': unbalanced square brackets$"):
         split_spec("w:a=[1", "widget")
     with pytest.raises(ValueError, match=r"^widget 'w:a': option 'a' is not key=value$"):
@@ -89,23 +104,30 @@ def test_registry_keeps_its_spec_helpers():
 
 def test_parse_options_converts_and_refuses_typos():
     types = {"n": int, "noise": float, "shuffle": bool}
-    assert parse_options("s", "n=3, noise=0.5,shuffle=no", types) == {"n": 3, "noise": 0.5,
-                                                                      "shuffle": False}
+    assert parse_options("s", "n=3, noise=0.5,shuffle=no", types) == {
+        "n": 3,
+        "noise": 0.5,
+        "shuffle": False,
+    }
     assert parse_options("s", None, types) == {} and parse_options("s", "", types) == {}
-    for text, message in [("m=3", "'s': unknown option 'm' (valid keys: n, noise, shuffle)"),
-                          ("n", "'s': expected key=value, got 'n'"),
-                          ("n=three", "'s': option n='three' is not a valid int"),
-                          ("shuffle=2", "'s': option shuffle='2' is not a valid bool")]:
+    for text, message in [
+        ("m=3", "'s': unknown option 'm' (valid keys: n, noise, shuffle)"),
+        ("n", "'s': expected key=value, got 'n'"),
+        ("n=three", "'s': option n='three' is not a valid int"),
+        ("shuffle=2", "'s': option shuffle='2' is not a valid bool"),
+    ]:
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             parse_options("s", text, types)
 
 
 def test_import_object_resolves_and_explains():
     assert import_object("byo_fixtures:linear_data", ["builtin"]).__name__ == "linear_data"
-    for spec, message in [("nomodule", "unknown spec 'nomodule': valid are builtin"),
-                          ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
-                          ("byo_fixtures:missing", "has no attribute 'missing'"),
-                          ("byo_fixtures:NOT_CALLABLE", "is not callable")]:
+    for spec, message in [
+        ("nomodule", "unknown spec 'nomodule': valid are builtin"),
+        ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
+        ("byo_fixtures:missing", "has no attribute 'missing'"),
+        ("byo_fixtures:NOT_CALLABLE", "is not callable"),
+    ]:
         with pytest.raises(ValueError, match=message):
             import_object(spec, ["builtin"])
 
@@ -126,8 +148,14 @@ def test_accepts():
 
 # ---- low-rank pieces ---------------------------------------------------------------------------
 def test_compressible_matrices_groups_by_shape_in_order():
-    tensors = [torch.zeros(8, 6), torch.zeros(5), torch.zeros(8, 3, 2), torch.zeros(2, 2),
-               torch.zeros(0, 4), torch.zeros(4, 10)]
+    tensors = [
+        torch.zeros(8, 6),
+        torch.zeros(5),
+        torch.zeros(8, 3, 2),
+        torch.zeros(2, 2),
+        torch.zeros(0, 4),
+        torch.zeros(4, 10),
+    ]
     assert compressible_matrices(tensors, 1, 1.0) == {(8, 6): [0, 2], (4, 10): [5]}
     # rate 0 compresses every matrix, even the 2 x 2 one
     assert list(compressible_matrices(tensors, 1, 0.0)) == [(8, 6), (2, 2), (4, 10)]
@@ -136,7 +164,9 @@ def test_compressible_matrices_groups_by_shape_in_order():
 def test_matrix_stacks_clip_the_rank_and_index_blocks():
     stacks = matrix_stacks(MatrixStack, [torch.zeros(8, 6), torch.zeros(3, 40)], 4, 0.0)
     assert [(s.indices, s.rows, s.cols, s.rank, s.batch) for s in stacks] == [
-        ([0], 8, 6, 4, 1), ([1], 3, 40, 3, 1)]
+        ([0], 8, 6, 4, 1),
+        ([1], 3, 40, 3, 1),
+    ]
     factors = torch.arange(2 * 9 * 5).reshape(2, 9, 5)
     assert torch.equal(stacks[1].block(factors, 2), factors[:, 6:9, :])
 
@@ -166,10 +196,14 @@ def test_compressed_gossip_owns_wire_and_state_for_both_algorithms():
             fresh = cls([t.clone() for t in x], comm, compressor="topk:0.5", gamma=0.2)
             fresh.load_state_dict(state)
             assert fresh.steps == 1
-            assert all(torch.equal(a, b) for a, b in zip(fresh.state_buffers().values(),
-                                                         algorithm.state_buffers().values()))
+            assert all(
+                torch.equal(a, b)
+                for a, b in zip(fresh.state_buffers().values(), algorithm.state_buffers().values())
+            )
             other = cls([t.clone() for t in x], comm, compressor="sign", gamma=0.2)
-            with pytest.raises(ValueError, match=f"^{cls.__name__} state is for compressor=topk:0.5"):
+            with pytest.raises(
+                ValueError, match=f"^{cls.__name__} state is for compressor=topk:0.5"
+            ):
                 other.load_state_dict(state)
             out[cls.__name__] = (algorithm.payload_bytes, algorithm.bytes_per_step())
         return out
@@ -192,7 +226,9 @@ def test_parse_options_refuses_a_repeated_key():
 
 @pytest.mark.parametrize("value", [-1, specs.SEED_MAX + 1, 1.5, True, "3"])
 def test_check_seed_names_the_valid_range(value):
-    with pytest.raises(ValueError, match=rf"^seed must be an integer in \[0, {specs.SEED_MAX}\], got "):
+    with pytest.raises(
+        ValueError, match=rf"^seed must be an integer in \[0, {specs.SEED_MAX}\], got "
+    ):
         specs.check_seed(value)
 
 
@@ -207,11 +243,14 @@ def test_one_grammar_for_every_spec():
 
     assert parse_spec("topk:0.01") == Spec("topk", ("0.01",), {})
     assert parse_spec("mlp:100,100") == Spec("mlp", ("100", "100"), {})
-    assert parse_spec("Synthetic_Logreg:d=5, n=1000") == Spec("synthetic_logreg", (),
-                                                              {"d": "5", "n": "1000"})
+    assert parse_spec("Synthetic_Logreg:d=5, n=1000") == Spec(
+        "synthetic_logreg", (), {"d": "5", "n": "1000"}
+    )
     assert parse_spec("lowrank:2,iterations=3") == Spec("lowrank", ("2",), {"iterations": "3"})
     assert parse_spec("choco:compressor=[randomk:0.1,seed=3],gamma=0.4").options == {
-        "compressor": "randomk:0.1,seed=3", "gamma": "0.4"}
+        "compressor": "randomk:0.1,seed=3",
+        "gamma": "0.4",
+    }
     assert parse_spec("cyclic:[ring:8],[star:8]").positional == ("ring:8", "star:8")
     assert parse_spec("resnet20:width=16") == Spec("resnet20", (), {"width": "16"})
     # A name with a dot is a bring-your-own import: its attribute belongs to it, case kept.
@@ -219,9 +258,10 @@ def test_one_grammar_for_every_spec():
     assert byo == Spec("my_pkg.Models:Wide", (), {"width": "32", "depth": "2"}) and byo.is_import
     assert parse_spec("pkg.mod:fn").name == "pkg.mod:fn" and not parse_spec("ring:8").is_import
     assert split_spec("pkg.mod:fn:width=32", "model spec") == ("pkg.mod:fn", {"width": "32"})
-    for spec, message in [("x:a=1,a=2", "^thing 'x:a=1,a=2': option 'a' is given twice; give it "
-                                        "once$"),
-                          ("x:a=[1", r"^thing 'x:a=\[1': unbalanced square brackets$"),
-                          (" ", "^thing must be a non-empty string, got ' '$")]:
+    for spec, message in [
+        ("x:a=1,a=2", "^thing 'x:a=1,a=2': option 'a' is given twice; give it once$"),
+        ("x:a=[1", r"^thing 'x:a=\[1': unbalanced square brackets$"),
+        (" ", "^thing must be a non-empty string, got ' '$"),
+    ]:
         with pytest.raises(ValueError, match=message):
             parse_spec(spec, "thing")

@@ -11,20 +11,42 @@ from experiments import suite
 
 
 def _summary(algorithm, mb, steps=100, acc=0.9, compute=2.0, gossip=0.5):
-    return {"algorithm": algorithm, "topology": "ring:8", "partition": "iid", "model": "cnn1d",
-            "peers": 8, "epochs": 10, "steps": steps, "parameters": 11786,
-            "final_test_acc_avg_model": acc, "final_test_acc_local_mean": acc - 0.01,
-            "final_test_acc_local_min": acc - 0.02, "mb_sent_per_peer": mb,
-            "time_compute_s": compute, "time_gossip_compute_s": gossip}
+    return {
+        "algorithm": algorithm,
+        "topology": "ring:8",
+        "partition": "iid",
+        "model": "cnn1d",
+        "peers": 8,
+        "epochs": 10,
+        "steps": steps,
+        "parameters": 11786,
+        "final_test_acc_avg_model": acc,
+        "final_test_acc_local_mean": acc - 0.01,
+        "final_test_acc_local_min": acc - 0.02,
+        "mb_sent_per_peer": mb,
+        "time_compute_s": compute,
+        "time_gossip_compute_s": gossip,
+    }
 
 
 def _rows():
-    exact = suite.measurements(_summary("exact", 94.3), [
-        {"rounds": 100, "critical_bytes": 47_150_000}, {"rounds": 100, "critical_bytes": 47_000_000}], 5.0)
-    pg = suite.measurements(_summary("powergossip:rank=1", 3.08, acc=0.895), [
-        {"rounds": 100, "critical_bytes": 1_540_000}], 4.0)
-    return [dict(exact, label=suite.EXACT, gamma_text="topology"),
-            dict(pg, label=suite.POWERGOSSIP, gamma_text="topology")]
+    exact = suite.measurements(
+        _summary("exact", 94.3),
+        [
+            {"rounds": 100, "critical_bytes": 47_150_000},
+            {"rounds": 100, "critical_bytes": 47_000_000},
+        ],
+        5.0,
+    )
+    pg = suite.measurements(
+        _summary("powergossip:rank=1", 3.08, acc=0.895),
+        [{"rounds": 100, "critical_bytes": 1_540_000}],
+        4.0,
+    )
+    return [
+        dict(exact, label=suite.EXACT, gamma_text="topology"),
+        dict(pg, label=suite.POWERGOSSIP, gamma_text="topology"),
+    ]
 
 
 def test_measurements_take_the_slowest_peer_and_sum_compute():
@@ -53,7 +75,8 @@ def test_table_ratio_csv_and_targets():
     parsed = list(csv.DictReader(io.StringIO(suite.build_csv(rows))))
     assert float(parsed[1]["ratio_to_exact"]) == pytest.approx(94.3 / 3.08, rel=1e-3)
     assert float(parsed[0]["projected_s_1gbit"]) == pytest.approx(
-        suite.projected_seconds(rows[0], 1e9 / 8), rel=1e-3)
+        suite.projected_seconds(rows[0], 1e9 / 8), rel=1e-3
+    )
     text = "\n".join(suite.targets(rows, rows, []))
     assert "within 1 pp of exact gossip** (ring:8 iid, 1 seed(s), 10 epochs): MET" in text
     assert "≥ 99 % fewer bytes than exact gossip**: MISSED" in text and "Why:" in text

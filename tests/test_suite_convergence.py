@@ -13,27 +13,52 @@ from experiments.suite import training_markdown, training_plots
 
 def _evals(points, local=0.01):
     """(epoch, MB, averaged accuracy) -> eval dicts; local models `local` below the average."""
-    return [{"epoch": e, "mb": mb, "acc_avg": a, "acc_local_mean": a - local, "acc_local_min": a - 2 * local}
-            for e, mb, a in points]
+    return [
+        {
+            "epoch": e,
+            "mb": mb,
+            "acc_avg": a,
+            "acc_local_mean": a - local,
+            "acc_local_min": a - 2 * local,
+        }
+        for e, mb, a in points
+    ]
 
 
 def _row(label, points, spec=None, mb_per_step=None, **extra):
     evals = _evals(points)
     last = evals[-1]
-    row = {"label": label, "spec": spec or label, "algorithm": spec or label, "topology": "ring:8",
-           "partition": "iid", "model": "cnn1d", "epochs": last["epoch"], "parameters": 100,
-           "acc_avg": last["acc_avg"], "acc_local_mean": last["acc_local_mean"],
-           "acc_local_min": last["acc_local_min"], "mb_per_peer": last["mb"],
-           "mb_per_step": mb_per_step if mb_per_step is not None else last["mb"] / 10, "evals": evals,
-           "curve": [(e["mb"], e["acc_avg"]) for e in evals], "compute_s": 1.0, "rounds": 10,
-           "critical_bytes": 1000, "run_seconds": 2.0}
+    row = {
+        "label": label,
+        "spec": spec or label,
+        "algorithm": spec or label,
+        "topology": "ring:8",
+        "partition": "iid",
+        "model": "cnn1d",
+        "epochs": last["epoch"],
+        "parameters": 100,
+        "acc_avg": last["acc_avg"],
+        "acc_local_mean": last["acc_local_mean"],
+        "acc_local_min": last["acc_local_min"],
+        "mb_per_peer": last["mb"],
+        "mb_per_step": mb_per_step if mb_per_step is not None else last["mb"] / 10,
+        "evals": evals,
+        "curve": [(e["mb"], e["acc_avg"]) for e in evals],
+        "compute_s": 1.0,
+        "rounds": 10,
+        "critical_bytes": 1000,
+        "run_seconds": 2.0,
+    }
     row.update(extra)
     return row
 
 
 EXACT = _row("exact gossip", [(2, 10.0, 0.50), (4, 20.0, 0.80), (6, 30.0, 0.90)], spec="exact")
-CHEAP = _row("PowerGossip r1 (1 iter)", [(2, 0.5, 0.45), (4, 1.0, 0.78), (6, 1.5, 0.88)],
-             spec="powergossip:rank=1,iters=1")
+CHEAP = _row(
+    "PowerGossip r1 (1 iter)",
+    [(2, 0.5, 0.45), (4, 1.0, 0.78), (6, 1.5, 0.88)],
+    spec="powergossip:rank=1,iters=1",
+)
 
 
 def test_first_reach_is_the_first_evaluation_at_or_above_the_target():
@@ -89,11 +114,17 @@ def test_gap_table_and_the_setting_that_closes_the_gap():
     table = suite.gap_table([r1, r2, r4], exact)
     lines = table.strip().splitlines()
     assert len(lines) == 2 + 4 and all(line.count("|") == lines[0].count("|") for line in lines)
-    assert "| PowerGossip r1 (1 iter) | 85.00 % | 80.00 % | 89.00 % | 1.000 | +4.00 pp | +1.00 pp |" in table
+    assert (
+        "| PowerGossip r1 (1 iter) | 85.00 % | 80.00 % | 89.00 % | 1.000 | +4.00 pp | +1.00 pp |"
+        in table
+    )
     # r2 is within 1 pp of exact's local mean (0.89 - 0.885 = 0.5 pp) and cheaper than r4
     assert suite.closing_setting([r1, r2, r4], exact)["label"] == r2["label"]
     verdict = "\n".join(suite.gap_verdict([r1, r2, r4], exact))
-    assert "**PowerGossip r2 (1 iter)**" in verdict and "2.0× PowerGossip r1 (1 iter)'s bytes" in verdict
+    assert (
+        "**PowerGossip r2 (1 iter)**" in verdict
+        and "2.0× PowerGossip r1 (1 iter)'s bytes" in verdict
+    )
     assert "93.3 % fewer" in verdict  # 2 MB vs exact's 30 MB
     none = "\n".join(suite.gap_verdict([r1], exact))
     assert "No setting of the grid" in none
@@ -110,9 +141,15 @@ def test_combine_averages_the_histories_of_the_seeds():
 
 
 def _wide(exact_acc, pg_acc, pg_mb_per_step):
-    exact = _row("exact gossip, mlp:512,512", [(30, 1000.0, exact_acc)], mb_per_step=1.0, model="mlp:512,512")
-    pg = _row("PowerGossip r1 (1 iter), mlp:512,512", [(30, 8.0, pg_acc)], mb_per_step=pg_mb_per_step,
-              model="mlp:512,512")
+    exact = _row(
+        "exact gossip, mlp:512,512", [(30, 1000.0, exact_acc)], mb_per_step=1.0, model="mlp:512,512"
+    )
+    pg = _row(
+        "PowerGossip r1 (1 iter), mlp:512,512",
+        [(30, 8.0, pg_acc)],
+        mb_per_step=pg_mb_per_step,
+        model="mlp:512,512",
+    )
     return [exact, pg]
 
 
@@ -122,7 +159,9 @@ def test_wide_model_target_needs_both_the_byte_saving_and_the_accuracy():
     assert "MET — PowerGossip r1 sends 99.28 % fewer bytes (139× less) at 65.50 %" in met
     assert "gap +0.50 pp" in met
     inaccurate = "\n".join(suite.targets([], [], _wide(0.66, 0.60, 1 / 139)))
-    assert "MISSED — PowerGossip r1 sends 99.28 % fewer" in inaccurate and "gap +6.00 pp" in inaccurate
+    assert (
+        "MISSED — PowerGossip r1 sends 99.28 % fewer" in inaccurate and "gap +6.00 pp" in inaccurate
+    )
     heavy = "\n".join(suite.targets([], [], _wide(0.66, 0.66, 1 / 50)))
     assert "MISSED — PowerGossip r1 sends 98.00 % fewer" in heavy
 
@@ -130,7 +169,10 @@ def test_wide_model_target_needs_both_the_byte_saving_and_the_accuracy():
 def test_cnn_target_counts_the_reference_runs():
     ref = dict(_row("exact gossip", [(100, 50.0, 0.905)]), model_kind="reference")
     text = "\n".join(suite.targets([EXACT, CHEAP], [], [], [ref]))
-    assert "≥ 90 %**: MET — best averaged-model accuracy 90.50 % (exact gossip, ring:8 iid, 100 epochs)" in text
+    assert (
+        "≥ 90 %**: MET — best averaged-model accuracy 90.50 % (exact gossip, ring:8 iid, 100 epochs)"
+        in text
+    )
     text = "\n".join(suite.targets([dict(EXACT, acc_avg=0.89)], [], [], []))
     assert "≥ 90 %**: MISSED" in text
 
@@ -147,8 +189,15 @@ def test_plan_rejects_bad_budgets_with_one_line_errors():
 
 
 def test_partial_page_says_which_stages_did_not_run():
-    state = {"stage_seconds": {"γ sweep": 12.0}, "sweeps": [EXACT], "iid": [], "noniid": [],
-             "noniid_extra": [], "wide": [], "reference": []}
+    state = {
+        "stage_seconds": {"γ sweep": 12.0},
+        "sweeps": [EXACT],
+        "iid": [],
+        "noniid": [],
+        "noniid_extra": [],
+        "wide": [],
+        "reference": [],
+    }
     text = training_markdown.running_time(state, done=1)
     assert text.startswith("**Partial page: 1 of 6 stages finished**") and "γ sweep 12 s" in text
     assert "1 training runs" in text
@@ -156,8 +205,13 @@ def test_partial_page_says_which_stages_did_not_run():
 
 
 def test_curves_csv_has_one_line_per_evaluation():
-    text = training_plots.curves_csv([dict(EXACT, model_kind="iid", seed=0), dict(CHEAP, seed=1),
-                                      {"label": "z", "error": "x", "topology": "ring:8", "partition": "iid"}])
+    text = training_plots.curves_csv(
+        [
+            dict(EXACT, model_kind="iid", seed=0),
+            dict(CHEAP, seed=1),
+            {"label": "z", "error": "x", "topology": "ring:8", "partition": "iid"},
+        ]
+    )
     rows = list(csv.DictReader(io.StringIO(text)))
     assert len(rows) == 6 and rows[0]["group"] == "iid" and rows[3]["seed"] == "1"
     assert float(rows[2]["mb_sent_per_peer"]) == 30.0 and float(rows[5]["acc_avg"]) == 0.88
@@ -205,8 +259,9 @@ def test_render_only_draws_the_same_page_from_the_runs_csvs(tmp_path):
     assert "Drawn again from the run's training.csv and training_curves.csv" in again
     # the run's own sentence (command, date, seconds, commit) is kept; every other line is identical
     assert page.splitlines()[2].split(" Backend:")[0] in again.splitlines()[2]
-    assert [l for i, l in enumerate(page.splitlines()) if i != 2] == \
-        [l for i, l in enumerate(again.splitlines()) if i != 2]
+    assert [l for i, l in enumerate(page.splitlines()) if i != 2] == [
+        l for i, l in enumerate(again.splitlines()) if i != 2
+    ]
     assert (tmp_path / "training.csv").read_text() == csv_before
 
 
@@ -220,6 +275,9 @@ def test_render_only_needs_a_page_this_suite_wrote(tmp_path):
     generated, command, stages, done = run_header(
         "Generated by `python -m experiments.suite training --epochs 6` on 2026-12-01 11:22 UTC in 243 s "
         "(commit 24dae66). Backend: ...\n\n**Partial page: 2 of 6 stages finished** (not run: x). "
-        "Running time by stage: γ sweep 243 s; iid, first seed 900 s; 9 training runs in all, one")
+        "Running time by stage: γ sweep 243 s; iid, first seed 900 s; 9 training runs in all, one"
+    )
     assert command == "python -m experiments.suite training --epochs 6" and done == 2
-    assert stages == {"γ sweep": 243.0, "iid, first seed": 900.0} and generated.endswith("(commit 24dae66).")
+    assert stages == {"γ sweep": 243.0, "iid, first seed": 900.0} and generated.endswith(
+        "(commit 24dae66)."
+    )

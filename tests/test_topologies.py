@@ -154,7 +154,12 @@ def test_exponential_star_hypercube_neighbours():
     assert t.neighbors(0) == (1, 2, 4, 6, 7)
     assert t.degrees == (5,) * 8
     assert topologies.exponential(2).edges() == [(0, 1)]
-    assert topologies.exponential(5).neighbors(0) == (1, 2, 3, 4)  # offsets 1, 2, 4; ±4 ≡ ∓1 (mod 5)
+    assert topologies.exponential(5).neighbors(0) == (
+        1,
+        2,
+        3,
+        4,
+    )  # offsets 1, 2, 4; ±4 ≡ ∓1 (mod 5)
     s = topologies.star(5)
     assert s.neighbors(0) == (1, 2, 3, 4) and s.neighbors(3) == (0,)
     assert topologies.hypercube(3).neighbors(5) == (1, 4, 7)
@@ -328,8 +333,15 @@ def test_directed_graph_is_rejected():
         topologies.from_graph(nx.DiGraph([(0, 1)]))
 
 
-@pytest.mark.parametrize("call", [lambda: topologies.ring(0), lambda: topologies.torus(),
-                                  lambda: topologies.grid(3, 0), lambda: topologies.ring(2.5)])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: topologies.ring(0),
+        lambda: topologies.torus(),
+        lambda: topologies.grid(3, 0),
+        lambda: topologies.ring(2.5),
+    ],
+)
 def test_bad_generator_arguments(call):
     with pytest.raises(ValueError):
         call()
@@ -522,9 +534,22 @@ def test_edge_list_given_without_weights(tmp_path):
 # --- parse ---------------------------------------------------------------------------------------
 
 SPECS = [
-    "ring:8", "ring:1", "ring:2", "torus:4x4", "torus:2x2x2", "torus:3x5", "grid:4x4", "grid:2x3x2",
-    "complete:8", "star:8", "hypercube:3", "exponential:8", "random_regular:8:3",
-    "random_regular:10:4:7", "small_world:16:4:0.2", "small_world:12:4:0.5:3",
+    "ring:8",
+    "ring:1",
+    "ring:2",
+    "torus:4x4",
+    "torus:2x2x2",
+    "torus:3x5",
+    "grid:4x4",
+    "grid:2x3x2",
+    "complete:8",
+    "star:8",
+    "hypercube:3",
+    "exponential:8",
+    "random_regular:8:3",
+    "random_regular:10:4:7",
+    "small_world:16:4:0.2",
+    "small_world:12:4:0.5:3",
 ]
 
 
@@ -637,8 +662,18 @@ def test_cli_in_process(capsys, tmp_path):
 # --- sizes are checked before anything of that size is allocated ---------------------------------
 
 
-@pytest.mark.parametrize("spec", ["hypercube:40", "ring:100000", "torus:100x100", "complete:5000",
-                                  "star:4097", "exponential:10000", "random_regular:5000:3"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "hypercube:40",
+        "ring:100000",
+        "torus:100x100",
+        "complete:5000",
+        "star:4097",
+        "exponential:10000",
+        "random_regular:5000:3",
+    ],
+)
 def test_oversized_topologies_are_refused_before_allocation(spec):
     with pytest.raises(ValueError, match=f"above the maximum of {topologies.MAX_PEERS}"):
         topologies.parse(spec)

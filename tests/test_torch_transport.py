@@ -25,9 +25,20 @@ def free_port() -> int:
 
 def _env(extra=None):
     env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{SUPPORT}"})
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "PMI_RANK",
-                "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
+    env.update(
+        {"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{SUPPORT}"}
+    )
+    for var in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+    ):
         env.pop(var, None)
     env.update(extra or {})
     return env
@@ -39,14 +50,33 @@ def _communicate(process, timeout, what):
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         out, err = process.communicate()
-        pytest.fail(f"{what} did not finish within {timeout} s (a hang):\n{out[-2000:]}\n{err[-2000:]}")
+        pytest.fail(
+            f"{what} did not finish within {timeout} s (a hang):\n{out[-2000:]}\n{err[-2000:]}"
+        )
 
 
 def run_torchrun(n, args, timeout=180):
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *map(str, args)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=_env(), cwd=ROOT, start_new_session=True)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(n),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        *map(str, args),
+    ]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+        start_new_session=True,
+    )
     out, err = _communicate(process, timeout, " ".join(command))
     return subprocess.CompletedProcess(command, process.returncode, out, err)
 
@@ -54,12 +84,28 @@ def run_torchrun(n, args, timeout=180):
 def run_ranks(n, case, timeout=90):
     """Start n worker processes with the launcher's variables set by hand; return (codes, stderr)."""
     port = str(free_port())
-    processes = [subprocess.Popen(
-        [sys.executable, str(SUPPORT / "torch_worker.py"), "--case", case], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
-        env=_env({"RANK": str(k), "WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
-                  "MASTER_PORT": port})) for k in range(n)]
-    results = [_communicate(p, timeout, f"torch_worker {case} rank {k}") for k, p in enumerate(processes)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(SUPPORT / "torch_worker.py"), "--case", case],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            start_new_session=True,
+            env=_env(
+                {
+                    "RANK": str(k),
+                    "WORLD_SIZE": str(n),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": port,
+                }
+            ),
+        )
+        for k in range(n)
+    ]
+    results = [
+        _communicate(p, timeout, f"torch_worker {case} rank {k}") for k, p in enumerate(processes)
+    ]
     return [p.returncode for p in processes], "".join(err for _, err in results)
 
 
@@ -70,8 +116,11 @@ def gossip_scenarios(comm):
     from test_transport import exact_gossip_run
 
     out = {}
-    for name, scenario in (("allreduce", awkward_allreduces), ("exact", exact_gossip_run),
-                           ("power", mpi_scenario)):
+    for name, scenario in (
+        ("allreduce", awkward_allreduces),
+        ("exact", exact_gossip_run),
+        ("power", mpi_scenario),
+    ):
         comm.stats.reset()
         out[name] = scenario(comm)
     return out
@@ -97,26 +146,48 @@ def assert_bit_equal(a, b, where=""):
 def test_torch_equals_mpi_equals_local_bit_for_bit(tmp_path):
     (tmp_path / "torch").mkdir()
     (tmp_path / "mpi").mkdir()
-    result = run_torchrun(4, [SUPPORT / "torch_worker.py", "test_torch_transport:gossip_scenarios",
-                              "ring:4", tmp_path / "torch"])
+    result = run_torchrun(
+        4,
+        [
+            SUPPORT / "torch_worker.py",
+            "test_torch_transport:gossip_scenarios",
+            "ring:4",
+            tmp_path / "torch",
+        ],
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    over_torch = [torch.load(tmp_path / "torch" / f"rank-{k}.pt", weights_only=True) for k in range(4)]
-    over_mpi = run_scenario_mpi(4, "test_torch_transport:gossip_scenarios", "ring:4", tmp_path / "mpi",
-                                timeout=180)
+    over_torch = [
+        torch.load(tmp_path / "torch" / f"rank-{k}.pt", weights_only=True) for k in range(4)
+    ]
+    over_mpi = run_scenario_mpi(
+        4, "test_torch_transport:gossip_scenarios", "ring:4", tmp_path / "mpi", timeout=180
+    )
     local = LocalCluster(topologies.ring(4)).run(gossip_scenarios)
     for rank in range(4):
         assert_bit_equal(over_torch[rank], local[rank], f"torch vs local, rank {rank}")
         assert_bit_equal(over_mpi[rank], local[rank], f"mpi vs local, rank {rank}")
 
 
-@pytest.mark.parametrize("case, message", [
-    ("world_size", "torch.distributed world size 4 does not match the topology's 8 peers: "
-                   "run torchrun --nproc-per-node 8"),
-    ("topologies_differ", "topology differs across ranks: ranks 0-2 hold variant 1; ranks 3 hold variant 2"),
-    ("shapes_differ", "parameter shapes and dtypes differs across ranks: ranks 0-1,3 hold variant 1; "
-                      "ranks 2 hold variant 2"),
-    ("device_differs", "device type differs across ranks: ranks 0-2 use cpu; ranks 3 use meta"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        (
+            "world_size",
+            "torch.distributed world size 4 does not match the topology's 8 peers: "
+            "run torchrun --nproc-per-node 8",
+        ),
+        (
+            "topologies_differ",
+            "topology differs across ranks: ranks 0-2 hold variant 1; ranks 3 hold variant 2",
+        ),
+        (
+            "shapes_differ",
+            "parameter shapes and dtypes differs across ranks: ranks 0-1,3 hold variant 1; "
+            "ranks 2 hold variant 2",
+        ),
+        ("device_differs", "device type differs across ranks: ranks 0-2 use cpu; ranks 3 use meta"),
+    ],
+)
 def test_bad_inputs_fail_on_every_rank(case, message):
     codes, stderr = run_ranks(4, case)
     assert all(code != 0 for code in codes), stderr[-2000:]
@@ -129,8 +200,10 @@ def test_a_timeout_too_short_to_join_is_one_line_naming_the_rank():
     codes, stderr = run_ranks(2, "tiny_timeout")
     assert all(code != 0 for code in codes), stderr[-2000:]
     for rank in range(2):
-        assert (f"error (rank {rank}): rank {rank}: could not join the process group at 127.0.0.1:"
-                in stderr), stderr[-2000:]
+        assert (
+            f"error (rank {rank}): rank {rank}: could not join the process group at 127.0.0.1:"
+            in stderr
+        ), stderr[-2000:]
     assert "within 1e-06 s" in stderr and "Traceback" not in stderr
 
 
@@ -139,8 +212,10 @@ def test_nccl_without_cuda_fails_on_every_rank():
     codes, stderr = run_ranks(4, "nccl_without_cuda")
     assert all(code != 0 for code in codes)
     for rank in range(4):
-        assert (f"error (rank {rank}): backend nccl needs CUDA, which this machine does not have: "
-                "use backend gloo on device cpu") in stderr, stderr[-2000:]
+        assert (
+            f"error (rank {rank}): backend nccl needs CUDA, which this machine does not have: "
+            "use backend gloo on device cpu"
+        ) in stderr, stderr[-2000:]
 
 
 def test_wrong_message_size_names_the_peer():
@@ -157,19 +232,29 @@ def test_silent_peer_is_named_by_its_neighbours():
     # rank 0 waits for 1 and 3, themselves waiting for 2. When its own timeout comes first it names
     # 2 (before: [1, 3] alone); when 1 and 3 have already ended after theirs, gloo tells it that
     # the connections to them broke, which is what happened to it then.
-    chain = ("rank 0: no message from neighbour(s) [1, 3] within 3 s: they wait for peer(s) [2] "
-             "themselves, which sent nothing (is it alive?)")
+    chain = (
+        "rank 0: no message from neighbour(s) [1, 3] within 3 s: they wait for peer(s) [2] "
+        "themselves, which sent nothing (is it alive?)"
+    )
     broken = "error (rank 0): rank 0: talking to neighbour(s) [1, 3] failed"
     assert chain in stderr or broken in stderr, stderr[-2000:]
 
 
 def test_no_launcher_environment_is_one_line():
-    process = subprocess.run([sys.executable, str(SUPPORT / "torch_worker.py"), "--case", "world_size"],
-                             capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=60)
+    process = subprocess.run(
+        [sys.executable, str(SUPPORT / "torch_worker.py"), "--case", "world_size"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+        timeout=60,
+    )
     assert process.returncode != 0
-    assert process.stderr.strip() == ("error (rank ?): backend torch needs a launcher: torchrun "
-                                      "--nproc-per-node N python -m ... or mpiexec -n N python -m ... "
-                                      "(N = the topology's size); RANK and WORLD_SIZE are not set")
+    assert process.stderr.strip() == (
+        "error (rank ?): backend torch needs a launcher: torchrun "
+        "--nproc-per-node N python -m ... or mpiexec -n N python -m ... "
+        "(N = the topology's size); RANK and WORLD_SIZE are not set"
+    )
 
 
 @pytest.mark.torchrun
@@ -181,13 +266,38 @@ def test_training_under_torchrun_equals_the_local_backend(tmp_path):
     from experiments.train import run
 
     tiny = ROOT / "experiments" / "configs" / "tiny.yaml"
-    local = run(["--config", str(tiny), "--quiet", "--set", f"out_dir={tmp_path / 'local'}",
-                 "--set", "epochs=1"])
+    local = run(
+        [
+            "--config",
+            str(tiny),
+            "--quiet",
+            "--set",
+            f"out_dir={tmp_path / 'local'}",
+            "--set",
+            "epochs=1",
+        ]
+    )
     # a sizeless "ring" takes torchrun's world size, as under mpiexec (it was refused as a spec "the
     # local backend cannot guess")
-    result = run_torchrun(4, ["-m", "experiments.train", "--config", tiny, "--quiet", "--set",
-                              "backend=torch", "--set", "topology=ring", "--set",
-                              f"out_dir={tmp_path / 'torch'}", "--set", "epochs=1"], timeout=240)
+    result = run_torchrun(
+        4,
+        [
+            "-m",
+            "experiments.train",
+            "--config",
+            tiny,
+            "--quiet",
+            "--set",
+            "backend=torch",
+            "--set",
+            "topology=ring",
+            "--set",
+            f"out_dir={tmp_path / 'torch'}",
+            "--set",
+            "epochs=1",
+        ],
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "torch" / "summary.json").read_text())
     assert summary["model_sha256"] == local["model_sha256"]
@@ -196,25 +306,53 @@ def test_training_under_torchrun_equals_the_local_backend(tmp_path):
 
 def test_backend_torch_without_a_launcher_is_one_line(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "experiments.train", "--config",
-         str(ROOT / "experiments" / "configs" / "tiny.yaml"), "--set", "backend=torch",
-         "--set", f"out_dir={tmp_path / 'run'}"], capture_output=True, text=True, env=_env(), cwd=ROOT,
-        timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "experiments.train",
+            "--config",
+            str(ROOT / "experiments" / "configs" / "tiny.yaml"),
+            "--set",
+            "backend=torch",
+            "--set",
+            f"out_dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+        timeout=120,
+    )
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines == ["error: backend torch runs one peer per process: launch with torchrun "
-                     "--nproc-per-node 4 -m experiments.train ..., or use --set backend=local"]
+    assert lines == [
+        "error: backend torch runs one peer per process: launch with torchrun "
+        "--nproc-per-node 4 -m experiments.train ..., or use --set backend=local"
+    ]
     assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.torchrun
 def test_backend_local_under_torchrun_is_one_line_not_a_lock_error(tmp_path):
-    result = run_torchrun(2, ["-m", "experiments.train", "--config",
-                              ROOT / "experiments" / "configs" / "tiny.yaml", "--set", "backend=local",
-                              "--set", f"out_dir={tmp_path / 'run'}"], timeout=120)
+    result = run_torchrun(
+        2,
+        [
+            "-m",
+            "experiments.train",
+            "--config",
+            ROOT / "experiments" / "configs" / "tiny.yaml",
+            "--set",
+            "backend=local",
+            "--set",
+            f"out_dir={tmp_path / 'run'}",
+        ],
+        timeout=120,
+    )
     assert result.returncode != 0
-    expected = ("error: backend local runs every peer as a thread of one process, but torchrun "
-                "started 2 processes (WORLD_SIZE=2): use --set backend=torch, or run without torchrun")
+    expected = (
+        "error: backend local runs every peer as a thread of one process, but torchrun "
+        "started 2 processes (WORLD_SIZE=2): use --set backend=torch, or run without torchrun"
+    )
     lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
     assert lines == [expected] * 2, result.stderr[-2000:]
     assert not (tmp_path / "run").exists()

@@ -25,11 +25,13 @@ from gossip_powersgd.training.trainer import train
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
-FLOAT32 = 2.0 ** -24
+FLOAT32 = 2.0**-24
 
 
 def tiny(tmp_path, **changes) -> TrainConfig:
-    config = load_config(TINY, deep=False).replace(epochs=1, quiet=True, out_dir=str(tmp_path / "run"))
+    config = load_config(TINY, deep=False).replace(
+        epochs=1, quiet=True, out_dir=str(tmp_path / "run")
+    )
     return config.replace(**changes)
 
 
@@ -53,8 +55,17 @@ def test_tensorboard_event_file_holds_the_eval_metrics_and_the_step_losses(tmp_p
     tags = set(events.Tags()["scalars"])
     logs = [r for r in records if r["kind"] == "log"]
     evals = [r for r in records if r["kind"] == "eval"]
-    assert logs and evals and {"log/train_loss", "eval/test_acc_avg_model",
-                               "eval/consensus_distance", "eval/train_loss"} <= tags
+    assert (
+        logs
+        and evals
+        and {
+            "log/train_loss",
+            "eval/test_acc_avg_model",
+            "eval/consensus_distance",
+            "eval/train_loss",
+        }
+        <= tags
+    )
     got = [(e.step, e.value) for e in events.Scalars("log/train_loss")]
     assert [s for s, _ in got] == [r["step"] for r in logs]
     for (_, value), record in zip(got, logs):
@@ -64,12 +75,12 @@ def test_tensorboard_event_file_holds_the_eval_metrics_and_the_step_losses(tmp_p
     assert final.value == pytest.approx(evals[-1]["test_acc_avg_model"], rel=FLOAT32)
 
 
-def test_mlflow_file_store_holds_the_metrics_and_a_resumed_run_continues_its_run(tmp_path,
-                                                                              monkeypatch):
+def test_mlflow_file_store_holds_the_metrics_and_a_resumed_run_continues_its_run(
+    tmp_path, monkeypatch
+):
     from mlflow.tracking import MlflowClient
 
-    config = tiny(tmp_path, loggers=[{"mlflow": {"experiment": "tiny"}}], epochs=2,
-                  log_every=3)
+    config = tiny(tmp_path, loggers=[{"mlflow": {"experiment": "tiny"}}], epochs=2, log_every=3)
     steps_per_epoch = run_local(config.replace(out_dir=None, loggers=[]))[0]["steps_per_epoch"]
     with pytest.raises(_Interrupt):  # in epoch 2, after the epoch-1 checkpoint
         run_local(config, on_step=_stop_at(steps_per_epoch + 2))
@@ -81,8 +92,9 @@ def test_mlflow_file_store_holds_the_metrics_and_a_resumed_run_continues_its_run
     assert run.data.params["topology"] == "ring:4"
     evals = [r for r in rank0_records(Path(config.out_dir)) if r["kind"] == "eval"]
     history = client.get_metric_history(run.info.run_id, "eval.test_acc_avg_model")
-    assert [(m.step, m.value) for m in history] == [(r["step"], r["test_acc_avg_model"])
-                                                    for r in evals]
+    assert [(m.step, m.value) for m in history] == [
+        (r["step"], r["test_acc_avg_model"]) for r in evals
+    ]
     assert len(evals) == 2
 
 
@@ -94,6 +106,7 @@ def _stop_at(step_count: int):
     def on_step(step):
         if step == step_count:
             raise _Interrupt(step)
+
     return on_step
 
 
@@ -114,11 +127,11 @@ def wandb_history(path: Path):
         if left < 7:
             pos += left
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0 and length == 0:  # zero padding up to the block's end
             pos += left
             continue
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         pending = chunk if kind in (1, 2) else pending + chunk
         if kind in (1, 4):
             chunks.append(pending)
@@ -127,8 +140,12 @@ def wandb_history(path: Path):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(raw)
         if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                         for item in record.history.item})  # "a/b" keys arrive nested
+            rows.append(
+                {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                    for item in record.history.item
+                }
+            )  # "a/b" keys arrive nested
     return rows
 
 
@@ -140,8 +157,9 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path, monkeypatch):
     (path,) = (Path(config.out_dir) / "wandb").glob("offline-run-*/run-*.wandb")
     rows = wandb_history(path)
     logs = [r for r in records if r["kind"] == "log"]
-    assert [(row["_step"], row["log/train_loss"]) for row in rows if "log/train_loss" in row] == \
-        [(r["step"], r["train_loss"]) for r in logs]
+    assert [(row["_step"], row["log/train_loss"]) for row in rows if "log/train_loss" in row] == [
+        (r["step"], r["train_loss"]) for r in logs
+    ]
     (final,) = [row for row in rows if "eval/test_acc_avg_model" in row]
     assert final["eval/test_acc_avg_model"] == records[-1]["test_acc_avg_model"]
     assert final["_step"] == records[-1]["step"]
@@ -168,20 +186,48 @@ class Recorder(TrainingHooks):
 
 def test_a_hooks_entry_runs_a_user_hook_from_gossip_train(tmp_path):
     module = tmp_path / "my_hooks.py"
-    module.write_text(textwrap.dedent("""
+    module.write_text(
+        textwrap.dedent("""
         from test_tracking import Recorder as R
 
         class Recorder(R):
             pass
-    """))
+    """)
+    )
     out = tmp_path / "seen"
     entry = json.dumps([{"my_hooks:Recorder": {"path": str(out), "tag": "from-cli"}}])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "tests"), str(ROOT / "tests" / "support"),
-                                                      os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [
+                str(tmp_path),
+                str(ROOT / "tests"),
+                str(ROOT / "tests" / "support"),
+                os.environ.get("PYTHONPATH", ""),
+            ]
+        ),
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "gossip_powersgd.cli.train", "--config", str(TINY), "--quiet",
-         "--set", "epochs=1", "--set", f"out_dir={tmp_path / 'run'}", "--set", f"hooks={entry}"],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "gossip_powersgd.cli.train",
+            "--config",
+            str(TINY),
+            "--quiet",
+            "--set",
+            "epochs=1",
+            "--set",
+            f"out_dir={tmp_path / 'run'}",
+            "--set",
+            f"hooks={entry}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     for rank in range(4):
@@ -192,13 +238,24 @@ def test_a_hooks_entry_runs_a_user_hook_from_gossip_train(tmp_path):
         assert seen["records"].count("eval") == 1 and "log" in seen["records"]
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("loggers", ["nope"], "loggers: unknown logger 'nope'; valid: tensorboard, wandb, mlflow"),
-    ("loggers", [3], "is neither a name nor a one-key mapping"),
-    ("hooks", ["os:path"], "hooks: 'os:path': 'path' is not callable"),
-    ("hooks", ["gossip_powersgd.training.config:TrainConfig"], "is not a TrainingHooks subclass"),
-    ("hooks", [{"test_tracking:Recorder": {"colour": 1}}], "does not take the options ['colour']"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("loggers", ["nope"], "loggers: unknown logger 'nope'; valid: tensorboard, wandb, mlflow"),
+        ("loggers", [3], "is neither a name nor a one-key mapping"),
+        ("hooks", ["os:path"], "hooks: 'os:path': 'path' is not callable"),
+        (
+            "hooks",
+            ["gossip_powersgd.training.config:TrainConfig"],
+            "is not a TrainingHooks subclass",
+        ),
+        (
+            "hooks",
+            [{"test_tracking:Recorder": {"colour": 1}}],
+            "does not take the options ['colour']",
+        ),
+    ],
+)
 def test_bad_loggers_and_hooks_are_one_line_errors(key, value, message):
     with pytest.raises(ValueError, match=None) as info:
         validate_config(TrainConfig(**{key: value}), deep=False)

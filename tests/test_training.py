@@ -34,8 +34,17 @@ def comparable(records):
 # ---- convergence -------------------------------------------------------------------------------
 
 CONVERGENCE = TrainConfig(
-    topology="ring:8", dataset="synthetic_logreg:d=20,classes=4,n=4000", model="logreg",
-    optimizer="sgd", lr=0.5, batch_size=32, epochs=6, eval_every=2, quiet=True, checkpoint_every=0)
+    topology="ring:8",
+    dataset="synthetic_logreg:d=20,classes=4,n=4000",
+    model="logreg",
+    optimizer="sgd",
+    lr=0.5,
+    batch_size=32,
+    epochs=6,
+    eval_every=2,
+    quiet=True,
+    checkpoint_every=0,
+)
 
 
 @pytest.mark.parametrize("algorithm", ["powergossip:rank=1", "exact", "powersgd:rank=1"])
@@ -50,8 +59,9 @@ def test_logistic_regression_converges_on_8_peers(algorithm):
     assert s["final_consensus_distance"] < 0.5
     # every peer returns the same summary (only its rank, history and own figures differ)
     for other in summaries[1:]:
-        assert {k: v for k, v in other.items() if k not in ("rank", "history", "peer")} == \
-               {k: v for k, v in s.items() if k not in ("rank", "history", "peer")}
+        assert {k: v for k, v in other.items() if k not in ("rank", "history", "peer")} == {
+            k: v for k, v in s.items() if k not in ("rank", "history", "peer")
+        }
 
 
 def test_accounting_exact_gossip_matches_the_formula():
@@ -66,6 +76,7 @@ def test_accounting_exact_gossip_matches_the_formula():
 
 
 # ---- the step order ----------------------------------------------------------------------------
+
 
 class _Probe(GossipAlgorithm):
     """Records, at each step(), whether the gradients exist and whether the optimizer has stepped."""
@@ -100,14 +111,16 @@ def probe():
 
 
 def test_dpsgd_order_parameters_after_optimizer_step(probe):
-    local(CONVERGENCE.replace(algorithm="probe:mode=parameters", topology="ring:4", epochs=1,
-                              lr=0.1))
+    local(
+        CONVERGENCE.replace(algorithm="probe:mode=parameters", topology="ring:4", epochs=1, lr=0.1)
+    )
     assert probe.log and all(grads and moved for _, _, grads, moved in probe.log)
 
 
 def test_gradient_averagers_act_between_backward_and_optimizer_step(probe):
-    summaries = local(CONVERGENCE.replace(algorithm="probe:mode=gradients", topology="ring:4",
-                                          epochs=1, lr=0.1))
+    summaries = local(
+        CONVERGENCE.replace(algorithm="probe:mode=gradients", topology="ring:4", epochs=1, lr=0.1)
+    )
     # gradients present, parameters not yet moved at each call; since the probe zeroes the
     # gradients, the optimizer never moves anything: the model stays at its initial value.
     assert probe.log and all(grads and not moved for _, _, grads, moved in probe.log)
@@ -123,8 +136,9 @@ def test_train_without_out_dir_writes_nothing(tmp_path, monkeypatch):
 
 
 def test_uneven_shards_keep_peers_in_lockstep():
-    config = CONVERGENCE.replace(topology="ring:4", partition="dirichlet:0.3", epochs=2,
-                                 algorithm="powergossip:rank=1")
+    config = CONVERGENCE.replace(
+        topology="ring:4", partition="dirichlet:0.3", epochs=2, algorithm="powergossip:rank=1"
+    )
     s = local(config)[0]
     sizes = [sum(row) for row in s["label_histogram"]]
     assert len(set(sizes)) > 1 and s["steps"] == 2 * s["steps_per_epoch"]
@@ -132,11 +146,25 @@ def test_uneven_shards_keep_peers_in_lockstep():
 
 # ---- the CLI, under MPI and in one process -----------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def mpi_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("mpi") / "run"
-    result = run_mpi(4, ["-m", "experiments.train", "--config", TINY, "--set", "backend=mpi",
-                         "--set", f"out_dir={out}", "--quiet"], timeout=100)
+    result = run_mpi(
+        4,
+        [
+            "-m",
+            "experiments.train",
+            "--config",
+            TINY,
+            "--set",
+            "backend=mpi",
+            "--set",
+            f"out_dir={out}",
+            "--quiet",
+        ],
+        timeout=100,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return out, result
 
@@ -149,17 +177,27 @@ def test_mpi_end_to_end_run_directory(mpi_run, tmp_path):
     config = load_config(out / "config.yaml", deep=False)
     assert config.backend == "mpi" and config.peers == 4 and config.out_dir == str(out)
     summary = json.loads((out / "summary.json").read_text())
-    for key in ("final_test_acc_avg_model", "final_test_acc_local_mean", "final_test_acc_local_min",
-                "final_test_acc_local_max", "final_consensus_distance", "mb_sent_per_peer",
-                "exact_gossip_mb_per_peer_formula", "compression_ratio", "wall_time_s",
-                "label_histogram"):
+    for key in (
+        "final_test_acc_avg_model",
+        "final_test_acc_local_mean",
+        "final_test_acc_local_min",
+        "final_test_acc_local_max",
+        "final_consensus_distance",
+        "mb_sent_per_peer",
+        "exact_gossip_mb_per_peer_formula",
+        "compression_ratio",
+        "wall_time_s",
+        "label_histogram",
+    ):
         assert summary[key] is not None, key
     assert summary["final_test_acc_avg_model"] > 0.8
     assert "formula" in summary["exact_gossip_formula"]
     assert "| averaged-model test accuracy |" in (out / "summary.md").read_text()
     for rank in range(4):
-        records = [json.loads(line) for line in
-                   (out / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()]
+        records = [
+            json.loads(line)
+            for line in (out / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()
+        ]
         evals = [r for r in records if r["kind"] == "eval"]
         assert [r["epoch"] for r in evals] == [1, 2, 3]
         assert any(r["kind"] == "log" for r in records)
@@ -184,9 +222,13 @@ def test_mpi_and_local_backends_agree_bit_for_bit(mpi_run, tmp_path):
     mpi_summary = json.loads((out / "summary.json").read_text())
     assert summary["model_sha256"] == mpi_summary["model_sha256"]
     for rank in range(4):
-        a = [json.loads(x) for x in (out / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()]
-        b = [json.loads(x) for x in
-             (local_out / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()]
+        a = [
+            json.loads(x) for x in (out / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()
+        ]
+        b = [
+            json.loads(x)
+            for x in (local_out / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()
+        ]
         assert comparable(a) == comparable(b)
 
 
@@ -195,8 +237,20 @@ def test_existing_run_dir_is_never_overwritten(mpi_run):
     out, _ = mpi_run
     before = (out / "summary.json").read_text()
     result = subprocess.run(
-        [sys.executable, "-m", "experiments.train", "--config", str(TINY), "--set", f"out_dir={out}"],
-        capture_output=True, text=True, cwd=ROOT, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "experiments.train",
+            "--config",
+            str(TINY),
+            "--set",
+            f"out_dir={out}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: run directory {out} already exists")
@@ -207,7 +261,9 @@ def test_existing_run_dir_is_never_overwritten(mpi_run):
 def test_cli_errors_in_process(tmp_path):
     from experiments.train import run
 
-    with pytest.raises(ValueError, match="backend mpi runs one peer per MPI rank: launch with mpiexec -n 4"):
+    with pytest.raises(
+        ValueError, match="backend mpi runs one peer per MPI rank: launch with mpiexec -n 4"
+    ):
         run(["--config", str(TINY), "--set", "backend=mpi", "--set", f"out_dir={tmp_path / 'x'}"])
     with pytest.raises(ValueError, match="give --config"):
         run([])
@@ -256,8 +312,9 @@ def test_every_run_records_its_provenance(mpi_run, tmp_path):
     assert (origin["backend"], origin["world_size"]) == ("mpi", 4)
     assert origin["peers_per_host"] == {socket.gethostname()[:64]: 4}
     assert "--config" in origin["command"] and str(TINY) in origin["command"]
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=30).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30
+    ).stdout.strip()
     assert origin["git_commit"] == head and isinstance(origin["git_dirty"], bool)
     # config.yaml opens with the same facts as comments and still reads as the run's config
     text = (out / "config.yaml").read_text()

@@ -25,7 +25,11 @@ def test_exchange_delivers_each_neighbours_value_and_counts_bytes():
         send = {j: torch.full((3,), float(comm.rank)) for j in comm.neighbors}
         recv = {j: torch.empty(3) for j in comm.neighbors}
         comm.exchange(send, recv)
-        return {j: recv[j].tolist() for j in comm.neighbors}, comm.stats.bytes_sent, comm.stats.messages_sent
+        return (
+            {j: recv[j].tolist() for j in comm.neighbors},
+            comm.stats.bytes_sent,
+            comm.stats.messages_sent,
+        )
 
     topology = topologies.torus(2, 3)
     for rank, (received, sent, messages) in enumerate(LocalCluster(topology).run(peer)):
@@ -48,7 +52,9 @@ def test_critical_path_counts_one_round_per_exchange_at_its_largest_message():
         ring_allreduce = 2 * 4 * 40 // 5
         assert stats.rounds == 1 + 2 * 4
         assert stats.critical_bytes == 4 * (max(topology.neighbors(rank)) + 1) + ring_allreduce
-        assert stats.projected_seconds(1e-3, 1e6) == pytest.approx(9e-3 + stats.critical_bytes / 1e6)
+        assert stats.projected_seconds(1e-3, 1e6) == pytest.approx(
+            9e-3 + stats.critical_bytes / 1e6
+        )
 
 
 def test_allreduce_is_bit_identical_on_every_peer_and_not_charged_when_metric():
@@ -81,7 +87,9 @@ def test_a_failing_peer_releases_the_others_and_its_error_is_raised():
     def peer(comm):
         if comm.rank == 3:
             raise RuntimeError("boom on 3")
-        comm.exchange({j: torch.zeros(2) for j in comm.neighbors}, {j: torch.zeros(2) for j in comm.neighbors})
+        comm.exchange(
+            {j: torch.zeros(2) for j in comm.neighbors}, {j: torch.zeros(2) for j in comm.neighbors}
+        )
         comm.barrier()
 
     with pytest.raises(RuntimeError, match="boom on 3"):
@@ -91,7 +99,10 @@ def test_a_failing_peer_releases_the_others_and_its_error_is_raised():
 def test_wrong_message_size_names_the_sending_peer():
     def peer(comm):
         size = 4 if comm.rank == 1 else 3
-        comm.exchange({j: torch.zeros(size) for j in comm.neighbors}, {j: torch.zeros(3) for j in comm.neighbors})
+        comm.exchange(
+            {j: torch.zeros(size) for j in comm.neighbors},
+            {j: torch.zeros(3) for j in comm.neighbors},
+        )
 
     with pytest.raises(CommunicationError, match="from peer 1 has 16 bytes, expected 12"):
         LocalCluster(topologies.ring(4)).run(peer)
@@ -100,8 +111,10 @@ def test_wrong_message_size_names_the_sending_peer():
 def test_wrong_message_dtype_names_the_sending_peer():
     def peer(comm):
         dtype = torch.int32 if comm.rank == 2 else torch.float32
-        comm.exchange({j: torch.zeros(3, dtype=dtype) for j in comm.neighbors},
-                      {j: torch.zeros(3) for j in comm.neighbors})
+        comm.exchange(
+            {j: torch.zeros(3, dtype=dtype) for j in comm.neighbors},
+            {j: torch.zeros(3) for j in comm.neighbors},
+        )
 
     with pytest.raises(CommunicationError, match="from peer 2 has dtype torch.int32"):
         LocalCluster(topologies.ring(4)).run(peer)
@@ -111,7 +124,9 @@ def test_a_silent_neighbour_times_out_naming_it():
     def peer(comm):
         if comm.rank == 0:
             return  # never sends
-        comm.exchange({j: torch.zeros(1) for j in comm.neighbors}, {j: torch.zeros(1) for j in comm.neighbors})
+        comm.exchange(
+            {j: torch.zeros(1) for j in comm.neighbors}, {j: torch.zeros(1) for j in comm.neighbors}
+        )
 
     with pytest.raises(CommunicationError, match="no message from neighbour 0 within 0.5 s"):
         LocalCluster(topologies.ring(4), timeout=0.5).run(peer)
@@ -128,8 +143,10 @@ def test_disagreeing_parameter_shapes_fail_identically_on_every_peer():
 
     messages = LocalCluster(topologies.ring(5)).run(peer)
     assert len(set(messages)) == 1
-    assert messages[0] == ("parameter shapes and dtypes differs across ranks: ranks 0,3-4 hold "
-                           "variant 1; ranks 1-2 hold variant 2")
+    assert messages[0] == (
+        "parameter shapes and dtypes differs across ranks: ranks 0,3-4 hold "
+        "variant 1; ranks 1-2 hold variant 2"
+    )
 
 
 def test_exchange_requires_exactly_the_neighbours():
@@ -194,7 +211,7 @@ def test_single_peer_gossip_is_a_no_op():
         ExactGossip(x, comm).step()
         return x[0], consensus_distance(x, comm), comm.stats.bytes_sent
 
-    (x, distance, sent), = LocalCluster(topologies.ring(1)).run(peer)
+    ((x, distance, sent),) = LocalCluster(topologies.ring(1)).run(peer)
     assert torch.equal(x, torch.arange(6.0).reshape(2, 3)) and distance == 0 and sent == 0
 
 
@@ -218,12 +235,27 @@ def test_mpi_exact_gossip_is_bit_equal_to_local(tmp_path):
         assert torch.equal(a["errors"], b["errors"]) and a["bytes"] == b["bytes"]
 
 
-@pytest.mark.parametrize("case, n, message", [
-    ("world_size", 4, "MPI world size 4 does not match the topology's 8 peers: run mpiexec -n 8"),
-    ("topologies_differ", 4, "topology differs across ranks: ranks 0-2 hold variant 1; ranks 3 hold variant 2"),
-    ("shapes_differ", 4, "parameter shapes and dtypes differs across ranks: ranks 0-1,3 hold variant 1; "
-                         "ranks 2 hold variant 2"),
-])
+@pytest.mark.parametrize(
+    "case, n, message",
+    [
+        (
+            "world_size",
+            4,
+            "MPI world size 4 does not match the topology's 8 peers: run mpiexec -n 8",
+        ),
+        (
+            "topologies_differ",
+            4,
+            "topology differs across ranks: ranks 0-2 hold variant 1; ranks 3 hold variant 2",
+        ),
+        (
+            "shapes_differ",
+            4,
+            "parameter shapes and dtypes differs across ranks: ranks 0-1,3 hold variant 1; "
+            "ranks 2 hold variant 2",
+        ),
+    ],
+)
 @pytest.mark.mpi
 def test_mpi_bad_inputs_fail_on_every_rank(case, n, message):
     result = run_mpi(n, [SUPPORT / "mpi_bad_inputs.py", case], timeout=60)

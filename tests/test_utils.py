@@ -60,7 +60,9 @@ def test_run_peers_local_returns_every_rank_by_rank():
 def test_backend_choice_outside_mpiexec():
     assert resolve_backend(None) == "local"
     assert resolve_backend("auto") == "local"
-    with pytest.raises(ValueError, match="backend mpi runs one peer per MPI rank: launch with mpiexec"):
+    with pytest.raises(
+        ValueError, match="backend mpi runs one peer per MPI rank: launch with mpiexec"
+    ):
         resolve_backend("mpi")
     with pytest.raises(ValueError, match="unknown backend"):
         resolve_backend("gloo")

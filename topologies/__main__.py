@@ -38,7 +38,7 @@ MAX_STEPS = 10_000
 #: The product gap costs about (steps + PRODUCT_GAP_DECOMPOSITION) dense n×n products (n³
 #: multiply-adds each: the steps, then the singular values or eigenvalues of the product); it is
 #: computed when that is at most this many multiply-adds: 8 steps at 2048 peers, about 150 at 1024.
-PRODUCT_GAP_WORK = 18 * 2048 ** 3
+PRODUCT_GAP_WORK = 18 * 2048**3
 PRODUCT_GAP_DECOMPOSITION = 10
 #: ``--png`` draws at most this many edges (matplotlib draws each one as a Python object).
 PNG_MAX_EDGES = 20_000
@@ -89,13 +89,18 @@ def _step_counts(schedule, t: int) -> tuple[int, tuple[int, ...]]:
 def product_gap_row(schedule, span: int) -> str:
     """The product gap over ``span`` steps, or, above PRODUCT_GAP_WORK, why it is not computed."""
     n = schedule.size
-    work = (span + PRODUCT_GAP_DECOMPOSITION) * n ** 3
+    work = (span + PRODUCT_GAP_DECOMPOSITION) * n**3
     if work > PRODUCT_GAP_WORK:
-        fewer = PRODUCT_GAP_WORK // n ** 3 - PRODUCT_GAP_DECOMPOSITION
-        fix = (f"pass --steps {fewer} or fewer" if fewer >= 1 and not schedule.period
-               else "use fewer peers to see it")
-        return (f"not computed: {span} dense {n}x{n} products and a decomposition, ~{work:.2g} "
-                f"multiply-adds, above show's {PRODUCT_GAP_WORK:.2g}; {fix}")
+        fewer = PRODUCT_GAP_WORK // n**3 - PRODUCT_GAP_DECOMPOSITION
+        fix = (
+            f"pass --steps {fewer} or fewer"
+            if fewer >= 1 and not schedule.period
+            else "use fewer peers to see it"
+        )
+        return (
+            f"not computed: {span} dense {n}x{n} products and a decomposition, ~{work:.2g} "
+            f"multiply-adds, above show's {PRODUCT_GAP_WORK:.2g}; {fix}"
+        )
     # repr of the rounded value, so that exact averaging reads 1.0 (not 1, which looks like a count)
     return repr(round(product_gap(schedule, span), 6))
 
@@ -167,7 +172,8 @@ def draw_png(topo: Topology, path: str) -> None:
         # bend every edge that is longer than one lattice step.
         long = [
             abs(pos[u][0] - pos[v][0]) + abs(pos[u][1] - pos[v][1]) > 1.5
-            if topo.name.startswith("torus:") else False
+            if topo.name.startswith("torus:")
+            else False
             for u, v in edges
         ]
         node_size = 300 if topo.size <= 64 else 30
@@ -180,8 +186,14 @@ def draw_png(topo: Topology, path: str) -> None:
                 continue
             extra = {"arrows": True, "arrowstyle": "-", "connectionstyle": "arc3,rad=0.25"}
             nx.draw_networkx_edges(
-                g, pos, ax=ax, edgelist=[edges[k] for k in sel], width=[widths[k] for k in sel],
-                edge_color="#555555", node_size=node_size, **(extra if bend else {}),
+                g,
+                pos,
+                ax=ax,
+                edgelist=[edges[k] for k in sel],
+                width=[widths[k] for k in sel],
+                edge_color="#555555",
+                node_size=node_size,
+                **(extra if bend else {}),
             )
         ax.set_title(
             f"{topo.name}  (n={topo.size}, gap={topo.spectral_gap:.4g}, gamma={topo.gamma:.4g})"
@@ -215,19 +227,32 @@ def main(argv: list[str] | None = None) -> int:
         help="print size, degrees, spectral gap, gamma and fingerprint of a topology",
         epilog="specs: " + ", ".join(SPEC_USAGE.values()),
     )
-    show.add_argument("spec", help="topology or schedule spec, e.g. torus:4x4 or one_peer_exponential:16")
+    show.add_argument(
+        "spec", help="topology or schedule spec, e.g. torus:4x4 or one_peer_exponential:16"
+    )
     show.add_argument("-n", type=int, default=None, help="number of nodes (if the spec omits it)")
     show.add_argument("--weights", default=None, help=f"weight scheme: {', '.join(SCHEMES)}")
-    show.add_argument("--png", metavar="FILE", default=None,
-                      help="also draw the graph (of a schedule: its union graph) to FILE")
-    show.add_argument("--steps", type=int, default=8,
-                      help="steps described for a random schedule, which has no period (default 8, "
-                           f"at most {MAX_STEPS})")
+    show.add_argument(
+        "--png",
+        metavar="FILE",
+        default=None,
+        help="also draw the graph (of a schedule: its union graph) to FILE",
+    )
+    show.add_argument(
+        "--steps",
+        type=int,
+        default=8,
+        help="steps described for a random schedule, which has no period (default 8, "
+        f"at most {MAX_STEPS})",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.steps <= MAX_STEPS:
-        print(f"{show.prog}: error: --steps must be in 1..{MAX_STEPS}, got {args.steps} (every step's "
-              "graph is built and multiplied into the product gap, and a random schedule's "
-              "statistics settle long before); use e.g. --steps 64", file=sys.stderr)
+        print(
+            f"{show.prog}: error: --steps must be in 1..{MAX_STEPS}, got {args.steps} (every step's "
+            "graph is built and multiplied into the product gap, and a random schedule's "
+            "statistics settle long before); use e.g. --steps 64",
+            file=sys.stderr,
+        )
         return 2
 
     try:
@@ -238,16 +263,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not isinstance(topo, Topology):
         if args.png and topo.is_directed:
-            print(f"{show.prog}: error: --png draws undirected graphs only; {topo.name!r} is directed",
-                  file=sys.stderr)
+            print(
+                f"{show.prog}: error: --png draws undirected graphs only; {topo.name!r} is directed",
+                file=sys.stderr,
+            )
             return 2
         drawn = topo.union  # what --png draws
     else:
         drawn = topo
     if args.png and sum(drawn.degrees) // 2 > PNG_MAX_EDGES:
-        print(f"{show.prog}: error: --png draws at most {PNG_MAX_EDGES} edges and {drawn.name!r} has "
-              f"{sum(drawn.degrees) // 2} (each is drawn as a Python object: minutes); drop --png "
-              "or draw a smaller graph", file=sys.stderr)
+        print(
+            f"{show.prog}: error: --png draws at most {PNG_MAX_EDGES} edges and {drawn.name!r} has "
+            f"{sum(drawn.degrees) // 2} (each is drawn as a Python object: minutes); drop --png "
+            "or draw a smaller graph",
+            file=sys.stderr,
+        )
         return 2
     print(summary(topo) if isinstance(topo, Topology) else schedule_summary(topo, args.steps))
     if args.png:

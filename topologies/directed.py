@@ -60,7 +60,9 @@ def validate_column_stochastic(p, *, require_connected: bool = True) -> np.ndarr
         raise ValueError(f"P has a non-finite entry P[{i},{j}]; all weights must be finite")
     if p.min() < 0:
         i, j = np.unravel_index(np.argmin(p), p.shape)
-        raise ValueError(f"P has a negative weight P[{i},{j}] = {p[i, j]:.6g}; push-sum weights must be >= 0")
+        raise ValueError(
+            f"P has a negative weight P[{i},{j}] = {p[i, j]:.6g}; push-sum weights must be >= 0"
+        )
     cols = p.sum(axis=0)
     dev = np.abs(cols - 1.0)
     if dev.max() > STOCHASTIC_TOL:
@@ -114,8 +116,16 @@ class DirectedTopology(ConstantSchedule):
         set_(self, "_require_connected", bool(require_connected))
         off = p > 0
         np.fill_diagonal(off, False)
-        set_(self, "_out", tuple(tuple(int(i) for i in np.flatnonzero(off[:, j])) for j in range(p.shape[0])))
-        set_(self, "_in", tuple(tuple(int(j) for j in np.flatnonzero(off[i])) for i in range(p.shape[0])))
+        set_(
+            self,
+            "_out",
+            tuple(tuple(int(i) for i in np.flatnonzero(off[:, j])) for j in range(p.shape[0])),
+        )
+        set_(
+            self,
+            "_in",
+            tuple(tuple(int(j) for j in np.flatnonzero(off[i])) for i in range(p.shape[0])),
+        )
 
     def __setattr__(self, key, value):
         raise AttributeError(f"DirectedTopology is immutable; cannot set {key!r}")
@@ -208,8 +218,10 @@ class DirectedSchedule(StepCache):
         edges = [np.asarray(e, dtype=np.int64).reshape(-1, 2) for e in period_edges]
         if not edges:
             raise ValueError("a directed schedule needs the edges of at least one step")
-        identity = identity if identity is not None else (
-            "directed", size, tuple(tuple(map(tuple, e.tolist())) for e in edges)
+        identity = (
+            identity
+            if identity is not None
+            else ("directed", size, tuple(tuple(map(tuple, e.tolist())) for e in edges))
         )
         self._setup(size, name, len(edges), identity)
         self._edges = edges
@@ -226,14 +238,18 @@ class DirectedSchedule(StepCache):
         return True
 
     def _build(self, t: int) -> DirectedTopology:
-        return DirectedTopology(push_weights(self._size, self._edges[t]), name=f"{self._name}@{t}",
-                                require_connected=False)
+        return DirectedTopology(
+            push_weights(self._size, self._edges[t]),
+            name=f"{self._name}@{t}",
+            require_connected=False,
+        )
 
     @cached_property
     def union(self) -> DirectedTopology:
         """Every directed edge of some step, with uniform push weights (strongly connected)."""
-        return DirectedTopology(push_weights(self._size, np.concatenate(self._edges)),
-                                name=f"union({self._name})")
+        return DirectedTopology(
+            push_weights(self._size, np.concatenate(self._edges)), name=f"union({self._name})"
+        )
 
 
 def directed_exponential(n: int) -> DirectedSchedule:
@@ -245,13 +261,17 @@ def directed_exponential(n: int) -> DirectedSchedule:
     offsets = [1 << k for k in range((n - 1).bit_length())]
     peers = np.arange(n)
     period_edges = [np.stack([peers, (peers + off) % n], axis=1) for off in offsets]
-    return DirectedSchedule(n, period_edges, f"directed_exponential:{n}", ("directed_exponential", n))
+    return DirectedSchedule(
+        n, period_edges, f"directed_exponential:{n}", ("directed_exponential", n)
+    )
 
 
 _DIRECTED_LINE = re.compile(r"^\s*(\d+)\s+(\d+)\s*$", re.ASCII)
 
 
-def from_directed_edge_list(path: str | os.PathLike, *, name: str | None = None) -> DirectedTopology:
+def from_directed_edge_list(
+    path: str | os.PathLike, *, name: str | None = None
+) -> DirectedTopology:
     """Directed graph from a text file of ``i j`` lines, each meaning i → j (i sends to j).
 
     Node ids are 0..n-1 and each must appear (``i i`` declares a node). ``#`` starts a comment.
@@ -277,5 +297,6 @@ def from_directed_edge_list(path: str | os.PathLike, *, name: str | None = None)
             if i != j:
                 edges.add((i, j))
     n = node_count(path, nodes)
-    return DirectedTopology(push_weights(n, sorted(edges)),
-                            name=name if name is not None else f"directed_file:{path}")
+    return DirectedTopology(
+        push_weights(n, sorted(edges)), name=name if name is not None else f"directed_file:{path}"
+    )

@@ -180,10 +180,14 @@ def random_regular(n: int, d: int, seed: int = 0, *, weights: str = "metropolis"
         g = nx.random_regular_graph(d, n, seed=rng)
         if nx.is_connected(g):
             return from_graph(g, weights=weights, name=name)
-    raise ValueError(f"no connected {d}-regular graph on {n} nodes found in 100 draws; use a larger d")
+    raise ValueError(
+        f"no connected {d}-regular graph on {n} nodes found in 100 draws; use a larger d"
+    )
 
 
-def small_world(n: int, k: int, p: float, seed: int = 0, *, weights: str = "metropolis") -> Topology:
+def small_world(
+    n: int, k: int, p: float, seed: int = 0, *, weights: str = "metropolis"
+) -> Topology:
     """Connected Watts–Strogatz small-world graph (networkx ``connected_watts_strogatz_graph``).
 
     Each node starts linked to its k nearest ring neighbours (k // 2 on each side), then each edge
@@ -195,7 +199,9 @@ def small_world(n: int, k: int, p: float, seed: int = 0, *, weights: str = "metr
     try:
         p = float(p)
     except (TypeError, ValueError):
-        raise ValueError(f"small_world rewiring probability p must be a number, got {p!r}") from None
+        raise ValueError(
+            f"small_world rewiring probability p must be a number, got {p!r}"
+        ) from None
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"small_world rewiring probability p must be in [0, 1], got {p}")
     if k > n:
@@ -231,7 +237,9 @@ def from_graph(
     check_scheme(weights, extra=("given",))
     if g.is_multigraph() and not g.is_directed():
         if weights == "given":
-            raise ValueError("multigraph given with weights='given': parallel edges make W ambiguous")
+            raise ValueError(
+                "multigraph given with weights='given': parallel edges make W ambiguous"
+            )
         g = nx.Graph(g)
     _check_graph_input(g)
 
@@ -268,7 +276,9 @@ def node_count(path: str, nodes: set[int]) -> int:
     a typo like 99999999999999 must not allocate a range or a matrix of that size.
     """
     if not nodes:
-        raise ValueError(f"{path}: no edges found; write one 'i j' per line (or '0 0' for one node)")
+        raise ValueError(
+            f"{path}: no edges found; write one 'i j' per line (or '0 0' for one node)"
+        )
     largest = max(nodes)
     if largest >= len(nodes) and largest >= MAX_PEERS:
         raise ValueError(
@@ -352,7 +362,9 @@ def from_edge_list(
         weights = "given" if weighted else "metropolis"
     check_scheme(weights, extra=("given",))
     if weights == "given" and not weighted:
-        raise ValueError(f"{path}: weights='given' but the edges carry no weights; use 'i j w' lines")
+        raise ValueError(
+            f"{path}: weights='given' but the edges carry no weights; use 'i j w' lines"
+        )
 
     g = nx.Graph()
     g.add_nodes_from(range(n))
@@ -392,7 +404,11 @@ SPEC_USAGE: dict[str, str] = {
 
 #: The spellings in SPEC_USAGE that :mod:`topologies.schedules` parses.
 SCHEDULE_KINDS = (
-    "one_peer_exponential", "matchings", "edge_sampling", "cyclic", "directed_exponential",
+    "one_peer_exponential",
+    "matchings",
+    "edge_sampling",
+    "cyclic",
+    "directed_exponential",
     "directed_file",
 )
 

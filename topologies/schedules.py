@@ -76,7 +76,7 @@ class _Components:
         for start in range(0, len(edges), chunk):
             if self.count == 1:
                 return
-            for u, v in edges[start:start + chunk].tolist():
+            for u, v in edges[start : start + chunk].tolist():
                 ru, rv = self._root(u), self._root(v)
                 if ru != rv:
                     self.parent[ru] = rv
@@ -126,7 +126,8 @@ class Schedule(StepCache):
         if components.count == 1:
             return
         over = (
-            f"one period ({steps} steps)" if self._period
+            f"one period ({steps} steps)"
+            if self._period
             else f"the first {steps} steps ({WINDOW_PER_PEER} per peer)"
         )
         raise ValueError(
@@ -162,9 +163,12 @@ class Schedule(StepCache):
         """Raise a one-line ValueError unless `gamma` is in the stable range of every step."""
         top = self.gamma_stable_max
         if not (0.0 < gamma < top):
-            over = (f"the smallest of 2 / largest eigenvalue of I - W(t) over one period, "
-                    f"{self._period} graphs" if self._period
-                    else "a bound that holds for every graph this random schedule can draw")
+            over = (
+                f"the smallest of 2 / largest eigenvalue of I - W(t) over one period, "
+                f"{self._period} graphs"
+                if self._period
+                else "a bound that holds for every graph this random schedule can draw"
+            )
             raise ValueError(
                 f"gamma={gamma:g} is outside the stable range (0, {top:.4g}) of {self._name} "
                 f"({over}): gossip would diverge; on a schedule the default gamma is 1 (plain "
@@ -180,8 +184,9 @@ class Schedule(StepCache):
         an edge of a later step.
         """
         edges = np.concatenate([self._step_edges(t) for t in range(self._period)])
-        return Topology(metropolis_on(self._size, edges), name=f"union({self._name})",
-                        scheme="metropolis")
+        return Topology(
+            metropolis_on(self._size, edges), name=f"union({self._name})", scheme="metropolis"
+        )
 
 
 class OnePeerExponential(Schedule):
@@ -209,7 +214,9 @@ class RandomMatchings(Schedule):
         n = check_size(_int(n, "matchings size n", 2), f"matchings:{n}")
         seed = _int(seed, "matchings seed", 0)
         if n % 2:
-            raise ValueError(f"matchings needs an even number of peers for perfect matchings, got n={n}")
+            raise ValueError(
+                f"matchings needs an even number of peers for perfect matchings, got n={n}"
+            )
         name = f"matchings:{n}" + (f":{seed}" if seed else "")
         self._setup(n, name, None, ("matchings", n, seed))
         self._seed = seed
@@ -227,8 +234,11 @@ class RandomMatchings(Schedule):
     @cached_property
     def union(self) -> Topology:
         every_pair = ~np.eye(self._size, dtype=bool)
-        return Topology(weight_matrix(every_pair, "metropolis"), name=f"union({self._name})",
-                        scheme="metropolis")
+        return Topology(
+            weight_matrix(every_pair, "metropolis"),
+            name=f"union({self._name})",
+            scheme="metropolis",
+        )
 
 
 class EdgeSampling(Schedule):
@@ -248,7 +258,9 @@ class EdgeSampling(Schedule):
         except (TypeError, ValueError):
             raise ValueError(f"edge_sampling probability p must be a number, got {p!r}") from None
         if not 0.0 < p <= 1.0:
-            raise ValueError(f"edge_sampling probability p must be in (0, 1], got {p}; use e.g. 0.5")
+            raise ValueError(
+                f"edge_sampling probability p must be in (0, 1], got {p}; use e.g. 0.5"
+            )
         seed = _int(seed, "edge_sampling seed", 0)
         name = f"edge_sampling:{base.name}:{p!r}" + (f":{seed}" if seed else "")
         self._setup(base.size, name, None, ("edge_sampling", base.fingerprint, p, seed))
@@ -275,8 +287,11 @@ class EdgeSampling(Schedule):
 
     @cached_property
     def union(self) -> Topology:
-        return Topology(metropolis_on(self._size, self._base_edges), name=f"union({self._name})",
-                        scheme="metropolis")
+        return Topology(
+            metropolis_on(self._size, self._base_edges),
+            name=f"union({self._name})",
+            scheme="metropolis",
+        )
 
 
 class CyclicSchedule(Schedule):
@@ -285,7 +300,9 @@ class CyclicSchedule(Schedule):
     def __init__(self, members, name: str | None = None):
         members = list(members)
         if not members:
-            raise ValueError("cyclic needs at least one topology, e.g. cyclic(['ring:8', 'star:8'])")
+            raise ValueError(
+                "cyclic needs at least one topology, e.g. cyclic(['ring:8', 'star:8'])"
+            )
         members = [_static(m, "cyclic member") if isinstance(m, str) else m for m in members]
         for m in members:
             if not isinstance(m, Topology):
@@ -326,8 +343,9 @@ def matchings(n: int, seed: int = 0) -> RandomMatchings:
 
 def edge_sampling(base, p: float, seed: int = 0) -> EdgeSampling:
     """Each edge of ``base`` (a Topology or static spec) active with probability p at each step."""
-    return EdgeSampling(_static(base, "edge_sampling base") if isinstance(base, str) else base, p,
-                        seed)
+    return EdgeSampling(
+        _static(base, "edge_sampling base") if isinstance(base, str) else base, p, seed
+    )
 
 
 def cyclic(members, name: str | None = None) -> CyclicSchedule:
@@ -389,7 +407,9 @@ def _static(spec, what: str, n: int | None = None, weights: str | None = None) -
     """The static topology of `spec` (a schedule's member or base); `what` names a schedule's
     spec in the error."""
     if _is_schedule_spec(spec):
-        raise ValueError(f"{what} {spec.strip()!r} is a schedule; {'list static topologies only' if what.startswith('cyclic') else 'sample the edges of a static topology'}")
+        raise ValueError(
+            f"{what} {spec.strip()!r} is a schedule; {'list static topologies only' if what.startswith('cyclic') else 'sample the edges of a static topology'}"
+        )
     return parse_static(spec, n, weights)
 
 
@@ -420,13 +440,16 @@ def parse_schedule(spec: str, kind: str, rest: str, n: int | None, weights: str 
             raise bad("no topologies listed")
         members = [
             # A member file may hold a disconnected graph: only the union must be connected.
-            parse_member(m.strip(), n, weights) for m in rest.split(",")
+            parse_member(m.strip(), n, weights)
+            for m in rest.split(",")
         ]
         return cyclic(members)
 
     if weights not in (None, "metropolis"):
-        raise bad(f"its weights are fixed (Metropolis on each step's graph), not {weights!r}; "
-                  f"drop the weights option")
+        raise bad(
+            f"its weights are fixed (Metropolis on each step's graph), not {weights!r}; "
+            f"drop the weights option"
+        )
     if kind == "directed_file":
         if not rest:
             raise bad("missing path")
@@ -467,5 +490,7 @@ def parse_member(spec: str, n: int | None, weights: str | None) -> Topology:
         return from_edge_list(spec[5:], weights=weights, require_connected=False)
     member = _static(spec, "cyclic member", n, weights)
     if n is not None and member.size != n:
-        raise ValueError(f"topology {member.name!r} has {member.size} nodes but n={n} was asked for")
+        raise ValueError(
+            f"topology {member.name!r} has {member.size} nodes but n={n} was asked for"
+        )
     return member

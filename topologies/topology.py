@@ -28,6 +28,7 @@ def check_size(n: int, what: str) -> int:
         )
     return n
 
+
 def step_index(t) -> int:
     """``t`` as a step number (an int >= 0), else a one-line ValueError."""
     try:
@@ -79,7 +80,9 @@ def _matrix_from_weighted_graph(g: nx.Graph, nodes: list) -> np.ndarray:
 def _check_graph_input(g: nx.Graph) -> None:
     """Reject graph kinds whose meaning as a mixing topology would be ambiguous."""
     if g.is_directed():
-        raise ValueError("directed graph given; gossip needs an undirected one: use g.to_undirected()")
+        raise ValueError(
+            "directed graph given; gossip needs an undirected one: use g.to_undirected()"
+        )
     if g.is_multigraph():
         raise ValueError("multigraph given; collapse parallel edges first: use networkx.Graph(g)")
     if g.number_of_nodes() == 0:
@@ -144,7 +147,9 @@ def validate_mixing_matrix(w, *, require_connected: bool = True) -> np.ndarray:
         raise ValueError("W is empty; a topology needs at least one node")
     if not np.all(np.isfinite(w)):
         i, j = np.argwhere(~np.isfinite(w))[0]
-        raise ValueError(f"W has a non-finite entry W[{i},{j}] = {float(w[i, j])}; all weights must be finite")
+        raise ValueError(
+            f"W has a non-finite entry W[{i},{j}] = {float(w[i, j])}; all weights must be finite"
+        )
 
     off = w.copy()
     np.fill_diagonal(off, 0.0)

@@ -31,16 +31,42 @@ Modules: `shapes` (the parameter sets), `measure` (per-peer, isolated and kernel
 """
 
 from .driver import build_parser, drive_all, main, run, run_settings
-from .measure import (BenchConfig, copy_bandwidth, isolated_benchmark, kernel_benchmark,
-                      loopback_communicator, peer_benchmark, run_block)
+from .measure import (
+    BenchConfig,
+    copy_bandwidth,
+    isolated_benchmark,
+    kernel_benchmark,
+    loopback_communicator,
+    peer_benchmark,
+    run_block,
+)
 from .record import machine_description, raw_json
 from .report import render_markdown
 from .shapes import MODELS, count_params, make_params, model_shapes, resnet20_shapes, vgg16_shapes
 from .summary import summarize_isolated, summarize_setting
 
 __all__ = [
-    "BenchConfig", "MODELS", "build_parser", "copy_bandwidth", "count_params", "drive_all",
-    "isolated_benchmark", "kernel_benchmark", "loopback_communicator", "machine_description", "main",
-    "make_params", "model_shapes", "peer_benchmark", "raw_json", "render_markdown", "resnet20_shapes",
-    "run", "run_block", "run_settings", "summarize_isolated", "summarize_setting", "vgg16_shapes",
+    "BenchConfig",
+    "MODELS",
+    "build_parser",
+    "copy_bandwidth",
+    "count_params",
+    "drive_all",
+    "isolated_benchmark",
+    "kernel_benchmark",
+    "loopback_communicator",
+    "machine_description",
+    "main",
+    "make_params",
+    "model_shapes",
+    "peer_benchmark",
+    "raw_json",
+    "render_markdown",
+    "resnet20_shapes",
+    "run",
+    "run_block",
+    "run_settings",
+    "summarize_isolated",
+    "summarize_setting",
+    "vgg16_shapes",
 ]

@@ -39,19 +39,34 @@ DEFAULT_STEPS = {"resnet20": 40, "vgg16": 8, "vgg16_bn": 2}
 WARMUP_STEPS = {"resnet20": 2, "vgg16": 1, "vgg16_bn": 0}
 EXACT_STEPS = {"resnet20": 4, "vgg16": 1, "vgg16_bn": 1}
 
+
 def _configs(args) -> List[BenchConfig]:
     models = ["resnet20", "vgg16"] if args.model == "all" else [args.model]
     topologies_ = _topology_list(args.topology)
     out = []
     for model in models:
         steps = even_steps(args.steps if args.steps is not None else DEFAULT_STEPS[model])
-        reps = args.reps if args.reps is not None else (4 if model == "resnet20" else max(1, steps // 2))
+        reps = (
+            args.reps
+            if args.reps is not None
+            else (4 if model == "resnet20" else max(1, steps // 2))
+        )
         reps = max(1, min(reps, steps // 2))
         for spec in topologies_:
-            out.append(BenchConfig(model=model, topology=spec, backend=args.backend, steps=steps,
-                                   reps=reps, naive=args.naive, isolated=not args.no_isolated,
-                                   bytes_only=args.bytes_only, exact_steps=EXACT_STEPS[model],
-                                   warmup=WARMUP_STEPS[model]))
+            out.append(
+                BenchConfig(
+                    model=model,
+                    topology=spec,
+                    backend=args.backend,
+                    steps=steps,
+                    reps=reps,
+                    naive=args.naive,
+                    isolated=not args.no_isolated,
+                    bytes_only=args.bytes_only,
+                    exact_steps=EXACT_STEPS[model],
+                    warmup=WARMUP_STEPS[model],
+                )
+            )
     return out
 
 
@@ -93,8 +108,13 @@ def run_settings(configs: List[BenchConfig], backend: str) -> Optional[List[Dict
         topology = topologies.parse(cfg.topology)
         started = time.perf_counter()
         if backend == "mpi":
-            mine = next(iter(run_peers(topology, _mpi_peer, cfg, topology, backend="mpi",
-                                       timeout=1800).values()))
+            mine = next(
+                iter(
+                    run_peers(
+                        topology, _mpi_peer, cfg, topology, backend="mpi", timeout=1800
+                    ).values()
+                )
+            )
             if mpi_world()[0] != 0:
                 continue
             peers, iso = mine["peers"], mine["isolated"]
@@ -112,15 +132,19 @@ def run_settings(configs: List[BenchConfig], backend: str) -> Optional[List[Dict
 def _gather_json(comm, obj) -> List[Any]:
     """Every peer's `obj`, through the communicator's raw all-gather (JSON bytes, padded)."""
     data = json.dumps(obj).encode()
-    sizes = [int.from_bytes(b, "little") for b in comm.allgather_bytes(len(data).to_bytes(8, "little"))]
+    sizes = [
+        int.from_bytes(b, "little") for b in comm.allgather_bytes(len(data).to_bytes(8, "little"))
+    ]
     padded = comm.allgather_bytes(data + b" " * (max(sizes) - len(data)))
     return [json.loads(p[:size]) for p, size in zip(padded, sizes)]
 
 
 def _progress(summary: Dict[str, Any]) -> None:
     v = summary["variants"]["batched"]
-    line = (f"[bench] {summary['model']} {summary['topology']} {summary['backend']}: "
-            f"bytes ratio {v['bytes_ratio']:.0f}x")
+    line = (
+        f"[bench] {summary['model']} {summary['topology']} {summary['backend']}: "
+        f"bytes ratio {v['bytes_ratio']:.0f}x"
+    )
     if "compute" in v:
         line += f", batched compute {v['compute'] * 1e3:.1f} ms/step"
     if "speedup" in summary:
@@ -133,28 +157,57 @@ def _progress(summary: Dict[str, Any]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m experiments.bench_gossip",
-                                description="PowerGossip vs exact gossip: bytes, time, efficiency.")
-    p.add_argument("--all", action="store_true",
-                   help="run everything (both models, ring:8, torus:2x4 and a degree-4 graph, local "
-                        "and mpi, with --naive and the kernel diagnosis) and write --out")
-    p.add_argument("--model", default="all", choices=MODELS + ("all",),
-                   help="parameter set (all = resnet20 and vgg16)")
-    p.add_argument("--topology", action="append", metavar="SPEC",
-                   help=f"topology spec, repeatable or comma-separated (default {','.join(DEFAULT_TOPOLOGIES)})")
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.bench_gossip",
+        description="PowerGossip vs exact gossip: bytes, time, efficiency.",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="run everything (both models, ring:8, torus:2x4 and a degree-4 graph, local "
+        "and mpi, with --naive and the kernel diagnosis) and write --out",
+    )
+    p.add_argument(
+        "--model",
+        default="all",
+        choices=MODELS + ("all",),
+        help="parameter set (all = resnet20 and vgg16)",
+    )
+    p.add_argument(
+        "--topology",
+        action="append",
+        metavar="SPEC",
+        help=f"topology spec, repeatable or comma-separated (default {','.join(DEFAULT_TOPOLOGIES)})",
+    )
     p.add_argument("--backend", default="local", choices=("local", "mpi"))
-    p.add_argument("--steps", type=int, help="measured PowerGossip steps per variant "
-                   f"(default {DEFAULT_STEPS['resnet20']} for resnet20, {DEFAULT_STEPS['vgg16']} for vgg16)")
-    p.add_argument("--reps", type=int, help="interleaved blocks the steps are split into "
-                   "(default 4 for resnet20, steps/2 for vgg16)")
-    p.add_argument("--naive", action="store_true",
-                   help="also run batch_neighbors=False, interleaved with the batched blocks")
-    p.add_argument("--no-isolated", action="store_true", help="skip the isolated single-peer measurement")
+    p.add_argument(
+        "--steps",
+        type=int,
+        help="measured PowerGossip steps per variant "
+        f"(default {DEFAULT_STEPS['resnet20']} for resnet20, {DEFAULT_STEPS['vgg16']} for vgg16)",
+    )
+    p.add_argument(
+        "--reps",
+        type=int,
+        help="interleaved blocks the steps are split into "
+        "(default 4 for resnet20, steps/2 for vgg16)",
+    )
+    p.add_argument(
+        "--naive",
+        action="store_true",
+        help="also run batch_neighbors=False, interleaved with the batched blocks",
+    )
+    p.add_argument(
+        "--no-isolated", action="store_true", help="skip the isolated single-peer measurement"
+    )
     p.add_argument("--bytes-only", action="store_true", help="2 steps, bytes only (no timing)")
     p.add_argument("--kernels", action="store_true", help="only the kernel diagnosis")
-    p.add_argument("--out", help="write the markdown here (and the raw numbers next to it as .json); "
-                                 "default: print it (with --all: runs/bench_gossip.md; the committed "
-                                 "page: --out experiments/results/bench_gossip.md)")
+    p.add_argument(
+        "--out",
+        help="write the markdown here (and the raw numbers next to it as .json); "
+        "default: print it (with --all: runs/bench_gossip.md; the committed "
+        "page: --out experiments/results/bench_gossip.md)",
+    )
     p.add_argument("--json", help=argparse.SUPPRESS)  # internal: raw results for the --all driver
     return p
 
@@ -167,14 +220,18 @@ def _mpiexec() -> str:
 
     found = which("mpiexec")
     if found is None:
-        raise FileNotFoundError("mpiexec not found next to the python or on PATH (pip install mpich)")
+        raise FileNotFoundError(
+            "mpiexec not found next to the python or on PATH (pip install mpich)"
+        )
     return found
 
 
 def _run_child(command: List[str], timeout: float) -> None:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = str(ROOT) + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
     print("[bench] " + " ".join(shlex.quote(c) for c in command), file=sys.stderr, flush=True)
     process = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True)
     try:
@@ -182,7 +239,9 @@ def _run_child(command: List[str], timeout: float) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-        raise RuntimeError(f"benchmark child did not finish within {timeout:.0f} s: {command}") from None
+        raise RuntimeError(
+            f"benchmark child did not finish within {timeout:.0f} s: {command}"
+        ) from None
     except KeyboardInterrupt:
         os.killpg(process.pid, signal.SIGTERM)
         raise
@@ -204,25 +263,47 @@ def drive_all(args, command: str) -> int:
     started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     t0 = time.perf_counter()
     machine = machine_description()
-    topo = ["--topology", ",".join(args.topology and _topology_list(args.topology) or ALL_TOPOLOGIES)]
-    extra = [*(["--steps", str(args.steps)] if args.steps else []),
-             *(["--reps", str(args.reps)] if args.reps else [])]
+    topo = [
+        "--topology",
+        ",".join(args.topology and _topology_list(args.topology) or ALL_TOPOLOGIES),
+    ]
+    extra = [
+        *(["--steps", str(args.steps)] if args.steps else []),
+        *(["--reps", str(args.reps)] if args.reps else []),
+    ]
     with tempfile.TemporaryDirectory(prefix="bench_gossip.") as tmpdir:
         tmp = Path(tmpdir)
         kernels = _child_json(["--kernels"], False, 600, tmp, "kernels")
-        results = _child_json(["--model", "all", *topo, "--backend", "local", "--naive", *extra],
-                              False, 1800, tmp, "local")
-        results += _child_json(["--model", "all", *topo, "--backend", "mpi", "--naive", *extra],
-                               True, 1800, tmp, "mpi")
-        results += _child_json(["--model", "vgg16_bn", "--topology", "ring:8", "--backend", "local",
-                                "--bytes-only"], False, 600, tmp, "bn")
+        results = _child_json(
+            ["--model", "all", *topo, "--backend", "local", "--naive", *extra],
+            False,
+            1800,
+            tmp,
+            "local",
+        )
+        results += _child_json(
+            ["--model", "all", *topo, "--backend", "mpi", "--naive", *extra], True, 1800, tmp, "mpi"
+        )
+        results += _child_json(
+            ["--model", "vgg16_bn", "--topology", "ring:8", "--backend", "local", "--bytes-only"],
+            False,
+            600,
+            tmp,
+            "bn",
+        )
     seconds = time.perf_counter() - t0
     machine_end = machine_description()
     text = render_markdown(command, results, machine, kernels, started, seconds, machine_end)
-    raw = {"command": command, "date": started, "seconds": seconds, "machine": machine,
-           "machine_end": machine_end,
-           "kernels": kernels, "settings": [r["summary"] for r in results],
-           "raw": [r["raw"] for r in results]}
+    raw = {
+        "command": command,
+        "date": started,
+        "seconds": seconds,
+        "machine": machine,
+        "machine_end": machine_end,
+        "kernels": kernels,
+        "settings": [r["summary"] for r in results],
+        "raw": [r["raw"] for r in results],
+    }
     atomic_write(out.with_suffix(".json"), raw_json(raw))
     atomic_write(out, text + "\n")
     print(f"[bench] wrote {out} and {out.with_suffix('.json')} ({seconds:.0f} s)", file=sys.stderr)
@@ -235,7 +316,9 @@ def run(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     command = "python -m experiments.bench_gossip " + " ".join(shlex.quote(a) for a in argv)
     if args.steps is not None and args.steps < 2:
-        raise ValueError(f"--steps must be >= 2 (one right and one left half-step), got {args.steps}")
+        raise ValueError(
+            f"--steps must be >= 2 (one right and one left half-step), got {args.steps}"
+        )
     if args.reps is not None and args.reps < 1:
         raise ValueError(f"--reps must be >= 1, got {args.reps}")
     if args.all:
@@ -262,10 +345,19 @@ def run(argv: Optional[List[str]] = None) -> int:
 
             sizes = {topologies.parse(c.topology).size for c in configs}
             if len(sizes) != 1:
-                raise ValueError(f"backend mpi runs one job: all topologies must have the same "
-                                 f"number of peers, got {sorted(sizes)}")
-            child = [_mpiexec(), "-n", str(sizes.pop()), sys.executable, "-m",
-                     "experiments.bench_gossip", *argv]
+                raise ValueError(
+                    f"backend mpi runs one job: all topologies must have the same "
+                    f"number of peers, got {sorted(sizes)}"
+                )
+            child = [
+                _mpiexec(),
+                "-n",
+                str(sizes.pop()),
+                sys.executable,
+                "-m",
+                "experiments.bench_gossip",
+                *argv,
+            ]
             _run_child(child, 3600)
             return 0
         results = run_settings(configs, "mpi")
@@ -277,12 +369,23 @@ def run(argv: Optional[List[str]] = None) -> int:
         atomic_write(Path(args.json), json.dumps(results))
         return 0
     machine = machine_description()
-    text = render_markdown(command.strip(), results, machine, None, started, time.perf_counter() - t0)
+    text = render_markdown(
+        command.strip(), results, machine, None, started, time.perf_counter() - t0
+    )
     if args.out:
         out = Path(args.out)
-        atomic_write(out.with_suffix(".json"), raw_json(
-            {"command": command.strip(), "date": started, "machine": machine,
-             "settings": [r["summary"] for r in results], "raw": [r["raw"] for r in results]}))
+        atomic_write(
+            out.with_suffix(".json"),
+            raw_json(
+                {
+                    "command": command.strip(),
+                    "date": started,
+                    "machine": machine,
+                    "settings": [r["summary"] for r in results],
+                    "raw": [r["raw"] for r in results],
+                }
+            ),
+        )
         atomic_write(out, text + "\n")
     else:
         print(text)

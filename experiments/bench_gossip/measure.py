@@ -43,7 +43,7 @@ def copy_bandwidth(megabytes: int, rounds: int = 1, buffers=None) -> List[float]
     import torch
 
     if buffers is None:
-        src = torch.ones(megabytes * 2 ** 20 // 4)
+        src = torch.ones(megabytes * 2**20 // 4)
         dst = torch.empty_like(src)
         dst.copy_(src)  # first touch
     else:
@@ -68,8 +68,15 @@ def run_block(algorithm, comm, steps: int) -> Dict[str, Any]:
         expected = algorithm.bytes_per_step()
         b0, t0, c0 = comm.stats.bytes_sent, algorithm.time_total, algorithm.time_communication
         algorithm.step()
-        records.append({"side": side, "bytes": comm.stats.bytes_sent - b0, "expected": expected,
-                        "total": algorithm.time_total - t0, "comm": algorithm.time_communication - c0})
+        records.append(
+            {
+                "side": side,
+                "bytes": comm.stats.bytes_sent - b0,
+                "expected": expected,
+                "total": algorithm.time_total - t0,
+                "comm": algorithm.time_communication - c0,
+            }
+        )
     return {"steps": records, "wall": time.perf_counter() - wall}
 
 
@@ -139,8 +146,11 @@ def peer_benchmark(comm, cfg: BenchConfig) -> Dict[str, Any]:
     first = gossips["batched"]
     out["compressed_fraction"] = first.compressed_fraction
     out["param_bytes"] = sum(t.numel() * t.element_size() for t in first.params)
-    out["compressed_bytes"] = sum(t.numel() * t.element_size() for k, t in enumerate(first.params)
-                                  if k in first.compressed_indices)
+    out["compressed_bytes"] = sum(
+        t.numel() * t.element_size()
+        for k, t in enumerate(first.params)
+        if k in first.compressed_indices
+    )
     out["gamma"] = first.gamma
 
     if cfg.bytes_only:
@@ -153,8 +163,10 @@ def peer_benchmark(comm, cfg: BenchConfig) -> Dict[str, Any]:
         comm.barrier()
         run_block(g, comm, cfg.warmup)
 
-    copy_buffers = (torch.ones(cfg.concurrent_copy_mb * 2 ** 20 // 4),
-                    torch.empty(cfg.concurrent_copy_mb * 2 ** 20 // 4))
+    copy_buffers = (
+        torch.ones(cfg.concurrent_copy_mb * 2**20 // 4),
+        torch.empty(cfg.concurrent_copy_mb * 2**20 // 4),
+    )
     copy_buffers[1].copy_(copy_buffers[0])
     out["variants"] = {name: [] for name in gossips}
     out["bandwidth_concurrent"] = []
@@ -179,27 +191,35 @@ def isolated_benchmark(cfg: BenchConfig, topology) -> Dict[str, Any]:
     comm = loopback_communicator(topology, 0)
     base = make_params(cfg.parameter_shapes(), 0)
     variants = {"batched": True, **({"naive": False} if cfg.naive else {})}
-    gossips = {name: PowerGossip([t.clone() for t in base], comm, rank=cfg.rank, batch_neighbors=b)
-               for name, b in variants.items()}
+    gossips = {
+        name: PowerGossip([t.clone() for t in base], comm, rank=cfg.rank, batch_neighbors=b)
+        for name, b in variants.items()
+    }
     del base
     first = gossips["batched"]
-    compressed = sum(t.numel() * t.element_size() for k, t in enumerate(first.params)
-                     if k in first.compressed_indices)
+    compressed = sum(
+        t.numel() * t.element_size()
+        for k, t in enumerate(first.params)
+        if k in first.compressed_indices
+    )
     for g in gossips.values():
         run_block(g, comm, cfg.warmup)
-    src = torch.ones(cfg.isolated_copy_mb * 2 ** 20 // 4)
+    src = torch.ones(cfg.isolated_copy_mb * 2**20 // 4)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    out: Dict[str, Any] = {"degree": len(comm.neighbors), "compressed_bytes": compressed,
-                           "threads": torch.get_num_threads(), "bandwidth": [],
-                           "variants": {name: [] for name in gossips}}
+    out: Dict[str, Any] = {
+        "degree": len(comm.neighbors),
+        "compressed_bytes": compressed,
+        "threads": torch.get_num_threads(),
+        "bandwidth": [],
+        "variants": {name: [] for name in gossips},
+    }
     names = list(gossips)
     for rep in range(cfg.reps):
         out["bandwidth"] += copy_bandwidth(cfg.isolated_copy_mb, 1, (src, dst))
-        for name in (names if rep % 2 == 0 else names[::-1]):
+        for name in names if rep % 2 == 0 else names[::-1]:
             out["variants"][name].append(run_block(gossips[name], comm, cfg.block))
     return out
-
 
 
 def kernel_benchmark(rounds: int = 7, columns: Sequence[int] = (1, 2, 3, 4)) -> Dict[str, Any]:
@@ -211,9 +231,9 @@ def kernel_benchmark(rounds: int = 7, columns: Sequence[int] = (1, 2, 3, 4)) -> 
     import torch.nn.functional as F
 
     b, rows, cols = 5, 512, 4608
-    M = torch.randn(b, rows, cols).mul_(cols ** -0.5)
+    M = torch.randn(b, rows, cols).mul_(cols**-0.5)
     nbytes = M.numel() * 4
-    src = torch.ones(24 * 2 ** 20)
+    src = torch.ones(24 * 2**20)
     dst = torch.empty_like(src)
     dst.copy_(src)
     # key -> (columns, display name, kernel, bytes it must move); reports look kernels up by key.
@@ -226,27 +246,68 @@ def kernel_benchmark(rounds: int = 7, columns: Sequence[int] = (1, 2, 3, 4)) -> 
         Q = torch.randn(b, cols, k)
         P = torch.randn(b, rows, k).mul_(1e-3)
         QT, PT = Q.transpose(1, 2).contiguous(), P.transpose(1, 2).contiguous()
-        out_r, out_l, out_lt = torch.empty(b, rows, k), torch.empty(b, cols, k), torch.empty(b, k, cols)
+        out_r, out_l, out_lt = (
+            torch.empty(b, rows, k),
+            torch.empty(b, cols, k),
+            torch.empty(b, k, cols),
+        )
         out_rt = torch.empty(b, k, rows)
         # What PowerGossip does now: factors stored vector-major (Q^T, P^T contiguous).
-        add("right.library", f"k={k} right: bmm(Q^T, M^T view) [library]",
-            lambda QT=QT, o=out_rt: torch.bmm(QT, M.transpose(1, 2), out=o), nbytes)
-        add("left.library", f"k={k} left: bmm(P^T, M) [library]", lambda PT=PT, o=out_lt: torch.bmm(PT, M, out=o), nbytes)
-        add("update.library", f"k={k} update: baddbmm_(P^T view, Q^T) [library]",
-            lambda PT=PT, QT=QT: M.baddbmm_(PT.transpose(1, 2), QT), 2 * nbytes)
+        add(
+            "right.library",
+            f"k={k} right: bmm(Q^T, M^T view) [library]",
+            lambda QT=QT, o=out_rt: torch.bmm(QT, M.transpose(1, 2), out=o),
+            nbytes,
+        )
+        add(
+            "left.library",
+            f"k={k} left: bmm(P^T, M) [library]",
+            lambda PT=PT, o=out_lt: torch.bmm(PT, M, out=o),
+            nbytes,
+        )
+        add(
+            "update.library",
+            f"k={k} update: baddbmm_(P^T view, Q^T) [library]",
+            lambda PT=PT, QT=QT: M.baddbmm_(PT.transpose(1, 2), QT),
+            2 * nbytes,
+        )
         # The first formulation (factors stored rows x r), kept to show what the layout costs.
-        add("right.before", f"k={k} right: bmm(M, Q) [before]", lambda Q=Q, o=out_r: torch.bmm(M, Q, out=o), nbytes)
-        add("left.before", f"k={k} left: bmm(M^T view, P) [before]",
-            lambda P=P, o=out_l: torch.bmm(M.transpose(1, 2), P, out=o), nbytes)
-        add("update.before", f"k={k} update: baddbmm_(P, Q^T view) [before]",
-            lambda P=P, Q=Q: M.baddbmm_(P, Q.transpose(1, 2)), 2 * nbytes)
-        add("right.linear", f"k={k} right alt: per matrix linear(M_i, Q_i^T)",
-            lambda QT=QT: [F.linear(M[i], QT[i]) for i in range(b)], nbytes)
-        add("right.mv", f"k={k} right alt: per matrix, per column mv",
-            lambda Q=Q, k=k: [torch.mv(M[i], Q[i, :, c]) for i in range(b) for c in range(k)], nbytes)
-        add("left.mv", f"k={k} left alt: per matrix, per column mv(M_i^T)",
+        add(
+            "right.before",
+            f"k={k} right: bmm(M, Q) [before]",
+            lambda Q=Q, o=out_r: torch.bmm(M, Q, out=o),
+            nbytes,
+        )
+        add(
+            "left.before",
+            f"k={k} left: bmm(M^T view, P) [before]",
+            lambda P=P, o=out_l: torch.bmm(M.transpose(1, 2), P, out=o),
+            nbytes,
+        )
+        add(
+            "update.before",
+            f"k={k} update: baddbmm_(P, Q^T view) [before]",
+            lambda P=P, Q=Q: M.baddbmm_(P, Q.transpose(1, 2)),
+            2 * nbytes,
+        )
+        add(
+            "right.linear",
+            f"k={k} right alt: per matrix linear(M_i, Q_i^T)",
+            lambda QT=QT: [F.linear(M[i], QT[i]) for i in range(b)],
+            nbytes,
+        )
+        add(
+            "right.mv",
+            f"k={k} right alt: per matrix, per column mv",
+            lambda Q=Q, k=k: [torch.mv(M[i], Q[i, :, c]) for i in range(b) for c in range(k)],
+            nbytes,
+        )
+        add(
+            "left.mv",
+            f"k={k} left alt: per matrix, per column mv(M_i^T)",
             lambda P=P, k=k: [torch.mv(M[i].t(), P[i, :, c]) for i in range(b) for c in range(k)],
-            nbytes)
+            nbytes,
+        )
     for _, _, fn, _ in cases.values():
         fn()
     ratios: Dict[str, List[float]] = {key: [] for key in cases}
@@ -261,9 +322,20 @@ def kernel_benchmark(rounds: int = 7, columns: Sequence[int] = (1, 2, 3, 4)) -> 
             copies.append(copy)
             speeds[key].append(speed)
             ratios[key].append(speed / copy)
-    return {"threads": torch.get_num_threads(), "rounds": rounds, "group": [b, rows, cols],
-            "copy": median(copies), "copy_mb": src.numel() * 4 // 2 ** 20,
-            "kernels": [{"key": key, "k": k, "name": name, "gbps": median(speeds[key]),
-                         "of_copy": median(ratios[key])}
-                        for key, (k, name, _, _) in cases.items()]}
-
+    return {
+        "threads": torch.get_num_threads(),
+        "rounds": rounds,
+        "group": [b, rows, cols],
+        "copy": median(copies),
+        "copy_mb": src.numel() * 4 // 2**20,
+        "kernels": [
+            {
+                "key": key,
+                "k": k,
+                "name": name,
+                "gbps": median(speeds[key]),
+                "of_copy": median(ratios[key]),
+            }
+            for key, (k, name, _, _) in cases.items()
+        ],
+    }

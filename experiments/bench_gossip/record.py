@@ -12,6 +12,7 @@ from typing import Any, Dict
 
 from experiments.pages import page_commit
 
+
 def _rounded(obj: Any, digits: int = 5) -> Any:
     """`obj` with every float rounded to `digits` significant digits (compact raw files)."""
     if isinstance(obj, float):
@@ -28,8 +29,12 @@ def _columnar(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _columnar(v) for k, v in obj.items()}
     if isinstance(obj, list):
-        if len(obj) > 1 and all(isinstance(x, dict) for x in obj) and \
-                len({tuple(x) for x in obj}) == 1 and "steps" not in obj[0]:
+        if (
+            len(obj) > 1
+            and all(isinstance(x, dict) for x in obj)
+            and len({tuple(x) for x in obj}) == 1
+            and "steps" not in obj[0]
+        ):
             return {k: [_columnar(x[k]) for x in obj] for k in obj[0]}
         return [_columnar(x) for x in obj]
     return obj
@@ -53,9 +58,12 @@ def machine_description() -> Dict[str, Any]:
     except OSError:
         pass
     try:
-        mem = next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-                   if line.startswith("MemTotal"))
-        memory = f"{int(mem) / 2 ** 20:.1f} GiB"
+        mem = next(
+            line.split()[1]
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal")
+        )
+        memory = f"{int(mem) / 2**20:.1f} GiB"
     except (OSError, StopIteration):
         memory = "unknown"
     mpi = "MPI: unknown"
@@ -63,14 +71,24 @@ def machine_description() -> Dict[str, Any]:
         if "mpi4py.MPI" in sys.modules:
             mpi = sys.modules["mpi4py.MPI"].Get_library_version().strip().splitlines()[0]
         elif (Path(sys.executable).parent / "mpichversion").exists():
-            text = subprocess.run([str(Path(sys.executable).parent / "mpichversion")],
-                                  capture_output=True, text=True, timeout=30).stdout
+            text = subprocess.run(
+                [str(Path(sys.executable).parent / "mpichversion")],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout
             mpi = " ".join(text.strip().splitlines()[0].split())
     except Exception:  # noqa: BLE001 - description only
         pass
-    return {"cpu": model, "cores": os.cpu_count(), "memory": memory,
-            "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
-            "python": platform.python_version(), "torch": torch.__version__,
-            "torch_default_threads": torch.get_num_threads(), "mpi": mpi,
-            "platform": platform.platform(), "commit": page_commit()}
-
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "memory": memory,
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_default_threads": torch.get_num_threads(),
+        "mpi": mpi,
+        "platform": platform.platform(),
+        "commit": page_commit(),
+    }

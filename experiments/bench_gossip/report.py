@@ -37,36 +37,67 @@ def render_setting(s: Dict[str, Any]) -> List[str]:
     names = list(s["variants"])
     head = ["", "exact gossip"] + [f"PowerGossip r=1 {n}" for n in names]
     L = [f"### {s['model']} · {s['topology']} (degree {s['degree']}) · backend {s['backend']}", ""]
-    L.append(f"{s['params']:,} parameters, {s['compressed_fraction'] * 100:.2f} % of them in "
-             f"compressed matrices ({_mb(s['compressed_bytes'])}); γ = {s['gamma']:.3f}; "
-             + ("bytes only (2 steps)." if s["bytes_only"] else
-                f"{s['reps']} interleaved blocks of {s['block_steps']} steps per variant; exact "
-                f"gossip timed over {s['exact_steps']} step(s)"
-                + (" after a warm-up step" if s["exact_warmup"] else " (its first, no warm-up)")
-                + f"; {s['seconds']:.0f} s."))
+    L.append(
+        f"{s['params']:,} parameters, {s['compressed_fraction'] * 100:.2f} % of them in "
+        f"compressed matrices ({_mb(s['compressed_bytes'])}); γ = {s['gamma']:.3f}; "
+        + (
+            "bytes only (2 steps)."
+            if s["bytes_only"]
+            else f"{s['reps']} interleaved blocks of {s['block_steps']} steps per variant; exact "
+            f"gossip timed over {s['exact_steps']} step(s)"
+            + (" after a warm-up step" if s["exact_warmup"] else " (its first, no warm-up)")
+            + f"; {s['seconds']:.0f} s."
+        )
+    )
     L.append("")
     L.append("| " + " | ".join(head) + " |")
     L.append("|" + "---|" * len(head))
     ex, vs = s["exact"], [s["variants"][n] for n in names]
-    L.append("| bytes / peer / step (transport counters) | " + _mb(ex["bytes"]) + " | "
-             + " | ".join(_mb(v["bytes"]) for v in vs) + " |")
-    L.append("| … right / left half-step | – | "
-             + " | ".join(f"{_mb(v['bytes_right'])} / {_mb(v['bytes_left'])}" for v in vs) + " |")
-    L.append("| counters = `bytes_per_step()` every step | " + _yes(ex["bytes_match"]) + " | "
-             + " | ".join(_yes(v["bytes_match"]) for v in vs) + " |")
-    L.append("| bytes ratio exact / PowerGossip | 1 | "
-             + " | ".join(f"**{v['bytes_ratio']:.0f}×**" for v in vs) + " |")
+    L.append(
+        "| bytes / peer / step (transport counters) | "
+        + _mb(ex["bytes"])
+        + " | "
+        + " | ".join(_mb(v["bytes"]) for v in vs)
+        + " |"
+    )
+    L.append(
+        "| … right / left half-step | – | "
+        + " | ".join(f"{_mb(v['bytes_right'])} / {_mb(v['bytes_left'])}" for v in vs)
+        + " |"
+    )
+    L.append(
+        "| counters = `bytes_per_step()` every step | "
+        + _yes(ex["bytes_match"])
+        + " | "
+        + " | ".join(_yes(v["bytes_match"]) for v in vs)
+        + " |"
+    )
+    L.append(
+        "| bytes ratio exact / PowerGossip | 1 | "
+        + " | ".join(f"**{v['bytes_ratio']:.0f}×**" for v in vs)
+        + " |"
+    )
     if not s["bytes_only"]:
-        for key, label in (("total", "time / step (ms)"), ("compute", "… compute (ms)"),
-                           ("comm", "… communication (ms)")):
-            L.append(f"| {label} | {_ms(ex.get(key))} | " + " | ".join(_ms(v[key]) for v in vs) + " |")
+        for key, label in (
+            ("total", "time / step (ms)"),
+            ("compute", "… compute (ms)"),
+            ("comm", "… communication (ms)"),
+        ):
+            L.append(
+                f"| {label} | {_ms(ex.get(key))} | " + " | ".join(_ms(v[key]) for v in vs) + " |"
+            )
         bw = s["bandwidth_concurrent"]
-        L.append(f"| compute efficiency in situ (vs {bw:.2f} GB/s per peer, all copying) | – | "
-                 + " | ".join(_pct(v.get("efficiency_in_situ")) for v in vs) + " |")
+        L.append(
+            f"| compute efficiency in situ (vs {bw:.2f} GB/s per peer, all copying) | – | "
+            + " | ".join(_pct(v.get("efficiency_in_situ")) for v in vs)
+            + " |"
+        )
         if "speedup" in s:
             sp = s["speedup"]
-            L.append(f"| naive / batched: compute, step time | – | "
-                     f"**{sp['compute']:.2f}×**, {sp['total']:.2f}× | |")
+            L.append(
+                f"| naive / batched: compute, step time | – | "
+                f"**{sp['compute']:.2f}×**, {sp['total']:.2f}× | |"
+            )
     L.append("")
     return L
 
@@ -75,33 +106,46 @@ def render_isolated_table(summaries: List[Dict[str, Any]]) -> List[str]:
     rows = [s for s in summaries if "isolated" in s]
     if not rows:
         return []
-    L = ["| model | topology (deg) | backend | copy GB/s (1 thread) | batched compute ms: right / left "
-         "| batched efficiency: right / left / mean | naive compute ms | naive efficiency | "
-         "naive / batched |", "|---|---|---|---|---|---|---|---|---|"]
+    L = [
+        "| model | topology (deg) | backend | copy GB/s (1 thread) | batched compute ms: right / left "
+        "| batched efficiency: right / left / mean | naive compute ms | naive efficiency | "
+        "naive / batched |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for s in rows:
         iso = s["isolated"]
         b = iso["variants"]["batched"]
         nv = iso["variants"].get("naive")
-        L.append(f"| {s['model']} | {s['topology']} ({iso['degree']}) | {s['backend']} | "
-                 f"{iso['bandwidth']:.2f} | {_ms(b['right']['compute'])} / {_ms(b['left']['compute'])} | "
-                 f"{_pct(b['right']['efficiency'])} / {_pct(b['left']['efficiency'])} / "
-                 f"**{_pct(b['all']['efficiency'])}** | "
-                 + (f"{_ms(nv['all']['compute'])} | {_pct(nv['all']['efficiency'])} | "
-                    f"{iso['speedup']:.2f}× |" if nv else "– | – | – |"))
+        L.append(
+            f"| {s['model']} | {s['topology']} ({iso['degree']}) | {s['backend']} | "
+            f"{iso['bandwidth']:.2f} | {_ms(b['right']['compute'])} / {_ms(b['left']['compute'])} | "
+            f"{_pct(b['right']['efficiency'])} / {_pct(b['left']['efficiency'])} / "
+            f"**{_pct(b['all']['efficiency'])}** | "
+            + (
+                f"{_ms(nv['all']['compute'])} | {_pct(nv['all']['efficiency'])} | "
+                f"{iso['speedup']:.2f}× |"
+                if nv
+                else "– | – | – |"
+            )
+        )
     L.append("")
     return L
 
 
 def render_kernels(k: Dict[str, Any]) -> List[str]:
     b, rows, cols = k["group"]
-    L = [f"One thread, {b} stacked {rows}×{cols} matrices (VGG-16's largest group, "
-         f"{b * rows * cols * 4 / 1e6:.0f} MB). GB/s counts the matrix bytes each kernel must move "
-         "(a product reads M once; the update reads and writes it). Each kernel runs right after a "
-         f"{k.get('copy_mb', 256)} MB copy; '% of copy' is the median over {k['rounds']} rounds of "
-         f"the ratio of the two (the copies ran at {k['copy']:.2f} GB/s, median). A read-only kernel "
-         "can exceed 100 %: the copy also writes. k = degree × rank columns; k = 1 is also what the "
-         "naive path multiplies by, once per neighbour.", "",
-         "| kernel | GB/s | % of copy |", "|---|---|---|"]
+    L = [
+        f"One thread, {b} stacked {rows}×{cols} matrices (VGG-16's largest group, "
+        f"{b * rows * cols * 4 / 1e6:.0f} MB). GB/s counts the matrix bytes each kernel must move "
+        "(a product reads M once; the update reads and writes it). Each kernel runs right after a "
+        f"{k.get('copy_mb', 256)} MB copy; '% of copy' is the median over {k['rounds']} rounds of "
+        f"the ratio of the two (the copies ran at {k['copy']:.2f} GB/s, median). A read-only kernel "
+        "can exceed 100 %: the copy also writes. k = degree × rank columns; k = 1 is also what the "
+        "naive path multiplies by, once per neighbour.",
+        "",
+        "| kernel | GB/s | % of copy |",
+        "|---|---|---|",
+    ]
     for row in k["kernels"]:
         L.append(f"| {row['name']} | {row['gbps']:.2f} | {row['of_copy'] * 100:.0f} % |")
     L.append("")
@@ -125,23 +169,35 @@ def targets(summaries: List[Dict[str, Any]]) -> List[str]:
         if not rows:
             continue
         ratios = [s["variants"]["batched"]["bytes_ratio"] for s in rows]
-        where = (f"all {len(rows)} settings" if len(rows) > 2 else
-                 ", ".join(f"{s['topology']}/{s['backend']}" for s in rows))
-        judged = verdict[min(ratios) >= TARGET_BYTES_RATIO] if model == "vgg16" else \
-            f"n/a (the target is for vgg16; {'above' if min(ratios) >= TARGET_BYTES_RATIO else 'below'} it)"
-        L.append(f"| ≥ {TARGET_BYTES_RATIO:.0f}× fewer bytes than exact gossip, rank 1 | {model} | "
-                 f"{_span(ratios, lambda x: f'{x:.0f}×')} ({where}) | {judged} |")
+        where = (
+            f"all {len(rows)} settings"
+            if len(rows) > 2
+            else ", ".join(f"{s['topology']}/{s['backend']}" for s in rows)
+        )
+        judged = (
+            verdict[min(ratios) >= TARGET_BYTES_RATIO]
+            if model == "vgg16"
+            else f"n/a (the target is for vgg16; {'above' if min(ratios) >= TARGET_BYTES_RATIO else 'below'} it)"
+        )
+        L.append(
+            f"| ≥ {TARGET_BYTES_RATIO:.0f}× fewer bytes than exact gossip, rank 1 | {model} | "
+            f"{_span(ratios, lambda x: f'{x:.0f}×')} ({where}) | {judged} |"
+        )
     for model in ("vgg16", "resnet20"):
         rows = [s for s in by_model.get(model, []) if "isolated" in s]
         if rows:
             effs = [s["isolated"]["variants"]["batched"]["all"]["efficiency"] for s in rows]
             situ = [s["variants"]["batched"]["efficiency_in_situ"] for s in rows]
-            L.append(f"| compute efficiency ≥ {TARGET_EFFICIENCY * 100:.0f} % (batched) | {model} | "
-                     f"isolated peer {_span(effs, _pct)}; in situ {_span(situ, _pct)} "
-                     f"({len(rows)} setting{'s' if len(rows) > 1 else ''}) | "
-                     f"{verdict[min(effs) >= TARGET_EFFICIENCY]} |")
-    for label, pick in (("torus:2x4 (degree 3)", lambda s: s["topology"] == "torus:2x4"),
-                        ("degree 4 (`small_world:8:4:0`)", lambda s: s["degree"] == 4)):
+            L.append(
+                f"| compute efficiency ≥ {TARGET_EFFICIENCY * 100:.0f} % (batched) | {model} | "
+                f"isolated peer {_span(effs, _pct)}; in situ {_span(situ, _pct)} "
+                f"({len(rows)} setting{'s' if len(rows) > 1 else ''}) | "
+                f"{verdict[min(effs) >= TARGET_EFFICIENCY]} |"
+            )
+    for label, pick in (
+        ("torus:2x4 (degree 3)", lambda s: s["topology"] == "torus:2x4"),
+        ("degree 4 (`small_world:8:4:0`)", lambda s: s["degree"] == 4),
+    ):
         for model in ("vgg16", "resnet20"):
             rows = [s for s in by_model.get(model, []) if "speedup" in s and pick(s)]
             if not rows:
@@ -149,11 +205,15 @@ def targets(summaries: List[Dict[str, Any]]) -> List[str]:
             parts = []
             for s in rows:
                 iso = s.get("isolated", {}).get("speedup")
-                parts.append(f"{s['backend']} {s['speedup']['compute']:.2f}×"
-                             + (f" (isolated {iso:.2f}×)" if iso else ""))
+                parts.append(
+                    f"{s['backend']} {s['speedup']['compute']:.2f}×"
+                    + (f" (isolated {iso:.2f}×)" if iso else "")
+                )
             ok = all(s["speedup"]["compute"] >= TARGET_SPEEDUP for s in rows)
-            L.append(f"| batched ≥ {TARGET_SPEEDUP}× faster than naive (compute per step), {label} | "
-                     f"{model} | {'; '.join(parts)} | {verdict[ok]} |")
+            L.append(
+                f"| batched ≥ {TARGET_SPEEDUP}× faster than naive (compute per step), {label} | "
+                f"{model} | {'; '.join(parts)} | {verdict[ok]} |"
+            )
     L.append("")
     return L
 
@@ -163,13 +223,17 @@ def kernel_prediction(k: Dict[str, Any]) -> List[str]:
     a right half-step costs 1/a_right + 2/a_update copy-times of M, a left one 1/a_left + 2/a_update."""
     speed = {row["key"]: row["of_copy"] for row in k["kernels"]}
     ks = sorted({row["k"] for row in k["kernels"]})
-    L = ["| k = degree × rank | library kernels (factors stored Qᵀ, Pᵀ): right / left / mean | "
-         "first formulation (factors stored Q, P): right / left / mean |",
-         "|---|---|---|"]
+    L = [
+        "| k = degree × rank | library kernels (factors stored Qᵀ, Pᵀ): right / left / mean | "
+        "first formulation (factors stored Q, P): right / left / mean |",
+        "|---|---|---|",
+    ]
     for kk in ks:
         p = _prediction(speed, kk)
-        L.append(f"| {kk} | {_pct(p['lib_right'])} / {_pct(p['lib_left'])} / {_pct(p['lib_mean'])} | "
-                 f"{_pct(p['old_right'])} / {_pct(p['old_left'])} / {_pct(p['old_mean'])} |")
+        L.append(
+            f"| {kk} | {_pct(p['lib_right'])} / {_pct(p['lib_left'])} / {_pct(p['lib_mean'])} | "
+            f"{_pct(p['old_right'])} / {_pct(p['old_left'])} / {_pct(p['old_mean'])} |"
+        )
     L.append("")
     return L
 
@@ -183,8 +247,14 @@ def _prediction(speed: Dict[str, float], k: int) -> Dict[str, float]:
     old_upd = 2 / g("update.before")
     old_r = 1 / g("right.before") + old_upd
     old_l = 1 / g("left.before") + old_upd
-    return {"lib_right": 3 / lib_r, "lib_left": 3 / lib_l, "lib_mean": 6 / (lib_r + lib_l),
-            "old_right": 3 / old_r, "old_left": 3 / old_l, "old_mean": 6 / (old_r + old_l)}
+    return {
+        "lib_right": 3 / lib_r,
+        "lib_left": 3 / lib_l,
+        "lib_mean": 6 / (lib_r + lib_l),
+        "old_right": 3 / old_r,
+        "old_left": 3 / old_l,
+        "old_mean": 6 / (old_r + old_l),
+    }
 
 
 def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]]) -> List[str]:
@@ -196,116 +266,156 @@ def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]])
     if vgg:
         b = [s["isolated"]["variants"]["batched"] for s in vgg]
         ratio = _median([v["left"]["compute"] / v["right"]["compute"] for v in b])
-        text = (f"* **VGG-16 efficiency is bounded by the product kernels, not by memory.** In the "
-                f"isolated runs the left half-step takes {ratio:.2f}× as long as the right one "
-                f"(median over {len(vgg)} settings; efficiency right "
-                f"{_span([v['right']['efficiency'] for v in b], _pct)}, left "
-                f"{_span([v['left']['efficiency'] for v in b], _pct)}), although both move the same "
-                "bytes.")
+        text = (
+            f"* **VGG-16 efficiency is bounded by the product kernels, not by memory.** In the "
+            f"isolated runs the left half-step takes {ratio:.2f}× as long as the right one "
+            f"(median over {len(vgg)} settings; efficiency right "
+            f"{_span([v['right']['efficiency'] for v in b], _pct)}, left "
+            f"{_span([v['left']['efficiency'] for v in b], _pct)}), although both move the same "
+            "bytes."
+        )
         if speed and "k3.left.library" in speed:
             g = lambda key: speed[f"k3.{key}"]  # noqa: E731
             p = _prediction(speed, 3)
-            text += (f" At k = 3 (torus:2x4), the library's kernels run at "
-                     f"{_pct(g('right.library'))} (right product), "
-                     f"{_pct(g('left.library'))} (left product) and "
-                     f"{_pct(g('update.library'))} (update) of the copy "
-                     f"bandwidth; the first formulation, with factors stored rows × r "
-                     f"(`bmm(M, Q)`, `bmm(Mᵀ view, P)`, `baddbmm_(P, Qᵀ view)`), runs at "
-                     f"{_pct(g('right.before'))}, "
-                     f"{_pct(g('left.before'))} and "
-                     f"{_pct(g('update.before'))}. Those kernel speeds alone "
-                     f"cap a half-step at {_pct(p['lib_mean'])} now ({_pct(p['old_mean'])} with the "
-                     "first formulation; table in *Kernel diagnosis*); the per-neighbour small ops "
-                     "take the rest.")
+            text += (
+                f" At k = 3 (torus:2x4), the library's kernels run at "
+                f"{_pct(g('right.library'))} (right product), "
+                f"{_pct(g('left.library'))} (left product) and "
+                f"{_pct(g('update.library'))} (update) of the copy "
+                f"bandwidth; the first formulation, with factors stored rows × r "
+                f"(`bmm(M, Q)`, `bmm(Mᵀ view, P)`, `baddbmm_(P, Qᵀ view)`), runs at "
+                f"{_pct(g('right.before'))}, "
+                f"{_pct(g('left.before'))} and "
+                f"{_pct(g('update.before'))}. Those kernel speeds alone "
+                f"cap a half-step at {_pct(p['lib_mean'])} now ({_pct(p['old_mean'])} with the "
+                "first formulation; table in *Kernel diagnosis*); the per-neighbour small ops "
+                "take the rest."
+            )
         L.append(text)
     r20 = [s for s in iso if s["model"] == "resnet20"]
     if r20:
-        per = [(s["isolated"]["variants"]["batched"]["all"]["compute"],
-                3 * s["compressed_bytes"] / (s["isolated"]["bandwidth"] * 1e9)) for s in r20]
-        L.append(f"* **ResNet-20 is bound by per-operation overhead.** An isolated batched half-step "
-                 f"takes {_span([c for c, _ in per], _ms)} ms where three passes over its "
-                 f"{_mb(r20[0]['compressed_bytes'])} of matrices would take "
-                 f"{_span([m for _, m in per], _ms)} ms at the measured copy bandwidth: the time goes to "
-                 "the hundreds of small tensor operations per half-step (per neighbour and per shape "
-                 "group: orthonormalising the factor, slicing it into the side-by-side buffer, copying "
-                 "products into the message, forming the new factor, scaling it), which batching the "
-                 "two big multiplications does not remove. Hence also its smaller batched/naive gain.")
+        per = [
+            (
+                s["isolated"]["variants"]["batched"]["all"]["compute"],
+                3 * s["compressed_bytes"] / (s["isolated"]["bandwidth"] * 1e9),
+            )
+            for s in r20
+        ]
+        L.append(
+            f"* **ResNet-20 is bound by per-operation overhead.** An isolated batched half-step "
+            f"takes {_span([c for c, _ in per], _ms)} ms where three passes over its "
+            f"{_mb(r20[0]['compressed_bytes'])} of matrices would take "
+            f"{_span([m for _, m in per], _ms)} ms at the measured copy bandwidth: the time goes to "
+            "the hundreds of small tensor operations per half-step (per neighbour and per shape "
+            "group: orthonormalising the factor, slicing it into the side-by-side buffer, copying "
+            "products into the message, forming the new factor, scaling it), which batching the "
+            "two big multiplications does not remove. Hence also its smaller batched/naive gain."
+        )
     sp = [s for s in summaries if "speedup" in s and s["model"] == "vgg16"]
     if sp and speed:
         one = speed.get("k1.right.library")
         mv = speed.get("k1.right.mv")
         lone = speed.get("k1.left.library")
         lmv = speed.get("k1.left.mv")
-        three = [speed.get("k3.right.library"),
-                 speed.get("k3.left.library")]
-        L.append(f"* **The naive baseline runs the same kernels once per neighbour.** Its "
-                 f"one-column products run at {_pct(one)} (right) and {_pct(lone)} (left) of the copy "
-                 f"bandwidth (`torch.mv`: {_pct(mv)} and {_pct(lmv)}). A three-column product takes "
-                 f"{one / three[0]:.2f}× (right) and {lone / three[1]:.2f}× (left) the time of a "
-                 "one-column one, against 3× for three one-column products; the measured gain of the "
-                 f"batched path over the naive one is "
-                 f"{_span([s['speedup']['compute'] for s in sp], lambda x: f'{x:.2f}×')} on VGG-16.")
+        three = [speed.get("k3.right.library"), speed.get("k3.left.library")]
+        L.append(
+            f"* **The naive baseline runs the same kernels once per neighbour.** Its "
+            f"one-column products run at {_pct(one)} (right) and {_pct(lone)} (left) of the copy "
+            f"bandwidth (`torch.mv`: {_pct(mv)} and {_pct(lmv)}). A three-column product takes "
+            f"{one / three[0]:.2f}× (right) and {lone / three[1]:.2f}× (left) the time of a "
+            "one-column one, against 3× for three one-column products; the measured gain of the "
+            f"batched path over the naive one is "
+            f"{_span([s['speedup']['compute'] for s in sp], lambda x: f'{x:.2f}×')} on VGG-16."
+        )
     if L:
         L.append("")
     return L
 
 
-def render_markdown(command: str, results: List[Dict[str, Any]], machine: Dict[str, Any],
-                    kernels: Optional[Dict[str, Any]], started: str, seconds: float,
-                    machine_end: Optional[Dict[str, Any]] = None) -> str:
+def render_markdown(
+    command: str,
+    results: List[Dict[str, Any]],
+    machine: Dict[str, Any],
+    kernels: Optional[Dict[str, Any]],
+    started: str,
+    seconds: float,
+    machine_end: Optional[Dict[str, Any]] = None,
+) -> str:
     summaries = [r["summary"] for r in results]
     timed = [s for s in summaries if not s["bytes_only"]]
     load = machine.get("load_average")
     load_end = (machine_end or {}).get("load_average")
-    L = ["# Gossip benchmark: PowerGossip (rank 1) vs exact gossip", "",
-         f"Command: `{command}`", "",
-         f"Date: {started} ({seconds:.0f} s), commit {machine.get('commit', 'not recorded')}. Machine: {machine['cpu']}, {machine['cores']} cores, "
-         f"{machine['memory']}; load average at start "
-         + (f"{load[0]:.1f}" if load else "?") + (f", at end {load_end[0]:.1f}" if load_end else "")
-         + f" (the cores are shared with other jobs). Python {machine['python']}, torch "
-         f"{machine['torch']} (default {machine['torch_default_threads']} intra-op threads; the "
-         f"benchmark sets 1 per peer), {machine['mpi']}.", "",
-         "Parameters are random float32 tensors with the shapes of the models (no training), "
-         "8 peers, PowerGossip rank 1 with one half-step per step (right and left alternate, so "
-         "every even number of steps is one full power iteration), warm start, γ = the topology's "
-         "consensus step (the one exact gossip uses). Backend `mpi`: `mpiexec -n 8`, one process "
-         "and one torch thread per peer, 8 ranks on the machine's cores (oversubscribed). Backend "
-         "`local`: `LocalCluster`, 8 threads of one process, one torch intra-op thread each.", ""]
+    L = [
+        "# Gossip benchmark: PowerGossip (rank 1) vs exact gossip",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Date: {started} ({seconds:.0f} s), commit {machine.get('commit', 'not recorded')}. Machine: {machine['cpu']}, {machine['cores']} cores, "
+        f"{machine['memory']}; load average at start "
+        + (f"{load[0]:.1f}" if load else "?")
+        + (f", at end {load_end[0]:.1f}" if load_end else "")
+        + f" (the cores are shared with other jobs). Python {machine['python']}, torch "
+        f"{machine['torch']} (default {machine['torch_default_threads']} intra-op threads; the "
+        f"benchmark sets 1 per peer), {machine['mpi']}.",
+        "",
+        "Parameters are random float32 tensors with the shapes of the models (no training), "
+        "8 peers, PowerGossip rank 1 with one half-step per step (right and left alternate, so "
+        "every even number of steps is one full power iteration), warm start, γ = the topology's "
+        "consensus step (the one exact gossip uses). Backend `mpi`: `mpiexec -n 8`, one process "
+        "and one torch thread per peer, 8 ranks on the machine's cores (oversubscribed). Backend "
+        "`local`: `LocalCluster`, 8 threads of one process, one torch intra-op thread each.",
+        "",
+    ]
     L += ["## Targets", ""] + targets(summaries)
     L += ["## What limits the numbers (measured)", ""] + findings(summaries, kernels)
-    L += ["## Parameter sets", "",
-          "* **resnet20** — ResNet-20 for CIFAR: conv 3→16, 3 stages × 3 basic blocks × 2 convs "
-          "(3×3, no bias; 16/32/64 channels), BatchNorm weight + bias (1-D) after each conv, "
-          "option-A (parameter-free) shortcuts, linear 64→10. "
-          f"{count_params(resnet20_shapes()):,} parameters.",
-          "* **vgg16** — VGG-16 for CIFAR-10: 13 3×3 convs (64, 64, 128, 128, 256×3, 512×6) with "
-          "biases, no BatchNorm, classifier 512→512→512→10 with biases (not the ImageNet "
-          f"512·7·7→4096→4096→1000 head). {count_params(vgg16_shapes()):,} parameters.",
-          "* **vgg16_bn** (bytes only) — the same with BatchNorm weight + bias after each conv: "
-          f"{count_params(vgg16_shapes(True)):,} parameters; its 1-D tensors are gossiped exactly "
-          "and dominate PowerGossip's message.", ""]
-    L += ["## Results per model × topology × backend", "",
-          "Bytes: per peer per step, mean over the measured steps (half right, half left) and over "
-          "peers, from `comm.stats.bytes_sent`, and compared with `bytes_per_step()` before every "
-          "step. Times: the algorithm's accumulators, mean over peers and steps of a block, median "
-          "over the interleaved blocks; compute = `time_total − time_communication` (under "
-          "oversubscription it includes waiting for a core); communication includes waiting for "
-          "slower neighbours. Speedup: median over adjacent (batched, naive) block pairs.", ""]
+    L += [
+        "## Parameter sets",
+        "",
+        "* **resnet20** — ResNet-20 for CIFAR: conv 3→16, 3 stages × 3 basic blocks × 2 convs "
+        "(3×3, no bias; 16/32/64 channels), BatchNorm weight + bias (1-D) after each conv, "
+        "option-A (parameter-free) shortcuts, linear 64→10. "
+        f"{count_params(resnet20_shapes()):,} parameters.",
+        "* **vgg16** — VGG-16 for CIFAR-10: 13 3×3 convs (64, 64, 128, 128, 256×3, 512×6) with "
+        "biases, no BatchNorm, classifier 512→512→512→10 with biases (not the ImageNet "
+        f"512·7·7→4096→4096→1000 head). {count_params(vgg16_shapes()):,} parameters.",
+        "* **vgg16_bn** (bytes only) — the same with BatchNorm weight + bias after each conv: "
+        f"{count_params(vgg16_shapes(True)):,} parameters; its 1-D tensors are gossiped exactly "
+        "and dominate PowerGossip's message.",
+        "",
+    ]
+    L += [
+        "## Results per model × topology × backend",
+        "",
+        "Bytes: per peer per step, mean over the measured steps (half right, half left) and over "
+        "peers, from `comm.stats.bytes_sent`, and compared with `bytes_per_step()` before every "
+        "step. Times: the algorithm's accumulators, mean over peers and steps of a block, median "
+        "over the interleaved blocks; compute = `time_total − time_communication` (under "
+        "oversubscription it includes waiting for a core); communication includes waiting for "
+        "slower neighbours. Speedup: median over adjacent (batched, naive) block pairs.",
+        "",
+    ]
     for s in summaries:
         L += render_setting(s)
-    L += ["## Compute efficiency of one isolated peer", "",
-          "Peer 0 of the topology runs its half-steps alone, on a loopback transport that answers "
-          "every message at once (the algorithm's real code path; the few-kB answer is counted as "
-          "communication), one torch thread, with every other peer idle — under MPI on rank 0 while "
-          "ranks 1–7 sleep in a barrier, under `local` in the main thread after the cluster has "
-          "finished. Bandwidth: a one-thread 256 MB copy in the same process, measured before each "
-          "block (GB/s = 2 × bytes / time). Efficiency = 3 × compressed-matrix bytes / (compute time "
-          "per half-step × bandwidth), paired per round, median.", ""]
+    L += [
+        "## Compute efficiency of one isolated peer",
+        "",
+        "Peer 0 of the topology runs its half-steps alone, on a loopback transport that answers "
+        "every message at once (the algorithm's real code path; the few-kB answer is counted as "
+        "communication), one torch thread, with every other peer idle — under MPI on rank 0 while "
+        "ranks 1–7 sleep in a barrier, under `local` in the main thread after the cluster has "
+        "finished. Bandwidth: a one-thread 256 MB copy in the same process, measured before each "
+        "block (GB/s = 2 × bytes / time). Efficiency = 3 × compressed-matrix bytes / (compute time "
+        "per half-step × bandwidth), paired per round, median.",
+        "",
+    ]
     L += render_isolated_table(timed)
     if kernels:
         L += ["## Kernel diagnosis", ""] + render_kernels(kernels)
-        L += ["What those kernel speeds alone allow for a half-step (3 copy-times of M = 100 %; no "
-              "per-operation overhead counted):", ""]
+        L += [
+            "What those kernel speeds alone allow for a half-step (3 copy-times of M = 100 %; no "
+            "per-operation overhead counted):",
+            "",
+        ]
         L += kernel_prediction(kernels)
     L += ["## Notes", "", *NOTES, ""]
     return "\n".join(L)
@@ -330,4 +440,3 @@ NOTES = [
     "* Raw numbers (every step of every peer, every block, every copy) are in the `.json` next to "
     "this file.",
 ]
-

@@ -30,7 +30,26 @@ def resnet20_shapes() -> Shapes:
     return shapes
 
 
-VGG16_CONFIG = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
+VGG16_CONFIG = (
+    64,
+    64,
+    "M",
+    128,
+    128,
+    "M",
+    256,
+    256,
+    256,
+    "M",
+    512,
+    512,
+    512,
+    "M",
+    512,
+    512,
+    512,
+    "M",
+)
 
 
 def vgg16_shapes(batch_norm: bool = False) -> Shapes:
@@ -73,7 +92,7 @@ def make_params(shapes: Shapes, rank: int, seed: int = 0):
     tensors = []
     for _, shape in shapes:
         fan_in = max(1, int(torch.Size(shape[1:]).numel()))
-        tensors.append(torch.randn(shape, generator=generator).mul_(fan_in ** -0.5))
+        tensors.append(torch.randn(shape, generator=generator).mul_(fan_in**-0.5))
     return tensors
 
 
@@ -86,4 +105,3 @@ def count_params(shapes: Shapes) -> int:
             n *= d
         total += n
     return total
-

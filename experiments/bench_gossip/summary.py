@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional
 
 from .measure import BenchConfig, median as _median
 
+
 def _block_means(block: Dict[str, Any], side: Optional[str] = None) -> Dict[str, float]:
     steps = [s for s in block["steps"] if side is None or s["side"] == side]
     n = max(1, len(steps))
@@ -15,17 +16,27 @@ def _block_means(block: Dict[str, Any], side: Optional[str] = None) -> Dict[str,
     return {"total": total, "comm": comm, "compute": total - comm}
 
 
-def summarize_setting(cfg: BenchConfig, peers: List[Dict[str, Any]],
-                      isolated: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+def summarize_setting(
+    cfg: BenchConfig, peers: List[Dict[str, Any]], isolated: Optional[Dict[str, Any]]
+) -> Dict[str, Any]:
     """Per-setting numbers: means over peers, medians over the interleaved repetitions."""
     n = len(peers)
-    s: Dict[str, Any] = {"model": cfg.model, "topology": cfg.topology, "backend": cfg.backend,
-                         "peers": n, "degree": peers[0]["degree"],
-                         "params": peers[0]["param_bytes"] // 4,
-                         "compressed_fraction": peers[0]["compressed_fraction"],
-                         "compressed_bytes": peers[0]["compressed_bytes"], "gamma": peers[0]["gamma"],
-                         "block_steps": cfg.block, "reps": cfg.reps, "bytes_only": cfg.bytes_only,
-                         "exact_steps": cfg.exact_steps, "exact_warmup": peers[0]["exact_warmup"]}
+    s: Dict[str, Any] = {
+        "model": cfg.model,
+        "topology": cfg.topology,
+        "backend": cfg.backend,
+        "peers": n,
+        "degree": peers[0]["degree"],
+        "params": peers[0]["param_bytes"] // 4,
+        "compressed_fraction": peers[0]["compressed_fraction"],
+        "compressed_bytes": peers[0]["compressed_bytes"],
+        "gamma": peers[0]["gamma"],
+        "block_steps": cfg.block,
+        "reps": cfg.reps,
+        "bytes_only": cfg.bytes_only,
+        "exact_steps": cfg.exact_steps,
+        "exact_warmup": peers[0]["exact_warmup"],
+    }
 
     def bytes_of(blocks_per_peer, side=None):
         per_peer = []
@@ -35,8 +46,12 @@ def summarize_setting(cfg: BenchConfig, peers: List[Dict[str, Any]],
         return sum(per_peer) / n
 
     def matches(blocks_per_peer):
-        return all(st["bytes"] == st["expected"] for blocks in blocks_per_peer for b in blocks
-                   for st in b["steps"])
+        return all(
+            st["bytes"] == st["expected"]
+            for blocks in blocks_per_peer
+            for b in blocks
+            for st in b["steps"]
+        )
 
     exact_blocks = [[p["exact"]] for p in peers]
     s["exact"] = {"bytes": bytes_of(exact_blocks), "bytes_match": matches(exact_blocks)}
@@ -48,8 +63,12 @@ def summarize_setting(cfg: BenchConfig, peers: List[Dict[str, Any]],
     s["variants"] = {}
     for name in peers[0]["variants"]:
         blocks = [p["variants"][name] for p in peers]
-        v: Dict[str, Any] = {"bytes": bytes_of(blocks), "bytes_right": bytes_of(blocks, "right"),
-                             "bytes_left": bytes_of(blocks, "left"), "bytes_match": matches(blocks)}
+        v: Dict[str, Any] = {
+            "bytes": bytes_of(blocks),
+            "bytes_right": bytes_of(blocks, "right"),
+            "bytes_left": bytes_of(blocks, "left"),
+            "bytes_match": matches(blocks),
+        }
         v["bytes_ratio"] = s["exact"]["bytes"] / v["bytes"]
         if not cfg.bytes_only:
             reps = []
@@ -61,12 +80,15 @@ def summarize_setting(cfg: BenchConfig, peers: List[Dict[str, Any]],
                 v[k] = _median([r[k] for r in reps])
             # K = 1 half-step per step, so compute per step is compute per half-step.
             if s["bandwidth_concurrent"]:
-                v["efficiency_in_situ"] = (3 * s["compressed_bytes"]
-                                           / (v["compute"] * s["bandwidth_concurrent"] * 1e9))
+                v["efficiency_in_situ"] = (
+                    3 * s["compressed_bytes"] / (v["compute"] * s["bandwidth_concurrent"] * 1e9)
+                )
         s["variants"][name] = v
     if "naive" in s["variants"]:
         b, nv = s["variants"]["batched"]["reps"], s["variants"]["naive"]["reps"]
-        s["speedup"] = {k: _median([y[k] / x[k] for x, y in zip(b, nv)]) for k in ("compute", "total")}
+        s["speedup"] = {
+            k: _median([y[k] / x[k] for x, y in zip(b, nv)]) for k in ("compute", "total")
+        }
     if isolated is not None:
         s["isolated"] = summarize_isolated(isolated)
     return s
@@ -74,8 +96,12 @@ def summarize_setting(cfg: BenchConfig, peers: List[Dict[str, Any]],
 
 def summarize_isolated(iso: Dict[str, Any]) -> Dict[str, Any]:
     """The isolated peer's compute times and efficiencies per side, medians over the rounds."""
-    out: Dict[str, Any] = {"degree": iso["degree"], "threads": iso["threads"],
-                           "bandwidth": _median(iso["bandwidth"]), "variants": {}}
+    out: Dict[str, Any] = {
+        "degree": iso["degree"],
+        "threads": iso["threads"],
+        "bandwidth": _median(iso["bandwidth"]),
+        "variants": {},
+    }
     c = iso["compressed_bytes"]
     for name, blocks in iso["variants"].items():
         v: Dict[str, Any] = {}
@@ -87,7 +113,7 @@ def summarize_isolated(iso: Dict[str, Any]) -> Dict[str, Any]:
         out["variants"][name] = v
     if "naive" in out["variants"]:
         b, nv = iso["variants"]["batched"], iso["variants"]["naive"]
-        out["speedup"] = _median([_block_means(y)["compute"] / _block_means(x)["compute"]
-                                  for x, y in zip(b, nv)])
+        out["speedup"] = _median(
+            [_block_means(y)["compute"] / _block_means(x)["compute"] for x, y in zip(b, nv)]
+        )
     return out
-

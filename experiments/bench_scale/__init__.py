@@ -19,5 +19,18 @@ from .driver import Point, full_plan, main, run_point, tiny_plan
 from .measure import KINDS, gather_reduce_, parameter_shapes, peer_point, square_shapes
 from .report import render_markdown, slope, summarize
 
-__all__ = ["KINDS", "Point", "full_plan", "gather_reduce_", "main", "parameter_shapes", "peer_point",
-           "render_markdown", "run_point", "slope", "square_shapes", "summarize", "tiny_plan"]
+__all__ = [
+    "KINDS",
+    "Point",
+    "full_plan",
+    "gather_reduce_",
+    "main",
+    "parameter_shapes",
+    "peer_point",
+    "render_markdown",
+    "run_point",
+    "slope",
+    "square_shapes",
+    "summarize",
+    "tiny_plan",
+]

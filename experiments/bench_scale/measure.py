@@ -138,7 +138,9 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def measure_kind(comm, kind: str, shapes: Shapes, steps: int, device: str = "cpu") -> Dict[str, Any]:
+def measure_kind(
+    comm, kind: str, shapes: Shapes, steps: int, device: str = "cpu"
+) -> Dict[str, Any]:
     """One warm-up step, then `steps` timed ones between barriers: seconds per step on this peer,
     bytes sent (transport counters) and received per step, and the process's RSS afterwards."""
     step, keep = build(kind, comm, shapes, device)
@@ -153,9 +155,15 @@ def measure_kind(comm, kind: str, shapes: Shapes, steps: int, device: str = "cpu
             step()
         synchronize(device)
         seconds = time.perf_counter() - start
-    out = {"kind": kind, "rank": comm.rank, "steps": steps, "seconds_per_step": seconds / steps,
-           "bytes_sent": (comm.stats.bytes_sent - sent0) / steps,
-           "bytes_received": received["bytes"] / steps, "rss": rss_bytes()}
+    out = {
+        "kind": kind,
+        "rank": comm.rank,
+        "steps": steps,
+        "seconds_per_step": seconds / steps,
+        "bytes_sent": (comm.stats.bytes_sent - sent0) / steps,
+        "bytes_received": received["bytes"] / steps,
+        "rss": rss_bytes(),
+    }
     del step, keep
     vars(comm).pop("shared_memory_allreduce", None)  # back to the class default for the next kind
     comm.barrier()
@@ -164,12 +172,20 @@ def measure_kind(comm, kind: str, shapes: Shapes, steps: int, device: str = "cpu
     return out
 
 
-def peer_point(comm, kinds: Sequence[str], params: str, steps: int, device: str = "cpu") -> Dict[str, Any]:
+def peer_point(
+    comm, kinds: Sequence[str], params: str, steps: int, device: str = "cpu"
+) -> Dict[str, Any]:
     """Every kind in turn on this peer (each freed before the next starts); the point's record."""
     shapes = parameter_shapes(params)
     numel = sum(math.prod(shape) for _, shape in shapes)
-    out: Dict[str, Any] = {"rank": comm.rank, "size": comm.size, "params": params, "numel": numel,
-                           "rss_start": rss_bytes(), "results": []}
+    out: Dict[str, Any] = {
+        "rank": comm.rank,
+        "size": comm.size,
+        "params": params,
+        "numel": numel,
+        "rss_start": rss_bytes(),
+        "results": [],
+    }
     for kind in kinds:
         # PowerGossip alternates right and left half-steps: time whole power iterations.
         count = steps + steps % 2 if kind == "powergossip" else steps

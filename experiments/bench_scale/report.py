@@ -8,11 +8,19 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .measure import ALGORITHMS
 
-LABELS = {"exact": "exact gossip", "powergossip": "PowerGossip r1", "allreduce": "all-reduce",
-          "powersgd": "PowerSGD r1", "ring": "ring all-reduce", "gather": "all-gather reduction"}
-BACKENDS = {"local": "in-process (`LocalCluster`, one thread per peer)",
-            "mpi": "MPI (`mpiexec -n N`, one process per peer)",
-            "torch": "torch.distributed/gloo (`torchrun --nproc-per-node N`)"}
+LABELS = {
+    "exact": "exact gossip",
+    "powergossip": "PowerGossip r1",
+    "allreduce": "all-reduce",
+    "powersgd": "PowerSGD r1",
+    "ring": "ring all-reduce",
+    "gather": "all-gather reduction",
+}
+BACKENDS = {
+    "local": "in-process (`LocalCluster`, one thread per peer)",
+    "mpi": "MPI (`mpiexec -n N`, one process per peer)",
+    "torch": "torch.distributed/gloo (`torchrun --nproc-per-node N`)",
+}
 
 
 def machine_line(load_start: float, load_end: float) -> str:
@@ -20,16 +28,20 @@ def machine_line(load_start: float, load_end: float) -> str:
     from ..bench_gossip.record import machine_description
 
     m = machine_description()
-    return (f"{m['cpu']}, {m['cores']} cores, {m['memory']}; load average at start {load_start:.1f}, "
-            f"at end {load_end:.1f} (the cores are shared with other jobs). Python {m['python']}, "
-            f"torch {m['torch']}, {m['mpi']}")
+    return (
+        f"{m['cpu']}, {m['cores']} cores, {m['memory']}; load average at start {load_start:.1f}, "
+        f"at end {load_end:.1f} (the cores are shared with other jobs). Python {m['python']}, "
+        f"torch {m['torch']}, {m['mpi']}"
+    )
 
 
 #: Marks an in-process point whose peer threads took turns (`LocalCluster(cooperative=...)`).
 TURNS_MARK = " ‡"
-TURNS_NOTE = ("‡ the peer threads took turns (`LocalCluster`'s default when peers outnumber cores); "
-              "the other in-process points ran on free threads (points measured before turn-taking "
-              "existed record no mode).")
+TURNS_NOTE = (
+    "‡ the peer threads took turns (`LocalCluster`'s default when peers outnumber cores); "
+    "the other in-process points ran on free threads (points measured before turn-taking "
+    "existed record no mode)."
+)
 
 
 def mode(record: Dict[str, Any]) -> str:
@@ -49,7 +61,8 @@ def summarize(record: Dict[str, Any]) -> Dict[str, Dict[str, float]]:
             "seconds": max(r["seconds_per_step"] for r in rows),
             "sent": sum(r["bytes_sent"] for r in rows) / len(rows),
             "received": sum(r["bytes_received"] for r in rows) / len(rows),
-            "rss": max(rss) if one_process else sum(rss)}
+            "rss": max(rss) if one_process else sum(rss),
+        }
     return out
 
 
@@ -79,12 +92,19 @@ def fmt_slope(value: Optional[float]) -> str:
 
 
 def _ok(records, section, backend=None, peers=None):
-    return [r for r in records if "ranks" in r and r["point"]["section"] == section
-            and (backend is None or r["point"]["backend"] == backend)
-            and (peers is None or r["point"]["peers"] == peers)]
+    return [
+        r
+        for r in records
+        if "ranks" in r
+        and r["point"]["section"] == section
+        and (backend is None or r["point"]["backend"] == backend)
+        and (peers is None or r["point"]["peers"] == peers)
+    ]
 
 
-def cost_table(rows: List[Tuple[str, Dict[str, Dict[str, float]]]], kinds: Sequence[str]) -> List[str]:
+def cost_table(
+    rows: List[Tuple[str, Dict[str, Dict[str, float]]]], kinds: Sequence[str]
+) -> List[str]:
     head = "| | " + " | ".join(f"{LABELS[k]}: time / step | sent / rank" for k in kinds) + " |"
     lines = [head, "|---|" + "---|---|" * len(kinds)]
     for name, summary in rows:
@@ -96,10 +116,15 @@ def cost_table(rows: List[Tuple[str, Dict[str, Dict[str, float]]]], kinds: Seque
     return lines
 
 
-def growth_table(series: Dict[str, List[Tuple[float, Dict[str, Dict[str, float]]]]],
-                 kinds: Sequence[str], what: str) -> List[str]:
-    lines = ["| series | " + " | ".join(f"{LABELS[k]}: time, bytes" for k in kinds) + " |",
-             "|---|" + "---|" * len(kinds)]
+def growth_table(
+    series: Dict[str, List[Tuple[float, Dict[str, Dict[str, float]]]]],
+    kinds: Sequence[str],
+    what: str,
+) -> List[str]:
+    lines = [
+        "| series | " + " | ".join(f"{LABELS[k]}: time, bytes" for k in kinds) + " |",
+        "|---|" + "---|" * len(kinds),
+    ]
     for name, points in series.items():
         cells = []
         for k in kinds:
@@ -112,82 +137,127 @@ def growth_table(series: Dict[str, List[Tuple[float, Dict[str, Dict[str, float]]
 
 def render_markdown(records: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
     """The page: header, cost vs n, the reductions side by side, 256 peers, cost vs size, rates."""
-    out = ["# Scaling benchmark: cost vs number of peers and vs model size", "",
-           f"Command: `{meta['command']}`", "",
-           f"Date: {meta['date']} ({meta['seconds']:.0f} s). Commit: {meta.get('commit', 'not recorded')}. "
-           f"Machine: {meta['machine']}.", "",
-           "Parameters are random float32 tensors (no training) on ring:n (degree 2; ring:2 has one "
-           "neighbour). Time per step: wall time of `step()` (or of one reduction) on each peer, "
-           "between barriers, after one warm-up step; the slowest peer's mean over the measured "
-           "steps. Bytes: per rank per step, mean over ranks; *sent* from the transport's counters, "
-           "*received* counted at the receive buffers. Memory: resident set after the steps, of the "
-           "one process in-process, summed over the rank processes under MPI and torch. The machine "
-           "was shared with other jobs, so only ratios measured side by side in this run are "
-           "meaningful; absolute times vary from run to run.", ""]
+    out = [
+        "# Scaling benchmark: cost vs number of peers and vs model size",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        f"Date: {meta['date']} ({meta['seconds']:.0f} s). Commit: {meta.get('commit', 'not recorded')}. "
+        f"Machine: {meta['machine']}.",
+        "",
+        "Parameters are random float32 tensors (no training) on ring:n (degree 2; ring:2 has one "
+        "neighbour). Time per step: wall time of `step()` (or of one reduction) on each peer, "
+        "between barriers, after one warm-up step; the slowest peer's mean over the measured "
+        "steps. Bytes: per rank per step, mean over ranks; *sent* from the transport's counters, "
+        "*received* counted at the receive buffers. Memory: resident set after the steps, of the "
+        "one process in-process, summed over the rank processes under MPI and torch. The machine "
+        "was shared with other jobs, so only ratios measured side by side in this run are "
+        "meaningful; absolute times vary from run to run.",
+        "",
+    ]
     peer_recs = _ok(records, "peers")
     if peer_recs:
         first = peer_recs[0]
-        out += [f"## Cost vs number of peers ({first['point']['params']} shapes, "
-                f"{first['ranks'][0]['numel']:,} parameters)", ""]
+        out += [
+            f"## Cost vs number of peers ({first['point']['params']} shapes, "
+            f"{first['ranks'][0]['numel']:,} parameters)",
+            "",
+        ]
     for backend in BACKENDS:
         recs = _ok(records, "peers", backend)
         if not recs:
             continue
         out += [f"### {BACKENDS[backend]}", ""]
-        out += cost_table([(f"n = {r['point']['peers']}{mode(r)}", summarize(r)) for r in recs],
-                          ALGORITHMS)
+        out += cost_table(
+            [(f"n = {r['point']['peers']}{mode(r)}", summarize(r)) for r in recs], ALGORITHMS
+        )
         out.append("")
         if any(mode(r) for r in recs):
             out += [TURNS_NOTE, ""]
-    out += ["## Ring all-reduce vs the all-gather reduction (one flat tensor of the model's size)", "",
-            "The ring (`comm.allreduce_`) sends and receives 2(n−1)/n of the tensor per rank; the "
-            "all-gather reduction (the library's earlier one, re-implemented in the benchmark on the "
-            "same point-to-point path) receives n−1 whole copies and reduces them in rank order. Both run on "
-            "the point-to-point path every transport has; in-process, the all-reduce of the table "
-            "above (and of training) computes the same ring's bits through shared memory instead, "
-            "two barriers rather than 2(n−1) hand-offs.", "",
-            "| transport | n | ring: time | ring: received / rank | all-gather: time | "
-            "all-gather: received / rank | all-gather ÷ ring: bytes, time |", "|---|---|---|---|---|---|---|"]
+    out += [
+        "## Ring all-reduce vs the all-gather reduction (one flat tensor of the model's size)",
+        "",
+        "The ring (`comm.allreduce_`) sends and receives 2(n−1)/n of the tensor per rank; the "
+        "all-gather reduction (the library's earlier one, re-implemented in the benchmark on the "
+        "same point-to-point path) receives n−1 whole copies and reduces them in rank order. Both run on "
+        "the point-to-point path every transport has; in-process, the all-reduce of the table "
+        "above (and of training) computes the same ring's bits through shared memory instead, "
+        "two barriers rather than 2(n−1) hand-offs.",
+        "",
+        "| transport | n | ring: time | ring: received / rank | all-gather: time | "
+        "all-gather: received / rank | all-gather ÷ ring: bytes, time |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in _ok(records, "peers"):
         s = summarize(r)
         ring, gather = s.get("ring"), s.get("gather")
         if not ring:
             continue
-        row = [r["point"]["backend"], str(r["point"]["peers"]), fmt_seconds(ring["seconds"]),
-               fmt_bytes(ring["received"])]
+        row = [
+            r["point"]["backend"],
+            str(r["point"]["peers"]),
+            fmt_seconds(ring["seconds"]),
+            fmt_bytes(ring["received"]),
+        ]
         if gather:
-            row += [fmt_seconds(gather["seconds"]), fmt_bytes(gather["received"]),
-                    f"{gather['received'] / ring['received']:.3g}×, {gather['seconds'] / ring['seconds']:.3g}×"]
+            row += [
+                fmt_seconds(gather["seconds"]),
+                fmt_bytes(gather["received"]),
+                f"{gather['received'] / ring['received']:.3g}×, {gather['seconds'] / ring['seconds']:.3g}×",
+            ]
         else:
             row += ["skipped", "–", "–"]
         out.append("| " + " | ".join(row) + " |")
     out.append("")
     big = [r for r in _ok(records, "peers", "local") if "powergossip" in summarize(r)]
     if big:
-        out += ["## In-process simulation at scale: PowerGossip r1 on the same shapes", "",
-                "| peers | time / step | gossip steps / s | process RSS | RSS / peer | peak RSS (run) |",
-                "|---|---|---|---|---|---|"]
+        out += [
+            "## In-process simulation at scale: PowerGossip r1 on the same shapes",
+            "",
+            "| peers | time / step | gossip steps / s | process RSS | RSS / peer | peak RSS (run) |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in big:
             s, n = summarize(r)["powergossip"], r["point"]["peers"]
-            out.append(f"| {n}{mode(r)} | {fmt_seconds(s['seconds'])} | {1 / s['seconds']:.3g} | "
-                       f"{fmt_bytes(s['rss'])} | {fmt_bytes(s['rss'] / n)} | "
-                       f"{fmt_bytes(r['ranks'][0]['rss_peak'])} |")
+            out.append(
+                f"| {n}{mode(r)} | {fmt_seconds(s['seconds'])} | {1 / s['seconds']:.3g} | "
+                f"{fmt_bytes(s['rss'])} | {fmt_bytes(s['rss'] / n)} | "
+                f"{fmt_bytes(r['ranks'][0]['rss_peak'])} |"
+            )
         out.append("")
     size_recs = _ok(records, "size")
     if size_recs:
         out += ["## Cost vs model size (one square matrix of about N parameters)", ""]
-        out += cost_table([(f"ring:{r['point']['peers']}, N = {r['ranks'][0]['numel']:,}{mode(r)}",
-                            summarize(r)) for r in size_recs], ALGORITHMS)
+        out += cost_table(
+            [
+                (
+                    f"ring:{r['point']['peers']}, N = {r['ranks'][0]['numel']:,}{mode(r)}",
+                    summarize(r),
+                )
+                for r in size_recs
+            ],
+            ALGORITHMS,
+        )
         out.append("")
         if any(mode(r) for r in size_recs):
             out += [TURNS_NOTE, ""]
-    out += ["## Growth rates", "",
-            "Exponent a of cost ∝ x^a, least squares on log-log axes over the points above (time "
-            "per step, bytes sent per rank).", ""]
+    out += [
+        "## Growth rates",
+        "",
+        "Exponent a of cost ∝ x^a, least squares on log-log axes over the points above (time "
+        "per step, bytes sent per rank).",
+        "",
+    ]
     # ring:2 has one neighbour, ring:n>2 two: fitting across that step would fake a growth in n.
-    series = {f"vs n, {b}": [(r["point"]["peers"], summarize(r)) for r in _ok(records, "peers", b)
-                             if r["point"]["peers"] > 2]
-              for b in BACKENDS if _ok(records, "peers", b)}
+    series = {
+        f"vs n, {b}": [
+            (r["point"]["peers"], summarize(r))
+            for r in _ok(records, "peers", b)
+            if r["point"]["peers"] > 2
+        ]
+        for b in BACKENDS
+        if _ok(records, "peers", b)
+    }
     if series:
         out += ["Vs n: the points with n ≥ 3 (ring:2 has one neighbour instead of two)."]
         out += [""] + growth_table(series, ALGORITHMS + ("ring", "gather"), "n") + [""]
@@ -198,8 +268,12 @@ def render_markdown(records: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
     if sizes:
         out += growth_table(sizes, ALGORITHMS, "N") + [""]
     notes = list(meta.get("skipped", []))
-    notes += [f"{r['point']['section']}: {r['point']['backend']} ring:{r['point']['peers']} "
-              f"{r['point']['params']}: failed: {r['error']}" for r in records if "error" in r]
+    notes += [
+        f"{r['point']['section']}: {r['point']['backend']} ring:{r['point']['peers']} "
+        f"{r['point']['params']}: failed: {r['error']}"
+        for r in records
+        if "error" in r
+    ]
     if notes:
         out += ["## Skipped or failed", ""] + [f"* {n}" for n in notes] + [""]
     return "\n".join(out)

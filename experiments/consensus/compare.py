@@ -17,7 +17,9 @@ REACH_TARGETS = (1e-2, 1e-4)
 POWERGOSSIP_LABELS = ("PowerGossip r1", "PowerGossip r4")
 
 
-def reach_cells(history: Sequence[Dict], targets: Sequence[float] = REACH_TARGETS) -> Dict[float, Optional[float]]:
+def reach_cells(
+    history: Sequence[Dict], targets: Sequence[float] = REACH_TARGETS
+) -> Dict[float, Optional[float]]:
     """Bits per peer to reach each relative error (None: not within the run)."""
     return {t: bits_to_reach(history, t) for t in targets}
 
@@ -59,7 +61,9 @@ def _value(result: Dict, kind: str, key: float) -> Optional[Tuple[float, bool, b
     return None if bits is None else (bits, False, False)
 
 
-def winner_cell(record: Dict, kind: str, key: float, labels: Optional[Sequence[str]] = None) -> Dict:
+def winner_cell(
+    record: Dict, kind: str, key: float, labels: Optional[Sequence[str]] = None
+) -> Dict:
     """The winner of one column of one instance: {"winner", "runner_up", "mean" (per label),
     "margin" (runner-up mean / winner mean), "spread" (min, max of the per-seed margins),
     "disagree" (seeds whose own winner differs), "bound", "at_floor", "seeds"} — lower is better
@@ -78,9 +82,14 @@ def winner_cell(record: Dict, kind: str, key: float, labels: Optional[Sequence[s
     means = {label: statistics.fmean(v[0] for v in per.values()) for label, per in values.items()}
     ranked = sorted(means, key=means.get)
     winner = ranked[0]
-    out = {"winner": winner, "mean": means, "seeds": seeds,
-           "bound": any(v[1] for v in values[winner].values()),
-           "at_floor": any(v[2] for v in values[winner].values()), "runner_up": None}
+    out = {
+        "winner": winner,
+        "mean": means,
+        "seeds": seeds,
+        "bound": any(v[1] for v in values[winner].values()),
+        "at_floor": any(v[2] for v in values[winner].values()),
+        "runner_up": None,
+    }
     if len(ranked) > 1:
         runner = ranked[1]
         out["runner_up"] = runner
@@ -93,8 +102,11 @@ def winner_cell(record: Dict, kind: str, key: float, labels: Optional[Sequence[s
 
 
 def short(label: str) -> str:
-    return (label.replace("PowerGossip ", "PG ").replace("exact gossip", "exact")
-            .replace("Choco topk", "Choco top-k"))
+    return (
+        label.replace("PowerGossip ", "PG ")
+        .replace("exact gossip", "exact")
+        .replace("Choco topk", "Choco top-k")
+    )
 
 
 def winner_text(cell: Dict) -> str:
@@ -125,8 +137,11 @@ def powergossip_ratio(record: Dict, kind: str, key: float) -> Optional[float]:
     """Best PowerGossip's mean over seeds ÷ the best compressed baseline's (Choco sign / top-k):
     below 1, PowerGossip needs less (error, or bits)."""
     pg = winner_cell(record, kind, key, POWERGOSSIP_LABELS)
-    baselines = [label for label in record["summary"] if label.startswith("Choco")
-                 and label.split()[1] in ("sign", "topk")]
+    baselines = [
+        label
+        for label in record["summary"]
+        if label.startswith("Choco") and label.split()[1] in ("sign", "topk")
+    ]
     base = winner_cell(record, kind, key, baselines)
     if pg["winner"] is None or base["winner"] is None:
         return None
@@ -158,16 +173,31 @@ def heat_map(records: Sequence[Dict], budgets: Sequence[float], path: Path) -> P
             text = "n/a" if np.isnan(grid[i, j]) else f"{10 ** grid[i, j]:.2g}"
             ax.text(j, i, text, ha="center", va="center", fontsize=6)
     ax.set_xticks(range(len(cols)))
-    ax.set_xticklabels([f"err @ {b:.0e}" if kind == "budget" else f"bits to {target_name(b)}"
-                        for kind, b in cols], fontsize=7)
+    ax.set_xticklabels(
+        [f"err @ {b:.0e}" if kind == "budget" else f"bits to {target_name(b)}" for kind, b in cols],
+        fontsize=7,
+    )
     ax.set_yticks(range(len(records)))
     ax.set_yticklabels([f"{r['topology']} {r['problem']}" for r in records], fontsize=7)
-    ax.set_title("best PowerGossip ÷ best of Choco sign / top-k (mean over seeds; < 1: PowerGossip "
-                 "better)", fontsize=8)
+    ax.set_title(
+        "best PowerGossip ÷ best of Choco sign / top-k (mean over seeds; < 1: PowerGossip better)",
+        fontsize=8,
+    )
     fig.colorbar(image, ax=ax, label="log10 ratio")
     atomic_write_figure(path, fig)
     return path
 
 
-__all__ = ["POWERGOSSIP_LABELS", "REACH_TARGETS", "chosen_runs", "columns", "heat_map",
-           "powergossip_ratio", "reach_cells", "short", "target_name", "winner_cell", "winner_text"]
+__all__ = [
+    "POWERGOSSIP_LABELS",
+    "REACH_TARGETS",
+    "chosen_runs",
+    "columns",
+    "heat_map",
+    "powergossip_ratio",
+    "reach_cells",
+    "short",
+    "target_name",
+    "winner_cell",
+    "winner_text",
+]

@@ -17,8 +17,20 @@ from gossip_powersgd.launch import mpi_world, resolve_backend, run_peers
 from gossip_powersgd.utils import check_writable_dir
 
 from .compare import reach_cells
-from .measure import (BASELINES, BUDGETS, DEFAULT_GAMMAS, DIVERGE_FACTOR, DTYPES, STEP_CAP, UNTUNED,
-                      cells_for, consensus_curve, expand, matched_ratio, summarize)
+from .measure import (
+    BASELINES,
+    BUDGETS,
+    DEFAULT_GAMMAS,
+    DIVERGE_FACTOR,
+    DTYPES,
+    STEP_CAP,
+    UNTUNED,
+    cells_for,
+    consensus_curve,
+    expand,
+    matched_ratio,
+    summarize,
+)
 from .models import ensure_models
 from .problems import parse_problem, problem_shapes
 from .report import SCRATCH_OUT, default_out, fmt_err, format_table, run_file, write_outputs
@@ -29,26 +41,47 @@ from .report import SCRATCH_OUT, default_out, fmt_err, format_table, run_file, w
 #: Cut to fit the time (one added instance takes about 160 s on ring:8 and twice that on
 #: torus:4x4 on 2 shared cores): the page lists what of `FULL_GRID` did not run.
 ORIGINAL_PROBLEMS = ("matrix", "cnn")
-ADDED_PROBLEMS = ("spectral:alpha=0", "spectral:alpha=0.5", "spectral:alpha=1", "spectral:alpha=2",
-                  "lowrank:r=4,sigma=0", "lowrank:r=4,sigma=0.1", "lowrank:r=4,sigma=0.3",
-                  "lowrank:r=1,sigma=0.1", "lowrank:r=16,sigma=0.1", "offset:beta=10",
-                  "models:epoch=1", "models:epoch=10", "models:epoch=30")
+ADDED_PROBLEMS = (
+    "spectral:alpha=0",
+    "spectral:alpha=0.5",
+    "spectral:alpha=1",
+    "spectral:alpha=2",
+    "lowrank:r=4,sigma=0",
+    "lowrank:r=4,sigma=0.1",
+    "lowrank:r=4,sigma=0.3",
+    "lowrank:r=1,sigma=0.1",
+    "lowrank:r=16,sigma=0.1",
+    "offset:beta=10",
+    "models:epoch=1",
+    "models:epoch=10",
+    "models:epoch=30",
+)
 #: Run after the first report (`--report --missing`): the clean low-rank cases at r = 1 and 16,
 #: σ = 0.03 at r = 4, and on torus:4x4 the problems where the ring's ranking flips.
 LATER_RING = ("lowrank:r=1,sigma=0", "lowrank:r=16,sigma=0", "lowrank:r=4,sigma=0.03")
-LATER_TORUS = ("spectral:alpha=0", "spectral:alpha=1", "lowrank:r=4,sigma=0", "lowrank:r=4,sigma=0.1",
-               "offset:beta=10")
-REPORT_CONFIGS = (tuple(("ring:8", p, "full") for p in ORIGINAL_PROBLEMS)
-                  + tuple(("ring:8", p, "added") for p in ADDED_PROBLEMS)
-                  + (("torus:4x4", "matrix", "full"), ("torus:4x4", "spectral:alpha=2", "added"))
-                  + tuple(("ring:8", p, "added") for p in LATER_RING)
-                  + tuple(("torus:4x4", p, "added") for p in LATER_TORUS))
+LATER_TORUS = (
+    "spectral:alpha=0",
+    "spectral:alpha=1",
+    "lowrank:r=4,sigma=0",
+    "lowrank:r=4,sigma=0.1",
+    "offset:beta=10",
+)
+REPORT_CONFIGS = (
+    tuple(("ring:8", p, "full") for p in ORIGINAL_PROBLEMS)
+    + tuple(("ring:8", p, "added") for p in ADDED_PROBLEMS)
+    + (("torus:4x4", "matrix", "full"), ("torus:4x4", "spectral:alpha=2", "added"))
+    + tuple(("ring:8", p, "added") for p in LATER_RING)
+    + tuple(("torus:4x4", p, "added") for p in LATER_TORUS)
+)
 #: Every problem the report would run on each topology given the time (`offset:beta=0` is the
 #: `matrix` problem itself, so it is not listed apart).
-FULL_GRID = (ORIGINAL_PROBLEMS
-             + tuple(f"spectral:alpha={a:g}" for a in (0, 0.5, 1, 2))
-             + tuple(f"lowrank:r={r},sigma={s:g}" for r in (1, 4, 16) for s in (0, 0.03, 0.1, 0.3))
-             + ("offset:beta=10",) + tuple(f"models:epoch={e}" for e in (1, 10, 30)))
+FULL_GRID = (
+    ORIGINAL_PROBLEMS
+    + tuple(f"spectral:alpha={a:g}" for a in (0, 0.5, 1, 2))
+    + tuple(f"lowrank:r={r},sigma={s:g}" for r in (1, 4, 16) for s in (0, 0.03, 0.1, 0.3))
+    + ("offset:beta=10",)
+    + tuple(f"models:epoch={e}" for e in (1, 10, 30))
+)
 REPORT_SEEDS = (0, 1, 2)
 #: The local backend runs one thread per peer; the interpreter's default 5 ms switch interval makes
 #: those threads hand the GIL back and forth mid-step. A longer interval runs the same (deterministic:
@@ -62,7 +95,9 @@ def _same_on_every_peer(values: Dict[int, Dict], spec: str) -> Dict:
     first = values[ranks[0]]
     for rank in ranks[1:]:
         if values[rank]["history"] != first["history"]:
-            raise RuntimeError(f"{spec}: peer {rank} recorded a different history than peer {ranks[0]}")
+            raise RuntimeError(
+                f"{spec}: peer {rank} recorded a different history than peer {ranks[0]}"
+            )
     return first
 
 
@@ -74,9 +109,11 @@ def parse_topology(topology: str, weights: Optional[str]):
 
     topo = topologies.parse(topology, weights=weights)
     if not isinstance(topo, topologies.Topology):  # (asking for topo.gamma would compute it)
-        raise ValueError(f"topology {topology!r} has no consensus step γ (a schedule or a directed "
-                         "graph): the consensus experiment runs on static undirected graphs; use "
-                         "e.g. ring:16, torus:4x4 or exponential:16")
+        raise ValueError(
+            f"topology {topology!r} has no consensus step γ (a schedule or a directed "
+            "graph): the consensus experiment runs on static undirected graphs; use "
+            "e.g. ring:16, torus:4x4 or exponential:16"
+        )
     return topo
 
 
@@ -98,9 +135,11 @@ def check_memory(topo, problem: str, dtype: str, backend: str) -> None:
     need = peers * floats * DTYPES[dtype].itemsize * copies
     have = physical_memory()
     if have is not None and need > have:
-        raise ValueError(f"problem {problem!r} on {topo.name} needs about {need / 2**30:.3g} GiB "
-                         f"({peers} peer(s) x {floats} floats x {copies} copies, {dtype}), more than "
-                         f"this machine's {have / 2**30:.3g} GiB; use a smaller problem or topology")
+        raise ValueError(
+            f"problem {problem!r} on {topo.name} needs about {need / 2**30:.3g} GiB "
+            f"({peers} peer(s) x {floats} floats x {copies} copies, {dtype}), more than "
+            f"this machine's {have / 2**30:.3g} GiB; use a smaller problem or topology"
+        )
 
 
 def _build_every(comm, specs: Sequence[str], problem: str, dtype: str) -> bool:
@@ -109,13 +148,23 @@ def _build_every(comm, specs: Sequence[str], problem: str, dtype: str) -> bool:
     from gossip_powersgd import make_algorithm
 
     for spec in specs:
-        make_algorithm(spec, [torch.zeros(shape, dtype=DTYPES[dtype]) for shape in problem_shapes(problem)],
-                       comm)
+        make_algorithm(
+            spec,
+            [torch.zeros(shape, dtype=DTYPES[dtype]) for shape in problem_shapes(problem)],
+            comm,
+        )
     return True
 
 
-def check_specs(topo, algorithms: Sequence[str], sweep: bool, gammas: Sequence[float], problem: str,
-                dtype: str, backend: str) -> None:
+def check_specs(
+    topo,
+    algorithms: Sequence[str],
+    sweep: bool,
+    gammas: Sequence[float],
+    problem: str,
+    dtype: str,
+    backend: str,
+) -> None:
     """Every run's algorithm built once on every peer before the first run, so that a bad last spec
     does not fail after the runs before it (`topk:matched` is checked as top-k)."""
     specs = [run["spec"] for run in expand(algorithms, sweep, gammas, 0.5)]
@@ -138,15 +187,30 @@ class _SwitchInterval:
             sys.setswitchinterval(self.saved)
 
 
-def run_experiment(topology: str = "ring:8", problem: str = "matrix", algorithms: Optional[Sequence[str]] = None,
-                   steps: Optional[int] = None, backend: str = "local", out: Optional[Path] = None,
-                   sweep: bool = False, gammas: Sequence[float] = DEFAULT_GAMMAS,
-                   budgets: Sequence[float] = BUDGETS, weights: Optional[str] = None,
-                   max_bits: Optional[float] = None, sweep_bits: Optional[float] = None,
-                   finalists: int = 2, log=print, write: bool = True, plots: bool = True,
-                   command: Optional[str] = None, seeds: Sequence[int] = (0,), dtype: str = "float64",
-                   stop_relative: Optional[float] = None, reseed: Optional[Sequence[str]] = None,
-                   models_dir: Optional[Path] = None) -> Dict:
+def run_experiment(
+    topology: str = "ring:8",
+    problem: str = "matrix",
+    algorithms: Optional[Sequence[str]] = None,
+    steps: Optional[int] = None,
+    backend: str = "local",
+    out: Optional[Path] = None,
+    sweep: bool = False,
+    gammas: Sequence[float] = DEFAULT_GAMMAS,
+    budgets: Sequence[float] = BUDGETS,
+    weights: Optional[str] = None,
+    max_bits: Optional[float] = None,
+    sweep_bits: Optional[float] = None,
+    finalists: int = 2,
+    log=print,
+    write: bool = True,
+    plots: bool = True,
+    command: Optional[str] = None,
+    seeds: Sequence[int] = (0,),
+    dtype: str = "float64",
+    stop_relative: Optional[float] = None,
+    reseed: Optional[Sequence[str]] = None,
+    models_dir: Optional[Path] = None,
+) -> Dict:
     """Run every algorithm (every gamma when sweeping) on seed 0, then the `reseed` algorithms
     (default all) on the other `seeds`, a tuned one at its best γ on seed 0 at the largest budget;
     write the outputs; return the record.
@@ -170,7 +234,9 @@ def run_experiment(topology: str = "ring:8", problem: str = "matrix", algorithms
         raise ValueError(f"--dtype {dtype!r}: use float32 or float64")
     seeds = tuple(dict.fromkeys(int(s) for s in seeds))
     if not seeds or seeds[0] != 0 or min(seeds) < 0:
-        raise ValueError(f"seeds {seeds}: give 0 first (the γ sweep runs on seed 0), then others >= 1")
+        raise ValueError(
+            f"seeds {seeds}: give 0 first (the γ sweep runs on seed 0), then others >= 1"
+        )
     topo = parse_topology(topology, weights)
     name, _ = parse_problem(problem)  # validate before anything runs
     if name == "models" and backend != "local":
@@ -201,36 +267,79 @@ def run_experiment(topology: str = "ring:8", problem: str = "matrix", algorithms
     ratio = None
     with switch:
         if any("topk:matched" in a for a in algorithms):
-            ratio = next(iter(run_peers(topo, matched_ratio, problem, dtype, 0, models_files[0],
-                                        backend=backend).values()))
+            ratio = next(
+                iter(
+                    run_peers(
+                        topo, matched_ratio, problem, dtype, 0, models_files[0], backend=backend
+                    ).values()
+                )
+            )
     plan = expand(algorithms, sweep, gammas, ratio)
-    reseed_labels = None if reseed is None else {  # labels as `expand` makes them (top-k resolved)
-        algorithm_label(s.replace("topk:matched", f"topk:{ratio:g}") if ratio else s) for s in reseed}
-    say(f"consensus: {topology} (weights={weights or 'default'}, γ={topo.gamma:.4g}), problem {problem}, "
+    reseed_labels = (
+        None
+        if reseed is None
+        else {  # labels as `expand` makes them (top-k resolved)
+            algorithm_label(s.replace("topk:matched", f"topk:{ratio:g}") if ratio else s)
+            for s in reseed
+        }
+    )
+    say(
+        f"consensus: {topology} (weights={weights or 'default'}, γ={topo.gamma:.4g}), problem {problem}, "
         f"{dtype}, seeds {', '.join(map(str, seeds))}, backend {backend}, {len(plan)} runs on seed 0"
-        + (f", top-k matched ratio {ratio:g}" if ratio else ""))
-    screen_bits = float(sweep_bits) if sweep_bits is not None else (budgets[-2] if len(budgets) > 1 else max_bits)
+        + (f", top-k matched ratio {ratio:g}" if ratio else "")
+    )
+    screen_bits = (
+        float(sweep_bits)
+        if sweep_bits is not None
+        else (budgets[-2] if len(budgets) > 1 else max_bits)
+    )
     screening = any(item["swept"] for item in plan) and screen_bits < max_bits and finalists > 0
     counter = {"k": 0, "total": len(plan)}
 
     def one(item: Dict, bits_limit: float, stage: str, seed: int) -> Dict:
         with switch:
-            values = run_peers(topo, consensus_curve, problem, item["spec"], max_steps, bits_limit, budgets,
-                               DIVERGE_FACTOR, stop_relative, seed, dtype, models_files.get(seed), True,
-                               backend=backend)
+            values = run_peers(
+                topo,
+                consensus_curve,
+                problem,
+                item["spec"],
+                max_steps,
+                bits_limit,
+                budgets,
+                DIVERGE_FACTOR,
+                stop_relative,
+                seed,
+                dtype,
+                models_files.get(seed),
+                True,
+                backend=backend,
+            )
         outcome = _same_on_every_peer(values, item["spec"])
         history = outcome["history"]
         cells = cells_for(history, budgets, outcome["stop"], stage, outcome["floor"])
-        result = {**item, "gamma": spec_gamma(item["spec"], topo), "history": history, "stage": stage,
-                  "stop": outcome["stop"], "seconds": outcome["seconds"], "budgets": cells,
-                  "reach": reach_cells(history), "seed": seed, "dtype": dtype, "floor": outcome["floor"],
-                  "steps": history[-1]["step"], "bits_per_peer": history[-1]["bits_per_peer"],
-                  "file": run_file(item["spec"], seed)}
+        result = {
+            **item,
+            "gamma": spec_gamma(item["spec"], topo),
+            "history": history,
+            "stage": stage,
+            "stop": outcome["stop"],
+            "seconds": outcome["seconds"],
+            "budgets": cells,
+            "reach": reach_cells(history),
+            "seed": seed,
+            "dtype": dtype,
+            "floor": outcome["floor"],
+            "steps": history[-1]["step"],
+            "bits_per_peer": history[-1]["bits_per_peer"],
+            "file": run_file(item["spec"], seed),
+        }
         counter["k"] += 1
-        say(f"  [{counter['k']:2d}/{counter['total']}] s{seed} {stage:<6s} {item['spec']:<44s} {result['steps']:6d} "
+        say(
+            f"  [{counter['k']:2d}/{counter['total']}] s{seed} {stage:<6s} {item['spec']:<44s} {result['steps']:6d} "
             f"steps {result['bits_per_peer']:10.4g} bits  rel. error "
             f"{fmt_err(history[-1]['error'] / history[0]['error']):>9s}  {outcome['stop']:<9s} "
-            f"{outcome['seconds']:6.1f} s")
+            f"{outcome['seconds']:6.1f} s"
+        )
         return result
 
     results = []
@@ -243,32 +352,68 @@ def run_experiment(topology: str = "ring:8", problem: str = "matrix", algorithms
         labels = list(dict.fromkeys(r["label"] for r in results if r["stage"] == "screen"))
         chosen = []
         for label in labels:
-            ranked = sorted((r for r in results if r["label"] == label and r["stage"] == "screen"
-                             and r["stop"] != "diverged"), key=lambda r: _screen_key(r, screen_bits))
+            ranked = sorted(
+                (
+                    r
+                    for r in results
+                    if r["label"] == label and r["stage"] == "screen" and r["stop"] != "diverged"
+                ),
+                key=lambda r: _screen_key(r, screen_bits),
+            )
             chosen += [r for r in ranked[:finalists] if r["stop"] == "max_bits"]
         counter["total"] += len(chosen)
         for result in chosen:
-            results[results.index(result)] = one({k: result[k] for k in ("label", "spec", "swept")},
-                                                 max_bits, "full", 0)
+            results[results.index(result)] = one(
+                {k: result[k] for k in ("label", "spec", "swept")}, max_bits, "full", 0
+            )
     summary = summarize(results, budgets)
     for seed in seeds[1:]:
-        again = [entry for label, entry in summary.items() if reseed_labels is None or label in reseed_labels]
+        again = [
+            entry
+            for label, entry in summary.items()
+            if reseed_labels is None or label in reseed_labels
+        ]
         counter["total"] += len(again)
         for entry in again:
             spec = entry["plot_spec"]
-            results.append(one({"label": entry["runs"][0]["label"], "spec": spec, "swept": entry["swept"]},
-                               max_bits, "full", seed))
+            results.append(
+                one(
+                    {"label": entry["runs"][0]["label"], "spec": spec, "swept": entry["swept"]},
+                    max_bits,
+                    "full",
+                    seed,
+                )
+            )
     seconds = time.perf_counter() - started
     table = format_table(summary, budgets)
-    say(f"\nrelative error at bit budgets (per peer, seed 0), {topology} {problem}, {seconds:.0f} s:\n{table}\n")
-    record = {"topology": topology, "weights": weights or "default", "gamma_topology": topo.gamma,
-              "problem": problem, "backend": backend, "budgets": list(budgets), "gammas": list(gammas),
-              "sweep": sweep, "topk_ratio": ratio, "max_bits": max_bits, "max_steps": max_steps,
-              "seconds": seconds, "screen_bits": screen_bits if screening else None,
-              "finalists": finalists if screening else None, "seeds": list(seeds), "dtype": dtype,
-              "stop_relative": stop_relative, "out": str(out), "results": results, "summary": summary,
-              "table": table,
-              "command": command or "python -m experiments.consensus " + " ".join(map(shlex.quote, sys.argv[1:]))}
+    say(
+        f"\nrelative error at bit budgets (per peer, seed 0), {topology} {problem}, {seconds:.0f} s:\n{table}\n"
+    )
+    record = {
+        "topology": topology,
+        "weights": weights or "default",
+        "gamma_topology": topo.gamma,
+        "problem": problem,
+        "backend": backend,
+        "budgets": list(budgets),
+        "gammas": list(gammas),
+        "sweep": sweep,
+        "topk_ratio": ratio,
+        "max_bits": max_bits,
+        "max_steps": max_steps,
+        "seconds": seconds,
+        "screen_bits": screen_bits if screening else None,
+        "finalists": finalists if screening else None,
+        "seeds": list(seeds),
+        "dtype": dtype,
+        "stop_relative": stop_relative,
+        "out": str(out),
+        "results": results,
+        "summary": summary,
+        "table": table,
+        "command": command
+        or "python -m experiments.consensus " + " ".join(map(shlex.quote, sys.argv[1:])),
+    }
     if write and is_root:
         write_outputs(record, out, plots)
     return record

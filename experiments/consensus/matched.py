@@ -12,7 +12,6 @@ import math
 from typing import Dict, List, Optional, Sequence
 
 
-
 def _loglog(x0: float, y0: float, x1: float, y1: float, x: float) -> float:
     """y at x on the straight line through (x0, y0), (x1, y1) in log-log coordinates."""
     if x1 == x0:
@@ -23,7 +22,11 @@ def _loglog(x0: float, y0: float, x1: float, y1: float, x: float) -> float:
 
 def positive_points(history: Sequence[Dict]) -> List[Dict]:
     """The records of a curve that can be placed on log-log axes (positive, finite)."""
-    return [r for r in history if r["bits_per_peer"] > 0 and r["error"] > 0 and math.isfinite(r["error"])]
+    return [
+        r
+        for r in history
+        if r["bits_per_peer"] > 0 and r["error"] > 0 and math.isfinite(r["error"])
+    ]
 
 
 def error_at_bits(history: Sequence[Dict], bits: float) -> Optional[float]:
@@ -34,8 +37,13 @@ def error_at_bits(history: Sequence[Dict], bits: float) -> Optional[float]:
         return None
     for before, after in zip(rows, rows[1:]):
         if before["bits_per_peer"] <= bits <= after["bits_per_peer"]:
-            return _loglog(before["bits_per_peer"], before["error"], after["bits_per_peer"],
-                           after["error"], bits)
+            return _loglog(
+                before["bits_per_peer"],
+                before["error"],
+                after["bits_per_peer"],
+                after["error"],
+                bits,
+            )
     return rows[0]["error"]  # a single logged step, exactly at `bits`
 
 
@@ -49,8 +57,9 @@ def bits_to_reach(history: Sequence[Dict], relative: float) -> Optional[float]:
             if k == 0:
                 return row["bits_per_peer"]
             before = rows[k - 1]
-            return _loglog(before["error"], before["bits_per_peer"], row["error"], row["bits_per_peer"],
-                           target)
+            return _loglog(
+                before["error"], before["bits_per_peer"], row["error"], row["bits_per_peer"], target
+            )
     return None
 
 

@@ -89,10 +89,20 @@ def precision_floor(mean_norm2: float, dtype) -> float:
     return FLOOR_ULPS * torch.finfo(dtype).eps ** 2 * mean_norm2
 
 
-def consensus_curve(comm, problem: str, spec: str, max_steps: int, max_bits: float,
-                    budgets: Sequence[float] = BUDGETS, diverge_factor: float = DIVERGE_FACTOR,
-                    stop_error: Optional[float] = None, seed: int = 0, dtype: str = "float32",
-                    models_file: Optional[str] = None, stop_at_floor: bool = False) -> Dict:
+def consensus_curve(
+    comm,
+    problem: str,
+    spec: str,
+    max_steps: int,
+    max_bits: float,
+    budgets: Sequence[float] = BUDGETS,
+    diverge_factor: float = DIVERGE_FACTOR,
+    stop_error: Optional[float] = None,
+    seed: int = 0,
+    dtype: str = "float32",
+    models_file: Optional[str] = None,
+    stop_at_floor: bool = False,
+) -> Dict:
     """Run one algorithm on one peer of the consensus problem (collective: every peer calls it).
 
     Returns {"history": [{"step", "bits_per_peer", "error"}, ...], "stop": why it stopped,
@@ -119,13 +129,17 @@ def consensus_curve(comm, problem: str, spec: str, max_steps: int, max_bits: flo
         own = float(8 * (comm.stats.bytes_sent - bytes0))
         if regular:  # every peer sends as much (same algorithm, same degree): no collective needed
             return own
-        return float(comm.allreduce_(torch.tensor([own], dtype=torch.float64), op="mean", metric=True))
+        return float(
+            comm.allreduce_(torch.tensor([own], dtype=torch.float64), op="mean", metric=True)
+        )
 
     schedule = eval_steps(max_steps)
     ordered = sorted(float(b) for b in budgets)
     error0 = consensus_distance(tensors, comm)
     own_norm2 = sum(float(t.double().square().sum()) for t in tensors)
-    norm2 = float(comm.allreduce_(torch.tensor([own_norm2], dtype=torch.float64), op="mean", metric=True))
+    norm2 = float(
+        comm.allreduce_(torch.tensor([own_norm2], dtype=torch.float64), op="mean", metric=True)
+    )
     floor = precision_floor(norm2, DTYPES[dtype])
     history = [{"step": 0, "bits_per_peer": 0.0, "error": error0}]
     previous = [t.detach().clone() for t in tensors]
@@ -139,8 +153,13 @@ def consensus_curve(comm, problem: str, spec: str, max_steps: int, max_bits: flo
         # this one, the first beyond it.
         crossed = any(previous_bits <= b < bits for b in ordered)
         if crossed and step > 1 and history[-1]["step"] != step - 1:
-            history.append({"step": step - 1, "bits_per_peer": previous_bits,
-                            "error": consensus_distance(previous, comm)})
+            history.append(
+                {
+                    "step": step - 1,
+                    "bits_per_peer": previous_bits,
+                    "error": consensus_distance(previous, comm),
+                }
+            )
         last = step == max_steps or bits > max_bits
         if step in schedule or last or crossed:
             error = consensus_distance(tensors, comm)
@@ -163,14 +182,23 @@ def consensus_curve(comm, problem: str, spec: str, max_steps: int, max_bits: flo
         low = comm.allreduce_(own.clone(), op="min", metric=True)
         high = comm.allreduce_(own.clone(), op="max", metric=True)
         if float(low) != float(high):
-            raise RuntimeError(f"{spec}: peers of a regular topology sent different byte counts "
-                               f"({float(low):.0f} .. {float(high):.0f})")
-    return {"history": history, "stop": stop, "seconds": time.perf_counter() - start,
-            "bytes_sent": comm.stats.bytes_sent - bytes0, "floor": floor, "norm2": norm2}
+            raise RuntimeError(
+                f"{spec}: peers of a regular topology sent different byte counts "
+                f"({float(low):.0f} .. {float(high):.0f})"
+            )
+    return {
+        "history": history,
+        "stop": stop,
+        "seconds": time.perf_counter() - start,
+        "bytes_sent": comm.stats.bytes_sent - bytes0,
+        "floor": floor,
+        "norm2": norm2,
+    }
 
 
-def matched_ratio(comm, problem: str, dtype: str = "float32", seed: int = 0,
-                  models_file: Optional[str] = None) -> float:
+def matched_ratio(
+    comm, problem: str, dtype: str = "float32", seed: int = 0, models_file: Optional[str] = None
+) -> float:
     """Top-k ratio matching PowerGossip rank 1's floats per message: measured over 2 steps."""
     from gossip_powersgd import make_algorithm
 
@@ -190,7 +218,9 @@ def matched_ratio(comm, problem: str, dtype: str = "float32", seed: int = 0,
 # the runs to make, and the best γ per budget
 
 
-def expand(specs: Sequence[str], sweep: bool, gammas: Sequence[float], ratio: Optional[float]) -> List[Dict]:
+def expand(
+    specs: Sequence[str], sweep: bool, gammas: Sequence[float], ratio: Optional[float]
+) -> List[Dict]:
     """The runs to make: [{"label", "spec", "swept"}]; `topk:matched` resolved to `ratio`.
 
     An algorithm whose γ the registry marks as needing tuning, given without γ, runs once per γ of
@@ -205,10 +235,14 @@ def expand(specs: Sequence[str], sweep: bool, gammas: Sequence[float], ratio: Op
         label = algorithm_label(spec)
         if gamma_kind(spec) == "tuned" and "gamma" not in split_spec(spec)[1]:
             if not sweep:
-                raise ValueError(f"{spec!r} needs a tuned gamma: add gamma=... to the spec or pass "
-                                 "--sweep to try every value of --gammas")
-            runs += [{"label": label, "spec": with_option(spec, "gamma", f"{g:g}"), "swept": True}
-                     for g in gammas]
+                raise ValueError(
+                    f"{spec!r} needs a tuned gamma: add gamma=... to the spec or pass "
+                    "--sweep to try every value of --gammas"
+                )
+            runs += [
+                {"label": label, "spec": with_option(spec, "gamma", f"{g:g}"), "swept": True}
+                for g in gammas
+            ]
         else:
             runs.append({"label": label, "spec": spec, "swept": False})
     specs_made = [r["spec"] for r in runs]
@@ -236,8 +270,13 @@ def budget_rows(history: Sequence[Dict], budgets: Sequence[float] = BUDGETS) -> 
     return out
 
 
-def cells_for(history: Sequence[Dict], budgets: Sequence[float], stop: str, stage: str,
-              floor: Optional[float] = None) -> Dict[float, Dict]:
+def cells_for(
+    history: Sequence[Dict],
+    budgets: Sequence[float],
+    stop: str,
+    stage: str,
+    floor: Optional[float] = None,
+) -> Dict[float, Dict]:
     """Per budget, the run's error at exactly that many bits per peer (`error_at_bits`: log-log
     interpolated between the recorded steps around it), as {"status": "ok", "row": {"bits_per_peer",
     "error", "relative", "bound", "at_floor"}}. A run that stopped early below its target or at
@@ -258,16 +297,25 @@ def cells_for(history: Sequence[Dict], budgets: Sequence[float], stop: str, stag
             if stop in ("reached", "floor"):
                 error, bound = steps[-1]["error"], True
             else:
-                status = {"diverged": "diverged"}.get(stop, "screened out" if stage == "screen"
-                                                      and stop == "max_bits" else "not reached")
+                status = {"diverged": "diverged"}.get(
+                    stop,
+                    "screened out" if stage == "screen" and stop == "max_bits" else "not reached",
+                )
                 cells[budget] = {"status": status}
                 continue
         else:
             error, bound = error_at_bits(history, budget), False
         at_floor = floor is not None and error <= FLOOR_MARGIN * floor
-        cells[budget] = {"status": "ok", "row": {"bits_per_peer": float(budget), "error": error,
-                                                 "relative": error / error0, "bound": bound,
-                                                 "at_floor": at_floor}}
+        cells[budget] = {
+            "status": "ok",
+            "row": {
+                "bits_per_peer": float(budget),
+                "error": error,
+                "relative": error / error0,
+                "bound": bound,
+                "at_floor": at_floor,
+            },
+        }
     return cells
 
 
@@ -276,7 +324,9 @@ def summarize(results: Sequence[Dict], budgets: Sequence[float]) -> Dict[str, Di
     had not diverged by then), and the run to plot (best at the largest budget any run reached)."""
     table: Dict[str, Dict] = {}
     for result in results:
-        entry = table.setdefault(result["label"], {"runs": [], "budgets": {}, "swept": result["swept"]})
+        entry = table.setdefault(
+            result["label"], {"runs": [], "budgets": {}, "swept": result["swept"]}
+        )
         entry["runs"].append(result)
     for label, entry in table.items():
         for budget in budgets:
@@ -289,8 +339,11 @@ def summarize(results: Sequence[Dict], budgets: Sequence[float]) -> Dict[str, Di
                     if best is None or cell["row"]["error"] < best["row"]["error"]:
                         best = {**cell, "gamma": result["gamma"], "spec": result["spec"]}
             if best is None:
-                status = "—" if statuses == {"—"} else ("diverged" if statuses == {"diverged"}
-                                                        else "not reached")
+                status = (
+                    "—"
+                    if statuses == {"—"}
+                    else ("diverged" if statuses == {"diverged"} else "not reached")
+                )
                 best = {"status": status}
             entry["budgets"][budget] = best
         plotted = None

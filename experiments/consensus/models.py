@@ -17,10 +17,26 @@ from gossip_powersgd.training.hooks import TrainingHooks
 
 SAVED_EPOCHS = (1, 10, 30)
 #: D-PSGD on the demo recipe (lr 0.1, momentum 0.9, cosine, batch 32), Dirichlet(0.1) labels.
-TRAINING = dict(dataset="mnist1d", model="cnn1d", optimizer="sgd", lr=0.1, momentum=0.9,
-                weight_decay=0.0001, warmup_epochs=2, schedule="cosine", batch_size=32,
-                algorithm="exact", partition="dirichlet:0.1", backend="local", quiet=True,
-                log_every=0, checkpoint_every=0, out_dir=None, threads=1, eval_every=1000)
+TRAINING = dict(
+    dataset="mnist1d",
+    model="cnn1d",
+    optimizer="sgd",
+    lr=0.1,
+    momentum=0.9,
+    weight_decay=0.0001,
+    warmup_epochs=2,
+    schedule="cosine",
+    batch_size=32,
+    algorithm="exact",
+    partition="dirichlet:0.1",
+    backend="local",
+    quiet=True,
+    log_every=0,
+    checkpoint_every=0,
+    out_dir=None,
+    threads=1,
+    eval_every=1000,
+)
 
 
 class SaveAtEpochs(TrainingHooks):
@@ -40,8 +56,9 @@ class SaveAtEpochs(TrainingHooks):
     def after_gossip(self, step: int) -> None:
         done = step + 1
         if done % self.steps_per_epoch == 0 and done // self.steps_per_epoch in self.epochs:
-            self.saved[done // self.steps_per_epoch] = [p.detach().to(torch.float32).clone()
-                                                        for p in self.model.parameters()]
+            self.saved[done // self.steps_per_epoch] = [
+                p.detach().to(torch.float32).clone() for p in self.model.parameters()
+            ]
 
 
 def _train_peer(comm, config, epochs):
@@ -59,8 +76,9 @@ def models_file(base: Path, topology: str, seed: int) -> Path:
     return Path(base) / f"{slug(topology.replace(':', ''))}_seed{seed}.pt"
 
 
-def ensure_models(topology: str, seed: int, base: Path, epochs: Sequence[int] = SAVED_EPOCHS,
-                  log=print) -> Path:
+def ensure_models(
+    topology: str, seed: int, base: Path, epochs: Sequence[int] = SAVED_EPOCHS, log=print
+) -> Path:
     """Train (unless cached) and return the cache file: {"epochs": {E: {rank: [tensors]}}, ...}."""
     import topologies
     from gossip_powersgd.launch import run_peers
@@ -74,17 +92,25 @@ def ensure_models(topology: str, seed: int, base: Path, epochs: Sequence[int] = 
         if set(epochs) <= set(saved["epochs"]):
             return path
     topo = topologies.parse(topology)
-    config = config_from_dict({**TRAINING, "topology": topology, "peers": topo.size, "seed": seed,
-                               "epochs": max(epochs)})
+    config = config_from_dict(
+        {**TRAINING, "topology": topology, "peers": topo.size, "seed": seed, "epochs": max(epochs)}
+    )
     started = time.perf_counter()
     values = run_peers(topo, _train_peer, config, tuple(epochs), backend="local")
     seconds = time.perf_counter() - started
     accuracy = values[0][1]
-    log(f"  trained {topo.size} cnn1d peers on {topology} (D-PSGD, Dirichlet(0.1), seed {seed}) for "
-        f"{max(epochs)} epochs in {seconds:.0f} s; averaged-model test accuracy {accuracy}")
-    data = {"epochs": {e: {rank: values[rank][0][e] for rank in values} for e in epochs},
-            "topology": topology, "seed": seed, "seconds": seconds, "test_acc_avg_model": accuracy,
-            "recipe": {k: v for k, v in TRAINING.items()}}
+    log(
+        f"  trained {topo.size} cnn1d peers on {topology} (D-PSGD, Dirichlet(0.1), seed {seed}) for "
+        f"{max(epochs)} epochs in {seconds:.0f} s; averaged-model test accuracy {accuracy}"
+    )
+    data = {
+        "epochs": {e: {rank: values[rank][0][e] for rank in values} for e in epochs},
+        "topology": topology,
+        "seed": seed,
+        "seconds": seconds,
+        "test_acc_avg_model": accuracy,
+        "recipe": {k: v for k, v in TRAINING.items()},
+    }
     buffer = io.BytesIO()
     torch.save(data, buffer)
     atomic_write(path, buffer.getvalue())

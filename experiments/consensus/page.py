@@ -32,7 +32,11 @@ def _ratio_text(pg: Dict, other: Dict) -> str:
     bound_large = (other if lower else pg)["row"]["bound"]
     prefix = "≥ " if bound_small else ("≤ " if bound_large else "")
     text = f"PowerGossip's error is {prefix}{factor:.3g}× {'lower' if lower else 'higher'}"
-    floor = [name for name, cell in (("PowerGossip", pg), ("the other", other)) if cell["row"]["at_floor"]]
+    floor = [
+        name
+        for name, cell in (("PowerGossip", pg), ("the other", other))
+        if cell["row"]["at_floor"]
+    ]
     return text + (f" ({' and '.join(floor)} at precision floor)" if floor else "")
 
 
@@ -43,13 +47,22 @@ def _headline(record: Dict) -> List[str]:
     lines = []
     summary = record["summary"]
     families = {label: _family(entry) for label, entry in summary.items()}
-    picks = (("exact gossip", lambda f: f[0] == "exact"),
-             ("best tuned baseline", lambda f: f[1] == "tuned"),
-             ("best top-k / low-rank baseline", lambda f: f[1] == "tuned" and f[2] in ("topk", "lowrank")))
+    picks = (
+        ("exact gossip", lambda f: f[0] == "exact"),
+        ("best tuned baseline", lambda f: f[1] == "tuned"),
+        (
+            "best top-k / low-rank baseline",
+            lambda f: f[1] == "tuned" and f[2] in ("topk", "lowrank"),
+        ),
+    )
     for budget in record["budgets"]:
+
         def best(pick):
-            cells = [(label, e["budgets"][budget]) for label, e in summary.items()
-                     if pick(families[label]) and e["budgets"][budget]["status"] == "ok"]
+            cells = [
+                (label, e["budgets"][budget])
+                for label, e in summary.items()
+                if pick(families[label]) and e["budgets"][budget]["status"] == "ok"
+            ]
             return min(cells, key=lambda c: c[1]["row"]["relative"]) if cells else None
 
         pg = best(lambda f: f[0] == "powergossip")
@@ -61,13 +74,23 @@ def _headline(record: Dict) -> List[str]:
             found = best(pick)
             if found is None:
                 continue
-            gamma = f", γ={fmt_gamma(found[1]['gamma'])}" if "gamma" in found[1] and found[1]["gamma"] is not None \
-                and families[found[0]][1] == "tuned" else ""
+            gamma = (
+                f", γ={fmt_gamma(found[1]['gamma'])}"
+                if "gamma" in found[1]
+                and found[1]["gamma"] is not None
+                and families[found[0]][1] == "tuned"
+                else ""
+            )
             label = "exact gossip" if name == "exact gossip" else f"{name} ({found[0]}{gamma})"
             parts.append(f"{label} {fmt_err(found[1]['row']['relative'])}")
             verdicts.append(f"vs {name}: {_ratio_text(pg[1], found[1])}")
-        lines.append(f"- at {budget_name(budget)} bits per peer (relative errors): " + " · ".join(parts)
-                     + ". " + "; ".join(verdicts) + ".")
+        lines.append(
+            f"- at {budget_name(budget)} bits per peer (relative errors): "
+            + " · ".join(parts)
+            + ". "
+            + "; ".join(verdicts)
+            + "."
+        )
     return lines
 
 
@@ -82,9 +105,11 @@ def _edge_notes(record: Dict) -> List[str]:
         cell = entry["budgets"][record["budgets"][-1]]
         if cell["status"] == "ok" and cell["gamma"] in (min(grid), max(grid)):
             side = "largest" if cell["gamma"] == max(grid) else "smallest"
-            lines.append(f"- {label}: the best γ at {budget_name(record['budgets'][-1])} bits is the "
-                         f"grid's {side} value ({fmt_gamma(cell['gamma'])}): not interior, a γ beyond "
-                         "the grid might do better.")
+            lines.append(
+                f"- {label}: the best γ at {budget_name(record['budgets'][-1])} bits is the "
+                f"grid's {side} value ({fmt_gamma(cell['gamma'])}): not interior, a γ beyond "
+                "the grid might do better."
+            )
     return lines
 
 
@@ -93,12 +118,16 @@ def _winner_map(records: Sequence[Dict], path: Path) -> List[str]:
     cols = columns(budgets)
     header = ["topology", "problem", "seeds"] + [
         f"@ {budget_name(key)} bits" if kind == "budget" else f"bits to {target_name(key)}"
-        for kind, key in cols]
+        for kind, key in cols
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for record in records:
         cells = [winner_text(winner_cell(record, kind, key)) for kind, key in cols]
-        lines.append(f"| {record['topology']} | {record['problem']} | {len(record.get('seeds', [0]))} | "
-                     + " | ".join(cells) + " |")
+        lines.append(
+            f"| {record['topology']} | {record['problem']} | {len(record.get('seeds', [0]))} | "
+            + " | ".join(cells)
+            + " |"
+        )
     image = heat_map(records, budgets, path.parent / "consensus" / "winner_map.png")
     rel = image.resolve().relative_to(path.parent.resolve()).as_posix()
     return lines + ["", f"![PowerGossip ÷ best baseline]({rel})", ""]
@@ -112,12 +141,21 @@ def _commits(records: Sequence[Dict]) -> str:
     if len(counts) == 1:
         text = f"commit {next(iter(counts))}"
     else:
-        text = "commits " + ", ".join(f"{c} ({n} instance{'s' * (n > 1)})" for c, n in counts.items())
+        text = "commits " + ", ".join(
+            f"{c} ({n} instance{'s' * (n > 1)})" for c, n in counts.items()
+        )
     return text + ("" if set(counts) == {now} else f" (page rendered at commit {now})")
 
 
-def write_report(records: Sequence[Dict], command: str, seconds: float, path: Path,
-                 date: Optional[str] = None, note: str = "", intro: Sequence[str] = ()) -> Path:
+def write_report(
+    records: Sequence[Dict],
+    command: str,
+    seconds: float,
+    path: Path,
+    date: Optional[str] = None,
+    note: str = "",
+    intro: Sequence[str] = (),
+) -> Path:
     """The report page at `path` (consensus.md; the instances' folders under path.parent /
     consensus) from the records of `run_experiment` (or `load_record`)."""
     from .page_text import method_lines
@@ -140,7 +178,7 @@ def write_report(records: Sequence[Dict], command: str, seconds: float, path: Pa
         "Choco top-k (matched), and its margin over the runner-up: runner-up ÷ winner of the mean over "
         "seeds of the relative error at exactly that many bits (budget columns) or of the bits per "
         "peer to reach that relative error (last two columns); in brackets the range of the per-seed "
-        "margins, which seeds' own winner differs, and \"≥\" when the winner stopped early below "
+        'margins, which seeds\' own winner differs, and "≥" when the winner stopped early below '
         "the stopping error (its value is an upper bound). Tuned baselines run at the γ that is "
         "best on seed 0 at the largest budget.",
         "",
@@ -149,7 +187,9 @@ def write_report(records: Sequence[Dict], command: str, seconds: float, path: Pa
     for record in records:
         rel = Path(record["out"]).resolve().relative_to(path.parent.resolve())
         seed0 = [r for r in record["results"] if r.get("seed", 0) == 0]
-        steps_note = ", ".join(f"{r['label']}: {r['steps']} ({r['stop']})" for r in seed0 if not r["swept"])
+        steps_note = ", ".join(
+            f"{r['label']}: {r['steps']} ({r['stop']})" for r in seed0 if not r["swept"]
+        )
         lines += [
             f"## {record['topology']}, {record['problem']} "
             f"({len(problem_shapes(record['problem']))} tensor(s), "
@@ -158,7 +198,7 @@ def write_report(records: Sequence[Dict], command: str, seconds: float, path: Pa
             f"γ (topology) = {record['gamma_topology']:.4g} · dtype {record.get('dtype', 'float32')}"
             + (f" · top-k ratio {record['topk_ratio']:g}" if record["topk_ratio"] else "")
             + f" · seeds {', '.join(map(str, record.get('seeds', [0])))} · {len(record['results'])} runs in "
-              f"{record['seconds']:.0f} s · seed 0 steps run (stop): {steps_note}",
+            f"{record['seconds']:.0f} s · seed 0 steps run (stop): {steps_note}",
             "",
             "Seed 0: relative error at exactly each budget; bits per peer to reach each relative error.",
             "",

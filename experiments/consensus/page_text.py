@@ -42,12 +42,17 @@ def method_lines(records: Sequence[Dict]) -> List[str]:
         "the start, so those rows measure gossip started from such states, not training.",
         "",
         "Scope (cut to fit the time; one added instance takes about 150 s on ring:8 and twice "
-        "that on torus:4x4 on 2 shared cores): " + "; ".join(
-            f"{topology}: " + ", ".join(f"`{r['problem']}`" for r in records if r["topology"] == topology)
-            for topology in dict.fromkeys(r["topology"] for r in records))
-        + ". Not run: " + "; ".join(
+        "that on torus:4x4 on 2 shared cores): "
+        + "; ".join(
+            f"{topology}: "
+            + ", ".join(f"`{r['problem']}`" for r in records if r["topology"] == topology)
+            for topology in dict.fromkeys(r["topology"] for r in records)
+        )
+        + ". Not run: "
+        + "; ".join(
             f"{topology}: " + (", ".join(f"`{p}`" for p in missing) if missing else "nothing")
-            for topology, missing in _not_run(records).items())
+            for topology, missing in _not_run(records).items()
+        )
         + " (`offset:beta=0` is the `matrix` problem). The trained models come from one training "
         "on ring:8 (8 peers), so that problem is on ring:8 only.",
         "",
@@ -62,27 +67,35 @@ def method_lines(records: Sequence[Dict]) -> List[str]:
         "Matched bits: a budget column is each run's error at exactly that many bits per peer, "
         "log-log interpolated between the two recorded steps around it (every run records the last "
         "step within and the first step beyond each budget), so algorithms whose steps cost "
-        "different bits are compared at the same bits; \"bits to 1e-2 / 1e-4\" is the bits per peer "
+        'different bits are compared at the same bits; "bits to 1e-2 / 1e-4" is the bits per peer '
         "at which the relative error first falls to that value (interpolated the same way). Every "
         "ratio on this page is between values at the same bits.",
         "",
         f"Precision floor: F = {FLOOR_ULPS:g}·eps(dtype)²·mean_i ‖x_i‖² (about one rounding error per "
         "entry of the state and of the copies an algorithm keeps, squared; float32 Choco-sign "
         "stalled at 1.17e-8 absolute on the previous page's ring:8 `matrix`, 83·eps²·mean‖x_i‖²). A value ≤ "
-        f"{FLOOR_MARGIN:g}·F is marked \"(floor)\"/\"at precision floor\" and its run stops there "
-        "(\"floor\"). The floor scales with ‖x_i‖², not with the initial error: a shared offset "
+        f'{FLOOR_MARGIN:g}·F is marked "(floor)"/"at precision floor" and its run stops there '
+        '("floor"). The floor scales with ‖x_i‖², not with the initial error: a shared offset '
         "raises it. "
-        + (f"A run also stops once its relative error is ≤ {stop:g} (\"reached\"); its last error is "
-           "then an upper bound at larger budgets, written \"≤\". " if stop else "")
+        + (
+            f'A run also stops once its relative error is ≤ {stop:g} ("reached"); its last error is '
+            'then an upper bound at larger budgets, written "≤". '
+            if stop
+            else ""
+        )
         + f"A run stops after the first step beyond {budget_name(first['max_bits'])} bits, or as "
         f"*diverged* once its error exceeds {DIVERGE_FACTOR:g}× the initial error.",
         "",
         f"γ sweeps: Choco and DeepSqueeze γ ∈ {_grids(records)}, on seed 0 only"
-        + (f", in two stages: every γ runs to {budget_name(screen)} bits per peer, then the "
-           f"{first['finalists']} best γ at that budget (one that already reached the stopping error "
-           f"ranks first) run to {budget_name(first['max_bits'])} bits; a budget column shows the "
-           f"best γ's value (γ per cell): over the whole grid up to {budget_name(screen)} bits, over "
-           "the finalist beyond. " if screen else ". ")
+        + (
+            f", in two stages: every γ runs to {budget_name(screen)} bits per peer, then the "
+            f"{first['finalists']} best γ at that budget (one that already reached the stopping error "
+            f"ranks first) run to {budget_name(first['max_bits'])} bits; a budget column shows the "
+            f"best γ's value (γ per cell): over the whole grid up to {budget_name(screen)} bits, over "
+            "the finalist beyond. "
+            if screen
+            else ". "
+        )
         + "Seeds 1 and 2 rerun each algorithm once, a tuned one at the γ that is best on seed 0 at "
         "the largest budget (the γ the plots show); the per-instance tables are seed 0, the winner "
         "map is the mean over seeds. The original problems (`matrix`, `cnn`) run the full algorithm "
@@ -107,6 +120,11 @@ def _not_run(records) -> dict:
     ran = {}
     for r in records:
         ran.setdefault(r["topology"], set()).add(r["problem"])
-    return {topology: [p for p in FULL_GRID if p not in problems
-                       and not (p.startswith("models:") and topology != "ring:8")]
-            for topology, problems in ran.items()}
+    return {
+        topology: [
+            p
+            for p in FULL_GRID
+            if p not in problems and not (p.startswith("models:") and topology != "ring:8")
+        ]
+        for topology, problems in ran.items()
+    }

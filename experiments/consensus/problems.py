@@ -47,8 +47,10 @@ _OPTIONS: Dict[str, Dict[str, Optional[float]]] = {
     "offset": {"beta": None},
     "models": {"epoch": None},
 }
-VALID = ("matrix, matrix:N, matrix:RxC, cnn, spectral:alpha=A, lowrank:r=R,sigma=S, offset:beta=B, "
-         "models:epoch=E")
+VALID = (
+    "matrix, matrix:N, matrix:RxC, cnn, spectral:alpha=A, lowrank:r=R,sigma=S, offset:beta=B, "
+    "models:epoch=E"
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,8 +84,10 @@ def parse_problem(problem: str) -> Tuple[str, Dict[str, float]]:
     for part in filter(None, (p.strip() for p in arg.split(","))):
         key, eq, value = part.partition("=")
         if not eq or key not in _OPTIONS[name]:
-            raise ValueError(f"problem {problem!r}: bad option {part!r}; {name} takes "
-                             f"{', '.join(k + '=...' for k in _OPTIONS[name])}")
+            raise ValueError(
+                f"problem {problem!r}: bad option {part!r}; {name} takes "
+                f"{', '.join(k + '=...' for k in _OPTIONS[name])}"
+            )
         try:
             options[key] = float(value)
         except ValueError:
@@ -108,14 +112,20 @@ def parse_problem(problem: str) -> Tuple[str, Dict[str, float]]:
 def _check_floats(problem: str, floats: int) -> None:
     """A one-line ValueError when a problem gives each peer more than MAX_FLOATS floats."""
     if floats > MAX_FLOATS:
-        raise ValueError(f"problem {problem!r} gives every peer {floats:.3g} floats ({8 * floats / 2**30:.3g} "
-                         f"GiB in float64), above the maximum of {MAX_FLOATS} (2048x2048): every peer "
-                         "holds them several times over; use e.g. matrix:1000 or n=1000")
+        raise ValueError(
+            f"problem {problem!r} gives every peer {floats:.3g} floats ({8 * floats / 2**30:.3g} "
+            f"GiB in float64), above the maximum of {MAX_FLOATS} (2048x2048): every peer "
+            "holds them several times over; use e.g. matrix:1000 or n=1000"
+        )
 
 
 def _example(name: str) -> str:
-    return {"spectral": "spectral:alpha=1", "lowrank": "lowrank:r=4,sigma=0.1",
-            "offset": "offset:beta=10", "models": "models:epoch=10"}[name]
+    return {
+        "spectral": "spectral:alpha=1",
+        "lowrank": "lowrank:r=4,sigma=0.1",
+        "offset": "offset:beta=10",
+        "models": "models:epoch=10",
+    }[name]
 
 
 def problem_shapes(problem: str) -> List[Tuple[int, ...]]:
@@ -146,17 +156,23 @@ def spectral_values(alpha: float, n: int) -> torch.Tensor:
     return decay * (n / decay.square().sum().sqrt())
 
 
-def make_problem(problem: str, rank: int, dtype=torch.float32, seed: int = 0,
-                 models_file: Optional[Path] = None) -> List[torch.Tensor]:
+def make_problem(
+    problem: str, rank: int, dtype=torch.float32, seed: int = 0, models_file: Optional[Path] = None
+) -> List[torch.Tensor]:
     """Peer `rank`'s tensors for `problem` and `seed` (see the module docstring), cast to `dtype`."""
     name, options = parse_problem(problem)
     own = _generator(SEED_BASE + SEED_STRIDE * seed + rank)
     if name in ("matrix", "cnn"):
-        tensors = [torch.randn(shape, generator=own, dtype=torch.float64) for shape in problem_shapes(problem)]
+        tensors = [
+            torch.randn(shape, generator=own, dtype=torch.float64)
+            for shape in problem_shapes(problem)
+        ]
     elif name == "offset":
         (shape,) = problem_shapes(problem)
         shared = torch.randn(shape, generator=_generator(SHARED_BASE + seed), dtype=torch.float64)
-        tensors = [torch.randn(shape, generator=own, dtype=torch.float64) + options["beta"] * shared]
+        tensors = [
+            torch.randn(shape, generator=own, dtype=torch.float64) + options["beta"] * shared
+        ]
     elif name == "spectral":
         n = int(options["n"])
         u, v = _orthonormal(n, own), _orthonormal(n, own)
@@ -171,16 +187,31 @@ def make_problem(problem: str, rank: int, dtype=torch.float32, seed: int = 0,
         tensors = [(u * c) @ v.T / math.sqrt(r) + options["sigma"] * noise]
     else:  # models
         if models_file is None or not Path(models_file).exists():
-            raise ValueError(f"problem {problem!r}: no trained models; run it through "
-                             "`python -m experiments.consensus`, which trains them first")
+            raise ValueError(
+                f"problem {problem!r}: no trained models; run it through "
+                "`python -m experiments.consensus`, which trains them first"
+            )
         saved = torch.load(models_file, map_location="cpu", weights_only=True)
         epoch = int(options["epoch"])
         if epoch not in saved["epochs"]:
-            raise ValueError(f"problem {problem!r}: models were saved at epochs {sorted(saved['epochs'])}; "
-                             "pick one of them")
+            raise ValueError(
+                f"problem {problem!r}: models were saved at epochs {sorted(saved['epochs'])}; "
+                "pick one of them"
+            )
         tensors = [t.to(torch.float64) for t in saved["epochs"][epoch][rank]]
     return [t.to(dtype).contiguous() for t in tensors]
 
 
-__all__ = ["CNN_CLASSES", "CNN_INPUT_SHAPE", "CNN_MODEL", "MAX_FLOATS", "SEED_BASE", "VALID", "cnn1d_shapes",
-           "make_problem", "parse_problem", "problem_shapes", "spectral_values"]
+__all__ = [
+    "CNN_CLASSES",
+    "CNN_INPUT_SHAPE",
+    "CNN_MODEL",
+    "MAX_FLOATS",
+    "SEED_BASE",
+    "VALID",
+    "cnn1d_shapes",
+    "make_problem",
+    "parse_problem",
+    "problem_shapes",
+    "spectral_values",
+]

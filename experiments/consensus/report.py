@@ -93,8 +93,11 @@ def cell_text(cell: Dict, swept: bool) -> str:
 
 def best_reach(entry: Dict, target: float) -> Tuple[Optional[float], Optional[float]]:
     """(fewest bits to reach `target` over an algorithm's runs, the γ of that run)."""
-    found = [(r["reach"][target], r["gamma"]) for r in entry["runs"]
-             if r.get("reach", {}).get(target) is not None]
+    found = [
+        (r["reach"][target], r["gamma"])
+        for r in entry["runs"]
+        if r.get("reach", {}).get(target) is not None
+    ]
     return min(found) if found else (None, None)
 
 
@@ -116,8 +119,11 @@ def format_table(summary: Dict[str, Dict], budgets: Sequence[float], markdown: b
     for label, entry in summary.items():
         gammas = {r["gamma"] for r in entry["runs"]}
         gamma = "swept (best per column)" if entry["swept"] else fmt_gamma(next(iter(gammas)))
-        rows.append([label, gamma] + [cell_text(entry["budgets"][b], entry["swept"]) for b in budgets]
-                    + ([reach_text(entry, t) for t in REACH_TARGETS] if with_reach else []))
+        rows.append(
+            [label, gamma]
+            + [cell_text(entry["budgets"][b], entry["swept"]) for b in budgets]
+            + ([reach_text(entry, t) for t in REACH_TARGETS] if with_reach else [])
+        )
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -129,16 +135,37 @@ def format_table(summary: Dict[str, Dict], budgets: Sequence[float], markdown: b
     return "\n".join(lines)
 
 
-def table_csv(results: Sequence[Dict], summary: Dict[str, Dict], budgets: Sequence[float],
-              topology: str, problem: str) -> str:
+def table_csv(
+    results: Sequence[Dict],
+    summary: Dict[str, Dict],
+    budgets: Sequence[float],
+    topology: str,
+    problem: str,
+) -> str:
     """Every run's cell at every budget (seed, absolute and relative error at exactly the budget,
     whether it is an upper bound or at the precision floor, bits to each REACH_TARGET); on seed 0
     the best γ per (algorithm, budget) is marked 1."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["topology", "problem", "seed", "dtype", "algorithm", "spec", "gamma", "budget_bits",
-                     "status", "error", "relative_error", "upper_bound", "at_precision_floor", "best"]
-                    + [f"bits_to_{target_name(t)}" for t in REACH_TARGETS])
+    writer.writerow(
+        [
+            "topology",
+            "problem",
+            "seed",
+            "dtype",
+            "algorithm",
+            "spec",
+            "gamma",
+            "budget_bits",
+            "status",
+            "error",
+            "relative_error",
+            "upper_bound",
+            "at_precision_floor",
+            "best",
+        ]
+        + [f"bits_to_{target_name(t)}" for t in REACH_TARGETS]
+    )
     for result in results:
         seed = result.get("seed", 0)
         for budget in budgets:
@@ -147,11 +174,25 @@ def table_csv(results: Sequence[Dict], summary: Dict[str, Dict], budgets: Sequen
             is_best = seed == 0 and best.get("spec") == result["spec"]
             row = cell.get("row", {})
             reach = result.get("reach", {})
-            writer.writerow([topology, problem, seed, result.get("dtype", "float32"), result["label"],
-                             result["spec"], result["gamma"], f"{budget:g}", cell["status"],
-                             row.get("error", ""), row.get("relative", ""), int(bool(row.get("bound"))),
-                             int(bool(row.get("at_floor"))), int(is_best)]
-                            + ["" if reach.get(t) is None else reach[t] for t in REACH_TARGETS])
+            writer.writerow(
+                [
+                    topology,
+                    problem,
+                    seed,
+                    result.get("dtype", "float32"),
+                    result["label"],
+                    result["spec"],
+                    result["gamma"],
+                    f"{budget:g}",
+                    cell["status"],
+                    row.get("error", ""),
+                    row.get("relative", ""),
+                    int(bool(row.get("bound"))),
+                    int(bool(row.get("at_floor"))),
+                    int(is_best),
+                ]
+                + ["" if reach.get(t) is None else reach[t] for t in REACH_TARGETS]
+            )
     return buffer.getvalue()
 
 
@@ -160,9 +201,19 @@ def curves_bytes(results: Sequence[Dict]) -> bytes:
     "bits_per_peer": [...], "error": [...]}. JSON writes a float's shortest repr, which reads back
     as the same double, so a page rendered from the file is the page rendered from the run; the gzip
     header carries no time stamp, so the same runs give the same bytes."""
-    text = "".join(json.dumps({"run": r["file"], **{key: [row[key] for row in r["history"]]
-                                                     for key in ("step", "bits_per_peer", "error")}})
-                   + "\n" for r in results)
+    text = "".join(
+        json.dumps(
+            {
+                "run": r["file"],
+                **{
+                    key: [row[key] for row in r["history"]]
+                    for key in ("step", "bits_per_peer", "error")
+                },
+            }
+        )
+        + "\n"
+        for r in results
+    )
     return gzip.compress(text.encode("utf-8"), mtime=0)
 
 
@@ -172,8 +223,10 @@ def read_curves(path: Path) -> Dict[str, List[Dict]]:
     for line in gzip.decompress(Path(path).read_bytes()).decode("utf-8").splitlines():
         if line:
             item = json.loads(line)
-            curves[item["run"]] = [{"step": s, "bits_per_peer": b, "error": e} for s, b, e in
-                                   zip(item["step"], item["bits_per_peer"], item["error"])]
+            curves[item["run"]] = [
+                {"step": s, "bits_per_peer": b, "error": e}
+                for s, b, e in zip(item["step"], item["bits_per_peer"], item["error"])
+            ]
     return curves
 
 
@@ -181,8 +234,13 @@ def read_curves(path: Path) -> Dict[str, List[Dict]]:
 # plots and files
 
 
-def plot(summary: Dict[str, Dict], results: Sequence[Dict], out: Path, title: str,
-         budgets: Sequence[float] = ()) -> List[Path]:
+def plot(
+    summary: Dict[str, Dict],
+    results: Sequence[Dict],
+    out: Path,
+    title: str,
+    budgets: Sequence[float] = (),
+) -> List[Path]:
     """error_vs_bits.png (log-log) and error_vs_steps.png (semilog-y), one line per algorithm:
     solid for those at the topology's γ, dashed for the tuned baselines."""
     import matplotlib
@@ -192,8 +250,10 @@ def plot(summary: Dict[str, Dict], results: Sequence[Dict], out: Path, title: st
 
     by_spec = {r["spec"]: r for r in results if r.get("seed", 0) == 0}
     paths = []
-    for name, xkey, xlabel, logx in (("error_vs_bits.png", "bits_per_peer", "bits sent per peer", True),
-                                      ("error_vs_steps.png", "step", "steps", False)):
+    for name, xkey, xlabel, logx in (
+        ("error_vs_bits.png", "bits_per_peer", "bits sent per peer", True),
+        ("error_vs_steps.png", "step", "steps", False),
+    ):
         fig, ax = plt.subplots(figsize=(7.5, 5))
         for k, (label, entry) in enumerate(summary.items()):
             result = by_spec[entry["plot_spec"]]
@@ -203,8 +263,14 @@ def plot(summary: Dict[str, Dict], results: Sequence[Dict], out: Path, title: st
             error0 = result["history"][0]["error"]
             legend = label + (f" (γ={fmt_gamma(result['gamma'])})" if entry["swept"] else "")
             style = "-" if _family(entry)[1] == "topology" else "--"
-            ax.plot([r[xkey] for r in rows], [r["error"] / error0 for r in rows], style, label=legend,
-                    color=f"C{k % 10}", linewidth=1.4)
+            ax.plot(
+                [r[xkey] for r in rows],
+                [r["error"] / error0 for r in rows],
+                style,
+                label=legend,
+                color=f"C{k % 10}",
+                linewidth=1.4,
+            )
         ax.set_yscale("log")
         if logx:
             ax.set_xscale("log")
@@ -225,22 +291,56 @@ def write_outputs(record: Dict, out: Path, plots: bool = True) -> None:
     """CURVES, table.csv, summary.json and (with `plots`) the PNGs of one record into `out`."""
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / CURVES, curves_bytes(record["results"]))
-    atomic_write(out / "table.csv", table_csv(record["results"], record["summary"], record["budgets"],
-                                              record["topology"], record["problem"]))
+    atomic_write(
+        out / "table.csv",
+        table_csv(
+            record["results"],
+            record["summary"],
+            record["budgets"],
+            record["topology"],
+            record["problem"],
+        ),
+    )
     record.setdefault("commit", git_commit(ROOT))  # the code that made these numbers
     light = {k: v for k, v in record.items() if k not in ("results", "summary", "table", "out")}
     light["finished"] = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    light["runs"] = [{k: r[k] for k in ("label", "spec", "gamma", "swept", "stage", "stop", "steps",
-                                         "bits_per_peer", "seconds", "file", "seed", "dtype", "floor")}
-                     for r in record["results"]]
-    light["best"] = {label: {f"{b:g}": {k: v for k, v in cell.items() if k != "status"} | {"status": cell["status"]}
-                             for b, cell in entry["budgets"].items()}
-                     for label, entry in record["summary"].items()}
+    light["runs"] = [
+        {
+            k: r[k]
+            for k in (
+                "label",
+                "spec",
+                "gamma",
+                "swept",
+                "stage",
+                "stop",
+                "steps",
+                "bits_per_peer",
+                "seconds",
+                "file",
+                "seed",
+                "dtype",
+                "floor",
+            )
+        }
+        for r in record["results"]
+    ]
+    light["best"] = {
+        label: {
+            f"{b:g}": {k: v for k, v in cell.items() if k != "status"} | {"status": cell["status"]}
+            for b, cell in entry["budgets"].items()
+        }
+        for label, entry in record["summary"].items()
+    }
     atomic_write(out / "summary.json", json.dumps(light, indent=1) + "\n")
     if plots:
-        plot(record["summary"], record["results"], out,
-             f"{record['topology']} (W={record['weights']}), {record['problem']}: consensus error",
-             record["budgets"])
+        plot(
+            record["summary"],
+            record["results"],
+            out,
+            f"{record['topology']} (W={record['weights']}), {record['problem']}: consensus error",
+            record["budgets"],
+        )
 
 
 def load_record(out: Path) -> Dict:
@@ -252,12 +352,25 @@ def load_record(out: Path) -> Dict:
     results = []
     for run in saved["runs"]:
         rows = curves[run["file"]]
-        results.append({**run, "history": rows, "reach": reach_cells(rows),
-                        "budgets": cells_for(rows, budgets, run["stop"], run.get("stage", "full"),
-                                             run.get("floor"))})
+        results.append(
+            {
+                **run,
+                "history": rows,
+                "reach": reach_cells(rows),
+                "budgets": cells_for(
+                    rows, budgets, run["stop"], run.get("stage", "full"), run.get("floor")
+                ),
+            }
+        )
     summary = summarize([r for r in results if r.get("seed", 0) == 0], budgets)
     if "finished" not in saved:
         mtime = (out / "summary.json").stat().st_mtime
         saved["finished"] = datetime.datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M")
-    return {**saved, "budgets": list(budgets), "out": str(out), "results": results, "summary": summary,
-            "table": format_table(summary, budgets)}
+    return {
+        **saved,
+        "budgets": list(budgets),
+        "out": str(out),
+        "results": results,
+        "summary": summary,
+        "table": format_table(summary, budgets),
+    }

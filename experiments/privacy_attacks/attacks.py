@@ -19,11 +19,21 @@ import numpy as np
 import torch
 
 from gossip_powersgd.privacy.heldout import HeldOutSplit
-from gossip_powersgd.privacy.lira import (calibrated_loss_scores, class_conditional_loss_scores,
-                                          inclusion_masks, lira_scores, logit_confidence,
-                                          train_classifier)
-from gossip_powersgd.privacy.membership import (LOW_FPRS, attack_report, class_prior_scores,
-                                                loss_scores, null_band)
+from gossip_powersgd.privacy.lira import (
+    calibrated_loss_scores,
+    class_conditional_loss_scores,
+    inclusion_masks,
+    lira_scores,
+    logit_confidence,
+    train_classifier,
+)
+from gossip_powersgd.privacy.membership import (
+    LOW_FPRS,
+    attack_report,
+    class_prior_scores,
+    loss_scores,
+    null_band,
+)
 
 #: The attacks, as the page names them.
 ATTACKS = ("LOSS", "LOSS calibrated", "LOSS class-conditional", "LiRA offline", "LiRA online")
@@ -59,8 +69,16 @@ class References:
     seconds: float
 
     @classmethod
-    def build(cls, split: HeldOutSplit, candidates: Candidates, observer: int, make_model,
-              count: int, recipe: Dict[str, Any], seed: int) -> "References":
+    def build(
+        cls,
+        split: HeldOutSplit,
+        candidates: Candidates,
+        observer: int,
+        make_model,
+        count: int,
+        recipe: Dict[str, Any],
+        seed: int,
+    ) -> "References":
         import time
 
         started = time.process_time()
@@ -70,15 +88,25 @@ class References:
         for k in range(count):
             pick = torch.from_numpy(masks[k])
             torch.manual_seed(1000 * seed + k)
-            models.append(train_classifier(make_model, torch.cat([candidates.x[pick], own_x]),
-                                           torch.cat([candidates.y[pick], own_y]),
-                                           seed=1000 * seed + k, **recipe))
+            models.append(
+                train_classifier(
+                    make_model,
+                    torch.cat([candidates.x[pick], own_x]),
+                    torch.cat([candidates.y[pick], own_y]),
+                    seed=1000 * seed + k,
+                    **recipe,
+                )
+            )
         torch.manual_seed(1000 * seed + count)
         blind = train_classifier(make_model, own_x, own_y, seed=1000 * seed + count, **recipe)
         x, y = candidates.x, candidates.y
-        return cls(masks=masks, phi=np.stack([logit_confidence(m, x, y) for m in models]),
-                   loss=np.stack([-loss_scores(m, x, y) for m in models]), blind=blind,
-                   seconds=time.process_time() - started)
+        return cls(
+            masks=masks,
+            phi=np.stack([logit_confidence(m, x, y) for m in models]),
+            loss=np.stack([-loss_scores(m, x, y) for m in models]),
+            blind=blind,
+            seconds=time.process_time() - started,
+        )
 
 
 def _target(model, candidates: Candidates):
@@ -100,33 +128,44 @@ def scores(model, candidates: Candidates, refs: References) -> Dict[str, np.ndar
     """Every attack's score of every candidate with `model` (or a model per victim) as target."""
     y = candidates.y
     loss, phi = _target(model, candidates)
-    return {"LOSS": -loss,
-            "LOSS calibrated": calibrated_loss_scores(loss, refs.loss, refs.masks),
-            "LOSS class-conditional": class_conditional_loss_scores(loss, y.numpy(), refs.loss,
-                                                                    refs.masks),
-            "LiRA offline": lira_scores(phi, refs.phi, refs.masks),
-            "LiRA online": lira_scores(phi, refs.phi, refs.masks, online=True)}
+    return {
+        "LOSS": -loss,
+        "LOSS calibrated": calibrated_loss_scores(loss, refs.loss, refs.masks),
+        "LOSS class-conditional": class_conditional_loss_scores(
+            loss, y.numpy(), refs.loss, refs.masks
+        ),
+        "LiRA offline": lira_scores(phi, refs.phi, refs.masks),
+        "LiRA online": lira_scores(phi, refs.phi, refs.masks, online=True),
+    }
 
 
-def report(values: np.ndarray, candidates: Candidates, roc: bool = False,
-           per_class: bool = False) -> Dict[str, Any]:
+def report(
+    values: np.ndarray, candidates: Candidates, roc: bool = False, per_class: bool = False
+) -> Dict[str, Any]:
     m = candidates.member
     y = candidates.y.numpy()
-    out = attack_report(values[m], values[~m], y[m] if per_class else None,
-                        y[~m] if per_class else None)
+    out = attack_report(
+        values[m], values[~m], y[m] if per_class else None, y[~m] if per_class else None
+    )
     if not roc:
         out.pop("roc")
     return out
 
 
-def evaluate(models: Dict[str, Any], candidates: Candidates, refs: References,
-             split: HeldOutSplit, roc_models: Sequence[str] = ()) -> Dict[str, Any]:
+def evaluate(
+    models: Dict[str, Any],
+    candidates: Candidates,
+    refs: References,
+    split: HeldOutSplit,
+    roc_models: Sequence[str] = (),
+) -> Dict[str, Any]:
     """{model: {attack: report}}, the blind baselines, and the null band."""
     out: Dict[str, Any] = {"models": {}}
     for name, model in models.items():
-        out["models"][name] = {a: report(s, candidates, roc=name in roc_models,
-                                         per_class=(a == "LiRA offline"))
-                               for a, s in scores(model, candidates, refs).items()}
+        out["models"][name] = {
+            a: report(s, candidates, roc=name in roc_models, per_class=(a == "LiRA offline"))
+            for a, s in scores(model, candidates, refs).items()
+        }
     blind = scores(refs.blind, candidates, refs)
     out["blind_model"] = {a: report(s, candidates) for a, s in blind.items()}
     y = candidates.y.numpy()

@@ -31,8 +31,9 @@ QUICK_SEEDS = (0, 1)
 #: shared machine) for exact gossip and PowerGossip r1 at epsilon 8.
 PLAN = tuple((spec, None) for _, spec in ALGORITHMS) + (("exact", 8.0), ("powergossip:rank=1", 8.0))
 QUICK_PLAN = (("exact", None), ("powergossip:rank=1", None), ("exact", 8.0))
-SCALE_NOTE = ("every algorithm without DP, exact gossip and PowerGossip r1 at target ε = 8, three "
-              "seeds each.")
+SCALE_NOTE = (
+    "every algorithm without DP, exact gossip and PowerGossip r1 at target ε = 8, three seeds each."
+)
 NOT_REACHED = (
     "Useful accuracy under DP: in the regimes the shared machine could afford, exact gossip at "
     "ε = 8 stays far below its non-private accuracy (privacy_dp_sweep.md, 2000 samples per peer); "
@@ -41,25 +42,43 @@ NOT_REACHED = (
     "PowerGossip r4 and Choco sign under DP, and target ε ∈ {1, 3}, were not run (time on the "
     "shared machine): the TPR-at-chance answer rests on ε = 8 and ∞ only.",
     "Online LiRA uses 8 reference models (4 IN, 4 OUT per candidate), far fewer than the 64+ of "
-    "Carlini et al.; its AUC here is a lower bound on what LiRA can do.")
+    "Carlini et al.; its AUC here is a lower bound on what LiRA can do.",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m experiments.privacy_attacks",
-                                     description="Measure what an honest-but-curious neighbour "
-                                                 "learns, and write the results page.")
-    parser.add_argument("--quick", action="store_true", help="tiny problem (synthetic data, ring:4)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="output folder (default runs/privacy-attacks, or runs/privacy-attacks-quick "
-                             "with --quick; the committed page: --out experiments/results)")
-    parser.add_argument("--part", choices=("nodp", "dp", "all"), default="all",
-                        help="run only the non-private or only the private rows (the page is "
-                             "written from every row the folder's partial file holds)")
-    parser.add_argument("--render-only", action="store_true",
-                        help="run nothing: write the page from the rows the folder's partial "
-                             "files hold")
-    parser.add_argument("--network-only", action="store_true",
-                        help="recompute only the network-DP section from privacy_attacks.json")
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.privacy_attacks",
+        description="Measure what an honest-but-curious neighbour "
+        "learns, and write the results page.",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny problem (synthetic data, ring:4)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default runs/privacy-attacks, or runs/privacy-attacks-quick "
+        "with --quick; the committed page: --out experiments/results)",
+    )
+    parser.add_argument(
+        "--part",
+        choices=("nodp", "dp", "all"),
+        default="all",
+        help="run only the non-private or only the private rows (the page is "
+        "written from every row the folder's partial file holds)",
+    )
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help="run nothing: write the page from the rows the folder's partial files hold",
+    )
+    parser.add_argument(
+        "--network-only",
+        action="store_true",
+        help="recompute only the network-DP section from privacy_attacks.json",
+    )
     return parser
 
 
@@ -78,8 +97,12 @@ def measure_all(plan_rows, seeds, setting, references, part, saved, save) -> Non
     # Exact gossip and PowerGossip r1 first, seed by seed (the page's answers compare them), then
     # the rest seed by seed: a run takes minutes on the shared machine.
     first = [(s, t) for s, t in plan_rows if s in ("exact", "powergossip:rank=1")]
-    order = [(s, t, seed) for group in (first, [r for r in plan_rows if r not in first])
-             for seed in seeds for s, t in group]
+    order = [
+        (s, t, seed)
+        for group in (first, [r for r in plan_rows if r not in first])
+        for seed in seeds
+        for s, t in group
+    ]
     for spec, target, seed in order:
         if (part == "nodp" and target is not None) or (part == "dp" and target is None):
             continue
@@ -94,8 +117,10 @@ def measure_all(plan_rows, seeds, setting, references, part, saved, save) -> Non
             _log(f"  FAILED: {row['failure']}")
         else:
             flat = row["rounds"][str(row["last"])]["flat"]
-            _log(f"  acc {row['acc_avg']:.3f} victim LiRA AUC "
-                 f"{flat['auc/victim/LiRA offline']:.3f} {row['run_seconds']:.0f} s")
+            _log(
+                f"  acc {row['acc_avg']:.3f} victim LiRA AUC "
+                f"{flat['auc/victim/LiRA offline']:.3f} {row['run_seconds']:.0f} s"
+            )
         row["commit"] = git_commit()
         row["load"] = os.getloadavg()[0]
         saved["rows"][key] = row
@@ -120,42 +145,70 @@ def main(argv: Optional[List[str]] = None) -> int:
     seeds = QUICK_SEEDS if args.quick else SEEDS
     references = 4 if args.quick else REFERENCES
     # One partial file per --part, so that a non-private and a private process can run at once.
-    partial = out / ("privacy_attacks.partial.json" if args.part != "dp"
-                     else "privacy_attacks.partial-dp.json")
+    partial = out / (
+        "privacy_attacks.partial.json" if args.part != "dp" else "privacy_attacks.partial-dp.json"
+    )
     saved = json.loads(partial.read_text()) if partial.exists() else {"rows": {}, "seconds": 0.0}
     if not args.render_only:
-        measure_all(plan_rows, seeds, setting, references, args.part, saved,
-                    lambda: atomic_write(partial, json.dumps(saved) + "\n"))
+        measure_all(
+            plan_rows,
+            seeds,
+            setting,
+            references,
+            args.part,
+            saved,
+            lambda: atomic_write(partial, json.dumps(saved) + "\n"),
+        )
     partials = sorted(out.glob("privacy_attacks.partial*.json"))
     for other in partials:
         if other != partial:
             more = json.loads(other.read_text())
             saved["rows"].update(more["rows"])
             saved["seconds"] = saved.get("seconds", 0.0) + more.get("seconds", 0.0)
-    rows = [saved["rows"][_key(s, t, seed)] for s, t in plan_rows for seed in seeds
-            if _key(s, t, seed) in saved["rows"]]
-    missing = [_key(s, t, seed) for s, t in plan_rows for seed in seeds
-               if _key(s, t, seed) not in saved["rows"]]
+    rows = [
+        saved["rows"][_key(s, t, seed)]
+        for s, t in plan_rows
+        for seed in seeds
+        if _key(s, t, seed) in saved["rows"]
+    ]
+    missing = [
+        _key(s, t, seed)
+        for s, t in plan_rows
+        for seed in seeds
+        if _key(s, t, seed) not in saved["rows"]
+    ]
     network = network_dp()
     report.plot_network(network, out / report.HEATMAP_PNG)
     report.plot_roc(rows, out / report.ROC_PNG)
     ok = [r for r in rows if "failure" not in r]
-    plan = {"setting": setting, "seeds": len(seeds), "references": references,
-            "members": ok[0]["members"] if ok else 0,
-            "per_peer": len(ok[0]["split"]["members"]["0"]) if ok else 0,
-            "nonmembers": ok[0]["nonmembers"] if ok else 0,
-            "scale_note": SCALE_NOTE if not args.quick else "--quick: a smoke test, not a result.",
-            "not_reached": list(NOT_REACHED if not args.quick else ())
-            + [f"run missing: {m}" for m in missing]
-            + [f"run failed: {r['spec']} ε {r['target']} seed {r['seed']}: {r['failure']}"
-               for r in rows if "failure" in r]}
+    plan = {
+        "setting": setting,
+        "seeds": len(seeds),
+        "references": references,
+        "members": ok[0]["members"] if ok else 0,
+        "per_peer": len(ok[0]["split"]["members"]["0"]) if ok else 0,
+        "nonmembers": ok[0]["nonmembers"] if ok else 0,
+        "scale_note": SCALE_NOTE if not args.quick else "--quick: a smoke test, not a result.",
+        "not_reached": list(NOT_REACHED if not args.quick else ())
+        + [f"run missing: {m}" for m in missing]
+        + [
+            f"run failed: {r['spec']} ε {r['target']} seed {r['seed']}: {r['failure']}"
+            for r in rows
+            if "failure" in r
+        ],
+    }
     seconds = saved.get("seconds", 0.0)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    generated = (f"Generated by `{command}` (the runs, resumable, in {seconds:.0f} s in all) on "
-                 f"{date} (commit {git_commit()}).")
+    generated = (
+        f"Generated by `{command}` (the runs, resumable, in {seconds:.0f} s in all) on "
+        f"{date} (commit {git_commit()})."
+    )
     atomic_write(out / "privacy_attacks.md", report.page(rows, network, plan, generated))
-    atomic_write(out / "privacy_attacks.json", json.dumps(
-        {"generated": generated, "plan": plan, "rows": rows, "network_dp": network}) + "\n")
+    atomic_write(
+        out / "privacy_attacks.json",
+        json.dumps({"generated": generated, "plan": plan, "rows": rows, "network_dp": network})
+        + "\n",
+    )
     if not missing:
         for other in partials:
             other.unlink()
@@ -167,20 +220,33 @@ def network_only(out: Path, command: str) -> int:
     """Recompute the network-DP section and its heat maps; the rows stay as the JSON has them."""
     source = out / "privacy_attacks.json"
     if not source.exists():
-        raise SystemExit(f"error: --network-only needs the rows of a previous run in {source}; "
-                         "run without --network-only first")
+        raise SystemExit(
+            f"error: --network-only needs the rows of a previous run in {source}; "
+            "run without --network-only first"
+        )
     saved = json.loads(source.read_text())
     plan = saved.get("plan") or {  # a JSON written before plans were stored
-        "setting": SETTING, "seeds": len(SEEDS), "references": REFERENCES, "members": 0,
-        "nonmembers": 0, "per_peer": 0, "scale_note": "", "not_reached": []}
+        "setting": SETTING,
+        "seeds": len(SEEDS),
+        "references": REFERENCES,
+        "members": 0,
+        "nonmembers": 0,
+        "per_peer": 0,
+        "scale_note": "",
+        "not_reached": [],
+    }
     started = time.perf_counter()
     network = network_dp()
     report.plot_network(network, out / report.HEATMAP_PNG)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    network["generated"] = (f"Section made by `{command}` on {date} in "
-                            f"{time.perf_counter() - started:.0f} s (commit {git_commit()}).")
-    atomic_write(out / "privacy_attacks.md",
-                 report.page(saved["rows"], network, plan, saved["generated"]))
-    atomic_write(out / "privacy_attacks.json",
-                 json.dumps(dict(saved, plan=plan, network_dp=network)) + "\n")
+    network["generated"] = (
+        f"Section made by `{command}` on {date} in "
+        f"{time.perf_counter() - started:.0f} s (commit {git_commit()})."
+    )
+    atomic_write(
+        out / "privacy_attacks.md", report.page(saved["rows"], network, plan, saved["generated"])
+    )
+    atomic_write(
+        out / "privacy_attacks.json", json.dumps(dict(saved, plan=plan, network_dp=network)) + "\n"
+    )
     return 0

@@ -20,21 +20,54 @@ from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
 #: over the two victims): TPR at 0.1 % FPR allows 1 non-member above the threshold. Sized for the
 #: shared 2-core machine at load 10-19 (a 2000-per-peer run took > 8 min there; 10 epochs
 #: reached only 65 %).
-SETTING = dict(dataset="mnist1d:num_samples=10000", partition="iid", model="cnn1d",
-               optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=0.0, warmup_epochs=1,
-               schedule="cosine", batch_size=32, epochs=20, backend="local", quiet=True,
-               log_every=0, checkpoint_every=0, threads=1, comm_timeout=900.0,
-               topology="ring:8")
-QUICK_SETTING = dict(SETTING, dataset="synthetic_logreg:d=20,classes=4,n=1200", model="mlp:32",
-                     lr=0.2, momentum=0.0, topology="ring:4", epochs=2, warmup_epochs=0,
-                     dp=dict(batch_size=32, lr=0.2, dp_max_grad_norm=1.0, dp_delta=1e-5, epochs=2))
+SETTING = dict(
+    dataset="mnist1d:num_samples=10000",
+    partition="iid",
+    model="cnn1d",
+    optimizer="sgd",
+    lr=0.1,
+    momentum=0.9,
+    weight_decay=0.0,
+    warmup_epochs=1,
+    schedule="cosine",
+    batch_size=32,
+    epochs=20,
+    backend="local",
+    quiet=True,
+    log_every=0,
+    checkpoint_every=0,
+    threads=1,
+    comm_timeout=900.0,
+    topology="ring:8",
+)
+QUICK_SETTING = dict(
+    SETTING,
+    dataset="synthetic_logreg:d=20,classes=4,n=1200",
+    model="mlp:32",
+    lr=0.2,
+    momentum=0.0,
+    topology="ring:4",
+    epochs=2,
+    warmup_epochs=0,
+    dp=dict(batch_size=32, lr=0.2, dp_max_grad_norm=1.0, dp_delta=1e-5, epochs=2),
+)
 #: Private runs at a target epsilon: larger batches than the non-private recipe (DP's noise per
 #: coordinate is sigma C / batch), a higher lr for clipped gradients, clip C = 1; at this scale
 #: (500 members per victim) not the regime of privacy_dp_sweep.md, which needs more data.
-DP = dict(batch_size=128, lr=0.5, dp_max_grad_norm=1.0, dp_delta=1e-5,
-          release_peer_statistics=True, epochs=20)
-ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1"),
-              ("PowerGossip r4", "powergossip:rank=4"), ("Choco sign", "choco:compressor=sign,gamma=1.0"))
+DP = dict(
+    batch_size=128,
+    lr=0.5,
+    dp_max_grad_norm=1.0,
+    dp_delta=1e-5,
+    release_peer_statistics=True,
+    epochs=20,
+)
+ALGORITHMS = (
+    ("exact gossip", "exact"),
+    ("PowerGossip r1", "powergossip:rank=1"),
+    ("PowerGossip r4", "powergossip:rank=4"),
+    ("Choco sign", "choco:compressor=sign,gamma=1.0"),
+)
 #: The observer, and its two neighbours on a ring, the victims.
 OBSERVER = 0
 #: The held-out share of each victim's shard.
@@ -44,7 +77,10 @@ REFERENCES = 8
 #: The rounds the attacks run at, as fractions of the run.
 ROUNDS = (0.25, 0.5, 0.75, 1.0)
 #: Least squares on D: (name, window in messages, forgetting factor).
-ESTIMATORS = (("LS on D, 64 msgs", 64, 1.0), ("LS on D drift-aware, 256 msgs, forget 0.97", 256, 0.97))
+ESTIMATORS = (
+    ("LS on D, 64 msgs", 64, 1.0),
+    ("LS on D drift-aware, 256 msgs, forget 0.97", 256, 0.97),
+)
 
 
 class Snapshots(TrainingHooks):
@@ -66,7 +102,9 @@ class Snapshots(TrainingHooks):
 
     def after_optimizer_step(self, step: int) -> None:
         if step in self.steps:
-            self.parameters[step] = [p.detach().cpu().clone() for p in self.context.algorithm.params]
+            self.parameters[step] = [
+                p.detach().cpu().clone() for p in self.context.algorithm.params
+            ]
 
 
 def victims(topology: str) -> List[int]:
@@ -79,8 +117,15 @@ def make_split(setting: Dict[str, Any], seed: int):
     from gossip_powersgd.privacy.heldout import make_split as split_of
 
     peers = __import__("topologies").parse(setting["topology"]).size
-    return split_of(setting["dataset"], peers, setting["partition"], seed=0,
-                    victims=victims(setting["topology"]), fraction=FRACTION, split_seed=seed)
+    return split_of(
+        setting["dataset"],
+        peers,
+        setting["partition"],
+        seed=0,
+        victims=victims(setting["topology"]),
+        fraction=FRACTION,
+        split_seed=seed,
+    )
 
 
 def _peer(comm, config, hooks):
@@ -99,12 +144,21 @@ def _model(config, dataset_like, parameters):
     return model_with_parameters(model, parameters)
 
 
-def attacked_run(spec: str, target: Optional[float], seed: int, setting: Dict[str, Any],
-                 refs_cache: Dict[int, Any], references: int = REFERENCES) -> Dict[str, Any]:
+def attacked_run(
+    spec: str,
+    target: Optional[float],
+    seed: int,
+    setting: Dict[str, Any],
+    refs_cache: Dict[int, Any],
+    references: int = REFERENCES,
+) -> Dict[str, Any]:
     """Train `spec` with the seed's split (DP at `target` epsilon, or none), attack, measure."""
     from gossip_powersgd.launch import run_peers
-    from gossip_powersgd.privacy.estimators import (difference_estimates, oracle_estimates,
-                                                    prediction_agreement)
+    from gossip_powersgd.privacy.estimators import (
+        difference_estimates,
+        oracle_estimates,
+        prediction_agreement,
+    )
     from gossip_powersgd.privacy.reconstruction import reconstruct, relative_error
     from gossip_powersgd.privacy.views import ObservedView
     from gossip_powersgd.training.config import config_from_dict, resolve_topology
@@ -115,8 +169,14 @@ def attacked_run(spec: str, target: Optional[float], seed: int, setting: Dict[st
     torch.set_num_threads(1)
     split = make_split(setting, seed)
     data = {k: v for k, v in setting.items() if k != "dp"}
-    data.update(dataset=split.spec(), partition="local", seed=seed, algorithm=spec,
-                out_dir=None, release_peer_statistics=True)
+    data.update(
+        dataset=split.spec(),
+        partition="local",
+        seed=seed,
+        algorithm=spec,
+        out_dir=None,
+        release_peer_statistics=True,
+    )
     if target is not None:
         data.update(setting.get("dp", DP), dp_target_epsilon=target)
     data["eval_every"] = data["epochs"]
@@ -125,8 +185,9 @@ def attacked_run(spec: str, target: Optional[float], seed: int, setting: Dict[st
     config = config.replace(peers=topology.size)
     hooks: Dict[int, Dict[str, Any]] = {}
     started = time.perf_counter()
-    summary = run_peers(topology, _peer, config, hooks, backend="local",
-                        timeout=config.comm_timeout)[0]
+    summary = run_peers(
+        topology, _peer, config, hooks, backend="local", timeout=config.comm_timeout
+    )[0]
     seconds = time.perf_counter() - started
     base = split.data()
     recorder = hooks[OBSERVER]["observer"].recorder
@@ -136,12 +197,21 @@ def attacked_run(spec: str, target: Optional[float], seed: int, setting: Dict[st
     last = steps[-1]
     candidates = Candidates.of(split)
     if seed not in refs_cache:
-        recipe = dict(epochs=setting["epochs"], lr=setting["lr"], batch=setting["batch_size"],
-                      momentum=setting["momentum"])
+        recipe = dict(
+            epochs=setting["epochs"],
+            lr=setting["lr"],
+            batch=setting["batch_size"],
+            momentum=setting["momentum"],
+        )
         refs_cache[seed] = References.build(
-            split, candidates, OBSERVER,
+            split,
+            candidates,
+            OBSERVER,
             lambda: build_model(setting["model"], base.input_shape, base.num_classes, 0),
-            references, recipe, seed)
+            references,
+            recipe,
+            seed,
+        )
     refs = refs_cache[seed]
 
     moving = {v: reconstruct(view, v, window=4) for v in split.victims}  # every step at once
@@ -154,9 +224,11 @@ def attacked_run(spec: str, target: Optional[float], seed: int, setting: Dict[st
                 out.setdefault("moving M, 4 msgs (reconstruction.py)", {})[v] = moving[v][step]
                 for name, window, forget in ESTIMATORS:
                     out.setdefault(name, {})[v] = difference_estimates(
-                        view, v, [step], window=window, forget=forget)[step]
+                        view, v, [step], window=window, forget=forget
+                    )[step]
                 out.setdefault("oracle: D on the span of all factors", {})[v] = oracle_estimates(
-                    view, v, {step: snaps[v][step]}, [step], window=10 ** 9)[step]
+                    view, v, {step: snaps[v][step]}, [step], window=10**9
+                )[step]
             else:
                 out.setdefault("read off / public copy", {})[v] = moving[v][step]
         return out
@@ -168,31 +240,48 @@ def attacked_run(spec: str, target: Optional[float], seed: int, setting: Dict[st
     row: Dict[str, Any] = {"rounds": {}}
     for step in steps:
         est = estimates(step)
-        models = {"victim": pooled({v: _model(config, base, snaps[v][step]) for v in split.victims})}
+        models = {
+            "victim": pooled({v: _model(config, base, snaps[v][step]) for v in split.victims})
+        }
         for name, per in est.items():
             models[name] = pooled({v: _model(config, base, per[v]) for v in split.victims})
         if step == last:
-            models["observer's own"] = pooled({v: _model(config, base, snaps[OBSERVER][step])
-                                               for v in split.victims})
+            models["observer's own"] = pooled(
+                {v: _model(config, base, snaps[OBSERVER][step]) for v in split.victims}
+            )
             average = [torch.stack(ts).mean(0) for ts in zip(*(snaps[k][step] for k in snaps))]
-            models["average of all"] = pooled({v: _model(config, base, average)
-                                               for v in split.victims})
-        evaluation = evaluate(models, candidates, refs, split,
-                              roc_models=[n for n in models if step == last])
+            models["average of all"] = pooled(
+                {v: _model(config, base, average) for v in split.victims}
+            )
+        evaluation = evaluate(
+            models, candidates, refs, split, roc_models=[n for n in models if step == last]
+        )
         quality = {}
         for name, per in est.items():
             quality[name] = {
                 "l2": sum(relative_error(per[v], snaps[v][step]) for v in split.victims)
                 / len(split.victims),
-                "agreement": sum(prediction_agreement(_model(config, base, per[v]),
-                                                      _model(config, base, snaps[v][step]), x_test)
-                                 for v in split.victims) / len(split.victims)}
+                "agreement": sum(
+                    prediction_agreement(
+                        _model(config, base, per[v]), _model(config, base, snaps[v][step]), x_test
+                    )
+                    for v in split.victims
+                )
+                / len(split.victims),
+            }
         quality["observer's own"] = {
             "l2": sum(relative_error(snaps[OBSERVER][step], snaps[v][step]) for v in split.victims)
             / len(split.victims),
-            "agreement": sum(prediction_agreement(_model(config, base, snaps[OBSERVER][step]),
-                                                  _model(config, base, snaps[v][step]), x_test)
-                             for v in split.victims) / len(split.victims)}
+            "agreement": sum(
+                prediction_agreement(
+                    _model(config, base, snaps[OBSERVER][step]),
+                    _model(config, base, snaps[v][step]),
+                    x_test,
+                )
+                for v in split.victims
+            )
+            / len(split.victims),
+        }
         entry = {"flat": flat(evaluation), "quality": quality}
         if step == last:
             entry["evaluation"] = evaluation
@@ -204,16 +293,30 @@ def attacked_run(spec: str, target: Optional[float], seed: int, setting: Dict[st
         model = _model(config, base, snaps[v][last])
         with torch.no_grad():
             victim_acc.append(float((model(x_test).argmax(1) == base.y_test).double().mean()))
-    row.update(spec=spec, target=target, seed=seed, steps=summary["steps"], last=last,
-               round_steps=steps, epochs=config.epochs, batch=config.batch_size, lr=config.lr,
-               acc_avg=summary["final_test_acc_avg_model"], acc_victim=sum(victim_acc) / len(victim_acc),
-               consensus=summary.get("final_consensus_distance"),
-               eps_victims=[epsilons[v] for v in split.victims] if len(epsilons) > 1 else None,
-               eps_max=max(epsilons), sigma=summary.get("noise_multiplier"),
-               mb_sent_per_peer=summary["mb_sent_per_peer"],
-               observed_mb=recorder.bytes_recorded / 1e6, run_seconds=seconds,
-               reference_cpu_seconds=refs.seconds, split=split.record(),
-               members=int(candidates.member.sum()), nonmembers=int((~candidates.member).sum()))
+    row.update(
+        spec=spec,
+        target=target,
+        seed=seed,
+        steps=summary["steps"],
+        last=last,
+        round_steps=steps,
+        epochs=config.epochs,
+        batch=config.batch_size,
+        lr=config.lr,
+        acc_avg=summary["final_test_acc_avg_model"],
+        acc_victim=sum(victim_acc) / len(victim_acc),
+        consensus=summary.get("final_consensus_distance"),
+        eps_victims=[epsilons[v] for v in split.victims] if len(epsilons) > 1 else None,
+        eps_max=max(epsilons),
+        sigma=summary.get("noise_multiplier"),
+        mb_sent_per_peer=summary["mb_sent_per_peer"],
+        observed_mb=recorder.bytes_recorded / 1e6,
+        run_seconds=seconds,
+        reference_cpu_seconds=refs.seconds,
+        split=split.record(),
+        members=int(candidates.member.sum()),
+        nonmembers=int((~candidates.member).sum()),
+    )
     return row
 
 
@@ -224,15 +327,20 @@ NETWORK_SIGMA, NETWORK_DELTA = 5.0, 1e-5
 NETWORK_CASES = (("once", 2), ("once", 20), ("every_step", 20))
 
 
-def network_dp(specs: Sequence[str] = NETWORK_TOPOLOGIES,
-               network_cases: Sequence[tuple] = NETWORK_CASES) -> Dict[str, Any]:
+def network_dp(
+    specs: Sequence[str] = NETWORK_TOPOLOGIES, network_cases: Sequence[tuple] = NETWORK_CASES
+) -> Dict[str, Any]:
     """Exact pairwise epsilon[u, v] (u's privacy towards observer v's whole view) of noisy exact
     gossip per case and topology, beside its local-DP ceiling and, with noise once, Muffliato's
     per-message sum (not a bound) converted the same way."""
     import numpy as np
 
-    from gossip_powersgd.privacy import (gaussian_epsilon, local_epsilon, pairwise_epsilon,
-                                         per_message_composition_rdp)
+    from gossip_powersgd.privacy import (
+        gaussian_epsilon,
+        local_epsilon,
+        pairwise_epsilon,
+        per_message_composition_rdp,
+    )
     import topologies
 
     cases = []
@@ -242,10 +350,17 @@ def network_dp(specs: Sequence[str] = NETWORK_TOPOLOGIES,
             eps = pairwise_epsilon(spec, steps, NETWORK_SIGMA, NETWORK_DELTA, noise=noise)
             mask = ~np.eye(len(eps), dtype=bool)
             off = eps[mask]
-            case = {"topology": spec, "noise": noise, "steps": steps, "matrix": eps.tolist(),
-                    "min": float(off.min()), "median": float(np.median(off)),
-                    "max": float(off.max()), "local": ceiling,
-                    "at_local": float(np.isclose(off, ceiling, rtol=1e-9, atol=0).mean())}
+            case = {
+                "topology": spec,
+                "noise": noise,
+                "steps": steps,
+                "matrix": eps.tolist(),
+                "min": float(off.min()),
+                "median": float(np.median(off)),
+                "max": float(off.max()),
+                "local": ceiling,
+                "at_local": float(np.isclose(off, ceiling, rtol=1e-9, atol=0).mean()),
+            }
             if noise == "once":
                 rho = per_message_composition_rdp(topologies.parse(spec), steps, NETWORK_SIGMA)
                 summed = gaussian_epsilon(np.sqrt(2 * rho[mask]), NETWORK_DELTA)

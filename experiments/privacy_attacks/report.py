@@ -61,8 +61,11 @@ def _dp(group: Sequence[Dict[str, Any]]) -> str:
     if r["target"] is None:
         return "none"
     eps = [e for g in group for e in (g["eps_victims"] or [g["eps_max"]])]
-    span = f"{min(eps):.3g}" if f"{min(eps):.3g}" == f"{max(eps):.3g}" else \
-        f"{min(eps):.3g}–{max(eps):.3g}"
+    span = (
+        f"{min(eps):.3g}"
+        if f"{min(eps):.3g}" == f"{max(eps):.3g}"
+        else f"{min(eps):.3g}–{max(eps):.3g}"
+    )
     return f"ε = {span} (victims' own; target {r['target']:g})"
 
 
@@ -74,8 +77,10 @@ def _strongest(group: Sequence[Dict[str, Any]]) -> str:
     """The observer's estimator with the highest mean headline AUC (the oracle excluded: it uses
     the truth)."""
     names = [n for n in _reconstructions(group[0]) if not n.startswith("oracle")]
-    return max(names, key=lambda n: statistics.fmean(
-        _last(r)["flat"][f"auc/{n}/{HEADLINE}"] for r in group))
+    return max(
+        names,
+        key=lambda n: statistics.fmean(_last(r)["flat"][f"auc/{n}/{HEADLINE}"] for r in group),
+    )
 
 
 _BANDS: Dict[tuple, Dict[str, list]] = {}
@@ -92,8 +97,9 @@ def band_of(members: int, nonmembers: int) -> Dict[str, list]:
     key = (members, nonmembers)
     if key not in _BANDS:
         rng = np.random.default_rng(0)
-        _BANDS[key] = null_band(rng.standard_normal(members), rng.standard_normal(nonmembers),
-                                permutations=400)
+        _BANDS[key] = null_band(
+            rng.standard_normal(members), rng.standard_normal(nonmembers), permutations=400
+        )
     return _BANDS[key]
 
 
@@ -142,43 +148,58 @@ def blind_check(group: Sequence[Dict[str, Any]]) -> str:
         band = _band(r)
         blind = e["blind_model"][HEADLINE]
         # The class prior takes ~10 values: no threshold has FPR <= 1 %, so only its AUC counts.
-        ok += (_within(class_prior(r)["auc"], band["auc"]) and _within(blind["auc"], band["auc"])
-               and all(_within(t, b) for t, b in zip(blind["tpr"], band["tpr"])))
+        ok += (
+            _within(class_prior(r)["auc"], band["auc"])
+            and _within(blind["auc"], band["auc"])
+            and all(_within(t, b) for t, b in zip(blind["tpr"], band["tpr"]))
+        )
     return f"{ok}/{len(group)}"
 
 
 def runs_table(rows) -> str:
-    lines = ["| algorithm | DP | seeds | averaged-model acc | victims' model acc | MB sent / peer | "
-             "MB the observer received | consensus distance (end) | run s (mean) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| algorithm | DP | seeds | averaged-model acc | victims' model acc | MB sent / peer | "
+        "MB the observer received | consensus distance (end) | run s (mean) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for g in groups(rows):
-        lines.append(f"| {label(g[0]['spec'])} | {_dp(g)} | {len(g)} | "
-                     f"{_stat([r['acc_avg'] for r in g], 2, True)} % | "
-                     f"{_stat([r['acc_victim'] for r in g], 2, True)} % | "
-                     f"{g[0]['mb_sent_per_peer']:.3f} | {g[0]['observed_mb']:.3f} | "
-                     f"{_stat([r['consensus'] for r in g], 3)} | "
-                     f"{statistics.fmean(r['run_seconds'] for r in g):.0f} |")
+        lines.append(
+            f"| {label(g[0]['spec'])} | {_dp(g)} | {len(g)} | "
+            f"{_stat([r['acc_avg'] for r in g], 2, True)} % | "
+            f"{_stat([r['acc_victim'] for r in g], 2, True)} % | "
+            f"{g[0]['mb_sent_per_peer']:.3f} | {g[0]['observed_mb']:.3f} | "
+            f"{_stat([r['consensus'] for r in g], 3)} | "
+            f"{statistics.fmean(r['run_seconds'] for r in g):.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def leakage_table(rows) -> str:
-    lines = ["| algorithm | DP | model | LOSS AUC | LiRA offline AUC | LiRA online AUC | "
-             "TPR @ 0.1 % FPR | TPR @ 1 % FPR | blind: class prior AUC | blind: model that never "
-             "saw the victims, AUC / TPR @ 0.1 % | null band AUC / TPR @ 0.1 % / TPR @ 1 % | "
-             "blind within band (seeds) |",
-             "|---" * 12 + "|"]
+    lines = [
+        "| algorithm | DP | model | LOSS AUC | LiRA offline AUC | LiRA online AUC | "
+        "TPR @ 0.1 % FPR | TPR @ 1 % FPR | blind: class prior AUC | blind: model that never "
+        "saw the victims, AUC / TPR @ 0.1 % | null band AUC / TPR @ 0.1 % / TPR @ 1 % | "
+        "blind within band (seeds) |",
+        "|---" * 12 + "|",
+    ]
     for g in groups(rows):
         strongest = _strongest(g) if _reconstructions(g[0]) else None
-        models = ["victim"] + ([strongest, "oracle: D on the span of all factors"]
-                               if strongest and "oracle: D on the span of all factors"
-                               in _reconstructions(g[0]) else [strongest] if strongest else [])
+        models = ["victim"] + (
+            [strongest, "oracle: D on the span of all factors"]
+            if strongest and "oracle: D on the span of all factors" in _reconstructions(g[0])
+            else [strongest]
+            if strongest
+            else []
+        )
         models += ["observer's own", "average of all"]
         band = _band(g[0])
-        blind = (f"{_stat([class_prior(r)['auc'] for r in g])}",
-                 f"{_stat([_last(r)['flat'][f'auc/blind model/{HEADLINE}'] for r in g])} / "
-                 f"{_stat([_last(r)['flat'][f'tpr0.1/blind model/{HEADLINE}'] for r in g], 4)}",
-                 f"[{band['auc'][0]:.3f}, {band['auc'][1]:.3f}] / [{band['tpr'][0][0]:.4f}, "
-                 f"{band['tpr'][0][1]:.4f}] / [{band['tpr'][1][0]:.4f}, {band['tpr'][1][1]:.4f}]")
+        blind = (
+            f"{_stat([class_prior(r)['auc'] for r in g])}",
+            f"{_stat([_last(r)['flat'][f'auc/blind model/{HEADLINE}'] for r in g])} / "
+            f"{_stat([_last(r)['flat'][f'tpr0.1/blind model/{HEADLINE}'] for r in g], 4)}",
+            f"[{band['auc'][0]:.3f}, {band['auc'][1]:.3f}] / [{band['tpr'][0][0]:.4f}, "
+            f"{band['tpr'][0][1]:.4f}] / [{band['tpr'][1][0]:.4f}, {band['tpr'][1][1]:.4f}]",
+        )
         for name in models:
             f = [_last(r)["flat"] for r in g]
             title = name if name != strongest else f"strongest reconstruction: {name}"
@@ -189,13 +210,16 @@ def leakage_table(rows) -> str:
                 f"{_stat([x[f'auc/{name}/LiRA online'] for x in f])} | "
                 f"{_stat([x[f'tpr0.1/{name}/{HEADLINE}'] for x in f], 4)} | "
                 f"{_stat([x[f'tpr1/{name}/{HEADLINE}'] for x in f], 4)} | "
-                f"{blind[0]} | {blind[1]} | {blind[2]} | {blind_check(g)} |")
+                f"{blind[0]} | {blind[1]} | {blind[2]} | {blind_check(g)} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def all_attacks_table(rows) -> str:
-    lines = ["| algorithm | DP | " + " | ".join(f"{a} AUC (victim's model)" for a in ATTACKS)
-             + " |", "|---" * (2 + len(ATTACKS)) + "|"]
+    lines = [
+        "| algorithm | DP | " + " | ".join(f"{a} AUC (victim's model)" for a in ATTACKS) + " |",
+        "|---" * (2 + len(ATTACKS)) + "|",
+    ]
     for g in groups(rows):
         cells = " | ".join(_stat([_last(r)["flat"][f"auc/victim/{a}"] for r in g]) for a in ATTACKS)
         lines.append(f"| {label(g[0]['spec'])} | {_dp(g)} | {cells} |")
@@ -203,25 +227,35 @@ def all_attacks_table(rows) -> str:
 
 
 def reconstruction_table(rows) -> str:
-    lines = ["| algorithm | DP | estimate of the victim's model | relative L2 error | prediction "
-             "agreement with the victim's model (test set) | LiRA offline AUC through it | TPR @ "
-             "1 % FPR | the victim's own model: AUC / TPR @ 1 % |", "|---" * 8 + "|"]
+    lines = [
+        "| algorithm | DP | estimate of the victim's model | relative L2 error | prediction "
+        "agreement with the victim's model (test set) | LiRA offline AUC through it | TPR @ "
+        "1 % FPR | the victim's own model: AUC / TPR @ 1 % |",
+        "|---" * 8 + "|",
+    ]
     for g in groups(rows):
-        own = (f"{_stat([_last(r)['flat'][f'auc/victim/{HEADLINE}'] for r in g])} / "
-               f"{_stat([_last(r)['flat'][f'tpr1/victim/{HEADLINE}'] for r in g], 4)}")
+        own = (
+            f"{_stat([_last(r)['flat'][f'auc/victim/{HEADLINE}'] for r in g])} / "
+            f"{_stat([_last(r)['flat'][f'tpr1/victim/{HEADLINE}'] for r in g], 4)}"
+        )
         for name in _reconstructions(g[0]) + ["observer's own"]:
             q = [_last(r)["quality"][name] for r in g]
             f = [_last(r)["flat"] for r in g]
-            lines.append(f"| {label(g[0]['spec'])} | {_dp(g)} | {name} | "
-                         f"{_stat([x['l2'] for x in q], 4)} | {_stat([x['agreement'] for x in q], 2, True)} % | "
-                         f"{_stat([x[f'auc/{name}/{HEADLINE}'] for x in f])} | "
-                         f"{_stat([x[f'tpr1/{name}/{HEADLINE}'] for x in f], 4)} | {own} |")
+            lines.append(
+                f"| {label(g[0]['spec'])} | {_dp(g)} | {name} | "
+                f"{_stat([x['l2'] for x in q], 4)} | {_stat([x['agreement'] for x in q], 2, True)} % | "
+                f"{_stat([x[f'auc/{name}/{HEADLINE}'] for x in f])} | "
+                f"{_stat([x[f'tpr1/{name}/{HEADLINE}'] for x in f], 4)} | {own} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def rounds_table(rows) -> str:
-    lines = ["| algorithm | DP | model | " + "LiRA offline AUC at round (share of the run; MB the "
-             "observer had received): 25 % | 50 % | 75 % | 100 % |", "|---" * 7 + "|"]
+    lines = [
+        "| algorithm | DP | model | " + "LiRA offline AUC at round (share of the run; MB the "
+        "observer had received): 25 % | 50 % | 75 % | 100 % |",
+        "|---" * 7 + "|",
+    ]
     for g in groups(rows):
         r0 = g[0]
         steps = r0["round_steps"]
@@ -237,13 +271,17 @@ def rounds_table(rows) -> str:
 
 
 def per_class_table(rows) -> str:
-    lines = ["| algorithm | DP | per-class LiRA offline AUC, victim's model (classes 0–9, mean "
-             "over seeds) |", "|---|---|---|"]
+    lines = [
+        "| algorithm | DP | per-class LiRA offline AUC, victim's model (classes 0–9, mean "
+        "over seeds) |",
+        "|---|---|---|",
+    ]
     for g in groups(rows):
         per = [r["rounds"][str(r["last"])]["per_class_victim"] for r in g]
         mean = [statistics.fmean(col) for col in zip(*per)]
-        lines.append(f"| {label(g[0]['spec'])} | {_dp(g)} | "
-                     + ", ".join(f"{v:.3f}" for v in mean) + " |")
+        lines.append(
+            f"| {label(g[0]['spec'])} | {_dp(g)} | " + ", ".join(f"{v:.3f}" for v in mean) + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -258,15 +296,20 @@ def plot_roc(rows, path: Path) -> None:
         names = ["victim"] + ([_strongest(g)] if _reconstructions(g[0]) else [])
         for name, style in zip(names, ("-", "--")):
             fpr, tpr = e["models"][name][HEADLINE]["roc"]
-            ax.plot([max(v, 1e-4) for v in fpr], [max(v, 1e-4) for v in tpr], style,
-                    label="victim" if name == "victim" else "reconstruction")
+            ax.plot(
+                [max(v, 1e-4) for v in fpr],
+                [max(v, 1e-4) for v in tpr],
+                style,
+                label="victim" if name == "victim" else "reconstruction",
+            )
         ax.plot([1e-4, 1], [1e-4, 1], ":", color="grey", label="chance")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlim(1e-4, 1)
         ax.set_ylim(1e-4, 1)
-        ax.set_title(f"{label(g[0]['spec'])}, {'no DP' if g[0]['target'] is None else 'DP'}",
-                     fontsize=8)
+        ax.set_title(
+            f"{label(g[0]['spec'])}, {'no DP' if g[0]['target'] is None else 'DP'}", fontsize=8
+        )
         ax.set_xlabel("FPR")
         ax.set_ylabel("TPR")
         ax.legend(fontsize=6)
@@ -279,40 +322,49 @@ NOISE_TEXT = {"once": "once", "every_step": "every step"}
 
 
 def network_table(network: Dict[str, Any]) -> str:
-    lines = ["| noise | steps | topology | ε min | ε median | ε max | pairs at the local-DP ceiling "
-             "| local-DP ceiling | Muffliato's per-message sum (not a bound): min – max; pairs below "
-             "the exact ε; pairs above the ceiling |",
-             "|---" * 9 + "|"]
+    lines = [
+        "| noise | steps | topology | ε min | ε median | ε max | pairs at the local-DP ceiling "
+        "| local-DP ceiling | Muffliato's per-message sum (not a bound): min – max; pairs below "
+        "the exact ε; pairs above the ceiling |",
+        "|---" * 9 + "|",
+    ]
     for c in network["cases"]:
-        summed = (f"{c['per_message_min']:.3g} – {c['per_message_max']:.3g}; "
-                  f"{100 * c['per_message_below_exact']:.0f} %; "
-                  f"{100 * c['per_message_above_local']:.0f} %" if "per_message_min" in c else "n/a")
-        lines.append(f"| {NOISE_TEXT[c['noise']]} | {c['steps']} | {c['topology']} | {c['min']:.3g} "
-                     f"| {c['median']:.3g} | {c['max']:.3g} | {100 * c['at_local']:.0f} % "
-                     f"| {c['local']:.3g} | {summed} |")
+        summed = (
+            f"{c['per_message_min']:.3g} – {c['per_message_max']:.3g}; "
+            f"{100 * c['per_message_below_exact']:.0f} %; "
+            f"{100 * c['per_message_above_local']:.0f} %"
+            if "per_message_min" in c
+            else "n/a"
+        )
+        lines.append(
+            f"| {NOISE_TEXT[c['noise']]} | {c['steps']} | {c['topology']} | {c['min']:.3g} "
+            f"| {c['median']:.3g} | {c['max']:.3g} | {100 * c['at_local']:.0f} % "
+            f"| {c['local']:.3g} | {summed} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def network_text(network: Dict[str, Any]) -> str:
     """The network-DP section: what is computed, the table and the heat maps."""
     made = f"{network['generated']} " if network.get("generated") else ""
-    return (f"## Pairwise network DP of noisy exact gossip (exact accountant)\n\n{made}"
-            f"ε[u, v] of peer u towards observer v's whole view (everything v receives over the "
-            f"run, its own values known), σ = {network['sigma']:g}, δ = {network['delta']:g}, "
-            f"sensitivity 1. For linear gossip with Gaussian noise the view is one Gaussian "
-            f"mechanism, so ε is exact (`gossip_powersgd.privacy.pairwise_epsilon`, analytic "
-            f"Gaussian conversion). Noise once: each peer noises its value once, then gossip runs "
-            f"(the Muffliato consensus setting); every step: fresh noise on each step's "
-            f"contribution, any per-step change of norm ≤ 1 (as DP-SGD's clipped gradients), "
-            f"the contributions taken as given (non-adaptive). The local-DP ceiling is what the "
-            f"peer's own noisy values reveal (every step: all of them). Muffliato's per-message "
-            f"sum composes every message as if it carried fresh noise (the previous version of "
-            f"this table, here with the same conversion): it is not a bound (last column). "
-            f"Linear gossip only: it does not cover PowerGossip's or compressed gossip's messages, "
-            f"which per-peer DP-SGD covers by post-processing.\n\n"
-            + network_table(network) + f"\n![network DP]({HEATMAP_PNG})\n\n")
-
-
+    return (
+        f"## Pairwise network DP of noisy exact gossip (exact accountant)\n\n{made}"
+        f"ε[u, v] of peer u towards observer v's whole view (everything v receives over the "
+        f"run, its own values known), σ = {network['sigma']:g}, δ = {network['delta']:g}, "
+        f"sensitivity 1. For linear gossip with Gaussian noise the view is one Gaussian "
+        f"mechanism, so ε is exact (`gossip_powersgd.privacy.pairwise_epsilon`, analytic "
+        f"Gaussian conversion). Noise once: each peer noises its value once, then gossip runs "
+        f"(the Muffliato consensus setting); every step: fresh noise on each step's "
+        f"contribution, any per-step change of norm ≤ 1 (as DP-SGD's clipped gradients), "
+        f"the contributions taken as given (non-adaptive). The local-DP ceiling is what the "
+        f"peer's own noisy values reveal (every step: all of them). Muffliato's per-message "
+        f"sum composes every message as if it carried fresh noise (the previous version of "
+        f"this table, here with the same conversion): it is not a bound (last column). "
+        f"Linear gossip only: it does not cover PowerGossip's or compressed gossip's messages, "
+        f"which per-peer DP-SGD covers by post-processing.\n\n"
+        + network_table(network)
+        + f"\n![network DP]({HEATMAP_PNG})\n\n"
+    )
 
 
 def plot_network(network: Dict[str, Any], path: Path) -> None:
@@ -328,20 +380,21 @@ def plot_network(network: Dict[str, Any], path: Path) -> None:
     mats = [np.array(c["matrix"]) for c in cases]
     finite = np.concatenate([m[np.isfinite(m) & (m > 0)] for m in mats])
     norm = LogNorm(vmin=finite.min(), vmax=finite.max())
-    fig, axes = plt.subplots(len(rows), len(specs), figsize=(4.2 * len(specs), 3.8 * len(rows)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(rows), len(specs), figsize=(4.2 * len(specs), 3.8 * len(rows)), squeeze=False
+    )
     for c, m in zip(cases, mats):
         ax = axes[rows.index((c["noise"], c["steps"])), specs.index(c["topology"])]
         image = ax.imshow(np.where(m > 0, m, np.nan), norm=norm, cmap="viridis")
-        ax.set_title(f"{c['topology']}, noise {NOISE_TEXT[c['noise']]}, T = {c['steps']}", fontsize=9)
+        ax.set_title(
+            f"{c['topology']}, noise {NOISE_TEXT[c['noise']]}, T = {c['steps']}", fontsize=9
+        )
         ax.set_xlabel("observer v")
         if specs.index(c["topology"]) == 0:
             ax.set_ylabel("peer u")
     fig.colorbar(image, ax=axes.ravel().tolist(), label="ε of u towards v")
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
 
 
 def _mean(group, key) -> float:
@@ -370,19 +423,27 @@ def answers(rows) -> List[str]:
         a_e = statistics.fmean(r["acc_avg"] for r in exact)
         sd_g = statistics.stdev([r["acc_avg"] for r in g]) if len(g) > 1 else 0.0
         sd_e = statistics.stdev([r["acc_avg"] for r in exact]) if len(exact) > 1 else 0.0
-        step = min(r0["round_steps"], key=lambda s: abs(r0["observed_mb"] * (s + 1) / r0["steps"] - mb))
-        at = statistics.fmean(r["rounds"][str(step)]["flat"][f"auc/victim/{HEADLINE}"] for r in exact)
+        step = min(
+            r0["round_steps"], key=lambda s: abs(r0["observed_mb"] * (s + 1) / r0["steps"] - mb)
+        )
+        at = statistics.fmean(
+            r["rounds"][str(step)]["flat"][f"auc/victim/{HEADLINE}"] for r in exact
+        )
         out.append(
             f"- **{label(spec)}** (no DP): through its strongest reconstruction ({best}) the "
             f"neighbour's {HEADLINE} AUC is {c_auc:.3f} and TPR at 1 % FPR {c_tpr:.4f}, against "
             f"{e_auc:.3f} / {e_tpr:.4f} for exact gossip, whose messages are the model, at "
             f"averaged-model accuracy {100 * a_g:.1f} % vs {100 * a_e:.1f} % ("
-            + ("equal within the seeds' spread" if abs(a_g - a_e) <= sd_g + sd_e else
-               "not equal: more than the seeds' spread apart")
+            + (
+                "equal within the seeds' spread"
+                if abs(a_g - a_e) <= sd_g + sd_e
+                else "not equal: more than the seeds' spread apart"
+            )
             + f"), and the victim's own model gives {v_auc:.3f}. The observer received "
             f"{mb:.3g} MB against {r0['observed_mb']:.3g} MB; at the exact-gossip round closest to "
             f"equal bytes (step {step}, {r0['observed_mb'] * (step + 1) / r0['steps']:.3g} MB) "
-            f"exact gossip's AUC is {at:.3f}.")
+            f"exact gossip's AUC is {at:.3f}."
+        )
     targets = sorted({t for (_, t) in gs if t is not None})
     for spec in dict.fromkeys(s for (s, _) in gs):
         parts = []
@@ -394,9 +455,11 @@ def answers(rows) -> List[str]:
             models = ["victim"] + ([_strongest(g)] if _reconstructions(g[0]) else [])
             values = [_mean(g, f"tpr0.1/{m}/{HEADLINE}") for m in models]
             chance = all(v <= band[1] for v in values)
-            parts.append(f"ε {'∞' if t is None else f'{t:g}'}: TPR @ 0.1 % FPR "
-                         + " / ".join(f"{v:.4f}" for v in values)
-                         + f" (null band up to {band[1]:.4f}: {'chance' if chance else 'above chance'})")
+            parts.append(
+                f"ε {'∞' if t is None else f'{t:g}'}: TPR @ 0.1 % FPR "
+                + " / ".join(f"{v:.4f}" for v in values)
+                + f" (null band up to {band[1]:.4f}: {'chance' if chance else 'above chance'})"
+            )
         if parts:
             out.append(f"- {label(spec)}: " + "; ".join(parts) + ".")
     return out
@@ -406,16 +469,23 @@ def page(rows, network: Dict[str, Any], plan: Dict[str, Any], generated: str) ->
     setting = plan["setting"]
     text = "# What a curious neighbour learns\n\n"
     loads = [r["load"] for r in rows if "load" in r]
-    load = (f" (1-min load average {min(loads):.1f}–{max(loads):.1f} at the ends of the runs)"
-            if loads else "")
-    text += (f"{generated} Backend `local` (every peer a thread of one process), on 2 CPU cores "
-             f"shared with other engineers' jobs{load}.\n\n")
-    text += ("**Threat model.** Honest-but-curious peers: they follow the protocol, do not collude, "
-             "and see exactly the bytes the transport delivers to them, plus what they legitimately "
-             "know (their own model and data, the config and seed, the shared PowerGossip factors, "
-             "Choco's public copy x̂). Rank "
-             f"{OBSERVER} observes (records every message it receives, every step) and attacks both "
-             f"its neighbours (the victims), whose own models give the truth.\n\n")
+    load = (
+        f" (1-min load average {min(loads):.1f}–{max(loads):.1f} at the ends of the runs)"
+        if loads
+        else ""
+    )
+    text += (
+        f"{generated} Backend `local` (every peer a thread of one process), on 2 CPU cores "
+        f"shared with other engineers' jobs{load}.\n\n"
+    )
+    text += (
+        "**Threat model.** Honest-but-curious peers: they follow the protocol, do not collude, "
+        "and see exactly the bytes the transport delivers to them, plus what they legitimately "
+        "know (their own model and data, the config and seed, the shared PowerGossip factors, "
+        "Choco's public copy x̂). Rank "
+        f"{OBSERVER} observes (records every message it receives, every step) and attacks both "
+        f"its neighbours (the victims), whose own models give the truth.\n\n"
+    )
     dp = setting.get("dp") or DP
     text += (
         f"**Membership protocol.** Before training each victim's shard is split at random "
@@ -447,27 +517,34 @@ def page(rows, network: Dict[str, Any], plan: Dict[str, Any], generated: str) ->
         f"{dp.get('lr')}, clip C = {dp.get('dp_max_grad_norm')}, {dp.get('epochs')} epochs, "
         f"δ = {dp.get('dp_delta')}), noise secret per peer; the ε in a row is each victim's own. "
         f"Scale: the page must run in ≤ 25 min on this shared machine, so a DP run (~3–6 min "
-        f"here) is affordable only for a few rows: {plan['scale_note']}\n\n")
+        f"here) is affordable only for a few rows: {plan['scale_note']}\n\n"
+    )
     text += "## Runs\n\n" + runs_table(rows) + "\n"
-    text += ("## Leakage to the neighbour (last round)\n\nThe strongest reconstruction is the "
-             "observer's estimator with the highest mean LiRA AUC (the oracle uses the truth and "
-             "is a ceiling, not an attack).\n\n" + leakage_table(rows) + "\n")
+    text += (
+        "## Leakage to the neighbour (last round)\n\nThe strongest reconstruction is the "
+        "observer's estimator with the highest mean LiRA AUC (the oracle uses the truth and "
+        "is a ceiling, not an attack).\n\n" + leakage_table(rows) + "\n"
+    )
     text += "All five attacks with the victim's own model:\n\n" + all_attacks_table(rows) + "\n"
     text += f"![ROC, log scale]({ROC_PNG})\n\n"
-    text += ("## Reconstructions, judged by what they enable\n\nEstimators "
-             "(`gossip_powersgd.privacy.estimators`): PowerGossip — the moving-M least squares of "
-             "`reconstruction.py` (last 4 messages), least squares on the difference D = M_victim − "
-             "M_observer over the last 64 messages, its drift-aware variant (256 messages weighted "
-             "0.97^age, each corrected by the observer's own model history), and the oracle: the "
-             "true D projected on the span of every factor the observer saw (a ceiling); exact "
-             "gossip: read off; Choco: its public copy x̂. Relative L2 error and agreement are means "
-             "over the two victims.\n\n" + reconstruction_table(rows) + "\n")
+    text += (
+        "## Reconstructions, judged by what they enable\n\nEstimators "
+        "(`gossip_powersgd.privacy.estimators`): PowerGossip — the moving-M least squares of "
+        "`reconstruction.py` (last 4 messages), least squares on the difference D = M_victim − "
+        "M_observer over the last 64 messages, its drift-aware variant (256 messages weighted "
+        "0.97^age, each corrected by the observer's own model history), and the oracle: the "
+        "true D projected on the span of every factor the observer saw (a ceiling); exact "
+        "gossip: read off; Choco: its public copy x̂. Relative L2 error and agreement are means "
+        "over the two victims.\n\n" + reconstruction_table(rows) + "\n"
+    )
     text += "## Attacks over rounds\n\n" + rounds_table(rows) + "\n"
     text += "## Per-class AUC (diagnostic)\n\n" + per_class_table(rows) + "\n"
     text += "## Answers\n\n" + "\n".join(answers(rows)) + "\n\n"
     if plan.get("not_reached"):
         text += "## Not reached\n\n" + "\n".join(f"- {x}" for x in plan["not_reached"]) + "\n\n"
     text += network_text(network)
-    text += ("Data: [privacy_attacks.json](privacy_attacks.json) (every row with every attack, "
-             "round, ROC, per-class AUC and the split's indices; the network-DP matrices).\n")
+    text += (
+        "Data: [privacy_attacks.json](privacy_attacks.json) (every row with every attack, "
+        "round, ROC, per-class AUC and the split's indices; the network-DP matrices).\n"
+    )
     return text

@@ -31,7 +31,7 @@ def collapsed(row: Dict[str, Any]) -> bool:
 
 
 def collapse_note(row: Dict[str, Any]) -> str:
-    """"collapsed: peak P % at epoch E" for a collapsed row, else ""."""
+    """ "collapsed: peak P % at epoch E" for a collapsed row, else ""."""
     if not collapsed(row):
         return ""
     best = peak(row)
@@ -72,25 +72,35 @@ def common_budget(rows: Sequence[Dict[str, Any]]) -> Optional[float]:
 
 
 def reach_cell(record: Optional[Dict[str, float]]) -> str:
-    """"MB (epoch E)" of a reach, or "not reached"."""
+    """ "MB (epoch E)" of a reach, or "not reached"."""
     if record is None:
         return "not reached"
     return f"{record['mb']:.3g} MB (epoch {record['epoch']:g})"
 
 
-def equal_bytes_rows(rows: Sequence[Dict[str, Any]], targets: Sequence[float],
-                     budget: Optional[float]) -> List[Dict[str, Any]]:
+def equal_bytes_rows(
+    rows: Sequence[Dict[str, Any]], targets: Sequence[float], budget: Optional[float]
+) -> List[Dict[str, Any]]:
     """Per row: its label, final accuracy, reach records of each target, and accuracy at `budget`."""
     out = []
     for r in _good(rows):
-        out.append({"label": r["label"], "final": r["acc_avg"], "seeds": r.get("seeds", 1),
-                    "reach": [first_reach(r["evals"], t) for t in targets],
-                    "at_budget": None if budget is None else accuracy_at_mb(r["evals"], budget),
-                    "total_mb": r["evals"][-1]["mb"], "collapse": collapse_note(r)})
+        out.append(
+            {
+                "label": r["label"],
+                "final": r["acc_avg"],
+                "seeds": r.get("seeds", 1),
+                "reach": [first_reach(r["evals"], t) for t in targets],
+                "at_budget": None if budget is None else accuracy_at_mb(r["evals"], budget),
+                "total_mb": r["evals"][-1]["mb"],
+                "collapse": collapse_note(r),
+            }
+        )
     return out
 
 
-def equal_bytes_table(rows: Sequence[Dict[str, Any]]) -> Tuple[str, Optional[float], Optional[float]]:
+def equal_bytes_table(
+    rows: Sequence[Dict[str, Any]],
+) -> Tuple[str, Optional[float], Optional[float]]:
     """The markdown table comparing `rows` (one setting) at equal bytes; with its data-driven target
     and byte budget."""
     target = common_target(rows)
@@ -99,14 +109,20 @@ def equal_bytes_table(rows: Sequence[Dict[str, Any]]) -> Tuple[str, Optional[flo
     if target is not None and abs(target - FIXED_TARGET) < 1e-9:
         targets = [target]
     data = equal_bytes_rows(rows, targets, budget)
-    head = ("| algorithm | seeds | final averaged-model acc | total MB / peer | "
-            + " | ".join(f"first reaches {_pct(t)} at" for t in targets)
-            + (f" | acc after {budget:.3g} MB / peer |" if budget is not None else " |"))
+    head = (
+        "| algorithm | seeds | final averaged-model acc | total MB / peer | "
+        + " | ".join(f"first reaches {_pct(t)} at" for t in targets)
+        + (f" | acc after {budget:.3g} MB / peer |" if budget is not None else " |")
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for d in data:
         note = d["collapse"]
-        cells = [d["label"], str(d["seeds"]), _pct(d["final"]) + (f" ({note})" if note else ""),
-                 f"{d['total_mb']:.3g}"]
+        cells = [
+            d["label"],
+            str(d["seeds"]),
+            _pct(d["final"]) + (f" ({note})" if note else ""),
+            f"{d['total_mb']:.3g}",
+        ]
         cells += [reach_cell(x) for x in d["reach"]]
         if budget is not None:
             cells.append(_pct(d["at_budget"]))

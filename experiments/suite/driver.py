@@ -11,6 +11,7 @@ from .gamma import run_gamma
 from .tables import ROOT
 from .training import run_training
 
+
 def main(argv: Optional[List[str]] = None) -> int:
     """`python -m experiments.suite WHAT ...`; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -23,10 +24,18 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         render_training(out, command)
     elif args.what == "training":
-        run_training(out, args.quick, epochs=args.epochs or 60, seeds=args.seeds,
-                     choco_seeds=args.choco_seeds, sweep_epochs=args.sweep_epochs,
-                     wide_epochs=args.wide_epochs, reference_epochs=args.reference_epochs,
-                     eval_every=args.eval_every, command=command)
+        run_training(
+            out,
+            args.quick,
+            epochs=args.epochs or 60,
+            seeds=args.seeds,
+            choco_seeds=args.choco_seeds,
+            sweep_epochs=args.sweep_epochs,
+            wide_epochs=args.wide_epochs,
+            reference_epochs=args.reference_epochs,
+            eval_every=args.eval_every,
+            command=command,
+        )
     elif args.what == "privacy":
         from .privacy import run_privacy
 
@@ -41,7 +50,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         from experiments import consensus
 
         if args.quick:  # one small instance (seconds), not the report
-            return consensus.main(["--topology", "ring:4", "--problem", "matrix:20", "--steps", "40",
-                                   "--out", str(out / "consensus")])
+            return consensus.main(
+                [
+                    "--topology",
+                    "ring:4",
+                    "--problem",
+                    "matrix:20",
+                    "--steps",
+                    "40",
+                    "--out",
+                    str(out / "consensus"),
+                ]
+            )
         return consensus.main(["--report", "--out", str(out)])
     return 0

@@ -5,8 +5,10 @@ the graphs, the algorithms, the budgets and targets."""
 TOPOLOGIES = ("ring:16", "torus:4x4", "one_peer_exponential:16", "matchings:16")
 SCHEDULES = ("one_peer_exponential:16", "matchings:16")
 #: (label, consensus spec, training spec) run on every graph of TOPOLOGIES.
-ALGORITHMS = (("exact gossip", "exact", "exact"),
-              ("PowerGossip r1", "powergossip:rank=1,iters=1,warm=true", "powergossip:rank=1,iters=1"))
+ALGORITHMS = (
+    ("exact gossip", "exact", "exact"),
+    ("PowerGossip r1", "powergossip:rank=1,iters=1,warm=true", "powergossip:rank=1,iters=1"),
+)
 #: Push-sum runs on the directed schedule only (the symmetric algorithms refuse a directed graph).
 PUSHSUM = ("directed_exponential:16", "push-sum", "pushsum", "pushsum")
 POWERGOSSIP = ALGORITHMS[1][0]

@@ -24,8 +24,10 @@ def training_curve_time(row: Dict[str, Any], bandwidth: float) -> List[Tuple[flo
 
 def _style(topology: str, label: str, p: Dict[str, Any]) -> Dict[str, Any]:
     order = list(p["topologies"]) + [p["pushsum"][0]]
-    return dict(color=f"C{order.index(topology) % 10}",
-                linestyle="--" if label == ALGORITHMS[0][0] else "-" if label == POWERGOSSIP else ":")
+    return dict(
+        color=f"C{order.index(topology) % 10}",
+        linestyle="--" if label == ALGORITHMS[0][0] else "-" if label == POWERGOSSIP else ":",
+    )
 
 
 def plot_consensus(rows: Sequence[Dict[str, Any]], p: Dict[str, Any], path: Path) -> None:
@@ -39,8 +41,13 @@ def plot_consensus(rows: Sequence[Dict[str, Any]], p: Dict[str, Any], path: Path
         if "history" not in r:
             continue
         pts = _positive(r["history"])
-        ax.plot([x["bits_per_peer"] for x in pts], [x["error"] / r["error0"] for x in pts],
-                label=f"{r['topology']} {r['label']}", linewidth=1.4, **_style(r["topology"], r["label"], p))
+        ax.plot(
+            [x["bits_per_peer"] for x in pts],
+            [x["error"] / r["error0"] for x in pts],
+            label=f"{r['topology']} {r['label']}",
+            linewidth=1.4,
+            **_style(r["topology"], r["label"], p),
+        )
     for t in TARGETS:
         ax.axhline(t, color="0.6", linestyle=":", linewidth=0.8)
     ax.set_xscale("log")
@@ -65,8 +72,14 @@ def plot_training(rows: Sequence[Dict[str, Any]], p: Dict[str, Any], path: Path)
             continue
         style = _style(r["topology"], r["label"], p)
         mb = [(x, a) for x, a in r["curve"] if a is not None and x > 0]
-        axes[0].plot([x for x, _ in mb], [100 * a for _, a in mb], marker="o", ms=3,
-                     label=f"{r['topology']} {r['label']}", **style)
+        axes[0].plot(
+            [x for x, _ in mb],
+            [100 * a for _, a in mb],
+            marker="o",
+            ms=3,
+            label=f"{r['topology']} {r['label']}",
+            **style,
+        )
         tc = training_curve_time(r, BANDWIDTHS[0][1])
         axes[1].plot([x for x, _ in tc], [100 * a for _, a in tc], marker="o", ms=3, **style)
     axes[0].set_xscale("log")
@@ -89,5 +102,3 @@ def _save(fig, path: Path) -> None:
     finally:
         plt.close(fig)
     atomic_write(path, buffer.getvalue())
-
-

@@ -23,26 +23,34 @@ CLOSE_PP = 1.0
 
 def gaps(row: Dict[str, Any], exact: Dict[str, Any]) -> Dict[str, float]:
     """Exact gossip's accuracy minus the row's, in pp (positive: the row trails exact)."""
-    return {key: 100 * (exact[key] - row[key]) for key in ("acc_local_mean", "acc_local_min", "acc_avg")}
+    return {
+        key: 100 * (exact[key] - row[key]) for key in ("acc_local_mean", "acc_local_min", "acc_avg")
+    }
 
 
 def gap_table(rows: Sequence[Dict[str, Any]], exact: Optional[Dict[str, Any]]) -> str:
     """setting | local mean | local min | averaged | MB/peer | gap to exact (local mean, averaged)."""
-    head = ("| setting | local acc mean | local acc min | averaged-model acc | MB sent / peer | "
-            "gap to exact: local mean | gap to exact: averaged |")
+    head = (
+        "| setting | local acc mean | local acc min | averaged-model acc | MB sent / peer | "
+        "gap to exact: local mean | gap to exact: averaged |"
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in ([exact] if exact else []) + list(rows):
         if "error" in r:
             lines.append(f"| {r['label']} | {r['error']} | | | | | |")
             continue
         g = gaps(r, exact) if exact else None
-        gap_cells = (f"{g['acc_local_mean']:+.2f} pp | {g['acc_avg']:+.2f} pp" if g else "n/a | n/a")
-        lines.append(f"| {r['label']} | {_pct(r['acc_local_mean'])} | {_pct(r['acc_local_min'])} | "
-                     f"{_pct(r['acc_avg'])} | {r['mb_per_peer']:.3f} | {gap_cells} |")
+        gap_cells = f"{g['acc_local_mean']:+.2f} pp | {g['acc_avg']:+.2f} pp" if g else "n/a | n/a"
+        lines.append(
+            f"| {r['label']} | {_pct(r['acc_local_mean'])} | {_pct(r['acc_local_min'])} | "
+            f"{_pct(r['acc_avg'])} | {r['mb_per_peer']:.3f} | {gap_cells} |"
+        )
     return "\n".join(lines) + "\n"
 
 
-def closing_setting(rows: Sequence[Dict[str, Any]], exact: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+def closing_setting(
+    rows: Sequence[Dict[str, Any]], exact: Dict[str, Any]
+) -> Optional[Dict[str, Any]]:
     """The cheapest (fewest MB per peer) row whose local-model mean is within `CLOSE_PP` of exact's."""
     close = [r for r in rows if "error" not in r and gaps(r, exact)["acc_local_mean"] <= CLOSE_PP]
     return min(close, key=lambda r: r["mb_per_peer"]) if close else None
@@ -56,20 +64,26 @@ def gap_verdict(rows: Sequence[Dict[str, Any]], exact: Optional[Dict[str, Any]])
     lines = []
     first = good[0]
     g = gaps(first, exact)
-    lines.append(f"- {first['label']}: local models trail exact gossip's by {g['acc_local_mean']:+.2f} pp "
-                 f"(mean) and {g['acc_local_min']:+.2f} pp (worst peer); the averaged model by "
-                 f"{g['acc_avg']:+.2f} pp.")
+    lines.append(
+        f"- {first['label']}: local models trail exact gossip's by {g['acc_local_mean']:+.2f} pp "
+        f"(mean) and {g['acc_local_min']:+.2f} pp (worst peer); the averaged model by "
+        f"{g['acc_avg']:+.2f} pp."
+    )
     best = closing_setting(good, exact)
     if best is None:
         top = max(good, key=lambda r: r["acc_local_mean"])
-        lines.append(f"- No setting of the grid brings the local-model mean within {CLOSE_PP:g} pp of "
-                     f"exact gossip's; the closest is {top['label']} "
-                     f"({gaps(top, exact)['acc_local_mean']:+.2f} pp, {top['mb_per_peer']:.3f} MB/peer).")
+        lines.append(
+            f"- No setting of the grid brings the local-model mean within {CLOSE_PP:g} pp of "
+            f"exact gossip's; the closest is {top['label']} "
+            f"({gaps(top, exact)['acc_local_mean']:+.2f} pp, {top['mb_per_peer']:.3f} MB/peer)."
+        )
     else:
         ratio = best["mb_per_peer"] / first["mb_per_peer"]
         saved = 100 * (1 - best["mb_per_peer"] / exact["mb_per_peer"])
-        lines.append(f"- The cheapest setting within {CLOSE_PP:g} pp of exact gossip's local-model mean: "
-                     f"**{best['label']}** ({gaps(best, exact)['acc_local_mean']:+.2f} pp), at "
-                     f"{best['mb_per_peer']:.3f} MB/peer = {ratio:.1f}× {first['label']}'s bytes, "
-                     f"still {saved:.1f} % fewer than exact gossip's {exact['mb_per_peer']:.3f} MB.")
+        lines.append(
+            f"- The cheapest setting within {CLOSE_PP:g} pp of exact gossip's local-model mean: "
+            f"**{best['label']}** ({gaps(best, exact)['acc_local_mean']:+.2f} pp), at "
+            f"{best['mb_per_peer']:.3f} MB/peer = {ratio:.1f}× {first['label']}'s bytes, "
+            f"still {saved:.1f} % fewer than exact gossip's {exact['mb_per_peer']:.3f} MB."
+        )
     return lines

@@ -18,8 +18,12 @@ from .tables import _pct, generated_sentence, header
 
 #: (label, spec): the algorithms compared. Choco sign's γ = 1.0 is what the training page's sweep
 #: chose on ring:8 iid (experiments/results/training.md).
-ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1,iters=1"),
-              ("Choco sign", "choco:compressor=sign,gamma=1.0"), ("all-reduce", "allreduce"))
+ALGORITHMS = (
+    ("exact gossip", "exact"),
+    ("PowerGossip r1", "powergossip:rank=1,iters=1"),
+    ("Choco sign", "choco:compressor=sign,gamma=1.0"),
+    ("all-reduce", "allreduce"),
+)
 #: Target epsilons; None is the non-private baseline (epsilon = infinity).
 EPSILONS = (1.0, 3.0, 8.0, None)
 PARTITIONS = ("iid", "dirichlet:0.5")
@@ -53,23 +57,37 @@ def run_private(overrides: Dict[str, Any], quick: bool) -> Dict[str, Any]:
     summary = values[0][0]
     m = measurements(summary, [values[k][1] for k in sorted(values)], seconds)
     epsilons = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
-    m.update(eps_min=min(epsilons), eps_max=max(epsilons),
-             sigma=summary.get("noise_multiplier"), delta=summary.get("delta"),
-             q_min=min(summary.get("sample_rate", [math.nan])),
-             q_max=max(summary.get("sample_rate", [math.nan])))
+    m.update(
+        eps_min=min(epsilons),
+        eps_max=max(epsilons),
+        sigma=summary.get("noise_multiplier"),
+        delta=summary.get("delta"),
+        q_min=min(summary.get("sample_rate", [math.nan])),
+        q_max=max(summary.get("sample_rate", [math.nan])),
+    )
     return m
 
 
 def _attempt(label, spec, partition, target, seed, plan) -> Dict[str, Any]:
-    overrides = dict(topology=plan["topology"], partition=partition, epochs=plan["epochs"],
-                     eval_every=plan["epochs"], seed=seed, algorithm=spec,
-                     warmup_epochs=plan["warmup"],
-                     # a loaded shared machine can stall a peer thread for minutes: wait, not fail
-                     comm_timeout=600.0)
+    overrides = dict(
+        topology=plan["topology"],
+        partition=partition,
+        epochs=plan["epochs"],
+        eval_every=plan["epochs"],
+        seed=seed,
+        algorithm=spec,
+        warmup_epochs=plan["warmup"],
+        # a loaded shared machine can stall a peer thread for minutes: wait, not fail
+        comm_timeout=600.0,
+    )
     if target is not None:
         # the page reports every peer's epsilon and rate: released to the experimenter
-        overrides.update(dp_target_epsilon=target, dp_max_grad_norm=CLIP, dp_delta=DELTA,
-                         release_peer_statistics=True)
+        overrides.update(
+            dp_target_epsilon=target,
+            dp_max_grad_norm=CLIP,
+            dp_delta=DELTA,
+            release_peer_statistics=True,
+        )
     row = dict(label=label, spec=spec, partition=partition, target=target, seed=seed)
     log(f"{label} {partition} target ε {target} seed {seed}")
     try:
@@ -78,21 +96,43 @@ def _attempt(label, spec, partition, target, seed, plan) -> Dict[str, Any]:
         row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
         log(f"  FAILED: {row['error']}")
         return row
-    log(f"  acc {row['acc_avg']:.4f}  ε [{row['eps_min']:.3g}, {row['eps_max']:.3g}]  "
-        f"{row['run_seconds']:.1f} s")
+    log(
+        f"  acc {row['acc_avg']:.4f}  ε [{row['eps_min']:.3g}, {row['eps_max']:.3g}]  "
+        f"{row['run_seconds']:.1f} s"
+    )
     return row
 
 
 def privacy_plan(quick: bool, epochs: int) -> Dict[str, Any]:
     if quick:
-        return dict(quick=True, topology="ring:4", epochs=1, warmup=0, algorithms=ALGORITHMS[:2],
-                    epsilons=(3.0, None), partitions=("iid",), seeds=(0,))
-    return dict(quick=False, topology="ring:8", epochs=epochs, warmup=1, algorithms=ALGORITHMS,
-                epsilons=EPSILONS, partitions=PARTITIONS, seeds=HEADLINE_SEEDS)
+        return dict(
+            quick=True,
+            topology="ring:4",
+            epochs=1,
+            warmup=0,
+            algorithms=ALGORITHMS[:2],
+            epsilons=(3.0, None),
+            partitions=("iid",),
+            seeds=(0,),
+        )
+    return dict(
+        quick=False,
+        topology="ring:8",
+        epochs=epochs,
+        warmup=1,
+        algorithms=ALGORITHMS,
+        epsilons=EPSILONS,
+        partitions=PARTITIONS,
+        seeds=HEADLINE_SEEDS,
+    )
 
 
-def run_privacy(out: Path, quick: bool = False, epochs: int = 4,
-                command: str = "python -m experiments.suite privacy") -> Path:
+def run_privacy(
+    out: Path,
+    quick: bool = False,
+    epochs: int = 4,
+    command: str = "python -m experiments.suite privacy",
+) -> Path:
     """Run every (algorithm, partition, epsilon) once, the headline with several seeds; write
     privacy.md, privacy.csv and privacy_accuracy_vs_epsilon.png under `out`."""
     started = time.perf_counter()
@@ -135,8 +175,10 @@ def _eps(value: Optional[float]) -> str:
     return "∞" if value is None or math.isinf(value) else f"{value:.3g}"
 
 
-TABLE = ("| partition | target ε | algorithm | seeds | averaged-model acc | local acc mean | "
-         "ε per peer [min, max] | σ | q per peer [min, max] | MB sent / peer |")
+TABLE = (
+    "| partition | target ε | algorithm | seeds | averaged-model acc | local acc mean | "
+    "ε per peer [min, max] | σ | q per peer [min, max] | MB sent / peer |"
+)
 
 
 def table(rows: Sequence[Dict[str, Any]]) -> str:
@@ -147,19 +189,25 @@ def table(rows: Sequence[Dict[str, Any]]) -> str:
             lines.append(head + f" FAILED: {r['error'].replace('|', '/')} | | | | | |")
             continue
         private = r["target"] is not None
-        lines.append(head + f" {_pct(r['acc_avg'], r.get('acc_avg_std'))} | "
-                     f"{_pct(r['acc_local_mean'], r.get('acc_local_mean_std'))} | "
-                     f"[{_eps(r['eps_min'])}, {_eps(r['eps_max'])}] | "
-                     + (f"{r['sigma']:.3g}" if private else "—") + " | "
-                     + (f"[{r['q_min']:.3g}, {r['q_max']:.3g}]" if private else "—")
-                     + f" | {r['mb_per_peer']:.3f} |")
+        lines.append(
+            head + f" {_pct(r['acc_avg'], r.get('acc_avg_std'))} | "
+            f"{_pct(r['acc_local_mean'], r.get('acc_local_mean_std'))} | "
+            f"[{_eps(r['eps_min'])}, {_eps(r['eps_max'])}] | "
+            + (f"{r['sigma']:.3g}" if private else "—")
+            + " | "
+            + (f"[{r['q_min']:.3g}, {r['q_max']:.3g}]" if private else "—")
+            + f" | {r['mb_per_peer']:.3f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def _acc(rows, label, partition, target) -> Optional[float]:
     for r in rows:
-        if (r["label"], r["partition"], r["target"]) == (label, partition, target) \
-                and "error" not in r:
+        if (r["label"], r["partition"], r["target"]) == (
+            label,
+            partition,
+            target,
+        ) and "error" not in r:
             return r["acc_avg"]
     return None
 
@@ -175,32 +223,49 @@ def findings(rows: Sequence[Dict[str, Any]], plan: Dict[str, Any]) -> List[str]:
                 continue
             drops = [(t, _acc(rows, label, partition, t)) for t in private]
             parts = [f"ε={_eps(t)}: {100 * (a - base):+.1f} pp" for t, a in drops if a is not None]
-            lines.append(f"- {partition}, {label}: non-private {_pct(base)}; with DP "
-                         + ", ".join(parts) + ".")
+            lines.append(
+                f"- {partition}, {label}: non-private {_pct(base)}; with DP "
+                + ", ".join(parts)
+                + "."
+            )
     return lines
 
 
 def privacy_page(rows, plan, command, seconds) -> str:
     data = QUICK_BASE if plan["quick"] else BASE
-    extra = (f"Setting: {data['dataset']}, model `{data['model']}`, {plan['topology']}, SGD lr "
-             f"{data['lr']}" + ("" if plan["quick"] else f" momentum {data['momentum']}, cosine "
-                                f"schedule with {plan['warmup']} warm-up epoch")
-             + f", expected batch {data['batch_size']} per peer, **{plan['epochs']} epochs** "
-               f"(far fewer than convergence: the whole page must run in about 25 minutes on 2 "
-               f"shared cores, so the accuracies are early-training ones, comparable across rows "
-               f"but not final). DP: Poisson sampling of each peer's shard at q = batch / shard "
-               f"size, per-example clipping C = {CLIP:g}, Gaussian noise on each peer's own "
-               f"gradient before its optimizer step, RDP accountant, δ = {DELTA:g}; σ is computed "
-               f"per run from the target ε so that the peer with the largest q ends at or just "
-               f"below it (`dp_target_epsilon`). Target ∞ is the same recipe without DP (shuffled "
-               f"batches, no clipping). Noise and Poisson masks secret per peer (fresh OS "
-               f"entropy); the peers' sizes and ε released to the experimenter "
-               f"(`release_peer_statistics`).")
-    text = header("Differential privacy: accuracy vs ε" + (" (--quick)" if plan["quick"] else ""),
-                  command, seconds, extra, generated=generated_sentence(command, seconds))
+    extra = (
+        f"Setting: {data['dataset']}, model `{data['model']}`, {plan['topology']}, SGD lr "
+        f"{data['lr']}"
+        + (
+            ""
+            if plan["quick"]
+            else f" momentum {data['momentum']}, cosine "
+            f"schedule with {plan['warmup']} warm-up epoch"
+        )
+        + f", expected batch {data['batch_size']} per peer, **{plan['epochs']} epochs** "
+        f"(far fewer than convergence: the whole page must run in about 25 minutes on 2 "
+        f"shared cores, so the accuracies are early-training ones, comparable across rows "
+        f"but not final). DP: Poisson sampling of each peer's shard at q = batch / shard "
+        f"size, per-example clipping C = {CLIP:g}, Gaussian noise on each peer's own "
+        f"gradient before its optimizer step, RDP accountant, δ = {DELTA:g}; σ is computed "
+        f"per run from the target ε so that the peer with the largest q ends at or just "
+        f"below it (`dp_target_epsilon`). Target ∞ is the same recipe without DP (shuffled "
+        f"batches, no clipping). Noise and Poisson masks secret per peer (fresh OS "
+        f"entropy); the peers' sizes and ε released to the experimenter "
+        f"(`release_peer_statistics`)."
+    )
+    text = header(
+        "Differential privacy: accuracy vs ε" + (" (--quick)" if plan["quick"] else ""),
+        command,
+        seconds,
+        extra,
+        generated=generated_sentence(command, seconds),
+    )
     label, partition, target = HEADLINE
-    text += (f"Headline row: {label}, {partition}, target ε = {_eps(target)}, seeds "
-             f"{', '.join(map(str, plan['seeds']))} (mean ± std); every other row is seed 0.\n\n")
+    text += (
+        f"Headline row: {label}, {partition}, target ε = {_eps(target)}, seeds "
+        f"{', '.join(map(str, plan['seeds']))} (mean ± std); every other row is seed 0.\n\n"
+    )
     text += "## Results\n\n" + table(rows) + "\n"
     text += "![accuracy vs epsilon](privacy_accuracy_vs_epsilon.png)\n\n"
     text += "## What the rows show\n\n" + "\n".join(findings(rows, plan)) + "\n\n"
@@ -228,15 +293,34 @@ ANALYSIS = """## Why DP hurts some algorithms more
 """
 
 
-CSV_FIELDS = ("partition", "target", "label", "spec", "seeds", "acc_avg", "acc_avg_std",
-              "acc_local_mean", "eps_min", "eps_max", "sigma", "delta", "q_min", "q_max",
-              "mb_per_peer", "steps", "epochs", "run_seconds", "error")
+CSV_FIELDS = (
+    "partition",
+    "target",
+    "label",
+    "spec",
+    "seeds",
+    "acc_avg",
+    "acc_avg_std",
+    "acc_local_mean",
+    "eps_min",
+    "eps_max",
+    "sigma",
+    "delta",
+    "q_min",
+    "q_max",
+    "mb_per_peer",
+    "steps",
+    "epochs",
+    "run_seconds",
+    "error",
+)
 
 
 def privacy_csv(rows: Sequence[Dict[str, Any]]) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, extrasaction="ignore",
-                            lineterminator="\n")
+    writer = csv.DictWriter(
+        buffer, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n"
+    )
     writer.writeheader()
     for r in rows:
         writer.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
@@ -256,9 +340,11 @@ def plot_privacy(rows: Sequence[Dict[str, Any]], path: Path) -> None:
     infinity = 2 * max(finite) if finite else 1.0  # where the non-private point is drawn
     for ax, partition in zip(axes.flat, partitions):
         for label in dict.fromkeys(r["label"] for r in rows):
-            points = sorted((infinity if r["target"] is None else r["target"], 100 * r["acc_avg"])
-                            for r in rows if r["label"] == label and r["partition"] == partition
-                            and "error" not in r)
+            points = sorted(
+                (infinity if r["target"] is None else r["target"], 100 * r["acc_avg"])
+                for r in rows
+                if r["label"] == label and r["partition"] == partition and "error" not in r
+            )
             if points:
                 ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
         ax.set_xscale("log")

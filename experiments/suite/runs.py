@@ -11,13 +11,39 @@ LATENCY_S = 50e-6
 BANDWIDTHS = (("1 Gbit/s", 1e9 / 8), ("10 Gbit/s", 10e9 / 8))
 
 #: The MNIST-1D demo recipe (experiments/configs/demo.yaml), on the local backend, no files written.
-BASE = dict(dataset="mnist1d", model="cnn1d", optimizer="sgd", lr=0.1, momentum=0.9,
-            weight_decay=0.0001, warmup_epochs=2, schedule="cosine", batch_size=32, seed=0,
-            backend="local", quiet=True, log_every=0, checkpoint_every=0, out_dir=None, threads=1)
+BASE = dict(
+    dataset="mnist1d",
+    model="cnn1d",
+    optimizer="sgd",
+    lr=0.1,
+    momentum=0.9,
+    weight_decay=0.0001,
+    warmup_epochs=2,
+    schedule="cosine",
+    batch_size=32,
+    seed=0,
+    backend="local",
+    quiet=True,
+    log_every=0,
+    checkpoint_every=0,
+    out_dir=None,
+    threads=1,
+)
 #: --quick: a tiny problem (seconds), for tests and smoke checks.
-QUICK_BASE = dict(dataset="synthetic_logreg:d=20,classes=4,n=2000", model="logreg", optimizer="sgd",
-                  lr=0.5, batch_size=32, seed=0, backend="local", quiet=True, log_every=0,
-                  checkpoint_every=0, out_dir=None, threads=1)
+QUICK_BASE = dict(
+    dataset="synthetic_logreg:d=20,classes=4,n=2000",
+    model="logreg",
+    optimizer="sgd",
+    lr=0.5,
+    batch_size=32,
+    seed=0,
+    backend="local",
+    quiet=True,
+    log_every=0,
+    checkpoint_every=0,
+    out_dir=None,
+    threads=1,
+)
 
 
 def _peer(comm, config):
@@ -49,23 +75,40 @@ def run_one(overrides: Dict[str, Any], quick: bool = False) -> Dict[str, Any]:
     stats = [s for _, s in results]
     records = [r for r in summary["history"] if r.get("kind") == "eval"]
     curve = [(r["mb_sent_per_peer"], r["test_acc_avg_model"]) for r in records]
-    evals = [{"epoch": r["epoch"], "mb": r["mb_sent_per_peer"], "acc_avg": r["test_acc_avg_model"],
-              "acc_local_mean": r["test_acc_mean"], "acc_local_min": r["test_acc_min"]}
-             for r in records]
+    evals = [
+        {
+            "epoch": r["epoch"],
+            "mb": r["mb_sent_per_peer"],
+            "acc_avg": r["test_acc_avg_model"],
+            "acc_local_mean": r["test_acc_mean"],
+            "acc_local_min": r["test_acc_min"],
+        }
+        for r in records
+    ]
     return measurements(summary, stats, seconds, curve, evals)
 
 
-def measurements(summary: Dict[str, Any], stats: Sequence[Dict[str, int]], seconds: float,
-                 curve: Sequence = (), evals: Sequence[Dict[str, float]] = ()) -> Dict[str, Any]:
+def measurements(
+    summary: Dict[str, Any],
+    stats: Sequence[Dict[str, int]],
+    seconds: float,
+    curve: Sequence = (),
+    evals: Sequence[Dict[str, float]] = (),
+) -> Dict[str, Any]:
     """The numbers a table row needs, from a `train` summary and every peer's `CommStats.as_dict()`.
 
     `curve`: (MB sent per peer, averaged-model accuracy) at each evaluation; `evals`: the same
     evaluations as dicts (epoch, mb, acc_avg, acc_local_mean, acc_local_min)."""
     steps = max(1, int(summary["steps"]))
     return {
-        "algorithm": summary["algorithm"], "topology": summary["topology"],
-        "partition": summary["partition"], "model": summary["model"], "peers": summary["peers"],
-        "epochs": summary["epochs"], "steps": steps, "parameters": summary["parameters"],
+        "algorithm": summary["algorithm"],
+        "topology": summary["topology"],
+        "partition": summary["partition"],
+        "model": summary["model"],
+        "peers": summary["peers"],
+        "epochs": summary["epochs"],
+        "steps": steps,
+        "parameters": summary["parameters"],
         "acc_avg": summary["final_test_acc_avg_model"],
         "acc_local_mean": summary["final_test_acc_local_mean"],
         "acc_local_min": summary["final_test_acc_local_min"],
@@ -75,12 +118,15 @@ def measurements(summary: Dict[str, Any], stats: Sequence[Dict[str, int]], secon
         # the critical path: the slowest peer's rounds and largest-message bytes
         "rounds": max(int(s["rounds"]) for s in stats),
         "critical_bytes": max(int(s["critical_bytes"]) for s in stats),
-        "run_seconds": seconds, "curve": list(curve), "evals": [dict(e) for e in evals],
+        "run_seconds": seconds,
+        "curve": list(curve),
+        "evals": [dict(e) for e in evals],
     }
 
 
-def projected_seconds(m: Dict[str, Any], bandwidth_bytes_per_second: float,
-                      latency: float = LATENCY_S) -> float:
+def projected_seconds(
+    m: Dict[str, Any], bandwidth_bytes_per_second: float, latency: float = LATENCY_S
+) -> float:
     """Measured compute + projected communication (`CommStats.projected_seconds` on the counters)."""
     from gossip_powersgd.comm.base import CommStats
 
@@ -88,8 +134,9 @@ def projected_seconds(m: Dict[str, Any], bandwidth_bytes_per_second: float,
     return float(m["compute_s"]) + comm.projected_seconds(latency, bandwidth_bytes_per_second)
 
 
-def communication_seconds(m: Dict[str, Any], bandwidth_bytes_per_second: float,
-                          latency: float = LATENCY_S) -> float:
+def communication_seconds(
+    m: Dict[str, Any], bandwidth_bytes_per_second: float, latency: float = LATENCY_S
+) -> float:
     """The projected communication part alone (deterministic: counters only)."""
     return projected_seconds(dict(m, compute_s=0.0), bandwidth_bytes_per_second, latency)
 
@@ -100,15 +147,26 @@ def combine(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     out = dict(runs[0])
     out["seeds"] = len(runs)
     out["seed_list"] = [r.get("seed", 0) for r in runs]
-    for key in ("acc_avg", "acc_local_mean", "acc_local_min", "mb_per_peer", "mb_per_step",
-                "compute_s", "rounds", "critical_bytes", "run_seconds"):
+    for key in (
+        "acc_avg",
+        "acc_local_mean",
+        "acc_local_min",
+        "mb_per_peer",
+        "mb_per_step",
+        "compute_s",
+        "rounds",
+        "critical_bytes",
+        "run_seconds",
+    ):
         values = [float(r[key]) for r in runs]
         out[key] = statistics.fmean(values)
         out[key + "_std"] = statistics.stdev(values) if len(values) > 1 else None
     histories = [r.get("evals") or [] for r in runs]
     shared = min(len(h) for h in histories) if histories else 0
-    out["evals"] = [{key: statistics.fmean(float(h[i][key]) for h in histories) for key in histories[0][i]}
-                    for i in range(shared)]
+    out["evals"] = [
+        {key: statistics.fmean(float(h[i][key]) for h in histories) for key in histories[0][i]}
+        for i in range(shared)
+    ]
     out["curve"] = [(e["mb"], e["acc_avg"]) for e in out["evals"]] or list(runs[0].get("curve", []))
     return out
 
@@ -137,11 +195,14 @@ def _labelled(label: str, spec: str, gamma: Optional[float], m: Dict[str, Any], 
     return row
 
 
-def attempt(label: str, spec: str, overrides: Dict[str, Any], quick: bool, gamma=None,
-             kind: str = "main") -> Dict[str, Any]:
+def attempt(
+    label: str, spec: str, overrides: Dict[str, Any], quick: bool, gamma=None, kind: str = "main"
+) -> Dict[str, Any]:
     """Run one row (`spec` with `overrides`); its row, or a row saying why it failed."""
-    log(f"{label} {overrides.get('topology')} {overrides.get('partition')} "
-         f"{overrides.get('epochs')} epochs seed {overrides.get('seed', 0)}: {spec}")
+    log(
+        f"{label} {overrides.get('topology')} {overrides.get('partition')} "
+        f"{overrides.get('epochs')} epochs seed {overrides.get('seed', 0)}: {spec}"
+    )
     seed = overrides.get("seed", 0)
     try:
         m = run_one(dict(overrides, algorithm=spec), quick=quick)
@@ -149,12 +210,21 @@ def attempt(label: str, spec: str, overrides: Dict[str, Any], quick: bool, gamma
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         log(f"  FAILED: {type(exc).__name__}: {first}")
         what = "diverged" if type(exc).__name__ == "NonFiniteError" else type(exc).__name__
-        row = {"topology": overrides.get("topology"), "partition": overrides.get("partition"),
-               "epochs": overrides.get("epochs"), "algorithm": spec,
-               "error": f"{what}: {first}"[:200].replace("|", "/")}
-        row.update(label=label, spec=spec, gamma=gamma, model_kind=kind, seed=seed,
-                   gamma_text="—" if gamma is None else f"{gamma:g}")
+        row = {
+            "topology": overrides.get("topology"),
+            "partition": overrides.get("partition"),
+            "epochs": overrides.get("epochs"),
+            "algorithm": spec,
+            "error": f"{what}: {first}"[:200].replace("|", "/"),
+        }
+        row.update(
+            label=label,
+            spec=spec,
+            gamma=gamma,
+            model_kind=kind,
+            seed=seed,
+            gamma_text="—" if gamma is None else f"{gamma:g}",
+        )
         return row
     log(f"  acc {m['acc_avg']:.4f}  {m['mb_per_peer']:.3f} MB/peer  {m['run_seconds']:.1f} s")
     return dict(_labelled(label, spec, gamma, m, kind), seed=seed)
-

@@ -24,12 +24,22 @@ SLOW_ROWS = (CHOCO_SIGN, CHOCO_TOPK)
 TOPOLOGY, IID, NONIID = "ring:8", "iid", "dirichlet:0.5"
 #: A wider model, where PowerGossip's saving is larger (its matrices are 512x512).
 WIDE_MODEL = "mlp:512,512"
-WIDE_ROWS = [(EXACT, "exact"), (POWERGOSSIP, "powergossip:rank=1,iters=1"), (ALLREDUCE, "allreduce"),
-             ("PowerGossip r1 (2 iters)", "powergossip:rank=1,iters=2")]
+WIDE_ROWS = [
+    (EXACT, "exact"),
+    (POWERGOSSIP, "powergossip:rank=1,iters=1"),
+    (ALLREDUCE, "allreduce"),
+    ("PowerGossip r1 (2 iters)", "powergossip:rank=1,iters=2"),
+]
 #: The reference runs: the same recipe with the demo's 100 epochs, to show how far `epochs` is.
 REFERENCE_ROWS = [(EXACT, "exact"), (POWERGOSSIP, "powergossip:rank=1,iters=1")]
-STAGES = ("γ sweep", "iid, first seed", "Dirichlet and the non-IID grid", "wide model",
-          "iid, further seeds", "reference runs")
+STAGES = (
+    "γ sweep",
+    "iid, first seed",
+    "Dirichlet and the non-IID grid",
+    "wide model",
+    "iid, further seeds",
+    "reference runs",
+)
 #: The state's lists of runs, in the CSV's order.
 RUN_LISTS = ("sweeps", "iid", "noniid", "noniid_extra", "wide", "reference")
 
@@ -37,4 +47,8 @@ RUN_LISTS = ("sweeps", "iid", "noniid", "noniid_extra", "wide", "reference")
 def noniid_grid(state) -> List[Dict[str, Any]]:
     """The non-IID grid's rows, in NONIID_ROWS order, reusing the main Dirichlet runs."""
     by_spec = {r["spec"]: r for r in state["noniid"] + state["noniid_extra"]}
-    return [dict(by_spec[spec], label=label) for label, spec in state["plan"]["noniid_rows"] if spec in by_spec]
+    return [
+        dict(by_spec[spec], label=label)
+        for label, spec in state["plan"]["noniid_rows"]
+        if spec in by_spec
+    ]

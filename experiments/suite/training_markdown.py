@@ -22,27 +22,40 @@ PROJECTION = (
     "Compute was measured with all peers sharing 2 CPU cores with other jobs, so it dominates these "
     "columns, overstates what a dedicated machine per peer would take and is NOT comparable across "
     "rows; the communication part (in brackets) is a deterministic projection from the counters, "
-    "comparable across rows.")
+    "comparable across rows."
+)
 
 
 def _recipe(quick: bool) -> str:
     data = QUICK_BASE if quick else BASE
-    return (f"Recipe: {data['dataset']}, model `{data['model']}`, SGD lr {data['lr']}"
-            + ("" if quick else f" momentum {data['momentum']}, weight decay {data['weight_decay']}, "
-               f"cosine schedule with {data['warmup_epochs']} warm-up epochs")
-            + f", batch {data['batch_size']} per peer. Averaged-model accuracy = the test accuracy of "
-              "the peers' mean parameters; local = each peer's own model (mean and min over peers).")
+    return (
+        f"Recipe: {data['dataset']}, model `{data['model']}`, SGD lr {data['lr']}"
+        + (
+            ""
+            if quick
+            else f" momentum {data['momentum']}, weight decay {data['weight_decay']}, "
+            f"cosine schedule with {data['warmup_epochs']} warm-up epochs"
+        )
+        + f", batch {data['batch_size']} per peer. Averaged-model accuracy = the test accuracy of "
+        "the peers' mean parameters; local = each peer's own model (mean and min over peers)."
+    )
 
 
 def running_time(state: Dict[str, Any], done: int) -> str:
     """Which stages ran, each one's seconds, and the number of training runs."""
-    stages = "; ".join(f"{name} {seconds:.0f} s" for name, seconds in state["stage_seconds"].items())
+    stages = "; ".join(
+        f"{name} {seconds:.0f} s" for name, seconds in state["stage_seconds"].items()
+    )
     runs = sum(len(state[k]) for k in RUN_LISTS)
-    text = (f"Running time by stage: {stages}; {runs} training runs in all, one after another in one "
-            "process (each run's peers are threads).")
+    text = (
+        f"Running time by stage: {stages}; {runs} training runs in all, one after another in one "
+        "process (each run's peers are threads)."
+    )
     if done < len(STAGES):
-        text = (f"**Partial page: {done} of {len(STAGES)} stages finished** (not run: "
-                f"{', '.join(STAGES[done:])}). " + text)
+        text = (
+            f"**Partial page: {done} of {len(STAGES)} stages finished** (not run: "
+            f"{', '.join(STAGES[done:])}). " + text
+        )
     return text
 
 
@@ -50,104 +63,168 @@ def epoch_budget(state: Dict[str, Any]) -> str:
     """The epochs used against the longer reference runs of the same recipe (seed 0)."""
     plan = state["plan"]
     if not state["reference"]:
-        return (f"Every CNN run trains {plan['epochs']} epochs; no longer reference run was made "
-                "in this run of the suite.")
+        return (
+            f"Every CNN run trains {plan['epochs']} epochs; no longer reference run was made "
+            "in this run of the suite."
+        )
     parts, deltas = [], []
     for ref in state["reference"]:
-        short = next((r for r in state["iid"] if r["label"] == ref["label"] and r.get("seed", 0) == 0
-                      and "error" not in r), None)
+        short = next(
+            (
+                r
+                for r in state["iid"]
+                if r["label"] == ref["label"] and r.get("seed", 0) == 0 and "error" not in r
+            ),
+            None,
+        )
         if "error" in ref or short is None:
             continue
         deltas.append(100 * (ref["acc_avg"] - short["acc_avg"]))
-        parts.append(f"{ref['label']} {_pct(short['acc_avg'])} after {short['epochs']} epochs vs "
-                     f"{_pct(ref['acc_avg'])} after {ref['epochs']} ({deltas[-1]:+.2f} pp)")
+        parts.append(
+            f"{ref['label']} {_pct(short['acc_avg'])} after {short['epochs']} epochs vs "
+            f"{_pct(ref['acc_avg'])} after {ref['epochs']} ({deltas[-1]:+.2f} pp)"
+        )
     if not parts:
-        return f"Every CNN row trains {plan['epochs']} epochs; the reference runs failed (see below)."
+        return (
+            f"Every CNN row trains {plan['epochs']} epochs; the reference runs failed (see below)."
+        )
     worst = max(deltas)
-    verdict = (f"within {PLATEAU_PP:g} pp of the longer runs: at the plateau" if worst <= PLATEAU_PP else
-               f"up to {worst:.2f} pp below the {plan['reference_epochs']}-epoch accuracy: near, not "
-               "at, the plateau; every row has the same budget, so the comparison between rows is fair")
-    return (f"Epoch budget: every CNN row trains {plan['epochs']} epochs (the cosine schedule spans "
-            f"those epochs), chosen to fit the page in about an hour on 2 shared cores. The same recipe "
-            f"at {plan['reference_epochs']} epochs (seed 0, {plan['topology']} {plan['iid']}): "
-            + "; ".join(parts) + f". So the {plan['epochs']}-epoch rows are {verdict}.")
+    verdict = (
+        f"within {PLATEAU_PP:g} pp of the longer runs: at the plateau"
+        if worst <= PLATEAU_PP
+        else f"up to {worst:.2f} pp below the {plan['reference_epochs']}-epoch accuracy: near, not "
+        "at, the plateau; every row has the same budget, so the comparison between rows is fair"
+    )
+    return (
+        f"Epoch budget: every CNN row trains {plan['epochs']} epochs (the cosine schedule spans "
+        f"those epochs), chosen to fit the page in about an hour on 2 shared cores. The same recipe "
+        f"at {plan['reference_epochs']} epochs (seed 0, {plan['topology']} {plan['iid']}): "
+        + "; ".join(parts)
+        + f". So the {plan['epochs']}-epoch rows are {verdict}."
+    )
 
 
 def _equal_bytes(rows: Sequence[Dict[str, Any]], what: str) -> str:
     table, target, budget = equal_bytes_table(rows)
     if target is None:
         return ""
-    lines = [f"Equal bytes, {what}: the first evaluation (every few epochs; seed-mean curve where "
-             f"several seeds ran) at which each row's averaged model reaches the common target "
-             f"{_pct(target)} (the worst converged row's final accuracy; a row that collapsed, "
-             f"ending below {100 * COLLAPSE_FRACTION:.0f} % of its peak, is left out) and "
-             f"{_pct(FIXED_TARGET)}, and each row's accuracy at the last evaluation within "
-             f"{budget:.3g} MB per peer (what the cheapest row sent in its whole run).\n", table]
+    lines = [
+        f"Equal bytes, {what}: the first evaluation (every few epochs; seed-mean curve where "
+        f"several seeds ran) at which each row's averaged model reaches the common target "
+        f"{_pct(target)} (the worst converged row's final accuracy; a row that collapsed, "
+        f"ending below {100 * COLLAPSE_FRACTION:.0f} % of its peak, is left out) and "
+        f"{_pct(FIXED_TARGET)}, and each row's accuracy at the last evaluation within "
+        f"{budget:.3g} MB per peer (what the cheapest row sent in its whole run).\n",
+        table,
+    ]
     best = cheapest_to_reach(rows, target)
     if best is not None:
-        lines.append(f"Fewest bytes to {_pct(target)}: **{best['label']}** "
-                     f"({best['reach']['mb']:.3g} MB per peer, epoch {best['reach']['epoch']:g}).\n")
+        lines.append(
+            f"Fewest bytes to {_pct(target)}: **{best['label']}** "
+            f"({best['reach']['mb']:.3g} MB per peer, epoch {best['reach']['epoch']:g}).\n"
+        )
     return "\n".join(lines) + "\n"
 
 
 def _cost_note(rows: Sequence[Dict[str, Any]], labels: Sequence[str]) -> str:
-    """" (each run took N× an exact-gossip run here)", from the rows' measured run seconds."""
+    """ " (each run took N× an exact-gossip run here)", from the rows' measured run seconds."""
     exact = next((r for r in rows if r["label"] == "exact gossip" and "error" not in r), None)
     slow = [r["run_seconds"] for r in rows if r["label"] in labels and "error" not in r]
     if exact is None or not slow or not exact.get("run_seconds"):
         return ""
-    return (f" (a run of theirs took {min(slow) / exact['run_seconds']:.1f}–"
-            f"{max(slow) / exact['run_seconds']:.1f}× an exact-gossip run's wall time here)")
+    return (
+        f" (a run of theirs took {min(slow) / exact['run_seconds']:.1f}–"
+        f"{max(slow) / exact['run_seconds']:.1f}× an exact-gossip run's wall time here)"
+    )
 
 
-def training_page(state: Dict[str, Any], headline: Sequence[Dict[str, Any]], generated: str,
-                  claims: Sequence[str], done: int) -> str:
+def training_page(
+    state: Dict[str, Any],
+    headline: Sequence[Dict[str, Any]],
+    generated: str,
+    claims: Sequence[str],
+    done: int,
+) -> str:
     """training.md from the stages done so far."""
     from .tables import exact_reference
 
     plan, quick = state["plan"], state["quick"]
-    text = header("Decentralized training: accuracy vs bytes, to convergence" + (" (--quick)" if quick else ""),
-                  state["command"], 0.0, _recipe(quick), generated=generated)
+    text = header(
+        "Decentralized training: accuracy vs bytes, to convergence"
+        + (" (--quick)" if quick else ""),
+        state["command"],
+        0.0,
+        _recipe(quick),
+        generated=generated,
+    )
     text += running_time(state, done) + "\n\n" + epoch_budget(state) + "\n\n"
     text += "## Targets\n\n" + ("\n".join(claims) or "- (no rows yet)") + "\n\n"
     seeds = ", ".join(map(str, plan["seeds"]))
     slow = [label for label, _ in plan["rows"] if label in SLOW_ROWS]
-    fewer = (f" {' and '.join(slow)} ran {plan['choco_seeds']} seed(s){_cost_note(headline, slow)}; the "
-             "seeds column says how many each row has." if slow and plan["choco_seeds"]
-             < len(plan["seeds"]) else "")
-    text += (f"## Headline: {plan['topology']}, {plan['iid']}, {plan['epochs']} epochs, seeds {seeds} "
-             f"(mean ± std)\n\nγ of Choco was swept (below); exact gossip and PowerGossip use the "
-             f"topology's γ (untuned). The ratio column is exact gossip's measured MB per step over the "
-             f"row's.{fewer}\n\n" + build_table(headline) + "\n" + _equal_bytes(headline, f"{plan['topology']} "
-                                                                                f"{plan['iid']}"))
-    text += ("![accuracy vs MB](training_accuracy_vs_mb.png)\n\n"
-             "![accuracy vs epochs](training_accuracy_vs_epochs.png)\n\n")
+    fewer = (
+        f" {' and '.join(slow)} ran {plan['choco_seeds']} seed(s){_cost_note(headline, slow)}; the "
+        "seeds column says how many each row has."
+        if slow and plan["choco_seeds"] < len(plan["seeds"])
+        else ""
+    )
+    text += (
+        f"## Headline: {plan['topology']}, {plan['iid']}, {plan['epochs']} epochs, seeds {seeds} "
+        f"(mean ± std)\n\nγ of Choco was swept (below); exact gossip and PowerGossip use the "
+        f"topology's γ (untuned). The ratio column is exact gossip's measured MB per step over the "
+        f"row's.{fewer}\n\n"
+        + build_table(headline)
+        + "\n"
+        + _equal_bytes(headline, f"{plan['topology']} {plan['iid']}")
+    )
+    text += (
+        "![accuracy vs MB](training_accuracy_vs_mb.png)\n\n"
+        "![accuracy vs epochs](training_accuracy_vs_epochs.png)\n\n"
+    )
     if state["noniid"]:
-        text += (f"## {plan['topology']}, {plan['noniid']}, {plan['epochs']} epochs, seed 0\n\n"
-                 + build_table(state["noniid"]) + "\n"
-                 + _equal_bytes(state["noniid"], f"{plan['topology']} {plan['noniid']}"))
+        text += (
+            f"## {plan['topology']}, {plan['noniid']}, {plan['epochs']} epochs, seed 0\n\n"
+            + build_table(state["noniid"])
+            + "\n"
+            + _equal_bytes(state["noniid"], f"{plan['topology']} {plan['noniid']}")
+        )
         grid = noniid_grid(state)
         exact = exact_reference(state["noniid"], plan["topology"], plan["noniid"], "noniid")
-        text += (f"## The non-IID gap ({plan['topology']}, {plan['noniid']}, {plan['epochs']} epochs, "
-                 "seed 0)\n\nLocal = each peer's own model; gap = exact gossip's accuracy minus the "
-                 "row's (positive: the row trails).\n\n" + gap_table(grid, exact) + "\n"
-                 + "\n".join(gap_verdict(grid, exact)) + "\n\n")
+        text += (
+            f"## The non-IID gap ({plan['topology']}, {plan['noniid']}, {plan['epochs']} epochs, "
+            "seed 0)\n\nLocal = each peer's own model; gap = exact gossip's accuracy minus the "
+            "row's (positive: the row trails).\n\n"
+            + gap_table(grid, exact)
+            + "\n"
+            + "\n".join(gap_verdict(grid, exact))
+            + "\n\n"
+        )
     if state["sweeps"]:
         chosen = ", ".join(f"{k} {v:g}" for k, v in state["chosen"].items())
-        text += (f"## γ sweep ({plan['topology']} {plan['iid']}, {plan['sweep_epochs']} epochs, seed 0)\n\n"
-                 "Short runs; the γ with the best averaged-model accuracy is used in every row above. "
-                 "A short run can favour a different γ than a full one would.\n\n"
-                 + build_table(state["sweeps"]) + f"\nChosen γ: {chosen}.\n\n")
+        text += (
+            f"## γ sweep ({plan['topology']} {plan['iid']}, {plan['sweep_epochs']} epochs, seed 0)\n\n"
+            "Short runs; the γ with the best averaged-model accuracy is used in every row above. "
+            "A short run can favour a different γ than a full one would.\n\n"
+            + build_table(state["sweeps"])
+            + f"\nChosen γ: {chosen}.\n\n"
+        )
     if state["wide"]:
-        text += (f"## Wide model ({state['wide'][0].get('model', '?')}), {plan['topology']} {plan['iid']}, "
-                 f"{plan['wide_epochs']} epochs, seed 0\n\n" + build_table(state["wide"]) + "\n"
-                 + _equal_bytes(state["wide"], "wide model"))
+        text += (
+            f"## Wide model ({state['wide'][0].get('model', '?')}), {plan['topology']} {plan['iid']}, "
+            f"{plan['wide_epochs']} epochs, seed 0\n\n"
+            + build_table(state["wide"])
+            + "\n"
+            + _equal_bytes(state["wide"], "wide model")
+        )
     if state["reference"]:
-        text += (f"## Reference: {plan['reference_epochs']} epochs ({plan['topology']} {plan['iid']}, "
-                 "seed 0)\n\n" + build_table(state["reference"]) + "\n")
+        text += (
+            f"## Reference: {plan['reference_epochs']} epochs ({plan['topology']} {plan['iid']}, "
+            "seed 0)\n\n" + build_table(state["reference"]) + "\n"
+        )
     text += "## Projected wall time\n\n" + PROJECTION + "\n\n"
-    text += ("Files: [training.csv](training.csv) (every run, every seed), "
-             "[training_curves.csv](training_curves.csv) (every run's evaluations: epoch, MB, "
-             "accuracies), [training_accuracy_vs_mb.png](training_accuracy_vs_mb.png), "
-             "[training_accuracy_vs_epochs.png](training_accuracy_vs_epochs.png).\n")
+    text += (
+        "Files: [training.csv](training.csv) (every run, every seed), "
+        "[training_curves.csv](training_curves.csv) (every run's evaluations: epoch, MB, "
+        "accuracies), [training_accuracy_vs_mb.png](training_accuracy_vs_mb.png), "
+        "[training_accuracy_vs_epochs.png](training_accuracy_vs_epochs.png).\n"
+    )
     return text

@@ -11,8 +11,20 @@ from typing import Any, Dict, List, Sequence, Tuple
 from .convergence import common_target
 from .training_design import noniid_grid
 
-CURVE_FIELDS = ("group", "topology", "partition", "model", "label", "algorithm", "seed", "epoch",
-                "mb_sent_per_peer", "acc_avg", "acc_local_mean", "acc_local_min")
+CURVE_FIELDS = (
+    "group",
+    "topology",
+    "partition",
+    "model",
+    "label",
+    "algorithm",
+    "seed",
+    "epoch",
+    "mb_sent_per_peer",
+    "acc_avg",
+    "acc_local_mean",
+    "acc_local_min",
+)
 
 
 def curves_csv(rows: Sequence[Dict[str, Any]]) -> str:
@@ -22,25 +34,48 @@ def curves_csv(rows: Sequence[Dict[str, Any]]) -> str:
     writer.writerow(CURVE_FIELDS)
     for r in rows:
         for e in r.get("evals") or []:
-            writer.writerow([r.get("model_kind", "main"), r["topology"], r["partition"], r.get("model", ""),
-                             r["label"], r["algorithm"], r.get("seed", 0), e["epoch"],
-                             f"{e['mb']:.6g}", e["acc_avg"], f"{e['acc_local_mean']:.6g}",
-                             e["acc_local_min"]])
+            writer.writerow(
+                [
+                    r.get("model_kind", "main"),
+                    r["topology"],
+                    r["partition"],
+                    r.get("model", ""),
+                    r["label"],
+                    r["algorithm"],
+                    r.get("seed", 0),
+                    e["epoch"],
+                    f"{e['mb']:.6g}",
+                    e["acc_avg"],
+                    f"{e['acc_local_mean']:.6g}",
+                    e["acc_local_min"],
+                ]
+            )
     return buffer.getvalue()
 
 
-def panels(state: Dict[str, Any], headline: Sequence[Dict[str, Any]]) -> List[Tuple[str, List[Dict]]]:
+def panels(
+    state: Dict[str, Any], headline: Sequence[Dict[str, Any]]
+) -> List[Tuple[str, List[Dict]]]:
     """(title, rows) of each panel: iid (seed means), Dirichlet, the wide model."""
     plan = state["plan"]
     seeds = ", ".join(str(s) for s in plan["seeds"])
-    out = [(f"{plan['topology']} {plan['iid']}, cnn1d (mean over seeds {seeds} where run)", list(headline))]
+    out = [
+        (
+            f"{plan['topology']} {plan['iid']}, cnn1d (mean over seeds {seeds} where run)",
+            list(headline),
+        )
+    ]
     noniid = [r for r in state["noniid"]]
     extra = [r for r in noniid_grid(state) if r["spec"] not in {x["spec"] for x in noniid}]
     if noniid:
         out.append((f"{plan['topology']} {plan['noniid']}, cnn1d, seed 0", noniid + extra))
     if state["wide"]:
-        out.append((f"{plan['topology']} {plan['iid']}, {state['wide'][0].get('model', 'wide')}, seed 0",
-                    list(state["wide"])))
+        out.append(
+            (
+                f"{plan['topology']} {plan['iid']}, {state['wide'][0].get('model', 'wide')}, seed 0",
+                list(state["wide"]),
+            )
+        )
     return out
 
 
@@ -51,8 +86,10 @@ def plot_training(state: Dict[str, Any], headline: Sequence[Dict[str, Any]], out
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = [(title, [r for r in rows if "error" not in r and r.get("evals")])
-              for title, rows in panels(state, headline)]
+    groups = [
+        (title, [r for r in rows if "error" not in r and r.get("evals")])
+        for title, rows in panels(state, headline)
+    ]
     groups = [(t, rows) for t, rows in groups if rows]
     if not groups:
         return
@@ -63,23 +100,40 @@ def plot_training(state: Dict[str, Any], headline: Sequence[Dict[str, Any]], out
             if r["label"].split(",")[0] not in labels:
                 labels.append(r["label"].split(",")[0])
     colour = {label: palette[i % len(palette)] for i, label in enumerate(labels)}
-    for x_key, file_name, x_label in (("mb", "training_accuracy_vs_mb.png", "MB sent per peer (log scale)"),
-                                 ("epoch", "training_accuracy_vs_epochs.png", "epoch")):
+    for x_key, file_name, x_label in (
+        ("mb", "training_accuracy_vs_mb.png", "MB sent per peer (log scale)"),
+        ("epoch", "training_accuracy_vs_epochs.png", "epoch"),
+    ):
         fig, axes = plt.subplots(1, len(groups), figsize=(6.2 * len(groups), 4.6), squeeze=False)
         for ax, (title, rows) in zip(axes.flat, groups):
             for r in rows:
-                points = [(e[x_key], 100 * e["acc_avg"]) for e in r["evals"]
-                          if e["acc_avg"] is not None and (x_key != "mb" or e["mb"] > 0)]
+                points = [
+                    (e[x_key], 100 * e["acc_avg"])
+                    for e in r["evals"]
+                    if e["acc_avg"] is not None and (x_key != "mb" or e["mb"] > 0)
+                ]
                 legend = r["label"].split(",")[0]
-                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=2, lw=1.2,
-                        label=legend, color=colour[legend])
+                ax.plot(
+                    [p[0] for p in points],
+                    [p[1] for p in points],
+                    marker="o",
+                    ms=2,
+                    lw=1.2,
+                    label=legend,
+                    color=colour[legend],
+                )
             target = common_target(rows)
             if target is not None:
-                ax.axhline(100 * target, color="gray", ls="--", lw=0.8,
-                           label=f"common target {100 * target:.1f} %")
+                ax.axhline(
+                    100 * target,
+                    color="gray",
+                    ls="--",
+                    lw=0.8,
+                    label=f"common target {100 * target:.1f} %",
+                )
             if x_key == "mb":
                 ax.set_xscale("log")
-            lows = [100 * e["acc_avg"] for r in rows for e in r["evals"][len(r["evals"]) // 3:]]
+            lows = [100 * e["acc_avg"] for r in rows for e in r["evals"][len(r["evals"]) // 3 :]]
             if lows:
                 ax.set_ylim(max(0.0, min(lows) - 5), min(100.0, max(lows) + 2))
             ax.set_xlabel(x_label)

@@ -78,7 +78,9 @@ class _ErrorFeedback(MatrixStack):
     memory: Tensor = None  # (batch, rows, cols): the error memory e; scratch for the approximation
     work: Tensor = None  # (batch, rows, cols): M = g + e
     P: Tensor = None  # (batch, rows, r): a view into the first all-reduce buffer
-    Q: Tensor = None  # (batch, cols, r): a view into the second all-reduce buffer, kept (warm start)
+    Q: Tensor = (
+        None  # (batch, cols, r): a view into the second all-reduce buffer, kept (warm start)
+    )
 
 
 class PowerSGDAllReduce(_Collective):
@@ -115,18 +117,30 @@ class PowerSGDAllReduce(_Collective):
 
     name = "powersgd"
     summary = "centralized PowerSGD all-reduce of the gradients with error feedback (DDP hook)"
-    options = {"rank": Option("rank", int), "warm": Option("warm_start", parse_bool),
-               "start_iter": Option("start_iter", int),
-               "min_compression_rate": Option("min_compression_rate", float),
-               "seed": Option("seed", parse_seed)}
+    options = {
+        "rank": Option("rank", int),
+        "warm": Option("warm_start", parse_bool),
+        "start_iter": Option("start_iter", int),
+        "min_compression_rate": Option("min_compression_rate", float),
+        "seed": Option("seed", parse_seed),
+    }
 
     @classmethod
     def label(cls, options) -> str:
         return f"PowerSGD all-reduce r{options.get('rank', '1')}"
+
     acts_on = "gradients"
 
-    def __init__(self, params: ParamsLike, comm, rank: int = 1, warm_start: bool = True,
-                 start_iter: int = 10, min_compression_rate: float = 2.0, seed: int = 0):
+    def __init__(
+        self,
+        params: ParamsLike,
+        comm,
+        rank: int = 1,
+        warm_start: bool = True,
+        start_iter: int = 10,
+        min_compression_rate: float = 2.0,
+        seed: int = 0,
+    ):
         super().__init__(params, comm)
         if int(rank) != rank or rank < 1:
             raise ValueError(f"rank must be an integer >= 1, got {rank}")
@@ -143,7 +157,9 @@ class PowerSGDAllReduce(_Collective):
         self._plain = None  # flat buffer of the plain all-reduce, allocated while it is used
 
         new = lambda *shape: torch.zeros(shape, dtype=self.dtype, device=self.device)  # noqa: E731
-        self._groups = matrix_stacks(_ErrorFeedback, self.params, self.rank, self.min_compression_rate)
+        self._groups = matrix_stacks(
+            _ErrorFeedback, self.params, self.rank, self.min_compression_rate
+        )
         compressed = {k for g in self._groups for k in g.indices}
         self._exact_indices = [k for k in range(len(self.params)) if k not in compressed]
 
@@ -156,25 +172,29 @@ class PowerSGDAllReduce(_Collective):
         for g in self._groups:
             b, rows, cols, r = g.batch, g.rows, g.cols, g.rank
             g.memory, g.work = new(b, rows, cols), new(b, rows, cols)
-            g.P = self._first[p_offset:p_offset + b * rows * r].view(b, rows, r)
-            g.Q = self._second[q_offset:q_offset + b * cols * r].view(b, cols, r)
+            g.P = self._first[p_offset : p_offset + b * rows * r].view(b, rows, r)
+            g.Q = self._second[q_offset : q_offset + b * cols * r].view(b, cols, r)
             p_offset += b * rows * r
             q_offset += b * cols * r
             self._draw_q(g)
         self._exact_views, offset = [], p_offset
         for k in self._exact_indices:
             numel = self.params[k].numel()
-            self._exact_views.append(self._first[offset:offset + numel])
+            self._exact_views.append(self._first[offset : offset + numel])
             offset += numel
-        comm.check_agreement("PowerSGD configuration",
-                             f"{self.rank};{self.warm_start};{self.start_iter};"
-                             f"{self.min_compression_rate!r};{self.seed}")
+        comm.check_agreement(
+            "PowerSGD configuration",
+            f"{self.rank};{self.warm_start};{self.start_iter};"
+            f"{self.min_compression_rate!r};{self.seed}",
+        )
 
     def _draw_q(self, g: _ErrorFeedback) -> None:
         # Drawn on the CPU from the shared generator, then moved: CPU and GPU ranks agree.
         q = torch.randn(g.Q.shape, generator=self._generator, dtype=self.dtype)
         g.Q.copy_(q.to(self.device))
-        orthonormalize_(g.Q.transpose(1, 2))  # it takes (batch, r, n): the vectors along the last dim
+        orthonormalize_(
+            g.Q.transpose(1, 2)
+        )  # it takes (batch, r, n): the vectors along the last dim
 
     # ---- the algorithm -------------------------------------------------------------------------
     def _grads(self) -> List[Tensor]:
@@ -188,8 +208,10 @@ class PowerSGDAllReduce(_Collective):
                     "take part in the loss (every rank must average the same tensors)"
                 )
             if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
-                raise ValueError(f"rank {self.comm.rank}: the gradient of {name} is {tuple(g.shape)} "
-                                 f"{g.dtype} on {g.device}, unlike the parameter")
+                raise ValueError(
+                    f"rank {self.comm.rank}: the gradient of {name} is {tuple(g.shape)} "
+                    f"{g.dtype} on {g.device}, unlike the parameter"
+                )
             grads.append(g)
         return grads
 
@@ -275,8 +297,12 @@ class PowerSGDAllReduce(_Collective):
 
     def state_dict(self) -> Dict[str, object]:
         state: Dict[str, object] = {
-            "steps": self.steps, "rank": self.rank, "seed": self.seed, "start_iter": self.start_iter,
-            "warm_start": self.warm_start, "generator": self._generator.get_state(),
+            "steps": self.steps,
+            "rank": self.rank,
+            "seed": self.seed,
+            "start_iter": self.start_iter,
+            "warm_start": self.warm_start,
+            "generator": self._generator.get_state(),
         }
         for name, tensor in self.error_memory().items():
             state[f"error.{name}"] = tensor.detach().cpu().clone()
@@ -286,8 +312,10 @@ class PowerSGDAllReduce(_Collective):
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
         if int(state["rank"]) != self.rank or int(state["seed"]) != self.seed:
-            raise ValueError(f"PowerSGDAllReduce state is for rank={state['rank']}, seed={state['seed']}; "
-                             f"this instance has rank={self.rank}, seed={self.seed}")
+            raise ValueError(
+                f"PowerSGDAllReduce state is for rank={state['rank']}, seed={state['seed']}; "
+                f"this instance has rank={self.rank}, seed={self.seed}"
+            )
         targets = {f"error.{n}": t for n, t in self.error_memory().items()}
         targets.update({f"Q.{n}": t for n, t in self.factors().items()})
         load_tensors_("PowerSGDAllReduce", state, targets)

@@ -50,7 +50,7 @@ class FlatParams:
         self.buffer = torch.empty(total, dtype=first.dtype, device=first.device)
         self.views, offset = [], 0
         for t in self.tensors:
-            self.views.append(self.buffer[offset:offset + t.numel()].view(t.shape))
+            self.views.append(self.buffer[offset : offset + t.numel()].view(t.shape))
             offset += t.numel()
 
     def pack(self) -> Tensor:
@@ -87,11 +87,15 @@ def load_tensors_(who: str, state: Dict[str, object], targets: Dict[str, Tensor]
     (a state saved for another model or topology) with an error naming the key."""
     for key, tensor in targets.items():
         if key not in state:
-            raise ValueError(f"{who} state has no {key!r}: it was saved for another model or topology")
+            raise ValueError(
+                f"{who} state has no {key!r}: it was saved for another model or topology"
+            )
         saved = state[key]
         if tuple(saved.shape) != tuple(tensor.shape):
-            raise ValueError(f"{who} state {key!r} has shape {tuple(saved.shape)}, "
-                             f"expected {tuple(tensor.shape)}")
+            raise ValueError(
+                f"{who} state {key!r} has shape {tuple(saved.shape)}, "
+                f"expected {tuple(tensor.shape)}"
+            )
         tensor.copy_(saved)
 
 
@@ -110,8 +114,10 @@ def warn_if_unstable_gamma(who: str, gamma: float, topology) -> None:
 def require_undirected(who: str, comm) -> None:
     """Refuse a directed topology: the algorithm pairs every message with one coming back."""
     if comm.is_directed:
-        raise ValueError(f"{who} needs symmetric edges, but the topology {comm.topology.name!r} is "
-                         "directed: use algorithm pushsum on directed graphs, or an undirected topology")
+        raise ValueError(
+            f"{who} needs symmetric edges, but the topology {comm.topology.name!r} is "
+            "directed: use algorithm pushsum on directed graphs, or an undirected topology"
+        )
 
 
 def step_weights(comm, step: int) -> Tuple[Tuple[int, ...], List[float]]:
@@ -193,7 +199,9 @@ class GossipAlgorithm:
             raise ValueError(f"parameters must be floating point, got {self.params[0].dtype}")
         devices = {t.device for t in self.params}
         if len(devices) > 1:
-            raise ValueError(f"parameters live on several devices {sorted(map(str, devices))}: move the model to one")
+            raise ValueError(
+                f"parameters live on several devices {sorted(map(str, devices))}: move the model to one"
+            )
         self.dtype = self.params[0].dtype
         self.device = self.params[0].device
         self.steps = 0
@@ -231,9 +239,15 @@ class GossipAlgorithm:
         self.steps = int(state["steps"])
 
     # ---- helpers -----------------------------------------------------------------------------------
-    def _exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor],
-                  step: Optional[int] = None, directed: bool = False,
-                  outgoing: Optional[Tensor] = None, outgoing_sum: Optional[float] = None) -> None:
+    def _exchange(
+        self,
+        send: Dict[int, Tensor],
+        recv: Dict[int, Tensor],
+        step: Optional[int] = None,
+        directed: bool = False,
+        outgoing: Optional[Tensor] = None,
+        outgoing_sum: Optional[float] = None,
+    ) -> None:
         """`comm.exchange` (of `step`'s neighbours, or `comm.exchange_directed` for `directed`),
         refusing to send anything non-finite (a NaN would spread to everyone). `outgoing`, when
         given, is one tensor whose elements are exactly those of all the send buffers (e.g. the

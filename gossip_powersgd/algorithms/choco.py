@@ -67,15 +67,23 @@ class ChocoGossip(CompressedGossip):
     """
 
     name = "choco"
-    summary = ("Choco-Gossip: compressed gossip of x - x_hat (gamma must be tuned), "
-               "e.g. compressor=topk:0.01")
+    summary = (
+        "Choco-Gossip: compressed gossip of x - x_hat (gamma must be tuned), "
+        "e.g. compressor=topk:0.01"
+    )
     layout = ChocoIncrements
     label = compressed_label("Choco")
     config_name = "Choco"
     example_compressor = "topk:0.01"
 
-    def __init__(self, params: ParamsLike, comm, compressor=None, gamma: Optional[float] = None,
-                 seed: int = 0):
+    def __init__(
+        self,
+        params: ParamsLike,
+        comm,
+        compressor=None,
+        gamma: Optional[float] = None,
+        seed: int = 0,
+    ):
         super().__init__(params, comm, compressor, gamma, seed)
         self._scratch_flat, self._scratch = self._flat_state()
         if not comm.is_static:
@@ -127,8 +135,11 @@ class ChocoGossip(CompressedGossip):
             self._edge_send[j].copy_(messages.send)
             messages.decode(messages.send_views, q, step, me)  # what j decodes of it
             x_hat_flat.add_(q_flat)
-        self._exchange({j: self._edge_send[j] for j in neighbors},
-                       {j: messages.recv[j] for j in neighbors}, step)
+        self._exchange(
+            {j: self._edge_send[j] for j in neighbors},
+            {j: messages.recv[j] for j in neighbors},
+            step,
+        )
         mix = self._mix_flat.zero_()
         for j, w in zip(neighbors, self._decode_neighbors(q, neighbors, weights)):
             self.x_hat_in[j].add_(q_flat)

@@ -41,7 +41,9 @@ def compression_keys(seed: int, step: int, sender: int, count: int) -> List[int]
 
     Key t depends on (seed, step, sender, t) only, so a receiver derives the sender's keys itself.
     """
-    state = np.random.SeedSequence([seed, step, sender]).generate_state(max(count, 1), dtype=np.uint64)
+    state = np.random.SeedSequence([seed, step, sender]).generate_state(
+        max(count, 1), dtype=np.uint64
+    )
     return [int(v) & _INT63 for v in state[:count]]
 
 
@@ -59,12 +61,15 @@ def require_tuned_gamma(gamma: Optional[float], who: str, spelling: str) -> floa
     return value
 
 
-def compressed_gossip_arguments(who: str, spelling: str, example: str, compressor, gamma,
-                                seed) -> Tuple[Compressor, float, int]:
+def compressed_gossip_arguments(
+    who: str, spelling: str, example: str, compressor, gamma, seed
+) -> Tuple[Compressor, float, int]:
     """Check what every compressed-gossip algorithm needs: a compressor, a tuned gamma, a seed."""
     if compressor is None:
-        raise ValueError(f"{who} needs a compressor, e.g. compressor='{example}' "
-                         f"(spelling: {spelling}:compressor={example},gamma=0.1)")
+        raise ValueError(
+            f"{who} needs a compressor, e.g. compressor='{example}' "
+            f"(spelling: {spelling}:compressor={example},gamma=0.1)"
+        )
     compressor = parse_compressor(compressor)
     gamma = require_tuned_gamma(gamma, who, f"{spelling}:compressor={compressor!r},gamma=0.1")
     return compressor, gamma, check_seed(seed)
@@ -79,8 +84,15 @@ class CompressedMessages:
     its `Compressor.contraction_scale` (so an unbiased compressor's output becomes contractive).
     """
 
-    def __init__(self, compressor: Compressor, shapes: Sequence[torch.Size], dtype: torch.dtype,
-                 device: torch.device, neighbors: Sequence[int], seed: int):
+    def __init__(
+        self,
+        compressor: Compressor,
+        shapes: Sequence[torch.Size],
+        dtype: torch.dtype,
+        device: torch.device,
+        neighbors: Sequence[int],
+        seed: int,
+    ):
         self.compressor = compressor
         self.seed = seed
         self.offsets: List[int] = [0]
@@ -105,7 +117,9 @@ class CompressedMessages:
         for x, out, key in zip(tensors, self.send_views, self.keys(step, sender)):
             self.compressor.encode(x, out, key)
 
-    def decode(self, payloads: Sequence[Tensor], outs: Sequence[Tensor], step: int, sender: int) -> None:
+    def decode(
+        self, payloads: Sequence[Tensor], outs: Sequence[Tensor], step: int, sender: int
+    ) -> None:
         for payload, out, key, scale in zip(payloads, outs, self.keys(step, sender), self.scales):
             self.compressor.decode(payload, out, key)
             if scale != 1.0:
@@ -118,7 +132,7 @@ def flat_state(tensors: Sequence[Tensor], dtype, device):
     flat = torch.zeros(total, dtype=dtype, device=device)
     views, offset = [], 0
     for t in tensors:
-        views.append(flat[offset:offset + t.numel()].view(t.shape))
+        views.append(flat[offset : offset + t.numel()].view(t.shape))
         offset += t.numel()
     return flat, views
 
@@ -136,9 +150,14 @@ class CompressedPayloads(MessageLayout):
 
     def decode(self, message):
         if not hasattr(self, "_decoder"):
-            self._decoder = CompressedMessages(parse_compressor(self.meta["compressor"]),
-                                               [torch.Size(s) for s in self.shapes], self.dtype,
-                                               torch.device("cpu"), [], int(self.meta["seed"]))
+            self._decoder = CompressedMessages(
+                parse_compressor(self.meta["compressor"]),
+                [torch.Size(s) for s in self.shapes],
+                self.dtype,
+                torch.device("cpu"),
+                [],
+                int(self.meta["seed"]),
+            )
         decoder = self._decoder
         outs = [torch.zeros(s, dtype=self.dtype) for s in self.shapes]
         payload = message["tensor"]
@@ -149,9 +168,11 @@ class CompressedPayloads(MessageLayout):
 
 def compressed_label(pretty: str):
     """A label function: "<pretty> <compressor spec, ':' as a space>"."""
+
     def label(cls, options) -> str:
         compressor = options.get("compressor", "?")
         return f"{pretty} {compressor.replace(':', ' ')}"
+
     return classmethod(label)
 
 
@@ -164,9 +185,11 @@ class CompressedGossip(GossipAlgorithm):
     `_decode_own` and `_decode_neighbors`.
     """
 
-    options = {"compressor": Option("compressor", parse_compressor, "e.g. topk:0.01, sign"),
-               "gamma": Option("gamma", parse_optional_float, "consensus step (required)"),
-               "seed": Option("seed", parse_seed)}
+    options = {
+        "compressor": Option("compressor", parse_compressor, "e.g. topk:0.01, sign"),
+        "gamma": Option("gamma", parse_optional_float, "consensus step (required)"),
+        "seed": Option("seed", parse_seed),
+    }
     gamma_source = "tuned"
     directed = False
 
@@ -174,30 +197,50 @@ class CompressedGossip(GossipAlgorithm):
     def check_config(cls, kwargs, topology) -> None:
         """A compressor and a tuned γ, from the config alone: the error the constructor raises,
         on every rank before any collective."""
-        compressed_gossip_arguments(cls.__name__, cls.name, cls.example_compressor,
-                                    kwargs.get("compressor"), kwargs.get("gamma"), kwargs.get("seed", 0))
+        compressed_gossip_arguments(
+            cls.__name__,
+            cls.name,
+            cls.example_compressor,
+            kwargs.get("compressor"),
+            kwargs.get("gamma"),
+            kwargs.get("seed", 0),
+        )
 
     #: Name in the configuration agreement check ("<config_name> configuration").
     config_name = "Compressed gossip"
     #: A compressor spelling the "needs a compressor" error suggests.
     example_compressor = "sign"
 
-    def __init__(self, params: ParamsLike, comm, compressor=None, gamma: Optional[float] = None,
-                 seed: int = 0):
+    def __init__(
+        self,
+        params: ParamsLike,
+        comm,
+        compressor=None,
+        gamma: Optional[float] = None,
+        seed: int = 0,
+    ):
         require_undirected(type(self).__name__, comm)
         super().__init__(params, comm)
         self.compressor, self.gamma, self.seed = compressed_gossip_arguments(
-            self._who, self.name, self.example_compressor, compressor, gamma, seed)
+            self._who, self.name, self.example_compressor, compressor, gamma, seed
+        )
         me, neighbors = comm.rank, comm.neighbors
         warn_if_unstable_gamma(self._who, self.gamma, comm.topology)  # a schedule's too
         if comm.is_static:
             self._weights = [comm.topology.weight(me, j) for j in neighbors]
         else:
             self._weights = None  # W(t)'s, looked up every step
-        self._messages = CompressedMessages(self.compressor, [t.shape for t in self.params],
-                                            self.dtype, self.device, neighbors, self.seed)
-        comm.check_agreement(f"{self.config_name} configuration",
-                             f"{self.compressor!r};{self.gamma!r};{self.seed}")
+        self._messages = CompressedMessages(
+            self.compressor,
+            [t.shape for t in self.params],
+            self.dtype,
+            self.device,
+            neighbors,
+            self.seed,
+        )
+        comm.check_agreement(
+            f"{self.config_name} configuration", f"{self.compressor!r};{self.gamma!r};{self.seed}"
+        )
 
     @property
     def _who(self) -> str:
@@ -208,8 +251,13 @@ class CompressedGossip(GossipAlgorithm):
         return flat_state(self.params, self.dtype, self.device)
 
     # ---- the wire --------------------------------------------------------------------------------
-    def _send_compressed(self, flat: Tensor, tensors: Sequence[Tensor],
-                         neighbors: Optional[Sequence[int]] = None, step: Optional[int] = None) -> None:
+    def _send_compressed(
+        self,
+        flat: Tensor,
+        tensors: Sequence[Tensor],
+        neighbors: Optional[Sequence[int]] = None,
+        step: Optional[int] = None,
+    ) -> None:
         """Encode `tensors` (views of `flat`) once and send the payload to every neighbour (of
         `step`, when given: then `neighbors` are that step's); refuse to if `flat` holds a NaN or
         an infinity (the payload is bytes, `_exchange` cannot tell)."""
@@ -218,15 +266,20 @@ class CompressedGossip(GossipAlgorithm):
         messages = self._messages
         messages.encode(tensors, self.steps, self.comm.rank)
         neighbors = self.comm.neighbors if neighbors is None else neighbors
-        self._exchange({j: messages.send for j in neighbors},
-                       {j: messages.recv[j] for j in neighbors}, step)
+        self._exchange(
+            {j: messages.send for j in neighbors}, {j: messages.recv[j] for j in neighbors}, step
+        )
 
     def _decode_own(self, outs: Sequence[Tensor]) -> None:
         """Decode this peer's own payload into `outs`: exactly what its neighbours decode of it."""
         self._messages.decode(self._messages.send_views, outs, self.steps, self.comm.rank)
 
-    def _decode_neighbors(self, outs: Sequence[Tensor], neighbors: Optional[Sequence[int]] = None,
-                          weights: Optional[Sequence[float]] = None) -> Iterator[float]:
+    def _decode_neighbors(
+        self,
+        outs: Sequence[Tensor],
+        neighbors: Optional[Sequence[int]] = None,
+        weights: Optional[Sequence[float]] = None,
+    ) -> Iterator[float]:
         """Decode each neighbour's payload into `outs` in turn, in neighbour order (deterministic
         sums), yielding its weight W[i, j] while `outs` holds it (the static neighbours and
         weights, unless a step's are given)."""
@@ -239,7 +292,9 @@ class CompressedGossip(GossipAlgorithm):
     # ---- accounting and state ------------------------------------------------------------------
     def bytes_per_step(self) -> int:
         """Bytes of the next `step()`: one payload to each of that step's neighbours."""
-        degree = len(self.comm.neighbors if self.comm.is_static else self.comm.neighbors_at(self.steps))
+        degree = len(
+            self.comm.neighbors if self.comm.is_static else self.comm.neighbors_at(self.steps)
+        )
         return degree * self._messages.nbytes
 
     @property
@@ -252,8 +307,12 @@ class CompressedGossip(GossipAlgorithm):
         raise NotImplementedError
 
     def state_dict(self) -> Dict[str, object]:
-        state: Dict[str, object] = {"steps": self.steps, "gamma": self.gamma, "seed": self.seed,
-                                    "compressor": repr(self.compressor)}
+        state: Dict[str, object] = {
+            "steps": self.steps,
+            "gamma": self.gamma,
+            "seed": self.seed,
+            "compressor": repr(self.compressor),
+        }
         for key, buffer in self.state_buffers().items():
             state[key] = buffer.detach().cpu().clone()
         return state
@@ -262,14 +321,18 @@ class CompressedGossip(GossipAlgorithm):
         saved = (state.get("compressor"), int(state.get("seed", -1)))
         mine = (repr(self.compressor), self.seed)
         if saved != mine:
-            raise ValueError(f"{self._who} state is for compressor={saved[0]}, seed={saved[1]}; this "
-                             f"instance has compressor={mine[0]}, seed={mine[1]}")
+            raise ValueError(
+                f"{self._who} state is for compressor={saved[0]}, seed={saved[1]}; this "
+                f"instance has compressor={mine[0]}, seed={mine[1]}"
+            )
         for key, buffer in self.state_buffers().items():
             if key not in state:
                 raise ValueError(f"{self._who} state has no {key!r}")
             value = state[key]
             if tuple(value.shape) != tuple(buffer.shape):
-                raise ValueError(f"{self._who} state {key!r} has {value.numel()} entries, expected "
-                                 f"{buffer.numel()} (was it saved for another model?)")
+                raise ValueError(
+                    f"{self._who} state {key!r} has {value.numel()} entries, expected "
+                    f"{buffer.numel()} (was it saved for another model?)"
+                )
             buffer.copy_(value)
         self.steps = int(state["steps"])

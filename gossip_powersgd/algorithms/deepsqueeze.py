@@ -63,15 +63,23 @@ class DeepSqueeze(CompressedGossip):
     """
 
     name = "deepsqueeze"
-    summary = ("DeepSqueeze: error-compensated compressed gossip (gamma must be tuned), "
-               "e.g. compressor=sign")
+    summary = (
+        "DeepSqueeze: error-compensated compressed gossip (gamma must be tuned), "
+        "e.g. compressor=sign"
+    )
     layout = DeepSqueezeEstimates
     label = compressed_label("DeepSqueeze")
     config_name = "DeepSqueeze"
     example_compressor = "sign"
 
-    def __init__(self, params: ParamsLike, comm, compressor=None, gamma: Optional[float] = None,
-                 seed: int = 0):
+    def __init__(
+        self,
+        params: ParamsLike,
+        comm,
+        compressor=None,
+        gamma: Optional[float] = None,
+        seed: int = 0,
+    ):
         super().__init__(params, comm, compressor, gamma, seed)
         # 1 - W[i,i], as the neighbours' weights sum (per step on a schedule)
         self._out_weight = sum(self._weights) if self._weights is not None else None

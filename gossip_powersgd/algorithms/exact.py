@@ -29,8 +29,9 @@ def resolve_gamma(gamma: Optional[float], comm) -> float:
     return value
 
 
-def mix_exact(x: Tensor, received: Sequence[Tensor], weights: Sequence[float], gamma: float,
-              scratch: Tensor) -> None:
+def mix_exact(
+    x: Tensor, received: Sequence[Tensor], weights: Sequence[float], gamma: float, scratch: Tensor
+) -> None:
     """x += gamma * sum_j w_j (x_j - x), accumulated in neighbour order (deterministic bits);
     `kernels.mix_exact`, which runs without the GIL, on lists of tensors and of floats."""
     kernels.mix_exact(x, list(received), [float(w) for w in weights], float(gamma), scratch)
@@ -51,7 +52,9 @@ class ExactGossip(GossipAlgorithm):
     #: when each sender's noises sum to zero with the weights W[i, j] (ZIP-DL's promise).
     supports_edge_noise = True
     summary = "uncompressed gossip, x += gamma * sum_j W_ij (x_j - x)"
-    options = {"gamma": Option("gamma", parse_optional_float, "consensus step (default: the topology's)")}
+    options = {
+        "gamma": Option("gamma", parse_optional_float, "consensus step (default: the topology's)")
+    }
     gamma_source = "topology"
     directed = False
     layout = WholeModel
@@ -80,8 +83,9 @@ class ExactGossip(GossipAlgorithm):
         super().__init__(params, comm)
         self._flat = FlatParams(self.params)
         self._recv = {j: torch.empty_like(self._flat.buffer) for j in comm.neighbors}
-        self._weights = ([comm.topology.weight(comm.rank, j) for j in comm.neighbors]
-                         if comm.is_static else None)
+        self._weights = (
+            [comm.topology.weight(comm.rank, j) for j in comm.neighbors] if comm.is_static else None
+        )
         self._mix = torch.empty_like(self._flat.buffer)
 
     def _step(self) -> None:
@@ -105,7 +109,9 @@ class ExactGossip(GossipAlgorithm):
 
     def bytes_per_step(self) -> int:
         """Bytes of the next `step()`: the whole model to each of that step's neighbours."""
-        degree = len(self.comm.neighbors if self.comm.is_static else self.comm.neighbors_at(self.steps))
+        degree = len(
+            self.comm.neighbors if self.comm.is_static else self.comm.neighbors_at(self.steps)
+        )
         return degree * self._flat.buffer.numel() * self._flat.buffer.element_size()
 
     def state_dict(self) -> Dict[str, object]:

@@ -24,10 +24,18 @@ from ..utils import gil_free
 
 
 @gil_free
-def multiply_into_messages(factors: List[Tensor], norms: List[Tensor], norm_rows: List[Tensor],
-                           epsilon: Tensor, lefts: List[Tensor], rights: List[Tensor],
-                           products: List[Tensor], copy_to: List[Tensor], copy_from: List[Tensor],
-                           outgoing: Tensor) -> float:
+def multiply_into_messages(
+    factors: List[Tensor],
+    norms: List[Tensor],
+    norm_rows: List[Tensor],
+    epsilon: Tensor,
+    lefts: List[Tensor],
+    rights: List[Tensor],
+    products: List[Tensor],
+    copy_to: List[Tensor],
+    copy_from: List[Tensor],
+    outgoing: Tensor,
+) -> float:
     """A static half-step up to the exchange.
 
     First, rank-1 orthonormalisation of the `factors` stacks (none at other ranks): every vector
@@ -54,11 +62,22 @@ def multiply_into_messages(factors: List[Tensor], norms: List[Tensor], norm_rows
 
 
 @gil_free
-def form_factors_and_update(firsts: List[Tensor], seconds: List[Tensor], differences: List[Tensor],
-                            factors: List[Tensor], scales: List[Tensor], scaled: List[Tensor],
-                            matrices: List[Tensor], lefts: List[Tensor], rights: List[Tensor],
-                            exact: Optional[Tensor], received: List[Tensor], weights: List[float],
-                            gamma: float, scratch: Optional[Tensor]) -> None:
+def form_factors_and_update(
+    firsts: List[Tensor],
+    seconds: List[Tensor],
+    differences: List[Tensor],
+    factors: List[Tensor],
+    scales: List[Tensor],
+    scaled: List[Tensor],
+    matrices: List[Tensor],
+    lefts: List[Tensor],
+    rights: List[Tensor],
+    exact: Optional[Tensor],
+    received: List[Tensor],
+    weights: List[float],
+    gamma: float,
+    scratch: Optional[Tensor],
+) -> None:
     """A static half-step after the exchange: `differences[i] = firsts[i] - seconds[i]` (the new
     factors, from the two ends' products), `scaled[i] = factors[i] * scales[i]`, then
     `matrices[i] += lefts[i] @ rights[i]` (baddbmm_, the low-rank updates); and, given `exact`,
@@ -73,8 +92,9 @@ def form_factors_and_update(firsts: List[Tensor], seconds: List[Tensor], differe
         _mix_exact(exact, received, weights, gamma, scratch)
 
 
-def _mix_exact(x: Tensor, received: List[Tensor], weights: List[float], gamma: float,
-               scratch: Tensor) -> None:
+def _mix_exact(
+    x: Tensor, received: List[Tensor], weights: List[float], gamma: float, scratch: Tensor
+) -> None:
     mix = scratch.zero_()
     total = 0.0
     for i in range(len(received)):
@@ -85,8 +105,9 @@ def _mix_exact(x: Tensor, received: List[Tensor], weights: List[float], gamma: f
 
 
 @gil_free
-def mix_exact(x: Tensor, received: List[Tensor], weights: List[float], gamma: float,
-              scratch: Tensor) -> None:
+def mix_exact(
+    x: Tensor, received: List[Tensor], weights: List[float], gamma: float, scratch: Tensor
+) -> None:
     """x += gamma * sum_j w_j (x_j - x), accumulated in neighbour order (deterministic bits)."""
     _mix_exact(x, received, weights, gamma, scratch)
 
@@ -137,11 +158,19 @@ def _check_fields() -> None:
     multiply = list(inspect.signature(multiply_into_messages.python).parameters)
     update = list(inspect.signature(form_factors_and_update.python).parameters)
     if multiply != [*Normalization._fields, *Products._fields] or update != list(Update._fields):
-        raise ImportError("kernels: the named argument tuples no longer match the compiled "
-                          "functions' parameters; update them together")
+        raise ImportError(
+            "kernels: the named argument tuples no longer match the compiled "
+            "functions' parameters; update them together"
+        )
 
 
 _check_fields()
 
-__all__ = ["Normalization", "Products", "Update", "form_factors_and_update", "mix_exact",
-           "multiply_into_messages"]
+__all__ = [
+    "Normalization",
+    "Products",
+    "Update",
+    "form_factors_and_update",
+    "mix_exact",
+    "multiply_into_messages",
+]

@@ -58,7 +58,7 @@ def unflatten(flat: Tensor, shapes: Sequence[Sequence[int]]) -> List[Tensor]:
     out, offset = [], 0
     for shape in shapes:
         numel = torch.Size(shape).numel()
-        out.append(flat[offset:offset + numel].reshape(shape).clone())
+        out.append(flat[offset : offset + numel].reshape(shape).clone())
         offset += numel
     return out
 
@@ -80,10 +80,13 @@ class MessageLayout:
     def of(cls, algorithm) -> "MessageLayout":
         """The layout of a live algorithm's messages (its view meta, without the view's keys)."""
         fields = cls.run_fields(algorithm)
-        meta = {"shapes": [list(p.shape) for p in algorithm.params],
-                "dtype": str(algorithm.dtype).replace("torch.", ""),
-                "observer": int(algorithm.comm.rank),
-                "neighbors": [int(j) for j in algorithm.comm.neighbors], **fields}
+        meta = {
+            "shapes": [list(p.shape) for p in algorithm.params],
+            "dtype": str(algorithm.dtype).replace("torch.", ""),
+            "observer": int(algorithm.comm.rank),
+            "neighbors": [int(j) for j in algorithm.comm.neighbors],
+            **fields,
+        }
         layout = cls(meta)
         layout.fields = fields
         return layout
@@ -106,7 +109,9 @@ class WholeModel(MessageLayout):
     """Every message is the sender's parameters, flattened one after the other (exact gossip)."""
 
     def decode(self, message):
-        return [Part("model", list(range(len(self.shapes))), unflatten(message["tensor"], self.shapes))]
+        return [
+            Part("model", list(range(len(self.shapes))), unflatten(message["tensor"], self.shapes))
+        ]
 
 
 class NoMessages(MessageLayout):
@@ -115,8 +120,10 @@ class NoMessages(MessageLayout):
     point_to_point = False
 
     def decode(self, message):
-        raise ValueError("this algorithm sends no point-to-point messages (it all-reduces): there "
-                         "is nothing of a neighbour's to decode")
+        raise ValueError(
+            "this algorithm sends no point-to-point messages (it all-reduces): there "
+            "is nothing of a neighbour's to decode"
+        )
 
 
 class Undeclared(MessageLayout):
@@ -124,8 +131,18 @@ class Undeclared(MessageLayout):
     recorded, but nothing can be read from them."""
 
     def decode(self, message):
-        raise ValueError(f"algorithm {self.meta.get('algorithm', '?')!r} declares no message layout: "
-                         "set its class's `layout` to a MessageLayout that decodes its messages")
+        raise ValueError(
+            f"algorithm {self.meta.get('algorithm', '?')!r} declares no message layout: "
+            "set its class's `layout` to a MessageLayout that decodes its messages"
+        )
 
 
-__all__ = ["MessageLayout", "NoMessages", "PART_KINDS", "Part", "Undeclared", "WholeModel", "unflatten"]
+__all__ = [
+    "MessageLayout",
+    "NoMessages",
+    "PART_KINDS",
+    "Part",
+    "Undeclared",
+    "WholeModel",
+    "unflatten",
+]

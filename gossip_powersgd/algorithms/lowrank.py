@@ -35,16 +35,17 @@ def orthonormalize_(factor: Tensor) -> Tensor:
     if r == 1:  # the same operations as the loop below, without slicing out the one vector
         return factor.div_(torch.linalg.vector_norm(factor, dim=-1, keepdim=True).add_(ORTHO_EPS))
     for k in range(r):
-        vector = factor[..., k:k + 1, :]
+        vector = factor[..., k : k + 1, :]
         for previous in range(k):
-            basis = factor[..., previous:previous + 1, :]
+            basis = factor[..., previous : previous + 1, :]
             vector.sub_(basis * (basis * vector).sum(dim=-1, keepdim=True))
         vector.div_(torch.linalg.vector_norm(vector, dim=-1, keepdim=True).add_(ORTHO_EPS))
     return factor
 
 
-def compressible_matrices(tensors: Sequence[Tensor], rank: int,
-                          min_compression_rate: float) -> Dict[Tuple[int, int], List[int]]:
+def compressible_matrices(
+    tensors: Sequence[Tensor], rank: int, min_compression_rate: float
+) -> Dict[Tuple[int, int], List[int]]:
     """Group the tensors worth sending in low-rank form by their matrix shape.
 
     A tensor of shape (d0, d1, ...) is viewed as a d0 x (d1*d2*...) matrix; it is compressed when
@@ -83,13 +84,16 @@ class MatrixStack:
 
     def block(self, factors: Tensor, n: int) -> Tensor:
         """Part number n of factors kept side by side along dim 1, `rank` vectors per part."""
-        return factors[:, n * self.rank:(n + 1) * self.rank, :]
+        return factors[:, n * self.rank : (n + 1) * self.rank, :]
 
 
-def matrix_stacks(stack_type: type, tensors: Sequence[Tensor], rank: int,
-                  min_compression_rate: float) -> List[MatrixStack]:
+def matrix_stacks(
+    stack_type: type, tensors: Sequence[Tensor], rank: int, min_compression_rate: float
+) -> List[MatrixStack]:
     """One `stack_type` (a `MatrixStack` subclass) per shape of `compressible_matrices`, in the
     order those shapes first appear (the same on every peer)."""
     shapes = compressible_matrices(tensors, rank, min_compression_rate)
-    return [stack_type(indices, rows, cols, min(rank, rows, cols))
-            for (rows, cols), indices in shapes.items()]
+    return [
+        stack_type(indices, rows, cols, min(rank, rows, cols))
+        for (rows, cols), indices in shapes.items()
+    ]

@@ -52,10 +52,23 @@ import torch
 
 from ..comm.base import Tensor
 from ..specs import FALSE_WORDS, check_seed, parse_bool, parse_optional_float, parse_seed
-from .base import (GossipAlgorithm, Option, ParamsLike, load_tensors_, require_undirected,
-                   step_weights, warn_if_unstable_gamma)
+from .base import (
+    GossipAlgorithm,
+    Option,
+    ParamsLike,
+    load_tensors_,
+    require_undirected,
+    step_weights,
+    warn_if_unstable_gamma,
+)
 from .exact import mix_exact, resolve_gamma
-from .kernels import Normalization, Products, Update, form_factors_and_update, multiply_into_messages
+from .kernels import (
+    Normalization,
+    Products,
+    Update,
+    form_factors_and_update,
+    multiply_into_messages,
+)
 from .layout import MessageLayout, Part, unflatten
 from .lowrank import GRAM_SCHMIDT_MAX_RANK, ORTHO_EPS, MatrixStack, matrix_stacks, orthonormalize_
 
@@ -80,7 +93,7 @@ def _segments_of(rows: Tensor, offset: int, batch: int, *inner: int) -> Tensor:
     """The (batch, deg, *inner) view of every row's segment that starts at `offset` of a
     (deg, width) tensor: neighbour n's (batch, *inner) block is row n's segment."""
     size = batch * int(np.prod(inner))
-    return rows[:, offset:offset + size].view(rows.shape[0], batch, *inner).transpose(0, 1)
+    return rows[:, offset : offset + size].view(rows.shape[0], batch, *inner).transpose(0, 1)
 
 
 @dataclasses.dataclass
@@ -94,7 +107,9 @@ class _EdgeFactors(MatrixStack):
     matrices: Optional[Tensor] = None  # (batch, rows, cols): the parameters themselves (views)
     right: Optional[Tensor] = None  # (batch, deg*r, cols): every neighbour's Q^T
     left: Optional[Tensor] = None  # (batch, deg*r, rows): every neighbour's P^T
-    scaled_left: Optional[Tensor] = None  # (batch, deg*r, rows): P^T times sigma*gamma*W per neighbour
+    scaled_left: Optional[Tensor] = (
+        None  # (batch, deg*r, rows): P^T times sigma*gamma*W per neighbour
+    )
     products_right: Optional[Tensor] = None  # (batch, deg*r, rows) = (M Q)^T for every neighbour
     products_left: Optional[Tensor] = None  # (batch, deg*r, cols) = (M^T P)^T for every neighbour
     scales: Optional[Tensor] = None  # (1, deg*r, 1): sigma * gamma * W[i, j] for each factor vector
@@ -142,17 +157,24 @@ class LowRankProducts(MessageLayout):
 
     @classmethod
     def run_fields(cls, algorithm):
-        return {"groups": algorithm.groups,
-                "exact_indices": [k for k in range(len(algorithm.params))
-                                  if k not in algorithm.compressed_indices]}
+        return {
+            "groups": algorithm.groups,
+            "exact_indices": [
+                k for k in range(len(algorithm.params)) if k not in algorithm.compressed_indices
+            ],
+        }
 
     def annotate(self, algorithm, sender):
         kind = algorithm.edge_side(sender)
         letter = "Q" if kind == "right" else "P"
         factors = algorithm.factors(sender)
-        return {"kind": kind,
-                "factors": {str(g): factors[f"{g}.{letter}"].detach().cpu().clone()
-                            for g in range(len(self.meta["groups"]))}}
+        return {
+            "kind": kind,
+            "factors": {
+                str(g): factors[f"{g}.{letter}"].detach().cpu().clone()
+                for g in range(len(self.meta["groups"]))
+            },
+        }
 
     def decode(self, message):
         tensor, kind = message["tensor"], message["kind"]
@@ -160,14 +182,27 @@ class LowRankProducts(MessageLayout):
         for g, (indices, rows, cols, r) in enumerate(self.meta["groups"]):
             width = rows if kind == "right" else cols
             size = len(indices) * r * width
-            block = tensor[offset:offset + size].view(len(indices), r, width)
-            parts.append(Part(kind, list(indices), block=block, factor=message["factors"][str(g)],
-                              rows=rows, cols=cols))
+            block = tensor[offset : offset + size].view(len(indices), r, width)
+            parts.append(
+                Part(
+                    kind,
+                    list(indices),
+                    block=block,
+                    factor=message["factors"][str(g)],
+                    rows=rows,
+                    cols=cols,
+                )
+            )
             offset += size
         exact = self.meta["exact_indices"]
         if exact and tensor.numel() > offset:  # the first half-step of a step
-            parts.append(Part("model", list(exact),
-                              unflatten(tensor[offset:], [self.shapes[k] for k in exact])))
+            parts.append(
+                Part(
+                    "model",
+                    list(exact),
+                    unflatten(tensor[offset:], [self.shapes[k] for k in exact]),
+                )
+            )
         return parts
 
 
@@ -206,11 +241,15 @@ class PowerGossip(GossipAlgorithm):
     #: Schedules do not call it (`privacy.mechanisms` refuses them).
     supports_edge_noise = True
     summary = "low-rank compressed gossip (PowerGossip), gamma defaults to the topology's"
-    options = {"rank": Option("rank", int), "iters": Option("num_iterations", int),
-               "gamma": Option("gamma", parse_optional_float),
-               "warm": Option("warm_start", parse_bool), "seed": Option("seed", parse_seed),
-               "min_compression_rate": Option("min_compression_rate", float),
-               "batched": Option("batch_neighbors", parse_bool)}
+    options = {
+        "rank": Option("rank", int),
+        "iters": Option("num_iterations", int),
+        "gamma": Option("gamma", parse_optional_float),
+        "warm": Option("warm_start", parse_bool),
+        "seed": Option("seed", parse_seed),
+        "min_compression_rate": Option("min_compression_rate", float),
+        "batched": Option("batch_neighbors", parse_bool),
+    }
     gamma_source = "topology"
     directed = False
     layout = LowRankProducts
@@ -236,12 +275,24 @@ class PowerGossip(GossipAlgorithm):
     @classmethod
     def check_config(cls, kwargs, topology) -> None:
         """The constructor's checks of rank, iterations and compression rate, from the spec alone."""
-        cls._check_arguments(kwargs.get("rank", 1), kwargs.get("num_iterations", 1),
-                             kwargs.get("min_compression_rate", 1.0))
+        cls._check_arguments(
+            kwargs.get("rank", 1),
+            kwargs.get("num_iterations", 1),
+            kwargs.get("min_compression_rate", 1.0),
+        )
 
-    def __init__(self, params: ParamsLike, comm, rank: int = 1, num_iterations: int = 1,
-                 gamma: Optional[float] = None, warm_start: bool = True, seed: int = 0,
-                 min_compression_rate: float = 1.0, batch_neighbors: bool = True):
+    def __init__(
+        self,
+        params: ParamsLike,
+        comm,
+        rank: int = 1,
+        num_iterations: int = 1,
+        gamma: Optional[float] = None,
+        warm_start: bool = True,
+        seed: int = 0,
+        min_compression_rate: float = 1.0,
+        batch_neighbors: bool = True,
+    ):
         require_undirected("PowerGossip", comm)
         super().__init__(params, comm)
         self._check_arguments(rank, num_iterations, min_compression_rate)
@@ -264,8 +315,10 @@ class PowerGossip(GossipAlgorithm):
         self._edge_half_steps = None if comm.is_static else {j: 0 for j in neighbors}
         # +1 at the smaller end of an edge, -1 at the larger: opposite updates preserve the average.
         self._signs = [1.0 if me < j else -1.0 for j in neighbors]
-        self._generators = {j: torch.Generator(device="cpu").manual_seed(edge_seed(self.seed, me, j))
-                            for j in neighbors}
+        self._generators = {
+            j: torch.Generator(device="cpu").manual_seed(edge_seed(self.seed, me, j))
+            for j in neighbors
+        }
 
         self._groups = self._make_groups()
         self._exact_indices = [k for k in range(len(self.params)) if k not in self._compressed]
@@ -292,8 +345,9 @@ class PowerGossip(GossipAlgorithm):
             group.matrices = first.data.view(1, group.rows, group.cols)
             return
         if group.matrices is None:
-            group.matrices = torch.empty((group.batch, group.rows, group.cols),
-                                         dtype=self.dtype, device=self.device)
+            group.matrices = torch.empty(
+                (group.batch, group.rows, group.cols), dtype=self.dtype, device=self.device
+            )
         for slot, k in enumerate(group.indices):
             tensor = self.params[k]
             group.matrices[slot].copy_(tensor.detach().reshape(group.rows, group.cols))
@@ -310,7 +364,7 @@ class PowerGossip(GossipAlgorithm):
             offset = 0
             for k in self._exact_indices:
                 size = self.params[k].numel()
-                self._exact_views.append(self._exact[offset:offset + size])
+                self._exact_views.append(self._exact[offset : offset + size])
                 offset += size
         for k, flat in zip(self._exact_indices, self._exact_views):
             tensor = self.params[k]
@@ -354,9 +408,14 @@ class PowerGossip(GossipAlgorithm):
             align = max(1, _ALIGN_BYTES // self._element_size())
             left = _round_up(self._message_numel[("right", False)], align)
             right = _round_up(self._message_numel[("left", False)], align)
-            self._factor_rows = {"left": new(deg, left), "right": new(deg, right),
-                                 "scaled_left": new(deg, left)}
-            self._scale_column = torch.tensor(scales, dtype=self.dtype, device=self.device).view(deg, 1)
+            self._factor_rows = {
+                "left": new(deg, left),
+                "right": new(deg, right),
+                "scaled_left": new(deg, left),
+            }
+            self._scale_column = torch.tensor(scales, dtype=self.dtype, device=self.device).view(
+                deg, 1
+            )
             # One norm per factor vector, for the vectors multiplied by on each side, so that the
             # epsilon is added to all of them at once; a tensor, not a Python number, because
             # a number would be converted into one at every call.
@@ -371,16 +430,24 @@ class PowerGossip(GossipAlgorithm):
                 group.scaled_left = new(b, deg * r, rows)
             else:
                 rows_of = self._factor_rows
-                group.right = _segments_of(rows_of["right"], self._segments[(index, "left")][0], b, cols)
-                group.left = _segments_of(rows_of["left"], self._segments[(index, "right")][0], b, rows)
-                group.scaled_left = _segments_of(rows_of["scaled_left"],
-                                                 self._segments[(index, "right")][0], b, rows)
+                group.right = _segments_of(
+                    rows_of["right"], self._segments[(index, "left")][0], b, cols
+                )
+                group.left = _segments_of(
+                    rows_of["left"], self._segments[(index, "right")][0], b, rows
+                )
+                group.scaled_left = _segments_of(
+                    rows_of["scaled_left"], self._segments[(index, "right")][0], b, rows
+                )
             group.products_right = new(b, deg * r, rows)
             group.products_left = new(b, deg * r, cols)
             for n, j in enumerate(neighbors):
                 group.block(group.right, n).copy_(self._draw(j, (b, r, cols)))
-            group.scales = torch.tensor([scales[n] for n in range(deg) for _ in range(r)],
-                                        dtype=self.dtype, device=self.device).view(1, deg * r, 1)
+            group.scales = torch.tensor(
+                [scales[n] for n in range(deg) for _ in range(r)],
+                dtype=self.dtype,
+                device=self.device,
+            ).view(1, deg * r, 1)
 
     def _make_messages(self) -> None:
         """One preallocated send and receive buffer per neighbour, with views for every segment.
@@ -394,13 +461,17 @@ class PowerGossip(GossipAlgorithm):
         right = sum(g.batch * g.rows * g.rank for g in self._groups)
         left = sum(g.batch * g.cols * g.rank for g in self._groups)
         exact = self._exact.numel() if self._exact is not None else 0
-        self._message_numel = {(side, with_exact): size + (exact if with_exact else 0)
-                               for side, size in (("right", right), ("left", left))
-                               for with_exact in (False, True)}
+        self._message_numel = {
+            (side, with_exact): size + (exact if with_exact else 0)
+            for side, size in (("right", right), ("left", left))
+            for with_exact in (False, True)
+        }
         # Rows start on 64-byte boundaries, as separately allocated buffers do: a BLAS kernel
         # writing a product into a message may round differently at another alignment.
         capacity = _round_up(max(right, left) + exact, max(1, _ALIGN_BYTES // self._element_size()))
-        self._send_rows = torch.zeros((len(neighbors), capacity), dtype=self.dtype, device=self.device)
+        self._send_rows = torch.zeros(
+            (len(neighbors), capacity), dtype=self.dtype, device=self.device
+        )
         self._recv_rows = torch.zeros_like(self._send_rows)
         self._send = {j: self._send_rows[n] for n, j in enumerate(neighbors)}
         self._recv = {j: self._recv_rows[n] for n, j in enumerate(neighbors)}
@@ -415,19 +486,29 @@ class PowerGossip(GossipAlgorithm):
                 shape = (g.batch, g.rank, g.rows if side == "right" else g.cols)
                 size = shape[0] * shape[1] * shape[2]
                 self._segments[(index, side)] = (offset, size)
-                for views, buffers in ((self._send_views, self._send), (self._recv_views, self._recv)):
-                    views[(index, side)] = {j: buffers[j][offset:offset + size].view(shape)
-                                            for j in neighbors}
+                for views, buffers in (
+                    (self._send_views, self._send),
+                    (self._recv_views, self._recv),
+                ):
+                    views[(index, side)] = {
+                        j: buffers[j][offset : offset + size].view(shape) for j in neighbors
+                    }
                 offset += size
             self._segments[("exact", side)] = (offset, exact)
             for views, buffers in ((self._send_views, self._send), (self._recv_views, self._recv)):
-                views[("exact", side)] = {j: buffers[j][offset:offset + exact] for j in neighbors}
+                views[("exact", side)] = {j: buffers[j][offset : offset + exact] for j in neighbors}
         # The exchange's buffers, sliced to each message's size once: (side, with exact) -> dicts.
-        self._messages = {key: ({j: self._send[j][:numel] for j in neighbors},
-                                {j: self._recv[j][:numel] for j in neighbors})
-                          for key, numel in self._message_numel.items()}
+        self._messages = {
+            key: (
+                {j: self._send[j][:numel] for j in neighbors},
+                {j: self._recv[j][:numel] for j in neighbors},
+            )
+            for key, numel in self._message_numel.items()
+        }
         # All of those messages at once, for the finiteness check before they leave.
-        self._outgoing = {key: self._send_rows[:, :numel] for key, numel in self._message_numel.items()}
+        self._outgoing = {
+            key: self._send_rows[:, :numel] for key, numel in self._message_numel.items()
+        }
 
     def _element_size(self) -> int:
         return torch.empty((), dtype=self.dtype).element_size()
@@ -451,7 +532,11 @@ class PowerGossip(GossipAlgorithm):
         deg = len(self.comm.neighbors)
         runs = self._sign_runs()
         # Where each parameter's data must start for the plans to be valid (see `_check_homes`).
-        homes = [(k, group.matrices[slot]) for group in self._groups for slot, k in enumerate(group.indices)]
+        homes = [
+            (k, group.matrices[slot])
+            for group in self._groups
+            for slot, k in enumerate(group.indices)
+        ]
         homes += list(zip(self._exact_indices, self._exact_views))
         self._home_indices = [k for k, _ in homes]
         self._home_ptrs = [home.data_ptr() for _, home in homes]
@@ -472,35 +557,47 @@ class PowerGossip(GossipAlgorithm):
                 for start, stop, smaller in runs if self._factor_rows is None else ():
                     # big's product minus small's product, written in the same order at both ends
                     first, second = (recvs, sends) if smaller else (sends, recvs)
-                    differences.append((first[:, start:stop], second[:, start:stop],
-                                        new_sets[:, start:stop]))
+                    differences.append(
+                        (first[:, start:stop], second[:, start:stop], new_sets[:, start:stop])
+                    )
                 width = factors.shape[-1]
                 norms = None
                 if self._factor_rows is not None:
                     start = sum(q.batch for q in self._groups[:index]) * deg
-                    norms = self._norm_rows[side][start:start + b * deg].view(b, deg, 1)
-                self._plans[side].append(_SidePlan(
-                    group=g,
-                    blocks=[g.block(factors, n) for n in range(deg)],
-                    factor_sets=factors.view(b, deg, r, width) if r <= GRAM_SCHMIDT_MAX_RANK else None,
-                    matrix=g.matrices.transpose(1, 2) if right else g.matrices,
-                    factors=factors, products=products,
-                    product_sets=products.view(b, deg, r, length), send_sets=sends,
-                    differences=differences, scaled_left_t=g.scaled_left.transpose(1, 2),
-                    norms=norms,
-                ))
+                    norms = self._norm_rows[side][start : start + b * deg].view(b, deg, 1)
+                self._plans[side].append(
+                    _SidePlan(
+                        group=g,
+                        blocks=[g.block(factors, n) for n in range(deg)],
+                        factor_sets=factors.view(b, deg, r, width)
+                        if r <= GRAM_SCHMIDT_MAX_RANK
+                        else None,
+                        matrix=g.matrices.transpose(1, 2) if right else g.matrices,
+                        factors=factors,
+                        products=products,
+                        product_sets=products.view(b, deg, r, length),
+                        send_sets=sends,
+                        differences=differences,
+                        scaled_left_t=g.scaled_left.transpose(1, 2),
+                        norms=norms,
+                    )
+                )
         # At rank 1, every group's new factors at once: one subtraction per run of neighbours over
         # the groups' part of the messages (big's product minus small's, as per group above).
         self._row_differences: Dict[str, List[tuple]] = {}
         if self._factor_rows is not None:
-            for side, new_rows in (("right", self._factor_rows["left"]),
-                                   ("left", self._factor_rows["right"])):
+            for side, new_rows in (
+                ("right", self._factor_rows["left"]),
+                ("left", self._factor_rows["right"]),
+            ):
                 size = self._message_numel[(side, False)]
                 sends, recvs = self._send_rows[:, :size], self._recv_rows[:, :size]
                 differences = []
                 for start, stop, smaller in runs:
                     first, second = (recvs, sends) if smaller else (sends, recvs)
-                    differences.append((first[start:stop], second[start:stop], new_rows[start:stop, :size]))
+                    differences.append(
+                        (first[start:stop], second[start:stop], new_rows[start:stop, :size])
+                    )
                 self._row_differences[side] = differences
         self._make_work()
 
@@ -517,8 +614,11 @@ class PowerGossip(GossipAlgorithm):
         for side, plans in self._plans.items():
             if self._factor_rows is not None:
                 self._normalization[side] = Normalization(
-                    factors=[plan.factors for plan in plans], norms=[plan.norms for plan in plans],
-                    norm_rows=[self._norm_rows[side]], epsilon=self._epsilon)
+                    factors=[plan.factors for plan in plans],
+                    norms=[plan.norms for plan in plans],
+                    norm_rows=[self._norm_rows[side]],
+                    epsilon=self._epsilon,
+                )
             lefts, rights, products, copy_to, copy_from = [], [], [], [], []
             for index, plan in enumerate(plans):
                 if self.batch_neighbors:
@@ -554,22 +654,43 @@ class PowerGossip(GossipAlgorithm):
                         matrices.append(g.matrices)
                         update_lefts.append(g.block(g.scaled_left, n).transpose(1, 2))
                         update_rights.append(g.block(g.right, n))
-            low_rank = dict(firsts=[d[0] for d in differences], seconds=[d[1] for d in differences],
-                            differences=[d[2] for d in differences], factors=factors, scales=scales,
-                            scaled=scaled, matrices=matrices, lefts=update_lefts, rights=update_rights)
+            low_rank = dict(
+                firsts=[d[0] for d in differences],
+                seconds=[d[1] for d in differences],
+                differences=[d[2] for d in differences],
+                factors=factors,
+                scales=scales,
+                scaled=scaled,
+                matrices=matrices,
+                lefts=update_lefts,
+                rights=update_rights,
+            )
             for has_exact in (False, True):
                 to, source = list(copy_to), list(copy_from)
                 mixing = dict(exact=None, received=[], weights=[], gamma=0.0, scratch=None)
                 if has_exact and self._exact is not None:
                     offset, size = self._segments[("exact", side)]
-                    to.append(self._send_rows[:, offset:offset + size])
+                    to.append(self._send_rows[:, offset : offset + size])
                     source.append(self._exact.expand(len(neighbors), size))
                     received = [self._recv_views[("exact", side)][j] for j in neighbors]
-                    mixing = dict(exact=self._exact, received=received, weights=weights,
-                                  gamma=float(self.gamma), scratch=self._exact_scratch)
-                multiply = Products(lefts=lefts, rights=rights, products=products, copy_to=to,
-                                    copy_from=source, outgoing=self._outgoing[(side, has_exact)])
-                self._work[(side, has_exact)] = _HalfStepWork(multiply, Update(**low_rank, **mixing))
+                    mixing = dict(
+                        exact=self._exact,
+                        received=received,
+                        weights=weights,
+                        gamma=float(self.gamma),
+                        scratch=self._exact_scratch,
+                    )
+                multiply = Products(
+                    lefts=lefts,
+                    rights=rights,
+                    products=products,
+                    copy_to=to,
+                    copy_from=source,
+                    outgoing=self._outgoing[(side, has_exact)],
+                )
+                self._work[(side, has_exact)] = _HalfStepWork(
+                    multiply, Update(**low_rank, **mixing)
+                )
 
     # ---- the algorithm -------------------------------------------------------------------------
     def _step(self) -> None:
@@ -654,11 +775,14 @@ class PowerGossip(GossipAlgorithm):
         r = g.rank
         return torch.tensor([n * r + k for n in positions for k in range(r)], device=self.device)
 
-    def _scheduled_half_step(self, step: int, active, positions: List[int], weights: List[float],
-                             with_exact: bool) -> None:
+    def _scheduled_half_step(
+        self, step: int, active, positions: List[int], weights: List[float], with_exact: bool
+    ) -> None:
         sides = {j: self._edge_side(j, ahead=0) for j in active}
-        by_side = {side: [(n, j) for n, j in zip(positions, active) if sides[j] == side]
-                   for side in ("right", "left")}
+        by_side = {
+            side: [(n, j) for n, j in zip(positions, active) if sides[j] == side]
+            for side in ("right", "left")
+        }
         has_exact = with_exact and self._exact is not None
 
         # 1. Per side, orthonormalise the active edges' factors and multiply M by them together.
@@ -679,7 +803,7 @@ class PowerGossip(GossipAlgorithm):
                     stacked = factors.index_select(1, self._rows(g, [n for n, _ in edges]))
                     products = torch.bmm(stacked, matrix)
                     for k, (_, j) in enumerate(edges):
-                        sends[j].copy_(products[:, k * g.rank:(k + 1) * g.rank, :])
+                        sends[j].copy_(products[:, k * g.rank : (k + 1) * g.rank, :])
                 else:
                     for n, j in edges:
                         torch.bmm(g.block(factors, n), matrix, out=sends[j])
@@ -690,8 +814,11 @@ class PowerGossip(GossipAlgorithm):
 
         # 2. One message per active neighbour, sized for that edge's side.
         numel = {j: self._message_numel[(sides[j], has_exact)] for j in active}
-        self._exchange({j: self._send[j][:numel[j]] for j in active},
-                       {j: self._recv[j][:numel[j]] for j in active}, step)
+        self._exchange(
+            {j: self._send[j][: numel[j]] for j in active},
+            {j: self._recv[j][: numel[j]] for j in active},
+            step,
+        )
 
         # 3. Both ends form the edge's new factor, then M += sum_j sigma_j gamma W(t)_ij P_j Q_j^T.
         scales = {j: self._signs[n] * self.gamma * w for n, j, w in zip(positions, active, weights)}
@@ -706,8 +833,11 @@ class PowerGossip(GossipAlgorithm):
                         torch.sub(sends[j], recvs[j], out=g.block(new_factors, n))
             if self.batch_neighbors:
                 rows = self._rows(g, positions)
-                column = torch.tensor([scales[j] for j in active for _ in range(g.rank)],
-                                      dtype=self.dtype, device=self.device).view(1, -1, 1)
+                column = torch.tensor(
+                    [scales[j] for j in active for _ in range(g.rank)],
+                    dtype=self.dtype,
+                    device=self.device,
+                ).view(1, -1, 1)
                 scaled = g.left.index_select(1, rows).mul_(column)
                 g.matrices.baddbmm_(scaled.transpose(1, 2), g.right.index_select(1, rows))
             else:
@@ -725,8 +855,11 @@ class PowerGossip(GossipAlgorithm):
         has_exact = self._exact is not None
         size = torch.empty((), dtype=self.dtype).element_size()
         if not self.comm.is_static:
-            total = sum(self._message_numel[(self._edge_side(j, ahead=1 + k), k == 0 and has_exact)]
-                        for j in self.comm.neighbors_at(self.steps) for k in range(self.num_iterations))
+            total = sum(
+                self._message_numel[(self._edge_side(j, ahead=1 + k), k == 0 and has_exact)]
+                for j in self.comm.neighbors_at(self.steps)
+                for k in range(self.num_iterations)
+            )
             return total * size
         total, half = 0, self.half_steps
         for iteration in range(self.num_iterations):
@@ -770,8 +903,12 @@ class PowerGossip(GossipAlgorithm):
         return out
 
     def state_dict(self) -> Dict[str, object]:
-        state: Dict[str, object] = {"steps": self.steps, "half_steps": self.half_steps,
-                                    "rank": self.rank, "seed": self.seed}
+        state: Dict[str, object] = {
+            "steps": self.steps,
+            "half_steps": self.half_steps,
+            "rank": self.rank,
+            "seed": self.seed,
+        }
         for j in self.comm.neighbors:
             for name, tensor in self.factors(j).items():
                 state[f"factor.{j}.{name}"] = tensor.detach().cpu().clone()
@@ -787,14 +924,19 @@ class PowerGossip(GossipAlgorithm):
                 f"has rank={self.rank}, seed={self.seed}"
             )
         for j in self.comm.neighbors:
-            load_tensors_("PowerGossip", state,
-                          {f"factor.{j}.{name}": t for name, t in self.factors(j).items()})
+            load_tensors_(
+                "PowerGossip",
+                state,
+                {f"factor.{j}.{name}": t for name, t in self.factors(j).items()},
+            )
             self._generators[j].set_state(state[f"generator.{j}"])
             if self._edge_half_steps is not None:
                 key = f"edge_half_steps.{j}"
                 if key not in state:
-                    raise ValueError(f"PowerGossip state has no {key!r}: it was saved on a static "
-                                     "topology, and this run uses a schedule")
+                    raise ValueError(
+                        f"PowerGossip state has no {key!r}: it was saved on a static "
+                        "topology, and this run uses a schedule"
+                    )
                 self._edge_half_steps[j] = int(state[key])
         self.steps = int(state["steps"])
         self.half_steps = int(state["half_steps"])

@@ -96,8 +96,9 @@ class PushSum(GossipAlgorithm):
         numel = self._flat.buffer.numel()
         x = self._message[:numel]
         x.copy_(self._flat.pack()).mul_(self._message[numel])  # x = w z
-        self._exchange({j: self._message for j in outs}, {j: self._recv[j] for j in ins},
-                       step, directed=True)
+        self._exchange(
+            {j: self._message for j in outs}, {j: self._recv[j] for j in ins}, step, directed=True
+        )
         mix = torch.mul(self._message, own, out=self._mix)
         for j, share in zip(ins, shares):
             mix.add_(self._recv[j], alpha=share)

@@ -47,8 +47,9 @@ def _draw(edge: Edge, groups, side: str, dtype) -> Dict[int, Tensor]:
     """A fresh factor for every compressed tensor, drawn group by group (vector-major, as stored)."""
     out = {}
     for (rows, cols), (indices, r) in groups.items():
-        block = torch.randn((len(indices), r, cols if side == "Q" else rows),
-                            generator=edge.generator, dtype=dtype)
+        block = torch.randn(
+            (len(indices), r, cols if side == "Q" else rows), generator=edge.generator, dtype=dtype
+        )
         out.update({k: block[slot].T.clone() for slot, k in enumerate(indices)})
     return out
 
@@ -60,10 +61,18 @@ def _orthonormalise(factor: Tensor) -> Tensor:
     return orthonormalize_(vectors)[0].T
 
 
-def reference_powergossip(models: Sequence[List[Tensor]], topology, steps: int, rank: int = 1,
-                          num_iterations: int = 1, gamma: Optional[float] = None,
-                          warm_start: bool = True, seed: int = 0, min_compression_rate: float = 1.0,
-                          on_half_step: Optional[Callable] = None) -> Dict[Tuple[int, int], Edge]:
+def reference_powergossip(
+    models: Sequence[List[Tensor]],
+    topology,
+    steps: int,
+    rank: int = 1,
+    num_iterations: int = 1,
+    gamma: Optional[float] = None,
+    warm_start: bool = True,
+    seed: int = 0,
+    min_compression_rate: float = 1.0,
+    on_half_step: Optional[Callable] = None,
+) -> Dict[Tuple[int, int], Edge]:
     """Run `steps` PowerGossip steps on every peer's tensors (`models[i]`, updated in place) on a
     `Topology` or a schedule. gamma=None is the topology's `gamma`, 1 on a schedule.
     `on_half_step(edge_key, k, factor, m_small, m_big)`, if given, is called with each factor before
@@ -81,8 +90,10 @@ def reference_powergossip(models: Sequence[List[Tensor]], topology, steps: int, 
             if i < j:
                 edge = Edge(torch.Generator().manual_seed(edge_seed(seed, i, j)), {}, {})
                 edge.Q = _draw(edge, groups, "Q", dtype)
-                edge.P = {k: torch.zeros(matrix_shape[k][0], q.shape[1], dtype=dtype)
-                          for k, q in edge.Q.items()}
+                edge.P = {
+                    k: torch.zeros(matrix_shape[k][0], q.shape[1], dtype=dtype)
+                    for k, q in edge.Q.items()
+                }
                 edges[(i, j)] = edge
     matrix = lambda i, k: models[i][k].view(matrix_shape[k])  # noqa: E731 (a view: updated in place)
     for t in range(steps):
@@ -100,7 +111,9 @@ def reference_powergossip(models: Sequence[List[Tensor]], topology, steps: int, 
                 for k in matrix_shape:
                     m_small, m_big = matrix(small, k), matrix(big, k)
                     if on_half_step is not None:
-                        on_half_step((small, big), k, edge.Q[k] if right else edge.P[k], m_small, m_big)
+                        on_half_step(
+                            (small, big), k, edge.Q[k] if right else edge.P[k], m_small, m_big
+                        )
                     if right:
                         edge.Q[k] = _orthonormalise(edge.Q[k])
                         edge.P[k] = m_big @ edge.Q[k] - m_small @ edge.Q[k]
@@ -110,14 +123,23 @@ def reference_powergossip(models: Sequence[List[Tensor]], topology, steps: int, 
                     correction = gamma * graph.weight(small, big) * (edge.P[k] @ edge.Q[k].T)
                     for peer, sign in ((small, 1.0), (big, -1.0)):
                         updates[(peer, k)] = updates.get((peer, k), 0) + sign * correction
-            before = [[models[i][k].clone() for k in exact] for i in range(n)] if iteration == 0 else None
+            before = (
+                [[models[i][k].clone() for k in exact] for i in range(n)]
+                if iteration == 0
+                else None
+            )
             for (peer, k), update in updates.items():
                 matrix(peer, k).add_(update)
             if before is not None:
                 for i in range(n):
                     for slot, k in enumerate(exact):
-                        mixed = sum((graph.weight(i, j) * (before[j][slot] - before[i][slot])
-                                     for j in graph.neighbors(i)), torch.zeros_like(before[i][slot]))
+                        mixed = sum(
+                            (
+                                graph.weight(i, j) * (before[j][slot] - before[i][slot])
+                                for j in graph.neighbors(i)
+                            ),
+                            torch.zeros_like(before[i][slot]),
+                        )
                         models[i][k].add_(gamma * mixed)
     return edges
 

@@ -16,6 +16,7 @@ import inspect
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from .. import specs
+
 # Re-exported: algorithm option tables (and the experiments) parse their values with these.
 from ..specs import parse_bool, parse_optional_float  # noqa: F401
 from .allreduce import AllReduce, PowerSGDAllReduce
@@ -31,8 +32,15 @@ from .pushsum import PushSum
 GAMMA_KINDS = ("topology", "tuned", "none")
 
 #: The algorithms of the CLI, in the order `describe_algorithms` lists them (sorted by name).
-ALGORITHMS = [ExactGossip, PowerGossip, ChocoGossip, DeepSqueeze, PushSum, AllReduce,
-              PowerSGDAllReduce]
+ALGORITHMS = [
+    ExactGossip,
+    PowerGossip,
+    ChocoGossip,
+    DeepSqueeze,
+    PushSum,
+    AllReduce,
+    PowerSGDAllReduce,
+]
 
 REGISTRY: Dict[str, type] = {}
 
@@ -41,8 +49,11 @@ def constructor_defaults(cls) -> Dict[str, Any]:
     """The constructor's keyword arguments and their defaults (`inspect.Parameter.empty` for
     none): the defaults of the spec options that set them."""
     parameters = inspect.signature(cls.__init__).parameters
-    return {name: p.default for name, p in parameters.items()
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {
+        name: p.default
+        for name, p in parameters.items()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
 
 
 def _takes_any_keyword(cls) -> bool:
@@ -68,16 +79,21 @@ def declaration_problems(cls) -> list:
             if not isinstance(option, Option) or not callable(option.parse):
                 problems.append(f"option {key!r} as an Option(argument, parse)")
             elif option.argument not in defaults and not _takes_any_keyword(cls):
-                problems.append(f"option {key!r}: its argument {option.argument!r} is not a keyword "
-                                "of the constructor")
+                problems.append(
+                    f"option {key!r}: its argument {option.argument!r} is not a keyword "
+                    "of the constructor"
+                )
     if cls.gamma_source not in GAMMA_KINDS:
         problems.append(f"`gamma_source` (one of {', '.join(GAMMA_KINDS)})")
     if not isinstance(cls.directed, bool):
         problems.append("`directed` (True if it runs on directed graphs)")
     if not callable(cls.label):
         problems.append("`label` (a classmethod: spec options -> legend label)")
-    if not (isinstance(cls.layout, type) and issubclass(cls.layout, MessageLayout)
-            and cls.layout is not MessageLayout):
+    if not (
+        isinstance(cls.layout, type)
+        and issubclass(cls.layout, MessageLayout)
+        and cls.layout is not MessageLayout
+    ):
         problems.append("`layout` (a MessageLayout subclass saying what its messages hold)")
     return problems
 
@@ -90,8 +106,10 @@ def register(cls, *legacy, **legacy_keywords) -> type:
         return register_factory(cls, *legacy, **legacy_keywords)
     problems = declaration_problems(cls)
     if problems:
-        raise TypeError(f"algorithm class {getattr(cls, '__name__', cls)!s} cannot be registered: it "
-                        f"does not declare {'; '.join(problems)} (see GossipAlgorithm)")
+        raise TypeError(
+            f"algorithm class {getattr(cls, '__name__', cls)!s} cannot be registered: it "
+            f"does not declare {'; '.join(problems)} (see GossipAlgorithm)"
+        )
     if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
         raise TypeError(f"algorithm name {cls.name!r} is taken by {REGISTRY[cls.name].__name__}")
     REGISTRY[cls.name] = cls
@@ -167,8 +185,10 @@ def check_directed(spec: str, topology, topology_spec: str) -> None:
     """Refuse a directed topology (or schedule) for an algorithm that needs symmetric edges."""
     name, cls, _ = _entry(spec)
     if topology.is_directed and not cls.directed:
-        raise ValueError(f"{name!r} needs symmetric edges, but topology {topology_spec!r} is "
-                         "directed; use algorithm pushsum (or an undirected topology)")
+        raise ValueError(
+            f"{name!r} needs symmetric edges, but topology {topology_spec!r} is "
+            "directed; use algorithm pushsum (or an undirected topology)"
+        )
 
 
 def check_config(spec: str, topology) -> None:
@@ -182,7 +202,9 @@ def with_option(spec: str, key: str, value: str) -> str:
     """The spec with option `key` set to `value` (added, or replacing the one it had)."""
     name, options = split_spec(spec)
     options[key] = value
-    return name + ":" + ",".join(f"{k}=[{v}]" if "," in v else f"{k}={v}" for k, v in options.items())
+    return (
+        name + ":" + ",".join(f"{k}=[{v}]" if "," in v else f"{k}={v}" for k, v in options.items())
+    )
 
 
 def make_algorithm(spec: str, params, comm):
@@ -200,18 +222,29 @@ def describe_algorithms() -> str:
     return "\n".join(lines)
 
 
-def register_factory(name: str, factory: Callable[..., Any], keys: Dict[str, Tuple[str, Callable]],
-                     summary: str, *, gamma: str = "none",
-                     label: Optional[Callable[[Dict[str, str]], str]] = None) -> type:
+def register_factory(
+    name: str,
+    factory: Callable[..., Any],
+    keys: Dict[str, Tuple[str, Callable]],
+    summary: str,
+    *,
+    gamma: str = "none",
+    label: Optional[Callable[[Dict[str, str]], str]] = None,
+) -> type:
     """Compatibility: the registry's earlier `register(name, factory, keys, summary, gamma=,
     label=)`. Declares those on a subclass of `factory` (a GossipAlgorithm class) whose messages
     observers cannot decode, and registers it."""
     from .layout import Undeclared
 
-    declared = {"name": name, "summary": summary, "gamma_source": gamma,
-                "options": {k: Option(argument, parse) for k, (argument, parse) in keys.items()},
-                "directed": bool(factory.directed) if factory.directed is not None else False,
-                "layout": factory.layout or Undeclared,
-                "label": classmethod(lambda cls, options: label(options) if label else name),
-                "__module__": factory.__module__, "__qualname__": factory.__qualname__}
+    declared = {
+        "name": name,
+        "summary": summary,
+        "gamma_source": gamma,
+        "options": {k: Option(argument, parse) for k, (argument, parse) in keys.items()},
+        "directed": bool(factory.directed) if factory.directed is not None else False,
+        "layout": factory.layout or Undeclared,
+        "label": classmethod(lambda cls, options: label(options) if label else name),
+        "__module__": factory.__module__,
+        "__qualname__": factory.__qualname__,
+    }
     return register(type(factory.__name__, (factory,), declared))

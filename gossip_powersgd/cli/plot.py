@@ -62,8 +62,10 @@ def read_run(run_dir) -> Dict[str, object]:
 
 def _labels(runs: List[Dict[str, object]]) -> List[str]:
     names = [str(r["algorithm"]) for r in runs]
-    return [f"{name} ({Path(r['dir']).name})" if names.count(name) > 1 else name
-            for name, r in zip(names, runs)]
+    return [
+        f"{name} ({Path(r['dir']).name})" if names.count(name) > 1 else name
+        for name, r in zip(names, runs)
+    ]
 
 
 def _save(fig, path: Path) -> None:
@@ -109,10 +111,21 @@ def plot_runs(run_dirs, out_dir=None) -> List[Path]:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for k, (run, label) in enumerate(zip(runs, labels)):
         rs, color = evals(run), colors[k % len(colors)]
-        ax.plot([r["epoch"] for r in rs], [100 * r["test_acc_avg_model"] for r in rs], "-o",
-                color=color, ms=3, label=f"{label}, averaged model")
-        ax.plot([r["epoch"] for r in rs], [100 * r["test_acc_mean"] for r in rs], "--",
-                color=color, label=f"{label}, local mean")
+        ax.plot(
+            [r["epoch"] for r in rs],
+            [100 * r["test_acc_avg_model"] for r in rs],
+            "-o",
+            color=color,
+            ms=3,
+            label=f"{label}, averaged model",
+        )
+        ax.plot(
+            [r["epoch"] for r in rs],
+            [100 * r["test_acc_mean"] for r in rs],
+            "--",
+            color=color,
+            label=f"{label}, local mean",
+        )
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy (%)")
     written.append(_finish(plt, fig, ax, out / FIGURES[0]))
@@ -121,8 +134,14 @@ def plot_runs(run_dirs, out_dir=None) -> List[Path]:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for k, (run, label) in enumerate(zip(runs, labels)):
         rs = evals(run)
-        ax.plot([r["mb_sent_per_peer"] for r in rs], [100 * r["test_acc_avg_model"] for r in rs],
-                "-o", ms=3, color=colors[k % len(colors)], label=label)
+        ax.plot(
+            [r["mb_sent_per_peer"] for r in rs],
+            [100 * r["test_acc_avg_model"] for r in rs],
+            "-o",
+            ms=3,
+            color=colors[k % len(colors)],
+            label=label,
+        )
     ax.set_xlabel("training MB sent per peer")
     ax.set_ylabel("averaged-model test accuracy (%)")
     finals = [max((r["mb_sent_per_peer"] for r in evals(run)), default=0) for run in runs]
@@ -134,7 +153,9 @@ def plot_runs(run_dirs, out_dir=None) -> List[Path]:
     # consensus distance vs step (eval and log records)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for k, (run, label) in enumerate(zip(runs, labels)):
-        rs = sorted((r for r in run["records"] if "consensus_distance" in r), key=lambda r: r["step"])
+        rs = sorted(
+            (r for r in run["records"] if "consensus_distance" in r), key=lambda r: r["step"]
+        )
         steps = [r["step"] for r in rs]
         values = [max(r["consensus_distance"], 1e-30) for r in rs]
         ax.plot(steps, values, "-", color=colors[k % len(colors)], label=label)
@@ -156,14 +177,22 @@ def _finish(plt, fig, ax, path: Path) -> Path:
 
 def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> List[Path]:
     """Parse `argv`, write the figures, print and return their paths (`python -m <module>` in the help)."""
-    parser = argparse.ArgumentParser(prog=program_name(module, "gossip-plot"),
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=program_name(module, "gossip-plot"), description=__doc__.split("\n")[0]
+    )
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR")
-    parser.add_argument("--out", metavar="DIR", help="output directory (default: the run directory "
-                        "for one run; for several, plots-<run>-vs-<run> beside the first run)")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="output directory (default: the run directory "
+        "for one run; for several, plots-<run>-vs-<run> beside the first run)",
+    )
     args = parser.parse_args(argv)
     if args.out is None and len(args.runs) > 1:
-        print(f"writing the figures to {default_out(args.runs)} (--out DIR to choose)", file=sys.stderr)
+        print(
+            f"writing the figures to {default_out(args.runs)} (--out DIR to choose)",
+            file=sys.stderr,
+        )
     written = plot_runs(args.runs, args.out)
     for path in written:
         print(path)

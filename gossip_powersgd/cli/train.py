@@ -27,8 +27,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from gossip_powersgd.cli import program_name
-from gossip_powersgd.launch import (launched_by_mpiexec, launched_by_torchrun, launched_world_size,
-                                    main_guard, resolve_backend, run_peers)
+from gossip_powersgd.launch import (
+    launched_by_mpiexec,
+    launched_by_torchrun,
+    launched_world_size,
+    main_guard,
+    resolve_backend,
+    run_peers,
+)
 
 #: The module `python -m` runs this program as; a checkout's `experiments.train` passes its own, so
 #: that its help and its mpiexec hint name the command the user typed.
@@ -52,28 +58,44 @@ def config_path(text: str) -> Path:
     name = text[:-5] if text.endswith(".yaml") else text
     if "/" not in text and name in examples:
         return examples[name]
-    raise ValueError(f"config file {text} not found (the bundled examples, usable as --config NAME: "
-                     f"{', '.join(examples) or 'none installed'})")
+    raise ValueError(
+        f"config file {text} not found (the bundled examples, usable as --config NAME: "
+        f"{', '.join(examples) or 'none installed'})"
+    )
 
 
 def build_parser(module: str = MODULE) -> argparse.ArgumentParser:
     """The command line of `gossip-train`, its usage line spelled as `python -m <module>`."""
     parser = argparse.ArgumentParser(
         prog=program_name(module, "gossip-train"),
-        description="Decentralized training with gossip (PowerGossip and baselines).")
-    parser.add_argument("--config", metavar="FILE|NAME",
-                        help="YAML config file (see --help-config for the keys), or the name of a "
-                             f"bundled example: {', '.join(example_configs())}")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key; VALUE is parsed as YAML, except that a "
-                             "string key takes the text as typed (repeatable)")
-    parser.add_argument("--resume", nargs="+", metavar="RUN_DIR",
-                        help="RUN_DIR: continue the run in RUN_DIR from its newest checkpoint "
-                             "(its config.yaml is used unless --config is given); auto "
-                             "[RUN_DIR]: continue the run (RUN_DIR, else the config's out_dir) "
-                             "if it has a checkpoint, else start it, so that a relaunch of the "
-                             "same command (torchrun --max-restarts, a requeued batch job) "
-                             "carries on")
+        description="Decentralized training with gossip (PowerGossip and baselines).",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE|NAME",
+        help="YAML config file (see --help-config for the keys), or the name of a "
+        f"bundled example: {', '.join(example_configs())}",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key; VALUE is parsed as YAML, except that a "
+        "string key takes the text as typed (repeatable)",
+    )
+    parser.add_argument(
+        "--resume",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="RUN_DIR: continue the run in RUN_DIR from its newest checkpoint "
+        "(its config.yaml is used unless --config is given); auto "
+        "[RUN_DIR]: continue the run (RUN_DIR, else the config's out_dir) "
+        "if it has a checkpoint, else start it, so that a relaunch of the "
+        "same command (torchrun --max-restarts, a requeued batch job) "
+        "carries on",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines")
     parser.add_argument("--help-config", action="store_true", help="list every config key and exit")
     return parser
@@ -86,8 +108,9 @@ def _mpi_world() -> tuple:
     try:
         from mpi4py import MPI
     except ImportError as exc:
-        raise ImportError("launched by mpiexec but mpi4py is missing: "
-                          "pip install 'gossip_powersgd[mpi]'") from exc
+        raise ImportError(
+            "launched by mpiexec but mpi4py is missing: pip install 'gossip_powersgd[mpi]'"
+        ) from exc
     from gossip_powersgd.comm.mpi import tell_world_at_exit
 
     tell_world_at_exit()  # a rank that exits before its communicator exists still tells the others
@@ -105,8 +128,10 @@ def resume_request(args: argparse.Namespace) -> Tuple[Optional[str], Optional[st
         return AUTO, values[1] if len(values) == 2 else None
     if len(values) == 1:
         return "dir", values[0]
-    raise ValueError(f"--resume takes RUN_DIR or auto [RUN_DIR], got {' '.join(values)!r} (a run "
-                     "directory named auto: --resume ./auto)")
+    raise ValueError(
+        f"--resume takes RUN_DIR or auto [RUN_DIR], got {' '.join(values)!r} (a run "
+        "directory named auto: --resume ./auto)"
+    )
 
 
 def resolve(args: argparse.Namespace, world_size: int):
@@ -115,17 +140,21 @@ def resolve(args: argparse.Namespace, world_size: int):
 
     mode, target = resume_request(args)
     if args.config is None and target is None:
-        raise ValueError("give --config FILE (or --resume RUN_DIR to continue a run)"
-                         if mode is None else "--resume auto needs --config FILE or a RUN_DIR "
-                         "holding config.yaml")
+        raise ValueError(
+            "give --config FILE (or --resume RUN_DIR to continue a run)"
+            if mode is None
+            else "--resume auto needs --config FILE or a RUN_DIR holding config.yaml"
+        )
     overrides = list(args.overrides)
     if args.quiet:
         overrides.append("quiet=true")
     if args.config is None:
         path = Path(target) / "config.yaml"
         if not path.is_file():
-            raise ValueError(f"cannot resume {target}: it has no config.yaml (is it a run "
-                             "directory? to start it, give --config FILE)")
+            raise ValueError(
+                f"cannot resume {target}: it has no config.yaml (is it a run "
+                "directory? to start it, give --config FILE)"
+            )
     else:
         path = config_path(args.config)
     config = load_config(path, overrides)
@@ -146,9 +175,11 @@ def _refuse_another_out_dir(resume: str, overrides: List[str]) -> None:
         key, value = parse_override(text)
         same = isinstance(value, str) and Path(value).resolve() == Path(resume).resolve()
         if key == "out_dir" and not same:
-            raise ValueError(f"--resume {resume} continues the run in {resume}, so --set "
-                             f"out_dir={value} would be ignored: drop --set out_dir (or copy the run "
-                             f"directory there and --resume that copy)")
+            raise ValueError(
+                f"--resume {resume} continues the run in {resume}, so --set "
+                f"out_dir={value} would be ignored: drop --set out_dir (or copy the run "
+                f"directory there and --resume that copy)"
+            )
 
 
 def _import_from_cwd() -> None:
@@ -176,8 +207,11 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
         return None
     rank, world_size = _mpi_world()  # initialise MPI first, so that errors are reported per rank
     if rank == 0 and not args.quiet:  # the first sign of life, before torch is imported
-        print(f"start: {world_size} process{'es' if world_size > 1 else ''}, loading the "
-              "libraries and the config", flush=True)
+        print(
+            f"start: {world_size} process{'es' if world_size > 1 else ''}, loading the "
+            "libraries and the config",
+            flush=True,
+        )
     config = resolve(args, world_size)
 
     import torch
@@ -193,8 +227,15 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
 
         device = resolve_device(config.device, 0).type  # the GPU index comes from LOCAL_RANK
     config = config.replace(peers=topology.size)
-    results = run_peers(topology, train, config, resume=resume, backend=config.backend,
-                        timeout=config.comm_timeout, device=device)
+    results = run_peers(
+        topology,
+        train,
+        config,
+        resume=resume,
+        backend=config.backend,
+        timeout=config.comm_timeout,
+        device=device,
+    )
     summary = results[min(results)]  # rank 0's under local, this process's when launched
     if summary["rank"] == 0:
         print(format_summary(summary))
@@ -218,12 +259,16 @@ def _topology(config, module: str):
     world_size = launched_world_size(config.backend)
     launcher = "mpiexec" if config.backend == "mpi" or not launched_by_torchrun() else "torchrun"
     if config.peers is not None and config.peers != world_size:
-        raise ValueError(f"peers is {config.peers} but {launcher} started {world_size} processes: "
-                         f"start {config.peers}")
+        raise ValueError(
+            f"peers is {config.peers} but {launcher} started {world_size} processes: "
+            f"start {config.peers}"
+        )
     topology = resolve_topology(config, world_size=world_size)
     if topology.size != world_size:
-        raise ValueError(f"topology {config.topology!r} has {topology.size} peers but {launcher} "
-                         f"started {world_size} processes: start {topology.size}")
+        raise ValueError(
+            f"topology {config.topology!r} has {topology.size} peers but {launcher} "
+            f"started {world_size} processes: start {topology.size}"
+        )
     return topology
 
 

@@ -17,7 +17,18 @@ from .mpi import MPICommunicator
 from .torch import TorchCommunicator
 
 __all__ = [
-    "AgreementError", "Comm", "CommStats", "Communicator", "CommunicationError", "PeerAborted",
-    "reduce_in_rank_order", "ring_allreduce_bytes", "ring_chunks", "LocalCluster", "LocalCommunicator", "run_local", "MPICommunicator",
+    "AgreementError",
+    "Comm",
+    "CommStats",
+    "Communicator",
+    "CommunicationError",
+    "PeerAborted",
+    "reduce_in_rank_order",
+    "ring_allreduce_bytes",
+    "ring_chunks",
+    "LocalCluster",
+    "LocalCommunicator",
+    "run_local",
+    "MPICommunicator",
     "TorchCommunicator",
 ]

@@ -15,7 +15,17 @@ import contextlib
 import dataclasses
 import hashlib
 import threading
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Protocol, Sequence, Tuple, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    Iterator,
+    List,
+    Protocol,
+    Sequence,
+    Tuple,
+    runtime_checkable,
+)
 
 import torch
 
@@ -34,8 +44,16 @@ REDUCE_OPS = ("sum", "mean", "max", "min")
 # Message tags carry the dtype so that a receiver can reject a message of the wrong dtype even though
 # only raw bytes travel.
 DTYPE_CODES = {
-    torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4, torch.uint8: 5,
-    torch.int8: 6, torch.int16: 7, torch.int32: 8, torch.int64: 9, torch.bool: 10,
+    torch.float32: 1,
+    torch.float64: 2,
+    torch.float16: 3,
+    torch.bfloat16: 4,
+    torch.uint8: 5,
+    torch.int8: 6,
+    torch.int16: 7,
+    torch.int32: 8,
+    torch.int64: 9,
+    torch.bool: 10,
 }
 CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
@@ -69,11 +87,13 @@ class Comm(Protocol):
 
     def in_neighbors_at(self, step: int) -> Tuple[int, ...]: ...
 
-    def exchange(self, send: Dict[int, "Tensor"], recv: Dict[int, "Tensor"],
-                 step: int | None = None) -> None: ...
+    def exchange(
+        self, send: Dict[int, "Tensor"], recv: Dict[int, "Tensor"], step: int | None = None
+    ) -> None: ...
 
-    def exchange_directed(self, send: Dict[int, "Tensor"], recv: Dict[int, "Tensor"],
-                          step: int) -> None: ...
+    def exchange_directed(
+        self, send: Dict[int, "Tensor"], recv: Dict[int, "Tensor"], step: int
+    ) -> None: ...
 
     def allreduce_(self, tensor: "Tensor", op: str = "mean", metric: bool = False) -> "Tensor": ...
 
@@ -210,12 +230,18 @@ def as_topology(topology: Topology, who: str):
 
     if isinstance(topology, str):
         return topologies.parse(topology)
-    kinds = (topologies.Topology, topologies.Schedule, topologies.DirectedTopology,
-             topologies.DirectedSchedule)
+    kinds = (
+        topologies.Topology,
+        topologies.Schedule,
+        topologies.DirectedTopology,
+        topologies.DirectedSchedule,
+    )
     if not isinstance(topology, kinds):
-        raise TypeError(f"{who} needs a topologies.Topology, Schedule, DirectedTopology or "
-                        f"DirectedSchedule, or a spec string such as 'ring:4', "
-                        f"got {type(topology).__name__}")
+        raise TypeError(
+            f"{who} needs a topologies.Topology, Schedule, DirectedTopology or "
+            f"DirectedSchedule, or a spec string such as 'ring:4', "
+            f"got {type(topology).__name__}"
+        )
     return topology
 
 
@@ -286,23 +312,30 @@ class Communicator:
     def neighbors_at(self, step: int) -> Tuple[int, ...]:
         """This peer's neighbours at step `step` (undirected graphs; see `out_neighbors_at`)."""
         if self.is_directed:
-            raise ValueError(f"rank {self.rank}: the topology {self.topology.name!r} is directed; "
-                             "use out_neighbors_at / in_neighbors_at")
+            raise ValueError(
+                f"rank {self.rank}: the topology {self.topology.name!r} is directed; "
+                "use out_neighbors_at / in_neighbors_at"
+            )
         return tuple(self.topology.at(step).neighbors(self.rank))
 
     def out_neighbors_at(self, step: int) -> Tuple[int, ...]:
         """Peers this peer sends to at step `step` (its neighbours, on an undirected graph)."""
         graph = self.topology.at(step)
-        return tuple(graph.out_neighbors(self.rank) if graph.is_directed else graph.neighbors(self.rank))
+        return tuple(
+            graph.out_neighbors(self.rank) if graph.is_directed else graph.neighbors(self.rank)
+        )
 
     def in_neighbors_at(self, step: int) -> Tuple[int, ...]:
         """Peers this peer receives from at step `step` (its neighbours, on an undirected graph)."""
         graph = self.topology.at(step)
-        return tuple(graph.in_neighbors(self.rank) if graph.is_directed else graph.neighbors(self.rank))
+        return tuple(
+            graph.in_neighbors(self.rank) if graph.is_directed else graph.neighbors(self.rank)
+        )
 
     # ---- point to point ------------------------------------------------------------------------
-    def exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor],
-                 step: int | None = None) -> None:
+    def exchange(
+        self, send: Dict[int, Tensor], recv: Dict[int, Tensor], step: int | None = None
+    ) -> None:
         """Send `send[j]` to every neighbour j and fill `recv[j]` in place with j's message.
 
         Both dicts must have exactly the neighbours as keys: the static (union) neighbours when
@@ -324,7 +357,9 @@ class Communicator:
             )
         self._transfer_counted({j: send[j] for j in expected}, {j: recv[j] for j in expected})
 
-    def exchange_directed(self, send: Dict[int, Tensor], recv: Dict[int, Tensor], step: int) -> None:
+    def exchange_directed(
+        self, send: Dict[int, Tensor], recv: Dict[int, Tensor], step: int
+    ) -> None:
         """Send `send[j]` to every out-neighbour j of step `step` and fill `recv[k]` from every
         in-neighbour k (push-sum's transport). Keys must be exactly `out_neighbors_at(step)` and
         `in_neighbors_at(step)`; checks, counting and threading rules are `exchange`'s."""
@@ -342,7 +377,9 @@ class Communicator:
     def _transfer_counted(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
         for j, buffer in recv.items():
             if not buffer.is_contiguous():
-                raise ValueError(f"rank {self.rank}: the receive buffer for peer {j} is not contiguous")
+                raise ValueError(
+                    f"rank {self.rank}: the receive buffer for peer {j} is not contiguous"
+                )
         with self._one_at_a_time("an exchange"):
             self._exchange(send, recv)
         for buffer in send.values():
@@ -412,13 +449,17 @@ class Communicator:
             for step in range(n - 1):
                 if phase == "reduce-scatter":
                     out_chunk, in_chunk = chunks[(r - step) % n], chunks[(r - step - 1) % n]
-                    landing = incoming[:in_chunk.numel()]
+                    landing = incoming[: in_chunk.numel()]
                 else:
                     out_chunk, in_chunk = chunks[(r + 1 - step) % n], chunks[(r - step) % n]
                     landing = in_chunk
                 # Both ends know every chunk's size, so empty chunks are skipped on both ends.
-                self._sendrecv(right if out_chunk.numel() else None, out_chunk,
-                               left if in_chunk.numel() else None, landing)
+                self._sendrecv(
+                    right if out_chunk.numel() else None,
+                    out_chunk,
+                    left if in_chunk.numel() else None,
+                    landing,
+                )
                 if out_chunk.numel():
                     sent += nbytes(out_chunk)
                     messages += 1
@@ -456,4 +497,6 @@ class Communicator:
             raise AgreementError(describe_disagreement(what, digests))
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(rank={self.rank}, size={self.size}, neighbors={self.neighbors})"
+        return (
+            f"{type(self).__name__}(rank={self.rank}, size={self.size}, neighbors={self.neighbors})"
+        )

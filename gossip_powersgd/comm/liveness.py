@@ -109,10 +109,21 @@ class StopWatch:
 
 
 def stopped_message(rank: int, peer: int, seconds: float) -> str:
-    return (f"rank {rank}: peer {peer} has been {STOPPED_HOW} for {seconds:g} s while this rank "
-            f"waited for its message, and a stopped peer never answers: ending the job (resume a "
-            f"stopped peer with SIGCONT within {seconds:g} s)")
+    return (
+        f"rank {rank}: peer {peer} has been {STOPPED_HOW} for {seconds:g} s while this rank "
+        f"waited for its message, and a stopped peer never answers: ending the job (resume a "
+        f"stopped peer with SIGCONT within {seconds:g} s)"
+    )
 
 
-__all__ = ["STOPPED_SECONDS", "CHECK_SECONDS", "stopped_after", "StopWatch", "process_key", "process_state",
-           "is_stopped", "is_gone", "stopped_message"]
+__all__ = [
+    "STOPPED_SECONDS",
+    "CHECK_SECONDS",
+    "stopped_after",
+    "StopWatch",
+    "process_key",
+    "process_state",
+    "is_stopped",
+    "is_gone",
+    "stopped_message",
+]

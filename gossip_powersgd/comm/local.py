@@ -25,8 +25,17 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .base import (Communicator, CommunicationError, PeerAborted, Tensor, _combine_, as_topology, nbytes,
-                   ring_allreduce_bytes, ring_chunks)
+from .base import (
+    Communicator,
+    CommunicationError,
+    PeerAborted,
+    Tensor,
+    _combine_,
+    as_topology,
+    nbytes,
+    ring_allreduce_bytes,
+    ring_chunks,
+)
 from .turns import Turns
 
 if TYPE_CHECKING:
@@ -41,7 +50,8 @@ _PATIENCE_SECONDS = 5.0
 GLOBAL_RNG_WARNING = (
     "LocalCluster: peers running at once used torch's global RNG (torch.manual_seed, torch.randn, "
     "default layer initialisation...), so the results change from run to run: give each peer its "
-    "own torch.Generator and pass it explicitly (see the LocalCluster docstring)")
+    "own torch.Generator and pass it explicitly (see the LocalCluster docstring)"
+)
 
 
 class _Barrier:
@@ -135,7 +145,9 @@ class LocalCommunicator(Communicator):
     #: `False` runs instead: the tests compare the two).
     shared_memory_allreduce = True
 
-    def __init__(self, topology: Topology, rank: int, shared: _Shared, timeout: float | None = None):
+    def __init__(
+        self, topology: Topology, rank: int, shared: _Shared, timeout: float | None = None
+    ):
         super().__init__(topology, rank, timeout)
         self._shared = shared
         self.check_agreement("topology", f"{topology.size}:{topology.fingerprint}")
@@ -149,7 +161,9 @@ class LocalCommunicator(Communicator):
         if self._shared.aborted.is_set():
             if self._shared.interrupted:
                 raise PeerAborted(f"rank {self.rank}: stopping because the run was interrupted")
-            raise PeerAborted(f"rank {self.rank}: stopping because peer {self._shared.failed_rank} failed")
+            raise PeerAborted(
+                f"rank {self.rank}: stopping because peer {self._shared.failed_rank} failed"
+            )
 
     def _exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
         self._raise_if_aborted()
@@ -176,19 +190,24 @@ class LocalCommunicator(Communicator):
         if source is not None:
             self._receive(source, "ring", recv, time.monotonic() + self.timeout, "peer")
 
-    def _receive(self, source: int, channel: str, buffer: Tensor, deadline: float, role: str) -> None:
+    def _receive(
+        self, source: int, channel: str, buffer: Tensor, deadline: float, role: str
+    ) -> None:
         key = (source, self.rank, channel)
         box = self._shared.mailbox(*key)
         message = None
         if self._shared.turns is not None:
             message = self._shared.turns.receive(
-                key, box, lambda: self._check_waiting(source, deadline, role))
+                key, box, lambda: self._check_waiting(source, deadline, role)
+            )
         if message is None:
             message = self._wait_for(box, source, deadline, role)
         self._check_message(source, message.numel() * message.element_size(), message.dtype, buffer)
         buffer.copy_(message if message.shape == buffer.shape else message.view(buffer.shape))
 
-    def _wait_for(self, box: "queue.SimpleQueue", source: int, deadline: float, role: str) -> Tensor:
+    def _wait_for(
+        self, box: "queue.SimpleQueue", source: int, deadline: float, role: str
+    ) -> Tensor:
         while True:
             try:
                 return box.get(timeout=_POLL_SECONDS)
@@ -246,8 +265,12 @@ class LocalCommunicator(Communicator):
             work.copy_(flat.view(work.shape))
         # What the ring sends: every chunk but r+1 (reduce-scatter) and every chunk but r+2
         # (all-gather); empty chunks do not travel.
-        messages = sum(1 for skip in (1, 2) for c, (start, stop) in enumerate(bounds)
-                       if c != (r + skip) % n and stop > start)
+        messages = sum(
+            1
+            for skip in (1, 2)
+            for c, (start, stop) in enumerate(bounds)
+            if c != (r + skip) % n and stop > start
+        )
         return ring_allreduce_bytes(flat.numel(), flat.element_size(), n, r), messages
 
     def _wait_barrier(self) -> None:
@@ -325,18 +348,28 @@ class LocalCluster:
     run) when the global CPU generator's state changed during a run whose peers could run at once.
     """
 
-    def __init__(self, topology: Topology, timeout: float | None = None, cooperative: Optional[bool] = None,
-                 pin: Optional[bool] = None, lanes: int = 1):
+    def __init__(
+        self,
+        topology: Topology,
+        timeout: float | None = None,
+        cooperative: Optional[bool] = None,
+        pin: Optional[bool] = None,
+        lanes: int = 1,
+    ):
         self.topology = as_topology(topology, "LocalCluster")
         self.timeout = timeout
         if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
-            raise ValueError(f"LocalCluster: lanes must be a whole number >= 1 (peers running at once), "
-                             f"got {lanes!r}")
+            raise ValueError(
+                f"LocalCluster: lanes must be a whole number >= 1 (peers running at once), "
+                f"got {lanes!r}"
+            )
         if cooperative is False and lanes > 1:
             # Free-running threads all run at once: a lane count would be silently ignored.
-            raise ValueError(f"LocalCluster: lanes={lanes} applies only when peers take turns, but "
-                             "cooperative=False runs every peer at once; pass cooperative=True to "
-                             f"run {lanes} peers at a time, or drop lanes")
+            raise ValueError(
+                f"LocalCluster: lanes={lanes} applies only when peers take turns, but "
+                "cooperative=False runs every peer at once; pass cooperative=True to "
+                f"run {lanes} peers at a time, or drop lanes"
+            )
         if cooperative is None:
             cooperative = self.topology.size > (os.cpu_count() or 1)
         self.cooperative = bool(cooperative)
@@ -405,7 +438,9 @@ class LocalCluster:
         aborted = [e for e in errors if e is not None]
         if aborted:
             raise aborted[0]
-        if rng_before is not None and not torch.equal(rng_before, torch.default_generator.get_state()):
+        if rng_before is not None and not torch.equal(
+            rng_before, torch.default_generator.get_state()
+        ):
             warnings.warn(GLOBAL_RNG_WARNING, RuntimeWarning, stacklevel=2)
         return results
 
@@ -428,8 +463,10 @@ def peer_cores(count: int, lanes: int = 1) -> Optional[List[set]]:
     except (OSError, IndexError, ValueError):
         current = allowed[0]
     start = allowed.index(current) if current in allowed else 0
-    return [{allowed[(start + lane * count + k) % len(allowed)] for k in range(count)}
-            for lane in range(lanes)]
+    return [
+        {allowed[(start + lane * count + k) % len(allowed)] for k in range(count)}
+        for lane in range(lanes)
+    ]
 
 
 def run_local(topology: Topology, fn: Callable[..., Any], *args, **kwargs) -> List[Any]:

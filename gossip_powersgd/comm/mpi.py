@@ -111,8 +111,11 @@ def _tell_world_exit() -> None:
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     notice = np.array([_EXITED, rank, 0.0], dtype=np.float64)
-    requests = [world.Isend([notice, MPI.BYTE], dest=k, tag=_WORLD_EXIT_TAG)
-                for k in range(size) if k != rank]
+    requests = [
+        world.Isend([notice, MPI.BYTE], dest=k, tag=_WORLD_EXIT_TAG)
+        for k in range(size)
+        if k != rank
+    ]
     deadline = time.monotonic() + 1.0  # small messages leave at once; never hold up the exit
     while not MPI.Request.Testall(requests) and time.monotonic() < deadline:
         time.sleep(1e-3)
@@ -186,7 +189,7 @@ class MPICommunicator(Communicator):
     `timeout` (seconds) bounds every wait for a neighbour or a collective.
     """
 
-    def __init__(self, topology: Topology, comm: Comm  =None, timeout: float | None = None):
+    def __init__(self, topology: Topology, comm: Comm = None, timeout: float | None = None):
         import numpy as np
 
         MPI = _mpi()
@@ -210,10 +213,14 @@ class MPICommunicator(Communicator):
         self._watch = StopWatch({}, stopped_after(self.timeout))
         key = process_key()
         infos = self._allgather_raw(np.array([os.getpid()], dtype=np.int64).tobytes() + key)
-        self._watch = StopWatch({k: int(np.frombuffer(info[:8], dtype=np.int64)[0])
-                                 for k, info in enumerate(infos)
-                                 if info[8:] == key and key != bytes(8) and k != world_rank},
-                                stopped_after(self.timeout))
+        self._watch = StopWatch(
+            {
+                k: int(np.frombuffer(info[:8], dtype=np.int64)[0])
+                for k, info in enumerate(infos)
+                if info[8:] == key and key != bytes(8) and k != world_rank
+            },
+            stopped_after(self.timeout),
+        )
         atexit.register(self._tell_exit)
         digests = self._allgather_raw(digest(f"{topology.size}:{topology.fingerprint}"))
         if len(set(digests)) > 1:
@@ -233,14 +240,17 @@ class MPICommunicator(Communicator):
         poller, status, rank = _Poller(self.timeout), MPI.Status(), comm.Get_rank()
         while not request.Test():
             if MPI.COMM_WORLD.Iprobe(source=MPI.ANY_SOURCE, tag=_WORLD_EXIT_TAG, status=status):
-                raise CommunicationError(f"rank {rank}: peer {status.Get_source()} ended its process "
-                                         "(sys.exit, or the end of its script) before it created "
-                                         "its communicator")
+                raise CommunicationError(
+                    f"rank {rank}: peer {status.Get_source()} ended its process "
+                    "(sys.exit, or the end of its script) before it created "
+                    "its communicator"
+                )
             if not poller.idle():
                 raise CommunicationError(
                     f"rank {rank}: not every rank created its communicator within "
                     f"{self.timeout:g} s (did one fail or exit before? raise comm_timeout if it is "
-                    "just slow to start)")
+                    "just slow to start)"
+                )
         return new
 
     # ---- point to point ------------------------------------------------------------------------
@@ -268,13 +278,15 @@ class MPICommunicator(Communicator):
             if progressed:
                 poller.progressed()
             elif not self._idle(poller, pending):
-                raise self._timed_out(pending, f"no message from neighbour(s) {pending} within "
-                                               f"{self.timeout:g} s", "is that peer alive? raise "
-                                               "comm_timeout if it is just slow")
+                raise self._timed_out(
+                    pending,
+                    f"no message from neighbour(s) {pending} within {self.timeout:g} s",
+                    "is that peer alive? raise comm_timeout if it is just slow",
+                )
         self._wait(requests, "sending to neighbours", list(send))
         del keep_alive
 
-    def _receive(self, source: int, status, buffer: Tensor, comm: Comm  =None) -> None:
+    def _receive(self, source: int, status, buffer: Tensor, comm: Comm = None) -> None:
         MPI = self._MPI
         comm = self._comm if comm is None else comm
         tag = status.Get_tag()
@@ -294,15 +306,19 @@ class MPICommunicator(Communicator):
             if message.device.type != "cpu" or not message.is_contiguous():
                 message = message.to("cpu").contiguous()
             tag = _TAG_BASE + DTYPE_CODES[message.dtype]
-            requests.append(self._ring_comm.Isend([_byte_view(message), MPI.BYTE], dest=dest, tag=tag))
+            requests.append(
+                self._ring_comm.Isend([_byte_view(message), MPI.BYTE], dest=dest, tag=tag)
+            )
         if source is not None:
             status = MPI.Status()
             poller = _Poller(self.timeout)
             while not self._ring_comm.Iprobe(source=source, tag=MPI.ANY_TAG, status=status):
                 if not self._idle(poller, [source]):
-                    raise self._timed_out([source], f"no all-reduce message from peer {source} "
-                                                    f"within {self.timeout:g} s", "is every peer "
-                                                    "alive and calling the same all-reduce?")
+                    raise self._timed_out(
+                        [source],
+                        f"no all-reduce message from peer {source} within {self.timeout:g} s",
+                        "is every peer alive and calling the same all-reduce?",
+                    )
             self._receive(source, status, recv, self._ring_comm)
         self._wait(requests, "an all-reduce send", [dest] if dest is not None else [])
         del message
@@ -314,9 +330,11 @@ class MPICommunicator(Communicator):
         poller = _Poller(self.timeout)
         while not self._MPI.Request.Testall(requests):
             if not self._idle(poller, peers):
-                raise self._timed_out(list(peers), f"{what} did not complete within "
-                                                   f"{self.timeout:g} s", "is every peer alive and "
-                                                   "calling the same operation?")
+                raise self._timed_out(
+                    list(peers),
+                    f"{what} did not complete within {self.timeout:g} s",
+                    "is every peer alive and calling the same operation?",
+                )
 
     # ---- why peers leave ---------------------------------------------------------------------
     def _idle(self, poller: _Poller, peers: Sequence[int]) -> bool:
@@ -353,15 +371,16 @@ class MPICommunicator(Communicator):
             self._tell(kind, int(culprit), seconds)
             cause = _cause(kind, int(culprit), seconds)
             if int(culprit) == peer:
-                raise CommunicationError(f"rank {self.rank}: {cause}, while this rank waited for "
-                                         "its message")
+                raise CommunicationError(
+                    f"rank {self.rank}: {cause}, while this rank waited for its message"
+                )
             raise CommunicationError(f"rank {self.rank}: peer {peer} gave up because {cause}")
 
     def _timed_out(self, peers: List[int], what: str, hint: str) -> CommunicationError:
         """The error for a wait that ran out, naming the right peer: a cause a waited-for peer
         already told, else a stopped peer among `peers`; the others are told in turn."""
         deadline = time.monotonic() + NOTICE_GRACE  # the others that ran out with us tell whom
-        while time.monotonic() < deadline:           # they waited for
+        while time.monotonic() < deadline:  # they waited for
             self._raise_if_left(peers, grace=False)
             time.sleep(0.01)
         stopped = self._watch.stopped_now(peers)
@@ -382,8 +401,9 @@ class MPICommunicator(Communicator):
         self._outbox.append(notice)
         for k in range(self._comm.Get_size()):
             if k != self.rank:
-                self._outbox.append(self._notice_comm.Isend([notice, self._MPI.BYTE], dest=k,
-                                                            tag=_NOTICE_TAG))
+                self._outbox.append(
+                    self._notice_comm.Isend([notice, self._MPI.BYTE], dest=k, tag=_NOTICE_TAG)
+                )
 
     def _tell_exit(self) -> None:
         """At interpreter exit, with the communicator still open: tell the others this rank left."""
@@ -409,9 +429,12 @@ class MPICommunicator(Communicator):
         size = self._comm.Get_size()
         send = np.frombuffer(data, dtype=np.uint8).copy()
         out = np.empty(size * len(data), dtype=np.uint8)
-        self._wait([self._comm.Iallgather([send, MPI.BYTE], [out, MPI.BYTE])], "an all-gather",
-                   [k for k in range(size) if k != self.rank])
-        return [out[k * len(data):(k + 1) * len(data)].tobytes() for k in range(size)]
+        self._wait(
+            [self._comm.Iallgather([send, MPI.BYTE], [out, MPI.BYTE])],
+            "an all-gather",
+            [k for k in range(size) if k != self.rank],
+        )
+        return [out[k * len(data) : (k + 1) * len(data)].tobytes() for k in range(size)]
 
     def allgather_bytes(self, data: bytes) -> List[bytes]:
         with self._one_at_a_time("an all-gather"):
@@ -425,8 +448,10 @@ class MPICommunicator(Communicator):
 def _cause(kind: float, culprit: int, seconds: float) -> str:
     """What a notice says, in words."""
     if kind == _EXITED:
-        return (f"peer {culprit} ended its process (sys.exit, or the end of its script) before the "
-                "others were done")
+        return (
+            f"peer {culprit} ended its process (sys.exit, or the end of its script) before the "
+            "others were done"
+        )
     if kind == _STOPPED:
         return f"peer {culprit} has been {STOPPED_HOW} for {seconds:g} s"
     if culprit < 0:

@@ -80,16 +80,20 @@ def launcher_environment() -> Tuple[int, int]:
                 env.setdefault("LOCAL_RANK", env.get(local_var, env[rank_var]))
                 break
         else:
-            raise ValueError("backend torch needs a launcher: torchrun --nproc-per-node N python -m "
-                             "... or mpiexec -n N python -m ... (N = the topology's size); RANK and "
-                             "WORLD_SIZE are not set")
+            raise ValueError(
+                "backend torch needs a launcher: torchrun --nproc-per-node N python -m "
+                "... or mpiexec -n N python -m ... (N = the topology's size); RANK and "
+                "WORLD_SIZE are not set"
+            )
     env.setdefault("MASTER_ADDR", DEFAULT_MASTER_ADDR)
     env.setdefault("MASTER_PORT", DEFAULT_MASTER_PORT)
     try:
         return int(env["RANK"]), int(env["WORLD_SIZE"])
     except ValueError:
-        raise ValueError(f"RANK={env['RANK']!r} and WORLD_SIZE={env['WORLD_SIZE']!r} must be "
-                         "integers (set by torchrun or mpiexec)") from None
+        raise ValueError(
+            f"RANK={env['RANK']!r} and WORLD_SIZE={env['WORLD_SIZE']!r} must be "
+            "integers (set by torchrun or mpiexec)"
+        ) from None
 
 
 def _resolve_device(device, backend: Optional[str]) -> Tuple[torch.device, str]:
@@ -100,11 +104,15 @@ def _resolve_device(device, backend: Optional[str]) -> Tuple[torch.device, str]:
         raise ValueError(f"unknown torch.distributed backend {backend!r}; valid: gloo, nccl")
     if backend == "nccl" or device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"{'backend nccl' if backend == 'nccl' else f'device {device}'} needs "
-                             "CUDA, which this machine does not have: use backend gloo on device cpu")
+            raise ValueError(
+                f"{'backend nccl' if backend == 'nccl' else f'device {device}'} needs "
+                "CUDA, which this machine does not have: use backend gloo on device cpu"
+            )
         if backend == "nccl" and device.type != "cuda":
-            raise ValueError(f"backend nccl moves CUDA tensors only, but the device is {device}: "
-                             "use device cuda, or backend gloo on the CPU")
+            raise ValueError(
+                f"backend nccl moves CUDA tensors only, but the device is {device}: "
+                "use device cuda, or backend gloo on the CPU"
+            )
         if device.index is None:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     elif device.type != "cpu":
@@ -122,8 +130,13 @@ class TorchCommunicator(Communicator):
     rendezvous and every wait for a neighbour or a collective.
     """
 
-    def __init__(self, topology: Topology, device=None, backend: Optional[str] = None,
-                 timeout: Optional[float] = None):
+    def __init__(
+        self,
+        topology: Topology,
+        device=None,
+        backend: Optional[str] = None,
+        timeout: Optional[float] = None,
+    ):
         global _store_for_exit, _instances
         topology = as_topology(topology, "TorchCommunicator")
         device, backend = _resolve_device(device, backend)
@@ -144,9 +157,13 @@ class TorchCommunicator(Communicator):
         self._agree_before_joining(topology, world_size, device)
         if self._owns_group:
             # gloo carries the CPU control data (agreement checks, all-gathers) in either case.
-            dist.init_process_group("cpu:gloo,cuda:nccl" if backend == "nccl" else "gloo",
-                                    store=store, rank=rank, world_size=world_size,
-                                    timeout=wait + datetime.timedelta(seconds=GRACE_SECONDS))
+            dist.init_process_group(
+                "cpu:gloo,cuda:nccl" if backend == "nccl" else "gloo",
+                store=store,
+                rank=rank,
+                world_size=world_size,
+                timeout=wait + datetime.timedelta(seconds=GRACE_SECONDS),
+            )
             # Leave the group before the interpreter tears down: gloo's threads still running at
             # exit make the C++ runtime abort the process ("terminate called ...", SIGABRT).
             atexit.register(self.close)
@@ -172,11 +189,15 @@ class TorchCommunicator(Communicator):
             ) from None
         return store
 
-    def _agree_before_joining(self, topology: Topology, world_size: int, device: torch.device) -> None:
+    def _agree_before_joining(
+        self, topology: Topology, world_size: int, device: torch.device
+    ) -> None:
         """Compare what every rank must share through the store (raw strings, not pickles)."""
         key = process_key()
-        mine = (f"{digest(f'{topology.size}:{topology.fingerprint}').hex()}|{device.type}|"
-                f"{os.getpid()}|{key.hex()}")
+        mine = (
+            f"{digest(f'{topology.size}:{topology.fingerprint}').hex()}|{device.type}|"
+            f"{os.getpid()}|{key.hex()}"
+        )
         self._store.set(f"hello/{self.rank}", mine)
         keys = [f"hello/{k}" for k in range(world_size)]
         try:
@@ -188,9 +209,14 @@ class TorchCommunicator(Communicator):
                 f"{self.timeout:g} s (did the launcher start WORLD_SIZE={world_size} processes?)"
             ) from None
         hellos = [self._store.get(k).decode().split("|") for k in keys]
-        self._watch = StopWatch({k: int(h[2]) for k, h in enumerate(hellos)
-                                 if h[3] == key.hex() and key != bytes(8) and k != self.rank},
-                                stopped_after(self.timeout))
+        self._watch = StopWatch(
+            {
+                k: int(h[2])
+                for k, h in enumerate(hellos)
+                if h[3] == key.hex() and key != bytes(8) and k != self.rank
+            },
+            stopped_after(self.timeout),
+        )
         topologies_seen = [bytes.fromhex(h[0]) for h in hellos]
         if len(set(topologies_seen)) > 1:
             raise AgreementError(describe_disagreement("topology", topologies_seen))
@@ -202,17 +228,24 @@ class TorchCommunicator(Communicator):
             )
         devices = [h[1] for h in hellos]
         if len(set(devices)) > 1:
-            parts = [f"ranks {format_ranks(k for k, d in enumerate(devices) if d == kind)} use {kind}"
-                     for kind in sorted(set(devices))]
-            raise AgreementError("device type differs across ranks: " + "; ".join(parts)
-                                 + " (give every peer the same device)")
+            parts = [
+                f"ranks {format_ranks(k for k, d in enumerate(devices) if d == kind)} use {kind}"
+                for kind in sorted(set(devices))
+            ]
+            raise AgreementError(
+                "device type differs across ranks: "
+                + "; ".join(parts)
+                + " (give every peer the same device)"
+            )
 
     # ---- point to point ------------------------------------------------------------------------
     def _on_device(self, tensor: Tensor, what: str) -> Tensor:
         if tensor.device != self.device:
-            raise ValueError(f"rank {self.rank}: {what} is on {tensor.device} but this communicator "
-                             f"moves tensors on {self.device}: create it with device={tensor.device}"
-                             " or move the tensors")
+            raise ValueError(
+                f"rank {self.rank}: {what} is on {tensor.device} but this communicator "
+                f"moves tensors on {self.device}: create it with device={tensor.device}"
+                " or move the tensors"
+            )
         return tensor
 
     def _header(self, *values: int) -> Tensor:
@@ -220,13 +253,18 @@ class TorchCommunicator(Communicator):
 
     def _exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
         headers_in = {j: self._header(-1, -1) for j in recv}
-        self._transfer([(j, self._header(nbytes(send[j]), DTYPE_CODES[send[j].dtype])) for j in send],
-                       list(headers_in.items()), "neighbour(s)")
+        self._transfer(
+            [(j, self._header(nbytes(send[j]), DTYPE_CODES[send[j].dtype])) for j in send],
+            list(headers_in.items()),
+            "neighbour(s)",
+        )
         for j in recv:
             size, code = headers_in[j].tolist()
             self._check_message(j, size, CODE_DTYPES.get(code, f"<unknown code {code}>"), recv[j])
-        outgoing = [(j, self._on_device(send[j].detach(), f"the message for peer {j}").contiguous())
-                    for j in send]
+        outgoing = [
+            (j, self._on_device(send[j].detach(), f"the message for peer {j}").contiguous())
+            for j in send
+        ]
         incoming = [(j, self._on_device(recv[j], "a receive buffer")) for j in recv]
         self._transfer(outgoing, incoming, "neighbour(s)")
 
@@ -237,20 +275,30 @@ class TorchCommunicator(Communicator):
         if source is not None:
             ops.append(dist.P2POp(dist.irecv, recv, source))
         if ops:
-            self._wait(dist.batch_isend_irecv(ops), [source] if source is not None else [],
-                       "peer", [p for p in (dest, source) if p is not None])
+            self._wait(
+                dist.batch_isend_irecv(ops),
+                [source] if source is not None else [],
+                "peer",
+                [p for p in (dest, source) if p is not None],
+            )
 
-    def _transfer(self, outgoing: List[Tuple[int, Tensor]], incoming: List[Tuple[int, Tensor]],
-                  role: str) -> None:
+    def _transfer(
+        self, outgoing: List[Tuple[int, Tensor]], incoming: List[Tuple[int, Tensor]], role: str
+    ) -> None:
         """Send each (peer, tensor) of `outgoing` and fill each (peer, buffer) of `incoming`."""
         ops = [dist.P2POp(dist.isend, out, j) for j, out in outgoing]
         ops += [dist.P2POp(dist.irecv, into, j) for j, into in incoming]
         if ops:
-            self._wait(dist.batch_isend_irecv(ops), [j for j, _ in incoming], role,
-                       [j for j, _ in outgoing + incoming])
+            self._wait(
+                dist.batch_isend_irecv(ops),
+                [j for j, _ in incoming],
+                role,
+                [j for j, _ in outgoing + incoming],
+            )
 
-    def _wait(self, works, peers: List[int], role: str, works_peers: Optional[List[int]] = None
-              ) -> None:
+    def _wait(
+        self, works, peers: List[int], role: str, works_peers: Optional[List[int]] = None
+    ) -> None:
         """Wait for `works` (whose peers are `works_peers`; None: every other rank), naming
         `peers` (the senders) if they fail or time out."""
         # gloo's p2p requests report completion only through wait(), so wait on each with what is
@@ -269,17 +317,24 @@ class TorchCommunicator(Communicator):
                         finished = False
                     else:
                         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                        raise self._failure(f"talking to {role} {peers} failed ({first}); did a "
-                                            "peer stop?", peers) from None
+                        raise self._failure(
+                            f"talking to {role} {peers} failed ({first}); did a peer stop?", peers
+                        ) from None
                 if finished is False:
                     if works_peers is not None:  # name the senders that did not deliver
                         first = len(works) - len(peers)  # the receives come last, one per sender
-                        receives = [(w, peer) for i, (w, peer) in
-                                    enumerate(zip(works[first:], peers)) if first + i >= k]
+                        receives = [
+                            (w, peer)
+                            for i, (w, peer) in enumerate(zip(works[first:], peers))
+                            if first + i >= k
+                        ]
                         peers = self._undelivered(receives) or peers
-                    raise self._faults.timed_out(f"no message from {role} {peers} within "
-                                                 f"{self.timeout:g} s (is that peer alive? raise "
-                                                 "comm_timeout if it is just slow)", peers)
+                    raise self._faults.timed_out(
+                        f"no message from {role} {peers} within "
+                        f"{self.timeout:g} s (is that peer alive? raise "
+                        "comm_timeout if it is just slow)",
+                        peers,
+                    )
         finally:
             self._faults.awaited = None
 
@@ -315,8 +370,10 @@ class TorchCommunicator(Communicator):
         self._sendrecv(right, self._header(*mine), left, theirs)
         theirs = tuple(theirs.tolist())
         if theirs != mine:
+
             def describe(h):
                 return f"{h[0]} x {CODE_DTYPES.get(h[1], '?')} ({REDUCE_OPS[h[2]]})"
+
             raise CommunicationError(
                 f"rank {self.rank}: all-reduce of {describe(mine)} here, but peer {left} reduces "
                 f"{describe(theirs)} (do all peers run the same algorithm on the same model?)"

@@ -65,11 +65,15 @@ class PeerWatch:
             return CommunicationError(f"rank {self.rank}: {cause} ({short})")
         stopped = self.watch.stopped_now(peers)
         if stopped:
-            return CommunicationError(f"rank {self.rank}: {short} (peer {stopped[0]} is {STOPPED_HOW})")
+            return CommunicationError(
+                f"rank {self.rank}: {short} (peer {stopped[0]} is {STOPPED_HOW})"
+            )
         gone = self.watch.gone_now(peers)
         if gone:
-            return CommunicationError(f"rank {self.rank}: {short} (the process of peer {gone[0]} has "
-                                      "ended: killed, or crashed?)")
+            return CommunicationError(
+                f"rank {self.rank}: {short} (the process of peer {gone[0]} has "
+                "ended: killed, or crashed?)"
+            )
         return CommunicationError(f"rank {self.rank}: {what}")
 
     def timed_out(self, what: str, peers: List[int]) -> CommunicationError:
@@ -96,13 +100,18 @@ class PeerWatch:
             return self.failure(what, peers)
         stopped = self.watch.stopped_now(roots)
         note = f"peer {stopped[0]} is {STOPPED_HOW}" if stopped else "is it alive?"
-        return CommunicationError(f"rank {self.rank}: {what.split(' (')[0]}: they wait for peer(s) "
-                                  f"{sorted(roots)} themselves, which sent nothing ({note})")
+        return CommunicationError(
+            f"rank {self.rank}: {what.split(' (')[0]}: they wait for peer(s) "
+            f"{sorted(roots)} themselves, which sent nothing ({note})"
+        )
 
     def tell_exit(self) -> None:
         """This process ends with its communicator open: record that it left."""
-        self.record(f"peer {self.rank} ended its process (sys.exit, or the end of its script) "
-                    "before the others were done", leaving=self.rank)
+        self.record(
+            f"peer {self.rank} ended its process (sys.exit, or the end of its script) "
+            "before the others were done",
+            leaving=self.rank,
+        )
 
     # ---- the store ---------------------------------------------------------------------------
     def record(self, cause: str, leaving: Optional[int] = None) -> None:
@@ -144,8 +153,10 @@ class PeerWatch:
                 self._end(peer)
                 return
             if awaited and self._get("fault"):
-                self._speak(f"rank {self.rank}: {self._get('cause')} (this rank waited for peers "
-                            f"{sorted(set(awaited))}, which cannot go on without it)")
+                self._speak(
+                    f"rank {self.rank}: {self._get('cause')} (this rank waited for peers "
+                    f"{sorted(set(awaited))}, which cannot go on without it)"
+                )
                 return
 
     def _speak(self, line: str) -> None:
@@ -159,8 +170,10 @@ class PeerWatch:
         if self._add(f"ending/{peer}", 1) != 1:  # another rank found it first and ends it
             self._speak(stopped_message(self.rank, peer, self.watch.after))
             return
-        self.record(f"peer {peer} has been {STOPPED_HOW} for {self.watch.after:g} s, and was "
-                    "ended", leaving=peer)
+        self.record(
+            f"peer {peer} has been {STOPPED_HOW} for {self.watch.after:g} s, and was ended",
+            leaving=peer,
+        )
         try:
             self.store.set("fault", "1")
         except Exception:  # noqa: BLE001

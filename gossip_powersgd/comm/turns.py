@@ -58,7 +58,9 @@ class Turns:
     def __init__(self, patience: float, lanes: int = 1):
         self._patience = patience
         self._lock = threading.Lock()
-        self._ready: List["collections.deque[_Waiter]"] = [collections.deque() for _ in range(lanes)]
+        self._ready: List["collections.deque[_Waiter]"] = [
+            collections.deque() for _ in range(lanes)
+        ]
         self._blocked: Dict[tuple, _Waiter] = {}  # mailbox key -> the peer waiting for a message
         self._taken = [False] * lanes
         self._broken = False
@@ -94,8 +96,11 @@ class Turns:
         while not waiter.gate.acquire(timeout=_TURN_POLL_SECONDS):
             with self._lock:
                 ready = waiter.ready_since is not None
-                if (not waiter.granted and ready
-                        and time.monotonic() - waiter.ready_since > self._patience):
+                if (
+                    not waiter.granted
+                    and ready
+                    and time.monotonic() - waiter.ready_since > self._patience
+                ):
                     self._ready[waiter.lane].remove(waiter)
                     return  # out of patience: run without the turn
             if not ready and check is not None:
@@ -161,8 +166,9 @@ class Turns:
             if waiter is not None and not self._broken:
                 self._make_ready(waiter)
 
-    def receive(self, key: tuple, box: "queue.SimpleQueue",
-                check: Callable[[], None]) -> Optional[Tensor]:
+    def receive(
+        self, key: tuple, box: "queue.SimpleQueue", check: Callable[[], None]
+    ) -> Optional[Tensor]:
         """The next message of a mailbox, for the turn's holder, which keeps (or gets back) the
         turn: if it is not there, the turn goes on until the message has come and this peer's
         turn is next. None (nothing taken) for a thread that is not a peer's, or after an abort."""

@@ -20,8 +20,18 @@ from typing import Sequence
 
 from gossip_powersgd.privacy.dependency import import_opacus
 
-__all__ = ["ACCOUNTANT_NAMES", "make_accountant", "epsilon", "noise_for_target", "default_delta",
-           "TARGET_TOLERANCE", "ADD_REMOVE", "REPLACE_ONE", "PLD_DISCRETIZATION", "pld_epsilon"]
+__all__ = [
+    "ACCOUNTANT_NAMES",
+    "make_accountant",
+    "epsilon",
+    "noise_for_target",
+    "default_delta",
+    "TARGET_TOLERANCE",
+    "ADD_REMOVE",
+    "REPLACE_ONE",
+    "PLD_DISCRETIZATION",
+    "pld_epsilon",
+]
 
 #: The adjacency of every epsilon the accountants report, in words (summary and per-peer files).
 ADD_REMOVE = "add/remove one record of the peer's shard"
@@ -48,8 +58,9 @@ _MAX_HALVINGS = 100
 def check_accountant_name(name) -> str:
     """``name`` if it names an accountant, else a one-line ValueError listing the valid ones."""
     if name not in ACCOUNTANT_NAMES:
-        raise ValueError(f"dp_accountant must be one of {', '.join(ACCOUNTANT_NAMES)}, "
-                         f"got {name!r}")
+        raise ValueError(
+            f"dp_accountant must be one of {', '.join(ACCOUNTANT_NAMES)}, got {name!r}"
+        )
     return name
 
 
@@ -75,8 +86,13 @@ def epsilon(accountant, delta: float) -> float:
     return float(accountant.get_epsilon(delta=float(delta)))
 
 
-def noise_for_target(target_epsilon: float, delta: float, sample_rates: Sequence[float],
-                     steps: int, accountant: str = "rdp") -> float:
+def noise_for_target(
+    target_epsilon: float,
+    delta: float,
+    sample_rates: Sequence[float],
+    steps: int,
+    accountant: str = "rdp",
+) -> float:
     """The noise multiplier sigma that ends the peer with the largest sampling rate at the target.
 
     All peers take the same number of ``steps`` with the same sigma, so the peer with the largest
@@ -97,9 +113,11 @@ def noise_for_target(target_epsilon: float, delta: float, sample_rates: Sequence
         raise ValueError(f"dp_delta must lie strictly between 0 and 1, got {delta!r}")
     check_accountant_name(accountant)
     rate, steps, delta = max(rates), int(steps), float(delta)
-    unreachable = (f"dp_target_epsilon={target_epsilon:g} is unreachable with delta={delta:g}, "
-                   f"sample rate {rate:g} and {steps} steps: raise the target or delta, or lower "
-                   f"the batch size or the number of epochs")
+    unreachable = (
+        f"dp_target_epsilon={target_epsilon:g} is unreachable with delta={delta:g}, "
+        f"sample rate {rate:g} and {steps} steps: raise the target or delta, or lower "
+        f"the batch size or the number of epochs"
+    )
     check = make_accountant(accountant)
 
     def spent(sigma: float) -> float:
@@ -145,16 +163,18 @@ def default_delta(largest_shard: int) -> float:
     n = 1500 or 10000 gives 1e-5.
     """
     if isinstance(largest_shard, bool) or int(largest_shard) != largest_shard or largest_shard < 1:
-        raise ValueError(f"the largest shard size must be a positive integer, got "
-                         f"{largest_shard!r}")
+        raise ValueError(
+            f"the largest shard size must be a positive integer, got {largest_shard!r}"
+        )
     exponent = 1
-    while 10 ** exponent < 10 * int(largest_shard):  # integers: no log10 rounding at 10**k
+    while 10**exponent < 10 * int(largest_shard):  # integers: no log10 rounding at 10**k
         exponent += 1
-    return float(10.0 ** -exponent)
+    return float(10.0**-exponent)
 
 
-def pld_epsilon(history, delta: float, *, replace_one: bool = False,
-                discretization: float = PLD_DISCRETIZATION) -> float:
+def pld_epsilon(
+    history, delta: float, *, replace_one: bool = False, discretization: float = PLD_DISCRETIZATION
+) -> float:
     """Epsilon at `delta` of an accountant `history` [(sigma, q, steps), ...] by dp-accounting's
     privacy-loss-distribution accountant, independent of Opacus.
 
@@ -170,8 +190,11 @@ def pld_epsilon(history, delta: float, *, replace_one: bool = False,
         return 0.0
     if any(sigma == 0 for sigma, _, _ in entries):
         return math.inf
-    relation = (dp_accounting.NeighboringRelation.REPLACE_ONE if replace_one
-                else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    relation = (
+        dp_accounting.NeighboringRelation.REPLACE_ONE
+        if replace_one
+        else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    )
     accountant = pld.PLDAccountant(relation, value_discretization_interval=discretization)
     for sigma, rate, steps in entries:
         event = dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma))

@@ -43,15 +43,26 @@ __all__ = ["DPSGD", "validate_model", "validate_dp_options", "dp_enabled", "GRAD
 GRAD_SAMPLE_ENGINES = ("auto", "ghost", "vmap", "hooks", "ew")
 
 #: Layers whose forward takes a batch and returns one tensor, which the vmap engine differentiates.
-_VMAP_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.GroupNorm, nn.LayerNorm,
-                nn.Embedding, nn.PReLU, nn.modules.instancenorm._InstanceNorm)
+_VMAP_LAYERS = (
+    nn.Linear,
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.GroupNorm,
+    nn.LayerNorm,
+    nn.Embedding,
+    nn.PReLU,
+    nn.modules.instancenorm._InstanceNorm,
+)
 
 #: Added to each per-example norm before dividing, as Opacus does, so a zero gradient stays zero.
 _NORM_EPS = 1e-6
 
 #: The two ways out, named in every unsupported-layer error.
-_FIXES = ("replace it with a layer Opacus supports (GroupNorm for BatchNorm), or set "
-          "dp_fix_model: true to let Opacus' validator replace it")
+_FIXES = (
+    "replace it with a layer Opacus supports (GroupNorm for BatchNorm), or set "
+    "dp_fix_model: true to let Opacus' validator replace it"
+)
 
 
 def dp_enabled(noise_multiplier: Optional[float], target_epsilon: Optional[float]) -> bool:
@@ -65,17 +76,23 @@ def _number(key: str, value) -> float:
     return float(value)
 
 
-def validate_dp_options(noise_multiplier: Optional[float] = None,
-                        max_grad_norm: Optional[float] = None, delta: Optional[float] = None,
-                        target_epsilon: Optional[float] = None, accountant: str = "rdp") -> None:
+def validate_dp_options(
+    noise_multiplier: Optional[float] = None,
+    max_grad_norm: Optional[float] = None,
+    delta: Optional[float] = None,
+    target_epsilon: Optional[float] = None,
+    accountant: str = "rdp",
+) -> None:
     """One-line ValueError for the first bad differential-privacy option; None when all are fine.
 
     ``None`` means "not set". sigma = 0 with C = inf is allowed (it reproduces plain SGD, a
     check of the machinery, with an infinite epsilon); noise with C = inf is not.
     """
     if noise_multiplier is not None and target_epsilon is not None:
-        raise ValueError("set either dp_noise_multiplier or dp_target_epsilon, not both "
-                         "(the target computes the noise multiplier)")
+        raise ValueError(
+            "set either dp_noise_multiplier or dp_target_epsilon, not both "
+            "(the target computes the noise multiplier)"
+        )
     if noise_multiplier is not None:
         sigma = _number("dp_noise_multiplier", noise_multiplier)
         if not 0 <= sigma < math.inf:
@@ -92,15 +109,19 @@ def validate_dp_options(noise_multiplier: Optional[float] = None,
     if not dp_enabled(noise_multiplier, target_epsilon):
         return
     if max_grad_norm is None:
-        raise ValueError("differential privacy needs dp_max_grad_norm (the per-example clipping "
-                         "norm C), e.g. dp_max_grad_norm: 1.0")
+        raise ValueError(
+            "differential privacy needs dp_max_grad_norm (the per-example clipping "
+            "norm C), e.g. dp_max_grad_norm: 1.0"
+        )
     clip = _number("dp_max_grad_norm", max_grad_norm)
     if not clip > 0:
         raise ValueError(f"dp_max_grad_norm must be > 0, got {clip:g}")
     noisy = target_epsilon is not None or float(noise_multiplier) > 0
     if noisy and math.isinf(clip):
-        raise ValueError("dp_max_grad_norm must be finite when noise is added (the noise std is "
-                         "dp_noise_multiplier * dp_max_grad_norm)")
+        raise ValueError(
+            "dp_max_grad_norm must be finite when noise is added (the noise std is "
+            "dp_noise_multiplier * dp_max_grad_norm)"
+        )
 
 
 def _first_bad_layer(model: nn.Module) -> Optional[str]:
@@ -139,12 +160,16 @@ def _fixed_copy(model: nn.Module) -> nn.Module:
     try:
         root = copy.deepcopy(model)
     except Exception as exc:  # noqa: BLE001 - whatever the model holds that cannot be copied
-        raise ValueError(f"dp_fix_model cannot copy the model ({type(exc).__name__}: "
-                         f"{one_line(exc, limit=160)}): replace its unsupported layers by hand "
-                         "(GroupNorm instead of BatchNorm)") from None
-    names = [name for name, module in root.named_modules()
-             if type(module) in fixers and any(p.requires_grad
-                                               for p in module.parameters(recurse=False))]
+        raise ValueError(
+            f"dp_fix_model cannot copy the model ({type(exc).__name__}: "
+            f"{one_line(exc, limit=160)}): replace its unsupported layers by hand "
+            "(GroupNorm instead of BatchNorm)"
+        ) from None
+    names = [
+        name
+        for name, module in root.named_modules()
+        if type(module) in fixers and any(p.requires_grad for p in module.parameters(recurse=False))
+    ]
     for name in names:
         module = root.get_submodule(name)
         replacement = fixers[type(module)](module)
@@ -166,8 +191,10 @@ def validate_model(model: nn.Module, fix: bool = False) -> nn.Module:
     parameter is an error either way: there would be nothing to privatize.
     """
     if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(f"differential privacy needs a model with trainable parameters; "
-                         f"{type(model).__name__} has none")
+        raise ValueError(
+            f"differential privacy needs a model with trainable parameters; "
+            f"{type(model).__name__} has none"
+        )
     problem = _first_bad_layer(model)
     if problem is None:
         return model
@@ -176,16 +203,19 @@ def validate_model(model: nn.Module, fix: bool = False) -> nn.Module:
     fixed = _fixed_copy(model)
     left = _first_bad_layer(fixed)
     if left is not None:
-        raise ValueError(f"{left}, and Opacus' validator cannot replace it: replace it by hand "
-                         f"(GroupNorm instead of BatchNorm)")
+        raise ValueError(
+            f"{left}, and Opacus' validator cannot replace it: replace it by hand "
+            f"(GroupNorm instead of BatchNorm)"
+        )
     return fixed
 
 
 def _auto_engine(model: nn.Module) -> str:
-    """"ghost" when every trainable layer is one it (or its vmap fallback) handles, else "hooks"."""
+    """ "ghost" when every trainable layer is one it (or its vmap fallback) handles, else "hooks"."""
     for module in model.modules():
-        if any(p.requires_grad for p in module.parameters(recurse=False)) \
-                and not isinstance(module, _VMAP_LAYERS):
+        if any(p.requires_grad for p in module.parameters(recurse=False)) and not isinstance(
+            module, _VMAP_LAYERS
+        ):
             return "hooks"
     return "ghost"
 
@@ -203,14 +233,25 @@ class DPSGD:
     stream tag): one key per peer.
     """
 
-    def __init__(self, noise_multiplier: float, max_grad_norm: float, sample_rate: float,
-                 shard_size: int, *, accountant: str = "rdp",
-                 randomness: Optional[Randomness] = None, engine: str = "auto"):
-        validate_dp_options(noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
-                            accountant=accountant)
+    def __init__(
+        self,
+        noise_multiplier: float,
+        max_grad_norm: float,
+        sample_rate: float,
+        shard_size: int,
+        *,
+        accountant: str = "rdp",
+        randomness: Optional[Randomness] = None,
+        engine: str = "auto",
+    ):
+        validate_dp_options(
+            noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, accountant=accountant
+        )
         if engine not in GRAD_SAMPLE_ENGINES:
-            raise ValueError(f"unknown per-example gradient engine {engine!r}; choose one of "
-                             f"{', '.join(GRAD_SAMPLE_ENGINES)}")
+            raise ValueError(
+                f"unknown per-example gradient engine {engine!r}; choose one of "
+                f"{', '.join(GRAD_SAMPLE_ENGINES)}"
+            )
         if isinstance(sample_rate, bool) or not 0 < float(sample_rate) <= 1:
             raise ValueError(f"the sample rate must lie in (0, 1], got {sample_rate!r}")
         if isinstance(shard_size, bool) or int(shard_size) != shard_size or shard_size < 1:
@@ -243,8 +284,10 @@ class DPSGD:
         grad_sample = import_opacus("opacus.grad_sample")
         if isinstance(model, (grad_sample.AbstractGradSampleModule, PerSampleModule)):
             if model is not self.module:
-                raise ValueError("this model is already wrapped by another DPSGD: give each peer "
-                                 "its own unwrapped model")
+                raise ValueError(
+                    "this model is already wrapped by another DPSGD: give each peer "
+                    "its own unwrapped model"
+                )
             return model
         if self.module is not None:
             raise ValueError("this DPSGD already wraps a model: create one DPSGD per peer model")
@@ -253,11 +296,13 @@ class DPSGD:
         if engine in ("ghost", "vmap"):
             self.module = PerSampleModule(model, engine, loss_reduction="mean")
         elif engine == "hooks":
-            self.module = grad_sample.GradSampleModule(model, batch_first=True,
-                                                       loss_reduction="mean", strict=True)
+            self.module = grad_sample.GradSampleModule(
+                model, batch_first=True, loss_reduction="mean", strict=True
+            )
         else:
-            self.module = grad_sample.wrap_model(model, engine, batch_first=True,
-                                                 loss_reduction="mean")
+            self.module = grad_sample.wrap_model(
+                model, engine, batch_first=True, loss_reduction="mean"
+            )
         return self.module
 
     # ---- after backward ---------------------------------------------------------------------
@@ -274,18 +319,23 @@ class DPSGD:
         for p in (p for p in model.parameters() if p.requires_grad):
             sample = getattr(p, "grad_sample", None)
             if isinstance(sample, list):
-                raise ValueError("privatize found gradients of several forward/backward passes: "
-                                 "call it after every backward (Poisson batches do not accumulate)")
+                raise ValueError(
+                    "privatize found gradients of several forward/backward passes: "
+                    "call it after every backward (Poisson batches do not accumulate)"
+                )
             if sample is None:
                 sample = torch.zeros((batch_size, *p.shape), dtype=p.dtype, device=p.device)
             if sample.shape[0] != batch_size:
-                raise ValueError(f"privatize was told the batch has {batch_size} examples but the "
-                                 f"per-example gradients hold {sample.shape[0]}: pass len(batch)")
+                raise ValueError(
+                    f"privatize was told the batch has {batch_size} examples but the "
+                    f"per-example gradients hold {sample.shape[0]}: pass len(batch)"
+                )
             gradients.append(sample)
         return gradients
 
-    def clipped_sum(self, model: nn.Module, batch_size: int,
-                    divisor: float = 1.0) -> list[torch.Tensor]:
+    def clipped_sum(
+        self, model: nn.Module, batch_size: int, divisor: float = 1.0
+    ) -> list[torch.Tensor]:
         """Per trainable parameter, the sum over the batch of the clipped per-example gradients,
         divided by ``divisor`` (folded into the per-example clip factors).
 
@@ -305,8 +355,9 @@ class DPSGD:
     def clip_factors(self, gradients: list[torch.Tensor]) -> torch.Tensor:
         """Per example, min(1, C / (norm + 1e-6)); norm over all trainable parameters together."""
         batch_size = gradients[0].shape[0]
-        norms = torch.stack([g.reshape(batch_size, -1).norm(2, dim=1) for g in gradients],
-                            dim=1).norm(2, dim=1)
+        norms = torch.stack(
+            [g.reshape(batch_size, -1).norm(2, dim=1) for g in gradients], dim=1
+        ).norm(2, dim=1)
         return (self.max_grad_norm / (norms + _NORM_EPS)).clamp(max=1.0)
 
     def _noise(self, n: int) -> Optional[torch.Tensor]:
@@ -334,14 +385,19 @@ class DPSGD:
         scale = self.noise_multiplier * self.max_grad_norm / self.expected_batch_size
         dtype, device = params[0].dtype, params[0].device
         if all(p.dtype == dtype and p.device == device for p in params):  # one flat product
-            flat = torch.cat([m.reshape(-1) for m in means]) if len(means) > 1 \
+            flat = (
+                torch.cat([m.reshape(-1) for m in means])
+                if len(means) > 1
                 else means[0].reshape(-1)
+            )
             total = torch.add(flat, noise.to(device), alpha=scale).to(dtype)
-            return [t.view(p.shape) for t, p in
-                    zip(torch.split(total, [p.numel() for p in params]), params)]
+            return [
+                t.view(p.shape)
+                for t, p in zip(torch.split(total, [p.numel() for p in params]), params)
+            ]
         out, start = [], 0
         for p, m in zip(params, means):
-            part = noise[start: start + p.numel()].to(p.device).view(p.shape)
+            part = noise[start : start + p.numel()].to(p.device).view(p.shape)
             out.append(torch.add(m, part, alpha=scale).to(p.dtype))
             start += p.numel()
         return out
@@ -353,15 +409,20 @@ class DPSGD:
         skip forward and backward and call this with 0: the gradient is then pure noise divided
         by the expected batch size, and the step is accounted for like any other.
         """
-        if isinstance(batch_size_actual, bool) or int(batch_size_actual) != batch_size_actual \
-                or batch_size_actual < 0:
-            raise ValueError(f"batch_size_actual must be an integer >= 0, got "
-                             f"{batch_size_actual!r}")
+        if (
+            isinstance(batch_size_actual, bool)
+            or int(batch_size_actual) != batch_size_actual
+            or batch_size_actual < 0
+        ):
+            raise ValueError(
+                f"batch_size_actual must be an integer >= 0, got {batch_size_actual!r}"
+            )
         batch_size = int(batch_size_actual)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
-            raise ValueError("differential privacy needs a model with trainable parameters; "
-                             "this one has none")
+            raise ValueError(
+                "differential privacy needs a model with trainable parameters; this one has none"
+            )
         with torch.no_grad():
             if batch_size == 0:
                 means = [torch.zeros_like(p) for p in params]
@@ -371,8 +432,10 @@ class DPSGD:
                 means = self.clipped_sum(model, batch_size, divisor=self.expected_batch_size)
             if self.extra_noise is not None:  # a mechanism's own noise (DECOR's pairs')
                 step = self.steps
-                means = [m + self.extra_noise(step, k, p) / self.expected_batch_size
-                         for k, (p, m) in enumerate(zip(params, means))]
+                means = [
+                    m + self.extra_noise(step, k, p) / self.expected_batch_size
+                    for k, (p, m) in enumerate(zip(params, means))
+                ]
             for p, grad in zip(params, self._noisy(params, means)):
                 p.grad = grad
         self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
@@ -408,15 +471,21 @@ class DPSGD:
         """Continue from a ``state_dict()``: same epsilon so far, same noise from here on."""
         name = state.get("accountant")
         if name != self.accountant_name:
-            raise ValueError(f"the checkpoint's accountant is {name!r} but this run uses "
-                             f"{self.accountant_name!r}: resume with dp_accountant: {name}")
+            raise ValueError(
+                f"the checkpoint's accountant is {name!r} but this run uses "
+                f"{self.accountant_name!r}: resume with dp_accountant: {name}"
+            )
         try:
             history = [(float(s), float(q), int(n)) for s, q, n in state["history"]]
         except (KeyError, TypeError, ValueError):
-            raise ValueError("the checkpoint's privacy state has no valid accountant history "
-                             "(expected a list of [sigma, sample_rate, steps])") from None
+            raise ValueError(
+                "the checkpoint's privacy state has no valid accountant history "
+                "(expected a list of [sigma, sample_rate, steps])"
+            ) from None
         if not isinstance(state.get("randomness"), dict):
-            raise ValueError("the checkpoint's privacy state has no DP randomness (it was written "
-                             "by an older version, whose noise was public): start a new run")
+            raise ValueError(
+                "the checkpoint's privacy state has no DP randomness (it was written "
+                "by an older version, whose noise was public): start a new run"
+            )
         self.randomness.load_state_dict(state["randomness"])
         self.accountant.history = history

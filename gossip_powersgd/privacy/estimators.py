@@ -42,7 +42,9 @@ _UNMEASURED = 1e-10
 def _layout(view: ObservedView):
     meta = view.meta
     if meta["algorithm"] != "powergossip":
-        raise ValueError(f"difference estimates are for PowerGossip views, not {meta['algorithm']!r}")
+        raise ValueError(
+            f"difference estimates are for PowerGossip views, not {meta['algorithm']!r}"
+        )
     return meta["shapes"], meta["groups"], meta["exact_indices"]
 
 
@@ -53,10 +55,14 @@ def _cut(view: ObservedView, message: Dict) -> tuple:
     for indices, rows, cols, r in groups:
         width = rows if message["kind"] == "right" else cols
         size = len(indices) * r * width
-        blocks.append(message["tensor"][offset:offset + size].view(len(indices), r, width).double())
+        blocks.append(
+            message["tensor"][offset : offset + size].view(len(indices), r, width).double()
+        )
         offset += size
     numel = sum(torch.Size(shapes[k]).numel() for k in exact_indices)
-    exact = message["tensor"][offset:offset + numel] if message["tensor"].numel() > offset else None
+    exact = (
+        message["tensor"][offset : offset + numel] if message["tensor"].numel() > offset else None
+    )
     return blocks, exact
 
 
@@ -71,15 +77,18 @@ def _solve(a_sum, b_sum, c_sum) -> torch.Tensor:
     largest = denominator.flatten(1).amax(dim=1).clamp_min(0).view(-1, 1, 1)
     measured = denominator > _UNMEASURED * largest
     rotated = u.transpose(1, 2) @ c_sum @ v
-    return u @ torch.where(measured, rotated / torch.where(measured, denominator, 1.0), 0.0) \
+    return (
+        u
+        @ torch.where(measured, rotated / torch.where(measured, denominator, 1.0), 0.0)
         @ v.transpose(1, 2)
+    )
 
 
 def _window(view: ObservedView, neighbor: int, step: int, window: int) -> List[Dict]:
     messages = [m for m in view.messages_from(neighbor) if m["step"] <= step]
     if not messages or messages[-1]["step"] != step:
         raise ValueError(f"the view holds no message of neighbour {neighbor} at step {step}")
-    return messages[-int(window):]
+    return messages[-int(window) :]
 
 
 def _with_exact(view, estimate, messages, step):
@@ -90,13 +99,18 @@ def _with_exact(view, estimate, messages, step):
         offset = 0
         for k in exact_indices:
             numel = torch.Size(shapes[k]).numel()
-            estimate[k] = exact[offset:offset + numel].reshape(shapes[k]).clone()
+            estimate[k] = exact[offset : offset + numel].reshape(shapes[k]).clone()
             offset += numel
     return estimate
 
 
-def difference_estimates(view: ObservedView, neighbor: int, steps: Optional[Sequence[int]] = None,
-                         window: int = 64, forget: float = 1.0) -> Dict[int, List[torch.Tensor]]:
+def difference_estimates(
+    view: ObservedView,
+    neighbor: int,
+    steps: Optional[Sequence[int]] = None,
+    window: int = 64,
+    forget: float = 1.0,
+) -> Dict[int, List[torch.Tensor]]:
     """The estimate M_i(T) + D of `neighbor`'s parameters at each step T of `steps` (default: the
     last one the view holds a message of it for); see the module docstring."""
     if isinstance(window, bool) or int(window) != window or window < 1:
@@ -119,7 +133,7 @@ def difference_estimates(view: ObservedView, neighbor: int, steps: Optional[Sequ
             b_sum = torch.zeros(batch, cols, cols, dtype=torch.float64)
             c_sum = torch.zeros(batch, rows, cols, dtype=torch.float64)
             for age, (message, blocks) in enumerate(zip(reversed(messages), reversed(cuts))):
-                w = forget ** age
+                w = forget**age
                 factor = message["factors"][str(g)].double()
                 mine = _matrices(own[message["step"]], indices, rows, cols)
                 if message["kind"] == "right":  # block = (M_j Q)^T, factor Q (batch, cols, r)
@@ -142,14 +156,18 @@ def _projector(factors: List[torch.Tensor], size: int) -> torch.Tensor:
     """(batch, size, size) projector on the span of the factors' columns."""
     stacked = torch.cat(factors, dim=2)  # (batch, size, r * n)
     u, s, _ = torch.linalg.svd(stacked, full_matrices=False)
-    keep = s > _UNMEASURED ** 0.5 * s[:, :1]
+    keep = s > _UNMEASURED**0.5 * s[:, :1]
     u = u * keep.unsqueeze(1)
     return u @ u.transpose(1, 2)
 
 
-def oracle_estimates(view: ObservedView, neighbor: int, truth: Mapping[int, Sequence[torch.Tensor]],
-                     steps: Optional[Sequence[int]] = None, window: int = 64
-                     ) -> Dict[int, List[torch.Tensor]]:
+def oracle_estimates(
+    view: ObservedView,
+    neighbor: int,
+    truth: Mapping[int, Sequence[torch.Tensor]],
+    steps: Optional[Sequence[int]] = None,
+    window: int = 64,
+) -> Dict[int, List[torch.Tensor]]:
     """M_i(T) + the true D(T) projected on what the window's factors measure (a ceiling: it uses
     the truth, which no observer has)."""
     shapes, groups, _ = _layout(view)
@@ -179,8 +197,9 @@ def oracle_estimates(view: ObservedView, neighbor: int, truth: Mapping[int, Sequ
 
 
 @torch.no_grad()
-def prediction_agreement(model_a: torch.nn.Module, model_b: torch.nn.Module,
-                         x: torch.Tensor) -> float:
+def prediction_agreement(
+    model_a: torch.nn.Module, model_b: torch.nn.Module, x: torch.Tensor
+) -> float:
     """The share of samples on which the two models predict the same class."""
     model_a.eval()
     model_b.eval()

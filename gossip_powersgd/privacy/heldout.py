@@ -53,11 +53,17 @@ class HeldOutSplit:
 
     def record(self) -> Dict:
         """The split as JSON-able data: enough to audit or rebuild it."""
-        return {"dataset": self.dataset, "seed": self.seed, "partition": self.partition,
-                "num_peers": self.num_peers, "fraction": self.fraction,
-                "split_seed": self.split_seed, "victims": list(self.victims),
-                "members": {str(k): v.tolist() for k, v in sorted(self.members.items())},
-                "heldout": {str(k): self.heldout[k].tolist() for k in self.victims}}
+        return {
+            "dataset": self.dataset,
+            "seed": self.seed,
+            "partition": self.partition,
+            "num_peers": self.num_peers,
+            "fraction": self.fraction,
+            "split_seed": self.split_seed,
+            "victims": list(self.victims),
+            "members": {str(k): v.tolist() for k, v in sorted(self.members.items())},
+            "heldout": {str(k): self.heldout[k].tolist() for k in self.victims},
+        }
 
     def key(self) -> str:
         """A name for the split, from its content (the same split gets the same name)."""
@@ -85,19 +91,30 @@ class HeldOutSplit:
         return d.x_train[index], d.y_train[index]
 
 
-def make_split(dataset: str, num_peers: int, partition: str, seed: int,
-               victims: Sequence[int], fraction: float = 0.5, split_seed: int = 0) -> HeldOutSplit:
+def make_split(
+    dataset: str,
+    num_peers: int,
+    partition: str,
+    seed: int,
+    victims: Sequence[int],
+    fraction: float = 0.5,
+    split_seed: int = 0,
+) -> HeldOutSplit:
     """Split each victim's shard (as `partition` cuts `dataset`'s training set with `seed`) into
     members and a uniformly random held-out share `fraction` of it (see the module docstring)."""
     from gossip_powersgd.training.data import LOCAL_PARTITION, load_dataset
     from gossip_powersgd.training.data import partition as cut
 
     if partition == LOCAL_PARTITION:
-        raise ValueError("make_split splits a built-in partition (iid, dirichlet:..., shards:...); "
-                         "the split itself is the run's partition: local")
+        raise ValueError(
+            "make_split splits a built-in partition (iid, dirichlet:..., shards:...); "
+            "the split itself is the run's partition: local"
+        )
     if not 0 < fraction < 1:
-        raise ValueError(f"fraction (the held-out share of each victim's shard) must lie in (0, 1), "
-                         f"got {fraction}")
+        raise ValueError(
+            f"fraction (the held-out share of each victim's shard) must lie in (0, 1), "
+            f"got {fraction}"
+        )
     bad = [v for v in victims if not 0 <= int(v) < num_peers]
     if bad:
         raise ValueError(f"victims {bad} are not ranks of a {num_peers}-peer run")
@@ -111,16 +128,25 @@ def make_split(dataset: str, num_peers: int, partition: str, seed: int,
             order = np.random.default_rng([int(split_seed), rank]).permutation(len(shard))
             count = int(round(fraction * len(shard)))
             if count == 0 or count == len(shard):
-                raise ValueError(f"victim {rank}'s shard has {len(shard)} samples: too few to hold "
-                                 f"out a share {fraction} and keep members; use more data")
+                raise ValueError(
+                    f"victim {rank}'s shard has {len(shard)} samples: too few to hold "
+                    f"out a share {fraction} and keep members; use more data"
+                )
             heldout[rank] = np.sort(shard[order[:count]])
             members[rank] = np.sort(shard[order[count:]])
         else:
             heldout[rank] = np.zeros(0, dtype=np.int64)
             members[rank] = np.sort(shard)
-    return HeldOutSplit(dataset=dataset, seed=int(seed), partition=partition,
-                        num_peers=int(num_peers), fraction=float(fraction),
-                        split_seed=int(split_seed), members=members, heldout=heldout)
+    return HeldOutSplit(
+        dataset=dataset,
+        seed=int(seed),
+        partition=partition,
+        num_peers=int(num_peers),
+        fraction=float(fraction),
+        split_seed=int(split_seed),
+        members=members,
+        heldout=heldout,
+    )
 
 
 class _Registry:
@@ -137,15 +163,18 @@ class _Registry:
             raise AttributeError(key)
         split = self.__dict__["_splits"].get(key)
         if split is None:
-            raise AttributeError(f"no held-out split {key!r} is registered in this process "
-                                 "(HeldOutSplit.spec() registers one; the local backend runs "
-                                 "every peer in the process that registered it)")
+            raise AttributeError(
+                f"no held-out split {key!r} is registered in this process "
+                "(HeldOutSplit.spec() registers one; the local backend runs "
+                "every peer in the process that registered it)"
+            )
 
         def peer_data(rank: Optional[int], num_peers: int):
             """This peer's training data (its members), or the shared test set for rank None."""
             if num_peers != split.num_peers:
-                raise ValueError(f"the split is for {split.num_peers} peers, the run has "
-                                 f"{num_peers}")
+                raise ValueError(
+                    f"the split is for {split.num_peers} peers, the run has {num_peers}"
+                )
             d = split.data()
             if rank is None:
                 return d.x_test, d.y_test

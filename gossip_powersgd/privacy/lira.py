@@ -26,8 +26,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["calibrated_loss_scores", "class_conditional_loss_scores", "inclusion_masks",
-           "lira_scores", "logit_confidence", "reference_statistics", "train_classifier"]
+__all__ = [
+    "calibrated_loss_scores",
+    "class_conditional_loss_scores",
+    "inclusion_masks",
+    "lira_scores",
+    "logit_confidence",
+    "reference_statistics",
+    "train_classifier",
+]
 
 
 def inclusion_masks(candidates: int, models: int, seed: int = 0) -> np.ndarray:
@@ -38,21 +45,22 @@ def inclusion_masks(candidates: int, models: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     masks = np.zeros((models, candidates), dtype=bool)
     for i in range(candidates):
-        masks[rng.permutation(models)[:models // 2], i] = True
+        masks[rng.permutation(models)[: models // 2], i] = True
     return masks
 
 
 @torch.no_grad()
-def logit_confidence(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-                     batch: int = 2048) -> np.ndarray:
+def logit_confidence(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 2048
+) -> np.ndarray:
     """phi = z_y - logsumexp_{j != y} z_j of every sample under `model` (eval mode), float64."""
     was_training = model.training
     model.eval()
     out = []
     try:
         for k in range(0, len(x), batch):
-            z = model(x[k:k + batch]).double()
-            yy = y[k:k + batch]
+            z = model(x[k : k + batch]).double()
+            yy = y[k : k + batch]
             true = z.take_along_dim(yy[:, None], 1).squeeze(1)
             mask = torch.nn.functional.one_hot(yy, z.shape[1]).bool()
             others = z.masked_fill(mask, float("-inf")).logsumexp(1)
@@ -70,31 +78,40 @@ def _pooled(phi: np.ndarray, mask: np.ndarray) -> Tuple[np.ndarray, float]:
     return mean, float(max(var, 1e-12))
 
 
-def lira_scores(target: np.ndarray, reference: np.ndarray, masks: np.ndarray,
-                online: bool = False) -> np.ndarray:
+def lira_scores(
+    target: np.ndarray, reference: np.ndarray, masks: np.ndarray, online: bool = False
+) -> np.ndarray:
     """LiRA scores of the candidates (higher: member) from the target's `logit_confidence`, the
     reference models' (models, candidates) confidences and their `inclusion_masks`."""
     target, reference = np.asarray(target, float), np.asarray(reference, float)
     if reference.shape != masks.shape or target.shape != masks.shape[1:]:
-        raise ValueError(f"shapes disagree: target {target.shape}, reference {reference.shape}, "
-                         f"masks {masks.shape}")
+        raise ValueError(
+            f"shapes disagree: target {target.shape}, reference {reference.shape}, "
+            f"masks {masks.shape}"
+        )
     mu_out, var_out = _pooled(reference, ~masks)
     if not online:
         return (target - mu_out) / np.sqrt(var_out)
     mu_in, var_in = _pooled(reference, masks)
-    return (-(target - mu_in) ** 2 / (2 * var_in) - 0.5 * np.log(var_in)
-            + (target - mu_out) ** 2 / (2 * var_out) + 0.5 * np.log(var_out))
+    return (
+        -((target - mu_in) ** 2) / (2 * var_in)
+        - 0.5 * np.log(var_in)
+        + (target - mu_out) ** 2 / (2 * var_out)
+        + 0.5 * np.log(var_out)
+    )
 
 
-def calibrated_loss_scores(target_loss: np.ndarray, reference_loss: np.ndarray,
-                           masks: np.ndarray) -> np.ndarray:
+def calibrated_loss_scores(
+    target_loss: np.ndarray, reference_loss: np.ndarray, masks: np.ndarray
+) -> np.ndarray:
     """-loss_target + mean OUT reference loss of each candidate (higher: member)."""
     mean_out, _ = _pooled(np.asarray(reference_loss, float), ~masks)
     return -np.asarray(target_loss, float) + mean_out
 
 
-def class_conditional_loss_scores(target_loss: np.ndarray, labels: np.ndarray,
-                                  reference_loss: np.ndarray, masks: np.ndarray) -> np.ndarray:
+def class_conditional_loss_scores(
+    target_loss: np.ndarray, labels: np.ndarray, reference_loss: np.ndarray, masks: np.ndarray
+) -> np.ndarray:
     """-loss z-scored by the OUT reference losses of the candidate's class (higher: member)."""
     target_loss, labels = np.asarray(target_loss, float), np.asarray(labels)
     reference_loss = np.asarray(reference_loss, float)
@@ -106,9 +123,16 @@ def class_conditional_loss_scores(target_loss: np.ndarray, labels: np.ndarray,
     return out
 
 
-def train_classifier(make_model: Callable[[], torch.nn.Module], x: torch.Tensor, y: torch.Tensor,
-                     epochs: int, lr: float, batch: int, momentum: float = 0.9,
-                     seed: int = 0) -> torch.nn.Module:
+def train_classifier(
+    make_model: Callable[[], torch.nn.Module],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    epochs: int,
+    lr: float,
+    batch: int,
+    momentum: float = 0.9,
+    seed: int = 0,
+) -> torch.nn.Module:
     """A reference model: SGD with momentum and a cosine schedule on (x, y), shuffled per epoch."""
     generator = torch.Generator().manual_seed(seed)
     model = make_model()
@@ -119,7 +143,7 @@ def train_classifier(make_model: Callable[[], torch.nn.Module], x: torch.Tensor,
     for _ in range(epochs):
         order = torch.randperm(len(x), generator=generator)
         for k in range(0, len(x), batch):
-            pick = order[k:k + batch]
+            pick = order[k : k + batch]
             optimizer.zero_grad()
             F.cross_entropy(model(x[pick]), y[pick]).backward()
             optimizer.step()
@@ -131,5 +155,7 @@ def reference_statistics(models, x: torch.Tensor, y: torch.Tensor) -> Dict[str, 
     """(models, candidates) logit confidences and losses of the reference models."""
     from gossip_powersgd.privacy.membership import loss_scores
 
-    return {"phi": np.stack([logit_confidence(m, x, y) for m in models]),
-            "loss": np.stack([-loss_scores(m, x, y) for m in models])}
+    return {
+        "phi": np.stack([logit_confidence(m, x, y) for m in models]),
+        "loss": np.stack([-loss_scores(m, x, y) for m in models]),
+    }

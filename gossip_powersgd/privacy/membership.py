@@ -25,9 +25,23 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DEFAULT_FPR", "LOW_FPRS", "attack_report", "auc", "class_prior_scores", "loss_attack",
-           "loss_scores", "membership_inference", "membership_samples", "model_with_parameters",
-           "null_auc_std", "null_band", "per_class_auc", "roc_curve", "tpr_at_fpr"]
+__all__ = [
+    "DEFAULT_FPR",
+    "LOW_FPRS",
+    "attack_report",
+    "auc",
+    "class_prior_scores",
+    "loss_attack",
+    "loss_scores",
+    "membership_inference",
+    "membership_samples",
+    "model_with_parameters",
+    "null_auc_std",
+    "null_band",
+    "per_class_auc",
+    "roc_curve",
+    "tpr_at_fpr",
+]
 
 #: The false-positive rate at which `loss_attack` reports the true-positive rate.
 DEFAULT_FPR = 0.01
@@ -36,14 +50,17 @@ LOW_FPRS = (0.001, 0.01)
 
 
 @torch.no_grad()
-def loss_scores(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-                batch: int = 1024) -> np.ndarray:
+def loss_scores(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1024
+) -> np.ndarray:
     """The LOSS attack's score of every sample: -cross-entropy under `model` (in eval mode)."""
     was_training = model.training
     model.eval()
     try:
-        scores = [-F.cross_entropy(model(x[k:k + batch]), y[k:k + batch], reduction="none")
-                  for k in range(0, len(x), batch)]
+        scores = [
+            -F.cross_entropy(model(x[k : k + batch]), y[k : k + batch], reduction="none")
+            for k in range(0, len(x), batch)
+        ]
     finally:
         model.train(was_training)
     return torch.cat(scores).double().cpu().numpy()
@@ -52,13 +69,17 @@ def loss_scores(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
 def _scores(name: str, values) -> np.ndarray:
     array = np.asarray(values, dtype=np.float64).ravel()
     if array.size == 0:
-        raise ValueError(f"no {name} scores: the attack needs at least one member and one non-member")
+        raise ValueError(
+            f"no {name} scores: the attack needs at least one member and one non-member"
+        )
     bad = int(np.count_nonzero(~np.isfinite(array)))
     if bad:
         # NaN compares false with everything, so a rank or threshold of it would be a confident lie
-        raise ValueError(f"{bad} of {array.size} {name} scores are not finite (NaN or infinite): "
-                         "the model has likely diverged (check its parameters for NaN/inf); no "
-                         "attack score is meaningful for it")
+        raise ValueError(
+            f"{bad} of {array.size} {name} scores are not finite (NaN or infinite): "
+            "the model has likely diverged (check its parameters for NaN/inf); no "
+            "attack score is meaningful for it"
+        )
     return array
 
 
@@ -66,7 +87,7 @@ def auc(member_scores, nonmember_scores) -> float:
     """P(member score > non-member score) + P(equal) / 2: the ROC AUC (Mann-Whitney U)."""
     members, others = _scores("member", member_scores), _scores("non-member", nonmember_scores)
     ranks = _average_ranks(np.concatenate([members, others]))
-    u = ranks[:members.size].sum() - members.size * (members.size + 1) / 2
+    u = ranks[: members.size].sum() - members.size * (members.size + 1) / 2
     return float(u / (members.size * others.size))
 
 
@@ -80,7 +101,7 @@ def _average_ranks(values: np.ndarray) -> np.ndarray:
         stop = start
         while stop + 1 < values.size and sorted_values[stop + 1] == sorted_values[start]:
             stop += 1
-        ranks[order[start:stop + 1]] = (start + stop) / 2 + 1
+        ranks[order[start : stop + 1]] = (start + stop) / 2 + 1
         start = stop + 1
     return ranks
 
@@ -101,48 +122,65 @@ def null_auc_std(members: int, nonmembers: int) -> float:
     return math.sqrt((members + nonmembers + 1) / (12.0 * members * nonmembers))
 
 
-def loss_attack(model: torch.nn.Module, members: Tuple[torch.Tensor, torch.Tensor],
-                nonmembers: Tuple[torch.Tensor, torch.Tensor],
-                fpr: float = DEFAULT_FPR) -> Dict[str, float]:
+def loss_attack(
+    model: torch.nn.Module,
+    members: Tuple[torch.Tensor, torch.Tensor],
+    nonmembers: Tuple[torch.Tensor, torch.Tensor],
+    fpr: float = DEFAULT_FPR,
+) -> Dict[str, float]:
     """{"auc", "tpr_at_fpr", "fpr"} of the LOSS attack with `model` on (x, y) members and
     non-members."""
     inside, outside = loss_scores(model, *members), loss_scores(model, *nonmembers)
     return {"auc": auc(inside, outside), "tpr_at_fpr": tpr_at_fpr(inside, outside, fpr), "fpr": fpr}
 
 
-def membership_inference(models: Mapping[str, torch.nn.Module], members, nonmembers,
-                         fpr: float = DEFAULT_FPR) -> Dict[str, Dict[str, float]]:
+def membership_inference(
+    models: Mapping[str, torch.nn.Module], members, nonmembers, fpr: float = DEFAULT_FPR
+) -> Dict[str, Dict[str, float]]:
     """`loss_attack` with each named model, on the same members and non-members."""
     return {name: loss_attack(model, members, nonmembers, fpr) for name, model in models.items()}
 
 
-def membership_samples(dataset, rank: int, num_peers: int, partition: str = "iid", seed: int = 0,
-                       ) -> Tuple[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]:
+def membership_samples(
+    dataset,
+    rank: int,
+    num_peers: int,
+    partition: str = "iid",
+    seed: int = 0,
+) -> Tuple[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]:
     """(members, non-members) for victim `rank`: its training shard, as `train` splits it, and as
     many test samples (drawn without replacement with `seed`; all of them if there are fewer)."""
     from gossip_powersgd.training.data import peer_shard
 
     x_in, y_in = peer_shard(dataset, rank, num_peers, partition, seed)
     count = min(len(x_in), len(dataset.x_test))
-    pick = torch.randperm(len(dataset.x_test), generator=torch.Generator().manual_seed(seed))[:count]
+    pick = torch.randperm(len(dataset.x_test), generator=torch.Generator().manual_seed(seed))[
+        :count
+    ]
     if count < len(x_in):
         keep = torch.randperm(len(x_in), generator=torch.Generator().manual_seed(seed))[:count]
         x_in, y_in = x_in[keep], y_in[keep]
     return (x_in, y_in), (dataset.x_test[pick], dataset.y_test[pick])
 
 
-def model_with_parameters(model: torch.nn.Module, parameters: Sequence[torch.Tensor]) -> torch.nn.Module:
+def model_with_parameters(
+    model: torch.nn.Module, parameters: Sequence[torch.Tensor]
+) -> torch.nn.Module:
     """A copy of `model` whose parameters (in `model.parameters()` order) are `parameters`."""
     copied = copy.deepcopy(model)
     own = list(copied.parameters())
     if len(own) != len(parameters):
-        raise ValueError(f"the model has {len(own)} parameter tensors but {len(parameters)} were "
-                         "given: reconstruct with the same model the run trained")
+        raise ValueError(
+            f"the model has {len(own)} parameter tensors but {len(parameters)} were "
+            "given: reconstruct with the same model the run trained"
+        )
     with torch.no_grad():
         for target, value in zip(own, parameters):
             if tuple(target.shape) != tuple(value.shape):
-                raise ValueError(f"parameter of shape {tuple(target.shape)} given a tensor of shape "
-                                 f"{tuple(value.shape)}: reconstruct with the run's model")
+                raise ValueError(
+                    f"parameter of shape {tuple(target.shape)} given a tensor of shape "
+                    f"{tuple(value.shape)}: reconstruct with the run's model"
+                )
             target.copy_(value)
     return copied
 
@@ -159,13 +197,17 @@ def roc_curve(member_scores, nonmember_scores) -> Tuple[np.ndarray, np.ndarray]:
     return np.r_[0.0, fp / others.size], np.r_[0.0, tp / members.size]
 
 
-def per_class_auc(member_scores, nonmember_scores, member_labels, nonmember_labels
-                  ) -> Dict[int, float]:
+def per_class_auc(
+    member_scores, nonmember_scores, member_labels, nonmember_labels
+) -> Dict[int, float]:
     """The AUC among the samples of each class that has both members and non-members."""
     members, others = np.asarray(member_scores, float), np.asarray(nonmember_scores, float)
     a, b = np.asarray(member_labels), np.asarray(nonmember_labels)
-    return {int(c): auc(members[a == c], others[b == c]) for c in np.union1d(a, b)
-            if (a == c).any() and (b == c).any()}
+    return {
+        int(c): auc(members[a == c], others[b == c])
+        for c in np.union1d(a, b)
+        if (a == c).any() and (b == c).any()
+    }
 
 
 def class_prior_scores(labels, reference_labels, num_classes: int) -> np.ndarray:
@@ -176,8 +218,14 @@ def class_prior_scores(labels, reference_labels, num_classes: int) -> np.ndarray
     return counts[np.asarray(labels, dtype=np.int64)] / max(1, counts.sum())
 
 
-def null_band(member_scores, nonmember_scores, fprs: Sequence[float] = LOW_FPRS,
-              permutations: int = 200, seed: int = 0, level: float = 0.95) -> Dict[str, list]:
+def null_band(
+    member_scores,
+    nonmember_scores,
+    fprs: Sequence[float] = LOW_FPRS,
+    permutations: int = 200,
+    seed: int = 0,
+    level: float = 0.95,
+) -> Dict[str, list]:
     """The central `level` range of AUC and TPR at each FPR when membership is independent of the
     score: the same scores with member / non-member labels permuted at random."""
     members, others = _scores("member", member_scores), _scores("non-member", nonmember_scores)
@@ -186,29 +234,45 @@ def null_band(member_scores, nonmember_scores, fprs: Sequence[float] = LOW_FPRS,
     aucs, tprs = [], []
     for _ in range(permutations):
         order = rng.permutation(values.size)
-        inside, outside = values[order[:members.size]], values[order[members.size:]]
+        inside, outside = values[order[: members.size]], values[order[members.size :]]
         aucs.append(auc(inside, outside))
         tprs.append([tpr_at_fpr(inside, outside, f) for f in fprs])
     lo, hi = (1 - level) / 2, 1 - (1 - level) / 2
     tprs = np.array(tprs)
-    return {"auc": [float(np.quantile(aucs, lo)), float(np.quantile(aucs, hi))],
-            "tpr": [[float(np.quantile(tprs[:, k], lo)), float(np.quantile(tprs[:, k], hi))]
-                    for k in range(len(fprs))]}
+    return {
+        "auc": [float(np.quantile(aucs, lo)), float(np.quantile(aucs, hi))],
+        "tpr": [
+            [float(np.quantile(tprs[:, k], lo)), float(np.quantile(tprs[:, k], hi))]
+            for k in range(len(fprs))
+        ],
+    }
 
 
-def attack_report(member_scores, nonmember_scores, member_labels=None, nonmember_labels=None,
-                  fprs: Sequence[float] = LOW_FPRS) -> Dict[str, object]:
+def attack_report(
+    member_scores,
+    nonmember_scores,
+    member_labels=None,
+    nonmember_labels=None,
+    fprs: Sequence[float] = LOW_FPRS,
+) -> Dict[str, object]:
     """AUC, TPR at each FPR, the ROC curve (thinned to <= 400 points) and, with labels, the AUC
     per class. Equal member and non-member counts make the AUC balanced; the AUC is in any case
     the probability that a random member outscores a random non-member, whatever the counts."""
     members, others = _scores("member", member_scores), _scores("non-member", nonmember_scores)
     fpr, tpr = roc_curve(members, others)
-    keep = np.unique(np.r_[np.searchsorted(fpr, np.geomspace(1e-4, 1, 300)).clip(0, fpr.size - 1),
-                           0, fpr.size - 1])
-    out: Dict[str, object] = {"auc": auc(members, others), "fprs": list(fprs),
-                              "tpr": [tpr_at_fpr(members, others, f) for f in fprs],
-                              "members": int(members.size), "nonmembers": int(others.size),
-                              "roc": [fpr[keep].tolist(), tpr[keep].tolist()]}
+    keep = np.unique(
+        np.r_[
+            np.searchsorted(fpr, np.geomspace(1e-4, 1, 300)).clip(0, fpr.size - 1), 0, fpr.size - 1
+        ]
+    )
+    out: Dict[str, object] = {
+        "auc": auc(members, others),
+        "fprs": list(fprs),
+        "tpr": [tpr_at_fpr(members, others, f) for f in fprs],
+        "members": int(members.size),
+        "nonmembers": int(others.size),
+        "roc": [fpr[keep].tolist(), tpr[keep].tolist()],
+    }
     if member_labels is not None and nonmember_labels is not None:
         out["per_class_auc"] = per_class_auc(members, others, member_labels, nonmember_labels)
     return out

@@ -67,9 +67,20 @@ import numpy as np
 
 import topologies
 
-__all__ = ["NOISE_MODES", "dp_epsilon", "gaussian_epsilon", "local_epsilon", "mixing_matrix",
-           "pairwise_epsilon", "pairwise_leakage", "pairwise_privacy_loss",
-           "pairwise_rdp", "per_message_composition_rdp", "view_matrix", "worst_shift"]
+__all__ = [
+    "NOISE_MODES",
+    "dp_epsilon",
+    "gaussian_epsilon",
+    "local_epsilon",
+    "mixing_matrix",
+    "pairwise_epsilon",
+    "pairwise_leakage",
+    "pairwise_privacy_loss",
+    "pairwise_rdp",
+    "per_message_composition_rdp",
+    "view_matrix",
+    "worst_shift",
+]
 
 NOISE_MODES = ("once", "every_step")
 SHIFTS = ("any", "constant")
@@ -84,10 +95,14 @@ def _graphs(topology):
         topology = topologies.parse(topology)
     if not isinstance(topology, (topologies.Topology, topologies.Schedule)):
         if getattr(topology, "is_directed", False):
-            raise ValueError(f"topology {topology.name!r} is directed: the network-DP accountant "
-                             "covers exact gossip on undirected graphs, not push-sum")
-        raise TypeError("topology must be a topologies.Topology, a topologies.Schedule or a spec "
-                        f"string such as 'ring:16', got {type(topology).__name__}")
+            raise ValueError(
+                f"topology {topology.name!r} is directed: the network-DP accountant "
+                "covers exact gossip on undirected graphs, not push-sum"
+            )
+        raise TypeError(
+            "topology must be a topologies.Topology, a topologies.Schedule or a spec "
+            f"string such as 'ring:16', got {type(topology).__name__}"
+        )
     return topology
 
 
@@ -104,8 +119,12 @@ def _check_positive(name: str, value) -> float:
 
 
 def _check_count(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value \
-            or value < minimum:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or int(value) != value
+        or value < minimum
+    ):
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
@@ -124,8 +143,9 @@ def mixing_matrix(topology, gamma: float = 1.0, step: int = 0) -> np.ndarray:
     return (1.0 - gamma) * np.eye(w.shape[0]) + gamma * w
 
 
-def view_matrix(topology, steps: int, observer: int, *, noise: str = "once",
-                gamma: float = 1.0) -> Tuple[np.ndarray, np.ndarray]:
+def view_matrix(
+    topology, steps: int, observer: int, *, noise: str = "once", gamma: float = 1.0
+) -> Tuple[np.ndarray, np.ndarray]:
     """(A, peers): observer's view V = A z + known terms, one row per received value (step-major,
     neighbours in order), one column per unknown (noise block s, peer u != observer), peers[c] = u.
 
@@ -239,12 +259,13 @@ def _leakage(grams: list, shift: str) -> np.ndarray:
     size = max(len(g) for g in grams)
     stack = np.zeros((len(grams), size, size))
     for k, g in enumerate(grams):
-        stack[k, :len(g), :len(g)] = g
+        stack[k, : len(g), : len(g)] = g
     return worst_shift(stack)
 
 
-def pairwise_leakage(topology, steps: int, *, noise: str = "once", gamma: float = 1.0,
-                     shift: str = "any") -> np.ndarray:
+def pairwise_leakage(
+    topology, steps: int, *, noise: str = "once", gamma: float = 1.0, shift: str = "any"
+) -> np.ndarray:
     """l[u, v]: observer v's view's squared mean shift for peer u per unit Delta (the exact Gaussian
     mechanism is mu = Delta sqrt(l) / sigma); the diagonal is NaN. Noise once: 0 <= l <= 1 (1: v
     determines x_u + eta_u); every step: 0 <= l <= steps."""
@@ -265,14 +286,22 @@ def pairwise_leakage(topology, steps: int, *, noise: str = "once", gamma: float 
     return out
 
 
-def pairwise_rdp(topology, steps: int, sigma: float, sensitivity: float = 1.0, *,
-                 noise: str = "once", gamma: float = 1.0, shift: str = "any") -> np.ndarray:
+def pairwise_rdp(
+    topology,
+    steps: int,
+    sigma: float,
+    sensitivity: float = 1.0,
+    *,
+    noise: str = "once",
+    gamma: float = 1.0,
+    shift: str = "any",
+) -> np.ndarray:
     """rho[u, v] with RDP_{u->v}(alpha) = alpha * rho[u, v] exactly (the RDP curve of the view's
     Gaussian mechanism, rho = Delta^2 l / (2 sigma^2)); the diagonal is NaN."""
     sigma = _check_positive("sigma", sigma)
     sensitivity = _check_positive("sensitivity", sensitivity)
     leak = pairwise_leakage(topology, steps, noise=noise, gamma=gamma, shift=shift)
-    return sensitivity ** 2 * leak / (2 * sigma ** 2)
+    return sensitivity**2 * leak / (2 * sigma**2)
 
 
 def dp_epsilon(rho, delta: float):
@@ -324,9 +353,18 @@ def _convert(rho, delta: float, conversion: str):
     return gaussian_epsilon(np.sqrt(2 * np.asarray(rho, dtype=np.float64)), delta)
 
 
-def pairwise_epsilon(topology, steps: int, sigma: float, delta: float, sensitivity: float = 1.0,
-                     *, noise: str = "once", gamma: float = 1.0, shift: str = "any",
-                     conversion: str = "gaussian") -> np.ndarray:
+def pairwise_epsilon(
+    topology,
+    steps: int,
+    sigma: float,
+    delta: float,
+    sensitivity: float = 1.0,
+    *,
+    noise: str = "once",
+    gamma: float = 1.0,
+    shift: str = "any",
+    conversion: str = "gaussian",
+) -> np.ndarray:
     """epsilon[u, v] at `delta`: the (epsilon, delta)-DP of peer u towards observer v's whole view
     (`pairwise_rdp`), converted exactly as a Gaussian mechanism (`conversion="gaussian"`) or by
     the classic RDP conversion (``"rdp"``); the diagonal is NaN. See the module docstring."""
@@ -334,19 +372,30 @@ def pairwise_epsilon(topology, steps: int, sigma: float, delta: float, sensitivi
     return _convert(rho, delta, conversion)
 
 
-def local_epsilon(steps: int, sigma: float, delta: float, sensitivity: float = 1.0, *,
-                  noise: str = "once", conversion: str = "gaussian") -> float:
+def local_epsilon(
+    steps: int,
+    sigma: float,
+    delta: float,
+    sensitivity: float = 1.0,
+    *,
+    noise: str = "once",
+    conversion: str = "gaussian",
+) -> float:
     """The local-DP ceiling of `pairwise_epsilon`: an observer that sees x + eta itself (noise
     once), or every one of the `steps` noisy contributions (noise every step)."""
     steps = _check_count("steps", steps, 1)
     blocks = steps if _choice("noise", noise, NOISE_MODES) == "every_step" else 1
-    rho = blocks * _check_positive("sensitivity", sensitivity) ** 2 \
+    rho = (
+        blocks
+        * _check_positive("sensitivity", sensitivity) ** 2
         / (2 * _check_positive("sigma", sigma) ** 2)
+    )
     return float(_convert(rho, delta, conversion))
 
 
-def per_message_composition_rdp(topology, steps: int, sigma: float, sensitivity: float = 1.0,
-                                *, gamma: float = 1.0) -> np.ndarray:
+def per_message_composition_rdp(
+    topology, steps: int, sigma: float, sensitivity: float = 1.0, *, gamma: float = 1.0
+) -> np.ndarray:
     """Muffliato's code's per-message sum (`graphutils.contrib`), NOT a valid privacy bound.
 
     sum over t < T and w in v's closed neighbourhood of
@@ -366,9 +415,9 @@ def per_message_composition_rdp(topology, steps: int, sigma: float, sensitivity:
     leak = np.zeros((n, n))
     power = np.eye(n)
     for _ in range(steps):
-        leak += power ** 2 / (power ** 2).sum(axis=1, keepdims=True)
+        leak += power**2 / (power**2).sum(axis=1, keepdims=True)
         power = w @ power
-    rho = sensitivity ** 2 / (2 * sigma ** 2) * (leak.T @ closed.T.astype(np.float64))
+    rho = sensitivity**2 / (2 * sigma**2) * (leak.T @ closed.T.astype(np.float64))
     np.fill_diagonal(rho, np.nan)
     return rho
 

@@ -88,8 +88,11 @@ class PerSampleModule(nn.Module):
                 for n in own:
                     owner_of[id(getattr(sub, n))] = (layer, n)
         #: (layer, index in its params, parameter) of each trainable one, in the model's order
-        self.slots = [(owner_of[id(p)][0], owner_of[id(p)][0].params.index(owner_of[id(p)][1]), p)
-                      for p in module.parameters() if p.requires_grad]
+        self.slots = [
+            (owner_of[id(p)][0], owner_of[id(p)][0].params.index(owner_of[id(p)][1]), p)
+            for p in module.parameters()
+            if p.requires_grad
+        ]
         self._recorded = [layer for layer in self.layers if isinstance(layer, _RecordedLayer)]
         self._general = [layer for layer in self.layers if isinstance(layer, _GeneralLayer)]
 
@@ -102,8 +105,10 @@ class PerSampleModule(nn.Module):
             kind = _Conv1dLayer
         if kind is None:
             if any(p.requires_grad for c in sub.children() for p in c.parameters()):
-                raise ValueError(f"per-example gradients: layer {label} has trainable parameters "
-                                 f"of its own and in its sub-layers; use engine='hooks' (Opacus)")
+                raise ValueError(
+                    f"per-example gradients: layer {label} has trainable parameters "
+                    f"of its own and in its sub-layers; use engine='hooks' (Opacus)"
+                )
             return _GeneralLayer(sub, own, self, label)
         layer = kind(sub, own, self, label)
         sub.forward = _recording_forward(sub, layer)
@@ -135,14 +140,18 @@ class PerSampleModule(nn.Module):
         for layer in self.layers:
             layer.pairs = layer.used()
         if len(self.state.seen) > 1:
-            raise ValueError("privatize found gradients of several forward/backward passes: "
-                             "call it after every backward (Poisson batches do not accumulate)")
+            raise ValueError(
+                "privatize found gradients of several forward/backward passes: "
+                "call it after every backward (Poisson batches do not accumulate)"
+            )
         for layer in self.layers:
             for pair in layer.pairs:
                 size = pair[1].shape[0]
                 if size != batch:
-                    raise ValueError(f"privatize was told the batch has {batch} examples but the "
-                                     f"per-example gradients hold {size}: pass len(batch)")
+                    raise ValueError(
+                        f"privatize was told the batch has {batch} examples but the "
+                        f"per-example gradients hold {size}: pass len(batch)"
+                    )
 
     def _scale(self, batch: int) -> float:
         return float(batch) if self.loss_reduction == "mean" else 1.0
@@ -158,12 +167,16 @@ class PerSampleModule(nn.Module):
             out = []
             for layer, index, p in self.slots:
                 g = found.get(id(layer), {}).get(layer.params[index])
-                out.append(torch.zeros((batch, *p.shape), dtype=p.dtype, device=p.device)
-                           if g is None else g.reshape(batch, *p.shape) * scale)
+                out.append(
+                    torch.zeros((batch, *p.shape), dtype=p.dtype, device=p.device)
+                    if g is None
+                    else g.reshape(batch, *p.shape) * scale
+                )
         return out
 
-    def clipped_sum(self, max_norm: float, batch: int, norm_eps: float,
-                    divisor: float = 1.0) -> List[torch.Tensor]:
+    def clipped_sum(
+        self, max_norm: float, batch: int, norm_eps: float, divisor: float = 1.0
+    ) -> List[torch.Tensor]:
         """The clipped sum ``sum_i c_i g_i`` per trainable parameter, divided by ``divisor``.
 
         ``c_i = min(1, C / (|g_i| + norm_eps))``, ``|g_i|`` over all trainable parameters
@@ -175,23 +188,32 @@ class PerSampleModule(nn.Module):
         for layer in self.layers:
             if layer.pairs:
                 (rows if isinstance(layer, _LinearLayer) and layer.is_rows() else others).append(
-                    layer)
+                    layer
+                )
         with torch.no_grad():
             used = rows or others
-            like = used[0].pairs[0][1] if used else \
-                next((p for *_, p in self.slots), torch.zeros(()))
+            like = (
+                used[0].pairs[0][1] if used else next((p for *_, p in self.slots), torch.zeros(()))
+            )
             squared = torch.zeros(batch, dtype=like.dtype, device=like.device)
             for layer in others:
                 squared.add_(layer.squared_norms())
             weights, sums = clip_rows(
-                [layer.pairs[0][0] for layer in rows], [layer.pairs[0][1] for layer in rows],
-                [layer.is_weight for layer in rows], squared, float(max_norm),
-                self._scale(batch), float(norm_eps), float(divisor))
+                [layer.pairs[0][0] for layer in rows],
+                [layer.pairs[0][1] for layer in rows],
+                [layer.is_weight for layer in rows],
+                squared,
+                float(max_norm),
+                self._scale(batch),
+                float(norm_eps),
+                float(divisor),
+            )
             found = {id(layer): parts for layer, parts in zip(rows, sums)}
             for layer in others:
                 clipped = layer.clipped(weights)
-                found[id(layer)] = [clipped[n].reshape(p.shape)
-                                    for n, p in zip(layer.params, layer.tensors)]
+                found[id(layer)] = [
+                    clipped[n].reshape(p.shape) for n, p in zip(layer.params, layer.tensors)
+                ]
             out = []
             for layer, index, p in self.slots:
                 parts = found.get(id(layer))

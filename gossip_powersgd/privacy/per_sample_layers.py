@@ -45,8 +45,9 @@ class _Layer:
     example i is ``b_i^T a_i`` summed over positions and uses.
     """
 
-    def __init__(self, module: nn.Module, params: Sequence[str], owner: "PerSampleModule",
-                 label: str):
+    def __init__(
+        self, module: nn.Module, params: Sequence[str], owner: "PerSampleModule", label: str
+    ):
         self.module = module
         self.label = label  # for errors: the layer's name and type
         self.params = list(params)  # trainable direct parameters, in the model's order
@@ -101,9 +102,11 @@ class _RecordedLayer(_Layer):
             if z.grad is None:
                 continue
             if z._version != version:
-                raise ValueError(f"per-example gradients: the output of layer {self.label} was "
-                                 f"changed in place (e.g. by ReLU(inplace=True)); use "
-                                 f"inplace=False after it, or engine='vmap'")
+                raise ValueError(
+                    f"per-example gradients: the output of layer {self.label} was "
+                    f"changed in place (e.g. by ReLU(inplace=True)); use "
+                    f"inplace=False after it, or engine='vmap'"
+                )
             self.state.seen.add(pass_id)
             out.append((kept, z.grad))
         return out
@@ -124,8 +127,10 @@ class _LinearLayer(_RecordedLayer):
         pairs = self.pairs
         if len(pairs) == 1 and pairs[0][0].dim() == 2:
             return pairs[0]
-        return (_cat([x.reshape(x.shape[0], -1, x.shape[-1]) for x, _ in pairs]),
-                _cat([g.reshape(g.shape[0], -1, g.shape[-1]) for _, g in pairs]))
+        return (
+            _cat([x.reshape(x.shape[0], -1, x.shape[-1]) for x, _ in pairs]),
+            _cat([g.reshape(g.shape[0], -1, g.shape[-1]) for _, g in pairs]),
+        )
 
     def is_rows(self) -> bool:
         """One use, one position per example: the case `clip_rows` takes."""
@@ -194,8 +199,9 @@ class _Conv1dLayer(_RecordedLayer):
 
     def squared_norms(self) -> torch.Tensor:
         a, b = self._columns()
-        squared, grads, totals = _sequence_norms(a, b, "weight" in self.params,
-                                                 "bias" in self.params)
+        squared, grads, totals = _sequence_norms(
+            a, b, "weight" in self.params, "bias" in self.params
+        )
         self.cache = (a, b, grads, totals)
         return squared
 
@@ -206,8 +212,11 @@ class _Conv1dLayer(_RecordedLayer):
         out = {}
         if "weight" in self.params:
             # sum_i w_i sum_t b_it a_it^T: one product over examples and positions together
-            total = torch.mv(grads.t(), weights) if grads is not None \
+            total = (
+                torch.mv(grads.t(), weights)
+                if grads is not None
                 else torch.tensordot(b * weights.view(-1, 1, 1), a, dims=([0, 2], [0, 2]))
+            )
             out["weight"] = total.reshape(self.module.weight.shape)
         if "bias" in self.params:
             out["bias"] = torch.mv((b.sum(2) if totals is None else totals).t(), weights)
@@ -265,8 +274,11 @@ def _sequence_norms(a: torch.Tensor, b: torch.Tensor, has_w: bool, has_b: bool):
 
 
 def _conv1d_supported(module: nn.Conv1d) -> bool:
-    return (module.groups == 1 and module.padding_mode == "zeros"
-            and not isinstance(module.padding, str))
+    return (
+        module.groups == 1
+        and module.padding_mode == "zeros"
+        and not isinstance(module.padding, str)
+    )
 
 
 class _GeneralLayer(_Layer):
@@ -286,8 +298,10 @@ class _GeneralLayer(_Layer):
         if self.state.computing or not torch.is_grad_enabled():
             return
         if not isinstance(out, torch.Tensor):
-            raise ValueError(f"per-example gradients: layer {self.label} returns "
-                             f"{type(out).__name__}, not one tensor; use engine='hooks' (Opacus)")
+            raise ValueError(
+                f"per-example gradients: layer {self.label} returns "
+                f"{type(out).__name__}, not one tensor; use engine='hooks' (Opacus)"
+            )
         if out.requires_grad:
             pass_id = self.state.passes
             out.register_hook(lambda g: self.add(pass_id, (args, g)))
@@ -305,8 +319,9 @@ class _GeneralLayer(_Layer):
         return sum(_squares(g.flatten(1)) for g in self.grads.values())
 
     def clipped(self, weights: torch.Tensor) -> dict:
-        return {n: torch.einsum("i,i...->...", weights.to(g.dtype), g)
-                for n, g in self.grads.items()}
+        return {
+            n: torch.einsum("i,i...->...", weights.to(g.dtype), g) for n, g in self.grads.items()
+        }
 
     def used(self) -> list:
         """The (inputs, output gradient) of each use the backward reached (its hooks ran)."""
@@ -329,13 +344,13 @@ class _GeneralLayer(_Layer):
             def one(p, xs, g):
                 inputs = tuple(x.unsqueeze(0) if isinstance(x, torch.Tensor) else x for x in xs)
                 _, pullback = torch.func.vjp(
-                    lambda q: torch.func.functional_call(self.module, q, inputs), p)
+                    lambda q: torch.func.functional_call(self.module, q, inputs), p
+                )
                 return pullback(g.unsqueeze(0))[0]
 
             grads = torch.func.vmap(one, in_dims=(None, dims, 0))(params, args, grad_out)
             total = grads if total is None else {n: total[n] + grads[n] for n in grads}
         return total
-
 
     def _norm_per_example(self) -> dict:
         """GroupNorm and LayerNorm in closed form: the affine weight's gradient is the normalised
@@ -349,16 +364,25 @@ class _GeneralLayer(_Layer):
             else:
                 normed = F.layer_norm(x, m.normalized_shape, eps=m.eps)
                 dims = list(range(1, x.dim() - len(m.normalized_shape)))
-            grads = {"weight": (normed * g).sum(dims) if dims else normed * g,
-                     "bias": g.sum(dims) if dims else g}
+            grads = {
+                "weight": (normed * g).sum(dims) if dims else normed * g,
+                "bias": g.sum(dims) if dims else g,
+            }
             for n in self.params:
                 total[n] = grads[n] if n not in total else total[n] + grads[n]
         return total
 
 
-def clip_rows(a: List[torch.Tensor], b: List[torch.Tensor], is_weight: List[List[bool]],
-              squared: torch.Tensor, max_norm: float, scale: float, norm_eps: float,
-              divisor: float = 1.0):
+def clip_rows(
+    a: List[torch.Tensor],
+    b: List[torch.Tensor],
+    is_weight: List[List[bool]],
+    squared: torch.Tensor,
+    max_norm: float,
+    scale: float,
+    norm_eps: float,
+    divisor: float = 1.0,
+):
     """The per-example weights of the clipped sum, and the sums of the Linear layers with one
     position per example.
 

@@ -47,8 +47,14 @@ import torch
 from gossip_powersgd.comm.base import Tensor
 from gossip_powersgd.privacy.views import ObservedView
 
-__all__ = ["DEFAULT_WINDOW", "decoded_messages", "reconstruct", "reconstruction_errors",
-           "relative_error", "trivial_estimates"]
+__all__ = [
+    "DEFAULT_WINDOW",
+    "decoded_messages",
+    "reconstruct",
+    "reconstruction_errors",
+    "relative_error",
+    "trivial_estimates",
+]
 
 #: Half-steps of PowerGossip messages the least-squares estimate stacks by default.
 DEFAULT_WINDOW = 4
@@ -97,13 +103,16 @@ def _solve_group(window: Sequence, prior: Tensor) -> Tensor:
 def _require_every_step(view: ObservedView) -> None:
     steps = view.steps
     if view.meta["observe_every"] != 1 or steps != list(range(len(steps))):
-        raise ValueError(f"a {view.meta['algorithm']} view must hold every step from step 0 (the "
-                         "copy the observer keeps adds up every message): record it with "
-                         "observe_every=1")
+        raise ValueError(
+            f"a {view.meta['algorithm']} view must hold every step from step 0 (the "
+            "copy the observer keeps adds up every message): record it with "
+            "observe_every=1"
+        )
 
 
-def reconstruct(view: ObservedView, neighbor: int, window: int = DEFAULT_WINDOW
-                ) -> Dict[int, List[Tensor]]:
+def reconstruct(
+    view: ObservedView, neighbor: int, window: int = DEFAULT_WINDOW
+) -> Dict[int, List[Tensor]]:
     """The observer's estimate of `neighbor`'s parameters at every step the view holds a message
     of it for (see the module docstring; `window` is for low-rank products only)."""
     if isinstance(window, bool) or int(window) != window or window < 1:
@@ -132,14 +141,16 @@ def reconstruct(view: ObservedView, neighbor: int, window: int = DEFAULT_WINDOW
                     copies[k] = copies[k] + value if k in copies else value.clone()
                     estimate[k] = copies[k].clone()
             elif part.kind in _PRODUCTS:
-                products.setdefault((tuple(part.indices), part.rows, part.cols), []).append((n, part))
+                products.setdefault((tuple(part.indices), part.rows, part.cols), []).append(
+                    (n, part)
+                )
             else:
                 raise ValueError(f"a message part of kind {part.kind!r} has no estimator")
     # Low-rank products: per group, the window ending at the step's last message.
     last_of_step = {m["step"]: n for n, (m, _) in enumerate(decoded)}
     for (indices, rows, cols), parts in products.items():
         for step, last in last_of_step.items():
-            chosen = [part for n, part in parts if n <= last][-int(window):]
+            chosen = [part for n, part in parts if n <= last][-int(window) :]
             if not chosen:
                 continue
             prior = torch.stack([own[step][k].reshape(rows, cols) for k in indices])
@@ -156,9 +167,12 @@ def relative_error(estimate: Sequence[Tensor], truth: Sequence[Tensor]) -> float
     return (difference / norm) ** 0.5 if norm > 0 else float("inf") if difference > 0 else 0.0
 
 
-def reconstruction_errors(view: ObservedView, neighbor: int,
-                          truth: Mapping[int, Sequence[Tensor]], window: int = DEFAULT_WINDOW
-                          ) -> Dict[str, List[float]]:
+def reconstruction_errors(
+    view: ObservedView,
+    neighbor: int,
+    truth: Mapping[int, Sequence[Tensor]],
+    window: int = DEFAULT_WINDOW,
+) -> Dict[str, List[float]]:
     """Relative errors over time of the reconstruction and of the trivial estimate.
 
     `truth` maps steps to the neighbour's true parameters then (e.g. the neighbour's own recorded
@@ -167,6 +181,8 @@ def reconstruction_errors(view: ObservedView, neighbor: int,
     """
     estimates, trivial = reconstruct(view, neighbor, window), trivial_estimates(view)
     steps = [s for s in sorted(estimates) if s in truth]
-    return {"steps": steps,
-            "estimate": [relative_error(estimates[s], truth[s]) for s in steps],
-            "trivial": [relative_error(trivial[s], truth[s]) for s in steps]}
+    return {
+        "steps": steps,
+        "estimate": [relative_error(estimates[s], truth[s]) for s in steps],
+        "trivial": [relative_error(trivial[s], truth[s]) for s in steps],
+    }

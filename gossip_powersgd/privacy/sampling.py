@@ -25,9 +25,11 @@ def poisson_rate(batch_size: int, shard_size: int) -> float:
     if isinstance(shard_size, bool) or int(shard_size) != shard_size or shard_size < 1:
         raise ValueError(f"a peer's shard must hold at least one sample, got {shard_size!r}")
     if batch_size > shard_size:
-        raise ValueError(f"batch_size={batch_size} is larger than a peer's shard of {shard_size} "
-                         f"samples, so Poisson sampling at rate batch_size/shard is impossible: "
-                         f"lower batch_size to at most {shard_size}")
+        raise ValueError(
+            f"batch_size={batch_size} is larger than a peer's shard of {shard_size} "
+            f"samples, so Poisson sampling at rate batch_size/shard is impossible: "
+            f"lower batch_size to at most {shard_size}"
+        )
     return batch_size / shard_size
 
 
@@ -47,8 +49,16 @@ class PoissonBatches(ResumableBatches):
     `ResumableBatches`). ``last_batch_size`` is what `DPSGD.privatize` is told.
     """
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, sample_rate: float, seed: int = 0,
-                 rank: int = 0, *, randomness: Optional[Randomness] = None):
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        sample_rate: float,
+        seed: int = 0,
+        rank: int = 0,
+        *,
+        randomness: Optional[Randomness] = None,
+    ):
         if isinstance(sample_rate, bool) or not 0 < float(sample_rate) <= 1:
             raise ValueError(f"the Poisson sample rate must lie in (0, 1], got {sample_rate!r}")
         super().__init__(x, y, seed, rank, "cannot sample batches from an empty dataset")

@@ -46,8 +46,15 @@ import torch
 
 from gossip_powersgd.utils import atomic_write
 
-__all__ = ["Randomness", "RANDOMNESS_KINDS", "NOISE_STREAM", "SAMPLER_STREAM", "derive_seed",
-           "key_path", "make_randomness"]
+__all__ = [
+    "Randomness",
+    "RANDOMNESS_KINDS",
+    "NOISE_STREAM",
+    "SAMPLER_STREAM",
+    "derive_seed",
+    "key_path",
+    "make_randomness",
+]
 
 #: Tags that keep the sampler's and the noise's streams apart for the same key.
 SAMPLER_STREAM = 0x5A3B1E
@@ -70,8 +77,10 @@ def _chacha20():
     try:
         from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
     except ModuleNotFoundError:
-        raise ImportError("differential privacy needs the cryptography package (its keystream "
-                          "is ChaCha20): pip install 'gossip_powersgd[privacy]'") from None
+        raise ImportError(
+            "differential privacy needs the cryptography package (its keystream "
+            "is ChaCha20): pip install 'gossip_powersgd[privacy]'"
+        ) from None
     return Cipher, algorithms.ChaCha20
 
 
@@ -95,7 +104,7 @@ def key_path(run_dir, rank: int) -> Path:
 
 def _label(stream: int, counters) -> bytes:
     values = [int(stream), *(int(c) for c in counters)]
-    if any(v < 0 or v >= 2 ** 64 for v in values):
+    if any(v < 0 or v >= 2**64 for v in values):
         raise ValueError(f"stream and counters must lie in [0, 2**64), got {values}")
     # Fixed width and a count first: no two labels share an encoding.
     return len(values).to_bytes(8, "little") + b"".join(v.to_bytes(8, "little") for v in values)
@@ -106,8 +115,9 @@ class Randomness:
 
     def __init__(self, key: bytes, kind: str):
         if kind not in RANDOMNESS_KINDS:
-            raise ValueError(f"randomness kind must be one of {', '.join(RANDOMNESS_KINDS)}, "
-                             f"got {kind!r}")
+            raise ValueError(
+                f"randomness kind must be one of {', '.join(RANDOMNESS_KINDS)}, got {kind!r}"
+            )
         if not isinstance(key, (bytes, bytearray)) or len(key) != _KEY_BYTES:
             raise ValueError(f"a DP randomness key is {_KEY_BYTES} bytes")
         self._key = bytes(key)
@@ -134,8 +144,10 @@ class Randomness:
         if path.exists():
             key = path.read_bytes()
             if len(key) != _KEY_BYTES:
-                raise ValueError(f"the DP key file {path} is damaged ({len(key)} bytes, expected "
-                                 f"{_KEY_BYTES}); a run cannot continue its noise without it")
+                raise ValueError(
+                    f"the DP key file {path} is damaged ({len(key)} bytes, expected "
+                    f"{_KEY_BYTES}); a run cannot continue its noise without it"
+                )
             return cls(key, "run_dir")
         key = secrets.token_bytes(_KEY_BYTES)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -160,7 +172,7 @@ class Randomness:
         if n == 0:
             return torch.zeros(0, dtype=torch.float64)
         words = np.frombuffer(self._bytes(stream, counters, 8 * n), dtype="<u8")
-        values = ((words >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
+        values = ((words >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
         return torch.from_numpy(values)
 
     def normals(self, stream: int, *counters: int, n: int) -> torch.Tensor:
@@ -192,9 +204,11 @@ class Randomness:
         """Continue a checkpoint's stream (``run_dir``: its key); the kinds must match."""
         kind = state.get("kind") if isinstance(state, dict) else None
         if kind != self.kind:
-            raise ValueError(f"the checkpoint's DP randomness is {kind!r} but this run's is "
-                             f"{self.kind!r}: resume with the dp_secret / dp_public_randomness "
-                             f"the run was started with")
+            raise ValueError(
+                f"the checkpoint's DP randomness is {kind!r} but this run's is "
+                f"{self.kind!r}: resume with the dp_secret / dp_public_randomness "
+                f"the run was started with"
+            )
         if kind == "run_dir":
             key = state.get("key")
             if not isinstance(key, torch.Tensor) or key.numel() != _KEY_BYTES:
@@ -205,21 +219,27 @@ class Randomness:
         return f"Randomness(kind={self.kind!r}, key=<secret>)"
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Randomness) and other.kind == self.kind and \
-            secrets.compare_digest(other._key, self._key)
+        return (
+            isinstance(other, Randomness)
+            and other.kind == self.kind
+            and secrets.compare_digest(other._key, self._key)
+        )
 
     __hash__ = None
 
 
-def make_randomness(kind: str, *, seed: int, rank: int,
-                    run_dir: Optional[str] = None) -> Randomness:
+def make_randomness(
+    kind: str, *, seed: int, rank: int, run_dir: Optional[str] = None
+) -> Randomness:
     """The `Randomness` of `kind` for peer `rank` (see `RANDOMNESS_KINDS`)."""
     if kind == "public":
         return Randomness.public(seed, rank)
     if kind == "run_dir":
         if run_dir is None:
-            raise ValueError("dp_secret: run_dir keeps each peer's key in its run directory: set "
-                             "out_dir, or use dp_secret: os")
+            raise ValueError(
+                "dp_secret: run_dir keeps each peer's key in its run directory: set "
+                "out_dir, or use dp_secret: os"
+            )
         return Randomness.run_dir_key(run_dir, rank)
     if kind == "os":
         return Randomness.os_entropy()

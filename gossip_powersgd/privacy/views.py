@@ -70,8 +70,17 @@ from gossip_powersgd.comm.base import Tensor, nbytes
 from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
 from gossip_powersgd.utils import atomic_write, one_line, require_regular_file
 
-__all__ = ["FORMAT", "ObservedView", "ObserverHooks", "RecordingCommunicator", "ViewRecorder",
-           "load_view", "observed_dir", "observer_hook", "observer_summary_rows"]
+__all__ = [
+    "FORMAT",
+    "ObservedView",
+    "ObserverHooks",
+    "RecordingCommunicator",
+    "ViewRecorder",
+    "load_view",
+    "observed_dir",
+    "observer_hook",
+    "observer_summary_rows",
+]
 
 #: Version of the on-disk format described in the module docstring.
 FORMAT = 1
@@ -84,8 +93,15 @@ def observed_dir(run_dir, rank: int) -> Path:
 
 def check_observe_every(value) -> int:
     """`value` as an int, refusing anything that is not an integer >= 1."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 1:
-        raise ValueError(f"observe_every must be an integer >= 1 (record every k-th step), got {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or int(value) != value
+        or value < 1
+    ):
+        raise ValueError(
+            f"observe_every must be an integer >= 1 (record every k-th step), got {value!r}"
+        )
     return int(value)
 
 
@@ -101,15 +117,18 @@ class RecordingCommunicator:
         self.inner = inner
         self.listener = listener
 
-    def exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor],
-                 step: Optional[int] = None) -> None:
+    def exchange(
+        self, send: Dict[int, Tensor], recv: Dict[int, Tensor], step: Optional[int] = None
+    ) -> None:
         """`inner.exchange(send, recv, step)`, then the listener sees what was delivered (a step
         of a changing topology in which this peer has no neighbour delivers nothing)."""
         self.inner.exchange(send, recv, step)
         if recv:
             self.listener(send, recv)
 
-    def exchange_directed(self, send: Dict[int, Tensor], recv: Dict[int, Tensor], step: int) -> None:
+    def exchange_directed(
+        self, send: Dict[int, Tensor], recv: Dict[int, Tensor], step: int
+    ) -> None:
         """`inner.exchange_directed(send, recv, step)` (push-sum), then the listener."""
         self.inner.exchange_directed(send, recv, step)
         if recv:
@@ -132,24 +151,32 @@ def layout_type(algorithm_or_name) -> type:
     if isinstance(algorithm_or_name, str):
         cls = REGISTRY.get(algorithm_or_name)
         if cls is None:
-            raise ValueError(f"the view was recorded from algorithm {algorithm_or_name!r}, which is "
-                             f"not registered here (registered: {', '.join(sorted(REGISTRY))}): "
-                             "import the module that registers it")
+            raise ValueError(
+                f"the view was recorded from algorithm {algorithm_or_name!r}, which is "
+                f"not registered here (registered: {', '.join(sorted(REGISTRY))}): "
+                "import the module that registers it"
+            )
     else:
         cls = algorithm_or_name if isinstance(algorithm_or_name, type) else type(algorithm_or_name)
     layout = getattr(cls, "layout", None)
     return layout if isinstance(layout, type) and issubclass(layout, MessageLayout) else Undeclared
 
 
-def view_meta(algorithm, observe_every: int, layout: Optional[MessageLayout] = None) -> Dict[str, Any]:
+def view_meta(
+    algorithm, observe_every: int, layout: Optional[MessageLayout] = None
+) -> Dict[str, Any]:
     """What a reader of the view needs to decode its messages (see the module docstring)."""
     comm = algorithm.comm
     if layout is None:
         layout = layout_type(algorithm).of(algorithm)
     meta: Dict[str, Any] = {
-        "format": FORMAT, "observer": int(comm.rank), "algorithm": algorithm.name,
-        "neighbors": [int(j) for j in comm.neighbors], "observe_every": int(observe_every),
-        "shapes": [list(p.shape) for p in algorithm.params], "dtype": _dtype_name(algorithm.dtype),
+        "format": FORMAT,
+        "observer": int(comm.rank),
+        "algorithm": algorithm.name,
+        "neighbors": [int(j) for j in comm.neighbors],
+        "observe_every": int(observe_every),
+        "shapes": [list(p.shape) for p in algorithm.params],
+        "dtype": _dtype_name(algorithm.dtype),
     }
     meta.update(layout.fields)
     return meta
@@ -189,10 +216,14 @@ class ViewRecorder:
             return
         earlier = _load(path, "meta")
         if earlier != self.meta:
-            keys = sorted(k for k in set(earlier) | set(self.meta) if earlier.get(k) != self.meta.get(k))
-            raise ValueError(f"recorded view file {path} was written with other settings "
-                             f"({', '.join(keys)} differ): resume with the observe_every it was "
-                             "recorded with, or move that directory away")
+            keys = sorted(
+                k for k in set(earlier) | set(self.meta) if earlier.get(k) != self.meta.get(k)
+            )
+            raise ValueError(
+                f"recorded view file {path} was written with other settings "
+                f"({', '.join(keys)} differ): resume with the observe_every it was "
+                "recorded with, or move that directory away"
+            )
 
     def _start(self) -> None:
         """At the first record: the directory, its stale temporary files gone, meta.pt."""
@@ -210,9 +241,11 @@ class ViewRecorder:
         try:
             _save(path, payload)
         except OSError as exc:
-            raise OSError(f"rank {self.meta['observer']}: cannot write the recorded view file "
-                          f"{path}: {exc.strerror or one_line(exc)}; free space or choose another "
-                          "out_dir (--set out_dir=...)") from None
+            raise OSError(
+                f"rank {self.meta['observer']}: cannot write the recorded view file "
+                f"{path}: {exc.strerror or one_line(exc)}; free space or choose another "
+                "out_dir (--set out_dir=...)"
+            ) from None
 
     def _on_exchange(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
         algorithm = self.algorithm
@@ -228,8 +261,12 @@ class ViewRecorder:
         # The peers whose message arrived: the neighbours of this step's graph that sent to this
         # peer (on a schedule or a directed graph), never the union graph's.
         for j in sorted(recv):
-            message = {"exchange": self._exchanges, "sender": int(j), "kind": "",
-                       "tensor": recv[j].detach().cpu().clone()}
+            message = {
+                "exchange": self._exchanges,
+                "sender": int(j),
+                "kind": "",
+                "tensor": recv[j].detach().cpu().clone(),
+            }
             message.update(self.layout.annotate(algorithm, int(j)))
             if int(j) not in senders:
                 senders.append(int(j))
@@ -240,8 +277,13 @@ class ViewRecorder:
     def _new_record(self, step: int) -> Dict[str, Any]:
         # The observer's own model before this step's gossip changes it: no algorithm updates
         # its parameters before its first exchange of a step.
-        return {"format": FORMAT, "step": step, "senders": [], "messages": [],
-                "own": [p.detach().cpu().clone() for p in self.algorithm.params]}
+        return {
+            "format": FORMAT,
+            "step": step,
+            "senders": [],
+            "messages": [],
+            "own": [p.detach().cpu().clone() for p in self.algorithm.params],
+        }
 
     def flush(self) -> None:
         """Write (or keep) the record of the step in progress, if it has one. Called after a step
@@ -249,8 +291,12 @@ class ViewRecorder:
         record, self._pending = self._pending, None
         if record is None:
             done = int(self.algorithm.steps) - 1  # the step that just ended
-            if (not self._record_idle or done < 0 or done % self.observe_every
-                    or (self._last_step is not None and done <= self._last_step)):
+            if (
+                not self._record_idle
+                or done < 0
+                or done % self.observe_every
+                or (self._last_step is not None and done <= self._last_step)
+            ):
                 return
             record = self._new_record(done)
         self._last_step = record["step"]
@@ -302,8 +348,10 @@ class ObserverHooks(TrainingHooks):
         comm = self._comm = context.comm
         bad = [k for k in self.observers if not 0 <= k < comm.size]
         if bad:
-            raise ValueError(f"observers {bad} are not ranks of this {comm.size}-peer run; "
-                             f"name ranks 0..{comm.size - 1}")
+            raise ValueError(
+                f"observers {bad} are not ranks of this {comm.size}-peer run; "
+                f"name ranks 0..{comm.size - 1}"
+            )
         if comm.rank not in self.observers:
             return
         directory = self.directory
@@ -330,8 +378,11 @@ class ObserverHooks(TrainingHooks):
         counts = torch.zeros(self._comm.size, dtype=torch.float64)
         counts[self._comm.rank] = float(self.bytes_recorded)
         self._comm.allreduce_(counts, op="sum", metric=True)
-        return {"observers": list(self.observers), "observe_every": self.observe_every,
-                "observed_bytes": [int(c) for c in counts]}
+        return {
+            "observers": list(self.observers),
+            "observe_every": self.observe_every,
+            "observed_bytes": [int(c) for c in counts],
+        }
 
     def state_dict(self) -> Dict[str, Any]:
         return {"bytes_recorded": self.bytes_recorded}
@@ -354,8 +405,12 @@ def observer_summary_rows(summary: Dict[str, Any]) -> List[tuple]:
         return []
     counts = summary["observed_bytes"]
     per_rank = ", ".join(f"rank {k}: {counts[k] / 1e6:.3f}" for k in summary["observers"])
-    return [(f"observed message MB (every {summary['observe_every']} step(s))",
-             f"{sum(counts) / 1e6:.3f} ({per_rank})")]
+    return [
+        (
+            f"observed message MB (every {summary['observe_every']} step(s))",
+            f"{sum(counts) / 1e6:.3f} ({per_rank})",
+        )
+    ]
 
 
 class ObservedView:
@@ -386,10 +441,16 @@ class ObservedView:
     def messages_from(self, sender: int) -> List[Dict[str, Any]]:
         """`sender`'s messages in the order they arrived, each with its "step" added."""
         if sender not in self.meta["neighbors"]:
-            raise ValueError(f"peer {sender} is not a neighbour of observer {self.meta['observer']} "
-                             f"(its neighbours: {self.meta['neighbors']})")
-        return [dict(m, step=r["step"]) for r in self.records for m in r["messages"]
-                if m["sender"] == sender]
+            raise ValueError(
+                f"peer {sender} is not a neighbour of observer {self.meta['observer']} "
+                f"(its neighbours: {self.meta['neighbors']})"
+            )
+        return [
+            dict(m, step=r["step"])
+            for r in self.records
+            for m in r["messages"]
+            if m["sender"] == sender
+        ]
 
 
 def load_view(source) -> ObservedView:
@@ -403,22 +464,37 @@ def load_view(source) -> ObservedView:
     directory = Path(source)
     meta_path = directory / "meta.pt"
     if not meta_path.exists():
-        raise ValueError(f"{directory} holds no recorded view (no meta.pt): record one with "
-                         "ObserverHooks or ViewRecorder")
+        raise ValueError(
+            f"{directory} holds no recorded view (no meta.pt): record one with "
+            "ObserverHooks or ViewRecorder"
+        )
     meta = _load(meta_path, "meta")
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{meta_path} has view format {meta.get('format')!r}; this version reads "
-                         f"format {FORMAT}")
-    records = [_load(directory / name, "step")
-               for name in sorted(os.listdir(directory)) if _STEP_FILE.match(name)]
+        raise ValueError(
+            f"{meta_path} has view format {meta.get('format')!r}; this version reads "
+            f"format {FORMAT}"
+        )
+    records = [
+        _load(directory / name, "step")
+        for name in sorted(os.listdir(directory))
+        if _STEP_FILE.match(name)
+    ]
     return ObservedView(meta, records)
 
 
 _STEP_FILE = re.compile(r"^step-\d+\.pt$")
 #: What each kind of view file must hold (key: type), beyond being a dict.
-_REQUIRED = {"meta": {"format": int, "observer": int, "algorithm": str, "neighbors": list,
-                      "shapes": list, "dtype": str},
-             "step": {"step": int, "messages": list, "own": list}}
+_REQUIRED = {
+    "meta": {
+        "format": int,
+        "observer": int,
+        "algorithm": str,
+        "neighbors": list,
+        "shapes": list,
+        "dtype": str,
+    },
+    "step": {"step": int, "messages": list, "own": list},
+}
 
 
 def _load(path: Path, kind: str) -> Dict[str, Any]:
@@ -426,26 +502,38 @@ def _load(path: Path, kind: str) -> Dict[str, Any]:
     where = f"recorded view file {path}"
     require_regular_file(path, where)
     if path.stat().st_size == 0:
-        raise ValueError(f"{where} is empty (0 bytes; a write that did not finish?): record the "
-                         "view again, or remove the file")
+        raise ValueError(
+            f"{where} is empty (0 bytes; a write that did not finish?): record the "
+            "view again, or remove the file"
+        )
     try:
         value = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure to parse is a damaged or foreign file
         if type(exc).__name__ == "UnpicklingError":  # (the pickle module is never imported here)
             if "unsupported global" in str(exc).lower():  # torch refused a class: no view has one
-                raise ValueError(f"{where} holds objects other than tensors, numbers, strings, "
-                                 "lists and dicts: it was not written by ViewRecorder and was not "
-                                 "loaded") from None
-            raise ValueError(f"{where} is corrupt (not a file torch.save wrote): record the view "
-                             "again, or remove the file") from None
-        raise ValueError(f"{where} is truncated or corrupt ({type(exc).__name__}: "
-                         f"{one_line(exc, limit=120)}): record the view again, or remove the "
-                         "file") from None
+                raise ValueError(
+                    f"{where} holds objects other than tensors, numbers, strings, "
+                    "lists and dicts: it was not written by ViewRecorder and was not "
+                    "loaded"
+                ) from None
+            raise ValueError(
+                f"{where} is corrupt (not a file torch.save wrote): record the view "
+                "again, or remove the file"
+            ) from None
+        raise ValueError(
+            f"{where} is truncated or corrupt ({type(exc).__name__}: "
+            f"{one_line(exc, limit=120)}): record the view again, or remove the "
+            "file"
+        ) from None
     if not isinstance(value, dict):
-        raise ValueError(f"{where} holds a {type(value).__name__}, not the dict of a {kind} "
-                         "record: it was not written by ViewRecorder")
+        raise ValueError(
+            f"{where} holds a {type(value).__name__}, not the dict of a {kind} "
+            "record: it was not written by ViewRecorder"
+        )
     wrong = [k for k, t in _REQUIRED[kind].items() if not isinstance(value.get(k), t)]
     if wrong:
-        raise ValueError(f"{where} lacks or mistypes {', '.join(wrong)}: it is not a {kind} "
-                         "record written by ViewRecorder")
+        raise ValueError(
+            f"{where} lacks or mistypes {', '.join(wrong)}: it is not a {kind} "
+            "record written by ViewRecorder"
+        )
     return value

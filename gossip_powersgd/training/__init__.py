@@ -10,5 +10,15 @@ from .config import TrainConfig, describe_keys, dump_config, load_config, valida
 from .hooks import SetupContext, TrainingHooks
 from .trainer import format_summary, learning_rate, train
 
-__all__ = ["TrainConfig", "describe_keys", "dump_config", "load_config", "validate_config",
-           "SetupContext", "TrainingHooks", "format_summary", "learning_rate", "train"]
+__all__ = [
+    "TrainConfig",
+    "describe_keys",
+    "dump_config",
+    "load_config",
+    "validate_config",
+    "SetupContext",
+    "TrainingHooks",
+    "format_summary",
+    "learning_rate",
+    "train",
+]

@@ -69,8 +69,9 @@ class ResumableBatches:
                 xb = self.transform(xb, self._generator(epoch, position))
             yield xb, self.y[index]
 
-    def _generator(self, epoch: int, position: int,
-                   stream: int = _TRANSFORM_STREAM) -> torch.Generator:
+    def _generator(
+        self, epoch: int, position: int, stream: int = _TRANSFORM_STREAM
+    ) -> torch.Generator:
         """The transform's generator for step `position` of `epoch`: this peer's own stream
         (seeded by its rank), the same under every transport and after a resume. Another
         `stream` gives draws independent of the training batches' (e.g. `BN_STREAM`)."""
@@ -86,8 +87,9 @@ class ResumableBatches:
         """Continue from a ``state_dict()``: the following batches are those the saver would see."""
         epoch, position, seed = int(state["epoch"]), int(state["position"]), int(state["seed"])
         if epoch < 0 or not 0 <= position < len(self) or seed < 0:
-            raise ValueError(f"invalid {type(self).__name__} state {dict(state)} for {len(self)} "
-                             "steps/epoch")
+            raise ValueError(
+                f"invalid {type(self).__name__} state {dict(state)} for {len(self)} steps/epoch"
+            )
         self.epoch, self.position, self.seed = epoch, position, seed
 
 
@@ -99,8 +101,9 @@ class Batches(ResumableBatches):
     (``drop_last=False``); ``len()`` counts it.
     """
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int = 0,
-                 rank: int = 0):
+    def __init__(
+        self, x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int = 0, rank: int = 0
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         super().__init__(x, y, seed, rank, "cannot batch an empty dataset")
@@ -115,4 +118,4 @@ class Batches(ResumableBatches):
 
     def _epoch_indices(self, epoch: int) -> Callable[[int], torch.Tensor]:
         order = self._permutation(epoch)
-        return lambda position: order[position * self.batch_size:(position + 1) * self.batch_size]
+        return lambda position: order[position * self.batch_size : (position + 1) * self.batch_size]

@@ -37,8 +37,11 @@ def refresh_batch_norm(model: torch.nn.Module, inputs: Iterable[torch.Tensor], c
     combine their per-channel statistics: mean = the peers' mean of means; variance = the peers'
     mean of (variance + mean^2) - mean^2 (the law of total variance, equal batch counts).
     """
-    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
-             and m.track_running_stats]
+    norms = [
+        m
+        for m in model.modules()
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+    ]
     if not norms:
         return False
     momenta = [m.momentum for m in norms]
@@ -53,15 +56,16 @@ def refresh_batch_norm(model: torch.nn.Module, inputs: Iterable[torch.Tensor], c
     for m, momentum in zip(norms, momenta):
         m.momentum = momentum
     model.train(was_training)
-    flat = torch.cat([torch.cat([m.running_mean, m.running_var + m.running_mean ** 2]).double()
-                      for m in norms])
+    flat = torch.cat(
+        [torch.cat([m.running_mean, m.running_var + m.running_mean**2]).double() for m in norms]
+    )
     comm.allreduce_(flat, op="mean", metric=True)
     offset = 0
     for m in norms:
         c = m.num_features
-        mean, second = flat[offset:offset + c], flat[offset + c:offset + 2 * c]
+        mean, second = flat[offset : offset + c], flat[offset + c : offset + 2 * c]
         m.running_mean.copy_(mean)
-        m.running_var.copy_((second - mean ** 2).clamp_min(0))
+        m.running_var.copy_((second - mean**2).clamp_min(0))
         offset += 2 * c
     return True
 
@@ -70,9 +74,11 @@ def refresh_inputs(batches, step: int, count: int = BN_REFRESH_BATCHES) -> Itera
     """The first `count` mini-batches of this peer's shard (`batches.x`), through its per-batch
     transform with a generator of (seed, rank, step): what `refresh_batch_norm` runs on. Leaves
     the batch iterator's position alone."""
-    size = getattr(batches, "batch_size", None) or max(1, round(batches.sample_rate * len(batches.x)))
+    size = getattr(batches, "batch_size", None) or max(
+        1, round(batches.sample_rate * len(batches.x))
+    )
     for i in range(min(count, -(-len(batches.x) // size))):
-        x = batches.x[i * size:(i + 1) * size]
+        x = batches.x[i * size : (i + 1) * size]
         if len(x) < 2:  # training-mode BN needs more than one value per channel
             break
         if batches.transform is not None:

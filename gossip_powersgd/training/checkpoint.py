@@ -82,6 +82,7 @@ def has_checkpoints(run_dir, rank: int) -> bool:
 
 # ---- RNG states as tensors -------------------------------------------------------------------------
 
+
 def rng_state(include_global: bool = True) -> Dict[str, Any]:
     """The global RNG states (torch CPU and CUDA, numpy, python `random`) as tensors."""
     if not include_global:
@@ -95,7 +96,9 @@ def rng_state(include_global: bool = True) -> Dict[str, Any]:
         "numpy_cached": torch.tensor([cached], dtype=torch.float64),
         "python": torch.tensor(list(internal), dtype=torch.int64),
         "python_meta": torch.tensor([version], dtype=torch.int64),
-        "python_gauss": torch.tensor([0.0 if gauss_next is None else gauss_next], dtype=torch.float64),
+        "python_gauss": torch.tensor(
+            [0.0 if gauss_next is None else gauss_next], dtype=torch.float64
+        ),
         "python_has_gauss": torch.tensor([gauss_next is not None]),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -108,11 +111,19 @@ def set_rng_state(state: Dict[str, Any]) -> None:
         return
     torch.set_rng_state(state["torch"])
     pos, has_gauss = (int(v) for v in state["numpy_meta"].tolist())
-    np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss,
-                         float(state["numpy_cached"][0])))
+    np.random.set_state(
+        (
+            "MT19937",
+            state["numpy_keys"].numpy().astype(np.uint32),
+            pos,
+            has_gauss,
+            float(state["numpy_cached"][0]),
+        )
+    )
     gauss = float(state["python_gauss"][0]) if bool(state["python_has_gauss"][0]) else None
-    random.setstate((int(state["python_meta"][0]), tuple(int(v) for v in state["python"].tolist()),
-                     gauss))
+    random.setstate(
+        (int(state["python_meta"][0]), tuple(int(v) for v in state["python"].tolist()), gauss)
+    )
     if "cuda" in state and torch.cuda.is_available():
         states = list(state["cuda"])
         if len(states) == torch.cuda.device_count():
@@ -135,8 +146,10 @@ def _check_safe(obj: Any, where: str) -> None:
         for k, value in enumerate(obj):
             _check_safe(value, f"{where}[{k}]")
     elif not isinstance(obj, _ALLOWED):
-        raise TypeError(f"checkpoint: {where} is a {type(obj).__name__}; store tensors or "
-                        "primitive values only (torch.load weights_only=True)")
+        raise TypeError(
+            f"checkpoint: {where} is a {type(obj).__name__}; store tensors or "
+            "primitive values only (torch.load weights_only=True)"
+        )
 
 
 def _to_cpu(obj: Any) -> Any:
@@ -151,11 +164,28 @@ def _to_cpu(obj: Any) -> Any:
     return obj
 
 
-def make_header(*, rank: int, world_size: int, topology: Topology, topology_spec: str, config_hash: str,
-                config_json: str, epoch: int, step: int) -> Dict[str, Any]:
-    return {"format": FORMAT, "rank": int(rank), "world_size": int(world_size),
-            "topology": str(topology_spec), "topology_fingerprint": str(topology.fingerprint),
-            "config_hash": config_hash, "config": config_json, "epoch": int(epoch), "step": int(step)}
+def make_header(
+    *,
+    rank: int,
+    world_size: int,
+    topology: Topology,
+    topology_spec: str,
+    config_hash: str,
+    config_json: str,
+    epoch: int,
+    step: int,
+) -> Dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "rank": int(rank),
+        "world_size": int(world_size),
+        "topology": str(topology_spec),
+        "topology_fingerprint": str(topology.fingerprint),
+        "config_hash": config_hash,
+        "config": config_json,
+        "epoch": int(epoch),
+        "step": int(step),
+    }
 
 
 def save_checkpoint(run_dir, header: Dict[str, Any], state: Dict[str, Any]) -> Path:
@@ -165,8 +195,11 @@ def save_checkpoint(run_dir, header: Dict[str, Any], state: Dict[str, Any]) -> P
     buffer = io.BytesIO()
     torch.save(state, buffer)
     payload = buffer.getvalue()
-    record = {"header": dict(header), "sha256": hashlib.sha256(payload).hexdigest(),
-              "payload": torch.frombuffer(bytearray(payload), dtype=torch.uint8)}
+    record = {
+        "header": dict(header),
+        "sha256": hashlib.sha256(payload).hexdigest(),
+        "payload": torch.frombuffer(bytearray(payload), dtype=torch.uint8),
+    }
     out = io.BytesIO()
     torch.save(record, out)
     rank, epoch = header["rank"], header["epoch"]
@@ -199,9 +232,11 @@ def _leftover_temporaries(run_dir, rank: int) -> List[Path]:
 
 
 def _not_ours(path: Path, what: str) -> ValueError:
-    return ValueError(f"checkpoint {path} is not a weights-only checkpoint of this project: {what}, "
-                      "which is never loaded; it was not written by gossip_powersgd (or was "
-                      "replaced): restore the file, or delete it to resume from the previous epoch")
+    return ValueError(
+        f"checkpoint {path} is not a weights-only checkpoint of this project: {what}, "
+        "which is never loaded; it was not written by gossip_powersgd (or was "
+        "replaced): restore the file, or delete it to resume from the previous epoch"
+    )
 
 
 def _load_weights_only(data, path: Path, what: str) -> Any:
@@ -230,10 +265,12 @@ def _load_weights_only(data, path: Path, what: str) -> Any:
         if type(exc).__name__ == "UnpicklingError":  # pickle's, named so as not to import it
             if "global" in str(exc):  # the unpickler met a class or function it does not allow
                 raise _not_ours(path, f"{what} holds pickled Python objects") from None
-            raise ValueError(f"checkpoint {path} is corrupt or truncated ({what} is not a torch "
-                             "file)") from None
-        raise ValueError(f"checkpoint {path} is corrupt or truncated "
-                         f"({one_line(exc, limit=200)})") from None
+            raise ValueError(
+                f"checkpoint {path} is corrupt or truncated ({what} is not a torch file)"
+            ) from None
+        raise ValueError(
+            f"checkpoint {path} is corrupt or truncated ({one_line(exc, limit=200)})"
+        ) from None
 
 
 def read_checkpoint(path) -> Dict[str, Any]:
@@ -241,13 +278,21 @@ def read_checkpoint(path) -> Dict[str, Any]:
     path = Path(path)
     require_regular_file(path, f"checkpoint {path}")  # a FIFO would block open() for good
     record = _load_weights_only(path, path, "the file")
-    if (not isinstance(record, dict) or not isinstance(record.get("header"), dict)
-            or not isinstance(record.get("payload"), torch.Tensor) or "sha256" not in record):
-        raise ValueError(f"checkpoint {path} is not a gossip_powersgd checkpoint (no header/payload)")
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("header"), dict)
+        or not isinstance(record.get("payload"), torch.Tensor)
+        or "sha256" not in record
+    ):
+        raise ValueError(
+            f"checkpoint {path} is not a gossip_powersgd checkpoint (no header/payload)"
+        )
     header = record["header"]
     if header.get("format") != FORMAT:
-        raise ValueError(f"checkpoint {path} has format {header.get('format')!r}; this version reads "
-                         f"format {FORMAT}")
+        raise ValueError(
+            f"checkpoint {path} has format {header.get('format')!r}; this version reads "
+            f"format {FORMAT}"
+        )
     payload = record["payload"].numpy().tobytes()
     if hashlib.sha256(payload).hexdigest() != record["sha256"]:
         raise ValueError(f"checkpoint {path} is corrupt (its checksum does not match its contents)")
@@ -256,20 +301,35 @@ def read_checkpoint(path) -> Dict[str, Any]:
     return {"header": header, "state": state}
 
 
-def check_header(path, header: Dict[str, Any], *, rank: int, world_size: int, topology: Topology,
-                 topology_spec: str, config_hash: str, config_json: str) -> None:
+def check_header(
+    path,
+    header: Dict[str, Any],
+    *,
+    rank: int,
+    world_size: int,
+    topology: Topology,
+    topology_spec: str,
+    config_hash: str,
+    config_json: str,
+) -> None:
     """Raise a ValueError naming `path` and what differs from the resuming run."""
     if header.get("world_size") != world_size:
-        raise ValueError(f"checkpoint {path} was written by a run of {header.get('world_size')} peers; "
-                         f"this run has {world_size}")
+        raise ValueError(
+            f"checkpoint {path} was written by a run of {header.get('world_size')} peers; "
+            f"this run has {world_size}"
+        )
     if header.get("topology_fingerprint") != topology.fingerprint:
-        raise ValueError(f"checkpoint {path} is for topology {header.get('topology')!r} "
-                         f"(another mixing matrix); this run uses {topology_spec!r}")
+        raise ValueError(
+            f"checkpoint {path} is for topology {header.get('topology')!r} "
+            f"(another mixing matrix); this run uses {topology_spec!r}"
+        )
     if header.get("rank") != rank:
         raise ValueError(f"checkpoint {path} belongs to rank {header.get('rank')}, not rank {rank}")
     if header.get("config_hash") != config_hash:
-        raise ValueError(f"checkpoint {path} was written with another config: "
-                         f"{describe_config_diff(header.get('config', '{}'), config_json)}")
+        raise ValueError(
+            f"checkpoint {path} was written with another config: "
+            f"{describe_config_diff(header.get('config', '{}'), config_json)}"
+        )
 
 
 def describe_config_diff(saved_json: str, current_json: str) -> str:
@@ -281,7 +341,9 @@ def describe_config_diff(saved_json: str, current_json: str) -> str:
     diffs = []
     for key in sorted(set(saved) | set(current)):
         if saved.get(key, "<absent>") != current.get(key, "<absent>"):
-            diffs.append(f"{key} {saved.get(key, '<absent>')!r} -> {current.get(key, '<absent>')!r}")
+            diffs.append(
+                f"{key} {saved.get(key, '<absent>')!r} -> {current.get(key, '<absent>')!r}"
+            )
     return "; ".join(diffs) if diffs else "(hash differs)"
 
 
@@ -292,9 +354,11 @@ def load_for_resume(run_dir, epoch: int, **expected) -> Dict[str, Any]:
     check_header(path, loaded["header"], **expected)
     held = loaded["header"].get("epoch")
     if held != epoch:  # a file renamed or copied over another: its state is of another step
-        raise ValueError(f"checkpoint {path} holds epoch {held} (step {loaded['header'].get('step')}), "
-                         f"not epoch {epoch} as its name says: it was renamed or copied over; restore "
-                         "the right file, or delete it to resume from the previous epoch")
+        raise ValueError(
+            f"checkpoint {path} holds epoch {held} (step {loaded['header'].get('step')}), "
+            f"not epoch {epoch} as its name says: it was renamed or copied over; restore "
+            "the right file, or delete it to resume from the previous epoch"
+        )
     return loaded
 
 
@@ -348,8 +412,10 @@ def agree_resume_epoch(comm: Comm, run_dir) -> int:
     """
     mine = available_epochs(run_dir, comm.rank)[-_OFFERED_EPOCHS:]
     data = np.asarray(mine + [-1] * (_OFFERED_EPOCHS - len(mine)), dtype=np.int64).tobytes()
-    per_rank = [[int(v) for v in np.frombuffer(g, dtype=np.int64) if v >= 0]
-                for g in comm.allgather_bytes(data)]
+    per_rank = [
+        [int(v) for v in np.frombuffer(g, dtype=np.int64) if v >= 0]
+        for g in comm.allgather_bytes(data)
+    ]
     epoch = latest_common_epoch(per_rank)
     if epoch is None:
         holders = [k for k, e in enumerate(per_rank) if e]
@@ -358,22 +424,32 @@ def agree_resume_epoch(comm: Comm, run_dir) -> int:
             raise ValueError(f"cannot resume {run_dir}: no checkpoint in {folder}")
         # Every rank is here (the epochs are the same everywhere): one more all-gather tells
         # whether the files that exist were written by a run of this many peers.
-        sizes = [int(np.frombuffer(g, dtype=np.int64)[0]) for g in
-                 comm.allgather_bytes(np.int64(_written_world_size(run_dir, comm.rank, mine))
-                                      .tobytes())]
+        sizes = [
+            int(np.frombuffer(g, dtype=np.int64)[0])
+            for g in comm.allgather_bytes(
+                np.int64(_written_world_size(run_dir, comm.rank, mine)).tobytes()
+            )
+        ]
         other = sorted({n for n in sizes if n > 0 and n != comm.size})
         if other:
-            raise ValueError(f"cannot resume {run_dir}: its checkpoints were written by a run of "
-                             f"{other[0]} peers; this run has {comm.size}: resume with "
-                             f"{other[0]} peers")
+            raise ValueError(
+                f"cannot resume {run_dir}: its checkpoints were written by a run of "
+                f"{other[0]} peers; this run has {comm.size}: resume with "
+                f"{other[0]} peers"
+            )
         missing = [k for k, e in enumerate(per_rank) if not e]
-        what = (f"rank(s) {format_ranks(missing)} have none" if missing else
-                "no epoch is held by every rank")
-        raise ValueError(f"cannot resume {run_dir}: {folder} has checkpoint files for rank(s) "
-                         f"{format_ranks(holders)} but {what}, so some files are missing or "
-                         "incomplete, most likely from an interrupted write (a full disk or a job "
-                         "killed while writing its first checkpoint); no epoch can be resumed on every "
-                         "rank: restore the missing files, or start the run again")
+        what = (
+            f"rank(s) {format_ranks(missing)} have none"
+            if missing
+            else "no epoch is held by every rank"
+        )
+        raise ValueError(
+            f"cannot resume {run_dir}: {folder} has checkpoint files for rank(s) "
+            f"{format_ranks(holders)} but {what}, so some files are missing or "
+            "incomplete, most likely from an interrupted write (a full disk or a job "
+            "killed while writing its first checkpoint); no epoch can be resumed on every "
+            "rank: restore the missing files, or start the run again"
+        )
     return epoch
 
 
@@ -390,8 +466,26 @@ def _written_world_size(run_dir, rank: int, epochs: List[int]) -> int:
 
 
 __all__ = [
-    "FORMAT", "KEEP", "LOCK_NAME", "RunLock", "take_run_lock", "agree_resume_epoch", "available_epochs", "has_checkpoints", "check_header", "check_run_dir",
-    "checkpoint_dir", "checkpoint_path", "latest_common_epoch", "load_for_resume", "make_header",
-    "metrics_path", "open_metrics", "read_checkpoint", "rng_state", "save_checkpoint",
-    "set_rng_state", "truncate_jsonl",
+    "FORMAT",
+    "KEEP",
+    "LOCK_NAME",
+    "RunLock",
+    "take_run_lock",
+    "agree_resume_epoch",
+    "available_epochs",
+    "has_checkpoints",
+    "check_header",
+    "check_run_dir",
+    "checkpoint_dir",
+    "checkpoint_path",
+    "latest_common_epoch",
+    "load_for_resume",
+    "make_header",
+    "metrics_path",
+    "open_metrics",
+    "read_checkpoint",
+    "rng_state",
+    "save_checkpoint",
+    "set_rng_state",
+    "truncate_jsonl",
 ]

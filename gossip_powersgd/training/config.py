@@ -129,6 +129,7 @@ class _CoreConfig:
     #: unless release_peer_statistics: true (then the peers all-reduce their sizes).
     public_train_size: Optional[int] = None
 
+
 class TrainConfig(_CoreConfig):
     """One training run: the core keys (fields of `_CoreConfig`) and every registered feature's
     keys (`features.feature_keys()`), each readable and settable as an attribute.
@@ -139,11 +140,15 @@ class TrainConfig(_CoreConfig):
         extra = {k: values.pop(k) for k in list(values) if k not in _FIELDS}
         unknown = [k for k in extra if k not in keys]
         if unknown:
-            raise TypeError(f"TrainConfig got unknown key{'s' if len(unknown) > 1 else ''} "
-                            f"{', '.join(map(repr, unknown))}; valid keys: {', '.join(valid_keys())}")
+            raise TypeError(
+                f"TrainConfig got unknown key{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(map(repr, unknown))}; valid keys: {', '.join(valid_keys())}"
+            )
         super().__init__(**values)
-        self.__dict__["_feature_values"] = {name: extra[name] if name in extra else key.fresh_default()
-                                            for name, key in keys.items()}
+        self.__dict__["_feature_values"] = {
+            name: extra[name] if name in extra else key.fresh_default()
+            for name, key in keys.items()
+        }
 
     def __getattr__(self, name: str) -> Any:  # only for names that are not core fields
         values = self.__dict__.get("_feature_values")
@@ -240,6 +245,7 @@ def describe_keys() -> str:
 
 # ---- canonical forms --------------------------------------------------------------------------------
 
+
 def canonical_json(config: TrainConfig, exclude: Sequence[str] = ()) -> str:
     data = {k: v for k, v in config.to_dict().items() if k not in exclude}
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -263,9 +269,16 @@ def config_hash(config: TrainConfig) -> str:
 
 # ---- parsing and validation -------------------------------------------------------------------------
 
-_TYPE_NAMES = {"str": "string", "float": "number", "int": "integer", "bool": "true/false",
-               "Optional[str]": "string or null", "Optional[int]": "integer or null",
-               "Optional[float]": "number or null", "Optional[bool]": "true/false or null"}
+_TYPE_NAMES = {
+    "str": "string",
+    "float": "number",
+    "int": "integer",
+    "bool": "true/false",
+    "Optional[str]": "string or null",
+    "Optional[int]": "integer or null",
+    "Optional[float]": "number or null",
+    "Optional[bool]": "true/false or null",
+}
 
 
 def _kind(key: str) -> str:
@@ -290,7 +303,7 @@ def _coerce(key: str, value: Any) -> Any:
     optional = kind.startswith("Optional[")
     if value is None and optional:
         return None
-    base = kind[len("Optional["):-1] if optional else kind
+    base = kind[len("Optional[") : -1] if optional else kind
     ok = False
     if base == "str":
         ok = isinstance(value, str)
@@ -311,7 +324,8 @@ def _coerce(key: str, value: Any) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = [value]
         ok = isinstance(value, (list, tuple)) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+        )
         if ok:
             value = [float(v) for v in value]
     if not ok:
@@ -326,8 +340,10 @@ def _coerce(key: str, value: Any) -> Any:
 
 def _unknown_keys_error(unknown: Sequence[str], where: str) -> ValueError:
     names = ", ".join(repr(k) for k in unknown)
-    return ValueError(f"unknown config key{'s' if len(unknown) > 1 else ''} {names}{where}; "
-                      f"valid keys: {', '.join(valid_keys())}")
+    return ValueError(
+        f"unknown config key{'s' if len(unknown) > 1 else ''} {names}{where}; "
+        f"valid keys: {', '.join(valid_keys())}"
+    )
 
 
 def _nested_key(section: str, name: str, where: str) -> str:
@@ -336,8 +352,9 @@ def _nested_key(section: str, name: str, where: str) -> str:
     feature = _features.section_of(section)
     by_nested = {feature.nested_name(k): k.name for k in feature.keys}
     if name not in by_nested:
-        raise ValueError(f"unknown key {name!r} in section {section!r}{where}; valid: "
-                         f"{', '.join(by_nested)}")
+        raise ValueError(
+            f"unknown key {name!r} in section {section!r}{where}; valid: {', '.join(by_nested)}"
+        )
     return by_nested[name]
 
 
@@ -347,17 +364,23 @@ def _flatten(data: Dict[str, Any], where: str) -> Dict[str, Any]:
     for key, value in data.items():
         if isinstance(key, str) and key not in _FIELDS and _features.section_of(key) is not None:
             if not isinstance(value, dict):
-                raise ValueError(f"bad value for {key!r}{where}: {value!r} is not a mapping of its "
-                                 f"keys (e.g. {key}: {{name: value}})")
+                raise ValueError(
+                    f"bad value for {key!r}{where}: {value!r} is not a mapping of its "
+                    f"keys (e.g. {key}: {{name: value}})"
+                )
             for name, inner in value.items():
                 flat_key = _nested_key(key, name, where)
                 if flat_key in data or flat_key in flat:
-                    raise ValueError(f"{flat_key} is set twice{where}: as {flat_key} and in "
-                                     f"section {key}; set it once")
+                    raise ValueError(
+                        f"{flat_key} is set twice{where}: as {flat_key} and in "
+                        f"section {key}; set it once"
+                    )
                 flat[flat_key] = inner
         else:
             if key in flat:
-                raise ValueError(f"{key} is set twice{where}: as {key} and in a section; set it once")
+                raise ValueError(
+                    f"{key} is set twice{where}: as {key} and in a section; set it once"
+                )
             flat[key] = value
     return flat
 
@@ -365,7 +388,9 @@ def _flatten(data: Dict[str, Any], where: str) -> Dict[str, Any]:
 def config_from_dict(data: Dict[str, Any], where: str = "") -> TrainConfig:
     """Build a `TrainConfig` from a mapping, checking keys and value types (not the specs)."""
     if not isinstance(data, dict):
-        raise ValueError(f"a config must be a mapping of key: value{where}, got {type(data).__name__}")
+        raise ValueError(
+            f"a config must be a mapping of key: value{where}, got {type(data).__name__}"
+        )
     data = _flatten(data, where)
     keys = valid_keys()
     unknown = [k for k in data if k not in keys]
@@ -375,21 +400,25 @@ def config_from_dict(data: Dict[str, Any], where: str = "") -> TrainConfig:
 
 
 def parse_override(text: str) -> tuple:
-    """"lr=0.05" -> ("lr", 0.05): the value is parsed as YAML (`strict_yaml_load`). A feature's
+    """ "lr=0.05" -> ("lr", 0.05): the value is parsed as YAML (`strict_yaml_load`). A feature's
     key may be spelled with its section: "dp.noise_multiplier=1.0"."""
     key, eq, value = text.partition("=")
     key = key.strip()
     if not eq or not key:
-        raise ValueError(f"--set expects key=value, got {text!r}; valid keys: "
-                         f"{', '.join(valid_keys())}")
+        raise ValueError(
+            f"--set expects key=value, got {text!r}; valid keys: {', '.join(valid_keys())}"
+        )
     section, dot, name = key.partition(".")
     if dot and _features.section_of(section) is not None:
         key = _nested_key(section, name, " in --set")
     if key not in valid_keys():
         raise _unknown_keys_error([key], " in --set")
     parsed = strict_yaml_load(value, f"--set {key}={value}") if value.strip() else None
-    if (parsed is not None and not isinstance(parsed, (str, list, dict))
-            and _kind(key) in ("str", "Optional[str]")):
+    if (
+        parsed is not None
+        and not isinstance(parsed, (str, list, dict))
+        and _kind(key) in ("str", "Optional[str]")
+    ):
         # A string key takes the text as typed: --set out_dir=2024-01-01 is a directory, not a
         # date (YAML reads dates, numbers and yes/no as such); null still means None.
         parsed = value.strip()
@@ -405,7 +434,9 @@ def load_config(path, overrides: Sequence[str] = (), deep: bool = True) -> Train
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: a config must be a mapping of key: value, got {type(data).__name__}")
+        raise ValueError(
+            f"{path}: a config must be a mapping of key: value, got {type(data).__name__}"
+        )
     config = config_from_dict(data, f" in {path}")
     changes = {}
     for text in overrides:

@@ -66,8 +66,13 @@ __all__ = [
     "PARTITION_NAMES",
 ]
 
-DATASET_NAMES = ("mnist1d", "synthetic_logreg", "cifar10:root=<dir>",
-                 "wikitext2:root=<dir>[,bptt=<n>,split=test|valid]", "package.module:function")
+DATASET_NAMES = (
+    "mnist1d",
+    "synthetic_logreg",
+    "cifar10:root=<dir>",
+    "wikitext2:root=<dir>[,bptt=<n>,split=test|valid]",
+    "package.module:function",
+)
 PARTITION_NAMES = ("iid", "dirichlet:<alpha>", "shards:<k>", "contiguous", "local")
 #: The partition whose data is never split by us: each peer's function call returns its own.
 LOCAL_PARTITION = "local"
@@ -147,8 +152,10 @@ def clear_dataset_cache() -> None:
 
 
 #: The file datasets' options and their types (`root` is required).
-_FILE_DATASETS = {"cifar10": {"root": str, "augment": bool},
-                  "wikitext2": {"root": str, "bptt": int, "split": str}}
+_FILE_DATASETS = {
+    "cifar10": {"root": str, "augment": bool},
+    "wikitext2": {"root": str, "bptt": int, "split": str},
+}
 
 
 def _file_dataset(spec: str, head: str):
@@ -159,11 +166,14 @@ def _file_dataset(spec: str, head: str):
     _, raw = split_spec(spec, "dataset")
     unknown = sorted(set(raw) - set(types))
     if unknown:
-        raise ValueError(f"dataset {spec!r}: unknown option {unknown[0]!r} (valid: "
-                         f"{', '.join(types)})")
+        raise ValueError(
+            f"dataset {spec!r}: unknown option {unknown[0]!r} (valid: {', '.join(types)})"
+        )
     if not raw.get("root"):
-        raise ValueError(f"dataset {spec!r} needs the folder of its files: {head}:root=DIR (or "
-                         f"--set dataset={head}:root=DIR); nothing is downloaded")
+        raise ValueError(
+            f"dataset {spec!r} needs the folder of its files: {head}:root=DIR (or "
+            f"--set dataset={head}:root=DIR); nothing is downloaded"
+        )
     options = {k: parse_typed(v, types[k], k) for k, v in raw.items()}
     return getattr(records, head)(spec, options)
 
@@ -209,8 +219,11 @@ MNIST1D_STANDARD_SEED = 42
 
 def _mnist1d(spec: str, args_text: str | None, seed: int) -> Dataset:
     """The standard MNIST-1D (seed 42) whatever the run's seed, unless `mnist1d:seed=N` asks."""
-    options = parse_options(spec, args_text, {"num_samples": int, "shuffle_seq": bool,
-                                               "train_split": float, "seed": int})
+    options = parse_options(
+        spec,
+        args_text,
+        {"num_samples": int, "shuffle_seq": bool, "train_split": float, "seed": int},
+    )
     # Only the local generator: get_dataset would try to download a pickle.
     from mnist1d.data import get_dataset_args, make_dataset
 
@@ -229,8 +242,9 @@ def _mnist1d(spec: str, args_text: str | None, seed: int) -> Dataset:
         np.random.set_state(np_state)
         random.setstate(py_state)
 
-    return _make_dataset_record(spec, raw["x"], raw["y"], raw["x_test"], raw["y_test"],
-                                num_classes=10)
+    return _make_dataset_record(
+        spec, raw["x"], raw["y"], raw["x_test"], raw["y_test"], num_classes=10
+    )
 
 
 def _synthetic_logreg(spec: str, args_text: str | None, seed: int) -> Dataset:
@@ -241,8 +255,11 @@ def _synthetic_logreg(spec: str, args_text: str | None, seed: int) -> Dataset:
     the teacher exactly, so logistic regression learns it well.
     """
     opts = {"d": 20, "classes": 10, "n": 5000, "noise": 0.1, "test": 0.2}
-    opts.update(parse_options(spec, args_text, {"d": int, "classes": int, "n": int,
-                                                 "noise": float, "test": float}))
+    opts.update(
+        parse_options(
+            spec, args_text, {"d": int, "classes": int, "n": int, "noise": float, "test": float}
+        )
+    )
     d, classes, n, noise, test = opts["d"], opts["classes"], opts["n"], opts["noise"], opts["test"]
     if d < 1 or classes < 2 or noise < 0 or not 0 < test < 1:
         raise ValueError(f"{spec!r}: need d >= 1, classes >= 2, noise >= 0 and 0 < test < 1")
@@ -254,8 +271,9 @@ def _synthetic_logreg(spec: str, args_text: str | None, seed: int) -> Dataset:
     teacher = rng.standard_normal((d, classes)) / np.sqrt(d)
     x = rng.standard_normal((n, d))
     y = np.argmax(x @ teacher + noise * rng.standard_normal((n, classes)), axis=1)
-    return _make_dataset_record(spec, x[n_test:], y[n_test:], x[:n_test], y[:n_test],
-                                num_classes=classes)
+    return _make_dataset_record(
+        spec, x[n_test:], y[n_test:], x[:n_test], y[:n_test], num_classes=classes
+    )
 
 
 def _byo_dataset(spec: str, seed: int) -> Dataset:
@@ -267,14 +285,19 @@ def _byo_dataset(spec: str, seed: int) -> Dataset:
         raise
     except Exception as exc:
         raise ValueError(f"{spec!r}: calling it raised {type(exc).__name__}: {exc}") from exc
-    if (isinstance(result, (tuple, list)) and len(result) == 2
-            and all(hasattr(d, "__getitem__") and hasattr(d, "__len__") for d in result)):
+    if (
+        isinstance(result, (tuple, list))
+        and len(result) == 2
+        and all(hasattr(d, "__getitem__") and hasattr(d, "__len__") for d in result)
+    ):
         from .records import torch_datasets
 
         return torch_datasets(spec, *result)
     if not isinstance(result, (tuple, list)) or len(result) != 4:
-        raise ValueError(f"{spec!r}: must return a tuple (x_train, y_train, x_test, y_test) or "
-                         f"two torch Datasets (train, test), got {type(result).__name__}")
+        raise ValueError(
+            f"{spec!r}: must return a tuple (x_train, y_train, x_test, y_test) or "
+            f"two torch Datasets (train, test), got {type(result).__name__}"
+        )
     return _make_dataset_record(spec, *result, num_classes=None)
 
 
@@ -288,8 +311,10 @@ def _make_dataset_record(spec, x_train, y_train, x_test, y_test, num_classes) ->
         except (TypeError, ValueError, RuntimeError) as exc:
             raise ValueError(f"{spec!r}: {what} arrays are not numeric ({exc})") from None
         if x.ndim < 1 or y.ndim != 1:
-            raise ValueError(f"{spec!r}: y_{what} must be 1-D and x_{what} at least 1-D, "
-                             f"got shapes {tuple(x.shape)} and {tuple(y.shape)}")
+            raise ValueError(
+                f"{spec!r}: y_{what} must be 1-D and x_{what} at least 1-D, "
+                f"got shapes {tuple(x.shape)} and {tuple(y.shape)}"
+            )
         if len(x) != len(y):
             raise ValueError(f"{spec!r}: x_{what} has {len(x)} samples but y_{what} has {len(y)}")
         if y.is_floating_point():
@@ -306,14 +331,24 @@ def _make_dataset_record(spec, x_train, y_train, x_test, y_test, num_classes) ->
         raise ValueError(f"{spec!r}: the training set is empty")
     if len(ys[1]) == 0:
         # An empty test set would be reported as 0 % accuracy, which reads as a result.
-        raise ValueError(f"{spec!r}: the test set is empty; return at least one test sample "
-                         "(x_test, y_test)")
+        raise ValueError(
+            f"{spec!r}: the test set is empty; return at least one test sample (x_test, y_test)"
+        )
     if xs[0].shape[1:] != xs[1].shape[1:]:
-        raise ValueError(f"{spec!r}: train samples have shape {tuple(xs[0].shape[1:])} but test "
-                         f"samples {tuple(xs[1].shape[1:])}")
+        raise ValueError(
+            f"{spec!r}: train samples have shape {tuple(xs[0].shape[1:])} but test "
+            f"samples {tuple(xs[1].shape[1:])}"
+        )
     num_classes = _checked_class_count(spec, ys, num_classes)
-    return Dataset(x_train=xs[0], y_train=ys[0], x_test=xs[1], y_test=ys[1],
-                   num_classes=int(num_classes), input_shape=tuple(xs[0].shape[1:]), name=spec)
+    return Dataset(
+        x_train=xs[0],
+        y_train=ys[0],
+        x_test=xs[1],
+        y_test=ys[1],
+        num_classes=int(num_classes),
+        input_shape=tuple(xs[0].shape[1:]),
+        name=spec,
+    )
 
 
 def load_peer_dataset(spec: str, rank: int, num_peers: int, seed: int = 0) -> Dataset:
@@ -327,12 +362,16 @@ def load_peer_dataset(spec: str, rank: int, num_peers: int, seed: int = 0) -> Da
     """
     head, args = split_name(spec)
     if head in ("mnist1d", "synthetic_logreg") or args is None:
-        raise ValueError(f"partition: local needs a bring-your-own dataset 'package.module:function'"
-                         f" taking rank and num_peers, got dataset {spec!r}; or use partition: iid")
+        raise ValueError(
+            f"partition: local needs a bring-your-own dataset 'package.module:function'"
+            f" taking rank and num_peers, got dataset {spec!r}; or use partition: iid"
+        )
     fn = import_object(spec, DATASET_NAMES)
     if not (accepts(fn, "rank") and accepts(fn, "num_peers")):
-        raise ValueError(f"{spec!r}: with partition: local the dataset function must take the "
-                         f"arguments rank and num_peers (and return only that peer's data)")
+        raise ValueError(
+            f"{spec!r}: with partition: local the dataset function must take the "
+            f"arguments rank and num_peers (and return only that peer's data)"
+        )
     kwargs = {"num_peers": int(num_peers), **({"seed": seed} if accepts(fn, "seed") else {})}
 
     def call(who):
@@ -342,35 +381,46 @@ def load_peer_dataset(spec: str, rank: int, num_peers: int, seed: int = 0) -> Da
         except UserCodeExit:
             raise
         except Exception as exc:
-            raise ValueError(f"{spec!r}: calling it with rank={who} raised "
-                             f"{type(exc).__name__}: {exc}") from exc
+            raise ValueError(
+                f"{spec!r}: calling it with rank={who} raised {type(exc).__name__}: {exc}"
+            ) from exc
 
     result = call(int(rank))
     if not isinstance(result, (tuple, list)) or len(result) != 4:
-        raise ValueError(f"{spec!r}: must return this peer's tuple (x_train, y_train, x_test, "
-                         f"y_test), got {type(result).__name__}")
+        raise ValueError(
+            f"{spec!r}: must return this peer's tuple (x_train, y_train, x_test, "
+            f"y_test), got {type(result).__name__}"
+        )
     x_train, y_train, x_test, y_test = result
     shared_test = x_test is None and y_test is None
     if shared_test:
         shared = call(None)
         if not isinstance(shared, (tuple, list)) or len(shared) != 2:
-            raise ValueError(f"{spec!r}: with rank=None it must return the shared test set "
-                             f"(x_test, y_test), got {type(shared).__name__}")
+            raise ValueError(
+                f"{spec!r}: with rank=None it must return the shared test set "
+                f"(x_test, y_test), got {type(shared).__name__}"
+            )
         x_test, y_test = shared
     if x_test is None or y_test is None:
-        raise ValueError(f"{spec!r}: rank {rank} returned only one of x_test and y_test; return "
-                         f"both, or both None to use the shared test set")
+        raise ValueError(
+            f"{spec!r}: rank {rank} returned only one of x_test and y_test; return "
+            f"both, or both None to use the shared test set"
+        )
     dataset = dataclasses.replace(
         _make_dataset_record(spec, x_train, y_train, x_test, y_test, num_classes=None),
-        shared_test=shared_test)
+        shared_test=shared_test,
+    )
     if dataset.num_test == 0:
-        raise ValueError(f"{spec!r}: rank {rank} has an empty test set; return at least one test "
-                         f"sample, or None, None for the shared test set")
+        raise ValueError(
+            f"{spec!r}: rank {rank} has an empty test set; return at least one test "
+            f"sample, or None, None for the shared test set"
+        )
     return dataset
 
 
-def agree_local_dataset(comm, dataset: Dataset,
-                        share_size: bool = True) -> tuple[Dataset, Optional[int]]:
+def agree_local_dataset(
+    comm, dataset: Dataset, share_size: bool = True
+) -> tuple[Dataset, Optional[int]]:
     """This peer's local dataset with the peers' common ``num_classes``, and the total training size.
 
     Collective, scalars only (metric traffic): the largest label (the models' output width must
@@ -383,8 +433,9 @@ def agree_local_dataset(comm, dataset: Dataset,
     if share_size:
         sizes = torch.tensor([float(dataset.num_train)], dtype=torch.float64)
         total = int(comm.allreduce_(sizes, op="sum", metric=True)[0])
-    classes = comm.allreduce_(torch.tensor([float(dataset.num_classes)], dtype=torch.float64),
-                              op="max", metric=True)
+    classes = comm.allreduce_(
+        torch.tensor([float(dataset.num_classes)], dtype=torch.float64), op="max", metric=True
+    )
     return dataclasses.replace(dataset, num_classes=int(classes[0])), total
 
 
@@ -405,13 +456,17 @@ def _checked_class_count(spec, ys, num_classes) -> int:
         seen = len(torch.unique(torch.cat(ys)))
         limit = _CLASS_COUNT_FACTOR * seen + _SPARE_CLASSES
         if largest + 1 > limit:
-            raise ValueError(f"{spec!r}: label {largest} in y_{which} implies {largest + 1} classes "
-                             f"but only {seen} distinct labels occur; number the classes "
-                             f"0..K-1 (at most {limit} classes for these labels)")
+            raise ValueError(
+                f"{spec!r}: label {largest} in y_{which} implies {largest + 1} classes "
+                f"but only {seen} distinct labels occur; number the classes "
+                f"0..K-1 (at most {limit} classes for these labels)"
+            )
         return largest + 1
     if largest >= num_classes:
-        raise ValueError(f"{spec!r}: label {largest} in y_{which} is out of range for "
-                         f"{num_classes} classes (labels must be 0..{num_classes - 1})")
+        raise ValueError(
+            f"{spec!r}: label {largest} in y_{which} is out of range for "
+            f"{num_classes} classes (labels must be 0..{num_classes - 1})"
+        )
     return int(num_classes)
 
 
@@ -461,13 +516,17 @@ def partition(labels, num_peers: int, spec: str, seed: int) -> list[np.ndarray]:
         raise ValueError(f"num_peers must be a positive integer, got {num_peers!r}")
     num_peers = int(num_peers)
     if num_peers > n:
-        raise ValueError(f"cannot split {n} samples among {num_peers} peers: "
-                         f"use at most {n} peers or a larger dataset")
+        raise ValueError(
+            f"cannot split {n} samples among {num_peers} peers: "
+            f"use at most {n} peers or a larger dataset"
+        )
 
     head, arg = split_name(spec)
     if spec == LOCAL_PARTITION:
-        raise ValueError("partition: local has no global split to compute: each peer's dataset "
-                         "function returns its own data (load_peer_dataset)")
+        raise ValueError(
+            "partition: local has no global split to compute: each peer's dataset "
+            "function returns its own data (load_peer_dataset)"
+        )
     rng = np.random.default_rng(np.random.PCG64(seed))
     if head == "iid" and arg is None:
         parts = np.array_split(rng.permutation(n), num_peers)
@@ -476,16 +535,20 @@ def partition(labels, num_peers: int, spec: str, seed: int) -> list[np.ndarray]:
     elif head == "dirichlet":
         alpha = _number_arg(spec, arg, float, "alpha", "dirichlet:0.5")
         if not np.isfinite(alpha) or alpha <= 0:
-            raise ValueError(f"{spec!r}: Dirichlet alpha must be > 0 (e.g. dirichlet:0.5; "
-                             f"smaller is more skewed)")
+            raise ValueError(
+                f"{spec!r}: Dirichlet alpha must be > 0 (e.g. dirichlet:0.5; "
+                f"smaller is more skewed)"
+            )
         parts = _dirichlet(labels, num_peers, alpha, rng)
     elif head == "shards":
         k = _number_arg(spec, arg, int, "k", "shards:2")
         if k < 1:
             raise ValueError(f"{spec!r}: shards per peer k must be >= 1 (e.g. shards:2)")
         if num_peers * k > n:
-            raise ValueError(f"{spec!r}: {num_peers} peers x {k} shards = {num_peers * k} shards "
-                             f"but only {n} samples; use fewer peers or a smaller k")
+            raise ValueError(
+                f"{spec!r}: {num_peers} peers x {k} shards = {num_peers * k} shards "
+                f"but only {n} samples; use fewer peers or a smaller k"
+            )
         parts = _shards(labels, num_peers, k, rng)
     else:
         raise ValueError(f"unknown partition {spec!r}: valid are {', '.join(PARTITION_NAMES)}")
@@ -500,12 +563,15 @@ def _number_arg(spec: str, arg: str | None, kind: type, name: str, example: str)
     try:
         return kind(text)
     except ValueError:
-        raise ValueError(f"{spec!r}: {name} must be a{'n integer' if kind is int else ' number'},"
-                         f" write it like {example}") from None
+        raise ValueError(
+            f"{spec!r}: {name} must be a{'n integer' if kind is int else ' number'},"
+            f" write it like {example}"
+        ) from None
 
 
-def _dirichlet(labels: np.ndarray, num_peers: int, alpha: float,
-               rng: np.random.Generator) -> list[np.ndarray]:
+def _dirichlet(
+    labels: np.ndarray, num_peers: int, alpha: float, rng: np.random.Generator
+) -> list[np.ndarray]:
     """Per class, split its (shuffled) indices across peers in proportions ~ Dir(alpha * 1).
 
     Empty peers: the whole draw is repeated (from the same generator, so still deterministic) up
@@ -535,24 +601,28 @@ def _dirichlet(labels: np.ndarray, num_peers: int, alpha: float,
         if len(flat[peer]) == 0:
             donor = int(np.argmax([len(f) for f in flat]))
             take = int(rng.integers(len(flat[donor])))
-            flat[peer] = flat[donor][take:take + 1]
+            flat[peer] = flat[donor][take : take + 1]
             flat[donor] = np.delete(flat[donor], take)
     return flat
 
 
-def _shards(labels: np.ndarray, num_peers: int, k: int,
-            rng: np.random.Generator) -> list[np.ndarray]:
+def _shards(
+    labels: np.ndarray, num_peers: int, k: int, rng: np.random.Generator
+) -> list[np.ndarray]:
     """McMahan et al.'s pathological non-IID split: label-sorted shards, k per peer."""
     # Shuffle before the stable sort so that which samples of a class share a shard is random.
     shuffled = rng.permutation(len(labels))
     order = shuffled[np.argsort(labels[shuffled], kind="stable")]
     shards = np.array_split(order, num_peers * k)
     owner = rng.permutation(num_peers * k)
-    return [np.concatenate([shards[s] for s in owner[p * k:(p + 1) * k]]) for p in range(num_peers)]
+    return [
+        np.concatenate([shards[s] for s in owner[p * k : (p + 1) * k]]) for p in range(num_peers)
+    ]
 
 
-def peer_shard(dataset: Dataset, rank: int, num_peers: int, spec: str,
-               seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def peer_shard(
+    dataset: Dataset, rank: int, num_peers: int, spec: str, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """This peer's own training samples ``(x, y)`` under ``partition(..., spec, seed)``.
 
     The returned tensors are fresh copies of just this peer's rows, so the caller may drop the

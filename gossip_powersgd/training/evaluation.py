@@ -41,13 +41,16 @@ TIMING_KEYS = ("time_compute", "time_gossip_compute", "time_communication", "wal
 
 # ---- models ----------------------------------------------------------------------------------------
 
+
 def model_digest(model: torch.nn.Module) -> str:
     """sha256 of the model's state (parameters and buffers, in order): equal iff bit-identical."""
     h = hashlib.sha256()
     for name, tensor in model.state_dict().items():
         h.update(name.encode())
         h.update(str(tensor.dtype).encode())
-        h.update(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(
+            tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        )
     return h.hexdigest()
 
 
@@ -68,7 +71,7 @@ def evaluate_model(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bat
     correct, loss_sum = 0, 0.0
     with torch.no_grad():
         for start in range(0, len(y), batch):
-            out, target = flat_logits(model(x[start:start + batch]), y[start:start + batch])
+            out, target = flat_logits(model(x[start : start + batch]), y[start : start + batch])
             loss_sum += float(F.cross_entropy(out, target, reduction="sum"))
             correct += int((out.argmax(dim=1) == target).sum())
     model.train(was_training)
@@ -89,7 +92,7 @@ def average_state_into(model: torch.nn.Module, target: torch.nn.Module, comm: Co
     for key, value in state.items():
         if key in floating:
             n = value.numel()
-            new_state[key] = flat[offset:offset + n].view(value.shape).to(value.dtype)
+            new_state[key] = flat[offset : offset + n].view(value.shape).to(value.dtype)
             offset += n
         else:
             new_state[key] = value
@@ -97,6 +100,7 @@ def average_state_into(model: torch.nn.Module, target: torch.nn.Module, comm: Co
 
 
 # ---- records ---------------------------------------------------------------------------------------
+
 
 class RecordLog:
     """The run's records: appended to `history` and, when a file is given, one JSON line each."""
@@ -123,9 +127,17 @@ def traffic_means(comm: Comm) -> torch.Tensor:
     return comm.allreduce_(t, op="mean", metric=True)
 
 
-def log_record(comm: Comm, model: torch.nn.Module, *, step: int, steps_per_epoch: int, lr: float,
-               train_loss_local: float, timers: Callable[[], Dict[str, float]],
-               private: bool = False) -> Dict[str, Any]:
+def log_record(
+    comm: Comm,
+    model: torch.nn.Module,
+    *,
+    step: int,
+    steps_per_epoch: int,
+    lr: float,
+    train_loss_local: float,
+    timers: Callable[[], Dict[str, float]],
+    private: bool = False,
+) -> Dict[str, Any]:
     """The `kind: "log"` record of `step` (collective): `train_loss_local` is this peer's mean
     training loss since the previous log record; the record holds the mean over peers
     (`train_loss`), or with `private` this peer's own only (`train_loss_local`)."""
@@ -136,17 +148,36 @@ def log_record(comm: Comm, model: torch.nn.Module, *, step: int, steps_per_epoch
         comm.allreduce_(loss, op="mean", metric=True)
         losses = {"train_loss": float(loss[0])}
     traffic = traffic_means(comm)
-    return {"kind": "log", "epoch": step / steps_per_epoch, "step": step, "lr": lr, **losses,
-            "consensus_distance": consensus_distance(model.parameters(), comm),
-            "bytes_sent": comm.stats.bytes_sent, "messages_sent": comm.stats.messages_sent,
-            "mb_sent_per_peer": float(traffic[0]) / 1e6, **timers()}
+    return {
+        "kind": "log",
+        "epoch": step / steps_per_epoch,
+        "step": step,
+        "lr": lr,
+        **losses,
+        "consensus_distance": consensus_distance(model.parameters(), comm),
+        "bytes_sent": comm.stats.bytes_sent,
+        "messages_sent": comm.stats.messages_sent,
+        "mb_sent_per_peer": float(traffic[0]) / 1e6,
+        **timers(),
+    }
 
 
-def eval_record(comm: Comm, model: torch.nn.Module, averaged: torch.nn.Module, x_test: torch.Tensor,
-                y_test: torch.Tensor, *, epoch: int, step: int, lr: float, train_loss_local: float,
-                timers: Callable[[], Dict[str, float]], pooled: bool = False,
-                private: bool = False,
-                bn_inputs: Optional[Callable[[], Iterable[torch.Tensor]]] = None) -> Dict[str, Any]:
+def eval_record(
+    comm: Comm,
+    model: torch.nn.Module,
+    averaged: torch.nn.Module,
+    x_test: torch.Tensor,
+    y_test: torch.Tensor,
+    *,
+    epoch: int,
+    step: int,
+    lr: float,
+    train_loss_local: float,
+    timers: Callable[[], Dict[str, float]],
+    pooled: bool = False,
+    private: bool = False,
+    bn_inputs: Optional[Callable[[], Iterable[torch.Tensor]]] = None,
+) -> Dict[str, Any]:
     """The `kind: "eval"` record after `epoch` (collective).
 
     `averaged` is a scratch copy of the model's architecture: it is overwritten with the peers'
@@ -177,22 +208,36 @@ def eval_record(comm: Comm, model: torch.nn.Module, averaged: torch.nn.Module, x
     traffic = traffic_means(comm)
     losses = {} if private else {"train_loss": float(means[2])}
     if y_test.ndim > 1:  # a target per token: perplexity, exp(per-token cross-entropy), too
-        losses.update(test_perplexity_avg_model=_perplexity(avg_loss),
-                      test_perplexity_local=_perplexity(loss),
-                      test_perplexity_mean=_perplexity(float(means[1])))  # of the mean loss
+        losses.update(
+            test_perplexity_avg_model=_perplexity(avg_loss),
+            test_perplexity_local=_perplexity(loss),
+            test_perplexity_mean=_perplexity(float(means[1])),
+        )  # of the mean loss
     return {
-        "kind": "eval", "epoch": epoch, "step": step, "lr": lr,
-        **losses, "train_loss_local": train_loss_local,
-        "test_acc_avg_model": avg_acc, "test_loss_avg_model": avg_loss,
-        "test_acc_mean": float(means[0]), "test_acc_min": float(lows[0]),
-        "test_acc_max": float(highs[0]), "test_loss_mean": float(means[1]),
-        "test_loss_min": float(lows[1]), "test_loss_max": float(highs[1]),
-        "test_acc_local": acc, "test_loss_local": loss, "consensus_distance": distance,
-        "bytes_sent": comm.stats.bytes_sent, "messages_sent": comm.stats.messages_sent,
+        "kind": "eval",
+        "epoch": epoch,
+        "step": step,
+        "lr": lr,
+        **losses,
+        "train_loss_local": train_loss_local,
+        "test_acc_avg_model": avg_acc,
+        "test_loss_avg_model": avg_loss,
+        "test_acc_mean": float(means[0]),
+        "test_acc_min": float(lows[0]),
+        "test_acc_max": float(highs[0]),
+        "test_loss_mean": float(means[1]),
+        "test_loss_min": float(lows[1]),
+        "test_loss_max": float(highs[1]),
+        "test_acc_local": acc,
+        "test_loss_local": loss,
+        "consensus_distance": distance,
+        "bytes_sent": comm.stats.bytes_sent,
+        "messages_sent": comm.stats.messages_sent,
         "mb_sent_per_peer": float(traffic[0]) / 1e6,
         "messages_sent_per_peer": float(traffic[1]),
         "metric_bytes_sent": comm.stats.metric_bytes_sent,
-        **timers(), "model_sha256": model_digest(model),
+        **timers(),
+        "model_sha256": model_digest(model),
     }
 
 
@@ -205,8 +250,9 @@ def pooled_means(comm: Comm, per_sample_means, count: int) -> torch.Tensor:
 
     Collective, scalars only: sum(mean_k x count_k) / sum(count_k) for each value.
     """
-    totals = torch.tensor([*(float(v) * count for v in per_sample_means), float(count)],
-                          dtype=torch.float64)
+    totals = torch.tensor(
+        [*(float(v) * count for v in per_sample_means), float(count)], dtype=torch.float64
+    )
     comm.allreduce_(totals, op="sum", metric=True)
     return totals[:-1] / max(1.0, float(totals[-1]))
 
@@ -218,22 +264,37 @@ def eval_line(record: Dict[str, Any], epochs: int) -> str:
     loss = f"  train loss {r['train_loss']:.4f}" if "train_loss" in r else ""
     if "test_perplexity_avg_model" in r:
         loss += f"  avg-model perplexity {r['test_perplexity_avg_model']:.4g}"
-    return (f"epoch {r['epoch']}/{epochs}{loss}  "
-            f"avg-model acc {100 * r['test_acc_avg_model']:.2f}%  local acc "
-            f"{100 * r['test_acc_mean']:.2f}% [{100 * r['test_acc_min']:.2f}, "
-            f"{100 * r['test_acc_max']:.2f}]  consensus {r['consensus_distance']:.3g}  "
-            f"{r['mb_sent_per_peer']:.3g} MB/peer" + eval_text(r))
+    return (
+        f"epoch {r['epoch']}/{epochs}{loss}  "
+        f"avg-model acc {100 * r['test_acc_avg_model']:.2f}%  local acc "
+        f"{100 * r['test_acc_mean']:.2f}% [{100 * r['test_acc_min']:.2f}, "
+        f"{100 * r['test_acc_max']:.2f}]  consensus {r['consensus_distance']:.3g}  "
+        f"{r['mb_sent_per_peer']:.3g} MB/peer" + eval_text(r)
+    )
 
 
 # ---- the summary -----------------------------------------------------------------------------------
+
 
 def mean_degree(topology: Topology) -> float:
     """The mean number of neighbours of a peer."""
     return sum(len(topology.neighbors(i)) for i in range(topology.size)) / topology.size
 
 
-def run_summary(comm: Comm, config, history, histogram, num_parameters, parameter_bytes, algorithm, model,
-                step, steps_per_epoch, timers, private: bool = False) -> Dict[str, Any]:
+def run_summary(
+    comm: Comm,
+    config,
+    history,
+    histogram,
+    num_parameters,
+    parameter_bytes,
+    algorithm,
+    model,
+    step,
+    steps_per_epoch,
+    timers,
+    private: bool = False,
+) -> Dict[str, Any]:
     """What `summary.json` holds (collective; the same dict on every peer).
 
     The final metrics are the last eval record's; traffic and timers are means over peers, the wall
@@ -244,17 +305,29 @@ def run_summary(comm: Comm, config, history, histogram, num_parameters, paramete
     final = evals[-1] if evals else {}
     released = {}
     if private:
-        released["peer_statistics"] = ("private: each peer's shard size, label histogram and "
-                                       "training loss are in its own peers/rank-K.json")
+        released["peer_statistics"] = (
+            "private: each peer's shard size, label histogram and "
+            "training loss are in its own peers/rank-K.json"
+        )
     else:
         hist = torch.zeros(comm.size, len(histogram), dtype=torch.float64)
         hist[comm.rank] = torch.tensor(histogram, dtype=torch.float64)
         comm.allreduce_(hist, op="sum", metric=True)
         released["label_histogram"] = [[int(v) for v in row] for row in hist.tolist()]
-    means = comm.allreduce_(torch.tensor(
-        [comm.stats.bytes_sent, comm.stats.messages_sent, timers["time_compute"],
-         timers["time_gossip_compute"], timers["time_communication"]], dtype=torch.float64),
-        op="mean", metric=True)
+    means = comm.allreduce_(
+        torch.tensor(
+            [
+                comm.stats.bytes_sent,
+                comm.stats.messages_sent,
+                timers["time_compute"],
+                timers["time_gossip_compute"],
+                timers["time_communication"],
+            ],
+            dtype=torch.float64,
+        ),
+        op="mean",
+        metric=True,
+    )
     wall = torch.tensor([timers["wall_time"]], dtype=torch.float64)
     comm.allreduce_(wall, op="max", metric=True)
     digests = [d.hex() for d in comm.allgather_bytes(bytes.fromhex(model_digest(model)))]
@@ -264,10 +337,18 @@ def run_summary(comm: Comm, config, history, histogram, num_parameters, paramete
     exact_bytes = parameter_bytes * degree * rounds
     sent = float(means[0])
     return {
-        "algorithm": config.algorithm, "topology": config.topology, "peers": comm.size,
-        "dataset": config.dataset, "partition": config.partition, "model": config.model,
-        "optimizer": config.optimizer, "epochs": config.epochs, "epochs_done": final.get("epoch", 0),
-        "steps": step, "steps_per_epoch": steps_per_epoch, "parameters": num_parameters,
+        "algorithm": config.algorithm,
+        "topology": config.topology,
+        "peers": comm.size,
+        "dataset": config.dataset,
+        "partition": config.partition,
+        "model": config.model,
+        "optimizer": config.optimizer,
+        "epochs": config.epochs,
+        "epochs_done": final.get("epoch", 0),
+        "steps": step,
+        "steps_per_epoch": steps_per_epoch,
+        "parameters": num_parameters,
         "final_test_acc_avg_model": final.get("test_acc_avg_model"),
         "final_test_acc_local_mean": final.get("test_acc_mean"),
         "final_test_acc_local_min": final.get("test_acc_min"),
@@ -277,13 +358,17 @@ def run_summary(comm: Comm, config, history, histogram, num_parameters, paramete
         "mb_sent_per_peer": sent / 1e6,
         "messages_sent_per_peer": float(means[1]),
         "exact_gossip_mb_per_peer_formula": exact_bytes / 1e6,
-        "exact_gossip_formula": (f"model bytes {parameter_bytes} x mean degree {degree:g} x "
-                                 f"communication rounds {rounds} (formula, not measured)"),
-        "local_steps": local_steps, "communication_rounds": rounds,
+        "exact_gossip_formula": (
+            f"model bytes {parameter_bytes} x mean degree {degree:g} x "
+            f"communication rounds {rounds} (formula, not measured)"
+        ),
+        "local_steps": local_steps,
+        "communication_rounds": rounds,
         "compression_ratio": (exact_bytes / sent) if sent > 0 else None,
         "bytes_per_step": int(algorithm.bytes_per_step()),
         "wall_time_s": float(wall[0]),
-        "time_compute_s": float(means[2]), "time_gossip_compute_s": float(means[3]),
+        "time_compute_s": float(means[2]),
+        "time_gossip_compute_s": float(means[3]),
         "time_communication_s": float(means[4]),
         **released,
         "model_sha256": digests,
@@ -306,41 +391,68 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
     rows = [
         ("algorithm", summary["algorithm"]),
         ("topology", f"{summary['topology']} ({summary['peers']} peers)"),
-        ("data / model", f"{summary['dataset']} ({summary['partition']}) / {summary['model']}, "
-                         f"{summary['parameters']} parameters"),
+        (
+            "data / model",
+            f"{summary['dataset']} ({summary['partition']}) / {summary['model']}, "
+            f"{summary['parameters']} parameters",
+        ),
         ("epochs / steps", f"{summary['epochs_done']} / {summary['steps']}"),
         ("averaged-model test accuracy", _fmt(summary["final_test_acc_avg_model"], pct=True)),
-        ("local test accuracy mean [min, max]",
-         f"{_fmt(summary['final_test_acc_local_mean'], True)} "
-         f"[{_fmt(summary['final_test_acc_local_min'], True)}, "
-         f"{_fmt(summary['final_test_acc_local_max'], True)}]"),
-        ("training loss (mean over peers)", _fmt(summary["final_train_loss"])
-         if "label_histogram" in summary else "private (each peer's own file)"),
+        (
+            "local test accuracy mean [min, max]",
+            f"{_fmt(summary['final_test_acc_local_mean'], True)} "
+            f"[{_fmt(summary['final_test_acc_local_min'], True)}, "
+            f"{_fmt(summary['final_test_acc_local_max'], True)}]",
+        ),
+        (
+            "training loss (mean over peers)",
+            _fmt(summary["final_train_loss"])
+            if "label_histogram" in summary
+            else "private (each peer's own file)",
+        ),
         ("consensus distance", _fmt(summary["final_consensus_distance"])),
         ("training MB sent per peer", f"{summary['mb_sent_per_peer']:.3f}"),
-        ("exact gossip MB per peer (formula)",
-         f"{summary['exact_gossip_mb_per_peer_formula']:.3f} = {summary['exact_gossip_formula']}"),
-        ("exact gossip formula / sent", "n/a" if summary["compression_ratio"] is None
-         else f"{summary['compression_ratio']:.1f}x"),
-        ("wall time", f"{summary['wall_time_s']:.1f} s (compute {summary['time_compute_s']:.1f} s, "
-                      f"gossip compute {summary['time_gossip_compute_s']:.1f} s, communication "
-                      f"{summary['time_communication_s']:.1f} s, means over peers)"),
+        (
+            "exact gossip MB per peer (formula)",
+            f"{summary['exact_gossip_mb_per_peer_formula']:.3f} = {summary['exact_gossip_formula']}",
+        ),
+        (
+            "exact gossip formula / sent",
+            "n/a"
+            if summary["compression_ratio"] is None
+            else f"{summary['compression_ratio']:.1f}x",
+        ),
+        (
+            "wall time",
+            f"{summary['wall_time_s']:.1f} s (compute {summary['time_compute_s']:.1f} s, "
+            f"gossip compute {summary['time_gossip_compute_s']:.1f} s, communication "
+            f"{summary['time_communication_s']:.1f} s, means over peers)",
+        ),
     ]
     rows += summary_rows(summary)  # each feature's (differential privacy, observers, ...)
     hist = summary.get("label_histogram")
     if hist is None:  # private peer statistics: nothing of any peer's own data to show
         rows.append(("peer statistics", summary.get("peer_statistics", "n/a")))
         if markdown:
-            return "\n".join(["# Run summary", "", "| quantity | value |", "|---|---|"]
-                             + [f"| {k} | {v} |" for k, v in rows]) + "\n"
+            return (
+                "\n".join(
+                    ["# Run summary", "", "| quantity | value |", "|---|---|"]
+                    + [f"| {k} | {v} |" for k, v in rows]
+                )
+                + "\n"
+            )
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
     if markdown:
         lines = ["# Run summary", "", "| quantity | value |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in rows]
-        lines += ["", "## Label histogram per peer", "",
-                  "| peer | " + " | ".join(str(c) for c in range(len(hist[0]))) + " |",
-                  "|---" * (len(hist[0]) + 1) + "|"]
+        lines += [
+            "",
+            "## Label histogram per peer",
+            "",
+            "| peer | " + " | ".join(str(c) for c in range(len(hist[0]))) + " |",
+            "|---" * (len(hist[0]) + 1) + "|",
+        ]
         lines += [f"| {k} | " + " | ".join(map(str, row)) + " |" for k, row in enumerate(hist)]
         return "\n".join(lines) + "\n"
     width = max(len(k) for k, _ in rows)
@@ -354,11 +466,27 @@ def peer_report(comm: Comm, history, histogram, shard_size: int) -> Dict[str, An
     """This peer's own figures, for its own `RUN_DIR/peers/rank-K.json` only (not collective):
     its shard size, label histogram and last training loss (the privacy hook adds its epsilons)."""
     evals = [r for r in history if r.get("kind") == "eval"]
-    return {"rank": comm.rank, "shard_size": int(shard_size),
-            "label_histogram": [int(v) for v in histogram],
-            "final_train_loss_local": evals[-1].get("train_loss_local") if evals else None}
+    return {
+        "rank": comm.rank,
+        "shard_size": int(shard_size),
+        "label_histogram": [int(v) for v in histogram],
+        "final_train_loss_local": evals[-1].get("train_loss_local") if evals else None,
+    }
 
 
-__all__ = ["TIMING_KEYS", "RecordLog", "average_state_into", "eval_line", "eval_record",
-           "evaluate_model", "format_summary", "log_record", "mean_degree", "model_digest",
-           "peer_report", "pooled_means", "run_summary", "traffic_means"]
+__all__ = [
+    "TIMING_KEYS",
+    "RecordLog",
+    "average_state_into",
+    "eval_line",
+    "eval_record",
+    "evaluate_model",
+    "format_summary",
+    "log_record",
+    "mean_degree",
+    "model_digest",
+    "peer_report",
+    "pooled_means",
+    "run_summary",
+    "traffic_means",
+]

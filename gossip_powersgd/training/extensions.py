@@ -51,24 +51,35 @@ def entries(value: Any, key: str) -> List[Tuple[str, Dict[str, Any]]]:
     for item in value:
         if isinstance(item, str) and item:
             out.append((item, {}))
-        elif (isinstance(item, dict) and len(item) == 1 and isinstance(next(iter(item)), str)
-              and isinstance(next(iter(item.values())), (dict, type(None)))):
+        elif (
+            isinstance(item, dict)
+            and len(item) == 1
+            and isinstance(next(iter(item)), str)
+            and isinstance(next(iter(item.values())), (dict, type(None)))
+        ):
             name, options = next(iter(item.items()))
             if not all(isinstance(k, str) for k in (options or {})):
                 raise ValueError(f"bad value for {key!r}: the options of {name!r} need string keys")
             out.append((name, dict(options or {})))
         else:
-            raise ValueError(f"bad value for {key!r}: {item!r} is neither a name nor a one-key "
-                             f"mapping {{name: {{option: value}}}}")
+            raise ValueError(
+                f"bad value for {key!r}: {item!r} is neither a name nor a one-key "
+                f"mapping {{name: {{option: value}}}}"
+            )
     return out
 
 
 def _scalars(record: Dict[str, Any]) -> Dict[str, float]:
     """The record's finite numbers, keyed ``<kind>/<key>`` (step and epoch are the axes)."""
     kind = record.get("kind", "record")
-    return {f"{kind}/{k}": float(v) for k, v in record.items()
-            if k not in ("kind", "step") and isinstance(v, (int, float))
-            and not isinstance(v, bool) and math.isfinite(v)}
+    return {
+        f"{kind}/{k}": float(v)
+        for k, v in record.items()
+        if k not in ("kind", "step")
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+    }
 
 
 class Tracker(TrainingHooks):
@@ -90,17 +101,20 @@ class Tracker(TrainingHooks):
         try:
             importlib.import_module(cls.package)
         except ImportError:
-            raise ValueError(f"loggers: {cls.name} needs the {cls.package} package: "
-                             "pip install 'gossip_powersgd[tracking]' (or drop it from loggers)"
-                             ) from None
+            raise ValueError(
+                f"loggers: {cls.name} needs the {cls.package} package: "
+                "pip install 'gossip_powersgd[tracking]' (or drop it from loggers)"
+            ) from None
 
     def setup(self, context: SetupContext) -> None:
         self.active, self.opened = context.comm.rank == 0, False
         if self.active:
             out = context.config.out_dir
             if out is None and not self._has_location():
-                raise ValueError(f"loggers: {self.name} needs a run directory (out_dir) or a "
-                                 f"location option ({self._location_hint()})")
+                raise ValueError(
+                    f"loggers: {self.name} needs a run directory (out_dir) or a "
+                    f"location option ({self._location_hint()})"
+                )
             self.context, self.run_dir = context, Path(out) if out is not None else None
 
     def on_record(self, record: Dict[str, Any]) -> None:
@@ -151,7 +165,9 @@ class TensorBoardTracker(Tracker):
     def open(self, context, run_dir):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(self.options.get("log_dir", run_dir / "tensorboard")))
+        self.writer = SummaryWriter(
+            log_dir=str(self.options.get("log_dir", run_dir / "tensorboard"))
+        )
 
     def write(self, scalars, step):
         for tag, value in scalars.items():
@@ -248,13 +264,16 @@ def make_user_hooks(value: Any) -> List[TrainingHooks]:
         except ValueError as exc:
             raise ValueError(f"hooks: {exc}") from None
         if not (isinstance(cls, type) and issubclass(cls, TrainingHooks)):
-            raise ValueError(f"hooks: {spec!r} is not a TrainingHooks subclass (subclass "
-                             "gossip_powersgd.training.hooks.TrainingHooks)")
+            raise ValueError(
+                f"hooks: {spec!r} is not a TrainingHooks subclass (subclass "
+                "gossip_powersgd.training.hooks.TrainingHooks)"
+            )
         try:
             out.append(cls(**options))
         except TypeError as exc:
-            raise ValueError(f"hooks: {spec!r} does not take the options {sorted(options)} ({exc})"
-                             ) from None
+            raise ValueError(
+                f"hooks: {spec!r} does not take the options {sorted(options)} ({exc})"
+            ) from None
     return out
 
 
@@ -268,29 +287,58 @@ def _entry_list(key: str):
     def coerce(value: Any) -> List[Any]:
         entries(value, key)  # a one-line error for a malformed entry
         return list(value) if isinstance(value, (list, tuple)) else [value]
+
     return coerce
 
 
 #: `hooks:` and `loggers:` as config-driven features (`features.py`): user hooks run first, trackers
 #: after them, so that they log what the other hooks added to a record.
-USER_HOOKS = register(Feature(
-    name="hooks",
-    keys=[Key("hooks", "list", [], coerce=_entry_list("hooks"), type_name="list of specs",
-              doc='User hooks built on every peer: "package.module:Class" (a TrainingHooks '
-                  'subclass) or {"package.module:Class": {option: value}}; [] = none.')],
-    validate=lambda config: make_user_hooks(config.hooks),  # they import and build
-    hooks=lambda config: make_user_hooks(config.hooks),
-))
-LOGGERS = register(Feature(
-    name="loggers",
-    keys=[Key("loggers", "list", [], coerce=_entry_list("loggers"), type_name="list of names",
-              doc="Experiment trackers that log rank 0's log and eval records: tensorboard | "
-                  "wandb | mlflow, each a name or {name: {option: value}} (see "
-                  "training/extensions.py); [] = none.")],
-    validate=lambda config: make_trackers(config.loggers),  # known, and their package installed
-    hooks=lambda config: make_trackers(config.loggers),
-))
+USER_HOOKS = register(
+    Feature(
+        name="hooks",
+        keys=[
+            Key(
+                "hooks",
+                "list",
+                [],
+                coerce=_entry_list("hooks"),
+                type_name="list of specs",
+                doc='User hooks built on every peer: "package.module:Class" (a TrainingHooks '
+                'subclass) or {"package.module:Class": {option: value}}; [] = none.',
+            )
+        ],
+        validate=lambda config: make_user_hooks(config.hooks),  # they import and build
+        hooks=lambda config: make_user_hooks(config.hooks),
+    )
+)
+LOGGERS = register(
+    Feature(
+        name="loggers",
+        keys=[
+            Key(
+                "loggers",
+                "list",
+                [],
+                coerce=_entry_list("loggers"),
+                type_name="list of names",
+                doc="Experiment trackers that log rank 0's log and eval records: tensorboard | "
+                "wandb | mlflow, each a name or {name: {option: value}} (see "
+                "training/extensions.py); [] = none.",
+            )
+        ],
+        validate=lambda config: make_trackers(config.loggers),  # known, and their package installed
+        hooks=lambda config: make_trackers(config.loggers),
+    )
+)
 
 
-__all__ = ["entries", "Tracker", "TRACKERS", "make_trackers", "make_user_hooks", "config_hooks",
-           "USER_HOOKS", "LOGGERS"]
+__all__ = [
+    "entries",
+    "Tracker",
+    "TRACKERS",
+    "make_trackers",
+    "make_user_hooks",
+    "config_hooks",
+    "USER_HOOKS",
+    "LOGGERS",
+]

@@ -28,8 +28,19 @@ import importlib
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-__all__ = ["Key", "Feature", "register", "declare", "features", "feature_keys", "section_of",
-           "feature_hooks", "summary_rows", "eval_text", "peer_statistics_private"]
+__all__ = [
+    "Key",
+    "Feature",
+    "register",
+    "declare",
+    "features",
+    "feature_keys",
+    "section_of",
+    "feature_hooks",
+    "summary_rows",
+    "eval_text",
+    "peer_statistics_private",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +91,7 @@ class Feature:
         if key.nested is not None:
             return key.nested
         prefix = f"{self.section}_"
-        return key.name[len(prefix):] if key.name.startswith(prefix) else key.name
+        return key.name[len(prefix) :] if key.name.startswith(prefix) else key.name
 
 
 _REGISTRY: Dict[str, Feature] = {}
@@ -99,8 +110,10 @@ def register(feature: Feature) -> Feature:
     taken = {k.name: f.name for f in _REGISTRY.values() if f is not feature for k in f.keys}
     for key in feature.keys:
         if key.name in taken:
-            raise ValueError(f"feature {feature.name!r} declares config key {key.name!r}, which "
-                             f"feature {taken[key.name]!r} already declares")
+            raise ValueError(
+                f"feature {feature.name!r} declares config key {key.name!r}, which "
+                f"feature {taken[key.name]!r} already declares"
+            )
     _REGISTRY[feature.name] = feature
     _HOMES[feature.name] = sys._getframe(1).f_globals.get("__name__", "")
     return feature

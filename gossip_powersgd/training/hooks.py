@@ -134,13 +134,17 @@ class HookList:
         self.hooks: List[TrainingHooks] = list(hooks)
         for h in self.hooks:
             if not isinstance(h, TrainingHooks):
-                raise ValueError(f"hook {h!r} is a {type(h).__name__}; hooks must subclass "
-                                 "TrainingHooks (gossip_powersgd.training.hooks)")
+                raise ValueError(
+                    f"hook {h!r} is a {type(h).__name__}; hooks must subclass "
+                    "TrainingHooks (gossip_powersgd.training.hooks)"
+                )
         keys = [h.key for h in self.hooks]
         duplicates = sorted({k for k in keys if keys.count(k) > 1})
         if duplicates:
-            raise ValueError(f"two hooks are named {duplicates[0]!r}; give each a distinct `name` "
-                             "(it keys their checkpoint state)")
+            raise ValueError(
+                f"two hooks are named {duplicates[0]!r}; give each a distinct `name` "
+                "(it keys their checkpoint state)"
+            )
 
     def setup(self, context: SetupContext) -> None:
         for h in self.hooks:
@@ -191,8 +195,10 @@ class HookList:
             extra = h.on_evaluation(dict(record)) or {}
             clashes = sorted(set(extra) & set(record))
             if clashes:
-                raise ValueError(f"hook {h.key!r} returned eval key {clashes[0]!r}, which the "
-                                 "record already has; return new keys only")
+                raise ValueError(
+                    f"hook {h.key!r} returned eval key {clashes[0]!r}, which the "
+                    "record already has; return new keys only"
+                )
             record.update(extra)
         return record
 
@@ -203,14 +209,16 @@ class HookList:
     def load_state_dict(self, state: Dict[str, Dict[str, Any]]) -> None:
         """Restore each hook's saved state; the checkpoint must hold exactly this run's hooks,
         except optional ones (`TrainingHooks.optional`), which may have been added or left out."""
-        saved_optional = {k[len(OPTIONAL):] for k in state if k.startswith(OPTIONAL)}
-        state = {(k[len(OPTIONAL):] if k.startswith(OPTIONAL) else k): v for k, v in state.items()}
+        saved_optional = {k[len(OPTIONAL) :] for k in state if k.startswith(OPTIONAL)}
+        state = {(k[len(OPTIONAL) :] if k.startswith(OPTIONAL) else k): v for k, v in state.items()}
         optional = {h.key for h in self.hooks if h.optional}
         saved = sorted(set(state) - saved_optional - optional)
         current = sorted(h.key for h in self.hooks if not h.optional)
         if saved != current:
-            raise ValueError(f"the checkpoint holds state for hooks {saved} but this run has "
-                             f"{current}; resume with the hooks the run was started with")
+            raise ValueError(
+                f"the checkpoint holds state for hooks {saved} but this run has "
+                f"{current}; resume with the hooks the run was started with"
+            )
         for h in self.hooks:
             if h.key in state:
                 h.load_state_dict(state[h.key])

@@ -56,13 +56,27 @@ from ..specs import (
 from ..utils import one_line
 from .zoo import LSTMLanguageModel, ResNet20, VGG16, init_zoo_module
 
-__all__ = ["build_model", "check_model_fits", "check_single_sample_batch", "count_parameters",
-           "has_batch_norm", "CNN1d", "MODEL_NAMES"]
+__all__ = [
+    "build_model",
+    "check_model_fits",
+    "check_single_sample_batch",
+    "count_parameters",
+    "has_batch_norm",
+    "CNN1d",
+    "MODEL_NAMES",
+]
 
-MODEL_NAMES = ("logreg", "mlp", "mlp:<width>,<width>,...", "cnn1d", "cnn1d:channels=<c>",
-               "resnet20[:width=<w>]", "vgg16[:bn=<bool>,width=<w>,dropout=<p>]",
-               "lstm_lm[:layers=<l>,hidden=<h>,embedding=<e>,tied=<bool>,dropout=<p>]",
-               "package.module:callable[:key=value,...]")
+MODEL_NAMES = (
+    "logreg",
+    "mlp",
+    "mlp:<width>,<width>,...",
+    "cnn1d",
+    "cnn1d:channels=<c>",
+    "resnet20[:width=<w>]",
+    "vgg16[:bn=<bool>,width=<w>,dropout=<p>]",
+    "lstm_lm[:layers=<l>,hidden=<h>,embedding=<e>,tied=<bool>,dropout=<p>]",
+    "package.module:callable[:key=value,...]",
+)
 
 _DEFAULT_MLP_WIDTHS = (100, 100)
 _DEFAULT_CNN_CHANNELS = 32
@@ -74,24 +88,34 @@ class CNN1d(nn.Module):
     Accepts ``(N, L)`` inputs (a single channel, as MNIST-1D) or ``(N, C, L)``.
     """
 
-    def __init__(self, input_shape: Sequence[int], num_classes: int, channels: int = 32,
-                 device: torch.device | str | None = None):
+    def __init__(
+        self,
+        input_shape: Sequence[int],
+        num_classes: int,
+        channels: int = 32,
+        device: torch.device | str | None = None,
+    ):
         super().__init__()
         if len(input_shape) == 1:
             in_channels, length = 1, input_shape[0]
         elif len(input_shape) == 2:
             in_channels, length = input_shape
         else:
-            raise ValueError(f"cnn1d needs input_shape (length,) or (channels, length), "
-                             f"got {tuple(input_shape)}")
+            raise ValueError(
+                f"cnn1d needs input_shape (length,) or (channels, length), got {tuple(input_shape)}"
+            )
         self.in_channels = in_channels
-        convs = [nn.Conv1d(c_in, channels, kernel_size=5, stride=2, padding=1, device=device)
-                 for c_in in (in_channels, channels, channels)]
+        convs = [
+            nn.Conv1d(c_in, channels, kernel_size=5, stride=2, padding=1, device=device)
+            for c_in in (in_channels, channels, channels)
+        ]
         self.features = nn.Sequential(*[m for conv in convs for m in (conv, nn.ReLU())])
         flat = _flattened_size(convs, in_channels, length)
         if flat == 0:
-            raise ValueError(f"cnn1d: input length {length} is too short for three stride-2 "
-                             f"convolutions of kernel 5; use an input of length >= 11")
+            raise ValueError(
+                f"cnn1d: input length {length} is too short for three stride-2 "
+                f"convolutions of kernel 5; use an input of length >= 11"
+            )
         self.classifier = nn.Linear(flat, num_classes, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -118,8 +142,9 @@ def _flattened_size(convs: Sequence[nn.Conv1d], in_channels: int, length: int) -
 def _logreg(spec, args, input_shape, num_classes, device) -> nn.Module:
     if args is not None:
         raise ValueError(f"{spec!r}: logreg takes no options; write 'logreg'")
-    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes,
-                                                 device=device))
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes, device=device)
+    )
 
 
 def _mlp(spec, args, input_shape, num_classes, device) -> nn.Module:
@@ -153,8 +178,9 @@ def _zoo_options(spec: str, types: dict, defaults: dict) -> dict:
     _, raw = split_spec(spec, "model")
     unknown = sorted(set(raw) - set(types))
     if unknown:
-        raise ValueError(f"model {spec!r}: unknown option {unknown[0]!r} (valid: "
-                         f"{', '.join(types)})")
+        raise ValueError(
+            f"model {spec!r}: unknown option {unknown[0]!r} (valid: {', '.join(types)})"
+        )
     options = dict(defaults)
     for key, text in raw.items():
         try:
@@ -176,23 +202,47 @@ def _resnet20(spec, args, input_shape, num_classes, device) -> nn.Module:
 
 
 def _vgg16(spec, args, input_shape, num_classes, device) -> nn.Module:
-    options = _zoo_options(spec, {"bn": bool, "width": int, "dropout": float},
-                           {"bn": True, "width": 64, "dropout": 0.5})
-    return VGG16(input_shape, num_classes, width=options["width"], batch_norm=options["bn"],
-                 dropout=options["dropout"], device=device)
+    options = _zoo_options(
+        spec,
+        {"bn": bool, "width": int, "dropout": float},
+        {"bn": True, "width": 64, "dropout": 0.5},
+    )
+    return VGG16(
+        input_shape,
+        num_classes,
+        width=options["width"],
+        batch_norm=options["bn"],
+        dropout=options["dropout"],
+        device=device,
+    )
 
 
 def _lstm_lm(spec, args, input_shape, num_classes, device) -> nn.Module:
     options = _zoo_options(
-        spec, {"layers": int, "hidden": int, "embedding": int, "tied": bool, "dropout": float},
-        {"layers": 2, "hidden": 200, "embedding": None, "tied": True, "dropout": 0.2})
-    return LSTMLanguageModel(input_shape, num_classes, layers=options["layers"],
-                             hidden=options["hidden"], embedding=options["embedding"],
-                             tied=options["tied"], dropout=options["dropout"], device=device)
+        spec,
+        {"layers": int, "hidden": int, "embedding": int, "tied": bool, "dropout": float},
+        {"layers": 2, "hidden": 200, "embedding": None, "tied": True, "dropout": 0.2},
+    )
+    return LSTMLanguageModel(
+        input_shape,
+        num_classes,
+        layers=options["layers"],
+        hidden=options["hidden"],
+        embedding=options["embedding"],
+        tied=options["tied"],
+        dropout=options["dropout"],
+        device=device,
+    )
 
 
-_BUILDERS = {"logreg": _logreg, "mlp": _mlp, "cnn1d": _cnn1d, "resnet20": _resnet20,
-             "vgg16": _vgg16, "lstm_lm": _lstm_lm}
+_BUILDERS = {
+    "logreg": _logreg,
+    "mlp": _mlp,
+    "cnn1d": _cnn1d,
+    "resnet20": _resnet20,
+    "vgg16": _vgg16,
+    "lstm_lm": _lstm_lm,
+}
 
 
 def _materialize(module: nn.Module) -> None:
@@ -210,8 +260,11 @@ def _materialize(module: nn.Module) -> None:
             setattr(layer, name, fresh_of[id(param)])
         for name, buffer in layer.named_buffers(recurse=False):
             if buffer is not None and buffer.is_meta:
-                layer.register_buffer(name, torch.empty(buffer.shape, dtype=buffer.dtype),
-                                      persistent=name not in layer._non_persistent_buffers_set)
+                layer.register_buffer(
+                    name,
+                    torch.empty(buffer.shape, dtype=buffer.dtype),
+                    persistent=name not in layer._non_persistent_buffers_set,
+                )
 
 
 def _init_parameters(module: nn.Module, generator: torch.Generator) -> None:
@@ -234,8 +287,11 @@ def _init_parameters(module: nn.Module, generator: torch.Generator) -> None:
                     layer.bias.uniform_(-bound, bound, generator=generator)
                     initialised.add(id(layer.bias))
     # _materialize leaves garbage in memory; never hand out a tensor we did not initialise.
-    missed = [name for name, p in [*module.named_parameters(), *module.named_buffers()]
-              if id(p) not in initialised]
+    missed = [
+        name
+        for name, p in [*module.named_parameters(), *module.named_buffers()]
+        if id(p) not in initialised
+    ]
     if missed:
         raise RuntimeError(f"no initialiser for parameters or buffers {missed}")
 
@@ -272,8 +328,10 @@ def _byo_model(spec, input_shape, num_classes, seed) -> nn.Module:
     factory = import_object(target, MODEL_NAMES)
     for key in options:
         if not accepts(factory, key):
-            raise ValueError(f"{spec!r}: {target} takes no keyword argument {key!r}; drop the "
-                             "option or add the argument")
+            raise ValueError(
+                f"{spec!r}: {target} takes no keyword argument {key!r}; drop the "
+                "option or add the argument"
+            )
     with_shapes = accepts(factory, "input_shape") and accepts(factory, "num_classes")
     shapes = dict(input_shape=tuple(input_shape), num_classes=num_classes) if with_shapes else {}
     with _GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=[]):
@@ -289,16 +347,21 @@ def _byo_model(spec, input_shape, num_classes, seed) -> nn.Module:
         raise ValueError(f"{spec!r}: must return a torch.nn.Module, got {type(model).__name__}")
     tensors = list(model.parameters()) + list(model.buffers())
     if any(t.is_meta for t in tensors):
-        raise ValueError(f"{spec!r}: the model has parameters or buffers on the meta device (no "
-                         "data to train); build it on the CPU")
+        raise ValueError(
+            f"{spec!r}: the model has parameters or buffers on the meta device (no "
+            "data to train); build it on the CPU"
+        )
     if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(f"{spec!r}: the model has no trainable parameter (none, or every one has "
-                         "requires_grad=False); leave at least one unfrozen")
+        raise ValueError(
+            f"{spec!r}: the model has no trainable parameter (none, or every one has "
+            "requires_grad=False); leave at least one unfrozen"
+        )
     return model
 
 
-def check_model_fits(model: nn.Module, spec: str, x_sample: torch.Tensor, num_classes: int,
-                     target_shape: tuple = ()) -> None:
+def check_model_fits(
+    model: nn.Module, spec: str, x_sample: torch.Tensor, num_classes: int, target_shape: tuple = ()
+) -> None:
     """Run `model` once on `x_sample` (a few of the dataset's inputs) and check it returns
     (samples, *target_shape, num_classes) logits (`target_shape`: a sample's targets, e.g. one per
     token of a language model's sequence); a one-line ValueError says what does not fit.
@@ -313,17 +376,21 @@ def check_model_fits(model: nn.Module, spec: str, x_sample: torch.Tensor, num_cl
     except UserCodeExit:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the model raises is a mismatch with the data
-        raise ValueError(f"model {spec!r} cannot run on this dataset's inputs (shape "
-                         f"{tuple(x_sample.shape[1:])}, {x_sample.dtype}): "
-                         f"{type(exc).__name__}: {one_line(exc, limit=300)}; build it for inputs of "
-                         "that shape and dtype") from None
+        raise ValueError(
+            f"model {spec!r} cannot run on this dataset's inputs (shape "
+            f"{tuple(x_sample.shape[1:])}, {x_sample.dtype}): "
+            f"{type(exc).__name__}: {one_line(exc, limit=300)}; build it for inputs of "
+            "that shape and dtype"
+        ) from None
     finally:
         model.train(was_training)
     wanted = (len(x_sample), *target_shape, num_classes)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != wanted:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"model {spec!r} returns {got} for {len(x_sample)} inputs; it must "
-                         f"return logits of shape {wanted} (one per class)")
+        raise ValueError(
+            f"model {spec!r} returns {got} for {len(x_sample)} inputs; it must "
+            f"return logits of shape {wanted} (one per class)"
+        )
 
 
 def has_batch_norm(model: nn.Module) -> bool:
@@ -331,8 +398,9 @@ def has_batch_norm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
-def check_single_sample_batch(model: nn.Module, spec: str, x_one: torch.Tensor, *, rank: int,
-                              shard_size: int, batch_size: int) -> None:
+def check_single_sample_batch(
+    model: nn.Module, spec: str, x_one: torch.Tensor, *, rank: int, shard_size: int, batch_size: int
+) -> None:
     """The last batch of this peer's shard holds one sample (`x_one`): check `model` trains on it.
 
     A copy of the model takes the forward pass in training mode, so the model itself is untouched.
@@ -347,15 +415,18 @@ def check_single_sample_batch(model: nn.Module, spec: str, x_one: torch.Tensor, 
     except UserCodeExit:
         raise
     except Exception as exc:  # noqa: BLE001
-        raise ValueError(f"model {spec!r} cannot train on a batch of 1 sample ({one_line(exc, limit=300)}), "
-                         f"and rank {rank}'s shard of {shard_size} samples ends in one at "
-                         f"batch_size {batch_size}; change batch_size (e.g. to {batch_size + 1}) "
-                         "or drop a training sample so that the last batch is not a single "
-                         "sample") from None
+        raise ValueError(
+            f"model {spec!r} cannot train on a batch of 1 sample ({one_line(exc, limit=300)}), "
+            f"and rank {rank}'s shard of {shard_size} samples ends in one at "
+            f"batch_size {batch_size}; change batch_size (e.g. to {batch_size + 1}) "
+            "or drop a training sample so that the last batch is not a single "
+            "sample"
+        ) from None
 
 
-def build_model(spec: str, input_shape: Sequence[int], num_classes: int,
-                seed: int = 0) -> nn.Module:
+def build_model(
+    spec: str, input_shape: Sequence[int], num_classes: int, seed: int = 0
+) -> nn.Module:
     """Build the model named by ``spec`` on the CPU, initialised deterministically from ``seed``.
 
     The same ``(spec, input_shape, num_classes, seed)`` always gives identical parameters, and the
@@ -365,8 +436,9 @@ def build_model(spec: str, input_shape: Sequence[int], num_classes: int,
     """
     input_shape = tuple(int(s) for s in input_shape)
     if not input_shape or min(input_shape) < 1:
-        raise ValueError(f"input_shape must be a non-empty tuple of positive sizes, "
-                         f"got {input_shape}")
+        raise ValueError(
+            f"input_shape must be a non-empty tuple of positive sizes, got {input_shape}"
+        )
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
     head, args = split_name(spec)

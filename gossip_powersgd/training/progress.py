@@ -57,8 +57,14 @@ class Printer:
         if self.enabled and sys.stderr.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
-                            desc=f"{config.algorithm} on {config.topology}", file=sys.stderr)
+            self.bar = tqdm(
+                total=total,
+                initial=initial,
+                unit="step",
+                dynamic_ncols=True,
+                desc=f"{config.algorithm} on {config.topology}",
+                file=sys.stderr,
+            )
 
     def update(self, n: int = 1) -> None:
         self.done += n
@@ -66,8 +72,11 @@ class Printer:
             self.bar.update(n)
         elif self.enabled:
             now = time.perf_counter()
-            if (self.done % self.every == 0 or self.done == self.total
-                    or now - self.last_line >= PROGRESS_SECONDS):
+            if (
+                self.done % self.every == 0
+                or self.done == self.total
+                or now - self.last_line >= PROGRESS_SECONDS
+            ):
                 self.last_line = now
                 print(self.progress_line(now), flush=True)
 

@@ -42,8 +42,9 @@ def library_versions() -> Dict[str, Optional[str]]:
 
 def _git(folder: Path, *args: str) -> Optional[str]:
     try:
-        result = subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True,
-                                timeout=10)
+        result = subprocess.run(
+            ["git", *args], cwd=folder, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return result.stdout.strip() if result.returncode == 0 else None
@@ -94,14 +95,23 @@ def as_comments(record: Dict[str, Any]) -> str:
     commit = record["git_commit"] or "not a git checkout"
     if record["git_dirty"]:
         commit += " (with uncommitted changes)"
-    return "".join(f"# {line}\n" for line in (
-        f"gossip_powersgd {record['gossip_powersgd']}, commit {commit}",
-        f"python {record['python']}; {libraries}",
-        f"command: {' '.join(record['command'])}",
-        f"backend {record['backend']}, {record['world_size']} peers on "
-        + ", ".join(f"{h} ({n})" for h, n in record["peers_per_host"].items()),
-    ))
+    return "".join(
+        f"# {line}\n"
+        for line in (
+            f"gossip_powersgd {record['gossip_powersgd']}, commit {commit}",
+            f"python {record['python']}; {libraries}",
+            f"command: {' '.join(record['command'])}",
+            f"backend {record['backend']}, {record['world_size']} peers on "
+            + ", ".join(f"{h} ({n})" for h, n in record["peers_per_host"].items()),
+        )
+    )
 
 
-__all__ = ["provenance", "as_comments", "library_versions", "source_checkout", "gather_hosts",
-           "LIBRARIES"]
+__all__ = [
+    "provenance",
+    "as_comments",
+    "library_versions",
+    "source_checkout",
+    "gather_hosts",
+    "LIBRARIES",
+]

@@ -38,17 +38,28 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-__all__ = ["RecordDataset", "cifar10", "wikitext2", "torch_datasets", "cifar_augment",
-           "CIFAR10_MEAN", "CIFAR10_STD"]
+__all__ = [
+    "RecordDataset",
+    "cifar10",
+    "wikitext2",
+    "torch_datasets",
+    "cifar_augment",
+    "CIFAR10_MEAN",
+    "CIFAR10_STD",
+]
 
 #: Per-channel mean and standard deviation of the CIFAR-10 training images (pixels in [0, 1]).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 _CIFAR_RECORD = 1 + 3 * 32 * 32
-_CIFAR_ARCHIVE = ("the standard archive cifar-10-binary.tar.gz from "
-                  "https://www.cs.toronto.edu/~kriz/cifar.html unpacks into cifar-10-batches-bin/")
-_WIKITEXT_ARCHIVE = ("the standard archive wikitext-2-v1.zip unpacks into wikitext-2/ with "
-                     "wiki.train.tokens, wiki.valid.tokens and wiki.test.tokens")
+_CIFAR_ARCHIVE = (
+    "the standard archive cifar-10-binary.tar.gz from "
+    "https://www.cs.toronto.edu/~kriz/cifar.html unpacks into cifar-10-batches-bin/"
+)
+_WIKITEXT_ARCHIVE = (
+    "the standard archive wikitext-2-v1.zip unpacks into wikitext-2/ with "
+    "wiki.train.tokens, wiki.valid.tokens and wiki.test.tokens"
+)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -83,9 +94,11 @@ class RecordDataset:
         if head in ("iid", "contiguous"):
             return np.zeros(self.num_train, dtype=np.int64)
         if self.labels is None:
-            raise ValueError(f"dataset {self.name!r} has no per-record labels for partition "
-                             f"{spec!r} (a language model's targets are tokens); use iid or "
-                             "contiguous")
+            raise ValueError(
+                f"dataset {self.name!r} has no per-record labels for partition "
+                f"{spec!r} (a language model's targets are tokens); use iid or "
+                "contiguous"
+            )
         return self.labels()
 
 
@@ -97,17 +110,22 @@ def _find(root: str, spec: str, subdir: str, names: tuple[str, ...], archive: st
             return folder
     folder = base / subdir if (base / subdir).is_dir() else base
     missing = next(n for n in names if not (folder / n).is_file())
-    raise ValueError(f"{spec!r}: {folder / missing} does not exist ({archive}; point root= at the "
-                     "folder that holds it)")
+    raise ValueError(
+        f"{spec!r}: {folder / missing} does not exist ({archive}; point root= at the "
+        "folder that holds it)"
+    )
 
 
 # ---- CIFAR-10 --------------------------------------------------------------------------------------
 
+
 def _cifar_records(path: Path, spec: str) -> np.memmap:
     size = path.stat().st_size
     if size == 0 or size % _CIFAR_RECORD:
-        raise ValueError(f"{spec!r}: {path} holds {size} bytes, not a whole number of "
-                         f"{_CIFAR_RECORD}-byte CIFAR-10 records (a truncated download?)")
+        raise ValueError(
+            f"{spec!r}: {path} holds {size} bytes, not a whole number of "
+            f"{_CIFAR_RECORD}-byte CIFAR-10 records (a truncated download?)"
+        )
     return np.memmap(path, dtype=np.uint8, mode="r", shape=(size // _CIFAR_RECORD, _CIFAR_RECORD))
 
 
@@ -119,8 +137,9 @@ def _normalise(x: torch.Tensor) -> torch.Tensor:
     return (x - mean) / std
 
 
-def cifar_augment(x: torch.Tensor, generator: torch.Generator, *, padding: int = 4,
-                  flip: bool = True) -> torch.Tensor:
+def cifar_augment(
+    x: torch.Tensor, generator: torch.Generator, *, padding: int = 4, flip: bool = True
+) -> torch.Tensor:
     """The standard CIFAR training augmentation on a batch, as tensor ops: zero-pad `padding`
     pixels on each side, crop a random 32x32 (well, HxW) window per image, flip each image
     horizontally with probability 1/2; then normalise. Draws only from `generator` (CPU)."""
@@ -156,8 +175,9 @@ def cifar10(spec: str, options: dict[str, Any]) -> RecordDataset:
         for f in np.unique(which):  # an indexed read of each file's memory map: these rows only
             mine = which == f
             rows[mine] = train[f][indices[mine] - starts[f]]
-        return torch.from_numpy(rows[:, 1:].reshape(-1, 3, 32, 32).copy()), \
-            torch.from_numpy(rows[:, 0].astype(np.int64))
+        return torch.from_numpy(rows[:, 1:].reshape(-1, 3, 32, 32).copy()), torch.from_numpy(
+            rows[:, 0].astype(np.int64)
+        )
 
     def labels() -> np.ndarray:
         return np.concatenate([np.asarray(t[:, 0], dtype=np.int64) for t in train])
@@ -166,16 +186,26 @@ def cifar10(spec: str, options: dict[str, Any]) -> RecordDataset:
     y_test = torch.from_numpy(raw[:, 0].astype(np.int64))
     for part, y in (("test_batch.bin", raw[:, 0]),):
         if y.max() > 9:
-            raise ValueError(f"{spec!r}: {folder / part} has label {int(y.max())}; CIFAR-10 labels "
-                             "are 0..9 (is this the CIFAR-100 archive?)")
+            raise ValueError(
+                f"{spec!r}: {folder / part} has label {int(y.max())}; CIFAR-10 labels "
+                "are 0..9 (is this the CIFAR-100 archive?)"
+            )
     x_test = _normalise(torch.from_numpy(raw[:, 1:].reshape(-1, 3, 32, 32).copy()))
     digest = hashlib.sha256(raw.tobytes())
     digest.update(repr([t.shape for t in train]).encode())
     augment = options.get("augment", True)
     return RecordDataset(
-        num_train=int(starts[-1]), x_test=x_test, y_test=y_test, num_classes=10,
-        input_shape=(3, 32, 32), name=spec, read_train=read_train, fingerprint=digest.hexdigest(),
-        labels=labels, train_transform=cifar_augment if augment else _drop_generator(_normalise))
+        num_train=int(starts[-1]),
+        x_test=x_test,
+        y_test=y_test,
+        num_classes=10,
+        input_shape=(3, 32, 32),
+        name=spec,
+        read_train=read_train,
+        fingerprint=digest.hexdigest(),
+        labels=labels,
+        train_transform=cifar_augment if augment else _drop_generator(_normalise),
+    )
 
 
 def _drop_generator(fn):
@@ -183,6 +213,7 @@ def _drop_generator(fn):
 
 
 # ---- WikiText-2 ------------------------------------------------------------------------------------
+
 
 def _words(path: Path) -> list[str]:
     """Every line's words followed by <eos> (blank lines too, as the original loader does)."""
@@ -218,18 +249,27 @@ def wikitext2(spec: str, options: dict[str, Any]) -> RecordDataset:
     test = ids(_words(folder / f"wiki.{split}.tokens"))
     n_train, n_test = (len(train) - 1) // bptt, (len(test) - 1) // bptt
     if n_train < 1 or n_test < 1:
-        raise ValueError(f"{spec!r}: the {'training' if n_train < 1 else split} text has fewer than "
-                         f"bptt + 1 = {bptt + 1} tokens; lower bptt")
+        raise ValueError(
+            f"{spec!r}: the {'training' if n_train < 1 else split} text has fewer than "
+            f"bptt + 1 = {bptt + 1} tokens; lower bptt"
+        )
     x_test, y_test = _windows(test, bptt, np.arange(n_test))
     digest = hashlib.sha256(train.numpy().tobytes())
     digest.update(test.numpy().tobytes())
     return RecordDataset(
-        num_train=n_train, x_test=x_test, y_test=y_test, num_classes=len(vocabulary),
-        input_shape=(bptt,), name=spec, read_train=lambda idx: _windows(train, bptt, idx),
-        fingerprint=digest.hexdigest())
+        num_train=n_train,
+        x_test=x_test,
+        y_test=y_test,
+        num_classes=len(vocabulary),
+        input_shape=(bptt,),
+        name=spec,
+        read_train=lambda idx: _windows(train, bptt, idx),
+        fingerprint=digest.hexdigest(),
+    )
 
 
 # ---- bring-your-own torch Datasets -----------------------------------------------------------------
+
 
 def _stack(dataset, indices, spec: str, what: str) -> tuple[torch.Tensor, torch.Tensor]:
     xs, ys = [], []
@@ -260,16 +300,24 @@ def torch_datasets(spec: str, train, test) -> RecordDataset:
     def read_train(indices):
         x, y = _stack(train, indices, spec, "train")
         if len(y) and int(y.max()) >= num_classes:
-            raise ValueError(f"{spec!r}: training label {int(y.max())} is out of range for "
-                             f"{num_classes} classes; give the Dataset a classes or targets "
-                             "attribute")
+            raise ValueError(
+                f"{spec!r}: training label {int(y.max())} is out of range for "
+                f"{num_classes} classes; give the Dataset a classes or targets "
+                "attribute"
+            )
         return x, y
 
     digest = hashlib.sha256(f"{n};{num_classes};".encode())
     digest.update(x_test.numpy().tobytes())
     digest.update(y_test.numpy().tobytes())
     return RecordDataset(
-        num_train=n, x_test=x_test, y_test=y_test, num_classes=num_classes,
-        input_shape=tuple(x_test.shape[1:]), name=spec, read_train=read_train,
+        num_train=n,
+        x_test=x_test,
+        y_test=y_test,
+        num_classes=num_classes,
+        input_shape=tuple(x_test.shape[1:]),
+        name=spec,
+        read_train=read_train,
         fingerprint=digest.hexdigest(),
-        labels=None if targets is None else (lambda: np.asarray(targets, dtype=np.int64)))
+        labels=None if targets is None else (lambda: np.asarray(targets, dtype=np.int64)),
+    )

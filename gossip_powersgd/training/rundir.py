@@ -41,10 +41,14 @@ def set_aside_failed_attempt(run_dir) -> Optional[str]:
             entry.rename(target / entry.name)
     except OSError as exc:
         reason = exc.strerror or one_line(exc)
-        raise ValueError(f"cannot set aside the earlier attempt in {run_dir} ({reason}); move its "
-                         "files away by hand or choose another out_dir") from None
-    return (f"note: {run_dir} held an attempt that ended before its first checkpoint; its files "
-            f"are in {target} and the run starts again")
+        raise ValueError(
+            f"cannot set aside the earlier attempt in {run_dir} ({reason}); move its "
+            "files away by hand or choose another out_dir"
+        ) from None
+    return (
+        f"note: {run_dir} held an attempt that ended before its first checkpoint; its files "
+        f"are in {target} and the run starts again"
+    )
 
 
 def check_run_dir(run_dir, resume: bool) -> None:
@@ -57,10 +61,14 @@ def check_run_dir(run_dir, resume: bool) -> None:
         if not run_dir.is_dir():
             raise ValueError(f"cannot resume {run_dir}: no such run directory")
         return
-    if run_dir.exists() and (not run_dir.is_dir() or any(
-            e.name not in (LOCK_NAME, ATTEMPTS_NAME) for e in run_dir.iterdir())):
-        raise ValueError(f"run directory {run_dir} already exists; choose another out_dir "
-                         f"(--set out_dir=...) or continue it with --resume {run_dir}")
+    if run_dir.exists() and (
+        not run_dir.is_dir()
+        or any(e.name not in (LOCK_NAME, ATTEMPTS_NAME) for e in run_dir.iterdir())
+    ):
+        raise ValueError(
+            f"run directory {run_dir} already exists; choose another out_dir "
+            f"(--set out_dir=...) or continue it with --resume {run_dir}"
+        )
 
 
 @dataclasses.dataclass
@@ -125,8 +133,10 @@ def take_run_lock(run_dir, create: bool = True) -> RunLock:
         if not create:
             raise ValueError(f"cannot resume {run_dir}: no such run directory")
         if run_dir.exists():
-            raise ValueError(f"run directory {run_dir} already exists and is not a directory; "
-                             "choose another out_dir (--set out_dir=...)")
+            raise ValueError(
+                f"run directory {run_dir} already exists and is not a directory; "
+                "choose another out_dir (--set out_dir=...)"
+            )
         try:
             run_dir.mkdir(parents=True)
             created = True
@@ -134,9 +144,11 @@ def take_run_lock(run_dir, create: bool = True) -> RunLock:
             pass  # another run made it meanwhile; the lock below decides who owns it
         except OSError as exc:
             where = "" if exc.filename in (None, str(run_dir)) else f" ({exc.filename})"
-            raise ValueError(f"cannot create run directory {run_dir}: "
-                             f"{exc.strerror or one_line(exc)}{where}; choose a writable out_dir "
-                             "(--set out_dir=...)") from None
+            raise ValueError(
+                f"cannot create run directory {run_dir}: "
+                f"{exc.strerror or one_line(exc)}{where}; choose a writable out_dir "
+                "(--set out_dir=...)"
+            ) from None
     path = run_dir / LOCK_NAME
     host = socket.gethostname()
     owner = json.dumps({"host": host, "pid": os.getpid()}) + "\n"
@@ -146,31 +158,53 @@ def take_run_lock(run_dir, create: bool = True) -> RunLock:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             holder = _lock_holder(path)
-            if (note is None and holder is not None and holder.get("host") == host
-                    and not _process_alive(holder["pid"])):
-                note = (f"note: replaced the stale lock {path} of pid {holder['pid']} on {host} "
-                        "(that process has ended)")
+            if (
+                note is None
+                and holder is not None
+                and holder.get("host") == host
+                and not _process_alive(holder["pid"])
+            ):
+                note = (
+                    f"note: replaced the stale lock {path} of pid {holder['pid']} on {host} "
+                    "(that process has ended)"
+                )
                 try:
                     path.unlink()
                 except FileNotFoundError:
                     pass
                 continue
-            who = ("an unknown process (the lock file is unreadable)" if holder is None
-                   else f"pid {holder['pid']} on host {holder.get('host')}")
-            raise ValueError(f"run directory {run_dir} is in use by another run ({who} holds "
-                             f"{path}); wait for it to end or choose another out_dir (delete the "
-                             "lock file only if that run is gone)") from None
+            who = (
+                "an unknown process (the lock file is unreadable)"
+                if holder is None
+                else f"pid {holder['pid']} on host {holder.get('host')}"
+            )
+            raise ValueError(
+                f"run directory {run_dir} is in use by another run ({who} holds "
+                f"{path}); wait for it to end or choose another out_dir (delete the "
+                "lock file only if that run is gone)"
+            ) from None
         except OSError as exc:
-            raise ValueError(f"cannot write the lock file {path}: {exc.strerror or one_line(exc)}; "
-                             "choose a writable out_dir (--set out_dir=...)") from None
+            raise ValueError(
+                f"cannot write the lock file {path}: {exc.strerror or one_line(exc)}; "
+                "choose a writable out_dir (--set out_dir=...)"
+            ) from None
         try:
             os.write(fd, owner.encode())
         finally:
             os.close(fd)
         return RunLock(path=path, owner=owner, created_dir=created, note=note)
-    raise ValueError(f"run directory {run_dir}: another run claimed it while a stale lock was "
-                     "being replaced; choose another out_dir")
+    raise ValueError(
+        f"run directory {run_dir}: another run claimed it while a stale lock was "
+        "being replaced; choose another out_dir"
+    )
 
 
-__all__ = ["AUTO", "ATTEMPTS_NAME", "LOCK_NAME", "RunLock", "check_run_dir",
-           "set_aside_failed_attempt", "take_run_lock"]
+__all__ = [
+    "AUTO",
+    "ATTEMPTS_NAME",
+    "LOCK_NAME",
+    "RunLock",
+    "check_run_dir",
+    "set_aside_failed_attempt",
+    "take_run_lock",
+]

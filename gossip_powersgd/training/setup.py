@@ -36,6 +36,8 @@ from .hooks import HookList, SetupContext
 
 #: Bytes of an error message shared with every peer (see `collectively`).
 _MESSAGE_BYTES = 1024
+
+
 def collectively(comm, fn: Callable[..., Any], *args, **kwargs) -> Any:
     """Run `fn` on every peer; if it failed on any, raise the same ValueError on every peer.
 
@@ -78,8 +80,13 @@ def resolve_device(spec: str, rank: int) -> torch.device:
 def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
     """The local optimizer the config names, over `params`."""
     if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
-                               weight_decay=config.weight_decay, nesterov=config.nesterov)
+        return torch.optim.SGD(
+            params,
+            lr=config.lr,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+            nesterov=config.nesterov,
+        )
     if config.optimizer == "adam":
         return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
     if config.optimizer == "adamw":
@@ -122,8 +129,10 @@ def checked_config(comm, config, resume: bool) -> TrainConfig:
     validate_config(config, deep=False)
     wanted = resolve_topology(config, world_size=comm.size)
     if wanted.size != comm.size or wanted.fingerprint != comm.topology.fingerprint:
-        raise ValueError(f"config topology {config.topology!r} ({wanted.size} peers) is not the "
-                         f"communicator's ({comm.size} peers)")
+        raise ValueError(
+            f"config topology {config.topology!r} ({wanted.size} peers) is not the "
+            f"communicator's ({comm.size} peers)"
+        )
     # the algorithm's own config-time checks (exact gossip's stable γ), on every rank before any
     # peer starts a collective the others would never join
     check_config(config.algorithm, wanted)
@@ -140,8 +149,15 @@ def build_run(comm, config: TrainConfig, hooks: HookList, log=None) -> PeerRun:
         from .progress import SetupLog
 
         log = SetupLog(comm.rank, quiet=True)
-    from .data import (LOCAL_PARTITION, Batches, agree_local_dataset, label_histogram,
-                       load_dataset, load_peer_dataset, peer_shard)
+    from .data import (
+        LOCAL_PARTITION,
+        Batches,
+        agree_local_dataset,
+        label_histogram,
+        load_dataset,
+        load_peer_dataset,
+        peer_shard,
+    )
     from .models import count_parameters
 
     rank, size = comm.rank, comm.size
@@ -166,8 +182,9 @@ def build_run(comm, config: TrainConfig, hooks: HookList, log=None) -> PeerRun:
         dataset = collectively(comm, load_dataset, config.dataset, config.seed)
         num_train = dataset.num_train
         _check_same_dataset(comm, config, dataset, _SHARED_DATA)
-    x_train, y_train = collectively(comm, peer_shard, dataset, rank, size, config.partition,
-                                    config.seed)
+    x_train, y_train = collectively(
+        comm, peer_shard, dataset, rank, size, config.partition, config.seed
+    )
     # a language model's targets are tokens: no label histogram (it would be vocabulary-wide)
     histogram = label_histogram(y_train, dataset.num_classes) if y_train.ndim == 1 else []
     log.done(f"data {config.dataset} loaded, partition {config.partition}")
@@ -182,29 +199,57 @@ def build_run(comm, config: TrainConfig, hooks: HookList, log=None) -> PeerRun:
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     algorithm = make_algorithm(config.algorithm, model.named_parameters(), comm)
     optimizer = make_optimizer(config, model.parameters())
-    context = SetupContext(config=config, comm=comm, device=device, model=model,
-                           optimizer=optimizer, batches=batches, algorithm=algorithm,
-                           steps_per_epoch=steps_per_epoch, train_size=num_train)
+    context = SetupContext(
+        config=config,
+        comm=comm,
+        device=device,
+        model=model,
+        optimizer=optimizer,
+        batches=batches,
+        algorithm=algorithm,
+        steps_per_epoch=steps_per_epoch,
+        train_size=num_train,
+    )
     log.done(f"model {config.model} ({num_parameters} parameters) and {config.algorithm} built")
     hooks.setup(context)
     context.batches.transform = dataset.train_transform  # also on batches a hook replaced (DP)
     acts_on = getattr(context.algorithm, "acts_on", "parameters")
     if acts_on not in ("parameters", "gradients"):
-        raise ValueError(f"algorithm {config.algorithm!r} has acts_on={acts_on!r}; "
-                         "expected 'parameters' or 'gradients'")
+        raise ValueError(
+            f"algorithm {config.algorithm!r} has acts_on={acts_on!r}; "
+            "expected 'parameters' or 'gradients'"
+        )
     if acts_on == "gradients" and config.local_steps != 1:
-        raise ValueError(f"local_steps {config.local_steps} needs an algorithm that mixes the "
-                         f"parameters; {config.algorithm!r} averages every step's gradients (use "
-                         "allreduce for local SGD, or set local_steps to 1)")
-    header_args = dict(rank=rank, world_size=size, topology=comm.topology,
-                       topology_spec=config.topology, config_hash=config_hash(config),
-                       config_json=json.dumps(hashed_config(config), sort_keys=True))
-    return PeerRun(model=context.model, averaged=copy.deepcopy(context.model),
-                optimizer=context.optimizer, algorithm=context.algorithm, batches=context.batches,
-                acts_on=acts_on, x_test=dataset.x_test.to(device), y_test=dataset.y_test.to(device),
-                histogram=histogram, num_classes=dataset.num_classes,
-                steps_per_epoch=steps_per_epoch, num_parameters=num_parameters,
-                parameter_bytes=parameter_bytes, owns_process=owns_process, header_args=header_args)
+        raise ValueError(
+            f"local_steps {config.local_steps} needs an algorithm that mixes the "
+            f"parameters; {config.algorithm!r} averages every step's gradients (use "
+            "allreduce for local SGD, or set local_steps to 1)"
+        )
+    header_args = dict(
+        rank=rank,
+        world_size=size,
+        topology=comm.topology,
+        topology_spec=config.topology,
+        config_hash=config_hash(config),
+        config_json=json.dumps(hashed_config(config), sort_keys=True),
+    )
+    return PeerRun(
+        model=context.model,
+        averaged=copy.deepcopy(context.model),
+        optimizer=context.optimizer,
+        algorithm=context.algorithm,
+        batches=context.batches,
+        acts_on=acts_on,
+        x_test=dataset.x_test.to(device),
+        y_test=dataset.y_test.to(device),
+        histogram=histogram,
+        num_classes=dataset.num_classes,
+        steps_per_epoch=steps_per_epoch,
+        num_parameters=num_parameters,
+        parameter_bytes=parameter_bytes,
+        owns_process=owns_process,
+        header_args=header_args,
+    )
 
 
 #: Which of the dataset's arrays every peer must hold identically. Every peer loads the whole
@@ -225,9 +270,11 @@ def _check_same_dataset(comm, config: TrainConfig, dataset, parts) -> None:
     try:
         comm.check_agreement("dataset", dataset_digest(dataset, parts))
     except AgreementError as exc:
-        raise AgreementError(f"{exc} ({config.dataset!r} returned different data on different "
-                             "ranks, usually unseeded randomness: draw from a generator seeded "
-                             "with its seed argument, e.g. numpy.random.default_rng(seed))") from None
+        raise AgreementError(
+            f"{exc} ({config.dataset!r} returned different data on different "
+            "ranks, usually unseeded randomness: draw from a generator seeded "
+            "with its seed argument, e.g. numpy.random.default_rng(seed))"
+        ) from None
 
 
 def _checked_model(config: TrainConfig, dataset, x_train: torch.Tensor, rank: int):
@@ -236,18 +283,33 @@ def _checked_model(config: TrainConfig, dataset, x_train: torch.Tensor, rank: in
     from .models import build_model, check_model_fits, check_single_sample_batch, has_batch_norm
 
     model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.seed)
-    check_model_fits(model, config.model, dataset.x_test[:2], dataset.num_classes,
-                     target_shape=tuple(dataset.y_test.shape[1:]))
+    check_model_fits(
+        model,
+        config.model,
+        dataset.x_test[:2],
+        dataset.num_classes,
+        target_shape=tuple(dataset.y_test.shape[1:]),
+    )
     if len(x_train) % config.batch_size == 1 and has_batch_norm(model):
         x_one = x_train[:1]
         if dataset.train_transform is not None:
             x_one = dataset.train_transform(x_one, torch.Generator().manual_seed(0))
-        check_single_sample_batch(model, config.model, x_one, rank=rank,
-                                  shard_size=len(x_train), batch_size=config.batch_size)
+        check_single_sample_batch(
+            model,
+            config.model,
+            x_one,
+            rank=rank,
+            shard_size=len(x_train),
+            batch_size=config.batch_size,
+        )
     return model
 
 
-
-
-__all__ = ["collectively", "resolve_device", "make_optimizer", "checked_config", "build_run",
-           "PeerRun"]
+__all__ = [
+    "collectively",
+    "resolve_device",
+    "make_optimizer",
+    "checked_config",
+    "build_run",
+    "PeerRun",
+]

@@ -75,8 +75,8 @@ from .provenance import as_comments, provenance
 from .setup import PeerRun, build_run, checked_config, collectively, make_optimizer, resolve_device
 
 
-
 # ---- small helpers ---------------------------------------------------------------------------------
+
 
 def learning_rate(config: TrainConfig, step: int, steps_per_epoch: int) -> float:
     """The learning rate of step `step` (0-based): linear warm-up, then the schedule."""
@@ -86,7 +86,7 @@ def learning_rate(config: TrainConfig, step: int, steps_per_epoch: int) -> float
     epoch = step / steps_per_epoch
     if config.schedule == "step":
         passed = sum(1 for m in config.milestones if epoch >= m)
-        return config.lr * config.decay ** passed
+        return config.lr * config.decay**passed
     if config.schedule == "cosine":
         total = config.epochs * steps_per_epoch - warmup_steps
         progress = (step - warmup_steps) / max(1, total)
@@ -108,6 +108,7 @@ def _endless(batches) -> Iterator:
 
 
 # ---- the run's state -----------------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class RunState:
@@ -156,31 +157,55 @@ class RunState:
 
     def timers(self, algorithm) -> Dict[str, float]:
         """The run's timers so far (seconds), as the records spell them (`TIMING_KEYS`)."""
-        return {"time_compute": self.time_compute,
-                "time_gossip_compute": self.base_gossip_compute + algorithm.time_compute,
-                "time_communication": self.base_communication + algorithm.time_communication,
-                "wall_time": self.base_wall + time.perf_counter() - self.wall_start}
+        return {
+            "time_compute": self.time_compute,
+            "time_gossip_compute": self.base_gossip_compute + algorithm.time_compute,
+            "time_communication": self.base_communication + algorithm.time_communication,
+            "wall_time": self.base_wall + time.perf_counter() - self.wall_start,
+        }
 
-    def to_checkpoint(self, *, model, optimizer, algorithm, batches, comm, hooks: HookList,
-                      include_rng: bool) -> Dict[str, Any]:
+    def to_checkpoint(
+        self, *, model, optimizer, algorithm, batches, comm, hooks: HookList, include_rng: bool
+    ) -> Dict[str, Any]:
         """The checkpoint payload: this state, the training objects' states and the RNGs (the
         global ones only when `include_rng`, i.e. the process is this peer's own)."""
         t = self.timers(algorithm)
         return {
-            "epoch": self.epoch, "step": self.step, "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(), "algorithm": algorithm.state_dict(),
-            "batches": batches.state_dict(), "rng": ckpt.rng_state(include_rng),
-            "history": json.dumps(self.history), "loss_sum": self.loss_sum,
-            "loss_count": self.loss_count, "log_sum": self.log_sum, "log_count": self.log_count,
+            "epoch": self.epoch,
+            "step": self.step,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "algorithm": algorithm.state_dict(),
+            "batches": batches.state_dict(),
+            "rng": ckpt.rng_state(include_rng),
+            "history": json.dumps(self.history),
+            "loss_sum": self.loss_sum,
+            "loss_count": self.loss_count,
+            "log_sum": self.log_sum,
+            "log_count": self.log_count,
             "stats": comm.stats.as_dict(),
-            "times": {"compute": t["time_compute"], "gossip_compute": t["time_gossip_compute"],
-                      "communication": t["time_communication"], "wall": t["wall_time"]},
+            "times": {
+                "compute": t["time_compute"],
+                "gossip_compute": t["time_gossip_compute"],
+                "communication": t["time_communication"],
+                "wall": t["wall_time"],
+            },
             "hooks": hooks.state_dict(),
         }
 
     @classmethod
-    def from_checkpoint(cls, state: Dict[str, Any], *, model, optimizer, algorithm, batches, comm,
-                        hooks: HookList, restore_rng: bool) -> "RunState":
+    def from_checkpoint(
+        cls,
+        state: Dict[str, Any],
+        *,
+        model,
+        optimizer,
+        algorithm,
+        batches,
+        comm,
+        hooks: HookList,
+        restore_rng: bool,
+    ) -> "RunState":
         """Load a `to_checkpoint` payload back into the training objects, the communicator's
         traffic counters and the RNGs; return the run's state at the checkpoint."""
         model.load_state_dict(state["model"])
@@ -195,28 +220,44 @@ class RunState:
         saved = state["stats"]
         for field in dataclasses.fields(comm.stats):
             if field.name not in saved:
-                raise ValueError(f"the checkpoint's traffic counters lack {field.name!r} (written "
-                                 "by an older version?); start the run again")
+                raise ValueError(
+                    f"the checkpoint's traffic counters lack {field.name!r} (written "
+                    "by an older version?); start the run again"
+                )
             setattr(comm.stats, field.name, int(saved[field.name]))
         times = state["times"]
-        return cls(step=int(state["step"]), epoch=int(state["epoch"]),
-                   history=json.loads(state["history"]),
-                   loss_sum=float(state["loss_sum"]), loss_count=int(state["loss_count"]),
-                   log_sum=float(state["log_sum"]), log_count=int(state["log_count"]),
-                   time_compute=float(times["compute"]),
-                   base_gossip_compute=float(times["gossip_compute"]),
-                   base_communication=float(times["communication"]), base_wall=float(times["wall"]))
+        return cls(
+            step=int(state["step"]),
+            epoch=int(state["epoch"]),
+            history=json.loads(state["history"]),
+            loss_sum=float(state["loss_sum"]),
+            loss_count=int(state["loss_count"]),
+            log_sum=float(state["log_sum"]),
+            log_count=int(state["log_count"]),
+            time_compute=float(times["compute"]),
+            base_gossip_compute=float(times["gossip_compute"]),
+            base_communication=float(times["communication"]),
+            base_wall=float(times["wall"]),
+        )
 
 
 # ---- set-up ----------------------------------------------------------------------------------------
+
 
 def _resume(comm, run_dir: Path, run: PeerRun, hooks: HookList) -> RunState:
     """Load the newest checkpoint every rank holds into `run`; its `RunState` (collective)."""
     epoch = ckpt.agree_resume_epoch(comm, run_dir)
     loaded = collectively(comm, ckpt.load_for_resume, run_dir, epoch, **run.header_args)
-    restore = functools.partial(RunState.from_checkpoint, model=run.model, optimizer=run.optimizer,
-                                algorithm=run.algorithm, batches=run.batches, comm=comm,
-                                hooks=hooks, restore_rng=run.owns_process)
+    restore = functools.partial(
+        RunState.from_checkpoint,
+        model=run.model,
+        optimizer=run.optimizer,
+        algorithm=run.algorithm,
+        batches=run.batches,
+        comm=comm,
+        hooks=hooks,
+        restore_rng=run.owns_process,
+    )
     return collectively(comm, restore, loaded["state"])
 
 
@@ -225,16 +266,24 @@ def _save(comm, run_dir: Path, run: PeerRun, state: RunState, hooks: HookList) -
     same line, and the previous checkpoints stay as they were (files are replaced whole)."""
     header = ckpt.make_header(epoch=state.epoch, step=state.step, **run.header_args)
     payload = state.to_checkpoint(
-        model=run.model, optimizer=run.optimizer, algorithm=run.algorithm, batches=run.batches,
-        comm=comm, hooks=hooks, include_rng=run.owns_process)
+        model=run.model,
+        optimizer=run.optimizer,
+        algorithm=run.algorithm,
+        batches=run.batches,
+        comm=comm,
+        hooks=hooks,
+        include_rng=run.owns_process,
+    )
 
     def write() -> None:
         try:
             ckpt.save_checkpoint(run_dir, header, payload)
         except OSError as exc:
-            raise OSError(f"rank {comm.rank}: cannot write the epoch-{state.epoch} checkpoint in "
-                          f"{ckpt.checkpoint_dir(run_dir)}: {exc.strerror or exc}; the previous "
-                          "checkpoints are intact (free space, then --resume)") from None
+            raise OSError(
+                f"rank {comm.rank}: cannot write the epoch-{state.epoch} checkpoint in "
+                f"{ckpt.checkpoint_dir(run_dir)}: {exc.strerror or exc}; the previous "
+                "checkpoints are intact (free space, then --resume)"
+            ) from None
 
     collectively(comm, write)
 
@@ -248,8 +297,9 @@ def _save(comm, run_dir: Path, run: PeerRun, state: RunState, hooks: HookList) -
 DIVERGENCE_FACTOR = 1e6
 
 
-def check_divergence(record: Dict[str, Any], history: List[Dict[str, Any]], num_classes: int,
-                     hint: str = "") -> None:
+def check_divergence(
+    record: Dict[str, Any], history: List[Dict[str, Any]], num_classes: int, hint: str = ""
+) -> None:
     """Raise `NonFiniteError` ("diverged") if `record` passes the `DIVERGENCE_FACTOR` limits;
     `history` (the run's records so far, checkpointed) gives the first consensus distance; `hint`
     ends the message (the DP hook's `divergence_hint`: the noise as a likely cause)."""
@@ -263,7 +313,8 @@ def check_divergence(record: Dict[str, Any], history: List[Dict[str, Any]], num_
         raise NonFiniteError(
             f"the run diverged: the {which} is {loss:.3g} at step {record['step']}, more than "
             f"{DIVERGENCE_FACTOR:g} x ln({num_classes}) (a uniform guess's loss); lower the learning "
-            f"rate (or the algorithm's gamma){hint}")
+            f"rate (or the algorithm's gamma){hint}"
+        )
     first = next((r["consensus_distance"] for r in history if "consensus_distance" in r), None)
     distance = record.get("consensus_distance")
     if first is None or distance is None:
@@ -273,14 +324,21 @@ def check_divergence(record: Dict[str, Any], history: List[Dict[str, Any]], num_
         raise NonFiniteError(
             f"the run diverged: the consensus distance is {distance:.3g} at step {record['step']}, "
             f"more than {DIVERGENCE_FACTOR:g} x max(1, its first value {first:.3g}); lower the "
-            f"learning rate (or the algorithm's gamma){hint}")
+            f"learning rate (or the algorithm's gamma){hint}"
+        )
 
 
 # ---- training ------------------------------------------------------------------------------------
 
-def train(comm, config, *, resume: Union[bool, str] = False,
-          on_step: Optional[Callable[[int], None]] = None,
-          hooks: Iterable[TrainingHooks] = ()) -> Dict[str, Any]:
+
+def train(
+    comm,
+    config,
+    *,
+    resume: Union[bool, str] = False,
+    on_step: Optional[Callable[[int], None]] = None,
+    hooks: Iterable[TrainingHooks] = (),
+) -> Dict[str, Any]:
     """Train on this peer; call it on every peer (it is collective). Returns the run's summary.
 
     Args:
@@ -318,8 +376,16 @@ def train(comm, config, *, resume: Union[bool, str] = False,
             if auto and not resume:  # collective: every rank waits for rank 0 to move them
                 collectively(comm, _set_aside_failed_attempt, comm.rank, run_dir)
             collectively(comm, ckpt.check_run_dir, run_dir, resume)
-        return _train(comm, config, run_dir, resume=resume, on_step=on_step, hooks=hooks,
-                      reporting=added, log=log)
+        return _train(
+            comm,
+            config,
+            run_dir,
+            resume=resume,
+            on_step=on_step,
+            hooks=hooks,
+            reporting=added,
+            log=log,
+        )
     finally:
         if lock is not None:
             lock.release()
@@ -342,9 +408,17 @@ def _claim_run_dir(rank: int, run_dir: Path, resume: bool):
     return lock
 
 
-def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool, log: SetupLog,
-           on_step: Optional[Callable[[int], None]], hooks: HookList,
-           reporting: Sequence[TrainingHooks]) -> Dict[str, Any]:
+def _train(
+    comm,
+    config: TrainConfig,
+    run_dir: Optional[Path],
+    *,
+    resume: bool,
+    log: SetupLog,
+    on_step: Optional[Callable[[int], None]],
+    hooks: HookList,
+    reporting: Sequence[TrainingHooks],
+) -> Dict[str, Any]:
     """`train` once the run directory is held: build, resume, run the loop, write the summary
     (which each hook in `reporting`, the features' hooks, extends with its `summary_fields()`,
     and its own `peers/rank-K.json` with `peer_fields()`, where it has them)."""
@@ -376,15 +450,17 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool, 
                 start = time.perf_counter()
                 optimizer.zero_grad(set_to_none=True)
                 value = None  # an empty Poisson batch (DP) has no loss: no forward, no backward,
-                if len(yb):   # the privacy hook's after_backward makes its (pure noise) gradient
+                if len(yb):  # the privacy hook's after_backward makes its (pure noise) gradient
                     loss = F.cross_entropy(*flat_logits(model(xb), yb))
                     hooks.before_backward(state.step, loss).backward()
                     value = float(loss.detach())
                 state.time_compute += time.perf_counter() - start
                 if value is not None and not math.isfinite(value):
-                    raise NonFiniteError(f"rank {comm.rank}: the training loss is {value} at step "
-                                         f"{state.step} (lower the learning rate or check the "
-                                         f"data){hint}")
+                    raise NonFiniteError(
+                        f"rank {comm.rank}: the training loss is {value} at step "
+                        f"{state.step} (lower the learning rate or check the "
+                        f"data){hint}"
+                    )
                 hooks.after_backward(state.step)
                 if run.acts_on == "gradients":
                     algorithm.step()
@@ -401,8 +477,15 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool, 
                 printer.update()
                 if config.log_every and state.step % config.log_every == 0:
                     record = log_record(
-                        comm, model, step=state.step, steps_per_epoch=run.steps_per_epoch, lr=lr,
-                        train_loss_local=state.take_log_loss(), timers=timers, private=private)
+                        comm,
+                        model,
+                        step=state.step,
+                        steps_per_epoch=run.steps_per_epoch,
+                        lr=lr,
+                        train_loss_local=state.take_log_loss(),
+                        timers=timers,
+                        private=private,
+                    )
                     records.write(record)
                     hooks.on_record(record)
                     check_divergence(record, state.history, run.num_classes, hint)
@@ -410,19 +493,33 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool, 
                     on_step(state.step)
             state.epoch += 1
             if state.epoch % config.eval_every == 0 or state.epoch == config.epochs:
-                record = eval_record(comm, model, run.averaged, run.x_test, run.y_test,
-                                     epoch=state.epoch, step=state.step, lr=lr,
-                                     train_loss_local=state.take_train_loss(), timers=timers,
-                                     pooled=config.partition == "local", private=private,
-                                     bn_inputs=None if private else functools.partial(
-                                         refresh_inputs, run.batches, state.step))
+                record = eval_record(
+                    comm,
+                    model,
+                    run.averaged,
+                    run.x_test,
+                    run.y_test,
+                    epoch=state.epoch,
+                    step=state.step,
+                    lr=lr,
+                    train_loss_local=state.take_train_loss(),
+                    timers=timers,
+                    pooled=config.partition == "local",
+                    private=private,
+                    bn_inputs=None
+                    if private
+                    else functools.partial(refresh_inputs, run.batches, state.step),
+                )
                 record = hooks.on_evaluation(record)
                 records.write(record)
                 hooks.on_record(record)
                 printer.line(eval_line(record, config.epochs))
                 check_divergence(record, state.history, run.num_classes, hint)
-            if run_dir is not None and config.checkpoint_every and (
-                    state.epoch % config.checkpoint_every == 0 or state.epoch == config.epochs):
+            if (
+                run_dir is not None
+                and config.checkpoint_every
+                and (state.epoch % config.checkpoint_every == 0 or state.epoch == config.epochs)
+            ):
                 _save(comm, run_dir, run, state, hooks)
     finally:
         printer.close()
@@ -434,15 +531,28 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool, 
             if not failing:  # a hook that fails to close must not hide why the run failed
                 raise
 
-    summary = run_summary(comm, config, state.history, run.histogram, run.num_parameters,
-                          run.parameter_bytes, algorithm, model, state.step, run.steps_per_epoch,
-                          state.timers(algorithm), private=private)
+    summary = run_summary(
+        comm,
+        config,
+        state.history,
+        run.histogram,
+        run.num_parameters,
+        run.parameter_bytes,
+        algorithm,
+        model,
+        state.step,
+        run.steps_per_epoch,
+        state.timers(algorithm),
+        private=private,
+    )
     peer = peer_report(comm, state.history, run.histogram, len(run.batches.x))
     for hook in reporting:
         summary.update(getattr(hook, "summary_fields", dict)())
         peer.update(getattr(hook, "peer_fields", dict)())
     if run_dir is not None:  # each peer's own figures, in its own file
-        atomic_write(run_dir / "peers" / f"rank-{comm.rank}.json", json.dumps(peer, indent=2) + "\n")
+        atomic_write(
+            run_dir / "peers" / f"rank-{comm.rank}.json", json.dumps(peer, indent=2) + "\n"
+        )
     summary["provenance"] = origin
     if comm.rank == 0 and run_dir is not None:
         atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
@@ -450,6 +560,18 @@ def _train(comm, config: TrainConfig, run_dir: Optional[Path], *, resume: bool, 
     return dict(summary, rank=comm.rank, history=state.history, peer=peer)
 
 
-__all__ = ["train", "format_summary", "learning_rate", "make_optimizer", "model_digest",
-           "evaluate_model", "average_state_into", "collectively", "resolve_device", "RunState",
-           "TIMING_KEYS", "DIVERGENCE_FACTOR", "check_divergence"]
+__all__ = [
+    "train",
+    "format_summary",
+    "learning_rate",
+    "make_optimizer",
+    "model_digest",
+    "evaluate_model",
+    "average_state_into",
+    "collectively",
+    "resolve_device",
+    "RunState",
+    "TIMING_KEYS",
+    "DIVERGENCE_FACTOR",
+    "check_divergence",
+]

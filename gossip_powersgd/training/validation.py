@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine")
 _FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch
-_SEED_LIMIT = 2 ** 64  # torch.Generator.manual_seed's range
+_SEED_LIMIT = 2**64  # torch.Generator.manual_seed's range
 #: The range of comm_timeout, in seconds (see validate_config).
 MIN_COMM_TIMEOUT, MAX_COMM_TIMEOUT = 1.0, 7 * 24 * 3600.0
 
@@ -66,29 +66,63 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
     _check(c.schedule in SCHEDULES, "schedule", c.schedule, f"valid: {', '.join(SCHEDULES)}")
     _check(c.backend in BACKENDS, "backend", c.backend, f"valid: {', '.join(BACKENDS)}")
     # models train in float32: a larger lr cannot even be applied (torch raises an overflow error)
-    _check(math.isfinite(c.lr) and 0 < c.lr <= _FLOAT32_MAX, "lr", c.lr,
-           f"must be > 0 and at most {_FLOAT32_MAX:.4g} (float32)")
+    _check(
+        math.isfinite(c.lr) and 0 < c.lr <= _FLOAT32_MAX,
+        "lr",
+        c.lr,
+        f"must be > 0 and at most {_FLOAT32_MAX:.4g} (float32)",
+    )
     _check(0 <= c.momentum < 1, "momentum", c.momentum, "must be in [0, 1)")
-    _check(c.momentum == 0 or c.optimizer == "sgd", "momentum", c.momentum,
-           f"momentum is for sgd only; {c.optimizer} has its own betas, set momentum to 0")
-    _check(not c.nesterov or (c.optimizer == "sgd" and c.momentum > 0), "nesterov", c.nesterov,
-           "needs optimizer sgd with momentum > 0")
-    _check(math.isfinite(c.weight_decay) and c.weight_decay >= 0, "weight_decay", c.weight_decay,
-           "must be >= 0")
+    _check(
+        c.momentum == 0 or c.optimizer == "sgd",
+        "momentum",
+        c.momentum,
+        f"momentum is for sgd only; {c.optimizer} has its own betas, set momentum to 0",
+    )
+    _check(
+        not c.nesterov or (c.optimizer == "sgd" and c.momentum > 0),
+        "nesterov",
+        c.nesterov,
+        "needs optimizer sgd with momentum > 0",
+    )
+    _check(
+        math.isfinite(c.weight_decay) and c.weight_decay >= 0,
+        "weight_decay",
+        c.weight_decay,
+        "must be >= 0",
+    )
     _check(c.batch_size >= 1, "batch_size", c.batch_size, "must be >= 1")
-    _check(c.local_steps >= 1, "local_steps", c.local_steps,
-           "must be >= 1 (optimizer steps per communication round)")
+    _check(
+        c.local_steps >= 1,
+        "local_steps",
+        c.local_steps,
+        "must be >= 1 (optimizer steps per communication round)",
+    )
     _check(c.epochs >= 1, "epochs", c.epochs, "must be >= 1")
-    _check(0 <= c.warmup_epochs <= c.epochs, "warmup_epochs", c.warmup_epochs,
-           f"must be in [0, epochs={c.epochs}]")
+    _check(
+        0 <= c.warmup_epochs <= c.epochs,
+        "warmup_epochs",
+        c.warmup_epochs,
+        f"must be in [0, epochs={c.epochs}]",
+    )
     _check(0 < c.decay <= 1, "decay", c.decay, "must be in (0, 1]")
-    _check(all(0 < m <= c.epochs for m in c.milestones) and list(c.milestones) == sorted(c.milestones),
-           "milestones", c.milestones, f"must be increasing epochs in (0, {c.epochs}]")
-    _check(c.schedule == "step" or not c.milestones, "milestones", c.milestones,
-           "milestones are for schedule: step")
+    _check(
+        all(0 < m <= c.epochs for m in c.milestones) and list(c.milestones) == sorted(c.milestones),
+        "milestones",
+        c.milestones,
+        f"must be increasing epochs in (0, {c.epochs}]",
+    )
+    _check(
+        c.schedule == "step" or not c.milestones,
+        "milestones",
+        c.milestones,
+        "milestones are for schedule: step",
+    )
     _check(c.eval_every >= 1, "eval_every", c.eval_every, "must be >= 1 (epochs)")
     _check(c.log_every >= 0, "log_every", c.log_every, "must be >= 0 (steps; 0 = off)")
-    _check(c.checkpoint_every >= 0, "checkpoint_every", c.checkpoint_every, "must be >= 0 (0 = off)")
+    _check(
+        c.checkpoint_every >= 0, "checkpoint_every", c.checkpoint_every, "must be >= 0 (0 = off)"
+    )
     # torch's generators take seeds below 2**64; a larger one would fail inside the model's set-up
     _check(0 <= c.seed < _SEED_LIMIT, "seed", c.seed, "must be in [0, 2**64)")
     _check(c.peers is None or c.peers >= 1, "peers", c.peers, "must be >= 1 or null")
@@ -96,15 +130,29 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
     # rendezvous: below a second that fails on an ordinary start (torch then reports only its
     # socket's "timed out after 0ms"); beyond a week it is no bound at all, and far beyond,
     # Python's waits overflow (threading.TIMEOUT_MAX).
-    _check(math.isfinite(c.comm_timeout) and MIN_COMM_TIMEOUT <= c.comm_timeout <= MAX_COMM_TIMEOUT,
-           "comm_timeout", c.comm_timeout,
-           f"must be in [{MIN_COMM_TIMEOUT:g}, {MAX_COMM_TIMEOUT:g}] seconds (1 s to a week)")
+    _check(
+        math.isfinite(c.comm_timeout) and MIN_COMM_TIMEOUT <= c.comm_timeout <= MAX_COMM_TIMEOUT,
+        "comm_timeout",
+        c.comm_timeout,
+        f"must be in [{MIN_COMM_TIMEOUT:g}, {MAX_COMM_TIMEOUT:g}] seconds (1 s to a week)",
+    )
     _check(c.threads >= 1, "threads", c.threads, "must be >= 1")
-    _check(c.device == "auto" or c.device == "cpu" or c.device == "cuda" or c.device.startswith("cuda:"),
-           "device", c.device, "valid: cpu, cuda, cuda:K, auto")
+    _check(
+        c.device == "auto"
+        or c.device == "cpu"
+        or c.device == "cuda"
+        or c.device.startswith("cuda:"),
+        "device",
+        c.device,
+        "valid: cpu, cuda, cuda:K, auto",
+    )
     _check(c.out_dir is None or c.out_dir.strip() != "", "out_dir", c.out_dir, "must not be empty")
-    _check(c.public_train_size is None or c.public_train_size >= 1, "public_train_size",
-           c.public_train_size, "must be >= 1 (training samples of all peers) or null")
+    _check(
+        c.public_train_size is None or c.public_train_size >= 1,
+        "public_train_size",
+        c.public_train_size,
+        "must be >= 1 (training samples of all peers) or null",
+    )
 
     from ..algorithms import algorithm_kwargs
 
@@ -116,8 +164,12 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
 
     if _has_size(c.topology):
         num_peers = topologies.parse(c.topology).size
-        _check(c.peers is None or c.peers == num_peers, "peers", c.peers,
-               f"topology {c.topology!r} has {num_peers} peers")
+        _check(
+            c.peers is None or c.peers == num_peers,
+            "peers",
+            c.peers,
+            f"topology {c.topology!r} has {num_peers} peers",
+        )
     elif c.peers is not None:
         num_peers = resolve_topology(c).size
     else:
@@ -126,8 +178,12 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
             topologies.parse(c.topology, n=4)  # the name and its options, at some size
         except ValueError as exc:
             raise ValueError(f"bad value for 'topology': {one_line(exc)}") from None
-        _check(c.backend in ("mpi", "torch"), "topology", c.topology,
-               "give its size, e.g. ring:8, or set peers (the local backend cannot guess it)")
+        _check(
+            c.backend in ("mpi", "torch"),
+            "topology",
+            c.topology,
+            "give its size, e.g. ring:8, or set peers (the local backend cannot guess it)",
+        )
     _check_directed(c, num_peers)
     _check_public_train_size(c)
     for feature in features():  # differential privacy, observers, loggers, user hooks, ...
@@ -141,14 +197,18 @@ def _check_public_train_size(c: TrainConfig) -> None:
     private (nothing else can size an epoch)."""
     total = c.public_train_size
     if total is not None and c.partition != "local":
-        raise ValueError(f"bad value for 'public_train_size': {total!r} (it is for partition: "
-                         "local; other partitions split a dataset every peer loads, whose size is "
-                         "public)")
+        raise ValueError(
+            f"bad value for 'public_train_size': {total!r} (it is for partition: "
+            "local; other partitions split a dataset every peer loads, whose size is "
+            "public)"
+        )
     if total is None and c.partition == "local" and peer_statistics_private(c):
-        raise ValueError("bad value for 'public_train_size': None (partition: local needs the "
-                         "total number of training samples declared public to size an epoch: set "
-                         "public_train_size: N, or release_peer_statistics: true to let the peers "
-                         "all-reduce their shard sizes)")
+        raise ValueError(
+            "bad value for 'public_train_size': None (partition: local needs the "
+            "total number of training samples declared public to size an epoch: set "
+            "public_train_size: N, or release_peer_statistics: true to let the peers "
+            "all-reduce their shard sizes)"
+        )
 
 
 def _has_size(spec: str) -> bool:
@@ -175,20 +235,25 @@ def validate_specs(config: TrainConfig, num_peers: Optional[int]) -> None:
         raise ValueError(f"bad value for 'dataset': {one_line(exc)}") from None
     if num_peers is not None:
         try:
-            partition(dataset.partition_labels(config.partition), num_peers, config.partition,
-                      config.seed)
+            partition(
+                dataset.partition_labels(config.partition), num_peers, config.partition, config.seed
+            )
         except ValueError as exc:
             raise ValueError(f"bad value for 'partition': {one_line(exc)}") from None
     else:
         try:
-            partition(dataset.partition_labels(config.partition), 1, config.partition,
-                      config.seed)
+            partition(dataset.partition_labels(config.partition), 1, config.partition, config.seed)
         except ValueError as exc:
             raise ValueError(f"bad value for 'partition': {one_line(exc)}") from None
     try:
         model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.seed)
-        check_model_fits(model, config.model, dataset.x_test[:2], dataset.num_classes,
-                         target_shape=tuple(dataset.y_test.shape[1:]))
+        check_model_fits(
+            model,
+            config.model,
+            dataset.x_test[:2],
+            dataset.num_classes,
+            target_shape=tuple(dataset.y_test.shape[1:]),
+        )
     except ValueError as exc:
         raise ValueError(f"bad value for 'model': {one_line(exc)}") from None
 

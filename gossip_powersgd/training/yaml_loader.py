@@ -32,8 +32,12 @@ class _StrictLoader(yaml.SafeLoader):
                 line = key_node.start_mark.line + 1
                 if key in seen:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r} (lines {seen[key]} and {line}): each key "
-                        "may appear once", key_node.start_mark)
+                        None,
+                        None,
+                        f"duplicate key {key!r} (lines {seen[key]} and {line}): each key "
+                        "may appear once",
+                        key_node.start_mark,
+                    )
                 seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
@@ -70,8 +74,10 @@ def strict_yaml_load(text: str, where: str) -> Any:
     Errors are `ValueError`s of one line that start with `where` (a file name or "--set key").
     """
     if len(text.encode("utf-8", errors="replace")) > MAX_CONFIG_BYTES:
-        raise ValueError(f"{where}: {len(text)} characters is far more than a config holds "
-                         f"(the limit is {MAX_CONFIG_BYTES} bytes); is this the right file?")
+        raise ValueError(
+            f"{where}: {len(text)} characters is far more than a config holds "
+            f"(the limit is {MAX_CONFIG_BYTES} bytes); is this the right file?"
+        )
     loader = _StrictLoader(text)
     try:
         node = loader.get_single_node()
@@ -79,9 +85,11 @@ def strict_yaml_load(text: str, where: str) -> Any:
             return None
         size = _expanded_size(node, {})
         if size > MAX_EXPANDED_NODES:
-            raise ValueError(f"{where}: the YAML expands to {size} values through its aliases (a "
-                             f"YAML alias bomb?); a config may stand for at most "
-                             f"{MAX_EXPANDED_NODES}: write the values out")
+            raise ValueError(
+                f"{where}: the YAML expands to {size} values through its aliases (a "
+                f"YAML alias bomb?); a config may stand for at most "
+                f"{MAX_EXPANDED_NODES}: write the values out"
+            )
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise ValueError(f"{where}: not valid YAML ({_describe(exc)})") from None

@@ -21,8 +21,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["ResNet20", "VGG16", "LSTMLanguageModel", "SeededDropout", "init_zoo_module",
-           "VGG16_LAYOUT"]
+__all__ = [
+    "ResNet20",
+    "VGG16",
+    "LSTMLanguageModel",
+    "SeededDropout",
+    "init_zoo_module",
+    "VGG16_LAYOUT",
+]
 
 
 class SeededDropout(nn.Module):
@@ -55,8 +61,10 @@ class SeededDropout(nn.Module):
 
 def _image_shape(name: str, input_shape: Sequence[int]) -> tuple[int, int, int]:
     if len(input_shape) != 3:
-        raise ValueError(f"{name} needs image inputs (channels, height, width), got "
-                         f"input_shape {tuple(input_shape)}")
+        raise ValueError(
+            f"{name} needs image inputs (channels, height, width), got "
+            f"input_shape {tuple(input_shape)}"
+        )
     return tuple(int(s) for s in input_shape)
 
 
@@ -71,7 +79,8 @@ class _BasicBlock(nn.Module):
         if stride != 1 or c_in != c_out:
             self.downsample = nn.Sequential(
                 nn.Conv2d(c_in, c_out, 1, stride, bias=False, device=device),
-                nn.BatchNorm2d(c_out, device=device))
+                nn.BatchNorm2d(c_out, device=device),
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)))
@@ -84,8 +93,7 @@ class ResNet20(nn.Module):
     """CIFAR ResNet-20: conv3x3(width) -> 3 stages x 3 basic blocks (width, 2 width, 4 width;
     stride 2 at the start of stages 2 and 3) -> global average pool -> linear."""
 
-    def __init__(self, input_shape: Sequence[int], num_classes: int, width: int = 16,
-                 device=None):
+    def __init__(self, input_shape: Sequence[int], num_classes: int, width: int = 16, device=None):
         super().__init__()
         channels, _, _ = _image_shape("resnet20", input_shape)
         self.conv1 = nn.Conv2d(channels, width, 3, 1, 1, bias=False, device=device)
@@ -104,8 +112,26 @@ class ResNet20(nn.Module):
 
 
 #: VGG-16's convolution widths (at width 64) and max-pools ("M").
-VGG16_LAYOUT = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M",
-                512, 512, 512, "M")
+VGG16_LAYOUT = (
+    64,
+    64,
+    "M",
+    128,
+    128,
+    "M",
+    256,
+    256,
+    256,
+    "M",
+    512,
+    512,
+    512,
+    "M",
+    512,
+    512,
+    512,
+    "M",
+)
 
 
 class VGG16(nn.Module):
@@ -113,13 +139,22 @@ class VGG16(nn.Module):
     2x2 max-pools, then dropout -> linear(8 w, 8 w) -> ReLU -> dropout -> linear(8 w, 8 w) -> ReLU
     -> linear(8 w, classes), where w is ``width`` (64 in VGG-16)."""
 
-    def __init__(self, input_shape: Sequence[int], num_classes: int, width: int = 64,
-                 batch_norm: bool = True, dropout: float = 0.5, device=None):
+    def __init__(
+        self,
+        input_shape: Sequence[int],
+        num_classes: int,
+        width: int = 64,
+        batch_norm: bool = True,
+        dropout: float = 0.5,
+        device=None,
+    ):
         super().__init__()
         c_in, height, wide = _image_shape("vgg16", input_shape)
         if min(height, wide) < 32:
-            raise ValueError(f"vgg16 needs images of at least 32x32 pixels (five 2x2 max-pools), "
-                             f"got {height}x{wide}")
+            raise ValueError(
+                f"vgg16 needs images of at least 32x32 pixels (five 2x2 max-pools), "
+                f"got {height}x{wide}"
+            )
         layers: list[nn.Module] = []
         for item in VGG16_LAYOUT:
             if item == "M":
@@ -133,9 +168,14 @@ class VGG16(nn.Module):
             c_in = c_out
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Sequential(
-            SeededDropout(dropout), nn.Linear(c_in, c_in, device=device), nn.ReLU(),
-            SeededDropout(dropout), nn.Linear(c_in, c_in, device=device), nn.ReLU(),
-            nn.Linear(c_in, num_classes, device=device))
+            SeededDropout(dropout),
+            nn.Linear(c_in, c_in, device=device),
+            nn.ReLU(),
+            SeededDropout(dropout),
+            nn.Linear(c_in, c_in, device=device),
+            nn.ReLU(),
+            nn.Linear(c_in, num_classes, device=device),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.adaptive_avg_pool2d(self.features(x), 1)  # 1x1 already for 32x32 inputs
@@ -154,21 +194,34 @@ class LSTMLanguageModel(nn.Module):
     drawn at random positions of its text, so there is no previous batch to carry a state from).
     """
 
-    def __init__(self, input_shape: Sequence[int], num_classes: int, layers: int = 2,
-                 hidden: int = 200, embedding: int | None = None, tied: bool = True,
-                 dropout: float = 0.2, device=None):
+    def __init__(
+        self,
+        input_shape: Sequence[int],
+        num_classes: int,
+        layers: int = 2,
+        hidden: int = 200,
+        embedding: int | None = None,
+        tied: bool = True,
+        dropout: float = 0.2,
+        device=None,
+    ):
         super().__init__()
         if len(input_shape) != 1:
-            raise ValueError(f"lstm_lm needs token sequences (bptt,) as inputs, got input_shape "
-                             f"{tuple(input_shape)}")
+            raise ValueError(
+                f"lstm_lm needs token sequences (bptt,) as inputs, got input_shape "
+                f"{tuple(input_shape)}"
+            )
         embedding = hidden if embedding is None else embedding
         if tied and embedding != hidden:
-            raise ValueError(f"lstm_lm: tied=true needs embedding == hidden, got embedding "
-                             f"{embedding} and hidden {hidden}; drop embedding= or set tied=false")
+            raise ValueError(
+                f"lstm_lm: tied=true needs embedding == hidden, got embedding "
+                f"{embedding} and hidden {hidden}; drop embedding= or set tied=false"
+            )
         self.encoder = nn.Embedding(num_classes, embedding, device=device)
         self.rnns = nn.ModuleList(
             nn.LSTM(embedding if i == 0 else hidden, hidden, 1, batch_first=True, device=device)
-            for i in range(layers))
+            for i in range(layers)
+        )
         self.drops = nn.ModuleList(SeededDropout(dropout) for _ in range(layers + 1))
         self.decoder = nn.Linear(hidden, num_classes, device=device)
         self.tied = bool(tied)
@@ -206,8 +259,16 @@ def init_zoo_module(module: nn.Module, generator: torch.Generator) -> set[int]:
             module.running_mean.zero_()
             module.running_var.fill_(1.0)
             module.num_batches_tracked.zero_()
-            done.update(id(t) for t in (module.weight, module.bias, module.running_mean,
-                                        module.running_var, module.num_batches_tracked))
+            done.update(
+                id(t)
+                for t in (
+                    module.weight,
+                    module.bias,
+                    module.running_mean,
+                    module.running_var,
+                    module.num_batches_tracked,
+                )
+            )
         elif isinstance(module, LSTMLanguageModel):  # its children too: the decoder's rule
             module.encoder.weight.uniform_(-0.1, 0.1, generator=generator)  # differs from Linear's
             if not module.tied:

@@ -45,8 +45,9 @@ NOT_CALLABLE = 42
 
 def small_net(input_shape, num_classes):
     """Draws its initial weights from the global RNG, like most user code."""
-    return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(input_shape)), 7), nn.ReLU(),
-                         nn.Linear(7, num_classes))
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(int(np.prod(input_shape)), 7), nn.ReLU(), nn.Linear(7, num_classes)
+    )
 
 
 def fixed_net():
@@ -60,5 +61,9 @@ def not_a_module(input_shape, num_classes):
 def options_net(input_shape, num_classes, width=4, bias=True, act="relu"):
     """A constructor with keyword options, torchvision style ("byo_fixtures:options_net:width=8")."""
     activation = {"relu": nn.ReLU(), "tanh": nn.Tanh()}[act]
-    return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(input_shape)), width, bias=bias),
-                         activation, nn.Linear(width, num_classes))
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(int(np.prod(input_shape)), width, bias=bias),
+        activation,
+        nn.Linear(width, num_classes),
+    )

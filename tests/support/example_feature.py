@@ -35,18 +35,32 @@ class StepCounter(TrainingHooks):
 
 def _validate(config):
     if config.count_steps_every < 0:
-        raise ValueError(f"bad value for 'count_steps_every': {config.count_steps_every!r} (must "
-                         "be >= 0 steps; 0 = off)")
+        raise ValueError(
+            f"bad value for 'count_steps_every': {config.count_steps_every!r} (must "
+            "be >= 0 steps; 0 = off)"
+        )
 
 
-register(Feature(
-    name="step_counter",
-    section="step_counter",
-    keys=[Key("count_steps_every", "int", 0, nested="every",
-              doc="Example feature: count every k-th step (0 = off).")],
-    validate=_validate,
-    hooks=lambda c: [StepCounter(c.count_steps_every)] if c.count_steps_every else [],
-    summary_rows=lambda s: ([(f"steps counted (every {s['count_every']})", str(s["counted_steps"]))]
-                            if "counted_steps" in s else []),
-    eval_text=lambda r: f"  counted {r['counted_steps']}" if "counted_steps" in r else "",
-))
+register(
+    Feature(
+        name="step_counter",
+        section="step_counter",
+        keys=[
+            Key(
+                "count_steps_every",
+                "int",
+                0,
+                nested="every",
+                doc="Example feature: count every k-th step (0 = off).",
+            )
+        ],
+        validate=_validate,
+        hooks=lambda c: [StepCounter(c.count_steps_every)] if c.count_steps_every else [],
+        summary_rows=lambda s: (
+            [(f"steps counted (every {s['count_every']})", str(s["counted_steps"]))]
+            if "counted_steps" in s
+            else []
+        ),
+        eval_text=lambda r: f"  counted {r['counted_steps']}" if "counted_steps" in r else "",
+    )
+)

@@ -1,6 +1,6 @@
 """Misbehaving MPI programs, one per bad input; each must end with a clear error on every rank.
 
-    mpiexec -n 4 python tests/mpi_bad_inputs.py CASE
+mpiexec -n 4 python tests/mpi_bad_inputs.py CASE
 """
 
 import sys
@@ -51,10 +51,14 @@ def silent_peer() -> None:
 
         time.sleep(30)  # never sends: its neighbours must give up naming it
         return
-    comm.exchange({j: torch.zeros(4) for j in comm.neighbors}, {j: torch.zeros(4) for j in comm.neighbors})
+    comm.exchange(
+        {j: torch.zeros(4) for j in comm.neighbors}, {j: torch.zeros(4) for j in comm.neighbors}
+    )
 
 
-CASES = {f.__name__: f for f in (world_size, topologies_differ, shapes_differ, message_size, silent_peer)}
+CASES = {
+    f.__name__: f for f in (world_size, topologies_differ, shapes_differ, message_size, silent_peer)
+}
 
 if __name__ == "__main__":
     main_guard(CASES[sys.argv[1]])

@@ -33,7 +33,9 @@ def observed_gossip(comm, spec, steps, observers="all", directory=None, observe_
     go to `directory`/observed/rank-K when a directory is given, else stay in memory.
     """
     steps, every = int(steps), int(observe_every)
-    chosen = range(comm.size) if observers == "all" else [int(k) for k in str(observers).split(",") if k]
+    chosen = (
+        range(comm.size) if observers == "all" else [int(k) for k in str(observers).split(",") if k]
+    )
     x = peer_tensors(comm)
     algorithm = make_algorithm(spec, x, comm)
     recorder = None
@@ -61,7 +63,7 @@ def _consumed(algorithm, j):
     if algorithm.name == "powergossip":
         numel = algorithm._message_numel  # the step's only half-step: with the exact part
         side = "right" if algorithm.half_steps % 2 == 1 else "left"
-        return algorithm._recv[j][:numel[(side, algorithm._exact is not None)]]
+        return algorithm._recv[j][: numel[(side, algorithm._exact is not None)]]
     return algorithm._recv[j]
 
 

@@ -42,7 +42,7 @@ def empty_test_set(seed=0):
 def huge_label(seed=0):
     x_train, y_train, x_test, y_test = _arrays(np.random.default_rng(seed))
     y_train = y_train.copy()
-    y_train[7] = 10 ** 9
+    y_train[7] = 10**9
     return x_train, y_train, x_test, y_test
 
 
@@ -67,5 +67,6 @@ def wrong_input_net(input_shape, num_classes):
 
 def batch_norm_net(input_shape, num_classes):
     width = int(np.prod(input_shape))
-    return nn.Sequential(nn.Flatten(), nn.Linear(width, 8), nn.BatchNorm1d(8), nn.ReLU(),
-                         nn.Linear(8, num_classes))
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(width, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, num_classes)
+    )

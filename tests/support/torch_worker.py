@@ -54,8 +54,9 @@ def shapes_differ() -> None:
 def message_size() -> None:
     comm = TorchCommunicator(topologies.ring(int(os.environ["WORLD_SIZE"])), timeout=20)
     size = 7 if comm.rank == 1 else 5
-    comm.exchange({j: torch.zeros(size) for j in comm.neighbors},
-                  {j: torch.zeros(5) for j in comm.neighbors})
+    comm.exchange(
+        {j: torch.zeros(size) for j in comm.neighbors}, {j: torch.zeros(5) for j in comm.neighbors}
+    )
 
 
 def silent_peer() -> None:
@@ -65,8 +66,9 @@ def silent_peer() -> None:
 
         time.sleep(15)  # never sends: its neighbours must give up naming it
         return
-    comm.exchange({j: torch.zeros(4) for j in comm.neighbors},
-                  {j: torch.zeros(4) for j in comm.neighbors})
+    comm.exchange(
+        {j: torch.zeros(4) for j in comm.neighbors}, {j: torch.zeros(4) for j in comm.neighbors}
+    )
 
 
 def nccl_without_cuda() -> None:
@@ -90,8 +92,19 @@ def tiny_timeout() -> None:
     TorchCommunicator(topologies.ring(int(os.environ["WORLD_SIZE"])), timeout=1e-6)
 
 
-CASES = {f.__name__: f for f in (world_size, topologies_differ, shapes_differ, message_size,
-                                 silent_peer, nccl_without_cuda, device_differs, tiny_timeout)}
+CASES = {
+    f.__name__: f
+    for f in (
+        world_size,
+        topologies_differ,
+        shapes_differ,
+        message_size,
+        silent_peer,
+        nccl_without_cuda,
+        device_differs,
+        tiny_timeout,
+    )
+}
 
 
 def main() -> None:

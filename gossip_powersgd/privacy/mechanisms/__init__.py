@@ -22,8 +22,12 @@ MECHANISMS = ("local", "muffliato", "zipdl", "decor")
 #: The algorithms each mechanism trains with. Muffliato's and DECOR's noise is on the local update,
 #: so any gossip of the parameters carries it (the accounting differs, see their modules); ZIP-DL
 #: needs the per-edge message hook (`GossipAlgorithm.supports_edge_noise`).
-SUPPORTED = {"local": None, "muffliato": ("exact", "powergossip", "choco"),
-             "zipdl": ("exact", "powergossip"), "decor": ("exact", "powergossip", "choco")}
+SUPPORTED = {
+    "local": None,
+    "muffliato": ("exact", "powergossip", "choco"),
+    "zipdl": ("exact", "powergossip"),
+    "decor": ("exact", "powergossip", "choco"),
+}
 
 
 def _algorithm_name(spec: str) -> str:
@@ -34,8 +38,7 @@ def validate_mechanism_config(config) -> None:
     """One-line ValueError for a bad ``dp_mechanism`` setting of a `TrainConfig`."""
     mechanism = config.dp_mechanism
     if mechanism not in MECHANISMS:
-        raise ValueError(f"dp_mechanism must be one of {', '.join(MECHANISMS)}, got "
-                         f"{mechanism!r}")
+        raise ValueError(f"dp_mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
     dp_on = config.dp_noise_multiplier is not None or config.dp_target_epsilon is not None
     if mechanism != "zipdl" and config.dp_zipdl_sigma is not None:
         raise ValueError("dp_zipdl_sigma is for dp_mechanism: zipdl: set that, or drop the key")
@@ -44,23 +47,33 @@ def validate_mechanism_config(config) -> None:
     if mechanism == "local":
         return
     if not dp_on:
-        raise ValueError(f"dp_mechanism: {mechanism} runs on DP-SGD: set dp_noise_multiplier (or "
-                         f"dp_target_epsilon) and dp_max_grad_norm")
+        raise ValueError(
+            f"dp_mechanism: {mechanism} runs on DP-SGD: set dp_noise_multiplier (or "
+            f"dp_target_epsilon) and dp_max_grad_norm"
+        )
     algorithm = _algorithm_name(config.algorithm)
     if algorithm not in SUPPORTED[mechanism]:
-        raise ValueError(f"dp_mechanism: {mechanism} works with algorithm "
-                         f"{' or '.join(SUPPORTED[mechanism])}, not {algorithm}")
+        raise ValueError(
+            f"dp_mechanism: {mechanism} works with algorithm "
+            f"{' or '.join(SUPPORTED[mechanism])}, not {algorithm}"
+        )
     if mechanism == "zipdl" and config.dp_zipdl_sigma is None:
-        raise ValueError("dp_mechanism: zipdl needs dp_zipdl_sigma (the std of its per-edge "
-                         "zero-sum noise on each message coordinate)")
+        raise ValueError(
+            "dp_mechanism: zipdl needs dp_zipdl_sigma (the std of its per-edge "
+            "zero-sum noise on each message coordinate)"
+        )
     if mechanism == "decor":
         if config.dp_decor_sigma_cor is None:
-            raise ValueError("dp_mechanism: decor needs dp_decor_sigma_cor (the pairs' noise "
-                             "multiplier; dp_noise_multiplier is the independent one)")
+            raise ValueError(
+                "dp_mechanism: decor needs dp_decor_sigma_cor (the pairs' noise "
+                "multiplier; dp_noise_multiplier is the independent one)"
+            )
         if config.dp_target_epsilon is not None:
-            raise ValueError("dp_mechanism: decor takes dp_noise_multiplier (sigma_ind) and "
-                             "dp_decor_sigma_cor, not dp_target_epsilon (solve them for a target "
-                             "with privacy.mechanisms.decor.sigma_ind_for_target)")
+            raise ValueError(
+                "dp_mechanism: decor takes dp_noise_multiplier (sigma_ind) and "
+                "dp_decor_sigma_cor, not dp_target_epsilon (solve them for a target "
+                "with privacy.mechanisms.decor.sigma_ind_for_target)"
+            )
 
 
 def attach_mechanism(config, comm, dp, algorithm, randomness) -> Optional[object]:
@@ -68,21 +81,28 @@ def attach_mechanism(config, comm, dp, algorithm, randomness) -> Optional[object
     with every neighbour); returns what was attached, or None for local and muffliato."""
     mechanism = config.dp_mechanism
     if mechanism in ("zipdl", "decor") and not comm.is_static:
-        raise ValueError(f"dp_mechanism: {mechanism} needs a static topology (its noise is per "
-                         f"edge of one graph), not the schedule {comm.topology.name!r}")
+        raise ValueError(
+            f"dp_mechanism: {mechanism} needs a static topology (its noise is per "
+            f"edge of one graph), not the schedule {comm.topology.name!r}"
+        )
     if mechanism == "zipdl":
         if not getattr(algorithm, "supports_edge_noise", False):
-            raise ValueError(f"dp_mechanism: zipdl works with algorithm exact or powergossip, "
-                             f"not {algorithm.name}")
+            raise ValueError(
+                f"dp_mechanism: zipdl works with algorithm exact or powergossip, "
+                f"not {algorithm.name}"
+            )
         if len(comm.neighbors) < 2:
-            raise ValueError("dp_mechanism: zipdl needs every peer to have >= 2 neighbours (one "
-                             "message cannot carry zero-sum noise): use another topology")
+            raise ValueError(
+                "dp_mechanism: zipdl needs every peer to have >= 2 neighbours (one "
+                "message cannot carry zero-sum noise): use another topology"
+            )
         algorithm.edge_noise = ZeroSumNoise(randomness, float(config.dp_zipdl_sigma))
         return algorithm.edge_noise
     if mechanism == "decor":
         kind = randomness.kind
         keys = agree_pair_keys(comm, kind, seed=config.seed, run_dir=config.out_dir)
-        dp.extra_noise = PairwiseNoise(comm.rank, keys, float(config.dp_decor_sigma_cor),
-                                       dp.max_grad_norm, kind)
+        dp.extra_noise = PairwiseNoise(
+            comm.rank, keys, float(config.dp_decor_sigma_cor), dp.max_grad_norm, kind
+        )
         return dp.extra_noise
     return None

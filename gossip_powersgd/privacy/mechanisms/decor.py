@@ -38,8 +38,15 @@ import torch
 
 from gossip_powersgd.privacy.seeds import Randomness
 
-__all__ = ["DECOR_STREAM", "PairwiseNoise", "decor_rdp", "effective_noise", "laplacian",
-           "secldp_epsilon", "secldp_matrix"]
+__all__ = [
+    "DECOR_STREAM",
+    "PairwiseNoise",
+    "decor_rdp",
+    "effective_noise",
+    "laplacian",
+    "secldp_epsilon",
+    "secldp_matrix",
+]
 
 #: The keystream tag of the pairs' correlated noise.
 DECOR_STREAM = 0xDEC0
@@ -51,15 +58,19 @@ class PairwiseNoise:
     """`DPSGD.extra_noise` for DECOR: sum_j s_ij v_ij(step, k), float64, in units of the clipped
     sum (std sigma_cor C per pair). `keys` maps each neighbour to the pair key."""
 
-    def __init__(self, rank: int, keys: Dict[int, bytes], sigma_cor: float, max_grad_norm: float,
-                 kind: str):
-        if not (isinstance(sigma_cor, (int, float)) and math.isfinite(sigma_cor)
-                and sigma_cor >= 0):
+    def __init__(
+        self, rank: int, keys: Dict[int, bytes], sigma_cor: float, max_grad_norm: float, kind: str
+    ):
+        if not (
+            isinstance(sigma_cor, (int, float)) and math.isfinite(sigma_cor) and sigma_cor >= 0
+        ):
             raise ValueError(f"dp_decor_sigma_cor must be a finite number >= 0, got {sigma_cor!r}")
         self.rank = int(rank)
         self.std = float(sigma_cor) * float(max_grad_norm)
-        self.pairs = [(j, 1.0 if self.rank < j else -1.0, Randomness(key, kind))
-                      for j, key in sorted(keys.items())]
+        self.pairs = [
+            (j, 1.0 if self.rank < j else -1.0, Randomness(key, kind))
+            for j, key in sorted(keys.items())
+        ]
 
     def pair_noise(self, j: int, step: int, k: int, numel: int) -> torch.Tensor:
         """v_ij(step, k) as drawn at both ends (before the sign), flat float64."""
@@ -89,8 +100,9 @@ def laplacian(adjacency) -> np.ndarray:
     return np.diag(a.sum(axis=1)) - a
 
 
-def secldp_matrix(adjacency, sigma_ind: float, sigma_cor: float,
-                  adversary: Optional[int] = None) -> np.ndarray:
+def secldp_matrix(
+    adjacency, sigma_ind: float, sigma_cor: float, adversary: Optional[int] = None
+) -> np.ndarray:
     """Sigma^-1 over the peers the adversary does not control, Sigma = sigma_ind^2 I + sigma_cor^2 L.
 
     `adversary` None: an eavesdropper that holds no key (the full graph's L, the paper's setting);
@@ -98,13 +110,15 @@ def secldp_matrix(adjacency, sigma_ind: float, sigma_cor: float,
     other peers' noise is what remains: the Laplacian of the graph without it). Returned as the
     full n x n matrix with NaN in the adversary's row and column."""
     if not sigma_ind > 0:
-        raise ValueError(f"SecLDP needs independent noise sigma_ind > 0 (with none, a peer whose "
-                         f"every pair key is known has no noise), got {sigma_ind}")
+        raise ValueError(
+            f"SecLDP needs independent noise sigma_ind > 0 (with none, a peer whose "
+            f"every pair key is known has no noise), got {sigma_ind}"
+        )
     a = np.array(adjacency, dtype=np.float64)
     n = a.shape[0]
     keep = [u for u in range(n) if u != adversary]
     lap = laplacian(a[np.ix_(keep, keep)])
-    sigma = sigma_ind ** 2 * np.eye(len(keep)) + sigma_cor ** 2 * lap
+    sigma = sigma_ind**2 * np.eye(len(keep)) + sigma_cor**2 * lap
     # Sigma >= sigma_ind^2 I is well conditioned for moderate sigma_cor / sigma_ind: a Cholesky
     # solve is backward stable (relative error ~ n eps cond(Sigma)).
     inverse = np.linalg.solve(sigma, np.eye(len(keep)))
@@ -117,11 +131,12 @@ def decor_rdp(adjacency, sigma_ind: float, sigma_cor: float, clip: float) -> flo
     """The paper's per-step RDP factor 2 C^2 max_u [Sigma^-1]_uu (RDP(alpha) = alpha times it),
     full-graph Laplacian, no subsampling: `utils/dp_account.py`'s ``rdp_account`` at precision 0."""
     inverse = secldp_matrix(adjacency, sigma_ind, sigma_cor)
-    return 2.0 * clip ** 2 * float(np.nanmax(np.diag(inverse)))
+    return 2.0 * clip**2 * float(np.nanmax(np.diag(inverse)))
 
 
-def effective_noise(adjacency, sigma_ind: float, sigma_cor: float, victim: int,
-                    adversary: Optional[int] = None) -> float:
+def effective_noise(
+    adjacency, sigma_ind: float, sigma_cor: float, victim: int, adversary: Optional[int] = None
+) -> float:
     """z = 1 / sqrt([Sigma^-1]_vv): the noise multiplier of the whitened per-step Gaussian
     mechanism of `victim` towards `adversary` (sensitivity C, noise in units of C)."""
     if victim == adversary:
@@ -130,9 +145,17 @@ def effective_noise(adjacency, sigma_ind: float, sigma_cor: float, victim: int,
     return 1.0 / math.sqrt(float(value))
 
 
-def secldp_epsilon(adjacency, sigma_ind: float, sigma_cor: float, victim: int,
-                   adversary: Optional[int], sample_rate: float, steps: int, delta: float,
-                   accountant: str = "rdp") -> float:
+def secldp_epsilon(
+    adjacency,
+    sigma_ind: float,
+    sigma_cor: float,
+    victim: int,
+    adversary: Optional[int],
+    sample_rate: float,
+    steps: int,
+    delta: float,
+    accountant: str = "rdp",
+) -> float:
     """Epsilon at `delta` of `victim` towards `adversary` after `steps` Poisson-subsampled steps:
     the subsampled Gaussian of `effective_noise`, by the project's accountant (``rdp``: Opacus;
     ``pld``: dp-accounting's privacy-loss distributions, independent of Opacus)."""
@@ -155,14 +178,23 @@ def adjacency_of(topology) -> np.ndarray:
     return a
 
 
-def sigma_ind_for_target(target: float, adjacency, sigma_cor_ratio: float,
-                         sample_rate: float, steps: int, delta: float,
-                         pairs: Sequence[tuple]) -> float:
+def sigma_ind_for_target(
+    target: float,
+    adjacency,
+    sigma_cor_ratio: float,
+    sample_rate: float,
+    steps: int,
+    delta: float,
+    pairs: Sequence[tuple],
+) -> float:
     """The sigma_ind (with sigma_cor = ratio x sigma_ind) that ends the worst of the (victim,
     adversary) `pairs` at `target` (bisection on log sigma, 1e-3 relative; RDP accountant)."""
+
     def worst(s: float) -> float:
-        return max(secldp_epsilon(adjacency, s, sigma_cor_ratio * s, u, v, sample_rate, steps,
-                                  delta) for u, v in pairs)
+        return max(
+            secldp_epsilon(adjacency, s, sigma_cor_ratio * s, u, v, sample_rate, steps, delta)
+            for u, v in pairs
+        )
 
     lo, hi = 1e-2, 1e-2
     while worst(hi) > target:

@@ -37,8 +37,12 @@ __all__ = ["network_leakage", "muffliato_epsilons", "network_applies"]
 
 def network_applies(algorithm: str, momentum: float, schedule: str, warmup_epochs: float) -> bool:
     """Whether the network bound models the run: exact gossip, plain SGD, constant step size."""
-    return (algorithm == "exact" and float(momentum) == 0.0 and schedule == "constant"
-            and float(warmup_epochs) == 0.0)
+    return (
+        algorithm == "exact"
+        and float(momentum) == 0.0
+        and schedule == "constant"
+        and float(warmup_epochs) == 0.0
+    )
 
 
 def network_leakage(topology, steps: int, observer: int, gamma: float = 1.0) -> Dict[int, float]:
@@ -54,8 +58,17 @@ def network_leakage(topology, steps: int, observer: int, gamma: float = 1.0) -> 
     return out
 
 
-def muffliato_epsilons(topology, steps: int, sigma: float, sample_rate: float, delta: float,
-                       observer: int, *, network: bool, gamma: float = 1.0) -> Dict[int, dict]:
+def muffliato_epsilons(
+    topology,
+    steps: int,
+    sigma: float,
+    sample_rate: float,
+    delta: float,
+    observer: int,
+    *,
+    network: bool,
+    gamma: float = 1.0,
+) -> Dict[int, dict]:
     """{u: {"local", "network", "epsilon"}} towards `observer`: DP-SGD's subsampled epsilon (RDP,
     Opacus), the network bound (NaN when `network` is False) and their minimum."""
     from gossip_powersgd.privacy.accounting import epsilon, make_accountant
@@ -69,10 +82,16 @@ def muffliato_epsilons(topology, steps: int, sigma: float, sample_rate: float, d
     for u in range(n):
         if u == observer:
             continue
-        net = (float(network_dp.gaussian_epsilon(math.sqrt(leak[u]) / sigma, delta))
-               if network else math.nan)
-        out[u] = {"local": local, "network": net,
-                  "epsilon": local if math.isnan(net) else min(local, net)}
+        net = (
+            float(network_dp.gaussian_epsilon(math.sqrt(leak[u]) / sigma, delta))
+            if network
+            else math.nan
+        )
+        out[u] = {
+            "local": local,
+            "network": net,
+            "epsilon": local if math.isnan(net) else min(local, net),
+        }
     return out
 
 

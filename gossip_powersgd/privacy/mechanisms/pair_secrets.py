@@ -40,8 +40,15 @@ import torch
 
 from gossip_powersgd.utils import atomic_write
 
-__all__ = ["MODP_2048", "GENERATOR", "agree_pair_keys", "dh_public", "dh_shared_key",
-           "pair_key_path", "public_pair_key"]
+__all__ = [
+    "MODP_2048",
+    "GENERATOR",
+    "agree_pair_keys",
+    "dh_public",
+    "dh_shared_key",
+    "pair_key_path",
+    "public_pair_key",
+]
 
 #: RFC 3526, section 3: the 2048-bit MODP group, p = 2^2048 - 2^1984 - 1 + 2^64 (floor(2^1918 pi)
 #: + 124476), a safe prime ((p - 1) / 2 is prime; both checked by the tests).
@@ -51,7 +58,9 @@ MODP_2048 = int(
     "0BFF5CB6F406B7EDEE386BFB5A899FA5AE9F24117C4B1FE649286651ECE45B3DC2007CB8A163BF0598DA4836"
     "1C55D39A69163FA8FD24CF5F83655D23DCA3AD961C62F356208552BB9ED529077096966D670C354E4ABC9804"
     "F1746C08CA18217C32905E462E36CE3BE39E772C180E86039B2783A2EC07A28FB5C55DF06F4C52C9DE2BCBF6"
-    "955817183995497CEA956AE515D2261898FA051015728E5A8AACAA68FFFFFFFFFFFFFFFF", 16)
+    "955817183995497CEA956AE515D2261898FA051015728E5A8AACAA68FFFFFFFFFFFFFFFF",
+    16,
+)
 GENERATOR = 2
 _BYTES = 256
 _DOMAIN = b"gossip_powersgd/decor-pair-key/v1\0"
@@ -67,19 +76,23 @@ def dh_shared_key(exponent: int, their_public: int, i: int, j: int) -> bytes:
     """The pair key of edge {i, j} from this end's exponent and the other end's public value;
     refuses a public value outside [2, p - 2] (1 and p - 1 would force a known secret)."""
     if not 2 <= int(their_public) <= MODP_2048 - 2:
-        raise ValueError(f"peer {j}'s Diffie-Hellman value is out of range: it is not running the "
-                         f"same version of the key agreement")
+        raise ValueError(
+            f"peer {j}'s Diffie-Hellman value is out of range: it is not running the "
+            f"same version of the key agreement"
+        )
     shared = pow(int(their_public), int(exponent), MODP_2048).to_bytes(_BYTES, "big")
     small, big = sorted((int(i), int(j)))
-    return hashlib.sha256(_DOMAIN + small.to_bytes(8, "little") + big.to_bytes(8, "little")
-                          + shared).digest()
+    return hashlib.sha256(
+        _DOMAIN + small.to_bytes(8, "little") + big.to_bytes(8, "little") + shared
+    ).digest()
 
 
 def public_pair_key(seed: int, i: int, j: int) -> bytes:
     """A pair key everyone who knows the seed computes (dp_public_randomness: NOT secret)."""
     small, big = sorted((int(i), int(j)))
-    return hashlib.sha256(_PUBLIC_DOMAIN + b"".join(
-        int(v).to_bytes(8, "little") for v in (seed, small, big))).digest()
+    return hashlib.sha256(
+        _PUBLIC_DOMAIN + b"".join(int(v).to_bytes(8, "little") for v in (seed, small, big))
+    ).digest()
 
 
 def pair_key_path(run_dir, rank: int, other: int) -> Path:
@@ -88,11 +101,14 @@ def pair_key_path(run_dir, rank: int, other: int) -> Path:
 
 
 def _to_tensor(value: int) -> torch.Tensor:
-    return torch.frombuffer(bytearray(int(value).to_bytes(_BYTES, "big")), dtype=torch.uint8).clone()
+    return torch.frombuffer(
+        bytearray(int(value).to_bytes(_BYTES, "big")), dtype=torch.uint8
+    ).clone()
 
 
-def agree_pair_keys(comm, kind: str, *, seed: int = 0,
-                    run_dir: Optional[str] = None) -> Dict[int, bytes]:
+def agree_pair_keys(
+    comm, kind: str, *, seed: int = 0, run_dir: Optional[str] = None
+) -> Dict[int, bytes]:
     """{j: key shared with neighbour j} for every static neighbour: collective over the edges
     (one exchange of 256 raw bytes each way), so every peer calls it at the same point.
 
@@ -104,8 +120,10 @@ def agree_pair_keys(comm, kind: str, *, seed: int = 0,
         return {j: public_pair_key(seed, me, j) for j in neighbors}
     if kind == "run_dir":
         if run_dir is None:
-            raise ValueError("dp_secret: run_dir keeps the DECOR pair keys in the run directory: "
-                             "set out_dir, or use dp_secret: os")
+            raise ValueError(
+                "dp_secret: run_dir keeps the DECOR pair keys in the run directory: "
+                "set out_dir, or use dp_secret: os"
+            )
         paths = {j: pair_key_path(run_dir, me, j) for j in neighbors}
         present = {j for j, path in paths.items() if path.exists()}
     elif kind == "os":
@@ -117,16 +135,20 @@ def agree_pair_keys(comm, kind: str, *, seed: int = 0,
     # (both resume the stored key, or both agree a new one from the DH value in bytes 1..256).
     exponent = secrets.randbits(256) | (1 << 255)
     mine = dh_public(exponent)
-    send = {j: torch.cat([torch.tensor([j in present], dtype=torch.uint8), _to_tensor(mine)])
-            for j in neighbors}
+    send = {
+        j: torch.cat([torch.tensor([j in present], dtype=torch.uint8), _to_tensor(mine)])
+        for j in neighbors
+    }
     recv = {j: torch.zeros(_BYTES + 1, dtype=torch.uint8) for j in neighbors}
     if neighbors:
         comm.exchange(send, recv)
     odd = sorted(j for j in neighbors if bool(recv[j][0]) != (j in present))
     if odd:
-        raise ValueError(f"rank {me}: the DECOR pair keys with neighbours {odd} are stored at one "
-                         f"end of the edge only: the pairs' noise cannot continue; start a new "
-                         f"run directory")
+        raise ValueError(
+            f"rank {me}: the DECOR pair keys with neighbours {odd} are stored at one "
+            f"end of the edge only: the pairs' noise cannot continue; start a new "
+            f"run directory"
+        )
     keys: Dict[int, bytes] = {}
     if present:
         for j in present:

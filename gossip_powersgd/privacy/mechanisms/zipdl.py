@@ -42,14 +42,17 @@ __all__ = ["ZIPDL_STREAM", "ZeroSumNoise", "zero_sum_noise", "message_std"]
 ZIPDL_STREAM = 0x21FD1
 
 
-def zero_sum_noise(randomness: Randomness, counter: int, weights: Sequence[float], numel: int,
-                   sigma: float) -> torch.Tensor:
+def zero_sum_noise(
+    randomness: Randomness, counter: int, weights: Sequence[float], numel: int, sigma: float
+) -> torch.Tensor:
     """(deg, numel) float64 noise, row j for neighbour j, with sum_j weights[j] row_j = 0 up to
     float64 rounding; the label (ZIPDL_STREAM, counter) of the peer's own keystream."""
     deg = len(weights)
     if deg < 2:
-        raise ValueError("ZIP-DL's zero-sum noise needs at least two neighbours (with one, the "
-                         "only message's noise must be zero): use a topology of degree >= 2")
+        raise ValueError(
+            "ZIP-DL's zero-sum noise needs at least two neighbours (with one, the "
+            "only message's noise must be zero): use a topology of degree >= 2"
+        )
     w = torch.tensor([float(v) for v in weights], dtype=torch.float64)
     if not bool((w > 0).all()):
         raise ValueError(f"ZIP-DL needs positive gossip weights, got {w.tolist()}")
@@ -61,7 +64,7 @@ def zero_sum_noise(randomness: Randomness, counter: int, weights: Sequence[float
 def message_std(weights: Sequence[float], sigma: float) -> list:
     """The std per coordinate of each neighbour's noise: sigma sqrt(1 - 2 w_j/S + sum w^2/S^2)."""
     total = sum(weights)
-    squares = sum(v * v for v in weights) / total ** 2
+    squares = sum(v * v for v in weights) / total**2
     return [sigma * math.sqrt(1 - 2 * v / total + squares) for v in weights]
 
 
