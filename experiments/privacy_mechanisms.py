@@ -1,12 +1,13 @@
-"""`python -m experiments.privacy_mechanisms`: local DP-SGD, Muffliato, ZIP-DL and DECOR at equal
-epsilon against a neighbour, on exact gossip and PowerGossip r1: experiments/results/
-privacy_mechanisms.md and its CSV.
+"""`python -m experiments.privacy_mechanisms [--quick] [--out DIR]`: local DP-SGD, Muffliato, ZIP-DL
+and DECOR at equal epsilon against a neighbour, on exact gossip and PowerGossip r1:
+privacy_mechanisms.md and its CSV in DIR (default runs/privacy-mechanisms; the committed page is
+made with --out experiments/results).
 
 Every mechanism's noise is calibrated before training so that the victim's epsilon against a direct
 neighbour (ring:8, victim 1, neighbour 0; the ring is vertex transitive) is the target, with that
 mechanism's own valid accountant (`privacy.mechanisms`); then each (mechanism, algorithm) trains
 with seeds 0, 1, 2. ``--quick`` is a seconds-long smoke run (4 peers, 2 epochs, 1 seed) that writes
-its page under /tmp, never over the results.
+its page to runs/privacy-mechanisms-quick unless --out says otherwise.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from typing import Any, Dict, List
 
 from gossip_powersgd.utils import atomic_write
 
-RESULTS = Path(__file__).resolve().parent / "results"
+#: The default output folder (git-ignored); the committed page only with an explicit
+#: `--out experiments/results`.
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "runs" / "privacy-mechanisms"
 COMMAND = "python -m experiments.privacy_mechanisms"
 DELTA, CLIP, TARGET = 1e-5, 1.0, 4.0
 #: DECOR's sigma_cor / sigma_ind, fixed before any run (not tuned on accuracy).
@@ -223,7 +226,14 @@ def _pm(values: List[float], pct: bool = True) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="seconds-long smoke run (to /tmp)")
+    parser.add_argument("--quick", action="store_true", help="seconds-long smoke run")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default runs/privacy-mechanisms, or runs/privacy-mechanisms-quick "
+        "with --quick; the committed page: --out experiments/results)",
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -252,7 +262,9 @@ def main(argv=None) -> None:
                 m = train_row(setting, spec, mechanism, noises[mechanism], seed)
                 rows.append(dict(m, mechanism=mechanism, algorithm=label, seed=seed))
     seconds = time.perf_counter() - started
-    out_dir = Path("/tmp/privacy_mechanisms_quick") if args.quick else RESULTS
+    out_dir = args.out or DEFAULT_OUT.with_name(
+        "privacy-mechanisms-quick" if args.quick else "privacy-mechanisms"
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(out_dir / "privacy_mechanisms.csv", rows)
     per_step = statistics.fmean(r["run_seconds"] / r["steps"] for r in rows)
@@ -261,7 +273,12 @@ def main(argv=None) -> None:
         noises,
         rows,
         reuse_muffliato,
-        generated_sentence(COMMAND + (" --quick" if args.quick else ""), seconds),
+        generated_sentence(
+            COMMAND
+            + (" --quick" if args.quick else "")
+            + (f" --out {args.out}" if args.out else ""),
+            seconds,
+        ),
         dict(load=(load_start, os.getloadavg()[0]), per_step=per_step),
     )
     atomic_write(out_dir / "privacy_mechanisms.md", page.encode())

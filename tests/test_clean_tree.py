@@ -25,7 +25,9 @@ QUICK = [
     ["-m", "experiments.suite", "consensus", "--quick"],
     ["-m", "experiments.suite", "privacy", "--quick", "--epochs", "1"],
     ["-m", "experiments.suite", "dynamic", "--quick", "--epochs", "1"],
-    ["-m", "experiments.privacy_attacks", "--quick", "--epochs", "1"],
+    ["-m", "experiments.privacy_attacks", "--quick"],
+    ["-m", "experiments.privacy_mechanisms", "--quick"],
+    ["-m", "experiments.privacy_attacks.dp_sweep", "--quick"],
     [
         "-m",
         "experiments.consensus",

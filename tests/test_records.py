@@ -311,6 +311,6 @@ def test_augmented_cifar_run_is_the_same_under_mpi_and_local(cifar_root, tmp_pat
     assert result.returncode == 0, result.stderr[-2000:]
     from gossip_powersgd.training.config import load_config
 
-    summary = local_train(load_config(config, deep=False).replace(quiet=True).__dict__)[0]
+    summary = local_train(load_config(config, deep=False).replace(quiet=True).to_dict())[0]
     mpi_summary = json.loads((out / "summary.json").read_text())
     assert mpi_summary["model_sha256"] == summary["model_sha256"]  # crops, flips, BN refresh

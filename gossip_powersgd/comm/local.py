@@ -410,13 +410,44 @@ class LocalCluster:
 
         # Peers that may run at once must not share torch's global RNG (see the class docstring).
         concurrent = shared.size > 1 and (not self.cooperative or self.lanes > 1)
-        rng_before = torch.default_generator.get_state() if concurrent else None
+        rng_before = rng_sentinel = None
+        if concurrent:
+            # A fresh seed, so that a peer leaving the generator as it found it is still seen (a
+            # peer seeding the value it already had would otherwise go unnoticed); the caller's
+            # state comes back below when no peer touched the generator.
+            rng_before = torch.default_generator.get_state()
+            torch.default_generator.manual_seed(int.from_bytes(os.urandom(8), "little"))
+            rng_sentinel = torch.default_generator.get_state()
         threads = [
             threading.Thread(target=peer, args=(rank,), name=f"peer-{rank}", daemon=True)
             for rank in range(shared.size)
         ]
         for thread in threads:
             thread.start()
+        try:
+            self._join(threads, shared)
+        finally:
+            rng_used = rng_sentinel is not None and not torch.equal(
+                rng_sentinel, torch.default_generator.get_state()
+            )
+            if rng_before is not None and not rng_used:
+                torch.default_generator.set_state(rng_before)
+        first = shared.failed_rank
+        if first is not None and not isinstance(errors[first], PeerAborted):
+            raise errors[first]
+        real = [e for e in errors if e is not None and not isinstance(e, PeerAborted)]
+        if real:
+            raise real[0]
+        aborted = [e for e in errors if e is not None]
+        if aborted:
+            raise aborted[0]
+        if rng_used:
+            warnings.warn(GLOBAL_RNG_WARNING, RuntimeWarning, stacklevel=2)
+        return results
+
+    @staticmethod
+    def _join(threads, shared) -> None:
+        """Wait for every peer thread; on Ctrl-C stop them (see `run`)."""
         try:
             for thread in threads:
                 thread.join()
@@ -429,20 +460,6 @@ class LocalCluster:
             for thread in threads:
                 thread.join(timeout=max(0.0, deadline - time.monotonic()))
             raise
-        first = shared.failed_rank
-        if first is not None and not isinstance(errors[first], PeerAborted):
-            raise errors[first]
-        real = [e for e in errors if e is not None and not isinstance(e, PeerAborted)]
-        if real:
-            raise real[0]
-        aborted = [e for e in errors if e is not None]
-        if aborted:
-            raise aborted[0]
-        if rng_before is not None and not torch.equal(
-            rng_before, torch.default_generator.get_state()
-        ):
-            warnings.warn(GLOBAL_RNG_WARNING, RuntimeWarning, stacklevel=2)
-        return results
 
 
 def peer_cores(count: int, lanes: int = 1) -> Optional[List[set]]:
