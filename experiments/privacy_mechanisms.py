@@ -33,6 +33,9 @@ COMMAND = "python -m experiments.privacy_mechanisms"
 DELTA, CLIP, TARGET = 1e-5, 1.0, 4.0
 #: DECOR's sigma_cor / sigma_ind, fixed before any run (not tuned on accuracy).
 DECOR_RATIO = 4.0
+#: ZIP-DL's per-draw std over DP-SGD's noise std on the model (`zipdl.noise_ratio`), fixed before
+#: any run: its zero-sum noise as large as the DP noise of one step.
+ZIPDL_RATIO = 1.0
 ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1,iters=1"))
 MECHANISMS = ("local", "muffliato", "zipdl", "decor")
 SETTINGS = {
@@ -102,43 +105,62 @@ def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
         f"l = {{{', '.join(f'{u}: {v:.1f}' for u, v in leak.items())}}}"
     )
 
-    def muff(sigma, u):
-        net = float(network_dp.gaussian_epsilon(math.sqrt(leak[u]) / sigma, DELTA))
-        return min(_rdp(sigma, q, steps), net), net
+    def pairwise(leak):
+        """sigma for TARGET against the neighbour (peer 1) with epsilon = min(local, network)."""
 
-    lo, hi = 0.05, local_sigma  # the min is <= local: sigma <= local_sigma reaches the target
-    if muff(hi, 1)[1] < _rdp(hi, q, steps):  # the network bound is the better one: less noise
-        while hi / lo > 1.001:
-            mid = math.sqrt(lo * hi)
-            lo, hi = (mid, hi) if muff(mid, 1)[0] > TARGET else (lo, mid)
-    sigma = hi
-    nb, nb_net = muff(sigma, 1)
-    fa, fa_net = muff(sigma, far)
-    out["muffliato"] = dict(
-        sigma=sigma,
-        extra="—",
-        neighbour=nb,
-        far=fa,
-        neighbour_pld=local_eps(sigma)["pld"],
-        local=_rdp(sigma, q, steps),
-        network_neighbour=nb_net,
-        network_far=fa_net,
-        note=(
-            f"min(local, network view); network bound alone: neighbour "
-            f"{nb_net:.3g}, peer {far} hops away {fa_net:.3g} (exact gossip "
-            f"only; PowerGossip: local)"
-        ),
+        def eps(sigma, u):
+            net = float(network_dp.gaussian_epsilon(math.sqrt(leak[u]) / sigma, DELTA))
+            return min(_rdp(sigma, q, steps), net), net
+
+        lo, hi = 0.05, local_sigma  # the min is <= local: sigma <= local_sigma reaches the target
+        if eps(hi, 1)[1] < _rdp(hi, q, steps):  # the network bound is the better one: less noise
+            while hi / lo > 1.001:
+                mid = math.sqrt(lo * hi)
+                lo, hi = (mid, hi) if eps(mid, 1)[0] > TARGET else (lo, mid)
+        return hi, eps(hi, 1), eps(hi, far)
+
+    def network_row(sigma, near, away, extra, note):
+        (nb, nb_net), (fa, fa_net) = near, away
+        return dict(
+            sigma=sigma,
+            extra=extra,
+            neighbour=nb,
+            far=fa,
+            neighbour_pld=local_eps(sigma)["pld"],
+            local=_rdp(sigma, q, steps),
+            network_neighbour=nb_net,
+            network_far=fa_net,
+            note=note.format(nb=nb_net, fa=fa_net),
+        )
+
+    sigma, near, away = pairwise(leak)
+    out["muffliato"] = network_row(
+        sigma,
+        near,
+        away,
+        "—",
+        f"min(local, network view); network bound alone: neighbour {{nb:.3g}}, peer {far} hops "
+        "away {fa:.3g} (exact gossip only; PowerGossip: local)",
     )
-    zip_sigma = setting["lr"] * local_sigma * CLIP / setting["batch_size"]
+    # ZIP-DL: the same view with its zero-sum draws added (rho fixed, so l does not depend on sigma)
+    started = time.perf_counter()
+    zip_leak = muffliato.network_leakage(topology, steps, observer=0, zero_sum=ZIPDL_RATIO)
+    log(
+        f"ZIP-DL view of observer 0 over {steps} steps: {time.perf_counter() - started:.0f} s; "
+        f"l = {{{', '.join(f'{u}: {v:.1f}' for u, v in zip_leak.items())}}}"
+    )
+    sigma, near, away = pairwise(zip_leak)
+    zip_sigma = ZIPDL_RATIO * setting["lr"] * sigma * CLIP / setting["batch_size"]
     out["zipdl"] = dict(
-        sigma=local_sigma,
-        extra=f"zero-sum std {zip_sigma:.3g} per message",
+        network_row(
+            sigma,
+            near,
+            away,
+            f"zero-sum std {zip_sigma:.3g} per draw",
+            f"min(local, network view with the zero-sum noise); network bound alone: neighbour "
+            f"{{nb:.3g}}, peer {far} hops away {{fa:.3g}} (exact gossip only; PowerGossip: local)",
+        ),
         zipdl_sigma=zip_sigma,
-        neighbour=base["rdp"],
-        far=base["rdp"],
-        neighbour_pld=base["pld"],
-        local=base["rdp"],
-        note="DP-SGD's epsilon; the zero-sum noise is not credited",
     )
     adjacency = decor.adjacency_of(topology)
     with warnings.catch_warnings():

@@ -43,6 +43,14 @@ Koskela & Kulkarni (arXiv 2505.19969) analyse gossip with node-level noise as th
 linear system and likewise find a Gaussian mechanism's guarantee; this module computes that
 mechanism's sensitivity for one observer's own view of one run, exactly, per pair.
 
+ZIP-DL (`zero_sum=` rho, `zero_sum_matrix`): every message also carries the sender's zero-sum noise
+for that edge, n_jk = sigma_z (g_jk - sum_k' W[j,k'] g_jk' / sum_k' W[j,k']), which the receiver
+mixes into its state. The view becomes V = A z + B g + known (one column of B per draw g of a
+sender other than the observer), a Gaussian of covariance sigma^2 K K^T with K = [A, rho B],
+rho = sigma_z / sigma; the shift still lies in A's columns, and the same computation on K's row
+space is exact (`_grams`). Extra independent noise is post-processing: the leakage never grows with
+rho (tested), and it falls to 0 for one observer as rho grows (only the network sum is noise-free).
+
 Numerics (float64): ``P_row(A)`` comes from an SVD of A with unit-norm rows (row scaling leaves the
 row space alone), keeping singular values above tol = eps (max(m, k) + sqrt(m) T n) s_max: the
 entries of A are products of at most T n-by-n mixing matrices (rounding below T n eps relative,
@@ -80,6 +88,7 @@ __all__ = [
     "per_message_composition_rdp",
     "view_matrix",
     "worst_shift",
+    "zero_sum_matrix",
 ]
 
 NOISE_MODES = ("once", "every_step")
@@ -129,6 +138,13 @@ def _check_count(name: str, value, minimum: int) -> int:
     return int(value)
 
 
+def _check_ratio(value) -> float:
+    """ZIP-DL's sigma_z / sigma: 0 (no ZIP-DL) or a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"zero_sum must be a finite number >= 0 (sigma_z / sigma), got {value!r}")
+    return float(value)
+
+
 def _check_delta(delta) -> float:
     if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
         raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}")
@@ -152,7 +168,31 @@ def view_matrix(
     z(t) = sum_{s<=t} Phi(t, s) (c(s) + eta(s)) with Phi(t, s) = M_{t-1} ... M_s, so the row of
     neighbour w at step t holds Phi(t, s)[w, :] in block s (noise once: block 0 only).
     """
-    graphs = _graphs(topology)
+    a, peers, _, _ = _view(topology, steps, observer, noise=noise, gamma=gamma)
+    return a, peers
+
+
+def zero_sum_matrix(
+    topology, steps: int, observer: int, *, noise: str = "once", gamma: float = 1.0
+) -> Tuple[np.ndarray, List[Tuple[int, int, int]]]:
+    """(B, draws): how the observer's view depends on ZIP-DL's per-edge draws, V = A z + B g + known.
+
+    ZIP-DL (`privacy.mechanisms.zipdl`): at every gossip step t, sender j draws g_jk(t) ~ N(0, 1)
+    (in units of its std sigma_z) for each neighbour k and sends k its value plus
+    n_jk(t) = g_jk(t) - sum_k' W[j,k'] g_jk'(t) / sum_k' W[j,k']; receiver i mixes
+    x_i <- x_i + gamma sum_j W[i,j] (x_j + n_ji - x_i), so the noise of step t enters the states,
+    e(t) = gamma sum_j W[i,j] n_ji(t), and y(t+1) = M_t z(t) + e(t). Row order is `view_matrix`'s;
+    one column per draw of a sender j != observer (the observer knows its own), draws[c] = (t, j, k).
+    Static topologies only (ZIP-DL's noise is per edge of one graph).
+    """
+    _, _, b, draws = _view(topology, steps, observer, noise=noise, gamma=gamma, zero_sum=True)
+    return b, draws
+
+
+def _view(graphs, steps, observer, *, noise, gamma, zero_sum=False, keep_observer=False):
+    """(A, peers, B, draws) of `view_matrix` and `zero_sum_matrix` (B None without `zero_sum`);
+    `keep_observer` keeps the observer's own columns (what it knows), for checks against a run."""
+    graphs = _graphs(graphs)
     steps = _check_count("steps", steps, 1)
     n = graphs.size
     observer = _check_count("observer", observer, 0)
@@ -160,22 +200,55 @@ def view_matrix(
         raise ValueError(f"observer must be a peer 0..{n - 1}, got {observer}")
     _choice("noise", noise, NOISE_MODES)
     blocks = steps if noise == "every_step" else 1
+    if zero_sum:
+        if not isinstance(graphs, topologies.Topology):
+            raise ValueError(
+                "ZIP-DL's zero-sum noise is accounted on a static topology (its noise is per "
+                f"edge of one graph), not the schedule {graphs.name!r}"
+            )
+        w = np.asarray(graphs.W, dtype=np.float64)
+        senders = [j for j in range(n) if keep_observer or j != observer]
+        edges = [(j, k) for j in senders for k in graphs.neighbors(j)]
+        index = {edge: c for c, edge in enumerate(edges)}
+        # centre[(j, k), (j, k')] = [k == k'] - W[j, k'] / sum_k'' W[j, k'']: g -> n, per step
+        centre = np.zeros((len(edges), len(edges)))
+        for j in senders:
+            row = [index[(j, k)] for k in graphs.neighbors(j)]
+            weights = w[j, list(graphs.neighbors(j))]
+            centre[np.ix_(row, row)] = np.eye(len(row)) - weights[None, :] / weights.sum()
+        # enters[i, (j, k)] = gamma W[i, j] if k == i: n -> e (the receivers' mix)
+        enters = np.zeros((n, len(edges)))
+        for (j, k), c in index.items():
+            enters[k, c] = gamma * w[k, j]
+        enters = enters @ centre
+        state = np.zeros((n, steps, len(edges)))  # y(t)'s dependence on the draws so far
     phi: List[np.ndarray] = [np.eye(n)]  # phi[s] = Phi(t, s) for the current t, s <= t
-    rows = []
+    rows, b_rows = [], []
     for t in range(steps):
         graph = graphs.at(t)
         if t > 0:
             m = mixing_matrix(graphs, gamma, t - 1)
             phi = [m @ p for p in phi] + ([np.eye(n)] if noise == "every_step" else [])
-        for w in graph.neighbors(observer):
+            if zero_sum:
+                state = np.einsum("ij,jsc->isc", m, state)
+                state[:, t - 1] += enters
+        for nb in graph.neighbors(observer):
             row = np.zeros((blocks, n))
             for s, p in enumerate(phi):
-                row[s] = p[w]
+                row[s] = p[nb]
             rows.append(row)
-    others = np.array([u for u in range(n) if u != observer], dtype=np.int64)
-    a = np.array(rows).reshape(len(rows), blocks, n)[:, :, others]  # no rows: v has no neighbours
-    a = a.reshape(len(rows), blocks * len(others))
-    return a, np.tile(others, blocks)
+            if zero_sum:
+                b_row = state[nb].copy()
+                b_row[t] += centre[index[(nb, observer)]]
+                b_rows.append(b_row.reshape(-1))
+    cols = np.array([u for u in range(n) if keep_observer or u != observer], dtype=np.int64)
+    a = np.array(rows).reshape(len(rows), blocks, n)[:, :, cols]  # no rows: v has no neighbours
+    a = a.reshape(len(rows), blocks * len(cols))
+    if not zero_sum:
+        return a, np.tile(cols, blocks), None, None
+    b = np.array(b_rows).reshape(len(rows), steps * len(edges))
+    draws = [(t, j, k) for t in range(steps) for (j, k) in edges]
+    return a, np.tile(cols, blocks), b, draws
 
 
 def _row_basis(a: np.ndarray, steps: int, n: int) -> np.ndarray:
@@ -240,13 +313,19 @@ def _mixing_upper_bound(g: np.ndarray, sweeps: int) -> np.ndarray:
     return np.minimum(upper, t * np.linalg.eigvalsh(g)[:, -1])
 
 
-def _grams(graphs, steps: int, observer: int, noise: str, gamma: float) -> dict:
+def _grams(graphs, steps: int, observer: int, noise: str, gamma: float, zero_sum: float = 0.0):
     """{u: G_u}: the Gram matrix of u's columns of an orthonormal basis of the view's row space
-    (G_u is T_u x T_u, T_u the noise blocks of u that reach the observer; noise once: 1 x 1)."""
-    a, peers = view_matrix(graphs, steps, observer, noise=noise, gamma=gamma)
+    (G_u is T_u x T_u, T_u the noise blocks of u that reach the observer; noise once: 1 x 1).
+
+    With ZIP-DL's draws (`zero_sum` = rho = sigma_z / sigma > 0) the view is V = A z + B g + known,
+    a Gaussian of covariance sigma^2 (A A^T + rho^2 B B^T) = sigma^2 K K^T, K = [A, rho B]; the mean
+    shift of u's record lies in A's columns of u, and A_u^T (K K^T)^+ A_u = Q_u Q_u^T with Q an
+    orthonormal basis of K's row space (K = U S V^T: A_u = U S V_u^T): the same computation on K."""
+    a, peers, b, _ = _view(graphs, steps, observer, noise=noise, gamma=gamma, zero_sum=zero_sum > 0)
     reached = np.abs(a).sum(axis=0) > 0  # exact: products of non-negative matrices
-    basis = _row_basis(a[:, reached], steps, graphs.size)
-    peers = peers[reached]
+    a, peers = a[:, reached], peers[reached]
+    k = a if b is None else np.hstack([a, zero_sum * b])
+    basis = _row_basis(k, steps, graphs.size)[: a.shape[1]]
     return {int(u): basis[peers == u] @ basis[peers == u].T for u in np.unique(peers)}
 
 
@@ -264,18 +343,27 @@ def _leakage(grams: list, shift: str) -> np.ndarray:
 
 
 def pairwise_leakage(
-    topology, steps: int, *, noise: str = "once", gamma: float = 1.0, shift: str = "any"
+    topology,
+    steps: int,
+    *,
+    noise: str = "once",
+    gamma: float = 1.0,
+    shift: str = "any",
+    zero_sum: float = 0.0,
 ) -> np.ndarray:
     """l[u, v]: observer v's view's squared mean shift for peer u per unit Delta (the exact Gaussian
     mechanism is mu = Delta sqrt(l) / sigma); the diagonal is NaN. Noise once: 0 <= l <= 1 (1: v
-    determines x_u + eta_u); every step: 0 <= l <= steps."""
+    determines x_u + eta_u); every step: 0 <= l <= steps. `zero_sum` = sigma_z / sigma adds
+    ZIP-DL's per-edge zero-sum noise on every message (`zero_sum_matrix`; 0: none): extra noise
+    in the view, so l never grows with it."""
     _choice("shift", shift, SHIFTS)
+    zero_sum = _check_ratio(zero_sum)
     graphs = _graphs(topology)
     n = graphs.size
     out = np.zeros((n, n))
     pairs, grams = [], []
     for v in range(n):
-        for u, g in _grams(graphs, steps, v, noise, gamma).items():
+        for u, g in _grams(graphs, steps, v, noise, gamma, zero_sum).items():
             pairs.append((u, v))
             grams.append(g)
     if pairs:
@@ -295,12 +383,16 @@ def pairwise_rdp(
     noise: str = "once",
     gamma: float = 1.0,
     shift: str = "any",
+    zero_sum: float = 0.0,
 ) -> np.ndarray:
     """rho[u, v] with RDP_{u->v}(alpha) = alpha * rho[u, v] exactly (the RDP curve of the view's
-    Gaussian mechanism, rho = Delta^2 l / (2 sigma^2)); the diagonal is NaN."""
+    Gaussian mechanism, rho = Delta^2 l / (2 sigma^2)); the diagonal is NaN. `zero_sum`: ZIP-DL's
+    sigma_z / sigma (`pairwise_leakage`)."""
     sigma = _check_positive("sigma", sigma)
     sensitivity = _check_positive("sensitivity", sensitivity)
-    leak = pairwise_leakage(topology, steps, noise=noise, gamma=gamma, shift=shift)
+    leak = pairwise_leakage(
+        topology, steps, noise=noise, gamma=gamma, shift=shift, zero_sum=zero_sum
+    )
     return sensitivity**2 * leak / (2 * sigma**2)
 
 
@@ -364,11 +456,22 @@ def pairwise_epsilon(
     gamma: float = 1.0,
     shift: str = "any",
     conversion: str = "gaussian",
+    zero_sum: float = 0.0,
 ) -> np.ndarray:
     """epsilon[u, v] at `delta`: the (epsilon, delta)-DP of peer u towards observer v's whole view
     (`pairwise_rdp`), converted exactly as a Gaussian mechanism (`conversion="gaussian"`) or by
-    the classic RDP conversion (``"rdp"``); the diagonal is NaN. See the module docstring."""
-    rho = pairwise_rdp(topology, steps, sigma, sensitivity, noise=noise, gamma=gamma, shift=shift)
+    the classic RDP conversion (``"rdp"``); the diagonal is NaN. `zero_sum`: ZIP-DL's
+    sigma_z / sigma (`pairwise_leakage`). See the module docstring."""
+    rho = pairwise_rdp(
+        topology,
+        steps,
+        sigma,
+        sensitivity,
+        noise=noise,
+        gamma=gamma,
+        shift=shift,
+        zero_sum=zero_sum,
+    )
     return _convert(rho, delta, conversion)
 
 

@@ -45,12 +45,19 @@ def network_applies(algorithm: str, momentum: float, schedule: str, warmup_epoch
     )
 
 
-def network_leakage(topology, steps: int, observer: int, gamma: float = 1.0) -> Dict[int, float]:
+def network_leakage(
+    topology, steps: int, observer: int, gamma: float = 1.0, zero_sum: float = 0.0
+) -> Dict[int, float]:
     """{u: l_uv}: observer v's squared mean shift per unit C of peer u's record over `steps` noisy
     steps of exact gossip (`network_dp`'s exact view, noise every step, any per-step shift); the
-    Gaussian mechanism's mu is sqrt(l) / sigma. Only observer v's view is built (n - 1 pairs)."""
+    Gaussian mechanism's mu is sqrt(l) / sigma. Only observer v's view is built (n - 1 pairs).
+    `zero_sum`: ZIP-DL's per-edge noise on the messages, its std over DP-SGD's in the same units
+    (`zipdl.noise_ratio`); 0 without ZIP-DL."""
     graphs = network_dp._graphs(topology)
-    grams = network_dp._grams(graphs, int(steps), int(observer), "every_step", float(gamma))
+    zero_sum = network_dp._check_ratio(zero_sum)
+    grams = network_dp._grams(
+        graphs, int(steps), int(observer), "every_step", float(gamma), zero_sum
+    )
     peers = sorted(grams)
     values = network_dp._leakage([grams[u] for u in peers], "any")
     out = {u: 0.0 for u in range(graphs.size) if u != observer}
@@ -68,16 +75,18 @@ def muffliato_epsilons(
     *,
     network: bool,
     gamma: float = 1.0,
+    zero_sum: float = 0.0,
 ) -> Dict[int, dict]:
     """{u: {"local", "network", "epsilon"}} towards `observer`: DP-SGD's subsampled epsilon (RDP,
-    Opacus), the network bound (NaN when `network` is False) and their minimum."""
+    Opacus), the network bound (NaN when `network` is False) and their minimum. `zero_sum`: ZIP-DL's
+    noise ratio (`network_leakage`; `zipdl.zipdl_epsilons` passes it)."""
     from gossip_powersgd.privacy.accounting import epsilon, make_accountant
 
     check = make_accountant("rdp")
     check.history = [(float(sigma), float(sample_rate), int(steps))]
     local = epsilon(check, delta)
     n = network_dp._graphs(topology).size
-    leak = network_leakage(topology, steps, observer, gamma) if network else {}
+    leak = network_leakage(topology, steps, observer, gamma, zero_sum) if network else {}
     out = {}
     for u in range(n):
         if u == observer:
