@@ -1,8 +1,9 @@
 """`parse`: a topology or schedule from its spelling (``"ring:8"``, ``"matchings:8:3"``).
 
-Static spellings are built by `generators.parse_static`, time-varying ones by
-`schedules.parse_schedule` (which builds directed ones with `directed.py`); this module sits above
-the three, so none of them imports another in a circle.
+Every spelling is cut into fields by the one spec grammar (`grammar`, through
+`generators.split_topology_spec`). Static spellings are built by `generators.parse_static`,
+time-varying ones by `schedules.parse_schedule` (which builds directed ones with `directed.py`);
+this module sits above the three, so none of them imports another in a circle.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def parse(spec, n: int | None = None, weights: str | None = None):
     elif isinstance(spec, str) and _kind(spec) in SCHEDULE_KINDS:
         if n is not None:
             n = _int(n, "n", 1)
-        topo = parse_schedule(spec, _kind(spec), spec.strip().partition(":")[2], n, weights)
+        topo = parse_schedule(spec, n, weights)
     else:
         topo = parse_static(spec, n, weights)
     if n is not None and topo.size != n:

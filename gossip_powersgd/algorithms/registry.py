@@ -28,6 +28,7 @@ from .layout import MessageLayout
 from .powergossip import PowerGossip
 from .pushsum import PushSum
 
+
 #: What an algorithm's γ is when its spec does not set one (`GossipAlgorithm.gamma_source`).
 GAMMA_KINDS = ("topology", "tuned", "none")
 
@@ -130,7 +131,7 @@ def split_spec(spec: str) -> Tuple[str, Dict[str, str]]:
 def _entry(spec: str) -> Tuple[str, type, Dict[str, str]]:
     name, options = split_spec(spec)
     if name not in REGISTRY:
-        raise ValueError(f"unknown algorithm {name!r}; valid: {', '.join(sorted(REGISTRY))}")
+        raise specs.unknown_name("algorithm spec", spec, name, sorted(REGISTRY))
     return name, REGISTRY[name], options
 
 
@@ -146,13 +147,14 @@ def algorithm_kwargs(spec: str) -> Tuple[type, Dict[str, Any]]:
     kwargs: Dict[str, Any] = {}
     for key, value in options.items():
         if key not in cls.options:
-            valid = ", ".join(sorted(cls.options)) or "none"
-            raise ValueError(f"algorithm {name!r} has no option {key!r}; valid: {valid}")
+            raise specs.unknown_option("algorithm spec", spec, key, sorted(cls.options))
         option = cls.options[key]
         try:
             kwargs[option.argument] = option.parse(value)
         except ValueError as exc:
-            raise ValueError(f"algorithm {name!r}: bad value {value!r} for {key}: {exc}") from None
+            raise specs.spec_error(
+                "algorithm spec", spec, f"bad value {value!r} for {key}: {exc}"
+            ) from None
     return cls, kwargs
 
 
