@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
 
@@ -46,6 +46,9 @@ from experiments.bench_gossip.measure import copy_bandwidth, loopback_communicat
 from experiments.bench_gossip.shapes import make_params, model_shapes
 from gossip_powersgd import LocalCluster, PowerGossip
 from gossip_powersgd.utils import atomic_write, git_commit
+
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = "gossip_powersgd/algorithms/powergossip.py"
@@ -112,7 +115,7 @@ def cluster_run(
     barriers, and the final parameters."""
     shapes = model_shapes("resnet20")
 
-    def peer(comm):
+    def peer(comm: Comm):
         x = make_params(shapes, comm.rank)
         gossip = algorithm(x, comm, rank=1)
         gossip.step()
@@ -147,7 +150,7 @@ def divergence(before: type, peers: int, marks=(1, 10, 100)) -> Dict[int, Dict[s
     largest parameter difference and both consensus distances after each of `marks` steps."""
     from gossip_powersgd.metrics import consensus_distance
 
-    def peer(comm, algorithm):
+    def peer(comm: Comm, algorithm):
         x = make_params(model_shapes("resnet20"), comm.rank)
         gossip = algorithm(x, comm, rank=1)
         out = {}

@@ -8,19 +8,25 @@ this module sits above the three, so none of them imports another in a circle.
 
 from __future__ import annotations
 
+from typing import Union
+
 from .directed import DirectedSchedule, DirectedTopology
 from .generators import SCHEDULE_KINDS, SPEC_USAGE, _int, parse_static
 from .schedules import Schedule, parse_schedule
 from .topology import Topology
 
-__all__ = ["parse", "SPEC_USAGE"]
+__all__ = ["parse", "SPEC_USAGE", "AnyTopology"]
+
+#: What `parse` returns, and what a ``topology`` argument may be: a static graph, a schedule, or
+#: their directed versions (check ``is_directed`` and ``is_static`` before relying on either).
+AnyTopology = Union[Topology, Schedule, DirectedTopology, DirectedSchedule]
 
 
 def _kind(spec: str) -> str:
     return spec.strip().partition(":")[0].strip().lower().replace("-", "_")
 
 
-def parse(spec, n: int | None = None, weights: str | None = None):
+def parse(spec, n: int | None = None, weights: str | None = None) -> AnyTopology:
     """Build a topology or schedule from its CLI spelling, e.g. ``"torus:4x4"``, ``parse("ring", n=8)``.
 
     Spellings: see :data:`SPEC_USAGE`. When ``n`` is given the size may be left out of the spec

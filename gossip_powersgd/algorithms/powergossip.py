@@ -45,7 +45,7 @@ The default gamma on a schedule is 1 (plain mixing with each step's W).
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -71,6 +71,10 @@ from .kernels import (
 )
 from .layout import MessageLayout, Part, unflatten
 from .lowrank import GRAM_SCHMIDT_MAX_RANK, ORTHO_EPS, MatrixStack, matrix_stacks, orthonormalize_
+
+if TYPE_CHECKING:
+    from ..comm.base import Comm
+    from topologies import AnyTopology
 
 
 def edge_seed(seed: int, i: int, j: int) -> int:
@@ -273,7 +277,7 @@ class PowerGossip(GossipAlgorithm):
             raise ValueError(f"min_compression_rate must be >= 0, got {min_compression_rate}")
 
     @classmethod
-    def check_config(cls, kwargs, topology) -> None:
+    def check_config(cls, kwargs, topology: AnyTopology) -> None:
         """The constructor's checks of rank, iterations and compression rate, from the spec alone."""
         cls._check_arguments(
             kwargs.get("rank", 1),
@@ -284,7 +288,7 @@ class PowerGossip(GossipAlgorithm):
     def __init__(
         self,
         params: ParamsLike,
-        comm,
+        comm: Comm,
         rank: int = 1,
         num_iterations: int = 1,
         gamma: Optional[float] = None,

@@ -13,7 +13,7 @@ options is an error that lists what is valid.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 from .. import specs
 
@@ -28,6 +28,9 @@ from .layout import MessageLayout
 from .powergossip import PowerGossip
 from .pushsum import PushSum
 
+if TYPE_CHECKING:
+    from ..comm.base import Comm
+    from topologies import AnyTopology
 
 #: What an algorithm's γ is when its spec does not set one (`GossipAlgorithm.gamma_source`).
 GAMMA_KINDS = ("topology", "tuned", "none")
@@ -169,7 +172,7 @@ def gamma_kind(spec: str) -> str:
     return _entry(spec)[1].gamma_source
 
 
-def spec_gamma(spec: str, topology) -> Optional[float]:
+def spec_gamma(spec: str, topology: AnyTopology) -> Optional[float]:
     """The γ a spec runs with on `topology`: its own, else the topology's for "topology" algorithms,
     else None (a "tuned" algorithm without γ, or one that has no γ)."""
     _, cls, options = _entry(spec)
@@ -183,7 +186,7 @@ def spec_gamma(spec: str, topology) -> Optional[float]:
     return float(topology.gamma) if hasattr(topology, "gamma") else 1.0
 
 
-def check_directed(spec: str, topology, topology_spec: str) -> None:
+def check_directed(spec: str, topology: AnyTopology, topology_spec: str) -> None:
     """Refuse a directed topology (or schedule) for an algorithm that needs symmetric edges."""
     name, cls, _ = _entry(spec)
     if topology.is_directed and not cls.directed:
@@ -193,7 +196,7 @@ def check_directed(spec: str, topology, topology_spec: str) -> None:
         )
 
 
-def check_config(spec: str, topology) -> None:
+def check_config(spec: str, topology: AnyTopology) -> None:
     """The algorithm's own config-time checks (`GossipAlgorithm.check_config`) of a spec on the
     run's topology."""
     cls, kwargs = algorithm_kwargs(spec)
@@ -209,7 +212,7 @@ def with_option(spec: str, key: str, value: str) -> str:
     )
 
 
-def make_algorithm(spec: str, params, comm):
+def make_algorithm(spec: str, params, comm: Comm):
     """Build the algorithm a spec names, on `params`, talking through `comm`."""
     cls, kwargs = algorithm_kwargs(spec)
     return cls(params, comm, **kwargs)

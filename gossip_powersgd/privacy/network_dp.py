@@ -61,11 +61,14 @@ DP-SGD's gradients depend on the noisy models, which this computation does not m
 from __future__ import annotations
 
 import math
-from typing import List, Tuple
+from typing import TYPE_CHECKING, List, Tuple
 
 import numpy as np
 
 import topologies
+
+if TYPE_CHECKING:
+    from topologies import AnyTopology
 
 __all__ = [
     "NOISE_MODES",
@@ -88,7 +91,7 @@ CONVERSIONS = ("gaussian", "rdp")
 EPS = np.finfo(np.float64).eps
 
 
-def _graphs(topology):
+def _graphs(topology: AnyTopology):
     """The schedule-like object (`at(t)` gives the Topology of step t) for a Topology, a Schedule or
     a spec string; a one-line error for anything else."""
     if isinstance(topology, str):
@@ -135,7 +138,7 @@ def _check_delta(delta) -> float:
     return float(delta)
 
 
-def mixing_matrix(topology, gamma: float = 1.0, step: int = 0) -> np.ndarray:
+def mixing_matrix(topology: AnyTopology, gamma: float = 1.0, step: int = 0) -> np.ndarray:
     """M = (1 - gamma) I + gamma W(step): the linear map one exact-gossip step applies."""
     if not gamma > 0:
         raise ValueError(f"gamma must be > 0, got {gamma}")
@@ -144,7 +147,7 @@ def mixing_matrix(topology, gamma: float = 1.0, step: int = 0) -> np.ndarray:
 
 
 def view_matrix(
-    topology, steps: int, observer: int, *, noise: str = "once", gamma: float = 1.0
+    topology: AnyTopology, steps: int, observer: int, *, noise: str = "once", gamma: float = 1.0
 ) -> Tuple[np.ndarray, np.ndarray]:
     """(A, peers): observer's view V = A z + known terms, one row per received value (step-major,
     neighbours in order), one column per unknown (noise block s, peer u != observer), peers[c] = u.
@@ -264,7 +267,12 @@ def _leakage(grams: list, shift: str) -> np.ndarray:
 
 
 def pairwise_leakage(
-    topology, steps: int, *, noise: str = "once", gamma: float = 1.0, shift: str = "any"
+    topology: AnyTopology,
+    steps: int,
+    *,
+    noise: str = "once",
+    gamma: float = 1.0,
+    shift: str = "any",
 ) -> np.ndarray:
     """l[u, v]: observer v's view's squared mean shift for peer u per unit Delta (the exact Gaussian
     mechanism is mu = Delta sqrt(l) / sigma); the diagonal is NaN. Noise once: 0 <= l <= 1 (1: v
@@ -287,7 +295,7 @@ def pairwise_leakage(
 
 
 def pairwise_rdp(
-    topology,
+    topology: AnyTopology,
     steps: int,
     sigma: float,
     sensitivity: float = 1.0,
@@ -354,7 +362,7 @@ def _convert(rho, delta: float, conversion: str):
 
 
 def pairwise_epsilon(
-    topology,
+    topology: AnyTopology,
     steps: int,
     sigma: float,
     delta: float,
@@ -394,7 +402,7 @@ def local_epsilon(
 
 
 def per_message_composition_rdp(
-    topology, steps: int, sigma: float, sensitivity: float = 1.0, *, gamma: float = 1.0
+    topology: AnyTopology, steps: int, sigma: float, sensitivity: float = 1.0, *, gamma: float = 1.0
 ) -> np.ndarray:
     """Muffliato's code's per-message sum (`graphutils.contrib`), NOT a valid privacy bound.
 

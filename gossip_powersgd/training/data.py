@@ -40,7 +40,7 @@ import hashlib
 import random
 import sys
 import threading
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import torch
@@ -58,6 +58,9 @@ from ..specs import (
     user_code,
 )
 from .batches import Batches, ResumableBatches  # noqa: F401 (the iterators' home is batches.py)
+
+if TYPE_CHECKING:
+    from ..comm.base import Comm
 
 
 __all__ = [
@@ -437,7 +440,7 @@ def load_peer_dataset(spec: str, rank: int, num_peers: int, seed: int = 0) -> Da
 
 
 def agree_local_dataset(
-    comm, dataset: Dataset, share_size: bool = True
+    comm: Comm, dataset: Dataset, share_size: bool = True
 ) -> tuple[Dataset, Optional[int]]:
     """This peer's local dataset with the peers' common ``num_classes``, and the total training size.
 
