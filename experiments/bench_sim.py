@@ -52,13 +52,15 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = "gossip_powersgd/algorithms/powergossip.py"
+#: The modules split from it (by job), loaded from the same commit when that commit has them, in
+#: an order in which each one's imports of the others are loaded first.
+PARTS = ("powergossip_layout", "powergossip_buffers", "powergossip_schedule")
 
 
-def previous_powergossip(commit: str) -> Optional[type]:
-    """`PowerGossip` as it was at `commit` (imported beside the current one), or None without git."""
+def _git_show(commit: str, path: str) -> Optional[str]:
     try:
-        source = subprocess.run(
-            ["git", "show", f"{commit}:{MODULE}"],
+        return subprocess.run(
+            ["git", "show", f"{commit}:{path}"],
             cwd=ROOT,
             check=True,
             capture_output=True,
@@ -66,15 +68,33 @@ def previous_powergossip(commit: str) -> Optional[type]:
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
+
+
+def previous_powergossip(commit: str) -> Optional[type]:
+    """`PowerGossip` as it was at `commit` (imported beside the current one), or None without git.
+
+    Its module, and the modules split from it where `commit` has them, are loaded under private
+    names inside the package (so that their relative imports of the rest resolve as they did), and
+    their imports of one another point at each other: nothing of this tree's PowerGossip mixes in.
+    """
+    source = _git_show(commit, MODULE)
+    if source is None:
+        return None
     folder = Path(tempfile.mkdtemp(prefix="bench_sim_"))
-    path = folder / f"powergossip_{commit}.py"
-    path.write_text(source)
-    # A name inside the package, so that the module's relative imports resolve as they did.
-    name = f"gossip_powersgd.algorithms._powergossip_{commit}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
+    sources = {part: _git_show(commit, f"gossip_powersgd/algorithms/{part}.py") for part in PARTS}
+    sources = {part: text for part, text in sources.items() if text is not None}
+    sources["powergossip"] = source
+    module = None
+    for part, text in sources.items():
+        for other in sources:
+            text = text.replace(f"from .{other} import", f"from ._{other}_{commit} import")
+        path = folder / f"{part}_{commit}.py"
+        path.write_text(text)
+        name = f"gossip_powersgd.algorithms._{part}_{commit}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
     return module.PowerGossip
 
 
