@@ -35,13 +35,16 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 from unittest import mock
 
 import torch
 from torch.nn import functional as F
 
 from gossip_powersgd.utils import atomic_write, git_commit
+
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("mlp:128,128", "cnn1d")
@@ -216,7 +219,7 @@ def _run(
     config = config.replace(peers=topology.size)
     marks: Dict[int, tuple] = {}
 
-    def peer(comm):
+    def peer(comm: Comm):
         def on_step(step):
             if comm.rank == 0:
                 marks[step] = (time.process_time(), time.perf_counter())

@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
 
@@ -47,15 +47,20 @@ from experiments.bench_gossip.shapes import make_params, model_shapes
 from gossip_powersgd import LocalCluster, PowerGossip
 from gossip_powersgd.utils import atomic_write, git_commit
 
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
+
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = "gossip_powersgd/algorithms/powergossip.py"
+#: The modules split from it (by job), loaded from the same commit when that commit has them, in
+#: an order in which each one's imports of the others are loaded first.
+PARTS = ("powergossip_layout", "powergossip_buffers", "powergossip_schedule")
 
 
-def previous_powergossip(commit: str) -> Optional[type]:
-    """`PowerGossip` as it was at `commit` (imported beside the current one), or None without git."""
+def _git_show(commit: str, path: str) -> Optional[str]:
     try:
-        source = subprocess.run(
-            ["git", "show", f"{commit}:{MODULE}"],
+        return subprocess.run(
+            ["git", "show", f"{commit}:{path}"],
             cwd=ROOT,
             check=True,
             capture_output=True,
@@ -63,15 +68,33 @@ def previous_powergossip(commit: str) -> Optional[type]:
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
+
+
+def previous_powergossip(commit: str) -> Optional[type]:
+    """`PowerGossip` as it was at `commit` (imported beside the current one), or None without git.
+
+    Its module, and the modules split from it where `commit` has them, are loaded under private
+    names inside the package (so that their relative imports of the rest resolve as they did), and
+    their imports of one another point at each other: nothing of this tree's PowerGossip mixes in.
+    """
+    source = _git_show(commit, MODULE)
+    if source is None:
+        return None
     folder = Path(tempfile.mkdtemp(prefix="bench_sim_"))
-    path = folder / f"powergossip_{commit}.py"
-    path.write_text(source)
-    # A name inside the package, so that the module's relative imports resolve as they did.
-    name = f"gossip_powersgd.algorithms._powergossip_{commit}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
+    sources = {part: _git_show(commit, f"gossip_powersgd/algorithms/{part}.py") for part in PARTS}
+    sources = {part: text for part, text in sources.items() if text is not None}
+    sources["powergossip"] = source
+    module = None
+    for part, text in sources.items():
+        for other in sources:
+            text = text.replace(f"from .{other} import", f"from ._{other}_{commit} import")
+        path = folder / f"{part}_{commit}.py"
+        path.write_text(text)
+        name = f"gossip_powersgd.algorithms._{part}_{commit}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
     return module.PowerGossip
 
 
@@ -112,7 +135,7 @@ def cluster_run(
     barriers, and the final parameters."""
     shapes = model_shapes("resnet20")
 
-    def peer(comm):
+    def peer(comm: Comm):
         x = make_params(shapes, comm.rank)
         gossip = algorithm(x, comm, rank=1)
         gossip.step()
@@ -147,7 +170,7 @@ def divergence(before: type, peers: int, marks=(1, 10, 100)) -> Dict[int, Dict[s
     largest parameter difference and both consensus distances after each of `marks` steps."""
     from gossip_powersgd.metrics import consensus_distance
 
-    def peer(comm, algorithm):
+    def peer(comm: Comm, algorithm):
         x = make_params(model_shapes("resnet20"), comm.rank)
         gossip = algorithm(x, comm, rank=1)
         out = {}

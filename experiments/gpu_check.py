@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -39,6 +39,9 @@ if str(ROOT) not in sys.path:  # run as a file by torchrun
     sys.path.insert(0, str(ROOT))
 
 from experiments.bench_gossip.shapes import make_params, model_shapes  # noqa: E402
+
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
 
 # Pages go to experiments/results/ only when --out names it; by default under runs/ (git-ignored).
 DEFAULT_OUT = ROOT / "runs" / "gpu_check.md"
@@ -81,7 +84,7 @@ def check_shapes(dry_run: bool):
     return model_shapes("resnet20")
 
 
-def gossip_peer(comm, algorithm: str, shapes, steps: int, device: str) -> Dict[str, Any]:
+def gossip_peer(comm: Comm, algorithm: str, shapes, steps: int, device: str) -> Dict[str, Any]:
     """One peer: `steps` steps of `algorithm` on its random parameters; its final model on the CPU
     and its seconds per step (after one warm-up step when steps > 1)."""
     from gossip_powersgd import ExactGossip, PowerGossip
@@ -215,7 +218,7 @@ def worker_main(folder: str, args) -> int:
 
     world = int(os.environ["WORLD_SIZE"])
 
-    def peer(comm):
+    def peer(comm: Comm):
         shapes = check_shapes(args.dry_run)
         out = {
             name: gossip_peer(comm, name, shapes, args.steps, str(comm.device))

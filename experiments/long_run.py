@@ -12,6 +12,8 @@ from step 100 to the last step.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 import datetime
 import json
@@ -30,6 +32,9 @@ from gossip_powersgd.utils import atomic_write
 
 from experiments.pages import page_commit
 
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
+
 DRIFT_LIMIT = 1e-6
 MEMORY_GROWTH_LIMIT = 0.05
 
@@ -40,7 +45,7 @@ def resident_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def peer(comm, steps: int, log_every: int, rank: int):
+def peer(comm: Comm, steps: int, log_every: int, rank: int):
     """One peer's long run: PowerGossip steps, a record every `log_every` steps (and at 1, 100)."""
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(42 + comm.rank)

@@ -36,7 +36,14 @@ from typing import Dict, Iterable, Optional, Tuple, Type
 import torch
 from torch import Tensor
 
-from .specs import check_seed, parse_spec, parse_typed
+from .specs import (
+    check_seed,
+    parse_spec,
+    parse_typed,
+    spec_error,
+    unknown_name,
+    unknown_option,
+)
 
 __all__ = [
     "Compressor",
@@ -660,31 +667,30 @@ def parse_compressor(spec) -> Compressor:
         return spec
     if not isinstance(spec, str):
         raise ValueError(f"compressor spec must be a string, got {spec!r}")
-    parsed = parse_spec(spec, "compressor spec")  # the one spec grammar (specs.py)
+    what = "compressor spec"
+    parsed = parse_spec(spec, what)  # the one spec grammar (topologies.grammar, via specs.py)
     name = parsed.name
     if name not in _SPECS:
-        raise ValueError(
-            f"unknown compressor {name!r} in {spec!r}; valid names: {', '.join(_SPECS)}"
-        )
+        raise unknown_name(what, spec, name, _SPECS)
     cls, params = _SPECS[name]
     kinds = dict(params)
     kwargs = {}
     if len(parsed.positional) > (1 if params else 0):
         item = parsed.positional[1 if params else 0]
-        raise ValueError(f"cannot parse {item!r} in compressor spec {spec!r}; expected key=value")
+        raise spec_error(what, spec, f"cannot parse {item!r}; expected key=value")
     items = [(params[0][0], value) for value in parsed.positional] + list(parsed.options.items())
     for key, value in items:
         if key not in kinds:
-            valid = ", ".join(kinds) or "none"
-            raise ValueError(f"{name} has no argument {key!r} (arguments: {valid}) in {spec!r}")
+            raise unknown_option(what, spec, key, kinds)
         if key in kwargs:
-            raise ValueError(f"argument {key!r} given twice in compressor spec {spec!r}")
-        kwargs[key] = parse_typed(value, kinds[key], key)
+            raise spec_error(what, spec, f"option {key!r} is given twice; give it once")
+        try:
+            kwargs[key] = parse_typed(value, kinds[key], key)
+        except ValueError as exc:
+            raise spec_error(what, spec, str(exc)) from None
     if params and params[0][0] not in kwargs:
         required = params[0][0]
-        raise ValueError(
-            f"compressor {name!r} needs {required}, e.g. {name}:<{required}> in {spec!r}"
-        )
+        raise spec_error(what, spec, f"{name} needs {required}, e.g. {name}:<{required}>")
     return cls(**kwargs)
 
 

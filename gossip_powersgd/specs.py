@@ -1,29 +1,49 @@
 """Parsing the one-line spellings ("specs") of algorithms, compressors, datasets and models.
 
-One grammar (`parse_spec`)::
+The grammar itself lives in `topologies.grammar` (the lowest layer, so that topologies parse through
+the same code; its docstring says why) and is re-exported here: `Spec`, `parse_spec`,
+`parse_items`, `split_top_level`, `unbracket` and the error helpers `spec_error`,
+`unknown_option`, `unknown_name` and `check_options`::
 
-    spec     := name [":" item ("," item)*]
+    spec     := name [":" item (SEP item)*]        SEP is "," here, ":" for topologies' fields
     item     := key "=" value | value          (positional values first, by convention)
-    value    := text without a top-level comma | "[" any text, brackets balanced "]"
+    value    := text without a top-level SEP | "[" any text, brackets balanced "]"
     name     := word | module.path ":" attribute      (bring-your-own: "pkg.mod:fn")
 
 ``"topk:0.01"`` (a positional), ``"synthetic_logreg:d=5,n=1000"``, ``"mlp:100,100"``,
 ``"choco:compressor=[randomk:0.1,seed=3],gamma=0.4"`` (square brackets hold a value with commas
 of its own, and are stripped), ``"resnet20:width=16"``, ``"package.module:function"`` and
 ``"package.module:function:width=32"`` (a name with a dot is a module path: its attribute belongs to
-the name, which keeps its case). Errors are one line: ``<what> '<spec>': <problem>``. `split_spec`
-(options only) and `parse_options` (typed options) are built on it; topology specs
-(``topologies.parse``) use the same shape with colon-separated positional fields
-(``small_world:16:4:0.2``), parsed in the topologies package, which sits below this one.
+the name, which keeps its case). Topologies use ':' between positional fields
+(``"small_world:16:4:0.2"``).
+
+Every malformed spec of every kind fails with one line in one style, ``<what> '<spec>': <problem>``,
+where `what` is ``"algorithm spec"``, ``"compressor spec"``, ``"topology spec"``,
+``"dataset spec"`` or ``"model spec"``: unbalanced brackets, an empty item, a repeated key, an
+unknown option, an unknown name. This module adds what the kinds above topologies share:
+`split_spec` (options only), `parse_options` / `typed_options` (typed options), the value
+parsers (`parse_bool`, `parse_typed`, `parse_seed`, ...) and bring-your-own imports
+(`import_object`, `user_code`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 import inspect
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple
+
+from topologies.grammar import (
+    Spec,
+    check_options,
+    parse_items,
+    parse_spec,
+    spec_error,
+    split_top_level,
+    unbracket,
+    unknown_name,
+    unknown_option,
+)
 
 __all__ = [
     "TRUE_WORDS",
@@ -39,8 +59,15 @@ __all__ = [
     "split_top_level",
     "Spec",
     "parse_spec",
+    "parse_items",
+    "unbracket",
+    "spec_error",
+    "unknown_option",
+    "unknown_name",
+    "check_options",
     "split_spec",
     "parse_options",
+    "typed_options",
     "import_object",
     "user_code",
     "UserCodeExit",
@@ -126,70 +153,6 @@ def split_name(spec: str) -> Tuple[str, Optional[str]]:
     return head.strip(), (tail.strip() if sep else None)
 
 
-def split_top_level(text: str) -> List[str]:
-    """Split on commas outside square brackets, so nested specs can carry their own options."""
-    parts, depth, current = [], 0, []
-    for char in text:
-        if char == "[":
-            depth += 1
-        elif char == "]":
-            depth -= 1
-        if char == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    parts.append("".join(current))
-    return parts
-
-
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    """A parsed spec: its name, positional values and key=value options (all text)."""
-
-    name: str
-    positional: Tuple[str, ...] = ()
-    options: Mapping[str, str] = dataclasses.field(default_factory=dict)
-
-    @property
-    def is_import(self) -> bool:
-        """Whether the name is a bring-your-own ``"package.module:attribute"``."""
-        return ":" in self.name
-
-
-def _unbracket(value: str) -> str:
-    return value[1:-1] if value.startswith("[") and value.endswith("]") else value
-
-
-def parse_spec(spec: str, what: str = "spec") -> Spec:
-    """`spec` split by the grammar of the module docstring; `what` names it in errors. A key given
-    twice is an error (the intended value would be ambiguous); so are unbalanced brackets."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"{what} must be a non-empty string, got {spec!r}")
-    text = spec.strip()
-    if text.count("[") != text.count("]"):
-        raise ValueError(f"{what} {spec!r}: unbalanced square brackets")
-    name, _, rest = text.partition(":")
-    name = name.strip()
-    if "." in name and rest:  # "pkg.mod:fn[:options]": the attribute belongs to the name
-        attribute, _, rest = rest.partition(":")
-        name = f"{name}:{attribute.strip()}"
-    else:
-        name = name.lower()
-    positional: List[str] = []
-    options: Dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in split_top_level(rest))):
-        key, eq, value = item.partition("=")
-        if not eq or "[" in key:  # a positional value (which may hold '=' inside brackets)
-            positional.append(_unbracket(item))
-            continue
-        key = key.strip()
-        if key in options:
-            raise ValueError(f"{what} {spec!r}: option {key!r} is given twice; give it once")
-        options[key] = _unbracket(value.strip())
-    return Spec(name, tuple(positional), options)
-
-
 def split_spec(spec: str, what: str) -> Tuple[str, Dict[str, str]]:
     """``"choco:compressor=topk:0.01,gamma=0.4"`` -> ``("choco", {"compressor": "topk:0.01",
     "gamma": "0.4"})``: the name (lower-cased unless it is a ``"package.module:attribute"``) and
@@ -201,40 +164,46 @@ def split_spec(spec: str, what: str) -> Tuple[str, Dict[str, str]]:
     """
     parsed = parse_spec(spec, what)
     if parsed.positional:
-        raise ValueError(f"{what} {spec!r}: option {parsed.positional[0]!r} is not key=value")
+        raise spec_error(what, spec, f"option {parsed.positional[0]!r} is not key=value")
     return parsed.name, dict(parsed.options)
 
 
 def parse_options(
-    spec: str, text: Optional[str], types: Mapping[str, Callable[[str], Any]]
+    spec: str,
+    text: Optional[str],
+    types: Mapping[str, Callable[[str], Any]],
+    what: str = "spec",
 ) -> Dict[str, Any]:
-    """Parse ``"k=v,k=v"`` (the part of `spec` after its colon) into a dict, converting each value
-    with ``types[k]`` (``bool`` means `parse_bool`).
+    """Parse ``"k=v,k=v"`` (the part of `spec` after its name) by the grammar's items
+    (`parse_items`) into a dict, converting each value with ``types[k]`` (``bool`` means
+    `parse_bool`); `what` names the spec in errors (``"dataset spec"``).
 
-    Unknown or repeated keys and unparsable values raise a one-line ValueError naming the spec, so
-    a typo in a config file is reported instead of silently falling back to a default.
+    A positional value, an unknown or repeated key and an unparsable value raise a one-line
+    ValueError in the grammar's style, so a typo in a config file is reported instead of silently
+    falling back to a default.
     """
+    positional, raw = parse_items(text, what, spec)
+    return typed_options(Spec("", positional, raw), types, what, spec)
+
+
+def typed_options(
+    parsed: Spec, types: Mapping[str, Callable[[str], Any]], what: str, spec: str
+) -> Dict[str, Any]:
+    """The options of a parsed spec that takes ``key=value`` options only, each converted with
+    ``types[key]`` (see `parse_options`)."""
+    if parsed.positional:
+        raise spec_error(
+            what,
+            spec,
+            f"expected key=value, got {parsed.positional[0]!r} (valid keys: {', '.join(types)})",
+        )
+    check_options(parsed, types, what, spec)
     options: Dict[str, Any] = {}
-    if text is None or text == "":
-        return options
-    for item in split_top_level(text):  # the grammar's items (`parse_spec`)
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq or not key:
-            raise ValueError(
-                f"{spec!r}: expected key=value, got {item!r} (valid keys: {', '.join(types)})"
-            )
-        if key not in types:
-            raise ValueError(f"{spec!r}: unknown option {key!r} (valid keys: {', '.join(types)})")
-        if key in options:
-            raise ValueError(f"{spec!r}: option {key!r} is given twice; give it once")
+    for key, value in parsed.options.items():
         try:
-            options[key] = _converter(types[key])(_unbracket(value.strip()))
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"{spec!r}: option {key}={value.strip()!r} is not a valid "
-                f"{getattr(types[key], '__name__', 'value')}"
-            ) from None
+            options[key] = parse_typed(value, types[key], key)
+        except ValueError as exc:
+            raise spec_error(what, spec, str(exc)) from None
     return options
 
 

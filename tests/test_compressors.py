@@ -440,7 +440,7 @@ def test_parse_builds_the_right_objects():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("foo", "valid names: identity, topk, randomk, sign, qsgd, lowrank"),
+        ("foo", "unknown name 'foo'; valid: identity, topk, randomk, sign, qsgd, lowrank"),
         ("topk", "needs ratio"),
         ("topk:abc", "ratio"),
         ("topk:2", "ratio"),

@@ -111,7 +111,7 @@ def test_synthetic_logreg_defaults_and_options():
     "spec, match",
     [
         ("synthetic_logreg:dim=5", "unknown option 'dim'"),
-        ("synthetic_logreg:d=five", "d='five'"),
+        ("synthetic_logreg:d=five", "d must be an integer, got 'five'"),
         ("synthetic_logreg:classes=1", "classes >= 2"),
         ("synthetic_logreg:n=2", "too small"),
         ("synthetic_logreg:d", "key=value"),
@@ -254,8 +254,8 @@ def test_shards_limit_labels_per_peer(k):
         (100, 4, "dirichlet:abc", "alpha must be a number"),
         (100, 4, "shards:0", "k must be >= 1"),
         (100, 4, "shards:1.5", "k must be an integer"),
-        (100, 4, "pathological", "valid are iid, dirichlet"),
-        (100, 4, "iid:3", "valid are iid"),
+        (100, 4, "pathological", "valid: iid, dirichlet"),
+        (100, 4, "iid:3", "iid takes no argument; write 'iid'"),
         (100, 0, "iid", "positive integer"),
     ],
 )

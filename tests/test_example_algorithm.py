@@ -138,6 +138,6 @@ def test_the_registry_describes_the_example_from_its_class_alone(registered):
     assert algorithm_label("halfgossip:gamma=0.5") == "half-precision gossip"
     assert gamma_kind("halfgossip") == "topology"
     with pytest.raises(
-        ValueError, match="algorithm 'halfgossip' has no option 'rank'; valid: gamma"
+        ValueError, match="algorithm spec 'halfgossip:rank=2': unknown option 'rank'; valid: gamma"
     ):
         make_algorithm("halfgossip:rank=2", [], None)

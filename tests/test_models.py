@@ -95,7 +95,11 @@ def test_byo_models():
 @pytest.mark.parametrize(
     "spec, shape, match",
     [
-        ("resnet50", (40,), "unknown model 'resnet50'.*logreg.*cnn1d"),
+        (
+            "resnet50",
+            (40,),
+            "^model spec 'resnet50': unknown name 'resnet50'; valid: logreg.*cnn1d",
+        ),
         ("mlp:abc", (40,), "positive hidden widths"),
         ("mlp:0", (40,), "positive hidden widths"),
         ("mlp:", (40,), "positive hidden widths"),

@@ -35,14 +35,18 @@ def test_specs_map_to_keyword_arguments():
     [
         (
             "gossipx",
-            "unknown algorithm 'gossipx'; valid: allreduce, choco, deepsqueeze, exact, powergossip, powersgd",
+            "algorithm spec 'gossipx': unknown name 'gossipx'; valid: allreduce, choco, "
+            "deepsqueeze, exact, powergossip, powersgd",
         ),
         (
             "powergossip:rnk=2",
-            "algorithm 'powergossip' has no option 'rnk'; valid: batched, gamma, iters, "
+            "algorithm spec 'powergossip:rnk=2': unknown option 'rnk'; valid: batched, gamma, iters, "
             "min_compression_rate, rank, seed, warm",
         ),
-        ("powergossip:rank=two", "algorithm 'powergossip': bad value 'two' for rank"),
+        (
+            "powergossip:rank=two",
+            "algorithm spec 'powergossip:rank=two': bad value 'two' for rank",
+        ),
         ("powergossip:rank", "option 'rank' is not key=value"),
         ("choco:compressor=[topk:0.1,gamma=0.4", "unbalanced square brackets"),
     ],

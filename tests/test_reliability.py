@@ -224,16 +224,16 @@ def test_cli_bad_edge_list_files(tmp_path, capsys, name):
     [
         (
             "algorithm=gossipx",
-            "unknown algorithm 'gossipx'; valid: allreduce, choco, deepsqueeze, exact, "
-            "powergossip, powersgd",
+            "algorithm spec 'gossipx': unknown name 'gossipx'; valid: allreduce, choco, "
+            "deepsqueeze, exact, powergossip, powersgd",
         ),
         (
             "algorithm=choco:compressor=foo",
-            "unknown compressor 'foo' in 'foo'; valid names: identity, topk",
+            "compressor spec 'foo': unknown name 'foo'; valid: identity, topk",
         ),
         (
             "topology=moebius:4",
-            "unknown topology 'moebius' in spec 'moebius:4'; valid: ring, torus",
+            "topology spec 'moebius:4': unknown name 'moebius'; valid: ring, torus",
         ),
         (
             "optimiser=sgd",
@@ -926,7 +926,7 @@ def test_an_empty_test_set_is_refused_at_load_time(tmp_path, capsys):
         capsys,
     )
     assert code != 0 and lines == [
-        "error: bad value for 'dataset': 'reliability_fixtures:"
+        "error: bad value for 'dataset': dataset spec 'reliability_fixtures:"
         "empty_test_set': the test set is empty; return at least one "
         "test sample (x_test, y_test)"
     ]

@@ -1,6 +1,9 @@
 """The shared spec parsing: booleans, typed values, name:args, nested options, bring-your-own imports;
 and the shared low-rank and compressed-gossip pieces the algorithms are built from."""
 
+import re
+
+import numpy as np
 import pytest
 import torch
 
@@ -111,10 +114,10 @@ def test_parse_options_converts_and_refuses_typos():
     }
     assert parse_options("s", None, types) == {} and parse_options("s", "", types) == {}
     for text, message in [
-        ("m=3", "'s': unknown option 'm' (valid keys: n, noise, shuffle)"),
-        ("n", "'s': expected key=value, got 'n'"),
-        ("n=three", "'s': option n='three' is not a valid int"),
-        ("shuffle=2", "'s': option shuffle='2' is not a valid bool"),
+        ("m=3", "^spec 's': unknown option 'm'; valid: n, noise, shuffle$"),
+        ("n", "^spec 's': expected key=value, got 'n'"),
+        ("n=three", "^spec 's': n must be an integer, got 'three'$"),
+        ("shuffle=2", "^spec 's': shuffle must be true or false, got '2'$"),
     ]:
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             parse_options("s", text, types)
@@ -265,3 +268,79 @@ def test_one_grammar_for_every_spec():
     ]:
         with pytest.raises(ValueError, match=message):
             parse_spec(spec, "thing")
+
+
+def test_grammar_lives_below_both_packages():
+    # One grammar, not a copy: gossip_powersgd.specs re-exports the one in topologies (the lowest
+    # layer), and topologies' parser goes through it.
+    import topologies.grammar as grammar
+
+    assert specs.parse_spec is grammar.parse_spec and specs.Spec is grammar.Spec
+    assert grammar.parse_spec("small_world:16:4:0.2", separator=":", imports=False) == (
+        grammar.Spec("small_world", ("16", "4", "0.2"))
+    )
+
+
+@pytest.mark.parametrize(
+    "bracketed, plain",
+    [
+        ("edge_sampling:[ring:16]:0.5:3", "edge_sampling:ring:16:0.5:3"),
+        ("cyclic:[ring:8],[star:8]", "cyclic:ring:8,star:8"),
+        ("Small_World:[16]:4:0.2", "small_world:16:4:0.2"),
+    ],
+)
+def test_topology_specs_take_the_grammars_brackets(bracketed, plain):
+    a, b = topologies.parse(bracketed), topologies.parse(plain)
+    assert a.size == b.size
+    graphs = [(a.at(t), b.at(t)) for t in range(4)] if hasattr(a, "at") else [(a, b)]
+    for x, y in graphs:
+        assert np.array_equal(x.W, y.W)
+
+
+def _compressor(spec):
+    from gossip_powersgd.compressors import parse_compressor
+
+    return parse_compressor(spec)
+
+
+def _model(spec):
+    from gossip_powersgd.training.models import build_model
+
+    return build_model(spec, (6,), 3)
+
+
+def _dataset(spec):
+    from gossip_powersgd.training.data import load_dataset
+
+    return load_dataset(spec, seed=0)
+
+
+#: One well-formed spec per kind, as (what its errors call it, parser, name, separator, items).
+_KINDS = [
+    ("algorithm spec", registry.algorithm_kwargs, "powergossip", ",", ["rank=1", "seed=2"]),
+    ("compressor spec", _compressor, "randomk", ",", ["0.1", "seed=2"]),
+    ("topology spec", topologies.parse, "small_world", ":", ["16", "4", "0.2"]),
+    ("dataset spec", _dataset, "synthetic_logreg", ",", ["d=5", "n=100"]),
+    ("model spec", _model, "mlp", ",", ["8", "4"]),
+]
+
+
+@pytest.mark.parametrize("kind", _KINDS, ids=[k[0] for k in _KINDS])
+@pytest.mark.parametrize(
+    "malformed, problem",
+    [
+        (lambda items: items + ["[x"], "unbalanced square brackets$"),
+        (lambda items: items[:1] + [""] + items[1:], "empty item "),
+        (lambda items: items + ["bogus=1"], "unknown option 'bogus'; valid: "),
+    ],
+    ids=["unbalanced bracket", "empty option", "unknown key"],
+)
+def test_every_kind_refuses_a_malformed_spec_in_one_style(kind, malformed, problem):
+    what, parse, name, sep, items = kind
+    parse(f"{name}:{sep.join(items)}")  # the well-formed spec parses
+    spec = f"{name}:{sep.join(malformed(list(items)))}"
+    with pytest.raises(ValueError) as info:
+        parse(spec)
+    message = str(info.value)
+    assert "\n" not in message
+    assert re.match(rf"^{re.escape(what)} {re.escape(repr(spec))}: {problem}", message), message

@@ -590,8 +590,12 @@ def test_parse_file_spec(tmp_path):
 @pytest.mark.parametrize(
     "spec,kwargs,match",
     [
-        ("moebius:8", {}, r"unknown topology 'moebius'.*valid: ring, torus, grid"),
-        ("", {}, "unknown topology"),
+        (
+            "moebius:8",
+            {},
+            r"^topology spec 'moebius:8': unknown name 'moebius'; valid: ring, torus, grid",
+        ),
+        ("", {}, "topology spec '': unknown name ''"),
         ("ring", {}, "size is missing"),
         ("ring:eight", {}, "'eight' is not a valid integer"),
         ("ring:8:2", {}, "too many fields"),
@@ -644,7 +648,7 @@ def test_cli_bad_spec_is_one_line_exit_2():
     assert r.returncode == 2
     assert r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
-    assert "unknown topology 'moebius'" in r.stderr
+    assert "topology spec 'moebius:8': unknown name 'moebius'" in r.stderr
 
 
 def test_cli_in_process(capsys, tmp_path):

@@ -45,11 +45,12 @@ from .schedules import (
     one_peer_exponential,
     product_gap,
 )
-from .spec import parse
+from .spec import AnyTopology, parse
 from .topology import MAX_PEERS, Topology, validate_mixing_matrix
 from .weights import SCHEMES, weight_matrix
 
 __all__ = [
+    "AnyTopology",
     "Topology",
     "Schedule",
     "DirectedTopology",

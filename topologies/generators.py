@@ -1,4 +1,4 @@
-"""Topology generators, graph/edge-list importers and the CLI spec parser.
+"""Topology generators, graph/edge-list importers and the CLI spec parser (on `grammar`).
 
 Every generator is a pure function of its arguments (random ones take an integer ``seed``, so that
 all ranks build the same graph) and returns a validated :class:`~topologies.Topology` whose
@@ -24,6 +24,7 @@ from .topology import (
     check_connected,
     check_size,
 )
+from .grammar import Spec, parse_spec, spec_error, unknown_name
 from .weights import check_scheme, weight_matrix
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "from_graph",
     "from_edge_list",
     "parse_static",
+    "split_topology_spec",
     "SPEC_USAGE",
 ]
 
@@ -421,34 +423,57 @@ def _squarest(n: int) -> tuple[int, int]:
     return a, n // a
 
 
+#: How topology specs are named in errors (`grammar.spec_error`: ``topology spec '<spec>': ...``).
+WHAT = "topology spec"
+
+#: Kinds whose whole text after the colon is one field, a path (which may hold ':' or ',').
+PATH_KINDS = ("file", "directed_file")
+
+
+def split_topology_spec(spec) -> Spec:
+    """`spec` cut by the one grammar (`topologies.grammar`): the kind (lower-cased, '-' read as
+    '_') and its positional fields, separated by ':' (``small_world:16:4:0.2``; a cyclic spec's
+    members by ','; a field in square brackets may hold either). A path kind's whole rest is one
+    field. An unknown kind and any ``key=value`` option are refused in the grammar's one style."""
+    if not isinstance(spec, str):
+        raise TypeError(f"topology spec must be a string, got {type(spec).__name__}")
+    head, _, rest = spec.strip().partition(":")
+    kind = head.strip().lower().replace("-", "_")
+    if kind not in SPEC_USAGE:
+        raise unknown_name(WHAT, spec, kind, SPEC_USAGE)
+    if kind in PATH_KINDS:
+        return Spec(kind, (rest,) if rest else ())
+    parsed = parse_spec(spec, WHAT, separator="," if kind == "cyclic" else ":", imports=False)
+    for key in parsed.options:
+        raise spec_error(
+            WHAT,
+            spec,
+            f"unknown option {key!r}; valid: none (its fields are positional: "
+            f"{SPEC_USAGE[kind]!r})",
+        )
+    return Spec(kind, parsed.positional)
+
+
 def parse_static(spec, n: int | None = None, weights: str | None = None) -> Topology:
     """The static topology of ``spec`` (`topologies.parse` without schedules; a schedule's spec is
     handed to ``schedules.parse_schedule`` by ``parse``, which builds on this)."""
-    if not isinstance(spec, str):
-        raise TypeError(f"topology spec must be a string, got {type(spec).__name__}")
+    parsed = split_topology_spec(spec)
     if n is not None:
         n = _int(n, "n", 1)
-    kind, _, rest = spec.strip().partition(":")
-    kind = kind.strip().lower().replace("-", "_")
-    if kind not in SPEC_USAGE:
-        raise ValueError(
-            f"unknown topology {kind!r} in spec {spec!r}; valid: {', '.join(SPEC_USAGE)} "
-            f"(e.g. 'torus:4x4')"
-        )
+    kind, args = parsed.name, list(parsed.positional)
     usage = SPEC_USAGE[kind]
     if kind in SCHEDULE_KINDS:
-        raise ValueError(f"topology spec {spec!r} is a schedule; parse it with topologies.parse")
+        raise spec_error(WHAT, spec, "it is a schedule; parse it with topologies.parse")
 
     def bad(detail: str) -> ValueError:
-        return ValueError(f"bad topology spec {spec!r}: {detail}; expected {usage!r}")
+        return spec_error(WHAT, spec, f"{detail}; expected {usage!r}")
 
     if kind == "file":
-        if not rest:
+        if not args:
             raise bad("missing path")
-        return from_edge_list(rest, weights=weights)
+        return from_edge_list(args[0], weights=weights)
 
     w = {"weights": weights if weights is not None else "metropolis"}
-    args = [a.strip() for a in rest.split(":")] if rest else []
 
     def num(text: str, conv=int):
         try:

@@ -20,7 +20,16 @@ from functools import cached_property
 
 import numpy as np
 
-from .generators import SCHEDULE_KINDS, SPEC_USAGE, _int, from_edge_list, parse_static
+from .generators import (
+    SCHEDULE_KINDS,
+    SPEC_USAGE,
+    WHAT,
+    _int,
+    from_edge_list,
+    parse_static,
+    split_topology_spec,
+)
+from .grammar import spec_error
 from .stepcache import CACHE_STEPS, StepCache  # noqa: F401 (importable from here, as before)
 from .topology import Topology, check_size
 from .weights import weight_matrix
@@ -413,14 +422,17 @@ def _static(spec, what: str, n: int | None = None, weights: str | None = None) -
     return parse_static(spec, n, weights)
 
 
-def parse_schedule(spec: str, kind: str, rest: str, n: int | None, weights: str | None):
-    """The schedule of a spec whose kind is one of ``generators.SCHEDULE_KINDS`` (see ``parse``)."""
+def parse_schedule(spec: str, n: int | None, weights: str | None):
+    """The schedule of a spec whose kind is one of ``generators.SCHEDULE_KINDS`` (see ``parse``),
+    cut into fields by the one grammar (`generators.split_topology_spec`)."""
     from .directed import directed_exponential, from_directed_edge_list
 
+    parsed = split_topology_spec(spec)
+    kind, fields = parsed.name, list(parsed.positional)
     usage = SPEC_USAGE[kind]
 
     def bad(detail: str) -> ValueError:
-        return ValueError(f"bad topology spec {spec!r}: {detail}; expected {usage!r}")
+        return spec_error(WHAT, spec, f"{detail}; expected {usage!r}")
 
     def num(text: str) -> int:
         try:
@@ -436,12 +448,12 @@ def parse_schedule(spec: str, kind: str, rest: str, n: int | None, weights: str 
         return n
 
     if kind == "cyclic":
-        if not rest.strip():
+        if not fields:
             raise bad("no topologies listed")
         members = [
             # A member file may hold a disconnected graph: only the union must be connected.
             parse_member(m.strip(), n, weights)
-            for m in rest.split(",")
+            for m in fields
         ]
         return cyclic(members)
 
@@ -451,11 +463,10 @@ def parse_schedule(spec: str, kind: str, rest: str, n: int | None, weights: str 
             f"drop the weights option"
         )
     if kind == "directed_file":
-        if not rest:
+        if not fields:
             raise bad("missing path")
-        return from_directed_edge_list(rest)
+        return from_directed_edge_list(fields[0])
 
-    fields = [a.strip() for a in rest.split(":")] if rest else []
     if kind in ("one_peer_exponential", "directed_exponential"):
         if len(fields) > 1:
             raise bad("too many fields")

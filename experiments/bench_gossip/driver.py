@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from gossip_powersgd.launch import launched_by_mpiexec, main_guard, mpi_world, run_peers
 from gossip_powersgd.utils import atomic_write
@@ -24,6 +24,10 @@ from .record import machine_description, raw_json
 from .report import render_kernels, render_markdown
 from .shapes import MODELS
 from .summary import summarize_setting
+
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
+    from topologies import AnyTopology
 
 ROOT = Path(__file__).resolve().parents[2]
 # Pages go to experiments/results/ only when --out names it; by default under runs/ (git-ignored).
@@ -79,7 +83,7 @@ def _topology_list(values: Optional[List[str]]) -> List[str]:
     return out
 
 
-def _mpi_peer(comm, cfg: BenchConfig, topology) -> Dict[str, Any]:
+def _mpi_peer(comm: Comm, cfg: BenchConfig, topology: AnyTopology) -> Dict[str, Any]:
     """One rank's part of a setting under MPI: its own measurements, then rank 0 measures the
     isolated half-steps while the others sleep in a barrier (the MPI transport's waits poll with
     sleeps, so waiting ranks leave the cores alone); every rank gets every peer's measurements."""
@@ -129,7 +133,7 @@ def run_settings(configs: List[BenchConfig], backend: str) -> Optional[List[Dict
     return results if mpi_world()[0] == 0 else None
 
 
-def _gather_json(comm, obj) -> List[Any]:
+def _gather_json(comm: Comm, obj) -> List[Any]:
     """Every peer's `obj`, through the communicator's raw all-gather (JSON bytes, padded)."""
     data = json.dumps(obj).encode()
     sizes = [

@@ -6,9 +6,13 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from .shapes import Shapes, make_params, model_shapes
+
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
+    from topologies import AnyTopology
 
 
 def median(values: Sequence[float]) -> float:
@@ -16,7 +20,7 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
 
 
-def loopback_communicator(topology, rank: int):
+def loopback_communicator(topology: AnyTopology, rank: int):
     """A transport for one peer alone: every neighbour 'answers' with half of what we sent it.
 
     The algorithm runs its real code path (products, exchange, factor forming, updates), but nothing
@@ -56,7 +60,7 @@ def copy_bandwidth(megabytes: int, rounds: int = 1, buffers=None) -> List[float]
     return out
 
 
-def run_block(algorithm, comm, steps: int) -> Dict[str, Any]:
+def run_block(algorithm, comm: Comm, steps: int) -> Dict[str, Any]:
     """`steps` gossip steps; per step: side, bytes counted by the transport and by the formula, and
     the algorithm's accumulator deltas (total, communication)."""
     records = []
@@ -114,7 +118,7 @@ class BenchConfig:
         return even_steps(max(1, self.steps // self.reps))
 
 
-def peer_benchmark(comm, cfg: BenchConfig) -> Dict[str, Any]:
+def peer_benchmark(comm: Comm, cfg: BenchConfig) -> Dict[str, Any]:
     """What one peer measures in the n-peer run (both transports call this, one call per peer)."""
     import torch
 
@@ -181,7 +185,7 @@ def peer_benchmark(comm, cfg: BenchConfig) -> Dict[str, Any]:
     return out
 
 
-def isolated_benchmark(cfg: BenchConfig, topology) -> Dict[str, Any]:
+def isolated_benchmark(cfg: BenchConfig, topology: AnyTopology) -> Dict[str, Any]:
     """Peer 0's half-steps alone (loopback transport, one thread), interleaved with one-thread copies
     of `isolated_copy_mb` MB: compute efficiency without oversubscription."""
     import torch

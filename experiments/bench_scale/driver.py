@@ -21,9 +21,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from .measure import KINDS, parameter_shapes
+
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
 
 ROOT = Path(__file__).resolve().parents[2]
 # Pages go to experiments/results/ only when --out names it; by default under runs/ (git-ignored).
@@ -184,7 +187,7 @@ def child_main(point_json: str, folder: str) -> int:
     return 0 if values else 1
 
 
-def _peer(comm, point: Point, folder: str) -> bool:
+def _peer(comm: Comm, point: Point, folder: str) -> bool:
     from gossip_powersgd.utils import atomic_write
 
     from .measure import peer_point

@@ -12,13 +12,16 @@ import gc
 import math
 import resource
 import time
-from typing import Any, Dict, Iterator, List, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Sequence
 
 import torch
 
 from gossip_powersgd.comm.base import nbytes, reduce_in_rank_order
 
 from ..bench_gossip.shapes import Shapes, make_params, model_shapes
+
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
 
 #: What a point can time: four algorithms (one `step()` each) and two reductions of one flat tensor.
 ALGORITHMS = ("exact", "powergossip", "allreduce", "powersgd")
@@ -58,7 +61,7 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def gather_reduce_(comm, tensor: torch.Tensor) -> torch.Tensor:
+def gather_reduce_(comm: Comm, tensor: torch.Tensor) -> torch.Tensor:
     """The all-gather reduction the library used before its ring: every peer receives every other
     peer's whole tensor (n - 1 copies, passed around the ring whole) and averages the n copies in
     rank order. Written here on the transport's point-to-point primitive so that it moves its bytes
@@ -82,7 +85,7 @@ def gather_reduce_(comm, tensor: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def counting_received(comm, counter: Dict[str, int]) -> Iterator[None]:
+def counting_received(comm: Comm, counter: Dict[str, int]) -> Iterator[None]:
     """Add to counter["bytes"] the payload bytes this peer receives (gossip messages and ring or
     gather chunks; the torch transport's int64 headers are envelope and left out)."""
     exchange, sendrecv = comm._exchange, comm._sendrecv
@@ -103,7 +106,7 @@ def counting_received(comm, counter: Dict[str, int]) -> Iterator[None]:
         del comm._exchange, comm._sendrecv  # back to the class's methods
 
 
-def build(kind: str, comm, shapes: Shapes, device: str):
+def build(kind: str, comm: Comm, shapes: Shapes, device: str):
     """(a zero-argument step function, the tensors it keeps alive) for one kind on this peer."""
     from gossip_powersgd import AllReduce, ExactGossip, PowerGossip, PowerSGDAllReduce
 
@@ -139,7 +142,7 @@ def synchronize(device: str) -> None:
 
 
 def measure_kind(
-    comm, kind: str, shapes: Shapes, steps: int, device: str = "cpu"
+    comm: Comm, kind: str, shapes: Shapes, steps: int, device: str = "cpu"
 ) -> Dict[str, Any]:
     """One warm-up step, then `steps` timed ones between barriers: seconds per step on this peer,
     bytes sent (transport counters) and received per step, and the process's RSS afterwards."""
@@ -173,7 +176,7 @@ def measure_kind(
 
 
 def peer_point(
-    comm, kinds: Sequence[str], params: str, steps: int, device: str = "cpu"
+    comm: Comm, kinds: Sequence[str], params: str, steps: int, device: str = "cpu"
 ) -> Dict[str, Any]:
     """Every kind in turn on this peer (each freed before the next starts); the point's record."""
     shapes = parameter_shapes(params)

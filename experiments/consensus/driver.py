@@ -9,7 +9,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Optional, Sequence
 
 import torch
 
@@ -34,6 +34,9 @@ from .measure import (
 from .models import ensure_models
 from .problems import parse_problem, problem_shapes
 from .report import SCRATCH_OUT, default_out, fmt_err, format_table, run_file, write_outputs
+
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
 
 #: The report's instances, in the order they run: (topology, problem, kind). "full": an original
 #: problem with the full algorithm list on seed 0 (the winner-map algorithms also on seeds 1-2);
@@ -142,7 +145,7 @@ def check_memory(topo, problem: str, dtype: str, backend: str) -> None:
         )
 
 
-def _build_every(comm, specs: Sequence[str], problem: str, dtype: str) -> bool:
+def _build_every(comm: Comm, specs: Sequence[str], problem: str, dtype: str) -> bool:
     """Build (and drop) every algorithm on this peer, on zeros shaped like the problem: what a run
     would refuse (a bad option, a rank too large for the tensors, an unstable γ) it refuses here."""
     from gossip_powersgd import make_algorithm

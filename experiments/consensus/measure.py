@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 import torch
 
 from .matched import error_at_bits
 from .problems import SEED_BASE, cnn1d_shapes, make_problem, problem_shapes  # noqa: F401 (names others import from here)
+
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
 
 BUDGETS = (1e5, 1e6, 1e7)
 #: 8 values, log-uniform from 1e-3 to 1 (rounded to 3 significant digits), then beyond 1 up to 2,
@@ -75,7 +78,7 @@ def eval_steps(max_steps: int, dense: int = 20, ratio: float = 1.06, max_gap: in
     return steps
 
 
-def _regular(comm) -> bool:
+def _regular(comm: Comm) -> bool:
     """Whether every peer has the same degree on a static undirected graph. A schedule's or a
     directed graph's traffic can differ per peer and per step, so those always count by collective."""
     topology = comm.topology
@@ -90,7 +93,7 @@ def precision_floor(mean_norm2: float, dtype) -> float:
 
 
 def consensus_curve(
-    comm,
+    comm: Comm,
     problem: str,
     spec: str,
     max_steps: int,
@@ -197,7 +200,11 @@ def consensus_curve(
 
 
 def matched_ratio(
-    comm, problem: str, dtype: str = "float32", seed: int = 0, models_file: Optional[str] = None
+    comm: Comm,
+    problem: str,
+    dtype: str = "float32",
+    seed: int = 0,
+    models_file: Optional[str] = None,
 ) -> float:
     """Top-k ratio matching PowerGossip rank 1's floats per message: measured over 2 steps."""
     from gossip_powersgd import make_algorithm

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import TYPE_CHECKING, Dict, List, Sequence
 
 import torch
 
 from gossip_powersgd.training.hooks import TrainingHooks
+
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
 
 SAVED_EPOCHS = (1, 10, 30)
 #: D-PSGD on the demo recipe (lr 0.1, momentum 0.9, cosine, batch 32), Dirichlet(0.1) labels.
@@ -61,7 +64,7 @@ class SaveAtEpochs(TrainingHooks):
             ]
 
 
-def _train_peer(comm, config, epochs):
+def _train_peer(comm: Comm, config, epochs):
     from gossip_powersgd.training.trainer import train
 
     hook = SaveAtEpochs(epochs)

@@ -17,9 +17,12 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from gossip_powersgd.utils import atomic_write, git_commit
+
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The default output folder (git-ignored); the committed page only with an explicit
@@ -73,7 +76,7 @@ QUICK = dict(
 )
 
 
-def _peer(comm, config):
+def _peer(comm: Comm, config):
     from gossip_powersgd.training.trainer import train
 
     return train(comm, config)

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 import torch
 
 from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
+
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
 
 #: mnist1d generates any number of samples: 8000 training samples, 1000 per peer on ring:8; each
 #: victim trains on 500 and holds 500 out, so a run has 1000 members and 1000 non-members (pooled
@@ -128,7 +131,7 @@ def make_split(setting: Dict[str, Any], seed: int):
     )
 
 
-def _peer(comm, config, hooks):
+def _peer(comm: Comm, config, hooks):
     from gossip_powersgd.privacy.views import ObserverHooks
     from gossip_powersgd.training.trainer import train
 

@@ -266,7 +266,7 @@ def _compare(
 ) -> str:
     """One verdict line: each schedule's cost against each static graph's (lower is better)."""
 
-    def text(topology):
+    def text(topology: str):
         value = values.get(topology)
         return f"{topology} {_num(value, 'not reached')}"
 

@@ -9,12 +9,15 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from gossip_powersgd.utils import atomic_write
 
 from .runs import BASE, QUICK_BASE, log, measurements
 from .tables import _pct, generated_sentence, header
+
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
 
 #: (label, spec): the algorithms compared. Choco sign's γ = 1.0 is what the training page's sweep
 #: chose on ring:8 iid (experiments/results/training.md).
@@ -34,7 +37,7 @@ HEADLINE = ("PowerGossip r1", "iid", 3.0)
 HEADLINE_SEEDS = (0, 1, 2)
 
 
-def _peer(comm, config):
+def _peer(comm: Comm, config):
     from gossip_powersgd.training.trainer import train
 
     return train(comm, config), comm.stats.as_dict()

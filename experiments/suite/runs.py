@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
+
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
 
 LATENCY_S = 50e-6
 BANDWIDTHS = (("1 Gbit/s", 1e9 / 8), ("10 Gbit/s", 10e9 / 8))
@@ -46,7 +49,7 @@ QUICK_BASE = dict(
 )
 
 
-def _peer(comm, config):
+def _peer(comm: Comm, config):
     """One peer: train, and return its summary and transport counters."""
     from gossip_powersgd.training.trainer import train
 

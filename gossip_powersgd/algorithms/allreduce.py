@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Dict, List
+from typing import TYPE_CHECKING, Dict, List
 
 import torch
 
@@ -25,8 +25,11 @@ from .base import FlatParams, GossipAlgorithm, NonFiniteError, Option, ParamsLik
 from .layout import NoMessages
 from .lowrank import MatrixStack, matrix_stacks, orthonormalize_
 
+if TYPE_CHECKING:
+    from ..comm.base import Comm
 
-def _allreduce_bytes(comm, numel: int, itemsize: int) -> int:
+
+def _allreduce_bytes(comm: Comm, numel: int, itemsize: int) -> int:
     """Bytes this peer sends in an all-reduce of `numel` elements (exactly what the ring moves)."""
     return ring_allreduce_bytes(numel, itemsize, comm.size, comm.rank)
 
@@ -55,7 +58,7 @@ class AllReduce(_Collective):
     def label(cls, options) -> str:
         return "all-reduce"
 
-    def __init__(self, params: ParamsLike, comm):
+    def __init__(self, params: ParamsLike, comm: Comm):
         super().__init__(params, comm)
         self._flat = FlatParams(self.params)
 
@@ -134,7 +137,7 @@ class PowerSGDAllReduce(_Collective):
     def __init__(
         self,
         params: ParamsLike,
-        comm,
+        comm: Comm,
         rank: int = 1,
         warm_start: bool = True,
         start_iter: int = 10,

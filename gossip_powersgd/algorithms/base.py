@@ -7,11 +7,26 @@ import dataclasses
 import math
 import time
 import warnings
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import torch
 
 from ..comm.base import Tensor
+
+if TYPE_CHECKING:
+    from ..comm.base import Comm
+    from topologies import AnyTopology
 
 ParamsLike = Union[Iterable[Tensor], Iterable[Tuple[str, Tensor]]]
 
@@ -99,7 +114,7 @@ def load_tensors_(who: str, state: Dict[str, object], targets: Dict[str, Tensor]
         tensor.copy_(saved)
 
 
-def warn_if_unstable_gamma(who: str, gamma: float, topology) -> None:
+def warn_if_unstable_gamma(who: str, gamma: float, topology: AnyTopology) -> None:
     """Warn (once per call) when `gamma` is outside the stable range of exact gossip on `topology`.
 
     For compressed gossip this is a warning, not an error: its effective step is not γ (only part
@@ -111,7 +126,7 @@ def warn_if_unstable_gamma(who: str, gamma: float, topology) -> None:
         warnings.warn(f"{who}: {exc}", UserWarning, stacklevel=3)
 
 
-def require_undirected(who: str, comm) -> None:
+def require_undirected(who: str, comm: Comm) -> None:
     """Refuse a directed topology: the algorithm pairs every message with one coming back."""
     if comm.is_directed:
         raise ValueError(
@@ -120,7 +135,7 @@ def require_undirected(who: str, comm) -> None:
         )
 
 
-def step_weights(comm, step: int) -> Tuple[Tuple[int, ...], List[float]]:
+def step_weights(comm: Comm, step: int) -> Tuple[Tuple[int, ...], List[float]]:
     """The neighbours of `step` and their weights W(step)[i, j], in neighbour order."""
     graph = comm.topology_at(step)
     neighbors = tuple(graph.neighbors(comm.rank))
@@ -179,12 +194,12 @@ class GossipAlgorithm:
     label: Optional[Callable[[Dict[str, str]], str]] = None
 
     @classmethod
-    def check_config(cls, kwargs: Dict[str, Any], topology) -> None:
+    def check_config(cls, kwargs: Dict[str, Any], topology: AnyTopology) -> None:
         """Config-time checks of the spec's parsed options against the run's topology (or
         schedule), run on every rank before any collective; raise a one-line ValueError. Whether
         the topology's direction suits the algorithm is checked from `directed` already."""
 
-    def __init__(self, params: ParamsLike, comm):
+    def __init__(self, params: ParamsLike, comm: Comm):
         self.names, self.params = named_tensors(params)
         self.comm = comm
         if not self.params:

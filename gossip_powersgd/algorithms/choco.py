@@ -35,13 +35,16 @@ Randomised compressors, the wire format and the required γ: see `algorithms.com
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 import torch
 
 from ..comm.base import Tensor
 from .base import ParamsLike, step_weights
 from .compressed import CompressedGossip, CompressedPayloads, compressed_label
+
+if TYPE_CHECKING:
+    from ..comm.base import Comm
 
 
 class ChocoIncrements(CompressedPayloads):
@@ -79,7 +82,7 @@ class ChocoGossip(CompressedGossip):
     def __init__(
         self,
         params: ParamsLike,
-        comm,
+        comm: Comm,
         compressor=None,
         gamma: Optional[float] = None,
         seed: int = 0,

@@ -22,7 +22,7 @@ apply, so `gamma` has no default. A γ outside exact gossip's stable range draws
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -32,6 +32,10 @@ from ..compressors import Compressor, parse_compressor
 from ..specs import check_seed, parse_optional_float, parse_seed
 from .base import GossipAlgorithm, Option, ParamsLike, require_undirected, warn_if_unstable_gamma
 from .layout import MessageLayout, Part
+
+if TYPE_CHECKING:
+    from ..comm.base import Comm
+    from topologies import AnyTopology
 
 _INT63 = 0x7FFF_FFFF_FFFF_FFFF
 
@@ -194,7 +198,7 @@ class CompressedGossip(GossipAlgorithm):
     directed = False
 
     @classmethod
-    def check_config(cls, kwargs, topology) -> None:
+    def check_config(cls, kwargs, topology: AnyTopology) -> None:
         """A compressor and a tuned γ, from the config alone: the error the constructor raises,
         on every rank before any collective."""
         compressed_gossip_arguments(
@@ -214,7 +218,7 @@ class CompressedGossip(GossipAlgorithm):
     def __init__(
         self,
         params: ParamsLike,
-        comm,
+        comm: Comm,
         compressor=None,
         gamma: Optional[float] = None,
         seed: int = 0,

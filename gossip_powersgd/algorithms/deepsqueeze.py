@@ -33,13 +33,16 @@ without neighbours at step t skips the round: it compresses nothing and keeps it
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 import torch
 
 from ..comm.base import Tensor
 from .base import ParamsLike, step_weights
 from .compressed import CompressedGossip, CompressedPayloads, compressed_label
+
+if TYPE_CHECKING:
+    from ..comm.base import Comm
 
 
 class DeepSqueezeEstimates(CompressedPayloads):
@@ -75,7 +78,7 @@ class DeepSqueeze(CompressedGossip):
     def __init__(
         self,
         params: ParamsLike,
-        comm,
+        comm: Comm,
         compressor=None,
         gamma: Optional[float] = None,
         seed: int = 0,

@@ -6,7 +6,7 @@ resumed run continues on the right graph); a peer without neighbours at t leaves
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Optional, Sequence
 
 import torch
 
@@ -16,8 +16,12 @@ from . import kernels
 from .base import FlatParams, GossipAlgorithm, Option, ParamsLike, require_undirected, step_weights
 from .layout import WholeModel
 
+if TYPE_CHECKING:
+    from ..comm.base import Comm
+    from topologies import AnyTopology
 
-def resolve_gamma(gamma: Optional[float], comm) -> float:
+
+def resolve_gamma(gamma: Optional[float], comm: Comm) -> float:
     """`None` means the topology's consensus step 2/(lambda_min + lambda_max) of I - W; on a
     schedule (whose W changes every step) it means 1, plain mixing with each step's W."""
     if gamma is None:
@@ -64,7 +68,7 @@ class ExactGossip(GossipAlgorithm):
         return "exact gossip"
 
     @classmethod
-    def check_config(cls, kwargs, topology) -> None:
+    def check_config(cls, kwargs, topology: AnyTopology) -> None:
         """Exact gossip refuses a γ outside the topology's stable range when it is built; the same
         check runs from the config alone, so that every rank reports it before any peer starts a
         collective the others would never join."""
@@ -74,7 +78,7 @@ class ExactGossip(GossipAlgorithm):
                 gamma = float(topology.gamma) if hasattr(topology, "gamma") else 1.0
             topology.check_gamma(gamma)
 
-    def __init__(self, params: ParamsLike, comm, gamma: Optional[float] = None):
+    def __init__(self, params: ParamsLike, comm: Comm, gamma: Optional[float] = None):
         # Checked before the collective set-up, so that every rank raises this error itself.
         require_undirected("exact gossip", comm)
         self.gamma = resolve_gamma(gamma, comm)

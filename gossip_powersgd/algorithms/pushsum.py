@@ -21,13 +21,16 @@ plain gossip with W.
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import TYPE_CHECKING, Dict, List, Tuple
 
 import torch
 
 from ..comm.base import Tensor
 from .base import FlatParams, GossipAlgorithm, ParamsLike
 from .layout import MessageLayout, Part, unflatten
+
+if TYPE_CHECKING:
+    from ..comm.base import Comm
 
 
 class PushSumMessages(MessageLayout):
@@ -73,7 +76,7 @@ class PushSum(GossipAlgorithm):
     def label(cls, options) -> str:
         return "push-sum"
 
-    def __init__(self, params: ParamsLike, comm):
+    def __init__(self, params: ParamsLike, comm: Comm):
         super().__init__(params, comm)
         self._flat = FlatParams(self.params)
         numel = self._flat.buffer.numel()

@@ -24,13 +24,16 @@ half-step. Edges idle at step t keep their factors and count.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..comm.base import Tensor
 from .lowrank import compressible_matrices, orthonormalize_
 from .powergossip import edge_seed
+
+if TYPE_CHECKING:
+    from topologies import AnyTopology
 
 
 @dataclasses.dataclass
@@ -63,7 +66,7 @@ def _orthonormalise(factor: Tensor) -> Tensor:
 
 def reference_powergossip(
     models: Sequence[List[Tensor]],
-    topology,
+    topology: AnyTopology,
     steps: int,
     rank: int = 1,
     num_iterations: int = 1,

@@ -13,7 +13,7 @@ options is an error that lists what is valid.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 from .. import specs
 
@@ -27,6 +27,10 @@ from .exact import ExactGossip
 from .layout import MessageLayout
 from .powergossip import PowerGossip
 from .pushsum import PushSum
+
+if TYPE_CHECKING:
+    from ..comm.base import Comm
+    from topologies import AnyTopology
 
 #: What an algorithm's γ is when its spec does not set one (`GossipAlgorithm.gamma_source`).
 GAMMA_KINDS = ("topology", "tuned", "none")
@@ -130,7 +134,7 @@ def split_spec(spec: str) -> Tuple[str, Dict[str, str]]:
 def _entry(spec: str) -> Tuple[str, type, Dict[str, str]]:
     name, options = split_spec(spec)
     if name not in REGISTRY:
-        raise ValueError(f"unknown algorithm {name!r}; valid: {', '.join(sorted(REGISTRY))}")
+        raise specs.unknown_name("algorithm spec", spec, name, sorted(REGISTRY))
     return name, REGISTRY[name], options
 
 
@@ -146,13 +150,14 @@ def algorithm_kwargs(spec: str) -> Tuple[type, Dict[str, Any]]:
     kwargs: Dict[str, Any] = {}
     for key, value in options.items():
         if key not in cls.options:
-            valid = ", ".join(sorted(cls.options)) or "none"
-            raise ValueError(f"algorithm {name!r} has no option {key!r}; valid: {valid}")
+            raise specs.unknown_option("algorithm spec", spec, key, sorted(cls.options))
         option = cls.options[key]
         try:
             kwargs[option.argument] = option.parse(value)
         except ValueError as exc:
-            raise ValueError(f"algorithm {name!r}: bad value {value!r} for {key}: {exc}") from None
+            raise specs.spec_error(
+                "algorithm spec", spec, f"bad value {value!r} for {key}: {exc}"
+            ) from None
     return cls, kwargs
 
 
@@ -167,7 +172,7 @@ def gamma_kind(spec: str) -> str:
     return _entry(spec)[1].gamma_source
 
 
-def spec_gamma(spec: str, topology) -> Optional[float]:
+def spec_gamma(spec: str, topology: AnyTopology) -> Optional[float]:
     """The γ a spec runs with on `topology`: its own, else the topology's for "topology" algorithms,
     else None (a "tuned" algorithm without γ, or one that has no γ)."""
     _, cls, options = _entry(spec)
@@ -181,7 +186,7 @@ def spec_gamma(spec: str, topology) -> Optional[float]:
     return float(topology.gamma) if hasattr(topology, "gamma") else 1.0
 
 
-def check_directed(spec: str, topology, topology_spec: str) -> None:
+def check_directed(spec: str, topology: AnyTopology, topology_spec: str) -> None:
     """Refuse a directed topology (or schedule) for an algorithm that needs symmetric edges."""
     name, cls, _ = _entry(spec)
     if topology.is_directed and not cls.directed:
@@ -191,7 +196,7 @@ def check_directed(spec: str, topology, topology_spec: str) -> None:
         )
 
 
-def check_config(spec: str, topology) -> None:
+def check_config(spec: str, topology: AnyTopology) -> None:
     """The algorithm's own config-time checks (`GossipAlgorithm.check_config`) of a spec on the
     run's topology."""
     cls, kwargs = algorithm_kwargs(spec)
@@ -207,7 +212,7 @@ def with_option(spec: str, key: str, value: str) -> str:
     )
 
 
-def make_algorithm(spec: str, params, comm):
+def make_algorithm(spec: str, params, comm: Comm):
     """Build the algorithm a spec names, on `params`, talking through `comm`."""
     cls, kwargs = algorithm_kwargs(spec)
     return cls(params, comm, **kwargs)

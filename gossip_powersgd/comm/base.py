@@ -32,7 +32,7 @@ import torch
 from ..utils import format_ranks
 
 if TYPE_CHECKING:
-    from topologies import Topology
+    from topologies import AnyTopology, Topology
 
 Tensor = torch.Tensor
 
@@ -68,7 +68,7 @@ class Comm(Protocol):
 
     rank: int  #: this peer
     size: int  #: number of peers
-    topology: Any  #: the `Topology` (or schedule) this peer gossips on
+    topology: AnyTopology  #: the `Topology` (or schedule) this peer gossips on
     neighbors: Tuple[int, ...]  #: every peer this one ever talks to (a schedule's union graph)
     timeout: float  #: seconds a peer waits for a neighbour or a collective
     stats: "CommStats"  #: the traffic this peer sent (training and metric)

@@ -46,8 +46,9 @@ from .base import (
 from .liveness import STOPPED_HOW, StopWatch, process_key, stopped_after, stopped_message
 
 if TYPE_CHECKING:
+    from mpi4py.MPI import Comm as MPIComm  # an mpi4py communicator, not the `Comm` protocol
+
     from topologies import Topology
-    from .base import Comm
 
 _TAG_BASE = 1000
 _NOTICE_TAG = 7
@@ -189,7 +190,9 @@ class MPICommunicator(Communicator):
     `timeout` (seconds) bounds every wait for a neighbour or a collective.
     """
 
-    def __init__(self, topology: Topology, comm: Comm = None, timeout: float | None = None):
+    def __init__(
+        self, topology: Topology, comm: MPIComm | None = None, timeout: float | None = None
+    ):
         import numpy as np
 
         MPI = _mpi()
@@ -232,7 +235,7 @@ class MPICommunicator(Communicator):
             )
         super().__init__(topology, world_rank, timeout)
 
-    def _first_dup(self, comm: Comm):
+    def _first_dup(self, comm: MPIComm):
         """`comm.Dup()`, collective, within the timeout: a rank that never gets here (it failed or
         exited before) would otherwise hold the others in a blocking call for ever."""
         MPI = self._MPI
@@ -286,7 +289,7 @@ class MPICommunicator(Communicator):
         self._wait(requests, "sending to neighbours", list(send))
         del keep_alive
 
-    def _receive(self, source: int, status, buffer: Tensor, comm: Comm = None) -> None:
+    def _receive(self, source: int, status, buffer: Tensor, comm: MPIComm | None = None) -> None:
         MPI = self._MPI
         comm = self._comm if comm is None else comm
         tag = status.Get_tag()

@@ -69,11 +69,14 @@ DP-SGD's gradients depend on the noisy models, which this computation does not m
 from __future__ import annotations
 
 import math
-from typing import List, Tuple
+from typing import TYPE_CHECKING, List, Tuple
 
 import numpy as np
 
 import topologies
+
+if TYPE_CHECKING:
+    from topologies import AnyTopology
 
 __all__ = [
     "NOISE_MODES",
@@ -97,7 +100,7 @@ CONVERSIONS = ("gaussian", "rdp")
 EPS = np.finfo(np.float64).eps
 
 
-def _graphs(topology):
+def _graphs(topology: AnyTopology):
     """The schedule-like object (`at(t)` gives the Topology of step t) for a Topology, a Schedule or
     a spec string; a one-line error for anything else."""
     if isinstance(topology, str):
@@ -151,7 +154,7 @@ def _check_delta(delta) -> float:
     return float(delta)
 
 
-def mixing_matrix(topology, gamma: float = 1.0, step: int = 0) -> np.ndarray:
+def mixing_matrix(topology: AnyTopology, gamma: float = 1.0, step: int = 0) -> np.ndarray:
     """M = (1 - gamma) I + gamma W(step): the linear map one exact-gossip step applies."""
     if not gamma > 0:
         raise ValueError(f"gamma must be > 0, got {gamma}")
@@ -160,7 +163,7 @@ def mixing_matrix(topology, gamma: float = 1.0, step: int = 0) -> np.ndarray:
 
 
 def view_matrix(
-    topology, steps: int, observer: int, *, noise: str = "once", gamma: float = 1.0
+    topology: AnyTopology, steps: int, observer: int, *, noise: str = "once", gamma: float = 1.0
 ) -> Tuple[np.ndarray, np.ndarray]:
     """(A, peers): observer's view V = A z + known terms, one row per received value (step-major,
     neighbours in order), one column per unknown (noise block s, peer u != observer), peers[c] = u.
@@ -173,7 +176,7 @@ def view_matrix(
 
 
 def zero_sum_matrix(
-    topology, steps: int, observer: int, *, noise: str = "once", gamma: float = 1.0
+    topology: AnyTopology, steps: int, observer: int, *, noise: str = "once", gamma: float = 1.0
 ) -> Tuple[np.ndarray, List[Tuple[int, int, int]]]:
     """(B, draws): how the observer's view depends on ZIP-DL's per-edge draws, V = A z + B g + known.
 
@@ -343,7 +346,7 @@ def _leakage(grams: list, shift: str) -> np.ndarray:
 
 
 def pairwise_leakage(
-    topology,
+    topology: AnyTopology,
     steps: int,
     *,
     noise: str = "once",
@@ -375,7 +378,7 @@ def pairwise_leakage(
 
 
 def pairwise_rdp(
-    topology,
+    topology: AnyTopology,
     steps: int,
     sigma: float,
     sensitivity: float = 1.0,
@@ -446,7 +449,7 @@ def _convert(rho, delta: float, conversion: str):
 
 
 def pairwise_epsilon(
-    topology,
+    topology: AnyTopology,
     steps: int,
     sigma: float,
     delta: float,
@@ -497,7 +500,7 @@ def local_epsilon(
 
 
 def per_message_composition_rdp(
-    topology, steps: int, sigma: float, sensitivity: float = 1.0, *, gamma: float = 1.0
+    topology: AnyTopology, steps: int, sigma: float, sensitivity: float = 1.0, *, gamma: float = 1.0
 ) -> np.ndarray:
     """Muffliato's code's per-message sum (`graphutils.contrib`), NOT a valid privacy bound.
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
 
@@ -46,6 +46,9 @@ from gossip_powersgd.privacy.sampling import PoissonBatches, poisson_rate
 from gossip_powersgd.privacy.seeds import make_randomness
 from gossip_powersgd.training.features import Feature, Key, peer_statistics_private, register
 from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
+
+if TYPE_CHECKING:
+    from ..comm.base import Comm
 
 __all__ = [
     "DifferentialPrivacy",
@@ -189,7 +192,7 @@ def privacy_hook(config) -> Optional["DifferentialPrivacy"]:
     return DifferentialPrivacy()
 
 
-def _gather_floats(comm, value: float) -> List[float]:
+def _gather_floats(comm: Comm, value: float) -> List[float]:
     """Every peer's ``value``, in rank order (one metric all-reduce of a vector of scalars)."""
     values = torch.zeros(comm.size, dtype=torch.float64)
     values[comm.rank] = float(value)

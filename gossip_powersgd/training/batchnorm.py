@@ -11,9 +11,12 @@ outside the mechanism, and the averaged model keeps the peers' mean statistics.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch
+
+if TYPE_CHECKING:
+    from ..comm.base import Comm
 
 __all__ = ["BN_REFRESH_BATCHES", "refresh_batch_norm", "refresh_inputs"]
 
@@ -23,7 +26,7 @@ __all__ = ["BN_REFRESH_BATCHES", "refresh_batch_norm", "refresh_inputs"]
 BN_REFRESH_BATCHES = 8
 
 
-def refresh_batch_norm(model: torch.nn.Module, inputs: Iterable[torch.Tensor], comm) -> bool:
+def refresh_batch_norm(model: torch.nn.Module, inputs: Iterable[torch.Tensor], comm: Comm) -> bool:
     """Recompute the BatchNorm running statistics of `model` (the averaged model, the same on
     every peer) on this peer's `inputs`, then average them over the peers (collective, metric
     traffic); False (and nothing done) for a model without BatchNorm.

@@ -40,13 +40,27 @@ import hashlib
 import random
 import sys
 import threading
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import torch
 
-from ..specs import accepts, import_object, parse_options, split_name, user_code, UserCodeExit
+from ..specs import (
+    Spec,
+    UserCodeExit,
+    accepts,
+    import_object,
+    parse_spec,
+    spec_error,
+    split_name,
+    typed_options,
+    unknown_name,
+    user_code,
+)
 from .batches import Batches, ResumableBatches  # noqa: F401 (the iterators' home is batches.py)
+
+if TYPE_CHECKING:
+    from ..comm.base import Comm
 
 
 __all__ = [
@@ -158,37 +172,35 @@ _FILE_DATASETS = {
 }
 
 
-def _file_dataset(spec: str, head: str):
-    from . import records
-    from ..specs import parse_typed, split_spec
+#: How dataset specs are named in errors (the grammar's style: ``dataset spec '<spec>': ...``).
+WHAT = "dataset spec"
 
-    types = _FILE_DATASETS[head]
-    _, raw = split_spec(spec, "dataset")
-    unknown = sorted(set(raw) - set(types))
-    if unknown:
-        raise ValueError(
-            f"dataset {spec!r}: unknown option {unknown[0]!r} (valid: {', '.join(types)})"
+
+def _file_dataset(spec: str, parsed: Spec):
+    from . import records
+
+    options = typed_options(parsed, _FILE_DATASETS[parsed.name], WHAT, spec)
+    if not options.get("root"):
+        raise spec_error(
+            WHAT,
+            spec,
+            f"needs the folder of its files: {parsed.name}:root=DIR (or "
+            f"--set dataset={parsed.name}:root=DIR); nothing is downloaded",
         )
-    if not raw.get("root"):
-        raise ValueError(
-            f"dataset {spec!r} needs the folder of its files: {head}:root=DIR (or "
-            f"--set dataset={head}:root=DIR); nothing is downloaded"
-        )
-    options = {k: parse_typed(v, types[k], k) for k, v in raw.items()}
-    return getattr(records, head)(spec, options)
+    return getattr(records, parsed.name)(spec, options)
 
 
 def _build_dataset(spec: str, seed: int) -> Dataset:
-    head, args = split_name(spec)
-    if head in _FILE_DATASETS:
-        return _file_dataset(spec, head)
-    if head == "mnist1d":
-        return _mnist1d(spec, args, seed)
-    if head == "synthetic_logreg":
-        return _synthetic_logreg(spec, args, seed)
-    if args is not None:  # anything else with a colon is "package.module:function"
+    parsed = parse_spec(spec, WHAT)  # the one spec grammar (topologies.grammar via specs)
+    if parsed.name in _FILE_DATASETS:
+        return _file_dataset(spec, parsed)
+    if parsed.name == "mnist1d":
+        return _mnist1d(spec, parsed, seed)
+    if parsed.name == "synthetic_logreg":
+        return _synthetic_logreg(spec, parsed, seed)
+    if ":" in spec:  # anything else with a colon is "package.module:function"
         return _byo_dataset(spec, seed)
-    raise ValueError(f"unknown dataset {spec!r}: valid are {', '.join(DATASET_NAMES)}")
+    raise unknown_name(WHAT, spec, parsed.name, DATASET_NAMES)
 
 
 class _MuteThread:
@@ -217,12 +229,13 @@ class _MuteThread:
 MNIST1D_STANDARD_SEED = 42
 
 
-def _mnist1d(spec: str, args_text: str | None, seed: int) -> Dataset:
+def _mnist1d(spec: str, parsed: Spec, seed: int) -> Dataset:
     """The standard MNIST-1D (seed 42) whatever the run's seed, unless `mnist1d:seed=N` asks."""
-    options = parse_options(
-        spec,
-        args_text,
+    options = typed_options(
+        parsed,
         {"num_samples": int, "shuffle_seq": bool, "train_split": float, "seed": int},
+        WHAT,
+        spec,
     )
     # Only the local generator: get_dataset would try to download a pickle.
     from mnist1d.data import get_dataset_args, make_dataset
@@ -247,7 +260,7 @@ def _mnist1d(spec: str, args_text: str | None, seed: int) -> Dataset:
     )
 
 
-def _synthetic_logreg(spec: str, args_text: str | None, seed: int) -> Dataset:
+def _synthetic_logreg(spec: str, parsed: Spec, seed: int) -> Dataset:
     """x ~ N(0, I_d), y = argmax(x W* + noise) with a seeded teacher W* (d x classes).
 
     W* has entries ~ N(0, 1/d) so teacher logits have unit variance whatever ``d`` is, which makes
@@ -256,16 +269,16 @@ def _synthetic_logreg(spec: str, args_text: str | None, seed: int) -> Dataset:
     """
     opts = {"d": 20, "classes": 10, "n": 5000, "noise": 0.1, "test": 0.2}
     opts.update(
-        parse_options(
-            spec, args_text, {"d": int, "classes": int, "n": int, "noise": float, "test": float}
+        typed_options(
+            parsed, {"d": int, "classes": int, "n": int, "noise": float, "test": float}, WHAT, spec
         )
     )
     d, classes, n, noise, test = opts["d"], opts["classes"], opts["n"], opts["noise"], opts["test"]
     if d < 1 or classes < 2 or noise < 0 or not 0 < test < 1:
-        raise ValueError(f"{spec!r}: need d >= 1, classes >= 2, noise >= 0 and 0 < test < 1")
+        raise spec_error(WHAT, spec, "need d >= 1, classes >= 2, noise >= 0 and 0 < test < 1")
     n_test = int(round(n * test))
     if n_test < 1 or n - n_test < 1:
-        raise ValueError(f"{spec!r}: n={n} is too small for a {test:g} test split; raise n")
+        raise spec_error(WHAT, spec, f"n={n} is too small for a {test:g} test split; raise n")
 
     rng = np.random.default_rng(seed)
     teacher = rng.standard_normal((d, classes)) / np.sqrt(d)
@@ -284,7 +297,9 @@ def _byo_dataset(spec: str, seed: int) -> Dataset:
     except UserCodeExit:
         raise
     except Exception as exc:
-        raise ValueError(f"{spec!r}: calling it raised {type(exc).__name__}: {exc}") from exc
+        raise ValueError(
+            f"dataset spec {spec!r}: calling it raised {type(exc).__name__}: {exc}"
+        ) from exc
     if (
         isinstance(result, (tuple, list))
         and len(result) == 2
@@ -295,7 +310,7 @@ def _byo_dataset(spec: str, seed: int) -> Dataset:
         return torch_datasets(spec, *result)
     if not isinstance(result, (tuple, list)) or len(result) != 4:
         raise ValueError(
-            f"{spec!r}: must return a tuple (x_train, y_train, x_test, y_test) or "
+            f"dataset spec {spec!r}: must return a tuple (x_train, y_train, x_test, y_test) or "
             f"two torch Datasets (train, test), got {type(result).__name__}"
         )
     return _make_dataset_record(spec, *result, num_classes=None)
@@ -309,34 +324,40 @@ def _make_dataset_record(spec, x_train, y_train, x_test, y_test, num_classes) ->
             x = torch.as_tensor(np.asarray(x) if not torch.is_tensor(x) else x).to(torch.float32)
             y = torch.as_tensor(np.asarray(y) if not torch.is_tensor(y) else y)
         except (TypeError, ValueError, RuntimeError) as exc:
-            raise ValueError(f"{spec!r}: {what} arrays are not numeric ({exc})") from None
+            raise ValueError(
+                f"dataset spec {spec!r}: {what} arrays are not numeric ({exc})"
+            ) from None
         if x.ndim < 1 or y.ndim != 1:
             raise ValueError(
-                f"{spec!r}: y_{what} must be 1-D and x_{what} at least 1-D, "
+                f"dataset spec {spec!r}: y_{what} must be 1-D and x_{what} at least 1-D, "
                 f"got shapes {tuple(x.shape)} and {tuple(y.shape)}"
             )
         if len(x) != len(y):
-            raise ValueError(f"{spec!r}: x_{what} has {len(x)} samples but y_{what} has {len(y)}")
+            raise ValueError(
+                f"dataset spec {spec!r}: x_{what} has {len(x)} samples but y_{what} has {len(y)}"
+            )
         if y.is_floating_point():
             if not torch.equal(y, torch.round(y)):
-                raise ValueError(f"{spec!r}: y_{what} must hold integer class labels")
+                raise ValueError(f"dataset spec {spec!r}: y_{what} must hold integer class labels")
         elif y.dtype == torch.bool or y.is_complex():
-            raise ValueError(f"{spec!r}: y_{what} must hold integer class labels, not {y.dtype}")
+            raise ValueError(
+                f"dataset spec {spec!r}: y_{what} must hold integer class labels, not {y.dtype}"
+            )
         y = y.to(torch.int64)
         if len(y) and int(y.min()) < 0:
-            raise ValueError(f"{spec!r}: y_{what} has negative labels")
+            raise ValueError(f"dataset spec {spec!r}: y_{what} has negative labels")
         xs.append(x.contiguous())
         ys.append(y.contiguous())
     if len(ys[0]) == 0:
-        raise ValueError(f"{spec!r}: the training set is empty")
+        raise ValueError(f"dataset spec {spec!r}: the training set is empty")
     if len(ys[1]) == 0:
         # An empty test set would be reported as 0 % accuracy, which reads as a result.
         raise ValueError(
-            f"{spec!r}: the test set is empty; return at least one test sample (x_test, y_test)"
+            f"dataset spec {spec!r}: the test set is empty; return at least one test sample (x_test, y_test)"
         )
     if xs[0].shape[1:] != xs[1].shape[1:]:
         raise ValueError(
-            f"{spec!r}: train samples have shape {tuple(xs[0].shape[1:])} but test "
+            f"dataset spec {spec!r}: train samples have shape {tuple(xs[0].shape[1:])} but test "
             f"samples {tuple(xs[1].shape[1:])}"
         )
     num_classes = _checked_class_count(spec, ys, num_classes)
@@ -360,8 +381,8 @@ def load_peer_dataset(spec: str, rank: int, num_peers: int, seed: int = 0) -> Da
     record's ``num_classes`` is this peer's own (largest label + 1): `agree_local_dataset` makes it
     the peers' common one. Nothing is cached: the data belongs to this peer alone.
     """
-    head, args = split_name(spec)
-    if head in ("mnist1d", "synthetic_logreg") or args is None:
+    parsed = parse_spec(spec, WHAT)
+    if parsed.name in ("mnist1d", "synthetic_logreg", *_FILE_DATASETS) or ":" not in spec:
         raise ValueError(
             f"partition: local needs a bring-your-own dataset 'package.module:function'"
             f" taking rank and num_peers, got dataset {spec!r}; or use partition: iid"
@@ -369,7 +390,7 @@ def load_peer_dataset(spec: str, rank: int, num_peers: int, seed: int = 0) -> Da
     fn = import_object(spec, DATASET_NAMES)
     if not (accepts(fn, "rank") and accepts(fn, "num_peers")):
         raise ValueError(
-            f"{spec!r}: with partition: local the dataset function must take the "
+            f"dataset spec {spec!r}: with partition: local the dataset function must take the "
             f"arguments rank and num_peers (and return only that peer's data)"
         )
     kwargs = {"num_peers": int(num_peers), **({"seed": seed} if accepts(fn, "seed") else {})}
@@ -382,13 +403,13 @@ def load_peer_dataset(spec: str, rank: int, num_peers: int, seed: int = 0) -> Da
             raise
         except Exception as exc:
             raise ValueError(
-                f"{spec!r}: calling it with rank={who} raised {type(exc).__name__}: {exc}"
+                f"dataset spec {spec!r}: calling it with rank={who} raised {type(exc).__name__}: {exc}"
             ) from exc
 
     result = call(int(rank))
     if not isinstance(result, (tuple, list)) or len(result) != 4:
         raise ValueError(
-            f"{spec!r}: must return this peer's tuple (x_train, y_train, x_test, "
+            f"dataset spec {spec!r}: must return this peer's tuple (x_train, y_train, x_test, "
             f"y_test), got {type(result).__name__}"
         )
     x_train, y_train, x_test, y_test = result
@@ -397,13 +418,13 @@ def load_peer_dataset(spec: str, rank: int, num_peers: int, seed: int = 0) -> Da
         shared = call(None)
         if not isinstance(shared, (tuple, list)) or len(shared) != 2:
             raise ValueError(
-                f"{spec!r}: with rank=None it must return the shared test set "
+                f"dataset spec {spec!r}: with rank=None it must return the shared test set "
                 f"(x_test, y_test), got {type(shared).__name__}"
             )
         x_test, y_test = shared
     if x_test is None or y_test is None:
         raise ValueError(
-            f"{spec!r}: rank {rank} returned only one of x_test and y_test; return "
+            f"dataset spec {spec!r}: rank {rank} returned only one of x_test and y_test; return "
             f"both, or both None to use the shared test set"
         )
     dataset = dataclasses.replace(
@@ -412,14 +433,14 @@ def load_peer_dataset(spec: str, rank: int, num_peers: int, seed: int = 0) -> Da
     )
     if dataset.num_test == 0:
         raise ValueError(
-            f"{spec!r}: rank {rank} has an empty test set; return at least one test "
+            f"dataset spec {spec!r}: rank {rank} has an empty test set; return at least one test "
             f"sample, or None, None for the shared test set"
         )
     return dataset
 
 
 def agree_local_dataset(
-    comm, dataset: Dataset, share_size: bool = True
+    comm: Comm, dataset: Dataset, share_size: bool = True
 ) -> tuple[Dataset, Optional[int]]:
     """This peer's local dataset with the peers' common ``num_classes``, and the total training size.
 
@@ -457,14 +478,14 @@ def _checked_class_count(spec, ys, num_classes) -> int:
         limit = _CLASS_COUNT_FACTOR * seen + _SPARE_CLASSES
         if largest + 1 > limit:
             raise ValueError(
-                f"{spec!r}: label {largest} in y_{which} implies {largest + 1} classes "
+                f"dataset spec {spec!r}: label {largest} in y_{which} implies {largest + 1} classes "
                 f"but only {seen} distinct labels occur; number the classes "
                 f"0..K-1 (at most {limit} classes for these labels)"
             )
         return largest + 1
     if largest >= num_classes:
         raise ValueError(
-            f"{spec!r}: label {largest} in y_{which} is out of range for "
+            f"dataset spec {spec!r}: label {largest} in y_{which} is out of range for "
             f"{num_classes} classes (labels must be 0..{num_classes - 1})"
         )
     return int(num_classes)
@@ -536,35 +557,39 @@ def partition(labels, num_peers: int, spec: str, seed: int) -> list[np.ndarray]:
         alpha = _number_arg(spec, arg, float, "alpha", "dirichlet:0.5")
         if not np.isfinite(alpha) or alpha <= 0:
             raise ValueError(
-                f"{spec!r}: Dirichlet alpha must be > 0 (e.g. dirichlet:0.5; "
+                f"partition spec {spec!r}: Dirichlet alpha must be > 0 (e.g. dirichlet:0.5; "
                 f"smaller is more skewed)"
             )
         parts = _dirichlet(labels, num_peers, alpha, rng)
     elif head == "shards":
         k = _number_arg(spec, arg, int, "k", "shards:2")
         if k < 1:
-            raise ValueError(f"{spec!r}: shards per peer k must be >= 1 (e.g. shards:2)")
+            raise ValueError(
+                f"partition spec {spec!r}: shards per peer k must be >= 1 (e.g. shards:2)"
+            )
         if num_peers * k > n:
             raise ValueError(
-                f"{spec!r}: {num_peers} peers x {k} shards = {num_peers * k} shards "
+                f"partition spec {spec!r}: {num_peers} peers x {k} shards = {num_peers * k} shards "
                 f"but only {n} samples; use fewer peers or a smaller k"
             )
         parts = _shards(labels, num_peers, k, rng)
     else:
-        raise ValueError(f"unknown partition {spec!r}: valid are {', '.join(PARTITION_NAMES)}")
+        if head.lower() in ("iid", "contiguous"):
+            raise spec_error("partition spec", spec, f"{head} takes no argument; write {head!r}")
+        raise unknown_name("partition spec", spec, head, PARTITION_NAMES)
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
 
 def _number_arg(spec: str, arg: str | None, kind: type, name: str, example: str):
     """The number after the colon of ``"dirichlet:0.5"``; ``"dirichlet:alpha=0.5"`` also works."""
     if arg is None or arg == "":
-        raise ValueError(f"{spec!r}: missing {name}, write it like {example}")
+        raise ValueError(f"partition spec {spec!r}: missing {name}, write it like {example}")
     text = arg.split("=", 1)[1] if arg.startswith(f"{name}=") else arg
     try:
         return kind(text)
     except ValueError:
         raise ValueError(
-            f"{spec!r}: {name} must be a{'n integer' if kind is int else ' number'},"
+            f"partition spec {spec!r}: {name} must be a{'n integer' if kind is int else ' number'},"
             f" write it like {example}"
         ) from None
 

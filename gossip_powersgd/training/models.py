@@ -44,13 +44,17 @@ from torch.nn import functional as F
 from ..specs import (
     FALSE_WORDS,
     TRUE_WORDS,
+    Spec,
     UserCodeExit,
     accepts,
+    check_options,
     import_object,
-    parse_options,
-    parse_typed,
+    parse_items,
+    parse_spec,
+    spec_error,
     split_name,
-    split_spec,
+    typed_options,
+    unknown_name,
     user_code,
 )
 from ..utils import one_line
@@ -139,23 +143,28 @@ def _flattened_size(convs: Sequence[nn.Conv1d], in_channels: int, length: int) -
     return x.numel()
 
 
-def _logreg(spec, args, input_shape, num_classes, device) -> nn.Module:
-    if args is not None:
-        raise ValueError(f"{spec!r}: logreg takes no options; write 'logreg'")
+#: How model specs are named in errors (the grammar's style: ``model spec '<spec>': ...``).
+WHAT = "model spec"
+
+
+def _logreg(spec, parsed: Spec, input_shape, num_classes, device) -> nn.Module:
+    if parsed.positional or parsed.options:
+        raise spec_error(WHAT, spec, "logreg takes no options; write 'logreg'")
     return nn.Sequential(
         nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes, device=device)
     )
 
 
-def _mlp(spec, args, input_shape, num_classes, device) -> nn.Module:
+def _mlp(spec, parsed: Spec, input_shape, num_classes, device) -> nn.Module:
+    check_options(parsed, (), WHAT, spec)  # the widths are positional: mlp:100,100
     widths = _DEFAULT_MLP_WIDTHS
-    if args is not None:
+    if parsed.positional or ":" in spec:  # "mlp:" names no width
         try:
-            widths = tuple(int(w) for w in args.split(","))
+            widths = tuple(int(w) for w in parsed.positional)
         except ValueError:
             widths = ()
         if not widths or min(widths) < 1:
-            raise ValueError(f"{spec!r}: expected positive hidden widths, e.g. mlp:100,100")
+            raise spec_error(WHAT, spec, "expected positive hidden widths, e.g. mlp:100,100")
     layers: list[nn.Module] = [nn.Flatten()]
     fan_in = math.prod(input_shape)
     for width in widths:
@@ -165,45 +174,36 @@ def _mlp(spec, args, input_shape, num_classes, device) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def _cnn1d(spec, args, input_shape, num_classes, device) -> nn.Module:
-    options = parse_options(spec, args, {"channels": int})
+def _cnn1d(spec, parsed: Spec, input_shape, num_classes, device) -> nn.Module:
+    options = typed_options(parsed, {"channels": int}, WHAT, spec)
     channels = options.get("channels", _DEFAULT_CNN_CHANNELS)
     if channels < 1:
-        raise ValueError(f"{spec!r}: channels must be >= 1")
+        raise spec_error(WHAT, spec, "channels must be >= 1")
     return CNN1d(input_shape, num_classes, channels=channels, device=device)
 
 
-def _zoo_options(spec: str, types: dict, defaults: dict) -> dict:
-    """The ``key=value`` options of a zoo model's spec (`specs.split_spec`), typed and checked."""
-    _, raw = split_spec(spec, "model")
-    unknown = sorted(set(raw) - set(types))
-    if unknown:
-        raise ValueError(
-            f"model {spec!r}: unknown option {unknown[0]!r} (valid: {', '.join(types)})"
-        )
+def _zoo_options(spec: str, parsed: Spec, types: dict, defaults: dict) -> dict:
+    """The ``key=value`` options of a zoo model's spec (`specs.typed_options`), checked."""
     options = dict(defaults)
-    for key, text in raw.items():
-        try:
-            options[key] = parse_typed(text, types[key], key)
-        except ValueError as exc:
-            raise ValueError(f"model {spec!r}: {exc}") from None
+    options.update(typed_options(parsed, types, WHAT, spec))
     for key, value in options.items():
         low = 0 if key == "dropout" else 1
         if types[key] in (int, float) and value is not None and not value >= low:
-            raise ValueError(f"model {spec!r}: {key} must be >= {low}, got {value}")
+            raise spec_error(WHAT, spec, f"{key} must be >= {low}, got {value}")
         if key == "dropout" and value >= 1:
-            raise ValueError(f"model {spec!r}: dropout must be < 1, got {value}")
+            raise spec_error(WHAT, spec, f"dropout must be < 1, got {value}")
     return options
 
 
-def _resnet20(spec, args, input_shape, num_classes, device) -> nn.Module:
-    options = _zoo_options(spec, {"width": int}, {"width": 16})
+def _resnet20(spec, parsed: Spec, input_shape, num_classes, device) -> nn.Module:
+    options = _zoo_options(spec, parsed, {"width": int}, {"width": 16})
     return ResNet20(input_shape, num_classes, width=options["width"], device=device)
 
 
-def _vgg16(spec, args, input_shape, num_classes, device) -> nn.Module:
+def _vgg16(spec, parsed: Spec, input_shape, num_classes, device) -> nn.Module:
     options = _zoo_options(
         spec,
+        parsed,
         {"bn": bool, "width": int, "dropout": float},
         {"bn": True, "width": 64, "dropout": 0.5},
     )
@@ -217,9 +217,10 @@ def _vgg16(spec, args, input_shape, num_classes, device) -> nn.Module:
     )
 
 
-def _lstm_lm(spec, args, input_shape, num_classes, device) -> nn.Module:
+def _lstm_lm(spec, parsed: Spec, input_shape, num_classes, device) -> nn.Module:
     options = _zoo_options(
         spec,
+        parsed,
         {"layers": int, "hidden": int, "embedding": int, "tied": bool, "dropout": float},
         {"layers": 2, "hidden": 200, "embedding": None, "tied": True, "dropout": 0.2},
     )
@@ -319,7 +320,9 @@ def byo_options(spec: str) -> tuple[str, dict]:
     attr, sep, text = (rest or "").partition(":")
     if not sep:
         return spec, {}
-    _, raw = split_spec("options:" + text, f"{spec!r}:")
+    positional, raw = parse_items(text, WHAT, spec)  # the one spec grammar
+    if positional:
+        raise spec_error(WHAT, spec, f"option {positional[0]!r} is not key=value")
     return f"{module}:{attr.strip()}", {k: _literal(v) for k, v in raw.items()}
 
 
@@ -329,7 +332,7 @@ def _byo_model(spec, input_shape, num_classes, seed) -> nn.Module:
     for key in options:
         if not accepts(factory, key):
             raise ValueError(
-                f"{spec!r}: {target} takes no keyword argument {key!r}; drop the "
+                f"model spec {spec!r}: {target} takes no keyword argument {key!r}; drop the "
                 "option or add the argument"
             )
     with_shapes = accepts(factory, "input_shape") and accepts(factory, "num_classes")
@@ -342,18 +345,22 @@ def _byo_model(spec, input_shape, num_classes, seed) -> nn.Module:
         except UserCodeExit:
             raise
         except Exception as exc:
-            raise ValueError(f"{spec!r}: calling it raised {type(exc).__name__}: {exc}") from exc
+            raise ValueError(
+                f"model spec {spec!r}: calling it raised {type(exc).__name__}: {exc}"
+            ) from exc
     if not isinstance(model, nn.Module):
-        raise ValueError(f"{spec!r}: must return a torch.nn.Module, got {type(model).__name__}")
+        raise ValueError(
+            f"model spec {spec!r}: must return a torch.nn.Module, got {type(model).__name__}"
+        )
     tensors = list(model.parameters()) + list(model.buffers())
     if any(t.is_meta for t in tensors):
         raise ValueError(
-            f"{spec!r}: the model has parameters or buffers on the meta device (no "
+            f"model spec {spec!r}: the model has parameters or buffers on the meta device (no "
             "data to train); build it on the CPU"
         )
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError(
-            f"{spec!r}: the model has no trainable parameter (none, or every one has "
+            f"model spec {spec!r}: the model has no trainable parameter (none, or every one has "
             "requires_grad=False); leave at least one unfrozen"
         )
     return model
@@ -441,16 +448,16 @@ def build_model(
         )
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-    head, args = split_name(spec)
-    builder = _BUILDERS.get(head)
+    parsed = parse_spec(spec, WHAT)  # the one spec grammar (topologies.grammar via specs)
+    builder = _BUILDERS.get(parsed.name)
     if builder is not None:
-        model = builder(spec, args, input_shape, num_classes, "meta")
+        model = builder(spec, parsed, input_shape, num_classes, "meta")
         _materialize(model)
         _init_parameters(model, torch.Generator(device="cpu").manual_seed(int(seed)))
         return model
-    if args is not None:
+    if ":" in spec:  # anything else with a colon is "package.module:function[:options]"
         return _byo_model(spec, input_shape, num_classes, int(seed))
-    raise ValueError(f"unknown model {spec!r}: valid are {', '.join(MODEL_NAMES)}")
+    raise unknown_name(WHAT, spec, parsed.name, MODEL_NAMES)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -111,7 +111,7 @@ def _find(root: str, spec: str, subdir: str, names: tuple[str, ...], archive: st
     folder = base / subdir if (base / subdir).is_dir() else base
     missing = next(n for n in names if not (folder / n).is_file())
     raise ValueError(
-        f"{spec!r}: {folder / missing} does not exist ({archive}; point root= at the "
+        f"dataset spec {spec!r}: {folder / missing} does not exist ({archive}; point root= at the "
         "folder that holds it)"
     )
 
@@ -123,7 +123,7 @@ def _cifar_records(path: Path, spec: str) -> np.memmap:
     size = path.stat().st_size
     if size == 0 or size % _CIFAR_RECORD:
         raise ValueError(
-            f"{spec!r}: {path} holds {size} bytes, not a whole number of "
+            f"dataset spec {spec!r}: {path} holds {size} bytes, not a whole number of "
             f"{_CIFAR_RECORD}-byte CIFAR-10 records (a truncated download?)"
         )
     return np.memmap(path, dtype=np.uint8, mode="r", shape=(size // _CIFAR_RECORD, _CIFAR_RECORD))
@@ -187,7 +187,7 @@ def cifar10(spec: str, options: dict[str, Any]) -> RecordDataset:
     for part, y in (("test_batch.bin", raw[:, 0]),):
         if y.max() > 9:
             raise ValueError(
-                f"{spec!r}: {folder / part} has label {int(y.max())}; CIFAR-10 labels "
+                f"dataset spec {spec!r}: {folder / part} has label {int(y.max())}; CIFAR-10 labels "
                 "are 0..9 (is this the CIFAR-100 archive?)"
             )
     x_test = _normalise(torch.from_numpy(raw[:, 1:].reshape(-1, 3, 32, 32).copy()))
@@ -231,9 +231,9 @@ def wikitext2(spec: str, options: dict[str, Any]) -> RecordDataset:
     """``wikitext2:root=DIR[,bptt=35,split=test]`` (see the module docstring)."""
     bptt, split = options.get("bptt", 35), options.get("split", "test")
     if bptt < 1:
-        raise ValueError(f"{spec!r}: bptt must be >= 1")
+        raise ValueError(f"dataset spec {spec!r}: bptt must be >= 1")
     if split not in ("test", "valid"):
-        raise ValueError(f"{spec!r}: split must be test or valid, got {split!r}")
+        raise ValueError(f"dataset spec {spec!r}: split must be test or valid, got {split!r}")
     names = ("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.tokens")
     folder = _find(options["root"], spec, "wikitext-2", names, _WIKITEXT_ARCHIVE)
     train_words = _words(folder / names[0])
@@ -250,7 +250,7 @@ def wikitext2(spec: str, options: dict[str, Any]) -> RecordDataset:
     n_train, n_test = (len(train) - 1) // bptt, (len(test) - 1) // bptt
     if n_train < 1 or n_test < 1:
         raise ValueError(
-            f"{spec!r}: the {'training' if n_train < 1 else split} text has fewer than "
+            f"dataset spec {spec!r}: the {'training' if n_train < 1 else split} text has fewer than "
             f"bptt + 1 = {bptt + 1} tokens; lower bptt"
         )
     x_test, y_test = _windows(test, bptt, np.arange(n_test))
@@ -277,11 +277,13 @@ def _stack(dataset, indices, spec: str, what: str) -> tuple[torch.Tensor, torch.
         try:
             x, y = dataset[int(i)]
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"{spec!r}: {what}[{int(i)}] must be a pair (x, y): {exc}") from None
+            raise ValueError(
+                f"dataset spec {spec!r}: {what}[{int(i)}] must be a pair (x, y): {exc}"
+            ) from None
         xs.append(torch.as_tensor(np.asarray(x) if not torch.is_tensor(x) else x))
         ys.append(torch.as_tensor(y))
     if not xs:
-        raise ValueError(f"{spec!r}: the {what} Dataset is empty")
+        raise ValueError(f"dataset spec {spec!r}: the {what} Dataset is empty")
     return torch.stack(xs).to(torch.float32), torch.stack(ys).to(torch.int64)
 
 
@@ -290,7 +292,7 @@ def torch_datasets(spec: str, train, test) -> RecordDataset:
     x_test, y_test = _stack(test, range(len(test)), spec, "test")
     n = len(train)
     if n == 0:
-        raise ValueError(f"{spec!r}: the training Dataset is empty")
+        raise ValueError(f"dataset spec {spec!r}: the training Dataset is empty")
     classes = getattr(train, "classes", None)
     targets = getattr(train, "targets", None)
     num_classes = len(classes) if classes is not None else int(y_test.max()) + 1
@@ -301,7 +303,7 @@ def torch_datasets(spec: str, train, test) -> RecordDataset:
         x, y = _stack(train, indices, spec, "train")
         if len(y) and int(y.max()) >= num_classes:
             raise ValueError(
-                f"{spec!r}: training label {int(y.max())} is out of range for "
+                f"dataset spec {spec!r}: training label {int(y.max())} is out of range for "
                 f"{num_classes} classes; give the Dataset a classes or targets "
                 "attribute"
             )

@@ -14,7 +14,7 @@ import copy
 import dataclasses
 import json
 import random
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -34,11 +34,14 @@ from .config import (
 from .features import peer_statistics_private
 from .hooks import HookList, SetupContext
 
+if TYPE_CHECKING:
+    from ..comm.base import Comm
+
 #: Bytes of an error message shared with every peer (see `collectively`).
 _MESSAGE_BYTES = 1024
 
 
-def collectively(comm, fn: Callable[..., Any], *args, **kwargs) -> Any:
+def collectively(comm: Comm, fn: Callable[..., Any], *args, **kwargs) -> Any:
     """Run `fn` on every peer; if it failed on any, raise the same ValueError on every peer.
 
     The message is the first failing rank's (in rank order), so every rank, under either transport,
@@ -94,7 +97,7 @@ def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
     raise ValueError(f"unknown optimizer {config.optimizer!r}; valid: sgd, adam, adamw")
 
 
-def _process_owned(comm) -> bool:
+def _process_owned(comm: Comm) -> bool:
     """Whether this peer has the process to itself (MPI), so that the global RNGs are its own."""
     from ..comm.local import LocalCommunicator
 
@@ -122,7 +125,7 @@ class PeerRun:
     header_args: Dict[str, Any]  # what every checkpoint header of this run says
 
 
-def checked_config(comm, config, resume: bool) -> TrainConfig:
+def checked_config(comm: Comm, config, resume: bool) -> TrainConfig:
     """The config as a validated `TrainConfig` that fits the communicator and every peer agrees on."""
     if isinstance(config, dict):
         config = config_from_dict(config)
@@ -142,7 +145,7 @@ def checked_config(comm, config, resume: bool) -> TrainConfig:
     return config
 
 
-def build_run(comm, config: TrainConfig, hooks: HookList, log=None) -> PeerRun:
+def build_run(comm: Comm, config: TrainConfig, hooks: HookList, log=None) -> PeerRun:
     """Seed, load this peer's shard, build the model, algorithm and optimizer; run setup hooks.
     `log` (a `progress.SetupLog`) is told as each phase ends."""
     if log is None:
@@ -258,7 +261,7 @@ def build_run(comm, config: TrainConfig, hooks: HookList, log=None) -> PeerRun:
 _SHARED_DATA = ("train", "test")
 
 
-def _check_same_dataset(comm, config: TrainConfig, dataset, parts) -> None:
+def _check_same_dataset(comm: Comm, config: TrainConfig, dataset, parts) -> None:
     """Fail on every peer, naming the ranks, unless all loaded the same data of `parts` (a digest
     is sent, never the data). Collective: every peer calls it, also with no shared part (a peer's
     own test data under `partition: local`), when the peers only agree that nothing is shared."""

@@ -43,7 +43,18 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Union,
+)
 
 import torch.nn.functional as F
 
@@ -73,6 +84,9 @@ from .hooks import HookList, TrainingHooks
 from .progress import Printer, SetupLog
 from .provenance import as_comments, provenance
 from .setup import PeerRun, build_run, checked_config, collectively, make_optimizer, resolve_device
+
+if TYPE_CHECKING:
+    from ..comm.base import Comm
 
 
 # ---- small helpers ---------------------------------------------------------------------------------
@@ -165,7 +179,15 @@ class RunState:
         }
 
     def to_checkpoint(
-        self, *, model, optimizer, algorithm, batches, comm, hooks: HookList, include_rng: bool
+        self,
+        *,
+        model,
+        optimizer,
+        algorithm,
+        batches,
+        comm: Comm,
+        hooks: HookList,
+        include_rng: bool,
     ) -> Dict[str, Any]:
         """The checkpoint payload: this state, the training objects' states and the RNGs (the
         global ones only when `include_rng`, i.e. the process is this peer's own)."""
@@ -202,7 +224,7 @@ class RunState:
         optimizer,
         algorithm,
         batches,
-        comm,
+        comm: Comm,
         hooks: HookList,
         restore_rng: bool,
     ) -> "RunState":
@@ -244,7 +266,7 @@ class RunState:
 # ---- set-up ----------------------------------------------------------------------------------------
 
 
-def _resume(comm, run_dir: Path, run: PeerRun, hooks: HookList) -> RunState:
+def _resume(comm: Comm, run_dir: Path, run: PeerRun, hooks: HookList) -> RunState:
     """Load the newest checkpoint every rank holds into `run`; its `RunState` (collective)."""
     epoch = ckpt.agree_resume_epoch(comm, run_dir)
     loaded = collectively(comm, ckpt.load_for_resume, run_dir, epoch, **run.header_args)
@@ -261,7 +283,7 @@ def _resume(comm, run_dir: Path, run: PeerRun, hooks: HookList) -> RunState:
     return collectively(comm, restore, loaded["state"])
 
 
-def _save(comm, run_dir: Path, run: PeerRun, state: RunState, hooks: HookList) -> None:
+def _save(comm: Comm, run_dir: Path, run: PeerRun, state: RunState, hooks: HookList) -> None:
     """Write this peer's checkpoint; a failure on any peer (a full disk) stops every peer with the
     same line, and the previous checkpoints stay as they were (files are replaced whole)."""
     header = ckpt.make_header(epoch=state.epoch, step=state.step, **run.header_args)
@@ -332,7 +354,7 @@ def check_divergence(
 
 
 def train(
-    comm,
+    comm: Comm,
     config,
     *,
     resume: Union[bool, str] = False,
@@ -409,7 +431,7 @@ def _claim_run_dir(rank: int, run_dir: Path, resume: bool):
 
 
 def _train(
-    comm,
+    comm: Comm,
     config: TrainConfig,
     run_dir: Optional[Path],
     *,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Dict
 
 import torch
 
 from gossip_powersgd.algorithms import make_algorithm
-from gossip_powersgd.privacy.views import ViewRecorder, observed_dir
+from gossip_powersgd.privacy.views import RecordingCommunicator, ViewRecorder, observed_dir
 
 #: Square matrices (so that full-rank PowerGossip determines them on every half-step) and a bias.
 SHAPES = [(6, 6), (6, 6), (5, 5), (5,)]
@@ -37,7 +38,13 @@ def observed_gossip(comm, spec, steps, observers="all", directory=None, observe_
         range(comm.size) if observers == "all" else [int(k) for k in str(observers).split(",") if k]
     )
     x = peer_tensors(comm)
-    algorithm = make_algorithm(spec, x, comm)
+    # The receive buffers the algorithm hands its communicator, kept by reference (not copied)
+    # so that they are read after the step: the bytes the step consumed, known without looking
+    # inside the algorithm.
+    delivered: Dict[int, torch.Tensor] = {}
+    algorithm = make_algorithm(
+        spec, x, RecordingCommunicator(comm, lambda send, recv: delivered.update(recv))
+    )
     recorder = None
     if comm.rank in chosen:
         where = observed_dir(directory, comm.rank) if directory is not None else None
@@ -46,25 +53,15 @@ def observed_gossip(comm, spec, steps, observers="all", directory=None, observe_
     for step in range(steps):
         drift_(x, comm, step)
         sent.append([t.clone() for t in x])
+        delivered.clear()
         algorithm.step()
         if recorder is not None:
             recorder.flush()
-            consumed.append({j: _consumed(algorithm, j).clone() for j in comm.neighbors})
+            consumed.append({j: buffer.clone() for j, buffer in delivered.items()})
     result = {"sent": sent, "final": [t.clone() for t in x], "consumed": consumed}
     if recorder is not None and directory is None:
         result["records"] = recorder.records
     return result
-
-
-def _consumed(algorithm, j):
-    """The receive buffer algorithm `algorithm` read neighbour j's last message from."""
-    if algorithm.name in ("choco", "deepsqueeze"):
-        return algorithm._messages.recv[j]
-    if algorithm.name == "powergossip":
-        numel = algorithm._message_numel  # the step's only half-step: with the exact part
-        side = "right" if algorithm.half_steps % 2 == 1 else "left"
-        return algorithm._recv[j][: numel[(side, algorithm._exact is not None)]]
-    return algorithm._recv[j]
 
 
 def mpi_observed_gossip(comm, out_dir, spec, steps):

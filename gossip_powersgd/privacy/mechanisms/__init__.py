@@ -10,11 +10,14 @@ sigma, DECOR's sigma_ind.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from gossip_powersgd.privacy.mechanisms.decor import PairwiseNoise
 from gossip_powersgd.privacy.mechanisms.pair_secrets import agree_pair_keys
 from gossip_powersgd.privacy.mechanisms.zipdl import ZeroSumNoise
+
+if TYPE_CHECKING:
+    from ...comm.base import Comm
 
 __all__ = ["MECHANISMS", "SUPPORTED", "attach_mechanism", "validate_mechanism_config"]
 
@@ -76,7 +79,7 @@ def validate_mechanism_config(config) -> None:
             )
 
 
-def attach_mechanism(config, comm, dp, algorithm, randomness) -> Optional[object]:
+def attach_mechanism(config, comm: Comm, dp, algorithm, randomness) -> Optional[object]:
     """Set the mechanism's noise up on this peer (collective for decor: the pair keys are agreed
     with every neighbour); returns what was attached, or None for local and muffliato."""
     mechanism = config.dp_mechanism

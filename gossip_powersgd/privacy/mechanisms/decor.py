@@ -31,12 +31,15 @@ noisy updates, so the bound holds for the adversary's real view. The paper's for
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Optional, Sequence
 
 import numpy as np
 import torch
 
 from gossip_powersgd.privacy.seeds import Randomness
+
+if TYPE_CHECKING:
+    from topologies import Topology
 
 __all__ = [
     "DECOR_STREAM",
@@ -170,7 +173,7 @@ def secldp_epsilon(
     return epsilon(check, delta)
 
 
-def adjacency_of(topology) -> np.ndarray:
+def adjacency_of(topology: Topology) -> np.ndarray:
     """The 0/1 adjacency of a `topologies.Topology` (its W's off-diagonal support)."""
     w = np.asarray(topology.W, dtype=np.float64)
     a = (np.abs(w) > 0).astype(np.float64)

@@ -26,11 +26,14 @@ Muffliato's gain is against peers further away.
 from __future__ import annotations
 
 import math
-from typing import Dict
+from typing import TYPE_CHECKING, Dict
 
 import numpy as np
 
 from gossip_powersgd.privacy import network_dp
+
+if TYPE_CHECKING:
+    from topologies import AnyTopology
 
 __all__ = ["network_leakage", "muffliato_epsilons", "network_applies"]
 
@@ -46,7 +49,7 @@ def network_applies(algorithm: str, momentum: float, schedule: str, warmup_epoch
 
 
 def network_leakage(
-    topology, steps: int, observer: int, gamma: float = 1.0, zero_sum: float = 0.0
+    topology: AnyTopology, steps: int, observer: int, gamma: float = 1.0, zero_sum: float = 0.0
 ) -> Dict[int, float]:
     """{u: l_uv}: observer v's squared mean shift per unit C of peer u's record over `steps` noisy
     steps of exact gossip (`network_dp`'s exact view, noise every step, any per-step shift); the
@@ -66,7 +69,7 @@ def network_leakage(
 
 
 def muffliato_epsilons(
-    topology,
+    topology: AnyTopology,
     steps: int,
     sigma: float,
     sample_rate: float,
@@ -104,7 +107,7 @@ def muffliato_epsilons(
     return out
 
 
-def hops(topology, source: int) -> np.ndarray:
+def hops(topology: AnyTopology, source: int) -> np.ndarray:
     """Graph distance from `source` to every peer (breadth first)."""
     w = np.asarray(network_dp._graphs(topology).at(0).W)
     n = w.shape[0]

@@ -34,11 +34,14 @@ import hashlib
 import os
 import secrets
 from pathlib import Path
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 import torch
 
 from gossip_powersgd.utils import atomic_write
+
+if TYPE_CHECKING:
+    from ...comm.base import Comm
 
 __all__ = [
     "MODP_2048",
@@ -107,7 +110,7 @@ def _to_tensor(value: int) -> torch.Tensor:
 
 
 def agree_pair_keys(
-    comm, kind: str, *, seed: int = 0, run_dir: Optional[str] = None
+    comm: Comm, kind: str, *, seed: int = 0, run_dir: Optional[str] = None
 ) -> Dict[int, bytes]:
     """{j: key shared with neighbour j} for every static neighbour: collective over the edges
     (one exchange of 256 raw bytes each way), so every peer calls it at the same point.

@@ -43,11 +43,14 @@ linear in the noise) and observers that pool their views; against those, the loc
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from gossip_powersgd.privacy.seeds import Randomness
+
+if TYPE_CHECKING:
+    from topologies import AnyTopology
 
 __all__ = [
     "ZIPDL_STREAM",
@@ -126,7 +129,7 @@ def noise_ratio(
 
 
 def zipdl_epsilons(
-    topology,
+    topology: AnyTopology,
     steps: int,
     sigma: float,
     sample_rate: float,
