@@ -10,7 +10,8 @@ against the same step with the clipped sum of per-example gradients in place of 
 against the whole private step (`DPSGD.privatize`: clip, noise, scale, accounting) for the
 default engine and for Opacus' hooks (the engine before this bench). Repetitions are interleaved:
 each one times `--steps` steps of every candidate in turn, so a burst of load from other jobs
-falls on all of them alike. The non-private step and every engine's clipped sum again at batch
+falls on all of them alike, and a ratio is the median over repetitions of each repetition's
+own ratio. The non-private step and every engine's clipped sum again at batch
 `--big-batch`.
 
 (b) End to end: ring:8, cnn1d, MNIST-1D iid, batch 32, the in-process `LocalCluster` (the
@@ -262,7 +263,10 @@ def _cell(values: List[float]) -> str:
 
 
 def _ratio(values: List[float], base: List[float]) -> float:
-    return median(values) / median(base)
+    """The median over repetitions of each repetition's ratio: a repetition runs its candidates
+    back to back, so its ratio compares them under the same load from other jobs (the ratio of
+    the medians mixes repetitions run minutes apart: 1.36x and 1.53x in two runs of one code)."""
+    return median([v / b for v, b in zip(values, base)])
 
 
 def render(args, one_peer, e2e, seconds: float, command: str, big=None, parts=None) -> str:
@@ -277,7 +281,8 @@ def render(args, one_peer, e2e, seconds: float, command: str, big=None, parts=No
         f"shared with other jobs (load average {load:.1f} at the end), Python "
         f"{platform.python_version()}, torch {torch.__version__}, one torch thread. The machine "
         "was loaded by other jobs during the run: the figures are medians of interleaved "
-        "repetitions (range in brackets), and the times are CPU time (of the measuring thread in "
+        "repetitions (range in brackets), a ratio is the median of the repetitions' own "
+        "ratios, and the times are CPU time (of the measuring thread in "
         "(a), of the whole process with its 8 peer threads in (b)), which leaves out the time a "
         "thread waits for a core; wall times are in the JSON file.",
         "",
@@ -303,7 +308,8 @@ def render(args, one_peer, e2e, seconds: float, command: str, big=None, parts=No
         lines.append(f"| {spec} | " + " | ".join(_cell(times[n]["cpu"]) for n in names) + " |")
     lines += [
         "",
-        "Ratios to the non-private step (medians of CPU time):",
+        "Ratios to the non-private step (CPU time; the median over the repetitions of each "
+        "repetition's ratio, which compares steps timed back to back):",
         "",
         "| model | " + " | ".join(names[1:]) + " |",
         "|---" * len(names) + "|",

@@ -358,6 +358,8 @@ def test_bench_dp_measures_every_candidate_and_renders_both_ratios():
         ops = part["operations"]
         # the clipped sum adds operations to the plain step, the noise more again
         assert 0 < ops["non-private"] < ops["clipped sum, ghost"] < ops["private step, ghost"]
+    # a ratio is the median of each repetition's own ratio (2, 3, 4), not the ratio of medians (4)
+    assert bench_dp._ratio([2.0, 9.0, 4.0], [1.0, 3.0, 1.0]) == 3.0
     page = bench_dp.render(args, one_peer, e2e, 1.0, "python -m experiments.bench_dp", big, parts)
     assert "## (c) Where the ghost engine's extra time goes" in page
     assert "Batch 48, the same way" in page and "| cnn1d | " in page.split("Batch 48")[1]
