@@ -10,7 +10,8 @@ against the same step with the clipped sum of per-example gradients in place of 
 against the whole private step (`DPSGD.privatize`: clip, noise, scale, accounting) for the
 default engine and for Opacus' hooks (the engine before this bench). Repetitions are interleaved:
 each one times `--steps` steps of every candidate in turn, so a burst of load from other jobs
-falls on all of them alike, and a ratio is the median over repetitions of each repetition's
+falls on all of them alike (each repetition starting one candidate later than the one before),
+and a ratio is the median over repetitions of each repetition's
 own ratio. The non-private step and every engine's clipped sum again at batch
 `--big-batch`.
 
@@ -111,6 +112,15 @@ def one_peer_candidates(spec: str, batch: int = BATCH) -> Dict[str, Callable[[],
     return candidates
 
 
+def _rotated(candidates: Dict[str, Callable[[], None]], rep: int) -> list:
+    """The candidates in the order of repetition `rep`: each starts one place later than in the
+    one before, so none is always timed right after the same other one (on a loaded machine
+    a fixed order put cnn1d's clipped sum above its whole private step, which does more)."""
+    items = list(candidates.items())
+    shift = rep % len(items)
+    return items[shift:] + items[:shift]
+
+
 def measure_one_peer(
     spec: str, reps: int, steps: int, batch: int = BATCH
 ) -> Dict[str, Dict[str, List[float]]]:
@@ -120,8 +130,8 @@ def measure_one_peer(
         for _ in range(5):
             step()
     times = {name: {"cpu": [], "wall": []} for name in candidates}
-    for _ in range(reps):
-        for name, step in candidates.items():
+    for rep in range(reps):
+        for name, step in _rotated(candidates, rep):
             cpu, wall = time.thread_time(), time.perf_counter()
             for _ in range(steps):
                 step()
@@ -174,8 +184,8 @@ def measure_parts(spec: str, reps: int, steps: int) -> Dict[str, Any]:
         for _ in range(5):
             step()
     times = {name: {"cpu": [], "wall": []} for name in candidates}
-    for _ in range(reps):
-        for name, step in candidates.items():
+    for rep in range(reps):
+        for name, step in _rotated(candidates, rep):
             cpu, wall = time.thread_time(), time.perf_counter()
             for _ in range(steps):
                 step()
@@ -299,7 +309,8 @@ def render(args, one_peer, e2e, seconds: float, command: str, big=None, parts=No
         "",
         f"## (a) One peer, batch {BATCH}, ms per step",
         "",
-        f"{args.reps} interleaved repetitions of {args.steps} steps each, after 5 warm-up steps.",
+        f"{args.reps} interleaved repetitions of {args.steps} steps each, after 5 warm-up steps; "
+        "each repetition starts one candidate later than the one before.",
         "",
     ]
     names = list(next(iter(one_peer.values())))

@@ -360,6 +360,14 @@ def test_bench_dp_measures_every_candidate_and_renders_both_ratios():
         assert 0 < ops["non-private"] < ops["clipped sum, ghost"] < ops["private step, ghost"]
     # a ratio is the median of each repetition's own ratio (2, 3, 4), not the ratio of medians (4)
     assert bench_dp._ratio([2.0, 9.0, 4.0], [1.0, 3.0, 1.0]) == 3.0
+    # each repetition starts one candidate later: every candidate leads once in len(...) reps
+    order = {"a": None, "b": None, "c": None}
+    assert [[n for n, _ in bench_dp._rotated(order, rep)] for rep in range(4)] == [
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+        ["a", "b", "c"],
+    ]
     page = bench_dp.render(args, one_peer, e2e, 1.0, "python -m experiments.bench_dp", big, parts)
     assert "## (c) Where the ghost engine's extra time goes" in page
     assert "Batch 48, the same way" in page and "| cnn1d | " in page.split("Batch 48")[1]
