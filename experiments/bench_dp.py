@@ -10,7 +10,9 @@ against the same step with the clipped sum of per-example gradients in place of 
 against the whole private step (`DPSGD.privatize`: clip, noise, scale, accounting) for the
 default engine and for Opacus' hooks (the engine before this bench). Repetitions are interleaved:
 each one times `--steps` steps of every candidate in turn, so a burst of load from other jobs
-falls on all of them alike. The non-private step and every engine's clipped sum again at batch
+falls on all of them alike (each repetition starting one candidate later than the one before),
+and a ratio is the median over repetitions of each repetition's
+own ratio. The non-private step and every engine's clipped sum again at batch
 `--big-batch`.
 
 (b) End to end: ring:8, cnn1d, MNIST-1D iid, batch 32, the in-process `LocalCluster` (the
@@ -113,6 +115,15 @@ def one_peer_candidates(spec: str, batch: int = BATCH) -> Dict[str, Callable[[],
     return candidates
 
 
+def _rotated(candidates: Dict[str, Callable[[], None]], rep: int) -> list:
+    """The candidates in the order of repetition `rep`: each starts one place later than in the
+    one before, so none is always timed right after the same other one (on a loaded machine
+    a fixed order put cnn1d's clipped sum above its whole private step, which does more)."""
+    items = list(candidates.items())
+    shift = rep % len(items)
+    return items[shift:] + items[:shift]
+
+
 def measure_one_peer(
     spec: str, reps: int, steps: int, batch: int = BATCH
 ) -> Dict[str, Dict[str, List[float]]]:
@@ -122,8 +133,8 @@ def measure_one_peer(
         for _ in range(5):
             step()
     times = {name: {"cpu": [], "wall": []} for name in candidates}
-    for _ in range(reps):
-        for name, step in candidates.items():
+    for rep in range(reps):
+        for name, step in _rotated(candidates, rep):
             cpu, wall = time.thread_time(), time.perf_counter()
             for _ in range(steps):
                 step()
@@ -176,8 +187,8 @@ def measure_parts(spec: str, reps: int, steps: int) -> Dict[str, Any]:
         for _ in range(5):
             step()
     times = {name: {"cpu": [], "wall": []} for name in candidates}
-    for _ in range(reps):
-        for name, step in candidates.items():
+    for rep in range(reps):
+        for name, step in _rotated(candidates, rep):
             cpu, wall = time.thread_time(), time.perf_counter()
             for _ in range(steps):
                 step()
@@ -265,7 +276,10 @@ def _cell(values: List[float]) -> str:
 
 
 def _ratio(values: List[float], base: List[float]) -> float:
-    return median(values) / median(base)
+    """The median over repetitions of each repetition's ratio: a repetition runs its candidates
+    back to back, so its ratio compares them under the same load from other jobs (the ratio of
+    the medians mixes repetitions run minutes apart: 1.36x and 1.53x in two runs of one code)."""
+    return median([v / b for v, b in zip(values, base)])
 
 
 def render(args, one_peer, e2e, seconds: float, command: str, big=None, parts=None) -> str:
@@ -280,7 +294,8 @@ def render(args, one_peer, e2e, seconds: float, command: str, big=None, parts=No
         f"shared with other jobs (load average {load:.1f} at the end), Python "
         f"{platform.python_version()}, torch {torch.__version__}, one torch thread. The machine "
         "was loaded by other jobs during the run: the figures are medians of interleaved "
-        "repetitions (range in brackets), and the times are CPU time (of the measuring thread in "
+        "repetitions (range in brackets), a ratio is the median of the repetitions' own "
+        "ratios, and the times are CPU time (of the measuring thread in "
         "(a), of the whole process with its 8 peer threads in (b)), which leaves out the time a "
         "thread waits for a core; wall times are in the JSON file.",
         "",
@@ -297,7 +312,8 @@ def render(args, one_peer, e2e, seconds: float, command: str, big=None, parts=No
         "",
         f"## (a) One peer, batch {BATCH}, ms per step",
         "",
-        f"{args.reps} interleaved repetitions of {args.steps} steps each, after 5 warm-up steps.",
+        f"{args.reps} interleaved repetitions of {args.steps} steps each, after 5 warm-up steps; "
+        "each repetition starts one candidate later than the one before.",
         "",
     ]
     names = list(next(iter(one_peer.values())))
@@ -306,7 +322,8 @@ def render(args, one_peer, e2e, seconds: float, command: str, big=None, parts=No
         lines.append(f"| {spec} | " + " | ".join(_cell(times[n]["cpu"]) for n in names) + " |")
     lines += [
         "",
-        "Ratios to the non-private step (medians of CPU time):",
+        "Ratios to the non-private step (CPU time; the median over the repetitions of each "
+        "repetition's ratio, which compares steps timed back to back):",
         "",
         "| model | " + " | ".join(names[1:]) + " |",
         "|---" * len(names) + "|",

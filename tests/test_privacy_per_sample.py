@@ -97,6 +97,16 @@ class Embedded(nn.Module):
         return self.head(self.embed((x.abs() * 3).long().clamp(max=9)[:, :3]).sum(1))
 
 
+def row_kinds_model():
+    """Each kind of Linear layer `clip_rows` folds into the per-example norm: weight without bias,
+    bias alone (a frozen weight), weight and bias."""
+    model = nn.Sequential(
+        nn.Linear(12, 7, bias=False), nn.Tanh(), nn.Linear(7, 7), nn.Tanh(), nn.Linear(7, 3)
+    )
+    model[2].weight.requires_grad_(False)
+    return model
+
+
 CASES = {
     "logreg": lambda: build_model("logreg", input_shape=(12,), num_classes=3, seed=0),
     "mlp": lambda: build_model("mlp:7,5", input_shape=(12,), num_classes=3, seed=0),
@@ -107,6 +117,7 @@ CASES = {
     "strided_conv": strided_conv_model,
     "conv2d": conv2d_model,
     "embedding": Embedded,
+    "row_kinds": row_kinds_model,
 }
 INPUTS = {"cnn1d": 40, "shared": 6}
 
@@ -207,6 +218,26 @@ def test_float32_built_in_models_match_the_float64_reference():
         # float32 rounding (2^-24 ~ 6e-8) through a forward and a backward of a few layers
         for mine, theirs in zip(got, expected):
             torch.testing.assert_close(mine.double(), theirs, rtol=1e-4, atol=1e-5 * clip)
+
+
+@pytest.mark.parametrize("case", ["row_kinds", "shared", "sequence", "conv_norms"])
+def test_float32_norms_of_each_linear_kind_and_their_mix_with_other_layers(case):
+    """The clipped sum in float32 against the float64 torch.func reference, on the same
+    (float32-exact) parameters: each kind of Linear `clip_rows` folds into the per-example norm
+    (weight alone, bias alone, both), and its norms combined with those of the other layers (a
+    Linear used twice, a Linear on sequences, Conv1d with GroupNorm and LayerNorm)."""
+    x, y = inputs(case)
+    _, norms, _ = reference(make(case).double(), x, y, clip=1.0)
+    clip = float(norms.median())
+    _, _, expected = reference(make(case).double(), x, y, clip=clip)
+    got = private_sum("ghost", make(case), x.float(), y, clip)
+    # Each entry sums BATCH = 12 clipped terms, each at most C in size. A term goes through a
+    # forward and a backward of at most 3 layers of fan-in <= 12 and a norm in float32 (unit
+    # roundoff u = 2^-24 = 6e-8): relative error below ~30 u, so the sum is within
+    # 12 * 30 u * C = 2e-5 C (measured: 2.4e-7 C). A wrong norm (a layer's term left out or
+    # counted twice) moves the clip factors, hence the entries, by orders of magnitude more.
+    for mine, theirs in zip(got, expected):
+        torch.testing.assert_close(mine.double(), theirs, rtol=0, atol=2e-5 * clip)
 
 
 def test_frozen_and_unused_parameters():
@@ -327,6 +358,16 @@ def test_bench_dp_measures_every_candidate_and_renders_both_ratios():
         ops = part["operations"]
         # the clipped sum adds operations to the plain step, the noise more again
         assert 0 < ops["non-private"] < ops["clipped sum, ghost"] < ops["private step, ghost"]
+    # a ratio is the median of each repetition's own ratio (2, 3, 4), not the ratio of medians (4)
+    assert bench_dp._ratio([2.0, 9.0, 4.0], [1.0, 3.0, 1.0]) == 3.0
+    # each repetition starts one candidate later: every candidate leads once in len(...) reps
+    order = {"a": None, "b": None, "c": None}
+    assert [[n for n, _ in bench_dp._rotated(order, rep)] for rep in range(4)] == [
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+        ["a", "b", "c"],
+    ]
     page = bench_dp.render(args, one_peer, e2e, 1.0, "python -m experiments.bench_dp", big, parts)
     assert "## (c) Where the ghost engine's extra time goes" in page
     assert "Batch 48, the same way" in page and "| cnn1d | " in page.split("Batch 48")[1]

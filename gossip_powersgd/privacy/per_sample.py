@@ -35,7 +35,7 @@ engine load into the other.
 
 from __future__ import annotations
 
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 import torch
 from torch import nn
@@ -93,6 +93,10 @@ class PerSampleModule(nn.Module):
             for p in module.parameters()
             if p.requires_grad
         ]
+        for layer in self.layers:  # where each of its parameters goes in `clipped_sum`'s list
+            layer.outputs = [None] * len(layer.params)
+        for position, (layer, index, _) in enumerate(self.slots):
+            layer.outputs[index] = position
         self._recorded = [layer for layer in self.layers if isinstance(layer, _RecordedLayer)]
         self._general = [layer for layer in self.layers if isinstance(layer, _GeneralLayer)]
 
@@ -134,24 +138,36 @@ class PerSampleModule(nn.Module):
 
     # ---- after backward ---------------------------------------------------------------------
 
-    def _collect(self, batch: int) -> None:
+    def _collect(self, batch: int):
         """Each layer's (a, b) of the uses the last backward reached (`_Layer.pairs`); checks
-        that they come from one backward and hold ``batch`` examples."""
-        for layer in self.layers:
+        that they come from one backward and hold ``batch`` examples. Returns the layers the
+        backward reached: the Linear layers with one use of (B, p) inputs (`clip_rows` takes
+        them together), and the others."""
+        layers = self.layers
+        for layer in layers:
             layer.pairs = layer.used()
         if len(self.state.seen) > 1:
             raise ValueError(
                 "privatize found gradients of several forward/backward passes: "
                 "call it after every backward (Poisson batches do not accumulate)"
             )
-        for layer in self.layers:
-            for pair in layer.pairs:
+        rows, others = [], []
+        for layer in layers:
+            pairs = layer.pairs
+            if not pairs:
+                continue
+            for pair in pairs:
                 size = pair[1].shape[0]
                 if size != batch:
                     raise ValueError(
                         f"privatize was told the batch has {batch} examples but the "
                         f"per-example gradients hold {size}: pass len(batch)"
                     )
+            if layer.rows and len(pairs) == 1 and pairs[0][0].dim() == 2:
+                rows.append(layer)
+            else:
+                others.append(layer)
+        return rows, others
 
     def _scale(self, batch: int) -> float:
         return float(batch) if self.loss_reduction == "mean" else 1.0
@@ -183,41 +199,34 @@ class PerSampleModule(nn.Module):
         together; the division is folded into the per-example weights. Clears what the backward
         recorded.
         """
-        self._collect(batch)
-        rows, others = [], []
-        for layer in self.layers:
-            if layer.pairs:
-                (rows if isinstance(layer, _LinearLayer) and layer.is_rows() else others).append(
-                    layer
-                )
-        with torch.no_grad():
-            used = rows or others
-            like = (
-                used[0].pairs[0][1] if used else next((p for *_, p in self.slots), torch.zeros(()))
-            )
-            squared = torch.zeros(batch, dtype=like.dtype, device=like.device)
+        if torch.is_grad_enabled():  # `DPSGD.privatize` calls it with gradients off
+            with torch.no_grad():
+                return self.clipped_sum(max_norm, batch, norm_eps, divisor)
+        rows, others = self._collect(batch)
+        out: List[Optional[torch.Tensor]] = [None] * len(self.slots)
+        if rows or others:
+            squared = None
             for layer in others:
-                squared.add_(layer.squared_norms())
+                part = layer.squared_norms()
+                squared = part if squared is None else squared.add_(part)
             weights, sums = clip_rows(
-                [layer.pairs[0][0] for layer in rows],
-                [layer.pairs[0][1] for layer in rows],
-                [layer.is_weight for layer in rows],
+                rows,
                 squared,
                 float(max_norm),
                 self._scale(batch),
                 float(norm_eps),
                 float(divisor),
             )
-            found = {id(layer): parts for layer, parts in zip(rows, sums)}
+            for layer, parts in zip(rows, sums):
+                for position, part in zip(layer.outputs, parts):
+                    out[position] = part
             for layer in others:
                 clipped = layer.clipped(weights)
-                found[id(layer)] = [
-                    clipped[n].reshape(p.shape) for n, p in zip(layer.params, layer.tensors)
-                ]
-            out = []
-            for layer, index, p in self.slots:
-                parts = found.get(id(layer))
-                out.append(torch.zeros_like(p) if parts is None else parts[index])
+                for position, name, p in zip(layer.outputs, layer.params, layer.tensors):
+                    out[position] = clipped[name].reshape(p.shape)
+        for position, part in enumerate(out):
+            if part is None:  # a parameter the forward did not use
+                out[position] = torch.zeros_like(self.slots[position][2])
         self.clear()
         return out
 

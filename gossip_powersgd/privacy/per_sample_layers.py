@@ -11,7 +11,8 @@ GroupNorm and LayerNorm in closed form, the rest by torch.func vmap.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Sequence
+import functools
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -55,7 +56,11 @@ class _Layer:
         self.tensors = [getattr(module, n) for n in self.params]  # for their shapes
         self.state = owner.state
         self.records: list = []
-        self.pairs: list = []  # (a, b) of each use the last backward reached; see `_pairs`
+        self.pairs: list = []  # (a, b) of each use the last backward reached
+        self.outputs: list = []  # per parameter, its place among the model's (`PerSampleModule`)
+
+    #: A Linear layer, whose single use on (B, p) inputs `clip_rows` takes (`_LinearLayer`)
+    rows = False
 
     def add(self, pass_id: int, record: tuple) -> None:
         """Keep one use's (input, output gradient), noting which forward pass it belongs to."""
@@ -99,7 +104,8 @@ class _RecordedLayer(_Layer):
         """The records whose backward ran, as (kept, b); checks that nothing changed z since."""
         out = []
         for kept, z, version, pass_id in self.records:
-            if z.grad is None:
+            grad = z.grad
+            if grad is None:
                 continue
             if z._version != version:
                 raise ValueError(
@@ -108,12 +114,19 @@ class _RecordedLayer(_Layer):
                     f"inplace=False after it, or engine='vmap'"
                 )
             self.state.seen.add(pass_id)
-            out.append((kept, z.grad))
+            out.append((kept, grad))
         return out
 
 
 class _LinearLayer(_RecordedLayer):
     """nn.Linear, input (B, ..., p): every middle position of an example is a position."""
+
+    def __init__(self, module, params, owner: "PerSampleModule", label: str):
+        super().__init__(module, params, owner, label)
+        self.has_weight = "weight" in self.params
+        self.has_bias = "bias" in self.params
+
+    rows = True
 
     def compute(self, x, weight, bias):
         return F.linear(x, weight, bias), x
@@ -131,10 +144,6 @@ class _LinearLayer(_RecordedLayer):
             _cat([x.reshape(x.shape[0], -1, x.shape[-1]) for x, _ in pairs]),
             _cat([g.reshape(g.shape[0], -1, g.shape[-1]) for _, g in pairs]),
         )
-
-    def is_rows(self) -> bool:
-        """One use, one position per example: the case `clip_rows` takes."""
-        return len(self.pairs) == 1 and self.pairs[0][0].dim() == 2
 
     def squared_norms(self) -> torch.Tensor:
         a, b = self._rows()
@@ -373,11 +382,18 @@ class _GeneralLayer(_Layer):
         return total
 
 
+@functools.lru_cache(maxsize=64)
+def _constants(*args) -> tuple:
+    """Numbers as 0-dim tensors of ``dtype`` on ``device`` (the last two arguments), made once:
+    a Python number in a tensor operation is a float64 tensor converted at every call, which
+    costs more than the operation on a batch of norms (`clip_rows`)."""
+    *numbers, dtype, device = args
+    return tuple(torch.tensor(n, dtype=dtype, device=device) for n in numbers)
+
+
 def clip_rows(
-    a: List[torch.Tensor],
-    b: List[torch.Tensor],
-    is_weight: List[List[bool]],
-    squared: torch.Tensor,
+    rows: List["_LinearLayer"],
+    squared: Optional[torch.Tensor],
     max_norm: float,
     scale: float,
     norm_eps: float,
@@ -386,30 +402,39 @@ def clip_rows(
     """The per-example weights of the clipped sum, and the sums of the Linear layers with one
     position per example.
 
-    ``a[i]``, ``b[i]``: (B, p), (B, q) input and output gradient of layer i, whose trainable
-    parameters are weight and/or bias (``is_weight[i]`` says which, in order); ``squared``: the
-    other layers' per-example squared norms, added to in place; the recorded gradients are
-    ``scale`` times the examples' own. The weights are ``c_i scale / divisor`` with the clip
-    factors ``c_i = min(1, C / (|g_i| + eps))``; the sums, per layer in parameter order, are
-    divided by ``divisor``. One function for all of them: at these sizes issuing an operation
-    costs more than computing it (an operation with a Python number twice one without), so it
-    issues few: ``c_i scale / divisor = min(k, (C k / scale) / (|b-norm_i| + eps / scale))``
-    with ``k = scale / divisor`` and ``|b-norm_i| = |g_i| / scale`` (TorchScript was measured
-    slower still).
+    ``rows``: Linear layers whose last backward recorded one use of (B, p) inputs, ``(a, b)``
+    their input and output gradient; ``squared``: the other layers' per-example squared norms
+    (None without other layers), used up; the recorded gradients are ``scale`` times the
+    examples' own. The weights are ``c_i scale / divisor`` with the clip factors
+    ``c_i = min(1, C / (|g_i| + eps))``; the sums, per layer in its parameter order, are divided
+    by ``divisor``.
+
+    At these sizes issuing an operation costs more than computing it, so this issues few (the
+    tests compare it with torch.func): per layer two row norms (one fused reduction each) and
+    the norm of its gradient from them, ``|b_i a_i^T| = |a_i| |b_i|`` and, with a bias, the
+    bias folded in, ``|(b_i a_i^T, b_i)| = hypot(|a_i| |b_i|, |b_i|)``; the layers' norms are
+    combined by hypot as well, so the total needs no square root; then
+    ``c_i scale / divisor = min(k, (C k / scale) / (|b-norm_i| + eps / scale))`` with
+    ``k = scale / divisor`` and ``|b-norm_i| = |g_i| / scale`` (three operations); and per
+    layer ``w b`` (as (q, B)), one product for the weight and one sum for the bias.
     """
-    for ai, bi, kinds in zip(a, b, is_weight):
-        b2 = torch.linalg.vecdot(bi, bi)
-        for weight in kinds:
-            if weight:  # |b_i a_i^T|^2 = |a_i|^2 |b_i|^2
-                squared.addcmul_(torch.linalg.vecdot(ai, ai), b2)
-            else:
-                squared.add_(b2)
+    norm_of = torch.linalg.vector_norm
+    norm = None if squared is None else squared.sqrt_()
+    for layer in rows:
+        a, b = layer.pairs[0]
+        part = norm_of(b, dim=1)  # |b_i|: the bias's norm
+        if layer.has_weight:  # in place where possible: fewer tensors made and freed
+            b_norm, part = part, norm_of(a, dim=1).mul_(part)  # |b_i a_i^T| = |a_i| |b_i|
+            if layer.has_bias:
+                part.hypot_(b_norm)  # sqrt(|a_i|^2 |b_i|^2 + |b_i|^2)
+        norm = part if norm is None else norm.hypot_(part)
     k = scale / divisor
-    weights = torch.div(max_norm * k / scale, squared.sqrt_().add_(norm_eps / scale))
-    weights.clamp_(max=k)
+    numerator, eps = _constants(max_norm * k / scale, norm_eps / scale, norm.dtype, norm.device)
+    weights = torch.div(numerator, norm.add_(eps))
+    weights.clamp_max_(k)
     sums = []
-    column = weights.unsqueeze(1)
-    for ai, bi, kinds in zip(a, b, is_weight):
-        scaled = bi * column
-        sums.append([scaled.t().mm(ai) if weight else scaled.sum(0) for weight in kinds])
+    for layer in rows:
+        a, b = layer.pairs[0]
+        scaled = b.t() * weights  # (q, B): w_i b_i, no column view of the weights needed
+        sums.append([scaled.mm(a) if weight else scaled.sum(1) for weight in layer.is_weight])
     return weights, sums
