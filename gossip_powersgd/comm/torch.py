@@ -166,7 +166,7 @@ class TorchCommunicator(Communicator):
             )
             # Leave the group before the interpreter tears down: gloo's threads still running at
             # exit make the C++ runtime abort the process ("terminate called ...", SIGABRT).
-            atexit.register(self.close)
+            atexit.register(self._close_at_exit)
         self.device, self.backend = device, backend
         super().__init__(topology, rank, timeout)
         self._faults = PeerWatch(self._store, rank, world_size, self._watch)
@@ -388,7 +388,29 @@ class TorchCommunicator(Communicator):
         return [bytes(t.numpy().tobytes()) for t in out]
 
     def close(self) -> None:
-        """Leave the process group (if this communicator created it)."""
+        """Leave the process group (if this communicator created it), once every rank has called
+        `close` too, or after GRACE_SECONDS.
+
+        Leaving closes this rank's gloo connections; a peer still inside its last collective (the
+        all-gather of a barrier ends on one rank before it ends on the next) then reads a closed
+        connection in a gloo thread, which aborts that process ("terminate called after throwing
+        an instance of 'gloo::IoException'", SIGABRT). So the ranks first meet in the rendezvous
+        store, which no gloo operation uses: when the last one arrives, every rank is out of its
+        collectives. A rank whose peers never arrive (one failed) leaves after GRACE_SECONDS."""
+        if self._owns_group and dist.is_initialized() and not _failing:
+            try:
+                arrived = self._store.add("closing", 1)
+                deadline = time.monotonic() + GRACE_SECONDS
+                while arrived < self.size and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    arrived = self._store.add("closing", 0)
+            except Exception:  # noqa: BLE001 - the store may have ended with its host: leave
+                pass
+        self._close_at_exit()
+
+    def _close_at_exit(self) -> None:
+        """Leave the process group now (at interpreter exit: gloo's threads still running then
+        make the C++ runtime abort the process, SIGABRT)."""
         if getattr(self, "_faults", None) is not None:
             self._faults.close()
         if self._owns_group and dist.is_initialized():
