@@ -10,6 +10,10 @@ Dataset specs (``load_dataset``)::
     "mnist1d:num_samples=1000,shuffle_seq=1"   same, with generator options
     "synthetic_logreg"                         seeded linear classification problem
     "synthetic_logreg:d=20,classes=4,n=4000,noise=0.1,test=0.2"
+    "synthetic_images:n=4096,test=1000,noise=1.0"
+                                               a CIFAR-shaped synthetic stand-in (3 x 32 x 32,
+                                               10 classes; `synthetic_images.py`), generated
+                                               record by record: each peer makes only its shard
     "package.module:function"                  bring your own: function() or function(seed=seed)
                                                returns (x_train, y_train, x_test, y_test), or
                                                (train, test) torch Datasets (`records.py`)
@@ -69,6 +73,7 @@ __all__ = [
 DATASET_NAMES = (
     "mnist1d",
     "synthetic_logreg",
+    "synthetic_images",
     "cifar10:root=<dir>",
     "wikitext2:root=<dir>[,bptt=<n>,split=test|valid]",
     "package.module:function",
@@ -186,6 +191,10 @@ def _build_dataset(spec: str, seed: int) -> Dataset:
         return _mnist1d(spec, args, seed)
     if head == "synthetic_logreg":
         return _synthetic_logreg(spec, args, seed)
+    if head == "synthetic_images":
+        from .synthetic_images import OPTIONS, synthetic_images
+
+        return synthetic_images(spec, parse_options(spec, args, OPTIONS), seed)
     if args is not None:  # anything else with a colon is "package.module:function"
         return _byo_dataset(spec, seed)
     raise ValueError(f"unknown dataset {spec!r}: valid are {', '.join(DATASET_NAMES)}")
@@ -361,7 +370,7 @@ def load_peer_dataset(spec: str, rank: int, num_peers: int, seed: int = 0) -> Da
     the peers' common one. Nothing is cached: the data belongs to this peer alone.
     """
     head, args = split_name(spec)
-    if head in ("mnist1d", "synthetic_logreg") or args is None:
+    if head in ("mnist1d", "synthetic_logreg", "synthetic_images") or args is None:
         raise ValueError(
             f"partition: local needs a bring-your-own dataset 'package.module:function'"
             f" taking rank and num_peers, got dataset {spec!r}; or use partition: iid"

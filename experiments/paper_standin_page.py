@@ -1,0 +1,287 @@
+"""The markdown (and plot) of experiments/results/paper_standin.md from the measurements
+`experiments.paper_standin` made; every number on the page comes from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+
+def _pct(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f} %"
+
+
+def _row(rows: List[Dict[str, Any]], label: str) -> Optional[Dict[str, Any]]:
+    return next((r for r in rows if r["label"] == label), None)
+
+
+def accuracy_at(row: Dict[str, Any], budget_mb: float) -> Optional[Dict[str, Any]]:
+    """The row's last evaluation made before it had sent more than `budget_mb` per peer."""
+    within = [e for e in row["evals"] if e["mb"] <= budget_mb * (1 + 1e-9)]
+    return within[-1] if within else None
+
+
+def _budgets(rows: List[Dict[str, Any]]) -> List[tuple]:
+    """Equal-bytes budgets: the final traffic of each communicating row, smallest first."""
+    seen, out = set(), []
+    for r in sorted(rows, key=lambda r: r["mb_per_peer"]):
+        if r["algorithm"] == "allreduce":
+            continue
+        key = round(r["mb_per_peer"], 6)
+        if r["mb_per_peer"] > 0 and key not in seen:
+            seen.add(key)
+            out.append((r["label"], r["mb_per_peer"]))
+    return out
+
+
+def render(
+    result: Dict[str, Any], generated: str, plotted: Optional[str], rendered: str = ""
+) -> str:
+    """The page; `rendered`: a sentence saying when and at which commit the page was re-rendered
+    from the JSON (``--render-only``), after `generated`."""
+    s, rows = result["setting"], result["rows"]
+    timing, proj = result["timing_batch128"], result["projection"]
+    peers = int(s["topology"].split(":")[1])
+    n = int(s["dataset"].split("n=")[1].split(",")[0])
+    steps = rows[0]["steps"] if rows else 0
+    lines = [
+        "# PowerGossip at the paper's model size: ResNet-20 on a synthetic CIFAR-shaped stand-in, "
+        f"{s['topology']}",
+        "",
+        f"{generated}{rendered} Backend `local` (every peer a thread of one process, one torch thread "
+        f"each) on a CPU-only machine with {result['cpu_count']} cores shared with other "
+        f"engineers' jobs (1-minute load average {result['load'][0]:.1f} at the start, "
+        f"{result['load'][1]:.1f} at the end): every time below is a CPU time or a wall time "
+        "under that load. There is no GPU here and no GPU figure on this page.",
+        "",
+        "**The data is not CIFAR-10.** It is `synthetic_images`, a synthetic stand-in the "
+        "project generates (`gossip_powersgd/training/synthetic_images.py`): 3 x 32 x 32 "
+        "images of 10 balanced classes, each a class prototype field plus Gaussian noise, "
+        "randomly shifted, drawn through a fixed random conv net seeded from the run's seed; "
+        "training batches get CIFAR's padded random crop, flip and normalisation. Accuracies "
+        "here say how the algorithms rank on a learnable image task with the paper's model, "
+        "not what they reach on CIFAR-10.",
+        "",
+        "## Setting, and why this scale",
+        "",
+        f"`{s['model']}` ({rows[0]['parameters']:,} parameters) on `{s['dataset']}`, "
+        f"{s['topology']}, iid partition ({n // peers} training images per peer, "
+        f"{n.__index__()} in all), batch {s['batch_size']} per peer, SGD momentum "
+        f"{s['momentum']}, lr {s['lr']} with {s['warmup_epochs']} warm-up epoch(s) and a "
+        f"{s['schedule']} schedule, weight decay {s['weight_decay']}, {s['epochs']} epochs = "
+        f"{steps} steps, evaluated every {s['eval_every']} epochs (the averaged model with "
+        "its BatchNorm statistics recomputed, and every local model, on the test set). "
+        "One seed. The size was chosen to keep the page near 45 minutes on 2 shared cores "
+        f"(this run: {result['seconds'] / 60:.0f} min for {len(rows)} rows): {peers} peers' "
+        "forward + backward passes cost about "
+        f"{peers * timing['cpu_s'] * s['batch_size'] / timing['batch']:.2f} s of CPU per ring "
+        "step at this batch (scaled linearly from the measurement at batch "
+        f"{timing['batch']} below), so each row gets {steps} steps: far from the paper's "
+        f"{proj['epochs']} epochs, and the accuracies are those of short runs.",
+        "",
+    ]
+    lines += _traffic(result["traffic"])
+    lines += _table(rows, peers)
+    for f in result.get("failed", []):
+        lines += [f"**Row {f['label']} (`{f['algorithm']}`) failed:** {f['error']}", ""]
+    lines += _equal_bytes(rows)
+    lines += _curves(rows, plotted)
+    lines += _findings(rows)
+    lines += [
+        "## Time per step, and what a real CIFAR-10 run would cost on this CPU",
+        "",
+        f"Measured here: one `{s['model']}` forward + backward + SGD step at the paper's batch of "
+        f"{timing['batch']} on one thread takes **{timing['cpu_s']:.3f} s of CPU** "
+        f"({timing['wall_s']:.3f} s wall; median of the timed repetitions). The paper's run is "
+        f"{proj['epochs']} epochs x ceil({CIFAR_TRAIN_TEXT} / ({PEERS_TEXT} x "
+        f"{timing['batch']})) = {proj['steps']:,} steps per peer. On this CPU that is "
+        f"**{proj['steps'] * timing['cpu_s'] / 3600:.1f} CPU-hours per peer**, "
+        f"{PAPER_PEERS * proj['steps'] * timing['cpu_s'] / 3600:.0f} CPU-hours for the "
+        f"{PAPER_PEERS} peers of one row (forward and backward only: gossip arithmetic, "
+        "evaluation and data loading come on top); with one core of this kind per peer, "
+        f"about {proj['steps'] * timing['cpu_s'] / 3600:.0f} hours of wall time per row, "
+        f"{len(rows)} rows of the grid about {len(rows) * proj['steps'] * timing['cpu_s'] / 86400:.1f} "
+        "days one after another. This is a projection from a CPU measurement (no GPU was "
+        "lent to this run, so no GPU figure is given).",
+        "",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+CIFAR_TRAIN_TEXT, PEERS_TEXT, PAPER_PEERS = "50,000", "8", 8
+
+
+def _traffic(traffic: List[Dict[str, Any]]) -> List[str]:
+    lines = [
+        "## Floats per exchange: PowerGossip r1 against exact gossip",
+        "",
+        "Two gossip rounds of each algorithm on the ring (one round sends the P factors, the "
+        "next the Q factors), bytes counted on the transport, per round and neighbour, in "
+        "float32s. The closed form: exact gossip sends every parameter; PowerGossip rank 1 "
+        "sends, on average over a P and a Q round, (rows + cols) / 2 floats for the matrices "
+        "(a conv weight viewed as out x in*k*k) plus every vector-shaped parameter whole.",
+        "",
+        "| model | parameters | exact gossip (floats) | PowerGossip r1 (floats) | measured "
+        "ratio | closed form |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for t in traffic:
+        lines.append(
+            f"| {t['model']} | {t['parameters']:,} | {t['exact_floats']:,.0f} | "
+            f"{t['powergossip_r1_floats']:,.1f} | **{t['ratio']:.2f}x** | "
+            f"{t['closed_text']} = {t['closed_ratio']:.2f}x |"
+        )
+    return lines + [""]
+
+
+def _table(rows: List[Dict[str, Any]], peers: int) -> List[str]:
+    lines = [
+        "## The rows",
+        "",
+        "Accuracy of the averaged model (the peers' mean parameters, BatchNorm statistics "
+        "recomputed) and the mean of the local models' accuracies, at the end; consensus "
+        "distance (mean over peers of the squared distance to the average, as the library "
+        "reports it) at the end; measured MB sent per peer; per-peer time per step "
+        "(forward/backward/optimizer, and the gossip's own arithmetic, wall-clock seconds "
+        f"under the load above) and the whole run's wall and CPU time (all {peers} peers, set-up, "
+        "data generation and evaluations included).",
+        "",
+        "| row | algorithm | H | averaged model | mean local | consensus distance | MB sent "
+        "per peer | compute s/step | gossip s/step | run wall s | run CPU s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['label']} | `{r['algorithm']}` | {r['local_steps']} | "
+            f"{_pct(r['acc_avg'])} | {_pct(r['acc_local_mean'])} | "
+            f"{r['consensus_distance']:.3g} | {r['mb_per_peer']:.2f} | "
+            f"{r['compute_s_per_step']:.3f} | {r['gossip_compute_s_per_step']:.4f} | "
+            f"{r['run_wall_s']:.0f} | {r['run_cpu_s']:.0f} |"
+        )
+    return lines + [""]
+
+
+def _equal_bytes(rows: List[Dict[str, Any]]) -> List[str]:
+    budgets = _budgets(rows)
+    if not budgets:
+        return []
+    lines = [
+        "## Accuracy at equal bytes",
+        "",
+        "For each budget (the total traffic of one row), each row's averaged-model accuracy at "
+        "its last evaluation made before it had sent that much per peer (— : its first "
+        "evaluation already came after the budget). All-reduce is left out: its bytes are a "
+        "ring all-reduce's, not a gossip exchange's.",
+        "",
+        "| row | " + " | ".join(f"≤ {mb:.2f} MB ({label})" for label, mb in budgets) + " |",
+        "|---|" + "---:|" * len(budgets),
+    ]
+    for r in rows:
+        if r["algorithm"] == "allreduce":
+            continue
+        cells = []
+        for _, mb in budgets:
+            e = accuracy_at(r, mb)
+            cells.append("—" if e is None else f"{_pct(e['acc_avg'])} (ep {e['epoch']})")
+        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _curves(rows: List[Dict[str, Any]], plotted: Optional[str]) -> List[str]:
+    epochs = [e["epoch"] for e in rows[0]["evals"]] if rows else []
+    lines = [
+        "## Over training",
+        "",
+        "Averaged-model accuracy / mean local accuracy / consensus distance at each evaluation "
+        "(epochs " + ", ".join(map(str, epochs)) + "); every value is in paper_standin.csv.",
+        "",
+        "| row | " + " | ".join(f"epoch {e}" for e in epochs) + " |",
+        "|---|" + "---|" * len(epochs),
+    ]
+    for r in rows:
+        cells = [
+            f"{100 * e['acc_avg']:.1f} / {100 * e['acc_local_mean']:.1f} / "
+            f"{e['consensus_distance']:.2g}"
+            for e in r["evals"]
+        ]
+        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    lines.append("")
+    if plotted:
+        lines += [f"![accuracy against epochs and MB sent]({plotted})", ""]
+    return lines
+
+
+def _findings(rows: List[Dict[str, Any]]) -> List[str]:
+    """Sentences computed from the rows (no number typed by hand)."""
+    lines = ["## Findings", ""]
+    ranked = sorted(rows, key=lambda r: -r["acc_avg"])
+    lines.append(
+        "- **Ranking by final averaged-model accuracy:** "
+        + " > ".join(f"{r['label']} ({_pct(r['acc_avg'])})" for r in ranked)
+        + ". One seed and a test set of this size: differences of about a point are within "
+        "the noise of the test sample alone."
+    )
+    exact, r1 = _row(rows, "exact gossip"), _row(rows, "PowerGossip r1")
+    if exact and r1:
+        gap = 100 * (exact["acc_avg"] - r1["acc_avg"])
+        lines.append(
+            f"- **PowerGossip r1 vs exact gossip:** {gap:+.1f} pp (exact minus r1) in "
+            f"averaged-model accuracy for {exact['mb_per_peer'] / r1['mb_per_peer']:.1f}x fewer "
+            f"bytes; final consensus distance {r1['consensus_distance']:.3g} against "
+            f"{exact['consensus_distance']:.3g}."
+        )
+    two = _row(rows, "PowerGossip r1, 2 iterations")
+    if two and r1 and exact:
+        lines.append(
+            f"- **2 power iterations:** PowerGossip r1 with 2 iterations reaches "
+            f"{_pct(two['acc_avg'])} (1 iteration: {_pct(r1['acc_avg'])}, exact gossip: "
+            f"{_pct(exact['acc_avg'])}), consensus distance {two['consensus_distance']:.3g}, for "
+            f"{two['mb_per_peer'] / r1['mb_per_peer']:.2f}x the bytes of 1 iteration."
+        )
+    h1 = exact
+    for label in ("exact gossip H=4", "exact gossip H=16"):
+        r = _row(rows, label)
+        if r and h1:
+            lines.append(
+                f"- **{label}:** {_pct(r['acc_avg'])} averaged / {_pct(r['acc_local_mean'])} "
+                f"mean local (H=1: {_pct(h1['acc_avg'])} / {_pct(h1['acc_local_mean'])}), "
+                f"consensus distance {r['consensus_distance']:.3g}, "
+                f"{r['mb_per_peer']:.2f} MB per peer against {h1['mb_per_peer']:.2f} MB at H=1 "
+                f"({r['rounds']} gossip rounds against {h1['rounds']})."
+            )
+    return lines + [""]
+
+
+def plot(rows: List[Dict[str, Any]], path: Path) -> Optional[str]:
+    """Averaged-model accuracy against epochs and against MB sent; the file name, or None when
+    matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in rows:
+        xs = [e["epoch"] for e in r["evals"]]
+        ys = [100 * e["acc_avg"] for e in r["evals"]]
+        a.plot(xs, ys, marker="o", label=r["label"])
+        if r["mb_per_peer"] > 0 and r["algorithm"] != "allreduce":
+            b.plot([e["mb"] for e in r["evals"]], ys, marker="o", label=r["label"])
+    a.set_xlabel("epoch")
+    a.set_ylabel("averaged-model test accuracy (%)")
+    b.set_xscale("log")
+    b.set_xlabel("MB sent per peer")
+    a.legend(fontsize=7)
+    b.legend(fontsize=7)
+    fig.tight_layout()
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90)
+    plt.close(fig)
+    from gossip_powersgd.utils import atomic_write
+
+    atomic_write(path, buffer.getvalue())
+    return path.name
