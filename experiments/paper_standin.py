@@ -105,7 +105,7 @@ def train_row(setting: Dict[str, Any], label: str, spec: str, local_steps: int) 
         algorithm=spec,
         local_steps=local_steps,
         optimizer="sgd",
-        seed=0,
+        seed=setting.get("seed", 0),
         backend="local",
         quiet=True,
         log_every=0,
@@ -246,7 +246,23 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--rows",
         default=None,
-        help="comma-separated row labels to run (default: all; for partial checks)",
+        help="semicolon-separated row labels to run (default: all; for partial checks and "
+        "other seeds)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the runs' seed (data, models, batches; default 0, the committed page's)",
+    )
+    parser.add_argument(
+        "--extra",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="with --render-only: another run's paper_standin.json (e.g. another --seed) whose "
+        "rows the page lists next to the main run's",
     )
     parser.add_argument(
         "--epochs",
@@ -263,14 +279,16 @@ def main(argv=None) -> None:
     )
     args = parser.parse_args(argv)
     if args.render_only is not None:
-        return render_only(args.render_only)
+        return render_only(args.render_only, args.extra)
+    if args.extra:
+        raise SystemExit("--extra goes with --render-only (it adds another run's rows to a page)")
     import torch
 
     from experiments.paper_standin_page import render, plot
     from experiments.suite.tables import generated_sentence
 
     torch.set_num_threads(1)
-    setting = dict(SETTINGS[args.quick])
+    setting = dict(SETTINGS[args.quick], seed=args.seed)
     if args.epochs is not None:
         if args.epochs < 1:
             raise SystemExit(f"--epochs must be >= 1, got {args.epochs}")
@@ -278,10 +296,10 @@ def main(argv=None) -> None:
     out_dir = args.out or DEFAULT_OUT.with_name(
         "paper-standin-quick" if args.quick else "paper-standin"
     )
-    wanted = None if args.rows is None else {s.strip() for s in args.rows.split(",")}
+    wanted = None if args.rows is None else {s.strip() for s in args.rows.split(";")}
     rows_todo = [r for r in ROWS if wanted is None or r[0] in wanted]
     if wanted is not None and len(rows_todo) != len(wanted):
-        known = ", ".join(r[0] for r in ROWS)
+        known = "; ".join(r[0] for r in ROWS)
         raise SystemExit(f"--rows: unknown label in {args.rows!r} (valid: {known})")
     load_start = os.getloadavg()[0]
     started = time.perf_counter()
@@ -296,6 +314,7 @@ def main(argv=None) -> None:
         COMMAND
         + (" --quick" if args.quick else "")
         + (f" --epochs {args.epochs}" if args.epochs is not None else "")
+        + (f" --seed {args.seed}" if args.seed else "")
         + (f" --rows {args.rows!r}" if args.rows else "")
         + (f" --out {args.out}" if args.out else "")
     )
@@ -349,24 +368,32 @@ def main(argv=None) -> None:
     log(f"wrote {out_dir / 'paper_standin.md'} in {seconds:.0f} s")
 
 
-def render_only(path: Path) -> None:
-    """The page (and plot) again from a run's JSON, naming both the run's commit and this one."""
-    from experiments.pages import page_commit
-    from experiments.paper_standin_page import plot, render
-
+def _load_result(path: Path) -> Dict[str, Any]:
     try:
         result = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise SystemExit(f"--render-only {path}: cannot read the run's JSON ({exc})") from None
     if "generated" not in result or "rows" not in result:
-        raise SystemExit(f"--render-only {path}: not a paper_standin.json (no rows / generated)")
+        raise SystemExit(f"{path}: not a finished paper_standin.json (no rows / generated)")
+    return result
+
+
+def render_only(path: Path, extra: List[Path] = ()) -> None:
+    """The page (and plot) again from a run's JSON, naming both the run's commit and this one;
+    `extra`: other runs' JSON (other seeds) whose rows the page lists too."""
+    from experiments.pages import page_commit
+    from experiments.paper_standin_page import plot, render
+
+    result = _load_result(path)
+    others = [_load_result(p) for p in extra]
     plotted = plot(result["rows"], path.with_name("paper_standin.png"))
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    options = "".join(f" --extra {p}" for p in extra)
     rendered = (
-        f" Page re-rendered from its JSON by `{COMMAND} --render-only {path}` on {date} "
+        f" Page re-rendered from its JSON by `{COMMAND} --render-only {path}{options}` on {date} "
         f"(commit {page_commit()}); the figures are the run's."
     )
-    page = render(result, result["generated"], plotted, rendered)
+    page = render(result, result["generated"], plotted, rendered, others)
     atomic_write(path.with_name("paper_standin.md"), page.encode())
     log(f"wrote {path.with_name('paper_standin.md')}")
 

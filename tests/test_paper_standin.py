@@ -47,6 +47,20 @@ def test_quick_mode_writes_a_consistent_page(tmp_path):
     again = (tmp_path / "paper_standin.md").read_text()
     assert "re-rendered from its JSON" in again
     assert again.split("## Floats per exchange")[1] == page.split("## Floats per exchange")[1]
+    # another seed of some rows, listed next to the main run's by --extra
+    seed1 = tmp_path / "seed1"
+    rows_arg = "exact gossip;PowerGossip r1, 2 iterations"
+    paper_standin.main(["--quick", "--seed", "1", "--rows", rows_arg, "--out", str(seed1)])
+    other = json.loads((seed1 / "paper_standin.json").read_text())
+    assert [r["label"] for r in other["rows"]] == rows_arg.split(";")
+    assert other["setting"]["seed"] == 1
+    assert other["rows"][0]["evals"] != rows["exact gossip"]["evals"]  # drawn anew
+    json_path = str(tmp_path / "paper_standin.json")
+    paper_standin.main(["--render-only", json_path, "--extra", str(seed1 / "paper_standin.json")])
+    with_seeds = (tmp_path / "paper_standin.md").read_text()
+    assert "## Other seeds" in with_seeds and "--seed 1" in with_seeds
+    with pytest.raises(SystemExit, match="unknown label"):
+        paper_standin.main(["--quick", "--rows", "exact", "--out", str(seed1)])
     csv_lines = (tmp_path / "paper_standin.csv").read_text().splitlines()
     assert len(csv_lines) == 1 + sum(len(r["evals"]) for r in rows.values())
 
