@@ -385,7 +385,7 @@ def render_only(path: Path, extra: List[Path] = ()) -> None:
     from experiments.paper_standin_page import plot, render
 
     result = _load_result(path)
-    others = [_load_result(p) for p in extra]
+    others = [dict(_load_result(p), path=str(p)) for p in extra]
     plotted = plot(result["rows"], path.with_name("paper_standin.png"))
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     options = "".join(f" --extra {p}" for p in extra)

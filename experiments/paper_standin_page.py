@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -107,7 +108,10 @@ def render(
         "evaluation and data loading come on top); with one core of this kind per peer, "
         f"about {proj['steps'] * timing['cpu_s'] / 3600:.0f} hours of wall time per row, "
         f"the {len(rows)} rows of this page about {len(rows) * proj['steps'] * timing['cpu_s'] / 86400:.1f} "
-        "days one after another. This is a projection from a CPU measurement (no GPU was "
+        f"days one after another. This page's own runs took on average "
+        f"{_cpu_per_step(rows):.2f} s of CPU per ring step ({peers} peers at batch "
+        f"{s['batch_size']}, set-up and evaluations included). This is a projection from a "
+        "CPU measurement (no GPU was "
         "lent to this run, so no GPU figure is given).",
         "",
     ]
@@ -150,7 +154,10 @@ def _table(rows: List[Dict[str, Any]], peers: int) -> List[str]:
         "reports it) at the end; measured MB sent per peer; per-peer time per step "
         "(forward/backward/optimizer, and the gossip's own arithmetic, wall-clock seconds "
         f"under the load above) and the whole run's wall and CPU time (all {peers} peers, set-up, "
-        "data generation and evaluations included).",
+        "data generation and evaluations included). The per-peer seconds are wall-clock "
+        "sections of threads sharing 2 cores: where peers compute at the same moment (local "
+        "steps: no exchange to wait on between steps) each section stretches, so compare "
+        "costs by the run CPU column.",
         "",
         "| row | algorithm | H | averaged model | mean local | consensus distance | MB sent "
         "per peer | compute s/step | gossip s/step | run wall s | run CPU s |",
@@ -217,6 +224,10 @@ def _curves(rows: List[Dict[str, Any]], plotted: Optional[str]) -> List[str]:
     return lines
 
 
+def _cpu_per_step(rows: List[Dict[str, Any]]) -> float:
+    return sum(r["run_cpu_s"] for r in rows) / max(1, sum(r["steps"] for r in rows))
+
+
 def _other_seeds(result: Dict[str, Any], others: List[Dict[str, Any]]) -> List[str]:
     """The rows of other runs (other seeds) next to the main run's same rows."""
     if not others:
@@ -229,7 +240,8 @@ def _other_seeds(result: Dict[str, Any], others: List[Dict[str, Any]]) -> List[s
         "",
     ]
     for other in others:
-        lines += [f"- {other['generated']}", ""]
+        where = f" (its JSON: `{other['path']}`)" if other.get("path") else ""
+        lines += [f"- {other['generated']}{where}", ""]
     lines += [
         "| row | seed | averaged model | mean local | consensus distance | MB sent per peer |",
         "|---|---:|---:|---:|---:|---:|",
@@ -244,6 +256,26 @@ def _other_seeds(result: Dict[str, Any], others: List[Dict[str, Any]]) -> List[s
                     f"{_pct(r['acc_local_mean'])} | {r['consensus_distance']:.3g} | "
                     f"{r['mb_per_peer']:.2f} |"
                 )
+    lines.append("")
+    runs = (result, *others)
+    for label in dict.fromkeys(labels):
+        accs = [r["acc_avg"] for r in (_row(run["rows"], label) for run in runs) if r]
+        if len(accs) > 1:
+            lines.append(
+                f"- {label}: mean over {len(accs)} seeds {_pct(statistics.fmean(accs))} "
+                f"± {100 * statistics.stdev(accs):.1f} pp (sample standard deviation)."
+            )
+    gaps = []
+    for run in runs:
+        exact, r1 = _row(run["rows"], "exact gossip"), _row(run["rows"], "PowerGossip r1")
+        if exact and r1:
+            gaps.append((run["setting"].get("seed", 0), 100 * (exact["acc_avg"] - r1["acc_avg"])))
+    if len(gaps) > 1:
+        lines.append(
+            "- Exact gossip minus PowerGossip r1, per seed: "
+            + ", ".join(f"seed {seed}: {gap:+.1f} pp" for seed, gap in gaps)
+            + "."
+        )
     return lines + [""]
 
 
@@ -337,8 +369,8 @@ def _findings(rows: List[Dict[str, Any]], n_test: int, peers: int) -> List[str]:
                 + " and ".join(f"{o['label']}" for o in better)
                 + " both lower the consensus distance and raise the accuracy by more than two "
                 "standard errors: more of the model difference sent per step closes part of "
-                "the gap, so it comes from r1's consensus error, not from the data or the "
-                "recipe. γ (the topology's, as for exact gossip) and the learning-rate scaling "
+                "the gap, which points at r1's consensus error rather than at the data or "
+                "the recipe. γ (the topology's, as for exact gossip) and the learning-rate scaling "
                 "of the paper's grid were not varied here (no time left in the budget)."
             )
         else:
@@ -349,6 +381,36 @@ def _findings(rows: List[Dict[str, Any]], n_test: int, peers: int) -> List[str]:
                 "learning-rate scaling of the paper's grid were not varied (no time left in the "
                 "budget)."
             )
+    if (
+        two
+        and exact
+        and two["acc_avg"] - exact["acc_avg"] > 2 * _standard_error(exact["acc_avg"], n_test)
+        and two["consensus_distance"] > exact["consensus_distance"]
+    ):
+        lines.append(
+            f"- **PowerGossip r1 with 2 iterations ends above exact gossip** "
+            f"({_pct(two['acc_avg'])} against {_pct(exact['acc_avg'])}) on this seed, with the "
+            "larger consensus distance: this run cannot say why; a section of other seeds, "
+            "where present, says whether it holds."
+        )
+    budgets = _budgets(rows)
+    if budgets:
+        label, mb = budgets[0]
+        within = [(r, accuracy_at(r, mb)) for r in rows if r["algorithm"] != "allreduce"]
+        reached = sorted(((r, e) for r, e in within if e), key=lambda x: -x[1]["acc_avg"])
+        missing = [r["label"] for r, e in within if e is None]
+        lines.append(
+            f"- **At equal bytes** ({label}'s whole run, {mb:.2f} MB per peer): "
+            + ", ".join(
+                f"{r['label']} {_pct(e['acc_avg'])} (epoch {e['epoch']})" for r, e in reached
+            )
+            + (
+                f"; {', '.join(missing)} had not reached an evaluation within that budget"
+                if missing
+                else ""
+            )
+            + "."
+        )
     h1 = exact
     for label in ("exact gossip H=4", "exact gossip H=16"):
         r = _row(rows, label)
