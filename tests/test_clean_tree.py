@@ -27,6 +27,7 @@ QUICK = [
     ["-m", "experiments.suite", "dynamic", "--quick", "--epochs", "1"],
     ["-m", "experiments.privacy_attacks", "--quick"],
     ["-m", "experiments.privacy_mechanisms", "--quick"],
+    ["-m", "experiments.paper_standin", "--quick"],
     ["-m", "experiments.privacy_attacks.dp_sweep", "--quick"],
     [
         "-m",

@@ -10,6 +10,10 @@ Dataset specs (``load_dataset``)::
     "mnist1d:num_samples=1000,shuffle_seq=1"   same, with generator options
     "synthetic_logreg"                         seeded linear classification problem
     "synthetic_logreg:d=20,classes=4,n=4000,noise=0.1,test=0.2"
+    "synthetic_images:n=4096,test=1000,noise=1.0"
+                                               a CIFAR-shaped synthetic stand-in (3 x 32 x 32,
+                                               10 classes; `synthetic_images.py`), generated
+                                               record by record: each peer makes only its shard
     "package.module:function"                  bring your own: function() or function(seed=seed)
                                                returns (x_train, y_train, x_test, y_test), or
                                                (train, test) torch Datasets (`records.py`)
@@ -83,6 +87,7 @@ __all__ = [
 DATASET_NAMES = (
     "mnist1d",
     "synthetic_logreg",
+    "synthetic_images",
     "cifar10:root=<dir>",
     "wikitext2:root=<dir>[,bptt=<n>,split=test|valid]",
     "package.module:function",
@@ -198,6 +203,10 @@ def _build_dataset(spec: str, seed: int) -> Dataset:
         return _mnist1d(spec, parsed, seed)
     if parsed.name == "synthetic_logreg":
         return _synthetic_logreg(spec, parsed, seed)
+    if parsed.name == "synthetic_images":
+        from .synthetic_images import OPTIONS, synthetic_images
+
+        return synthetic_images(spec, typed_options(parsed, OPTIONS, WHAT, spec), seed)
     if ":" in spec:  # anything else with a colon is "package.module:function"
         return _byo_dataset(spec, seed)
     raise unknown_name(WHAT, spec, parsed.name, DATASET_NAMES)
@@ -382,7 +391,10 @@ def load_peer_dataset(spec: str, rank: int, num_peers: int, seed: int = 0) -> Da
     the peers' common one. Nothing is cached: the data belongs to this peer alone.
     """
     parsed = parse_spec(spec, WHAT)
-    if parsed.name in ("mnist1d", "synthetic_logreg", *_FILE_DATASETS) or ":" not in spec:
+    if (
+        parsed.name in ("mnist1d", "synthetic_logreg", "synthetic_images", *_FILE_DATASETS)
+        or ":" not in spec
+    ):
         raise ValueError(
             f"partition: local needs a bring-your-own dataset 'package.module:function'"
             f" taking rank and num_peers, got dataset {spec!r}; or use partition: iid"
