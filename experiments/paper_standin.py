@@ -26,9 +26,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
 from gossip_powersgd.utils import atomic_write
+
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "runs" / "paper-standin"
 COMMAND = "python -m experiments.paper_standin"
@@ -87,7 +90,7 @@ def log(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
-def _peer(comm, config):
+def _peer(comm: Comm, config):
     from gossip_powersgd.training.trainer import train
 
     return train(comm, config)
@@ -166,7 +169,7 @@ def floats_per_exchange(model: str, topology: str = "ring:8") -> Dict[str, Any]:
     from gossip_powersgd import LocalCluster
     from gossip_powersgd.training.models import build_model
 
-    def sent(comm, spec):
+    def sent(comm: Comm, spec):
         import torch
 
         from gossip_powersgd.algorithms import make_algorithm
