@@ -1,12 +1,14 @@
 """`python -m experiments.privacy_attacks.dp_sweep [--quick]`: the small sweep that chose the DP
 regime of the privacy pages (data per peer, batch, learning rate, clip norm), and the consensus
-distance over time of every algorithm under DP in that regime, with PowerGossip remedies.
+distance over time of every algorithm under DP in that regime, with PowerGossip's remedies.
 
-Writes experiments/results/privacy_dp_sweep.{md,json}. Part 1 (exact gossip, mnist1d cnn1d iid
-ring:8): non-private references, then DP at target epsilon 8 for a few (batch, lr, C, epochs);
-the chosen regime is the DP row with the best averaged-model accuracy. Part 2: every algorithm
-(and PowerGossip with more power iterations / a higher rank) in the chosen regime at epsilon 8,
-with the consensus distance at every evaluation.
+Writes privacy_dp_sweep.{md,json} under --out (default runs/dp-sweep). Part 1 (exact gossip,
+mnist1d cnn1d iid ring:8, 8000 training samples per peer): the non-private reference, then DP
+at target epsilon 8 for a few (batch, lr, C) at a fixed number of epochs; the chosen regime is
+the DP row with the best averaged-model accuracy, run once more with its clipping but no noise
+(sigma = 0: the gap to it is the cost of the noise alone, not of fewer steps or clipping). Part 2: PowerGossip r1, r1 with 4 power iterations, rank 4 and Choco
+sign in the chosen regime at epsilon 8, and each without DP in the non-private reference's
+regime, with the consensus distance at every evaluation.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,8 +32,13 @@ ROOT = Path(__file__).resolve().parents[2]
 #: `--out experiments/results`.
 DEFAULT_OUT = ROOT / "runs" / "dp-sweep"
 
-#: 8 peers x 2000 training samples (mnist1d generates any number; 20 % of them are its test set).
-DATA = "mnist1d:num_samples=20000"
+#: 8 peers x 8000 training samples (mnist1d generates any number; 20 % of them are its test set):
+#: DP-SGD's noise on a batch mean is sigma C / batch, and the sigma that a target epsilon needs
+#: grows with the sampling rate batch / samples, so more data per peer buys batches large
+#: enough to drown the noise at a small sampling rate.
+DATA = "mnist1d:num_samples=80000"
+#: Training samples per peer in DATA (the page's wording only).
+PER_PEER = 8000
 BASE = dict(
     dataset=DATA,
     model="cnn1d",
@@ -51,21 +59,38 @@ BASE = dict(
     comm_timeout=600.0,
 )
 DELTA = 1e-5
-#: (label, batch, lr, clip C or None for no DP, epochs).
-#: DP-SGD's cost grows with epochs x data (one per-example gradient each); on the shared 2 cores
-#: at load 10-15 one DP run of this size takes ~10 min: 15 epochs, and few rows.
+#: Every DP row's target epsilon (at DELTA; the accountant picks sigma).
+TARGET = 8.0
+#: Epochs of every row: with batch 256 that is 15 x ceil(8000 / 256) = 480 optimizer steps
+#: (batch 512: 240, batch 128: 945). DP-SGD's cost grows with epochs x data (one per-example gradient each):
+#: ~4.5 min a batch-256 run on the 2 shared cores at load 7, the non-private reference ~1.5 min.
+EPOCHS = 15
+#: The non-private reference: (label, batch, lr, clip, epochs, target epsilon), the regime of
+#: every non-private row of part 2 too (lr 0.4: batch 32's 0.1 scaled with the batch; the DP
+#: rows' lr 2.0 diverges without clipping).
+NONPRIVATE = ("non-private", 128, 0.4, None, EPOCHS, None)
+#: (label, batch, lr, clip C or None for no clipping, epochs, target epsilon or None for no
+#: noise). After them, part 1 runs the chosen (best) DP row again with its clipping but no noise
+#: (sigma = 0, epsilon infinite, CLIPPED): the gap between the two is the noise's cost alone.
 SWEEP = (
-    ("non-private, batch 32", 32, 0.1, None, 15),
-    ("DP", 256, 1.0, 1.0, 15),
-    ("DP", 256, 2.0, 1.0, 15),
+    NONPRIVATE,
+    ("DP", 256, 1.0, 1.0, EPOCHS, TARGET),
+    ("DP", 256, 2.0, 1.0, EPOCHS, TARGET),
+    ("DP", 256, 4.0, 0.5, EPOCHS, TARGET),
+    ("DP", 512, 2.0, 1.0, EPOCHS, TARGET),
 )
-#: Part 2: the algorithms in the chosen regime, (label, spec, private); PowerGossip's remedy
-#: (more power iterations) under DP. Exact gossip's DP row is the sweep's.
+#: The label of part 1's last row, the chosen regime clipped without noise.
+CLIPPED = "chosen, clipped, no noise"
+#: The rows of --quick: the non-private reference and the first DP row.
+QUICK_SWEEP = (SWEEP[0], SWEEP[1])
+#: Part 2: (label, spec), each run in the chosen regime at TARGET and without DP in the
+#: NONPRIVATE regime; PowerGossip's remedies under DP are more power iterations and a higher
+#: rank. Exact gossip's rows are part 1's.
 ALGORITHMS = (
-    ("PowerGossip r1", "powergossip:rank=1", True),
-    ("PowerGossip r1, 4 power iterations", "powergossip:rank=1,iters=4", True),
-    ("Choco sign", "choco:compressor=sign,gamma=1.0", True),
-    ("PowerGossip r1", "powergossip:rank=1", False),
+    ("PowerGossip r1", "powergossip:rank=1"),
+    ("PowerGossip r1, 4 power iterations", "powergossip:rank=1,iters=4"),
+    ("PowerGossip r4", "powergossip:rank=4"),
+    ("Choco sign", "choco:compressor=sign,gamma=1.0"),
 )
 QUICK = dict(
     BASE,
@@ -93,6 +118,7 @@ def run(overrides: Dict[str, Any], quick: bool = False) -> Dict[str, Any]:
     config = config_from_dict(dict(QUICK if quick else BASE, **overrides))
     topology = resolve_topology(config)
     config = config.replace(peers=topology.size)
+    load = os.getloadavg()[0]
     started = time.perf_counter()
     summary = run_peers(topology, _peer, config, backend="local", timeout=config.comm_timeout)[0]
     epsilons = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
@@ -117,18 +143,20 @@ def run(overrides: Dict[str, Any], quick: bool = False) -> Dict[str, Any]:
         steps=summary["steps"],
         evals=evals,
         seconds=time.perf_counter() - started,
+        load=[load, os.getloadavg()[0]],
     )
 
 
-def _private(batch, lr, clip, epochs, target=8.0):
+def _private(batch, lr, clip, epochs, target):
+    """The overrides of one row: no clipping without `clip`; clipping without noise (sigma = 0)
+    with `clip` and no `target`; DP-SGD at target epsilon `target` with both."""
     out = dict(batch_size=batch, lr=lr, epochs=epochs, eval_every=max(1, epochs // 5))
     if clip is not None:
-        out.update(
-            dp_target_epsilon=target,
-            dp_max_grad_norm=clip,
-            dp_delta=DELTA,
-            release_peer_statistics=True,
-        )
+        out.update(dp_max_grad_norm=clip, dp_delta=DELTA, release_peer_statistics=True)
+        if target is None:
+            out.update(dp_noise_multiplier=0.0)
+        else:
+            out.update(dp_target_epsilon=target)
     return out
 
 
@@ -152,7 +180,25 @@ def _attempt(row: Dict[str, Any], overrides: Dict[str, Any], quick: bool) -> Dic
 
 
 def _key(row: Dict[str, Any]) -> tuple:
-    return tuple(row[k] for k in ("label", "algorithm", "batch", "lr", "clip", "epochs"))
+    return tuple(
+        row.get(k) for k in ("label", "algorithm", "batch", "lr", "clip", "epochs", "target")
+    )
+
+
+def _noisy(row: Dict[str, Any]) -> bool:
+    return row.get("target") is not None
+
+
+def _row(label, algorithm, batch, lr, clip, epochs, target) -> Dict[str, Any]:
+    return dict(
+        label=label,
+        algorithm=algorithm,
+        batch=batch,
+        lr=lr,
+        clip=clip,
+        epochs=epochs,
+        target=target,
+    )
 
 
 def sweep(
@@ -169,40 +215,40 @@ def sweep(
     }
     result: Dict[str, Any] = dict(sweep=[], chosen=None, algorithms=[])
 
-    def attempt(part, row, overrides):
+    def attempt(part, label, algorithm, batch, lr, clip, epochs, target):
+        epochs = 1 if quick else epochs
+        row = _row(label, algorithm, batch, lr, clip, epochs, target)
         if render_only and _key(row) not in done:
             result.setdefault("not_run", []).append(row)
             return
+        overrides = dict(_private(batch, lr, clip, epochs, target), algorithm=algorithm)
         result[part].append(done.get(_key(row)) or _attempt(row, overrides, quick))
         if save is not None:
             save(result)
 
-    for label, b, lr, c, e in SWEEP[:3] if quick else SWEEP:
-        e = 1 if quick else e
-        attempt(
-            "sweep",
-            dict(label=label, algorithm="exact", batch=b, lr=lr, clip=c, epochs=e),
-            dict(_private(b, lr, c, e), algorithm="exact"),
-        )
-    private = [r for r in result["sweep"] if r["clip"] is not None and "error" not in r]
+    for label, b, lr, c, e, target in QUICK_SWEEP if quick else SWEEP:
+        attempt("sweep", label, "exact", b, lr, c, e, target)
+    private = [r for r in result["sweep"] if _noisy(r) and "error" not in r]
     best = max(private, key=lambda r: r["acc_avg"]) if private else None
     if best is None:
         return result
-    result["chosen"] = {k: best[k] for k in ("batch", "lr", "clip", "epochs")}
-    for label, spec, dp in ALGORITHMS[:2] if quick else ALGORITHMS:
-        clip = best["clip"] if dp else None
+    result["chosen"] = {k: best[k] for k in ("batch", "lr", "clip", "epochs", "target")}
+    attempt(
+        "sweep", CLIPPED, "exact", best["batch"], best["lr"], best["clip"], best["epochs"], None
+    )
+    _, b, lr, c, e, _ = NONPRIVATE
+    for label, spec in ALGORITHMS[:1] if quick else ALGORITHMS:
         attempt(
             "algorithms",
-            dict(
-                label=label,
-                algorithm=spec,
-                batch=best["batch"],
-                lr=best["lr"],
-                clip=clip,
-                epochs=best["epochs"],
-            ),
-            dict(_private(best["batch"], best["lr"], clip, best["epochs"]), algorithm=spec),
+            label,
+            spec,
+            best["batch"],
+            best["lr"],
+            best["clip"],
+            best["epochs"],
+            TARGET,
         )
+        attempt("algorithms", label, spec, b, lr, c, e, None)
     return result
 
 
@@ -214,32 +260,91 @@ def _pct(v) -> str:
     return "n/a" if v is None else f"{100 * v:.2f} %"
 
 
+def _fig(v) -> str:
+    return "n/a" if v is None else f"{v:.3g}"
+
+
+def _regime(row: Dict[str, Any]) -> str:
+    if row["clip"] is None:
+        return "no DP"
+    return f"ε = {row['target']:g}" if _noisy(row) else "clipped, σ = 0"
+
+
+def _pair(result: Dict[str, Any], label: str) -> tuple:
+    """The DP row and the non-private row of one part-2 algorithm (None where missing/failed)."""
+    rows = [r for r in result["algorithms"] if r["label"] == label and "error" not in r]
+    return (
+        next((r for r in rows if _noisy(r)), None),
+        next((r for r in rows if r["clip"] is None), None),
+    )
+
+
 def findings(result: Dict[str, Any]) -> List[str]:
     """Sentences computed from the rows."""
     out = []
     ok = [r for r in result["sweep"] if "error" not in r]
     plain = [r for r in ok if r["clip"] is None]
-    private = [r for r in ok if r["clip"] is not None]
-    if plain and private:
-        best = max(private, key=lambda r: r["acc_avg"])
+    clipped = [r for r in ok if r["clip"] is not None and not _noisy(r)]
+    private = [r for r in ok if _noisy(r)]
+    best = max(private, key=lambda r: r["acc_avg"]) if private else None
+    if plain and best:
         top = max(plain, key=lambda r: r["acc_avg"])
         gap = 100 * (top["acc_avg"] - best["acc_avg"])
         out.append(
-            f"- Exact gossip: non-private {_pct(top['acc_avg'])}, best DP row (ε = "
-            f"{best['eps_max']:.3g}) {_pct(best['acc_avg'])}: {gap:.1f} pp below, "
+            f"- Exact gossip: non-private {_pct(top['acc_avg'])} (batch {top['batch']}, "
+            f"{top['steps']} steps), best DP row (ε = {best['eps_max']:.3g}, batch "
+            f"{best['batch']}, lr {best['lr']}, C {best['clip']}, {best['steps']} steps) "
+            f"{_pct(best['acc_avg'])}: {gap:.1f} pp below, "
             + ("within" if gap <= 10 else "**not within**")
             + " the 10 pp target."
         )
-    exact = max(private, key=lambda r: r["acc_avg"]) if private else None
-    for r in result["algorithms"]:
-        if "error" in r or r["clip"] is None:
+    for c in clipped:
+        same = (c["batch"], c["lr"], c["clip"], c["steps"])
+        for r in private:
+            if (r["batch"], r["lr"], r["clip"], r["steps"]) != same:
+                continue
+            cost = 100 * (c["acc_avg"] - r["acc_avg"])
+            out.append(
+                f"- Batch {r['batch']}, lr {r['lr']}, C {r['clip']}, {r['steps']} steps with "
+                f"clipping but no noise: {_pct(c['acc_avg'])}, against {_pct(r['acc_avg'])} "
+                f"with the noise of ε = {r['eps_max']:.3g}: "
+                + (
+                    f"the noise costs {cost:.1f} pp."
+                    if cost >= 0
+                    else f"the noisy run is {-cost:.1f} pp above it (one run each): the noise "
+                    "costs nothing a single run can measure, and the gap to the non-private "
+                    "row is the clipping's and the DP batch and learning rate's."
+                )
+            )
+    for label, _ in ALGORITHMS:
+        dp, plain_row = _pair(result, label)
+        if dp is None:
             continue
-        base = f" (exact gossip {exact['consensus']:.3g})" if exact else ""
+        against = (
+            f"; without DP {_pct(plain_row['acc_avg'])}, consensus distance "
+            f"{_fig(plain_row['consensus'])}"
+            if plain_row
+            else ""
+        )
+        base = f" (exact gossip under DP: {_fig(best['consensus'])})" if best else ""
         out.append(
-            f"- {r['label']} under DP: averaged-model accuracy {_pct(r['acc_avg'])}, final "
-            f"consensus distance {r['consensus']:.3g}{base}."
+            f"- {label} under DP: averaged-model accuracy {_pct(dp['acc_avg'])}, final "
+            f"consensus distance {_fig(dp['consensus'])}{base}{against}."
+        )
+    r1, it4, r4 = (_pair(result, label)[0] for label, _ in ALGORITHMS[:3])
+    if r1 and it4 and r4:
+        out.append(
+            f"- PowerGossip's remedies under DP, from rank 1 with 1 power iteration "
+            f"({_pct(r1['acc_avg'])}, consensus distance {_fig(r1['consensus'])}): "
+            f"4 power iterations {_pct(it4['acc_avg'])} ({_fig(it4['consensus'])}), "
+            f"rank 4 {_pct(r4['acc_avg'])} ({_fig(r4['consensus'])})."
         )
     return out
+
+
+def _load(rows: List[Dict[str, Any]]) -> str:
+    loads = [x for r in rows for x in r.get("load", [])]
+    return f"{min(loads):.1f}–{max(loads):.1f}" if loads else "n/a"
 
 
 def page(result: Dict[str, Any], command: str, seconds: float, quick: bool) -> str:
@@ -250,13 +355,22 @@ def page(result: Dict[str, Any], command: str, seconds: float, quick: bool) -> s
         if "--render-only" in command
         else f"Generated by `{command}` in {seconds:.0f} s (commit {git_commit()})"
     )
+    rows = [r for part in ("sweep", "algorithms") for r in result[part] if "error" not in r]
+    per_peer = "" if quick else f" ({PER_PEER} training samples per peer)"
     text = (
-        f"# The DP regime of the privacy pages: a small sweep\n\n{made}; backend local (8 peer threads), 2 CPU cores "
-        f"shared with other jobs. Setting: `{setting['dataset']}` (2000 training samples per "
-        f"peer), `{setting['model']}`, {setting['topology']}, {setting['partition']}, SGD "
-        f"momentum 0.9, cosine schedule, {setting['warmup_epochs']} warm-up epoch, no weight "
-        f"decay. DP: Poisson batches, per-example clip C, target ε = 8 at δ = {DELTA:g}, "
-        f"noise secret per peer. ε is each peer's own (iid: all equal).\n\n"
+        f"# The DP regime of the privacy pages: a small sweep\n\n{made}; backend local (8 peer "
+        f"threads, one torch thread each), {os.cpu_count()} CPU cores shared with other jobs "
+        f"(1-minute load average {_load(rows)} at the rows' starts and ends: the seconds are "
+        f"wall time on a loaded machine). Setting: `{setting['dataset']}`{per_peer}, "
+        f"`{setting['model']}`, {setting['topology']}, {setting['partition']}, SGD momentum "
+        f"0.9, cosine schedule, {setting['warmup_epochs']} warm-up epoch, no weight decay, one "
+        f"seed. DP: Poisson batches, per-example clip C, target ε = {TARGET:g} at "
+        f"δ = {DELTA:g} (the RDP accountant picks σ), noise secret per peer. ε is each peer's "
+        "own (iid: all equal). One run per row: the noise comes from each peer's secret key, "
+        "so a rerun of a DP row draws other noise and lands on another accuracy. "
+        "Averaged-model accuracy is the test accuracy of the average of "
+        "the local models; consensus distance is the mean squared distance of the local "
+        "models to their average.\n\n"
         "## 1. Exact gossip: batch, lr, clip norm\n\n"
         "| run | batch | lr | C | epochs | steps | σ | ε | averaged-model acc | consensus "
         "distance (end) | seconds |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
@@ -268,34 +382,35 @@ def page(result: Dict[str, Any], command: str, seconds: float, quick: bool) -> s
         text += (
             f"| {r['label']} | {r['batch']} | {r['lr']} | {r['clip'] or '—'} | {r['epochs']} "
             f"| {r['steps']} | {_sigma(r['sigma'])} | "
-            f"{r['eps_max']:.3g} | {_pct(r['acc_avg'])} | {r['consensus']:.3g} | "
+            f"{r['eps_max']:.3g} | {_pct(r['acc_avg'])} | {_fig(r['consensus'])} | "
             f"{r['seconds']:.0f} |\n"
         )
     chosen = result["chosen"]
     text += f"\nChosen regime (best DP row): {chosen}.\n\n"
     text += (
         "## 2. Every algorithm in the chosen regime: consensus distance over time\n\n"
-        "Consensus distance (mean squared distance of the local models to their average) at "
-        "each evaluation, DP (ε = 8) and without DP.\n\n"
-        "| algorithm | DP | ε (victim = every peer, iid) | averaged-model acc | consensus "
-        "distance at each evaluation |\n|---|---|---|---|---|\n"
+        f"Each algorithm under DP in the chosen regime (ε = {TARGET:g}), and without DP in the "
+        "non-private reference's regime (batch, lr and epochs of part 1's first row). "
+        "Consensus distance at each evaluation (every "
+        f"{max(1, (chosen or {}).get('epochs', 5) // 5)} epochs).\n\n"
+        "| algorithm | regime | batch | lr | steps | ε | averaged-model acc | consensus "
+        "distance at each evaluation |\n|---|---|---|---|---|---|---|---|\n"
     )
-    chosen_row = [
-        dict(r, label="exact gossip (the chosen sweep row)")
+    exact = [
+        dict(r, label="exact gossip (part 1)")
         for r in result["sweep"]
         if "error" not in r
-        and r["clip"] is not None
-        and chosen
-        and all(r[k] == chosen[k] for k in chosen)
+        and (r["clip"] is None and r["label"] == NONPRIVATE[0] or _noisy(r))
+        and (not _noisy(r) or chosen and all(r[k] == chosen[k] for k in chosen))
     ]
-    for r in chosen_row + result["algorithms"]:
+    for r in exact + result["algorithms"]:
         if "error" in r:
-            text += f"| {r['label']} | {'yes' if r['clip'] else 'no'} | FAILED: {r['error']} |\n"
+            text += f"| {r['label']} | {_regime(r)} | {r['batch']} | {r['lr']} | FAILED: {r['error']} |\n"
             continue
-        curve = ", ".join(f"{e['consensus']:.3g}" for e in r["evals"] if e["consensus"] is not None)
+        curve = ", ".join(_fig(e["consensus"]) for e in r["evals"] if e["consensus"] is not None)
         text += (
-            f"| {r['label']} | {'yes' if r['clip'] else 'no'} | {r['eps_max']:.3g} | "
-            f"{_pct(r['acc_avg'])} | {curve} |\n"
+            f"| {r['label']} | {_regime(r)} | {r['batch']} | {r['lr']} | {r['steps']} | "
+            f"{r['eps_max']:.3g} | {_pct(r['acc_avg'])} | {curve} |\n"
         )
     text += "\n## What the rows show\n\n" + "\n".join(findings(result)) + "\n"
     if result.get("not_run"):
@@ -305,7 +420,7 @@ def page(result: Dict[str, Any], command: str, seconds: float, quick: bool) -> s
             "did):\n\n"
             + "\n".join(
                 f"- {r['label']} ({r['algorithm']}), batch {r['batch']}, "
-                f"lr {r['lr']}, C {r['clip']}"
+                f"lr {r['lr']}, C {r['clip']}, {_regime(r)}"
                 for r in result["not_run"]
             )
             + "\n"
