@@ -31,9 +31,9 @@ def render_page(setting, noises, rows, reuse_muffliato, generated, c, pm) -> str
     lines = [
         "# Privacy mechanisms that use the graph: accuracy at equal ε against a neighbour",
         "",
-        f"{generated} Backend `local` (every peer a thread of one process) on a machine shared "
-        f"with six other jobs (2 cores; 1-minute load average {c['load'][0]:.1f} at the start, "
-        f"{c['load'][1]:.1f} at the end).",
+        f"{generated} Backend `local` (every peer a thread of one process) on a machine of 2 "
+        f"cores, which other jobs may share (1-minute load average {c['load'][0]:.1f} at the "
+        f"start, {c['load'][1]:.1f} at the end).",
         "",
         "## Setting, and why this scale",
         "",
@@ -189,8 +189,8 @@ def render_page(setting, noises, rows, reuse_muffliato, generated, c, pm) -> str
         "## Attacks",
         "",
         "The neighbour's membership-attack figures (Privacy IV's protocol: held-out "
-        "non-members, blind baselines, TPR at low FPR) are not here yet: that protocol is "
-        "not on main at this commit.",
+        "non-members, blind baselines, TPR at low FPR, `python -m experiments.privacy_attacks`) "
+        "are not here yet: that protocol has not been run with these mechanisms.",
         "",
         "## Reproduce",
         "",
