@@ -28,13 +28,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import importlib.util
 import os
 import platform
 import resource
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
@@ -43,7 +39,8 @@ import torch
 
 import topologies
 from experiments.bench_gossip.measure import copy_bandwidth, loopback_communicator, median
-from experiments.bench_gossip.shapes import make_params, model_shapes
+from experiments.bench_gossip.shapes import count_params, make_params, model_shapes
+from experiments.commit_code import previous_powergossip
 from gossip_powersgd import LocalCluster, PowerGossip
 from gossip_powersgd.utils import atomic_write, git_commit
 
@@ -51,51 +48,6 @@ if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Comm
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULE = "gossip_powersgd/algorithms/powergossip.py"
-#: The modules split from it (by job), loaded from the same commit when that commit has them, in
-#: an order in which each one's imports of the others are loaded first.
-PARTS = ("powergossip_layout", "powergossip_buffers", "powergossip_schedule")
-
-
-def _git_show(commit: str, path: str) -> Optional[str]:
-    try:
-        return subprocess.run(
-            ["git", "show", f"{commit}:{path}"],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def previous_powergossip(commit: str) -> Optional[type]:
-    """`PowerGossip` as it was at `commit` (imported beside the current one), or None without git.
-
-    Its module, and the modules split from it where `commit` has them, are loaded under private
-    names inside the package (so that their relative imports of the rest resolve as they did), and
-    their imports of one another point at each other: nothing of this tree's PowerGossip mixes in.
-    """
-    source = _git_show(commit, MODULE)
-    if source is None:
-        return None
-    folder = Path(tempfile.mkdtemp(prefix="bench_sim_"))
-    sources = {part: _git_show(commit, f"gossip_powersgd/algorithms/{part}.py") for part in PARTS}
-    sources = {part: text for part, text in sources.items() if text is not None}
-    sources["powergossip"] = source
-    module = None
-    for part, text in sources.items():
-        for other in sources:
-            text = text.replace(f"from .{other} import", f"from ._{other}_{commit} import")
-        path = folder / f"{part}_{commit}.py"
-        path.write_text(text)
-        name = f"gossip_powersgd.algorithms._{part}_{commit}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return module.PowerGossip
 
 
 def resident_mib() -> float:
@@ -248,6 +200,8 @@ def isolated(algorithm: type, model: str, steps: int, reps: int) -> Dict[str, fl
 def render(args, results: Dict[str, Any], seconds: float) -> str:
     """The results page."""
     load = os.getloadavg()
+    shapes = model_shapes("resnet20")
+    compressed = sum(4 * count_params([item]) for item in shapes if len(item[1]) >= 2)
     variants = [
         v
         for v in ("before", "free", "previous", "turns", "lanes python", "lanes", "one thread")
@@ -278,7 +232,8 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
         "Absolute times move by 2x between runs on this shared machine; the columns come from "
         "interleaved repetitions of one run.",
         "",
-        "ResNet-20-shaped random float32 parameters (269,722, 1.07 MB in compressed matrices), "
+        f"ResNet-20-shaped random float32 parameters ({count_params(shapes):,}, "
+        f"{compressed / 1e6:.2f} MB in compressed matrices), "
         "PowerGossip rank 1, one half-step per step, warm start, ring topology (degree 2), "
         "`LocalCluster` (one thread per peer). *Free threads*: `cooperative=False`, every peer "
         "thread runs whenever the GIL lets it. *Taking turns*: `cooperative=True` (the default "
