@@ -6,6 +6,7 @@ No timing assertions: only that the fields are there and that the bytes the tran
 
 import json
 
+import pytest
 import torch
 
 import topologies
@@ -16,7 +17,9 @@ from experiments.bench_gossip import (
     render_markdown,
     summarize_setting,
 )
+from experiments.bench_gossip.shapes import model_shapes
 from gossip_powersgd import LocalCluster
+from gossip_powersgd.training.models import build_model
 
 # Two compressed matrices of different shapes (one of them a conv weight) and one 1-D tensor.
 SHAPES = [("w", (8, 6)), ("conv", (4, 3, 2, 2)), ("bias", (8,))]
@@ -97,3 +100,11 @@ def test_bench_core_on_a_tiny_parameter_set():
     )
     assert "### tiny · torus:2x4 (degree 3) · backend local" in text
     assert "bytes ratio exact / PowerGossip" in text
+
+
+@pytest.mark.parametrize(
+    "model, spec", [("resnet20", "resnet20"), ("vgg16", "vgg16:bn=false"), ("vgg16_bn", "vgg16")]
+)
+def test_shapes_are_the_zoo_models_the_trainer_builds(model, spec):
+    built = build_model(spec, (3, 32, 32), 10)
+    assert model_shapes(model) == [(n, tuple(p.shape)) for n, p in built.named_parameters()]

@@ -1,4 +1,4 @@
-"""Benchmark PowerGossip (rank 1) against exact gossip on ResNet-20 and VGG-16 parameter shapes.
+"""Benchmark PowerGossip (rank 1) against exact gossip on the zoo's ResNet-20 and VGG-16 shapes.
 
     python -m experiments.bench_gossip --all            # everything -> runs/bench_gossip.md
     python -m experiments.bench_gossip --all --out experiments/results/bench_gossip.md   # the page

@@ -371,16 +371,20 @@ def render_markdown(
     L += [
         "## Parameter sets",
         "",
-        "* **resnet20** — ResNet-20 for CIFAR: conv 3→16, 3 stages × 3 basic blocks × 2 convs "
-        "(3×3, no bias; 16/32/64 channels), BatchNorm weight + bias (1-D) after each conv, "
-        "option-A (parameter-free) shortcuts, linear 64→10. "
-        f"{count_params(resnet20_shapes()):,} parameters.",
-        "* **vgg16** — VGG-16 for CIFAR-10: 13 3×3 convs (64, 64, 128, 128, 256×3, 512×6) with "
-        "biases, no BatchNorm, classifier 512→512→512→10 with biases (not the ImageNet "
-        f"512·7·7→4096→4096→1000 head). {count_params(vgg16_shapes()):,} parameters.",
-        "* **vgg16_bn** (bytes only) — the same with BatchNorm weight + bias after each conv: "
-        f"{count_params(vgg16_shapes(True)):,} parameters; its 1-D tensors are gossiped exactly "
-        "and dominate PowerGossip's message.",
+        "The shapes are read from the models of `gossip_powersgd/training/zoo.py` (the networks "
+        "the trainer builds as `resnet20`, `vgg16:bn=false` and `vgg16`), built on the meta "
+        "device for CIFAR-10 inputs (3×32×32, 10 classes).",
+        "",
+        "* **resnet20** — the zoo's ResNet-20 (the PowerGossip paper's, from Tao Lin's code): conv "
+        "3→16, 3 stages × 3 basic blocks × 2 convs (3×3, no bias; 16/32/64 channels), BatchNorm "
+        "weight + bias (1-D) after each conv, 1×1-conv + BatchNorm shortcuts where the shape "
+        f"changes, linear 64→10. {count_params(resnet20_shapes()):,} parameters.",
+        "* **vgg16** — the zoo's VGG-16 without BatchNorm (`vgg16:bn=false`): 13 3×3 convs (64, 64, "
+        "128, 128, 256×3, 512×6) with biases, classifier 512→512→512→10 with biases (not the "
+        f"ImageNet 512·7·7→4096→4096→1000 head). {count_params(vgg16_shapes()):,} parameters.",
+        "* **vgg16_bn** (bytes only) — the zoo's default VGG-16 (`vgg16`): BatchNorm weight + bias "
+        f"after each conv, convs without bias: {count_params(vgg16_shapes(True)):,} parameters; "
+        "its 1-D tensors are gossiped exactly and dominate PowerGossip's message.",
         "",
     ]
     L += [
@@ -437,6 +441,9 @@ NOTES = [
     "between ~2 and ~12 GB/s within one run. Trust ratios measured side by side (speedups from "
     "adjacent blocks, efficiencies paired with a copy in the same round) and the spread across the "
     "six settings of a model, not a single cell; ResNet-20's short half-steps are the noisiest.",
+    "* Pages made before the shapes were read from the zoo (up to commit 1de7eeb) used the "
+    "benchmark's own lists: a ResNet-20 with parameter-free (option A) shortcuts and a VGG-16 with "
+    "BatchNorm that kept its conv biases; VGG-16 without BatchNorm has the same shapes in both.",
     "* Raw numbers (every step of every peer, every block, every copy) are in the `.json` next to "
     "this file.",
 ]

@@ -1,87 +1,55 @@
-"""The benchmark's parameter sets: ResNet-20 and VGG-16 (CIFAR) shapes, and random tensors of them.
+"""The benchmark's parameter sets: the parameter shapes of the zoo's ResNet-20 and VGG-16 for
+CIFAR-10 (`gossip_powersgd.training.zoo`, the one home of those architectures), and random
+tensors of them.
 
-Only shapes: no model is built or trained, the benchmark gossips random tensors of these shapes.
+Only shapes: the models are built on the meta device (no memory, no initialisation) to read their
+parameters' names and shapes; the benchmark gossips random tensors of these shapes.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import List, Tuple
 
 MODELS = ("resnet20", "vgg16", "vgg16_bn")
+#: The inputs the parameter sets are built for: CIFAR-10 (3 x 32 x 32 images, 10 classes).
+CIFAR_INPUT, CIFAR_CLASSES = (3, 32, 32), 10
 
 Shapes = List[Tuple[str, Tuple[int, ...]]]
 
 
+@functools.lru_cache(maxsize=None)
+def _zoo_shapes(model: str) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
+    from gossip_powersgd.training.zoo import VGG16, ResNet20
+
+    if model == "resnet20":
+        module = ResNet20(CIFAR_INPUT, CIFAR_CLASSES, device="meta")
+    elif model in ("vgg16", "vgg16_bn"):
+        module = VGG16(CIFAR_INPUT, CIFAR_CLASSES, batch_norm=model == "vgg16_bn", device="meta")
+    else:
+        raise ValueError(f"unknown model {model!r}; valid: {', '.join(MODELS)}")
+    return tuple((name, tuple(p.shape)) for name, p in module.named_parameters())
+
+
 def resnet20_shapes() -> Shapes:
-    """ResNet-20 for CIFAR (He et al. 2016): conv 3->16, three stages of three basic blocks (two 3x3
-    convs each, no bias) with 16/32/64 channels, BatchNorm weight and bias (1-D) after every conv,
-    parameter-free (option A) shortcuts, linear 64->10. 0.27 M parameters."""
-    shapes: Shapes = [("conv1.weight", (16, 3, 3, 3)), ("bn1.weight", (16,)), ("bn1.bias", (16,))]
-    inputs = 16
-    for stage, channels in enumerate((16, 32, 64), start=1):
-        for block in range(3):
-            prefix = f"layer{stage}.{block}"
-            for conv in (1, 2):
-                shapes.append((f"{prefix}.conv{conv}.weight", (channels, inputs, 3, 3)))
-                shapes.append((f"{prefix}.bn{conv}.weight", (channels,)))
-                shapes.append((f"{prefix}.bn{conv}.bias", (channels,)))
-                inputs = channels
-    shapes += [("fc.weight", (10, 64)), ("fc.bias", (10,))]
-    return shapes
-
-
-VGG16_CONFIG = (
-    64,
-    64,
-    "M",
-    128,
-    128,
-    "M",
-    256,
-    256,
-    256,
-    "M",
-    512,
-    512,
-    512,
-    "M",
-    512,
-    512,
-    512,
-    "M",
-)
+    """The zoo's ResNet-20 (`zoo.ResNet20`, the PowerGossip paper's CIFAR ResNet): conv 3->16,
+    three stages of three basic blocks (two 3x3 convs each, no bias) with 16/32/64 channels,
+    BatchNorm weight and bias (1-D) after every conv, 1x1-conv + BatchNorm shortcuts where the shape
+    changes, linear 64->10. 0.27 M parameters."""
+    return list(_zoo_shapes("resnet20"))
 
 
 def vgg16_shapes(batch_norm: bool = False) -> Shapes:
-    """VGG-16 for CIFAR-10: 13 3x3 convs 64..512 with biases, then the classifier 512->512->512->10
-    with biases (the 32x32 input is 1x1 after five poolings). 15.2 M parameters. With batch_norm,
-    a BatchNorm weight and bias (1-D) after every conv."""
-    shapes: Shapes = []
-    inputs, index = 3, 0
-    for item in VGG16_CONFIG:
-        if item == "M":
-            continue
-        shapes.append((f"features.{index}.weight", (item, inputs, 3, 3)))
-        shapes.append((f"features.{index}.bias", (item,)))
-        if batch_norm:
-            shapes.append((f"features.{index}.bn.weight", (item,)))
-            shapes.append((f"features.{index}.bn.bias", (item,)))
-        inputs, index = item, index + 1
-    for k, (fan_in, fan_out) in enumerate(((512, 512), (512, 512), (512, 10))):
-        shapes.append((f"classifier.{k}.weight", (fan_out, fan_in)))
-        shapes.append((f"classifier.{k}.bias", (fan_out,)))
-    return shapes
+    """The zoo's VGG-16 for CIFAR-10 (`zoo.VGG16`): 13 3x3 convs 64..512, then the classifier
+    512->512->512->10 with biases (the 32x32 input is 1x1 after five poolings). 15.2 M parameters.
+    Without batch_norm the convs have biases; with it, a BatchNorm weight and bias (1-D) follow
+    every conv and the convs have none."""
+    return list(_zoo_shapes("vgg16_bn" if batch_norm else "vgg16"))
 
 
 def model_shapes(model: str) -> Shapes:
     """The named parameter set's (name, shape) list."""
-    if model == "resnet20":
-        return resnet20_shapes()
-    if model == "vgg16":
-        return vgg16_shapes()
-    if model == "vgg16_bn":
-        return vgg16_shapes(batch_norm=True)
-    raise ValueError(f"unknown model {model!r}; valid: {', '.join(MODELS)}")
+    return list(_zoo_shapes(model))
 
 
 def make_params(shapes: Shapes, rank: int, seed: int = 0):
