@@ -1,4 +1,5 @@
-"""Smoke test of experiments/bench_gossip.py: its core on a tiny parameter set, 2 steps, LocalCluster.
+"""Smoke test of experiments/bench_gossip.py: its core on a tiny parameter set, 2 steps, LocalCluster;
+its --before path (an earlier commit's PowerGossip beside this tree's); its shapes come from the zoo.
 
 No timing assertions: only that the fields are there and that the bytes the transport counted equal
 `bytes_per_step()` and the message-size formula.
@@ -17,9 +18,14 @@ from experiments.bench_gossip import (
     render_markdown,
     summarize_setting,
 )
+from experiments.bench_gossip.measure import block_order, compare_params
 from experiments.bench_gossip.shapes import model_shapes
+from experiments.commit_code import previous_powergossip
 from gossip_powersgd import LocalCluster
 from gossip_powersgd.training.models import build_model
+
+# The commit before Architecture II touched algorithms/ (what the committed page compares with).
+BEFORE = "6df8d52"
 
 # Two compressed matrices of different shapes (one of them a conv weight) and one 1-D tensor.
 SHAPES = [("w", (8, 6)), ("conv", (4, 3, 2, 2)), ("bias", (8,))]
@@ -100,6 +106,108 @@ def test_bench_core_on_a_tiny_parameter_set():
     )
     assert "### tiny · torus:2x4 (degree 3) · backend local" in text
     assert "bytes ratio exact / PowerGossip" in text
+
+
+def _has_history() -> bool:
+    return previous_powergossip(BEFORE, helpers=True) is not None
+
+
+@pytest.mark.skipif(not _has_history(), reason=f"needs a clone with commit {BEFORE}")
+def test_before_runs_the_earlier_commits_powergossip_beside_this_trees():
+    torch.set_num_threads(1)
+    cfg = BenchConfig(
+        model="tiny",
+        topology="ring:4",
+        backend="local",
+        steps=8,
+        reps=4,  # four blocks of 2 steps: batched and before each come first after the copy twice
+        naive=False,
+        exact_steps=1,
+        warmup=0,
+        concurrent_copy_mb=1,
+        isolated_copy_mb=1,
+        shapes=SHAPES,
+        before=BEFORE,
+    )
+    topology = topologies.parse(cfg.topology)
+    peers = LocalCluster(topology, timeout=60).run(peer_benchmark, cfg)
+    s = summarize_setting(cfg, peers, isolated_benchmark(cfg, topology))
+    s["seconds"] = 0.0
+    json.dumps(peers)
+    b = s["before"]
+    assert b["commit"] == BEFORE
+    # The earlier commit's modules, not this tree's: its powergossip.py and the helpers it imports.
+    assert {"powergossip", "kernels", "lowrank"} <= set(b["modules"])
+    assert b["bytes_equal"] is True
+    assert s["variants"]["before"]["bytes"] == s["variants"]["batched"]["bytes"]
+    # Architecture II moved and renamed PowerGossip's code without changing an operation: after 8
+    # steps on ring:4 every peer's parameters have the same bits as 6df8d52's.
+    assert b["identical"] is True and b["max_difference"] == 0.0
+    assert set(b["ratio"]) == {"compute", "total"} and all(r > 0 for r in b["ratio"].values())
+    assert s["isolated"]["before_ratio"] > 0
+    page = render_markdown(
+        "python -m experiments.bench_gossip (test)",
+        [{"summary": s, "raw": {}}],
+        {
+            "cpu": "test",
+            "cores": 1,
+            "memory": "?",
+            "load_average": None,
+            "python": "3",
+            "torch": torch.__version__,
+            "torch_default_threads": 1,
+            "mpi": "none",
+        },
+        None,
+        "today",
+        0.0,
+    )
+    assert f"## This tree's PowerGossip against `{BEFORE}`'s, in the same run" in page
+    assert "| tiny · ring:4 · local | " in page
+    assert "final parameters bit-identical in all settings: yes." in page
+    assert f"PowerGossip r=1 batched, `{BEFORE}`" in page
+
+
+def test_before_through_the_cli_and_a_bad_commit(tmp_path):
+    from experiments.bench_gossip import run
+
+    with pytest.raises(ValueError, match="--before no-such-commit: cannot read"):
+        run(["--model", "resnet20", "--before", "no-such-commit"])
+    with pytest.raises(ValueError, match="drop --bytes-only"):
+        run(["--model", "resnet20", "--bytes-only", "--before", BEFORE])
+    if not _has_history():
+        return
+    out = tmp_path / "page.md"
+    argv = ["--model", "resnet20", "--topology", "ring:4", "--steps", "2", "--reps", "1"]
+    assert run([*argv, "--no-isolated", "--before", BEFORE, "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "| resnet20 · ring:4 · local | " in page
+    assert "final parameters bit-identical in all settings: yes." in page
+    raw = json.loads(out.with_suffix(".json").read_text())
+    assert raw["settings"][0]["before"]["identical"] is True
+
+
+def test_block_order_puts_batched_and_before_first_equally_often():
+    names = ["batched", "before", "naive"]
+    orders = [block_order(names, rep) for rep in range(4)]
+    assert [o[0] for o in orders].count("batched") == [o[0] for o in orders].count("before") == 1
+    positions = {n: sum(o.index(n) for o in orders) for n in names}
+    assert positions["batched"] == positions["before"]
+    # Without "before", the A B, B A alternation of the earlier pages.
+    assert [block_order(["batched", "naive"], rep) for rep in range(3)] == [
+        ["batched", "naive"],
+        ["naive", "batched"],
+        ["batched", "naive"],
+    ]
+
+
+def test_compare_params_is_bitwise():
+    a = [torch.tensor([0.0, 1.0]), torch.ones(2, 2)]
+    assert compare_params(a, [t.clone() for t in a]) == {"identical": True, "max_difference": 0.0}
+    b = [torch.tensor([-0.0, 1.0]), torch.ones(2, 2)]  # equal as numbers, not as bits
+    assert compare_params(a, b) == {"identical": False, "max_difference": 0.0}
+    c = [torch.tensor([0.0, 1.0]), torch.full((2, 2), 1.5)]
+    assert compare_params(a, c) == {"identical": False, "max_difference": 0.5}
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from gossip_powersgd.launch import launched_by_mpiexec, main_guard, mpi_world, run_peers
 from gossip_powersgd.utils import atomic_write
 
-from .measure import BenchConfig, even_steps, isolated_benchmark, kernel_benchmark, peer_benchmark
+from .measure import (
+    BenchConfig,
+    before_powergossip,
+    even_steps,
+    isolated_benchmark,
+    kernel_benchmark,
+    peer_benchmark,
+)
 from .record import machine_description, raw_json
 from .report import render_kernels, render_markdown
 from .shapes import MODELS
@@ -69,6 +76,7 @@ def _configs(args) -> List[BenchConfig]:
                     bytes_only=args.bytes_only,
                     exact_steps=EXACT_STEPS[model],
                     warmup=WARMUP_STEPS[model],
+                    before=args.before,
                 )
             )
     return out
@@ -207,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bytes-only", action="store_true", help="2 steps, bytes only (no timing)")
     p.add_argument("--kernels", action="store_true", help="only the kernel diagnosis")
     p.add_argument(
+        "--before",
+        metavar="COMMIT",
+        help="also time COMMIT's PowerGossip (batched, with its own algorithms/ helper modules, "
+        "read with git) in blocks interleaved with this tree's, and compare bytes and final "
+        "parameters (a section of the page; with --all on both backends)",
+    )
+    p.add_argument(
         "--out",
         help="write the markdown here (and the raw numbers next to it as .json); "
         "default: print it (with --all: runs/bench_gossip.md; the committed "
@@ -274,6 +289,7 @@ def drive_all(args, command: str) -> int:
     extra = [
         *(["--steps", str(args.steps)] if args.steps else []),
         *(["--reps", str(args.reps)] if args.reps else []),
+        *(["--before", args.before] if args.before else []),
     ]
     with tempfile.TemporaryDirectory(prefix="bench_gossip.") as tmpdir:
         tmp = Path(tmpdir)
@@ -325,6 +341,10 @@ def run(argv: Optional[List[str]] = None) -> int:
         )
     if args.reps is not None and args.reps < 1:
         raise ValueError(f"--reps must be >= 1, got {args.reps}")
+    if args.before is not None:
+        if args.bytes_only or args.kernels:
+            raise ValueError("--before times two PowerGossips: drop --bytes-only / --kernels")
+        before_powergossip(args.before)  # a one-line error now, before any peer starts
     if args.all:
         if launched_by_mpiexec():
             raise ValueError("--all launches mpiexec by itself: run it without mpiexec")

@@ -60,6 +60,18 @@ def copy_bandwidth(megabytes: int, rounds: int = 1, buffers=None) -> List[float]
     return out
 
 
+def block_order(names: Sequence[str], rep: int) -> List[str]:
+    """The variants' order in repetition `rep`: alternating (A B, B A, ...) so that drift of the
+    shared machine cancels; with a "before" variant, "batched" and "before" also swap places every
+    second pair of repetitions, so each of the two is the first block after the copy (cold caches)
+    as often as the other."""
+    order = list(names) if rep % 2 == 0 else list(names)[::-1]
+    if "before" in order and (rep // 2) % 2 == 1:
+        i, j = order.index("batched"), order.index("before")
+        order[i], order[j] = order[j], order[i]
+    return order
+
+
 def run_block(algorithm, comm: Comm, steps: int) -> Dict[str, Any]:
     """`steps` gossip steps; per step: side, bytes counted by the transport and by the formula, and
     the algorithm's accumulator deltas (total, communication)."""
@@ -107,6 +119,10 @@ class BenchConfig:
     isolated: bool = True
     bytes_only: bool = False
     shapes: Optional[Shapes] = None  # overrides `model` (tests use a tiny parameter set)
+    # A commit whose PowerGossip (with its own helper modules, `experiments.commit_code`) runs as
+    # one more variant, "before", batched, in blocks interleaved with this tree's: old and new
+    # timed side by side in one run, and their final parameters compared bit for bit.
+    before: Optional[str] = None
 
     def parameter_shapes(self) -> Shapes:
         """The shapes to gossip: `shapes` if given, else the model's."""
@@ -140,12 +156,15 @@ def peer_benchmark(comm: Comm, cfg: BenchConfig) -> Dict[str, Any]:
     del exact, exact_params
 
     variants = {"batched": True}
+    if cfg.before is not None and not cfg.bytes_only:
+        variants["before"] = True
     if cfg.naive and not cfg.bytes_only:
         variants["naive"] = False
     gossips = {}
     for name, batched in variants.items():
         params = [t.clone() for t in base]
-        gossips[name] = PowerGossip(params, comm, rank=cfg.rank, batch_neighbors=batched)
+        algorithm = before_powergossip(cfg.before) if name == "before" else PowerGossip
+        gossips[name] = algorithm(params, comm, rank=cfg.rank, batch_neighbors=batched)
     del base
     first = gossips["batched"]
     out["compressed_fraction"] = first.compressed_fraction
@@ -178,11 +197,47 @@ def peer_benchmark(comm: Comm, cfg: BenchConfig) -> Dict[str, Any]:
     for rep in range(cfg.reps):
         comm.barrier()  # every peer copies at the same time: the bandwidth each gets in this setting
         out["bandwidth_concurrent"] += copy_bandwidth(cfg.concurrent_copy_mb, 1, copy_buffers)
-        order = names if rep % 2 == 0 else names[::-1]
-        for name in order:
+        for name in block_order(names, rep):
             comm.barrier()
             out["variants"][name].append(run_block(gossips[name], comm, cfg.block))
+    if "before" in gossips:
+        from experiments.commit_code import loaded_modules
+
+        out["before"] = compare_params(gossips["batched"].params, gossips["before"].params)
+        out["before"]["modules"] = loaded_modules(cfg.before)
     return out
+
+
+def before_powergossip(commit: str) -> type:
+    """`commit`'s PowerGossip with its own helper modules (loaded once per process); a one-line
+    error when it cannot be read."""
+    from experiments.commit_code import previous_powergossip
+
+    algorithm = previous_powergossip(commit, helpers=True)
+    if algorithm is None:
+        raise ValueError(
+            f"--before {commit}: cannot read gossip_powersgd/algorithms/powergossip.py at that "
+            "commit with git; name a commit of this repository's history (run from a clone)"
+        )
+    return algorithm
+
+
+def compare_params(new: Sequence[Any], old: Sequence[Any]) -> Dict[str, Any]:
+    """Whether two parameter lists are bit-identical (their bytes, so -0.0 differs from 0.0 and
+    NaNs compare by payload), and their largest absolute difference."""
+    import torch
+
+    def raw(t):
+        return t.detach().contiguous().view(-1).view(torch.uint8)
+
+    identical = len(new) == len(old) and all(
+        a.shape == b.shape and a.dtype == b.dtype and torch.equal(raw(a), raw(b))
+        for a, b in zip(new, old)
+    )
+    difference = max(
+        (float((a - b).abs().max()) for a, b in zip(new, old) if a.numel()), default=0.0
+    )
+    return {"identical": identical, "max_difference": difference}
 
 
 def isolated_benchmark(cfg: BenchConfig, topology: AnyTopology) -> Dict[str, Any]:
@@ -194,9 +249,15 @@ def isolated_benchmark(cfg: BenchConfig, topology: AnyTopology) -> Dict[str, Any
 
     comm = loopback_communicator(topology, 0)
     base = make_params(cfg.parameter_shapes(), 0)
-    variants = {"batched": True, **({"naive": False} if cfg.naive else {})}
+    variants = {"batched": True}
+    if cfg.before is not None:
+        variants["before"] = True
+    if cfg.naive:
+        variants["naive"] = False
     gossips = {
-        name: PowerGossip([t.clone() for t in base], comm, rank=cfg.rank, batch_neighbors=b)
+        name: (before_powergossip(cfg.before) if name == "before" else PowerGossip)(
+            [t.clone() for t in base], comm, rank=cfg.rank, batch_neighbors=b
+        )
         for name, b in variants.items()
     }
     del base
@@ -221,7 +282,7 @@ def isolated_benchmark(cfg: BenchConfig, topology: AnyTopology) -> Dict[str, Any
     names = list(gossips)
     for rep in range(cfg.reps):
         out["bandwidth"] += copy_bandwidth(cfg.isolated_copy_mb, 1, (src, dst))
-        for name in names if rep % 2 == 0 else names[::-1]:
+        for name in block_order(names, rep):
             out["variants"][name].append(run_block(gossips[name], comm, cfg.block))
     return out
 

@@ -33,9 +33,15 @@ def _yes(b: bool) -> str:
     return "yes" if b else "**NO**"
 
 
+def _variant_label(s: Dict[str, Any], name: str) -> str:
+    if name == "before":
+        return f"PowerGossip r=1 batched, `{s['before']['commit']}`"
+    return f"PowerGossip r=1 {name}"
+
+
 def render_setting(s: Dict[str, Any]) -> List[str]:
     names = list(s["variants"])
-    head = ["", "exact gossip"] + [f"PowerGossip r=1 {n}" for n in names]
+    head = ["", "exact gossip"] + [_variant_label(s, n) for n in names]
     L = [f"### {s['model']} · {s['topology']} (degree {s['degree']}) · backend {s['backend']}", ""]
     L.append(
         f"{s['params']:,} parameters, {s['compressed_fraction'] * 100:.2f} % of them in "
@@ -92,12 +98,22 @@ def render_setting(s: Dict[str, Any]) -> List[str]:
             + " | ".join(_pct(v.get("efficiency_in_situ")) for v in vs)
             + " |"
         )
-        if "speedup" in s:
-            sp = s["speedup"]
-            L.append(
-                f"| naive / batched: compute, step time | – | "
-                f"**{sp['compute']:.2f}×**, {sp['total']:.2f}× | |"
-            )
+        for key, label, cell in (
+            (
+                "speedup",
+                "naive / batched: compute, step time",
+                lambda r: f"**{r['compute']:.2f}×**, {r['total']:.2f}×",
+            ),
+            (
+                "before",
+                "this tree / `{}`: compute, step time",
+                lambda r: f"**{r['ratio']['compute']:.2f}×**, {r['ratio']['total']:.2f}×",
+            ),
+        ):
+            if key in s:
+                cells = [cell(s[key]) if n == "batched" else "" for n in names]
+                commit = s.get("before", {}).get("commit")
+                L.append(f"| {label.format(commit)} | – | " + " | ".join(cells) + " |")
     L.append("")
     return L
 
@@ -129,6 +145,74 @@ def render_isolated_table(summaries: List[Dict[str, Any]]) -> List[str]:
             )
         )
     L.append("")
+    return L
+
+
+def render_before(summaries: List[Dict[str, Any]]) -> List[str]:
+    """This tree's PowerGossip against an earlier commit's, setting by setting, and the spans."""
+    rows = [s for s in summaries if "before" in s]
+    if not rows:
+        return []
+    commit = rows[0]["before"]["commit"]
+    L = [
+        f"## This tree's PowerGossip against `{commit}`'s, in the same run",
+        "",
+        f"`{commit}`'s PowerGossip, `powergossip.py` with the `algorithms/` modules it imports ("
+        + ", ".join(f"`{m}.py`" for m in rows[0]["before"]["modules"])
+        + " in all), is read with `git show` and imported beside this tree's "
+        "(`experiments/commit_code.py`), so both run on this tree's transports, in the same "
+        "processes, on the same parameters, batched (`batch_neighbors=True`), in interleaved "
+        "blocks (order alternating, and the two swap places every second pair of blocks), after "
+        "the same warm-up. Ratios are this tree's time over "
+        f"`{commit}`'s (below 1: this tree is faster), medians over adjacent block pairs; the "
+        "isolated ratio is the same for peer 0 alone on the loopback transport (no waiting for "
+        "a core). Bytes: every step of every peer compared. Parameters: every peer's final "
+        "tensors compared byte for byte after the same steps.",
+        "",
+        f"| model · topology · backend | bytes / step, `{commit}` = this tree | compute ms / "
+        f"step, `{commit}` → this tree | this tree / `{commit}`: compute, step time | isolated: "
+        f"compute ms `{commit}` → this tree, ratio | final parameters bit-identical |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in rows:
+        b, o = s["before"], s["variants"]["before"]
+        new = s["variants"]["batched"]
+        iso = s.get("isolated", {})
+        iso_cell = "–"
+        if "before_ratio" in iso:
+            iv = iso["variants"]
+            iso_cell = (
+                f"{_ms(iv['before']['all']['compute'])} → {_ms(iv['batched']['all']['compute'])}, "
+                f"**{iso['before_ratio']:.2f}×**"
+            )
+        same = "yes" if b["identical"] else f"**no** (largest difference {b['max_difference']:.1e})"
+        L.append(
+            f"| {s['model']} · {s['topology']} · {s['backend']} | "
+            f"{_mb(o['bytes'])} = {_mb(new['bytes'])}: {_yes(b['bytes_equal'])} | "
+            f"{_ms(o['compute'])} → {_ms(new['compute'])} | "
+            f"**{b['ratio']['compute']:.2f}×**, {b['ratio']['total']:.2f}× | {iso_cell} | {same} |"
+        )
+    fmt = lambda x: f"{x:.2f}×"  # noqa: E731
+    compute = [s["before"]["ratio"]["compute"] for s in rows]
+    total = [s["before"]["ratio"]["total"] for s in rows]
+    isolated = [
+        s["isolated"]["before_ratio"] for s in rows if "before_ratio" in s.get("isolated", {})
+    ]
+    L += [
+        "",
+        f"Over the {len(rows)} setting{'s' if len(rows) > 1 else ''}, this tree / `{commit}`: compute per step "
+        f"{_span(compute, fmt)} (median {fmt(_median(compute))}), step time {_span(total, fmt)} "
+        f"(median {fmt(_median(total))})"
+        + (
+            f", isolated compute {_span(isolated, fmt)} (median {fmt(_median(isolated))})"
+            if isolated
+            else ""
+        )
+        + f". Bytes equal at every step of every peer in all settings: "
+        f"{_yes(all(s['before']['bytes_equal'] for s in rows))}; final parameters bit-identical "
+        f"in all settings: {_yes(all(s['before']['identical'] for s in rows))}.",
+        "",
+    ]
     return L
 
 
@@ -368,6 +452,7 @@ def render_markdown(
     ]
     L += ["## Targets", ""] + targets(summaries)
     L += ["## What limits the numbers (measured)", ""] + findings(summaries, kernels)
+    L += render_before(timed)
     L += [
         "## Parameter sets",
         "",

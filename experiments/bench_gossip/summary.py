@@ -89,9 +89,34 @@ def summarize_setting(
         s["speedup"] = {
             k: _median([y[k] / x[k] for x, y in zip(b, nv)]) for k in ("compute", "total")
         }
+    if "before" in s["variants"]:
+        s["before"] = summarize_before(cfg, peers, s["variants"])
     if isolated is not None:
         s["isolated"] = summarize_isolated(isolated)
     return s
+
+
+def summarize_before(
+    cfg: BenchConfig, peers: List[Dict[str, Any]], variants: Dict[str, Any]
+) -> Dict[str, Any]:
+    """`cfg.before`'s PowerGossip against this tree's (both batched, interleaved blocks): time
+    ratios new / old, medians over adjacent block pairs; whether every peer sent the same bytes
+    at every step; whether every peer's final parameters are bit-identical."""
+    new, old = variants["batched"]["reps"], variants["before"]["reps"]
+
+    def sent(p, name):
+        return [st["bytes"] for b in p["variants"][name] for st in b["steps"]]
+
+    return {
+        "commit": cfg.before,
+        "modules": peers[0]["before"]["modules"],
+        "ratio": {
+            k: _median([x[k] / y[k] for x, y in zip(new, old)]) for k in ("compute", "total")
+        },
+        "bytes_equal": all(sent(p, "batched") == sent(p, "before") for p in peers),
+        "identical": all(p["before"]["identical"] for p in peers),
+        "max_difference": max(p["before"]["max_difference"] for p in peers),
+    }
 
 
 def summarize_isolated(iso: Dict[str, Any]) -> Dict[str, Any]:
@@ -111,6 +136,11 @@ def summarize_isolated(iso: Dict[str, Any]) -> Dict[str, Any]:
             effs = [3 * c / (t * bw * 1e9) for t, bw in zip(times, iso["bandwidth"])]
             v[key] = {"compute": _median(times), "efficiency": _median(effs)}
         out["variants"][name] = v
+    if "before" in out["variants"]:  # this tree's compute / the earlier commit's, per block pair
+        b, old = iso["variants"]["batched"], iso["variants"]["before"]
+        out["before_ratio"] = _median(
+            [_block_means(x)["compute"] / _block_means(y)["compute"] for x, y in zip(b, old)]
+        )
     if "naive" in out["variants"]:
         b, nv = iso["variants"]["batched"], iso["variants"]["naive"]
         out["speedup"] = _median(
