@@ -1,4 +1,5 @@
-"""Parsing the one-line spellings ("specs") of algorithms, compressors, datasets and models.
+"""Parsing the one-line spellings ("specs") of algorithms, compressors, datasets, models and
+data partitions.
 
 The grammar itself lives in `topologies.grammar` (the lowest layer, so that topologies parse through
 the same code; its docstring says why) and is re-exported here: `Spec`, `parse_spec`,
@@ -19,7 +20,7 @@ the name, which keeps its case). Topologies use ':' between positional fields
 
 Every malformed spec of every kind fails with one line in one style, ``<what> '<spec>': <problem>``,
 where `what` is ``"algorithm spec"``, ``"compressor spec"``, ``"topology spec"``,
-``"dataset spec"`` or ``"model spec"``: unbalanced brackets, an empty item, a repeated key, an
+``"dataset spec"``, ``"model spec"`` or ``"partition spec"``: unbalanced brackets, an empty item, a repeated key, an
 unknown option, an unknown name. This module adds what the kinds above topologies share:
 `split_spec` (options only), `parse_options` / `typed_options` (typed options), the value
 parsers (`parse_bool`, `parse_typed`, `parse_seed`, ...) and bring-your-own imports

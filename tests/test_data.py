@@ -230,6 +230,11 @@ def test_dirichlet_alpha_keyword_spelling():
     labels = balanced_labels(200, 4)
     a, b = partition(labels, 4, "dirichlet:0.3", 9), partition(labels, 4, "dirichlet:alpha=0.3", 9)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    # The grammar's spellings of the same split: spaces, case, the value in brackets.
+    for spec in (" Dirichlet : 0.3 ", "dirichlet:[0.3]", "dirichlet:alpha=[0.3]"):
+        assert all(np.array_equal(x, y) for x, y in zip(a, partition(labels, 4, spec, 9)))
+    c, d = partition(labels, 4, "shards:2", 9), partition(labels, 4, "shards:k=2", 9)
+    assert all(np.array_equal(x, y) for x, y in zip(c, d))
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
@@ -256,6 +261,18 @@ def test_shards_limit_labels_per_peer(k):
         (100, 4, "shards:1.5", "k must be an integer"),
         (100, 4, "pathological", "valid: iid, dirichlet"),
         (100, 4, "iid:3", "iid takes no argument; write 'iid'"),
+        (100, 4, "local:3", "local takes no argument; write 'local'"),
+        # The one spec grammar and its error style: one value, named or positional, no other key.
+        (
+            100,
+            4,
+            "dirichlet:0.5,0.3",
+            "^partition spec 'dirichlet:0.5,0.3': takes one value, alpha",
+        ),
+        (100, 4, "dirichlet:0.5,alpha=0.3", "takes one value, alpha; write it like dirichlet:0.5"),
+        (100, 4, "dirichlet:beta=1", "^partition spec 'dirichlet:beta=1': unknown option 'beta'"),
+        (100, 4, "shards:k=2,k=3", "option 'k' is given twice"),
+        (100, 4, "shards:[2", "unbalanced square brackets"),
         (100, 0, "iid", "positive integer"),
     ],
 )

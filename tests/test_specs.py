@@ -315,6 +315,12 @@ def _dataset(spec):
     return load_dataset(spec, seed=0)
 
 
+def _partition(spec):
+    from gossip_powersgd.training.data import partition
+
+    return partition(np.arange(40) % 4, 4, spec, seed=0)
+
+
 #: One well-formed spec per kind, as (what its errors call it, parser, name, separator, items).
 _KINDS = [
     ("algorithm spec", registry.algorithm_kwargs, "powergossip", ",", ["rank=1", "seed=2"]),
@@ -322,6 +328,7 @@ _KINDS = [
     ("topology spec", topologies.parse, "small_world", ":", ["16", "4", "0.2"]),
     ("dataset spec", _dataset, "synthetic_logreg", ",", ["d=5", "n=100"]),
     ("model spec", _model, "mlp", ",", ["8", "4"]),
+    ("partition spec", _partition, "dirichlet", ",", ["alpha=0.5"]),
 ]
 
 

@@ -1,14 +1,14 @@
 """The one spec grammar: how every one-line spelling (a "spec") of the project is cut into parts.
 
-Algorithms, compressors, datasets, models (``gossip_powersgd.specs`` re-exports this module) and
-topologies (``topologies.parse``) all parse their specs here::
+Algorithms, compressors, datasets, models, data partitions (``gossip_powersgd.specs`` re-exports
+this module) and topologies (``topologies.parse``) all parse their specs here::
 
     spec     := name [":" item (SEP item)*]
     item     := key "=" value | value          (positional values first, by convention)
     value    := text without a top-level SEP | "[" any text, brackets balanced "]"
     name     := word | module.path ":" attribute      (bring-your-own: "pkg.mod:fn")
 
-SEP is ``,`` for algorithms, compressors, datasets and models (``"topk:0.01"``,
+SEP is ``,`` for algorithms, compressors, datasets, models and partitions (``"topk:0.01"``,
 ``"synthetic_logreg:d=5,n=1000"``, ``"mlp:100,100"``, ``"choco:compressor=[randomk:0.1,seed=3]"``)
 and ``:`` for a topology's positional fields (``"small_world:16:4:0.2"``, ``"random_regular:8:3"``;
 ``cyclic:`` lists its member specs with ``,``: ``"cyclic:ring:8,star:8"``). Square brackets hold a

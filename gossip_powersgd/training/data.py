@@ -52,11 +52,11 @@ import torch
 from ..specs import (
     Spec,
     UserCodeExit,
+    check_options,
     accepts,
     import_object,
     parse_spec,
     spec_error,
-    split_name,
     typed_options,
     unknown_name,
     user_code,
@@ -95,6 +95,13 @@ DATASET_NAMES = (
 PARTITION_NAMES = ("iid", "dirichlet:<alpha>", "shards:<k>", "contiguous", "local")
 #: The partition whose data is never split by us: each peer's function call returns its own.
 LOCAL_PARTITION = "local"
+#: What a partition spec is called in its errors (the one error style, `specs.spec_error`).
+PARTITION_WHAT = "partition spec"
+#: The partitions that take one number: its name, type and an example spec.
+_PARTITION_NUMBER = {
+    "dirichlet": ("alpha", float, "dirichlet:0.5"),
+    "shards": ("k", int, "shards:2"),
+}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -554,55 +561,63 @@ def partition(labels, num_peers: int, spec: str, seed: int) -> list[np.ndarray]:
             f"use at most {n} peers or a larger dataset"
         )
 
-    head, arg = split_name(spec)
-    if spec == LOCAL_PARTITION:
+    parsed = parse_spec(spec, PARTITION_WHAT, imports=False)  # the one spec grammar
+    head = parsed.name
+    if head in _PARTITION_NUMBER:
+        value = _partition_number(spec, parsed)
+    elif head in ("iid", "contiguous", LOCAL_PARTITION) and (parsed.positional or parsed.options):
+        raise spec_error(PARTITION_WHAT, spec, f"{head} takes no argument; write {head!r}")
+    if head == LOCAL_PARTITION:
         raise ValueError(
             "partition: local has no global split to compute: each peer's dataset "
             "function returns its own data (load_peer_dataset)"
         )
     rng = np.random.default_rng(np.random.PCG64(seed))
-    if head == "iid" and arg is None:
+    if head == "iid":
         parts = np.array_split(rng.permutation(n), num_peers)
-    elif head == "contiguous" and arg is None:
+    elif head == "contiguous":
         parts = np.array_split(np.arange(n), num_peers)
     elif head == "dirichlet":
-        alpha = _number_arg(spec, arg, float, "alpha", "dirichlet:0.5")
-        if not np.isfinite(alpha) or alpha <= 0:
-            raise ValueError(
-                f"partition spec {spec!r}: Dirichlet alpha must be > 0 (e.g. dirichlet:0.5; "
-                f"smaller is more skewed)"
+        if not np.isfinite(value) or value <= 0:
+            raise spec_error(
+                PARTITION_WHAT,
+                spec,
+                "Dirichlet alpha must be > 0 (e.g. dirichlet:0.5; smaller is more skewed)",
             )
-        parts = _dirichlet(labels, num_peers, alpha, rng)
+        parts = _dirichlet(labels, num_peers, value, rng)
     elif head == "shards":
-        k = _number_arg(spec, arg, int, "k", "shards:2")
-        if k < 1:
-            raise ValueError(
-                f"partition spec {spec!r}: shards per peer k must be >= 1 (e.g. shards:2)"
+        if value < 1:
+            raise spec_error(PARTITION_WHAT, spec, "shards per peer k must be >= 1 (e.g. shards:2)")
+        if num_peers * value > n:
+            raise spec_error(
+                PARTITION_WHAT,
+                spec,
+                f"{num_peers} peers x {value} shards = {num_peers * value} shards but only "
+                f"{n} samples; use fewer peers or a smaller k",
             )
-        if num_peers * k > n:
-            raise ValueError(
-                f"partition spec {spec!r}: {num_peers} peers x {k} shards = {num_peers * k} shards "
-                f"but only {n} samples; use fewer peers or a smaller k"
-            )
-        parts = _shards(labels, num_peers, k, rng)
+        parts = _shards(labels, num_peers, value, rng)
     else:
-        if head.lower() in ("iid", "contiguous"):
-            raise spec_error("partition spec", spec, f"{head} takes no argument; write {head!r}")
-        raise unknown_name("partition spec", spec, head, PARTITION_NAMES)
+        raise unknown_name(PARTITION_WHAT, spec, head, PARTITION_NAMES)
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
 
-def _number_arg(spec: str, arg: str | None, kind: type, name: str, example: str):
-    """The number after the colon of ``"dirichlet:0.5"``; ``"dirichlet:alpha=0.5"`` also works."""
-    if arg is None or arg == "":
-        raise ValueError(f"partition spec {spec!r}: missing {name}, write it like {example}")
-    text = arg.split("=", 1)[1] if arg.startswith(f"{name}=") else arg
+def _partition_number(spec: str, parsed: Spec):
+    """The one number of ``"dirichlet:0.5"`` / ``"shards:2"``, given positionally or by its name
+    (``"dirichlet:alpha=0.5"``), converted and checked to be there exactly once."""
+    name, kind, example = _PARTITION_NUMBER[parsed.name]
+    check_options(parsed, (name,), PARTITION_WHAT, spec)
+    values = [*parsed.positional, *parsed.options.values()]
+    if not values:
+        raise spec_error(PARTITION_WHAT, spec, f"missing {name}, write it like {example}")
+    if len(values) > 1:
+        raise spec_error(PARTITION_WHAT, spec, f"takes one value, {name}; write it like {example}")
     try:
-        return kind(text)
+        return kind(values[0])
     except ValueError:
-        raise ValueError(
-            f"partition spec {spec!r}: {name} must be a{'n integer' if kind is int else ' number'},"
-            f" write it like {example}"
+        raise spec_error(
+            PARTITION_WHAT,
+            spec,
+            f"{name} must be a{'n integer' if kind is int else ' number'}, write it like {example}",
         ) from None
 
 
