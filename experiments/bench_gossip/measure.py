@@ -201,7 +201,7 @@ def peer_benchmark(comm: Comm, cfg: BenchConfig) -> Dict[str, Any]:
             comm.barrier()
             out["variants"][name].append(run_block(gossips[name], comm, cfg.block))
     if "before" in gossips:
-        from experiments.commit_code import loaded_modules
+        from ..commit_code import loaded_modules
 
         out["before"] = compare_params(gossips["batched"].params, gossips["before"].params)
         out["before"]["modules"] = loaded_modules(cfg.before)
@@ -211,7 +211,7 @@ def peer_benchmark(comm: Comm, cfg: BenchConfig) -> Dict[str, Any]:
 def before_powergossip(commit: str) -> type:
     """`commit`'s PowerGossip with its own helper modules (loaded once per process); a one-line
     error when it cannot be read."""
-    from experiments.commit_code import previous_powergossip
+    from ..commit_code import previous_powergossip
 
     algorithm = previous_powergossip(commit, helpers=True)
     if algorithm is None:
