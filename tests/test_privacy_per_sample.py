@@ -78,6 +78,34 @@ def strided_conv_model():
     )
 
 
+class SharedConv(nn.Module):
+    """One Conv1d used twice (its uses add positions), then a Conv1d whose weight is frozen
+    (its bias alone is clipped)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(2, 2, 3, padding=1)
+        self.bias_only = nn.Conv1d(2, 3, 2, stride=2)
+        self.bias_only.weight.requires_grad_(False)
+        self.head = nn.Linear(9, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.conv(torch.tanh(self.conv(x.view(len(x), 2, 6)))))
+        return self.head(torch.tanh(self.bias_only(h)).flatten(1))
+
+
+class PooledConv(nn.Module):
+    """Conv1d over inputs of any length, averaged over positions: examples of 12 or 10 numbers."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(2, 3, 3, padding=1)
+        self.head = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.conv(x.view(len(x), 2, -1))).mean(2))
+
+
 def conv2d_model():
     """Conv2d has no ghost rule: the vmap engine takes it."""
     return nn.Sequential(
@@ -116,6 +144,8 @@ CASES = {
     "conv_norms": conv_model,
     "strided_conv": strided_conv_model,
     "conv2d": conv2d_model,
+    "shared_conv": SharedConv,
+    "pooled_conv": PooledConv,
     "embedding": Embedded,
     "row_kinds": row_kinds_model,
 }
@@ -180,7 +210,9 @@ def test_each_engine_gives_the_exact_clipped_sum_on_each_layer_type(engine, case
         torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-10 * clip)
 
 
-@pytest.mark.parametrize("case", ["cnn1d", "shared", "sequence", "conv_norms", "strided_conv"])
+@pytest.mark.parametrize(
+    "case", ["cnn1d", "shared", "sequence", "conv_norms", "strided_conv", "shared_conv"]
+)
 def test_gram_norms_used_for_large_layers_give_the_same_clipped_sum(case, monkeypatch):
     """Layers whose per-example gradients would not fit take the Gram form; forced here."""
     from gossip_powersgd.privacy import per_sample_layers
@@ -196,7 +228,17 @@ def test_gram_norms_used_for_large_layers_give_the_same_clipped_sum(case, monkey
 
 @pytest.mark.parametrize("engine", ["ghost", "vmap"])
 @pytest.mark.parametrize(
-    "case", ["mlp", "cnn1d", "shared", "sequence", "conv_norms", "strided_conv", "embedding"]
+    "case",
+    [
+        "mlp",
+        "cnn1d",
+        "shared",
+        "sequence",
+        "conv_norms",
+        "strided_conv",
+        "shared_conv",
+        "embedding",
+    ],
 )
 def test_materialised_per_example_gradients_equal_torch_func(engine, case):
     model = make(case).double()
@@ -411,6 +453,58 @@ def test_an_in_place_change_of_a_recorded_output_is_refused_and_vmap_takes_it():
     assert "\n" not in str(info.value)
     for mine, theirs in zip(private_sum("vmap", model(), x, y, clip), expected):
         torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-10 * clip)  # as above
+
+
+@pytest.mark.parametrize("case", ["cnn1d", "shared_conv", "pooled_conv"])
+def test_steps_with_varying_batch_sizes_reuse_memory_and_stay_exact(case):
+    """Poisson batches vary in size (and a sequence model's inputs in length): the convolutions'
+    scratch memory (unfolded inputs with their row of ones for the bias, per-example gradients)
+    is reused and re-cut from step to step; each step's clipped sum must still be its own
+    batch's exact one (float64, as above)."""
+    wrapped = PerSampleModule(make(case).double(), "ghost")
+    steps = [(BATCH, 12), (7, 12), (BATCH, 12), (15, 12), (15, 12)]
+    if case == "pooled_conv":  # shorter examples move the row of ones within the memory
+        steps += [(15, 10), (7, 12), (7, 10), (BATCH, 12)]
+    for seed, (size, length) in enumerate(steps):
+        generator = torch.Generator().manual_seed(seed)
+        width = INPUTS.get(case, 12) if length == 12 else length
+        x = torch.randn(size, width, generator=generator, dtype=torch.float64)
+        y = torch.randint(0, 3, (size,), generator=generator)
+        _, norms, _ = reference(make(case).double(), x, y, clip=1.0)
+        clip = float(norms.median())
+        _, _, expected = reference(make(case).double(), x, y, clip=clip)
+        wrapped.zero_grad(set_to_none=True)
+        F.cross_entropy(wrapped(x), y).backward()
+        got = wrapped.clipped_sum(clip, size, NORM_EPS)
+        for mine, theirs in zip(got, expected):
+            torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-10 * clip)
+
+
+def test_an_in_place_change_of_a_convolution_input_after_its_use_is_refused():
+    """The ghost engine keeps a Conv1d's input and unfolds it after the backward. Autograd itself
+    refuses an input it saved that was changed in place, but the first layer's input (data, no
+    gradient) is saved by no one: changed after the convolution used it, it would give wrong
+    per-example gradients, so it is a one-line error."""
+
+    class Changes(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv1d(2, 3, 3)
+            self.head = nn.Linear(12, 3)
+
+        def forward(self, x):
+            h = x.view(len(x), 2, 6)
+            out = self.conv(h)
+            h.mul_(2.0)  # e.g. normalising the batch in place after the first layer read it
+            return self.head(torch.tanh(out).flatten(1))
+
+    torch.manual_seed(0)
+    x, y = inputs("mlp")
+    with pytest.raises(
+        ValueError, match=r"input of layer .conv. \(Conv1d\) was changed in place"
+    ) as info:
+        private_sum("ghost", Changes().double(), x, y, 1.0)
+    assert "\n" not in str(info.value)
 
 
 def test_a_forward_without_backward_before_the_step_changes_nothing():

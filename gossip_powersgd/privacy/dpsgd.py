@@ -418,7 +418,10 @@ class DPSGD:
                 f"batch_size_actual must be an integer >= 0, got {batch_size_actual!r}"
             )
         batch_size = int(batch_size_actual)
-        params = [p for p in model.parameters() if p.requires_grad]
+        if isinstance(model, PerSampleModule):  # the list its clipped sum is in (no module walk)
+            params = model.trainable
+        else:
+            params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError(
                 "differential privacy needs a model with trainable parameters; this one has none"

@@ -2,8 +2,8 @@
 
 Linear and Conv1d run through a patched forward that computes the layer's output from detached
 parameters, so the backward computes no weight gradient, and keeps the layer's input (a
-convolution's unfolded input) and its output, whose gradient autograd retains (``retain_grad``, a
-hook in C++: no Python runs during the backward). The per-example
+convolution's is unfolded after the backward) and its output, whose gradient autograd retains
+(``retain_grad``, a hook in C++: no Python runs during the backward). The per-example
 squared norms and the clipped sum are then a few products per layer (see `per_sample`'s module
 docstring for the formulas). Any other layer with trainable parameters is a `_GeneralLayer`:
 GroupNorm and LayerNorm in closed form, the rest by torch.func vmap.
@@ -20,6 +20,11 @@ from torch.nn import functional as F
 
 if TYPE_CHECKING:
     from gossip_powersgd.privacy.per_sample import PerSampleModule
+
+
+def _cat_positions(parts: List[torch.Tensor]) -> torch.Tensor:
+    """Several uses of a convolution, as more positions (the last dimension)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
 
 
 def _cat(parts: List[torch.Tensor]) -> torch.Tensor:
@@ -177,19 +182,53 @@ class _LinearLayer(_RecordedLayer):
 class _Conv1dLayer(_RecordedLayer):
     """nn.Conv1d (one group, zero padding): the unfolded input (im2col) is ``a``."""
 
+    def __init__(self, module, params, owner: "PerSampleModule", label: str):
+        super().__init__(module, params, owner, label)
+        #: The unfolded inputs and per-example gradients of the last step, whose memory the next
+        #: step reuses: a fresh tensor of megabytes is fresh pages from the kernel at every step,
+        #: and their page faults were measured to cost several times the products that fill them
+        #: (cnn1d, batch 256)
+        self.scratch: dict = {}
+
+    def _scratch(self, name, shape: tuple, like: torch.Tensor, fresh: Optional[list] = None):
+        """A tensor of ``shape`` in the memory kept under ``name`` (grown to the largest batch
+        seen: Poisson batches vary). Its contents are the last step's where the shape is the
+        same, in the same place where only the batch size (the first dimension) differs;
+        otherwise ``fresh``, if given, gets True appended."""
+        need = 1
+        for n in shape:
+            need *= n
+        buf, last = self.scratch.get(name, (None, None))
+        if (
+            buf is None
+            or buf.numel() < need
+            or buf.dtype != like.dtype
+            or buf.device != like.device
+        ):
+            buf = torch.empty(need, dtype=like.dtype, device=like.device)
+            last = None
+        self.scratch[name] = (buf, shape)
+        if fresh is not None and (last is None or last[1:] != shape[1:]):
+            fresh.append(True)
+        return buf[:need].view(shape)
+
     def compute(self, x, weight, bias):
-        """As a product with the unfolded input, which the norms need anyway (and which is
-        faster than the convolution kernels at these sizes); the unfolded input is kept."""
-        cols = self._unfold(x)
-        out = torch.matmul(weight.reshape(weight.shape[0], -1), cols)
-        return (out if bias is None else self.add_bias(out, bias)), cols
+        """The convolution's own kernel (its backward then computes only the input's gradient:
+        the parameters are detached); the input is kept with its version, and unfolded only
+        after the backward (`_columns`): autograd through an unfolded input costs 3-5x the
+        kernel's forward and backward at cnn1d's sizes."""
+        m = self.module
+        out = F.conv1d(x, weight, bias, m.stride, m.padding, m.dilation)
+        return out, (x, x._version)
 
     @staticmethod
     def add_bias(z, bias):
         return z + bias.unsqueeze(1)
 
-    def _unfold(self, x: torch.Tensor) -> torch.Tensor:
-        """im2col by a strided view of the padded input: (B, C_in k, T), weight's column order."""
+    def _unfold(self, x: torch.Tensor, name: str, ones: bool) -> torch.Tensor:
+        """im2col by a strided view of the padded input: (B, C_in k, T), weight's column order,
+        copied into the scratch memory ``name``; ``ones``: one more row of ones, the bias's
+        input, so that one product gives the weight's and the bias's gradients together."""
         m = self.module
         (k,), (d,), (s,), (p,) = m.kernel_size, m.dilation, m.stride, m.padding
         if p:
@@ -197,47 +236,79 @@ class _Conv1dLayer(_RecordedLayer):
         cols = x.unfold(2, d * (k - 1) + 1, s)  # (B, C_in, T, span)
         if d > 1:
             cols = cols[..., ::d]
-        # contiguous: with one input channel the reshape is a strided view, slow in products
-        return cols.permute(0, 1, 3, 2).reshape(x.shape[0], -1, cols.shape[2]).contiguous()
+        # a contiguous copy: with one input channel a reshape is a strided view, slow in products
+        batch, channels, positions, span = cols.shape
+        rows = channels * span
+        fresh: list = []
+        out = self._scratch((name, ones), (batch, rows + ones, positions), x, fresh)
+        if ones and fresh:  # the row of ones stays from one step to the next
+            out[:, rows].fill_(1.0)
+        out[:, :rows].view(batch, channels, span, positions).copy_(cols.transpose(2, 3))
+        return out
 
-    def _columns(self):
-        """(a, b) as (B, C_in k, T) and (B, C_out, T); several uses add positions."""
-        a = [cols for cols, _ in self.pairs]
+    def _columns(self, ones: bool):
+        """(a, b) as (B, C_in k (+ 1 with ``ones``), T) and (B, C_out, T); several uses add
+        positions. Refuses an input changed in place since the forward (the kept input would
+        not be the one used)."""
+        a = []
+        for (x, version), _ in self.pairs:
+            if x._version != version:
+                raise ValueError(
+                    f"per-example gradients: the input of layer {self.label} was changed in "
+                    f"place after the layer used it; use inplace=False, or engine='vmap'"
+                )
+            a.append(self._unfold(x, f"input {len(a)}", ones))
         b = [g for _, g in self.pairs]
         return (a[0], b[0]) if len(a) == 1 else (torch.cat(a, 2), torch.cat(b, 2))
 
     def squared_norms(self) -> torch.Tensor:
-        a, b = self._columns()
-        squared, grads, totals = _sequence_norms(
-            a, b, "weight" in self.params, "bias" in self.params
-        )
-        self.cache = (a, b, grads, totals)
-        return squared
+        """Per example |(sum_t b_t a_t^T, sum_t b_t)|^2: the bias is a weight on an input of
+        ones, so with ``a`` extended by a row of ones one product gives both gradients (or,
+        above `MATERIALISE_LIMIT`, the Gram form, whose ``a_t.a_s + 1`` the row gives too)."""
+        has_w, has_b = "weight" in self.params, "bias" in self.params
+        if not has_w:  # the bias alone: its gradient is b summed over positions
+            b = _cat_positions([g for _, g in self.pairs])
+            totals = b.sum(2)
+            self.cache = (None, None, totals)
+            return torch.linalg.vecdot(totals, totals)
+        a, b = self._columns(ones=has_b)
+        batch, q, p = len(b), b.shape[1], a.shape[1]
+        if batch * q * p > MATERIALISE_LIMIT:
+            gram = torch.bmm(a.transpose(1, 2), a).mul_(torch.bmm(b.transpose(1, 2), b))
+            self.cache = (a, b, None)
+            return gram.flatten(1).sum(1)
+        grads = torch.bmm(b, a.transpose(1, 2), out=self._scratch("gradients", (batch, q, p), a))
+        grads = grads.view(batch, q * p)
+        self.cache = (None, None, grads)
+        return _squares(grads)
 
     def clipped(self, weights: torch.Tensor) -> dict:
-        """Batched products on the unfolded input (faster than the convolution's own
-        weight-gradient kernel at these sizes), or the per-example gradients when made."""
-        a, b, grads, totals = self.cache
-        out = {}
-        if "weight" in self.params:
-            # sum_i w_i sum_t b_it a_it^T: one product over examples and positions together
-            total = (
-                torch.mv(grads.t(), weights)
-                if grads is not None
-                else torch.tensordot(b * weights.view(-1, 1, 1), a, dims=([0, 2], [0, 2]))
-            )
-            out["weight"] = total.reshape(self.module.weight.shape)
+        """sum_i w_i g_i: one product of the per-example gradients with the weights, or, when
+        they were not made, one product over examples and positions together."""
+        a, b, grads = self.cache
+        if a is None and "weight" not in self.params:
+            return {"bias": torch.mv(grads.t(), weights)}
+        if grads is not None:
+            total = torch.mv(grads.t(), weights).view(self.module.weight.shape[0], -1)
+        else:
+            total = torch.tensordot(b * weights.view(-1, 1, 1), a, dims=([0, 2], [0, 2]))
+        _, channels, span = self.module.weight.shape
+        out = {"weight": total[:, : channels * span]}
         if "bias" in self.params:
-            out["bias"] = torch.mv((b.sum(2) if totals is None else totals).t(), weights)
+            out["bias"] = total[:, -1]
         return out
 
     def clear(self) -> None:
         self.records, self.pairs, self.cache = [], [], None
 
     def per_example(self) -> dict:
-        a, b = self._columns()
-        grads = torch.bmm(b, a.transpose(1, 2))
-        return {"weight": grads.reshape(len(b), *self.module.weight.shape), "bias": b.sum(2)}
+        b = _cat_positions([g for _, g in self.pairs])
+        out = {"bias": b.sum(2)}
+        if "weight" in self.params:
+            a, b = self._columns(ones=False)
+            grads = torch.bmm(b, a.transpose(1, 2))
+            out["weight"] = grads.reshape(len(b), *self.module.weight.shape)
+        return out
 
 
 #: Per-example weight gradients are materialised when a layer's batch of them holds at most this
@@ -252,16 +323,16 @@ def _squares(rows: torch.Tensor) -> torch.Tensor:
 
 
 def _sequence_norms(a: torch.Tensor, b: torch.Tensor, has_w: bool, has_b: bool):
-    """Per example |sum_t b_t a_t^T|^2 (+ |sum_t b_t|^2 with a bias), a: (B, p, T), b: (B, q, T).
+    """Per example |sum_t b_t a_t^T|^2 (+ |sum_t b_t|^2 with a bias), a: (B, p, T), b: (B, q, T);
+    a Linear layer applied at T positions per example (a sequence).
 
     The per-example gradients cost T p q to form and give the clipped sum for p q more, but
     are B p q numbers written and read twice; the Gram form sum_{t,s} (a_t.a_s + 1)(b_t.b_s)
     costs T^2 (p + q), and the clipped sum is then one product of T p q over examples and
-    positions together. So the Gram form is used where T (p + q) < p q (measured faster on
-    cnn1d's second and third convolutions, slower on its first, with 5 numbers per position),
-    or where the gradients would not fit in `MATERIALISE_LIMIT`. Returns (squared norms, the
-    per-example weight gradients flattened or None, the per-example bias gradients or None)
-    for the clipped sum.
+    positions together. So the Gram form is used where it costs fewer operations,
+    T (p + q) < p q, or where the gradients would not fit in `MATERIALISE_LIMIT`. Returns
+    (squared norms, the per-example weight gradients flattened or None, the per-example bias
+    gradients or None) for the clipped sum.
     """
     p, q, positions = a.shape[1], b.shape[1], a.shape[2]
     if not has_w:
