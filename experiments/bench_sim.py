@@ -41,6 +41,7 @@ import torch
 
 import topologies
 from experiments.bench_gossip.measure import copy_bandwidth, loopback_communicator, median
+from experiments.bench_gossip.record import machine_description
 from experiments.bench_gossip.shapes import count_params, make_params, model_shapes
 from experiments.commit_code import loaded_modules, previous_powergossip
 from gossip_powersgd import LocalCluster, PowerGossip
@@ -226,7 +227,8 @@ def earlier_code(args, results: Dict[str, Any]) -> str:
     )
     if args.helpers == "own":
         return (
-            "Earlier commits' PowerGossip runs with its own helper modules, read from the commit "
+            "Earlier commits' PowerGossip runs with that commit's own helper modules, read "
+            "from it "
             f"with git and imported beside this tree's (`experiments/commit_code.py`; {files})."
         )
     return (
@@ -263,7 +265,7 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
         "",
         f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC ({seconds:.0f} s), "
         f"commit {git_commit()}. "
-        f"Machine: {os.cpu_count()} cores shared with other jobs (load average {load[0]:.1f} at the "
+        f"Machine: {machine_description()['cpu']}, {os.cpu_count()} cores shared with other jobs (load average {load[0]:.1f} at the "
         f"end), Python {platform.python_version()}, torch {torch.__version__}, one torch thread. "
         "Absolute times move by 2x between runs on this shared machine; the columns come from "
         "interleaved repetitions of one run.",
@@ -318,9 +320,13 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
         f"two lanes, compiled / as Python: {sim['lanes'] / sim['lanes python']:.2f}×",
     ]
     if "previous" in sim:
+        pairs = [t / p for t, p in zip(results["sim"]["turns"], results["sim"]["previous"])]
+        paired = ", ".join(f"{r:.2f}" for r in pairs)
         ratios += [
             f"two lanes / `{args.previous}`: **{sim['lanes'] / sim['previous']:.2f}×**",
-            f"one lane, this tree / `{args.previous}`: {sim['turns'] / sim['previous']:.2f}×",
+            f"one lane, this tree / `{args.previous}`: {sim['turns'] / sim['previous']:.2f}× "
+            f"(repetition by repetition, the two run next to each other: {paired}; median "
+            f"{median(pairs):.2f}×)",
         ]
     ratios.append(f"one lane / free threads (this tree): {sim['turns'] / sim['free']:.1f}×")
     if "before" in sim:
