@@ -362,8 +362,12 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
                 f"{row['consensus_before']:.6g} |"
             )
         L += [""]
-    isolated_variants = [v for v in ("before", "after") if v in results["isolated"]]
-    ilabel = {"before": f"before (`{args.before}`)", "after": "after (this tree)"}
+    isolated_variants = [v for v in ("before", "previous", "after") if v in results["isolated"]]
+    ilabel = {
+        "before": f"before (`{args.before}`)",
+        "previous": f"`{args.previous}`",
+        "after": "after (this tree)",
+    }
     L += [
         "## One peer's half-step alone (loopback transport, degree 2)",
         "",
@@ -379,6 +383,17 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
             )
             + " |"
         )
+    if "previous" in results["isolated"]:
+        iso = results["isolated"]
+        L += [
+            "",
+            f"Half-step time, `{args.previous}` / this tree (above 1: this tree is faster): "
+            + ", ".join(
+                f"{model} {iso['previous'][model]['ms'] / iso['after'][model]['ms']:.2f}×"
+                for model in ("resnet20", "vgg16")
+            )
+            + ".",
+        ]
     big = results["big"]
     L += [
         "",
@@ -500,12 +515,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     del finals
     if before is not None:
         results["divergence"] = divergence(before, args.divergence_peers)
-    variants = (
-        {"after": PowerGossip} if before is None else {"before": before, "after": PowerGossip}
-    )
+    variants = {"before": before, "previous": previous, "after": PowerGossip}
+    variants = {name: algorithm for name, algorithm in variants.items() if algorithm is not None}
     results["isolated"] = {v: {} for v in variants}
-    for name, algorithm in variants.items():
-        for model, steps in (("resnet20", 100), ("vgg16", 4)):
+    # Model by model, the variants one after the other (one model's figures are minutes apart).
+    for model, steps in (("resnet20", 100), ("vgg16", 4)):
+        for name, algorithm in variants.items():
             results["isolated"][name][model] = isolated(algorithm, model, steps, 5)
             print(f"isolated {model}, {name}: {results['isolated'][name][model]}", flush=True)
     rss_before = resident_mib()

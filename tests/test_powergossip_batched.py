@@ -178,6 +178,7 @@ def test_bench_sim_writes_its_page_with_before_and_after(tmp_path):
         assert "two lanes, compiled or not and with `6df8d52`: **yes**" in page
         assert "`6df8d52`'s PowerGossip, taking turns, one lane" in page
         assert "one lane, this tree / `6df8d52`: " in page and "repetition by repetition" in page
+        assert "| `6df8d52`: ms, % of copy |" in page and "`6df8d52` / this tree" in page
         assert "Earlier commits' PowerGossip runs with that commit's own helper modules" in page
         assert (
             "`6df8d52`: `base.py`, `exact.py`, `kernels.py`, `lowrank.py`, `powergossip.py`" in page
