@@ -1,7 +1,7 @@
 """Simulation at scale: PowerGossip on many in-process peers, and one half-step's efficiency.
 
     python -m experiments.bench_sim [--peers 64] [--steps 100] [--reps 3] [--big-peers 256] [--before c0bf4d7]
-                                    [--before-steps 20] [--previous 610f530]
+                                    [--before-steps 20] [--previous 6df8d52] [--helpers own|tree]
                                     [--out experiments/results/bench_sim.md]
 
 Measures, with ResNet-20-shaped random parameters and PowerGossip rank 1 on a ring, one torch
@@ -19,8 +19,10 @@ one thread on a loopback transport; (2) how far
 the copy bandwidth measured right before each block (3 x compressed bytes / (compute time per
 half-step x copy GB/s), as in `experiments.bench_gossip`); (4) `--big-peers` peers taking turns:
 seconds per step and the process's memory. Earlier implementations are read with `git show` and
-imported under other module names, so all run side by side in one process; without git their
-columns are left out.
+imported under other module names (`experiments.commit_code`), so all run side by side in one
+process, with their own helper modules from `algorithms/` (`--helpers own`, the default: the
+commit's code as it was) or with this tree's (`--helpers tree`, how the pages up to commit 886c08c
+ran them); without git, or where a commit cannot be read, their columns are left out.
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ import torch
 
 import topologies
 from experiments.bench_gossip.measure import copy_bandwidth, loopback_communicator, median
+from experiments.bench_gossip.record import machine_description
 from experiments.bench_gossip.shapes import count_params, make_params, model_shapes
-from experiments.commit_code import previous_powergossip
+from experiments.commit_code import loaded_modules, previous_powergossip
 from gossip_powersgd import LocalCluster, PowerGossip
 from gossip_powersgd.utils import atomic_write, git_commit
 
@@ -197,11 +200,49 @@ def isolated(algorithm: type, model: str, steps: int, reps: int) -> Dict[str, fl
     return {"ms": median(times), "of_copy": median(fractions)}
 
 
+def command(args) -> str:
+    """The command line that makes this page (every option that shapes it)."""
+    words = [
+        "python -m experiments.bench_sim",
+        f"--peers {args.peers} --steps {args.steps} --reps {args.reps}",
+        f"--big-peers {args.big_peers} --big-steps {args.big_steps}",
+        f"--before '{args.before}'" if not args.before else f"--before {args.before}",
+        f"--before-steps {args.before_steps}",
+        f"--previous '{args.previous}'" if not args.previous else f"--previous {args.previous}",
+        f"--helpers {args.helpers}",
+        f"--divergence-peers {args.divergence_peers}",
+    ]
+    if args.out_given:
+        words.append(f"--out {args.out}")
+    return " ".join(words)
+
+
+def earlier_code(args, results: Dict[str, Any]) -> str:
+    """A sentence on the page: which modules of the earlier commits ran."""
+    if not results["modules"]:
+        return ""
+    files = "; ".join(
+        f"`{commit}`: " + ", ".join(f"`{m}.py`" for m in modules)
+        for commit, modules in results["modules"].items()
+    )
+    if args.helpers == "own":
+        return (
+            "Earlier commits' PowerGossip runs with that commit's own helper modules, read "
+            "from it "
+            f"with git and imported beside this tree's (`experiments/commit_code.py`; {files})."
+        )
+    return (
+        f"Earlier commits' PowerGossip modules ({files}; read with git) run with this tree's "
+        "helper modules (`--helpers tree`)."
+    )
+
+
 def render(args, results: Dict[str, Any], seconds: float) -> str:
     """The results page."""
     load = os.getloadavg()
     shapes = model_shapes("resnet20")
     compressed = sum(4 * count_params([item]) for item in shapes if len(item[1]) >= 2)
+    half = (args.peers + 1) // 2  # lane of rank r: r * 2 // peers (LocalCluster)
     variants = [
         v
         for v in ("before", "free", "previous", "turns", "lanes python", "lanes", "one thread")
@@ -220,14 +261,11 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
     L = [
         "# Simulation at scale: PowerGossip rank 1 on in-process peers",
         "",
-        f"Command: `python -m experiments.bench_sim --peers {args.peers} --steps {args.steps} "
-        f"--reps {args.reps} "
-        f"--big-peers {args.big_peers} --before {args.before} --before-steps {args.before_steps} "
-        f"--previous {args.previous}`",
+        f"Command: `{command(args)}`",
         "",
         f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC ({seconds:.0f} s), "
         f"commit {git_commit()}. "
-        f"Machine: {os.cpu_count()} cores shared with other jobs (load average {load[0]:.1f} at the "
+        f"Machine: {machine_description()['cpu']}, {os.cpu_count()} cores shared with other jobs (load average {load[0]:.1f} at the "
         f"end), Python {platform.python_version()}, torch {torch.__version__}, one torch thread. "
         "Absolute times move by 2x between runs on this shared machine; the columns come from "
         "interleaved repetitions of one run.",
@@ -240,11 +278,11 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
         "when peers outnumber cores), one peer runs until it waits for a message or a "
         "collective; its peer threads are pinned to one core (as many as torch's intra-op "
         "threads, here 1; `LocalCluster(pin=None)`, the default). *Two lanes*: `lanes=2`, ranks "
-        "0-31 and 32-63 take turns on their own, each lane pinned to its own core, so two peers "
+        f"0-{half - 1} and {half}-{args.peers - 1} take turns on their own, each lane pinned to its own core, so two peers "
         "run at once; PowerGossip's tensor work is compiled by TorchScript, which runs it without "
-        "the GIL (*as Python*: the same functions, not compiled). Earlier commits' PowerGossip "
-        "modules are imported into this tree's package, so they run with its helper modules "
-        "(base, exact, lowrank). Each repetition "
+        "the GIL (*as Python*: the same functions, not compiled). "
+        + earlier_code(args, results)
+        + " Each repetition "
         f"times {args.steps} steps after two warm-up steps. *One thread*: every peer stepped in "
         "turn by one thread on a loopback "
         "transport (no threads, no messages): the bound for this per-peer compute one peer at a "
@@ -252,6 +290,11 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
         "switches: voluntary and involuntary, of all the process's threads over the whole "
         "cluster run (set-up included), divided by the measured steps; free threads switch at "
         "nearly every tensor operation, because PyTorch releases the GIL around each one.",
+        "",
+        "The ResNet-20 shapes are the zoo's model (`gossip_powersgd.training.zoo.ResNet20`, built "
+        f"on the meta device; {count_params(shapes):,} parameters, with the paper's 1x1-convolution shortcuts); pages "
+        "made up to commit 886c08c used the benchmark's own list, with parameter-free shortcuts "
+        "(269,722 parameters).",
         "",
         f"## {args.peers} peers: gossip steps per second",
         "",
@@ -277,9 +320,13 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
         f"two lanes, compiled / as Python: {sim['lanes'] / sim['lanes python']:.2f}×",
     ]
     if "previous" in sim:
+        pairs = [t / p for t, p in zip(results["sim"]["turns"], results["sim"]["previous"])]
+        paired = ", ".join(f"{r:.2f}" for r in pairs)
         ratios += [
             f"two lanes / `{args.previous}`: **{sim['lanes'] / sim['previous']:.2f}×**",
-            f"one lane, this tree / `{args.previous}`: {sim['turns'] / sim['previous']:.2f}×",
+            f"one lane, this tree / `{args.previous}`: {sim['turns'] / sim['previous']:.2f}× "
+            f"(repetition by repetition, the two run next to each other: {paired}; median "
+            f"{median(pairs):.2f}×)",
         ]
     ratios.append(f"one lane / free threads (this tree): {sim['turns'] / sim['free']:.1f}×")
     if "before" in sim:
@@ -315,8 +362,12 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
                 f"{row['consensus_before']:.6g} |"
             )
         L += [""]
-    isolated_variants = [v for v in ("before", "after") if v in results["isolated"]]
-    ilabel = {"before": f"before (`{args.before}`)", "after": "after (this tree)"}
+    isolated_variants = [v for v in ("before", "previous", "after") if v in results["isolated"]]
+    ilabel = {
+        "before": f"before (`{args.before}`)",
+        "previous": f"`{args.previous}`",
+        "after": "after (this tree)",
+    }
     L += [
         "## One peer's half-step alone (loopback transport, degree 2)",
         "",
@@ -332,6 +383,17 @@ def render(args, results: Dict[str, Any], seconds: float) -> str:
             )
             + " |"
         )
+    if "previous" in results["isolated"]:
+        iso = results["isolated"]
+        L += [
+            "",
+            f"Half-step time, `{args.previous}` / this tree (above 1: this tree is faster): "
+            + ", ".join(
+                f"{model} {iso['previous'][model]['ms'] / iso['after'][model]['ms']:.2f}×"
+                for model in ("resnet20", "vgg16")
+            )
+            + ".",
+        ]
     big = results["big"]
     L += [
         "",
@@ -354,7 +416,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--big-peers", type=int, default=256)
     parser.add_argument("--big-steps", type=int, default=6)
-    parser.add_argument("--before", default="c0bf4d7", help="commit whose PowerGossip is 'before'")
+    parser.add_argument(
+        "--before",
+        default="c0bf4d7",
+        help="commit whose PowerGossip is 'before', on free threads ('' to leave out)",
+    )
     parser.add_argument(
         "--before-steps",
         type=int,
@@ -363,21 +429,43 @@ def main(argv: Optional[List[str]] = None) -> None:
     )
     parser.add_argument(
         "--previous",
-        default="610f530",
-        help="commit whose PowerGossip runs taking turns, one lane ('' to leave out)",
+        default="6df8d52",
+        help="commit whose PowerGossip runs taking turns, one lane, beside this tree's, its final "
+        "parameters compared bit for bit (default 6df8d52: main before Architecture II; '' to "
+        "leave out)",
+    )
+    parser.add_argument(
+        "--helpers",
+        choices=("own", "tree"),
+        default="own",
+        help="the helper modules (base, exact, lowrank, kernels, ...) that --before and --previous "
+        "run with: 'own' each commit's own, as it was (default); 'tree' this tree's, as pages up to "
+        "886c08c did",
     )
     parser.add_argument("--divergence-peers", type=int, default=16)
     parser.add_argument(
         "--out",
-        default=str(ROOT / "runs" / "bench_sim.md"),
+        default=None,
         help="the page (default runs/bench_sim.md; the committed page: "
         "--out experiments/results/bench_sim.md)",
     )
     args = parser.parse_args(argv)
+    args.out_given = args.out is not None
+    if args.out is None:
+        args.out = str(ROOT / "runs" / "bench_sim.md")
     torch.set_num_threads(1)
     start = time.perf_counter()
-    before = previous_powergossip(args.before)
-    previous = previous_powergossip(args.previous) if args.previous else None
+    helpers = args.helpers == "own"
+    earlier: Dict[str, Optional[type]] = {}
+    for option, commit in (("--before", args.before), ("--previous", args.previous)):
+        if commit:
+            earlier[commit] = previous_powergossip(commit, helpers=helpers)
+            if earlier[commit] is None:
+                print(
+                    f"{option} {commit}: not readable with git, its column is left out", flush=True
+                )
+    before = earlier.get(args.before)
+    previous = earlier.get(args.previous)
     # name -> (PowerGossip class, cooperative, lanes, tensor work as Python, steps)
     setups = {"free": (PowerGossip, False, 1, False, args.steps)}
     if previous is not None:
@@ -395,6 +483,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         "sim": {v: [] for v in [*setups, "one thread"]},
         "isolated": {},
         "switches": {},
+        "modules": {
+            commit: loaded_modules(commit, helpers)
+            for commit, algorithm in earlier.items()
+            if algorithm is not None
+        },
     }
     finals = {}
     for rep in range(args.reps):
@@ -422,12 +515,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     del finals
     if before is not None:
         results["divergence"] = divergence(before, args.divergence_peers)
-    variants = (
-        {"after": PowerGossip} if before is None else {"before": before, "after": PowerGossip}
-    )
+    variants = {"before": before, "previous": previous, "after": PowerGossip}
+    variants = {name: algorithm for name, algorithm in variants.items() if algorithm is not None}
     results["isolated"] = {v: {} for v in variants}
-    for name, algorithm in variants.items():
-        for model, steps in (("resnet20", 100), ("vgg16", 4)):
+    # Model by model, the variants one after the other (one model's figures are minutes apart).
+    for model, steps in (("resnet20", 100), ("vgg16", 4)):
+        for name, algorithm in variants.items():
             results["isolated"][name][model] = isolated(algorithm, model, steps, 5)
             print(f"isolated {model}, {name}: {results['isolated'][name][model]}", flush=True)
     rss_before = resident_mib()

@@ -70,6 +70,12 @@ def _rewire(text: str, loaded: set, suffix: str) -> str:
     return _FROM_PACKAGE.sub(package, _FROM_MODULE.sub(module, text))
 
 
+def _suffix(commit: str, helpers: bool) -> str:
+    """The private names' suffix: the commit, and `_tree` where the helpers are this tree's, so
+    that one process can hold both versions of a commit (neither replaces the other's modules)."""
+    return re.sub(r"\W", "_", commit) + ("" if helpers else "_tree")
+
+
 @functools.lru_cache(maxsize=None)
 def _load(commit: str, helpers: bool) -> Optional[type]:
     source = git_show(commit, f"{FOLDER}/powergossip.py")
@@ -105,7 +111,7 @@ def _load(commit: str, helpers: bool) -> Optional[type]:
 
     for name in sorted(sources):
         visit(name)
-    suffix = re.sub(r"\W", "_", commit)
+    suffix = _suffix(commit, helpers)
     folder = Path(tempfile.mkdtemp(prefix="commit_code_"))
     module = None
     for name in order:
@@ -126,9 +132,10 @@ def previous_powergossip(commit: str, helpers: bool = False) -> Optional[type]:
         return _load(commit, helpers)
 
 
-def loaded_modules(commit: str) -> list:
-    """The `algorithms/` modules loaded from `commit` in this process (their names there)."""
-    prefix, suffix = f"{PACKAGE}._", "_" + re.sub(r"\W", "_", commit)
+def loaded_modules(commit: str, helpers: bool = True) -> list:
+    """The `algorithms/` modules loaded from `commit` (with its own helper modules, or with this
+    tree's for ``helpers=False``) in this process (their names there)."""
+    prefix, suffix = f"{PACKAGE}._", "_" + _suffix(commit, helpers)
     return sorted(
         name[len(prefix) : -len(suffix)]
         for name in list(sys.modules)
