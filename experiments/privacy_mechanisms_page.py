@@ -54,8 +54,9 @@ def render_page(sections, generated, command, c, pm) -> str:
         f"network accountant models), expected batch {setting['batch_size']} (Poisson sampling, "
         f"q = {q:g}), {setting['epochs']} epochs = {steps} steps, clipping C = {c['clip']:g}, "
         f"δ = {c['delta']:g}, seeds {', '.join(map(str, setting['seeds']))} (non-private: seed "
-        f"{setting['seeds'][0]}). **A small linear problem, on purpose**: three topologies × four "
-        "mechanisms × two algorithms × three seeds, each run attacked, fit in one run of this "
+        f"{setting['seeds'][0]}). **A small linear problem, on purpose**: {len(sections)} "
+        f"topologies × four mechanisms × two algorithms × {len(setting['seeds'])} seeds, each run "
+        "attacked, fit in one run of this "
         f"command on 2 shared cores (measured here: {c['per_step']:.3g} s of wall time per step, "
         "set-up, evaluation and attack included, on average over all runs); the non-private rows "
         "are its ceiling. mnist1d / cnn1d at this breadth does not fit that budget and is not "
@@ -192,7 +193,7 @@ def render_page(sections, generated, command, c, pm) -> str:
                 + "; ".join(parts)
                 + " (a clear effect: more than twice the larger seed std)."
             )
-    lines += accountant_lines(sections)
+    lines += accountant_lines(sections, c)
     lines += [
         "",
         "## Reproduce",
@@ -259,30 +260,45 @@ def attack_lines(sections, c) -> List[str]:
                     f"{m('auc/blind model/LOSS')} | {m('auc/class prior')} | "
                     f"{_band(group, 'null/auc')} | {_band(group, 'null/tpr1')} |"
                 )
-                hi = _mean(r["null/auc"][1] for r in group)
-                auc = _mean(r["auc/received/LOSS"] for r in group)
-                if auc > hi:
-                    outside.append((topology, NAMES[name], algorithm, auc, hi))
+                for attack in ("LOSS", "LiRA offline"):
+                    for metric, band in (("auc", "null/auc"), ("tpr1", "null/tpr1")):
+                        hi = _mean(r[band][1] for r in group)
+                        value = _mean(r[f"{metric}/received/{attack}"] for r in group)
+                        if value > hi:
+                            outside.append(
+                                (topology, NAMES[name], algorithm, attack, metric, value, hi)
+                            )
     counts = sections[0]["rows"][0]
     lines += [
         "",
         f"Candidates per run: {counts['members']} members, {counts['nonmembers']} held-out "
-        "non-members (TPR at 0.1 % FPR: 2 non-members above the threshold).",
+        f"non-members (TPR at 0.1 % FPR: {counts['nonmembers'] * 0.001:g} non-members above the "
+        "threshold).",
         "",
     ]
     lines.append(
-        "Received-model LOSS AUC above the null band's upper end (mean over the seeds): "
+        "Received-model attacks (LOSS, LiRA offline) whose AUC or TPR at 1 % FPR is above the "
+        "null band's upper end (mean over the seeds, against the band's mean ends): "
         + (
-            "; ".join(f"{t} {n} {a} {x:.3f} > {h:.3f}" for t, n, a, x, h in outside)
+            "; ".join(
+                f"{t} {n} {a} {attack} "
+                + (f"AUC {x:.3f} > {h:.3f}" if metric == "auc" else f"TPR {x:.2%} > {h:.2%}")
+                for t, n, a, attack, metric, x, h in outside
+            )
             if outside
-            else "none: no mechanism's neighbour attack is distinguishable from guessing here"
+            else "none: no row's neighbour attack is distinguishable from guessing here"
         )
         + "."
     )
+    if all(s["reuse_muffliato"] for s in sections):
+        lines.append(
+            "Muffliato runs with DP-SGD's σ and mechanism here: its attack figures are local "
+            "DP-SGD's rows."
+        )
     return lines
 
 
-def accountant_lines(sections) -> List[str]:
+def accountant_lines(sections, c) -> List[str]:
     lines = ["", "## What the accountants say, and what they do not", ""]
     network = "; ".join(
         f"{s['setting']['topology']}: Muffliato neighbour "
@@ -307,7 +323,8 @@ def accountant_lines(sections) -> List[str]:
         "per-step record change) does not use subsampling, and a neighbour receives the "
         "victim's model at every step. The reported ε is the minimum of the two valid bounds; "
         "where the network bound is the larger, Muffliato needs DP-SGD's σ and its runs are "
-        "DP-SGD's. The view is built over the first T steps (T doubled from 128 until the "
+        "DP-SGD's. The view is built over the first T steps (T doubled from "
+        f"{c['network_steps']} until the "
         "bound settles the minimum, or the whole run): the view of a prefix is a function of "
         "the whole view, so its ε is a lower bound on the whole run's, and once it is above "
         "DP-SGD's ε the minimum is DP-SGD's exactly. Network bounds alone: " + network + ".",
