@@ -1,4 +1,5 @@
-"""`python -m experiments.privacy_mechanisms [--quick] [--topologies T,...] [--out DIR]`: local
+"""`python -m experiments.privacy_mechanisms [--quick] [--topologies T,...] [--epochs N]
+[--out DIR]`: local
 DP-SGD, Muffliato, ZIP-DL and DECOR at equal epsilon against a neighbour, on exact gossip and
 PowerGossip r1, on each topology (default ring:8, ring:16, exponential:16), with the neighbour's
 membership attack: privacy_mechanisms.md and its CSV in DIR (default runs/privacy-mechanisms; the
@@ -414,6 +415,12 @@ def main(argv=None) -> None:
         help=f"comma-separated topologies (default {','.join(TOPOLOGIES)}; --quick: ring:4)",
     )
     parser.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="epochs per run (default 32; --quick: 4): the calibration follows the run's steps",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -433,12 +440,18 @@ def main(argv=None) -> None:
             topology_specs.parse(name)
         except Exception as error:  # noqa: BLE001 - any parse failure is bad input
             raise SystemExit(f"--topologies: {name!r} is not a topology ({error})") from None
+    if args.epochs is not None and args.epochs < 4:
+        raise SystemExit(
+            f"--epochs must be at least 4 (evaluated at every quarter), got {args.epochs}"
+        )
     load_start = os.getloadavg()[0]
     started = time.perf_counter()
     sections = []
     rows: List[Dict[str, Any]] = []
     for name in names:
         setting = dict(setting_of(name, args.quick), references=REFERENCES[args.quick])
+        if args.epochs is not None:
+            setting["epochs"] = args.epochs
         victims_of(setting)  # refuse a topology without the attacked neighbours before training
         begun = time.perf_counter()
         noises = calibrate(setting)
@@ -502,6 +515,7 @@ def main(argv=None) -> None:
         COMMAND
         + (" --quick" if args.quick else "")
         + (f" --topologies {args.topologies}" if args.topologies else "")
+        + (f" --epochs {args.epochs}" if args.epochs is not None else "")
         + (f" --out {args.out}" if args.out else "")
     )
     page = render(
