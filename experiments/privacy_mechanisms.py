@@ -1,7 +1,8 @@
-"""`python -m experiments.privacy_mechanisms [--quick] [--topologies T,...] [--epochs N]
-[--out DIR]`: local
-DP-SGD, Muffliato, ZIP-DL and DECOR at equal epsilon against a neighbour, on exact gossip and
-PowerGossip r1, on each topology (default ring:8, ring:16, exponential:16), with the neighbour's
+"""Local DP-SGD, Muffliato, ZIP-DL and DECOR at equal epsilon against a neighbour, attacked.
+
+`python -m experiments.privacy_mechanisms [--quick] [--topologies T,...] [--epochs N] [--out DIR]`:
+local DP-SGD, Muffliato, ZIP-DL and DECOR at equal epsilon against a neighbour, on exact gossip
+and PowerGossip r1, on each topology (default ring:8, ring:16, exponential:16), with the neighbour's
 membership attack: privacy_mechanisms.md and its CSV in DIR (default runs/privacy-mechanisms; the
 committed page is made with --out experiments/results).
 
