@@ -125,6 +125,7 @@ def render_page(sections, generated, command, c, pm) -> str:
                     f"{_mean(r['mb_per_peer'] for r in group):.3f} |"
                 )
     lines += ["", "## Trained to a plateau?", ""]
+    section_epochs = {s["setting"]["topology"]: s["setting"]["epochs"] for s in sections}
     for topology, entries in plateau.items():
         rising = [e for e in entries if e[2] > max(e[3], 1e-12)]
         biggest = max(entries, key=lambda e: e[2])
@@ -140,7 +141,8 @@ def render_page(sections, generated, command, c, pm) -> str:
                 else f"{len(rising)} of {len(entries)} rows still rise by more than their "
                 "seeds' spread ("
                 + "; ".join(f"{NAMES[n]} {a} {d:+.2f} pp vs std {sd:.2f}" for n, a, d, sd in rising)
-                + "): those rows are **not** shown at a plateau; the run was not extended."
+                + f"): after {section_epochs[topology]} epochs those rows are **not** shown at a "
+                "plateau (a longer run: `--epochs`)."
             )
         )
     lines += attack_lines(sections, c)
