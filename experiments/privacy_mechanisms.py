@@ -1,13 +1,21 @@
-"""`python -m experiments.privacy_mechanisms [--quick] [--out DIR]`: local DP-SGD, Muffliato, ZIP-DL
-and DECOR at equal epsilon against a neighbour, on exact gossip and PowerGossip r1:
-privacy_mechanisms.md and its CSV in DIR (default runs/privacy-mechanisms; the committed page is
-made with --out experiments/results).
+"""Local DP-SGD, Muffliato, ZIP-DL and DECOR at equal epsilon against a neighbour, attacked.
+
+`python -m experiments.privacy_mechanisms [--quick] [--topologies T,...] [--epochs N] [--out DIR]`:
+local DP-SGD, Muffliato, ZIP-DL and DECOR at equal epsilon against a neighbour, on exact gossip
+and PowerGossip r1, on each topology (default ring:8, ring:16, exponential:16), with the neighbour's
+membership attack: privacy_mechanisms.md and its CSV in DIR (default runs/privacy-mechanisms; the
+committed page is made with --out experiments/results).
 
 Every mechanism's noise is calibrated before training so that the victim's epsilon against a direct
-neighbour (ring:8, victim 1, neighbour 0; the ring is vertex transitive) is the target, with that
+neighbour (victim 1, observer 0; the topologies are vertex transitive) is the target, with that
 mechanism's own valid accountant (`privacy.mechanisms`); then each (mechanism, algorithm) trains
-with seeds 0, 1, 2. ``--quick`` is a seconds-long smoke run (4 peers, 2 epochs, 1 seed) that writes
-its page to runs/privacy-mechanisms-quick unless --out says otherwise.
+with seeds 0, 1, 2, evaluated at every quarter of the run (the plateau check). Every run is
+an attacked run (Privacy IV's protocol, `experiments.privacy_attacks`): every peer's shard is split
+into members (trained on) and held-out records no peer trains on; observer 0 records what it
+receives, and the LOSS and LiRA attacks score its neighbours 1 and n-1's candidates with the model it
+reads off (or reconstructs from) their messages, beside the blind baselines and their null band.
+``--quick`` is a seconds-long smoke run (4 peers, 4 epochs, 1 seed) that writes its page to
+runs/privacy-mechanisms-quick unless --out says otherwise.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import math
 import os
 import statistics
@@ -38,11 +47,12 @@ DECOR_RATIO = 4.0
 ZIPDL_RATIO = 1.0
 ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1,iters=1"))
 MECHANISMS = ("local", "muffliato", "zipdl", "decor")
-SETTINGS = {
+TOPOLOGIES = ("ring:8", "ring:16", "exponential:16")
+#: Per peer: SHARD records, half of them members (trained on), half held out (no peer trains on
+#: them); synthetic_logreg keeps 80 % of n for training.
+COMMON = {
     False: dict(
-        topology="ring:8",
-        peers=8,
-        dataset="synthetic_logreg:d=20,classes=10,n=10000",
+        data="synthetic_logreg:d=20,classes=10,n={n}",
         model="logreg",
         batch_size=64,
         lr=0.5,
@@ -51,17 +61,34 @@ SETTINGS = {
         shard=1000,
     ),
     True: dict(
-        topology="ring:4",
-        peers=4,
-        dataset="synthetic_logreg:d=20,classes=4,n=1000",
+        data="synthetic_logreg:d=20,classes=4,n={n}",
         model="logreg",
         batch_size=32,
         lr=0.5,
-        epochs=2,
+        epochs=4,
         seeds=(0,),
         shard=200,
     ),
 }
+#: The attacker (it records what it receives), and the held-out share of every peer's shard.
+OBSERVER, FRACTION = 0, 0.5
+#: LiRA's reference models per seed (each candidate in half of them).
+REFERENCES = {False: 8, True: 2}
+#: The network bound is computed on the view of the first NETWORK_STEPS steps (a lower bound on
+#: the whole run's: the view only grows), doubled until it settles the minimum with DP-SGD's
+#: bound, or up to the whole run (the exact view of a 16-peer graph over 512 steps takes minutes).
+NETWORK_STEPS = 128
+
+
+def setting_of(topology: str, quick: bool) -> Dict[str, Any]:
+    """The run setting on `topology`: every peer `shard` members (and as many held out)."""
+    import topologies
+
+    setting = dict(COMMON[quick])
+    peers = topologies.parse(topology).size
+    n = peers * setting["shard"] * 2 * 5 // 4  # 80 % training: 2 * shard per peer
+    setting.update(topology=topology, peers=peers, dataset=setting.pop("data").format(n=n))
+    return setting
 
 
 def log(text: str) -> None:
@@ -97,13 +124,28 @@ def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
         local=base["rdp"],
         note="DP-SGD: the same epsilon against every peer",
     )
-    # Muffliato: network bound on exact gossip (plain SGD, constant lr); leakage independent of sigma
-    started = time.perf_counter()
-    leak = muffliato.network_leakage(topology, steps, observer=0)
-    log(
-        f"Muffliato view of observer 0 over {steps} steps: {time.perf_counter() - started:.0f} s; "
-        f"l = {{{', '.join(f'{u}: {v:.1f}' for u, v in leak.items())}}}"
-    )
+    local_eps_rdp = _rdp(local_sigma, q, steps)
+
+    def settled(zero_sum: float, name: str):
+        """The observer's leakage over the first T steps, T doubled from NETWORK_STEPS until its
+        network bound at DP-SGD's sigma is above DP-SGD's epsilon for the neighbour and the most
+        distant peer (then min(local, network) is DP-SGD's, exactly) or T is the whole run."""
+        span = min(steps, NETWORK_STEPS)
+        while True:
+            started = time.perf_counter()
+            leak = muffliato.network_leakage(topology, span, observer=0, zero_sum=zero_sum)
+            log(
+                f"{name} view of observer 0 over {span} of {steps} steps: "
+                f"{time.perf_counter() - started:.0f} s; l = "
+                f"{{{', '.join(f'{u}: {v:.1f}' for u, v in leak.items())}}}"
+            )
+            net = [
+                float(network_dp.gaussian_epsilon(math.sqrt(leak[u]) / local_sigma, DELTA))
+                for u in (1, far)
+            ]
+            if span == steps or min(net) >= local_eps_rdp:
+                return leak, span
+            span = min(steps, 2 * span)
 
     def pairwise(leak):
         """sigma for TARGET against the neighbour (peer 1) with epsilon = min(local, network)."""
@@ -133,23 +175,29 @@ def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
             note=note.format(nb=nb_net, fa=fa_net),
         )
 
+    # Muffliato: network bound on exact gossip (plain SGD, constant lr); leakage independent of sigma
+    leak, span = settled(0.0, "Muffliato")
     sigma, near, away = pairwise(leak)
+    bound = "network bound alone" + (
+        f" (view of the first {span} steps: a lower bound)" if span < steps else ""
+    )
+    sign = "≥ " if span < steps else ""
     out["muffliato"] = network_row(
         sigma,
         near,
         away,
         "—",
-        f"min(local, network view); network bound alone: neighbour {{nb:.3g}}, peer {far} hops "
-        "away {fa:.3g} (exact gossip only; PowerGossip: local)",
+        f"min(local, network view); {bound}: neighbour {sign}{{nb:.3g}}, peer {far} hops "
+        f"away {sign}{{fa:.3g}} (exact gossip only; PowerGossip: local)",
     )
+    out["muffliato"]["network_steps"] = span
     # ZIP-DL: the same view with its zero-sum draws added (rho fixed, so l does not depend on sigma)
-    started = time.perf_counter()
-    zip_leak = muffliato.network_leakage(topology, steps, observer=0, zero_sum=ZIPDL_RATIO)
-    log(
-        f"ZIP-DL view of observer 0 over {steps} steps: {time.perf_counter() - started:.0f} s; "
-        f"l = {{{', '.join(f'{u}: {v:.1f}' for u, v in zip_leak.items())}}}"
-    )
+    zip_leak, span = settled(ZIPDL_RATIO, "ZIP-DL")
     sigma, near, away = pairwise(zip_leak)
+    bound = "network bound alone" + (
+        f" (view of the first {span} steps: a lower bound)" if span < steps else ""
+    )
+    sign = "≥ " if span < steps else ""
     zip_sigma = ZIPDL_RATIO * setting["lr"] * sigma * CLIP / setting["batch_size"]
     out["zipdl"] = dict(
         network_row(
@@ -157,10 +205,12 @@ def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
             near,
             away,
             f"zero-sum std {zip_sigma:.3g} per draw",
-            f"min(local, network view with the zero-sum noise); network bound alone: neighbour "
-            f"{{nb:.3g}}, peer {far} hops away {{fa:.3g}} (exact gossip only; PowerGossip: local)",
+            f"min(local, network view with the zero-sum noise); {bound}: neighbour "
+            f"{sign}{{nb:.3g}}, peer {far} hops away {sign}{{fa:.3g}} (exact gossip only; "
+            "PowerGossip: local)",
         ),
         zipdl_sigma=zip_sigma,
+        network_steps=span,
     )
     adjacency = decor.adjacency_of(topology)
     with warnings.catch_warnings():
@@ -199,12 +249,46 @@ def _rdp(sigma: float, q: float, steps: int) -> float:
         return epsilon(check, DELTA)
 
 
-def train_row(setting, spec, mechanism, noise, seed) -> Dict[str, Any]:
-    from experiments.suite.runs import run_one
+def victims_of(setting: Dict[str, Any]) -> List[int]:
+    """The attacked peers: the observer's neighbours 1 and n - 1 (direct neighbours on every
+    topology here)."""
+    import topologies
 
+    peers = setting["peers"]
+    near = set(topologies.parse(setting["topology"]).neighbors(OBSERVER))
+    chosen = sorted({1 % peers, peers - 1})
+    if not set(chosen) <= near:
+        raise ValueError(f"peers {chosen} are not all neighbours of {OBSERVER} on this topology")
+    return chosen
+
+
+def split_of(setting: Dict[str, Any], seed: int):
+    """Every peer's shard split into members and held-out records (the seed's draw)."""
+    from gossip_powersgd.privacy.heldout import make_split
+
+    return make_split(
+        setting["dataset"],
+        setting["peers"],
+        "iid",
+        seed=0,
+        victims=range(setting["peers"]),
+        fraction=FRACTION,
+        split_seed=seed,
+    )
+
+
+def train_row(setting, spec, mechanism, noise, seed, refs_cache) -> Dict[str, Any]:
+    """Train one run on the seed's split with observer 0 recording, and attack its neighbours."""
+    from experiments.privacy_attacks.measure import Snapshots
+    from experiments.suite.runs import run_one
+    from gossip_powersgd.privacy.views import ObservedView, ObserverHooks
+
+    split = split_of(setting, seed)
     overrides = dict(
         topology=setting["topology"],
-        dataset=setting["dataset"],
+        dataset=split.spec(),
+        partition="local",
+        public_train_size=setting["peers"] * setting["shard"],  # sizes an epoch; public anyway
         model=setting["model"],
         batch_size=setting["batch_size"],
         lr=setting["lr"],
@@ -213,7 +297,7 @@ def train_row(setting, spec, mechanism, noise, seed) -> Dict[str, Any]:
         schedule="constant",
         warmup_epochs=0,
         epochs=setting["epochs"],
-        eval_every=setting["epochs"],
+        eval_every=max(1, setting["epochs"] // 4),  # quarters: the plateau check
         seed=seed,
         algorithm=spec,
         comm_timeout=600.0,
@@ -229,13 +313,90 @@ def train_row(setting, spec, mechanism, noise, seed) -> Dict[str, Any]:
             overrides["dp_zipdl_sigma"] = noise["zipdl_sigma"]
         if mechanism == "decor":
             overrides["dp_decor_sigma_cor"] = noise["sigma_cor"]
-    m = run_one(overrides)
+    hooks: Dict[int, Dict[str, Any]] = {}
+
+    def make_hooks(rank: int):
+        mine = hooks[rank] = {"snap": Snapshots((1.0,))}
+        if rank == OBSERVER:
+            mine["observer"] = ObserverHooks([OBSERVER])
+        return list(mine.values())
+
+    m = run_one(overrides, make_hooks=make_hooks)
     if noise is not None and m["steps"] != noise["steps"]:
         raise RuntimeError(
             f"the run took {m['steps']} steps, the calibration assumed "
             f"{noise['steps']}: fix SETTINGS"
         )
+    recorder = hooks[OBSERVER]["observer"].recorder
+    view = ObservedView(recorder.meta, recorder.records)
+    snaps = {k: h["snap"].parameters for k, h in hooks.items()}
+    m.update(attack(setting, split, view, snaps, seed, refs_cache))
+    at = {round(e["epoch"] * 4 / setting["epochs"]): e["acc_avg"] for e in m["evals"]}
+    m["acc_half"], m["acc_3q"] = at.get(2, float("nan")), at.get(3, float("nan"))
     return m
+
+
+#: The page's attack figures: (model, attack) pairs and the blind baselines, as flat keys.
+ATTACK_MODELS = ("received", "victim's own")
+ATTACKS = ("LOSS", "LiRA offline")
+
+
+def attack(setting, split, view, snaps, seed, refs_cache) -> Dict[str, Any]:
+    """Privacy IV's attacks (`experiments.privacy_attacks.attacks`) by the observer on its
+    neighbours at the last step: through the model it reads off their messages (exact gossip)
+    or reconstructs from them (PowerGossip: `reconstruction.reconstruct`, 4 messages), and,
+    as the ceiling, through the victim's own model; with the blind baselines and null band."""
+    from experiments.privacy_attacks.attacks import Candidates, References, evaluate, flat
+    from gossip_powersgd.privacy.membership import model_with_parameters
+    from gossip_powersgd.privacy.reconstruction import reconstruct
+    from gossip_powersgd.training.models import build_model
+
+    base = split.data()
+    victims = victims_of(setting)
+    candidates = Candidates.of(split, victims)
+
+    def model(parameters):
+        fresh = build_model(setting["model"], base.input_shape, base.num_classes, 0)
+        return model_with_parameters(fresh, parameters)
+
+    if seed not in refs_cache:
+        recipe = dict(
+            epochs=setting["epochs"], lr=setting["lr"], batch=setting["batch_size"], momentum=0.0
+        )
+        refs_cache[seed] = References.build(
+            split,
+            candidates,
+            OBSERVER,
+            lambda: build_model(setting["model"], base.input_shape, base.num_classes, 0),
+            setting["references"],
+            recipe,
+            seed,
+        )
+    refs = refs_cache[seed]
+    last = max(next(iter(snaps.values())))
+    received = {}
+    for v in victims:
+        estimates = reconstruct(view, v, window=4)
+        received[v] = model(estimates[max(k for k in estimates if k <= last)])
+    models = {
+        "received": received,
+        "victim's own": {v: model(snaps[v][last]) for v in victims},
+    }
+    evaluation = evaluate(models, candidates, refs, split)
+    out = {k: v for k, v in flat(evaluation).items()}
+    band = evaluation["null_band"]
+    out.update(
+        {
+            "null/auc": band["auc"],
+            "null/tpr0.1": band["tpr"][0],
+            "null/tpr1": band["tpr"][1],
+            "members": int(candidates.member.sum()),
+            "nonmembers": int((~candidates.member).sum()),
+            "victims": victims,
+            "reference_seconds": refs.seconds,
+        }
+    )
+    return out
 
 
 def _pm(values: List[float], pct: bool = True) -> str:
@@ -250,6 +411,17 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="seconds-long smoke run")
     parser.add_argument(
+        "--topologies",
+        default=None,
+        help=f"comma-separated topologies (default {','.join(TOPOLOGIES)}; --quick: ring:4)",
+    )
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="epochs per run (default 32; --quick: 4): the calibration follows the run's steps",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -258,49 +430,99 @@ def main(argv=None) -> None:
     )
     args = parser.parse_args(argv)
     import torch
+    import topologies as topology_specs
 
     from experiments.suite.tables import generated_sentence
 
     torch.set_num_threads(1)
-    setting = SETTINGS[args.quick]
+    names = (args.topologies or ("ring:4" if args.quick else ",".join(TOPOLOGIES))).split(",")
+    for name in names:
+        try:
+            topology_specs.parse(name)
+        except Exception as error:  # noqa: BLE001 - any parse failure is bad input
+            raise SystemExit(f"--topologies: {name!r} is not a topology ({error})") from None
+    if args.epochs is not None and args.epochs < 4:
+        raise SystemExit(
+            f"--epochs must be at least 4 (evaluated at every quarter), got {args.epochs}"
+        )
     load_start = os.getloadavg()[0]
     started = time.perf_counter()
-    noises = calibrate(setting)
-    for name, row in noises.items():
-        log(
-            f"{name}: sigma {row['sigma']:.4g} {row['extra']}; eps neighbour {row['neighbour']:.3g}"
-        )
-    reuse_muffliato = abs(noises["muffliato"]["sigma"] - noises["local"]["sigma"]) < 1e-9
+    sections = []
     rows: List[Dict[str, Any]] = []
-    for label, spec in ALGORITHMS:
-        log(f"{label} non-private seed {setting['seeds'][0]}")
-        m = train_row(setting, spec, None, None, setting["seeds"][0])
-        rows.append(dict(m, mechanism="none", algorithm=label, seed=setting["seeds"][0]))
-        for mechanism in MECHANISMS:
-            if mechanism == "muffliato" and reuse_muffliato:
-                continue
-            for seed in setting["seeds"]:
-                log(f"{label} {mechanism} seed {seed}")
-                m = train_row(setting, spec, mechanism, noises[mechanism], seed)
-                rows.append(dict(m, mechanism=mechanism, algorithm=label, seed=seed))
+    for name in names:
+        setting = dict(setting_of(name, args.quick), references=REFERENCES[args.quick])
+        if args.epochs is not None:
+            setting["epochs"] = args.epochs
+        victims_of(setting)  # refuse a topology without the attacked neighbours before training
+        begun = time.perf_counter()
+        noises = calibrate(setting)
+        calibration_seconds = time.perf_counter() - begun
+        for mechanism, row in noises.items():
+            log(
+                f"{name} {mechanism}: sigma {row['sigma']:.4g} {row['extra']}; eps neighbour "
+                f"{row['neighbour']:.3g}"
+            )
+        reuse_muffliato = abs(noises["muffliato"]["sigma"] - noises["local"]["sigma"]) < 1e-9
+        refs_cache: Dict[int, Any] = {}
+        mine: List[Dict[str, Any]] = []
+        for label, spec in ALGORITHMS:
+            plan = [("none", None, setting["seeds"][0])] + [
+                (mechanism, noises[mechanism], seed)
+                for mechanism in MECHANISMS
+                if not (mechanism == "muffliato" and reuse_muffliato)
+                for seed in setting["seeds"]
+            ]
+            for mechanism, noise, seed in plan:
+                log(f"{name} {label} {mechanism} seed {seed}")
+                m = train_row(
+                    setting,
+                    spec,
+                    None if mechanism == "none" else mechanism,
+                    noise,
+                    seed,
+                    refs_cache,
+                )
+                mine.append(dict(m, topology=name, mechanism=mechanism, algorithm=label, seed=seed))
+        rows += mine
+        sections.append(
+            dict(
+                setting=setting,
+                noises=noises,
+                rows=mine,
+                reuse_muffliato=reuse_muffliato,
+                calibration_seconds=calibration_seconds,
+                seconds=time.perf_counter() - begun,
+            )
+        )
     seconds = time.perf_counter() - started
     out_dir = args.out or DEFAULT_OUT.with_name(
         "privacy-mechanisms-quick" if args.quick else "privacy-mechanisms"
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(out_dir / "privacy_mechanisms.csv", rows)
+    atomic_write(  # every number the page shows, before it is rendered
+        out_dir / "privacy_mechanisms.json",
+        json.dumps(
+            [
+                dict(s, rows=[{k: v for k, v in r.items() if k != "curve"} for r in s["rows"]])
+                for s in sections
+            ],
+            indent=1,
+            default=str,
+        ).encode(),
+    )
     per_step = statistics.fmean(r["run_seconds"] / r["steps"] for r in rows)
+    command = (
+        COMMAND
+        + (" --quick" if args.quick else "")
+        + (f" --topologies {args.topologies}" if args.topologies else "")
+        + (f" --epochs {args.epochs}" if args.epochs is not None else "")
+        + (f" --out {args.out}" if args.out else "")
+    )
     page = render(
-        setting,
-        noises,
-        rows,
-        reuse_muffliato,
-        generated_sentence(
-            COMMAND
-            + (" --quick" if args.quick else "")
-            + (f" --out {args.out}" if args.out else ""),
-            seconds,
-        ),
+        sections,
+        generated_sentence(command, seconds),
+        command,
         dict(load=(load_start, os.getloadavg()[0]), per_step=per_step),
     )
     atomic_write(out_dir / "privacy_mechanisms.md", page.encode())
@@ -308,17 +530,31 @@ def main(argv=None) -> None:
 
 
 def write_csv(path: Path, rows) -> None:
-    keys = [
-        "mechanism",
-        "algorithm",
-        "seed",
-        "acc_avg",
-        "acc_local_mean",
-        "acc_local_min",
-        "mb_per_peer",
-        "steps",
-        "run_seconds",
-    ]
+    keys = (
+        [
+            "topology",
+            "mechanism",
+            "algorithm",
+            "seed",
+            "acc_half",
+            "acc_3q",
+            "acc_avg",
+            "acc_local_mean",
+            "acc_local_min",
+            "mb_per_peer",
+            "steps",
+            "run_seconds",
+            "members",
+            "nonmembers",
+        ]
+        + [
+            f"{metric}/{model}/{attack}"
+            for model in ATTACK_MODELS + ("blind model",)
+            for attack in ATTACKS
+            for metric in ("auc", "tpr1", "tpr0.1")
+        ]
+        + [f"{metric}/class prior" for metric in ("auc", "tpr1", "tpr0.1")]
+    )
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=keys, extrasaction="ignore")
     writer.writeheader()
@@ -326,21 +562,22 @@ def write_csv(path: Path, rows) -> None:
     atomic_write(path, buffer.getvalue().encode())
 
 
-def render(setting, noises, rows, reuse_muffliato, generated, measured) -> str:
+def render(sections, generated, command, measured) -> str:
     from experiments.privacy_mechanisms_page import render_page
 
     return render_page(
-        setting,
-        noises,
-        rows,
-        reuse_muffliato,
+        sections,
         generated,
+        command,
         dict(
             target=TARGET,
             delta=DELTA,
             clip=CLIP,
             ratio=DECOR_RATIO,
             algorithms=[a for a, _ in ALGORITHMS],
+            observer=OBSERVER,
+            fraction=FRACTION,
+            network_steps=NETWORK_STEPS,
             **measured,
         ),
         _pm,

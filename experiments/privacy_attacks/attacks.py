@@ -49,9 +49,11 @@ class Candidates:
     victim: np.ndarray
 
     @classmethod
-    def of(cls, split: HeldOutSplit) -> "Candidates":
+    def of(cls, split: HeldOutSplit, victims=None) -> "Candidates":
+        """`victims`: the peers whose records are candidates (default: every victim of the
+        split; a split may hold records out on more peers than are attacked)."""
         xs, ys, member, victim = [], [], [], []
-        for v in split.victims:
+        for v in split.victims if victims is None else victims:
             for inside, (x, y) in ((True, split.member_set(v)), (False, split.heldout_set(v))):
                 xs.append(x)
                 ys.append(y)

@@ -49,16 +49,20 @@ QUICK_BASE = dict(
 )
 
 
-def _peer(comm: Comm, config):
-    """One peer: train, and return its summary and transport counters."""
+def _peer(comm: Comm, config, make_hooks=None):
+    """One peer: train (with `make_hooks(rank)`'s training hooks, if given), and return its
+    summary and transport counters."""
     from gossip_powersgd.training.trainer import train
 
-    summary = train(comm, config)
+    hooks = make_hooks(comm.rank) if make_hooks is not None else ()
+    summary = train(comm, config, hooks=hooks)
     return summary, comm.stats.as_dict()
 
 
-def run_one(overrides: Dict[str, Any], quick: bool = False) -> Dict[str, Any]:
-    """Train once on every peer (threads of this process); the row's raw measurements."""
+def run_one(overrides: Dict[str, Any], quick: bool = False, make_hooks=None) -> Dict[str, Any]:
+    """Train once on every peer (threads of this process); the row's raw measurements.
+    `make_hooks`: rank -> that peer's list of `TrainingHooks` (the caller keeps what it needs
+    of them, e.g. an observer's recorded view), or None."""
     import torch
 
     from gossip_powersgd.launch import run_peers
@@ -71,7 +75,9 @@ def run_one(overrides: Dict[str, Any], quick: bool = False) -> Dict[str, Any]:
     topology = resolve_topology(config)
     config = config.replace(peers=topology.size)
     started = time.perf_counter()
-    values = run_peers(topology, _peer, config, backend="local", timeout=config.comm_timeout)
+    values = run_peers(
+        topology, _peer, config, make_hooks, backend="local", timeout=config.comm_timeout
+    )
     results = [values[rank] for rank in sorted(values)]
     seconds = time.perf_counter() - started
     summary = results[0][0]
