@@ -43,6 +43,7 @@ from unittest import mock
 import torch
 from torch.nn import functional as F
 
+from experiments.bench_gossip.record import machine_description
 from gossip_powersgd.utils import atomic_write, git_commit
 
 if TYPE_CHECKING:
@@ -290,7 +291,8 @@ def render(args, one_peer, e2e, seconds: float, command: str, big=None, parts=No
         "",
         f"Command: `{command}`",
         "",
-        f"Date: {now} ({seconds:.0f} s), commit {git_commit()}. Machine: {os.cpu_count()} cores "
+        f"Date: {now} ({seconds:.0f} s), commit {git_commit()}. Machine: "
+        f"{machine_description()['cpu']}, {os.cpu_count()} cores "
         f"shared with other jobs (load average {load:.1f} at the end), Python "
         f"{platform.python_version()}, torch {torch.__version__}, one torch thread. The machine "
         "was loaded by other jobs during the run: the figures are medians of interleaved "
