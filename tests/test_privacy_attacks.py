@@ -572,7 +572,7 @@ def test_the_attack_page_is_computed_from_its_rows(tmp_path, monkeypatch):
 
     from experiments.privacy_attacks import driver, measure
 
-    monkeypatch.setattr(driver, "QUICK_PLAN", (("powergossip:rank=1", None),))
+    monkeypatch.setattr(driver, "QUICK_PLAN_GROUPS", ((("powergossip:rank=1", None),),))
     monkeypatch.setattr(driver, "QUICK_SEEDS", (0,))
     monkeypatch.setattr(
         driver, "network_dp", lambda: measure.network_dp(("ring:4",), (("once", 2),))
