@@ -158,13 +158,14 @@ def blind_check(group: Sequence[Dict[str, Any]]) -> str:
 
 def runs_table(rows) -> str:
     lines = [
-        "| algorithm | DP | seeds | averaged-model acc | victims' model acc | MB sent / peer | "
+        "| algorithm | DP | σ | seeds | averaged-model acc | victims' model acc | MB sent / peer | "
         "MB the observer received | consensus distance (end) | run s (mean) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for g in groups(rows):
         lines.append(
-            f"| {label(g[0]['spec'])} | {_dp(g)} | {len(g)} | "
+            f"| {label(g[0]['spec'])} | {_dp(g)} | "
+            f"{'—' if g[0]['sigma'] is None else format(g[0]['sigma'], '.3g')} | {len(g)} | "
             f"{_stat([r['acc_avg'] for r in g], 2, True)} % | "
             f"{_stat([r['acc_victim'] for r in g], 2, True)} % | "
             f"{g[0]['mb_sent_per_peer']:.3f} | {g[0]['observed_mb']:.3f} | "
@@ -497,8 +498,8 @@ def page(rows, network: Dict[str, Any], plan: Dict[str, Any], generated: str) ->
         f"victims, so TPR at 0.1 % FPR lets {plan['nonmembers'] // 1000} non-members above the "
         f"threshold (FPR in steps of 1/{plan['nonmembers']}); every figure is mean "
         f"± sd over {plan['seeds']} seeds (a new split and a new training seed each). Blind "
-        f"baselines beside every figure: the class-prior score (the label's frequency among the "
-        f"victims' members: never looks at a model) and the same attacks through a model that never "
+        f"baselines beside every figure: the class-prior score (the label's frequency in the "
+        f"victims' whole shards, members and held-out alike: never looks at a model) and the same attacks through a model that never "
         f"saw the victims (trained in-process on the observer's own shard); both must sit in the "
         f"null band, the central 95 % of AUC and TPR under 200 random permutations of the member "
         f"labels. Attacks: LOSS; calibrated LOSS (−loss + the mean loss of the reference models "
