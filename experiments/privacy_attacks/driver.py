@@ -19,7 +19,15 @@ from typing import Any, Dict, List, Optional
 from gossip_powersgd.utils import atomic_write, check_writable_dir, git_commit, one_line
 
 from . import report
-from .measure import ALGORITHMS, QUICK_SETTING, REFERENCES, SETTING, attacked_run, network_dp
+from .measure import (
+    ALGORITHMS,
+    QUICK_SETTING,
+    REFERENCE_LR,
+    REFERENCES,
+    SETTING,
+    attacked_run,
+    network_dp,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The default output folder: under runs/ (git-ignored); the committed page is written only by an
@@ -42,7 +50,7 @@ PLAN_GROUPS = (
 )
 QUICK_PLAN_GROUPS = (((_EXACT, None), (_R1, None), (_EXACT, 8.0)),)
 SCALE_NOTE = (
-    "the page had to finish in about 70 minutes on one core of the shared machine (run at nice "
+    "the page had to finish in about an hour on one core of the shared machine (run at nice "
     "15 beside another engineer's benchmarks). One timed run of each kind at one epoch before "
     "it (a DP run with the attacks; the LiRA reference models) bounded a full DP row at about "
     "4 minutes and the references at about 1 minute per seed; the first rows took less "
@@ -204,6 +212,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "setting": setting,
         "seeds": len(seeds),
         "references": references,
+        "reference_lr": setting.get("reference_lr", REFERENCE_LR),
         "members": ok[0]["members"] if ok else 0,
         "per_peer": len(ok[0]["split"]["members"]["0"]) if ok else 0,
         "nonmembers": ok[0]["nonmembers"] if ok else 0,

@@ -20,6 +20,7 @@ Class-conditional LOSS: -loss z-scored within its class by the OUT reference los
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Dict, Tuple
 
 import numpy as np
@@ -132,13 +133,25 @@ def train_classifier(
     batch: int,
     momentum: float = 0.9,
     seed: int = 0,
+    warmup_epochs: float = 0.0,
 ) -> torch.nn.Module:
-    """A reference model: SGD with momentum and a cosine schedule on (x, y), shuffled per epoch."""
+    """A reference model: SGD with momentum on (x, y), shuffled per epoch, the learning rate of
+    the trainer's recipe (`training.trainer.learning_rate`): linear warm-up over `warmup_epochs`,
+    then a cosine decay over the remaining steps. Raises a one-line ValueError if the model
+    leaves the finite numbers (its recipe diverges: lower lr or warm up)."""
     generator = torch.Generator().manual_seed(seed)
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    steps = epochs * max(1, -(-len(x) // batch))
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+    per_epoch = max(1, -(-len(x) // batch))
+    warmup = int(round(warmup_epochs * per_epoch))
+    decay = max(1, epochs * per_epoch - warmup)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup) / decay)))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     model.train()
     for _ in range(epochs):
         order = torch.randperm(len(x), generator=generator)
@@ -148,6 +161,11 @@ def train_classifier(
             F.cross_entropy(model(x[pick]), y[pick]).backward()
             optimizer.step()
             schedule.step()
+    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        raise ValueError(
+            f"a reference model diverged (lr {lr:g}, batch {batch}, {epochs} epochs, warm-up "
+            f"{warmup_epochs:g} epochs): its parameters are not finite; lower lr or warm up longer"
+        )
     return model
 
 
