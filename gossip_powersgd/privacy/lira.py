@@ -124,6 +124,16 @@ def class_conditional_loss_scores(
     return out
 
 
+def schedule_factor(step: int, per_epoch: int, epochs: int, warmup_epochs: float) -> float:
+    """The learning rate of step `step` (0-based) over the base rate: linear warm-up over
+    `warmup_epochs`, then cosine decay to 0 over the remaining steps (the trainer's `cosine`)."""
+    warmup = int(round(warmup_epochs * per_epoch))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, epochs * per_epoch - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
 def train_classifier(
     make_model: Callable[[], torch.nn.Module],
     x: torch.Tensor,
@@ -143,15 +153,9 @@ def train_classifier(
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     per_epoch = max(1, -(-len(x) // batch))
-    warmup = int(round(warmup_epochs * per_epoch))
-    decay = max(1, epochs * per_epoch - warmup)
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup) / decay)))
-
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: schedule_factor(step, per_epoch, epochs, warmup_epochs)
+    )
     model.train()
     for _ in range(epochs):
         order = torch.randperm(len(x), generator=generator)
