@@ -482,6 +482,40 @@ def test_lira_finds_an_overfitted_models_members_and_not_an_independent_models()
         inclusion_masks(10, 3)
 
 
+def test_reference_models_follow_the_trainers_learning_rate_schedule():
+    """The reference models' learning rate is the trainer's (`trainer.learning_rate`): linear
+    warm-up, then cosine decay, step for step (exact: the same float formula); the recipe
+    without warm-up is torch's CosineAnnealingLR, the previous schedule. A recipe that diverges
+    is refused in one line naming the reference model, not passed on as non-finite scores."""
+    from gossip_powersgd.privacy.lira import schedule_factor, train_classifier
+    from gossip_powersgd.training.config import config_from_dict
+    from gossip_powersgd.training.trainer import learning_rate
+
+    for warmup, epochs, per_epoch in ((1, 15, 55), (0, 3, 7), (2.5, 4, 10)):
+        config = config_from_dict(
+            dict(lr=0.4, epochs=epochs, warmup_epochs=warmup, schedule="cosine")
+        )
+        for step in range(epochs * per_epoch):
+            assert 0.4 * schedule_factor(step, per_epoch, epochs, warmup) == pytest.approx(
+                learning_rate(config, step, per_epoch), rel=1e-12
+            )
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.4)
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 21)
+    for step in range(21):
+        assert 0.4 * schedule_factor(step, 7, 3, 0) == pytest.approx(
+            optimizer.param_groups[0]["lr"], rel=1e-9
+        )
+        optimizer.step()
+        cosine.step()
+
+    # One step of lr 1e30 on inputs of size 1e6 puts logits beyond float32's 3.4e38: inf, NaN.
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 5, generator=generator) * 1e6
+    y = torch.randint(0, 3, (64,), generator=generator)
+    with pytest.raises(ValueError, match="a reference model diverged .*lower lr"):
+        train_classifier(lambda: torch.nn.Linear(5, 3), x, y, epochs=2, lr=1e30, batch=16)
+
+
 def test_calibrated_and_class_conditional_loss_scores_by_hand():
     from gossip_powersgd.privacy.lira import (
         calibrated_loss_scores,
@@ -572,7 +606,7 @@ def test_the_attack_page_is_computed_from_its_rows(tmp_path, monkeypatch):
 
     from experiments.privacy_attacks import driver, measure
 
-    monkeypatch.setattr(driver, "QUICK_PLAN", (("powergossip:rank=1", None),))
+    monkeypatch.setattr(driver, "QUICK_PLAN_GROUPS", ((("powergossip:rank=1", None),),))
     monkeypatch.setattr(driver, "QUICK_SEEDS", (0,))
     monkeypatch.setattr(
         driver, "network_dp", lambda: measure.network_dp(("ring:4",), (("once", 2),))

@@ -102,10 +102,20 @@ class References:
         torch.manual_seed(1000 * seed + count)
         blind = train_classifier(make_model, own_x, own_y, seed=1000 * seed + count, **recipe)
         x, y = candidates.x, candidates.y
+        phi = np.stack([logit_confidence(m, x, y) for m in models])
+        loss = np.stack([-loss_scores(m, x, y) for m in models])
+        bad = [
+            k for k in range(count) if not np.isfinite(phi[k]).all() & np.isfinite(loss[k]).all()
+        ]
+        if bad:
+            raise ValueError(
+                f"reference models {bad} of seed {seed} give non-finite scores (their logits "
+                f"overflow: the recipe {recipe} diverges); lower lr or warm up longer"
+            )
         return cls(
             masks=masks,
-            phi=np.stack([logit_confidence(m, x, y) for m in models]),
-            loss=np.stack([-loss_scores(m, x, y) for m in models]),
+            phi=phi,
+            loss=loss,
             blind=blind,
             seconds=time.process_time() - started,
         )

@@ -79,6 +79,11 @@ SWEEP = (
     ("DP", 256, 4.0, 0.5, EPOCHS, TARGET),
     ("DP", 512, 2.0, 1.0, EPOCHS, TARGET),
 )
+#: The DP regime privacy_dp_sweep.md chose (its best DP row: batch 256, lr 2.0, C 1.0, EPOCHS
+#: epochs, TARGET), the regime of the privacy pages' DP rows (privacy_attacks imports it). The
+#: sweep itself picks its best row from what it measures; a new page that chooses another row must
+#: change this constant with it.
+CHOSEN = SWEEP[2]
 #: The label of part 1's last row, the chosen regime clipped without noise.
 CLIPPED = "chosen, clipped, no noise"
 #: The rows of --quick: the non-private reference and the first DP row.

@@ -158,13 +158,14 @@ def blind_check(group: Sequence[Dict[str, Any]]) -> str:
 
 def runs_table(rows) -> str:
     lines = [
-        "| algorithm | DP | seeds | averaged-model acc | victims' model acc | MB sent / peer | "
+        "| algorithm | DP | σ | seeds | averaged-model acc | victims' model acc | MB sent / peer | "
         "MB the observer received | consensus distance (end) | run s (mean) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for g in groups(rows):
         lines.append(
-            f"| {label(g[0]['spec'])} | {_dp(g)} | {len(g)} | "
+            f"| {label(g[0]['spec'])} | {_dp(g)} | "
+            f"{'—' if g[0]['sigma'] is None else format(g[0]['sigma'], '.3g')} | {len(g)} | "
             f"{_stat([r['acc_avg'] for r in g], 2, True)} % | "
             f"{_stat([r['acc_victim'] for r in g], 2, True)} % | "
             f"{g[0]['mb_sent_per_peer']:.3f} | {g[0]['observed_mb']:.3f} | "
@@ -462,6 +463,19 @@ def answers(rows) -> List[str]:
             )
         if parts:
             out.append(f"- {label(spec)}: " + "; ".join(parts) + ".")
+    plain = [g for (_, t), g in gs.items() if t is None]
+    if plain and all(
+        _mean(g, f"tpr0.1/{m}/{HEADLINE}") <= _band(g[0])["tpr"][0][1]
+        for g in plain
+        for m in ["victim"] + ([_strongest(g)] if _reconstructions(g[0]) else [])
+    ):
+        out.append(
+            "- So at which ε does the neighbour's TPR at 0.1 % FPR reach chance? Here it is "
+            f"within the null band already without DP, for every algorithm on this page and "
+            f"through the victim's model and the strongest reconstruction: under {HEADLINE} these "
+            f"models do not separate their members at a low FPR, so in this regime that ε is ∞ "
+            f"and the page can say nothing finer."
+        )
     return out
 
 
@@ -495,29 +509,33 @@ def page(rows, network: Dict[str, Any], plan: Dict[str, Any], generated: str) ->
         f"trained on). Members and non-members therefore come from the same distribution. Per run: "
         f"{plan['members']} members and {plan['nonmembers']} non-members pooled over the two "
         f"victims, so TPR at 0.1 % FPR lets {plan['nonmembers'] // 1000} non-members above the "
-        f"threshold and is coarse (steps of 1/{plan['nonmembers']} in FPR); every figure is mean "
+        f"threshold (FPR in steps of 1/{plan['nonmembers']}); every figure is mean "
         f"± sd over {plan['seeds']} seeds (a new split and a new training seed each). Blind "
-        f"baselines beside every figure: the class-prior score (the label's frequency among the "
-        f"victims' members: never looks at a model) and the same attacks through a model that never "
+        f"baselines beside every figure: the class-prior score (the label's frequency in the "
+        f"victims' whole shards, members and held-out alike: never looks at a model) and the same attacks through a model that never "
         f"saw the victims (trained in-process on the observer's own shard); both must sit in the "
         f"null band, the central 95 % of AUC and TPR under 200 random permutations of the member "
         f"labels. Attacks: LOSS; calibrated LOSS (−loss + the mean loss of the reference models "
         f"that did not train on the candidate); class-conditional LOSS; LiRA offline and online "
         f"(Carlini et al. 2022) with {plan['references']} reference models per seed trained "
         f"in-process, each on a random half of the candidate pool (every candidate in exactly half "
-        f"of them) plus the observer's own shard, with the non-private recipe below (no DP for the "
+        f"of them) plus the observer's own shard, with the non-private recipe below but lr "
+        f"{plan.get('reference_lr', setting['lr'])} (each trains alone, without gossip; no DP for the "
         f"reference models, also for the DP rows: a weaker but cheaper attacker), global variance. "
         f"The headline attack is {HEADLINE}.\n\n"
         f"**Setting and scale.** `{setting['dataset']}` ({plan['per_peer']} training samples per "
-        f"peer), "
-        f"`{setting['partition']}`, `{setting['model']}`, {setting['topology']}, SGD lr "
-        f"{setting['lr']} momentum {setting['momentum']}, cosine schedule, batch "
-        f"{setting['batch_size']}, {setting['epochs']} epochs. Private rows: DP-SGD on every peer "
-        f"(batch {dp.get('batch_size')}, lr "
-        f"{dp.get('lr')}, clip C = {dp.get('dp_max_grad_norm')}, {dp.get('epochs')} epochs, "
-        f"δ = {dp.get('dp_delta')}), noise secret per peer; the ε in a row is each victim's own. "
-        f"Scale: the page must run in ≤ 25 min on this shared machine, so a DP run (~3–6 min "
-        f"here) is affordable only for a few rows: {plan['scale_note']}\n\n"
+        f"peer; each victim trains on {plan['members'] // 2} of them and holds the rest out), "
+        f"`{setting['partition']}`, `{setting['model']}`, {setting['topology']}, SGD momentum "
+        f"{setting['momentum']}, cosine schedule, {setting['warmup_epochs']} warm-up epoch. "
+        f"Every row trains in the regime that privacy_dp_sweep.md chose (its constants are "
+        f"imported, not copied) on the same data per peer. Non-private rows: that page's "
+        f"non-private reference, batch {setting['batch_size']}, {setting['epochs']} epochs, but "
+        f"lr {setting['lr']} (see Not reached). Private rows: DP-SGD on every peer, its chosen row "
+        f"(Poisson batches of {dp.get('batch_size')}, lr {dp.get('lr')}, clip "
+        f"C = {dp.get('dp_max_grad_norm')}, {dp.get('epochs')} epochs, δ = {dp.get('dp_delta')}), "
+        f"noise secret per peer, one public σ for every peer, chosen so that the peer with the "
+        f"highest sampling rate (a victim: half a shard) ends at the target; the ε in a row is "
+        f"each victim's own. Scale: {plan['scale_note']}\n\n"
     )
     text += "## Runs\n\n" + runs_table(rows) + "\n"
     text += (

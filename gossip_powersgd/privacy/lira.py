@@ -20,6 +20,7 @@ Class-conditional LOSS: -loss z-scored within its class by the OUT reference los
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Dict, Tuple
 
 import numpy as np
@@ -123,6 +124,16 @@ def class_conditional_loss_scores(
     return out
 
 
+def schedule_factor(step: int, per_epoch: int, epochs: int, warmup_epochs: float) -> float:
+    """The learning rate of step `step` (0-based) over the base rate: linear warm-up over
+    `warmup_epochs`, then cosine decay to 0 over the remaining steps (the trainer's `cosine`)."""
+    warmup = int(round(warmup_epochs * per_epoch))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, epochs * per_epoch - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
 def train_classifier(
     make_model: Callable[[], torch.nn.Module],
     x: torch.Tensor,
@@ -132,13 +143,19 @@ def train_classifier(
     batch: int,
     momentum: float = 0.9,
     seed: int = 0,
+    warmup_epochs: float = 0.0,
 ) -> torch.nn.Module:
-    """A reference model: SGD with momentum and a cosine schedule on (x, y), shuffled per epoch."""
+    """A reference model: SGD with momentum on (x, y), shuffled per epoch, the learning rate of
+    the trainer's recipe (`training.trainer.learning_rate`): linear warm-up over `warmup_epochs`,
+    then a cosine decay over the remaining steps. Raises a one-line ValueError if the model
+    leaves the finite numbers (its recipe diverges: lower lr or warm up)."""
     generator = torch.Generator().manual_seed(seed)
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    steps = epochs * max(1, -(-len(x) // batch))
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+    per_epoch = max(1, -(-len(x) // batch))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: schedule_factor(step, per_epoch, epochs, warmup_epochs)
+    )
     model.train()
     for _ in range(epochs):
         order = torch.randperm(len(x), generator=generator)
@@ -148,6 +165,11 @@ def train_classifier(
             F.cross_entropy(model(x[pick]), y[pick]).backward()
             optimizer.step()
             schedule.step()
+    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        raise ValueError(
+            f"a reference model diverged (lr {lr:g}, batch {batch}, {epochs} epochs, warm-up "
+            f"{warmup_epochs:g} epochs): its parameters are not finite; lower lr or warm up longer"
+        )
     return model
 
 
