@@ -624,7 +624,7 @@ def test_the_attack_page_is_computed_from_its_rows(tmp_path, monkeypatch):
     assert f"| {flat['auc/class prior']:.3f} |" in page  # the blind baseline beside the figure
     assert "oracle: D on the span of all factors" in page and "LS on D, 64 msgs" in page
     # the audit record: the split's held-out indices, disjoint from the members
-    split = row["split"]
+    split = saved["splits"][row["split"]]  # stored once per distinct split
     for v in split["victims"]:
         assert not set(split["heldout"][str(v)]) & set(split["members"][str(v)])
     assert (tmp_path / "privacy_attacks_roc.png").exists()

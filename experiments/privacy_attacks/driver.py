@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import shlex
@@ -133,6 +134,30 @@ def _key(spec, target, seed) -> str:
     return f"{spec}|{target}|{seed}"
 
 
+def compact_splits(rows: List[Dict[str, Any]]) -> tuple:
+    """(rows, splits): each row's split (the audit record: every peer's member and held-out
+    indices, ~0.4 MB at 8000 records per peer) stored once in ``splits`` under a digest of its
+    contents, the row keeping the digest; rows of one seed share one split."""
+    splits: Dict[str, Any] = {}
+    out = []
+    for row in rows:
+        if isinstance(row.get("split"), dict):
+            text = json.dumps(row["split"], sort_keys=True)
+            key = hashlib.sha256(text.encode()).hexdigest()[:16]
+            splits[key] = row["split"]
+            row = dict(row, split=key)
+        out.append(row)
+    return out, splits
+
+
+def expand_splits(rows: List[Dict[str, Any]], splits: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The inverse of `compact_splits`: each row with its split record again."""
+    return [
+        dict(row, split=splits[row["split"]]) if isinstance(row.get("split"), str) else row
+        for row in rows
+    ]
+
+
 def measure_all(plan_groups, seeds, setting, references, part, saved, save) -> None:
     """Every (spec, target, seed) of the plan not yet in `saved["rows"]`, group by group and
     within a group seed by seed (the plan's order is its priority); `save()` after each."""
@@ -242,9 +267,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"{date} (commit {git_commit()})."
     )
     atomic_write(out / "privacy_attacks.md", report.page(rows, network, plan, generated))
+    compact, splits = compact_splits(rows)
     atomic_write(
         out / "privacy_attacks.json",
-        json.dumps({"generated": generated, "plan": plan, "rows": rows, "network_dp": network})
+        json.dumps(
+            {
+                "generated": generated,
+                "plan": plan,
+                "splits": splits,
+                "rows": compact,
+                "network_dp": network,
+            }
+        )
         + "\n",
     )
     if not missing:
@@ -281,9 +315,8 @@ def network_only(out: Path, command: str) -> int:
         f"Section made by `{command}` on {date} in "
         f"{time.perf_counter() - started:.0f} s (commit {git_commit()})."
     )
-    atomic_write(
-        out / "privacy_attacks.md", report.page(saved["rows"], network, plan, saved["generated"])
-    )
+    rows = expand_splits(saved["rows"], saved.get("splits", {}))
+    atomic_write(out / "privacy_attacks.md", report.page(rows, network, plan, saved["generated"]))
     atomic_write(
         out / "privacy_attacks.json", json.dumps(dict(saved, plan=plan, network_dp=network)) + "\n"
     )
