@@ -87,25 +87,31 @@ def test_bench_core_on_a_tiny_parameter_set():
             assert set(isolated["variants"][name][side]) == {"compute", "efficiency"}
     assert "speedup" in isolated
 
-    text = render_markdown(
+    text = _page(s)
+    assert "### tiny · torus:2x4 (degree 3) · backend local" in text
+    assert "bytes ratio exact / PowerGossip" in text
+
+
+def _page(summary: dict) -> str:
+    """The page for one setting's summary, on a stand-in machine description."""
+    machine = {
+        "cpu": "test",
+        "cores": 1,
+        "memory": "?",
+        "load_average": None,
+        "python": "3",
+        "torch": torch.__version__,
+        "torch_default_threads": 1,
+        "mpi": "none",
+    }
+    return render_markdown(
         "python -m experiments.bench_gossip (test)",
-        [{"summary": s, "raw": {}}],
-        {
-            "cpu": "test",
-            "cores": 1,
-            "memory": "?",
-            "load_average": None,
-            "python": "3",
-            "torch": torch.__version__,
-            "torch_default_threads": 1,
-            "mpi": "none",
-        },
+        [{"summary": summary, "raw": {}}],
+        machine,
         None,
         "today",
         0.0,
     )
-    assert "### tiny · torus:2x4 (degree 3) · backend local" in text
-    assert "bytes ratio exact / PowerGossip" in text
 
 
 def _has_history() -> bool:
@@ -145,23 +151,7 @@ def test_before_runs_the_earlier_commits_powergossip_beside_this_trees():
     assert b["identical"] is True and b["max_difference"] == 0.0
     assert set(b["ratio"]) == {"compute", "total"} and all(r > 0 for r in b["ratio"].values())
     assert s["isolated"]["before_ratio"] > 0
-    page = render_markdown(
-        "python -m experiments.bench_gossip (test)",
-        [{"summary": s, "raw": {}}],
-        {
-            "cpu": "test",
-            "cores": 1,
-            "memory": "?",
-            "load_average": None,
-            "python": "3",
-            "torch": torch.__version__,
-            "torch_default_threads": 1,
-            "mpi": "none",
-        },
-        None,
-        "today",
-        0.0,
-    )
+    page = _page(s)
     assert f"## This tree's PowerGossip against `{BEFORE}`'s, in the same run" in page
     assert "| tiny · ring:4 · local | " in page
     assert "final parameters bit-identical in all settings: yes." in page
