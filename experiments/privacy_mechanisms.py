@@ -1,6 +1,7 @@
 """Local DP-SGD, Muffliato, ZIP-DL and DECOR at equal epsilon against a neighbour, attacked.
 
-`python -m experiments.privacy_mechanisms [--quick] [--topologies T,...] [--epochs N] [--out DIR]`:
+`python -m experiments.privacy_mechanisms [--quick] [--topologies T,...] [--epochs N]
+[--schedule constant|cosine] [--out DIR]`:
 local DP-SGD, Muffliato, ZIP-DL and DECOR at equal epsilon against a neighbour, on exact gossip
 and PowerGossip r1, on each topology (default ring:8, ring:16, exponential:16), with the neighbour's
 membership attack: privacy_mechanisms.md and its CSV in DIR (default runs/privacy-mechanisms; the
@@ -14,6 +15,14 @@ an attacked run (Privacy IV's protocol, `experiments.privacy_attacks`): every pe
 into members (trained on) and held-out records no peer trains on; observer 0 records what it
 receives, and the LOSS and LiRA attacks score its neighbours 1 and n-1's candidates with the model it
 reads off (or reconstructs from) their messages, beside the blind baselines and their null band.
+``--schedule`` is the learning rate's: ``constant`` (the default) or ``cosine`` (decayed to 0
+over the run). Every mechanism's noise is on the clipped gradient sum (DP-SGD's sigma C, DECOR's
+pairs' and independent noise), so on the model it is lr_t times that, exactly as the record's
+sensitivity lr_t C / batch: DP-SGD's subsampled epsilon and DECOR's SecLDP epsilon hold under any
+schedule (post-processing). Muffliato's and ZIP-DL's network bounds model a constant step
+(`muffliato.network_applies`): under ``cosine`` they are not computed and those mechanisms report
+DP-SGD's local bound, which holds under any schedule (ZIP-DL's zero-sum noise is then independent
+extra noise on the messages, at the scale of the base lr's first step).
 ``--quick`` is a seconds-long smoke run (4 peers, 4 epochs, 1 seed) that writes its page to
 runs/privacy-mechanisms-quick unless --out says otherwise.
 """
@@ -78,13 +87,16 @@ REFERENCES = {False: 8, True: 2}
 #: the whole run's: the view only grows), doubled until it settles the minimum with DP-SGD's
 #: bound, or up to the whole run (the exact view of a 16-peer graph over 512 steps takes minutes).
 NETWORK_STEPS = 128
+#: The learning-rate schedules `--schedule` takes (the trainer's names); the first is the default.
+SCHEDULES = ("constant", "cosine")
 
 
-def setting_of(topology: str, quick: bool) -> Dict[str, Any]:
-    """The run setting on `topology`: every peer `shard` members (and as many held out)."""
+def setting_of(topology: str, quick: bool, schedule: str = SCHEDULES[0]) -> Dict[str, Any]:
+    """The run setting on `topology`: every peer `shard` members (and as many held out), the
+    learning rate following `schedule`."""
     import topologies
 
-    setting = dict(COMMON[quick])
+    setting = dict(COMMON[quick], schedule=schedule)
     peers = topologies.parse(topology).size
     n = peers * setting["shard"] * 2 * 5 // 4  # 80 % training: 2 * shard per peer
     setting.update(topology=topology, peers=peers, dataset=setting.pop("data").format(n=n))
@@ -100,7 +112,7 @@ def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     import topologies
 
     from gossip_powersgd.privacy.accounting import noise_for_target, pld_epsilon
-    from gossip_powersgd.privacy.mechanisms import decor, muffliato
+    from gossip_powersgd.privacy.mechanisms import muffliato
     from gossip_powersgd.privacy import network_dp
 
     topology = topologies.parse(setting["topology"])
@@ -175,6 +187,30 @@ def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
             note=note.format(nb=nb_net, fa=fa_net),
         )
 
+    zip_sigma = ZIPDL_RATIO * setting["lr"] * local_sigma * CLIP / setting["batch_size"]
+    if not muffliato.network_applies("exact", 0.0, setting["schedule"], 0.0):
+        # The network bounds model a constant step; the local bound holds under any schedule.
+        why = (
+            f"local bound only: the network view models a constant lr, this run's is "
+            f"{setting['schedule']}"
+        )
+        out["muffliato"] = dict(out["local"], note=f"{why} (same noise as DP-SGD)")
+        out["zipdl"] = dict(
+            out["local"],
+            extra=f"zero-sum std {zip_sigma:.3g} per draw",
+            zipdl_sigma=zip_sigma,
+            note=f"{why}; the zero-sum noise is extra noise on the messages",
+        )
+    else:
+        network_rows(out, settled, pairwise, network_row, far, steps, setting)
+    _decor_row(out, topology, q, steps, far)
+    for row in out.values():
+        row.update(q=q, steps=steps, far_peer=far)
+    return out
+
+
+def network_rows(out, settled, pairwise, network_row, far, steps, setting) -> None:
+    """Muffliato's and ZIP-DL's rows with min(local, network view) (constant lr only)."""
     # Muffliato: network bound on exact gossip (plain SGD, constant lr); leakage independent of sigma
     leak, span = settled(0.0, "Muffliato")
     sigma, near, away = pairwise(leak)
@@ -212,6 +248,12 @@ def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
         zipdl_sigma=zip_sigma,
         network_steps=span,
     )
+
+
+def _decor_row(out, topology, q, steps, far) -> None:
+    """DECOR's row: SecLDP, its noise on the gradient sum (valid under any lr schedule)."""
+    from gossip_powersgd.privacy.mechanisms import decor
+
     adjacency = decor.adjacency_of(topology)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
@@ -234,9 +276,6 @@ def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
             "SecLDP; 'local' = against a peer holding all the victim's pair keys (sigma_ind alone)"
         ),
     )
-    for row in out.values():
-        row.update(q=q, steps=steps, far_peer=far)
-    return out
 
 
 def _rdp(sigma: float, q: float, steps: int) -> float:
@@ -294,7 +333,7 @@ def train_row(setting, spec, mechanism, noise, seed, refs_cache) -> Dict[str, An
         lr=setting["lr"],
         momentum=0.0,
         weight_decay=0.0,
-        schedule="constant",
+        schedule=setting["schedule"],
         warmup_epochs=0,
         epochs=setting["epochs"],
         eval_every=max(1, setting["epochs"] // 4),  # quarters: the plateau check
@@ -422,6 +461,13 @@ def main(argv=None) -> None:
         help="epochs per run (default 32; --quick: 4): the calibration follows the run's steps",
     )
     parser.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default=SCHEDULES[0],
+        help="the learning rate's schedule (default constant; cosine: decayed to 0 over the run); "
+        "Muffliato's and ZIP-DL's network bounds need constant, else they report the local bound",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -450,7 +496,9 @@ def main(argv=None) -> None:
     sections = []
     rows: List[Dict[str, Any]] = []
     for name in names:
-        setting = dict(setting_of(name, args.quick), references=REFERENCES[args.quick])
+        setting = dict(
+            setting_of(name, args.quick, args.schedule), references=REFERENCES[args.quick]
+        )
         if args.epochs is not None:
             setting["epochs"] = args.epochs
         victims_of(setting)  # refuse a topology without the attacked neighbours before training
@@ -466,7 +514,7 @@ def main(argv=None) -> None:
         refs_cache: Dict[int, Any] = {}
         mine: List[Dict[str, Any]] = []
         for label, spec in ALGORITHMS:
-            plan = [("none", None, setting["seeds"][0])] + [
+            plan = [("none", None, seed) for seed in setting["seeds"]] + [
                 (mechanism, noises[mechanism], seed)
                 for mechanism in MECHANISMS
                 if not (mechanism == "muffliato" and reuse_muffliato)
@@ -517,6 +565,7 @@ def main(argv=None) -> None:
         + (" --quick" if args.quick else "")
         + (f" --topologies {args.topologies}" if args.topologies else "")
         + (f" --epochs {args.epochs}" if args.epochs is not None else "")
+        + (f" --schedule {args.schedule}" if args.schedule != SCHEDULES[0] else "")
         + (f" --out {args.out}" if args.out else "")
     )
     page = render(

@@ -35,6 +35,16 @@ def render_page(sections, generated, command, c, pm) -> str:
     any_noise = next(iter(first["noises"].values()))
     q, steps = any_noise["q"], any_noise["steps"]
     names = [s["setting"]["topology"] for s in sections]
+    schedule = setting.get("schedule", "constant")
+    lr_text = (
+        f"constant lr {setting['lr']}, no weight decay: the setting Muffliato's network "
+        "accountant models"
+        if schedule == "constant"
+        else f"lr {setting['lr']} with a {schedule} decay to 0 over the run, no weight decay; "
+        "Muffliato's and ZIP-DL's network accountants model a constant lr, so here they report "
+        "DP-SGD's local bound, which holds under any schedule"
+    )
+    non_private_seeds = sorted({r["seed"] for r in first["rows"] if r["mechanism"] == "none"})
     lines = [
         "# Privacy mechanisms that use the graph: accuracy and the neighbour's attack at equal ε "
         "against a neighbour",
@@ -50,11 +60,13 @@ def render_page(sections, generated, command, c, pm) -> str:
         f"`{setting['model']}`. Every peer's shard holds {2 * setting['shard']} records, split at "
         f"random (`privacy/heldout.py`, per seed) into {setting['shard']} members it trains on and "
         f"{setting['shard']} held-out records no peer trains on (Privacy IV's protocol). Plain "
-        f"SGD (momentum 0, constant lr {setting['lr']}, no weight decay: the setting Muffliato's "
-        f"network accountant models), expected batch {setting['batch_size']} (Poisson sampling, "
+        f"SGD (momentum 0, {lr_text}), expected batch {setting['batch_size']} (Poisson sampling, "
         f"q = {q:g}), {setting['epochs']} epochs = {steps} steps, clipping C = {c['clip']:g}, "
-        f"δ = {c['delta']:g}, seeds {', '.join(map(str, setting['seeds']))} (non-private: seed "
-        f"{setting['seeds'][0]}). **A small linear problem, on purpose**: {len(sections)} "
+        f"δ = {c['delta']:g}, seeds {', '.join(map(str, setting['seeds']))} (non-private: seed"
+        f"{'s' if len(non_private_seeds) > 1 else ''} {', '.join(map(str, non_private_seeds))}). "
+        "Every mechanism's noise is on the clipped gradient sum, so on the model it scales with "
+        "the step's lr exactly as a record's sensitivity lr_t C / batch does: the ε below does "
+        "not depend on the schedule. **A small linear problem, on purpose**: {len(sections)} "
         f"topologies × four mechanisms × two algorithms × {len(setting['seeds'])} seeds, each run "
         "attacked, fit in one run of this "
         f"command on 2 shared cores (measured here: {c['per_step']:.3g} s of wall time per step, "
@@ -228,18 +240,19 @@ def attack_lines(sections, c) -> List[str]:
         "attack model is what the observer can form from what it received at the last step: "
         "with exact gossip the received model itself (with ZIP-DL's zero-sum noise on it), "
         "with PowerGossip r1 the reconstruction from the last 4 messages "
-        "(`privacy/reconstruction.py`); the victim's own model is the ceiling. LOSS and LiRA "
-        f"offline ({sections[0]['setting']['references']} reference models per seed, each on a "
-        "random half of the candidates plus the "
-        "observer's shard). Blind baselines: the class-prior score, and the same LOSS attack "
+        "(`privacy/reconstruction.py`); the victim's own model is the ceiling. LOSS, LiRA "
+        f"offline and LiRA online ({sections[0]['setting']['references']} reference models per "
+        "seed, each on a random half of the candidates plus the observer's shard, trained with "
+        "a cosine-decayed lr; online also uses the references that did train on a candidate). Blind baselines: the class-prior score, and the same LOSS attack "
         "through a model trained on the observer's shard alone (it never saw a victim); null "
         "band: the central 95 % of AUC and TPR under random member labels (200 permutations). "
         "Mean over the seeds; TPR in %.",
         "",
         "| topology | mechanism | algorithm | LOSS AUC (received) | TPR @1 % | TPR @0.1 % | "
-        "LiRA offline AUC (received) | LiRA TPR @1 % | LOSS AUC (victim's own) | blind model "
-        "LOSS AUC | class prior AUC | null band AUC | null band TPR @1 % |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "LiRA offline AUC (received) | LiRA TPR @1 % | LiRA online AUC (received) | LOSS AUC "
+        "(victim's own) | blind model LOSS AUC | class prior AUC | null band AUC | null band "
+        "TPR @1 % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     outside = []
     for section in sections:
@@ -258,6 +271,7 @@ def attack_lines(sections, c) -> List[str]:
                     f"{m('tpr1/received/LOSS', 100, 2)} | {m('tpr0.1/received/LOSS', 100, 2)} | "
                     f"{m('auc/received/LiRA offline')} | "
                     f"{m('tpr1/received/LiRA offline', 100, 2)} | "
+                    f"{m('auc/received/LiRA online')} | "
                     f"{m(chr(97) + 'uc/victim' + chr(39) + 's own/LOSS')} | "
                     f"{m('auc/blind model/LOSS')} | {m('auc/class prior')} | "
                     f"{_band(group, 'null/auc')} | {_band(group, 'null/tpr1')} |"
@@ -302,6 +316,7 @@ def attack_lines(sections, c) -> List[str]:
 
 def accountant_lines(sections, c) -> List[str]:
     lines = ["", "## What the accountants say, and what they do not", ""]
+    constant = [s for s in sections if "network_neighbour" in s["noises"]["muffliato"]]
     network = "; ".join(
         f"{s['setting']['topology']}: Muffliato neighbour "
         f"{s['noises']['muffliato']['network_neighbour']:.3g}, most distant "
@@ -317,8 +332,16 @@ def accountant_lines(sections, c) -> List[str]:
             < s["noises"]["local"]["steps"]
             else ""
         )
-        for s in sections
+        for s in constant
     )
+    schedule = sections[0]["setting"].get("schedule", "constant")
+    if not constant:
+        network = (
+            f"not computed here: the view models a constant lr and this run's is {schedule} "
+            "(the step lr_t scales each step's noise and its record's shift alike, but the view "
+            "mixes steps of different lr_t, so the constant-lr bound does not carry over; not "
+            "re-derived), so Muffliato's and ZIP-DL's ε is DP-SGD's local bound"
+        )
     lines += [
         "- **Muffliato** adds the same noise as DP-SGD; only the accounting differs. Its network "
         "bound (the observer's exact view, `privacy/network_dp.py`, noise every step, any "
@@ -331,7 +354,9 @@ def accountant_lines(sections, c) -> List[str]:
         "the whole view, so its ε is a lower bound on the whole run's, and once it is above "
         "DP-SGD's ε the minimum is DP-SGD's exactly. Network bounds alone: " + network + ".",
         "- **ZIP-DL** adds, on every message, the sender's zero-sum noise for that edge (as large "
-        "as one step's DP noise on the model), on top of DP-SGD. Its network bound is the same "
+        "as one step's DP noise on the model at the base lr"
+        + ("" if schedule == "constant" else f"; fixed, while the {schedule} lr shrinks DP's")
+        + "), on top of DP-SGD. Its network bound is the same "
         "exact view with the zero-sum draws as extra Gaussian unknowns "
         "(`network_dp.zero_sum_matrix`); the reported ε is the minimum with DP-SGD's. The "
         "paper's own guarantee is not used.",

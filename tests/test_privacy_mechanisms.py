@@ -459,3 +459,49 @@ def test_decor_pair_keys_resume_bit_for_bit(tmp_path):
     }
     assert all(keys[(k, j)] == keys[(j, k)] for k, j in keys)
     assert len(set(keys.values())) == 4  # one key per edge
+
+
+# ---- a decaying learning rate (cosine schedule) -------------------------------------------------
+
+
+@pytest.mark.parametrize("mechanism", ["local", "decor"])
+def test_update_noise_scales_with_the_step_lr_exactly_as_the_sensitivity(mechanism):
+    """DP-SGD's and DECOR's noise is on the clipped gradient sum: the model moves by -lr_t times
+    (clipped sum + noise) / batch, so noise and a record's shift lr_t C / batch scale alike and
+    their ratio, which the accountant prices, is the same at every lr_t (a schedule changes no
+    epsilon). Fails if a mechanism's noise entered the model with a fixed, lr-free scale."""
+    from gossip_powersgd.privacy.dpsgd import DPSGD
+
+    key, pair_key = bytes(range(32)), bytes(range(1, 33))
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(16, 5, generator=g), torch.randint(0, 3, (16,), generator=g)
+    start = torch.nn.Linear(5, 3)
+
+    def update_over_lr(lr, sigma):
+        model = torch.nn.Linear(5, 3)
+        model.load_state_dict(start.state_dict())
+        dp = DPSGD(sigma, 1.0, sample_rate=16 / 64, shard_size=64, randomness=Randomness(key, "os"))
+        if mechanism == "decor":
+            dp.extra_noise = decor.PairwiseNoise(0, {1: pair_key}, 4 * sigma, 1.0, "os")
+        wrapped = dp.wrap(model)
+        torch.nn.functional.cross_entropy(wrapped(x), y).backward()
+        dp.privatize(wrapped, len(x))
+        torch.optim.SGD(wrapped.parameters(), lr=lr).step()
+        moved = [
+            (p.detach() - p0.detach()).flatten()
+            for p, p0 in zip(model.parameters(), start.parameters())
+        ]
+        return torch.cat(moved) / lr
+
+    for lr in (0.5, 0.5 * 0.5 * (1 + math.cos(math.pi * 0.9))):  # cosine's start and 90 %
+        signal = update_over_lr(lr, 0.0)  # -(clipped sum) / batch
+        noise = update_over_lr(lr, 1.5) - signal  # -(noise) / batch
+        if lr == 0.5:
+            first = (signal, noise)
+        # float32 parameters: p - p0 carries the rounding of p and of the difference, each at most
+        # half an ulp of a value below 4 here (init <= 0.45, moves of a few noise stds), so the
+        # difference is exact to 4 * 2^-23 and (p - p0) / lr to that over lr
+        tol = 4 * 2.0**-23 / lr
+        assert float((signal - first[0]).abs().max()) <= tol
+        assert float((noise - first[1]).abs().max()) <= tol
+        assert float(noise.abs().max()) > 0.1  # the noise is there, in gradient units

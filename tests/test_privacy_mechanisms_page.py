@@ -18,6 +18,7 @@ def test_quick_page_has_every_run_attacked(tmp_path):
     sections = json.loads((tmp_path / "privacy_mechanisms.json").read_text())
     # non-private once, then local, zipdl, decor (muffliato reuses local's runs) per algorithm
     assert len(rows) == 2 * (1 + 3) and len(sections) == 1
+    assert "constant lr 0.5" in page and "LiRA online AUC (received)" in page
     assert "## Attacks: what the neighbour learns of membership" in page
     assert "python -m experiments.privacy_mechanisms --quick --out" in page
     for row in rows:
@@ -42,3 +43,36 @@ def test_bad_topology_is_refused_in_one_line(capsys):
         privacy_mechanisms.main(["--quick", "--topologies", "ring:4,nonsense:3"])
     message = str(exit_info.value)
     assert "--topologies" in message and "nonsense:3" in message and "\n" not in message
+
+
+def test_cosine_calibration_keeps_only_the_bounds_valid_for_a_changing_lr():
+    """Under a cosine lr the network bounds (which model a constant step) are not used: Muffliato
+    and ZIP-DL report DP-SGD's local bound at DP-SGD's sigma; DP-SGD's and DECOR's noise is on the
+    gradient, so their sigma and epsilon are the constant schedule's, bit for bit."""
+    constant = privacy_mechanisms.calibrate(privacy_mechanisms.setting_of("ring:4", True))
+    cosine = privacy_mechanisms.calibrate(privacy_mechanisms.setting_of("ring:4", True, "cosine"))
+    assert "network_neighbour" in constant["muffliato"]  # the constant run does compute it
+    for name in ("local", "decor"):
+        for key in ("sigma", "neighbour", "far", "neighbour_pld", "local"):
+            assert cosine[name][key] == constant[name][key]
+    local = cosine["local"]
+    for name in ("muffliato", "zipdl"):
+        row = cosine[name]
+        assert "network_neighbour" not in row and "constant lr" in row["note"]
+        assert row["sigma"] == local["sigma"] and row["neighbour"] == local["neighbour"]
+        assert row["far"] == local["far"] and row["local"] == local["local"]
+    # ZIP-DL's zero-sum std: rho = 1 times one step's DP noise on the model at the base lr
+    setting = privacy_mechanisms.setting_of("ring:4", True, "cosine")
+    expected = setting["lr"] * local["sigma"] * privacy_mechanisms.CLIP / setting["batch_size"]
+    assert cosine["zipdl"]["zipdl_sigma"] == pytest.approx(
+        expected * privacy_mechanisms.ZIPDL_RATIO, rel=1e-12
+    )
+
+
+def test_cosine_quick_page_says_its_schedule(tmp_path):
+    privacy_mechanisms.main(["--quick", "--schedule", "cosine", "--out", str(tmp_path)])
+    page = (tmp_path / "privacy_mechanisms.md").read_text()
+    sections = json.loads((tmp_path / "privacy_mechanisms.json").read_text())
+    assert sections[0]["setting"]["schedule"] == "cosine"
+    assert "--schedule cosine" in page and "lr 0.5 with a cosine decay to 0" in page
+    assert "LiRA online AUC (received)" in page
