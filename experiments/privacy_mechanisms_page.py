@@ -66,7 +66,7 @@ def render_page(sections, generated, command, c, pm) -> str:
         f"{'s' if len(non_private_seeds) > 1 else ''} {', '.join(map(str, non_private_seeds))}). "
         "Every mechanism's noise is on the clipped gradient sum, so on the model it scales with "
         "the step's lr exactly as a record's sensitivity lr_t C / batch does: the ε below does "
-        "not depend on the schedule. **A small linear problem, on purpose**: {len(sections)} "
+        f"not depend on the schedule. **A small linear problem, on purpose**: {len(sections)} "
         f"topologies × four mechanisms × two algorithms × {len(setting['seeds'])} seeds, each run "
         "attacked, fit in one run of this "
         f"command on 2 shared cores (measured here: {c['per_step']:.3g} s of wall time per step, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 
@@ -21,6 +22,14 @@ def test_quick_page_has_every_run_attacked(tmp_path):
     assert "constant lr 0.5" in page and "LiRA online AUC (received)" in page
     assert "## Attacks: what the neighbour learns of membership" in page
     assert "python -m experiments.privacy_mechanisms --quick --out" in page
+    # every placeholder of the page's text was filled (an f-string prefix once went missing)
+    assert not re.search(r"\{[A-Za-z_][A-Za-z_0-9.\[\]'\"]*(\(|\})", page)
+    # --render-only draws the same page again from the JSON, saying so after the run's sentence
+    privacy_mechanisms.main(["--render-only", "--out", str(tmp_path)])
+    again = (tmp_path / "privacy_mechanisms.md").read_text()
+    first, rest = page.split("\n", 3)[2], page.split("\n", 3)[3]
+    assert again.split("\n", 3)[2].startswith(first.split(" Backend")[0] + " Drawn again")
+    assert again.split("\n", 3)[3] == rest
     for row in rows:
         for key in ("auc/received/LOSS", "auc/victim's own/LOSS", "auc/blind model/LOSS"):
             assert 0.0 <= float(row[key]) <= 1.0
