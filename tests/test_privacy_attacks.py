@@ -629,3 +629,41 @@ def test_the_attack_page_is_computed_from_its_rows(tmp_path, monkeypatch):
         assert not set(split["heldout"][str(v)]) & set(split["members"][str(v)])
     assert (tmp_path / "privacy_attacks_roc.png").exists()
     assert not (tmp_path / "privacy_attacks.partial.json").exists()  # every row done
+
+
+def test_the_overfit_regime_writes_its_own_page_with_the_plateau_check(tmp_path, monkeypatch):
+    import json
+
+    from experiments.privacy_attacks import driver, report
+
+    monkeypatch.setattr(driver, "QUICK_PLAN_GROUPS", ((("exact", None),),))
+    monkeypatch.setattr(driver, "QUICK_SEEDS", (0,))
+    monkeypatch.setattr(
+        driver, "network_dp", lambda: pytest.fail("the overfit page has no network-DP section")
+    )
+    assert driver.main(["--quick", "--regime", "overfit", "--out", str(tmp_path)]) == 0
+    assert not (tmp_path / "privacy_attacks.md").exists()  # the default page is left alone
+    saved = json.loads((tmp_path / "privacy_attacks_overfit.json").read_text())
+    page = (tmp_path / "privacy_attacks_overfit.md").read_text()
+    assert page.startswith(f"# {driver.OVERFIT_TITLE}")
+    assert "Pairwise network DP" not in page and "privacy_attacks_overfit_roc.png" in page
+    assert (tmp_path / "privacy_attacks_overfit_roc.png").exists()
+    row = saved["rows"][0]
+    # evaluated at every quarter of the run (2 epochs in --quick: at epochs 1 and 2)
+    assert [e["epoch"] for e in row["evals"]] == [1, 2]
+    assert row["evals"][-1]["acc_avg"] == row["acc_avg"]
+    half, _, _ = report.plateau([row])
+    assert half == f"{100 * row['evals'][0]['acc_avg']:.2f} %" and f"| {half} / n/a | n/a |" in page
+
+
+def test_plateau_is_the_change_over_the_last_quarter():
+    from experiments.privacy_attacks import report
+
+    def row(accs):
+        evals = [{"epoch": 5 * (k + 1), "acc_avg": a} for k, a in enumerate(accs)]
+        return {"epochs": 20, "evals": evals, "acc_avg": accs[-1]}
+
+    half, three, change = report.plateau([row([0.5, 0.6, 0.7, 0.75]), row([0.5, 0.6, 0.8, 0.85])])
+    assert half == "60.00 ± 0.00 %" and three == "75.00 ± 7.07 %" and change == "5.00 ± 0.00"
+    # a row evaluated only at its end (the rows made before the quarters were recorded)
+    assert report.plateau([{"epochs": 20, "evals": [], "acc_avg": 0.8}]) == ("n/a", "n/a", "n/a")
