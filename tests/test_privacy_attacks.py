@@ -654,6 +654,18 @@ def test_the_overfit_regime_writes_its_own_page_with_the_plateau_check(tmp_path,
     assert row["evals"][-1]["acc_avg"] == row["acc_avg"]
     half, _, _ = report.plateau([row])
     assert half == f"{100 * row['evals'][0]['acc_avg']:.2f} %" and f"| {half} / n/a | n/a |" in page
+    # --render-only with no partial file left re-renders the finished page from its JSON
+    monkeypatch.setattr(driver, "network_dp", lambda: pytest.fail("no network section"))
+    rendered = tmp_path / "privacy_attacks_overfit.md"
+    rendered.unlink()
+    assert driver.main(["--regime", "overfit", "--render-only", "--out", str(tmp_path)]) == 0
+    again = rendered.read_text()
+    table = page[page.index("## Runs") : page.index("## Answers")]
+    assert table == again[again.index("## Runs") : again.index("## Answers")]
+    resaved = json.loads((tmp_path / "privacy_attacks_overfit.json").read_text())
+    assert (
+        resaved["rows"] == saved["rows"] and resaved["plan"]["seconds"] == saved["plan"]["seconds"]
+    )
 
 
 def test_plateau_is_the_change_over_the_last_quarter():
