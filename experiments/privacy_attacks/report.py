@@ -425,6 +425,10 @@ def plot_network(network: Dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _eps_text(e: float) -> str:
+    return "∞" if math.isinf(e) else f"{e:g}"
+
+
 def _mean(group, key) -> float:
     return statistics.fmean(_last(r)["flat"][key] for r in group)
 
@@ -475,7 +479,8 @@ def answers(rows) -> List[str]:
     targets = sorted({t for (_, t) in gs if t is not None})
     lira = ("LiRA offline", "LiRA online")
     for spec in dict.fromkeys(s for (s, _) in gs):
-        parts, above, at_chance = [], [], []
+        parts, above, at_chance, aucs_by_eps, bands = [], [], [], [], {}
+
         for t in targets + [None]:
             g = gs.get((spec, t))
             if g is None:
@@ -485,6 +490,9 @@ def answers(rows) -> List[str]:
             tprs = [_mean(g, f"tpr0.1/{m}/{a}") for m in models for a in lira]
             aucs = [_mean(g, f"auc/{m}/{a}") for m in models for a in lira]
             chance = all(v <= band["tpr"][0][1] for v in tprs)
+            key = math.inf if t is None else t
+            aucs_by_eps.append((key, aucs))
+            bands[key] = band["auc"][1]
             (at_chance if chance else above).append(math.inf if t is None else t)
             acc = statistics.fmean(r["acc_avg"] for r in g)
             parts.append(
@@ -506,12 +514,29 @@ def answers(rows) -> List[str]:
                 high = min(above)
                 low = max((e for e in at_chance if e < high), default=None)
                 verdict = (
-                    f" Above chance at ε ≥ {high:g}"
-                    + (f", at chance at ε ≤ {low:g}" if low is not None else "")
+                    (
+                        " TPR above chance only without DP"
+                        if math.isinf(high)
+                        else f" TPR above chance at ε ≥ {_eps_text(high)}"
+                    )
+                    + (f", at chance at every ε ≤ {_eps_text(low)}" if low is not None else "")
                     + (
                         " (not monotone in ε: a chance row above an above-chance one)"
                         if any(e > high for e in at_chance)
                         else ""
+                    )
+                    + "."
+                )
+            auc_above = [e for e, a in aucs_by_eps if min(a) > bands[e]]
+            if len(aucs_by_eps) > 1:
+                verdict += (
+                    " The AUC is above its null band at "
+                    + (
+                        "every ε tried"
+                        if len(auc_above) == len(aucs_by_eps)
+                        else "ε = " + ", ".join(_eps_text(e) for e in auc_above)
+                        if auc_above
+                        else "no ε tried"
                     )
                     + "."
                 )
