@@ -116,8 +116,8 @@ OVERFIT_SCALE_NOTE = (
     "ε = 64 and 8."
 )
 OVERFIT_REGIME_TEXT = (
-    "Non-private rows: batch {batch}, lr {lr}, {epochs} epochs (the cosine schedule's last "
-    "quarter is the plateau; the runs table's last-quarter change says whether it is one). "
+    "Non-private rows: batch {batch}, lr {lr}, {epochs} epochs (the cosine schedule ends at "
+    "lr 0; the runs table's last-quarter change says whether a run ended on a plateau). "
     "Private rows: DP-SGD on every peer (Poisson batches of {dp_batch}, lr {dp_lr}, clip "
     "C = {clip}, {dp_epochs} epochs, δ = {delta}; this recipe is not swept: it is the better "
     "of two tried at target ε = 8 (batch 128 at lr 1.0 was the other), and a sweep could "
