@@ -629,3 +629,91 @@ def test_the_attack_page_is_computed_from_its_rows(tmp_path, monkeypatch):
         assert not set(split["heldout"][str(v)]) & set(split["members"][str(v)])
     assert (tmp_path / "privacy_attacks_roc.png").exists()
     assert not (tmp_path / "privacy_attacks.partial.json").exists()  # every row done
+
+
+def test_the_overfit_regime_writes_its_own_page_with_the_plateau_check(tmp_path, monkeypatch):
+    import json
+
+    from experiments.privacy_attacks import driver, report
+
+    monkeypatch.setattr(driver, "QUICK_PLAN_GROUPS", ((("exact", None),),))
+    monkeypatch.setattr(driver, "QUICK_SEEDS", (0,))
+    monkeypatch.setattr(
+        driver, "network_dp", lambda: pytest.fail("the overfit page has no network-DP section")
+    )
+    assert driver.main(["--quick", "--regime", "overfit", "--out", str(tmp_path)]) == 0
+    assert not (tmp_path / "privacy_attacks.md").exists()  # the default page is left alone
+    saved = json.loads((tmp_path / "privacy_attacks_overfit.json").read_text())
+    page = (tmp_path / "privacy_attacks_overfit.md").read_text()
+    assert page.startswith(f"# {driver.OVERFIT_TITLE}")
+    assert "Pairwise network DP" not in page and "privacy_attacks_overfit_roc.png" in page
+    assert (tmp_path / "privacy_attacks_overfit_roc.png").exists()
+    row = saved["rows"][0]
+    # evaluated at every quarter of the run (2 epochs in --quick: at epochs 1 and 2)
+    assert [e["epoch"] for e in row["evals"]] == [1, 2]
+    assert row["evals"][-1]["acc_avg"] == row["acc_avg"]
+    half, _, _ = report.plateau([row])
+    assert half == f"{100 * row['evals'][0]['acc_avg']:.2f} %" and f"| {half} / n/a | n/a |" in page
+    # --render-only with no partial file left re-renders the finished page from its JSON
+    monkeypatch.setattr(driver, "network_dp", lambda: pytest.fail("no network section"))
+    rendered = tmp_path / "privacy_attacks_overfit.md"
+    rendered.unlink()
+    assert driver.main(["--regime", "overfit", "--render-only", "--out", str(tmp_path)]) == 0
+    again = rendered.read_text()
+    table = page[page.index("## Runs") : page.index("## Answers")]
+    assert table == again[again.index("## Runs") : again.index("## Answers")]
+    resaved = json.loads((tmp_path / "privacy_attacks_overfit.json").read_text())
+    assert (
+        resaved["rows"] == saved["rows"] and resaved["plan"]["seconds"] == saved["plan"]["seconds"]
+    )
+
+
+def test_plateau_is_the_change_over_the_last_quarter():
+    from experiments.privacy_attacks import report
+
+    def row(accs):
+        evals = [{"epoch": 5 * (k + 1), "acc_avg": a} for k, a in enumerate(accs)]
+        return {"epochs": 20, "evals": evals, "acc_avg": accs[-1]}
+
+    half, three, change = report.plateau([row([0.5, 0.6, 0.7, 0.75]), row([0.5, 0.6, 0.8, 0.85])])
+    assert half == "60.00 ± 0.00 %" and three == "75.00 ± 7.07 %" and change == "5.00 ± 0.00"
+    # a row evaluated only at its end (the rows made before the quarters were recorded)
+    assert report.plateau([{"epochs": 20, "evals": [], "acc_avg": 0.8}]) == ("n/a", "n/a", "n/a")
+
+
+def test_the_answers_say_where_the_neighbours_tpr_reaches_chance():
+    from experiments.privacy_attacks import report
+
+    band = report.band_of(1000, 1000)
+    tpr_hi, auc_hi = band["tpr"][0][1], band["auc"][1]
+
+    def row(target, seed, tpr, auc):
+        flat = {}
+        for model in ("victim", "read off / public copy"):
+            for attack in ("LiRA offline", "LiRA online"):
+                flat[f"tpr0.1/{model}/{attack}"] = tpr
+                flat[f"auc/{model}/{attack}"] = auc
+        return {
+            "spec": "exact",
+            "target": target,
+            "seed": seed,
+            "members": 1000,
+            "nonmembers": 1000,
+            "acc_avg": 0.7,
+            "last": 9,
+            "rounds": {"9": {"flat": flat, "quality": {"read off / public copy": {}}}},
+        }
+
+    rows = [
+        row(target, seed, tpr, auc)
+        for target, tpr, auc in (
+            (None, tpr_hi + 0.01, auc_hi + 0.2),  # without DP: above chance
+            (64.0, tpr_hi / 2, auc_hi + 0.1),  # TPR at chance, AUC still above its band
+            (8.0, tpr_hi / 2, auc_hi - 0.01),  # both at chance
+        )
+        for seed in (0, 1, 2)
+    ]
+    (line,) = [a for a in report.answers(rows) if a.startswith("- exact gossip")]
+    assert line.count("above chance") == 2 and line.count(": chance)") == 2
+    assert "TPR above chance only without DP, at chance at every ε ≤ 64." in line
+    assert "The AUC is above its null band at ε = 64, ∞." in line

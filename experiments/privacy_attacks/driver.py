@@ -1,8 +1,10 @@
-"""The CLI: `python -m experiments.privacy_attacks [--quick] [--out DIR] [--part nodp|dp|all]`
-runs the attacked runs of the plan (rows already in the folder's privacy_attacks.partial.json,
-from an interrupted run of the same plan, are kept), then writes the page, its JSON and the ROC
-plot; `--network-only` recomputes only the network-DP section (seconds) from the rows already in
-the folder's privacy_attacks.json."""
+"""The CLI: `python -m experiments.privacy_attacks [--regime dp|overfit] [--quick] [--out DIR]
+[--part nodp|dp|all]` runs the attacked runs of the regime's plan (rows already in the folder's
+partial file, from an interrupted run of the same plan, are kept), then writes the page, its JSON
+and the ROC plot: privacy_attacks.* for the default regime (privacy_dp_sweep.md's, where DP
+learns), privacy_attacks_overfit.* for the overfitting regime (where the attacks find members);
+`--network-only` recomputes only the default page's network-DP section (seconds) from the rows
+already in the folder's privacy_attacks.json."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from gossip_powersgd.utils import atomic_write, check_writable_dir, git_commit, 
 from . import report
 from .measure import (
     ALGORITHMS,
+    OVERFIT_SETTING,
     QUICK_SETTING,
     REFERENCE_LR,
     REFERENCES,
@@ -42,14 +45,14 @@ _EXACT, _R1, _R4, _CHOCO = (spec for _, spec in ALGORITHMS)
 #: privacy_dp_sweep.md's regime (measure.SETTING, measure.DP). (a) exact gossip and PowerGossip
 #: r1 without DP and at epsilon 8; (b) PowerGossip r4 and Choco sign at epsilon 8; (c) exact
 #: gossip at epsilon 3 and 1 (where the neighbour's TPR reaches chance); then r4 and Choco
-#: without DP; last, PowerGossip r1 at epsilon 3 and 1 (the first groups ran faster than the
-#: one-epoch timing bounded).
+#: without DP; PowerGossip r1 at epsilon 3 and 1; last, r4 and Choco at epsilon 3.
 PLAN_GROUPS = (
     ((_EXACT, None), (_R1, None), (_EXACT, 8.0), (_R1, 8.0)),
     ((_R4, 8.0), (_CHOCO, 8.0)),
     ((_EXACT, 3.0), (_EXACT, 1.0)),
     ((_R4, None), (_CHOCO, None)),
     ((_R1, 3.0), (_R1, 1.0)),
+    ((_R4, 3.0), (_CHOCO, 3.0)),
 )
 QUICK_PLAN_GROUPS = (((_EXACT, None), (_R1, None), (_EXACT, 8.0)),)
 SCALE_NOTE = (
@@ -60,8 +63,9 @@ SCALE_NOTE = (
     "(they took less). The plan, in its order of priority, 3 seeds of every row: (a) exact "
     "gossip and PowerGossip r1 without DP and at target ε = 8; (b) PowerGossip r4 and Choco "
     "sign at ε = 8; (c) exact gossip at ε = 3 and 1; then PowerGossip r4 and Choco sign without "
-    "DP; last, added while the page ran, PowerGossip r1 at ε = 3 and 1. 8 LiRA reference models "
-    "per seed (not more: the rows came first)."
+    "DP; PowerGossip r1 at ε = 3 and 1; last, PowerGossip r4 and Choco sign at ε = 3. 8 LiRA "
+    "reference models per seed (not more: the rows came first). The non-private and the "
+    "private rows ran as two processes at once (`--part nodp`, `--part dp`)."
 )
 NOT_REACHED = (
     "The non-private rows train at lr 0.1, not at privacy_dp_sweep.md's 0.4 (its non-private "
@@ -72,9 +76,10 @@ NOT_REACHED = (
     "Useful accuracy below ε = 8: in this regime DP does not learn at ε = 3 and 1 (the runs "
     "table: exact gossip and PowerGossip r1 there, some of whose ε = 1 runs diverged), so the "
     "leakage at those ε is measured on models no one would deploy.",
-    "PowerGossip r4 and Choco sign at target ε = 3 and 1 were not run (time on the shared "
-    "machine): below ε = 8 the question of where the neighbour's TPR reaches chance is answered "
-    "for exact gossip and PowerGossip r1 only.",
+    "PowerGossip r4 and Choco sign at target ε = 1 were not run (time on the shared machine).",
+    "No attack finds members in this regime, even without DP, so where the neighbour's TPR "
+    "reaches chance cannot be read here: privacy_attacks_overfit.md answers it where the "
+    "models memorise (1000 samples per peer, an MLP).",
     "The LiRA reference models are trained without DP in the non-private recipe, also for "
     "the DP rows (a weaker attacker than one that mimics the victims' DP training); 8 "
     "reference models per seed (4 IN, 4 OUT per candidate), far fewer than the 64+ of Carlini "
@@ -82,11 +87,54 @@ NOT_REACHED = (
     "One public σ for every peer: the victims (half a shard each, sampling rate 256 / 4000) set "
     "it, so the DP rows' σ is higher than privacy_dp_sweep.md's at the same target ε (rate "
     "256 / 8000 there), and the other peers' ε is lower than the target.",
-    "Each run is evaluated once, at its end: that the DP rows sit at their plateau rests on "
-    "privacy_dp_sweep.md's curve of the same regime (exact gossip at ε = 8: 92.21 % at epoch "
-    "12, 92.56 % at 15), not on a curve of these runs.",
-    "The remedies for PowerGossip under DP other than a higher rank (noise in the exchanged "
-    "subspace, DP on what is sent), and privacy.md, are not re-made in this regime.",
+    "The remedies for PowerGossip under DP tried are a higher rank (here and in "
+    "privacy_dp_sweep.md) and more power iterations (privacy_dp_sweep.md); noise in the "
+    "exchanged subspace and DP on what is sent are not tried.",
+)
+
+
+#: The overfitting regime's plan (measure.OVERFIT_SETTING), in groups as PLAN_GROUPS: first the
+#: four algorithms without DP (does a low-rank message leak less?), then exact gossip down the
+#: epsilon ladder (where does the neighbour's TPR reach chance?), then PowerGossip r1 at two
+#: epsilon and the rest of the ladder.
+OVERFIT_PLAN_GROUPS = (
+    ((_EXACT, None), (_R1, None)),
+    ((_EXACT, 64.0), (_EXACT, 8.0)),
+    ((_R4, None), (_CHOCO, None)),
+    ((_EXACT, 16.0), (_EXACT, 3.0), (_R1, 64.0), (_R1, 8.0)),
+    ((_EXACT, 1.0),),
+)
+OVERFIT_TITLE = "What a curious neighbour learns where the models overfit"
+OVERFIT_SCALE_NOTE = (
+    "this page is the companion of privacy_attacks.md, whose regime (8000 samples per peer, "
+    "cnn1d) lets DP learn but where no attack separates members from held-out records, even "
+    "without DP. Here the models memorise: 1000 samples per peer and an MLP, so that the "
+    "attacks have something to find and the ε at which the neighbour's TPR falls to chance "
+    "can be read off. Run at nice 15 on one core of the shared machine beside other "
+    "engineers' jobs; the plan, in its order of priority, 3 seeds of every row: the four "
+    "algorithms without DP; exact gossip at target ε = 64, 16, 8, 3 and 1; PowerGossip r1 at "
+    "ε = 64 and 8."
+)
+OVERFIT_REGIME_TEXT = (
+    "Non-private rows: batch {batch}, lr {lr}, {epochs} epochs (the cosine schedule ends at "
+    "lr 0; the runs table's last-quarter change says whether a run ended on a plateau). "
+    "Private rows: DP-SGD on every peer (Poisson batches of {dp_batch}, lr {dp_lr}, clip "
+    "C = {clip}, {dp_epochs} epochs, δ = {delta}; this recipe is not swept: it is the better "
+    "of two tried at target ε = 8 (batch 128 at lr 1.0 was the other), and a sweep could "
+    "raise the private rows' accuracy), "
+)
+OVERFIT_NOT_REACHED = (
+    "In this regime DP that brings the neighbour's TPR to chance also costs most of the "
+    "accuracy (the runs table): the useful-accuracy private rows are on privacy_attacks.md, "
+    "where no attack finds members even without DP. A regime where both hold at once (a "
+    "model that memorises and still learns under DP) was not found on this machine's budget.",
+    "The LiRA reference models train without DP (also for the DP rows) and number 8 per seed "
+    "(4 IN, 4 OUT per candidate), far fewer than the 64+ of Carlini et al.; online LiRA's "
+    "per-candidate IN/OUT means rest on 4 models each.",
+    "With 1000 non-members pooled over the two victims, TPR at 0.1 % FPR lets one non-member "
+    "above the threshold: its null band is wide (the band column).",
+    "PowerGossip r4 and Choco sign were run without DP only; the remedies for PowerGossip "
+    "under DP (noise in the exchanged subspace, DP on what is sent) are not on this page.",
 )
 
 
@@ -98,6 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--quick", action="store_true", help="tiny problem (synthetic data, ring:4)"
+    )
+    parser.add_argument(
+        "--regime",
+        choices=("dp", "overfit"),
+        default="dp",
+        help="dp (default): privacy_dp_sweep.md's regime, where DP learns (page "
+        "privacy_attacks.md); overfit: 1000 samples per peer and an MLP, where the attacks find "
+        "members (page privacy_attacks_overfit.md)",
     )
     parser.add_argument(
         "--out",
@@ -116,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--render-only",
         action="store_true",
-        help="run nothing: write the page from the rows the folder's partial files hold",
+        help="run nothing: write the page from the rows the folder's partial files hold, or, "
+        "when it has none, from the rows of its finished page's JSON",
     )
     parser.add_argument(
         "--network-only",
@@ -200,17 +257,27 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit(f"error: {exc}") from None
     command = " ".join(["python -m experiments.privacy_attacks", *map(shlex.quote, argv)])
     if args.network_only:
+        if args.regime != "dp":
+            raise SystemExit(
+                "error: --network-only recomputes privacy_attacks.md's network-DP section; "
+                "drop --regime overfit (that page has no such section)"
+            )
         return network_only(out, command)
-    setting = QUICK_SETTING if args.quick else SETTING
-    plan_groups = QUICK_PLAN_GROUPS if args.quick else PLAN_GROUPS
+    overfit = args.regime == "overfit"
+    stem = "privacy_attacks_overfit" if overfit else "privacy_attacks"
+    setting = QUICK_SETTING if args.quick else OVERFIT_SETTING if overfit else SETTING
+    plan_groups = (
+        QUICK_PLAN_GROUPS if args.quick else OVERFIT_PLAN_GROUPS if overfit else PLAN_GROUPS
+    )
     plan_rows = [row for group in plan_groups for row in group]
     seeds = QUICK_SEEDS if args.quick else SEEDS
     references = 4 if args.quick else REFERENCES
     # One partial file per --part, so that a non-private and a private process can run at once.
-    partial = out / (
-        "privacy_attacks.partial.json" if args.part != "dp" else "privacy_attacks.partial-dp.json"
-    )
+    partial = out / (f"{stem}.partial.json" if args.part != "dp" else f"{stem}.partial-dp.json")
     saved = json.loads(partial.read_text()) if partial.exists() else {"rows": {}, "seconds": 0.0}
+    finished = out / f"{stem}.json"
+    if args.render_only and not list(out.glob(f"{stem}.partial*.json")) and finished.exists():
+        saved = finished_rows(json.loads(finished.read_text()))
     if not args.render_only:
         measure_all(
             plan_groups,
@@ -221,7 +288,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             saved,
             lambda: atomic_write(partial, json.dumps(saved) + "\n"),
         )
-    partials = sorted(out.glob("privacy_attacks.partial*.json"))
+    partials = sorted(out.glob(f"{stem}.partial*.json"))
     for other in partials:
         if other != partial:
             more = json.loads(other.read_text())
@@ -239,9 +306,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         for seed in seeds
         if _key(s, t, seed) not in saved["rows"]
     ]
-    network = network_dp()
-    report.plot_network(network, out / report.HEATMAP_PNG)
-    report.plot_roc(rows, out / report.ROC_PNG)
+    network = None if overfit else network_dp()
+    if network is not None:
+        report.plot_network(network, out / report.HEATMAP_PNG)
+    report.plot_roc(rows, out / report.roc_png(stem))
     ok = [r for r in rows if "failure" not in r]
     plan = {
         "setting": setting,
@@ -251,8 +319,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         "members": ok[0]["members"] if ok else 0,
         "per_peer": len(ok[0]["split"]["members"]["0"]) if ok else 0,
         "nonmembers": ok[0]["nonmembers"] if ok else 0,
-        "scale_note": SCALE_NOTE if not args.quick else "--quick: a smoke test, not a result.",
-        "not_reached": list(NOT_REACHED if not args.quick else ())
+        "scale_note": "--quick: a smoke test, not a result."
+        if args.quick
+        else OVERFIT_SCALE_NOTE
+        if overfit
+        else SCALE_NOTE,
+        "not_reached": list(() if args.quick else OVERFIT_NOT_REACHED if overfit else NOT_REACHED)
         + [f"run missing: {m}" for m in missing]
         + [
             f"run failed: {r['spec']} ε {r['target']} seed {r['seed']}: {r['failure']}"
@@ -261,15 +333,29 @@ def main(argv: Optional[List[str]] = None) -> int:
         ],
     }
     seconds = saved.get("seconds", 0.0)
+    plan["seconds"] = seconds
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     generated = (
         f"Generated by `{command}` (the runs, resumable, in {seconds:.0f} s in all) on "
         f"{date} (commit {git_commit()})."
     )
-    atomic_write(out / "privacy_attacks.md", report.page(rows, network, plan, generated))
+    if overfit:
+        dp = setting.get("dp", {})
+        plan["title"] = OVERFIT_TITLE
+        plan["regime_text"] = OVERFIT_REGIME_TEXT.format(
+            batch=setting["batch_size"],
+            lr=setting["lr"],
+            epochs=setting["epochs"],
+            dp_batch=dp.get("batch_size"),
+            dp_lr=dp.get("lr"),
+            clip=dp.get("dp_max_grad_norm"),
+            dp_epochs=dp.get("epochs"),
+            delta=dp.get("dp_delta"),
+        )
+    atomic_write(out / f"{stem}.md", report.page(rows, network, plan, generated, stem))
     compact, splits = compact_splits(rows)
     atomic_write(
-        out / "privacy_attacks.json",
+        out / f"{stem}.json",
         json.dumps(
             {
                 "generated": generated,
@@ -284,8 +370,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not missing:
         for other in partials:
             other.unlink()
-    _log(f"wrote {out / 'privacy_attacks.md'}")
+    _log(f"wrote {out / (stem + '.md')}")
     return 0 if all("failure" not in r for r in rows) else 1
+
+
+def finished_rows(page: Dict[str, Any]) -> Dict[str, Any]:
+    """A finished page's JSON as a partial file's {"rows", "seconds"}: its rows keyed as the plan
+    keys them, each with its split again, and the seconds its runs took."""
+    rows = expand_splits(page["rows"], page.get("splits", {}))
+    seconds = page.get("plan", {}).get("seconds")
+    if seconds is None:  # a page written before the plan stored its seconds: its sentence has them
+        import re
+
+        found = re.search(r"in (\d+) s in all", page.get("generated", ""))
+        seconds = float(found.group(1)) if found else 0.0
+    return {"rows": {_key(r["spec"], r["target"], r["seed"]): r for r in rows}, "seconds": seconds}
 
 
 def network_only(out: Path, command: str) -> int:

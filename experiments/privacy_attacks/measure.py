@@ -85,6 +85,30 @@ DP = dict(
     release_peer_statistics=True,
     epochs=_DP_EPOCHS,
 )
+#: The overfitting regime: where the attacks have something to find. In SETTING's regime (8000
+#: samples per peer) no attack separates members from held-out records even without DP; here
+#: each peer has 1000 training samples (each victim trains on 500 and holds 500 out: 1000
+#: non-members pooled, so TPR at 0.1 % FPR lets one non-member above the threshold), and the
+#: model is an MLP (mnist1d's MLPs memorise where its CNN generalises), trained 60 epochs at
+#: batch 32 (the cosine schedule ends at lr 0, so the last quarter is its plateau). Its private
+#: rows: Poisson batches of 64 (rate 64 / 500 for a victim), lr 0.5, clip C = 1, 60 epochs.
+OVERFIT_SETTING = dict(
+    SETTING,
+    dataset="mnist1d:num_samples=10000",
+    model="mlp:256,256",
+    lr=0.05,
+    batch_size=32,
+    epochs=60,
+    reference_lr=0.05,
+    dp=dict(
+        batch_size=64,
+        lr=0.5,
+        dp_max_grad_norm=1.0,
+        dp_delta=_DELTA,
+        release_peer_statistics=True,
+        epochs=60,
+    ),
+)
 ALGORITHMS = (
     ("exact gossip", "exact"),
     ("PowerGossip r1", "powergossip:rank=1"),
@@ -205,7 +229,7 @@ def attacked_run(
     )
     if target is not None:
         data.update(setting.get("dp", DP), dp_target_epsilon=target)
-    data["eval_every"] = data["epochs"]
+    data["eval_every"] = max(1, data["epochs"] // 4)  # quarters: the plateau check
     config = config_from_dict(data)
     topology = resolve_topology(config)
     config = config.replace(peers=topology.size)
@@ -314,6 +338,15 @@ def attacked_run(
             entry["evaluation"] = evaluation
             entry["per_class_victim"] = per_class(evaluation, "victim")
         row["rounds"][str(step)] = entry
+    evals = [
+        {
+            "epoch": r["epoch"],
+            "acc_avg": r["test_acc_avg_model"],
+            "consensus": r.get("consensus_distance"),
+        }
+        for r in summary.get("history", [])
+        if r.get("kind") == "eval"
+    ]
     epsilons = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
     victim_acc = []
     for v in split.victims:
@@ -333,6 +366,7 @@ def attacked_run(
         acc_avg=summary["final_test_acc_avg_model"],
         acc_victim=sum(victim_acc) / len(victim_acc),
         consensus=summary.get("final_consensus_distance"),
+        evals=evals,
         eps_victims=[epsilons[v] for v in split.victims] if len(epsilons) > 1 else None,
         eps_max=max(epsilons),
         sigma=summary.get("noise_multiplier"),

@@ -8,12 +8,19 @@ from __future__ import annotations
 import math
 import statistics
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from .attacks import ATTACKS
 from .measure import ALGORITHMS, DP, OBSERVER
 
-ROC_PNG = "privacy_attacks_roc.png"
+
+def roc_png(stem: str) -> str:
+    """The ROC plot's file name for a page named `stem`."""
+    return f"{stem}_roc.png"
+
+
+ROC_PNG = roc_png("privacy_attacks")
+
 HEATMAP_PNG = "privacy_attacks_network_dp.png"
 #: The attack the headline columns use (the strongest here on average; every attack is in the JSON).
 HEADLINE = "LiRA offline"
@@ -156,20 +163,40 @@ def blind_check(group: Sequence[Dict[str, Any]]) -> str:
     return f"{ok}/{len(group)}"
 
 
+def _acc_at(r: Dict[str, Any], quarter: int) -> Optional[float]:
+    """The averaged-model accuracy at the evaluation ending quarter `quarter` of the run."""
+    for e in r.get("evals") or ():
+        if round(4 * e["epoch"] / r["epochs"]) == quarter:
+            return e["acc_avg"]
+    return None
+
+
+def plateau(group: Sequence[Dict[str, Any]]) -> tuple:
+    """(accuracy at half the run, at three quarters, change over the last quarter in pp), each
+    as mean ± sd over the group's seeds, "n/a" for rows evaluated only at their end."""
+    half = [_acc_at(r, 2) for r in group]
+    three = [_acc_at(r, 3) for r in group]
+    change = [100 * (r["acc_avg"] - t) for r, t in zip(group, three) if t is not None]
+    pct = [_stat(v, 2, True) for v in (half, three)]
+    return tuple(v if v == "n/a" else v + " %" for v in pct) + (_stat(change, 2),)
+
+
 def runs_table(rows) -> str:
     lines = [
         "| algorithm | DP | σ | seeds | averaged-model acc | victims' model acc | MB sent / peer | "
-        "MB the observer received | consensus distance (end) | run s (mean) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "MB the observer received | consensus distance (end) | averaged-model acc at ½ / ¾ "
+        "of the run | change over the last quarter (pp) | run s (mean) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for g in groups(rows):
+        half, three, change = plateau(g)
         lines.append(
             f"| {label(g[0]['spec'])} | {_dp(g)} | "
             f"{'—' if g[0]['sigma'] is None else format(g[0]['sigma'], '.3g')} | {len(g)} | "
             f"{_stat([r['acc_avg'] for r in g], 2, True)} % | "
             f"{_stat([r['acc_victim'] for r in g], 2, True)} % | "
             f"{g[0]['mb_sent_per_peer']:.3f} | {g[0]['observed_mb']:.3f} | "
-            f"{_stat([r['consensus'] for r in g], 3)} | "
+            f"{_stat([r['consensus'] for r in g], 3)} | {half} / {three} | {change} | "
             f"{statistics.fmean(r['run_seconds'] for r in g):.0f} |"
         )
     return "\n".join(lines) + "\n"
@@ -398,6 +425,10 @@ def plot_network(network: Dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _eps_text(e: float) -> str:
+    return "∞" if math.isinf(e) else f"{e:g}"
+
+
 def _mean(group, key) -> float:
     return statistics.fmean(_last(r)["flat"][key] for r in group)
 
@@ -446,23 +477,70 @@ def answers(rows) -> List[str]:
             f"exact gossip's AUC is {at:.3f}."
         )
     targets = sorted({t for (_, t) in gs if t is not None})
+    lira = ("LiRA offline", "LiRA online")
     for spec in dict.fromkeys(s for (s, _) in gs):
-        parts = []
+        parts, above, at_chance, aucs_by_eps, bands = [], [], [], [], {}
+
         for t in targets + [None]:
             g = gs.get((spec, t))
             if g is None:
                 continue
-            band = _band(g[0])["tpr"][0]
+            band = _band(g[0])
             models = ["victim"] + ([_strongest(g)] if _reconstructions(g[0]) else [])
-            values = [_mean(g, f"tpr0.1/{m}/{HEADLINE}") for m in models]
-            chance = all(v <= band[1] for v in values)
+            tprs = [_mean(g, f"tpr0.1/{m}/{a}") for m in models for a in lira]
+            aucs = [_mean(g, f"auc/{m}/{a}") for m in models for a in lira]
+            chance = all(v <= band["tpr"][0][1] for v in tprs)
+            key = math.inf if t is None else t
+            aucs_by_eps.append((key, aucs))
+            bands[key] = band["auc"][1]
+            (at_chance if chance else above).append(math.inf if t is None else t)
+            acc = statistics.fmean(r["acc_avg"] for r in g)
             parts.append(
                 f"ε {'∞' if t is None else f'{t:g}'}: TPR @ 0.1 % FPR "
-                + " / ".join(f"{v:.4f}" for v in values)
-                + f" (null band up to {band[1]:.4f}: {'chance' if chance else 'above chance'})"
+                + " / ".join(f"{v:.4f}" for v in tprs)
+                + f" (null band up to {band['tpr'][0][1]:.4f}: "
+                f"{'chance' if chance else 'above chance'}), AUC "
+                + " / ".join(f"{v:.3f}" for v in aucs)
+                + f" (band up to {band['auc'][1]:.3f}); accuracy {100 * acc:.1f} %"
             )
         if parts:
-            out.append(f"- {label(spec)}: " + "; ".join(parts) + ".")
+            order = "LiRA offline / online" + (
+                " through the victim's model, then through the strongest reconstruction"
+                if _reconstructions(gs[next(k for k in gs if k[0] == spec)][0])
+                else " through the victim's model (the messages are the model)"
+            )
+            verdict = ""
+            if above and at_chance:
+                high = min(above)
+                low = max((e for e in at_chance if e < high), default=None)
+                verdict = (
+                    (
+                        " TPR above chance only without DP"
+                        if math.isinf(high)
+                        else f" TPR above chance at ε ≥ {_eps_text(high)}"
+                    )
+                    + (f", at chance at every ε ≤ {_eps_text(low)}" if low is not None else "")
+                    + (
+                        " (not monotone in ε: a chance row above an above-chance one)"
+                        if any(e > high for e in at_chance)
+                        else ""
+                    )
+                    + "."
+                )
+            auc_above = [e for e, a in aucs_by_eps if min(a) > bands[e]]
+            if len(aucs_by_eps) > 1:
+                verdict += (
+                    " The AUC is above its null band at "
+                    + (
+                        "every ε tried"
+                        if len(auc_above) == len(aucs_by_eps)
+                        else "ε = " + ", ".join(_eps_text(e) for e in auc_above)
+                        if auc_above
+                        else "no ε tried"
+                    )
+                    + "."
+                )
+            out.append(f"- {label(spec)} ({order}): " + "; ".join(parts) + "." + verdict)
     plain = [g for (_, t), g in gs.items() if t is None]
     if plain and all(
         _mean(g, f"tpr0.1/{m}/{HEADLINE}") <= _band(g[0])["tpr"][0][1]
@@ -479,9 +557,30 @@ def answers(rows) -> List[str]:
     return out
 
 
-def page(rows, network: Dict[str, Any], plan: Dict[str, Any], generated: str) -> str:
+def regime_text(setting: Dict[str, Any], dp: Dict[str, Any]) -> str:
+    """The default regime's sentences (privacy_dp_sweep.md's regime)."""
+    return (
+        f"Every row trains in the regime that privacy_dp_sweep.md chose (its constants are "
+        f"imported, not copied) on the same data per peer. Non-private rows: that page's "
+        f"non-private reference, batch {setting['batch_size']}, {setting['epochs']} epochs, but "
+        f"lr {setting['lr']} (see Not reached). Private rows: DP-SGD on every peer, its chosen row "
+        f"(Poisson batches of {dp.get('batch_size')}, lr {dp.get('lr')}, clip "
+        f"C = {dp.get('dp_max_grad_norm')}, {dp.get('epochs')} epochs, δ = {dp.get('dp_delta')}), "
+    )
+
+
+def page(
+    rows,
+    network: Optional[Dict[str, Any]],
+    plan: Dict[str, Any],
+    generated: str,
+    stem: str = "privacy_attacks",
+) -> str:
+    """The page; `stem` names its JSON and ROC plot (privacy_attacks for the default regime),
+    `plan["title"]` and `plan["regime_text"]` a regime other than the default, `network` None
+    leaves the network-DP section out."""
     setting = plan["setting"]
-    text = "# What a curious neighbour learns\n\n"
+    text = f"# {plan.get('title', 'What a curious neighbour learns')}\n\n"
     loads = [r["load"] for r in rows if "load" in r]
     load = (
         f" (1-min load average {min(loads):.1f}–{max(loads):.1f} at the ends of the runs)"
@@ -508,7 +607,8 @@ def page(rows, network: Dict[str, Any], plan: Dict[str, Any], generated: str) ->
         f"on (the split enters training as a `partition: local` dataset, so nothing else can be "
         f"trained on). Members and non-members therefore come from the same distribution. Per run: "
         f"{plan['members']} members and {plan['nonmembers']} non-members pooled over the two "
-        f"victims, so TPR at 0.1 % FPR lets {plan['nonmembers'] // 1000} non-members above the "
+        f"victims, so TPR at 0.1 % FPR lets {plan['nonmembers'] // 1000} "
+        f"non-member{'s' if plan['nonmembers'] // 1000 != 1 else ''} above the "
         f"threshold (FPR in steps of 1/{plan['nonmembers']}); every figure is mean "
         f"± sd over {plan['seeds']} seeds (a new split and a new training seed each). Blind "
         f"baselines beside every figure: the class-prior score (the label's frequency in the "
@@ -527,13 +627,8 @@ def page(rows, network: Dict[str, Any], plan: Dict[str, Any], generated: str) ->
         f"peer; each victim trains on {plan['members'] // 2} of them and holds the rest out), "
         f"`{setting['partition']}`, `{setting['model']}`, {setting['topology']}, SGD momentum "
         f"{setting['momentum']}, cosine schedule, {setting['warmup_epochs']} warm-up epoch. "
-        f"Every row trains in the regime that privacy_dp_sweep.md chose (its constants are "
-        f"imported, not copied) on the same data per peer. Non-private rows: that page's "
-        f"non-private reference, batch {setting['batch_size']}, {setting['epochs']} epochs, but "
-        f"lr {setting['lr']} (see Not reached). Private rows: DP-SGD on every peer, its chosen row "
-        f"(Poisson batches of {dp.get('batch_size')}, lr {dp.get('lr')}, clip "
-        f"C = {dp.get('dp_max_grad_norm')}, {dp.get('epochs')} epochs, δ = {dp.get('dp_delta')}), "
-        f"noise secret per peer, one public σ for every peer, chosen so that the peer with the "
+        + (plan.get("regime_text") or regime_text(setting, dp))
+        + f"noise secret per peer, one public σ for every peer, chosen so that the peer with the "
         f"highest sampling rate (a victim: half a shard) ends at the target; the ε in a row is "
         f"each victim's own. Scale: {plan['scale_note']}\n\n"
     )
@@ -544,7 +639,7 @@ def page(rows, network: Dict[str, Any], plan: Dict[str, Any], generated: str) ->
         "is a ceiling, not an attack).\n\n" + leakage_table(rows) + "\n"
     )
     text += "All five attacks with the victim's own model:\n\n" + all_attacks_table(rows) + "\n"
-    text += f"![ROC, log scale]({ROC_PNG})\n\n"
+    text += f"![ROC, log scale]({roc_png(stem)})\n\n"
     text += (
         "## Reconstructions, judged by what they enable\n\nEstimators "
         "(`gossip_powersgd.privacy.estimators`): PowerGossip — the moving-M least squares of "
@@ -560,9 +655,12 @@ def page(rows, network: Dict[str, Any], plan: Dict[str, Any], generated: str) ->
     text += "## Answers\n\n" + "\n".join(answers(rows)) + "\n\n"
     if plan.get("not_reached"):
         text += "## Not reached\n\n" + "\n".join(f"- {x}" for x in plan["not_reached"]) + "\n\n"
-    text += network_text(network)
+    if network is not None:
+        text += network_text(network)
     text += (
-        "Data: [privacy_attacks.json](privacy_attacks.json) (every row with every attack, "
-        "round, ROC, per-class AUC and the split's indices; the network-DP matrices).\n"
+        f"Data: [{stem}.json]({stem}.json) (every row with every attack, round, evaluation, "
+        "ROC, per-class AUC and the split's indices"
+        + ("; the network-DP matrices" if network is not None else "")
+        + ").\n"
     )
     return text

@@ -1,5 +1,7 @@
-"""`python -m experiments.suite privacy`: accuracy vs epsilon for four gossip algorithms under
-per-peer DP-SGD; the page, its CSV and a plot of accuracy against epsilon per algorithm."""
+"""`python -m experiments.suite privacy`: accuracy vs epsilon for five gossip algorithms under
+per-peer DP-SGD, in the regime where DP learns (privacy_dp_sweep.md's: its constants are
+imported), each run evaluated at every quarter (the plateau check); the page, its CSV and a plot
+of accuracy against epsilon per algorithm."""
 
 from __future__ import annotations
 
@@ -13,7 +15,11 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from gossip_powersgd.utils import atomic_write
 
-from .runs import BASE, QUICK_BASE, log, measurements
+from experiments.privacy_attacks.dp_sweep import BASE as REGIME
+from experiments.privacy_attacks.dp_sweep import CHOSEN, NONPRIVATE
+from experiments.privacy_attacks.measure import NONPRIVATE_LR
+
+from .runs import QUICK_BASE, log, measurements
 from .tables import _pct, generated_sentence, header
 
 if TYPE_CHECKING:
@@ -24,16 +30,20 @@ if TYPE_CHECKING:
 ALGORITHMS = (
     ("exact gossip", "exact"),
     ("PowerGossip r1", "powergossip:rank=1,iters=1"),
+    ("PowerGossip r4", "powergossip:rank=4,iters=1"),
     ("Choco sign", "choco:compressor=sign,gamma=1.0"),
     ("all-reduce", "allreduce"),
 )
 #: Target epsilons; None is the non-private baseline (epsilon = infinity).
 EPSILONS = (1.0, 3.0, 8.0, None)
-PARTITIONS = ("iid", "dirichlet:0.5")
+#: iid only: privacy_dp_sweep.md chose its regime on iid shards (a Dirichlet partition gives the
+#: peers different sampling rates, and the smallest shard sets everyone's sigma).
+PARTITIONS = ("iid",)
+_, NP_BATCH, _, _, NP_EPOCHS, _ = NONPRIVATE
+_, DP_BATCH, DP_LR, CLIP, DP_EPOCHS, _ = CHOSEN
 DELTA = 1e-5
-CLIP = 1.0
-#: The headline row: run with these seeds (every other row with seed 0).
-HEADLINE = ("PowerGossip r1", "iid", 3.0)
+#: The headline rows: run with these seeds (every other row with seed 0).
+HEADLINES = (("exact gossip", "iid", 8.0), ("PowerGossip r1", "iid", 8.0))
 HEADLINE_SEEDS = (0, 1, 2)
 
 
@@ -44,14 +54,15 @@ def _peer(comm: Comm, config):
 
 
 def run_private(overrides: Dict[str, Any], quick: bool) -> Dict[str, Any]:
-    """One run on every peer (threads); the training suite's measurements plus epsilon."""
+    """One run on every peer (threads); the training suite's measurements plus epsilon and the
+    averaged model's accuracy at three quarters of the run."""
     import torch
 
     from gossip_powersgd.launch import run_peers
     from gossip_powersgd.training.config import config_from_dict, resolve_topology
 
     torch.set_num_threads(1)
-    config = config_from_dict(dict(QUICK_BASE if quick else BASE, **overrides))
+    config = config_from_dict(dict(QUICK_BASE if quick else REGIME, **overrides))
     topology = resolve_topology(config)
     config = config.replace(peers=topology.size)
     started = time.perf_counter()
@@ -60,7 +71,13 @@ def run_private(overrides: Dict[str, Any], quick: bool) -> Dict[str, Any]:
     summary = values[0][0]
     m = measurements(summary, [values[k][1] for k in sorted(values)], seconds)
     epsilons = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
+    three = [
+        r["test_acc_avg_model"]
+        for r in summary["history"]
+        if r.get("kind") == "eval" and round(4 * r["epoch"] / config.epochs) == 3
+    ]
     m.update(
+        acc_3q=three[-1] if three else None,
         eps_min=min(epsilons),
         eps_max=max(epsilons),
         sigma=summary.get("noise_multiplier"),
@@ -72,18 +89,22 @@ def run_private(overrides: Dict[str, Any], quick: bool) -> Dict[str, Any]:
 
 
 def _attempt(label, spec, partition, target, seed, plan) -> Dict[str, Any]:
+    private = target is not None
+    epochs = plan["dp_epochs" if private else "epochs"]
     overrides = dict(
         topology=plan["topology"],
         partition=partition,
-        epochs=plan["epochs"],
-        eval_every=plan["epochs"],
+        epochs=epochs,
+        eval_every=max(1, epochs // 4),  # quarters: the plateau check
         seed=seed,
         algorithm=spec,
         warmup_epochs=plan["warmup"],
+        batch_size=plan["dp_batch" if private else "batch"],
+        lr=plan["dp_lr" if private else "lr"],
         # a loaded shared machine can stall a peer thread for minutes: wait, not fail
         comm_timeout=600.0,
     )
-    if target is not None:
+    if private:
         # the page reports every peer's epsilon and rate: released to the experimenter
         overrides.update(
             dp_target_epsilon=target,
@@ -106,12 +127,19 @@ def _attempt(label, spec, partition, target, seed, plan) -> Dict[str, Any]:
     return row
 
 
-def privacy_plan(quick: bool, epochs: int) -> Dict[str, Any]:
+def privacy_plan(quick: bool, epochs: Optional[int] = None) -> Dict[str, Any]:
+    """The page's plan; `epochs` overrides the regime's (both the private and the non-private
+    rows')."""
     if quick:
         return dict(
             quick=True,
             topology="ring:4",
-            epochs=1,
+            epochs=epochs or 1,
+            dp_epochs=epochs or 1,
+            batch=QUICK_BASE["batch_size"],
+            lr=QUICK_BASE["lr"],
+            dp_batch=QUICK_BASE["batch_size"],
+            dp_lr=QUICK_BASE["lr"],
             warmup=0,
             algorithms=ALGORITHMS[:2],
             epsilons=(3.0, None),
@@ -120,9 +148,14 @@ def privacy_plan(quick: bool, epochs: int) -> Dict[str, Any]:
         )
     return dict(
         quick=False,
-        topology="ring:8",
-        epochs=epochs,
-        warmup=1,
+        topology=REGIME["topology"],
+        epochs=epochs or NP_EPOCHS,
+        dp_epochs=epochs or DP_EPOCHS,
+        batch=NP_BATCH,
+        lr=NONPRIVATE_LR,
+        dp_batch=DP_BATCH,
+        dp_lr=DP_LR,
+        warmup=REGIME["warmup_epochs"],
         algorithms=ALGORITHMS,
         epsilons=EPSILONS,
         partitions=PARTITIONS,
@@ -133,7 +166,7 @@ def privacy_plan(quick: bool, epochs: int) -> Dict[str, Any]:
 def run_privacy(
     out: Path,
     quick: bool = False,
-    epochs: int = 4,
+    epochs: Optional[int] = None,
     command: str = "python -m experiments.suite privacy",
 ) -> Path:
     """Run every (algorithm, partition, epsilon) once, the headline with several seeds; write
@@ -144,7 +177,7 @@ def run_privacy(
     for partition in plan["partitions"]:
         for target in plan["epsilons"]:
             for label, spec in plan["algorithms"]:
-                seeds = plan["seeds"] if (label, partition, target) == HEADLINE else (0,)
+                seeds = plan["seeds"] if (label, partition, target) in HEADLINES else (0,)
                 runs = [_attempt(label, spec, partition, target, s, plan) for s in seeds]
                 rows.append(combine(runs))
     seconds = time.perf_counter() - started
@@ -165,8 +198,11 @@ def combine(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     if not good:
         return runs[0]
     out = dict(good[0], seeds=len(good))
-    for key in ("acc_avg", "acc_local_mean"):
-        values = [float(r[key]) for r in good]
+    for key in ("acc_avg", "acc_local_mean", "acc_3q"):
+        values = [float(r[key]) for r in good if r.get(key) is not None]
+        if not values:
+            out[key], out[key + "_std"] = None, None
+            continue
         out[key] = statistics.fmean(values)
         out[key + "_std"] = statistics.stdev(values) if len(values) > 1 else None
     out["eps_max"] = max(r["eps_max"] for r in good)
@@ -179,8 +215,9 @@ def _eps(value: Optional[float]) -> str:
 
 
 TABLE = (
-    "| partition | target ε | algorithm | seeds | averaged-model acc | local acc mean | "
-    "ε per peer [min, max] | σ | q per peer [min, max] | MB sent / peer |"
+    "| partition | target ε | algorithm | seeds | averaged-model acc | at ¾ of the run | "
+    "change over the last quarter (pp) | local acc mean | ε per peer [min, max] | σ | "
+    "q per peer [min, max] | MB sent / peer |"
 )
 
 
@@ -189,12 +226,16 @@ def table(rows: Sequence[Dict[str, Any]]) -> str:
     for r in rows:
         head = f"| {r['partition']} | {_eps(r['target'])} | {r['label']} | {r.get('seeds', 1)} |"
         if "error" in r:
-            lines.append(head + f" FAILED: {r['error'].replace('|', '/')} | | | | | |")
+            lines.append(head + f" FAILED: {r['error'].replace('|', '/')} | | | | | | | |")
             continue
         private = r["target"] is not None
+        three = r.get("acc_3q")
         lines.append(
-            head + f" {_pct(r['acc_avg'], r.get('acc_avg_std'))} | "
-            f"{_pct(r['acc_local_mean'], r.get('acc_local_mean_std'))} | "
+            head
+            + f" {_pct(r['acc_avg'], r.get('acc_avg_std'))} | "
+            + ("n/a | n/a | " if three is None else f"{_pct(three)} | ")
+            + ("" if three is None else f"{100 * (r['acc_avg'] - three):+.2f} | ")
+            + f"{_pct(r['acc_local_mean'], r.get('acc_local_mean_std'))} | "
             f"[{_eps(r['eps_min'])}, {_eps(r['eps_max'])}] | "
             + (f"{r['sigma']:.3g}" if private else "—")
             + " | "
@@ -235,27 +276,29 @@ def findings(rows: Sequence[Dict[str, Any]], plan: Dict[str, Any]) -> List[str]:
 
 
 def privacy_page(rows, plan, command, seconds) -> str:
-    data = QUICK_BASE if plan["quick"] else BASE
+    data = QUICK_BASE if plan["quick"] else REGIME
     extra = (
-        f"Setting: {data['dataset']}, model `{data['model']}`, {plan['topology']}, SGD lr "
-        f"{data['lr']}"
+        f"Setting: {data['dataset']}, model `{data['model']}`, {plan['topology']}, SGD"
         + (
             ""
             if plan["quick"]
-            else f" momentum {data['momentum']}, cosine "
-            f"schedule with {plan['warmup']} warm-up epoch"
+            else f" momentum {data['momentum']}, cosine schedule with {plan['warmup']} warm-up "
+            "epoch, the regime privacy_dp_sweep.md chose (8000 samples per peer; its constants "
+            "are imported, not copied)"
         )
-        + f", expected batch {data['batch_size']} per peer, **{plan['epochs']} epochs** "
-        f"(far fewer than convergence: the whole page must run in about 25 minutes on 2 "
-        f"shared cores, so the accuracies are early-training ones, comparable across rows "
-        f"but not final). DP: Poisson sampling of each peer's shard at q = batch / shard "
+        + f". Non-private rows: batch {plan['batch']}, lr {plan['lr']}, {plan['epochs']} "
+        f"epochs; private rows: expected batch {plan['dp_batch']}, lr {plan['dp_lr']}, "
+        f"{plan['dp_epochs']} epochs. Every run is evaluated at each quarter: the columns at "
+        f"¾ of the run and the change over its last quarter say whether it ended on a plateau. "
+        f"DP: Poisson sampling of each peer's shard at q = batch / shard "
         f"size, per-example clipping C = {CLIP:g}, Gaussian noise on each peer's own "
         f"gradient before its optimizer step, RDP accountant, δ = {DELTA:g}; σ is computed "
         f"per run from the target ε so that the peer with the largest q ends at or just "
-        f"below it (`dp_target_epsilon`). Target ∞ is the same recipe without DP (shuffled "
+        f"below it (`dp_target_epsilon`). Target ∞ is the non-private recipe (shuffled "
         f"batches, no clipping). Noise and Poisson masks secret per peer (fresh OS "
         f"entropy); the peers' sizes and ε released to the experimenter "
-        f"(`release_peer_statistics`)."
+        f"(`release_peer_statistics`). The same regime attacked by a curious neighbour, with "
+        f"3 seeds per row: privacy_attacks.md."
     )
     text = header(
         "Differential privacy: accuracy vs ε" + (" (--quick)" if plan["quick"] else ""),
@@ -264,10 +307,10 @@ def privacy_page(rows, plan, command, seconds) -> str:
         extra,
         generated=generated_sentence(command, seconds),
     )
-    label, partition, target = HEADLINE
+    heads = "; ".join(f"{a}, {p}, target ε = {_eps(t)}" for a, p, t in HEADLINES)
     text += (
-        f"Headline row: {label}, {partition}, target ε = {_eps(target)}, seeds "
-        f"{', '.join(map(str, plan['seeds']))} (mean ± std); every other row is seed 0.\n\n"
+        f"Headline rows ({heads}): seeds {', '.join(map(str, plan['seeds']))} (mean ± std); "
+        "every other row is seed 0.\n\n"
     )
     text += "## Results\n\n" + table(rows) + "\n"
     text += "![accuracy vs epsilon](privacy_accuracy_vs_epsilon.png)\n\n"
@@ -289,9 +332,8 @@ ANALYSIS = """## Why DP hurts some algorithms more
   differences larger and less low-rank (isotropic noise has no low-rank structure), so a rank-1
   message carries a smaller share of them and the peers' independent noise is averaged more
   slowly; Choco's sign message keeps every coordinate's direction and suffers less.
-- Under Dirichlet(0.5) shards the peers have different sampling rates q = batch / shard size;
-  σ is set for the largest q, so peers with large shards spend much less than the target ε
-  (the ε [min, max] column) and the small-shard peer sets the noise for everyone.
+- A higher rank carries more of the difference per message: PowerGossip r4 sends 4 times r1's
+  floats per exchange, and the rows show how much of r1's loss under DP that buys back.
 - MB sent per peer does not depend on ε: DP changes what is sent, never how much.
 """
 
@@ -305,6 +347,7 @@ CSV_FIELDS = (
     "acc_avg",
     "acc_avg_std",
     "acc_local_mean",
+    "acc_3q",
     "eps_min",
     "eps_max",
     "sigma",
