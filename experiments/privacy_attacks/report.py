@@ -543,16 +543,18 @@ def answers(rows) -> List[str]:
             out.append(f"- {label(spec)} ({order}): " + "; ".join(parts) + "." + verdict)
     plain = [g for (_, t), g in gs.items() if t is None]
     if plain and all(
-        _mean(g, f"tpr0.1/{m}/{HEADLINE}") <= _band(g[0])["tpr"][0][1]
+        _mean(g, f"tpr0.1/{m}/{a}") <= _band(g[0])["tpr"][0][1]
         for g in plain
         for m in ["victim"] + ([_strongest(g)] if _reconstructions(g[0]) else [])
+        for a in lira
     ):
         out.append(
             "- So at which ε does the neighbour's TPR at 0.1 % FPR reach chance? Here it is "
-            f"within the null band already without DP, for every algorithm on this page and "
-            f"through the victim's model and the strongest reconstruction: under {HEADLINE} these "
-            f"models do not separate their members at a low FPR, so in this regime that ε is ∞ "
-            f"and the page can say nothing finer."
+            "within the null band already without DP, for every algorithm on this page and "
+            "through the victim's model and the strongest reconstruction: under LiRA (offline "
+            "and online) these models do not separate their members at a low FPR, so in this "
+            "regime that ε is ∞ and the page can say nothing finer (privacy_attacks_overfit.md "
+            "answers it where the models memorise)."
         )
     return out
 
