@@ -40,9 +40,12 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
 from gossip_powersgd.utils import atomic_write
+
+if TYPE_CHECKING:
+    import topologies
 
 #: The default output folder (git-ignored); the committed page only with an explicit
 #: `--out experiments/results`.
@@ -250,7 +253,9 @@ def network_rows(out, settled, pairwise, network_row, far, steps, setting) -> No
     )
 
 
-def _decor_row(out, topology, q, steps, far) -> None:
+def _decor_row(
+    out: Dict[str, Dict[str, Any]], topology: topologies.Topology, q: float, steps: int, far: int
+) -> None:
     """DECOR's row: SecLDP, its noise on the gradient sum (valid under any lr schedule)."""
     from gossip_powersgd.privacy.mechanisms import decor
 
