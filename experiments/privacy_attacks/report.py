@@ -1,17 +1,32 @@
 """The privacy-attacks page from measured rows: tables of leakage (mean ± sd over seeds) with the
 blind baselines and the null band beside every figure, reconstructions judged by the attacks
-through them, attacks over rounds, per-class AUC, a log-scale ROC plot; and the network-DP
-section (heat maps)."""
+through them, attacks over rounds, per-class AUC, a log-scale ROC plot; the answers in words
+(answers.py) and the network-DP section (network_page.py) placed on it."""
 
 from __future__ import annotations
 
-import math
 import statistics
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
+from .answers import answers
 from .attacks import ATTACKS
-from .measure import ALGORITHMS, DP, OBSERVER
+from .measure import DP, OBSERVER
+from .network_page import HEATMAP_PNG, network_text, plot_network
+from .rows import (
+    HEADLINE,
+    _band,
+    _last,
+    _pyplot,
+    _reconstructions,
+    _stat,
+    _strongest,
+    band_of,
+    groups,
+    label,
+)
+
+__all__ = ["HEATMAP_PNG", "answers", "band_of", "page", "plateau", "plot_network", "plot_roc"]
 
 
 def roc_png(stem: str) -> str:
@@ -20,47 +35,6 @@ def roc_png(stem: str) -> str:
 
 
 ROC_PNG = roc_png("privacy_attacks")
-
-HEATMAP_PNG = "privacy_attacks_network_dp.png"
-#: The attack the headline columns use (the strongest here on average; every attack is in the JSON).
-HEADLINE = "LiRA offline"
-
-
-def label(spec: str) -> str:
-    return dict((s, name) for name, s in ALGORITHMS).get(spec, spec)
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def groups(rows: Sequence[Dict[str, Any]]) -> List[List[Dict[str, Any]]]:
-    """Rows of the same (algorithm, target epsilon), in plan order."""
-    out: Dict[tuple, List[Dict[str, Any]]] = {}
-    for r in rows:
-        if "failure" not in r:
-            out.setdefault((r["spec"], r["target"]), []).append(r)
-    return list(out.values())
-
-
-def _stat(values: Sequence[float], digits: int = 3, pct: bool = False) -> str:
-    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    if not values:
-        return "n/a"
-    scale = 100 if pct else 1
-    mean = statistics.fmean(values) * scale
-    if len(values) == 1:
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} ± {statistics.stdev(values) * scale:.{digits}f}"
-
-
-def _last(r: Dict[str, Any]) -> Dict[str, Any]:
-    return r["rounds"][str(r["last"])]
 
 
 def _dp(group: Sequence[Dict[str, Any]]) -> str:
@@ -76,38 +50,7 @@ def _dp(group: Sequence[Dict[str, Any]]) -> str:
     return f"ε = {span} (victims' own; target {r['target']:g})"
 
 
-def _reconstructions(r: Dict[str, Any]) -> List[str]:
-    return [k for k in _last(r)["quality"] if k != "observer's own"]
-
-
-def _strongest(group: Sequence[Dict[str, Any]]) -> str:
-    """The observer's estimator with the highest mean headline AUC (the oracle excluded: it uses
-    the truth)."""
-    names = [n for n in _reconstructions(group[0]) if not n.startswith("oracle")]
-    return max(
-        names,
-        key=lambda n: statistics.fmean(_last(r)["flat"][f"auc/{n}/{HEADLINE}"] for r in group),
-    )
-
-
-_BANDS: Dict[tuple, Dict[str, list]] = {}
 _PRIORS: Dict[tuple, Dict[str, Any]] = {}
-
-
-def band_of(members: int, nonmembers: int) -> Dict[str, list]:
-    """The permutation null band (`membership.null_band`) of a continuous score (no ties) for
-    these counts: it depends on the counts only, so it is computed once from Gaussian scores."""
-    import numpy as np
-
-    from gossip_powersgd.privacy.membership import null_band
-
-    key = (members, nonmembers)
-    if key not in _BANDS:
-        rng = np.random.default_rng(0)
-        _BANDS[key] = null_band(
-            rng.standard_normal(members), rng.standard_normal(nonmembers), permutations=400
-        )
-    return _BANDS[key]
 
 
 def class_prior(r: Dict[str, Any]) -> Dict[str, Any]:
@@ -136,10 +79,6 @@ def class_prior(r: Dict[str, Any]) -> Dict[str, Any]:
     rep.pop("roc")
     _PRIORS[key] = rep
     return rep
-
-
-def _band(r: Dict[str, Any]) -> Dict[str, list]:
-    return band_of(r["members"], r["nonmembers"])
 
 
 def _within(value: float, band: Sequence[float]) -> bool:
@@ -344,219 +283,6 @@ def plot_roc(rows, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-NOISE_TEXT = {"once": "once", "every_step": "every step"}
-
-
-def network_table(network: Dict[str, Any]) -> str:
-    lines = [
-        "| noise | steps | topology | ε min | ε median | ε max | pairs at the local-DP ceiling "
-        "| local-DP ceiling | Muffliato's per-message sum (not a bound): min – max; pairs below "
-        "the exact ε; pairs above the ceiling |",
-        "|---" * 9 + "|",
-    ]
-    for c in network["cases"]:
-        summed = (
-            f"{c['per_message_min']:.3g} – {c['per_message_max']:.3g}; "
-            f"{100 * c['per_message_below_exact']:.0f} %; "
-            f"{100 * c['per_message_above_local']:.0f} %"
-            if "per_message_min" in c
-            else "n/a"
-        )
-        lines.append(
-            f"| {NOISE_TEXT[c['noise']]} | {c['steps']} | {c['topology']} | {c['min']:.3g} "
-            f"| {c['median']:.3g} | {c['max']:.3g} | {100 * c['at_local']:.0f} % "
-            f"| {c['local']:.3g} | {summed} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def network_text(network: Dict[str, Any]) -> str:
-    """The network-DP section: what is computed, the table and the heat maps."""
-    made = f"{network['generated']} " if network.get("generated") else ""
-    return (
-        f"## Pairwise network DP of noisy exact gossip (exact accountant)\n\n{made}"
-        f"ε[u, v] of peer u towards observer v's whole view (everything v receives over the "
-        f"run, its own values known), σ = {network['sigma']:g}, δ = {network['delta']:g}, "
-        f"sensitivity 1. For linear gossip with Gaussian noise the view is one Gaussian "
-        f"mechanism, so ε is exact (`gossip_powersgd.privacy.pairwise_epsilon`, analytic "
-        f"Gaussian conversion). Noise once: each peer noises its value once, then gossip runs "
-        f"(the Muffliato consensus setting); every step: fresh noise on each step's "
-        f"contribution, any per-step change of norm ≤ 1 (as DP-SGD's clipped gradients), "
-        f"the contributions taken as given (non-adaptive). The local-DP ceiling is what the "
-        f"peer's own noisy values reveal (every step: all of them). Muffliato's per-message "
-        f"sum composes every message as if it carried fresh noise (the previous version of "
-        f"this table, here with the same conversion): it is not a bound (last column). "
-        f"Linear gossip only: it does not cover PowerGossip's or compressed gossip's messages, "
-        f"which per-peer DP-SGD covers by post-processing.\n\n"
-        + network_table(network)
-        + f"\n![network DP]({HEATMAP_PNG})\n\n"
-    )
-
-
-def plot_network(network: Dict[str, Any], path: Path) -> None:
-    """epsilon[u, v] heat maps on one colour scale (log), one row per case, one column per
-    topology; white: epsilon = 0 (u's noise does not reach v)."""
-    import numpy as np
-    from matplotlib.colors import LogNorm
-
-    plt = _pyplot()
-    cases = network["cases"]
-    specs = list(dict.fromkeys(c["topology"] for c in cases))
-    rows = list(dict.fromkeys((c["noise"], c["steps"]) for c in cases))
-    mats = [np.array(c["matrix"]) for c in cases]
-    finite = np.concatenate([m[np.isfinite(m) & (m > 0)] for m in mats])
-    norm = LogNorm(vmin=finite.min(), vmax=finite.max())
-    fig, axes = plt.subplots(
-        len(rows), len(specs), figsize=(4.2 * len(specs), 3.8 * len(rows)), squeeze=False
-    )
-    for c, m in zip(cases, mats):
-        ax = axes[rows.index((c["noise"], c["steps"])), specs.index(c["topology"])]
-        image = ax.imshow(np.where(m > 0, m, np.nan), norm=norm, cmap="viridis")
-        ax.set_title(
-            f"{c['topology']}, noise {NOISE_TEXT[c['noise']]}, T = {c['steps']}", fontsize=9
-        )
-        ax.set_xlabel("observer v")
-        if specs.index(c["topology"]) == 0:
-            ax.set_ylabel("peer u")
-    fig.colorbar(image, ax=axes.ravel().tolist(), label="ε of u towards v")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def _eps_text(e: float) -> str:
-    return "∞" if math.isinf(e) else f"{e:g}"
-
-
-def _mean(group, key) -> float:
-    return statistics.fmean(_last(r)["flat"][key] for r in group)
-
-
-def answers(rows) -> List[str]:
-    """The page's two questions, answered from the rows (no number typed by hand)."""
-    gs = {(g[0]["spec"], g[0]["target"]): g for g in groups(rows)}
-    out = []
-    exact = gs.get(("exact", None))
-    for spec in ("powergossip:rank=1", "powergossip:rank=4", "choco:compressor=sign,gamma=1.0"):
-        g = gs.get((spec, None))
-        if exact is None or g is None:
-            continue
-        best = _strongest(g)
-        e_auc = _mean(exact, f"auc/victim/{HEADLINE}")
-        c_auc = _mean(g, f"auc/{best}/{HEADLINE}")
-        v_auc = _mean(g, f"auc/victim/{HEADLINE}")
-        e_tpr = _mean(exact, f"tpr1/victim/{HEADLINE}")
-        c_tpr = _mean(g, f"tpr1/{best}/{HEADLINE}")
-        # equal bytes: exact gossip's round whose received MB is closest to this run's total
-        mb = g[0]["observed_mb"]
-        r0 = exact[0]
-        a_g = statistics.fmean(r["acc_avg"] for r in g)
-        a_e = statistics.fmean(r["acc_avg"] for r in exact)
-        sd_g = statistics.stdev([r["acc_avg"] for r in g]) if len(g) > 1 else 0.0
-        sd_e = statistics.stdev([r["acc_avg"] for r in exact]) if len(exact) > 1 else 0.0
-        step = min(
-            r0["round_steps"], key=lambda s: abs(r0["observed_mb"] * (s + 1) / r0["steps"] - mb)
-        )
-        at = statistics.fmean(
-            r["rounds"][str(step)]["flat"][f"auc/victim/{HEADLINE}"] for r in exact
-        )
-        out.append(
-            f"- **{label(spec)}** (no DP): through its strongest reconstruction ({best}) the "
-            f"neighbour's {HEADLINE} AUC is {c_auc:.3f} and TPR at 1 % FPR {c_tpr:.4f}, against "
-            f"{e_auc:.3f} / {e_tpr:.4f} for exact gossip, whose messages are the model, at "
-            f"averaged-model accuracy {100 * a_g:.1f} % vs {100 * a_e:.1f} % ("
-            + (
-                "equal within the seeds' spread"
-                if abs(a_g - a_e) <= sd_g + sd_e
-                else "not equal: more than the seeds' spread apart"
-            )
-            + f"), and the victim's own model gives {v_auc:.3f}. The observer received "
-            f"{mb:.3g} MB against {r0['observed_mb']:.3g} MB; at the exact-gossip round closest to "
-            f"equal bytes (step {step}, {r0['observed_mb'] * (step + 1) / r0['steps']:.3g} MB) "
-            f"exact gossip's AUC is {at:.3f}."
-        )
-    targets = sorted({t for (_, t) in gs if t is not None})
-    lira = ("LiRA offline", "LiRA online")
-    for spec in dict.fromkeys(s for (s, _) in gs):
-        parts, above, at_chance, aucs_by_eps, bands = [], [], [], [], {}
-
-        for t in targets + [None]:
-            g = gs.get((spec, t))
-            if g is None:
-                continue
-            band = _band(g[0])
-            models = ["victim"] + ([_strongest(g)] if _reconstructions(g[0]) else [])
-            tprs = [_mean(g, f"tpr0.1/{m}/{a}") for m in models for a in lira]
-            aucs = [_mean(g, f"auc/{m}/{a}") for m in models for a in lira]
-            chance = all(v <= band["tpr"][0][1] for v in tprs)
-            key = math.inf if t is None else t
-            aucs_by_eps.append((key, aucs))
-            bands[key] = band["auc"][1]
-            (at_chance if chance else above).append(math.inf if t is None else t)
-            acc = statistics.fmean(r["acc_avg"] for r in g)
-            parts.append(
-                f"ε {'∞' if t is None else f'{t:g}'}: TPR @ 0.1 % FPR "
-                + " / ".join(f"{v:.4f}" for v in tprs)
-                + f" (null band up to {band['tpr'][0][1]:.4f}: "
-                f"{'chance' if chance else 'above chance'}), AUC "
-                + " / ".join(f"{v:.3f}" for v in aucs)
-                + f" (band up to {band['auc'][1]:.3f}); accuracy {100 * acc:.1f} %"
-            )
-        if parts:
-            order = "LiRA offline / online" + (
-                " through the victim's model, then through the strongest reconstruction"
-                if _reconstructions(gs[next(k for k in gs if k[0] == spec)][0])
-                else " through the victim's model (the messages are the model)"
-            )
-            verdict = ""
-            if above and at_chance:
-                high = min(above)
-                low = max((e for e in at_chance if e < high), default=None)
-                verdict = (
-                    (
-                        " TPR above chance only without DP"
-                        if math.isinf(high)
-                        else f" TPR above chance at ε ≥ {_eps_text(high)}"
-                    )
-                    + (f", at chance at every ε ≤ {_eps_text(low)}" if low is not None else "")
-                    + (
-                        " (not monotone in ε: a chance row above an above-chance one)"
-                        if any(e > high for e in at_chance)
-                        else ""
-                    )
-                    + "."
-                )
-            auc_above = [e for e, a in aucs_by_eps if min(a) > bands[e]]
-            if len(aucs_by_eps) > 1:
-                verdict += (
-                    " The AUC is above its null band at "
-                    + (
-                        "every ε tried"
-                        if len(auc_above) == len(aucs_by_eps)
-                        else "ε = " + ", ".join(_eps_text(e) for e in auc_above)
-                        if auc_above
-                        else "no ε tried"
-                    )
-                    + "."
-                )
-            out.append(f"- {label(spec)} ({order}): " + "; ".join(parts) + "." + verdict)
-    plain = [g for (_, t), g in gs.items() if t is None]
-    if plain and all(
-        _mean(g, f"tpr0.1/{m}/{a}") <= _band(g[0])["tpr"][0][1]
-        for g in plain
-        for m in ["victim"] + ([_strongest(g)] if _reconstructions(g[0]) else [])
-        for a in lira
-    ):
-        out.append(
-            "- So at which ε does the neighbour's TPR at 0.1 % FPR reach chance? Here it is "
-            "within the null band already without DP, for every algorithm on this page and "
-            "through the victim's model and the strongest reconstruction: under LiRA (offline "
-            "and online) these models do not separate their members at a low FPR, so in this "
-            "regime that ε is ∞ and the page can say nothing finer (privacy_attacks_overfit.md "
-            "answers it where the models memorise)."
-        )
-    return out
 
 
 def regime_text(setting: Dict[str, Any], dp: Dict[str, Any]) -> str:
