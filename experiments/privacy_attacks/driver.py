@@ -378,12 +378,7 @@ def finished_rows(page: Dict[str, Any]) -> Dict[str, Any]:
     """A finished page's JSON as a partial file's {"rows", "seconds"}: its rows keyed as the plan
     keys them, each with its split again, and the seconds its runs took."""
     rows = expand_splits(page["rows"], page.get("splits", {}))
-    seconds = page.get("plan", {}).get("seconds")
-    if seconds is None:  # a page written before the plan stored its seconds: its sentence has them
-        import re
-
-        found = re.search(r"in (\d+) s in all", page.get("generated", ""))
-        seconds = float(found.group(1)) if found else 0.0
+    seconds = page["plan"]["seconds"]
     return {"rows": {_key(r["spec"], r["target"], r["seed"]): r for r in rows}, "seconds": seconds}
 
 
