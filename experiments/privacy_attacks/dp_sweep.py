@@ -84,6 +84,11 @@ SWEEP = (
 #: sweep itself picks its best row from what it measures; a new page that chooses another row must
 #: change this constant with it.
 CHOSEN = SWEEP[2]
+#: Epochs of the privacy pages' DP rows (privacy.md, privacy_attacks.md): the smallest budget
+#: after which doubling no longer pays, privacy_dp_budget.md's verdict (`dp_budget`; a test holds
+#: the two equal). The sweep chooses its recipe at EPOCHS, where a row costs a quarter as much;
+#: the pages then train that recipe for this budget, with sigma solved again for its steps.
+DP_EPOCHS = 30
 #: The label of part 1's last row, the chosen regime clipped without noise.
 CLIPPED = "chosen, clipped, no noise"
 #: The rows of --quick: the non-private reference and the first DP row.

@@ -293,7 +293,9 @@ def regime_text(setting: Dict[str, Any], dp: Dict[str, Any]) -> str:
         f"non-private reference, batch {setting['batch_size']}, {setting['epochs']} epochs, but "
         f"lr {setting['lr']} (see Not reached). Private rows: DP-SGD on every peer, its chosen row "
         f"(Poisson batches of {dp.get('batch_size')}, lr {dp.get('lr')}, clip "
-        f"C = {dp.get('dp_max_grad_norm')}, {dp.get('epochs')} epochs, δ = {dp.get('dp_delta')}), "
+        f"C = {dp.get('dp_max_grad_norm')}, δ = {dp.get('dp_delta')}) trained for "
+        f"{dp.get('epochs')} epochs (privacy_dp_budget.md: the budget after which doubling no "
+        "longer pays), "
     )
 
 

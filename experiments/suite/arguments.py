@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--epochs",
         type=int,
         default=None,
-        help="epochs of each run (training: 60, the CNN rows; gamma: 5; dynamic: 30; privacy: privacy_dp_sweep.md's 15)",
+        help="epochs of each run (training: 60, the CNN rows; gamma: 5; dynamic: 30; privacy: 15 without DP, dp_sweep.DP_EPOCHS with DP)",
     )
     parser.add_argument(
         "--seeds", type=int, default=3, help="training: seeds of the ring:8 iid rows"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 from gossip_powersgd.utils import atomic_write
 
 from experiments.privacy_attacks.dp_sweep import BASE as REGIME
-from experiments.privacy_attacks.dp_sweep import CHOSEN, NONPRIVATE
+from experiments.privacy_attacks.dp_sweep import CHOSEN, DP_EPOCHS, NONPRIVATE
 from experiments.privacy_attacks.measure import NONPRIVATE_LR
 
 from .runs import QUICK_BASE, log, measurements
@@ -40,7 +40,7 @@ EPSILONS = (1.0, 3.0, 8.0, None)
 #: peers different sampling rates, and the smallest shard sets everyone's sigma).
 PARTITIONS = ("iid",)
 _, NP_BATCH, _, _, NP_EPOCHS, _ = NONPRIVATE
-_, DP_BATCH, DP_LR, CLIP, DP_EPOCHS, _ = CHOSEN
+_, DP_BATCH, DP_LR, CLIP, _, _ = CHOSEN
 DELTA = 1e-5
 #: The headline rows: run with these seeds (every other row with seed 0).
 HEADLINES = (("exact gossip", "iid", 8.0), ("PowerGossip r1", "iid", 8.0))
@@ -78,6 +78,7 @@ def run_private(overrides: Dict[str, Any], quick: bool) -> Dict[str, Any]:
     ]
     m.update(
         acc_3q=three[-1] if three else None,
+        consensus=summary.get("final_consensus_distance"),
         eps_min=min(epsilons),
         eps_max=max(epsilons),
         sigma=summary.get("noise_multiplier"),
@@ -288,7 +289,8 @@ def privacy_page(rows, plan, command, seconds) -> str:
         )
         + f". Non-private rows: batch {plan['batch']}, lr {plan['lr']}, {plan['epochs']} "
         f"epochs; private rows: expected batch {plan['dp_batch']}, lr {plan['dp_lr']}, "
-        f"{plan['dp_epochs']} epochs. Every run is evaluated at each quarter: the columns at "
+        f"{plan['dp_epochs']} epochs (privacy_dp_budget.md: the budget after which doubling "
+        "the epochs no longer pays). Every run is evaluated at each quarter: the columns at "
         f"¾ of the run and the change over its last quarter say whether it ended on a plateau. "
         f"DP: Poisson sampling of each peer's shard at q = batch / shard "
         f"size, per-example clipping C = {CLIP:g}, Gaussian noise on each peer's own "
