@@ -717,3 +717,31 @@ def test_the_answers_say_where_the_neighbours_tpr_reaches_chance():
     assert line.count("above chance") == 2 and line.count(": chance)") == 2
     assert "TPR above chance only without DP, at chance at every ε ≤ 64." in line
     assert "The AUC is above its null band at ε = 64, ∞." in line
+
+
+def test_reuse_nonprivate_copies_a_finished_pages_rows_and_refuses_another_setting(tmp_path):
+    import json
+
+    from experiments.privacy_attacks import driver, measure
+
+    rows = []
+    for spec, target in (("exact", None), ("exact", 8.0), ("powergossip:rank=1", None)):
+        rows.append(dict(spec=spec, target=target, seed=0, commit="abc1234", split="s"))
+    rows.append(dict(spec="exact", target=None, seed=1, failure="RuntimeError: x", split="s"))
+    page = dict(plan=dict(setting=measure.SETTING, seconds=10.0), rows=rows, splits={"s": {}})
+    source = tmp_path / "page.json"
+    source.write_text(json.dumps(page))
+    saved = {"rows": {driver._key("exact", None, 0): dict(kept=True)}}
+    said = driver.reuse_nonprivate(source, measure.SETTING, saved)
+    # the private row and the failed run are not taken; a row already there is not replaced
+    assert said == dict(source="page.json", rows=2, commits=["abc1234"])
+    assert set(saved["rows"]) == {
+        driver._key("exact", None, 0),
+        driver._key("powergossip:rank=1", None, 0),
+    }
+    assert saved["rows"][driver._key("exact", None, 0)] == dict(kept=True)
+    with pytest.raises(SystemExit, match="trained another setting"):
+        driver.reuse_nonprivate(source, dict(measure.SETTING, epochs=99), {"rows": {}})
+    source.write_text("not json")
+    with pytest.raises(SystemExit, match="not a finished privacy_attacks page's JSON"):
+        driver.reuse_nonprivate(source, measure.SETTING, {"rows": {}})
