@@ -48,6 +48,17 @@ def test_the_verdict_is_the_smallest_budget_after_which_no_doubling_pays(a, b, e
     assert dp_budget.verdict(rows, (15, 30, 60), threshold=1.0) == expected
 
 
+def test_each_epsilon_gets_its_own_verdict():
+    # at epsilon 8 doubling 15 pays and 30 does not; at epsilon 3 doubling 15 already loses
+    rows = _rows(
+        {("exact gossip", 8.0): (91.2, 93.9, 92.0), ("exact gossip", 3.0): (89.6, 85.7, 75.3)}
+    )
+    assert dp_budget.verdicts(rows, (15, 30, 60), threshold=1.0) == {8.0: 30, 3.0: 15}
+    # pooled, the epsilon-3 cell would not hold epsilon 8's rows back to 15: the pooled verdict is
+    # the larger one
+    assert dp_budget.verdict(rows, (15, 30, 60), threshold=1.0) == 30
+
+
 def test_gains_are_the_accuracy_differences_in_points():
     rows = _rows({("exact gossip", 3.0): (80.0, 85.5, 85.0)})
     [(cell, gains)] = dp_budget.gains(rows).items()
@@ -62,7 +73,10 @@ def test_the_quick_page_is_computed_from_its_runs_and_renders_again(tmp_path):
     page = (tmp_path / "privacy_dp_budget.md").read_text()
     rows = list(saved["rows"].values())
     assert len(rows) == len(dp_budget.QUICK_CELLS) * len(dp_budget.QUICK_BUDGETS)
-    assert saved["verdict"] == dp_budget.verdict(rows, dp_budget.QUICK_BUDGETS)
+    assert saved["verdicts"] == {
+        f"{t:g}": e for t, e in dp_budget.verdicts(rows, dp_budget.QUICK_BUDGETS).items()
+    }
+    assert all(r["commit"] for r in rows)
     for r in rows:
         assert r["eps_max"] <= r["target"] * (1 + 1e-9)  # sigma solved for each budget's steps
         assert f"| {r['label']} | {r['target']:g} | {r['epochs']} | {r['steps']} |" in page
@@ -82,9 +96,30 @@ def test_bad_jobs_is_a_one_line_error(tmp_path, capsys):
     assert "give 1 or more" in capsys.readouterr().err
 
 
-def test_the_pages_dp_budget_is_the_committed_pages_verdict():
+def test_the_pages_dp_budgets_are_the_committed_pages_verdicts():
     saved = json.loads((RESULTS / "privacy_dp_budget.json").read_text())
     assert saved["budgets"] == list(dp_budget.BUDGETS)
     assert saved["threshold_pp"] == dp_budget.THRESHOLD_PP
-    assert saved["verdict"] == dp_budget.verdict(list(saved["rows"].values()), dp_budget.BUDGETS)
-    assert saved["verdict"] == dp_sweep.DP_EPOCHS
+    rows = list(saved["rows"].values())
+    assert {(r["label"], r["target"]) for r in rows} == {(a, t) for a, _, t in dp_budget.CELLS}
+    recomputed = dp_budget.verdicts(rows, dp_budget.BUDGETS)
+    assert {float(t): e for t, e in saved["verdicts"].items()} == recomputed
+    assert recomputed == dp_sweep.DP_EPOCHS
+
+
+def test_every_epsilon_of_the_privacy_pages_has_a_budget_and_an_unknown_one_is_refused():
+    from experiments.privacy_attacks import driver, measure
+    from experiments.suite import privacy
+
+    targets = {t for group in driver.PLAN_GROUPS for _, t in group if t is not None}
+    assert targets | set(privacy.EPSILONS) - {None} <= set(dp_sweep.DP_EPOCHS)
+    assert "epochs" not in measure.DP  # the budget comes with the row's epsilon
+    with pytest.raises(ValueError, match="no DP budget for target epsilon 5"):
+        dp_sweep.dp_epochs(5.0)
+
+
+def test_the_budgets_in_words(monkeypatch):
+    monkeypatch.setattr(dp_sweep, "DP_EPOCHS", {8.0: 30, 3.0: 15, 1.0: 15})
+    assert dp_sweep.budget_text() == "30 epochs at ε = 8, 15 at ε = 3 and 1"
+    monkeypatch.setattr(dp_sweep, "DP_EPOCHS", {8.0: 30})
+    assert dp_sweep.budget_text() == "30 epochs at ε = 8"

@@ -84,11 +84,38 @@ SWEEP = (
 #: sweep itself picks its best row from what it measures; a new page that chooses another row must
 #: change this constant with it.
 CHOSEN = SWEEP[2]
-#: Epochs of the privacy pages' DP rows (privacy.md, privacy_attacks.md): the smallest budget
-#: after which doubling no longer pays, privacy_dp_budget.md's verdict (`dp_budget`; a test holds
-#: the two equal). The sweep chooses its recipe at EPOCHS, where a row costs a quarter as much;
-#: the pages then train that recipe for this budget, with sigma solved again for its steps.
-DP_EPOCHS = 30
+#: Epochs of the privacy pages' DP rows (privacy.md, privacy_attacks.md) at each target epsilon:
+#: privacy_dp_budget.md's verdicts (`dp_budget`; a test holds the two equal). At a fixed epsilon
+#: a longer run adds more noise per step, so accuracy first rises with the budget and then falls,
+#: at a budget that depends on epsilon. The sweep chooses its recipe at EPOCHS, where a row
+#: costs less; the pages then train that recipe for the budget of the row's epsilon, with sigma
+#: solved again for its steps.
+DP_EPOCHS = {8.0: 30, 3.0: 15, 1.0: 15}
+
+
+def dp_epochs(target: float) -> int:
+    """The privacy pages' budget at target epsilon `target` (DP_EPOCHS)."""
+    try:
+        return DP_EPOCHS[float(target)]
+    except KeyError:
+        raise ValueError(
+            f"no DP budget for target epsilon {target:g}: privacy_dp_budget.md measured "
+            f"{', '.join(f'{t:g}' for t in sorted(DP_EPOCHS))}; add a cell for it there first"
+        ) from None
+
+
+def budget_text() -> str:
+    """DP_EPOCHS in words, for the pages: '30 epochs at ε = 8, 15 at ε = 3 and 1'."""
+    by: Dict[int, List[float]] = {}
+    for target, epochs in sorted(DP_EPOCHS.items(), reverse=True):
+        by.setdefault(epochs, []).append(target)
+    parts = [
+        f"{epochs}{' epochs' if i == 0 else ''} at ε = " + " and ".join(f"{t:g}" for t in targets)
+        for i, (epochs, targets) in enumerate(by.items())
+    ]
+    return ", ".join(parts)
+
+
 #: The label of part 1's last row, the chosen regime clipped without noise.
 CLIPPED = "chosen, clipped, no noise"
 #: The rows of --quick: the non-private reference and the first DP row.

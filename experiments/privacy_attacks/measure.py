@@ -18,7 +18,7 @@ from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
 from .dp_sweep import BASE as _SWEEP_BASE
 from .dp_sweep import CHOSEN as _CHOSEN
 from .dp_sweep import DELTA as _DELTA
-from .dp_sweep import DP_EPOCHS as _DP_EPOCHS
+from .dp_sweep import dp_epochs
 from .dp_sweep import NONPRIVATE as _NONPRIVATE
 
 if TYPE_CHECKING:
@@ -74,8 +74,8 @@ QUICK_SETTING = dict(
     reference_lr=0.2,
 )
 #: Private runs at a target epsilon: the DP regime privacy_dp_sweep.md chose (Poisson batches of
-#: 256, lr 2.0, clip C = 1, delta 1e-5), trained for dp_sweep.DP_EPOCHS epochs (the budget
-#: privacy_dp_budget.md found to be a plateau). One public sigma for every peer
+#: 256, lr 2.0, clip C = 1, delta 1e-5), trained for the budget of the row's epsilon
+#: (dp_sweep.dp_epochs: privacy_dp_budget.md's verdicts). One public sigma for every peer
 #: (release_peer_statistics): the accountant picks the sigma at which the peer with the highest
 #: sampling rate meets the target, here the victims (half a shard each: rate 256 / 4000, twice
 #: the sweep's), so the victims' epsilon is the target and the other peers' is lower.
@@ -85,7 +85,6 @@ DP = dict(
     dp_max_grad_norm=_DP_CLIP,
     dp_delta=_DELTA,
     release_peer_statistics=True,
-    epochs=_DP_EPOCHS,
 )
 #: The overfitting regime: where the attacks have something to find. In SETTING's regime (8000
 #: samples per peer) no attack separates members from held-out records even without DP; here
@@ -230,7 +229,9 @@ def attacked_run(
         release_peer_statistics=True,
     )
     if target is not None:
-        data.update(setting.get("dp", DP), dp_target_epsilon=target)
+        # a regime's own DP recipe carries its epochs; the default one takes its epsilon's budget
+        dp = setting.get("dp") or dict(DP, epochs=dp_epochs(target))
+        data.update(dp, dp_target_epsilon=target)
     data["eval_every"] = max(1, data["epochs"] // 4)  # quarters: the plateau check
     config = config_from_dict(data)
     topology = resolve_topology(config)

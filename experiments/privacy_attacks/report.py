@@ -11,6 +11,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from .answers import answers
 from .attacks import ATTACKS
+from .dp_sweep import budget_text
 from .measure import DP, OBSERVER
 from .network_page import HEATMAP_PNG, network_text, plot_network
 from .rows import (
@@ -294,8 +295,8 @@ def regime_text(setting: Dict[str, Any], dp: Dict[str, Any]) -> str:
         f"lr {setting['lr']} (see Not reached). Private rows: DP-SGD on every peer, its chosen row "
         f"(Poisson batches of {dp.get('batch_size')}, lr {dp.get('lr')}, clip "
         f"C = {dp.get('dp_max_grad_norm')}, δ = {dp.get('dp_delta')}) trained for "
-        f"{dp.get('epochs')} epochs (privacy_dp_budget.md: the budget after which doubling no "
-        "longer pays), "
+        f"{budget_text()} (privacy_dp_budget.md: at each ε the budget after which doubling the "
+        "epochs no longer pays), "
     )
 
 

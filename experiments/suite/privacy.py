@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 from gossip_powersgd.utils import atomic_write
 
 from experiments.privacy_attacks.dp_sweep import BASE as REGIME
-from experiments.privacy_attacks.dp_sweep import CHOSEN, DP_EPOCHS, NONPRIVATE
+from experiments.privacy_attacks.dp_sweep import CHOSEN, NONPRIVATE, budget_text, dp_epochs
 from experiments.privacy_attacks.measure import NONPRIVATE_LR
 
 from .runs import QUICK_BASE, log, measurements
@@ -91,7 +91,8 @@ def run_private(overrides: Dict[str, Any], quick: bool) -> Dict[str, Any]:
 
 def _attempt(label, spec, partition, target, seed, plan) -> Dict[str, Any]:
     private = target is not None
-    epochs = plan["dp_epochs" if private else "epochs"]
+    # the private rows' budget: --epochs if given, else the one of the row's epsilon
+    epochs = (plan["dp_epochs"] or dp_epochs(target)) if private else plan["epochs"]
     overrides = dict(
         topology=plan["topology"],
         partition=partition,
@@ -151,7 +152,7 @@ def privacy_plan(quick: bool, epochs: Optional[int] = None) -> Dict[str, Any]:
         quick=False,
         topology=REGIME["topology"],
         epochs=epochs or NP_EPOCHS,
-        dp_epochs=epochs or DP_EPOCHS,
+        dp_epochs=epochs,  # None: each epsilon's budget (dp_sweep.dp_epochs)
         batch=NP_BATCH,
         lr=NONPRIVATE_LR,
         dp_batch=DP_BATCH,
@@ -216,7 +217,7 @@ def _eps(value: Optional[float]) -> str:
 
 
 TABLE = (
-    "| partition | target ε | algorithm | seeds | averaged-model acc | at ¾ of the run | "
+    "| partition | target ε | algorithm | seeds | epochs | averaged-model acc | at ¾ of the run | "
     "change over the last quarter (pp) | local acc mean | ε per peer [min, max] | σ | "
     "q per peer [min, max] | MB sent / peer |"
 )
@@ -225,7 +226,10 @@ TABLE = (
 def table(rows: Sequence[Dict[str, Any]]) -> str:
     lines = [TABLE, "|" + "---|" * (TABLE.count("|") - 1)]
     for r in rows:
-        head = f"| {r['partition']} | {_eps(r['target'])} | {r['label']} | {r.get('seeds', 1)} |"
+        head = (
+            f"| {r['partition']} | {_eps(r['target'])} | {r['label']} | {r.get('seeds', 1)} | "
+            f"{r.get('epochs', 'n/a')} |"
+        )
         if "error" in r:
             lines.append(head + f" FAILED: {r['error'].replace('|', '/')} | | | | | | | |")
             continue
@@ -289,8 +293,13 @@ def privacy_page(rows, plan, command, seconds) -> str:
         )
         + f". Non-private rows: batch {plan['batch']}, lr {plan['lr']}, {plan['epochs']} "
         f"epochs; private rows: expected batch {plan['dp_batch']}, lr {plan['dp_lr']}, "
-        f"{plan['dp_epochs']} epochs (privacy_dp_budget.md: the budget after which doubling "
-        "the epochs no longer pays). Every run is evaluated at each quarter: the columns at "
+        + (
+            f"{plan['dp_epochs']} epochs"
+            if plan["dp_epochs"]
+            else f"{budget_text()} (privacy_dp_budget.md: at each ε the budget after which "
+            "doubling the epochs no longer pays)"
+        )
+        + ". Every run is evaluated at each quarter: the columns at "
         f"¾ of the run and the change over its last quarter say whether it ended on a plateau. "
         f"DP: Poisson sampling of each peer's shard at q = batch / shard "
         f"size, per-example clipping C = {CLIP:g}, Gaussian noise on each peer's own "
