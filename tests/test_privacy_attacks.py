@@ -719,29 +719,41 @@ def test_the_answers_say_where_the_neighbours_tpr_reaches_chance():
     assert "The AUC is above its null band at ε = 64, ∞." in line
 
 
-def test_reuse_nonprivate_copies_a_finished_pages_rows_and_refuses_another_setting(tmp_path):
+def test_reuse_copies_the_rows_this_code_would_run_unchanged_and_refuses_another_setting(
+    tmp_path, monkeypatch
+):
     import json
 
-    from experiments.privacy_attacks import driver, measure
+    from experiments.privacy_attacks import driver, dp_sweep, measure
 
-    rows = []
-    for spec, target in (("exact", None), ("exact", 8.0), ("powergossip:rank=1", None)):
-        rows.append(dict(spec=spec, target=target, seed=0, commit="abc1234", split="s"))
-    rows.append(dict(spec="exact", target=None, seed=1, failure="RuntimeError: x", split="s"))
-    page = dict(plan=dict(setting=measure.SETTING, seconds=10.0), rows=rows, splits={"s": {}})
+    monkeypatch.setattr(dp_sweep, "DP_EPOCHS", {8.0: 30, 3.0: 15})
+    plain = dict(epochs=measure.SETTING["epochs"], batch=measure.SETTING["batch_size"])
+    plain["lr"] = measure.SETTING["lr"]
+    dp = dict(batch=measure.DP["batch_size"], lr=measure.DP["lr"])
+    rows = [
+        dict(spec="exact", target=None, seed=0, commit="abc1234", **plain),
+        dict(spec="powergossip:rank=1", target=None, seed=0, commit="abc1234", **plain),
+        dict(spec="exact", target=3.0, seed=0, commit="def5678", epochs=15, **dp),
+        # at epsilon 8 this code trains 30 epochs: a 15-epoch row is not this code's row
+        dict(spec="exact", target=8.0, seed=0, commit="def5678", epochs=15, **dp),
+        dict(spec="exact", target=None, seed=1, failure="RuntimeError: x", **plain),
+    ]
+    page = dict(plan=dict(setting=measure.SETTING, seconds=10.0), rows=rows, splits={})
     source = tmp_path / "page.json"
     source.write_text(json.dumps(page))
     saved = {"rows": {driver._key("exact", None, 0): dict(kept=True)}}
-    said = driver.reuse_nonprivate(source, measure.SETTING, saved)
-    # the private row and the failed run are not taken; a row already there is not replaced
-    assert said == dict(source="page.json", rows=2, commits=["abc1234"])
+    said = driver.reuse_rows(source, measure.SETTING, saved)
+    assert said == dict(
+        source="page.json", rows=3, which="no DP, ε = 3", commits=["abc1234", "def5678"]
+    )
     assert set(saved["rows"]) == {
         driver._key("exact", None, 0),
         driver._key("powergossip:rank=1", None, 0),
+        driver._key("exact", 3.0, 0),
     }
-    assert saved["rows"][driver._key("exact", None, 0)] == dict(kept=True)
+    assert saved["rows"][driver._key("exact", None, 0)] == dict(kept=True)  # not replaced
     with pytest.raises(SystemExit, match="trained another setting"):
-        driver.reuse_nonprivate(source, dict(measure.SETTING, epochs=99), {"rows": {}})
+        driver.reuse_rows(source, dict(measure.SETTING, epochs=99), {"rows": {}})
     source.write_text("not json")
     with pytest.raises(SystemExit, match="not a finished privacy_attacks page's JSON"):
-        driver.reuse_nonprivate(source, measure.SETTING, {"rows": {}})
+        driver.reuse_rows(source, measure.SETTING, {"rows": {}})
