@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import csv
 
+import pytest
+
 
 def test_the_privacy_page_trains_in_the_regime_the_dp_sweep_chose():
     from experiments.privacy_attacks import dp_sweep, measure
@@ -40,3 +42,28 @@ def test_the_privacy_page_reports_each_rows_last_quarter(tmp_path):
         # the page's change column is the final accuracy minus the one at 3/4 of the run
         assert f"| {100 * three:.2f} % | {100 * (acc - three):+.2f} |" in page
     assert "change over the last quarter (pp)" in page
+
+
+def test_two_jobs_give_the_non_private_rows_of_one_job_bit_for_bit(tmp_path):
+    """Runs in worker processes train exactly as in-process: the non-private rows (no secret
+    noise) are equal to the last bit; every row has every seed."""
+    from experiments.suite.driver import main
+
+    rows = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"jobs{jobs}"
+        main(["privacy", "--quick", "--epochs", "2", "--jobs", str(jobs), "--out", str(out)])
+        rows[jobs] = list(csv.DictReader((out / "privacy.csv").open()))
+    assert [(r["label"], r["target"]) for r in rows[1]] == [
+        (r["label"], r["target"]) for r in rows[2]
+    ]
+    plain = [(a, b) for a, b in zip(rows[1], rows[2]) if a["target"] == ""]
+    assert plain and all(a["acc_avg"] == b["acc_avg"] for a, b in plain)
+    assert all(r["seeds"] == "1" for r in rows[1])  # --quick: seed 0 only
+
+
+def test_bad_jobs_is_a_one_line_error(tmp_path):
+    from experiments.suite.privacy import run_privacy
+
+    with pytest.raises(SystemExit, match="give 1 or more runs at once"):
+        run_privacy(tmp_path, quick=True, jobs=0)

@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--seeds", type=int, default=3, help="training: seeds of the ring:8 iid rows"
     )
+    parser.add_argument("--jobs", type=int, default=1, help="privacy: runs at once (processes)")
     parser.add_argument(
         "--choco-seeds",
         type=int,

@@ -39,7 +39,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     elif args.what == "privacy":
         from .privacy import run_privacy
 
-        run_privacy(out, args.quick, epochs=args.epochs, command=command)
+        run_privacy(out, args.quick, epochs=args.epochs, command=command, jobs=args.jobs)
     elif args.what == "dynamic":
         from .dynamic import TRAINING_EPOCHS, run_dynamic
 
