@@ -735,7 +735,22 @@ def test_reuse_copies_the_rows_this_code_would_run_unchanged_and_refuses_another
         dict(spec="powergossip:rank=1", target=None, seed=0, commit="abc1234", **plain),
         dict(spec="exact", target=3.0, seed=0, commit="def5678", epochs=15, **dp),
         # at epsilon 8 this code trains 30 epochs: a 15-epoch row is not this code's row
-        dict(spec="exact", target=8.0, seed=0, commit="def5678", epochs=15, **dp),
+        dict(
+            spec="exact",
+            target=8.0,
+            seed=0,
+            commit="def5678",
+            epochs=15,
+            steps=420,
+            sigma=1.1,
+            eps_victims=[7.9, 7.9],
+            acc_avg=0.88,
+            last=1,
+            rounds={
+                "1": {"flat": {"auc/victim/LiRA offline": 0.5, "tpr0.1/victim/LiRA offline": 0.0}}
+            },
+            **dp,
+        ),
         dict(spec="exact", target=None, seed=1, failure="RuntimeError: x", **plain),
     ]
     page = dict(plan=dict(setting=measure.SETTING, seconds=10.0), rows=rows, splits={})
@@ -743,9 +758,14 @@ def test_reuse_copies_the_rows_this_code_would_run_unchanged_and_refuses_another
     source.write_text(json.dumps(page))
     saved = {"rows": {driver._key("exact", None, 0): dict(kept=True)}}
     said = driver.reuse_rows(source, measure.SETTING, saved)
+    others = said.pop("budget_rows")
     assert said == dict(
         source="page.json", rows=3, which="no DP, ε = 3", commits=["abc1234", "def5678"]
     )
+    # the epsilon-8 row of the other budget is kept aside for the page's budget check
+    assert [(o["spec"], o["target"], o["epochs"], o["acc_avg"]) for o in others] == [
+        ("exact", 8.0, 15, 0.88)
+    ]
     assert set(saved["rows"]) == {
         driver._key("exact", None, 0),
         driver._key("powergossip:rank=1", None, 0),
@@ -757,3 +777,33 @@ def test_reuse_copies_the_rows_this_code_would_run_unchanged_and_refuses_another
     source.write_text("not json")
     with pytest.raises(SystemExit, match="not a finished privacy_attacks page's JSON"):
         driver.reuse_rows(source, measure.SETTING, {"rows": {}})
+
+
+def test_the_budget_section_compares_each_rows_budgets_from_the_rows():
+    from experiments.privacy_attacks import report
+
+    def row(spec, epochs, seed, acc):
+        flat = {"auc/victim/LiRA offline": 0.5, "tpr0.1/victim/LiRA offline": 0.001}
+        return dict(
+            spec=spec,
+            target=8.0,
+            seed=seed,
+            epochs=epochs,
+            steps=epochs * 16,
+            sigma=1.0,
+            eps_victims=[7.9, 7.9],
+            acc_avg=acc,
+            last=1,
+            rounds={"1": {"flat": flat}},
+        )
+
+    mine = [row("exact", 30, s, a) for s, a in enumerate((0.90, 0.92))]
+    mine += [row("powergossip:rank=1", 30, s, a) for s, a in enumerate((0.50, 0.60))]
+    others = [report.budget_row(row("exact", 15, s, a)) for s, a in enumerate((0.86, 0.88))]
+    others += [report.budget_row(row("powergossip:rank=1", 15, s, 0.65)) for s in range(2)]
+    text = report.budget_section(mine, others)
+    # the change column is the difference of the seeds' means: 91 - 87 and 55 - 65
+    assert "| exact gossip | 8 | 30 | 2 | 1 | 91.00 ± 1.41 % | +4.00 |" in text
+    assert "| PowerGossip r1 | 8 | 30 | 2 | 1 | 55.00 ± 7.07 % | -10.00 |" in text
+    assert "pays for exact gossip at ε = 8 (+4.00 pp from 15 to 30)" in text
+    assert "costs accuracy for PowerGossip r1 at ε = 8 (-10.00 pp from 15 to 30)" in text

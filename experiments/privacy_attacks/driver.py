@@ -24,6 +24,7 @@ from gossip_powersgd.utils import atomic_write, check_writable_dir, git_commit, 
 
 from . import report
 from .dp_sweep import dp_epochs
+from .rows import budget_row
 from .measure import (
     ALGORITHMS,
     DP,
@@ -288,9 +289,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     partial = out / (f"{stem}.partial.json" if args.part != "dp" else f"{stem}.partial-dp.json")
     saved = json.loads(partial.read_text()) if partial.exists() else {"rows": {}, "seconds": 0.0}
     finished = out / f"{stem}.json"
+    carried: Dict[str, Any] = {}
     if args.render_only and not list(out.glob(f"{stem}.partial*.json")) and finished.exists():
-        saved = finished_rows(json.loads(finished.read_text()))
-    reused = reuse_rows(args.reuse, setting, saved) if args.reuse else None
+        page_json = json.loads(finished.read_text())
+        saved = finished_rows(page_json)
+        carried = {k: page_json["plan"][k] for k in ("reused",) if k in page_json["plan"]}
+    reused = reuse_rows(args.reuse, setting, saved) if args.reuse else carried.get("reused")
     if not args.render_only:
         measure_all(
             plan_groups,
@@ -431,6 +435,14 @@ def reuse_rows(source: Path, setting: Dict[str, Any], saved: Dict[str, Any]) -> 
     }
     for key, row in kept.items():
         saved["rows"].setdefault(key, row)
+    # the DP rows of another budget: kept, summarised, for the page's budget check
+    others = [
+        budget_row(r)
+        for r in rows.values()
+        if "failure" not in r
+        and r["target"] is not None
+        and (r.get("epochs"), r.get("batch"), r.get("lr")) != _recipe(setting, r["target"])
+    ]
     targets = sorted(
         {r["target"] for r in kept.values()}, key=lambda t: -math.inf if t is None else -t
     )
@@ -439,6 +451,7 @@ def reuse_rows(source: Path, setting: Dict[str, Any], saved: Dict[str, Any]) -> 
         rows=len(kept),
         which=", ".join("no DP" if t is None else f"ε = {t:g}" for t in targets),
         commits=sorted({str(r.get("commit")) for r in kept.values()}),
+        budget_rows=others,
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from .answers import answers
 from .attacks import ATTACKS
@@ -23,6 +23,7 @@ from .rows import (
     _stat,
     _strongest,
     band_of,
+    budget_row,
     groups,
     label,
 )
@@ -300,6 +301,56 @@ def regime_text(setting: Dict[str, Any], dp: Dict[str, Any]) -> str:
     )
 
 
+def budget_section(rows, others: Sequence[Dict[str, Any]]) -> str:
+    """The DP rows of this page beside the same (algorithm, epsilon) at the previous page's
+    budget (`others`, from `--reuse`): does the budget pay in this regime?"""
+    mine = [budget_row(r) for r in rows if "failure" not in r and r["target"] is not None]
+    cells = {(o["spec"], o["target"]) for o in others}
+    by: Dict[tuple, Dict[int, List[Dict[str, Any]]]] = {}
+    for r in [*others, *mine]:
+        if (r["spec"], r["target"]) in cells:
+            by.setdefault((r["spec"], r["target"]), {}).setdefault(r["epochs"], []).append(r)
+    lines = [
+        "## Training budget in this regime\n",
+        "The DP rows above beside the same algorithm and ε at the previous page's budget (its "
+        "rows, same setting and recipe but the number of epochs, taken with `--reuse`; each "
+        "run's σ solved for its own steps). The victims here train on half a shard, so their σ "
+        "at a target ε is that of a smaller ε on privacy_dp_budget.md's full shards, where "
+        "the budget peaks earlier.\n",
+        "| algorithm | target ε | epochs | seeds | σ | averaged-model acc | change from the "
+        "shorter budget (pp) | LiRA offline AUC (victim's model) | TPR at 0.1 % FPR |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    pays, loses = [], []
+    for (spec, target), budgets in by.items():
+        means = {e: statistics.fmean(x["acc_avg"] for x in g) for e, g in budgets.items()}
+        if len(means) >= 2:
+            short, long = min(means), max(means)
+            gain = 100 * (means[long] - means[short])
+            where = f"{label(spec)} at ε = {target:g} ({gain:+.2f} pp from {short} to {long})"
+            (pays if gain >= 0 else loses).append(where)
+        for e in sorted(budgets):
+            g = budgets[e]
+            shorter = [b for b in means if b < e]
+            change = f"{100 * (means[e] - means[max(shorter)]):+.2f}" if shorter else "—"
+            lines.append(
+                f"| {label(spec)} | {target:g} | {e} | {len(g)} | {g[0]['sigma']:.3g} | "
+                f"{_stat([x['acc_avg'] for x in g], 2, pct=True)} % | {change} | "
+                f"{_stat([x['auc'] for x in g])} | {_stat([x['tpr'] for x in g], 4)} |"
+            )
+    words = []
+    if pays:
+        words.append("The longer budget pays for " + "; ".join(pays) + ".")
+    if loses:
+        words.append(
+            "It costs accuracy for "
+            + "; ".join(loses)
+            + ": in this regime their budget peaks at the shorter one or before, and their rows "
+            "above are past it."
+        )
+    return "\n".join(lines) + "\n\n" + (" ".join(words) + "\n\n" if words else "")
+
+
 def page(
     rows,
     network: Optional[Dict[str, Any]],
@@ -364,6 +415,9 @@ def page(
         f"each victim's own. Scale: {plan['scale_note']}\n\n"
     )
     text += "## Runs\n\n" + runs_table(rows) + "\n"
+    others = (plan.get("reused") or {}).get("budget_rows") or []
+    if others:
+        text += budget_section(rows, others)
     text += (
         "## Leakage to the neighbour (last round)\n\nThe strongest reconstruction is the "
         "observer's estimator with the highest mean LiRA AUC (the oracle uses the truth and "

@@ -86,3 +86,22 @@ def band_of(members: int, nonmembers: int) -> Dict[str, list]:
 
 def _band(r: Dict[str, Any]) -> Dict[str, list]:
     return band_of(r["members"], r["nonmembers"])
+
+
+def budget_row(r: Dict[str, Any]) -> Dict[str, Any]:
+    """A DP row reduced to what the budget check shows: its recipe, accuracy and headline
+    leakage through the victim's own model."""
+    flat = _last(r)["flat"]
+    return dict(
+        spec=r["spec"],
+        target=r["target"],
+        seed=r["seed"],
+        epochs=r["epochs"],
+        steps=r["steps"],
+        sigma=r["sigma"],
+        eps=min(r["eps_victims"]),
+        acc_avg=r["acc_avg"],
+        auc=flat["auc/victim/LiRA offline"],
+        tpr=flat["tpr0.1/victim/LiRA offline"],
+        commit=r.get("commit"),
+    )
