@@ -27,6 +27,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from gossip_powersgd.utils import atomic_write, git_commit
 
+from .dp_sweep import _load, _pct
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / "runs" / "dp-budget"
 #: (label, algorithm spec, target epsilon): exact gossip at the headline epsilon and at 3 (more
@@ -151,15 +153,6 @@ def verdicts(
     """`verdict` for each target epsilon, on that epsilon's cells alone."""
     targets = sorted({r["target"] for r in rows}, reverse=True)
     return {t: verdict([r for r in rows if r["target"] == t], budgets, threshold) for t in targets}
-
-
-def _pct(v: Optional[float]) -> str:
-    return "n/a" if v is None else f"{100 * v:.2f} %"
-
-
-def _load(rows: Sequence[Dict[str, Any]]) -> str:
-    loads = [x for r in rows for x in r.get("load", [])]
-    return f"{min(loads):.1f}–{max(loads):.1f}" if loads else "n/a"
 
 
 def page(

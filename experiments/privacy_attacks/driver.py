@@ -23,11 +23,10 @@ from typing import Any, Dict, List, Optional
 from gossip_powersgd.utils import atomic_write, check_writable_dir, git_commit, one_line
 
 from . import report
-from .dp_sweep import dp_epochs
 from .rows import budget_row
 from .measure import (
     ALGORITHMS,
-    DP,
+    dp_recipe,
     OVERFIT_SETTING,
     QUICK_SETTING,
     REFERENCE_LR,
@@ -404,7 +403,7 @@ def _recipe(setting: Dict[str, Any], target: Optional[float]) -> tuple:
     """(epochs, batch, lr) that `attacked_run` trains a row of `target` with in `setting`."""
     if target is None:
         return setting["epochs"], setting["batch_size"], setting["lr"]
-    dp = setting.get("dp") or dict(DP, epochs=dp_epochs(target))
+    dp = dp_recipe(setting, target)
     return dp["epochs"], dp["batch_size"], dp["lr"]
 
 

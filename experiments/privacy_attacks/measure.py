@@ -195,6 +195,12 @@ def _model(config, dataset_like, parameters):
     return model_with_parameters(model, parameters)
 
 
+def dp_recipe(setting: Dict[str, Any], target: float) -> Dict[str, Any]:
+    """The DP overrides a row of `target` epsilon trains with in `setting`: a regime's own DP
+    recipe carries its epochs; the default one (DP) takes its epsilon's budget."""
+    return setting.get("dp") or dict(DP, epochs=dp_epochs(target))
+
+
 def attacked_run(
     spec: str,
     target: Optional[float],
@@ -229,9 +235,7 @@ def attacked_run(
         release_peer_statistics=True,
     )
     if target is not None:
-        # a regime's own DP recipe carries its epochs; the default one takes its epsilon's budget
-        dp = setting.get("dp") or dict(DP, epochs=dp_epochs(target))
-        data.update(dp, dp_target_epsilon=target)
+        data.update(dp_recipe(setting, target), dp_target_epsilon=target)
     data["eval_every"] = max(1, data["epochs"] // 4)  # quarters: the plateau check
     config = config_from_dict(data)
     topology = resolve_topology(config)
