@@ -21,13 +21,13 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from gossip_powersgd.utils import atomic_write, git_commit
 
 from .dp_sweep import _load, _pct
+from .resumable import Progress, run_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / "runs" / "dp-budget"
@@ -85,19 +85,13 @@ def measure(
     budgets = QUICK_BUDGETS if quick else BUDGETS
     done = dict(saved or {})
     todo = [
-        (label, spec, target, epochs)
+        (_key(label, target, epochs), (label, spec, target, epochs, quick))
         for label, spec, target in cells
         for epochs in budgets
         if _key(label, target, epochs) not in done
     ]
-    if todo and not render_only:
-        with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = {pool.submit(run_cell, *cell, quick): cell for cell in todo}
-            for future in as_completed(futures):
-                label, _, target, epochs = futures[future]
-                done[_key(label, target, epochs)] = future.result()
-                if save is not None:
-                    save(done)
+    if not render_only:
+        run_missing(todo, run_cell, jobs, done, save)
     rows, missing = [], []
     for label, _, target in cells:
         for epochs in budgets:
@@ -283,24 +277,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     command = "python -m experiments.privacy_attacks.dp_budget" + "".join(
         f" {a}" for a in (argv if argv is not None else sys.argv[1:])
     )
-    partial = out / "privacy_dp_budget.partial.json"
-    final = out / "privacy_dp_budget.json"
     # a finished page's rows are kept too: a plan that grew runs only its new cells
-    source = partial if partial.exists() else final if final.exists() else None
-    loaded = json.loads(source.read_text()) if source is not None else {}
-    saved = loaded.get("rows", {})
-    # wall seconds of the runs so far (a file without them: its runs' seconds, `jobs` at once)
-    previous = loaded.get(
-        "seconds", sum(r.get("run_seconds", 0) for r in saved.values()) / args.jobs
-    )
-    started = time.perf_counter()
-
-    def save(done: Dict[str, Dict[str, Any]]) -> None:
-        elapsed = previous + time.perf_counter() - started
-        atomic_write(partial, json.dumps(dict(rows=done, seconds=elapsed), indent=1))
-
-    rows, missing = measure(args.quick, args.jobs, saved, save, args.render_only)
-    seconds = previous + (0.0 if args.render_only else time.perf_counter() - started)
+    progress = Progress(out, "privacy_dp_budget", args.jobs)
+    rows, missing = measure(args.quick, args.jobs, progress.rows, progress.save, args.render_only)
+    seconds = progress.seconds(ran=not args.render_only)
     budgets = QUICK_BUDGETS if args.quick else BUDGETS
     result = dict(
         rows={_key(r["label"], r["target"], r["epochs"]): r for r in rows},
@@ -312,9 +292,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     atomic_write(
         out / "privacy_dp_budget.md", page(rows, missing, command, seconds, args.quick, args.jobs)
     )
-    atomic_write(final, json.dumps(result, indent=1) + "\n")
-    if not missing and partial.exists():
-        partial.unlink()
+    atomic_write(progress.final, json.dumps(result, indent=1) + "\n")
+    progress.finish(complete=not missing)
     _log(f"wrote {out / 'privacy_dp_budget.md'} (verdicts: {result['verdicts']})")
     return 0
 

@@ -77,6 +77,12 @@ def run_private(overrides: Dict[str, Any], quick: bool) -> Dict[str, Any]:
     ]
     m.update(
         acc_3q=three[-1] if three else None,
+        # (epoch, consensus distance) at every evaluation: how far the models drift over time
+        consensus_history=[
+            (r["epoch"], r["consensus_distance"])
+            for r in summary["history"]
+            if r.get("kind") == "eval" and r.get("consensus_distance") is not None
+        ],
         consensus=summary.get("final_consensus_distance"),
         eps_min=min(epsilons),
         eps_max=max(epsilons),
@@ -88,7 +94,9 @@ def run_private(overrides: Dict[str, Any], quick: bool) -> Dict[str, Any]:
     return m
 
 
-def _attempt(label, spec, partition, target, seed, plan) -> Dict[str, Any]:
+def _attempt(label, spec, partition, target, seed, plan, extra=None) -> Dict[str, Any]:
+    """One row: `spec` trained in the plan's regime (DP at `target` epsilon, or none), with the
+    config keys of `extra` on top (a variant of the regime, e.g. dp_exchanged_subspace)."""
     private = target is not None
     # the private rows' budget: --epochs if given, else the one of the row's epsilon
     epochs = (plan["dp_epochs"] or dp_epochs(target)) if private else plan["epochs"]
@@ -105,6 +113,7 @@ def _attempt(label, spec, partition, target, seed, plan) -> Dict[str, Any]:
         # a loaded shared machine can stall a peer thread for minutes: wait, not fail
         comm_timeout=600.0,
     )
+    overrides.update(extra or {})
     if private:
         # the page reports every peer's epsilon and rate: released to the experimenter
         overrides.update(

@@ -292,6 +292,21 @@ class PowerGossip(PowerGossipSchedule, PowerGossipBuffers, GossipAlgorithm):
             return self._edge_side(neighbor, ahead=0)
         return "right" if self.half_steps % 2 == 1 else "left"
 
+    def next_exchange(self) -> List[tuple]:
+        """What the next half-step's messages read, per group of stacked matrices (static
+        topology): ``(matrices, factors, side)``, with `matrices` the group's (batch, rows, cols)
+        buffer the parameters are views of, `side` "right" or "left", and `factors` every
+        neighbour's factor that side multiplies by, side by side: (batch, deg*r, cols) on the right
+        (each message is M Q), (batch, deg*r, rows) on the left (M^T P). The half-step
+        orthonormalises each neighbour's factor first, which keeps its span."""
+        if not self.comm.is_static:
+            raise ValueError("next_exchange is for a static topology (a schedule's edges change)")
+        self._check_homes()
+        side = "right" if (self.half_steps + 1) % 2 == 1 else "left"
+        return [
+            (g.matrices, g.right if side == "right" else g.left, side) for g in self._groups
+        ]
+
     @property
     def groups(self) -> List[list]:
         """The stacked groups as [indices, rows, cols, r], in message order (every peer's)."""

@@ -44,6 +44,7 @@ from gossip_powersgd.privacy.accounting import (
 from gossip_powersgd.privacy.dpsgd import DPSGD, dp_enabled, validate_dp_options, validate_model
 from gossip_powersgd.privacy.sampling import PoissonBatches, poisson_rate
 from gossip_powersgd.privacy.seeds import make_randomness
+from gossip_powersgd.privacy.subspace import subspace_hook
 from gossip_powersgd.training.features import Feature, Key, peer_statistics_private, register
 from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
 
@@ -216,6 +217,7 @@ class DifferentialPrivacy(TrainingHooks):
         self.sample_rates: List[float] = []  # every peer's, with release_peer_statistics only
         self._figures: Optional[Dict[str, Any]] = None
         self.mechanism = "local"
+        self.exchanged_subspace = False  # dp_exchanged_subspace (`privacy/subspace.py`)
 
     # ---- set-up -----------------------------------------------------------------------------
 
@@ -303,6 +305,7 @@ class DifferentialPrivacy(TrainingHooks):
         from gossip_powersgd.privacy.mechanisms import attach_mechanism
 
         self.mechanism = config.dp_mechanism
+        self.exchanged_subspace = bool(config.dp_exchanged_subspace)
         collectively(comm, attach_mechanism, config, comm, self.dp, context.algorithm, randomness)
         # Opacus' per-example hooks on a first layer whose input needs no gradient make torch
         # warn at every backward; the gradients are right (Opacus' own tests run this way).
@@ -401,6 +404,7 @@ class DifferentialPrivacy(TrainingHooks):
             "delta": self.delta,
             "max_grad_norm": _json_number(self.dp.max_grad_norm),
             "dp_mechanism": self.mechanism,
+            "dp_exchanged_subspace": self.exchanged_subspace,
             "dp_accountant": self.dp.accountant_name,
             "dp_adjacency": ADD_REMOVE,
             "dp_randomness": kind,
@@ -470,6 +474,14 @@ def dp_summary_rows(summary: Dict[str, Any]) -> List[tuple]:
         ("DP adjacency", summary["dp_adjacency"]),
         ("DP randomness", summary["dp_randomness_note"]),
     ]
+    if summary.get("dp_exchanged_subspace"):
+        rows.append(
+            (
+                "DP update",
+                "kept in the subspace PowerGossip's next messages read (post-processing: "
+                "the same ε)",
+            )
+        )
     if "epsilon" not in summary:
         rows.append(("DP ε, sampling rate", "private: " + summary["epsilon_per_peer"]))
         return rows
@@ -511,7 +523,14 @@ def _check_dp_keys_need_dp(config) -> None:
     for key in DP_FEATURE.keys:
         if (
             key.name
-            in ("dp_max_grad_norm", "dp_delta", "dp_accountant", "dp_fix_model", "dp_secure_noise")
+            in (
+                "dp_max_grad_norm",
+                "dp_delta",
+                "dp_accountant",
+                "dp_fix_model",
+                "dp_secure_noise",
+                "dp_exchanged_subspace",
+            )
             and getattr(config, key.name) != key.default
         ):
             raise ValueError(
@@ -521,9 +540,31 @@ def _check_dp_keys_need_dp(config) -> None:
             )
 
 
+def _check_subspace_config(config) -> None:
+    """`dp_exchanged_subspace` is PowerGossip's, on DP-SGD alone (`privacy/subspace.py`)."""
+    if not config.dp_exchanged_subspace:
+        if config.dp_subspace_feedback:
+            raise ValueError(
+                "dp_subspace_feedback is for dp_exchanged_subspace: true: set that, or drop the key"
+            )
+        return
+    algorithm = str(config.algorithm).split(":", 1)[0].strip()
+    if algorithm != "powergossip":
+        raise ValueError(
+            "dp_exchanged_subspace works with algorithm powergossip (its messages read a "
+            f"subspace), not {algorithm}: use powergossip or drop the key"
+        )
+    if config.dp_mechanism != "local":
+        raise ValueError(
+            "dp_exchanged_subspace works with dp_mechanism: local (DP-SGD alone), not "
+            f"{config.dp_mechanism}: drop one of the two"
+        )
+
+
 def _validate(config) -> None:
     _check_dp_keys_need_dp(config)
     validate_privacy_config(config)
+    _check_subspace_config(config)
 
 
 #: Differential privacy as a config-driven feature (`training/features.py`): the ``dp_*`` keys
@@ -610,6 +651,21 @@ DP_FEATURE = register(
                 "sigma_ind).",
             ),
             Key(
+                "dp_exchanged_subspace",
+                "bool",
+                False,
+                "DP with powergossip: keep each step's private update of every compressed matrix "
+                "in the subspace the step's messages read, so that its noise is exchanged and "
+                "averaged at once (post-processing: epsilon unchanged; privacy/subspace.py).",
+            ),
+            Key(
+                "dp_subspace_feedback",
+                "bool",
+                False,
+                "dp_exchanged_subspace: keep the part of each update the projection cut off and "
+                "add it to the next step's before projecting (error feedback; same epsilon).",
+            ),
+            Key(
                 "dp_zipdl_sigma",
                 "Optional[float]",
                 None,
@@ -625,7 +681,9 @@ DP_FEATURE = register(
             ),
         ],
         validate=_validate,
-        hooks=lambda config: [h for h in (privacy_hook(config),) if h is not None],
+        hooks=lambda config: [
+            h for h in (privacy_hook(config), subspace_hook(config)) if h is not None
+        ],
         summary_rows=dp_summary_rows,
         eval_text=_eval_text,
         private=lambda config: dp_enabled(config.dp_noise_multiplier, config.dp_target_epsilon),
