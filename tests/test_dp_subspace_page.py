@@ -39,6 +39,10 @@ def test_a_variant_is_judged_against_its_plain_rank_by_twice_the_seed_spread(var
     text = dp_subspace.verdict_text(table, [8.0])
     assert f"{PROJECTED} reaches" in text and word in text
     assert "consensus distance at the end 0.02 against 5" in text
+    # the paragraph's "does not rescue" only when the variant is worse by the rule
+    rescued = dp_subspace.conclusion(table, [8.0])
+    assert "5 → 0.02 at ε = 8" in rescued
+    assert ("does not rescue" in rescued) == (word == "worse than it")
 
 
 def test_one_seed_gives_no_verdict_and_a_failed_run_is_counted():
