@@ -303,9 +303,7 @@ class PowerGossip(PowerGossipSchedule, PowerGossipBuffers, GossipAlgorithm):
             raise ValueError("next_exchange is for a static topology (a schedule's edges change)")
         self._check_homes()
         side = "right" if (self.half_steps + 1) % 2 == 1 else "left"
-        return [
-            (g.matrices, g.right if side == "right" else g.left, side) for g in self._groups
-        ]
+        return [(g.matrices, g.right if side == "right" else g.left, side) for g in self._groups]
 
     @property
     def groups(self) -> List[list]:
