@@ -1,7 +1,8 @@
 """Local DP-SGD, Muffliato, ZIP-DL and DECOR at equal epsilon against a neighbour, attacked.
 
 `python -m experiments.privacy_mechanisms [--quick] [--topologies T,...] [--epochs N]
-[--schedule constant|cosine] [--out DIR]`:
+[--schedule constant|cosine] [--out DIR]`, or `--merge DIR DIR ... --out DIR` to join runs made
+side by side on different topologies into one page:
 local DP-SGD, Muffliato, ZIP-DL and DECOR at equal epsilon against a neighbour, on exact gossip
 and PowerGossip r1, on each topology (default ring:8, ring:16, exponential:16), with the neighbour's
 membership attack: privacy_mechanisms.md and its CSV in DIR (default runs/privacy-mechanisms; the
@@ -35,6 +36,7 @@ import io
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -485,9 +487,20 @@ def main(argv=None) -> None:
         help="run nothing: draw the page again from the JSON a finished run left in --out (its "
         "header, date, load and commit kept)",
     )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="run nothing: join finished runs of the same plan on different --topologies (made "
+        "side by side, one per core) into one page in --out, each run's sentence kept",
+    )
     args = parser.parse_args(argv)
     if args.render_only:
         return render_again(args.out or DEFAULT_OUT)
+    if args.merge:
+        return merge(args.merge, args.out or DEFAULT_OUT, argv)
     import torch
     import topologies as topology_specs
 
@@ -585,14 +598,10 @@ def main(argv=None) -> None:
         generated=generated_sentence(command, seconds),
         command=command,
         load=[load_start, os.getloadavg()[0]],
+        nice=os.nice(0),
         per_step=per_step,
     )
-    page = render(
-        sections,
-        header["generated"],
-        command,
-        dict(load=tuple(header["load"]), per_step=per_step),
-    )
+    page = render(sections, header["generated"], command, measured(header))
     atomic_write(out_dir / "privacy_mechanisms.md", page.encode())
     atomic_write(out_dir / HEADER_JSON, json.dumps(header, indent=1).encode())
     log(f"wrote {out_dir / 'privacy_mechanisms.md'} in {seconds:.0f} s")
@@ -620,14 +629,83 @@ def render_again(out_dir: Path) -> None:
         f"{header['generated']} Drawn again from its JSON, no run changed, by "
         f"`{COMMAND} --render-only --out {out_dir}` at commit {_git()}."
     )
-    page = render(
-        sections,
-        again,
-        header["command"],
-        dict(load=tuple(header["load"]), per_step=header["per_step"]),
-    )
+    page = render(sections, again, header["command"], measured(header))
     atomic_write(out_dir / "privacy_mechanisms.md", page.encode())
     log(f"drew {out_dir / 'privacy_mechanisms.md'} again from {source}")
+
+
+def measured(header: Dict[str, Any]) -> Dict[str, Any]:
+    """What the page says of how its runs were made, from a header (a merged page's header
+    holds one load pair and one nice value per run; a header from before niceness was recorded
+    has none, and the page then says nothing of it)."""
+    loads = header["load"]
+    loads = [tuple(pair) for pair in loads] if isinstance(loads[0], list) else [tuple(loads)]
+    nice = header.get("nice")
+    return dict(
+        load=loads, nice=nice if isinstance(nice, list) else [nice], per_step=header["per_step"]
+    )
+
+
+def merge(dirs: List[Path], out_dir: Path, argv) -> None:
+    """One page from finished runs of the same plan on different topologies: their sections
+    joined in the order given, each run's generated sentence and load kept, the time per step
+    averaged over all their rows; refused (one line) unless every run has the same setting but
+    its topology and no topology comes twice."""
+    from experiments.suite.tables import _git
+
+    runs = []
+    for d in dirs:
+        source, saved = d / "privacy_mechanisms.json", d / HEADER_JSON
+        if not source.is_file() or not saved.is_file():
+            raise SystemExit(
+                f"error: --merge {d}: no finished run there (its privacy_mechanisms.json and "
+                f"{HEADER_JSON}); make it with `{COMMAND} --out {d}` first"
+            )
+        runs.append((json.loads(source.read_text()), json.loads(saved.read_text())))
+    sections = [s for secs, _ in runs for s in secs]
+    topologies = [s["setting"]["topology"] for s in sections]
+    if len(set(topologies)) < len(topologies):
+        raise SystemExit(f"error: --merge: a topology comes twice ({', '.join(topologies)})")
+
+    def plan(section):  # the setting but what follows from the topology (peers, data size)
+        setting = dict(section["setting"])
+        for key in ("topology", "peers"):
+            setting.pop(key, None)
+        setting["dataset"] = re.sub(r",n=\d+", "", setting["dataset"])
+        return setting
+
+    for section in sections[1:]:
+        if plan(section) != plan(sections[0]):
+            differ = sorted(
+                k
+                for k in set(plan(section)) | set(plan(sections[0]))
+                if plan(section).get(k) != plan(sections[0]).get(k)
+            )
+            raise SystemExit(
+                f"error: --merge: {section['setting']['topology']} was run with another plan than "
+                f"{topologies[0]} (differs in {', '.join(differ)}): merge runs of one command's "
+                "options, --topologies apart"
+            )
+    rows = [r for s in sections for r in s["rows"]]
+    argv = argv if argv is not None else sys.argv[1:]
+    command = "\n".join(
+        [h["command"] for _, h in runs] + [COMMAND + "".join(f" {a}" for a in argv)]
+    )
+    header = dict(
+        generated=" ".join(h["generated"] for _, h in runs)
+        + f" Joined into one page by `{COMMAND} --merge ...` at commit {_git()}.",
+        command=command,
+        load=[list(p) for _, h in runs for p in measured(h)["load"]],
+        nice=[n for _, h in runs for n in measured(h)["nice"]],
+        per_step=statistics.fmean(r["run_seconds"] / r["steps"] for r in rows),
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_csv(out_dir / "privacy_mechanisms.csv", rows)
+    atomic_write(out_dir / "privacy_mechanisms.json", json.dumps(sections, indent=1).encode())
+    atomic_write(out_dir / HEADER_JSON, json.dumps(header, indent=1).encode())
+    page = render(sections, header["generated"], command, measured(header))
+    atomic_write(out_dir / "privacy_mechanisms.md", page.encode())
+    log(f"joined {len(runs)} runs into {out_dir / 'privacy_mechanisms.md'}")
 
 
 def write_csv(path: Path, rows) -> None:

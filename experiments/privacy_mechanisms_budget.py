@@ -1,5 +1,5 @@
 """`python -m experiments.privacy_mechanisms_budget --runs DIR DIR [...] [--out DIR]
-[--render-only]`: does doubling the mechanisms page's training budget still pay?
+[--extend] [--render-only]`: does doubling the mechanisms page's training budget still pay?
 
 Each DIR holds a finished `python -m experiments.privacy_mechanisms` run (its
 privacy_mechanisms.json and .header.json) of the same plan at another ``--epochs``. At a fixed
@@ -13,7 +13,8 @@ of the two budgets' seed standard deviations (the page's own "clear effect" rule
 plateau for a topology when no private row of it pays to double.
 
 Writes privacy_mechanisms_budget.{md,json} under --out (default runs/privacy-mechanisms-budget);
-the JSON keeps every number the page uses, so --render-only draws it again without the runs.
+the JSON keeps every number the page uses, so --render-only draws it again without the runs, and
+--extend adds new runs (a larger budget) to those it recorded.
 """
 
 from __future__ import annotations
@@ -208,6 +209,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
+        "--extend",
+        action="store_true",
+        help="keep the runs already recorded in --out's JSON (their numbers as recorded, the "
+        "runs' folders no longer needed) and add --runs to them",
+    )
+    parser.add_argument(
         "--render-only",
         action="store_true",
         help="read no run: draw the page again from the JSON in --out",
@@ -219,6 +226,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not saved.is_file():
             parser.error(f"--render-only: no {saved} (make the page with --runs first)")
         result = json.loads(saved.read_text())
+    elif args.extend:
+        if not saved.is_file():
+            parser.error(f"--extend: no {saved} to extend (make the page with --runs first)")
+        if not args.runs:
+            parser.error("--extend needs --runs: the folders of the runs to add")
+        result = json.loads(saved.read_text())
+        known = {run["generated"] for run in result["runs"]}
+        for d in args.runs:
+            run = extract(d)
+            if run["generated"] in known:
+                parser.error(f"--extend: the run in {d} is already on the page")
+            result["runs"].append(run)
     else:
         if not args.runs or len(args.runs) < 2:
             parser.error("--runs needs two or more folders of runs at different --epochs")

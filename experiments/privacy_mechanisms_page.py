@@ -50,8 +50,7 @@ def render_page(sections, generated, command, c, pm) -> str:
         "against a neighbour",
         "",
         f"{generated} Backend `local` (every peer a thread of one process) on a machine of 2 "
-        f"cores, shared with other jobs (this run niced; 1-minute load average "
-        f"{c['load'][0]:.1f} at the start, {c['load'][1]:.1f} at the end).",
+        f"cores, {_how_run(c)}.",
         "",
         "## Setting, and why this scale",
         "",
@@ -68,7 +67,7 @@ def render_page(sections, generated, command, c, pm) -> str:
         "the step's lr exactly as a record's sensitivity lr_t C / batch does: the ε below does "
         f"not depend on the schedule. **A small linear problem, on purpose**: {len(sections)} "
         f"topologies × four mechanisms × two algorithms × {len(setting['seeds'])} seeds, each run "
-        "attacked, fit in one run of this "
+        f"attacked, fit in {_runs_text(len(c['load']))} of this "
         f"command on 2 shared cores (measured here: {c['per_step']:.3g} s of wall time per step, "
         "set-up, evaluation and attack included, on average over all runs); the non-private rows "
         "are its ceiling. mnist1d / cnn1d at this breadth does not fit that budget and is not "
@@ -369,6 +368,38 @@ def accountant_lines(sections, c) -> List[str]:
         "column).",
     ]
     return lines
+
+
+def _runs_text(n: int) -> str:
+    return "one run" if n == 1 else f"{n} runs"
+
+
+def _how_run(c) -> str:
+    """The machine's load while the page's runs were made (one start/end pair per run), and
+    whether they were niced where that was recorded (said nothing of where it was not)."""
+    nice = c.get("nice") or [None]
+    known = all(n is not None for n in nice)
+    loads = c["load"]
+    if len(loads) == 1:
+        start, end = loads[0]
+        return (
+            "shared with other jobs ("
+            + (("this run niced; " if nice[0] > 0 else "this run not niced; ") if known else "")
+            + f"1-minute load average {start:.1f} at the start, {end:.1f} at the end)"
+        )
+    niced = (
+        ""
+        if not known
+        else "all niced, "
+        if all(n > 0 for n in nice)
+        else "none niced, "
+        if all(n == 0 for n in nice)
+        else "some niced, "
+    )
+    return (
+        f"shared with other jobs ({len(loads)} runs, {niced}1-minute load average "
+        "at their start and end: " + "; ".join(f"{a:.1f} and {b:.1f}" for a, b in loads) + ")"
+    )
 
 
 def _sd(values) -> float:

@@ -237,6 +237,27 @@ def conclusion(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence
     return text + "\n"
 
 
+def _message_dp(rows: Sequence[Dict[str, Any]], targets: Sequence[float]) -> str:
+    """What DP on the sent messages would cost at this page's epsilons: one Gaussian mechanism
+    per message (q = 1, sensitivity 2B for messages clipped to norm B), as many as the run's
+    steps, the noise multiplier from the same RDP accountant as the DP rows."""
+    from experiments.suite.privacy import DELTA
+    from gossip_powersgd.privacy.accounting import noise_for_target
+
+    parts = []
+    for target in targets:
+        steps = sorted({int(r["steps"]) for r in rows if r["target"] == target})
+        if len(steps) != 1:
+            continue
+        z = noise_for_target(target, DELTA, [1.0], steps[0])
+        parts.append(
+            f"ε = {target:g} over the {steps[0]} messages a neighbour receives in a run (one per "
+            f"step) needs noise of std "
+            f"{2 * z:.3g} B on every coordinate of a message whose whole norm is at most B"
+        )
+    return "; ".join(parts) + " (RDP, q = 1)" if parts else "not computed (no finished row)"
+
+
 def page(
     rows: Sequence[Dict[str, Any]],
     missing: Sequence[Tuple[str, float, int]],
@@ -288,11 +309,14 @@ def page(
         "`dp_subspace_feedback: true` also keeps what the projection cut off and adds it to the "
         "next step's update (error feedback). Both are post-processing of DP-SGD's output: the "
         "same σ, the same accountant, the same ε as the plain row of that ε. The two nearby "
-        "designs the issue names give no ε and were not run: noise projected while the whole "
-        "gradient is applied leaves the gradient's other part in the model without noise, for "
-        "later messages to read; noise on what is sent instead of on the gradient needs a bound "
-        "on how far one record moves the model through all later steps, which non-convex "
-        "training lacks. Projecting the whole private update is the valid form of both.\n\n"
+        "designs the issue names were not run: noise projected while the whole gradient is "
+        "applied gives no ε, as it leaves the gradient's other part in the model without noise, "
+        "for later messages to read; noise on what is sent instead of on the gradient has no "
+        "useful ε, as one record's effect on a message has no bound short of clipping the "
+        "message itself to a norm B, and then any message may become any other of norm ≤ B "
+        "(sensitivity 2B), with no amplification by subsampling, composed over every message "
+        f"a neighbour receives: {_message_dp(rows, targets)}. Projecting the whole private "
+        "update is the valid form of both.\n\n"
         "## Accuracy and consensus, mean over seeds\n\n"
         "Consensus distance: mean over peers of ‖x_i − x̄‖², geometric mean over seeds.\n\n"
         "| target ε | variant | σ | ε (max over peers) | averaged-model acc | "

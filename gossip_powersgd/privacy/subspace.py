@@ -23,13 +23,18 @@ from earlier messages and the neighbours' models: information the step may depen
 adaptive composition, exactly as the model its gradient is taken at. The optimizer keeps the
 whole private gradient in its momentum; only the move of the parameters is projected.
 
-Two nearby designs give no epsilon at all, which is why this is the form built here:
+Two nearby designs give no epsilon, or none of use, which is why this is the form built here:
 
 * projecting the noise only and keeping the whole gradient: the part of a record's gradient
   outside the subspace enters the model with no noise on it, and later messages, whose factors
-  move, read it;
-* noise on what is sent instead of on the gradient: it needs a bound on how far one record moves
-  the model through all later steps, which non-convex training does not have.
+  move, read it (no epsilon);
+* noise on what is sent instead of on the gradient: one record's effect on a message has no bound
+  (it moves the model through all later steps, and non-convex training bounds none of that) short
+  of clipping the message itself to a norm B; then any message may become any other of norm <= B,
+  so each message is a Gaussian mechanism of sensitivity 2B with no amplification by subsampling,
+  composed over every message a neighbour receives. The committed page computes the noise that
+  needs at its own epsilons and step counts: tens of B on every coordinate of a message of norm
+  at most B.
 
 Projecting the whole private update is the valid form of both: every message carries only
 DP-SGD's output, and the noise in a message is that of the part of the update it reads.
