@@ -165,7 +165,8 @@ def page(result: Dict[str, Any], command: str) -> str:
     lines += ["", "## Verdict", ""]
     for topology, epochs in best.items():
         paying = [
-            f"{NAMES[k[1]]} {k[2]} {d['gain']:+.2f} pp (2 × std {CLEAR * d['sd']:.2f})"
+            f"{NAMES[k[1]]} {k[2]} {d['epochs']} → {2 * d['epochs']} {d['gain']:+.2f} pp "
+            f"(2 × std {CLEAR * d['sd']:.2f})"
             for k, accs in table.items()
             if k[0] == topology and k[1] != "none"
             for d in doublings(accs)
