@@ -453,6 +453,45 @@ def _pm(values: List[float], pct: bool = True) -> str:
     return f"{mean:.2f} ± {statistics.stdev(values) * scale:.2f}{' %' if pct else ''}"
 
 
+#: Relative cost of a run by mechanism (measured: DECOR's per-pair noise costs most), so that
+#: ``--jobs`` starts the longest runs first and the last ones to finish are short.
+COST = {"decor": 3, "zipdl": 2, "muffliato": 2, "local": 2, "none": 1}
+#: A worker process's LiRA references, per setting and seed (built once, reused by its runs).
+_REFS: Dict[str, Dict[int, Any]] = {}
+
+
+def _single_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _row(setting, label, spec, mechanism, noise, seed) -> Dict[str, Any]:
+    """One planned run, trained and attacked, as its page row."""
+    log(f"{setting['topology']} {label} {mechanism} seed {seed}")
+    refs = _REFS.setdefault(json.dumps(setting, sort_keys=True, default=str), {})
+    begun = time.perf_counter()
+    m = train_row(setting, spec, None if mechanism == "none" else mechanism, noise, seed, refs)
+    m["attack_seconds"] = time.perf_counter() - begun - m["run_seconds"]
+    return dict(m, topology=setting["topology"], mechanism=mechanism, algorithm=label, seed=seed)
+
+
+def run_plan(tasks: List[tuple], jobs: int) -> List[Dict[str, Any]]:
+    """`_row(*task)` for every task, `jobs` at a time (processes when more than one, the
+    costliest first), returned in the tasks' order. Every run seeds its own randomness, and a
+    private run's noise is secret (fresh entropy), so only the non-private rows repeat exactly."""
+    if jobs <= 1:
+        return [_row(*task) for task in tasks]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    order = sorted(range(len(tasks)), key=lambda i: -COST[tasks[i][3]])
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_single_thread) as pool:
+        futures = {i: pool.submit(_row, *tasks[i]) for i in order}
+        return [futures[i].result() for i in range(len(tasks))]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="seconds-long smoke run")
@@ -496,7 +535,16 @@ def main(argv=None) -> None:
         help="run nothing: join finished runs of the same plan on different --topologies (made "
         "side by side, one per core) into one page in --out, each run's sentence kept",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs trained at once, in worker processes (default 1; one per core: the page's "
+        "figures do not depend on it, its wall time does)",
+    )
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        raise SystemExit(f"error: --jobs {args.jobs}: give 1 or more runs at once")
     if args.render_only:
         return render_again(args.out or DEFAULT_OUT)
     if args.merge:
@@ -537,37 +585,34 @@ def main(argv=None) -> None:
                 f"{row['neighbour']:.3g}"
             )
         reuse_muffliato = abs(noises["muffliato"]["sigma"] - noises["local"]["sigma"]) < 1e-9
-        refs_cache: Dict[int, Any] = {}
-        mine: List[Dict[str, Any]] = []
-        for label, spec in ALGORITHMS:
-            plan = [("none", None, seed) for seed in setting["seeds"]] + [
-                (mechanism, noises[mechanism], seed)
-                for mechanism in MECHANISMS
-                if not (mechanism == "muffliato" and reuse_muffliato)
-                for seed in setting["seeds"]
-            ]
-            for mechanism, noise, seed in plan:
-                log(f"{name} {label} {mechanism} seed {seed}")
-                m = train_row(
-                    setting,
-                    spec,
-                    None if mechanism == "none" else mechanism,
-                    noise,
-                    seed,
-                    refs_cache,
-                )
-                mine.append(dict(m, topology=name, mechanism=mechanism, algorithm=label, seed=seed))
-        rows += mine
+        tasks = [
+            (label, spec, mechanism, None if mechanism == "none" else noises[mechanism], seed)
+            for label, spec in ALGORITHMS
+            for mechanism in ("none",) + MECHANISMS
+            if not (mechanism == "muffliato" and reuse_muffliato)
+            for seed in setting["seeds"]
+        ]
         sections.append(
             dict(
                 setting=setting,
                 noises=noises,
-                rows=mine,
+                tasks=tasks,
                 reuse_muffliato=reuse_muffliato,
                 calibration_seconds=calibration_seconds,
-                seconds=time.perf_counter() - begun,
             )
         )
+    every = [(s["setting"], *task) for s in sections for task in s.pop("tasks")]
+    done = run_plan(every, args.jobs)
+    for section in sections:
+        mine = [m for m in done if m["topology"] == section["setting"]["topology"]]
+        # a run's own seconds (training and its attack), so the section's time means the same
+        # with --jobs 1 or more (with more, runs overlap and the sum exceeds the wall time)
+        section.update(
+            rows=mine,
+            seconds=section["calibration_seconds"]
+            + sum(m["run_seconds"] + m["attack_seconds"] for m in mine),
+        )
+        rows += mine
     seconds = time.perf_counter() - started
     out_dir = args.out or DEFAULT_OUT.with_name(
         "privacy-mechanisms-quick" if args.quick else "privacy-mechanisms"
@@ -592,6 +637,7 @@ def main(argv=None) -> None:
         + (f" --topologies {args.topologies}" if args.topologies else "")
         + (f" --epochs {args.epochs}" if args.epochs is not None else "")
         + (f" --schedule {args.schedule}" if args.schedule != SCHEDULES[0] else "")
+        + (f" --jobs {args.jobs}" if args.jobs != 1 else "")
         + (f" --out {args.out}" if args.out else "")
     )
     header = dict(

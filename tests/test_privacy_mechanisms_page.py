@@ -46,6 +46,25 @@ def test_quick_page_has_every_run_attacked(tmp_path):
         if row["algorithm"] == "exact gossip" and row["mechanism"] == "zipdl":
             # ZIP-DL's zero-sum noise is on the message only: what is received is not the model
             assert row["auc/received/LOSS"] != row["auc/victim's own/LOSS"]
+    # --jobs 2 trains the same plan in two worker processes: rows come back in the plan's order,
+    # and a non-private run (seeded, no secret noise) and every blind baseline repeat bit for bit;
+    # a private run draws its noise from fresh entropy, so it is not compared
+    parallel = tmp_path / "jobs"
+    privacy_mechanisms.main(["--quick", "--jobs", "2", "--out", str(parallel)])
+    again = list(csv.DictReader((parallel / "privacy_mechanisms.csv").open()))
+    assert [(r["algorithm"], r["mechanism"], r["seed"]) for r in again] == [
+        (r["algorithm"], r["mechanism"], r["seed"]) for r in rows
+    ]
+    for one, two in zip(rows, again):
+        blind = [k for k in one if "blind" in k or k.startswith("null/")]
+        assert blind and all(one[k] == two[k] for k in blind)
+        if one["mechanism"] == "none":
+            assert one["acc_avg"] == two["acc_avg"]
+            assert one["auc/received/LOSS"] == two["auc/received/LOSS"]
+    assert "--jobs 2" in (parallel / "privacy_mechanisms.md").read_text()
+    with pytest.raises(SystemExit) as exit_info:
+        privacy_mechanisms.main(["--quick", "--jobs", "0"])
+    assert "--jobs 0" in str(exit_info.value) and "\n" not in str(exit_info.value)
 
 
 def test_bad_topology_is_refused_in_one_line(capsys):
