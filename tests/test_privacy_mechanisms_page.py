@@ -22,6 +22,10 @@ def test_quick_page_has_every_run_attacked(tmp_path):
     assert len(rows) == 2 * (1 + 3) and len(sections) == 1
     assert "constant lr 0.5" in page and "LiRA online AUC (received)" in page
     assert "## Attacks: what the neighbour learns of membership" in page
+    # at a constant lr the last quarter's change is the within-run plateau test, with a verdict
+    plateau = page.split("## Trained to a plateau?")[1].split("\n## ")[0]
+    assert plateau.count("- **ring:4**") == 1
+    assert "plateau at this measure." in plateau or "**not** shown at a plateau" in plateau
     assert "python -m experiments.privacy_mechanisms --quick --out" in page
     # every placeholder of the page's text was filled (an f-string prefix once went missing)
     assert not re.search(r"\{[A-Za-z_][A-Za-z_0-9.\[\]'\"]*(\(|\})", page)
@@ -105,6 +109,10 @@ def test_cosine_quick_page_says_its_schedule(tmp_path):
     assert sections[0]["setting"]["schedule"] == "cosine"
     assert "--schedule cosine" in page and "lr 0.5 with a cosine decay to 0" in page
     assert "LiRA online AUC (received)" in page
+    # under a decaying lr the last quarter's rise is no plateau test: the page draws no verdict
+    plateau = page.split("## Trained to a plateau?")[1].split("\n## ")[0]
+    assert "however long the run" in plateau and "privacy_mechanisms_budget.md" in plateau
+    assert "plateau at this measure" not in plateau and "**not** shown" not in plateau
 
 
 def test_merge_joins_runs_of_one_plan_and_refuses_others(tmp_path):
