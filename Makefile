@@ -9,9 +9,18 @@ NP     ?= 8
 export PATH := $(BIN):$(PATH)
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install lint test demo clean
+.PHONY: install lint test demo clean iproute2
 
-install: $(STAMP)
+install: $(STAMP) iproute2
+
+# The emulated cluster (python -m gossip_powersgd.cluster, tests/test_cluster.py) drives iproute2's
+# ip and tc: installed with apt-get where missing and this is root (CI: a fresh Debian machine);
+# elsewhere a note, and the cluster tests skip without root or fail naming what is missing.
+iproute2:
+	@command -v ip >/dev/null && command -v tc >/dev/null || { \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2; \
+	  else echo "note: ip/tc (iproute2) missing and not installable here (apt-get as root)"; fi; }
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,7 +33,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: $(STAMP)
+test: $(STAMP) iproute2
 	$(BIN)/python -m pytest -q
 
 # The main job: 8 peers on a ring under mpiexec, MNIST-1D, a CNN, PowerGossip rank 1; prints the

@@ -43,6 +43,7 @@ def test_console_scripts_point_into_the_library_and_run_without_arguments():
     assert scripts == {
         "gossip-train": "gossip_powersgd.cli.train:main",
         "gossip-plot": "gossip_powersgd.cli.plot:main",
+        "gossip-cluster-ssh": "gossip_powersgd.cluster.enter:ssh_main",
     }
     for target in scripts.values():
         module_name, function_name = target.split(":")
@@ -54,7 +55,11 @@ def test_console_scripts_point_into_the_library_and_run_without_arguments():
 
 
 def test_the_library_programs_run_as_modules():
-    for module in ("gossip_powersgd.cli.train", "gossip_powersgd.cli.plot"):
+    for module in (
+        "gossip_powersgd.cli.train",
+        "gossip_powersgd.cli.plot",
+        "gossip_powersgd.cluster",
+    ):
         result = subprocess.run(
             [sys.executable, "-m", module, "--help"],
             capture_output=True,

@@ -44,6 +44,7 @@ from .base import (
     digest,
     nbytes,
 )
+from .interfaces import bind_gloo_to_route
 from .liveness import StopWatch, process_key, stopped_after
 from .mpi import GRACE_SECONDS
 from .torch_faults import PeerWatch
@@ -156,6 +157,10 @@ class TorchCommunicator(Communicator):
         _store_for_exit = (self._store, world_size)
         self._agree_before_joining(topology, world_size, device)
         if self._owns_group:
+            # peers on other hosts must reach this one where gloo listens
+            bind_gloo_to_route(
+                self._store, rank, world_size, os.environ["MASTER_ADDR"], self.timeout
+            )
             # gloo carries the CPU control data (agreement checks, all-gathers) in either case.
             dist.init_process_group(
                 "cpu:gloo,cuda:nccl" if backend == "nccl" else "gloo",
