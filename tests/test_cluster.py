@@ -94,6 +94,8 @@ def test_tbf_burst_is_a_millisecond_at_the_rate_and_at_least_4_kib():
 
     assert burst(10**9) == 125_000
     assert burst(10**6) == 4096  # an MTU-sized frame must fit, and a few more
+    assert network.tbf_arguments(10**6)[-2:] == ["limit", "65536"]
+    assert network.tbf_arguments(10**9)[-2:] == ["limit", "12500000"]  # 100 ms
 
 
 def test_ssh_arguments_as_hydra_gives_them():
@@ -216,13 +218,23 @@ except OSError as exc:
 @needs_namespaces
 def test_cut_heal_pids_kill_and_down_end_the_processes(prefix, capsys):
     network.up(prefix, 3, None, {})
-    assert in_host(prefix, "host0", CONNECT, "host2", "30").stdout.split() == ["reached"]
-    cli.run(["cut", "--prefix", prefix, "host2"])
-    assert capsys.readouterr().out == "host2: link down\n"
-    # no answer from a cut host, however long one waits (here: 2 s, then give up)
-    assert in_host(prefix, "host0", CONNECT, "host2", "2").stdout.split()[0] == "unreachable"
+
+    def connect(source, dest, seconds):
+        return in_host(prefix, source, CONNECT, dest, str(seconds)).stdout.split()
+
+    assert connect("host0", "host2", 30) == ["reached"]
+    cli.run(["cut", "--prefix", prefix, "host2"])  # its cable, at the switch
+    assert capsys.readouterr().out == "host2: link cut\n"
+    # no answer either way, however long one waits (here: 2 s, then give up), and no error
+    assert connect("host0", "host2", 2)[0] == "unreachable"
+    assert connect("host2", "host0", 2)[0] == "unreachable"
     cli.run(["heal", "--prefix", prefix, "host2"])
-    assert in_host(prefix, "host0", CONNECT, "host2", "30").stdout.split() == ["reached"]
+    assert connect("host0", "host2", 30) == connect("host2", "host0", 30) == ["reached"]
+    cli.run(["cut", "--prefix", prefix, "host2", "--at", "host"])  # its eth0 down: no route
+    assert capsys.readouterr().out.endswith("host2: link down\n")
+    assert connect("host2", "host0", 30) == ["unreachable", "OSError"]  # at once: no route
+    cli.run(["heal", "--prefix", prefix, "host2"])
+    assert connect("host2", "host0", 30) == ["reached"]
 
     sleeper = subprocess.Popen(enter_command(prefix, "host1", ["sleep", "600"]))
     try:

@@ -5,7 +5,7 @@
     status                                           hosts, addresses, rates, links, processes
     exec HOST -- COMMAND [ARGS...]                   run a command on a host
     rate HOST|all R                                  change a host's link rate (R: 10mbit, unlimited)
-    cut HOST / heal HOST                             pull / plug back a host's cable
+    cut HOST [--at host] / heal HOST                 pull / plug back a host's cable
     pids HOST                                        the processes on a host, one pid a line
     kill HOST [--signal KILL]                        signal every process on a host (STOP, CONT ...)
     throughput SRC DST [--megabytes M]               one TCP stream's payload rate from SRC to DST
@@ -67,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (("cut", "pull a host's cable"), ("heal", "plug it back"), ("pids", "")):
         sub = commands.add_parser(name, parents=[common], help=text or "a host's processes")
         sub.add_argument("host")
+        if name == "cut":
+            sub.add_argument(
+                "--at",
+                choices=("switch", "host"),
+                default="switch",
+                help="switch: its port (a pulled cable, default); host: its eth0 down",
+            )
     kill = commands.add_parser("kill", parents=[common], help="signal every process on a host")
     kill.add_argument("host")
     kill.add_argument("--signal", default="KILL", help="KILL (default), TERM, STOP, CONT ...")
@@ -174,7 +181,7 @@ def run(argv: Optional[List[str]] = None) -> int:
         command_rate(prefix, args)
     elif args.command in ("cut", "heal"):
         host = require_host(prefix, args.host)
-        network.set_link(prefix, host, "down" if args.command == "cut" else "up")
+        network.set_link(prefix, host, args.command == "heal", getattr(args, "at", "switch"))
         print(f"{host}: link {network.link_state(prefix, host)}")
     elif args.command == "pids":
         for pid in network.pids(network.host_ns(prefix, require_host(prefix, args.host))):

@@ -15,9 +15,11 @@ record; there is no state file to go stale).
 
 A host's rate limits its link in both directions, like a NIC's speed: a tbf on eth0 inside the host
 (what it sends) and one on its switch port (what it receives). tbf's burst is 1 ms at the rate but
-at least 4 KiB (below, MTU-sized packets would not pass; at 1 Gbit/s a smaller burst caps TCP near
-0.8 of the rate on a shared machine's timer), its queue 100 ms at the rate. tbf counts each
-packet's Ethernet frame, so a TCP stream's payload gets 1448/1514 = 95.6 % of the rate.
+at least 4 KiB (below, MTU-sized packets would not pass; at 1 Gbit/s a 4 KiB burst held a TCP
+stream to 790 Mbit/s here, 1 ms let it carry 918-955), its queue 100 ms at the rate but at least 64 KiB (at
+1 Mbit/s, 100 ms is 8 packets: two streams into one host then lost a sixth of the rate to drops;
+64 KiB carried them at the full rate). tbf counts each packet's Ethernet frame, so a TCP stream's
+payload gets at most 1448/1514 = 95.6 % of the rate.
 """
 
 from __future__ import annotations
@@ -46,10 +48,12 @@ INTERFACE = "eth0"
 BRIDGE = "br0"
 NETNS_RUN = Path("/run/netns")
 NETNS_ETC = Path("/etc/netns")
-#: tbf: the burst is BURST_SECONDS at the rate (at least MIN_BURST bytes), the queue QUEUE_SECONDS.
+#: tbf: the burst is BURST_SECONDS at the rate (at least MIN_BURST bytes), the queue QUEUE_SECONDS
+#: at the rate (at least MIN_QUEUE bytes).
 BURST_SECONDS = 0.001
 MIN_BURST = 4096
 QUEUE_SECONDS = 0.1
+MIN_QUEUE = 65536
 #: How long `down` gives a host's processes to end after SIGTERM before SIGKILL.
 TERM_GRACE = 3.0
 
@@ -216,8 +220,8 @@ def format_rate(bits: Optional[int]) -> str:
 
 def tbf_arguments(bits: int) -> List[str]:
     burst = max(MIN_BURST, int(bits / 8 * BURST_SECONDS))
-    latency_ms = int(QUEUE_SECONDS * 1000)
-    return ["tbf", "rate", f"{bits}bit", "burst", str(burst), "latency", f"{latency_ms}ms"]
+    limit = max(MIN_QUEUE, int(bits / 8 * QUEUE_SECONDS))
+    return ["tbf", "rate", f"{bits}bit", "burst", str(burst), "limit", str(limit)]
 
 
 def _shape(namespace: str, device: str, bits: Optional[int]) -> None:
@@ -384,13 +388,22 @@ def signal_host(prefix: str, host: str, sig: int) -> List[int]:
     return _signal_all([host_ns(prefix, host)], sig)
 
 
-def set_link(prefix: str, host: str, state: str) -> None:
-    """Cut (`state` "down") or heal ("up") `host`'s cable: its eth0, as a pulled plug does; its
-    processes live on, unreachable. Its address and route come back with the link."""
-    run("ip", "-n", host_ns(prefix, host), "link", "set", INTERFACE, state)
+def set_link(prefix: str, host: str, up: bool, at: str = "switch") -> None:
+    """Cut `host`'s cable (`up` False) or plug it back. At the switch (its port down), as a pulled
+    cable: the host's eth0 loses its carrier but keeps its address and route, and traffic both
+    ways vanishes without an error on either side. At the host (`at` "host": its eth0 down, as
+    `ip link set eth0 down` there): its route goes, so its own sends fail at once (no route),
+    while the others hear nothing. Plugging back brings both ends up; the route comes back."""
+    ends = [(switch_ns(prefix), host), (host_ns(prefix, host), INTERFACE)]
+    if not up:
+        ends = ends[:1] if at == "switch" else ends[1:]
+    for namespace, device in ends:
+        run("ip", "-n", namespace, "link", "set", device, "up" if up else "down")
 
 
 def link_state(prefix: str, host: str) -> str:
+    """ "up", "cut" (no carrier: its switch port is down) or "down" (its eth0 is down)."""
     shown = run("ip", "-n", host_ns(prefix, host), "-o", "link", "show", INTERFACE)
     flags = re.search(r"<([^>]*)>", shown)
-    return "up" if flags and "UP" in flags.group(1).split(",") else "down"
+    flags = flags.group(1).split(",") if flags else []
+    return "down" if "UP" not in flags else "up" if "LOWER_UP" in flags else "cut"
