@@ -4,7 +4,7 @@
     down                                             remove the cluster (ends its processes)
     status                                           hosts, addresses, rates, links, processes
     exec HOST -- COMMAND [ARGS...]                   run a command on a host
-    rate HOST|all R                                  change a host's link rate (R: 10mbit, unlimited)
+    rate HOST|all R                                  change a host's link rate (10mbit, unlimited)
     cut HOST [--at host] / heal HOST                 pull / plug back a host's cable
     pids HOST                                        the processes on a host, one pid a line
     kill HOST [--signal KILL]                        signal every process on a host (STOP, CONT ...)

@@ -16,10 +16,10 @@ record; there is no state file to go stale).
 A host's rate limits its link in both directions, like a NIC's speed: a tbf on eth0 inside the host
 (what it sends) and one on its switch port (what it receives). tbf's burst is 1 ms at the rate but
 at least 4 KiB (below, MTU-sized packets would not pass; at 1 Gbit/s a 4 KiB burst held a TCP
-stream to 790 Mbit/s here, 1 ms let it carry 918-955), its queue 100 ms at the rate but at least 64 KiB (at
-1 Mbit/s, 100 ms is 8 packets: two streams into one host then lost a sixth of the rate to drops;
-64 KiB carried them at the full rate). tbf counts each packet's Ethernet frame, so a TCP stream's
-payload gets at most 1448/1514 = 95.6 % of the rate.
+stream to 790 Mbit/s here, 1 ms let it carry 918-955), its queue 100 ms at the rate but at least
+64 KiB (at 1 Mbit/s, 100 ms is 8 packets: two streams into one host then lost a sixth of the rate
+to drops; 64 KiB carried them at the full rate). tbf counts each packet's Ethernet frame, so a TCP
+stream's payload gets at most 1448/1514 = 95.6 % of the rate.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ DEFAULT_PREFIX = "gp"
 PREFIX_ENV = "GOSSIP_CLUSTER_PREFIX"
 #: Host K's address is SUBNET.(K+1); one /24, so at most MAX_HOSTS hosts. Above 127.0.0.1 in the
 #: order gloo compares addresses by to pick which side of a pair connects: a rank bound to loopback
-#: by mistake fails here, as on most networks, instead of being reached by luck.
+#: by mistake fails here, as on a 192.168/16 network, instead of being reached by luck (10/8).
 SUBNET = "192.168.77"
 MAX_HOSTS = 250
 #: Each host's one interface, and the switch's bridge (both inside the cluster's namespaces).
