@@ -669,11 +669,11 @@ def render_again(out_dir: Path) -> None:
             )
     sections = json.loads(source.read_text())
     header = json.loads(saved.read_text())
-    from experiments.suite.tables import _git
+    from experiments.engine.provenance import page_commit
 
     again = (
         f"{header['generated']} Drawn again from its JSON, no run changed, by "
-        f"`{COMMAND} --render-only --out {out_dir}` at commit {_git()}."
+        f"`{COMMAND} --render-only --out {out_dir}` at commit {page_commit()}."
     )
     page = render(sections, again, header["command"], measured(header))
     atomic_write(out_dir / "privacy_mechanisms.md", page.encode())
@@ -697,7 +697,7 @@ def merge(dirs: List[Path], out_dir: Path, argv) -> None:
     joined in the order given, each run's generated sentence and load kept, the time per step
     averaged over all their rows; refused (one line) unless every run has the same setting but
     its topology and no topology comes twice."""
-    from experiments.suite.tables import _git
+    from experiments.engine.provenance import page_commit
 
     runs = []
     for d in dirs:
@@ -739,7 +739,7 @@ def merge(dirs: List[Path], out_dir: Path, argv) -> None:
     )
     header = dict(
         generated=" ".join(h["generated"] for _, h in runs)
-        + f" Joined into one page by `{COMMAND} --merge ...` at commit {_git()}.",
+        + f" Joined into one page by `{COMMAND} --merge ...` at commit {page_commit()}.",
         command=command,
         load=[list(p) for _, h in runs for p in measured(h)["load"]],
         nice=[n for _, h in runs for n in measured(h)["nice"]],

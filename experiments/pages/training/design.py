@@ -1,9 +1,16 @@
-"""The design of the training page (`training.py` runs it, `training_markdown.py` and
-`training_plots.py` write it): the rows compared, the stages, the state's run lists."""
+"""The design of the training page: the rows compared, the stages, and the plan (`plan`: the
+runs, each a `gossip_powersgd.run` of the MNIST-1D recipe; `state.py` and `markdown.py` draw the
+page from their rows)."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Mapping, Optional
+
+from experiments.engine import Run
+from experiments.pages._suite_rows import spec_of, suite_run
+from experiments.suite.runs import BASE, QUICK_BASE
+
+from .noniid import NONIID_ROWS
 
 EXACT, POWERGOSSIP = "exact gossip", "PowerGossip r1 (1 iter)"
 ALLREDUCE, POWERGOSSIP_R4 = "all-reduce", "PowerGossip r4 (1 iter)"
@@ -42,6 +49,118 @@ STAGES = (
 )
 #: The state's lists of runs, in the CSV's order.
 RUN_LISTS = ("sweeps", "iid", "noniid", "noniid_extra", "wide", "reference")
+#: The full page's budget: epochs of the CNN rows, seeds of the iid rows (Choco: `choco_seeds`),
+#: epochs of the γ sweep, of the wide model and of the reference runs, epochs between evaluations.
+FULL = dict(
+    epochs=60,
+    seeds=3,
+    choco_seeds=1,
+    sweep_epochs=10,
+    wide_epochs=30,
+    reference_epochs=100,
+    eval_every=2,
+)
+
+
+def settings(quick: bool) -> Dict[str, Any]:
+    """What the page runs. --quick: ring:4, exact and PowerGossip r1, 1 epoch, nothing else."""
+    if quick:
+        return dict(
+            topology="ring:4",
+            iid=IID,
+            noniid=NONIID,
+            rows=[(EXACT, "exact"), (POWERGOSSIP, "powergossip:rank=1,iters=1")],
+            grid={},
+            seeds=(0,),
+            choco_seeds=1,
+            epochs=1,
+            sweep_epochs=1,
+            eval_every=1,
+            noniid_rows=NONIID_ROWS[:1],
+            wide_rows=[],
+            wide_epochs=1,
+            reference_rows=[],
+            reference_epochs=1,
+        )
+    return dict(
+        FULL,
+        topology=TOPOLOGY,
+        iid=IID,
+        noniid=NONIID,
+        rows=ROWS,
+        grid=GAMMA_GRID,
+        seeds=tuple(range(FULL["seeds"])),
+        noniid_rows=NONIID_ROWS,
+        wide_rows=WIDE_ROWS,
+        reference_rows=REFERENCE_ROWS,
+    )
+
+
+def chosen_gamma(label: str, sweeps: List[Dict[str, Any]]) -> Optional[float]:
+    """The γ of `label`'s sweep row with the best averaged-model accuracy (the first row's when
+    every run failed); None while the sweep has no row."""
+    runs = [r for r in sweeps if r["label"] == label]
+    good = [r for r in runs if "error" not in r and r.get("acc_avg") is not None]
+    if not runs:
+        return None
+    return (max(good, key=lambda r: r["acc_avg"]) if good else runs[0])["gamma"]
+
+
+def _run(s, kind, label, spec, partition, epochs, seed, gamma=None, **extra) -> Run:
+    """One run of the plan `s` (`settings`): the recipe with this setting and algorithm (`spec`,
+    with "{gamma}" where a swept γ goes)."""
+    train = dict(QUICK_BASE if s["quick"] else BASE, topology=s["topology"])
+    train.update(
+        partition=partition, epochs=epochs, eval_every=max(1, min(s["eval_every"], epochs))
+    )
+    train.update(extra, algorithm=spec)
+    train.pop("seed")  # the run's own (`Run.seed`)
+    cost = epochs * (4 if spec.startswith("choco") else 1) * (3 if extra else 1)
+    key = f"{kind}/{spec_of(spec, gamma)}/seed{seed}"
+    return suite_run(key, label, train, seed, kind=kind, gamma=gamma, cost=cost)
+
+
+def _main(s, label, template, chosen, partition, seed, kind) -> List[Run]:
+    """A row of the main tables ([] while its γ sweep is unfinished)."""
+    if "{gamma}" not in template:
+        return [_run(s, kind, label, template, partition, s["epochs"], seed)]
+    if chosen.get(label) is None:
+        return []
+    return [_run(s, kind, label, template, partition, s["epochs"], seed, gamma=chosen[label])]
+
+
+def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    """The page's runs in its CSV's order (γ sweep, iid by seed, Dirichlet, the non-IID grid,
+    wide model, reference). A swept algorithm's other runs join once its sweep's rows are in."""
+    s = dict(settings(quick), quick=quick)
+    runs: List[Run] = []
+    chosen: Dict[str, Optional[float]] = {}
+    for label, template in s["rows"]:
+        if "{gamma}" in template:
+            sweep = [
+                _run(s, "sweep", label, template, s["iid"], s["sweep_epochs"], 0, g)
+                for g in s["grid"][label]
+            ]
+            runs += sweep
+            done = [rows[r.key] for r in sweep if r.key in rows]
+            chosen[label] = chosen_gamma(label, done) if len(done) == len(sweep) else None
+    for index, seed in enumerate(s["seeds"]):
+        for label, template in s["rows"]:
+            if not (index and label in SLOW_ROWS and index >= s["choco_seeds"]):
+                runs += _main(s, label, template, chosen, s["iid"], seed, "iid")
+    for label, template in s["rows"]:
+        runs += _main(s, label, template, chosen, s["noniid"], s["seeds"][0], "noniid")
+    main_specs = {template for _, template in s["rows"]}
+    for label, spec in s["noniid_rows"]:
+        if spec not in main_specs:
+            runs.append(_run(s, "noniid", label, spec, s["noniid"], s["epochs"], s["seeds"][0]))
+    for label, spec in s["wide_rows"]:
+        wide = f"{label}, {WIDE_MODEL}"
+        runs.append(_run(s, "wide", wide, spec, s["iid"], s["wide_epochs"], 0, model=WIDE_MODEL))
+    if s["reference_epochs"] > s["epochs"]:
+        for label, spec in s["reference_rows"]:
+            runs.append(_run(s, "reference", label, spec, s["iid"], s["reference_epochs"], 0))
+    return runs
 
 
 def noniid_grid(state) -> List[Dict[str, Any]]:

@@ -1,273 +1,118 @@
-"""`python -m experiments.suite training`: six algorithms trained to (near) convergence on ring:8,
-iid (several seeds) and Dirichlet(0.5); the non-IID gap of PowerGossip's ranks and iterations; a
-wide model where compression matters; a longer reference run for the epoch budget. Writes the page,
-its CSVs and plots and the README's results section, after every stage (so a stopped run still
-leaves a page saying how far it got)."""
+"""The training page drawn from its rows: the state the tables read (the runs by list, the γ
+each sweep chose, the stages' running times), the iid rows' seed means, and the paper's targets,
+each MET or MISSED from the measured rows."""
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from gossip_powersgd.utils import atomic_write
+from experiments.engine import Outputs, Rows, made_by
+from experiments.pages._suite_rows import with_curves
+from experiments.suite.runs import combine
+from experiments.suite.tables import _pct, build_csv
 
-from .noniid import NONIID_ROWS
-from .training_markdown import training_page
-from .training_plots import curves_csv, plot_training
-from .training_design import (  # noqa: F401 (the design's names, importable from here)
-    ALLREDUCE,
-    CHOCO_SIGN,
-    CHOCO_TOPK,
-    EXACT,
-    GAMMA_GRID,
-    IID,
-    NONIID,
-    POWERGOSSIP,
-    POWERGOSSIP_R4,
-    REFERENCE_ROWS,
-    ROWS,
-    RUN_LISTS,
-    SLOW_ROWS,
-    STAGES,
-    TOPOLOGY,
-    WIDE_MODEL,
-    WIDE_ROWS,
-    noniid_grid,
-)
-from .runs import BASE, attempt, combine, log
-from .tables import _pct, build_csv, generated_sentence
+from .design import EXACT, POWERGOSSIP, RUN_LISTS, STAGES, WIDE_MODEL, chosen_gamma, plan, settings
+from .markdown import training_page
+from .plots import curves_csv, plot_training
+
+#: The stage a run belongs to, from its kind (and, for the iid rows, its seed).
+_STAGE_OF_KIND = {
+    "sweep": STAGES[0],
+    "noniid": STAGES[2],
+    "wide": STAGES[3],
+    "reference": STAGES[5],
+}
 
 
-def training_plan(
-    quick: bool,
-    epochs: int = 60,
-    seeds: int = 3,
-    choco_seeds: int = 1,
-    sweep_epochs: int = 10,
-    wide_epochs: int = 30,
-    reference_epochs: int = 100,
-    eval_every: int = 2,
-) -> Dict[str, Any]:
-    """What the page runs. `--quick`: ring:4, exact and PowerGossip r1, 1 epoch, nothing else."""
-    if quick:
+def stage_of(row: Dict[str, Any]) -> str:
+    kind = row["model_kind"]
+    if kind == "iid":
+        return STAGES[1] if int(row.get("seed") or 0) == 0 else STAGES[4]
+    return _STAGE_OF_KIND[kind]
+
+
+def gamma_text(run: Dict[str, Any], swept: set) -> str:
+    """The table's γ cell: a sweep row's γ, "γ (swept)" for a swept algorithm's other rows,
+    "topology" for an algorithm using the topology's γ, else "—"."""
+    from gossip_powersgd.algorithms import gamma_kind
+
+    gamma = run.get("gamma")
+    if run["model_kind"] == "sweep":
+        return f"{gamma:g}" if "error" in run else f"{gamma:.3g}"
+    if run["label"] in swept and gamma is not None:
+        return f"{gamma:g} (swept)"
+    if "error" in run:
+        return "—"
+    return "topology" if gamma_kind(run["spec"]) == "topology" else "—"
+
+
+def _timing(rows: Rows) -> Dict[str, Any]:
+    """Seconds by stage, and how the runs ran: a converted page's own (its stages, one process),
+    else the rows' own wall times summed by stage."""
+    origins = [r.origin for r in rows.records if r.origin and "stage_seconds" in r.origin]
+    if origins and len(origins) == len(rows.records):
         return dict(
-            topology="ring:4",
-            iid=IID,
-            noniid=NONIID,
-            rows=[(EXACT, "exact"), (POWERGOSSIP, "powergossip:rank=1,iters=1")],
-            grid={},
-            seeds=(0,),
-            choco_seeds=1,
-            epochs=1,
-            sweep_epochs=1,
-            eval_every=1,
-            noniid_rows=NONIID_ROWS[:1],
-            wide_rows=[],
-            wide_epochs=1,
-            reference_rows=[],
-            reference_epochs=1,
+            stage_seconds=dict(origins[0]["stage_seconds"]),
+            timing="",
+            how="one after another in one process (each run's peers are threads)",
         )
-    warmup = int(BASE["warmup_epochs"])
-    for name, value, least in (
-        ("epochs", epochs, warmup),
-        ("seeds", seeds, 1),
-        ("sweep_epochs", sweep_epochs, warmup),
-        ("wide_epochs", wide_epochs, warmup),
-        ("eval_every", eval_every, 1),
-    ):
-        if value < least:
-            raise ValueError(
-                f"--{name.replace('_', '-')} must be at least {least} (the recipe warms up "
-                f"for {warmup} epochs), got {value}"
-            )
-    if not 1 <= choco_seeds <= seeds:
-        raise ValueError(f"--choco-seeds must be in [1, --seeds={seeds}], got {choco_seeds}")
+    seconds = {name: 0.0 for name in STAGES}
+    for record in rows.records:
+        seconds[stage_of(record.row)] += record.seconds
+    done = {stage_of(record.row) for record in rows.records}
     return dict(
-        topology=TOPOLOGY,
-        iid=IID,
-        noniid=NONIID,
-        rows=ROWS,
-        grid=GAMMA_GRID,
-        seeds=tuple(range(seeds)),
-        choco_seeds=choco_seeds,
-        epochs=epochs,
-        sweep_epochs=sweep_epochs,
-        eval_every=eval_every,
-        noniid_rows=NONIID_ROWS,
-        wide_rows=WIDE_ROWS,
-        wide_epochs=wide_epochs,
-        reference_rows=REFERENCE_ROWS if reference_epochs > epochs else [],
-        reference_epochs=reference_epochs,
+        stage_seconds={name: seconds[name] for name in STAGES if name in done},
+        timing=" (the runs' own wall times, summed)",
+        how="each in one process (its peers are threads)",
     )
 
 
-def _base(plan, partition: str, epochs: int, seed: int, **extra) -> Dict[str, Any]:
-    every = max(1, min(plan["eval_every"], epochs))
-    return dict(
-        topology=plan["topology"],
-        partition=partition,
-        epochs=epochs,
-        seed=seed,
-        eval_every=every,
-        **extra,
-    )
+def state_of(rows: Rows) -> Dict[str, Any]:
+    """The runs of `rows` by list (RUN_LISTS), with their γ text and curves, and the plan."""
+    s = settings(rows.quick)
+    swept = [label for label, template in s["rows"] if "{gamma}" in template]
+    main_labels = {label for label, _ in s["rows"]}
+    state: Dict[str, Any] = dict(plan=s, quick=rows.quick, command=rows.command, chosen={})
+    state.update(_timing(rows), **{k: [] for k in RUN_LISTS})
+    for run in with_curves(rows.data):
+        run["gamma_text"] = gamma_text(run, set(swept))
+        kind = run["model_kind"]
+        if kind == "sweep":
+            state["sweeps"].append(run)
+        elif kind == "noniid":
+            state["noniid" if run["label"] in main_labels else "noniid_extra"].append(run)
+        else:
+            state[kind].append(run)
+    for label in swept:
+        gamma = chosen_gamma(label, state["sweeps"])
+        if gamma is not None:
+            state["chosen"][label] = gamma
+    planned = plan(rows.quick, rows.by_key)
+    have = set(rows.by_key)
+    unfinished = {stage_of(_planned_row(r)) for r in planned if r.key not in have}
+    if swept and len(state["chosen"]) < len(swept):  # the swept rows are not even planned yet
+        unfinished |= {STAGES[0], STAGES[1], STAGES[2]}
+    state["missing"] = [name for name in STAGES if name in unfinished]
+    return state
 
 
-def _spec(template: str, chosen: Dict[str, float], label: str) -> str:
-    return template.format(gamma=chosen[label]) if "{gamma}" in template else template
+def _planned_row(run) -> Dict[str, Any]:
+    return {"model_kind": run.config["kind"], "seed": run.seed}
 
 
-def _tagged(row: Dict[str, Any], kind: str, label: Optional[str] = None, gamma_text=None):
-    row = dict(row, model_kind=kind)
-    if label:
-        row["label"] = label
-    if gamma_text:
-        row["gamma_text"] = gamma_text
-    return row
-
-
-def run_training(
-    out: Path,
-    quick: bool = False,
-    epochs: int = 60,
-    seeds: int = 3,
-    choco_seeds: int = 1,
-    sweep_epochs: int = 10,
-    wide_epochs: int = 30,
-    reference_epochs: int = 100,
-    eval_every: int = 2,
-    command: str = "python -m experiments.suite training",
-) -> Path:
-    """Run the plan's stages in order, rewriting the outputs after each; the page's path."""
-    plan = training_plan(
-        quick, epochs, seeds, choco_seeds, sweep_epochs, wide_epochs, reference_epochs, eval_every
-    )
-    state: Dict[str, Any] = dict(
-        plan=plan,
-        quick=quick,
-        command=command,
-        started=time.perf_counter(),
-        stage_seconds={},
-        sweeps=[],
-        iid=[],
-        noniid=[],
-        noniid_extra=[],
-        wide=[],
-        reference=[],
-        chosen={},
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    for index, (name, stage) in enumerate(
-        zip(STAGES, (_sweep, _iid_first, _noniid, _wide, _iid_more, _reference))
-    ):
-        began, before = time.perf_counter(), _run_count(state)
-        stage(state)
-        state["stage_seconds"][name] = time.perf_counter() - began
-        if _run_count(state) > before or index == len(STAGES) - 1:
-            write_outputs(out, state, done=index + 1)
-    log(f"wrote {out / 'training.md'} in {time.perf_counter() - state['started']:.0f} s")
-    return out / "training.md"
-
-
-def _run_count(state) -> int:
-    return sum(len(state[k]) for k in RUN_LISTS)
-
-
-def _sweep(state) -> None:
-    """γ of the tuned algorithms: the best averaged-model accuracy of a short run on ring:8 iid."""
-    plan = state["plan"]
-    for label, template in plan["rows"]:
-        if "{gamma}" not in template:
-            continue
-        base = _base(plan, plan["iid"], plan["sweep_epochs"], 0)
-        runs = [
-            _tagged(
-                attempt(label, template.format(gamma=g), base, state["quick"], gamma=g), "sweep"
-            )
-            for g in plan["grid"][label]
-        ]
-        state["sweeps"].extend(runs)
-        good = [r for r in runs if "error" not in r and r.get("acc_avg") is not None]
-        state["chosen"][label] = (max(good, key=lambda r: r["acc_avg"]) if good else runs[0])[
-            "gamma"
-        ]
-
-
-def _gamma_text(label: str, template: str, chosen: Dict[str, float]) -> Optional[str]:
-    return f"{chosen[label]:g} (swept)" if "{gamma}" in template else None
-
-
-def _main_run(state, label, template, partition, seed, kind) -> Dict[str, Any]:
-    plan, chosen = state["plan"], state["chosen"]
-    gamma = chosen.get(label) if "{gamma}" in template else None
-    row = attempt(
-        label,
-        _spec(template, chosen, label),
-        _base(plan, partition, plan["epochs"], seed),
-        state["quick"],
-        gamma=gamma,
-    )
-    return _tagged(row, kind, gamma_text=_gamma_text(label, template, chosen))
-
-
-def _iid_first(state) -> None:
-    plan = state["plan"]
-    for label, template in plan["rows"]:
-        state["iid"].append(_main_run(state, label, template, plan["iid"], plan["seeds"][0], "iid"))
-
-
-def _iid_more(state) -> None:
-    plan = state["plan"]
-    for seed_index, seed in enumerate(plan["seeds"][1:], start=1):
-        for label, template in plan["rows"]:
-            if label in SLOW_ROWS and seed_index >= plan["choco_seeds"]:
-                continue
-            state["iid"].append(_main_run(state, label, template, plan["iid"], seed, "iid"))
-
-
-def _noniid(state) -> None:
-    plan = state["plan"]
-    for label, template in plan["rows"]:
-        state["noniid"].append(
-            _main_run(state, label, template, plan["noniid"], plan["seeds"][0], "noniid")
-        )
-    have = {r["spec"] for r in state["noniid"]}
-    for label, spec in plan["noniid_rows"]:
-        if spec not in have:
-            state["noniid_extra"].append(
-                _tagged(
-                    attempt(
-                        label,
-                        spec,
-                        _base(plan, plan["noniid"], plan["epochs"], plan["seeds"][0]),
-                        state["quick"],
-                    ),
-                    "noniid",
-                )
-            )
-
-
-def _wide(state) -> None:
-    plan = state["plan"]
-    for label, spec in plan["wide_rows"]:
-        row = attempt(
-            label,
-            spec,
-            _base(plan, plan["iid"], plan["wide_epochs"], 0, model=WIDE_MODEL),
-            state["quick"],
-            kind="wide",
-        )
-        state["wide"].append(_tagged(row, "wide", label=f"{label}, {WIDE_MODEL}"))
-
-
-def _reference(state) -> None:
-    plan = state["plan"]
-    for label, spec in plan["reference_rows"]:
-        row = attempt(
-            label, spec, _base(plan, plan["iid"], plan["reference_epochs"], 0), state["quick"]
-        )
-        state["reference"].append(_tagged(row, "reference"))
+def render(rows: Rows) -> Outputs:
+    """training.md, training.csv, training_curves.csv and the two plots, from the rows."""
+    state = state_of(rows)
+    every = [r for key in RUN_LISTS for r in state[key]]
+    headline = combined_iid(state)
+    claims = targets(headline, state["noniid"], state["wide"], state["reference"])
+    outputs: Outputs = {
+        "training.md": training_page(state, headline, made_by(rows), claims, state["missing"]),
+        "training.csv": build_csv(every),
+        "training_curves.csv": curves_csv(every),
+    }
+    outputs.update(plot_training(state, headline))
+    return outputs
 
 
 def combined_iid(state) -> List[Dict[str, Any]]:
@@ -358,23 +203,3 @@ def targets(
             f"{best['partition']}, {best['epochs']} epochs{seeds})."
         )
     return lines
-
-
-def write_outputs(out: Path, state: Dict[str, Any], done: int) -> None:
-    """The page, CSVs and plots from the stages done so far."""
-    seconds = time.perf_counter() - state["started"]
-    every = [r for key in RUN_LISTS for r in state[key]]
-    atomic_write(out / "training.csv", build_csv(every))
-    atomic_write(out / "training_curves.csv", curves_csv(every))
-    write_pages(out, state, generated_sentence(state["command"], seconds), done)
-
-
-def write_pages(out: Path, state: Dict[str, Any], generated: str, done: int) -> None:
-    """training.md and its plots from the runs in `state` (also --render-only)."""
-    headline = combined_iid(state)
-    claims = targets(headline, state["noniid"], state["wide"], state["reference"])
-    atomic_write(out / "training.md", training_page(state, headline, generated, claims, done))
-    try:
-        plot_training(state, headline, out)
-    except Exception as exc:  # the tables matter more than the pictures
-        log(f"plot failed: {type(exc).__name__}: {exc}")
