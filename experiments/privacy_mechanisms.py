@@ -477,19 +477,14 @@ def _row(setting, label, spec, mechanism, noise, seed) -> Dict[str, Any]:
 
 
 def run_plan(tasks: List[tuple], jobs: int) -> List[Dict[str, Any]]:
-    """`_row(*task)` for every task, `jobs` at a time (processes when more than one, the
-    costliest first), returned in the tasks' order. Every run seeds its own randomness, and a
-    private run's noise is secret (fresh entropy), so only the non-private rows repeat exactly."""
-    if jobs <= 1:
-        return [_row(*task) for task in tasks]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    """`_row(*task)` for every task, `jobs` at a time (spawned processes when more than one, the
+    costliest first: `experiments.engine.pool.run_pool`), returned in the tasks' order. Every run
+    seeds its own randomness, and a private run's noise is secret (fresh entropy), so only the
+    non-private rows repeat exactly."""
+    from experiments.engine.pool import run_pool
 
-    order = sorted(range(len(tasks)), key=lambda i: -COST[tasks[i][3]])
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_single_thread) as pool:
-        futures = {i: pool.submit(_row, *tasks[i]) for i in order}
-        return [futures[i].result() for i in range(len(tasks))]
+    costs = [COST[task[3]] for task in tasks]
+    return run_pool(_row, tasks, jobs, costs=costs, initializer=_single_thread)
 
 
 def main(argv=None) -> None:
