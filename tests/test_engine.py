@@ -66,6 +66,28 @@ def test_a_killed_sweep_resumes_by_key_without_redoing_a_finished_row(tmp_path, 
     assert len(log.read_text().split()) == 6
 
 
+def test_with_jobs_2_each_row_is_stored_as_its_run_finishes(tmp_path):
+    """k0 starts once k3 or k4 (the costliest, started first) has finished; it waits until the
+    file holds both their rows, then kills the sweep. A pool that handed rows over only at the
+    end would leave the file empty (k0 gives up waiting after a minute)."""
+    rows = tmp_path / "engine-test.jsonl"
+    env = dict(os.environ, ENGINE_TEST_KILL_PARENT="k0", ENGINE_TEST_WAIT_FOR="k3,k4")
+    env["ENGINE_TEST_ROWS"] = str(rows)
+    env["PYTHONPATH"] = os.pathsep.join([str(SUPPORT), str(ROOT)])
+    script = textwrap.dedent(
+        f"""
+        from engine_pages import PAGE
+        from experiments.engine import sweep
+        if __name__ == "__main__":
+            sweep(PAGE, {str(tmp_path)!r}, jobs=2)
+        """
+    )
+    (tmp_path / "sweep.py").write_text(script)
+    done = subprocess.run([sys.executable, str(tmp_path / "sweep.py")], env=env, timeout=120)
+    assert done.returncode == -9
+    assert {"k3", "k4"} <= set(_keys(rows)) and "k0" not in _keys(rows)
+
+
 def test_jobs_2_starts_the_costliest_first_in_worker_processes_rows_in_plan_order(
     tmp_path, monkeypatch
 ):

@@ -42,7 +42,7 @@ def run_pool(
                 done(index, results[index])
         return results
     import multiprocessing
-    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
     costs = list(costs) if costs is not None else [1.0] * len(tasks)
@@ -53,7 +53,7 @@ def run_pool(
         futures = {pool.submit(fn, *tasks[i]): i for i in order}
         pending = set(futures)
         while pending:
-            finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in sorted(finished, key=lambda f: futures[f]):
                 if future.exception() is None:
                     results[futures[future]] = future.result()

@@ -1,6 +1,8 @@
 """Pages for tests/test_engine.py: rows without training (each a function of its run), a log of
 every row started (ENGINE_TEST_LOG: one key per line), and a run that kills its own process
-(ENGINE_TEST_KILL: that run's key), for the resume and pool tests."""
+(ENGINE_TEST_KILL: that run's key) or the process that started it (ENGINE_TEST_KILL_PARENT: the
+sweep, from a worker, once the rows file ENGINE_TEST_ROWS holds the rows of the keys in
+ENGINE_TEST_WAIT_FOR, or after a minute), for the resume and pool tests."""
 
 from __future__ import annotations
 
@@ -31,9 +33,26 @@ def row(run: Run) -> Dict[str, Any]:
             f.write(run.key + "\n")
     if os.environ.get("ENGINE_TEST_KILL") == run.key:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("ENGINE_TEST_KILL_PARENT") == run.key:
+        _wait_for_rows(
+            os.environ["ENGINE_TEST_ROWS"], os.environ["ENGINE_TEST_WAIT_FOR"].split(",")
+        )
+        os.kill(os.getppid(), signal.SIGKILL)
     time.sleep(run.config["pause"])
     i = run.config["i"]
     return {"i": i, "square": i * i, "seed": run.seed, "pid": os.getpid()}
+
+
+def _wait_for_rows(path: str, keys: List[str], seconds: float = 60.0) -> None:
+    """Until the rows file holds a line for every key of `keys` (at most `seconds`)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            with open(path) as f:
+                stored = {json.loads(line)["key"] for line in f if line.strip()}
+            if set(keys) <= stored:
+                return
+        time.sleep(0.05)
 
 
 def render(rows: Rows) -> Outputs:
