@@ -5,15 +5,11 @@ from __future__ import annotations
 import csv
 import io
 import math
-from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
 from experiments.engine.provenance import page_commit, utc_now
 
 from .runs import BANDWIDTHS, communication_seconds, projected_seconds
-
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "experiments" / "results"
 
 
 def _pct(value: Optional[float], std: Optional[float] = None) -> str:
