@@ -26,7 +26,7 @@ from typing import Dict, List, Optional
 
 from gossip_powersgd.utils import atomic_write
 
-from experiments.pages import page_commit
+from experiments.engine.provenance import page_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

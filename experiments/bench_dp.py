@@ -37,7 +37,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 from unittest import mock
 
 import torch
@@ -45,9 +45,6 @@ from torch.nn import functional as F
 
 from experiments.bench_gossip.record import machine_description
 from gossip_powersgd.utils import atomic_write, git_commit
-
-if TYPE_CHECKING:
-    from gossip_powersgd.comm.base import Comm
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("mlp:128,128", "cnn1d")
@@ -206,11 +203,10 @@ def _run(
 ) -> Dict[str, float]:
     """One ring:8 training run; ms per step (process CPU, wall) from step `first` (at most half
     the run) to the last."""
-    from gossip_powersgd.launch import run_peers
+    from gossip_powersgd import run
     from gossip_powersgd.privacy import DPSGD
     from gossip_powersgd.privacy import training as dp_training
-    from gossip_powersgd.training.config import config_from_dict, resolve_topology
-    from gossip_powersgd.training.trainer import train
+    from gossip_powersgd.training.hooks import TrainingHooks
 
     from experiments.suite.runs import BASE
 
@@ -226,21 +222,17 @@ def _run(
     )
     if engine is not None:
         overrides.update(dp_noise_multiplier=1.0, dp_max_grad_norm=1.0, dp_delta=1e-5)
-    config = config_from_dict(dict(BASE, **overrides))
-    topology = resolve_topology(config)
-    config = config.replace(peers=topology.size)
     marks: Dict[int, tuple] = {}
 
-    def peer(comm: Comm):
-        def on_step(step):
-            if comm.rank == 0:
-                marks[step] = (time.process_time(), time.perf_counter())
+    class Marks(TrainingHooks):
+        """Rank 0's process CPU and wall clocks at the end of every step."""
 
-        return train(comm, config, on_step=on_step)
+        def after_step(self, step: int, loss) -> None:
+            marks[step + 1] = (time.process_time(), time.perf_counter())
 
     engine_class = functools.partial(DPSGD, engine=engine) if engine is not None else DPSGD
     with mock.patch.object(dp_training, "DPSGD", engine_class):
-        run_peers(topology, peer, backend="local", timeout=config.comm_timeout)
+        run(dict(BASE, **overrides), hooks=lambda rank: [Marks()] if rank == 0 else [])
     last = max(marks)
     first = min(first, last // 2)
     steps = last - first

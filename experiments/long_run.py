@@ -30,7 +30,7 @@ from gossip_powersgd.launch import BACKENDS, main_guard, resolve_backend, run_pe
 from gossip_powersgd.metrics import parameter_average
 from gossip_powersgd.utils import atomic_write
 
-from experiments.pages import page_commit
+from experiments.engine.provenance import page_commit
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Comm

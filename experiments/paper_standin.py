@@ -90,16 +90,9 @@ def log(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
-def _peer(comm: Comm, config):
-    from gossip_powersgd.training.trainer import train
-
-    return train(comm, config)
-
-
 def train_row(setting: Dict[str, Any], label: str, spec: str, local_steps: int) -> Dict[str, Any]:
     """One row: train on every peer (threads of this process) and keep its measurements."""
-    from gossip_powersgd.launch import run_peers
-    from gossip_powersgd.training.config import config_from_dict, resolve_topology
+    from gossip_powersgd import run
 
     keys = ("topology", "dataset", "model", "batch_size", "lr", "momentum", "weight_decay")
     keys += ("warmup_epochs", "schedule", "epochs", "eval_every")
@@ -117,13 +110,10 @@ def train_row(setting: Dict[str, Any], label: str, spec: str, local_steps: int) 
         threads=1,
         comm_timeout=1800.0,
     )
-    config = config_from_dict(data)
-    topology = resolve_topology(config)
-    config = config.replace(peers=topology.size)
     wall, cpu = time.perf_counter(), time.process_time()
-    values = run_peers(topology, _peer, config, backend="local", timeout=config.comm_timeout)
+    result = run(data)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    summary = values[0]
+    summary = dict(result.summary, history=result.history)
     steps = int(summary["steps"])
     evals = [
         {
@@ -384,7 +374,7 @@ def _load_result(path: Path) -> Dict[str, Any]:
 def render_only(path: Path, extra: List[Path] = ()) -> None:
     """The page (and plot) again from a run's JSON, naming both the run's commit and this one;
     `extra`: other runs' JSON (other seeds) whose rows the page lists too."""
-    from experiments.pages import page_commit
+    from experiments.engine.provenance import page_commit
     from experiments.paper_standin_page import plot, render
 
     result = _load_result(path)

@@ -477,19 +477,14 @@ def _row(setting, label, spec, mechanism, noise, seed) -> Dict[str, Any]:
 
 
 def run_plan(tasks: List[tuple], jobs: int) -> List[Dict[str, Any]]:
-    """`_row(*task)` for every task, `jobs` at a time (processes when more than one, the
-    costliest first), returned in the tasks' order. Every run seeds its own randomness, and a
-    private run's noise is secret (fresh entropy), so only the non-private rows repeat exactly."""
-    if jobs <= 1:
-        return [_row(*task) for task in tasks]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    """`_row(*task)` for every task, `jobs` at a time (spawned processes when more than one, the
+    costliest first: `experiments.engine.pool.run_pool`), returned in the tasks' order. Every run
+    seeds its own randomness, and a private run's noise is secret (fresh entropy), so only the
+    non-private rows repeat exactly."""
+    from experiments.engine.pool import run_pool
 
-    order = sorted(range(len(tasks)), key=lambda i: -COST[tasks[i][3]])
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_single_thread) as pool:
-        futures = {i: pool.submit(_row, *tasks[i]) for i in order}
-        return [futures[i].result() for i in range(len(tasks))]
+    costs = [COST[task[3]] for task in tasks]
+    return run_pool(_row, tasks, jobs, costs=costs, initializer=_single_thread)
 
 
 def main(argv=None) -> None:
@@ -669,11 +664,11 @@ def render_again(out_dir: Path) -> None:
             )
     sections = json.loads(source.read_text())
     header = json.loads(saved.read_text())
-    from experiments.suite.tables import _git
+    from experiments.engine.provenance import page_commit
 
     again = (
         f"{header['generated']} Drawn again from its JSON, no run changed, by "
-        f"`{COMMAND} --render-only --out {out_dir}` at commit {_git()}."
+        f"`{COMMAND} --render-only --out {out_dir}` at commit {page_commit()}."
     )
     page = render(sections, again, header["command"], measured(header))
     atomic_write(out_dir / "privacy_mechanisms.md", page.encode())
@@ -697,7 +692,7 @@ def merge(dirs: List[Path], out_dir: Path, argv) -> None:
     joined in the order given, each run's generated sentence and load kept, the time per step
     averaged over all their rows; refused (one line) unless every run has the same setting but
     its topology and no topology comes twice."""
-    from experiments.suite.tables import _git
+    from experiments.engine.provenance import page_commit
 
     runs = []
     for d in dirs:
@@ -739,7 +734,7 @@ def merge(dirs: List[Path], out_dir: Path, argv) -> None:
     )
     header = dict(
         generated=" ".join(h["generated"] for _, h in runs)
-        + f" Joined into one page by `{COMMAND} --merge ...` at commit {_git()}.",
+        + f" Joined into one page by `{COMMAND} --merge ...` at commit {page_commit()}.",
         command=command,
         load=[list(p) for _, h in runs for p in measured(h)["load"]],
         nice=[n for _, h in runs for n in measured(h)["nice"]],

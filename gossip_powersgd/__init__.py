@@ -29,6 +29,7 @@ from .comm import (
 )
 from .launch import run_peers
 from .metrics import consensus_distance
+from .runner import RunResult, run
 from .training.features import declare as _declare_feature
 from .version import __version__  # noqa: F401
 
@@ -62,4 +63,6 @@ __all__ = [
     "TorchCommunicator",
     "consensus_distance",
     "run_peers",
+    "run",
+    "RunResult",
 ]

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from experiments.pages import pages
+
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
 #: Each experiment's quick mode (or its smallest sizes where it has no --quick), without --out.
 QUICK = [
-    ["-m", "experiments.suite", "training", "--quick"],
-    ["-m", "experiments.suite", "gamma", "--quick"],
+    *(["-m", "experiments", name, "--quick"] for name in sorted(pages())),
     ["-m", "experiments.suite", "consensus", "--quick"],
     ["-m", "experiments.suite", "privacy", "--quick", "--epochs", "1"],
     ["-m", "experiments.suite", "dynamic", "--quick", "--epochs", "1"],
@@ -187,18 +188,26 @@ def test_quick_modes_leave_a_clean_checkout(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "writing the figures to" in done.stderr and "--out DIR" in done.stderr
     assert (clone / "runs" / "plots-tiny-a-vs-tiny-b" / "accuracy_vs_epoch.png").exists()
-    # One run's plots go into its run directory; the demo page tool reads them from there.
-    for args in (
-        ["-m", "gossip_powersgd.cli.plot", "runs/tiny-a", "--out", "runs/tiny-a/plots"],
-        ["-m", "experiments.demo_page", "runs/tiny-a"],
-    ):
-        done = subprocess.run(
-            [sys.executable, *args], cwd=clone, env=env, capture_output=True, text=True, timeout=300
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-    page = (clone / "runs" / "demo.md").read_text()
-    assert (clone / "runs" / "tiny-a" / "summary.md").read_text().strip() in page  # unchanged
-    assert "at commit " in page and (clone / "runs" / "demo" / "accuracy_vs_mb.png").exists()
+    # One run's plots go into its run directory.
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gossip_powersgd.cli.plot",
+            "runs/tiny-a",
+            "--out",
+            "runs/tiny-a/plots",
+        ],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (clone / "runs" / "tiny-a" / "plots" / "accuracy_vs_mb.png").exists()
+    page = (clone / "runs" / "experiments-quick" / "demo.md").read_text()
+    assert "at commit " in page and (page.count("![") == 3)
     assert _git("status", "--porcelain", "--untracked-files=all", cwd=clone) == "", [
         (" ".join(a), f"{s:.0f} s") for a, _, s in outcomes
     ]

@@ -1,5 +1,5 @@
-"""experiments/suite.py: table building and the projected-time model on synthetic numbers, and one
---quick training run (synthetic logistic regression, ring:4, 1 epoch) producing the pages."""
+"""experiments/suite (runs.py, tables.py): table building and the projected-time model on synthetic
+numbers; the training page's targets on them. (The pages' --quick runs: tests/test_engine_pages.py.)"""
 
 import csv
 import io
@@ -7,7 +7,9 @@ import math
 
 import pytest
 
-from experiments import suite
+from experiments.pages.training import design
+from experiments.pages.training.state import targets
+from experiments.suite import runs, tables
 
 
 def _summary(algorithm, mb, steps=100, acc=0.9, compute=2.0, gossip=0.5):
@@ -30,7 +32,7 @@ def _summary(algorithm, mb, steps=100, acc=0.9, compute=2.0, gossip=0.5):
 
 
 def _rows():
-    exact = suite.measurements(
+    exact = runs.measurements(
         _summary("exact", 94.3),
         [
             {"rounds": 100, "critical_bytes": 47_150_000},
@@ -38,14 +40,14 @@ def _rows():
         ],
         5.0,
     )
-    pg = suite.measurements(
+    pg = runs.measurements(
         _summary("powergossip:rank=1", 3.08, acc=0.895),
         [{"rounds": 100, "critical_bytes": 1_540_000}],
         4.0,
     )
     return [
-        dict(exact, label=suite.EXACT, gamma_text="topology"),
-        dict(pg, label=suite.POWERGOSSIP, gamma_text="topology"),
+        dict(exact, label=design.EXACT, gamma_text="topology"),
+        dict(pg, label=design.POWERGOSSIP, gamma_text="topology"),
     ]
 
 
@@ -60,24 +62,24 @@ def test_projected_seconds_is_compute_plus_rounds_latency_plus_bytes_over_bandwi
     exact = _rows()[0]
     bandwidth = 1e9 / 8
     expected = 2.5 + 100 * 50e-6 + 47_150_000 / bandwidth
-    assert suite.projected_seconds(exact, bandwidth) == pytest.approx(expected)
-    assert suite.projected_seconds(exact, 10e9 / 8) < suite.projected_seconds(exact, bandwidth)
+    assert runs.projected_seconds(exact, bandwidth) == pytest.approx(expected)
+    assert runs.projected_seconds(exact, 10e9 / 8) < runs.projected_seconds(exact, bandwidth)
 
 
 def test_table_ratio_csv_and_targets():
     rows = _rows()
-    table = suite.build_table(rows)
+    table = tables.build_table(rows)
     lines = table.strip().splitlines()
-    assert lines[0] == suite.TABLE_HEADER and set(lines[1]) == {"|", "-"}
+    assert lines[0] == tables.TABLE_HEADER and set(lines[1]) == {"|", "-"}
     assert len(lines) == 4 and all(line.count("|") == lines[0].count("|") for line in lines)
     assert "30.6× (96.7 % fewer)" in lines[3]
     assert "90.00 %" in lines[2] and "89.50 %" in lines[3]
-    parsed = list(csv.DictReader(io.StringIO(suite.build_csv(rows))))
+    parsed = list(csv.DictReader(io.StringIO(tables.build_csv(rows))))
     assert float(parsed[1]["ratio_to_exact"]) == pytest.approx(94.3 / 3.08, rel=1e-3)
     assert float(parsed[0]["projected_s_1gbit"]) == pytest.approx(
-        suite.projected_seconds(rows[0], 1e9 / 8), rel=1e-3
+        runs.projected_seconds(rows[0], 1e9 / 8), rel=1e-3
     )
-    text = "\n".join(suite.targets(rows, rows, []))
+    text = "\n".join(targets(rows, rows, []))
     assert "within 1 pp of exact gossip** (ring:8 iid, 1 seed(s), 10 epochs): MET" in text
     assert "≥ 99 % fewer bytes than exact gossip**: MISSED" in text and "Why:" in text
     assert "≥ 90 %**: MET" in text
@@ -85,27 +87,13 @@ def test_table_ratio_csv_and_targets():
 
 def test_combine_seeds_mean_and_std():
     a, b = _rows()[0], dict(_rows()[0], acc_avg=0.8)
-    both = suite.combine([a, b])
+    both = runs.combine([a, b])
     assert both["seeds"] == 2 and both["acc_avg"] == pytest.approx(0.85)
     assert both["acc_avg_std"] == pytest.approx(math.sqrt(0.005))
-    assert "85.00 ± 7.07 %" in suite.build_table([dict(both, label=suite.EXACT)])
+    assert "85.00 ± 7.07 %" in tables.build_table([dict(both, label=design.EXACT)])
 
 
 def test_failed_row_is_reported_not_lost():
     row = {"topology": "ring:8", "partition": "iid", "label": "x", "error": "RuntimeError: boom"}
-    table = suite.build_table(_rows() + [row])
+    table = tables.build_table(_rows() + [row])
     assert "FAILED: RuntimeError: boom" in table
-
-
-def test_quick_training_writes_the_pages(tmp_path):
-    assert suite.main(["training", "--quick", "--out", str(tmp_path)]) == 0
-    page = (tmp_path / "training.md").read_text()
-    assert "python -m experiments.suite training --quick" in page
-    assert "Backend: `local`" in page and " in " in page.splitlines()[2]
-    assert "| ring:4 | iid | PowerGossip r1 (1 iter) | topology | 1 | 1 |" in page
-    assert "FAILED" not in page
-    rows = list(csv.DictReader(io.StringIO((tmp_path / "training.csv").read_text())))
-    assert {r["algorithm"] for r in rows} == {"exact", "powergossip:rank=1,iters=1"}
-    assert all(float(r["mb_per_peer"]) > 0 for r in rows)
-    assert suite.TABLE_HEADER in page
-    assert (tmp_path / "training_accuracy_vs_mb.png").stat().st_size > 0

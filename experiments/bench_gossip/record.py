@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict
 
-from experiments.pages import page_commit
+from experiments.engine.provenance import page_commit
 
 
 def _rounded(obj: Any, digits: int = 5) -> Any:

@@ -346,7 +346,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         + (" --merge" if args.merge else "")
         + (f" --out {args.out}" if Path(args.out) != DEFAULT_OUT else "")
     )
-    from experiments.pages import page_commit
+    from experiments.engine.provenance import page_commit
 
     meta = {
         "command": command,

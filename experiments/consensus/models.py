@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Sequence
+from typing import Dict, List, Sequence
 
 import torch
 
 from gossip_powersgd.training.hooks import TrainingHooks
-
-if TYPE_CHECKING:
-    from gossip_powersgd.comm.base import Comm
 
 SAVED_EPOCHS = (1, 10, 30)
 #: D-PSGD on the demo recipe (lr 0.1, momentum 0.9, cosine, batch 32), Dirichlet(0.1) labels.
@@ -64,14 +61,6 @@ class SaveAtEpochs(TrainingHooks):
             ]
 
 
-def _train_peer(comm: Comm, config, epochs):
-    from gossip_powersgd.training.trainer import train
-
-    hook = SaveAtEpochs(epochs)
-    summary = train(comm, config, hooks=[hook])
-    return hook.saved, summary.get("final_test_acc_avg_model")
-
-
 def models_file(base: Path, topology: str, seed: int) -> Path:
     """The cache file of one (topology, training seed)."""
     from .report import slug
@@ -83,31 +72,33 @@ def ensure_models(
     topology: str, seed: int, base: Path, epochs: Sequence[int] = SAVED_EPOCHS, log=print
 ) -> Path:
     """Train (unless cached) and return the cache file: {"epochs": {E: {rank: [tensors]}}, ...}."""
-    import topologies
-    from gossip_powersgd.launch import run_peers
-    from gossip_powersgd.training.config import config_from_dict
-    from gossip_powersgd.utils import atomic_write
     import io
+
+    from gossip_powersgd import run
+    from gossip_powersgd.utils import atomic_write
 
     path = models_file(base, topology, seed)
     if path.exists():
         saved = torch.load(path, map_location="cpu", weights_only=True)
         if set(epochs) <= set(saved["epochs"]):
             return path
-    topo = topologies.parse(topology)
-    config = config_from_dict(
-        {**TRAINING, "topology": topology, "peers": topo.size, "seed": seed, "epochs": max(epochs)}
-    )
+    saved: Dict[int, SaveAtEpochs] = {}
+
+    def hooks(rank: int) -> List[SaveAtEpochs]:
+        saved[rank] = SaveAtEpochs(epochs)
+        return [saved[rank]]
+
+    config = {**TRAINING, "topology": topology, "seed": seed, "epochs": max(epochs)}
     started = time.perf_counter()
-    values = run_peers(topo, _train_peer, config, tuple(epochs), backend="local")
+    result = run(config, hooks=hooks)
     seconds = time.perf_counter() - started
-    accuracy = values[0][1]
+    accuracy = result.acc_avg
     log(
-        f"  trained {topo.size} cnn1d peers on {topology} (D-PSGD, Dirichlet(0.1), seed {seed}) for "
-        f"{max(epochs)} epochs in {seconds:.0f} s; averaged-model test accuracy {accuracy}"
+        f"  trained {len(saved)} cnn1d peers on {topology} (D-PSGD, Dirichlet(0.1), seed {seed}) "
+        f"for {max(epochs)} epochs in {seconds:.0f} s; averaged-model test accuracy {accuracy}"
     )
     data = {
-        "epochs": {e: {rank: values[rank][0][e] for rank in values} for e in epochs},
+        "epochs": {e: {rank: saved[rank].saved[e] for rank in sorted(saved)} for e in epochs},
         "topology": topology,
         "seed": seed,
         "seconds": seconds,

@@ -20,12 +20,9 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from gossip_powersgd.utils import atomic_write, git_commit
-
-if TYPE_CHECKING:
-    from gossip_powersgd.comm.base import Comm
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The default output folder (git-ignored); the committed page only with an explicit
@@ -138,26 +135,14 @@ QUICK = dict(
 )
 
 
-def _peer(comm: Comm, config):
-    from gossip_powersgd.training.trainer import train
-
-    return train(comm, config)
-
-
 def run(overrides: Dict[str, Any], quick: bool = False) -> Dict[str, Any]:
     """One run (threads); accuracy, every peer's epsilon, and the evaluations over time."""
-    import torch
+    from gossip_powersgd import run as train
 
-    from gossip_powersgd.launch import run_peers
-    from gossip_powersgd.training.config import config_from_dict, resolve_topology
-
-    torch.set_num_threads(1)
-    config = config_from_dict(dict(QUICK if quick else BASE, **overrides))
-    topology = resolve_topology(config)
-    config = config.replace(peers=topology.size)
     load = os.getloadavg()[0]
     started = time.perf_counter()
-    summary = run_peers(topology, _peer, config, backend="local", timeout=config.comm_timeout)[0]
+    result = train(dict(QUICK if quick else BASE, **overrides))
+    summary = dict(result.summary, history=result.history)
     epsilons = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
     evals = [
         dict(

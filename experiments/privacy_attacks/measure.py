@@ -7,9 +7,10 @@ rounds; and the pairwise network-DP matrices of noisy exact gossip."""
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -20,9 +21,6 @@ from .dp_sweep import CHOSEN as _CHOSEN
 from .dp_sweep import DELTA as _DELTA
 from .dp_sweep import dp_epochs
 from .dp_sweep import NONPRIVATE as _NONPRIVATE
-
-if TYPE_CHECKING:
-    from gossip_powersgd.comm.base import Comm
 
 
 _, _NP_BATCH, SWEEP_NONPRIVATE_LR, _, _NP_EPOCHS, _ = _NONPRIVATE
@@ -179,12 +177,12 @@ def make_split(setting: Dict[str, Any], seed: int):
     )
 
 
-def _peer(comm: Comm, config, hooks):
+def _hooks(hooks: Dict[int, Dict[str, Any]], rank: int) -> List[Any]:
+    """Peer `rank`'s hooks (the observer's view and parameter snapshots), kept in `hooks`."""
     from gossip_powersgd.privacy.views import ObserverHooks
-    from gossip_powersgd.training.trainer import train
 
-    mine = hooks[comm.rank] = {"observer": ObserverHooks([OBSERVER]), "snap": Snapshots(ROUNDS)}
-    return train(comm, config, hooks=[mine["observer"], mine["snap"]])
+    mine = hooks[rank] = {"observer": ObserverHooks([OBSERVER]), "snap": Snapshots(ROUNDS)}
+    return [mine["observer"], mine["snap"]]
 
 
 def _model(config, dataset_like, parameters):
@@ -210,7 +208,7 @@ def attacked_run(
     references: int = REFERENCES,
 ) -> Dict[str, Any]:
     """Train `spec` with the seed's split (DP at `target` epsilon, or none), attack, measure."""
-    from gossip_powersgd.launch import run_peers
+    from gossip_powersgd import run
     from gossip_powersgd.privacy.estimators import (
         difference_estimates,
         oracle_estimates,
@@ -218,7 +216,6 @@ def attacked_run(
     )
     from gossip_powersgd.privacy.reconstruction import reconstruct, relative_error
     from gossip_powersgd.privacy.views import ObservedView
-    from gossip_powersgd.training.config import config_from_dict, resolve_topology
     from gossip_powersgd.training.models import build_model
 
     from .attacks import Candidates, References, evaluate, flat, per_class
@@ -237,15 +234,11 @@ def attacked_run(
     if target is not None:
         data.update(dp_recipe(setting, target), dp_target_epsilon=target)
     data["eval_every"] = max(1, data["epochs"] // 4)  # quarters: the plateau check
-    config = config_from_dict(data)
-    topology = resolve_topology(config)
-    config = config.replace(peers=topology.size)
     hooks: Dict[int, Dict[str, Any]] = {}
     started = time.perf_counter()
-    summary = run_peers(
-        topology, _peer, config, hooks, backend="local", timeout=config.comm_timeout
-    )[0]
+    result = run(data, hooks=functools.partial(_hooks, hooks))
     seconds = time.perf_counter() - started
+    config, summary = result.config, dict(result.summary, history=result.history)
     base = split.data()
     recorder = hooks[OBSERVER]["observer"].recorder
     view = ObservedView(recorder.meta, recorder.records)

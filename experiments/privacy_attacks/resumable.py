@@ -3,17 +3,17 @@
 A page's rows are keyed by a string; every finished row is written at once to
 ``STEM.partial.json`` under the page's directory (atomically), and a rerun of the same command
 runs only the rows that file, or the finished ``STEM.json``, does not hold yet. Runs go
-`jobs` at a time in worker processes.
+`jobs` at a time in worker processes (the engine's pool, `experiments.engine.pool`).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable, Dict, Sequence, Tuple
 
+from experiments.engine.pool import run_pool
 from gossip_powersgd.utils import atomic_write
 
 Rows = Dict[str, Dict[str, Any]]
@@ -61,13 +61,12 @@ def run_missing(
     done: Rows,
     save: Callable[[Rows], None] = None,
 ) -> None:
-    """``done[key] = run(*args)`` for every (key, args) of `todo`, `jobs` processes at a time,
-    calling `save(done)` after each."""
-    if not todo:
-        return
-    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(run, *args): key for key, args in todo}
-        for future in as_completed(futures):
-            done[futures[future]] = future.result()
-            if save is not None:
-                save(done)
+    """``done[key] = run(*args)`` for every (key, args) of `todo`, `jobs` processes at a time
+    (`experiments.engine.pool.run_pool`), calling `save(done)` after each."""
+
+    def finished(index: int, row: Dict[str, Any]) -> None:
+        done[todo[index][0]] = row
+        if save is not None:
+            save(done)
+
+    run_pool(run, [args for _, args in todo], max(1, jobs), done=finished)

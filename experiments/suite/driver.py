@@ -1,4 +1,4 @@
-"""The suite's CLI: `python -m experiments.suite training|gamma|consensus|privacy|dynamic [options]`."""
+"""The suite's CLI: `python -m experiments.suite consensus|privacy|dynamic [options]`."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import sys
 from typing import List, Optional
 
 from .arguments import build_parser
-from .gamma import run_gamma
-from .tables import ROOT
-from .training import run_training
+from experiments.engine.provenance import ROOT
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -19,24 +17,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     command = "python -m experiments.suite " + " ".join(shlex.quote(a) for a in argv)
     # Pages go to experiments/results/ only when --out names it: the default is under runs/.
     out = args.out or (ROOT / "runs" / ("suite-quick" if args.quick else "suite"))
-    if args.what == "training" and args.render_only:
-        from .training_render import render_training
-
-        render_training(out, command)
-    elif args.what == "training":
-        run_training(
-            out,
-            args.quick,
-            epochs=args.epochs or 60,
-            seeds=args.seeds,
-            choco_seeds=args.choco_seeds,
-            sweep_epochs=args.sweep_epochs,
-            wide_epochs=args.wide_epochs,
-            reference_epochs=args.reference_epochs,
-            eval_every=args.eval_every,
-            command=command,
-        )
-    elif args.what == "privacy":
+    if args.what == "privacy":
         from .privacy import run_privacy
 
         run_privacy(out, args.quick, epochs=args.epochs, command=command, jobs=args.jobs)
@@ -44,8 +25,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .dynamic import TRAINING_EPOCHS, run_dynamic
 
         run_dynamic(out, args.quick, epochs=args.epochs or TRAINING_EPOCHS, command=command)
-    elif args.what == "gamma":
-        run_gamma(out, args.quick, epochs=args.epochs or 5, command=command)
     else:
         from experiments import consensus
 

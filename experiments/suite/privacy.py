@@ -11,7 +11,7 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from gossip_powersgd.utils import atomic_write
 
@@ -21,9 +21,6 @@ from experiments.privacy_attacks.measure import NONPRIVATE_LR
 
 from .runs import QUICK_BASE, log, measurements
 from .tables import _pct, generated_sentence, header
-
-if TYPE_CHECKING:
-    from gossip_powersgd.comm.base import Comm
 
 #: (label, spec): the algorithms compared. Choco sign's γ = 1.0 is what the training page's sweep
 #: chose on ring:8 iid (experiments/results/training.md).
@@ -46,42 +43,28 @@ DELTA = 1e-5
 SEEDS = (0, 1, 2)
 
 
-def _peer(comm: Comm, config):
-    from gossip_powersgd.training.trainer import train
-
-    return train(comm, config), comm.stats.as_dict()
-
-
 def run_private(overrides: Dict[str, Any], quick: bool) -> Dict[str, Any]:
     """One run on every peer (threads); the training suite's measurements plus epsilon and the
     averaged model's accuracy at three quarters of the run."""
-    import torch
+    from gossip_powersgd import run
 
-    from gossip_powersgd.launch import run_peers
-    from gossip_powersgd.training.config import config_from_dict, resolve_topology
-
-    torch.set_num_threads(1)
-    config = config_from_dict(dict(QUICK_BASE if quick else REGIME, **overrides))
-    topology = resolve_topology(config)
-    config = config.replace(peers=topology.size)
-    started = time.perf_counter()
-    values = run_peers(topology, _peer, config, backend="local", timeout=config.comm_timeout)
-    seconds = time.perf_counter() - started
-    summary = values[0][0]
-    m = measurements(summary, [values[k][1] for k in sorted(values)], seconds)
+    result = run(dict(QUICK_BASE if quick else REGIME, **overrides))
+    summary = result.summary
+    stats = [result.stats[rank] for rank in sorted(result.stats)]
+    m = measurements(summary, stats, result.wall_seconds)
     epsilons = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
     three = [
         r["test_acc_avg_model"]
-        for r in summary["history"]
-        if r.get("kind") == "eval" and round(4 * r["epoch"] / config.epochs) == 3
+        for r in result.evals
+        if round(4 * r["epoch"] / result.config.epochs) == 3
     ]
     m.update(
         acc_3q=three[-1] if three else None,
         # (epoch, consensus distance) at every evaluation: how far the models drift over time
         consensus_history=[
             (r["epoch"], r["consensus_distance"])
-            for r in summary["history"]
-            if r.get("kind") == "eval" and r.get("consensus_distance") is not None
+            for r in result.evals
+            if r.get("consensus_distance") is not None
         ],
         consensus=summary.get("final_consensus_distance"),
         eps_min=min(epsilons),
@@ -174,15 +157,11 @@ def privacy_plan(quick: bool, epochs: Optional[int] = None) -> Dict[str, Any]:
 
 
 def run_all(tasks: Sequence[tuple], plan: Dict[str, Any], jobs: int = 1) -> List[Dict[str, Any]]:
-    """`_attempt(*task, plan)` for every task, `jobs` at a time (processes when more than one),
-    in the tasks' order."""
-    if jobs <= 1:
-        return [_attempt(*task, plan) for task in tasks]
-    from concurrent.futures import ProcessPoolExecutor
+    """`_attempt(*task, plan)` for every task, `jobs` at a time (spawned processes when more than
+    one: `experiments.engine.pool.run_pool`), in the tasks' order."""
+    from experiments.engine.pool import run_pool
 
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(_attempt, *task, plan) for task in tasks]
-        return [f.result() for f in futures]
+    return run_pool(_attempt, [(*task, plan) for task in tasks], jobs)
 
 
 def run_privacy(

@@ -1,14 +1,12 @@
-"""One suite run: train on every peer of a topology (threads of this process, through `run_peers`)
-and keep the numbers a table row needs; a failing run becomes a row saying so."""
+"""One suite run: train on every peer of a topology (threads of this process, through
+`gossip_powersgd.run`) and keep the numbers a table row needs; a failing run becomes a row saying
+so. The recipes (`BASE`, `QUICK_BASE`) and the projected-time model live here too."""
 
 from __future__ import annotations
 
 import statistics
 import time
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
-
-if TYPE_CHECKING:
-    from gossip_powersgd.comm.base import Comm
+from typing import Any, Dict, Optional, Sequence
 
 LATENCY_S = 50e-6
 BANDWIDTHS = (("1 Gbit/s", 1e9 / 8), ("10 Gbit/s", 10e9 / 8))
@@ -49,40 +47,20 @@ QUICK_BASE = dict(
 )
 
 
-def _peer(comm: Comm, config, make_hooks=None):
-    """One peer: train (with `make_hooks(rank)`'s training hooks, if given), and return its
-    summary and transport counters."""
-    from gossip_powersgd.training.trainer import train
-
-    hooks = make_hooks(comm.rank) if make_hooks is not None else ()
-    summary = train(comm, config, hooks=hooks)
-    return summary, comm.stats.as_dict()
-
-
 def run_one(overrides: Dict[str, Any], quick: bool = False, make_hooks=None) -> Dict[str, Any]:
-    """Train once on every peer (threads of this process); the row's raw measurements.
-    `make_hooks`: rank -> that peer's list of `TrainingHooks` (the caller keeps what it needs
-    of them, e.g. an observer's recorded view), or None."""
-    import torch
+    """Train once on every peer (threads of this process) with the recipe (`BASE`, or
+    `QUICK_BASE`) and `overrides`; the row's raw measurements (see `measure`)."""
+    return measure(dict(QUICK_BASE if quick else BASE, **overrides), make_hooks)
 
-    from gossip_powersgd.launch import run_peers
-    from gossip_powersgd.training.config import config_from_dict, resolve_topology
 
-    torch.set_num_threads(1)
-    data = dict(QUICK_BASE if quick else BASE)
-    data.update(overrides)
-    config = config_from_dict(data)
-    topology = resolve_topology(config)
-    config = config.replace(peers=topology.size)
-    started = time.perf_counter()
-    values = run_peers(
-        topology, _peer, config, make_hooks, backend="local", timeout=config.comm_timeout
-    )
-    results = [values[rank] for rank in sorted(values)]
-    seconds = time.perf_counter() - started
-    summary = results[0][0]
-    stats = [s for _, s in results]
-    records = [r for r in summary["history"] if r.get("kind") == "eval"]
+def measure(config: Dict[str, Any], make_hooks=None) -> Dict[str, Any]:
+    """`gossip_powersgd.run(config)` (every peer a thread of this process) and the numbers a
+    table row needs. `make_hooks`: rank -> that peer's list of `TrainingHooks` (the caller keeps
+    what it needs of them, e.g. an observer's recorded view), or None."""
+    from gossip_powersgd import run
+
+    result = run(config, hooks=make_hooks)
+    records = result.evals
     curve = [(r["mb_sent_per_peer"], r["test_acc_avg_model"]) for r in records]
     evals = [
         {
@@ -94,7 +72,8 @@ def run_one(overrides: Dict[str, Any], quick: bool = False, make_hooks=None) -> 
         }
         for r in records
     ]
-    return measurements(summary, stats, seconds, curve, evals)
+    stats = [result.stats[rank] for rank in sorted(result.stats)]
+    return measurements(result.summary, stats, result.wall_seconds, curve, evals)
 
 
 def measurements(
@@ -207,22 +186,31 @@ def _labelled(label: str, spec: str, gamma: Optional[float], m: Dict[str, Any], 
 def attempt(
     label: str, spec: str, overrides: Dict[str, Any], quick: bool, gamma=None, kind: str = "main"
 ) -> Dict[str, Any]:
-    """Run one row (`spec` with `overrides`); its row, or a row saying why it failed."""
+    """Run one row (`spec` with `overrides` on the recipe); its row, or a row saying why it
+    failed (see `attempt_config`)."""
+    config = dict(QUICK_BASE if quick else BASE, **overrides, algorithm=spec)
+    return attempt_config(label, config, gamma=gamma, kind=kind)
+
+
+def attempt_config(
+    label: str, config: Dict[str, Any], gamma=None, kind: str = "main"
+) -> Dict[str, Any]:
+    """Run one row (the whole training config); its row, or a row saying why it failed."""
+    spec, seed = config["algorithm"], config.get("seed", 0)
     log(
-        f"{label} {overrides.get('topology')} {overrides.get('partition')} "
-        f"{overrides.get('epochs')} epochs seed {overrides.get('seed', 0)}: {spec}"
+        f"{label} {config.get('topology')} {config.get('partition')} "
+        f"{config.get('epochs')} epochs seed {seed}: {spec}"
     )
-    seed = overrides.get("seed", 0)
     try:
-        m = run_one(dict(overrides, algorithm=spec), quick=quick)
+        m = measure(config)
     except Exception as exc:  # a failing algorithm is a table row saying so, not a lost suite
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         log(f"  FAILED: {type(exc).__name__}: {first}")
         what = "diverged" if type(exc).__name__ == "NonFiniteError" else type(exc).__name__
         row = {
-            "topology": overrides.get("topology"),
-            "partition": overrides.get("partition"),
-            "epochs": overrides.get("epochs"),
+            "topology": config.get("topology"),
+            "partition": config.get("partition"),
+            "epochs": config.get("epochs"),
             "algorithm": spec,
             "error": f"{what}: {first}"[:200].replace("|", "/"),
         }

@@ -68,11 +68,11 @@ def _labels(runs: List[Dict[str, object]]) -> List[str]:
     ]
 
 
-def _save(fig, path: Path) -> None:
-    """Render the PNG in memory, then write it atomically: a crash leaves the old figure or none."""
+def _png(fig) -> bytes:
+    """The figure as PNG bytes (written atomically by the caller: a crash leaves the old or none)."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-    atomic_write(path, buffer.getvalue())
+    return buffer.getvalue()
 
 
 def default_out(run_dirs) -> Path:
@@ -90,19 +90,29 @@ def default_out(run_dirs) -> Path:
 
 def plot_runs(run_dirs, out_dir=None) -> List[Path]:
     """Write the three figures for `run_dirs`; returns their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     runs = [read_run(d) for d in run_dirs]
     if not runs:
         raise ValueError("give at least one run directory")
     out = Path(out_dir) if out_dir is not None else default_out([run["dir"] for run in runs])
     out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, data in figures(runs).items():
+        atomic_write(out / name, data)
+        written.append(out / name)
+    return written
+
+
+def figures(runs: List[Dict[str, object]]) -> Dict[str, bytes]:
+    """{file name: PNG bytes} of the three figures (`FIGURES`) of `runs`: dicts with "dir",
+    "algorithm" and "records" (the eval and log records), as `read_run` returns them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     labels = _labels(runs)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    written = []
+    written = {}
 
     def evals(run):
         return [r for r in run["records"] if r.get("kind") == "eval"]
@@ -128,7 +138,7 @@ def plot_runs(run_dirs, out_dir=None) -> List[Path]:
         )
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy (%)")
-    written.append(_finish(plt, fig, ax, out / FIGURES[0]))
+    written[FIGURES[0]] = _finish(plt, fig, ax)
 
     # accuracy vs MB sent per peer
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -148,7 +158,7 @@ def plot_runs(run_dirs, out_dir=None) -> List[Path]:
     finals = [f for f in finals if f > 0]
     if finals and max(finals) > 10 * min(finals):  # e.g. exact gossip next to PowerGossip
         ax.set_xscale("log")
-    written.append(_finish(plt, fig, ax, out / FIGURES[1]))
+    written[FIGURES[1]] = _finish(plt, fig, ax)
 
     # consensus distance vs step (eval and log records)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -162,17 +172,18 @@ def plot_runs(run_dirs, out_dir=None) -> List[Path]:
     ax.set_xlabel("step")
     ax.set_ylabel("consensus distance  mean ||x_i - x̄||²")
     ax.set_yscale("log")
-    written.append(_finish(plt, fig, ax, out / FIGURES[2]))
+    written[FIGURES[2]] = _finish(plt, fig, ax)
     return written
 
 
-def _finish(plt, fig, ax, path: Path) -> Path:
-    """Grid, legend, atomic save, close: the same for every figure."""
+def _finish(plt, fig, ax) -> bytes:
+    """Grid, legend, PNG bytes, close: the same for every figure."""
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, path)
-    plt.close(fig)
-    return path
+    try:
+        return _png(fig)
+    finally:
+        plt.close(fig)
 
 
 def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> List[Path]:

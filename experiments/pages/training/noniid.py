@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from .tables import _pct
+from experiments.suite.tables import _pct
 
 #: (label, spec) of the grid; the rank-1 and rank-4 single-iteration rows are the main table's runs.
 NONIID_ROWS = [

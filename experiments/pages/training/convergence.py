@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .tables import _pct
+from experiments.suite.tables import _pct
 
 #: A fixed target next to the data-driven one (the worst converged row's final accuracy).
 FIXED_TARGET = 0.85

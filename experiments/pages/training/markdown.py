@@ -1,14 +1,15 @@
-"""The training page (training.md) and the README's results section, from the suite's rows."""
+"""The training page's markdown (training.md), from the state `state.state_of` builds."""
 
 from __future__ import annotations
 
 from typing import Any, Dict, Sequence
 
+from experiments.suite.runs import BASE, LATENCY_S, QUICK_BASE
+from experiments.suite.tables import _pct, build_table, exact_reference, header
+
 from .convergence import COLLAPSE_FRACTION, FIXED_TARGET, cheapest_to_reach, equal_bytes_table
+from .design import RUN_LISTS, SLOW_ROWS, STAGES, noniid_grid
 from .noniid import gap_table, gap_verdict
-from .runs import BASE, LATENCY_S, QUICK_BASE
-from .tables import _pct, build_table, header
-from .training_design import RUN_LISTS, SLOW_ROWS, STAGES, noniid_grid
 
 #: The epoch budget is "at the plateau" when the longer reference runs gain at most this many pp.
 PLATEAU_PP = 0.5
@@ -41,20 +42,20 @@ def _recipe(quick: bool) -> str:
     )
 
 
-def running_time(state: Dict[str, Any], done: int) -> str:
+def running_time(state: Dict[str, Any], missing: Sequence[str]) -> str:
     """Which stages ran, each one's seconds, and the number of training runs."""
     stages = "; ".join(
         f"{name} {seconds:.0f} s" for name, seconds in state["stage_seconds"].items()
     )
     runs = sum(len(state[k]) for k in RUN_LISTS)
     text = (
-        f"Running time by stage: {stages}; {runs} training runs in all, one after another in one "
-        "process (each run's peers are threads)."
+        f"Running time by stage{state['timing']}: {stages}; {runs} training runs in all, "
+        f"{state['how']}."
     )
-    if done < len(STAGES):
+    if missing:
         text = (
-            f"**Partial page: {done} of {len(STAGES)} stages finished** (not run: "
-            f"{', '.join(STAGES[done:])}). " + text
+            f"**Partial page: {len(STAGES) - len(missing)} of {len(STAGES)} stages finished** "
+            f"(not run: {', '.join(missing)}). " + text
         )
     return text
 
@@ -143,11 +144,9 @@ def training_page(
     headline: Sequence[Dict[str, Any]],
     generated: str,
     claims: Sequence[str],
-    done: int,
+    missing: Sequence[str],
 ) -> str:
-    """training.md from the stages done so far."""
-    from .tables import exact_reference
-
+    """training.md from the rows so far (`missing`: the stages with runs still to make)."""
     plan, quick = state["plan"], state["quick"]
     text = header(
         "Decentralized training: accuracy vs bytes, to convergence"
@@ -157,7 +156,7 @@ def training_page(
         _recipe(quick),
         generated=generated,
     )
-    text += running_time(state, done) + "\n\n" + epoch_budget(state) + "\n\n"
+    text += running_time(state, missing) + "\n\n" + epoch_budget(state) + "\n\n"
     text += "## Targets\n\n" + ("\n".join(claims) or "- (no rows yet)") + "\n\n"
     seeds = ", ".join(map(str, plan["seeds"]))
     slow = [label for label, _ in plan["rows"] if label in SLOW_ROWS]
@@ -180,24 +179,44 @@ def training_page(
         "![accuracy vs MB](training_accuracy_vs_mb.png)\n\n"
         "![accuracy vs epochs](training_accuracy_vs_epochs.png)\n\n"
     )
-    if state["noniid"]:
-        text += (
-            f"## {plan['topology']}, {plan['noniid']}, {plan['epochs']} epochs, seed 0\n\n"
-            + build_table(state["noniid"])
-            + "\n"
-            + _equal_bytes(state["noniid"], f"{plan['topology']} {plan['noniid']}")
-        )
-        grid = noniid_grid(state)
-        exact = exact_reference(state["noniid"], plan["topology"], plan["noniid"], "noniid")
-        text += (
-            f"## The non-IID gap ({plan['topology']}, {plan['noniid']}, {plan['epochs']} epochs, "
-            "seed 0)\n\nLocal = each peer's own model; gap = exact gossip's accuracy minus the "
-            "row's (positive: the row trails).\n\n"
-            + gap_table(grid, exact)
-            + "\n"
-            + "\n".join(gap_verdict(grid, exact))
-            + "\n\n"
-        )
+    text += noniid_sections(state) + other_sections(state)
+    text += "## Projected wall time\n\n" + PROJECTION + "\n\n"
+    text += (
+        "Files: [training.csv](training.csv) (every run, every seed), "
+        "[training_curves.csv](training_curves.csv) (every run's evaluations: epoch, MB, "
+        "accuracies), [training_accuracy_vs_mb.png](training_accuracy_vs_mb.png), "
+        "[training_accuracy_vs_epochs.png](training_accuracy_vs_epochs.png).\n"
+    )
+    return text
+
+
+def noniid_sections(state: Dict[str, Any]) -> str:
+    """The Dirichlet table and the non-IID gap of PowerGossip's ranks and iterations."""
+    plan = state["plan"]
+    if not state["noniid"]:
+        return ""
+    text = (
+        f"## {plan['topology']}, {plan['noniid']}, {plan['epochs']} epochs, seed 0\n\n"
+        + build_table(state["noniid"])
+        + "\n"
+        + _equal_bytes(state["noniid"], f"{plan['topology']} {plan['noniid']}")
+    )
+    grid = noniid_grid(state)
+    exact = exact_reference(state["noniid"], plan["topology"], plan["noniid"], "noniid")
+    return text + (
+        f"## The non-IID gap ({plan['topology']}, {plan['noniid']}, {plan['epochs']} epochs, "
+        "seed 0)\n\nLocal = each peer's own model; gap = exact gossip's accuracy minus the "
+        "row's (positive: the row trails).\n\n"
+        + gap_table(grid, exact)
+        + "\n"
+        + "\n".join(gap_verdict(grid, exact))
+        + "\n\n"
+    )
+
+
+def other_sections(state: Dict[str, Any]) -> str:
+    """The γ sweep, the wide model and the reference runs (each where it has rows)."""
+    plan, text = state["plan"], ""
     if state["sweeps"]:
         chosen = ", ".join(f"{k} {v:g}" for k, v in state["chosen"].items())
         text += (
@@ -220,11 +239,4 @@ def training_page(
             f"## Reference: {plan['reference_epochs']} epochs ({plan['topology']} {plan['iid']}, "
             "seed 0)\n\n" + build_table(state["reference"]) + "\n"
         )
-    text += "## Projected wall time\n\n" + PROJECTION + "\n\n"
-    text += (
-        "Files: [training.csv](training.csv) (every run, every seed), "
-        "[training_curves.csv](training_curves.csv) (every run's evaluations: epoch, MB, "
-        "accuracies), [training_accuracy_vs_mb.png](training_accuracy_vs_mb.png), "
-        "[training_accuracy_vs_epochs.png](training_accuracy_vs_epochs.png).\n"
-    )
     return text

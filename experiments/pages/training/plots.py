@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import csv
 import io
-from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
 from .convergence import common_target
-from .training_design import noniid_grid
+from .design import noniid_grid
 
 CURVE_FIELDS = (
     "group",
@@ -79,8 +78,9 @@ def panels(
     return out
 
 
-def plot_training(state: Dict[str, Any], headline: Sequence[Dict[str, Any]], out: Path) -> None:
-    """training_accuracy_vs_mb.png and training_accuracy_vs_epochs.png."""
+def plot_training(state: Dict[str, Any], headline: Sequence[Dict[str, Any]]) -> Dict[str, bytes]:
+    """{training_accuracy_vs_mb.png, training_accuracy_vs_epochs.png: their PNG bytes} ({} when
+    no run has an evaluation history yet)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -92,7 +92,8 @@ def plot_training(state: Dict[str, Any], headline: Sequence[Dict[str, Any]], out
     ]
     groups = [(t, rows) for t, rows in groups if rows]
     if not groups:
-        return
+        return {}
+    pictures = {}
     palette = plt.get_cmap("tab10").colors
     labels: List[str] = []
     for _, rows in groups:
@@ -142,5 +143,8 @@ def plot_training(state: Dict[str, Any], headline: Sequence[Dict[str, Any]], out
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(out / file_name, dpi=100)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=100)
         plt.close(fig)
+        pictures[file_name] = buffer.getvalue()
+    return pictures

@@ -1,0 +1,81 @@
+"""The one process pool of the experiments: `fn(*task)` for every task, `jobs` at a time.
+
+jobs == 1 runs the tasks in this process, in order. jobs > 1 starts that many spawned worker
+processes (fresh interpreters: no state forked from the parent, the same in every worker), hands
+them the costliest tasks first so that the last to finish are short, and calls `done(index,
+result)` here as each finishes (the sweep writes its row at once). The results come back in the
+tasks' order. A task that raises stops the pool: the tasks not started are dropped, and the
+exception is raised here, once the ones already running have finished and been handed to `done`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Sequence
+
+#: The most worker processes --jobs may ask for.
+MAX_JOBS = 256
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended without returning (killed, out of memory): one line for the CLI."""
+
+
+def run_pool(
+    fn: Callable[..., Any],
+    tasks: Sequence[tuple],
+    jobs: int = 1,
+    costs: Optional[Sequence[float]] = None,
+    done: Optional[Callable[[int, Any], None]] = None,
+    initializer: Optional[Callable[[], None]] = None,
+) -> List[Any]:
+    """[fn(*task) for task in tasks], `jobs` processes at a time (see the module docstring).
+    `fn` and `initializer` must be module-level functions (workers import them by name)."""
+    if not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
+        raise ValueError(f"jobs must be a whole number from 1 to {MAX_JOBS}, got {jobs!r}")
+    results: List[Any] = [None] * len(tasks)
+    if jobs == 1 or len(tasks) <= 1:
+        if initializer is not None:
+            initializer()
+        for index, task in enumerate(tasks):
+            results[index] = fn(*task)
+            if done is not None:
+                done(index, results[index])
+        return results
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    costs = list(costs) if costs is not None else [1.0] * len(tasks)
+    order = sorted(range(len(tasks)), key=lambda i: -costs[i])  # stable: plan order among equals
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=context, initializer=initializer)
+    try:
+        futures = {pool.submit(fn, *tasks[i]): i for i in order}
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in sorted(finished, key=lambda f: futures[f]):
+                if future.exception() is None:
+                    results[futures[future]] = future.result()
+                    if done is not None:
+                        done(futures[future], results[futures[future]])
+            failed = [f for f in finished if f.exception() is not None]
+            if failed:  # drop what has not started; keep what was running when it finishes
+                for future in pending:
+                    future.cancel()
+                for future in sorted(wait(pending)[0], key=lambda f: futures[f]):
+                    if not future.cancelled() and future.exception() is None:
+                        results[futures[future]] = future.result()
+                        if done is not None:
+                            done(futures[future], results[futures[future]])
+                error = failed[0].exception()
+                if isinstance(error, BrokenProcessPool):
+                    raise WorkerDied(
+                        "a worker process died before its run finished (killed, or out of "
+                        "memory?): the rows already finished are kept; run the same command "
+                        "again to make the others"
+                    ) from error
+                raise error
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return results

@@ -1,0 +1,110 @@
+"""`python -m experiments demo`: the demo's page. One run of experiments/configs/demo.yaml (8 peers
+on a ring, MNIST-1D, the CNN, PowerGossip rank 1, 100 epochs), every peer a thread of this process
+(`gossip_powersgd.run`); the page is the run's own summary.md, unchanged, with the command, date,
+commit and machine that made it, and the run's three plots (`gossip-plot`'s) in demo/.
+
+The numbers do not depend on the transport (MPI ≡ local is tested), so a row made by `make demo`
+under mpiexec is the same run: the row says how it was launched, and the page says so.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping
+
+from experiments.engine import ROOT, Outputs, Page, Rows, Run
+from experiments.pages import register
+
+CONFIG = ROOT / "experiments" / "configs" / "demo.yaml"
+#: The keys that say how and where a run is launched, not what it computes: not part of a row's
+#: identity (the engine runs it in-process, writing nothing but its row).
+LAUNCH_KEYS = ("backend", "out_dir", "checkpoint_every", "quiet")
+#: --quick: the demo's shape on a problem of seconds.
+QUICK = dict(
+    topology="ring:4",
+    dataset="synthetic_logreg:d=20,classes=4,n=2000",
+    model="logreg",
+    lr=0.5,
+    momentum=0.0,
+    weight_decay=0.0,
+    warmup_epochs=0,
+    epochs=2,
+    eval_every=1,
+    log_every=5,
+)
+PLOTS = ("accuracy_vs_epoch.png", "accuracy_vs_mb.png", "consensus_vs_step.png")
+
+
+def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    """One run: demo.yaml (--quick: on a tiny problem), without its launch keys."""
+    import yaml
+
+    config = yaml.safe_load(CONFIG.read_text())
+    if quick:
+        config.update(QUICK)
+    seed = config.pop("seed")
+    for key in LAUNCH_KEYS:
+        config.pop(key, None)
+    return [Run(key="demo", config=config, seed=seed, cost=1.0)]
+
+
+def row(run: Run) -> Dict[str, Any]:
+    """The run's summary (summary.json's content), its summary.md and its records (the plots'
+    data), and how it was launched."""
+    from gossip_powersgd import run as train
+    from gossip_powersgd.training.evaluation import format_summary
+
+    config = dict(run.config, seed=run.seed, backend="local", out_dir=None, quiet=True)
+    result = train(config)
+    summary = dict(result.summary, provenance=dict(result.summary["provenance"]))
+    return {
+        "summary": summary,
+        "summary_md": format_summary(summary, markdown=True),
+        "records": result.history,
+        "cores": os.cpu_count(),
+        "launch": "`python -m experiments demo` (experiments/configs/demo.yaml, every peer a "
+        "thread of one process: `gossip_powersgd.run`, backend local)",
+    }
+
+
+def render(rows: Rows) -> Outputs:
+    """demo.md and, when the row has its records, the three plots in demo/."""
+    (record,) = rows.records
+    data = record.row
+    summary = data["summary"]
+    text = "\n".join(
+        [
+            f"# demo.yaml{' (--quick)' if rows.quick else ''}: {summary['peers']} peers on "
+            f"{summary['topology']}, {summary['dataset']}, {summary['model']}, "
+            f"{summary['algorithm']}",
+            "",
+            f"Command: {data['launch']}; this page drawn from the run's row ({rows.page}.jsonl) "
+            f"by `{rows.command} --render-only`. Run finished {record.finished} at commit "
+            f"{record.commit}, backend {summary['provenance']['backend']}, on {data['cores']} "
+            "cores shared with other jobs (wall time below is that of a shared machine). The "
+            "summary below is the run's own summary.md, unchanged.",
+            "",
+            data["summary_md"].strip(),
+            "",
+            " ".join(f"![{name[:-4]}](demo/{name})" for name in PLOTS),
+            "",
+        ]
+    )
+    outputs: Outputs = {"demo.md": text}
+    if data.get("records"):  # a row converted from the committed page has no records
+        from gossip_powersgd.cli.plot import figures
+
+        run = {"dir": "demo", "algorithm": summary["algorithm"], "records": data["records"]}
+        outputs.update({f"demo/{name}": png for name, png in figures([run]).items()})
+    return outputs
+
+
+PAGE = register(
+    Page(
+        name="demo",
+        title="the demo run (demo.yaml: ring:8, MNIST-1D, CNN, PowerGossip r1, 100 epochs)",
+        plan=plan,
+        row=row,
+        render=render,
+    )
+)

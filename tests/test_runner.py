@@ -1,0 +1,140 @@
+"""gossip_powersgd.run(config) -> RunResult: a dict, a TrainConfig or a YAML path, validated as
+gossip-train validates it; every peer in-process (backend local) or, under mpiexec, this rank; the
+result's counters, evaluations and final states hold what the run did."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import gossip_powersgd
+from gossip_powersgd import RunResult, run
+from gossip_powersgd.cli import train as gossip_train
+from gossip_powersgd.training.config import config_from_dict
+
+from conftest import run_mpi
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(
+    topology="ring:4",
+    algorithm="powergossip:rank=1",
+    dataset="synthetic_logreg:d=20,classes=4,n=2000",
+    partition="iid",
+    model="logreg",
+    lr=0.5,
+    epochs=2,
+    eval_every=1,
+    log_every=5,
+    seed=0,
+    backend="local",
+    quiet=True,
+)
+
+
+def test_run_is_exported_with_its_result_type():
+    assert gossip_powersgd.run is run and "run" in gossip_powersgd.__all__
+    assert "RunResult" in gossip_powersgd.__all__
+
+
+def test_a_dict_runs_every_peer_in_process_and_the_result_holds_the_counters():
+    seen = []
+    result = run(TINY, hooks=lambda rank: seen.append(rank) or [])
+    assert isinstance(result, RunResult) and sorted(seen) == [0, 1, 2, 3]
+    assert sorted(result.stats) == [0, 1, 2, 3] and result.run_dir is None
+    # the summary's MB per peer is the mean of the peers' own training counters
+    mean = sum(result.bytes_sent.values()) / 4
+    assert result.mb_sent_per_peer == pytest.approx(mean / 1e6, rel=1e-12)
+    assert all(result.metric_bytes_sent[r] > 0 for r in range(4))  # counted apart
+    assert [r["epoch"] for r in result.evals] == [1, 2]
+    assert result.acc_avg == result.evals[-1]["test_acc_avg_model"] > 0.8
+    assert result.acc_local_min <= result.acc_local_mean <= result.acc_local_max
+    assert result.consensus_distance == result.evals[-1]["consensus_distance"] > 0
+    assert any(r["kind"] == "log" for r in result.history) and result.steps == 2 * 13
+    assert 0 < result.compute_seconds and result.train_seconds <= result.wall_seconds
+    assert sorted(result.peers) == [0, 1, 2, 3] and result.states is None
+
+
+def test_states_are_every_peers_final_model():
+    result = run(dict(TINY, algorithm="allreduce"), states=True)
+    # all-reduce averages the gradients: every peer ends with the same model, bit for bit
+    first = result.states[0]
+    assert sorted(first) == ["1.bias", "1.weight"]
+    for rank in range(1, 4):
+        assert all(torch.equal(first[k], result.states[rank][k]) for k in first)
+    local = run(TINY, states=True).states
+    assert not torch.equal(local[0]["1.weight"], local[1]["1.weight"])  # gossip: not equal
+
+
+def test_a_yaml_path_writes_its_run_directory_as_gossip_train_does(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(dict(TINY, out_dir=str(tmp_path / "run"))))
+    result = run(path)
+    assert result.run_dir == tmp_path / "run"
+    written = json.loads((result.run_dir / "summary.json").read_text())
+    assert written == json.loads(json.dumps(result.summary))
+    lines = (result.run_dir / "metrics" / "rank-0.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == json.loads(json.dumps(result.history))
+
+
+@pytest.mark.parametrize(
+    "bad", [dict(dataset="nosuch"), dict(model="mlp:0"), dict(lr=-1.0), dict(algorithm="nope")]
+)
+def test_a_bad_config_is_refused_with_gossip_trains_message(tmp_path, bad):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(dict(TINY, **bad)))
+    with pytest.raises(ValueError) as cli:
+        gossip_train.run(["--config", str(path), "--quiet"])
+    for config in (dict(TINY, **bad), path, config_from_dict(dict(TINY, **bad))):
+        with pytest.raises(ValueError) as library:
+            run(config)
+        assert str(library.value) == str(cli.value)
+
+
+def test_a_launched_backend_without_its_launcher_is_refused():
+    with pytest.raises(ValueError, match=r"launch with mpiexec -n 4 python -m \.\.\."):
+        run(dict(TINY, backend="mpi"))
+    with pytest.raises(ValueError, match="give a dict, a TrainConfig or a YAML path"):
+        run(42)
+
+
+SCRIPT = """
+import json, sys
+from gossip_powersgd import run
+config = json.loads(sys.argv[1])
+result = run(config)
+print(json.dumps({"ranks": sorted(result.stats), "acc": result.acc_avg,
+                  "sha": result.summary["model_sha256"]}))
+"""
+
+
+@pytest.mark.mpi
+def test_under_mpiexec_each_process_runs_its_rank_with_the_local_results():
+    done = run_mpi(4, ["-c", SCRIPT, json.dumps(dict(TINY, backend="mpi"))], timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert sorted(r["ranks"][0] for r in lines) == [0, 1, 2, 3]  # each its own rank only
+    assert all(len(r["ranks"]) == 1 for r in lines)
+    local = run(TINY)
+    assert {r["acc"] for r in lines} == {local.acc_avg}
+    assert all(r["sha"] == local.summary["model_sha256"] for r in lines)  # MPI ≡ local
+
+
+def test_the_runner_module_imports_no_torch_until_run_is_called():
+    """The module alone (its package's __init__ imports torch today; `run` must not add to that
+    when the package stops doing so)."""
+    import subprocess
+
+    code = (
+        "import importlib.util, sys\n"
+        "spec = importlib.util.spec_from_file_location('alone', 'gossip_powersgd/runner.py')\n"
+        "module = sys.modules['alone'] = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        "print('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
