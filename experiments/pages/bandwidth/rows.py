@@ -29,13 +29,13 @@ from typing import Any, Dict, Iterator, List
 
 from experiments.engine import ROOT, Run
 
-#: One lock for every process of every sweep of this page on the machine.
-LOCK = Path(tempfile.gettempdir()) / "gossip-powersgd-bandwidth-page.lock"
+#: One lock per plan (full, --quick) for every process of every sweep of this page on the machine.
+LOCK = Path(tempfile.gettempdir()) / "gossip-powersgd-bandwidth-page-{}.lock"
 #: The probe's time budgets (seconds) and limits: training periods, replays, evaluation replays.
 PROBE_BUDGET = {
-    "train": 40.0,
+    "train": 20.0,
     "periods": [3, 40],
-    "replay": 15.0,
+    "replay": 8.0,
     "replays": [2, 10],
     "eval_replays": [1, 5],
 }
@@ -46,11 +46,13 @@ COMM_TIMEOUT = 900.0
 LAUNCH_LIMIT = 4 * 3600.0
 PREFIX = "bw"
 RENDEZVOUS_PORT = 29400
+#: How long the link check's one TCP stream runs at the link's rate.
+LINK_CHECK_SECONDS = 3.0
 
 
 @contextlib.contextmanager
-def held(exclusive: bool) -> Iterator[None]:
-    with open(LOCK, "a") as handle:
+def held(exclusive: bool, plan: str) -> Iterator[None]:
+    with open(str(LOCK).format(plan), "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         try:
             yield
@@ -59,8 +61,11 @@ def held(exclusive: bool) -> Iterator[None]:
 
 
 def row(run: Run) -> Dict[str, Any]:
+    from .recipe import QUICK_BASE
+
     kind = run.config["kind"]
-    with held(exclusive=kind != "train"):
+    quick = run.config.get("train", {}).get("dataset") == QUICK_BASE["dataset"]
+    with held(exclusive=kind != "train", plan="quick" if quick else "full"):
         if kind == "train":
             return train_row(run)
         if kind == "alone":
@@ -274,8 +279,19 @@ def timing_row(run: Run) -> Dict[str, Any]:
         command = ["-m", "experiments.pages.bandwidth.probe", str(work / "spec.json"), tmp]
         seconds = launch(prefix, hosts, command, work, torchrun=False)
         ranks = [json.loads((work / f"rank-{k}.json").read_text()) for k in range(hosts)]
-    summary = summarize_probe(ranks)
+        link = link_check(prefix, c["rate"])
+    summary = dict(summarize_probe(ranks), link=link)
     return dict(summary, launch_seconds=seconds, load_before=before, load_after=load(), **machine())
+
+
+def link_check(prefix: str, rate: str) -> Dict[str, float]:
+    """One TCP stream host1 -> host0 for about LINK_CHECK_SECONDS at `rate`: the payload rate a
+    long transfer gets on this link (the cluster tool's `throughput`)."""
+    from gossip_powersgd.cluster import parse_rate
+    from gossip_powersgd.cluster.measure import throughput
+
+    nbytes = int(min(2e8, max(4e5, parse_rate(rate) / 8 * LINK_CHECK_SECONDS)))
+    return {"bytes": nbytes, "payload_bits": throughput(prefix, "host1", "host0", nbytes, 600.0)}
 
 
 def summarize_probe(ranks: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -307,6 +323,10 @@ def summarize_probe(ranks: List[Dict[str, Any]]) -> Dict[str, Any]:
             "replay": [max(rep) / h for rep in zip(*(m["replay"] for m in per))],
             "calls": per[0]["calls"],
             "evaluations": [m["evaluations"] for m in per],
+            "tcp": {
+                phase: {k: sum(m["tcp"][phase][k] for m in per) for k in per[0]["tcp"][phase]}
+                for phase in per[0]["tcp"]
+            },
         }
     evals = [r["eval"] for r in ranks]
     out["eval"] = {

@@ -38,6 +38,28 @@ class Stop(Exception):
     same step: the decision is collective)."""
 
 
+#: The TCP counters a measurement keeps (this network namespace's: /proc/net/snmp, netstat).
+TCP_COUNTERS = ("OutSegs", "RetransSegs", "TCPTimeouts")
+
+
+def tcp_counters() -> Dict[str, int]:
+    """This host's TCP counters (`TCP_COUNTERS`), from the kernel's tables for its namespace."""
+    found: Dict[str, int] = {}
+    for path in ("/proc/net/snmp", "/proc/net/netstat"):
+        try:
+            lines = open(path).read().splitlines()
+        except OSError:
+            continue
+        for names, values in zip(lines[::2], lines[1::2]):
+            if names.split()[0] in ("Tcp:", "TcpExt:"):
+                found.update(zip(names.split()[1:], map(int, values.split()[1:])))
+    return {k: found.get(k, 0) for k in TCP_COUNTERS}
+
+
+def _grown(before: Dict[str, int], after: Dict[str, int]) -> Dict[str, int]:
+    return {k: after[k] - before[k] for k in before}
+
+
 def clamp(value: float, low: int, high: int) -> int:
     return int(min(high, max(low, math.ceil(value))))
 
@@ -195,7 +217,7 @@ def measure_algorithm(comm, recorder, config: Dict[str, Any], budget: Dict[str, 
     from gossip_powersgd.training.trainer import train
 
     timer = StepTimer(config["local_steps"], budget["train"], tuple(budget["periods"]), recorder)
-    before = comm.stats.as_dict()
+    before, tcp = comm.stats.as_dict(), tcp_counters()
     try:
         train(comm, config, hooks=[timer], on_step=timer.finished)
     except Stop:
@@ -215,11 +237,14 @@ def measure_algorithm(comm, recorder, config: Dict[str, Any], budget: Dict[str, 
         "per_step": grown,
         "evaluations": timer.evaluations,
     }
+    trained = tcp_counters()
+    out["tcp"] = {"training": _grown(tcp, trained)}
     if budget.get("replay"):
         comm_median = statistics.median(p[2] for p in timer.periods)
         repeats = agreed_repeats(comm, comm_median, budget["replay"], *budget["replays"])
         out["replay"] = replay(comm, timer.calls or [], repeats)
         out["calls"] = len(timer.calls or [])
+        out["tcp"]["replay"] = _grown(trained, tcp_counters())
     return out, timer
 
 
