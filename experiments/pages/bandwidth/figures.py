@@ -121,12 +121,12 @@ def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
             continue
         per = {}
         for key in s.algorithms:
-            alone = data.get(f"alone/{key}")
+            alone = data.get(f"alone/{topology}/{key}")
             if key in row["algorithms"] and _ok(alone):
                 per[key] = dataclasses.asdict(
                     compose.step_costs(row["algorithms"][key], alone, rate)
                 )
-        alone = data.get(f"alone/{s.algorithms[0]}")
+        alone = data.get(f"alone/{topology}/{s.algorithms[0]}")
         name = rate if slow is None else f"{rate}+{slow[1]}@{slow[2]}"
         out.setdefault(topology, {})[name] = {
             "steps": per,
@@ -136,8 +136,21 @@ def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
             "spread": {
                 k: [min(v["wall_min"]), max(v["wall_max"])] for k, v in row["algorithms"].items()
             },
+            "link_bits": row.get("link", {}).get("payload_bits"),
+            "retransmitted": {phase: _share(row, phase) for phase in ("training", "replay")},
         }
     return out
+
+
+def _share(row: Mapping, phase: str) -> Optional[float]:
+    """The share of TCP segments the hosts retransmitted in `phase`, all algorithms together."""
+    sent = retransmitted = 0
+    for entry in row["algorithms"].values():
+        counts = entry.get("tcp", {}).get(phase)
+        if counts:
+            sent += counts["OutSegs"]
+            retransmitted += counts["RetransSegs"]
+    return retransmitted / sent if sent else None
 
 
 def schedule(s: Setting, steps: Mapping[str, Dict], ev: Optional[Dict], key: str, figure: str):

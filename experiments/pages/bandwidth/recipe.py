@@ -10,8 +10,8 @@ again after each wave):
 3. `train/T/A/seedS`: every algorithm at its chosen values on every topology and seed (the
    chosen tuning run is the tuning topology's seed 0), and `plateau/T/A`: the best row at twice
    the epochs;
-4. once every training row exists, the measurements, one at a time: `alone/A` (one peer's step
-   by itself), `timing/T/RATE` (every algorithm's step on the emulated cluster), `e2e/T/A/RATE`
+4. once every training row exists, the measurements, one at a time: `alone/T/A` (one peer's
+   step by itself), `timing/T/RATE` (every algorithm's step on the emulated cluster), `e2e/T/A/RATE`
    (complete runs on the cluster, launched as a user would).
 """
 
@@ -22,88 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from experiments.engine import Run
 
-
-@dataclasses.dataclass(frozen=True)
-class Algorithm:
-    """One row of the page. `spec`: the algorithm spec, "{gamma}" filled in per run; `tune`:
-    "lr" (the learning rate over `grid`), "gamma" (γ over `grid`) or "gamma_x" (γ = value ×
-    the topology's γ); `timing`: the spec the step-time measurements run (cost does not depend
-    on γ; PowerSGD's exact all-reduce warm-up is measured as the all-reduce row, `warmup`)."""
-
-    key: str
-    label: str
-    spec: str
-    tune: str
-    grid: Tuple[float, ...]
-    timing: str
-    local_steps: int = 1
-    #: (steps, row key): the first `steps` steps cost what a step of that row costs
-    warmup: Optional[Tuple[int, str]] = None
-
-
-ALGORITHMS = (
-    Algorithm("exact", "exact gossip", "exact:gamma={gamma}", "gamma_x", (0.5, 1.0), "exact"),
-    Algorithm(
-        "pg-r1",
-        "PowerGossip r1",
-        "powergossip:rank=1,iters=1,gamma={gamma}",
-        "gamma_x",
-        (0.5, 1.0),
-        "powergossip:rank=1,iters=1",
-    ),
-    Algorithm(
-        "pg-r2",
-        "PowerGossip r2",
-        "powergossip:rank=2,iters=1,gamma={gamma}",
-        "gamma_x",
-        (0.5, 1.0),
-        "powergossip:rank=2,iters=1",
-    ),
-    Algorithm(
-        "pg-r1-2it",
-        "PowerGossip r1, 2 iters",
-        "powergossip:rank=1,iters=2,gamma={gamma}",
-        "gamma_x",
-        (0.5, 1.0),
-        "powergossip:rank=1,iters=2",
-    ),
-    Algorithm(
-        "choco-sign",
-        "Choco sign",
-        "choco:compressor=sign,gamma={gamma}",
-        "gamma",
-        (0.5, 1.0),
-        "choco:compressor=sign,gamma=0.5",
-    ),
-    Algorithm(
-        "choco-topk",
-        "Choco top-k 1%",
-        "choco:compressor=topk:0.01,gamma={gamma}",
-        "gamma",
-        (0.1, 0.2),
-        "choco:compressor=topk:0.01,gamma=0.1",
-    ),
-    Algorithm("allreduce", "all-reduce", "allreduce", "lr", (0.1, 0.2, 0.4), "allreduce"),
-    Algorithm(
-        "powersgd",
-        "PowerSGD (centralized) r1",
-        "powersgd:rank=1",
-        "lr",
-        (0.1, 0.2, 0.4),
-        "powersgd:rank=1,start_iter=0",
-        warmup=(10, "allreduce"),  # start_iter 10 (its default): 10 exact all-reduces first
-    ),
-    Algorithm(
-        "exact-h4",
-        "exact gossip, H = 4 local steps",
-        "exact:gamma={gamma}",
-        "lr",
-        (0.1, 0.2, 0.4),
-        "exact",
-        local_steps=4,
-    ),
-)
-BY_KEY = {a.key: a for a in ALGORITHMS}
+from .algorithms import ALGORITHMS, BY_KEY, Algorithm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,18 +287,20 @@ def training_runs(s: Setting, rows) -> List[Run]:
 
 def measurement_runs(s: Setting, rows) -> List[Run]:
     """The timed runs (one at a time, nothing else of the page running): a peer alone per
-    algorithm, the cluster's step times per topology and rate, and the complete cluster runs."""
+    algorithm and topology (its arithmetic grows with its neighbours), the cluster's step times
+    per topology and rate, and the complete cluster runs."""
     runs = []
-    # the measured runs stop themselves (timers.StepTimer): the epochs only have to outlast them
+    # the measured runs stop themselves (timers.StepTimer): the epochs only have to outlast them,
+    # and their one evaluation is timed on its own (none inside the timed periods)
     probe_base = {k: v for k, v in s.base.items() if k not in ("backend", "out_dir")}
-    probe_base["epochs"] = PROBE_EPOCHS
-    for key in s.algorithms:
-        a = BY_KEY[key]
-        train = dict(probe_base, topology=s.tune_topology, algorithm=a.timing, lr=0.05)
-        train["local_steps"] = a.local_steps
-        runs.append(
-            Run(key=f"alone/{key}", config={"kind": "alone", "algorithm": key, "train": train})
-        )
+    probe_base.update(epochs=PROBE_EPOCHS, eval_every=PROBE_EPOCHS)
+    for topology in s.topologies:
+        for key in s.algorithms:
+            a = BY_KEY[key]
+            train = dict(probe_base, topology=topology, algorithm=a.timing, lr=0.05)
+            train["local_steps"] = a.local_steps
+            config = {"kind": "alone", "algorithm": key, "train": train}
+            runs.append(Run(key=f"alone/{topology}/{key}", config=config))
     timed = [(t, r, None) for t in s.topologies for r in s.rates]
     if s.slow is not None:
         timed += [(t, s.slow[0], (s.slow[1], s.slow[2])) for t in s.slow_topologies]

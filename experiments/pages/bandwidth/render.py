@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from experiments.engine import Outputs, Rows, made_by
 
-from . import compose, text
+from . import compose, text, text_network
 from .figures import collect
 from .plot import plot
 from .recipe import BY_KEY, setting
@@ -27,12 +27,12 @@ def render(rows: Rows) -> Outputs:
             *text.method(s, f, facts),
             *text.answer_section(s, f),
             *text.accuracy_section(s, f),
-            *text.cost_sections(s, f),
+            *text_network.cost_sections(s, f),
             *text.time_sections(s, f),
-            *text.eval_section(s, f),
-            *text.slow_section(s, f),
-            *text.e2e_section(s, f),
-            *text.notes(s, f),
+            *text_network.eval_section(s, f),
+            *text_network.slow_section(s, f),
+            *text_network.e2e_section(s, f),
+            *text_network.notes(s, f),
         ]
     )
     out: Outputs = {"bandwidth.md": page.rstrip() + "\n"}
