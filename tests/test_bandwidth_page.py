@@ -55,6 +55,7 @@ def test_seconds_to_target_per_seed_count_the_evaluations_up_to_the_one_that_rea
 # ---- a step's three figures ---------------------------------------------------------------------
 TIMING = {
     "wall": [1.0, 1.3, 1.1],
+    "wall_mean": [1.1, 1.4, 1.2],
     "compute": [0.5, 0.6, 0.55],
     "arith": [0.1, 0.1, 0.1],
     "cpu": [0.2, 0.2, 0.2],
@@ -69,7 +70,7 @@ ALONE = {"cpu": 0.05, "arith": 0.01, "eval_cpu": 0.3}
 
 def test_step_costs_compose_the_measured_parts_as_documented():
     c = compose.step_costs(TIMING, ALONE, "10mbit")
-    assert c.measured == 1.3  # the slowest host
+    assert (c.measured, c.measured_median) == (1.4, 1.3)  # the slowest host's mean, median
     assert c.core_each == pytest.approx(0.05 + 0.9)  # CPU alone + the replays' median
     projected = 2 * compose.LATENCY_S + 1_250_000 * 8 / 1e7
     assert c.comm_projected == pytest.approx(projected)

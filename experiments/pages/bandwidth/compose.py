@@ -3,8 +3,9 @@ cost under each figure, the composed times, and the answer in words.
 
 A step's cost is given three ways (`StepCosts`), per algorithm, topology and link rate:
 
-- measured: the slowest host's median step on the emulated cluster, whose 8 hosts share this
-  machine's cores (compute slowed by the sharing, and waits for neighbours' compute included);
+- measured: the slowest host's mean step on the emulated cluster (the mean: a run's time is
+  the sum of its steps), whose 8 hosts share this machine's cores (compute slowed by the
+  sharing, and waits for neighbours' compute included);
 - core each: what hosts with a core each would see, from measured parts: the CPU time of one
   peer's step (compute, the algorithm's arithmetic) measured with the peer alone on this machine
   (its neighbours echoing its messages; CPU time, so that other work sharing the cores does not
@@ -87,9 +88,10 @@ class StepCosts:
     """Seconds per step of one algorithm at one rate, three ways (see the module docstring), and
     what they are made of."""
 
-    measured: float
+    measured: float  #: the slowest host's mean step on the cluster
     core_each: float
     projected: float
+    measured_median: float  #: the slowest host's median step there
     cpu_alone: float  #: CPU seconds of one peer's step alone: compute and arithmetic (one core)
     arith_alone: float  #: the algorithm's own arithmetic, alone (wall)
     compute_shared: float  #: compute on the cluster (the median host, wall), cores shared
@@ -114,9 +116,10 @@ def step_costs(timing: Mapping, alone: Mapping, rate: str) -> StepCosts:
     replayed = statistics.median(timing["replay"])
     fixed = alone["cpu"]
     return StepCosts(
-        measured=max(timing["wall"]),
+        measured=max(timing["wall_mean"]),
         core_each=fixed + replayed,
         projected=fixed + projected_comm,
+        measured_median=max(timing["wall"]),
         cpu_alone=fixed,
         arith_alone=alone["arith"],
         compute_shared=statistics.median(timing["compute"]),

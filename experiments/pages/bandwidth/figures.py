@@ -247,7 +247,11 @@ def answer(s: Setting, t: Mapping, target: Optional[float]) -> List[str]:
         )
         lines.append(f"Fastest to {pct} at each rate ({topology}, core each): {fast}.")
         for figure, evals, what in (
-            ("measured", False, "the hosts as measured here (8 hosts on this machine's cores)"),
+            (
+                "measured",
+                False,
+                f"the step as measured here ({_hosts(topology)} hosts on this machine's cores)",
+            ),
             ("core_each", True, "a core each, with an evaluation after every epoch"),
         ):
             other = table_of(t, topology, rates, figure, evals)
@@ -265,6 +269,12 @@ def answer(s: Setting, t: Mapping, target: Optional[float]) -> List[str]:
             )
             lines.append(f"With {what}: {verdict}.")
     return lines
+
+
+def _hosts(topology: str) -> int:
+    import topologies
+
+    return topologies.parse(topology).size
 
 
 def _ahead(row: Mapping[str, Optional[float]], who: str, against: str) -> Optional[bool]:

@@ -305,10 +305,14 @@ def summarize_probe(ranks: List[Dict[str, Any]]) -> Dict[str, Any]:
         def medians(index: int) -> List[float]:
             return [statistics.median(p[index] for p in m["periods"]) / h for m in per]
 
+        def means(index: int) -> List[float]:
+            return [statistics.fmean(p[index] for p in m["periods"]) / h for m in per]
+
         out["algorithms"][key] = {
             "local_steps": h,
             "periods": len(per[0]["periods"]),
             "wall": medians(0),
+            "wall_mean": means(0),
             "arith": medians(1),
             "comm": medians(2),
             "compute": [

@@ -49,8 +49,9 @@ def method(s: Setting, f: Mapping[str, Any], facts: Mapping[str, Any]) -> List[s
         "one process per host (backend torch, gloo) started with the variables torchrun sets, "
         "running the trainer's own loop: per period of H steps (H = 1, or 4 for local steps) "
         "the wall time, the algorithm's arithmetic and its time inside the transport, as the "
-        "algorithm counts them; the first period is not used; the median of the rest, for the "
-        "slowest host. Then the last period's messages are replayed with no computation "
+        "algorithm counts them, and the process's CPU time; the first period is not used; the "
+        "mean of the rest for the slowest host (a run's time is the sum of its steps; medians "
+        "in the JSON). Then the last period's messages are replayed with no computation "
         "between them (after a barrier, every host at once): communication with compute out "
         "of the way. One evaluation is timed and replayed the same way.",
         "- Three figures for a step (and an evaluation): **measured**: the cluster's step, its "
@@ -78,7 +79,37 @@ def method(s: Setting, f: Mapping[str, Any], facts: Mapping[str, Any]) -> List[s
 def answer_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     if not f["answer"]:
         return ["## The answer", "", "Not measured (see below).", ""]
-    return ["## The answer", ""] + [f"- {line}" for line in f["answer"]] + [""]
+    lines = ["## The answer", ""] + [f"- {line}" for line in f["answer"]] + [""]
+    shown = [k for k in ("pg-r1", "exact", "allreduce") if k in s.algorithms]
+    for topology, by_rate in f["times"].items():
+        rows = []
+        for rate in [r for r in s.rates if r in by_rate]:
+            cells = by_rate[rate]
+            times = {k: cells.get(k, {}).get("core_each", {}).get("mean") for k in s.algorithms}
+            best = compose.fastest(times)
+            mine = times.get("pg-r1")
+            ratios = [
+                "—" if mine is None or times.get(k) is None else f"{times[k] / mine:.3g}×"
+                for k in shown[1:]
+            ]
+            rows.append(
+                [rate_text(rate)]
+                + [seconds_text(times.get(k)) for k in shown]
+                + ratios
+                + [_label(best) if best else "—"]
+            )
+        lines += [
+            f"{topology}, time to {_pct(f['target'])}, hosts with a core each, training time:",
+            "",
+        ]
+        lines += _table(
+            ["rate"]
+            + [_label(k) for k in shown]
+            + [f"{_label(k)} ÷ PowerGossip r1" for k in shown[1:]]
+            + ["fastest of all rows"],
+            rows,
+        )
+    return lines
 
 
 def accuracy_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
@@ -90,6 +121,11 @@ def accuracy_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
             for v in t["values"]
         ]
         chosen = "—" if t["chosen"] is None else f"{t['chosen']:g}"
+        grid = [v["value"] for v in t["values"]]
+        if t["chosen"] is not None and len(grid) > 1 and t["chosen"] in (min(grid), max(grid)):
+            chosen += (
+                " (the grid's " + ("largest" if t["chosen"] == max(grid) else "smallest") + ")"
+            )
         rows.append([t["label"], t["tuned"], "; ".join(cells), chosen])
     lines += _table(["algorithm", "tuned", "final averaged-model accuracy", "chosen"], rows)
     lines.append(
