@@ -275,3 +275,39 @@ def test_quick_without_the_clusters_privileges_says_what_it_did_not_measure(tmp_
     assert "Not run: no CAP_NET_ADMIN (uid 1000)" in page
     assert "## The answer\n\nNot measured" in page
     assert not (tmp_path / "bandwidth.png").exists()
+
+
+def test_an_all_reduce_and_the_evaluation_are_measured_once_for_every_topology():
+    """Their rings go through all hosts whatever the gossip topology: torus:2x4 is not timed for
+    them, and takes ring:8's measurements at the same rate."""
+    from experiments.pages.bandwidth.figures import costs
+
+    s = recipe.FULL
+    runs = recipe.measurement_runs(s, {})
+    torus = next(r for r in runs if r.key == "timing/torus:2x4/10mbit").config
+    assert [a["key"] for a in torus["algorithms"]] == [
+        k for k in s.algorithms if k not in ("allreduce", "powersgd")
+    ]
+    assert torus["eval"] is False
+    assert "alone/torus:2x4/allreduce" not in {r.key for r in runs}
+    entry = dict(TIMING, periods=5, wall_min=[0.5], wall_max=[2.0])
+    evaluation = {"seconds": [4.0], "cpu": [1.0], "replay": [3.0], "metric_bytes": [9]}
+    common = {"load_before": [1, 1, 1], "load_after": [1, 1, 1]}
+    data = {
+        "timing/ring:8/10mbit": {
+            "algorithms": {"exact": entry, "allreduce": dict(entry, wall_mean=[9.0])},
+            "eval": evaluation,
+            **common,
+        },
+        "timing/torus:2x4/10mbit": {"algorithms": {"exact": entry}, **common},
+        "alone/ring:8/exact": ALONE,
+        "alone/ring:8/allreduce": ALONE,
+        "alone/torus:2x4/exact": dict(ALONE, cpu=0.5),
+    }
+    c = costs(s, data)
+    ring, torus = c["ring:8"]["10mbit"], c["torus:2x4"]["10mbit"]
+    assert torus["borrowed"] == {"allreduce": "ring:8"} and ring["borrowed"] == {}
+    assert torus["steps"]["allreduce"] == ring["steps"]["allreduce"]
+    assert torus["steps"]["allreduce"]["measured"] == 9.0
+    assert torus["steps"]["exact"]["core_each"] == pytest.approx(0.5 + 0.9)  # its own alone
+    assert torus["eval"] == ring["eval"] and ring["eval"]["core_each"] == pytest.approx(3.3)

@@ -23,6 +23,9 @@ class Algorithm:
     local_steps: int = 1
     #: (steps, row key): the first `steps` steps cost what a step of that row costs
     warmup: Optional[Tuple[int, str]] = None
+    #: its messages go round a ring of all hosts whatever the topology (an all-reduce): its step
+    #: is measured on the tuning topology only and holds for every topology
+    over_all_hosts: bool = False
 
 
 ALGORITHMS = (
@@ -67,7 +70,15 @@ ALGORITHMS = (
         (0.1, 0.2),
         "choco:compressor=topk:0.01,gamma=0.1",
     ),
-    Algorithm("allreduce", "all-reduce", "allreduce", "lr", (0.1, 0.2, 0.4), "allreduce"),
+    Algorithm(
+        "allreduce",
+        "all-reduce",
+        "allreduce",
+        "lr",
+        (0.1, 0.2, 0.4),
+        "allreduce",
+        over_all_hosts=True,
+    ),
     Algorithm(
         "powersgd",
         "PowerSGD (centralized) r1",
@@ -76,6 +87,7 @@ ALGORITHMS = (
         (0.1, 0.2, 0.4),
         "powersgd:rank=1,start_iter=0",
         warmup=(10, "allreduce"),  # start_iter 10 (its default): 10 exact all-reduces first
+        over_all_hosts=True,
     ),
     Algorithm(
         "exact-h4",

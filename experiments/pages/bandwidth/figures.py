@@ -9,7 +9,17 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from . import compose
 from .compose import Schedule
-from .recipe import BY_KEY, COMPARED, Setting, best_value, chosen, gamma_on, main_key, train_keys
+from .recipe import (
+    BY_KEY,
+    COMPARED,
+    Setting,
+    best_value,
+    chosen,
+    gamma_on,
+    main_key,
+    measured_on,
+    train_keys,
+)
 
 
 def _ok(row: Optional[Mapping]) -> bool:
@@ -111,7 +121,9 @@ def timing_key(topology: str, rate: str, slow=None) -> str:
 
 def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
     """Per topology and rate (and the slow-host settings): every algorithm's `StepCosts`, the
-    evaluation's `EvalCosts`, and the rows' load and host facts."""
+    evaluation's `EvalCosts`, and the rows' load and host facts. An all-reduce's step and the
+    evaluation (their rings go through all hosts whatever the topology) come from the tuning
+    topology's rows (`recipe.measured_on`)."""
     out: Dict[str, Any] = {}
     settings = [(t, r, None) for t in s.topologies for r in s.rates]
     settings += [(t, s.slow[0], s.slow) for t in s.slow_topologies] if s.slow else []
@@ -119,18 +131,26 @@ def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
         row = data.get(timing_key(topology, rate, slow))
         if not _ok(row):
             continue
-        per = {}
+        per, borrowed = {}, {}
         for key in s.algorithms:
-            alone = data.get(f"alone/{topology}/{key}")
-            if key in row["algorithms"] and _ok(alone):
-                per[key] = dataclasses.asdict(
-                    compose.step_costs(row["algorithms"][key], alone, rate)
-                )
-        alone = data.get(f"alone/{topology}/{s.algorithms[0]}")
+            source = measured_on(s, key, topology)
+            timed = row if source == topology else data.get(timing_key(source, rate, slow))
+            alone = data.get(f"alone/{source}/{key}")
+            if _ok(timed) and key in timed["algorithms"] and _ok(alone):
+                entry = compose.step_costs(timed["algorithms"][key], alone, rate)
+                per[key] = dataclasses.asdict(entry)
+                if source != topology:
+                    borrowed[key] = source
+        home = row if "eval" in row else data.get(timing_key(s.tune_topology, rate, slow))
+        alone = data.get(f"alone/{s.tune_topology}/{s.algorithms[0]}")
+        evaluation = None
+        if _ok(home) and "eval" in home and _ok(alone):
+            evaluation = dataclasses.asdict(compose.eval_costs(home, alone))
         name = rate if slow is None else f"{rate}+{slow[1]}@{slow[2]}"
         out.setdefault(topology, {})[name] = {
             "steps": per,
-            "eval": dataclasses.asdict(compose.eval_costs(row, alone)) if _ok(alone) else None,
+            "borrowed": borrowed,
+            "eval": evaluation,
             "load": [row["load_before"], row["load_after"]],
             "periods": {k: v["periods"] for k, v in row["algorithms"].items()},
             "spread": {

@@ -44,7 +44,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         config.update(local_steps=algorithm["local_steps"], comm_timeout=spec["timeout"])
         measured, timer = measure_algorithm(comm, recorder, config, spec["budget"])
         result["algorithms"][algorithm["key"]] = measured
-    result["eval"] = measure_evaluation(comm, recorder, timer, spec["budget"])
+    if spec.get("eval", True):
+        result["eval"] = measure_evaluation(comm, recorder, timer, spec["budget"])
     result["load_after"] = list(os.getloadavg())
     result["stats"] = comm.stats.as_dict()
     comm.barrier()

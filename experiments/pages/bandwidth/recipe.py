@@ -285,6 +285,12 @@ def training_runs(s: Setting, rows) -> List[Run]:
     return tuning_runs(s, rows) + main_runs(s, rows) + plateau_run(s, rows)
 
 
+def measured_on(s: Setting, key: str, topology: str) -> str:
+    """The topology whose measurements give algorithm `key`'s step on `topology`: its own, or
+    for an all-reduce (its ring goes through all hosts, whatever the topology) the tuning one."""
+    return s.tune_topology if BY_KEY[key].over_all_hosts else topology
+
+
 def measurement_runs(s: Setting, rows) -> List[Run]:
     """The timed runs (one at a time, nothing else of the page running): a peer alone per
     algorithm and topology (its arithmetic grows with its neighbours), the cluster's step times
@@ -297,6 +303,8 @@ def measurement_runs(s: Setting, rows) -> List[Run]:
     for topology in s.topologies:
         for key in s.algorithms:
             a = BY_KEY[key]
+            if measured_on(s, key, topology) != topology:
+                continue
             train = dict(probe_base, topology=topology, algorithm=a.timing, lr=0.05)
             train["local_steps"] = a.local_steps
             config = {"kind": "alone", "algorithm": key, "train": train}
@@ -308,6 +316,7 @@ def measurement_runs(s: Setting, rows) -> List[Run]:
         algorithms = [
             {"key": k, "spec": BY_KEY[k].timing, "local_steps": BY_KEY[k].local_steps}
             for k in s.algorithms
+            if measured_on(s, k, topology) == topology
         ]
         config = {
             "kind": "timing",
@@ -317,6 +326,8 @@ def measurement_runs(s: Setting, rows) -> List[Run]:
             "slow": list(slow) if slow else None,
             "train": dict(probe_base, topology=topology, lr=0.05),
             "algorithms": algorithms,
+            # an evaluation's all-reduces go round all hosts: timed on the tuning topology only
+            "eval": topology == s.tune_topology,
         }
         name = rate if slow is None else f"{rate}+{slow[0]}@{slow[1]}"
         runs.append(Run(key=f"timing/{topology}/{name}", config=config, cost=2.0))

@@ -268,6 +268,7 @@ def timing_row(run: Run) -> Dict[str, Any]:
         "algorithms": c["algorithms"],
         "timeout": COMM_TIMEOUT,
         "budget": PROBE_BUDGET,
+        "eval": c.get("eval", True),
     }
     before = load()
     with (
@@ -332,6 +333,8 @@ def summarize_probe(ranks: List[Dict[str, Any]]) -> Dict[str, Any]:
                 for phase in per[0]["tcp"]
             },
         }
+    if "eval" not in ranks[0]:
+        return out
     evals = [r["eval"] for r in ranks]
     out["eval"] = {
         "seconds": [e["seconds"] for e in evals],

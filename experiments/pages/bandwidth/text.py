@@ -53,7 +53,9 @@ def method(s: Setting, f: Mapping[str, Any], facts: Mapping[str, Any]) -> List[s
         "mean of the rest for the slowest host (a run's time is the sum of its steps; medians "
         "in the JSON). Then the last period's messages are replayed with no computation "
         "between them (after a barrier, every host at once): communication with compute out "
-        "of the way. One evaluation is timed and replayed the same way.",
+        "of the way. One evaluation is timed and replayed the same way. An all-reduce goes "
+        "round a ring of all hosts whatever the topology: the all-reduce and PowerSGD steps and "
+        f"the evaluation are measured on {s.tune_topology} and hold for every topology.",
         "- Three figures for a step (and an evaluation): **measured**: the cluster's step, its "
         "hosts sharing this machine's cores (compute several times slower, and waits for "
         "neighbours' compute included); **core each**: hosts with a core each, from measured "

@@ -34,7 +34,9 @@ def cost_sections(s: Setting, f: Mapping[str, Any]) -> List[str]:
                         f"{x['compute_shared'] + x['arith_shared']:.3g}",
                         f"{x['core_each']:.3g}",
                         f"{x['measured']:.3g}",
-                        str(c["periods"][key]),
+                        str(c["periods"][key])
+                        if key in c["periods"]
+                        else f"{c['borrowed'][key]}'s",
                     ]
                 )
             lines += _table(
