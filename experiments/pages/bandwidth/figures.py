@@ -69,7 +69,10 @@ def accuracy(s: Setting, data: Mapping[str, Dict], target: Optional[float]) -> D
             entry: Dict[str, Any] = {"keys": keys, "label": BY_KEY[key].label}
             if pick is not None:
                 entry["lr"] = pick[0]
-                entry["gamma"] = gamma_on(BY_KEY[key], pick[1], topology)
+                gamma = gamma_on(BY_KEY[key], pick[1], topology)
+                # 10 digits: a topology's γ comes from eigenvalues, whose last bits differ
+                # across numpy builds, and the JSON must not
+                entry["gamma"] = None if gamma is None else float(f"{gamma:.10g}")
             good = [r for r in rows if _ok(r)]
             entry["errors"] = [r["error"] for r in rows if "error" in r]
             if good:
@@ -157,20 +160,23 @@ def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
                 k: [min(v["wall_min"]), max(v["wall_max"])] for k, v in row["algorithms"].items()
             },
             "link_bits": row.get("link", {}).get("payload_bits"),
+            "link_error": row.get("link", {}).get("error"),
             "retransmitted": {phase: _share(row, phase) for phase in ("training", "replay")},
         }
     return out
 
 
-def _share(row: Mapping, phase: str) -> Optional[float]:
-    """The share of TCP segments the hosts retransmitted in `phase`, all algorithms together."""
-    sent = retransmitted = 0
+def _share(row: Mapping, phase: str) -> Optional[Dict[str, float]]:
+    """The share of TCP segments the hosts retransmitted in `phase`, and their retransmission
+    timeouts, all algorithms together."""
+    sent = retransmitted = timeouts = 0
     for entry in row["algorithms"].values():
         counts = entry.get("tcp", {}).get(phase)
         if counts:
             sent += counts["OutSegs"]
             retransmitted += counts["RetransSegs"]
-    return retransmitted / sent if sent else None
+            timeouts += counts["TCPTimeouts"]
+    return {"share": retransmitted / sent, "timeouts": timeouts} if sent else None
 
 
 def schedule(s: Setting, steps: Mapping[str, Dict], ev: Optional[Dict], key: str, figure: str):

@@ -36,7 +36,7 @@ PROBE_BUDGET = {
     "train": 20.0,
     "periods": [3, 40],
     "replay": 8.0,
-    "replays": [2, 10],
+    "replays": [1, 10],
     "eval_replays": [1, 5],
 }
 ALONE_BUDGET = {"train": 20.0, "periods": [6, 60], "replay": 0}
@@ -292,7 +292,13 @@ def link_check(prefix: str, rate: str) -> Dict[str, float]:
     from gossip_powersgd.cluster.measure import throughput
 
     nbytes = int(min(2e8, max(4e5, parse_rate(rate) / 8 * LINK_CHECK_SECONDS)))
-    return {"bytes": nbytes, "payload_bits": throughput(prefix, "host1", "host0", nbytes, 600.0)}
+    try:
+        return {
+            "bytes": nbytes,
+            "payload_bits": throughput(prefix, "host1", "host0", nbytes, 600.0),
+        }
+    except Exception as exc:  # the check is context: its failure is said, the row is kept
+        return {"bytes": nbytes, "error": str(exc).splitlines()[0][:200]}
 
 
 def summarize_probe(ranks: List[Dict[str, Any]]) -> Dict[str, Any]:

@@ -70,11 +70,15 @@ def _link_line(rate: str, c: Mapping[str, Any]) -> List[str]:
             f"{c['link_bits'] / 1e6:.4g} Mbit/s of payload ({c['link_bits'] / top:.1%} of the "
             f"{top / 1e6:.4g} a tbf rate lets through)."
         )
+    if c.get("link_error"):
+        parts.append(f"Link check failed: {c['link_error']}.")
     shares = c.get("retransmitted", {})
-    if shares.get("replay") is not None:
+    if shares.get("replay") and shares.get("training"):
+        r, t = shares["replay"], shares["training"]
         parts.append(
-            f"TCP retransmitted {shares['replay']:.2%} of the segments the hosts sent in the "
-            f"replays and {shares['training']:.2%} in the timed training."
+            f"TCP retransmitted {r['share']:.2%} of the segments the hosts sent in the replays "
+            f"({r['timeouts']} retransmission timeouts) and {t['share']:.2%} in the timed "
+            f"training ({t['timeouts']} timeouts)."
         )
     return [" ".join(parts), ""] if parts else []
 
