@@ -53,7 +53,22 @@ def run_facts(rows: Rows, data: Mapping[str, Dict[str, Any]]) -> Dict[str, Any]:
     nice = sorted({r["nice"] for r in measured if "nice" in r})
     cpus = sorted({r["cpus"] for r in measured if "cpus" in r})
     parts = [f"{kind} {compose.seconds_text(v)}" for kind, v in seconds.items()]
-    sentence = "Machine time by kind of run: " + ", ".join(parts) + "."
+    sentence = (
+        "Run time by kind of run (each run's own wall time, summed): " + ", ".join(parts) + "."
+    )
+    by_commit: Dict[str, Dict[str, int]] = {}
+    for record in rows.records:
+        kinds = by_commit.setdefault(record.commit, {})
+        kind = record.key.split("/")[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    if len(by_commit) > 1:
+        sentence += " Rows by commit (the sweep was restarted on newer code, whose rows of the "
+        sentence += "kinds made before are made the same way): "
+        sentence += "; ".join(
+            f"{commit}: " + ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+            for commit, kinds in by_commit.items()
+        )
+        sentence += "."
     if loads:
         low, high = min(x[0] for x in loads), max(x[0] for x in loads)
         sentence += (

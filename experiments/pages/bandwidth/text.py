@@ -30,9 +30,19 @@ def method(s: Setting, f: Mapping[str, Any], facts: Mapping[str, Any]) -> List[s
     b = s.base
     first = next((e for per in f["accuracy"].values() for e in per.values() if "steps" in e), {})
     target = f["target"]
+    quick = (
+        [
+            "- --quick: the same pipeline on 2 hosts with a tiny model, the cluster included where "
+            "this process may make network namespaces (root, as in CI); its numbers say nothing "
+            "about the algorithms."
+        ]
+        if s.quick
+        else []
+    )
     return [
         "## What was run, and how",
         "",
+        *quick,
         f"- Training: {b['dataset']} / `{b['model']}` ({first.get('parameters', '?'):,} "
         f"parameters), SGD lr (tuned) momentum {b['momentum']}, weight decay "
         f"{b['weight_decay']}, {b['schedule']} schedule with {b['warmup_epochs']} warm-up "
