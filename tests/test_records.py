@@ -314,3 +314,132 @@ def test_augmented_cifar_run_is_the_same_under_mpi_and_local(cifar_root, tmp_pat
     summary = local_train(load_config(config, deep=False).replace(quiet=True).to_dict())[0]
     mpi_summary = json.loads((out / "summary.json").read_text())
     assert mpi_summary["model_sha256"] == summary["model_sha256"]  # crops, flips, BN refresh
+
+
+# ---- Reliability IV: what the files hold, not their shapes ------------------------------------------
+
+
+def test_cifar10_digest_covers_every_training_record(tmp_path):
+    """Two folders that differ in one pixel of one training record are different datasets: the
+    digest peers compare (and a checkpoint records) reads the files' bytes, not their shapes."""
+    from gossip_powersgd.training.data import dataset_digest
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    paper_fixtures.write_cifar10(a)
+    folder = paper_fixtures.write_cifar10(b)
+    records = bytearray((folder / "data_batch_4.bin").read_bytes())
+    records[100] ^= 1
+    (folder / "data_batch_4.bin").write_bytes(bytes(records))
+    clear_dataset_cache()
+    first, second = load_dataset(f"cifar10:root={a}"), load_dataset(f"cifar10:root={b}")
+    assert dataset_digest(first) != dataset_digest(second)
+    changed = [f.name for f, g in zip(first.files, second.files) if f.sha256 != g.sha256]
+    assert changed == ["data_batch_4.bin"]
+    clear_dataset_cache()
+
+
+def test_cifar10_training_label_out_of_range_names_its_file(tmp_path):
+    folder = paper_fixtures.write_cifar10(tmp_path)
+    records = paper_fixtures.cifar_records(8, 3)
+    records[5, 0] = 12
+    (folder / "data_batch_3.bin").write_bytes(records.tobytes())
+    clear_dataset_cache()
+    with pytest.raises(
+        ValueError, match=r"data_batch_3.bin has label 12; CIFAR-10 labels are 0..9"
+    ):
+        load_dataset(f"cifar10:root={tmp_path}")
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "device"])
+@pytest.mark.parametrize("dataset", ["cifar10", "wikitext2"])
+def test_a_data_file_that_is_no_regular_file_is_named_as_such(tmp_path, kind, dataset):
+    """A directory, a FIFO or a link to /dev/zero in place of a data file: said what it is (not
+    "does not exist"), and never opened (a FIFO would block for good, /dev/zero never ends)."""
+    if dataset == "cifar10":
+        folder, name = paper_fixtures.write_cifar10(tmp_path), "data_batch_2.bin"
+    else:
+        folder, name = paper_fixtures.write_wikitext2(tmp_path), "wiki.test.tokens"
+    path = folder / name
+    path.unlink()
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    what = {"directory": "a directory", "fifo": r"a FIFO \(named pipe\)", "device": "a device"}[
+        kind
+    ]
+    clear_dataset_cache()
+    with pytest.raises(ValueError, match=f"{name} is {what}, not a regular file") as info:
+        load_dataset(f"{dataset}:root={tmp_path}")
+    assert "\n" not in str(info.value)
+
+
+def test_roots_with_spaces_and_non_ascii_letters_load(tmp_path):
+    root = tmp_path / "my data ünï 数据"
+    paper_fixtures.write_cifar10(root)
+    paper_fixtures.write_wikitext2(root)
+    clear_dataset_cache()
+    assert load_dataset(f"cifar10:root={root}").num_train == 40
+    assert load_dataset(f"wikitext2:root={root},bptt=4").num_train > 0
+    clear_dataset_cache()
+
+
+def test_wikitext2_test_text_outside_the_training_vocabulary_is_refused(tmp_path):
+    """A test text none of whose words the training text has reads as all <unk>: its perplexity
+    would be a number about nothing. Refused, naming the file."""
+    folder = paper_fixtures.write_wikitext2(tmp_path)
+    (folder / "wiki.test.tokens").write_text(" lorem ipsum dolor sit amet \n" * 20)
+    clear_dataset_cache()
+    with pytest.raises(
+        ValueError, match=r"wiki.test.tokens: none of its 100 words is in the training vocabulary"
+    ):
+        load_dataset(f"wikitext2:root={tmp_path},bptt=4")
+    # split=valid reads its own file; the valid text is in the vocabulary
+    assert load_dataset(f"wikitext2:root={tmp_path},bptt=4,split=valid").num_test > 0
+    clear_dataset_cache()
+
+
+@pytest.mark.mpi
+def test_ranks_reading_different_cifar_copies_under_one_spec_are_refused(tmp_path):
+    """`root=~/c` under two homes (mpiexec MPMD): same spec, different files. partition: iid splits
+    one dataset, so the ranks agree on every file's digest first; the file that differs is named
+    on every rank, and nothing trains."""
+    from conftest import SUPPORT, TESTS, mpiexec_path
+
+    homes = [tmp_path / "home-a", tmp_path / "home-b"]
+    for home in homes:
+        paper_fixtures.write_cifar10(home / "c")
+    path = homes[1] / "c" / "cifar-10-batches-bin" / "data_batch_2.bin"
+    data = bytearray(path.read_bytes())
+    data[4000] ^= 1
+    path.write_bytes(bytes(data))
+    program = [
+        sys.executable,
+        "-m",
+        "gossip_powersgd.cli.train",
+        "--config",
+        str(ROOT / "experiments" / "configs" / "tiny.yaml"),
+        "--set",
+        "topology=ring:2",
+        "--set",
+        "backend=mpi",
+        "--set",
+        "dataset=cifar10:root=~/c",
+        "--set",
+        f"out_dir={tmp_path / 'run'}",
+        "--quiet",
+    ]
+    command = [mpiexec_path()]
+    for k, home in enumerate(homes):
+        command += [*([":"] if k else []), "-n", "1", "-env", "HOME", str(home), *program]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{ROOT}:{TESTS}:{SUPPORT}")
+    result = run_bounded(command, 120, "mpiexec MPMD with two homes", env=env, cwd=ROOT)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error (rank")]
+    assert len(lines) == 2, result.stderr[-3000:]
+    for line in lines:
+        assert "dataset file data_batch_2.bin differs across ranks" in line
+        assert "partition 'iid' splits one dataset" in line
+    assert not (tmp_path / "run" / "checkpoints").exists()

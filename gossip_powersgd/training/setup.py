@@ -156,6 +156,7 @@ def build_run(comm: Comm, config: TrainConfig, hooks: HookList, log=None) -> Pee
         LOCAL_PARTITION,
         Batches,
         agree_local_dataset,
+        content_digests,
         label_histogram,
         load_dataset,
         load_peer_dataset,
@@ -235,6 +236,7 @@ def build_run(comm: Comm, config: TrainConfig, hooks: HookList, log=None) -> Pee
         topology_spec=config.topology,
         config_hash=config_hash(config),
         config_json=json.dumps(hashed_config(config), sort_keys=True),
+        data=content_digests(dataset),
     )
     return PeerRun(
         model=context.model,
@@ -270,6 +272,18 @@ def _check_same_dataset(comm: Comm, config: TrainConfig, dataset, parts) -> None
     if not parts:
         comm.check_agreement("dataset (no shared part)", "local")
         return
+    # A file dataset: each file agreed by its name, so that a disagreement names the file (ranks
+    # reading different copies, e.g. root=~/c under different homes). The number of files is part
+    # of the spec, the same on every rank.
+    for f in getattr(dataset, "files", ()):
+        try:
+            comm.check_agreement(f"dataset file {f.name}", f.sha256)
+        except AgreementError as exc:
+            raise AgreementError(
+                f"{exc}: the ranks read different files under the same spec (this rank read "
+                f"{f.path}); partition {config.partition!r} splits one dataset, so every rank "
+                "must read the same copy"
+            ) from None
     try:
         comm.check_agreement("dataset", dataset_digest(dataset, parts))
     except AgreementError as exc:
