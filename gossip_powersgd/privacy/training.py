@@ -306,7 +306,16 @@ class DifferentialPrivacy(TrainingHooks):
 
         self.mechanism = config.dp_mechanism
         self.exchanged_subspace = bool(config.dp_exchanged_subspace)
-        collectively(comm, attach_mechanism, config, comm, self.dp, context.algorithm, randomness)
+        collectively(
+            comm,
+            attach_mechanism,
+            config,
+            comm,
+            self.dp,
+            context.algorithm,
+            randomness,
+            resume=context.resuming,
+        )
         # Opacus' per-example hooks on a first layer whose input needs no gradient make torch
         # warn at every backward; the gradients are right (Opacus' own tests run this way).
         warnings.filterwarnings(

@@ -145,9 +145,12 @@ def checked_config(comm: Comm, config, resume: bool) -> TrainConfig:
     return config
 
 
-def build_run(comm: Comm, config: TrainConfig, hooks: HookList, log=None) -> PeerRun:
-    """Seed, load this peer's shard, build the model, algorithm and optimizer; run setup hooks.
-    `log` (a `progress.SetupLog`) is told as each phase ends."""
+def build_run(
+    comm: Comm, config: TrainConfig, hooks: HookList, log=None, resume: bool = False
+) -> PeerRun:
+    """Seed, load this peer's shard, build the model, algorithm and optimizer; run setup hooks
+    (`resume`: the run continues from a checkpoint, `SetupContext.resuming`). `log` (a
+    `progress.SetupLog`) is told as each phase ends."""
     if log is None:
         from .progress import SetupLog
 
@@ -213,6 +216,7 @@ def build_run(comm: Comm, config: TrainConfig, hooks: HookList, log=None) -> Pee
         algorithm=algorithm,
         steps_per_epoch=steps_per_epoch,
         train_size=num_train,
+        resuming=bool(resume),
     )
     log.done(f"model {config.model} ({num_parameters} parameters) and {config.algorithm} built")
     hooks.setup(context)

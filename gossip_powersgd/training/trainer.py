@@ -444,7 +444,7 @@ def _train(
     """`train` once the run directory is held: build, resume, run the loop, write the summary
     (which each hook in `reporting`, the features' hooks, extends with its `summary_fields()`,
     and its own `peers/rank-K.json` with `peer_fields()`, where it has them)."""
-    run = build_run(comm, config, hooks, log)
+    run = build_run(comm, config, hooks, log, resume=bool(resume))
     # what a divergence message adds (differential privacy names its noise); after the set-up
     hint = "".join(h.divergence_hint() for h in reporting if hasattr(h, "divergence_hint"))
     state = _resume(comm, run_dir, run, hooks) if resume else RunState()

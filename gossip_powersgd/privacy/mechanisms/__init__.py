@@ -79,9 +79,12 @@ def validate_mechanism_config(config) -> None:
             )
 
 
-def attach_mechanism(config, comm: Comm, dp, algorithm, randomness) -> Optional[object]:
+def attach_mechanism(
+    config, comm: Comm, dp, algorithm, randomness, resume: bool = False
+) -> Optional[object]:
     """Set the mechanism's noise up on this peer (collective for decor: the pair keys are agreed
-    with every neighbour); returns what was attached, or None for local and muffliato."""
+    with every neighbour, and with `resume` the stored ones must all be there); returns what was
+    attached, or None for local and muffliato."""
     mechanism = config.dp_mechanism
     if mechanism in ("zipdl", "decor") and not comm.is_static:
         raise ValueError(
@@ -103,7 +106,7 @@ def attach_mechanism(config, comm: Comm, dp, algorithm, randomness) -> Optional[
         return algorithm.edge_noise
     if mechanism == "decor":
         kind = randomness.kind
-        keys = agree_pair_keys(comm, kind, seed=config.seed, run_dir=config.out_dir)
+        keys = agree_pair_keys(comm, kind, seed=config.seed, run_dir=config.out_dir, resume=resume)
         dp.extra_noise = PairwiseNoise(
             comm.rank, keys, float(config.dp_decor_sigma_cor), dp.max_grad_norm, kind
         )
