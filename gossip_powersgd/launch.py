@@ -285,8 +285,32 @@ def _exit_interrupted() -> None:
     sys.exit(INTERRUPTED_EXIT)
 
 
+def _show_run_warnings() -> None:
+    """Show a `utils.RunWarning` as one line, ``warning: ...`` (``warning (rank K): ...`` when
+    launched), in one write; any other warning as Python shows it."""
+    import warnings
+
+    from .utils import RunWarning
+
+    shown = warnings.showwarning
+    if getattr(shown, "run_warnings", False):
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, RunWarning):
+            return shown(message, category, filename, lineno, file, line)
+        rank, size = mpi_world()
+        if size == 1:
+            rank, size = torch_world()
+        write_stderr_line((f"warning (rank {rank}): " if size > 1 else "warning: ") + str(message))
+
+    show.run_warnings = True
+    warnings.showwarning = show
+
+
 def main_guard(main: Callable[..., Optional[int]], *args, **kwargs) -> None:
     """Run an entry point; exit with its return code, or report its exception as described above."""
+    _show_run_warnings()
     try:
         code = main(*args, **kwargs)
     except KeyboardInterrupt:

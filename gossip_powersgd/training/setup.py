@@ -22,6 +22,7 @@ import torch
 from ..algorithms import check_config, make_algorithm
 from ..comm.base import AgreementError, CommunicationError
 from ..launch import error_line
+from ..utils import warn
 from .config import (
     TrainConfig,
     agreement_text,
@@ -227,12 +228,7 @@ def build_run(
             f"algorithm {config.algorithm!r} has acts_on={acts_on!r}; "
             "expected 'parameters' or 'gradients'"
         )
-    if acts_on == "gradients" and config.local_steps != 1:
-        raise ValueError(
-            f"local_steps {config.local_steps} needs an algorithm that mixes the "
-            f"parameters; {config.algorithm!r} averages every step's gradients (use "
-            "allreduce for local SGD, or set local_steps to 1)"
-        )
+    _check_schedule(config, rank, size, num_train, steps_per_epoch, acts_on)
     header_args = dict(
         rank=rank,
         world_size=size,
@@ -259,6 +255,43 @@ def build_run(
         owns_process=owns_process,
         header_args=header_args,
     )
+
+
+def _check_schedule(
+    config: TrainConfig, rank: int, size: int, num_train: int, steps_per_epoch: int, acts_on: str
+) -> None:
+    """Refuse a `local_steps` that leaves the run without a communication round; warn (rank 0,
+    one line each) about an `eval_every`, `checkpoint_every` or `batch_size` beyond what the run
+    can use, naming the value it takes instead. The same outcome on every peer (public values)."""
+    if acts_on == "gradients" and config.local_steps != 1:
+        raise ValueError(
+            f"local_steps {config.local_steps} needs an algorithm that mixes the "
+            f"parameters; {config.algorithm!r} averages every step's gradients (use "
+            "allreduce for local SGD, or set local_steps to 1)"
+        )
+    steps = config.epochs * steps_per_epoch
+    if config.local_steps > steps:
+        raise ValueError(
+            f"local_steps {config.local_steps} exceeds the run's {steps} optimizer steps "
+            f"({config.epochs} epochs of {steps_per_epoch}): the peers would never communicate; "
+            f"set local_steps to at most {steps}"
+        )
+    if rank != 0:
+        return
+    for key, what in (("eval_every", "evaluates"), ("checkpoint_every", "writes its checkpoint")):
+        value = getattr(config, key)
+        if value > config.epochs and (key == "eval_every" or config.out_dir is not None):
+            warn(
+                f"{key} {value} exceeds epochs ({config.epochs}): the run {what} at its end "
+                f"only (as with {key}: {config.epochs})"
+            )
+    mean_shard = -(-num_train // size)
+    if config.batch_size > mean_shard:
+        warn(
+            f"batch_size {config.batch_size} exceeds the peers' shards ({mean_shard} training "
+            "samples each on average): each step takes a peer's whole shard, an effective "
+            f"batch size of about {mean_shard}"
+        )
 
 
 #: Which of the dataset's arrays every peer must hold identically. Every peer loads the whole
