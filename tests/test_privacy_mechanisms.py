@@ -628,3 +628,37 @@ def test_a_changed_pair_key_is_refused_under_mpiexec(tmp_path):
     lines = [x for x in resumed.stderr.splitlines() if x.startswith("error (rank")]
     assert len(lines) == 4, resumed.stderr[-3000:]
     assert all("the two ends of edge 0-1 hold different DECOR pair keys" in x for x in lines)
+
+
+# ---- Reliability IV: what the printed epsilon means ----------------------------------------------
+
+
+def test_decor_without_independent_noise_is_refused():
+    """SecLDP needs sigma_ind > 0: with none, a peer whose every pair key a neighbour holds adds no
+    noise that neighbour cannot remove, and no epsilon holds."""
+    from gossip_powersgd.privacy.mechanisms import validate_mechanism_config
+
+    config = small_config(dp_mechanism="decor", dp_decor_sigma_cor=3.0, dp_noise_multiplier=0.0)
+    with pytest.raises(ValueError, match=r"dp_mechanism: decor needs dp_noise_multiplier > 0"):
+        validate_mechanism_config(config)
+
+
+def test_muffliato_with_momentum_says_its_epsilon_is_the_local_bound():
+    """Muffliato's network bound models plain SGD at a constant learning rate: with momentum the
+    run's epsilon is DP-SGD's local one (post-processing: valid against every observer), and the
+    summary and a warning line say so, naming the momentum."""
+    from gossip_powersgd.training.evaluation import format_summary
+    from gossip_powersgd.training.trainer import train
+    from gossip_powersgd.utils import RunWarning
+
+    config = small_config(dp_mechanism="muffliato", momentum=0.9, lr=0.1)
+    with pytest.warns(RunWarning, match=r"muffliato.*momentum 0.9.*local DP-SGD bound"):
+        summary = LocalCluster(topologies.ring(4), timeout=60).run(train, config)[0]
+    note = summary["dp_epsilon_note"]
+    assert note.startswith("DP-SGD's local bound, valid against every observer")
+    assert "momentum 0.9" in note
+    assert note in format_summary(summary)
+    plain = LocalCluster(topologies.ring(4), timeout=60).run(
+        train, small_config(dp_mechanism="muffliato")
+    )[0]
+    assert "dp_epsilon_note" in plain and "momentum" not in plain["dp_epsilon_note"]

@@ -44,6 +44,7 @@ from gossip_powersgd.privacy.accounting import (
 from gossip_powersgd.privacy.dpsgd import DPSGD, dp_enabled, validate_dp_options, validate_model
 from gossip_powersgd.privacy.sampling import PoissonBatches, poisson_rate
 from gossip_powersgd.privacy.seeds import make_randomness
+from gossip_powersgd.utils import warn
 from gossip_powersgd.privacy.subspace import subspace_hook
 from gossip_powersgd.training.features import Feature, Key, peer_statistics_private, register
 from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
@@ -218,6 +219,7 @@ class DifferentialPrivacy(TrainingHooks):
         self._figures: Optional[Dict[str, Any]] = None
         self.mechanism = "local"
         self.exchanged_subspace = False  # dp_exchanged_subspace (`privacy/subspace.py`)
+        self.epsilon_note: Optional[str] = None  # what a muffliato run's epsilon means
 
     # ---- set-up -----------------------------------------------------------------------------
 
@@ -305,6 +307,12 @@ class DifferentialPrivacy(TrainingHooks):
         from gossip_powersgd.privacy.mechanisms import attach_mechanism
 
         self.mechanism = config.dp_mechanism
+        if self.mechanism == "muffliato":
+            from gossip_powersgd.privacy.mechanisms.muffliato import epsilon_note
+
+            self.epsilon_note, warning = epsilon_note(config)
+            if warning and rank == 0:
+                warn(warning)
         self.exchanged_subspace = bool(config.dp_exchanged_subspace)
         collectively(
             comm,
@@ -420,6 +428,8 @@ class DifferentialPrivacy(TrainingHooks):
             "dp_randomness_note": RANDOMNESS_NOTES[kind],
             "noise_multiplier": self.dp.noise_multiplier,
         }
+        if self.epsilon_note:
+            fields["dp_epsilon_note"] = self.epsilon_note
         mine = self.own_figures()
         if not self.release:
             if self.sigma_per_peer:  # each peer's own, from its own rate: not public
@@ -483,6 +493,8 @@ def dp_summary_rows(summary: Dict[str, Any]) -> List[tuple]:
         ("DP adjacency", summary["dp_adjacency"]),
         ("DP randomness", summary["dp_randomness_note"]),
     ]
+    if summary.get("dp_epsilon_note"):
+        rows.append(("DP ε is", summary["dp_epsilon_note"]))
     if summary.get("dp_exchanged_subspace"):
         rows.append(
             (

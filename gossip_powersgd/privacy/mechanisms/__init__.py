@@ -66,6 +66,12 @@ def validate_mechanism_config(config) -> None:
             "zero-sum noise on each message coordinate)"
         )
     if mechanism == "decor":
+        if config.dp_noise_multiplier is not None and not config.dp_noise_multiplier > 0:
+            raise ValueError(
+                "dp_mechanism: decor needs dp_noise_multiplier > 0 (sigma_ind, the independent "
+                "noise): without it a peer's pair noise is all a neighbour holding its keys must "
+                "remove, and SecLDP gives no epsilon; set dp_noise_multiplier (e.g. 0.5)"
+            )
         if config.dp_decor_sigma_cor is None:
             raise ValueError(
                 "dp_mechanism: decor needs dp_decor_sigma_cor (the pairs' noise "
