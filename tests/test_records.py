@@ -443,3 +443,38 @@ def test_ranks_reading_different_cifar_copies_under_one_spec_are_refused(tmp_pat
         assert "dataset file data_batch_2.bin differs across ranks" in line
         assert "partition 'iid' splits one dataset" in line
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_language_model_summary_names_its_split_and_has_no_label_histogram(tmp_path):
+    """A language model's targets are tokens: no label histogram (not an empty one, 'classes
+    0..-1'), summary.md a well-formed table, and evaluated on split=valid its figures say valid,
+    not test; the perplexity is in the table."""
+    from gossip_powersgd.training.evaluation import format_summary
+
+    paper_fixtures.write_wikitext2(tmp_path / "data")
+    out = tmp_path / "run"
+    (summary, *_) = local_train(
+        dict(
+            topology="ring:2",
+            algorithm="exact",
+            dataset=f"wikitext2:root={tmp_path / 'data'},bptt=6,split=valid",
+            partition="contiguous",
+            model="lstm_lm:layers=1,hidden=8",
+            lr=1.0,
+            batch_size=4,
+            epochs=1,
+            quiet=True,
+            out_dir=str(out),
+        )
+    )
+    assert summary["eval_split"] == "valid"
+    text = format_summary(summary)
+    assert "averaged-model valid accuracy" in text and "valid perplexity" in text
+    assert "test" not in text.replace(str(tmp_path), "")
+    assert "0..-1" not in text and "label histogram" in text
+    markdown = (out / "summary.md").read_text()
+    for block in markdown.split("\n\n"):
+        rows = [line for line in block.splitlines() if line.startswith("|")]
+        assert len({row.count("|") for row in rows}) <= 1, block  # every row has the header's cells
+    assert "| peer |" not in markdown
+    clear_dataset_cache()

@@ -125,6 +125,8 @@ class RecordDataset:
     #: The files read (`DataFile`s): their digests are what peers agree on and what a checkpoint
     #: records, so that a resumed run refuses data changed under the same spec, naming the file.
     files: tuple = ()
+    #: The split the test arrays hold: "test", or "valid" (`wikitext2:split=valid`).
+    eval_split: str = "test"
 
     @property
     def num_test(self) -> int:
@@ -323,6 +325,7 @@ def wikitext2(spec: str, options: dict[str, Any]) -> RecordDataset:
         read_train=lambda idx: _windows(train, bptt, idx),
         fingerprint=_files_fingerprint(files, "wikitext2", f"bptt={bptt}", f"split={split}"),
         files=files,
+        eval_split=split,
     )
 
 

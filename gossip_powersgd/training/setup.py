@@ -124,6 +124,7 @@ class PeerRun:
     parameter_bytes: int
     owns_process: bool
     header_args: Dict[str, Any]  # what every checkpoint header of this run says
+    eval_split: str = "test"  # the data evaluated on: "test", or "valid" (wikitext2:split=valid)
 
 
 def checked_config(comm: Comm, config, resume: bool) -> TrainConfig:
@@ -254,6 +255,7 @@ def build_run(
         parameter_bytes=parameter_bytes,
         owns_process=owns_process,
         header_args=header_args,
+        eval_split=getattr(dataset, "eval_split", "test"),
     )
 
 

@@ -566,6 +566,7 @@ def _train(
         run.steps_per_epoch,
         state.timers(algorithm),
         private=private,
+        eval_split=run.eval_split,
     )
     peer = peer_report(comm, state.history, run.histogram, len(run.batches.x))
     for hook in reporting:
