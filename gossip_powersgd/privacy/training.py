@@ -95,6 +95,13 @@ def keeps_peer_statistics_private(config) -> bool:
 
 def validate_privacy_config(config) -> None:
     """One-line ValueError for the first bad ``dp_*`` key of a `TrainConfig`; None when fine."""
+    if config.max_grad_norm is not None and dp_enabled(
+        config.dp_noise_multiplier, config.dp_target_epsilon
+    ):
+        raise ValueError(
+            "max_grad_norm clips plain training's gradient; under DP each sample's gradient is "
+            "clipped by dp_max_grad_norm (the noise is calibrated to it): drop max_grad_norm"
+        )
     validate_dp_options(
         noise_multiplier=config.dp_noise_multiplier,
         max_grad_norm=config.dp_max_grad_norm,

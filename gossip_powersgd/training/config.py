@@ -84,6 +84,11 @@ class _CoreConfig:
     milestones: List[float] = dataclasses.field(default_factory=list)
     #: `step` schedule: the factor applied at each milestone, in (0, 1].
     decay: float = 0.1
+    #: Gradient clipping for plain (non-DP) training: each step's gradient is scaled to a global
+    #: norm of at most this (torch.nn.utils.clip_grad_norm_), after a gradient averager's
+    #: all-reduce, before the optimizer step (an LSTM's usual 0.25); null = none. Under DP each
+    #: sample's gradient is clipped by dp_max_grad_norm instead.
+    max_grad_norm: Optional[float] = None
     #: Mini-batch size of each peer.
     batch_size: int = 32
     #: Local steps H: the algorithm communicates once every H optimizer steps, after steps H, 2H,

@@ -6,6 +6,7 @@ Each step follows the D-PSGD order, on every peer at once::
     2. gradient averagers only (`algo.acts_on == "gradients"`, e.g. PowerSGD all-reduce):
        algo.step() averages p.grad in place
     3. optimizer.step()                                          (local SGD / Adam / AdamW update)
+       (with `max_grad_norm`, the gradient is first clipped to that global norm)
     4. parameter gossip (`acts_on == "parameters"`, the default: exact gossip, PowerGossip, ...):
        algo.step() mixes the parameters with the neighbours'
 
@@ -57,6 +58,7 @@ from typing import (
 )
 
 import torch.nn.functional as F
+from torch.nn.utils import clip_grad_norm_
 
 from ..algorithms.base import NonFiniteError
 from ..utils import atomic_write
@@ -488,6 +490,8 @@ def _train(
                     algorithm.step()
                     hooks.after_gossip(state.step)
                 start = time.perf_counter()
+                if config.max_grad_norm is not None:  # after any averaging: what the step uses
+                    clip_grad_norm_(model.parameters(), config.max_grad_norm)
                 optimizer.step()
                 state.time_compute += time.perf_counter() - start
                 hooks.after_optimizer_step(state.step)

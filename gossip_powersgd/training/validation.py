@@ -112,6 +112,12 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
             value,
             "at most 2**53: no run reaches it",
         )
+    _check(
+        c.max_grad_norm is None or (math.isfinite(c.max_grad_norm) and c.max_grad_norm > 0),
+        "max_grad_norm",
+        c.max_grad_norm,
+        "must be > 0 and finite, or null for no clipping",
+    )
     _check(c.batch_size >= 1, "batch_size", c.batch_size, "must be >= 1")
     _check(
         c.local_steps >= 1,
