@@ -65,17 +65,45 @@ def flat_logits(logits: torch.Tensor, target: torch.Tensor):
 
 def evaluate_model(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1024):
     """(accuracy, mean cross-entropy) of `model` on (x, y), in eval mode, without gradients; with
-    a target per token (a language model) both are per token (perplexity = exp(cross-entropy))."""
+    a target per token (a language model) both are per token (perplexity = exp(cross-entropy)).
+    A model that carries its hidden state across batches (`zoo.LSTMLanguageModel.carry_state`,
+    trained by truncated BPTT) reads the test windows, which are consecutive, as `EVAL_STREAMS`
+    parallel streams from a zero state, as it was trained; its training state is kept aside."""
     was_training = model.training
     model.eval()
     correct, loss_sum = 0, 0.0
+    streaming = getattr(model, "carry_state", False)
+    if streaming:
+        kept = model.get_state()
+        model.reset_state()
     with torch.no_grad():
-        for start in range(0, len(y), batch):
-            out, target = flat_logits(model(x[start : start + batch]), y[start : start + batch])
+        for rows in _stream_rows(len(y), x.device) if streaming else _chunks(len(y), batch):
+            out, target = flat_logits(model(x[rows]), y[rows])
             loss_sum += float(F.cross_entropy(out, target, reduction="sum"))
             correct += int((out.argmax(dim=1) == target).sum())
+    if streaming:
+        model.set_state(kept)
     model.train(was_training)
     return correct / max(1, y.numel()), loss_sum / max(1, y.numel())
+
+
+#: How many parallel streams a stateful language model is evaluated with (PyTorch's word-language-
+#: model example evaluates with 10).
+EVAL_STREAMS = 10
+
+
+def _chunks(n: int, batch: int):
+    return (slice(start, start + batch) for start in range(0, n, batch))
+
+
+def _stream_rows(n: int, device):
+    """The rows of each step when `n` consecutive windows are read as `EVAL_STREAMS` streams (as
+    `batches.StreamBatches` lays a shard out)."""
+    from .batches import StreamBatches
+
+    layout = StreamBatches(torch.zeros(n, 1), torch.zeros(n), EVAL_STREAMS)
+    at = layout._epoch_indices(0)
+    return (at(t).to(device) for t in range(len(layout)))
 
 
 def average_state_into(model: torch.nn.Module, target: torch.nn.Module, comm: Comm) -> None:

@@ -127,6 +127,9 @@ class RecordDataset:
     files: tuple = ()
     #: The split the test arrays hold: "test", or "valid" (`wikitext2:split=valid`).
     eval_split: str = "test"
+    #: Whether the training records are consecutive windows of one text (a language model's): a
+    #: `contiguous` shard of them is batched as parallel streams (`batches.StreamBatches`).
+    stream: bool = False
 
     @property
     def num_test(self) -> int:
@@ -326,6 +329,7 @@ def wikitext2(spec: str, options: dict[str, Any]) -> RecordDataset:
         fingerprint=_files_fingerprint(files, "wikitext2", f"bptt={bptt}", f"split={split}"),
         files=files,
         eval_split=split,
+        stream=True,
     )
 
 

@@ -159,7 +159,6 @@ def build_run(
         log = SetupLog(comm.rank, quiet=True)
     from .data import (
         LOCAL_PARTITION,
-        Batches,
         agree_local_dataset,
         content_digests,
         label_histogram,
@@ -199,8 +198,7 @@ def build_run(
     log.done(f"data {config.dataset} loaded, partition {config.partition}")
     model = collectively(comm, _checked_model, config, dataset, x_train, rank)
     x_train, y_train = x_train.to(device), y_train.to(device)
-    batches = Batches(x_train, y_train, config.batch_size, seed=config.seed, rank=rank)
-    batches.transform = dataset.train_transform
+    batches = _make_batches(config, dataset, model, x_train, y_train, rank)
     steps_per_epoch = max(1, -(-num_train // (size * config.batch_size)))
 
     model = model.to(device)
@@ -223,6 +221,8 @@ def build_run(
     log.done(f"model {config.model} ({num_parameters} parameters) and {config.algorithm} built")
     hooks.setup(context)
     context.batches.transform = dataset.train_transform  # also on batches a hook replaced (DP)
+    if getattr(batches, "carrier", None) is not None and context.batches is not batches:
+        batches.carrier.carry_state = False  # a hook's batches (DP's Poisson ones) are no streams
     acts_on = getattr(context.algorithm, "acts_on", "parameters")
     if acts_on not in ("parameters", "gradients"):
         raise ValueError(
@@ -257,6 +257,26 @@ def build_run(
         header_args=header_args,
         eval_split=getattr(dataset, "eval_split", "test"),
     )
+
+
+def _make_batches(config: TrainConfig, dataset, model, x_train, y_train, rank: int):
+    """This peer's batches: a language model that carries its hidden state (`carry_state`) on a
+    `contiguous` shard of consecutive windows gets them as parallel streams (truncated BPTT,
+    `StreamBatches`); anything else shuffled mini-batches."""
+    from .batches import Batches, StreamBatches
+
+    if (
+        getattr(dataset, "stream", False)
+        and config.partition == "contiguous"
+        and hasattr(model, "carry_state")
+    ):
+        model.carry_state = True
+        return StreamBatches(
+            x_train, y_train, config.batch_size, seed=config.seed, rank=rank, carrier=model
+        )
+    batches = Batches(x_train, y_train, config.batch_size, seed=config.seed, rank=rank)
+    batches.transform = dataset.train_transform
+    return batches
 
 
 def _check_schedule(
@@ -337,8 +357,10 @@ def _checked_model(config: TrainConfig, dataset, x_train: torch.Tensor, rank: in
     """The config's model, checked against this peer's data before anything trains: it runs on
     the dataset's inputs and, if this peer's last batch holds one sample, trains on such a batch."""
     from .models import build_model, check_model_fits, check_single_sample_batch, has_batch_norm
+    from .zoo import seed_dropout_per_peer
 
     model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.seed)
+    seed_dropout_per_peer(model, config.seed, rank)  # the same weights, each peer its own masks
     check_model_fits(
         model,
         config.model,
