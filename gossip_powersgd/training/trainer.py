@@ -285,9 +285,13 @@ def _resume(comm: Comm, run_dir: Path, run: PeerRun, hooks: HookList) -> RunStat
     return collectively(comm, restore, loaded["state"])
 
 
-def _save(comm: Comm, run_dir: Path, run: PeerRun, state: RunState, hooks: HookList) -> None:
+def _save(
+    comm: Comm, run_dir: Path, run: PeerRun, state: RunState, hooks: HookList, resumable: bool
+) -> None:
     """Write this peer's checkpoint; a failure on any peer (a full disk) stops every peer with the
-    same line, and the previous checkpoints stay as they were (files are replaced whole)."""
+    same line, and the previous checkpoints stay as they were (files are replaced whole).
+    `resumable`: every rank already holds a checkpoint of this run (it resumed from one, or a
+    save succeeded everywhere), so the line advises --resume; else starting again."""
     header = ckpt.make_header(epoch=state.epoch, step=state.step, **run.header_args)
     payload = state.to_checkpoint(
         model=run.model,
@@ -303,10 +307,16 @@ def _save(comm: Comm, run_dir: Path, run: PeerRun, state: RunState, hooks: HookL
         try:
             ckpt.save_checkpoint(run_dir, header, payload)
         except OSError as exc:
+            advice = (
+                "the previous checkpoints are intact (free space, then --resume)"
+                if resumable
+                else "no checkpoint is held by every rank yet, so the run cannot be resumed: "
+                f"free space, then start it again (in a new run directory, or after emptying "
+                f"{run_dir})"
+            )
             raise OSError(
                 f"rank {comm.rank}: cannot write the epoch-{state.epoch} checkpoint in "
-                f"{ckpt.checkpoint_dir(run_dir)}: {exc.strerror or exc}; the previous "
-                "checkpoints are intact (free space, then --resume)"
+                f"{ckpt.checkpoint_dir(run_dir)}: {exc.strerror or exc}; {advice}"
             ) from None
 
     collectively(comm, write)
@@ -464,6 +474,7 @@ def _train(
     printer = Printer(comm.rank, config, config.epochs * run.steps_per_epoch, state.step)
     batches = _endless(run.batches)
     private = peer_statistics_private(config)
+    resumable = bool(resume)  # every rank holds a checkpoint to resume from
     try:
         while state.epoch < config.epochs:
             for _ in range(run.steps_per_epoch):
@@ -546,7 +557,8 @@ def _train(
                 and config.checkpoint_every
                 and (state.epoch % config.checkpoint_every == 0 or state.epoch == config.epochs)
             ):
-                _save(comm, run_dir, run, state, hooks)
+                _save(comm, run_dir, run, state, hooks, resumable)
+                resumable = True  # the save succeeded on every rank (it is collective)
     finally:
         printer.close()
         records.close()
