@@ -334,3 +334,23 @@ def test_a_full_disk_at_the_first_checkpoint_does_not_advise_resume(tmp_path, mo
     no_space_for(monkeypatch, ckpt, "rank-1-epoch-2.pt")
     error = one_error(every_rank(tiny(f"out_dir={later}", "epochs=2")))
     assert error.endswith("the previous checkpoints are intact (free space, then --resume)")
+
+
+@pytest.mark.parametrize(
+    "setting, words",
+    [
+        (
+            "out_dir=",
+            "--set out_dir= gives no value: give one (out_dir=DIR), or out_dir=null for its "
+            "default",
+        ),
+        ("out_dir=runs/a\nb", "bad value for 'out_dir': 'runs/a\\nb' (a line break or control"),
+    ],
+)
+def test_an_empty_or_multi_line_out_dir_is_refused(tmp_path, capsys, monkeypatch, setting, words):
+    """`out_dir=` used to become runs/<config name> without a word, and a line break in it a
+    space (YAML folds a multi-line plain scalar)."""
+    monkeypatch.chdir(tmp_path)
+    code, lines = cli(["--config", TINY, "--set", setting], capsys)
+    assert code != 0 and len(lines) == 1 and lines[0].startswith(f"error: {words}"), lines
+    assert not (tmp_path / "runs").exists()

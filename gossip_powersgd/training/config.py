@@ -418,14 +418,23 @@ def parse_override(text: str) -> tuple:
         key = _nested_key(section, name, " in --set")
     if key not in valid_keys():
         raise _unknown_keys_error([key], " in --set")
+    text_key = _kind(key) in ("str", "Optional[str]")
+    if text_key and not value.strip():
+        # out_dir= would otherwise become None, i.e. the default run directory, without a word
+        raise ValueError(
+            f"--set {key}= gives no value: give one ({key}=DIR), or {key}=null for its default"
+            if key == "out_dir"
+            else f"--set {key}= gives no value: give one, or {key}=null for its default"
+        )
     parsed = strict_yaml_load(value, f"--set {key}={value}") if value.strip() else None
     if (
-        parsed is not None
-        and not isinstance(parsed, (str, list, dict))
-        and _kind(key) in ("str", "Optional[str]")
+        text_key
+        and parsed is not None
+        and (not isinstance(parsed, (str, list, dict)) or "\n" in value)
     ):
         # A string key takes the text as typed: --set out_dir=2024-01-01 is a directory, not a
-        # date (YAML reads dates, numbers and yes/no as such); null still means None.
+        # date (YAML reads dates, numbers and yes/no as such), and a line break stays one (YAML
+        # folds it into a space; validation then names it); null still means None.
         parsed = value.strip()
     return key, parsed
 

@@ -175,6 +175,13 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
     )
     _check(c.out_dir is None or c.out_dir.strip() != "", "out_dir", c.out_dir, "must not be empty")
     _check(
+        c.out_dir is None or c.out_dir.isprintable(),
+        "out_dir",
+        c.out_dir,
+        "a line break or control character in a directory name is surely a slip; name it on one "
+        "line",
+    )
+    _check(
         c.public_train_size is None or c.public_train_size >= 1,
         "public_train_size",
         c.public_train_size,
