@@ -34,8 +34,9 @@ BatchNorm at 1/0), the others with PyTorch's default rule for each layer type.
 from __future__ import annotations
 
 import math
+import os
 import threading
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -246,6 +247,39 @@ _BUILDERS = {
 }
 
 
+def available_memory() -> Optional[int]:
+    """Bytes of memory this machine can still give (Linux's MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_fits_in_memory(spec: str, model: nn.Module) -> None:
+    """Refuse, before anything is allocated, a model (still on the meta device) whose parameters
+    alone exceed the memory this machine has free: it would fail as an allocation error deep in
+    torch (training needs several times this: gradients, optimizer state, gossip buffers)."""
+    count = count_parameters(model)
+    size = sum(
+        p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values()
+    )
+    size += sum(b.numel() * b.element_size() for b in model.buffers())
+    free = available_memory()
+    if free is not None and size > free:
+        raise ValueError(
+            f"model spec {spec!r} has {count:,} parameters ({size / 1e9:.4g} GB), more than the "
+            f"{free / 1e9:.4g} GB of memory this machine has free: it would run out of memory "
+            "before the first step; use a smaller model"
+        )
+
+
 def _materialize(module: nn.Module) -> None:
     """Give every meta-device parameter real (uninitialised) CPU storage, in place.
 
@@ -452,6 +486,7 @@ def build_model(
     builder = _BUILDERS.get(parsed.name)
     if builder is not None:
         model = builder(spec, parsed, input_shape, num_classes, "meta")
+        _check_fits_in_memory(spec, model)
         _materialize(model)
         _init_parameters(model, torch.Generator(device="cpu").manual_seed(int(seed)))
         return model
