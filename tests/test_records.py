@@ -597,3 +597,34 @@ def test_a_stateful_lm_is_evaluated_as_streams_from_a_zero_state():
     assert start == 25
     # float32 LSTM over 12 tokens, summed over 100: a few ulps of a loss ~ 3.4 per token
     assert loss == pytest.approx(total / 100, rel=1e-5)
+
+
+def test_wikitext2_blank_lines_read_as_the_standard_loaders_read_them(tmp_path):
+    """The stream PyTorch's word-language-model example and torchtext (newline_eos) build, whose
+    token counts are those published with WikiText-2: every line's words, then <eos>; a blank or
+    whitespace-only line is one <eos>; a last line without its line break counts as a line."""
+    folder = paper_fixtures.write_wikitext2(tmp_path)
+    text = " \n = Title = \n\n \t \n the game began \r\n the end"
+    (folder / "wiki.train.tokens").write_text(text, encoding="utf-8")
+    clear_dataset_cache()
+    data = load_dataset(f"wikitext2:root={tmp_path},bptt=1")
+    expected = ["<eos>", "=", "Title", "=", "<eos>", "<eos>", "<eos>"]
+    expected += ["the", "game", "began", "<eos>", "the", "end", "<eos>"]
+    x, y = data.read_train(np.arange(data.num_train))
+    ids = torch.cat([x[:, 0], y[-1:, 0]])
+    vocabulary = ["<unk>"] + list(dict.fromkeys(expected))
+    assert ids.tolist() == [vocabulary.index(w) for w in expected]
+    clear_dataset_cache()
+
+
+@pytest.mark.parametrize("name", ["wiki.train.tokens", "wiki.test.tokens"])
+def test_wikitext2_text_of_blank_lines_only_is_refused(tmp_path, name):
+    """A file of blank lines only (a failed copy, an editor's empty buffer) would be a stream of
+    <eos> alone: the run would learn to predict <eos> and report a perplexity near 1. Refused,
+    naming the file."""
+    folder = paper_fixtures.write_wikitext2(tmp_path)
+    (folder / name).write_text(" \n\n \n" * 40, encoding="utf-8")
+    clear_dataset_cache()
+    with pytest.raises(ValueError, match=f"{name} holds no word, only 120 blank lines"):
+        load_dataset(f"wikitext2:root={tmp_path},bptt=4")
+    clear_dataset_cache()

@@ -275,10 +275,19 @@ def _drop_generator(fn):
 # ---- WikiText-2 ------------------------------------------------------------------------------------
 
 
-def _words(path: Path) -> list[str]:
-    """Every line's words followed by <eos> (blank lines too, as the original loader does)."""
+def _words(path: Path, spec: str) -> list[str]:
+    """Every line's words followed by <eos>, a blank line one <eos>: the stream of PyTorch's
+    word-language-model example and torchtext's newline_eos, whose token counts (one <eos> per
+    line, blank ones too) are those published with WikiText-2. A file of blank lines only is
+    refused, naming it (its stream would be <eos> alone)."""
     with open(path, encoding="utf-8") as f:
-        return [w for line in f for w in line.split() + ["<eos>"]]
+        words = [w for line in f for w in line.split() + ["<eos>"]]
+    if words and all(w == "<eos>" for w in words):
+        raise ValueError(
+            f"dataset spec {spec!r}: {path} holds no word, only {len(words)} blank lines (a "
+            "failed copy?); its stream would be <eos> alone"
+        )
+    return words
 
 
 def _windows(tokens: torch.Tensor, bptt: int, indices) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,7 +305,7 @@ def wikitext2(spec: str, options: dict[str, Any]) -> RecordDataset:
         raise ValueError(f"dataset spec {spec!r}: split must be test or valid, got {split!r}")
     names = ("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.tokens")
     folder = _find(options["root"], spec, "wikitext-2", names, _WIKITEXT_ARCHIVE)
-    train_words = _words(folder / names[0])
+    train_words = _words(folder / names[0], spec)
     vocabulary = {"<unk>": 0}
     for word in train_words:
         vocabulary.setdefault(word, len(vocabulary))
@@ -307,7 +316,7 @@ def wikitext2(spec: str, options: dict[str, Any]) -> RecordDataset:
 
     train = ids(train_words)
     test_path = folder / f"wiki.{split}.tokens"
-    test_words = _words(test_path)
+    test_words = _words(test_path, spec)
     _check_vocabulary(test_path, test_words, vocabulary, spec)
     test = ids(test_words)
     n_train, n_test = (len(train) - 1) // bptt, (len(test) - 1) // bptt
