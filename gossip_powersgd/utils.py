@@ -41,6 +41,21 @@ def warn(text: str) -> None:
     warnings.warn(text, RunWarning, stacklevel=2)
 
 
+def available_memory() -> Optional[int]:
+    """Bytes of memory this machine can still give (Linux's MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def write_stderr_line(line: str) -> None:
     """Write `line` and its newline to stderr in one write call.
 

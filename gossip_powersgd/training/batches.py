@@ -180,3 +180,11 @@ class StreamBatches(ResumableBatches):
         super().load_state_dict(state)
         if self.carrier is not None:
             self.carrier.set_state(state.get("hidden", []))
+
+
+def stream_rows(n: int, streams: int, device=None) -> Iterator[torch.Tensor]:
+    """The rows of each step when `n` consecutive windows are read as `streams` parallel streams,
+    laid out as `StreamBatches` lays out a shard (what evaluation reads a test text with)."""
+    layout = StreamBatches(torch.zeros(n, 1), torch.zeros(n), streams)
+    at = layout._epoch_indices(0)
+    return (at(t).to(device) for t in range(len(layout)))

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..metrics import consensus_distance, mean_active_degree
+from .batches import stream_rows
 from .batchnorm import refresh_batch_norm
 from .features import eval_text, summary_rows
 
@@ -77,7 +78,8 @@ def evaluate_model(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bat
         kept = model.get_state()
         model.reset_state()
     with torch.no_grad():
-        for rows in _stream_rows(len(y), x.device) if streaming else _chunks(len(y), batch):
+        steps = stream_rows(len(y), EVAL_STREAMS, x.device) if streaming else _chunks(len(y), batch)
+        for rows in steps:
             out, target = flat_logits(model(x[rows]), y[rows])
             loss_sum += float(F.cross_entropy(out, target, reduction="sum"))
             correct += int((out.argmax(dim=1) == target).sum())
@@ -94,16 +96,6 @@ EVAL_STREAMS = 10
 
 def _chunks(n: int, batch: int):
     return (slice(start, start + batch) for start in range(0, n, batch))
-
-
-def _stream_rows(n: int, device):
-    """The rows of each step when `n` consecutive windows are read as `EVAL_STREAMS` streams (as
-    `batches.StreamBatches` lays a shard out)."""
-    from .batches import StreamBatches
-
-    layout = StreamBatches(torch.zeros(n, 1), torch.zeros(n), EVAL_STREAMS)
-    at = layout._epoch_indices(0)
-    return (at(t).to(device) for t in range(len(layout)))
 
 
 def average_state_into(model: torch.nn.Module, target: torch.nn.Module, comm: Comm) -> None:

@@ -214,8 +214,7 @@ def _parameters(function, reserved: Tuple[str, ...] = ()) -> List[str]:
 
 
 class TensorBoardTracker(Tracker):
-    """Options: those of ``torch.utils.tensorboard.SummaryWriter`` (log_dir defaults to
-    ``<run>/tensorboard``)."""
+    """Options: ``torch.utils.tensorboard.SummaryWriter``'s (log_dir: ``<run>/tensorboard``)."""
 
     name = "tensorboard"
     package = "tensorboard"
@@ -247,9 +246,7 @@ class TensorBoardTracker(Tracker):
 
 
 class WandbTracker(Tracker):
-    """Options: those of ``wandb.init`` but ``config`` (the run's config), ``id`` and ``resume``
-    (a resumed run continues its W&B run); ``dir`` defaults to the run directory and must be
-    writable (W&B would otherwise fall back to the system temp folder: refused)."""
+    """Options: ``wandb.init``'s but config, id and resume (see the module docstring)."""
 
     name = "wandb"
     package = "wandb"
@@ -299,9 +296,7 @@ class WandbTracker(Tracker):
 
 
 class MLflowTracker(Tracker):
-    """Options: ``experiment`` (default gossip_powersgd) and ``tracking_uri`` (default an SQLite
-    database, ``<run>/mlflow.db``, the backend MLflow recommends; an explicit file store URI is
-    taken with MLflow 3's opt-in, MLFLOW_ALLOW_FILE_STORE, unless set already)."""
+    """Options: ``experiment`` and ``tracking_uri`` (see the module docstring)."""
 
     name = "mlflow"
     package = "mlflow"

@@ -34,9 +34,8 @@ BatchNorm at 1/0), the others with PyTorch's default rule for each layer type.
 from __future__ import annotations
 
 import math
-import os
 import threading
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -58,7 +57,7 @@ from ..specs import (
     unknown_name,
     user_code,
 )
-from ..utils import one_line
+from ..utils import available_memory, one_line
 from .zoo import LSTMLanguageModel, ResNet20, VGG16, init_zoo_module
 
 __all__ = [
@@ -245,21 +244,6 @@ _BUILDERS = {
     "vgg16": _vgg16,
     "lstm_lm": _lstm_lm,
 }
-
-
-def available_memory() -> Optional[int]:
-    """Bytes of memory this machine can still give (Linux's MemAvailable), None if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def _check_fits_in_memory(spec: str, model: nn.Module) -> None:

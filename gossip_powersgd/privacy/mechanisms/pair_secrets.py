@@ -149,6 +149,40 @@ def _stored_keys(paths: Dict[int, Path], present) -> tuple:
     return keys, problem
 
 
+def _confirm_keys(comm: Comm, neighbors, keys: Dict[int, bytes], paths, problem) -> None:
+    """Exchange each edge's `key_confirmation` and compare (collective over the edges; every peer
+    takes part before anything is raised: `problem`, this end's own, first)."""
+    me = comm.rank
+    send = {
+        j: torch.frombuffer(bytearray(key_confirmation(keys.get(j, b""), me, j)), dtype=torch.uint8)
+        for j in neighbors
+    }
+    confirmations = _exchange(comm, neighbors, send, 32)
+    if problem is not None:
+        raise ValueError(problem)
+    for j in neighbors:
+        theirs = bytes(confirmations[j].numpy().tobytes())
+        if not hmac.compare_digest(theirs, key_confirmation(keys[j], me, j)):
+            small, big = sorted((me, j))
+            where = (
+                f" ({paths[j]} or its other end's copy was changed or replaced)" if paths else ""
+            )
+            raise ValueError(
+                f"the two ends of edge {small}-{big} hold different DECOR pair keys{where}: "
+                "their pair noise would not cancel; restore the run's secrets/ folder, or start "
+                "a new run"
+            )
+
+
+def _store_keys(keys: Dict[int, bytes], paths: Dict[int, Path]) -> None:
+    """Write each new key to this end's file (atomic, mode 0600, its folder 0700)."""
+    for j, key in keys.items():
+        path = paths[j]
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o700)
+        atomic_write(path, key, mode=0o600)
+
+
 def agree_pair_keys(
     comm: Comm,
     kind: str,
@@ -214,37 +248,7 @@ def agree_pair_keys(
         if j not in present:
             theirs = int.from_bytes(bytes(recv[j][1:].numpy().tobytes()), "big")
             keys[j] = dh_shared_key(exponent, theirs, me, j)
-    confirmations = _exchange(
-        comm,
-        neighbors,
-        {
-            j: torch.frombuffer(
-                bytearray(key_confirmation(keys.get(j, b""), me, j)), dtype=torch.uint8
-            )
-            for j in neighbors
-        },
-        32,
-    )
-    if problem is not None:
-        raise ValueError(problem)
-    for j in neighbors:
-        if not hmac.compare_digest(
-            bytes(confirmations[j].numpy().tobytes()), key_confirmation(keys[j], me, j)
-        ):
-            small, big = sorted((me, j))
-            where = (
-                f" ({paths[j]} or its other end's copy was changed or replaced)" if paths else ""
-            )
-            raise ValueError(
-                f"the two ends of edge {small}-{big} hold different DECOR pair keys{where}: "
-                "their pair noise would not cancel; restore the run's secrets/ folder, or start "
-                "a new run"
-            )
+    _confirm_keys(comm, neighbors, keys, paths, problem)
     if kind == "run_dir" and not resume:
-        for j in neighbors:
-            if j not in present:
-                path = paths[j]
-                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                os.chmod(path.parent, 0o700)
-                atomic_write(path, keys[j], mode=0o600)
+        _store_keys({j: keys[j] for j in neighbors if j not in present}, paths)
     return keys
