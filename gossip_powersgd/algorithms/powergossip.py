@@ -66,7 +66,7 @@ from .base import (
 )
 from .exact import resolve_gamma
 from .kernels import form_factors_and_update, multiply_into_messages
-from .lowrank import orthonormalize_
+from .lowrank import orthonormalize_, warn_if_rank_unreachable
 from .powergossip_buffers import (  # noqa: F401 (edge_seed: importable from here, as before)
     PowerGossipBuffers,
     _EdgeFactors,
@@ -195,6 +195,8 @@ class PowerGossip(PowerGossipSchedule, PowerGossipBuffers, GossipAlgorithm):
             for j in neighbors
         }
 
+        if me == 0:
+            warn_if_rank_unreachable("powergossip", self.params, self.rank)
         self._groups = self._make_groups()
         self._exact_indices = [k for k in range(len(self.params)) if k not in self._compressed]
         self._exact: Optional[Tensor] = None  # the exactly gossiped tensors, which are views of it

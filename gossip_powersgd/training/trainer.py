@@ -6,6 +6,7 @@ Each step follows the D-PSGD order, on every peer at once::
     2. gradient averagers only (`algo.acts_on == "gradients"`, e.g. PowerSGD all-reduce):
        algo.step() averages p.grad in place
     3. optimizer.step()                                          (local SGD / Adam / AdamW update)
+       (with `max_grad_norm`, the gradient is first clipped to that global norm)
     4. parameter gossip (`acts_on == "parameters"`, the default: exact gossip, PowerGossip, ...):
        algo.step() mixes the parameters with the neighbours'
 
@@ -57,6 +58,7 @@ from typing import (
 )
 
 import torch.nn.functional as F
+from torch.nn.utils import clip_grad_norm_
 
 from ..algorithms.base import NonFiniteError
 from ..utils import atomic_write
@@ -283,9 +285,13 @@ def _resume(comm: Comm, run_dir: Path, run: PeerRun, hooks: HookList) -> RunStat
     return collectively(comm, restore, loaded["state"])
 
 
-def _save(comm: Comm, run_dir: Path, run: PeerRun, state: RunState, hooks: HookList) -> None:
+def _save(
+    comm: Comm, run_dir: Path, run: PeerRun, state: RunState, hooks: HookList, resumable: bool
+) -> None:
     """Write this peer's checkpoint; a failure on any peer (a full disk) stops every peer with the
-    same line, and the previous checkpoints stay as they were (files are replaced whole)."""
+    same line, and the previous checkpoints stay as they were (files are replaced whole).
+    `resumable`: every rank already holds a checkpoint of this run (it resumed from one, or a
+    save succeeded everywhere), so the line advises --resume; else starting again."""
     header = ckpt.make_header(epoch=state.epoch, step=state.step, **run.header_args)
     payload = state.to_checkpoint(
         model=run.model,
@@ -301,10 +307,16 @@ def _save(comm: Comm, run_dir: Path, run: PeerRun, state: RunState, hooks: HookL
         try:
             ckpt.save_checkpoint(run_dir, header, payload)
         except OSError as exc:
+            advice = (
+                "the previous checkpoints are intact (free space, then --resume)"
+                if resumable
+                else "no checkpoint is held by every rank yet, so the run cannot be resumed: "
+                f"free space, then start it again (in a new run directory, or after emptying "
+                f"{run_dir})"
+            )
             raise OSError(
                 f"rank {comm.rank}: cannot write the epoch-{state.epoch} checkpoint in "
-                f"{ckpt.checkpoint_dir(run_dir)}: {exc.strerror or exc}; the previous "
-                "checkpoints are intact (free space, then --resume)"
+                f"{ckpt.checkpoint_dir(run_dir)}: {exc.strerror or exc}; {advice}"
             ) from None
 
     collectively(comm, write)
@@ -444,7 +456,7 @@ def _train(
     """`train` once the run directory is held: build, resume, run the loop, write the summary
     (which each hook in `reporting`, the features' hooks, extends with its `summary_fields()`,
     and its own `peers/rank-K.json` with `peer_fields()`, where it has them)."""
-    run = build_run(comm, config, hooks, log)
+    run = build_run(comm, config, hooks, log, resume=bool(resume))
     # what a divergence message adds (differential privacy names its noise); after the set-up
     hint = "".join(h.divergence_hint() for h in reporting if hasattr(h, "divergence_hint"))
     state = _resume(comm, run_dir, run, hooks) if resume else RunState()
@@ -462,6 +474,7 @@ def _train(
     printer = Printer(comm.rank, config, config.epochs * run.steps_per_epoch, state.step)
     batches = _endless(run.batches)
     private = peer_statistics_private(config)
+    resumable = bool(resume)  # every rank holds a checkpoint to resume from
     try:
         while state.epoch < config.epochs:
             for _ in range(run.steps_per_epoch):
@@ -488,6 +501,8 @@ def _train(
                     algorithm.step()
                     hooks.after_gossip(state.step)
                 start = time.perf_counter()
+                if config.max_grad_norm is not None:  # after any averaging: what the step uses
+                    clip_grad_norm_(model.parameters(), config.max_grad_norm)
                 optimizer.step()
                 state.time_compute += time.perf_counter() - start
                 hooks.after_optimizer_step(state.step)
@@ -542,7 +557,8 @@ def _train(
                 and config.checkpoint_every
                 and (state.epoch % config.checkpoint_every == 0 or state.epoch == config.epochs)
             ):
-                _save(comm, run_dir, run, state, hooks)
+                _save(comm, run_dir, run, state, hooks, resumable)
+                resumable = True  # the save succeeded on every rank (it is collective)
     finally:
         printer.close()
         records.close()
@@ -566,6 +582,7 @@ def _train(
         run.steps_per_epoch,
         state.timers(algorithm),
         private=private,
+        eval_split=run.eval_split,
     )
     peer = peer_report(comm, state.history, run.histogram, len(run.batches.x))
     for hook in reporting:
