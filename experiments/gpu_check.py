@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,11 +32,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a file by torchrun
-    sys.path.insert(0, str(ROOT))
-
-from experiments.bench_gossip.shapes import make_params, model_shapes  # noqa: E402
+from experiments.engine import ROOT
+from experiments.pages._bench import make_params, model_shapes, run_child
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Comm
@@ -159,54 +154,27 @@ def torch_peers(device: torch.device, peers: int) -> tuple:
 
 
 def launch_torch(processes: int, args, folder: Path) -> str:
-    """Run this script's workers under torchrun; '' on success, else the failure in one line."""
+    """Run this program's workers under torchrun; '' on success, else the failure in one line."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(processes),
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes)]
+    command += [
         "--master-addr",
         "127.0.0.1",
         "--master-port",
         str(port),
-        str(Path(__file__).resolve()),
-        "--worker",
-        str(folder),
-        "--device",
-        args.device,
-        "--steps",
-        str(args.steps),
+        "-m",
+        "experiments.gpu_check",
     ]
-    if args.dry_run:
-        command.append("--dry-run")
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    )
-    child = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        _, err = child.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.communicate()
+    command += ["--worker", str(folder), "--device", args.device, "--steps", str(args.steps)]
+    status, err = run_child(command + (["--dry-run"] if args.dry_run else []), args.timeout)
+    if status is None:
         return f"torchrun did not finish within {args.timeout:g} s"
-    if child.returncode != 0:
+    if status != 0:
         lines = [line for line in err.splitlines() if line.strip()] or ["(no output)"]
         errors = [line for line in lines if line.startswith("error")]
-        return f"torchrun exit {child.returncode}: {(errors or lines)[-1][:300]}"
+        return f"torchrun exit {status}: {(errors or lines)[-1][:300]}"
     return ""
 
 

@@ -2,31 +2,33 @@
 bytes received per rank, and the process's memory, for each algorithm and for the two reductions.
 
 Runs unchanged on every transport (`LocalCluster` threads, MPI ranks, torch.distributed processes):
-everything goes through the communicator.
+everything goes through the communicator. Run as a program, it is one point's child
+(`python -m experiments.pages.bench_scale.measure POINT_JSON FOLDER`, by the page's `row`): every
+peer writes its record to FOLDER/rank-K.json.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import math
 import resource
+import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Sequence
 
 import torch
 
+from experiments.pages._bench import Shapes, make_params, model_shapes
 from gossip_powersgd.comm.base import nbytes, reduce_in_rank_order
-
-from ..bench_gossip.shapes import Shapes, make_params, model_shapes
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Comm
 
-#: What a point can time: four algorithms (one `step()` each) and two reductions of one flat tensor.
-ALGORITHMS = ("exact", "powergossip", "allreduce", "powersgd")
+#: The two reductions of one flat tensor a point can time (beside four algorithms, a `step()` each).
 REDUCTIONS = ("ring", "gather")
-KINDS = ALGORITHMS + REDUCTIONS
 
 
 def square_shapes(numel: int) -> Shapes:
@@ -132,7 +134,7 @@ def build(kind: str, comm: Comm, shapes: Shapes, device: str):
             p.grad = torch.randn_like(p)
         algorithm = PowerSGDAllReduce(params, comm, rank=1, start_iter=0)
     else:
-        raise ValueError(f"unknown kind {kind!r}; valid: {', '.join(KINDS)}")
+        raise ValueError(f"unknown kind {kind!r}")
     return algorithm.step, algorithm
 
 
@@ -195,3 +197,27 @@ def peer_point(
         out["results"].append(measure_kind(comm, kind, shapes, count, device))
     out["rss_peak"] = peak_rss_bytes()
     return out
+
+
+def _peer(comm: Comm, point: Dict[str, Any], folder: str) -> bool:
+    from gossip_powersgd.utils import atomic_write
+
+    record = peer_point(comm, point["kinds"], point["params"], point["steps"])
+    # in-process: whether the peer threads took turns (LocalCluster's default when peers outnumber cores)
+    record["takes_turns"] = bool(getattr(comm, "takes_turns", False))
+    atomic_write(Path(folder) / f"rank-{comm.rank}.json", json.dumps(record))
+    return True
+
+
+if __name__ == "__main__":  # one point's child: every peer of it, here or as this rank
+    import topologies
+    from gossip_powersgd.launch import main_guard, run_peers
+
+    def main(argv: List[str]) -> int:
+        point, folder = json.loads(argv[0]), argv[1]
+        ring = topologies.ring(point["peers"])
+        return (
+            0 if run_peers(ring, _peer, point, folder, backend=point["backend"], timeout=600) else 1
+        )
+
+    main_guard(main, sys.argv[1:])
