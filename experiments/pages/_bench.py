@@ -165,6 +165,7 @@ def machine() -> Dict[str, Any]:
         info,
         cores=os.cpu_count(),
         load=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        niceness=os.nice(0),
         python=platform.python_version(),
         torch=torch.__version__,
     )
@@ -191,9 +192,11 @@ def header(rows) -> str:
     ]
     m = starts[0]
     load = f"{min(loads):.1f} to {max(loads):.1f}" if loads else "unknown"
+    nice = sorted({r.row["machine_start"].get("niceness") for r in rows.records} - {None})
+    nice = f", run at niceness {', '.join(map(str, nice))}" if nice else ""
     return (
         f"{text} Machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; load average {load} at "
-        "the starts and ends of its runs (the cores are shared with other jobs). Python "
+        f"the starts and ends of its runs{nice} (the cores are shared with other jobs). Python "
         f"{m['python']}, torch {m['torch']}, {m['mpi']}."
     )
 
