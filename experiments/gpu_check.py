@@ -1,22 +1,17 @@
 """GPU readiness check: PowerGossip and exact gossip with CUDA tensors, against the CPU run.
 
     python -m experiments.gpu_check --out experiments/results/gpu_check.md   # on a CUDA machine
-    python -m experiments.gpu_check --device cpu --dry-run --out /tmp/gpu_check.md
-                                                             # the same code path on the CPU (no GPU needed)
+    python -m experiments.gpu_check --device cpu --dry-run   # the same code path on the CPU
 
-What it does, on ring:P (P = --peers):
-
-1. local transport (`LocalCluster`, one thread per peer) with every tensor on the device: exact gossip
-   and PowerGossip r1 for --steps steps on ResNet-20 shapes; the final models must equal the CPU
-   run's to float tolerance, and the average over peers must be what it was at the start;
-2. torch.distributed transport: the script starts itself under torchrun (`python -m
-   torch.distributed.run --nproc-per-node P`, bounded by --timeout), one process per GPU with NCCL
-   (gloo on the CPU in a dry run), and checks the same two things;
-3. times a VGG-16-shaped gossip step (15.2 M parameters) of both algorithms on the device;
-4. writes the page (default runs/gpu_check.md; a dry run writes only to --out).
-
-On a machine without CUDA it refuses with one line and exit status 1. NCCL wants one GPU per rank, so
-with fewer than two GPUs step 2 is reported as skipped (with the reason), not run.
+On ring:P (P = --peers), ResNet-20 shapes (a few small matrices in a dry run): (1) the local
+transport with every tensor on the device, exact gossip and PowerGossip r1 for --steps steps: the
+final models must equal the CPU run's to float tolerance and the average over peers must stay
+what it was; (2) the same under torchrun (`-m torch.distributed.run`, bounded by --timeout), one
+process per GPU with NCCL (gloo in a dry run); (3) a VGG-16-shaped gossip step of both algorithms
+timed on the device; (4) the page (default runs/gpu_check.md; a dry run writes only to --out).
+Without CUDA it refuses in one line, exit status 1; with fewer than two GPUs (NCCL wants one per
+rank) part (2) is reported as skipped, with the reason. Not an engine page: it has no committed
+page (it needs a CUDA machine), and it exits non-zero when a comparison fails.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Sequence
 
 import torch
 
-from experiments.pages._bench import Shapes, make_params, model_shapes
+from experiments.pages._bench import Shapes, make_params, model_shapes, resident_bytes
 from gossip_powersgd.comm.base import nbytes, reduce_in_rank_order
 
 if TYPE_CHECKING:
@@ -44,23 +44,6 @@ def parameter_shapes(params: str) -> Shapes:
         return square_shapes(int(float(params)))
     except ValueError:
         return model_shapes(params)
-
-
-def rss_bytes() -> int:
-    """This process's resident memory now (Linux /proc; 0 where unavailable)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory so far (ru_maxrss is in kB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def gather_reduce_(comm: Comm, tensor: torch.Tensor) -> torch.Tensor:
@@ -167,7 +150,7 @@ def measure_kind(
         "seconds_per_step": seconds / steps,
         "bytes_sent": (comm.stats.bytes_sent - sent0) / steps,
         "bytes_received": received["bytes"] / steps,
-        "rss": rss_bytes(),
+        "rss": resident_bytes(),
     }
     del step, keep
     vars(comm).pop("shared_memory_allreduce", None)  # back to the class default for the next kind
@@ -188,14 +171,14 @@ def peer_point(
         "size": comm.size,
         "params": params,
         "numel": numel,
-        "rss_start": rss_bytes(),
+        "rss_start": resident_bytes(),
         "results": [],
     }
     for kind in kinds:
         # PowerGossip alternates right and left half-steps: time whole power iterations.
         count = steps + steps % 2 if kind == "powergossip" else steps
         out["results"].append(measure_kind(comm, kind, shapes, count, device))
-    out["rss_peak"] = peak_rss_bytes()
+    out["rss_peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
     return out
 
 
