@@ -24,12 +24,8 @@ VENV_BIN = Path(sys.executable).parent
 QUICK = [
     *(["-m", "experiments", name, "--quick"] for name in sorted(pages())),
     ["-m", "experiments.suite", "consensus", "--quick"],
-    ["-m", "experiments.suite", "privacy", "--quick", "--epochs", "1"],
     ["-m", "experiments.suite", "dynamic", "--quick", "--epochs", "1"],
-    ["-m", "experiments.privacy_attacks", "--quick"],
-    ["-m", "experiments.privacy_mechanisms", "--quick"],
     ["-m", "experiments.paper_standin", "--quick"],
-    ["-m", "experiments.privacy_attacks.dp_sweep", "--quick"],
     [
         "-m",
         "experiments.consensus",

@@ -83,8 +83,8 @@ unless named otherwise):
                                     before_any_run (--budgets nan, --gammas inf, --stop-relative 2,
                                     --sweep-bits -5, --steps 1e8, a bad last algorithm spec)
  41 unusable --out of the CLIs .... test_reliability_cli.test_consensus_cli_checks_its_output_
-                                    directory_before_the_runs, test_privacy_attacks_checks_its_output_
-                                    directory_before_the_runs (utils.check_writable_dir, both CLIs)
+                                    directory_before_the_runs (utils.check_writable_dir);
+                                    python -m experiments: test_engine.test_unknown_page_and_...
 Reliability III items, in test_reliability_views (same rules):
  42 observers on a schedule or a .. test_observers_record_what_arrived_on_changing_graphs (matchings,
     directed graph                  one_peer_exponential, edge_sampling, cyclic Choco, push-sum);

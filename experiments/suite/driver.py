@@ -1,4 +1,4 @@
-"""The suite's CLI: `python -m experiments.suite consensus|privacy|dynamic [options]`."""
+"""The suite's CLI: `python -m experiments.suite consensus|dynamic [options]`."""
 
 from __future__ import annotations
 
@@ -17,11 +17,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     command = "python -m experiments.suite " + " ".join(shlex.quote(a) for a in argv)
     # Pages go to experiments/results/ only when --out names it: the default is under runs/.
     out = args.out or (ROOT / "runs" / ("suite-quick" if args.quick else "suite"))
-    if args.what == "privacy":
-        from .privacy import run_privacy
-
-        run_privacy(out, args.quick, epochs=args.epochs, command=command, jobs=args.jobs)
-    elif args.what == "dynamic":
+    if args.what == "dynamic":
         from .dynamic import TRAINING_EPOCHS, run_dynamic
 
         run_dynamic(out, args.quick, epochs=args.epochs or TRAINING_EPOCHS, command=command)

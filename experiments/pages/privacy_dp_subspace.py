@@ -1,6 +1,5 @@
-"""`python -m experiments.privacy_attacks.dp_subspace [--quick] [--jobs N] [--out DIR]
-[--render-only]`: does keeping the private update in the exchanged subspace rescue PowerGossip
-under DP?
+"""`python -m experiments privacy_dp_subspace`: does keeping the private update in the exchanged
+subspace rescue PowerGossip under DP?
 
 Under DP-SGD PowerGossip r1's models drift apart: the noise is full rank and a rank-1 exchange
 averages little of it per step. `dp_exchanged_subspace` (gossip_powersgd/privacy/subspace.py)
@@ -8,32 +7,34 @@ projects each step's private update of the compressed matrices on the subspace t
 messages read, so all of its noise is exchanged at once; `dp_subspace_feedback` adds back, at
 the next step, what the projection cut off. Both are post-processing of DP-SGD, so every row of a
 target epsilon spends the same epsilon. This page runs them next to plain PowerGossip r1 and r4
-and exact gossip in the regime of privacy.md's DP rows (privacy_dp_sweep.md's recipe, each
-epsilon at its budget from privacy_dp_budget.md), 3 seeds each, and reports accuracy and the
+and exact gossip in the regime of privacy.md's DP rows (`_privacy`: privacy_dp_sweep.md's recipe,
+each epsilon at its budget from privacy_dp_budget.md), 3 seeds each, and reports accuracy and the
 consensus distance over time.
-
-Writes privacy_dp_subspace.{md,json} under --out (default runs/dp-subspace).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import statistics
-import sys
-import time
-from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from gossip_powersgd.utils import atomic_write, git_commit
+from experiments.engine import Outputs, Page, Rows, Run, made_by
+from experiments.pages import register
+from experiments.pages._privacy import (
+    BASE,
+    CLIP,
+    DELTA,
+    PER_PEER,
+    dp_epochs,
+    dp_row,
+    loads,
+    pct,
+    recipe,
+    train_config,
+    with_load,
+)
 
-from .dp_sweep import _load, _pct, dp_epochs
-from .resumable import Progress, run_missing
-
-ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = ROOT / "runs" / "dp-subspace"
 _SUBSPACE = dict(dp_exchanged_subspace=True)
 _FEEDBACK = dict(dp_exchanged_subspace=True, dp_subspace_feedback=True)
 #: (label, algorithm spec, config keys on top of the regime). The first of a rank is the plain
@@ -42,70 +43,35 @@ VARIANTS = (
     ("exact gossip", "exact", {}),
     ("PowerGossip r1", "powergossip:rank=1,iters=1", {}),
     ("PowerGossip r1, update in the exchanged subspace", "powergossip:rank=1,iters=1", _SUBSPACE),
-    (
-        "PowerGossip r1, exchanged subspace + feedback",
-        "powergossip:rank=1,iters=1",
-        _FEEDBACK,
-    ),
+    ("PowerGossip r1, exchanged subspace + feedback", "powergossip:rank=1,iters=1", _FEEDBACK),
     ("PowerGossip r4", "powergossip:rank=4,iters=1", {}),
     ("PowerGossip r4, update in the exchanged subspace", "powergossip:rank=4,iters=1", _SUBSPACE),
 )
 TARGETS = (8.0, 3.0)
 SEEDS = (0, 1, 2)
-QUICK_VARIANTS = VARIANTS[1:3]
-QUICK_TARGETS = (3.0,)
-QUICK_SEEDS = (0,)
+#: --quick: (variants, targets, seeds).
+QUICK = (VARIANTS[1:3], (3.0,), (0,))
 
 
-def _log(text: str) -> None:
-    print(f"[dp-subspace {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
-
-
-def _key(label: str, target: float, seed: int) -> str:
-    return f"{label} | {target:g} | {seed}"
-
-
-def run_variant(
-    label: str, spec: str, extra: Dict[str, Any], target: float, seed: int, quick: bool
-) -> Dict[str, Any]:
-    """One DP run of the privacy suite's regime with the variant's keys, at target's budget."""
-    from experiments.suite.privacy import _attempt, privacy_plan
-
-    load = os.getloadavg()[0]
-    row = _attempt(label, spec, "iid", target, seed, privacy_plan(quick), extra=extra)
-    row.update(extra=extra, load=[load, os.getloadavg()[0]], commit=git_commit())
-    return row
-
-
-def plan(quick: bool) -> Tuple[Sequence, Sequence[float], Sequence[int]]:
-    return (QUICK_VARIANTS, QUICK_TARGETS, QUICK_SEEDS) if quick else (VARIANTS, TARGETS, SEEDS)
-
-
-def measure(
-    quick: bool, jobs: int, done: Dict[str, Dict[str, Any]], save=None, render_only=False
-) -> Tuple[List[Dict[str, Any]], List[Tuple[str, float, int]]]:
-    """Every (variant, target, seed) of the plan not in `done` yet, `jobs` at a time. Returns the
-    rows in the plan's order and the (label, target, seed) not run (`render_only`)."""
-    variants, targets, seeds = plan(quick)
-    todo = [
-        (_key(label, target, seed), (label, spec, extra, target, seed, quick))
-        for target in targets
-        for label, spec, extra in variants
-        for seed in seeds
-        if _key(label, target, seed) not in done
-    ]
-    if not render_only:
-        run_missing(todo, run_variant, jobs, done, save)
-    rows, missing = [], []
+def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    variants, targets, seeds = QUICK if quick else (VARIANTS, TARGETS, SEEDS)
+    runs = []
     for target in targets:
-        for label, _, _ in variants:
+        for label, spec, extra in variants:
+            train = train_config(recipe(quick), spec, target, extra=extra)
+            config = dict(label=label, spec=spec, partition="iid", target=target, extra=extra)
+            config["train"] = train
             for seed in seeds:
-                row = done.get(_key(label, target, seed))
-                if row is None:
-                    missing.append((label, target, seed))
-                else:
-                    rows.append(row)
-    return rows, missing
+                runs.append(
+                    Run(f"{label}/eps={target:g}/seed{seed}", config, seed, train["epochs"])
+                )
+    return runs
+
+
+def row(run: Run) -> Dict[str, Any]:
+    """One DP run of the privacy pages' regime with the variant's keys, at target's budget."""
+    start = os.getloadavg()[0]
+    return with_load(dict(dp_row(run.config, run.seed), extra=run.config["extra"]), start)
 
 
 def _mean_sd(values: Sequence[float]) -> Tuple[float, float]:
@@ -145,7 +111,7 @@ def _acc(cell: Dict[str, Any]) -> str:
     if not cell.get("acc"):
         return "n/a"
     mean, sd = cell["acc_mean"], cell["acc_sd"]
-    return f"{100 * mean:.2f} ± {100 * sd:.2f} %" if not math.isnan(sd) else _pct(mean)
+    return f"{100 * mean:.2f} ± {100 * sd:.2f} %" if not math.isnan(sd) else pct(mean)
 
 
 def verdict_text(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence[float]) -> str:
@@ -241,7 +207,6 @@ def _message_dp(rows: Sequence[Dict[str, Any]], targets: Sequence[float]) -> str
     """What DP on the sent messages would cost at this page's epsilons: one Gaussian mechanism
     per message (q = 1, sensitivity 2B for messages clipped to norm B), as many as the run's
     steps, the noise multiplier from the same RDP accountant as the DP rows."""
-    from experiments.suite.privacy import DELTA
     from gossip_powersgd.privacy.accounting import noise_for_target
 
     parts = []
@@ -258,30 +223,12 @@ def _message_dp(rows: Sequence[Dict[str, Any]], targets: Sequence[float]) -> str
     return "; ".join(parts) + " (RDP, q = 1)" if parts else "not computed (no finished row)"
 
 
-def page(
-    rows: Sequence[Dict[str, Any]],
-    missing: Sequence[Tuple[str, float, int]],
-    command: str,
-    seconds: float,
-    quick: bool,
-    jobs: int,
-) -> str:
-    from experiments.suite.privacy import CLIP, DELTA, privacy_plan
-
-    from .dp_sweep import BASE, PER_PEER
-
-    variants, targets, seeds = plan(quick)
-    regime = privacy_plan(quick)
-    table = cells(rows)
-    commits = sorted({str(r["commit"]) for r in rows if r.get("commit")})
-    made = (
-        f"Rows made by `python -m experiments.privacy_attacks.dp_subspace` ({seconds:.0f} s of "
-        f"runs), page rendered by `{command}` (commit {git_commit()})"
-        if "--render-only" in command
-        else f"Generated by `{command}` in {seconds:.0f} s (commit {git_commit()})"
-    )
-    if len(commits) > 1 or (commits and commits[0] != git_commit()):
-        made += f"; rows made at commit {', '.join(commits)}"
+def render(rows: Rows) -> Outputs:
+    quick, data = rows.quick, rows.data
+    variants, targets, seeds = QUICK if quick else (VARIANTS, TARGETS, SEEDS)
+    regime, table = recipe(quick), cells(data)
+    origin = rows.records[0].origin or {}
+    at_once = f"{origin['jobs']} run(s) at once " if "jobs" in origin else ""
     setting = (
         "the privacy suite's --quick problem"
         if quick
@@ -291,33 +238,16 @@ def page(
     budgets = ", ".join(f"ε = {t:g}: {regime['dp_epochs'] or dp_epochs(t)} epochs" for t in targets)
     text = (
         "# PowerGossip under DP: the private update kept in the exchanged subspace\n\n"
-        f"{made}; backend local (8 peer threads, one torch thread each), {jobs} run(s) at once "
-        f"on {os.cpu_count()} CPU cores shared with other jobs (1-minute load average "
-        f"{_load(rows)} at the runs' starts and ends). Setting: {setting}; the DP rows' regime "
+        f"{made_by(rows)} Backend local (8 peer threads, one torch thread each), {at_once}on "
+        f"{data[0].get('cores', 'n/a')} CPU cores shared with other jobs (1-minute load average "
+        f"{loads(data)} at the runs' starts and ends). Setting: {setting}; the DP rows' regime "
         f"of privacy.md (expected batch {regime['dp_batch']}, lr {regime['dp_lr']}, clip "
         f"C = {CLIP:g}, δ = {DELTA:g}, SGD momentum 0.9, cosine schedule to lr 0 with "
         f"{regime['warmup']} warm-up epoch; budgets from privacy_dp_budget.md, {budgets}), run "
-        "by the privacy suite's own code (`experiments.suite.privacy`), seeds "
+        "by the privacy pages' own code (`experiments/pages/_privacy.py`), seeds "
         f"{', '.join(map(str, seeds))}. DP noise is secret per peer (fresh OS entropy).\n\n"
-        "**The problem.** DP-SGD's noise is full rank; a rank-r PowerGossip step exchanges "
-        "each matrix's difference with a neighbour along r directions, so most of a step's "
-        "noise stays in each peer's model and the models drift apart.\n\n"
-        "**The remedy tried.** `dp_exchanged_subspace: true` replaces each step's update of "
-        "every compressed matrix by its projection on the subspace the step's messages read "
-        "(the span of the neighbours' factors on that half-step's side), so all the noise that "
-        "enters a model is exchanged, and partly averaged, in the same step. "
-        "`dp_subspace_feedback: true` also keeps what the projection cut off and adds it to the "
-        "next step's update (error feedback). Both are post-processing of DP-SGD's output: the "
-        "same σ, the same accountant, the same ε as the plain row of that ε. The two nearby "
-        "designs the issue names were not run: noise projected while the whole gradient is "
-        "applied gives no ε, as it leaves the gradient's other part in the model without noise, "
-        "for later messages to read; noise on what is sent instead of on the gradient has no "
-        "useful ε, as one record's effect on a message has no bound short of clipping the "
-        "message itself to a norm B, and then any message may become any other of norm ≤ B "
-        "(sensitivity 2B), with no amplification by subsampling, composed over every message "
-        f"a neighbour receives: {_message_dp(rows, targets)}. Projecting the whole private "
-        "update is the valid form of both.\n\n"
-        "## Accuracy and consensus, mean over seeds\n\n"
+        + PROBLEM.format(message_dp=_message_dp(data, targets))
+        + "## Accuracy and consensus, mean over seeds\n\n"
         "Consensus distance: mean over peers of ‖x_i − x̄‖², geometric mean over seeds.\n\n"
         "| target ε | variant | σ | ε (max over peers) | averaged-model acc | "
         "consensus distance (end) | MB sent per peer | failed runs |\n"
@@ -337,90 +267,81 @@ def page(
                 f"| {target:g} | {label} | {sigma} | {eps:.3g} | {_acc(cell)} | {consensus} | "
                 f"{mb:.3g} | {cell['failed']} |\n"
             )
-    text += "\n## Consensus distance over time (geometric mean over seeds, at each evaluation)\n\n"
-    for target in targets:
-        epochs = sorted(
-            {e for (lab, t), c in table.items() if t == target for e in c["history_gm"]}
-        )
-        if not epochs:
-            continue
-        text += (
-            f"ε = {target:g}:\n\n| variant | "
-            + " | ".join(f"epoch {e:g}" for e in epochs)
-            + " |\n|---|"
-            + "---|" * len(epochs)
-            + "\n"
-        )
-        for label, _, _ in variants:
-            cell = table.get((label, target))
-            if cell is None:
-                continue
-            text += (
-                f"| {label} | "
-                + " | ".join(
-                    f"{cell['history_gm'][e]:.3g}" if e in cell["history_gm"] else "n/a"
-                    for e in epochs
-                )
-                + " |\n"
-            )
-        text += "\n"
+    text += consensus_tables(table, variants, targets)
     text += (
         "## Answer\n\nEach variant against plain PowerGossip of its rank at the same ε (the same "
         "bytes: the messages are the same size):\n\n"
         + verdict_text(table, targets)
         + "\n"
         + conclusion(table, targets)
+        + "\n## Runs\n\n| target ε | variant | seed | acc | at ¾ | consensus (end) | seconds |\n"
+        "|---|---|---|---|---|---|---|\n"
     )
-    text += "\n## Runs\n\n| target ε | variant | seed | acc | at ¾ | consensus (end) | seconds |\n"
-    text += "|---|---|---|---|---|---|---|\n"
-    for r in rows:
-        head = f"| {r['target']:g} | {r['label']} | {r['seed']} |"
+    for r in data:
+        text += f"| {r['target']:g} | {r['label']} | {r['seed']} |"
         if "error" in r:
-            text += head + f" FAILED: {r['error'].replace('|', '/')} | | | |\n"
+            text += f" FAILED: {r['error'].replace('|', '/')} | | | |\n"
             continue
         text += (
-            head + f" {_pct(r['acc_avg'])} | {_pct(r.get('acc_3q'))} | {r['consensus']:.3g} | "
+            f" {pct(r['acc_avg'])} | {pct(r.get('acc_3q'))} | {r['consensus']:.3g} | "
             f"{r['run_seconds']:.0f} |\n"
         )
+    missing = [run for run in plan(quick, {}) if run.key not in rows.by_key]
     if missing:
         text += "\n## Not run\n\n" + "\n".join(
-            f"- {label} at target ε {target:g}, seed {seed}" for label, target, seed in missing
+            f"- {r.config['label']} at target ε {r.config['target']:g}, seed {r.seed}"
+            for r in missing
         )
+        text += "\n"
+    return {"privacy_dp_subspace.md": text}
+
+
+def consensus_tables(table, variants, targets) -> str:
+    """Per target, the geometric mean over seeds of the consensus distance at each evaluation."""
+    text = "\n## Consensus distance over time (geometric mean over seeds, at each evaluation)\n\n"
+    for target in targets:
+        epochs = sorted({e for (_, t), c in table.items() if t == target for e in c["history_gm"]})
+        if not epochs:
+            continue
+        text += f"ε = {target:g}:\n\n| variant | " + " | ".join(f"epoch {e:g}" for e in epochs)
+        text += " |\n|---|" + "---|" * len(epochs) + "\n"
+        for label, _, _ in variants:
+            cell = table.get((label, target))
+            if cell is not None:
+                history = cell["history_gm"]
+                values = (f"{history[e]:.3g}" if e in history else "n/a" for e in epochs)
+                text += f"| {label} | " + " | ".join(values) + " |\n"
         text += "\n"
     return text
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.privacy_attacks.dp_subspace")
-    parser.add_argument("--quick", action="store_true", help="tiny problem, seconds")
-    parser.add_argument("--jobs", type=int, default=2, help="runs at once (processes)")
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument(
-        "--render-only", action="store_true", help="run nothing: write the page from the JSON"
-    )
-    args = parser.parse_args(argv)
-    if args.jobs < 1:
-        parser.error(f"--jobs {args.jobs}: give 1 or more runs at once")
-    out = args.out or (ROOT / "runs" / "dp-subspace-quick" if args.quick else DEFAULT_OUT)
-    out.mkdir(parents=True, exist_ok=True)
-    command = "python -m experiments.privacy_attacks.dp_subspace" + "".join(
-        f" {a}" for a in (argv if argv is not None else sys.argv[1:])
-    )
-    progress = Progress(out, "privacy_dp_subspace", args.jobs)
-    if args.render_only and not progress.rows:
-        parser.error(f"--render-only: no rows under {out} (run the page first)")
-    rows, missing = measure(args.quick, args.jobs, progress.rows, progress.save, args.render_only)
-    seconds = progress.seconds(ran=not args.render_only)
-    atomic_write(
-        out / "privacy_dp_subspace.md",
-        page(rows, missing, command, seconds, args.quick, args.jobs),
-    )
-    result = dict(rows={_key(r["label"], r["target"], r["seed"]): r for r in rows}, seconds=seconds)
-    atomic_write(progress.final, json.dumps(result, indent=1) + "\n")
-    progress.finish(complete=not missing)
-    _log(f"wrote {out / 'privacy_dp_subspace.md'}")
-    return 0
+PROBLEM = (
+    "**The problem.** DP-SGD's noise is full rank; a rank-r PowerGossip step exchanges each "
+    "matrix's difference with a neighbour along r directions, so most of a step's noise stays in "
+    "each peer's model and the models drift apart.\n\n"
+    "**The remedy tried.** `dp_exchanged_subspace: true` replaces each step's update of every "
+    "compressed matrix by its projection on the subspace the step's messages read (the span of "
+    "the neighbours' factors on that half-step's side), so all the noise that enters a model is "
+    "exchanged, and partly averaged, in the same step. `dp_subspace_feedback: true` also keeps "
+    "what the projection cut off and adds it to the next step's update (error feedback). Both "
+    "are post-processing of DP-SGD's output: the same σ, the same accountant, the same ε as the "
+    "plain row of that ε. The two nearby designs the issue names were not run: noise projected "
+    "while the whole gradient is applied gives no ε, as it leaves the gradient's other part in "
+    "the model without noise, for later messages to read; noise on what is sent instead of on "
+    "the gradient has no useful ε, as one record's effect on a message has no bound short of "
+    "clipping the message itself to a norm B, and then any message may become any other of "
+    "norm ≤ B (sensitivity 2B), with no amplification by subsampling, composed over every "
+    "message a neighbour receives: {message_dp}. Projecting the whole private update is the "
+    "valid form of both.\n\n"
+)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+PAGE = register(
+    Page(
+        name="privacy_dp_subspace",
+        title="PowerGossip under DP: the private update kept in the exchanged subspace",
+        plan=plan,
+        row=row,
+        render=render,
+    )
+)

@@ -1,42 +1,85 @@
-"""The privacy-attacks page from measured rows: tables of leakage (mean ± sd over seeds) with the
-blind baselines and the null band beside every figure, reconstructions judged by the attacks
-through them, attacks over rounds, per-class AUC, a log-scale ROC plot; the answers in words
-(answers.py) and the network-DP section (network_page.py) placed on it."""
+"""The attack pages' tables from their rows: leakage (mean ± sd over seeds) with the blind baselines
+and the null band beside every figure, reconstructions judged by the attacks through them, attacks
+over rounds, per-class AUC, the runs with their plateau check, a budget check against older rows,
+and a log-scale ROC plot."""
 
 from __future__ import annotations
 
+import math
 import statistics
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from .answers import answers
-from .attacks import ATTACKS
-from .dp_sweep import budget_text
-from .measure import DP, OBSERVER
-from .network_page import HEATMAP_PNG, network_text, plot_network
-from .rows import (
-    HEADLINE,
-    _band,
-    _last,
-    _pyplot,
-    _reconstructions,
-    _stat,
-    _strongest,
-    band_of,
-    budget_row,
-    groups,
-    label,
-)
+from gossip_powersgd.privacy.attacks import ATTACKS, null_band_of
 
-__all__ = ["HEATMAP_PNG", "answers", "band_of", "page", "plateau", "plot_network", "plot_roc"]
+from .regimes import ALGORITHMS
+
+#: The attack the headline columns use (the strongest here on average; every attack is in the rows).
+HEADLINE = "LiRA offline"
 
 
-def roc_png(stem: str) -> str:
-    """The ROC plot's file name for a page named `stem`."""
-    return f"{stem}_roc.png"
+def label(spec: str) -> str:
+    return dict((s, name) for name, s in ALGORITHMS).get(spec, spec)
 
 
-ROC_PNG = roc_png("privacy_attacks")
+def groups(rows: Sequence[Dict[str, Any]]) -> List[List[Dict[str, Any]]]:
+    """Rows of the same (algorithm, target epsilon), in plan order."""
+    out: Dict[tuple, List[Dict[str, Any]]] = {}
+    for r in rows:
+        if "failure" not in r:
+            out.setdefault((r["spec"], r["target"]), []).append(r)
+    return list(out.values())
+
+
+def _stat(values: Sequence[float], digits: int = 3, pct: bool = False) -> str:
+    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not values:
+        return "n/a"
+    scale = 100 if pct else 1
+    mean = statistics.fmean(values) * scale
+    if len(values) == 1:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {statistics.stdev(values) * scale:.{digits}f}"
+
+
+def _last(r: Dict[str, Any]) -> Dict[str, Any]:
+    return r["rounds"][str(r["last"])]
+
+
+def _reconstructions(r: Dict[str, Any]) -> List[str]:
+    return [k for k in _last(r)["quality"] if k != "observer's own"]
+
+
+def _strongest(group: Sequence[Dict[str, Any]]) -> str:
+    """The observer's estimator with the highest mean headline AUC (the oracle excluded: it uses
+    the truth)."""
+    names = [n for n in _reconstructions(group[0]) if not n.startswith("oracle")]
+    return max(
+        names,
+        key=lambda n: statistics.fmean(_last(r)["flat"][f"auc/{n}/{HEADLINE}"] for r in group),
+    )
+
+
+def _band(r: Dict[str, Any]) -> Dict[str, list]:
+    return null_band_of(r["members"], r["nonmembers"])
+
+
+def budget_row(r: Dict[str, Any]) -> Dict[str, Any]:
+    """A DP row reduced to what the budget check shows: its recipe, accuracy and headline
+    leakage through the victim's own model."""
+    flat = _last(r)["flat"]
+    return dict(
+        spec=r["spec"],
+        target=r["target"],
+        seed=r["seed"],
+        epochs=r["epochs"],
+        steps=r["steps"],
+        sigma=r["sigma"],
+        eps=min(r["eps_victims"]),
+        acc_avg=r["acc_avg"],
+        auc=flat["auc/victim/LiRA offline"],
+        tpr=flat["tpr0.1/victim/LiRA offline"],
+        commit=r.get("commit"),
+    )
 
 
 def _dp(group: Sequence[Dict[str, Any]]) -> str:
@@ -50,37 +93,6 @@ def _dp(group: Sequence[Dict[str, Any]]) -> str:
         else f"{min(eps):.3g}–{max(eps):.3g}"
     )
     return f"ε = {span} (victims' own; target {r['target']:g})"
-
-
-_PRIORS: Dict[tuple, Dict[str, Any]] = {}
-
-
-def class_prior(r: Dict[str, Any]) -> Dict[str, Any]:
-    """The blind class-prior score of the row's candidates: each label's frequency in the
-    victims' whole shards (members and held-out alike: with as many of each, its AUC is 1/2 in
-    expectation, where frequencies fitted on the members alone favour them)."""
-    import numpy as np
-
-    from gossip_powersgd.privacy.membership import attack_report, class_prior_scores
-    from gossip_powersgd.training.data import load_dataset
-
-    split = r["split"]
-    key = (split["dataset"], split["seed"], split["split_seed"], tuple(split["victims"]))
-    if key in _PRIORS:
-        return _PRIORS[key]
-    y = load_dataset(split["dataset"], split["seed"]).y_train.numpy()
-    member, labels = [], []
-    for v in split["victims"]:
-        for inside in (True, False):
-            index = split["members" if inside else "heldout"][str(v)]
-            member += [inside] * len(index)
-            labels.append(y[index])
-    labels, member = np.concatenate(labels), np.array(member)
-    scores = class_prior_scores(labels, labels, int(y.max()) + 1)
-    rep = attack_report(scores[member], scores[~member])
-    rep.pop("roc")
-    _PRIORS[key] = rep
-    return rep
 
 
 def _within(value: float, band: Sequence[float]) -> bool:
@@ -97,7 +109,7 @@ def blind_check(group: Sequence[Dict[str, Any]]) -> str:
         blind = e["blind_model"][HEADLINE]
         # The class prior takes ~10 values: no threshold has FPR <= 1 %, so only its AUC counts.
         ok += (
-            _within(class_prior(r)["auc"], band["auc"])
+            _within(_last(r)["flat"]["auc/class prior"], band["auc"])
             and _within(blind["auc"], band["auc"])
             and all(_within(t, b) for t, b in zip(blind["tpr"], band["tpr"]))
         )
@@ -163,7 +175,7 @@ def leakage_table(rows) -> str:
         models += ["observer's own", "average of all"]
         band = _band(g[0])
         blind = (
-            f"{_stat([class_prior(r)['auc'] for r in g])}",
+            f"{_stat([_last(r)['flat']['auc/class prior'] for r in g])}",
             f"{_stat([_last(r)['flat'][f'auc/blind model/{HEADLINE}'] for r in g])} / "
             f"{_stat([_last(r)['flat'][f'tpr0.1/blind model/{HEADLINE}'] for r in g], 4)}",
             f"[{band['auc'][0]:.3f}, {band['auc'][1]:.3f}] / [{band['tpr'][0][0]:.4f}, "
@@ -254,10 +266,12 @@ def per_class_table(rows) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_roc(rows, path: Path) -> None:
+def plot_roc(rows) -> bytes:
     """Log-log ROC of the headline attack, seed of each group's first row: the victim's model and
     the strongest reconstruction, the blind model, chance."""
-    plt = _pyplot()
+    from experiments.pages._privacy import png, pyplot
+
+    plt = pyplot()
     gs = groups(rows)
     fig, axes = plt.subplots(1, len(gs), figsize=(3.6 * len(gs), 3.6), squeeze=False)
     for ax, g in zip(axes.flat, gs):
@@ -282,23 +296,7 @@ def plot_roc(rows, path: Path) -> None:
         ax.set_xlabel("FPR")
         ax.set_ylabel("TPR")
         ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def regime_text(setting: Dict[str, Any], dp: Dict[str, Any]) -> str:
-    """The default regime's sentences (privacy_dp_sweep.md's regime)."""
-    return (
-        f"Every row trains in the regime that privacy_dp_sweep.md chose (its constants are "
-        f"imported, not copied) on the same data per peer. Non-private rows: that page's "
-        f"non-private reference, batch {setting['batch_size']}, {setting['epochs']} epochs, but "
-        f"lr {setting['lr']} (see Not reached). Private rows: DP-SGD on every peer, its chosen row "
-        f"(Poisson batches of {dp.get('batch_size')}, lr {dp.get('lr')}, clip "
-        f"C = {dp.get('dp_max_grad_norm')}, δ = {dp.get('dp_delta')}) trained for "
-        f"{budget_text()} (privacy_dp_budget.md: at each ε the budget after which doubling the "
-        "epochs no longer pays), "
-    )
+    return png(fig, dpi=100)
 
 
 def budget_section(rows, others: Sequence[Dict[str, Any]]) -> str:
@@ -349,103 +347,3 @@ def budget_section(rows, others: Sequence[Dict[str, Any]]) -> str:
             "above are past it."
         )
     return "\n".join(lines) + "\n\n" + (" ".join(words) + "\n\n" if words else "")
-
-
-def page(
-    rows,
-    network: Optional[Dict[str, Any]],
-    plan: Dict[str, Any],
-    generated: str,
-    stem: str = "privacy_attacks",
-) -> str:
-    """The page; `stem` names its JSON and ROC plot (privacy_attacks for the default regime),
-    `plan["title"]` and `plan["regime_text"]` a regime other than the default, `network` None
-    leaves the network-DP section out."""
-    setting = plan["setting"]
-    text = f"# {plan.get('title', 'What a curious neighbour learns')}\n\n"
-    loads = [r["load"] for r in rows if "load" in r]
-    load = (
-        f" (1-min load average {min(loads):.1f}–{max(loads):.1f} at the ends of the runs)"
-        if loads
-        else ""
-    )
-    text += (
-        f"{generated} Backend `local` (every peer a thread of one process), on 2 CPU cores "
-        f"shared with other engineers' jobs{load}.\n\n"
-    )
-    text += (
-        "**Threat model.** Honest-but-curious peers: they follow the protocol, do not collude, "
-        "and see exactly the bytes the transport delivers to them, plus what they legitimately "
-        "know (their own model and data, the config and seed, the shared PowerGossip factors, "
-        "Choco's public copy x̂). Rank "
-        f"{OBSERVER} observes (records every message it receives, every step) and attacks both "
-        f"its neighbours (the victims), whose own models give the truth.\n\n"
-    )
-    dp = setting.get("dp") or DP
-    text += (
-        f"**Membership protocol.** Before training each victim's shard is split at random "
-        f"(`gossip_powersgd.privacy.heldout.make_split`, seed = the run's seed; the indices are in "
-        f"the JSON) into members, which it trains on, and held-out records that no peer ever trains "
-        f"on (the split enters training as a `partition: local` dataset, so nothing else can be "
-        f"trained on). Members and non-members therefore come from the same distribution. Per run: "
-        f"{plan['members']} members and {plan['nonmembers']} non-members pooled over the two "
-        f"victims, so TPR at 0.1 % FPR lets {plan['nonmembers'] // 1000} "
-        f"non-member{'s' if plan['nonmembers'] // 1000 != 1 else ''} above the "
-        f"threshold (FPR in steps of 1/{plan['nonmembers']}); every figure is mean "
-        f"± sd over {plan['seeds']} seeds (a new split and a new training seed each). Blind "
-        f"baselines beside every figure: the class-prior score (the label's frequency in the "
-        f"victims' whole shards, members and held-out alike: never looks at a model) and the same attacks through a model that never "
-        f"saw the victims (trained in-process on the observer's own shard); both must sit in the "
-        f"null band, the central 95 % of AUC and TPR under 200 random permutations of the member "
-        f"labels. Attacks: LOSS; calibrated LOSS (−loss + the mean loss of the reference models "
-        f"that did not train on the candidate); class-conditional LOSS; LiRA offline and online "
-        f"(Carlini et al. 2022) with {plan['references']} reference models per seed trained "
-        f"in-process, each on a random half of the candidate pool (every candidate in exactly half "
-        f"of them) plus the observer's own shard, with the non-private recipe below but lr "
-        f"{plan.get('reference_lr', setting['lr'])} (each trains alone, without gossip; no DP for the "
-        f"reference models, also for the DP rows: a weaker but cheaper attacker), global variance. "
-        f"The headline attack is {HEADLINE}.\n\n"
-        f"**Setting and scale.** `{setting['dataset']}` ({plan['per_peer']} training samples per "
-        f"peer; each victim trains on {plan['members'] // 2} of them and holds the rest out), "
-        f"`{setting['partition']}`, `{setting['model']}`, {setting['topology']}, SGD momentum "
-        f"{setting['momentum']}, cosine schedule, {setting['warmup_epochs']} warm-up epoch. "
-        + (plan.get("regime_text") or regime_text(setting, dp))
-        + f"noise secret per peer, one public σ for every peer, chosen so that the peer with the "
-        f"highest sampling rate (a victim: half a shard) ends at the target; the ε in a row is "
-        f"each victim's own. Scale: {plan['scale_note']}\n\n"
-    )
-    text += "## Runs\n\n" + runs_table(rows) + "\n"
-    others = (plan.get("reused") or {}).get("budget_rows") or []
-    if others:
-        text += budget_section(rows, others)
-    text += (
-        "## Leakage to the neighbour (last round)\n\nThe strongest reconstruction is the "
-        "observer's estimator with the highest mean LiRA AUC (the oracle uses the truth and "
-        "is a ceiling, not an attack).\n\n" + leakage_table(rows) + "\n"
-    )
-    text += "All five attacks with the victim's own model:\n\n" + all_attacks_table(rows) + "\n"
-    text += f"![ROC, log scale]({roc_png(stem)})\n\n"
-    text += (
-        "## Reconstructions, judged by what they enable\n\nEstimators "
-        "(`gossip_powersgd.privacy.estimators`): PowerGossip — the moving-M least squares of "
-        "`reconstruction.py` (last 4 messages), least squares on the difference D = M_victim − "
-        "M_observer over the last 64 messages, its drift-aware variant (256 messages weighted "
-        "0.97^age, each corrected by the observer's own model history), and the oracle: the "
-        "true D projected on the span of every factor the observer saw (a ceiling); exact "
-        "gossip: read off; Choco: its public copy x̂. Relative L2 error and agreement are means "
-        "over the two victims.\n\n" + reconstruction_table(rows) + "\n"
-    )
-    text += "## Attacks over rounds\n\n" + rounds_table(rows) + "\n"
-    text += "## Per-class AUC (diagnostic)\n\n" + per_class_table(rows) + "\n"
-    text += "## Answers\n\n" + "\n".join(answers(rows)) + "\n\n"
-    if plan.get("not_reached"):
-        text += "## Not reached\n\n" + "\n".join(f"- {x}" for x in plan["not_reached"]) + "\n\n"
-    if network is not None:
-        text += network_text(network)
-    text += (
-        f"Data: [{stem}.json]({stem}.json) (every row with every attack, round, evaluation, "
-        "ROC, per-class AUC and the split's indices"
-        + ("; the network-DP matrices" if network is not None else "")
-        + ").\n"
-    )
-    return text

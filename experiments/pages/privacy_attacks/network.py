@@ -1,20 +1,47 @@
-"""The network-DP section of privacy_attacks.md: the exact pairwise epsilon of noisy exact
-gossip per topology and case, as a table and heat maps."""
+"""The network-DP section of privacy_attacks.md: the exact pairwise epsilon of noisy exact gossip
+per topology and case (`privacy.pairwise_epsilon`), beside the local-DP ceiling and, with noise
+once, Muffliato's per-message sum (not a bound) converted the same way; a table and heat maps."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Dict
-
-from .rows import _pyplot
+from typing import Any, Dict, Mapping
 
 HEATMAP_PNG = "privacy_attacks_network_dp.png"
-
-
 NOISE_TEXT = {"once": "once", "every_step": "every step"}
 
 
-def network_table(network: Dict[str, Any]) -> str:
+def network_dp(c: Mapping[str, Any]) -> Dict[str, Any]:
+    """Exact pairwise epsilon[u, v] (u's privacy towards observer v's whole view) of noisy exact
+    gossip for each case (noise, steps) and topology of `c`, at its sigma and delta."""
+    import numpy as np
+    import topologies
+
+    from gossip_powersgd.privacy import network_dp as net
+
+    sigma, delta, cases = c["sigma"], c["delta"], []
+    for noise, steps in c["cases"]:
+        ceiling = net.local_epsilon(steps, sigma, delta, noise=noise)
+        for spec in c["topologies"]:
+            eps = net.pairwise_epsilon(spec, steps, sigma, delta, noise=noise)
+            mask = ~np.eye(len(eps), dtype=bool)
+            off = eps[mask]
+            case = dict(topology=spec, noise=noise, steps=steps, matrix=eps.tolist())
+            case.update(min=float(off.min()), median=float(np.median(off)), max=float(off.max()))
+            case.update(local=ceiling, at_local=float(np.isclose(off, ceiling, 1e-9, 0).mean()))
+            if noise == "once":
+                rho = net.per_message_composition_rdp(topologies.parse(spec), steps, sigma)
+                summed = net.gaussian_epsilon(np.sqrt(2 * rho[mask]), delta)
+                case["per_message_min"] = float(summed.min())
+                case["per_message_max"] = float(summed.max())
+                case["per_message_below_exact"] = float((summed < off * (1 - 1e-9)).mean())
+                case["per_message_above_local"] = float((summed > ceiling * (1 + 1e-9)).mean())
+            cases.append(case)
+    return {"sigma": sigma, "delta": delta, "cases": cases}
+
+
+def network_text(network: Dict[str, Any]) -> str:
+    """The section: what is computed, the table and the heat maps."""
+    made = f"{network['generated']} " if network.get("generated") else ""
     lines = [
         "| noise | steps | topology | ε min | ε median | ε max | pairs at the local-DP ceiling "
         "| local-DP ceiling | Muffliato's per-message sum (not a bound): min – max; pairs below "
@@ -34,12 +61,6 @@ def network_table(network: Dict[str, Any]) -> str:
             f"| {c['median']:.3g} | {c['max']:.3g} | {100 * c['at_local']:.0f} % "
             f"| {c['local']:.3g} | {summed} |"
         )
-    return "\n".join(lines) + "\n"
-
-
-def network_text(network: Dict[str, Any]) -> str:
-    """The network-DP section: what is computed, the table and the heat maps."""
-    made = f"{network['generated']} " if network.get("generated") else ""
     return (
         f"## Pairwise network DP of noisy exact gossip (exact accountant)\n\n{made}"
         f"ε[u, v] of peer u towards observer v's whole view (everything v receives over the "
@@ -55,18 +76,20 @@ def network_text(network: Dict[str, Any]) -> str:
         f"this table, here with the same conversion): it is not a bound (last column). "
         f"Linear gossip only: it does not cover PowerGossip's or compressed gossip's messages, "
         f"which per-peer DP-SGD covers by post-processing.\n\n"
-        + network_table(network)
-        + f"\n![network DP]({HEATMAP_PNG})\n\n"
+        + "\n".join(lines)
+        + f"\n\n![network DP]({HEATMAP_PNG})\n\n"
     )
 
 
-def plot_network(network: Dict[str, Any], path: Path) -> None:
+def plot_network(network: Dict[str, Any]) -> bytes:
     """epsilon[u, v] heat maps on one colour scale (log), one row per case, one column per
     topology; white: epsilon = 0 (u's noise does not reach v)."""
     import numpy as np
     from matplotlib.colors import LogNorm
 
-    plt = _pyplot()
+    from experiments.pages._privacy import png, pyplot
+
+    plt = pyplot()
     cases = network["cases"]
     specs = list(dict.fromkeys(c["topology"] for c in cases))
     rows = list(dict.fromkeys((c["noise"], c["steps"]) for c in cases))
@@ -86,5 +109,4 @@ def plot_network(network: Dict[str, Any], path: Path) -> None:
         if specs.index(c["topology"]) == 0:
             ax.set_ylabel("peer u")
     fig.colorbar(image, ax=axes.ravel().tolist(), label="ε of u towards v")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return png(fig, dpi=100, tight=False)
