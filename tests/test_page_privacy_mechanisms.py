@@ -12,7 +12,8 @@ import pytest
 
 from experiments.engine import RowFile
 from experiments.pages import privacy_mechanisms as mechanisms
-from experiments.pages.privacy_mechanisms import budget, calibration
+from experiments.pages import privacy_mechanisms_budget as budget
+from experiments.pages.privacy_mechanisms import calibration
 
 RESULTS = Path(__file__).resolve().parent.parent / "experiments" / "results"
 

@@ -63,6 +63,19 @@ def _band(r: Dict[str, Any]) -> Dict[str, list]:
     return null_band_of(r["members"], r["nonmembers"])
 
 
+def _flat(group, key: str, digits: int = 3) -> str:
+    """mean ± sd over the group's seeds of a flat figure at the last round."""
+    return _stat([_last(r)["flat"][key] for r in group], digits)
+
+
+def _head(group) -> str:
+    return f"| {label(group[0]['spec'])} | {_dp(group)} |"
+
+
+def _table(header: str, lines: List[str]) -> str:
+    return "\n".join([header, "|---" * (header.count("|") - 1) + "|"] + lines) + "\n"
+
+
 def budget_row(r: Dict[str, Any]) -> Dict[str, Any]:
     """A DP row reduced to what the budget check shows: its recipe, accuracy and headline
     leakage through the victim's own model."""
@@ -135,135 +148,113 @@ def plateau(group: Sequence[Dict[str, Any]]) -> tuple:
 
 
 def runs_table(rows) -> str:
-    lines = [
-        "| algorithm | DP | σ | seeds | averaged-model acc | victims' model acc | MB sent / peer | "
-        "MB the observer received | consensus distance (end) | averaged-model acc at ½ / ¾ "
-        "of the run | change over the last quarter (pp) | run s (mean) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = []
     for g in groups(rows):
         half, three, change = plateau(g)
+        sigma = "—" if g[0]["sigma"] is None else format(g[0]["sigma"], ".3g")
         lines.append(
-            f"| {label(g[0]['spec'])} | {_dp(g)} | "
-            f"{'—' if g[0]['sigma'] is None else format(g[0]['sigma'], '.3g')} | {len(g)} | "
-            f"{_stat([r['acc_avg'] for r in g], 2, True)} % | "
+            f"{_head(g)} {sigma} | {len(g)} | {_stat([r['acc_avg'] for r in g], 2, True)} % | "
             f"{_stat([r['acc_victim'] for r in g], 2, True)} % | "
             f"{g[0]['mb_sent_per_peer']:.3f} | {g[0]['observed_mb']:.3f} | "
             f"{_stat([r['consensus'] for r in g], 3)} | {half} / {three} | {change} | "
             f"{statistics.fmean(r['run_seconds'] for r in g):.0f} |"
         )
-    return "\n".join(lines) + "\n"
+    header = (
+        "| algorithm | DP | σ | seeds | averaged-model acc | victims' model acc | MB sent / peer | "
+        "MB the observer received | consensus distance (end) | averaged-model acc at ½ / ¾ "
+        "of the run | change over the last quarter (pp) | run s (mean) |"
+    )
+    return _table(header, lines)
 
 
 def leakage_table(rows) -> str:
-    lines = [
+    lines, oracle = [], "oracle: D on the span of all factors"
+    for g in groups(rows):
+        strongest = _strongest(g) if _reconstructions(g[0]) else None
+        models = ["victim"] + ([strongest] if strongest else [])
+        models += [oracle] if strongest and oracle in _reconstructions(g[0]) else []
+        band, blind = _band(g[0]), f"blind model/{HEADLINE}"
+        tail = (
+            f"{_flat(g, 'auc/class prior')} | {_flat(g, f'auc/{blind}')} / "
+            f"{_flat(g, f'tpr0.1/{blind}', 4)} | [{band['auc'][0]:.3f}, {band['auc'][1]:.3f}] / "
+            f"[{band['tpr'][0][0]:.4f}, {band['tpr'][0][1]:.4f}] / [{band['tpr'][1][0]:.4f}, "
+            f"{band['tpr'][1][1]:.4f}] | {blind_check(g)} |"
+        )
+        for name in models + ["observer's own", "average of all"]:
+            title = name if name != strongest else f"strongest reconstruction: {name}"
+            cells = [_flat(g, f"auc/{name}/{a}") for a in ("LOSS", "LiRA offline", "LiRA online")]
+            cells += [
+                _flat(g, f"tpr0.1/{name}/{HEADLINE}", 4),
+                _flat(g, f"tpr1/{name}/{HEADLINE}", 4),
+            ]
+            lines.append(f"{_head(g)} {title} | " + " | ".join(cells) + f" | {tail}")
+    header = (
         "| algorithm | DP | model | LOSS AUC | LiRA offline AUC | LiRA online AUC | "
         "TPR @ 0.1 % FPR | TPR @ 1 % FPR | blind: class prior AUC | blind: model that never "
         "saw the victims, AUC / TPR @ 0.1 % | null band AUC / TPR @ 0.1 % / TPR @ 1 % | "
-        "blind within band (seeds) |",
-        "|---" * 12 + "|",
-    ]
-    for g in groups(rows):
-        strongest = _strongest(g) if _reconstructions(g[0]) else None
-        models = ["victim"] + (
-            [strongest, "oracle: D on the span of all factors"]
-            if strongest and "oracle: D on the span of all factors" in _reconstructions(g[0])
-            else [strongest]
-            if strongest
-            else []
-        )
-        models += ["observer's own", "average of all"]
-        band = _band(g[0])
-        blind = (
-            f"{_stat([_last(r)['flat']['auc/class prior'] for r in g])}",
-            f"{_stat([_last(r)['flat'][f'auc/blind model/{HEADLINE}'] for r in g])} / "
-            f"{_stat([_last(r)['flat'][f'tpr0.1/blind model/{HEADLINE}'] for r in g], 4)}",
-            f"[{band['auc'][0]:.3f}, {band['auc'][1]:.3f}] / [{band['tpr'][0][0]:.4f}, "
-            f"{band['tpr'][0][1]:.4f}] / [{band['tpr'][1][0]:.4f}, {band['tpr'][1][1]:.4f}]",
-        )
-        for name in models:
-            f = [_last(r)["flat"] for r in g]
-            title = name if name != strongest else f"strongest reconstruction: {name}"
-            lines.append(
-                f"| {label(g[0]['spec'])} | {_dp(g)} | {title} | "
-                f"{_stat([x[f'auc/{name}/LOSS'] for x in f])} | "
-                f"{_stat([x[f'auc/{name}/LiRA offline'] for x in f])} | "
-                f"{_stat([x[f'auc/{name}/LiRA online'] for x in f])} | "
-                f"{_stat([x[f'tpr0.1/{name}/{HEADLINE}'] for x in f], 4)} | "
-                f"{_stat([x[f'tpr1/{name}/{HEADLINE}'] for x in f], 4)} | "
-                f"{blind[0]} | {blind[1]} | {blind[2]} | {blind_check(g)} |"
-            )
-    return "\n".join(lines) + "\n"
+        "blind within band (seeds) |"
+    )
+    return _table(header, lines)
 
 
 def all_attacks_table(rows) -> str:
+    header = "| algorithm | DP | " + " | ".join(f"{a} AUC (victim's model)" for a in ATTACKS) + " |"
     lines = [
-        "| algorithm | DP | " + " | ".join(f"{a} AUC (victim's model)" for a in ATTACKS) + " |",
-        "|---" * (2 + len(ATTACKS)) + "|",
+        f"{_head(g)} " + " | ".join(_flat(g, f"auc/victim/{a}") for a in ATTACKS) + " |"
+        for g in groups(rows)
     ]
-    for g in groups(rows):
-        cells = " | ".join(_stat([_last(r)["flat"][f"auc/victim/{a}"] for r in g]) for a in ATTACKS)
-        lines.append(f"| {label(g[0]['spec'])} | {_dp(g)} | {cells} |")
-    return "\n".join(lines) + "\n"
+    return _table(header, lines)
 
 
 def reconstruction_table(rows) -> str:
-    lines = [
-        "| algorithm | DP | estimate of the victim's model | relative L2 error | prediction "
-        "agreement with the victim's model (test set) | LiRA offline AUC through it | TPR @ "
-        "1 % FPR | the victim's own model: AUC / TPR @ 1 % |",
-        "|---" * 8 + "|",
-    ]
+    lines = []
     for g in groups(rows):
-        own = (
-            f"{_stat([_last(r)['flat'][f'auc/victim/{HEADLINE}'] for r in g])} / "
-            f"{_stat([_last(r)['flat'][f'tpr1/victim/{HEADLINE}'] for r in g], 4)}"
-        )
+        own = f"{_flat(g, f'auc/victim/{HEADLINE}')} / {_flat(g, f'tpr1/victim/{HEADLINE}', 4)}"
         for name in _reconstructions(g[0]) + ["observer's own"]:
             q = [_last(r)["quality"][name] for r in g]
-            f = [_last(r)["flat"] for r in g]
             lines.append(
-                f"| {label(g[0]['spec'])} | {_dp(g)} | {name} | "
-                f"{_stat([x['l2'] for x in q], 4)} | {_stat([x['agreement'] for x in q], 2, True)} % | "
-                f"{_stat([x[f'auc/{name}/{HEADLINE}'] for x in f])} | "
-                f"{_stat([x[f'tpr1/{name}/{HEADLINE}'] for x in f], 4)} | {own} |"
+                f"{_head(g)} {name} | {_stat([x['l2'] for x in q], 4)} | "
+                f"{_stat([x['agreement'] for x in q], 2, True)} % | "
+                f"{_flat(g, f'auc/{name}/{HEADLINE}')} | {_flat(g, f'tpr1/{name}/{HEADLINE}', 4)} | "
+                f"{own} |"
             )
-    return "\n".join(lines) + "\n"
+    header = (
+        "| algorithm | DP | estimate of the victim's model | relative L2 error | prediction "
+        "agreement with the victim's model (test set) | LiRA offline AUC through it | TPR @ "
+        "1 % FPR | the victim's own model: AUC / TPR @ 1 % |"
+    )
+    return _table(header, lines)
 
 
 def rounds_table(rows) -> str:
-    lines = [
-        "| algorithm | DP | model | " + "LiRA offline AUC at round (share of the run; MB the "
-        "observer had received): 25 % | 50 % | 75 % | 100 % |",
-        "|---" * 7 + "|",
-    ]
+    lines = []
     for g in groups(rows):
         r0 = g[0]
-        steps = r0["round_steps"]
-        names = ["victim"] + ([_strongest(g)] if _reconstructions(r0) else [])
-        for name in names:
+        for name in ["victim"] + ([_strongest(g)] if _reconstructions(r0) else []):
             cells = []
-            for s in steps:
+            for s in r0["round_steps"]:
                 values = [r["rounds"][str(s)]["flat"].get(f"auc/{name}/{HEADLINE}") for r in g]
-                mb = r0["observed_mb"] * (s + 1) / r0["steps"]
-                cells.append(f"{_stat(values)} ({mb:.3g} MB)")
-            lines.append(f"| {label(r0['spec'])} | {_dp(g)} | {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+                cells.append(
+                    f"{_stat(values)} ({r0['observed_mb'] * (s + 1) / r0['steps']:.3g} MB)"
+                )
+            lines.append(f"{_head(g)} {name} | " + " | ".join(cells) + " |")
+    header = (
+        "| algorithm | DP | model | LiRA offline AUC at round (share of the run; MB the observer "
+        "had received): 25 % | 50 % | 75 % | 100 % |"
+    )
+    return _table(header, lines)
 
 
 def per_class_table(rows) -> str:
-    lines = [
-        "| algorithm | DP | per-class LiRA offline AUC, victim's model (classes 0–9, mean "
-        "over seeds) |",
-        "|---|---|---|",
-    ]
+    lines = []
     for g in groups(rows):
-        per = [r["rounds"][str(r["last"])]["per_class_victim"] for r in g]
-        mean = [statistics.fmean(col) for col in zip(*per)]
-        lines.append(
-            f"| {label(g[0]['spec'])} | {_dp(g)} | " + ", ".join(f"{v:.3f}" for v in mean) + " |"
-        )
-    return "\n".join(lines) + "\n"
+        mean = [statistics.fmean(c) for c in zip(*(_last(r)["per_class_victim"] for r in g))]
+        lines.append(f"{_head(g)} " + ", ".join(f"{v:.3f}" for v in mean) + " |")
+    header = (
+        "| algorithm | DP | per-class LiRA offline AUC, victim's model (classes 0–9, mean over "
+        "seeds) |"
+    )
+    return _table(header, lines)
 
 
 def plot_roc(rows) -> bytes:

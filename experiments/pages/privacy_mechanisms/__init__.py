@@ -1,7 +1,7 @@
 """`python -m experiments privacy_mechanisms`: local DP-SGD, Muffliato, ZIP-DL and DECOR at equal
 epsilon against a neighbour, on exact gossip and PowerGossip r1, on each topology, each run
-attacked by the neighbour; `python -m experiments privacy_mechanisms_budget`: the same plan at
-other budgets (`budget`), without the attacks: does doubling the epochs still pay?
+attacked by the neighbour (`python -m experiments privacy_mechanisms_budget`, the same plan at
+other budgets without the attacks: experiments/pages/privacy_mechanisms_budget.py).
 
 Every mechanism's noise is calibrated before training so that the victim's epsilon against a
 direct neighbour is the target, with that mechanism's own valid accountant (`calibration`, a run
@@ -117,4 +117,3 @@ PAGES = [
         )
     )
 ]
-from . import budget  # noqa: E402, F401 - registers privacy_mechanisms_budget

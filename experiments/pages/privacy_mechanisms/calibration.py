@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict
+
+if TYPE_CHECKING:
+    from topologies import Topology
 
 DELTA, CLIP, TARGET = 1e-5, 1.0, 4.0
 #: DECOR's sigma_cor / sigma_ind, fixed before any run (not tuned on accuracy).
@@ -76,7 +79,9 @@ def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def _network_row(name, zero_sum, topology, far, q, steps, local_sigma, setting) -> Dict[str, Any]:
+def _network_row(
+    name, zero_sum, topology: Topology, far, q, steps, local_sigma, setting
+) -> Dict[str, Any]:
     """Muffliato's (zero_sum 0) or ZIP-DL's row: sigma for TARGET against the neighbour with
     epsilon = min(local, network view), the view's leakage over the first T steps (T doubled from
     NETWORK_STEPS until its network bound at DP-SGD's sigma is above DP-SGD's epsilon for the
@@ -119,7 +124,7 @@ def _network_row(name, zero_sum, topology, far, q, steps, local_sigma, setting) 
     return dict(row, network_steps=span)
 
 
-def _decor_row(topology, q: float, steps: int, far: int) -> Dict[str, Any]:
+def _decor_row(topology: Topology, q: float, steps: int, far: int) -> Dict[str, Any]:
     """DECOR's row: SecLDP, its noise on the gradient sum (valid under any lr schedule)."""
     from gossip_powersgd.privacy.mechanisms import decor
 

@@ -19,9 +19,9 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
 
-from . import ALGORITHMS, MECHANISMS, setting_of
-from .page import NAMES
-from .runs import plan_runs, row
+from experiments.pages.privacy_mechanisms import ALGORITHMS, MECHANISMS, setting_of
+from experiments.pages.privacy_mechanisms.page import NAMES
+from experiments.pages.privacy_mechanisms.runs import plan_runs, row
 
 #: Epochs of each run, per topology: the page's 512 and below, and 1024 where 512 still paid.
 BUDGETS = {
