@@ -50,6 +50,7 @@ left out.
 from __future__ import annotations
 
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -63,6 +64,9 @@ from .schedules import (
 )
 from .topology import Topology, count_components
 from .weights import SCHEMES, weight_matrix
+
+if TYPE_CHECKING:
+    from .spec import AnyTopology
 
 __all__ = ["Repaired", "repair", "REBUILT_KINDS", "describe_live"]
 
@@ -83,7 +87,7 @@ def describe_live(ids) -> str:
     return ",".join(out)
 
 
-def _kind(topology) -> str:
+def _kind(topology: AnyTopology) -> str:
     return topology.name.partition(":")[0].strip().lower()
 
 
@@ -311,6 +315,6 @@ def _repaired_static(base: Topology, live: tuple) -> Topology:
     return Topology(w, name=name, scheme=scheme, require_connected=False)
 
 
-def repair(topology, live) -> Repaired:
+def repair(topology: AnyTopology, live) -> Repaired:
     """The graph the `live` peers of `topology` gossip on (see the module docstring)."""
     return Repaired(topology, live)

@@ -20,12 +20,19 @@ traffic.
 from __future__ import annotations
 
 import contextlib
-import math
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+import threading
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .base import AgreementError, Communicator, Tensor, digest, nbytes, union_neighbors
 
-__all__ = ["MemberCommunicator"]
+if TYPE_CHECKING:
+    from topologies import AnyTopology
+
+__all__ = ["MemberCommunicator", "NO_DEADLINE"]
+
+#: The wait of a peer for others that may be far behind it (a joiner's admission, the end of the
+#: run): a year, the longest wait every platform's thread primitives take.
+NO_DEADLINE = min(threading.TIMEOUT_MAX, 365 * 24 * 3600.0)
 
 
 class MemberCommunicator(Communicator):
@@ -39,7 +46,7 @@ class MemberCommunicator(Communicator):
         self.live: Tuple[int, ...] = tuple(range(self.size))
         self._group: Optional[Tuple[int, ...]] = None
 
-    def set_epoch(self, topology, live: Sequence[int]) -> None:
+    def set_epoch(self, topology: AnyTopology, live: Sequence[int]) -> None:
         """Gossip on `topology` (a graph over all ids) with the peers `live` from now on."""
         self.topology = topology
         self.neighbors = union_neighbors(topology, self.rank)
@@ -103,6 +110,16 @@ class MemberCommunicator(Communicator):
             parts = [f"peers {ids} hold variant {k + 1}" for k, ids in enumerate(groups.values())]
             raise AgreementError(f"{what} differs across peers: " + "; ".join(parts))
 
+    def rendezvous(self) -> None:
+        """Wait, without deadline, until every peer of the run (members or not) has called it."""
+        timeout = self.transport.timeout
+        self.transport.timeout = NO_DEADLINE
+        try:
+            with self.over(range(self.size)):
+                self.barrier()
+        finally:
+            self.transport.timeout = timeout
+
     # ---- state for joining peers ---------------------------------------------------------------
     def transfer(
         self, send: Dict[int, Tensor], recv: Dict[int, Tensor], *, wait: bool = False
@@ -118,7 +135,7 @@ class MemberCommunicator(Communicator):
         timeout = self.transport.timeout
         with self._one_at_a_time("a state transfer"):
             if wait:
-                self.transport.timeout = math.inf
+                self.transport.timeout = NO_DEADLINE
             try:
                 self._exchange(send, recv)
             finally:

@@ -28,9 +28,12 @@ instance and adds up the gossip timers of every instance it had.
 from __future__ import annotations
 
 import inspect
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from ..algorithms import algorithm_kwargs
+
+if TYPE_CHECKING:
+    from ..comm.membership import MemberCommunicator
 
 __all__ = ["MemberAlgorithm", "build_for_epoch", "carried_state", "refuse_unsupported"]
 
@@ -75,7 +78,7 @@ def build_for_epoch(
     spec: str,
     names: Sequence[str],
     params: Sequence,
-    comm,
+    comm: MemberCommunicator,
     carried=None,
     counters: Optional[Dict[str, int]] = None,
 ):

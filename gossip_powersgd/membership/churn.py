@@ -27,12 +27,15 @@ every peer leaving, every member leaving while others join, a rate outside [0, 1
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ..specs import parse_items, parse_spec, spec_error, unknown_name, unknown_option
 from .epochs import Membership
+
+if TYPE_CHECKING:
+    from topologies import AnyTopology
 
 __all__ = ["ChurnSchedule", "parse_churn", "churn_membership"]
 
@@ -223,7 +226,7 @@ def _random_changes(schedule: ChurnSchedule, size: int, steps: int):
     return out
 
 
-def churn_membership(schedule, topology, steps: int) -> Membership:
+def churn_membership(schedule, topology: AnyTopology, steps: int) -> Membership:
     """The `Membership` of a run of `steps` steps on `topology` under `schedule` (a spec or a
     `ChurnSchedule`): every epoch the schedule makes, each graph repaired (and checked) now."""
     if isinstance(schedule, str):

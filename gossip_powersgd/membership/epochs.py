@@ -18,10 +18,13 @@ import bisect
 import dataclasses
 import threading
 from collections import OrderedDict
-from typing import Iterable, List, Tuple
+from typing import TYPE_CHECKING, Iterable, List, Tuple
 
 import topologies
 from topologies.repair import describe_live
+
+if TYPE_CHECKING:
+    from topologies import AnyTopology
 
 __all__ = ["MembershipEpoch", "Membership"]
 
@@ -48,7 +51,7 @@ class MembershipEpoch:
 class Membership:
     """The agreed sequence of membership epochs of a run on `topology` (see the module doc)."""
 
-    def __init__(self, topology, epochs: Iterable[Tuple[int, Iterable[int]]] = ()):
+    def __init__(self, topology: AnyTopology, epochs: Iterable[Tuple[int, Iterable[int]]] = ()):
         self.topology = topology
         self.size = topology.size
         self._epochs: List[MembershipEpoch] = [MembershipEpoch(0, 0, tuple(range(self.size)))]

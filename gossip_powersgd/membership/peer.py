@@ -19,13 +19,16 @@ them derive the same epochs, so none waits for a peer that will not come.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Dict, Optional, Protocol, Tuple
 
 import torch
 
 from .algorithm import MemberAlgorithm, build_for_epoch, carried_state
 from .epochs import Membership, MembershipEpoch
 from .transfer import hand_over
+
+if TYPE_CHECKING:
+    from ..comm.membership import MemberCommunicator
 
 __all__ = ["Change", "JoinState", "ParamsState", "PeerMembership"]
 
@@ -75,7 +78,14 @@ class Change:
 class PeerMembership:
     """One peer's membership driver (module docstring). `comm` is its `MemberCommunicator`."""
 
-    def __init__(self, comm, membership: Membership, *, join: str = "average", measure_shift=True):
+    def __init__(
+        self,
+        comm: MemberCommunicator,
+        membership: Membership,
+        *,
+        join: str = "average",
+        measure_shift=True,
+    ):
         self.comm = comm
         self.membership = membership
         self.join = join

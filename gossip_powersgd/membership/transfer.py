@@ -21,11 +21,14 @@ without a deadline (the survivors may be far behind it), the second one with the
 from __future__ import annotations
 
 import json
-from typing import Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Sequence, Tuple
 
 import torch
 
 from ..comm.base import DTYPE_CODES, CommunicationError
+
+if TYPE_CHECKING:
+    from ..comm.membership import MemberCommunicator
 
 __all__ = ["JOIN_MODES", "senders_of", "pack_state", "unpack_state", "hand_over"]
 
@@ -109,7 +112,13 @@ def _combine(
 
 
 def hand_over(
-    comm, me: int, joiners: Sequence[int], graph, survivors: Sequence[int], mode: str, pack
+    comm: MemberCommunicator,
+    me: int,
+    joiners: Sequence[int],
+    graph,
+    survivors: Sequence[int],
+    mode: str,
+    pack,
 ):
     """One membership change's transfers, on every member of the new epoch (collective over
     them): a survivor sends `pack()` to each joiner it serves; a joiner returns what it got
