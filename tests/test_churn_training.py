@@ -246,3 +246,32 @@ def test_a_private_peer_counts_only_the_steps_it_trained(tmp_path):
     }
     assert eps[3] < eps[1] < eps[0] == eps[2]
     assert results[0]["membership_changes"] == 3
+
+
+def test_random_churn_trains_through_every_change_it_draws():
+    from gossip_powersgd.membership.churn import churn_membership
+
+    spec = "rate=0.03,down=6,seed=2"
+    results = run(config_for(churn=spec, checkpoint_every=0))
+    membership = churn_membership(spec, topologies.ring(4), 52)
+    assert len(membership.epochs) > 5  # the schedule does churn
+    leader = next(r for r in results if not r.get("departed"))
+    assert leader["membership_changes"] == len(membership.epochs) - 1
+    for summary in results:
+        for record in summary["history"]:
+            if record["kind"] == "eval":  # members at the epoch's last step, and only they
+                live = membership.at(record["step"] - 1).live
+                assert summary["rank"] in live and record["live_peers"] == len(live)
+
+
+def test_a_gamma_that_a_repaired_graph_cannot_take_is_refused_before_the_run():
+    """exact:gamma=1.52 is stable on ring:9 (up to 1.547) but not on ring:8 (up to 1.5), the
+    graph of the survivors once peer 0 leaves: refused at set-up, naming the change."""
+    config = config_for(topology="ring:9", algorithm="exact:gamma=1.52", churn="leave:0@5")
+    with pytest.raises(
+        ValueError,
+        match=r"after the membership change at step 5: gamma=1\.52 is "
+        r"outside the stable range \(0, 1\.5\)",
+    ):
+        run(config)
+    assert run(config_for(topology="ring:9", algorithm="exact:gamma=1.49", churn="leave:0@5"))

@@ -296,3 +296,45 @@ def test_transfer_bytes_are_counted_apart_from_training_traffic():
 def test_centralized_baselines_refuse_churn(spec):
     with pytest.raises(ValueError, match="cannot go on after peers leave or join.*fail-stop"):
         refuse_unsupported(spec)
+
+
+def test_member_communicator_runs_collectives_over_the_live_peers_only():
+    """Peers 0, 2, 3 of 4 (peer 1 away and silent): the all-reduce is the ring over the three,
+    the same bits as a 3-peer run of the values; the all-gather and the agreement check name
+    peer ids; the run's transport stays a Comm."""
+    from gossip_powersgd.comm.base import AgreementError, Comm
+
+    topology = topologies.ring(4)
+    repaired = topologies.repair(topology, [0, 2, 3])
+
+    def peer(comm):
+        member = MemberCommunicator(comm)
+        assert isinstance(member, Comm)
+        if comm.rank == 1:
+            return None  # away: never called
+        member.set_epoch(repaired, [0, 2, 3])
+        value = torch.arange(5, dtype=torch.float64) * (comm.rank + 1) + 0.1
+        summed = member.allreduce_(value.clone(), op="sum")
+        mean = member.allreduce_(value.clone(), op="mean")
+        gathered = member.allgather_bytes(bytes([comm.rank]))
+        try:
+            member.check_agreement("a value", "x" if comm.rank == 3 else "y")
+            agreement = None
+        except AgreementError as exc:
+            agreement = str(exc)
+        return summed, mean, gathered, agreement, member.neighbors
+
+    def three(comm):
+        value = torch.arange(5, dtype=torch.float64) * ([0, 2, 3][comm.rank] + 1) + 0.1
+        return comm.allreduce_(value.clone(), op="sum"), comm.allreduce_(value.clone())
+
+    results = LocalCluster(topology).run(peer)
+    reference = LocalCluster(topologies.ring(3)).run(three)
+    for k, r in zip((0, 2, 3), (results[0], results[2], results[3])):
+        assert torch.equal(r[0], reference[0][0]) and torch.equal(r[1], reference[0][1])
+        assert r[2] == [b"\0", b"\2", b"\3"]
+        assert (
+            r[3]
+            == "a value differs across peers: peers [0, 2] hold variant 1; peers [3] hold variant 2"
+        )
+    assert results[2][4] == (0, 3)  # ring:4 minus peer 1: peer 2's neighbours are 3 and 0

@@ -35,7 +35,13 @@ from ..algorithms import algorithm_kwargs
 if TYPE_CHECKING:
     from ..comm.membership import MemberCommunicator
 
-__all__ = ["MemberAlgorithm", "build_for_epoch", "carried_state", "refuse_unsupported"]
+__all__ = [
+    "MemberAlgorithm",
+    "build_for_epoch",
+    "carried_state",
+    "check_every_epoch",
+    "refuse_unsupported",
+]
 
 
 def refuse_unsupported(spec: str) -> None:
@@ -54,6 +60,19 @@ def refuse_unsupported(spec: str) -> None:
         f"algorithm {spec!r} cannot go on after peers leave or join: {why}; use exact, "
         "powergossip, choco, deepsqueeze or pushsum, or on_peer_loss: abort without churn"
     )
+
+
+def check_every_epoch(spec: str, membership) -> None:
+    """A γ given in `spec`, checked against the graph of every epoch of `membership` (a churn
+    schedule's are all known before the run): the one-line error names the change."""
+    cls, kwargs = algorithm_kwargs(spec)
+    if kwargs.get("gamma") is None:
+        return
+    for epoch in membership.epochs[1:]:
+        try:
+            cls.check_config(kwargs, membership.graph(epoch))
+        except ValueError as exc:
+            raise ValueError(f"after the membership change at step {epoch.step}: {exc}") from None
 
 
 def _gamma_for(cls, kwargs: dict, graph) -> dict:

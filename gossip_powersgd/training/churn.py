@@ -42,6 +42,8 @@ from .features import Feature, Key, register
 from .hooks import TrainingHooks
 
 if TYPE_CHECKING:
+    from topologies import AnyTopology
+
     from ..comm.base import Comm
 
 __all__ = ["CHURN", "ChurnRun", "churn_run", "SUPPORTING_BACKENDS", "JOIN_MODES"]
@@ -170,6 +172,17 @@ CHURN = register(
 )
 
 
+def _scheduled(config, topology: AnyTopology, steps: int):
+    """The membership of a churn schedule, with a γ given in the algorithm's spec checked on the
+    graph of every epoch (before the run: the same one line on every peer)."""
+    from ..membership.algorithm import check_every_epoch
+    from ..membership.churn import churn_membership
+
+    membership = churn_membership(config.churn, topology, steps)
+    check_every_epoch(config.algorithm, membership)
+    return membership
+
+
 class TrainingState:
     """The `membership.peer.JoinState` of a training peer: model, optimizer state, step, and the
     membership's own counters (so that a joiner's records go on from the members')."""
@@ -228,7 +241,6 @@ class ChurnRun(TrainingHooks):
     def start(self, run, hooks, run_dir) -> None:
         """After `build_run`: the run's membership (collective: the same error on every peer)
         and the algorithm wrapped so that changes can rebuild it."""
-        from ..membership.churn import churn_membership
         from ..membership.epochs import Membership
         from ..membership.peer import PeerMembership
         from .setup import collectively
@@ -236,7 +248,7 @@ class ChurnRun(TrainingHooks):
         config, comm = self.config, self.comm
         steps = config.epochs * run.steps_per_epoch
         if config.churn is not None:
-            membership = collectively(comm, churn_membership, config.churn, comm.topology, steps)
+            membership = collectively(comm, _scheduled, config, comm.topology, steps)
         else:
             membership = Membership(comm.topology)
         self.peer = PeerMembership(comm, membership, join=config.churn_join)
