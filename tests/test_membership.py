@@ -338,3 +338,27 @@ def test_member_communicator_runs_collectives_over_the_live_peers_only():
             == "a value differs across peers: peers [0, 2] hold variant 1; peers [3] hold variant 2"
         )
     assert results[2][4] == (0, 3)  # ring:4 minus peer 1: peer 2's neighbours are 3 and 0
+
+
+def test_a_state_travels_as_raw_bytes_and_a_bad_layout_is_refused():
+    from gossip_powersgd.comm.base import CommunicationError
+    from gossip_powersgd.membership.transfer import pack_state, unpack_state
+
+    state = {
+        "model.w": torch.randn(3, 4),
+        "optimizer.0.step": torch.tensor(7.0),
+        "run.step": torch.tensor(12, dtype=torch.int64),
+        "half": torch.ones(5, dtype=torch.float16),
+    }
+    header, body = pack_state(state)
+    assert body.dtype == torch.uint8 and int(header[1]) == 48 + 4 + 8 + 10
+    back = unpack_state(header, body, source=2)
+    assert list(back) == list(state) and all(torch.equal(back[k], state[k]) for k in state)
+    short = header.clone()
+    short[1] -= 4  # the data does not add up to the layout
+    with pytest.raises(CommunicationError, match="peer 2 does not add up"):
+        unpack_state(short, body, source=2)
+    garbled = body.clone()
+    garbled[0] = ord("{")  # not the JSON list of [name, shape, dtype] it should be
+    with pytest.raises(CommunicationError, match="peer 2 has a bad layout"):
+        unpack_state(header, garbled, source=2)

@@ -133,10 +133,13 @@ def hand_over(
     header, body = pack_state(pack()) if served else (None, None)
     headers = {j: torch.empty(2, dtype=torch.int64) for j in mine}
     comm.transfer({k: header for k in served}, headers, wait=bool(mine))
+    if mine:  # what a header may announce: a few times this peer's own state (model, optimizer)
+        limit = 4 * sum(t.numel() * t.element_size() for t in pack().values()) + (1 << 20)
     for j, h in headers.items():
-        if not (0 <= int(h[0]) <= MAX_LAYOUT_BYTES and int(h[1]) >= 0):
+        if not (0 <= int(h[0]) <= MAX_LAYOUT_BYTES and 0 <= int(h[1]) <= limit):
             raise CommunicationError(
-                f"the state header from peer {j} is out of range: {h.tolist()}"
+                f"the state header from peer {j} announces {h.tolist()} bytes (layout, data): "
+                f"out of range (at most {MAX_LAYOUT_BYTES}, {limit})"
             )
     bodies = {j: torch.empty(int(h.sum()), dtype=torch.uint8) for j, h in headers.items()}
     comm.transfer({k: body for k in served}, bodies)

@@ -226,6 +226,9 @@ class ChurnRun(TrainingHooks):
     """The loop's membership driver (module docstring); a hook for its records and state."""
 
     name = "membership"
+    #: Without a churn schedule nothing changes a bit of the run, so a run may resume with
+    #: on_peer_loss switched (churn itself is in the checkpoint's config hash).
+    optional = True
 
     def __init__(self, comm: Comm, config):
         from ..comm.membership import MemberCommunicator
