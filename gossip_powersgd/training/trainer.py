@@ -232,11 +232,11 @@ def train(
     run_dir = Path(config.out_dir) if config.out_dir is not None else None
     lock = None
     if run_dir is not None:
-        lock = collectively(comm, _claim_run_dir, comm.rank, run_dir, resume)
+        lock = collectively(comm, rundir.claim_on_rank_0, comm.rank, run_dir, resume)
     try:
         if run_dir is not None:
             if auto and not resume:  # collective: every rank waits for rank 0 to move them
-                collectively(comm, _set_aside_failed_attempt, comm.rank, run_dir)
+                collectively(comm, rundir.set_aside_on_rank_0, comm.rank, run_dir)
             collectively(comm, ckpt.check_run_dir, run_dir, resume)
         return _train(
             comm,
@@ -252,23 +252,6 @@ def train(
     finally:
         if lock is not None:
             lock.release()
-
-
-def _set_aside_failed_attempt(rank: int, run_dir: Path) -> None:
-    if rank == 0:
-        note = rundir.set_aside_failed_attempt(run_dir)
-        if note:
-            print(note, file=sys.stderr, flush=True)
-
-
-def _claim_run_dir(rank: int, run_dir: Path, resume: bool):
-    """Rank 0 locks the run directory for the run (`checkpoint.take_run_lock`); others hold none."""
-    if rank != 0:
-        return None
-    lock = ckpt.take_run_lock(run_dir, create=not resume)
-    if lock.note:
-        print(lock.note, file=sys.stderr, flush=True)
-    return lock
 
 
 def _train(
