@@ -1,11 +1,10 @@
-"""The markdown (and plot) of experiments/results/paper_standin.md from the measurements
-`experiments.paper_standin` made; every number on the page comes from them."""
+"""paper_standin.md and its plot from the page's measurements (each seed's run as the dict its
+JSON holds: setting, traffic, timing, rows, ...); every number on the page comes from them."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 
@@ -36,15 +35,9 @@ def _budgets(rows: List[Dict[str, Any]]) -> List[tuple]:
     return out
 
 
-def render(
-    result: Dict[str, Any],
-    generated: str,
-    plotted: Optional[str],
-    rendered: str = "",
-    others: List[Dict[str, Any]] = (),
-) -> str:
-    """The page; `rendered`: a sentence saying when and at which commit the page was re-rendered
-    from the JSON (``--render-only``), after `generated`."""
+def page(result: Dict[str, Any], generated: str, others: List[Dict[str, Any]] = ()) -> str:
+    """The page: `result` the main run (seed 0), `generated` the sentence that names how it was
+    made, `others` the runs of other seeds (their rows listed beside the main run's)."""
     s, rows = result["setting"], result["rows"]
     timing, proj = result["timing_batch128"], result["projection"]
     peers = int(s["topology"].split(":")[1])
@@ -54,7 +47,7 @@ def render(
         "# PowerGossip at the paper's model size: ResNet-20 on a synthetic CIFAR-shaped stand-in, "
         f"{s['topology']}",
         "",
-        f"{generated}{rendered} Backend `local` (every peer a thread of one process, one torch thread "
+        f"{generated} Backend `local` (every peer a thread of one process, one torch thread "
         f"each) on a CPU-only machine with {result['cpu_count']} cores shared with other "
         f"engineers' jobs (1-minute load average {result['load'][0]:.1f} at the start, "
         f"{result['load'][1]:.1f} at the end): every time below is a CPU time or a wall time "
@@ -91,7 +84,7 @@ def render(
     for f in result.get("failed", []):
         lines += [f"**Row {f['label']} (`{f['algorithm']}`) failed:** {f['error']}", ""]
     lines += _equal_bytes(rows)
-    lines += _curves(rows, plotted)
+    lines += _curves(rows)
     lines += _other_seeds(result, others)
     lines += _findings(rows, int(s["dataset"].split("test=")[1].split(",")[0]), peers)
     lines += [
@@ -200,7 +193,7 @@ def _equal_bytes(rows: List[Dict[str, Any]]) -> List[str]:
     return lines + [""]
 
 
-def _curves(rows: List[Dict[str, Any]], plotted: Optional[str]) -> List[str]:
+def _curves(rows: List[Dict[str, Any]]) -> List[str]:
     epochs = [e["epoch"] for e in rows[0]["evals"]] if rows else []
     lines = [
         "## Over training",
@@ -218,10 +211,7 @@ def _curves(rows: List[Dict[str, Any]], plotted: Optional[str]) -> List[str]:
             for e in r["evals"]
         ]
         lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
-    lines.append("")
-    if plotted:
-        lines += [f"![accuracy against epochs and MB sent]({plotted})", ""]
-    return lines
+    return lines + ["", "![accuracy against epochs and MB sent](paper_standin.png)", ""]
 
 
 def _cpu_per_step(rows: List[Dict[str, Any]]) -> float:
@@ -430,16 +420,15 @@ def _findings(rows: List[Dict[str, Any]], n_test: int, peers: int) -> List[str]:
     return lines + [""]
 
 
-def plot(rows: List[Dict[str, Any]], path: Path) -> Optional[str]:
-    """Averaged-model accuracy against epochs and against MB sent; the file name, or None when
-    matplotlib is missing."""
-    try:
-        import matplotlib
+def plot(rows: List[Dict[str, Any]]) -> bytes:
+    """Averaged-model accuracy against epochs and against MB sent (PNG bytes)."""
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from experiments.pages._figures import png
+
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for r in rows:
         xs = [e["epoch"] for e in r["evals"]]
@@ -454,12 +443,4 @@ def plot(rows: List[Dict[str, Any]], path: Path) -> Optional[str]:
     a.legend(fontsize=7)
     b.legend(fontsize=7)
     fig.tight_layout()
-    import io
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90)
-    plt.close(fig)
-    from gossip_powersgd.utils import atomic_write
-
-    atomic_write(path, buffer.getvalue())
-    return path.name
+    return png(fig, dpi=90)
