@@ -79,31 +79,16 @@ def load_instance(record, command: str) -> Dict[str, Any]:
         run.update(steps=last["step"], bits_per_peer=last["bits_per_peer"], dtype=c["dtype"])
         run.update(file=run_file(run["spec"], run["seed"]), reach=reach_cells(run["history"]))
         results.append(run)
-    return {
-        "topology": c["topology"],
-        "weights": "default",
-        "gamma_topology": r["gamma_topology"],
-        "problem": c["problem"],
-        "backend": "local",
-        "budgets": budgets,
-        "gammas": c["gammas"],
-        "sweep": True,
-        "topk_ratio": r["topk_ratio"],
-        "max_bits": budgets[-1],
-        "max_steps": STEP_CAP,
-        "seconds": r["seconds"],
-        "screen_bits": budgets[-2],
-        "finalists": 1,
-        "seeds": c["seeds"],
-        "dtype": c["dtype"],
-        "stop_relative": c["stop_relative"],
-        "command": r.get("command", command),  # converted rows: the old program's command
-        "finished": record.finished,
-        "commit": record.commit,
-        "results": results,
-        "summary": summarize([x for x in results if x["seed"] == 0], budgets),
-        "folder": folder(c["topology"], c["problem"]),
-    }
+    # summary.json's fields, in its order (the settings every instance of the page shares fixed)
+    out = dict(topology=c["topology"], weights="default", gamma_topology=r["gamma_topology"])
+    out.update(problem=c["problem"], backend="local", budgets=budgets, gammas=c["gammas"])
+    out.update(sweep=True, topk_ratio=r["topk_ratio"], max_bits=budgets[-1], max_steps=STEP_CAP)
+    out.update(seconds=r["seconds"], screen_bits=budgets[-2], finalists=1, seeds=c["seeds"])
+    out.update(dtype=c["dtype"], stop_relative=c["stop_relative"])
+    out["command"] = r.get("command", command)  # a converted row: the old program's command
+    out.update(finished=record.finished, commit=record.commit, results=results)
+    summary = summarize([x for x in results if x["seed"] == 0], budgets)
+    return dict(out, summary=summary, folder=folder(c["topology"], c["problem"]))
 
 
 def render(rows: Rows) -> Outputs:

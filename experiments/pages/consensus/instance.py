@@ -4,15 +4,14 @@ the page's instances lives here too."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import platform
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
-from .measure import STEP_CAP, cells_for, consensus_curve, expand, matched_ratio, summarize
+from .measure import STEP_CAP, cells_for, consensus_curve, expand, matched, matched_ratio, summarize
 
 #: Algorithms at the topology's γ (no tuning): the original problems' full list...
 UNTUNED = (
@@ -63,16 +62,6 @@ FULL_GRID = (
 SWITCH_INTERVAL_S = 0.05
 
 
-@contextlib.contextmanager
-def _switch_interval(seconds: float):
-    saved = sys.getswitchinterval()
-    sys.setswitchinterval(seconds)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(saved)
-
-
 def settings(kind: str, problem: str) -> Dict:
     """The algorithms, the algorithms rerun on later seeds (None: all) and the seeds of a kind."""
     seeds = [0] if problem.startswith("models:") else list(SEEDS)
@@ -86,65 +75,46 @@ def settings(kind: str, problem: str) -> Dict:
 
 
 def run_instance(
-    topology: str,
-    problem: str,
-    algorithms: Sequence[str],
-    reseed: Optional[Sequence[str]],
-    seeds: Sequence[int],
-    gammas: Sequence[float],
-    budgets: Sequence[float],
-    dtype: str,
-    stop_relative: float,
-    models_dir: str,
+    topology, problem, algorithms, reseed, seeds, gammas, budgets, dtype, stop_relative, models_dir
 ) -> Dict:
     """The instance's row: every run (its curve, why it stopped, its γ), and the top-k ratio.
 
     Every γ of a swept algorithm first runs to the second largest budget (stage "screen"); the best
     there (one that stopped early at the target first) is rerun to the largest. Later seeds rerun
-    each `reseed` algorithm (default all) once, a swept one at its best γ on seed 0."""
+    each `reseed` algorithm (None: all) once, a swept one at its best γ on seed 0."""
     import topologies
 
     from gossip_powersgd.algorithms import algorithm_label, spec_gamma
     from gossip_powersgd.launch import run_peers
 
-    started = time.perf_counter()
-    topo = topologies.parse(topology)
-    screen_bits, max_bits = budgets[-2], budgets[-1]
-    models = None
-    if problem.startswith("models:"):
-        from .models import ensure_models
+    from .models import ensure_models
 
-        models = str(ensure_models(topology, 0, models_dir))
-    with _switch_interval(SWITCH_INTERVAL_S):
+    started, topo, switch = time.perf_counter(), topologies.parse(topology), sys.getswitchinterval()
+    screen_bits, max_bits = budgets[-2], budgets[-1]
+    models = str(ensure_models(topology, 0, models_dir)) if problem.startswith("models:") else None
+    kw = dict(budgets=budgets, stop_error=stop_relative, dtype=dtype, models_file=models)
+    kw["stop_at_floor"] = True
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
         ratio = None
         if any("topk:matched" in a for a in algorithms):
-            ratio = run_peers(topo, matched_ratio, problem, dtype, 0, models, backend="local")[0]
+            ratio = run_peers(topo, matched_ratio, problem, dtype, 0, models)[0]
 
         def one(item: Dict, bits: float, stage: str, seed: int) -> Dict:
-            args = (
-                problem,
-                item["spec"],
-                STEP_CAP,
-                bits,
-                budgets,
-                stop_relative,
-                seed,
-                dtype,
-                models,
-                True,
+            spec = item["spec"]
+            values = run_peers(
+                topo, consensus_curve, problem, spec, STEP_CAP, bits, seed=seed, **kw
             )
-            values = run_peers(topo, consensus_curve, *args, backend="local")
-            if any(v["history"] != values[0]["history"] for v in values.values()):
-                raise RuntimeError(f"{item['spec']}: the peers recorded different histories")
-            curve = {
-                k: [r[k] for r in values[0]["history"]] for k in ("step", "bits_per_peer", "error")
-            }
-            gamma = spec_gamma(item["spec"], topo)
+            h = values[0]["history"]
+            if any(v["history"] != h for v in values.values()):
+                raise RuntimeError(f"{spec}: the peers recorded different histories")
             out = {k: values[0][k] for k in ("stop", "seconds", "floor")}
+            curve = {k: [r[k] for r in h] for k in ("step", "bits_per_peer", "error")}
+            gamma = spec_gamma(spec, topo)
             return {**item, "gamma": gamma, "stage": stage, "seed": seed, **out, "curve": curve}
 
         runs = [
-            one(r, screen_bits if r["swept"] else max_bits, "screen" if r["swept"] else "full", 0)
+            one(r, screen_bits, "screen", 0) if r["swept"] else one(r, max_bits, "full", 0)
             for r in expand(algorithms, gammas, ratio)
         ]
         for label in dict.fromkeys(r["label"] for r in runs if r["swept"]):
@@ -152,36 +122,28 @@ def run_instance(
             best = min(screened, key=lambda r: _screen_key(r, screen_bits), default=None)
             if best is not None and best["stop"] == "max_bits":
                 runs[runs.index(best)] = one(best, max_bits, "full", 0)
-        chosen = (
-            None
-            if reseed is None
-            else {
-                algorithm_label(s.replace("topk:matched", f"topk:{ratio:g}") if ratio else s)
-                for s in reseed
-            }
-        )
+        chosen = None if reseed is None else {algorithm_label(matched(s, ratio)) for s in reseed}
         summary = summarize([with_cells(r, budgets) for r in runs], budgets)
         for seed in seeds[1:]:
             for label, entry in summary.items():
                 if chosen is None or label in chosen:
                     item = {"label": label, "spec": entry["plot_spec"], "swept": entry["swept"]}
                     runs.append(one(item, max_bits, "full", seed))
-    seconds = time.perf_counter() - started
-    meta = {"cpu_count": os.cpu_count(), "machine": platform.machine()}
-    return {
+    finally:
+        sys.setswitchinterval(switch)
+    out = {
         "gamma_topology": topo.gamma,
         "topk_ratio": ratio,
-        "seconds": seconds,
-        **meta,
-        "runs": runs,
+        "seconds": time.perf_counter() - started,
     }
+    return dict(out, cpu_count=os.cpu_count(), machine=platform.machine(), runs=runs)
 
 
 def history(run: Dict) -> List[Dict]:
     """A stored run's curve as records [{"step", "bits_per_peer", "error"}, ...]."""
     c = run["curve"]
     return [
-        {"step": s, "bits_per_peer": b, "error": e}
+        dict(step=s, bits_per_peer=b, error=e)
         for s, b, e in zip(c["step"], c["bits_per_peer"], c["error"])
     ]
 
@@ -189,11 +151,9 @@ def history(run: Dict) -> List[Dict]:
 def with_cells(run: Dict, budgets: Sequence[float]) -> Dict:
     """A stored run with its history and its table cells (`cells_for`)."""
     h = history(run)
-    return {
-        **run,
-        "history": h,
-        "budgets": cells_for(h, budgets, run["stop"], run["stage"], run["floor"]),
-    }
+    return dict(
+        run, history=h, budgets=cells_for(h, budgets, run["stop"], run["stage"], run["floor"])
+    )
 
 
 def _screen_key(run: Dict, screen_bits: float):

@@ -1,8 +1,7 @@
-"""The consensus measurements: one run's error curve (`consensus_curve`, collective: every peer
-calls it), the runs an instance makes (`expand`), and the comparison at matched bits: a run's
-error at exactly B bits per peer and the bits it needs to reach a relative error, both log-log
-interpolated between the recorded steps around the point (`error_at_bits`, `bits_to_reach`), the
-cells of the tables (`cells_for`) and the best γ per budget (`summarize`). Nothing here writes."""
+"""The consensus measurements: one run's error curve (`consensus_curve`, collective), the runs an
+instance makes (`expand`), and the comparison at matched bits: the error at exactly B bits per
+peer and the bits to reach a relative error, log-log interpolated between the recorded steps
+around the point, the tables' cells (`cells_for`) and the best γ per budget (`summarize`)."""
 
 from __future__ import annotations
 
@@ -83,15 +82,12 @@ def consensus_curve(
 
     start = time.perf_counter()
     tensors = make_problem(problem, comm.rank, DTYPES[dtype], seed, models_file)
-    algorithm, regular, bytes0 = (
-        make_algorithm(spec, tensors, comm),
-        _regular(comm),
-        comm.stats.bytes_sent,
-    )
+    algorithm, regular = make_algorithm(spec, tensors, comm), _regular(comm)
+    bytes0 = comm.stats.bytes_sent
 
-    def mean(value: float) -> float:
+    def mean(value: float, op: str = "mean") -> float:
         return float(
-            comm.allreduce_(torch.tensor([value], dtype=torch.float64), op="mean", metric=True)
+            comm.allreduce_(torch.tensor([value], dtype=torch.float64), op=op, metric=True)
         )
 
     def bits_now() -> float:
@@ -117,38 +113,24 @@ def consensus_curve(
         if step in schedule or step == max_steps or bits > max_bits or crossed:
             error = consensus_distance(tensors, comm)
             history.append({"step": step, "bits_per_peer": bits, "error": error})
-            if not math.isfinite(error) or error > DIVERGE_FACTOR * error0:
-                stop = "diverged"
-                break
-            if stop_at_floor and error <= FLOOR_MARGIN * floor:
-                stop = "floor"
-                break
-            if stop_error is not None and error <= stop_error * error0:
-                stop = "reached"
+            diverged = not math.isfinite(error) or error > DIVERGE_FACTOR * error0
+            at_floor = stop_at_floor and error <= FLOOR_MARGIN * floor
+            reached = stop_error is not None and error <= stop_error * error0
+            if diverged or at_floor or reached:
+                stop = "diverged" if diverged else "floor" if at_floor else "reached"
                 break
         if bits > max_bits:
             stop = "max_bits"
             break
         previous_bits = bits
     if regular and comm.size > 1:  # check the shortcut: every peer counted the same bytes
-        own = torch.tensor([float(comm.stats.bytes_sent - bytes0)], dtype=torch.float64)
-        low, high = (
-            float(comm.allreduce_(own.clone(), op=op, metric=True)) for op in ("min", "max")
-        )
+        low, high = (mean(float(comm.stats.bytes_sent - bytes0), op) for op in ("min", "max"))
         if low != high:
             raise RuntimeError(
                 f"{spec}: peers of a regular topology sent {low:.0f} .. {high:.0f} bytes"
             )
-    seconds = time.perf_counter() - start
-    sent = comm.stats.bytes_sent - bytes0
-    return {
-        "history": history,
-        "stop": stop,
-        "seconds": seconds,
-        "bytes_sent": sent,
-        "floor": floor,
-        "norm2": norm2,
-    }
+    out = dict(history=history, stop=stop, floor=floor, norm2=norm2)
+    return dict(out, seconds=time.perf_counter() - start, bytes_sent=comm.stats.bytes_sent - bytes0)
 
 
 def matched_ratio(
@@ -169,6 +151,11 @@ def matched_ratio(
     return float(f"{floats / sum(t.numel() for t in tensors):.4g}")
 
 
+def matched(spec: str, ratio: Optional[float]) -> str:
+    """`spec` with `topk:matched` resolved to top-k at `ratio`."""
+    return spec.replace("topk:matched", f"topk:{ratio:g}") if ratio else spec
+
+
 def expand(specs: Sequence[str], gammas: Sequence[float], ratio: Optional[float]) -> List[Dict]:
     """The runs to make, [{"label", "spec", "swept"}]: `topk:matched` resolved to `ratio`; an
     algorithm whose γ must be tuned (the registry says), given without γ, once per γ of `gammas`."""
@@ -176,8 +163,7 @@ def expand(specs: Sequence[str], gammas: Sequence[float], ratio: Optional[float]
     from gossip_powersgd.algorithms.registry import split_spec
 
     runs = []
-    for spec in specs:
-        spec = spec.replace("topk:matched", f"topk:{ratio:g}") if ratio else spec
+    for spec in map(matched, specs, [ratio] * len(specs)):
         label = algorithm_label(spec)
         if gamma_kind(spec) == "tuned" and "gamma" not in split_spec(spec)[1]:
             runs += [
@@ -201,11 +187,7 @@ def _loglog(x0: float, y0: float, x1: float, y1: float, x: float) -> float:
 
 def positive_points(history: Sequence[Dict]) -> List[Dict]:
     """The records of a curve that can be placed on log-log axes (positive, finite)."""
-    return [
-        r
-        for r in history
-        if r["bits_per_peer"] > 0 and r["error"] > 0 and math.isfinite(r["error"])
-    ]
+    return [r for r in history if r["bits_per_peer"] > 0 and 0 < r["error"] < math.inf]
 
 
 def error_at_bits(history: Sequence[Dict], bits: float) -> Optional[float]:
@@ -228,10 +210,8 @@ def bits_to_reach(history: Sequence[Dict], relative: float) -> Optional[float]:
         if row["error"] <= target:
             if k == 0:
                 return row["bits_per_peer"]
-            a = rows[k - 1]
-            return _loglog(
-                a["error"], a["bits_per_peer"], row["error"], row["bits_per_peer"], target
-            )
+            a, b = rows[k - 1], row
+            return _loglog(a["error"], a["bits_per_peer"], b["error"], b["bits_per_peer"], target)
     return None
 
 
@@ -240,9 +220,7 @@ def reach_cells(history: Sequence[Dict]) -> Dict[float, Optional[float]]:
     return {t: bits_to_reach(history, t) for t in REACH_TARGETS}
 
 
-def cells_for(
-    history, budgets, stop: str, stage: str, floor: Optional[float] = None
-) -> Dict[float, Dict]:
+def cells_for(history, budgets, stop: str, stage: str, floor: Optional[float] = None) -> Dict:
     """Per budget, the run's error at exactly that many bits per peer (`error_at_bits`), as
     {"status": "ok", "row": {"bits_per_peer", "error", "relative", "bound", "at_floor"}}. A run that
     stopped early ("reached", "floor") gets its last error as an upper bound ("bound") beyond;
@@ -259,15 +237,10 @@ def cells_for(
         error, bound = error_at_bits(history, budget), False
         if steps[-1]["bits_per_peer"] < budget:
             if stop not in ("reached", "floor"):
-                screened = stage == "screen" and stop == "max_bits"
-                status = (
-                    "diverged"
-                    if stop == "diverged"
-                    else "screened out"
-                    if screened
-                    else "not reached"
-                )
-                cells[budget] = {"status": status}
+                screened = "screened out" if stage == "screen" and stop == "max_bits" else None
+                cells[budget] = {
+                    "status": "diverged" if stop == "diverged" else screened or "not reached"
+                }
                 continue
             error, bound = steps[-1]["error"], True
         at_floor = floor is not None and error <= FLOOR_MARGIN * floor
@@ -281,10 +254,8 @@ def summarize(results: Sequence[Dict], budgets: Sequence[float]) -> Dict[str, Di
     not diverged), and the run to plot (`plot_spec`: best at the largest budget any run reached)."""
     table: Dict[str, Dict] = {}
     for result in results:
-        entry = table.setdefault(
-            result["label"], {"runs": [], "budgets": {}, "swept": result["swept"]}
-        )
-        entry["runs"].append(result)
+        new = {"runs": [], "budgets": {}, "swept": result["swept"]}
+        table.setdefault(result["label"], new)["runs"].append(result)
     for entry in table.values():
         for budget in budgets:
             best, statuses = None, set()
@@ -298,10 +269,8 @@ def summarize(results: Sequence[Dict], budgets: Sequence[float]) -> Dict[str, Di
                 status = {frozenset({"—"}): "—", frozenset({"diverged"}): "diverged"}
                 best = {"status": status.get(frozenset(statuses), "not reached")}
             entry["budgets"][budget] = best
-        ok = [
-            entry["budgets"][b]
-            for b in sorted(budgets, reverse=True)
-            if entry["budgets"][b]["status"] == "ok"
-        ]
-        entry["plot_spec"] = ok[0]["spec"] if ok else entry["runs"][0]["spec"]
+        cells = [entry["budgets"][b] for b in sorted(budgets, reverse=True)]
+        entry["plot_spec"] = next(
+            (c["spec"] for c in cells if c["status"] == "ok"), entry["runs"][0]["spec"]
+        )
     return table

@@ -1,7 +1,6 @@
 """The `models:epoch=E` problem's tensors: every peer's `cnn1d` parameters after E epochs of D-PSGD
-(exact gossip) on MNIST-1D, Dirichlet(0.1), the demo recipe, trained on the consensus topology
-itself; saved at the end of each epoch of `SAVED_EPOCHS` into one cache file per (topology,
-training seed) under runs/ (git-ignored), reused when it exists."""
+(exact gossip) on MNIST-1D, Dirichlet(0.1), the demo recipe, on the consensus topology itself;
+saved at the end of each epoch of `SAVED_EPOCHS` into one cache file per (topology, seed)."""
 
 from __future__ import annotations
 
@@ -11,30 +10,12 @@ from typing import Dict, List, Sequence
 
 import torch
 
+from experiments.suite.runs import BASE
 from gossip_powersgd.training.hooks import TrainingHooks
 
 SAVED_EPOCHS = (1, 10, 30)
 #: D-PSGD on the demo recipe (lr 0.1, momentum 0.9, cosine, batch 32), Dirichlet(0.1) labels.
-TRAINING = dict(
-    dataset="mnist1d",
-    model="cnn1d",
-    optimizer="sgd",
-    lr=0.1,
-    momentum=0.9,
-    weight_decay=0.0001,
-    warmup_epochs=2,
-    schedule="cosine",
-    batch_size=32,
-    algorithm="exact",
-    partition="dirichlet:0.1",
-    backend="local",
-    quiet=True,
-    log_every=0,
-    checkpoint_every=0,
-    out_dir=None,
-    threads=1,
-    eval_every=1000,
-)
+TRAINING = dict(BASE, algorithm="exact", partition="dirichlet:0.1", eval_every=1000)
 
 
 class SaveAtEpochs(TrainingHooks):
@@ -43,8 +24,7 @@ class SaveAtEpochs(TrainingHooks):
     name = "consensus_save_at_epochs"
 
     def __init__(self, epochs: Sequence[int]):
-        self.epochs = set(int(e) for e in epochs)
-        self.saved: Dict[int, List[torch.Tensor]] = {}
+        self.epochs, self.saved = set(int(e) for e in epochs), {}
         self.model, self.steps_per_epoch = None, 1
 
     def setup(self, context) -> None:
@@ -53,16 +33,12 @@ class SaveAtEpochs(TrainingHooks):
     def after_gossip(self, step: int) -> None:
         epoch, rest = divmod(step + 1, self.steps_per_epoch)
         if rest == 0 and epoch in self.epochs:
-            self.saved[epoch] = [
-                p.detach().to(torch.float32).clone() for p in self.model.parameters()
-            ]
+            self.saved[epoch] = [p.detach().float().clone() for p in self.model.parameters()]
 
 
-def ensure_models(
-    topology: str, seed: int, base: Path, epochs: Sequence[int] = SAVED_EPOCHS
-) -> Path:
-    """Train (unless cached) and return the cache file {"epochs": {E: {rank: [tensors]}}, ...}.
-    One trainer at a time per file (a lock): parallel instances wait for it and reuse it."""
+def ensure_models(topology: str, seed: int, base: Path, epochs=SAVED_EPOCHS) -> Path:
+    """The cache file {"epochs": {E: {rank: [tensors]}}, ...}, trained unless it exists; one
+    trainer at a time per file (a lock): instances in parallel wait for it and reuse it."""
     import fcntl
     import io
 
@@ -73,10 +49,8 @@ def ensure_models(
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.exists():
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-            if set(epochs) <= set(saved["epochs"]):
-                return path
+        if path.exists() and set(epochs) <= set(torch.load(path, weights_only=True)["epochs"]):
+            return path
         hooks: Dict[int, SaveAtEpochs] = {}
 
         def make(rank: int) -> List[SaveAtEpochs]:
@@ -84,15 +58,12 @@ def ensure_models(
             return [hooks[rank]]
 
         started = time.perf_counter()
-        result = run({**TRAINING, "topology": topology, "seed": seed, "epochs": max(epochs)}, make)
-        data = {
-            "epochs": {e: {rank: hooks[rank].saved[e] for rank in sorted(hooks)} for e in epochs},
-            "topology": topology,
-            "seed": seed,
-            "seconds": time.perf_counter() - started,
-            "test_acc_avg_model": result.acc_avg,
-        }
+        result = run(dict(TRAINING, topology=topology, seed=seed, epochs=max(epochs)), make)
+        saved = {e: {rank: hooks[rank].saved[e] for rank in sorted(hooks)} for e in epochs}
+        data = {"epochs": saved, "seconds": time.perf_counter() - started}
         buffer = io.BytesIO()
-        torch.save(data, buffer)
+        torch.save(
+            dict(data, topology=topology, seed=seed, test_acc_avg_model=result.acc_avg), buffer
+        )
         atomic_write(path, buffer.getvalue())
     return path

@@ -1,15 +1,9 @@
-"""The consensus problems: what every peer holds before gossip starts. Seeded (`seed` 0 is the
-original page's), built in float64, cast to the run's dtype. `parse_problem` reads the names:
-
-- `matrix`, `matrix:N`, `matrix:RxC`: one matrix of N(0,1) entries per peer (100x100 by default);
-- `cnn`: N(0,1) tensors shaped like the parameters of MNIST-1D's `cnn1d`;
-- `spectral:alpha=A[,n=N]`: X_i = kappa U_i diag(k^-A) V_i^T (k = 1..N), U_i, V_i orthonormal per
-  peer, kappa such that ||X_i||^2 = N^2 (the expected squared norm of the N x N `matrix`);
-- `lowrank:r=R,sigma=S[,n=N]`: X_i = U diag(c_i) V^T / sqrt(R) + S E_i, U, V shared, c_i, E_i per
-  peer (all N(0,1)): the differences x_i - x_j have rank <= R when S = 0;
-- `offset:beta=B`: `matrix` plus B A, A (N(0,1)) the same on every peer: same differences;
-- `models:epoch=E`: the peers' `cnn1d` parameters after E epochs of D-PSGD (`models`).
-"""
+"""The consensus problems: what every peer holds before gossip starts (seeded; built in float64,
+cast to the run's dtype): `matrix[:N|:RxC]` N(0,1) entries (100x100); `cnn` N(0,1) tensors shaped
+like MNIST-1D's `cnn1d`; `spectral:alpha=A[,n=N]` X_i = kappa U_i diag(k^-A) V_i^T, U_i, V_i
+orthonormal per peer, ||X_i||^2 = N^2; `lowrank:r=R,sigma=S[,n=N]` X_i = U diag(c_i) V^T / sqrt(R)
++ S E_i, U, V shared (x_i - x_j of rank <= R when S = 0); `offset:beta=B` `matrix` + B A, A shared;
+`models:epoch=E` the peers' `cnn1d` parameters after E epochs of D-PSGD (`models`)."""
 
 from __future__ import annotations
 
@@ -32,10 +26,8 @@ OPTIONS: Dict[str, Dict[str, Optional[float]]] = {
     "offset": {"beta": None},
     "models": {"epoch": None},
 }
-VALID = "matrix, matrix:N, matrix:RxC, cnn, " + ", ".join(
-    f"{name}:" + ",".join(f"{k}=..." for k, d in opts.items() if d is None)
-    for name, opts in OPTIONS.items()
-)
+VALID = "matrix, matrix:N, matrix:RxC, cnn, spectral:alpha=..., lowrank:r=...,sigma=..., "
+VALID += "offset:beta=..., models:epoch=..."
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,10 +85,6 @@ def problem_shapes(problem: str) -> List[Tuple[int, ...]]:
     return [(n, n)]
 
 
-def _generator(seed: int) -> torch.Generator:
-    return torch.Generator(device="cpu").manual_seed(seed)
-
-
 def _orthonormal(n: int, generator: torch.Generator) -> torch.Tensor:
     q, r = torch.linalg.qr(torch.randn(n, n, generator=generator, dtype=torch.float64))
     return q * torch.sign(torch.diagonal(r))  # a fixed sign convention: Haar-distributed Q
@@ -113,31 +101,28 @@ def make_problem(
 ) -> List[torch.Tensor]:
     """Peer `rank`'s tensors for `problem` and `seed`, cast to `dtype`."""
     name, options = parse_problem(problem)
-    own = _generator(SEED_BASE + SEED_STRIDE * seed + rank)
-    shapes = problem_shapes(problem)
-    f64 = dict(dtype=torch.float64)
+    own = torch.Generator().manual_seed(SEED_BASE + SEED_STRIDE * seed + rank)
+    shared = torch.Generator().manual_seed(SHARED_BASE + seed)
+    shapes, f64 = problem_shapes(problem), dict(dtype=torch.float64)
     if name in ("matrix", "cnn"):
         tensors = [torch.randn(shape, generator=own, **f64) for shape in shapes]
     elif name == "offset":
-        shared = torch.randn(shapes[0], generator=_generator(SHARED_BASE + seed), **f64)
-        tensors = [torch.randn(shapes[0], generator=own, **f64) + options["beta"] * shared]
+        offset = options["beta"] * torch.randn(shapes[0], generator=shared, **f64)
+        tensors = [torch.randn(shapes[0], generator=own, **f64) + offset]
     elif name == "spectral":
         n = int(options["n"])
         u, v = _orthonormal(n, own), _orthonormal(n, own)
         tensors = [(u * spectral_values(options["alpha"], n)) @ v.T]
     elif name == "lowrank":
         n, r = int(options["n"]), int(options["r"])
-        shared = _generator(SHARED_BASE + seed)
         u, v = (torch.randn(n, r, generator=shared, **f64) for _ in range(2))
         c, noise = torch.randn(r, generator=own, **f64), torch.randn(n, n, generator=own, **f64)
         tensors = [(u * c) @ v.T / math.sqrt(r) + options["sigma"] * noise]
     else:  # models
         if models_file is None or not Path(models_file).exists():
             raise ValueError(f"problem {problem!r}: no trained models (`models.ensure_models`)")
-        saved = torch.load(models_file, map_location="cpu", weights_only=True)
-        if int(options["epoch"]) not in saved["epochs"]:
-            raise ValueError(
-                f"problem {problem!r}: models were saved at epochs {sorted(saved['epochs'])}"
-            )
-        tensors = [t.to(torch.float64) for t in saved["epochs"][int(options["epoch"])][rank]]
+        saved = torch.load(models_file, map_location="cpu", weights_only=True)["epochs"]
+        if int(options["epoch"]) not in saved:
+            raise ValueError(f"problem {problem!r}: models were saved at epochs {sorted(saved)}")
+        tensors = [t.to(torch.float64) for t in saved[int(options["epoch"])][rank]]
     return [t.to(dtype).contiguous() for t in tensors]

@@ -296,8 +296,6 @@ def _findings(rows: List[Dict[str, Any]], n_test: int, peers: int) -> List[str]:
         "under Other seeds, where present)."
     )
     allreduce, exact = _row(rows, "all-reduce"), _row(rows, "exact gossip")
-    r1, r2 = _row(rows, "PowerGossip r1"), _row(rows, "PowerGossip r2")
-    two = _row(rows, "PowerGossip r1, 2 iterations")
     if allreduce and exact:
         lines.append(
             f"- **All-reduce vs exact gossip:** {_pct(allreduce['acc_avg'])} against "
@@ -326,6 +324,13 @@ def _findings(rows: List[Dict[str, Any]], n_test: int, peers: int) -> List[str]:
                 "which lag behind fast-changing weights early in training. The mean local "
                 "accuracy of every row carries the same lag."
             )
+    return lines + _compression(rows, n_test) + _equal_budget_and_local_steps(rows) + [""]
+
+
+def _compression(rows: List[Dict[str, Any]], n_test: int) -> List[str]:
+    """The findings on PowerGossip's compression: r1 against exact gossip, more iterations, rank 2."""
+    lines, exact, r1 = [], _row(rows, "exact gossip"), _row(rows, "PowerGossip r1")
+    r2, two = _row(rows, "PowerGossip r2"), _row(rows, "PowerGossip r1, 2 iterations")
     if exact and r1:
         gap = 100 * (exact["acc_avg"] - r1["acc_avg"])
         lines.append(
@@ -388,7 +393,12 @@ def _findings(rows: List[Dict[str, Any]], n_test: int, peers: int) -> List[str]:
             "larger consensus distance: this run cannot say why; a section of other seeds, "
             "where present, says whether it holds."
         )
-    budgets = _budgets(rows)
+    return lines
+
+
+def _equal_budget_and_local_steps(rows: List[Dict[str, Any]]) -> List[str]:
+    """The findings at the smallest equal-bytes budget and on local steps."""
+    lines, h1, budgets = [], _row(rows, "exact gossip"), _budgets(rows)
     if budgets:
         label, mb = budgets[0]
         within = [(r, accuracy_at(r, mb)) for r in rows if r["algorithm"] != "allreduce"]
@@ -406,8 +416,7 @@ def _findings(rows: List[Dict[str, Any]], n_test: int, peers: int) -> List[str]:
             )
             + "."
         )
-    h1 = exact
-    for label in ("exact gossip H=4", "exact gossip H=16"):
+    for label in ("exact gossip H=4", "exact gossip H=16"):  # H=1 is exact gossip
         r = _row(rows, label)
         if r and h1:
             lines.append(
@@ -417,30 +426,4 @@ def _findings(rows: List[Dict[str, Any]], n_test: int, peers: int) -> List[str]:
                 f"{r['mb_per_peer']:.2f} MB per peer against {h1['mb_per_peer']:.2f} MB at H=1 "
                 f"({r['rounds']} gossip rounds against {h1['rounds']})."
             )
-    return lines + [""]
-
-
-def plot(rows: List[Dict[str, Any]]) -> bytes:
-    """Averaged-model accuracy against epochs and against MB sent (PNG bytes)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from experiments.pages._figures import png
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for r in rows:
-        xs = [e["epoch"] for e in r["evals"]]
-        ys = [100 * e["acc_avg"] for e in r["evals"]]
-        a.plot(xs, ys, marker="o", label=r["label"])
-        if r["mb_per_peer"] > 0 and r["algorithm"] != "allreduce":
-            b.plot([e["mb"] for e in r["evals"]], ys, marker="o", label=r["label"])
-    a.set_xlabel("epoch")
-    a.set_ylabel("averaged-model test accuracy (%)")
-    b.set_xscale("log")
-    b.set_xlabel("MB sent per peer")
-    a.legend(fontsize=7)
-    b.legend(fontsize=7)
-    fig.tight_layout()
-    return png(fig, dpi=90)
+    return lines
