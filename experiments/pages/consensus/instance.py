@@ -9,7 +9,7 @@ import os
 import platform
 import sys
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from .measure import STEP_CAP, cells_for, consensus_curve, expand, matched, matched_ratio, summarize
 
@@ -75,7 +75,16 @@ def settings(kind: str, problem: str) -> Dict:
 
 
 def run_instance(
-    topology, problem, algorithms, reseed, seeds, gammas, budgets, dtype, stop_relative, models_dir
+    topology: str,
+    problem: str,
+    algorithms: Sequence[str],
+    reseed: Optional[Sequence[str]],
+    seeds: Sequence[int],
+    gammas: Sequence[float],
+    budgets: Sequence[float],
+    dtype: str,
+    stop_relative: float,
+    models_dir: str,
 ) -> Dict:
     """The instance's row: every run (its curve, why it stopped, its γ), and the top-k ratio.
 

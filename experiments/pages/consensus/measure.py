@@ -9,8 +9,6 @@ import math
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
-import torch
-
 from .problems import make_problem
 
 if TYPE_CHECKING:
@@ -25,7 +23,6 @@ STOP_RELATIVE = 1e-12
 #: rounding error per entry of the state and of each of its copies, squared). Values <=
 #: FLOOR_MARGIN x the floor are marked "at precision floor", and a run stops there ("floor").
 FLOOR_ULPS, FLOOR_MARGIN = 100.0, 10.0
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
 #: A run stops as diverged once its error exceeds this multiple of the initial error.
 DIVERGE_FACTOR = 1e4
 #: A run goes until it has sent more than the largest budget, at most this many steps.
@@ -54,6 +51,8 @@ def _regular(comm: Communicator) -> bool:
 
 def precision_floor(mean_norm2: float, dtype) -> float:
     """The error below which a state in `dtype` cannot average further (see FLOOR_ULPS)."""
+    import torch
+
     return FLOOR_ULPS * torch.finfo(dtype).eps ** 2 * mean_norm2
 
 
@@ -78,10 +77,12 @@ def consensus_curve(
     the initial error ("diverged"), with `stop_at_floor` within FLOOR_MARGIN of the precision
     floor ("floor"), with `stop_error` at that relative error ("reached"). Around every budget the
     last step within it and the first beyond it are recorded (interpolation brackets)."""
+    import torch
+
     from gossip_powersgd import consensus_distance, make_algorithm
 
     start = time.perf_counter()
-    tensors = make_problem(problem, comm.rank, DTYPES[dtype], seed, models_file)
+    tensors = make_problem(problem, comm.rank, getattr(torch, dtype), seed, models_file)
     algorithm, regular = make_algorithm(spec, tensors, comm), _regular(comm)
     bytes0 = comm.stats.bytes_sent
 
@@ -97,7 +98,7 @@ def consensus_curve(
     schedule, ordered = eval_steps(max_steps), sorted(float(b) for b in budgets)
     error0 = consensus_distance(tensors, comm)
     norm2 = mean(sum(float(t.double().square().sum()) for t in tensors))
-    floor = precision_floor(norm2, DTYPES[dtype])
+    floor = precision_floor(norm2, getattr(torch, dtype))
     history = [{"step": 0, "bits_per_peer": 0.0, "error": error0}]
     previous = [t.detach().clone() for t in tensors]
     previous_bits, stop = 0.0, "max_steps"
@@ -137,9 +138,11 @@ def matched_ratio(
     comm: Communicator, problem: str, dtype: str, seed: int = 0, models_file=None
 ) -> float:
     """The top-k ratio matching PowerGossip rank 1's floats per message, measured over 2 steps."""
+    import torch
+
     from gossip_powersgd import make_algorithm
 
-    tensors = make_problem(problem, comm.rank, DTYPES[dtype], seed, models_file)
+    tensors = make_problem(problem, comm.rank, getattr(torch, dtype), seed, models_file)
     algorithm = make_algorithm(MATCHED_SPEC, tensors, comm)
     bytes0, messages0 = comm.stats.bytes_sent, comm.stats.messages_sent
     for _ in range(2):

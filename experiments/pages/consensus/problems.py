@@ -11,9 +11,10 @@ import functools
 import math
 import re
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 #: Peer `rank` of seed `seed` draws from generator SEED_BASE + SEED_STRIDE * seed + rank; shared
 #: components (the same on every peer) from SHARED_BASE + seed.
@@ -86,20 +87,26 @@ def problem_shapes(problem: str) -> List[Tuple[int, ...]]:
 
 
 def _orthonormal(n: int, generator: torch.Generator) -> torch.Tensor:
+    import torch
+
     q, r = torch.linalg.qr(torch.randn(n, n, generator=generator, dtype=torch.float64))
     return q * torch.sign(torch.diagonal(r))  # a fixed sign convention: Haar-distributed Q
 
 
 def spectral_values(alpha: float, n: int) -> torch.Tensor:
     """kappa * k^-alpha (k = 1..n), kappa such that their squares sum to n^2."""
+    import torch
+
     decay = torch.arange(1, n + 1, dtype=torch.float64) ** (-alpha)
     return decay * (n / decay.square().sum().sqrt())
 
 
 def make_problem(
-    problem: str, rank: int, dtype=torch.float32, seed: int = 0, models_file: Optional[Path] = None
+    problem: str, rank: int, dtype=None, seed: int = 0, models_file: Optional[Path] = None
 ) -> List[torch.Tensor]:
-    """Peer `rank`'s tensors for `problem` and `seed`, cast to `dtype`."""
+    """Peer `rank`'s tensors for `problem` and `seed`, cast to `dtype` (default float32)."""
+    import torch
+
     name, options = parse_problem(problem)
     own = torch.Generator().manual_seed(SEED_BASE + SEED_STRIDE * seed + rank)
     shared = torch.Generator().manual_seed(SHARED_BASE + seed)
@@ -125,4 +132,4 @@ def make_problem(
         if int(options["epoch"]) not in saved:
             raise ValueError(f"problem {problem!r}: models were saved at epochs {sorted(saved)}")
         tensors = [t.to(torch.float64) for t in saved[int(options["epoch"])][rank]]
-    return [t.to(dtype).contiguous() for t in tensors]
+    return [t.to(dtype or torch.float32).contiguous() for t in tensors]
