@@ -150,6 +150,12 @@ def render(rows: Rows) -> Outputs:
     seeds = sorted({int(r.key.split("/")[0][4:]) for r in rows.records})
     runs = {seed: result(rows, seed) for seed in seeds}
     main, others = runs[seeds[0]], [runs[s] for s in seeds[1:]]
+    if not main["timing_batch128"] or not main["rows"]:  # the page's header needs both
+        failed = "".join(f"; {f['label']}: {f['error']}" for f in main["failed"])
+        what = "its step time" if not main["timing_batch128"] else "a training row that finished"
+        raise ValueError(
+            f"paper_standin: seed 0 has no row of {what} yet{failed}: run `{rows.command}`"
+        )
     out: Outputs = {"paper_standin.md": page(main, main["header"], others)}
     out["paper_standin.csv"] = curves_csv(main["rows"])
     out["paper_standin.png"] = plot(main["rows"])
