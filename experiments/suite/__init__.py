@@ -1,10 +1,8 @@
 """The paper's claims, reproduced by real training runs: one command per result page.
 
-    python -m experiments.suite consensus     # runs/suite/consensus.md (experiments.consensus --report)
     python -m experiments.suite privacy --quick
-    python -m experiments.suite dynamic --out experiments/results   # the committed page
 
-(The training and γ pages are made by `python -m experiments training|gamma`: the engine.)
+(The other pages are made by `python -m experiments PAGE`: the engine.)
 
 Pages are written into experiments/results/ only when `--out experiments/results` says so; by
 default they go under runs/ (git-ignored), so that no run overwrites a committed page by accident.
@@ -21,7 +19,7 @@ all-reduce 2(n-1) rounds of 1/n of the tensor). Latency 50 us, bandwidth 1 and 1
 always come from the counters, never a formula.
 
 Modules: `runs` (one training run on every peer, a row's numbers, the recipes), `tables` (markdown
-and CSV from the rows), `privacy`, `dynamic` (one page each), `driver` (the CLI).
+and CSV from the rows), `privacy` (its page), `driver` (the CLI).
 """
 
 from .driver import build_parser, main

@@ -12,7 +12,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m experiments.suite",
         description="Reproduce the paper's claims with real runs.",
     )
-    parser.add_argument("what", choices=("consensus", "privacy", "dynamic"))
+    parser.add_argument("what", choices=("privacy",))
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--epochs",
         type=int,
         default=None,
-        help="epochs of each run (dynamic: 30; privacy: 15 without DP, dp_sweep.DP_EPOCHS with DP)",
+        help="epochs of each run (15 without DP, dp_sweep.DP_EPOCHS with DP)",
     )
     parser.add_argument("--jobs", type=int, default=1, help="privacy: runs at once (processes)")
     return parser

@@ -1,4 +1,4 @@
-"""The suite's CLI: `python -m experiments.suite consensus|privacy|dynamic [options]`."""
+"""The suite's CLI: `python -m experiments.suite privacy [options]`."""
 
 from __future__ import annotations
 
@@ -17,29 +17,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     command = "python -m experiments.suite " + " ".join(shlex.quote(a) for a in argv)
     # Pages go to experiments/results/ only when --out names it: the default is under runs/.
     out = args.out or (ROOT / "runs" / ("suite-quick" if args.quick else "suite"))
-    if args.what == "privacy":
-        from .privacy import run_privacy
+    from .privacy import run_privacy
 
-        run_privacy(out, args.quick, epochs=args.epochs, command=command, jobs=args.jobs)
-    elif args.what == "dynamic":
-        from .dynamic import TRAINING_EPOCHS, run_dynamic
-
-        run_dynamic(out, args.quick, epochs=args.epochs or TRAINING_EPOCHS, command=command)
-    else:
-        from experiments import consensus
-
-        if args.quick:  # one small instance (seconds), not the report
-            return consensus.main(
-                [
-                    "--topology",
-                    "ring:4",
-                    "--problem",
-                    "matrix:20",
-                    "--steps",
-                    "40",
-                    "--out",
-                    str(out / "consensus"),
-                ]
-            )
-        return consensus.main(["--report", "--out", str(out)])
+    run_privacy(out, args.quick, epochs=args.epochs, command=command, jobs=args.jobs)
     return 0

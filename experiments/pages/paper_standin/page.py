@@ -1,11 +1,10 @@
-"""The markdown (and plot) of experiments/results/paper_standin.md from the measurements
-`experiments.paper_standin` made; every number on the page comes from them."""
+"""paper_standin.md and its plot from the page's measurements (each seed's run as the dict its
+JSON holds: setting, traffic, timing, rows, ...); every number on the page comes from them."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 
@@ -36,15 +35,9 @@ def _budgets(rows: List[Dict[str, Any]]) -> List[tuple]:
     return out
 
 
-def render(
-    result: Dict[str, Any],
-    generated: str,
-    plotted: Optional[str],
-    rendered: str = "",
-    others: List[Dict[str, Any]] = (),
-) -> str:
-    """The page; `rendered`: a sentence saying when and at which commit the page was re-rendered
-    from the JSON (``--render-only``), after `generated`."""
+def page(result: Dict[str, Any], generated: str, others: List[Dict[str, Any]] = ()) -> str:
+    """The page: `result` the main run (seed 0), `generated` the sentence that names how it was
+    made, `others` the runs of other seeds (their rows listed beside the main run's)."""
     s, rows = result["setting"], result["rows"]
     timing, proj = result["timing_batch128"], result["projection"]
     peers = int(s["topology"].split(":")[1])
@@ -54,7 +47,7 @@ def render(
         "# PowerGossip at the paper's model size: ResNet-20 on a synthetic CIFAR-shaped stand-in, "
         f"{s['topology']}",
         "",
-        f"{generated}{rendered} Backend `local` (every peer a thread of one process, one torch thread "
+        f"{generated} Backend `local` (every peer a thread of one process, one torch thread "
         f"each) on a CPU-only machine with {result['cpu_count']} cores shared with other "
         f"engineers' jobs (1-minute load average {result['load'][0]:.1f} at the start, "
         f"{result['load'][1]:.1f} at the end): every time below is a CPU time or a wall time "
@@ -91,7 +84,7 @@ def render(
     for f in result.get("failed", []):
         lines += [f"**Row {f['label']} (`{f['algorithm']}`) failed:** {f['error']}", ""]
     lines += _equal_bytes(rows)
-    lines += _curves(rows, plotted)
+    lines += _curves(rows)
     lines += _other_seeds(result, others)
     lines += _findings(rows, int(s["dataset"].split("test=")[1].split(",")[0]), peers)
     lines += [
@@ -200,7 +193,7 @@ def _equal_bytes(rows: List[Dict[str, Any]]) -> List[str]:
     return lines + [""]
 
 
-def _curves(rows: List[Dict[str, Any]], plotted: Optional[str]) -> List[str]:
+def _curves(rows: List[Dict[str, Any]]) -> List[str]:
     epochs = [e["epoch"] for e in rows[0]["evals"]] if rows else []
     lines = [
         "## Over training",
@@ -218,10 +211,7 @@ def _curves(rows: List[Dict[str, Any]], plotted: Optional[str]) -> List[str]:
             for e in r["evals"]
         ]
         lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
-    lines.append("")
-    if plotted:
-        lines += [f"![accuracy against epochs and MB sent]({plotted})", ""]
-    return lines
+    return lines + ["", "![accuracy against epochs and MB sent](paper_standin.png)", ""]
 
 
 def _cpu_per_step(rows: List[Dict[str, Any]]) -> float:
@@ -306,8 +296,6 @@ def _findings(rows: List[Dict[str, Any]], n_test: int, peers: int) -> List[str]:
         "under Other seeds, where present)."
     )
     allreduce, exact = _row(rows, "all-reduce"), _row(rows, "exact gossip")
-    r1, r2 = _row(rows, "PowerGossip r1"), _row(rows, "PowerGossip r2")
-    two = _row(rows, "PowerGossip r1, 2 iterations")
     if allreduce and exact:
         lines.append(
             f"- **All-reduce vs exact gossip:** {_pct(allreduce['acc_avg'])} against "
@@ -336,6 +324,13 @@ def _findings(rows: List[Dict[str, Any]], n_test: int, peers: int) -> List[str]:
                 "which lag behind fast-changing weights early in training. The mean local "
                 "accuracy of every row carries the same lag."
             )
+    return lines + _compression(rows, n_test) + _equal_budget_and_local_steps(rows) + [""]
+
+
+def _compression(rows: List[Dict[str, Any]], n_test: int) -> List[str]:
+    """The findings on PowerGossip's compression: r1 against exact gossip, more iterations, rank 2."""
+    lines, exact, r1 = [], _row(rows, "exact gossip"), _row(rows, "PowerGossip r1")
+    r2, two = _row(rows, "PowerGossip r2"), _row(rows, "PowerGossip r1, 2 iterations")
     if exact and r1:
         gap = 100 * (exact["acc_avg"] - r1["acc_avg"])
         lines.append(
@@ -398,7 +393,12 @@ def _findings(rows: List[Dict[str, Any]], n_test: int, peers: int) -> List[str]:
             "larger consensus distance: this run cannot say why; a section of other seeds, "
             "where present, says whether it holds."
         )
-    budgets = _budgets(rows)
+    return lines
+
+
+def _equal_budget_and_local_steps(rows: List[Dict[str, Any]]) -> List[str]:
+    """The findings at the smallest equal-bytes budget and on local steps."""
+    lines, h1, budgets = [], _row(rows, "exact gossip"), _budgets(rows)
     if budgets:
         label, mb = budgets[0]
         within = [(r, accuracy_at(r, mb)) for r in rows if r["algorithm"] != "allreduce"]
@@ -416,8 +416,7 @@ def _findings(rows: List[Dict[str, Any]], n_test: int, peers: int) -> List[str]:
             )
             + "."
         )
-    h1 = exact
-    for label in ("exact gossip H=4", "exact gossip H=16"):
+    for label in ("exact gossip H=4", "exact gossip H=16"):  # H=1 is exact gossip
         r = _row(rows, label)
         if r and h1:
             lines.append(
@@ -427,39 +426,4 @@ def _findings(rows: List[Dict[str, Any]], n_test: int, peers: int) -> List[str]:
                 f"{r['mb_per_peer']:.2f} MB per peer against {h1['mb_per_peer']:.2f} MB at H=1 "
                 f"({r['rounds']} gossip rounds against {h1['rounds']})."
             )
-    return lines + [""]
-
-
-def plot(rows: List[Dict[str, Any]], path: Path) -> Optional[str]:
-    """Averaged-model accuracy against epochs and against MB sent; the file name, or None when
-    matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for r in rows:
-        xs = [e["epoch"] for e in r["evals"]]
-        ys = [100 * e["acc_avg"] for e in r["evals"]]
-        a.plot(xs, ys, marker="o", label=r["label"])
-        if r["mb_per_peer"] > 0 and r["algorithm"] != "allreduce":
-            b.plot([e["mb"] for e in r["evals"]], ys, marker="o", label=r["label"])
-    a.set_xlabel("epoch")
-    a.set_ylabel("averaged-model test accuracy (%)")
-    b.set_xscale("log")
-    b.set_xlabel("MB sent per peer")
-    a.legend(fontsize=7)
-    b.legend(fontsize=7)
-    fig.tight_layout()
-    import io
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90)
-    plt.close(fig)
-    from gossip_powersgd.utils import atomic_write
-
-    atomic_write(path, buffer.getvalue())
-    return path.name
+    return lines

@@ -1,27 +1,19 @@
-"""Who wins at matched bits: per (problem, topology) instance and column (a bit budget, or the
-bits to reach a relative error), the winner among the winner-map algorithms, its margin over the
-runner-up (mean over seeds) and the seeds' spread; and the heat map of PowerGossip against the best
-baseline. Inputs are the records `driver.run_experiment` builds (or `report.load_record`)."""
+"""Who wins at matched bits: per instance and column (a bit budget, or the bits to reach a
+relative error), the winner among the winner-map algorithms, its margin over the runner-up (mean
+over seeds) and the seeds' spread; and the heat map of PowerGossip against the best baseline.
+An instance is the dict `render` rebuilds from a row (`summary`, `results`, `budgets`)."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .matched import bits_to_reach
+from experiments.pages._figures import png
 
-#: Relative errors whose bits-to-reach the tables report.
-REACH_TARGETS = (1e-2, 1e-4)
+from .measure import REACH_TARGETS
+
 POWERGOSSIP_LABELS = ("PowerGossip r1", "PowerGossip r4")
-
-
-def reach_cells(
-    history: Sequence[Dict], targets: Sequence[float] = REACH_TARGETS
-) -> Dict[float, Optional[float]]:
-    """Bits per peer to reach each relative error (None: not within the run)."""
-    return {t: bits_to_reach(history, t) for t in targets}
 
 
 def target_name(target: float) -> str:
@@ -33,19 +25,16 @@ def columns(budgets: Sequence[float]) -> List[Tuple[str, float]]:
     return [("budget", float(b)) for b in budgets] + [("reach", t) for t in REACH_TARGETS]
 
 
-def chosen_runs(record: Dict) -> Dict[str, Dict[int, Dict]]:
+def chosen_runs(instance: Dict) -> Dict[str, Dict[int, Dict]]:
     """Per label, per seed, the run the winner map uses: the one run of an untuned algorithm, and
     a tuned one at the γ that is best on seed 0 at the largest budget (the only γ later seeds run)."""
     chosen: Dict[str, Dict[int, Dict]] = {}
-    for label, entry in record["summary"].items():
-        gamma_spec = entry["plot_spec"]
-        for result in record["results"]:
-            if result["label"] != label:
-                continue
-            seed = result.get("seed", 0)
-            if seed == 0 and result["spec"] != gamma_spec:
-                continue
-            chosen.setdefault(label, {})[seed] = result
+    for label, entry in instance["summary"].items():
+        for result in instance["results"]:
+            if result["label"] == label and (
+                result["seed"] or result["spec"] == entry["plot_spec"]
+            ):
+                chosen.setdefault(label, {})[result["seed"]] = result
     return chosen
 
 
@@ -55,20 +44,19 @@ def _value(result: Dict, kind: str, key: float) -> Optional[Tuple[float, bool, b
         cell = result["budgets"][key]
         if cell["status"] != "ok":
             return None
-        row = cell["row"]
-        return row["relative"], row["bound"], row["at_floor"]
+        return cell["row"]["relative"], cell["row"]["bound"], cell["row"]["at_floor"]
     bits = result["reach"].get(key)
     return None if bits is None else (bits, False, False)
 
 
 def winner_cell(
-    record: Dict, kind: str, key: float, labels: Optional[Sequence[str]] = None
+    instance: Dict, kind: str, key: float, labels: Optional[Sequence[str]] = None
 ) -> Dict:
     """The winner of one column of one instance: {"winner", "runner_up", "mean" (per label),
     "margin" (runner-up mean / winner mean), "spread" (min, max of the per-seed margins),
-    "disagree" (seeds whose own winner differs), "bound", "at_floor", "seeds"} — lower is better
-    in every column (error or bits). Only labels with a value on every seed compete."""
-    chosen = chosen_runs(record)
+    "disagree" (seeds whose own winner differs), "bound", "at_floor", "seeds"}; lower is better in
+    every column (error or bits). Only labels with a value on every seed compete."""
+    chosen = chosen_runs(instance)
     seeds = sorted({s for runs in chosen.values() for s in runs})
     values: Dict[str, Dict[int, Tuple[float, bool, bool]]] = {}
     for label, runs in chosen.items():
@@ -121,11 +109,8 @@ def winner_text(cell: Dict) -> str:
     text += f" {sign}×{margin:.3g}"
     if len(cell["seeds"]) > 1:
         text += f" ({low:.3g}–{high:.3g})"
-    notes = []
-    if cell["bound"] and cell.get("runner_bound"):
-        notes.append(f"both stopped early, vs {short(cell['runner_up'])}")
-    else:
-        notes.append(f"vs {short(cell['runner_up'])}")
+    both = cell["bound"] and cell.get("runner_bound")
+    notes = [f"{'both stopped early, ' if both else ''}vs {short(cell['runner_up'])}"]
     if cell["at_floor"]:
         notes.append("at precision floor")
     if cell.get("disagree"):
@@ -133,22 +118,22 @@ def winner_text(cell: Dict) -> str:
     return text + " (" + "; ".join(notes) + ")"
 
 
-def powergossip_ratio(record: Dict, kind: str, key: float) -> Optional[float]:
+def powergossip_ratio(instance: Dict, kind: str, key: float) -> Optional[float]:
     """Best PowerGossip's mean over seeds ÷ the best compressed baseline's (Choco sign / top-k):
     below 1, PowerGossip needs less (error, or bits)."""
-    pg = winner_cell(record, kind, key, POWERGOSSIP_LABELS)
+    pg = winner_cell(instance, kind, key, POWERGOSSIP_LABELS)
     baselines = [
         label
-        for label in record["summary"]
+        for label in instance["summary"]
         if label.startswith("Choco") and label.split()[1] in ("sign", "topk")
     ]
-    base = winner_cell(record, kind, key, baselines)
+    base = winner_cell(instance, kind, key, baselines)
     if pg["winner"] is None or base["winner"] is None:
         return None
     return pg["mean"][pg["winner"]] / base["mean"][base["winner"]]
 
 
-def heat_map(records: Sequence[Dict], budgets: Sequence[float], path: Path) -> Path:
+def heat_map(instances: Sequence[Dict], budgets: Sequence[float]) -> bytes:
     """A heat map of `powergossip_ratio` (log10), rows the instances, columns the winner map's."""
     import matplotlib
 
@@ -156,48 +141,29 @@ def heat_map(records: Sequence[Dict], budgets: Sequence[float], path: Path) -> P
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from gossip_powersgd.utils import atomic_write_figure
-
     cols = columns(budgets)
-    grid = np.full((len(records), len(cols)), np.nan)
-    for i, record in enumerate(records):
+    grid = np.full((len(instances), len(cols)), np.nan)
+    for i, instance in enumerate(instances):
         for j, (kind, key) in enumerate(cols):
-            ratio = powergossip_ratio(record, kind, key)
+            ratio = powergossip_ratio(instance, kind, key)
             if ratio is not None and ratio > 0:
                 grid[i, j] = math.log10(ratio)
-    fig, ax = plt.subplots(figsize=(7.5, 0.32 * len(records) + 1.8))
+    fig, ax = plt.subplots(figsize=(7.5, 0.32 * len(instances) + 1.8))
     limit = max(1.0, float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0)
     image = ax.imshow(grid, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
-    for i in range(grid.shape[0]):
-        for j in range(grid.shape[1]):
-            text = "n/a" if np.isnan(grid[i, j]) else f"{10 ** grid[i, j]:.2g}"
-            ax.text(j, i, text, ha="center", va="center", fontsize=6)
+    for (i, j), value in np.ndenumerate(grid):
+        text = "n/a" if np.isnan(value) else f"{10**value:.2g}"
+        ax.text(j, i, text, ha="center", va="center", fontsize=6)
     ax.set_xticks(range(len(cols)))
-    ax.set_xticklabels(
-        [f"err @ {b:.0e}" if kind == "budget" else f"bits to {target_name(b)}" for kind, b in cols],
-        fontsize=7,
-    )
-    ax.set_yticks(range(len(records)))
-    ax.set_yticklabels([f"{r['topology']} {r['problem']}" for r in records], fontsize=7)
+    names = [
+        f"err @ {b:.0e}" if kind == "budget" else f"bits to {target_name(b)}" for kind, b in cols
+    ]
+    ax.set_xticklabels(names, fontsize=7)
+    ax.set_yticks(range(len(instances)))
+    ax.set_yticklabels([f"{r['topology']} {r['problem']}" for r in instances], fontsize=7)
     ax.set_title(
         "best PowerGossip ÷ best of Choco sign / top-k (mean over seeds; < 1: PowerGossip better)",
         fontsize=8,
     )
     fig.colorbar(image, ax=ax, label="log10 ratio")
-    atomic_write_figure(path, fig)
-    return path
-
-
-__all__ = [
-    "POWERGOSSIP_LABELS",
-    "REACH_TARGETS",
-    "chosen_runs",
-    "columns",
-    "heat_map",
-    "powergossip_ratio",
-    "reach_cells",
-    "short",
-    "target_name",
-    "winner_cell",
-    "winner_text",
-]
+    return png(fig, tight=True)
