@@ -1,8 +1,8 @@
-"""Reliability of the command lines around the library: `python -m topologies show` and
-`python -m experiments.consensus` on bad or oversized input (rows 29- of the table in
-test_reliability's docstring; `python -m experiments`'s own: tests/test_engine.py). Each case is one line naming the
-problem and the fix, a non-zero exit, no traceback, and no hang: the subprocesses run under a
-timeout, and what must be refused is refused before the work it would waste."""
+"""Reliability of the command lines around the library: `python -m topologies show` on bad or
+oversized input (rows 29- of the table in test_reliability's docstring; `python -m experiments`'s
+own: tests/test_engine.py). Each case is one line naming the problem and the fix, a non-zero
+exit, no traceback, and no hang: the subprocesses run under a timeout, and what must be refused is
+refused before the work it would waste."""
 
 from __future__ import annotations
 
@@ -117,131 +117,6 @@ def test_show_refuses_to_draw_more_edges_than_it_can(tmp_path, capsys):
     (line,) = captured.err.strip().splitlines()
     assert "--png draws at most 20000 edges and 'union(matchings:256)' has 32640" in line
     assert "drop --png or draw a smaller graph" in line
-
-
-# ---- python -m experiments.consensus ------------------------------------------------------------
-
-# Each case used to run (some of) the experiment first, or silently change what it runs.
-CONSENSUS_CASES = {
-    "huge spectral": (
-        ["--problem", "spectral:alpha=1,n=5000"],
-        ["problem 'spectral:alpha=1,n=5000' gives every peer 2.5e+07 floats", "n=1000"],
-    ),
-    "nan budget": (
-        ["--budgets", "1e5", "nan"],
-        ["--budgets must be finite and > 0, got nan", "e.g. --budgets 1e5 1e6 1e7"],
-    ),
-    "infinite gamma": (["--gammas", "inf"], ["--gammas must be finite and > 0, got inf"]),
-    "stop-relative above 1": (
-        ["--stop-relative", "2"],
-        [
-            "--stop-relative must be in (0, 1), got 2",
-            "fraction of the initial error",
-            "e.g. --stop-relative 1e-12",
-        ],
-    ),
-    "negative sweep bits": (
-        ["--sweep-bits", "-5"],
-        ["--sweep-bits must be >= 0", "got -5", "e.g. --sweep-bits 1e6"],
-    ),
-    "absurd steps": (
-        ["--steps", "100000000"],
-        ["--steps must be in 1..100000, got 100000000", "use e.g. --steps 1000"],
-    ),
-    "bad last spec": (
-        ["--algorithms", "exact", "powergossip:rank=0"],
-        ["rank must be an integer >= 1, got 0"],
-    ),
-    "output is a file": (
-        ["--out", "FILE"],
-        ["cannot write to FILE: it exists and is not a directory; choose a writable --out"],
-    ),
-}
-
-
-@pytest.fixture
-def consensus_without_runs(monkeypatch):
-    """experiments.consensus's main, in this process, failing the test if a run begins."""
-    from experiments.consensus import cli, driver
-
-    def no_run(*args, **kwargs):
-        raise AssertionError("a run began before the arguments were checked")
-
-    monkeypatch.setattr(driver, "consensus_curve", no_run)
-    monkeypatch.setattr(driver, "matched_ratio", no_run)
-    return cli.main
-
-
-@pytest.mark.parametrize("case", sorted(CONSENSUS_CASES))
-def test_consensus_cli_refuses_bad_arguments_before_any_run(tmp_path, consensus_without_runs, case):
-    # ValueError is one of the launcher's expected errors: `main_guard` prints its one line and
-    # exits 1, as the subprocess tests below see.
-    argv, expected = CONSENSUS_CASES[case]
-    blocker = tmp_path / "blocker"
-    blocker.write_text("not a directory\n")
-    out = tmp_path / "out"
-    argv = [str(blocker) if a == "FILE" else a for a in argv]
-    expected = [e.replace("FILE", str(blocker)) for e in expected]
-    with pytest.raises(ValueError) as info:
-        consensus_without_runs(
-            ["--steps", "2", "--algorithms", "exact", "--no-plot", "--out", str(out), *argv]
-        )
-    line = str(info.value)
-    assert "\n" not in line and all(e in line for e in expected), line
-    assert not out.exists() and blocker.read_text() == "not a directory\n"
-
-
-def test_consensus_cli_huge_problem_is_one_line_before_allocating():
-    # It was the allocator's traceback ("you tried to allocate 80000000000 bytes"), after the start.
-    r = run_module("-m", "experiments.consensus", "--problem", "matrix:100000x100000", "--no-plot")
-    assert_one_line_error(
-        r,
-        "error: problem 'matrix:100000x100000' gives every peer 1e+10 floats",
-        "above the maximum of 4194304 (2048x2048)",
-        "use e.g. matrix:1000",
-    )
-    assert r.stdout == ""
-
-
-def test_consensus_cli_checks_its_output_directory_before_the_runs(tmp_path):
-    # It ran every algorithm and then failed to write, the results lost.
-    blocker = tmp_path / "blocker"
-    blocker.write_text("not a directory\n")
-    out = blocker / "out"
-    r = run_module(
-        "-m",
-        "experiments.consensus",
-        "--steps",
-        "2",
-        "--algorithms",
-        "exact",
-        "--no-plot",
-        "--out",
-        out,
-    )
-    assert_one_line_error(
-        r, f"error: cannot write to {out}: Not a directory; choose a writable --out"
-    )
-    assert r.stdout == "", r.stdout  # not even the "consensus: ..." line of a run starting
-
-
-def test_consensus_refuses_a_problem_larger_than_memory_before_allocating(
-    monkeypatch, tmp_path, consensus_without_runs
-):
-    # 8 peers x 2048² float64 floats x (2 + degree 2) copies = 1 GiB, on a "machine" of 0.5 GiB.
-    from experiments.consensus import driver
-
-    monkeypatch.setattr(driver, "physical_memory", lambda: 2**29)
-    with pytest.raises(
-        ValueError,
-        match=r"problem 'matrix:2048' on ring:8 needs about 1 GiB \(8 "
-        r"peer\(s\) x 4194304 floats x 4 copies, float64\), more than "
-        r"this machine's 0.5 GiB; use a smaller problem or topology",
-    ):
-        consensus_without_runs(
-            ["--problem", "matrix:2048", "--out", str(tmp_path / "out"), "--no-plot"]
-        )
-    assert not (tmp_path / "out").exists()
 
 
 # ---- the shared check ---------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from gossip_powersgd.privacy.accounting import (
 from gossip_powersgd.privacy.dpsgd import DPSGD, dp_enabled, validate_dp_options, validate_model
 from gossip_powersgd.privacy.sampling import PoissonBatches, poisson_rate
 from gossip_powersgd.privacy.seeds import make_randomness
+from gossip_powersgd.utils import warn
 from gossip_powersgd.privacy.subspace import subspace_hook
 from gossip_powersgd.training.features import Feature, Key, peer_statistics_private, register
 from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
@@ -94,6 +95,13 @@ def keeps_peer_statistics_private(config) -> bool:
 
 def validate_privacy_config(config) -> None:
     """One-line ValueError for the first bad ``dp_*`` key of a `TrainConfig`; None when fine."""
+    if config.max_grad_norm is not None and dp_enabled(
+        config.dp_noise_multiplier, config.dp_target_epsilon
+    ):
+        raise ValueError(
+            "max_grad_norm clips plain training's gradient; under DP each sample's gradient is "
+            "clipped by dp_max_grad_norm (the noise is calibrated to it): drop max_grad_norm"
+        )
     validate_dp_options(
         noise_multiplier=config.dp_noise_multiplier,
         max_grad_norm=config.dp_max_grad_norm,
@@ -218,6 +226,7 @@ class DifferentialPrivacy(TrainingHooks):
         self._figures: Optional[Dict[str, Any]] = None
         self.mechanism = "local"
         self.exchanged_subspace = False  # dp_exchanged_subspace (`privacy/subspace.py`)
+        self.epsilon_note: Optional[str] = None  # what a muffliato run's epsilon means
 
     # ---- set-up -----------------------------------------------------------------------------
 
@@ -305,8 +314,23 @@ class DifferentialPrivacy(TrainingHooks):
         from gossip_powersgd.privacy.mechanisms import attach_mechanism
 
         self.mechanism = config.dp_mechanism
+        if self.mechanism == "muffliato":
+            from gossip_powersgd.privacy.mechanisms.muffliato import epsilon_note
+
+            self.epsilon_note, warning = epsilon_note(config)
+            if warning and rank == 0:
+                warn(warning)
         self.exchanged_subspace = bool(config.dp_exchanged_subspace)
-        collectively(comm, attach_mechanism, config, comm, self.dp, context.algorithm, randomness)
+        collectively(
+            comm,
+            attach_mechanism,
+            config,
+            comm,
+            self.dp,
+            context.algorithm,
+            randomness,
+            resume=context.resuming,
+        )
         # Opacus' per-example hooks on a first layer whose input needs no gradient make torch
         # warn at every backward; the gradients are right (Opacus' own tests run this way).
         warnings.filterwarnings(
@@ -411,6 +435,8 @@ class DifferentialPrivacy(TrainingHooks):
             "dp_randomness_note": RANDOMNESS_NOTES[kind],
             "noise_multiplier": self.dp.noise_multiplier,
         }
+        if self.epsilon_note:
+            fields["dp_epsilon_note"] = self.epsilon_note
         mine = self.own_figures()
         if not self.release:
             if self.sigma_per_peer:  # each peer's own, from its own rate: not public
@@ -474,6 +500,8 @@ def dp_summary_rows(summary: Dict[str, Any]) -> List[tuple]:
         ("DP adjacency", summary["dp_adjacency"]),
         ("DP randomness", summary["dp_randomness_note"]),
     ]
+    if summary.get("dp_epsilon_note"):
+        rows.append(("DP ε is", summary["dp_epsilon_note"]))
     if summary.get("dp_exchanged_subspace"):
         rows.append(
             (

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..metrics import consensus_distance, mean_active_degree
+from .batches import stream_rows
 from .batchnorm import refresh_batch_norm
 from .features import eval_text, summary_rows
 
@@ -65,17 +66,36 @@ def flat_logits(logits: torch.Tensor, target: torch.Tensor):
 
 def evaluate_model(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1024):
     """(accuracy, mean cross-entropy) of `model` on (x, y), in eval mode, without gradients; with
-    a target per token (a language model) both are per token (perplexity = exp(cross-entropy))."""
+    a target per token (a language model) both are per token (perplexity = exp(cross-entropy)).
+    A model that carries its hidden state across batches (`zoo.LSTMLanguageModel.carry_state`,
+    trained by truncated BPTT) reads the test windows, which are consecutive, as `EVAL_STREAMS`
+    parallel streams from a zero state, as it was trained; its training state is kept aside."""
     was_training = model.training
     model.eval()
     correct, loss_sum = 0, 0.0
+    streaming = getattr(model, "carry_state", False)
+    if streaming:
+        kept = model.get_state()
+        model.reset_state()
     with torch.no_grad():
-        for start in range(0, len(y), batch):
-            out, target = flat_logits(model(x[start : start + batch]), y[start : start + batch])
+        steps = stream_rows(len(y), EVAL_STREAMS, x.device) if streaming else _chunks(len(y), batch)
+        for rows in steps:
+            out, target = flat_logits(model(x[rows]), y[rows])
             loss_sum += float(F.cross_entropy(out, target, reduction="sum"))
             correct += int((out.argmax(dim=1) == target).sum())
+    if streaming:
+        model.set_state(kept)
     model.train(was_training)
     return correct / max(1, y.numel()), loss_sum / max(1, y.numel())
+
+
+#: How many parallel streams a stateful language model is evaluated with (PyTorch's word-language-
+#: model example evaluates with 10).
+EVAL_STREAMS = 10
+
+
+def _chunks(n: int, batch: int):
+    return (slice(start, start + batch) for start in range(0, n, batch))
 
 
 def average_state_into(model: torch.nn.Module, target: torch.nn.Module, comm: Comm) -> None:
@@ -294,8 +314,12 @@ def run_summary(
     steps_per_epoch,
     timers,
     private: bool = False,
+    eval_split: str = "test",
 ) -> Dict[str, Any]:
     """What `summary.json` holds (collective; the same dict on every peer).
+
+    `eval_split` names the data the figures were evaluated on ("test", or "valid" for
+    `wikitext2:split=valid`): the `*_test_*` keys hold that split's figures, and the table says so.
 
     The final metrics are the last eval record's; traffic and timers are means over peers, the wall
     time the slowest peer's; `model_sha256` lists every peer's model digest in rank order.
@@ -353,6 +377,12 @@ def run_summary(
         "final_test_acc_local_mean": final.get("test_acc_mean"),
         "final_test_acc_local_min": final.get("test_acc_min"),
         "final_test_acc_local_max": final.get("test_acc_max"),
+        "eval_split": eval_split,
+        **(
+            {"final_test_perplexity_avg_model": final["test_perplexity_avg_model"]}
+            if "test_perplexity_avg_model" in final
+            else {}
+        ),
         "final_train_loss": final.get("train_loss"),
         "final_consensus_distance": final.get("consensus_distance"),
         "mb_sent_per_peer": sent / 1e6,
@@ -388,6 +418,8 @@ def _fmt(value, pct: bool = False) -> str:
 
 def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
     """The summary as a table (markdown for summary.md, aligned text for the terminal)."""
+    split = summary.get("eval_split", "test")
+    perplexity = summary.get("final_test_perplexity_avg_model")
     rows = [
         ("algorithm", summary["algorithm"]),
         ("topology", f"{summary['topology']} ({summary['peers']} peers)"),
@@ -397,9 +429,14 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
             f"{summary['parameters']} parameters",
         ),
         ("epochs / steps", f"{summary['epochs_done']} / {summary['steps']}"),
-        ("averaged-model test accuracy", _fmt(summary["final_test_acc_avg_model"], pct=True)),
+        (f"averaged-model {split} accuracy", _fmt(summary["final_test_acc_avg_model"], pct=True)),
+        *(
+            [(f"averaged-model {split} perplexity", _fmt(perplexity))]
+            if perplexity is not None
+            else []
+        ),
         (
-            "local test accuracy mean [min, max]",
+            f"local {split} accuracy mean [min, max]",
             f"{_fmt(summary['final_test_acc_local_mean'], True)} "
             f"[{_fmt(summary['final_test_acc_local_min'], True)}, "
             f"{_fmt(summary['final_test_acc_local_max'], True)}]",
@@ -431,8 +468,14 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
     ]
     rows += summary_rows(summary)  # each feature's (differential privacy, observers, ...)
     hist = summary.get("label_histogram")
-    if hist is None:  # private peer statistics: nothing of any peer's own data to show
+    if hist is not None and not any(
+        hist
+    ):  # a target per token: a histogram would be vocabulary-wide
+        rows.append(("label histogram", "none (a language model's targets are tokens)"))
+        hist = None
+    elif hist is None:  # private peer statistics: nothing of any peer's own data to show
         rows.append(("peer statistics", summary.get("peer_statistics", "n/a")))
+    if hist is None:
         if markdown:
             return (
                 "\n".join(

@@ -57,7 +57,7 @@ from ..specs import (
     unknown_name,
     user_code,
 )
-from ..utils import one_line
+from ..utils import available_memory, one_line
 from .zoo import LSTMLanguageModel, ResNet20, VGG16, init_zoo_module
 
 __all__ = [
@@ -244,6 +244,24 @@ _BUILDERS = {
     "vgg16": _vgg16,
     "lstm_lm": _lstm_lm,
 }
+
+
+def _check_fits_in_memory(spec: str, model: nn.Module) -> None:
+    """Refuse, before anything is allocated, a model (still on the meta device) whose parameters
+    alone exceed the memory this machine has free: it would fail as an allocation error deep in
+    torch (training needs several times this: gradients, optimizer state, gossip buffers)."""
+    count = count_parameters(model)
+    size = sum(
+        p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values()
+    )
+    size += sum(b.numel() * b.element_size() for b in model.buffers())
+    free = available_memory()
+    if free is not None and size > free:
+        raise ValueError(
+            f"model spec {spec!r} has {count:,} parameters ({size / 1e9:.4g} GB), more than the "
+            f"{free / 1e9:.4g} GB of memory this machine has free: it would run out of memory "
+            "before the first step; use a smaller model"
+        )
 
 
 def _materialize(module: nn.Module) -> None:
@@ -452,6 +470,7 @@ def build_model(
     builder = _BUILDERS.get(parsed.name)
     if builder is not None:
         model = builder(spec, parsed, input_shape, num_classes, "meta")
+        _check_fits_in_memory(spec, model)
         _materialize(model)
         _init_parameters(model, torch.Generator(device="cpu").manual_seed(int(seed)))
         return model

@@ -35,7 +35,7 @@ from gossip_powersgd.privacy import network_dp
 if TYPE_CHECKING:
     from topologies import AnyTopology
 
-__all__ = ["network_leakage", "muffliato_epsilons", "network_applies"]
+__all__ = ["network_leakage", "muffliato_epsilons", "network_applies", "epsilon_note"]
 
 
 def network_applies(algorithm: str, momentum: float, schedule: str, warmup_epochs: float) -> bool:
@@ -46,6 +46,51 @@ def network_applies(algorithm: str, momentum: float, schedule: str, warmup_epoch
         and schedule == "constant"
         and float(warmup_epochs) == 0.0
     )
+
+
+def _not_modelled(config) -> list:
+    """What of the run `network_applies` does not model, in the config's words."""
+    reasons = []
+    algorithm = str(config.algorithm).split(":", 1)[0].strip()
+    if algorithm != "exact":
+        reasons.append(f"algorithm {algorithm}")
+    if float(config.momentum) != 0.0:
+        reasons.append(f"momentum {config.momentum:g}")
+    if config.schedule != "constant":
+        reasons.append(f"schedule {config.schedule}")
+    if float(config.warmup_epochs) != 0.0:
+        reasons.append(f"warmup_epochs {config.warmup_epochs:g}")
+    return reasons
+
+
+def epsilon_note(config) -> tuple:
+    """(what a muffliato run's epsilon means, a warning line or None): the run reports DP-SGD's
+    local bound, valid for any algorithm and optimizer (every message is post-processing of the
+    noisy updates); the pairwise network bound (`muffliato_epsilons`) models exact gossip with
+    plain SGD at a constant learning rate, so a run with momentum or a changing step gets no
+    amplification claim, and says so."""
+    note = (
+        "DP-SGD's local bound, valid against every observer (every message is post-processing "
+        "of the noisy updates)"
+    )
+    reasons = _not_modelled(config)
+    if not reasons:
+        return (
+            note + "; Muffliato's pairwise network bound (muffliato_epsilons) may be lower "
+            "against peers further away",
+            None,
+        )
+    what = ", ".join(reasons)
+    note += (
+        f"; Muffliato's pairwise network bound does not apply to this run ({what}): it models "
+        "exact gossip with plain SGD at a constant learning rate"
+    )
+    warning = (
+        f"dp_mechanism: muffliato with {what}: its network bound models exact gossip with plain "
+        "SGD at a constant learning rate, so the run's epsilon is the local DP-SGD bound only "
+        "(valid against every observer, no amplification by the gossip)"
+    )
+    return note, warning
 
 
 def network_leakage(
