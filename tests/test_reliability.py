@@ -80,9 +80,8 @@ unless named otherwise):
  39 consensus problem too large ... (its CLI is gone: `python -m experiments consensus` takes no
                                     options) test_page_consensus.test_bad_problem_names_are_one_line_
  40 consensus arguments late/silent (its CLI is gone, see 39)
- 41 unusable --out of the CLIs .... test_engine.test_unknown_page_and_unwritable_out_are_one_line,
-                                    test_privacy_attacks_checks_its_output_directory_before_the_runs
-                                    (utils.check_writable_dir)
+ 41 unusable --out of the CLIs .... test_engine.test_unknown_page_and_unwritable_out_are_one_line
+                                    (the privacy_attacks CLI is gone: its pages take no options)
 Reliability III items, in test_reliability_views (same rules):
  42 observers on a schedule or a .. test_observers_record_what_arrived_on_changing_graphs (matchings,
     directed graph                  one_peer_exponential, edge_sampling, cyclic Choco, push-sum);

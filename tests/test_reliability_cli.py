@@ -1,6 +1,6 @@
-"""Reliability of the command lines around the library: `python -m topologies show` and
-`python -m experiments.privacy_attacks` on bad or oversized input (rows 29- of the table in
-test_reliability's docstring). Each case is one line naming the problem and the fix, a non-zero
+"""Reliability of the command lines around the library: `python -m topologies show` on bad or
+oversized input (rows 29- of the table in test_reliability's docstring; `python -m experiments`'s
+own: tests/test_engine.py). Each case is one line naming the problem and the fix, a non-zero
 exit, no traceback, and no hang: the subprocesses run under a timeout, and what must be refused is
 refused before the work it would waste."""
 
@@ -117,30 +117,6 @@ def test_show_refuses_to_draw_more_edges_than_it_can(tmp_path, capsys):
     (line,) = captured.err.strip().splitlines()
     assert "--png draws at most 20000 edges and 'union(matchings:256)' has 32640" in line
     assert "drop --png or draw a smaller graph" in line
-
-
-# ---- python -m experiments.privacy_attacks ------------------------------------------------------
-
-
-def test_privacy_attacks_checks_its_output_directory_before_the_runs(tmp_path, monkeypatch):
-    # It gave a traceback (NotADirectoryError, FileExistsError), or chained ones after the runs.
-    from experiments.privacy_attacks import driver
-
-    blocker = tmp_path / "blocker"
-    blocker.write_text("not a directory\n")
-    r = run_module("-m", "experiments.privacy_attacks", "--quick", "--out", blocker / "out")
-    assert_one_line_error(
-        r, f"error: cannot write to {blocker / 'out'}: Not a directory; choose a writable --out"
-    )
-    assert r.stdout == "" and "DP" not in r.stderr  # no run began (each logs "ring:4 ... DP off")
-    monkeypatch.setattr(driver, "measure_all", lambda *a: pytest.fail("a run began"))
-    with pytest.raises(
-        SystemExit,
-        match=f"^error: cannot write to {blocker}: it exists and is not "
-        "a directory; choose a writable --out$",
-    ):
-        driver.main(["--quick", "--out", str(blocker)])
-    assert blocker.read_text() == "not a directory\n"
 
 
 # ---- the shared check ---------------------------------------------------------------------------
