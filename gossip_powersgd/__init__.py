@@ -39,6 +39,7 @@ FEATURE_MODULES = (
     "gossip_powersgd.training.extensions",  # hooks: (user hooks), then loggers: (trackers)
     "gossip_powersgd.privacy.training",  # dp_*: differential privacy (DP-SGD)
     "gossip_powersgd.privacy.observing",  # observers:, observe_every: (last: they record the rest)
+    "gossip_powersgd.training.churn",  # on_peer_loss:, churn:, churn_join: (its hook: the trainer's)
 )
 for _module in FEATURE_MODULES:
     _declare_feature(_module)

@@ -23,23 +23,6 @@ VENV_BIN = Path(sys.executable).parent
 #: Each experiment's quick mode (or its smallest sizes where it has no --quick), without --out.
 QUICK = [
     *(["-m", "experiments", name, "--quick"] for name in sorted(pages())),
-    ["-m", "experiments.suite", "consensus", "--quick"],
-    ["-m", "experiments.suite", "privacy", "--quick", "--epochs", "1"],
-    ["-m", "experiments.suite", "dynamic", "--quick", "--epochs", "1"],
-    ["-m", "experiments.privacy_attacks", "--quick"],
-    ["-m", "experiments.privacy_mechanisms", "--quick"],
-    ["-m", "experiments.paper_standin", "--quick"],
-    ["-m", "experiments.privacy_attacks.dp_sweep", "--quick"],
-    [
-        "-m",
-        "experiments.consensus",
-        "--topology",
-        "ring:4",
-        "--problem",
-        "matrix:20",
-        "--steps",
-        "20",
-    ],
     ["-m", "experiments.gpu_check", "--dry-run", "--device", "cpu"],
 ]
 

@@ -77,14 +77,11 @@ unless named otherwise):
  38 topologies show on 4096 peers . test_reliability_cli.test_show_of_a_4096_peer_schedule_answers_
                                     without_the_dense_products, ..._bounds_the_product_gap_before_
                                     computing_it; --steps 1e8 and --png of 32640 edges: refused
- 39 consensus problem too large ... test_reliability_cli.test_consensus_cli_huge_problem_is_one_line_
-                                    before_allocating, ..._larger_than_memory_before_allocating
- 40 consensus arguments late/silent test_reliability_cli.test_consensus_cli_refuses_bad_arguments_
-                                    before_any_run (--budgets nan, --gammas inf, --stop-relative 2,
-                                    --sweep-bits -5, --steps 1e8, a bad last algorithm spec)
- 41 unusable --out of the CLIs .... test_reliability_cli.test_consensus_cli_checks_its_output_
-                                    directory_before_the_runs, test_privacy_attacks_checks_its_output_
-                                    directory_before_the_runs (utils.check_writable_dir, both CLIs)
+ 39 consensus problem too large ... (its CLI is gone: `python -m experiments consensus` takes no
+                                    options) test_page_consensus.test_bad_problem_names_are_one_line_
+ 40 consensus arguments late/silent (its CLI is gone, see 39)
+ 41 unusable --out of the CLIs .... test_engine.test_unknown_page_and_unwritable_out_are_one_line
+                                    (the privacy_attacks CLI is gone: its pages take no options)
 Reliability III items, in test_reliability_views (same rules):
  42 observers on a schedule or a .. test_observers_record_what_arrived_on_changing_graphs (matchings,
     directed graph                  one_peer_exponential, edge_sampling, cyclic Choco, push-sum);

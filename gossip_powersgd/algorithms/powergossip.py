@@ -115,6 +115,9 @@ class PowerGossip(PowerGossipSchedule, PowerGossipBuffers, GossipAlgorithm):
     #: both ends form the factors from the noisy rows: the average is kept exactly, for any noise.
     #: Schedules do not call it (`privacy.mechanisms` refuses them).
     supports_edge_noise = True
+    #: A membership change carries each kept edge's factors, generator and half-step counter
+    #: (`edge_state`); a new edge is seeded from (seed, min(i, j), max(i, j)) of the peer ids.
+    supports_churn = True
     summary = "low-rank compressed gossip (PowerGossip), gamma defaults to the topology's"
     options = {
         "rank": Option("rank", int),
@@ -348,6 +351,29 @@ class PowerGossip(PowerGossipSchedule, PowerGossipBuffers, GossipAlgorithm):
             if self._edge_half_steps is not None:
                 state[f"edge_half_steps.{j}"] = self._edge_half_steps[j]
         return state
+
+    def node_state(self) -> Dict[str, object]:
+        return {"steps": self.steps, "half_steps": self.half_steps}
+
+    def load_node_state(self, state: Dict[str, object]) -> None:
+        self.steps, self.half_steps = int(state["steps"]), int(state["half_steps"])
+
+    def edge_state(self, neighbor: int) -> Dict[str, object]:
+        """The edge's factors (copies), its generator and its half-step counter (on a static
+        topology every edge's is `half_steps`)."""
+        state: Dict[str, object] = {k: t.clone() for k, t in self.factors(neighbor).items()}
+        state["generator"] = self._generators[neighbor].get_state()
+        counters = self._edge_half_steps
+        state["half_steps"] = counters[neighbor] if counters is not None else self.half_steps
+        return state
+
+    def load_edge_state(self, neighbor: int, state: Dict[str, object]) -> None:
+        for key, tensor in self.factors(neighbor).items():
+            tensor.copy_(state[key])
+        self._generators[neighbor].set_state(state["generator"])
+        if self._edge_half_steps is None:
+            raise ValueError("PowerGossip on a static topology keeps no per-edge counters")
+        self._edge_half_steps[neighbor] = int(state["half_steps"])
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
         if int(state["rank"]) != self.rank or int(state["seed"]) != self.seed:

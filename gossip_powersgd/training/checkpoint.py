@@ -191,8 +191,8 @@ def make_header(
     }
 
 
-def save_checkpoint(run_dir, header: Dict[str, Any], state: Dict[str, Any]) -> Path:
-    """Write this rank's checkpoint for `header['epoch']` atomically; keep the newest `KEEP`."""
+def encode_record(header: Dict[str, Any], state: Dict[str, Any]) -> bytes:
+    """The bytes of a checkpoint file: `header`, the payload's digest and the payload (`state`)."""
     state = _to_cpu(state)
     _check_safe(state, "state")
     buffer = io.BytesIO()
@@ -205,9 +205,14 @@ def save_checkpoint(run_dir, header: Dict[str, Any], state: Dict[str, Any]) -> P
     }
     out = io.BytesIO()
     torch.save(record, out)
+    return out.getvalue()
+
+
+def save_checkpoint(run_dir, header: Dict[str, Any], state: Dict[str, Any]) -> Path:
+    """Write this rank's checkpoint for `header['epoch']` atomically; keep the newest `KEEP`."""
     rank, epoch = header["rank"], header["epoch"]
     path = checkpoint_path(run_dir, rank, epoch)
-    atomic_write(path, out.getvalue())
+    atomic_write(path, encode_record(header, state))
     for old in available_epochs(run_dir, rank)[:-KEEP]:
         try:
             checkpoint_path(run_dir, rank, old).unlink()

@@ -102,6 +102,7 @@ def _process_owned(comm: Comm) -> bool:
     """Whether this peer has the process to itself (MPI), so that the global RNGs are its own."""
     from ..comm.local import LocalCommunicator
 
+    comm = getattr(comm, "transport", comm)  # a membership's communicator wraps its transport
     return not isinstance(comm, LocalCommunicator)
 
 
