@@ -752,17 +752,6 @@ def test_a_peer_sends_exactly_the_algorithms_bytes(monkeypatch, algorithm):
         assert summary["steps"] == 2 * summary["steps_per_epoch"]
 
 
-# ---- long runs -------------------------------------------------------------------------------------
-
-
-def test_long_run_smoke(capsys):
-    from experiments.long_run import main
-
-    assert main(["--steps", "200", "--log-every", "100"]) == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["steps"] == 200 and summary["drift_ok"] and summary["memory_ok"]
-
-
 def test_a_killed_writers_leftover_temporary_file_is_removed_by_the_next_save(tmp_path):
     from gossip_powersgd.training.checkpoint import checkpoint_dir, save_checkpoint
 

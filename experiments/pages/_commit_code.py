@@ -1,5 +1,5 @@
-"""An earlier commit's PowerGossip, imported beside this tree's, for benchmarks that time both in
-one run (`experiments.bench_sim --before`, `experiments.bench_gossip --before`).
+"""An earlier commit's PowerGossip, imported beside this tree's, for the pages that time both in
+one run (bench_sim's `before` and `previous`, bench_gossip's `before`).
 
 The commit's modules are read with `git show`, written to a temporary folder and imported under
 private names inside `gossip_powersgd.algorithms` (`_powergossip_<commit>`, ...), so that their
@@ -24,7 +24,8 @@ import threading
 from pathlib import Path
 from typing import Dict, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
+from experiments.engine import ROOT
+
 PACKAGE = "gossip_powersgd.algorithms"
 FOLDER = "gossip_powersgd/algorithms"
 #: The modules split from powergossip.py (by job), loaded from the same commit when it has them.

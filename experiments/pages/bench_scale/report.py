@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .measure import ALGORITHMS
 
+#: What a point times: four algorithms (one `step()` each); also two reductions of one flat tensor.
+ALGORITHMS = ("exact", "powergossip", "allreduce", "powersgd")
 LABELS = {
     "exact": "exact gossip",
     "powergossip": "PowerGossip r1",
@@ -21,18 +22,6 @@ BACKENDS = {
     "mpi": "MPI (`mpiexec -n N`, one process per peer)",
     "torch": "torch.distributed/gloo (`torchrun --nproc-per-node N`)",
 }
-
-
-def machine_line(load_start: float, load_end: float) -> str:
-    """CPU, cores, memory, versions and the load average around the run."""
-    from ..bench_gossip.record import machine_description
-
-    m = machine_description()
-    return (
-        f"{m['cpu']}, {m['cores']} cores, {m['memory']}; load average at start {load_start:.1f}, "
-        f"at end {load_end:.1f} (the cores are shared with other jobs). Python {m['python']}, "
-        f"torch {m['torch']}, {m['mpi']}"
-    )
 
 
 #: Marks an in-process point whose peer threads took turns (`LocalCluster(cooperative=...)`).
@@ -135,15 +124,15 @@ def growth_table(
     return lines
 
 
-def render_markdown(records: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
-    """The page: header, cost vs n, the reductions side by side, 256 peers, cost vs size, rates."""
+def render_markdown(
+    records: List[Dict[str, Any]], header: str, notes: Sequence[str], title: str = ""
+) -> str:
+    """The page: header, cost vs n, the reductions side by side, 256 peers, cost vs size, rates;
+    `notes`: what the plan left out."""
     out = [
-        "# Scaling benchmark: cost vs number of peers and vs model size",
+        "# Scaling benchmark: cost vs number of peers and vs model size" + title,
         "",
-        f"Command: `{meta['command']}`",
-        "",
-        f"Date: {meta['date']} ({meta['seconds']:.0f} s). Commit: {meta.get('commit', 'not recorded')}. "
-        f"Machine: {meta['machine']}.",
+        header,
         "",
         "Parameters are random float32 tensors (no training) on ring:n (degree 2; ring:2 has one "
         "neighbour). Time per step: wall time of `step()` (or of one reduction) on each peer, "
@@ -155,6 +144,13 @@ def render_markdown(records: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
         "meaningful; absolute times vary from run to run.",
         "",
     ]
+    out += _peer_tables(records) + _reductions(records) + _simulation(records)
+    return "\n".join(out + _size_and_growth(records, notes))
+
+
+def _peer_tables(records: List[Dict[str, Any]]) -> List[str]:
+    """Cost vs number of peers, one table per transport."""
+    out: List[str] = []
     peer_recs = _ok(records, "peers")
     if peer_recs:
         first = peer_recs[0]
@@ -174,7 +170,12 @@ def render_markdown(records: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
         out.append("")
         if any(mode(r) for r in recs):
             out += [TURNS_NOTE, ""]
-    out += [
+    return out
+
+
+def _reductions(records: List[Dict[str, Any]]) -> List[str]:
+    """The ring all-reduce next to the all-gather reduction."""
+    out = [
         "## Ring all-reduce vs the all-gather reduction (one flat tensor of the model's size)",
         "",
         "The ring (`comm.allreduce_`) sends and receives 2(n−1)/n of the tensor per rank; the "
@@ -208,7 +209,12 @@ def render_markdown(records: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
         else:
             row += ["skipped", "–", "–"]
         out.append("| " + " | ".join(row) + " |")
-    out.append("")
+    return out + [""]
+
+
+def _simulation(records: List[Dict[str, Any]]) -> List[str]:
+    """PowerGossip on the in-process points: time and memory."""
+    out: List[str] = []
     big = [r for r in _ok(records, "peers", "local") if "powergossip" in summarize(r)]
     if big:
         out += [
@@ -225,6 +231,12 @@ def render_markdown(records: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
                 f"{fmt_bytes(r['ranks'][0]['rss_peak'])} |"
             )
         out.append("")
+    return out
+
+
+def _size_and_growth(records: List[Dict[str, Any]], notes: Sequence[str]) -> List[str]:
+    """Cost vs model size, the growth exponents, and what was skipped or failed."""
+    out: List[str] = []
     size_recs = _ok(records, "size")
     if size_recs:
         out += ["## Cost vs model size (one square matrix of about N parameters)", ""]
@@ -267,8 +279,7 @@ def render_markdown(records: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
     sizes = {f"vs N, ring:{n}": pts for n, pts in by_peers.items()}
     if sizes:
         out += growth_table(sizes, ALGORITHMS, "N") + [""]
-    notes = list(meta.get("skipped", []))
-    notes += [
+    notes = list(notes) + [
         f"{r['point']['section']}: {r['point']['backend']} ring:{r['point']['peers']} "
         f"{r['point']['params']}: failed: {r['error']}"
         for r in records
@@ -276,4 +287,4 @@ def render_markdown(records: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
     ]
     if notes:
         out += ["## Skipped or failed", ""] + [f"* {n}" for n in notes] + [""]
-    return "\n".join(out)
+    return out

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from .measure import BenchConfig, median as _median
+from experiments.pages._bench import median as _median
+
+from .measure import BenchConfig
 
 
 def _block_means(block: Dict[str, Any], side: Optional[str] = None) -> Dict[str, float]:
@@ -136,7 +138,7 @@ def summarize_isolated(iso: Dict[str, Any]) -> Dict[str, Any]:
             effs = [3 * c / (t * bw * 1e9) for t, bw in zip(times, iso["bandwidth"])]
             v[key] = {"compute": _median(times), "efficiency": _median(effs)}
         out["variants"][name] = v
-    if "before" in out["variants"]:  # this tree's compute / the earlier commit's, per block pair
+    if {"before", "batched"} <= set(out["variants"]):  # this tree's / the earlier commit's
         b, old = iso["variants"]["batched"], iso["variants"]["before"]
         out["before_ratio"] = _median(
             [_block_means(x)["compute"] / _block_means(y)["compute"] for x, y in zip(b, old)]

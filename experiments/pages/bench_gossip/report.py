@@ -3,34 +3,12 @@ all rendered from the summaries (and the kernel records, looked up by their `key
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
-from .measure import median as _median
-from .shapes import count_params, resnet20_shapes, vgg16_shapes
+from experiments.pages._bench import MODELS, count_params, model_shapes
+from experiments.pages._bench import median as _median
 
-TARGET_BYTES_RATIO = 500.0
-TARGET_EFFICIENCY = 0.5
-TARGET_SPEEDUP = 1.8
-
-
-def _mb(x: float) -> str:
-    if x >= 1e6:
-        return f"{x / 1e6:.2f} MB"
-    if x >= 1e3:
-        return f"{x / 1e3:.2f} kB"
-    return f"{x:.0f} B"
-
-
-def _ms(x: Optional[float]) -> str:
-    return "–" if x is None else f"{x * 1e3:.1f}"
-
-
-def _pct(x: Optional[float]) -> str:
-    return "–" if x is None else f"{x * 100:.0f} %"
-
-
-def _yes(b: bool) -> str:
-    return "yes" if b else "**NO**"
+from .verdicts import _mb, _ms, _pct, _span, _yes, findings, kernel_prediction, targets
 
 
 def _variant_label(s: Dict[str, Any], name: str) -> str:
@@ -160,7 +138,7 @@ def render_before(summaries: List[Dict[str, Any]]) -> List[str]:
         f"`{commit}`'s PowerGossip, `powergossip.py` with the `algorithms/` modules it imports ("
         + ", ".join(f"`{m}.py`" for m in rows[0]["before"]["modules"])
         + " in all), is read with `git show` and imported beside this tree's "
-        "(`experiments/commit_code.py`), so both run on this tree's transports, in the same "
+        "(`experiments/pages/_commit_code.py`), so both run on this tree's transports, in the same "
         "processes, on the same parameters, batched (`batch_neighbors=True`), in interleaved "
         "blocks (order alternating, and the two swap places every second pair of blocks), after "
         "the same warm-up. Ratios are this tree's time over "
@@ -236,211 +214,16 @@ def render_kernels(k: Dict[str, Any]) -> List[str]:
     return L
 
 
-def _span(values: Sequence[float], fmt) -> str:
-    lo, hi = min(values), max(values)
-    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)} – {fmt(hi)}"
-
-
-def targets(summaries: List[Dict[str, Any]]) -> List[str]:
-    """The three targets, judged per model on the measured numbers."""
-    L = ["| target | model | measured | met? |", "|---|---|---|---|"]
-    verdict = {True: "met", False: "**missed**"}
-    by_model: Dict[str, List[Dict[str, Any]]] = {}
-    for s in summaries:
-        by_model.setdefault(s["model"], []).append(s)
-    for model in ("vgg16", "vgg16_bn", "resnet20"):
-        rows = by_model.get(model, [])
-        if not rows:
-            continue
-        ratios = [s["variants"]["batched"]["bytes_ratio"] for s in rows]
-        where = (
-            f"all {len(rows)} settings"
-            if len(rows) > 2
-            else ", ".join(f"{s['topology']}/{s['backend']}" for s in rows)
-        )
-        judged = (
-            verdict[min(ratios) >= TARGET_BYTES_RATIO]
-            if model == "vgg16"
-            else f"n/a (the target is for vgg16; {'above' if min(ratios) >= TARGET_BYTES_RATIO else 'below'} it)"
-        )
-        L.append(
-            f"| ≥ {TARGET_BYTES_RATIO:.0f}× fewer bytes than exact gossip, rank 1 | {model} | "
-            f"{_span(ratios, lambda x: f'{x:.0f}×')} ({where}) | {judged} |"
-        )
-    for model in ("vgg16", "resnet20"):
-        rows = [s for s in by_model.get(model, []) if "isolated" in s]
-        if rows:
-            effs = [s["isolated"]["variants"]["batched"]["all"]["efficiency"] for s in rows]
-            situ = [s["variants"]["batched"]["efficiency_in_situ"] for s in rows]
-            L.append(
-                f"| compute efficiency ≥ {TARGET_EFFICIENCY * 100:.0f} % (batched) | {model} | "
-                f"isolated peer {_span(effs, _pct)}; in situ {_span(situ, _pct)} "
-                f"({len(rows)} setting{'s' if len(rows) > 1 else ''}) | "
-                f"{verdict[min(effs) >= TARGET_EFFICIENCY]} |"
-            )
-    for label, pick in (
-        ("torus:2x4 (degree 3)", lambda s: s["topology"] == "torus:2x4"),
-        ("degree 4 (`small_world:8:4:0`)", lambda s: s["degree"] == 4),
-    ):
-        for model in ("vgg16", "resnet20"):
-            rows = [s for s in by_model.get(model, []) if "speedup" in s and pick(s)]
-            if not rows:
-                continue
-            parts = []
-            for s in rows:
-                iso = s.get("isolated", {}).get("speedup")
-                parts.append(
-                    f"{s['backend']} {s['speedup']['compute']:.2f}×"
-                    + (f" (isolated {iso:.2f}×)" if iso else "")
-                )
-            ok = all(s["speedup"]["compute"] >= TARGET_SPEEDUP for s in rows)
-            L.append(
-                f"| batched ≥ {TARGET_SPEEDUP}× faster than naive (compute per step), {label} | "
-                f"{model} | {'; '.join(parts)} | {verdict[ok]} |"
-            )
-    L.append("")
-    return L
-
-
-def kernel_prediction(k: Dict[str, Any]) -> List[str]:
-    """Efficiency that the kernel speeds alone allow (largest VGG-16 group, no per-op overhead):
-    a right half-step costs 1/a_right + 2/a_update copy-times of M, a left one 1/a_left + 2/a_update."""
-    speed = {row["key"]: row["of_copy"] for row in k["kernels"]}
-    ks = sorted({row["k"] for row in k["kernels"]})
-    L = [
-        "| k = degree × rank | library kernels (factors stored Qᵀ, Pᵀ): right / left / mean | "
-        "first formulation (factors stored Q, P): right / left / mean |",
-        "|---|---|---|",
-    ]
-    for kk in ks:
-        p = _prediction(speed, kk)
-        L.append(
-            f"| {kk} | {_pct(p['lib_right'])} / {_pct(p['lib_left'])} / {_pct(p['lib_mean'])} | "
-            f"{_pct(p['old_right'])} / {_pct(p['old_left'])} / {_pct(p['old_mean'])} |"
-        )
-    L.append("")
-    return L
-
-
-def _prediction(speed: Dict[str, float], k: int) -> Dict[str, float]:
-    """Half-step efficiency the kernel speeds (fractions of the copy) alone allow, at k columns."""
-    g = lambda key: speed[f"k{k}.{key}"]  # noqa: E731
-    upd = 2 / g("update.library")
-    lib_r = 1 / g("right.library") + upd
-    lib_l = 1 / g("left.library") + upd
-    old_upd = 2 / g("update.before")
-    old_r = 1 / g("right.before") + old_upd
-    old_l = 1 / g("left.before") + old_upd
-    return {
-        "lib_right": 3 / lib_r,
-        "lib_left": 3 / lib_l,
-        "lib_mean": 6 / (lib_r + lib_l),
-        "old_right": 3 / old_r,
-        "old_left": 3 / old_l,
-        "old_mean": 6 / (old_r + old_l),
-    }
-
-
-def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]]) -> List[str]:
-    """What limits the measured numbers, with the numbers that show it."""
-    L: List[str] = []
-    iso = [s for s in summaries if "isolated" in s]
-    vgg = [s for s in iso if s["model"] == "vgg16"]
-    speed = {row["key"]: row["of_copy"] for row in kernels["kernels"]} if kernels else {}
-    if vgg:
-        b = [s["isolated"]["variants"]["batched"] for s in vgg]
-        ratio = _median([v["left"]["compute"] / v["right"]["compute"] for v in b])
-        text = (
-            f"* **VGG-16 efficiency is bounded by the product kernels, not by memory.** In the "
-            f"isolated runs the left half-step takes {ratio:.2f}× as long as the right one "
-            f"(median over {len(vgg)} settings; efficiency right "
-            f"{_span([v['right']['efficiency'] for v in b], _pct)}, left "
-            f"{_span([v['left']['efficiency'] for v in b], _pct)}), although both move the same "
-            "bytes."
-        )
-        if speed and "k3.left.library" in speed:
-            g = lambda key: speed[f"k3.{key}"]  # noqa: E731
-            p = _prediction(speed, 3)
-            text += (
-                f" At k = 3 (torus:2x4), the library's kernels run at "
-                f"{_pct(g('right.library'))} (right product), "
-                f"{_pct(g('left.library'))} (left product) and "
-                f"{_pct(g('update.library'))} (update) of the copy "
-                f"bandwidth; the first formulation, with factors stored rows × r "
-                f"(`bmm(M, Q)`, `bmm(Mᵀ view, P)`, `baddbmm_(P, Qᵀ view)`), runs at "
-                f"{_pct(g('right.before'))}, "
-                f"{_pct(g('left.before'))} and "
-                f"{_pct(g('update.before'))}. Those kernel speeds alone "
-                f"cap a half-step at {_pct(p['lib_mean'])} now ({_pct(p['old_mean'])} with the "
-                "first formulation; table in *Kernel diagnosis*); the per-neighbour small ops "
-                "take the rest."
-            )
-        L.append(text)
-    r20 = [s for s in iso if s["model"] == "resnet20"]
-    if r20:
-        per = [
-            (
-                s["isolated"]["variants"]["batched"]["all"]["compute"],
-                3 * s["compressed_bytes"] / (s["isolated"]["bandwidth"] * 1e9),
-            )
-            for s in r20
-        ]
-        L.append(
-            f"* **ResNet-20 is bound by per-operation overhead.** An isolated batched half-step "
-            f"takes {_span([c for c, _ in per], _ms)} ms where three passes over its "
-            f"{_mb(r20[0]['compressed_bytes'])} of matrices would take "
-            f"{_span([m for _, m in per], _ms)} ms at the measured copy bandwidth: the time goes to "
-            "the hundreds of small tensor operations per half-step (per neighbour and per shape "
-            "group: orthonormalising the factor, slicing it into the side-by-side buffer, copying "
-            "products into the message, forming the new factor, scaling it), which batching the "
-            "two big multiplications does not remove. Hence also its smaller batched/naive gain."
-        )
-    sp = [s for s in summaries if "speedup" in s and s["model"] == "vgg16"]
-    if sp and speed:
-        one = speed.get("k1.right.library")
-        mv = speed.get("k1.right.mv")
-        lone = speed.get("k1.left.library")
-        lmv = speed.get("k1.left.mv")
-        three = [speed.get("k3.right.library"), speed.get("k3.left.library")]
-        L.append(
-            f"* **The naive baseline runs the same kernels once per neighbour.** Its "
-            f"one-column products run at {_pct(one)} (right) and {_pct(lone)} (left) of the copy "
-            f"bandwidth (`torch.mv`: {_pct(mv)} and {_pct(lmv)}). A three-column product takes "
-            f"{one / three[0]:.2f}× (right) and {lone / three[1]:.2f}× (left) the time of a "
-            "one-column one, against 3× for three one-column products; the measured gain of the "
-            f"batched path over the naive one is "
-            f"{_span([s['speedup']['compute'] for s in sp], lambda x: f'{x:.2f}×')} on VGG-16."
-        )
-    if L:
-        L.append("")
-    return L
-
-
 def render_markdown(
-    command: str,
-    results: List[Dict[str, Any]],
-    machine: Dict[str, Any],
-    kernels: Optional[Dict[str, Any]],
-    started: str,
-    seconds: float,
-    machine_end: Optional[Dict[str, Any]] = None,
+    summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]], header: str, title=""
 ) -> str:
-    summaries = [r["summary"] for r in results]
     timed = [s for s in summaries if not s["bytes_only"]]
-    load = machine.get("load_average")
-    load_end = (machine_end or {}).get("load_average")
+    params = {s["model"]: s["params"] for s in summaries}
+    count = {m: params.get(m) or count_params(model_shapes(m)) for m in MODELS}
     L = [
-        "# Gossip benchmark: PowerGossip (rank 1) vs exact gossip",
+        "# Gossip benchmark: PowerGossip (rank 1) vs exact gossip" + title,
         "",
-        f"Command: `{command}`",
-        "",
-        f"Date: {started} ({seconds:.0f} s), commit {machine.get('commit', 'not recorded')}. Machine: {machine['cpu']}, {machine['cores']} cores, "
-        f"{machine['memory']}; load average at start "
-        + (f"{load[0]:.1f}" if load else "?")
-        + (f", at end {load_end[0]:.1f}" if load_end else "")
-        + f" (the cores are shared with other jobs). Python {machine['python']}, torch "
-        f"{machine['torch']} (default {machine['torch_default_threads']} intra-op threads; the "
-        f"benchmark sets 1 per peer), {machine['mpi']}.",
+        header,
         "",
         "Parameters are random float32 tensors with the shapes of the models (no training), "
         "8 peers, PowerGossip rank 1 with one half-step per step (right and left alternate, so "
@@ -463,12 +246,12 @@ def render_markdown(
         "* **resnet20** — the zoo's ResNet-20 (the PowerGossip paper's, from Tao Lin's code): conv "
         "3→16, 3 stages × 3 basic blocks × 2 convs (3×3, no bias; 16/32/64 channels), BatchNorm "
         "weight + bias (1-D) after each conv, 1×1-conv + BatchNorm shortcuts where the shape "
-        f"changes, linear 64→10. {count_params(resnet20_shapes()):,} parameters.",
+        f"changes, linear 64→10. {count['resnet20']:,} parameters.",
         "* **vgg16** — the zoo's VGG-16 without BatchNorm (`vgg16:bn=false`): 13 3×3 convs (64, 64, "
         "128, 128, 256×3, 512×6) with biases, classifier 512→512→512→10 with biases (not the "
-        f"ImageNet 512·7·7→4096→4096→1000 head). {count_params(vgg16_shapes()):,} parameters.",
+        f"ImageNet 512·7·7→4096→4096→1000 head). {count['vgg16']:,} parameters.",
         "* **vgg16_bn** (bytes only) — the zoo's default VGG-16 (`vgg16`): BatchNorm weight + bias "
-        f"after each conv, convs without bias: {count_params(vgg16_shapes(True)):,} parameters; "
+        f"after each conv, convs without bias: {count['vgg16_bn']:,} parameters; "
         "its 1-D tensors are gossiped exactly and dominate PowerGossip's message.",
         "",
     ]
@@ -529,6 +312,6 @@ NOTES = [
     "* Pages made before the shapes were read from the zoo (up to commit 1de7eeb) used the "
     "benchmark's own lists: a ResNet-20 with parameter-free (option A) shortcuts and a VGG-16 with "
     "BatchNorm that kept its conv biases; VGG-16 without BatchNorm has the same shapes in both.",
-    "* Raw numbers (every step of every peer, every block, every copy) are in the `.json` next to "
-    "this file.",
+    "* Raw numbers (every step of every peer, every block, every copy) are in the rows next to this "
+    "file (bench_gossip.jsonl).",
 ]

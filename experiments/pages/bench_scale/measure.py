@@ -2,31 +2,33 @@
 bytes received per rank, and the process's memory, for each algorithm and for the two reductions.
 
 Runs unchanged on every transport (`LocalCluster` threads, MPI ranks, torch.distributed processes):
-everything goes through the communicator.
+everything goes through the communicator. Run as a program, it is one point's child
+(`python -m experiments.pages.bench_scale.measure POINT_JSON FOLDER`, by the page's `row`): every
+peer writes its record to FOLDER/rank-K.json.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import math
 import resource
+import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Sequence
 
 import torch
 
+from experiments.pages._bench import Shapes, make_params, model_shapes, resident_bytes
 from gossip_powersgd.comm.base import nbytes, reduce_in_rank_order
-
-from ..bench_gossip.shapes import Shapes, make_params, model_shapes
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Comm
 
-#: What a point can time: four algorithms (one `step()` each) and two reductions of one flat tensor.
-ALGORITHMS = ("exact", "powergossip", "allreduce", "powersgd")
+#: The two reductions of one flat tensor a point can time (beside four algorithms, a `step()` each).
 REDUCTIONS = ("ring", "gather")
-KINDS = ALGORITHMS + REDUCTIONS
 
 
 def square_shapes(numel: int) -> Shapes:
@@ -42,23 +44,6 @@ def parameter_shapes(params: str) -> Shapes:
         return square_shapes(int(float(params)))
     except ValueError:
         return model_shapes(params)
-
-
-def rss_bytes() -> int:
-    """This process's resident memory now (Linux /proc; 0 where unavailable)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory so far (ru_maxrss is in kB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def gather_reduce_(comm: Comm, tensor: torch.Tensor) -> torch.Tensor:
@@ -132,7 +117,7 @@ def build(kind: str, comm: Comm, shapes: Shapes, device: str):
             p.grad = torch.randn_like(p)
         algorithm = PowerSGDAllReduce(params, comm, rank=1, start_iter=0)
     else:
-        raise ValueError(f"unknown kind {kind!r}; valid: {', '.join(KINDS)}")
+        raise ValueError(f"unknown kind {kind!r}")
     return algorithm.step, algorithm
 
 
@@ -165,7 +150,7 @@ def measure_kind(
         "seconds_per_step": seconds / steps,
         "bytes_sent": (comm.stats.bytes_sent - sent0) / steps,
         "bytes_received": received["bytes"] / steps,
-        "rss": rss_bytes(),
+        "rss": resident_bytes(),
     }
     del step, keep
     vars(comm).pop("shared_memory_allreduce", None)  # back to the class default for the next kind
@@ -186,12 +171,36 @@ def peer_point(
         "size": comm.size,
         "params": params,
         "numel": numel,
-        "rss_start": rss_bytes(),
+        "rss_start": resident_bytes(),
         "results": [],
     }
     for kind in kinds:
         # PowerGossip alternates right and left half-steps: time whole power iterations.
         count = steps + steps % 2 if kind == "powergossip" else steps
         out["results"].append(measure_kind(comm, kind, shapes, count, device))
-    out["rss_peak"] = peak_rss_bytes()
+    out["rss_peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
     return out
+
+
+def _peer(comm: Comm, point: Dict[str, Any], folder: str) -> bool:
+    from gossip_powersgd.utils import atomic_write
+
+    record = peer_point(comm, point["kinds"], point["params"], point["steps"])
+    # in-process: whether the peer threads took turns (LocalCluster's default when peers outnumber cores)
+    record["takes_turns"] = bool(getattr(comm, "takes_turns", False))
+    atomic_write(Path(folder) / f"rank-{comm.rank}.json", json.dumps(record))
+    return True
+
+
+if __name__ == "__main__":  # one point's child: every peer of it, here or as this rank
+    import topologies
+    from gossip_powersgd.launch import main_guard, run_peers
+
+    def main(argv: List[str]) -> int:
+        point, folder = json.loads(argv[0]), argv[1]
+        ring = topologies.ring(point["peers"])
+        return (
+            0 if run_peers(ring, _peer, point, folder, backend=point["backend"], timeout=600) else 1
+        )
+
+    main_guard(main, sys.argv[1:])
