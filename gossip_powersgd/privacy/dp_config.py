@@ -286,7 +286,8 @@ DP_KEYS = [
         "bool",
         False,
         "DP: let Opacus' validator replace layers it cannot privatize (BatchNorm -> "
-        "GroupNorm, ...).",
+        "GroupNorm, ...: another model). LSTM and GRU need no key: they are swapped for "
+        "Opacus' DPLSTM / DPGRU, the same function with the same parameters.",
     ),
     Key(
         "dp_secret",
