@@ -44,12 +44,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from gossip_powersgd.privacy import network_dp
+
+if TYPE_CHECKING:
+    from topologies import AnyTopology
 
 __all__ = [
     "DETERMINED_TOL",
@@ -133,7 +136,7 @@ class KnowledgeSystem:
         return self.coefficients(peer, step) @ solution
 
 
-def _check(topology, steps, updates, tie):
+def _check(topology: AnyTopology, steps: int, updates: str, tie: int):
     graphs = network_dp._graphs(topology)
     steps = network_dp._check_count("steps", steps, 1)
     tie = network_dp._check_count("tie", tie, 1)
@@ -168,7 +171,7 @@ def _build(graphs, steps, value_rows, gamma, updates, tie) -> KnowledgeSystem:
 
 
 def knowledge_matrix(
-    topology,
+    topology: AnyTopology,
     steps: int,
     colluders: Sequence[int],
     *,
@@ -210,7 +213,7 @@ def reach(system: KnowledgeSystem) -> Dict[int, Dict[str, float]]:
 
 
 def colluders_needed(
-    topology,
+    topology: AnyTopology,
     steps: int,
     target: int,
     *,
@@ -255,7 +258,7 @@ def _flat(tensors: Sequence[torch.Tensor], indices: Sequence[int]) -> np.ndarray
 
 def system_from_views(
     views: Mapping[int, object],
-    topology,
+    topology: AnyTopology,
     *,
     gamma: Optional[float] = None,
     updates: str = "every_step",
