@@ -204,16 +204,22 @@ def leaks_in_text(text, integers, floats, public=()):
 
 
 def public_figures(run_dir, summaries, private):
-    """The numbers a run may show: its config's, its summary's and rank 0's shareable records'
-    (each of them checked exactly against the private figures on its own)."""
-    from gossip_powersgd.training.evaluation import shareable
-
+    """The numbers a run may show: its config's, its summary's and rank 0's records' values over
+    all peers or public (each of them checked exactly against the private figures on its own)."""
     values = set()
     path = run_dir / "summary.json"
     if path.exists():
         values.update(_numbers(json.loads(path.read_text())))
     for record in (summaries or [{}])[0].get("history", []):
-        values.update(_numbers(shareable(record, True)))
+        values.update(
+            _numbers(
+                {
+                    k: v
+                    for k, v in record.items()
+                    if not k.endswith("_local") and k not in ("epsilon", "epsilon_bound")
+                }
+            )
+        )
     values.update(_numbers(BASE.to_dict()))
     return {float(v) for v in values if math.isfinite(v)} - private
 
