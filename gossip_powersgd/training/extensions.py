@@ -10,8 +10,10 @@ On the command line: ``--set loggers=[tensorboard]`` or ``--set 'hooks=[my_pkg.m
 A tracker logs, from rank 0 only, every record the run writes to rank 0's metrics file: the
 ``eval`` records (accuracies, losses, consensus distance, traffic) and, with ``log_every: k``, the
 ``log`` records every k steps (training loss, consensus distance, traffic). Each metric is logged as
-``<kind>/<key>`` at the record's step. Under differential privacy the records hold only what the
-run's privacy settings allow rank 0 to see, so a tracker releases nothing more. Each tracker's
+``<kind>/<key>`` at the record's step. Where the peers' statistics are private (differential
+privacy, `partition: local`, unless `release_peer_statistics: true`) a tracker logs only what of a
+record may leave rank 0 (`evaluation.shareable`): none of rank 0's own figures (its training loss,
+its accuracy and loss, its epsilon), which stay in its own metrics file. Each tracker's
 package is an optional extra (``pip install 'gossip_powersgd[tracking]'``):
 
 - ``tensorboard``: ``SummaryWriter(**options)``, event files under ``<run>/tensorboard`` (option
@@ -140,9 +142,11 @@ class Tracker(TrainingHooks):
         return f"{cls.name} has " + ", ".join(parts) + f"; its options: {', '.join(valid)}"
 
     def setup(self, context: SetupContext) -> None:
+        from .features import peer_statistics_private
         from .setup import collectively
 
         self.active, self.opened = context.comm.rank == 0, False
+        self.private = peer_statistics_private(context.config)
         if self.active:
             out = context.config.out_dir
             if out is None and not self._has_location():
@@ -169,7 +173,9 @@ class Tracker(TrainingHooks):
     def on_record(self, record: Dict[str, Any]) -> None:
         if self.active:
             self._open()
-            self.write(_scalars(record), int(record.get("step", 0)))
+            from .evaluation import shareable
+
+            self.write(_scalars(shareable(record, self.private)), int(record.get("step", 0)))
 
     def close(self) -> None:
         if self.active and self.opened:

@@ -126,6 +126,7 @@ class PeerRun:
     owns_process: bool
     header_args: Dict[str, Any]  # what every checkpoint header of this run says
     eval_split: str = "test"  # the data evaluated on: "test", or "valid" (wikitext2:split=valid)
+    own_test: bool = False  # partition: local with each peer's own test set (its private data)
 
 
 def checked_config(comm: Comm, config, resume: bool) -> TrainConfig:
@@ -257,6 +258,7 @@ def build_run(
         owns_process=owns_process,
         header_args=header_args,
         eval_split=getattr(dataset, "eval_split", "test"),
+        own_test=config.partition == LOCAL_PARTITION and not dataset.shared_test,
     )
 
 
@@ -378,7 +380,8 @@ def _checked_model(config: TrainConfig, dataset, x_train: torch.Tensor, rank: in
             config.model,
             x_one,
             rank=rank,
-            shard_size=len(x_train),
+            # a private shard size is named nowhere: this error reaches every peer
+            shard_size=None if peer_statistics_private(config) else len(x_train),
             batch_size=config.batch_size,
         )
     return model

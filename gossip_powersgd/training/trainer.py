@@ -363,6 +363,7 @@ def _train(
                     timers=timers,
                     pooled=config.partition == "local",
                     private=private,
+                    own_test=run.own_test,
                     bn_inputs=None
                     if private
                     else functools.partial(refresh_inputs, run.batches, state.step),
