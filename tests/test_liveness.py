@@ -275,8 +275,10 @@ def test_a_rank_stopped_at_any_moment_is_named_by_every_rank_within_30_s(
             except OSError:
                 pass
     errors = job.errors()
+    named = job.first_error_after(since)
     print(
-        f"{launcher} {moment}: every rank gone {seconds} s after the SIGSTOP\n" + "\n".join(errors)
+        f"{launcher} stopped at {moment}: named after {named} s, every rank gone after {seconds} s"
+        "\n" + "\n".join(errors)
     )
     assert seconds is not None, f"ranks still running 60 s after the SIGSTOP:\n{job.text()}"
     assert seconds <= setup_stop_bound(), errors
@@ -305,12 +307,17 @@ def test_a_rank_killed_under_mpiexec_is_named_with_its_host_and_signal(tmp_path)
         pids = job.rank_pids(n)
         supervisor = liveness.parent_of(pids[2])
         os.kill(pids[2], signal.SIGKILL)
-        seconds = last_gone(list(pids.values()), time.monotonic(), 60)
+        killed = time.monotonic()
+        seconds = last_gone(list(pids.values()), killed, 60)
         job.wait(30)
     finally:
         job.kill()
     errors = job.errors()
-    print(f"gone {seconds} s after the SIGKILL\n" + "\n".join(errors))
+    named = job.first_error_after(killed)
+    print(
+        f"mpi killed: named after {named} s, every rank gone after {seconds} s\n"
+        + "\n".join(errors)
+    )
     assert seconds is not None and job.process.returncode != 0
     line = (
         f"error (rank 2): this rank's process (pid {pids[2]}, under supervisor pid {supervisor}, "

@@ -102,9 +102,9 @@ class PeerLost:
             )
         else:
             text = (
-                f"no peer of another host has answered for {s} s (peers "
-                f"{', '.join(map(str, (p, *self.others)))}; peer {p} on host {host}): this host "
-                "may be the one cut off (its link down?), or they are all down"
+                f"no peer on another host has answered for {s} s (peers "
+                f"{', '.join(map(str, (p, *self.others)))}): this host, {host}, may be the one "
+                "cut off (its link down?), or they are all down"
             )
         return text if self.told_by is None else f"{text} (seen by rank {self.told_by})"
 
@@ -298,9 +298,8 @@ class Monitor:
                     return PeerLost(peer, how, self.host_of(peer), seconds)
         hosts = {heard[p].name for p in silent}
         if len(silent) == len(heard) and len(hosts) > 1:  # everyone else went quiet at once
-            return PeerLost(
-                silent[0], "isolated", self.host_of(silent[0]), seconds, None, tuple(silent[1:])
-            )
+            here = f"{self.host} ({', '.join(liveness.local_addresses()) or '?'})"
+            return PeerLost(silent[0], "isolated", here, seconds, None, tuple(silent[1:]))
         return PeerLost(silent[0], "unreachable", self.host_of(silent[0]), seconds)
 
     # ---- heartbeats --------------------------------------------------------------------------------

@@ -132,6 +132,13 @@ class Job:
             return None
         return time.monotonic() - started
 
+    def first_error_after(self, since: float) -> Optional[float]:
+        """Seconds from `since` (monotonic) to this job's first `error (rank` line after it."""
+        self.drain()
+        times = [self.started + t - since for t, line in self.err if line.startswith("error (rank")]
+        times = [t for t in times if t >= 0]
+        return min(times) if times else None
+
     def errors(self) -> List[str]:
         self.drain()
         return [line.strip() for _, line in self.err if line.startswith("error (rank")]
