@@ -290,6 +290,7 @@ class MPICommunicator(Communicator):
         deadline = time.monotonic() + NOTICE_GRACE  # the others that ran out with us tell whom
         while time.monotonic() < deadline:  # they waited for
             self._raise_if_left(peers, grace=False)
+            self._check_monitor()
             time.sleep(0.01)
         event = self._monitor.diagnose(peers) if self._monitor is not None else None
         if event is not None:
@@ -328,6 +329,8 @@ class MPICommunicator(Communicator):
         """Mark the communicator done: leaving the process afterwards is a normal end, which the
         peers are not told about (call it after the last operation, as `run_peers` does)."""
         self._closed = True
+        if self._monitor is not None:
+            self._monitor.rest()
 
     # ---- collectives ---------------------------------------------------------------------------
     def _allgather_raw(self, data: bytes) -> List[bytes]:

@@ -405,6 +405,8 @@ class TorchCommunicator(Communicator):
         an instance of 'gloo::IoException'", SIGABRT). So the ranks first meet in the rendezvous
         store, which no gloo operation uses: when the last one arrives, every rank is out of its
         collectives. A rank whose peers never arrive (one failed) leaves after GRACE_SECONDS."""
+        if self._monitor is not None:
+            self._monitor.rest()
         if self._owns_group and dist.is_initialized() and not _failing:
             try:
                 arrived = self._store.add("closing", 1)

@@ -38,8 +38,6 @@ SUPERVISOR_VAR = "GOSSIP_POWERSGD_SUPERVISOR"
 #: The launchers' rank and size variables, in the order they are read.
 RANK_VARS = (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"))
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE")
-#: How many ranks the launcher started on this machine.
-LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE")
 
 
 # ---- processes -----------------------------------------------------------------------------------
@@ -122,15 +120,6 @@ def launched_rank(env=None) -> Optional[Tuple[int, int]]:
                 return int(env[rank_var]), int(env[size_var])
             except ValueError:
                 return None
-    return None
-
-
-def local_size(env=None) -> Optional[int]:
-    """How many ranks the launcher started on this machine, when it says so."""
-    env = os.environ if env is None else env
-    for var in LOCAL_SIZE_VARS:
-        if env.get(var, "").isdigit():
-            return int(env[var])
     return None
 
 
@@ -326,7 +315,6 @@ __all__ = [
     "launched_rank",
     "launcher_pid",
     "local_addresses",
-    "local_size",
     "pack_heartbeat",
     "parent_of",
     "probe",

@@ -132,7 +132,6 @@ class Monitor:
         self.key = liveness.process_key()
         self.token = random.getrandbits(32)
         self.launcher = liveness.launcher_pid()
-        self.expected_local = liveness.local_size()
         self.endpoint = liveness.Endpoint(self.launcher, rank)
         self.stopped_after, self.silent_after = STOPPED_SECONDS, SILENT_SECONDS
         self.local: Dict[int, int] = {}  # rank -> pid, for the ranks of this machine
@@ -142,6 +141,7 @@ class Monitor:
         self.spoken: Set[int] = set()  # ranks whose heartbeat says they have told their user
         self.leaving: Set[int] = set()  # ranks that said they end cleanly
         self.end_at: Optional[float] = None
+        self.resting = False  # this rank's communicator is closed: its peers' ends are no loss
         self.closed = False
         self._stopped_since: Dict[int, float] = {}
         self._last_look = -float("inf")
@@ -189,7 +189,7 @@ class Monitor:
             host = name.rstrip(b"\0").decode("utf-8", "replace")
             remote[k] = _Remote(host, addresses, port, probe_port)
         with self._lock:
-            self.local, self.remote, self.joined = local, remote, True
+            self.local, self.remote, self.joined, self.resting = local, remote, True, False
             self.stopped_after = min(STOPPED_SECONDS, timeout / 2)
             self.silent_after = min(SILENT_SECONDS, max(timeout / 2, GAP_SECONDS))
 
@@ -236,6 +236,13 @@ class Monitor:
                 return
             self.event = event
         on_peer_loss(self, event)
+        self._beat()  # tell the others at once
+
+    def rest(self) -> None:
+        """This rank is done with its peers (its communicator is closed): say so in every heartbeat
+        from now on, so that its end is no loss to them, and read theirs as none either."""
+        self.resting = True
+        self._beat(leaving=True)
 
     def leave(self) -> None:
         """This rank ends cleanly (its communicator closed, or the interpreter exits): tell the
@@ -249,7 +256,8 @@ class Monitor:
     def _run(self) -> None:
         next_look = 0.0
         while not self.closed:
-            for data, source in self.endpoint.wait(0.1):
+            wake = next_look if self.end_at is None else min(next_look, self.end_at)
+            for data, source in self.endpoint.wait(max(wake - time.monotonic(), 0.01)):
                 self._heard(data, source)
             now = time.monotonic()
             if now >= next_look and not self.closed:
@@ -264,13 +272,10 @@ class Monitor:
             for remote in self.remote.values():
                 remote.last = now
         self._last_look = now
-        if not self.joined and (
-            self.expected_local is None or len(self.local) + 1 < self.expected_local
-        ):
-            for peer, pid in liveness.sibling_ranks(self.launcher, os.getpid()).items():
-                self.local.setdefault(peer, pid)
-        self._beat()
-        if self.event is None:
+        if not self.joined:  # (a supervised sibling's child appears a moment after its parent)
+            self.local.update(liveness.sibling_ranks(self.launcher, os.getpid()))
+        self._beat(leaving=self.resting)
+        if self.event is None and not self.resting:
             event = self._look_at_processes(now) or self._look_at_silence(now)
             if event is not None:
                 self.lost(event)
@@ -329,6 +334,8 @@ class Monitor:
             remote.heard, remote.last = source[0], time.monotonic()
         if flags & liveness.LEAVING:
             self.leaving.add(sender)
+        else:  # a new communicator of a process that had closed one
+            self.leaving.discard(sender)
         if flags & liveness.SPOKEN:
             self.spoken.add(sender)
         if lost >= 0 and 1 <= how <= len(HOWS) and self.event is None:
