@@ -193,12 +193,36 @@ def test_a_peer_that_leaves_cleanly_is_no_loss_and_a_loss_is_told_to_the_others(
     assert seen[0].text().endswith("(seen by rank 1)")
 
 
-def test_one_policy_handles_every_loss():
-    """The policy is the one function `on_peer_loss`: every detection goes through `lost`."""
-    import inspect
+def test_a_failed_wait_s_diagnosis_goes_to_the_same_policy(recorded):
+    """A transport whose wait failed asks `diagnose`: a peer of this machine whose process is gone
+    without saying it leaves is reported as killed, through the one policy, and only once."""
+    seen, make = recorded
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    m = make(0, 2)
+    m.local = {1: gone.pid}
+    event = m.diagnose([1])
+    assert event is not None and (event.peer, event.how) == (1, "killed")
+    assert m.diagnose([1]) is event and seen == [event]
+    assert "peer 1 on host" in event.text() and "is gone: its process ended" in event.text()
 
-    source = inspect.getsource(monitor.Monitor)
-    assert source.count("on_peer_loss(") == 1 and "def lost(" in source
+
+def test_the_supervised_programs_are_told_from_their_command_line(monkeypatch):
+    from gossip_powersgd.faults import supervisor
+
+    for argv, program in (
+        (
+            ["python", "-u", "-m", "gossip_powersgd.cli.train", "--config", "x"],
+            "gossip_powersgd.cli.train",
+        ),
+        (["python", "-X", "dev", "-m", "experiments.train"], "experiments.train"),
+        (["/venv/bin/python", "/venv/bin/gossip-train", "--config", "x"], "gossip-train"),
+        (["python", "-c", "import gossip_powersgd"], None),
+        (["python", "my_script.py"], "my_script.py"),
+    ):
+        monkeypatch.setattr(sys, "orig_argv", argv, raising=False)
+        assert supervisor.main_program() == program, argv
+    assert "my_script.py" not in supervisor.PROGRAMS  # a user's own script is left as it is
 
 
 # ---- a rank stopped during set-up, under mpiexec and torchrun -------------------------------------
