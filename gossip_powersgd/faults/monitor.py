@@ -84,7 +84,8 @@ class PeerLost:
     def text(self) -> str:
         p, host, s = self.peer, self.host, f"{self.seconds:g}"
         if self.how == "stopped":
-            text = f"peer {p} has been {STOPPED_HOW} for {s} s, on host {host}"
+            text = f"peer {p} has been {STOPPED_HOW}{f' for {s} s' if self.seconds else ''}"
+            text += f", on host {host}"
         elif self.how == "killed":
             text = (
                 f"peer {p} on host {host} is gone: its process ended without a word (killed: "
@@ -212,7 +213,9 @@ class Monitor:
             pid = self.local.get(peer)
             if pid is not None and peer not in self.leaving:
                 if liveness.is_stopped(pid):
-                    event = PeerLost(peer, "stopped", self.host_of(peer))
+                    since = self._stopped_since.get(peer)
+                    seconds = round(time.monotonic() - since) if since is not None else 0
+                    event = PeerLost(peer, "stopped", self.host_of(peer), seconds)
                 elif liveness.is_gone(pid):
                     event = PeerLost(peer, "killed", self.host_of(peer))
             if event is not None:
