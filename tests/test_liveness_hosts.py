@@ -1,17 +1,19 @@
 """Faults across hosts: a host's link cut, its ranks killed, its processes stopped, mid-run.
 
-Three hosts made of network namespaces (tests/support/lv_hosts.py, prefix `lv`), one rank each,
-ring:3, launched as on a cluster: torchrun on every host (c10d rendezvous on host0), or mpiexec on
-host0 with a hostfile and an ssh stand-in. The /proc check cannot see another host; what finds
-these faults is the heartbeats of the liveness monitor, the probe that tells a host that answers
-from one that does not, and a failed wait's diagnosis (`gossip_powersgd.faults`). Before, every
-such fault left the other ranks to the 120 s comm timeout, and a cut link or stopped host was named
-by nobody. Each test checks that every rank that can still run ends within the design's bound
-(`host_fault_bound`, <= 30 s) and that the ranks whose output reaches a terminal name host 1.
+Three hosts of the emulated cluster (`python -m gossip_powersgd.cluster`, prefix `lv...`), one rank
+each, ring:3, launched as the README's "Running across machines" does: torchrun on every host (c10d
+rendezvous on host0), or mpiexec on host0 with a hostfile and gossip-cluster-ssh. The /proc check
+cannot see another host; what finds these faults is the heartbeats of the liveness monitor, the
+probe that tells a host that answers from one that does not, and a failed wait's diagnosis
+(`gossip_powersgd.faults`). Before, every such fault left the other ranks to the 120 s comm
+timeout, and a cut link or stopped host was named by nobody. Each test checks that every rank that
+can still run ends within the design's bound (`host_fault_bound`, <= 30 s) and that the ranks
+whose output reaches a terminal name host 1.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import sys
@@ -20,19 +22,24 @@ from pathlib import Path
 
 import pytest
 
+from gossip_powersgd.cluster import network
+from gossip_powersgd.cluster.enter import enter_command
 from gossip_powersgd.faults import monitor
 from liveness_jobs import LONG_RUN, TINY, Job, clean_env, last_gone, rank_pids
-from lv_hosts import Hosts, usable
 
 N = 3
 LOST = 1
 #: Seconds a launcher takes to end what is left once a rank ended, with room for load.
 LAUNCHER_SECONDS = 5.0
+BIN = Path(sys.executable).parent
+_names = itertools.count()
 
 pytestmark = [
-    pytest.mark.netns,
     pytest.mark.timing,
-    pytest.mark.skipif(bool(usable()), reason=usable() or "hosts can be made"),
+    pytest.mark.skipif(
+        bool(network.missing_privileges()),
+        reason="making network namespaces needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN)",
+    ),
 ]
 
 
@@ -56,30 +63,38 @@ def test_the_design_ends_a_host_fault_within_30_seconds():
 
 
 @pytest.fixture
-def hosts(tmp_path):
-    with Hosts(N, f"lv{os.getpid() % 100000}", tmp_path) as made:
-        yield made
-    assert made.leftovers() == []
+def prefix():
+    """A cluster of N hosts of its own, removed afterwards, whatever happened."""
+    name = f"lv{os.getpid() % 10**6}{next(_names)}"
+    network.up(name, N, None, {})
+    try:
+        yield name
+    finally:
+        network.down(name)
+        assert network.owned(name) == []
 
 
-def _launch(hosts: Hosts, launcher: str, out: Path):
+def _label(k: int) -> str:
+    return f"host{k} ({network.address(k)})"
+
+
+def _launch(prefix: str, launcher: str, work: Path):
     """The jobs of a ring:3 run, one rank per host (torchrun: one job per host)."""
     backend = "mpi" if launcher == "mpi" else "torch"
-    sets = [f"backend={backend}", f"topology=ring:{N}", f"out_dir={out}", *LONG_RUN]
+    sets = [f"backend={backend}", f"topology=ring:{N}", f"out_dir={work / 'run'}", *LONG_RUN]
     program = ["-m", "gossip_powersgd.cli.train", "--config", str(TINY)]
     program += [arg for s in sets for arg in ("--set", s)]
-    env = clean_env({"GLOO_SOCKET_IFNAME": "eth0"})
+    env = clean_env({network.PREFIX_ENV: prefix})
     if launcher == "mpi":
-        mpiexec = Path(sys.executable).parent / "mpiexec"
-        argv = [str(mpiexec), "-f", str(hosts.hostfile()), "-launcher", "ssh"]
-        argv += ["-launcher-exec", str(hosts.ssh_stand_in()), "-n", str(N), sys.executable]
-        return [Job(hosts.command(0, [*argv, *program]), env=env)]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(N)]
-    torchrun += ["--nproc-per-node", "1", "--rdzv-backend", "c10d"]
-    torchrun += ["--rdzv-endpoint", f"{hosts.address(0)}:29500"]
+        hostfile = work / "hosts.txt"
+        hostfile.write_text("".join(f"host{k}\n" for k in range(N)))
+        argv = [str(BIN / "mpiexec"), "-f", str(hostfile), "-n", str(N), "-launcher", "ssh"]
+        argv += ["-launcher-exec", str(BIN / "gossip-cluster-ssh"), sys.executable, *program]
+        return [Job(enter_command(prefix, "host0", argv), env=env)]
+    torchrun = [str(BIN / "torchrun"), "--nnodes", str(N), "--nproc-per-node", "1"]
+    torchrun += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "host0:29400"]
     return [
-        Job(hosts.command(k, [*torchrun, "--local-addr", hosts.address(k), *program]), env=env)
-        for k in range(N)
+        Job(enter_command(prefix, f"host{k}", [*torchrun, *program]), env=env) for k in range(N)
     ]
 
 
@@ -92,11 +107,11 @@ def _errors(jobs):
 @pytest.mark.parametrize("launcher", ["mpi", "torch"])
 @pytest.mark.parametrize("fault", ["cut", "kill", "stop"])
 def test_a_fault_on_another_host_is_named_by_every_rank_within_30_s(
-    hosts, launcher, fault, tmp_path
+    prefix, launcher, fault, tmp_path
 ):
     """Host 1 loses its link (`ip link set eth0 down`), has its rank's process SIGKILLed, or has
     every process SIGSTOPped, mid-run."""
-    jobs = _launch(hosts, launcher, tmp_path / "run")
+    jobs = _launch(prefix, launcher, tmp_path)
     try:
         jobs[0].wait_line(r"^epoch 1/", 300)
         pids = {}
@@ -104,18 +119,18 @@ def test_a_fault_on_another_host_is_named_by_every_rank_within_30_s(
             pids.update(rank_pids(job.process.pid))
         assert sorted(pids) == list(range(N)), pids
         faulted = time.monotonic()
-        if fault == "cut":
-            hosts.cut(LOST)
+        if fault == "cut":  # `ip link set eth0 down` on the host
+            network.set_link(prefix, f"host{LOST}", False, at="host")
         elif fault == "kill":
             os.kill(pids[LOST], signal.SIGKILL)
         else:
-            hosts.signal_all(LOST, signal.SIGSTOP)
+            network.signal_host(prefix, f"host{LOST}", signal.SIGSTOP)
         running = [p for k, p in pids.items() if fault != "stop" or k != LOST]
         seconds = last_gone(running, faulted, 90)
     finally:
         for job in jobs:
             job.kill()
-        hosts.signal_all(LOST, signal.SIGKILL)
+        network.signal_host(prefix, f"host{LOST}", signal.SIGKILL)
     errors = _errors(jobs)
     named = [t for t in (job.first_error_after(faulted) for job in jobs) if t is not None]
     print(
@@ -123,7 +138,7 @@ def test_a_fault_on_another_host_is_named_by_every_rank_within_30_s(
         f"after {seconds} s\n" + "\n".join(errors)
     )
     assert seconds is not None and seconds <= host_fault_bound(), errors
-    lost = f"host {hosts.name(LOST)} ({hosts.address(LOST)})"
+    lost = f"host {_label(LOST)}"
     how = {
         "cut": "is unreachable: no heartbeat for",
         "kill": "is gone: its process ended without a word",
@@ -137,28 +152,28 @@ def test_a_fault_on_another_host_is_named_by_every_rank_within_30_s(
         assert named and all(f"peer {LOST} on {lost} " in e and how in e for e in named), errors
     if fault == "cut" and launcher == "torch":  # the cut-off host names itself
         named = [e for e in errors if e.startswith(f"error (rank {LOST}): ")]
-        assert named and f"this host, {hosts.name(LOST)} ({hosts.address(LOST)})" in named[0]
+        assert named and f"this host, {_label(LOST)}" in named[0]
     if fault == "kill" and launcher == "mpi":
         assert any(
             e.startswith(f"error (rank {LOST}): this rank's process (pid {pids[LOST]}")
-            and f"host {hosts.name(LOST)}) was killed by signal 9 SIGKILL" in e
+            and f"host host{LOST}) was killed by signal 9 SIGKILL" in e
             for e in errors
         ), errors
 
 
 @pytest.mark.torchrun
-def test_every_process_of_a_host_killed_under_torchrun_is_named_at_once(hosts, tmp_path):
+def test_every_process_of_a_host_killed_under_torchrun_is_named_at_once(prefix, tmp_path):
     """Host 1's agent and rank SIGKILLed together: the others' next exchange fails on the closed
     connection, and the diagnosis (a probe to its port is refused: the host answers, nothing
     listens) names it at once, before any heartbeat is missed."""
-    jobs = _launch(hosts, "torch", tmp_path / "run")
+    jobs = _launch(prefix, "torch", tmp_path)
     try:
         jobs[0].wait_line(r"^epoch 1/", 300)
         pids = {}
         for job in jobs:
             pids.update(rank_pids(job.process.pid))
         faulted = time.monotonic()
-        hosts.signal_all(LOST, signal.SIGKILL)
+        network.signal_host(prefix, f"host{LOST}", signal.SIGKILL)
         seconds = last_gone(list(pids.values()), faulted, 90)
     finally:
         for job in jobs:
@@ -172,7 +187,7 @@ def test_every_process_of_a_host_killed_under_torchrun_is_named_at_once(hosts, t
     assert seconds is not None and seconds < monitor.SILENT_SECONDS, errors
     for rank in (0, 2):
         assert any(
-            e.startswith(f"error (rank {rank}): peer {LOST} on host {hosts.name(LOST)}")
+            e.startswith(f"error (rank {rank}): peer {LOST} on host {_label(LOST)}")
             and "is gone" in e
             for e in errors
         ), errors

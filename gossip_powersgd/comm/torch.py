@@ -12,10 +12,9 @@ dtype, op), so that a wrong message is reported naming the sender instead of cor
 hanging; headers are envelope, like MPI's tag and count, and not counted as traffic. Every wait
 polls with a deadline, so a silent or dead peer becomes an error naming it.
 
-A rank whose wait fails names the peer at the root of it, read from the rendezvous store
-(`torch_faults`): a process that ends with its communicator open (`sys.exit` in user code, a script
-that never calls `close`) writes there that it left, and a peer of this machine found stopped while
-we wait for it (see `liveness`) is written there and ended.
+A rank whose wait fails names the peer at the root of it: one stopped, killed or cut off, found by
+the liveness monitor (`faults`), or one that ended its process with its communicator open, read
+from the rendezvous store (`torch_faults`).
 """
 
 from __future__ import annotations
@@ -144,8 +143,7 @@ class TorchCommunicator(Communicator):
         rank, world_size = launcher_environment()
         self.rank = rank
         self.timeout = 120.0 if timeout is None else float(timeout)
-        # Liveness from before the rendezvous on (a peer stopped during set-up is named): `faults`.
-        self._monitor = faults.start(rank, world_size)
+        self._monitor = faults.start(rank, world_size)  # liveness, from before the rendezvous
         wait = datetime.timedelta(seconds=self.timeout)
         if device.type == "cuda":
             torch.cuda.set_device(device)

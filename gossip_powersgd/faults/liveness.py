@@ -271,10 +271,14 @@ class Endpoint:
             s.close()
 
 
+_OUTCOMES = {errno.ECONNREFUSED: "refused", errno.ENETUNREACH: "noroute"}
+
+
 def probe(targets: Iterable[Tuple[int, str, int]], seconds: float) -> Dict[int, str]:
-    """Connect to each (peer, address, port) at once; {peer: "answers" | "refused" | "silent"}
-    within `seconds` (a host that answers runs its kernel; "refused": nothing listens there, the
-    peer's process has ended)."""
+    """Connect to each (peer, address, port) at once; {peer: outcome} within `seconds`:
+    "answers" (its host runs its kernel), "refused" (nothing listens there: the peer's process has
+    ended), "silent" (no answer: its host is cut off or down) or "noroute" (this host has no route
+    there: its own link is down)."""
     pending: Dict[socket.socket, int] = {}
     outcome: Dict[int, str] = {}
     for peer, address, port in targets:
@@ -284,16 +288,14 @@ def probe(targets: Iterable[Tuple[int, str, int]], seconds: float) -> Dict[int, 
         if code in (0, errno.EINPROGRESS):
             pending[s] = peer
         else:
-            outcome[peer] = "refused" if code == errno.ECONNREFUSED else "silent"
+            outcome[peer] = _OUTCOMES.get(code, "silent")
             s.close()
     deadline = time.monotonic() + seconds
     while pending and time.monotonic() < deadline:
         ready = select.select([], list(pending), [], max(deadline - time.monotonic(), 0))[1]
         for s in ready:
             code = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-            outcome[pending.pop(s)] = (
-                "answers" if code == 0 else "refused" if code == errno.ECONNREFUSED else "silent"
-            )
+            outcome[pending.pop(s)] = "answers" if code == 0 else _OUTCOMES.get(code, "silent")
             s.close()
     for s, peer in pending.items():
         outcome[peer] = "silent"

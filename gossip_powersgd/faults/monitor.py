@@ -98,16 +98,25 @@ class PeerLost:
             )
         elif self.how == "unreachable":
             text = (
-                f"peer {p} on host {host} is unreachable: no heartbeat for {s} s and its host "
-                "does not answer (link down, or host down?)"
+                f"peer {p} on host {host} is unreachable: "
+                f"{f'no heartbeat for {s} s and ' if self.seconds else ''}its host does not "
+                "answer (link down, or host down?)"
+            )
+        elif self.seconds:
+            text = (
+                f"no peer on another host has answered for {s} s ({_peers((p, *self.others))}): "
+                f"this host, {host}, may be the one cut off (its link down?), or they are all down"
             )
         else:
             text = (
-                f"no peer on another host has answered for {s} s (peers "
-                f"{', '.join(map(str, (p, *self.others)))}): this host, {host}, may be the one "
-                "cut off (its link down?), or they are all down"
+                f"this host, {host}, has no route to its peers on other hosts "
+                f"({_peers((p, *self.others))}): its link is down"
             )
         return text if self.told_by is None else f"{text} (seen by rank {self.told_by})"
+
+
+def _peers(peers: Sequence[int]) -> str:
+    return f"peer {peers[0]}" if len(peers) == 1 else f"peers {', '.join(map(str, peers))}"
 
 
 class _Remote:
@@ -220,14 +229,9 @@ class Monitor:
                     event = PeerLost(peer, "killed", self.host_of(peer))
             if event is not None:
                 break
-        remote = [(p, self.remote[p]) for p in peers if p in self.remote and p not in self.leaving]
+        remote = [p for p in peers if p in self.remote and p not in self.leaving]
         if event is None and remote:
-            targets = [(p, r.heard or r.addresses[0], r.probe_port) for p, r in remote if r.heard]
-            for peer, outcome in liveness.probe(targets, PROBE_SECONDS).items():
-                if outcome != "answers":
-                    how = "killed" if outcome == "refused" else "unreachable"
-                    event = PeerLost(peer, how, self.host_of(peer))
-                    break
+            event = self._probed([p for p in remote if self.remote[p].heard], 0, answers=None)
         if event is not None:
             self.lost(event)
         return self.event
@@ -293,20 +297,36 @@ class Monitor:
         return None
 
     def _look_at_silence(self, now: float) -> Optional[PeerLost]:
-        heard = {p: r for p, r in self.remote.items() if r.heard and p not in self.leaving}
-        silent = [p for p, r in heard.items() if now - r.last >= self.silent_after]
+        heard = [p for p, r in self.remote.items() if r.heard and p not in self.leaving]
+        silent = [p for p in heard if now - self.remote[p].last >= self.silent_after]
         if not silent:
             return None
-        targets = [(p, heard[p].heard, heard[p].probe_port) for p in silent]
-        outcome = liveness.probe(targets, PROBE_SECONDS)
-        seconds = round(self.silent_after)
-        for how, wanted in (("killed", "refused"), ("hung", "answers")):
-            for peer in silent:
-                if outcome[peer] == wanted:
+        isolated = len(silent) == len(heard)  # every other host went quiet at once
+        return self._probed(silent, round(self.silent_after), answers="hung", isolated=isolated)
+
+    def _probed(
+        self, peers: List[int], seconds: int, answers: Optional[str], isolated: bool = False
+    ) -> Optional[PeerLost]:
+        """Probe `peers` (of other machines, heard before); the loss it shows, named `answers`
+        when a host answers (None: no loss). This host with no route, or no answer from peers on
+        several hosts that are all this rank hears, makes this rank the isolated one."""
+        outcome = liveness.probe(
+            [(p, self.remote[p].heard, self.remote[p].probe_port) for p in peers], PROBE_SECONDS
+        )
+        here = f"{self.host} ({', '.join(liveness.local_addresses()) or '?'})"
+        cut = [p for p in peers if outcome[p] == "noroute"]
+        if cut:
+            return PeerLost(
+                cut[0], "isolated", here, 0, None, tuple(p for p in peers if p != cut[0])
+            )
+        for how, wanted in (("killed", "refused"), (answers, "answers")):
+            for peer in peers:
+                if how is not None and outcome[peer] == wanted:
                     return PeerLost(peer, how, self.host_of(peer), seconds)
-        hosts = {heard[p].name for p in silent}
-        if len(silent) == len(heard) and len(hosts) > 1:  # everyone else went quiet at once
-            here = f"{self.host} ({', '.join(liveness.local_addresses()) or '?'})"
+        silent = [p for p in peers if outcome[p] == "silent"]
+        if not silent:
+            return None
+        if isolated and seconds and len({self.remote[p].name for p in silent}) > 1:
             return PeerLost(silent[0], "isolated", here, seconds, None, tuple(silent[1:]))
         return PeerLost(silent[0], "unreachable", self.host_of(silent[0]), seconds)
 
