@@ -33,19 +33,45 @@ def test_a_heartbeat_is_raw_bytes_and_anything_else_is_ignored():
     assert liveness.unpack_heartbeat(data[:-1]) is None
 
 
-def test_a_probe_tells_a_listening_peer_from_an_ended_one():
-    with socket.socket() as listener, socket.socket() as closed:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(4)
-        closed.bind(("127.0.0.1", 0))  # bound, never listening: refused, as after a process ended
+def test_a_probe_tells_a_running_peer_from_a_stopped_one_and_an_ended_one():
+    """alive: accepted and closed at once (a running monitor does that); answers: the kernel
+    completed the connection but nobody accepts it (a stopped process); refused: nothing listens;
+    refused too when the listener closes under a connection already made (a process dying closes
+    its other connections first, so a probe sent then can still get in)."""
+    import threading
+
+    def listener():
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen(4)
+        return s
+
+    running, stopped, dying = listener(), listener(), listener()
+
+    def accept_and_close():
+        connection, _ = running.accept()
+        connection.close()
+
+    def close_soon():
+        time.sleep(0.3)
+        dying.close()
+
+    threading.Thread(target=accept_and_close, daemon=True).start()
+    threading.Thread(target=close_soon, daemon=True).start()
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening, as after a process ended
         outcome = liveness.probe(
             [
-                (0, "127.0.0.1", listener.getsockname()[1]),
-                (1, "127.0.0.1", closed.getsockname()[1]),
+                (0, "127.0.0.1", running.getsockname()[1]),
+                (1, "127.0.0.1", stopped.getsockname()[1]),
+                (2, "127.0.0.1", closed.getsockname()[1]),
+                (3, "127.0.0.1", dying.getsockname()[1]),
             ],
             2.0,
         )
-    assert outcome == {0: "answers", 1: "refused"}
+    running.close()
+    stopped.close()
+    assert outcome == {0: "alive", 1: "answers", 2: "refused", 3: "refused"}
 
 
 def test_the_ranks_of_a_launcher_are_found_without_any_message():

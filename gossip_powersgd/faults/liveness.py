@@ -274,31 +274,57 @@ class Endpoint:
 _OUTCOMES = {errno.ECONNREFUSED: "refused", errno.ENETUNREACH: "noroute"}
 
 
-def probe(targets: Iterable[Tuple[int, str, int]], seconds: float) -> Dict[int, str]:
+def probe(
+    targets: Iterable[Tuple[int, str, int]], seconds: float, settle: float = 1.0
+) -> Dict[int, str]:
     """Connect to each (peer, address, port) at once; {peer: outcome} within `seconds`:
-    "answers" (its host runs its kernel), "refused" (nothing listens there: the peer's process has
-    ended), "silent" (no answer: its host is cut off or down) or "noroute" (this host has no route
-    there: its own link is down)."""
-    pending: Dict[socket.socket, int] = {}
+
+    alive     the peer's monitor accepted the connection and closed it (within `settle` s)
+    answers   its host completed the connection but nobody accepted it: stopped or hung
+    refused   nothing listens there, or the listener closed under the connection: the peer's
+              process has ended (a process dying closes its connections before its listener, so
+              a probe sent on a closed connection may still get in, and then be reset)
+    silent    no answer: its host is cut off or down
+    noroute   this host has no route there: its own link is down
+    """
+    connecting: Dict[socket.socket, int] = {}
+    connected: Dict[socket.socket, int] = {}
     outcome: Dict[int, str] = {}
     for peer, address, port in targets:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.setblocking(False)
         code = s.connect_ex((address, port))
         if code in (0, errno.EINPROGRESS):
-            pending[s] = peer
+            connecting[s] = peer
         else:
             outcome[peer] = _OUTCOMES.get(code, "silent")
             s.close()
     deadline = time.monotonic() + seconds
-    while pending and time.monotonic() < deadline:
-        ready = select.select([], list(pending), [], max(deadline - time.monotonic(), 0))[1]
-        for s in ready:
+    settled: Dict[socket.socket, float] = {}
+    while (connecting or connected) and time.monotonic() < deadline:
+        wait = min([deadline, *settled.values()]) - time.monotonic()
+        readable, writable, _ = select.select(list(connected), list(connecting), [], max(wait, 0))
+        for s in writable:
             code = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-            outcome[pending.pop(s)] = "answers" if code == 0 else _OUTCOMES.get(code, "silent")
+            peer = connecting.pop(s)
+            if code == 0:
+                connected[s], settled[s] = peer, time.monotonic() + settle
+            else:
+                outcome[peer] = _OUTCOMES.get(code, "silent")
+                s.close()
+        for s in readable:
+            try:
+                outcome[connected[s]] = "alive" if s.recv(1) == b"" else "answers"
+            except OSError:  # reset: the listener went away with its process
+                outcome[connected[s]] = "refused"
+            del connected[s]
             s.close()
-    for s, peer in pending.items():
-        outcome[peer] = "silent"
+        now = time.monotonic()
+        for s in [s for s in connected if settled[s] <= now]:
+            outcome[connected.pop(s)] = "answers"
+            s.close()
+    for s, peer in [*connecting.items(), *connected.items()]:
+        outcome[peer] = "silent" if s in connecting else "answers"
         s.close()
     return outcome
 

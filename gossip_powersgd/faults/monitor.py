@@ -323,6 +323,7 @@ class Monitor:
             for peer in peers:
                 if how is not None and outcome[peer] == wanted:
                     return PeerLost(peer, how, self.host_of(peer), seconds)
+        # "alive": its monitor accepts probes (its heartbeats lost on the way?): no loss to name
         silent = [p for p in peers if outcome[p] == "silent"]
         if not silent:
             return None
