@@ -126,7 +126,8 @@ def _die_like(signum: int) -> None:
     except (ImportError, OSError, ValueError):
         pass
     try:
-        signal.signal(signum, signal.SIG_DFL)
+        if signum not in (signal.SIGKILL, signal.SIGSTOP):  # the only ones with no handler to reset
+            signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
     except (OSError, ValueError):
         pass
