@@ -6,6 +6,7 @@ gloo or NCCL, one peer per process) or an in-process one (`LocalCluster`, one
 thread per peer). Algorithms are written once for both.
 """
 
+from .faults import early as _early  # noqa: F401 - first: standard library only, before torch
 from .algorithms import (
     AllReduce,
     ChocoGossip,

@@ -149,9 +149,9 @@ def resolve_backend(backend: Optional[str], *, cli: Optional[str] = None, n: Any
 
 
 def _mpi_world_size() -> int:
-    from mpi4py import MPI
+    from .comm.mpi import _mpi  # initialises MPI, the GIL released (see comm/mpi_world.py)
 
-    return MPI.COMM_WORLD.Get_size()
+    return _mpi().COMM_WORLD.Get_size()
 
 
 def launched_world_size(backend: str) -> int:
@@ -280,6 +280,10 @@ def error_line(exc: BaseException) -> str:
 
 
 def report_and_exit(exc: BaseException, code: int = 1) -> None:
+    from . import faults
+
+    if faults.handled():  # a lost peer, already named: this error is its consequence
+        faults.finish(code)
     rank, size = mpi_world()
     torch_rank, torch_size = torch_world()
     if size == 1 and torch_size > 1:

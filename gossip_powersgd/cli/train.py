@@ -106,12 +106,14 @@ def _mpi_world() -> tuple:
     if not launched_by_mpiexec():
         return 0, 1
     try:
-        from mpi4py import MPI
+        import mpi4py  # noqa: F401 - its absence is the error below
     except ImportError as exc:
         raise ImportError(
             "launched by mpiexec but mpi4py is missing: pip install 'gossip_powersgd[mpi]'"
         ) from exc
-    from gossip_powersgd.comm.mpi import tell_world_at_exit
+    from gossip_powersgd.comm.mpi import _mpi, tell_world_at_exit
+
+    MPI = _mpi()  # initialised with the GIL released, so the liveness monitor runs meanwhile
 
     tell_world_at_exit()  # a rank that exits before its communicator exists still tells the others
     return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
