@@ -1,31 +1,24 @@
 """GPU readiness check: PowerGossip and exact gossip with CUDA tensors, against the CPU run.
 
     python -m experiments.gpu_check --out experiments/results/gpu_check.md   # on a CUDA machine
-    python -m experiments.gpu_check --device cpu --dry-run --out /tmp/gpu_check.md
-                                                             # the same code path on the CPU (no GPU needed)
+    python -m experiments.gpu_check --device cpu --dry-run   # the same code path on the CPU
 
-What it does, on ring:P (P = --peers):
-
-1. local transport (`LocalCluster`, one thread per peer) with every tensor on the device: exact gossip
-   and PowerGossip r1 for --steps steps on ResNet-20 shapes; the final models must equal the CPU
-   run's to float tolerance, and the average over peers must be what it was at the start;
-2. torch.distributed transport: the script starts itself under torchrun (`python -m
-   torch.distributed.run --nproc-per-node P`, bounded by --timeout), one process per GPU with NCCL
-   (gloo on the CPU in a dry run), and checks the same two things;
-3. times a VGG-16-shaped gossip step (15.2 M parameters) of both algorithms on the device;
-4. writes the page (default runs/gpu_check.md; a dry run writes only to --out).
-
-On a machine without CUDA it refuses with one line and exit status 1. NCCL wants one GPU per rank, so
-with fewer than two GPUs step 2 is reported as skipped (with the reason), not run.
+On ring:P (P = --peers), ResNet-20 shapes (a few small matrices in a dry run): (1) the local
+transport with every tensor on the device, exact gossip and PowerGossip r1 for --steps steps: the
+final models must equal the CPU run's to float tolerance and the average over peers must stay
+what it was; (2) the same under torchrun (`-m torch.distributed.run`, bounded by --timeout), one
+process per GPU with NCCL (gloo in a dry run); (3) a VGG-16-shaped gossip step of both algorithms
+timed on the device; (4) the page (default runs/gpu_check.md; a dry run writes only to --out).
+Without CUDA it refuses in one line, exit status 1; with fewer than two GPUs (NCCL wants one per
+rank) part (2) is reported as skipped, with the reason. Not an engine page: it has no committed
+page (it needs a CUDA machine), and it exits non-zero when a comparison fails.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,11 +27,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a file by torchrun
-    sys.path.insert(0, str(ROOT))
-
-from experiments.bench_gossip.shapes import make_params, model_shapes  # noqa: E402
+from experiments.engine import ROOT
+from experiments.pages._bench import make_params, model_shapes, run_child
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Comm
@@ -159,54 +149,27 @@ def torch_peers(device: torch.device, peers: int) -> tuple:
 
 
 def launch_torch(processes: int, args, folder: Path) -> str:
-    """Run this script's workers under torchrun; '' on success, else the failure in one line."""
+    """Run this program's workers under torchrun; '' on success, else the failure in one line."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(processes),
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes)]
+    command += [
         "--master-addr",
         "127.0.0.1",
         "--master-port",
         str(port),
-        str(Path(__file__).resolve()),
-        "--worker",
-        str(folder),
-        "--device",
-        args.device,
-        "--steps",
-        str(args.steps),
+        "-m",
+        "experiments.gpu_check",
     ]
-    if args.dry_run:
-        command.append("--dry-run")
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    )
-    child = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        _, err = child.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.communicate()
+    command += ["--worker", str(folder), "--device", args.device, "--steps", str(args.steps)]
+    status, err = run_child(command + (["--dry-run"] if args.dry_run else []), args.timeout)
+    if status is None:
         return f"torchrun did not finish within {args.timeout:g} s"
-    if child.returncode != 0:
+    if status != 0:
         lines = [line for line in err.splitlines() if line.strip()] or ["(no output)"]
         errors = [line for line in lines if line.startswith("error")]
-        return f"torchrun exit {child.returncode}: {(errors or lines)[-1][:300]}"
+        return f"torchrun exit {status}: {(errors or lines)[-1][:300]}"
     return ""
 
 

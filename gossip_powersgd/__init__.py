@@ -6,6 +6,7 @@ gloo or NCCL, one peer per process) or an in-process one (`LocalCluster`, one
 thread per peer). Algorithms are written once for both.
 """
 
+from .faults import early as _early  # noqa: F401 - first: standard library only, before torch
 from .algorithms import (
     AllReduce,
     ChocoGossip,
@@ -39,6 +40,7 @@ FEATURE_MODULES = (
     "gossip_powersgd.training.extensions",  # hooks: (user hooks), then loggers: (trackers)
     "gossip_powersgd.privacy.training",  # dp_*: differential privacy (DP-SGD)
     "gossip_powersgd.privacy.observing",  # observers:, observe_every: (last: they record the rest)
+    "gossip_powersgd.training.churn",  # on_peer_loss:, churn:, churn_join: (its hook: the trainer's)
 )
 for _module in FEATURE_MODULES:
     _declare_feature(_module)

@@ -10,6 +10,7 @@ MPI_Abort so that the others do not wait forever for a peer that is gone.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import traceback
@@ -148,9 +149,9 @@ def resolve_backend(backend: Optional[str], *, cli: Optional[str] = None, n: Any
 
 
 def _mpi_world_size() -> int:
-    from mpi4py import MPI
+    from .comm.mpi import _mpi  # initialises MPI, the GIL released (see comm/mpi_world.py)
 
-    return MPI.COMM_WORLD.Get_size()
+    return _mpi().COMM_WORLD.Get_size()
 
 
 def launched_world_size(backend: str) -> int:
@@ -224,13 +225,48 @@ def run_peers(
     return dict(enumerate(values))
 
 
+#: How torch words a failed allocation: the CPU allocator ("you tried to allocate N bytes") and
+#: CUDA's ("Tried to allocate 20.00 GiB").
+_ALLOCATION = re.compile(
+    r"(?:you tried to allocate (\d+) bytes|[Tt]ried to allocate ([\d.]+ [KMGT]i?B))"
+)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is an allocation that failed: a MemoryError, torch's OutOfMemoryError, or the
+    RuntimeError torch's CPU allocator raises."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
+def _asked(text: str) -> str:
+    match = _ALLOCATION.search(text)
+    if match is None:
+        return ""
+    if match.group(1):
+        size = int(match.group(1))
+        return (
+            f"an allocation of {size / 1e9:.4g} GB failed"
+            if size >= 1e8
+            else (f"an allocation of {size} bytes failed")
+        )
+    return f"an allocation of {match.group(2)} failed"
+
+
 def error_line(exc: BaseException) -> str:
-    """The one line a user sees for `exc`; a MemoryError (often without a message) says what ran out."""
-    if isinstance(exc, MemoryError):
+    """The one line a user sees for `exc`; an allocation that failed (a MemoryError, often without
+    a message, or torch's allocator errors) says what ran out and the size asked."""
+    if is_out_of_memory(exc):
         detail = str(exc).strip()
+        asked = _asked(detail)
+        if asked:
+            detail = asked
+        elif detail:
+            detail = f"({detail.splitlines()[0]})"
         return (
             "out of memory"
-            + (f" ({detail.splitlines()[0]})" if detail else "")
+            + (f": {detail}" if asked else f" {detail}" if detail else "")
             + ": use a smaller model, batch size or number of peers per machine"
         )
     if isinstance(exc, KeyError):
@@ -244,12 +280,17 @@ def error_line(exc: BaseException) -> str:
 
 
 def report_and_exit(exc: BaseException, code: int = 1) -> None:
+    from . import faults
+
+    if faults.handled():  # a lost peer, already named: this error is its consequence
+        faults.finish(code)
     rank, size = mpi_world()
     torch_rank, torch_size = torch_world()
     if size == 1 and torch_size > 1:
         rank, size = torch_rank, torch_size
     prefix = f"error (rank {rank}): " if size > 1 else "error: "
-    if not isinstance(exc, EXPECTED_ERRORS) or os.environ.get("GOSSIP_TRACEBACK"):
+    expected = isinstance(exc, EXPECTED_ERRORS) or is_out_of_memory(exc)
+    if not expected or os.environ.get("GOSSIP_TRACEBACK"):
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     write_stderr_line(prefix + error_line(exc))
     if torch_size > 1 and mpi_world()[1] == 1:
@@ -285,8 +326,32 @@ def _exit_interrupted() -> None:
     sys.exit(INTERRUPTED_EXIT)
 
 
+def _show_run_warnings() -> None:
+    """Show a `utils.RunWarning` as one line, ``warning: ...`` (``warning (rank K): ...`` when
+    launched), in one write; any other warning as Python shows it."""
+    import warnings
+
+    from .utils import RunWarning
+
+    shown = warnings.showwarning
+    if getattr(shown, "run_warnings", False):
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, RunWarning):
+            return shown(message, category, filename, lineno, file, line)
+        rank, size = mpi_world()
+        if size == 1:
+            rank, size = torch_world()
+        write_stderr_line((f"warning (rank {rank}): " if size > 1 else "warning: ") + str(message))
+
+    show.run_warnings = True
+    warnings.showwarning = show
+
+
 def main_guard(main: Callable[..., Optional[int]], *args, **kwargs) -> None:
     """Run an entry point; exit with its return code, or report its exception as described above."""
+    _show_run_warnings()
     try:
         code = main(*args, **kwargs)
     except KeyboardInterrupt:

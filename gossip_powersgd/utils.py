@@ -31,6 +31,31 @@ def one_line(exc: BaseException, limit: Optional[int] = None) -> str:
     return text[:limit] if limit is not None else text
 
 
+class RunWarning(UserWarning):
+    """A value the run adjusted (clamped to what it can use) or a doubt about its input: shown as
+    one line, ``warning: ...`` (`launch.main_guard`), on the rank that found it."""
+
+
+def warn(text: str) -> None:
+    """Issue `text` as a `RunWarning` (pytest.warns and warnings filters see it like any warning)."""
+    warnings.warn(text, RunWarning, stacklevel=2)
+
+
+def available_memory() -> Optional[int]:
+    """Bytes of memory this machine can still give (Linux's MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def write_stderr_line(line: str) -> None:
     """Write `line` and its newline to stderr in one write call.
 

@@ -260,3 +260,62 @@ def test_resume_without_checkpoints_or_directory(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no checkpoint in"):
         run(config_for(tmp_path / "empty"), resume=True)
+
+
+# ---- Reliability IV: a resumed run reads the data it was started with --------------------------------
+
+
+def _flip_a_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "dataset, model, changed",
+    [
+        ("cifar10", "logreg", "test_batch.bin"),
+        ("cifar10", "logreg", "data_batch_5.bin"),
+        # another word in the training text: another vocabulary
+        ("wikitext2", "lstm_lm:layers=1,hidden=4", "wiki.train.tokens"),
+    ],
+)
+def test_resume_refuses_data_changed_since_the_checkpoint_naming_the_file(
+    tmp_path, dataset, model, changed
+):
+    import paper_fixtures
+
+    from conftest import errors_on_every_rank
+    from gossip_powersgd.training.data import clear_dataset_cache
+
+    data = tmp_path / "data"
+    if dataset == "cifar10":
+        folder, spec = paper_fixtures.write_cifar10(data), f"cifar10:root={data}"
+    else:
+        folder, spec = paper_fixtures.write_wikitext2(data), f"wikitext2:root={data},bptt=4"
+    config = config_for(
+        tmp_path / "run",
+        topology="ring:2",
+        dataset=spec,
+        model=model,
+        partition="contiguous" if dataset == "wikitext2" else "iid",
+        epochs=1,
+        batch_size=8,
+        lr=0.05,
+        log_every=0,
+        schedule="constant",
+        warmup_epochs=0,
+    )
+    clear_dataset_cache()
+    run(config)
+    if changed == "wiki.train.tokens":
+        text = (folder / changed).read_text().replace("game", "play", 1)
+        (folder / changed).write_text(text)
+    else:
+        _flip_a_byte(folder / changed, 2000)
+    clear_dataset_cache()
+    errors = errors_on_every_rank(config, resume=True)
+    clear_dataset_cache()
+    assert len(set(errors)) == 1, errors
+    assert f"{folder / changed} has changed since the checkpoint" in errors[0]
+    assert "\n" not in errors[0]

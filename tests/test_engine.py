@@ -103,6 +103,17 @@ def test_jobs_2_starts_the_costliest_first_in_worker_processes_rows_in_plan_orde
     assert (tmp_path / "engine-test.md").read_text() == "0 0\n1 1\n2 4\n3 9\n4 16\n"
 
 
+def test_a_serial_page_times_its_runs_one_at_a_time_whatever_jobs_says(tmp_path, capsys):
+    import dataclasses
+
+    serial = dataclasses.replace(PAGE, serial=True)
+    sweep(serial, tmp_path, jobs=2)
+    records = RowFile(tmp_path / "engine-test.jsonl").read()
+    assert list(records) == ["k0", "k1", "k2", "k3", "k4"]  # in plan order, here, one by one
+    assert all(r.row["pid"] == os.getpid() for r in records.values())
+    assert "times its runs: one at a time (--jobs 2 ignored)" in capsys.readouterr().err
+
+
 def test_a_worker_that_dies_is_one_line_and_the_next_sweep_finishes(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ENGINE_TEST_KILL", "k3")
     code, err = _cli(["engine-test", "--jobs", "2", "--out", str(tmp_path)], capsys)

@@ -17,9 +17,15 @@ from experiments.pages import pages
 RESULTS = Path(__file__).resolve().parents[1] / "experiments" / "results"
 PAGES = sorted(pages())
 TEXT = (".md", ".csv", ".json")
+#: The pages whose --quick plan starts mpiexec or torchrun, and the markers that says (the conftest
+#: fails a test that launches one unmarked; `pytest -m "not mpi"` skips them).
+LAUNCHES = {"bench_backends": ("mpi", "torchrun"), "bench_gossip": ("mpi",)}
+QUICK = [
+    pytest.param(n, marks=[getattr(pytest.mark, m) for m in LAUNCHES.get(n, ())]) for n in PAGES
+]
 
 
-@pytest.mark.parametrize("name", PAGES)
+@pytest.mark.parametrize("name", QUICK)
 def test_quick_sweep_makes_every_row_and_renders_again_identically(tmp_path, name):
     assert main([name, "--quick", "--out", str(tmp_path)], pages) == 0
     page = pages()[name]

@@ -142,3 +142,51 @@ def test_dropout_draws_from_the_model_not_the_global_rng():
     assert torch.equal(model(x), first)
     model.eval()
     assert torch.equal(model(x), model(x))
+
+
+# ---- Reliability IV: truncated BPTT and each peer's own dropout masks ------------------------------
+
+
+def test_lstm_carries_its_detached_state_across_batches_of_a_stream():
+    """With carry_state, reading a stream in two windows gives exactly the logits of reading it at
+    once (the second window starts from the first's final state), and no gradient reaches the
+    first window from the second's loss (detached); rows continue rows, a shorter batch takes
+    the first rows; reset_state starts again from zero."""
+    model = build_model("lstm_lm:layers=2,hidden=8,dropout=0", (6,), 20, seed=0).train()
+    stream = torch.randint(0, 20, (3, 12))
+    whole = model(stream)
+    model.carry_state = True
+    first = model(stream[:, :6])
+    second = model(stream[:, 6:])
+    # float32 LSTM cells: the same operations in the same order, up to the split of one matmul
+    assert torch.allclose(torch.cat([first, second], 1), whole, atol=1e-6)
+    second.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    model.reset_state()
+    assert torch.allclose(model(stream[:, :6]), whole[:, :6], atol=1e-6)
+    assert torch.allclose(model(stream[:2, 6:]), whole[:2, 6:], atol=1e-6)  # the first 2 rows
+    model.carry_state = False
+    model.reset_state()
+    assert not torch.allclose(model(stream[:, 6:]), whole[:, 6:], atol=1e-3)  # zero state
+
+
+def test_each_peer_draws_its_own_dropout_masks():
+    """Peers build the same weights from the seed; seed_dropout_per_peer gives each its own mask
+    stream (a pure function of seed and rank), so that peers do not drop the same units."""
+    from gossip_powersgd.training.zoo import seed_dropout_per_peer
+
+    x = torch.ones(4, 64, dtype=torch.long)
+    masks = {}
+    for rank in (0, 1, 0):
+        model = build_model("lstm_lm:layers=1,hidden=16,dropout=0.5", (64,), 8, seed=3).train()
+        seed_dropout_per_peer(model, 3, rank)
+        dropped = model.drops[0](torch.ones(4, 64, 16)) == 0
+        masks.setdefault(rank, []).append(dropped)
+        assert model(x).shape == (4, 64, 8)
+    assert torch.equal(masks[0][0], masks[0][1])  # reproducible
+    assert not torch.equal(masks[0][0], masks[1][0])  # per peer
+    shared = build_model("lstm_lm:layers=1,hidden=16,dropout=0.5", (64,), 8, seed=3)
+    peer = build_model("lstm_lm:layers=1,hidden=16,dropout=0.5", (64,), 8, seed=3)
+    seed_dropout_per_peer(peer, 3, 1)
+    weights = [k for k in shared.state_dict() if not k.endswith("rng_state")]
+    assert all(torch.equal(shared.state_dict()[k], peer.state_dict()[k]) for k in weights)

@@ -137,75 +137,17 @@ def test_sign_runs_split_the_neighbours_where_their_side_of_our_rank_changes():
     assert PowerGossip._sign_runs(fake) == [(0, 2, True)]
 
 
-def _bench_sim_page(tmp_path, *extra):
-    from experiments import bench_sim
-
-    out = tmp_path / "bench_sim.md"
-    bench_sim.main(
-        [
-            *("--peers", "4", "--steps", "2", "--reps", "2", "--big-peers", "6"),
-            *("--big-steps", "2", "--before-steps", "2", "--divergence-peers", "3"),
-            *extra,
-            *("--out", str(out)),
-        ]
-    )
-    return out.read_text()
-
-
 def _readable(commit: str, helpers: bool) -> bool:
-    from experiments.commit_code import previous_powergossip
+    from experiments.pages._commit_code import previous_powergossip
 
     return previous_powergossip(commit, helpers=helpers) is not None
-
-
-def test_bench_sim_writes_its_page_with_before_and_after(tmp_path):
-    page = _bench_sim_page(tmp_path)
-    assert "## 4 peers: gossip steps per second" in page
-    assert "## 6 peers (this tree, two lanes)" in page
-    assert "this tree, free threads" in page and "this tree, taking turns, one lane" in page
-    assert (
-        "this tree, two lanes** (`lanes=2`)" in page and "two lanes, tensor work as Python" in page
-    )
-    assert "bound for one lane: one thread, no messages" in page
-    assert "| context switches of the process per step (median) |" in page
-    assert "| resnet20 |" in page and "| vgg16 |" in page
-    assert "two lanes / one lane: **" in page and "compiled / as Python:" in page
-    assert "--previous 6df8d52 --helpers own" in page  # the defaults, written out on the page
-    assert "272,474 parameters" in page  # the zoo's ResNet-20 (1x1-convolution shortcuts)
-    if _readable("6df8d52", helpers=True):  # a clone with its history
-        # 6df8d52 (main before Architecture II) with its own kernels, lowrank, exact and base ends
-        # with the same bits as this tree on every peer.
-        assert "two lanes, compiled or not and with `6df8d52`: **yes**" in page
-        assert "`6df8d52`'s PowerGossip, taking turns, one lane" in page
-        assert "one lane, this tree / `6df8d52`: " in page and "repetition by repetition" in page
-        assert "| `6df8d52`: ms, % of copy |" in page and "`6df8d52` / this tree" in page
-        assert "Earlier commits' PowerGossip runs with that commit's own helper modules" in page
-        assert (
-            "`6df8d52`: `base.py`, `exact.py`, `kernels.py`, `lowrank.py`, `powergossip.py`" in page
-        )
-        assert "| 100 | " in page and "rounded differently" in page
-    else:
-        assert "two lanes, compiled or not: **yes**" in page
-
-
-@pytest.mark.skipif(not _readable("610f530", helpers=False), reason="needs commit 610f530")
-def test_bench_sim_runs_an_older_commit_with_this_trees_helpers(tmp_path):
-    # How the pages up to 886c08c ran 610f530: its powergossip.py on this tree's base, exact and
-    # lowrank, bit-identical with this tree; --before '' leaves the free-thread column out.
-    page = _bench_sim_page(tmp_path, "--previous", "610f530", "--helpers", "tree", "--before", "")
-    assert "two lanes, compiled or not and with `610f530`: **yes**" in page
-    assert (
-        "modules (`610f530`: `powergossip.py`; read with git) run with this tree's helper" in page
-    )
-    assert "--before '' --before-steps 2 --previous 610f530 --helpers tree" in page
-    assert "rounded differently" not in page and "PowerGossip, free threads" not in page
 
 
 @pytest.mark.skipif(not _readable("6df8d52", helpers=True), reason="needs commit 6df8d52")
 def test_one_process_holds_a_commit_with_its_own_and_with_this_trees_helpers():
     import sys
 
-    from experiments.commit_code import loaded_modules, previous_powergossip
+    from experiments.pages._commit_code import loaded_modules, previous_powergossip
     from gossip_powersgd.algorithms import kernels
 
     own = previous_powergossip("6df8d52", helpers=True)

@@ -598,212 +598,72 @@ def test_difference_estimate_of_a_static_difference_is_exact_once_the_factors_sp
     assert relative_error(estimate, truth) < 1e-8  # float64 solve of well-conditioned 6 x 6 sums
 
 
-# ---- the page ------------------------------------------------------------------------------------
+# ---- the attacks of a run, with their blind baselines (gossip_powersgd.privacy.attacks) ---------
 
 
-def test_the_attack_page_is_computed_from_its_rows(tmp_path, monkeypatch):
-    import json
+def test_candidates_pool_each_victims_members_and_heldout_records():
+    from gossip_powersgd.privacy.attacks import Candidates
 
-    from experiments.privacy_attacks import driver, measure
-
-    monkeypatch.setattr(driver, "QUICK_PLAN_GROUPS", ((("powergossip:rank=1", None),),))
-    monkeypatch.setattr(driver, "QUICK_SEEDS", (0,))
-    monkeypatch.setattr(
-        driver, "network_dp", lambda: measure.network_dp(("ring:4",), (("once", 2),))
-    )
-    assert driver.main(["--quick", "--out", str(tmp_path)]) == 0
-    saved = json.loads((tmp_path / "privacy_attacks.json").read_text())
-    row = saved["rows"][0]
-    flat = row["rounds"][str(row["last"])]["flat"]
-    page = (tmp_path / "privacy_attacks.md").read_text()
-    victim = (
-        f"| PowerGossip r1 | none | victim | {flat['auc/victim/LOSS']:.3f} | "
-        f"{flat['auc/victim/LiRA offline']:.3f} | {flat['auc/victim/LiRA online']:.3f} |"
-    )
-    assert victim in page
-    assert f"| {flat['auc/class prior']:.3f} |" in page  # the blind baseline beside the figure
-    assert "oracle: D on the span of all factors" in page and "LS on D, 64 msgs" in page
-    # the audit record: the split's held-out indices, disjoint from the members
-    split = saved["splits"][row["split"]]  # stored once per distinct split
-    for v in split["victims"]:
-        assert not set(split["heldout"][str(v)]) & set(split["members"][str(v)])
-    assert (tmp_path / "privacy_attacks_roc.png").exists()
-    assert not (tmp_path / "privacy_attacks.partial.json").exists()  # every row done
+    split = make_split(SPLIT_DATA, 4, "iid", 0, victims=[1, 3], fraction=0.5, split_seed=2)
+    pool = Candidates.of(split)
+    for v in (1, 3):
+        mine = pool.victim == v
+        assert pool.member[mine].sum() == len(split.members[v])
+        assert (~pool.member[mine]).sum() == len(split.heldout[v])
+    x1, _ = split.heldout_set(1)
+    assert torch.equal(pool.x[(pool.victim == 1) & ~pool.member], x1)
+    only = Candidates.of(split, victims=[3])  # a split may hold out more peers than are attacked
+    assert set(only.victim.tolist()) == {3} and len(only.y) == len(split.members[3]) * 2
 
 
-def test_the_overfit_regime_writes_its_own_page_with_the_plateau_check(tmp_path, monkeypatch):
-    import json
+def test_null_band_of_depends_on_the_counts_alone_and_narrows_with_them():
+    """The central 95 % of the AUC under random labels is about +-1.96 null sds around 1/2. Its
+    ends are quantiles of 400 permutations: each within ~4 standard errors, sqrt(0.025 * 0.975 /
+    400) / phi(1.96) = 0.135 sd, of the true one, so the width within 1.1 sd of 3.92 sd (28 %)."""
+    from gossip_powersgd.privacy.attacks import null_band_of
 
-    from experiments.privacy_attacks import driver, report
-
-    monkeypatch.setattr(driver, "QUICK_PLAN_GROUPS", ((("exact", None),),))
-    monkeypatch.setattr(driver, "QUICK_SEEDS", (0,))
-    monkeypatch.setattr(
-        driver, "network_dp", lambda: pytest.fail("the overfit page has no network-DP section")
-    )
-    assert driver.main(["--quick", "--regime", "overfit", "--out", str(tmp_path)]) == 0
-    assert not (tmp_path / "privacy_attacks.md").exists()  # the default page is left alone
-    saved = json.loads((tmp_path / "privacy_attacks_overfit.json").read_text())
-    page = (tmp_path / "privacy_attacks_overfit.md").read_text()
-    assert page.startswith(f"# {driver.OVERFIT_TITLE}")
-    assert "Pairwise network DP" not in page and "privacy_attacks_overfit_roc.png" in page
-    assert (tmp_path / "privacy_attacks_overfit_roc.png").exists()
-    row = saved["rows"][0]
-    # evaluated at every quarter of the run (2 epochs in --quick: at epochs 1 and 2)
-    assert [e["epoch"] for e in row["evals"]] == [1, 2]
-    assert row["evals"][-1]["acc_avg"] == row["acc_avg"]
-    half, _, _ = report.plateau([row])
-    assert half == f"{100 * row['evals'][0]['acc_avg']:.2f} %" and f"| {half} / n/a | n/a |" in page
-    # --render-only with no partial file left re-renders the finished page from its JSON
-    monkeypatch.setattr(driver, "network_dp", lambda: pytest.fail("no network section"))
-    rendered = tmp_path / "privacy_attacks_overfit.md"
-    rendered.unlink()
-    assert driver.main(["--regime", "overfit", "--render-only", "--out", str(tmp_path)]) == 0
-    again = rendered.read_text()
-    table = page[page.index("## Runs") : page.index("## Answers")]
-    assert table == again[again.index("## Runs") : again.index("## Answers")]
-    resaved = json.loads((tmp_path / "privacy_attacks_overfit.json").read_text())
-    assert (
-        resaved["rows"] == saved["rows"] and resaved["plan"]["seconds"] == saved["plan"]["seconds"]
-    )
+    for m, n in ((50, 50), (2000, 1000)):
+        band = null_band_of(m, n)
+        assert null_band_of(m, n) is band  # computed once per counts
+        assert band["auc"][0] < 0.5 < band["auc"][1]
+        width = band["auc"][1] - band["auc"][0]
+        assert width == pytest.approx(3.92 * null_auc_std(m, n), rel=0.28)
 
 
-def test_plateau_is_the_change_over_the_last_quarter():
-    from experiments.privacy_attacks import report
+def test_an_observed_exact_gossip_run_reads_the_victims_model_off_and_attacks_it_alike(tmp_path):
+    """exact gossip sends the model itself: what the observer reads off at a snapshot step is
+    the victim's parameters bit for bit (relative L2 error 0, agreement 1), so every attack
+    through it scores exactly as through the victim's own model; the blind baselines and the
+    null band are reported beside them."""
+    from gossip_powersgd.privacy.attack_run import neighbour_report, observe
+    from gossip_powersgd.privacy.attacks import Candidates, References, flat
 
-    def row(accs):
-        evals = [{"epoch": 5 * (k + 1), "acc_avg": a} for k, a in enumerate(accs)]
-        return {"epochs": 20, "evals": evals, "acc_avg": accs[-1]}
+    split = make_split(SPLIT_DATA, 4, "iid", 0, victims=[1, 3], fraction=0.5, split_seed=0)
+    config = dict(topology="ring:4", model="logreg", epochs=2, batch_size=16, lr=0.2, seed=0)
+    config.update(algorithm="exact", quiet=True, log_every=0, checkpoint_every=0, out_dir=None)
+    config["release_peer_statistics"] = True  # partition: local sizes an epoch from the shards
+    run = observe(config, split, observer=0, fractions=(0.5, 1.0))
+    assert len(run.steps) == 2 and set(run.snapshots) == {0, 1, 2, 3}
+    assert run.observed_bytes > 0 and run.view.meta["observer"] == 0
+    data = split.data()
 
-    half, three, change = report.plateau([row([0.5, 0.6, 0.7, 0.75]), row([0.5, 0.6, 0.8, 0.85])])
-    assert half == "60.00 ± 0.00 %" and three == "75.00 ± 7.07 %" and change == "5.00 ± 0.00"
-    # a row evaluated only at its end (the rows made before the quarters were recorded)
-    assert report.plateau([{"epochs": 20, "evals": [], "acc_avg": 0.8}]) == ("n/a", "n/a", "n/a")
+    def make():
+        return build_model("logreg", data.input_shape, data.num_classes, 0)
 
-
-def test_the_answers_say_where_the_neighbours_tpr_reaches_chance():
-    from experiments.privacy_attacks import report
-
-    band = report.band_of(1000, 1000)
-    tpr_hi, auc_hi = band["tpr"][0][1], band["auc"][1]
-
-    def row(target, seed, tpr, auc):
-        flat = {}
-        for model in ("victim", "read off / public copy"):
-            for attack in ("LiRA offline", "LiRA online"):
-                flat[f"tpr0.1/{model}/{attack}"] = tpr
-                flat[f"auc/{model}/{attack}"] = auc
-        return {
-            "spec": "exact",
-            "target": target,
-            "seed": seed,
-            "members": 1000,
-            "nonmembers": 1000,
-            "acc_avg": 0.7,
-            "last": 9,
-            "rounds": {"9": {"flat": flat, "quality": {"read off / public copy": {}}}},
-        }
-
-    rows = [
-        row(target, seed, tpr, auc)
-        for target, tpr, auc in (
-            (None, tpr_hi + 0.01, auc_hi + 0.2),  # without DP: above chance
-            (64.0, tpr_hi / 2, auc_hi + 0.1),  # TPR at chance, AUC still above its band
-            (8.0, tpr_hi / 2, auc_hi - 0.01),  # both at chance
-        )
-        for seed in (0, 1, 2)
-    ]
-    (line,) = [a for a in report.answers(rows) if a.startswith("- exact gossip")]
-    assert line.count("above chance") == 2 and line.count(": chance)") == 2
-    assert "TPR above chance only without DP, at chance at every ε ≤ 64." in line
-    assert "The AUC is above its null band at ε = 64, ∞." in line
-
-
-def test_reuse_copies_the_rows_this_code_would_run_unchanged_and_refuses_another_setting(
-    tmp_path, monkeypatch
-):
-    import json
-
-    from experiments.privacy_attacks import driver, dp_sweep, measure
-
-    monkeypatch.setattr(dp_sweep, "DP_EPOCHS", {8.0: 30, 3.0: 15})
-    plain = dict(epochs=measure.SETTING["epochs"], batch=measure.SETTING["batch_size"])
-    plain["lr"] = measure.SETTING["lr"]
-    dp = dict(batch=measure.DP["batch_size"], lr=measure.DP["lr"])
-    rows = [
-        dict(spec="exact", target=None, seed=0, commit="abc1234", **plain),
-        dict(spec="powergossip:rank=1", target=None, seed=0, commit="abc1234", **plain),
-        dict(spec="exact", target=3.0, seed=0, commit="def5678", epochs=15, **dp),
-        # at epsilon 8 this code trains 30 epochs: a 15-epoch row is not this code's row
-        dict(
-            spec="exact",
-            target=8.0,
-            seed=0,
-            commit="def5678",
-            epochs=15,
-            steps=420,
-            sigma=1.1,
-            eps_victims=[7.9, 7.9],
-            acc_avg=0.88,
-            last=1,
-            rounds={
-                "1": {"flat": {"auc/victim/LiRA offline": 0.5, "tpr0.1/victim/LiRA offline": 0.0}}
-            },
-            **dp,
-        ),
-        dict(spec="exact", target=None, seed=1, failure="RuntimeError: x", **plain),
-    ]
-    page = dict(plan=dict(setting=measure.SETTING, seconds=10.0), rows=rows, splits={})
-    source = tmp_path / "page.json"
-    source.write_text(json.dumps(page))
-    saved = {"rows": {driver._key("exact", None, 0): dict(kept=True)}}
-    said = driver.reuse_rows(source, measure.SETTING, saved)
-    others = said.pop("budget_rows")
-    assert said == dict(
-        source="page.json", rows=3, which="no DP, ε = 3", commits=["abc1234", "def5678"]
-    )
-    # the epsilon-8 row of the other budget is kept aside for the page's budget check
-    assert [(o["spec"], o["target"], o["epochs"], o["acc_avg"]) for o in others] == [
-        ("exact", 8.0, 15, 0.88)
-    ]
-    assert set(saved["rows"]) == {
-        driver._key("exact", None, 0),
-        driver._key("powergossip:rank=1", None, 0),
-        driver._key("exact", 3.0, 0),
-    }
-    assert saved["rows"][driver._key("exact", None, 0)] == dict(kept=True)  # not replaced
-    with pytest.raises(SystemExit, match="trained another setting"):
-        driver.reuse_rows(source, dict(measure.SETTING, epochs=99), {"rows": {}})
-    source.write_text("not json")
-    with pytest.raises(SystemExit, match="not a finished privacy_attacks page's JSON"):
-        driver.reuse_rows(source, measure.SETTING, {"rows": {}})
-
-
-def test_the_budget_section_compares_each_rows_budgets_from_the_rows():
-    from experiments.privacy_attacks import report
-
-    def row(spec, epochs, seed, acc):
-        flat = {"auc/victim/LiRA offline": 0.5, "tpr0.1/victim/LiRA offline": 0.001}
-        return dict(
-            spec=spec,
-            target=8.0,
-            seed=seed,
-            epochs=epochs,
-            steps=epochs * 16,
-            sigma=1.0,
-            eps_victims=[7.9, 7.9],
-            acc_avg=acc,
-            last=1,
-            rounds={"1": {"flat": flat}},
-        )
-
-    mine = [row("exact", 30, s, a) for s, a in enumerate((0.90, 0.92))]
-    mine += [row("powergossip:rank=1", 30, s, a) for s, a in enumerate((0.50, 0.60))]
-    others = [report.budget_row(row("exact", 15, s, a)) for s, a in enumerate((0.86, 0.88))]
-    others += [report.budget_row(row("powergossip:rank=1", 15, s, 0.65)) for s in range(2)]
-    text = report.budget_section(mine, others)
-    # the change column is the difference of the seeds' means: 91 - 87 and 55 - 65
-    assert "| exact gossip | 8 | 30 | 2 | 1 | 91.00 ± 1.41 % | +4.00 |" in text
-    assert "| PowerGossip r1 | 8 | 30 | 2 | 1 | 55.00 ± 7.07 % | -10.00 |" in text
-    assert "pays for exact gossip at ε = 8 (+4.00 pp from 15 to 30)" in text
-    assert "costs accuracy for PowerGossip r1 at ε = 8 (-10.00 pp from 15 to 30)" in text
+    recipe = dict(epochs=2, lr=0.2, batch=16)
+    refs = References.build(split, Candidates.of(split), 0, make, 2, recipe, seed=0)
+    report = neighbour_report(run, split, 0, refs, make, data.x_test)
+    assert list(report) == [str(s) for s in run.steps]
+    last = report[str(run.steps[-1])]
+    values = last["flat"]
+    for attack in ("LOSS", "LiRA offline", "LiRA online"):
+        assert values[f"auc/read off / public copy/{attack}"] == values[f"auc/victim/{attack}"]
+    assert last["quality"]["read off / public copy"] == {"l2": 0.0, "agreement": 1.0}
+    assert {"observer's own", "average of all"} <= set(last["evaluation"]["models"])
+    assert "roc" in last["evaluation"]["models"]["victim"]["LiRA offline"]
+    band = last["evaluation"]["null_band"]
+    assert band["auc"][0] < 0.5 < band["auc"][1] and flat(last["evaluation"]) == values
+    # the class prior never looks at a model: members and held-out records of one shard, chance
+    pool = Candidates.of(split)
+    members = int(pool.member.sum())
+    assert abs(values["auc/class prior"] - 0.5) < 4 * null_auc_std(members, len(pool.y) - members)

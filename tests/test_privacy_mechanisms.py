@@ -305,7 +305,7 @@ def test_muffliato_pairwise_epsilon_on_a_ring():
     ring = topologies.ring(8)
     out = muffliato.muffliato_epsilons(ring, 12, 1.0, 0.1, 1e-5, observer=0, network=True)
     local = out[1]["local"]
-    assert all(v["epsilon"] <= local for v in out.values())
+    assert all(v["epsilon"] == local for v in out.values())  # the guarantee: DP-SGD's
     far, near = out[4]["network"], out[1]["network"]
     assert far < near  # amplification by mixing grows with the distance
     # never above local DP without subsampling (mu <= sqrt(T) / sigma: the view is a function of
@@ -505,3 +505,160 @@ def test_update_noise_scales_with_the_step_lr_exactly_as_the_sensitivity(mechani
         assert float((signal - first[0]).abs().max()) <= tol
         assert float((noise - first[1]).abs().max()) <= tol
         assert float(noise.abs().max()) > 0.1  # the noise is there, in gradient units
+
+
+# ---- Reliability IV: the two ends of an edge hold the same pair key -------------------------------
+
+
+def agree_or_error(comm, run_dir, resume):
+    """agree_pair_keys on every peer; this peer's error text, or its keys."""
+    try:
+        return pair_secrets.agree_pair_keys(comm, "run_dir", run_dir=run_dir, resume=resume)
+    except ValueError as exc:
+        return f"error: {exc}"
+
+
+def ring4_agreement(run_dir, resume):
+    return LocalCluster(topologies.ring(4), timeout=30).run(agree_or_error, run_dir, resume)
+
+
+def test_pair_keys_are_confirmed_by_both_ends_without_revealing_them(tmp_path):
+    """Each end sends a keyed digest of its pair key over the edge (never the key): both ends
+    compute the same one, and a key changed at one end is refused by both ends, naming the
+    edge, never used (its pair noise would not cancel)."""
+    first = ring4_agreement(tmp_path, resume=False)
+    assert first[0][1] == first[1][0]
+    confirm = pair_secrets.key_confirmation(first[0][1], 0, 1)
+    assert confirm == pair_secrets.key_confirmation(first[1][0], 1, 0)
+    assert confirm != first[0][1] and len(confirm) == 32
+    assert pair_secrets.key_confirmation(first[0][3], 0, 3) != confirm  # per edge
+    assert ring4_agreement(tmp_path, resume=True)[2] == first[2]  # resumed: the stored keys
+    pair_secrets.pair_key_path(tmp_path, 1, 0).write_bytes(bytes(32))  # one end's key changed
+    seen = ring4_agreement(tmp_path, resume=True)
+    for rank in (0, 1):
+        assert seen[rank].startswith("error: the two ends of edge 0-1 hold different DECOR pair")
+        assert "\n" not in seen[rank]
+    assert seen[2] == first[2] and seen[3][2] == first[3][2]  # edges 1-2.. 2-3 untouched
+
+
+@pytest.mark.parametrize("removed", ["folder", "one end", "both ends"])
+def test_a_removed_pair_key_is_refused_on_resume_never_regenerated(tmp_path, removed):
+    ring4_agreement(tmp_path, resume=False)
+    folder = tmp_path / "secrets"
+    if removed == "folder":
+        shutil.rmtree(folder)
+    else:
+        pair_secrets.pair_key_path(tmp_path, 2, 3).unlink()
+        if removed == "both ends":
+            pair_secrets.pair_key_path(tmp_path, 3, 2).unlink()
+
+    def held():
+        return sorted(p.name for p in folder.glob("*")) if folder.exists() else None
+
+    before = held()
+    seen = ring4_agreement(tmp_path, resume=True)
+    errors = [s for s in seen if isinstance(s, str)]
+    # the end without its file says so; its neighbour, which still has one, sees it is alone
+    assert any("is missing" in e and "not made anew" in e for e in errors), seen
+    assert all("is missing" in e or "at one end of the edge only" in e for e in errors), seen
+    assert held() == before  # nothing written: a new key would not continue the pair's noise
+
+
+def decor_run_dir_config(out_dir, **changes):
+    return small_config(
+        out_dir=str(out_dir),
+        epochs=1,
+        checkpoint_every=1,
+        dp_secret="run_dir",
+        dp_mechanism="decor",
+        dp_decor_sigma_cor=3.0,
+        **changes,
+    )
+
+
+def test_a_changed_pair_key_stops_the_resumed_run_on_every_rank(tmp_path):
+    from conftest import errors_on_every_rank
+    from gossip_powersgd.training.trainer import train
+
+    config = decor_run_dir_config(tmp_path / "run")
+    LocalCluster(topologies.ring(4), timeout=60).run(train, config)
+    key = pair_secrets.pair_key_path(tmp_path / "run", 0, 1)
+    key.write_bytes(bytes(b ^ 1 for b in key.read_bytes()))
+    errors = errors_on_every_rank(config, resume=True)
+    assert len(set(errors)) == 1 and len(errors) >= 2, errors
+    assert "the two ends of edge 0-1 hold different DECOR pair keys" in errors[0]
+
+
+@pytest.mark.mpi
+def test_a_changed_pair_key_is_refused_under_mpiexec(tmp_path):
+    from conftest import run_mpi
+
+    run = tmp_path / "run"
+    args = [
+        "-m",
+        "gossip_powersgd.cli.train",
+        "--config",
+        "experiments/configs/tiny.yaml",
+        "--quiet",
+        "--set",
+        "backend=mpi",
+        "--set",
+        "epochs=1",
+        "--set",
+        "algorithm=exact",
+        "--set",
+        "dp_noise_multiplier=0.5",
+        "--set",
+        "dp_max_grad_norm=1",
+        "--set",
+        "dp_mechanism=decor",
+        "--set",
+        "dp_decor_sigma_cor=3",
+        "--set",
+        "dp_secret=run_dir",
+        "--set",
+        f"out_dir={run}",
+    ]
+    done = run_mpi(4, args, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    key = pair_secrets.pair_key_path(run, 1, 0)
+    key.write_bytes(bytes(b ^ 1 for b in key.read_bytes()))
+    resumed = run_mpi(4, ["-m", "gossip_powersgd.cli.train", "--resume", run], timeout=180)
+    assert resumed.returncode != 0
+    lines = [x for x in resumed.stderr.splitlines() if x.startswith("error (rank")]
+    assert len(lines) == 4, resumed.stderr[-3000:]
+    assert all("the two ends of edge 0-1 hold different DECOR pair keys" in x for x in lines)
+
+
+# ---- Reliability IV: what the printed epsilon means ----------------------------------------------
+
+
+def test_decor_without_independent_noise_is_refused():
+    """SecLDP needs sigma_ind > 0: with none, a peer whose every pair key a neighbour holds adds no
+    noise that neighbour cannot remove, and no epsilon holds."""
+    from gossip_powersgd.privacy.mechanisms import validate_mechanism_config
+
+    config = small_config(dp_mechanism="decor", dp_decor_sigma_cor=3.0, dp_noise_multiplier=0.0)
+    with pytest.raises(ValueError, match=r"dp_mechanism: decor needs dp_noise_multiplier > 0"):
+        validate_mechanism_config(config)
+
+
+def test_muffliato_with_momentum_says_its_epsilon_is_the_local_bound():
+    """Muffliato's network bound models plain SGD at a constant learning rate: with momentum the
+    run's epsilon is DP-SGD's local one (post-processing: valid against every observer), and the
+    summary and a warning line say so, naming the momentum."""
+    from gossip_powersgd.training.evaluation import format_summary
+    from gossip_powersgd.training.trainer import train
+    from gossip_powersgd.utils import RunWarning
+
+    config = small_config(dp_mechanism="muffliato", momentum=0.9, lr=0.1)
+    with pytest.warns(RunWarning, match=r"muffliato.*momentum 0.9.*local DP-SGD bound"):
+        summary = LocalCluster(topologies.ring(4), timeout=60).run(train, config)[0]
+    note = summary["dp_epsilon_note"]
+    assert note.startswith("DP-SGD's local bound, valid against every observer")
+    assert "momentum 0.9" in note
+    assert note in format_summary(summary)
+    plain = LocalCluster(topologies.ring(4), timeout=60).run(
+        train, small_config(dp_mechanism="muffliato")
+    )[0]
+    assert "dp_epsilon_note" in plain and "momentum" not in plain["dp_epsilon_note"]

@@ -367,63 +367,6 @@ def test_empty_batch_after_a_forward_without_backward_is_pure_noise():
     )
 
 
-def test_bench_dp_measures_every_candidate_and_renders_both_ratios():
-    """The bench's pieces on a tiny problem (its full run is minutes): every one-peer candidate,
-    one private ring:8 run through the trainer, and the page from them."""
-    import argparse
-
-    from experiments import bench_dp
-
-    one_peer = {spec: bench_dp.measure_one_peer(spec, reps=1, steps=1) for spec in bench_dp.MODELS}
-    for times in one_peer.values():
-        assert all(len(t["cpu"]) == 1 and t["cpu"][0] > 0 for t in times.values())
-    run = bench_dp._run("exact", "auto", 1, 8, "synthetic_logreg:d=40,classes=10,n=800")
-    assert run["steps"] >= 1 and run["cpu"] > 0
-    e2e = {
-        "times": {
-            (label, engine): {"cpu": [run["cpu"]], "wall": [run["wall"]]}
-            for label, _ in bench_dp.ALGORITHMS
-            for engine in (None, "auto", "hooks")
-        },
-        "steps": run["steps"],
-        "first": run["first"],
-    }
-    big = {
-        spec: bench_dp.measure_one_peer(spec, reps=1, steps=1, batch=48) for spec in bench_dp.MODELS
-    }
-    assert all(len(times) == 1 + len(bench_dp.ENGINES) for times in big.values())
-    args = argparse.Namespace(
-        reps=1, steps=1, e2e_reps=1, e2e_epochs=1, dataset="mnist1d", big_batch=48
-    )
-    parts = {spec: bench_dp.measure_parts(spec, reps=1, steps=1) for spec in bench_dp.MODELS}
-    for part in parts.values():
-        ops = part["operations"]
-        # the clipped sum adds operations to the plain step, the noise more again
-        assert 0 < ops["non-private"] < ops["clipped sum, ghost"] < ops["private step, ghost"]
-    # a ratio is the median of each repetition's own ratio (2, 3, 4), not the ratio of medians (4)
-    assert bench_dp._ratio([2.0, 9.0, 4.0], [1.0, 3.0, 1.0]) == 3.0
-    # each repetition starts one candidate later: every candidate leads once in len(...) reps
-    order = {"a": None, "b": None, "c": None}
-    assert [[n for n, _ in bench_dp._rotated(order, rep)] for rep in range(4)] == [
-        ["a", "b", "c"],
-        ["b", "c", "a"],
-        ["c", "a", "b"],
-        ["a", "b", "c"],
-    ]
-    page = bench_dp.render(args, one_peer, e2e, 1.0, "python -m experiments.bench_dp", big, parts)
-    assert "## (c) Where the ghost engine's extra time goes" in page
-    assert "Batch 48, the same way" in page and "| cnn1d | " in page.split("Batch 48")[1]
-    assert "## (a) One peer, batch 32" in page and "## (b) ring:8, cnn1d, MNIST-1D" in page
-    for row in ("| mlp:128,128 | **", "| cnn1d | **", "| exact gossip |", "| PowerGossip r1 |"):
-        assert row in page
-    assert "clipped sum, ghost" in page and "DP, Opacus hooks" in page and "**1.00×**" in page
-    assert (
-        "**DP training at ≤ 2× the non-private time per step**, ring:8 cnn1d, exact gossip: "
-        "MET (1.00×" in page
-    )  # the same run in every column: ratio 1
-    assert page.count("**The clipped sum at ≤ 1.5× a non-private step**") == 2
-
-
 def test_an_in_place_change_of_a_recorded_output_is_refused_and_vmap_takes_it():
     """The ghost engine retains the gradient of each Linear's output; ReLU(inplace=True) would move
     it to the ReLU's output (a wrong norm), so the changed version is a one-line error, and the

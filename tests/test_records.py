@@ -314,3 +314,317 @@ def test_augmented_cifar_run_is_the_same_under_mpi_and_local(cifar_root, tmp_pat
     summary = local_train(load_config(config, deep=False).replace(quiet=True).to_dict())[0]
     mpi_summary = json.loads((out / "summary.json").read_text())
     assert mpi_summary["model_sha256"] == summary["model_sha256"]  # crops, flips, BN refresh
+
+
+# ---- Reliability IV: what the files hold, not their shapes ------------------------------------------
+
+
+def test_cifar10_digest_covers_every_training_record(tmp_path):
+    """Two folders that differ in one pixel of one training record are different datasets: the
+    digest peers compare (and a checkpoint records) reads the files' bytes, not their shapes."""
+    from gossip_powersgd.training.data import dataset_digest
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    paper_fixtures.write_cifar10(a)
+    folder = paper_fixtures.write_cifar10(b)
+    records = bytearray((folder / "data_batch_4.bin").read_bytes())
+    records[100] ^= 1
+    (folder / "data_batch_4.bin").write_bytes(bytes(records))
+    clear_dataset_cache()
+    first, second = load_dataset(f"cifar10:root={a}"), load_dataset(f"cifar10:root={b}")
+    assert dataset_digest(first) != dataset_digest(second)
+    changed = [f.name for f, g in zip(first.files, second.files) if f.sha256 != g.sha256]
+    assert changed == ["data_batch_4.bin"]
+    clear_dataset_cache()
+
+
+def test_cifar10_training_label_out_of_range_names_its_file(tmp_path):
+    folder = paper_fixtures.write_cifar10(tmp_path)
+    records = paper_fixtures.cifar_records(8, 3)
+    records[5, 0] = 12
+    (folder / "data_batch_3.bin").write_bytes(records.tobytes())
+    clear_dataset_cache()
+    with pytest.raises(
+        ValueError, match=r"data_batch_3.bin has label 12; CIFAR-10 labels are 0..9"
+    ):
+        load_dataset(f"cifar10:root={tmp_path}")
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "device"])
+@pytest.mark.parametrize("dataset", ["cifar10", "wikitext2"])
+def test_a_data_file_that_is_no_regular_file_is_named_as_such(tmp_path, kind, dataset):
+    """A directory, a FIFO or a link to /dev/zero in place of a data file: said what it is (not
+    "does not exist"), and never opened (a FIFO would block for good, /dev/zero never ends)."""
+    if dataset == "cifar10":
+        folder, name = paper_fixtures.write_cifar10(tmp_path), "data_batch_2.bin"
+    else:
+        folder, name = paper_fixtures.write_wikitext2(tmp_path), "wiki.test.tokens"
+    path = folder / name
+    path.unlink()
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    what = {"directory": "a directory", "fifo": r"a FIFO \(named pipe\)", "device": "a device"}[
+        kind
+    ]
+    clear_dataset_cache()
+    with pytest.raises(ValueError, match=f"{name} is {what}, not a regular file") as info:
+        load_dataset(f"{dataset}:root={tmp_path}")
+    assert "\n" not in str(info.value)
+
+
+def test_roots_with_spaces_and_non_ascii_letters_load(tmp_path):
+    root = tmp_path / "my data ünï 数据"
+    paper_fixtures.write_cifar10(root)
+    paper_fixtures.write_wikitext2(root)
+    clear_dataset_cache()
+    assert load_dataset(f"cifar10:root={root}").num_train == 40
+    assert load_dataset(f"wikitext2:root={root},bptt=4").num_train > 0
+    clear_dataset_cache()
+
+
+def test_wikitext2_test_text_outside_the_training_vocabulary_is_refused(tmp_path):
+    """A test text none of whose words the training text has reads as all <unk>: its perplexity
+    would be a number about nothing. Refused, naming the file."""
+    folder = paper_fixtures.write_wikitext2(tmp_path)
+    (folder / "wiki.test.tokens").write_text(" lorem ipsum dolor sit amet \n" * 20)
+    clear_dataset_cache()
+    with pytest.raises(
+        ValueError, match=r"wiki.test.tokens: none of its 100 words is in the training vocabulary"
+    ):
+        load_dataset(f"wikitext2:root={tmp_path},bptt=4")
+    # split=valid reads its own file; the valid text is in the vocabulary
+    assert load_dataset(f"wikitext2:root={tmp_path},bptt=4,split=valid").num_test > 0
+    clear_dataset_cache()
+
+
+@pytest.mark.mpi
+def test_ranks_reading_different_cifar_copies_under_one_spec_are_refused(tmp_path):
+    """`root=~/c` under two homes (mpiexec MPMD): same spec, different files. partition: iid splits
+    one dataset, so the ranks agree on every file's digest first; the file that differs is named
+    on every rank, and nothing trains."""
+    from conftest import SUPPORT, TESTS, mpiexec_path
+
+    homes = [tmp_path / "home-a", tmp_path / "home-b"]
+    for home in homes:
+        paper_fixtures.write_cifar10(home / "c")
+    path = homes[1] / "c" / "cifar-10-batches-bin" / "data_batch_2.bin"
+    data = bytearray(path.read_bytes())
+    data[4000] ^= 1
+    path.write_bytes(bytes(data))
+    program = [
+        sys.executable,
+        "-m",
+        "gossip_powersgd.cli.train",
+        "--config",
+        str(ROOT / "experiments" / "configs" / "tiny.yaml"),
+        "--set",
+        "topology=ring:2",
+        "--set",
+        "backend=mpi",
+        "--set",
+        "dataset=cifar10:root=~/c",
+        "--set",
+        f"out_dir={tmp_path / 'run'}",
+        "--quiet",
+    ]
+    command = [mpiexec_path()]
+    for k, home in enumerate(homes):
+        command += [*([":"] if k else []), "-n", "1", "-env", "HOME", str(home), *program]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{ROOT}:{TESTS}:{SUPPORT}")
+    result = run_bounded(command, 120, "mpiexec MPMD with two homes", env=env, cwd=ROOT)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error (rank")]
+    assert len(lines) == 2, result.stderr[-3000:]
+    for line in lines:
+        assert "dataset file data_batch_2.bin differs across ranks" in line
+        assert "partition 'iid' splits one dataset" in line
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_language_model_summary_names_its_split_and_has_no_label_histogram(tmp_path):
+    """A language model's targets are tokens: no label histogram (not an empty one, 'classes
+    0..-1'), summary.md a well-formed table, and evaluated on split=valid its figures say valid,
+    not test; the perplexity is in the table."""
+    from gossip_powersgd.training.evaluation import format_summary
+
+    paper_fixtures.write_wikitext2(tmp_path / "data")
+    out = tmp_path / "run"
+    (summary, *_) = local_train(
+        dict(
+            topology="ring:2",
+            algorithm="exact",
+            dataset=f"wikitext2:root={tmp_path / 'data'},bptt=6,split=valid",
+            partition="contiguous",
+            model="lstm_lm:layers=1,hidden=8",
+            lr=1.0,
+            batch_size=4,
+            epochs=1,
+            quiet=True,
+            out_dir=str(out),
+        )
+    )
+    assert summary["eval_split"] == "valid"
+    text = format_summary(summary)
+    assert "averaged-model valid accuracy" in text and "valid perplexity" in text
+    assert "test" not in text.replace(str(tmp_path), "")
+    assert "0..-1" not in text and "label histogram" in text
+    markdown = (out / "summary.md").read_text()
+    for block in markdown.split("\n\n"):
+        rows = [line for line in block.splitlines() if line.startswith("|")]
+        assert len({row.count("|") for row in rows}) <= 1, block  # every row has the header's cells
+    assert "| peer |" not in markdown
+    clear_dataset_cache()
+
+
+# ---- Reliability IV: truncated BPTT over a peer's contiguous text ------------------------------------
+
+
+def test_stream_batches_continue_each_row_and_resume():
+    from gossip_powersgd.training.batches import StreamBatches
+
+    x = torch.arange(11)[:, None].repeat(1, 3)  # 11 consecutive windows
+    b = StreamBatches(x, x, batch_size=4)
+    # streams of 3, 3, 3, 2 windows: [0..2], [3..5], [6..8], [9, 10]
+    assert len(b) == 3
+    steps = [xb[:, 0].tolist() for xb, _ in b]
+    assert steps == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8]]
+    assert [xb[:, 0].tolist() for xb, _ in b] == steps  # every pass the same, in text order
+    it = iter(b)
+    next(it)
+    state = b.state_dict()
+    again = StreamBatches(x, x, batch_size=4)
+    again.load_state_dict(state)
+    assert [xb[:, 0].tolist() for xb, _ in again] == steps[1:]
+    assert len(StreamBatches(x[:2], x[:2], batch_size=4)) == 1  # fewer windows than streams
+
+
+def lm_config(root, out_dir=None, **changes):
+    return dict(
+        dict(
+            topology="ring:2",
+            algorithm="exact",
+            dataset=f"wikitext2:root={root},bptt=5",
+            partition="contiguous",
+            model="lstm_lm:layers=2,hidden=8,dropout=0.3",
+            lr=1.0,
+            batch_size=3,
+            epochs=3,
+            quiet=True,
+            out_dir=None if out_dir is None else str(out_dir),
+        ),
+        **changes,
+    )
+
+
+def test_an_lstm_on_contiguous_text_trains_by_truncated_bptt_and_resumes_bit_for_bit(tmp_path):
+    """Each peer's batches are its text as parallel streams and the LSTM carries its state from
+    batch to batch (the run differs from one that resets it); a run interrupted mid-pass resumes
+    bit for bit (the carried state is in the checkpoint); peers draw their own dropout masks."""
+    import topologies
+
+    from gossip_powersgd import LocalCluster
+    from gossip_powersgd.training.config import config_from_dict
+    from gossip_powersgd.training.hooks import HookList
+    from gossip_powersgd.training.setup import build_run
+    from gossip_powersgd.training.trainer import train
+
+    paper_fixtures.write_wikitext2(tmp_path / "data", repeat=7)
+    config = config_from_dict(lm_config(tmp_path / "data", tmp_path / "a"))
+
+    def peer(comm):
+        run = build_run(comm, config.replace(out_dir=None), HookList())
+        return type(run.batches).__name__, run.model.carry_state, run.model.drops[1].rng_state
+
+    built = LocalCluster(topologies.ring(2)).run(peer)
+    assert [b[:2] for b in built] == [("StreamBatches", True)] * 2
+    assert not torch.equal(built[0][2], built[1][2])  # each peer its own masks
+
+    reference = LocalCluster(topologies.ring(2), timeout=60).run(train, config)
+
+    def interrupted(comm):
+        def stop(step):
+            if step == 2 * reference[0]["steps_per_epoch"] - 1:
+                raise KeyboardInterrupt
+
+        try:
+            train(comm, config.replace(out_dir=str(tmp_path / "b")), on_step=stop)
+        except KeyboardInterrupt:
+            return None
+
+    LocalCluster(topologies.ring(2), timeout=60).run(interrupted)
+    resumed = LocalCluster(topologies.ring(2), timeout=60).run(
+        train, config.replace(out_dir=str(tmp_path / "b")), resume=True
+    )
+    assert resumed[0]["model_sha256"] == reference[0]["model_sha256"]
+    shuffled = LocalCluster(topologies.ring(2), timeout=60).run(
+        train, config.replace(out_dir=None, partition="iid")
+    )
+    assert shuffled[0]["model_sha256"] != reference[0]["model_sha256"]
+    clear_dataset_cache()
+
+
+def test_a_stateful_lm_is_evaluated_as_streams_from_a_zero_state():
+    """evaluate_model reads a carrying LSTM's consecutive test windows as EVAL_STREAMS streams:
+    the loss equals, stream by stream, one forward over the stream's windows joined (closed
+    form); the training state is left as it was."""
+    import torch.nn.functional as F
+
+    from gossip_powersgd.training.evaluation import EVAL_STREAMS, evaluate_model
+    from gossip_powersgd.training.models import build_model
+
+    model = build_model("lstm_lm:layers=1,hidden=8,dropout=0", (4,), 30, seed=1)
+    tokens = torch.randint(0, 30, (25 * 4 + 1,))
+    x, y = tokens[:-1].view(25, 4), tokens[1:].view(25, 4)
+    model.carry_state = True
+    model(x[:3])  # a training state to keep
+    kept = model.get_state()
+    _, loss = evaluate_model(model, x, y)
+    assert all(torch.equal(a, b) for a, b in zip(model.get_state(), kept, strict=True))
+    model.carry_state = False
+    total, start = 0.0, 0
+    for k in range(EVAL_STREAMS):  # 25 windows: streams of 3 (5 of them), then 2
+        n = 3 if k < 25 - 2 * EVAL_STREAMS else 2
+        with torch.no_grad():
+            logits = model.eval()(x[start : start + n].reshape(1, -1))
+        total += float(
+            F.cross_entropy(logits[0], y[start : start + n].reshape(-1), reduction="sum")
+        )
+        start += n
+    assert start == 25
+    # float32 LSTM over 12 tokens, summed over 100: a few ulps of a loss ~ 3.4 per token
+    assert loss == pytest.approx(total / 100, rel=1e-5)
+
+
+def test_wikitext2_blank_lines_read_as_the_standard_loaders_read_them(tmp_path):
+    """The stream PyTorch's word-language-model example and torchtext (newline_eos) build, whose
+    token counts are those published with WikiText-2: every line's words, then <eos>; a blank or
+    whitespace-only line is one <eos>; a last line without its line break counts as a line."""
+    folder = paper_fixtures.write_wikitext2(tmp_path)
+    text = " \n = Title = \n\n \t \n the game began \r\n the end"
+    (folder / "wiki.train.tokens").write_text(text, encoding="utf-8")
+    clear_dataset_cache()
+    data = load_dataset(f"wikitext2:root={tmp_path},bptt=1")
+    expected = ["<eos>", "=", "Title", "=", "<eos>", "<eos>", "<eos>"]
+    expected += ["the", "game", "began", "<eos>", "the", "end", "<eos>"]
+    x, y = data.read_train(np.arange(data.num_train))
+    ids = torch.cat([x[:, 0], y[-1:, 0]])
+    vocabulary = ["<unk>"] + list(dict.fromkeys(expected))
+    assert ids.tolist() == [vocabulary.index(w) for w in expected]
+    clear_dataset_cache()
+
+
+@pytest.mark.parametrize("name", ["wiki.train.tokens", "wiki.test.tokens"])
+def test_wikitext2_text_of_blank_lines_only_is_refused(tmp_path, name):
+    """A file of blank lines only (a failed copy, an editor's empty buffer) would be a stream of
+    <eos> alone: the run would learn to predict <eos> and report a perplexity near 1. Refused,
+    naming the file."""
+    folder = paper_fixtures.write_wikitext2(tmp_path)
+    (folder / name).write_text(" \n\n \n" * 40, encoding="utf-8")
+    clear_dataset_cache()
+    with pytest.raises(ValueError, match=f"{name} holds no word, only 120 blank lines"):
+        load_dataset(f"wikitext2:root={tmp_path},bptt=4")
+    clear_dataset_cache()

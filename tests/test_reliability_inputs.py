@@ -130,7 +130,7 @@ def test_a_divergence_under_dp_names_the_noise():
     assert error.endswith(
         "; DP is on and its noise is a likely cause: its std sigma x C / B is 6.25 "
         "on each coordinate of the gradient, 6.25 x the clipping norm C = 1 that "
-        "bounds the whole clipped gradient (B = 32, the expected batch): lower "
+        "bounds the whole clipped gradient (B = 32, the batch size): lower "
         "dp_noise_multiplier (or raise dp_target_epsilon)"
     ), error
 
@@ -313,3 +313,44 @@ def test_a_string_key_takes_the_set_text_as_typed(tmp_path):
         "bad value for 'out_dir': datetime.date(2024, 1, 1) is not a string or "
         "null; quote it in the YAML file: out_dir: '2024-01-01'"
     )
+
+
+# ---- Reliability IV: a full disk at the first checkpoint -------------------------------------------
+
+
+def test_a_full_disk_at_the_first_checkpoint_does_not_advise_resume(tmp_path, monkeypatch):
+    """No rank can resume when the first checkpoint failed: the line says to start again; a full
+    disk at a later checkpoint, once every rank holds an earlier one, says --resume."""
+    out = tmp_path / "run"
+    no_space_for(monkeypatch, ckpt, "rank-1-epoch-1.pt")
+    error = one_error(every_rank(tiny(f"out_dir={out}", "epochs=2")))
+    assert "--resume" not in error
+    assert error.endswith(
+        "no checkpoint is held by every rank yet, so the run cannot be resumed: free space, "
+        f"then start it again (in a new run directory, or after emptying {out})"
+    )
+    monkeypatch.undo()
+    later = tmp_path / "later"
+    no_space_for(monkeypatch, ckpt, "rank-1-epoch-2.pt")
+    error = one_error(every_rank(tiny(f"out_dir={later}", "epochs=2")))
+    assert error.endswith("the previous checkpoints are intact (free space, then --resume)")
+
+
+@pytest.mark.parametrize(
+    "setting, words",
+    [
+        (
+            "out_dir=",
+            "--set out_dir= gives no value: give one (out_dir=DIR), or out_dir=null for its "
+            "default",
+        ),
+        ("out_dir=runs/a\nb", "bad value for 'out_dir': 'runs/a\\nb' (a line break or control"),
+    ],
+)
+def test_an_empty_or_multi_line_out_dir_is_refused(tmp_path, capsys, monkeypatch, setting, words):
+    """`out_dir=` used to become runs/<config name> without a word, and a line break in it a
+    space (YAML folds a multi-line plain scalar)."""
+    monkeypatch.chdir(tmp_path)
+    code, lines = cli(["--config", TINY, "--set", setting], capsys)
+    assert code != 0 and len(lines) == 1 and lines[0].startswith(f"error: {words}"), lines
+    assert not (tmp_path / "runs").exists()

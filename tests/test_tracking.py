@@ -1,7 +1,7 @@
 """Experiment trackers (`loggers:`) and user hooks (`hooks:`) named in the config.
 
 Each tracker's own reader reads back what a real run wrote: TensorBoard's event accumulator, the
-MLflow client on the file store, W&B's offline run files. The values must equal rank 0's metric
+MLflow client on its SQLite store, W&B's offline run files. The values must equal rank 0's metric
 records (the same float64 numbers; TensorBoard stores scalars as float32, so they are compared at
 float32 rounding, a relative 2^-24).
 """
@@ -75,9 +75,7 @@ def test_tensorboard_event_file_holds_the_eval_metrics_and_the_step_losses(tmp_p
     assert final.value == pytest.approx(evals[-1]["test_acc_avg_model"], rel=FLOAT32)
 
 
-def test_mlflow_file_store_holds_the_metrics_and_a_resumed_run_continues_its_run(
-    tmp_path, monkeypatch
-):
+def test_mlflow_store_holds_the_metrics_and_a_resumed_run_continues_its_run(tmp_path):
     from mlflow.tracking import MlflowClient
 
     config = tiny(tmp_path, loggers=[{"mlflow": {"experiment": "tiny"}}], epochs=2, log_every=3)
@@ -85,8 +83,7 @@ def test_mlflow_file_store_holds_the_metrics_and_a_resumed_run_continues_its_run
     with pytest.raises(_Interrupt):  # in epoch 2, after the epoch-1 checkpoint
         run_local(config, on_step=_stop_at(steps_per_epoch + 2))
     run_local(config, resume=True)
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    client = MlflowClient(tracking_uri=(Path(config.out_dir) / "mlruns").resolve().as_uri())
+    client = MlflowClient(tracking_uri=f"sqlite:///{Path(config.out_dir) / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("tiny")
     (run,) = client.search_runs([experiment.experiment_id])  # one run across the resume
     assert run.data.params["topology"] == "ring:4"
@@ -266,3 +263,86 @@ def test_a_tracker_needs_a_place_to_write(tmp_path):
     config = tiny(tmp_path, loggers=["tensorboard"], out_dir=None)
     with pytest.raises(ValueError, match="tensorboard needs a run directory"):
         run_local(config)
+
+
+# ---- Reliability IV: tracker options are the tracker's own, and trackers open at start -------------
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        (
+            {"tensorboard": {"flush_secs_typo": 3}},
+            "loggers: tensorboard has no option 'flush_secs_typo' (did you mean 'flush_secs'?)",
+        ),
+        (
+            {"tensorboard": {"logdir": "x"}},
+            "loggers: tensorboard has no option 'logdir' (did you mean 'log_dir'?)",
+        ),
+        (
+            {"mlflow": {"experimnet": "typo"}},
+            "loggers: mlflow has no option 'experimnet' (did you mean 'experiment'?)",
+        ),
+        (
+            {"wandb": {"projetc": "x"}},
+            "loggers: wandb has no option 'projetc' (did you mean 'project'?)",
+        ),
+        ({"wandb": {"dri": "x"}}, "loggers: wandb has no option 'dri' (did you mean 'dir'?)"),
+        ({"wandb": {"config": {}}}, "loggers: wandb has no option 'config'"),
+    ],
+)
+def test_a_tracker_option_it_does_not_take_is_a_one_line_error(entry, message):
+    with pytest.raises(ValueError) as info:
+        validate_config(TrainConfig(loggers=[entry]), deep=False)
+    assert str(info.value).startswith(message), str(info.value)
+    assert "\n" not in str(info.value) and "its options:" in str(info.value)
+
+
+def test_every_mistake_is_named_in_the_one_line():
+    with pytest.raises(ValueError) as info:
+        validate_config(
+            TrainConfig(loggers=[{"tensorboard": {"logdir": "x", "flushsecs": 1}}]), deep=False
+        )
+    assert "'logdir'" in str(info.value) and "'flushsecs'" in str(info.value)
+
+
+def test_tensorboard_takes_summary_writers_options(tmp_path):
+    logdir = tmp_path / "elsewhere"
+    config = tiny(
+        tmp_path,
+        loggers=[{"tensorboard": {"log_dir": str(logdir), "filename_suffix": ".mine"}}],
+    )
+    run_local(config)
+    assert [p.name.endswith(".mine") for p in logdir.iterdir()] == [True]
+    assert not (Path(config.out_dir) / "tensorboard").exists()
+
+
+def test_a_wandb_dir_it_cannot_write_fails_at_start_not_in_the_temp_folder(tmp_path, monkeypatch):
+    """W&B falls back to the system temp folder when its dir is not writable: refused instead, at
+    set-up (before any step), on every rank, in one line."""
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    steps = []
+    config = tiny(tmp_path, loggers=[{"wandb": {"mode": "offline", "dir": str(blocker / "wandb")}}])
+    with pytest.raises(ValueError) as info:
+        run_local(config, on_step=steps.append)
+    assert steps == []  # at start, not at the first record
+    assert str(info.value).startswith(f"loggers: wandb cannot write to its dir {blocker / 'wandb'}")
+    assert "system temp folder" in str(info.value)
+
+
+def test_mlflow_keeps_its_runs_in_sqlite_and_takes_an_explicit_file_uri(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    config = tiny(tmp_path, loggers=[{"mlflow": {"experiment": "tiny"}}])
+    run_local(config)
+    database = Path(config.out_dir) / "mlflow.db"
+    client = MlflowClient(tracking_uri=f"sqlite:///{database}")
+    (run,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    assert run.data.metrics["eval.test_acc_avg_model"] > 0.25
+    store = (tmp_path / "file-store").resolve().as_uri()
+    explicit = tiny(tmp_path / "b", loggers=[{"mlflow": {"tracking_uri": store}}])
+    run_local(explicit)  # MLflow 3's file store needs an opt-in, which an explicit URI gives
+    assert (tmp_path / "file-store").is_dir()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from gossip_powersgd import LocalCluster
 from gossip_powersgd.algorithms import REGISTRY, register
 from gossip_powersgd.algorithms.base import GossipAlgorithm
 from gossip_powersgd.training.config import TrainConfig, load_config
+from gossip_powersgd.training.hooks import TrainingHooks
 from gossip_powersgd.training.trainer import TIMING_KEYS, train
 
 from conftest import run_mpi
@@ -322,3 +324,57 @@ def test_every_run_records_its_provenance(mpi_run, tmp_path):
     assert load_config(out / "config.yaml").backend == "mpi"
     # a folder that is no checkout of this package (an installed wheel) records no commit
     assert source_checkout(tmp_path) == {"git_commit": None, "git_dirty": None}
+
+
+# ---- Reliability IV: gradient clipping for plain training --------------------------------------
+
+
+class _GradNorms(TrainingHooks):
+    """Each peer's global gradient norm as the optimizer used it (read after its step)."""
+
+    name = "grad_norms"
+
+    def __init__(self):
+        self.seen, self.params = {}, {}  # by peer thread (one instance serves every peer)
+
+    def setup(self, context):
+        self.params[threading.get_ident()] = list(context.model.parameters())
+
+    def after_optimizer_step(self, step):
+        params = self.params[threading.get_ident()]
+        norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
+        self.seen.setdefault(threading.get_ident(), []).append(float(norm))
+
+
+@pytest.mark.parametrize("algorithm", ["exact", "powersgd:rank=1"])
+def test_max_grad_norm_clips_the_gradient_the_optimizer_steps_with(algorithm):
+    """max_grad_norm: c scales each step's gradient (after a gradient averager's all-reduce) to a
+    global norm of at most c, as torch.nn.utils.clip_grad_norm_ does; without it the same run's
+    gradients exceed c (so the bound is the clipping's doing)."""
+    config = CONVERGENCE.replace(algorithm=algorithm, topology="ring:4", epochs=1, lr=0.5)
+    free, clipped = _GradNorms(), _GradNorms()
+    local(config, hooks=[free])
+    local(config.replace(max_grad_norm=0.05), hooks=[clipped])
+    assert max(max(v) for v in free.seen.values()) > 0.5
+    # clip_grad_norm_ scales by c / (norm + 1e-6): float32 rounding of the sum of squares
+    assert all(n <= 0.05 * (1 + 1e-5) for v in clipped.seen.values() for n in v)
+    assert max(max(v) for v in clipped.seen.values()) > 0.049
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        (dict(max_grad_norm=0.0), "bad value for 'max_grad_norm': 0.0 (must be > 0 and finite"),
+        (dict(max_grad_norm=float("inf")), "bad value for 'max_grad_norm': inf"),
+        (
+            dict(max_grad_norm=1.0, dp_noise_multiplier=1.0, dp_max_grad_norm=1.0),
+            "max_grad_norm clips plain training's gradient; under DP each sample's gradient is "
+            "clipped by dp_max_grad_norm",
+        ),
+    ],
+)
+def test_max_grad_norm_bad_values_are_one_line_errors(changes, words):
+    from gossip_powersgd.training.config import validate_config
+
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        validate_config(CONVERGENCE.replace(**changes), deep=False)

@@ -45,6 +45,7 @@ from .schedules import (
     one_peer_exponential,
     product_gap,
 )
+from .repair import Repaired, repair
 from .spec import AnyTopology, parse
 from .topology import MAX_PEERS, Topology, validate_mixing_matrix
 from .weights import SCHEMES, weight_matrix
@@ -53,6 +54,7 @@ __all__ = [
     "AnyTopology",
     "Topology",
     "Schedule",
+    "Repaired",
     "DirectedTopology",
     "DirectedSchedule",
     "MAX_PEERS",
@@ -73,6 +75,7 @@ __all__ = [
     "parse",
     "product_gap",
     "random_regular",
+    "repair",
     "ring",
     "small_world",
     "star",

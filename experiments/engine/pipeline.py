@@ -79,6 +79,9 @@ def sweep(page: Page, out: Path, quick: bool = False, jobs: int = 1) -> List[Pat
     """Make the plan's runs that have no row in OUT/PAGE.jsonl yet, then draw the page."""
     store = rows_file(page, out)
     commit = page_commit()  # the code as it is when the sweep starts
+    if page.serial and jobs > 1:
+        log(f"{page.name} times its runs: one at a time (--jobs {jobs} ignored)")
+        jobs = 1
     with store.locked():
         stored = store.read()
         _mode(stored, store.path, quick)

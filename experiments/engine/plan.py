@@ -52,6 +52,8 @@ class Page:
     render: render(rows: `experiments.engine.Rows`) -> {file name: text or bytes}: the page, its
         CSV/JSON and plots, from the rows alone (no training, no clock, no git: the same rows give
         the same bytes).
+    serial: its rows are timings: the runs are made one at a time whatever --jobs says (two runs
+        at once would share the cores they time).
     """
 
     name: str
@@ -59,6 +61,7 @@ class Page:
     plan: Callable[[bool, Mapping[str, Dict[str, Any]]], List[Run]]
     row: Callable[[Run], Dict[str, Any]]
     render: Callable[[Any], Outputs]
+    serial: bool = False
 
 
 def checked_plan(page: Page, quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:

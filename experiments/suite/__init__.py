@@ -1,13 +1,6 @@
-"""The paper's claims, reproduced by real training runs: one command per result page.
-
-    python -m experiments.suite consensus     # runs/suite/consensus.md (experiments.consensus --report)
-    python -m experiments.suite privacy --quick
-    python -m experiments.suite dynamic --out experiments/results   # the committed page
-
-(The training and γ pages are made by `python -m experiments training|gamma`: the engine.)
-
-Pages are written into experiments/results/ only when `--out experiments/results` says so; by
-default they go under runs/ (git-ignored), so that no run overwrites a committed page by accident.
+"""What the pages that train whole configs share (`python -m experiments PAGE`: the engine):
+`runs` (one training run on every peer, a row's numbers, the recipes `BASE` and `QUICK_BASE`) and
+`tables` (markdown and CSV from the rows, the pages' header line).
 
 Every peer runs as a thread of this one process (`backend: local`, through `gossip_powersgd.run`);
 the MPI transport runs the very same algorithm code and its equality with the local one is tested
@@ -19,11 +12,4 @@ communication = rounds x latency + critical_bytes / bandwidth, from the transpor
 (`CommStats.projected_seconds`: one round per exchange costing its largest message, a ring
 all-reduce 2(n-1) rounds of 1/n of the tensor). Latency 50 us, bandwidth 1 and 10 Gbit/s. Bytes
 always come from the counters, never a formula.
-
-Modules: `runs` (one training run on every peer, a row's numbers, the recipes), `tables` (markdown
-and CSV from the rows), `privacy`, `dynamic` (one page each), `driver` (the CLI).
 """
-
-from .driver import build_parser, main
-
-__all__ = ["build_parser", "main"]

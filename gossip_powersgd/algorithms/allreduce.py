@@ -23,7 +23,7 @@ from ..comm.base import Tensor, ring_allreduce_bytes
 from ..specs import check_seed, parse_bool, parse_seed
 from .base import FlatParams, GossipAlgorithm, NonFiniteError, Option, ParamsLike, load_tensors_
 from .layout import NoMessages
-from .lowrank import MatrixStack, matrix_stacks, orthonormalize_
+from .lowrank import MatrixStack, matrix_stacks, orthonormalize_, warn_if_rank_unreachable
 
 if TYPE_CHECKING:
     from ..comm.base import Comm
@@ -160,6 +160,8 @@ class PowerSGDAllReduce(_Collective):
         self._plain = None  # flat buffer of the plain all-reduce, allocated while it is used
 
         new = lambda *shape: torch.zeros(shape, dtype=self.dtype, device=self.device)  # noqa: E731
+        if comm.rank == 0:
+            warn_if_rank_unreachable("powersgd", self.params, self.rank)
         self._groups = matrix_stacks(
             _ErrorFeedback, self.params, self.rank, self.min_compression_rate
         )

@@ -174,6 +174,12 @@ class GossipAlgorithm:
     #: docstring where the rows come from and which invariant holds.
     supports_edge_noise = False
     edge_noise = None
+    #: Whether peers may leave and join a run of this algorithm (`gossip_powersgd.membership`):
+    #: at a membership change its state is carried over in two parts, this peer's own
+    #: (`node_state`) and what it shares with each neighbour whose edge stays (`edge_state`);
+    #: every other edge starts fresh at both ends. False: `on_peer_loss: continue` and `churn`
+    #: are refused.
+    supports_churn = False
     #: One line for `describe_algorithms()` (the CLI's list).
     summary: Optional[str] = None
     #: Spec key -> `Option` (an empty dict for none).
@@ -252,6 +258,25 @@ class GossipAlgorithm:
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
         self.steps = int(state["steps"])
+
+    # ---- state across a membership change (`supports_churn`) ------------------------------------
+    def node_state(self) -> Dict[str, object]:
+        """This peer's own state, carried to the algorithm of the next membership epoch. Its
+        integers are counters that a joining peer takes from the peers that hand it the state;
+        its tensors (an error memory, a push-sum weight) stay this peer's (a joiner's start
+        fresh)."""
+        return {"steps": self.steps}
+
+    def load_node_state(self, state: Dict[str, object]) -> None:
+        self.steps = int(state["steps"])
+
+    def edge_state(self, neighbor: int) -> Optional[Dict[str, object]]:
+        """The state this peer shares with `neighbor` (the same at both ends), carried when a
+        membership change keeps their edge; None: the edge starts fresh at both ends."""
+        return None
+
+    def load_edge_state(self, neighbor: int, state: Dict[str, object]) -> None:
+        """Load what `edge_state(neighbor)` returned on the previous epoch's algorithm."""
 
     # ---- helpers -----------------------------------------------------------------------------------
     def _exchange(

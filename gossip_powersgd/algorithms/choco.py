@@ -75,6 +75,10 @@ class ChocoGossip(CompressedGossip):
         "e.g. compressor=topk:0.01"
     )
     layout = ChocoIncrements
+    #: A membership change carries each kept edge's two copies x̂_{i→j}, x̂_{j→i} (schedule
+    #: form). The static form keeps only s_i = Σ_j W[i,j] x̂_j, from which no edge's copy can be
+    #: told apart: at the first change every edge's copies start again from zero, at both ends.
+    supports_churn = True
     label = compressed_label("Choco")
     config_name = "Choco"
     example_compressor = "topk:0.01"
@@ -150,6 +154,18 @@ class ChocoGossip(CompressedGossip):
             mix.add_(self.x_hat_out[j][0], alpha=-w)
         for x, update in zip(self.params, self._mix):
             x.add_(update, alpha=self.gamma)
+
+    def edge_state(self, neighbor: int) -> Optional[Dict[str, object]]:
+        if self.comm.is_static:
+            return None
+        return {
+            "x_hat_out": self.x_hat_out[neighbor][0].clone(),
+            "x_hat_in": self.x_hat_in[neighbor].clone(),
+        }
+
+    def load_edge_state(self, neighbor: int, state: Dict[str, object]) -> None:
+        self.x_hat_out[neighbor][0].copy_(state["x_hat_out"])
+        self.x_hat_in[neighbor].copy_(state["x_hat_in"])
 
     def state_buffers(self) -> Dict[str, Tensor]:
         if not self.comm.is_static:

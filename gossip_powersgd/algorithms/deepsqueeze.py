@@ -71,6 +71,8 @@ class DeepSqueeze(CompressedGossip):
         "e.g. compressor=sign"
     )
     layout = DeepSqueezeEstimates
+    #: Nothing per edge; the error memory is this peer's own (a joiner's starts at zero).
+    supports_churn = True
     label = compressed_label("DeepSqueeze")
     config_name = "DeepSqueeze"
     example_compressor = "sign"
@@ -114,6 +116,14 @@ class DeepSqueeze(CompressedGossip):
         mix.add_(self._c_flat, alpha=-out_weight)
         for x, update in zip(self.params, self._mix):
             x.add_(update, alpha=self.gamma)
+
+    def node_state(self) -> Dict[str, object]:
+        return {"steps": self.steps, "error": self.error.clone()}
+
+    def load_node_state(self, state: Dict[str, object]) -> None:
+        self.steps = int(state["steps"])
+        if "error" in state:
+            self.error.copy_(state["error"])
 
     def state_buffers(self) -> Dict[str, Tensor]:
         return {"error": self.error}

@@ -65,6 +65,23 @@ def compressible_matrices(
     return shapes
 
 
+def warn_if_rank_unreachable(who: str, tensors: Sequence[Tensor], rank: int) -> None:
+    """One warning line when `rank` exceeds the smaller side of every matrix among `tensors`: each
+    matrix then takes rank min(rank, rows, cols) (its full rank), and one that is no smaller in
+    low-rank form is sent whole, so the run is what a smaller rank would give at best."""
+    from ..utils import warn
+
+    sides = [
+        min(t.shape[0], t.numel() // t.shape[0]) for t in tensors if t.dim() >= 2 and t.numel()
+    ]
+    if sides and rank > max(sides):
+        warn(
+            f"{who}: rank {rank} exceeds the smaller side of every parameter matrix (at most "
+            f"{max(sides)}): each matrix is approximated at rank min(rank, rows, cols), and one "
+            "that is no smaller that way is sent whole"
+        )
+
+
 @dataclasses.dataclass
 class MatrixStack:
     """The compressed tensors of one matrix shape, worked on as a (batch, rows, cols) stack.

@@ -66,7 +66,7 @@ from .base import (
 )
 from .exact import resolve_gamma
 from .kernels import form_factors_and_update, multiply_into_messages
-from .lowrank import orthonormalize_
+from .lowrank import orthonormalize_, warn_if_rank_unreachable
 from .powergossip_buffers import (  # noqa: F401 (edge_seed: importable from here, as before)
     PowerGossipBuffers,
     _EdgeFactors,
@@ -115,6 +115,9 @@ class PowerGossip(PowerGossipSchedule, PowerGossipBuffers, GossipAlgorithm):
     #: both ends form the factors from the noisy rows: the average is kept exactly, for any noise.
     #: Schedules do not call it (`privacy.mechanisms` refuses them).
     supports_edge_noise = True
+    #: A membership change carries each kept edge's factors, generator and half-step counter
+    #: (`edge_state`); a new edge is seeded from (seed, min(i, j), max(i, j)) of the peer ids.
+    supports_churn = True
     summary = "low-rank compressed gossip (PowerGossip), gamma defaults to the topology's"
     options = {
         "rank": Option("rank", int),
@@ -195,6 +198,8 @@ class PowerGossip(PowerGossipSchedule, PowerGossipBuffers, GossipAlgorithm):
             for j in neighbors
         }
 
+        if me == 0:
+            warn_if_rank_unreachable("powergossip", self.params, self.rank)
         self._groups = self._make_groups()
         self._exact_indices = [k for k in range(len(self.params)) if k not in self._compressed]
         self._exact: Optional[Tensor] = None  # the exactly gossiped tensors, which are views of it
@@ -346,6 +351,29 @@ class PowerGossip(PowerGossipSchedule, PowerGossipBuffers, GossipAlgorithm):
             if self._edge_half_steps is not None:
                 state[f"edge_half_steps.{j}"] = self._edge_half_steps[j]
         return state
+
+    def node_state(self) -> Dict[str, object]:
+        return {"steps": self.steps, "half_steps": self.half_steps}
+
+    def load_node_state(self, state: Dict[str, object]) -> None:
+        self.steps, self.half_steps = int(state["steps"]), int(state["half_steps"])
+
+    def edge_state(self, neighbor: int) -> Dict[str, object]:
+        """The edge's factors (copies), its generator and its half-step counter (on a static
+        topology every edge's is `half_steps`)."""
+        state: Dict[str, object] = {k: t.clone() for k, t in self.factors(neighbor).items()}
+        state["generator"] = self._generators[neighbor].get_state()
+        counters = self._edge_half_steps
+        state["half_steps"] = counters[neighbor] if counters is not None else self.half_steps
+        return state
+
+    def load_edge_state(self, neighbor: int, state: Dict[str, object]) -> None:
+        for key, tensor in self.factors(neighbor).items():
+            tensor.copy_(state[key])
+        self._generators[neighbor].set_state(state["generator"])
+        if self._edge_half_steps is None:
+            raise ValueError("PowerGossip on a static topology keeps no per-edge counters")
+        self._edge_half_steps[neighbor] = int(state["half_steps"])
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
         if int(state["rank"]) != self.rank or int(state["seed"]) != self.seed:

@@ -71,6 +71,9 @@ class PushSum(GossipAlgorithm):
     gamma_source = "none"
     directed = True
     layout = PushSumMessages
+    #: On undirected graphs (directed ones have no repair rule): the weight w_i is this peer's
+    #: own (a joiner's starts at 1); nothing per edge.
+    supports_churn = True
 
     @classmethod
     def label(cls, options) -> str:
@@ -113,6 +116,14 @@ class PushSum(GossipAlgorithm):
         """Bytes of the next `step()`: the model and one weight to each out-neighbour of that step."""
         outs = self.comm.out_neighbors_at(self.steps)
         return len(outs) * self._message.numel() * self._message.element_size()
+
+    def node_state(self) -> Dict[str, object]:
+        return {"steps": self.steps, "weight": self._message[-1:].clone()}
+
+    def load_node_state(self, state: Dict[str, object]) -> None:
+        self.steps = int(state["steps"])
+        if "weight" in state:
+            self._message[-1:].copy_(state["weight"])
 
     def state_dict(self) -> Dict[str, object]:
         return {"steps": self.steps, "weight": self._message[-1:].detach().cpu().clone()}

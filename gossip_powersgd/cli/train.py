@@ -106,12 +106,14 @@ def _mpi_world() -> tuple:
     if not launched_by_mpiexec():
         return 0, 1
     try:
-        from mpi4py import MPI
+        import mpi4py  # noqa: F401 - its absence is the error below
     except ImportError as exc:
         raise ImportError(
             "launched by mpiexec but mpi4py is missing: pip install 'gossip_powersgd[mpi]'"
         ) from exc
-    from gossip_powersgd.comm.mpi import tell_world_at_exit
+    from gossip_powersgd.comm.mpi import _mpi, tell_world_at_exit
+
+    MPI = _mpi()  # initialised with the GIL released, so the liveness monitor runs meanwhile
 
     tell_world_at_exit()  # a rank that exits before its communicator exists still tells the others
     return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
@@ -218,7 +220,7 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
 
     from gossip_powersgd.training.trainer import format_summary, train
 
-    torch.set_num_threads(config.threads)
+    torch.set_num_threads(intra_op_threads(config.threads))
     resume = {None: False, "dir": True, "auto": "auto"}[resume_request(args)[0]]
     topology = _topology(config, module)
     device = "cpu"
@@ -236,11 +238,33 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
         timeout=config.comm_timeout,
         device=device,
     )
-    summary = results[min(results)]  # rank 0's under local, this process's when launched
-    if summary["rank"] == 0:
+    # rank 0's under local (the lowest member's if peers left), this process's when launched
+    members = sorted(r for r, s in results.items() if not s.get("departed")) or sorted(results)
+    summary = results[members[0]]
+    if summary["rank"] == 0 or config.backend == "local":
         print(format_summary(summary))
         print(f"run directory: {config.out_dir}", flush=True)
     return summary
+
+
+def intra_op_threads(requested: int) -> int:
+    """`threads`, at most the CPUs this process may run on (one warning line when clamped: far
+    more threads than CPUs only contend, and 100000 of them crash torch)."""
+    import os
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cpus = os.cpu_count() or 1
+    if requested <= cpus:
+        return requested
+    from gossip_powersgd.utils import warn
+
+    warn(
+        f"threads {requested} exceeds the {cpus} CPUs this process may use: using {cpus} "
+        "(torch intra-op threads)"
+    )
+    return cpus
 
 
 def _topology(config, module: str):

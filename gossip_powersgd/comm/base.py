@@ -135,6 +135,9 @@ class CommStats:
     metric_messages_sent: int = 0
     rounds: int = 0
     critical_bytes: int = 0
+    #: State handed to a peer that joins a run (`comm.membership`): neither training nor metric.
+    transfer_bytes_sent: int = 0
+    transfer_messages_sent: int = 0
 
     def projected_seconds(self, latency: float, bandwidth_bytes_per_second: float) -> float:
         """Communication time of the training traffic under the model above."""
@@ -147,6 +150,7 @@ class CommStats:
         self.bytes_sent = self.messages_sent = 0
         self.metric_bytes_sent = self.metric_messages_sent = 0
         self.rounds = self.critical_bytes = 0
+        self.transfer_bytes_sent = self.transfer_messages_sent = 0
 
 
 def nbytes(tensor: Tensor) -> int:
@@ -422,7 +426,8 @@ class Communicator:
         """
         if op not in REDUCE_OPS:
             raise ValueError(f"unknown reduce op {op!r}; valid: {', '.join(REDUCE_OPS)}")
-        if self.size == 1:
+        members = len(self._ring_members())
+        if members == 1:
             return tensor  # the reduction of one value is itself, for every op
         with self._one_at_a_time("an all-reduce"):
             sent, messages = self._ring_allreduce(tensor, op)
@@ -432,18 +437,25 @@ class Communicator:
         else:
             self.stats.bytes_sent += sent
             self.stats.messages_sent += messages
-            self.stats.rounds += 2 * (self.size - 1)
+            self.stats.rounds += 2 * (members - 1)
             self.stats.critical_bytes += sent
         return tensor
 
+    def _ring_members(self) -> Sequence[int]:
+        """The ranks the collectives run over, in ring order: every rank (a membership's
+        communicator, `comm.membership`, runs them over its live peers only)."""
+        return range(self.size)
+
     def _ring_allreduce(self, tensor: Tensor, op: str) -> Tuple[int, int]:
-        """The ring described in `allreduce_`; returns (bytes sent, messages sent)."""
-        n, r = self.size, self.rank
+        """The ring described in `allreduce_` (over `_ring_members`, positions for ranks);
+        returns (bytes sent, messages sent)."""
+        members = self._ring_members()
+        n, r = len(members), members.index(self.rank)
         work = tensor.detach()
         flat = work.view(-1) if work.is_contiguous() else work.reshape(-1).clone()
         chunks = [flat[start:stop] for start, stop in ring_chunks(flat.numel(), n)]
         incoming = torch.empty(max(c.numel() for c in chunks), dtype=flat.dtype, device=flat.device)
-        right, left = (r + 1) % n, (r - 1) % n
+        right, left = members[(r + 1) % n], members[(r - 1) % n]
         sent = messages = 0
         for phase in ("reduce-scatter", "all-gather"):
             for step in range(n - 1):

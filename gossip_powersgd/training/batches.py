@@ -1,6 +1,7 @@
 """Checkpointable batch iterators: a peer's batch sequence is a pure function of its state.
 
-`Batches` (shuffled mini-batches, the trainer's default) and `privacy.PoissonBatches` (what the DP
+`Batches` (shuffled mini-batches, the trainer's default), `StreamBatches` (a language model's
+contiguous text as parallel streams, for truncated BPTT) and `privacy.PoissonBatches` (what the DP
 accountant assumes) share `ResumableBatches`: iteration to the end of the epoch, and a
 `state_dict()` that resumes the remaining batches bit for bit.
 """
@@ -119,3 +120,71 @@ class Batches(ResumableBatches):
     def _epoch_indices(self, epoch: int) -> Callable[[int], torch.Tensor]:
         order = self._permutation(epoch)
         return lambda position: order[position * self.batch_size : (position + 1) * self.batch_size]
+
+
+class StreamBatches(ResumableBatches):
+    """A peer's contiguous text as `batch_size` parallel streams, for truncated BPTT.
+
+    ``x`` holds consecutive windows of one text (a `contiguous` shard of a language-model dataset,
+    records in text order). They are cut into ``min(batch_size, len(x))`` streams of consecutive
+    windows, lengths differing by at most one (the longer ones first), and step t of a pass takes
+    window t of every stream that still runs: row k of each batch continues row k of the one
+    before, as in PyTorch's word-language-model example (which drops the remainder; here the last
+    step takes the longer streams only). Nothing is shuffled. `carrier` (the model, with
+    ``reset_state``, ``get_state``, ``set_state``) starts from a zero state at every pass and its
+    carried state is part of `state_dict`, so a resumed run continues bit for bit.
+    """
+
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        batch_size: int,
+        seed: int = 0,
+        rank: int = 0,
+        carrier=None,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        super().__init__(x, y, seed, rank, "cannot batch an empty dataset")
+        self.batch_size = int(batch_size)
+        self.streams = min(self.batch_size, len(x))
+        shortest, longer = divmod(len(x), self.streams)
+        lengths = [shortest + 1] * longer + [shortest] * (self.streams - longer)
+        self.lengths = torch.tensor(lengths)
+        self.starts = torch.cumsum(torch.tensor([0] + lengths[:-1]), 0)
+        self.carrier = carrier
+
+    def __len__(self) -> int:
+        return int(self.lengths[0])
+
+    def _epoch_indices(self, epoch: int) -> Callable[[int], torch.Tensor]:
+        def at(position: int) -> torch.Tensor:
+            running = self.lengths > position
+            return (self.starts[running] + position).to(self.x.device)
+
+        return at
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.position == 0 and self.carrier is not None:
+            self.carrier.reset_state()  # a new pass: every stream starts again
+        yield from super().__iter__()
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self.carrier is not None:
+            state["hidden"] = self.carrier.get_state()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self.carrier is not None:
+            self.carrier.set_state(state.get("hidden", []))
+
+
+def stream_rows(n: int, streams: int, device=None) -> Iterator[torch.Tensor]:
+    """The rows of each step when `n` consecutive windows are read as `streams` parallel streams,
+    laid out as `StreamBatches` lays out a shard (what evaluation reads a test text with)."""
+    layout = StreamBatches(torch.zeros(n, 1), torch.zeros(n), streams)
+    at = layout._epoch_indices(0)
+    return (at(t).to(device) for t in range(len(layout)))

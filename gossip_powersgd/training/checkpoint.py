@@ -10,14 +10,22 @@ sees either the old file or the complete new one.
 File layout (only tensors and primitive containers, so `weights_only=True` loads it)::
 
     {"header":  {"format", "rank", "world_size", "topology", "topology_fingerprint",
-                 "config_hash", "config", "epoch", "step"},
+                 "config_hash", "config", "epoch", "step", "data"},
      "sha256":  hex digest of the payload bytes,
      "payload": uint8 tensor: torch.save of the state (model, optimizer, algorithm, RNG states,
                 data iterator position, comm stats, timers, metric history, hooks' state;
                 the trainer's `RunState` decides its keys)}
 
+A checkpoint is its peer's own: it holds the peer's model and metric history (its training loss,
+under private statistics) and, under differential privacy, its accountant's history (its sampling
+rate, so its shard size) and, with `dp_secret: run_dir`, the key its noise is drawn from
+(`privacy.seeds`; DECOR's pair keys stay in the peer's secrets folder): whoever reads it can
+remove that peer's noise. Share a run directory, or a checkpoint, only as far as you would share
+the peer's data.
+
 The digest catches corruption that a zip reader would not; the header is checked against the
-resuming run (world size, topology, config) before the state is used. Every problem is a one-line
+resuming run (world size, topology, config, and the sha256 of each data file this peer read, so
+that data changed under the same spec is refused naming the file) before the state is used. Every problem is a one-line
 `ValueError` naming the file.
 
 The run directory: one run at a time holds it (`take_run_lock`: RUN_DIR/.lock names the holder's
@@ -174,6 +182,7 @@ def make_header(
     config_json: str,
     epoch: int,
     step: int,
+    data: Optional[Dict[str, str]] = None,
 ) -> Dict[str, Any]:
     return {
         "format": FORMAT,
@@ -185,11 +194,12 @@ def make_header(
         "config": config_json,
         "epoch": int(epoch),
         "step": int(step),
+        "data": dict(data or {}),
     }
 
 
-def save_checkpoint(run_dir, header: Dict[str, Any], state: Dict[str, Any]) -> Path:
-    """Write this rank's checkpoint for `header['epoch']` atomically; keep the newest `KEEP`."""
+def encode_record(header: Dict[str, Any], state: Dict[str, Any]) -> bytes:
+    """The bytes of a checkpoint file: `header`, the payload's digest and the payload (`state`)."""
     state = _to_cpu(state)
     _check_safe(state, "state")
     buffer = io.BytesIO()
@@ -202,9 +212,14 @@ def save_checkpoint(run_dir, header: Dict[str, Any], state: Dict[str, Any]) -> P
     }
     out = io.BytesIO()
     torch.save(record, out)
+    return out.getvalue()
+
+
+def save_checkpoint(run_dir, header: Dict[str, Any], state: Dict[str, Any]) -> Path:
+    """Write this rank's checkpoint for `header['epoch']` atomically; keep the newest `KEEP`."""
     rank, epoch = header["rank"], header["epoch"]
     path = checkpoint_path(run_dir, rank, epoch)
-    atomic_write(path, out.getvalue())
+    atomic_write(path, encode_record(header, state))
     for old in available_epochs(run_dir, rank)[:-KEEP]:
         try:
             checkpoint_path(run_dir, rank, old).unlink()
@@ -311,8 +326,10 @@ def check_header(
     topology_spec: str,
     config_hash: str,
     config_json: str,
+    data: Optional[Dict[str, str]] = None,
 ) -> None:
-    """Raise a ValueError naming `path` and what differs from the resuming run."""
+    """Raise a ValueError naming `path` and what differs from the resuming run (`data`: the
+    `data.content_digests` of this peer's data, which the header's must match)."""
     if header.get("world_size") != world_size:
         raise ValueError(
             f"checkpoint {path} was written by a run of {header.get('world_size')} peers; "
@@ -330,6 +347,20 @@ def check_header(
             f"checkpoint {path} was written with another config: "
             f"{describe_config_diff(header.get('config', '{}'), config_json)}"
         )
+    _check_same_data(path, header.get("data") or {}, data or {})
+
+
+def _check_same_data(path, saved: Dict[str, str], current: Dict[str, str]) -> None:
+    """The data the checkpoint was written with is the data read now (same spec, same bytes)."""
+    for name, digest in sorted(saved.items()):
+        now = current.get(name)
+        if now != digest:
+            state = "is gone" if now is None else "has changed since the checkpoint"
+            raise ValueError(
+                f"checkpoint {path} was written with other data: {name} {state} (sha256 "
+                f"{str(digest)[:12]}... then, {str(now)[:12] + '...' if now else 'none'} now); "
+                "resume with the data the run was started with, or start a new run"
+            )
 
 
 def describe_config_diff(saved_json: str, current_json: str) -> str:

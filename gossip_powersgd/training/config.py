@@ -84,6 +84,11 @@ class _CoreConfig:
     milestones: List[float] = dataclasses.field(default_factory=list)
     #: `step` schedule: the factor applied at each milestone, in (0, 1].
     decay: float = 0.1
+    #: Gradient clipping for plain (non-DP) training: each step's gradient is scaled to a global
+    #: norm of at most this (torch.nn.utils.clip_grad_norm_), after a gradient averager's
+    #: all-reduce, before the optimizer step (an LSTM's usual 0.25); null = none. Under DP each
+    #: sample's gradient is clipped by dp_max_grad_norm instead.
+    max_grad_norm: Optional[float] = None
     #: Mini-batch size of each peer.
     batch_size: int = 32
     #: Local steps H: the algorithm communicates once every H optimizer steps, after steps H, 2H,
@@ -121,7 +126,7 @@ class _CoreConfig:
     #: Device of the models: cpu | cuda | cuda:K | auto (cuda:rank%count when a GPU is present).
     device: str = "cpu"
     #: DP runs and partition: local: gather every peer's shard size, label histogram and training
-    #: loss into the summary, logs and progress line, and report epsilon under replace-one too.
+    #: loss into the summary, logs and progress line; epsilon is then replace-one's (sizes public).
     #: Off (default): these functions of a peer's private data stay in that peer's own files.
     release_peer_statistics: bool = False
     #: partition: local: the total number of training samples of all peers, declared public; an
@@ -413,14 +418,23 @@ def parse_override(text: str) -> tuple:
         key = _nested_key(section, name, " in --set")
     if key not in valid_keys():
         raise _unknown_keys_error([key], " in --set")
+    text_key = _kind(key) in ("str", "Optional[str]")
+    if text_key and not value.strip():
+        # out_dir= would otherwise become None, i.e. the default run directory, without a word
+        raise ValueError(
+            f"--set {key}= gives no value: give one ({key}=DIR), or {key}=null for its default"
+            if key == "out_dir"
+            else f"--set {key}= gives no value: give one, or {key}=null for its default"
+        )
     parsed = strict_yaml_load(value, f"--set {key}={value}") if value.strip() else None
     if (
-        parsed is not None
-        and not isinstance(parsed, (str, list, dict))
-        and _kind(key) in ("str", "Optional[str]")
+        text_key
+        and parsed is not None
+        and (not isinstance(parsed, (str, list, dict)) or "\n" in value)
     ):
         # A string key takes the text as typed: --set out_dir=2024-01-01 is a directory, not a
-        # date (YAML reads dates, numbers and yes/no as such); null still means None.
+        # date (YAML reads dates, numbers and yes/no as such), and a line break stays one (YAML
+        # folds it into a space; validation then names it); null still means None.
         parsed = value.strip()
     return key, parsed
 

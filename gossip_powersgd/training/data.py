@@ -79,6 +79,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Dataset",
     "dataset_digest",
+    "content_digests",
     "load_dataset",
     "clear_dataset_cache",
     "partition",
@@ -522,6 +523,17 @@ def dataset_digest(dataset: Dataset, parts: Sequence[str] = ("train", "test")) -
             h.update(f"{kind}_{part}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
             h.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
+
+
+def content_digests(dataset) -> dict[str, str]:
+    """{what: sha256} of the data this peer trains and evaluates on, which its checkpoints record
+    so that a resumed run refuses changed data naming it: each file of a file dataset (by path),
+    else the in-memory arrays as a whole (named by the spec). Computed once, where the data is read.
+    """
+    files = getattr(dataset, "files", ())
+    if files:
+        return {f.path: f.sha256 for f in files}
+    return {f"the data of dataset spec {dataset.name!r}": dataset_digest(dataset)}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -14,7 +14,11 @@ Under differential privacy and under `partition: local`
 a peer's training loss and label histogram are functions of its private data outside the DP
 mechanism, so they are not all-reduced; each record keeps this peer's own `train_loss_local` (in
 its own metrics file), and `peer_report` is what the peer writes to its own
-`RUN_DIR/peers/rank-K.json`.
+`RUN_DIR/peers/rank-K.json`. Under `partition: local` with its own test set, each peer's test accuracy
+is on its own data: with private statistics nothing computed on a test set is all-reduced, and
+the records hold this peer's own figures only. `shareable` is what of a record may leave its peer (trackers,
+rank 0's progress line): with private statistics, none of its own keys (`own_key`: ``*_local``,
+its epsilon).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..metrics import consensus_distance, mean_active_degree
+from .batches import stream_rows
 from .batchnorm import refresh_batch_norm
 from .features import eval_text, summary_rows
 
@@ -65,17 +70,36 @@ def flat_logits(logits: torch.Tensor, target: torch.Tensor):
 
 def evaluate_model(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1024):
     """(accuracy, mean cross-entropy) of `model` on (x, y), in eval mode, without gradients; with
-    a target per token (a language model) both are per token (perplexity = exp(cross-entropy))."""
+    a target per token (a language model) both are per token (perplexity = exp(cross-entropy)).
+    A model that carries its hidden state across batches (`zoo.LSTMLanguageModel.carry_state`,
+    trained by truncated BPTT) reads the test windows, which are consecutive, as `EVAL_STREAMS`
+    parallel streams from a zero state, as it was trained; its training state is kept aside."""
     was_training = model.training
     model.eval()
     correct, loss_sum = 0, 0.0
+    streaming = getattr(model, "carry_state", False)
+    if streaming:
+        kept = model.get_state()
+        model.reset_state()
     with torch.no_grad():
-        for start in range(0, len(y), batch):
-            out, target = flat_logits(model(x[start : start + batch]), y[start : start + batch])
+        steps = stream_rows(len(y), EVAL_STREAMS, x.device) if streaming else _chunks(len(y), batch)
+        for rows in steps:
+            out, target = flat_logits(model(x[rows]), y[rows])
             loss_sum += float(F.cross_entropy(out, target, reduction="sum"))
             correct += int((out.argmax(dim=1) == target).sum())
+    if streaming:
+        model.set_state(kept)
     model.train(was_training)
     return correct / max(1, y.numel()), loss_sum / max(1, y.numel())
+
+
+#: How many parallel streams a stateful language model is evaluated with (PyTorch's word-language-
+#: model example evaluates with 10).
+EVAL_STREAMS = 10
+
+
+def _chunks(n: int, batch: int):
+    return (slice(start, start + batch) for start in range(0, n, batch))
 
 
 def average_state_into(model: torch.nn.Module, target: torch.nn.Module, comm: Comm) -> None:
@@ -119,6 +143,19 @@ class RecordLog:
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
+
+
+def own_key(key: str) -> bool:
+    """Whether a record's `key` holds this peer's own figure (its training loss, its accuracy and
+    loss, its epsilon), as opposed to a value over all peers or a public one."""
+    return key.endswith("_local") or key in ("epsilon", "epsilon_bound")
+
+
+def shareable(record: Dict[str, Any], private: bool) -> Dict[str, Any]:
+    """`record` without this peer's own figures when the peers' statistics are `private`."""
+    if not private:
+        return record
+    return {k: v for k, v in record.items() if not own_key(k)}
 
 
 def traffic_means(comm: Comm) -> torch.Tensor:
@@ -176,36 +213,86 @@ def eval_record(
     timers: Callable[[], Dict[str, float]],
     pooled: bool = False,
     private: bool = False,
+    own_test: bool = False,
     bn_inputs: Optional[Callable[[], Iterable[torch.Tensor]]] = None,
 ) -> Dict[str, Any]:
     """The `kind: "eval"` record after `epoch` (collective).
 
     `averaged` is a scratch copy of the model's architecture: it is overwritten with the peers'
     average and evaluated. `train_loss_local` is this peer's mean training loss since the previous
-    evaluation. `pooled` (partition: local, where each peer holds its own test set): the mean
-    local and the averaged-model accuracy and loss are over all peers' test samples together,
-    combined from each peer's counts, so no test sample leaves its peer. `private`: the training
-    loss is not all-reduced (the record has this peer's `train_loss_local` only). `bn_inputs`:
-    this peer's batches for `refresh_batch_norm` of the averaged model (None: the averaged model
-    keeps the peers' mean BatchNorm statistics, as under DP, where a peer's batch statistics
-    would leave it outside the mechanism).
+    evaluation. `pooled` (partition: local): the mean local and the averaged-model accuracy and
+    loss are over all peers' test samples together, combined from each peer's counts, so no test
+    sample leaves its peer. `private`: the training loss is not all-reduced (the record has this
+    peer's `train_loss_local` only); with `own_test` too (each peer's test set is its own data)
+    nothing computed on a test set is all-reduced either (an all-reduce hands a peer's value to
+    the peers that sum it first): the record has this peer's own figures only (``*_local``).
+    `bn_inputs`: this peer's batches for `refresh_batch_norm` of the averaged model (None: the
+    averaged model keeps the peers' mean BatchNorm statistics, as under DP, where a peer's batch
+    statistics would leave it outside the mechanism).
     """
+    average_state_into(model, averaged, comm)
+    if bn_inputs is not None:
+        refresh_batch_norm(averaged, bn_inputs(), comm)
+    if private and own_test:
+        figures = _own_test_figures(model, averaged, x_test, y_test)
+    else:
+        figures = _test_figures(
+            comm, model, averaged, x_test, y_test, pooled, private, train_loss_local
+        )
+    distance = consensus_distance(model.parameters(), comm)
+    traffic = traffic_means(comm)
+    return {
+        "kind": "eval",
+        "epoch": epoch,
+        "step": step,
+        "lr": lr,
+        **figures,
+        "train_loss_local": train_loss_local,
+        "consensus_distance": distance,
+        "bytes_sent": comm.stats.bytes_sent,
+        "messages_sent": comm.stats.messages_sent,
+        "mb_sent_per_peer": float(traffic[0]) / 1e6,
+        "messages_sent_per_peer": float(traffic[1]),
+        "metric_bytes_sent": comm.stats.metric_bytes_sent,
+        **timers(),
+        "model_sha256": model_digest(model),
+    }
+
+
+def _own_test_figures(model, averaged, x_test, y_test) -> Dict[str, Any]:
+    """This peer's model's and the averaged model's accuracy and loss on its own test set."""
+    acc, loss = evaluate_model(model, x_test, y_test)
+    avg_acc, avg_loss = evaluate_model(averaged, x_test, y_test)
+    figures = {
+        "test_acc_avg_model_local": avg_acc,
+        "test_loss_avg_model_local": avg_loss,
+        "test_acc_local": acc,
+        "test_loss_local": loss,
+    }
+    if y_test.ndim > 1:  # a target per token: perplexity, exp(per-token cross-entropy), too
+        figures.update(
+            test_perplexity_avg_model_local=_perplexity(avg_loss),
+            test_perplexity_local=_perplexity(loss),
+        )
+    return figures
+
+
+def _test_figures(
+    comm: Comm, model, averaged, x_test, y_test, pooled: bool, private: bool, train_loss: float
+) -> Dict[str, Any]:
+    """The test figures over all peers (collective): means (pooled under `partition: local`),
+    min and max, the averaged model's, and the mean training loss unless `private`."""
     acc, loss = evaluate_model(model, x_test, y_test)
     local = torch.tensor([acc, loss], dtype=torch.float64)
-    shared = [acc, loss] if private else [acc, loss, train_loss_local]
+    shared = [acc, loss] if private else [acc, loss, train_loss]
     means = comm.allreduce_(torch.tensor(shared, dtype=torch.float64), op="mean", metric=True)
     if pooled:
         means[:2] = pooled_means(comm, [acc, loss], len(y_test))
     lows = comm.allreduce_(local.clone(), op="min", metric=True)
     highs = comm.allreduce_(local.clone(), op="max", metric=True)
-    average_state_into(model, averaged, comm)
-    if bn_inputs is not None:
-        refresh_batch_norm(averaged, bn_inputs(), comm)
     avg_acc, avg_loss = evaluate_model(averaged, x_test, y_test)
     if pooled:
         avg_acc, avg_loss = (float(v) for v in pooled_means(comm, [avg_acc, avg_loss], len(y_test)))
-    distance = consensus_distance(model.parameters(), comm)
-    traffic = traffic_means(comm)
     losses = {} if private else {"train_loss": float(means[2])}
     if y_test.ndim > 1:  # a target per token: perplexity, exp(per-token cross-entropy), too
         losses.update(
@@ -214,12 +301,7 @@ def eval_record(
             test_perplexity_mean=_perplexity(float(means[1])),
         )  # of the mean loss
     return {
-        "kind": "eval",
-        "epoch": epoch,
-        "step": step,
-        "lr": lr,
         **losses,
-        "train_loss_local": train_loss_local,
         "test_acc_avg_model": avg_acc,
         "test_loss_avg_model": avg_loss,
         "test_acc_mean": float(means[0]),
@@ -230,14 +312,6 @@ def eval_record(
         "test_loss_max": float(highs[1]),
         "test_acc_local": acc,
         "test_loss_local": loss,
-        "consensus_distance": distance,
-        "bytes_sent": comm.stats.bytes_sent,
-        "messages_sent": comm.stats.messages_sent,
-        "mb_sent_per_peer": float(traffic[0]) / 1e6,
-        "messages_sent_per_peer": float(traffic[1]),
-        "metric_bytes_sent": comm.stats.metric_bytes_sent,
-        **timers(),
-        "model_sha256": model_digest(model),
     }
 
 
@@ -264,12 +338,18 @@ def eval_line(record: Dict[str, Any], epochs: int) -> str:
     loss = f"  train loss {r['train_loss']:.4f}" if "train_loss" in r else ""
     if "test_perplexity_avg_model" in r:
         loss += f"  avg-model perplexity {r['test_perplexity_avg_model']:.4g}"
+    if "test_acc_mean" in r:
+        accuracy = (
+            f"avg-model acc {100 * r['test_acc_avg_model']:.2f}%  local acc "
+            f"{100 * r['test_acc_mean']:.2f}% [{100 * r['test_acc_min']:.2f}, "
+            f"{100 * r['test_acc_max']:.2f}]"
+        )
+    else:  # each peer's test set is its own private data: nothing of it to show
+        accuracy = "test accuracy private (each peer's own test set)"
     return (
-        f"epoch {r['epoch']}/{epochs}{loss}  "
-        f"avg-model acc {100 * r['test_acc_avg_model']:.2f}%  local acc "
-        f"{100 * r['test_acc_mean']:.2f}% [{100 * r['test_acc_min']:.2f}, "
-        f"{100 * r['test_acc_max']:.2f}]  consensus {r['consensus_distance']:.3g}  "
-        f"{r['mb_sent_per_peer']:.3g} MB/peer" + eval_text(r)
+        f"epoch {r['epoch']}/{epochs}{loss}  {accuracy}  "
+        f"consensus {r['consensus_distance']:.3g}  {r['mb_sent_per_peer']:.3g} MB/peer"
+        + eval_text(r)
     )
 
 
@@ -294,8 +374,12 @@ def run_summary(
     steps_per_epoch,
     timers,
     private: bool = False,
+    eval_split: str = "test",
 ) -> Dict[str, Any]:
     """What `summary.json` holds (collective; the same dict on every peer).
+
+    `eval_split` names the data the figures were evaluated on ("test", or "valid" for
+    `wikitext2:split=valid`): the `*_test_*` keys hold that split's figures, and the table says so.
 
     The final metrics are the last eval record's; traffic and timers are means over peers, the wall
     time the slowest peer's; `model_sha256` lists every peer's model digest in rank order.
@@ -353,6 +437,12 @@ def run_summary(
         "final_test_acc_local_mean": final.get("test_acc_mean"),
         "final_test_acc_local_min": final.get("test_acc_min"),
         "final_test_acc_local_max": final.get("test_acc_max"),
+        "eval_split": eval_split,
+        **(
+            {"final_test_perplexity_avg_model": final["test_perplexity_avg_model"]}
+            if "test_perplexity_avg_model" in final
+            else {}
+        ),
         "final_train_loss": final.get("train_loss"),
         "final_consensus_distance": final.get("consensus_distance"),
         "mb_sent_per_peer": sent / 1e6,
@@ -388,6 +478,8 @@ def _fmt(value, pct: bool = False) -> str:
 
 def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
     """The summary as a table (markdown for summary.md, aligned text for the terminal)."""
+    split = summary.get("eval_split", "test")
+    perplexity = summary.get("final_test_perplexity_avg_model")
     rows = [
         ("algorithm", summary["algorithm"]),
         ("topology", f"{summary['topology']} ({summary['peers']} peers)"),
@@ -397,9 +489,14 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
             f"{summary['parameters']} parameters",
         ),
         ("epochs / steps", f"{summary['epochs_done']} / {summary['steps']}"),
-        ("averaged-model test accuracy", _fmt(summary["final_test_acc_avg_model"], pct=True)),
+        (f"averaged-model {split} accuracy", _fmt(summary["final_test_acc_avg_model"], pct=True)),
+        *(
+            [(f"averaged-model {split} perplexity", _fmt(perplexity))]
+            if perplexity is not None
+            else []
+        ),
         (
-            "local test accuracy mean [min, max]",
+            f"local {split} accuracy mean [min, max]",
             f"{_fmt(summary['final_test_acc_local_mean'], True)} "
             f"[{_fmt(summary['final_test_acc_local_min'], True)}, "
             f"{_fmt(summary['final_test_acc_local_max'], True)}]",
@@ -431,8 +528,14 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
     ]
     rows += summary_rows(summary)  # each feature's (differential privacy, observers, ...)
     hist = summary.get("label_histogram")
-    if hist is None:  # private peer statistics: nothing of any peer's own data to show
+    if hist is not None and not any(
+        hist
+    ):  # a target per token: a histogram would be vocabulary-wide
+        rows.append(("label histogram", "none (a language model's targets are tokens)"))
+        hist = None
+    elif hist is None:  # private peer statistics: nothing of any peer's own data to show
         rows.append(("peer statistics", summary.get("peer_statistics", "n/a")))
+    if hist is None:
         if markdown:
             return (
                 "\n".join(
@@ -487,6 +590,8 @@ __all__ = [
     "model_digest",
     "peer_report",
     "pooled_means",
+    "own_key",
     "run_summary",
+    "shareable",
     "traffic_means",
 ]

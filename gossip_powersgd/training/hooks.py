@@ -55,6 +55,9 @@ class SetupContext:
     #: under `partition: local` the declared `public_train_size` (the all-reduced sum when
     #: `release_peer_statistics`). Never a peer's own shard size.
     train_size: Optional[int] = None
+    #: Whether the run resumes from a checkpoint (loaded after every hook's `setup`): a hook whose
+    #: set-up keeps state outside the checkpoint (DECOR's stored pair keys) checks it is all there.
+    resuming: bool = False
 
 
 class TrainingHooks:

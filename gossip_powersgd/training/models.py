@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -57,7 +57,7 @@ from ..specs import (
     unknown_name,
     user_code,
 )
-from ..utils import one_line
+from ..utils import available_memory, one_line
 from .zoo import LSTMLanguageModel, ResNet20, VGG16, init_zoo_module
 
 __all__ = [
@@ -246,6 +246,24 @@ _BUILDERS = {
 }
 
 
+def _check_fits_in_memory(spec: str, model: nn.Module) -> None:
+    """Refuse, before anything is allocated, a model (still on the meta device) whose parameters
+    alone exceed the memory this machine has free: it would fail as an allocation error deep in
+    torch (training needs several times this: gradients, optimizer state, gossip buffers)."""
+    count = count_parameters(model)
+    size = sum(
+        p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values()
+    )
+    size += sum(b.numel() * b.element_size() for b in model.buffers())
+    free = available_memory()
+    if free is not None and size > free:
+        raise ValueError(
+            f"model spec {spec!r} has {count:,} parameters ({size / 1e9:.4g} GB), more than the "
+            f"{free / 1e9:.4g} GB of memory this machine has free: it would run out of memory "
+            "before the first step; use a smaller model"
+        )
+
+
 def _materialize(module: nn.Module) -> None:
     """Give every meta-device parameter real (uninitialised) CPU storage, in place.
 
@@ -406,12 +424,19 @@ def has_batch_norm(model: nn.Module) -> bool:
 
 
 def check_single_sample_batch(
-    model: nn.Module, spec: str, x_one: torch.Tensor, *, rank: int, shard_size: int, batch_size: int
+    model: nn.Module,
+    spec: str,
+    x_one: torch.Tensor,
+    *,
+    rank: int,
+    shard_size: Optional[int],
+    batch_size: int,
 ) -> None:
     """The last batch of this peer's shard holds one sample (`x_one`): check `model` trains on it.
 
     A copy of the model takes the forward pass in training mode, so the model itself is untouched.
     BatchNorm over a single value per channel fails there; the error says how to avoid the batch.
+    `shard_size` None: the size is private (the error reaches every peer) and is not named.
     """
     import copy
 
@@ -424,8 +449,10 @@ def check_single_sample_batch(
     except Exception as exc:  # noqa: BLE001
         raise ValueError(
             f"model {spec!r} cannot train on a batch of 1 sample ({one_line(exc, limit=300)}), "
-            f"and rank {rank}'s shard of {shard_size} samples ends in one at "
-            f"batch_size {batch_size}; change batch_size (e.g. to {batch_size + 1}) "
+            f"and rank {rank}'s shard"
+            + (" (its size private)" if shard_size is None else f" of {shard_size} samples")
+            + f" ends in one at batch_size {batch_size}; change batch_size (e.g. to "
+            f"{batch_size + 1}) "
             "or drop a training sample so that the last batch is not a single "
             "sample"
         ) from None
@@ -452,6 +479,7 @@ def build_model(
     builder = _BUILDERS.get(parsed.name)
     if builder is not None:
         model = builder(spec, parsed, input_shape, num_classes, "meta")
+        _check_fits_in_memory(spec, model)
         _materialize(model)
         _init_parameters(model, torch.Generator(device="cpu").manual_seed(int(seed)))
         return model

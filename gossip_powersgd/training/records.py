@@ -22,6 +22,11 @@ Built in, from files on disk (nothing is ever downloaded)::
                                  the consecutive bptt-token windows, the target of each token the
                                  next token; evaluation on split=test (or split=valid)
 
+Each file read is a `DataFile` with the sha256 of its bytes (computed once, as it is loaded):
+peers that split one dataset agree on every file's digest, naming a file that differs, and each
+checkpoint records them, so that a run resumed on changed files is refused naming the file. A data
+file must be a regular file (a directory, a FIFO or a device is named as such, never opened).
+
 A bring-your-own dataset function may return ``(train, test)``, two map-style torch Datasets
 (``len`` and ``[i] -> (x, y)``), instead of four arrays: a peer calls ``train[i]`` for the
 indices of its own shard only (once, at start-up). Non-IID partitions need the labels of every
@@ -32,13 +37,17 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
+from ..utils import require_regular_file
+
 __all__ = [
+    "DataFile",
     "RecordDataset",
     "cifar10",
     "wikitext2",
@@ -62,6 +71,37 @@ _WIKITEXT_ARCHIVE = (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class DataFile:
+    """One file a dataset was read from: `name` is the same on every peer (the file's name in its
+    folder), `path` where this peer read it, `sha256` the digest of its bytes."""
+
+    name: str
+    path: str
+    sha256: str
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of the file's bytes (read in 1 MiB pieces: CIFAR-10's 180 MB take ~0.4 s)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _data_files(folder: Path, names) -> tuple:
+    return tuple(DataFile(n, str(folder / n), file_digest(folder / n)) for n in names)
+
+
+def _files_fingerprint(files, *extra: str) -> str:
+    """The digest peers compare: every file's digest and what else shapes the records."""
+    digest = hashlib.sha256(";".join(extra).encode())
+    for f in files:
+        digest.update(f"{f.name}:{f.sha256};".encode())
+    return digest.hexdigest()
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class RecordDataset:
     """A dataset whose training records are read on demand (see the module docstring).
@@ -82,6 +122,14 @@ class RecordDataset:
     labels: Optional[Callable[[], np.ndarray]] = None
     train_transform: Optional[Callable[[torch.Tensor, torch.Generator], torch.Tensor]] = None
     shared_test: bool = True
+    #: The files read (`DataFile`s): their digests are what peers agree on and what a checkpoint
+    #: records, so that a resumed run refuses data changed under the same spec, naming the file.
+    files: tuple = ()
+    #: The split the test arrays hold: "test", or "valid" (`wikitext2:split=valid`).
+    eval_split: str = "test"
+    #: Whether the training records are consecutive windows of one text (a language model's): a
+    #: `contiguous` shard of them is batched as parallel streams (`batches.StreamBatches`).
+    stream: bool = False
 
     @property
     def num_test(self) -> int:
@@ -103,17 +151,23 @@ class RecordDataset:
 
 
 def _find(root: str, spec: str, subdir: str, names: tuple[str, ...], archive: str) -> Path:
-    """The folder under `root` (itself or root/subdir) holding every file of `names`."""
+    """The folder under `root` (itself or root/subdir) holding every file of `names`; each must be
+    a regular file (a directory, a FIFO or a device is named as such and never opened: a FIFO
+    would block for good, /dev/zero never ends)."""
     base = Path(root).expanduser()
     for folder in (base, base / subdir):
-        if all((folder / n).is_file() for n in names):
-            return folder
-    folder = base / subdir if (base / subdir).is_dir() else base
-    missing = next(n for n in names if not (folder / n).is_file())
-    raise ValueError(
-        f"dataset spec {spec!r}: {folder / missing} does not exist ({archive}; point root= at the "
-        "folder that holds it)"
-    )
+        if all(os.path.lexists(folder / n) for n in names):
+            break
+    else:
+        folder = base / subdir if (base / subdir).is_dir() else base
+        missing = next(n for n in names if not os.path.lexists(folder / n))
+        raise ValueError(
+            f"dataset spec {spec!r}: {folder / missing} does not exist ({archive}; point root= at "
+            "the folder that holds it)"
+        )
+    for n in names:
+        require_regular_file(folder / n, f"dataset spec {spec!r}: {folder / n}")
+    return folder
 
 
 # ---- CIFAR-10 --------------------------------------------------------------------------------------
@@ -182,17 +236,12 @@ def cifar10(spec: str, options: dict[str, Any]) -> RecordDataset:
     def labels() -> np.ndarray:
         return np.concatenate([np.asarray(t[:, 0], dtype=np.int64) for t in train])
 
+    for name, records in zip(names, [*train, test]):
+        _check_cifar_labels(folder / name, records, spec)
     raw = np.asarray(test)
     y_test = torch.from_numpy(raw[:, 0].astype(np.int64))
-    for part, y in (("test_batch.bin", raw[:, 0]),):
-        if y.max() > 9:
-            raise ValueError(
-                f"dataset spec {spec!r}: {folder / part} has label {int(y.max())}; CIFAR-10 labels "
-                "are 0..9 (is this the CIFAR-100 archive?)"
-            )
     x_test = _normalise(torch.from_numpy(raw[:, 1:].reshape(-1, 3, 32, 32).copy()))
-    digest = hashlib.sha256(raw.tobytes())
-    digest.update(repr([t.shape for t in train]).encode())
+    files = _data_files(folder, names)
     augment = options.get("augment", True)
     return RecordDataset(
         num_train=int(starts[-1]),
@@ -202,10 +251,21 @@ def cifar10(spec: str, options: dict[str, Any]) -> RecordDataset:
         input_shape=(3, 32, 32),
         name=spec,
         read_train=read_train,
-        fingerprint=digest.hexdigest(),
+        fingerprint=_files_fingerprint(files, "cifar10"),
         labels=labels,
         train_transform=cifar_augment if augment else _drop_generator(_normalise),
+        files=files,
     )
+
+
+def _check_cifar_labels(path: Path, records: np.memmap, spec: str) -> None:
+    """Every label byte of the file in 0..9 (the CIFAR-100 archive's go to 99), naming the file."""
+    largest = int(np.max(records[:, 0]))
+    if largest > 9:
+        raise ValueError(
+            f"dataset spec {spec!r}: {path} has label {largest}; CIFAR-10 labels are 0..9 (is "
+            "this the CIFAR-100 archive?)"
+        )
 
 
 def _drop_generator(fn):
@@ -215,10 +275,19 @@ def _drop_generator(fn):
 # ---- WikiText-2 ------------------------------------------------------------------------------------
 
 
-def _words(path: Path) -> list[str]:
-    """Every line's words followed by <eos> (blank lines too, as the original loader does)."""
+def _words(path: Path, spec: str) -> list[str]:
+    """Every line's words followed by <eos>, a blank line one <eos>: the stream of PyTorch's
+    word-language-model example and torchtext's newline_eos, whose token counts (one <eos> per
+    line, blank ones too) are those published with WikiText-2. A file of blank lines only is
+    refused, naming it (its stream would be <eos> alone)."""
     with open(path, encoding="utf-8") as f:
-        return [w for line in f for w in line.split() + ["<eos>"]]
+        words = [w for line in f for w in line.split() + ["<eos>"]]
+    if words and all(w == "<eos>" for w in words):
+        raise ValueError(
+            f"dataset spec {spec!r}: {path} holds no word, only {len(words)} blank lines (a "
+            "failed copy?); its stream would be <eos> alone"
+        )
+    return words
 
 
 def _windows(tokens: torch.Tensor, bptt: int, indices) -> tuple[torch.Tensor, torch.Tensor]:
@@ -236,7 +305,7 @@ def wikitext2(spec: str, options: dict[str, Any]) -> RecordDataset:
         raise ValueError(f"dataset spec {spec!r}: split must be test or valid, got {split!r}")
     names = ("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.tokens")
     folder = _find(options["root"], spec, "wikitext-2", names, _WIKITEXT_ARCHIVE)
-    train_words = _words(folder / names[0])
+    train_words = _words(folder / names[0], spec)
     vocabulary = {"<unk>": 0}
     for word in train_words:
         vocabulary.setdefault(word, len(vocabulary))
@@ -246,7 +315,10 @@ def wikitext2(spec: str, options: dict[str, Any]) -> RecordDataset:
         return torch.tensor([vocabulary.get(w, unk) for w in words], dtype=torch.int64)
 
     train = ids(train_words)
-    test = ids(_words(folder / f"wiki.{split}.tokens"))
+    test_path = folder / f"wiki.{split}.tokens"
+    test_words = _words(test_path, spec)
+    _check_vocabulary(test_path, test_words, vocabulary, spec)
+    test = ids(test_words)
     n_train, n_test = (len(train) - 1) // bptt, (len(test) - 1) // bptt
     if n_train < 1 or n_test < 1:
         raise ValueError(
@@ -254,8 +326,7 @@ def wikitext2(spec: str, options: dict[str, Any]) -> RecordDataset:
             f"bptt + 1 = {bptt + 1} tokens; lower bptt"
         )
     x_test, y_test = _windows(test, bptt, np.arange(n_test))
-    digest = hashlib.sha256(train.numpy().tobytes())
-    digest.update(test.numpy().tobytes())
+    files = _data_files(folder, (names[0], test_path.name))
     return RecordDataset(
         num_train=n_train,
         x_test=x_test,
@@ -264,8 +335,24 @@ def wikitext2(spec: str, options: dict[str, Any]) -> RecordDataset:
         input_shape=(bptt,),
         name=spec,
         read_train=lambda idx: _windows(train, bptt, idx),
-        fingerprint=digest.hexdigest(),
+        fingerprint=_files_fingerprint(files, "wikitext2", f"bptt={bptt}", f"split={split}"),
+        files=files,
+        eval_split=split,
+        stream=True,
     )
+
+
+def _check_vocabulary(path: Path, words: list[str], vocabulary: dict, spec: str) -> None:
+    """Refuse an evaluation text none of whose words is in the training vocabulary: it would read
+    as all <unk> and <eos>, and its perplexity would measure nothing (another corpus's file?).
+    WikiText-2's own valid and test texts have every word in it (rare words are spelled <unk>)."""
+    spoken = [w for w in words if w != "<eos>"]
+    if spoken and not any(w in vocabulary for w in spoken):
+        raise ValueError(
+            f"dataset spec {spec!r}: {path}: none of its {len(spoken)} words is in the "
+            "training vocabulary (wiki.train.tokens), so every one would read as <unk> and its "
+            "perplexity would measure nothing: is it a file of the same corpus?"
+        )
 
 
 # ---- bring-your-own torch Datasets -----------------------------------------------------------------

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -199,12 +200,32 @@ def take_run_lock(run_dir, create: bool = True) -> RunLock:
     )
 
 
+def set_aside_on_rank_0(rank: int, run_dir) -> None:
+    """`set_aside_failed_attempt` on rank 0 (the trainer runs it on every rank, collectively)."""
+    if rank == 0:
+        note = set_aside_failed_attempt(run_dir)
+        if note:
+            print(note, file=sys.stderr, flush=True)
+
+
+def claim_on_rank_0(rank: int, run_dir, resume: bool) -> Optional[RunLock]:
+    """Rank 0 locks the run directory for the run (`take_run_lock`); others hold none."""
+    if rank != 0:
+        return None
+    lock = take_run_lock(run_dir, create=not resume)
+    if lock.note:
+        print(lock.note, file=sys.stderr, flush=True)
+    return lock
+
+
 __all__ = [
     "AUTO",
     "ATTEMPTS_NAME",
     "LOCK_NAME",
     "RunLock",
     "check_run_dir",
+    "claim_on_rank_0",
     "set_aside_failed_attempt",
+    "set_aside_on_rank_0",
     "take_run_lock",
 ]

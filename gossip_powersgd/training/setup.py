@@ -22,6 +22,7 @@ import torch
 from ..algorithms import check_config, make_algorithm
 from ..comm.base import AgreementError, CommunicationError
 from ..launch import error_line
+from ..utils import warn
 from .config import (
     TrainConfig,
     agreement_text,
@@ -101,6 +102,7 @@ def _process_owned(comm: Comm) -> bool:
     """Whether this peer has the process to itself (MPI), so that the global RNGs are its own."""
     from ..comm.local import LocalCommunicator
 
+    comm = getattr(comm, "transport", comm)  # a membership's communicator wraps its transport
     return not isinstance(comm, LocalCommunicator)
 
 
@@ -123,6 +125,8 @@ class PeerRun:
     parameter_bytes: int
     owns_process: bool
     header_args: Dict[str, Any]  # what every checkpoint header of this run says
+    eval_split: str = "test"  # the data evaluated on: "test", or "valid" (wikitext2:split=valid)
+    own_test: bool = False  # partition: local with each peer's own test set (its private data)
 
 
 def checked_config(comm: Comm, config, resume: bool) -> TrainConfig:
@@ -145,17 +149,20 @@ def checked_config(comm: Comm, config, resume: bool) -> TrainConfig:
     return config
 
 
-def build_run(comm: Comm, config: TrainConfig, hooks: HookList, log=None) -> PeerRun:
-    """Seed, load this peer's shard, build the model, algorithm and optimizer; run setup hooks.
-    `log` (a `progress.SetupLog`) is told as each phase ends."""
+def build_run(
+    comm: Comm, config: TrainConfig, hooks: HookList, log=None, resume: bool = False
+) -> PeerRun:
+    """Seed, load this peer's shard, build the model, algorithm and optimizer; run setup hooks
+    (`resume`: the run continues from a checkpoint, `SetupContext.resuming`). `log` (a
+    `progress.SetupLog`) is told as each phase ends."""
     if log is None:
         from .progress import SetupLog
 
         log = SetupLog(comm.rank, quiet=True)
     from .data import (
         LOCAL_PARTITION,
-        Batches,
         agree_local_dataset,
+        content_digests,
         label_histogram,
         load_dataset,
         load_peer_dataset,
@@ -193,8 +200,7 @@ def build_run(comm: Comm, config: TrainConfig, hooks: HookList, log=None) -> Pee
     log.done(f"data {config.dataset} loaded, partition {config.partition}")
     model = collectively(comm, _checked_model, config, dataset, x_train, rank)
     x_train, y_train = x_train.to(device), y_train.to(device)
-    batches = Batches(x_train, y_train, config.batch_size, seed=config.seed, rank=rank)
-    batches.transform = dataset.train_transform
+    batches = _make_batches(config, dataset, model, x_train, y_train, rank)
     steps_per_epoch = max(1, -(-num_train // (size * config.batch_size)))
 
     model = model.to(device)
@@ -212,22 +218,20 @@ def build_run(comm: Comm, config: TrainConfig, hooks: HookList, log=None) -> Pee
         algorithm=algorithm,
         steps_per_epoch=steps_per_epoch,
         train_size=num_train,
+        resuming=bool(resume),
     )
     log.done(f"model {config.model} ({num_parameters} parameters) and {config.algorithm} built")
     hooks.setup(context)
     context.batches.transform = dataset.train_transform  # also on batches a hook replaced (DP)
+    if getattr(batches, "carrier", None) is not None and context.batches is not batches:
+        batches.carrier.carry_state = False  # a hook's batches (DP's Poisson ones) are no streams
     acts_on = getattr(context.algorithm, "acts_on", "parameters")
     if acts_on not in ("parameters", "gradients"):
         raise ValueError(
             f"algorithm {config.algorithm!r} has acts_on={acts_on!r}; "
             "expected 'parameters' or 'gradients'"
         )
-    if acts_on == "gradients" and config.local_steps != 1:
-        raise ValueError(
-            f"local_steps {config.local_steps} needs an algorithm that mixes the "
-            f"parameters; {config.algorithm!r} averages every step's gradients (use "
-            "allreduce for local SGD, or set local_steps to 1)"
-        )
+    _check_schedule(config, rank, size, num_train, steps_per_epoch, acts_on)
     header_args = dict(
         rank=rank,
         world_size=size,
@@ -235,6 +239,7 @@ def build_run(comm: Comm, config: TrainConfig, hooks: HookList, log=None) -> Pee
         topology_spec=config.topology,
         config_hash=config_hash(config),
         config_json=json.dumps(hashed_config(config), sort_keys=True),
+        data=content_digests(dataset),
     )
     return PeerRun(
         model=context.model,
@@ -252,7 +257,66 @@ def build_run(comm: Comm, config: TrainConfig, hooks: HookList, log=None) -> Pee
         parameter_bytes=parameter_bytes,
         owns_process=owns_process,
         header_args=header_args,
+        eval_split=getattr(dataset, "eval_split", "test"),
+        own_test=config.partition == LOCAL_PARTITION and not dataset.shared_test,
     )
+
+
+def _make_batches(config: TrainConfig, dataset, model, x_train, y_train, rank: int):
+    """This peer's batches: a language model that carries its hidden state (`carry_state`) on a
+    `contiguous` shard of consecutive windows gets them as parallel streams (truncated BPTT,
+    `StreamBatches`); anything else shuffled mini-batches."""
+    from .batches import Batches, StreamBatches
+
+    if (
+        getattr(dataset, "stream", False)
+        and config.partition == "contiguous"
+        and hasattr(model, "carry_state")
+    ):
+        model.carry_state = True
+        return StreamBatches(
+            x_train, y_train, config.batch_size, seed=config.seed, rank=rank, carrier=model
+        )
+    batches = Batches(x_train, y_train, config.batch_size, seed=config.seed, rank=rank)
+    batches.transform = dataset.train_transform
+    return batches
+
+
+def _check_schedule(
+    config: TrainConfig, rank: int, size: int, num_train: int, steps_per_epoch: int, acts_on: str
+) -> None:
+    """Refuse a `local_steps` that leaves the run without a communication round; warn (rank 0,
+    one line each) about an `eval_every`, `checkpoint_every` or `batch_size` beyond what the run
+    can use, naming the value it takes instead. The same outcome on every peer (public values)."""
+    if acts_on == "gradients" and config.local_steps != 1:
+        raise ValueError(
+            f"local_steps {config.local_steps} needs an algorithm that mixes the "
+            f"parameters; {config.algorithm!r} averages every step's gradients (use "
+            "allreduce for local SGD, or set local_steps to 1)"
+        )
+    steps = config.epochs * steps_per_epoch
+    if config.local_steps > steps:
+        raise ValueError(
+            f"local_steps {config.local_steps} exceeds the run's {steps} optimizer steps "
+            f"({config.epochs} epochs of {steps_per_epoch}): the peers would never communicate; "
+            f"set local_steps to at most {steps}"
+        )
+    if rank != 0:
+        return
+    for key, what in (("eval_every", "evaluates"), ("checkpoint_every", "writes its checkpoint")):
+        value = getattr(config, key)
+        if value > config.epochs and (key == "eval_every" or config.out_dir is not None):
+            warn(
+                f"{key} {value} exceeds epochs ({config.epochs}): the run {what} at its end "
+                f"only (as with {key}: {config.epochs})"
+            )
+    mean_shard = -(-num_train // size)
+    if config.batch_size > mean_shard:
+        warn(
+            f"batch_size {config.batch_size} exceeds the peers' shards ({mean_shard} training "
+            "samples each on average): each step takes a peer's whole shard, an effective "
+            f"batch size of about {mean_shard}"
+        )
 
 
 #: Which of the dataset's arrays every peer must hold identically. Every peer loads the whole
@@ -270,6 +334,18 @@ def _check_same_dataset(comm: Comm, config: TrainConfig, dataset, parts) -> None
     if not parts:
         comm.check_agreement("dataset (no shared part)", "local")
         return
+    # A file dataset: each file agreed by its name, so that a disagreement names the file (ranks
+    # reading different copies, e.g. root=~/c under different homes). The number of files is part
+    # of the spec, the same on every rank.
+    for f in getattr(dataset, "files", ()):
+        try:
+            comm.check_agreement(f"dataset file {f.name}", f.sha256)
+        except AgreementError as exc:
+            raise AgreementError(
+                f"{exc}: the ranks read different files under the same spec (this rank read "
+                f"{f.path}); partition {config.partition!r} splits one dataset, so every rank "
+                "must read the same copy"
+            ) from None
     try:
         comm.check_agreement("dataset", dataset_digest(dataset, parts))
     except AgreementError as exc:
@@ -284,8 +360,10 @@ def _checked_model(config: TrainConfig, dataset, x_train: torch.Tensor, rank: in
     """The config's model, checked against this peer's data before anything trains: it runs on
     the dataset's inputs and, if this peer's last batch holds one sample, trains on such a batch."""
     from .models import build_model, check_model_fits, check_single_sample_batch, has_batch_norm
+    from .zoo import seed_dropout_per_peer
 
     model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.seed)
+    seed_dropout_per_peer(model, config.seed, rank)  # the same weights, each peer its own masks
     check_model_fits(
         model,
         config.model,
@@ -302,7 +380,8 @@ def _checked_model(config: TrainConfig, dataset, x_train: torch.Tensor, rank: in
             config.model,
             x_one,
             rank=rank,
-            shard_size=len(x_train),
+            # a private shard size is named nowhere: this error reaches every peer
+            shard_size=None if peer_statistics_private(config) else len(x_train),
             batch_size=config.batch_size,
         )
     return model

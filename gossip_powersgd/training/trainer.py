@@ -6,6 +6,7 @@ Each step follows the D-PSGD order, on every peer at once::
     2. gradient averagers only (`algo.acts_on == "gradients"`, e.g. PowerSGD all-reduce):
        algo.step() averages p.grad in place
     3. optimizer.step()                                          (local SGD / Adam / AdamW update)
+       (with `max_grad_norm`, the gradient is first clipped to that global norm)
     4. parameter gossip (`acts_on == "parameters"`, the default: exact gossip, PowerGossip, ...):
        algo.step() mixes the parameters with the neighbours'
 
@@ -36,7 +37,6 @@ else unless `release_peer_statistics: true` (`privacy.training.keeps_peer_statis
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -50,13 +50,13 @@ from typing import (
     Dict,
     Iterable,
     Iterator,
-    List,
     Optional,
     Sequence,
     Union,
 )
 
 import torch.nn.functional as F
+from torch.nn.utils import clip_grad_norm_
 
 from ..algorithms.base import NonFiniteError
 from ..utils import atomic_write
@@ -83,6 +83,9 @@ from .features import feature_hooks, peer_statistics_private
 from .hooks import HookList, TrainingHooks
 from .progress import Printer, SetupLog
 from .provenance import as_comments, provenance
+from .runstate import RunState
+from .churn import churn_run
+from .divergence import DIVERGENCE_FACTOR, check_divergence
 from .setup import PeerRun, build_run, checked_config, collectively, make_optimizer, resolve_device
 
 if TYPE_CHECKING:
@@ -121,155 +124,12 @@ def _endless(batches) -> Iterator:
         yield from batches
 
 
-# ---- the run's state -----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class RunState:
-    """Everything about a run that changes as it trains, besides the objects that train.
-
-    `to_checkpoint` / `from_checkpoint` are the one place that says what a checkpoint holds, so
-    saving and resuming cannot drift apart. Timers: `time_compute` is this peer's forward, backward
-    and optimizer time; the gossip timers are the algorithm's own counters on top of the `base_*`
-    values a resumed run starts from.
-    """
-
-    step: int = 0
-    epoch: int = 0
-    history: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
-    loss_sum: float = 0.0  # training loss since the last evaluation
-    loss_count: int = 0
-    log_sum: float = 0.0  # training loss since the last log record
-    log_count: int = 0
-    time_compute: float = 0.0
-    base_gossip_compute: float = 0.0
-    base_communication: float = 0.0
-    base_wall: float = 0.0
-    wall_start: float = dataclasses.field(default_factory=time.perf_counter)  # this process's
-
-    def finish_step(self, loss: Optional[float]) -> None:
-        """Count a completed step and its training loss (None: an empty batch, no loss)."""
-        self.step += 1
-        if loss is None:
-            return
-        self.loss_sum += loss
-        self.loss_count += 1
-        self.log_sum += loss
-        self.log_count += 1
-
-    def take_train_loss(self) -> float:
-        """This peer's mean training loss since the last evaluation; starts the next window."""
-        mean = self.loss_sum / max(1, self.loss_count)
-        self.loss_sum, self.loss_count = 0.0, 0
-        return mean
-
-    def take_log_loss(self) -> float:
-        """This peer's mean training loss since the last log record; starts the next window."""
-        mean = self.log_sum / max(1, self.log_count)
-        self.log_sum, self.log_count = 0.0, 0
-        return mean
-
-    def timers(self, algorithm) -> Dict[str, float]:
-        """The run's timers so far (seconds), as the records spell them (`TIMING_KEYS`)."""
-        return {
-            "time_compute": self.time_compute,
-            "time_gossip_compute": self.base_gossip_compute + algorithm.time_compute,
-            "time_communication": self.base_communication + algorithm.time_communication,
-            "wall_time": self.base_wall + time.perf_counter() - self.wall_start,
-        }
-
-    def to_checkpoint(
-        self,
-        *,
-        model,
-        optimizer,
-        algorithm,
-        batches,
-        comm: Comm,
-        hooks: HookList,
-        include_rng: bool,
-    ) -> Dict[str, Any]:
-        """The checkpoint payload: this state, the training objects' states and the RNGs (the
-        global ones only when `include_rng`, i.e. the process is this peer's own)."""
-        t = self.timers(algorithm)
-        return {
-            "epoch": self.epoch,
-            "step": self.step,
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "algorithm": algorithm.state_dict(),
-            "batches": batches.state_dict(),
-            "rng": ckpt.rng_state(include_rng),
-            "history": json.dumps(self.history),
-            "loss_sum": self.loss_sum,
-            "loss_count": self.loss_count,
-            "log_sum": self.log_sum,
-            "log_count": self.log_count,
-            "stats": comm.stats.as_dict(),
-            "times": {
-                "compute": t["time_compute"],
-                "gossip_compute": t["time_gossip_compute"],
-                "communication": t["time_communication"],
-                "wall": t["wall_time"],
-            },
-            "hooks": hooks.state_dict(),
-        }
-
-    @classmethod
-    def from_checkpoint(
-        cls,
-        state: Dict[str, Any],
-        *,
-        model,
-        optimizer,
-        algorithm,
-        batches,
-        comm: Comm,
-        hooks: HookList,
-        restore_rng: bool,
-    ) -> "RunState":
-        """Load a `to_checkpoint` payload back into the training objects, the communicator's
-        traffic counters and the RNGs; return the run's state at the checkpoint."""
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        algorithm.load_state_dict(state["algorithm"])
-        batches.load_state_dict(state["batches"])
-        hooks.load_state_dict(state.get("hooks", {}))  # checkpoints from before hooks hold none
-        if restore_rng:
-            ckpt.set_rng_state(state["rng"])
-        # Every counter (the projected times come from rounds and critical_bytes): a counter
-        # missing from a checkpoint is refused, not silently restarted from zero.
-        saved = state["stats"]
-        for field in dataclasses.fields(comm.stats):
-            if field.name not in saved:
-                raise ValueError(
-                    f"the checkpoint's traffic counters lack {field.name!r} (written "
-                    "by an older version?); start the run again"
-                )
-            setattr(comm.stats, field.name, int(saved[field.name]))
-        times = state["times"]
-        return cls(
-            step=int(state["step"]),
-            epoch=int(state["epoch"]),
-            history=json.loads(state["history"]),
-            loss_sum=float(state["loss_sum"]),
-            loss_count=int(state["loss_count"]),
-            log_sum=float(state["log_sum"]),
-            log_count=int(state["log_count"]),
-            time_compute=float(times["compute"]),
-            base_gossip_compute=float(times["gossip_compute"]),
-            base_communication=float(times["communication"]),
-            base_wall=float(times["wall"]),
-        )
-
-
 # ---- set-up ----------------------------------------------------------------------------------------
 
 
-def _resume(comm: Comm, run_dir: Path, run: PeerRun, hooks: HookList) -> RunState:
-    """Load the newest checkpoint every rank holds into `run`; its `RunState` (collective)."""
-    epoch = ckpt.agree_resume_epoch(comm, run_dir)
-    loaded = collectively(comm, ckpt.load_for_resume, run_dir, epoch, **run.header_args)
+def _resume(comm: Comm, run_dir: Path, run: PeerRun, hooks: HookList, churn) -> RunState:
+    """Load the newest checkpoint every rank holds into `run`; its `RunState` (collective). With
+    a membership driver (`churn`), peers away at that epoch too (`churn_resume`)."""
     restore = functools.partial(
         RunState.from_checkpoint,
         model=run.model,
@@ -280,12 +140,22 @@ def _resume(comm: Comm, run_dir: Path, run: PeerRun, hooks: HookList) -> RunStat
         hooks=hooks,
         restore_rng=run.owns_process,
     )
+    if churn is not None:
+        from .churn_resume import resume
+
+        return resume(churn, comm, run_dir, run, restore)
+    epoch = ckpt.agree_resume_epoch(comm, run_dir)
+    loaded = collectively(comm, ckpt.load_for_resume, run_dir, epoch, **run.header_args)
     return collectively(comm, restore, loaded["state"])
 
 
-def _save(comm: Comm, run_dir: Path, run: PeerRun, state: RunState, hooks: HookList) -> None:
+def _save(
+    comm: Comm, run_dir: Path, run: PeerRun, state: RunState, hooks: HookList, resumable: bool
+) -> None:
     """Write this peer's checkpoint; a failure on any peer (a full disk) stops every peer with the
-    same line, and the previous checkpoints stay as they were (files are replaced whole)."""
+    same line, and the previous checkpoints stay as they were (files are replaced whole).
+    `resumable`: every rank already holds a checkpoint of this run (it resumed from one, or a
+    save succeeded everywhere), so the line advises --resume; else starting again."""
     header = ckpt.make_header(epoch=state.epoch, step=state.step, **run.header_args)
     payload = state.to_checkpoint(
         model=run.model,
@@ -301,53 +171,19 @@ def _save(comm: Comm, run_dir: Path, run: PeerRun, state: RunState, hooks: HookL
         try:
             ckpt.save_checkpoint(run_dir, header, payload)
         except OSError as exc:
+            advice = (
+                "the previous checkpoints are intact (free space, then --resume)"
+                if resumable
+                else "no checkpoint is held by every rank yet, so the run cannot be resumed: "
+                f"free space, then start it again (in a new run directory, or after emptying "
+                f"{run_dir})"
+            )
             raise OSError(
                 f"rank {comm.rank}: cannot write the epoch-{state.epoch} checkpoint in "
-                f"{ckpt.checkpoint_dir(run_dir)}: {exc.strerror or exc}; the previous "
-                "checkpoints are intact (free space, then --resume)"
+                f"{ckpt.checkpoint_dir(run_dir)}: {exc.strerror or exc}; {advice}"
             ) from None
 
     collectively(comm, write)
-
-
-#: A run has diverged when a log or eval record's training loss (mean over peers) exceeds this
-#: factor times ln(classes), the loss of a uniform guess, which is about where every run starts, or
-#: its consensus distance exceeds it times the first recorded consensus distance (at least 1).
-#: Both values are the same on every peer, so every peer stops at the same record. 1e6 is far
-#: beyond what a run that still learns reaches (its loss falls below ln(classes)), and far below
-#: float32's overflow, so the run stops with a clear line long before it turns into NaN.
-DIVERGENCE_FACTOR = 1e6
-
-
-def check_divergence(
-    record: Dict[str, Any], history: List[Dict[str, Any]], num_classes: int, hint: str = ""
-) -> None:
-    """Raise `NonFiniteError` ("diverged") if `record` passes the `DIVERGENCE_FACTOR` limits;
-    `history` (the run's records so far, checkpointed) gives the first consensus distance; `hint`
-    ends the message (the DP hook's `divergence_hint`: the noise as a likely cause)."""
-    loss_limit = DIVERGENCE_FACTOR * math.log(max(2, num_classes))
-    # With private peer statistics (DP) no training loss is shared: the peers' test loss, a
-    # function of their (private) models on the test set only, stands in at evaluations.
-    which, loss = "training loss", record.get("train_loss")
-    if loss is None:
-        which, loss = "mean test loss of the peers' models", record.get("test_loss_mean")
-    if loss is not None and loss > loss_limit:
-        raise NonFiniteError(
-            f"the run diverged: the {which} is {loss:.3g} at step {record['step']}, more than "
-            f"{DIVERGENCE_FACTOR:g} x ln({num_classes}) (a uniform guess's loss); lower the learning "
-            f"rate (or the algorithm's gamma){hint}"
-        )
-    first = next((r["consensus_distance"] for r in history if "consensus_distance" in r), None)
-    distance = record.get("consensus_distance")
-    if first is None or distance is None:
-        return
-    distance_limit = DIVERGENCE_FACTOR * max(1.0, first)
-    if distance > distance_limit:
-        raise NonFiniteError(
-            f"the run diverged: the consensus distance is {distance:.3g} at step {record['step']}, "
-            f"more than {DIVERGENCE_FACTOR:g} x max(1, its first value {first:.3g}); lower the "
-            f"learning rate (or the algorithm's gamma){hint}"
-        )
 
 
 # ---- training ------------------------------------------------------------------------------------
@@ -388,15 +224,19 @@ def train(
         resume = collectively(comm, ckpt.has_checkpoints, config.out_dir, comm.rank)
         resume = any(b == b"\1" for b in comm.allgather_bytes(b"\1" if resume else b"\0"))
     added = feature_hooks(config)  # what the config turns on: DP, observers, loggers (features.py)
+    churn = churn_run(comm, config)  # on_peer_loss: continue: peers may leave and join
+    if churn is not None:
+        comm = churn.comm  # the transport over the members of the moment
+        added.append(churn)
     hooks = HookList([*hooks, *added])
     run_dir = Path(config.out_dir) if config.out_dir is not None else None
     lock = None
     if run_dir is not None:
-        lock = collectively(comm, _claim_run_dir, comm.rank, run_dir, resume)
+        lock = collectively(comm, rundir.claim_on_rank_0, comm.rank, run_dir, resume)
     try:
         if run_dir is not None:
             if auto and not resume:  # collective: every rank waits for rank 0 to move them
-                collectively(comm, _set_aside_failed_attempt, comm.rank, run_dir)
+                collectively(comm, rundir.set_aside_on_rank_0, comm.rank, run_dir)
             collectively(comm, ckpt.check_run_dir, run_dir, resume)
         return _train(
             comm,
@@ -407,27 +247,11 @@ def train(
             hooks=hooks,
             reporting=added,
             log=log,
+            churn=churn,
         )
     finally:
         if lock is not None:
             lock.release()
-
-
-def _set_aside_failed_attempt(rank: int, run_dir: Path) -> None:
-    if rank == 0:
-        note = rundir.set_aside_failed_attempt(run_dir)
-        if note:
-            print(note, file=sys.stderr, flush=True)
-
-
-def _claim_run_dir(rank: int, run_dir: Path, resume: bool):
-    """Rank 0 locks the run directory for the run (`checkpoint.take_run_lock`); others hold none."""
-    if rank != 0:
-        return None
-    lock = ckpt.take_run_lock(run_dir, create=not resume)
-    if lock.note:
-        print(lock.note, file=sys.stderr, flush=True)
-    return lock
 
 
 def _train(
@@ -440,18 +264,22 @@ def _train(
     on_step: Optional[Callable[[int], None]],
     hooks: HookList,
     reporting: Sequence[TrainingHooks],
+    churn=None,
 ) -> Dict[str, Any]:
     """`train` once the run directory is held: build, resume, run the loop, write the summary
     (which each hook in `reporting`, the features' hooks, extends with its `summary_fields()`,
     and its own `peers/rank-K.json` with `peer_fields()`, where it has them)."""
-    run = build_run(comm, config, hooks, log)
+    run = build_run(comm, config, hooks, log, resume=bool(resume))
+    origin = provenance(comm, config)  # collective over every peer: before anyone may be away
     # what a divergence message adds (differential privacy names its noise); after the set-up
     hint = "".join(h.divergence_hint() for h in reporting if hasattr(h, "divergence_hint"))
-    state = _resume(comm, run_dir, run, hooks) if resume else RunState()
+    state = RunState()
+    if churn is not None:  # the algorithm wrapped so that membership changes rebuild it
+        churn.start(run, hooks, run_dir)
     if resume:
+        state = _resume(comm, run_dir, run, hooks, churn)
         log.done(f"resumed from the checkpoint of epoch {state.epoch} (step {state.step})")
     records = RecordLog(state.history)
-    origin = provenance(comm, config)
     if run_dir is not None:
         records.file = ckpt.open_metrics(run_dir, comm.rank, state.step if resume else None)
         if comm.rank == 0:
@@ -462,9 +290,13 @@ def _train(
     printer = Printer(comm.rank, config, config.epochs * run.steps_per_epoch, state.step)
     batches = _endless(run.batches)
     private = peer_statistics_private(config)
+    resumable = bool(resume)  # every rank holds a checkpoint to resume from
     try:
         while state.epoch < config.epochs:
             for _ in range(run.steps_per_epoch):
+                if churn is not None and not churn.begin_step(state):
+                    state.step += 1  # away: the step passes without this peer
+                    continue
                 lr = learning_rate(config, state.step, run.steps_per_epoch)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
@@ -488,6 +320,8 @@ def _train(
                     algorithm.step()
                     hooks.after_gossip(state.step)
                 start = time.perf_counter()
+                if config.max_grad_norm is not None:  # after any averaging: what the step uses
+                    clip_grad_norm_(model.parameters(), config.max_grad_norm)
                 optimizer.step()
                 state.time_compute += time.perf_counter() - start
                 hooks.after_optimizer_step(state.step)
@@ -514,7 +348,8 @@ def _train(
                 if on_step is not None:
                     on_step(state.step)
             state.epoch += 1
-            if state.epoch % config.eval_every == 0 or state.epoch == config.epochs:
+            member = churn is None or churn.live  # evaluations and checkpoints: the members'
+            if member and (state.epoch % config.eval_every == 0 or state.epoch == config.epochs):
                 record = eval_record(
                     comm,
                     model,
@@ -528,6 +363,7 @@ def _train(
                     timers=timers,
                     pooled=config.partition == "local",
                     private=private,
+                    own_test=run.own_test,
                     bn_inputs=None
                     if private
                     else functools.partial(refresh_inputs, run.batches, state.step),
@@ -538,11 +374,13 @@ def _train(
                 printer.line(eval_line(record, config.epochs))
                 check_divergence(record, state.history, run.num_classes, hint)
             if (
-                run_dir is not None
+                member
+                and run_dir is not None
                 and config.checkpoint_every
                 and (state.epoch % config.checkpoint_every == 0 or state.epoch == config.epochs)
             ):
-                _save(comm, run_dir, run, state, hooks)
+                _save(comm, run_dir, run, state, hooks, resumable)
+                resumable = True  # the save succeeded on every rank (it is collective)
     finally:
         printer.close()
         records.close()
@@ -553,32 +391,39 @@ def _train(
             if not failing:  # a hook that fails to close must not hide why the run failed
                 raise
 
-    summary = run_summary(
-        comm,
-        config,
-        state.history,
-        run.histogram,
-        run.num_parameters,
-        run.parameter_bytes,
-        algorithm,
-        model,
-        state.step,
-        run.steps_per_epoch,
-        state.timers(algorithm),
-        private=private,
-    )
+    member = churn is None or churn.live  # a peer away at the end writes its own file only
+    summary = {"departed": True}
+    if member:
+        summary = run_summary(
+            comm,
+            config,
+            state.history,
+            run.histogram,
+            run.num_parameters,
+            run.parameter_bytes,
+            algorithm,
+            model,
+            state.step,
+            run.steps_per_epoch,
+            state.timers(algorithm),
+            private=private,
+            eval_split=run.eval_split,
+        )
     peer = peer_report(comm, state.history, run.histogram, len(run.batches.x))
     for hook in reporting:
-        summary.update(getattr(hook, "summary_fields", dict)())
+        if member:
+            summary.update(getattr(hook, "summary_fields", dict)())
         peer.update(getattr(hook, "peer_fields", dict)())
     if run_dir is not None:  # each peer's own figures, in its own file
         atomic_write(
             run_dir / "peers" / f"rank-{comm.rank}.json", json.dumps(peer, indent=2) + "\n"
         )
     summary["provenance"] = origin
-    if comm.rank == 0 and run_dir is not None:
+    if member and comm.rank == (churn.leader if churn else 0) and run_dir is not None:
         atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         atomic_write(run_dir / "summary.md", format_summary(summary, markdown=True))
+    if churn is not None:
+        churn.finish()  # every peer, member or not, until all are done (the run's lock stays)
     return dict(summary, rank=comm.rank, history=state.history, peer=peer)
 
 

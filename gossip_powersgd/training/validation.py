@@ -19,6 +19,19 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine")
 _FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch
 _SEED_LIMIT = 2**64  # torch.Generator.manual_seed's range
+#: Integer counts of a run (steps, epochs, samples), and their limit: beyond 2**53 a step number
+#: is no longer exact as a float64, and no run comes near it (2**53 steps at a million a second
+#: take 285 years).
+_COUNTS = (
+    "epochs",
+    "batch_size",
+    "local_steps",
+    "eval_every",
+    "log_every",
+    "checkpoint_every",
+    "threads",
+)
+_COUNT_LIMIT = 2**53
 #: The range of comm_timeout, in seconds (see validate_config).
 MIN_COMM_TIMEOUT, MAX_COMM_TIMEOUT = 1.0, 7 * 24 * 3600.0
 
@@ -91,6 +104,20 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
         c.weight_decay,
         "must be >= 0",
     )
+    for key in _COUNTS:  # step and epoch numbers stay exact in float64 (JSON readers, trackers)
+        value = getattr(c, key)
+        _check(
+            value <= _COUNT_LIMIT,
+            key,
+            value,
+            "at most 2**53: no run reaches it",
+        )
+    _check(
+        c.max_grad_norm is None or (math.isfinite(c.max_grad_norm) and c.max_grad_norm > 0),
+        "max_grad_norm",
+        c.max_grad_norm,
+        "must be > 0 and finite, or null for no clipping",
+    )
     _check(c.batch_size >= 1, "batch_size", c.batch_size, "must be >= 1")
     _check(
         c.local_steps >= 1,
@@ -147,6 +174,13 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
         "valid: cpu, cuda, cuda:K, auto",
     )
     _check(c.out_dir is None or c.out_dir.strip() != "", "out_dir", c.out_dir, "must not be empty")
+    _check(
+        c.out_dir is None or c.out_dir.isprintable(),
+        "out_dir",
+        c.out_dir,
+        "a line break or control character in a directory name is surely a slip; name it on one "
+        "line",
+    )
     _check(
         c.public_train_size is None or c.public_train_size >= 1,
         "public_train_size",

@@ -26,6 +26,7 @@ __all__ = [
     "VGG16",
     "LSTMLanguageModel",
     "SeededDropout",
+    "seed_dropout_per_peer",
     "init_zoo_module",
     "VGG16_LAYOUT",
 ]
@@ -37,8 +38,9 @@ class SeededDropout(nn.Module):
     Peers that are threads of one process share the global RNG, so ``nn.Dropout`` would make a
     run's result depend on thread timing (and differ between transports). The generator's state
     is a buffer (``rng_state``), so it is checkpointed with the model and a resumed run draws the
-    same masks; it is seeded from the model's seed, so every peer draws the same sequence of masks
-    (on different data). Masks are drawn on the CPU.
+    same masks. `build_model` seeds it from the model's seed; the trainer then gives each peer its
+    own stream (`seed_dropout_per_peer`, from the seed and the rank), so that peers do not drop
+    the same units at the same steps. Masks are drawn on the CPU.
     """
 
     def __init__(self, p: float):
@@ -57,6 +59,22 @@ class SeededDropout(nn.Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
+
+
+#: Distinguishes the dropout masks' streams from every other seeded stream of a peer.
+_DROPOUT_STREAM = 0xD50
+
+
+def seed_dropout_per_peer(model: nn.Module, seed: int, rank: int) -> None:
+    """Give every `SeededDropout` of `model` this peer's own mask stream, a pure function of
+    (seed, rank, the module's position): reproducible, the same under every transport, and
+    different from every other peer's."""
+    import numpy as np
+
+    for k, module in enumerate(m for m in model.modules() if isinstance(m, SeededDropout)):
+        words = np.random.SeedSequence([int(seed), int(rank), k, _DROPOUT_STREAM]).generate_state(2)
+        generator = torch.Generator().manual_seed((int(words[0]) << 31) ^ int(words[1]))
+        module.rng_state.copy_(generator.get_state())
 
 
 def _image_shape(name: str, input_shape: Sequence[int]) -> tuple[int, int, int]:
@@ -190,8 +208,13 @@ class LSTMLanguageModel(nn.Module):
     the parameters are those of one ``nn.LSTM(embedding, hidden, layers)``.
 
     Input: token ids ``(batch, bptt)``; output: logits ``(batch, bptt, vocabulary)``, one
-    prediction per position. Every batch starts from a zero hidden state (batches of one peer are
-    drawn at random positions of its text, so there is no previous batch to carry a state from).
+    prediction per position. With `carry_state` (truncated BPTT, set by the trainer when a peer's
+    batches are contiguous streams of its text: `batches.StreamBatches`), each batch starts from
+    the previous batch's final hidden state, detached (no gradient crosses a batch), row k from
+    row k (a batch with fewer rows takes the first ones: the streams that still run);
+    `reset_state` starts the streams again from zero. Without it every batch starts from zero
+    (batches drawn at random positions of the text have no previous batch). The carried state is
+    not a parameter or a buffer: `get_state` / `set_state` move it (the stream's checkpoint).
     """
 
     def __init__(
@@ -227,11 +250,41 @@ class LSTMLanguageModel(nn.Module):
         self.tied = bool(tied)
         if tied:
             self.decoder.weight = self.encoder.weight
+        self.carry_state = False
+        self._state: list = []  # per layer (h, c), each (1, streams, hidden), detached
+
+    def reset_state(self) -> None:
+        """Start every stream again from a zero hidden state."""
+        self._state = []
+
+    def get_state(self) -> list:
+        """The carried hidden state as a flat list of tensors (empty: zero state)."""
+        return [t.detach().clone() for pair in self._state for t in pair]
+
+    def set_state(self, tensors) -> None:
+        tensors = list(tensors)
+        if len(tensors) not in (0, 2 * len(self.rnns)):
+            raise ValueError(
+                f"a hidden state of {len(tensors)} tensors for an LSTM of {len(self.rnns)} layers"
+            )
+        device = self.decoder.weight.device
+        self._state = [
+            (tensors[k].to(device), tensors[k + 1].to(device)) for k in range(0, len(tensors), 2)
+        ]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.drops[0](self.encoder(x.long()))
-        for rnn, drop in zip(self.rnns, self.drops[1:]):
-            out = drop(rnn(out)[0])
+        carried = self._state if self.carry_state else []
+        rows, state = x.shape[0], []
+        for k, (rnn, drop) in enumerate(zip(self.rnns, self.drops[1:])):
+            start = None
+            if carried and carried[k][0].shape[1] >= rows:
+                start = (carried[k][0][:, :rows].contiguous(), carried[k][1][:, :rows].contiguous())
+            out, (h, c) = rnn(out, start)
+            state.append((h.detach(), c.detach()))
+            out = drop(out)
+        if self.carry_state:
+            self._state = state
         return self.decoder(out)
 
 

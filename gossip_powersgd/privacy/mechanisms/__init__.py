@@ -1,7 +1,8 @@
 """Privacy mechanisms that use the graph, on top of per-peer DP-SGD (``dp_mechanism``).
 
-``local`` (default): DP-SGD alone, local accounting. ``muffliato``: the same noise, accounted per
-pair through the exact view of `network_dp` (`muffliato`). ``zipdl``: zero-sum noise on the
+``local`` (default): DP-SGD alone, local accounting. ``muffliato``: the same noise; its per-pair
+network figure through the exact view of `network_dp` is no guarantee for training (`muffliato`),
+so its epsilon is DP-SGD's. ``zipdl``: zero-sum noise on the
 messages per edge (`zipdl`). ``decor``: antisymmetric pairwise noise from Diffie-Hellman pair keys
 on top of small independent noise (`decor`, `pair_secrets`). Config keys: ``dp_mechanism``,
 ``dp_zipdl_sigma`` (zipdl), ``dp_decor_sigma_cor`` (decor); ``dp_noise_multiplier`` is DP-SGD's
@@ -66,6 +67,12 @@ def validate_mechanism_config(config) -> None:
             "zero-sum noise on each message coordinate)"
         )
     if mechanism == "decor":
+        if config.dp_noise_multiplier is not None and not config.dp_noise_multiplier > 0:
+            raise ValueError(
+                "dp_mechanism: decor needs dp_noise_multiplier > 0 (sigma_ind, the independent "
+                "noise): without it a peer's pair noise is all a neighbour holding its keys must "
+                "remove, and SecLDP gives no epsilon; set dp_noise_multiplier (e.g. 0.5)"
+            )
         if config.dp_decor_sigma_cor is None:
             raise ValueError(
                 "dp_mechanism: decor needs dp_decor_sigma_cor (the pairs' noise "
@@ -79,9 +86,12 @@ def validate_mechanism_config(config) -> None:
             )
 
 
-def attach_mechanism(config, comm: Comm, dp, algorithm, randomness) -> Optional[object]:
+def attach_mechanism(
+    config, comm: Comm, dp, algorithm, randomness, resume: bool = False
+) -> Optional[object]:
     """Set the mechanism's noise up on this peer (collective for decor: the pair keys are agreed
-    with every neighbour); returns what was attached, or None for local and muffliato."""
+    with every neighbour, and with `resume` the stored ones must all be there); returns what was
+    attached, or None for local and muffliato."""
     mechanism = config.dp_mechanism
     if mechanism in ("zipdl", "decor") and not comm.is_static:
         raise ValueError(
@@ -103,7 +113,7 @@ def attach_mechanism(config, comm: Comm, dp, algorithm, randomness) -> Optional[
         return algorithm.edge_noise
     if mechanism == "decor":
         kind = randomness.kind
-        keys = agree_pair_keys(comm, kind, seed=config.seed, run_dir=config.out_dir)
+        keys = agree_pair_keys(comm, kind, seed=config.seed, run_dir=config.out_dir, resume=resume)
         dp.extra_noise = PairwiseNoise(
             comm.rank, keys, float(config.dp_decor_sigma_cor), dp.max_grad_norm, kind
         )

@@ -1,0 +1,263 @@
+"""What the speed pages share (bench_gossip, bench_scale, bench_sim, bench_dp, bench_backends,
+long_run; also experiments/gpu_check.py): the zoo's parameter shapes as random tensors, copy
+bandwidth, a loopback transport for one peer alone, bitwise comparison, the machine a row was
+measured on and the page header that names it, compact raw numbers, and a child process that
+cannot outlive its time limit."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+
+from experiments.engine import ROOT, made_by
+
+if TYPE_CHECKING:
+    from topologies import AnyTopology
+
+MODELS = ("resnet20", "vgg16", "vgg16_bn")
+Shapes = List[Tuple[str, Tuple[int, ...]]]
+
+
+# ---- parameter sets ------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _zoo_shapes(model: str) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
+    """(name, shape) of the zoo's model for CIFAR-10 inputs (3x32x32, 10 classes), built on the
+    meta device: the networks the trainer builds as `resnet20`, `vgg16:bn=false` and `vgg16`."""
+    from gossip_powersgd.training.zoo import VGG16, ResNet20
+
+    if model == "resnet20":
+        module = ResNet20((3, 32, 32), 10, device="meta")
+    elif model in ("vgg16", "vgg16_bn"):
+        module = VGG16((3, 32, 32), 10, batch_norm=model == "vgg16_bn", device="meta")
+    else:
+        raise ValueError(f"unknown model {model!r}; valid: {', '.join(MODELS)}")
+    return tuple((name, tuple(p.shape)) for name, p in module.named_parameters())
+
+
+def model_shapes(model: str) -> Shapes:
+    """The named parameter set's (name, shape) list: resnet20 (0.27 M parameters), vgg16 (15.2 M,
+    convs with biases, no BatchNorm) or vgg16_bn (BatchNorm after every conv, convs without bias)."""
+    return list(_zoo_shapes(model))
+
+
+def make_params(shapes: Shapes, rank: int, seed: int = 0):
+    """Random float32 tensors of the given shapes, different on every peer (std 1/sqrt(fan-in))."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed * 1000 + rank)
+    return [
+        torch.randn(shape, generator=generator).mul_(max(1, math.prod(shape[1:])) ** -0.5)
+        for _, shape in shapes
+    ]
+
+
+def count_params(shapes: Shapes) -> int:
+    """Scalars in a parameter set."""
+    return sum(math.prod(shape) for _, shape in shapes)
+
+
+# ---- measuring -----------------------------------------------------------------------------------
+def median(values: Sequence[float]) -> float:
+    """The median, NaN for no values."""
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def copy_bandwidth(megabytes: int, rounds: int = 1, buffers=None) -> List[float]:
+    """GB/s of `dst.copy_(src)` on `megabytes` MB (read + write: 2 x bytes / time), per round."""
+    import torch
+
+    if buffers is None:
+        src = torch.ones(megabytes * 2**20 // 4)
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # first touch
+    else:
+        src, dst = buffers
+    out = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        dst.copy_(src)
+        out.append(2 * src.numel() * 4 / (time.perf_counter() - start) / 1e9)
+    return out
+
+
+def loopback_communicator(topology: AnyTopology, rank: int):
+    """A transport for one peer alone: every neighbour 'answers' with half of what we sent it.
+
+    The algorithm runs its real code path (products, exchange, factor forming, updates), but nothing
+    waits for another peer and no other peer competes for the CPU. The answer is cheap (a few kB)
+    and counted as communication time, so it does not inflate the compute time.
+    """
+    import torch
+
+    from gossip_powersgd.comm.base import Communicator
+
+    class LoopbackCommunicator(Communicator):
+        def _exchange(self, send, recv):
+            for j in self.neighbors:
+                torch.mul(send[j], 0.5, out=recv[j])
+
+        def _allgather_tensor(self, tensor):
+            return [tensor.detach().clone() for _ in range(self.size)]
+
+    return LoopbackCommunicator(topology, rank, None)
+
+
+def compare_params(new: Sequence[Any], old: Sequence[Any]) -> Dict[str, Any]:
+    """Whether two parameter lists are bit-identical (their bytes, so -0.0 differs from 0.0 and
+    NaNs compare by payload), and their largest absolute difference."""
+    import torch
+
+    def raw(t):
+        return t.detach().contiguous().view(-1).view(torch.uint8)
+
+    identical = len(new) == len(old) and all(
+        a.shape == b.shape and a.dtype == b.dtype and torch.equal(raw(a), raw(b))
+        for a, b in zip(new, old)
+    )
+    difference = max(
+        (float((a - b).abs().max()) for a, b in zip(new, old) if a.numel()), default=0.0
+    )
+    return {"identical": identical, "max_difference": difference}
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+# ---- the machine, the header, raw numbers --------------------------------------------------------
+def machine() -> Dict[str, Any]:
+    """CPU, cores, memory, load average (1 minute), Python, torch and MPI versions, now."""
+    import torch
+
+    info = {"cpu": "unknown", "memory": "unknown", "mpi": "MPI: unknown"}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        info["cpu"] = next(
+            line.split(":", 1)[1].strip() for line in text.splitlines() if "model name" in line
+        )
+        mem = next(
+            line.split()[1]
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal")
+        )
+        info["memory"] = f"{int(mem) / 2**20:.1f} GiB"
+    except (OSError, StopIteration):
+        pass
+    version = Path(sys.executable).parent / "mpichversion"
+    if version.exists():  # without initialising MPI in this process
+        text = subprocess.run([str(version)], capture_output=True, text=True, timeout=30).stdout
+        info["mpi"] = " ".join(text.strip().splitlines()[0].split()) if text.strip() else "MPI"
+    return dict(
+        info,
+        cores=os.cpu_count(),
+        load=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        niceness=os.nice(0),
+        python=platform.python_version(),
+        torch=torch.__version__,
+    )
+
+
+def converted(rows) -> bool:
+    """Whether the rows were converted from an older program's files (their header is its own)."""
+    return bool(rows.records) and all((r.origin or {}).get("generated") for r in rows.records)
+
+
+def header(rows) -> str:
+    """The page's provenance paragraph: made_by's sentence (converted rows: the old page's own
+    command, date and machine, verbatim), and for rows made here the machine they were measured on
+    (each row's `machine_start` and `machine_end`: `machine()` around the run)."""
+    text = made_by(rows)
+    starts = [r.row["machine_start"] for r in rows.records if "machine_start" in r.row]
+    if converted(rows) or not starts:
+        return text
+    loads = [
+        m["load"]
+        for r in rows.records
+        for m in (r.row["machine_start"], r.row["machine_end"])
+        if m.get("load") is not None
+    ]
+    m = starts[0]
+    load = f"{min(loads):.1f} to {max(loads):.1f}" if loads else "unknown"
+    nice = sorted({r.row["machine_start"].get("niceness") for r in rows.records} - {None})
+    nice = f", run at niceness {', '.join(map(str, nice))}" if nice else ""
+    return (
+        f"{text} Machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; load average {load} at "
+        f"the starts and ends of its runs{nice} (the cores are shared with other jobs). Python "
+        f"{m['python']}, torch {m['torch']}, {m['mpi']}."
+    )
+
+
+def compact(obj: Any, digits: int = 5, columns: bool = True) -> Any:
+    """Raw numbers made small for a row: floats to `digits` significant digits, and (`columns`)
+    lists of same-keyed dicts (per-step records) as dicts of lists."""
+    if isinstance(obj, float):
+        return float(f"{obj:.{digits}g}")
+    if isinstance(obj, dict):
+        return {k: compact(v, digits, columns) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        if (
+            columns
+            and len(obj) > 1
+            and all(isinstance(x, dict) for x in obj)
+            and len({tuple(x) for x in obj}) == 1
+            and "steps" not in obj[0]
+        ):
+            return {k: [compact(x[k], digits) for x in obj] for k in obj[0]}
+        return [compact(v, digits, columns) for v in obj]
+    return obj
+
+
+def run_child(command: List[str], timeout: float) -> Tuple[Optional[int], str]:
+    """Run `command` from the checkout in its own session, one torch thread per process and this
+    checkout first on the import path; (exit status, its stderr), or (None, why) when it ran past
+    `timeout` seconds (it and everything it started are killed)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    child = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        _, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        return None, f"no result within {timeout:g} s"
+    except BaseException:  # Ctrl-C: nothing it started outlives the sweep
+        os.killpg(child.pid, signal.SIGKILL)
+        raise
+    return child.returncode, err
+
+
+def mpiexec() -> str:
+    """The mpiexec beside this python (the mpich wheel's), else the one on PATH."""
+    import shutil
+
+    local = Path(sys.executable).parent / "mpiexec"
+    found = str(local) if local.exists() else shutil.which("mpiexec")
+    if found is None:
+        raise FileNotFoundError(
+            "mpiexec not found next to the python or on PATH (pip install mpich)"
+        )
+    return found

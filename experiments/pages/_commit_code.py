@@ -1,0 +1,144 @@
+"""An earlier commit's PowerGossip, imported beside this tree's, for the pages that time both in
+one run (bench_sim's `before` and `previous`, bench_gossip's `before`).
+
+The commit's modules are read with `git show`, written to a temporary folder and imported under
+private names inside `gossip_powersgd.algorithms` (`_powergossip_<commit>`, ...), so that their
+relative imports of the rest of the package resolve as they did; their imports of one another are
+pointed at each other, so nothing of this tree's version of a loaded module mixes in. Which modules
+are loaded: `powergossip.py` and the modules split from it (where the commit has them), and with
+``helpers=True`` also every module of `algorithms/` they import, transitively (`kernels`,
+`lowrank`, `exact`, `base`, ...): the commit's PowerGossip as it was, running on this tree's
+transports. Without ``helpers`` those come from this tree (what `bench_sim` has always done, which
+works for commits whose PowerGossip calls this tree's helpers the same way).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Dict, Optional
+
+from experiments.engine import ROOT
+
+PACKAGE = "gossip_powersgd.algorithms"
+FOLDER = "gossip_powersgd/algorithms"
+#: The modules split from powergossip.py (by job), loaded from the same commit when it has them.
+PARTS = ("powergossip_layout", "powergossip_buffers", "powergossip_schedule")
+
+# `from .name import ...` and `from . import name [as alias]` (one name), anywhere in a line.
+_FROM_MODULE = re.compile(r"from \.(\w+) import")
+_FROM_PACKAGE = re.compile(r"from \. import (\w+)(?: as (\w+))?")
+_LOCK = threading.Lock()
+
+
+def git_show(commit: str, path: str) -> Optional[str]:
+    """The file `path` at `commit` (None when git or the file is missing)."""
+    try:
+        return subprocess.run(
+            ["git", "show", f"{commit}:{path}"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _relative_imports(text: str) -> set:
+    return set(_FROM_MODULE.findall(text)) | {m[0] for m in _FROM_PACKAGE.findall(text)}
+
+
+def _rewire(text: str, loaded: set, suffix: str) -> str:
+    """`text` with its relative imports of the `loaded` modules pointed at their private names."""
+
+    def module(match):
+        name = match.group(1)
+        return f"from ._{name}_{suffix} import" if name in loaded else match.group(0)
+
+    def package(match):
+        name, alias = match.group(1), match.group(2)
+        if name not in loaded:
+            return match.group(0)
+        return f"from . import _{name}_{suffix} as {alias or name}"
+
+    return _FROM_PACKAGE.sub(package, _FROM_MODULE.sub(module, text))
+
+
+def _suffix(commit: str, helpers: bool) -> str:
+    """The private names' suffix: the commit, and `_tree` where the helpers are this tree's, so
+    that one process can hold both versions of a commit (neither replaces the other's modules)."""
+    return re.sub(r"\W", "_", commit) + ("" if helpers else "_tree")
+
+
+@functools.lru_cache(maxsize=None)
+def _load(commit: str, helpers: bool) -> Optional[type]:
+    source = git_show(commit, f"{FOLDER}/powergossip.py")
+    if source is None:
+        return None
+    sources: Dict[str, str] = {"powergossip": source}
+    for part in PARTS:
+        text = git_show(commit, f"{FOLDER}/{part}.py")
+        if text is not None:
+            sources[part] = text
+    if helpers:
+        pending = [name for text in sources.values() for name in _relative_imports(text)]
+        while pending:
+            name = pending.pop()
+            if name in sources:
+                continue
+            text = git_show(commit, f"{FOLDER}/{name}.py")
+            if text is None:  # a subpackage or a name that is not a module: this tree's
+                continue
+            sources[name] = text
+            pending += _relative_imports(text)
+    # Import order: a module after the loaded modules it imports (the package's imports form no
+    # circle, which tests/test_import_cycles.py checks for this tree).
+    order, seen = [], set()
+
+    def visit(name: str) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        for other in sorted(_relative_imports(sources[name]) & set(sources)):
+            visit(other)
+        order.append(name)
+
+    for name in sorted(sources):
+        visit(name)
+    suffix = _suffix(commit, helpers)
+    folder = Path(tempfile.mkdtemp(prefix="commit_code_"))
+    module = None
+    for name in order:
+        path = folder / f"{name}_{suffix}.py"
+        path.write_text(_rewire(sources[name], set(sources), suffix))
+        qualified = f"{PACKAGE}._{name}_{suffix}"
+        spec = importlib.util.spec_from_file_location(qualified, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[qualified] = module
+        spec.loader.exec_module(module)
+    return sys.modules[f"{PACKAGE}._powergossip_{suffix}"].PowerGossip
+
+
+def previous_powergossip(commit: str, helpers: bool = False) -> Optional[type]:
+    """`PowerGossip` as it was at `commit`, imported beside this tree's (once per process and
+    commit, thread-safe); None without git or when the commit has no `powergossip.py`."""
+    with _LOCK:
+        return _load(commit, helpers)
+
+
+def loaded_modules(commit: str, helpers: bool = True) -> list:
+    """The `algorithms/` modules loaded from `commit` (with its own helper modules, or with this
+    tree's for ``helpers=False``) in this process (their names there)."""
+    prefix, suffix = f"{PACKAGE}._", "_" + _suffix(commit, helpers)
+    return sorted(
+        name[len(prefix) : -len(suffix)]
+        for name in list(sys.modules)
+        if name.startswith(prefix) and name.endswith(suffix)
+    )

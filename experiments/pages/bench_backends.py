@@ -1,0 +1,153 @@
+"""`python -m experiments bench_backends`: one training run on one machine under each backend
+(`local`: every peer a thread of one process; `mpi`: one process per peer under mpiexec; `torch`:
+one process per peer under torchrun, gloo), the same config and seed, repetitions interleaved in
+one run (alternating order) so that the backends' ratios saw the same machine.
+
+Wall time (the whole `gossip-train` command, start-up included: the torch import, the data) and CPU
+time (user + system of all the run's processes) per backend, and whether the three give the same
+final model (summary.json's model_sha256)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping
+
+from experiments.engine import Outputs, Page, Rows, Run
+from experiments.pages import register
+from experiments.pages._bench import header, machine, mpiexec
+
+BACKENDS = ("local", "mpi", "torch")
+#: The page's run and --quick's.
+SETTING = {
+    False: {
+        "config": "experiments/configs/ring8_mnist1d_powergossip.yaml",
+        "peers": 8,
+        "set": ["epochs=3"],
+        "reps": 2,
+        "timeout": 900.0,
+    },
+    True: {
+        "config": "experiments/configs/tiny.yaml",
+        "peers": 4,
+        "set": ["epochs=1"],
+        "reps": 1,
+        "timeout": 300.0,
+    },
+}
+
+
+def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    s = SETTING[quick]
+    return [Run(key=f"{s['config']}/{s['reps']}reps", config=s)]
+
+
+def command(backend: str, c: Dict[str, Any], out: str) -> List[str]:
+    import sys
+    from pathlib import Path
+
+    train = ["-m", "gossip_powersgd.cli.train", "--config", c["config"], "--quiet"]
+    for item in [f"backend={backend}", f"out_dir={out}", *c["set"]]:
+        train += ["--set", item]
+    if backend == "mpi":
+        return [mpiexec(), "-n", str(c["peers"]), sys.executable, *train]
+    if backend == "torch":
+        torchrun = str(Path(sys.executable).parent / "torchrun")
+        return [torchrun, "--standalone", "--nproc-per-node", str(c["peers"]), *train]
+    return [sys.executable, *train]
+
+
+def one(backend: str, c: Dict[str, Any], scratch: str, rep: int) -> Dict[str, Any]:
+    """One training run: its wall and CPU seconds, training seconds, final models, accuracy."""
+    import json
+    import resource
+    import time
+    from pathlib import Path
+
+    from experiments.pages._bench import run_child
+
+    out = Path(scratch) / f"{backend}-{rep}"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    status, err = run_child(command(backend, c, str(out)), c["timeout"])
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if status != 0:
+        raise RuntimeError(f"{backend} run failed: {err.strip()[-500:]}")
+    summary = json.loads((out / "summary.json").read_text())
+    return {
+        "backend": backend,
+        "rep": rep,
+        "wall_s": wall,
+        "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "train_wall_s": summary["wall_time_s"],
+        "sha": summary["model_sha256"],
+        "acc": summary["final_test_acc_avg_model"],
+    }
+
+
+def row(run: Run) -> Dict[str, Any]:
+    """Every repetition of the three backends, interleaved (the order alternates)."""
+    import tempfile
+
+    c, start, runs = run.config, machine(), []
+    with tempfile.TemporaryDirectory() as scratch:
+        for rep in range(c["reps"]):
+            for backend in BACKENDS if rep % 2 == 0 else BACKENDS[::-1]:
+                runs.append(one(backend, c, scratch, rep))
+    return {"runs": runs, "machine_start": start, "machine_end": machine()}
+
+
+def render(rows: Rows) -> Outputs:
+    import statistics
+
+    (record,) = rows.records
+    c, runs = record.config, record.row["runs"]
+
+    def med(backend, key):
+        return statistics.median(r[key] for r in runs if r["backend"] == backend)
+
+    same = len({tuple(r["sha"]) for r in runs}) == 1
+    lines = [
+        "# One machine: in-process peers vs mpiexec vs torchrun"
+        + (" (--quick)" if rows.quick else ""),
+        "",
+        f"{header(rows)} Absolute times move with the load; the backends ran interleaved, so their "
+        "ratios saw the same machine.",
+        "",
+        f"Config `{c['config']}` with {' '.join(c['set']) or 'no overrides'}, {c['peers']} peers, "
+        f"{c['reps']} repetitions per backend (medians). Wall: the whole command, start-up "
+        "included; training: the run's own wall_time_s (after start-up); CPU: user + system of "
+        "all its processes.",
+        "",
+        "| backend | wall (s) | training (s) | CPU (s) | wall ÷ local |",
+        "|---|---|---|---|---|",
+    ]
+    for b in BACKENDS:
+        lines.append(
+            f"| {b} | {med(b, 'wall_s'):.1f} | {med(b, 'train_wall_s'):.1f} | "
+            f"{med(b, 'cpu_s'):.1f} | {med(b, 'wall_s') / med('local', 'wall_s'):.2f} |"
+        )
+    lines += [
+        "",
+        f"Same final models on every backend and repetition (every peer's model_sha256): "
+        f"**{'yes' if same else 'no'}**; averaged-model accuracy {runs[0]['acc']:.4f}.",
+        "",
+        "Each run: "
+        + "; ".join(
+            f"{r['backend']} #{r['rep']}: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU"
+            for r in runs
+        )
+        + ".",
+    ]
+    return {"bench_backends.md": "\n".join(lines) + "\n"}
+
+
+PAGE = register(
+    Page(
+        name="bench_backends",
+        title="one training run under local, mpiexec and torchrun: wall and CPU time, same models",
+        plan=plan,
+        row=row,
+        render=render,
+        serial=True,
+    )
+)

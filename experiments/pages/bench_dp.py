@@ -1,0 +1,447 @@
+"""`python -m experiments bench_dp`: what DP-SGD costs per step; one run, so every ratio of the
+page is measured side by side in it.
+
+(a) One peer, batch 32, MNIST-1D-shaped inputs (length 40, 10 classes), one torch thread, for
+mlp:128,128 and cnn1d: a non-private step against the same step with the clipped sum of
+per-example gradients in place of the gradient for each engine of `DPSGD(engine=...)`, and against
+the whole private step (`DPSGD.privatize`) for the default engine and Opacus' hooks; again at a
+big batch without the private steps; (c) the step in parts, and its tensor operations. Each
+repetition times `steps` steps of every candidate in turn, starting one candidate later than the
+one before; a ratio is the median over repetitions of each repetition's own ratio.
+
+(b) ring:8, cnn1d, MNIST-1D iid, batch 32, in-process peers, exact gossip and PowerGossip r1,
+without DP and with DP-SGD (sigma = 1, C = 1) by the default engine and by Opacus' hooks; per step
+from the 8th to the last, in interleaved repetitions of whole runs.
+
+Times are CPU time of the measuring thread (a) and of the whole process (b): on a shared machine
+it leaves out the time a thread waits for a core, which wall time (in the row too) does not.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from statistics import median
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+from experiments.engine import Outputs, Page, Rows, Run
+from experiments.pages import register
+from experiments.pages._bench import converted, header, machine
+
+MODELS = ("mlp:128,128", "cnn1d")
+ENGINES = ("ghost", "vmap", "ew", "hooks")
+ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1,iters=1"))
+BATCH = 32
+QUICK_DATA = "synthetic_logreg:d=40,classes=10,n=800"
+#: The page's run and --quick's (the end-to-end runs of --quick on a small synthetic problem).
+SETTING = {
+    False: dict(reps=15, steps=20, big_batch=256, e2e_reps=7, e2e_epochs=3, dataset="mnist1d"),
+    True: dict(reps=1, steps=1, big_batch=8, e2e_reps=1, e2e_epochs=1, dataset=QUICK_DATA),
+}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---- (a) one peer ---------------------------------------------------------------------------
+def _one_peer_step(
+    spec: str, dp_engine: Optional[str], full: bool, batch: int = BATCH, backward_only: bool = False
+) -> Callable[[], None]:
+    """One training step of a fresh model; with `dp_engine`, the clipped sum (or, `full`, the
+    whole private step) replaces the gradient. `backward_only`: zero_grad, forward, loss and
+    backward only (what the engine recorded is dropped), for the breakdown (c)."""
+    import torch
+    from torch.nn import functional as F
+
+    from gossip_powersgd.privacy import DPSGD
+    from gossip_powersgd.training.models import build_model
+
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, 40, generator=generator)
+    y = torch.randint(0, 10, (batch,), generator=generator)
+    model = build_model(spec, input_shape=(40,), num_classes=10, seed=0)
+    dp = None
+    if dp_engine is not None:
+        dp = DPSGD(1.0, 1.0, sample_rate=batch / 4000, shard_size=4000, engine=dp_engine)
+        model = dp.wrap(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=0.01)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        if backward_only:
+            if dp is not None:
+                model.clear()
+            return
+        if dp is not None and full:
+            dp.privatize(model, batch)
+        elif dp is not None:  # the clipped sum divided by the expected batch, as privatize
+            with torch.no_grad():
+                for p, total in zip(params, dp.clipped_sum(model, batch, dp.expected_batch_size)):
+                    p.grad = total
+        optimizer.step()
+
+    return step
+
+
+def one_peer_candidates(spec: str, batch: int = BATCH) -> Dict[str, Callable[[], None]]:
+    candidates = {"non-private": _one_peer_step(spec, None, False, batch)}
+    for engine in ENGINES:
+        candidates[f"clipped sum, {engine}"] = _one_peer_step(spec, engine, False, batch)
+    if batch != BATCH:
+        return candidates
+    for engine in ("ghost", "hooks"):
+        candidates[f"private step, {engine}"] = _one_peer_step(spec, engine, True)
+    return candidates
+
+
+def _rotated(candidates: Dict[str, Callable[[], None]], rep: int) -> list:
+    """The candidates in the order of repetition `rep`: each starts one place later than in the
+    one before, so none is always timed right after the same other one (on a loaded machine
+    a fixed order put cnn1d's clipped sum above its whole private step, which does more)."""
+    items = list(candidates.items())
+    shift = rep % len(items)
+    return items[shift:] + items[:shift]
+
+
+def interleaved(
+    candidates: Dict[str, Callable[[], None]], reps: int, steps: int
+) -> Dict[str, Dict[str, List[float]]]:
+    """Per candidate, per repetition: ms per step, thread CPU time and wall time (after 5 warm-up
+    steps each: allocator, autograd graphs, lazy imports)."""
+    for step in candidates.values():
+        for _ in range(5):
+            step()
+    times = {name: {"cpu": [], "wall": []} for name in candidates}
+    for rep in range(reps):
+        for name, step in _rotated(candidates, rep):
+            cpu, wall = time.thread_time(), time.perf_counter()
+            for _ in range(steps):
+                step()
+            times[name]["cpu"].append((time.thread_time() - cpu) / steps * 1e3)
+            times[name]["wall"].append((time.perf_counter() - wall) / steps * 1e3)
+    return times
+
+
+def measure_one_peer(
+    spec: str, reps: int, steps: int, batch: int = BATCH
+) -> Dict[str, Dict[str, List[float]]]:
+    return interleaved(one_peer_candidates(spec, batch), reps, steps)
+
+
+#: The breakdown (c): the step's parts, measured like (a).
+PARTS = {
+    "forward + backward, non-private": (None, False, True),
+    "forward + backward, ghost": ("ghost", False, True),
+    "whole step, non-private": (None, False, False),
+    "whole step, clipped sum ghost": ("ghost", False, False),
+}
+
+
+def count_operations(step: Callable[[], None]) -> int:
+    """The tensor operations (ATen calls, the backward's included) one call of `step` issues."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    step()  # warm: lazy state of the optimizer and the engine
+    with Count():
+        step()
+    return Count.calls
+
+
+def measure_parts(spec: str, reps: int, steps: int) -> Dict[str, Any]:
+    """(c): per part, per repetition, ms per step (thread CPU, wall); and operation counts."""
+    operations = {
+        name: count_operations(_one_peer_step(spec, *args))
+        for name, args in (
+            ("non-private", (None, False)),
+            ("clipped sum, ghost", ("ghost", False)),
+            ("private step, ghost", ("ghost", True)),
+        )
+    }
+    candidates = {name: _one_peer_step(spec, e, f, BATCH, b) for name, (e, f, b) in PARTS.items()}
+    return {"times": interleaved(candidates, reps, steps), "operations": operations}
+
+
+# ---- (b) end to end -------------------------------------------------------------------------
+def _run(
+    spec: str, engine: Optional[str], epochs: int, first: int, dataset: str
+) -> Dict[str, float]:
+    """One ring:8 training run; ms per step (process CPU, wall) from step `first` (at most half
+    the run) to the last."""
+    from unittest import mock
+
+    from gossip_powersgd import run
+    from gossip_powersgd.privacy import DPSGD
+    from gossip_powersgd.privacy import training as dp_training
+    from gossip_powersgd.training.hooks import TrainingHooks
+
+    from experiments.suite.runs import BASE
+
+    overrides = dict(topology="ring:8", partition="iid", epochs=epochs, eval_every=epochs)
+    overrides.update(warmup_epochs=0, algorithm=spec, comm_timeout=600.0, dataset=dataset)
+    if engine is not None:
+        overrides.update(dp_noise_multiplier=1.0, dp_max_grad_norm=1.0, dp_delta=1e-5)
+    marks: Dict[int, tuple] = {}
+
+    class Marks(TrainingHooks):
+        """Rank 0's process CPU and wall clocks at the end of every step."""
+
+        def after_step(self, step: int, loss) -> None:
+            marks[step + 1] = (time.process_time(), time.perf_counter())
+
+    engine_class = functools.partial(DPSGD, engine=engine) if engine is not None else DPSGD
+    with mock.patch.object(dp_training, "DPSGD", engine_class):
+        run(dict(BASE, **overrides), hooks=lambda rank: [Marks()] if rank == 0 else [])
+    last = max(marks)
+    first = min(first, last // 2)
+    steps = last - first
+    return {
+        "cpu": (marks[last][0] - marks[first][0]) / steps * 1e3,
+        "wall": (marks[last][1] - marks[first][1]) / steps * 1e3,
+        "steps": steps,
+        "first": first,
+    }
+
+
+def measure_end_to_end(reps: int, epochs: int, dataset: str, first: int = 8) -> Dict[str, Any]:
+    """Per (algorithm, DP engine or None) and repetition, ms per step; the runs interleaved."""
+    keys = [(label, engine) for label, _ in ALGORITHMS for engine in (None, "auto", "hooks")]
+    times = {key: {"cpu": [], "wall": []} for key in keys}
+    result: Dict[str, Any] = {}
+    for rep in range(reps):
+        for label, engine in keys:
+            log(f"  end to end, rep {rep + 1}/{reps}: {label}, DP {engine or 'off'}")
+            result = _run(dict(ALGORITHMS)[label], engine, epochs, first, dataset)
+            times[(label, engine)]["cpu"].append(result["cpu"])
+            times[(label, engine)]["wall"].append(result["wall"])
+    return {"times": times, "steps": result["steps"], "first": result["first"]}
+
+
+# ---- the page -------------------------------------------------------------------------------
+def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    return [Run(key="one-peer,parts,end-to-end", config=SETTING[quick])]
+
+
+def row(run: Run) -> Dict[str, Any]:
+    """(a), the big batch, (c) and (b), one after the other, in this process."""
+    import torch
+
+    c, start = run.config, machine()
+    torch.set_num_threads(1)
+    one_peer, big, parts = {}, {}, {}
+    for spec in MODELS:
+        log(f"one peer: {spec}")
+        one_peer[spec] = measure_one_peer(spec, c["reps"], c["steps"])
+    for spec in MODELS:
+        log(f"one peer: {spec}, batch {c['big_batch']}")
+        big[spec] = measure_one_peer(spec, c["reps"], c["steps"], c["big_batch"])
+    for spec in MODELS:
+        log(f"one peer: {spec}, the step in parts")
+        parts[spec] = measure_parts(spec, c["reps"], c["steps"])
+    log("end to end: ring:8, cnn1d")
+    e2e = measure_end_to_end(c["e2e_reps"], c["e2e_epochs"], c["dataset"])
+    return {
+        "one_peer_ms": one_peer,
+        "one_peer_big_batch_ms": big,
+        "one_peer_parts_ms": {spec: part["times"] for spec, part in parts.items()},
+        "one_peer_operations": {spec: part["operations"] for spec, part in parts.items()},
+        "end_to_end_ms": {
+            f"{label} | DP {engine or 'off'}": v for (label, engine), v in e2e["times"].items()
+        },
+        "end_to_end_steps": e2e["steps"],
+        "end_to_end_first": e2e["first"],
+        "machine_start": start,
+        "machine_end": machine(),
+    }
+
+
+def _cell(values: List[float]) -> str:
+    return f"{median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+
+
+def _ratio(values: List[float], base: List[float]) -> float:
+    """The median over repetitions of each repetition's ratio: a repetition runs its candidates
+    back to back, so its ratio compares them under the same load from other jobs (the ratio of
+    the medians mixes repetitions run minutes apart: 1.36x and 1.53x in two runs of one code)."""
+    return median([v / b for v, b in zip(values, base)])
+
+
+def _table(head: List[str], cells: Dict[str, List[str]]) -> List[str]:
+    return [
+        "| " + " | ".join(head) + " |",
+        "|---" * len(head) + "|",
+        *(f"| {name} | " + " | ".join(row) + " |" for name, row in cells.items()),
+    ]
+
+
+def render(rows: Rows) -> Outputs:
+    (record,) = rows.records
+    c, data = record.config, record.row
+    e2e = {}
+    for key, times in data["end_to_end_ms"].items():
+        label, dp = key.split(" | DP ")
+        e2e[(label, None if dp == "off" else dp)] = times
+    lines = [
+        "# What DP-SGD costs per step" + (" (--quick)" if rows.quick else ""),
+        "",
+        header(rows)
+        + ("" if converted(rows) else " One torch thread.")
+        + " The machine was loaded by other jobs during the run: the figures are medians of "
+        "interleaved repetitions (range in brackets), a ratio is the median of the repetitions' "
+        "own ratios, and the times are CPU time (of the measuring thread in (a), of the whole "
+        "process with its 8 peer threads in (b)), which leaves out the time a thread waits for a "
+        f"core; wall times are in the rows ({rows.page}.jsonl).",
+        "",
+        "Engines (`DPSGD(engine=...)`): **ghost** (the default, `auto`, for these models): "
+        "each Linear / Conv1d layer's forward uses detached parameters, keeps its input and "
+        "retains its output's gradient, so the backward computes no weight gradient and runs no "
+        "Python; per-example norms from |a_i| |b_i| (Linear) or the im2col per-example "
+        "gradients (Conv1d), then the clipped sum as one product per weight; **vmap**: "
+        "torch.func per layer; **ew**, **hooks**: Opacus' GradSampleModule with expanded "
+        "weights or hooks (hooks was the only engine before). *Clipped sum*: the step with the "
+        "sum of clipped per-example gradients, divided by the expected batch, in place of the "
+        "gradient; *private step*: the whole `privatize` (clip, Gaussian noise from the peer's "
+        "ChaCha20 keystream, scale, accounting).",
+        "",
+        *_one_peer(c, data["one_peer_ms"], data["one_peer_big_batch_ms"]),
+        *_parts(c, data["one_peer_parts_ms"], data["one_peer_operations"]),
+        *_end_to_end(c, e2e, data["end_to_end_first"], data["end_to_end_steps"]),
+        "",
+        "## Targets",
+        "",
+    ]
+
+    def target(what: str, ratio: float, bound: float, hooks: float) -> str:
+        verdict = "MET" if ratio <= bound else "MISSED"
+        return f"- **{what}: {verdict} ({ratio:.2f}×; Opacus' hooks {hooks:.2f}×)."
+
+    for spec, times in data["one_peer_ms"].items():
+        plain = times["non-private"]["cpu"]
+        ghost, hooks = times["clipped sum, ghost"]["cpu"], times["clipped sum, hooks"]["cpu"]
+        what = f"The clipped sum at ≤ 1.5× a non-private step**, {spec}, batch {BATCH}"
+        lines.append(target(what, _ratio(ghost, plain), 1.5, _ratio(hooks, plain)))
+    for label, _ in ALGORITHMS:
+        plain, ghost, hooks = (e2e[(label, dp)]["cpu"] for dp in (None, "auto", "hooks"))
+        what = f"DP training at ≤ 2× the non-private time per step**, ring:8 cnn1d, {label}"
+        lines.append(target(what, _ratio(ghost, plain), 2.0, _ratio(hooks, plain)))
+    return {"bench_dp.md": "\n".join(lines + [""])}
+
+
+def _one_peer(c: Dict[str, Any], one_peer, big) -> List[str]:
+    """(a): ms per step at batch 32, the ratios to the non-private step, and the big batch."""
+    names = list(next(iter(one_peer.values())))
+    lines = [
+        f"## (a) One peer, batch {BATCH}, ms per step",
+        "",
+        f"{c['reps']} interleaved repetitions of {c['steps']} steps each, after 5 warm-up steps; "
+        "each repetition starts one candidate later than the one before.",
+        "",
+        *_table(
+            ["model", *names], {s: [_cell(t[n]["cpu"]) for n in names] for s, t in one_peer.items()}
+        ),
+        "",
+        "Ratios to the non-private step (CPU time; the median over the repetitions of each "
+        "repetition's ratio, which compares steps timed back to back):",
+        "",
+    ]
+    ratios = {
+        s: [f"**{_ratio(t[n]['cpu'], t['non-private']['cpu']):.2f}×**" for n in names[1:]]
+        for s, t in one_peer.items()
+    }
+    lines += _table(["model", *names[1:]], ratios)
+    if big:
+        names = list(next(iter(big.values())))
+        cells = {
+            s: [_cell(t["non-private"]["cpu"])]
+            + [
+                f"{_cell(t[n]['cpu'])} ms, **{_ratio(t[n]['cpu'], t['non-private']['cpu']):.2f}×**"
+                for n in names[1:]
+            ]
+            for s, t in big.items()
+        }
+        lines += ["", f"Batch {c['big_batch']}, the same way (ratios to the non-private step):", ""]
+        lines += _table(["model", "non-private, ms", *names[1:]], cells)
+    return lines
+
+
+def _parts(c: Dict[str, Any], times, operations) -> List[str]:
+    """(c): the step in parts, and the tensor operations per step."""
+    lines = [
+        "",
+        f"## (c) Where the ghost engine's extra time goes, batch {BATCH}",
+        "",
+        f"The same way as (a) ({c['reps']} interleaved repetitions of {c['steps']} steps); "
+        "*forward + backward*: zero_grad, forward, loss, backward (the ghost engine's "
+        "records dropped); the rest of the whole step is, without DP, the SGD step, and, "
+        "with the ghost engine, the clipped sum (norms, clip factors, one product per "
+        "weight), the gradient assignment and the SGD step. *Operations*: ATen calls per "
+        "step, the backward's included (counted by a TorchDispatchMode).",
+        "",
+        "| model | forward + backward: non-private | forward + backward: ghost | rest: "
+        "non-private | rest: ghost | operations: non-private | operations: clipped sum, "
+        "ghost | operations: private step, ghost | extra time per extra operation |",
+        "|---" * 9 + "|",
+    ]
+    for spec, part in times.items():
+        t = {name: median(v["cpu"]) for name, v in part.items()}
+        ops = operations[spec]
+        fb0, fb1 = t["forward + backward, non-private"], t["forward + backward, ghost"]
+        whole0, whole1 = t["whole step, non-private"], t["whole step, clipped sum ghost"]
+        extra_ops = ops["clipped sum, ghost"] - ops["non-private"]
+        per_op = (whole1 - whole0) * 1e3 / extra_ops if extra_ops > 0 else float("nan")
+        lines.append(
+            f"| {spec} | {fb0:.3f} ms | {fb1:.3f} ms | {whole0 - fb0:.3f} ms | "
+            f"{whole1 - fb1:.3f} ms | {ops['non-private']} | {ops['clipped sum, ghost']} | "
+            f"{ops['private step, ghost']} | {per_op:.1f} µs |"
+        )
+    return lines
+
+
+def _end_to_end(c: Dict[str, Any], e2e, first: int, steps: int) -> List[str]:
+    """(b): ring:8 training runs, ms per step without DP and with both engines."""
+    data = "MNIST-1D" if c["dataset"] == "mnist1d" else f"`{c['dataset']}`"
+    lines = [
+        "",
+        f"## (b) ring:8, cnn1d, {data} iid, local backend, ms per step",
+        "",
+        f"{c['e2e_reps']} interleaved repetitions of whole runs of {c['e2e_epochs']} "
+        f"epochs; each times steps {first} to {first + steps} "
+        "(process CPU time of all 8 peers per step, then wall time). DP-SGD: σ = 1, C = 1, "
+        "Poisson batches of expected size 32.",
+        "",
+        "| algorithm | non-private | DP, ghost (the default) | DP, Opacus hooks | DP ghost ÷ "
+        "non-private | DP hooks ÷ non-private | wall: non-private | wall: DP ghost | "
+        "wall: DP hooks |",
+        "|---" * 9 + "|",
+    ]
+    for label, _ in ALGORITHMS:
+        plain, ghost, hooks = (e2e[(label, dp)] for dp in (None, "auto", "hooks"))
+        lines.append(
+            f"| {label} | {_cell(plain['cpu'])} | {_cell(ghost['cpu'])} | {_cell(hooks['cpu'])} | "
+            f"**{_ratio(ghost['cpu'], plain['cpu']):.2f}×** | "
+            f"{_ratio(hooks['cpu'], plain['cpu']):.2f}× | {median(plain['wall']):.1f} | "
+            f"{median(ghost['wall']):.1f} | {median(hooks['wall']):.1f} |"
+        )
+    return lines
+
+
+PAGE = register(
+    Page(
+        name="bench_dp",
+        title="what DP-SGD costs per step: clipping engines side by side, private ring:8 training",
+        plan=plan,
+        row=row,
+        render=render,
+        serial=True,
+    )
+)

@@ -1,0 +1,149 @@
+"""`python -m experiments bench_gossip`: PowerGossip (rank 1) against exact gossip on the zoo's
+ResNet-20 and VGG-16 shapes, 8 peers, in-process and under MPI.
+
+What is measured, for every model x topology x backend (one run each; an MPI one is its own
+`mpiexec -n 8`, `measure.py` its child):
+
+* bytes per peer per step, from the transport's counters (`comm.stats.bytes_sent`), for exact gossip
+  and PowerGossip, checked step by step against the algorithms' own `bytes_per_step()`;
+* time per step, split into compute and communication by the algorithm's accumulators;
+* the same PowerGossip with `batch_neighbors=False` ("naive"), and `BEFORE`'s PowerGossip (its
+  `powergossip.py` and the `algorithms/` modules it imports, read with git: `_commit_code`), in
+  blocks interleaved with this tree's (order alternating) so that drift of the shared machine
+  cancels: speedups, this tree's time over `BEFORE`'s, whether every step's bytes are equal, and
+  whether every peer's final parameters are bit-identical;
+* memory bandwidth by large tensor copies in the same run (GB/s = 2 x bytes / time): all peers
+  copying at once (in situ), and one thread alone (isolated);
+* compute efficiency = 3 x (bytes of the compressed matrices) / (compute time per half-step x
+  bandwidth), in situ and for one isolated peer (its half-steps on a loopback transport, every
+  other peer idle).
+
+One more run times the kernels PowerGossip calls on the largest VGG-16 group (and the first
+formulation's and per-column alternatives to them); one more counts the bytes of the zoo's
+default VGG-16 (with BatchNorm).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping
+
+from experiments.engine import Outputs, Page, Rows, Run
+from experiments.pages import register
+
+#: The commit whose PowerGossip runs beside this tree's: 6df8d52 is main before Architecture II
+#: touched `algorithms/`.
+BEFORE = "6df8d52"
+#: torus:2x4 has degree 3 (the dimension of size 2 wraps onto the same neighbour), so the page adds
+#: an 8-peer graph of degree 4: the circulant C8(1, 2) (Watts-Strogatz with k=4 and no rewiring).
+TOPOLOGIES = ("ring:8", "torus:2x4", "small_world:8:4:0")
+#: Warm-up PowerGossip steps per variant, and measured exact-gossip steps (after one warm-up step
+#: when more than one): VGG-16's exact gossip moves 122 MB per peer and step.
+WARMUP_STEPS = {"resnet20": 2, "vgg16": 1, "vgg16_bn": 0}
+EXACT_STEPS = {"resnet20": 4, "vgg16": 1, "vgg16_bn": 1}
+
+
+def setting(model: str, topology: str, backend: str, steps: int, reps: int) -> Run:
+    """A timed setting: `steps` measured PowerGossip steps per variant in `reps` blocks."""
+    config = dict(model=model, topology=topology, backend=backend, steps=steps, reps=reps)
+    config.update(naive=True, exact_steps=EXACT_STEPS[model], warmup=WARMUP_STEPS[model])
+    cost = (20 if model == "vgg16" else 1) * (2 if backend == "mpi" else 1)
+    return Run(key=f"{model}/{topology}/{backend}", config=dict(config, before=BEFORE), cost=cost)
+
+
+def bytes_only(model: str, topology: str) -> Run:
+    """Two steps on the in-process peers, bytes only (no timing)."""
+    config = dict(model=model, topology=topology, backend="local", steps=2, reps=1, naive=False)
+    config.update(exact_steps=EXACT_STEPS[model], warmup=0, bytes_only=True)
+    return Run(key=f"{model}/{topology}/local/bytes", config=config)
+
+
+def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    """The kernels, every model x topology x backend (80 steps in 8 blocks), the BatchNorm VGG's
+    bytes; --quick: the same kinds of run on ResNet-20 shapes, ring:4, 2 steps."""
+    if quick:
+        runs = [setting("resnet20", "ring:4", backend, 2, 1) for backend in ("local", "mpi")]
+        return [Run("kernels", {"rounds": 1}), *runs, bytes_only("resnet20", "ring:4")]
+    runs = [Run("kernels", {"rounds": 7}, cost=10)]
+    for backend in ("local", "mpi"):
+        runs += [setting(m, t, backend, 80, 8) for m in ("resnet20", "vgg16") for t in TOPOLOGIES]
+    return runs + [bytes_only("vgg16_bn", "ring:8")]
+
+
+def row(run: Run) -> Dict[str, Any]:
+    """The kernels' speeds; or a setting's summary and raw numbers (floats to 5 digits)."""
+    import json
+    import sys
+    import tempfile
+    import time
+    from pathlib import Path
+
+    import torch
+
+    import topologies
+    from experiments.pages._bench import compact, machine, mpiexec, run_child
+    from gossip_powersgd.launch import run_peers
+
+    from .measure import BenchConfig, isolated_benchmark, kernel_benchmark, peer_benchmark
+    from .summary import summarize_setting
+
+    start = machine()
+    torch.set_num_threads(1)
+    if run.key == "kernels":
+        return dict(
+            kernel_benchmark(run.config["rounds"]), machine_start=start, machine_end=machine()
+        )
+    cfg = BenchConfig(**run.config)
+    topology = topologies.parse(cfg.topology)
+    if cfg.backend == "mpi":
+        with tempfile.TemporaryDirectory(prefix="bench_gossip-") as folder:
+            out = Path(folder) / "setting.json"
+            child = [
+                "-m",
+                "experiments.pages.bench_gossip.measure",
+                json.dumps(run.config),
+                str(out),
+            ]
+            status, err = run_child(
+                [mpiexec(), "-n", str(topology.size), sys.executable, *child], 1800
+            )
+            if status != 0:
+                raise RuntimeError(f"{run.key}: mpiexec failed ({status}): {err.strip()[-500:]}")
+            raw = json.loads(out.read_text())
+    else:
+        started = time.perf_counter()
+        values = run_peers(topology, peer_benchmark, cfg, backend="local", timeout=1800)
+        iso = isolated_benchmark(cfg, topology) if cfg.isolated and not cfg.bytes_only else None
+        raw = {"peers": [values[rank] for rank in sorted(values)], "isolated": iso}
+        raw["seconds"] = time.perf_counter() - started
+    summary = dict(
+        summarize_setting(cfg, raw["peers"], raw["isolated"]), seconds=raw.pop("seconds")
+    )
+    return {
+        "summary": summary,
+        "raw": compact(raw),
+        "machine_start": start,
+        "machine_end": machine(),
+    }
+
+
+def render(rows: Rows) -> Outputs:
+    from experiments.pages._bench import header
+
+    from .report import render_markdown
+
+    kernels = rows.by_key.get("kernels")
+    summaries = [r.row["summary"] for r in rows.records if r.key != "kernels"]
+    title = " (--quick)" if rows.quick else ""
+    return {"bench_gossip.md": render_markdown(summaries, kernels, header(rows), title) + "\n"}
+
+
+PAGE = register(
+    Page(
+        name="bench_gossip",
+        title="PowerGossip r1 vs exact gossip on ResNet-20 / VGG-16 shapes: bytes, time, efficiency",
+        plan=plan,
+        row=row,
+        render=render,
+        serial=True,
+    )
+)

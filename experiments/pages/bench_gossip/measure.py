@@ -1,0 +1,372 @@
+"""What the benchmark measures on each peer: bytes and times of exact gossip and PowerGossip, copy
+bandwidth, one peer's half-steps alone on a loopback transport, and the kernels of one half-step.
+
+Run as a program it is an MPI setting's child (`mpiexec -n 8 python -m
+experiments.pages.bench_gossip.measure CONFIG_JSON OUT`, by the page's `row`): every rank measures,
+rank 0 also the isolated peer, and rank 0 writes every peer's measurements to OUT.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+
+from experiments.pages._bench import (
+    Shapes,
+    compare_params,
+    copy_bandwidth,
+    loopback_communicator,
+    make_params,
+    model_shapes,
+)
+
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
+    from topologies import AnyTopology
+
+
+def block_order(names: Sequence[str], rep: int) -> List[str]:
+    """The variants' order in repetition `rep`: alternating (A B, B A, ...) so that drift of the
+    shared machine cancels; with a "before" variant, "batched" and "before" also swap places every
+    second pair of repetitions, so each of the two is the first block after the copy (cold caches)
+    as often as the other."""
+    order = list(names) if rep % 2 == 0 else list(names)[::-1]
+    if {"before", "batched"} <= set(order) and (rep // 2) % 2 == 1:
+        i, j = order.index("batched"), order.index("before")
+        order[i], order[j] = order[j], order[i]
+    return order
+
+
+def run_block(algorithm, comm: Comm, steps: int) -> Dict[str, Any]:
+    """`steps` gossip steps; per step: side, bytes counted by the transport and by the formula, and
+    the algorithm's accumulator deltas (total, communication)."""
+    records = []
+    wall = time.perf_counter()
+    for _ in range(steps):
+        side = "right" if getattr(algorithm, "half_steps", 1) % 2 == 0 else "left"
+        if not hasattr(algorithm, "half_steps"):
+            side = "full"
+        expected = algorithm.bytes_per_step()
+        b0, t0, c0 = comm.stats.bytes_sent, algorithm.time_total, algorithm.time_communication
+        algorithm.step()
+        records.append(
+            {
+                "side": side,
+                "bytes": comm.stats.bytes_sent - b0,
+                "expected": expected,
+                "total": algorithm.time_total - t0,
+                "comm": algorithm.time_communication - c0,
+            }
+        )
+    return {"steps": records, "wall": time.perf_counter() - wall}
+
+
+def even_steps(n: int) -> int:
+    """`n` rounded up to an even count (whole power iterations), at least 2."""
+    return max(2, n + (n % 2))
+
+
+@dataclasses.dataclass
+class BenchConfig:
+    """One setting: a parameter set on a topology and a backend, and how long to measure."""
+
+    model: str
+    topology: str
+    backend: str
+    steps: int  # measured PowerGossip steps per variant (split into `reps` interleaved blocks)
+    reps: int
+    naive: bool
+    exact_steps: int = 1
+    warmup: int = 1
+    rank: int = 1
+    concurrent_copy_mb: int = 64  # per peer, all peers at once
+    isolated_copy_mb: int = 256
+    isolated: bool = True
+    bytes_only: bool = False
+    shapes: Optional[Shapes] = None  # overrides `model` (tests use a tiny parameter set)
+    # A commit whose PowerGossip (with its own helper modules, `_commit_code`) runs as
+    # one more variant, "before", batched, in blocks interleaved with this tree's: old and new
+    # timed side by side in one run, and their final parameters compared bit for bit.
+    before: Optional[str] = None
+
+    def parameter_shapes(self) -> Shapes:
+        """The shapes to gossip: `shapes` if given, else the model's."""
+        return self.shapes if self.shapes is not None else model_shapes(self.model)
+
+    @property
+    def block(self) -> int:
+        """Steps per measured block."""
+        return even_steps(max(1, self.steps // self.reps))
+
+
+def peer_benchmark(comm: Comm, cfg: BenchConfig) -> Dict[str, Any]:
+    """What one peer measures in the n-peer run (both transports call this, one call per peer)."""
+    import torch
+
+    from gossip_powersgd import ExactGossip
+
+    base = make_params(cfg.parameter_shapes(), comm.rank)
+    out: Dict[str, Any] = {"rank": comm.rank, "degree": len(comm.neighbors)}
+
+    # Exact gossip: bytes from the counters, and a time reference. Freed before PowerGossip starts.
+    exact_params = [t.clone() for t in base]
+    exact = ExactGossip(exact_params, comm)
+    comm.barrier()
+    if cfg.exact_steps > 1:
+        run_block(exact, comm, 1)  # warm-up (first-touch allocations)
+        comm.barrier()
+    out["exact"] = run_block(exact, comm, cfg.exact_steps)
+    out["exact_warmup"] = cfg.exact_steps > 1
+    out["exact"]["param_bytes"] = sum(t.numel() * t.element_size() for t in exact_params)
+    del exact, exact_params
+
+    gossips = build(variants(cfg), base, comm, cfg.rank)
+    del base
+    first = next(iter(gossips.values()))
+    out["compressed_fraction"] = first.compressed_fraction
+    out["param_bytes"] = sum(t.numel() * t.element_size() for t in first.params)
+    out["compressed_bytes"] = compressed_bytes(first)
+    out["gamma"] = first.gamma
+
+    if cfg.bytes_only:
+        comm.barrier()
+        out["variants"] = {"batched": [run_block(first, comm, 2)]}
+        out["bandwidth_concurrent"] = []
+        return out
+
+    for g in gossips.values():
+        comm.barrier()
+        run_block(g, comm, cfg.warmup)
+
+    copy_buffers = (
+        torch.ones(cfg.concurrent_copy_mb * 2**20 // 4),
+        torch.empty(cfg.concurrent_copy_mb * 2**20 // 4),
+    )
+    copy_buffers[1].copy_(copy_buffers[0])
+    out["variants"] = {name: [] for name in gossips}
+    out["bandwidth_concurrent"] = []
+    names = list(gossips)
+    for rep in range(cfg.reps):
+        comm.barrier()  # every peer copies at the same time: the bandwidth each gets in this setting
+        out["bandwidth_concurrent"] += copy_bandwidth(cfg.concurrent_copy_mb, 1, copy_buffers)
+        for name in block_order(names, rep):
+            comm.barrier()
+            out["variants"][name].append(run_block(gossips[name], comm, cfg.block))
+    if "before" in gossips:
+        from experiments.pages._commit_code import loaded_modules
+
+        out["before"] = compare_params(gossips["batched"].params, gossips["before"].params)
+        out["before"]["modules"] = loaded_modules(cfg.before)
+    return out
+
+
+def before_powergossip(commit: str) -> type:
+    """`commit`'s PowerGossip with its own helper modules (loaded once per process); a one-line
+    error when it cannot be read."""
+    from experiments.pages._commit_code import previous_powergossip
+
+    algorithm = previous_powergossip(commit, helpers=True)
+    if algorithm is None:
+        raise ValueError(
+            f"bench_gossip compares with {commit}'s PowerGossip and cannot read "
+            "gossip_powersgd/algorithms/powergossip.py at that commit with git: run it from a "
+            "clone of the repository with its history"
+        )
+    return algorithm
+
+
+def variants(cfg: BenchConfig) -> Dict[str, Tuple[type, bool]]:
+    """A setting's PowerGossips: name -> (class, batch_neighbors); "batched" first."""
+    from gossip_powersgd import PowerGossip
+
+    out = {"batched": (PowerGossip, True)}
+    if cfg.before is not None and not cfg.bytes_only:
+        out["before"] = (before_powergossip(cfg.before), True)
+    if cfg.naive and not cfg.bytes_only:
+        out["naive"] = (PowerGossip, False)
+    return out
+
+
+def build(algorithms: Dict[str, Tuple[type, bool]], base, comm: Comm, rank: int) -> Dict[str, Any]:
+    """Each variant on its own copy of `base`."""
+    return {
+        name: algorithm([t.clone() for t in base], comm, rank=rank, batch_neighbors=batched)
+        for name, (algorithm, batched) in algorithms.items()
+    }
+
+
+def compressed_bytes(gossip) -> int:
+    """Bytes of the parameters PowerGossip compresses (its matrices)."""
+    return sum(
+        t.numel() * t.element_size()
+        for k, t in enumerate(gossip.params)
+        if k in gossip.compressed_indices
+    )
+
+
+def isolated_benchmark(
+    cfg: BenchConfig,
+    topology: AnyTopology,
+    algorithms: Optional[Dict[str, Tuple[type, bool]]] = None,
+) -> Dict[str, Any]:
+    """Peer 0's half-steps alone (loopback transport, one thread), interleaved with one-thread copies
+    of `isolated_copy_mb` MB: compute efficiency without oversubscription. `algorithms`: the
+    variants (name -> (PowerGossip class, batch_neighbors)); default: the setting's."""
+    import torch
+
+    comm = loopback_communicator(topology, 0)
+    gossips = build(
+        algorithms or variants(cfg), make_params(cfg.parameter_shapes(), 0), comm, cfg.rank
+    )
+    compressed = compressed_bytes(next(iter(gossips.values())))
+    for g in gossips.values():
+        run_block(g, comm, cfg.warmup)
+    src = torch.ones(cfg.isolated_copy_mb * 2**20 // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    out: Dict[str, Any] = {
+        "degree": len(comm.neighbors),
+        "compressed_bytes": compressed,
+        "threads": torch.get_num_threads(),
+        "bandwidth": [],
+        "variants": {name: [] for name in gossips},
+    }
+    names = list(gossips)
+    for rep in range(cfg.reps):
+        out["bandwidth"] += copy_bandwidth(cfg.isolated_copy_mb, 1, (src, dst))
+        for name in block_order(names, rep):
+            out["variants"][name].append(run_block(gossips[name], comm, cfg.block))
+    return out
+
+
+#: The kernels of one half-step, per k: key -> (display name, kernel(M, Q, P, QT, PT, outputs),
+#: bytes it moves in units of M). "library": what PowerGossip does (factors stored vector-major,
+#: Qᵀ and Pᵀ contiguous); "before": the first formulation (factors stored rows x r), kept to show
+#: what the layout costs; then per-matrix and per-column alternatives.
+KERNELS = {
+    "right.library": ("right: bmm(Q^T, M^T view) [library]", 1),
+    "left.library": ("left: bmm(P^T, M) [library]", 1),
+    "update.library": ("update: baddbmm_(P^T view, Q^T) [library]", 2),
+    "right.before": ("right: bmm(M, Q) [before]", 1),
+    "left.before": ("left: bmm(M^T view, P) [before]", 1),
+    "update.before": ("update: baddbmm_(P, Q^T view) [before]", 2),
+    "right.linear": ("right alt: per matrix linear(M_i, Q_i^T)", 1),
+    "right.mv": ("right alt: per matrix, per column mv", 1),
+    "left.mv": ("left alt: per matrix, per column mv(M_i^T)", 1),
+}
+
+
+def _kernel(key: str, M, k: int):
+    """The kernel `key` on M (b x rows x cols) with k-column factors, as a function of nothing."""
+    import torch
+    import torch.nn.functional as F
+
+    b, rows, cols = M.shape
+    Q, P = torch.randn(b, cols, k), torch.randn(b, rows, k).mul_(1e-3)
+    QT, PT = Q.transpose(1, 2).contiguous(), P.transpose(1, 2).contiguous()
+    out = {"rt": torch.empty(b, k, rows), "lt": torch.empty(b, k, cols)}
+    out.update(r=torch.empty(b, rows, k), l=torch.empty(b, cols, k))
+    return {
+        "right.library": lambda: torch.bmm(QT, M.transpose(1, 2), out=out["rt"]),
+        "left.library": lambda: torch.bmm(PT, M, out=out["lt"]),
+        "update.library": lambda: M.baddbmm_(PT.transpose(1, 2), QT),
+        "right.before": lambda: torch.bmm(M, Q, out=out["r"]),
+        "left.before": lambda: torch.bmm(M.transpose(1, 2), P, out=out["l"]),
+        "update.before": lambda: M.baddbmm_(P, Q.transpose(1, 2)),
+        "right.linear": lambda: [F.linear(M[i], QT[i]) for i in range(b)],
+        "right.mv": lambda: [torch.mv(M[i], Q[i, :, c]) for i in range(b) for c in range(k)],
+        "left.mv": lambda: [torch.mv(M[i].t(), P[i, :, c]) for i in range(b) for c in range(k)],
+    }[key]
+
+
+def kernel_benchmark(rounds: int = 7, columns: Sequence[int] = (1, 2, 3, 4)) -> Dict[str, Any]:
+    """Time the kernels of one PowerGossip half-step on the largest VGG-16 group (five 512 x 4608
+    matrices, 47 MB), one thread, each right after a 96 MB copy that it is compared with (the
+    machine's load drifts): median over `rounds` of kernel GB/s / copy GB/s. `k` = deg x rank is the
+    number of columns of the batched product (k = 1 is also what the naive path multiplies by)."""
+    import torch
+
+    from experiments.pages._bench import median
+
+    b, rows, cols = 5, 512, 4608
+    M = torch.randn(b, rows, cols).mul_(cols**-0.5)
+    src = torch.ones(24 * 2**20)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    cases = {f"k{k}.{key}": (k, _kernel(key, M, k)) for k in columns for key in KERNELS}
+    for _, fn in cases.values():
+        fn()
+    speeds: Dict[str, List[float]] = {key: [] for key in cases}
+    ratios: Dict[str, List[float]] = {key: [] for key in cases}
+    copies: List[float] = []
+    for _ in range(rounds):
+        for key, (_, fn) in cases.items():
+            copies.append(copy_bandwidth(0, 1, (src, dst))[0])
+            start = time.perf_counter()
+            fn()
+            speed = KERNELS[key.split(".", 1)[1]][1] * M.numel() * 4 / (time.perf_counter() - start)
+            speeds[key].append(speed / 1e9)
+            ratios[key].append(speed / 1e9 / copies[-1])
+    kernels = [
+        {
+            "key": key,
+            "k": k,
+            "name": f"k={k} {KERNELS[key.split('.', 1)[1]][0]}",
+            "gbps": median(speeds[key]),
+            "of_copy": median(ratios[key]),
+        }
+        for key, (k, _) in cases.items()
+    ]
+    return {
+        "threads": torch.get_num_threads(),
+        "rounds": rounds,
+        "group": [b, rows, cols],
+        "copy": median(copies),
+        "copy_mb": src.numel() * 4 // 2**20,
+        "kernels": kernels,
+    }
+
+
+def mpi_peer(comm: Comm, cfg: BenchConfig, topology: AnyTopology) -> Dict[str, Any]:
+    """One rank's part of an MPI setting: its own measurements, then rank 0 measures the isolated
+    half-steps while the others sleep in a barrier (the MPI transport's waits poll with sleeps, so
+    waiting ranks leave the cores alone); rank 0 gets every peer's measurements."""
+    mine = peer_benchmark(comm, cfg)
+    isolated = None
+    if cfg.isolated and not cfg.bytes_only:
+        comm.barrier()
+        if comm.rank == 0:
+            isolated = isolated_benchmark(cfg, topology)
+        comm.barrier()
+    data = json.dumps(mine).encode()  # every peer's, through the raw all-gather (padded)
+    sizes = [
+        int.from_bytes(b, "little") for b in comm.allgather_bytes(len(data).to_bytes(8, "little"))
+    ]
+    padded = comm.allgather_bytes(data + b" " * (max(sizes) - len(data)))
+    return {"peers": [json.loads(p[:n]) for p, n in zip(padded, sizes)], "isolated": isolated}
+
+
+if __name__ == "__main__":  # an MPI setting's child: this rank's part, rank 0 writes OUT
+
+    def main(config: str, out: str) -> int:
+        import torch
+
+        import topologies
+        from gossip_powersgd.launch import mpi_world, run_peers
+        from gossip_powersgd.utils import atomic_write
+
+        torch.set_num_threads(1)
+        cfg = BenchConfig(**json.loads(config))
+        topology = topologies.parse(cfg.topology)
+        started = time.perf_counter()
+        result = next(iter(run_peers(topology, mpi_peer, cfg, topology, backend="mpi").values()))
+        if mpi_world()[0] == 0:
+            atomic_write(out, json.dumps(dict(result, seconds=time.perf_counter() - started)))
+        return 0
+
+    from gossip_powersgd.launch import main_guard
+
+    main_guard(main, *sys.argv[1:])

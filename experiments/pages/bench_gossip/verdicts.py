@@ -1,0 +1,214 @@
+"""The benchmark page's judgements: the three targets per model, what the kernel speeds alone allow
+for a half-step, and what limits the measured numbers, each from the settings' summaries and the
+kernels' run."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+from experiments.pages._bench import median as _median
+
+
+def _mb(x: float) -> str:
+    if x >= 1e6:
+        return f"{x / 1e6:.2f} MB"
+    if x >= 1e3:
+        return f"{x / 1e3:.2f} kB"
+    return f"{x:.0f} B"
+
+
+def _ms(x: Optional[float]) -> str:
+    return "–" if x is None else f"{x * 1e3:.1f}"
+
+
+def _pct(x: Optional[float]) -> str:
+    return "–" if x is None else f"{x * 100:.0f} %"
+
+
+def _yes(b: bool) -> str:
+    return "yes" if b else "**NO**"
+
+
+def _span(values: Sequence[float], fmt) -> str:
+    lo, hi = min(values), max(values)
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)} – {fmt(hi)}"
+
+
+TARGET_BYTES_RATIO = 500.0
+TARGET_EFFICIENCY = 0.5
+TARGET_SPEEDUP = 1.8
+
+
+def targets(summaries: List[Dict[str, Any]]) -> List[str]:
+    """The three targets, judged per model on the measured numbers."""
+    L = ["| target | model | measured | met? |", "|---|---|---|---|"]
+    verdict = {True: "met", False: "**missed**"}
+    by_model: Dict[str, List[Dict[str, Any]]] = {}
+    for s in summaries:
+        by_model.setdefault(s["model"], []).append(s)
+    for model in ("vgg16", "vgg16_bn", "resnet20"):
+        rows = by_model.get(model, [])
+        if not rows:
+            continue
+        ratios = [s["variants"]["batched"]["bytes_ratio"] for s in rows]
+        where = (
+            f"all {len(rows)} settings"
+            if len(rows) > 2
+            else ", ".join(f"{s['topology']}/{s['backend']}" for s in rows)
+        )
+        judged = (
+            verdict[min(ratios) >= TARGET_BYTES_RATIO]
+            if model == "vgg16"
+            else f"n/a (the target is for vgg16; {'above' if min(ratios) >= TARGET_BYTES_RATIO else 'below'} it)"
+        )
+        L.append(
+            f"| ≥ {TARGET_BYTES_RATIO:.0f}× fewer bytes than exact gossip, rank 1 | {model} | "
+            f"{_span(ratios, lambda x: f'{x:.0f}×')} ({where}) | {judged} |"
+        )
+    for model in ("vgg16", "resnet20"):
+        rows = [s for s in by_model.get(model, []) if "isolated" in s]
+        if rows:
+            effs = [s["isolated"]["variants"]["batched"]["all"]["efficiency"] for s in rows]
+            situ = [s["variants"]["batched"]["efficiency_in_situ"] for s in rows]
+            L.append(
+                f"| compute efficiency ≥ {TARGET_EFFICIENCY * 100:.0f} % (batched) | {model} | "
+                f"isolated peer {_span(effs, _pct)}; in situ {_span(situ, _pct)} "
+                f"({len(rows)} setting{'s' if len(rows) > 1 else ''}) | "
+                f"{verdict[min(effs) >= TARGET_EFFICIENCY]} |"
+            )
+    for label, pick in (
+        ("torus:2x4 (degree 3)", lambda s: s["topology"] == "torus:2x4"),
+        ("degree 4 (`small_world:8:4:0`)", lambda s: s["degree"] == 4),
+    ):
+        for model in ("vgg16", "resnet20"):
+            rows = [s for s in by_model.get(model, []) if "speedup" in s and pick(s)]
+            if not rows:
+                continue
+            parts = []
+            for s in rows:
+                iso = s.get("isolated", {}).get("speedup")
+                parts.append(
+                    f"{s['backend']} {s['speedup']['compute']:.2f}×"
+                    + (f" (isolated {iso:.2f}×)" if iso else "")
+                )
+            ok = all(s["speedup"]["compute"] >= TARGET_SPEEDUP for s in rows)
+            L.append(
+                f"| batched ≥ {TARGET_SPEEDUP}× faster than naive (compute per step), {label} | "
+                f"{model} | {'; '.join(parts)} | {verdict[ok]} |"
+            )
+    L.append("")
+    return L
+
+
+def kernel_prediction(k: Dict[str, Any]) -> List[str]:
+    """Efficiency that the kernel speeds alone allow (largest VGG-16 group, no per-op overhead):
+    a right half-step costs 1/a_right + 2/a_update copy-times of M, a left one 1/a_left + 2/a_update."""
+    speed = {row["key"]: row["of_copy"] for row in k["kernels"]}
+    ks = sorted({row["k"] for row in k["kernels"]})
+    L = [
+        "| k = degree × rank | library kernels (factors stored Qᵀ, Pᵀ): right / left / mean | "
+        "first formulation (factors stored Q, P): right / left / mean |",
+        "|---|---|---|",
+    ]
+    for kk in ks:
+        p = _prediction(speed, kk)
+        L.append(
+            f"| {kk} | {_pct(p['lib_right'])} / {_pct(p['lib_left'])} / {_pct(p['lib_mean'])} | "
+            f"{_pct(p['old_right'])} / {_pct(p['old_left'])} / {_pct(p['old_mean'])} |"
+        )
+    L.append("")
+    return L
+
+
+def _prediction(speed: Dict[str, float], k: int) -> Dict[str, float]:
+    """Half-step efficiency the kernel speeds (fractions of the copy) alone allow, at k columns."""
+    g = lambda key: speed[f"k{k}.{key}"]  # noqa: E731
+    upd = 2 / g("update.library")
+    lib_r = 1 / g("right.library") + upd
+    lib_l = 1 / g("left.library") + upd
+    old_upd = 2 / g("update.before")
+    old_r = 1 / g("right.before") + old_upd
+    old_l = 1 / g("left.before") + old_upd
+    return {
+        "lib_right": 3 / lib_r,
+        "lib_left": 3 / lib_l,
+        "lib_mean": 6 / (lib_r + lib_l),
+        "old_right": 3 / old_r,
+        "old_left": 3 / old_l,
+        "old_mean": 6 / (old_r + old_l),
+    }
+
+
+def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]]) -> List[str]:
+    """What limits the measured numbers, with the numbers that show it."""
+    L: List[str] = []
+    iso = [s for s in summaries if "isolated" in s]
+    vgg = [s for s in iso if s["model"] == "vgg16"]
+    speed = {row["key"]: row["of_copy"] for row in kernels["kernels"]} if kernels else {}
+    if vgg:
+        b = [s["isolated"]["variants"]["batched"] for s in vgg]
+        ratio = _median([v["left"]["compute"] / v["right"]["compute"] for v in b])
+        text = (
+            f"* **VGG-16 efficiency is bounded by the product kernels, not by memory.** In the "
+            f"isolated runs the left half-step takes {ratio:.2f}× as long as the right one "
+            f"(median over {len(vgg)} settings; efficiency right "
+            f"{_span([v['right']['efficiency'] for v in b], _pct)}, left "
+            f"{_span([v['left']['efficiency'] for v in b], _pct)}), although both move the same "
+            "bytes."
+        )
+        if speed and "k3.left.library" in speed:
+            g = lambda key: speed[f"k3.{key}"]  # noqa: E731
+            p = _prediction(speed, 3)
+            text += (
+                f" At k = 3 (torus:2x4), the library's kernels run at "
+                f"{_pct(g('right.library'))} (right product), "
+                f"{_pct(g('left.library'))} (left product) and "
+                f"{_pct(g('update.library'))} (update) of the copy "
+                f"bandwidth; the first formulation, with factors stored rows × r "
+                f"(`bmm(M, Q)`, `bmm(Mᵀ view, P)`, `baddbmm_(P, Qᵀ view)`), runs at "
+                f"{_pct(g('right.before'))}, "
+                f"{_pct(g('left.before'))} and "
+                f"{_pct(g('update.before'))}. Those kernel speeds alone "
+                f"cap a half-step at {_pct(p['lib_mean'])} now ({_pct(p['old_mean'])} with the "
+                "first formulation; table in *Kernel diagnosis*); the per-neighbour small ops "
+                "take the rest."
+            )
+        L.append(text)
+    r20 = [s for s in iso if s["model"] == "resnet20"]
+    if r20:
+        per = [
+            (
+                s["isolated"]["variants"]["batched"]["all"]["compute"],
+                3 * s["compressed_bytes"] / (s["isolated"]["bandwidth"] * 1e9),
+            )
+            for s in r20
+        ]
+        L.append(
+            f"* **ResNet-20 is bound by per-operation overhead.** An isolated batched half-step "
+            f"takes {_span([c for c, _ in per], _ms)} ms where three passes over its "
+            f"{_mb(r20[0]['compressed_bytes'])} of matrices would take "
+            f"{_span([m for _, m in per], _ms)} ms at the measured copy bandwidth: the time goes to "
+            "the hundreds of small tensor operations per half-step (per neighbour and per shape "
+            "group: orthonormalising the factor, slicing it into the side-by-side buffer, copying "
+            "products into the message, forming the new factor, scaling it), which batching the "
+            "two big multiplications does not remove. Hence also its smaller batched/naive gain."
+        )
+    sp = [s for s in summaries if "speedup" in s and s["model"] == "vgg16"]
+    if sp and speed:
+        one = speed.get("k1.right.library")
+        mv = speed.get("k1.right.mv")
+        lone = speed.get("k1.left.library")
+        lmv = speed.get("k1.left.mv")
+        three = [speed.get("k3.right.library"), speed.get("k3.left.library")]
+        L.append(
+            f"* **The naive baseline runs the same kernels once per neighbour.** Its "
+            f"one-column products run at {_pct(one)} (right) and {_pct(lone)} (left) of the copy "
+            f"bandwidth (`torch.mv`: {_pct(mv)} and {_pct(lmv)}). A three-column product takes "
+            f"{one / three[0]:.2f}× (right) and {lone / three[1]:.2f}× (left) the time of a "
+            "one-column one, against 3× for three one-column products; the measured gain of the "
+            f"batched path over the naive one is "
+            f"{_span([s['speedup']['compute'] for s in sp], lambda x: f'{x:.2f}×')} on VGG-16."
+        )
+    if L:
+        L.append("")
+    return L

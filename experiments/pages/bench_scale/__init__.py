@@ -1,0 +1,168 @@
+"""`python -m experiments bench_scale`: cost against the number of peers and against model size.
+
+For exact gossip, PowerGossip r1, all-reduce (`AllReduce`) and centralized PowerSGD r1
+(`PowerSGDAllReduce`): time per step and bytes sent per rank against the number of peers
+(in-process 8 ... 256, MPI and torch/gloo 2 ... 16 ranks, ResNet-20 shapes) and against model size
+(1e4 ... 1e8 parameters, in-process); the library's ring all-reduce next to the all-gather
+reduction it replaced (bytes received per rank and time); the in-process cluster's time and memory
+at 256 peers; and the growth exponents fitted on log-log axes.
+
+Every point is one run in a fresh child (one process in-process, `mpiexec -n N` or `torchrun
+--nproc-per-node N` for the others: `measure.py` is that child), so that its memory is its own and a
+crash or a hang (bounded by its timeout) costs one point. To measure a point again, delete its line
+from bench_scale.jsonl and run the page: the others are kept.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Mapping, Tuple
+
+from experiments.engine import Outputs, Page, Rows, Run
+from experiments.pages import register
+
+from .report import ALGORITHMS, render_markdown
+
+KINDS = ALGORITHMS + ("ring", "gather")
+#: The all-gather reduction holds n copies of the tensor on each of n peers; in one process that is
+#: n^2 copies, so in-process points above this many gathered bytes skip it (and say so).
+GATHER_BUDGET_BYTES = 2 * 2**30
+#: In-process, the point-to-point ring and the all-gather reduction of the reductions table are
+#: 2(n-1) sequential messages per peer, n^2 queue hand-offs between threads on the shared cores: at
+#: 256 peers they alone outlast a point's time limit, so that point leaves them out. The all-reduce
+#: and PowerSGD rows run (in-process their all-reduce goes through shared memory).
+BIG_POINT_NOTE = (
+    "the reductions table's point-to-point ring and all-gather skipped (in-process they cost n² "
+    "thread hand-offs per step and did not finish within 420 s); the four algorithms are measured"
+)
+TIMEOUT = {False: 420.0, True: 300.0}  #: seconds per point
+
+
+def points(quick: bool) -> List[Tuple[str, str, int, str, int, Tuple[str, ...]]]:
+    """(section, backend, peers, parameter set, steps, kinds) of every point, in the page's order:
+    "peers" (cost vs n) and "size" (cost vs model size); --quick: a few seconds of the same."""
+    if quick:
+        return [("peers", "local", n, "1e3", 2, KINDS) for n in (2, 4)] + [
+            ("size", "local", 2, p, 2, KINDS) for p in ("1e3", "1e4")
+        ]
+    out = [
+        ("peers", "local", n, "resnet20", 4 if n <= 64 else 2, KINDS) for n in (8, 16, 32, 64, 128)
+    ]
+    out.append(("peers", "local", 256, "resnet20", 2, ALGORITHMS))  # see BIG_POINT_NOTE
+    for backend in ("mpi", "torch"):
+        out += [("peers", backend, n, "resnet20", 4, KINDS) for n in (2, 4, 8, 16)]
+    out += [("size", "local", 4, p, 4, KINDS) for p in ("1e4", "1e5", "1e6", "1e7")]
+    return out + [("size", "local", 2, "1e7", 4, KINDS), ("size", "local", 2, "1e8", 2, KINDS)]
+
+
+def label(p: Mapping[str, Any]) -> str:
+    return f"{p['section']}: {p['backend']} ring:{p['peers']} {p['params']}"
+
+
+def tensor_bytes(params: str) -> int:
+    """float32 bytes of one peer's parameters in the set `params`."""
+    from .measure import parameter_shapes
+
+    return 4 * sum(math.prod(shape) for _, shape in parameter_shapes(params))
+
+
+def with_gather_rule(point: Dict[str, Any]) -> Dict[str, Any]:
+    """Drop the all-gather reduction from an in-process point whose n^2 copies exceed the budget."""
+    if point["backend"] != "local" or "gather" not in point["kinds"]:
+        return point
+    if point["peers"] ** 2 * tensor_bytes(point["params"]) <= GATHER_BUDGET_BYTES:
+        return point
+    return dict(point, kinds=[k for k in point["kinds"] if k != "gather"])
+
+
+def planned(quick: bool) -> List[Dict[str, Any]]:
+    """Every point (section, backend, peers, params, steps, kinds), the gather rule applied."""
+    names = ("section", "backend", "peers", "params", "steps", "kinds")
+    return [with_gather_rule(dict(zip(names, p), kinds=list(p[5]))) for p in points(quick)]
+
+
+def notes(records: List[Dict[str, Any]]) -> List[str]:
+    """What the plan left out of the measured points (the gathered bytes: the point's own)."""
+    out = []
+    for r in records:
+        p = r["point"]
+        if "ring" not in p["kinds"]:
+            out.append(f"{label(p)}: {BIG_POINT_NOTE}")
+        elif "gather" not in p["kinds"]:
+            size = 4 * r["ranks"][0]["numel"] if "ranks" in r else tensor_bytes(p["params"])
+            out.append(
+                f"{label(p)}: all-gather reduction skipped ({p['peers']}² copies of "
+                f"{size / 1e6:.2f} MB exceed the {GATHER_BUDGET_BYTES >> 30} GiB in-process budget)"
+            )
+    return sorted(out)
+
+
+def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    return [
+        Run(
+            key=f"{p['section']}/{p['backend']}/ring:{p['peers']}/{p['params']}",
+            config=dict(p, timeout=TIMEOUT[quick]),
+            cost=p["peers"] * p["steps"],
+        )
+        for p in planned(quick)
+    ]
+
+
+def row(run: Run) -> Dict[str, Any]:
+    """The point in its child: every rank's record (floats to 5 digits), or why it failed."""
+    import json
+    import socket
+    import sys
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from experiments.pages._bench import compact, machine, mpiexec, run_child
+
+    point = {k: v for k, v in run.config.items() if k != "timeout"}
+    start = machine()
+    with tempfile.TemporaryDirectory(prefix="bench_scale-") as folder:
+        child = ["-m", "experiments.pages.bench_scale.measure", json.dumps(point), folder]
+        if point["backend"] == "mpi":
+            command = [mpiexec(), "-n", str(point["peers"]), sys.executable, *child]
+        elif point["backend"] == "torch":
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = str(s.getsockname()[1])
+            torchrun = ["-m", "torch.distributed.run", "--nproc-per-node", str(point["peers"])]
+            torchrun += ["--master-addr", "127.0.0.1", "--master-port", port]
+            command = [sys.executable, *torchrun, *child]
+        else:
+            command = [sys.executable, *child]
+        started = time.perf_counter()
+        status, err = run_child(command, run.config["timeout"])
+        record: Dict[str, Any] = {"point": point, "wall": time.perf_counter() - started}
+        files = sorted(Path(folder).glob("rank-*.json"), key=lambda f: int(f.stem.split("-")[1]))
+        if status is None:
+            record = {"point": point, "error": err}
+        elif status != 0 or len(files) != point["peers"]:
+            lines = [line for line in err.strip().splitlines() if line.strip()] or ["(no output)"]
+            record["error"] = f"exit {status}: {lines[-1][:300]}"
+        else:
+            record["ranks"] = [json.loads(f.read_text()) for f in files]
+    return dict(compact(record, columns=False), machine_start=start, machine_end=machine())
+
+
+def render(rows: Rows) -> Outputs:
+    from experiments.pages._bench import header
+
+    records = [r.row for r in rows.records]
+    title = " (--quick)" if rows.quick else ""
+    return {"bench_scale.md": render_markdown(records, header(rows), notes(records), title)}
+
+
+PAGE = register(
+    Page(
+        name="bench_scale",
+        title="cost vs peers (in-process to 256, MPI, torch) and vs model size, four algorithms",
+        plan=plan,
+        row=row,
+        render=render,
+        serial=True,
+    )
+)

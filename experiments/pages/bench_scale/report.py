@@ -1,0 +1,290 @@
+"""The scaling benchmark's markdown page: per-point tables, the two reductions side by side, the
+256-peer simulation, and growth rates fitted on log-log axes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+
+#: What a point times: four algorithms (one `step()` each); also two reductions of one flat tensor.
+ALGORITHMS = ("exact", "powergossip", "allreduce", "powersgd")
+LABELS = {
+    "exact": "exact gossip",
+    "powergossip": "PowerGossip r1",
+    "allreduce": "all-reduce",
+    "powersgd": "PowerSGD r1",
+    "ring": "ring all-reduce",
+    "gather": "all-gather reduction",
+}
+BACKENDS = {
+    "local": "in-process (`LocalCluster`, one thread per peer)",
+    "mpi": "MPI (`mpiexec -n N`, one process per peer)",
+    "torch": "torch.distributed/gloo (`torchrun --nproc-per-node N`)",
+}
+
+
+#: Marks an in-process point whose peer threads took turns (`LocalCluster(cooperative=...)`).
+TURNS_MARK = " ‡"
+TURNS_NOTE = (
+    "‡ the peer threads took turns (`LocalCluster`'s default when peers outnumber cores); "
+    "the other in-process points ran on free threads (points measured before turn-taking "
+    "existed record no mode)."
+)
+
+
+def mode(record: Dict[str, Any]) -> str:
+    """TURNS_MARK for an in-process point whose threads took turns, else nothing."""
+    return TURNS_MARK if record["ranks"][0].get("takes_turns") else ""
+
+
+def summarize(record: Dict[str, Any]) -> Dict[str, Dict[str, float]]:
+    """kind -> time per step (slowest peer), mean bytes sent / received per rank, and memory (the
+    one process's RSS in-process, the sum over rank processes otherwise)."""
+    one_process = record["point"]["backend"] == "local"
+    out: Dict[str, Dict[str, float]] = {}
+    for k, first in enumerate(record["ranks"][0]["results"]):
+        rows = [rank["results"][k] for rank in record["ranks"]]
+        rss = [r["rss"] for r in rows]
+        out[first["kind"]] = {
+            "seconds": max(r["seconds_per_step"] for r in rows),
+            "sent": sum(r["bytes_sent"] for r in rows) / len(rows),
+            "received": sum(r["bytes_received"] for r in rows) / len(rows),
+            "rss": max(rss) if one_process else sum(rss),
+        }
+    return out
+
+
+def fmt_bytes(value: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def fmt_seconds(value: float) -> str:
+    return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
+
+
+def slope(points: Sequence[Tuple[float, float]]) -> Optional[float]:
+    """Least-squares exponent a of y ∝ x^a (None with fewer than two positive points)."""
+    pts = [(math.log(x), math.log(y)) for x, y in points if x > 0 and y > 0]
+    if len(pts) < 2:
+        return None
+    mx, my = sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts)
+    var = sum((p[0] - mx) ** 2 for p in pts)
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / var if var else None
+
+
+def fmt_slope(value: Optional[float]) -> str:
+    return "–" if value is None else f"{value:+.2f}"
+
+
+def _ok(records, section, backend=None, peers=None):
+    return [
+        r
+        for r in records
+        if "ranks" in r
+        and r["point"]["section"] == section
+        and (backend is None or r["point"]["backend"] == backend)
+        and (peers is None or r["point"]["peers"] == peers)
+    ]
+
+
+def cost_table(
+    rows: List[Tuple[str, Dict[str, Dict[str, float]]]], kinds: Sequence[str]
+) -> List[str]:
+    head = "| | " + " | ".join(f"{LABELS[k]}: time / step | sent / rank" for k in kinds) + " |"
+    lines = [head, "|---|" + "---|---|" * len(kinds)]
+    for name, summary in rows:
+        cells = []
+        for k in kinds:
+            s = summary.get(k)
+            cells += [fmt_seconds(s["seconds"]), fmt_bytes(s["sent"])] if s else ["–", "–"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def growth_table(
+    series: Dict[str, List[Tuple[float, Dict[str, Dict[str, float]]]]],
+    kinds: Sequence[str],
+    what: str,
+) -> List[str]:
+    lines = [
+        "| series | " + " | ".join(f"{LABELS[k]}: time, bytes" for k in kinds) + " |",
+        "|---|" + "---|" * len(kinds),
+    ]
+    for name, points in series.items():
+        cells = []
+        for k in kinds:
+            t = slope([(x, s[k]["seconds"]) for x, s in points if k in s])
+            b = slope([(x, s[k]["sent"]) for x, s in points if k in s])
+            cells.append(f"{what}^{fmt_slope(t)}, {what}^{fmt_slope(b)}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_markdown(
+    records: List[Dict[str, Any]], header: str, notes: Sequence[str], title: str = ""
+) -> str:
+    """The page: header, cost vs n, the reductions side by side, 256 peers, cost vs size, rates;
+    `notes`: what the plan left out."""
+    out = [
+        "# Scaling benchmark: cost vs number of peers and vs model size" + title,
+        "",
+        header,
+        "",
+        "Parameters are random float32 tensors (no training) on ring:n (degree 2; ring:2 has one "
+        "neighbour). Time per step: wall time of `step()` (or of one reduction) on each peer, "
+        "between barriers, after one warm-up step; the slowest peer's mean over the measured "
+        "steps. Bytes: per rank per step, mean over ranks; *sent* from the transport's counters, "
+        "*received* counted at the receive buffers. Memory: resident set after the steps, of the "
+        "one process in-process, summed over the rank processes under MPI and torch. The machine "
+        "was shared with other jobs, so only ratios measured side by side in this run are "
+        "meaningful; absolute times vary from run to run.",
+        "",
+    ]
+    out += _peer_tables(records) + _reductions(records) + _simulation(records)
+    return "\n".join(out + _size_and_growth(records, notes))
+
+
+def _peer_tables(records: List[Dict[str, Any]]) -> List[str]:
+    """Cost vs number of peers, one table per transport."""
+    out: List[str] = []
+    peer_recs = _ok(records, "peers")
+    if peer_recs:
+        first = peer_recs[0]
+        out += [
+            f"## Cost vs number of peers ({first['point']['params']} shapes, "
+            f"{first['ranks'][0]['numel']:,} parameters)",
+            "",
+        ]
+    for backend in BACKENDS:
+        recs = _ok(records, "peers", backend)
+        if not recs:
+            continue
+        out += [f"### {BACKENDS[backend]}", ""]
+        out += cost_table(
+            [(f"n = {r['point']['peers']}{mode(r)}", summarize(r)) for r in recs], ALGORITHMS
+        )
+        out.append("")
+        if any(mode(r) for r in recs):
+            out += [TURNS_NOTE, ""]
+    return out
+
+
+def _reductions(records: List[Dict[str, Any]]) -> List[str]:
+    """The ring all-reduce next to the all-gather reduction."""
+    out = [
+        "## Ring all-reduce vs the all-gather reduction (one flat tensor of the model's size)",
+        "",
+        "The ring (`comm.allreduce_`) sends and receives 2(n−1)/n of the tensor per rank; the "
+        "all-gather reduction (the library's earlier one, re-implemented in the benchmark on the "
+        "same point-to-point path) receives n−1 whole copies and reduces them in rank order. Both run on "
+        "the point-to-point path every transport has; in-process, the all-reduce of the table "
+        "above (and of training) computes the same ring's bits through shared memory instead, "
+        "two barriers rather than 2(n−1) hand-offs.",
+        "",
+        "| transport | n | ring: time | ring: received / rank | all-gather: time | "
+        "all-gather: received / rank | all-gather ÷ ring: bytes, time |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in _ok(records, "peers"):
+        s = summarize(r)
+        ring, gather = s.get("ring"), s.get("gather")
+        if not ring:
+            continue
+        row = [
+            r["point"]["backend"],
+            str(r["point"]["peers"]),
+            fmt_seconds(ring["seconds"]),
+            fmt_bytes(ring["received"]),
+        ]
+        if gather:
+            row += [
+                fmt_seconds(gather["seconds"]),
+                fmt_bytes(gather["received"]),
+                f"{gather['received'] / ring['received']:.3g}×, {gather['seconds'] / ring['seconds']:.3g}×",
+            ]
+        else:
+            row += ["skipped", "–", "–"]
+        out.append("| " + " | ".join(row) + " |")
+    return out + [""]
+
+
+def _simulation(records: List[Dict[str, Any]]) -> List[str]:
+    """PowerGossip on the in-process points: time and memory."""
+    out: List[str] = []
+    big = [r for r in _ok(records, "peers", "local") if "powergossip" in summarize(r)]
+    if big:
+        out += [
+            "## In-process simulation at scale: PowerGossip r1 on the same shapes",
+            "",
+            "| peers | time / step | gossip steps / s | process RSS | RSS / peer | peak RSS (run) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in big:
+            s, n = summarize(r)["powergossip"], r["point"]["peers"]
+            out.append(
+                f"| {n}{mode(r)} | {fmt_seconds(s['seconds'])} | {1 / s['seconds']:.3g} | "
+                f"{fmt_bytes(s['rss'])} | {fmt_bytes(s['rss'] / n)} | "
+                f"{fmt_bytes(r['ranks'][0]['rss_peak'])} |"
+            )
+        out.append("")
+    return out
+
+
+def _size_and_growth(records: List[Dict[str, Any]], notes: Sequence[str]) -> List[str]:
+    """Cost vs model size, the growth exponents, and what was skipped or failed."""
+    out: List[str] = []
+    size_recs = _ok(records, "size")
+    if size_recs:
+        out += ["## Cost vs model size (one square matrix of about N parameters)", ""]
+        out += cost_table(
+            [
+                (
+                    f"ring:{r['point']['peers']}, N = {r['ranks'][0]['numel']:,}{mode(r)}",
+                    summarize(r),
+                )
+                for r in size_recs
+            ],
+            ALGORITHMS,
+        )
+        out.append("")
+        if any(mode(r) for r in size_recs):
+            out += [TURNS_NOTE, ""]
+    out += [
+        "## Growth rates",
+        "",
+        "Exponent a of cost ∝ x^a, least squares on log-log axes over the points above (time "
+        "per step, bytes sent per rank).",
+        "",
+    ]
+    # ring:2 has one neighbour, ring:n>2 two: fitting across that step would fake a growth in n.
+    series = {
+        f"vs n, {b}": [
+            (r["point"]["peers"], summarize(r))
+            for r in _ok(records, "peers", b)
+            if r["point"]["peers"] > 2
+        ]
+        for b in BACKENDS
+        if _ok(records, "peers", b)
+    }
+    if series:
+        out += ["Vs n: the points with n ≥ 3 (ring:2 has one neighbour instead of two)."]
+        out += [""] + growth_table(series, ALGORITHMS + ("ring", "gather"), "n") + [""]
+    by_peers: Dict[int, list] = {}
+    for r in size_recs:
+        by_peers.setdefault(r["point"]["peers"], []).append((r["ranks"][0]["numel"], summarize(r)))
+    sizes = {f"vs N, ring:{n}": pts for n, pts in by_peers.items()}
+    if sizes:
+        out += growth_table(sizes, ALGORITHMS, "N") + [""]
+    notes = list(notes) + [
+        f"{r['point']['section']}: {r['point']['backend']} ring:{r['point']['peers']} "
+        f"{r['point']['params']}: failed: {r['error']}"
+        for r in records
+        if "error" in r
+    ]
+    if notes:
+        out += ["## Skipped or failed", ""] + [f"* {n}" for n in notes] + [""]
+    return out

@@ -1,0 +1,448 @@
+"""`python -m experiments bench_sim`: simulation at scale, PowerGossip on many in-process peers, and
+one half-step's efficiency; one run, every ratio of the page measured side by side in it.
+
+ResNet-20-shaped random parameters, PowerGossip rank 1 on a ring, one torch thread. (1) Gossip steps
+per second of a `LocalCluster` of `peers` threads in interleaved repetitions (order alternating) of
+the `SETUPS`: commit `before`'s PowerGossip on free threads (the cluster as it was then), this
+tree's on free threads, commit `previous`'s taking turns, this tree's taking turns (the default
+when peers outnumber cores) and in two lanes (two peers at once) with its tensor work as Python
+and compiled; whether all but `before` end bit-identical; the bound for one peer at a time (every
+peer stepped in turn by one thread on a loopback transport). (2) How far `before`'s results are
+from this tree's, step by step. (3) One peer's half-step alone against the copy bandwidth
+(`bench_gossip`'s isolated peer, the versions interleaved). (4) `big_peers` peers in two lanes:
+seconds per step and memory. Earlier commits' PowerGossip is read with git (`_commit_code`), with
+that commit's own helper modules (`helpers: own`) or this tree's (`helpers: tree`, as the pages up
+to commit 886c08c ran them); where a commit cannot be read, its columns are left out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping
+
+from experiments.engine import Outputs, Page, Rows, Run
+from experiments.pages import register
+from experiments.pages._bench import count_params, header, loopback_communicator, machine
+from experiments.pages._bench import make_params, median, model_shapes
+
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Comm
+
+#: The page's run and --quick's.
+SETTING = {
+    False: dict(peers=64, steps=100, reps=9, big_peers=256, big_steps=6, before_steps=20),
+    True: dict(peers=4, steps=2, reps=1, big_peers=4, big_steps=1, before_steps=2),
+}
+#: name -> (PowerGossip: "before", "previous" or "tree", cooperative, lanes, tensor work as Python).
+SETUPS = {
+    "before": ("before", False, 1, False),
+    "free": ("tree", False, 1, False),
+    "previous": ("previous", True, 1, False),
+    "turns": ("tree", True, 1, False),
+    "lanes python": ("tree", True, 2, True),
+    "lanes": ("tree", True, 2, False),
+}
+
+
+def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    config = dict(SETTING[quick], before="c0bf4d7", previous="6df8d52", helpers="own")
+    config.update(divergence_peers=4 if quick else 16, isolated_steps=2 if quick else 100)
+    return [Run(key=f"ring:{config['peers']}/{config['reps']}reps", config=config)]
+
+
+@contextlib.contextmanager
+def python_kernels():
+    """PowerGossip's tensor work run as the kernels' Python bodies, not compiled (what compiling
+    buys), until the block ends."""
+    from gossip_powersgd.algorithms import kernels, powergossip
+
+    names = ("multiply_into_messages", "form_factors_and_update")
+    saved = {name: getattr(powergossip, name) for name in names}
+    try:
+        for name in names:
+            setattr(powergossip, name, getattr(kernels, name).python)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(powergossip, name, value)
+
+
+def cluster_run(
+    algorithm: type, peers: int, steps: int, cooperative: bool, lanes: int = 1, python=False
+) -> Dict[str, Any]:
+    """`steps` gossip steps (after two warm-up steps) on `peers` threads in `lanes` lanes (with the
+    tensor work as Python for `python`); steps/s from the slowest peer's wall time between two
+    barriers, and the final parameters."""
+    import resource
+
+    import topologies
+    from gossip_powersgd import LocalCluster
+
+    shapes = model_shapes("resnet20")
+
+    def peer(comm: Comm):
+        x = make_params(shapes, comm.rank)
+        gossip = algorithm(x, comm, rank=1)
+        gossip.step()
+        gossip.step()
+        comm.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            gossip.step()
+        comm.barrier()
+        return time.perf_counter() - start, x
+
+    cluster = LocalCluster(topologies.parse(f"ring:{peers}"), cooperative=cooperative, lanes=lanes)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    with python_kernels() if python else contextlib.nullcontext():
+        out = cluster.run(peer)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    # The whole run's context switches (all threads, set-up included) per measured step.
+    switches = (after.ru_nvcsw + after.ru_nivcsw - before.ru_nvcsw - before.ru_nivcsw) / steps
+    wall = max(seconds for seconds, _ in out)
+    return {
+        "steps_per_s": steps / wall,
+        "seconds_per_step": wall / steps,
+        "switches": switches,
+        "params": [x for _, x in out],
+    }
+
+
+def divergence(before: type, peers: int, marks=(1, 10, 100)) -> Dict[int, Dict[str, float]]:
+    """`before`'s PowerGossip against this tree's on ring:`peers` (ResNet-20 shapes, rank 1): the
+    largest parameter difference and both consensus distances after each of `marks` steps."""
+    import topologies
+    from gossip_powersgd import LocalCluster, PowerGossip
+    from gossip_powersgd.metrics import consensus_distance
+
+    def peer(comm: Comm, algorithm):
+        x = make_params(model_shapes("resnet20"), comm.rank)
+        gossip = algorithm(x, comm, rank=1)
+        out = {}
+        for step in range(1, max(marks) + 1):
+            gossip.step()
+            if step in marks:
+                out[step] = ([t.clone() for t in x], consensus_distance(x, comm))
+        return out
+
+    topology = topologies.parse(f"ring:{peers}")
+    new, old = (LocalCluster(topology).run(peer, algorithm) for algorithm in (PowerGossip, before))
+    return {
+        step: {
+            "difference": max(
+                float((a - b).abs().max())
+                for pn, po in zip(new, old)
+                for a, b in zip(pn[step][0], po[step][0])
+            ),
+            "consensus_new": new[0][step][1],
+            "consensus_before": old[0][step][1],
+        }
+        for step in marks
+    }
+
+
+def one_thread_run(peers: int, steps: int) -> float:
+    """Steps/s of `peers` PowerGossip peers stepped in turn by this thread, each on a loopback
+    transport: the same per-peer compute on the same working set, without threads or messages
+    (what the simulation would reach if switching peers and moving messages cost nothing)."""
+    import topologies
+    from gossip_powersgd import PowerGossip
+
+    topology = topologies.parse(f"ring:{peers}")
+    shapes = model_shapes("resnet20")
+    gossips = [
+        PowerGossip(make_params(shapes, rank), loopback_communicator(topology, rank), rank=1)
+        for rank in range(peers)
+    ]
+    for _ in range(2):
+        for gossip in gossips:
+            gossip.step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        for gossip in gossips:
+            gossip.step()
+    return steps / (time.perf_counter() - start)
+
+
+def isolated(versions: Dict[str, type], model: str, steps: int, reps: int) -> Dict[str, Any]:
+    """Peer 0 of ring:8 alone (`bench_gossip`'s isolated peer): per version, compute ms per
+    half-step and its fraction of the copy bandwidth, medians over `reps` interleaved blocks."""
+    import topologies
+
+    from experiments.pages.bench_gossip.measure import BenchConfig, isolated_benchmark
+    from experiments.pages.bench_gossip.summary import summarize_isolated
+
+    cfg = BenchConfig(model, "ring:8", "local", steps * reps, reps, naive=False, warmup=2)
+    algorithms = {name: (algorithm, True) for name, algorithm in versions.items()}
+    iso = summarize_isolated(isolated_benchmark(cfg, topologies.parse(cfg.topology), algorithms))
+    return {
+        name: {"ms": v["all"]["compute"] * 1e3, "of_copy": v["all"]["efficiency"]}
+        for name, v in iso["variants"].items()
+    }
+
+
+def row(run: Run) -> Dict[str, Any]:
+    """The interleaved repetitions, the divergence from `before`, the isolated peer, the big run."""
+    import resource
+
+    import torch
+
+    from experiments.pages._bench import resident_bytes
+    from experiments.pages._commit_code import loaded_modules, previous_powergossip
+    from gossip_powersgd import PowerGossip
+
+    c, start = run.config, machine()
+    torch.set_num_threads(1)
+    own = c["helpers"] == "own"
+    versions = {n: previous_powergossip(c[n], helpers=own) for n in ("before", "previous") if c[n]}
+    versions = {"tree": PowerGossip, **{n: v for n, v in versions.items() if v is not None}}
+    setups = {name: setup for name, setup in SETUPS.items() if setup[0] in versions}
+    results: Dict[str, Any] = {
+        "sim": {name: [] for name in [*setups, "one thread"]},
+        "switches": {name: [] for name in setups},
+        "modules": {
+            c[n]: loaded_modules(c[n], own) for n in ("before", "previous") if n in versions
+        },
+    }
+    finals = {}
+    for rep in range(c["reps"]):
+        for name in list(setups) if rep % 2 == 0 else list(setups)[::-1]:
+            version, cooperative, lanes, python = setups[name]
+            steps = c["before_steps"] if name == "before" else c["steps"]
+            out = cluster_run(versions[version], c["peers"], steps, cooperative, lanes, python)
+            results["sim"][name].append(out["steps_per_s"])
+            results["switches"][name].append(out["switches"])
+            finals[name] = out["params"]
+        results["sim"]["one thread"].append(one_thread_run(c["peers"], c["steps"]))
+    reference = finals["free"]
+    results["identical"] = all(
+        torch.equal(a.view(-1).view(torch.int32), b.view(-1).view(torch.int32))
+        for name in setups
+        if name not in ("before", "free")
+        for pa, pb in zip(reference, finals[name])
+        for a, b in zip(pa, pb)
+    )
+    results["scale"] = max(float(a.abs().max()) for pa in reference for a in pa)
+    del finals
+    if "before" in versions:
+        results["divergence"] = divergence(versions["before"], c["divergence_peers"])
+    named = {"before": "before", "previous": "previous", "tree": "after"}
+    by_model = {
+        model: isolated({named[n]: v for n, v in versions.items()}, model, steps, 5)
+        for model, steps in (("resnet20", c["isolated_steps"]), ("vgg16", 4))
+    }
+    results["isolated"] = {v: {m: by_model[m][v] for m in by_model} for v in by_model["vgg16"]}
+    rss_before = resident_bytes() / 2**20
+    out = cluster_run(PowerGossip, c["big_peers"], c["big_steps"], cooperative=True, lanes=2)
+    results["big"] = {
+        "steps": c["big_steps"],
+        "seconds_per_step": out["seconds_per_step"],
+        "rss_before": rss_before,
+        "rss_after": resident_bytes() / 2**20,
+        "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    return dict(results, machine_start=start, machine_end=machine())
+
+
+def earlier_code(c: Dict[str, Any], modules: Dict[str, List[str]]) -> str:
+    """A sentence on the page: which modules of the earlier commits ran."""
+    if not modules:
+        return ""
+    files = "; ".join(
+        f"`{commit}`: " + ", ".join(f"`{m}.py`" for m in names) for commit, names in modules.items()
+    )
+    if c["helpers"] == "own":
+        return (
+            "Earlier commits' PowerGossip runs with that commit's own helper modules, read from it "
+            f"with git and imported beside this tree's (`experiments/pages/_commit_code.py`; {files})."
+        )
+    return (
+        f"Earlier commits' PowerGossip modules ({files}; read with git) run with this tree's "
+        "helper modules (`helpers: tree`)."
+    )
+
+
+def render(rows: Rows) -> Outputs:
+    """The results page."""
+    (record,) = rows.records
+    c, results = record.config, record.row
+    shapes = model_shapes("resnet20")
+    compressed = sum(4 * count_params([item]) for item in shapes if len(item[1]) >= 2)
+    half = (c["peers"] + 1) // 2  # lane of rank r: r * 2 // peers (LocalCluster)
+    variants = [
+        v
+        for v in ("before", "free", "previous", "turns", "lanes python", "lanes", "one thread")
+        if v in results["sim"]
+    ]
+    label = {
+        "before": f"`{c['before']}`'s PowerGossip, free threads ({c['before_steps']} steps)",
+        "free": "this tree, free threads",
+        "previous": f"`{c['previous']}`'s PowerGossip, taking turns, one lane (the cluster as "
+        f"at `{c['previous']}`)",
+        "turns": "this tree, taking turns, one lane (the default)",
+        "lanes python": "this tree, two lanes, tensor work as Python (not compiled)",
+        "lanes": "**this tree, two lanes** (`lanes=2`)",
+        "one thread": "bound for one lane: one thread, no messages",
+    }
+    L = [
+        "# Simulation at scale: PowerGossip rank 1 on in-process peers"
+        + (" (--quick)" if rows.quick else ""),
+        "",
+        f"{header(rows)} One torch thread. Absolute times move by 2x between runs on this shared "
+        "machine; the columns come from interleaved repetitions of one run.",
+        "",
+        f"ResNet-20-shaped random float32 parameters ({count_params(shapes):,}, "
+        f"{compressed / 1e6:.2f} MB in compressed matrices), "
+        "PowerGossip rank 1, one half-step per step, warm start, ring topology (degree 2), "
+        "`LocalCluster` (one thread per peer). *Free threads*: `cooperative=False`, every peer "
+        "thread runs whenever the GIL lets it. *Taking turns*: `cooperative=True` (the default "
+        "when peers outnumber cores), one peer runs until it waits for a message or a "
+        "collective; its peer threads are pinned to one core (as many as torch's intra-op "
+        "threads, here 1; `LocalCluster(pin=None)`, the default). *Two lanes*: `lanes=2`, ranks "
+        f"0-{half - 1} and {half}-{c['peers'] - 1} take turns on their own, each lane pinned to its own core, so two peers "
+        "run at once; PowerGossip's tensor work is compiled by TorchScript, which runs it without "
+        "the GIL (*as Python*: the same functions, not compiled). "
+        + earlier_code(c, results["modules"])
+        + " Each repetition "
+        f"times {c['steps']} steps after two warm-up steps. *One thread*: every peer stepped in "
+        "turn by one thread on a loopback "
+        "transport (no threads, no messages): the bound for this per-peer compute one peer at a "
+        "time. Context "
+        "switches: voluntary and involuntary, of all the process's threads over the whole "
+        "cluster run (set-up included), divided by the measured steps; free threads switch at "
+        "nearly every tensor operation, because PyTorch releases the GIL around each one.",
+        "",
+        "The ResNet-20 shapes are the zoo's model (`gossip_powersgd.training.zoo.ResNet20`, built "
+        f"on the meta device; {count_params(shapes):,} parameters, with the paper's 1x1-convolution shortcuts); pages "
+        "made up to commit 886c08c used the benchmark's own list, with parameter-free shortcuts "
+        "(269,722 parameters).",
+        "",
+        f"## {c['peers']} peers: gossip steps per second",
+        "",
+        "| | " + " | ".join(label[v] for v in variants) + " |",
+        "|---|" + "---|" * len(variants),
+        "| steps / s (median of reps) | "
+        + " | ".join(f"**{median(results['sim'][v]):.1f}**" for v in variants)
+        + " |",
+        "| each rep | "
+        + " | ".join(", ".join(f"{s:.1f}" for s in results["sim"][v]) for v in variants)
+        + " |",
+        "| context switches of the process per step (median) | "
+        + " | ".join(
+            f"{median(results['switches'][v]):,.0f}" if v in results["switches"] else "–"
+            for v in variants
+        )
+        + " |",
+        "",
+    ]
+    return {"bench_sim.md": "\n".join(L + _sections(c, results, variants)) + "\n"}
+
+
+def _sections(c: Dict[str, Any], results: Dict[str, Any], variants: List[str]) -> List[str]:
+    """The ratios, the bit-identity, the divergence from `before`, the isolated peer, the big run."""
+    sim = {v: median(results["sim"][v]) for v in variants}
+    ratios = [
+        f"two lanes / one lane: **{sim['lanes'] / sim['turns']:.2f}×**",
+        f"two lanes, compiled / as Python: {sim['lanes'] / sim['lanes python']:.2f}×",
+    ]
+    if "previous" in sim:
+        pairs = [t / p for t, p in zip(results["sim"]["turns"], results["sim"]["previous"])]
+        ratios += [
+            f"two lanes / `{c['previous']}`: **{sim['lanes'] / sim['previous']:.2f}×**",
+            f"one lane, this tree / `{c['previous']}`: {sim['turns'] / sim['previous']:.2f}× "
+            "(repetition by repetition, the two run next to each other: "
+            f"{', '.join(f'{r:.2f}' for r in pairs)}; median {median(pairs):.2f}×)",
+        ]
+    ratios.append(f"one lane / free threads (this tree): {sim['turns'] / sim['free']:.1f}×")
+    if "before" in sim:
+        ratios.append(f"two lanes / before: {sim['lanes'] / sim['before']:.1f}×")
+    with_previous = f" and with `{c['previous']}`" if "previous" in sim else ""
+    L = [
+        "Ratios of the medians: " + "; ".join(ratios) + ".",
+        "",
+        "Final parameters of all peers bit-identical with free threads, one lane and two lanes, "
+        f"compiled or not{with_previous}: **{'yes' if results['identical'] else 'no'}**.",
+        "",
+    ]
+    if "divergence" in results:
+        L += [
+            f"## The same algorithm as `{c['before']}`, rounded differently",
+            "",
+            "At rank 1 the factors sit in the messages' row layout, and BLAS rounds a product "
+            f"with such a strided operand differently, so the bits differ from `{c['before']}`'s. "
+            "The two ends of an edge still form identical factors, since they subtract the same "
+            "two products. The differences start at float rounding and the power iteration "
+            "amplifies them (its factor directions depend on them), while the consensus distances "
+            f"stay close. ring:{c['divergence_peers']}, ResNet-20 shapes, rank 1, random "
+            f"parameters (up to {results['scale']:.1f} in absolute value):",
+            "",
+            "| steps | largest parameter difference | consensus distance, this tree | "
+            f"consensus distance, `{c['before']}` |",
+            "|---|---|---|---|",
+        ]
+        L += [
+            f"| {step} | {d['difference']:.1e} | {d['consensus_new']:.6g} | "
+            f"{d['consensus_before']:.6g} |"
+            for step, d in results["divergence"].items()
+        ] + [""]
+    return L + _isolated(c, results)
+
+
+def _isolated(c: Dict[str, Any], results: Dict[str, Any]) -> List[str]:
+    """One peer's half-step alone, per version, and the big run."""
+    iso = results["isolated"]
+    shown = [v for v in ("before", "previous", "after") if v in iso]
+    name = {"before": f"before (`{c['before']}`)", "previous": f"`{c['previous']}`"}
+    L = [
+        "## One peer's half-step alone (loopback transport, degree 2)",
+        "",
+        f"Peer 0 of ring:8, the versions in interleaved blocks of {c['isolated_steps']} "
+        "(ResNet-20) or 4 (VGG-16) half-steps after two warm-up steps, 5 rounds; compute time "
+        "per half-step and 3 × compressed bytes / (that time × the bandwidth of a one-thread 256 "
+        "MB copy made before each round), medians.",
+        "",
+        "| model | "
+        + " | ".join(f"{name.get(v, 'after (this tree)')}: ms, % of copy" for v in shown)
+        + " |",
+        "|---|" + "---|" * len(shown),
+    ]
+    for model in ("resnet20", "vgg16"):
+        cells = [
+            f"{iso[v][model]['ms']:.2f} ms, **{iso[v][model]['of_copy'] * 100:.0f} %**"
+            for v in shown
+        ]
+        L.append(f"| {model} | " + " | ".join(cells) + " |")
+    if "previous" in iso:
+        L += [
+            "",
+            f"Half-step time, `{c['previous']}` / this tree (above 1: this tree is faster): "
+            + ", ".join(
+                f"{m} {iso['previous'][m]['ms'] / iso['after'][m]['ms']:.2f}×"
+                for m in ("resnet20", "vgg16")
+            )
+            + ".",
+        ]
+    big = results["big"]
+    return L + [
+        "",
+        f"## {c['big_peers']} peers (this tree, two lanes)",
+        "",
+        f"{big['steps']} steps: **{big['seconds_per_step']:.2f} s per step** "
+        f"({1 / big['seconds_per_step']:.1f} steps/s); resident memory of the process "
+        f"{big['rss_before']:.0f} MiB before the cluster, {big['rss_after']:.0f} MiB with its "
+        f"results held, peak {big['peak']:.0f} MiB.",
+        "",
+    ]
+
+
+PAGE = register(
+    Page(
+        name="bench_sim",
+        title="PowerGossip r1 on 64 in-process peers: free threads, turns, two lanes, earlier commits",
+        plan=plan,
+        row=row,
+        render=render,
+        serial=True,
+    )
+)

@@ -1,0 +1,123 @@
+"""`python -m experiments consensus`: the consensus experiment of the PowerGossip paper (Vogels,
+Karimireddy and Jaggi, 2020, sec. 5) on 25 problem x topology instances, 3 seeds, a winner map.
+
+The peers of a topology hold tensors (`problems`, seeded per peer) and only gossip: averaging is
+the whole task, so the error, mean over peers of ||x_i - x_bar||^2_F (`consensus_distance`, which
+gossip drives to 0 while keeping x_bar fixed), measures how fast an algorithm averages per bit
+sent. Every algorithm is compared at matched bits (`measure`): its error at exactly 1e5, 1e6 and
+1e7 bits per peer (8 x the transport's bytes), log-log interpolated between recorded steps, and
+the bits to reach relative error 1e-2 and 1e-4. A run of the plan is one instance (`instance`):
+every algorithm on every peer (threads), every γ of the tuned baselines, 3 seeds. The renderer
+writes consensus.md (`page`) and, per instance, consensus/<instance>/ with its table, run curves,
+summary and plots (`files`), and the winner map (`compare`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping
+
+from experiments.engine import Outputs, Page, Rows, Run, made_by
+from experiments.pages import register
+
+from .files import (
+    CURVES,
+    curves_bytes,
+    folder,
+    plots,
+    run_file,
+    summary_json,
+    table_csv,
+)
+from .instance import GAMMAS, INSTANCES, settings, with_cells
+from .measure import BUDGETS, STEP_CAP, STOP_RELATIVE, reach_cells, summarize
+
+#: --quick: two tiny instances (seconds), the page's code paths all taken.
+QUICK = {
+    "instances": (
+        ("ring:4", "matrix:20", "full"),
+        ("ring:4", "lowrank:r=2,sigma=0.1,n=20", "added"),
+    ),
+    "gammas": (0.1, 1.0),
+    "budgets": (1e4, 3e4, 1e5),
+}
+
+
+def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    """One run per instance (its algorithms, seeds, γ grid, budgets), in the page's order."""
+    instances = QUICK["instances"] if quick else INSTANCES
+    runs = []
+    for topology, problem, kind in instances:
+        config = {"topology": topology, "problem": problem, **settings(kind, problem)}
+        config.update(gammas=list(QUICK["gammas"] if quick else GAMMAS), dtype="float64")
+        config.update(
+            budgets=list(QUICK["budgets"] if quick else BUDGETS), stop_relative=STOP_RELATIVE
+        )
+        cost = (2 if kind == "full" else 1) * (2 if topology.startswith("torus") else 1)
+        runs.append(Run(f"{topology}/{problem}", config, cost=cost))
+    return runs
+
+
+def row(run: Run) -> Dict[str, Any]:
+    import torch
+
+    from experiments.engine import ROOT
+
+    from .instance import run_instance
+
+    torch.set_num_threads(1)
+    return run_instance(**run.config, models_dir=str(ROOT / "runs" / "consensus" / "models"))
+
+
+def load_instance(record, command: str) -> Dict[str, Any]:
+    """The instance as the page and its files read it, from its stored row."""
+    c, r = record.config, record.row
+    budgets = [float(b) for b in c["budgets"]]
+    results = []
+    for run in r["runs"]:
+        run = with_cells(run, budgets)
+        last = run["history"][-1]
+        run.update(steps=last["step"], bits_per_peer=last["bits_per_peer"], dtype=c["dtype"])
+        run.update(file=run_file(run["spec"], run["seed"]), reach=reach_cells(run["history"]))
+        results.append(run)
+    # summary.json's fields, in its order (the settings every instance of the page shares fixed)
+    out = dict(topology=c["topology"], weights="default", gamma_topology=r["gamma_topology"])
+    out.update(problem=c["problem"], backend="local", budgets=budgets, gammas=c["gammas"])
+    out.update(sweep=True, topk_ratio=r["topk_ratio"], max_bits=budgets[-1], max_steps=STEP_CAP)
+    out.update(seconds=r["seconds"], screen_bits=budgets[-2], finalists=1, seeds=c["seeds"])
+    out.update(dtype=c["dtype"], stop_relative=c["stop_relative"])
+    out["command"] = r.get("command", command)  # a converted row: the old program's command
+    out.update(finished=record.finished, commit=record.commit, results=results)
+    summary = summarize([x for x in results if x["seed"] == 0], budgets)
+    return dict(out, summary=summary, folder=folder(c["topology"], c["problem"]))
+
+
+def render(rows: Rows) -> Outputs:
+    """consensus.md, the winner map, and every instance's table.csv, curves, summary and plots."""
+    from .compare import heat_map
+    from .page import page
+
+    instances = [load_instance(record, rows.command) for record in rows.records]
+    first = rows.records[0].row
+    meta = {
+        "seconds": sum(r["seconds"] for r in instances),
+        **{k: first[k] for k in ("cpu_count", "machine")},
+    }
+    out: Outputs = {"consensus.md": page(instances, made_by(rows), meta)}
+    out["consensus/winner_map.png"] = heat_map(instances, instances[0]["budgets"])
+    for x in instances:
+        out[f"{x['folder']}/{CURVES}"] = curves_bytes(x)
+        out[f"{x['folder']}/table.csv"] = table_csv(x)
+        out[f"{x['folder']}/summary.json"] = summary_json(x)
+        out.update({f"{x['folder']}/{name}": data for name, data in plots(x).items()})
+    return out
+
+
+PAGE = register(
+    Page(
+        name="consensus",
+        title="consensus (averaging only): error at matched bits, 25 problem x topology instances, winner map",
+        plan=plan,
+        row=row,
+        render=render,
+    )
+)

@@ -1,0 +1,135 @@
+"""The consensus problems: what every peer holds before gossip starts (seeded; built in float64,
+cast to the run's dtype): `matrix[:N|:RxC]` N(0,1) entries (100x100); `cnn` N(0,1) tensors shaped
+like MNIST-1D's `cnn1d`; `spectral:alpha=A[,n=N]` X_i = kappa U_i diag(k^-A) V_i^T, U_i, V_i
+orthonormal per peer, ||X_i||^2 = N^2; `lowrank:r=R,sigma=S[,n=N]` X_i = U diag(c_i) V^T / sqrt(R)
++ S E_i, U, V shared (x_i - x_j of rank <= R when S = 0); `offset:beta=B` `matrix` + B A, A shared;
+`models:epoch=E` the peers' `cnn1d` parameters after E epochs of D-PSGD (`models`)."""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    import torch
+
+#: Peer `rank` of seed `seed` draws from generator SEED_BASE + SEED_STRIDE * seed + rank; shared
+#: components (the same on every peer) from SHARED_BASE + seed.
+SEED_BASE, SEED_STRIDE, SHARED_BASE = 42, 1000, 7_000_000
+DEFAULT_SIZE = 100
+#: Options each problem takes, with their defaults (None: required).
+OPTIONS: Dict[str, Dict[str, Optional[float]]] = {
+    "spectral": {"alpha": None, "n": DEFAULT_SIZE},
+    "lowrank": {"r": None, "sigma": None, "n": DEFAULT_SIZE},
+    "offset": {"beta": None},
+    "models": {"epoch": None},
+}
+VALID = "matrix, matrix:N, matrix:RxC, cnn, spectral:alpha=..., lowrank:r=...,sigma=..., "
+VALID += "offset:beta=..., models:epoch=..."
+
+
+@functools.lru_cache(maxsize=None)
+def cnn1d_shapes() -> Tuple[Tuple[int, ...], ...]:
+    """Parameter shapes of MNIST-1D's cnn1d (40 inputs, 10 classes), read from the model."""
+    from gossip_powersgd.training.models import build_model
+
+    return tuple(tuple(p.shape) for p in build_model("cnn1d", (40,), 10).parameters())
+
+
+def parse_problem(problem: str) -> Tuple[str, Dict[str, float]]:
+    """`name[:options]` -> (name, options); a one-line ValueError naming the valid forms."""
+    name, _, arg = problem.strip().lower().partition(":")
+    if name == "matrix":
+        match = re.fullmatch(r"(\d+)(?:x(\d+))?", arg or str(DEFAULT_SIZE))
+        if not match or int(match.group(1)) < 1 or int(match.group(2) or 1) < 1:
+            raise ValueError(f"problem {problem!r}: expected matrix, matrix:N or matrix:RxC")
+        return name, {"rows": int(match.group(1)), "cols": int(match.group(2) or match.group(1))}
+    if name == "cnn" and not arg:
+        return name, {}
+    if name not in OPTIONS:
+        raise ValueError(f"unknown problem {problem!r}; valid: {VALID}")
+    options: Dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in arg.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq or key not in OPTIONS[name]:
+            takes = ", ".join(k + "=..." for k in OPTIONS[name])
+            raise ValueError(f"problem {problem!r}: bad option {part!r}; {name} takes {takes}")
+        try:
+            options[key] = float(value)
+        except ValueError:
+            raise ValueError(f"problem {problem!r}: {key}={value!r} is not a number") from None
+    for key, default in OPTIONS[name].items():
+        if key not in options and default is None:
+            raise ValueError(f"problem {problem!r}: give {key}=..., e.g. the forms {VALID}")
+        options.setdefault(key, default)
+    for key in ("n", "r", "epoch"):
+        if key in options and (options[key] < 1 or options[key] != int(options[key])):
+            raise ValueError(f"problem {problem!r}: {key} must be an integer >= 1")
+    if name == "lowrank" and options["r"] > options["n"]:
+        raise ValueError(f"problem {problem!r}: r must be <= n={options['n']:g}")
+    if options.get("sigma", 0) < 0 or not all(math.isfinite(v) for v in options.values()):
+        raise ValueError(f"problem {problem!r}: sigma must be >= 0 and every option finite")
+    return name, options
+
+
+def problem_shapes(problem: str) -> List[Tuple[int, ...]]:
+    """The shapes of the tensors every peer holds."""
+    name, options = parse_problem(problem)
+    if name == "matrix":
+        return [(int(options["rows"]), int(options["cols"]))]
+    if name in ("cnn", "models"):
+        return list(cnn1d_shapes())
+    n = int(options.get("n", DEFAULT_SIZE))
+    return [(n, n)]
+
+
+def _orthonormal(n: int, generator: torch.Generator) -> torch.Tensor:
+    import torch
+
+    q, r = torch.linalg.qr(torch.randn(n, n, generator=generator, dtype=torch.float64))
+    return q * torch.sign(torch.diagonal(r))  # a fixed sign convention: Haar-distributed Q
+
+
+def spectral_values(alpha: float, n: int) -> torch.Tensor:
+    """kappa * k^-alpha (k = 1..n), kappa such that their squares sum to n^2."""
+    import torch
+
+    decay = torch.arange(1, n + 1, dtype=torch.float64) ** (-alpha)
+    return decay * (n / decay.square().sum().sqrt())
+
+
+def make_problem(
+    problem: str, rank: int, dtype=None, seed: int = 0, models_file: Optional[Path] = None
+) -> List[torch.Tensor]:
+    """Peer `rank`'s tensors for `problem` and `seed`, cast to `dtype` (default float32)."""
+    import torch
+
+    name, options = parse_problem(problem)
+    own = torch.Generator().manual_seed(SEED_BASE + SEED_STRIDE * seed + rank)
+    shared = torch.Generator().manual_seed(SHARED_BASE + seed)
+    shapes, f64 = problem_shapes(problem), dict(dtype=torch.float64)
+    if name in ("matrix", "cnn"):
+        tensors = [torch.randn(shape, generator=own, **f64) for shape in shapes]
+    elif name == "offset":
+        offset = options["beta"] * torch.randn(shapes[0], generator=shared, **f64)
+        tensors = [torch.randn(shapes[0], generator=own, **f64) + offset]
+    elif name == "spectral":
+        n = int(options["n"])
+        u, v = _orthonormal(n, own), _orthonormal(n, own)
+        tensors = [(u * spectral_values(options["alpha"], n)) @ v.T]
+    elif name == "lowrank":
+        n, r = int(options["n"]), int(options["r"])
+        u, v = (torch.randn(n, r, generator=shared, **f64) for _ in range(2))
+        c, noise = torch.randn(r, generator=own, **f64), torch.randn(n, n, generator=own, **f64)
+        tensors = [(u * c) @ v.T / math.sqrt(r) + options["sigma"] * noise]
+    else:  # models
+        if models_file is None or not Path(models_file).exists():
+            raise ValueError(f"problem {problem!r}: no trained models (`models.ensure_models`)")
+        saved = torch.load(models_file, map_location="cpu", weights_only=True)["epochs"]
+        if int(options["epoch"]) not in saved:
+            raise ValueError(f"problem {problem!r}: models were saved at epochs {sorted(saved)}")
+        tensors = [t.to(torch.float64) for t in saved[int(options["epoch"])][rank]]
+    return [t.to(dtype or torch.float32).contiguous() for t in tensors]

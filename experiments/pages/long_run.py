@@ -1,0 +1,139 @@
+"""`python -m experiments long_run`: many PowerGossip steps on the consensus problem, watching the
+average and memory. Each peer holds a 100x100 float32 N(0,1) matrix (seeded 42 + rank); every
+`log_every` steps (and at steps 1 and 100) rank 0 records the consensus distance, the relative
+drift of the average over peers from its start (||mean_t - mean_0|| / ||mean_0||, which gossip must
+keep at float rounding) and its process's resident memory. The page says whether the drift stayed
+<= 1e-6 and memory grew < 5 % from step 100 to the last step."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping
+
+from experiments.engine import Outputs, Page, Rows, Run
+from experiments.pages import register
+from experiments.pages._bench import header, machine, resident_bytes
+
+if TYPE_CHECKING:
+    from gossip_powersgd.comm.base import Communicator
+
+DRIFT_LIMIT = 1e-6
+MEMORY_GROWTH_LIMIT = 0.05
+#: The page's run, and --quick's (memory is compared from step 100 on: at least 100 steps).
+SETTING = {
+    False: {"topology": "ring:8", "rank": 1, "steps": 10_000, "log_every": 500},
+    True: {"topology": "ring:4", "rank": 1, "steps": 100, "log_every": 50},
+}
+
+
+def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    s = SETTING[quick]
+    return [Run(key=f"{s['topology']}/rank{s['rank']}/{s['steps']}steps", config=s)]
+
+
+def peer(comm: Communicator, steps: int, log_every: int, rank: int) -> List[Dict[str, Any]]:
+    """One peer's long run: PowerGossip steps, a record every `log_every` steps (and at 1, 100)."""
+    import time
+
+    import torch
+
+    from gossip_powersgd import PowerGossip, consensus_distance
+    from gossip_powersgd.metrics import parameter_average
+
+    torch.set_num_threads(1)
+    x = [torch.randn(100, 100, generator=torch.Generator().manual_seed(42 + comm.rank))]
+    start_mean = parameter_average(x, comm)
+    gossip = PowerGossip(x, comm, rank=rank)
+    records, started = [], time.perf_counter()
+    for step in range(1, steps + 1):
+        gossip.step()
+        if step % log_every == 0 or step in (1, 100):
+            mean = parameter_average(x, comm)
+            records.append(
+                {
+                    "step": step,
+                    "consensus_distance": consensus_distance(x, comm),
+                    "average_drift": float((mean - start_mean).norm() / start_mean.norm()),
+                    "rss_bytes": resident_bytes(),
+                    "seconds": time.perf_counter() - started,
+                }
+            )
+    return records
+
+
+def row(run: Run) -> Dict[str, Any]:
+    """Rank 0's records, every peer a thread of this process (backend local)."""
+    import topologies
+    from gossip_powersgd.launch import run_peers
+
+    c, start = run.config, machine()
+    records = run_peers(
+        topologies.parse(c["topology"]),
+        peer,
+        c["steps"],
+        c["log_every"],
+        c["rank"],
+        backend="local",
+    )[0]
+    return {"records": records, "machine_start": start, "machine_end": machine()}
+
+
+def summarize(records: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The checks: the largest drift of the average, and memory growth from step 100 to the end."""
+    base = next((r for r in records if r["step"] == 100), records[0])
+    last = records[-1]
+    growth = (last["rss_bytes"] - base["rss_bytes"]) / base["rss_bytes"]
+    drift = max(r["average_drift"] for r in records)
+    return {
+        "drift": drift,
+        "drift_ok": drift <= DRIFT_LIMIT,
+        "rss_100": base["rss_bytes"] / 1e6,
+        "rss_last": last["rss_bytes"] / 1e6,
+        "growth": growth,
+        "memory_ok": growth < MEMORY_GROWTH_LIMIT,
+    }
+
+
+def render(rows: Rows) -> Outputs:
+    (record,) = rows.records
+    c, records = record.config, record.row["records"]
+    s = summarize(records)
+    lines = [
+        "# Long run: average drift and memory over many PowerGossip steps"
+        + (" (--quick)" if rows.quick else ""),
+        "",
+        f"{header(rows)} Backend local (every peer a thread of one process); memory is that "
+        f"process's; {records[-1]['seconds']:.0f} s of gossip.",
+        "",
+        f"Setup: {c['topology']}, PowerGossip rank {c['rank']}, 100x100 float32 N(0,1) per peer.",
+        "",
+        "| check | measured | limit | ok |",
+        "|---|---|---|---|",
+        f"| max relative drift of the average | {s['drift']:.2e} | {DRIFT_LIMIT:g} | "
+        f"{'yes' if s['drift_ok'] else 'NO'} |",
+        f"| resident memory, step 100 -> {c['steps']} | {s['rss_100']:.1f} MB -> "
+        f"{s['rss_last']:.1f} MB ({100 * s['growth']:+.2f} %) | +5 % | "
+        f"{'yes' if s['memory_ok'] else 'NO'} |",
+        "",
+        f"Final consensus distance: {records[-1]['consensus_distance']:.3e}.",
+        "",
+        "| step | consensus distance | average drift | RSS (MB) |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['step']} | {r['consensus_distance']:.3e} | {r['average_drift']:.2e} | "
+        f"{r['rss_bytes'] / 1e6:.1f} |"
+        for r in records
+    ]
+    return {"long_run.md": "\n".join(lines) + "\n"}
+
+
+PAGE = register(
+    Page(
+        name="long_run",
+        title="10,000 PowerGossip steps on ring:8: drift of the average and resident memory",
+        plan=plan,
+        row=row,
+        render=render,
+        serial=True,
+    )
+)

@@ -1,0 +1,218 @@
+"""`python -m experiments paper_standin`: the PowerGossip paper's ResNet-20 workload on a
+CIFAR-shaped synthetic stand-in (`synthetic_images`, not CIFAR-10), ring:8, every row trained by
+the library on the local backend: all-reduce, exact gossip, PowerGossip rank 1 and 2 (and rank 1
+with 2 power iterations), Choco-SGD with sign compression, exact gossip with local steps H = 4 and
+16; three of the rows again on seeds 1 and 2. Also measured, per seed's run: the floats per
+exchange of PowerGossip r1 against exact gossip on ResNet-20 and VGG-16 (with and without
+BatchNorm; counted on the transport, next to the closed form), and one ResNet-20 step at the
+paper's batch of 128 on one thread, from which the page projects a real CIFAR-10 run. Writes
+paper_standin.md, .csv, .png and one JSON per seed's run (paper_standin.json: seed 0)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from typing import Any, Dict, List, Mapping
+
+from experiments.engine import Outputs, Page, Rows, Run, made_by
+from experiments.pages import register
+
+#: The rows: (label, algorithm spec, local_steps). Choco's consensus step is the paper config's
+#: (experiments/configs/paper/resnet20_cifar10_choco_sign.yaml); every other γ is the topology's.
+ROWS = (
+    ("all-reduce", "allreduce", 1),
+    ("exact gossip", "exact", 1),
+    ("PowerGossip r1", "powergossip:rank=1", 1),
+    ("PowerGossip r2", "powergossip:rank=2", 1),
+    # the paper's grid also runs 2 power iterations: whether more iterations close r1's gap
+    ("PowerGossip r1, 2 iterations", "powergossip:rank=1,iters=2", 1),
+    ("Choco sign", "choco:compressor=sign,gamma=0.2", 1),
+    ("exact gossip H=4", "exact", 4),
+    ("exact gossip H=16", "exact", 16),
+)
+#: The rows run again on the other seeds.
+SEED_ROWS = ("exact gossip", "PowerGossip r1", "PowerGossip r1, 2 iterations")
+#: The training recipe of each mode (quick: ring:4, a width-4 ResNet-20, a few records, one seed).
+FULL = dict(
+    topology="ring:8", dataset="synthetic_images:n=2048,test=500,noise=0.7", model="resnet20"
+)
+FULL.update(batch_size=16, lr=0.1, momentum=0.9, weight_decay=0.0001, warmup_epochs=1)
+# VGG-16 as in the PowerGossip paper (no BatchNorm, conv biases), and with BatchNorm
+FULL.update(schedule="cosine", epochs=8, eval_every=2, traffic_models=("vgg16:bn=false", "vgg16"))
+QUICK = dict(FULL, topology="ring:4", dataset="synthetic_images:n=96,test=16,noise=1.0")
+QUICK.update(model="resnet20:width=4", batch_size=3, warmup_epochs=0, epochs=2, eval_every=1)
+SETTINGS: Dict[bool, Dict[str, Any]] = {False: FULL, True: dict(QUICK, traffic_models=())}
+#: The paper's CIFAR-10 run, for the projection: 300 epochs of 50,000 images, 8 peers x 128.
+PAPER_EPOCHS, CIFAR_TRAIN, PAPER_PEERS, PAPER_BATCH = 300, 50_000, 8, 128
+
+
+def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    """Per seed (0, then 1 and 2 for SEED_ROWS): the traffic of each model, the step time, the rows."""
+    s = SETTINGS[quick]
+    recipe = {k: v for k, v in s.items() if k != "traffic_models"}
+    runs = []
+    for seed in (0,) if quick else (0, 1, 2):
+        for model in (s["model"], *s["traffic_models"]):
+            runs.append(
+                Run(
+                    f"seed{seed}/traffic/{model}",
+                    {"kind": "traffic", "model": model, "topology": s["topology"]},
+                    seed,
+                )
+            )
+        runs.append(
+            Run(
+                f"seed{seed}/timing",
+                {"kind": "timing", "model": s["model"], "reps": 2 if quick else 5},
+                seed,
+            )
+        )
+        for label, spec, h in ROWS:
+            if seed == 0 or label in SEED_ROWS:
+                config = {
+                    "kind": "train",
+                    "label": label,
+                    "spec": spec,
+                    "local_steps": h,
+                    "setting": recipe,
+                }
+                runs.append(Run(f"seed{seed}/{label}", config, seed, cost=10.0))
+    return runs
+
+
+def row(run: Run) -> Dict[str, Any]:
+    import torch
+
+    from . import measure
+
+    torch.set_num_threads(1)
+    c = run.config
+    if c["kind"] == "traffic":
+        return measure.floats_per_exchange(c["model"], c["topology"])
+    if c["kind"] == "timing":
+        return measure.step_seconds(c["model"], PAPER_BATCH, c["reps"])
+    try:
+        return measure.train_row(c["setting"], c["label"], c["spec"], c["local_steps"], run.seed)
+    except Exception as exc:  # a row that fails (diverges) is reported, not fatal
+        from gossip_powersgd.launch import error_line
+
+        return {"label": c["label"], "algorithm": c["spec"], "error": error_line(exc)}
+
+
+def result(rows: Rows, seed: int) -> Dict[str, Any]:
+    """One seed's run as its JSON holds it; page-level figures of a run converted from the old
+    program's JSON (its command, setting, load, seconds and sentence) come from the rows' origin."""
+    records = [r for r in rows.records if r.key.startswith(f"seed{seed}/")]
+    group = Rows(rows.page, rows.quick, records, len(records))
+    old = records[0].origin or {}
+    by = {
+        r.config["kind"]: [x for x in records if x.config["kind"] == r.config["kind"]]
+        for r in records
+    }
+    trained = [
+        {k: v for k, v in x.row.items() if k != "load"}
+        for x in by.get("train", [])
+        if "error" not in x.row
+    ]
+    loads = [x.row["load"] for x in by.get("train", []) if "load" in x.row] or [
+        [math.nan, math.nan]
+    ]
+    timing = dict(by["timing"][0].row) if "timing" in by else {}
+    cpu_count = timing.pop("cpu_count", None)
+    steps = math.ceil(CIFAR_TRAIN / (PAPER_PEERS * PAPER_BATCH))
+    return {
+        "command": old.get("command", rows.command),
+        "setting": old.get("setting", dict(SETTINGS[rows.quick], seed=seed)),
+        "traffic": [x.row for x in by.get("traffic", [])],
+        "timing_batch128": timing,
+        "projection": {
+            "epochs": PAPER_EPOCHS,
+            "steps_per_epoch": steps,
+            "steps": PAPER_EPOCHS * steps,
+        },
+        "load": old.get("load", [loads[0][0], loads[-1][1]]),
+        "cpu_count": old.get("cpu_count", cpu_count),
+        "seconds": old.get("seconds", sum(r.seconds for r in records)),
+        "rows": trained,
+        "failed": [x.row for x in by.get("train", []) if "error" in x.row],
+        "generated": old.get("generated", made_by(group)),
+        "path": old.get("json", f"paper_standin_seed{seed}.json"),
+        "header": made_by(group),
+    }
+
+
+def render(rows: Rows) -> Outputs:
+    """paper_standin.md, .csv and .png from seed 0's run, one JSON per seed's run."""
+    from .page import page
+
+    seeds = sorted({int(r.key.split("/")[0][4:]) for r in rows.records})
+    runs = {seed: result(rows, seed) for seed in seeds}
+    main, others = runs[seeds[0]], [runs[s] for s in seeds[1:]]
+    if not main["timing_batch128"] or not main["rows"]:  # the page's header needs both
+        failed = "".join(f"; {f['label']}: {f['error']}" for f in main["failed"])
+        what = "its step time" if not main["timing_batch128"] else "a training row that finished"
+        raise ValueError(
+            f"paper_standin: seed 0 has no row of {what} yet{failed}: run `{rows.command}`"
+        )
+    out: Outputs = {"paper_standin.md": page(main, main["header"], others)}
+    out["paper_standin.csv"] = curves_csv(main["rows"])
+    out["paper_standin.png"] = plot(main["rows"])
+    for seed, run in runs.items():
+        name = "paper_standin.json" if seed == seeds[0] else f"paper_standin_seed{seed}.json"
+        data = {k: v for k, v in run.items() if k not in ("path", "header")}
+        out[name] = json.dumps(data, indent=2) + "\n"
+    return out
+
+
+def curves_csv(rows: List[Dict[str, Any]]) -> str:
+    """Every evaluation of every row (the curves the page's tables and plot are made of)."""
+    from .measure import EVAL_KEYS
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["row", "algorithm", "local_steps", *EVAL_KEYS])
+    for row in rows:
+        for e in row["evals"]:
+            writer.writerow(
+                [row["label"], row["algorithm"], row["local_steps"]] + [e[k] for k in EVAL_KEYS]
+            )
+    return buffer.getvalue()
+
+
+def plot(rows: List[Dict[str, Any]]) -> bytes:
+    """Averaged-model accuracy against epochs and against MB sent (PNG bytes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from experiments.pages._figures import png
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in rows:
+        xs = [e["epoch"] for e in r["evals"]]
+        ys = [100 * e["acc_avg"] for e in r["evals"]]
+        a.plot(xs, ys, marker="o", label=r["label"])
+        if r["mb_per_peer"] > 0 and r["algorithm"] != "allreduce":
+            b.plot([e["mb"] for e in r["evals"]], ys, marker="o", label=r["label"])
+    a.set_xlabel("epoch")
+    a.set_ylabel("averaged-model test accuracy (%)")
+    b.set_xscale("log")
+    b.set_xlabel("MB sent per peer")
+    a.legend(fontsize=7)
+    b.legend(fontsize=7)
+    fig.tight_layout()
+    return png(fig, dpi=90)
+
+
+PAGE = register(
+    Page(
+        name="paper_standin",
+        title="ResNet-20 at the paper's model size on a synthetic CIFAR-shaped stand-in, ring:8",
+        plan=plan,
+        row=row,
+        render=render,
+    )
+)

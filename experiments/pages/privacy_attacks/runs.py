@@ -1,0 +1,135 @@
+"""The attack pages' plans and runs. A plan holds, in order: the network-DP matrices (a page with
+that section), the membership split of each seed (every peer's members and each victim's held-out
+records: the audit record), then the attacked runs in the regime's order of priority. An attacked
+run trains with the seed's split while observer 0 records its view, then attacks its two
+neighbours (the victims) through their own models, every reconstruction the observer forms of
+them (`privacy.attacks.reconstructions`), its own model and the average, at each of ROUNDS."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Dict, List, Mapping
+
+from experiments.engine import Run
+from experiments.pages._privacy import NONPRIVATE_LR
+
+from .regimes import FRACTION, OBSERVER, ROUNDS, dp_recipe, regime
+
+_REFS: Dict[str, Any] = {}  #: this process's LiRA references, per (reference recipe, seed)
+
+
+def key(spec: str, target, seed: int) -> str:
+    return f"{spec}/{'no DP' if target is None else f'eps={target:g}'}/seed{seed}"
+
+
+def plan(name: str, quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    r = regime(name, quick)
+    setting, runs = r["setting"], []
+    if r["network"]:
+        runs.append(Run("network", dict(kind="network", **r["network"])))
+    split = {k: setting[k] for k in ("dataset", "partition", "topology")}
+    split.update(fraction=FRACTION, observer=OBSERVER)
+    runs += [Run(f"split/seed{s}", dict(kind="split", split=split), s) for s in r["seeds"]]
+    train = {k: v for k, v in setting.items() if k not in ("dp", "reference_lr")}
+    train.update(out_dir=None, release_peer_statistics=True)
+    reference = dict(epochs=setting["epochs"], lr=setting.get("reference_lr", NONPRIVATE_LR))
+    reference.update({k: setting[k] for k in ("momentum", "warmup_epochs")})
+    reference["batch"] = setting["batch_size"]
+    for group in r["groups"]:
+        for seed in r["seeds"]:
+            for spec, target in group:
+                mine = dict(train, algorithm=spec)
+                if target is not None:
+                    mine.update(dp_recipe(setting, target), dp_target_epsilon=target)
+                mine["eval_every"] = max(1, mine["epochs"] // 4)  # quarters: the plateau check
+                config = dict(kind="attack", spec=spec, target=target, train=mine, split=split)
+                config.update(reference=reference, references=r["references"])
+                runs.append(Run(key(spec, target, seed), config, seed, 10 * mine["epochs"]))
+    return runs
+
+
+def row(run: Run) -> Dict[str, Any]:
+    kind = run.config["kind"]
+    if kind == "network":
+        from .network import network_dp
+
+        return network_dp(run.config)
+    split = _split(run.config["split"], run.seed)
+    if kind == "split":
+        return dict(key=split.key(), record=split.record())
+    try:
+        return attacked(run.config, run.seed, split)
+    except Exception as exc:  # one failed run is a row of the page, not a lost page
+        from gossip_powersgd.utils import one_line
+
+        return dict(
+            spec=run.config["spec"],
+            target=run.config["target"],
+            seed=run.seed,
+            failure=one_line(exc, 200),
+        )
+
+
+def _split(c: Mapping[str, Any], seed: int):
+    import topologies
+
+    from gossip_powersgd.privacy.heldout import make_split
+
+    topology = topologies.parse(c["topology"])
+    victims = sorted(int(j) for j in topology.neighbors(c["observer"]))
+    return make_split(c["dataset"], topology.size, c["partition"], 0, victims, c["fraction"], seed)
+
+
+def attacked(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
+    """Train with the seed's split (DP at the target epsilon, or none), attack, measure."""
+    import torch
+
+    from gossip_powersgd.privacy.attack_run import neighbour_report, observe
+    from gossip_powersgd.privacy.attacks import Candidates, References
+    from gossip_powersgd.privacy.membership import model_with_parameters
+    from gossip_powersgd.training.models import build_model
+
+    torch.set_num_threads(1)
+    run = observe(dict(c["train"], seed=seed), split, OBSERVER, ROUNDS)
+    config, summary, base = run.result.config, run.result.summary, split.data()
+    candidates, victims, last = Candidates.of(split), split.victims, run.steps[-1]
+
+    def make():
+        return build_model(config.model, base.input_shape, base.num_classes, 0)
+
+    cache = f"{sorted(c['reference'].items())} {c['references']} {split.key()}"
+    if cache not in _REFS:
+        build, count = References.build, c["references"]
+        _REFS[cache] = build(split, candidates, OBSERVER, make, count, c["reference"], seed)
+    refs = _REFS[cache]
+    out = {"rounds": neighbour_report(run, split, OBSERVER, refs, make, base.x_test)}
+    evals = [dict(epoch=e["epoch"], acc_avg=e["test_acc_avg_model"]) for e in run.result.evals]
+    for e, record in zip(evals, run.result.evals):
+        e["consensus"] = record.get("consensus_distance")
+    epsilons = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
+    victim_acc = []
+    for v in victims:
+        with torch.no_grad():
+            model = model_with_parameters(make(), run.snapshots[v][last])
+            victim_acc.append(float((model(base.x_test).argmax(1) == base.y_test).double().mean()))
+    out.update(spec=c["spec"], target=c["target"], seed=seed, steps=summary["steps"], last=last)
+    out.update(round_steps=run.steps, epochs=config.epochs, batch=config.batch_size, lr=config.lr)
+    out.update(
+        acc_avg=summary["final_test_acc_avg_model"],
+        acc_victim=sum(victim_acc) / len(victim_acc),
+        consensus=summary.get("final_consensus_distance"),
+        evals=evals,
+        eps_victims=[epsilons[v] for v in victims] if len(epsilons) > 1 else None,
+        eps_max=max(epsilons),
+        sigma=summary.get("noise_multiplier"),
+        mb_sent_per_peer=summary["mb_sent_per_peer"],
+        observed_mb=run.observed_bytes / 1e6,
+        run_seconds=run.seconds,
+        reference_cpu_seconds=refs.seconds,
+        split=split.key(),
+        members=int(candidates.member.sum()),
+        nonmembers=int((~candidates.member).sum()),
+        load=os.getloadavg()[0],
+    )
+    return out

@@ -1,0 +1,340 @@
+"""The attack pages' tables from their rows: leakage (mean ± sd over seeds) with the blind baselines
+and the null band beside every figure, reconstructions judged by the attacks through them, attacks
+over rounds, per-class AUC, the runs with their plateau check, a budget check against older rows,
+and a log-scale ROC plot."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Dict, List, Optional, Sequence
+
+from gossip_powersgd.privacy.attacks import ATTACKS, null_band_of
+
+from .regimes import ALGORITHMS
+
+#: The attack the headline columns use (the strongest here on average; every attack is in the rows).
+HEADLINE = "LiRA offline"
+
+
+def label(spec: str) -> str:
+    return dict((s, name) for name, s in ALGORITHMS).get(spec, spec)
+
+
+def groups(rows: Sequence[Dict[str, Any]]) -> List[List[Dict[str, Any]]]:
+    """Rows of the same (algorithm, target epsilon), in plan order."""
+    out: Dict[tuple, List[Dict[str, Any]]] = {}
+    for r in rows:
+        if "failure" not in r:
+            out.setdefault((r["spec"], r["target"]), []).append(r)
+    return list(out.values())
+
+
+def _stat(values: Sequence[float], digits: int = 3, pct: bool = False) -> str:
+    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not values:
+        return "n/a"
+    scale = 100 if pct else 1
+    mean = statistics.fmean(values) * scale
+    if len(values) == 1:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {statistics.stdev(values) * scale:.{digits}f}"
+
+
+def _last(r: Dict[str, Any]) -> Dict[str, Any]:
+    return r["rounds"][str(r["last"])]
+
+
+def _reconstructions(r: Dict[str, Any]) -> List[str]:
+    return [k for k in _last(r)["quality"] if k != "observer's own"]
+
+
+def _strongest(group: Sequence[Dict[str, Any]]) -> str:
+    """The observer's estimator with the highest mean headline AUC (the oracle excluded: it uses
+    the truth)."""
+    names = [n for n in _reconstructions(group[0]) if not n.startswith("oracle")]
+    return max(
+        names,
+        key=lambda n: statistics.fmean(_last(r)["flat"][f"auc/{n}/{HEADLINE}"] for r in group),
+    )
+
+
+def _band(r: Dict[str, Any]) -> Dict[str, list]:
+    return null_band_of(r["members"], r["nonmembers"])
+
+
+def _flat(group, key: str, digits: int = 3) -> str:
+    """mean ± sd over the group's seeds of a flat figure at the last round."""
+    return _stat([_last(r)["flat"][key] for r in group], digits)
+
+
+def _head(group) -> str:
+    return f"| {label(group[0]['spec'])} | {_dp(group)} |"
+
+
+def _table(header: str, lines: List[str]) -> str:
+    return "\n".join([header, "|---" * (header.count("|") - 1) + "|"] + lines) + "\n"
+
+
+def budget_row(r: Dict[str, Any]) -> Dict[str, Any]:
+    """A DP row reduced to what the budget check shows: its recipe, accuracy and headline
+    leakage through the victim's own model."""
+    flat = _last(r)["flat"]
+    return dict(
+        spec=r["spec"],
+        target=r["target"],
+        seed=r["seed"],
+        epochs=r["epochs"],
+        steps=r["steps"],
+        sigma=r["sigma"],
+        eps=min(r["eps_victims"]),
+        acc_avg=r["acc_avg"],
+        auc=flat["auc/victim/LiRA offline"],
+        tpr=flat["tpr0.1/victim/LiRA offline"],
+        commit=r.get("commit"),
+    )
+
+
+def _dp(group: Sequence[Dict[str, Any]]) -> str:
+    r = group[0]
+    if r["target"] is None:
+        return "none"
+    eps = [e for g in group for e in (g["eps_victims"] or [g["eps_max"]])]
+    span = (
+        f"{min(eps):.3g}"
+        if f"{min(eps):.3g}" == f"{max(eps):.3g}"
+        else f"{min(eps):.3g}–{max(eps):.3g}"
+    )
+    return f"ε = {span} (victims' own; target {r['target']:g})"
+
+
+def _within(value: float, band: Sequence[float]) -> bool:
+    return band[0] <= value <= band[1]
+
+
+def blind_check(group: Sequence[Dict[str, Any]]) -> str:
+    """How many seeds have both blind baselines inside the permutation null band: the class
+    prior's AUC, and the blind model's AUC and TPR at 0.1 % and 1 % FPR (headline attack)."""
+    ok = 0
+    for r in group:
+        e = _last(r)["evaluation"]
+        band = _band(r)
+        blind = e["blind_model"][HEADLINE]
+        # The class prior takes ~10 values: no threshold has FPR <= 1 %, so only its AUC counts.
+        ok += (
+            _within(_last(r)["flat"]["auc/class prior"], band["auc"])
+            and _within(blind["auc"], band["auc"])
+            and all(_within(t, b) for t, b in zip(blind["tpr"], band["tpr"]))
+        )
+    return f"{ok}/{len(group)}"
+
+
+def _acc_at(r: Dict[str, Any], quarter: int) -> Optional[float]:
+    """The averaged-model accuracy at the evaluation ending quarter `quarter` of the run."""
+    for e in r.get("evals") or ():
+        if round(4 * e["epoch"] / r["epochs"]) == quarter:
+            return e["acc_avg"]
+    return None
+
+
+def plateau(group: Sequence[Dict[str, Any]]) -> tuple:
+    """(accuracy at half the run, at three quarters, change over the last quarter in pp), each
+    as mean ± sd over the group's seeds, "n/a" for rows evaluated only at their end."""
+    half = [_acc_at(r, 2) for r in group]
+    three = [_acc_at(r, 3) for r in group]
+    change = [100 * (r["acc_avg"] - t) for r, t in zip(group, three) if t is not None]
+    pct = [_stat(v, 2, True) for v in (half, three)]
+    return tuple(v if v == "n/a" else v + " %" for v in pct) + (_stat(change, 2),)
+
+
+def runs_table(rows) -> str:
+    lines = []
+    for g in groups(rows):
+        half, three, change = plateau(g)
+        sigma = "—" if g[0]["sigma"] is None else format(g[0]["sigma"], ".3g")
+        lines.append(
+            f"{_head(g)} {sigma} | {len(g)} | {_stat([r['acc_avg'] for r in g], 2, True)} % | "
+            f"{_stat([r['acc_victim'] for r in g], 2, True)} % | "
+            f"{g[0]['mb_sent_per_peer']:.3f} | {g[0]['observed_mb']:.3f} | "
+            f"{_stat([r['consensus'] for r in g], 3)} | {half} / {three} | {change} | "
+            f"{statistics.fmean(r['run_seconds'] for r in g):.0f} |"
+        )
+    header = (
+        "| algorithm | DP | σ | seeds | averaged-model acc | victims' model acc | MB sent / peer | "
+        "MB the observer received | consensus distance (end) | averaged-model acc at ½ / ¾ "
+        "of the run | change over the last quarter (pp) | run s (mean) |"
+    )
+    return _table(header, lines)
+
+
+def leakage_table(rows) -> str:
+    lines, oracle = [], "oracle: D on the span of all factors"
+    for g in groups(rows):
+        strongest = _strongest(g) if _reconstructions(g[0]) else None
+        models = ["victim"] + ([strongest] if strongest else [])
+        models += [oracle] if strongest and oracle in _reconstructions(g[0]) else []
+        band, blind = _band(g[0]), f"blind model/{HEADLINE}"
+        tail = (
+            f"{_flat(g, 'auc/class prior')} | {_flat(g, f'auc/{blind}')} / "
+            f"{_flat(g, f'tpr0.1/{blind}', 4)} | [{band['auc'][0]:.3f}, {band['auc'][1]:.3f}] / "
+            f"[{band['tpr'][0][0]:.4f}, {band['tpr'][0][1]:.4f}] / [{band['tpr'][1][0]:.4f}, "
+            f"{band['tpr'][1][1]:.4f}] | {blind_check(g)} |"
+        )
+        for name in models + ["observer's own", "average of all"]:
+            title = name if name != strongest else f"strongest reconstruction: {name}"
+            cells = [_flat(g, f"auc/{name}/{a}") for a in ("LOSS", "LiRA offline", "LiRA online")]
+            cells += [
+                _flat(g, f"tpr0.1/{name}/{HEADLINE}", 4),
+                _flat(g, f"tpr1/{name}/{HEADLINE}", 4),
+            ]
+            lines.append(f"{_head(g)} {title} | " + " | ".join(cells) + f" | {tail}")
+    header = (
+        "| algorithm | DP | model | LOSS AUC | LiRA offline AUC | LiRA online AUC | "
+        "TPR @ 0.1 % FPR | TPR @ 1 % FPR | blind: class prior AUC | blind: model that never "
+        "saw the victims, AUC / TPR @ 0.1 % | null band AUC / TPR @ 0.1 % / TPR @ 1 % | "
+        "blind within band (seeds) |"
+    )
+    return _table(header, lines)
+
+
+def all_attacks_table(rows) -> str:
+    header = "| algorithm | DP | " + " | ".join(f"{a} AUC (victim's model)" for a in ATTACKS) + " |"
+    lines = [
+        f"{_head(g)} " + " | ".join(_flat(g, f"auc/victim/{a}") for a in ATTACKS) + " |"
+        for g in groups(rows)
+    ]
+    return _table(header, lines)
+
+
+def reconstruction_table(rows) -> str:
+    lines = []
+    for g in groups(rows):
+        own = f"{_flat(g, f'auc/victim/{HEADLINE}')} / {_flat(g, f'tpr1/victim/{HEADLINE}', 4)}"
+        for name in _reconstructions(g[0]) + ["observer's own"]:
+            q = [_last(r)["quality"][name] for r in g]
+            lines.append(
+                f"{_head(g)} {name} | {_stat([x['l2'] for x in q], 4)} | "
+                f"{_stat([x['agreement'] for x in q], 2, True)} % | "
+                f"{_flat(g, f'auc/{name}/{HEADLINE}')} | {_flat(g, f'tpr1/{name}/{HEADLINE}', 4)} | "
+                f"{own} |"
+            )
+    header = (
+        "| algorithm | DP | estimate of the victim's model | relative L2 error | prediction "
+        "agreement with the victim's model (test set) | LiRA offline AUC through it | TPR @ "
+        "1 % FPR | the victim's own model: AUC / TPR @ 1 % |"
+    )
+    return _table(header, lines)
+
+
+def rounds_table(rows) -> str:
+    lines = []
+    for g in groups(rows):
+        r0 = g[0]
+        for name in ["victim"] + ([_strongest(g)] if _reconstructions(r0) else []):
+            cells = []
+            for s in r0["round_steps"]:
+                values = [r["rounds"][str(s)]["flat"].get(f"auc/{name}/{HEADLINE}") for r in g]
+                cells.append(
+                    f"{_stat(values)} ({r0['observed_mb'] * (s + 1) / r0['steps']:.3g} MB)"
+                )
+            lines.append(f"{_head(g)} {name} | " + " | ".join(cells) + " |")
+    header = (
+        "| algorithm | DP | model | LiRA offline AUC at round (share of the run; MB the observer "
+        "had received): 25 % | 50 % | 75 % | 100 % |"
+    )
+    return _table(header, lines)
+
+
+def per_class_table(rows) -> str:
+    lines = []
+    for g in groups(rows):
+        mean = [statistics.fmean(c) for c in zip(*(_last(r)["per_class_victim"] for r in g))]
+        lines.append(f"{_head(g)} " + ", ".join(f"{v:.3f}" for v in mean) + " |")
+    header = (
+        "| algorithm | DP | per-class LiRA offline AUC, victim's model (classes 0–9, mean over "
+        "seeds) |"
+    )
+    return _table(header, lines)
+
+
+def plot_roc(rows) -> bytes:
+    """Log-log ROC of the headline attack, seed of each group's first row: the victim's model and
+    the strongest reconstruction, the blind model, chance."""
+    from experiments.pages._privacy import png, pyplot
+
+    plt = pyplot()
+    gs = groups(rows)
+    fig, axes = plt.subplots(1, len(gs), figsize=(3.6 * len(gs), 3.6), squeeze=False)
+    for ax, g in zip(axes.flat, gs):
+        e = _last(g[0])["evaluation"]
+        names = ["victim"] + ([_strongest(g)] if _reconstructions(g[0]) else [])
+        for name, style in zip(names, ("-", "--")):
+            fpr, tpr = e["models"][name][HEADLINE]["roc"]
+            ax.plot(
+                [max(v, 1e-4) for v in fpr],
+                [max(v, 1e-4) for v in tpr],
+                style,
+                label="victim" if name == "victim" else "reconstruction",
+            )
+        ax.plot([1e-4, 1], [1e-4, 1], ":", color="grey", label="chance")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(1e-4, 1)
+        ax.set_ylim(1e-4, 1)
+        ax.set_title(
+            f"{label(g[0]['spec'])}, {'no DP' if g[0]['target'] is None else 'DP'}", fontsize=8
+        )
+        ax.set_xlabel("FPR")
+        ax.set_ylabel("TPR")
+        ax.legend(fontsize=6)
+    return png(fig, dpi=100)
+
+
+def budget_section(rows, others: Sequence[Dict[str, Any]]) -> str:
+    """The DP rows of this page beside the same (algorithm, epsilon) at the previous page's
+    budget (`others`, from `--reuse`): does the budget pay in this regime?"""
+    mine = [budget_row(r) for r in rows if "failure" not in r and r["target"] is not None]
+    cells = {(o["spec"], o["target"]) for o in others}
+    by: Dict[tuple, Dict[int, List[Dict[str, Any]]]] = {}
+    for r in [*others, *mine]:
+        if (r["spec"], r["target"]) in cells:
+            by.setdefault((r["spec"], r["target"]), {}).setdefault(r["epochs"], []).append(r)
+    lines = [
+        "## Training budget in this regime\n",
+        "The DP rows above beside the same algorithm and ε at the previous page's budget (its "
+        "rows, same setting and recipe but the number of epochs, taken with `--reuse`; each "
+        "run's σ solved for its own steps). The victims here train on half a shard, so their σ "
+        "at a target ε is that of a smaller ε on privacy_dp_budget.md's full shards, where "
+        "the budget peaks earlier.\n",
+        "| algorithm | target ε | epochs | seeds | σ | averaged-model acc | change from the "
+        "shorter budget (pp) | LiRA offline AUC (victim's model) | TPR at 0.1 % FPR |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    pays, loses = [], []
+    for (spec, target), budgets in by.items():
+        means = {e: statistics.fmean(x["acc_avg"] for x in g) for e, g in budgets.items()}
+        if len(means) >= 2:
+            short, long = min(means), max(means)
+            gain = 100 * (means[long] - means[short])
+            where = f"{label(spec)} at ε = {target:g} ({gain:+.2f} pp from {short} to {long})"
+            (pays if gain >= 0 else loses).append(where)
+        for e in sorted(budgets):
+            g = budgets[e]
+            shorter = [b for b in means if b < e]
+            change = f"{100 * (means[e] - means[max(shorter)]):+.2f}" if shorter else "—"
+            lines.append(
+                f"| {label(spec)} | {target:g} | {e} | {len(g)} | {g[0]['sigma']:.3g} | "
+                f"{_stat([x['acc_avg'] for x in g], 2, pct=True)} % | {change} | "
+                f"{_stat([x['auc'] for x in g])} | {_stat([x['tpr'] for x in g], 4)} |"
+            )
+    words = []
+    if pays:
+        words.append("The longer budget pays for " + "; ".join(pays) + ".")
+    if loses:
+        words.append(
+            "It costs accuracy for "
+            + "; ".join(loses)
+            + ": in this regime their budget peaks at the shorter one or before, and their rows "
+            "above are past it."
+        )
+    return "\n".join(lines) + "\n\n" + (" ".join(words) + "\n\n" if words else "")

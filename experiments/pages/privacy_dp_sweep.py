@@ -1,0 +1,286 @@
+"""`python -m experiments privacy_dp_sweep`: the small sweep that chose the DP regime of the privacy
+pages (`_privacy`: data per peer, batch, lr, clip norm), and the consensus distance over time of
+every algorithm under DP in that regime, with PowerGossip's remedies.
+
+Part 1 (exact gossip, mnist1d cnn1d iid ring:8, 8000 training samples per peer): the non-private
+reference, then DP at target epsilon 8 for a few (batch, lr, C) at a fixed number of epochs; the
+chosen regime is the DP row with the best averaged-model accuracy, run once more with its clipping
+but no noise (sigma = 0: the gap to it is the cost of the noise alone). Part 2, once part 1 is
+done: PowerGossip r1, r1 with 4 power iterations, rank 4 and Choco sign in the chosen regime at
+epsilon 8, and each without DP in the non-private reference's regime.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Dict, List, Mapping, Optional
+
+from experiments.engine import Outputs, Page, Rows, Run, made_by
+from experiments.pages import register
+from experiments.pages._privacy import (
+    BASE,
+    DELTA,
+    NONPRIVATE,
+    PER_PEER,
+    QUICK,
+    SWEEP,
+    TARGET,
+    loads,
+    pct,
+    with_load,
+)
+
+#: The label of part 1's last row, the chosen regime clipped without noise.
+CLIPPED = "chosen, clipped, no noise"
+#: Part 2: (label, spec), each in the chosen regime at TARGET and without DP in the NONPRIVATE
+#: regime; PowerGossip's remedies under DP are more power iterations and a higher rank.
+ALGORITHMS = (
+    ("PowerGossip r1", "powergossip:rank=1"),
+    ("PowerGossip r1, 4 power iterations", "powergossip:rank=1,iters=4"),
+    ("PowerGossip r4", "powergossip:rank=4"),
+    ("Choco sign", "choco:compressor=sign,gamma=1.0"),
+)
+#: --quick: the reference and the first DP row, PowerGossip r1 only, 1 epoch each.
+QUICK_PLAN = (SWEEP[:2], ALGORITHMS[:1])
+
+
+def _run(part, label, algorithm, batch, lr, clip, epochs, target, quick) -> Run:
+    """A row's run: no clipping without `clip`; clipping without noise (sigma = 0) with `clip`
+    and no `target`; DP-SGD at target epsilon `target` with both."""
+    epochs = 1 if quick else epochs
+    row = dict(label=label, algorithm=algorithm, batch=batch, lr=lr, clip=clip, epochs=epochs)
+    row["target"] = target
+    train = dict(QUICK if quick else BASE, algorithm=algorithm, batch_size=batch, lr=lr)
+    train.update(epochs=epochs, eval_every=max(1, epochs // 5))
+    if clip is not None:
+        train.update(dp_max_grad_norm=clip, dp_delta=DELTA, release_peer_statistics=True)
+        noise = {"dp_noise_multiplier": 0.0} if target is None else {"dp_target_epsilon": target}
+        train.update(noise)
+    noise = "no DP" if clip is None else f"eps={target:g}" if target else "sigma=0"
+    key = f"{part}/{label}/batch {batch}, lr {lr:g}, {noise}"
+    return Run(key, dict(row=row, train=train), cost=epochs * 1000 / batch)
+
+
+def _noisy(row: Dict[str, Any]) -> bool:
+    return row.get("target") is not None
+
+
+def _chosen(rows) -> Optional[Dict[str, Any]]:
+    private = [r for r in rows if _noisy(r) and "error" not in r]
+    best = max(private, key=lambda r: r["acc_avg"]) if private else None
+    return best and {k: best[k] for k in ("batch", "lr", "clip", "epochs", "target")}
+
+
+def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    sweep, algorithms = QUICK_PLAN if quick else (SWEEP, ALGORITHMS)
+    runs = [_run("sweep", label, "exact", *rest, quick) for label, *rest in sweep]
+    if not all(run.key in rows for run in runs):
+        return runs  # part 2 waits for the chosen regime
+    best = _chosen([rows[run.key] for run in runs])
+    if best is None:
+        return runs
+    chosen = (best["batch"], best["lr"], best["clip"], best["epochs"])
+    runs.append(_run("sweep", CLIPPED, "exact", *chosen, None, quick))
+    for label, spec in algorithms:
+        runs.append(_run("algorithms", label, spec, *chosen, TARGET, quick))
+        runs.append(_run("algorithms", label, spec, *NONPRIVATE[1:5], None, quick))
+    return runs
+
+
+def row(run: Run) -> Dict[str, Any]:
+    """One run (threads): accuracy, every peer's epsilon and the evaluations over time; a run
+    that fails is a row saying so."""
+    from gossip_powersgd import run as train
+
+    out, start, started = dict(run.config["row"]), os.getloadavg()[0], time.perf_counter()
+    try:
+        result = train(dict(run.config["train"]))
+    except Exception as exc:  # a failed run is a row saying so
+        return dict(out, error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}")
+    summary = result.summary
+    eps = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
+    keys = ("epoch", "step", "acc_avg", "consensus", "loss")
+    names = ("epoch", "step", "test_acc_avg_model", "consensus_distance", "train_loss")
+    out.update(
+        acc_avg=summary["final_test_acc_avg_model"],
+        acc_local_mean=summary["final_test_acc_local_mean"],
+        consensus=summary.get("final_consensus_distance"),
+        eps_max=max(eps),
+        eps_min=min(eps),
+        sigma=summary.get("noise_multiplier"),
+        steps=summary["steps"],
+        evals=[{k: e.get(n) for k, n in zip(keys, names)} for e in result.evals],
+        seconds=time.perf_counter() - started,
+    )
+    return with_load(out, start)
+
+
+def _fig(v) -> str:
+    return "n/a" if v is None else f"{v:.3g}"
+
+
+def _regime(row: Dict[str, Any]) -> str:
+    if row["clip"] is None:
+        return "no DP"
+    return f"ε = {row['target']:g}" if _noisy(row) else "clipped, σ = 0"
+
+
+def _pair(rows, label: str) -> tuple:
+    """The DP row and the non-private row of one part-2 algorithm (None where missing/failed)."""
+    mine = [r for r in rows if r["label"] == label and "error" not in r]
+    dp = next((r for r in mine if _noisy(r)), None)
+    return dp, next((r for r in mine if r["clip"] is None), None)
+
+
+def findings(sweep, algorithms) -> List[str]:
+    """Sentences computed from the rows."""
+    out = []
+    ok = [r for r in sweep if "error" not in r]
+    plain = [r for r in ok if r["clip"] is None]
+    clipped = [r for r in ok if r["clip"] is not None and not _noisy(r)]
+    private = [r for r in ok if _noisy(r)]
+    best = max(private, key=lambda r: r["acc_avg"]) if private else None
+    if plain and best:
+        top = max(plain, key=lambda r: r["acc_avg"])
+        gap = 100 * (top["acc_avg"] - best["acc_avg"])
+        out.append(
+            f"- Exact gossip: non-private {pct(top['acc_avg'])} (batch {top['batch']}, "
+            f"{top['steps']} steps), best DP row (ε = {best['eps_max']:.3g}, batch "
+            f"{best['batch']}, lr {best['lr']}, C {best['clip']}, {best['steps']} steps) "
+            f"{pct(best['acc_avg'])}: {gap:.1f} pp below, "
+            + ("within" if gap <= 10 else "**not within**")
+            + " the 10 pp target."
+        )
+
+    def same(r):
+        return (r["batch"], r["lr"], r["clip"], r["steps"])
+
+    for c in clipped:
+        for r in (r for r in private if same(r) == same(c)):
+            cost = 100 * (c["acc_avg"] - r["acc_avg"])
+            out.append(
+                f"- Batch {r['batch']}, lr {r['lr']}, C {r['clip']}, {r['steps']} steps with "
+                f"clipping but no noise: {pct(c['acc_avg'])}, against {pct(r['acc_avg'])} "
+                f"with the noise of ε = {r['eps_max']:.3g}: "
+                + (
+                    f"the noise costs {cost:.1f} pp."
+                    if cost >= 0
+                    else f"the noisy run is {-cost:.1f} pp above it (one run each): the noise "
+                    "costs nothing a single run can measure, and the gap to the non-private "
+                    "row is the clipping's and the DP batch and learning rate's."
+                )
+            )
+    for label, _ in ALGORITHMS:
+        dp, plain_row = _pair(algorithms, label)
+        if dp is None:
+            continue
+        against = (
+            f"; without DP {pct(plain_row['acc_avg'])}, consensus distance "
+            f"{_fig(plain_row['consensus'])}"
+            if plain_row
+            else ""
+        )
+        base = f" (exact gossip under DP: {_fig(best['consensus'])})" if best else ""
+        out.append(
+            f"- {label} under DP: averaged-model accuracy {pct(dp['acc_avg'])}, final "
+            f"consensus distance {_fig(dp['consensus'])}{base}{against}."
+        )
+    r1, it4, r4 = (_pair(algorithms, label)[0] for label, _ in ALGORITHMS[:3])
+    if r1 and it4 and r4:
+        out.append(
+            f"- PowerGossip's remedies under DP, from rank 1 with 1 power iteration "
+            f"({pct(r1['acc_avg'])}, consensus distance {_fig(r1['consensus'])}): "
+            f"4 power iterations {pct(it4['acc_avg'])} ({_fig(it4['consensus'])}), "
+            f"rank 4 {pct(r4['acc_avg'])} ({_fig(r4['consensus'])})."
+        )
+    return out
+
+
+def render(rows: Rows) -> Outputs:
+    setting = QUICK if rows.quick else BASE
+    parts: Dict[str, List[Dict[str, Any]]] = {"sweep": [], "algorithms": []}
+    for record in rows.records:
+        parts[record.key.split("/")[0]].append(record.row)
+    sweep, algorithms = parts["sweep"], parts["algorithms"]
+    ok = [r for r in sweep + algorithms if "error" not in r]
+    per_peer = "" if rows.quick else f" ({PER_PEER} training samples per peer)"
+    cores = rows.data[0].get("cores", "n/a")
+    text = (
+        f"# The DP regime of the privacy pages: a small sweep\n\n{made_by(rows)} Backend local (8 "
+        f"peer threads, one torch thread each), {cores} CPU cores shared with other jobs "
+        f"(1-minute load average {loads(ok)} at the rows' starts and ends: the seconds are "
+        f"wall time on a loaded machine). Setting: `{setting['dataset']}`{per_peer}, "
+        f"`{setting['model']}`, {setting['topology']}, {setting['partition']}, SGD momentum "
+        f"0.9, cosine schedule, {setting['warmup_epochs']} warm-up epoch, no weight decay, one "
+        f"seed. DP: Poisson batches, per-example clip C, target ε = {TARGET:g} at "
+        f"δ = {DELTA:g} (the RDP accountant picks σ), noise secret per peer. ε is each peer's "
+        "own (iid: all equal). One run per row: the noise comes from each peer's secret key, "
+        "so a rerun of a DP row draws other noise and lands on another accuracy. "
+        "Averaged-model accuracy is the test accuracy of the average of "
+        "the local models; consensus distance is the mean squared distance of the local "
+        "models to their average.\n\n"
+        "## 1. Exact gossip: batch, lr, clip norm\n\n"
+        "| run | batch | lr | C | epochs | steps | σ | ε | averaged-model acc | consensus "
+        "distance (end) | seconds |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    for r in sweep:
+        text += f"| {r['label']} | {r['batch']} | {r['lr']} | " + (
+            f"{r['clip']} | FAILED: {r['error']} |\n"
+            if "error" in r
+            else f"{r['clip'] or '—'} | {r['epochs']} | {r['steps']} | {'—' if r['sigma'] is None else _fig(r['sigma'])} | "
+            f"{r['eps_max']:.3g} | {pct(r['acc_avg'])} | {_fig(r['consensus'])} | "
+            f"{r['seconds']:.0f} |\n"
+        )
+    chosen = _chosen(sweep)
+    text += f"\nChosen regime (best DP row): {chosen}.\n\n"
+    text += (
+        "## 2. Every algorithm in the chosen regime: consensus distance over time\n\n"
+        f"Each algorithm under DP in the chosen regime (ε = {TARGET:g}), and without DP in the "
+        "non-private reference's regime (batch, lr and epochs of part 1's first row). "
+        "Consensus distance at each evaluation (every "
+        f"{max(1, (chosen or {}).get('epochs', 5) // 5)} epochs).\n\n"
+        "| algorithm | regime | batch | lr | steps | ε | averaged-model acc | consensus "
+        "distance at each evaluation |\n|---|---|---|---|---|---|---|---|\n"
+    )
+    exact = [
+        dict(r, label="exact gossip (part 1)")
+        for r in sweep
+        if "error" not in r
+        and (r["clip"] is None and r["label"] == NONPRIVATE[0] or _noisy(r))
+        and (not _noisy(r) or chosen and all(r[k] == chosen[k] for k in chosen))
+    ]
+    for r in exact + algorithms:
+        text += f"| {r['label']} | {_regime(r)} | {r['batch']} | {r['lr']} | "
+        if "error" in r:
+            text += f"FAILED: {r['error']} |\n"
+            continue
+        curve = ", ".join(_fig(e["consensus"]) for e in r["evals"] if e["consensus"] is not None)
+        text += f"{r['steps']} | {r['eps_max']:.3g} | {pct(r['acc_avg'])} | {curve} |\n"
+    text += "\n## What the rows show\n\n" + "\n".join(findings(sweep, algorithms)) + "\n"
+    missing = [run for run in plan(rows.quick, rows.by_key) if run.key not in rows.by_key]
+    if missing:
+        text += (
+            "\n## Not run\n\nThese rows of the plan did not finish in the time the shared "
+            "machine allowed (the page was rendered with --render-only from the rows that "
+            "did):\n\n"
+            + "\n".join(
+                f"- {r['label']} ({r['algorithm']}), batch {r['batch']}, lr {r['lr']}, "
+                f"C {r['clip']}, {_regime(r)}"
+                for r in (run.config["row"] for run in missing)
+            )
+            + "\n"
+        )
+    return {"privacy_dp_sweep.md": text}
+
+
+PAGE = register(
+    Page(
+        name="privacy_dp_sweep",
+        title="the sweep that chose the privacy pages' DP regime (batch, lr, clip) at ε = 8",
+        plan=plan,
+        row=row,
+        render=render,
+    )
+)

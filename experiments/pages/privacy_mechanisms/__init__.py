@@ -1,0 +1,119 @@
+"""`python -m experiments privacy_mechanisms`: local DP-SGD, Muffliato, ZIP-DL and DECOR at equal
+epsilon against a neighbour, on exact gossip and PowerGossip r1, on each topology, each run
+attacked by the neighbour (`python -m experiments privacy_mechanisms_budget`, the same plan at
+other budgets without the attacks: experiments/pages/privacy_mechanisms_budget.py).
+
+Every mechanism's noise is calibrated before training so that the victim's epsilon against a
+direct neighbour is the target, with that mechanism's own valid accountant (`calibration`, a run
+of the plan per topology); then each (mechanism, algorithm) trains with the seeds, evaluated at
+every quarter of the run (the plateau check). Every run is an attacked run (`runs`): every peer's
+shard is split into members and held-out records no peer trains on; observer 0 records what it
+receives, and the LOSS and LiRA attacks score its neighbours 1 and n-1's candidates with the
+model it reads off (or reconstructs from) their messages, beside the blind baselines and their
+null band. Every mechanism's noise is on the clipped gradient sum, so on the model it scales with
+the step's lr exactly as the record's sensitivity lr_t C / batch: DP-SGD's subsampled epsilon and
+DECOR's SecLDP epsilon hold under any schedule. Muffliato's and ZIP-DL's network bounds model a
+constant step (`muffliato.network_applies`): under the cosine schedule they report DP-SGD's local
+bound. The plan's constants are below, in one place.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Dict, List, Mapping
+
+from experiments.engine import Outputs, Page, Rows, Run, made_by
+from experiments.pages import register
+
+from . import calibration, page
+from .runs import FRACTION, OBSERVER, plan_runs, row
+
+ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1,iters=1"))
+MECHANISMS = ("local", "muffliato", "zipdl", "decor")
+TOPOLOGIES = ("ring:8", "ring:16", "exponential:16")
+#: The run setting of every topology (per peer: `shard` members and as many held out;
+#: synthetic_logreg keeps 80 % of n for training), and its LiRA reference models per seed. 512
+#: epochs under the cosine schedule: the budget page's plateau on ring:8 and ring:16 is 256, on
+#: exponential:16 512.
+SETTING = dict(
+    data="synthetic_logreg:d=20,classes=10,n={n}",
+    model="logreg",
+    batch_size=64,
+    lr=0.5,
+    epochs=512,
+    seeds=(0, 1, 2),
+    shard=1000,
+    schedule="cosine",
+    references=8,
+)
+#: --quick: a seconds-long smoke run on ring:4 (constant lr: the network bounds are computed).
+QUICK_SETTING = dict(SETTING, data=SETTING["data"].replace("10", "4"), batch_size=32, epochs=4)
+QUICK_SETTING.update(seeds=(0,), shard=200, schedule="constant", references=2)
+QUICK_TOPOLOGIES = ("ring:4",)
+
+
+def setting_of(topology: str, quick: bool, epochs=None) -> Dict[str, Any]:
+    """The run setting on `topology` (`epochs`: another budget than the page's)."""
+    import topologies
+
+    setting = dict(QUICK_SETTING if quick else SETTING)
+    peers = topologies.parse(topology).size
+    n = peers * setting["shard"] * 2 * 5 // 4  # 80 % training: 2 * shard per peer
+    setting.update(topology=topology, peers=peers, dataset=setting.pop("data").format(n=n))
+    return dict(setting, epochs=epochs or setting["epochs"])
+
+
+def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    runs = []
+    for topology in QUICK_TOPOLOGIES if quick else TOPOLOGIES:
+        setting = setting_of(topology, quick)
+        runs += plan_runs("", setting, ALGORITHMS, MECHANISMS, rows, attack=True)
+    return runs
+
+
+def sections(rows: Rows, prefix: str = "") -> List[Dict[str, Any]]:
+    """Per topology (plan order): its setting, calibration, runs' rows, and whether Muffliato's
+    runs are local DP-SGD's (the same noise)."""
+    out = []
+    for record in rows.records:
+        if record.config["kind"] == "calibration" and record.key.startswith(prefix):
+            noises, setting = record.row, record.config["setting"]
+            reuse = abs(noises["muffliato"]["sigma"] - noises["local"]["sigma"]) < 1e-9
+            out.append(dict(setting=setting, noises=noises, reuse_muffliato=reuse, rows=[]))
+        elif record.key.startswith(prefix):
+            next(s for s in out if s["setting"] == record.config["setting"])["rows"].append(
+                record.row
+            )
+    return out
+
+
+def render(rows: Rows) -> Outputs:
+    found = sections(rows)
+    runs = [r for s in found for r in s["rows"]]
+    origin = rows.records[0].origin or {}
+    if "load" in origin:  # the runs of the old program: one (start, end) pair per command
+        load, nice = [tuple(pair) for pair in origin["load"]], origin["nice"]
+    else:  # this sweep's first and last runs
+        load, nice = [(runs[0]["load"][0], runs[-1]["load"][1])], [runs[0]["nice"]]
+    per_step = statistics.fmean(r["run_seconds"] / r["steps"] for r in runs)
+    c = dict(target=calibration.TARGET, delta=calibration.DELTA, clip=calibration.CLIP)
+    c.update(ratio=calibration.DECOR_RATIO, algorithms=[a for a, _ in ALGORITHMS])
+    c.update(observer=OBSERVER, fraction=FRACTION, network_steps=calibration.NETWORK_STEPS)
+    c.update(load=load, nice=nice, per_step=per_step)
+    return {
+        "privacy_mechanisms.md": page.render_page(found, made_by(rows), rows.command, c),
+        "privacy_mechanisms.csv": page.csv_text(runs),
+    }
+
+
+PAGES = [
+    register(
+        Page(
+            "privacy_mechanisms",
+            "DP-SGD, Muffliato, ZIP-DL, DECOR at equal ε against a neighbour, each run attacked",
+            plan,
+            row,
+            render,
+        )
+    )
+]

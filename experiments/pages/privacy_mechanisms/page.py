@@ -1,0 +1,432 @@
+"""privacy_mechanisms.md and its CSV from the rows: the calibration of each topology, every run's
+accuracy (plateau check) and the neighbour's attack, the answers in numbers and what the
+accountants say; every number comes from the rows."""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+from typing import Any, Dict, List
+
+NAMES = dict(none="non-private", local="local DP-SGD", muffliato="Muffliato", zipdl="ZIP-DL")
+NAMES["decor"] = "DECOR"
+PRIVATE = ("local", "muffliato", "zipdl", "decor")
+
+
+def _mean(values) -> float:
+    return statistics.fmean(values)
+
+
+def _sd(values) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _pm(values: List[float]) -> str:
+    mean = statistics.fmean(values) * 100
+    return f"{mean:.2f} %" if len(values) == 1 else f"{mean:.2f} ± {_sd(values) * 100:.2f} %"
+
+
+def _group(rows, mechanism, algorithm) -> List[Dict[str, Any]]:
+    """The rows of (mechanism, algorithm); Muffliato's are local DP-SGD's where it reused them."""
+    if mechanism == "muffliato" and not any(r["mechanism"] == "muffliato" for r in rows):
+        mechanism = "local"
+    return [r for r in rows if r["mechanism"] == mechanism and r["algorithm"] == algorithm]
+
+
+def render_page(sections, generated, command, c) -> str:
+    """The page: `sections` (per topology: setting, noises, rows, reuse_muffliato), `generated`
+    (who made the rows), the command that makes the page, and `c` (the plan's constants and how
+    the runs were made: load, nice, time per step)."""
+    tables: Dict[str, Dict[tuple, List[float]]] = {}
+    lines = setting_lines(sections, generated, c) + results_lines(sections, c, tables)
+    lines += attack_lines(sections, c) + ["", "## Answers, in numbers", ""]
+    for section in sections:
+        lines += answer_lines(section, tables[section["setting"]["topology"]], c)
+    lines += accountant_lines(sections, c)
+    lines += ["", "## Reproduce", "", "```", command, "```", ""]
+    return "\n".join(
+        lines + ["CSV: `privacy_mechanisms.csv` (one row per run, attack figures included).", ""]
+    )
+
+
+def setting_lines(sections, generated, c) -> List[str]:
+    """The title, who made the page and how, the setting, and the calibration table."""
+    first = sections[0]
+    setting = first["setting"]
+    noise = next(iter(first["noises"].values()))
+    schedule, lr = setting.get("schedule", "constant"), setting["lr"]
+    lr_text = (
+        f"constant lr {lr}, no weight decay: the setting Muffliato's network accountant models"
+        if schedule == "constant"
+        else f"lr {lr} with a {schedule} decay to 0 over the run, no weight decay; Muffliato's "
+        "and ZIP-DL's network accountants model a constant lr, so here they report DP-SGD's "
+        "local bound, which holds under any schedule"
+    )
+    plain = sorted({r["seed"] for r in first["rows"] if r["mechanism"] == "none"})
+    seeds, runs = setting["seeds"], len(c["load"])
+    lines = [
+        "# Privacy mechanisms that use the graph: accuracy and the neighbour's attack at equal ε "
+        "against a neighbour",
+        "",
+        f"{generated} Backend `local` (every peer a thread of one process) on a machine of 2 "
+        f"cores, {_how_run(c)}.",
+        "",
+        "## Setting, and why this scale",
+        "",
+        f"Topologies {', '.join(s['setting']['topology'] for s in sections)}; dataset "
+        f"`synthetic_logreg` (d = 20, {setting['dataset'].split('classes=')[1].split(',')[0]} "
+        f"classes, iid), model `{setting['model']}`. Every peer's shard holds "
+        f"{2 * setting['shard']} records, split at random (`privacy/heldout.py`, per seed) into "
+        f"{setting['shard']} members it trains on and {setting['shard']} held-out records no "
+        f"peer trains on (Privacy IV's protocol). Plain SGD (momentum 0, {lr_text}), expected "
+        f"batch {setting['batch_size']} (Poisson sampling, q = {noise['q']:g}), "
+        f"{setting['epochs']} epochs = {noise['steps']} steps, clipping C = {c['clip']:g}, "
+        f"δ = {c['delta']:g}, seeds {', '.join(map(str, seeds))} (non-private: seed"
+        f"{'s' if len(plain) > 1 else ''} {', '.join(map(str, plain))}). Every mechanism's noise "
+        "is on the clipped gradient sum, so on the model it scales with the step's lr exactly as "
+        "a record's sensitivity lr_t C / batch does: the ε below does not depend on the "
+        f"schedule. **A small linear problem, on purpose**: {len(sections)} topologies × four "
+        f"mechanisms × two algorithms × {len(seeds)} seeds, each run attacked, fit in "
+        f"{'one run' if runs == 1 else f'{runs} runs'} of this command on 2 shared cores "
+        f"(measured here: {c['per_step']:.3g} s of wall time per step, set-up, evaluation and "
+        "attack included, on average over all runs); the non-private rows are its ceiling. "
+        "mnist1d / cnn1d at this breadth does not fit that budget and is not done here. Each run "
+        "is evaluated at every quarter of the run: the plateau check below.",
+        "",
+        f"Target: **ε = {c['target']:g} against a direct neighbour** (victim 1, observer "
+        f"{c['observer']}; every topology here is vertex transitive), each mechanism's noise "
+        "solved for it, per topology, before any run, with its own accountant; ε against the "
+        "most distant peer (most hops from the observer) is what that noise gives.",
+        "",
+        "## Calibration",
+        "",
+        "| topology | mechanism | DP-SGD σ (DECOR: σ_ind) | extra noise | ε vs neighbour (RDP) | "
+        "ε vs neighbour (PLD, dp-accounting) | ε vs most distant peer | ε vs a peer knowing "
+        "everything it can | accountant |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for section in sections:
+        for name in PRIVATE:
+            n = section["noises"][name]
+            lines.append(
+                f"| {section['setting']['topology']} | {NAMES[name]} | {n['sigma']:.4g} | "
+                f"{n['extra']} | {n['neighbour']:.3g} | {n['neighbour_pld']:.3g} | "
+                f"{n['far']:.3g} (peer {n['far_peer']}) | {n['local']:.3g} | {n['note']} |"
+            )
+    return lines
+
+
+def results_lines(sections, c, tables) -> List[str]:
+    """The accuracy table and the plateau check; each topology's final accuracies into `tables`."""
+    lines = [
+        "",
+        "## Results",
+        "",
+        "Averaged-model test accuracy at half, three quarters and the end of the run (mean ± std "
+        "over the seeds), its change over the last quarter, local models' accuracy at the end, "
+        "and the bytes each peer sent.",
+        "",
+        "| topology | mechanism | algorithm | seeds | acc at 1/2 | acc at 3/4 | acc at end | "
+        "last-quarter change (pp) | local acc mean | local acc min | MB sent / peer |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    plateau: Dict[str, List[tuple]] = {}
+    for section in sections:
+        topology, rows = section["setting"]["topology"], section["rows"]
+        table, plateau[topology] = tables.setdefault(topology, {}), []
+        for name in ("none",) + PRIVATE:
+            reuse = name == "muffliato" and section["reuse_muffliato"]
+            for algorithm in c["algorithms"]:
+                group = _group(rows, name, algorithm)
+                if not group:
+                    continue
+                acc, late = [r["acc_avg"] for r in group], [r["acc_3q"] for r in group]
+                change = [(a - h) * 100 for a, h in zip(acc, late)]
+                table[(name, algorithm)] = acc
+                if name != "none" and not reuse:
+                    plateau[topology].append((name, algorithm, _mean(change), _sd(acc) * 100))
+                label = NAMES[name] + (" (= local DP-SGD's runs)" if reuse else "")
+                lines.append(
+                    f"| {topology} | {label} | {algorithm} | {len(group)} | "
+                    f"{_pm([r['acc_half'] for r in group])} | {_pm(late)} | {_pm(acc)} | "
+                    f"{_mean(change):+.2f} | {_pm([r['acc_local_mean'] for r in group])} | "
+                    f"{_pm([r['acc_local_min'] for r in group])} | "
+                    f"{_mean(r['mb_per_peer'] for r in group):.3f} |"
+                )
+    return lines + plateau_lines(sections, plateau)
+
+
+def plateau_lines(sections, plateau) -> List[str]:
+    setting = sections[0]["setting"]
+    decaying = setting.get("schedule", "constant") != "constant"
+    budget = (
+        "[privacy_mechanisms_budget.md](privacy_mechanisms_budget.md) "
+        "(`python -m experiments privacy_mechanisms_budget`)"
+    )
+    lines = ["", "## Trained to a plateau?", ""]
+    lines.append(
+        f"Under the {setting['schedule']} schedule the learning rate falls to 0 over the last "
+        "quarter, and the averaged model's accuracy can rise there however long the run: the "
+        "change within a run is no plateau test, so none is drawn from it here. The test is the "
+        f"same plan at other budgets, each with its noise solved again for the target: {budget}. "
+        "The change within this run, for the record:"
+        if decaying
+        else "At a constant lr a run that still rises over its last quarter by more than its "
+        "seeds' spread has not reached its plateau; one that does not is on a plateau at this "
+        f"measure. The same plan at other budgets: {budget}."
+    )
+    lines.append("")
+    epochs = {s["setting"]["topology"]: s["setting"]["epochs"] for s in sections}
+    for topology, entries in plateau.items():
+        rising = [e for e in entries if e[2] > max(e[3], 1e-12)]
+        biggest = max(entries, key=lambda e: e[2])
+        listed = "; ".join(f"{NAMES[n]} {a} {d:+.2f} pp vs std {sd:.2f}" for n, a, d, sd in rising)
+        count = f"{len(rising)} of {len(entries)} rows"
+        if decaying:
+            verdict = (
+                f"{count} rise by more than their seeds' spread ({listed})."
+                if rising
+                else "none rises by more than its seeds' spread."
+            )
+        elif not rising:
+            verdict = (
+                "every one within the seeds' spread of its row (std of the final accuracy): "
+                "on a plateau at this measure."
+            )
+        else:
+            verdict = (
+                f"{count} still rise by more than their seeds' spread ({listed}): after "
+                f"{epochs[topology]} epochs those rows are **not** shown at a plateau (a longer "
+                "run: more epochs)."
+            )
+        lines.append(
+            f"- **{topology}**: change over the last quarter (epoch {3 * epochs[topology] // 4} "
+            f"to {epochs[topology]}) of the private rows: {min(e[2] for e in entries):+.2f} to "
+            f"{biggest[2]:+.2f} pp (largest: {NAMES[biggest[0]]}, {biggest[1]}); " + verdict
+        )
+    return lines
+
+
+def answer_lines(section, table, c) -> List[str]:
+    """The best mechanism per algorithm, and what low-rank compression does to each."""
+    lines, topology, algorithms = [], section["setting"]["topology"], c["algorithms"]
+    for algorithm in algorithms:
+        ranked = sorted(PRIVATE, key=lambda m: -_mean(table[(m, algorithm)]))
+        best, second = table[(ranked[0], algorithm)], table[(ranked[1], algorithm)]
+        gap, spread = (_mean(best) - _mean(second)) * 100, max(_sd(best), _sd(second)) * 100
+        verdict = (
+            "one seed: no spread to judge it by"
+            if len(best) < 2
+            else "a clear lead (more than twice the larger seed std)"
+            if gap > 2 * spread
+            else "within two seed standard deviations: not a clear lead"
+        )
+        order = " > ".join(f"{NAMES[m]} {_mean(table[(m, algorithm)]) * 100:.2f} %" for m in ranked)
+        lines.append(
+            f"- **{topology}, {algorithm}, ε = {c['target']:g} against a neighbour**: best "
+            f"{NAMES[ranked[0]]} {_pm(best)}, then {NAMES[ranked[1]]} {_pm(second)} "
+            f"(+{gap:.2f} pp, {verdict}); order {order}; non-private "
+            f"{_pm(table[('none', algorithm)])}."
+        )
+    if len(algorithms) == 2:
+        exact, low = algorithms
+        parts = []
+        for name in PRIVATE:
+            if name == "muffliato" and section["reuse_muffliato"]:
+                continue
+            delta = (_mean(table[(name, low)]) - _mean(table[(name, exact)])) * 100
+            spread = max(_sd(table[(name, low)]), _sd(table[(name, exact)])) * 100
+            word = (
+                "one seed"
+                if len(table[(name, low)]) < 2
+                else "helps"
+                if delta > 2 * spread
+                else "hurts"
+                if delta < -2 * spread
+                else "no clear effect"
+            )
+            parts.append(f"{NAMES[name]} {delta:+.2f} pp ({word})")
+        lines.append(
+            f"- **{topology}**, low-rank compression (PowerGossip r1 vs exact gossip): "
+            + "; ".join(parts)
+            + " (a clear effect: more than twice the larger seed std)."
+        )
+    return lines
+
+
+def _band(rows, key) -> str:
+    lo, hi = _mean(r[key][0] for r in rows), _mean(r[key][1] for r in rows)
+    return f"[{lo * 100:.1f}, {hi * 100:.1f}]" if "tpr" in key else f"[{lo:.3f}, {hi:.3f}]"
+
+
+def attack_lines(sections, c) -> List[str]:
+    """The neighbour's membership attack per topology, mechanism and algorithm."""
+    lines = [
+        "",
+        "## Attacks: what the neighbour learns of membership",
+        "",
+        f"Privacy IV's protocol (`gossip_powersgd/privacy/attacks.py`, reused): observer "
+        f"{c['observer']} records every message it receives; the candidates are its neighbours "
+        "1 and n - 1's members and held-out records (equal counts: the AUC is balanced). The "
+        "attack model is what the observer can form from what it received at the last step: "
+        "with exact gossip the received model itself (with ZIP-DL's zero-sum noise on it), "
+        "with PowerGossip r1 the reconstruction from the last 4 messages "
+        "(`privacy/reconstruction.py`); the victim's own model is the ceiling. LOSS, LiRA "
+        f"offline and LiRA online ({sections[0]['setting']['references']} reference models per "
+        "seed, each on a random half of the candidates plus the observer's shard, trained with "
+        "a cosine-decayed lr; online also uses the references that did train on a candidate). "
+        "Blind baselines: the class-prior score, and the same LOSS attack through a model trained "
+        "on the observer's shard alone (it never saw a victim); null band: the central 95 % of "
+        "AUC and TPR under random member labels (200 permutations). Mean over the seeds; TPR in %.",
+        "",
+        "| topology | mechanism | algorithm | LOSS AUC (received) | TPR @1 % | TPR @0.1 % | "
+        "LiRA offline AUC (received) | LiRA TPR @1 % | LiRA online AUC (received) | LOSS AUC "
+        "(victim's own) | blind model LOSS AUC | class prior AUC | null band AUC | null band "
+        "TPR @1 % |",
+        "|---" * 14 + "|",
+    ]
+    outside = []
+    for section in sections:
+        topology, rows = section["setting"]["topology"], section["rows"]
+        for name in ("none", "local", "zipdl", "decor", "muffliato"):
+            for algorithm in c["algorithms"]:
+                group = [r for r in rows if r["mechanism"] == name and r["algorithm"] == algorithm]
+                if not group:
+                    continue
+
+                def m(key, scale=1.0, digits=3, group=group):
+                    return f"{_mean(r[key] for r in group) * scale:.{digits}f}"
+
+                cells = [m("auc/received/LOSS"), m("tpr1/received/LOSS", 100, 2)]
+                cells += [m("tpr0.1/received/LOSS", 100, 2), m("auc/received/LiRA offline")]
+                cells += [m("tpr1/received/LiRA offline", 100, 2), m("auc/received/LiRA online")]
+                cells += [m("auc/victim's own/LOSS"), m("auc/blind model/LOSS")]
+                cells += [m("auc/class prior"), _band(group, "null/auc")]
+                cells.append(_band(group, "null/tpr1"))
+                lines.append(
+                    f"| {topology} | {NAMES[name]} | {algorithm} | " + " | ".join(cells) + " |"
+                )
+                for attack in ("LOSS", "LiRA offline"):
+                    for metric, band in (("auc", "null/auc"), ("tpr1", "null/tpr1")):
+                        hi = _mean(r[band][1] for r in group)
+                        value = _mean(r[f"{metric}/received/{attack}"] for r in group)
+                        if value > hi:
+                            outside.append(
+                                (topology, NAMES[name], algorithm, attack, metric, value, hi)
+                            )
+    counts = sections[0]["rows"][0]
+    above = "; ".join(
+        f"{t} {n} {a} {attack} "
+        + (f"AUC {x:.3f} > {h:.3f}" if metric == "auc" else f"TPR {x:.2%} > {h:.2%}")
+        for t, n, a, attack, metric, x, h in outside
+    )
+    lines += [
+        "",
+        f"Candidates per run: {counts['members']} members, {counts['nonmembers']} held-out "
+        f"non-members (TPR at 0.1 % FPR: {counts['nonmembers'] * 0.001:g} non-members above the "
+        "threshold).",
+        "",
+        "Received-model attacks (LOSS, LiRA offline) whose AUC or TPR at 1 % FPR is above the "
+        "null band's upper end (mean over the seeds, against the band's mean ends): "
+        + (above or "none: no row's neighbour attack is distinguishable from guessing here")
+        + ".",
+    ]
+    if all(s["reuse_muffliato"] for s in sections):
+        lines.append(
+            "Muffliato runs with DP-SGD's σ and mechanism here: its attack figures are local "
+            "DP-SGD's rows."
+        )
+    return lines
+
+
+def _network_text(s) -> str:
+    muffliato, zipdl, local = (s["noises"][k] for k in ("muffliato", "zipdl", "local"))
+    spans = (muffliato["network_steps"], zipdl["network_steps"])
+    return (
+        f"{s['setting']['topology']}: Muffliato neighbour {muffliato['network_neighbour']:.3g}, "
+        f"most distant {muffliato['network_far']:.3g}; ZIP-DL neighbour "
+        f"{zipdl['network_neighbour']:.3g}, most distant {zipdl['network_far']:.3g}; DP-SGD's "
+        f"subsampled {local['local']:.3g}"
+        + (
+            f" (network views of the first {spans[0]} / {spans[1]} of {local['steps']} steps: "
+            "lower bounds)"
+            if min(spans) < local["steps"]
+            else ""
+        )
+    )
+
+
+def accountant_lines(sections, c) -> List[str]:
+    constant = [s for s in sections if "network_neighbour" in s["noises"]["muffliato"]]
+    schedule = sections[0]["setting"].get("schedule", "constant")
+    network = "; ".join(_network_text(s) for s in constant) or (
+        f"not computed here: the view models a constant lr and this run's is {schedule} "
+        "(the step lr_t scales each step's noise and its record's shift alike, but the view "
+        "mixes steps of different lr_t, so the constant-lr bound does not carry over; not "
+        "re-derived), so Muffliato's and ZIP-DL's ε is DP-SGD's local bound"
+    )
+    shrinks = "" if schedule == "constant" else f"; fixed, while the {schedule} lr shrinks DP's"
+    return [
+        "",
+        "## What the accountants say, and what they do not",
+        "",
+        "- **Muffliato** adds the same noise as DP-SGD; only the accounting differs. Its network "
+        "bound (the observer's exact view, `privacy/network_dp.py`, noise every step, any "
+        "per-step record change) does not use subsampling, and a neighbour receives the "
+        "victim's model at every step. The reported ε is the minimum of the two valid bounds; "
+        "where the network bound is the larger, Muffliato needs DP-SGD's σ and its runs are "
+        "DP-SGD's. The view is built over the first T steps (T doubled from "
+        f"{c['network_steps']} until the bound settles the minimum, or the whole run): the view "
+        "of a prefix is a function of the whole view, so its ε is a lower bound on the whole "
+        "run's, and once it is above DP-SGD's ε the minimum is DP-SGD's exactly. Network bounds "
+        f"alone: {network}.",
+        "- **ZIP-DL** adds, on every message, the sender's zero-sum noise for that edge (as large "
+        f"as one step's DP noise on the model at the base lr{shrinks}), on top of DP-SGD. Its "
+        "network bound is the same exact view with the zero-sum draws as extra Gaussian unknowns "
+        "(`network_dp.zero_sum_matrix`); the reported ε is the minimum with DP-SGD's. The "
+        "paper's own guarantee is not used.",
+        "- **DECOR**: SecLDP (the paper's Algorithm 2, per pair): each step is a Gaussian "
+        "mechanism with covariance σ_ind² I + σ_cor² L over the peers other than the "
+        "adversary, whitened to noise multiplier 1/√[Σ⁻¹]_vv and subsampled at q; ε by RDP "
+        "(Opacus) and, independently, by PLD (dp-accounting), both in the table. It assumes the "
+        "adversary sees every peer's noisy update and holds its own pair keys only; against "
+        "peers that pool all the victim's keys, only σ_ind protects (the 'knowing everything' "
+        "column).",
+    ]
+
+
+def _how_run(c) -> str:
+    """The machine's load while the page's runs were made (one start/end pair per run), and
+    whether they were niced where that was recorded (said nothing of where it was not)."""
+    nice, loads = c.get("nice") or [None], c["load"]
+    known = all(n is not None for n in nice)
+    if len(loads) == 1:
+        (start, end), niced = loads[0], "this run niced; " if nice[0] else "this run not niced; "
+        return (
+            f"shared with other jobs ({niced if known else ''}1-minute load average {start:.1f} "
+            f"at the start, {end:.1f} at the end)"
+        )
+    niced = "all niced, " if all(nice) else "none niced, " if not any(nice) else "some niced, "
+    return (
+        f"shared with other jobs ({len(loads)} runs, {niced if known else ''}1-minute load "
+        "average at their start and end: "
+        + "; ".join(f"{a:.1f} and {b:.1f}" for a, b in loads)
+        + ")"
+    )
+
+
+def csv_text(rows) -> str:
+    """One CSV line per run (attack figures included), as the runs wrote it (\\r\\n lines)."""
+    models, attacks = ("received", "victim's own", "blind model"), ("LOSS", "LiRA offline")
+    keys = (
+        "topology mechanism algorithm seed acc_half acc_3q acc_avg acc_local_mean acc_local_min "
+        "mb_per_peer steps run_seconds members nonmembers"
+    ).split()
+    keys += [f"{x}/{m}/{a}" for m in models for a in attacks for x in ("auc", "tpr1", "tpr0.1")]
+    keys += [f"{x}/class prior" for x in ("auc", "tpr1", "tpr0.1")]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=keys, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()

@@ -1,0 +1,180 @@
+"""The mechanisms pages' runs: a topology's calibration (`calibration.calibrate`), and one run of
+a (mechanism, algorithm, seed) on the seed's split with its calibrated noise, observer 0
+recording, attacked at the last step through what the observer received from its neighbours 1 and
+n - 1 and through their own models (`gossip_powersgd.privacy.attacks`); the budget page's runs
+train without the attack."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Dict, List, Mapping
+
+from experiments.engine import Run
+
+from .calibration import CLIP, DELTA
+
+#: The attacker (it records what it receives), and the held-out share of every peer's shard.
+OBSERVER, FRACTION = 0, 0.5
+#: The budget page's rows: what it shows of a run.
+KEEP = ("topology", "mechanism", "algorithm", "seed", "epochs", "steps", "acc_avg", "acc_3q")
+_REFS: Dict[str, Any] = {}  #: this process's LiRA references, per setting and seed
+
+
+def row(run: Run) -> Dict[str, Any]:
+    """A calibration, or one run trained (and, unless the plan says not, attacked) as its row."""
+    import torch
+
+    from experiments.pages._privacy import with_load
+
+    c = run.config
+    if c["kind"] == "calibration":
+        from .calibration import calibrate
+
+        return calibrate(c["setting"])
+    torch.set_num_threads(1)
+    start, begun = os.getloadavg()[0], time.perf_counter()
+    m = train(
+        c["setting"], c["label"], c["spec"], c["mechanism"], c["noise"], run.seed, c["attack"]
+    )
+    if not c["attack"]:
+        return {k: m[k] for k in KEEP}
+    m["attack_seconds"] = time.perf_counter() - begun - m["run_seconds"]
+    return with_load(dict(m, nice=os.nice(0)), start)
+
+
+def victims_of(setting: Dict[str, Any]) -> List[int]:
+    """The attacked peers: the observer's neighbours 1 and n - 1 (direct neighbours on every
+    topology here)."""
+    import topologies
+
+    peers = setting["peers"]
+    near = set(topologies.parse(setting["topology"]).neighbors(OBSERVER))
+    chosen = sorted({1 % peers, peers - 1})
+    if not set(chosen) <= near:
+        raise ValueError(f"peers {chosen} are not all neighbours of {OBSERVER} on this topology")
+    return chosen
+
+
+def train(setting, label, spec, mechanism, noise, seed, attack=True) -> Dict[str, Any]:
+    """Train one run on the seed's split with observer 0 recording, and attack its neighbours."""
+    from gossip_powersgd.privacy.attacks import Snapshots
+    from gossip_powersgd.privacy.heldout import make_split
+    from gossip_powersgd.privacy.views import ObservedView, ObserverHooks
+
+    from experiments.suite.runs import run_one
+
+    peers = setting["peers"]
+    split = make_split(setting["dataset"], peers, "iid", 0, range(peers), FRACTION, seed)
+    overrides = dict(
+        topology=setting["topology"],
+        dataset=split.spec(),
+        partition="local",
+        public_train_size=peers * setting["shard"],  # sizes an epoch; public anyway
+        model=setting["model"],
+        batch_size=setting["batch_size"],
+        lr=setting["lr"],
+        momentum=0.0,
+        weight_decay=0.0,
+        schedule=setting["schedule"],
+        warmup_epochs=0,
+        epochs=setting["epochs"],
+        eval_every=max(1, setting["epochs"] // 4),  # quarters: the plateau check
+        seed=seed,
+        algorithm=spec,
+        comm_timeout=600.0,
+    )
+    if mechanism != "none":
+        overrides.update(dp_noise_multiplier=noise["sigma"], dp_max_grad_norm=CLIP)
+        overrides.update(dp_delta=DELTA, dp_mechanism=mechanism)
+        if mechanism == "zipdl":
+            overrides["dp_zipdl_sigma"] = noise["zipdl_sigma"]
+        if mechanism == "decor":
+            overrides["dp_decor_sigma_cor"] = noise["sigma_cor"]
+    hooks: Dict[int, Dict[str, Any]] = {}
+
+    def make_hooks(rank: int):
+        mine = hooks[rank] = {"snap": Snapshots((1.0,))}
+        if rank == OBSERVER:
+            mine["observer"] = ObserverHooks([OBSERVER])
+        return list(mine.values())
+
+    m = run_one(overrides, make_hooks=make_hooks)
+    m.pop("curve")
+    if noise is not None and m["steps"] != noise["steps"]:
+        raise RuntimeError(f"the run took {m['steps']} steps, the calibration {noise['steps']}")
+    at = {round(e["epoch"] * 4 / setting["epochs"]): e["acc_avg"] for e in m["evals"]}
+    m["acc_half"], m["acc_3q"] = at.get(2, float("nan")), at.get(3, float("nan"))
+    m.update(topology=setting["topology"], mechanism=mechanism, algorithm=label)
+    m["seed"] = seed
+    if attack:
+        recorder = hooks[OBSERVER]["observer"].recorder
+        view = ObservedView(recorder.meta, recorder.records)
+        snaps = {k: h["snap"].parameters for k, h in hooks.items()}
+        m.update(neighbour_attack(setting, split, view, snaps, seed))
+    return m
+
+
+def neighbour_attack(setting, split, view, snaps, seed) -> Dict[str, Any]:
+    """The attacks by the observer on its neighbours at the last step through the model it reads
+    off their messages (exact gossip) or reconstructs from them (PowerGossip: the last 4
+    messages), and through the victim's own model (the ceiling); the blind baselines, null band."""
+    from gossip_powersgd.privacy.attacks import Candidates, References, evaluate, flat
+    from gossip_powersgd.privacy.membership import model_with_parameters
+    from gossip_powersgd.privacy.reconstruction import reconstruct
+    from gossip_powersgd.training.models import build_model
+
+    base = split.data()
+    victims = victims_of(setting)
+    candidates = Candidates.of(split, victims)
+
+    def make():
+        return build_model(setting["model"], base.input_shape, base.num_classes, 0)
+
+    cache = json.dumps([setting, seed], sort_keys=True)
+    if cache not in _REFS:
+        recipe = dict(epochs=setting["epochs"], lr=setting["lr"], batch=setting["batch_size"])
+        recipe["momentum"] = 0.0
+        count = setting["references"]
+        _REFS[cache] = References.build(split, candidates, OBSERVER, make, count, recipe, seed)
+    refs = _REFS[cache]
+    last = max(next(iter(snaps.values())))
+    received = {}
+    for v in victims:
+        estimates = reconstruct(view, v, window=4)
+        received[v] = model_with_parameters(
+            make(), estimates[max(k for k in estimates if k <= last)]
+        )
+    own = {v: model_with_parameters(make(), snaps[v][last]) for v in victims}
+    evaluation = evaluate({"received": received, "victim's own": own}, candidates, refs)
+    band = evaluation["null_band"]
+    out = flat(evaluation)
+    out.update(
+        {"null/auc": band["auc"], "null/tpr0.1": band["tpr"][0], "null/tpr1": band["tpr"][1]}
+    )
+    out.update(members=int(candidates.member.sum()), nonmembers=int((~candidates.member).sum()))
+    return dict(out, victims=victims, reference_seconds=refs.seconds)
+
+
+def plan_runs(prefix: str, setting: Dict[str, Any], algorithms, mechanisms, rows: Mapping, attack):
+    """One topology's runs: its calibration, then (once calibrated) every (algorithm,
+    mechanism, seed); Muffliato is not run where its noise is DP-SGD's (its rows are local's)."""
+    name = setting["topology"]
+    runs = [Run(f"{prefix}calibration/{name}", dict(kind="calibration", setting=setting))]
+    noises = rows.get(runs[0].key)
+    if noises is None:
+        return runs
+    reuse = abs(noises["muffliato"]["sigma"] - noises["local"]["sigma"]) < 1e-9
+    cost = {"decor": 3, "zipdl": 2, "muffliato": 2, "local": 2, "none": 1}  # measured
+    for label, spec in algorithms:
+        for mechanism in ("none",) + mechanisms:
+            if mechanism == "muffliato" and reuse:
+                continue
+            noise = None if mechanism == "none" else noises[mechanism]
+            config = dict(kind="run", setting=setting, label=label, spec=spec)
+            config.update(mechanism=mechanism, noise=noise, attack=attack)
+            for seed in setting["seeds"]:
+                key = f"{prefix}{name}/{mechanism}/{label}/seed{seed}"
+                runs.append(Run(key, config, seed, cost[mechanism] * setting["epochs"]))
+    return runs

@@ -1,0 +1,184 @@
+"""`python -m experiments privacy_mechanisms_budget`: does doubling the mechanisms page's
+training budget still pay? The mechanisms page's plan (every topology, mechanism, algorithm and
+seed, each run's noise solved for its own steps) at each budget of BUDGETS, trained without the
+attack. At a fixed epsilon a longer run adds more noise per step and spends the same epsilon;
+under the cosine schedule every run ends at lr 0, so the test is the final averaged-model accuracy
+against the budget.
+
+The rule, declared before the 256-epoch runs were made: a doubling *pays* on a row (topology,
+mechanism, algorithm) when its mean final accuracy over the seeds gains more than twice the larger
+of the two budgets' seed standard deviations (the mechanisms page's own "clear effect" rule); a
+budget is a plateau for a topology when no private row of it pays to double.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
+
+from experiments.engine import Outputs, Page, Rows, Run, made_by
+from experiments.pages import register
+
+from experiments.pages.privacy_mechanisms import ALGORITHMS, MECHANISMS, setting_of
+from experiments.pages.privacy_mechanisms.page import NAMES
+from experiments.pages.privacy_mechanisms.runs import plan_runs, row
+
+#: Epochs of each run, per topology: the page's 512 and below, and 1024 where 512 still paid.
+BUDGETS = {
+    "ring:8": (128, 256, 512),
+    "ring:16": (128, 256, 512),
+    "exponential:16": (128, 256, 512, 1024),
+}
+QUICK_BUDGETS = {"ring:4": (4, 8)}
+#: A doubling pays when the mean gain exceeds this many times the larger seed std of the two.
+CLEAR = 2.0
+
+
+def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    """Each budget's runs (--quick: exact gossip only, under the page's cosine schedule)."""
+    runs, algorithms = [], ALGORITHMS[:1] if quick else ALGORITHMS
+    for topology, budgets in (QUICK_BUDGETS if quick else BUDGETS).items():
+        for epochs in budgets:
+            setting = dict(setting_of(topology, quick, epochs), schedule="cosine")
+            runs += plan_runs(f"{epochs} epochs/", setting, algorithms, MECHANISMS, rows, False)
+    return runs
+
+
+def _stats(values: Sequence[float]) -> Tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def cells(rows: Sequence[Dict[str, Any]]) -> Dict[Tuple[str, str, str], Dict[int, List[float]]]:
+    """Per (topology, mechanism, algorithm), per budget in epochs, the final accuracies."""
+    out: Dict[Tuple[str, str, str], Dict[int, List[float]]] = {}
+    for r in rows:
+        key = (r["topology"], r["mechanism"], r["algorithm"])
+        out.setdefault(key, {}).setdefault(r["epochs"], []).append(r["acc_avg"])
+    return out
+
+
+def doublings(accs: Dict[int, List[float]]) -> List[Dict[str, Any]]:
+    """Every budget whose double was also run: the gain in pp, the larger seed std, and whether
+    the doubling pays (gain > CLEAR x that std; None with a single seed at either budget, which
+    has no spread to judge by, and which no verdict takes for a plateau)."""
+    out = []
+    for epochs in sorted(accs):
+        if 2 * epochs not in accs:
+            continue
+        (a, sa), (b, sb) = _stats(accs[epochs]), _stats(accs[2 * epochs])
+        gain, sd = 100 * (b - a), 100 * max(sa, sb)
+        judged = min(len(accs[epochs]), len(accs[2 * epochs])) > 1
+        pays = gain > CLEAR * sd if judged else None
+        out.append(dict(epochs=epochs, gain=gain, sd=sd, pays=pays))
+    return out
+
+
+def verdicts(table: Dict[Tuple[str, str, str], Dict[int, List[float]]]) -> Dict[str, Any]:
+    """Per topology, the smallest budget from which no private row pays to double (None: every
+    budget has a row that still pays, so no plateau is shown)."""
+    out: Dict[str, Any] = {}
+    for topology in dict.fromkeys(k[0] for k in table):
+        private = [v for k, v in table.items() if k[0] == topology and k[1] != "none"]
+        budgets = sorted({e for accs in private for e in accs})
+        found = None
+        for e in budgets:
+            later = [b for b in budgets if b >= e and 2 * b in budgets]
+            if not later:
+                break
+            if all(
+                step["pays"] is False
+                for accs in private
+                for step in doublings(accs)
+                if step["epochs"] in later
+            ):
+                found = e
+                break
+        out[topology] = found
+    return out
+
+
+def render(rows: Rows) -> Outputs:
+    table = cells([r.row for r in rows.records if r.config["kind"] == "run"])
+    budgets = sorted({e for accs in table.values() for e in accs})
+    steps = [e for e in budgets if 2 * e in budgets]
+    lines = [
+        "# The mechanisms page's training budget: does doubling the epochs still pay?",
+        "",
+        made_by(rows),
+        "",
+        "Same plan at each budget (privacy_mechanisms.md's setting: every topology, mechanism, "
+        "algorithm and seed), each run's noise solved for ε = 4 against a neighbour at its own "
+        "number of steps, so a longer run adds more noise per step and spends the same ε. Under "
+        "the cosine schedule every run ends at lr 0: the test is the final averaged-model "
+        "accuracy against the budget. Declared before the longer runs were made: a doubling "
+        f"pays on a row when its mean gain exceeds {CLEAR:g} × the larger of the two budgets' "
+        "seed standard deviations (the page's own rule for a clear effect); a budget is a "
+        "plateau for a topology when no private row pays to double it.",
+        "",
+        "## Final accuracy per budget (mean ± std over the seeds)",
+        "",
+        "| topology | mechanism | algorithm | "
+        + " | ".join([f"{e} epochs" for e in budgets] + [f"{e} → {2 * e}" for e in steps])
+        + " |",
+        "|---|---|---|" + "---|" * (len(budgets) + len(steps)),
+    ]
+    for (topology, mechanism, algorithm), accs in table.items():
+        stats = {e: [100 * v for v in _stats(accs[e])] for e in accs}
+        cols = [
+            f"{stats[e][0]:.2f} ± {stats[e][1]:.2f} %" if e in stats else "n/a" for e in budgets
+        ]
+        by = {d["epochs"]: d for d in doublings(accs)}
+        for d in (by.get(e) for e in steps):
+            pays = (
+                ""
+                if d is None
+                else " **pays**"
+                if d["pays"]
+                else " (one seed)"
+                if d["pays"] is None
+                else ""
+            )
+            cols.append("n/a" if d is None else f"{d['gain']:+.2f} pp{pays}")
+        lines.append(
+            f"| {topology} | {NAMES[mechanism]} | {algorithm} | " + " | ".join(cols) + " |"
+        )
+    lines += ["", "## Verdict", ""] + verdict_lines(table)
+    lines += ["", f"A budget above {budgets[-1]} epochs was not run.", "", "## Reproduce", ""]
+    return {"privacy_mechanisms_budget.md": "\n".join(lines + ["```", rows.command, "```", ""])}
+
+
+def verdict_lines(table) -> List[str]:
+    """Per topology, the plateau budget and the private rows whose doubling still pays."""
+    lines = []
+    for topology, epochs in verdicts(table).items():
+        paying = [
+            f"{NAMES[k[1]]} {k[2]} {d['epochs']} → {2 * d['epochs']} {d['gain']:+.2f} pp "
+            f"(2 × std {CLEAR * d['sd']:.2f})"
+            for k, accs in table.items()
+            if k[0] == topology and k[1] != "none"
+            for d in doublings(accs)
+            if d["pays"] is not False
+        ]
+        if epochs is not None:
+            lines.append(
+                f"- **{topology}**: **{epochs} epochs**: no private row gains clearly from "
+                "doubling it"
+                + (f" (rows that pay at a smaller budget: {'; '.join(paying)})." if paying else ".")
+            )
+        else:
+            lines.append(
+                f"- **{topology}**: no budget here is shown to be a plateau: doubling the largest "
+                f"measured budgets still pays, or has one seed to judge by, on {'; '.join(paying)}."
+            )
+    return lines
+
+
+PAGE = register(
+    Page(
+        "privacy_mechanisms_budget",
+        "the mechanisms page at 128/256/512(/1024) epochs: does doubling the budget still pay?",
+        plan,
+        row,
+        render,
+    )
+)

@@ -1,0 +1,193 @@
+"""One peer's side of the membership: what it does when an epoch takes effect.
+
+`PeerMembership.advance(step, state)` is called by every peer at the start of every step (members
+and absent peers alike; it costs nothing between changes). When the epoch of `step` differs from
+the one in force, every peer of the old or the new epoch does, in this order:
+
+1. members of the new epoch switch their communicator to its graph and live peers;
+2. joiners get their state from the survivors (`transfer.hand_over`; a joiner loads it with
+   `state.unpack`);
+3. with `measure_shift`, every peer of the old or the new epoch (the leaving ones too) takes part
+   in one all-reduce that measures how far the change moved the members' average (`Change.shift`);
+4. members of the new epoch build the algorithm again and carry its state over
+   (`algorithm.build_for_epoch`); leaving peers stop.
+
+Peers in neither epoch do nothing. Every step is collective over the peers it names, and all of
+them derive the same epochs, so none waits for a peer that will not come.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Dict, Optional, Protocol, Tuple
+
+import torch
+
+from .algorithm import MemberAlgorithm, build_for_epoch, carried_state
+from .epochs import Membership, MembershipEpoch
+from .transfer import hand_over
+
+if TYPE_CHECKING:
+    from ..comm.membership import MemberCommunicator
+
+__all__ = ["Change", "JoinState", "ParamsState", "PeerMembership"]
+
+
+class JoinState(Protocol):
+    """What a joining peer is handed: `pack` on a survivor, `unpack` on the joiner."""
+
+    def pack(self) -> Dict[str, torch.Tensor]: ...
+
+    def unpack(self, state: Dict[str, torch.Tensor]) -> None: ...
+
+
+class ParamsState:
+    """The simplest `JoinState`: a list of tensors (a gossip loop without a trainer)."""
+
+    def __init__(self, tensors):
+        self.tensors = list(tensors)
+
+    def pack(self) -> Dict[str, torch.Tensor]:
+        return {f"param.{k}": t for k, t in enumerate(self.tensors)}
+
+    def unpack(self, state: Dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for k, t in enumerate(self.tensors):
+                t.copy_(state[f"param.{k}"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """A membership change as one peer saw it."""
+
+    previous: MembershipEpoch
+    epoch: MembershipEpoch
+    #: ||new members' average - old members' average|| of the parameters (float64), measured
+    #: on every peer of either epoch; None when not measured.
+    shift: Optional[float]
+
+    @property
+    def left(self) -> Tuple[int, ...]:
+        return tuple(sorted(set(self.previous.live) - set(self.epoch.live)))
+
+    @property
+    def joined(self) -> Tuple[int, ...]:
+        return tuple(sorted(set(self.epoch.live) - set(self.previous.live)))
+
+
+class PeerMembership:
+    """One peer's membership driver (module docstring). `comm` is its `MemberCommunicator`."""
+
+    def __init__(
+        self,
+        comm: MemberCommunicator,
+        membership: Membership,
+        *,
+        join: str = "average",
+        measure_shift=True,
+    ):
+        self.comm = comm
+        self.membership = membership
+        self.join = join
+        self.measure_shift = measure_shift
+        self.epoch = membership.epochs[0]
+        self.algorithm: Optional[MemberAlgorithm] = None
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def live(self) -> bool:
+        """Whether this peer is a member now."""
+        return self.rank in self.epoch
+
+    def bind(self, spec: str, algorithm) -> MemberAlgorithm:
+        """Wrap this peer's algorithm of epoch 0 (built from `spec` on `comm`)."""
+        self.algorithm = MemberAlgorithm(spec, algorithm, self.epoch.number)
+        return self.algorithm
+
+    def advance(self, step: int, state) -> Optional[Change]:
+        """Apply the epoch of `step` if it is a new one (module docstring); the change, or None."""
+        new = self.membership.at(step)
+        old = self.epoch
+        if new.number == old.number:
+            return None
+        if new.number != old.number + 1:
+            raise RuntimeError(
+                f"peer {self.rank}: advanced from membership epoch {old.number} to {new.number} "
+                "at once: advance must be called at every step"
+            )
+        self.epoch = new
+        me = self.rank
+        if me not in old and me not in new:
+            return Change(old, new, None)
+        graph = self.membership.graph(new)
+        carried = None
+        if me in old and me in new:  # read before the communicator moves on
+            before = set(self.membership.graph(old).union.neighbors(me))
+            kept = sorted(before & set(graph.union.neighbors(me)))
+            carried = carried_state(self.algorithm.inner, kept)
+        if me in new:
+            self.comm.set_epoch(graph, new.live)
+        survivors = sorted(set(old.live) & set(new.live))
+        joiners = sorted(set(new.live) - set(old.live))
+        received = None
+        if me in new:
+            received = hand_over(
+                self.comm, me, joiners, graph, survivors, self.join, lambda: self._pack(state)
+            )
+            if received is not None:
+                state.unpack({k: v for k, v in received.items() if not k.startswith("algorithm.")})
+        shift = self._measure(old, new, me in new) if self.measure_shift else None
+        if me in new:
+            self._rebuild(new, carried, received)
+        return Change(old, new, shift)
+
+    def _pack(self, state) -> Dict[str, torch.Tensor]:
+        packed = dict(state.pack())
+        for name, value in self.algorithm.inner.node_state().items():
+            if isinstance(value, int):
+                packed[f"algorithm.{name}"] = torch.tensor(value, dtype=torch.int64)
+        return packed
+
+    def _measure(self, old: MembershipEpoch, new: MembershipEpoch, member: bool) -> float:
+        """||x̄_new - x̄_old||: one float64 all-reduce over the peers of either epoch."""
+        x = torch.cat([p.detach().reshape(-1).to(torch.float64) for p in self.algorithm.params])
+        was, now = float(self.rank in old), float(member)
+        vector = torch.cat([x * was, x * now, torch.tensor([was, now], dtype=torch.float64)])
+        with self.comm.over(set(old.live) | set(new.live)):
+            self.comm.allreduce_(vector, op="sum", metric=True)
+        n = x.numel()
+        before, after = vector[:n] / vector[-2], vector[n : 2 * n] / vector[-1]
+        return float(torch.linalg.vector_norm(after - before))
+
+    def _rebuild(self, new: MembershipEpoch, carried, received) -> None:
+        counters = None
+        if carried is None:  # a joiner: fresh state, the senders' counters
+            counters = {
+                k[len("algorithm.") :]: int(v)
+                for k, v in (received or {}).items()
+                if k.startswith("algorithm.")
+            }
+        algorithm = self.algorithm
+        inner = build_for_epoch(
+            algorithm.spec, algorithm.names, algorithm.params, self.comm, carried, counters
+        )
+        algorithm.replace(inner, new.number)
+
+    def resume_at(self, step: int) -> None:
+        """Put this peer in the epoch of `step` without a change (a resumed run, before its
+        checkpoint is loaded): a member builds the algorithm for that epoch, fresh (collective
+        over its members); the checkpoint then fills its state."""
+        epoch = self.membership.at(step)
+        if epoch.number == self.epoch.number:
+            return
+        self.epoch = epoch
+        if self.rank not in epoch:
+            return
+        graph = self.membership.graph(epoch)
+        self.comm.set_epoch(graph, epoch.live)
+        algorithm = self.algorithm
+        inner = build_for_epoch(algorithm.spec, algorithm.names, algorithm.params, self.comm)
+        algorithm.replace(inner, epoch.number)

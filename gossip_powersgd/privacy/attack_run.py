@@ -1,0 +1,172 @@
+"""One attacked run, ready to call from Python: train a config on a membership split while an
+observer records what it receives and every peer's parameters are kept at chosen fractions of
+the run, then measure what the observer learns of its neighbours (the split's victims):
+
+    split = make_split(dataset, 8, "iid", 0, victims=[1, 7], fraction=0.5, split_seed=seed)
+    run = observe(config, split, observer=0, fractions=(0.25, 0.5, 0.75, 1.0))
+    refs = References.build(split, Candidates.of(split), 0, make_model, 8, recipe, seed)
+    rounds = neighbour_report(run, split, refs, make_model)   # {step: {"flat", "quality", ...}}
+
+`reconstructions` gives every estimate the observer can form of a neighbour's model from its view
+(`views.ObservedView`) at chosen steps: for PowerGossip the moving-M least squares of
+`reconstruction.reconstruct`, least squares on the model difference (`estimators`, a static and a
+drift-aware window) and, given the truth, the oracle ceiling; for other algorithms the model read
+off the messages (exact gossip) or the public copy (Choco). `neighbour_report` judges each by what
+it enables (every attack through it, `attacks.evaluate`, with the blind baselines and null band)
+and by its agreement with the truth (`quality`), beside the victim's own model (the ceiling) and,
+at the last step, the observer's own model and the average of all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from gossip_powersgd.privacy.attacks import Candidates, References, Snapshots, evaluate, flat
+from gossip_powersgd.privacy.attacks import per_class
+
+__all__ = [
+    "ESTIMATORS",
+    "ORACLE",
+    "ObservedRun",
+    "neighbour_report",
+    "observe",
+    "quality",
+    "reconstructions",
+]
+
+
+#: Least squares on the model difference D: (name, window in messages, forgetting factor).
+ESTIMATORS = (
+    ("LS on D, 64 msgs", 64, 1.0),
+    ("LS on D drift-aware, 256 msgs, forget 0.97", 256, 0.97),
+)
+#: The oracle's name: the true D projected on the span of every factor seen (a ceiling).
+ORACLE = "oracle: D on the span of all factors"
+MOVING, READ_OFF = "moving M, 4 msgs (reconstruction.py)", "read off / public copy"
+
+
+def reconstructions(
+    view, victims: Sequence[int], steps: Sequence[int], truth: Optional[Dict] = None
+) -> Dict[int, Dict[str, Dict[int, List[torch.Tensor]]]]:
+    """{step: {estimator: {victim: parameters}}}: every estimate of each victim's parameters the
+    observer forms from `view` at each of `steps` (see the module docstring). `truth`:
+    {victim: {step: parameters}} for the oracle (PowerGossip only; None: no oracle)."""
+    from gossip_powersgd.privacy.estimators import difference_estimates, oracle_estimates
+    from gossip_powersgd.privacy.reconstruction import reconstruct
+
+    powergossip = view.meta["algorithm"] == "powergossip"
+    out: Dict[int, Dict[str, Dict[int, List[torch.Tensor]]]] = {s: {} for s in steps}
+    for v in victims:
+        moving = reconstruct(view, v, window=4)  # every step at once
+        for step in steps:
+            if not powergossip:
+                out[step].setdefault(READ_OFF, {})[v] = moving[step]
+                continue
+            out[step].setdefault(MOVING, {})[v] = moving[step]
+            for name, window, forget in ESTIMATORS:
+                estimate = difference_estimates(view, v, [step], window=window, forget=forget)
+                out[step].setdefault(name, {})[v] = estimate[step]
+            if truth is not None:
+                known = {step: truth[v][step]}
+                estimate = oracle_estimates(view, v, known, [step], window=10**9)
+                out[step].setdefault(ORACLE, {})[v] = estimate[step]
+    return out
+
+
+def quality(estimates: Dict[int, list], truth: Dict[int, list], model_of, x) -> Dict[str, float]:
+    """Mean over the victims of the relative L2 error of `estimates` ({victim: parameters})
+    against `truth`, and of the share of `x` on which their models (`model_of(parameters)`)
+    predict the same class."""
+    from gossip_powersgd.privacy.estimators import prediction_agreement
+    from gossip_powersgd.privacy.reconstruction import relative_error
+
+    victims = list(estimates)
+    l2 = sum(relative_error(estimates[v], truth[v]) for v in victims) / len(victims)
+    agree = [prediction_agreement(model_of(estimates[v]), model_of(truth[v]), x) for v in victims]
+    return {"l2": l2, "agreement": sum(agree) / len(victims)}
+
+
+@dataclasses.dataclass
+class ObservedRun:
+    """A run trained by `observe`: its result, the observer's view, every peer's parameters at the
+    snapshot steps ({rank: {step: parameters}}), those steps, and the seconds training took."""
+
+    result: Any  #: `gossip_powersgd.RunResult`
+    view: Any  #: `views.ObservedView`
+    snapshots: Dict[int, Dict[int, List[torch.Tensor]]]
+    steps: List[int]
+    observed_bytes: int
+    seconds: float
+
+
+def _hooks(kept: Dict[int, Dict[str, Any]], observer: int, fractions, rank: int) -> List[Any]:
+    from gossip_powersgd.privacy.views import ObserverHooks
+
+    mine = kept[rank] = {"observer": ObserverHooks([observer]), "snap": Snapshots(fractions)}
+    return [mine["observer"], mine["snap"]]
+
+
+def observe(
+    config: Dict[str, Any], split, observer: int, fractions: Sequence[float]
+) -> ObservedRun:
+    """Train `config` (a `gossip_powersgd.run` config) on `split`'s data (``partition: local``:
+    no peer can train on a held-out record) with `observer` recording its view and every peer's
+    parameters kept at `fractions` of the run (`attacks.Snapshots`)."""
+    from gossip_powersgd import run
+    from gossip_powersgd.privacy.views import ObservedView
+
+    kept: Dict[int, Dict[str, Any]] = {}
+    data = dict(config, dataset=split.spec(), partition="local")
+    started = time.perf_counter()
+    result = run(data, hooks=functools.partial(_hooks, kept, observer, fractions))
+    seconds = time.perf_counter() - started
+    recorder = kept[observer]["observer"].recorder
+    view = ObservedView(recorder.meta, recorder.records)
+    snaps = {rank: hooks["snap"].parameters for rank, hooks in kept.items()}
+    steps = kept[observer]["snap"].steps
+    return ObservedRun(result, view, snaps, steps, recorder.bytes_recorded, seconds)
+
+
+def neighbour_report(
+    run: ObservedRun, split, observer: int, refs: References, make_model: Callable, x_test
+) -> Dict[str, Any]:
+    """{str(step): {"flat": every attack's AUC and TPRs through every model, "quality": each
+    estimate's relative L2 error and prediction agreement on `x_test`}} at each snapshot step;
+    the last step also holds the whole "evaluation" (ROC curves included) and LiRA offline's
+    per-class AUC through the victim's model ("per_class_victim")."""
+    from gossip_powersgd.privacy.membership import model_with_parameters
+
+    def model(parameters):
+        return model_with_parameters(make_model(), parameters)
+
+    snaps, victims, last = run.snapshots, split.victims, run.steps[-1]
+    candidates = Candidates.of(split)
+    powergossip = run.view.meta["algorithm"] == "powergossip"
+    estimates = reconstructions(run.view, victims, run.steps, snaps if powergossip else None)
+    out: Dict[str, Any] = {}
+    for step in run.steps:
+        truth = {v: snaps[v][step] for v in victims}
+        models = {"victim": {v: model(truth[v]) for v in victims}}
+        for name, per in estimates[step].items():
+            models[name] = {v: model(per[v]) for v in victims}
+        if step == last:
+            models["observer's own"] = {v: model(snaps[observer][step]) for v in victims}
+            average = [torch.stack(ts).mean(0) for ts in zip(*(s[step] for s in snaps.values()))]
+            models["average of all"] = {v: model(average) for v in victims}
+        evaluation = evaluate(
+            models, candidates, refs, roc_models=list(models) if step == last else ()
+        )
+        judged = {**estimates[step], "observer's own": {v: snaps[observer][step] for v in victims}}
+        entry = {
+            "flat": flat(evaluation),
+            "quality": {name: quality(per, truth, model, x_test) for name, per in judged.items()},
+        }
+        if step == last:
+            entry.update(evaluation=evaluation, per_class_victim=per_class(evaluation, "victim"))
+        out[str(step)] = entry
+    return out

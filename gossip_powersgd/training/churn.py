@@ -1,0 +1,341 @@
+"""Peers that leave and join mid-training: the config keys, and the training loop's side of it.
+
+Keys (a config-driven feature, `features.py`):
+
+* ``on_peer_loss: abort | continue`` (default abort: the first lost peer ends every peer's run,
+  as always). With ``continue`` the run goes on through membership changes (`membership`): the
+  survivors switch to the repaired graph at an agreed step, joiners are handed their state. In
+  this version the in-process backend (local) supports it, driven by a churn schedule; backend
+  mpi is refused (MPICH is fail-stop: a dead rank ends the job).
+* ``churn``: the schedule of an in-process run (`membership.churn`: ``leave:3@200,join:3@400`` or
+  ``rate=0.02,down=50,seed=1``); needs ``on_peer_loss: continue`` and backend local.
+* ``churn_join: average | copy``: a joiner's model, optimizer state and step counter are the mean
+  of its surviving neighbours' (``average``) or the lowest one's copy (``copy``).
+
+Refused with continue, in one line each: an algorithm that cannot carry its state over a change
+(the all-reduce baselines), a directed topology, and the privacy features bound to one fixed
+graph: dp_mechanism other than local (muffliato's network epsilon, `privacy.network_dp`, is the
+view of one fixed graph; zipdl's and decor's noise is per edge of it), dp_exchanged_subspace and
+observers (they hold the algorithm instance that a change replaces). Each peer's own DP-SGD
+epsilon still holds: its accountant counts the steps it trained, whatever graph its messages went
+over (a joiner's steps from its join; a peer back from an absence, its steps before and after).
+
+What a membership change does to the loop (`ChurnRun`): at the start of each step every peer
+applies the epoch of that step (`membership.peer.PeerMembership.advance`). A peer that is not a
+member skips the step (no batch, no gradient, no gossip, no record, no checkpoint), keeping its
+data position and its hooks' state (its DP accountant) for when it comes back; when it leaves, it
+writes that state once (``checkpoints/rank-K-away-STEP.pt``), so that a run resumed while it is
+away restores it. A joiner gets its model, optimizer state and step from its new neighbours, then
+trains on its own data. Evaluations, metrics and checkpoints are over the members of the moment;
+the eval records add `live_peers`, `membership_epoch`, `membership_changes` and
+`average_shift_total` (the summed norms of the jumps of the members' average at the changes).
+The summary is written by the lowest-id member at the end.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+import torch
+
+from .features import Feature, Key, register
+from .hooks import TrainingHooks
+
+if TYPE_CHECKING:
+    from topologies import AnyTopology
+
+    from ..comm.base import Comm
+
+__all__ = ["CHURN", "ChurnRun", "churn_run", "SUPPORTING_BACKENDS", "JOIN_MODES"]
+
+#: Backends on which on_peer_loss: continue runs in this version.
+SUPPORTING_BACKENDS = ("local",)
+JOIN_MODES = ("average", "copy")
+POLICIES = ("abort", "continue")
+
+
+def _validate(config) -> None:
+    policy = config.on_peer_loss
+    if policy not in POLICIES:
+        raise ValueError(f"bad value for 'on_peer_loss': {policy!r} (valid: abort, continue)")
+    if config.churn_join not in JOIN_MODES:
+        raise ValueError(
+            f"bad value for 'churn_join': {config.churn_join!r} (valid: {', '.join(JOIN_MODES)})"
+        )
+    if config.churn is not None and policy != "continue":
+        raise ValueError(
+            "churn needs on_peer_loss: continue (with abort the first peer to leave ends "
+            "the run): set on_peer_loss: continue"
+        )
+    if policy != "continue":
+        return
+    if config.backend not in SUPPORTING_BACKENDS:
+        why = " (MPICH is fail-stop: a dead rank ends the job)" if config.backend == "mpi" else ""
+        raise ValueError(
+            f"on_peer_loss: continue is not supported on backend {config.backend}{why}; "
+            f"backends that support it: {', '.join(SUPPORTING_BACKENDS)}"
+        )
+    _refuse_what_a_change_breaks(config)
+
+
+def _refuse_what_a_change_breaks(config) -> None:
+    from ..membership.algorithm import refuse_unsupported
+    from ..membership.churn import parse_churn
+    from .validation import _has_size, resolve_topology
+
+    try:
+        refuse_unsupported(config.algorithm)
+    except ValueError as exc:
+        raise ValueError(f"on_peer_loss: continue: {exc}") from None
+    size = None
+    if _has_size(config.topology) or config.peers is not None:
+        topology = resolve_topology(config)
+        size = topology.size
+        if topology.is_directed:
+            raise ValueError(
+                f"on_peer_loss: continue: topology {config.topology!r} is directed, and a "
+                "directed graph has no repair rule here; use an undirected topology"
+            )
+    if config.churn is not None:
+        try:
+            parse_churn(config.churn, size)
+        except ValueError as exc:
+            raise ValueError(f"bad value for 'churn': {exc}") from None
+    mechanism = getattr(config, "dp_mechanism", "local")
+    if mechanism != "local":
+        raise ValueError(
+            f"dp_mechanism: {mechanism} is bound to one fixed graph (its network epsilon or its "
+            "per-edge noise), which a membership change replaces: use dp_mechanism: local "
+            "(each peer's own DP-SGD epsilon holds whatever the graph), or on_peer_loss: abort"
+        )
+    for key in ("dp_exchanged_subspace", "observers"):
+        if getattr(config, key, None):
+            raise ValueError(
+                f"{key} holds the algorithm instance that a membership change replaces: drop "
+                f"{key}, or use on_peer_loss: abort"
+            )
+
+
+def _eval_text(record: Dict[str, Any]) -> str:
+    if "live_peers" not in record:
+        return ""
+    return f"  live {record['live_peers']} (changes {record['membership_changes']})"
+
+
+def _summary_rows(summary: Dict[str, Any]) -> List[tuple]:
+    if "membership_changes" not in summary:
+        return []
+    return [
+        (
+            "membership",
+            f"{summary['membership_changes']} changes, {summary['live_peers_at_end']} live at "
+            f"the end; members' average moved {summary['average_shift_total']:.4g} at the "
+            f"changes; {summary['transfer_mb_sent']:.3f} MB of state handed to joiners",
+        )
+    ]
+
+
+CHURN = register(
+    Feature(
+        name="churn",
+        keys=[
+            Key(
+                "on_peer_loss",
+                "str",
+                "abort",
+                recording=True,
+                doc="What the other peers do when a peer leaves: abort (every peer's run ends, "
+                "naming it) | continue (the survivors repair the graph at an agreed step and "
+                "train on; backend local, with a churn schedule).",
+            ),
+            Key(
+                "churn",
+                "Optional[str]",
+                None,
+                doc="Churn schedule of an in-process run (on_peer_loss: continue, backend "
+                "local): leave:3@200,join:3@400 (peer 3 leaves at step 200, rejoins at 400) or "
+                "rate=0.02,down=50,seed=1 (each step a live peer leaves with probability rate "
+                "and comes back down steps later). null: no churn.",
+            ),
+            Key(
+                "churn_join",
+                "str",
+                "average",
+                doc="A joining peer's model, optimizer state and step counter: average (the "
+                "mean of its surviving neighbours') | copy (the lowest-id one's).",
+            ),
+        ],
+        validate=_validate,
+        summary_rows=_summary_rows,
+        eval_text=_eval_text,
+    )
+)
+
+
+def _scheduled(config, topology: AnyTopology, steps: int):
+    """The membership of a churn schedule, with a γ given in the algorithm's spec checked on the
+    graph of every epoch (before the run: the same one line on every peer)."""
+    from ..membership.algorithm import check_every_epoch
+    from ..membership.churn import churn_membership
+
+    membership = churn_membership(config.churn, topology, steps)
+    check_every_epoch(config.algorithm, membership)
+    return membership
+
+
+class TrainingState:
+    """The `membership.peer.JoinState` of a training peer: model, optimizer state, step, and the
+    membership's own counters (so that a joiner's records go on from the members')."""
+
+    def __init__(self, model, optimizer, run_state, driver):
+        self.model, self.optimizer, self.run_state = model, optimizer, run_state
+        self.driver = driver
+
+    def pack(self) -> Dict[str, torch.Tensor]:
+        out = {f"model.{k}": v for k, v in self.model.state_dict().items()}
+        for index, fields in self.optimizer.state_dict()["state"].items():
+            for key, value in fields.items():
+                if isinstance(value, torch.Tensor):
+                    out[f"optimizer.{index}.{key}"] = value
+        out["run.step"] = torch.tensor(self.run_state.step, dtype=torch.int64)
+        out["run.changes"] = torch.tensor(self.driver.changes, dtype=torch.int64)
+        out["run.shift_total"] = torch.tensor(self.driver.shift_total, dtype=torch.float64)
+        return out
+
+    def unpack(self, state: Dict[str, torch.Tensor]) -> None:
+        step = int(state["run.step"])
+        if step != self.run_state.step:
+            raise ValueError(
+                f"a joining peer is at step {self.run_state.step} but was handed the state of "
+                f"step {step}: the peers disagree on the membership schedule"
+            )
+        model = {k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")}
+        self.model.load_state_dict(model)
+        fields: Dict[int, Dict[str, torch.Tensor]] = {}
+        for name, value in state.items():
+            if name.startswith("optimizer."):
+                _, index, key = name.split(".", 2)
+                fields.setdefault(int(index), {})[key] = value
+        groups = self.optimizer.state_dict()["param_groups"]
+        self.optimizer.load_state_dict({"state": fields, "param_groups": groups})
+        self.driver.changes = int(state["run.changes"])
+        self.driver.shift_total = float(state["run.shift_total"])
+
+
+class ChurnRun(TrainingHooks):
+    """The loop's membership driver (module docstring); a hook for its records and state."""
+
+    name = "membership"
+    #: Without a churn schedule nothing changes a bit of the run, so a run may resume with
+    #: on_peer_loss switched (churn itself is in the checkpoint's config hash).
+    optional = True
+
+    def __init__(self, comm: Comm, config):
+        from ..comm.membership import MemberCommunicator
+
+        self.config = config
+        self.comm = MemberCommunicator(comm)
+        self.peer = None
+        self.changes = 0
+        self.shift_total = 0.0
+        self.run = self.hooks = self.run_dir = None
+
+    # ---- set-up ----------------------------------------------------------------------------------
+    def start(self, run, hooks, run_dir) -> None:
+        """After `build_run`: the run's membership (collective: the same error on every peer)
+        and the algorithm wrapped so that changes can rebuild it."""
+        from ..membership.epochs import Membership
+        from ..membership.peer import PeerMembership
+        from .setup import collectively
+
+        config, comm = self.config, self.comm
+        steps = config.epochs * run.steps_per_epoch
+        if config.churn is not None:
+            membership = collectively(comm, _scheduled, config, comm.topology, steps)
+        else:
+            membership = Membership(comm.topology)
+        self.peer = PeerMembership(comm, membership, join=config.churn_join)
+        run.algorithm = self.peer.bind(config.algorithm, run.algorithm)
+        self.run, self.hooks, self.run_dir = run, hooks, run_dir
+
+    @property
+    def live(self) -> bool:
+        return self.peer is None or self.peer.live
+
+    @property
+    def leader(self) -> int:
+        """The member that writes the run's shared files (summary): the lowest live id."""
+        return min(self.peer.epoch.live) if self.peer is not None else 0
+
+    # ---- every step ------------------------------------------------------------------------------
+    def begin_step(self, state) -> bool:
+        """Apply the membership of `state.step`; whether this peer trains the step."""
+        run = self.run
+        was_live = self.peer.live
+        joined = TrainingState(run.model, run.optimizer, state, self)
+        change = self.peer.advance(state.step, joined)
+        if change is not None and (was_live or self.peer.live):
+            self.changes += 1
+            self.shift_total += change.shift or 0.0
+        if was_live and not self.peer.live:
+            self._write_away(state)
+        return self.peer.live
+
+    def _write_away(self, state) -> None:
+        if self.run_dir is None or not self.config.checkpoint_every:
+            return
+        from .checkpoint import make_header
+        from .churn_resume import save_away
+
+        run = self.run
+        header = make_header(epoch=state.epoch, step=state.step, **run.header_args)
+        payload = state.to_checkpoint(
+            model=run.model,
+            optimizer=run.optimizer,
+            algorithm=run.algorithm,
+            batches=run.batches,
+            comm=self.comm,
+            hooks=self.hooks,
+            include_rng=run.owns_process,
+        )
+        save_away(self.run_dir, header, payload)
+
+    def finish(self) -> None:
+        """At the end of the run, on every peer: wait until every peer is done (a peer away at
+        the end waits for the members, without deadline, so that the run's lock and files are
+        released only when the run is over)."""
+        self.comm.rendezvous()
+
+    # ---- records and state -----------------------------------------------------------------------
+    def on_evaluation(self, record: Dict[str, Any]) -> Dict[str, Any]:
+        return {
+            "live_peers": len(self.peer.epoch.live),
+            "membership_epoch": self.peer.epoch.number,
+            "membership_changes": self.changes,
+            "average_shift_total": self.shift_total,
+        }
+
+    def summary_fields(self) -> Dict[str, Any]:
+        """What summary.json adds (collective over the members: the transfer traffic)."""
+        sent = torch.tensor([float(self.comm.stats.transfer_bytes_sent)], dtype=torch.float64)
+        self.comm.allreduce_(sent, op="sum", metric=True)
+        return {
+            "membership_changes": self.changes,
+            "live_peers_at_end": len(self.peer.epoch.live),
+            "average_shift_total": self.shift_total,
+            "transfer_mb_sent": float(sent[0]) / 1e6,
+            "churn": self.config.churn,
+        }
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"changes": self.changes, "shift_total": self.shift_total}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.changes, self.shift_total = int(state["changes"]), float(state["shift_total"])
+
+
+def churn_run(comm: Comm, config) -> Optional[ChurnRun]:
+    """The membership driver of a run with on_peer_loss: continue, else None."""
+    if config.on_peer_loss != "continue":
+        return None
+    return ChurnRun(comm, config)
