@@ -94,7 +94,7 @@ ALGORITHMS = (
         "exact gossip, H = 4 local steps",
         "exact:gamma={gamma}",
         "lr",
-        (0.1, 0.2, 0.4),
+        (0.2, 0.4),
         "exact",
         local_steps=4,
     ),

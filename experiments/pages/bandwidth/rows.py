@@ -33,13 +33,13 @@ from experiments.engine import ROOT, Run
 LOCK = Path(tempfile.gettempdir()) / "gossip-powersgd-bandwidth-page-{}.lock"
 #: The probe's time budgets (seconds) and limits: training periods, replays, evaluation replays.
 PROBE_BUDGET = {
-    "train": 20.0,
+    "train": 12.0,
     "periods": [3, 40],
-    "replay": 8.0,
+    "replay": 5.0,
     "replays": [1, 10],
     "eval_replays": [1, 5],
 }
-ALONE_BUDGET = {"train": 20.0, "periods": [6, 60], "replay": 0}
+ALONE_BUDGET = {"train": 10.0, "periods": [6, 60], "replay": 0}
 #: Seconds a peer waits for a message (an exact-gossip step at 1 Mbit/s on torus:2x4 takes ~110).
 COMM_TIMEOUT = 900.0
 #: The longest a launch on the cluster may take before it is killed as a hang.
