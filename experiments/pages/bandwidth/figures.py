@@ -15,9 +15,11 @@ from .recipe import (
     Setting,
     best_value,
     chosen,
+    algorithms_on,
     gamma_on,
     main_key,
     measured_on,
+    rates_on,
     train_keys,
 )
 
@@ -62,7 +64,7 @@ def accuracy(s: Setting, data: Mapping[str, Dict], target: Optional[float]) -> D
     out: Dict[str, Any] = {}
     for topology in s.topologies:
         out[topology] = {}
-        for key in s.algorithms:
+        for key in algorithms_on(s, topology):
             keys = train_keys(s, key, topology, data)
             rows = [data[k] for k in keys]
             pick = chosen(s, key, data)
@@ -128,7 +130,7 @@ def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
     evaluation (their rings go through all hosts whatever the topology) come from the tuning
     topology's rows (`recipe.measured_on`)."""
     out: Dict[str, Any] = {}
-    settings = [(t, r, None) for t in s.topologies for r in s.rates]
+    settings = [(t, r, None) for t in s.topologies for r in rates_on(s, t)]
     settings += [(t, s.slow[0], s.slow) for t in s.slow_topologies] if s.slow else []
     for topology, rate, slow in settings:
         row = data.get(timing_key(topology, rate, slow))
@@ -396,6 +398,17 @@ def plateau(s: Setting, data: Mapping[str, Dict]) -> Optional[Dict[str, Any]]:
     }
 
 
+def run_seconds(data: Mapping[str, Dict]) -> Optional[float]:
+    """The median wall time of an in-process training run of the full epochs (the plateau run,
+    at twice the epochs, left out)."""
+    found = [
+        r["run_seconds"]
+        for k, r in data.items()
+        if k.startswith(("tune/", "train/")) and _ok(r) and "run_seconds" in r
+    ]
+    return statistics.median(found) if found else None
+
+
 def collect(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
     acc = accuracy(s, data, None)
     target = target_of(s, acc)
@@ -412,4 +425,5 @@ def collect(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
         "e2e": e2e(s, data, cost),
         "plateau": plateau(s, data),
         "answer": answer(s, t, target),
+        "run_seconds": run_seconds(data),
     }
