@@ -220,6 +220,8 @@ def times(s: Setting, acc: Mapping, cost: Mapping, target: Optional[float]) -> D
                     cell[figure] = _seeds(
                         compose.per_seed_times(entry["curves"], target, train_only)
                     )
+                    if c["eval"] is None:  # not timed at this rate: no figure with evaluations
+                        continue
                     cell[figure + "_with_evals"] = _seeds(
                         compose.per_seed_times(entry["curves"], target, plan)
                     )
@@ -283,18 +285,24 @@ def answer(s: Setting, t: Mapping, target: Optional[float]) -> List[str]:
             ("core_each", True, "a core each, with an evaluation after every epoch"),
         ):
             other = table_of(t, topology, rates, figure, evals)
+            compared = [r for r in rates if other[r].get("pg-r1") is not None]
             changed = [
                 r
-                for r in rates
+                for r in compared
                 for against in ("exact", "allreduce")
                 if _ahead(core[r], "pg-r1", against) != _ahead(other[r], "pg-r1", against)
             ]
+            if not compared:
+                continue
+            missing = [compose.rate_text(r) for r in rates if r not in compared]
             verdict = (
                 "the same verdicts"
                 if not changed
                 else "other verdicts at "
                 + ", ".join(dict.fromkeys(compose.rate_text(r) for r in changed))
             )
+            if missing:
+                verdict += f" (not timed at {', '.join(missing)})"
             lines.append(f"With {what}: {verdict}.")
     return lines
 

@@ -7,6 +7,7 @@ from typing import Any, List, Mapping, Optional
 from . import compose
 from .compose import rate_text, seconds_text
 from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, rates_on
+from .recipe import grid as _grid
 
 
 def _label(key: str) -> str:
@@ -116,13 +117,32 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
                 "exact-gossip step there is minutes of transfer per measured period, and a "
                 f"{topology} host sends to more neighbours than a ring host)"
             )
+    for rate, keys in s.untimed_at.items():
+        parts.append(
+            f"at {rate_text(rate)} {', '.join(_label(k) for k in keys)} not timed (its exchange "
+            "is exact gossip's, once every 4 steps; a measurement is four full-model transfers)"
+        )
+    if s.eval_untimed_at:
+        parts.append(
+            f"the evaluation not timed at {', '.join(rate_text(r) for r in s.eval_untimed_at)} "
+            "(an all-reduce of the float64 model, timed and replayed: minutes each), so no "
+            "time with evaluations there; its bytes are the same at every rate"
+        )
     if s.slow is not None and s.slow_algorithms:
         parts.append(
             f"the slowed host on {', '.join(s.slow_topologies)} only, for "
             f"{', '.join(_label(k) for k in s.slow_algorithms)}"
         )
-    parts.append(f"{len(s.e2e)} complete run(s) on the cluster as the check")
-    parts.append("tuning grids of two or three points, on the tuning topology and seed 0")
+    parts.append(
+        f"{len(s.e2e)} complete run(s) on the cluster as the check ("
+        + ", ".join(f"{_label(k)} on {t} at {rate_text(r)}" for t, k, r in s.e2e)
+        + ")"
+    )
+    sizes = sorted({len(v) for v in (grid_of(s, a) for a in s.algorithms)})
+    parts.append(
+        f"tuning grids of {' to '.join(map(str, (sizes[0], sizes[-1])))} points, on the tuning "
+        "topology and seed 0"
+    )
     slow_step = (
         f.get("costs", {}).get(s.tune_topology, {}).get(s.rates[-1], {}).get("steps", {})
     ).get("exact")
@@ -138,6 +158,10 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
         "- Cut so that the whole plan finishes in about 80 minutes on this machine's 2 shared "
         "cores" + (f" ({'; '.join(why)})" if why else "") + ": " + "; ".join(parts) + "."
     ]
+
+
+def grid_of(s: Setting, key: str):
+    return _grid(s, BY_KEY[key])
 
 
 def answer_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
@@ -202,7 +226,8 @@ def accuracy_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     if p:
         gain = 100 * (p["acc"][1] - p["acc"][0])
         lines += [
-            f"Plateau: the best row ({_label(p['algorithm'])}, {s.tune_topology}, seed 0) at "
+            f"Plateau: the best of the compared rows ({_label(p['algorithm'])}, "
+            f"{s.tune_topology}, seed 0) at "
             f"{p['epochs'][1]} epochs instead of {p['epochs'][0]}: {_pct(p['acc'][1])} against "
             f"{_pct(p['acc'][0])} ({gain:+.2f} pp).",
             "",
