@@ -307,7 +307,7 @@ def test_quick_without_the_clusters_privileges_says_what_it_did_not_measure(tmp_
     sweep(pages()["bandwidth"], tmp_path, quick=True)
     stored = RowFile(tmp_path / "bandwidth.jsonl").read()
     skipped = [k for k, r in stored.items() if "skipped" in r.row]
-    assert skipped == ["timing/ring:2/10mbit", "e2e/ring:2/pg-r1/10mbit"]
+    assert skipped == ["timing/ring:2/10mbit", "e2e/ring:2/pg-r1/10mbit", "fault/torch/kill"]
     page = (tmp_path / "bandwidth.md").read_text()
     assert "Not run: no CAP_NET_ADMIN (uid 1000)" in page
     assert "## The answer\n\nNot measured" in page
@@ -346,3 +346,52 @@ def test_an_all_reduce_and_the_evaluation_are_measured_once_for_every_topology()
     assert torus["steps"]["allreduce"]["measured"] == 9.0
     assert torus["steps"]["exact"]["core_each"] == pytest.approx(0.5 + 0.9)  # its own alone
     assert torus["eval"] == ring["eval"] and ring["eval"]["core_each"] == pytest.approx(3.3)
+
+
+# ---- faults across hosts ----------------------------------------------------------------------
+def _fault(seconds, named, said=None):
+    exits = {"0": seconds, "1": 0.01, "2": seconds}
+    return {
+        "seconds": seconds,
+        "exits": exits,
+        "named_after": seconds and seconds - 0.1,
+        "named": named,
+        "errors": [],
+        "lost_says": said,
+        "bound": 23.0,
+        "left": [],
+    }
+
+
+def test_the_fault_section_shows_each_case_and_says_which_missed_30_s():
+    from experiments.pages.bandwidth import faults
+
+    cases = [("torch", "cut"), ("mpi", "kill"), ("mpi", "stop")]
+    data = {
+        "fault/torch/cut": _fault(12.6, {"0": True, "2": True}, "error (rank 1): this host, h"),
+        "fault/mpi/kill": _fault(0.2, {"0": False, "2": False}),
+        "fault/mpi/stop": _fault(None, {"0": True, "2": True}),
+    }
+    text = "\n".join(faults.section(cases, data))
+    assert (
+        "| torchrun | link cut (`ip link set eth0 down` on the host) | 12.60 | 0: 12.60, 1: "
+        in text
+    )
+    assert "| 0: yes, 2: yes | `this host, h` |" in text
+    assert "| mpiexec | its rank SIGKILLed | 0.20 |" in text and "| 0: no, 2: no | — |" in text
+    assert "| mpiexec | every process SIGSTOPped | not within 90 s |" in text
+    assert "was NOT gone within 30 s in: mpiexec stop" in text
+    del data["fault/mpi/stop"]
+    assert "was gone within the issue's 30 s in every case" in "\n".join(
+        faults.section(cases, data)
+    )
+    assert faults.section(cases, {}) == []
+
+
+def test_the_full_plan_ends_with_every_fault_under_both_launchers():
+    s = recipe.FULL
+    runs = [r for r in recipe.measurement_runs(s, {}) if r.config["kind"] == "fault"]
+    assert [r.key for r in runs] == [f"fault/{lc}/{f}" for lc, f in s.faults]
+    assert {f for _, f in s.faults} == {"cut", "kill", "stop", "kill-all"}
+    assert {lc for lc, _ in s.faults} == {"torch", "mpi"}
+    assert all(r.config["quick"] is False for r in runs)

@@ -25,6 +25,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -122,13 +123,31 @@ def exit_times(pids: Dict[int, int], since: float, within: float) -> Dict[int, O
     return {rank: ended.get(rank) for rank in sorted(pids)}
 
 
+def started(jobs: List[Job], within: float) -> None:
+    """Until rank 0 printed its first epoch; raises AssertionError (with the jobs' output) past
+    `within` seconds or as soon as a job ended before it."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            jobs[0].wait_line(r"^epoch 1/", 1.0)
+            return
+        except AssertionError:
+            ended = [job for job in jobs if job.process.poll() is not None]
+            if ended or time.monotonic() > deadline:
+                job = (ended or jobs)[0]
+                why = "a launcher ended" if ended else f"within {within:g} s"
+                raise AssertionError(
+                    f"rank 0 printed no 'epoch 1/' line ({why}):\n{job.text()}"
+                ) from None
+
+
 def run_fault(prefix: str, launcher: str, fault: str, work: Path) -> Dict:
     """Host 1's fault mid-run on cluster `prefix` (N hosts, made by the caller): {"seconds":
     until the last rank that can run ended (None: not within WITHIN), "exits": {rank: seconds},
     "named_after": seconds to the first error line, "errors": the error lines, "pids"}."""
     jobs = launch(prefix, launcher, work)
     try:
-        jobs[0].wait_line(r"^epoch 1/", 300)
+        started(jobs, 300)
         pids: Dict[int, int] = {}
         for job in jobs:
             pids.update(rank_pids(job.process.pid))
@@ -164,13 +183,16 @@ def main(argv: List[str]) -> int:
     prefix, launcher, fault, out = argv
     network.up(prefix, N, None, {})
     try:
-        work = Path(out).parent / f"{launcher}-{fault}"
-        work.mkdir(parents=True, exist_ok=True)
-        result = run_fault(prefix, launcher, fault, work)
+        with tempfile.TemporaryDirectory(prefix=f"host-fault-{launcher}-{fault}-") as work:
+            result = run_fault(prefix, launcher, fault, Path(work))
     finally:
         network.down(prefix)
     result["bound"] = host_fault_bound()
     result["left"] = network.owned(prefix)
+    errors = result["errors"]
+    result["named"] = {k: names_the_host(errors, k, fault) for k in range(N) if k != LOST}
+    said = [e for e in errors if e.startswith(f"error (rank {LOST}): ")]
+    result["lost_says"] = said[0] if said else None
     Path(out).write_text(json.dumps(result) + "\n")
     return 0
 

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from experiments.engine import Outputs, Rows, made_by
 
-from . import compose, text, text_network
+from . import compose, faults, text, text_network
 from .figures import collect
 from .plot import plot
 from .recipe import BY_KEY, setting
@@ -32,10 +32,12 @@ def render(rows: Rows) -> Outputs:
             *text_network.eval_section(s, f),
             *text_network.slow_section(s, f),
             *text_network.e2e_section(s, f),
+            *faults.section(s.faults, data),
             *text_network.notes(s, f),
         ]
     )
     out: Outputs = {"bandwidth.md": page.rstrip() + "\n"}
+    f = dict(f, faults={k: v for k, v in data.items() if k.startswith("fault/")})
     out["bandwidth.json"] = json.dumps(_json(f, facts), indent=1, sort_keys=True) + "\n"
     if f["times"]:
         out["bandwidth.png"] = plot(s, f)

@@ -33,13 +33,13 @@ from experiments.engine import ROOT, Run
 LOCK = Path(tempfile.gettempdir()) / "gossip-powersgd-bandwidth-page-{}.lock"
 #: The probe's time budgets (seconds) and limits: training periods, replays, evaluation replays.
 PROBE_BUDGET = {
-    "train": 12.0,
+    "train": 8.0,
     "periods": [3, 40],
-    "replay": 5.0,
+    "replay": 3.0,
     "replays": [1, 10],
     "eval_replays": [1, 5],
 }
-ALONE_BUDGET = {"train": 10.0, "periods": [6, 60], "replay": 0}
+ALONE_BUDGET = {"train": 6.0, "periods": [6, 60], "replay": 0}
 #: Seconds a peer waits for a message (an exact-gossip step at 1 Mbit/s on torus:2x4 takes ~110).
 COMM_TIMEOUT = 900.0
 #: The longest a launch on the cluster may take before it is killed as a hang.
@@ -64,7 +64,9 @@ def row(run: Run) -> Dict[str, Any]:
     from .recipe import QUICK_BASE
 
     kind = run.config["kind"]
-    quick = run.config.get("train", {}).get("dataset") == QUICK_BASE["dataset"]
+    quick = run.config.get(
+        "quick", run.config.get("train", {}).get("dataset") == QUICK_BASE["dataset"]
+    )
     with held(exclusive=kind != "train", plan="quick" if quick else "full"):
         if kind == "train":
             return train_row(run)
@@ -74,6 +76,8 @@ def row(run: Run) -> Dict[str, Any]:
             return timing_row(run)
         if kind == "e2e":
             return e2e_row(run)
+        if kind == "fault":
+            return fault_row(run)
     raise ValueError(f"run {run.key}: unknown kind {kind!r}")
 
 
@@ -349,6 +353,22 @@ def summarize_probe(ranks: List[Dict[str, Any]]) -> Dict[str, Any]:
         "replay": [max(rep) for rep in zip(*(e["replay"] for e in evals))],
     }
     return out
+
+
+def fault_row(run: Run) -> Dict[str, Any]:
+    """A fault on one of 3 hosts, mid-run (`faults.py`), on a cluster of this process's prefix."""
+    from .faults import row as scenario
+
+    problem = cluster_problem()
+    if problem:
+        if run.config.get("quick"):
+            return {"skipped": problem}
+        raise RuntimeError(f"the faults across hosts need the emulated cluster: {problem}")
+    from gossip_powersgd.cluster import down
+
+    for stale in _stale_clusters():
+        down(stale)
+    return scenario(run, f"{PREFIX}{os.getpid()}")
 
 
 def e2e_row(run: Run) -> Dict[str, Any]:

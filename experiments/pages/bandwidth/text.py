@@ -133,11 +133,18 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
             f"the slowed host on {', '.join(s.slow_topologies)} only, for "
             f"{', '.join(_label(k) for k in s.slow_algorithms)}"
         )
-    parts.append(
-        f"{len(s.e2e)} complete run(s) on the cluster as the check ("
-        + ", ".join(f"{_label(k)} on {t} at {rate_text(r)}" for t, k, r in s.e2e)
-        + ")"
-    )
+    if s.e2e:
+        parts.append(
+            f"{len(s.e2e)} complete run(s) on the cluster as the check ("
+            + ", ".join(f"{_label(k)} on {t} at {rate_text(r)}" for t, k, r in s.e2e)
+            + ")"
+        )
+    else:
+        parts.append(
+            "no complete run on the cluster (720 steps of 8 processes on the 2 shared cores, "
+            "about 10 minutes; --quick makes one and checks its models against the in-process "
+            "run's, bit for bit)"
+        )
     sizes = sorted({len(v) for v in (grid_of(s, a) for a in s.algorithms)})
     parts.append(
         f"tuning grids of {' to '.join(map(str, (sizes[0], sizes[-1])))} points, on the tuning "
