@@ -252,7 +252,9 @@ def table_of(t: Mapping, topology: str, rates, figure: str, evals: bool = False)
     }
 
 
-def answer(s: Setting, t: Mapping, target: Optional[float]) -> List[str]:
+def answer(
+    s: Setting, t: Mapping, target: Optional[float], acc: Optional[Mapping] = None
+) -> List[str]:
     """The answer in words, per topology, from the core-each figure (training only), with what
     the measured figure and the evaluations change."""
     if target is None or not t:
@@ -270,6 +272,20 @@ def answer(s: Setting, t: Mapping, target: Optional[float]) -> List[str]:
             "PowerGossip r1", "all-reduce", core, rates, against="allreduce"
         )
         lines.append(line)
+        finals = {k: acc_of(acc, topology, k) for k in ("pg-r1", "exact", "allreduce")}
+        if all(v is not None for v in finals.values()):
+            peak = max(acc[topology]["pg-r1"]["peaks"])
+            line = (
+                f"Final accuracy ({topology}, mean over seeds): PowerGossip r1 "
+                f"{100 * finals['pg-r1']:.2f} %, exact gossip {100 * finals['exact']:.2f} %, "
+                f"all-reduce {100 * finals['allreduce']:.2f} %"
+            )
+            if finals["pg-r1"] < min(finals["exact"], finals["allreduce"]):
+                line += (
+                    f": a target above PowerGossip r1's best evaluation ({100 * peak:.2f} %) it "
+                    f"does not reach in {s.base['epochs']} epochs, at any rate"
+                )
+            lines.append(line + ".")
         fast = ", ".join(
             f"{compose.rate_text(r)}: {BY_KEY[compose.fastest(core[r])].label}"
             for r in rates
@@ -305,6 +321,11 @@ def answer(s: Setting, t: Mapping, target: Optional[float]) -> List[str]:
                 verdict += f" (not timed at {', '.join(missing)})"
             lines.append(f"With {what}: {verdict}.")
     return lines
+
+
+def acc_of(acc: Optional[Mapping], topology: str, key: str) -> Optional[float]:
+    """Algorithm `key`'s final accuracy on `topology`, mean over seeds (None if unknown)."""
+    return (acc or {}).get(topology, {}).get(key, {}).get("final_mean")
 
 
 def _hosts(topology: str) -> int:
@@ -432,6 +453,6 @@ def collect(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
         "slow_host": slow_host(s, cost),
         "e2e": e2e(s, data, cost),
         "plateau": plateau(s, data),
-        "answer": answer(s, t, target),
+        "answer": answer(s, t, target, acc),
         "run_seconds": run_seconds(data),
     }

@@ -113,9 +113,9 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
         missing = [r for r in s.rates if r not in rates_on(s, topology)]
         if missing:
             parts.append(
-                f"{topology} not timed at {', '.join(rate_text(r) for r in missing)} (an "
-                "exact-gossip step there is minutes of transfer per measured period, and a "
-                f"{topology} host sends to more neighbours than a ring host)"
+                f"{topology} not timed at {', '.join(rate_text(r) for r in missing)} (time: the "
+                "slowest rate's exact-gossip step is minutes of transfer per measured period, "
+                f"and a {topology} host sends to more neighbours than a ring host)"
             )
     for rate, keys in s.untimed_at.items():
         parts.append(
