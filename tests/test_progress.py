@@ -39,6 +39,7 @@ def test_without_a_terminal_rank_0_prints_set_up_and_progress_lines(tmp_path):
     assert lines[0] == "start: 1 process, loading the libraries and the config"
     setup = [line for line in lines if line.startswith("set-up: ")]
     assert [re.sub(r" \(\d+\.\d s\)$", "", line) for line in setup] == [
+        "set-up: libraries and config loaded",
         "set-up: config checked: 4 peers agree on it",
         "set-up: data synthetic_logreg:d=20,classes=4,n=2000 loaded, partition iid",
         "set-up: model logreg (84 parameters) and powergossip:rank=1 built",

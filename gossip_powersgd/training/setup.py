@@ -83,6 +83,11 @@ def resolve_device(spec: str, rank: int) -> torch.device:
 
 def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
     """The local optimizer the config names, over `params`."""
+    from .eager_optim import defer_compiler_import
+
+    classes = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    if config.optimizer in classes:  # no import of torch's compiler (eager_optim.py)
+        defer_compiler_import(classes[config.optimizer])
     if config.optimizer == "sgd":
         return torch.optim.SGD(
             params,
