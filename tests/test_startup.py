@@ -6,6 +6,7 @@ benchmark page `python -m experiments bench_startup`, not here.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -167,6 +168,13 @@ def test_torchrun_prints_one_start_line_with_its_process_count(tmp_path):
     starts = [line for line in result.stdout.splitlines() if line.startswith("start:")]
     assert starts == ["start: 2 processes, loading the libraries and the config"]
     assert sum(line.startswith("set-up: libraries") for line in result.stdout.splitlines()) == 1
+    # the recorded command is torchrun's own command line (here python -m torch.distributed.run)
+    origin = json.loads((tmp_path / "run" / "summary.json").read_text())["provenance"]
+    assert origin["launcher"] == "torchrun"
+    assert origin["command"][1:3] == ["-m", "torch.distributed.run"]
+    assert (
+        "--nproc-per-node" in origin["command"] and "gossip_powersgd.cli.train" in origin["command"]
+    )
 
 
 #: A child that steps SGD (momentum, Nesterov, weight decay), Adam and AdamW as the trainer builds

@@ -154,11 +154,17 @@ def checked_config(comm: Comm, config, resume: bool) -> TrainConfig:
 
 
 def build_run(
-    comm: Comm, config: TrainConfig, hooks: HookList, log=None, resume: bool = False
+    comm: Comm,
+    config: TrainConfig,
+    hooks: HookList,
+    log=None,
+    resume: bool = False,
+    origin: Optional[Dict[str, Any]] = None,
 ) -> PeerRun:
     """Seed, load this peer's shard, build the model, algorithm and optimizer; run setup hooks
-    (`resume`: the run continues from a checkpoint, `SetupContext.resuming`). `log` (a
-    `progress.SetupLog`) is told as each phase ends."""
+    (`resume`: the run continues from a checkpoint, `SetupContext.resuming`; `origin`: the run's
+    provenance, `SetupContext.provenance`). `log` (a `progress.SetupLog`) is told as each phase
+    ends."""
     if log is None:
         from .progress import SetupLog
 
@@ -223,6 +229,7 @@ def build_run(
         steps_per_epoch=steps_per_epoch,
         train_size=num_train,
         resuming=bool(resume),
+        provenance=origin,
     )
     log.done(f"model {config.model} ({num_parameters} parameters) and {config.algorithm} built")
     hooks.setup(context)
