@@ -17,9 +17,11 @@ from experiments.pages import pages
 RESULTS = Path(__file__).resolve().parents[1] / "experiments" / "results"
 PAGES = sorted(pages())
 TEXT = (".md", ".csv", ".json")
+#: Pages whose --quick run starts launchers, with conftest's markers for them.
+LAUNCHING = {"bench_startup": (pytest.mark.mpi, pytest.mark.torchrun)}
 
 
-@pytest.mark.parametrize("name", PAGES)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=LAUNCHING.get(n, ())) for n in PAGES])
 def test_quick_sweep_makes_every_row_and_renders_again_identically(tmp_path, name):
     assert main([name, "--quick", "--out", str(tmp_path)], pages) == 0
     page = pages()[name]
