@@ -191,3 +191,43 @@ def test_every_record_key_is_in_the_naming_table_and_accuracies_are_fractions(tr
     assert {"epsilon", "delta", "epsilon_max", "train_loss", "train_loss_local"} <= keys
     accuracies = [r[k] for r in records for k in ACCURACY_KEYS if k in r]
     assert accuracies and all(0.0 <= a <= 1.0 for a in accuracies)
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["/usr/bin/mpiexec", "-n", "8", "python", "-m", "m"], ("mpiexec", 0)),
+        (["mpirun", "-np", "4", "python", "x.py"], ("mpiexec", 0)),
+        (["srun", "-n", "2", "python", "x.py"], ("srun", 0)),
+        (
+            ["/v/bin/python3", "/v/bin/torchrun", "--nproc-per-node", "8", "-m", "m"],
+            ("torchrun", 1),
+        ),
+        (["python", "-m", "torch.distributed.run", "--nproc-per-node", "2"], ("torchrun", 0)),
+        (["/usr/bin/hydra_pmi_proxy", "--control-port", "vm:1"], None),
+        (["python", "-m", "gossip_powersgd.cli.train"], None),
+    ],
+)
+def test_a_launcher_is_told_by_its_command_line(argv, expected):
+    from gossip_powersgd.training.provenance import _launcher_line
+
+    found = _launcher_line(argv)
+    assert found == (None if expected is None else (expected[0], argv[expected[1] :]))
+
+
+def test_a_launcher_out_of_sight_is_said_so(monkeypatch):
+    """Under a launcher whose process this one cannot see (another host), the command is this
+    process's own, and a note says so."""
+    from gossip_powersgd.training import provenance
+
+    own = ["/v/bin/python", "-m", "gossip_powersgd.cli.train", "--config", "demo"]
+    monkeypatch.setattr(provenance, "_cmdline", lambda pid: own if pid == "self" else None)
+    monkeypatch.setenv("PMI_RANK", "3")
+    found = provenance.launch_command()
+    assert found["command"] == own and found["launcher"] == "mpiexec"
+    assert "cannot see" in found["command_note"]
+    monkeypatch.delenv("PMI_RANK")
+    for name in ("TORCHELASTIC_RUN_ID", "RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("MPI_LOCALNRANKS", raising=False)
+    assert provenance.launch_command() == {"command": own, "launcher": None}
