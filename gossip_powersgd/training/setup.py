@@ -83,6 +83,11 @@ def resolve_device(spec: str, rank: int) -> torch.device:
 
 def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
     """The local optimizer the config names, over `params`."""
+    from .eager_optim import defer_compiler_import
+
+    classes = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    if config.optimizer in classes:  # no import of torch's compiler (eager_optim.py)
+        defer_compiler_import(classes[config.optimizer])
     if config.optimizer == "sgd":
         return torch.optim.SGD(
             params,
@@ -150,11 +155,17 @@ def checked_config(comm: Comm, config, resume: bool) -> TrainConfig:
 
 
 def build_run(
-    comm: Comm, config: TrainConfig, hooks: HookList, log=None, resume: bool = False
+    comm: Comm,
+    config: TrainConfig,
+    hooks: HookList,
+    log=None,
+    resume: bool = False,
+    origin: Optional[Dict[str, Any]] = None,
 ) -> PeerRun:
     """Seed, load this peer's shard, build the model, algorithm and optimizer; run setup hooks
-    (`resume`: the run continues from a checkpoint, `SetupContext.resuming`). `log` (a
-    `progress.SetupLog`) is told as each phase ends."""
+    (`resume`: the run continues from a checkpoint, `SetupContext.resuming`; `origin`: the run's
+    provenance, `SetupContext.provenance`). `log` (a `progress.SetupLog`) is told as each phase
+    ends."""
     if log is None:
         from .progress import SetupLog
 
@@ -219,6 +230,7 @@ def build_run(
         steps_per_epoch=steps_per_epoch,
         train_size=num_train,
         resuming=bool(resume),
+        provenance=origin,
     )
     log.done(f"model {config.model} ({num_parameters} parameters) and {config.algorithm} built")
     hooks.setup(context)
