@@ -206,6 +206,98 @@ def test_a_silent_peer_whose_host_does_not_answer_is_unreachable(recorded):
     assert "no heartbeat for 2 s and its host does not answer" in seen[0].text()
 
 
+def _listening(accept: bool) -> socket.socket:
+    """A probe port on 127.0.0.1 that takes each connection and closes it (a running monitor's)
+    or never takes any (the kernel completes them: a stopped process's)."""
+    import threading
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+
+    def take():
+        while True:
+            try:
+                s.accept()[0].close()
+            except OSError:
+                return
+
+    if accept:
+        threading.Thread(target=take, daemon=True).start()
+    return s
+
+
+def test_a_peer_stopped_before_its_first_heartbeat_got_through_is_hung(recorded):
+    """Stopped within a second of set-up (its host with it), a peer may never have been heard: it
+    is silent since set-up, and probed then. Its announced addresses are all tried: 127.0.0.2
+    refuses (the port listens on 127.0.0.1 only), 127.0.0.1 answers, and the label names that one."""
+    seen, make = recorded
+    stopped = _listening(accept=False)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as nowhere:
+        nowhere.bind(("127.0.0.1", 0))  # its heartbeat port: nothing ever comes from it
+        m = make(0, 2)
+        m.silent_after = 2.0
+        m.remote = {
+            1: monitor._Remote(
+                "hostB",
+                ["127.0.0.2", "127.0.0.1"],
+                nowhere.getsockname()[1],
+                stopped.getsockname()[1],
+            )
+        }
+        started = time.monotonic()
+        assert _until(lambda: seen, 15), "no loss reported"
+    stopped.close()
+    assert time.monotonic() - started >= m.silent_after
+    assert (seen[0].peer, seen[0].how) == (1, "hung")
+    assert "peer 1 on host hostB (127.0.0.1) sent no heartbeat for 2 s though its host answers" in (
+        seen[0].text()
+    )
+
+
+def test_a_peer_never_heard_is_named_only_when_its_host_answers_for_it(recorded, monkeypatch):
+    """Heartbeats a firewall drops never end a run: a peer never heard whose monitor takes the
+    probe (it runs), or whose host does not answer at all, is not named; they are probed again
+    `silent_after` after the last probe ended, not at every look."""
+    seen, make = recorded
+    probes = []  # (start, end) of each probe of unheard peers
+    real = liveness.probe_addresses
+
+    def timed(targets, seconds):
+        start = time.monotonic()
+        assert sorted(targets) == [1, 2]
+        try:
+            return real(targets, seconds)
+        finally:
+            probes.append((start, time.monotonic()))
+
+    monkeypatch.setattr(liveness, "probe_addresses", timed)
+    running = _listening(accept=True)
+    with socket.socket() as blackhole, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.bind(("127.0.0.1", 0))
+        blackhole.bind(("127.0.0.1", 0))  # a full accept queue drops connections unanswered
+        blackhole.listen(0)
+        fillers = [socket.socket() for _ in range(3)]
+        for filler in fillers:
+            filler.setblocking(False)
+            filler.connect_ex(blackhole.getsockname())
+        m = make(0, 3)
+        m.silent_after = 1.5
+        ports = {1: running.getsockname()[1], 2: blackhole.getsockname()[1]}
+        m.remote = {
+            p: monitor._Remote(f"host{p}", ["127.0.0.1"], udp.getsockname()[1], port)
+            for p, port in ports.items()
+        }
+        reprobed = _until(lambda: len(probes) >= 3, 60)
+        for filler in fillers:
+            filler.close()
+    running.close()
+    assert reprobed, f"probed {len(probes)} times in 60 s"
+    assert seen == []
+    gaps = [start - end for (_, end), (start, _) in zip(probes, probes[1:])]
+    assert all(gap >= m.silent_after for gap in gaps), gaps
+
+
 def test_a_peer_that_leaves_cleanly_is_no_loss_and_a_loss_is_told_to_the_others(recorded):
     seen, make = recorded
     a, b = _pair(make, silent_after=2.0)
