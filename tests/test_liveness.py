@@ -206,6 +206,33 @@ def test_a_silent_peer_whose_host_does_not_answer_is_unreachable(recorded):
     assert "no heartbeat for 2 s and its host does not answer" in seen[0].text()
 
 
+def test_a_rank_that_joined_first_is_heard_and_a_rank_beats_as_it_joins(recorded, monkeypatch):
+    """A rank whose heartbeat came before this one had the set-up table (it joined first) counts as
+    heard from the moment it arrived, and a rank beats the moment it joins, not a look later: a
+    peer that ran a training step with this one has been heard, whatever happens to it next."""
+    seen, make = recorded
+    monkeypatch.setattr(monitor, "CHECK_SECONDS", 30.0)  # one look at start, then none for 30 s
+    first, late = make(0, 2), make(1, 2)
+    late.joined = False
+    first.token = 42  # the job's token (rank 0's), in the heartbeats of every rank that joined
+    first.remote = {1: monitor._Remote("hostA", ["127.0.0.1"], late.endpoint.udp_port, 1)}
+    assert _until(lambda: 0 in late._early, 10), "the early heartbeat did not arrive"
+    first.closed = True  # no heartbeat from it after this one
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as inbox:  # where rank 0 gets beats
+        inbox.bind(("127.0.0.1", 0))
+        inbox.settimeout(5)
+        packed = socket.inet_aton("127.0.0.1") + bytes(12)
+        announcements = [
+            monitor._ANNOUNCE.pack(1, b"hostB-id", 42, inbox.getsockname()[1], 1, packed, b"hostB"),
+            late.announce(),
+        ]
+        late.join(announcements, timeout=60)
+        assert late.remote[0].heard == "127.0.0.1" and late.remote[0].last < time.monotonic()
+        beat = liveness.unpack_heartbeat(inbox.recv(64))  # within 5 s, though no look is due
+    assert beat is not None and beat[:2] == (1, 42)
+    assert seen == []
+
+
 def _listening(accept: bool) -> socket.socket:
     """A probe port on 127.0.0.1 that takes each connection and closes it (a running monitor's)
     or never takes any (the kernel completes them: a stopped process's)."""

@@ -155,6 +155,7 @@ class Monitor:
         self._stopped_since: Dict[int, float] = {}
         self._last_look = -float("inf")
         self._seq = 0
+        self._early: Dict[int, Tuple[int, str, float]] = {}  # before `join`: token, source, time
         self._lock = threading.Lock()
         threading.Thread(target=self._run, name="gossip-liveness", daemon=True).start()
         atexit.register(self.leave)
@@ -169,15 +170,8 @@ class Monitor:
             if not address.startswith("127.") and address not in addresses:
                 addresses.append(address)
         packed = b"".join(socket.inet_aton(a) for a in addresses[:4])
-        return _ANNOUNCE.pack(
-            os.getpid(),
-            self.key,
-            self.token,
-            self.endpoint.udp_port,
-            self.endpoint.probe_port,
-            packed,
-            self.host.encode()[:64],
-        )
+        ports, name = (self.endpoint.udp_port, self.endpoint.probe_port), self.host.encode()[:64]
+        return _ANNOUNCE.pack(os.getpid(), self.key, self.token, *ports, packed, name)
 
     def join(self, announcements: Sequence[bytes], timeout: float) -> None:
         """Take in every rank's announcement (in rank order) once set-up has exchanged them."""
@@ -197,10 +191,14 @@ class Monitor:
             addresses = [a for a in addresses if a != "0.0.0.0" and a not in mine]
             host = name.rstrip(b"\0").decode("utf-8", "replace")
             remote[k] = _Remote(host, addresses, port, probe_port)
+        for k, (token, address, when) in list(self._early.items()):  # ranks that joined first
+            if k in remote and token == self.token:
+                remote[k].heard, remote[k].last = address, when
         with self._lock:
             self.local, self.remote, self.joined, self.resting = local, remote, True, False
             self.stopped_after = min(STOPPED_SECONDS, timeout / 2)
             self.silent_after = min(SILENT_SECONDS, max(timeout / 2, GAP_SECONDS))
+        self._beat()  # at once: a peer stopped or cut off right after set-up has been heard
 
     # ---- the transports' side ----------------------------------------------------------------------
     def host_of(self, peer: int) -> str:
@@ -370,6 +368,8 @@ class Monitor:
         if source is not None:  # another machine: only this job's ranks, once set-up is done
             remote = self.remote.get(sender)
             if remote is None or token != self.token:
+                if not self.joined:  # a rank that joined before this one: taken in at `join`
+                    self._early[sender] = (token, source[0], time.monotonic())
                 return
             remote.heard, remote.last = source[0], time.monotonic()
         if flags & liveness.LEAVING:
