@@ -312,8 +312,7 @@ class Monitor:
         for peer in peers:
             outcome, address = found.get(peer, ("silent", ""))
             if outcome == "answers":
-                self.remote[peer].addresses.remove(address)
-                self.remote[peer].addresses.insert(0, address)  # the one its label shows
+                self.remote[peer].addresses.sort(key=lambda a: a != address)  # for its label
                 return PeerLost(peer, "hung", self.host_of(peer), round(self.silent_after))
             self.remote[peer].last = time.monotonic()
         return None
@@ -405,7 +404,8 @@ class Monitor:
             deadline = time.monotonic() + 2 * CHECK_SECONDS
             while not liveness.is_gone(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            time.sleep(CHECK_SECONDS)
+        # A look's time for the launcher to pass every line on: once one rank ends, mpiexec kills.
+        time.sleep(CHECK_SECONDS)
         self._beat()
         for stream in (sys.stdout, sys.stderr):
             try:
