@@ -383,6 +383,14 @@ def rank_pids(root_pid: int) -> dict:
     return ranks
 
 
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def descendants(root_pid: int) -> list:
     """Every process below `root_pid` now."""
     kids, stack, found = _children(), [root_pid], []
