@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Optional
 
-from ..launch import BACKENDS
+from ..comm.transports import TRANSPORTS
 from ..utils import one_line
 from .features import features, peer_statistics_private
 
@@ -16,6 +16,15 @@ if TYPE_CHECKING:
     from .config import TrainConfig
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+def __getattr__(name: str) -> Any:
+    """`BACKENDS`: the registered transports' names (`comm.transports.TRANSPORTS`)."""
+    if name == "BACKENDS":
+        return TRANSPORTS.names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 SCHEDULES = ("constant", "step", "cosine")
 _FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch
 _SEED_LIMIT = 2**64  # torch.Generator.manual_seed's range
@@ -77,7 +86,7 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
     c.check_types()  # values set in code rather than from YAML
     _check(c.optimizer in OPTIMIZERS, "optimizer", c.optimizer, f"valid: {', '.join(OPTIMIZERS)}")
     _check(c.schedule in SCHEDULES, "schedule", c.schedule, f"valid: {', '.join(SCHEDULES)}")
-    _check(c.backend in BACKENDS, "backend", c.backend, f"valid: {', '.join(BACKENDS)}")
+    _check(c.backend in TRANSPORTS, "backend", c.backend, f"valid: {', '.join(TRANSPORTS.names())}")
     # models train in float32: a larger lr cannot even be applied (torch raises an overflow error)
     _check(
         math.isfinite(c.lr) and 0 < c.lr <= _FLOAT32_MAX,
@@ -213,7 +222,7 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
         except ValueError as exc:
             raise ValueError(f"bad value for 'topology': {one_line(exc)}") from None
         _check(
-            c.backend in ("mpi", "torch"),
+            not TRANSPORTS.get(c.backend).in_process,
             "topology",
             c.topology,
             "give its size, e.g. ring:8, or set peers (the local backend cannot guess it)",
