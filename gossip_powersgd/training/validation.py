@@ -6,14 +6,16 @@ and the model exactly as training will (`validate_specs`). `config.py` re-export
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from ..comm.transports import TRANSPORTS
 from ..utils import one_line
 from .features import features, peer_statistics_private
 
-if TYPE_CHECKING:
-    from .config import TrainConfig
+#: A `config.TrainConfig` (every key an attribute). The class is not imported, not even for type
+#: checking: config.py imports this module to re-export its names, and validation reads nothing
+#: of the class but the attributes (tests/test_import_cycles.py keeps the two modules acyclic).
+TrainConfig = Any
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
