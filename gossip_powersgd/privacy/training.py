@@ -193,7 +193,9 @@ class DifferentialPrivacy(TrainingHooks):
 
             model = model.to(context.device)
             context.optimizer = make_optimizer(config, model.parameters())
-            context.algorithm = make_algorithm(config.algorithm, model.named_parameters(), comm)
+            context.algorithm = make_algorithm(
+                config.algorithm_spec, model.named_parameters(), comm
+            )
         # Last, so that a run refused above leaves no key file behind.
         kind = randomness_kind(config)
         randomness = collectively(

@@ -69,11 +69,11 @@ def _check_directed(c: TrainConfig, num_peers: Optional[int]) -> None:
     """Refuse a directed topology (or schedule) for an algorithm that does not declare `directed`."""
     import topologies
 
-    from ..algorithms import check_directed
+    from ..algorithms import check_directed, parse_algorithm
 
     n = None if _has_size(c.topology) else (num_peers if num_peers is not None else 4)
     try:
-        check_directed(c.algorithm, topologies.parse(c.topology, n=n), c.topology)
+        check_directed(parse_algorithm(c.algorithm), topologies.parse(c.topology, n=n), c.topology)
     except ValueError as exc:
         raise ValueError(f"bad value for 'algorithm': {one_line(exc)}") from None
 
@@ -199,10 +199,10 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
         "must be >= 1 (training samples of all peers) or null",
     )
 
-    from ..algorithms import algorithm_kwargs
+    from ..algorithms import parse_algorithm
 
     try:
-        algorithm_kwargs(c.algorithm)
+        parse_algorithm(c.algorithm)  # the one parse: `TrainConfig.algorithm_spec` reads it after
     except ValueError as exc:
         raise ValueError(f"bad value for 'algorithm': {one_line(exc)}") from None
     import topologies

@@ -57,21 +57,12 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _algorithm_name(spec: str) -> str:
-    return str(spec).split(":", 1)[0].strip()
-
-
-def _refuse_unsupported(mechanism: Mechanism, algorithm: str) -> None:
-    """Ask the algorithm whether it has what the mechanism needs (its class's capability)."""
-    if mechanism.needs is None:
-        return
-    from gossip_powersgd.algorithms import REGISTRY
-
-    cls = REGISTRY.get(algorithm)
-    if cls is None or not getattr(cls, mechanism.needs, False):
+def _refuse_unsupported(mechanism: Mechanism, algorithm: type) -> None:
+    """Ask the algorithm class whether it has what the mechanism needs (its capability)."""
+    if mechanism.needs is not None and not getattr(algorithm, mechanism.needs, False):
         raise ValueError(
             f"dp_mechanism: {mechanism.name} works with algorithm "
-            f"{' or '.join(supporting_algorithms(mechanism.needs))}, not {algorithm}"
+            f"{' or '.join(supporting_algorithms(mechanism.needs))}, not {algorithm.name}"
         )
 
 
@@ -96,7 +87,7 @@ def validate_mechanism_config(config) -> None:
             f"dp_mechanism: {name} runs on DP-SGD: set dp_noise_multiplier (or "
             f"dp_target_epsilon) and dp_max_grad_norm"
         )
-    _refuse_unsupported(mechanism, _algorithm_name(config.algorithm))
+    _refuse_unsupported(mechanism, config.algorithm_spec.cls)
     mechanism.check_config(config)
 
 
@@ -117,5 +108,5 @@ def attach_mechanism(
             f"dp_mechanism: {mechanism.name} needs a static topology (its noise is per "
             f"edge of one graph), not the schedule {comm.topology.name!r}"
         )
-    _refuse_unsupported(mechanism, algorithm.name)
+    _refuse_unsupported(mechanism, type(algorithm))
     return mechanism.attach(config, comm, dp, algorithm, randomness, resume)

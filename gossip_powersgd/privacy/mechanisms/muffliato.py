@@ -62,7 +62,7 @@ def network_applies(algorithm: str, momentum: float, schedule: str, warmup_epoch
 def _not_modelled(config) -> list:
     """What of the run the network figure would not model even for non-adaptive updates."""
     reasons = []
-    algorithm = str(config.algorithm).split(":", 1)[0].strip()
+    algorithm = config.algorithm_spec.name
     if algorithm != "exact":
         reasons.append(f"algorithm {algorithm}")
     if float(config.momentum) != 0.0:
