@@ -122,10 +122,6 @@ def resolve_backend(backend: Optional[str], *, cli: Optional[str] = None, n: Any
     return backend
 
 
-def _mpi_world_size() -> int:
-    return mpi_world_size()
-
-
 def launched_world_size(backend: str) -> int:
     """How many processes the launcher of `backend` started (1 for local)."""
     return transport(backend).world_size()

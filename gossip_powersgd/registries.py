@@ -83,7 +83,9 @@ class Registry:
         if not isinstance(name, str) or not name or name != name.lower() or set(name) & set(":,="):
             found.append("its own `name` (lower case, no ':', ',' or '=')")
         for attribute, what in self.required.items():
-            if attribute != "name" and getattr(cls, attribute, None) is None:
+            value = getattr(cls, attribute, None)
+            inherited = callable(value) and value is getattr(self.base, attribute, None)
+            if attribute != "name" and (value is None or inherited):  # a method: overridden
                 found.append(f"`{attribute}` ({what})")
         options = getattr(cls, "options", {})
         if not isinstance(options, dict) or not all(

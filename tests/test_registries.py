@@ -58,6 +58,13 @@ def test_each_kind_refuses_an_incomplete_entry_naming_what_it_lacks():
 
     with pytest.raises(TypeError, match=r"`options` \(a dict of spec key -> Setting"):
         MODELS.register(BadOptions)
+
+    class NoLoad(DatasetKind):
+        name = "noload"
+        summary = "declares everything but the method that loads it"
+
+    with pytest.raises(TypeError, match=r"does not declare `load` \(the method that loads it\)"):
+        DATASETS.register(NoLoad)
     with pytest.raises(TypeError, match=r"is not a Mechanism subclass"):
         MECHANISMS.register(NoSummary)
 
@@ -68,7 +75,12 @@ def test_each_kind_refuses_an_incomplete_entry_naming_what_it_lacks():
 
     with pytest.raises(TypeError, match=r"its own `name` \(lower case"):
         DATASETS.register(Upper)
-    assert "nosummary" not in DATASETS and "Blobs" not in DATASETS and "badoptions" not in MODELS
+    assert (
+        "nosummary" not in DATASETS
+        and "noload" not in DATASETS
+        and "Blobs" not in DATASETS
+        and "badoptions" not in MODELS
+    )
 
 
 def test_describe_registries_names_the_kinds_in_order():
