@@ -188,7 +188,7 @@ class MPITransport(Transport):
     def world_size(self) -> int:
         return mpi_world_size()
 
-    def communicator(self, topology, timeout, device):
+    def communicator(self, topology: "Topology", timeout: Optional[float], device: str):
         from .mpi import MPICommunicator
 
         return MPICommunicator(topology, timeout=timeout)
@@ -210,7 +210,15 @@ class LocalTransport(Transport):
         if torchrun_world_size() > 1:
             raise local_under_torchrun_error(torchrun_world_size())
 
-    def run_peers(self, topology, fn, args, kwargs, timeout, device):
+    def run_peers(
+        self,
+        topology: "Topology",
+        fn: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+        timeout: Optional[float],
+        device: str,
+    ) -> Dict[int, Any]:
         from .local import LocalCluster
 
         values = LocalCluster(topology, timeout=timeout).run(fn, *args, **kwargs)
@@ -246,7 +254,7 @@ class TorchTransport(Transport):
 
         return launcher_environment()[1]
 
-    def communicator(self, topology, timeout, device):
+    def communicator(self, topology: "Topology", timeout: Optional[float], device: str):
         from .torch import TorchCommunicator
 
         return TorchCommunicator(topology, device=device, timeout=timeout)

@@ -42,6 +42,8 @@ from gossip_powersgd.privacy.mechanisms.registry import Mechanism, register_mech
 if TYPE_CHECKING:
     from topologies import Topology
 
+    from gossip_powersgd.comm.base import Comm
+
 __all__ = [
     "DECOR_STREAM",
     "PairwiseNoise",
@@ -241,7 +243,7 @@ class Decor(Mechanism):
                 "with privacy.mechanisms.decor.sigma_ind_for_target)"
             )
 
-    def attach(self, config, comm, dp, algorithm, randomness, resume):
+    def attach(self, config, comm: "Comm", dp, algorithm, randomness, resume: bool):
         from gossip_powersgd.privacy.mechanisms.pair_secrets import agree_pair_keys
 
         kind = randomness.kind

@@ -56,6 +56,8 @@ from gossip_powersgd.privacy.mechanisms.registry import Mechanism, register_mech
 if TYPE_CHECKING:
     from topologies import AnyTopology
 
+    from gossip_powersgd.comm.base import Comm
+
 __all__ = [
     "ZIPDL_STREAM",
     "ZeroSumNoise",
@@ -179,7 +181,7 @@ class ZipDL(Mechanism):
                 "zero-sum noise on each message coordinate)"
             )
 
-    def attach(self, config, comm, dp, algorithm, randomness, resume):
+    def attach(self, config, comm: "Comm", dp, algorithm, randomness, resume: bool):
         if len(comm.neighbors) < 2:
             raise ValueError(
                 "dp_mechanism: zipdl needs every peer to have >= 2 neighbours (one "
