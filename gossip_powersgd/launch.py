@@ -132,16 +132,7 @@ def make_communicator(
 ) -> "Communicator":
     """This process's communicator for a launched backend (mpi or torch), checking that the
     launcher started as many processes as `topology` has peers."""
-    entry = transport(backend)
-    if entry.in_process:
-        return entry.communicator(topology, timeout, device)  # refused: one per process only
-    world = entry.world_size()
-    if topology.size != world:
-        raise ValueError(
-            f"topology {topology.name!r} has {topology.size} peers but {entry.launcher_name()} "
-            f"started {world} processes: start {topology.size}"
-        )
-    return entry.communicator(topology, timeout, device)
+    return transport(backend).connect(topology, timeout, device)
 
 
 def run_peers(

@@ -6,7 +6,8 @@ An entry is a class that describes itself: its `name` (what a config or spec wri
 for (`Registry.required`). `register(cls)` checks the declaration and refuses an incomplete or
 clashing one with a message naming what is missing, so a new entry is one file plus one
 `register(...)` line; lookups refuse an unknown name with the list of the registered ones, and
-`--help-config` prints every registry (`describe_registries`). Nothing here imports torch.
+`--help-config` prints every registry (`cli.help.describe_registries`). This module imports none
+of the registries' modules (they import it) and not torch.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
-__all__ = ["Setting", "Registry", "REGISTRIES", "describe_registries"]
+__all__ = ["Setting", "Registry", "REGISTRIES", "HELP_ORDER"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,18 +153,3 @@ class Registry:
 REGISTRIES: List[Registry] = []
 #: The config keys in the order `--help-config` lists their registries (any other after them).
 HELP_ORDER = ("backend", "dataset", "model", "dp_mechanism")
-
-
-def describe_registries() -> str:
-    """The accepted values of every registered kind (algorithms too), for `--help-config`."""
-    from .algorithms import describe_algorithms
-    from .comm import transports  # noqa: F401 (each module registers its entries on import)
-    from .privacy import mechanisms  # noqa: F401
-    from .training import datasets, models  # noqa: F401
-
-    parts = ["algorithm: one of", *("  " + line for line in describe_algorithms().splitlines())]
-    ordered = sorted(
-        REGISTRIES,
-        key=lambda r: HELP_ORDER.index(r.key) if r.key in HELP_ORDER else len(HELP_ORDER),
-    )
-    return "\n\n".join(["\n".join(parts)] + [registry.describe() for registry in ordered])

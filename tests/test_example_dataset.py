@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from gossip_powersgd import run
-from gossip_powersgd.registries import Setting, describe_registries
+from gossip_powersgd.cli.help import describe_registries
+from gossip_powersgd.registries import Setting
 from gossip_powersgd.training import data
 from gossip_powersgd.training.datasets import DATASETS, DatasetKind, register_dataset
 

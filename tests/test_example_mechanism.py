@@ -15,7 +15,7 @@ from gossip_powersgd.privacy.mechanisms import (
     register_mechanism,
     validate_mechanism_config,
 )
-from gossip_powersgd.registries import describe_registries
+from gossip_powersgd.cli.help import describe_registries
 from gossip_powersgd.training.config import TrainConfig
 
 CONFIG = dict(

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from gossip_powersgd import run
-from gossip_powersgd.registries import Setting, describe_registries
+from gossip_powersgd.cli.help import describe_registries
+from gossip_powersgd.registries import Setting
 from gossip_powersgd.training.architectures import MODELS, ModelKind, register_model
 from gossip_powersgd.training.models import build_model, count_parameters
 

@@ -87,7 +87,7 @@ def test_validation_auto_detection_and_help_know_it_only_while_registered(regist
         backend="serialthreads",
     )
     assert names == {r: f"serialthreads-{r}" for r in range(3)}
-    from gossip_powersgd.registries import describe_registries
+    from gossip_powersgd.cli.help import describe_registries
 
     assert "  serialthreads  every peer a named thread" in describe_registries()
     TRANSPORTS.unregister("serialthreads")

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from gossip_powersgd.registries import REGISTRIES, Setting, describe_registries
+from gossip_powersgd.cli.help import describe_registries
+from gossip_powersgd.registries import REGISTRIES, Setting
 
 
 def test_help_config_lists_every_registry_from_its_entries():

@@ -232,7 +232,7 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
     if args.help_config:
         from gossip_powersgd.training.config import describe_keys
 
-        from gossip_powersgd.registries import describe_registries
+        from gossip_powersgd.cli.help import describe_registries
 
         print(describe_keys())
         print("\naccepted values (registered):\n\n" + describe_registries())

@@ -126,6 +126,21 @@ class Transport:
             "peer in this one: run_peers)"
         )
 
+    def connect(
+        self, topology: "Topology", timeout: Optional[float], device: str
+    ) -> "Communicator":
+        """This process's communicator, after checking that the launcher started as many
+        processes as `topology` has peers (an in-process transport has none: refused)."""
+        if self.in_process:
+            return self.communicator(topology, timeout, device)
+        world = self.world_size()
+        if topology.size != world:
+            raise ValueError(
+                f"topology {topology.name!r} has {topology.size} peers but "
+                f"{self.launcher_name()} started {world} processes: start {topology.size}"
+            )
+        return self.communicator(topology, timeout, device)
+
     def run_peers(
         self,
         topology: "Topology",
@@ -136,9 +151,7 @@ class Transport:
         device: str,
     ) -> Dict[int, Any]:
         """{rank: fn(comm, *args, **kwargs)} for this process's peer (a launched transport)."""
-        from ..launch import make_communicator
-
-        comm = make_communicator(self.name, topology, timeout=timeout, device=device)
+        comm = self.connect(topology, timeout, device)
         value = fn(comm, *args, **kwargs)
         if hasattr(comm, "close"):
             comm.barrier()  # every peer is done with the group before any leaves it
