@@ -38,11 +38,16 @@ def with_defaults(options: Dict[str, Setting], given: Dict[str, Any]) -> Dict[st
     return {**{key: setting.default for key, setting in options.items()}, **given}
 
 
-def _usage(entry) -> str:
+def _usage(entry, with_options: bool = True) -> str:
+    """How a config spells `entry`: its own `usage`, else its name and options with their types
+    (``vgg16[:bn=<bool>,width=<int>,dropout=<float>]``), or the bare name."""
     usage = getattr(entry, "usage", None)
     if usage:
         return usage
-    return entry.name
+    options = getattr(entry, "options", None) or {}
+    if not (with_options and options):
+        return entry.name
+    return f"{entry.name}[:{','.join(f'{k}=<{s.type.__name__}>' for k, s in options.items())}]"
 
 
 class Registry:
@@ -141,7 +146,7 @@ class Registry:
         """`key` values, one entry a line: usage, summary, then each option with its default."""
         lines = [f"{self.key}: one of"]
         for entry in self.entries.values():
-            lines.append(f"  {_usage(entry)}  {entry.summary}")
+            lines.append(f"  {_usage(entry, with_options=False)}  {entry.summary}")
             for key, setting in (getattr(entry, "options", None) or {}).items():
                 default = "" if setting.default is None else f" (default {setting.default!r})"
                 lines.append(f"      {key}: {setting.type.__name__}{default}  {setting.help}")

@@ -49,7 +49,7 @@ def test_the_loader_builds_it_with_typed_options_and_defaults(registered):
     dataset = data.load_dataset("blobs:n=500,spread=0.25", seed=3)
     assert dataset.num_train == 400 and dataset.num_test == 100 and dataset.num_classes == 3
     assert dataset.input_shape == (8,) and str(dataset.x_train.dtype) == "torch.float32"
-    assert "blobs" in data.DATASET_NAMES
+    assert "blobs[:n=<int>,classes=<int>,d=<int>,spread=<float>]" in data.DATASET_NAMES
     with pytest.raises(ValueError, match=r"dataset spec 'blobs:n=many'.*n"):
         data.load_dataset("blobs:n=many")
     with pytest.raises(ValueError, match=r"dataset spec 'blobs:colour=red'.*colour"):
