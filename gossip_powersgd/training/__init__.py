@@ -6,7 +6,8 @@
 `TrainingHooks` (in `hooks.py`) are the loop's extension points: `train(comm, config, hooks=[...])`.
 """
 
-from .config import TrainConfig, describe_keys, dump_config, load_config, validate_config
+from .config import TrainConfig, dump_config, load_config, validate_config
+from .keydocs import describe_keys
 from .hooks import SetupContext, TrainingHooks
 from .trainer import format_summary, learning_rate, train
 
