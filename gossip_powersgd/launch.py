@@ -17,8 +17,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
-from .algorithms.base import NonFiniteError
-from .comm.base import AgreementError, CommunicationError
+from .errors import AgreementError, CommunicationError, NonFiniteError
 from .utils import one_line, write_stderr_line
 
 if TYPE_CHECKING:
@@ -86,6 +85,28 @@ def local_under_torchrun_error(world_size: int) -> ValueError:
     )
 
 
+#: The launchers' variables naming this process's rank and the number of processes, in the order
+#: they are read: MPICH/Hydra (and Slurm's PMI), Open MPI, torchrun.
+LAUNCHER_RANK_VARS = (
+    ("PMI_RANK", "PMI_SIZE"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("RANK", "WORLD_SIZE"),
+)
+
+
+def launched_rank() -> Optional[Tuple[int, int]]:
+    """(rank, number of processes) as the launcher's environment states them, read before MPI or
+    torch.distributed is initialised; None outside a launcher (or one that sets none of
+    `LAUNCHER_RANK_VARS`: PMIx alone, whose size only MPI_Init tells)."""
+    for rank_var, size_var in LAUNCHER_RANK_VARS:
+        if rank_var in os.environ and size_var in os.environ:
+            try:
+                return int(os.environ[rank_var]), int(os.environ[size_var])
+            except ValueError:
+                return None
+    return None
+
+
 def launched_by_mpiexec() -> bool:
     """True when this process is one rank of an mpiexec/mpirun job (MPICH, Open MPI, Slurm PMI)."""
     markers = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
@@ -149,9 +170,9 @@ def resolve_backend(backend: Optional[str], *, cli: Optional[str] = None, n: Any
 
 
 def _mpi_world_size() -> int:
-    from mpi4py import MPI
+    from .comm.mpi import _mpi  # initialises MPI, the GIL released (see comm/mpi_world.py)
 
-    return MPI.COMM_WORLD.Get_size()
+    return _mpi().COMM_WORLD.Get_size()
 
 
 def launched_world_size(backend: str) -> int:
@@ -280,11 +301,16 @@ def error_line(exc: BaseException) -> str:
 
 
 def report_and_exit(exc: BaseException, code: int = 1) -> None:
+    from . import faults
+
+    if faults.handled():  # a lost peer, already named: this error is its consequence
+        faults.finish(code)
     rank, size = mpi_world()
     torch_rank, torch_size = torch_world()
     if size == 1 and torch_size > 1:
         rank, size = torch_rank, torch_size
-    prefix = f"error (rank {rank}): " if size > 1 else "error: "
+    shown = (rank, size) if size > 1 else launched_rank() or (0, 1)  # before MPI starts too
+    prefix = f"error (rank {shown[0]}): " if shown[1] > 1 else "error: "
     expected = isinstance(exc, EXPECTED_ERRORS) or is_out_of_memory(exc)
     if not expected or os.environ.get("GOSSIP_TRACEBACK"):
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)

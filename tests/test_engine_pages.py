@@ -19,7 +19,11 @@ PAGES = sorted(pages())
 TEXT = (".md", ".csv", ".json")
 #: The pages whose --quick plan starts mpiexec or torchrun, and the markers that says (the conftest
 #: fails a test that launches one unmarked; `pytest -m "not mpi"` skips them).
-LAUNCHES = {"bench_backends": ("mpi", "torchrun"), "bench_gossip": ("mpi",)}
+LAUNCHES = {
+    "bench_backends": ("mpi", "torchrun"),
+    "bench_gossip": ("mpi",),
+    "bench_startup": ("mpi", "torchrun"),
+}
 QUICK = [
     pytest.param(n, marks=[getattr(pytest.mark, m) for m in LAUNCHES.get(n, ())]) for n in PAGES
 ]

@@ -130,7 +130,7 @@ def test_a_divergence_under_dp_names_the_noise():
     assert error.endswith(
         "; DP is on and its noise is a likely cause: its std sigma x C / B is 6.25 "
         "on each coordinate of the gradient, 6.25 x the clipping norm C = 1 that "
-        "bounds the whole clipped gradient (B = 32, the expected batch): lower "
+        "bounds the whole clipped gradient (B = 32, the batch size): lower "
         "dp_noise_multiplier (or raise dp_target_epsilon)"
     ), error
 

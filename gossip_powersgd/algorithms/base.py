@@ -23,16 +23,13 @@ from typing import (
 import torch
 
 from ..comm.base import Tensor
+from ..errors import NonFiniteError  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from ..comm.base import Comm
     from topologies import AnyTopology
 
 ParamsLike = Union[Iterable[Tensor], Iterable[Tuple[str, Tensor]]]
-
-
-class NonFiniteError(FloatingPointError):
-    """A peer was about to send a NaN or an infinity to its neighbours."""
 
 
 def named_tensors(params: ParamsLike) -> Tuple[List[str], List[Tensor]]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -30,6 +31,7 @@ from gossip_powersgd.cli import program_name
 from gossip_powersgd.launch import (
     launched_by_mpiexec,
     launched_by_torchrun,
+    launched_rank,
     launched_world_size,
     main_guard,
     resolve_backend,
@@ -106,20 +108,48 @@ def _mpi_world() -> tuple:
     if not launched_by_mpiexec():
         return 0, 1
     try:
-        from mpi4py import MPI
+        import mpi4py  # noqa: F401 - its absence is the error below
     except ImportError as exc:
         raise ImportError(
             "launched by mpiexec but mpi4py is missing: pip install 'gossip_powersgd[mpi]'"
         ) from exc
-    from gossip_powersgd.comm.mpi import tell_world_at_exit
+    from gossip_powersgd.comm.mpi import _mpi, tell_world_at_exit
+
+    MPI = _mpi()  # initialised with the GIL released, so the liveness monitor runs meanwhile
 
     tell_world_at_exit()  # a rank that exits before its communicator exists still tells the others
     return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
 
+def start_line(processes: int) -> str:
+    """Rank 0's first line, printed as the program starts (one per run, whatever the launcher)."""
+    return (
+        f"start: {processes} process{'es' if processes > 1 else ''}, loading the libraries and "
+        "the config"
+    )
+
+
+def _check_extras(args: argparse.Namespace) -> None:
+    """Refuse, in one line, a config that needs an optional extra that is not installed
+    (`extras.missing_extra`), from the config file's text and --set alone. A file that cannot be
+    read here is left for `resolve`, which names the problem."""
+    from gossip_powersgd.extras import missing_extra
+    from gossip_powersgd.training.yaml_loader import strict_yaml_load
+
+    mode, target = resume_request(args)
+    try:
+        path = config_path(args.config) if args.config else Path(target) / "config.yaml"
+        data = strict_yaml_load(path.read_text(), str(path))
+    except (ValueError, OSError, TypeError):
+        return
+    missing = missing_extra(data if isinstance(data, dict) else {}, args.overrides)
+    if missing:
+        raise ImportError(missing)
+
+
 def resume_request(args: argparse.Namespace) -> Tuple[Optional[str], Optional[str]]:
     """What --resume asks for: (None, None) nothing; ("dir", RUN_DIR); ("auto", RUN_DIR or None)."""
-    from gossip_powersgd.training.rundir import AUTO  # after MPI is initialised (imports torch)
+    from gossip_powersgd.training.rundir import AUTO
 
     values = args.resume or []
     if not values:
@@ -205,13 +235,16 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
 
         print(describe_keys())
         return None
-    rank, world_size = _mpi_world()  # initialise MPI first, so that errors are reported per rank
-    if rank == 0 and not args.quiet:  # the first sign of life, before torch is imported
-        print(
-            f"start: {world_size} process{'es' if world_size > 1 else ''}, loading the "
-            "libraries and the config",
-            flush=True,
-        )
+    # The first sign of life, from the launcher's environment: before MPI and torch are loaded.
+    launched = launched_rank() or (None if launched_by_mpiexec() else (0, 1))
+    started = time.perf_counter()
+    if launched is not None and launched[0] == 0 and not args.quiet:
+        print(start_line(launched[1]), flush=True)
+    _check_extras(args)  # a missing optional package, from the config's text: before torch
+    rank, world_size = _mpi_world()
+    if launched is None and rank == 0 and not args.quiet:  # a launcher that only MPI can tell
+        print(start_line(world_size), flush=True)
+    first = (launched or (rank, world_size))[0] == 0  # rank 0 of any launcher (torchrun's too)
     config = resolve(args, world_size)
 
     import torch
@@ -219,6 +252,11 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
     from gossip_powersgd.training.trainer import format_summary, train
 
     torch.set_num_threads(intra_op_threads(config.threads))
+    if first and not config.quiet:
+        print(
+            f"set-up: libraries and config loaded ({time.perf_counter() - started:.1f} s)",
+            flush=True,
+        )
     resume = {None: False, "dir": True, "auto": "auto"}[resume_request(args)[0]]
     topology = _topology(config, module)
     device = "cpu"

@@ -14,21 +14,17 @@ that failed, instead of leaving the others to wait out their timeouts.
 A rank that leaves in any other way tells the others why, on a private duplicate communicator (three
 numbers: what happened, to which peer, for how long): a process that ends while its communicator is
 open (`sys.exit` in user code, the end of a script that never calls `close`) says so at exit, a rank
-that gives up on a peer (a timeout, or a peer of its machine found stopped, see `liveness`) says
-which peer, and a rank that was waiting for the one that left repeats the cause it read. So every
-rank names the peer at the root of the failure, not the live neighbour it was waiting for.
+that gives up on a peer (a timeout) says which peer, and a rank that was waiting for the one that
+left repeats the cause it read. So every rank names the peer at the root of the failure, not the
+live neighbour it was waiting for. A peer stopped, killed or cut off is found by the liveness
+monitor (`faults`), which the waits consult, from before MPI_Init on (see `mpi_world._init`).
 """
 
 from __future__ import annotations
 
 import atexit
-import os
-import sys
 import time
-import traceback
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
-
-from ..utils import one_line, write_stderr_line
 
 import torch
 
@@ -43,7 +39,17 @@ from .base import (
     describe_disagreement,
     digest,
 )
-from .liveness import STOPPED_HOW, StopWatch, process_key, stopped_after, stopped_message
+from .. import faults
+from . import mpi_world
+from .mpi_world import (  # noqa: F401 - GRACE_SECONDS, exit_or_abort, tell_world_at_exit: re-exported
+    _EXITED,
+    _WORLD_EXIT_TAG,
+    GRACE_SECONDS,
+    _mpi,
+    abort_on_uncaught_exception,
+    exit_or_abort,
+    tell_world_at_exit,
+)
 
 if TYPE_CHECKING:
     from mpi4py.MPI import Comm as MPIComm  # an mpi4py communicator, not the `Comm` protocol
@@ -52,109 +58,11 @@ if TYPE_CHECKING:
 
 _TAG_BASE = 1000
 _NOTICE_TAG = 7
-# On COMM_WORLD itself, for a rank that ends before it created any MPICommunicator (see
-# `tell_world_at_exit`): no other communicator is shared yet.
-_WORLD_EXIT_TAG = 32_123
-# What a notice says happened to its culprit.
-_EXITED, _STOPPED, _SILENT = 1.0, 2.0, 3.0
+# What a notice says happened to its culprit (`_EXITED` also on COMM_WORLD, see `mpi_world`).
+_SILENT = 3.0
 #: Seconds a rank still looks for a peer's message after reading that the peer exited: the notice
 #: travels on another communicator than the message, so it may arrive first.
 NOTICE_GRACE = 1.0
-
-#: How long a failing rank waits for the other ranks to fail too before it aborts the whole job.
-GRACE_SECONDS = 5.0
-
-
-def exit_or_abort(code: int) -> None:
-    """End this rank with `code`; if some rank is still running after GRACE_SECONDS, abort the job.
-
-    Every failing rank enters a non-blocking barrier. When all ranks failed (a bad config found by a
-    collective check), all reach it and exit with their own message; when only some did, the
-    others are busy elsewhere, the barrier never completes, and MPI_Abort takes the job down so that
-    nobody waits for a peer that is gone.
-    """
-    global _failing
-    _failing = True  # the peers learn it from the abort or from their own failure, not a notice
-    MPI = _mpi()
-    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
-        request = MPI.COMM_WORLD.Ibarrier()
-        deadline = time.monotonic() + GRACE_SECONDS
-        while not request.Test():
-            if time.monotonic() > deadline:
-                sys.stderr.flush()
-                MPI.COMM_WORLD.Abort(code)
-            time.sleep(0.01)
-    sys.stdout.flush()
-    sys.exit(code)
-
-
-_failing = False
-_communicators = 0  # MPICommunicators created in this process (each then tells its own peers)
-_world_hook = False
-
-
-def tell_world_at_exit() -> None:
-    """Make this process, if it ends before creating an MPICommunicator (`sys.exit` in code that
-    runs first, such as a dataset module the config names), tell every other rank of COMM_WORLD,
-    which waits for it in the communicator's set-up. Called by the training CLI once MPI is up."""
-    global _world_hook
-    if not _world_hook:
-        _world_hook = True
-        atexit.register(_tell_world_exit)
-
-
-def _tell_world_exit() -> None:
-    import numpy as np
-
-    MPI = _mpi()
-    if _communicators or _failing or not MPI.Is_initialized() or MPI.Is_finalized():
-        return
-    world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
-    notice = np.array([_EXITED, rank, 0.0], dtype=np.float64)
-    requests = [
-        world.Isend([notice, MPI.BYTE], dest=k, tag=_WORLD_EXIT_TAG)
-        for k in range(size)
-        if k != rank
-    ]
-    deadline = time.monotonic() + 1.0  # small messages leave at once; never hold up the exit
-    while not MPI.Request.Testall(requests) and time.monotonic() < deadline:
-        time.sleep(1e-3)
-
-
-def _report_uncaught(exc_type, exc, tb) -> None:
-    if issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
-        sys.__excepthook__(exc_type, exc, tb)
-        return
-    MPI = _mpi()
-    rank = MPI.COMM_WORLD.Get_rank()
-    traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
-    write_stderr_line(f"error (rank {rank}): {one_line(exc)}")
-    try:
-        exit_or_abort(1)
-    except SystemExit:
-        pass  # the interpreter is already on its way out with a non-zero status
-
-
-def abort_on_uncaught_exception() -> None:
-    """Make an uncaught exception on any rank end the whole MPI job (see `exit_or_abort`).
-
-    Installed as `sys.excepthook` by the first `MPICommunicator`; an excepthook the user set
-    themselves is left alone.
-    """
-    if sys.excepthook is sys.__excepthook__:
-        sys.excepthook = _report_uncaught
-
-
-def _mpi():
-    try:
-        from mpi4py import MPI
-    except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise ImportError(
-            "MPICommunicator needs mpi4py: pip install 'gossip_powersgd[mpi]' (or build mpi4py "
-            "against your system MPI: env MPICC=mpicc pip install --no-binary=mpi4py mpi4py)"
-        ) from exc
-    return MPI
 
 
 def _byte_view(tensor: Tensor):
@@ -193,14 +101,12 @@ class MPICommunicator(Communicator):
     def __init__(
         self, topology: Topology, comm: MPIComm | None = None, timeout: float | None = None
     ):
-        import numpy as np
 
         MPI = _mpi()
         self._MPI = MPI
         abort_on_uncaught_exception()
         topology = as_topology(topology, "MPICommunicator")
-        global _communicators
-        _communicators += 1
+        mpi_world.count_communicator()
         self.timeout = 120.0 if timeout is None else float(timeout)
         # A private duplicate, so that our messages never match a user's receives.
         self._comm = self._first_dup(comm if comm is not None else MPI.COMM_WORLD)
@@ -213,17 +119,11 @@ class MPICommunicator(Communicator):
         self._closed = self._told = False
         world_rank, world_size = self._comm.Get_rank(), self._comm.Get_size()
         self.rank = world_rank  # needed by the raw all-gather below before the base class is set up
-        self._watch = StopWatch({}, stopped_after(self.timeout))
-        key = process_key()
-        infos = self._allgather_raw(np.array([os.getpid()], dtype=np.int64).tobytes() + key)
-        self._watch = StopWatch(
-            {
-                k: int(np.frombuffer(info[:8], dtype=np.int64)[0])
-                for k, info in enumerate(infos)
-                if info[8:] == key and key != bytes(8) and k != world_rank
-            },
-            stopped_after(self.timeout),
-        )
+        # Every rank's liveness announcement (pid, host, heartbeat addresses: `faults`), when this
+        # communicator spans the launched ranks (the monitor counts in their ranks).
+        self._monitor = faults.start() if world_size == MPI.COMM_WORLD.Get_size() > 1 else None
+        if self._monitor is not None:
+            self._monitor.join(self._allgather_raw(self._monitor.announce()), self.timeout)
         atexit.register(self._tell_exit)
         digests = self._allgather_raw(digest(f"{topology.size}:{topology.fingerprint}"))
         if len(set(digests)) > 1:
@@ -242,6 +142,7 @@ class MPICommunicator(Communicator):
         new, request = comm.Idup()
         poller, status, rank = _Poller(self.timeout), MPI.Status(), comm.Get_rank()
         while not request.Test():
+            self._check_monitor()
             if MPI.COMM_WORLD.Iprobe(source=MPI.ANY_SOURCE, tag=_WORLD_EXIT_TAG, status=status):
                 raise CommunicationError(
                     f"rank {rank}: peer {status.Get_source()} ended its process "
@@ -342,14 +243,17 @@ class MPICommunicator(Communicator):
     # ---- why peers leave ---------------------------------------------------------------------
     def _idle(self, poller: _Poller, peers: Sequence[int]) -> bool:
         """One idle moment of a wait for `peers`: read the peers' notices and raise if one of
-        `peers` left; look whether one of them is stopped; False once the deadline has passed."""
+        `peers` left, or if the liveness monitor (`faults`) found any peer lost (stopped, killed,
+        unreachable); False once the deadline has passed."""
         self._raise_if_left(peers)
-        if self._watch.due():
-            stopped = self._watch.check(peers)
-            if stopped is not None:
-                self._tell(_STOPPED, stopped, self._watch.after)
-                raise CommunicationError(stopped_message(self.rank, stopped, self._watch.after))
+        self._check_monitor()
         return poller.idle()
+
+    def _check_monitor(self) -> None:
+        """Raise if the liveness monitor found a peer lost (it has said so, and ends this rank)."""
+        monitor = faults.current()
+        if monitor is not None and monitor.event is not None:
+            raise CommunicationError(f"rank {self.rank}: {monitor.event.text()}")
 
     def _read_notices(self) -> None:
         import numpy as np
@@ -381,16 +285,18 @@ class MPICommunicator(Communicator):
 
     def _timed_out(self, peers: List[int], what: str, hint: str) -> CommunicationError:
         """The error for a wait that ran out, naming the right peer: a cause a waited-for peer
-        already told, else a stopped peer among `peers`; the others are told in turn."""
+        already told, else what the liveness monitor finds about `peers` now (`faults`); the others
+        are told in turn."""
         deadline = time.monotonic() + NOTICE_GRACE  # the others that ran out with us tell whom
         while time.monotonic() < deadline:  # they waited for
             self._raise_if_left(peers, grace=False)
+            self._check_monitor()
             time.sleep(0.01)
-        stopped = self._watch.stopped_now(peers)
-        if stopped:
-            hint = f"peer {stopped[0]} is {STOPPED_HOW}"
-        culprit = stopped[0] if stopped else (peers[0] if len(peers) == 1 else -1)
-        self._tell(_STOPPED if stopped else _SILENT, culprit, self.timeout)
+        event = self._monitor.diagnose(peers) if self._monitor is not None else None
+        if event is not None:
+            raise CommunicationError(f"rank {self.rank}: {event.text()}")
+        culprit = peers[0] if len(peers) == 1 else -1
+        self._tell(_SILENT, culprit, self.timeout)
         return CommunicationError(f"rank {self.rank}: {what} ({hint})")
 
     def _tell(self, kind: float, culprit: int, seconds: float) -> None:
@@ -411,7 +317,7 @@ class MPICommunicator(Communicator):
     def _tell_exit(self) -> None:
         """At interpreter exit, with the communicator still open: tell the others this rank left."""
         MPI = self._MPI
-        if self._closed or self._told or _failing or MPI.Is_finalized():
+        if self._closed or self._told or mpi_world.failing() or MPI.Is_finalized():
             return
         self._tell(_EXITED, self.rank, 0.0)
         requests = [r for r in self._outbox if isinstance(r, MPI.Request)]
@@ -423,6 +329,8 @@ class MPICommunicator(Communicator):
         """Mark the communicator done: leaving the process afterwards is a normal end, which the
         peers are not told about (call it after the last operation, as `run_peers` does)."""
         self._closed = True
+        if self._monitor is not None:
+            self._monitor.rest()
 
     # ---- collectives ---------------------------------------------------------------------------
     def _allgather_raw(self, data: bytes) -> List[bytes]:
@@ -455,8 +363,6 @@ def _cause(kind: float, culprit: int, seconds: float) -> str:
             f"peer {culprit} ended its process (sys.exit, or the end of its script) before the "
             "others were done"
         )
-    if kind == _STOPPED:
-        return f"peer {culprit} has been {STOPPED_HOW} for {seconds:g} s"
     if culprit < 0:
         return f"its neighbours sent nothing within {seconds:g} s"
     return f"peer {culprit} sent nothing within {seconds:g} s (is it alive?)"

@@ -12,10 +12,9 @@ dtype, op), so that a wrong message is reported naming the sender instead of cor
 hanging; headers are envelope, like MPI's tag and count, and not counted as traffic. Every wait
 polls with a deadline, so a silent or dead peer becomes an error naming it.
 
-A rank whose wait fails names the peer at the root of it, read from the rendezvous store
-(`torch_faults`): a process that ends with its communicator open (`sys.exit` in user code, a script
-that never calls `close`) writes there that it left, and a peer of this machine found stopped while
-we wait for it (see `liveness`) is written there and ended.
+A rank whose wait fails names the peer at the root of it: one stopped, killed or cut off, found by
+the liveness monitor (`faults`), or one that ended its process with its communicator open, read
+from the rendezvous store (`torch_faults`).
 """
 
 from __future__ import annotations
@@ -44,8 +43,8 @@ from .base import (
     digest,
     nbytes,
 )
+from .. import faults
 from .interfaces import bind_gloo_to_route
-from .liveness import StopWatch, process_key, stopped_after
 from .mpi import GRACE_SECONDS
 from .torch_faults import PeerWatch
 
@@ -144,6 +143,7 @@ class TorchCommunicator(Communicator):
         rank, world_size = launcher_environment()
         self.rank = rank
         self.timeout = 120.0 if timeout is None else float(timeout)
+        self._monitor = faults.start(rank, world_size)  # liveness, from before the rendezvous
         wait = datetime.timedelta(seconds=self.timeout)
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -174,7 +174,7 @@ class TorchCommunicator(Communicator):
             atexit.register(self._close_at_exit)
         self.device, self.backend = device, backend
         super().__init__(topology, rank, timeout)
-        self._faults = PeerWatch(self._store, rank, world_size, self._watch)
+        self._faults = PeerWatch(self._store, rank, world_size, self._monitor)
         atexit.register(self._tell_exit)  # runs before close (atexit is last in, first out)
 
     def _rendezvous(self, wait: datetime.timedelta):
@@ -197,31 +197,19 @@ class TorchCommunicator(Communicator):
     def _agree_before_joining(
         self, topology: Topology, world_size: int, device: torch.device
     ) -> None:
-        """Compare what every rank must share through the store (raw strings, not pickles)."""
-        key = process_key()
+        """Compare what every rank must share through the store (raw strings, not pickles), with
+        each rank's liveness announcement (`faults`)."""
+        announce = self._monitor.announce() if self._monitor is not None else b""
         mine = (
             f"{digest(f'{topology.size}:{topology.fingerprint}').hex()}|{device.type}|"
-            f"{os.getpid()}|{key.hex()}"
+            f"{announce.hex()}"
         )
         self._store.set(f"hello/{self.rank}", mine)
         keys = [f"hello/{k}" for k in range(world_size)]
-        try:
-            self._store.wait(keys, datetime.timedelta(seconds=self.timeout))
-        except Exception:  # noqa: BLE001 - the store's timeout error type varies across versions
-            missing = [k for k, key in enumerate(keys) if not self._store.check([key])]
-            raise CommunicationError(
-                f"rank {self.rank}: ranks {format_ranks(missing)} did not join within "
-                f"{self.timeout:g} s (did the launcher start WORLD_SIZE={world_size} processes?)"
-            ) from None
+        self._wait_for_keys(keys, world_size)
         hellos = [self._store.get(k).decode().split("|") for k in keys]
-        self._watch = StopWatch(
-            {
-                k: int(h[2])
-                for k, h in enumerate(hellos)
-                if h[3] == key.hex() and key != bytes(8) and k != self.rank
-            },
-            stopped_after(self.timeout),
-        )
+        if self._monitor is not None and all(len(h) == 3 and h[2] for h in hellos):
+            self._monitor.join([bytes.fromhex(h[2]) for h in hellos], self.timeout)
         topologies_seen = [bytes.fromhex(h[0]) for h in hellos]
         if len(set(topologies_seen)) > 1:
             raise AgreementError(describe_disagreement("topology", topologies_seen))
@@ -242,6 +230,22 @@ class TorchCommunicator(Communicator):
                 + "; ".join(parts)
                 + " (give every peer the same device)"
             )
+
+    def _wait_for_keys(self, keys: List[str], world_size: int) -> None:
+        """Wait for every rank's key in the store, looking at the liveness monitor meanwhile (a
+        rank stopped or gone is named there); past the timeout, name the ranks missing."""
+        deadline = time.monotonic() + self.timeout
+        while not self._store.check(keys):
+            if self._monitor is not None and self._monitor.event is not None:
+                raise CommunicationError(f"rank {self.rank}: {self._monitor.event.text()}")
+            if time.monotonic() > deadline:
+                missing = [k for k, key in enumerate(keys) if not self._store.check([key])]
+                raise CommunicationError(
+                    f"rank {self.rank}: ranks {format_ranks(missing)} did not join within "
+                    f"{self.timeout:g} s (did the launcher start WORLD_SIZE={world_size} "
+                    "processes?)"
+                )
+            time.sleep(0.05)
 
     # ---- point to point ------------------------------------------------------------------------
     def _on_device(self, tensor: Tensor, what: str) -> Tensor:
@@ -309,39 +313,36 @@ class TorchCommunicator(Communicator):
         # gloo's p2p requests report completion only through wait(), so wait on each with what is
         # left of one deadline rather than polling is_completed().
         everyone = [k for k in range(self.size) if k != self.rank]
-        self._faults.awaited = everyone if works_peers is None else works_peers
         deadline = time.monotonic() + self.timeout
-        try:
-            for k, w in enumerate(works):
-                left = max(deadline - time.monotonic(), 0.001)
-                try:
-                    finished = w.wait(datetime.timedelta(seconds=left))
-                except RuntimeError as exc:
-                    text = str(exc).lower()
-                    if "timed out" in text or "timeout" in text:
-                        finished = False
-                    else:
-                        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                        raise self._failure(
-                            f"talking to {role} {peers} failed ({first}); did a peer stop?", peers
-                        ) from None
-                if finished is False:
-                    if works_peers is not None:  # name the senders that did not deliver
-                        first = len(works) - len(peers)  # the receives come last, one per sender
-                        receives = [
-                            (w, peer)
-                            for i, (w, peer) in enumerate(zip(works[first:], peers))
-                            if first + i >= k
-                        ]
-                        peers = self._undelivered(receives) or peers
-                    raise self._faults.timed_out(
-                        f"no message from {role} {peers} within "
-                        f"{self.timeout:g} s (is that peer alive? raise "
-                        "comm_timeout if it is just slow)",
-                        peers,
-                    )
-        finally:
-            self._faults.awaited = None
+        for k, w in enumerate(works):
+            left = max(deadline - time.monotonic(), 0.001)
+            try:
+                finished = w.wait(datetime.timedelta(seconds=left))
+            except RuntimeError as exc:
+                text = str(exc).lower()
+                if "timed out" in text or "timeout" in text:
+                    finished = False
+                else:
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    raise self._failure(
+                        f"talking to {role} {peers} failed ({first}); did a peer stop?",
+                        everyone if works_peers is None else works_peers,
+                    ) from None
+            if finished is False:
+                if works_peers is not None:  # name the senders that did not deliver
+                    first = len(works) - len(peers)  # the receives come last, one per sender
+                    receives = [
+                        (w, peer)
+                        for i, (w, peer) in enumerate(zip(works[first:], peers))
+                        if first + i >= k
+                    ]
+                    peers = self._undelivered(receives) or peers
+                raise self._faults.timed_out(
+                    f"no message from {role} {peers} within "
+                    f"{self.timeout:g} s (is that peer alive? raise "
+                    "comm_timeout if it is just slow)",
+                    peers,
+                )
 
     def _failure(self, what: str, peers: Optional[List[int]] = None) -> CommunicationError:
         return self._faults.failure(what, peers or [])
@@ -402,6 +403,8 @@ class TorchCommunicator(Communicator):
         an instance of 'gloo::IoException'", SIGABRT). So the ranks first meet in the rendezvous
         store, which no gloo operation uses: when the last one arrives, every rank is out of its
         collectives. A rank whose peers never arrive (one failed) leaves after GRACE_SECONDS."""
+        if self._monitor is not None:
+            self._monitor.rest()
         if self._owns_group and dist.is_initialized() and not _failing:
             try:
                 arrived = self._store.add("closing", 1)
@@ -416,8 +419,6 @@ class TorchCommunicator(Communicator):
     def _close_at_exit(self) -> None:
         """Leave the process group now (at interpreter exit: gloo's threads still running then
         make the C++ runtime abort the process, SIGABRT)."""
-        if getattr(self, "_faults", None) is not None:
-            self._faults.close()
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_group = False

@@ -9,11 +9,16 @@ sizes have different sampling rates and therefore different epsilons, each in it
 Opacus is imported only when one of these is used; without it they raise a one-line ImportError
 with the install command.
 
+Auditing a claimed epsilon in one run: `audit` (Steinke, Nasr, Jagielski, NeurIPS 2023) turns an
+observer's guesses about canaries (`canaries.Canaries` inserts them into a victim's shard, each
+with probability 1/2) into an epsilon lower bound at a stated confidence.
+
 What an honest-but-curious neighbour learns: `views` records what each observer receives
 (`ObserverHooks`, the ``observers`` config key), `reconstruction` estimates a neighbour's model
 from a view, `membership` runs the LOSS membership-inference attack, and `network_dp` computes the
 exact pairwise network DP of noisy exact gossip (each observer's whole view as one Gaussian
-mechanism).
+mechanism), and `knowledge` the knowledge-matrix attack (El Mrini, Cyffers, Bellet, ICML 2024):
+which peers, neighbours or not, the messages of one or several colluders determine.
 """
 
 from gossip_powersgd.privacy.accounting import (
@@ -24,7 +29,10 @@ from gossip_powersgd.privacy.accounting import (
     noise_for_target,
     pld_epsilon,
 )
+from gossip_powersgd.privacy.audit import AuditResult, audit, best_audit, epsilon_lower_bound
+from gossip_powersgd.privacy.canaries import Canaries
 from gossip_powersgd.privacy.dependency import MISSING_OPACUS, import_opacus
+from gossip_powersgd.privacy.knowledge import colluders_needed, knowledge_matrix, reach
 from gossip_powersgd.privacy.dpsgd import DPSGD, dp_enabled, validate_dp_options, validate_model
 from gossip_powersgd.privacy.membership import (
     DEFAULT_FPR,
@@ -70,6 +78,14 @@ from gossip_powersgd.privacy.views import (
 
 __all__ = [
     "ACCOUNTANT_NAMES",
+    "AuditResult",
+    "Canaries",
+    "audit",
+    "best_audit",
+    "colluders_needed",
+    "knowledge_matrix",
+    "reach",
+    "epsilon_lower_bound",
     "DEFAULT_FPR",
     "DEFAULT_WINDOW",
     "DPSGD",

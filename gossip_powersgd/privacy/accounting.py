@@ -5,11 +5,15 @@ Each peer owns one accountant and steps it once per optimizer step with its own 
 have different shard sizes, hence different sampling rates q and different epsilons: each peer's
 epsilon is its own (written to its own file; see `privacy.training`).
 
-Adjacency: the reported epsilons are for add/remove one record of the peer's shard (`ADD_REMOVE`):
-the guarantee a peer's record gets whether or not it is in the shard, with the shard's size
-secret. Where the user makes the sizes public (``release_peer_statistics: true``), the fitting
-relation is replace-one (`REPLACE_ONE`, same size, one record changed), which dp-accounting's PLD
-accountant computes (`pld_epsilon(..., replace_one=True)`).
+Adjacency: with the shard sizes private, the reported epsilons are for add/remove one record of
+the peer's shard (`ADD_REMOVE`): the guarantee a peer's record gets whether or not it is in the
+shard, the shard's size secret. Where the user makes the sizes public
+(``release_peer_statistics: true``), add/remove's neighbouring datasets differ in a size that is
+published, so the relation a record gets is replace-one (`REPLACE_ONE`, same size, one record
+changed): the reported epsilon is then dp-accounting's PLD under replace-one
+(`pld_epsilon(..., replace_one=True)`; Opacus has no replace-one accountant), and a target
+epsilon is met under it (`noise_for_target(..., replace_one=True)`). Every epsilon is shown with
+its label (`epsilon_label`): the bound, the adjacency, the accountant.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from gossip_powersgd.privacy.dependency import import_opacus
 
 __all__ = [
     "ACCOUNTANT_NAMES",
+    "REFUSED_ACCOUNTANTS",
     "make_accountant",
     "epsilon",
     "noise_for_target",
@@ -29,22 +34,50 @@ __all__ = [
     "TARGET_TOLERANCE",
     "ADD_REMOVE",
     "REPLACE_ONE",
+    "ADJACENCY_SHORT",
+    "LOCAL_BOUND",
+    "NETWORK_LABEL",
+    "epsilon_label",
     "PLD_DISCRETIZATION",
     "pld_epsilon",
 ]
 
 #: The adjacency of every epsilon the accountants report, in words (summary and per-peer files).
 ADD_REMOVE = "add/remove one record of the peer's shard"
-#: The adjacency of ``epsilon_replace_one``, reported where the shard sizes are made public.
+#: The adjacency of the epsilon reported where the shard sizes are made public.
 REPLACE_ONE = "replace one record of the peer's shard (its size public)"
+#: How every epsilon label names its adjacency.
+ADJACENCY_SHORT = {ADD_REMOVE: "add/remove", REPLACE_ONE: "replace-one"}
+#: The bound DP-SGD's accounting gives: against anyone who sees all of the peer's messages.
+LOCAL_BOUND = "local DP-SGD"
+#: What Muffliato's and ZIP-DL's per-pair network figures are (`privacy.mechanisms.muffliato`).
+NETWORK_LABEL = "network bound (not valid for adaptive training)"
+#: How each accountant is named in a label.
+ACCOUNTANT_LABELS = {"rdp": "Opacus RDP", "prv": "Opacus PRV", "pld": "dp-accounting PLD"}
+
+
+def epsilon_label(adjacency: str, accountant: str, bound: str = LOCAL_BOUND) -> str:
+    """How an epsilon is named wherever it is shown: ``ε (local DP-SGD, add/remove; Opacus RDP)``:
+    the bound it is, its adjacency (`ADD_REMOVE` or `REPLACE_ONE`), the accountant."""
+    return f"ε ({bound}, {ADJACENCY_SHORT[adjacency]}; {ACCOUNTANT_LABELS[accountant]})"
+
 
 #: dp-accounting's PLD grid step (its default is 1e-4). The pessimistic PLD is an upper bound on
 #: epsilon at any grid step; 1e-3 is within 0.05 % of 1e-4 at sigma >= 0.6, q <= 0.5, up to 4000
 #: steps, at a tenth of the time (0.1-0.2 s per peer instead of 1-3 s).
 PLD_DISCRETIZATION = 1e-3
 
-#: Accountants Opacus provides: Renyi DP (default), privacy random variables, Gaussian DP.
-ACCOUNTANT_NAMES = ("rdp", "prv", "gdp")
+#: Accountants whose epsilon is an upper bound: Opacus' Renyi DP (default) and privacy random
+#: variables. Opacus' third, Gaussian DP ("gdp"), is a central-limit approximation that can
+#: understate epsilon (Opacus warns so itself): on this project's runs it reported 1.135 where
+#: dp-accounting's PLD, an upper bound, gives 1.791. It is refused (`REFUSED_ACCOUNTANTS`).
+ACCOUNTANT_NAMES = ("rdp", "prv")
+#: Accountants refused as the source of a guarantee, with the reason (one line each).
+REFUSED_ACCOUNTANTS = {
+    "gdp": "Opacus' Gaussian-DP accountant is a central-limit approximation that can understate "
+    "epsilon (1.135 where an upper bound gives 1.791 on a real run), so its figure is no "
+    "guarantee",
+}
 
 #: noise_for_target's sigma ends the worst peer at an epsilon in [(1 - this) * target, target].
 TARGET_TOLERANCE = 0.01
@@ -57,6 +90,11 @@ _MAX_HALVINGS = 100
 
 def check_accountant_name(name) -> str:
     """``name`` if it names an accountant, else a one-line ValueError listing the valid ones."""
+    if name in REFUSED_ACCOUNTANTS:
+        raise ValueError(
+            f"dp_accountant: {name} is refused: {REFUSED_ACCOUNTANTS[name]}; use "
+            f"{' or '.join(ACCOUNTANT_NAMES)} (dp-accounting's PLD is reported beside either)"
+        )
     if name not in ACCOUNTANT_NAMES:
         raise ValueError(
             f"dp_accountant must be one of {', '.join(ACCOUNTANT_NAMES)}, got {name!r}"
@@ -65,14 +103,11 @@ def check_accountant_name(name) -> str:
 
 
 def make_accountant(name: str = "rdp"):
-    """A fresh Opacus accountant: ``"rdp"``, ``"prv"`` or ``"gdp"``."""
+    """A fresh Opacus accountant: ``"rdp"`` or ``"prv"`` (``"gdp"`` is refused, see
+    `ACCOUNTANT_NAMES`); nothing it warns is hidden."""
     check_accountant_name(name)
     accountants = import_opacus("opacus.accountants")
-    with warnings.catch_warnings():
-        # GDP warns on construction that it is experimental; the name is the user's choice and
-        # the docs of dp_accountant say so, so one warning per peer per run is noise.
-        warnings.simplefilter("ignore", UserWarning)
-        return accountants.create_accountant(mechanism=name)
+    return accountants.create_accountant(mechanism=name)
 
 
 def epsilon(accountant, delta: float) -> float:
@@ -92,12 +127,15 @@ def noise_for_target(
     sample_rates: Sequence[float],
     steps: int,
     accountant: str = "rdp",
+    *,
+    replace_one: bool = False,
 ) -> float:
     """The noise multiplier sigma that ends the peer with the largest sampling rate at the target.
 
     All peers take the same number of ``steps`` with the same sigma, so the peer with the largest
     rate spends the most: solving for it makes every peer end at epsilon <= ``target_epsilon``,
-    and the worst one within ``TARGET_TOLERANCE`` (1 %) of it. Raises a one-line ValueError when
+    and the worst one within ``TARGET_TOLERANCE`` (1 %) of it, by ``accountant`` (add/remove), or
+    with ``replace_one`` by dp-accounting's PLD under replace-one. Raises a one-line ValueError when
     no sigma reaches the target (too small a target for that rate, delta and number of steps).
     """
     rates = [float(q) for q in sample_rates]
@@ -121,13 +159,15 @@ def noise_for_target(
     check = make_accountant(accountant)
 
     def spent(sigma: float) -> float:
+        if replace_one:
+            return pld_epsilon([(sigma, rate, steps)], delta, replace_one=True)
         check.history = [(sigma, rate, steps)]
         try:
             with warnings.catch_warnings():  # RDP's "optimal order is the largest alpha" probes
                 warnings.simplefilter("ignore", UserWarning)
                 value = epsilon(check, delta)
         except (ValueError, ArithmeticError, RuntimeError):
-            # GDP's solver raises once epsilon leaves [0, 500]: far too little noise.
+            # an accountant that cannot evaluate so little noise: far too little noise
             return math.inf
         return value if math.isfinite(value) else math.inf
 

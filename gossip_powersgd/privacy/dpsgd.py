@@ -20,7 +20,6 @@ How a trainer uses it, per peer::
 
 from __future__ import annotations
 
-import copy
 import math
 from numbers import Real
 from typing import Optional
@@ -30,9 +29,9 @@ from torch import nn
 
 from gossip_powersgd.privacy.accounting import check_accountant_name, epsilon, make_accountant
 from gossip_powersgd.privacy.dependency import import_opacus
+from gossip_powersgd.privacy.model_check import validate_model
 from gossip_powersgd.privacy.per_sample import PerSampleModule
 from gossip_powersgd.privacy.seeds import NOISE_STREAM, Randomness
-from gossip_powersgd.utils import one_line
 
 __all__ = ["DPSGD", "validate_model", "validate_dp_options", "dp_enabled", "GRAD_SAMPLE_ENGINES"]
 
@@ -57,12 +56,6 @@ _VMAP_LAYERS = (
 
 #: Added to each per-example norm before dividing, as Opacus does, so a zero gradient stays zero.
 _NORM_EPS = 1e-6
-
-#: The two ways out, named in every unsupported-layer error.
-_FIXES = (
-    "replace it with a layer Opacus supports (GroupNorm for BatchNorm), or set "
-    "dp_fix_model: true to let Opacus' validator replace it"
-)
 
 
 def dp_enabled(noise_multiplier: Optional[float], target_epsilon: Optional[float]) -> bool:
@@ -124,92 +117,6 @@ def validate_dp_options(
         )
 
 
-def _first_bad_layer(model: nn.Module) -> Optional[str]:
-    """The problem of the first layer that cannot be trained per example, or None.
-
-    Opacus' ModuleValidator looks only at layers with trainable parameters; a BatchNorm without
-    affine weights mixes the examples of a batch just the same, so every BatchNorm is checked.
-    """
-    validators = import_opacus("opacus.validators.module_validator").ModuleValidator.VALIDATORS
-    for name, module in model.named_modules():
-        label = f"layer {name or '<root>'!r} ({type(module).__name__})"
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
-            return f"{label} mixes the examples of a batch, so per-example gradients do not exist"
-        trainable = any(p.requires_grad for p in module.parameters(recurse=False))
-        if not trainable:
-            continue
-        errors = validators[type(module)](module) if type(module) in validators else []
-        if errors:
-            reason = str(errors[0]).strip().split(". ")[0].splitlines()[0].rstrip(".")
-            return f"{label} is not supported by Opacus ({reason})"
-        if any(True for _ in module.buffers(recurse=False)):
-            return f"{label} keeps buffers computed from the data, which would not be private"
-    return None
-
-
-def _fixed_copy(model: nn.Module) -> nn.Module:
-    """Opacus' ``ModuleValidator.fix``, on a ``copy.deepcopy`` of ``model``.
-
-    Opacus clones the model with torch.save and an unrestricted load (``weights_only=False``): it
-    pickles the model, which fails for a class defined inside a function ("Can't pickle local
-    object"), and unpickles it, which may run code. A deep copy needs neither; the layers are then
-    replaced by Opacus' own fixers, exactly as its ``fix`` does (trainable layers with a registered
-    fixer).
-    """
-    fixers = import_opacus("opacus.validators.module_validator").ModuleValidator.FIXERS
-    try:
-        root = copy.deepcopy(model)
-    except Exception as exc:  # noqa: BLE001 - whatever the model holds that cannot be copied
-        raise ValueError(
-            f"dp_fix_model cannot copy the model ({type(exc).__name__}: "
-            f"{one_line(exc, limit=160)}): replace its unsupported layers by hand "
-            "(GroupNorm instead of BatchNorm)"
-        ) from None
-    names = [
-        name
-        for name, module in root.named_modules()
-        if type(module) in fixers and any(p.requires_grad for p in module.parameters(recurse=False))
-    ]
-    for name in names:
-        module = root.get_submodule(name)
-        replacement = fixers[type(module)](module)
-        replacement.to(next(module.parameters()).device)
-        if not name:
-            root = replacement
-            continue
-        parent, _, child = name.rpartition(".")
-        root.get_submodule(parent)._modules[child] = replacement
-    return root
-
-
-def validate_model(model: nn.Module, fix: bool = False) -> nn.Module:
-    """``model`` if Opacus can compute its per-example gradients; a one-line ValueError if not.
-
-    With ``fix=True`` a model with unsupported layers is replaced by a copy in which Opacus'
-    ``ModuleValidator.fix`` swapped them (BatchNorm -> GroupNorm, LSTM -> DPLSTM, ...); use the
-    returned model, and build the optimizer on its parameters. A model with no trainable
-    parameter is an error either way: there would be nothing to privatize.
-    """
-    if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(
-            f"differential privacy needs a model with trainable parameters; "
-            f"{type(model).__name__} has none"
-        )
-    problem = _first_bad_layer(model)
-    if problem is None:
-        return model
-    if not fix:
-        raise ValueError(f"{problem}: {_FIXES}")
-    fixed = _fixed_copy(model)
-    left = _first_bad_layer(fixed)
-    if left is not None:
-        raise ValueError(
-            f"{left}, and Opacus' validator cannot replace it: replace it by hand "
-            f"(GroupNorm instead of BatchNorm)"
-        )
-    return fixed
-
-
 def _auto_engine(model: nn.Module) -> str:
     """ "ghost" when every trainable layer is one it (or its vmap fallback) handles, else "hooks"."""
     for module in model.modules():
@@ -223,8 +130,12 @@ def _auto_engine(model: nn.Module) -> str:
 class DPSGD:
     """One peer's DP-SGD step: clip each example's gradient to C, sum, add N(0, (sigma C)^2).
 
-    The sum is divided by the *expected* batch size ``sample_rate * shard_size``, not by the
-    batch's actual size, which would depend on (and leak) how many records were sampled. The noise
+    The sum is divided by a public number, ``divisor``: by default the *expected* batch size
+    ``sample_rate * shard_size`` (the configured batch size when the rate is batch / shard size),
+    never the batch's actual size, which would depend on (and leak) how many records were
+    sampled. A peer whose rate is capped below batch / shard size (a shard smaller than the
+    batch, or a target epsilon's public rate, see `privacy.training`) passes the configured
+    batch size, so that the noise's scale sigma C / divisor says nothing about its shard. The noise
     comes from this peer's secret keystream ``randomness`` (`seeds.Randomness`; default: a fresh
     OS-entropy key), at the label (NOISE_STREAM, step, 0), one draw for all parameters in the
     model's order: step t's noise depends only on the key and t, so a run resumed with the same
@@ -243,6 +154,7 @@ class DPSGD:
         accountant: str = "rdp",
         randomness: Optional[Randomness] = None,
         engine: str = "auto",
+        divisor: Optional[float] = None,
     ):
         validate_dp_options(
             noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, accountant=accountant
@@ -259,7 +171,12 @@ class DPSGD:
         self.noise_multiplier = float(noise_multiplier)
         self.max_grad_norm = float(max_grad_norm)
         self.sample_rate = float(sample_rate)
-        self.expected_batch_size = self.sample_rate * int(shard_size)
+        if divisor is not None and not (isinstance(divisor, Real) and 0 < divisor < math.inf):
+            raise ValueError(f"the divisor must be a finite number > 0, got {divisor!r}")
+        #: What the clipped sum (and its noise) is divided by: public (see the class docstring).
+        self.expected_batch_size = (
+            float(divisor) if divisor is not None else self.sample_rate * int(shard_size)
+        )
         self.randomness = randomness if randomness is not None else Randomness.os_entropy()
         self.engine = engine
         self.accountant_name = accountant
@@ -378,7 +295,8 @@ class DPSGD:
 
     def _noisy(self, params: list, means: list) -> list:
         """Per parameter ``mean + (sigma C / B) z`` in float64, rounded to the parameter's dtype,
-        ``z`` this step's noise (`_noise`) in the parameters' order, ``B`` the expected batch."""
+        ``z`` this step's noise (`_noise`) in the parameters' order, ``B`` the divisor (by
+        default the expected batch)."""
         noise = self._noise(sum(p.numel() for p in params))
         if noise is None:
             return [m.to(p.dtype) for p, m in zip(params, means)]
@@ -407,7 +325,8 @@ class DPSGD:
 
         Call after ``loss.backward()`` and before ``optimizer.step()``. For an empty Poisson batch
         skip forward and backward and call this with 0: the gradient is then pure noise divided
-        by the expected batch size, and the step is accounted for like any other.
+        by the divisor (by default the expected batch size), and the step is accounted for like
+        any other.
         """
         if (
             isinstance(batch_size_actual, bool)
@@ -431,7 +350,7 @@ class DPSGD:
                 means = [torch.zeros_like(p) for p in params]
                 if isinstance(model, PerSampleModule):
                     model.clear()
-            else:  # the clipped sum divided by the expected batch size
+            else:  # the clipped sum divided by the divisor
                 means = self.clipped_sum(model, batch_size, divisor=self.expected_batch_size)
             if self.extra_noise is not None:  # a mechanism's own noise (DECOR's pairs')
                 step = self.steps

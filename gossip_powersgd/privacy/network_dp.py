@@ -63,7 +63,11 @@ Not covered: non-linear messages — PowerGossip's (factors built from the model
 Choco's and DeepSqueeze's compressed differences — nor push-sum on directed graphs, momentum,
 subsampling amplification, or colluding observers; per-peer DP-SGD covers every algorithm by
 post-processing. With noise every step the contributions c(t) are taken as given (non-adaptive);
-DP-SGD's gradients depend on the noisy models, which this computation does not model.
+DP-SGD's gradients depend on the noisy models, which this computation does not model, and a
+training run's evaluation all-reduces the average model to every peer, which is not in the view:
+for training, these figures are no guarantee (`accounting.NETWORK_LABEL`; a star:4
+counter-example moves 0.868 to 2.0-2.9, and the evaluation's release moves ring:16's 0.062 to
+1.18); they are exact for non-adaptive linear gossip (averaging a fixed vector).
 """
 
 from __future__ import annotations

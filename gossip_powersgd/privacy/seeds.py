@@ -10,10 +10,13 @@ keyed by a secret of its own (`Randomness`):
   only (the default, ``dp_secret: os``). Nothing on disk lets anyone, the peer included, replay it;
   a resumed run draws a new key, which changes nothing in the guarantee.
 * ``Randomness.run_dir_key(run_dir, rank)``: the same kind of key, generated on the peer when the
-  run starts and kept only in the peer's own ``RUN_DIR/secrets/rank-K.key`` (written atomically,
-  mode 0600) and in its checkpoint, so that ``--resume`` continues bit for bit
-  (``dp_secret: run_dir``, for reproducible research). It is never derived from the config, never
-  sent, never printed.
+  run starts and kept only in the peer's own folder ``RUN_DIR/secrets/rank-K/`` (mode 0700; the
+  key file ``key`` written atomically, mode 0600) and in each of its checkpoints, so that
+  ``--resume`` continues bit for bit (``dp_secret: run_dir``, for reproducible research). It is
+  never derived from the config, never sent, never printed. It is secret only while that folder
+  and the peer's checkpoints are: whoever reads them regenerates the peer's noise and removes it.
+  A run directory shared by every peer (all ranks on one machine, a shared file system) therefore
+  shares every peer's noise with every peer: the trainer says so, loudly, when such a run starts.
 * ``Randomness.public(seed, rank)``: a key every peer can compute from the config
   (``dp_public_randomness: true``), for exact-reproducibility tests only: the epsilon then holds
   against outsiders who do not know the config, not against the peers.
@@ -54,6 +57,8 @@ __all__ = [
     "derive_seed",
     "key_path",
     "make_randomness",
+    "make_secret_dir",
+    "secret_dir",
 ]
 
 #: Tags that keep the sampler's and the noise's streams apart for the same key.
@@ -97,9 +102,23 @@ def derive_seed(seed: int, rank: int, stream: int, *counters: int) -> int:
     return int(np.random.SeedSequence(values).generate_state(1, np.uint64)[0])
 
 
+def secret_dir(run_dir, rank: int) -> Path:
+    """Peer `rank`'s own folder of secrets: ``RUN_DIR/secrets/rank-K`` (created mode 0700)."""
+    return Path(run_dir) / "secrets" / f"rank-{int(rank)}"
+
+
+def make_secret_dir(run_dir, rank: int) -> Path:
+    """`secret_dir`, created if missing, it and ``RUN_DIR/secrets`` with mode 0700."""
+    folder = secret_dir(run_dir, rank)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for path in (folder.parent, folder):
+        os.chmod(path, 0o700)
+    return folder
+
+
 def key_path(run_dir, rank: int) -> Path:
-    """Peer `rank`'s secret key file: ``RUN_DIR/secrets/rank-K.key``."""
-    return Path(run_dir) / "secrets" / f"rank-{int(rank)}.key"
+    """Peer `rank`'s secret key file: ``RUN_DIR/secrets/rank-K/key``."""
+    return secret_dir(run_dir, rank) / "key"
 
 
 def _label(stream: int, counters) -> bytes:
@@ -139,7 +158,7 @@ class Randomness:
     @classmethod
     def run_dir_key(cls, run_dir, rank: int) -> "Randomness":
         """The key of `rank` in `run_dir`: read it if the file exists (a resumed run), else generate
-        it from OS entropy and write it (atomically, mode 0600, its folder 0700)."""
+        it from OS entropy and write it (atomically, mode 0600, in the peer's own folder, 0700)."""
         path = key_path(run_dir, rank)
         if path.exists():
             key = path.read_bytes()
@@ -150,8 +169,7 @@ class Randomness:
                 )
             return cls(key, "run_dir")
         key = secrets.token_bytes(_KEY_BYTES)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(path.parent, 0o700)
+        make_secret_dir(run_dir, rank)
         atomic_write(path, key, mode=0o600)
         return cls(key, "run_dir")
 

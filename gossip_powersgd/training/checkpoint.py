@@ -16,6 +16,13 @@ File layout (only tensors and primitive containers, so `weights_only=True` loads
                 data iterator position, comm stats, timers, metric history, hooks' state;
                 the trainer's `RunState` decides its keys)}
 
+A checkpoint is its peer's own: it holds the peer's model and metric history (its training loss,
+under private statistics) and, under differential privacy, its accountant's history (its sampling
+rate, so its shard size) and, with `dp_secret: run_dir`, the key its noise is drawn from
+(`privacy.seeds`; DECOR's pair keys stay in the peer's secrets folder): whoever reads it can
+remove that peer's noise. Share a run directory, or a checkpoint, only as far as you would share
+the peer's data.
+
 The digest catches corruption that a zip reader would not; the header is checked against the
 resuming run (world size, topology, config, and the sha256 of each data file this peer read, so
 that data changed under the same spec is refused naming the file) before the state is used. Every problem is a one-line

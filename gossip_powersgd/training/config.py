@@ -126,7 +126,7 @@ class _CoreConfig:
     #: Device of the models: cpu | cuda | cuda:K | auto (cuda:rank%count when a GPU is present).
     device: str = "cpu"
     #: DP runs and partition: local: gather every peer's shard size, label histogram and training
-    #: loss into the summary, logs and progress line, and report epsilon under replace-one too.
+    #: loss into the summary, logs and progress line; epsilon is then replace-one's (sizes public).
     #: Off (default): these functions of a peer's private data stay in that peer's own files.
     release_peer_statistics: bool = False
     #: partition: local: the total number of training samples of all peers, declared public; an

@@ -39,11 +39,8 @@ Partition specs (``partition`` / ``peer_shard``)::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
-import random
-import sys
 import threading
 from typing import TYPE_CHECKING, Optional, Sequence
 
@@ -219,32 +216,6 @@ def _build_dataset(spec: str, seed: int) -> Dataset:
     raise unknown_name(WHAT, spec, parsed.name, DATASET_NAMES)
 
 
-class _MuteThread:
-    """A stdout stand-in that drops writes from one thread and forwards everyone else's.
-
-    ``contextlib.redirect_stdout`` swaps ``sys.stdout`` for the whole process; muting only the
-    generating thread keeps other peers' log lines while the dataset is being built.
-    """
-
-    def __init__(self, real, thread_id: int):
-        self._real, self._thread_id = real, thread_id
-
-    def write(self, text: str) -> int:
-        if threading.get_ident() == self._thread_id:
-            return len(text)
-        return self._real.write(text)
-
-    def flush(self) -> None:
-        self._real.flush()
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-
-#: The mnist1d package's own default seed: the data set its paper's published figures are about.
-MNIST1D_STANDARD_SEED = 42
-
-
 def _mnist1d(spec: str, parsed: Spec, seed: int) -> Dataset:
     """The standard MNIST-1D (seed 42) whatever the run's seed, unless `mnist1d:seed=N` asks."""
     options = typed_options(
@@ -253,23 +224,13 @@ def _mnist1d(spec: str, parsed: Spec, seed: int) -> Dataset:
         WHAT,
         spec,
     )
-    # Only the local generator: get_dataset would try to download a pickle.
-    from mnist1d.data import get_dataset_args, make_dataset
+    from .data_cache import cached
+    from .mnist1d_generator import STANDARD_SEED, generate
 
-    args = get_dataset_args()
-    args.seed = options.pop("seed", MNIST1D_STANDARD_SEED)
-    for key, value in options.items():
-        setattr(args, key, value)
-
-    # make_dataset seeds and draws from the *global* numpy and random RNGs; put them back so that
-    # loading data never changes anyone else's random stream.
-    np_state, py_state = np.random.get_state(), random.getstate()
-    try:
-        with contextlib.redirect_stdout(_MuteThread(sys.stdout, threading.get_ident())):
-            raw = make_dataset(args)
-    finally:
-        np.random.set_state(np_state)
-        random.setstate(py_state)
+    recipe = dict(options, seed=options.pop("seed", STANDARD_SEED))
+    # generated once per machine and kept on disk (data_cache.py): the processes of a run
+    # under mpiexec no longer each import mnist1d and generate the same signals
+    raw = cached("mnist1d", recipe, lambda: generate(recipe), ("mnist1d", "scipy"))
 
     return _make_dataset_record(
         spec, raw["x"], raw["y"], raw["x_test"], raw["y_test"], num_classes=10

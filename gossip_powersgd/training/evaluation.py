@@ -14,7 +14,11 @@ Under differential privacy and under `partition: local`
 a peer's training loss and label histogram are functions of its private data outside the DP
 mechanism, so they are not all-reduced; each record keeps this peer's own `train_loss_local` (in
 its own metrics file), and `peer_report` is what the peer writes to its own
-`RUN_DIR/peers/rank-K.json`.
+`RUN_DIR/peers/rank-K.json`. Under `partition: local` with its own test set, each peer's test accuracy
+is on its own data: with private statistics nothing computed on a test set is all-reduced, and
+the records hold this peer's own figures only. `shareable` is what of a record may leave its peer (trackers,
+rank 0's progress line): with private statistics, none of its own keys (`own_key`: ``*_local``,
+its epsilon).
 """
 
 from __future__ import annotations
@@ -141,6 +145,19 @@ class RecordLog:
             self.file.close()
 
 
+def own_key(key: str) -> bool:
+    """Whether a record's `key` holds this peer's own figure (its training loss, its accuracy and
+    loss, its epsilon), as opposed to a value over all peers or a public one."""
+    return key.endswith("_local") or key in ("epsilon", "epsilon_bound")
+
+
+def shareable(record: Dict[str, Any], private: bool) -> Dict[str, Any]:
+    """`record` without this peer's own figures when the peers' statistics are `private`."""
+    if not private:
+        return record
+    return {k: v for k, v in record.items() if not own_key(k)}
+
+
 def traffic_means(comm: Comm) -> torch.Tensor:
     """[bytes, messages] sent for training, each the mean over peers (collective)."""
     t = torch.tensor([comm.stats.bytes_sent, comm.stats.messages_sent], dtype=torch.float64)
@@ -196,36 +213,86 @@ def eval_record(
     timers: Callable[[], Dict[str, float]],
     pooled: bool = False,
     private: bool = False,
+    own_test: bool = False,
     bn_inputs: Optional[Callable[[], Iterable[torch.Tensor]]] = None,
 ) -> Dict[str, Any]:
     """The `kind: "eval"` record after `epoch` (collective).
 
     `averaged` is a scratch copy of the model's architecture: it is overwritten with the peers'
     average and evaluated. `train_loss_local` is this peer's mean training loss since the previous
-    evaluation. `pooled` (partition: local, where each peer holds its own test set): the mean
-    local and the averaged-model accuracy and loss are over all peers' test samples together,
-    combined from each peer's counts, so no test sample leaves its peer. `private`: the training
-    loss is not all-reduced (the record has this peer's `train_loss_local` only). `bn_inputs`:
-    this peer's batches for `refresh_batch_norm` of the averaged model (None: the averaged model
-    keeps the peers' mean BatchNorm statistics, as under DP, where a peer's batch statistics
-    would leave it outside the mechanism).
+    evaluation. `pooled` (partition: local): the mean local and the averaged-model accuracy and
+    loss are over all peers' test samples together, combined from each peer's counts, so no test
+    sample leaves its peer. `private`: the training loss is not all-reduced (the record has this
+    peer's `train_loss_local` only); with `own_test` too (each peer's test set is its own data)
+    nothing computed on a test set is all-reduced either (an all-reduce hands a peer's value to
+    the peers that sum it first): the record has this peer's own figures only (``*_local``).
+    `bn_inputs`: this peer's batches for `refresh_batch_norm` of the averaged model (None: the
+    averaged model keeps the peers' mean BatchNorm statistics, as under DP, where a peer's batch
+    statistics would leave it outside the mechanism).
     """
+    average_state_into(model, averaged, comm)
+    if bn_inputs is not None:
+        refresh_batch_norm(averaged, bn_inputs(), comm)
+    if private and own_test:
+        figures = _own_test_figures(model, averaged, x_test, y_test)
+    else:
+        figures = _test_figures(
+            comm, model, averaged, x_test, y_test, pooled, private, train_loss_local
+        )
+    distance = consensus_distance(model.parameters(), comm)
+    traffic = traffic_means(comm)
+    return {
+        "kind": "eval",
+        "epoch": epoch,
+        "step": step,
+        "lr": lr,
+        **figures,
+        "train_loss_local": train_loss_local,
+        "consensus_distance": distance,
+        "bytes_sent": comm.stats.bytes_sent,
+        "messages_sent": comm.stats.messages_sent,
+        "mb_sent_per_peer": float(traffic[0]) / 1e6,
+        "messages_sent_per_peer": float(traffic[1]),
+        "metric_bytes_sent": comm.stats.metric_bytes_sent,
+        **timers(),
+        "model_sha256": model_digest(model),
+    }
+
+
+def _own_test_figures(model, averaged, x_test, y_test) -> Dict[str, Any]:
+    """This peer's model's and the averaged model's accuracy and loss on its own test set."""
+    acc, loss = evaluate_model(model, x_test, y_test)
+    avg_acc, avg_loss = evaluate_model(averaged, x_test, y_test)
+    figures = {
+        "test_acc_avg_model_local": avg_acc,
+        "test_loss_avg_model_local": avg_loss,
+        "test_acc_local": acc,
+        "test_loss_local": loss,
+    }
+    if y_test.ndim > 1:  # a target per token: perplexity, exp(per-token cross-entropy), too
+        figures.update(
+            test_perplexity_avg_model_local=_perplexity(avg_loss),
+            test_perplexity_local=_perplexity(loss),
+        )
+    return figures
+
+
+def _test_figures(
+    comm: Comm, model, averaged, x_test, y_test, pooled: bool, private: bool, train_loss: float
+) -> Dict[str, Any]:
+    """The test figures over all peers (collective): means (pooled under `partition: local`),
+    min and max, the averaged model's, and the mean training loss unless `private`."""
     acc, loss = evaluate_model(model, x_test, y_test)
     local = torch.tensor([acc, loss], dtype=torch.float64)
-    shared = [acc, loss] if private else [acc, loss, train_loss_local]
+    shared = [acc, loss] if private else [acc, loss, train_loss]
     means = comm.allreduce_(torch.tensor(shared, dtype=torch.float64), op="mean", metric=True)
     if pooled:
         means[:2] = pooled_means(comm, [acc, loss], len(y_test))
     lows = comm.allreduce_(local.clone(), op="min", metric=True)
     highs = comm.allreduce_(local.clone(), op="max", metric=True)
-    average_state_into(model, averaged, comm)
-    if bn_inputs is not None:
-        refresh_batch_norm(averaged, bn_inputs(), comm)
     avg_acc, avg_loss = evaluate_model(averaged, x_test, y_test)
     if pooled:
         avg_acc, avg_loss = (float(v) for v in pooled_means(comm, [avg_acc, avg_loss], len(y_test)))
-    distance = consensus_distance(model.parameters(), comm)
-    traffic = traffic_means(comm)
     losses = {} if private else {"train_loss": float(means[2])}
     if y_test.ndim > 1:  # a target per token: perplexity, exp(per-token cross-entropy), too
         losses.update(
@@ -234,12 +301,7 @@ def eval_record(
             test_perplexity_mean=_perplexity(float(means[1])),
         )  # of the mean loss
     return {
-        "kind": "eval",
-        "epoch": epoch,
-        "step": step,
-        "lr": lr,
         **losses,
-        "train_loss_local": train_loss_local,
         "test_acc_avg_model": avg_acc,
         "test_loss_avg_model": avg_loss,
         "test_acc_mean": float(means[0]),
@@ -250,14 +312,6 @@ def eval_record(
         "test_loss_max": float(highs[1]),
         "test_acc_local": acc,
         "test_loss_local": loss,
-        "consensus_distance": distance,
-        "bytes_sent": comm.stats.bytes_sent,
-        "messages_sent": comm.stats.messages_sent,
-        "mb_sent_per_peer": float(traffic[0]) / 1e6,
-        "messages_sent_per_peer": float(traffic[1]),
-        "metric_bytes_sent": comm.stats.metric_bytes_sent,
-        **timers(),
-        "model_sha256": model_digest(model),
     }
 
 
@@ -284,12 +338,18 @@ def eval_line(record: Dict[str, Any], epochs: int) -> str:
     loss = f"  train loss {r['train_loss']:.4f}" if "train_loss" in r else ""
     if "test_perplexity_avg_model" in r:
         loss += f"  avg-model perplexity {r['test_perplexity_avg_model']:.4g}"
+    if "test_acc_mean" in r:
+        accuracy = (
+            f"avg-model acc {100 * r['test_acc_avg_model']:.2f}%  local acc "
+            f"{100 * r['test_acc_mean']:.2f}% [{100 * r['test_acc_min']:.2f}, "
+            f"{100 * r['test_acc_max']:.2f}]"
+        )
+    else:  # each peer's test set is its own private data: nothing of it to show
+        accuracy = "test accuracy private (each peer's own test set)"
     return (
-        f"epoch {r['epoch']}/{epochs}{loss}  "
-        f"avg-model acc {100 * r['test_acc_avg_model']:.2f}%  local acc "
-        f"{100 * r['test_acc_mean']:.2f}% [{100 * r['test_acc_min']:.2f}, "
-        f"{100 * r['test_acc_max']:.2f}]  consensus {r['consensus_distance']:.3g}  "
-        f"{r['mb_sent_per_peer']:.3g} MB/peer" + eval_text(r)
+        f"epoch {r['epoch']}/{epochs}{loss}  {accuracy}  "
+        f"consensus {r['consensus_distance']:.3g}  {r['mb_sent_per_peer']:.3g} MB/peer"
+        + eval_text(r)
     )
 
 
@@ -530,6 +590,8 @@ __all__ = [
     "model_digest",
     "peer_report",
     "pooled_means",
+    "own_key",
     "run_summary",
+    "shareable",
     "traffic_means",
 ]

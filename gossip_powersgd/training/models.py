@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -424,12 +424,19 @@ def has_batch_norm(model: nn.Module) -> bool:
 
 
 def check_single_sample_batch(
-    model: nn.Module, spec: str, x_one: torch.Tensor, *, rank: int, shard_size: int, batch_size: int
+    model: nn.Module,
+    spec: str,
+    x_one: torch.Tensor,
+    *,
+    rank: int,
+    shard_size: Optional[int],
+    batch_size: int,
 ) -> None:
     """The last batch of this peer's shard holds one sample (`x_one`): check `model` trains on it.
 
     A copy of the model takes the forward pass in training mode, so the model itself is untouched.
     BatchNorm over a single value per channel fails there; the error says how to avoid the batch.
+    `shard_size` None: the size is private (the error reaches every peer) and is not named.
     """
     import copy
 
@@ -442,8 +449,10 @@ def check_single_sample_batch(
     except Exception as exc:  # noqa: BLE001
         raise ValueError(
             f"model {spec!r} cannot train on a batch of 1 sample ({one_line(exc, limit=300)}), "
-            f"and rank {rank}'s shard of {shard_size} samples ends in one at "
-            f"batch_size {batch_size}; change batch_size (e.g. to {batch_size + 1}) "
+            f"and rank {rank}'s shard"
+            + (" (its size private)" if shard_size is None else f" of {shard_size} samples")
+            + f" ends in one at batch_size {batch_size}; change batch_size (e.g. to "
+            f"{batch_size + 1}) "
             "or drop a training sample so that the last batch is not a single "
             "sample"
         ) from None

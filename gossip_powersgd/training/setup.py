@@ -83,6 +83,11 @@ def resolve_device(spec: str, rank: int) -> torch.device:
 
 def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
     """The local optimizer the config names, over `params`."""
+    from .eager_optim import defer_compiler_import
+
+    classes = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    if config.optimizer in classes:  # no import of torch's compiler (eager_optim.py)
+        defer_compiler_import(classes[config.optimizer])
     if config.optimizer == "sgd":
         return torch.optim.SGD(
             params,
@@ -126,6 +131,7 @@ class PeerRun:
     owns_process: bool
     header_args: Dict[str, Any]  # what every checkpoint header of this run says
     eval_split: str = "test"  # the data evaluated on: "test", or "valid" (wikitext2:split=valid)
+    own_test: bool = False  # partition: local with each peer's own test set (its private data)
 
 
 def checked_config(comm: Comm, config, resume: bool) -> TrainConfig:
@@ -149,11 +155,17 @@ def checked_config(comm: Comm, config, resume: bool) -> TrainConfig:
 
 
 def build_run(
-    comm: Comm, config: TrainConfig, hooks: HookList, log=None, resume: bool = False
+    comm: Comm,
+    config: TrainConfig,
+    hooks: HookList,
+    log=None,
+    resume: bool = False,
+    origin: Optional[Dict[str, Any]] = None,
 ) -> PeerRun:
     """Seed, load this peer's shard, build the model, algorithm and optimizer; run setup hooks
-    (`resume`: the run continues from a checkpoint, `SetupContext.resuming`). `log` (a
-    `progress.SetupLog`) is told as each phase ends."""
+    (`resume`: the run continues from a checkpoint, `SetupContext.resuming`; `origin`: the run's
+    provenance, `SetupContext.provenance`). `log` (a `progress.SetupLog`) is told as each phase
+    ends."""
     if log is None:
         from .progress import SetupLog
 
@@ -218,6 +230,7 @@ def build_run(
         steps_per_epoch=steps_per_epoch,
         train_size=num_train,
         resuming=bool(resume),
+        provenance=origin,
     )
     log.done(f"model {config.model} ({num_parameters} parameters) and {config.algorithm} built")
     hooks.setup(context)
@@ -257,6 +270,7 @@ def build_run(
         owns_process=owns_process,
         header_args=header_args,
         eval_split=getattr(dataset, "eval_split", "test"),
+        own_test=config.partition == LOCAL_PARTITION and not dataset.shared_test,
     )
 
 
@@ -378,7 +392,8 @@ def _checked_model(config: TrainConfig, dataset, x_train: torch.Tensor, rank: in
             config.model,
             x_one,
             rank=rank,
-            shard_size=len(x_train),
+            # a private shard size is named nowhere: this error reaches every peer
+            shard_size=None if peer_statistics_private(config) else len(x_train),
             batch_size=config.batch_size,
         )
     return model

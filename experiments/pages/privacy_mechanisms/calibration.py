@@ -58,10 +58,11 @@ def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     out["local"]["note"] = "DP-SGD: the same epsilon against every peer"
     zip_sigma = ZIPDL_RATIO * setting["lr"] * local_sigma * CLIP / setting["batch_size"]
     if not muffliato.network_applies("exact", 0.0, setting["schedule"], 0.0):
-        # The network bounds model a constant step; the local bound holds under any schedule.
+        # The network figures are no guarantee for training (muffliato.NETWORK_LABEL): the
+        # local bound is the epsilon, under any schedule.
         why = (
-            f"local bound only: the network view models a constant lr, this run's is "
-            f"{setting['schedule']}"
+            "local bound only: the network view is no guarantee for training (adaptive "
+            f"gradients, the evaluation's release); this run's lr is {setting['schedule']}"
         )
         out["muffliato"] = dict(out["local"], note=f"{why} (same noise as DP-SGD)")
         out["zipdl"] = dict(

@@ -1,7 +1,8 @@
 """Privacy mechanisms that use the graph, on top of per-peer DP-SGD (``dp_mechanism``).
 
-``local`` (default): DP-SGD alone, local accounting. ``muffliato``: the same noise, accounted per
-pair through the exact view of `network_dp` (`muffliato`). ``zipdl``: zero-sum noise on the
+``local`` (default): DP-SGD alone, local accounting. ``muffliato``: the same noise; its per-pair
+network figure through the exact view of `network_dp` is no guarantee for training (`muffliato`),
+so its epsilon is DP-SGD's. ``zipdl``: zero-sum noise on the
 messages per edge (`zipdl`). ``decor``: antisymmetric pairwise noise from Diffie-Hellman pair keys
 on top of small independent noise (`decor`, `pair_secrets`). Config keys: ``dp_mechanism``,
 ``dp_zipdl_sigma`` (zipdl), ``dp_decor_sigma_cor`` (decor); ``dp_noise_multiplier`` is DP-SGD's

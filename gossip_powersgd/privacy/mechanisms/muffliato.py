@@ -5,22 +5,22 @@ Cyffers, Even, Bellet, Massoulié, "Muffliato: Peer-to-Peer Privacy Amplificatio
 Optimization and Averaging", NeurIPS 2022. The mechanism is DP-SGD's noise on each peer's own
 clipped gradient sum (`dpsgd`: std sigma C, from the peer's secret keystream), added once per
 local update, before the optimizer step; the gossip step that follows mixes it with the
-neighbours'. No noise is added to the messages. What differs from local DP-SGD is the accounting,
-per pair (victim u, observer v), and the better of two valid bounds is reported:
+neighbours'. No noise is added to the messages. Two figures per pair (victim u, observer v):
 
 * local: DP-SGD's epsilon (Poisson subsampling at q, T steps): holds against any observer, for
-  every algorithm, since every message is post-processing of the noisy updates;
+  every algorithm, since every message is post-processing of the noisy updates. This is the
+  guarantee (``"epsilon"``, labelled ``ε (local DP-SGD, add/remove; Opacus RDP)``);
 * network (exact gossip only): observer v's whole view of the run, as `network_dp` computes it
   exactly (noise every step, any per-step record change ||delta_s|| <= C): a single Gaussian
-  mechanism of sensitivity mu = sqrt(l_uv) / sigma, converted exactly. It does not use
-  subsampling (the view mixes several steps' noise; amplification by subsampling of that joint
-  mechanism is not covered), and it models plain SGD with a constant learning rate (the update of
-  step s enters the model once, with a fixed scale): with momentum or a changing learning rate
-  only the local bound is used. PowerGossip's messages are non-linear in the models: local only.
+  mechanism of sensitivity mu = sqrt(l_uv) / sigma, converted exactly. It is NOT a guarantee for
+  training (``"network"``, labelled `NETWORK_LABEL`): it takes each step's contribution as fixed
+  in advance, while DP-SGD's gradients depend on the noisy models the observer has seen
+  (adaptive composition; a star:4 counter-example moves 0.868 to 2.0-2.9), and it ignores the
+  evaluation, which all-reduces the average model to every peer (the README's ring:16 figure
+  0.062 becomes 1.18 with it). It is kept for comparison with the literature and for
+  non-adaptive linear gossip, where it is exact (`network_dp`).
 
-So epsilon_uv = min(local, network). Against a direct neighbour, which receives x_u itself at every
-step, the network bound is close to the local bound without subsampling, above the subsampled one:
-Muffliato's gain is against peers further away.
+So epsilon_uv is the local bound; a smaller network figure beside it is no smaller guarantee.
 """
 
 from __future__ import annotations
@@ -31,25 +31,35 @@ from typing import TYPE_CHECKING, Dict
 import numpy as np
 
 from gossip_powersgd.privacy import network_dp
+from gossip_powersgd.privacy.accounting import (
+    ADD_REMOVE,
+    ADJACENCY_SHORT,
+    NETWORK_LABEL,
+    REPLACE_ONE,
+    epsilon_label,
+)
 
 if TYPE_CHECKING:
     from topologies import AnyTopology
 
-__all__ = ["network_leakage", "muffliato_epsilons", "network_applies", "epsilon_note"]
+__all__ = [
+    "network_leakage",
+    "muffliato_epsilons",
+    "network_applies",
+    "epsilon_note",
+    "NETWORK_LABEL",
+]
 
 
 def network_applies(algorithm: str, momentum: float, schedule: str, warmup_epochs: float) -> bool:
-    """Whether the network bound models the run: exact gossip, plain SGD, constant step size."""
-    return (
-        algorithm == "exact"
-        and float(momentum) == 0.0
-        and schedule == "constant"
-        and float(warmup_epochs) == 0.0
-    )
+    """Whether the network bound is a guarantee for a training run: never (see the module
+    docstring: adaptive gradients, the evaluation's release), whatever the algorithm, momentum
+    or schedule; callers that took min(local, network) where this was True get the local bound."""
+    return False
 
 
 def _not_modelled(config) -> list:
-    """What of the run `network_applies` does not model, in the config's words."""
+    """What of the run the network figure would not model even for non-adaptive updates."""
     reasons = []
     algorithm = str(config.algorithm).split(":", 1)[0].strip()
     if algorithm != "exact":
@@ -66,29 +76,25 @@ def _not_modelled(config) -> list:
 def epsilon_note(config) -> tuple:
     """(what a muffliato run's epsilon means, a warning line or None): the run reports DP-SGD's
     local bound, valid for any algorithm and optimizer (every message is post-processing of the
-    noisy updates); the pairwise network bound (`muffliato_epsilons`) models exact gossip with
-    plain SGD at a constant learning rate, so a run with momentum or a changing step gets no
-    amplification claim, and says so."""
+    noisy updates); the pairwise network figure (`muffliato_epsilons`) is `NETWORK_LABEL`, no
+    guarantee for training, and is not reported. A run it would not model even without adaptive
+    gradients (momentum, a changing step, another algorithm) is warned about by name."""
+    released = bool(getattr(config, "release_peer_statistics", False))
+    adjacency = ADJACENCY_SHORT[REPLACE_ONE if released else ADD_REMOVE]
     note = (
         "DP-SGD's local bound, valid against every observer (every message is post-processing "
-        "of the noisy updates)"
+        f"of the noisy updates): ε (local DP-SGD, {adjacency}); Muffliato's pairwise figure is a "
+        f"{NETWORK_LABEL}, not reported"
     )
     reasons = _not_modelled(config)
     if not reasons:
-        return (
-            note + "; Muffliato's pairwise network bound (muffliato_epsilons) may be lower "
-            "against peers further away",
-            None,
-        )
+        return note, None
     what = ", ".join(reasons)
-    note += (
-        f"; Muffliato's pairwise network bound does not apply to this run ({what}): it models "
-        "exact gossip with plain SGD at a constant learning rate"
-    )
+    note += f"; it would not model this run's {what} either"
     warning = (
-        f"dp_mechanism: muffliato with {what}: its network bound models exact gossip with plain "
-        "SGD at a constant learning rate, so the run's epsilon is the local DP-SGD bound only "
-        "(valid against every observer, no amplification by the gossip)"
+        f"dp_mechanism: muffliato with {what}: the run's epsilon is the local DP-SGD bound only "
+        "(valid against every observer, no amplification by the gossip); Muffliato's network "
+        "bound is not valid for adaptive training in any case"
     )
     return note, warning
 
@@ -125,9 +131,11 @@ def muffliato_epsilons(
     gamma: float = 1.0,
     zero_sum: float = 0.0,
 ) -> Dict[int, dict]:
-    """{u: {"local", "network", "epsilon"}} towards `observer`: DP-SGD's subsampled epsilon (RDP,
-    Opacus), the network bound (NaN when `network` is False) and their minimum. `zero_sum`: ZIP-DL's
-    noise ratio (`network_leakage`; `zipdl.zipdl_epsilons` passes it)."""
+    """{u: {"local", "network", "epsilon", "epsilon_label", "network_label"}} towards
+    `observer`: DP-SGD's subsampled epsilon (RDP, Opacus), the network figure (NaN when `network`
+    is False; `NETWORK_LABEL`: not a guarantee for training) and the guarantee, ``"epsilon"`` =
+    the local bound. `zero_sum`: ZIP-DL's noise ratio (`network_leakage`; `zipdl.zipdl_epsilons`
+    passes it)."""
     from gossip_powersgd.privacy.accounting import epsilon, make_accountant
 
     check = make_accountant("rdp")
@@ -147,7 +155,9 @@ def muffliato_epsilons(
         out[u] = {
             "local": local,
             "network": net,
-            "epsilon": local if math.isnan(net) else min(local, net),
+            "epsilon": local,
+            "epsilon_label": epsilon_label(ADD_REMOVE, "rdp"),
+            "network_label": NETWORK_LABEL,
         }
     return out
 

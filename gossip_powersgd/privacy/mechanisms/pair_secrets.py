@@ -23,7 +23,7 @@ Key: SHA-256 of a domain tag, the two ranks (smaller first) and g^(ab) mod p (25
 endian): 32 bytes, a `seeds.Randomness` key for the pair's keystream.
 
 Where the keys live: ``os`` randomness, in memory only (a resumed run agrees new ones); ``run_dir``,
-in each end's own ``RUN_DIR/secrets/rank-K.pair-J.key`` (atomic, mode 0600), read back on resume so
+in each end's own ``RUN_DIR/secrets/rank-K/pair-J.key`` (atomic, mode 0600), read back on resume so
 the pair's noise continues bit for bit (a key missing then is refused, never made anew); ``public`` (dp_public_randomness, for tests): derived from
 the seed, which every peer can recompute, as the name says.
 
@@ -107,8 +107,11 @@ def public_pair_key(seed: int, i: int, j: int) -> bytes:
 
 
 def pair_key_path(run_dir, rank: int, other: int) -> Path:
-    """``RUN_DIR/secrets/rank-K.pair-J.key``: peer K's copy of the key it shares with J."""
-    return Path(run_dir) / "secrets" / f"rank-{int(rank)}.pair-{int(other)}.key"
+    """``RUN_DIR/secrets/rank-K/pair-J.key``: peer K's copy of the key it shares with J, in K's
+    own secrets folder (`seeds.secret_dir`)."""
+    from gossip_powersgd.privacy.seeds import secret_dir
+
+    return secret_dir(run_dir, rank) / f"pair-{int(other)}.key"
 
 
 def _to_tensor(value: int) -> torch.Tensor:

@@ -20,7 +20,8 @@ for d equal weights), while the network average is unaffected:
 
 The noise enters through the algorithms' one per-edge hook, `GossipAlgorithm.edge_noise`.
 
-Accounting (`zipdl_epsilons`), per pair (victim u, observer v), the better of two valid bounds:
+Accounting (`zipdl_epsilons`), per pair (victim u, observer v), two figures, the first the
+guarantee:
 
 * local: the peer's ZIP-DL noise is added on top of DP-SGD (clipping and Gaussian noise on its own
   gradient, `dpsgd`), so every message is post-processing of DP-SGD's output plus independent
@@ -30,11 +31,13 @@ Accounting (`zipdl_epsilons`), per pair (victim u, observer v), the better of tw
   of covariance sigma^2 (A A^T + rho^2 B B^T), rho = sigma_z / (lr sigma C / batch) the ZIP-DL std
   over DP-SGD's in model units (`noise_ratio`); its exact Rényi divergence towards u is
   `network_dp`'s with B's columns added (the zero-sum noise of one peer's messages is correlated,
-  and every step's noise keeps flowing into later messages: both are in B). Like Muffliato's, this
-  bound takes plain SGD at a constant learning rate and no subsampling (`muffliato.network_applies`).
+  and every step's noise keeps flowing into later messages: both are in B). This figure takes
+  each step's contribution as fixed in advance and ignores the evaluation's all-reduce of the
+  average model: like Muffliato's, it is no guarantee for training (`muffliato.NETWORK_LABEL`),
+  only a comparison.
 
 The paper (PoPETs 2025) states its own guarantee for the zero-sum noise; this module does not use
-it: the bound above is computed from the observer's exact view of this implementation (a test
+it: the figure above is computed from the observer's exact view of this implementation (a test
 checks the accountant's linear model against the messages exact gossip with `ZeroSumNoise`
 actually sends). Not covered: PowerGossip's messages (factors built from the noisy models are not
 linear in the noise) and observers that pool their views; against those, the local bound holds.
@@ -140,9 +143,10 @@ def zipdl_epsilons(
     network: bool,
     gamma: float = 1.0,
 ) -> dict:
-    """{u: {"local", "network", "epsilon"}} towards `observer` (see the module docstring): DP-SGD's
-    subsampled epsilon, the exact view bound with ZIP-DL's noise at `ratio` (`noise_ratio`; NaN when
-    `network` is False: PowerGossip, momentum, a changing step) and their minimum."""
+    """{u: {"local", "network", "epsilon", ...}} towards `observer` (see the module docstring):
+    DP-SGD's subsampled epsilon (the guarantee, ``"epsilon"``), the exact view figure with
+    ZIP-DL's noise at `ratio` (`noise_ratio`; NaN when `network` is False), labelled as no
+    guarantee for training (`muffliato.muffliato_epsilons`)."""
     from gossip_powersgd.privacy.mechanisms.muffliato import muffliato_epsilons
 
     return muffliato_epsilons(

@@ -1,0 +1,102 @@
+"""Peer liveness and the policy for a lost peer, for the process transports (MPI, torch.distributed).
+
+`monitor` holds the detection and the policy (read it first); `liveness` the signals it reads
+(process states, heartbeats, probes); `supervisor` the thin parent that names a rank MPICH's
+fail-stop would otherwise take down without a word. Standard library only, so that it runs before
+torch and MPI are imported: the transports and the training programs call in here.
+
+    start()                 the process's monitor (idempotent), or None outside a launched run
+    current()               the monitor, if started
+    handled()               a lost peer was already reported: an error now is its consequence
+    finish(code)            let the monitor end this process, as the policy decides
+    on_import()             the training programs' hook, first thing at package import
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Optional
+
+from . import liveness, supervisor
+from .monitor import (
+    ANNOUNCE_BYTES,
+    CHECK_SECONDS,
+    PROBE_SECONDS,
+    SILENT_SECONDS,
+    SPEAK_SECONDS,
+    STOPPED_SECONDS,
+    Monitor,
+    PeerLost,
+    on_peer_loss,
+)
+
+_monitor: Optional[Monitor] = None
+
+
+def start(rank: Optional[int] = None, size: Optional[int] = None) -> Optional[Monitor]:
+    """This process's monitor, started now if it was not (rank and size from the launcher's
+    environment unless given); None for a run of one process or outside a launcher."""
+    global _monitor
+    if _monitor is None:
+        if rank is None or size is None:
+            launched = liveness.launched_rank()
+            if launched is None:
+                return None
+            rank, size = launched
+        if size <= 1:
+            return None
+        _monitor = Monitor(rank, size)
+    return _monitor
+
+
+def current() -> Optional[Monitor]:
+    return _monitor
+
+
+def handled() -> bool:
+    """True once this process has reported a lost peer (and is being ended because of it)."""
+    return _monitor is not None and _monitor.event is not None
+
+
+def finish(code: int) -> None:
+    """Wait for the monitor to end this process (after the other ranks have spoken), then, if it
+    somehow has not, end it with `code`."""
+    deadline = time.monotonic() + SPEAK_SECONDS + 2 * CHECK_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def on_import() -> None:
+    """Run first when the package is imported: under mpiexec, the training programs become their
+    rank's supervisor (`supervisor`); in a launched training program, the monitor starts at once,
+    before torch is imported, so that a peer stopped during set-up is found."""
+    if supervisor.main_program() not in supervisor.PROGRAMS:
+        return
+    if liveness.SUPERVISOR_VAR in os.environ:
+        supervisor.bind_to_supervisor()
+    elif supervisor.under_mpi_launcher() and (liveness.launched_rank() or (0, 1))[1] > 1:
+        supervisor.supervise()
+    start()
+
+
+__all__ = [
+    "ANNOUNCE_BYTES",
+    "CHECK_SECONDS",
+    "PROBE_SECONDS",
+    "SILENT_SECONDS",
+    "SPEAK_SECONDS",
+    "STOPPED_SECONDS",
+    "Monitor",
+    "PeerLost",
+    "current",
+    "finish",
+    "handled",
+    "on_import",
+    "on_peer_loss",
+    "start",
+]

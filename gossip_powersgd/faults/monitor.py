@@ -1,0 +1,434 @@
+"""Peer liveness, and what a rank does when a peer is lost: failure handling in one place.
+
+Every process of a launched run (an MPI rank, a torch.distributed process) holds one `Monitor`, a
+daemon thread started before anything can block: before MPI_Init, before the rendezvous. It turns
+the signals of `liveness` into one kind of event, `PeerLost(peer, how, host)`:
+
+    stopped      a peer of this machine whose process state has been T (SIGSTOP, Ctrl-Z) for
+                 `stopped_after` seconds of our own looking. Its siblings are found in /proc from
+                 the start; after set-up, the pids the ranks told each other are used.
+    killed       a peer whose process ended without saying it leaves: gone from /proc (this
+                 machine), or its probe port refuses connections (another machine).
+    hung         a peer of another machine, heard from before, silent for `silent_after` seconds,
+                 whose host still answers a probe: stopped (with its whole host, or alone) or hung.
+    unreachable  the same, but its host does not answer either: link cut, host down.
+    isolated     every peer of every other machine went silent at once, none answering: this
+                 host may be the one cut off.
+
+A slow peer is none of these: a stopped process is told from a slow one by the kernel (T is never
+the state of a process that runs), and a heartbeat is sent by this thread, not by the training
+loop, so a rank busy for minutes (importing torch on loaded cores, a long step) still beats. A
+peer is only ever found silent after it was heard: heartbeats that cannot pass a firewall never end
+a run, they only leave it to the comm timeout as before.
+
+Whoever finds a loss — this thread, or a transport whose wait failed (`diagnose`) — calls
+`Monitor.lost`, and the event goes to `on_peer_loss`, the one policy. Today it is **abort**: MPICH
+is fail-stop and a synchronous gossip step cannot go on without a neighbour, so this rank prints one
+line naming the peer, its host and how it was lost; its heartbeats tell the other ranks, which print
+theirs (naming who saw it); once every reachable rank has spoken, or SPEAK_SECONDS have passed, it
+ends a stopped peer of its machine (SIGKILL: a stopped process never acts on SIGTERM) and its own
+process with status 1. A 'continue' policy (churn) would instead hand the event to the membership
+layer: that is the function to change.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import random
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from . import liveness
+from .liveness import STOPPED_HOW
+
+#: How often process states are read and heartbeats sent.
+CHECK_SECONDS = 1.0
+#: A peer seen stopped this long is lost (or half the comm timeout, if that is shorter).
+STOPPED_SECONDS = 15.0
+#: A peer of another machine, heard before, then silent this long, is probed (or half the timeout).
+SILENT_SECONDS = 10.0
+#: How long a probe waits for a peer's host to answer.
+PROBE_SECONDS = 2.0
+#: How long a rank that ends the job waits for the other ranks to say why first.
+SPEAK_SECONDS = 3.0
+#: A pause of this rank's own looking longer than this (it was stopped itself, with the whole job)
+#: starts every count again, so that a job stopped and resumed as a whole is not taken for a loss.
+GAP_SECONDS = 3 * CHECK_SECONDS
+#: The ways a peer is lost, by their code in a heartbeat (1-based; 0 is none).
+HOWS = ("stopped", "killed", "hung", "unreachable", "isolated")
+#: The announcement a rank gives at set-up: pid, machine key, token, UDP port, probe port, up to
+#: four IPv4 addresses and its host name (raw bytes, never pickle).
+_ANNOUNCE = struct.Struct("!q8sIHH16s64s")
+ANNOUNCE_BYTES = _ANNOUNCE.size
+
+
+@dataclass(frozen=True)
+class PeerLost:
+    """Peer `peer` is lost: how, on which host, after how many seconds; `told_by` is the rank that
+    saw it when this one only heard of it; `others` the peers an isolated rank lost with it."""
+
+    peer: int
+    how: str
+    host: str
+    seconds: float = 0.0
+    told_by: Optional[int] = None
+    others: Tuple[int, ...] = ()
+
+    def text(self) -> str:
+        p, host, s = self.peer, self.host, f"{self.seconds:g}"
+        if self.how == "stopped":
+            text = f"peer {p} has been {STOPPED_HOW}{f' for {s} s' if self.seconds else ''}"
+            text += f", on host {host}"
+        elif self.how == "killed":
+            text = (
+                f"peer {p} on host {host} is gone: its process ended without a word (killed: "
+                "kill -9, the OOM killer?)"
+            )
+        elif self.how == "hung":
+            text = (
+                f"peer {p} on host {host} sent no heartbeat for {s} s though its host answers: "
+                "it is stopped or hung"
+            )
+        elif self.how == "unreachable":
+            text = (
+                f"peer {p} on host {host} is unreachable: "
+                f"{f'no heartbeat for {s} s and ' if self.seconds else ''}its host does not "
+                "answer (link down, or host down?)"
+            )
+        elif self.seconds:
+            text = (
+                f"no peer on another host has answered for {s} s ({_peers((p, *self.others))}): "
+                f"this host, {host}, may be the one cut off (its link down?), or they are all down"
+            )
+        else:
+            text = (
+                f"this host, {host}, has no route to its peers on other hosts "
+                f"({_peers((p, *self.others))}): its link is down"
+            )
+        return text if self.told_by is None else f"{text} (seen by rank {self.told_by})"
+
+
+def _peers(peers: Sequence[int]) -> str:
+    return f"peer {peers[0]}" if len(peers) == 1 else f"peers {', '.join(map(str, peers))}"
+
+
+class _Remote:
+    """A peer on another machine, as this rank reaches it."""
+
+    def __init__(self, name: str, addresses: List[str], port: int, probe_port: int):
+        self.name, self.port, self.probe_port = name, port, probe_port
+        self.addresses = addresses  # where to send until it is heard; then where it was heard from
+        self.heard: Optional[str] = None
+        self.last = 0.0
+
+    def label(self) -> str:
+        address = self.heard or (self.addresses[0] if self.addresses else "?")
+        return f"{self.name} ({address})"
+
+
+class Monitor:
+    """The liveness of this rank's peers (see the module docstring); one per process."""
+
+    def __init__(self, rank: int, size: int):
+        self.rank, self.size = rank, size
+        self.host = socket.gethostname()
+        self.key = liveness.process_key()
+        self.token = random.getrandbits(32)
+        self.launcher = liveness.launcher_pid()
+        self.endpoint = liveness.Endpoint(self.launcher, rank)
+        self.stopped_after, self.silent_after = STOPPED_SECONDS, SILENT_SECONDS
+        self.local: Dict[int, int] = {}  # rank -> pid, for the ranks of this machine
+        self.remote: Dict[int, _Remote] = {}
+        self.joined = False  # the set-up table is in: no more looking for siblings
+        self.event: Optional[PeerLost] = None
+        self.spoken: Set[int] = set()  # ranks whose heartbeat says they have told their user
+        self.leaving: Set[int] = set()  # ranks that said they end cleanly
+        self.end_at: Optional[float] = None
+        self.resting = False  # this rank's communicator is closed: its peers' ends are no loss
+        self.closed = False
+        self._stopped_since: Dict[int, float] = {}
+        self._last_look = -float("inf")
+        self._seq = 0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, name="gossip-liveness", daemon=True).start()
+        atexit.register(self.leave)
+
+    # ---- set-up ------------------------------------------------------------------------------------
+    def announce(self) -> bytes:
+        """This rank's `ANNOUNCE_BYTES` for the set-up exchange (see `join`)."""
+        addresses: List[str] = []
+        master = os.environ.get("MASTER_ADDR")
+        route = liveness.route_address(master) if master else None
+        for address in ([route] if route else []) + liveness.local_addresses():
+            if not address.startswith("127.") and address not in addresses:
+                addresses.append(address)
+        packed = b"".join(socket.inet_aton(a) for a in addresses[:4])
+        return _ANNOUNCE.pack(
+            os.getpid(),
+            self.key,
+            self.token,
+            self.endpoint.udp_port,
+            self.endpoint.probe_port,
+            packed,
+            self.host.encode()[:64],
+        )
+
+    def join(self, announcements: Sequence[bytes], timeout: float) -> None:
+        """Take in every rank's announcement (in rank order) once set-up has exchanged them."""
+        mine = liveness.local_addresses()
+        local: Dict[int, int] = {}
+        remote: Dict[int, _Remote] = {}
+        for k, data in enumerate(announcements):
+            pid, key, token, port, probe_port, packed, name = _ANNOUNCE.unpack(bytes(data))
+            if k == 0:
+                self.token = token
+            if k == self.rank:
+                continue
+            if key == self.key and key != bytes(8):
+                local[k] = pid
+                continue
+            addresses = [socket.inet_ntoa(packed[i : i + 4]) for i in range(0, 16, 4)]
+            addresses = [a for a in addresses if a != "0.0.0.0" and a not in mine]
+            host = name.rstrip(b"\0").decode("utf-8", "replace")
+            remote[k] = _Remote(host, addresses, port, probe_port)
+        with self._lock:
+            self.local, self.remote, self.joined, self.resting = local, remote, True, False
+            self.stopped_after = min(STOPPED_SECONDS, timeout / 2)
+            self.silent_after = min(SILENT_SECONDS, max(timeout / 2, GAP_SECONDS))
+
+    # ---- the transports' side ----------------------------------------------------------------------
+    def host_of(self, peer: int) -> str:
+        remote = self.remote.get(peer)
+        return remote.label() if remote is not None else f"{self.host} (this host)"
+
+    def stopped_now(self, peers: Sequence[int]) -> List[int]:
+        """The peers among `peers` of this machine whose process is stopped at this moment."""
+        return [p for p in peers if p in self.local and liveness.is_stopped(self.local[p])]
+
+    def diagnose(self, peers: Sequence[int]) -> Optional[PeerLost]:
+        """After a wait for `peers` failed: the loss behind it, found now (a peer of this machine
+        stopped or gone, one of another machine that refuses or ignores a probe), else None."""
+        if self.event is not None:
+            return self.event
+        event = None
+        for peer in peers:
+            pid = self.local.get(peer)
+            if pid is not None and peer not in self.leaving:
+                if liveness.is_stopped(pid):
+                    since = self._stopped_since.get(peer)
+                    seconds = round(time.monotonic() - since) if since is not None else 0
+                    event = PeerLost(peer, "stopped", self.host_of(peer), seconds)
+                elif liveness.is_gone(pid):
+                    event = PeerLost(peer, "killed", self.host_of(peer))
+            if event is not None:
+                break
+        remote = [p for p in peers if p in self.remote and p not in self.leaving]
+        if event is None and remote:
+            event = self._probed([p for p in remote if self.remote[p].heard], 0, answers=None)
+        if event is not None:
+            self.lost(event)
+        return self.event
+
+    def lost(self, event: PeerLost) -> None:
+        """Record a loss (the first one counts) and apply the policy to it."""
+        with self._lock:
+            if self.event is not None or self.closed:
+                return
+            self.event = event
+        on_peer_loss(self, event)
+        self._beat()  # tell the others at once
+
+    def rest(self) -> None:
+        """This rank is done with its peers (its communicator is closed): say so in every heartbeat
+        from now on, so that its end is no loss to them, and read theirs as none either."""
+        self.resting = True
+        self._beat(leaving=True)
+
+    def leave(self) -> None:
+        """This rank ends cleanly (its communicator closed, or the interpreter exits): tell the
+        others, so that its silence is no fault, and stop looking."""
+        if self.closed:
+            return
+        self._beat(leaving=True)
+        self.closed = True
+
+    # ---- the thread --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        next_look = 0.0
+        while not self.closed:
+            wake = next_look if self.end_at is None else min(next_look, self.end_at)
+            for data, source in self.endpoint.wait(max(wake - time.monotonic(), 0.01)):
+                self._heard(data, source)
+            now = time.monotonic()
+            if now >= next_look and not self.closed:
+                next_look = now + CHECK_SECONDS
+                self._look(now)
+            if self.end_at is not None and (now >= self.end_at or self._all_spoke()):
+                self._end()
+
+    def _look(self, now: float) -> None:
+        if now - self._last_look > GAP_SECONDS:  # this rank was paused itself: count again
+            self._stopped_since.clear()
+            for remote in self.remote.values():
+                remote.last = now
+        self._last_look = now
+        if not self.joined:  # (a supervised sibling's child appears a moment after its parent)
+            self.local.update(liveness.sibling_ranks(self.launcher, os.getpid()))
+        self._beat(leaving=self.resting)
+        if self.event is None and not self.resting:
+            event = self._look_at_processes(now) or self._look_at_silence(now)
+            if event is not None:
+                self.lost(event)
+
+    def _look_at_processes(self, now: float) -> Optional[PeerLost]:
+        for peer, pid in list(self.local.items()):
+            if peer in self.leaving or not liveness.is_stopped(pid):
+                self._stopped_since.pop(peer, None)
+                continue
+            if now - self._stopped_since.setdefault(peer, now) >= self.stopped_after:
+                return PeerLost(peer, "stopped", self.host_of(peer), self.stopped_after)
+        return None
+
+    def _look_at_silence(self, now: float) -> Optional[PeerLost]:
+        heard = [p for p, r in self.remote.items() if r.heard and p not in self.leaving]
+        silent = [p for p in heard if now - self.remote[p].last >= self.silent_after]
+        if not silent:
+            return None
+        isolated = len(silent) == len(heard)  # every other host went quiet at once
+        return self._probed(silent, round(self.silent_after), answers="hung", isolated=isolated)
+
+    def _probed(
+        self, peers: List[int], seconds: int, answers: Optional[str], isolated: bool = False
+    ) -> Optional[PeerLost]:
+        """Probe `peers` (of other machines, heard before); the loss it shows, named `answers`
+        when a host answers (None: no loss). This host with no route, or no answer from peers on
+        several hosts that are all this rank hears, makes this rank the isolated one."""
+        outcome = liveness.probe(
+            [(p, self.remote[p].heard, self.remote[p].probe_port) for p in peers], PROBE_SECONDS
+        )
+        here = f"{self.host} ({', '.join(liveness.local_addresses()) or '?'})"
+        cut = [p for p in peers if outcome[p] == "noroute"]
+        if cut:
+            return PeerLost(
+                cut[0], "isolated", here, 0, None, tuple(p for p in peers if p != cut[0])
+            )
+        for how, wanted in (("killed", "refused"), (answers, "answers")):
+            for peer in peers:
+                if how is not None and outcome[peer] == wanted:
+                    return PeerLost(peer, how, self.host_of(peer), seconds)
+        # "alive": its monitor accepts probes (its heartbeats lost on the way?): no loss to name
+        silent = [p for p in peers if outcome[p] == "silent"]
+        if not silent:
+            return None
+        if isolated and seconds and len({self.remote[p].name for p in silent}) > 1:
+            return PeerLost(silent[0], "isolated", here, seconds, None, tuple(silent[1:]))
+        return PeerLost(silent[0], "unreachable", self.host_of(silent[0]), seconds)
+
+    # ---- heartbeats --------------------------------------------------------------------------------
+    def _beat(self, leaving: bool = False) -> None:
+        event = self.event
+        flags = (liveness.LEAVING if leaving else 0) | (liveness.SPOKEN if event else 0)
+        lost, how, seconds = -1, 0, 0
+        if event is not None and event.how != "isolated":
+            lost, how, seconds = event.peer, HOWS.index(event.how) + 1, int(event.seconds)
+        self._seq += 1
+        data = liveness.pack_heartbeat(self.rank, self.token, self._seq, flags, lost, how, seconds)
+        for peer in list(self.local):
+            self.endpoint.send_local(peer, data)
+        for remote in list(self.remote.values()):
+            for address in [remote.heard] if remote.heard else remote.addresses:
+                self.endpoint.send_udp((address, remote.port), data)
+
+    def _heard(self, data: bytes, source) -> None:
+        beat = liveness.unpack_heartbeat(data)
+        if beat is None:
+            return
+        sender, token, _, flags, lost, how, seconds = beat
+        if source is not None:  # another machine: only this job's ranks, once set-up is done
+            remote = self.remote.get(sender)
+            if remote is None or token != self.token:
+                return
+            remote.heard, remote.last = source[0], time.monotonic()
+        if flags & liveness.LEAVING:
+            self.leaving.add(sender)
+        else:  # a new communicator of a process that had closed one
+            self.leaving.discard(sender)
+        if flags & liveness.SPOKEN:
+            self.spoken.add(sender)
+        if lost >= 0 and 1 <= how <= len(HOWS) and self.event is None:
+            host = f"{self.host} (this host)" if lost == self.rank else self.host_of(lost)
+            self.lost(PeerLost(lost, HOWS[how - 1], host, seconds, told_by=sender))
+
+    # ---- ending --------------------------------------------------------------------------------------
+    def _all_spoke(self) -> bool:
+        event = self.event
+        gone = {event.peer, *event.others} if event is not None else set()
+        reachable = set(self.local) | {p for p, r in self.remote.items() if r.heard}
+        return all(p in self.spoken for p in reachable - gone - self.leaving)
+
+    def _end(self) -> None:
+        """End this process (the abort policy's last act); first a stopped peer of this machine
+        that this rank found itself, which would never end on its own."""
+        event = self.event
+        pid = self.local.get(event.peer) if event is not None else None
+        if pid is not None and event.how == "stopped":
+            if event.told_by is None and liveness.is_stopped(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            # Let the launcher see the stopped peer end first: torchrun names the first rank it
+            # sees fail as the root cause.
+            deadline = time.monotonic() + 2 * CHECK_SECONDS
+            while not liveness.is_gone(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(CHECK_SECONDS)
+        self._beat()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed stream: nothing left to save
+                pass
+        os._exit(1)
+
+
+# ---- the policy ----------------------------------------------------------------------------------
+def on_peer_loss(monitor: Monitor, event: PeerLost) -> None:
+    """What a rank does about a lost peer: the one policy, today **abort** (see the module
+    docstring). Say it in one line (a rank that only heard of it says who saw it), and end this
+    process once the other ranks have said it too (the monitor's thread does the ending, so a main
+    thread blocked in MPI_Init, the rendezvous or a collective is no obstacle)."""
+    if event.peer == monitor.rank:
+        line = (
+            f"error (rank {monitor.rank}): rank {event.told_by} found this rank {event.how} "
+            f"(on host {monitor.host}): ending it"
+        )
+    else:
+        line = f"error (rank {monitor.rank}): {event.text()}: ending the job"
+    try:
+        os.write(2, (line + "\n").encode())
+    except OSError:
+        pass
+    monitor.end_at = time.monotonic() + SPEAK_SECONDS
+
+
+__all__ = [
+    "ANNOUNCE_BYTES",
+    "CHECK_SECONDS",
+    "GAP_SECONDS",
+    "HOWS",
+    "Monitor",
+    "PeerLost",
+    "PROBE_SECONDS",
+    "SILENT_SECONDS",
+    "SPEAK_SECONDS",
+    "STOPPED_SECONDS",
+    "on_peer_loss",
+]

@@ -1,0 +1,122 @@
+"""What a private run reports, and where: each figure labelled with the bound it is.
+
+Every epsilon is shown with its label (`accounting.epsilon_label`): the bound (``local DP-SGD``:
+against anyone who sees all of the peer's messages), the adjacency (add/remove while the shard
+sizes are private; replace-one where they are released) and the accountant. Muffliato's and
+ZIP-DL's network figures are named `accounting.NETWORK_LABEL` and never reported as the epsilon.
+
+Where each figure goes:
+
+* a peer's own epsilons, rate and sigma: its own ``peers/rank-K.json`` and metrics file only
+  (`DifferentialPrivacy.peer_fields`); rank 0's are rank 0's own, printed nowhere;
+* the summary, the progress lines and the trackers: public figures (sigma, C, delta, the
+  accountant, the adjacency, where the randomness comes from, the tuning note), and the peers'
+  epsilons and rates only with ``release_peer_statistics: true``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List
+
+from gossip_powersgd.privacy.accounting import ADJACENCY_SHORT, LOCAL_BOUND, NETWORK_LABEL
+
+__all__ = [
+    "TUNING_NOTE",
+    "NETWORK_NOTE",
+    "dp_summary_rows",
+    "eval_text",
+    "json_number",
+    "from_json_number",
+]
+
+#: The summary's ``dp_tuning`` field: what the reported budget leaves out.
+TUNING_NOTE = (
+    "the privacy budget reported covers this run alone: every run tried on the same data to "
+    "choose its hyper-parameters (sigma, C, learning rate, epochs, the target itself) spends "
+    "privacy too and is not counted; count it (e.g. Papernot & Steinke, ICLR 2022, "
+    "hyper-parameter tuning with Renyi DP) or tune on public data"
+)
+
+#: The summary's ``dp_network_bound`` field for Muffliato and ZIP-DL.
+NETWORK_NOTE = (
+    "not a guarantee for training, not computed for this run: it assumes gradients that do not "
+    "depend on the noisy models and ignores the evaluation's all-reduce of the average model to "
+    "every peer (privacy.mechanisms.muffliato computes it for comparison only)"
+)
+
+
+def json_number(value: float):
+    """``value``, or the string "inf" (JSON has no infinity; sigma = 0 spends an infinite epsilon)."""
+    return value if math.isfinite(value) else "inf"
+
+
+def from_json_number(value) -> float:
+    """The inverse of `json_number`."""
+    return math.inf if value == "inf" else float(value)
+
+
+def _span(values) -> str:
+    numbers = [from_json_number(v) for v in values]
+    return f"[{min(numbers):.4g}, {max(numbers):.4g}]"
+
+
+def dp_summary_rows(summary: Dict[str, Any]) -> List[tuple]:
+    """The summary table's rows of differential privacy; none for a run without it."""
+    if "dp_adjacency" not in summary:
+        return []
+    sigma = summary["noise_multiplier"]
+    adjacency = ADJACENCY_SHORT[summary["dp_adjacency"]]
+    rows = [
+        (
+            "DP noise multiplier σ / clip norm C",
+            f"{'per peer' if sigma is None else f'{sigma:.4g}'} / {summary['max_grad_norm']}",
+        ),
+        ("DP δ", f"{summary['delta']:g}"),
+        ("DP adjacency", summary["dp_adjacency"]),
+        ("DP randomness", summary["dp_randomness_note"]),
+    ]
+    if summary.get("dp_epsilon_note"):
+        rows.append(("DP ε is", summary["dp_epsilon_note"]))
+    if summary.get("dp_exchanged_subspace"):
+        rows.append(
+            (
+                "DP update",
+                "kept in the subspace PowerGossip's next messages read (post-processing: "
+                "the same privacy budget)",
+            )
+        )
+    if "epsilon" not in summary:
+        rows.append(
+            (
+                f"ε ({LOCAL_BOUND}, {adjacency}), sampling rate",
+                "private: " + summary["epsilon_per_peer"],
+            )
+        )
+    else:
+        labels = summary["epsilon_labels"]
+        rows.append(("DP sampling rate q [min, max]", _span(summary["sample_rate"])))
+        rows += [
+            (f"{labels[key]} at δ [min, max]", _span(summary[key]))
+            for key in ("epsilon", "epsilon_add_remove", "epsilon_pld")
+            if key in summary
+        ]
+    if "dp_network_bound" in summary:
+        rows.append(
+            (
+                NETWORK_LABEL,
+                f"{summary['dp_network_bound']}; the guarantee is ε ({LOCAL_BOUND}, {adjacency})",
+            )
+        )
+    rows.append(("DP hyper-parameter tuning", summary["dp_tuning"]))
+    return rows
+
+
+def eval_text(record: Dict[str, Any]) -> str:
+    """The progress line's privacy figure: the worst peer's epsilon where the peers' figures are
+    released; nothing otherwise (a peer's own epsilon is its own: rank 0's too)."""
+    worst = record.get("epsilon_max")
+    if worst is None:
+        return ""
+    text = worst if worst == "inf" else f"{worst:.3g}"
+    return f"  worst {record.get('epsilon_bound', 'ε')} {text}"

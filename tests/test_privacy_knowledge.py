@@ -1,0 +1,184 @@
+"""The knowledge-matrix attack (`privacy.knowledge`; El Mrini, Cyffers, Bellet, ICML 2024).
+
+Known answers: which peers an observer's knowledge determines on small graphs, each derived by
+hand (ring:4's non-neighbour after two steps; a star's other leaves never, their sum yes; the
+3x3 torus's four peers on which an eigenvector of W lives that vanishes on everything the observer
+hears; every peer of a line from its end; no non-neighbour's update in decentralized SGD); the
+attack on real messages (gossip runs recorded by `ViewRecorder`) reconstructs what the structure
+says it determines, to float64 rounding; on PowerGossip only the exactly gossiped tensors are
+linearly attackable, and a non-neighbour's are reconstructed as under exact gossip.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import topologies
+from gossip_powersgd import LocalCluster
+from gossip_powersgd.privacy import load_view
+from gossip_powersgd.privacy.knowledge import (
+    attackable_indices,
+    colluders_needed,
+    knowledge_matrix,
+    observations,
+    reach,
+    system_from_views,
+)
+
+
+def determined_peers(system, key="updates"):
+    return {p for p, r in reach(system).items() if r[key] == 1.0}
+
+
+# ---- the structure, against closed forms -----------------------------------------------------------
+
+
+def test_ring4_averaging_reaches_the_opposite_peer_after_two_steps():
+    """Metropolis weights 1/3, gamma 1: after one step observer 0 holds x0, x1, x3; after two,
+    y1(1) = (x0 + x1 + x2) / 3 gives x2 = 3 y1(1) - x0 - x1."""
+    one = knowledge_matrix("ring:4", 1, [0], gamma=1.0, updates="once")
+    assert determined_peers(one) == {0, 1, 3}
+    two = knowledge_matrix("ring:4", 2, [0], gamma=1.0, updates="once")
+    assert determined_peers(two) == {0, 1, 2, 3}
+
+
+def test_a_star_leaf_learns_the_centre_and_the_other_leaves_sum_only():
+    """star:4 seen from leaf 1, which hears only the centre: swapping leaves 2 and 3 changes
+    nothing it receives, so neither is determined, at any step; their sum is."""
+    system = knowledge_matrix("star:4", 6, [1], updates="once")
+    assert determined_peers(system) == {0, 1}
+    assert system.determined(np.array([0.0, 0.0, 1.0, 1.0]))[0]
+    assert not system.determined(np.array([0.0, 0.0, 1.0, -1.0]))[0]
+
+
+def test_the_torus_hides_the_eigenvector_that_vanishes_on_what_the_observer_hears():
+    """torus:3x3 (peer 3 r + c), observer 0 hears 1, 2, 3, 6. v = sin(2 pi r / 3) sin(2 pi c / 3)
+    is an eigenvector of W that is 0 on row 0 and column 0, so adding it to the values changes no
+    message: peers 4, 5, 7, 8 (its support) are not determined, whatever the number of steps."""
+    system = knowledge_matrix("torus:3x3", 10, [0], updates="once")
+    v = np.array(
+        [np.sin(2 * np.pi * r / 3) * np.sin(2 * np.pi * c / 3) for r in range(3) for c in range(3)]
+    )
+    w = np.asarray(topologies.parse("torus:3x3").W)
+    assert np.allclose(w @ v, (v @ w @ v) / (v @ v) * v)  # an eigenvector
+    assert np.abs(system.matrix @ v).max() < 1e-12  # invisible in every equation
+    assert determined_peers(system) == {0, 1, 2, 3, 6}
+    k, group = colluders_needed("torus:3x3", 10, 4, updates="once")
+    assert k == 2  # one more colluder off the mode's zero set
+
+
+def test_a_line_is_read_entirely_from_its_end():
+    system = knowledge_matrix(topologies.grid(1, 6), 8, [0], updates="once")
+    assert determined_peers(system) == set(range(6))
+
+
+def test_decentralized_sgd_hides_every_non_neighbours_update_unless_updates_are_tied():
+    """With a fresh update per peer and step, each value a non-neighbour sends reaches the
+    observer mixed with a neighbour's newer, unknown update: none of its updates (or models) is
+    determined; the neighbours' models are (received as they are). Updates tied over windows
+    (the paper's assumption for D-GD) determine every peer of the ring."""
+    for spec in ("ring:8", "exponential:8"):
+        system = knowledge_matrix(spec, 8, [0])
+        neighbours = set(topologies.parse(spec).neighbors(0))
+        reached = reach(system)
+        for peer in set(range(8)) - neighbours - {0}:
+            assert reached[peer]["updates"] == 0.0 and reached[peer]["models"] == 0.0
+        assert all(reached[p]["models"] == 1.0 for p in neighbours)
+        assert colluders_needed(spec, 8, 4, most=2) == (None, ())
+    tied = knowledge_matrix("ring:8", 8, [0], gamma=1.0, tie=4)
+    assert determined_peers(tied) == set(range(8))
+
+
+# ---- on real messages ------------------------------------------------------------------------------
+
+SHAPES = [(6, 6), (5,)]  # a matrix PowerGossip compresses, a vector it gossips exactly
+
+
+def _gossip(comm, spec, steps, constant_updates):
+    """Every peer gossips private float64 values and records its view: averaging (values once),
+    or with `constant_updates` the same private update added before every step."""
+    from gossip_powersgd.algorithms import make_algorithm
+    from gossip_powersgd.privacy.views import ViewRecorder
+
+    g = torch.Generator().manual_seed(100 + comm.rank)
+    x = [torch.zeros(s, dtype=torch.float64) for s in SHAPES]
+    updates = [torch.randn(s, generator=g, dtype=torch.float64) for s in SHAPES]
+    algorithm = make_algorithm(spec, x, comm)
+    recorder = ViewRecorder(algorithm)
+    for step in range(steps):
+        if constant_updates or step == 0:
+            for t, u in zip(x, updates):
+                t.add_(u)
+        algorithm.step()
+        recorder.flush()
+    return recorder, [u.clone() for u in updates]
+
+
+def run(spec, topology, steps, constant_updates=False):
+    results = LocalCluster(topologies.parse(topology), timeout=60).run(
+        _gossip, spec, steps, constant_updates
+    )
+    views = {k: load_view(recorder) for k, (recorder, _) in enumerate(results)}
+    return views, [updates for _, updates in results]
+
+
+def flat(tensors, indices):
+    return torch.cat([tensors[k].reshape(-1) for k in indices]).numpy()
+
+
+def test_exact_gossip_averaging_gives_away_the_opposite_peers_value():
+    views, private = run("exact:gamma=1.0", "ring:4", 2)
+    observer = {0: views[0]}
+    indices = attackable_indices(views[0])
+    assert indices == [0, 1]
+    system = system_from_views(observer, "ring:4", gamma=1.0, updates="once")
+    solution = system.solve(
+        observations(system, observer, [torch.zeros(s) for s in SHAPES], indices)
+    )
+    for peer in range(4):
+        column = system.unknowns.index((0, peer))
+        # float64 messages; the solve is well conditioned (a 3 x 3 system): 1e-12
+        assert np.allclose(solution[column], flat(private[peer], indices), atol=1e-12)
+    # the hand formula, on the messages themselves
+    received = {(m["step"], m["sender"]): m["tensor"] for m in views[0].messages_from(1)}
+    own = views[0].own_trajectory()[0]
+    x2 = 3 * received[(1, 1)] - torch.cat([t.reshape(-1) for t in own]) - received[(0, 1)]
+    assert torch.allclose(x2, torch.cat([u.reshape(-1) for u in private[2]]), atol=1e-12)
+
+
+def test_tied_updates_of_every_ring_peer_are_recovered_from_one_observers_messages():
+    """Exact gossip on ring:8 where every peer adds its own constant update before each of 8
+    steps (the paper's D-GD assumption holding exactly): observer 0 recovers all eight."""
+    views, private = run("exact:gamma=1.0", "ring:8", 8, constant_updates=True)
+    observer = {0: views[0]}
+    system = system_from_views(observer, "ring:8", gamma=1.0, tie=8)
+    solution = system.solve(
+        observations(system, observer, [torch.zeros(s) for s in SHAPES], [0, 1])
+    )
+    for peer in range(8):
+        assert np.allclose(
+            solution[system.unknowns.index((0, peer))], flat(private[peer], [0, 1]), atol=1e-9
+        )
+
+
+def test_powergossip_exposes_only_its_exactly_gossiped_tensors_to_the_linear_attack():
+    """PowerGossip rank 1 on ring:4, values gossiped once: the observer's messages carry the
+    vector exactly (its knowledge then determines the opposite peer's vector, as exact gossip's
+    does) and the matrix only as products with factors of its own edges; the non-neighbour's
+    matrix enters no equation with known coefficients. Low-rank messages shrink what a
+    non-neighbour loses to the linear attack to the exactly gossiped coordinates: 5 of 41."""
+    spec = "powergossip:rank=1,min_compression_rate=0,gamma=1.0"
+    views, private = run(spec, "ring:4", 3)
+    observer = {0: views[0]}
+    indices = attackable_indices(views[0])
+    assert indices == [1]
+    system = system_from_views(observer, "ring:4", gamma=1.0, updates="once")
+    assert determined_peers(system) == {0, 1, 2, 3}
+    solution = system.solve(
+        observations(system, observer, [torch.zeros(s) for s in SHAPES], indices)
+    )
+    assert np.allclose(solution[system.unknowns.index((0, 2))], flat(private[2], [1]), atol=1e-12)
+    sizes = [int(np.prod(s)) for s in SHAPES]
+    assert sum(sizes[k] for k in indices) / sum(sizes) == pytest.approx(5 / 41)
