@@ -36,7 +36,8 @@ MISSING_COMMITS = {
 }
 
 #: The project's internal names, as patterns. `lanes` is also the name of a public parameter,
-#: `LocalCluster(lanes=...)`, so the docstring that declares it may use the word.
+#: `LocalCluster(lanes=...)`, so the docstring that declares it, and the one guide that explains
+#: it, may use the word.
 TERMS = {
     "Architecture II": re.compile(r"\bArchitecture II\b"),
     "half-step": re.compile(r"\bhalf-steps?\b", re.IGNORECASE),
@@ -44,7 +45,13 @@ TERMS = {
     "lanes": re.compile(r"\blanes?\b", re.IGNORECASE),
     "issue number": re.compile(r"\bissues? #?\d+\b", re.IGNORECASE),
 }
-EXEMPT = {"lanes": {"gossip_powersgd.LocalCluster", "gossip_powersgd.comm.LocalCluster"}}
+EXEMPT = {
+    "lanes": {
+        "gossip_powersgd.LocalCluster",
+        "gossip_powersgd.comm.LocalCluster",
+        "docs/guides/performance.md",
+    }
+}
 
 #: Where the internal names are today, and how often: (place, term) -> count.
 KNOWN_TERMS = {
@@ -85,7 +92,7 @@ def _docstrings() -> Iterator[Tuple[str, str]]:
     import importlib
 
     import gossip_powersgd
-    from gossip_powersgd.training.config import describe_keys
+    from gossip_powersgd.training.keydocs import describe_keys
 
     for package in ("gossip_powersgd", "gossip_powersgd.training", "gossip_powersgd.comm"):
         module = importlib.import_module(package)

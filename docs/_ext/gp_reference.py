@@ -254,9 +254,7 @@ def message_template(node: ast.AST) -> Optional[str]:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr):
-        return "".join(
-            v.value if isinstance(v, ast.Constant) else PLACEHOLDER for v in node.values
-        )
+        return "".join(v.value if isinstance(v, ast.Constant) else PLACEHOLDER for v in node.values)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         left, right = message_template(node.left), message_template(node.right)
         if left is not None and right is not None:
@@ -328,7 +326,9 @@ def repo_role(name, rawtext, text, lineno, inliner, options=None, content=None):
     title, path = (match.group(1), match.group(2)) if match else (text, text)
     env = inliner.document.settings.env
     if not (ROOT / path).exists():
-        LOG.warning("{repo} link to a file that does not exist: %s", path, location=(env.docname, lineno))
+        LOG.warning(
+            "{repo} link to a file that does not exist: %s", path, location=(env.docname, lineno)
+        )
     base = env.config.gp_repo_url.rstrip("/")
     if base:
         uri = f"{base}/{path}"

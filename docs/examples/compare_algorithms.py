@@ -57,7 +57,9 @@ for label, spec in algorithms.items():
 # only; evaluations and the consensus distance travel apart (``metric_bytes_sent``).
 
 exact_mb = results["exact gossip"].mb_sent_per_peer
-print(f"{'algorithm':<16} {'MB/peer':>8} {'x fewer':>8} {'avg acc':>8} {'local acc':>10} {'consensus':>10}")
+print(
+    f"{'algorithm':<16} {'MB/peer':>8} {'x fewer':>8} {'avg acc':>8} {'local acc':>10} {'consensus':>10}"
+)
 for label, result in results.items():
     print(
         f"{label:<16} {result.mb_sent_per_peer:8.3f} {exact_mb / result.mb_sent_per_peer:8.1f}"

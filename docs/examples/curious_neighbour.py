@@ -96,11 +96,12 @@ for name, figures in attacks.items():
     print(f"{name:<48} AUC {figures['auc']:.3f}   TPR at 5% FPR {figures['tpr_at_fpr']:.3f}")
 
 # %%
-# Read each row against the blind baseline, and against the null band around 0.5: a figure inside
-# it says nothing. On this small, memorised problem the victim's own model leaks membership, and
-# how much of that the neighbour recovers is what the reconstruction's row measures. The
-# repository's attack pages (:doc:`../evidence`) do this with models trained to a useful accuracy,
-# several seeds, LiRA besides LOSS, permutation null bands and DP.
+# Read each row against the blind baseline, and against chance (0.5) with the spread that a
+# permutation test gives chance: a figure inside that spread says nothing. On this small, memorised
+# problem the victim's own model leaks membership, and how much of that the neighbour recovers is
+# what the reconstruction's row measures. The repository's attack pages (:doc:`../evidence`) do
+# this with models trained to a useful accuracy, several seeds, LiRA besides LOSS, the spread of
+# chance from a permutation test, and DP.
 #
 # Network DP of noisy gossip
 # --------------------------
