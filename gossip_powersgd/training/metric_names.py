@@ -51,6 +51,8 @@ time_gossip_compute          seconds the algorithm computed (compression, mixing
 time_communication           seconds the algorithm spent exchanging messages so far
 wall_time                    seconds since training started (set-up and loading not counted)
 epsilon                      differential privacy: the writing peer's epsilon so far, at delta
+epsilon_bound                differential privacy: what the epsilon bounds, as text (adjacency and
+                             accountant, e.g. replace-one by PLD; in the files only, not a number)
 delta                        differential privacy: the delta of every epsilon (public)
 epsilon_max                  the largest epsilon over peers (only with release_peer_statistics)
 live_peers                   churn: peers in the run at this evaluation
@@ -75,14 +77,15 @@ from __future__ import annotations
 import math
 from typing import Any, Dict
 
-#: Every record key of the table above (``model_sha256``, a string, is in the files only).
+#: Every record key of the table above (``model_sha256`` and ``epsilon_bound``, strings, are in
+#: the files only: trackers log numbers).
 RECORD_KEYS = (
     "step epoch lr train_loss train_loss_local test_acc_avg_model test_loss_avg_model "
     "test_acc_mean test_acc_min test_acc_max test_loss_mean test_loss_min test_loss_max "
     "test_acc_local test_loss_local test_perplexity_avg_model test_perplexity_mean "
     "test_perplexity_local consensus_distance bytes_sent messages_sent mb_sent_per_peer "
     "messages_sent_per_peer metric_bytes_sent time_compute time_gossip_compute "
-    "time_communication wall_time epsilon delta epsilon_max live_peers membership_epoch "
+    "time_communication wall_time epsilon epsilon_bound delta epsilon_max live_peers membership_epoch "
     "membership_changes average_shift_total observed_bytes"
 ).split()
 #: The record keys that are accuracies (fractions in [0, 1]).
