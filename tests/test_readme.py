@@ -35,6 +35,17 @@ def test_readme_shows_the_two_commands():
     assert "make demo" in text and "make test" in text
 
 
+def test_readme_is_short_and_points_into_the_documentation():
+    """At most 200 lines: the long material lives in docs/, and every page the README links to
+    exists."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    links = re.findall(r"\]\(((?:docs|experiments)/[^)#]*)\)", text)
+    assert len(links) >= 8
+    missing = sorted(link for link in links if not (ROOT / link).exists())
+    assert not missing, f"the README links to files that do not exist: {missing}"
+
+
 def layout_section(text: str) -> str:
     return re.search(r"## Layout\n(.*?)(?:\n## |\Z)", text, re.S).group(1)
 
