@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
 
+from ..comm.transports import TRANSPORTS
 from .features import Feature, Key, register
 from .hooks import TrainingHooks
 
@@ -70,7 +71,7 @@ def _validate(config) -> None:
     if policy != "continue":
         return
     if config.backend not in SUPPORTING_BACKENDS:
-        why = " (MPICH is fail-stop: a dead rank ends the job)" if config.backend == "mpi" else ""
+        why = TRANSPORTS.get(config.backend).peer_loss_note
         raise ValueError(
             f"on_peer_loss: continue is not supported on backend {config.backend}{why}; "
             f"backends that support it: {', '.join(SUPPORTING_BACKENDS)}"

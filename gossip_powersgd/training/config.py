@@ -186,6 +186,14 @@ class TrainConfig(_CoreConfig):
         data.update({name: copy.deepcopy(getattr(self, name)) for name in _features.feature_keys()})
         return data
 
+    @property
+    def algorithm_spec(self):
+        """`algorithm` parsed into an `algorithms.AlgorithmSpec` (name, class, typed options such as
+        PowerGossip's int rank), once per spec text: validation parses it, every user reads it."""
+        from ..algorithms.registry import parse_algorithm
+
+        return parse_algorithm(self.algorithm)
+
     def replace(self, **changes) -> "TrainConfig":
         return TrainConfig(**{**self.to_dict(), **changes})
 

@@ -38,6 +38,7 @@ from gossip_powersgd.privacy.accounting import (
     REPLACE_ONE,
     epsilon_label,
 )
+from gossip_powersgd.privacy.mechanisms.registry import Mechanism, register_mechanism
 
 if TYPE_CHECKING:
     from topologies import AnyTopology
@@ -61,7 +62,7 @@ def network_applies(algorithm: str, momentum: float, schedule: str, warmup_epoch
 def _not_modelled(config) -> list:
     """What of the run the network figure would not model even for non-adaptive updates."""
     reasons = []
-    algorithm = str(config.algorithm).split(":", 1)[0].strip()
+    algorithm = config.algorithm_spec.name
     if algorithm != "exact":
         reasons.append(f"algorithm {algorithm}")
     if float(config.momentum) != 0.0:
@@ -178,3 +179,17 @@ def hops(topology: AnyTopology, source: int) -> np.ndarray:
                     nxt.append(b)
         frontier = nxt
     return dist
+
+
+@register_mechanism
+class Muffliato(Mechanism):
+    name = "muffliato"
+    summary = (
+        "DP-SGD's noise; its per-pair network figure is no guarantee for training, the epsilon "
+        "is DP-SGD's"
+    )
+    needs = "supports_update_noise"
+    network_bound = True
+
+    def epsilon_note(self, config):
+        return epsilon_note(config)
