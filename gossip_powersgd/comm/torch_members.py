@@ -1,0 +1,107 @@
+"""The torch transport of a run whose peers may be lost (``on_peer_loss: continue``).
+
+Two things `TorchCommunicator` needs once a lost peer must not end the run:
+
+* **Waits that a loss interrupts.** A gloo receive from a peer that is stopped or cut off blocks
+  until the comm timeout, and a gloo wait that times out closes every connection of its group. So
+  each wait runs in a helper thread, and the caller looks every `POLL_SECONDS` at `interrupted()`
+  (the membership's: a loss this rank's monitor found, or one the other survivors wrote in the
+  store); when it says a peer is lost, the operation is abandoned with `PeerLostError`, without
+  touching the group's connections. A receive from a peer that died (its connections reset) fails
+  at once, and the monitor's diagnosis of it goes to the same place.
+* **A group per membership epoch.** The default group holds every peer of the launch, and its
+  connections to a lost one are broken. After each agreed change the members build a fresh gloo
+  group over themselves (`MemberGroup`: a `ProcessGroupGloo` on a `PrefixStore` of the rendezvous
+  store, one per epoch number, collective over the members only); its ranks are positions in the
+  ascending list of member ids, so peer ids (which never change) are mapped to positions here.
+
+CPU tensors only (gloo): a run with ``device: cuda`` and on_peer_loss: continue is refused.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..errors import PeerLostError
+
+#: How often a wait looks whether a peer was found lost meanwhile.
+POLL_SECONDS = 0.05
+#: How long a failed wait looks for a lost peer behind it: a connection reset by a killed peer
+#: arrives while its process is still ending, before /proc or a probe can tell.
+DYING_SECONDS = 3.0
+
+
+def watched_wait(work, seconds: float, interrupted: Callable[[], Optional[str]]):
+    """`work.wait(seconds)`, in a helper thread; raises `PeerLostError` as soon as
+    `interrupted()` names a loss (the helper is left to end with the work: when the lost peer's
+    connections close, or at the comm timeout)."""
+    done, box = threading.Event(), {}
+
+    def wait() -> None:
+        try:
+            box["finished"] = work.wait(datetime.timedelta(seconds=seconds))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=wait, name="gossip-wait", daemon=True).start()
+    while not done.wait(POLL_SECONDS):
+        reason = interrupted()
+        if reason is not None:
+            raise PeerLostError(reason)
+    if "error" in box:
+        raise box["error"]
+    return box["finished"]
+
+
+def raise_if_lost(monitor, peers, interrupted: Optional[Callable[[], Optional[str]]]) -> None:
+    """After a wait for `peers` failed: under continue, `PeerLostError` if the monitor's diagnosis
+    (`faults.Monitor.diagnose`) or the membership finds a lost peer within DYING_SECONDS; else
+    nothing (the caller raises the failure)."""
+    if interrupted is None or monitor is None:
+        return
+    deadline = time.monotonic() + DYING_SECONDS
+    while True:
+        monitor.diagnose(peers)
+        reason = interrupted()
+        if reason is not None:
+            raise PeerLostError(reason) from None
+        if time.monotonic() > deadline:
+            return
+        time.sleep(POLL_SECONDS)
+
+
+class MemberGroup:
+    """The gloo group of membership epoch `number` over the peers `live` (module docstring)."""
+
+    def __init__(self, store, number: int, live: Sequence[int], rank: int, timeout: float):
+        self.number = number
+        self.live = tuple(sorted(live))
+        self.position: Dict[int, int] = {peer: k for k, peer in enumerate(self.live)}
+        prefix = dist.PrefixStore(f"membership/group/{number}/", store)
+        self.group = dist.ProcessGroupGloo(
+            prefix, self.position[rank], len(self.live), datetime.timedelta(seconds=timeout)
+        )
+
+    def send(self, tensor, peer: int):
+        return self.group.send([tensor], self.position[peer], 0)
+
+    def recv(self, tensor, peer: int):
+        return self.group.recv([tensor], self.position[peer], 0)
+
+    def allgather_bytes(self, data: bytes, wait) -> List[bytes]:
+        """Every member's `data` (of one length), in id order; `wait(works, ...)` the transport's."""
+        mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        out = [[torch.empty_like(mine) for _ in self.live]]
+        wait([self.group.allgather(out, [mine])], [], "an all-gather with the members")
+        return [bytes(t.numpy().tobytes()) for t in out[0]]
+
+
+__all__ = ["MemberGroup", "POLL_SECONDS", "raise_if_lost", "watched_wait"]
