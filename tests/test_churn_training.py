@@ -203,7 +203,10 @@ def test_a_run_that_lost_and_gained_peers_resumes_bit_for_bit(tmp_path, churned,
             dict(backend="mpi"),
             r"not supported on backend mpi \(MPICH is fail-stop.*support it: local, torch$",
         ),
-        (dict(backend="torch"), r"churn \(a schedule\) drives an in-process run: use backend local"),
+        (
+            dict(backend="torch"),
+            r"churn \(a schedule\) drives an in-process run: use backend local",
+        ),
         (
             dict(backend="torch", churn=None, device="cuda"),
             r"continue on backend torch moves CPU tensors over gloo.*use device cpu",
