@@ -47,7 +47,7 @@ from .. import faults
 from .interfaces import bind_gloo_to_route
 from .mpi import GRACE_SECONDS
 from .torch_faults import PeerWatch, undelivered
-from .torch_members import MemberGroup, PeerLostError, raise_if_lost, watched_wait
+from .torch_members import before_transfer, next_group, raise_if_lost, watched_wait
 
 if TYPE_CHECKING:
     from topologies import Topology
@@ -176,7 +176,7 @@ class TorchCommunicator(Communicator):
         self.device, self.backend = device, backend
         #: on_peer_loss: continue: what interrupts waits, the epoch's group (`torch_members`)
         self.interrupted: Optional[Callable[[], Optional[str]]] = None
-        self.group: Optional[MemberGroup] = None
+        self.group = None  # a `torch_members.MemberGroup`
         super().__init__(topology, rank, timeout)
         self._faults = PeerWatch(self._store, rank, world_size, self._monitor)
         atexit.register(self._tell_exit)  # runs before close (atexit is last in, first out)
@@ -291,9 +291,7 @@ class TorchCommunicator(Communicator):
         """Send each (peer, tensor) of `outgoing` and fill each (peer, buffer) of `incoming`."""
         if not outgoing and not incoming:
             return
-        reason = self.interrupted() if self.interrupted is not None else None
-        if reason is not None:  # a peer is lost: nothing more on this group (`torch_members`)
-            raise PeerLostError(reason)
+        before_transfer(self, incoming)  # on_peer_loss: continue (`torch_members`)
         if self.group is not None:  # the members' group of this epoch, by position
             works = [self.group.send(out, j) for j, out in outgoing]
             works += [self.group.recv(into, j) for j, into in incoming]
@@ -356,7 +354,7 @@ class TorchCommunicator(Communicator):
 
     def set_members(self, number: int, live) -> None:
         """From now on, a fresh group of the peers `live` (collective over them: `MemberGroup`)."""
-        self.group = MemberGroup(self._store, number, live, self.rank, self.timeout)
+        self.group = next_group(self, number, live)
 
     def _tell_exit(self) -> None:
         """At interpreter exit, with the communicator still open: record that this rank left."""

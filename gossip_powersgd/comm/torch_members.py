@@ -35,6 +35,9 @@ POLL_SECONDS = 0.05
 #: How long a failed wait looks for a lost peer behind it: a connection reset by a killed peer
 #: arrives while its process is still ending, before /proc or a probe can tell.
 DYING_SECONDS = 3.0
+#: Receives `close_pending` posts per peer at most (each one that completes took a stale message).
+CLOSE_TRIES = 4
+_INSTANT = datetime.timedelta(milliseconds=1)
 
 
 def watched_wait(work, seconds: float, interrupted: Callable[[], Optional[str]]):
@@ -61,6 +64,18 @@ def watched_wait(work, seconds: float, interrupted: Callable[[], Optional[str]])
     return box["finished"]
 
 
+def before_transfer(comm, incoming) -> None:
+    """Before `comm` (a `TorchCommunicator`) posts a transfer: `PeerLostError` once a peer is
+    lost (nothing more on the current group); the largest receive so far (`close_pending`'s)."""
+    if comm.interrupted is None:
+        return
+    reason = comm.interrupted()
+    if reason is not None:
+        raise PeerLostError(reason)
+    sizes = [buffer.numel() * buffer.element_size() for _, buffer in incoming]
+    comm.largest_receive = max([getattr(comm, "largest_receive", 1), *sizes])
+
+
 def raise_if_lost(monitor, peers, interrupted: Optional[Callable[[], Optional[str]]]) -> None:
     """After a wait for `peers` failed: under continue, `PeerLostError` if the monitor's diagnosis
     (`faults.Monitor.diagnose`) or the membership finds a lost peer within DYING_SECONDS; else
@@ -76,6 +91,22 @@ def raise_if_lost(monitor, peers, interrupted: Optional[Callable[[], Optional[st
         if time.monotonic() > deadline:
             return
         time.sleep(POLL_SECONDS)
+
+
+def close_pending(recv, peers: Sequence[int], size: int) -> None:
+    """End every wait still pending on a group this rank leaves (`recv(buffer, peer)` posts a
+    receive on it): a receive that times out at once makes gloo close the connection, and every
+    wait on it ends with an error now, not at the comm timeout. (A helper of `watched_wait` still
+    blocked in gloo when the interpreter exits aborts the process: "terminate called".) A
+    receive that completes took a message sent before the change that nobody waits for: `size`
+    bytes, the largest receive so far, hold any (a larger message aborts gloo)."""
+    for peer in peers:
+        for _ in range(CLOSE_TRIES):
+            try:
+                if recv(torch.zeros(size, dtype=torch.uint8), peer).wait(_INSTANT) is False:
+                    break
+            except RuntimeError:  # the timeout, or a connection closed already
+                break
 
 
 class MemberGroup:
@@ -104,4 +135,23 @@ class MemberGroup:
         return [bytes(t.numpy().tobytes()) for t in out[0]]
 
 
-__all__ = ["MemberGroup", "POLL_SECONDS", "raise_if_lost", "watched_wait"]
+def next_group(comm, number: int, live: Sequence[int]) -> MemberGroup:
+    """The group of membership epoch `number` for the `TorchCommunicator` `comm`, after ending
+    every wait left pending on its current one (the default group in epoch 0)."""
+    size = getattr(comm, "largest_receive", 1)
+    if comm.group is not None:
+        close_pending(comm.group.recv, [j for j in comm.group.live if j != comm.rank], size)
+    else:
+        close_pending(dist.irecv, [j for j in range(comm.size) if j != comm.rank], size)
+    return MemberGroup(comm._store, number, live, comm.rank, comm.timeout)
+
+
+__all__ = [
+    "MemberGroup",
+    "before_transfer",
+    "POLL_SECONDS",
+    "close_pending",
+    "next_group",
+    "raise_if_lost",
+    "watched_wait",
+]

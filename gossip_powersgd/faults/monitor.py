@@ -369,9 +369,9 @@ def on_peer_loss(monitor: Monitor, event: PeerLost) -> None:
     """What a rank does about a lost peer: the one policy (see the module docstring). Abort: say
     it in one line (a rank that only heard of it says who saw it), and end this process once the
     other ranks have said it too (the monitor's thread does the ending, so a main thread blocked
-    in MPI_Init, the rendezvous or a collective is no obstacle). Continue: say it in one line, end
-    a stopped peer of this machine, and hand the event with the time.time() of its detection to
-    the membership (`Monitor.losses`), which agrees with the survivors on going on without it."""
+    in MPI_Init, the rendezvous or a collective is no obstacle). Continue: say it in one line and
+    hand the event with the time.time() of its detection to the membership (`Monitor.losses`),
+    which agrees with the survivors on going on without it (then `end_stopped`)."""
     going_on = _going_on(monitor, event)
     if going_on:
         line = f"warning (rank {monitor.rank}): {event.text()}: going on without it"
@@ -390,9 +390,15 @@ def on_peer_loss(monitor: Monitor, event: PeerLost) -> None:
         monitor.end_at = time.monotonic() + SPEAK_SECONDS
         return
     monitor.losses.append((event, time.time()))
-    pid = monitor.local.get(event.peer)
-    if event.how == "stopped" and pid is not None and liveness.is_stopped(pid):
-        with contextlib.suppress(OSError):  # as abort does: its launcher and sockets end with it
+
+
+def end_stopped(monitor: Monitor, peer: int) -> None:
+    """End peer `peer` if it is a stopped process of this machine (SIGKILL: a stopped process never
+    acts on SIGTERM), so that its launcher and its connections end with it: what abort does to
+    a stopped peer, and continue once the survivors agreed to go on without it."""
+    pid = monitor.local.get(peer)
+    if pid is not None and liveness.is_stopped(pid):
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -412,5 +418,6 @@ __all__ = [
     "SILENT_SECONDS",
     "SPEAK_SECONDS",
     "STOPPED_SECONDS",
+    "end_stopped",
     "on_peer_loss",
 ]

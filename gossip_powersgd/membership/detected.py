@@ -44,6 +44,7 @@ import time
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ..errors import CommunicationError
+from ..faults.monitor import end_stopped
 
 if TYPE_CHECKING:
     from ..faults import Monitor, PeerLost
@@ -135,6 +136,9 @@ class DetectedChanges:
         epoch = membership.append(at, live)
         self.peer.detected[epoch.number] = agreed
         self._proposed = False
+        for peer in map(int, proposal["lost"]):
+            self.monitor.removed.add(peer)  # no second report of a peer removed already
+            end_stopped(self.monitor, peer)
         lost_text = ", ".join(f"peer {k} ({how})" for k, how in sorted(proposal["lost"].items()))
         self.changes.append(
             {
