@@ -23,12 +23,15 @@ from __future__ import annotations
 import datetime
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
 from ..errors import PeerLostError
+
+if TYPE_CHECKING:
+    from .torch import TorchCommunicator
 
 #: How often a wait looks whether a peer was found lost meanwhile.
 POLL_SECONDS = 0.05
@@ -64,7 +67,7 @@ def watched_wait(work, seconds: float, interrupted: Callable[[], Optional[str]])
     return box["finished"]
 
 
-def before_transfer(comm, incoming) -> None:
+def before_transfer(comm: "TorchCommunicator", incoming) -> None:
     """Before `comm` (a `TorchCommunicator`) posts a transfer: `PeerLostError` once a peer is
     lost (nothing more on the current group); the largest receive so far (`close_pending`'s)."""
     if comm.interrupted is None:
@@ -135,7 +138,7 @@ class MemberGroup:
         return [bytes(t.numpy().tobytes()) for t in out[0]]
 
 
-def next_group(comm, number: int, live: Sequence[int]) -> MemberGroup:
+def next_group(comm: "TorchCommunicator", number: int, live: Sequence[int]) -> MemberGroup:
     """The group of membership epoch `number` for the `TorchCommunicator` `comm`, after ending
     every wait left pending on its current one (the default group in epoch 0)."""
     size = getattr(comm, "largest_receive", 1)
