@@ -171,6 +171,28 @@ def _cell(launches: List[Dict[str, Any]], mark: str) -> str:
     return f"{_median(times)} ({_span(times)})" if times else "n/a"
 
 
+def _verdict(commands, train, imports, baseline) -> List[str]:
+    """One line per launcher: when the first line comes, against the launcher alone and torch."""
+    lines = []
+    for k in LAUNCHERS:
+        first = _times(train[k], "start:")
+        torch_line = _times(imports[k], "imported")
+        alone = _times(baseline[k], "line")
+        if first and torch_line and alone:
+            at, imported = statistics.median(first), statistics.median(torch_line)
+            lines.append(
+                f"- {commands[k]}: the first line comes {at:.2f} s after the launch (the launcher "
+                f"alone prints at {statistics.median(alone):.2f} s), "
+                + (
+                    f"before `import torch` ends in any process ({imported:.2f} s; "
+                    f"{at / imported:.2f}x of it)."
+                    if at < imported
+                    else f"after `import torch` ends in the first process ({imported:.2f} s)."
+                )
+            )
+    return lines
+
+
 def render(rows: Rows) -> Outputs:
     """bench_startup.md from the row."""
     (record,) = rows.records
@@ -231,22 +253,7 @@ def render(rows: Rows) -> Outputs:
         "## Verdict",
         "",
     ]
-    for k in LAUNCHERS:
-        first = _times(train[k], "start:")
-        torch_line = _times(imports[k], "imported")
-        alone = _times(baseline[k], "line")
-        if first and torch_line and alone:
-            at, imported = statistics.median(first), statistics.median(torch_line)
-            lines.append(
-                f"- {commands[k]}: the first line comes {at:.2f} s after the launch (the launcher "
-                f"alone prints at {statistics.median(alone):.2f} s), "
-                + (
-                    f"before `import torch` ends in any process ({imported:.2f} s; "
-                    f"{at / imported:.2f}x of it)."
-                    if at < imported
-                    else f"after `import torch` ends in the first process ({imported:.2f} s)."
-                )
-            )
+    lines += _verdict(commands, train, imports, baseline)
     lines += [
         "",
         "Commands (each from the checkout's root, `OMP_NUM_THREADS=1`, the venv's launchers):",

@@ -231,7 +231,7 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
     args = build_parser(module).parse_args(argv)
     _import_from_cwd()
     if args.help_config:
-        from gossip_powersgd.training.config import describe_keys
+        from gossip_powersgd.training.keydocs import describe_keys
 
         print(describe_keys())
         return None

@@ -367,7 +367,7 @@ def probe(
                 s.close()
         for s in readable:
             try:
-                outcome[connected[s]] = "alive" if s.recv(1) == b"" else "answers"
+                outcome[connected[s]] = "alive" if s.recv_into(bytearray(1)) == 0 else "answers"
             except OSError:  # reset: the listener went away with its process
                 outcome[connected[s]] = "refused"
             del connected[s]

@@ -138,7 +138,7 @@ class _CoreConfig:
 class TrainConfig(_CoreConfig):
     """One training run: the core keys (fields of `_CoreConfig`) and every registered feature's
     keys (`features.feature_keys()`), each readable and settable as an attribute.
-    `describe_keys()` prints them all with their documentation."""
+    `keydocs.describe_keys()` prints them all with their documentation."""
 
     def __init__(self, **values: Any):
         keys = _features.feature_keys()
@@ -223,29 +223,6 @@ def __getattr__(name: str) -> Any:
     if name == "RECORDING_KEYS":
         return recording_keys()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def describe_keys() -> str:
-    """`key (default)  documentation` for every key, from the comments in this file and the
-    features' `Key.doc`."""
-    import inspect
-    import re
-
-    source = inspect.getsource(_CoreConfig)
-    docs: Dict[str, str] = {}
-    pending: List[str] = []
-    for line in source.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("#:"):
-            pending.append(stripped[2:].strip())
-            continue
-        match = re.match(r"(\w+):", stripped)
-        if match and match.group(1) in _FIELDS and pending:
-            docs[match.group(1)] = " ".join(pending)
-        pending = []
-    docs.update({name: key.doc for name, key in _features.feature_keys().items()})
-    defaults = TrainConfig().to_dict()
-    return "\n".join(f"{key} ({defaults[key]!r})  {docs.get(key, '')}" for key in valid_keys())
 
 
 # ---- canonical forms --------------------------------------------------------------------------------

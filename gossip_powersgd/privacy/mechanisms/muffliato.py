@@ -16,8 +16,8 @@ neighbours'. No noise is added to the messages. Two figures per pair (victim u, 
   training (``"network"``, labelled `NETWORK_LABEL`): it takes each step's contribution as fixed
   in advance, while DP-SGD's gradients depend on the noisy models the observer has seen
   (adaptive composition; a star:4 counter-example moves 0.868 to 2.0-2.9), and it ignores the
-  evaluation, which all-reduces the average model to every peer (the README's ring:16 figure
-  0.062 becomes 1.18 with it). It is kept for comparison with the literature and for
+  evaluation, which all-reduces the average model to every peer (the threat-model page's
+  ring:16 figure 0.062 becomes 1.18 with it). It is kept for comparison with the literature and for
   non-adaptive linear gossip, where it is exact (`network_dp`).
 
 So epsilon_uv is the local bound; a smaller network figure beside it is no smaller guarantee.
