@@ -46,7 +46,7 @@ _INSTANT = datetime.timedelta(milliseconds=1)
 def watched_wait(work, seconds: float, interrupted: Callable[[], Optional[str]]):
     """`work.wait(seconds)`, in a helper thread; raises `PeerLostError` as soon as
     `interrupted()` names a loss (the helper is left to end with the work: when the lost peer's
-    connections close, or at the comm timeout)."""
+    connections close, or when `close_pending` closes the group's at the change)."""
     done, box = threading.Event(), {}
 
     def wait() -> None:
