@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import math
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -25,6 +27,7 @@ import torch
 import topologies
 from churn_torch import TIMEOUT, end, launch
 from liveness_jobs import TINY
+from gossip_powersgd.faults import monitor
 from gossip_powersgd.membership.epochs import Membership
 
 STEPS, AT, VICTIM = 120, 5, 2
@@ -175,3 +178,30 @@ def test_the_training_program_survives_a_lost_peer(tmp_path, victim, sig):
     (lost,) = summary["peers_lost"]
     assert (lost["peer"], lost["how"]) == (victim, how)
     assert 130 < lost["step"] < 1300 and lost["detection_to_continuation_s"] >= 0
+
+
+# ---- the policy ---------------------------------------------------------------------------------
+def test_the_continue_policy_hands_each_lost_peer_over_once_and_goes_on():
+    """Under continue the one policy (`faults.monitor.on_peer_loss`) ends nothing: the lost peer
+    goes to `Monitor.losses` once, with the time of its detection, and is watched no more; a rank
+    found cut off (isolated) or named lost by the others still ends."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    m = monitor.Monitor(0, 3)
+    m.joined = True  # the tables are set here: no looking for siblings
+    try:
+        m.policy = "continue"
+        m.local = {1: gone.pid}
+        before = time.time()
+        event = m.diagnose([1])
+        assert (event.peer, event.how) == (1, "killed")
+        assert m.diagnose([1]) is None  # no longer watched
+        time.sleep(2 * monitor.CHECK_SECONDS)  # the monitor's own looks: nothing more
+        assert [(e.peer, e.how) for e, _ in m.losses] == [(1, "killed")]
+        assert before <= m.losses[0][1] <= time.time()
+        assert m.event is None and m.end_at is None and m.removed == {1}
+        assert not monitor._going_on(m, monitor.PeerLost(2, "isolated", "here"))
+        assert not monitor._going_on(m, monitor.PeerLost(0, "stopped", "here", told_by=1))
+    finally:
+        m.closed = True
+        m.endpoint.close()
