@@ -135,7 +135,9 @@ def wait_for_line(path, pattern: str, processes, within: float) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("victim, sig", [(2, signal.SIGKILL), (1, signal.SIGSTOP)])
+@pytest.mark.parametrize(
+    "victim, sig", [(2, signal.SIGKILL), (1, signal.SIGSTOP)], ids=["kill", "stop"]
+)
 def test_the_training_program_survives_a_lost_peer(tmp_path, victim, sig):
     """gossip-train on 4 processes: the victim is sent SIGKILL or SIGSTOP once rank 0 says 10 %
     of the steps are done; the survivors agree, print the new membership, finish with exit 0, and
@@ -175,6 +177,7 @@ def test_the_training_program_survives_a_lost_peer(tmp_path, victim, sig):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["members_at_end"] == survivors
     assert summary["membership_changes"] == 1
+    assert summary["gossip_steps_dropped"] >= 1  # the step in flight, at least, on a neighbour
     (lost,) = summary["peers_lost"]
     assert (lost["peer"], lost["how"]) == (victim, how)
     assert 130 < lost["step"] < 1300 and lost["detection_to_continuation_s"] >= 0

@@ -349,7 +349,10 @@ class ChurnRun(TrainingHooks):
 
     def summary_fields(self) -> Dict[str, Any]:
         """What summary.json adds (collective over the members: the transfer traffic)."""
-        sent = torch.tensor([float(self.comm.stats.transfer_bytes_sent)], dtype=torch.float64)
+        dropped = getattr(self.peer.algorithm, "interrupted_steps", 0)
+        sent = torch.tensor(
+            [float(self.comm.stats.transfer_bytes_sent), float(dropped)], dtype=torch.float64
+        )
         self.comm.allreduce_(sent, op="sum", metric=True)
         lost = self.detected.changes if self.detected is not None else []
         return {
@@ -370,6 +373,8 @@ class ChurnRun(TrainingHooks):
             ],
             "average_shift_total": self.shift_total,
             "transfer_mb_sent": float(sent[0]) / 1e6,
+            # steps whose gossip a lost peer interrupted, summed over the members (torch)
+            "gossip_steps_dropped": int(sent[1]),
             "churn": self.config.churn,
         }
 

@@ -61,9 +61,7 @@ def launch(n: int, program: Sequence[str], log_dir: Path) -> List[subprocess.Pop
         out = open(log_dir / f"rank-{rank}.out", "w")
         err = open(log_dir / f"rank-{rank}.err", "w")
         processes.append(
-            subprocess.Popen(
-                [sys.executable, *program], env=env, cwd=ROOT, stdout=out, stderr=err
-            )
+            subprocess.Popen([sys.executable, *program], env=env, cwd=ROOT, stdout=out, stderr=err)
         )
         out.close()
         err.close()
