@@ -73,6 +73,18 @@ class DetectedChanges:
     def rank(self) -> int:
         return self.peer.rank
 
+    def _store(self, operation: str, *args):
+        """`operation` on the rendezvous store; a one-line error when the store is gone."""
+        try:
+            return getattr(self.store, operation)(*args)
+        except RuntimeError as exc:  # DistStoreError, DistNetworkError: its host has ended
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CommunicationError(
+                f"rank {self.rank}: the rendezvous store is unreachable ({first}): on_peer_loss: "
+                "continue agrees on the membership through it, so its host (rank 0's process, or "
+                "the first torchrun agent) must survive"
+            ) from None
+
     # ---- the transport's question ----------------------------------------------------------------
     def _lost(self) -> List[Tuple[PeerLost, float]]:
         live = self.peer.membership.last.live
@@ -90,7 +102,7 @@ class DetectedChanges:
         now = time.monotonic()
         if not self._proposed and now >= self._next_look:
             self._next_look = now + LOOK_SECONDS
-            self._proposed = self.store.check([f"membership/{membership.last.number + 1}"])
+            self._proposed = self._store("check", [f"membership/{membership.last.number + 1}"])
         if self._proposed:
             return "another survivor found a peer lost"
         return None
@@ -116,9 +128,9 @@ class DetectedChanges:
                 "by": self.rank,
                 "detected": min(t for _, t in lost),
             }
-            proposal = json.loads(self.store.compare_set(key, "", json.dumps(mine)))
+            proposal = json.loads(self._store("compare_set", key, "", json.dumps(mine)))
         else:
-            proposal = json.loads(self.store.get(key))
+            proposal = json.loads(self._store("get", key))
         live = tuple(proposal["live"])
         if self.rank not in live:
             raise CommunicationError(
@@ -129,7 +141,9 @@ class DetectedChanges:
         counters = {
             k: v for k, v in self.peer.algorithm.inner.node_state().items() if isinstance(v, int)
         }
-        self.store.set(f"{key}/at/{self.rank}", json.dumps({"step": step, "counters": counters}))
+        self._store(
+            "set", f"{key}/at/{self.rank}", json.dumps({"step": step, "counters": counters})
+        )
         posts = self._wait_for_posts(key, live, proposal)
         at = max(max(p["step"] for p in posts), membership.last.step + 1)
         agreed = {name: max(p["counters"][name] for p in posts) for name in counters}
@@ -161,7 +175,7 @@ class DetectedChanges:
         meanwhile, or has not posted within the comm timeout."""
         keys = [f"{key}/at/{k}" for k in live]
         deadline = time.monotonic() + self.timeout
-        while not self.store.check(keys):
+        while not self._store("check", keys):
             also = [e for e, _ in self._lost() if e.peer in live]
             if also:
                 raise CommunicationError(
@@ -170,13 +184,13 @@ class DetectedChanges:
                     "goes on through one loss at a time"
                 )
             if time.monotonic() > deadline:
-                missing = [k for k, name in zip(live, keys) if not self.store.check([name])]
+                missing = [k for k, name in zip(live, keys) if not self._store("check", [name])]
                 raise CommunicationError(
                     f"rank {self.rank}: peers {missing} did not join the agreement on membership "
                     f"{key.split('/')[-1]} within {self.timeout:g} s (comm_timeout)"
                 )
             time.sleep(WAIT_SECONDS)
-        return [json.loads(self.store.get(name)) for name in keys]
+        return [json.loads(self._store("get", name)) for name in keys]
 
     def continued(self, number: int) -> None:
         """Epoch `number` took effect on this peer now (the page's detection-to-continuation)."""
