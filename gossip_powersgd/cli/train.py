@@ -279,7 +279,8 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
     # rank 0's under local (the lowest member's if peers left), this process's when launched
     members = sorted(r for r, s in results.items() if not s.get("departed")) or sorted(results)
     summary = results[members[0]]
-    if summary["rank"] == 0 or transport(config.backend).in_process:
+    leader = min(summary.get("members_at_end") or [0])  # the lowest live id after churn
+    if summary["rank"] == leader or transport(config.backend).in_process:
         print(format_summary(summary))
         print(f"run directory: {config.out_dir}", flush=True)
     return summary

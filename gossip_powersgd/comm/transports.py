@@ -94,8 +94,14 @@ class Transport:
     launcher: Optional[str] = None
     #: Whether the run's `device` (a GPU) applies: the communicator is built for it.
     uses_device = False
+    #: How a run with `on_peer_loss: continue` learns that peers left: "schedule" (a `churn:`
+    #: schedule drives the membership, in process), "detected" (the liveness monitor finds a peer
+    #: lost), or None: `continue` is refused, `peer_loss_note` saying why.
+    peer_loss: Optional[str] = None
     #: Said after "on_peer_loss: continue is not supported on backend NAME": why (or "").
     peer_loss_note = ""
+    #: The devices a `continue` run may use on this transport (None: any).
+    peer_loss_devices: Optional[tuple] = None
 
     def detect(self) -> bool:
         """Whether this process was started for this transport (``backend: auto``)."""
@@ -210,6 +216,7 @@ class MPITransport(Transport):
 @register_transport
 class LocalTransport(Transport):
     name = "local"
+    peer_loss = "schedule"
     summary = "every peer a thread of this one process (no launcher)"
     in_process = True
 
@@ -241,6 +248,8 @@ class LocalTransport(Transport):
 @register_transport
 class TorchTransport(Transport):
     name = "torch"
+    peer_loss = "detected"
+    peer_loss_devices = ("cpu",)  # the hand-over and the per-epoch groups are gloo's
     summary = "one peer per process of torch.distributed (torchrun; gloo, NCCL on cuda)"
     in_process = False
     launcher = "torchrun"

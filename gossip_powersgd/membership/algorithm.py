@@ -31,6 +31,7 @@ import inspect
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Union
 
 from ..algorithms import AlgorithmSpec, parse_algorithm
+from ..errors import PeerLostError
 
 if TYPE_CHECKING:
     from ..comm.membership import MemberCommunicator
@@ -132,6 +133,8 @@ class MemberAlgorithm:
         self.params: List = list(inner.params)
         self._time_total = 0.0
         self._time_communication = 0.0
+        #: steps whose gossip a lost peer interrupted (dropped)
+        self.interrupted_steps = 0
 
     def replace(self, inner, epoch: int) -> None:
         """Make `inner` the current instance (the previous one's timers are kept)."""
@@ -141,7 +144,12 @@ class MemberAlgorithm:
 
     # ---- what the loop uses ----------------------------------------------------------------------
     def step(self) -> None:
-        self.inner.step()
+        """The current instance's step; under on_peer_loss: continue on torch, a step whose
+        exchanges a lost peer interrupted is finished without them (`membership.detected`)."""
+        try:
+            self.inner.step()
+        except PeerLostError:
+            self.interrupted_steps += 1
 
     @property
     def acts_on(self) -> str:
