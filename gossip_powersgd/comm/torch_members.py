@@ -30,8 +30,8 @@ import torch.distributed as dist
 
 from ..errors import PeerLostError
 
-if TYPE_CHECKING:
-    from .torch import TorchCommunicator
+if TYPE_CHECKING:  # the torch communicator itself imports this module: typed by its base
+    from .base import Communicator as TorchCommunicator
 
 #: How often a wait looks whether a peer was found lost meanwhile.
 POLL_SECONDS = 0.05
