@@ -15,6 +15,11 @@ class PeerAborted(CommunicationError):
     """Another peer failed, so this one stops instead of waiting forever."""
 
 
+class PeerLostError(CommunicationError):
+    """A wait ended because a peer was found lost under ``on_peer_loss: continue``: the survivors
+    agree on a membership without it (`membership.detected`); this operation is abandoned."""
+
+
 class AgreementError(ValueError):
     """Peers disagree on something they must share (topology, parameter shapes, configuration).
 
@@ -26,4 +31,10 @@ class NonFiniteError(FloatingPointError):
     """A peer was about to send a NaN or an infinity to its neighbours."""
 
 
-__all__ = ["CommunicationError", "PeerAborted", "AgreementError", "NonFiniteError"]
+__all__ = [
+    "CommunicationError",
+    "PeerAborted",
+    "PeerLostError",
+    "AgreementError",
+    "NonFiniteError",
+]

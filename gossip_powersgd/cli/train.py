@@ -30,12 +30,11 @@ from typing import Any, Dict, List, Optional, Tuple
 from gossip_powersgd.cli import program_name
 from gossip_powersgd.launch import (
     launched_by_mpiexec,
-    launched_by_torchrun,
     launched_rank,
-    launched_world_size,
     main_guard,
     resolve_backend,
     run_peers,
+    transport,
 )
 
 #: The module `python -m` runs this program as; a checkout's `experiments.train` passes its own, so
@@ -231,9 +230,12 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
     args = build_parser(module).parse_args(argv)
     _import_from_cwd()
     if args.help_config:
-        from gossip_powersgd.training.config import describe_keys
+        from gossip_powersgd.training.keydocs import describe_keys
+
+        from gossip_powersgd.cli.help import describe_registries
 
         print(describe_keys())
+        print("\naccepted values (registered):\n\n" + describe_registries())
         return None
     # The first sign of life, from the launcher's environment: before MPI and torch are loaded.
     launched = launched_rank() or (None if launched_by_mpiexec() else (0, 1))
@@ -260,7 +262,7 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
     resume = {None: False, "dir": True, "auto": "auto"}[resume_request(args)[0]]
     topology = _topology(config, module)
     device = "cpu"
-    if config.backend == "torch":
+    if transport(config.backend).uses_device:
         from gossip_powersgd.training.setup import resolve_device
 
         device = resolve_device(config.device, 0).type  # the GPU index comes from LOCAL_RANK
@@ -277,7 +279,8 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
     # rank 0's under local (the lowest member's if peers left), this process's when launched
     members = sorted(r for r, s in results.items() if not s.get("departed")) or sorted(results)
     summary = results[members[0]]
-    if summary["rank"] == 0 or config.backend == "local":
+    leader = min(summary.get("members_at_end") or [0])  # the lowest live id after churn
+    if summary["rank"] == leader or transport(config.backend).in_process:
         print(format_summary(summary))
         print(f"run directory: {config.out_dir}", flush=True)
     return summary
@@ -314,10 +317,11 @@ def _topology(config, module: str):
     except ValueError:
         n = "N"
     resolve_backend(config.backend, cli=module, n=n)
-    if config.backend == "local":
+    entry = transport(config.backend)
+    if entry.in_process:
         return resolve_topology(config)
-    world_size = launched_world_size(config.backend)
-    launcher = "mpiexec" if config.backend == "mpi" or not launched_by_torchrun() else "torchrun"
+    world_size = entry.world_size()
+    launcher = entry.launcher_name()
     if config.peers is not None and config.peers != world_size:
         raise ValueError(
             f"peers is {config.peers} but {launcher} started {world_size} processes: "

@@ -26,13 +26,14 @@ is fail-stop and a synchronous gossip step cannot go on without a neighbour, so 
 line naming the peer, its host and how it was lost; its heartbeats tell the other ranks, which print
 theirs (naming who saw it); once every reachable rank has spoken, or SPEAK_SECONDS have passed, it
 ends a stopped peer of its machine (SIGKILL: a stopped process never acts on SIGTERM) and its own
-process with status 1. A 'continue' policy (churn) would instead hand the event to the membership
-layer: that is the function to change.
+process with status 1. Under **continue** (`Monitor.policy`, set once training starts) the event
+goes to the membership instead (`Monitor.losses`), and this rank goes on without the peer.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import random
 import signal
@@ -41,11 +42,10 @@ import struct
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from . import liveness
-from .liveness import STOPPED_HOW
+from .liveness import PeerLost
 
 #: How often process states are read and heartbeats sent.
 CHECK_SECONDS = 1.0
@@ -66,56 +66,6 @@ HOWS = ("stopped", "killed", "hung", "unreachable", "isolated")
 #: four IPv4 addresses and its host name (raw bytes, never pickle).
 _ANNOUNCE = struct.Struct("!q8sIHH16s64s")
 ANNOUNCE_BYTES = _ANNOUNCE.size
-
-
-@dataclass(frozen=True)
-class PeerLost:
-    """Peer `peer` is lost: how, on which host, after how many seconds; `told_by` is the rank that
-    saw it when this one only heard of it; `others` the peers an isolated rank lost with it."""
-
-    peer: int
-    how: str
-    host: str
-    seconds: float = 0.0
-    told_by: Optional[int] = None
-    others: Tuple[int, ...] = ()
-
-    def text(self) -> str:
-        p, host, s = self.peer, self.host, f"{self.seconds:g}"
-        if self.how == "stopped":
-            text = f"peer {p} has been {STOPPED_HOW}{f' for {s} s' if self.seconds else ''}"
-            text += f", on host {host}"
-        elif self.how == "killed":
-            text = (
-                f"peer {p} on host {host} is gone: its process ended without a word (killed: "
-                "kill -9, the OOM killer?)"
-            )
-        elif self.how == "hung":
-            text = (
-                f"peer {p} on host {host} sent no heartbeat for {s} s though its host answers: "
-                "it is stopped or hung"
-            )
-        elif self.how == "unreachable":
-            text = (
-                f"peer {p} on host {host} is unreachable: "
-                f"{f'no heartbeat for {s} s and ' if self.seconds else ''}its host does not "
-                "answer (link down, or host down?)"
-            )
-        elif self.seconds:
-            text = (
-                f"no peer on another host has answered for {s} s ({_peers((p, *self.others))}): "
-                f"this host, {host}, may be the one cut off (its link down?), or they are all down"
-            )
-        else:
-            text = (
-                f"this host, {host}, has no route to its peers on other hosts "
-                f"({_peers((p, *self.others))}): its link is down"
-            )
-        return text if self.told_by is None else f"{text} (seen by rank {self.told_by})"
-
-
-def _peers(peers: Sequence[int]) -> str:
-    return f"peer {peers[0]}" if len(peers) == 1 else f"peers {', '.join(map(str, peers))}"
 
 
 class _Remote:
@@ -152,6 +102,9 @@ class Monitor:
         self.end_at: Optional[float] = None
         self.resting = False  # this rank's communicator is closed: its peers' ends are no loss
         self.closed = False
+        self.policy = "abort"  # "continue": set by the membership once training starts
+        self.removed: Set[int] = set()  # peers lost under continue: no longer watched
+        self.losses: List[Tuple[PeerLost, float]] = []  # (event, time.time() of detection)
         self._stopped_since: Dict[int, float] = {}
         self._last_look = -float("inf")
         self._seq = 0
@@ -200,6 +153,9 @@ class Monitor:
             self.silent_after = min(SILENT_SECONDS, max(timeout / 2, GAP_SECONDS))
         self._beat()  # at once: a peer stopped or cut off right after set-up has been heard
 
+    def _watched(self, peer: int) -> bool:
+        return peer not in self.leaving and peer not in self.removed
+
     # ---- the transports' side ----------------------------------------------------------------------
     def host_of(self, peer: int) -> str:
         remote = self.remote.get(peer)
@@ -217,7 +173,7 @@ class Monitor:
         event = None
         for peer in peers:
             pid = self.local.get(peer)
-            if pid is not None and peer not in self.leaving:
+            if pid is not None and self._watched(peer):
                 if liveness.is_stopped(pid):
                     since = self._stopped_since.get(peer)
                     seconds = round(time.monotonic() - since) if since is not None else 0
@@ -226,15 +182,21 @@ class Monitor:
                     event = PeerLost(peer, "killed", self.host_of(peer))
             if event is not None:
                 break
-        remote = [p for p in peers if p in self.remote and p not in self.leaving]
+        remote = [p for p in peers if p in self.remote and self._watched(p)]
         if event is None and remote:
             event = self._probed([p for p in remote if self.remote[p].heard], 0, answers=None)
         if event is not None:
             self.lost(event)
-        return self.event
+        return self.event or event
 
     def lost(self, event: PeerLost) -> None:
-        """Record a loss (the first one counts) and apply the policy to it."""
+        """Record a loss (the first one; under continue, each peer's first); apply the policy."""
+        if _going_on(self, event):
+            with self._lock:  # held until the event is handed over: a second finder waits for it
+                if event.peer not in self.removed and not self.closed:
+                    self.removed.add(event.peer)
+                    on_peer_loss(self, event)
+            return
         with self._lock:
             if self.event is not None or self.closed:
                 return
@@ -286,7 +248,10 @@ class Monitor:
 
     def _look_at_processes(self, now: float) -> Optional[PeerLost]:
         for peer, pid in list(self.local.items()):
-            if peer in self.leaving or not liveness.is_stopped(pid):
+            if self.policy == "continue" and self.joined and self._watched(peer):
+                if liveness.is_gone(pid):  # (under abort, a failed wait's diagnosis says it)
+                    return PeerLost(peer, "killed", self.host_of(peer))
+            if not self._watched(peer) or not liveness.is_stopped(pid):
                 self._stopped_since.pop(peer, None)
                 continue
             if now - self._stopped_since.setdefault(peer, now) >= self.stopped_after:
@@ -294,12 +259,12 @@ class Monitor:
         return None
 
     def _look_at_silence(self, now: float) -> Optional[PeerLost]:
-        heard = [p for p, r in self.remote.items() if r.heard and p not in self.leaving]
+        heard = [p for p, r in self.remote.items() if r.heard and self._watched(p)]
         silent = [p for p in heard if now - self.remote[p].last >= self.silent_after]
         if silent:
             isolated = len(silent) == len(heard)  # every other host went quiet at once
             return self._probed(silent, round(self.silent_after), answers="hung", isolated=isolated)
-        unheard = [p for p, r in self.remote.items() if not r.heard and p not in self.leaving]
+        unheard = [p for p, r in self.remote.items() if not r.heard and self._watched(p)]
         unheard = [p for p in unheard if now - self.remote[p].last >= self.silent_after]
         return self._probed_unheard(unheard) if unheard else None
 
@@ -417,11 +382,16 @@ class Monitor:
 
 # ---- the policy ----------------------------------------------------------------------------------
 def on_peer_loss(monitor: Monitor, event: PeerLost) -> None:
-    """What a rank does about a lost peer: the one policy, today **abort** (see the module
-    docstring). Say it in one line (a rank that only heard of it says who saw it), and end this
-    process once the other ranks have said it too (the monitor's thread does the ending, so a main
-    thread blocked in MPI_Init, the rendezvous or a collective is no obstacle)."""
-    if event.peer == monitor.rank:
+    """What a rank does about a lost peer: the one policy (see the module docstring). Abort: say
+    it in one line (a rank that only heard of it says who saw it), and end this process once the
+    other ranks have said it too (the monitor's thread does the ending, so a main thread blocked
+    in MPI_Init, the rendezvous or a collective is no obstacle). Continue: say it in one line and
+    hand the event with the time.time() of its detection to the membership (`Monitor.losses`),
+    which agrees with the survivors on going on without it (then `end_stopped`)."""
+    going_on = _going_on(monitor, event)
+    if going_on:
+        line = f"warning (rank {monitor.rank}): {event.text()}: going on without it"
+    elif event.peer == monitor.rank:
         line = (
             f"error (rank {monitor.rank}): rank {event.told_by} found this rank {event.how} "
             f"(on host {monitor.host}): ending it"
@@ -432,7 +402,25 @@ def on_peer_loss(monitor: Monitor, event: PeerLost) -> None:
         os.write(2, (line + "\n").encode())
     except OSError:
         pass
-    monitor.end_at = time.monotonic() + SPEAK_SECONDS
+    if not going_on:
+        monitor.end_at = time.monotonic() + SPEAK_SECONDS
+        return
+    monitor.losses.append((event, time.time()))
+
+
+def end_stopped(monitor: Monitor, peer: int) -> None:
+    """End peer `peer` if it is a stopped process of this machine (SIGKILL: a stopped process never
+    acts on SIGTERM), so that its launcher and its connections end with it: what abort does to
+    a stopped peer, and continue once the survivors agreed to go on without it."""
+    pid = monitor.local.get(peer)
+    if pid is not None and liveness.is_stopped(pid):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _going_on(monitor: Monitor, event: PeerLost) -> bool:
+    """Whether the continue policy applies: not to this rank itself, nor to an isolated one."""
+    return monitor.policy == "continue" and event.how != "isolated" and event.peer != monitor.rank
 
 
 __all__ = [
@@ -446,5 +434,6 @@ __all__ = [
     "SILENT_SECONDS",
     "SPEAK_SECONDS",
     "STOPPED_SECONDS",
+    "end_stopped",
     "on_peer_loss",
 ]

@@ -14,7 +14,7 @@ from ..utils import lazy_exports
 #: Each public name -> the module it lives in (imported when the name is first read).
 _HOMES = {
     "TrainConfig": "config",
-    "describe_keys": "config",
+    "describe_keys": "keydocs",
     "dump_config": "config",
     "load_config": "config",
     "validate_config": "config",
@@ -28,12 +28,12 @@ _HOMES = {
 if TYPE_CHECKING:
     from .config import (  # noqa: F401
         TrainConfig,
-        describe_keys,
         dump_config,
         load_config,
         validate_config,
     )
     from .hooks import SetupContext, TrainingHooks  # noqa: F401
+    from .keydocs import describe_keys  # noqa: F401
     from .trainer import format_summary, learning_rate, train  # noqa: F401
 
 

@@ -22,45 +22,45 @@ gossip converges to). Where the peers' statistics are private (differential priv
 ``partition: local``, unless ``release_peer_statistics: true``) the records hold no mean training
 loss, and a peer's own figures are for its own files only.
 
-=========================  ======================================================================
-key                        meaning
-=========================  ======================================================================
-step                       optimizer steps done (the x-axis of every tracker)
-epoch                      epochs done (a log record's is fractional: step / steps per epoch)
-lr                         the learning rate of the last step
-train_loss                 mean over peers of each peer's mean training loss since the previous
-                           record of the same kind (absent where peer statistics are private)
-train_loss_local           the writing peer's own mean training loss over the same steps
-test_acc_avg_model         accuracy of the averaged model on the test set (fraction)
-test_loss_avg_model        its loss
-test_acc_mean              accuracy of each peer's own model on the test set, mean over peers
-test_acc_min, _max         the same, lowest and highest peer
-test_loss_mean, _min, _max each peer's own model's test loss, mean / lowest / highest over peers
-test_acc_local             accuracy of the writing peer's own model (fraction)
-test_loss_local            its test loss
-test_perplexity_avg_model  exp(test_loss_avg_model), for language models (and _mean, _local)
-consensus_distance         mean over peers of ||x_i - x_bar||^2, all parameters (0: all equal)
-bytes_sent                 training bytes the writing peer sent so far (the algorithm's messages)
-messages_sent              training messages the writing peer sent so far
-mb_sent_per_peer           training MB sent so far, mean over peers (what compares algorithms)
-messages_sent_per_peer     training messages sent so far, mean over peers
-metric_bytes_sent          bytes the writing peer sent so far for these records' all-reduces
-                           (evaluation and consensus distance), never counted in bytes_sent
-time_compute               seconds of forward, backward and optimizer steps so far (the peer's)
-time_gossip_compute        seconds the algorithm computed (compression, mixing) so far
-time_communication         seconds the algorithm spent exchanging messages so far
-wall_time                  seconds since training started (set-up and loading not counted)
-epsilon                    differential privacy: the writing peer's epsilon so far, at delta
-epsilon_bound              differential privacy: what the epsilon bounds, as text (adjacency and
-                           accountant, e.g. replace-one by PLD; in the files only, not a number)
-delta                      differential privacy: the delta of every epsilon (public)
-epsilon_max                the largest epsilon over peers (only with release_peer_statistics)
-live_peers                 churn: peers in the run at this evaluation
-membership_epoch           churn: the number of the membership of the moment
-membership_changes         churn: membership changes so far
-average_shift_total        churn: summed norms of the jumps of the members' average at changes
-observed_bytes             observers: message bytes the writing peer's views recorded so far
-=========================  ======================================================================
+===========================  ====================================================================
+key                          meaning
+===========================  ====================================================================
+step                         optimizer steps done (the x-axis of every tracker)
+epoch                        epochs done (a log record's is fractional: step / steps per epoch)
+lr                           the learning rate of the last step
+train_loss                   mean over peers of each peer's mean training loss since the previous
+                             record of the same kind (absent where peer statistics are private)
+train_loss_local             the writing peer's own mean training loss over the same steps
+test_acc_avg_model           accuracy of the averaged model on the test set (fraction)
+test_loss_avg_model          its loss
+test_acc_mean                accuracy of each peer's own model on the test set, mean over peers
+test_acc_min, _max           the same, lowest and highest peer
+test_loss_mean, _min, _max   each peer's own model's test loss, mean / lowest / highest over peers
+test_acc_local               accuracy of the writing peer's own model (fraction)
+test_loss_local              its test loss
+test_perplexity_avg_model    exp(test_loss_avg_model), for language models (and _mean, _local)
+consensus_distance           mean over peers of ||x_i - x_bar||^2, all parameters (0: all equal)
+bytes_sent                   training bytes the writing peer sent so far (the algorithm's messages)
+messages_sent                training messages the writing peer sent so far
+mb_sent_per_peer             training MB sent so far, mean over peers (what compares algorithms)
+messages_sent_per_peer       training messages sent so far, mean over peers
+metric_bytes_sent            bytes the writing peer sent so far for these records' all-reduces
+                             (evaluation and consensus distance), never counted in bytes_sent
+time_compute                 seconds of forward, backward and optimizer steps so far (the peer's)
+time_gossip_compute          seconds the algorithm computed (compression, mixing) so far
+time_communication           seconds the algorithm spent exchanging messages so far
+wall_time                    seconds since training started (set-up and loading not counted)
+epsilon                      differential privacy: the writing peer's epsilon so far, at delta
+epsilon_bound                differential privacy: what the epsilon bounds, as text (adjacency and
+                             accountant, e.g. replace-one by PLD; in the files only, not a number)
+delta                        differential privacy: the delta of every epsilon (public)
+epsilon_max                  the largest epsilon over peers (only with release_peer_statistics)
+live_peers                   churn: peers in the run at this evaluation
+membership_epoch             churn: the number of the membership of the moment
+membership_changes           churn: membership changes so far
+average_shift_total          churn: summed norms of the jumps of the members' average at changes
+observed_bytes               observers: message bytes the writing peer's views recorded so far
+===========================  ====================================================================
 
 ``summary/<key>`` names summary.json's numbers: ``final_test_acc_avg_model``,
 ``final_test_acc_local_mean`` / ``_min`` / ``_max`` (an eval record's ``test_acc_avg_model``,

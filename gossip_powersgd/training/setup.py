@@ -147,7 +147,7 @@ def checked_config(comm: Comm, config, resume: bool) -> TrainConfig:
         )
     # the algorithm's own config-time checks (exact gossip's stable γ), on every rank before any
     # peer starts a collective the others would never join
-    check_config(config.algorithm, wanted)
+    check_config(config.algorithm_spec, wanted)
     comm.check_agreement("config", agreement_text(config))
     if resume and config.out_dir is None:
         raise ValueError("resume needs a run directory: set out_dir")
@@ -217,7 +217,7 @@ def build_run(
     model = model.to(device)
     num_parameters = count_parameters(model)
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    algorithm = make_algorithm(config.algorithm, model.named_parameters(), comm)
+    algorithm = make_algorithm(config.algorithm_spec, model.named_parameters(), comm)
     optimizer = make_optimizer(config, model.parameters())
     context = SetupContext(
         config=config,
