@@ -382,6 +382,26 @@ def probe(
     return outcome
 
 
+def probe_addresses(
+    targets: Dict[int, Tuple[Sequence[str], int]], seconds: float
+) -> Dict[int, Tuple[str, str]]:
+    """`probe` every address of each peer ({peer: (addresses, port)}) at once; {peer: (outcome,
+    address)}: "alive" if any address is, else "answers" if any does, else its first address's."""
+    keyed = {
+        (peer, address): port
+        for peer, (addresses, port) in targets.items()
+        for address in addresses
+    }
+    keys = list(keyed)
+    outcome = probe([(k, key[1], keyed[key]) for k, key in enumerate(keys)], seconds)
+    found: Dict[int, Tuple[str, str]] = {}
+    for wanted in ("alive", "answers", None):
+        for k, (peer, address) in enumerate(keys):
+            if peer not in found and wanted in (None, outcome[k]):
+                found[peer] = (outcome[k], address)
+    return found
+
+
 __all__ = [
     "STOPPED_HOW",
     "PeerLost",
@@ -400,6 +420,7 @@ __all__ = [
     "pack_heartbeat",
     "parent_of",
     "probe",
+    "probe_addresses",
     "process_key",
     "process_state",
     "route_address",

@@ -9,17 +9,16 @@ the signals of `liveness` into one kind of event, `PeerLost(peer, how, host)`:
                  the start; after set-up, the pids the ranks told each other are used.
     killed       a peer whose process ended without saying it leaves: gone from /proc (this
                  machine), or its probe port refuses connections (another machine).
-    hung         a peer of another machine, heard from before, silent for `silent_after` seconds,
-                 whose host still answers a probe: stopped (with its whole host, or alone) or hung.
+    hung         a peer of another machine silent for `silent_after` seconds (since set-up, if
+                 never heard), whose host still answers a probe: stopped (with its host) or hung.
     unreachable  the same, but its host does not answer either: link cut, host down.
     isolated     every peer of every other machine went silent at once, none answering: this
                  host may be the one cut off.
 
-A slow peer is none of these: a stopped process is told from a slow one by the kernel (T is never
-the state of a process that runs), and a heartbeat is sent by this thread, not by the training
-loop, so a rank busy for minutes (importing torch on loaded cores, a long step) still beats. A
-peer is only ever found silent after it was heard: heartbeats that cannot pass a firewall never end
-a run, they only leave it to the comm timeout as before.
+A slow peer is none of these: the kernel tells a stopped process (state T) from a slow one, and
+heartbeats are sent by this thread, not the training loop, so a rank busy for minutes still beats.
+Heartbeats that a firewall stops never end a run: a peer never heard is named only when its host
+completes the probe's connection and nobody takes it, else it is left to the comm timeout.
 
 Whoever finds a loss — this thread, or a transport whose wait failed (`diagnose`) — calls
 `Monitor.lost`, and the event goes to `on_peer_loss`, the one policy. Today it is **abort**: MPICH
@@ -52,7 +51,7 @@ from .liveness import PeerLost
 CHECK_SECONDS = 1.0
 #: A peer seen stopped this long is lost (or half the comm timeout, if that is shorter).
 STOPPED_SECONDS = 15.0
-#: A peer of another machine, heard before, then silent this long, is probed (or half the timeout).
+#: A peer of another machine silent this long (since set-up if never heard) is probed (or half).
 SILENT_SECONDS = 10.0
 #: How long a probe waits for a peer's host to answer.
 PROBE_SECONDS = 2.0
@@ -76,7 +75,7 @@ class _Remote:
         self.name, self.port, self.probe_port = name, port, probe_port
         self.addresses = addresses  # where to send until it is heard; then where it was heard from
         self.heard: Optional[str] = None
-        self.last = 0.0
+        self.last = time.monotonic()  # its silence counts from set-up until it is heard
 
     def label(self) -> str:
         address = self.heard or (self.addresses[0] if self.addresses else "?")
@@ -109,6 +108,7 @@ class Monitor:
         self._stopped_since: Dict[int, float] = {}
         self._last_look = -float("inf")
         self._seq = 0
+        self._early: Dict[int, Tuple[int, str, float]] = {}  # before `join`: token, source, time
         self._lock = threading.Lock()
         threading.Thread(target=self._run, name="gossip-liveness", daemon=True).start()
         atexit.register(self.leave)
@@ -123,15 +123,8 @@ class Monitor:
             if not address.startswith("127.") and address not in addresses:
                 addresses.append(address)
         packed = b"".join(socket.inet_aton(a) for a in addresses[:4])
-        return _ANNOUNCE.pack(
-            os.getpid(),
-            self.key,
-            self.token,
-            self.endpoint.udp_port,
-            self.endpoint.probe_port,
-            packed,
-            self.host.encode()[:64],
-        )
+        ports, name = (self.endpoint.udp_port, self.endpoint.probe_port), self.host.encode()[:64]
+        return _ANNOUNCE.pack(os.getpid(), self.key, self.token, *ports, packed, name)
 
     def join(self, announcements: Sequence[bytes], timeout: float) -> None:
         """Take in every rank's announcement (in rank order) once set-up has exchanged them."""
@@ -151,10 +144,14 @@ class Monitor:
             addresses = [a for a in addresses if a != "0.0.0.0" and a not in mine]
             host = name.rstrip(b"\0").decode("utf-8", "replace")
             remote[k] = _Remote(host, addresses, port, probe_port)
+        for k, (token, address, when) in list(self._early.items()):  # ranks that joined first
+            if k in remote and token == self.token:
+                remote[k].heard, remote[k].last = address, when
         with self._lock:
             self.local, self.remote, self.joined, self.resting = local, remote, True, False
             self.stopped_after = min(STOPPED_SECONDS, timeout / 2)
             self.silent_after = min(SILENT_SECONDS, max(timeout / 2, GAP_SECONDS))
+        self._beat()  # at once: a peer stopped or cut off right after set-up has been heard
 
     def _watched(self, peer: int) -> bool:
         return peer not in self.leaving and peer not in self.removed
@@ -264,10 +261,26 @@ class Monitor:
     def _look_at_silence(self, now: float) -> Optional[PeerLost]:
         heard = [p for p, r in self.remote.items() if r.heard and self._watched(p)]
         silent = [p for p in heard if now - self.remote[p].last >= self.silent_after]
-        if not silent:
-            return None
-        isolated = len(silent) == len(heard)  # every other host went quiet at once
-        return self._probed(silent, round(self.silent_after), answers="hung", isolated=isolated)
+        if silent:
+            isolated = len(silent) == len(heard)  # every other host went quiet at once
+            return self._probed(silent, round(self.silent_after), answers="hung", isolated=isolated)
+        unheard = [p for p, r in self.remote.items() if not r.heard and self._watched(p)]
+        unheard = [p for p in unheard if now - self.remote[p].last >= self.silent_after]
+        return self._probed_unheard(unheard) if unheard else None
+
+    def _probed_unheard(self, peers: List[int]) -> Optional[PeerLost]:
+        """Probe `peers`, silent since set-up, at each address they announced: hung if a host
+        answers (its monitor, there from before set-up, takes no probe); else again later."""
+        found = liveness.probe_addresses(
+            {p: (self.remote[p].addresses, self.remote[p].probe_port) for p in peers}, PROBE_SECONDS
+        )
+        for peer in peers:
+            outcome, address = found.get(peer, ("silent", ""))
+            if outcome == "answers":
+                self.remote[peer].addresses.sort(key=lambda a: a != address)  # for its label
+                return PeerLost(peer, "hung", self.host_of(peer), round(self.silent_after))
+            self.remote[peer].last = time.monotonic()
+        return None
 
     def _probed(
         self, peers: List[int], seconds: int, answers: Optional[str], isolated: bool = False
@@ -319,6 +332,8 @@ class Monitor:
         if source is not None:  # another machine: only this job's ranks, once set-up is done
             remote = self.remote.get(sender)
             if remote is None or token != self.token:
+                if not self.joined:  # a rank that joined before this one: taken in at `join`
+                    self._early[sender] = (token, source[0], time.monotonic())
                 return
             remote.heard, remote.last = source[0], time.monotonic()
         if flags & liveness.LEAVING:
@@ -354,7 +369,8 @@ class Monitor:
             deadline = time.monotonic() + 2 * CHECK_SECONDS
             while not liveness.is_gone(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            time.sleep(CHECK_SECONDS)
+        # A look's time for the launcher to pass every line on: once one rank ends, mpiexec kills.
+        time.sleep(CHECK_SECONDS)
         self._beat()
         for stream in (sys.stdout, sys.stderr):
             try:
