@@ -665,7 +665,10 @@ def unsafe_calls(source: str, filename: str = "<string>"):
             attr, owner = node.func.attr, node.func.value
             owner_name = owner.id if isinstance(owner, ast.Name) else None
             keywords = {k.arg: k.value for k in node.keywords}
-            if attr in PICKLING_MPI:
+            # torch.distributed's process groups (`group`, and the membership's group over one)
+            # take tensors only: their send/recv pickle nothing
+            owner_attr = owner.attr if isinstance(owner, ast.Attribute) else owner_name
+            if attr in PICKLING_MPI and owner_attr != "group":
                 problems.append(f"{where}: .{attr}() pickles (use the upper-case buffer method)")
             elif owner_name == "torch" and attr == "load":
                 flag = keywords.get("weights_only")
@@ -692,6 +695,7 @@ def test_the_unsafe_call_scanner_finds_each_kind():
     fine = (
         "comm.Isend([b, MPI.BYTE], dest=1)\ncomm.allreduce_(t)\ncomm.allgather_bytes(b)\n"
         "torch.load(p, map_location='cpu', weights_only=True)\nyaml.safe_load(s)\nnp.load(p)\n"
+        "self.group.send([t], 1, 0)\ngroup.recv([t], 1, 0)\n"  # a torch process group's tensors
     )
     assert unsafe_calls(fine) == []
 
