@@ -1,5 +1,5 @@
 # Every target sets itself up: a .venv is created if missing and the package installed into it
-# (editable, with the mpi, test, privacy and tracking extras) under constraints.txt, which pins the CPU torch wheel.
+# (editable, with the mpi, test, privacy, tracking and docs extras) under constraints.txt, which pins the CPU torch wheel.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(CURDIR)/$(VENV)/bin
@@ -9,7 +9,7 @@ NP     ?= 8
 export PATH := $(BIN):$(PATH)
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install lint test demo clean iproute2
+.PHONY: install lint test demo docs clean iproute2
 
 install: $(STAMP) iproute2
 
@@ -24,7 +24,7 @@ iproute2:
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[mpi,test,privacy,tracking]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[mpi,test,privacy,tracking,docs]'
 	touch $(STAMP)
 
 # ruff's checks as configured in pyproject.toml (pyflakes and pycodestyle's error classes), and
@@ -45,5 +45,12 @@ demo: $(STAMP)
 		--config experiments/configs/demo.yaml --set out_dir=$$run && \
 	$(BIN)/python -m gossip_powersgd.cli.plot $$run --out $$run/plots
 
+# The documentation site (docs/): Sphinx with warnings as errors; the tutorials (docs/examples/) and
+# the pages' doctest blocks run as it builds. Offline: nothing is fetched. Open docs/_build/html/index.html.
+docs: $(STAMP)
+	rm -rf docs/tutorials docs/_build  # every tutorial runs again, on the code as it is
+	$(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	$(BIN)/python -m sphinx -W --keep-going -q -b doctest -D plot_gallery=0 docs docs/_build/doctest
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info docs/_build docs/tutorials docs/sg_execution_times.rst

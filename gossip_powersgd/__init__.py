@@ -4,35 +4,71 @@ Peers sit on a graph (see the `topologies` package) and talk only to their neigh
 MPI transport (`MPICommunicator`, one peer per rank), a torch.distributed one (`TorchCommunicator`,
 gloo or NCCL, one peer per process) or an in-process one (`LocalCluster`, one
 thread per peer). Algorithms are written once for both.
+
+The names below are imported on first use (PEP 562), so that ``import gossip_powersgd`` (and the
+`gossip-train` program, which prints its first line before torch is imported) costs no import of
+torch until something that needs it is touched: ``from gossip_powersgd import PowerGossip`` works
+as before.
 """
 
 from .faults import early as _early  # noqa: F401 - first: standard library only, before torch
-from .algorithms import (
-    AllReduce,
-    ChocoGossip,
-    DeepSqueeze,
-    ExactGossip,
-    GossipAlgorithm,
-    NonFiniteError,
-    PowerGossip,
-    PowerSGDAllReduce,
-    PushSum,
-    make_algorithm,
-)
-from .comm import (
-    AgreementError,
-    Communicator,
-    CommunicationError,
-    LocalCluster,
-    MPICommunicator,
-    PeerAborted,
-    TorchCommunicator,
-)
-from .launch import run_peers
-from .metrics import consensus_distance
-from .runner import RunResult, run
+from typing import TYPE_CHECKING
+
 from .training.features import declare as _declare_feature
+from .utils import lazy_exports
 from .version import __version__  # noqa: F401
+
+#: Each public name -> the module it lives in (imported when the name is first read).
+_HOMES = {
+    "ExactGossip": "algorithms",
+    "PowerGossip": "algorithms",
+    "PushSum": "algorithms",
+    "ChocoGossip": "algorithms",
+    "DeepSqueeze": "algorithms",
+    "AllReduce": "algorithms",
+    "PowerSGDAllReduce": "algorithms",
+    "GossipAlgorithm": "algorithms",
+    "NonFiniteError": "errors",
+    "make_algorithm": "algorithms",
+    "AgreementError": "errors",
+    "Communicator": "comm",
+    "CommunicationError": "errors",
+    "LocalCluster": "comm",
+    "MPICommunicator": "comm",
+    "PeerAborted": "errors",
+    "TorchCommunicator": "comm",
+    "consensus_distance": "metrics",
+    "run_peers": "launch",
+    "run": "runner",
+    "RunResult": "runner",
+}
+
+if TYPE_CHECKING:  # what a type checker and an editor see: the same names, imported eagerly
+    from .algorithms import (  # noqa: F401
+        AllReduce,
+        ChocoGossip,
+        DeepSqueeze,
+        ExactGossip,
+        GossipAlgorithm,
+        PowerGossip,
+        PowerSGDAllReduce,
+        PushSum,
+        make_algorithm,
+    )
+    from .comm import Communicator, LocalCluster, MPICommunicator, TorchCommunicator  # noqa: F401
+    from .errors import (  # noqa: F401
+        AgreementError,
+        CommunicationError,
+        NonFiniteError,
+        PeerAborted,
+    )
+    from .launch import run_peers  # noqa: F401
+    from .metrics import consensus_distance  # noqa: F401
+    from .runner import RunResult, run  # noqa: F401
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
+
 
 #: The config-driven features (`training/features.py`): each module registers its own when
 #: imported, on first use; their hooks run in this order. A new feature is a module and a line here.
@@ -45,26 +81,4 @@ FEATURE_MODULES = (
 for _module in FEATURE_MODULES:
     _declare_feature(_module)
 
-__all__ = [
-    "ExactGossip",
-    "PowerGossip",
-    "PushSum",
-    "ChocoGossip",
-    "DeepSqueeze",
-    "AllReduce",
-    "PowerSGDAllReduce",
-    "GossipAlgorithm",
-    "NonFiniteError",
-    "make_algorithm",
-    "AgreementError",
-    "Communicator",
-    "CommunicationError",
-    "LocalCluster",
-    "MPICommunicator",
-    "PeerAborted",
-    "TorchCommunicator",
-    "consensus_distance",
-    "run_peers",
-    "run",
-    "RunResult",
-]
+__all__ = list(_HOMES)

@@ -14,11 +14,18 @@ import re
 import sys
 import threading
 import traceback
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
-from .algorithms.base import NonFiniteError
-from .comm.base import AgreementError, CommunicationError
+from .comm.transports import (  # noqa: F401 (the launcher environment; re-exported)
+    TRANSPORTS,
+    launched_by_mpiexec,
+    launched_by_torchrun,
+    local_under_torchrun_error,
+    mpi_world_size,
+    torchrun_world_size,
+    transport,
+)
+from .errors import AgreementError, CommunicationError, NonFiniteError
 from .utils import one_line, write_stderr_line
 
 if TYPE_CHECKING:
@@ -59,110 +66,65 @@ def torch_world() -> Tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def launched_by_torchrun() -> bool:
-    """True when torchrun (or a launcher setting its variables by hand) started this process."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or (
-        "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    )
+#: The launchers' variables naming this process's rank and the number of processes, in the order
+#: they are read: MPICH/Hydra (and Slurm's PMI), Open MPI, torchrun.
+LAUNCHER_RANK_VARS = (
+    ("PMI_RANK", "PMI_SIZE"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("RANK", "WORLD_SIZE"),
+)
 
 
-def torchrun_world_size() -> int:
-    """WORLD_SIZE when torchrun (or a launcher setting its variables) started this process, else 1."""
-    if not launched_by_torchrun():
-        return 1
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 1
+def launched_rank() -> Optional[Tuple[int, int]]:
+    """(rank, number of processes) as the launcher's environment states them, read before MPI or
+    torch.distributed is initialised; None outside a launcher (or one that sets none of
+    `LAUNCHER_RANK_VARS`: PMIx alone, whose size only MPI_Init tells)."""
+    for rank_var, size_var in LAUNCHER_RANK_VARS:
+        if rank_var in os.environ and size_var in os.environ:
+            try:
+                return int(os.environ[rank_var]), int(os.environ[size_var])
+            except ValueError:
+                return None
+    return None
 
 
-def local_under_torchrun_error(world_size: int) -> ValueError:
-    """The one line for backend local in one of torchrun's processes: each would run every peer
-    and all would then fight over the run directory's lock, which is all a user would see."""
-    return ValueError(
-        f"backend local runs every peer as a thread of one process, but torchrun "
-        f"started {world_size} processes (WORLD_SIZE={world_size}): use --set "
-        "backend=torch, or run without torchrun"
-    )
+def __getattr__(name: str) -> Any:
+    """`BACKENDS`: the transports by the name the CLIs and configs use (`TrainConfig.backend`), the
+    names registered in `comm.transports.TRANSPORTS` when asked (a later registration counts)."""
+    if name == "BACKENDS":
+        return TRANSPORTS.names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def launched_by_mpiexec() -> bool:
-    """True when this process is one rank of an mpiexec/mpirun job (MPICH, Open MPI, Slurm PMI)."""
-    markers = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
-    return any(m in os.environ for m in markers)
-
-
-#: The transports, by the name the CLIs and configs use (`TrainConfig.backend` too).
-BACKENDS = ("mpi", "local", "torch")
-
-
-def _fix(backend: str, cli: Optional[str]) -> str:
-    return f"--set backend={backend}" if cli else f"backend {backend}"
+#: What ``backend: auto`` falls back to when no launcher started this process.
+DEFAULT_BACKEND = "local"
 
 
 def launch_command(backend: str, n: Any = "N", cli: Optional[str] = None) -> str:
-    """The command that starts `n` peers of backend mpi or torch (`cli`: the module run)."""
-    python = Path(sys.executable).name if cli else "python"
-    module = cli or "..."
-    if backend == "mpi":
-        return f"mpiexec -n {n} {python} -m {module} ..."
-    return f"torchrun --nproc-per-node {n} -m {module} ..."
+    """The command that starts `n` peers of a launched backend (`cli`: the module run)."""
+    return transport(backend).command(n, cli)
 
 
 def resolve_backend(backend: Optional[str], *, cli: Optional[str] = None, n: Any = "N") -> str:
-    """`backend`, or for None / "auto" the one this process was started for: "mpi" under mpiexec
-    with more than one rank, "torch" under torchrun, else "local". A backend whose launcher is
-    missing (or a local one inside a multi-process job) is refused with the command that works:
-    `cli` names the module the user runs (the fix is then spelled ``--set backend=...``), `n` the
-    number of peers. The one set of launcher checks of the CLI, `run_peers` and the experiments."""
+    """`backend`, or for None / "auto" the one this process was started for (the first transport
+    whose `detect` says so: "mpi" under mpiexec with more than one rank, "torch" under torchrun),
+    else "local". A backend whose launcher is missing (or a local one inside a multi-process job)
+    is refused with the command that works (`Transport.check_started`): `cli` names the module the
+    user runs (the fix is then spelled ``--set backend=...``), `n` the number of peers. The one set
+    of launcher checks of the CLI, `run_peers` and the experiments."""
     if backend in (None, "auto"):
-        if launched_by_mpiexec() and _mpi_world_size() > 1:
-            return "mpi"
-        return "torch" if launched_by_torchrun() else "local"
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}, auto")
-    if backend == "mpi" and not launched_by_mpiexec() and launched_by_torchrun():
+        return next((t.name for t in TRANSPORTS if t.detect()), DEFAULT_BACKEND)
+    if backend not in TRANSPORTS:
         raise ValueError(
-            f"backend mpi runs one peer per MPI rank, but torchrun started this "
-            f"process: add {_fix('torch', cli)} (torch.distributed, the same "
-            f"numbers), or launch with {launch_command('mpi', n, cli)}"
+            f"unknown backend {backend!r}; valid: {', '.join(TRANSPORTS.names())}, auto"
         )
-    if backend == "mpi" and not launched_by_mpiexec():
-        raise ValueError(
-            f"backend mpi runs one peer per MPI rank: launch with "
-            f"{launch_command('mpi', n, cli)}, or use {_fix('local', cli)}"
-        )
-    if backend == "torch" and not (launched_by_torchrun() or launched_by_mpiexec()):
-        raise ValueError(
-            f"backend torch runs one peer per process: launch with "
-            f"{launch_command('torch', n, cli)}, or use {_fix('local', cli)}"
-        )
-    if backend == "local" and launched_by_mpiexec() and _mpi_world_size() > 1:
-        raise ValueError(
-            f"backend local runs every peer as a thread of one process; do not "
-            f"launch it with mpiexec -n {_mpi_world_size()} (or use "
-            f"{_fix('mpi', cli)})"
-        )
-    if backend == "local" and torchrun_world_size() > 1:
-        raise local_under_torchrun_error(torchrun_world_size())
+    transport(backend).check_started(cli, n)
     return backend
-
-
-def _mpi_world_size() -> int:
-    from .comm.mpi import _mpi  # initialises MPI, the GIL released (see comm/mpi_world.py)
-
-    return _mpi().COMM_WORLD.Get_size()
 
 
 def launched_world_size(backend: str) -> int:
     """How many processes the launcher of `backend` started (1 for local)."""
-    if backend == "mpi":
-        return _mpi_world_size()
-    if backend == "torch":
-        from .comm.torch import launcher_environment
-
-        return launcher_environment()[1]
-    return 1
+    return transport(backend).world_size()
 
 
 def make_communicator(
@@ -170,25 +132,7 @@ def make_communicator(
 ) -> "Communicator":
     """This process's communicator for a launched backend (mpi or torch), checking that the
     launcher started as many processes as `topology` has peers."""
-    world = launched_world_size(backend)
-    if topology.size != world:
-        launcher = "mpiexec" if backend == "mpi" or not launched_by_torchrun() else "torchrun"
-        raise ValueError(
-            f"topology {topology.name!r} has {topology.size} peers but {launcher} "
-            f"started {world} processes: start {topology.size}"
-        )
-    if backend == "mpi":
-        from .comm.mpi import MPICommunicator
-
-        return MPICommunicator(topology, timeout=timeout)
-    if backend == "torch":
-        from .comm.torch import TorchCommunicator
-
-        return TorchCommunicator(topology, device=device, timeout=timeout)
-    raise ValueError(
-        f"backend {backend!r} has no communicator per process (local runs every "
-        "peer in this one: run_peers)"
-    )
+    return transport(backend).connect(topology, timeout, device)
 
 
 def run_peers(
@@ -209,20 +153,11 @@ def run_peers(
     holds this rank's value only, so `results.get(0)` is rank 0's value on rank 0 and None
     elsewhere, under either backend. None or "auto" picks the backend this process was launched
     for (see `resolve_backend`). `timeout` is the communicator's (seconds a peer may wait for a
-    message). The one transport builder of the CLI and the experiments.
+    message). The one transport builder of the CLI and the experiments: the transport's entry
+    (`comm.transports`) runs the peers.
     """
     backend = resolve_backend(backend)
-    if backend in ("mpi", "torch"):
-        comm = make_communicator(backend, topology, timeout=timeout, device=device)
-        value = fn(comm, *args, **kwargs)
-        if hasattr(comm, "close"):
-            comm.barrier()  # every peer is done with the group before any leaves it
-            comm.close()
-        return {comm.rank: value}
-    from .comm.local import LocalCluster
-
-    values = LocalCluster(topology, timeout=timeout).run(fn, *args, **kwargs)
-    return dict(enumerate(values))
+    return transport(backend).run_peers(topology, fn, args, kwargs, timeout, device)
 
 
 #: How torch words a failed allocation: the CPU allocator ("you tried to allocate N bytes") and
@@ -288,7 +223,8 @@ def report_and_exit(exc: BaseException, code: int = 1) -> None:
     torch_rank, torch_size = torch_world()
     if size == 1 and torch_size > 1:
         rank, size = torch_rank, torch_size
-    prefix = f"error (rank {rank}): " if size > 1 else "error: "
+    shown = (rank, size) if size > 1 else launched_rank() or (0, 1)  # before MPI starts too
+    prefix = f"error (rank {shown[0]}): " if shown[1] > 1 else "error: "
     expected = isinstance(exc, EXPECTED_ERRORS) or is_out_of_memory(exc)
     if not expected or os.environ.get("GOSSIP_TRACEBACK"):
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)

@@ -146,7 +146,7 @@ def load(config: Union[Dict[str, Any], "TrainConfig", str, os.PathLike]) -> "Tra
 def _topology(config: "TrainConfig"):
     """The config's topology, after checking that this process was started as its backend needs
     and, under a launcher, that it started as many processes as the topology has peers."""
-    from .launch import launched_by_torchrun, launched_world_size, resolve_backend
+    from .launch import resolve_backend, transport
     from .training.validation import resolve_topology
 
     try:
@@ -154,10 +154,11 @@ def _topology(config: "TrainConfig"):
     except ValueError:
         n = "N"
     resolve_backend(config.backend, n=n)
-    if config.backend == "local":
+    entry = transport(config.backend)
+    if entry.in_process:
         return resolve_topology(config)
-    world = launched_world_size(config.backend)
-    launcher = "mpiexec" if config.backend == "mpi" or not launched_by_torchrun() else "torchrun"
+    world = entry.world_size()
+    launcher = entry.launcher_name()
     if config.peers is not None and config.peers != world:
         raise ValueError(
             f"peers is {config.peers} but {launcher} started {world} processes: start {config.peers}"
@@ -204,14 +205,14 @@ def run(
     """
     import torch
 
-    from .launch import run_peers
+    from .launch import run_peers, transport
 
     config = load(config)
     topology = _topology(config)
     config = config.replace(peers=topology.size)
     torch.set_num_threads(config.threads)
     device = "cpu"
-    if config.backend == "torch":
+    if transport(config.backend).uses_device:
         from .training.setup import resolve_device
 
         device = resolve_device(config.device, 0).type  # the GPU index comes from LOCAL_RANK

@@ -15,7 +15,7 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
-from typing import Callable, Iterable, List, Optional, Union
+from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 
 def one_line(exc: BaseException, limit: Optional[int] = None) -> str:
@@ -247,7 +247,28 @@ def gil_free(fn: Callable) -> Callable:
     return call
 
 
+def lazy_exports(package: str, homes: Dict[str, str]) -> Tuple[Callable, Callable]:
+    """A package's module-level ``__getattr__`` and ``__dir__`` (PEP 562) that import the module
+    `homes[name]` (relative to `package`) when `name` is first read, so that importing the package
+    imports nothing heavy (torch) until one of its names is used."""
+    import importlib
+
+    def __getattr__(name: str):
+        home = homes.get(name)
+        if home is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{package}.{home}"), name)
+        setattr(sys.modules[package], name, value)  # later reads skip this function
+        return value
+
+    def __dir__():
+        return sorted(set(vars(sys.modules[package])) | set(homes))
+
+    return __getattr__, __dir__
+
+
 __all__ = [
+    "lazy_exports",
     "one_line",
     "atomic_write",
     "check_writable_dir",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,12 @@ sys.path.insert(0, str(SUPPORT))
 
 # Bit-equality across transports needs one intra-op thread per peer, and 2 shared cores need it too.
 torch.set_num_threads(1)
+
+# Generated datasets (MNIST-1D) are kept on disk once per machine (training/data_cache.py): the
+# tests and the programs they start keep theirs in a folder of the session's, not in ~/.cache.
+if "GOSSIP_POWERSGD_CACHE" not in os.environ:
+    os.environ["GOSSIP_POWERSGD_CACHE"] = tempfile.mkdtemp(prefix="gossip-powersgd-tests-")
+    atexit.register(shutil.rmtree, os.environ["GOSSIP_POWERSGD_CACHE"], True)
 
 
 # ---- launcher markers ------------------------------------------------------------------------------

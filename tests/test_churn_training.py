@@ -201,9 +201,16 @@ def test_a_run_that_lost_and_gained_peers_resumes_bit_for_bit(tmp_path, churned,
     [
         (
             dict(backend="mpi"),
-            r"not supported on backend mpi \(MPICH is fail-stop.*support it: local",
+            r"not supported on backend mpi \(MPICH is fail-stop.*support it: local, torch$",
         ),
-        (dict(backend="torch"), r"not supported on backend torch; backends that support it: local"),
+        (
+            dict(backend="torch"),
+            r"churn \(a schedule\) drives an in-process run: use backend local",
+        ),
+        (
+            dict(backend="torch", churn=None, device="cuda"),
+            r"continue on backend torch moves CPU tensors over gloo.*use device cpu",
+        ),
         (dict(on_peer_loss="abort"), r"churn needs on_peer_loss: continue"),
         (
             dict(on_peer_loss="retry"),

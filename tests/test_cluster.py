@@ -322,11 +322,16 @@ def test_gloo_binds_where_other_hosts_reach_it_when_the_hostname_is_loopback(pre
         assert out.split() == [str(rank), f"host{rank % 2}", "eth0", "6.0"], err[-2000:]
 
 
-# ---- the README's launches across hosts ----------------------------------------------------------
+# ---- the documented launches across hosts --------------------------------------------------------
+#: The guide that shows launches across machines (moved there from the README).
+ACROSS_MACHINES = ROOT / "docs" / "guides" / "across-machines.md"
+
+
 def readme_block() -> str:
-    """The README's commands across emulated hosts (section "Running across machines")."""
-    text = (ROOT / "README.md").read_text()
-    section = re.search(r"### Running across machines\n(.*?)\n## ", text, re.S).group(1)
+    """The guide's commands across emulated hosts (its one bash block, under "Try it on one
+    machine")."""
+    text = ACROSS_MACHINES.read_text()
+    section = re.search(r"## Try it on one machine.*?\n(.*?)(?:\n## |\Z)", text, re.S).group(1)
     return re.search(r"```bash\n(.*?)```", section, re.S).group(1)
 
 
@@ -342,7 +347,7 @@ def test_readme_block_launches_both_ways_on_four_hosts():
 @pytest.mark.torchrun
 @pytest.mark.slow  # 45-85 s on the shared 2-core machine: some 20 processes each load torch
 def test_readme_launches_across_hosts_equal_the_in_process_backend(prefix, tmp_path):
-    """The README's block, run as printed (its .venv/bin/ is this venv's; in a fresh directory):
+    """The guide's block, run as printed (its .venv/bin/ is this venv's; in a fresh directory):
     mpiexec and torchrun on 4 hosts, one peer each, give the in-process backend's models."""
     from experiments.train import run
 
@@ -351,7 +356,7 @@ def test_readme_launches_across_hosts_equal_the_in_process_backend(prefix, tmp_p
     work = tmp_path / "work"
     work.mkdir()
     env = {**os.environ, network.PREFIX_ENV: prefix, "OMP_NUM_THREADS": "1"}
-    result = run_bounded(["bash", "-e", "-c", script], 600, "the README's block", cwd=work, env=env)
+    result = run_bounded(["bash", "-e", "-c", script], 600, "the guide's block", cwd=work, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for launch in ("across-mpi", "across-torch"):
         summary = json.loads((work / "runs" / launch / "summary.json").read_text())

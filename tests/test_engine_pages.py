@@ -22,6 +22,7 @@ TEXT = (".md", ".csv", ".json")
 LAUNCHES = {
     "bench_backends": ("mpi", "torchrun"),
     "bench_gossip": ("mpi",),
+    "bench_startup": ("mpi", "torchrun"),
     "bandwidth": ("torchrun",),  # on its emulated cluster, where namespaces can be made (root)
 }
 QUICK = [

@@ -1,7 +1,10 @@
 """Import structure: no import circles among the modules of gossip_powersgd, topologies and
 experiments, counting function-level imports too (a circle hidden in a function is still a
-circle); and no module under gossip_powersgd/training imports gossip_powersgd.privacy (the
-layers run topologies -> comm -> algorithms -> training -> privacy / cli / experiments)."""
+circle) and ``if TYPE_CHECKING:`` ones (a type-only circle is still two modules that cannot be
+read apart: `training/config` <-> `training/validation` and `privacy/per_sample` <->
+`per_sample_layers` were two); and no module under gossip_powersgd/training imports
+gossip_powersgd.privacy (the layers run topologies -> comm -> algorithms -> training -> privacy /
+cli / experiments)."""
 
 from __future__ import annotations
 
@@ -32,14 +35,7 @@ def _imports(name: str, path: Path, known: Set[str]) -> Set[str]:
     is_package = path.name == "__init__.py"
     found = set()
     tree = ast.parse(path.read_text(), str(path))
-    for node in ast.walk(tree):  # `if TYPE_CHECKING:` blocks never run: their imports are not
-        if (
-            isinstance(node, ast.If)
-            and isinstance(node.test, ast.Name)  # dependencies
-            and node.test.id == "TYPE_CHECKING"
-        ):
-            node.body = []
-    for node in ast.walk(tree):
+    for node in ast.walk(tree):  # `if TYPE_CHECKING:` imports count: types are dependencies
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -112,13 +108,26 @@ def test_no_import_circles():
 def test_the_analysis_finds_a_circle(tmp_path):
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
-    # A function-level import counts; a TYPE_CHECKING one does not; importing p.q.r runs p.q.
+    # A function-level import counts, and so does a TYPE_CHECKING one; importing p.q.r runs p.q.
     source = tmp_path / "m.py"
     source.write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import p.x\n"
         "def f():\n    from p.q import r\n"
     )
-    assert _imports("m", source, {"m", "p", "p.q", "p.q.r", "p.x"}) == {"p.q.r", "p.q", "p"}
+    known = {"m", "p", "p.q", "p.q.r", "p.x"}
+    assert _imports("m", source, known) == {"p.q.r", "p.q", "p", "p.x"}
+    # a type-only circle, the kind training/config <-> training/validation was, is one
+    config, validation = tmp_path / "config.py", tmp_path / "validation.py"
+    config.write_text("from .validation import validate\n")
+    validation.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .config import Config\n"
+    )
+    names = {"pkg.config", "pkg.validation"}
+    graph = {
+        "pkg.config": _imports("pkg.config", config, names),
+        "pkg.validation": _imports("pkg.validation", validation, names),
+    }
+    assert _cycles(graph) == [["pkg.config", "pkg.validation"]]
 
 
 def test_training_imports_nothing_from_privacy():

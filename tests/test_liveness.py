@@ -206,6 +206,125 @@ def test_a_silent_peer_whose_host_does_not_answer_is_unreachable(recorded):
     assert "no heartbeat for 2 s and its host does not answer" in seen[0].text()
 
 
+def test_a_rank_that_joined_first_is_heard_and_a_rank_beats_as_it_joins(recorded, monkeypatch):
+    """A rank whose heartbeat came before this one had the set-up table (it joined first) counts as
+    heard from the moment it arrived, and a rank beats the moment it joins, not a look later: a
+    peer that ran a training step with this one has been heard, whatever happens to it next."""
+    seen, make = recorded
+    monkeypatch.setattr(monitor, "CHECK_SECONDS", 30.0)  # one look at start, then none for 30 s
+    first, late = make(0, 2), make(1, 2)
+    late.joined = False
+    first.token = 42  # the job's token (rank 0's), in the heartbeats of every rank that joined
+    first.remote = {1: monitor._Remote("hostA", ["127.0.0.1"], late.endpoint.udp_port, 1)}
+    assert _until(lambda: 0 in late._early, 10), "the early heartbeat did not arrive"
+    first.closed = True  # no heartbeat from it after this one
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as inbox:  # where rank 0 gets beats
+        inbox.bind(("127.0.0.1", 0))
+        inbox.settimeout(5)
+        packed = socket.inet_aton("127.0.0.1") + bytes(12)
+        announcements = [
+            monitor._ANNOUNCE.pack(1, b"hostB-id", 42, inbox.getsockname()[1], 1, packed, b"hostB"),
+            late.announce(),
+        ]
+        late.join(announcements, timeout=60)
+        assert late.remote[0].heard == "127.0.0.1" and late.remote[0].last < time.monotonic()
+        beat = liveness.unpack_heartbeat(inbox.recv(64))  # within 5 s, though no look is due
+    assert beat is not None and beat[:2] == (1, 42)
+    assert seen == []
+
+
+def _listening(accept: bool) -> socket.socket:
+    """A probe port on 127.0.0.1 that takes each connection and closes it (a running monitor's)
+    or never takes any (the kernel completes them: a stopped process's)."""
+    import threading
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+
+    def take():
+        while True:
+            try:
+                s.accept()[0].close()
+            except OSError:
+                return
+
+    if accept:
+        threading.Thread(target=take, daemon=True).start()
+    return s
+
+
+def test_a_peer_stopped_before_its_first_heartbeat_got_through_is_hung(recorded):
+    """Stopped within a second of set-up (its host with it), a peer may never have been heard: it
+    is silent since set-up, and probed then. Its announced addresses are all tried: 127.0.0.2
+    refuses (the port listens on 127.0.0.1 only), 127.0.0.1 answers, and the label names that one."""
+    seen, make = recorded
+    stopped = _listening(accept=False)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as nowhere:
+        nowhere.bind(("127.0.0.1", 0))  # its heartbeat port: nothing ever comes from it
+        m = make(0, 2)
+        m.silent_after = 2.0
+        m.remote = {
+            1: monitor._Remote(
+                "hostB",
+                ["127.0.0.2", "127.0.0.1"],
+                nowhere.getsockname()[1],
+                stopped.getsockname()[1],
+            )
+        }
+        started = time.monotonic()
+        assert _until(lambda: seen, 15), "no loss reported"
+    stopped.close()
+    assert time.monotonic() - started >= m.silent_after
+    assert (seen[0].peer, seen[0].how) == (1, "hung")
+    assert "peer 1 on host hostB (127.0.0.1) sent no heartbeat for 2 s though its host answers" in (
+        seen[0].text()
+    )
+
+
+def test_a_peer_never_heard_is_named_only_when_its_host_answers_for_it(recorded, monkeypatch):
+    """Heartbeats a firewall drops never end a run: a peer never heard whose monitor takes the
+    probe (it runs), or whose host does not answer at all, is not named; they are probed again
+    `silent_after` after the last probe ended, not at every look."""
+    seen, make = recorded
+    probes = []  # (start, end) of each probe of unheard peers
+    real = liveness.probe_addresses
+
+    def timed(targets, seconds):
+        start = time.monotonic()
+        assert sorted(targets) == [1, 2]
+        try:
+            return real(targets, seconds)
+        finally:
+            probes.append((start, time.monotonic()))
+
+    monkeypatch.setattr(liveness, "probe_addresses", timed)
+    running = _listening(accept=True)
+    with socket.socket() as blackhole, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.bind(("127.0.0.1", 0))
+        blackhole.bind(("127.0.0.1", 0))  # a full accept queue drops connections unanswered
+        blackhole.listen(0)
+        fillers = [socket.socket() for _ in range(3)]
+        for filler in fillers:
+            filler.setblocking(False)
+            filler.connect_ex(blackhole.getsockname())
+        m = make(0, 3)
+        m.silent_after = 1.5
+        ports = {1: running.getsockname()[1], 2: blackhole.getsockname()[1]}
+        m.remote = {
+            p: monitor._Remote(f"host{p}", ["127.0.0.1"], udp.getsockname()[1], port)
+            for p, port in ports.items()
+        }
+        reprobed = _until(lambda: len(probes) >= 3, 60)
+        for filler in fillers:
+            filler.close()
+    running.close()
+    assert reprobed, f"probed {len(probes)} times in 60 s"
+    assert seen == []
+    gaps = [start - end for (_, end), (start, _) in zip(probes, probes[1:])]
+    assert all(gap >= m.silent_after for gap in gaps), gaps
+
+
 def test_a_peer_that_leaves_cleanly_is_no_loss_and_a_loss_is_told_to_the_others(recorded):
     seen, make = recorded
     a, b = _pair(make, silent_after=2.0)

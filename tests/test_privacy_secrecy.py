@@ -307,9 +307,7 @@ def test_no_peer_statistic_crosses_to_another_peer_or_into_rank_0s_output(
         # rates and durations are wall-clock measurements, not data: a fast machine's
         # "219.0 steps/s" is no shard size (the figures a peer's data decides are left)
         text_of_data = re.sub(r"\d+(?:\.\d+)? (?:steps/s|s\b|ms\b)", "", text)
-        numbers = {
-            float(t) for t in re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])", text_of_data)
-        }
+        numbers = {float(t) for t in re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])", text_of_data)}
         assert not numbers & set(map(float, SIZES)), numbers & set(map(float, SIZES))
         assert not re.search(r"train(ing)? loss\S* \d", text) and "histogram per peer" not in text
     assert "epoch 2/2" in printed  # rank 0 did print its progress lines

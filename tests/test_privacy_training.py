@@ -17,7 +17,8 @@ from gossip_powersgd import LocalCluster
 from gossip_powersgd.algorithms import REGISTRY, register
 from gossip_powersgd.algorithms.base import GossipAlgorithm
 from gossip_powersgd.privacy import make_accountant
-from gossip_powersgd.training.config import TrainConfig, describe_keys, validate_config
+from gossip_powersgd.training.config import TrainConfig, validate_config
+from gossip_powersgd.training.keydocs import describe_keys
 from gossip_powersgd.training.trainer import TIMING_KEYS, train
 
 from conftest import run_scenario_mpi

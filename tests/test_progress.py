@@ -39,6 +39,7 @@ def test_without_a_terminal_rank_0_prints_set_up_and_progress_lines(tmp_path):
     assert lines[0] == "start: 1 process, loading the libraries and the config"
     setup = [line for line in lines if line.startswith("set-up: ")]
     assert [re.sub(r" \(\d+\.\d s\)$", "", line) for line in setup] == [
+        "set-up: libraries and config loaded",
         "set-up: config checked: 4 peers agree on it",
         "set-up: data synthetic_logreg:d=20,classes=4,n=2000 loaded, partition iid",
         "set-up: model logreg (84 parameters) and powergossip:rank=1 built",
@@ -48,9 +49,10 @@ def test_without_a_terminal_rank_0_prints_set_up_and_progress_lines(tmp_path):
         for m in (re.match(r"progress: step (\d+)/39 \(\d+ %\)", line) for line in lines)
         if m
     ]
-    # 3 epochs of 13 steps: a line every ceil(39 / 10) = 4 steps and at the last one (a line
-    # that a slow machine adds after 60 s would only add steps to the list)
+    # 3 epochs of 13 steps: a line after the first, every ceil(39 / 10) = 4 steps and at the
+    # last one (a line that a slow machine adds after 60 s would only add steps to the list)
     assert set(range(4, 39, 4)) | {39} <= set(steps) and steps == sorted(steps)
+    assert steps[0] == 1  # a line once the first step is done: training has started
     assert "steps/s" in lines[-1] or any("steps/s" in line for line in lines)
 
 

@@ -1,11 +1,19 @@
-"""The README's library example runs as printed, and its claims about it hold."""
+"""The README's library example runs as printed, and its claims about it hold; the source layout
+(the extending guide's "Layout" section, moved there from the README) names what exists."""
 
+import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from conftest import run_bounded
+
 ROOT = Path(__file__).resolve().parent.parent
+#: The documentation page that holds the source layout and where things are.
+LAYOUT_PAGE = ROOT / "docs" / "guides" / "extending.md"
 
 
 def test_readme_library_example_runs():
@@ -27,12 +35,23 @@ def test_readme_shows_the_two_commands():
     assert "make demo" in text and "make test" in text
 
 
+def test_readme_is_short_and_points_into_the_documentation():
+    """At most 200 lines: the long material lives in docs/, and every page the README links to
+    exists."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    links = re.findall(r"\]\(((?:docs|experiments)/[^)#]*)\)", text)
+    assert len(links) >= 8
+    missing = sorted(link for link in links if not (ROOT / link).exists())
+    assert not missing, f"the README links to files that do not exist: {missing}"
+
+
 def layout_section(text: str) -> str:
     return re.search(r"## Layout\n(.*?)(?:\n## |\Z)", text, re.S).group(1)
 
 
 def test_readme_layout_names_only_paths_that_exist():
-    layout = layout_section((ROOT / "README.md").read_text())
+    layout = layout_section(LAYOUT_PAGE.read_text())
     paths = set(
         re.findall(r"^([\w./]+/?)\s", re.search(r"```\n(.*?)```", layout, re.S).group(1), re.M)
     )
@@ -41,12 +60,12 @@ def test_readme_layout_names_only_paths_that_exist():
     paths |= {f"experiments/{name}" for name in re.findall(r"\b(\w+\.py|\w+/)", experiments_rows)}
     assert len(paths) >= 15
     missing = sorted(p for p in paths if not (ROOT / p).exists())
-    assert not missing, f"README Layout names paths that do not exist: {missing}"
+    assert not missing, f"the Layout section names paths that do not exist: {missing}"
 
 
 def test_readme_layout_points_at_the_functions_it_names():
     """One hop each: the D-PSGD loop, the checkpoint writer, the algorithm registry, the programs."""
-    layout = layout_section((ROOT / "README.md").read_text())
+    layout = layout_section(LAYOUT_PAGE.read_text())
     claims = [
         ("train()", "gossip_powersgd/training/trainer.py", r"^def train\("),
         ("save_checkpoint", "gossip_powersgd/training/checkpoint.py", r"^def save_checkpoint\("),
@@ -69,3 +88,32 @@ def test_readme_layout_points_at_the_functions_it_names():
     setup = (ROOT / "setup.cfg").read_text()
     assert "gossip-train = gossip_powersgd.cli.train:main" in setup
     assert "gossip-plot = gossip_powersgd.cli.plot:main" in setup
+
+
+@pytest.mark.mpi
+@pytest.mark.torchrun
+@pytest.mark.slow  # about a minute on 2 shared cores: four launches of 4 processes each
+def test_readme_comparison_recipe_runs_as_printed(tmp_path):
+    """The README's "Compare algorithms" block, run as printed (its .venv/bin/ is this venv's, in
+    a fresh directory): every run writes its summary, the plots are drawn, and PowerGossip under
+    mpiexec and under torchrun ends with the same model, bit for bit."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Compare algorithms") :]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    script = block.replace(".venv/bin/", f"{Path(sys.executable).parent}/")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = run_bounded(
+        ["bash", "-e", "-c", script], 900, "the README's recipe", cwd=tmp_path, env=env
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    runs = tmp_path / "runs"
+    summaries = {
+        name: json.loads((runs / name / "summary.json").read_text())
+        for name in ("cmp-exact", "cmp-powergossip", "cmp-choco", "cmp-torch")
+    }
+    assert summaries["cmp-powergossip"]["model_sha256"] == summaries["cmp-torch"]["model_sha256"]
+    assert (
+        summaries["cmp-powergossip"]["mb_sent_per_peer"]
+        < summaries["cmp-exact"]["mb_sent_per_peer"]
+    )
+    assert sorted(p.name for p in (runs / "cmp-plots").glob("*.png"))

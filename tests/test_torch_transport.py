@@ -350,9 +350,10 @@ def test_backend_local_under_torchrun_is_one_line_not_a_lock_error(tmp_path):
     )
     assert result.returncode != 0
     expected = (
-        "error: backend local runs every peer as a thread of one process, but torchrun "
+        "backend local runs every peer as a thread of one process, but torchrun "
         "started 2 processes (WORLD_SIZE=2): use --set backend=torch, or run without torchrun"
     )
     lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
-    assert lines == [expected] * 2, result.stderr[-2000:]
+    # one line per process, each naming its rank
+    assert sorted(lines) == [f"error (rank {k}): {expected}" for k in (0, 1)], result.stderr[-2000:]
     assert not (tmp_path / "run").exists()

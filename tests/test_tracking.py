@@ -88,7 +88,7 @@ def test_mlflow_store_holds_the_metrics_and_a_resumed_run_continues_its_run(tmp_
     (run,) = client.search_runs([experiment.experiment_id])  # one run across the resume
     assert run.data.params["topology"] == "ring:4"
     evals = [r for r in rank0_records(Path(config.out_dir)) if r["kind"] == "eval"]
-    history = client.get_metric_history(run.info.run_id, "eval.test_acc_avg_model")
+    history = client.get_metric_history(run.info.run_id, "eval/test_acc_avg_model")
     assert [(m.step, m.value) for m in history] == [
         (r["step"], r["test_acc_avg_model"]) for r in evals
     ]
@@ -107,8 +107,8 @@ def _stop_at(step_count: int):
     return on_step
 
 
-def wandb_history(path: Path):
-    """The history rows of an offline W&B run file (run-*.wandb): wandb's datastore writes a
+def wandb_records(path: Path):
+    """The protobuf `Record`s of an offline W&B run file (run-*.wandb): wandb's datastore writes a
     7-byte file header (":W&B", a magic number, a version), then the LevelDB log format: 32 KiB
     blocks of chunks, each with a 7-byte header (crc32, length, type: 1 full, 2 first, 3 middle,
     4 last), a block's tail under 7 bytes left as padding; each record is a protobuf `Record`."""
@@ -132,18 +132,26 @@ def wandb_history(path: Path):
         pending = chunk if kind in (1, 2) else pending + chunk
         if kind in (1, 4):
             chunks.append(pending)
-    rows = []
+    records = []
     for raw in chunks:
         record = wandb_internal_pb2.Record()
         record.ParseFromString(raw)
-        if record.WhichOneof("record_type") == "history":
-            rows.append(
-                {
-                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                    for item in record.history.item
-                }
-            )  # "a/b" keys arrive nested
-    return rows
+        records.append(record)
+    return records
+
+
+def wandb_items(items):
+    """{key: value} of W&B's history or summary items ("a/b" keys may arrive nested)."""
+    return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
+
+
+def wandb_history(path: Path):
+    """The history rows of an offline W&B run file."""
+    return [
+        wandb_items(r.history.item)
+        for r in wandb_records(path)
+        if r.WhichOneof("record_type") == "history"
+    ]
 
 
 def test_wandb_offline_run_holds_the_metrics(tmp_path, monkeypatch):
@@ -341,7 +349,7 @@ def test_mlflow_keeps_its_runs_in_sqlite_and_takes_an_explicit_file_uri(tmp_path
     database = Path(config.out_dir) / "mlflow.db"
     client = MlflowClient(tracking_uri=f"sqlite:///{database}")
     (run,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
-    assert run.data.metrics["eval.test_acc_avg_model"] > 0.25
+    assert run.data.metrics["eval/test_acc_avg_model"] > 0.25
     store = (tmp_path / "file-store").resolve().as_uri()
     explicit = tiny(tmp_path / "b", loggers=[{"mlflow": {"tracking_uri": store}}])
     run_local(explicit)  # MLflow 3's file store needs an opt-in, which an explicit URI gives

@@ -314,6 +314,9 @@ def test_every_run_records_its_provenance(mpi_run, tmp_path):
     assert (origin["backend"], origin["world_size"]) == ("mpi", 4)
     assert origin["peers_per_host"] == {socket.gethostname()[:64]: 4}
     assert "--config" in origin["command"] and str(TINY) in origin["command"]
+    # the launcher's command line, as typed (found among the rank's ancestors), not train.py's
+    assert origin["launcher"] == "mpiexec" and Path(origin["command"][0]).name == "mpiexec"
+    assert origin["command"][1:3] == ["-n", "4"] and "experiments.train" in origin["command"]
     head = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30
     ).stdout.strip()

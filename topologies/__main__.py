@@ -216,8 +216,8 @@ def draw_png(topo: Topology, path: str) -> None:
         plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m topologies``; returns the exit status."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m topologies``."""
     parser = argparse.ArgumentParser(
         prog="python -m topologies", description="Inspect gossip topologies."
     )
@@ -245,10 +245,17 @@ def main(argv: list[str] | None = None) -> int:
         help="steps described for a random schedule, which has no period (default 8, "
         f"at most {MAX_STEPS})",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m topologies``; returns the exit status."""
+    parser = build_parser()
+    show_prog = f"{parser.prog} show"  # how its errors start, as argparse's own
     args = parser.parse_args(argv)
     if not 1 <= args.steps <= MAX_STEPS:
         print(
-            f"{show.prog}: error: --steps must be in 1..{MAX_STEPS}, got {args.steps} (every step's "
+            f"{show_prog}: error: --steps must be in 1..{MAX_STEPS}, got {args.steps} (every step's "
             "graph is built and multiplied into the product gap, and a random schedule's "
             "statistics settle long before); use e.g. --steps 64",
             file=sys.stderr,
@@ -259,12 +266,12 @@ def main(argv: list[str] | None = None) -> int:
         topo = parse(args.spec, n=args.n, weights=args.weights)
     except (ValueError, TypeError, OSError) as exc:
         # One line, argparse style: these are user errors, a traceback would only hide the message.
-        print(f"{show.prog}: error: {exc}", file=sys.stderr)
+        print(f"{show_prog}: error: {exc}", file=sys.stderr)
         return 2
     if not isinstance(topo, Topology):
         if args.png and topo.is_directed:
             print(
-                f"{show.prog}: error: --png draws undirected graphs only; {topo.name!r} is directed",
+                f"{show_prog}: error: --png draws undirected graphs only; {topo.name!r} is directed",
                 file=sys.stderr,
             )
             return 2
@@ -273,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         drawn = topo
     if args.png and sum(drawn.degrees) // 2 > PNG_MAX_EDGES:
         print(
-            f"{show.prog}: error: --png draws at most {PNG_MAX_EDGES} edges and {drawn.name!r} has "
+            f"{show_prog}: error: --png draws at most {PNG_MAX_EDGES} edges and {drawn.name!r} has "
             f"{sum(drawn.degrees) // 2} (each is drawn as a Python object: minutes); drop --png "
             "or draw a smaller graph",
             file=sys.stderr,
@@ -284,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             draw_png(drawn, args.png)
         except OSError as exc:
-            print(f"{show.prog}: error: cannot write {args.png}: {exc}", file=sys.stderr)
+            print(f"{show_prog}: error: cannot write {args.png}: {exc}", file=sys.stderr)
             return 1
         print(f"{'png':<13}{args.png}")
     return 0

@@ -354,7 +354,7 @@ class Topology(ConstantSchedule):
 
     @cached_property
     def spectral_gap(self) -> float:
-        """1 − max(|λ₂|, |λₙ|) of W: the per-round contraction of disagreement. 1.0 when n = 1."""
+        """``1 − max(|λ₂|, |λₙ|)`` of W: the per-round contraction of disagreement. 1.0 when n = 1."""
         if self.size == 1:
             return 1.0
         lam = self.eigenvalues

@@ -294,7 +294,8 @@ def render(rows: Rows) -> Outputs:
         "",
         f"ResNet-20-shaped random float32 parameters ({count_params(shapes):,}, "
         f"{compressed / 1e6:.2f} MB in compressed matrices), "
-        "PowerGossip rank 1, one half-step per step, warm start, ring topology (degree 2), "
+        "PowerGossip rank 1, one exchange per step (half a power iteration: P or Q in turn), warm "
+        "start, ring topology (degree 2), "
         "`LocalCluster` (one thread per peer). *Free threads*: `cooperative=False`, every peer "
         "thread runs whenever the GIL lets it. *Taking turns*: `cooperative=True` (the default "
         "when peers outnumber cores), one peer runs until it waits for a message or a "
@@ -395,11 +396,11 @@ def _isolated(c: Dict[str, Any], results: Dict[str, Any]) -> List[str]:
     shown = [v for v in ("before", "previous", "after") if v in iso]
     name = {"before": f"before (`{c['before']}`)", "previous": f"`{c['previous']}`"}
     L = [
-        "## One peer's half-step alone (loopback transport, degree 2)",
+        "## One peer's exchange alone (loopback transport, degree 2)",
         "",
         f"Peer 0 of ring:8, the versions in interleaved blocks of {c['isolated_steps']} "
-        "(ResNet-20) or 4 (VGG-16) half-steps after two warm-up steps, 5 rounds; compute time "
-        "per half-step and 3 × compressed bytes / (that time × the bandwidth of a one-thread 256 "
+        "(ResNet-20) or 4 (VGG-16) exchanges after two warm-up steps, 5 rounds; compute time "
+        "per exchange and 3 × compressed bytes / (that time × the bandwidth of a one-thread 256 "
         "MB copy made before each round), medians.",
         "",
         "| model | "
@@ -416,7 +417,7 @@ def _isolated(c: Dict[str, Any], results: Dict[str, Any]) -> List[str]:
     if "previous" in iso:
         L += [
             "",
-            f"Half-step time, `{c['previous']}` / this tree (above 1: this tree is faster): "
+            f"Exchange time, `{c['previous']}` / this tree (above 1: this tree is faster): "
             + ", ".join(
                 f"{m} {iso['previous'][m]['ms'] / iso['after'][m]['ms']:.2f}×"
                 for m in ("resnet20", "vgg16")

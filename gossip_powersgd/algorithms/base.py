@@ -23,16 +23,13 @@ from typing import (
 import torch
 
 from ..comm.base import Tensor
+from ..errors import NonFiniteError  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from ..comm.base import Comm
     from topologies import AnyTopology
 
 ParamsLike = Union[Iterable[Tensor], Iterable[Tuple[str, Tensor]]]
-
-
-class NonFiniteError(FloatingPointError):
-    """A peer was about to send a NaN or an infinity to its neighbours."""
 
 
 def named_tensors(params: ParamsLike) -> Tuple[List[str], List[Tensor]]:
@@ -174,6 +171,11 @@ class GossipAlgorithm:
     #: docstring where the rows come from and which invariant holds.
     supports_edge_noise = False
     edge_noise = None
+    #: Whether a noise added to each peer's local update (before its optimizer step and before
+    #: anything is sent: Muffliato's, DECOR's pairwise noise) is carried by this algorithm's gossip
+    #: of the models so that the mechanisms' accounting holds: True for gossip that mixes the
+    #: models themselves and keeps their network sum (DECOR's correlated noise then cancels in it).
+    supports_update_noise = False
     #: Whether peers may leave and join a run of this algorithm (`gossip_powersgd.membership`):
     #: at a membership change its state is carried over in two parts, this peer's own
     #: (`node_state`) and what it shares with each neighbour whose edge stays (`edge_state`);

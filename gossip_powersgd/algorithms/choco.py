@@ -79,6 +79,8 @@ class ChocoGossip(CompressedGossip):
     #: form). The static form keeps only s_i = Σ_j W[i,j] x̂_j, from which no edge's copy can be
     #: told apart: at the first change every edge's copies start again from zero, at both ends.
     supports_churn = True
+    #: Muffliato and DECOR (`GossipAlgorithm.supports_update_noise`).
+    supports_update_noise = True
     label = compressed_label("Choco")
     config_name = "Choco"
     example_compressor = "topk:0.01"

@@ -55,6 +55,8 @@ class ExactGossip(GossipAlgorithm):
     #: its own x unchanged: the network average moves by gamma sum_i sum_j W[i,j] n_{j->i}, zero
     #: when each sender's noises sum to zero with the weights W[i, j] (ZIP-DL's promise).
     supports_edge_noise = True
+    #: Muffliato and DECOR (`GossipAlgorithm.supports_update_noise`).
+    supports_update_noise = True
     #: Nothing per edge; the step count is the state a membership change carries.
     supports_churn = True
     summary = "uncompressed gossip, x += gamma * sum_j W_ij (x_j - x)"

@@ -115,6 +115,8 @@ class PowerGossip(PowerGossipSchedule, PowerGossipBuffers, GossipAlgorithm):
     #: both ends form the factors from the noisy rows: the average is kept exactly, for any noise.
     #: Schedules do not call it (`privacy.mechanisms` refuses them).
     supports_edge_noise = True
+    #: Muffliato and DECOR (`GossipAlgorithm.supports_update_noise`).
+    supports_update_noise = True
     #: A membership change carries each kept edge's factors, generator and half-step counter
     #: (`edge_state`); a new edge is seeded from (seed, min(i, j), max(i, j)) of the peer ids.
     supports_churn = True

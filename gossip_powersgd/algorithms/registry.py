@@ -12,8 +12,10 @@ options is an error that lists what is valid.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+import types
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 from .. import specs
 
@@ -131,22 +133,54 @@ def split_spec(spec: str) -> Tuple[str, Dict[str, str]]:
     return specs.split_spec(spec, "algorithm spec")
 
 
-def _entry(spec: str) -> Tuple[str, type, Dict[str, str]]:
+@dataclasses.dataclass(frozen=True, eq=False)
+class AlgorithmSpec:
+    """An algorithm spec parsed once (`parse_algorithm`): its text as written, the registered class
+    it names, its options as written and the class's typed constructor keywords (PowerGossip's
+    rank an int). A config's is `TrainConfig.algorithm_spec`; every function of this module takes
+    one or the text."""
+
+    text: str
+    name: str
+    cls: type
+    options: Mapping[str, str]
+    kwargs: Mapping[str, Any]
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AlgorithmSpec) and (self.text, self.cls) == (other.text, other.cls)
+
+    __hash__ = None
+
+    def label(self) -> str:
+        """The legend label: "exact gossip", "PowerGossip r1 K2", "Choco sign", ... (no γ)."""
+        return self.cls.label(dict(self.options))
+
+    def build(self, params, comm: Comm):
+        """The algorithm on `params`, talking through `comm`."""
+        return self.cls(params, comm, **self.kwargs)
+
+
+#: {text: AlgorithmSpec}: each spec text is parsed once per process.
+_PARSED: Dict[str, AlgorithmSpec] = {}
+
+
+def parse_algorithm(spec: Union[str, AlgorithmSpec]) -> AlgorithmSpec:
+    """The spec parsed and validated without building anything (so a config can be checked before
+    training): an unknown name or option, or a bad value, is a one-line ValueError listing what is
+    valid. An `AlgorithmSpec` is returned as it is; a text parsed before is not parsed again
+    (while its name still names the same class)."""
+    if isinstance(spec, AlgorithmSpec):
+        return spec
+    parsed = _PARSED.get(spec)
+    if parsed is not None and REGISTRY.get(parsed.name) is parsed.cls:
+        return parsed
     name, options = split_spec(spec)
     if name not in REGISTRY:
         raise specs.unknown_name("algorithm spec", spec, name, sorted(REGISTRY))
-    return name, REGISTRY[name], options
-
-
-def algorithm_class(name: str) -> type:
-    """The registered class of an algorithm name (e.g. a recorded view's "algorithm")."""
-    return _entry(name)[1]
-
-
-def algorithm_kwargs(spec: str) -> Tuple[type, Dict[str, Any]]:
-    """The spec's class and its constructor keywords, validated without building anything (so a
-    config can be checked before training)."""
-    name, cls, options = _entry(spec)
+    cls = REGISTRY[name]
     kwargs: Dict[str, Any] = {}
     for key, value in options.items():
         if key not in cls.options:
@@ -158,64 +192,82 @@ def algorithm_kwargs(spec: str) -> Tuple[type, Dict[str, Any]]:
             raise specs.spec_error(
                 "algorithm spec", spec, f"bad value {value!r} for {key}: {exc}"
             ) from None
-    return cls, kwargs
+    parsed = AlgorithmSpec(
+        spec, name, cls, types.MappingProxyType(options), types.MappingProxyType(kwargs)
+    )
+    _PARSED[spec] = parsed
+    return parsed
 
 
-def algorithm_label(spec: str) -> str:
+def algorithm_class(name: str) -> type:
+    """The registered class of an algorithm name (e.g. a recorded view's "algorithm")."""
+    key = split_spec(name)[0]
+    if key not in REGISTRY:
+        raise specs.unknown_name("algorithm spec", name, key, sorted(REGISTRY))
+    return REGISTRY[key]
+
+
+def algorithm_kwargs(spec: Union[str, AlgorithmSpec]) -> Tuple[type, Dict[str, Any]]:
+    """The spec's class and its constructor keywords (`parse_algorithm`)."""
+    parsed = parse_algorithm(spec)
+    return parsed.cls, dict(parsed.kwargs)
+
+
+def algorithm_label(spec: Union[str, AlgorithmSpec]) -> str:
     """The legend label of a spec: "exact gossip", "PowerGossip r1 K2", "Choco sign", ... (no γ)."""
-    _, cls, options = _entry(spec)
-    return cls.label(options)
+    return parse_algorithm(spec).label()
 
 
-def gamma_kind(spec: str) -> str:
+def gamma_kind(spec: Union[str, AlgorithmSpec]) -> str:
     """What the spec's γ is when it sets none: "topology", "tuned" or "none"."""
-    return _entry(spec)[1].gamma_source
+    return parse_algorithm(spec).cls.gamma_source
 
 
-def spec_gamma(spec: str, topology: AnyTopology) -> Optional[float]:
+def spec_gamma(spec: Union[str, AlgorithmSpec], topology: AnyTopology) -> Optional[float]:
     """The γ a spec runs with on `topology`: its own, else the topology's for "topology" algorithms,
     else None (a "tuned" algorithm without γ, or one that has no γ)."""
-    _, cls, options = _entry(spec)
-    value = options.get("gamma")
+    parsed = parse_algorithm(spec)
+    value = parsed.options.get("gamma")
     gamma = parse_optional_float(value) if value is not None else None
     if gamma is not None:
         return gamma
-    if cls.gamma_source != "topology":
+    if parsed.cls.gamma_source != "topology":
         return None
     # a schedule has no one optimal step: its algorithms take 1 (exact.resolve_gamma)
     return float(topology.gamma) if hasattr(topology, "gamma") else 1.0
 
 
-def check_directed(spec: str, topology: AnyTopology, topology_spec: str) -> None:
+def check_directed(
+    spec: Union[str, AlgorithmSpec], topology: AnyTopology, topology_spec: str
+) -> None:
     """Refuse a directed topology (or schedule) for an algorithm that needs symmetric edges."""
-    name, cls, _ = _entry(spec)
-    if topology.is_directed and not cls.directed:
+    parsed = parse_algorithm(spec)
+    if topology.is_directed and not parsed.cls.directed:
         raise ValueError(
-            f"{name!r} needs symmetric edges, but topology {topology_spec!r} is "
+            f"{parsed.name!r} needs symmetric edges, but topology {topology_spec!r} is "
             "directed; use algorithm pushsum (or an undirected topology)"
         )
 
 
-def check_config(spec: str, topology: AnyTopology) -> None:
+def check_config(spec: Union[str, AlgorithmSpec], topology: AnyTopology) -> None:
     """The algorithm's own config-time checks (`GossipAlgorithm.check_config`) of a spec on the
     run's topology."""
-    cls, kwargs = algorithm_kwargs(spec)
-    cls.check_config(kwargs, topology)
+    parsed = parse_algorithm(spec)
+    parsed.cls.check_config(dict(parsed.kwargs), topology)
 
 
-def with_option(spec: str, key: str, value: str) -> str:
+def with_option(spec: Union[str, AlgorithmSpec], key: str, value: str) -> str:
     """The spec with option `key` set to `value` (added, or replacing the one it had)."""
-    name, options = split_spec(spec)
+    name, options = split_spec(str(spec))
     options[key] = value
     return (
         name + ":" + ",".join(f"{k}=[{v}]" if "," in v else f"{k}={v}" for k, v in options.items())
     )
 
 
-def make_algorithm(spec: str, params, comm: Comm):
+def make_algorithm(spec: Union[str, AlgorithmSpec], params, comm: Comm):
     """Build the algorithm a spec names, on `params`, talking through `comm`."""
-    cls, kwargs = algorithm_kwargs(spec)
-    return cls(params, comm, **kwargs)
+    return parse_algorithm(spec).build(params, comm)
 
 
 def describe_algorithms() -> str:

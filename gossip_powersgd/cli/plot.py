@@ -190,19 +190,24 @@ def _finish(plt, fig, ax) -> bytes:
         plt.close(fig)
 
 
-def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> List[Path]:
-    """Parse `argv`, write the figures, print and return their paths (`python -m <module>` in the help)."""
+def build_parser(module: str = MODULE) -> argparse.ArgumentParser:
+    """The command line of `gossip-plot`, its usage line spelled as `python -m <module>`."""
     parser = argparse.ArgumentParser(
         prog=program_name(module, "gossip-plot"), description=__doc__.split("\n")[0]
     )
-    parser.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories to draw")
     parser.add_argument(
         "--out",
         metavar="DIR",
         help="output directory (default: the run directory "
         "for one run; for several, plots-<run>-vs-<run> beside the first run)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> List[Path]:
+    """Parse `argv`, write the figures, print and return their paths (`python -m <module>` in the help)."""
+    args = build_parser(module).parse_args(argv)
     if args.out is None and len(args.runs) > 1:
         print(
             f"writing the figures to {default_out(args.runs)} (--out DIR to choose)",

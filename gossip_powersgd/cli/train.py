@@ -23,17 +23,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from gossip_powersgd.cli import program_name
 from gossip_powersgd.launch import (
     launched_by_mpiexec,
-    launched_by_torchrun,
-    launched_world_size,
+    launched_rank,
     main_guard,
     resolve_backend,
     run_peers,
+    transport,
 )
 
 #: The module `python -m` runs this program as; a checkout's `experiments.train` passes its own, so
@@ -119,9 +120,35 @@ def _mpi_world() -> tuple:
     return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
 
+def start_line(processes: int) -> str:
+    """Rank 0's first line, printed as the program starts (one per run, whatever the launcher)."""
+    return (
+        f"start: {processes} process{'es' if processes > 1 else ''}, loading the libraries and "
+        "the config"
+    )
+
+
+def _check_extras(args: argparse.Namespace) -> None:
+    """Refuse, in one line, a config that needs an optional extra that is not installed
+    (`extras.missing_extra`), from the config file's text and --set alone. A file that cannot be
+    read here is left for `resolve`, which names the problem."""
+    from gossip_powersgd.extras import missing_extra
+    from gossip_powersgd.training.yaml_loader import strict_yaml_load
+
+    mode, target = resume_request(args)
+    try:
+        path = config_path(args.config) if args.config else Path(target) / "config.yaml"
+        data = strict_yaml_load(path.read_text(), str(path))
+    except (ValueError, OSError, TypeError):
+        return
+    missing = missing_extra(data if isinstance(data, dict) else {}, args.overrides)
+    if missing:
+        raise ImportError(missing)
+
+
 def resume_request(args: argparse.Namespace) -> Tuple[Optional[str], Optional[str]]:
     """What --resume asks for: (None, None) nothing; ("dir", RUN_DIR); ("auto", RUN_DIR or None)."""
-    from gossip_powersgd.training.rundir import AUTO  # after MPI is initialised (imports torch)
+    from gossip_powersgd.training.rundir import AUTO
 
     values = args.resume or []
     if not values:
@@ -203,17 +230,23 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
     args = build_parser(module).parse_args(argv)
     _import_from_cwd()
     if args.help_config:
-        from gossip_powersgd.training.config import describe_keys
+        from gossip_powersgd.training.keydocs import describe_keys
+
+        from gossip_powersgd.cli.help import describe_registries
 
         print(describe_keys())
+        print("\naccepted values (registered):\n\n" + describe_registries())
         return None
-    rank, world_size = _mpi_world()  # initialise MPI first, so that errors are reported per rank
-    if rank == 0 and not args.quiet:  # the first sign of life, before torch is imported
-        print(
-            f"start: {world_size} process{'es' if world_size > 1 else ''}, loading the "
-            "libraries and the config",
-            flush=True,
-        )
+    # The first sign of life, from the launcher's environment: before MPI and torch are loaded.
+    launched = launched_rank() or (None if launched_by_mpiexec() else (0, 1))
+    started = time.perf_counter()
+    if launched is not None and launched[0] == 0 and not args.quiet:
+        print(start_line(launched[1]), flush=True)
+    _check_extras(args)  # a missing optional package, from the config's text: before torch
+    rank, world_size = _mpi_world()
+    if launched is None and rank == 0 and not args.quiet:  # a launcher that only MPI can tell
+        print(start_line(world_size), flush=True)
+    first = (launched or (rank, world_size))[0] == 0  # rank 0 of any launcher (torchrun's too)
     config = resolve(args, world_size)
 
     import torch
@@ -221,10 +254,15 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
     from gossip_powersgd.training.trainer import format_summary, train
 
     torch.set_num_threads(intra_op_threads(config.threads))
+    if first and not config.quiet:
+        print(
+            f"set-up: libraries and config loaded ({time.perf_counter() - started:.1f} s)",
+            flush=True,
+        )
     resume = {None: False, "dir": True, "auto": "auto"}[resume_request(args)[0]]
     topology = _topology(config, module)
     device = "cpu"
-    if config.backend == "torch":
+    if transport(config.backend).uses_device:
         from gossip_powersgd.training.setup import resolve_device
 
         device = resolve_device(config.device, 0).type  # the GPU index comes from LOCAL_RANK
@@ -241,7 +279,8 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
     # rank 0's under local (the lowest member's if peers left), this process's when launched
     members = sorted(r for r, s in results.items() if not s.get("departed")) or sorted(results)
     summary = results[members[0]]
-    if summary["rank"] == 0 or config.backend == "local":
+    leader = min(summary.get("members_at_end") or [0])  # the lowest live id after churn
+    if summary["rank"] == leader or transport(config.backend).in_process:
         print(format_summary(summary))
         print(f"run directory: {config.out_dir}", flush=True)
     return summary
@@ -278,10 +317,11 @@ def _topology(config, module: str):
     except ValueError:
         n = "N"
     resolve_backend(config.backend, cli=module, n=n)
-    if config.backend == "local":
+    entry = transport(config.backend)
+    if entry.in_process:
         return resolve_topology(config)
-    world_size = launched_world_size(config.backend)
-    launcher = "mpiexec" if config.backend == "mpi" or not launched_by_torchrun() else "torchrun"
+    world_size = entry.world_size()
+    launcher = entry.launcher_name()
     if config.peers is not None and config.peers != world_size:
         raise ValueError(
             f"peers is {config.peers} but {launcher} started {world_size} processes: "

@@ -29,6 +29,7 @@ from typing import (
 
 import torch
 
+from ..errors import AgreementError, CommunicationError, PeerAborted  # noqa: F401 (re-exported)
 from ..utils import format_ranks
 
 if TYPE_CHECKING:
@@ -102,21 +103,6 @@ class Comm(Protocol):
     def barrier(self) -> None: ...
 
     def check_agreement(self, what: str, value: str) -> None: ...
-
-
-class CommunicationError(RuntimeError):
-    """A message could not be delivered or was not what the receiver expected."""
-
-
-class PeerAborted(CommunicationError):
-    """Another peer failed, so this one stops instead of waiting forever."""
-
-
-class AgreementError(ValueError):
-    """Peers disagree on something they must share (topology, parameter shapes, configuration).
-
-    Raised identically on every rank, so that every rank can exit with the same message.
-    """
 
 
 @dataclasses.dataclass

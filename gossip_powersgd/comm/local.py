@@ -9,8 +9,8 @@ never turns into a hang.
 
 When peers outnumber cores, the threads take turns: one peer runs at a time (or one per lane, see
 `LocalCluster`'s `lanes`), until it waits for a message or a collective (see `comm.turns.Turns` and
-`LocalCluster`'s `cooperative`): the same messages and bits as free-running threads, several times
-faster at 64 peers.
+`LocalCluster`'s `cooperative`): the same messages and bits as free-running threads
+(experiments/results/bench_sim.md times both at 64 peers).
 """
 
 from __future__ import annotations
@@ -306,11 +306,10 @@ class LocalCluster:
 
     `cooperative` decides how the peer threads share the cores. True: one peer runs at a time (per
     lane, below), and the turn passes on whenever a peer waits for a message or a collective
-    (`comm.turns.Turns`). False:
-    all threads run freely and the GIL decides. The messages and the results' bits are the same
-    either way; taking turns is several times faster once peers outnumber cores (64 ResNet-20
-    peers on 2 cores: experiments/results/bench_sim.md). None (the default) takes turns exactly
-    when there are more peers than cores. A peer that blocks outside the communicator while it
+    (`comm.turns.Turns`). False: all threads run freely and the GIL decides. The messages and the
+    results' bits are the same either way; experiments/results/bench_sim.md times both (64
+    ResNet-20 peers on 2 cores; its last run was on a loaded machine, where free threads came out
+    ahead). None (the default) takes turns exactly when there are more peers than cores. A peer that blocks outside the communicator while it
     has the turn (a sleep, an event another peer sets) holds up the peers able to run for up to
     5 s each time (then they run anyway): pass False for such code.
 

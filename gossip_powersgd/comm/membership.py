@@ -46,11 +46,16 @@ class MemberCommunicator(Communicator):
         self.live: Tuple[int, ...] = tuple(range(self.size))
         self._group: Optional[Tuple[int, ...]] = None
 
-    def set_epoch(self, topology: AnyTopology, live: Sequence[int]) -> None:
-        """Gossip on `topology` (a graph over all ids) with the peers `live` from now on."""
+    def set_epoch(self, topology: AnyTopology, live: Sequence[int], number: int = 0) -> None:
+        """Gossip on `topology` (a graph over all ids) with the peers `live` from now on
+        (membership epoch `number`). A transport that builds a group per epoch (torch under
+        on_peer_loss: continue: `comm.torch_members`) builds it now, collective over `live`."""
         self.topology = topology
         self.neighbors = union_neighbors(topology, self.rank)
         self.live = tuple(sorted(live))
+        set_members = getattr(self.transport, "set_members", None)
+        if set_members is not None and getattr(self.transport, "interrupted", None) is not None:
+            set_members(number, self.live)
 
     @contextlib.contextmanager
     def over(self, members: Sequence[int]) -> Iterator[None]:
@@ -91,6 +96,13 @@ class MemberCommunicator(Communicator):
         return blocks
 
     # ---- collectives over the members ------------------------------------------------------------
+    def allgather_bytes(self, data: bytes) -> List[bytes]:
+        """`Communicator.allgather_bytes` over the members: the transport's own while every peer
+        is a member (torch gathers with its own collective, not `_allgather_tensor`)."""
+        if self._everyone():
+            return self.transport.allgather_bytes(data)
+        return super().allgather_bytes(data)
+
     def allreduce_(self, tensor: Tensor, op: str = "mean", metric: bool = False) -> Tensor:
         """`Communicator.allreduce_` over the members: the transport's own while every peer is
         a member (the same bits as a run without membership changes)."""

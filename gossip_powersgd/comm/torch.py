@@ -24,7 +24,7 @@ import datetime
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -46,7 +46,8 @@ from .base import (
 from .. import faults
 from .interfaces import bind_gloo_to_route
 from .mpi import GRACE_SECONDS
-from .torch_faults import PeerWatch
+from .torch_faults import PeerWatch, undelivered
+from .torch_members import before_transfer, next_group, raise_if_lost, watched_wait
 
 if TYPE_CHECKING:
     from topologies import Topology
@@ -173,6 +174,9 @@ class TorchCommunicator(Communicator):
             # exit make the C++ runtime abort the process ("terminate called ...", SIGABRT).
             atexit.register(self._close_at_exit)
         self.device, self.backend = device, backend
+        #: on_peer_loss: continue: what interrupts waits, the epoch's group (`torch_members`)
+        self.interrupted: Optional[Callable[[], Optional[str]]] = None
+        self.group = None  # a `torch_members.MemberGroup`
         super().__init__(topology, rank, timeout)
         self._faults = PeerWatch(self._store, rank, world_size, self._monitor)
         atexit.register(self._tell_exit)  # runs before close (atexit is last in, first out)
@@ -278,52 +282,53 @@ class TorchCommunicator(Communicator):
         self._transfer(outgoing, incoming, "neighbour(s)")
 
     def _sendrecv(self, dest, send: Tensor, source, recv: Tensor) -> None:
-        ops = []
-        if dest is not None:
-            ops.append(dist.P2POp(dist.isend, send, dest))
-        if source is not None:
-            ops.append(dist.P2POp(dist.irecv, recv, source))
-        if ops:
-            self._wait(
-                dist.batch_isend_irecv(ops),
-                [source] if source is not None else [],
-                "peer",
-                [p for p in (dest, source) if p is not None],
-            )
+        outgoing = [(dest, send)] if dest is not None else []
+        self._transfer(outgoing, [(source, recv)] if source is not None else [], "peer")
 
     def _transfer(
         self, outgoing: List[Tuple[int, Tensor]], incoming: List[Tuple[int, Tensor]], role: str
     ) -> None:
         """Send each (peer, tensor) of `outgoing` and fill each (peer, buffer) of `incoming`."""
-        ops = [dist.P2POp(dist.isend, out, j) for j, out in outgoing]
-        ops += [dist.P2POp(dist.irecv, into, j) for j, into in incoming]
-        if ops:
-            self._wait(
-                dist.batch_isend_irecv(ops),
-                [j for j, _ in incoming],
-                role,
-                [j for j, _ in outgoing + incoming],
+        if not outgoing and not incoming:
+            return
+        before_transfer(self, incoming)  # on_peer_loss: continue (`torch_members`)
+        if self.group is not None:  # the members' group of this epoch, by position
+            works = [self.group.send(out, j) for j, out in outgoing]
+            works += [self.group.recv(into, j) for j, into in incoming]
+        else:
+            works = dist.batch_isend_irecv(
+                [dist.P2POp(dist.isend, out, j) for j, out in outgoing]
+                + [dist.P2POp(dist.irecv, into, j) for j, into in incoming]
             )
+        self._wait(
+            works,
+            [j for j, _ in incoming],
+            role,
+            [j for j, _ in outgoing + incoming],
+        )
 
     def _wait(
         self, works, peers: List[int], role: str, works_peers: Optional[List[int]] = None
     ) -> None:
         """Wait for `works` (whose peers are `works_peers`; None: every other rank), naming
         `peers` (the senders) if they fail or time out."""
-        # gloo's p2p requests report completion only through wait(), so wait on each with what is
-        # left of one deadline rather than polling is_completed().
+        # gloo's p2p requests report completion only through wait(): wait on each, one deadline
         everyone = [k for k in range(self.size) if k != self.rank]
         deadline = time.monotonic() + self.timeout
         for k, w in enumerate(works):
             left = max(deadline - time.monotonic(), 0.001)
             try:
-                finished = w.wait(datetime.timedelta(seconds=left))
+                if self.interrupted is None:
+                    finished = w.wait(datetime.timedelta(seconds=left))
+                else:
+                    finished = watched_wait(w, left, self.interrupted)
             except RuntimeError as exc:
                 text = str(exc).lower()
                 if "timed out" in text or "timeout" in text:
                     finished = False
                 else:
                     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    raise_if_lost(self._monitor, works_peers or everyone, self.interrupted)
                     raise self._failure(
                         f"talking to {role} {peers} failed ({first}); did a peer stop?",
                         everyone if works_peers is None else works_peers,
@@ -336,7 +341,7 @@ class TorchCommunicator(Communicator):
                         for i, (w, peer) in enumerate(zip(works[first:], peers))
                         if first + i >= k
                     ]
-                    peers = self._undelivered(receives) or peers
+                    peers = undelivered(receives) or peers
                 raise self._faults.timed_out(
                     f"no message from {role} {peers} within "
                     f"{self.timeout:g} s (is that peer alive? raise "
@@ -347,24 +352,14 @@ class TorchCommunicator(Communicator):
     def _failure(self, what: str, peers: Optional[List[int]] = None) -> CommunicationError:
         return self._faults.failure(what, peers or [])
 
+    def set_members(self, number: int, live) -> None:
+        """From now on, a fresh group of the peers `live` (collective over them: `MemberGroup`)."""
+        self.group = next_group(self, number, live)
+
     def _tell_exit(self) -> None:
         """At interpreter exit, with the communicator still open: record that this rank left."""
         if self._owns_group and dist.is_initialized() and not _failing:
             self._faults.tell_exit()
-
-    @staticmethod
-    def _undelivered(receives) -> List[int]:
-        """The senders of the (work, sender) receives left after a timeout whose message did not
-        arrive (gloo closed the connections at the timeout: a receive not complete now fails)."""
-        missing = []
-        for w, peer in receives:
-            try:
-                done = w.wait(datetime.timedelta(milliseconds=1))
-            except RuntimeError:
-                done = False
-            if done is False:
-                missing.append(peer)
-        return missing
 
     # ---- collectives ---------------------------------------------------------------------------
     def _ring_allreduce(self, tensor: Tensor, op: str) -> Tuple[int, int]:
@@ -387,6 +382,8 @@ class TorchCommunicator(Communicator):
         return super()._ring_allreduce(tensor, op)
 
     def allgather_bytes(self, data: bytes) -> List[bytes]:
+        if self.group is not None:  # the members' of this epoch (the end-of-run barrier's)
+            return self.group.allgather_bytes(data, self._wait)
         with self._one_at_a_time("an all-gather"):
             mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             out = [torch.empty_like(mine) for _ in range(self.size)]
@@ -409,7 +406,8 @@ class TorchCommunicator(Communicator):
             try:
                 arrived = self._store.add("closing", 1)
                 deadline = time.monotonic() + GRACE_SECONDS
-                while arrived < self.size and time.monotonic() < deadline:
+                size = len(self.group.live) if self.group is not None else self.size
+                while arrived < size and time.monotonic() < deadline:
                     time.sleep(0.01)
                     arrived = self._store.add("closing", 0)
             except Exception:  # noqa: BLE001 - the store may have ended with its host: leave

@@ -13,6 +13,7 @@ on its own, and, when waits time out, whom the other ranks waited for. The store
 
 from __future__ import annotations
 
+import datetime
 import time
 from typing import List, Optional
 
@@ -109,4 +110,18 @@ class PeerWatch:
             pass
 
 
-__all__ = ["PeerWatch"]
+def undelivered(receives) -> List[int]:
+    """The senders of the (work, sender) receives left after a timeout whose message did not
+    arrive (gloo closed the connections at the timeout: a receive not complete now fails)."""
+    missing = []
+    for w, peer in receives:
+        try:
+            done = w.wait(datetime.timedelta(milliseconds=1))
+        except RuntimeError:
+            done = False
+        if done is False:
+            missing.append(peer)
+    return missing
+
+
+__all__ = ["PeerWatch", "undelivered"]

@@ -1,7 +1,8 @@
 """What a rank can observe about its peers' processes: the signals `monitor` turns into events.
 
 Standard library only: it runs before torch or MPI is imported, since a rank's set-up (MPI_Init,
-the rendezvous) is where a stopped peer used to hold every other rank for minutes.
+the rendezvous) is where a stopped peer used to hold every other rank for minutes. `PeerLost` is
+the one event `monitor` makes of them.
 
 * **Process states** (peers of this machine). /proc/PID/stat says "T" while a process is stopped
   (SIGSTOP, Ctrl-Z), and a stopped process runs nothing at all, however long one waits; a slow
@@ -29,7 +30,8 @@ import select
 import socket
 import struct
 import time
-from typing import Dict, Iterable, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 #: What the user is told about a stopped peer (the same words on every transport).
 STOPPED_HOW = "stopped (SIGSTOP or Ctrl-Z: its process state is T)"
@@ -38,6 +40,57 @@ SUPERVISOR_VAR = "GOSSIP_POWERSGD_SUPERVISOR"
 #: The launchers' rank and size variables, in the order they are read.
 RANK_VARS = (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"))
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE")
+
+
+# ---- the event -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PeerLost:
+    """Peer `peer` is lost: how, on which host, after how many seconds; `told_by` is the rank that
+    saw it when this one only heard of it; `others` the peers an isolated rank lost with it."""
+
+    peer: int
+    how: str
+    host: str
+    seconds: float = 0.0
+    told_by: Optional[int] = None
+    others: Tuple[int, ...] = ()
+
+    def text(self) -> str:
+        p, host, s = self.peer, self.host, f"{self.seconds:g}"
+        if self.how == "stopped":
+            text = f"peer {p} has been {STOPPED_HOW}{f' for {s} s' if self.seconds else ''}"
+            text += f", on host {host}"
+        elif self.how == "killed":
+            text = (
+                f"peer {p} on host {host} is gone: its process ended without a word (killed: "
+                "kill -9, the OOM killer?)"
+            )
+        elif self.how == "hung":
+            text = (
+                f"peer {p} on host {host} sent no heartbeat for {s} s though its host answers: "
+                "it is stopped or hung"
+            )
+        elif self.how == "unreachable":
+            text = (
+                f"peer {p} on host {host} is unreachable: "
+                f"{f'no heartbeat for {s} s and ' if self.seconds else ''}its host does not "
+                "answer (link down, or host down?)"
+            )
+        elif self.seconds:
+            text = (
+                f"no peer on another host has answered for {s} s ({_peers((p, *self.others))}): "
+                f"this host, {host}, may be the one cut off (its link down?), or they are all down"
+            )
+        else:
+            text = (
+                f"this host, {host}, has no route to its peers on other hosts "
+                f"({_peers((p, *self.others))}): its link is down"
+            )
+        return text if self.told_by is None else f"{text} (seen by rank {self.told_by})"
+
+
+def _peers(peers: Sequence[int]) -> str:
+    return f"peer {peers[0]}" if len(peers) == 1 else f"peers {', '.join(map(str, peers))}"
 
 
 # ---- processes -----------------------------------------------------------------------------------
@@ -314,7 +367,7 @@ def probe(
                 s.close()
         for s in readable:
             try:
-                outcome[connected[s]] = "alive" if s.recv(1) == b"" else "answers"
+                outcome[connected[s]] = "alive" if s.recv_into(bytearray(1)) == 0 else "answers"
             except OSError:  # reset: the listener went away with its process
                 outcome[connected[s]] = "refused"
             del connected[s]
@@ -329,8 +382,29 @@ def probe(
     return outcome
 
 
+def probe_addresses(
+    targets: Dict[int, Tuple[Sequence[str], int]], seconds: float
+) -> Dict[int, Tuple[str, str]]:
+    """`probe` every address of each peer ({peer: (addresses, port)}) at once; {peer: (outcome,
+    address)}: "alive" if any address is, else "answers" if any does, else its first address's."""
+    keyed = {
+        (peer, address): port
+        for peer, (addresses, port) in targets.items()
+        for address in addresses
+    }
+    keys = list(keyed)
+    outcome = probe([(k, key[1], keyed[key]) for k, key in enumerate(keys)], seconds)
+    found: Dict[int, Tuple[str, str]] = {}
+    for wanted in ("alive", "answers", None):
+        for k, (peer, address) in enumerate(keys):
+            if peer not in found and wanted in (None, outcome[k]):
+                found[peer] = (outcome[k], address)
+    return found
+
+
 __all__ = [
     "STOPPED_HOW",
+    "PeerLost",
     "SUPERVISOR_VAR",
     "HEARTBEAT_BYTES",
     "LEAVING",
@@ -346,6 +420,7 @@ __all__ = [
     "pack_heartbeat",
     "parent_of",
     "probe",
+    "probe_addresses",
     "process_key",
     "process_state",
     "route_address",

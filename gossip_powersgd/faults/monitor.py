@@ -9,17 +9,16 @@ the signals of `liveness` into one kind of event, `PeerLost(peer, how, host)`:
                  the start; after set-up, the pids the ranks told each other are used.
     killed       a peer whose process ended without saying it leaves: gone from /proc (this
                  machine), or its probe port refuses connections (another machine).
-    hung         a peer of another machine, heard from before, silent for `silent_after` seconds,
-                 whose host still answers a probe: stopped (with its whole host, or alone) or hung.
+    hung         a peer of another machine silent for `silent_after` seconds (since set-up, if
+                 never heard), whose host still answers a probe: stopped (with its host) or hung.
     unreachable  the same, but its host does not answer either: link cut, host down.
     isolated     every peer of every other machine went silent at once, none answering: this
                  host may be the one cut off.
 
-A slow peer is none of these: a stopped process is told from a slow one by the kernel (T is never
-the state of a process that runs), and a heartbeat is sent by this thread, not by the training
-loop, so a rank busy for minutes (importing torch on loaded cores, a long step) still beats. A
-peer is only ever found silent after it was heard: heartbeats that cannot pass a firewall never end
-a run, they only leave it to the comm timeout as before.
+A slow peer is none of these: the kernel tells a stopped process (state T) from a slow one, and
+heartbeats are sent by this thread, not the training loop, so a rank busy for minutes still beats.
+Heartbeats that a firewall stops never end a run: a peer never heard is named only when its host
+completes the probe's connection and nobody takes it, else it is left to the comm timeout.
 
 Whoever finds a loss — this thread, or a transport whose wait failed (`diagnose`) — calls
 `Monitor.lost`, and the event goes to `on_peer_loss`, the one policy. Today it is **abort**: MPICH
@@ -27,13 +26,14 @@ is fail-stop and a synchronous gossip step cannot go on without a neighbour, so 
 line naming the peer, its host and how it was lost; its heartbeats tell the other ranks, which print
 theirs (naming who saw it); once every reachable rank has spoken, or SPEAK_SECONDS have passed, it
 ends a stopped peer of its machine (SIGKILL: a stopped process never acts on SIGTERM) and its own
-process with status 1. A 'continue' policy (churn) would instead hand the event to the membership
-layer: that is the function to change.
+process with status 1. Under **continue** (`Monitor.policy`, set once training starts) the event
+goes to the membership instead (`Monitor.losses`), and this rank goes on without the peer.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import random
 import signal
@@ -42,17 +42,16 @@ import struct
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from . import liveness
-from .liveness import STOPPED_HOW
+from .liveness import PeerLost
 
 #: How often process states are read and heartbeats sent.
 CHECK_SECONDS = 1.0
 #: A peer seen stopped this long is lost (or half the comm timeout, if that is shorter).
 STOPPED_SECONDS = 15.0
-#: A peer of another machine, heard before, then silent this long, is probed (or half the timeout).
+#: A peer of another machine silent this long (since set-up if never heard) is probed (or half).
 SILENT_SECONDS = 10.0
 #: How long a probe waits for a peer's host to answer.
 PROBE_SECONDS = 2.0
@@ -69,56 +68,6 @@ _ANNOUNCE = struct.Struct("!q8sIHH16s64s")
 ANNOUNCE_BYTES = _ANNOUNCE.size
 
 
-@dataclass(frozen=True)
-class PeerLost:
-    """Peer `peer` is lost: how, on which host, after how many seconds; `told_by` is the rank that
-    saw it when this one only heard of it; `others` the peers an isolated rank lost with it."""
-
-    peer: int
-    how: str
-    host: str
-    seconds: float = 0.0
-    told_by: Optional[int] = None
-    others: Tuple[int, ...] = ()
-
-    def text(self) -> str:
-        p, host, s = self.peer, self.host, f"{self.seconds:g}"
-        if self.how == "stopped":
-            text = f"peer {p} has been {STOPPED_HOW}{f' for {s} s' if self.seconds else ''}"
-            text += f", on host {host}"
-        elif self.how == "killed":
-            text = (
-                f"peer {p} on host {host} is gone: its process ended without a word (killed: "
-                "kill -9, the OOM killer?)"
-            )
-        elif self.how == "hung":
-            text = (
-                f"peer {p} on host {host} sent no heartbeat for {s} s though its host answers: "
-                "it is stopped or hung"
-            )
-        elif self.how == "unreachable":
-            text = (
-                f"peer {p} on host {host} is unreachable: "
-                f"{f'no heartbeat for {s} s and ' if self.seconds else ''}its host does not "
-                "answer (link down, or host down?)"
-            )
-        elif self.seconds:
-            text = (
-                f"no peer on another host has answered for {s} s ({_peers((p, *self.others))}): "
-                f"this host, {host}, may be the one cut off (its link down?), or they are all down"
-            )
-        else:
-            text = (
-                f"this host, {host}, has no route to its peers on other hosts "
-                f"({_peers((p, *self.others))}): its link is down"
-            )
-        return text if self.told_by is None else f"{text} (seen by rank {self.told_by})"
-
-
-def _peers(peers: Sequence[int]) -> str:
-    return f"peer {peers[0]}" if len(peers) == 1 else f"peers {', '.join(map(str, peers))}"
-
-
 class _Remote:
     """A peer on another machine, as this rank reaches it."""
 
@@ -126,7 +75,7 @@ class _Remote:
         self.name, self.port, self.probe_port = name, port, probe_port
         self.addresses = addresses  # where to send until it is heard; then where it was heard from
         self.heard: Optional[str] = None
-        self.last = 0.0
+        self.last = time.monotonic()  # its silence counts from set-up until it is heard
 
     def label(self) -> str:
         address = self.heard or (self.addresses[0] if self.addresses else "?")
@@ -153,9 +102,13 @@ class Monitor:
         self.end_at: Optional[float] = None
         self.resting = False  # this rank's communicator is closed: its peers' ends are no loss
         self.closed = False
+        self.policy = "abort"  # "continue": set by the membership once training starts
+        self.removed: Set[int] = set()  # peers lost under continue: no longer watched
+        self.losses: List[Tuple[PeerLost, float]] = []  # (event, time.time() of detection)
         self._stopped_since: Dict[int, float] = {}
         self._last_look = -float("inf")
         self._seq = 0
+        self._early: Dict[int, Tuple[int, str, float]] = {}  # before `join`: token, source, time
         self._lock = threading.Lock()
         threading.Thread(target=self._run, name="gossip-liveness", daemon=True).start()
         atexit.register(self.leave)
@@ -170,15 +123,8 @@ class Monitor:
             if not address.startswith("127.") and address not in addresses:
                 addresses.append(address)
         packed = b"".join(socket.inet_aton(a) for a in addresses[:4])
-        return _ANNOUNCE.pack(
-            os.getpid(),
-            self.key,
-            self.token,
-            self.endpoint.udp_port,
-            self.endpoint.probe_port,
-            packed,
-            self.host.encode()[:64],
-        )
+        ports, name = (self.endpoint.udp_port, self.endpoint.probe_port), self.host.encode()[:64]
+        return _ANNOUNCE.pack(os.getpid(), self.key, self.token, *ports, packed, name)
 
     def join(self, announcements: Sequence[bytes], timeout: float) -> None:
         """Take in every rank's announcement (in rank order) once set-up has exchanged them."""
@@ -198,10 +144,17 @@ class Monitor:
             addresses = [a for a in addresses if a != "0.0.0.0" and a not in mine]
             host = name.rstrip(b"\0").decode("utf-8", "replace")
             remote[k] = _Remote(host, addresses, port, probe_port)
+        for k, (token, address, when) in list(self._early.items()):  # ranks that joined first
+            if k in remote and token == self.token:
+                remote[k].heard, remote[k].last = address, when
         with self._lock:
             self.local, self.remote, self.joined, self.resting = local, remote, True, False
             self.stopped_after = min(STOPPED_SECONDS, timeout / 2)
             self.silent_after = min(SILENT_SECONDS, max(timeout / 2, GAP_SECONDS))
+        self._beat()  # at once: a peer stopped or cut off right after set-up has been heard
+
+    def _watched(self, peer: int) -> bool:
+        return peer not in self.leaving and peer not in self.removed
 
     # ---- the transports' side ----------------------------------------------------------------------
     def host_of(self, peer: int) -> str:
@@ -220,7 +173,7 @@ class Monitor:
         event = None
         for peer in peers:
             pid = self.local.get(peer)
-            if pid is not None and peer not in self.leaving:
+            if pid is not None and self._watched(peer):
                 if liveness.is_stopped(pid):
                     since = self._stopped_since.get(peer)
                     seconds = round(time.monotonic() - since) if since is not None else 0
@@ -229,15 +182,21 @@ class Monitor:
                     event = PeerLost(peer, "killed", self.host_of(peer))
             if event is not None:
                 break
-        remote = [p for p in peers if p in self.remote and p not in self.leaving]
+        remote = [p for p in peers if p in self.remote and self._watched(p)]
         if event is None and remote:
             event = self._probed([p for p in remote if self.remote[p].heard], 0, answers=None)
         if event is not None:
             self.lost(event)
-        return self.event
+        return self.event or event
 
     def lost(self, event: PeerLost) -> None:
-        """Record a loss (the first one counts) and apply the policy to it."""
+        """Record a loss (the first one; under continue, each peer's first); apply the policy."""
+        if _going_on(self, event):
+            with self._lock:  # held until the event is handed over: a second finder waits for it
+                if event.peer not in self.removed and not self.closed:
+                    self.removed.add(event.peer)
+                    on_peer_loss(self, event)
+            return
         with self._lock:
             if self.event is not None or self.closed:
                 return
@@ -289,7 +248,10 @@ class Monitor:
 
     def _look_at_processes(self, now: float) -> Optional[PeerLost]:
         for peer, pid in list(self.local.items()):
-            if peer in self.leaving or not liveness.is_stopped(pid):
+            if self.policy == "continue" and self.joined and self._watched(peer):
+                if liveness.is_gone(pid):  # (under abort, a failed wait's diagnosis says it)
+                    return PeerLost(peer, "killed", self.host_of(peer))
+            if not self._watched(peer) or not liveness.is_stopped(pid):
                 self._stopped_since.pop(peer, None)
                 continue
             if now - self._stopped_since.setdefault(peer, now) >= self.stopped_after:
@@ -297,12 +259,28 @@ class Monitor:
         return None
 
     def _look_at_silence(self, now: float) -> Optional[PeerLost]:
-        heard = [p for p, r in self.remote.items() if r.heard and p not in self.leaving]
+        heard = [p for p, r in self.remote.items() if r.heard and self._watched(p)]
         silent = [p for p in heard if now - self.remote[p].last >= self.silent_after]
-        if not silent:
-            return None
-        isolated = len(silent) == len(heard)  # every other host went quiet at once
-        return self._probed(silent, round(self.silent_after), answers="hung", isolated=isolated)
+        if silent:
+            isolated = len(silent) == len(heard)  # every other host went quiet at once
+            return self._probed(silent, round(self.silent_after), answers="hung", isolated=isolated)
+        unheard = [p for p, r in self.remote.items() if not r.heard and self._watched(p)]
+        unheard = [p for p in unheard if now - self.remote[p].last >= self.silent_after]
+        return self._probed_unheard(unheard) if unheard else None
+
+    def _probed_unheard(self, peers: List[int]) -> Optional[PeerLost]:
+        """Probe `peers`, silent since set-up, at each address they announced: hung if a host
+        answers (its monitor, there from before set-up, takes no probe); else again later."""
+        found = liveness.probe_addresses(
+            {p: (self.remote[p].addresses, self.remote[p].probe_port) for p in peers}, PROBE_SECONDS
+        )
+        for peer in peers:
+            outcome, address = found.get(peer, ("silent", ""))
+            if outcome == "answers":
+                self.remote[peer].addresses.sort(key=lambda a: a != address)  # for its label
+                return PeerLost(peer, "hung", self.host_of(peer), round(self.silent_after))
+            self.remote[peer].last = time.monotonic()
+        return None
 
     def _probed(
         self, peers: List[int], seconds: int, answers: Optional[str], isolated: bool = False
@@ -354,6 +332,8 @@ class Monitor:
         if source is not None:  # another machine: only this job's ranks, once set-up is done
             remote = self.remote.get(sender)
             if remote is None or token != self.token:
+                if not self.joined:  # a rank that joined before this one: taken in at `join`
+                    self._early[sender] = (token, source[0], time.monotonic())
                 return
             remote.heard, remote.last = source[0], time.monotonic()
         if flags & liveness.LEAVING:
@@ -389,7 +369,8 @@ class Monitor:
             deadline = time.monotonic() + 2 * CHECK_SECONDS
             while not liveness.is_gone(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            time.sleep(CHECK_SECONDS)
+        # A look's time for the launcher to pass every line on: once one rank ends, mpiexec kills.
+        time.sleep(CHECK_SECONDS)
         self._beat()
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -401,11 +382,16 @@ class Monitor:
 
 # ---- the policy ----------------------------------------------------------------------------------
 def on_peer_loss(monitor: Monitor, event: PeerLost) -> None:
-    """What a rank does about a lost peer: the one policy, today **abort** (see the module
-    docstring). Say it in one line (a rank that only heard of it says who saw it), and end this
-    process once the other ranks have said it too (the monitor's thread does the ending, so a main
-    thread blocked in MPI_Init, the rendezvous or a collective is no obstacle)."""
-    if event.peer == monitor.rank:
+    """What a rank does about a lost peer: the one policy (see the module docstring). Abort: say
+    it in one line (a rank that only heard of it says who saw it), and end this process once the
+    other ranks have said it too (the monitor's thread does the ending, so a main thread blocked
+    in MPI_Init, the rendezvous or a collective is no obstacle). Continue: say it in one line and
+    hand the event with the time.time() of its detection to the membership (`Monitor.losses`),
+    which agrees with the survivors on going on without it (then `end_stopped`)."""
+    going_on = _going_on(monitor, event)
+    if going_on:
+        line = f"warning (rank {monitor.rank}): {event.text()}: going on without it"
+    elif event.peer == monitor.rank:
         line = (
             f"error (rank {monitor.rank}): rank {event.told_by} found this rank {event.how} "
             f"(on host {monitor.host}): ending it"
@@ -416,7 +402,25 @@ def on_peer_loss(monitor: Monitor, event: PeerLost) -> None:
         os.write(2, (line + "\n").encode())
     except OSError:
         pass
-    monitor.end_at = time.monotonic() + SPEAK_SECONDS
+    if not going_on:
+        monitor.end_at = time.monotonic() + SPEAK_SECONDS
+        return
+    monitor.losses.append((event, time.time()))
+
+
+def end_stopped(monitor: Monitor, peer: int) -> None:
+    """End peer `peer` if it is a stopped process of this machine (SIGKILL: a stopped process never
+    acts on SIGTERM), so that its launcher and its connections end with it: what abort does to
+    a stopped peer, and continue once the survivors agreed to go on without it."""
+    pid = monitor.local.get(peer)
+    if pid is not None and liveness.is_stopped(pid):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _going_on(monitor: Monitor, event: PeerLost) -> bool:
+    """Whether the continue policy applies: not to this rank itself, nor to an isolated one."""
+    return monitor.policy == "continue" and event.how != "isolated" and event.peer != monitor.rank
 
 
 __all__ = [
@@ -430,5 +434,6 @@ __all__ = [
     "SILENT_SECONDS",
     "SPEAK_SECONDS",
     "STOPPED_SECONDS",
+    "end_stopped",
     "on_peer_loss",
 ]

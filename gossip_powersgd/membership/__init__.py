@@ -4,9 +4,9 @@
 peer from step 0; each later one takes effect at an agreed training step, before any work of that
 step, on every peer (`epochs.Membership`). Peer ids are stable (the topology's node ids; a peer
 that leaves keeps its id and gets it back). The in-process backend fills the sequence from the
-churn schedule (`churn`: ``leave:3@200,join:3@400`` or ``rate=0.02,down=50,seed=1``); a transport
-that detects lost peers appends the survivors' agreed decisions through the same
-`Membership.append`.
+churn schedule (`churn`: ``leave:3@200,join:3@400`` or ``rate=0.02,down=50,seed=1``); the torch
+transport, whose liveness monitor detects lost peers, appends the survivors' agreed decisions
+through the same `Membership.append` (`detected`: the store protocol, the step in flight).
 
 **The graph.** The members of an epoch gossip on `topologies.repair(topology, live)`: the same ids,
 absent peers isolated, the live ones linked by the rule of the topology's kind (rebuilt on the
@@ -34,7 +34,10 @@ the run. With members S before and leavers D, the average jumps at the change fr
 x̄_old = (Σ_S x + Σ_D x) / (|S| + |D|) to x̄_S = Σ_S x / |S|, i.e. by (x̄_S − x̄_D) |D| / (|S| + |D|)
 (x̄_D the leavers' mean). A joiner adds its handed model: with joiners J the average becomes
 (|S| x̄_S + Σ_J x_J) / (|S| + |J|); in mode "average" x_J is the mean of J's surviving neighbours.
-Nothing else moves it: gossip after the change keeps it.
+Nothing else moves it: gossip after the change keeps it. That is a scheduled (cooperative) change;
+a peer lost mid-step (`detected`) also leaves the terms of its last step that one end of an edge
+applied and the other did not: no closed form, no shift measured; the invariant holds from the
+change on all the same.
 
 **Who cannot follow a change** (`algorithm.refuse_unsupported`): the all-reduce baselines
 (allreduce, powersgd) average over every peer in one collective at every step; they are refused,

@@ -28,9 +28,10 @@ instance and adds up the gossip timers of every instance it had.
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Union
 
-from ..algorithms import algorithm_kwargs
+from ..algorithms import AlgorithmSpec, parse_algorithm
+from ..errors import PeerLostError
 
 if TYPE_CHECKING:
     from ..comm.membership import MemberCommunicator
@@ -44,9 +45,9 @@ __all__ = [
 ]
 
 
-def refuse_unsupported(spec: str) -> None:
+def refuse_unsupported(spec: Union[str, AlgorithmSpec]) -> None:
     """A one-line ValueError for an algorithm that cannot go on after a membership change."""
-    cls, _ = algorithm_kwargs(spec)
+    cls = parse_algorithm(spec).cls
     if cls.supports_churn:
         return
     if cls.name in ("allreduce", "powersgd"):
@@ -57,15 +58,16 @@ def refuse_unsupported(spec: str) -> None:
     else:
         why = "it does not declare supports_churn (a node and a per-edge state to carry over)"
     raise ValueError(
-        f"algorithm {spec!r} cannot go on after peers leave or join: {why}; use exact, "
+        f"algorithm {str(spec)!r} cannot go on after peers leave or join: {why}; use exact, "
         "powergossip, choco, deepsqueeze or pushsum, or on_peer_loss: abort without churn"
     )
 
 
-def check_every_epoch(spec: str, membership) -> None:
+def check_every_epoch(spec: Union[str, AlgorithmSpec], membership) -> None:
     """A γ given in `spec`, checked against the graph of every epoch of `membership` (a churn
     schedule's are all known before the run): the one-line error names the change."""
-    cls, kwargs = algorithm_kwargs(spec)
+    parsed = parse_algorithm(spec)
+    cls, kwargs = parsed.cls, dict(parsed.kwargs)
     if kwargs.get("gamma") is None:
         return
     for epoch in membership.epochs[1:]:
@@ -94,7 +96,7 @@ def carried_state(algorithm, kept: Sequence[int]):
 
 
 def build_for_epoch(
-    spec: str,
+    spec: Union[str, AlgorithmSpec],
     names: Sequence[str],
     params: Sequence,
     comm: MemberCommunicator,
@@ -104,7 +106,8 @@ def build_for_epoch(
     """The algorithm of `spec` on `comm`'s current graph (collective over its members), with the
     `carried` state of a member's previous instance (`carried_state`), or, for a joining peer,
     fresh state with `counters` (the senders' step counts)."""
-    cls, kwargs = algorithm_kwargs(spec)
+    parsed = parse_algorithm(spec)
+    cls, kwargs = parsed.cls, dict(parsed.kwargs)
     kwargs = _gamma_for(cls, kwargs, comm.topology)
     algorithm = cls(list(zip(names, params)), comm, **kwargs)
     if carried is not None:
@@ -130,6 +133,8 @@ class MemberAlgorithm:
         self.params: List = list(inner.params)
         self._time_total = 0.0
         self._time_communication = 0.0
+        #: steps whose gossip a lost peer interrupted (dropped)
+        self.interrupted_steps = 0
 
     def replace(self, inner, epoch: int) -> None:
         """Make `inner` the current instance (the previous one's timers are kept)."""
@@ -139,7 +144,12 @@ class MemberAlgorithm:
 
     # ---- what the loop uses ----------------------------------------------------------------------
     def step(self) -> None:
-        self.inner.step()
+        """The current instance's step; under on_peer_loss: continue on torch, a step whose
+        exchanges a lost peer interrupted is finished without them (`membership.detected`)."""
+        try:
+            self.inner.step()
+        except PeerLostError:
+            self.interrupted_steps += 1
 
     @property
     def acts_on(self) -> str:

@@ -92,6 +92,9 @@ class PeerMembership:
         self.measure_shift = measure_shift
         self.epoch = membership.epochs[0]
         self.algorithm: Optional[MemberAlgorithm] = None
+        #: Epochs of detected changes (`membership.detected`) -> the algorithm counters the
+        #: survivors agreed on: such a change carries no edge state and measures no shift.
+        self.detected: Dict[int, Dict[str, int]] = {}
 
     @property
     def rank(self) -> int:
@@ -124,12 +127,15 @@ class PeerMembership:
             return Change(old, new, None)
         graph = self.membership.graph(new)
         carried = None
+        detected = self.detected.get(new.number)
         if me in old and me in new:  # read before the communicator moves on
             before = set(self.membership.graph(old).union.neighbors(me))
-            kept = sorted(before & set(graph.union.neighbors(me)))
+            kept = sorted(before & set(graph.union.neighbors(me))) if detected is None else []
             carried = carried_state(self.algorithm.inner, kept)
+            if detected is not None:
+                carried = ({**carried[0], **detected}, carried[1])
         if me in new:
-            self.comm.set_epoch(graph, new.live)
+            self.comm.set_epoch(graph, new.live, new.number)
         survivors = sorted(set(old.live) & set(new.live))
         joiners = sorted(set(new.live) - set(old.live))
         received = None
@@ -139,7 +145,8 @@ class PeerMembership:
             )
             if received is not None:
                 state.unpack({k: v for k, v in received.items() if not k.startswith("algorithm.")})
-        shift = self._measure(old, new, me in new) if self.measure_shift else None
+        measure = self.measure_shift and detected is None
+        shift = self._measure(old, new, me in new) if measure else None
         if me in new:
             self._rebuild(new, carried, received)
         return Change(old, new, shift)
@@ -187,7 +194,7 @@ class PeerMembership:
         if self.rank not in epoch:
             return
         graph = self.membership.graph(epoch)
-        self.comm.set_epoch(graph, epoch.live)
+        self.comm.set_epoch(graph, epoch.live, epoch.number)
         algorithm = self.algorithm
         inner = build_for_epoch(algorithm.spec, algorithm.names, algorithm.params, self.comm)
         algorithm.replace(inner, epoch.number)

@@ -210,7 +210,7 @@ def _check_subspace_config(config) -> None:
                 "dp_subspace_feedback is for dp_exchanged_subspace: true: set that, or drop the key"
             )
         return
-    algorithm = str(config.algorithm).split(":", 1)[0].strip()
+    algorithm = config.algorithm_spec.name
     if algorithm != "powergossip":
         raise ValueError(
             "dp_exchanged_subspace works with algorithm powergossip (its messages read a "

@@ -12,14 +12,11 @@ GroupNorm and LayerNorm in closed form, the rest by torch.func vmap.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import List, Optional, Protocol, Sequence
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-
-if TYPE_CHECKING:
-    from gossip_powersgd.privacy.per_sample import PerSampleModule
 
 
 def _cat_positions(parts: List[torch.Tensor]) -> torch.Tensor:
@@ -43,6 +40,13 @@ class _State:
         self.computing = False  # the vmap engine runs a layer: its hook must not record
 
 
+class Owner(Protocol):
+    """What a layer reads of the `per_sample.PerSampleModule` that owns it: the bookkeeping its
+    layers share (that module imports this one; this one imports nothing of it)."""
+
+    state: _State
+
+
 class _Layer:
     """One trainable layer: what it recorded in the last backward, and its per-example pieces.
 
@@ -51,9 +55,7 @@ class _Layer:
     example i is ``b_i^T a_i`` summed over positions and uses.
     """
 
-    def __init__(
-        self, module: nn.Module, params: Sequence[str], owner: "PerSampleModule", label: str
-    ):
+    def __init__(self, module: nn.Module, params: Sequence[str], owner: Owner, label: str):
         self.module = module
         self.label = label  # for errors: the layer's name and type
         self.params = list(params)  # trainable direct parameters, in the model's order
@@ -126,7 +128,7 @@ class _RecordedLayer(_Layer):
 class _LinearLayer(_RecordedLayer):
     """nn.Linear, input (B, ..., p): every middle position of an example is a position."""
 
-    def __init__(self, module, params, owner: "PerSampleModule", label: str):
+    def __init__(self, module, params, owner: Owner, label: str):
         super().__init__(module, params, owner, label)
         self.has_weight = "weight" in self.params
         self.has_bias = "bias" in self.params
@@ -182,7 +184,7 @@ class _LinearLayer(_RecordedLayer):
 class _Conv1dLayer(_RecordedLayer):
     """nn.Conv1d (one group, zero padding): the unfolded input (im2col) is ``a``."""
 
-    def __init__(self, module, params, owner: "PerSampleModule", label: str):
+    def __init__(self, module, params, owner: Owner, label: str):
         super().__init__(module, params, owner, label)
         #: The unfolded inputs and per-example gradients of the last step, whose memory the next
         #: step reuses: a fresh tensor of megabytes is fresh pages from the kernel at every step,
@@ -370,7 +372,7 @@ class _GeneralLayer(_Layer):
     that treats examples independently.
     """
 
-    def __init__(self, module, params, owner: "PerSampleModule", label: str):
+    def __init__(self, module, params, owner: Owner, label: str):
         super().__init__(module, params, owner, label)
         self.handle = module.register_forward_hook(self._hook)
 

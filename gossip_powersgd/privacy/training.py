@@ -88,9 +88,6 @@ __all__ = [
     "DP_FEATURE",
 ]
 
-#: The mechanisms whose per-pair network figure is reported as `accounting.NETWORK_LABEL`.
-_NETWORK_MECHANISMS = ("muffliato", "zipdl")
-
 
 def privacy_hook(config) -> Optional["DifferentialPrivacy"]:
     """The hook a run with ``config`` needs: a `DifferentialPrivacy`, or None when DP is off."""
@@ -196,7 +193,9 @@ class DifferentialPrivacy(TrainingHooks):
 
             model = model.to(context.device)
             context.optimizer = make_optimizer(config, model.parameters())
-            context.algorithm = make_algorithm(config.algorithm, model.named_parameters(), comm)
+            context.algorithm = make_algorithm(
+                config.algorithm_spec, model.named_parameters(), comm
+            )
         # Last, so that a run refused above leaves no key file behind.
         kind = randomness_kind(config)
         randomness = collectively(
@@ -213,15 +212,14 @@ class DifferentialPrivacy(TrainingHooks):
             randomness=randomness,
             divisor=config.batch_size,
         )
-        from gossip_powersgd.privacy.mechanisms import attach_mechanism
+        from gossip_powersgd.privacy.mechanisms import attach_mechanism, mechanism_of
 
         self.mechanism = config.dp_mechanism
-        if self.mechanism == "muffliato":
-            from gossip_powersgd.privacy.mechanisms.muffliato import epsilon_note
-
-            self.epsilon_note, warning = epsilon_note(config)
-            if warning and rank == 0:
-                warn(warning)
+        note, warning = mechanism_of(config).epsilon_note(config)
+        if note is not None:
+            self.epsilon_note = note
+        if warning and rank == 0:
+            warn(warning)
         self.exchanged_subspace = bool(config.dp_exchanged_subspace)
         collectively(
             comm,
@@ -358,7 +356,9 @@ class DifferentialPrivacy(TrainingHooks):
             "noise_multiplier": self.dp.noise_multiplier,
             "dp_tuning": TUNING_NOTE,
         }
-        if self.mechanism in _NETWORK_MECHANISMS:
+        from gossip_powersgd.privacy.mechanisms import MECHANISM_REGISTRY
+
+        if MECHANISM_REGISTRY.get(self.mechanism).network_bound:
             fields["dp_network_bound"] = NETWORK_NOTE
         if self.epsilon_note:
             fields["dp_epsilon_note"] = self.epsilon_note

@@ -4,9 +4,11 @@ Keys (a config-driven feature, `features.py`):
 
 * ``on_peer_loss: abort | continue`` (default abort: the first lost peer ends every peer's run,
   as always). With ``continue`` the run goes on through membership changes (`membership`): the
-  survivors switch to the repaired graph at an agreed step, joiners are handed their state. In
-  this version the in-process backend (local) supports it, driven by a churn schedule; backend
-  mpi is refused (MPICH is fail-stop: a dead rank ends the job).
+  survivors switch to the repaired graph at an agreed step, joiners are handed their state. The
+  in-process backend (local) runs it from a churn schedule; backend torch from the peers its
+  liveness monitor finds lost (stopped, killed, hung, unreachable), agreed by the survivors through
+  the rendezvous store (`membership.detected`: gloo, CPU); backend mpi is refused (MPICH is
+  fail-stop: a dead rank ends the job).
 * ``churn``: the schedule of an in-process run (`membership.churn`: ``leave:3@200,join:3@400`` or
   ``rate=0.02,down=50,seed=1``); needs ``on_peer_loss: continue`` and backend local.
 * ``churn_join: average | copy``: a joiner's model, optimizer state and step counter are the mean
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
 
+from ..comm.transports import TRANSPORTS
 from .features import Feature, Key, register
 from .hooks import TrainingHooks
 
@@ -46,10 +49,16 @@ if TYPE_CHECKING:
 
     from ..comm.base import Comm
 
-__all__ = ["CHURN", "ChurnRun", "churn_run", "SUPPORTING_BACKENDS", "JOIN_MODES"]
+__all__ = ["CHURN", "ChurnRun", "churn_run", "supporting_backends", "JOIN_MODES"]
 
 #: Backends on which on_peer_loss: continue runs in this version.
-SUPPORTING_BACKENDS = ("local",)
+
+
+def supporting_backends() -> tuple:
+    """The backends whose transport supports `on_peer_loss: continue` (`Transport.peer_loss`)."""
+    return tuple(t.name for t in TRANSPORTS if t.peer_loss)
+
+
 JOIN_MODES = ("average", "copy")
 POLICIES = ("abort", "continue")
 
@@ -69,11 +78,23 @@ def _validate(config) -> None:
         )
     if policy != "continue":
         return
-    if config.backend not in SUPPORTING_BACKENDS:
-        why = " (MPICH is fail-stop: a dead rank ends the job)" if config.backend == "mpi" else ""
+    transport = TRANSPORTS.get(config.backend)
+    if transport.peer_loss is None:
         raise ValueError(
-            f"on_peer_loss: continue is not supported on backend {config.backend}{why}; "
-            f"backends that support it: {', '.join(SUPPORTING_BACKENDS)}"
+            f"on_peer_loss: continue is not supported on backend {config.backend}"
+            f"{transport.peer_loss_note}; backends that support it: "
+            f"{', '.join(supporting_backends())}"
+        )
+    if transport.peer_loss == "detected" and config.churn is not None:
+        raise ValueError(
+            f"churn (a schedule) drives an in-process run: use backend local; on backend "
+            f"{config.backend} the membership changes when the liveness monitor finds a peer lost"
+        )
+    devices, kind = transport.peer_loss_devices, str(config.device).split(":")[0]
+    if devices is not None and kind != "auto" and kind not in devices:
+        raise ValueError(
+            f"on_peer_loss: continue on backend {config.backend} moves CPU tensors over gloo in "
+            "this version: use device cpu, or on_peer_loss: abort"
         )
     _refuse_what_a_change_breaks(config)
 
@@ -146,7 +167,7 @@ CHURN = register(
                 recording=True,
                 doc="What the other peers do when a peer leaves: abort (every peer's run ends, "
                 "naming it) | continue (the survivors repair the graph at an agreed step and "
-                "train on; backend local, with a churn schedule).",
+                "train on; backend local with a churn schedule, or backend torch: lost peers).",
             ),
             Key(
                 "churn",
@@ -236,6 +257,7 @@ class ChurnRun(TrainingHooks):
         self.config = config
         self.comm = MemberCommunicator(comm)
         self.peer = None
+        self.detected = None  # torch: changes found by the liveness monitor (`membership.detected`)
         self.changes = 0
         self.shift_total = 0.0
         self.run = self.hooks = self.run_dir = None
@@ -256,6 +278,10 @@ class ChurnRun(TrainingHooks):
             membership = Membership(comm.topology)
         self.peer = PeerMembership(comm, membership, join=config.churn_join)
         run.algorithm = self.peer.bind(config.algorithm, run.algorithm)
+        if TRANSPORTS.get(config.backend).peer_loss == "detected":
+            from ..membership.detected import detected_changes
+
+            self.detected = detected_changes(self.peer, comm.transport)
         self.run, self.hooks, self.run_dir = run, hooks, run_dir
 
     @property
@@ -273,10 +299,14 @@ class ChurnRun(TrainingHooks):
         run = self.run
         was_live = self.peer.live
         joined = TrainingState(run.model, run.optimizer, state, self)
+        if self.detected is not None:
+            self.detected.before_step(state.step)
         change = self.peer.advance(state.step, joined)
         if change is not None and (was_live or self.peer.live):
             self.changes += 1
             self.shift_total += change.shift or 0.0
+        if change is not None and self.detected is not None:
+            self.detected.continued(change.epoch.number)
         if was_live and not self.peer.live:
             self._write_away(state)
         return self.peer.live
@@ -303,8 +333,19 @@ class ChurnRun(TrainingHooks):
     def finish(self) -> None:
         """At the end of the run, on every peer: wait until every peer is done (a peer away at
         the end waits for the members, without deadline, so that the run's lock and files are
-        released only when the run is over)."""
-        self.comm.rendezvous()
+        released only when the run is over). On torch, where lost peers are gone: every member
+        of the last epoch."""
+        if self.detected is None:
+            self.comm.rendezvous()
+            return
+        from ..comm.membership import NO_DEADLINE
+
+        timeout = self.comm.transport.timeout
+        self.comm.transport.timeout = NO_DEADLINE
+        try:
+            self.comm.barrier()
+        finally:
+            self.comm.transport.timeout = timeout
 
     # ---- records and state -----------------------------------------------------------------------
     def on_evaluation(self, record: Dict[str, Any]) -> Dict[str, Any]:
@@ -317,13 +358,32 @@ class ChurnRun(TrainingHooks):
 
     def summary_fields(self) -> Dict[str, Any]:
         """What summary.json adds (collective over the members: the transfer traffic)."""
-        sent = torch.tensor([float(self.comm.stats.transfer_bytes_sent)], dtype=torch.float64)
+        dropped = getattr(self.peer.algorithm, "interrupted_steps", 0)
+        sent = torch.tensor(
+            [float(self.comm.stats.transfer_bytes_sent), float(dropped)], dtype=torch.float64
+        )
         self.comm.allreduce_(sent, op="sum", metric=True)
+        lost = self.detected.changes if self.detected is not None else []
         return {
             "membership_changes": self.changes,
             "live_peers_at_end": len(self.peer.epoch.live),
+            "members_at_end": list(self.peer.epoch.live),
+            "peers_lost": [
+                {
+                    "peer": peer,
+                    "how": how,
+                    "step": change["step"],
+                    "detection_to_continuation_s": change["continued"] - change["detected"]
+                    if "continued" in change
+                    else None,
+                }
+                for change in lost
+                for peer, how in sorted(change["lost"].items())
+            ],
             "average_shift_total": self.shift_total,
             "transfer_mb_sent": float(sent[0]) / 1e6,
+            # steps whose gossip a lost peer interrupted, summed over the members (torch)
+            "gossip_steps_dropped": int(sent[1]),
             "churn": self.config.churn,
         }
 

@@ -138,7 +138,7 @@ class _CoreConfig:
 class TrainConfig(_CoreConfig):
     """One training run: the core keys (fields of `_CoreConfig`) and every registered feature's
     keys (`features.feature_keys()`), each readable and settable as an attribute.
-    `describe_keys()` prints them all with their documentation."""
+    `keydocs.describe_keys()` prints them all with their documentation."""
 
     def __init__(self, **values: Any):
         keys = _features.feature_keys()
@@ -186,6 +186,14 @@ class TrainConfig(_CoreConfig):
         data.update({name: copy.deepcopy(getattr(self, name)) for name in _features.feature_keys()})
         return data
 
+    @property
+    def algorithm_spec(self):
+        """`algorithm` parsed into an `algorithms.AlgorithmSpec` (name, class, typed options such as
+        PowerGossip's int rank), once per spec text: validation parses it, every user reads it."""
+        from ..algorithms.registry import parse_algorithm
+
+        return parse_algorithm(self.algorithm)
+
     def replace(self, **changes) -> "TrainConfig":
         return TrainConfig(**{**self.to_dict(), **changes})
 
@@ -223,29 +231,6 @@ def __getattr__(name: str) -> Any:
     if name == "RECORDING_KEYS":
         return recording_keys()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def describe_keys() -> str:
-    """`key (default)  documentation` for every key, from the comments in this file and the
-    features' `Key.doc`."""
-    import inspect
-    import re
-
-    source = inspect.getsource(_CoreConfig)
-    docs: Dict[str, str] = {}
-    pending: List[str] = []
-    for line in source.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("#:"):
-            pending.append(stripped[2:].strip())
-            continue
-        match = re.match(r"(\w+):", stripped)
-        if match and match.group(1) in _FIELDS and pending:
-            docs[match.group(1)] = " ".join(pending)
-        pending = []
-    docs.update({name: key.doc for name, key in _features.feature_keys().items()})
-    defaults = TrainConfig().to_dict()
-    return "\n".join(f"{key} ({defaults[key]!r})  {docs.get(key, '')}" for key in valid_keys())
 
 
 # ---- canonical forms --------------------------------------------------------------------------------

@@ -39,29 +39,17 @@ Partition specs (``partition`` / ``peer_shard``)::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
-import random
-import sys
 import threading
 from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import torch
 
-from ..specs import (
-    Spec,
-    UserCodeExit,
-    accepts,
-    import_object,
-    parse_spec,
-    spec_error,
-    typed_options,
-    unknown_name,
-    user_code,
-)
+from ..specs import UserCodeExit, accepts, import_object, parse_spec, unknown_name, user_code
 from .batches import Batches, ResumableBatches  # noqa: F401 (the iterators' home is batches.py)
+from .datasets import DATASETS, WHAT
 from .partition import (  # noqa: F401 (partitions' home is partition.py; re-exported here)
     LOCAL_PARTITION,
     PARTITION_NAMES,
@@ -90,18 +78,17 @@ __all__ = [
     "agree_local_dataset",
     "LOCAL_PARTITION",
     "Batches",
-    "DATASET_NAMES",
+    "DATASET_NAMES",  # noqa: F822 (module __getattr__: the registered datasets)
     "PARTITION_NAMES",
 ]
 
-DATASET_NAMES = (
-    "mnist1d",
-    "synthetic_logreg",
-    "synthetic_images",
-    "cifar10:root=<dir>",
-    "wikitext2:root=<dir>[,bptt=<n>,split=test|valid]",
-    "package.module:function",
-)
+
+def __getattr__(name: str):
+    """`DATASET_NAMES`: how each registered dataset (`datasets.DATASETS`) and a bring-your-own one
+    are spelled, read when asked (a dataset registered later is listed too)."""
+    if name == "DATASET_NAMES":
+        return DATASETS.accepted()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -177,136 +164,22 @@ def clear_dataset_cache() -> None:
         _CACHE.clear()
 
 
-#: The file datasets' options and their types (`root` is required).
-_FILE_DATASETS = {
-    "cifar10": {"root": str, "augment": bool},
-    "wikitext2": {"root": str, "bptt": int, "split": str},
-}
-
-
-#: How dataset specs are named in errors (the grammar's style: ``dataset spec '<spec>': ...``).
-WHAT = "dataset spec"
-
-
-def _file_dataset(spec: str, parsed: Spec):
-    from . import records
-
-    options = typed_options(parsed, _FILE_DATASETS[parsed.name], WHAT, spec)
-    if not options.get("root"):
-        raise spec_error(
-            WHAT,
-            spec,
-            f"needs the folder of its files: {parsed.name}:root=DIR (or "
-            f"--set dataset={parsed.name}:root=DIR); nothing is downloaded",
-        )
-    return getattr(records, parsed.name)(spec, options)
-
-
 def _build_dataset(spec: str, seed: int) -> Dataset:
     parsed = parse_spec(spec, WHAT)  # the one spec grammar (topologies.grammar via specs)
-    if parsed.name in _FILE_DATASETS:
-        return _file_dataset(spec, parsed)
-    if parsed.name == "mnist1d":
-        return _mnist1d(spec, parsed, seed)
-    if parsed.name == "synthetic_logreg":
-        return _synthetic_logreg(spec, parsed, seed)
-    if parsed.name == "synthetic_images":
-        from .synthetic_images import OPTIONS, synthetic_images
-
-        return synthetic_images(spec, typed_options(parsed, OPTIONS, WHAT, spec), seed)
+    if parsed.name in DATASETS:
+        kind = DATASETS.get(parsed.name)
+        loaded = kind.load(spec, kind.parse(spec, parsed), seed)
+        if not isinstance(loaded, (tuple, list)):
+            return loaded  # a Dataset, or a RecordDataset that reads per peer
+        arrays, classes = (loaded, None) if len(loaded) == 4 else (loaded[:4], loaded[4])
+        return _make_dataset_record(spec, *arrays, num_classes=classes)
     if ":" in spec:  # anything else with a colon is "package.module:function"
         return _byo_dataset(spec, seed)
-    raise unknown_name(WHAT, spec, parsed.name, DATASET_NAMES)
-
-
-class _MuteThread:
-    """A stdout stand-in that drops writes from one thread and forwards everyone else's.
-
-    ``contextlib.redirect_stdout`` swaps ``sys.stdout`` for the whole process; muting only the
-    generating thread keeps other peers' log lines while the dataset is being built.
-    """
-
-    def __init__(self, real, thread_id: int):
-        self._real, self._thread_id = real, thread_id
-
-    def write(self, text: str) -> int:
-        if threading.get_ident() == self._thread_id:
-            return len(text)
-        return self._real.write(text)
-
-    def flush(self) -> None:
-        self._real.flush()
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-
-#: The mnist1d package's own default seed: the data set its paper's published figures are about.
-MNIST1D_STANDARD_SEED = 42
-
-
-def _mnist1d(spec: str, parsed: Spec, seed: int) -> Dataset:
-    """The standard MNIST-1D (seed 42) whatever the run's seed, unless `mnist1d:seed=N` asks."""
-    options = typed_options(
-        parsed,
-        {"num_samples": int, "shuffle_seq": bool, "train_split": float, "seed": int},
-        WHAT,
-        spec,
-    )
-    # Only the local generator: get_dataset would try to download a pickle.
-    from mnist1d.data import get_dataset_args, make_dataset
-
-    args = get_dataset_args()
-    args.seed = options.pop("seed", MNIST1D_STANDARD_SEED)
-    for key, value in options.items():
-        setattr(args, key, value)
-
-    # make_dataset seeds and draws from the *global* numpy and random RNGs; put them back so that
-    # loading data never changes anyone else's random stream.
-    np_state, py_state = np.random.get_state(), random.getstate()
-    try:
-        with contextlib.redirect_stdout(_MuteThread(sys.stdout, threading.get_ident())):
-            raw = make_dataset(args)
-    finally:
-        np.random.set_state(np_state)
-        random.setstate(py_state)
-
-    return _make_dataset_record(
-        spec, raw["x"], raw["y"], raw["x_test"], raw["y_test"], num_classes=10
-    )
-
-
-def _synthetic_logreg(spec: str, parsed: Spec, seed: int) -> Dataset:
-    """x ~ N(0, I_d), y = argmax(x W* + noise) with a seeded teacher W* (d x classes).
-
-    W* has entries ~ N(0, 1/d) so teacher logits have unit variance whatever ``d`` is, which makes
-    ``noise`` (std of the logit noise) comparable across dimensions. A linear model can represent
-    the teacher exactly, so logistic regression learns it well.
-    """
-    opts = {"d": 20, "classes": 10, "n": 5000, "noise": 0.1, "test": 0.2}
-    opts.update(
-        typed_options(
-            parsed, {"d": int, "classes": int, "n": int, "noise": float, "test": float}, WHAT, spec
-        )
-    )
-    d, classes, n, noise, test = opts["d"], opts["classes"], opts["n"], opts["noise"], opts["test"]
-    if d < 1 or classes < 2 or noise < 0 or not 0 < test < 1:
-        raise spec_error(WHAT, spec, "need d >= 1, classes >= 2, noise >= 0 and 0 < test < 1")
-    n_test = int(round(n * test))
-    if n_test < 1 or n - n_test < 1:
-        raise spec_error(WHAT, spec, f"n={n} is too small for a {test:g} test split; raise n")
-
-    rng = np.random.default_rng(seed)
-    teacher = rng.standard_normal((d, classes)) / np.sqrt(d)
-    x = rng.standard_normal((n, d))
-    y = np.argmax(x @ teacher + noise * rng.standard_normal((n, classes)), axis=1)
-    return _make_dataset_record(
-        spec, x[n_test:], y[n_test:], x[:n_test], y[:n_test], num_classes=classes
-    )
+    raise unknown_name(WHAT, spec, parsed.name, DATASETS.accepted())
 
 
 def _byo_dataset(spec: str, seed: int) -> Dataset:
-    fn = import_object(spec, DATASET_NAMES)
+    fn = import_object(spec, DATASETS.accepted())
     try:
         with user_code(spec, "calling it"):
             result = fn(seed=seed) if accepts(fn, "seed") else fn()
@@ -398,15 +271,12 @@ def load_peer_dataset(spec: str, rank: int, num_peers: int, seed: int = 0) -> Da
     the peers' common one. Nothing is cached: the data belongs to this peer alone.
     """
     parsed = parse_spec(spec, WHAT)
-    if (
-        parsed.name in ("mnist1d", "synthetic_logreg", "synthetic_images", *_FILE_DATASETS)
-        or ":" not in spec
-    ):
+    if parsed.name in DATASETS or ":" not in spec:
         raise ValueError(
             f"partition: local needs a bring-your-own dataset 'package.module:function'"
             f" taking rank and num_peers, got dataset {spec!r}; or use partition: iid"
         )
-    fn = import_object(spec, DATASET_NAMES)
+    fn = import_object(spec, DATASETS.accepted())
     if not (accepts(fn, "rank") and accepts(fn, "num_peers")):
         raise ValueError(
             f"dataset spec {spec!r}: with partition: local the dataset function must take the "

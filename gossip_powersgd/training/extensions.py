@@ -9,23 +9,28 @@ On the command line: ``--set loggers=[tensorboard]`` or ``--set 'hooks=[my_pkg.m
 
 A tracker logs, from rank 0 only, every record the run writes to rank 0's metrics file: the
 ``eval`` records (accuracies, losses, consensus distance, traffic) and, with ``log_every: k``, the
-``log`` records every k steps (training loss, consensus distance, traffic). Each metric is logged as
-``<kind>/<key>`` at the record's step. Where the peers' statistics are private (differential
+``log`` records every k steps (training loss, consensus distance, traffic), each number as
+``<kind>/<key>`` at the record's step, and at the end the summary's numbers as ``summary/<key>``:
+the same names in every tracker, explained in `metric_names.py` (accuracies are fractions in
+[0, 1]). Each run is named after the run directory and tagged with the run's provenance (commit,
+uncommitted changes, versions, backend, peers, hosts, the launcher's command line); config.yaml and
+summary.json go with it (`trackers.py`). Where the peers' statistics are private (differential
 privacy, `partition: local`, unless `release_peer_statistics: true`) a tracker logs only what of a
 record may leave rank 0 (`evaluation.shareable`): none of rank 0's own figures (its training loss,
 its accuracy and loss, its epsilon), which stay in its own metrics file. Each tracker's
 package is an optional extra (``pip install 'gossip_powersgd[tracking]'``):
 
 - ``tensorboard``: ``SummaryWriter(**options)``, event files under ``<run>/tensorboard`` (option
-  ``log_dir``; any other of SummaryWriter's own, e.g. ``flush_secs``).
+  ``log_dir``; any other of SummaryWriter's own, e.g. ``flush_secs``); the config as hparams.
 - ``wandb``: ``wandb.init(dir=<run>, config=<the run's config>, **options)`` (any of wandb.init's
   own but config, id and resume: ``project``, ``mode`` — e.g. ``offline`` —, ``name``,
   ``entity``, ``tags``, ...); a resumed run continues the same W&B run. A ``dir`` it cannot write
   is refused (W&B would fall back to the system temp folder).
 - ``mlflow``: a run in the experiment ``experiment`` (default ``gossip_powersgd``) of
-  ``tracking_uri`` (default the SQLite database ``<run>/mlflow.db``, MLflow's recommended backend;
-  an explicit file store URI is taken with MLflow 3's opt-in MLFLOW_ALLOW_FILE_STORE), the config
-  as its parameters; a resumed run continues the same MLflow run.
+  ``tracking_uri`` (default the SQLite database ``<run>/mlflow.db``, MLflow's recommended backend,
+  artifacts in ``<run>/mlflow-artifacts``; an explicit file store URI is taken with MLflow 3's
+  opt-in MLFLOW_ALLOW_FILE_STORE), the config as its parameters; a resumed run continues the same
+  MLflow run.
 
 An option a tracker does not take is a one-line error naming each such option and the nearest one
 it does take. Trackers open at set-up (a resumed run's once its checkpoint is loaded), so one that
@@ -38,17 +43,12 @@ each step's training loss on that peer).
 
 from __future__ import annotations
 
-import difflib
-import importlib
-import math
-import os
-from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 from ..specs import import_object
-from ..utils import one_line
 from .features import Feature, Key, register
-from .hooks import SetupContext, TrainingHooks
+from .hooks import TrainingHooks
+from .trackers import TRACKERS, Tracker
 
 
 def entries(value: Any, key: str) -> List[Tuple[str, Dict[str, Any]]]:
@@ -78,275 +78,6 @@ def entries(value: Any, key: str) -> List[Tuple[str, Dict[str, Any]]]:
                 f"mapping {{name: {{option: value}}}}"
             )
     return out
-
-
-def _scalars(record: Dict[str, Any]) -> Dict[str, float]:
-    """The record's finite numbers, keyed ``<kind>/<key>`` (step and epoch are the axes)."""
-    kind = record.get("kind", "record")
-    return {
-        f"{kind}/{k}": float(v)
-        for k, v in record.items()
-        if k not in ("kind", "step")
-        and isinstance(v, (int, float))
-        and not isinstance(v, bool)
-        and math.isfinite(v)
-    }
-
-
-class Tracker(TrainingHooks):
-    """Base of the experiment trackers: active on rank 0 only; subclasses open, write and close.
-
-    A tracker is opened at set-up (a resumed run's: when its checkpointed state, the tracker's run
-    id, is loaded, still before the first step), so that a tracker that cannot start stops the run
-    at once, with one line on every rank, not at its first record mid-run."""
-
-    package = ""  #: the module that must import (named in the error when it does not)
-
-    def __init__(self, **options: Any):
-        self.options = options
-        self.active = False
-        self.opened = False
-        self.run_id: Optional[str] = None  # a resumed run continues the tracker's run
-
-    @property
-    def key(self) -> str:
-        return f"logger.{self.name}"
-
-    @classmethod
-    def check_installed(cls) -> None:
-        try:
-            importlib.import_module(cls.package)
-        except ImportError:
-            raise ValueError(
-                f"loggers: {cls.name} needs the {cls.package} package: "
-                "pip install 'gossip_powersgd[tracking]' (or drop it from loggers)"
-            ) from None
-
-    @classmethod
-    def accepted_options(cls) -> List[str]:
-        """The options an entry may give: the tracker's own parameters (see each subclass)."""
-        raise NotImplementedError
-
-    @classmethod
-    def option_mistakes(cls, options: Dict[str, Any]) -> Optional[str]:
-        """The entry's options the tracker does not take, each with the nearest one it does, and
-        the list of those it does, as one clause; None when every option is one of them."""
-        valid = cls.accepted_options()
-        wrong = [k for k in options if k not in valid]
-        if not wrong:
-            return None
-        parts = []
-        for key in wrong:
-            near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
-            parts.append(f"no option {key!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
-        return f"{cls.name} has " + ", ".join(parts) + f"; its options: {', '.join(valid)}"
-
-    def setup(self, context: SetupContext) -> None:
-        from .features import peer_statistics_private
-        from .setup import collectively
-
-        self.active, self.opened = context.comm.rank == 0, False
-        self.private = peer_statistics_private(context.config)
-        if self.active:
-            out = context.config.out_dir
-            if out is None and not self._has_location():
-                raise ValueError(
-                    f"loggers: {self.name} needs a run directory (out_dir) or a "
-                    f"location option ({self._location_hint()})"
-                )
-            self.context, self.run_dir = context, Path(out) if out is not None else None
-        if not context.resuming:  # a resumed run opens once its run id is loaded
-            collectively(context.comm, self._open)
-
-    def _open(self) -> None:
-        """Open the tracker (rank 0), every failure one line naming the tracker."""
-        if not self.active or self.opened:
-            return
-        try:
-            self.open(self.context, self.run_dir)
-        except ValueError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a tracker library's own errors, in one line
-            raise ValueError(f"loggers: {self.name} could not start: {one_line(exc)}") from None
-        self.opened = True
-
-    def on_record(self, record: Dict[str, Any]) -> None:
-        if self.active:
-            self._open()
-            from .evaluation import shareable
-
-            self.write(_scalars(shareable(record, self.private)), int(record.get("step", 0)))
-
-    def close(self) -> None:
-        if self.active and self.opened:
-            self.active = False
-            self.finish()
-
-    def state_dict(self) -> Dict[str, Any]:
-        return {"run_id": self.run_id} if self.run_id else {}
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self.run_id = state.get("run_id", self.run_id)
-        self._open()  # a resumed run: its tracker's run continues (at set-up, inside the resume)
-
-    # ---- what each tracker does ------------------------------------------------------------------
-    def _has_location(self) -> bool:
-        return False
-
-    def _location_hint(self) -> str:
-        return ""
-
-    def open(self, context: SetupContext, run_dir: Optional[Path]) -> None:
-        raise NotImplementedError
-
-    def write(self, scalars: Dict[str, float], step: int) -> None:
-        raise NotImplementedError
-
-    def finish(self) -> None:
-        raise NotImplementedError
-
-
-def _parameters(function, reserved: Tuple[str, ...] = ()) -> List[str]:
-    """The keyword parameters of `function` (a tracker library's constructor), less `reserved`."""
-    import inspect
-
-    return [
-        name
-        for name, p in inspect.signature(function).parameters.items()
-        if name != "self"
-        and name not in reserved
-        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    ]
-
-
-class TensorBoardTracker(Tracker):
-    """Options: ``torch.utils.tensorboard.SummaryWriter``'s (log_dir: ``<run>/tensorboard``)."""
-
-    name = "tensorboard"
-    package = "tensorboard"
-
-    @classmethod
-    def accepted_options(cls) -> List[str]:
-        from torch.utils.tensorboard import SummaryWriter
-
-        return _parameters(SummaryWriter.__init__)
-
-    def _has_location(self) -> bool:
-        return "log_dir" in self.options
-
-    def _location_hint(self) -> str:
-        return "{tensorboard: {log_dir: DIR}}"
-
-    def open(self, context, run_dir):
-        from torch.utils.tensorboard import SummaryWriter
-
-        log_dir = self.options.get("log_dir", run_dir / "tensorboard" if run_dir else None)
-        self.writer = SummaryWriter(**{**self.options, "log_dir": str(log_dir)})
-
-    def write(self, scalars, step):
-        for tag, value in scalars.items():
-            self.writer.add_scalar(tag, value, global_step=step)
-
-    def finish(self):
-        self.writer.close()
-
-
-class WandbTracker(Tracker):
-    """Options: ``wandb.init``'s but config, id and resume (see the module docstring)."""
-
-    name = "wandb"
-    package = "wandb"
-
-    @classmethod
-    def accepted_options(cls) -> List[str]:
-        import wandb
-
-        return _parameters(wandb.init, reserved=("config", "id", "resume"))
-
-    def _has_location(self) -> bool:
-        return "dir" in self.options
-
-    def _location_hint(self) -> str:
-        return "{wandb: {dir: DIR}}"
-
-    def open(self, context, run_dir):
-        import tempfile
-
-        import wandb
-
-        options = dict(self.options)
-        options.setdefault("dir", str(run_dir))
-        options.setdefault("project", "gossip_powersgd")
-        folder = Path(options["dir"]).expanduser()
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=folder):
-                pass
-        except OSError as exc:
-            raise ValueError(
-                f"loggers: wandb cannot write to its dir {folder} ({exc.strerror or exc}), and "
-                "W&B would fall back to the system temp folder: give {wandb: {dir: DIR}} a "
-                "folder it can write"
-            ) from None
-        if self.run_id:
-            options.update(id=self.run_id, resume="allow")
-        self.run = wandb.init(config=context.config.to_dict(), **options)
-        self.run_id = self.run.id
-
-    def write(self, scalars, step):
-        if scalars:
-            self.run.log(scalars, step=step)
-
-    def finish(self):
-        self.run.finish()
-
-
-class MLflowTracker(Tracker):
-    """Options: ``experiment`` and ``tracking_uri`` (see the module docstring)."""
-
-    name = "mlflow"
-    package = "mlflow"
-
-    @classmethod
-    def accepted_options(cls) -> List[str]:
-        return ["experiment", "tracking_uri"]
-
-    def _has_location(self) -> bool:
-        return "tracking_uri" in self.options
-
-    def _location_hint(self) -> str:
-        return "{mlflow: {tracking_uri: URI}}"
-
-    def open(self, context, run_dir):
-        import logging
-
-        from mlflow.tracking import MlflowClient  # a client, not mlflow's process-global run
-
-        uri = self.options.get("tracking_uri")
-        if uri is None:
-            uri = f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
-        elif str(uri).startswith("file:") or "://" not in str(uri):  # a file store: opt in
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        for chatty in ("mlflow.store.db.utils", "alembic"):  # its schema set-up, at INFO
-            logging.getLogger(chatty).setLevel(logging.WARNING)
-        self.client = MlflowClient(tracking_uri=str(uri))
-        if self.run_id is None:
-            name = self.options.get("experiment", "gossip_powersgd")
-            found = self.client.get_experiment_by_name(name)
-            experiment = found.experiment_id if found else self.client.create_experiment(name)
-            self.run_id = self.client.create_run(experiment).info.run_id
-            for key, value in context.config.to_dict().items():
-                self.client.log_param(self.run_id, key, str(value)[:500])
-
-    def write(self, scalars, step):
-        for key, value in scalars.items():
-            self.client.log_metric(self.run_id, key.replace("/", "."), value, step=step)
-
-    def finish(self):
-        self.client.set_terminated(self.run_id)
-
-
-TRACKERS = {t.name: t for t in (TensorBoardTracker, WandbTracker, MLflowTracker)}
 
 
 def make_trackers(value: Any) -> List[Tracker]:

@@ -17,6 +17,7 @@ this order (D-PSGD, see `trainer`)::
     on_record(record)                              each log / eval record, as written
     state_dict() / load_state_dict(state)          saved with every checkpoint, restored on resume
     close()                                        once at the end, also when the run fails
+    on_summary(summary)                            after close, when the run ended normally
 
 `step` is the 0-based index of the step in progress. Hooks run in list order, on every peer; a hook
 may use the communicator (it is collective then, and must be called the same way on every peer).
@@ -58,6 +59,9 @@ class SetupContext:
     #: Whether the run resumes from a checkpoint (loaded after every hook's `setup`): a hook whose
     #: set-up keeps state outside the checkpoint (DECOR's stored pair keys) checks it is all there.
     resuming: bool = False
+    #: Where the run came from (`provenance.provenance`: commit, versions, command, hosts), the
+    #: same on every peer; None when the caller of `build_run` gave none.
+    provenance: Optional[Dict[str, Any]] = None
 
 
 class TrainingHooks:
@@ -109,6 +113,10 @@ class TrainingHooks:
 
     def close(self) -> None:
         """Once when the training loop ends, also when it fails: flush and close what was opened."""
+
+    def on_summary(self, summary: Optional[Dict[str, Any]]) -> None:
+        """Once after `close` when the run ended normally: the run's summary (what rank 0 wrote to
+        summary.json, which exists by now), or None when making it failed."""
 
     def on_evaluation(self, record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         """After an eval record is built, before it is written. May return extra keys (JSON
@@ -187,6 +195,17 @@ class HookList:
             try:
                 h.close()
             except Exception as exc:  # noqa: BLE001 - the others must still close
+                error = error or exc
+        if error is not None:
+            raise error
+
+    def on_summary(self, summary: Optional[Dict[str, Any]]) -> None:
+        """Every hook's `on_summary`, even when one of them fails (the first error is raised)."""
+        error = None
+        for h in self.hooks:
+            try:
+                h.on_summary(summary)
+            except Exception as exc:  # noqa: BLE001 - the others must still be told
                 error = error or exc
         if error is not None:
             raise error

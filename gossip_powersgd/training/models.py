@@ -39,26 +39,23 @@ from typing import Optional, Sequence
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from ..specs import (
     FALSE_WORDS,
     TRUE_WORDS,
-    Spec,
     UserCodeExit,
     accepts,
-    check_options,
     import_object,
     parse_items,
     parse_spec,
     spec_error,
     split_name,
-    typed_options,
     unknown_name,
     user_code,
 )
 from ..utils import available_memory, one_line
-from .zoo import LSTMLanguageModel, ResNet20, VGG16, init_zoo_module
+from .architectures import MODELS, WHAT, CNN1d  # noqa: F401 (CNN1d: re-exported)
+from .zoo import init_zoo_module
 
 __all__ = [
     "build_model",
@@ -67,183 +64,16 @@ __all__ = [
     "count_parameters",
     "has_batch_norm",
     "CNN1d",
-    "MODEL_NAMES",
+    "MODEL_NAMES",  # noqa: F822 (module __getattr__: the registered models)
 ]
 
-MODEL_NAMES = (
-    "logreg",
-    "mlp",
-    "mlp:<width>,<width>,...",
-    "cnn1d",
-    "cnn1d:channels=<c>",
-    "resnet20[:width=<w>]",
-    "vgg16[:bn=<bool>,width=<w>,dropout=<p>]",
-    "lstm_lm[:layers=<l>,hidden=<h>,embedding=<e>,tied=<bool>,dropout=<p>]",
-    "package.module:callable[:key=value,...]",
-)
 
-_DEFAULT_MLP_WIDTHS = (100, 100)
-_DEFAULT_CNN_CHANNELS = 32
-
-
-class CNN1d(nn.Module):
-    """Three strided 1-D convolutions with ReLU, then a linear classifier.
-
-    Accepts ``(N, L)`` inputs (a single channel, as MNIST-1D) or ``(N, C, L)``.
-    """
-
-    def __init__(
-        self,
-        input_shape: Sequence[int],
-        num_classes: int,
-        channels: int = 32,
-        device: torch.device | str | None = None,
-    ):
-        super().__init__()
-        if len(input_shape) == 1:
-            in_channels, length = 1, input_shape[0]
-        elif len(input_shape) == 2:
-            in_channels, length = input_shape
-        else:
-            raise ValueError(
-                f"cnn1d needs input_shape (length,) or (channels, length), got {tuple(input_shape)}"
-            )
-        self.in_channels = in_channels
-        convs = [
-            nn.Conv1d(c_in, channels, kernel_size=5, stride=2, padding=1, device=device)
-            for c_in in (in_channels, channels, channels)
-        ]
-        self.features = nn.Sequential(*[m for conv in convs for m in (conv, nn.ReLU())])
-        flat = _flattened_size(convs, in_channels, length)
-        if flat == 0:
-            raise ValueError(
-                f"cnn1d: input length {length} is too short for three stride-2 "
-                f"convolutions of kernel 5; use an input of length >= 11"
-            )
-        self.classifier = nn.Linear(flat, num_classes, device=device)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.reshape(len(x), self.in_channels, -1)
-        return self.classifier(self.features(x).flatten(1))
-
-
-def _flattened_size(convs: Sequence[nn.Conv1d], in_channels: int, length: int) -> int:
-    """Features per sample after ``convs``, by a dummy forward of zeros through same-shaped convs.
-
-    Zero weights on the CPU rather than the layers themselves: those may live on the meta device,
-    whose first use imports sympy (seconds), and random weights would consume RNG state.
-    """
-    x = torch.zeros(1, in_channels, length)
-    try:
-        for conv in convs:
-            weight = torch.zeros(conv.out_channels, conv.in_channels, *conv.kernel_size)
-            x = F.conv1d(x, weight, stride=conv.stride, padding=conv.padding)
-    except RuntimeError:  # input shorter than the kernel somewhere along the stack
-        return 0
-    return x.numel()
-
-
-#: How model specs are named in errors (the grammar's style: ``model spec '<spec>': ...``).
-WHAT = "model spec"
-
-
-def _logreg(spec, parsed: Spec, input_shape, num_classes, device) -> nn.Module:
-    if parsed.positional or parsed.options:
-        raise spec_error(WHAT, spec, "logreg takes no options; write 'logreg'")
-    return nn.Sequential(
-        nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes, device=device)
-    )
-
-
-def _mlp(spec, parsed: Spec, input_shape, num_classes, device) -> nn.Module:
-    check_options(parsed, (), WHAT, spec)  # the widths are positional: mlp:100,100
-    widths = _DEFAULT_MLP_WIDTHS
-    if parsed.positional or ":" in spec:  # "mlp:" names no width
-        try:
-            widths = tuple(int(w) for w in parsed.positional)
-        except ValueError:
-            widths = ()
-        if not widths or min(widths) < 1:
-            raise spec_error(WHAT, spec, "expected positive hidden widths, e.g. mlp:100,100")
-    layers: list[nn.Module] = [nn.Flatten()]
-    fan_in = math.prod(input_shape)
-    for width in widths:
-        layers += [nn.Linear(fan_in, width, device=device), nn.ReLU()]
-        fan_in = width
-    layers.append(nn.Linear(fan_in, num_classes, device=device))
-    return nn.Sequential(*layers)
-
-
-def _cnn1d(spec, parsed: Spec, input_shape, num_classes, device) -> nn.Module:
-    options = typed_options(parsed, {"channels": int}, WHAT, spec)
-    channels = options.get("channels", _DEFAULT_CNN_CHANNELS)
-    if channels < 1:
-        raise spec_error(WHAT, spec, "channels must be >= 1")
-    return CNN1d(input_shape, num_classes, channels=channels, device=device)
-
-
-def _zoo_options(spec: str, parsed: Spec, types: dict, defaults: dict) -> dict:
-    """The ``key=value`` options of a zoo model's spec (`specs.typed_options`), checked."""
-    options = dict(defaults)
-    options.update(typed_options(parsed, types, WHAT, spec))
-    for key, value in options.items():
-        low = 0 if key == "dropout" else 1
-        if types[key] in (int, float) and value is not None and not value >= low:
-            raise spec_error(WHAT, spec, f"{key} must be >= {low}, got {value}")
-        if key == "dropout" and value >= 1:
-            raise spec_error(WHAT, spec, f"dropout must be < 1, got {value}")
-    return options
-
-
-def _resnet20(spec, parsed: Spec, input_shape, num_classes, device) -> nn.Module:
-    options = _zoo_options(spec, parsed, {"width": int}, {"width": 16})
-    return ResNet20(input_shape, num_classes, width=options["width"], device=device)
-
-
-def _vgg16(spec, parsed: Spec, input_shape, num_classes, device) -> nn.Module:
-    options = _zoo_options(
-        spec,
-        parsed,
-        {"bn": bool, "width": int, "dropout": float},
-        {"bn": True, "width": 64, "dropout": 0.5},
-    )
-    return VGG16(
-        input_shape,
-        num_classes,
-        width=options["width"],
-        batch_norm=options["bn"],
-        dropout=options["dropout"],
-        device=device,
-    )
-
-
-def _lstm_lm(spec, parsed: Spec, input_shape, num_classes, device) -> nn.Module:
-    options = _zoo_options(
-        spec,
-        parsed,
-        {"layers": int, "hidden": int, "embedding": int, "tied": bool, "dropout": float},
-        {"layers": 2, "hidden": 200, "embedding": None, "tied": True, "dropout": 0.2},
-    )
-    return LSTMLanguageModel(
-        input_shape,
-        num_classes,
-        layers=options["layers"],
-        hidden=options["hidden"],
-        embedding=options["embedding"],
-        tied=options["tied"],
-        dropout=options["dropout"],
-        device=device,
-    )
-
-
-_BUILDERS = {
-    "logreg": _logreg,
-    "mlp": _mlp,
-    "cnn1d": _cnn1d,
-    "resnet20": _resnet20,
-    "vgg16": _vgg16,
-    "lstm_lm": _lstm_lm,
-}
+def __getattr__(name: str):
+    """`MODEL_NAMES`: how each registered model (`architectures.MODELS`) and a bring-your-own one
+    are spelled, read when asked (a model registered later is listed too)."""
+    if name == "MODEL_NAMES":
+        return MODELS.accepted()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check_fits_in_memory(spec: str, model: nn.Module) -> None:
@@ -346,7 +176,7 @@ def byo_options(spec: str) -> tuple[str, dict]:
 
 def _byo_model(spec, input_shape, num_classes, seed) -> nn.Module:
     target, options = byo_options(spec)
-    factory = import_object(target, MODEL_NAMES)
+    factory = import_object(target, MODELS.accepted())
     for key in options:
         if not accepts(factory, key):
             raise ValueError(
@@ -476,16 +306,15 @@ def build_model(
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
     parsed = parse_spec(spec, WHAT)  # the one spec grammar (topologies.grammar via specs)
-    builder = _BUILDERS.get(parsed.name)
-    if builder is not None:
-        model = builder(spec, parsed, input_shape, num_classes, "meta")
+    if parsed.name in MODELS:
+        model = MODELS.get(parsed.name).build(spec, parsed, input_shape, num_classes, "meta")
         _check_fits_in_memory(spec, model)
         _materialize(model)
         _init_parameters(model, torch.Generator(device="cpu").manual_seed(int(seed)))
         return model
     if ":" in spec:  # anything else with a colon is "package.module:function[:options]"
         return _byo_model(spec, input_shape, num_classes, int(seed))
-    raise unknown_name(WHAT, spec, parsed.name, MODEL_NAMES)
+    raise unknown_name(WHAT, spec, parsed.name, MODELS.accepted())
 
 
 def count_parameters(model: nn.Module) -> int:

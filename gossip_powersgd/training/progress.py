@@ -4,8 +4,8 @@
 Set-up lines go to stdout as each phase ends, with its time, so that a job under mpiexec or
 torchrun is not silent while it loads data and agrees with its peers. During training, a terminal
 gets tqdm's bar; anything else (a launcher's pipe, a log file, a batch job) gets a plain progress
-line on stdout every `PROGRESS_FRACTION` of the run's steps and at least every
-`PROGRESS_SECONDS`, beside the evaluation lines. stderr stays for errors: a failing run's stderr is
+line on stdout after the first step, every `PROGRESS_FRACTION` of the run's steps and at least
+every `PROGRESS_SECONDS`, beside the evaluation lines. stderr stays for errors: a failing run's stderr is
 its one-line error.
 """
 
@@ -74,6 +74,7 @@ class Printer:
             now = time.perf_counter()
             if (
                 self.done % self.every == 0
+                or self.done == self.start_step + 1  # the first step: training has started
                 or self.done == self.total
                 or now - self.last_line >= PROGRESS_SECONDS
             ):

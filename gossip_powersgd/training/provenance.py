@@ -3,18 +3,26 @@
 `provenance(comm, config)` is collective (the host names are gathered from every peer) and returns
 the same dict on every peer. The trainer puts it under "provenance" in summary.json and as comment
 lines at the top of config.yaml (comments, so that `--resume` and `--config` read the file as
-before). Nothing in it depends on a peer's data: it is safe to gather under differential privacy.
+before); the trackers (`extensions.py`) tag their runs with it. Nothing in it depends on a peer's
+data: it is safe to gather under differential privacy.
+
+"command" is the command line that started the run as it was typed to the launcher: under mpiexec,
+torchrun or srun, the launcher's own (``mpiexec -n 8 python -m gossip_powersgd.cli.train ...``),
+found among this process's ancestors (Linux's /proc); else this process's own. Where the launcher
+runs where this process cannot see it (another host, or no /proc), "command" is this process's and
+"command_note" says so. "launcher" names the launcher (None without one).
 """
 
 from __future__ import annotations
 
 import platform
+import shlex
 import socket
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -27,6 +35,83 @@ if TYPE_CHECKING:
 LIBRARIES = ("torch", "numpy", "networkx", "mpi4py", "opacus", "dp-accounting")
 #: Host names longer than this are cut (the all-gather needs one length on every peer).
 HOST_BYTES = 64
+
+
+#: Launcher programs by the name of their executable or script (or the module after ``-m``).
+LAUNCHERS = {
+    "mpiexec": "mpiexec",
+    "mpirun": "mpiexec",
+    "mpiexec.hydra": "mpiexec",
+    "orterun": "mpiexec",
+    "prterun": "mpiexec",
+    "srun": "srun",
+    "torchrun": "torchrun",
+    "torch.distributed.run": "torchrun",
+    "torch.distributed.launch": "torchrun",
+}
+#: How many ancestors are looked at for the launcher (mpiexec -> proxy -> [supervisor] -> rank).
+ANCESTORS = 8
+
+
+def _cmdline(pid: str) -> Optional[List[str]]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    parts = [p.decode("utf-8", "replace") for p in raw.split(b"\0")]
+    return parts[:-1] if parts and parts[-1] == "" else parts or None
+
+
+def _parent(pid: str) -> Optional[str]:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (name) "
+    return fields[1] if len(fields) > 1 and fields[1] not in ("0", "1") else None
+
+
+def _launcher_line(argv: List[str]) -> Optional[Tuple[str, List[str]]]:
+    """(launcher, its command line as typed) when `argv` is a launcher's process, else None. A
+    script launcher run through its interpreter (``python .../torchrun ...``, the shebang) is given
+    from the script on, as it was typed."""
+    name = Path(argv[0]).name
+    if name in LAUNCHERS:
+        return LAUNCHERS[name], argv
+    if name.startswith("python") and len(argv) > 1:
+        if argv[1] == "-m" and len(argv) > 2 and argv[2] in LAUNCHERS:
+            return LAUNCHERS[argv[2]], argv
+        if Path(argv[1]).name in LAUNCHERS:
+            return LAUNCHERS[Path(argv[1]).name], argv[1:]
+    return None
+
+
+def launch_command() -> Dict[str, Any]:
+    """{"command", "launcher", and "command_note" where the launcher's line is not visible} (see
+    the module docstring)."""
+    from ..launch import launched_by_mpiexec, launched_by_torchrun
+
+    own = _cmdline("self") or [sys.executable, *sys.argv]
+    pid = _parent("self")
+    for _ in range(ANCESTORS):
+        argv = _cmdline(pid) if pid else None
+        if not argv:
+            break
+        found = _launcher_line(argv)
+        if found is not None:
+            return {"command": found[1], "launcher": found[0]}
+        pid = _parent(pid)
+    launcher = (
+        "mpiexec" if launched_by_mpiexec() else "torchrun" if launched_by_torchrun() else None
+    )
+    if launcher is None:
+        return {"command": own, "launcher": None}
+    return {
+        "command": own,
+        "launcher": launcher,
+        "command_note": f"started by {launcher}, whose command line this process cannot see "
+        "(another host, or no /proc): this is the command it ran",
+    }
 
 
 def library_versions() -> Dict[str, Optional[str]]:
@@ -81,7 +166,7 @@ def provenance(comm: Comm, config) -> Dict[str, Any]:
         "python": platform.python_version(),
         "libraries": library_versions(),
         "torch_threads": torch.get_num_threads(),
-        "command": [Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv and sys.argv[0] else [],
+        **launch_command(),
         "backend": config.backend,
         "world_size": comm.size,
         "hosts": sorted(set(hosts)),
@@ -100,7 +185,7 @@ def as_comments(record: Dict[str, Any]) -> str:
         for line in (
             f"gossip_powersgd {record['gossip_powersgd']}, commit {commit}",
             f"python {record['python']}; {libraries}",
-            f"command: {' '.join(record['command'])}",
+            f"command: {shlex.join(record['command'])}",
             f"backend {record['backend']}, {record['world_size']} peers on "
             + ", ".join(f"{h} ({n})" for h, n in record["peers_per_host"].items()),
         )
@@ -112,6 +197,7 @@ __all__ = [
     "as_comments",
     "library_versions",
     "source_checkout",
+    "launch_command",
     "gather_hosts",
     "LIBRARIES",
 ]

@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from ..utils import one_line
 
@@ -77,7 +77,7 @@ class RunLock:
     """An exclusive claim on a run directory, held by one process for the run's lifetime."""
 
     path: Path  #: the lock file, RUN_DIR/.lock
-    owner: str  #: what the lock file holds: this process's host and pid
+    owner: str  #: what the lock file holds: this process's host, pid and start time
     created_dir: bool  #: the run directory was made for this run (removed again if left empty)
     note: Optional[str] = None  #: set when a stale lock of a process that has ended was replaced
 
@@ -96,10 +96,36 @@ class RunLock:
                 pass  # not empty: the run wrote something, keep it
 
 
-def _process_alive(pid: int) -> bool:
-    """Whether a process `pid` exists on this host (signal 0 checks without sending anything)."""
+def _proc_stat(pid: int) -> Optional[List[str]]:
+    """The fields of /proc/PID/stat from the state on (field 3), or None where there are none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _start_time(pid: int) -> Optional[int]:
+    """When process `pid` started, in clock ticks since boot (field 22 of /proc/PID/stat): with
+    the pid, it names one process, never a later one given the same pid. None where unknown."""
+    fields = _proc_stat(pid)
+    try:
+        return int(fields[19]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
+def _process_alive(pid: int, start: Optional[int] = None) -> bool:
+    """Whether the process `pid` (started at `start`, if known) still runs on this host. A zombie
+    has ended (a rank whose supervisor was killed with it stays one until init reaps it, after its
+    launcher has returned), and a process started at another time is another process."""
     if pid <= 0:
         return False
+    fields = _proc_stat(pid)
+    if fields is not None:  # /proc tells (signal 0 below would count a zombie as alive)
+        if fields[0] in ("Z", "X"):
+            return False
+        return start is None or _start_time(pid) in (None, start)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -119,14 +145,16 @@ def _lock_holder(path: Path) -> Optional[Dict[str, Any]]:
         return None
     if not isinstance(holder, dict) or not isinstance(holder.get("pid"), int):
         return None
+    if not isinstance(holder.get("start"), int):
+        holder["start"] = None  # a lock written before start times were recorded
     return holder
 
 
 def take_run_lock(run_dir, create: bool = True) -> RunLock:
     """Claim `run_dir` for this process: create RUN_DIR/.lock exclusively (O_CREAT|O_EXCL), holding
-    this host and pid. A lock left by a process of this host that has ended is replaced (the
-    returned lock's `note` says so); a lock of a live process, or of another host, is a one-line
-    ValueError naming its holder. `create`: make the directory if missing (a new run), else a
+    this host, pid and start time. A lock left by a process of this host that has ended (gone, a
+    zombie, or its pid now another process's) is replaced (the returned lock's `note` says so); a
+    lock of a live process, or of another host, is a one-line ValueError naming its holder. `create`: make the directory if missing (a new run), else a
     missing directory is refused (resuming)."""
     run_dir = Path(run_dir)
     created = False
@@ -152,7 +180,7 @@ def take_run_lock(run_dir, create: bool = True) -> RunLock:
             ) from None
     path = run_dir / LOCK_NAME
     host = socket.gethostname()
-    owner = json.dumps({"host": host, "pid": os.getpid()}) + "\n"
+    owner = json.dumps({"host": host, "pid": os.getpid(), "start": _start_time(os.getpid())}) + "\n"
     note = None
     for _ in range(2):  # a second try after replacing a stale lock
         try:
@@ -163,7 +191,7 @@ def take_run_lock(run_dir, create: bool = True) -> RunLock:
                 note is None
                 and holder is not None
                 and holder.get("host") == host
-                and not _process_alive(holder["pid"])
+                and not _process_alive(holder["pid"], holder["start"])
             ):
                 note = (
                     f"note: replaced the stale lock {path} of pid {holder['pid']} on {host} "

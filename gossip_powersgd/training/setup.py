@@ -83,6 +83,11 @@ def resolve_device(spec: str, rank: int) -> torch.device:
 
 def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
     """The local optimizer the config names, over `params`."""
+    from .eager_optim import defer_compiler_import
+
+    classes = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    if config.optimizer in classes:  # no import of torch's compiler (eager_optim.py)
+        defer_compiler_import(classes[config.optimizer])
     if config.optimizer == "sgd":
         return torch.optim.SGD(
             params,
@@ -142,7 +147,7 @@ def checked_config(comm: Comm, config, resume: bool) -> TrainConfig:
         )
     # the algorithm's own config-time checks (exact gossip's stable γ), on every rank before any
     # peer starts a collective the others would never join
-    check_config(config.algorithm, wanted)
+    check_config(config.algorithm_spec, wanted)
     comm.check_agreement("config", agreement_text(config))
     if resume and config.out_dir is None:
         raise ValueError("resume needs a run directory: set out_dir")
@@ -150,11 +155,17 @@ def checked_config(comm: Comm, config, resume: bool) -> TrainConfig:
 
 
 def build_run(
-    comm: Comm, config: TrainConfig, hooks: HookList, log=None, resume: bool = False
+    comm: Comm,
+    config: TrainConfig,
+    hooks: HookList,
+    log=None,
+    resume: bool = False,
+    origin: Optional[Dict[str, Any]] = None,
 ) -> PeerRun:
     """Seed, load this peer's shard, build the model, algorithm and optimizer; run setup hooks
-    (`resume`: the run continues from a checkpoint, `SetupContext.resuming`). `log` (a
-    `progress.SetupLog`) is told as each phase ends."""
+    (`resume`: the run continues from a checkpoint, `SetupContext.resuming`; `origin`: the run's
+    provenance, `SetupContext.provenance`). `log` (a `progress.SetupLog`) is told as each phase
+    ends."""
     if log is None:
         from .progress import SetupLog
 
@@ -206,7 +217,7 @@ def build_run(
     model = model.to(device)
     num_parameters = count_parameters(model)
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    algorithm = make_algorithm(config.algorithm, model.named_parameters(), comm)
+    algorithm = make_algorithm(config.algorithm_spec, model.named_parameters(), comm)
     optimizer = make_optimizer(config, model.parameters())
     context = SetupContext(
         config=config,
@@ -219,6 +230,7 @@ def build_run(
         steps_per_epoch=steps_per_epoch,
         train_size=num_train,
         resuming=bool(resume),
+        provenance=origin,
     )
     log.done(f"model {config.model} ({num_parameters} parameters) and {config.algorithm} built")
     hooks.setup(context)

@@ -38,7 +38,6 @@ else unless `release_peer_statistics: true` (`privacy.training.keeps_peer_statis
 from __future__ import annotations
 
 import functools
-import json
 import math
 import sys
 import time
@@ -75,14 +74,13 @@ from .evaluation import (
     format_summary,
     log_record,
     model_digest,
-    peer_report,
-    run_summary,
 )
 from .batchnorm import refresh_inputs
 from .features import feature_hooks, peer_statistics_private
 from .hooks import HookList, TrainingHooks
 from .progress import Printer, SetupLog
 from .provenance import as_comments, provenance
+from .report import report
 from .runstate import RunState
 from .churn import churn_run
 from .divergence import DIVERGENCE_FACTOR, check_divergence
@@ -269,8 +267,8 @@ def _train(
     """`train` once the run directory is held: build, resume, run the loop, write the summary
     (which each hook in `reporting`, the features' hooks, extends with its `summary_fields()`,
     and its own `peers/rank-K.json` with `peer_fields()`, where it has them)."""
-    run = build_run(comm, config, hooks, log, resume=bool(resume))
     origin = provenance(comm, config)  # collective over every peer: before anyone may be away
+    run = build_run(comm, config, hooks, log, resume=bool(resume), origin=origin)
     # what a divergence message adds (differential privacy names its noise); after the set-up
     hint = "".join(h.divergence_hint() for h in reporting if hasattr(h, "divergence_hint"))
     state = RunState()
@@ -391,37 +389,12 @@ def _train(
             if not failing:  # a hook that fails to close must not hide why the run failed
                 raise
 
-    member = churn is None or churn.live  # a peer away at the end writes its own file only
-    summary = {"departed": True}
-    if member:
-        summary = run_summary(
-            comm,
-            config,
-            state.history,
-            run.histogram,
-            run.num_parameters,
-            run.parameter_bytes,
-            algorithm,
-            model,
-            state.step,
-            run.steps_per_epoch,
-            state.timers(algorithm),
-            private=private,
-            eval_split=run.eval_split,
-        )
-    peer = peer_report(comm, state.history, run.histogram, len(run.batches.x))
-    for hook in reporting:
-        if member:
-            summary.update(getattr(hook, "summary_fields", dict)())
-        peer.update(getattr(hook, "peer_fields", dict)())
-    if run_dir is not None:  # each peer's own figures, in its own file
-        atomic_write(
-            run_dir / "peers" / f"rank-{comm.rank}.json", json.dumps(peer, indent=2) + "\n"
-        )
-    summary["provenance"] = origin
-    if member and comm.rank == (churn.leader if churn else 0) and run_dir is not None:
-        atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-        atomic_write(run_dir / "summary.md", format_summary(summary, markdown=True))
+    made = None
+    try:  # the trackers end their runs with the summary (or as failed, without one)
+        made = report(comm, config, run_dir, run, state, reporting, churn, origin, private)
+    finally:
+        hooks.on_summary(made[0] if made is not None else None)
+    summary, peer = made
     if churn is not None:
         churn.finish()  # every peer, member or not, until all are done (the run's lock stays)
     return dict(summary, rank=comm.rank, history=state.history, peer=peer)

@@ -6,16 +6,27 @@ and the model exactly as training will (`validate_specs`). `config.py` re-export
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
-from ..launch import BACKENDS
+from ..comm.transports import TRANSPORTS
 from ..utils import one_line
 from .features import features, peer_statistics_private
 
-if TYPE_CHECKING:
-    from .config import TrainConfig
+#: A `config.TrainConfig` (every key an attribute). The class is not imported, not even for type
+#: checking: config.py imports this module to re-export its names, and validation reads nothing
+#: of the class but the attributes (tests/test_import_cycles.py keeps the two modules acyclic).
+TrainConfig = Any
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+def __getattr__(name: str) -> Any:
+    """`BACKENDS`: the registered transports' names (`comm.transports.TRANSPORTS`)."""
+    if name == "BACKENDS":
+        return TRANSPORTS.names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 SCHEDULES = ("constant", "step", "cosine")
 _FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch
 _SEED_LIMIT = 2**64  # torch.Generator.manual_seed's range
@@ -58,11 +69,11 @@ def _check_directed(c: TrainConfig, num_peers: Optional[int]) -> None:
     """Refuse a directed topology (or schedule) for an algorithm that does not declare `directed`."""
     import topologies
 
-    from ..algorithms import check_directed
+    from ..algorithms import check_directed, parse_algorithm
 
     n = None if _has_size(c.topology) else (num_peers if num_peers is not None else 4)
     try:
-        check_directed(c.algorithm, topologies.parse(c.topology, n=n), c.topology)
+        check_directed(parse_algorithm(c.algorithm), topologies.parse(c.topology, n=n), c.topology)
     except ValueError as exc:
         raise ValueError(f"bad value for 'algorithm': {one_line(exc)}") from None
 
@@ -77,7 +88,7 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
     c.check_types()  # values set in code rather than from YAML
     _check(c.optimizer in OPTIMIZERS, "optimizer", c.optimizer, f"valid: {', '.join(OPTIMIZERS)}")
     _check(c.schedule in SCHEDULES, "schedule", c.schedule, f"valid: {', '.join(SCHEDULES)}")
-    _check(c.backend in BACKENDS, "backend", c.backend, f"valid: {', '.join(BACKENDS)}")
+    _check(c.backend in TRANSPORTS, "backend", c.backend, f"valid: {', '.join(TRANSPORTS.names())}")
     # models train in float32: a larger lr cannot even be applied (torch raises an overflow error)
     _check(
         math.isfinite(c.lr) and 0 < c.lr <= _FLOAT32_MAX,
@@ -188,10 +199,10 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
         "must be >= 1 (training samples of all peers) or null",
     )
 
-    from ..algorithms import algorithm_kwargs
+    from ..algorithms import parse_algorithm
 
     try:
-        algorithm_kwargs(c.algorithm)
+        parse_algorithm(c.algorithm)  # the one parse: `TrainConfig.algorithm_spec` reads it after
     except ValueError as exc:
         raise ValueError(f"bad value for 'algorithm': {one_line(exc)}") from None
     import topologies
@@ -213,7 +224,7 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
         except ValueError as exc:
             raise ValueError(f"bad value for 'topology': {one_line(exc)}") from None
         _check(
-            c.backend in ("mpi", "torch"),
+            not TRANSPORTS.get(c.backend).in_process,
             "topology",
             c.topology,
             "give its size, e.g. ring:8, or set peers (the local backend cannot guess it)",

@@ -60,14 +60,15 @@ SAYS = {
 def host_fault_bound() -> float:
     """When every rank still able to run must be gone after a fault on another host: silent for
     `SILENT_SECONDS` (from a heartbeat up to a look late), probed for up to `PROBE_SECONDS`, then
-    `SPEAK_SECONDS` for the others to say it and a look, then the launcher."""
+    `SPEAK_SECONDS` for the others to say it and a look, a look's time for the launcher to pass
+    the lines on (`Monitor._end`), then the launcher."""
     m = monitor
     return (
         m.SILENT_SECONDS
         + 2 * m.CHECK_SECONDS
         + m.PROBE_SECONDS
         + m.SPEAK_SECONDS
-        + m.CHECK_SECONDS
+        + 2 * m.CHECK_SECONDS
         + LAUNCHER_SECONDS
     )
 

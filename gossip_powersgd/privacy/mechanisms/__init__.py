@@ -11,79 +11,89 @@ sigma, DECOR's sigma_ind.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Optional
 
-from gossip_powersgd.privacy.mechanisms.decor import PairwiseNoise
-from gossip_powersgd.privacy.mechanisms.pair_secrets import agree_pair_keys
-from gossip_powersgd.privacy.mechanisms.zipdl import ZeroSumNoise
+from gossip_powersgd.privacy.mechanisms.registry import (
+    MECHANISMS as MECHANISM_REGISTRY,
+    Mechanism,
+    register_mechanism,
+    supporting_algorithms,
+)
 
 if TYPE_CHECKING:
     from ...comm.base import Comm
 
-__all__ = ["MECHANISMS", "SUPPORTED", "attach_mechanism", "validate_mechanism_config"]
+__all__ = [
+    "MECHANISMS",
+    "SUPPORTED",
+    "Mechanism",
+    "MECHANISM_REGISTRY",
+    "register_mechanism",
+    "attach_mechanism",
+    "validate_mechanism_config",
+]
 
-MECHANISMS = ("local", "muffliato", "zipdl", "decor")
-#: The algorithms each mechanism trains with. Muffliato's and DECOR's noise is on the local update,
-#: so any gossip of the parameters carries it (the accounting differs, see their modules); ZIP-DL
-#: needs the per-edge message hook (`GossipAlgorithm.supports_edge_noise`).
-SUPPORTED = {
-    "local": None,
-    "muffliato": ("exact", "powergossip", "choco"),
-    "zipdl": ("exact", "powergossip"),
-    "decor": ("exact", "powergossip", "choco"),
-}
+#: Each built-in mechanism's module registers it (`registry.MECHANISMS`, after ``local``), in this
+#: order (the order errors and `--help-config` list them).
+for _module in ("muffliato", "zipdl", "decor"):
+    importlib.import_module(f"{__name__}.{_module}")
+
+# The names this package exported before its registry (kept working).
+from gossip_powersgd.privacy.mechanisms.decor import PairwiseNoise  # noqa: E402,F401
+from gossip_powersgd.privacy.mechanisms.pair_secrets import agree_pair_keys  # noqa: E402,F401
+from gossip_powersgd.privacy.mechanisms.zipdl import ZeroSumNoise  # noqa: E402,F401
 
 
-def _algorithm_name(spec: str) -> str:
-    return str(spec).split(":", 1)[0].strip()
+def __getattr__(name: str):
+    """`MECHANISMS`: the registered names; `SUPPORTED`: {mechanism: the algorithms that declare
+    what it needs, or None for any}, both read from the registries when asked."""
+    if name == "MECHANISMS":
+        return MECHANISM_REGISTRY.names()
+    if name == "SUPPORTED":
+        return {
+            m.name: supporting_algorithms(m.needs) if m.needs else None for m in MECHANISM_REGISTRY
+        }
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _refuse_unsupported(mechanism: Mechanism, algorithm: type) -> None:
+    """Ask the algorithm class whether it has what the mechanism needs (its capability)."""
+    if mechanism.needs is not None and not getattr(algorithm, mechanism.needs, False):
+        raise ValueError(
+            f"dp_mechanism: {mechanism.name} works with algorithm "
+            f"{' or '.join(supporting_algorithms(mechanism.needs))}, not {algorithm.name}"
+        )
 
 
 def validate_mechanism_config(config) -> None:
-    """One-line ValueError for a bad ``dp_mechanism`` setting of a `TrainConfig`."""
-    mechanism = config.dp_mechanism
-    if mechanism not in MECHANISMS:
-        raise ValueError(f"dp_mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
-    dp_on = config.dp_noise_multiplier is not None or config.dp_target_epsilon is not None
-    if mechanism != "zipdl" and config.dp_zipdl_sigma is not None:
-        raise ValueError("dp_zipdl_sigma is for dp_mechanism: zipdl: set that, or drop the key")
-    if mechanism != "decor" and config.dp_decor_sigma_cor is not None:
-        raise ValueError("dp_decor_sigma_cor is for dp_mechanism: decor: set that, or drop the key")
-    if mechanism == "local":
-        return
-    if not dp_on:
+    """One-line ValueError for a bad ``dp_mechanism`` setting of a `TrainConfig`: the generic
+    checks from what each mechanism declares, then the mechanism's own (`check_config`)."""
+    name = config.dp_mechanism
+    if name not in MECHANISM_REGISTRY:
         raise ValueError(
-            f"dp_mechanism: {mechanism} runs on DP-SGD: set dp_noise_multiplier (or "
+            f"dp_mechanism must be one of {', '.join(MECHANISM_REGISTRY.names())}, got {name!r}"
+        )
+    for other in MECHANISM_REGISTRY:
+        for key in other.keys:
+            if other.name != name and getattr(config, key, None) is not None:
+                raise ValueError(
+                    f"{key} is for dp_mechanism: {other.name}: set that, or drop the key"
+                )
+    mechanism = MECHANISM_REGISTRY.get(name)
+    dp_on = config.dp_noise_multiplier is not None or config.dp_target_epsilon is not None
+    if mechanism.needs_dp and not dp_on:
+        raise ValueError(
+            f"dp_mechanism: {name} runs on DP-SGD: set dp_noise_multiplier (or "
             f"dp_target_epsilon) and dp_max_grad_norm"
         )
-    algorithm = _algorithm_name(config.algorithm)
-    if algorithm not in SUPPORTED[mechanism]:
-        raise ValueError(
-            f"dp_mechanism: {mechanism} works with algorithm "
-            f"{' or '.join(SUPPORTED[mechanism])}, not {algorithm}"
-        )
-    if mechanism == "zipdl" and config.dp_zipdl_sigma is None:
-        raise ValueError(
-            "dp_mechanism: zipdl needs dp_zipdl_sigma (the std of its per-edge "
-            "zero-sum noise on each message coordinate)"
-        )
-    if mechanism == "decor":
-        if config.dp_noise_multiplier is not None and not config.dp_noise_multiplier > 0:
-            raise ValueError(
-                "dp_mechanism: decor needs dp_noise_multiplier > 0 (sigma_ind, the independent "
-                "noise): without it a peer's pair noise is all a neighbour holding its keys must "
-                "remove, and SecLDP gives no epsilon; set dp_noise_multiplier (e.g. 0.5)"
-            )
-        if config.dp_decor_sigma_cor is None:
-            raise ValueError(
-                "dp_mechanism: decor needs dp_decor_sigma_cor (the pairs' noise "
-                "multiplier; dp_noise_multiplier is the independent one)"
-            )
-        if config.dp_target_epsilon is not None:
-            raise ValueError(
-                "dp_mechanism: decor takes dp_noise_multiplier (sigma_ind) and "
-                "dp_decor_sigma_cor, not dp_target_epsilon (solve them for a target "
-                "with privacy.mechanisms.decor.sigma_ind_for_target)"
-            )
+    _refuse_unsupported(mechanism, config.algorithm_spec.cls)
+    mechanism.check_config(config)
+
+
+def mechanism_of(config) -> Mechanism:
+    """The registered mechanism a config's ``dp_mechanism`` names."""
+    return MECHANISM_REGISTRY.get(config.dp_mechanism)
 
 
 def attach_mechanism(
@@ -92,30 +102,11 @@ def attach_mechanism(
     """Set the mechanism's noise up on this peer (collective for decor: the pair keys are agreed
     with every neighbour, and with `resume` the stored ones must all be there); returns what was
     attached, or None for local and muffliato."""
-    mechanism = config.dp_mechanism
-    if mechanism in ("zipdl", "decor") and not comm.is_static:
+    mechanism = mechanism_of(config)
+    if mechanism.static_graph and not comm.is_static:
         raise ValueError(
-            f"dp_mechanism: {mechanism} needs a static topology (its noise is per "
+            f"dp_mechanism: {mechanism.name} needs a static topology (its noise is per "
             f"edge of one graph), not the schedule {comm.topology.name!r}"
         )
-    if mechanism == "zipdl":
-        if not getattr(algorithm, "supports_edge_noise", False):
-            raise ValueError(
-                f"dp_mechanism: zipdl works with algorithm exact or powergossip, "
-                f"not {algorithm.name}"
-            )
-        if len(comm.neighbors) < 2:
-            raise ValueError(
-                "dp_mechanism: zipdl needs every peer to have >= 2 neighbours (one "
-                "message cannot carry zero-sum noise): use another topology"
-            )
-        algorithm.edge_noise = ZeroSumNoise(randomness, float(config.dp_zipdl_sigma))
-        return algorithm.edge_noise
-    if mechanism == "decor":
-        kind = randomness.kind
-        keys = agree_pair_keys(comm, kind, seed=config.seed, run_dir=config.out_dir, resume=resume)
-        dp.extra_noise = PairwiseNoise(
-            comm.rank, keys, float(config.dp_decor_sigma_cor), dp.max_grad_norm, kind
-        )
-        return dp.extra_noise
-    return None
+    _refuse_unsupported(mechanism, type(algorithm))
+    return mechanism.attach(config, comm, dp, algorithm, randomness, resume)

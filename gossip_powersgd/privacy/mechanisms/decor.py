@@ -37,9 +37,12 @@ import numpy as np
 import torch
 
 from gossip_powersgd.privacy.seeds import Randomness
+from gossip_powersgd.privacy.mechanisms.registry import Mechanism, register_mechanism
 
 if TYPE_CHECKING:
     from topologies import Topology
+
+    from gossip_powersgd.comm.base import Comm
 
 __all__ = [
     "DECOR_STREAM",
@@ -208,3 +211,44 @@ def sigma_ind_for_target(
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if worst(mid) > target else (lo, mid)
     return hi
+
+
+@register_mechanism
+class Decor(Mechanism):
+    name = "decor"
+    summary = (
+        "antisymmetric pairwise noise from Diffie-Hellman pair keys (dp_decor_sigma_cor) on top "
+        "of DP-SGD's noise, then sigma_ind"
+    )
+    keys = ("dp_decor_sigma_cor",)
+    needs = "supports_update_noise"
+    static_graph = True
+
+    def check_config(self, config) -> None:
+        if config.dp_noise_multiplier is not None and not config.dp_noise_multiplier > 0:
+            raise ValueError(
+                "dp_mechanism: decor needs dp_noise_multiplier > 0 (sigma_ind, the independent "
+                "noise): without it a peer's pair noise is all a neighbour holding its keys must "
+                "remove, and SecLDP gives no epsilon; set dp_noise_multiplier (e.g. 0.5)"
+            )
+        if config.dp_decor_sigma_cor is None:
+            raise ValueError(
+                "dp_mechanism: decor needs dp_decor_sigma_cor (the pairs' noise "
+                "multiplier; dp_noise_multiplier is the independent one)"
+            )
+        if config.dp_target_epsilon is not None:
+            raise ValueError(
+                "dp_mechanism: decor takes dp_noise_multiplier (sigma_ind) and "
+                "dp_decor_sigma_cor, not dp_target_epsilon (solve them for a target "
+                "with privacy.mechanisms.decor.sigma_ind_for_target)"
+            )
+
+    def attach(self, config, comm: "Comm", dp, algorithm, randomness, resume: bool):
+        from gossip_powersgd.privacy.mechanisms.pair_secrets import agree_pair_keys
+
+        kind = randomness.kind
+        keys = agree_pair_keys(comm, kind, seed=config.seed, run_dir=config.out_dir, resume=resume)
+        dp.extra_noise = PairwiseNoise(
+            comm.rank, keys, float(config.dp_decor_sigma_cor), dp.max_grad_norm, kind
+        )
+        return dp.extra_noise

@@ -16,8 +16,8 @@ neighbours'. No noise is added to the messages. Two figures per pair (victim u, 
   training (``"network"``, labelled `NETWORK_LABEL`): it takes each step's contribution as fixed
   in advance, while DP-SGD's gradients depend on the noisy models the observer has seen
   (adaptive composition; a star:4 counter-example moves 0.868 to 2.0-2.9), and it ignores the
-  evaluation, which all-reduces the average model to every peer (the README's ring:16 figure
-  0.062 becomes 1.18 with it). It is kept for comparison with the literature and for
+  evaluation, which all-reduces the average model to every peer (the threat-model page's
+  ring:16 figure 0.062 becomes 1.18 with it). It is kept for comparison with the literature and for
   non-adaptive linear gossip, where it is exact (`network_dp`).
 
 So epsilon_uv is the local bound; a smaller network figure beside it is no smaller guarantee.
@@ -38,6 +38,7 @@ from gossip_powersgd.privacy.accounting import (
     REPLACE_ONE,
     epsilon_label,
 )
+from gossip_powersgd.privacy.mechanisms.registry import Mechanism, register_mechanism
 
 if TYPE_CHECKING:
     from topologies import AnyTopology
@@ -61,7 +62,7 @@ def network_applies(algorithm: str, momentum: float, schedule: str, warmup_epoch
 def _not_modelled(config) -> list:
     """What of the run the network figure would not model even for non-adaptive updates."""
     reasons = []
-    algorithm = str(config.algorithm).split(":", 1)[0].strip()
+    algorithm = config.algorithm_spec.name
     if algorithm != "exact":
         reasons.append(f"algorithm {algorithm}")
     if float(config.momentum) != 0.0:
@@ -178,3 +179,17 @@ def hops(topology: AnyTopology, source: int) -> np.ndarray:
                     nxt.append(b)
         frontier = nxt
     return dist
+
+
+@register_mechanism
+class Muffliato(Mechanism):
+    name = "muffliato"
+    summary = (
+        "DP-SGD's noise; its per-pair network figure is no guarantee for training, the epsilon "
+        "is DP-SGD's"
+    )
+    needs = "supports_update_noise"
+    network_bound = True
+
+    def epsilon_note(self, config):
+        return epsilon_note(config)

@@ -51,9 +51,12 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from gossip_powersgd.privacy.seeds import Randomness
+from gossip_powersgd.privacy.mechanisms.registry import Mechanism, register_mechanism
 
 if TYPE_CHECKING:
     from topologies import AnyTopology
+
+    from gossip_powersgd.comm.base import Comm
 
 __all__ = [
     "ZIPDL_STREAM",
@@ -160,3 +163,29 @@ def zipdl_epsilons(
         gamma=gamma,
         zero_sum=ratio,
     )
+
+
+@register_mechanism
+class ZipDL(Mechanism):
+    name = "zipdl"
+    summary = "zero-sum noise per edge on the messages (dp_zipdl_sigma), on top of DP-SGD"
+    keys = ("dp_zipdl_sigma",)
+    needs = "supports_edge_noise"
+    static_graph = True
+    network_bound = True
+
+    def check_config(self, config) -> None:
+        if config.dp_zipdl_sigma is None:
+            raise ValueError(
+                "dp_mechanism: zipdl needs dp_zipdl_sigma (the std of its per-edge "
+                "zero-sum noise on each message coordinate)"
+            )
+
+    def attach(self, config, comm: "Comm", dp, algorithm, randomness, resume: bool):
+        if len(comm.neighbors) < 2:
+            raise ValueError(
+                "dp_mechanism: zipdl needs every peer to have >= 2 neighbours (one "
+                "message cannot carry zero-sum noise): use another topology"
+            )
+        algorithm.edge_noise = ZeroSumNoise(randomness, float(config.dp_zipdl_sigma))
+        return algorithm.edge_noise

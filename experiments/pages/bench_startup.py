@@ -1,0 +1,277 @@
+"""`python -m experiments bench_startup`: how soon `gossip-train` speaks, and where its start-up
+time goes, under mpiexec and torchrun, next to what the launcher and `import torch` cost alone.
+
+One run, interleaved: each repetition launches, in turn, the launcher alone (`python -c` printing a
+line), every process importing torch (`python -c "import torch; print(...)"`), and the demo's
+workload (demo.yaml: 8 peers on a ring, MNIST-1D, the 11,786-parameter CNN, one epoch, backend mpi
+or torch) under `mpiexec -n 8` and `torchrun --nproc-per-node 8`, and stamps each line rank 0
+prints with the seconds since launch: the first line (``start:``), libraries and config loaded,
+config checked, model built, the first step done, and the run's exit. The page gives the medians
+(and the range) over the repetitions; --quick: 2 processes, the tiny config, one repetition.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Dict, List, Mapping
+
+from experiments.engine import ROOT, Outputs, Page, Rows, Run, made_by
+from experiments.pages import register
+
+#: (processes, repetitions, the training config's overrides) of the page and of --quick.
+SETTING = {
+    False: (8, 5, "demo", ["epochs=1", "warmup_epochs=0", "eval_every=1", "checkpoint_every=0"]),
+    True: (2, 1, "tiny", ["topology=ring:2", "epochs=1", "checkpoint_every=0"]),
+}
+#: The lines stamped, in order: (what the page calls it, how rank 0's line starts).
+MARKS = (
+    ("first line (`start:`)", "start:"),
+    ("libraries and config loaded", "set-up: libraries and config loaded"),
+    ("config checked", "set-up: config checked"),
+    ("model built", "set-up: model "),
+    ("first step done", "progress: step 1/"),
+)
+LAUNCHERS = ("mpiexec", "torchrun")
+#: The line each baseline prints (`_commands`).
+PREFIXES = {"print": ["line"], "import-torch": ["imported"]}
+
+
+def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    processes, repetitions, config, overrides = SETTING[quick]
+    setting = dict(processes=processes, repetitions=repetitions, config=config, set=overrides)
+    return [Run(key="startup", config=setting, seed=0, cost=repetitions * 4.0)]
+
+
+def _commands(processes: int, config: str, overrides: List[str]) -> Dict[str, List[str]]:
+    """Each launch's command, with "python" and "OUT" (a fresh folder) to fill in."""
+    n = str(processes)
+    train = ["-m", "gossip_powersgd.cli.train", "--config", config, "--set", "out_dir=OUT"]
+    for text in overrides:
+        train += ["--set", text]
+    mpiexec = ["mpiexec", "-n", n]
+    torchrun = ["torchrun", "--standalone", "--nproc-per-node", n]
+    say = "print('line', flush=True)"
+    imported = "import torch; print('imported', flush=True)"
+    return {
+        "mpiexec/print": [*mpiexec, "python", "-c", say],
+        "torchrun/print": [*torchrun, "--no-python", "python", "-c", say],
+        "mpiexec/import-torch": [*mpiexec, "python", "-c", imported],
+        "torchrun/import-torch": [*torchrun, "--no-python", "python", "-c", imported],
+        "mpiexec/train": [*mpiexec, "python", *train, "--set", "backend=mpi"],
+        "torchrun/train": [*torchrun, *train, "--set", "backend=torch"],
+    }
+
+
+def _launch(
+    argv: List[str], prefixes: List[str], env: Dict[str, str], timeout: float
+) -> Dict[str, Any]:
+    """Run `argv`: {"marks": the seconds from its launch to the first line starting with each of
+    `prefixes`, and to its exit ("exit")}; a failure is an error with its last lines."""
+    import os
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    start = time.perf_counter()
+    process = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    timer = threading.Timer(timeout, os.killpg, (process.pid, signal.SIGKILL))
+    timer.start()
+    marks: Dict[str, float] = {}
+    tail: List[str] = []
+    try:
+        for line in process.stdout:
+            now = round(time.perf_counter() - start, 3)
+            for prefix in prefixes:
+                if line.startswith(prefix):
+                    marks.setdefault(prefix, now)
+            tail = (tail + [line.rstrip()])[-5:]
+        status = process.wait()
+    finally:
+        timer.cancel()
+    marks["exit"] = round(time.perf_counter() - start, 3)
+    if status != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed (status {status}): {' / '.join(tail)}")
+    return {"marks": marks}
+
+
+def row(run: Run) -> Dict[str, Any]:
+    """Every launch of every repetition, interleaved, stamped (see the module docstring)."""
+    import os
+    import shutil
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    setting = run.config
+    processes = setting["processes"]
+    commands = _commands(processes, setting["config"], setting["set"])
+    bin_dir = Path(sys.executable).parent
+    env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    load = [os.getloadavg()[0]]
+    launches = []
+    for repetition in range(setting["repetitions"]):
+        for kind, command in commands.items():
+            out = tempfile.mkdtemp(prefix="bench-startup-")
+            argv = [
+                sys.executable if a == "python" else a.replace("out_dir=OUT", f"out_dir={out}/run")
+                for a in command
+            ]
+            argv[0] = shutil.which(argv[0], path=env["PATH"]) or argv[0]
+            try:
+                prefixes = PREFIXES.get(kind.split("/")[1], [p for _, p in MARKS])
+                measured = _launch(argv, prefixes, env, 900.0)
+                launches.append(dict(measured, kind=kind, repetition=repetition))
+            finally:
+                shutil.rmtree(out, ignore_errors=True)
+    load.append(os.getloadavg()[0])
+    return {
+        "processes": processes,
+        "repetitions": setting["repetitions"],
+        "kinds": list(commands),
+        "commands": {
+            "mpiexec": f"mpiexec -n {processes}",
+            "torchrun": f"torchrun --nproc-per-node {processes}",
+        },
+        "command_lines": {
+            kind: " ".join(
+                (f'"{a}"' if " " in a else a).replace("out_dir=OUT", "out_dir=<a new folder>")
+                for a in command
+            )
+            for kind, command in commands.items()
+        },
+        "launches": launches,
+        "cores": os.cpu_count(),
+        "load": load,
+    }
+
+
+def _median(values: List[float]) -> str:
+    return f"{statistics.median(values):.2f}" if values else "n/a"
+
+
+def _span(values: List[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}" if values else ""
+
+
+def _times(launches: List[Dict[str, Any]], mark: str) -> List[float]:
+    return [launch["marks"][mark] for launch in launches if mark in launch["marks"]]
+
+
+def _cell(launches: List[Dict[str, Any]], mark: str) -> str:
+    times = _times(launches, mark)
+    return f"{_median(times)} ({_span(times)})" if times else "n/a"
+
+
+def _verdict(commands, train, imports, baseline) -> List[str]:
+    """One line per launcher: when the first line comes, against the launcher alone and torch."""
+    lines = []
+    for k in LAUNCHERS:
+        first = _times(train[k], "start:")
+        torch_line = _times(imports[k], "imported")
+        alone = _times(baseline[k], "line")
+        if first and torch_line and alone:
+            at, imported = statistics.median(first), statistics.median(torch_line)
+            lines.append(
+                f"- {commands[k]}: the first line comes {at:.2f} s after the launch (the launcher "
+                f"alone prints at {statistics.median(alone):.2f} s), "
+                + (
+                    f"before `import torch` ends in any process ({imported:.2f} s; "
+                    f"{at / imported:.2f}x of it)."
+                    if at < imported
+                    else f"after `import torch` ends in the first process ({imported:.2f} s)."
+                )
+            )
+    return lines
+
+
+def render(rows: Rows) -> Outputs:
+    """bench_startup.md from the row."""
+    (record,) = rows.records
+    data = record.row
+    n = data["processes"]
+    launches = {kind: [r for r in data["launches"] if r["kind"] == kind] for kind in data["kinds"]}
+    commands = data["commands"]
+    lines = [
+        f"# Start-up of `gossip-train` under mpiexec and torchrun ({n} processes)"
+        + (" (--quick)" if rows.quick else ""),
+        "",
+        made_by(rows),
+        f"{data['repetitions']} repetition(s), the launches interleaved; {data['cores']} cores "
+        f"shared with other jobs (load average {data['load'][0]:.1f} at the start, "
+        f"{data['load'][1]:.1f} at the end): the seconds move with the load, the order and the "
+        "ratios much less. Seconds after the launch, median (range) over the repetitions.",
+        "",
+        "## When each line comes",
+        "",
+        f"| what (rank 0's line) | {' | '.join(f'`{commands[k]}`' for k in LAUNCHERS)} |",
+        "|---|---|---|",
+    ]
+    baseline = {k: launches[f"{k}/print"] for k in LAUNCHERS}
+    imports = {k: launches[f"{k}/import-torch"] for k in LAUNCHERS}
+    train = {k: launches[f"{k}/train"] for k in LAUNCHERS}
+    lines.append(
+        "| the launcher alone: `python -c print` | "
+        + " | ".join(_cell(baseline[k], "line") for k in LAUNCHERS)
+        + " |"
+    )
+    lines.append(
+        '| `python -c "import torch; print()"`: the first process\'s line | '
+        + " | ".join(_cell(imports[k], "imported") for k in LAUNCHERS)
+        + " |"
+    )
+    for label, mark in MARKS:
+        lines.append(
+            f"| gossip-train: {label} | "
+            + " | ".join(_cell(train[k], mark) for k in LAUNCHERS)
+            + " |"
+        )
+    lines.append(
+        "| gossip-train: every process exited | "
+        + " | ".join(_cell(train[k], "exit") for k in LAUNCHERS)
+        + " |"
+    )
+    lines += [
+        "",
+        "What happens between the lines: the first line is printed from the launcher's "
+        'environment, before torch, MPI or the config are loaded. Up to "libraries and config '
+        'loaded", every process initialises MPI (under mpiexec), imports torch and reads and '
+        "checks the config, building its data and model once to check them (torchrun's "
+        'rendezvous comes next, before "config checked"); MNIST-1D is read from the machine\'s '
+        "cache "
+        '(`~/.cache/gossip_powersgd`), generated by the first run on the machine. "Model '
+        "built\" includes the optimizer, built without importing torch's compiler.",
+        "",
+        "## Verdict",
+        "",
+    ]
+    lines += _verdict(commands, train, imports, baseline)
+    lines += [
+        "",
+        "Commands (each from the checkout's root, `OMP_NUM_THREADS=1`, the venv's launchers):",
+        "",
+        *[f"- `{data['command_lines'][kind]}`" for kind in data["kinds"]],
+        "",
+    ]
+    return {"bench_startup.md": "\n".join(lines)}
+
+
+PAGE = register(
+    Page(
+        name="bench_startup",
+        title="start-up of gossip-train under mpiexec and torchrun: first line, set-up phases",
+        plan=plan,
+        row=row,
+        render=render,
+    )
+)
+
+__all__ = ["PAGE", "ROOT"]

@@ -1,0 +1,160 @@
+"""The torch transport of a run whose peers may be lost (``on_peer_loss: continue``).
+
+Two things `TorchCommunicator` needs once a lost peer must not end the run:
+
+* **Waits that a loss interrupts.** A gloo receive from a peer that is stopped or cut off blocks
+  until the comm timeout, and a gloo wait that times out closes every connection of its group. So
+  each wait runs in a helper thread, and the caller looks every `POLL_SECONDS` at `interrupted()`
+  (the membership's: a loss this rank's monitor found, or one the other survivors wrote in the
+  store); when it says a peer is lost, the operation is abandoned with `PeerLostError`, without
+  touching the group's connections. A receive from a peer that died (its connections reset) fails
+  at once, and the monitor's diagnosis of it goes to the same place.
+* **A group per membership epoch.** The default group holds every peer of the launch, and its
+  connections to a lost one are broken. After each agreed change the members build a fresh gloo
+  group over themselves (`MemberGroup`: a `ProcessGroupGloo` on a `PrefixStore` of the rendezvous
+  store, one per epoch number, collective over the members only); its ranks are positions in the
+  ascending list of member ids, so peer ids (which never change) are mapped to positions here.
+
+CPU tensors only (gloo): a run with ``device: cuda`` and on_peer_loss: continue is refused.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..errors import PeerLostError
+
+if TYPE_CHECKING:  # the torch communicator itself imports this module: typed by its base
+    from .base import Communicator as TorchCommunicator
+
+#: How often a wait looks whether a peer was found lost meanwhile.
+POLL_SECONDS = 0.05
+#: How long a failed wait looks for a lost peer behind it: a connection reset by a killed peer
+#: arrives while its process is still ending, before /proc or a probe can tell.
+DYING_SECONDS = 3.0
+#: Receives `close_pending` posts per peer at most (each one that completes took a stale message).
+CLOSE_TRIES = 4
+_INSTANT = datetime.timedelta(milliseconds=1)
+
+
+def watched_wait(work, seconds: float, interrupted: Callable[[], Optional[str]]):
+    """`work.wait(seconds)`, in a helper thread; raises `PeerLostError` as soon as
+    `interrupted()` names a loss (the helper is left to end with the work: when the lost peer's
+    connections close, or when `close_pending` closes the group's at the change)."""
+    done, box = threading.Event(), {}
+
+    def wait() -> None:
+        try:
+            box["finished"] = work.wait(datetime.timedelta(seconds=seconds))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=wait, name="gossip-wait", daemon=True).start()
+    while not done.wait(POLL_SECONDS):
+        reason = interrupted()
+        if reason is not None:
+            raise PeerLostError(reason)
+    if "error" in box:
+        raise box["error"]
+    return box["finished"]
+
+
+def before_transfer(comm: "TorchCommunicator", incoming) -> None:
+    """Before `comm` (a `TorchCommunicator`) posts a transfer: `PeerLostError` once a peer is
+    lost (nothing more on the current group); the largest receive so far (`close_pending`'s)."""
+    if comm.interrupted is None:
+        return
+    reason = comm.interrupted()
+    if reason is not None:
+        raise PeerLostError(reason)
+    sizes = [buffer.numel() * buffer.element_size() for _, buffer in incoming]
+    comm.largest_receive = max([getattr(comm, "largest_receive", 1), *sizes])
+
+
+def raise_if_lost(monitor, peers, interrupted: Optional[Callable[[], Optional[str]]]) -> None:
+    """After a wait for `peers` failed: under continue, `PeerLostError` if the monitor's diagnosis
+    (`faults.Monitor.diagnose`) or the membership finds a lost peer within DYING_SECONDS; else
+    nothing (the caller raises the failure)."""
+    if interrupted is None or monitor is None:
+        return
+    deadline = time.monotonic() + DYING_SECONDS
+    while True:
+        monitor.diagnose(peers)
+        reason = interrupted()
+        if reason is not None:
+            raise PeerLostError(reason) from None
+        if time.monotonic() > deadline:
+            return
+        time.sleep(POLL_SECONDS)
+
+
+def close_pending(recv, peers: Sequence[int], size: int) -> None:
+    """End every wait still pending on a group this rank leaves (`recv(buffer, peer)` posts a
+    receive on it): a receive that times out at once makes gloo close the connection, and every
+    wait on it ends with an error now, not at the comm timeout. (A helper of `watched_wait` still
+    blocked in gloo when the interpreter exits aborts the process: "terminate called".) A
+    receive that completes took a message sent before the change that nobody waits for: `size`
+    bytes, the largest receive so far, hold any (a larger message aborts gloo)."""
+    for peer in peers:
+        for _ in range(CLOSE_TRIES):
+            try:
+                if recv(torch.zeros(size, dtype=torch.uint8), peer).wait(_INSTANT) is False:
+                    break
+            except RuntimeError:  # the timeout, or a connection closed already
+                break
+
+
+class MemberGroup:
+    """The gloo group of membership epoch `number` over the peers `live` (module docstring)."""
+
+    def __init__(self, store, number: int, live: Sequence[int], rank: int, timeout: float):
+        self.number = number
+        self.live = tuple(sorted(live))
+        self.position: Dict[int, int] = {peer: k for k, peer in enumerate(self.live)}
+        prefix = dist.PrefixStore(f"membership/group/{number}/", store)
+        self.group = dist.ProcessGroupGloo(
+            prefix, self.position[rank], len(self.live), datetime.timedelta(seconds=timeout)
+        )
+
+    def send(self, tensor, peer: int):
+        return self.group.send([tensor], self.position[peer], 0)
+
+    def recv(self, tensor, peer: int):
+        return self.group.recv([tensor], self.position[peer], 0)
+
+    def allgather_bytes(self, data: bytes, wait) -> List[bytes]:
+        """Every member's `data` (of one length), in id order; `wait(works, ...)` the transport's."""
+        mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        out = [[torch.empty_like(mine) for _ in self.live]]
+        wait([self.group.allgather(out, [mine])], [], "an all-gather with the members")
+        return [bytes(t.numpy().tobytes()) for t in out[0]]
+
+
+def next_group(comm: "TorchCommunicator", number: int, live: Sequence[int]) -> MemberGroup:
+    """The group of membership epoch `number` for the `TorchCommunicator` `comm`, after ending
+    every wait left pending on its current one (the default group in epoch 0)."""
+    size = getattr(comm, "largest_receive", 1)
+    if comm.group is not None:
+        close_pending(comm.group.recv, [j for j in comm.group.live if j != comm.rank], size)
+    else:
+        close_pending(dist.irecv, [j for j in range(comm.size) if j != comm.rank], size)
+    return MemberGroup(comm._store, number, live, comm.rank, comm.timeout)
+
+
+__all__ = [
+    "MemberGroup",
+    "before_transfer",
+    "POLL_SECONDS",
+    "close_pending",
+    "next_group",
+    "raise_if_lost",
+    "watched_wait",
+]

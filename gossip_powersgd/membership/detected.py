@@ -1,0 +1,213 @@
+"""Membership changes that are found, not scheduled: peers lost under ``on_peer_loss: continue``
+on the torch backend, removed by the survivors, who agree through the rendezvous store.
+
+A loss comes from this rank's liveness monitor (`faults`: stopped, killed, hung, unreachable; its
+`Monitor.losses`) or from the store, where another survivor proposed a change. Either one
+*interrupts* the transport (`comm.torch_members`): every wait on the current group ends with
+`PeerLostError`, and so does every operation started before the change takes effect. The gossip of
+a step interrupted so is dropped by the algorithm (`MemberAlgorithm.step`): the step is finished
+without the rest of its exchanges.
+
+The agreement, at the start of the next step (`DetectedChanges.before_step`), in the store:
+
+    membership/E        {"live": [...], "lost": {"K": how}, "by": id, "detected": time}: the
+                        proposal of epoch E, written with compare_set: the first survivor to write
+                        wins, every survivor reads the winner
+    membership/E/at/K   {"step": s, "counters": {...}}: survivor K has not started step s, and
+                        holds these algorithm counters (gossip steps, PowerGossip's half-steps)
+
+Once every member of the proposal has posted, each one appends the same epoch at the same step:
+the largest step posted (a step none has started: each waits in `before_step`), at least one after
+the last change. A survivor behind it trains the steps up to it without gossip (its exchanges are
+interrupted), then every member applies the epoch at that step (`PeerMembership.advance`): a
+fresh gloo group over the members (`TorchCommunicator.set_members`), the repaired graph, and the
+algorithm rebuilt with every edge fresh (the edges' state may have been half updated by the
+interrupted step at one end and not at the other) and the agreed counters (the largest posted).
+
+What it gives (the invariant): from the step of the change on, the survivors' average is preserved
+exactly, as for a scheduled change. The change itself moves it by the lost peer's share and by the
+terms of the interrupted step that one end of an edge applied and the other did not: no closed
+form, and not measured (`measure_shift` needs the lost peer's model); `average_shift_total`
+counts cooperative changes and joins only.
+
+Limits of this version: a second loss among the survivors before a change takes effect ends the
+run naming both peers (one change at a time); so does a loss during an evaluation, a checkpoint,
+a log record or the end of the run (collectives outside the gossip step), and the loss of the
+store's host (rank 0's process, or torchrun's first agent). A peer lost during set-up ends the run
+as under abort.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+from ..errors import CommunicationError
+from ..faults.monitor import end_stopped
+
+if TYPE_CHECKING:
+    from ..faults import Monitor, PeerLost
+    from .peer import PeerMembership
+
+__all__ = ["DetectedChanges", "LOOK_SECONDS"]
+
+#: How often a rank that found nothing itself looks in the store for another survivor's proposal.
+LOOK_SECONDS = 0.25
+#: How often a survivor waiting for the others' posts looks again.
+WAIT_SECONDS = 0.02
+
+
+class DetectedChanges:
+    """One survivor's side of the protocol (module docstring), for `peer` on a torch transport."""
+
+    def __init__(self, peer: PeerMembership, store, monitor: Monitor, timeout: float):
+        self.peer, self.store, self.monitor, self.timeout = peer, store, monitor, timeout
+        #: One entry per agreed change: epoch, step, lost {id: how}, by, detected (time.time() of
+        #: the first detection), agreed (this rank's time.time() when the epoch was appended).
+        self.changes: List[Dict] = []
+        self._next_look = 0.0
+        self._proposed = False  # the store holds a proposal for the next epoch
+
+    @property
+    def rank(self) -> int:
+        return self.peer.rank
+
+    def _store(self, operation: str, *args):
+        """`operation` on the rendezvous store; a one-line error when the store is gone."""
+        try:
+            return getattr(self.store, operation)(*args)
+        except RuntimeError as exc:  # DistStoreError, DistNetworkError: its host has ended
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CommunicationError(
+                f"rank {self.rank}: the rendezvous store is unreachable ({first}): on_peer_loss: "
+                "continue agrees on the membership through it, so its host (rank 0's process, or "
+                "the first torchrun agent) must survive"
+            ) from None
+
+    # ---- the transport's question ----------------------------------------------------------------
+    def _lost(self) -> List[Tuple[PeerLost, float]]:
+        live = self.peer.membership.last.live
+        return [(e, t) for e, t in self.monitor.losses if e.peer in live]
+
+    def interrupted(self) -> Optional[str]:
+        """Why the current group must not be used any more (None: it may)."""
+        membership = self.peer.membership
+        if self.peer.epoch.number < membership.last.number:
+            return f"membership epoch {membership.last.number} is agreed, from step {membership.last.step}"
+        lost = self._lost()
+        if lost:
+            event = lost[0][0]
+            return f"peer {event.peer} was lost ({event.how})"
+        now = time.monotonic()
+        if not self._proposed and now >= self._next_look:
+            self._next_look = now + LOOK_SECONDS
+            self._proposed = self._store("check", [f"membership/{membership.last.number + 1}"])
+        if self._proposed:
+            return "another survivor found a peer lost"
+        return None
+
+    # ---- the loop's side -------------------------------------------------------------------------
+    def before_step(self, step: int) -> None:
+        """At the start of `step`, before `PeerMembership.advance`: agree on a change if a peer
+        was found lost (collective over the survivors, through the store)."""
+        if self.peer.epoch.number < self.peer.membership.last.number:
+            return  # agreed already: the steps up to it are trained without gossip
+        if self.interrupted() is not None:
+            self._agree(step)
+
+    def _agree(self, step: int) -> None:
+        membership = self.peer.membership
+        number = membership.last.number + 1
+        key = f"membership/{number}"
+        lost = self._lost()
+        if lost:
+            mine = {
+                "live": [k for k in membership.last.live if k not in {e.peer for e, _ in lost}],
+                "lost": {str(e.peer): e.how for e, _ in lost},
+                "by": self.rank,
+                "detected": min(t for _, t in lost),
+            }
+            proposal = json.loads(self._store("compare_set", key, "", json.dumps(mine)))
+        else:
+            proposal = json.loads(self._store("get", key))
+        live = tuple(proposal["live"])
+        if self.rank not in live:
+            raise CommunicationError(
+                f"rank {self.rank}: the other peers found this peer lost "
+                f"({proposal['lost'].get(str(self.rank), '?')}, seen by rank {proposal['by']}) and "
+                "went on without it: it ends here (restart it with --rejoin to take part again)"
+            )
+        counters = {
+            k: v for k, v in self.peer.algorithm.inner.node_state().items() if isinstance(v, int)
+        }
+        self._store(
+            "set", f"{key}/at/{self.rank}", json.dumps({"step": step, "counters": counters})
+        )
+        posts = self._wait_for_posts(key, live, proposal)
+        at = max(max(p["step"] for p in posts), membership.last.step + 1)
+        agreed = {name: max(p["counters"][name] for p in posts) for name in counters}
+        epoch = membership.append(at, live)
+        self.peer.detected[epoch.number] = agreed
+        self._proposed = False
+        for peer in map(int, proposal["lost"]):
+            self.monitor.removed.add(peer)  # no second report of a peer removed already
+            end_stopped(self.monitor, peer)
+        lost_text = ", ".join(f"peer {k} ({how})" for k, how in sorted(proposal["lost"].items()))
+        self.changes.append(
+            {
+                "epoch": epoch.number,
+                "step": at,
+                "lost": {int(k): how for k, how in proposal["lost"].items()},
+                "by": proposal["by"],
+                "detected": proposal["detected"],
+                "agreed": time.time(),
+            }
+        )
+        print(
+            f"membership (rank {self.rank}): {lost_text} lost; the survivors, peers "
+            f"{','.join(map(str, live))}, go on without it from step {at} (epoch {epoch.number})",
+            flush=True,
+        )
+
+    def _wait_for_posts(self, key: str, live: Tuple[int, ...], proposal: Dict) -> List[Dict]:
+        """Every member's post for the proposal `key`; a one-line error if one of them is lost
+        meanwhile, or has not posted within the comm timeout."""
+        keys = [f"{key}/at/{k}" for k in live]
+        deadline = time.monotonic() + self.timeout
+        while not self._store("check", keys):
+            also = [e for e, _ in self._lost() if e.peer in live]
+            if also:
+                raise CommunicationError(
+                    f"rank {self.rank}: peer {also[0].peer} was lost too ({also[0].how}) while the "
+                    f"survivors agreed to go on without {sorted(proposal['lost'])}: this version "
+                    "goes on through one loss at a time"
+                )
+            if time.monotonic() > deadline:
+                missing = [k for k, name in zip(live, keys) if not self._store("check", [name])]
+                raise CommunicationError(
+                    f"rank {self.rank}: peers {missing} did not join the agreement on membership "
+                    f"{key.split('/')[-1]} within {self.timeout:g} s (comm_timeout)"
+                )
+            time.sleep(WAIT_SECONDS)
+        return [json.loads(self._store("get", name)) for name in keys]
+
+    def continued(self, number: int) -> None:
+        """Epoch `number` took effect on this peer now (the page's detection-to-continuation)."""
+        for change in self.changes:
+            if change["epoch"] == number:
+                change["continued"] = time.time()
+
+
+def detected_changes(peer: PeerMembership, transport) -> Optional[DetectedChanges]:
+    """The driver of detected changes for `peer` on `transport`, and the transport and the monitor
+    switched to the continue policy; None where losses are not detected (in-process, one peer)."""
+    from .. import faults
+
+    monitor = faults.current()
+    if not hasattr(transport, "set_members") or monitor is None:
+        return None
+    driver = DetectedChanges(peer, transport._store, monitor, transport.timeout)
+    transport.interrupted = driver.interrupted
+    monitor.policy = "continue"
+    return driver

@@ -1,0 +1,173 @@
+"""The datasets a config's ``dataset`` names: `DATASETS`, a `Registry` of `DatasetKind` classes.
+
+Each kind describes itself (name, summary, options with types and defaults) and loads its data in
+`load(spec, options, seed)`: a dataset object with `data.Dataset`'s interface (a
+`records.RecordDataset` reads per peer), or a tuple ``(x_train, y_train, x_test, y_test[,
+num_classes])`` that `data.load_dataset` checks and converts as it does a bring-your-own one. A new
+dataset is one file with a `DatasetKind` subclass plus `register_dataset(...)`; anything else with a
+colon is a bring-your-own ``package.module:function`` (`data.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import numpy as np
+
+from ..registries import Registry, Setting, option_types, with_defaults
+from ..specs import Spec, spec_error, typed_options
+
+__all__ = ["DatasetKind", "DATASETS", "register_dataset", "BYO_DATASET", "WHAT"]
+
+#: How dataset specs are named in errors (the grammar's style: ``dataset spec '<spec>': ...``).
+WHAT = "dataset spec"
+#: The spelling of a bring-your-own dataset, accepted beside the registered names.
+BYO_DATASET = "package.module:function"
+
+
+class DatasetKind:
+    """One dataset. Subclasses declare `name`, `summary`, `options` ({key: Setting}) and
+    `load`; `usage` (optional) is how `--help-config` and errors spell its spec."""
+
+    name: str = None
+    summary: str = None
+    options: Dict[str, Setting] = {}
+    usage: str = None
+
+    def parse(self, spec: str, parsed: Spec) -> Dict[str, Any]:
+        """The spec's options, typed, each missing one at its default (None: the kind's own)."""
+        return with_defaults(
+            self.options, typed_options(parsed, option_types(self.options), WHAT, spec)
+        )
+
+    def load(self, spec: str, options: Dict[str, Any], seed: int):
+        """The data (see the module docstring), deterministic from `seed`."""
+        raise NotImplementedError
+
+
+DATASETS = Registry(
+    "dataset",
+    "dataset",
+    DatasetKind,
+    required={"load": "the method that loads it"},
+    extra=(BYO_DATASET,),
+)
+register_dataset = DATASETS.register
+
+
+@register_dataset
+class MNIST1D(DatasetKind):
+    name = "mnist1d"
+    summary = "MNIST-1D from the mnist1d package's generator, 4000/1000 x 40, 10 classes"
+    options = {
+        "num_samples": Setting(int, None, "records in all (the generator's default: 5000)"),
+        "shuffle_seq": Setting(bool, None, "shuffle each signal's time steps"),
+        "train_split": Setting(float, None, "share of the records for training (0.8)"),
+        "seed": Setting(
+            int, None, "the generator's seed (the standard data set's, whatever the run's)"
+        ),
+    }
+
+    def load(self, spec, options, seed):
+        """The standard MNIST-1D (seed 42) whatever the run's seed, unless `mnist1d:seed=N` asks."""
+        from .data_cache import cached
+        from .mnist1d_generator import STANDARD_SEED, generate
+
+        recipe = {k: v for k, v in options.items() if v is not None}
+        recipe["seed"] = recipe.pop("seed", STANDARD_SEED)
+        # generated once per machine and kept on disk (data_cache.py): the processes of a run
+        # under mpiexec no longer each import mnist1d and generate the same signals
+        raw = cached("mnist1d", recipe, lambda: generate(recipe), ("mnist1d", "scipy"))
+        return raw["x"], raw["y"], raw["x_test"], raw["y_test"], 10
+
+
+@register_dataset
+class SyntheticLogreg(DatasetKind):
+    """x ~ N(0, I_d), y = argmax(x W* + noise) with a seeded teacher W* (d x classes).
+
+    W* has entries ~ N(0, 1/d) so teacher logits have unit variance whatever ``d`` is, which makes
+    ``noise`` (std of the logit noise) comparable across dimensions. A linear model can represent
+    the teacher exactly, so logistic regression learns it well."""
+
+    name = "synthetic_logreg"
+    summary = "seeded linear classification problem (a teacher a linear model can learn)"
+    options = {
+        "d": Setting(int, 20, "input dimension"),
+        "classes": Setting(int, 10, "number of classes"),
+        "n": Setting(int, 5000, "records in all"),
+        "noise": Setting(float, 0.1, "std of the teacher's logit noise"),
+        "test": Setting(float, 0.2, "share of the records held out for testing"),
+    }
+
+    def load(self, spec, options, seed):
+        d, classes, n = options["d"], options["classes"], options["n"]
+        noise, test = options["noise"], options["test"]
+        if d < 1 or classes < 2 or noise < 0 or not 0 < test < 1:
+            raise spec_error(WHAT, spec, "need d >= 1, classes >= 2, noise >= 0 and 0 < test < 1")
+        n_test = int(round(n * test))
+        if n_test < 1 or n - n_test < 1:
+            raise spec_error(WHAT, spec, f"n={n} is too small for a {test:g} test split; raise n")
+        rng = np.random.default_rng(seed)
+        teacher = rng.standard_normal((d, classes)) / np.sqrt(d)
+        x = rng.standard_normal((n, d))
+        y = np.argmax(x @ teacher + noise * rng.standard_normal((n, classes)), axis=1)
+        return x[n_test:], y[n_test:], x[:n_test], y[:n_test], classes
+
+
+@register_dataset
+class SyntheticImages(DatasetKind):
+    name = "synthetic_images"
+    summary = "a CIFAR-shaped synthetic stand-in (3 x 32 x 32), generated per peer record by record"
+    options = {
+        "n": Setting(int, 4096, "training records"),
+        "test": Setting(int, 1000, "test records"),
+        "classes": Setting(int, 10, "number of classes"),
+        "noise": Setting(float, 1.0, "how much the classes overlap"),
+        "augment": Setting(bool, True, "random crop and flip of training records"),
+    }
+
+    def load(self, spec, options, seed):
+        from .synthetic_images import synthetic_images
+
+        return synthetic_images(spec, options, seed)
+
+
+class _FileDataset(DatasetKind):
+    """Read from local files, record by record: each peer reads only its shard (`records.py`)."""
+
+    def load(self, spec, options, seed):
+        from . import records
+
+        if not options.get("root"):
+            raise spec_error(
+                WHAT,
+                spec,
+                f"needs the folder of its files: {self.name}:root=DIR (or "
+                f"--set dataset={self.name}:root=DIR); nothing is downloaded",
+            )
+        return getattr(records, self.name)(
+            spec, {k: v for k, v in options.items() if v is not None}
+        )
+
+
+@register_dataset
+class CIFAR10(_FileDataset):
+    name = "cifar10"
+    summary = "CIFAR-10 from its binary files in a local folder (nothing is downloaded)"
+    options = {
+        "root": Setting(str, None, "the folder of cifar-10-batches-bin (required)"),
+        "augment": Setting(bool, True, "random crop and flip of training records"),
+    }
+    usage = "cifar10:root=<dir>"
+
+
+@register_dataset
+class WikiText2(_FileDataset):
+    name = "wikitext2"
+    summary = "WikiText-2 token sequences from local files (a language model's data)"
+    options = {
+        "root": Setting(str, None, "the folder of the wikitext-2 files (required)"),
+        "bptt": Setting(int, 35, "tokens per sequence"),
+        "split": Setting(str, "test", "the held-out split: test | valid"),
+    }
+    usage = "wikitext2:root=<dir>[,bptt=<n>,split=test|valid]"

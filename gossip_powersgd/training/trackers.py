@@ -1,0 +1,426 @@
+"""The experiment trackers of `loggers:` (TensorBoard, W&B, MLflow), each run tagged with where it
+came from.
+
+Every tracker, from rank 0 only, logs each record the run writes to rank 0's metrics file and, at
+the end, the summary, under the names of `metric_names` (``eval/<key>``, ``log/<key>``,
+``summary/<key>``; accuracies as fractions). Each run is named after the run directory and carries
+the run's provenance (`provenance.py`): the commit and whether the checkout had uncommitted
+changes, the versions, the backend, the number of peers, the hosts and the launcher's command line
+(``mpiexec -n 8 python -m gossip_powersgd.cli.train ...``).
+
+- TensorBoard: scalars; the provenance as text (tab "Text", tag ``provenance``); at the end the
+  config as hparams with the ``summary/<key>`` numbers as their metrics (tab "HParams").
+- W&B: display name, tags (``backend:mpi``, ``peers:8``, ``commit:<12 hex>``,
+  ``uncommitted-changes``), notes (the command line), config (the run's config and, under
+  ``provenance``, the provenance), summary (``summary/<key>``) and the files config.yaml,
+  summary.json and summary.md (under ``<run name>/`` in the W&B run's files).
+- MLflow: run name, tags (``git_commit``, ``git_dirty``, ``gossip_powersgd``, each library's
+  version, ``backend``, ``world_size``, ``hosts``, ``launcher``, ``command``, ``run_dir``, and
+  MLflow's own ``mlflow.source.git.commit``), the config as parameters, metrics, and config.yaml,
+  summary.json and summary.md as artifacts (under ``RUN_DIR/mlflow-artifacts`` with the default
+  SQLite store). ``mlflow.search_runs()`` needs pandas, which the tracking extra installs.
+
+A run that fails ends its tracker's run as failed (MLflow status FAILED, W&B exit code 1, no
+hparams in TensorBoard); a resumed run continues the same W&B and MLflow run.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..extras import TRACKER_PACKAGES, installed
+from ..utils import one_line
+from .hooks import SetupContext, TrainingHooks
+from .metric_names import record_scalars, summary_scalars
+
+#: The run directory's files a tracker keeps with its run (W&B files, MLflow artifacts).
+RUN_FILES = ("config.yaml", "summary.json", "summary.md")
+
+
+def _scalars(record: Dict[str, Any]) -> Dict[str, float]:
+    """The record's finite numbers, keyed ``<kind>/<key>`` (`metric_names.record_scalars`)."""
+    return record_scalars(record)
+
+
+def command_text(origin: Dict[str, Any]) -> str:
+    """The provenance's command line as one shell line."""
+    return shlex.join(origin.get("command") or [])
+
+
+def provenance_tags(origin: Dict[str, Any]) -> Dict[str, str]:
+    """The provenance as flat string tags (MLflow's; the others take what they show of it)."""
+    if not origin:
+        return {}
+    dirty = origin.get("git_dirty")
+    tags = {
+        "git_commit": origin.get("git_commit") or "not a git checkout",
+        "git_dirty": "unknown" if dirty is None else str(bool(dirty)).lower(),
+        "gossip_powersgd": str(origin.get("gossip_powersgd")),
+        "python": str(origin.get("python")),
+        **{name: str(v) for name, v in (origin.get("libraries") or {}).items() if v},
+        "backend": str(origin.get("backend")),
+        "world_size": str(origin.get("world_size")),
+        "hosts": ", ".join(f"{h} ({n})" for h, n in (origin.get("peers_per_host") or {}).items()),
+        "launcher": origin.get("launcher") or "none",
+        "command": command_text(origin),
+    }
+    if origin.get("command_note"):
+        tags["command_note"] = origin["command_note"]
+    return tags
+
+
+class Tracker(TrainingHooks):
+    """Base of the experiment trackers: active on rank 0 only; subclasses open, write and finish.
+
+    A tracker is opened at set-up (a resumed run's: when its checkpointed state, the tracker's run
+    id, is loaded, still before the first step), so that a tracker that cannot start stops the run
+    at once, with one line on every rank, not at its first record mid-run. It ends its run with the
+    summary (`on_summary`), or as failed when the run fails (`close` during an exception)."""
+
+    name = ""
+    package = ""  #: the module that must import (named in the error when it does not)
+
+    def __init__(self, **options: Any):
+        self.options = options
+        self.active = False
+        self.opened = False
+        self.run_id: Optional[str] = None  # a resumed run continues the tracker's run
+
+    @property
+    def key(self) -> str:
+        return f"logger.{self.name}"
+
+    @classmethod
+    def check_installed(cls) -> None:
+        """A one-line error when the tracker's package is missing (found without importing it)."""
+        if not installed(cls.package):
+            raise ValueError(
+                f"loggers: {cls.name} needs the {cls.package} package: "
+                "pip install 'gossip_powersgd[tracking]' (or drop it from loggers)"
+            )
+
+    @classmethod
+    def accepted_options(cls) -> List[str]:
+        """The options an entry may give: the tracker's own parameters (see each subclass)."""
+        raise NotImplementedError
+
+    @classmethod
+    def option_mistakes(cls, options: Dict[str, Any]) -> Optional[str]:
+        """The entry's options the tracker does not take, each with the nearest one it does, and
+        the list of those it does, as one clause; None when every option is one of them."""
+        if not options:  # nothing to check: the tracker's library is not imported for it
+            return None
+        valid = cls.accepted_options()
+        wrong = [k for k in options if k not in valid]
+        if not wrong:
+            return None
+        parts = []
+        for key in wrong:
+            near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+            parts.append(f"no option {key!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+        return f"{cls.name} has " + ", ".join(parts) + f"; its options: {', '.join(valid)}"
+
+    def setup(self, context: SetupContext) -> None:
+        from .features import peer_statistics_private
+        from .setup import collectively
+
+        self.active, self.opened = context.comm.rank == 0, False
+        self.private = peer_statistics_private(context.config)
+        if self.active:
+            out = context.config.out_dir
+            if out is None and not self._has_location():
+                raise ValueError(
+                    f"loggers: {self.name} needs a run directory (out_dir) or a "
+                    f"location option ({self._location_hint()})"
+                )
+            self.context, self.run_dir = context, Path(out) if out is not None else None
+            self.provenance = context.provenance or {}
+        if not context.resuming:  # a resumed run opens once its run id is loaded
+            collectively(context.comm, self._open)
+
+    def _open(self) -> None:
+        """Open the tracker (rank 0), every failure one line naming the tracker."""
+        if not self.active or self.opened:
+            return
+        try:
+            self.open(self.context, self.run_dir)
+        except ValueError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a tracker library's own errors, in one line
+            raise ValueError(f"loggers: {self.name} could not start: {one_line(exc)}") from None
+        self.opened = True
+
+    def on_record(self, record: Dict[str, Any]) -> None:
+        if self.active:
+            self._open()
+            from .evaluation import shareable
+
+            # only what of a record may leave rank 0 (none of its own figures where private)
+            self.write(_scalars(shareable(record, self.private)), int(record.get("step", 0)))
+
+    def close(self) -> None:
+        """A failing run (an exception on its way out) ends the tracker's run now, as failed; a
+        run that ends normally ends it in `on_summary`, with the summary."""
+        if self.active and self.opened and sys.exc_info()[0] is not None:
+            self._end(None)
+
+    def on_summary(self, summary: Optional[Dict[str, Any]]) -> None:
+        if self.active and self.opened:
+            self._end(summary)
+
+    def _end(self, summary: Optional[Dict[str, Any]]) -> None:
+        self.active = False
+        self.finish(summary)
+
+    def run_name(self) -> Optional[str]:
+        """The run directory's name: what each tracker names its run."""
+        return self.run_dir.resolve().name if self.run_dir is not None else None
+
+    def run_files(self) -> List[Path]:
+        """The run directory's `RUN_FILES` that exist."""
+        if self.run_dir is None:
+            return []
+        return [self.run_dir / f for f in RUN_FILES if (self.run_dir / f).is_file()]
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"run_id": self.run_id} if self.run_id else {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.run_id = state.get("run_id", self.run_id)
+        self._open()  # a resumed run: its tracker's run continues (at set-up, inside the resume)
+
+    # ---- what each tracker does ------------------------------------------------------------------
+    def _has_location(self) -> bool:
+        return False
+
+    def _location_hint(self) -> str:
+        return ""
+
+    def open(self, context: SetupContext, run_dir: Optional[Path]) -> None:
+        raise NotImplementedError
+
+    def write(self, scalars: Dict[str, float], step: int) -> None:
+        raise NotImplementedError
+
+    def finish(self, summary: Optional[Dict[str, Any]]) -> None:
+        """End the tracker's run: with the run's summary, or None when the run failed."""
+        raise NotImplementedError
+
+
+def _parameters(function, reserved: Tuple[str, ...] = ()) -> List[str]:
+    """The keyword parameters of `function` (a tracker library's constructor), less `reserved`."""
+    import inspect
+
+    return [
+        name
+        for name, p in inspect.signature(function).parameters.items()
+        if name != "self"
+        and name not in reserved
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+
+
+def _hparam(value: Any):
+    """A config value as TensorBoard's hparams take it: a number, a string or a bool."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return "null" if value is None else value
+    return json.dumps(value, sort_keys=True)
+
+
+class TensorBoardTracker(Tracker):
+    """Options: ``torch.utils.tensorboard.SummaryWriter``'s (log_dir: ``<run>/tensorboard``)."""
+
+    name = "tensorboard"
+    package = TRACKER_PACKAGES["tensorboard"]
+
+    @classmethod
+    def accepted_options(cls) -> List[str]:
+        from torch.utils.tensorboard import SummaryWriter
+
+        return _parameters(SummaryWriter.__init__)
+
+    def _has_location(self) -> bool:
+        return "log_dir" in self.options
+
+    def _location_hint(self) -> str:
+        return "{tensorboard: {log_dir: DIR}}"
+
+    def open(self, context, run_dir):
+        from torch.utils.tensorboard import SummaryWriter
+
+        log_dir = self.options.get("log_dir", run_dir / "tensorboard" if run_dir else None)
+        self.writer = SummaryWriter(**{**self.options, "log_dir": str(log_dir)})
+        tags = provenance_tags(self.provenance)
+        if tags and not context.resuming:
+            rows = "\n".join(f"| {k} | {v} |" for k, v in tags.items())
+            self.writer.add_text("provenance", "| | |\n|---|---|\n" + rows, global_step=0)
+
+    def write(self, scalars, step):
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, value, global_step=step)
+
+    def finish(self, summary):
+        from torch.utils.tensorboard.summary import hparams
+
+        if summary is not None:
+            metrics = summary_scalars(summary)
+            step = int(summary.get("steps", 0))
+            self.write(metrics, step)
+            config = {k: _hparam(v) for k, v in self.context.config.to_dict().items()}
+            for event in hparams(config, metrics):  # experiment, session start, session end
+                self.writer.file_writer.add_summary(event, global_step=step)
+        self.writer.close()
+
+
+class WandbTracker(Tracker):
+    """Options: ``wandb.init``'s but config, id and resume (see the module docstring)."""
+
+    name = "wandb"
+    package = TRACKER_PACKAGES["wandb"]
+
+    @classmethod
+    def accepted_options(cls) -> List[str]:
+        import wandb
+
+        return _parameters(wandb.init, reserved=("config", "id", "resume"))
+
+    def _has_location(self) -> bool:
+        return "dir" in self.options
+
+    def _location_hint(self) -> str:
+        return "{wandb: {dir: DIR}}"
+
+    def open(self, context, run_dir):
+        import tempfile
+
+        import wandb
+
+        options = dict(self.options)
+        options.setdefault("dir", str(run_dir))
+        options.setdefault("project", "gossip_powersgd")
+        if self.run_name():
+            options.setdefault("name", self.run_name())
+        origin = self.provenance
+        if origin:
+            options.setdefault("notes", command_text(origin))
+            options["tags"] = [*(options.get("tags") or []), *self._tags(origin)]
+        folder = Path(options["dir"]).expanduser()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            raise ValueError(
+                f"loggers: wandb cannot write to its dir {folder} ({exc.strerror or exc}), and "
+                "W&B would fall back to the system temp folder: give {wandb: {dir: DIR}} a "
+                "folder it can write"
+            ) from None
+        if self.run_id:
+            options.update(id=self.run_id, resume="allow")
+        config = dict(context.config.to_dict(), **({"provenance": origin} if origin else {}))
+        self.run = wandb.init(config=config, **options)
+        self.run_id = self.run.id
+
+    @staticmethod
+    def _tags(origin: Dict[str, Any]) -> List[str]:
+        """W&B tags (64 characters at most each) from the provenance."""
+        tags = [f"backend:{origin.get('backend')}", f"peers:{origin.get('world_size')}"]
+        if origin.get("git_commit"):
+            tags.append(f"commit:{origin['git_commit'][:12]}")
+        if origin.get("git_dirty"):
+            tags.append("uncommitted-changes")
+        return tags
+
+    def write(self, scalars, step):
+        if scalars:
+            self.run.log(scalars, step=step)
+
+    def finish(self, summary):
+        if summary is not None:
+            self.run.summary.update(summary_scalars(summary))
+            base = str(self.run_dir.resolve().parent) if self.run_dir is not None else None
+            for path in self.run_files():  # under <run name>/: W&B keeps its own config.yaml
+                self.run.save(str(path.resolve()), base_path=base, policy="now")
+        self.run.finish(exit_code=0 if summary is not None else 1)
+
+
+class MLflowTracker(Tracker):
+    """Options: ``experiment`` and ``tracking_uri`` (see the module docstring)."""
+
+    name = "mlflow"
+    package = TRACKER_PACKAGES["mlflow"]
+
+    @classmethod
+    def accepted_options(cls) -> List[str]:
+        return ["experiment", "tracking_uri"]
+
+    def _has_location(self) -> bool:
+        return "tracking_uri" in self.options
+
+    def _location_hint(self) -> str:
+        return "{mlflow: {tracking_uri: URI}}"
+
+    def open(self, context, run_dir):
+        import logging
+
+        from mlflow.tracking import MlflowClient  # a client, not mlflow's process-global run
+
+        uri, artifacts = self.options.get("tracking_uri"), None
+        if uri is None:  # the run directory's own database, and its artifacts beside it
+            uri = f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
+            artifacts = (run_dir / "mlflow-artifacts").resolve().as_uri()
+        elif str(uri).startswith("file:") or "://" not in str(uri):  # a file store: opt in
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        for chatty in ("mlflow.store.db.utils", "alembic"):  # its schema set-up, at INFO
+            logging.getLogger(chatty).setLevel(logging.WARNING)
+        self.client = MlflowClient(tracking_uri=str(uri))
+        if self.run_id is not None:  # resumed: the same run, running again
+            self.client.update_run(self.run_id, status="RUNNING")
+            return
+        name = self.options.get("experiment", "gossip_powersgd")
+        found = self.client.get_experiment_by_name(name)
+        experiment = (
+            found.experiment_id if found else self.client.create_experiment(name, artifacts)
+        )
+        tags = {k: v[:5000] for k, v in provenance_tags(self.provenance).items()}
+        if self.provenance.get("git_commit"):
+            tags["mlflow.source.git.commit"] = self.provenance["git_commit"]
+        if run_dir is not None:
+            tags["run_dir"] = str(run_dir.resolve())
+        self.run_id = self.client.create_run(
+            experiment, run_name=self.run_name(), tags=tags
+        ).info.run_id
+        for key, value in context.config.to_dict().items():
+            self.client.log_param(self.run_id, key, str(value)[:500])
+
+    def write(self, scalars, step):
+        for key, value in scalars.items():
+            self.client.log_metric(self.run_id, key, value, step=step)
+
+    def finish(self, summary):
+        if summary is not None:
+            step = int(summary.get("steps", 0))
+            self.write(summary_scalars(summary), step)
+        for path in self.run_files():
+            self.client.log_artifact(self.run_id, str(path))
+        self.client.set_terminated(self.run_id, "FINISHED" if summary is not None else "FAILED")
+
+
+TRACKERS = {t.name: t for t in (TensorBoardTracker, WandbTracker, MLflowTracker)}
+
+
+__all__ = [
+    "Tracker",
+    "TRACKERS",
+    "TensorBoardTracker",
+    "WandbTracker",
+    "MLflowTracker",
+    "provenance_tags",
+    "RUN_FILES",
+]

@@ -1,0 +1,128 @@
+"""Processes of the torch backend under on_peer_loss: continue, for tests/test_churn_torch.py.
+
+    python tests/support/churn_torch.py OUT SPEC TOPOLOGY STEPS VICTIM SIGNAL AT
+
+runs one peer of a gossip-only run (no training: the models only gossip, as in test_membership)
+with the liveness monitor and the store agreement of `membership.detected`; peer VICTIM sends
+itself SIGNAL (KILL or STOP) at the start of step AT. Each survivor saves its trace in
+OUT/rank-K.pt: per step the model at the start of the step's gossip and after it, whether that
+step's gossip was interrupted, and the membership epochs it agreed on.
+
+`launch` starts N such processes (or N training programs) the way torchrun starts its workers
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), without torchrun's agent: one agent
+over N workers ends them all when one dies, and one agent per worker (--nnodes N) makes each
+survivor's agent wait in its exit barrier for the dead worker's agent (300 s, not a torchrun
+option) after its worker has ended.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Sequence
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+SHAPES = [(10, 12), (12, 10), (7,)]
+#: The comm timeout of these runs: a stopped peer is lost after half of it (10 s).
+TIMEOUT = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(n: int, program: Sequence[str], log_dir: Path) -> List[subprocess.Popen]:
+    """Start `program` (arguments after the interpreter) as ranks 0..n-1 of one job, each one's
+    stdout and stderr in log_dir/rank-K.out and .err."""
+    port = free_port()
+    processes = []
+    for rank in range(n):
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("PMI_", "OMPI_", "MPI_LOCAL", "TORCHELASTIC_", "HYDI_"))
+        }
+        env.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(n),
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join(map(str, (ROOT, HERE.parent, HERE))),
+        )
+        out = open(log_dir / f"rank-{rank}.out", "w")
+        err = open(log_dir / f"rank-{rank}.err", "w")
+        processes.append(
+            subprocess.Popen([sys.executable, *program], env=env, cwd=ROOT, stdout=out, stderr=err)
+        )
+        out.close()
+        err.close()
+    return processes
+
+
+def end(processes: Sequence[subprocess.Popen]) -> None:
+    """SIGKILL whatever of `processes` still runs (a failed test), and reap them."""
+    for p in processes:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def flat(tensors):
+    import torch
+
+    return torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
+
+
+def main(out: str, spec: str, topology_spec: str, steps: int, victim: int, sig: str, at: int):
+    import torch
+
+    import topologies
+    from gossip_powersgd import TorchCommunicator, make_algorithm
+    from gossip_powersgd.comm.membership import MemberCommunicator
+    from gossip_powersgd.membership.detected import detected_changes
+    from gossip_powersgd.membership.epochs import Membership
+    from gossip_powersgd.membership.peer import ParamsState, PeerMembership
+
+    torch.set_num_threads(1)
+    topology = topologies.parse(topology_spec)
+    comm = TorchCommunicator(topology, timeout=TIMEOUT)
+    g = torch.Generator().manual_seed(42 + comm.rank)
+    params = [torch.randn(s, generator=g, dtype=torch.float64) for s in SHAPES]
+    member = MemberCommunicator(comm)
+    peer = PeerMembership(member, Membership(topology))
+    algorithm = peer.bind(spec, make_algorithm(spec, params, member))
+    driver = detected_changes(peer, comm)
+    state = ParamsState(params)
+    trace, largest = [], 0.0
+    for t in range(steps):
+        if comm.rank == victim and t == at:
+            os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
+        driver.before_step(t)
+        peer.advance(t, state)
+        middle = flat(params)
+        interrupted = algorithm.interrupted_steps
+        algorithm.step()
+        after = flat(params)
+        largest = max(largest, float(after.abs().max()))
+        trace.append((middle, after, algorithm.interrupted_steps > interrupted))
+    member.barrier()  # the members of the last epoch
+    epochs = [(e.number, e.step, list(e.live)) for e in peer.membership.epochs]
+    result = {"trace": trace, "epochs": epochs, "largest": largest, "changes": driver.changes}
+    path = Path(out) / f"rank-{comm.rank}.pt"
+    torch.save(result, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+    comm.close()
+
+
+if __name__ == "__main__":
+    out, spec, topology_spec, steps, victim, sig, at = sys.argv[1:8]
+    main(out, spec, topology_spec, int(steps), int(victim), sig, int(at))

@@ -1,0 +1,210 @@
+"""on_peer_loss: continue on the torch backend, with real processes: a peer SIGKILLed or SIGSTOPped
+mid-run is removed by the survivors, who agree on the new membership through the rendezvous
+store, build a group over themselves and go on; every survivor ends with exit status 0.
+
+The processes are started as torchrun starts its workers (RANK, WORLD_SIZE, MASTER_ADDR/PORT: the
+same code path of the transport) by `churn_torch.launch`, not by torchrun: torchrun's agent ends
+every worker of its node when one dies, and with one agent per worker each survivor's agent waits
+300 s in its exit barrier for the dead one's (see tests/support/churn_torch.py). The rendezvous
+store is rank 0's, so the victims are other ranks (losing the store's host is not survived).
+
+The invariant is test_membership's, on real processes: from the step of the change on, the
+survivors' average is preserved exactly, to the same derived float bound.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import topologies
+from churn_torch import TIMEOUT, end, launch
+from liveness_jobs import TINY
+from gossip_powersgd.faults import monitor
+from gossip_powersgd.membership.epochs import Membership
+
+STEPS, AT, VICTIM = 120, 5, 2
+#: Seconds a run may take on a loaded machine: four interpreters importing torch on 2 shared
+#: cores (up to a minute), the loss found (a stopped peer after TIMEOUT / 2), the rest.
+WITHIN = 240
+
+
+def gossip_job(tmp_path, spec, sig, victim=VICTIM):
+    processes = launch(
+        4,
+        [
+            "tests/support/churn_torch.py",
+            str(tmp_path),
+            spec,
+            "ring:4",
+            str(STEPS),
+            str(victim),
+            sig,
+            str(AT),
+        ],
+        tmp_path,
+    )
+    try:
+        codes = [p.wait(timeout=WITHIN) for p in processes]
+    finally:
+        end(processes)
+    logs = {k: (tmp_path / f"rank-{k}.err").read_text() for k in range(4)}
+    return codes, logs
+
+
+def drift_bound(results, rank, iters) -> float:
+    """test_membership.drift_bound for these graphs (ring:4, then the repaired ring of the three
+    survivors) over STEPS steps: each step adds to a coordinate at most N = iters (deg r + 2)
+    terms, each at most T = gamma W_max sqrt(12) 2 M (M the largest value of the run, gamma <=
+    1.5, sqrt(12) the longest row a projection sums); adding them errs by N u (M + N T), forming
+    them by 2 u T each; summed over the steps."""
+    u = torch.finfo(torch.float64).eps / 2
+    topology = topologies.parse("ring:4")
+    membership = Membership(topology, [(e[1], e[2]) for e in results[0]["epochs"][1:]])
+    graphs = [membership.graph(e) for e in membership.epochs]
+    steps = [g.at(t) for g in graphs for t in range(g.period or 1)]
+    degree = max(max(s.degrees) for s in steps)
+    weight = max(
+        float((torch.tensor(s.W) - torch.diag(torch.diag(torch.tensor(s.W)))).max()) for s in steps
+    )
+    n_terms = iters * (degree * rank + 2)
+    largest = max(r["largest"] for r in results)
+    term = 1.5 * weight * math.sqrt(12) * 2 * largest
+    return STEPS * (n_terms * u * (largest + n_terms * term) + n_terms * 2 * u * term)
+
+
+def survivors_mean(results, t, slot) -> torch.Tensor:
+    stacked = torch.stack([r["trace"][t][slot] for r in results])
+    return torch.tensor([math.fsum(col) for col in stacked.T.tolist()]) / len(results)
+
+
+@pytest.mark.parametrize(
+    "spec, rank, iters, sig",
+    [
+        ("exact", 1, 1, "KILL"),
+        ("powergossip:rank=1", 1, 1, "KILL"),
+        ("powergossip:rank=1", 1, 1, "STOP"),
+    ],
+)
+def test_survivors_go_on_and_keep_their_average_from_the_change_on(
+    tmp_path, spec, rank, iters, sig
+):
+    codes, logs = gossip_job(tmp_path, spec, sig)
+    survivors = [k for k in range(4) if k != VICTIM]
+    assert [codes[k] for k in survivors] == [0, 0, 0], (codes, logs)
+    assert codes[VICTIM] == -signal.SIGKILL  # killed by itself, or (stopped) by a survivor
+    results = [torch.load(tmp_path / f"rank-{k}.pt", weights_only=False) for k in survivors]
+    how = "killed" if sig == "KILL" else "stopped"
+    for k, r in zip(survivors, results):
+        # one agreed change, the same on every survivor, at a step none had started
+        assert [e[2] for e in r["epochs"]] == [[0, 1, 2, 3], survivors]
+        assert r["epochs"] == results[0]["epochs"]
+        assert r["changes"][0]["lost"] == {VICTIM: how}
+        out = (tmp_path / f"rank-{k}.out").read_text()
+        assert f"peer {VICTIM} ({how}) lost; the survivors, peers 0,1,3, go on" in out
+    change = results[0]["epochs"][1][1]
+    assert AT < change < STEPS
+    # the gossip of the steps between the loss and the change was dropped on some survivor
+    assert any(r["trace"][t][2] for r in results for t in range(AT, change))
+    assert not any(r["trace"][t][2] for r in results for t in range(change, STEPS))
+    bound = drift_bound(results, rank, iters)
+    reference = survivors_mean(results, change, 0)  # the survivors' average when it took effect
+    for t in range(change, STEPS):
+        drift = float((survivors_mean(results, t, 1) - reference).abs().max())
+        assert drift <= bound, (t, drift, bound)
+    # not vacuous: the models moved by far more than the bound after the change
+    moved = max(float((r["trace"][-1][1] - r["trace"][change][0]).abs().max()) for r in results)
+    assert moved > 1e6 * bound
+
+
+# ---- the training program ---------------------------------------------------------------------------
+def wait_for_line(path, pattern: str, processes, within: float) -> None:
+    """Until `pattern` appears in the file at `path` (a rank's stdout); fails, naming the file's
+    end, past `within` seconds or when every process has ended."""
+    deadline = time.monotonic() + within
+    while pattern not in path.read_text():
+        if time.monotonic() > deadline or all(p.poll() is not None for p in processes):
+            pytest.fail(f"no {pattern!r} within {within} s:\n{path.read_text()[-3000:]}")
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    "victim, sig", [(2, signal.SIGKILL), (1, signal.SIGSTOP)], ids=["kill", "stop"]
+)
+def test_the_training_program_survives_a_lost_peer(tmp_path, victim, sig):
+    """gossip-train on 4 processes: the victim is sent SIGKILL or SIGSTOP once rank 0 says 10 %
+    of the steps are done; the survivors agree, print the new membership, finish with exit 0, and
+    the lowest live id (rank 0) prints the summary and writes summary.json with the change."""
+    out = tmp_path / "run"
+    sets = [
+        "backend=torch",
+        "on_peer_loss=continue",
+        f"out_dir={out}",
+        "epochs=100",  # 1300 steps: the signal lands mid-run however slow the machine
+        "eval_every=100",
+        "log_every=0",
+        "checkpoint_every=0",
+        f"comm_timeout={TIMEOUT:g}",
+    ]
+    program = ["-m", "gossip_powersgd.cli.train", "--config", str(TINY)]
+    processes = launch(4, program + [a for s in sets for a in ("--set", s)], tmp_path)
+    try:
+        wait_for_line(tmp_path / "rank-0.out", "progress: step 130/", processes, WITHIN)
+        processes[victim].send_signal(sig)
+        codes = [p.wait(timeout=WITHIN) for p in processes]
+    finally:
+        end(processes)
+    logs = {k: (tmp_path / f"rank-{k}.err").read_text()[-2000:] for k in range(4)}
+    survivors = [k for k in range(4) if k != victim]
+    assert [codes[k] for k in survivors] == [0, 0, 0], (codes, logs)
+    assert codes[victim] == -signal.SIGKILL  # stopped: ended by a survivor once agreed
+    how = "killed" if sig == signal.SIGKILL else "stopped"
+    live = ",".join(map(str, survivors))
+    for k in survivors:
+        text = (tmp_path / f"rank-{k}.out").read_text()
+        assert (
+            f"membership (rank {k}): peer {victim} ({how}) lost; the survivors, peers {live}"
+            in text
+        )
+        assert ("1 changes, 3 live at the end" in text) == (k == 0), text[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["members_at_end"] == survivors
+    assert summary["membership_changes"] == 1
+    assert summary["gossip_steps_dropped"] >= 1  # the step in flight, at least, on a neighbour
+    (lost,) = summary["peers_lost"]
+    assert (lost["peer"], lost["how"]) == (victim, how)
+    assert 130 < lost["step"] < 1300 and lost["detection_to_continuation_s"] >= 0
+
+
+# ---- the policy ---------------------------------------------------------------------------------
+def test_the_continue_policy_hands_each_lost_peer_over_once_and_goes_on():
+    """Under continue the one policy (`faults.monitor.on_peer_loss`) ends nothing: the lost peer
+    goes to `Monitor.losses` once, with the time of its detection, and is watched no more; a rank
+    found cut off (isolated) or named lost by the others still ends."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    m = monitor.Monitor(0, 3)
+    m.joined = True  # the tables are set here: no looking for siblings
+    try:
+        m.policy = "continue"
+        m.local = {1: gone.pid}
+        before = time.time()
+        event = m.diagnose([1])
+        assert (event.peer, event.how) == (1, "killed")
+        assert m.diagnose([1]) is None  # no longer watched
+        time.sleep(2 * monitor.CHECK_SECONDS)  # the monitor's own looks: nothing more
+        assert [(e.peer, e.how) for e, _ in m.losses] == [(1, "killed")]
+        assert before <= m.losses[0][1] <= time.time()
+        assert m.event is None and m.end_at is None and m.removed == {1}
+        assert not monitor._going_on(m, monitor.PeerLost(2, "isolated", "here"))
+        assert not monitor._going_on(m, monitor.PeerLost(0, "stopped", "here", told_by=1))
+    finally:
+        m.closed = True
+        m.endpoint.close()

@@ -1,0 +1,91 @@
+"""The registries of every extension point (`gossip_powersgd.registries`): `--help-config` lists
+what each accepts from the entries themselves, the entries' declared defaults are the ones their
+code uses, and an incomplete entry is refused at registration naming what it lacks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gossip_powersgd.cli.help import describe_registries
+from gossip_powersgd.registries import REGISTRIES, Setting
+
+
+def test_help_config_lists_every_registry_from_its_entries():
+    out = subprocess.run(
+        [sys.executable, "-m", "gossip_powersgd.cli.train", "--help-config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for heading in ("algorithm:", "backend:", "dataset:", "model:", "dp_mechanism:"):
+        assert f"\n{heading} one of\n" in text
+    for registry in REGISTRIES:
+        for entry in registry:
+            assert f"  {entry.name}" in text and entry.summary in text
+    assert "      hidden: int (default 200)  hidden units per layer" in text  # lstm_lm's option
+
+
+def test_declared_defaults_are_the_ones_the_code_uses():
+    from gossip_powersgd.training import synthetic_images
+    from gossip_powersgd.training.datasets import DATASETS
+
+    declared = {k: s.default for k, s in DATASETS.get("synthetic_images").options.items()}
+    assert declared == synthetic_images.DEFAULTS
+    assert {k: s.type for k, s in DATASETS.get("synthetic_images").options.items()} == (
+        synthetic_images.OPTIONS
+    )
+
+
+def test_each_kind_refuses_an_incomplete_entry_naming_what_it_lacks():
+    from gossip_powersgd.privacy.mechanisms.registry import MECHANISMS
+    from gossip_powersgd.training.architectures import MODELS, ModelKind
+    from gossip_powersgd.training.datasets import DATASETS, DatasetKind
+
+    class NoSummary(DatasetKind):
+        name = "nosummary"
+
+    with pytest.raises(TypeError, match=r"dataset NoSummary cannot be registered.*`summary`"):
+        DATASETS.register(NoSummary)
+
+    class BadOptions(ModelKind):
+        name = "badoptions"
+        summary = "options that are not Settings"
+        options = {"width": int}
+
+    with pytest.raises(TypeError, match=r"`options` \(a dict of spec key -> Setting"):
+        MODELS.register(BadOptions)
+
+    class NoLoad(DatasetKind):
+        name = "noload"
+        summary = "declares everything but the method that loads it"
+
+    with pytest.raises(TypeError, match=r"does not declare `load` \(the method that loads it\)"):
+        DATASETS.register(NoLoad)
+    with pytest.raises(TypeError, match=r"is not a Mechanism subclass"):
+        MECHANISMS.register(NoSummary)
+
+    class Upper(DatasetKind):
+        name = "Blobs"
+        summary = "an upper-case name"
+        options = {"n": Setting(int, 1)}
+
+    with pytest.raises(TypeError, match=r"its own `name` \(lower case"):
+        DATASETS.register(Upper)
+    assert (
+        "nosummary" not in DATASETS
+        and "noload" not in DATASETS
+        and "Blobs" not in DATASETS
+        and "badoptions" not in MODELS
+    )
+
+
+def test_describe_registries_names_the_kinds_in_order():
+    text = describe_registries()
+    keys = ("algorithm", "backend", "dataset", "model", "dp_mechanism")
+    order = [text.index(f"\n{key}: one of") if key != "algorithm" else 0 for key in keys]
+    assert order == sorted(order)
