@@ -23,6 +23,7 @@ LAUNCHES = {
     "bench_backends": ("mpi", "torchrun"),
     "bench_gossip": ("mpi",),
     "bench_startup": ("mpi", "torchrun"),
+    "bandwidth": ("torchrun",),  # on its emulated cluster, where namespaces can be made (root)
 }
 QUICK = [
     pytest.param(n, marks=[getattr(pytest.mark, m) for m in LAUNCHES.get(n, ())]) for n in PAGES

@@ -1,0 +1,281 @@
+"""The bandwidth page's arithmetic, from stored rows only: steps to the target accuracy, a step's
+cost under each figure, the composed times, and the answer in words.
+
+A step's cost is given three ways (`StepCosts`), per algorithm, topology and link rate:
+
+- measured: the slowest host's mean step on the emulated cluster (the mean: a run's time is
+  the sum of its steps), whose 8 hosts share this machine's cores (compute slowed by the
+  sharing, and waits for neighbours' compute included);
+- core each: what hosts with a core each would see, from measured parts: the CPU time of one
+  peer's step (compute, the algorithm's arithmetic) measured with the peer alone on this machine
+  (its neighbours echoing its messages; CPU time, so that other work sharing the cores does not
+  count), plus the cluster's communication replayed with no compute at all (every host sending
+  the recorded messages at once, after a barrier);
+- projected: the same compute and arithmetic plus the project's own projected communication
+  (`CommStats.projected_seconds`: per exchange its largest message at the link rate, plus the
+  project's 50 µs per round).
+
+Time to a step s = the cost of its steps (a warm-up phase, PowerSGD's exact all-reduces, costs
+what the all-reduce row's step costs) + the evaluations made up to s, at the evaluation's cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+#: The project's latency per round of its projected communication time (experiments.suite.runs).
+LATENCY_S = 50e-6
+#: The share of a tbf rate a TCP stream carries as payload (1448 of the 1514 bytes of a frame).
+PAYLOAD_SHARE = 1448 / 1514
+_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def rate_bits(rate: str) -> float:
+    """Bits per second of a rate as the cluster tool spells it ("100mbit")."""
+    for unit, scale in _UNITS.items():
+        if rate.endswith(unit):
+            return float(rate[: -len(unit)]) * scale
+    raise ValueError(f"rate {rate!r}: give kbit, mbit or gbit")
+
+
+def rate_text(rate: str) -> str:
+    """ "1 Gbit/s", "100 Mbit/s"."""
+    for unit in _UNITS:
+        if rate.endswith(unit):
+            return f"{rate[: -len(unit)]} {unit[0].upper()}bit/s"
+    return rate
+
+
+# ---- accuracy against steps -------------------------------------------------------------------------
+def first_reach(evals: Sequence[Sequence[float]], target: float) -> Optional[Tuple[int, float]]:
+    """(step, training MB per peer) of the first evaluation at which the averaged model's accuracy
+    is at least `target`; None if none is. `evals`: [step, accuracy, MB] in order."""
+    for step, accuracy, mb in evals:
+        if accuracy >= target - 1e-12:
+            return int(step), float(mb)
+    return None
+
+
+def evaluations_until(evals: Sequence[Sequence[float]], step: int) -> int:
+    """How many evaluations were made up to and including step `step`."""
+    return sum(1 for e in evals if e[0] <= step)
+
+
+def common_target(peaks: Sequence[float]) -> float:
+    """The highest whole percent every one of the runs reaches at some evaluation (`peaks`:
+    each run's best averaged-model accuracy)."""
+    return math.floor(100 * min(peaks) + 1e-9) / 100
+
+
+def mean_curve(curves: Sequence[Sequence[Sequence[float]]]) -> List[Tuple[int, float]]:
+    """(step, mean accuracy over seeds) at every evaluation all `curves` share."""
+    shared = min(len(c) for c in curves)
+    out = []
+    for i in range(shared):
+        steps = {int(c[i][0]) for c in curves}
+        if len(steps) != 1:
+            raise ValueError(f"the seeds evaluated at different steps: {sorted(steps)}")
+        out.append((steps.pop(), statistics.fmean(c[i][1] for c in curves)))
+    return out
+
+
+# ---- a step's cost ---------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class StepCosts:
+    """Seconds per step of one algorithm at one rate, three ways (see the module docstring), and
+    what they are made of."""
+
+    measured: float  #: the slowest host's mean step on the cluster
+    core_each: float
+    projected: float
+    measured_median: float  #: the slowest host's median step there
+    cpu_alone: float  #: CPU seconds of one peer's step alone: compute and arithmetic (one core)
+    arith_alone: float  #: the algorithm's own arithmetic, alone (wall)
+    compute_shared: float  #: compute on the cluster (the median host, wall), cores shared
+    arith_shared: float  #: the algorithm's arithmetic there (wall)
+    cpu_shared: float  #: the CPU time of a step there (the median host; gloo's threads too)
+    comm_in_training: float  #: time inside the transport during training (median host)
+    comm_replayed: float  #: communication with compute out of the way (slowest host)
+    comm_projected: float  #: the project's projected communication
+    comm_egress: float  #: every byte a host sends through its one link, at its payload rate
+    bytes_sent: float  #: training bytes a host sends per step (the most of any host)
+    rounds: float  #: sequential message rounds per step (the most of any host)
+
+
+def step_costs(timing: Mapping, alone: Mapping, rate: str) -> StepCosts:
+    """The costs of one algorithm from its timing row's entry (`timing`: per-host lists) and its
+    alone row, at link rate `rate` (the slowest link where one host is slowed: `rate` is then
+    the rate the projection assumes for every host)."""
+    bits = rate_bits(rate)
+    rounds = max(timing["rounds"])
+    critical = max(timing["critical_bytes"])
+    projected_comm = rounds * LATENCY_S + critical * 8 / bits
+    replayed = statistics.median(timing["replay"])
+    fixed = alone["cpu"]
+    return StepCosts(
+        measured=max(timing["wall_mean"]),
+        core_each=fixed + replayed,
+        projected=fixed + projected_comm,
+        measured_median=max(timing["wall"]),
+        cpu_alone=fixed,
+        arith_alone=alone["arith"],
+        compute_shared=statistics.median(timing["compute"]),
+        arith_shared=statistics.median(timing["arith"]),
+        cpu_shared=statistics.median(timing["cpu"]),
+        comm_in_training=statistics.median(timing["comm"]),
+        comm_replayed=replayed,
+        comm_projected=projected_comm,
+        comm_egress=max(timing["bytes_sent"]) * 8 / (bits * PAYLOAD_SHARE),
+        bytes_sent=max(timing["bytes_sent"]),
+        rounds=rounds,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalCosts:
+    measured: float  #: the slowest host's evaluation on the cluster
+    core_each: float  #: one peer's evaluation alone (CPU time) + its communication replayed
+    metric_bytes: float  #: bytes a host sends per evaluation (the most of any host)
+
+
+def eval_costs(timing: Mapping, alone: Mapping) -> EvalCosts:
+    e = timing["eval"]
+    return EvalCosts(
+        measured=max(e["seconds"]),
+        core_each=alone["eval_cpu"] + statistics.median(e["replay"]),
+        metric_bytes=max(e["metric_bytes"]),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """What a run's steps cost: `per_step` seconds each, except the first `warm_steps`, which
+    cost `warm_per_step` each; every evaluation `per_eval`."""
+
+    per_step: float
+    warm_steps: int = 0
+    warm_per_step: float = 0.0
+    per_eval: float = 0.0
+
+    def training(self, steps: int) -> float:
+        """Seconds of the first `steps` steps, evaluations left out."""
+        warm = min(steps, self.warm_steps)
+        return warm * self.warm_per_step + (steps - warm) * self.per_step
+
+    def until(self, steps: int, evaluations: int) -> float:
+        """Seconds of the first `steps` steps and `evaluations` evaluations."""
+        return self.training(steps) + evaluations * self.per_eval
+
+
+def relative_gap(a: float, b: float) -> float:
+    """a / b - 1 (how far a is above b, as a fraction of b)."""
+    return a / b - 1.0
+
+
+# ---- the answer in words ---------------------------------------------------------------------------
+def factor_text(factor: float) -> str:
+    return f"{factor:.3g}×"
+
+
+def compare_line(
+    name: str,
+    other: str,
+    times: Mapping[str, Mapping[str, Optional[float]]],
+    rates: Sequence[str],
+    who: str = "pg-r1",
+    against: str = "exact",
+) -> str:
+    """One sentence: at which rates `who` reaches the target before `against`, and by what factor
+    (their times, `times[rate][algorithm]`, None where the target is not reached)."""
+    ahead, behind, open_ = [], [], []
+    for rate in rates:
+        mine, theirs = times[rate].get(who), times[rate].get(against)
+        if mine is None and theirs is None:
+            open_.append(f"{rate_text(rate)} (neither reaches it)")
+        elif theirs is None:
+            ahead.append(f"{rate_text(rate)} ({other} never reaches it)")
+        elif mine is None:
+            behind.append(f"{rate_text(rate)} ({name} never reaches it)")
+        elif mine < theirs:
+            ahead.append(f"{rate_text(rate)} ({factor_text(theirs / mine)} sooner)")
+        else:
+            behind.append(f"{rate_text(rate)} ({other} {factor_text(mine / theirs)} sooner)")
+    parts = []
+    if ahead:
+        parts.append(f"{name} reaches it before {other} at " + ", ".join(ahead))
+    if behind:
+        parts.append(
+            ("and not at " if ahead else f"{name} is not ahead of {other} at ") + ", ".join(behind)
+        )
+    if open_:
+        parts.append("; at " + ", ".join(open_))
+    return " ".join(parts) + "."
+
+
+def crossover(
+    times: Mapping[str, Mapping[str, Optional[float]]],
+    rates: Sequence[str],
+    who: str,
+    against: str,
+) -> Optional[str]:
+    """The fastest rate (rates from fast to slow) from which on `who` is ahead of `against` at
+    every slower rate, or None if it is not ahead at the slowest."""
+    found = None
+    for rate in reversed(rates):
+        mine, theirs = times[rate].get(who), times[rate].get(against)
+        ahead = mine is not None and (theirs is None or mine < theirs)
+        if not ahead:
+            break
+        found = rate
+    return found
+
+
+def fastest(times: Mapping[str, Optional[float]]) -> Optional[str]:
+    reached = {k: v for k, v in times.items() if v is not None}
+    return min(reached, key=reached.get) if reached else None
+
+
+def seconds_text(seconds: Optional[float]) -> str:
+    """A duration as a reader takes it in: 0.84 s, 12.3 s, 41 min, 5.2 h, 3.1 d."""
+    if seconds is None:
+        return "not reached"
+    if seconds < 60:
+        return f"{seconds:.3g} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.3g} min"
+    if seconds < 86400:
+        return f"{seconds / 3600:.3g} h"
+    return f"{seconds / 86400:.3g} d"
+
+
+def spread(values: Sequence[float]) -> Tuple[float, float, float]:
+    """(mean, min, max)."""
+    return statistics.fmean(values), min(values), max(values)
+
+
+def per_seed_times(
+    curves: Sequence[Sequence[Sequence[float]]], target: float, schedule: Schedule
+) -> List[Optional[float]]:
+    """Seconds to `target` per seed (steps and evaluations up to the first evaluation that
+    reaches it), None for a seed that never does."""
+    out = []
+    for evals in curves:
+        hit = first_reach(evals, target)
+        out.append(
+            None if hit is None else schedule.until(hit[0], evaluations_until(evals, hit[0]))
+        )
+    return out
+
+
+def mean_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
+    """The mean, or None when any is None (a seed that never reaches the target)."""
+    if not values or any(v is None for v in values):
+        return None
+    return statistics.fmean(values)
+
+
+def ratios(rows: Mapping[str, float], base: Mapping[str, float]) -> Dict[str, float]:
+    return {k: rows[k] / base[k] for k in rows if k in base and base[k] > 0}

@@ -1,0 +1,145 @@
+"""The bandwidth page's faults across hosts: a host's link cut, its rank killed, its processes
+stopped (and, under torchrun, all of them killed), mid-run on 3 hosts of the emulated cluster,
+under torchrun and under mpiexec. Each row runs the scenario of tests/test_liveness_hosts.py
+(tests/support/host_faults.py, as a program) and keeps when every rank ended after the fault and
+what each rank said; the section shows them against the design's bound and the issue's 30 s."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
+
+from experiments.engine import ROOT, Run
+
+#: The scenario, written once for the test and the page.
+SCENARIO = ROOT / "tests" / "support" / "host_faults.py"
+#: (launcher, fault) of the full page: the three faults under both launchers, and every process
+#: of a host killed under torchrun (its agent too).
+CASES = tuple(
+    (launcher, fault) for launcher in ("torch", "mpi") for fault in ("cut", "kill", "stop")
+)
+CASES += (("torch", "kill-all"),)
+#: The issue's bound on a host fault: every rank gone within 30 s, naming the host.
+ISSUE_SECONDS = 30.0
+#: The longest one scenario may take (start, the fault, the end) before it counts as a hang.
+LIMIT = 600.0
+WHAT = {
+    "cut": "link cut (`ip link set eth0 down` on the host)",
+    "kill": "its rank SIGKILLed",
+    "stop": "every process SIGSTOPped",
+    "kill-all": "every process SIGKILLed (agent too)",
+}
+LAUNCHERS = {"torch": "torchrun", "mpi": "mpiexec"}
+
+
+def runs(cases: Sequence[Tuple[str, str]], quick: bool) -> List[Run]:
+    return [
+        Run(
+            key=f"fault/{launcher}/{fault}",
+            config={"kind": "fault", "quick": quick, "launcher": launcher, "fault": fault},
+        )
+        for launcher, fault in cases
+    ]
+
+
+def row(run: Run, prefix: str) -> Dict[str, Any]:
+    """One scenario on cluster `prefix` (made and removed by the scenario itself)."""
+    c = run.config
+    with tempfile.TemporaryDirectory(prefix="bandwidth-fault-") as tmp:
+        out, log = Path(tmp) / "result.json", Path(tmp) / "log.txt"
+        argv = [sys.executable, str(SCENARIO), prefix, c["launcher"], c["fault"], str(out)]
+        with open(log, "w") as sink:  # a file, not a pipe: the launchers' children inherit it
+            process = subprocess.Popen(
+                argv, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        try:
+            status = process.wait(timeout=LIMIT)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            status = None
+        if status != 0 or not out.is_file():
+            what = "ran past its limit" if status is None else f"exited with status {status}"
+            tail = log.read_text()[-1500:]
+            raise RuntimeError(f"fault scenario {c['launcher']}/{c['fault']} {what}: {tail}")
+        result = json.loads(out.read_text())
+    result.pop("pids", None)
+    return result
+
+
+def section(cases: Sequence[Tuple[str, str]], data: Mapping[str, Dict[str, Any]]) -> List[str]:
+    from .text import _table
+
+    rows, bounds, skipped, late = [], set(), [], []
+    for launcher, fault in cases:
+        r = data.get(f"fault/{launcher}/{fault}")
+        if r is None:
+            continue
+        if "skipped" in r:
+            skipped.append(r["skipped"])
+            continue
+        bounds.add(r["bound"])
+        seconds = r["seconds"]
+        if seconds is None or seconds > ISSUE_SECONDS:
+            late.append(f"{LAUNCHERS[launcher]} {fault}")
+        exits = ", ".join(
+            f"{k}: {'not ended' if v is None else f'{v:.2f}'}" for k, v in r["exits"].items()
+        )
+        named = ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in r["named"].items())
+        lost = r.get("lost_says")
+        rows.append(
+            [
+                LAUNCHERS[launcher],
+                WHAT[fault],
+                "not within 90 s" if seconds is None else f"{seconds:.2f}",
+                exits,
+                "—" if r["named_after"] is None else f"{r['named_after']:.2f}",
+                named,
+                "—" if lost is None else "`" + lost.split(": ", 1)[1][:140] + "`",
+            ]
+        )
+    if not rows and not skipped:
+        return []
+    lines = ["## Faults across hosts", ""]
+    if skipped:
+        lines += [f"Not run: {skipped[0]}", ""]
+    if not rows:
+        return lines
+    lines += _table(
+        [
+            "launcher",
+            "host1's fault",
+            "every rank gone after (s)",
+            "each rank's exit after the fault (s)",
+            "first error line after (s)",
+            "names host1 (rank: peer, host name, address and the fault's diagnosis)",
+            "host1's own rank said",
+        ],
+        rows,
+    )
+    bound = ", ".join(f"{b:g}" for b in sorted(bounds))
+    lines += [
+        "3 hosts of the emulated cluster, unlimited links, one rank each, ring:3, the tiny "
+        'config, launched as the README\'s "Running across machines" does (torchrun on every '
+        "host; mpiexec on host0 with a hostfile and gossip-cluster-ssh); host1's fault once "
+        "rank 0 has printed its first epoch; the scenario of tests/test_liveness_hosts.py "
+        "(tests/support/host_faults.py). A stopped host's own rank cannot end (its exit is not "
+        "counted). Every rank that can run "
+        + (
+            f"was gone within the issue's {ISSUE_SECONDS:g} s in every case"
+            if not late
+            else f"was NOT gone within {ISSUE_SECONDS:g} s in: {', '.join(late)}"
+        )
+        + f" (the design's bound: {bound} s of silence, probe, a word and the launcher). "
+        "Under mpiexec a killed rank is named by its own supervisor (pid, host, signal) and "
+        "MPICH ends the others within a fraction of a second, usually before they speak; a cut "
+        "host's lines under mpiexec go through the cable that was cut.",
+        "",
+    ]
+    return lines

@@ -1,0 +1,422 @@
+"""What the bandwidth page runs: the training recipe, the algorithms and their tuning grids, the
+link rates, and the plan of runs (torch-free: `python -m experiments --list` imports it).
+
+The plan comes in waves, each made once the rows it depends on exist (the engine calls `plan`
+again after each wave):
+
+1. `tune/T/A/lr=V`: the learning-rate grids (all-reduce, centralized PowerSGD, local steps), on
+   the tuning topology T, seed 0;
+2. `tune/T/A/g=V`: the γ grids of the gossip algorithms, at the all-reduce's chosen lr;
+3. `train/T/A/seedS`: every algorithm at its chosen values on every topology and seed (the
+   chosen tuning run is the tuning topology's seed 0), and `plateau/T/A`: the best row at twice
+   the epochs;
+4. once every training row exists, the measurements, one at a time: `alone/T/A` (one peer's
+   step by itself), `timing/T/RATE` (every algorithm's step on the emulated cluster), `e2e/T/A/RATE`
+   (complete runs on the cluster, launched as a user would).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from experiments.engine import Run
+
+from .algorithms import ALGORITHMS, BY_KEY, Algorithm
+from .faults import CASES as FAULT_CASES
+from .faults import runs as fault_runs
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """The sizes of one plan (the full page, or --quick)."""
+
+    base: Mapping[str, Any]
+    algorithms: Tuple[str, ...]
+    topologies: Tuple[str, ...]
+    tune_topology: str
+    #: the seeds of the `COMPARED` rows per topology (the other rows run the first one only)
+    seeds: Mapping[str, Tuple[int, ...]]
+    rates: Tuple[str, ...]
+    #: (base rate, slowed host, its rate) of the one-slow-host measurement, per topology in it
+    slow: Optional[Tuple[str, str, str]]
+    slow_topologies: Tuple[str, ...]
+    #: (topology, algorithm, rate) of the complete runs on the cluster
+    e2e: Tuple[Tuple[str, str, str], ...]
+    #: the lr of the γ-tuned algorithms when the all-reduce's lr grid is not in the plan
+    grids: Mapping[str, Tuple[float, ...]] = dataclasses.field(default_factory=dict)
+    #: per topology, the algorithms trained and timed on it (default: all); an all-reduce's
+    #: (`over_all_hosts`) rows are the tuning topology's on every topology, never run again
+    only: Mapping[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: per topology, the rates its steps are timed at (default: all of `rates`)
+    rates_of: Mapping[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: the algorithms timed with one host slowed (default: all)
+    slow_algorithms: Tuple[str, ...] = ()
+    #: per rate, the algorithms not timed at it; and the rates the evaluation is not timed at
+    untimed_at: Mapping[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    eval_untimed_at: Tuple[str, ...] = ()
+    #: (launcher, fault) of the faults across hosts (faults.py), run last
+    faults: Tuple[Tuple[str, str], ...] = ()
+    plateau: bool = True
+    #: --quick: the cluster's rows say so instead of failing where namespaces cannot be made
+    quick: bool = False
+
+
+#: The training recipe (momentum SGD, cosine schedule). MNIST-1D with 10,000 samples (9,000 train,
+#: 1,000 test, the standard generator), a 40-1024-1024-10 MLP: 1,101,834 parameters for 2 x 200
+#: MFLOP per sample-batch of compute, so that communication matters here.
+FULL_BASE = dict(
+    dataset="mnist1d:num_samples=10000,train_split=0.9",
+    model="mlp:1024,1024",
+    partition="iid",
+    optimizer="sgd",
+    momentum=0.9,
+    weight_decay=0.0001,
+    warmup_epochs=1,
+    schedule="cosine",
+    batch_size=32,
+    epochs=20,
+    eval_every=1,
+    backend="local",
+    quiet=True,
+    log_every=0,
+    checkpoint_every=0,
+    out_dir=None,
+    threads=1,
+)
+QUICK_BASE = dict(
+    FULL_BASE,
+    dataset="mnist1d:num_samples=1200",
+    model="mlp:64",
+    epochs=2,
+)
+
+#: Sized to finish in about 80 minutes on 2 shared cores (the page says what was cut and why):
+#: two seeds, torus:2x4 for exact gossip and PowerGossip r1 only and at 100 and 10 Mbit/s, at
+#: 1 Mbit/s neither H = 4 nor the evaluation timed (a full-model transfer there takes minutes and
+#: a measurement makes four), one host slowed on ring:8 for the compared rows, no complete run on
+#: the cluster (720 steps of 8 processes on 2 shared cores; --quick makes one).
+FULL = Setting(
+    base=FULL_BASE,
+    algorithms=tuple(a.key for a in ALGORITHMS),
+    topologies=("ring:8", "torus:2x4"),
+    tune_topology="ring:8",
+    seeds={"ring:8": (0, 1), "torus:2x4": (0,)},
+    rates=("1gbit", "100mbit", "10mbit", "1mbit"),
+    slow=("100mbit", "host3", "10mbit"),
+    slow_topologies=("ring:8",),
+    e2e=(),
+    only={"torus:2x4": ("exact", "pg-r1")},
+    rates_of={"torus:2x4": ("100mbit", "10mbit")},
+    slow_algorithms=("exact", "pg-r1", "allreduce"),
+    untimed_at={"1mbit": ("exact-h4",)},
+    eval_untimed_at=("1mbit",),
+    faults=FAULT_CASES,
+)
+QUICK = Setting(
+    base=QUICK_BASE,
+    algorithms=("exact", "pg-r1", "allreduce"),
+    topologies=("ring:2",),
+    tune_topology="ring:2",
+    seeds={"ring:2": (0,)},
+    rates=("10mbit",),
+    slow=None,
+    slow_topologies=(),
+    e2e=(("ring:2", "pg-r1", "10mbit"),),
+    grids={"exact": (1.0,), "pg-r1": (1.0,), "allreduce": (0.1,)},
+    plateau=False,
+    quick=True,
+    faults=(("torch", "kill"),),
+)
+
+#: The epochs of a measured run's config (it stops itself long before).
+PROBE_EPOCHS = 1000
+#: The three rows the target accuracy and the answer are about.
+COMPARED = ("pg-r1", "exact", "allreduce")
+
+
+def seeds_of(s: Setting, key: str, topology: str) -> Tuple[int, ...]:
+    """The seeds algorithm `key` runs on `topology`: all of them for the compared rows."""
+    seeds = tuple(s.seeds[topology])
+    return seeds if key in COMPARED else seeds[:1]
+
+
+def algorithms_on(s: Setting, topology: str) -> Tuple[str, ...]:
+    """The algorithms with rows on `topology`: its own (`Setting.only`) and the all-reduces."""
+    own = s.only.get(topology, s.algorithms)
+    return tuple(k for k in s.algorithms if k in own or BY_KEY[k].over_all_hosts)
+
+
+def rates_on(s: Setting, topology: str) -> Tuple[str, ...]:
+    """The rates `topology`'s steps are timed at, in `s.rates`' order."""
+    own = s.rates_of.get(topology, s.rates)
+    return tuple(r for r in s.rates if r in own)
+
+
+def setting(quick: bool) -> Setting:
+    return QUICK if quick else FULL
+
+
+def grid(s: Setting, algorithm: Algorithm) -> Tuple[float, ...]:
+    return tuple(s.grids.get(algorithm.key, algorithm.grid))
+
+
+def topology_gamma(topology: str) -> float:
+    import topologies
+
+    return float(topologies.parse(topology).gamma)
+
+
+def fmt(value: float) -> str:
+    """A grid value as keys spell it (stable where a computed float differs in its last bits)."""
+    return f"{value:.9g}"
+
+
+# ---- the runs ------------------------------------------------------------------------------------
+def train_run(
+    key: str, s: Setting, algorithm: Algorithm, topology: str, seed: int, lr: float, gamma, **extra
+) -> Run:
+    """An in-process training run: `train` is the whole config but its seed; γ goes into the
+    spec when the row is made ("{gamma}"), so that the stored config holds it as a number."""
+    train = dict(s.base, topology=topology, algorithm=algorithm.spec, lr=lr)
+    train["local_steps"] = algorithm.local_steps
+    train.update(extra)
+    config = {"kind": "train", "algorithm": algorithm.key, "gamma": gamma, "train": train}
+    epochs = train["epochs"]
+    return Run(key=key, config=config, seed=seed, cost=float(epochs))
+
+
+def tuning_runs(s: Setting, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    """The grids: learning rates first; γ grids once the all-reduce's lr is chosen."""
+    topology = s.tune_topology
+    runs = []
+    lr_star = chosen_lr(s, rows)
+    for key in s.algorithms:
+        a = BY_KEY[key]
+        for value in grid(s, a):
+            if a.tune == "lr":
+                gamma = topology_gamma(topology) if "{gamma}" in a.spec else None
+                runs.append(
+                    train_run(
+                        f"tune/{topology}/{key}/lr={fmt(value)}", s, a, topology, 0, value, gamma
+                    )
+                )
+            elif lr_star is not None:
+                gamma = value * topology_gamma(topology) if a.tune == "gamma_x" else value
+                label = "gx" if a.tune == "gamma_x" else "g"
+                runs.append(
+                    train_run(
+                        f"tune/{topology}/{key}/{label}={fmt(value)}",
+                        s,
+                        a,
+                        topology,
+                        0,
+                        lr_star,
+                        gamma,
+                    )
+                )
+    return runs
+
+
+def tuning_keys(s: Setting, algorithm: Algorithm) -> List[Tuple[float, str]]:
+    topology = s.tune_topology
+    label = {"lr": "lr", "gamma": "g", "gamma_x": "gx"}[algorithm.tune]
+    return [(v, f"tune/{topology}/{algorithm.key}/{label}={fmt(v)}") for v in grid(s, algorithm)]
+
+
+def best_value(s: Setting, algorithm: Algorithm, rows: Mapping[str, Dict[str, Any]]):
+    """(value, key) of the grid's run with the highest final averaged-model accuracy (the first
+    on a tie; a failed or diverged run never wins), or None until the whole grid has rows."""
+    keys = tuning_keys(s, algorithm)
+    if any(k not in rows for _, k in keys):
+        return None
+    scored = [(rows[k].get("acc_avg"), v, k) for v, k in keys if rows[k].get("acc_avg") is not None]
+    if not scored:
+        return None
+    top = max(score for score, _, _ in scored)
+    value, key = next((v, k) for score, v, k in scored if score == top)
+    return value, key
+
+
+def chosen_lr(s: Setting, rows: Mapping[str, Dict[str, Any]]) -> Optional[float]:
+    """The learning rate of the γ-tuned algorithms: the all-reduce grid's best (or the quick
+    plan's one value)."""
+    best = best_value(s, BY_KEY["allreduce"], rows)
+    return None if best is None else best[0]
+
+
+def chosen(s: Setting, key: str, rows: Mapping[str, Dict[str, Any]]):
+    """(lr, γ multiplier or γ or None, tuning key) of algorithm `key`, or None until known."""
+    a = BY_KEY[key]
+    best = best_value(s, a, rows)
+    lr_star = chosen_lr(s, rows)
+    if best is None or lr_star is None:
+        return None
+    value, tune_key = best
+    if a.tune == "lr":
+        return value, None, tune_key
+    return lr_star, value, tune_key
+
+
+def gamma_on(a: Algorithm, value, topology: str):
+    """The γ of algorithm `a` on `topology` from its chosen value (a multiplier for gamma_x)."""
+    if a.tune == "lr":
+        return topology_gamma(topology) if "{gamma}" in a.spec else None
+    return value * topology_gamma(topology) if a.tune == "gamma_x" else value
+
+
+def main_key(s: Setting, key: str, topology: str, seed: int, rows) -> Optional[str]:
+    """The row key of algorithm `key` on `topology`, seed `seed`: the chosen tuning run for the
+    tuning topology's seed 0, else its own `train/...` run; None until the choice is made."""
+    pick = chosen(s, key, rows)
+    if pick is None:
+        return None
+    if BY_KEY[key].over_all_hosts:  # its model does not depend on the graph (a test checks)
+        topology = s.tune_topology
+    if topology == s.tune_topology and seed == 0:
+        return pick[2]
+    return f"train/{topology}/{key}/seed{seed}"
+
+
+def main_runs(s: Setting, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    runs = []
+    for key in s.algorithms:
+        a = BY_KEY[key]
+        pick = chosen(s, key, rows)
+        if pick is None:
+            continue
+        lr, value, _ = pick
+        for topology in s.topologies:
+            if key not in algorithms_on(s, topology):
+                continue
+            if a.over_all_hosts and topology != s.tune_topology:
+                continue  # the tuning topology's rows (`main_key`)
+            for seed in seeds_of(s, key, topology):
+                if topology == s.tune_topology and seed == 0:
+                    continue
+                gamma = gamma_on(a, value, topology)
+                runs.append(
+                    train_run(f"train/{topology}/{key}/seed{seed}", s, a, topology, seed, lr, gamma)
+                )
+    return runs
+
+
+def plateau_run(s: Setting, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    """The best of the compared algorithms (tuning topology, seed 0) again at twice the epochs
+    (known as soon as their grids are: it runs beside the other algorithms' tuning)."""
+    best = best_main(s, rows, COMPARED)
+    if best is None or not s.plateau:
+        return []
+    key, _ = best
+    a, (lr, value, _) = BY_KEY[key], chosen(s, key, rows)
+    epochs = 2 * s.base["epochs"]
+    topology = s.tune_topology
+    gamma = gamma_on(a, value, topology)
+    return [train_run(f"plateau/{topology}/{key}", s, a, topology, 0, lr, gamma, epochs=epochs)]
+
+
+def best_main(s: Setting, rows, among=None) -> Optional[Tuple[str, str]]:
+    """(algorithm, row key) with the best final accuracy on the tuning topology, seed 0, among
+    `among` (default: every algorithm), once their choices are made."""
+    keys = {
+        k: main_key(s, k, s.tune_topology, 0, rows)
+        for k in s.algorithms
+        if among is None or k in among
+    }
+    if any(v is None or v not in rows for v in keys.values()):
+        return None
+    scored = [(rows[v].get("acc_avg") or 0.0, k, v) for k, v in keys.items()]
+    top = max(score for score, _, _ in scored)
+    return next((k, v) for score, k, v in scored if score == top)
+
+
+def training_runs(s: Setting, rows) -> List[Run]:
+    return tuning_runs(s, rows) + main_runs(s, rows) + plateau_run(s, rows)
+
+
+def measured_on(s: Setting, key: str, topology: str) -> str:
+    """The topology whose measurements give algorithm `key`'s step on `topology`: its own, or
+    for an all-reduce (its ring goes through all hosts, whatever the topology) the tuning one."""
+    return s.tune_topology if BY_KEY[key].over_all_hosts else topology
+
+
+def measurement_runs(s: Setting, rows) -> List[Run]:
+    """The timed runs (one at a time, nothing else of the page running): a peer alone per
+    algorithm and topology (its arithmetic grows with its neighbours), the cluster's step times
+    per topology and rate, and the complete cluster runs."""
+    runs = []
+    # the measured runs stop themselves (timers.StepTimer): the epochs only have to outlast them,
+    # and their one evaluation is timed on its own (none inside the timed periods)
+    probe_base = {k: v for k, v in s.base.items() if k not in ("backend", "out_dir")}
+    probe_base.update(epochs=PROBE_EPOCHS, eval_every=PROBE_EPOCHS)
+    for topology in s.topologies:
+        for key in algorithms_on(s, topology):
+            a = BY_KEY[key]
+            if measured_on(s, key, topology) != topology:
+                continue
+            train = dict(probe_base, topology=topology, algorithm=a.timing, lr=0.05)
+            train["local_steps"] = a.local_steps
+            config = {"kind": "alone", "algorithm": key, "train": train}
+            runs.append(Run(key=f"alone/{topology}/{key}", config=config))
+    timed = [(t, r, None) for t in s.topologies for r in rates_on(s, t)]
+    if s.slow is not None:
+        timed += [(t, s.slow[0], (s.slow[1], s.slow[2])) for t in s.slow_topologies]
+    for topology, rate, slow in timed:
+        algorithms = [
+            {"key": k, "spec": BY_KEY[k].timing, "local_steps": BY_KEY[k].local_steps}
+            for k in algorithms_on(s, topology)
+            if measured_on(s, k, topology) == topology
+            and (slow is None or not s.slow_algorithms or k in s.slow_algorithms)
+            and k not in s.untimed_at.get(rate, ())
+        ]
+        config = {
+            "kind": "timing",
+            "quick": s.quick,
+            "topology": topology,
+            "rate": rate,
+            "slow": list(slow) if slow else None,
+            "train": dict(probe_base, topology=topology, lr=0.05),
+            "algorithms": algorithms,
+            # an evaluation's all-reduces go round all hosts: timed on the tuning topology only
+            "eval": topology == s.tune_topology and rate not in s.eval_untimed_at and slow is None,
+        }
+        name = rate if slow is None else f"{rate}+{slow[0]}@{slow[1]}"
+        runs.append(Run(key=f"timing/{topology}/{name}", config=config, cost=2.0))
+    sources = {run.key: run for run in training_runs(s, rows)}
+    for topology, key, rate in s.e2e:
+        source = main_key(s, key, topology, 0, rows)
+        if source is None or source not in rows or source not in sources:
+            continue
+        run = sources[source]
+        config = {
+            "kind": "e2e",
+            "quick": s.quick,
+            "algorithm": key,
+            "rate": rate,
+            "source": source,
+            "gamma": run.config["gamma"],
+            "train": dict(run.config["train"]),
+        }
+        runs.append(Run(key=f"e2e/{topology}/{key}/{rate}", config=config, seed=run.seed, cost=3.0))
+    return runs + fault_runs(s.faults, s.quick)
+
+
+def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    """The page's runs (see the module docstring); measurements once every training row exists."""
+    s = setting(quick)
+    training = training_runs(s, rows)
+    complete = (
+        all(r.key in rows for r in training)
+        and best_main(s, rows) is not None
+        and (not s.plateau or any(k.startswith("plateau/") for k in rows))
+        and all(r.key in rows for r in main_runs(s, rows))
+    )
+    if not complete:
+        return training
+    return training + measurement_runs(s, rows)
+
+
+def train_keys(s: Setting, key: str, topology: str, rows) -> List[str]:
+    """The row keys of algorithm `key` on `topology`, one per seed, that exist."""
+    keys = [main_key(s, key, topology, seed, rows) for seed in seeds_of(s, key, topology)]
+    return [k for k in keys if k is not None and k in rows]

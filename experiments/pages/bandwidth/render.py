@@ -1,0 +1,108 @@
+"""bandwidth.md, bandwidth.json and bandwidth.png from the rows (`figures.collect`); pure."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Mapping, Optional
+
+from experiments.engine import Outputs, Rows, made_by
+
+from . import compose, faults, text, text_network
+from .figures import collect
+from .plot import plot
+from .recipe import BY_KEY, setting
+
+
+def render(rows: Rows) -> Outputs:
+    s = setting(rows.quick)
+    data = {r.key: r.row for r in rows.records}
+    f = collect(s, data)
+    facts = run_facts(rows, data)
+    page = "\n".join(
+        [
+            f"# Time to accuracy under bandwidth limits{' (--quick)' if rows.quick else ''}",
+            "",
+            made_by(rows) + " " + facts["sentence"],
+            "",
+            *text.method(s, f, facts),
+            *text.answer_section(s, f),
+            *text.accuracy_section(s, f),
+            *text_network.cost_sections(s, f),
+            *text.time_sections(s, f),
+            *text_network.eval_section(s, f),
+            *text_network.slow_section(s, f),
+            *text_network.e2e_section(s, f),
+            *faults.section(s.faults, data),
+            *text_network.notes(s, f),
+        ]
+    )
+    out: Outputs = {"bandwidth.md": page.rstrip() + "\n"}
+    f = dict(f, faults={k: v for k, v in data.items() if k.startswith("fault/")})
+    out["bandwidth.json"] = json.dumps(_json(f, facts), indent=1, sort_keys=True) + "\n"
+    if f["times"]:
+        out["bandwidth.png"] = plot(s, f)
+    return out
+
+
+def run_facts(rows: Rows, data: Mapping[str, Dict[str, Any]]) -> Dict[str, Any]:
+    """What the rows say about how they were made: machine time by kind, load, niceness, cores."""
+    seconds: Dict[str, float] = {}
+    for record in rows.records:
+        kind = record.key.split("/")[0]
+        seconds[kind] = seconds.get(kind, 0.0) + record.seconds
+    measured = [r for k, r in data.items() if k.split("/")[0] in ("alone", "timing", "e2e")]
+    loads = [x for r in measured for x in (r.get("load_before"), r.get("load_after")) if x]
+    nice = sorted({r["nice"] for r in measured if "nice" in r})
+    cpus = sorted({r["cpus"] for r in measured if "cpus" in r})
+    parts = [f"{kind} {compose.seconds_text(v)}" for kind, v in seconds.items()]
+    sentence = (
+        "Run time by kind of run (each run's own wall time, summed): " + ", ".join(parts) + "."
+    )
+    by_commit: Dict[str, Dict[str, int]] = {}
+    for record in rows.records:
+        kinds = by_commit.setdefault(record.commit, {})
+        kind = record.key.split("/")[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    if len(by_commit) > 1:
+        sentence += " Rows by commit (the sweep was restarted on newer code, whose rows of the "
+        sentence += "kinds made before are made the same way): "
+        sentence += "; ".join(
+            f"{commit}: " + ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+            for commit, kinds in by_commit.items()
+        )
+        sentence += "."
+    if loads:
+        low, high = min(x[0] for x in loads), max(x[0] for x in loads)
+        sentence += (
+            f" The timed runs ran one at a time (nothing else of this page beside them) on a machine "
+            f"of {', '.join(map(str, cpus)) or '?'} cores shared with other work: 1-minute load "
+            f"average {low:.1f} to {high:.1f} around them"
+            + (f", niceness {', '.join(map(str, nice))}" if nice else "")
+            + "."
+        )
+    return {"seconds": seconds, "sentence": sentence, "loads": loads}
+
+
+def _json(f: Dict[str, Any], facts: Dict[str, Any]) -> Dict[str, Any]:
+    out = dict(f)
+    out["machine_seconds"] = facts["seconds"]
+    out["accuracy"] = {
+        t: {k: {x: y for x, y in v.items() if x not in ("curves",)} for k, v in per.items()}
+        for t, per in f["accuracy"].items()
+    }
+    return out
+
+
+def label(key: str) -> str:
+    return BY_KEY[key].label
+
+
+def pct(value: Optional[float]) -> str:
+    return "—" if value is None else f"{100 * value:.2f} %"
+
+
+def mean_pm(values: List[float]) -> str:
+    mean, low, high = compose.spread(values)
+    if len(values) == 1:
+        return pct(mean)
+    return f"{100 * mean:.2f} % [{100 * low:.2f}, {100 * high:.2f}]"

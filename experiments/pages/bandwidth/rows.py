@@ -1,0 +1,410 @@
+"""The bandwidth page's row function: one run of the plan (`recipe`), by its config's kind.
+
+- train: in-process (`gossip_powersgd.run`, every peer a thread): accuracy after every epoch,
+  training and metric bytes, the traffic counters, the final models' digests;
+- alone: one peer's step by itself (`timers.measure_alone`);
+- timing: the cluster up at a rate (`gossip_powersgd.cluster`), the probe (`probe.py`) started by
+  torchrun on every host, its per-host measurements summed up, the cluster down;
+- e2e: the cluster up, the chosen training config run to the end by `gossip_powersgd.cli.train`
+  under torchrun on every host, as a user runs it; its summary and evaluation records kept.
+
+Rows that time things hold an exclusive lock for their whole run and the training rows a shared
+one, so that with --jobs N nothing of this page runs beside a timed row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+from experiments.engine import ROOT, Run
+
+#: One lock per plan (full, --quick) for every process of every sweep of this page on the machine.
+LOCK = Path(tempfile.gettempdir()) / "gossip-powersgd-bandwidth-page-{}.lock"
+#: The probe's time budgets (seconds) and limits: training periods, replays, evaluation replays.
+PROBE_BUDGET = {
+    "train": 8.0,
+    "periods": [3, 40],
+    "replay": 3.0,
+    "replays": [1, 10],
+    "eval_replays": [1, 5],
+}
+ALONE_BUDGET = {"train": 6.0, "periods": [6, 60], "replay": 0}
+#: Seconds a peer waits for a message (an exact-gossip step at 1 Mbit/s on torus:2x4 takes ~110).
+COMM_TIMEOUT = 900.0
+#: The longest a launch on the cluster may take before it is killed as a hang.
+LAUNCH_LIMIT = 4 * 3600.0
+PREFIX = "bw"
+RENDEZVOUS_PORT = 29400
+#: How long the link check's one TCP stream runs at the link's rate.
+LINK_CHECK_SECONDS = 3.0
+
+
+@contextlib.contextmanager
+def held(exclusive: bool, plan: str) -> Iterator[None]:
+    with open(str(LOCK).format(plan), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def row(run: Run) -> Dict[str, Any]:
+    from .recipe import QUICK_BASE
+
+    kind = run.config["kind"]
+    quick = run.config.get(
+        "quick", run.config.get("train", {}).get("dataset") == QUICK_BASE["dataset"]
+    )
+    with held(exclusive=kind != "train", plan="quick" if quick else "full"):
+        if kind == "train":
+            return train_row(run)
+        if kind == "alone":
+            return alone_row(run)
+        if kind == "timing":
+            return timing_row(run)
+        if kind == "e2e":
+            return e2e_row(run)
+        if kind == "fault":
+            return fault_row(run)
+    raise ValueError(f"run {run.key}: unknown kind {kind!r}")
+
+
+def spec_of(template: str, gamma) -> str:
+    return template.replace("{gamma}", repr(gamma)) if "{gamma}" in template else template
+
+
+def training_config(run: Run) -> Dict[str, Any]:
+    train = dict(run.config["train"], seed=run.seed)
+    train["algorithm"] = spec_of(train["algorithm"], run.config["gamma"])
+    return train
+
+
+def load() -> List[float]:
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+def machine() -> Dict[str, int]:
+    """What a timed row says about where it ran: the cores, and its niceness."""
+    return {"cpus": os.cpu_count() or 0, "nice": os.nice(0)}
+
+
+# ---- in-process training -------------------------------------------------------------------------
+def train_row(run: Run) -> Dict[str, Any]:
+    from gossip_powersgd import run as train
+
+    config = training_config(run)
+    try:
+        result = train(config)
+    except Exception as exc:  # a failing or diverging run is a row saying so
+        first = (str(exc).strip().splitlines() or [""])[0]
+        what = "diverged" if type(exc).__name__ == "NonFiniteError" else type(exc).__name__
+        return {"algorithm": config["algorithm"], "error": f"{what}: {first}"[:200]}
+    stats = [result.stats[k] for k in sorted(result.stats)]
+    summary = result.summary
+    return {
+        "algorithm": config["algorithm"],
+        "acc_avg": result.acc_avg,
+        "acc_local_mean": result.acc_local_mean,
+        "acc_local_min": result.acc_local_min,
+        "steps": result.steps,
+        "steps_per_epoch": summary["steps_per_epoch"],
+        "parameters": summary["parameters"],
+        "mb_per_peer": result.mb_sent_per_peer,
+        "metric_mb_per_peer": statistics.fmean(s["metric_bytes_sent"] for s in stats) / 1e6,
+        "rounds": max(int(s["rounds"]) for s in stats),
+        "critical_bytes": max(int(s["critical_bytes"]) for s in stats),
+        "evals": [
+            [r["step"], r["test_acc_avg_model"], r["mb_sent_per_peer"]] for r in result.evals
+        ],
+        "model_sha256": summary["model_sha256"],
+        "run_seconds": result.wall_seconds,
+        "load": load(),
+    }
+
+
+# ---- one peer alone ------------------------------------------------------------------------------
+def alone_row(run: Run) -> Dict[str, Any]:
+    from .timers import measure_alone
+
+    before = load()
+    measured = measure_alone(dict(run.config["train"], seed=0), ALONE_BUDGET)
+    periods = measured["periods"]
+    h = measured["local_steps"]
+    return {
+        "local_steps": h,
+        "periods": len(periods),
+        "wall": statistics.median(p[0] for p in periods) / h,
+        "arith": statistics.median(p[1] for p in periods) / h,
+        "echo": statistics.median(p[2] for p in periods) / h,
+        "compute": statistics.median(p[0] - p[1] - p[2] for p in periods) / h,
+        "cpu": statistics.median(p[3] for p in periods) / h,
+        "per_step": measured["per_step"],
+        "eval_seconds": measured["eval"]["seconds"],
+        "eval_cpu": measured["eval"]["cpu"],
+        "eval_metric_bytes": measured["eval"]["metric_bytes"],
+        "load_before": before,
+        "load_after": load(),
+        **machine(),
+    }
+
+
+# ---- the cluster ---------------------------------------------------------------------------------
+def cluster_problem() -> str:
+    from gossip_powersgd.cluster import missing_requirements
+
+    return missing_requirements() or ""
+
+
+def _stale_clusters() -> List[str]:
+    """Prefixes of this page's clusters whose making process is gone (a killed sweep)."""
+    from gossip_powersgd.cluster.network import namespaces
+
+    stale = []
+    for name in namespaces():
+        match = re.fullmatch(rf"({PREFIX}(\d+))-switch", name)
+        if match and not Path(f"/proc/{match.group(2)}").exists():
+            stale.append(match.group(1))
+    return stale
+
+
+@contextlib.contextmanager
+def cluster(hosts: int, rate: str, slow=None) -> Iterator[str]:
+    """Cluster bw<pid> of `hosts` hosts at `rate` (`slow`: (host, its rate)); removed after."""
+    from gossip_powersgd.cluster import down, parse_rate, up
+
+    for stale in _stale_clusters():
+        down(stale)
+    prefix = f"{PREFIX}{os.getpid()}"
+    rates = {slow[0]: parse_rate(slow[1])} if slow else {}
+    up(prefix, hosts, parse_rate(rate), rates)
+    try:
+        yield prefix
+    finally:
+        down(prefix)
+
+
+def launch(prefix: str, hosts: int, command: List[str], logs: Path, torchrun: bool) -> float:
+    """`python COMMAND` on every host (one process each), from the checkout: under torchrun
+    (multi-node, c10d rendezvous on host0), as a user launches, or (`torchrun` False) started
+    with the variables torchrun would set (RANK, WORLD_SIZE, MASTER_ADDR host0), without an agent
+    per host beside the timed processes. Returns the seconds until the last one ended; a host
+    that fails ends the others, and its log's tail is the error."""
+    from gossip_powersgd.cluster import enter_command
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", GOSSIP_CLUSTER_PREFIX=prefix)
+    processes = []
+    start = time.perf_counter()
+    for k in range(hosts):
+        if torchrun:
+            words = [str(Path(sys.executable).parent / "torchrun"), "--nnodes", str(hosts)]
+            words += ["--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint"]
+            words += [f"host0:{RENDEZVOUS_PORT}", *command]
+            host_env = env
+        else:
+            words = [sys.executable, *command]
+            host_env = dict(env, RANK=str(k), LOCAL_RANK="0", WORLD_SIZE=str(hosts))
+            host_env.update(MASTER_ADDR="host0", MASTER_PORT=str(RENDEZVOUS_PORT))
+        log = open(logs / f"host{k}.log", "w")
+        processes.append(
+            subprocess.Popen(
+                enter_command(prefix, f"host{k}", words),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env=host_env,
+                start_new_session=True,
+            )
+        )
+        log.close()
+    deadline = time.monotonic() + LAUNCH_LIMIT
+    failed = None
+    try:
+        while any(p.poll() is None for p in processes):
+            if time.monotonic() > deadline:
+                failed = f"still running after {LAUNCH_LIMIT:.0f} s"
+                break
+            bad = [k for k, p in enumerate(processes) if p.poll() not in (None, 0)]
+            if bad and failed is None:
+                failed = f"host{bad[0]} exited with status {processes[bad[0]].returncode}"
+                grace = time.monotonic() + 30  # the others name it and end themselves
+                while any(p.poll() is None for p in processes) and time.monotonic() < grace:
+                    time.sleep(0.2)
+                break
+            time.sleep(0.2)
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    seconds = time.perf_counter() - start
+    bad = [k for k, p in enumerate(processes) if p.returncode != 0]
+    if failed or bad:
+        k = bad[0] if bad else 0
+        tail = (logs / f"host{k}.log").read_text()[-1500:]
+        raise RuntimeError(f"launch on the cluster failed ({failed or f'host{k}'}): {tail}")
+    return seconds
+
+
+def timing_row(run: Run) -> Dict[str, Any]:
+    c = run.config
+    problem = cluster_problem()
+    if problem:
+        if run.config.get("quick"):
+            return {"skipped": problem}
+        raise RuntimeError(f"the step times need the emulated cluster: {problem}")
+    import topologies
+
+    hosts = topologies.parse(c["topology"]).size
+    spec = {
+        "train": dict(c["train"], seed=0),
+        "algorithms": c["algorithms"],
+        "timeout": COMM_TIMEOUT,
+        "budget": PROBE_BUDGET,
+        "eval": c.get("eval", True),
+    }
+    before = load()
+    with (
+        tempfile.TemporaryDirectory(prefix="bandwidth-") as tmp,
+        cluster(hosts, c["rate"], c["slow"]) as prefix,
+    ):
+        work = Path(tmp)
+        (work / "spec.json").write_text(json.dumps(spec))
+        command = ["-m", "experiments.pages.bandwidth.probe", str(work / "spec.json"), tmp]
+        seconds = launch(prefix, hosts, command, work, torchrun=False)
+        ranks = [json.loads((work / f"rank-{k}.json").read_text()) for k in range(hosts)]
+        link = link_check(prefix, c["rate"])
+    summary = dict(summarize_probe(ranks), link=link)
+    return dict(summary, launch_seconds=seconds, load_before=before, load_after=load(), **machine())
+
+
+def link_check(prefix: str, rate: str) -> Dict[str, float]:
+    """One TCP stream host1 -> host0 for about LINK_CHECK_SECONDS at `rate`: the payload rate a
+    long transfer gets on this link (the cluster tool's `throughput`)."""
+    from gossip_powersgd.cluster import parse_rate
+    from gossip_powersgd.cluster.measure import throughput
+
+    nbytes = int(min(2e8, max(4e5, parse_rate(rate) / 8 * LINK_CHECK_SECONDS)))
+    try:
+        return {
+            "bytes": nbytes,
+            "payload_bits": throughput(prefix, "host1", "host0", nbytes, 600.0),
+        }
+    except Exception as exc:  # the check is context: its failure is said, the row is kept
+        return {"bytes": nbytes, "error": str(exc).splitlines()[0][:200]}
+
+
+def summarize_probe(ranks: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Every host's probe output as the row keeps it: per algorithm and host, the medians of its
+    periods (per step); the replays as the slowest host's time of each."""
+    out: Dict[str, Any] = {"algorithms": {}, "hosts": [r["host"] for r in ranks]}
+    for key in ranks[0]["algorithms"]:
+        per = [r["algorithms"][key] for r in ranks]
+        h = per[0]["local_steps"]
+
+        def medians(index: int) -> List[float]:
+            return [statistics.median(p[index] for p in m["periods"]) / h for m in per]
+
+        def means(index: int) -> List[float]:
+            return [statistics.fmean(p[index] for p in m["periods"]) / h for m in per]
+
+        out["algorithms"][key] = {
+            "local_steps": h,
+            "periods": len(per[0]["periods"]),
+            "wall": medians(0),
+            "wall_mean": means(0),
+            "arith": medians(1),
+            "comm": medians(2),
+            "compute": [
+                statistics.median(p[0] - p[1] - p[2] for p in m["periods"]) / h for m in per
+            ],
+            "cpu": medians(3),
+            "wall_min": [min(p[0] for p in m["periods"]) / h for m in per],
+            "wall_max": [max(p[0] for p in m["periods"]) / h for m in per],
+            "bytes_sent": [m["per_step"]["bytes_sent"] for m in per],
+            "rounds": [m["per_step"]["rounds"] for m in per],
+            "critical_bytes": [m["per_step"]["critical_bytes"] for m in per],
+            "replay": [max(rep) / h for rep in zip(*(m["replay"] for m in per))],
+            "calls": per[0]["calls"],
+            "evaluations": [m["evaluations"] for m in per],
+            "tcp": {
+                phase: {k: sum(m["tcp"][phase][k] for m in per) for k in per[0]["tcp"][phase]}
+                for phase in per[0]["tcp"]
+            },
+        }
+    if "eval" not in ranks[0]:
+        return out
+    evals = [r["eval"] for r in ranks]
+    out["eval"] = {
+        "seconds": [e["seconds"] for e in evals],
+        "cpu": [e["cpu"] for e in evals],
+        "metric_bytes": [e["metric_bytes"] for e in evals],
+        "replay": [max(rep) for rep in zip(*(e["replay"] for e in evals))],
+    }
+    return out
+
+
+def fault_row(run: Run) -> Dict[str, Any]:
+    """A fault on one of 3 hosts, mid-run (`faults.py`), on a cluster of this process's prefix."""
+    from .faults import row as scenario
+
+    problem = cluster_problem()
+    if problem:
+        if run.config.get("quick"):
+            return {"skipped": problem}
+        raise RuntimeError(f"the faults across hosts need the emulated cluster: {problem}")
+    from gossip_powersgd.cluster import down
+
+    for stale in _stale_clusters():
+        down(stale)
+    return scenario(run, f"{PREFIX}{os.getpid()}")
+
+
+def e2e_row(run: Run) -> Dict[str, Any]:
+    import topologies
+    import yaml
+
+    problem = cluster_problem()
+    if problem:
+        if run.config.get("quick"):
+            return {"skipped": problem}
+        raise RuntimeError(f"the complete runs need the emulated cluster: {problem}")
+    c = run.config
+    train = training_config(run)
+    train.update(backend="torch", comm_timeout=COMM_TIMEOUT)
+    hosts = topologies.parse(train["topology"]).size
+    before = load()
+    with (
+        tempfile.TemporaryDirectory(prefix="bandwidth-e2e-") as tmp,
+        cluster(hosts, c["rate"]) as prefix,
+    ):
+        work = Path(tmp)
+        (work / "run.yaml").write_text(yaml.safe_dump(dict(train, out_dir=str(work / "run"))))
+        command = ["-m", "gossip_powersgd.cli.train", "--config", str(work / "run.yaml")]
+        seconds = launch(prefix, hosts, command, work, torchrun=True)
+        summary = json.loads((work / "run" / "summary.json").read_text())
+        lines = (work / "run" / "metrics" / "rank-0.jsonl").read_text().splitlines()
+    evals = [r for r in map(json.loads, lines) if r.get("kind") == "eval"]
+    keep = ("wall_time_s", "steps", "time_compute_s", "time_gossip_compute_s")
+    return {
+        "summary": {k: summary[k] for k in keep + ("time_communication_s",)},
+        "model_sha256": summary["model_sha256"],
+        "acc_avg": summary["final_test_acc_avg_model"],
+        "mb_per_peer": summary["mb_sent_per_peer"],
+        "evals": [[r["step"], r["wall_time"], r["test_acc_avg_model"]] for r in evals],
+        "launch_seconds": seconds,
+        "load_before": before,
+        "load_after": load(),
+        **machine(),
+    }
