@@ -279,3 +279,8 @@ def mean_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
 
 def ratios(rows: Mapping[str, float], base: Mapping[str, float]) -> Dict[str, float]:
     return {k: rows[k] / base[k] for k in rows if k in base and base[k] > 0}
+
+
+def _table(header: List[str], rows: List[List[str]]) -> List[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(r) + " |" for r in rows] + [""]

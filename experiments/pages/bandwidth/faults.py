@@ -74,7 +74,7 @@ def row(run: Run, prefix: str) -> Dict[str, Any]:
 
 
 def section(cases: Sequence[Tuple[str, str]], data: Mapping[str, Dict[str, Any]]) -> List[str]:
-    from .text import _table
+    from .compose import _table
 
     rows, bounds, skipped, late = [], set(), [], []
     for launcher, fault in cases:

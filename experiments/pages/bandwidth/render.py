@@ -1,4 +1,4 @@
-"""bandwidth.md, bandwidth.json and bandwidth.png from the rows (`figures.collect`); pure."""
+"""bandwidth.md, bandwidth.json and bandwidth.png from the rows (`collect.collect`); pure."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from experiments.engine import Outputs, Rows, made_by
 
 from . import compose, faults, text, text_network
-from .figures import collect
+from .collect import collect
 from .plot import plot
 from .recipe import BY_KEY, setting
 

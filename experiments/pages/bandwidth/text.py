@@ -1,11 +1,11 @@
-"""The bandwidth page's sections, as lines of markdown, from `figures.collect`'s numbers."""
+"""The bandwidth page's sections, as lines of markdown, from `collect.collect`'s numbers."""
 
 from __future__ import annotations
 
 from typing import Any, List, Mapping, Optional
 
 from . import compose
-from .compose import rate_text, seconds_text
+from .compose import _table, rate_text, seconds_text
 from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, rates_on
 from .recipe import grid as _grid
 
@@ -20,11 +20,6 @@ def _pct(value: Optional[float]) -> str:
 
 def _mb(value: float) -> str:
     return f"{value / 1e6:.4g}"
-
-
-def _table(header: List[str], rows: List[List[str]]) -> List[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(r) + " |" for r in rows] + [""]
 
 
 def method(s: Setting, f: Mapping[str, Any], facts: Mapping[str, Any]) -> List[str]:

@@ -9,7 +9,8 @@ from typing import Any, List, Mapping
 from . import compose
 from .compose import rate_text, seconds_text
 from .recipe import Setting
-from .text import _label, _mb, _table
+from .compose import _table
+from .text import _label, _mb
 
 
 def cost_sections(s: Setting, f: Mapping[str, Any]) -> List[str]:
