@@ -146,7 +146,7 @@ class CallRecorder:
     """Records the exchanges and all-reduces made through `comm` while started (training calls,
     or metric all-reduces with `metric=True`): their buffers' sizes and dtypes, not their data."""
 
-    def __init__(self, comm):
+    def __init__(self, comm: Communicator):
         self.comm = comm
         self.calls: Optional[list] = None
         self.metric = False
@@ -180,7 +180,7 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name.split(".")[-1])
 
 
-def replay(comm, calls: list, repeats: int) -> List[float]:
+def replay(comm: Communicator, calls: list, repeats: int) -> List[float]:
     """Seconds of each of `repeats` replays of `calls` (zero-filled buffers of the recorded sizes,
     the same peers and order; nothing computed between them), each started after a barrier."""
     plan: List[Callable[[], None]] = []
@@ -203,14 +203,14 @@ def replay(comm, calls: list, repeats: int) -> List[float]:
     return seconds
 
 
-def agreed_repeats(comm, seconds: float, budget: float, low: int, high: int) -> int:
+def agreed_repeats(comm: Communicator, seconds: float, budget: float, low: int, high: int) -> int:
     """Replays to run: `budget` over the slowest peer's `seconds`, within [low, high]."""
     slowest = comm.allreduce_(torch.tensor([seconds], dtype=torch.float64), op="max", metric=True)
     return clamp(budget / max(float(slowest[0]), 1e-6), low, high)
 
 
 # ---- one algorithm, one evaluation ----------------------------------------------------------------
-def measure_algorithm(comm, recorder, config: Dict[str, Any], budget: Dict[str, Any]):
+def measure_algorithm(comm: Communicator, recorder, config: Dict[str, Any], budget: Dict[str, Any]):
     """The trainer's loop on `comm` until the periods are measured, then the last period's
     communication replayed (unless `budget["replay"]` is 0). Returns the periods, the traffic
     counters' growth per step, the replays, and the timer (for its model)."""
@@ -248,7 +248,7 @@ def measure_algorithm(comm, recorder, config: Dict[str, Any], budget: Dict[str, 
     return out, timer
 
 
-def measure_evaluation(comm, recorder, timer: StepTimer, budget: Dict[str, Any]):
+def measure_evaluation(comm: Communicator, recorder, timer: StepTimer, budget: Dict[str, Any]):
     """One evaluation as the trainer makes it (on the model `timer` trained), timed, its
     traffic counted, and (with `budget["replay"]`) its communication replayed."""
     from gossip_powersgd.training.data import load_dataset
