@@ -102,21 +102,29 @@ def test_a_launched_backend_without_its_launcher_is_refused():
         run(42)
 
 
+# Each rank writes its own file: mpiexec forwards the ranks' stdout in chunks that may interleave
+# within a line, so one JSON line per rank on a shared stdout is not guaranteed to stay whole.
 SCRIPT = """
-import json, sys
+import json, os, sys
 from gossip_powersgd import run
 config = json.loads(sys.argv[1])
 result = run(config)
-print(json.dumps({"ranks": sorted(result.stats), "acc": result.acc_avg,
-                  "sha": result.summary["model_sha256"]}))
+rank = sorted(result.stats)[0]
+path = os.path.join(sys.argv[2], f"rank-{rank}.json")
+with open(path + ".tmp", "w") as f:
+    json.dump({"ranks": sorted(result.stats), "acc": result.acc_avg,
+               "sha": result.summary["model_sha256"]}, f)
+os.replace(path + ".tmp", path)
 """
 
 
 @pytest.mark.mpi
-def test_under_mpiexec_each_process_runs_its_rank_with_the_local_results():
-    done = run_mpi(4, ["-c", SCRIPT, json.dumps(dict(TINY, backend="mpi"))], timeout=120)
+def test_under_mpiexec_each_process_runs_its_rank_with_the_local_results(tmp_path):
+    config = json.dumps(dict(TINY, backend="mpi"))
+    done = run_mpi(4, ["-c", SCRIPT, config, str(tmp_path)], timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    lines = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank-*.json"))]
+    assert len(lines) == 4, sorted(p.name for p in tmp_path.iterdir())
     assert sorted(r["ranks"][0] for r in lines) == [0, 1, 2, 3]  # each its own rank only
     assert all(len(r["ranks"]) == 1 for r in lines)
     local = run(TINY)
