@@ -40,32 +40,38 @@ def free_port() -> int:
 
 def launch(n: int, program: Sequence[str], log_dir: Path) -> List[subprocess.Popen]:
     """Start `program` (arguments after the interpreter) as ranks 0..n-1 of one job, each one's
-    stdout and stderr in log_dir/rank-K.out and .err."""
-    port = free_port()
-    processes = []
-    for rank in range(n):
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("PMI_", "OMPI_", "MPI_LOCAL", "TORCHELASTIC_", "HYDI_"))
-        }
-        env.update(
-            RANK=str(rank),
-            WORLD_SIZE=str(n),
-            LOCAL_RANK=str(rank),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            OMP_NUM_THREADS="1",
-            PYTHONPATH=os.pathsep.join(map(str, (ROOT, HERE.parent, HERE))),
-        )
-        out = open(log_dir / f"rank-{rank}.out", "w")
-        err = open(log_dir / f"rank-{rank}.err", "w")
-        processes.append(
-            subprocess.Popen([sys.executable, *program], env=env, cwd=ROOT, stdout=out, stderr=err)
-        )
-        out.close()
-        err.close()
-    return processes
+    stdout and stderr in log_dir/rank-K.out and .err (the job's port: `launch.port`)."""
+    launch.port = port = free_port()
+    return [start(rank, n, port, program, log_dir) for rank in range(n)]
+
+
+def start(
+    rank: int, n: int, port: int, program: Sequence[str], log_dir: Path, tag: str = ""
+) -> subprocess.Popen:
+    """Start `program` as rank `rank` of the job of `n` on `port` (a restarted one too: `tag`
+    tells its log files apart, log_dir/rank-K{tag}.out and .err)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PMI_", "OMPI_", "MPI_LOCAL", "TORCHELASTIC_", "HYDI_"))
+    }
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(n),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(map(str, (ROOT, HERE.parent, HERE))),
+    )
+    out = open(log_dir / f"rank-{rank}{tag}.out", "w")
+    err = open(log_dir / f"rank-{rank}{tag}.err", "w")
+    process = subprocess.Popen(
+        [sys.executable, *program], env=env, cwd=ROOT, stdout=out, stderr=err
+    )
+    out.close()
+    err.close()
+    return process
 
 
 def end(processes: Sequence[subprocess.Popen]) -> None:
