@@ -208,6 +208,7 @@ def join_running(comm: "TorchCommunicator", topology, device) -> None:
         announcements[rank] = monitor.announce()
         if all(announcements):
             monitor.join(announcements, comm.timeout)
+        monitor.resting = True  # it watches no peer until admitted (`await_admission`)
 
 
 def next_group(comm: "TorchCommunicator", number: int, live: Sequence[int]) -> MemberGroup:

@@ -404,6 +404,7 @@ def await_admission(driver: DetectedChanges, announce: bytes) -> int:
         _caught_up(driver)
         if me in membership.last.live:
             driver.joins.add(membership.last.number)
+            driver.monitor.resting = False  # a member: its peers are watched from now on
             return membership.last.step
         if driver._store("check", [f"membership/join/{me}/answer"]):
             reason = driver._store("get", f"membership/join/{me}/answer").decode()

@@ -1,12 +1,14 @@
 """Processes of the torch backend under on_peer_loss: continue, for tests/test_churn_torch.py.
 
-    python tests/support/churn_torch.py OUT SPEC TOPOLOGY STEPS VICTIM SIGNAL AT
+    python tests/support/churn_torch.py OUT SPEC TOPOLOGY STEPS VICTIM SIGNAL AT [HOLD [rejoin]]
 
 runs one peer of a gossip-only run (no training: the models only gossip, as in test_membership)
 with the liveness monitor and the store agreement of `membership.detected`; peer VICTIM sends
 itself SIGNAL (KILL or STOP) at the start of step AT. Each survivor saves its trace in
 OUT/rank-K.pt: per step the model at the start of the step's gossip and after it, whether that
-step's gossip was interrupted, and the membership epochs it agreed on.
+step's gossip was interrupted, and the membership epochs it agreed on. With HOLD, the survivors
+wait at step HOLD for the victim's join request (`hold_for_rejoin`); with `rejoin` this process is
+the victim restarted (`--rejoin`'s path: admitted, handed the state, its trace from there).
 
 `launch` starts N such processes (or N training programs) the way torchrun starts its workers
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), without torchrun's agent: one agent
@@ -88,30 +90,60 @@ def flat(tensors):
     return torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
 
 
-def main(out: str, spec: str, topology_spec: str, steps: int, victim: int, sig: str, at: int):
+def hold_for_rejoin(comm, victim: int) -> None:
+    """Wait (a survivor, at the step HOLD) until peer `victim`'s join request is in the store:
+    the test's pacing, so that the gossip-only run (milliseconds a step) does not end before the
+    restarted process has started (seconds); TIMEOUT x 6 at most."""
+    import time
+
+    deadline = time.monotonic() + 6 * TIMEOUT
+    while not comm._store.check([f"membership/join/{victim}"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def main(
+    out: str,
+    spec: str,
+    topology_spec: str,
+    steps: int,
+    victim: int,
+    sig: str,
+    at: int,
+    hold: int = -1,
+    rejoin: bool = False,
+):
     import torch
 
     import topologies
     from gossip_powersgd import TorchCommunicator, make_algorithm
     from gossip_powersgd.comm.membership import MemberCommunicator
-    from gossip_powersgd.membership.detected import detected_changes
+    from gossip_powersgd.comm.torch_members import rejoin_as
+    from gossip_powersgd.membership.detected import await_admission, detected_changes
     from gossip_powersgd.membership.epochs import Membership
     from gossip_powersgd.membership.peer import ParamsState, PeerMembership
 
     torch.set_num_threads(1)
     topology = topologies.parse(topology_spec)
+    rejoin_as(victim if rejoin else None)
     comm = TorchCommunicator(topology, timeout=TIMEOUT)
-    g = torch.Generator().manual_seed(42 + comm.rank)
+    g = torch.Generator().manual_seed(42 + comm.rank + (1000 if rejoin else 0))
     params = [torch.randn(s, generator=g, dtype=torch.float64) for s in SHAPES]
     member = MemberCommunicator(comm)
     peer = PeerMembership(member, Membership(topology))
     algorithm = peer.bind(spec, make_algorithm(spec, params, member))
     driver = detected_changes(peer, comm)
+    driver.steps = steps
     state = ParamsState(params)
-    trace, largest = [], 0.0
-    for t in range(steps):
-        if comm.rank == victim and t == at:
+    trace, largest, first = [], 0.0, 0
+    if rejoin:  # away until its admission step (`ChurnRun._await_admission`'s placing)
+        first = await_admission(driver, driver.monitor.announce())
+        peer.epoch = peer.membership.at(first - 1)
+        trace = [None] * first
+    for t in range(first, steps):
+        if comm.rank == victim and t == at and not rejoin:
             os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
+        if t == hold:
+            hold_for_rejoin(comm, victim)
         driver.before_step(t)
         peer.advance(t, state)
         middle = flat(params)
@@ -131,4 +163,5 @@ def main(out: str, spec: str, topology_spec: str, steps: int, victim: int, sig: 
 
 if __name__ == "__main__":
     out, spec, topology_spec, steps, victim, sig, at = sys.argv[1:8]
-    main(out, spec, topology_spec, int(steps), int(victim), sig, int(at))
+    hold, rejoin = (int(sys.argv[8]), sys.argv[9:] == ["rejoin"]) if sys.argv[8:] else (-1, False)
+    main(out, spec, topology_spec, int(steps), int(victim), sig, int(at), hold, rejoin)
