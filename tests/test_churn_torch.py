@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -344,3 +345,45 @@ def test_a_killed_peer_restarted_with_rejoin_is_admitted_handed_the_state_and_ca
     mine = finals[2]["test_acc_local"]
     assert min(others) - spread <= mine <= max(others) + spread, (mine, others)
     assert mine > 0.8
+
+
+@pytest.mark.parametrize(
+    "env, sets, peer, expected",
+    [
+        (
+            {},
+            ["backend=local"],
+            1,
+            "--rejoin needs a run with on_peer_loss: continue on backend torch",
+        ),
+        (
+            {"RANK": "1"},
+            ["on_peer_loss=abort"],
+            1,
+            "--rejoin needs a run with on_peer_loss: continue",
+        ),
+        ({}, [], 4, "--rejoin 4: out of range (peers 1..3 can rejoin)"),
+        ({}, [], 0, "peer 0 hosts the rendezvous store"),
+        ({"RANK": "3"}, [], 2, "--rejoin 2 but RANK=3"),
+        (
+            {"RANK": "1"},
+            ["dp_noise_multiplier=1.0", "dp_max_grad_norm=1.0"],
+            1,
+            "--rejoin with DP-SGD is not supported",
+        ),
+    ],
+    ids=["local", "abort", "out-of-range", "peer-0", "other-rank", "dp"],
+)
+def test_rejoin_refuses_bad_input_in_one_line(tmp_path, env, sets, peer, expected):
+    """Refused before connecting (MASTER_PORT 1 reaches nothing): one stderr line, exit 1.
+    120 s: one interpreter importing torch on a loaded machine."""
+    base = ["backend=torch", "on_peer_loss=continue", f"out_dir={tmp_path / 'run'}", *sets]
+    args = [sys.executable, "-m", "gossip_powersgd.cli.train", "--config", str(TINY)]
+    args += [a for s in base for a in ("--set", s)] + ["--rejoin", str(peer)]
+    environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "GOSSIP_TRACEBACK")}
+    if "backend=local" not in sets:  # (one process of a launched job; local: a plain one)
+        environ.update(WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT="1", **env)
+    result = subprocess.run(args, env=environ, capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert expected in lines[0], lines[0]
