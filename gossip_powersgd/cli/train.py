@@ -279,7 +279,7 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
         device = resolve_device(config.device, 0).type  # the GPU index comes from LOCAL_RANK
     config = config.replace(peers=topology.size)
     if args.rejoin is not None:
-        from gossip_powersgd.comm.torch_members import rejoin_as
+        from gossip_powersgd.comm.torch_rejoin import rejoin_as
 
         check_rejoin(args.rejoin, config, topology.size, bool(resume))
         rejoin_as(args.rejoin)

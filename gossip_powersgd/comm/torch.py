@@ -47,15 +47,7 @@ from .. import faults
 from .interfaces import bind_gloo_to_route
 from .mpi import GRACE_SECONDS
 from .torch_faults import PeerWatch, undelivered
-from .torch_members import (
-    SoloGroup,
-    before_transfer,
-    join_running,
-    next_group,
-    raise_if_lost,
-    rejoining,
-    watched_wait,
-)
+from .torch_members import before_transfer, next_group, raise_if_lost, watched_wait
 
 if TYPE_CHECKING:
     from topologies import Topology
@@ -139,6 +131,8 @@ class TorchCommunicator(Communicator):
     rendezvous and every wait for a neighbour or a collective.
     """
 
+    _rejoined = False  # a process of gossip-train --rejoin (`torch_rejoin`)
+
     def __init__(
         self,
         topology: Topology,
@@ -157,21 +151,14 @@ class TorchCommunicator(Communicator):
         if device.type == "cuda":
             torch.cuda.set_device(device)
         self._owns_group = not dist.is_initialized()
-        #: started with gossip-train --rejoin: a peer removed earlier, admitted by the running
-        #: members (`torch_members.join_running`; no default group, alone until then)
-        self._rejoined = rejoining() is not None
-        if self._owns_group or self._rejoined:
+        if self._owns_group:
             store = self._rendezvous(wait)
         else:
             store = dist.distributed_c10d._get_default_store()
         _instances += 1
         self._store = dist.PrefixStore(f"gossip_powersgd/{_instances}/", store)
         _store_for_exit = (self._store, world_size)
-        if self._rejoined:
-            self._owns_group = False
-            join_running(self, topology, device)
-        else:
-            self._agree_before_joining(topology, world_size, device)
+        self._agree_before_joining(topology, world_size, device)
         if self._owns_group:
             # peers on other hosts must reach this one where gloo listens
             bind_gloo_to_route(
@@ -191,7 +178,7 @@ class TorchCommunicator(Communicator):
         self.device, self.backend = device, backend
         #: on_peer_loss: continue: what interrupts waits, the epoch's group (`torch_members`)
         self.interrupted: Optional[Callable[[], Optional[str]]] = None
-        self.group = SoloGroup(rank) if self._rejoined else None  # a `torch_members.MemberGroup`
+        self.group = None  # a `torch_members.MemberGroup`
         super().__init__(topology, rank, timeout)
         self._faults = PeerWatch(self._store, rank, world_size, self._monitor)
         atexit.register(self._tell_exit)  # runs before close (atexit is last in, first out)
@@ -367,11 +354,6 @@ class TorchCommunicator(Communicator):
     def _failure(self, what: str, peers: Optional[List[int]] = None) -> CommunicationError:
         return self._faults.failure(what, peers or [])
 
-    def _ring_members(self):
-        if isinstance(self.group, SoloGroup):  # a rejoining peer before its admission: alone
-            return self.group.live
-        return super()._ring_members()
-
     def set_members(self, number: int, live) -> None:
         """From now on, a fresh group of the peers `live` (collective over them: `MemberGroup`)."""
         self.group = next_group(self, number, live)
@@ -440,8 +422,6 @@ class TorchCommunicator(Communicator):
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_group = False
-        if self._rejoined:  # its only groups are the members' (`torch_members`)
-            self.group = None
 
 
 def exit_after_peers(code: int) -> None:

@@ -15,20 +15,12 @@ Two things `TorchCommunicator` needs once a lost peer must not end the run:
   store, one per epoch number, collective over the members only); its ranks are positions in the
   ascending list of member ids, so peer ids (which never change) are mapped to positions here.
 
-* **A peer that comes back** (`gossip-train --rejoin ID`, `rejoin_as`): a process started with the
-  stable id of a peer the members removed joins no default group (its peers hold theirs); it
-  reaches the rendezvous store, checks the topology and device against rank 0's set-up entry,
-  hands its liveness announcement to its monitor with the others', and is alone (`SoloGroup`:
-  its set-up's collectives are over itself) until the members admit it
-  (`membership.detected`); its first group is the one of its admission epoch.
-
 CPU tensors only (gloo): a run with ``device: cuda`` and on_peer_loss: continue is refused.
 """
 
 from __future__ import annotations
 
 import datetime
-import os
 import threading
 import time
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
@@ -36,7 +28,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ..errors import CommunicationError, PeerLostError
+from ..errors import PeerLostError
 
 if TYPE_CHECKING:  # the torch communicator itself imports this module: typed by its base
     from .base import Communicator as TorchCommunicator
@@ -146,71 +138,6 @@ class MemberGroup:
         return [bytes(t.numpy().tobytes()) for t in out[0]]
 
 
-_rejoining: Optional[int] = None
-
-
-def rejoin_as(peer: Optional[int]) -> None:
-    """Make the communicator this process builds next that of peer `peer` rejoining a running
-    run (`gossip-train --rejoin ID`); None: an ordinary one."""
-    global _rejoining
-    _rejoining = peer
-
-
-def rejoining() -> Optional[int]:
-    """The peer id this process rejoins as (`rejoin_as`), else None."""
-    return _rejoining
-
-
-class SoloGroup:
-    """A rejoining peer's group until its admission: itself alone (it talks to no other peer)."""
-
-    number = -1
-
-    def __init__(self, rank: int):
-        self.live = (rank,)
-        self.position = {rank: 0}
-
-    def _nobody(self, tensor, peer: int):
-        raise CommunicationError(
-            f"rank {self.live[0]}: a rejoining peer talks to peer {peer} before the members "
-            "admitted it (an operation of the training loop before its admission step)"
-        )
-
-    send = recv = _nobody
-
-    def allgather_bytes(self, data: bytes, wait) -> List[bytes]:
-        return [data]
-
-
-def join_running(comm: "TorchCommunicator", topology, device) -> None:
-    """The set-up of a rejoining `comm` (module docstring): the topology and the device type must
-    be rank 0's (its entry in the store, from the run's set-up); the liveness monitor takes in
-    every peer's announcement of that set-up, this process's own new one in its place."""
-    from .base import digest
-
-    store, rank = comm._store, comm.rank
-    if not store.check(["hello/0"]):
-        raise CommunicationError(
-            f"rank {rank}: --rejoin found no running run at {os.environ.get('MASTER_ADDR')}:"
-            f"{os.environ.get('MASTER_PORT')} (the store holds no set-up): start the run first"
-        )
-    keys = [f"hello/{k}" for k in range(topology.size)]
-    hellos = [store.get(k).decode().split("|") if store.check([k]) else None for k in keys]
-    mine = digest(f"{topology.size}:{topology.fingerprint}").hex()
-    if hellos[0][0] != mine or hellos[0][1] != device.type:
-        raise CommunicationError(
-            f"rank {rank}: --rejoin: the running run's topology or device differs from this "
-            "process's config: rejoin with the run's own config"
-        )
-    monitor = comm._monitor
-    if monitor is not None:
-        announcements = [bytes.fromhex(h[2]) if h and len(h) == 3 else b"" for h in hellos]
-        announcements[rank] = monitor.announce()
-        if all(announcements):
-            monitor.join(announcements, comm.timeout)
-        monitor.resting = True  # it watches no peer until admitted (`await_admission`)
-
-
 def next_group(comm: "TorchCommunicator", number: int, live: Sequence[int]) -> MemberGroup:
     """The group of membership epoch `number` for the `TorchCommunicator` `comm`, after ending
     every wait left pending on its current one (the default group in epoch 0)."""
@@ -224,10 +151,6 @@ def next_group(comm: "TorchCommunicator", number: int, live: Sequence[int]) -> M
 
 __all__ = [
     "MemberGroup",
-    "SoloGroup",
-    "join_running",
-    "rejoin_as",
-    "rejoining",
     "before_transfer",
     "POLL_SECONDS",
     "close_pending",

@@ -153,26 +153,6 @@ class Monitor:
             self.silent_after = min(SILENT_SECONDS, max(timeout / 2, GAP_SECONDS))
         self._beat()  # at once: a peer stopped or cut off right after set-up has been heard
 
-    def readmit(self, peer: int, announcement: bytes) -> None:
-        """Watch `peer` again, a process that rejoined under continue with this `announcement`
-        (its `announce()`): its earlier loss is forgotten."""
-        pid, key, _, port, probe_port, packed, name = _ANNOUNCE.unpack(bytes(announcement))
-        with self._lock:
-            self.losses = [(e, t) for e, t in self.losses if e.peer != peer]
-            self.removed.discard(peer)
-            self.leaving.discard(peer)
-            self._stopped_since.pop(peer, None)
-            self.local.pop(peer, None)
-            self.remote.pop(peer, None)
-            if key == self.key and key != bytes(8):
-                self.local[peer] = pid
-            else:
-                addresses = [socket.inet_ntoa(packed[i : i + 4]) for i in range(0, 16, 4)]
-                mine = liveness.local_addresses()
-                addresses = [a for a in addresses if a != "0.0.0.0" and a not in mine]
-                host = name.rstrip(b"\0").decode("utf-8", "replace")
-                self.remote[peer] = _Remote(host, addresses, port, probe_port)
-
     def _watched(self, peer: int) -> bool:
         return peer not in self.leaving and peer not in self.removed
 

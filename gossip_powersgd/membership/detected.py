@@ -56,6 +56,7 @@ as under abort.
 from __future__ import annotations
 
 import json
+import socket
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
 
@@ -176,7 +177,7 @@ class DetectedChanges:
             raise CommunicationError(
                 f"rank {self.rank}: the other peers found this peer lost "
                 f"({proposal['lost'].get(str(self.rank), '?')}, seen by rank {proposal['by']}) and "
-                "went on without it: it ends here (restart it with --rejoin to take part again)"
+                f"went on without it: it ends here (restart it with --rejoin {self.rank} to take part again)"
             )
         counters = {
             k: v for k, v in self.peer.algorithm.inner.node_state().items() if isinstance(v, int)
@@ -307,7 +308,7 @@ class DetectedChanges:
         self._store("set", f"{key}/step", str(at))
         for peer in joined:
             self._store("delete_key", f"membership/join/{peer}")
-            self.monitor.readmit(peer, bytes.fromhex(proposal["announce"]))
+            readmit(self.monitor, peer, bytes.fromhex(proposal["announce"]))
         self.joins.add(epoch.number)
         self._ready = (epoch.number, at)
         self.changes.append(
@@ -358,6 +359,29 @@ def detected_changes(peer: PeerMembership, transport) -> Optional[DetectedChange
     transport.interrupted = driver.interrupted
     monitor.policy = "continue"
     return driver
+
+
+def readmit(monitor: Monitor, peer: int, announcement: bytes) -> None:
+    """Make `monitor` (`faults.Monitor`) watch `peer` again, a process admitted back with this
+    announcement (its `Monitor.announce()`, read as `Monitor.join` reads the set-up's): its
+    earlier loss forgotten, its process or host in the tables in place of the old one's."""
+    from ..faults.monitor import _ANNOUNCE, _Remote, liveness
+
+    pid, key, _, port, probe_port, packed, name = _ANNOUNCE.unpack(announcement)
+    with monitor._lock:
+        monitor.losses = [(e, t) for e, t in monitor.losses if e.peer != peer]
+        for table in (monitor.removed, monitor.leaving):
+            table.discard(peer)
+        for table in (monitor._stopped_since, monitor.local, monitor.remote):
+            table.pop(peer, None)
+        if key == monitor.key and key != bytes(8):
+            monitor.local[peer] = pid
+            return
+        addresses = [socket.inet_ntoa(packed[i : i + 4]) for i in range(0, 16, 4)]
+        mine = liveness.local_addresses()
+        host = name.rstrip(b"\0").decode("utf-8", "replace")
+        addresses = [a for a in addresses if a != "0.0.0.0" and a not in mine]
+        monitor.remote[peer] = _Remote(host, addresses, port, probe_port)
 
 
 def _caught_up(driver: DetectedChanges) -> None:

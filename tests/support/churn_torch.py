@@ -117,15 +117,14 @@ def main(
     import topologies
     from gossip_powersgd import TorchCommunicator, make_algorithm
     from gossip_powersgd.comm.membership import MemberCommunicator
-    from gossip_powersgd.comm.torch_members import rejoin_as
+    from gossip_powersgd.comm.torch_rejoin import RejoiningCommunicator
     from gossip_powersgd.membership.detected import await_admission, detected_changes
     from gossip_powersgd.membership.epochs import Membership
     from gossip_powersgd.membership.peer import ParamsState, PeerMembership
 
     torch.set_num_threads(1)
     topology = topologies.parse(topology_spec)
-    rejoin_as(victim if rejoin else None)
-    comm = TorchCommunicator(topology, timeout=TIMEOUT)
+    comm = (RejoiningCommunicator if rejoin else TorchCommunicator)(topology, timeout=TIMEOUT)
     g = torch.Generator().manual_seed(42 + comm.rank + (1000 if rejoin else 0))
     params = [torch.randn(s, generator=g, dtype=torch.float64) for s in SHAPES]
     member = MemberCommunicator(comm)
