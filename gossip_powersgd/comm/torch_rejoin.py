@@ -14,11 +14,14 @@ no peer. Its first group is its admission epoch's (`torch_members.MemberGroup`),
 from __future__ import annotations
 
 import os
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from ..errors import CommunicationError
 from .base import digest
 from .torch import TorchCommunicator
+
+if TYPE_CHECKING:
+    from topologies import Topology
 
 __all__ = ["RejoiningCommunicator", "SoloGroup", "rejoin_as", "rejoining"]
 
@@ -67,7 +70,7 @@ class RejoiningCommunicator(TorchCommunicator):
         super().__init__(*args, **kwargs)
         self.group = SoloGroup(self.rank)
 
-    def _agree_before_joining(self, topology, world_size: int, device) -> None:
+    def _agree_before_joining(self, topology: Topology, world_size: int, device) -> None:
         """In place of the set-up agreement: check the run's, take in its announcements."""
         store, rank = self._store, self.rank
         self._owns_group = False  # no default group of its own (its peers hold theirs)
