@@ -8,7 +8,8 @@ Keys (a config-driven feature, `features.py`):
   in-process backend (local) runs it from a churn schedule; backend torch from the peers its
   liveness monitor finds lost (stopped, killed, hung, unreachable), agreed by the survivors through
   the rendezvous store (`membership.detected`: gloo, CPU); backend mpi is refused (MPICH is
-  fail-stop: a dead rank ends the job).
+  fail-stop: a dead rank ends the job). A removed peer restarted with ``gossip-train --rejoin ID``
+  is admitted back (`comm.torch_rejoin`, `membership.detected`; ChurnRun places its loop).
 * ``churn``: the schedule of an in-process run (`membership.churn`: ``leave:3@200,join:3@400`` or
   ``rate=0.02,down=50,seed=1``); needs ``on_peer_loss: continue`` and backend local.
 * ``churn_join: average | copy``: a joiner's model, optimizer state and step counter are the mean
