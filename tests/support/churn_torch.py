@@ -141,7 +141,7 @@ def main(
     for t in range(first, steps):
         if comm.rank == victim and t == at and not rejoin:
             os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
-        if t == hold:
+        if t == hold and not rejoin:  # (a survivor)
             hold_for_rejoin(comm, victim)
         driver.before_step(t)
         peer.advance(t, state)
