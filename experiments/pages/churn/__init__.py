@@ -10,7 +10,7 @@ thread of one process, the changes from a churn schedule). Two sections, one pag
   members' average some steps later, next to the others'.
 
 Modules: `measure` (the rows: one `gossip_powersgd.run` each), `tables` (the renderer's tables,
-plot and text, from the rows alone)."""
+plot; `text`: the prose and the page's files, from the rows alone)."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def row(run: Run) -> Dict[str, Any]:
 
 def render(rows: Rows) -> Outputs:
     """churn.md, churn.json and churn.png from the rows alone."""
-    from .tables import render_page
+    from .text import render_page
 
     return render_page(rows, setting(rows.quick))
 

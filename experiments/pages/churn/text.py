@@ -1,14 +1,26 @@
-"""The churn page's prose around its tables: the set-up (the recipe, the per-step rate), the two
-sections and the limits of what it measures."""
+"""The churn page's prose around its tables (the set-up: the recipe, the per-step rate; the two
+sections; the limits of what it measures) and the page's files (`render_page`)."""
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any, Dict
 
-from experiments.engine import Rows
+from experiments.engine import Outputs, Rows, made_by
+from experiments.suite.runs import BASE, QUICK_BASE
 from experiments.suite.tables import header
 
-from .tables import grid_table, grid_verdict, join_table, join_verdict
+from .tables import (
+    grid_cells,
+    grid_table,
+    grid_verdict,
+    join_cells,
+    join_table,
+    join_verdict,
+    plot,
+    soak_section,
+)
 
 
 def setup_text(s: Dict[str, Any], recipe: Dict[str, Any]) -> str:
@@ -18,7 +30,8 @@ def setup_text(s: Dict[str, Any], recipe: Dict[str, Any]) -> str:
         f"Recipe: {recipe['dataset']}, model `{s['model']}`, {n} peers, iid, SGD lr "
         f"{recipe['lr']} momentum {recipe.get('momentum', 0)}, batch {recipe['batch_size']} "
         f"per peer, {s['epochs']} epochs of {spe} steps ({s['epochs'] * spe} steps), "
-        f"{recipe.get('schedule', 'constant')} schedule; seeds {', '.join(map(str, s['seeds']))} "
+        f"{recipe.get('schedule', 'constant')} schedule after "
+        f"{recipe.get('warmup_epochs', 0)} warm-up epochs; seeds {', '.join(map(str, s['seeds']))} "
         "(the seed of both the training and the churn schedule). Every run: "
         "`gossip_powersgd.run(config)` with `on_peer_loss: continue`.\n\n"
         "**Churn.** Random churn `churn: rate=R,down=D,seed=S`: at every step each live peer "
@@ -87,9 +100,10 @@ def join_section(s, cells, joins) -> str:
         f"accuracy and squared distance to the members' average are taken at the evaluations "
         f"after the join (every epoch, {spe} steps apart; the first one step after it), next to "
         "the other members' (their accuracies' mean, min and max; their mean squared distance). "
-        "'Within spread': in how many seeds the joiner's accuracy is between the others' min and "
-        "max. The final accuracy stands next to the same algorithm's no-churn row of the grid "
-        "(same topology and recipe).\n\n"
+        "'Joiner ≥ others' min': in how many seeds the joiner's accuracy is at least the lowest "
+        "of the others' (within their spread, or above it: caught up). The final accuracy "
+        "stands next to the same algorithm's no-churn row of the grid (same topology and "
+        "recipe).\n\n"
         + "\n".join(join_verdict(joins))
         + "\n\n"
         + join_table(joins, cells, s["join_topology"])
@@ -112,3 +126,31 @@ def limits_text() -> str:
         "- The shift is measured for cooperative changes (a departed peer's model is known at "
         "its last step); under detected losses the library measures none.\n\n"
     )
+
+
+def render_page(rows: Rows, s: Dict[str, Any]) -> Outputs:
+    """churn.md, churn.json and churn.png."""
+    cells, joins = grid_cells(rows), join_cells(rows)
+    data = {
+        "command": rows.command,
+        "complete": rows.complete,
+        "setting": {k: v for k, v in s.items() if k != "algorithms"},
+        "algorithms": [list(a) for a in s["algorithms"]],
+        "grid": [
+            dict(topology=t, algorithm=label, rate_per_epoch=rate, **cell)
+            for (t, label, rate), cell in cells.items()
+        ],
+        "join": [dict(algorithm=label, mode=mode, **cell) for (label, mode), cell in joins.items()],
+    }
+    recipe = QUICK_BASE if s["quick"] else BASE
+    text = page_text(rows, s, cells, joins, recipe, made_by(rows))
+    text += soak_section(rows)
+    return {
+        "churn.md": text,
+        "churn.json": json.dumps(data, indent=1, default=_finite) + "\n",
+        "churn.png": plot(cells, s),
+    }
+
+
+def _finite(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else str(value)
