@@ -58,6 +58,24 @@ def setup_text(s: Dict[str, Any], recipe: Dict[str, Any]) -> str:
     )
 
 
+def wall_span(rows: Rows) -> str:
+    """ "Wall time about M min (first start to last finish, from the rows)": each row's start is
+    its finish (to the minute) less its run time."""
+    import datetime
+
+    if not rows.records:
+        return ""
+    fmt = "%Y-%m-%d %H:%M UTC"
+    ends = [datetime.datetime.strptime(r.finished, fmt) for r in rows.records]
+    starts = [e - datetime.timedelta(seconds=r.seconds) for e, r in zip(ends, rows.records)]
+    minutes = (max(ends) - min(starts)).total_seconds() / 60
+    span = "under a minute" if minutes < 1 else f"about {minutes:.0f} min"
+    return (
+        f"Wall time {span} from the first run's start to the last one's end "
+        "(finish times are to the minute), on 2 CPU cores shared with other jobs."
+    )
+
+
 def page_text(rows: Rows, s, cells, joins, recipe, generated: str) -> str:
     """churn.md without its soak section."""
     quick = " (--quick)" if s["quick"] else ""
@@ -70,7 +88,8 @@ def page_text(rows: Rows, s, cells, joins, recipe, generated: str) -> str:
         f"Training through churn, in-process{quick}",
         rows.command,
         0.0,
-        "Churn here is scheduled: peers leave and join cooperatively at steps every peer knows.",
+        "Churn here is scheduled: peers leave and join cooperatively at steps every peer knows. "
+        + wall_span(rows),
         generated=generated,
     )
     text += unfinished + setup_text(s, recipe)
