@@ -168,6 +168,36 @@ def _gap(probe: Dict[str, Any]) -> str:
     return f"{100 * (probe['joiner_acc'] - probe['others_acc_mean']):+.2f} pp"
 
 
+def spread_verdict(cells: Dict[Cell, Dict[str, Any]]) -> List[str]:
+    """How many churned cells differ from their no-churn row by more than the seeds' spread, and
+    whose consensus distance grows with churn (more than 2x at the highest rate)."""
+    churned = [(c, v) for c, v in cells.items() if c[2] > 0 and (c[0], c[1], 0.0) in cells]
+    if not churned:
+        return []
+    top = max(c[2] for c, _ in churned)
+    beyond, grows = 0, []
+    for (topology, label, rate), cell in churned:
+        base = cells[(topology, label, 0.0)]
+        spread = (cell["acc_avg_std"] or 0.0) + (base["acc_avg_std"] or 0.0)
+        beyond += abs(cell["acc_avg"] - base["acc_avg"]) > spread
+        if rate == top and cell["consensus_distance"] > 2 * base["consensus_distance"]:
+            grows.append(
+                f"{label} on {topology} ({base['consensus_distance']:.3g} → "
+                f"{cell['consensus_distance']:.3g})"
+            )
+    lines = [
+        f"- Of the {len(churned)} churned cells, {beyond} differ from their no-churn row's "
+        "averaged-model accuracy by more than the sum of the two rows' std over seeds."
+    ]
+    lines.append(
+        f"- Consensus distance more than doubled at {100 * top:g} % churn: "
+        + ("; ".join(grows) if grows else "none")
+        + ". (A repair makes new edges; an edge's state starts fresh at both ends, so Choco's "
+        "per-edge public copies of a new edge start from zero, `membership/algorithm.py`.)"
+    )
+    return lines
+
+
 def join_verdict(joins) -> List[str]:
     """Average vs copy, per algorithm: the shift at the join and the joiner's gap to the others'
     mean accuracy at the first evaluation after the join."""
