@@ -8,7 +8,9 @@ Two things `TorchCommunicator` needs once a lost peer must not end the run:
   (the membership's: a loss this rank's monitor found, or one the other survivors wrote in the
   store); when it says a peer is lost, the operation is abandoned with `PeerLostError`, without
   touching the group's connections. A receive from a peer that died (its connections reset) fails
-  at once, and the monitor's diagnosis of it goes to the same place.
+  at once, and so does posting a message on a connection gloo has already closed ("Connection
+  closed by peer", raised by the post itself, not by a wait): the monitor's diagnosis of either
+  goes to the same place (`raise_if_lost`).
 * **A group per membership epoch.** The default group holds every peer of the launch, and its
   connections to a lost one are broken. After each agreed change the members build a fresh gloo
   group over themselves (`MemberGroup`: a `ProcessGroupGloo` on a `PrefixStore` of the rendezvous
@@ -116,7 +118,7 @@ class MemberGroup:
     """The gloo group of membership epoch `number` over the peers `live` (module docstring)."""
 
     def __init__(self, store, number: int, live: Sequence[int], rank: int, timeout: float):
-        self.number = number
+        self.number, self.rank = number, rank
         self.live = tuple(sorted(live))
         self.position: Dict[int, int] = {peer: k for k, peer in enumerate(self.live)}
         prefix = dist.PrefixStore(f"membership/group/{number}/", store)
@@ -130,11 +132,15 @@ class MemberGroup:
     def recv(self, tensor, peer: int):
         return self.group.recv([tensor], self.position[peer], 0)
 
-    def allgather_bytes(self, data: bytes, wait) -> List[bytes]:
-        """Every member's `data` (of one length), in id order; `wait(works, ...)` the transport's."""
+    def allgather_bytes(self, data: bytes, post, wait) -> List[bytes]:
+        """Every member's `data` (of one length), in id order; `post(...)` and `wait(works,
+        ...)` the transport's."""
         mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         out = [[torch.empty_like(mine) for _ in self.live]]
-        wait([self.group.allgather(out, [mine])], [], "an all-gather with the members")
+        what = "an all-gather with the members"
+        others = [k for k in self.live if k != self.rank]
+        work = post(lambda: self.group.allgather(out, [mine]), what, [], others)
+        wait([work], [], what, others)
         return [bytes(t.numpy().tobytes()) for t in out[0]]
 
 
