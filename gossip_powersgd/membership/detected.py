@@ -120,31 +120,28 @@ class DetectedChanges:
         membership = self.peer.membership
         number = membership.last.number + 1
         key = f"membership/{number}"
-        lost = self._lost()
-        if lost:
-            mine = {
-                "live": [k for k in membership.last.live if k not in {e.peer for e, _ in lost}],
-                "lost": {str(e.peer): e.how for e, _ in lost},
-                "by": self.rank,
-                "detected": min(t for _, t in lost),
-            }
-            proposal = json.loads(self._store("compare_set", key, "", json.dumps(mine)))
-        else:
-            proposal = json.loads(self._store("get", key))
-        live = tuple(proposal["live"])
-        if self.rank not in live:
-            raise CommunicationError(
-                f"rank {self.rank}: the other peers found this peer lost "
-                f"({proposal['lost'].get(str(self.rank), '?')}, seen by rank {proposal['by']}) and "
-                "went on without it: it ends here (restart it with --rejoin to take part again)"
-            )
+        proposal = self._propose(key, {})
         counters = {
             k: v for k, v in self.peer.algorithm.inner.node_state().items() if isinstance(v, int)
         }
-        self._store(
-            "set", f"{key}/at/{self.rank}", json.dumps({"step": step, "counters": counters})
-        )
-        posts = self._wait_for_posts(key, live, proposal)
+        post = json.dumps({"step": step, "counters": counters})
+        revision = 0
+        while True:  # until every member of a revision has posted (module docstring)
+            live = tuple(proposal["live"])
+            if self.rank not in live:
+                raise CommunicationError(
+                    f"rank {self.rank}: the other peers found this peer lost "
+                    f"({proposal['lost'].get(str(self.rank), '?')}, seen by rank "
+                    f"{proposal['by']}) and went on without it: it ends here (restart it with "
+                    "--rejoin to take part again)"
+                )
+            here = f"{key}/{revision}" if revision else key
+            self._store("set", f"{here}/at/{self.rank}", post)
+            posts = self._wait_for_posts(here, live)
+            if posts is not None:
+                break
+            revision += 1
+            proposal = self._propose(f"{key}/revision/{revision}", proposal)
         at = max(max(p["step"] for p in posts), membership.last.step + 1)
         agreed = {name: max(p["counters"][name] for p in posts) for name in counters}
         epoch = membership.append(at, live)
@@ -170,27 +167,49 @@ class DetectedChanges:
             flush=True,
         )
 
-    def _wait_for_posts(self, key: str, live: Tuple[int, ...], proposal: Dict) -> List[Dict]:
-        """Every member's post for the proposal `key`; a one-line error if one of them is lost
-        meanwhile, or has not posted within the comm timeout."""
+    def _propose(self, key: str, previous: Dict) -> Dict:
+        """The proposal at `key`: this rank's (the members of `previous`, or of the last epoch,
+        less the peers it found lost) if it is the first to write one, else the winner's."""
+        members = previous.get("live", self.peer.membership.last.live)
+        lost = [(e, t) for e, t in self._lost() if e.peer in members]
+        if not lost:  # another member found the loss: its proposal (the store's get waits)
+            return json.loads(self._store("get", key))
+        gone = {str(e.peer): e.how for e, _ in lost}
+        mine = {
+            "live": [k for k in members if str(k) not in gone],
+            "lost": {**previous.get("lost", {}), **gone},
+            "by": self.rank,
+            "detected": previous.get("detected", min(t for _, t in lost)),
+        }
+        return json.loads(self._store("compare_set", key, "", json.dumps(mine)))
+
+    def _wait_for_posts(self, key: str, live: Tuple[int, ...]) -> Optional[List[Dict]]:
+        """Every member's post for the proposal (or revision) `key`, or None if it must be
+        revised: a member was found lost before all had posted. Which one it is, is decided once
+        in the store (`key/outcome`, first writer wins), so every member sees the same; a
+        one-line error if the members have not posted within the comm timeout."""
         keys = [f"{key}/at/{k}" for k in live]
+        outcome_key = f"{key}/outcome"
         deadline = time.monotonic() + self.timeout
-        while not self._store("check", keys):
-            also = [e for e, _ in self._lost() if e.peer in live]
-            if also:
-                raise CommunicationError(
-                    f"rank {self.rank}: peer {also[0].peer} was lost too ({also[0].how}) while the "
-                    f"survivors agreed to go on without {sorted(proposal['lost'])}: this version "
-                    "goes on through one loss at a time"
-                )
-            if time.monotonic() > deadline:
+        while True:
+            if self._store("check", [outcome_key]):
+                outcome = self._store("get", outcome_key).decode()
+            elif self._store("check", keys):
+                outcome = self._store("compare_set", outcome_key, "", "done").decode()
+            elif any(e.peer in live for e, _ in self._lost()):
+                outcome = self._store("compare_set", outcome_key, "", "revise").decode()
+            elif time.monotonic() > deadline:
                 missing = [k for k, name in zip(live, keys) if not self._store("check", [name])]
                 raise CommunicationError(
                     f"rank {self.rank}: peers {missing} did not join the agreement on membership "
-                    f"{key.split('/')[-1]} within {self.timeout:g} s (comm_timeout)"
+                    f"{key.split('/')[1]} within {self.timeout:g} s (comm_timeout)"
                 )
-            time.sleep(WAIT_SECONDS)
-        return [json.loads(self._store("get", name)) for name in keys]
+            else:
+                time.sleep(WAIT_SECONDS)
+                continue
+            if outcome == "done":
+                return [json.loads(self._store("get", name)) for name in keys]
+            return None
 
     def continued(self, number: int) -> None:
         """Epoch `number` took effect on this peer now (the page's detection-to-continuation)."""
