@@ -47,7 +47,13 @@ from .. import faults
 from .interfaces import bind_gloo_to_route
 from .mpi import GRACE_SECONDS
 from .torch_faults import PeerWatch, undelivered
-from .torch_members import before_transfer, next_group, raise_if_lost, watched_wait
+from .torch_members import (
+    before_transfer,
+    end_helpers,
+    next_group,
+    raise_if_lost,
+    watched_wait,
+)
 
 if TYPE_CHECKING:
     from topologies import Topology
@@ -334,7 +340,7 @@ class TorchCommunicator(Communicator):
                 if self.interrupted is None:
                     finished = w.wait(datetime.timedelta(seconds=left))
                 else:
-                    finished = watched_wait(w, left, self.interrupted)
+                    finished = watched_wait(w, left, self.interrupted, self.group)
             except RuntimeError as exc:
                 text = str(exc).lower()
                 if "timed out" in text or "timeout" in text:
@@ -432,8 +438,10 @@ class TorchCommunicator(Communicator):
 
     def _close_at_exit(self) -> None:
         """Leave the process group now (at interpreter exit: gloo's threads still running then
-        make the C++ runtime abort the process, SIGABRT)."""
+        make the C++ runtime abort the process, SIGABRT), after ending the waits that
+        on_peer_loss: continue left pending on its groups (`torch_members.end_helpers`)."""
         if self._owns_group and dist.is_initialized():
+            end_helpers(self)
             dist.destroy_process_group()
             self._owns_group = False
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -45,10 +45,16 @@ CLOSE_TRIES = 4
 _INSTANT = datetime.timedelta(milliseconds=1)
 
 
-def watched_wait(work, seconds: float, interrupted: Callable[[], Optional[str]]):
+#: (helper thread, the group its work is on: a `MemberGroup`, or None for the default group) of
+#: every `watched_wait` whose helper may still run (`end_helpers`).
+_helpers: List[Tuple[threading.Thread, Optional["MemberGroup"]]] = []
+
+
+def watched_wait(work, seconds: float, interrupted: Callable[[], Optional[str]], group=None):
     """`work.wait(seconds)`, in a helper thread; raises `PeerLostError` as soon as
     `interrupted()` names a loss (the helper is left to end with the work: when the lost peer's
-    connections close, or when `close_pending` closes the group's at the change)."""
+    connections close, when `close_pending` closes the group's at the change, or at the latest
+    when the process leaves its groups, `end_helpers`). `group`: the work's (None: default)."""
     done, box = threading.Event(), {}
 
     def wait() -> None:
@@ -59,7 +65,9 @@ def watched_wait(work, seconds: float, interrupted: Callable[[], Optional[str]])
         finally:
             done.set()
 
-    threading.Thread(target=wait, name="gossip-wait", daemon=True).start()
+    helper = threading.Thread(target=wait, name="gossip-wait", daemon=True)
+    helper.start()
+    _helpers[:] = [(t, g) for t, g in _helpers if t.is_alive()] + [(helper, group)]
     while not done.wait(POLL_SECONDS):
         reason = interrupted()
         if reason is not None:
@@ -114,6 +122,28 @@ def close_pending(recv, peers: Sequence[int], size: int) -> None:
                 break
 
 
+def end_helpers(comm: "TorchCommunicator") -> None:
+    """Before the process leaves its groups (every member is done with them): end every helper
+    of `watched_wait` still blocked, by closing its group's connections (`close_pending`), and
+    wait for it (DYING_SECONDS at most). A helper whose wait returns while the interpreter is
+    finalizing aborts the process ("terminate called without an active exception": its thread
+    can no longer take the interpreter's lock); one still blocked when the C++ runtime tears
+    down its groups crashes it."""
+    alive = [(t, g) for t, g in _helpers if t.is_alive()]
+    if not alive:
+        return
+    size = getattr(comm, "largest_receive", 1)
+    for group in {id(g): g for _, g in alive}.values():
+        if group is not None:
+            close_pending(group.recv, [j for j in group.live if j != comm.rank], size)
+        elif dist.is_initialized():
+            close_pending(dist.irecv, [j for j in range(comm.size) if j != comm.rank], size)
+    deadline = time.monotonic() + DYING_SECONDS
+    for helper, _ in alive:
+        helper.join(max(deadline - time.monotonic(), 0.0))
+    _helpers[:] = [(t, g) for t, g in _helpers if t.is_alive()]
+
+
 class MemberGroup:
     """The gloo group of membership epoch `number` over the peers `live` (module docstring)."""
 
@@ -160,6 +190,7 @@ __all__ = [
     "before_transfer",
     "POLL_SECONDS",
     "close_pending",
+    "end_helpers",
     "next_group",
     "raise_if_lost",
     "watched_wait",

@@ -15,9 +15,14 @@ The agreement, at the start of the next step (`DetectedChanges.before_step`), in
                         wins, every survivor reads the winner
     membership/E/at/K   {"step": s, "counters": {...}}: survivor K has not started step s, and
                         holds these algorithm counters (gossip steps, PowerGossip's half-steps)
+    membership/E/outcome        "done" once every member of the proposal has posted, "revise" if
+                                a member was found lost first (compare_set: decided once)
+    membership/E/revision/R     revision R >= 1 of the proposal: the previous one's members less
+    membership/E/R/at/K         the peers found lost meanwhile (two peers lost together, or one
+    membership/E/R/outcome      lost while the others agree), posted and decided the same way
 
-Once every member of the proposal has posted, each one appends the same epoch at the same step:
-the largest step posted (a step none has started: each waits in `before_step`), at least one after
+Once every member of the proposal (or of its last revision) has posted, each one appends the same
+epoch at the same step: the largest step posted (a step none has started: each waits in `before_step`), at least one after
 the last change. A survivor behind it trains the steps up to it without gossip (its exchanges are
 interrupted), then every member applies the epoch at that step (`PeerMembership.advance`): a
 fresh gloo group over the members (`TorchCommunicator.set_members`), the repaired graph, and the
@@ -30,11 +35,16 @@ terms of the interrupted step that one end of an edge applied and the other did 
 form, and not measured (`measure_shift` needs the lost peer's model); `average_shift_total`
 counts cooperative changes and joins only.
 
-Limits of this version: a second loss among the survivors before a change takes effect ends the
-run naming both peers (one change at a time); so does a loss during an evaluation, a checkpoint,
-a log record or the end of the run (collectives outside the gossip step), and the loss of the
-store's host (rank 0's process, or torchrun's first agent). A peer lost during set-up ends the run
-as under abort.
+Losses outside the gossip step: an evaluation, a log record or a checkpoint's agreement that a
+loss interrupts is skipped on the members it interrupted (`training.churn.ChurnRun.guard`: the
+others may have finished it; a checkpoint file is written whole before its agreement), and the
+next step agrees as above. At the end of the run (after the last step) the members agree at once
+and apply the change (`ChurnRun.settle`), evaluate again, and do the summary and the end-of-run
+barrier again over the new membership.
+
+Limits of this version: the loss of the store's host (rank 0's process, or torchrun's first agent)
+is not survived; a peer lost during set-up ends the run as under abort; a peer lost while the
+members build the next epoch's group ends the run.
 """
 
 from __future__ import annotations
