@@ -393,12 +393,15 @@ def _train(
             ):
                 # True: the save succeeded on every rank (it is collective); None: a lost peer
                 # interrupted it after this peer's file was written whole (churn)
-                saved = guard("a checkpoint", _save, comm, run_dir, run, state, hooks, resumable)
+                saved = guard(
+                    "a checkpoint",
+                    lambda: _save(comm, run_dir, run, state, hooks, resumable) or True,
+                )
                 resumable = resumable or saved is not None
         # on_peer_loss: continue on torch: a loss found at the very end takes effect now, and the
         # members evaluate again without it (the end's record is theirs: `ChurnRun.settle`)
         if churn is not None and churn.settle(state) and churn.live:
-            evaluate(lr, taken[0])
+            evaluate(learning_rate(config, state.step - 1, run.steps_per_epoch), taken[0])
     finally:
         printer.close()
         records.close()
