@@ -36,12 +36,13 @@ STEPS, AT, VICTIM = 120, 5, 2
 WITHIN = 240
 
 
-def gossip_job(tmp_path, spec, sig, victims=(VICTIM,), n=4, late=False):
+def gossip_job(tmp_path, spec, sig, victims=(VICTIM,), n=4, mode=""):
     """The gossip-only program (tests/support/churn_torch.py) on ring:n, `victims` sending
-    themselves `sig` at step AT (`late`: their neighbours post step AT's messages only after
-    the victims' processes ended); every rank's exit status and stderr."""
+    themselves `sig` at step AT (`mode` late: their neighbours post step AT's messages only after
+    the victims' processes ended; then: the second victim once the agreement on the first has
+    started); every rank's exit status and stderr."""
     program = ["tests/support/churn_torch.py", str(tmp_path), spec, f"ring:{n}", str(STEPS)]
-    program += ["+".join(map(str, victims)), sig, str(AT)] + (["late"] if late else [])
+    program += ["+".join(map(str, victims)), sig, str(AT)] + ([mode] if mode else [])
     processes = launch(n, program, tmp_path)
     try:
         codes = [p.wait(timeout=WITHIN) for p in processes]
@@ -122,7 +123,7 @@ def test_a_neighbour_posting_after_the_lost_peer_died_goes_on(tmp_path):
     has already closed, and gloo refuses the post at once ("Connection closed by peer") instead of
     failing the wait. That is the loss (PeerLostError, the step's gossip dropped), not the end of
     the run: here the victim's neighbours post step AT's messages only once it has ended."""
-    codes, logs = gossip_job(tmp_path, "exact", "KILL", late=True)
+    codes, logs = gossip_job(tmp_path, "exact", "KILL", mode="late")
     survivors = [0, 1, 3]
     assert [codes[k] for k in survivors] == [0, 0, 0], (codes, logs)
     results = [torch.load(tmp_path / f"rank-{k}.pt", weights_only=False) for k in survivors]
@@ -134,12 +135,18 @@ def test_a_neighbour_posting_after_the_lost_peer_died_goes_on(tmp_path):
     assert all(results[k]["trace"][AT][2] for k in (1, 2))  # ranks 1 and 3
 
 
-@pytest.mark.parametrize("victims", [(1, 4), (2, 3)], ids=["apart", "adjacent"])
-def test_two_peers_lost_at_once_are_both_removed(tmp_path, victims):
-    """ring:6, two peers SIGKILLed at the same step (apart, or neighbours of each other): the
-    survivors agree on one membership without either (in one change, or in two when one loss
-    is found while they agree on the other), the same on every survivor, and finish."""
-    codes, logs = gossip_job(tmp_path, "exact", "KILL", victims=victims, n=6)
+@pytest.mark.parametrize(
+    "victims, mode",
+    [((1, 4), ""), ((2, 3), ""), ((1, 4), "then")],
+    ids=["apart", "adjacent", "during-the-agreement"],
+)
+def test_two_peers_lost_at_once_are_both_removed(tmp_path, victims, mode):
+    """ring:6, two peers SIGKILLed at the same step (apart, or neighbours of each other), or the
+    second one once the survivors proposed to go on without the first (before it posted: the
+    proposal is revised): the survivors agree on one membership without either (in one change,
+    or in two when one loss is found after the other's agreement), the same on every survivor,
+    and finish."""
+    codes, logs = gossip_job(tmp_path, "exact", "KILL", victims=victims, n=6, mode=mode)
     survivors = [k for k in range(6) if k not in victims]
     assert [codes[k] for k in survivors] == [0] * 4, (codes, logs)
     assert [codes[v] for v in victims] == [-signal.SIGKILL] * 2
@@ -149,6 +156,8 @@ def test_two_peers_lost_at_once_are_both_removed(tmp_path, victims):
         assert r["epochs"][-1][2] == survivors
         lost = {k: how for change in r["changes"] for k, how in change["lost"].items()}
         assert lost == {v: "killed" for v in victims}
+        if mode == "then":  # the second one never posted: one change, its proposal revised
+            assert len(r["changes"]) == 1
     assert not any(results[0]["trace"][t][2] for t in range(results[0]["epochs"][-1][1], STEPS))
 
 

@@ -173,7 +173,8 @@ class DetectedChanges:
         )
         print(
             f"membership (rank {self.rank}): {lost_text} lost; the survivors, peers "
-            f"{','.join(map(str, live))}, go on without it from step {at} (epoch {epoch.number})",
+            f"{','.join(map(str, live))}, go on without "
+            f"{'them' if len(proposal['lost']) > 1 else 'it'} from step {at} (epoch {epoch.number})",
             flush=True,
         )
 

@@ -1,6 +1,6 @@
 """Processes of the torch backend under on_peer_loss: continue, for tests/test_churn_torch.py.
 
-    python tests/support/churn_torch.py OUT SPEC TOPOLOGY STEPS VICTIM SIGNAL AT [late]
+    python tests/support/churn_torch.py OUT SPEC TOPOLOGY STEPS VICTIM SIGNAL AT [late|then]
 
 runs one peer of a gossip-only run (no training: the models only gossip, as in test_membership)
 with the liveness monitor and the store agreement of `membership.detected`; peer VICTIM sends
@@ -94,9 +94,7 @@ def wait_until_ended(pids) -> None:
     time.sleep(0.05)  # gloo's thread reads the closed connections (ordering, not a timed check)
 
 
-def main(
-    out: str, spec: str, topology_spec: str, steps: int, victims, sig: str, at: int, late=False
-):
+def main(out: str, spec: str, topology_spec: str, steps: int, victims, sig: str, at: int, mode=""):
     import torch
 
     import topologies
@@ -119,11 +117,15 @@ def main(
     trace, largest = [], 0.0
     near = {j for v in victims for j in topology.neighbors(v)} - set(victims)
     for t in range(steps):
-        if comm.rank in victims and t == at:
+        if t == at and comm.rank in victims[: 1 if mode == "then" else None]:
+            os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
+        elif t == at and comm.rank in victims:  # "then": once the others propose, unposted
+            while not driver.store.check(["membership/1"]):
+                time.sleep(0.01)
             os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
         driver.before_step(t)
         peer.advance(t, state)
-        if late and t == at and comm.rank in near:
+        if mode == "late" and t == at and comm.rank in near:
             wait_until_ended([faults.current().local[v] for v in victims])
         middle = flat(params)
         interrupted = algorithm.interrupted_steps
@@ -143,4 +145,4 @@ def main(
 if __name__ == "__main__":
     out, spec, topology_spec, steps, victims, sig, at = sys.argv[1:8]
     victims = [int(v) for v in victims.split("+")]
-    main(out, spec, topology_spec, int(steps), victims, sig, int(at), sys.argv[8:] == ["late"])
+    main(out, spec, topology_spec, int(steps), victims, sig, int(at), "".join(sys.argv[8:9]))
