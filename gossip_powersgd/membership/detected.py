@@ -15,9 +15,14 @@ The agreement, at the start of the next step (`DetectedChanges.before_step`), in
                         wins, every survivor reads the winner
     membership/E/at/K   {"step": s, "counters": {...}}: survivor K has not started step s, and
                         holds these algorithm counters (gossip steps, PowerGossip's half-steps)
+    membership/E/outcome        "done" once every member of the proposal has posted, "revise" if
+                                a member was found lost first (compare_set: decided once)
+    membership/E/revision/R     revision R >= 1 of the proposal: the previous one's members less
+    membership/E/R/at/K         the peers found lost meanwhile (two peers lost together, or one
+    membership/E/R/outcome      lost while the others agree), posted and decided the same way
 
-Once every member of the proposal has posted, each one appends the same epoch at the same step:
-the largest step posted (a step none has started: each waits in `before_step`), at least one after
+Once every member of the proposal (or of its last revision) has posted, each one appends the same
+epoch at the same step: the largest step posted (a step none has started: each waits in `before_step`), at least one after
 the last change. A survivor behind it trains the steps up to it without gossip (its exchanges are
 interrupted), then every member applies the epoch at that step (`PeerMembership.advance`): a
 fresh gloo group over the members (`TorchCommunicator.set_members`), the repaired graph, and the
@@ -30,11 +35,16 @@ terms of the interrupted step that one end of an edge applied and the other did 
 form, and not measured (`measure_shift` needs the lost peer's model); `average_shift_total`
 counts cooperative changes and joins only.
 
-Limits of this version: a second loss among the survivors before a change takes effect ends the
-run naming both peers (one change at a time); so does a loss during an evaluation, a checkpoint,
-a log record or the end of the run (collectives outside the gossip step), and the loss of the
-store's host (rank 0's process, or torchrun's first agent). A peer lost during set-up ends the run
-as under abort.
+Losses outside the gossip step: an evaluation, a log record or a checkpoint's agreement that a
+loss interrupts is skipped on the members it interrupted (`training.churn.ChurnRun.guard`: the
+others may have finished it; a checkpoint file is written whole before its agreement), and the
+next step agrees as above. At the end of the run (after the last step) the members agree at once
+and apply the change (`ChurnRun.settle`), evaluate again, and do the summary and the end-of-run
+barrier again over the new membership.
+
+Limits of this version: the loss of the store's host (rank 0's process, or torchrun's first agent)
+is not survived; a peer lost during set-up ends the run as under abort; a peer lost while the
+members build the next epoch's group ends the run.
 """
 
 from __future__ import annotations
@@ -120,31 +130,28 @@ class DetectedChanges:
         membership = self.peer.membership
         number = membership.last.number + 1
         key = f"membership/{number}"
-        lost = self._lost()
-        if lost:
-            mine = {
-                "live": [k for k in membership.last.live if k not in {e.peer for e, _ in lost}],
-                "lost": {str(e.peer): e.how for e, _ in lost},
-                "by": self.rank,
-                "detected": min(t for _, t in lost),
-            }
-            proposal = json.loads(self._store("compare_set", key, "", json.dumps(mine)))
-        else:
-            proposal = json.loads(self._store("get", key))
-        live = tuple(proposal["live"])
-        if self.rank not in live:
-            raise CommunicationError(
-                f"rank {self.rank}: the other peers found this peer lost "
-                f"({proposal['lost'].get(str(self.rank), '?')}, seen by rank {proposal['by']}) and "
-                "went on without it: it ends here (restart it with --rejoin to take part again)"
-            )
+        proposal = self._propose(key, {})
         counters = {
             k: v for k, v in self.peer.algorithm.inner.node_state().items() if isinstance(v, int)
         }
-        self._store(
-            "set", f"{key}/at/{self.rank}", json.dumps({"step": step, "counters": counters})
-        )
-        posts = self._wait_for_posts(key, live, proposal)
+        post = json.dumps({"step": step, "counters": counters})
+        revision = 0
+        while True:  # until every member of a revision has posted (module docstring)
+            live = tuple(proposal["live"])
+            if self.rank not in live:
+                raise CommunicationError(
+                    f"rank {self.rank}: the other peers found this peer lost "
+                    f"({proposal['lost'].get(str(self.rank), '?')}, seen by rank "
+                    f"{proposal['by']}) and went on without it: it ends here (restart it with "
+                    "--rejoin to take part again)"
+                )
+            here = f"{key}/{revision}" if revision else key
+            self._store("set", f"{here}/at/{self.rank}", post)
+            posts = self._wait_for_posts(here, live)
+            if posts is not None:
+                break
+            revision += 1
+            proposal = self._propose(f"{key}/revision/{revision}", proposal)
         at = max(max(p["step"] for p in posts), membership.last.step + 1)
         agreed = {name: max(p["counters"][name] for p in posts) for name in counters}
         epoch = membership.append(at, live)
@@ -166,31 +173,54 @@ class DetectedChanges:
         )
         print(
             f"membership (rank {self.rank}): {lost_text} lost; the survivors, peers "
-            f"{','.join(map(str, live))}, go on without it from step {at} (epoch {epoch.number})",
+            f"{','.join(map(str, live))}, go on without "
+            f"{'them' if len(proposal['lost']) > 1 else 'it'} from step {at} (epoch {epoch.number})",
             flush=True,
         )
 
-    def _wait_for_posts(self, key: str, live: Tuple[int, ...], proposal: Dict) -> List[Dict]:
-        """Every member's post for the proposal `key`; a one-line error if one of them is lost
-        meanwhile, or has not posted within the comm timeout."""
+    def _propose(self, key: str, previous: Dict) -> Dict:
+        """The proposal at `key`: this rank's (the members of `previous`, or of the last epoch,
+        less the peers it found lost) if it is the first to write one, else the winner's."""
+        members = previous.get("live", self.peer.membership.last.live)
+        lost = [(e, t) for e, t in self._lost() if e.peer in members]
+        if not lost:  # another member found the loss: its proposal (the store's get waits)
+            return json.loads(self._store("get", key))
+        gone = {str(e.peer): e.how for e, _ in lost}
+        mine = {
+            "live": [k for k in members if str(k) not in gone],
+            "lost": {**previous.get("lost", {}), **gone},
+            "by": self.rank,
+            "detected": previous.get("detected", min(t for _, t in lost)),
+        }
+        return json.loads(self._store("compare_set", key, "", json.dumps(mine)))
+
+    def _wait_for_posts(self, key: str, live: Tuple[int, ...]) -> Optional[List[Dict]]:
+        """Every member's post for the proposal (or revision) `key`, or None if it must be
+        revised: a member was found lost before all had posted. Which one it is, is decided once
+        in the store (`key/outcome`, first writer wins), so every member sees the same; a
+        one-line error if the members have not posted within the comm timeout."""
         keys = [f"{key}/at/{k}" for k in live]
+        outcome_key = f"{key}/outcome"
         deadline = time.monotonic() + self.timeout
-        while not self._store("check", keys):
-            also = [e for e, _ in self._lost() if e.peer in live]
-            if also:
-                raise CommunicationError(
-                    f"rank {self.rank}: peer {also[0].peer} was lost too ({also[0].how}) while the "
-                    f"survivors agreed to go on without {sorted(proposal['lost'])}: this version "
-                    "goes on through one loss at a time"
-                )
-            if time.monotonic() > deadline:
+        while True:
+            if self._store("check", [outcome_key]):
+                outcome = self._store("get", outcome_key).decode()
+            elif self._store("check", keys):
+                outcome = self._store("compare_set", outcome_key, "", "done").decode()
+            elif any(e.peer in live for e, _ in self._lost()):
+                outcome = self._store("compare_set", outcome_key, "", "revise").decode()
+            elif time.monotonic() > deadline:
                 missing = [k for k, name in zip(live, keys) if not self._store("check", [name])]
                 raise CommunicationError(
                     f"rank {self.rank}: peers {missing} did not join the agreement on membership "
-                    f"{key.split('/')[-1]} within {self.timeout:g} s (comm_timeout)"
+                    f"{key.split('/')[1]} within {self.timeout:g} s (comm_timeout)"
                 )
-            time.sleep(WAIT_SECONDS)
-        return [json.loads(self._store("get", name)) for name in keys]
+            else:
+                time.sleep(WAIT_SECONDS)
+                continue
+            if outcome == "done":
+                return [json.loads(self._store("get", name)) for name in keys]
+            return None
 
     def continued(self, number: int) -> None:
         """Epoch `number` took effect on this peer now (the page's detection-to-continuation)."""
