@@ -13,8 +13,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def page_commit() -> str:
-    """The checkout's short commit, "+ uncommitted changes" when tracked files other than the
-    result pages differ from it (a page run rewrites its own page), "unknown" outside git."""
+    """The checkout's short commit, "+ uncommitted changes" when files other than the result
+    pages differ from it (a page run rewrites its own page), "unknown" outside git. Untracked
+    files count too (ignored ones do not): a page run on page code not yet committed is not the
+    commit's."""
     from gossip_powersgd.utils import git_commit
 
     try:
@@ -23,10 +25,11 @@ def page_commit() -> str:
                 "git",
                 "status",
                 "--porcelain",
-                "--untracked-files=no",
+                "--untracked-files=all",
                 "--",
                 ".",
                 ":(exclude)experiments/results",
+                ":(exclude)runs",
             ],
             cwd=ROOT,
             capture_output=True,

@@ -47,7 +47,13 @@ from .. import faults
 from .interfaces import bind_gloo_to_route
 from .mpi import GRACE_SECONDS
 from .torch_faults import PeerWatch, undelivered
-from .torch_members import before_transfer, next_group, raise_if_lost, watched_wait
+from .torch_members import (
+    before_transfer,
+    end_helpers,
+    next_group,
+    raise_if_lost,
+    watched_wait,
+)
 
 if TYPE_CHECKING:
     from topologies import Topology
@@ -294,20 +300,33 @@ class TorchCommunicator(Communicator):
         if not outgoing and not incoming:
             return
         before_transfer(self, incoming)  # on_peer_loss: continue (`torch_members`)
-        if self.group is not None:  # the members' group of this epoch, by position
-            works = [self.group.send(out, j) for j, out in outgoing]
-            works += [self.group.recv(into, j) for j, into in incoming]
-        else:
-            works = dist.batch_isend_irecv(
+        peers = [j for j, _ in outgoing + incoming]
+
+        def post():
+            if self.group is not None:  # the members' group of this epoch, by position
+                works = [self.group.send(out, j) for j, out in outgoing]
+                return works + [self.group.recv(into, j) for j, into in incoming]
+            return dist.batch_isend_irecv(
                 [dist.P2POp(dist.isend, out, j) for j, out in outgoing]
                 + [dist.P2POp(dist.irecv, into, j) for j, into in incoming]
             )
-        self._wait(
-            works,
-            [j for j, _ in incoming],
-            role,
-            [j for j, _ in outgoing + incoming],
-        )
+
+        works = self._post(post, role, [j for j, _ in incoming], peers)
+        self._wait(works, [j for j, _ in incoming], role, peers)
+
+    def _post(self, post, role: str, senders: List[int], peers: Optional[List[int]] = None):
+        """`post()`'s works. gloo refuses to post on a connection already closed (a peer that died
+        between two operations: "Connection closed by peer"), raising at once: handled as a
+        failed wait, so that under on_peer_loss: continue it is the lost peer's `PeerLostError`."""
+        try:
+            return post()
+        except RuntimeError as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            everyone = [k for k in range(self.size) if k != self.rank]
+            raise_if_lost(self._monitor, peers or everyone, self.interrupted)
+            raise self._failure(
+                f"talking to {role} {senders} failed ({first}); did a peer stop?", peers or everyone
+            ) from None
 
     def _wait(
         self, works, peers: List[int], role: str, works_peers: Optional[List[int]] = None
@@ -323,7 +342,7 @@ class TorchCommunicator(Communicator):
                 if self.interrupted is None:
                     finished = w.wait(datetime.timedelta(seconds=left))
                 else:
-                    finished = watched_wait(w, left, self.interrupted)
+                    finished = watched_wait(w, left, self.interrupted, self.group)
             except RuntimeError as exc:
                 text = str(exc).lower()
                 if "timed out" in text or "timeout" in text:
@@ -385,11 +404,14 @@ class TorchCommunicator(Communicator):
 
     def allgather_bytes(self, data: bytes) -> List[bytes]:
         if self.group is not None:  # the members' of this epoch (the end-of-run barrier's)
-            return self.group.allgather_bytes(data, self._wait)
+            return self.group.allgather_bytes(data, self._post, self._wait)
         with self._one_at_a_time("an all-gather"):
             mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             out = [torch.empty_like(mine) for _ in range(self.size)]
-            self._wait([dist.all_gather(out, mine, async_op=True)], [], "an all-gather with peers")
+            work = self._post(
+                lambda: dist.all_gather(out, mine, async_op=True), "an all-gather with peers", []
+            )
+            self._wait([work], [], "an all-gather with peers")
         return [bytes(t.numpy().tobytes()) for t in out]
 
     def close(self) -> None:
@@ -418,8 +440,10 @@ class TorchCommunicator(Communicator):
 
     def _close_at_exit(self) -> None:
         """Leave the process group now (at interpreter exit: gloo's threads still running then
-        make the C++ runtime abort the process, SIGABRT)."""
+        make the C++ runtime abort the process, SIGABRT), after ending the waits that
+        on_peer_loss: continue left pending on its groups (`torch_members.end_helpers`)."""
         if self._owns_group and dist.is_initialized():
+            end_helpers(self)
             dist.destroy_process_group()
             self._owns_group = False
 

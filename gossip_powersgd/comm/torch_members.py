@@ -8,7 +8,9 @@ Two things `TorchCommunicator` needs once a lost peer must not end the run:
   (the membership's: a loss this rank's monitor found, or one the other survivors wrote in the
   store); when it says a peer is lost, the operation is abandoned with `PeerLostError`, without
   touching the group's connections. A receive from a peer that died (its connections reset) fails
-  at once, and the monitor's diagnosis of it goes to the same place.
+  at once, and so does posting a message on a connection gloo has already closed ("Connection
+  closed by peer", raised by the post itself, not by a wait): the monitor's diagnosis of either
+  goes to the same place (`raise_if_lost`).
 * **A group per membership epoch.** The default group holds every peer of the launch, and its
   connections to a lost one are broken. After each agreed change the members build a fresh gloo
   group over themselves (`MemberGroup`: a `ProcessGroupGloo` on a `PrefixStore` of the rendezvous
@@ -23,7 +25,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -43,10 +45,16 @@ CLOSE_TRIES = 4
 _INSTANT = datetime.timedelta(milliseconds=1)
 
 
-def watched_wait(work, seconds: float, interrupted: Callable[[], Optional[str]]):
+#: (helper thread, the group its work is on: a `MemberGroup`, or None for the default group) of
+#: every `watched_wait` whose helper may still run (`end_helpers`).
+_helpers: List[Tuple[threading.Thread, Optional["MemberGroup"]]] = []
+
+
+def watched_wait(work, seconds: float, interrupted: Callable[[], Optional[str]], group=None):
     """`work.wait(seconds)`, in a helper thread; raises `PeerLostError` as soon as
     `interrupted()` names a loss (the helper is left to end with the work: when the lost peer's
-    connections close, or when `close_pending` closes the group's at the change)."""
+    connections close, when `close_pending` closes the group's at the change, or at the latest
+    when the process leaves its groups, `end_helpers`). `group`: the work's (None: default)."""
     done, box = threading.Event(), {}
 
     def wait() -> None:
@@ -57,7 +65,9 @@ def watched_wait(work, seconds: float, interrupted: Callable[[], Optional[str]])
         finally:
             done.set()
 
-    threading.Thread(target=wait, name="gossip-wait", daemon=True).start()
+    helper = threading.Thread(target=wait, name="gossip-wait", daemon=True)
+    helper.start()
+    _helpers[:] = [(t, g) for t, g in _helpers if t.is_alive()] + [(helper, group)]
     while not done.wait(POLL_SECONDS):
         reason = interrupted()
         if reason is not None:
@@ -112,11 +122,33 @@ def close_pending(recv, peers: Sequence[int], size: int) -> None:
                 break
 
 
+def end_helpers(comm: "TorchCommunicator") -> None:
+    """Before the process leaves its groups (every member is done with them): end every helper
+    of `watched_wait` still blocked, by closing its group's connections (`close_pending`), and
+    wait for it (DYING_SECONDS at most). A helper whose wait returns while the interpreter is
+    finalizing aborts the process ("terminate called without an active exception": its thread
+    can no longer take the interpreter's lock); one still blocked when the C++ runtime tears
+    down its groups crashes it."""
+    alive = [(t, g) for t, g in _helpers if t.is_alive()]
+    if not alive:
+        return
+    size = getattr(comm, "largest_receive", 1)
+    for group in {id(g): g for _, g in alive}.values():
+        if group is not None:
+            close_pending(group.recv, [j for j in group.live if j != comm.rank], size)
+        elif dist.is_initialized():
+            close_pending(dist.irecv, [j for j in range(comm.size) if j != comm.rank], size)
+    deadline = time.monotonic() + DYING_SECONDS
+    for helper, _ in alive:
+        helper.join(max(deadline - time.monotonic(), 0.0))
+    _helpers[:] = [(t, g) for t, g in _helpers if t.is_alive()]
+
+
 class MemberGroup:
     """The gloo group of membership epoch `number` over the peers `live` (module docstring)."""
 
     def __init__(self, store, number: int, live: Sequence[int], rank: int, timeout: float):
-        self.number = number
+        self.number, self.rank = number, rank
         self.live = tuple(sorted(live))
         self.position: Dict[int, int] = {peer: k for k, peer in enumerate(self.live)}
         prefix = dist.PrefixStore(f"membership/group/{number}/", store)
@@ -130,11 +162,15 @@ class MemberGroup:
     def recv(self, tensor, peer: int):
         return self.group.recv([tensor], self.position[peer], 0)
 
-    def allgather_bytes(self, data: bytes, wait) -> List[bytes]:
-        """Every member's `data` (of one length), in id order; `wait(works, ...)` the transport's."""
+    def allgather_bytes(self, data: bytes, post, wait) -> List[bytes]:
+        """Every member's `data` (of one length), in id order; `post(...)` and `wait(works,
+        ...)` the transport's."""
         mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         out = [[torch.empty_like(mine) for _ in self.live]]
-        wait([self.group.allgather(out, [mine])], [], "an all-gather with the members")
+        what = "an all-gather with the members"
+        others = [k for k in self.live if k != self.rank]
+        work = post(lambda: self.group.allgather(out, [mine]), what, [], others)
+        wait([work], [], what, others)
         return [bytes(t.numpy().tobytes()) for t in out[0]]
 
 
@@ -154,6 +190,7 @@ __all__ = [
     "before_transfer",
     "POLL_SECONDS",
     "close_pending",
+    "end_helpers",
     "next_group",
     "raise_if_lost",
     "watched_wait",

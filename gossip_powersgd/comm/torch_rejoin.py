@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, List, Optional
 from ..errors import CommunicationError
 from .base import digest
 from .torch import TorchCommunicator
+from .torch_members import end_helpers
 
 if TYPE_CHECKING:
     from topologies import Topology
@@ -57,7 +58,7 @@ class SoloGroup:
 
     send = recv = _nobody
 
-    def allgather_bytes(self, data: bytes, wait) -> List[bytes]:
+    def allgather_bytes(self, data: bytes, post, wait) -> List[bytes]:
         return [data]
 
 
@@ -101,5 +102,6 @@ class RejoiningCommunicator(TorchCommunicator):
         return super()._ring_members()
 
     def _close_at_exit(self) -> None:
+        end_helpers(self)  # the waits left pending on its members' groups (it has no default one)
         super()._close_at_exit()
         self.group = None  # its only groups are the members' (`torch_members.MemberGroup`)

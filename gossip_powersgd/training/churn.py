@@ -44,6 +44,7 @@ import torch
 
 from ..comm.base import digest
 from ..comm.transports import TRANSPORTS
+from ..errors import PeerLostError
 from .features import Feature, Key, register
 from .hooks import TrainingHooks
 
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 
     from ..comm.base import Comm
 
-__all__ = ["CHURN", "ChurnRun", "churn_run", "supporting_backends", "JOIN_MODES"]
+__all__ = ["CHURN", "ChurnRun", "call", "churn_run", "supporting_backends", "JOIN_MODES"]
 
 #: Backends on which on_peer_loss: continue runs in this version.
 
@@ -353,6 +354,42 @@ class ChurnRun(TrainingHooks):
             self._write_away(state)
         return self.peer.live
 
+    def settle(self, state) -> bool:
+        """After the last step (the end of the run): a loss found meanwhile is agreed on by the
+        members at `state.step` and takes effect now (`membership.detected`); whether a change
+        did. Every member comes here, or to a collective of the end that the loss interrupts."""
+        if self.detected is None:
+            return False
+        self.detected.before_step(state.step)
+        membership, changed = self.peer.membership, False
+        while self.peer.epoch.number < membership.last.number:
+            epoch = membership.epochs[self.peer.epoch.number + 1]
+            joined = TrainingState(self.run.model, self.run.optimizer, state, self)
+            change = self.peer.advance(epoch.step, joined)
+            if change is not None:
+                self.changes += 1
+                self.detected.continued(change.epoch.number)
+                changed = True
+        return changed
+
+    def guard(self, what: str, fn, *args, **kwargs):
+        """`fn(*args, **kwargs)`, a section of the loop with collectives outside the gossip step
+        (an evaluation, a log record, a checkpoint's agreement). On torch under on_peer_loss:
+        continue, a peer lost during it interrupts it on this member (None, said in one line):
+        the others may have finished it, so it is not done again; the next step (or the end's
+        `settle`) agrees on going on without the peer, as after an interrupted gossip step."""
+        if self.detected is None:
+            return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except PeerLostError as exc:
+            print(
+                f"membership (rank {self.comm.rank}): {what} interrupted ({exc}): none on this "
+                "peer",
+                flush=True,
+            )
+            return None
+
     def _write_away(self, state) -> None:
         if self.run_dir is None or not self.config.checkpoint_every:
             return
@@ -440,6 +477,11 @@ class ChurnRun(TrainingHooks):
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.changes, self.shift_total = int(state["changes"]), float(state["shift_total"])
+
+
+def call(what: str, fn, *args, **kwargs):
+    """`ChurnRun.guard` of a run without churn: `fn(*args, **kwargs)`."""
+    return fn(*args, **kwargs)
 
 
 def churn_run(comm: Comm, config) -> Optional[ChurnRun]:

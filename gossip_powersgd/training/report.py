@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
+from ..errors import PeerLostError
 from ..utils import atomic_write
 from .evaluation import format_summary, peer_report, run_summary
 
@@ -75,6 +76,22 @@ def report(
     return summary, peer
 
 
+def report_and_finish(comm: Comm, config, run_dir, run, state, reporting, churn, *args):
+    """`report`, then with churn the end-of-run barrier (every peer, member or not, until all
+    are done: the run's lock stays). On torch under on_peer_loss: continue, a peer lost during
+    either one makes the members agree on going on without it (`ChurnRun.settle`) and do both
+    again over the new membership (the summary is rewritten whole, by the new leader)."""
+    while True:
+        try:
+            made = report(comm, config, run_dir, run, state, reporting, churn, *args)
+            if churn is not None:
+                churn.finish()
+            return made
+        except PeerLostError:
+            if churn is None or not churn.settle(state):
+                raise
+
+
 #: The rows of a peer's own table: (key in peers/rank-K.json, label, format).
 PEER_ROWS = (
     ("shard_size", "training samples (its shard)", "{}"),
@@ -130,4 +147,4 @@ def format_peer_report(peer: Dict[str, Any]) -> str:
     return "\n".join(lines + [f"| {k} | {v} |" for k, v in rows]) + "\n"
 
 
-__all__ = ["report", "format_peer_report", "PEER_ROWS"]
+__all__ = ["report", "report_and_finish", "format_peer_report", "PEER_ROWS"]

@@ -80,9 +80,9 @@ from .features import feature_hooks, peer_statistics_private
 from .hooks import HookList, TrainingHooks
 from .progress import Printer, SetupLog
 from .provenance import as_comments, provenance
-from .report import report
+from .report import report_and_finish
 from .runstate import RunState
-from .churn import churn_run
+from .churn import call, churn_run
 from .divergence import DIVERGENCE_FACTOR, check_divergence
 from .setup import PeerRun, build_run, checked_config, collectively, make_optimizer, resolve_device
 
@@ -291,6 +291,38 @@ def _train(
     batches = _endless(run.batches)
     private = peer_statistics_private(config)
     resumable = bool(resume)  # every rank holds a checkpoint to resume from
+    guard = churn.guard if churn is not None else call
+    taken = [0.0]  # the training loss of the last evaluation's window
+
+    def evaluate(lr: float, train_loss) -> None:
+        record = guard(
+            "an evaluation",
+            eval_record,
+            comm,
+            model,
+            run.averaged,
+            run.x_test,
+            run.y_test,
+            epoch=state.epoch,
+            step=state.step,
+            lr=lr,
+            train_loss_local=train_loss,
+            timers=timers,
+            pooled=config.partition == "local",
+            private=private,
+            own_test=run.own_test,
+            bn_inputs=None
+            if private
+            else functools.partial(refresh_inputs, run.batches, state.step),
+        )
+        if record is None:  # a lost peer interrupted it (churn): no record on this peer
+            return
+        record = hooks.on_evaluation(record)
+        records.write(record)
+        hooks.on_record(record)
+        printer.line(eval_line(record, config.epochs))
+        check_divergence(record, state.history, run.num_classes, hint)
+
     try:
         while state.epoch < config.epochs:
             for _ in range(run.steps_per_epoch):
@@ -332,7 +364,9 @@ def _train(
                 hooks.after_step(state.step - 1, value)
                 printer.update()
                 if config.log_every and state.step % config.log_every == 0:
-                    record = log_record(
+                    record = guard(
+                        "a log record",
+                        log_record,
                         comm,
                         model,
                         step=state.step,
@@ -342,45 +376,34 @@ def _train(
                         timers=timers,
                         private=private,
                     )
-                    records.write(record)
-                    hooks.on_record(record)
-                    check_divergence(record, state.history, run.num_classes, hint)
+                    if record is not None:  # None: a lost peer interrupted it (churn)
+                        records.write(record)
+                        hooks.on_record(record)
+                        check_divergence(record, state.history, run.num_classes, hint)
                 if on_step is not None:
                     on_step(state.step)
             state.epoch += 1
             member = churn is None or churn.live  # evaluations and checkpoints: the members'
             if member and (state.epoch % config.eval_every == 0 or state.epoch == config.epochs):
-                record = eval_record(
-                    comm,
-                    model,
-                    run.averaged,
-                    run.x_test,
-                    run.y_test,
-                    epoch=state.epoch,
-                    step=state.step,
-                    lr=lr,
-                    train_loss_local=state.take_train_loss(),
-                    timers=timers,
-                    pooled=config.partition == "local",
-                    private=private,
-                    own_test=run.own_test,
-                    bn_inputs=None
-                    if private
-                    else functools.partial(refresh_inputs, run.batches, state.step),
-                )
-                record = hooks.on_evaluation(record)
-                records.write(record)
-                hooks.on_record(record)
-                printer.line(eval_line(record, config.epochs))
-                check_divergence(record, state.history, run.num_classes, hint)
+                taken[0] = state.take_train_loss()
+                evaluate(lr, taken[0])
             if (
                 member
                 and run_dir is not None
                 and config.checkpoint_every
                 and (state.epoch % config.checkpoint_every == 0 or state.epoch == config.epochs)
             ):
-                _save(comm, run_dir, run, state, hooks, resumable)
-                resumable = True  # the save succeeded on every rank (it is collective)
+                # True: the save succeeded on every rank (it is collective); None: a lost peer
+                # interrupted it after this peer's file was written whole (churn)
+                saved = guard(
+                    "a checkpoint",
+                    lambda: _save(comm, run_dir, run, state, hooks, resumable) or True,
+                )
+                resumable = resumable or saved is not None
+        # on_peer_loss: continue on torch: a loss found at the very end takes effect now, and the
+        # members evaluate again without it (the end's record is theirs: `ChurnRun.settle`)
+        if churn is not None and churn.settle(state) and churn.live:
+            evaluate(learning_rate(config, state.step - 1, run.steps_per_epoch), taken[0])
     finally:
         printer.close()
         records.close()
@@ -393,12 +416,12 @@ def _train(
 
     made = None
     try:  # the trackers end their runs with the summary (or as failed, without one)
-        made = report(comm, config, run_dir, run, state, reporting, churn, origin, private)
+        made = report_and_finish(
+            comm, config, run_dir, run, state, reporting, churn, origin, private
+        )
     finally:
         hooks.on_summary(made[0] if made is not None else None)
     summary, peer = made
-    if churn is not None:
-        churn.finish()  # every peer, member or not, until all are done (the run's lock stays)
     return dict(summary, rank=comm.rank, history=state.history, peer=peer)
 
 

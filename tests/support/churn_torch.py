@@ -1,10 +1,12 @@
 """Processes of the torch backend under on_peer_loss: continue, for tests/test_churn_torch.py.
 
-    python tests/support/churn_torch.py OUT SPEC TOPOLOGY STEPS VICTIM SIGNAL AT [HOLD [rejoin]]
+    python tests/support/churn_torch.py OUT SPEC TOPOLOGY STEPS VICTIM SIGNAL AT [late|then|hold:N[:rejoin]]
 
 runs one peer of a gossip-only run (no training: the models only gossip, as in test_membership)
 with the liveness monitor and the store agreement of `membership.detected`; peer VICTIM sends
-itself SIGNAL (KILL or STOP) at the start of step AT. Each survivor saves its trace in
+itself SIGNAL (KILL or STOP) at the start of step AT. VICTIM may be several ids (`2+4`: each one
+sends it). With `late`, the victims' neighbours start the gossip of step AT only once every
+victim's process has ended (the connections to it closed before they post their messages). Each survivor saves its trace in
 OUT/rank-K.pt: per step the model at the start of the step's gossip and after it, whether that
 step's gossip was interrupted, and the membership epochs it agreed on. With HOLD, the survivors
 wait at step HOLD for the victim's join request (`hold_for_rejoin`); with `rejoin` this process is
@@ -24,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import List, Sequence
 
@@ -101,21 +104,22 @@ def hold_for_rejoin(comm, victim: int) -> None:
         time.sleep(0.05)
 
 
-def main(
-    out: str,
-    spec: str,
-    topology_spec: str,
-    steps: int,
-    victim: int,
-    sig: str,
-    at: int,
-    hold: int = -1,
-    rejoin: bool = False,
-):
+def wait_until_ended(pids) -> None:
+    """Until every process of `pids` (of this machine) has ended (gone, or a zombie)."""
+    from gossip_powersgd.faults import liveness
+
+    while any(liveness.process_state(pid) not in (None, "Z") for pid in pids):
+        time.sleep(0.01)
+    time.sleep(0.05)  # gloo's thread reads the closed connections (ordering, not a timed check)
+
+
+def main(out: str, spec: str, topology_spec: str, steps: int, victims, sig: str, at: int, mode=""):
+    held = mode.startswith("hold:")  # hold:N (a survivor), hold:N:rejoin (the restarted victim)
+    hold, rejoin = (int(mode.split(":")[1]), mode.endswith(":rejoin")) if held else (-1, False)
     import torch
 
     import topologies
-    from gossip_powersgd import TorchCommunicator, make_algorithm
+    from gossip_powersgd import TorchCommunicator, faults, make_algorithm
     from gossip_powersgd.comm.membership import MemberCommunicator
     from gossip_powersgd.comm.torch_rejoin import RejoiningCommunicator
     from gossip_powersgd.membership.detected import await_admission, detected_changes
@@ -138,13 +142,20 @@ def main(
         first = await_admission(driver, driver.monitor.announce())
         peer.epoch = peer.membership.at(first - 1)
         trace = [None] * first
+    near = {j for v in victims for j in topology.neighbors(v)} - set(victims)
     for t in range(first, steps):
-        if comm.rank == victim and t == at and not rejoin:
+        if t == at and not rejoin and comm.rank in victims[: 1 if mode == "then" else None]:
+            os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
+        elif t == at and not rejoin and comm.rank in victims:  # "then": once the others propose
+            while not driver.store.check(["membership/1"]):
+                time.sleep(0.01)
             os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
         if t == hold and not rejoin:  # (a survivor)
-            hold_for_rejoin(comm, victim)
+            hold_for_rejoin(comm, victims[0])
         driver.before_step(t)
         peer.advance(t, state)
+        if mode == "late" and t == at and comm.rank in near:
+            wait_until_ended([faults.current().local[v] for v in victims])
         middle = flat(params)
         interrupted = algorithm.interrupted_steps
         algorithm.step()
@@ -161,6 +172,6 @@ def main(
 
 
 if __name__ == "__main__":
-    out, spec, topology_spec, steps, victim, sig, at = sys.argv[1:8]
-    hold, rejoin = (int(sys.argv[8]), sys.argv[9:] == ["rejoin"]) if sys.argv[8:] else (-1, False)
-    main(out, spec, topology_spec, int(steps), int(victim), sig, int(at), hold, rejoin)
+    out, spec, topology_spec, steps, victims, sig, at = sys.argv[1:8]
+    victims = [int(v) for v in victims.split("+")]
+    main(out, spec, topology_spec, int(steps), victims, sig, int(at), "".join(sys.argv[8:9]))

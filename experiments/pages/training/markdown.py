@@ -20,10 +20,10 @@ PROJECTION = (
     f"bandwidth, latency {LATENCY_S * 1e6:.0f} µs, bandwidth 1 or 10 Gbit/s. `rounds` and `critical "
     "bytes` are the transport's counters (`CommStats`: each exchange is one round costing its largest "
     "message; a ring all-reduce is 2(n−1) rounds of 1/n of the tensor), taken at the slowest peer. "
-    "Compute was measured with all peers sharing 2 CPU cores with other jobs, so it dominates these "
-    "columns, overstates what a dedicated machine per peer would take and is NOT comparable across "
-    "rows; the communication part (in brackets) is a deterministic projection from the counters, "
-    "comparable across rows."
+    "Compute was measured with a run's peers taking turns on the CPU (one peer thread at a time: "
+    "`LocalCluster` takes turns when there are more peers than cores) while other jobs shared the "
+    "machine's 2 cores, so it is noisy and NOT comparable across rows; the communication part (in "
+    "brackets) is a deterministic projection from the counters, comparable across rows."
 )
 
 
@@ -98,7 +98,7 @@ def epoch_budget(state: Dict[str, Any]) -> str:
     )
     return (
         f"Epoch budget: every CNN row trains {plan['epochs']} epochs (the cosine schedule spans "
-        f"those epochs), chosen to fit the page in about an hour on 2 shared cores. The same recipe "
+        f"those epochs), chosen to fit the page on 2 shared cores. The same recipe "
         f"at {plan['reference_epochs']} epochs (seed 0, {plan['topology']} {plan['iid']}): "
         + "; ".join(parts)
         + f". So the {plan['epochs']}-epoch rows are {verdict}."

@@ -1,0 +1,290 @@
+"""The churn page from its rows alone: the grid's cells (mean ± std over seeds), its table and plot,
+the rejoin table, the verdict lines, and the soak section (rendered only when soak rows exist)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from experiments.engine import Rows
+from experiments.pages._figures import png
+
+#: The grid's figures aggregated over seeds (mean and std), in the JSON's order.
+GRID_FIELDS = (
+    "acc_avg",
+    "acc_local_mean",
+    "acc_local_min",
+    "consensus_distance",
+    "average_shift_total",
+    "departures",
+    "away_share",
+    "membership_changes",
+    "mb_per_peer",
+)
+Cell = Tuple[str, str, float]  # (topology, algorithm label, churn rate per epoch)
+
+
+def mean_std(values: Sequence[float]) -> Tuple[float, Optional[float]]:
+    values = [float(v) for v in values]
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def grid_cells(rows: Rows) -> Dict[Cell, Dict[str, Any]]:
+    """{(topology, label, rate): {field: mean, field_std: std, seeds: n}} in plan order."""
+    grouped: Dict[Cell, List[Dict[str, Any]]] = {}
+    for record in rows.records:
+        c = record.config
+        if c["section"] == "grid":
+            grouped.setdefault((c["topology"], c["label"], c["rate_per_epoch"]), []).append(
+                record.row
+            )
+    cells = {}
+    for cell, runs in grouped.items():
+        out: Dict[str, Any] = {"seeds": len(runs)}
+        for field in GRID_FIELDS:
+            out[field], out[field + "_std"] = mean_std([r[field] for r in runs])
+        cells[cell] = out
+    return cells
+
+
+def _pm(mean: float, std: Optional[float], fmt: str, scale: float = 1.0) -> str:
+    text = format(mean * scale, fmt)
+    return text if std is None else f"{text} ± {format(std * scale, fmt)}"
+
+
+def _acc(cell: Dict[str, Any], field: str) -> str:
+    return _pm(cell[field], cell[field + "_std"], ".2f", 100.0) + " %"
+
+
+def grid_table(cells: Dict[Cell, Dict[str, Any]], spe: int) -> str:
+    """One line per (topology, algorithm, rate), the no-churn line first in each group, with the
+    averaged-model accuracy's difference to it."""
+    head = (
+        "| topology | algorithm | churn / epoch (rate / step) | departures | peer-steps away "
+        "| averaged-model acc | Δ vs no churn | local acc mean | local acc min "
+        "| consensus distance | average shift (sum) |\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
+    lines = []
+    for (topology, label, rate), cell in cells.items():
+        base = cells.get((topology, label, 0.0))
+        delta = (
+            "—"
+            if base is None or rate == 0
+            else f"{100 * (cell['acc_avg'] - base['acc_avg']):+.2f} pp"
+        )
+        lines.append(
+            f"| {topology} | {label} | {100 * rate:g} % ({rate / spe:.4g}) "
+            f"| {_pm(cell['departures'], cell['departures_std'], '.1f')} "
+            f"| {_pm(cell['away_share'], None, '.1f', 100.0)} % "
+            f"| {_acc(cell, 'acc_avg')} | {delta} | {_acc(cell, 'acc_local_mean')} "
+            f"| {_acc(cell, 'acc_local_min')} "
+            f"| {_pm(cell['consensus_distance'], cell['consensus_distance_std'], '.3g')} "
+            f"| {_pm(cell['average_shift_total'], cell['average_shift_total_std'], '.3g')} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def join_cells(rows: Rows) -> Dict[Tuple[str, str], Dict[str, Any]]:
+    """{(label, mode): the rejoin figures over seeds}: the shift at the join and, at each probe
+    (steps after the join), the joiner's and the others' accuracy and squared distance."""
+    grouped: Dict[Tuple[str, str], List[Dict[str, Any]]] = {}
+    for record in rows.records:
+        if record.config["section"] == "join":
+            key = (record.config["label"], record.config["mode"])
+            grouped.setdefault(key, []).append(record.row)
+    out = {}
+    for key, runs in grouped.items():
+        cell: Dict[str, Any] = {"seeds": len(runs)}
+        for field in ("shift_at_join", "acc_avg", "transfer_mb_sent"):
+            cell[field], cell[field + "_std"] = mean_std([r[field] for r in runs])
+        probes = []
+        for i, first in enumerate(runs[0]["probes"]):
+            at = {"steps_after_join": first["steps_after_join"]}
+            for field in first:
+                if field != "steps_after_join":
+                    at[field], at[field + "_std"] = mean_std([r["probes"][i][field] for r in runs])
+            at["caught_up"] = sum(  # the issue's "within the others' spread", or above it
+                p["joiner_acc"] >= p["others_acc_min"] for p in (r["probes"][i] for r in runs)
+            )
+            probes.append(at)
+        cell["probes"] = probes
+        out[key] = cell
+    return out
+
+
+def shown_probes(probes: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The first, second and last evaluation after the join (each once)."""
+    picked = [probes[i] for i in (0, 1, len(probes) - 1) if 0 <= i < len(probes)]
+    return [p for i, p in enumerate(picked) if p not in picked[:i]]
+
+
+def join_table(joins, cells, topology: str) -> str:
+    """The rejoin table: per algorithm and mode, the shift at the join, the run's final accuracy
+    next to the no-churn grid row's, and the joiner against the others at each shown probe."""
+    lines = [
+        "| algorithm | join by | shift at the join | final averaged-model acc (no churn) "
+        "| steps after join | joiner acc | others acc mean [min, max] | joiner ≥ others' min "
+        "| joiner ‖x−x̄‖² | others' mean ‖x−x̄‖² |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for (label, mode), cell in joins.items():
+        base = cells.get((topology, label, 0.0))
+        final = _acc(cell, "acc_avg") + (f" ({_acc(base, 'acc_avg')})" if base else "")
+        for i, p in enumerate(shown_probes(cell["probes"])):
+            shift = _pm(cell["shift_at_join"], cell["shift_at_join_std"], ".3g")
+            lead = f"| {label} | {mode} | {shift} | {final} " if i == 0 else "| | | | "
+            lines.append(
+                lead + f"| {p['steps_after_join']} | {_acc(p, 'joiner_acc')} "
+                f"| {100 * p['others_acc_mean']:.2f} % [{100 * p['others_acc_min']:.2f}, "
+                f"{100 * p['others_acc_max']:.2f}] | {p['caught_up']}/{cell['seeds']} "
+                f"| {_pm(p['joiner_distance2'], p['joiner_distance2_std'], '.3g')} "
+                f"| {_pm(p['others_distance2_mean'], p['others_distance2_mean_std'], '.3g')} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def grid_verdict(cells: Dict[Cell, Dict[str, Any]], rates: Sequence[float]) -> List[str]:
+    """One line per (topology, algorithm): accuracy and shift at the highest rate vs no churn."""
+    top, lines = max(rates), []
+    for (topology, label, rate), cell in cells.items():
+        base = cells.get((topology, label, 0.0))
+        if rate != top or base is None:
+            continue
+        lines.append(
+            f"- {topology}, {label}: at {100 * top:g} % churn per epoch the averaged model reaches "
+            f"{_acc(cell, 'acc_avg')} against {_acc(base, 'acc_avg')} without churn "
+            f"({100 * (cell['acc_avg'] - base['acc_avg']):+.2f} pp); local min "
+            f"{_acc(cell, 'acc_local_min')} ({_acc(base, 'acc_local_min')}); consensus distance "
+            f"{cell['consensus_distance']:.3g} ({base['consensus_distance']:.3g}); the members' "
+            f"average moved {cell['average_shift_total']:.3g} in all at "
+            f"{cell['membership_changes']:.1f} changes ({base['average_shift_total']:.3g} at "
+            f"{base['membership_changes']:.1f} without churn)."
+        )
+    return lines
+
+
+def _gap(probe: Dict[str, Any]) -> str:
+    return f"{100 * (probe['joiner_acc'] - probe['others_acc_mean']):+.2f} pp"
+
+
+def spread_verdict(cells: Dict[Cell, Dict[str, Any]]) -> List[str]:
+    """How many churned cells differ from their no-churn row by more than the seeds' spread, and
+    whose consensus distance grows with churn (more than 2x at the highest rate)."""
+    churned = [(c, v) for c, v in cells.items() if c[2] > 0 and (c[0], c[1], 0.0) in cells]
+    if not churned:
+        return []
+    top = max(c[2] for c, _ in churned)
+    beyond, grows = 0, []
+    for (topology, label, rate), cell in churned:
+        base = cells[(topology, label, 0.0)]
+        spread = (cell["acc_avg_std"] or 0.0) + (base["acc_avg_std"] or 0.0)
+        beyond += abs(cell["acc_avg"] - base["acc_avg"]) > spread
+        if rate == top and cell["consensus_distance"] > 2 * base["consensus_distance"]:
+            grows.append(
+                f"{label} on {topology} ({base['consensus_distance']:.3g} → "
+                f"{cell['consensus_distance']:.3g})"
+            )
+    lines = [
+        f"- Of the {len(churned)} churned cells, {beyond} differ from their no-churn row's "
+        "averaged-model accuracy by more than the sum of the two rows' std over seeds."
+    ]
+    lines.append(
+        f"- Consensus distance more than doubled at {100 * top:g} % churn: "
+        + ("; ".join(grows) if grows else "none")
+        + ". (A repair makes new edges; an edge's state starts fresh at both ends, so Choco's "
+        "per-edge public copies of a new edge start from zero, `membership/algorithm.py`.)"
+    )
+    return lines
+
+
+def join_verdict(joins) -> List[str]:
+    """Average vs copy, per algorithm: the shift at the join and the joiner's gap to the others'
+    mean accuracy at the first evaluation after the join."""
+    lines = []
+    for label in dict.fromkeys(label for label, _ in joins):
+        avg, copy = joins.get((label, "average")), joins.get((label, "copy"))
+        if avg is None or copy is None:
+            continue
+        a, c = avg["probes"][0], copy["probes"][0]
+        gap = abs(avg["shift_at_join"] - copy["shift_at_join"])
+        spread = (avg["shift_at_join_std"] or 0.0) + (copy["shift_at_join_std"] or 0.0)
+        better = "average" if avg["shift_at_join"] < copy["shift_at_join"] else "copy"
+        better = f"smaller by {better}" if gap > spread else "no difference beyond the seeds' std"
+        lines.append(
+            f"- {label}: shift at the join {avg['shift_at_join']:.3g} (average) vs "
+            f"{copy['shift_at_join']:.3g} (copy): {better}; {a['steps_after_join']} "
+            f"step(s) after it the joiner is {_gap(a)} (average) vs {_gap(c)} (copy) from "
+            f"the others' mean accuracy, at squared distance {a['joiner_distance2']:.3g} vs "
+            f"{c['joiner_distance2']:.3g} from the members' average (others' mean "
+            f"{a['others_distance2_mean']:.3g} / {c['others_distance2_mean']:.3g})."
+        )
+    return lines
+
+
+def soak_section(rows: Rows) -> str:
+    """The emulated-cluster soak (rows whose config's section is "soak"): a table of each soak
+    row's scalar figures. Empty (nothing on the page) while there are no soak rows."""
+    soak = [r for r in rows.records if r.config.get("section") == "soak"]
+    if not soak:
+        return ""
+    fields = list(
+        dict.fromkeys(k for r in soak for k, v in r.row.items() if isinstance(v, (int, float, str)))
+    )
+    lines = [
+        "## Soak on the emulated cluster\n",
+        "| run | " + " | ".join(fields) + " |",
+        "|---|" + "---|" * len(fields),
+    ]
+    for r in soak:
+        lines.append(f"| {r.key} | " + " | ".join(str(r.row.get(k, "—")) for k in fields) + " |")
+    return "\n".join(lines) + "\n\n"
+
+
+def plot(cells: Dict[Cell, Dict[str, Any]], s: Dict[str, Any]) -> bytes:
+    """Averaged-model accuracy, consensus distance and average shift against the churn rate,
+    one column per topology, one line per algorithm (error bars: std over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (
+        ("acc_avg", "averaged-model acc (%)", 100.0),
+        ("consensus_distance", "consensus distance", 1.0),
+        ("average_shift_total", "average shift (sum)", 1.0),
+    )
+    topologies = s["topologies"]
+    fig, axes = plt.subplots(
+        3, len(topologies), figsize=(5.2 * len(topologies), 9.5), squeeze=False
+    )
+    for col, topology in enumerate(topologies):
+        for row, (field, name, scale) in enumerate(panels):
+            ax = axes[row][col]
+            for label, _ in s["algorithms"]:
+                pts = [
+                    (100 * r, cells[(topology, label, r)])
+                    for r in s["rates"]
+                    if (topology, label, r) in cells
+                ]
+                if not pts:
+                    continue
+                ax.errorbar(
+                    [p[0] for p in pts],
+                    [scale * p[1][field] for p in pts],
+                    yerr=[scale * (p[1][field + "_std"] or 0.0) for p in pts],
+                    marker="o",
+                    capsize=3,
+                    label=label,
+                )
+            values = [cells[c][field] for c in cells if c[0] == topology]
+            if field == "consensus_distance" and values and min(values) > 0:
+                ax.set_yscale("log")  # exact gossip's and the compressed ones' differ by decades
+            ax.set_xlabel("churn (% of peers leaving per epoch)")
+            ax.set_ylabel(name)
+            ax.grid(alpha=0.3)
+            if row == 0:
+                ax.set_title(topology)
+                ax.legend(fontsize=8)
+    fig.tight_layout()
+    return png(fig)
