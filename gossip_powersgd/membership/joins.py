@@ -29,7 +29,6 @@ from ..errors import CommunicationError
 
 if TYPE_CHECKING:
     from ..faults import Monitor
-    from .detected import DetectedChanges
 
 __all__ = ["JoinAgreement", "await_admission", "readmit"]
 
@@ -209,7 +208,7 @@ def readmit(monitor: Monitor, peer: int, announcement: bytes) -> None:
         monitor.remote[peer] = _Remote(host, addresses, port, probe_port)
 
 
-def _caught_up(driver: DetectedChanges) -> None:
+def _caught_up(driver: JoinAgreement) -> None:
     """Append to the joiner's membership every epoch the members agreed on since (from the store:
     `membership/E` and `membership/E/step`; one still being agreed is waited for)."""
     membership = driver.peer.membership
@@ -227,7 +226,7 @@ def _caught_up(driver: DetectedChanges) -> None:
         membership.append(agreed["step"], agreed["live"])
 
 
-def await_admission(driver: DetectedChanges, announce: bytes) -> int:
+def await_admission(driver: JoinAgreement, announce: bytes) -> int:
     """A rejoining peer's side (module docstring): post the request, wait until the members admit
     it; the step of its admission. One line (CommunicationError) when it is still a member, when
     the members refuse it, or when the run ended first. No deadline: the members take requests
