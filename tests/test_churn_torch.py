@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -115,6 +116,56 @@ def test_survivors_go_on_and_keep_their_average_from_the_change_on(
     # not vacuous: the models moved by far more than the bound after the change
     moved = max(float((r["trace"][-1][1] - r["trace"][change][0]).abs().max()) for r in results)
     assert moved > 1e6 * bound
+
+
+# (not exact gossip here: the repaired ring of three is K3 with weights 1/3, which reaches
+# consensus in one step, so nothing would move after the join and the check would be vacuous)
+@pytest.mark.parametrize("spec", ["powergossip:rank=1"])
+def test_a_restarted_peer_rejoins_and_the_average_holds_across_the_join(tmp_path, spec):
+    """Peer 2 kills itself at step AT; the survivors go on without it and wait at step HOLD for
+    its join request (pacing only); it is restarted with `--rejoin`'s path. The join drops no
+    gossip, leaves the survivors' models untouched, hands peer 2 the mean of its neighbours 1 and
+    3 (churn_join: average, float64 in id order: the same bits as computed here), and from the
+    join on the four members' average is preserved to test_membership's derived bound."""
+    from churn_torch import start
+
+    hold = 40
+    args = ["tests/support/churn_torch.py", str(tmp_path), spec, "ring:4", str(STEPS)]
+    args += [str(VICTIM), "KILL", str(AT)]
+    processes = launch(4, args + [f"hold:{hold}"], tmp_path)
+    try:
+        assert processes[VICTIM].wait(timeout=WITHIN) == -signal.SIGKILL
+        again = args + [f"hold:{hold}:rejoin"]
+        processes.append(start(VICTIM, 4, launch.port, again, tmp_path, "-rejoin"))
+        codes = [p.wait(timeout=WITHIN) for p in processes]
+    finally:
+        end(processes)
+    logs = {k: (tmp_path / f"rank-{k}.err").read_text()[-2000:] for k in range(4)}
+    assert codes == [0, 0, -signal.SIGKILL, 0, 0], (codes, logs)
+    results = [torch.load(tmp_path / f"rank-{k}.pt", weights_only=False) for k in range(4)]
+    assert [[e[2] for e in r["epochs"]] for r in results] == [
+        [[0, 1, 2, 3], [0, 1, 3], [0, 1, 2, 3]]
+    ] * 4
+    assert all(r["epochs"] == results[0]["epochs"] for r in results)  # the joiner's, from the store
+    change, join = results[0]["epochs"][1][1], results[0]["epochs"][2][1]
+    assert AT < change < hold <= join < STEPS
+    survivors = [results[k] for k in (0, 1, 3)]
+    # the join interrupts no gossip (a loss does: test above), and leaves the survivors' models
+    assert not any(r["trace"][t][2] for r in results for t in range(join, STEPS))
+    for r in survivors:
+        assert torch.equal(r["trace"][join][0], r["trace"][join - 1][1])
+    # the joiner starts from the mean of its neighbours in the new graph (ring:4: peers 1 and 3)
+    handed = (results[1]["trace"][join][0] + results[3]["trace"][join][0]) / 2
+    assert torch.equal(results[VICTIM]["trace"][join][0], handed)
+    assert all(x is None for x in results[VICTIM]["trace"][:join])
+    # from the join on, the four members' average is preserved
+    bound = drift_bound(results, 1, 1)
+    reference = survivors_mean(results, join, 0)
+    for t in range(join, STEPS):
+        drift = float((survivors_mean(results, t, 1) - reference).abs().max())
+        assert drift <= bound, (t, drift, bound)
+    moved = max(float((r["trace"][-1][1] - r["trace"][join][0]).abs().max()) for r in results)
+    assert moved > 1e6 * bound  # not vacuous
 
 
 def test_a_neighbour_posting_after_the_lost_peer_died_goes_on(tmp_path):
@@ -313,3 +364,133 @@ def test_the_continue_policy_hands_each_lost_peer_over_once_and_goes_on():
     finally:
         m.closed = True
         m.endpoint.close()
+
+
+# ---- --rejoin -------------------------------------------------------------------------------------
+#: The rejoin run: 300 epochs of 13 steps (3900 steps, about 50 s on an idle machine); peer 2 is
+#: killed at 10 % and restarted at once with --rejoin 2, evaluations every 50 epochs (none at the
+#: kill: a loss during an evaluation still ends the run). It must be admitted before half the run,
+#: leaving it at least ADMITTED_BEFORE steps with the members: its own start (one interpreter
+#: importing torch) against the members' 1560 further steps, both slowed alike by a loaded machine.
+REJOIN_EPOCHS, REJOIN_STEPS, ADMITTED_BEFORE = 300, 3900, 1950
+
+
+def rejoin_program(out):
+    sets = [
+        "backend=torch",
+        "on_peer_loss=continue",
+        f"out_dir={out}",
+        f"epochs={REJOIN_EPOCHS}",
+        "eval_every=50",
+        "log_every=0",
+        "checkpoint_every=0",
+        f"comm_timeout={TIMEOUT:g}",
+    ]
+    return ["-m", "gossip_powersgd.cli.train", "--config", str(TINY)] + [
+        a for s in sets for a in ("--set", s)
+    ]
+
+
+def last_eval(out, rank):
+    lines = (out / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()
+    return [json.loads(x) for x in lines if '"kind": "eval"' in x][-1]
+
+
+def test_a_killed_peer_restarted_with_rejoin_is_admitted_handed_the_state_and_catches_up(tmp_path):
+    """ring:4 gossip-train; peer 2 SIGKILLed at 10 % of the steps and restarted with --rejoin 2
+    (a process of peer 3, still running, asks to rejoin too and is refused in one line). The
+    members admit peer 2 at an agreed step, hand it their state, and all four finish with exit 0
+    and the same final membership; the rejoiner's final accuracy is as close to the others' as
+    they are to each other (below), after at least REJOIN_STEPS - ADMITTED_BEFORE steps."""
+    from churn_torch import start
+
+    out = tmp_path / "run"
+    program = rejoin_program(out)
+    processes = launch(4, program, tmp_path)
+    extra = []
+    try:
+        wait_for_line(tmp_path / "rank-0.out", "progress: step 1/", processes, WITHIN)
+        extra.append(start(3, 4, launch.port, program + ["--rejoin", "3"], tmp_path, "-live"))
+        wait_for_line(tmp_path / "rank-0.out", "progress: step 390/", processes, WITHIN)
+        processes[2].kill()
+        processes[2].wait()
+        extra.append(start(2, 4, launch.port, program + ["--rejoin", "2"], tmp_path, "-rejoin"))
+        codes = [p.wait(timeout=2 * WITHIN) for p in processes + extra]
+    finally:
+        end(processes + extra)
+    logs = {k: (tmp_path / f"rank-{k}.err").read_text()[-2000:] for k in (0, 1, 3)}
+    logs["rejoin"] = (tmp_path / "rank-2-rejoin.err").read_text()[-2000:]
+    assert codes[:2] + codes[3:] == [0, 0, 0, 1, 0], (codes, logs)  # peers, live 3, rejoiner
+    # the live peer 3 is refused: one line, after waiting comm_timeout for it to be found lost
+    refused = (tmp_path / "rank-3-live.err").read_text().strip().splitlines()
+    assert len(refused) == 1 and "peer 3 is still a member of the run" in refused[0], refused
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["members_at_end"] == [0, 1, 2, 3]
+    assert summary["membership_changes"] == 2
+    (lost,), (joined,) = summary["peers_lost"], summary["peers_joined"]
+    assert (lost["peer"], lost["how"], joined["peer"]) == (2, "killed", 2)
+    assert 390 < lost["step"] < joined["step"] < ADMITTED_BEFORE, (lost, joined)
+    assert summary["transfer_mb_sent"] > 0  # the state went to the joiner over the new group
+    line = f"peer 2 rejoins; the members, peers 0,1,2,3, from step {joined['step']} (epoch 2)"
+    for k in (0, 1, 3):
+        assert line in (tmp_path / f"rank-{k}.out").read_text()
+    assert f"admitted at step {joined['step']}" in (tmp_path / "rank-2-rejoin.out").read_text()
+    # All four evaluated the end together (the rejoiner's records go on in its file, after the
+    # killed process's, which nothing overwrote).
+    finals = {k: last_eval(out, k) for k in range(4)}
+    assert {r["step"] for r in finals.values()} == {REJOIN_STEPS}
+    assert {r["live_peers"] for r in finals.values()} == {4}
+    assert last_eval(out, 2)["membership_epoch"] == 2
+    # Caught up: four peers that gossip are exchangeable, so "inside the others' [min, max]" fails
+    # half the time by chance alone (the rejoiner is the lowest or highest of four with
+    # probability 2/4); the property is that it is no farther from the others' range than their
+    # own spread (one test sample when they tie: 1/400, tiny.yaml holds 400 test samples), and
+    # far above chance (4 classes).
+    # Compared in test samples (integers: an accuracy at the edge must not fail by rounding).
+    others = [round(400 * finals[k]["test_acc_local"]) for k in (0, 1, 3)]
+    spread = max(max(others) - min(others), 1)
+    mine = round(400 * finals[2]["test_acc_local"])
+    assert min(others) - spread <= mine <= max(others) + spread, (mine, others)
+    assert mine > 0.8 * 400
+
+
+@pytest.mark.parametrize(
+    "env, sets, peer, expected",
+    [
+        (
+            {},
+            ["backend=local"],
+            1,
+            "--rejoin needs a run with on_peer_loss: continue on backend torch",
+        ),
+        (
+            {"RANK": "1"},
+            ["on_peer_loss=abort"],
+            1,
+            "--rejoin needs a run with on_peer_loss: continue",
+        ),
+        ({}, [], 4, "--rejoin 4: out of range (peers 1..3 can rejoin)"),
+        ({}, [], 0, "peer 0 hosts the rendezvous store"),
+        ({"RANK": "3"}, [], 2, "--rejoin 2 but RANK=3"),
+        (
+            {"RANK": "1"},
+            ["dp_noise_multiplier=1.0", "dp_max_grad_norm=1.0"],
+            1,
+            "--rejoin with DP-SGD is not supported",
+        ),
+    ],
+    ids=["local", "abort", "out-of-range", "peer-0", "other-rank", "dp"],
+)
+def test_rejoin_refuses_bad_input_in_one_line(tmp_path, env, sets, peer, expected):
+    """Refused before connecting (MASTER_PORT 1 reaches nothing): one stderr line, exit 1.
+    120 s: one interpreter importing torch on a loaded machine."""
+    base = ["backend=torch", "on_peer_loss=continue", f"out_dir={tmp_path / 'run'}", *sets]
+    args = [sys.executable, "-m", "gossip_powersgd.cli.train", "--config", str(TINY)]
+    args += [a for s in base for a in ("--set", s)] + ["--rejoin", str(peer)]
+    environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "GOSSIP_TRACEBACK")}
+    if "backend=local" not in sets:  # (one process of a launched job; local: a plain one)
+        environ.update(WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT="1", **env)
+    result = subprocess.run(args, env=environ, capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert expected in lines[0], lines[0]

@@ -22,6 +22,7 @@ NAME exists, so a pip-installed package runs them without a checkout.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -96,6 +97,14 @@ def build_parser(module: str = MODULE) -> argparse.ArgumentParser:
         "if it has a checkpoint, else start it, so that a relaunch of the "
         "same command (torchrun --max-restarts, a requeued batch job) "
         "carries on",
+    )
+    parser.add_argument(
+        "--rejoin",
+        type=int,
+        metavar="ID",
+        help="take part again as peer ID in a running run (backend torch, on_peer_loss: "
+        "continue) that removed it: started like its other processes (MASTER_ADDR/PORT, "
+        "WORLD_SIZE; RANK unset or ID), admitted by the members, handed their state",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines")
     parser.add_argument("--help-config", action="store_true", help="list every config key and exit")
@@ -237,6 +246,8 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
         print(describe_keys())
         print("\naccepted values (registered):\n\n" + describe_registries())
         return None
+    if args.rejoin is not None:  # the peer id is the rank (checked in `check_rejoin`)
+        os.environ.setdefault("RANK", str(args.rejoin))
     # The first sign of life, from the launcher's environment: before MPI and torch are loaded.
     launched = launched_rank() or (None if launched_by_mpiexec() else (0, 1))
     started = time.perf_counter()
@@ -267,6 +278,11 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
 
         device = resolve_device(config.device, 0).type  # the GPU index comes from LOCAL_RANK
     config = config.replace(peers=topology.size)
+    if args.rejoin is not None:
+        from gossip_powersgd.comm.torch_rejoin import rejoin_as
+
+        check_rejoin(args.rejoin, config, topology.size, bool(resume))
+        rejoin_as(args.rejoin)
     results = run_peers(
         topology,
         train,
@@ -286,10 +302,40 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
     return summary
 
 
+def check_rejoin(peer: int, config, size: int, resume: bool) -> None:
+    """--rejoin ID: a one-line ValueError for what cannot rejoin (on every process: each one runs
+    this before it connects)."""
+    from gossip_powersgd.privacy import dp_enabled
+
+    if config.on_peer_loss != "continue" or resolve_backend(config.backend) != "torch":
+        raise ValueError(
+            "--rejoin needs a run with on_peer_loss: continue on backend torch (other runs end "
+            "when a peer is lost, or run in one process): set both, or restart the whole run"
+        )
+    if resume:
+        raise ValueError(
+            "--rejoin and --resume exclude each other: a rejoining peer is handed its state"
+        )
+    if not 0 < peer < size:
+        where = "peer 0 hosts the rendezvous store, which the run cannot lose" if peer == 0 else ""
+        raise ValueError(
+            f"--rejoin {peer}: out of range (peers 1..{size - 1} can rejoin{'; ' if where else ''}{where})"
+        )
+    if os.environ.get("RANK", str(peer)) != str(peer):
+        raise ValueError(
+            f"--rejoin {peer} but RANK={os.environ['RANK']}: the peer id is stable; start the "
+            f"process with RANK={peer} or without RANK (not by an elastic restart, which renumbers)"
+        )
+    if dp_enabled(config.dp_noise_multiplier, config.dp_target_epsilon):
+        raise ValueError(
+            "--rejoin with DP-SGD is not supported in this version (a rejoining peer's accountant "
+            "must come from its own last state): restart the whole run with --resume"
+        )
+
+
 def intra_op_threads(requested: int) -> int:
     """`threads`, at most the CPUs this process may run on (one warning line when clamped: far
     more threads than CPUs only contend, and 100000 of them crash torch)."""
-    import os
 
     try:
         cpus = len(os.sched_getaffinity(0))

@@ -137,6 +137,8 @@ class TorchCommunicator(Communicator):
     rendezvous and every wait for a neighbour or a collective.
     """
 
+    _rejoined = False  # a process of gossip-train --rejoin (`torch_rejoin`)
+
     def __init__(
         self,
         topology: Topology,
@@ -424,7 +426,7 @@ class TorchCommunicator(Communicator):
         collectives. A rank whose peers never arrive (one failed) leaves after GRACE_SECONDS."""
         if self._monitor is not None:
             self._monitor.rest()
-        if self._owns_group and dist.is_initialized() and not _failing:
+        if (self._owns_group and dist.is_initialized() or self._rejoined) and not _failing:
             try:
                 arrived = self._store.add("closing", 1)
                 deadline = time.monotonic() + GRACE_SECONDS

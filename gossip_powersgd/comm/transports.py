@@ -278,5 +278,7 @@ class TorchTransport(Transport):
 
     def communicator(self, topology: "Topology", timeout: Optional[float], device: str):
         from .torch import TorchCommunicator
+        from .torch_rejoin import RejoiningCommunicator, rejoining
 
-        return TorchCommunicator(topology, device=device, timeout=timeout)
+        kind = TorchCommunicator if rejoining() is None else RejoiningCommunicator
+        return kind(topology, device=device, timeout=timeout)

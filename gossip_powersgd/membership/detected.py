@@ -42,6 +42,10 @@ next step agrees as above. At the end of the run (after the last step) the membe
 and apply the change (`ChurnRun.settle`), evaluate again, and do the summary and the end-of-run
 barrier again over the new membership.
 
+Joins (`gossip-train --rejoin ID`): `membership.joins` (the members' side mixed into
+`DetectedChanges`; `await_admission`, the joiner's). Every agreed epoch's step and members are
+also in `membership/E/step`, for a joiner to rebuild the membership from.
+
 Limits of this version: the loss of the store's host (rank 0's process, or torchrun's first agent)
 is not survived; a peer lost during set-up ends the run as under abort; a peer lost while the
 members build the next epoch's group ends the run.
@@ -55,12 +59,13 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ..errors import CommunicationError
 from ..faults.monitor import end_stopped
+from .joins import JoinAgreement, await_admission, readmit
 
 if TYPE_CHECKING:
     from ..faults import Monitor, PeerLost
     from .peer import PeerMembership
 
-__all__ = ["DetectedChanges", "LOOK_SECONDS"]
+__all__ = ["DetectedChanges", "LOOK_SECONDS", "await_admission", "readmit"]
 
 #: How often a rank that found nothing itself looks in the store for another survivor's proposal.
 LOOK_SECONDS = 0.25
@@ -68,7 +73,7 @@ LOOK_SECONDS = 0.25
 WAIT_SECONDS = 0.02
 
 
-class DetectedChanges:
+class DetectedChanges(JoinAgreement):
     """One survivor's side of the protocol (module docstring), for `peer` on a torch transport."""
 
     def __init__(self, peer: PeerMembership, store, monitor: Monitor, timeout: float):
@@ -78,6 +83,7 @@ class DetectedChanges:
         self.changes: List[Dict] = []
         self._next_look = 0.0
         self._proposed = False  # the store holds a proposal for the next epoch
+        self._init_joins()
 
     @property
     def rank(self) -> int:
@@ -102,17 +108,22 @@ class DetectedChanges:
 
     def interrupted(self) -> Optional[str]:
         """Why the current group must not be used any more (None: it may)."""
-        membership = self.peer.membership
-        if self.peer.epoch.number < membership.last.number:
-            return f"membership epoch {membership.last.number} is agreed, from step {membership.last.step}"
+        last = self.peer.membership.last
+        if self.peer.epoch.number < last.number and last.number not in self.joins:
+            return f"membership epoch {last.number} is agreed, from step {last.step}"
         lost = self._lost()
         if lost:
             event = lost[0][0]
             return f"peer {event.peer} was lost ({event.how})"
         now = time.monotonic()
-        if not self._proposed and now >= self._next_look:
+        if not self._proposed and self._join is None and now >= self._next_look:
             self._next_look = now + LOOK_SECONDS
-            self._proposed = self._store("check", [f"membership/{membership.last.number + 1}"])
+            key = f"membership/{last.number + 1}"
+            self._proposed = self._store("check", [key])
+            if self._proposed and self.rank in last.live:  # a join: posted, the gossip goes on
+                self._proposed = not self._seen_proposal(
+                    last.number + 1, json.loads(self._store("get", key))
+                )
         if self._proposed:
             return "another survivor found a peer lost"
         return None
@@ -121,16 +132,28 @@ class DetectedChanges:
     def before_step(self, step: int) -> None:
         """At the start of `step`, before `PeerMembership.advance`: agree on a change if a peer
         was found lost (collective over the survivors, through the store)."""
+        self._step = step
         if self.peer.epoch.number < self.peer.membership.last.number:
-            return  # agreed already: the steps up to it are trained without gossip
-        if self.interrupted() is not None:
+            self._meet(step)  # a join's: the members meet before it takes effect
+            return  # agreed already: the steps up to it are trained (a loss's without gossip)
+        if self._join is None and self.interrupted() is not None:
             self._agree(step)
+        elif self._join is None:
+            self._look_for_joiners(step)
+        if self._join is not None:  # a join proposed (here or seen in a wait)
+            self._admit(step)
+            self._meet(step)
 
     def _agree(self, step: int) -> None:
         membership = self.peer.membership
         number = membership.last.number + 1
         key = f"membership/{number}"
         proposal = self._propose(key, {})
+        if "joined" in proposal:
+            raise CommunicationError(
+                f"rank {self.rank}: a peer was lost while peer {proposal['joined'][0]} was being "
+                "admitted: this version admits or loses one peer at a time"
+            )
         counters = {
             k: v for k, v in self.peer.algorithm.inner.node_state().items() if isinstance(v, int)
         }
@@ -143,7 +166,7 @@ class DetectedChanges:
                     f"rank {self.rank}: the other peers found this peer lost "
                     f"({proposal['lost'].get(str(self.rank), '?')}, seen by rank "
                     f"{proposal['by']}) and went on without it: it ends here (restart it with "
-                    "--rejoin to take part again)"
+                    f"--rejoin {self.rank} to take part again)"
                 )
             here = f"{key}/{revision}" if revision else key
             self._store("set", f"{here}/at/{self.rank}", post)
@@ -155,6 +178,7 @@ class DetectedChanges:
         at = max(max(p["step"] for p in posts), membership.last.step + 1)
         agreed = {name: max(p["counters"][name] for p in posts) for name in counters}
         epoch = membership.append(at, live)
+        self._store("set", f"{key}/step", json.dumps({"step": at, "live": list(live)}))
         self.peer.detected[epoch.number] = agreed
         self._proposed = False
         for peer in map(int, proposal["lost"]):

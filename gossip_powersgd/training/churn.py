@@ -8,7 +8,8 @@ Keys (a config-driven feature, `features.py`):
   in-process backend (local) runs it from a churn schedule; backend torch from the peers its
   liveness monitor finds lost (stopped, killed, hung, unreachable), agreed by the survivors through
   the rendezvous store (`membership.detected`: gloo, CPU); backend mpi is refused (MPICH is
-  fail-stop: a dead rank ends the job).
+  fail-stop: a dead rank ends the job). A removed peer restarted with ``gossip-train --rejoin ID``
+  is admitted back (`comm.torch_rejoin`, `membership.detected`; ChurnRun places its loop).
 * ``churn``: the schedule of an in-process run (`membership.churn`: ``leave:3@200,join:3@400`` or
   ``rate=0.02,down=50,seed=1``); needs ``on_peer_loss: continue`` and backend local.
 * ``churn_join: average | copy``: a joiner's model, optimizer state and step counter are the mean
@@ -38,8 +39,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
+import numpy as np
 import torch
 
+from ..comm.base import digest
 from ..comm.transports import TRANSPORTS
 from ..errors import PeerLostError
 from .features import Feature, Key, register
@@ -262,6 +265,7 @@ class ChurnRun(TrainingHooks):
         self.changes = 0
         self.shift_total = 0.0
         self.run = self.hooks = self.run_dir = None
+        self.placed: Optional[int] = None  # a rejoining peer: the step its loop starts at
 
     # ---- set-up ----------------------------------------------------------------------------------
     def start(self, run, hooks, run_dir) -> None:
@@ -281,9 +285,47 @@ class ChurnRun(TrainingHooks):
         run.algorithm = self.peer.bind(config.algorithm, run.algorithm)
         if TRANSPORTS.get(config.backend).peer_loss == "detected":
             from ..membership.detected import detected_changes
+            from .config import agreement_text
 
             self.detected = detected_changes(self.peer, comm.transport)
+            if self.detected is not None:
+                self.detected.steps = steps
+                self.detected.config_digest = digest(agreement_text(config)).hex()
         self.run, self.hooks, self.run_dir = run, hooks, run_dir
+        if self.rejoining:
+            self._await_admission(run)
+
+    def _await_admission(self, run) -> None:
+        """A rejoining peer (gossip-train --rejoin): wait until the members admit it, then stand
+        at the start of the training epoch of its admission step, away until that step, with a
+        new pass over its own shard seeded by (seed, id, admission epoch) (docs: churn)."""
+        from ..membership.detected import await_admission
+
+        at = await_admission(self.detected, self.detected.monitor.announce())
+        membership = self.peer.membership
+        self.placed = at - at % run.steps_per_epoch
+        self.peer.epoch = membership.at(min(self.placed, at - 1))  # not a member before `at`
+        words = [self.config.seed, self.comm.rank, membership.last.number]
+        seed = int(np.random.SeedSequence(words).generate_state(1)[0])
+        batches = run.batches.state_dict()
+        epoch = self.placed // run.steps_per_epoch
+        run.batches.load_state_dict({**batches, "epoch": epoch, "position": 0, "seed": seed})
+        print(
+            f"membership (rank {self.comm.rank}): admitted at step {at} "
+            f"({membership.last.describe()}); away until then",
+            flush=True,
+        )
+
+    def place(self, state) -> None:
+        """Put a rejoining peer's loop at the start of its admission's training epoch."""
+        if self.placed is not None:
+            state.step = self.placed
+            state.epoch = self.placed // self.run.steps_per_epoch
+
+    @property
+    def rejoining(self) -> bool:
+        """Whether this process rejoins a running run (gossip-train --rejoin)."""
+        return bool(getattr(self.comm.transport, "_rejoined", False))
 
     @property
     def live(self) -> bool:
@@ -300,7 +342,7 @@ class ChurnRun(TrainingHooks):
         run = self.run
         was_live = self.peer.live
         joined = TrainingState(run.model, run.optimizer, state, self)
-        if self.detected is not None:
+        if self.detected is not None and was_live:  # (a rejoining peer: from its admission)
             self.detected.before_step(state.step)
         change = self.peer.advance(state.step, joined)
         if change is not None and (was_live or self.peer.live):
@@ -377,6 +419,7 @@ class ChurnRun(TrainingHooks):
             return
         from ..comm.membership import NO_DEADLINE
 
+        self.detected._store("set", "membership/over", "1")  # no more joins (`await_admission`)
         timeout = self.comm.transport.timeout
         self.comm.transport.timeout = NO_DEADLINE
         try:
@@ -416,6 +459,11 @@ class ChurnRun(TrainingHooks):
                 }
                 for change in lost
                 for peer, how in sorted(change["lost"].items())
+            ],
+            "peers_joined": [
+                {"peer": peer, "step": change["step"]}
+                for change in lost
+                for peer in change.get("joined", ())
             ],
             "average_shift_total": self.shift_total,
             "transfer_mb_sent": float(sent[0]) / 1e6,

@@ -235,7 +235,8 @@ def train(
         if run_dir is not None:
             if auto and not resume:  # collective: every rank waits for rank 0 to move them
                 collectively(comm, rundir.set_aside_on_rank_0, comm.rank, run_dir)
-            collectively(comm, ckpt.check_run_dir, run_dir, resume)
+            if churn is None or not churn.rejoining:  # (a rejoining peer's run dir exists)
+                collectively(comm, ckpt.check_run_dir, run_dir, resume)
         return _train(
             comm,
             config,
@@ -274,6 +275,7 @@ def _train(
     state = RunState()
     if churn is not None:  # the algorithm wrapped so that membership changes rebuild it
         churn.start(run, hooks, run_dir)
+        churn.place(state)  # a rejoining peer: at its admission's training epoch
     if resume:
         state = _resume(comm, run_dir, run, hooks, churn)
         log.done(f"resumed from the checkpoint of epoch {state.epoch} (step {state.step})")

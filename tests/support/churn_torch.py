@@ -1,6 +1,6 @@
 """Processes of the torch backend under on_peer_loss: continue, for tests/test_churn_torch.py.
 
-    python tests/support/churn_torch.py OUT SPEC TOPOLOGY STEPS VICTIM SIGNAL AT [late|then]
+    python tests/support/churn_torch.py OUT SPEC TOPOLOGY STEPS VICTIM SIGNAL AT [late|then|hold:N[:rejoin]]
 
 runs one peer of a gossip-only run (no training: the models only gossip, as in test_membership)
 with the liveness monitor and the store agreement of `membership.detected`; peer VICTIM sends
@@ -8,7 +8,9 @@ itself SIGNAL (KILL or STOP) at the start of step AT. VICTIM may be several ids 
 sends it). With `late`, the victims' neighbours start the gossip of step AT only once every
 victim's process has ended (the connections to it closed before they post their messages). Each survivor saves its trace in
 OUT/rank-K.pt: per step the model at the start of the step's gossip and after it, whether that
-step's gossip was interrupted, and the membership epochs it agreed on.
+step's gossip was interrupted, and the membership epochs it agreed on. With HOLD, the survivors
+wait at step HOLD for the victim's join request (`hold_for_rejoin`); with `rejoin` this process is
+the victim restarted (`--rejoin`'s path: admitted, handed the state, its trace from there).
 
 `launch` starts N such processes (or N training programs) the way torchrun starts its workers
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), without torchrun's agent: one agent
@@ -43,32 +45,38 @@ def free_port() -> int:
 
 def launch(n: int, program: Sequence[str], log_dir: Path) -> List[subprocess.Popen]:
     """Start `program` (arguments after the interpreter) as ranks 0..n-1 of one job, each one's
-    stdout and stderr in log_dir/rank-K.out and .err."""
-    port = free_port()
-    processes = []
-    for rank in range(n):
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("PMI_", "OMPI_", "MPI_LOCAL", "TORCHELASTIC_", "HYDI_"))
-        }
-        env.update(
-            RANK=str(rank),
-            WORLD_SIZE=str(n),
-            LOCAL_RANK=str(rank),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            OMP_NUM_THREADS="1",
-            PYTHONPATH=os.pathsep.join(map(str, (ROOT, HERE.parent, HERE))),
-        )
-        out = open(log_dir / f"rank-{rank}.out", "w")
-        err = open(log_dir / f"rank-{rank}.err", "w")
-        processes.append(
-            subprocess.Popen([sys.executable, *program], env=env, cwd=ROOT, stdout=out, stderr=err)
-        )
-        out.close()
-        err.close()
-    return processes
+    stdout and stderr in log_dir/rank-K.out and .err (the job's port: `launch.port`)."""
+    launch.port = port = free_port()
+    return [start(rank, n, port, program, log_dir) for rank in range(n)]
+
+
+def start(
+    rank: int, n: int, port: int, program: Sequence[str], log_dir: Path, tag: str = ""
+) -> subprocess.Popen:
+    """Start `program` as rank `rank` of the job of `n` on `port` (a restarted one too: `tag`
+    tells its log files apart, log_dir/rank-K{tag}.out and .err)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PMI_", "OMPI_", "MPI_LOCAL", "TORCHELASTIC_", "HYDI_"))
+    }
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(n),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(map(str, (ROOT, HERE.parent, HERE))),
+    )
+    out = open(log_dir / f"rank-{rank}{tag}.out", "w")
+    err = open(log_dir / f"rank-{rank}{tag}.err", "w")
+    process = subprocess.Popen(
+        [sys.executable, *program], env=env, cwd=ROOT, stdout=out, stderr=err
+    )
+    out.close()
+    err.close()
+    return process
 
 
 def end(processes: Sequence[subprocess.Popen]) -> None:
@@ -85,6 +93,17 @@ def flat(tensors):
     return torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
 
 
+def hold_for_rejoin(comm, victim: int) -> None:
+    """Wait (a survivor, at the step HOLD) until peer `victim`'s join request is in the store:
+    the test's pacing, so that the gossip-only run (milliseconds a step) does not end before the
+    restarted process has started (seconds); TIMEOUT x 6 at most."""
+    import time
+
+    deadline = time.monotonic() + 6 * TIMEOUT
+    while not comm._store.check([f"membership/join/{victim}"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def wait_until_ended(pids) -> None:
     """Until every process of `pids` (of this machine) has ended (gone, or a zombie)."""
     from gossip_powersgd.faults import liveness
@@ -95,34 +114,44 @@ def wait_until_ended(pids) -> None:
 
 
 def main(out: str, spec: str, topology_spec: str, steps: int, victims, sig: str, at: int, mode=""):
+    held = mode.startswith("hold:")  # hold:N (a survivor), hold:N:rejoin (the restarted victim)
+    hold, rejoin = (int(mode.split(":")[1]), mode.endswith(":rejoin")) if held else (-1, False)
     import torch
 
     import topologies
     from gossip_powersgd import TorchCommunicator, faults, make_algorithm
     from gossip_powersgd.comm.membership import MemberCommunicator
-    from gossip_powersgd.membership.detected import detected_changes
+    from gossip_powersgd.comm.torch_rejoin import RejoiningCommunicator
+    from gossip_powersgd.membership.detected import await_admission, detected_changes
     from gossip_powersgd.membership.epochs import Membership
     from gossip_powersgd.membership.peer import ParamsState, PeerMembership
 
     torch.set_num_threads(1)
     topology = topologies.parse(topology_spec)
-    comm = TorchCommunicator(topology, timeout=TIMEOUT)
-    g = torch.Generator().manual_seed(42 + comm.rank)
+    comm = (RejoiningCommunicator if rejoin else TorchCommunicator)(topology, timeout=TIMEOUT)
+    g = torch.Generator().manual_seed(42 + comm.rank + (1000 if rejoin else 0))
     params = [torch.randn(s, generator=g, dtype=torch.float64) for s in SHAPES]
     member = MemberCommunicator(comm)
     peer = PeerMembership(member, Membership(topology))
     algorithm = peer.bind(spec, make_algorithm(spec, params, member))
     driver = detected_changes(peer, comm)
+    driver.steps = steps
     state = ParamsState(params)
-    trace, largest = [], 0.0
+    trace, largest, first = [], 0.0, 0
+    if rejoin:  # away until its admission step (`ChurnRun._await_admission`'s placing)
+        first = await_admission(driver, driver.monitor.announce())
+        peer.epoch = peer.membership.at(first - 1)
+        trace = [None] * first
     near = {j for v in victims for j in topology.neighbors(v)} - set(victims)
-    for t in range(steps):
-        if t == at and comm.rank in victims[: 1 if mode == "then" else None]:
+    for t in range(first, steps):
+        if t == at and not rejoin and comm.rank in victims[: 1 if mode == "then" else None]:
             os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
-        elif t == at and comm.rank in victims:  # "then": once the others propose, unposted
+        elif t == at and not rejoin and comm.rank in victims:  # "then": once the others propose
             while not driver.store.check(["membership/1"]):
                 time.sleep(0.01)
             os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
+        if t == hold and not rejoin:  # (a survivor)
+            hold_for_rejoin(comm, victims[0])
         driver.before_step(t)
         peer.advance(t, state)
         if mode == "late" and t == at and comm.rank in near:

@@ -1,0 +1,255 @@
+"""The churn page's soak on the emulated cluster: one training process per host (backend torch,
+on_peer_loss: continue, ring over the hosts), random faults of single hosts, each host brought back
+with `gossip-train --rejoin`; then the same run without faults for the accuracy it should reach.
+
+    python experiments/pages/churn/soak.py --minutes 20 --faults 50 --seed 0 --out soak.jsonl
+    python experiments/pages/churn/soak.py --quick --out soak.jsonl     # 4 hosts, 3 faults
+
+Each process is started directly with the torch launcher's variables (MASTER_ADDR=host0's address,
+MASTER_PORT, RANK, WORLD_SIZE), not by torchrun: a torchrun agent waits 300 s in its exit barrier
+for a dead host's agent, and an elastic restart renumbers the ranks (a rejoining peer keeps its
+id). Host 0 holds the rendezvous store and is never faulted. Faults come one at a time (this
+version goes on through one change at a time): a fault, the survivors' "lost" line on host 0, the
+host's processes ended and its link restored, the restart with --rejoin, the members' "rejoins"
+line, then the next fault. Kinds: kill (SIGKILL), stop (SIGSTOP past the comm timeout's half) and
+cut (the host's eth0 down). One JSON row per fault (seconds from the fault to the survivors'
+membership line and to the readmission, as host 0's output shows them) and a final row (exit
+statuses, the summary's detection-to-continuation per kind, final accuracy against the run without
+faults). Needs root (network namespaces); removes every namespace it made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
+KINDS = ("kill", "stop", "cut")
+#: The comm timeout of the soak's runs: a stopped peer is found after half of it.
+TIMEOUT = 20.0
+#: Seconds one step of the cycle (a line on host 0, a process start) may take on a loaded machine.
+WITHIN = 300.0
+HOW = {"kill": "killed", "stop": "stopped", "cut": "unreachable"}
+
+
+class Hosts:
+    """The training processes of one run on cluster `prefix` (logs in `work`)."""
+
+    def __init__(self, prefix: str, hosts: int, work: Path, epochs: int):
+        self.prefix, self.n, self.work, self.epochs = prefix, hosts, work, epochs
+        self.processes: Dict[str, subprocess.Popen] = {}
+        self.out = work / "run"
+        work.mkdir(parents=True, exist_ok=True)
+
+    def start(self, k: int, rejoin: bool = False, tag: str = "") -> None:
+        from gossip_powersgd.cluster import network
+        from gossip_powersgd.cluster.enter import enter_command
+
+        sets = [
+            "backend=torch",
+            "on_peer_loss=continue",
+            f"topology=ring:{self.n}",
+            f"out_dir={self.out}",
+            f"epochs={self.epochs}",
+            f"eval_every={self.epochs}",  # one evaluation, at the end (a loss during one ends it)
+            "log_every=0",
+            "checkpoint_every=0",
+            f"comm_timeout={TIMEOUT:g}",
+        ]
+        program = [sys.executable, "-m", "gossip_powersgd.cli.train", "--config", str(TINY)]
+        program += [a for s in sets for a in ("--set", s)] + (
+            ["--rejoin", str(k)] if rejoin else []
+        )
+        env = {key: v for key, v in os.environ.items() if key != "RANK"}
+        env.update(
+            MASTER_ADDR=network.address(0),
+            MASTER_PORT="29500",
+            WORLD_SIZE=str(self.n),
+            RANK=str(k),
+            LOCAL_RANK="0",
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=str(ROOT),
+        )
+        with open(self.work / f"host{k}{tag}.out", "w") as out:
+            with open(self.work / f"host{k}{tag}.err", "w") as err:
+                command = enter_command(self.prefix, f"host{k}", program)
+                self.processes[f"{k}{tag}"] = subprocess.Popen(
+                    command, env=env, cwd=ROOT, stdout=out, stderr=err
+                )
+
+    def text(self, k: int = 0) -> str:
+        return (self.work / f"host{k}.out").read_text()
+
+    def wait_for(self, pattern: str, count: int = 1) -> float:
+        """Until host 0's output holds `count` matches of `pattern`: time.time() then."""
+        deadline = time.monotonic() + WITHIN
+        while len(re.findall(pattern, self.text())) < count:
+            if time.monotonic() > deadline or self.processes["0"].poll() is not None:
+                tail = (self.work / "host0.err").read_text()[-1500:] + self.text()[-1500:]
+                raise RuntimeError(f"soak: no {pattern!r} (#{count}) on host 0: {tail}")
+            time.sleep(0.05)
+        return time.time()
+
+    def end(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+def fault(hosts: Hosts, k: int, kind: str, index: int) -> Dict:
+    """One fault of host `k` and its host's return (module docstring); its row."""
+    from gossip_powersgd.cluster import network
+
+    started = time.time()
+    if kind == "cut":
+        network.set_link(hosts.prefix, f"host{k}", False, at="host")
+    else:
+        network.signal_host(
+            hosts.prefix, f"host{k}", signal.SIGKILL if kind == "kill" else signal.SIGSTOP
+        )
+    lost = hosts.wait_for(r"membership \(rank 0\): peer \d+ \(\w+\) lost", index + 1)
+    network.signal_host(hosts.prefix, f"host{k}", signal.SIGKILL)  # what is left of it
+    if kind == "cut":
+        network.set_link(hosts.prefix, f"host{k}", True, at="host")
+    hosts.start(k, rejoin=True, tag=f"-rejoin{index}")
+    back = hosts.wait_for(r"membership \(rank 0\): peer \d+ rejoins", index + 1)
+    said = re.findall(r"membership \(rank 0\): peer (\d+) \((\w+)\) lost", hosts.text())[index]
+    return {
+        "fault": index,
+        "host": k,
+        "kind": kind,
+        "found_as": said[1],
+        "right_peer": int(said[0]) == k,
+        "to_membership_line_s": lost - started,
+        "to_readmission_s": back - started,
+    }
+
+
+def finish(hosts: Hosts, rows: List[Dict]) -> Dict:
+    """Wait for every process, read the summary; the final row."""
+    codes = {}
+    for name, process in hosts.processes.items():
+        try:
+            codes[name] = process.wait(timeout=WITHIN * 2)
+        except subprocess.TimeoutExpired:
+            codes[name] = None
+    summary = json.loads((hosts.out / "summary.json").read_text())
+    per_kind = {}
+    for how in sorted({p["how"] for p in summary["peers_lost"]}):
+        seconds = [
+            p["detection_to_continuation_s"]
+            for p in summary["peers_lost"]
+            if p["how"] == how and p["detection_to_continuation_s"] is not None
+        ]
+        if seconds:
+            per_kind[how] = {
+                "median_s": statistics.median(seconds),
+                "max_s": max(seconds),
+                "n": len(seconds),
+            }
+    return {
+        "final": True,
+        "faults": len(rows),
+        "exit_codes": codes,
+        "members_at_end": summary["members_at_end"],
+        "membership_changes": summary["membership_changes"],
+        "detection_to_continuation": per_kind,
+        "final_test_acc_avg_model": summary["final_test_acc_avg_model"],
+        "steps": summary["steps"],
+        "wall_time_s": summary["wall_time_s"],
+    }
+
+
+def baseline(prefix: str, hosts: int, epochs: int, work: Path) -> Dict:
+    """The same run without faults: its accuracy and wall time."""
+    run = Hosts(prefix, hosts, work, epochs)
+    try:
+        for k in range(hosts):
+            run.start(k)
+        for name, process in run.processes.items():
+            if process.wait(timeout=WITHIN * 4) != 0:
+                raise RuntimeError(f"soak: the run without faults failed on host {name}")
+    finally:
+        run.end()
+    summary = json.loads((run.out / "summary.json").read_text())
+    return {"acc": summary["final_test_acc_avg_model"], "wall_s": summary["wall_time_s"]}
+
+
+def soak(minutes: float, faults: int, seed: int, out_jsonl, hosts: int = 6, kinds=None) -> Dict:
+    """The soak (module docstring): `faults` faults over about `minutes` of training on `hosts`
+    hosts, random hosts and kinds from `seed` (or `kinds` in turn); rows to `out_jsonl`."""
+    from gossip_powersgd.cluster import network
+
+    rng = random.Random(seed)
+    prefix = f"cr{os.getpid() % 10**5}"
+    network.up(prefix, hosts, None, {})
+    rows: List[Dict] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="churn-soak-") as tmp:
+            probe = baseline(prefix, hosts, 20, Path(tmp) / "probe")  # seconds per epoch here
+            epochs = max(20, int(minutes * 60 / (probe["wall_s"] / 20)))
+            reference = baseline(prefix, hosts, epochs, Path(tmp) / "reference")
+            run = Hosts(prefix, hosts, Path(tmp) / "soak", epochs)
+            try:
+                for k in range(hosts):
+                    run.start(k)
+                run.wait_for(r"progress: step 1/")
+                gap = minutes * 60 / (faults + 1)
+                with open(out_jsonl, "w") as sink:
+                    for index in range(faults):
+                        time.sleep(gap * rng.random())
+                        if _progress(run.text()) > 0.9:
+                            break  # the end's evaluation is near: a loss there ends the run
+                        kind = kinds[index % len(kinds)] if kinds else rng.choice(KINDS)
+                        rows.append(fault(run, rng.randrange(1, hosts), kind, index))
+                        sink.write(json.dumps(rows[-1]) + "\n")
+                        sink.flush()
+                    final = finish(run, rows)
+                    final["reference_test_acc_avg_model"] = reference["acc"]
+                    sink.write(json.dumps(final) + "\n")
+            finally:
+                run.end()
+    finally:
+        for k in range(hosts):
+            network.signal_host(prefix, f"host{k}", signal.SIGKILL)
+        network.down(prefix)
+    return {"rows": rows, "final": final}
+
+
+def _progress(text: str) -> float:
+    found = re.findall(r"progress: step (\d+)/(\d+)", text)
+    return int(found[-1][0]) / int(found[-1][1]) if found else 0.0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=20.0)
+    parser.add_argument("--faults", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="soak.jsonl")
+    parser.add_argument("--quick", action="store_true", help="4 hosts, kill, stop, cut once each")
+    args = parser.parse_args(argv)
+    if args.quick:
+        result = soak(1.5, 3, args.seed, args.out, hosts=4, kinds=KINDS)
+    else:
+        result = soak(args.minutes, args.faults, args.seed, args.out)
+    print(json.dumps(result["final"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())
