@@ -36,9 +36,10 @@ MakeHooks = Callable[[int], Iterable["TrainingHooks"]]
 
 @dataclasses.dataclass
 class RunResult:
-    """What one run gave back. `summary` is `summary.json`'s content (the same on every peer),
-    `history` the evaluation and log records; the per-peer dicts are keyed by rank and hold every
-    peer under backend local, this process's rank under a launcher."""
+    """What one run gave back. `summary` is `summary.json`'s content (the same on every peer that
+    ends the run as a member; under churn, the lowest such rank's), `history` that peer's
+    evaluation and log records; the per-peer dicts are keyed by rank and hold every peer under
+    backend local, this process's rank under a launcher."""
 
     config: "TrainConfig"
     summary: Dict[str, Any]
@@ -229,7 +230,10 @@ def run(
         device=device,
     )
     seconds = time.perf_counter() - started
-    first = values[min(values)][0]
+    # The summary and history are the lowest rank's that ended the run as a member: under churn a
+    # peer away at the end (rank 0 too) has no final figures.
+    ended = [r for r in sorted(values) if values[r][0].get("final_test_acc_avg_model") is not None]
+    first = values[(ended or sorted(values))[0]][0]
     summary = {k: v for k, v in first.items() if k not in ("history", "peer", "rank")}
     return RunResult(
         config=config,

@@ -95,6 +95,14 @@ def test_a_bad_config_is_refused_with_gossip_trains_message(tmp_path, bad):
         assert str(library.value) == str(cli.value)
 
 
+def test_under_churn_the_summary_is_a_member_at_the_end_even_when_peer_0_has_left():
+    # peer 0 leaves at step 5 and never returns: its own summary has no final figures
+    result = run(dict(TINY, algorithm="exact", on_peer_loss="continue", churn="leave:0@5"))
+    assert result.acc_avg is not None and result.acc_avg > 0.8
+    assert result.summary["members_at_end"] == [1, 2, 3]
+    assert result.evals[-1]["epoch"] == 2
+
+
 def test_a_launched_backend_without_its_launcher_is_refused():
     with pytest.raises(ValueError, match=r"launch with mpiexec -n 4 python -m \.\.\."):
         run(dict(TINY, backend="mpi"))
