@@ -174,7 +174,7 @@ def finish(hosts: Hosts, rows: List[Dict]) -> Dict:
 
 
 def baseline(prefix: str, hosts: int, epochs: int, work: Path) -> Dict:
-    """The same run without faults: its accuracy and wall time."""
+    """The same run without faults: its accuracy, steps and wall time."""
     run = Hosts(prefix, hosts, work, epochs)
     try:
         for k in range(hosts):
@@ -185,18 +185,44 @@ def baseline(prefix: str, hosts: int, epochs: int, work: Path) -> Dict:
     finally:
         run.end()
     summary = json.loads((run.out / "summary.json").read_text())
-    return {"acc": summary["final_test_acc_avg_model"], "wall_s": summary["wall_time_s"]}
+    return {
+        "acc": summary["final_test_acc_avg_model"],
+        "steps": summary["steps"],
+        "wall_s": summary["wall_time_s"],
+    }
 
 
-def soak(minutes: float, faults: int, seed: int, out_jsonl, hosts: int = 6, kinds=None) -> Dict:
-    """The soak (module docstring): `faults` faults over about `minutes` of training on `hosts`
-    hosts, random hosts and kinds from `seed` (or `kinds` in turn); rows to `out_jsonl`."""
+#: Training past this share of its steps gets no more faults: the end's evaluation is near, and a
+#: loss during it ends the run (a stated limit).
+LAST_FAULT_AT = 0.85
+
+
+def pause(rng: random.Random, text: str, since: float, left: int, cycles: List[float]) -> float:
+    """Seconds to wait before the next fault: random in [0, 2 x slack], where slack spreads the
+    time training has left before LAST_FAULT_AT (from its rate so far) over the `left` faults,
+    less one fault's mean cycle so far (20 s before the first): the faults spread over the run
+    and still all fit."""
+    done = _progress(text)
+    elapsed = time.time() - since
+    remaining = (LAST_FAULT_AT - done) * elapsed / done if done > 0 else 0.0
+    cycle = statistics.mean(cycles) if cycles else 20.0
+    return rng.uniform(0.0, 2.0 * max(0.0, remaining / max(left, 1) - cycle))
+
+
+def soak(
+    minutes: float, faults: int, seed: int, out_jsonl=None, hosts: int = 6, kinds=None
+) -> Dict:
+    """The soak (module docstring): `faults` faults over a run of about `minutes` of training
+    without faults on `hosts` hosts, random hosts and kinds from `seed` (or `kinds` in turn);
+    each row also to `out_jsonl` as it comes. Returns {"rows", "final"}."""
     from gossip_powersgd.cluster import network
 
     rng = random.Random(seed)
     prefix = f"cr{os.getpid() % 10**5}"
     network.up(prefix, hosts, None, {})
     rows: List[Dict] = []
+    load_before = os.getloadavg()
+    sink = open(out_jsonl, "w") if out_jsonl else None
     try:
         with tempfile.TemporaryDirectory(prefix="churn-soak-") as tmp:
             probe = baseline(prefix, hosts, 20, Path(tmp) / "probe")  # seconds per epoch here
@@ -207,22 +233,37 @@ def soak(minutes: float, faults: int, seed: int, out_jsonl, hosts: int = 6, kind
                 for k in range(hosts):
                     run.start(k)
                 run.wait_for(r"progress: step 1/")
-                gap = minutes * 60 / (faults + 1)
-                with open(out_jsonl, "w") as sink:
-                    for index in range(faults):
-                        time.sleep(gap * rng.random())
-                        if _progress(run.text()) > 0.9:
-                            break  # the end's evaluation is near: a loss there ends the run
-                        kind = kinds[index % len(kinds)] if kinds else rng.choice(KINDS)
-                        rows.append(fault(run, rng.randrange(1, hosts), kind, index))
+                since, cycles = time.time(), []
+                for index in range(faults):
+                    time.sleep(pause(rng, run.text(), since, faults - index, cycles))
+                    if _progress(run.text()) > LAST_FAULT_AT:
+                        break
+                    kind = kinds[index % len(kinds)] if kinds else rng.choice(KINDS)
+                    rows.append(fault(run, rng.randrange(1, hosts), kind, index))
+                    cycles.append(rows[-1]["to_readmission_s"])
+                    if sink:
                         sink.write(json.dumps(rows[-1]) + "\n")
                         sink.flush()
-                    final = finish(run, rows)
-                    final["reference_test_acc_avg_model"] = reference["acc"]
-                    sink.write(json.dumps(final) + "\n")
+                final = finish(run, rows)
             finally:
                 run.end()
+        final.update(
+            hosts=hosts,
+            epochs=epochs,
+            seed=seed,
+            comm_timeout_s=TIMEOUT,
+            reference_test_acc_avg_model=reference["acc"],
+            reference_steps=reference["steps"],
+            reference_wall_time_s=reference["wall_s"],
+            load_before=list(load_before),
+            load_after=list(os.getloadavg()),
+            cpus=os.cpu_count(),
+        )
+        if sink:
+            sink.write(json.dumps(final) + "\n")
     finally:
+        if sink:
+            sink.close()
         for k in range(hosts):
             network.signal_host(prefix, f"host{k}", signal.SIGKILL)
         network.down(prefix)
