@@ -138,12 +138,12 @@ def fault(hosts: Hosts, k: int, kind: str, index: int) -> Dict:
     }
 
 
-def finish(hosts: Hosts, rows: List[Dict]) -> Dict:
-    """Wait for every process, read the summary; the final row."""
-    codes = {}
+def finish(hosts: Hosts, rows: List[Dict], seconds: float) -> Dict:
+    """Wait for every process (`seconds` in all at most), read the summary; the final row."""
+    codes, deadline = {}, time.monotonic() + seconds
     for name, process in hosts.processes.items():
         try:
-            codes[name] = process.wait(timeout=WITHIN * 2)
+            codes[name] = process.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             codes[name] = None
     summary = json.loads((hosts.out / "summary.json").read_text())
@@ -173,14 +173,15 @@ def finish(hosts: Hosts, rows: List[Dict]) -> Dict:
     }
 
 
-def baseline(prefix: str, hosts: int, epochs: int, work: Path) -> Dict:
-    """The same run without faults: its accuracy, steps and wall time."""
+def baseline(prefix: str, hosts: int, epochs: int, work: Path, seconds: float) -> Dict:
+    """The same run without faults: its accuracy, steps and wall time (`seconds`: the longest it
+    may take)."""
     run = Hosts(prefix, hosts, work, epochs)
     try:
         for k in range(hosts):
             run.start(k)
         for name, process in run.processes.items():
-            if process.wait(timeout=WITHIN * 4) != 0:
+            if process.wait(timeout=seconds) != 0:
                 raise RuntimeError(f"soak: the run without faults failed on host {name}")
     finally:
         run.end()
@@ -228,9 +229,11 @@ def soak(
     try:
         with tempfile.TemporaryDirectory(prefix="churn-soak-") as tmp:
             # seconds per epoch here, from 200 epochs (20 gave 45 steps/s where the run made 83)
-            probe = baseline(prefix, hosts, PROBE_EPOCHS, Path(tmp) / "probe")
+            probe = baseline(prefix, hosts, PROBE_EPOCHS, Path(tmp) / "probe", WITHIN * 4)
             epochs = max(20, int(minutes * 60 / (probe["wall_s"] / PROBE_EPOCHS)))
-            reference = baseline(prefix, hosts, epochs, Path(tmp) / "reference")
+            # a loaded machine: 23.5 min for a run the probe sized to 20 (page's first try)
+            longest = WITHIN + 4 * minutes * 60
+            reference = baseline(prefix, hosts, epochs, Path(tmp) / "reference", longest)
             run = Hosts(prefix, hosts, Path(tmp) / "soak", epochs)
             try:
                 for k in range(hosts):
@@ -247,7 +250,7 @@ def soak(
                     if sink:
                         sink.write(json.dumps(rows[-1]) + "\n")
                         sink.flush()
-                final = finish(run, rows)
+                final = finish(run, rows, longest)
             finally:
                 run.end()
         final.update(
