@@ -105,9 +105,7 @@ def run_mpi(n: int, args, timeout: float = 120, env=None, cwd=None) -> subproces
     """
     command = [mpiexec_path(), "-n", str(n), sys.executable, *map(str, args)]
     full_env = dict(os.environ)
-    full_env.update(
-        {"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{SUPPORT}"}
-    )
+    full_env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{SUPPORT}"})
     full_env.update(env or {})
     return run_bounded(
         command,

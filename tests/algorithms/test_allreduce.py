@@ -7,7 +7,7 @@ import torch
 import topologies
 from gossip_powersgd import AllReduce, LocalCluster, NonFiniteError, PowerSGDAllReduce
 from gossip_powersgd.algorithms import make_algorithm
-from conftest import run_scenario_mpi
+from tests.conftest import run_scenario_mpi
 
 
 def peer_grads(comm, step=0, dtype=torch.float64):
@@ -299,7 +299,7 @@ def mpi_baselines(tmp_path_factory):
     if "ring:4" not in _MPI_RESULTS:
         out_dir = tmp_path_factory.mktemp("baselines-mpi")
         _MPI_RESULTS["ring:4"] = run_scenario_mpi(
-            4, "test_allreduce:baselines_run", "ring:4", out_dir
+            4, "tests.algorithms.test_allreduce:baselines_run", "ring:4", out_dir
         )
     return _MPI_RESULTS["ring:4"]
 

@@ -20,7 +20,7 @@ from gossip_powersgd.specs import SEED_MAX
 from gossip_powersgd.training.config import load_config
 from gossip_powersgd.training.trainer import train
 
-from conftest import ROOT
+from tests.conftest import ROOT
 
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 

@@ -15,7 +15,7 @@ from gossip_powersgd import (
 from gossip_powersgd.algorithms import make_algorithm
 from gossip_powersgd.algorithms.compressed import compression_keys
 from gossip_powersgd.compressors import Identity, RandomK, SignNorm, TopK, parse_compressor
-from test_allreduce import mpi_baselines
+from tests.algorithms.test_allreduce import mpi_baselines
 
 
 def peer_tensors(comm, dtype=torch.float64):

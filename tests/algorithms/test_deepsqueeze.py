@@ -15,8 +15,8 @@ from gossip_powersgd import (
 from gossip_powersgd.algorithms import make_algorithm
 from gossip_powersgd.algorithms.compressed import compression_keys
 from gossip_powersgd.compressors import Identity, QSGD, SignNorm, TopK, parse_compressor
-from test_allreduce import mpi_baselines
-from test_choco import consensus_problem, peer_tensors
+from tests.algorithms.test_allreduce import mpi_baselines
+from tests.algorithms.test_choco import consensus_problem, peer_tensors
 
 
 def test_deepsqueeze_with_identity_is_exact_gossip():

@@ -24,7 +24,7 @@ from gossip_powersgd.algorithms.exact import resolve_gamma
 from gossip_powersgd.algorithms.layout import unflatten
 from gossip_powersgd.specs import parse_optional_float
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 
 

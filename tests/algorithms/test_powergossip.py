@@ -9,7 +9,7 @@ import topologies
 from gossip_powersgd import ExactGossip, LocalCluster, PowerGossip, consensus_distance
 from gossip_powersgd.algorithms.lowrank import orthonormalize_
 from gossip_powersgd.algorithms.powergossip import edge_seed
-from conftest import run_scenario_mpi
+from tests.conftest import run_scenario_mpi
 
 # A small model: two same-shape matrices (batched together), a conv weight, a bias, and a matrix too
 # small to compress (gossiped exactly).
@@ -353,7 +353,9 @@ def mpi_scenario(comm, steps="6"):
 @pytest.mark.mpi
 @pytest.mark.parametrize("n, spec", [(4, "ring:4"), (8, "torus:2x4")])
 def test_mpi_equals_local_bit_for_bit(tmp_path, n, spec):
-    mpi = run_scenario_mpi(n, "test_powergossip:mpi_scenario", spec, tmp_path, timeout=180)
+    mpi = run_scenario_mpi(
+        n, "tests.algorithms.test_powergossip:mpi_scenario", spec, tmp_path, timeout=180
+    )
     local = LocalCluster(topologies.parse(spec)).run(mpi_scenario)
     for a, b in zip(mpi, local):
         assert all(torch.equal(u, v) for u, v in zip(a["x"], b["x"]))

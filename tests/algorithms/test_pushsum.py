@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import topologies
-from conftest import run_scenario_mpi
+from tests.conftest import run_scenario_mpi
 from gossip_powersgd.algorithms import make_algorithm
 from gossip_powersgd.algorithms.reference import reference_powergossip
 from gossip_powersgd.comm import LocalCluster
@@ -258,7 +258,9 @@ def mpi_scenario(comm):
 @pytest.mark.mpi
 @pytest.mark.parametrize("spec", ["one_peer_exponential:4", "directed_exponential:4"])
 def test_mpi_equals_local_on_a_schedule(tmp_path, spec):
-    mpi = run_scenario_mpi(4, "test_dynamic:mpi_scenario", spec, tmp_path, timeout=180)
+    mpi = run_scenario_mpi(
+        4, "tests.algorithms.test_pushsum:mpi_scenario", spec, tmp_path, timeout=180
+    )
     local = LocalCluster(topologies.parse(spec)).run(mpi_scenario)
     for a, b in zip(mpi, local):
         assert a.keys() == b.keys()

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_bounded, run_mpi
+from tests.conftest import run_bounded, run_mpi
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 
 #: Run first in a child: prints a marker on stdout the moment `torch` is first imported, and makes

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_bounded
+from tests.conftest import ROOT, run_bounded
 from gossip_powersgd.cluster import __main__ as cli
 from gossip_powersgd.cluster import network
 from gossip_powersgd.cluster.enter import enter_command, split_ssh_arguments

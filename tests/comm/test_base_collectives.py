@@ -6,7 +6,7 @@ import torch
 import topologies
 from gossip_powersgd import CommunicationError, LocalCluster
 from gossip_powersgd.comm import LocalCommunicator, ring_allreduce_bytes, ring_chunks
-from conftest import run_scenario_mpi
+from tests.conftest import run_scenario_mpi
 
 # Awkward sizes for 4 peers: fewer elements than peers, not divisible by 4, divisible, one element.
 AWKWARD_SIZES = (1, 3, 5, 7, 30, 1001)
@@ -152,7 +152,9 @@ def test_mismatched_sizes_fail_naming_a_peer_instead_of_hanging():
 
 @pytest.mark.mpi
 def test_mpi_ring_allreduce_is_bit_equal_to_local(tmp_path):
-    mpi = run_scenario_mpi(4, "test_collectives:awkward_allreduces", "ring:4", tmp_path)
+    mpi = run_scenario_mpi(
+        4, "tests.comm.test_base_collectives:awkward_allreduces", "ring:4", tmp_path
+    )
     local = LocalCluster(topologies.ring(4)).run(awkward_allreduces)
     for a, b in zip(mpi, local):
         assert a.keys() == b.keys()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import topologies
-from conftest import ROOT, SUPPORT, mpiexec_path, run_mpi
+from tests.conftest import ROOT, SUPPORT, mpiexec_path, run_mpi
 from gossip_powersgd import CommunicationError, LocalCluster
 
 

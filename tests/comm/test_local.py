@@ -12,7 +12,7 @@ from gossip_powersgd import (
     consensus_distance,
 )
 from gossip_powersgd.comm import ring_allreduce_bytes
-from conftest import SUPPORT, run_mpi, run_scenario_mpi
+from tests.conftest import SUPPORT, run_mpi, run_scenario_mpi
 
 
 # ---- in-process ------------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def test_single_peer_gossip_is_a_no_op():
 # ---- MPI -------------------------------------------------------------------------------------------
 @pytest.mark.mpi
 def test_mpi_closed_form_and_equality_with_local(tmp_path):
-    mpi = run_scenario_mpi(4, "test_transport:rank_valued_step", "ring:4", tmp_path)
+    mpi = run_scenario_mpi(4, "tests.comm.test_local:rank_valued_step", "ring:4", tmp_path)
     local = LocalCluster(topologies.ring(4)).run(rank_valued_step)
     for i in range(4):
         expected = (i + (i - 1) % 4 + (i + 1) % 4) / 3
@@ -228,7 +228,7 @@ def test_mpi_closed_form_and_equality_with_local(tmp_path):
 
 @pytest.mark.mpi
 def test_mpi_exact_gossip_is_bit_equal_to_local(tmp_path):
-    mpi = run_scenario_mpi(4, "test_transport:exact_gossip_run", "torus:2x2", tmp_path)
+    mpi = run_scenario_mpi(4, "tests.comm.test_local:exact_gossip_run", "torus:2x2", tmp_path)
     local = LocalCluster(topologies.torus(2, 2)).run(exact_gossip_run)
     for a, b in zip(mpi, local):
         assert all(torch.equal(x, y) for x, y in zip(a["x"], b["x"]))

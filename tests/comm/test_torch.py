@@ -14,7 +14,7 @@ import torch
 
 import topologies
 from gossip_powersgd import LocalCluster
-from conftest import ROOT, SUPPORT, TESTS, run_scenario_mpi
+from tests.conftest import ROOT, SUPPORT, run_scenario_mpi
 
 
 def free_port() -> int:
@@ -25,9 +25,7 @@ def free_port() -> int:
 
 def _env(extra=None):
     env = dict(os.environ)
-    env.update(
-        {"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{SUPPORT}"}
-    )
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{SUPPORT}"})
     for var in (
         "RANK",
         "WORLD_SIZE",
@@ -150,7 +148,7 @@ def test_torch_equals_mpi_equals_local_bit_for_bit(tmp_path):
         4,
         [
             SUPPORT / "torch_worker.py",
-            "test_torch_transport:gossip_scenarios",
+            "tests.comm.test_torch:gossip_scenarios",
             "ring:4",
             tmp_path / "torch",
         ],
@@ -160,7 +158,7 @@ def test_torch_equals_mpi_equals_local_bit_for_bit(tmp_path):
         torch.load(tmp_path / "torch" / f"rank-{k}.pt", weights_only=True) for k in range(4)
     ]
     over_mpi = run_scenario_mpi(
-        4, "test_torch_transport:gossip_scenarios", "ring:4", tmp_path / "mpi", timeout=180
+        4, "tests.comm.test_torch:gossip_scenarios", "ring:4", tmp_path / "mpi", timeout=180
     )
     local = LocalCluster(topologies.ring(4)).run(gossip_scenarios)
     for rank in range(4):

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT
+from tests.conftest import ROOT
 from experiments import gpu_check
 
 

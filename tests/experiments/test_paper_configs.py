@@ -15,11 +15,11 @@ from gossip_powersgd.training.data import clear_dataset_cache, load_dataset, pee
 from gossip_powersgd.training.evaluation import flat_logits
 from gossip_powersgd.training.models import build_model
 
-TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS / "support"))
 import paper_fixtures  # noqa: E402
 
-from conftest import ROOT, run_bounded  # noqa: E402
+from tests.conftest import ROOT, run_bounded  # noqa: E402
 
 PAPER = ROOT / "experiments" / "configs" / "paper"
 CONFIGS = sorted(PAPER.glob("*.yaml"))

@@ -1,5 +1,5 @@
 """experiments/suite (runs.py, tables.py): table building and the projected-time model on synthetic
-numbers; the training page's targets on them. (The pages' --quick runs: tests/test_engine_pages.py.)"""
+numbers; the training page's targets on them. (The pages' --quick runs: tests/experiments/pages/test_every_page.py.)"""
 
 import csv
 import io

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from conftest import SUPPORT
+from tests.conftest import SUPPORT
 from gossip_powersgd.faults import liveness, monitor
 from liveness_jobs import LONG_RUN, Job, last_gone, train_command
 

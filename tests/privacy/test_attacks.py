@@ -1,5 +1,5 @@
 """What a curious neighbour learns: recorded views, model reconstruction and membership inference
-(the network-DP accountant: tests/test_network_dp.py)."""
+(the network-DP accountant: tests/privacy/test_network_dp.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import topologies
-from conftest import run_scenario_mpi
+from tests.conftest import run_scenario_mpi
 from gossip_powersgd import LocalCluster
 from gossip_powersgd.privacy.membership import (
     auc,
@@ -36,7 +36,7 @@ from gossip_powersgd.training.models import build_model
 from gossip_powersgd.training.trainer import train
 from privacy_attack_scenarios import observed_gossip
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 RING = topologies.ring(4)
 

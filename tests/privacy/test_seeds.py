@@ -230,7 +230,7 @@ def own_data(rank, num_peers, seed=0):
 
 LOCAL_DP = CONFIG.replace(
     partition="local",
-    dataset="test_privacy_secrecy:own_data",
+    dataset="tests.privacy.test_seeds:own_data",
     public_train_size=sum(SIZES),
     epochs=2,
     log_every=3,

@@ -21,7 +21,7 @@ from gossip_powersgd.training.config import TrainConfig, validate_config
 from gossip_powersgd.training.keydocs import describe_keys
 from gossip_powersgd.training.trainer import TIMING_KEYS, train
 
-from conftest import run_scenario_mpi
+from tests.conftest import run_scenario_mpi
 
 pytest.importorskip("opacus")
 
@@ -288,7 +288,7 @@ def mpi_dp_scenario(comm, partition):
 
 
 def _dataset_for(partition):
-    return "test_privacy_training:own_rank_only" if partition == "local" else DP.dataset
+    return "tests.privacy.test_training:own_rank_only" if partition == "local" else DP.dataset
 
 
 @pytest.mark.mpi
@@ -296,7 +296,7 @@ def _dataset_for(partition):
 def test_mpi_equals_local_with_dp_on(tmp_path, partition):
     mpi = run_scenario_mpi(
         PEERS,
-        "test_privacy_training:mpi_dp_scenario",
+        "tests.privacy.test_training:mpi_dp_scenario",
         DP.topology,
         tmp_path,
         timeout=240,
@@ -349,7 +349,7 @@ def shared_test_set(rank, num_peers, seed=0):
 def test_local_partition_loads_only_each_peers_data_and_pools_the_evaluation():
     config = DP.replace(
         partition="local",
-        dataset="test_privacy_training:own_rank_only",
+        dataset="tests.privacy.test_training:own_rank_only",
         dp_noise_multiplier=None,
         dp_max_grad_norm=None,
         epochs=2,
@@ -373,7 +373,7 @@ def test_local_partition_loads_only_each_peers_data_and_pools_the_evaluation():
 def test_local_partition_with_dp_and_a_shared_test_set():
     config = DP.replace(
         partition="local",
-        dataset="test_privacy_training:shared_test_set",
+        dataset="tests.privacy.test_training:shared_test_set",
         epochs=1,
         public_train_size=320,
     )
@@ -401,7 +401,9 @@ def frozen_net(input_shape, num_classes):
 
 
 def test_batchnorm_is_a_one_line_error_naming_the_layer_and_the_fix(tmp_path):
-    config = DP.replace(model="test_privacy_training:batchnorm_net", out_dir=str(tmp_path / "r"))
+    config = DP.replace(
+        model="tests.privacy.test_training:batchnorm_net", out_dir=str(tmp_path / "r")
+    )
     with pytest.raises(
         ValueError,
         match=r"layer '1' \(BatchNorm1d\).*GroupNorm.*dp_fix_model: "
@@ -431,12 +433,12 @@ def test_batchnorm_is_a_one_line_error_naming_the_layer_and_the_fix(tmp_path):
             dict(dp_noise_multiplier=None, dp_target_epsilon=1e-4, dp_delta=1e-12),
             "dp_target_epsilon=0.0001 is unreachable",
         ),
-        (dict(model="test_privacy_training:frozen_net"), "no trainable parameter"),
+        (dict(model="tests.privacy.test_training:frozen_net"), "no trainable parameter"),
         (dict(dp_secret="seed"), "dp_secret must be one of os, run_dir"),
         (dict(dp_secure_noise=False), "dp_secure_noise: false .* is gone"),
         (dict(dp_secret="run_dir", dp_public_randomness=True), "set only one of them"),
         (
-            dict(partition="local", dataset="test_privacy_training:own_rank_only"),
+            dict(partition="local", dataset="tests.privacy.test_training:own_rank_only"),
             "partition: local needs the total number of training samples declared public",
         ),
         (dict(public_train_size=100), "public_train_size.*is for partition: local"),

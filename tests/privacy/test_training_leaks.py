@@ -52,7 +52,7 @@ def batchnorm_net(input_shape, num_classes):
 
 BASE = TrainConfig(
     topology="ring:4",
-    dataset="test_privacy_leaks:own_data",
+    dataset="tests.privacy.test_training_leaks:own_data",
     partition="local",
     public_train_size=sum(SIZES),
     model="logreg",
@@ -82,7 +82,7 @@ CASES = {
     # refusal, shared with every peer, names that peer's shard size today (DP off: partition:
     # local keeps the statistics private too)
     "one-sample batch": {
-        "model": "test_privacy_leaks:batchnorm_net",
+        "model": "tests.privacy.test_training_leaks:batchnorm_net",
         "batch_size": 17,
         "dp_target_epsilon": None,
         "dp_max_grad_norm": None,

@@ -18,7 +18,7 @@ from gossip_powersgd.training.config import load_config
 from gossip_powersgd.training.evaluation import format_summary
 from gossip_powersgd.training.trainer import train
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 
 
@@ -124,7 +124,7 @@ def test_the_summary_table_shows_the_recorded_bytes():
 
 @pytest.mark.mpi
 def test_recording_works_under_mpiexec_through_the_trainer_cli(tmp_path):
-    from conftest import run_mpi
+    from tests.conftest import run_mpi
 
     def cli(out, *extra):
         return run_mpi(
@@ -192,10 +192,10 @@ def test_the_attack_pages_network_section():
     assert every[0] < every[1] < every[2]
     assert every[2] == pytest.approx(cases[("every_step", 20, "ring:16")]["local"])
     # The section's table, on ring:4 after 2 steps (the page's --quick network row): the observer
-    # computes x_2 + eta_2 exactly (tests/test_network_dp.py), every pair at the ceiling 0.726.
+    # computes x_2 + eta_2 exactly (tests/privacy/test_network_dp.py), every pair at the ceiling 0.726.
     small = network_dp(dict(NETWORK, topologies=["ring:4"], cases=[["once", 2]]))
     assert "| once | 2 | ring:4 | 0.726 | 0.726 | 0.726 | 100 % | 0.726 |" in network_text(small)
-    # The page's rows: tests/test_page_privacy_attacks.py
+    # The page's rows: tests/experiments/pages/test_privacy_attacks.py
 
 
 # ---- observers on schedules, through the declared message layout --------------------------------

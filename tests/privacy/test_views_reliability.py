@@ -17,7 +17,7 @@ from gossip_powersgd.training import checkpoint as ckpt
 from gossip_powersgd.training.config import load_config
 from gossip_powersgd.training.trainer import train
 
-from conftest import ROOT, no_space_for
+from tests.conftest import ROOT, no_space_for
 
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 

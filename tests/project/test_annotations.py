@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gossip_powersgd", "topologies", "experiments")
 
 #: The parameter names checked, and the words one of which their annotation must hold.

@@ -17,7 +17,7 @@ import pytest
 
 from experiments.pages import pages
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 
 #: Each experiment's quick mode (or its smallest sizes where it has no --quick), without --out.

@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 from typing import Iterator, List
 
-ROOT = Path(__file__).resolve().parent.parent / "experiments"
+ROOT = Path(__file__).resolve().parents[2] / "experiments"
 MAX_FILE_LINES = 450
 MAX_FUNCTION_LINES = 80
 

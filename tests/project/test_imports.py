@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 from typing import Dict, List, Set
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gossip_powersgd", "topologies", "experiments")
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import launcher_marker
+from tests.conftest import launcher_marker
 
 
 def test_launchers_are_recognised():

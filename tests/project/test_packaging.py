@@ -9,7 +9,7 @@ import sys
 import pytest
 from setuptools import find_packages
 
-from conftest import ROOT
+from tests.conftest import ROOT
 
 
 def read_setup_cfg() -> configparser.ConfigParser:

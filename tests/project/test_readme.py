@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_bounded
+from tests.conftest import run_bounded
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: The documentation page that holds the source layout and where things are.
 LAYOUT_PAGE = ROOT / "docs" / "guides" / "extending.md"
 

@@ -27,7 +27,7 @@ from typing import Dict, Iterator, Tuple
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Commits cited by a page and missing from the history: the page must be made again.
 MISSING_COMMITS: set = set()

@@ -1,6 +1,6 @@
 """Reliability of the command lines around the library: `python -m topologies show` on bad or
 oversized input (rows 29- of the table in test_reliability's docstring; `python -m experiments`'s
-own: tests/test_engine.py). Each case is one line naming the problem and the fix, a non-zero
+own: tests/experiments/engine/test_engine.py). Each case is one line naming the problem and the fix, a non-zero
 exit, no traceback, and no hang: the subprocesses run under a timeout, and what must be refused is
 refused before the work it would waste."""
 
@@ -15,7 +15,7 @@ import pytest
 import topologies
 from topologies import __main__ as show_cli
 
-from conftest import ROOT, SUPPORT, TESTS, run_bounded
+from tests.conftest import ROOT, SUPPORT, run_bounded
 
 
 def run_module(*args, timeout: float = 90) -> subprocess.CompletedProcess:
@@ -25,7 +25,7 @@ def run_module(*args, timeout: float = 90) -> subprocess.CompletedProcess:
         os.environ,
         MPLBACKEND="Agg",
         OMP_NUM_THREADS="1",
-        PYTHONPATH=f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{SUPPORT}",
+        PYTHONPATH=f"{ROOT}{os.pathsep}{SUPPORT}",
     )
     env.pop("GOSSIP_TRACEBACK", None)
     return run_bounded(

@@ -14,7 +14,7 @@ import pytest
 import topologies
 from topologies import DirectedSchedule, DirectedTopology, Schedule, Topology
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def assert_valid_step(t: Topology) -> None:

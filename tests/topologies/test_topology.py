@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import topologies
 from topologies import Topology
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HYP = settings(max_examples=60, deadline=None)
 
 

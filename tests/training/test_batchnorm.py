@@ -14,7 +14,7 @@ from gossip_powersgd.training.batchnorm import refresh_batch_norm
 from gossip_powersgd.training.trainer import train
 
 sys.path.insert(
-    0, str(Path(__file__).resolve().parent / "support")
+    0, str(Path(__file__).resolve().parents[1] / "support")
 )  # for "paper_fixtures:..." specs
 
 

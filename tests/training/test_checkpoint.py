@@ -15,7 +15,7 @@ from gossip_powersgd.training.config import TrainConfig, load_config
 from gossip_powersgd.training.trainer import TIMING_KEYS, train
 from gossip_powersgd.utils import atomic_write
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 
 
@@ -285,7 +285,7 @@ def test_resume_refuses_data_changed_since_the_checkpoint_naming_the_file(
 ):
     import paper_fixtures
 
-    from conftest import errors_on_every_rank
+    from tests.conftest import errors_on_every_rank
     from gossip_powersgd.training.data import clear_dataset_cache
 
     data = tmp_path / "data"

@@ -18,7 +18,7 @@ from gossip_powersgd.training.config import load_config, validate_config
 from gossip_powersgd.training.hooks import TrainingHooks
 from gossip_powersgd.training.trainer import TIMING_KEYS, train
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 MEMBERSHIP_KEYS = ("live_peers", "membership_epoch", "membership_changes", "average_shift_total")
 # tiny.yaml: 13 steps per epoch; peer 1 is away for steps 10..32, peer 3 from step 20 to the end

@@ -21,7 +21,7 @@ from gossip_powersgd.training.config import (
 )
 from gossip_powersgd.training.trainer import learning_rate
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "experiments" / "configs"
 TINY = CONFIGS / "tiny.yaml"
 

@@ -22,7 +22,7 @@ from gossip_powersgd.training.data import (
 )
 
 sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support")
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
 )  # for "byo_fixtures:..." specs
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from gossip_powersgd.training.data_cache import CACHE_VARIABLE, arrays_digest, cache_key, cached
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def arrays(seed: int = 0):

@@ -23,7 +23,7 @@ from gossip_powersgd.training.config import (
     parse_override,
 )
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
 SUPPORT = TESTS / "support"
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"

@@ -15,7 +15,7 @@ from gossip_powersgd.training.config import TrainConfig, load_config
 from gossip_powersgd.training.hooks import HookList, TrainingHooks
 from gossip_powersgd.training.trainer import TIMING_KEYS, train
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 PEERS = 4
 

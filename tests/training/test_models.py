@@ -11,7 +11,7 @@ from gossip_powersgd.training.data import Batches, load_dataset
 from gossip_powersgd.training.models import build_model, count_parameters
 
 sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support")
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
 )  # for "byo_fixtures:..." specs
 
 SPECS = ["logreg", "mlp", "mlp:16", "mlp:32,16,8", "cnn1d", "cnn1d:channels=8"]

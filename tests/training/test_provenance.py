@@ -22,9 +22,9 @@ import pytest
 
 from gossip_powersgd.training.metric_names import ACCURACY_KEYS, RECORD_KEYS, summary_scalars
 from gossip_powersgd.training.provenance import library_versions, source_checkout
-from test_tracking import rank0_records, run_local, tiny, wandb_items, wandb_records
+from tests.training.test_trackers import rank0_records, run_local, tiny, wandb_items, wandb_records
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 LOGGERS = (
     "loggers=[tensorboard, {wandb: {mode: offline, project: tiny}}, {mlflow: {experiment: tiny}}]"

@@ -13,11 +13,11 @@ from gossip_powersgd.training.batches import Batches
 from gossip_powersgd.training.data import clear_dataset_cache, load_dataset, peer_shard
 from gossip_powersgd.training.records import CIFAR10_MEAN, CIFAR10_STD, cifar_augment
 
-TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS / "support"))
 import paper_fixtures  # noqa: E402
 
-from conftest import ROOT, run_bounded, run_mpi  # noqa: E402
+from tests.conftest import ROOT, run_bounded, run_mpi  # noqa: E402
 
 
 @pytest.fixture
@@ -406,7 +406,7 @@ def test_ranks_reading_different_cifar_copies_under_one_spec_are_refused(tmp_pat
     """`root=~/c` under two homes (mpiexec MPMD): same spec, different files. partition: iid splits
     one dataset, so the ranks agree on every file's digest first; the file that differs is named
     on every rank, and nothing trains."""
-    from conftest import SUPPORT, TESTS, mpiexec_path
+    from tests.conftest import SUPPORT, mpiexec_path
 
     homes = [tmp_path / "home-a", tmp_path / "home-b"]
     for home in homes:
@@ -434,7 +434,7 @@ def test_ranks_reading_different_cifar_copies_under_one_spec_are_refused(tmp_pat
     command = [mpiexec_path()]
     for k, home in enumerate(homes):
         command += [*([":"] if k else []), "-n", "1", "-env", "HOME", str(home), *program]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{ROOT}:{TESTS}:{SUPPORT}")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{ROOT}:{SUPPORT}")
     result = run_bounded(command, 120, "mpiexec MPMD with two homes", env=env, cwd=ROOT)
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.startswith("error (rank")]

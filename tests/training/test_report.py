@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from gossip_powersgd.training.report import format_peer_report
-from test_tracking import run_local, tiny
+from tests.training.test_trackers import run_local, tiny
 
 
 def _rows(markdown: str) -> dict:

@@ -16,7 +16,7 @@ import pytest
 
 from gossip_powersgd.training.hooks import TrainingHooks
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 
 
@@ -33,7 +33,9 @@ class FailOnce(TrainingHooks):
 
 
 def command(run_dir: Path, fail_at: int, marker: Path):
-    hook = json.dumps([{"test_resume_auto:FailOnce": {"step": fail_at, "marker": str(marker)}}])
+    hook = json.dumps(
+        [{"tests.training.test_rundir:FailOnce": {"step": fail_at, "marker": str(marker)}}]
+    )
     return [
         sys.executable,
         "-m",
@@ -56,7 +58,7 @@ def launch(args):
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join(
-            [str(ROOT / "tests"), str(ROOT / "tests" / "support"), os.environ.get("PYTHONPATH", "")]
+            [str(ROOT), str(ROOT / "tests" / "support"), os.environ.get("PYTHONPATH", "")]
         ),
     )
     return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)

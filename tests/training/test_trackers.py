@@ -23,7 +23,7 @@ from gossip_powersgd.training.config import TrainConfig, load_config, validate_c
 from gossip_powersgd.training.hooks import TrainingHooks
 from gossip_powersgd.training.trainer import train
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 FLOAT32 = 2.0**-24
 
@@ -206,7 +206,7 @@ def test_a_hooks_entry_runs_a_user_hook_from_gossip_train(tmp_path):
         PYTHONPATH=os.pathsep.join(
             [
                 str(tmp_path),
-                str(ROOT / "tests"),
+                str(ROOT),
                 str(ROOT / "tests" / "support"),
                 os.environ.get("PYTHONPATH", ""),
             ]
@@ -256,7 +256,7 @@ def test_a_hooks_entry_runs_a_user_hook_from_gossip_train(tmp_path):
         ),
         (
             "hooks",
-            [{"test_tracking:Recorder": {"colour": 1}}],
+            [{"tests.training.test_trackers:Recorder": {"colour": 1}}],
             "does not take the options ['colour']",
         ),
     ],

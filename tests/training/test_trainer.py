@@ -19,9 +19,9 @@ from gossip_powersgd.training.config import TrainConfig, load_config
 from gossip_powersgd.training.hooks import TrainingHooks
 from gossip_powersgd.training.trainer import TIMING_KEYS, train
 
-from conftest import run_mpi
+from tests.conftest import run_mpi
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 
 

@@ -13,9 +13,9 @@ from gossip_powersgd.training import checkpoint as ckpt
 from gossip_powersgd.training.config import load_config
 from gossip_powersgd.training.trainer import TIMING_KEYS, gossips_after, train
 
-from conftest import run_mpi
+from tests.conftest import run_mpi
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 STEPS = 13  # tiny.yaml: 1600 training samples / (4 peers x 32) -> 13 steps per epoch
 

@@ -164,7 +164,7 @@ from gossip_powersgd.training import trainer as trainer_module
 from gossip_powersgd.training.config import load_config
 from gossip_powersgd.training.trainer import train
 
-from conftest import ROOT, SUPPORT, TESTS, errors_on_every_rank, mpiexec_path, no_space_for
+from tests.conftest import ROOT, SUPPORT, errors_on_every_rank, mpiexec_path, no_space_for
 
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 
@@ -437,7 +437,7 @@ def test_a_rank_killed_mid_training_ends_the_job_and_the_run_resumes_exactly(tmp
     env = dict(
         os.environ,
         OMP_NUM_THREADS="1",
-        PYTHONPATH=f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{SUPPORT}",
+        PYTHONPATH=f"{ROOT}{os.pathsep}{SUPPORT}",
     )
     command = [
         mpiexec_path(),
@@ -823,7 +823,7 @@ def test_peers_that_load_different_data_fail_naming_the_ranks(monkeypatch):
 @pytest.mark.mpi
 def test_mpi_ranks_with_unseeded_data_fail_on_every_rank(tmp_path):
     """Bad input 13 under mpiexec: numpy's global random state differs per rank."""
-    from conftest import run_mpi
+    from tests.conftest import run_mpi
 
     result = run_mpi(
         4,

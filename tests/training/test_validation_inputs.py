@@ -19,7 +19,7 @@ from torch import nn
 from gossip_powersgd.training import checkpoint as ckpt
 from gossip_powersgd.training.config import load_config
 
-from conftest import ROOT, errors_on_every_rank, no_space_for
+from tests.conftest import ROOT, errors_on_every_rank, no_space_for
 
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 

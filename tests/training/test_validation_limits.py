@@ -12,7 +12,7 @@ import torch
 from gossip_powersgd.training.config import load_config
 from gossip_powersgd.utils import RunWarning
 
-from conftest import ROOT, errors_on_every_rank
+from tests.conftest import ROOT, errors_on_every_rank
 
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 HUGE = 10**12

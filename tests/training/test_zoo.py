@@ -9,7 +9,9 @@ from torch import nn
 
 from gossip_powersgd.training.models import build_model, count_parameters
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for "byo_fixtures:..." specs
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
+)  # "byo_fixtures:..." specs
 
 
 def states_equal(a, b):

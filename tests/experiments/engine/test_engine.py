@@ -2,7 +2,7 @@
 finished row), the one process pool (costliest first, rows in plan order with --jobs 2), a
 corrupt or partial row refused in one line naming its file and line, and `python -m experiments`'s
 one-line errors on bad input. The page here (tests/support/engine_pages.py) makes its rows without
-training; the real pages: tests/test_engine_pages.py."""
+training; the real pages: tests/experiments/pages/test_every_page.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 of times (warm-up steps, evaluations), a step's three figures from measured parts, the answer in
 words from the numbers, the plan's waves (grids, chosen values, seeds), and the measuring parts:
 the step timer's period count, the recorded messages replayed byte for byte, a peer alone. The
-page end to end (--quick, its committed rows) is in tests/test_engine_pages.py."""
+page end to end (--quick, its committed rows) is in tests/experiments/pages/test_every_page.py."""
 
 from __future__ import annotations
 

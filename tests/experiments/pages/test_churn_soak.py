@@ -15,7 +15,7 @@ import pytest
 
 from gossip_powersgd.cluster import network
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 pytestmark = [
     pytest.mark.skipif(

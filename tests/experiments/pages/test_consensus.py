@@ -18,7 +18,7 @@ from experiments.pages import consensus as page
 from experiments.pages.consensus import compare, files, instance, measure, problems
 from gossip_powersgd import LocalCluster, consensus_distance
 
-from conftest import run_mpi
+from tests.conftest import run_mpi
 
 torch.set_num_threads(1)
 

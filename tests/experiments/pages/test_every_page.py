@@ -14,7 +14,7 @@ from experiments.engine import RowFile, checked_plan, render
 from experiments.engine.cli import main
 from experiments.pages import pages
 
-RESULTS = Path(__file__).resolve().parents[1] / "experiments" / "results"
+RESULTS = Path(__file__).resolve().parents[3] / "experiments" / "results"
 PAGES = sorted(pages())
 TEXT = (".md", ".csv", ".json")
 #: The pages whose --quick plan starts mpiexec or torchrun, and the markers that says (the conftest

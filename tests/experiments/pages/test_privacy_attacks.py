@@ -11,7 +11,7 @@ from experiments.engine import RowFile
 from experiments.pages import _privacy as dp
 from experiments.pages.privacy_attacks import page, regimes, runs, tables
 
-RESULTS = Path(__file__).resolve().parent.parent / "experiments" / "results"
+RESULTS = Path(__file__).resolve().parents[3] / "experiments" / "results"
 
 
 def test_each_regimes_plan_holds_its_network_section_splits_and_attacked_runs_in_order():

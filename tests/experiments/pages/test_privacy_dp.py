@@ -16,7 +16,7 @@ from experiments.pages import privacy, privacy_dp_budget as dp_budget
 from experiments.pages import privacy_dp_subspace as dp_subspace
 from experiments.pages import privacy_dp_sweep as dp_sweep
 
-RESULTS = Path(__file__).resolve().parent.parent / "experiments" / "results"
+RESULTS = Path(__file__).resolve().parents[3] / "experiments" / "results"
 
 
 def _rows(accuracies):

@@ -15,7 +15,7 @@ from experiments.pages import privacy_mechanisms as mechanisms
 from experiments.pages import privacy_mechanisms_budget as budget
 from experiments.pages.privacy_mechanisms import calibration
 
-RESULTS = Path(__file__).resolve().parent.parent / "experiments" / "results"
+RESULTS = Path(__file__).resolve().parents[3] / "experiments" / "results"
 
 
 def test_calibration_keeps_only_the_bounds_valid_for_training():

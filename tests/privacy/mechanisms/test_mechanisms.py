@@ -577,7 +577,7 @@ def decor_run_dir_config(out_dir, **changes):
 
 
 def test_a_changed_pair_key_stops_the_resumed_run_on_every_rank(tmp_path):
-    from conftest import errors_on_every_rank
+    from tests.conftest import errors_on_every_rank
     from gossip_powersgd.training.trainer import train
 
     config = decor_run_dir_config(tmp_path / "run")
@@ -591,7 +591,7 @@ def test_a_changed_pair_key_stops_the_resumed_run_on_every_rank(tmp_path):
 
 @pytest.mark.mpi
 def test_a_changed_pair_key_is_refused_under_mpiexec(tmp_path):
-    from conftest import run_mpi
+    from tests.conftest import run_mpi
 
     run = tmp_path / "run"
     args = [
