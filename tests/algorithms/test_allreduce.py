@@ -277,8 +277,8 @@ def allreduce_run(comm, steps="4"):
 
 def baselines_run(comm):
     """Every baseline's MPI scenario, in one launch (mpiexec start-up dominates these tests)."""
-    from test_choco import choco_run
-    from test_deepsqueeze import deepsqueeze_run
+    from tests.algorithms.test_choco import choco_run
+    from tests.algorithms.test_deepsqueeze import deepsqueeze_run
 
     out = {}
     for name, scenario in (

@@ -155,7 +155,7 @@ def test_mpiexec_prints_one_start_line_with_its_process_count(tmp_path):
 
 @pytest.mark.torchrun
 def test_torchrun_prints_one_start_line_with_its_process_count(tmp_path):
-    from test_torch_transport import run_torchrun
+    from tests.comm.test_torch import run_torchrun
 
     result = run_torchrun(
         2,

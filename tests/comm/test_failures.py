@@ -102,7 +102,7 @@ class FaultJob:
     stdout is read by a thread, so that waiting for the ranks' `ready` lines has a deadline."""
 
     def __init__(self, launcher: str, timeout: float, action: str = ""):
-        from test_torch_transport import _env, free_port
+        from tests.comm.test_torch import _env, free_port
 
         script = [str(SUPPORT / "scripts" / "fault_peer.py"), launcher, str(timeout)]
         script += [action] if action else []
@@ -184,7 +184,7 @@ class FaultJob:
 
 
 def _stopped_ranks_gone(pids) -> bool:
-    from test_reliability import alive
+    from tests.training.test_trainer_reliability import alive
 
     # A killed process takes a moment to be reaped, and it is not our child (no waitpid): poll,
     # bounded by the deadline, and report what is still alive at its end.

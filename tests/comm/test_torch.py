@@ -109,9 +109,9 @@ def run_ranks(n, case, timeout=90):
 
 def gossip_scenarios(comm):
     """Every algorithm the transports must agree on, in one launch (start-up dominates)."""
-    from test_collectives import awkward_allreduces
-    from test_powergossip import mpi_scenario
-    from test_transport import exact_gossip_run
+    from tests.comm.test_base_collectives import awkward_allreduces
+    from tests.algorithms.test_powergossip import mpi_scenario
+    from tests.comm.test_local import exact_gossip_run
 
     out = {}
     for name, scenario in (

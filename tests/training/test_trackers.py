@@ -193,7 +193,7 @@ def test_a_hooks_entry_runs_a_user_hook_from_gossip_train(tmp_path):
     module = tmp_path / "my_hooks.py"
     module.write_text(
         textwrap.dedent("""
-        from test_tracking import Recorder as R
+        from tests.training.test_trackers import Recorder as R
 
         class Recorder(R):
             pass
