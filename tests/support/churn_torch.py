@@ -67,7 +67,7 @@ def start(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
         OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join(map(str, (ROOT, HERE.parent, HERE))),
+        PYTHONPATH=os.pathsep.join(map(str, (ROOT, HERE))),
     )
     out = open(log_dir / f"rank-{rank}{tag}.out", "w")
     err = open(log_dir / f"rank-{rank}{tag}.err", "w")
