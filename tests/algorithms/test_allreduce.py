@@ -1,5 +1,6 @@
 """Centralized baselines: AllReduce (exact parameter averaging) and PowerSGDAllReduce (PowerSGD on
-the gradients with error feedback). Also hosts the one mpiexec launch shared by the baseline tests."""
+the gradients with error feedback). MPI == in-process and a resumed state: the contract every
+registered algorithm keeps, tests/algorithms/test_contract.py."""
 
 import pytest
 import torch
@@ -7,7 +8,6 @@ import torch
 import topologies
 from gossip_powersgd import AllReduce, LocalCluster, NonFiniteError, PowerSGDAllReduce
 from gossip_powersgd.algorithms import make_algorithm
-from tests.conftest import run_scenario_mpi
 
 
 def peer_grads(comm, step=0, dtype=torch.float64):
@@ -252,69 +252,4 @@ def test_make_algorithm_builds_the_centralized_baselines():
     assert powersgd.acts_on == "gradients" and plain.acts_on == "parameters"
 
 
-# ---- MPI == in-process (one mpiexec launch for every baseline) ----------------------------------------
-def allreduce_run(comm, steps="4"):
-    x = peer_grads(comm, dtype=torch.float32)
-    plain = AllReduce(x, comm)
-    params = make_params(comm, torch.float32)
-    powersgd = PowerSGDAllReduce(params, comm, rank=2, start_iter=1, warm_start=False)
-    expected, grads = 0, []
-    for step in range(int(steps)):
-        expected += plain.bytes_per_step() + powersgd.bytes_per_step()
-        plain.step()
-        set_grads(params, comm, step)
-        powersgd.step()
-        grads.append([p.grad.clone() for p in params])
-    memory = {n: e.clone() for n, e in powersgd.error_memory().items()}
-    return {
-        "x": x,
-        "grads": grads,
-        "memory": memory,
-        "bytes": comm.stats.bytes_sent,
-        "expected_bytes": expected,
-    }
-
-
-def baselines_run(comm):
-    """Every baseline's MPI scenario, in one launch (mpiexec start-up dominates these tests)."""
-    from tests.algorithms.test_choco import choco_run
-    from tests.algorithms.test_deepsqueeze import deepsqueeze_run
-
-    out = {}
-    for name, scenario in (
-        ("choco", choco_run),
-        ("deepsqueeze", deepsqueeze_run),
-        ("allreduce", allreduce_run),
-    ):
-        comm.stats.reset()
-        out[name] = scenario(comm)
-    return out
-
-
-_MPI_RESULTS = {}
-
-
-def mpi_baselines(tmp_path_factory):
-    """Per-rank results of `baselines_run` under `mpiexec -n 4` on ring:4, run once per session."""
-    if "ring:4" not in _MPI_RESULTS:
-        out_dir = tmp_path_factory.mktemp("baselines-mpi")
-        _MPI_RESULTS["ring:4"] = run_scenario_mpi(
-            4, "tests.algorithms.test_allreduce:baselines_run", "ring:4", out_dir
-        )
-    return _MPI_RESULTS["ring:4"]
-
-
-@pytest.mark.mpi
-def test_mpi_allreduce_and_powersgd_are_bit_equal_to_local(tmp_path_factory):
-    mpi = [r["allreduce"] for r in mpi_baselines(tmp_path_factory)]
-    local = LocalCluster(topologies.ring(4)).run(allreduce_run)
-    for a, b in zip(mpi, local):
-        assert all(torch.equal(u, v) for u, v in zip(a["x"], b["x"]))
-        assert all(torch.equal(u, v) for x, y in zip(a["grads"], b["grads"]) for u, v in zip(x, y))
-        assert a["memory"].keys() == b["memory"].keys()
-        assert all(torch.equal(a["memory"][n], b["memory"][n]) for n in a["memory"])
-        assert a["bytes"] == b["bytes"] == a["expected_bytes"]
-    for a in mpi:  # every rank ends with the same averaged gradients
-        assert all(
-            torch.equal(u, v) for x, y in zip(a["grads"], mpi[0]["grads"]) for u, v in zip(x, y)
-        )
+# MPI == in-process for both baselines: tests/algorithms/test_contract.py.

@@ -15,7 +15,6 @@ from gossip_powersgd import (
 from gossip_powersgd.algorithms import make_algorithm
 from gossip_powersgd.algorithms.compressed import compression_keys
 from gossip_powersgd.compressors import Identity, QSGD, SignNorm, TopK, parse_compressor
-from tests.algorithms.test_allreduce import mpi_baselines
 from tests.algorithms.test_choco import consensus_problem, peer_tensors
 
 
@@ -149,40 +148,7 @@ def test_deepsqueeze_with_coarse_qsgd_converges_on_the_ring(compressor):
     assert all(b < a for a, b in zip(errors, errors[1:])), errors
 
 
-# ---- MPI == in-process, and the byte counters ---------------------------------------------------------
-def deepsqueeze_run(comm, steps="4"):
-    x = peer_tensors(comm, torch.float32)
-    y = [t.clone() for t in x]
-    a = DeepSqueeze(x, comm, "randomk:0.25", gamma=0.3, seed=5)
-    b = DeepSqueeze(y, comm, "sign", gamma=0.2)
-    expected = 0
-    for _ in range(int(steps)):
-        expected += a.bytes_per_step() + b.bytes_per_step()
-        a.step()
-        b.step()
-    return {
-        "x": x,
-        "y": y,
-        "error_a": a.error,
-        "error_b": b.error,
-        "bytes": comm.stats.bytes_sent,
-        "messages": comm.stats.messages_sent,
-        "expected_bytes": expected,
-    }
-
-
-@pytest.mark.mpi
-def test_mpi_deepsqueeze_is_bit_equal_to_local(tmp_path_factory):
-    mpi = [r["deepsqueeze"] for r in mpi_baselines(tmp_path_factory)]
-    local = LocalCluster(topologies.ring(4)).run(deepsqueeze_run)
-    for a, b in zip(mpi, local):
-        for key in ("x", "y"):
-            assert all(torch.equal(u, v) for u, v in zip(a[key], b[key]))
-        assert torch.equal(a["error_a"], b["error_a"]) and torch.equal(a["error_b"], b["error_b"])
-        assert a["bytes"] == b["bytes"] == a["expected_bytes"]
-        assert a["messages"] == 4 * 2 * 2
-
-
+# ---- the byte counters (MPI == in-process: tests/algorithms/test_contract.py) ------------------------
 def test_bytes_per_step_is_the_payload_formula():
     topology = topologies.torus(2, 3)  # 3 neighbours each
 

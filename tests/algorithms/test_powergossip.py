@@ -151,20 +151,7 @@ def test_full_rank_square_matrices_equal_exact_gossip():
             assert torch.allclose(a, b, rtol=0, atol=1e-7)
 
 
-# ---- 6. identical models are a fixed point; one peer is a no-op -----------------------------------
-def identical_models(comm):
-    x = [torch.ones(8, 5), torch.ones(5)]
-    gossip = PowerGossip(x, comm, rank=2, num_iterations=2)
-    for _ in range(4):
-        gossip.step()
-    return x
-
-
-def test_identical_models_are_a_fixed_point_without_nan():
-    for x in LocalCluster(topologies.ring(4)).run(identical_models):
-        assert torch.equal(x[0], torch.ones(8, 5)) and torch.equal(x[1], torch.ones(5))
-
-
+# ---- 6. one peer is a no-op (identical models are a fixed point: test_contract.py) ------------------
 def test_one_peer_is_a_no_op():
     def peer(comm):
         x = peer_tensors(comm)
@@ -365,29 +352,7 @@ def test_mpi_equals_local_bit_for_bit(tmp_path, n, spec):
             assert all(torch.equal(a["factors"][j][k], b["factors"][j][k]) for k in a["factors"][j])
 
 
-# ---- state ------------------------------------------------------------------------------------------
-def resume_run(comm, warm):
-    x = peer_tensors(comm)
-    gossip = PowerGossip(x, comm, rank=2, warm_start=warm == "warm")
-    for _ in range(3):
-        gossip.step()
-    saved_x, saved_state = [t.clone() for t in x], gossip.state_dict()
-    for _ in range(3):
-        gossip.step()
-    fresh_x = [t.clone() for t in saved_x]
-    fresh = PowerGossip(fresh_x, comm, rank=2, warm_start=warm == "warm")
-    fresh.load_state_dict(saved_state)
-    for _ in range(3):
-        fresh.step()
-    return x, fresh_x
-
-
-@pytest.mark.parametrize("warm", ["warm", "restart"])
-def test_state_dict_resumes_bit_exactly(warm):
-    for straight, resumed in LocalCluster(topologies.ring(4)).run(resume_run, warm):
-        assert all(torch.equal(a, b) for a, b in zip(straight, resumed))
-
-
+# ---- state (a run resumes bit for bit, warm or not: test_contract.py) ----------------------------
 def test_bad_arguments_raise_naming_them():
     def peer(comm, **kwargs):
         PowerGossip([torch.zeros(4, 4)], comm, **kwargs)
