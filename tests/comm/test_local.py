@@ -1,5 +1,8 @@
 """Transports: the in-process cluster and MPI, their closed forms, equality and failure modes."""
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -277,3 +280,41 @@ def test_mpi_silent_peer_ends_the_job_naming_it():
     result = run_mpi(4, [SUPPORT / "mpi_bad_inputs.py", "silent_peer"], timeout=60)
     assert result.returncode != 0
     assert "no message from neighbour(s) [2] within 3 s" in result.stderr, result.stderr[-2000:]
+
+
+def test_a_second_exchange_in_flight_on_one_communicator_is_an_error():
+    """Peer 0 starts an exchange from a thread; peer 1 holds back its message until peer 0's main
+    thread has tried a second exchange on the same communicator, which must raise at once."""
+    second_tried = threading.Event()
+
+    def peer(comm):
+        send = {j: torch.full((4,), float(comm.rank)) for j in comm.neighbors}
+        recv = {j: torch.empty(4) for j in comm.neighbors}
+        if comm.rank == 1:
+            assert second_tried.wait(timeout=30)
+            comm.exchange(send, recv)
+            return None
+        worker = threading.Thread(target=comm.exchange, args=(send, recv))
+        worker.start()
+        while not comm._busy.locked():  # noqa: SLF001 - wait until the first exchange is in flight
+            time.sleep(0.001)
+        try:
+            comm.exchange(send, {j: torch.empty(4) for j in comm.neighbors})
+        except CommunicationError as exc:
+            error = str(exc)
+        else:
+            error = None
+        second_tried.set()
+        worker.join(timeout=30)
+        return error, float(recv[1][0])
+
+    results = LocalCluster(topologies.ring(2), timeout=30).run(peer)
+    error, received = results[0]
+    assert error is not None and "already in the middle of an exchange" in error
+    assert received == 1.0  # the first exchange still completed with the right message
+
+
+def test_local_cluster_accepts_a_spec_and_names_what_it_needs():
+    assert LocalCluster("ring:3").run(lambda comm: comm.neighbors) == [(1, 2), (0, 2), (0, 1)]
+    with pytest.raises(TypeError, match="needs a topologies.Topology.*or a spec string"):
+        LocalCluster(4)
