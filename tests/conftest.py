@@ -194,3 +194,23 @@ def errors_on_every_rank(config, **kwargs):
     seen = LocalCluster(topologies.parse(config.topology), timeout=30).run(peer)
     assert any(text is not None for text in seen), seen
     return [text for text in seen if text is not None]
+
+
+# ---- the tiny config, through the command line and as a config ------------------------------------
+TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
+
+
+def cli(argv, capsys):
+    """experiments.train's console entry point in this process: (exit code, stderr lines)."""
+    from experiments.train import main
+
+    with pytest.raises(SystemExit) as info:
+        main([str(a) for a in argv])
+    return info.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+def tiny_config(*overrides, deep=False):
+    """experiments/configs/tiny.yaml, quiet, with `key=value` overrides."""
+    from gossip_powersgd.training.config import load_config
+
+    return load_config(TINY, ["quiet=true", *overrides], deep=deep)

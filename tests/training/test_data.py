@@ -20,6 +20,10 @@ from gossip_powersgd.training.data import (
     peer_shard,
     skew,
 )
+from tests.conftest import (
+    TINY,
+    cli,
+)
 
 sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
@@ -358,3 +362,40 @@ def test_batches_differ_between_ranks_and_validate():
         Batches(x, y[:5], 4)
     with pytest.raises(ValueError, match="invalid Batches state"):
         Batches(x, y, 10).load_state_dict({"epoch": 0, "position": 4, "seed": 0})
+
+
+def test_an_empty_test_set_is_refused_at_load_time(tmp_path, capsys):
+    code, lines = cli(
+        [
+            "--config",
+            TINY,
+            "--set",
+            "dataset=reliability_fixtures:empty_test_set",
+            "--set",
+            f"out_dir={tmp_path / 'run'}",
+        ],
+        capsys,
+    )
+    assert code != 0 and lines == [
+        "error: bad value for 'dataset': dataset spec 'reliability_fixtures:"
+        "empty_test_set': the test set is empty; return at least one "
+        "test sample (x_test, y_test)"
+    ]
+
+
+def test_a_huge_label_is_refused_before_anything_is_sized_by_it(tmp_path, capsys):
+    code, lines = cli(
+        [
+            "--config",
+            TINY,
+            "--set",
+            "dataset=reliability_fixtures:huge_label",
+            "--set",
+            f"out_dir={tmp_path / 'run'}",
+        ],
+        capsys,
+    )
+    assert code != 0 and len(lines) == 1, lines
+    assert (
+        "label 1000000000 in y_train implies 1000000001 classes but only 3 distinct labels occur"
+    ) in lines[0]

@@ -135,11 +135,9 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -160,22 +158,19 @@ from gossip_powersgd import utils
 from gossip_powersgd.comm.base import nbytes
 from gossip_powersgd.training import checkpoint as ckpt
 from gossip_powersgd.training import setup as training_setup
-from gossip_powersgd.training import trainer as trainer_module
 from gossip_powersgd.training.config import load_config
 from gossip_powersgd.training.trainer import train
 
-from tests.conftest import ROOT, SUPPORT, errors_on_every_rank, mpiexec_path, no_space_for
-
-TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
-
-
-def cli(argv, capsys):
-    """experiments.train's console entry point in this process: (exit code, stderr lines)."""
-    from experiments.train import main
-
-    with pytest.raises(SystemExit) as info:
-        main([str(a) for a in argv])
-    return info.value.code, capsys.readouterr().err.strip().splitlines()
+from tests.conftest import (
+    ROOT,
+    SUPPORT,
+    TINY,
+    cli,
+    errors_on_every_rank,
+    mpiexec_path,
+    no_space_for,
+    tiny_config,
+)
 
 
 # ---- bad inputs through the command line: one line, non-zero exit ---------------------------------
@@ -801,10 +796,6 @@ def test_a_killed_writers_leftover_temporary_file_is_removed_by_the_next_save(tm
 # ---- trainer-side bad inputs: one line, every rank, no hang ------------------------------------------
 
 
-def tiny_config(*overrides, deep=False):
-    return load_config(TINY, ["quiet=true", *overrides], deep=deep)
-
-
 every_rank = errors_on_every_rank
 
 
@@ -849,215 +840,6 @@ def test_mpi_ranks_with_unseeded_data_fail_on_every_rank(tmp_path):
     )
     assert all("dataset differs across ranks" in line and "unseeded" in line for line in lines)
     assert "Traceback" not in result.stderr
-
-
-def test_a_second_run_in_the_same_run_directory_fails_at_once_naming_the_holder(tmp_path):
-    """Bad input 14: while one run trains, another into its directory fails with one line."""
-    out = tmp_path / "run"
-    config = tiny_config(f"out_dir={out}")
-    second = {}
-
-    def start_a_second_run(step):
-        if step == 2 and "error" not in second:
-            second["error"] = "no error"
-            try:
-                LocalCluster(topologies.parse(config.topology), timeout=30).run(train, config)
-            except ValueError as exc:
-                second["error"] = str(exc)
-
-    def peer(comm):
-        return train(comm, config, on_step=start_a_second_run if comm.rank == 0 else None)
-
-    summaries = LocalCluster(topologies.parse(config.topology), timeout=60).run(peer)
-    assert second["error"] == (
-        f"run directory {out} is in use by another run (pid {os.getpid()} on "
-        f"host {socket.gethostname()} holds {out / '.lock'}); wait for it to "
-        "end or choose another out_dir (delete the lock file only if that "
-        "run is gone)"
-    )
-    assert summaries[0]["epochs_done"] == config.epochs
-    assert json.loads((out / "summary.json").read_text())["steps"] == summaries[0]["steps"]
-    lines = (out / "metrics" / "rank-0.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == sorted(
-        json.loads(l)["step"] for l in lines
-    )
-    assert not (out / ".lock").exists()  # released at the end
-
-
-def dead_pid() -> int:
-    process = subprocess.Popen([sys.executable, "-c", "pass"])
-    process.wait()
-    return process.pid
-
-
-def test_a_stale_lock_of_an_ended_process_is_replaced_with_a_note(tmp_path, capsys):
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": dead_pid()}))
-    assert every_rank(tiny_config(f"out_dir={out}", "epochs=1")) == ["ok"] * 4
-    err = capsys.readouterr().err
-    assert "note: replaced the stale lock" in err and "(that process has ended)" in err
-    assert not (out / ".lock").exists() and (out / "summary.json").exists()
-
-
-def _own_start_time() -> int:
-    """This process's start time, in clock ticks since boot (proc(5): field 22 of stat)."""
-    with open("/proc/self/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[19])
-
-
-@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="process states are read from /proc")
-def test_a_lock_of_a_zombie_or_of_a_pid_now_another_process_s_is_stale(tmp_path):
-    """A rank that ended with its supervisor (hydra kills both) is a zombie until init reaps it,
-    which may be after mpiexec returned: it holds nothing, and `--resume` at once takes its lock.
-    Nor does a pid that is now another process's (the start time differs) hold one; a lock of
-    this very process (pid and start time) does."""
-    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # never waited for: a zombie
-    deadline = time.monotonic() + 60
-    while ps_state(zombie.pid) != "Z":
-        assert time.monotonic() < deadline, ps_state(zombie.pid)
-        time.sleep(0.02)
-    host, me, start = socket.gethostname(), os.getpid(), _own_start_time()
-    holders = {
-        "zombie": {"host": host, "pid": zombie.pid, "start": None},
-        "reused": {"host": host, "pid": me, "start": start - 1},
-        "no start time, as before": {"host": host, "pid": zombie.pid},
-    }
-    try:
-        for name, holder in holders.items():
-            out = tmp_path / name
-            out.mkdir()
-            (out / ".lock").write_text(json.dumps(holder))
-            lock = ckpt.take_run_lock(out, create=False)
-            assert lock.note and f"of pid {holder['pid']} on {host}" in lock.note, name
-            assert json.loads((out / ".lock").read_text()) == {
-                "host": host,
-                "pid": me,
-                "start": start,
-            }
-            lock.release()
-    finally:
-        zombie.wait()
-    out = tmp_path / "live"
-    out.mkdir()
-    (out / ".lock").write_text(json.dumps({"host": host, "pid": me, "start": start}))
-    with pytest.raises(ValueError, match=f"is in use by another run \\(pid {me} on host"):
-        ckpt.take_run_lock(out, create=False)
-
-
-def test_a_lock_of_another_host_is_never_taken_over(tmp_path):
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / ".lock").write_text(json.dumps({"host": "elsewhere", "pid": dead_pid()}))
-    errors = every_rank(tiny_config(f"out_dir={out}", "epochs=1"))
-    assert len(set(errors)) == 1 and "on host elsewhere holds" in errors[0], errors
-    assert [p.name for p in out.iterdir()] == [".lock"]
-
-
-def test_the_lock_is_released_when_the_run_fails(tmp_path):
-    out = tmp_path / "run"
-    errors = every_rank(tiny_config(f"out_dir={out}", "lr=1e9"))
-    assert all("diverged" in e for e in errors), errors
-    assert out.is_dir() and not (out / ".lock").exists()
-    # nothing written yet: a failure at set-up leaves no directory at all
-    errors = every_rank(
-        tiny_config(f"out_dir={tmp_path / 'other'}", "model=reliability_fixtures:meta_net")
-    )
-    assert all("meta device" in e for e in errors) and not (tmp_path / "other").exists()
-
-
-def test_resume_takes_the_lock_too(tmp_path):
-    out = tmp_path / "run"
-    assert every_rank(tiny_config(f"out_dir={out}", "epochs=1")) == ["ok"] * 4
-    (out / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
-    errors = every_rank(tiny_config(f"out_dir={out}", "epochs=2"), resume=True)
-    assert len(set(errors)) == 1 and "is in use by another run" in errors[0], errors
-
-
-def test_an_empty_test_set_is_refused_at_load_time(tmp_path, capsys):
-    code, lines = cli(
-        [
-            "--config",
-            TINY,
-            "--set",
-            "dataset=reliability_fixtures:empty_test_set",
-            "--set",
-            f"out_dir={tmp_path / 'run'}",
-        ],
-        capsys,
-    )
-    assert code != 0 and lines == [
-        "error: bad value for 'dataset': dataset spec 'reliability_fixtures:"
-        "empty_test_set': the test set is empty; return at least one "
-        "test sample (x_test, y_test)"
-    ]
-
-
-def test_a_huge_label_is_refused_before_anything_is_sized_by_it(tmp_path, capsys):
-    code, lines = cli(
-        [
-            "--config",
-            TINY,
-            "--set",
-            "dataset=reliability_fixtures:huge_label",
-            "--set",
-            f"out_dir={tmp_path / 'run'}",
-        ],
-        capsys,
-    )
-    assert code != 0 and len(lines) == 1, lines
-    assert (
-        "label 1000000000 in y_train implies 1000000001 classes but only 3 distinct labels occur"
-    ) in lines[0]
-
-
-def test_finite_divergence_stops_every_rank_with_one_line(tmp_path, capsys):
-    """lr=1e9 gives a training loss of ~1e9, finite, which used to end as a successful run."""
-    out = tmp_path / "run"
-    code, lines = cli(["--config", TINY, "--set", "lr=1e9", "--set", f"out_dir={out}"], capsys)
-    assert code != 0
-    assert lines == [
-        "error: the run diverged: the training loss is 1.36e+08 at step 5, more than "
-        "1e+06 x ln(4) (a uniform guess's loss); lower the learning rate (or the "
-        "algorithm's gamma)"
-    ], lines
-    # the record that diverged is written first (by at least the rank that stopped first: the
-    # others may be released from a collective by its failure before they write)
-    last = [
-        json.loads(lines[-1])
-        for lines in (p.read_text().splitlines() for p in (out / "metrics").glob("rank-*.jsonl"))
-        if lines
-    ]
-    assert last and all(r["train_loss"] > 1e6 * math.log(4) for r in last)
-    assert not (out / "summary.json").exists()
-
-
-def test_a_growing_consensus_distance_is_divergence():
-    history = [{"kind": "log", "step": 5, "train_loss": 1.0, "consensus_distance": 0.01}]
-    trainer_module.check_divergence(dict(history[0], step=10, consensus_distance=9e5), history, 4)
-    with pytest.raises(
-        NonFiniteError,
-        match=r"^the run diverged: the consensus distance is 2e\+06 "
-        r"at step 10, more than 1e\+06 x max\(1, its first",
-    ):
-        trainer_module.check_divergence(
-            dict(history[0], step=10, consensus_distance=2e6), history, 4
-        )
-
-
-@pytest.mark.parametrize("where", ["under-a-file", "read-only"])
-def test_an_unusable_out_dir_is_one_line_on_every_rank(tmp_path, where):
-    if where == "under-a-file":
-        (tmp_path / "file").write_text("")
-        out, reason = tmp_path / "file" / "run", "Not a directory"
-    else:
-        # tests run as root, who may write anywhere chmod forbids; not even root creates in /sys
-        out, reason = "/sys/gossip_powersgd_run", "Operation not permitted"
-    errors = every_rank(tiny_config(f"out_dir={out}"))
-    assert set(errors) == {
-        f"ValueError: cannot create run directory {out}: {reason}; choose a "
-        "writable out_dir (--set out_dir=...)"
-    }
 
 
 def test_a_full_disk_during_a_checkpoint_stops_every_rank_keeping_the_previous_one(
