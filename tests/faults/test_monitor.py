@@ -105,7 +105,7 @@ class FaultJob:
 
 
 def _stopped_ranks_gone(pids) -> bool:
-    from tests.training.test_trainer_reliability import alive
+    from processes import alive
 
     # A killed process takes a moment to be reaped, and it is not our child (no waitpid): poll,
     # bounded by the deadline, and report what is still alive at its end.

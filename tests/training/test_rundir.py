@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import ps_state
 
 import topologies
 from gossip_powersgd import LocalCluster
@@ -24,7 +25,7 @@ from gossip_powersgd.training import checkpoint as ckpt
 from gossip_powersgd.training.hooks import TrainingHooks
 from gossip_powersgd.training.trainer import train
 from tests.conftest import ROOT, TINY, tiny_config
-from tests.training.test_trainer_reliability import every_rank, ps_state
+from tests.conftest import errors_on_every_rank as every_rank
 
 
 class FailOnce(TrainingHooks):
