@@ -3,20 +3,38 @@
 from __future__ import annotations
 
 import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from processes import descendants, ps_state, rank_pids
 
 import topologies
-from gossip_powersgd import LocalCluster
+from gossip_powersgd import (
+    LocalCluster,
+    utils,
+)
 from gossip_powersgd.training import checkpoint as ckpt
 from gossip_powersgd.training.config import TrainConfig, load_config
 from gossip_powersgd.training.trainer import TIMING_KEYS, train
 from gossip_powersgd.utils import atomic_write
-
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
+from tests.conftest import (
+    ROOT,
+    SUPPORT,
+    TINY,
+    errors_on_every_rank,
+    mpiexec_path,
+    no_space_for,
+    tiny_config,
+)
+from tests.conftest import errors_on_every_rank as every_rank
 
 
 class Interrupted(RuntimeError):
@@ -285,7 +303,6 @@ def test_resume_refuses_data_changed_since_the_checkpoint_naming_the_file(
 ):
     import paper_fixtures
 
-    from tests.conftest import errors_on_every_rank
     from gossip_powersgd.training.data import clear_dataset_cache
 
     data = tmp_path / "data"
@@ -319,3 +336,229 @@ def test_resume_refuses_data_changed_since_the_checkpoint_naming_the_file(
     assert len(set(errors)) == 1, errors
     assert f"{folder / changed} has changed since the checkpoint" in errors[0]
     assert "\n" not in errors[0]
+
+
+EPOCHS = 16
+
+
+@pytest.mark.mpi
+def test_a_rank_killed_mid_training_ends_the_job_and_the_run_resumes_exactly(tmp_path):
+    """SIGKILL rank 2 of 4 after the epoch-1 checkpoints: the others exit within 30 s; any survivor
+    that reports names rank 2; the newest checkpoint loads; --resume finishes with the model of an
+    uninterrupted run.
+
+    `-disable-auto-cleanup` keeps hydra from killing the survivors itself (it does so in ~0.3 s,
+    its banner naming whichever PID it reaped first), so this exercises our own comm_timeout path.
+    Logging and evaluation are off until the end, so the survivors wait in gossip exchanges, where
+    a timeout names the silent neighbour (a timeout inside a collective names the operation, not
+    the peer), and the peer's process found gone names it as killed.
+    Each rank's stderr goes to its own file: forwarded output races with the job's teardown."""
+    out = tmp_path / "run"
+    overrides = [
+        "--set",
+        f"epochs={EPOCHS}",
+        "--set",
+        "log_every=0",
+        "--set",
+        f"eval_every={EPOCHS}",
+    ]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=f"{ROOT}{os.pathsep}{SUPPORT}",
+    )
+    command = [
+        mpiexec_path(),
+        "-disable-auto-cleanup",
+        "-errfile-pattern",
+        str(tmp_path / "stderr-%r.txt"),
+        "-n",
+        "4",
+        sys.executable,
+        "-m",
+        "experiments.train",
+        "--config",
+        str(TINY),
+        "--set",
+        "backend=mpi",
+        "--set",
+        f"out_dir={out}",
+        "--set",
+        "comm_timeout=5",
+        *overrides,
+        "--quiet",
+    ]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 150
+        while not all(ckpt.checkpoint_path(out, r, 1).exists() for r in range(4)):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "no epoch-1 checkpoint within 150 s"
+            time.sleep(0.02)
+        pids = rank_pids(process.pid)
+        assert sorted(pids) == [0, 1, 2, 3], pids
+        job = descendants(process.pid)  # hydra's proxy, the ranks' supervisors and the ranks
+        os.kill(pids[2], signal.SIGKILL)
+        killed = time.monotonic()
+        output, _ = process.communicate(timeout=60)
+        exit_seconds = time.monotonic() - killed
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    errors = "".join(p.read_text() for p in sorted(tmp_path.glob("stderr-*.txt")))
+    print(
+        f"other ranks gone {exit_seconds:.1f} s after the SIGKILL; exit {process.returncode}\n"
+        f"{output[-1500:]}\n{errors}"
+    )
+    assert process.returncode != 0
+    assert exit_seconds < 30
+    # No process of the job outlives mpiexec: each is gone, or a zombie left for init to reap
+    # (hydra kills a supervisor and its rank together; the orphaned rank is reaped a moment later,
+    # and its run-directory lock is stale already: the --resume below takes it over at once).
+    states = {pid: ps_state(pid) for pid in job}
+    assert all(state in (None, "Z") for state in states.values()), states
+    # Rank 2's supervisor (its parent) names it, and the survivors name it, each finding its
+    # process gone when a wait for it runs out (or hearing it from a rank that did).
+    assert "error (rank 2): this rank's process" in errors, errors
+    assert "was killed by signal 9 SIGKILL" in errors, errors
+    timeouts = [line for line in errors.splitlines() if "no message from neighbour" in line]
+    assert all("neighbour(s) [2] within 5 s" in line for line in timeouts), errors
+    assert "Traceback" not in errors
+    assert not (out / "summary.json").exists()
+
+    # the newest checkpoint every rank holds loads
+    epoch = max(set.intersection(*(set(ckpt.available_epochs(out, r)) for r in range(4))))
+    assert 1 <= epoch < EPOCHS
+    for rank in range(4):
+        loaded = ckpt.read_checkpoint(ckpt.checkpoint_path(out, rank, epoch))
+        assert loaded["header"]["epoch"] == epoch and loaded["header"]["rank"] == rank
+
+    from experiments.train import run
+
+    resumed = run(
+        ["--resume", str(out), "--set", "backend=local", "--set", "comm_timeout=60", "--quiet"]
+    )
+    reference = run(
+        ["--config", str(TINY), *overrides, "--set", f"out_dir={tmp_path / 'reference'}", "--quiet"]
+    )
+    assert resumed["steps"] == reference["steps"]
+    assert resumed["model_sha256"] == reference["model_sha256"]
+    assert (
+        json.loads((out / "summary.json").read_text())["model_sha256"] == reference["model_sha256"]
+    )
+
+
+def _header(epoch=1):
+    return {"format": ckpt.FORMAT, "rank": 0, "epoch": epoch}
+
+
+def test_a_write_failing_halfway_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = ckpt.save_checkpoint(tmp_path, _header(), {"value": torch.full((1000,), 1.0)})
+    good = path.read_bytes()
+
+    class HalfFile:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            self.f.write(data[: len(data) // 2])
+            self.f.flush()
+            raise OSError(28, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    # checkpoints are written by utils.atomic_write, through os.fdopen of its temporary file
+    real_fdopen = utils.os.fdopen
+    monkeypatch.setattr(utils.os, "fdopen", lambda fd, mode: HalfFile(real_fdopen(fd, mode)))
+    with pytest.raises(OSError, match="No space left"):
+        ckpt.save_checkpoint(tmp_path, _header(), {"value": torch.full((1000,), 2.0)})
+    monkeypatch.undo()
+    assert path.read_bytes() == good
+    assert torch.equal(ckpt.read_checkpoint(path)["state"]["value"], torch.full((1000,), 1.0))
+    assert [p.name for p in ckpt.checkpoint_dir(tmp_path).iterdir()] == [path.name]  # no temp left
+
+
+WRITER = textwrap.dedent("""
+    import sys, torch
+    from gossip_powersgd.training import checkpoint as ckpt
+    big = torch.zeros(2_000_000)
+    for i in range(1, 10_000):
+        big.fill_(i)
+        ckpt.save_checkpoint(sys.argv[1], {"format": ckpt.FORMAT, "rank": 0, "epoch": 1},
+                             {"i": i, "big": big})
+        print(i, flush=True)
+""")
+
+
+def test_a_writer_killed_mid_write_never_leaves_a_half_file(tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    try:
+        for _ in range(2):  # two complete writes, then kill it somewhere in the third or fourth
+            assert process.stdout.readline().strip(), "the writer died"
+        time.sleep(random.uniform(0.0, 0.3))
+        process.kill()
+        process.wait(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    path = ckpt.checkpoint_path(tmp_path, 0, 1)
+    state = ckpt.read_checkpoint(path)["state"]  # complete and verified (sha256)
+    assert state["i"] >= 2 and torch.equal(
+        state["big"], torch.full((2_000_000,), float(state["i"]))
+    )
+    assert ckpt.available_epochs(tmp_path, 0) == [1]  # a leftover temp file is never taken for one
+
+
+def test_a_killed_writers_leftover_temporary_file_is_removed_by_the_next_save(tmp_path):
+    from gossip_powersgd.training.checkpoint import checkpoint_dir, save_checkpoint
+
+    folder = checkpoint_dir(tmp_path)
+    folder.mkdir(parents=True)
+    leftover = folder / ".rank-1-epoch-3.pt.tmp-999-1"  # named by earlier versions
+    other_rank = folder / ".rank-2-epoch-3.pt.tmp-999-1"
+    leftover_mkstemp = folder / ".rank-1-epoch-3.pt.k2j4_x9q.tmp"  # named by utils.atomic_write
+    other_rank_mkstemp = folder / ".rank-2-epoch-3.pt.k2j4_x9q.tmp"
+    for file in (leftover, other_rank, leftover_mkstemp, other_rank_mkstemp):
+        file.write_bytes(b"half a checkpoint")
+    path = save_checkpoint(tmp_path, {"rank": 1, "epoch": 4}, {"x": torch.zeros(2)})
+    assert path.exists() and not leftover.exists() and not leftover_mkstemp.exists()
+    assert other_rank.exists() and other_rank_mkstemp.exists()  # that rank's business
+
+
+def test_a_full_disk_during_a_checkpoint_stops_every_rank_keeping_the_previous_one(
+    tmp_path, monkeypatch
+):
+    out = tmp_path / "run"
+    no_space_for(monkeypatch, ckpt, "rank-1-epoch-2.pt")
+    errors = every_rank(tiny_config(f"out_dir={out}"))
+    assert set(errors) == {
+        f"ValueError: rank 1: cannot write the epoch-2 checkpoint in "
+        f"{out / 'checkpoints'}: No space left on device; the previous "
+        "checkpoints are intact (free space, then --resume)"
+    }
+    assert ckpt.available_epochs(out, 1) == [1]
+    for rank in range(4):
+        assert ckpt.read_checkpoint(ckpt.checkpoint_path(out, rank, 1))["header"]["epoch"] == 1
