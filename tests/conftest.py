@@ -214,3 +214,10 @@ def tiny_config(*overrides, deep=False):
     from gossip_powersgd.training.config import load_config
 
     return load_config(TINY, ["quiet=true", *overrides], deep=deep)
+
+
+def one_error(errors):
+    """The one line every rank reported (the same on all of them)."""
+    assert len(set(errors)) == 1 and errors[0] != "ok", errors
+    assert "\n" not in errors[0]
+    return errors[0]

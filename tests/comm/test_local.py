@@ -318,3 +318,23 @@ def test_local_cluster_accepts_a_spec_and_names_what_it_needs():
     assert LocalCluster("ring:3").run(lambda comm: comm.neighbors) == [(1, 2), (0, 2), (0, 1)]
     with pytest.raises(TypeError, match="needs a topologies.Topology.*or a spec string"):
         LocalCluster(4)
+
+
+def test_disagreeing_parameter_dtypes_fail_identically_on_every_peer():
+    def peer(comm):
+        dtype = torch.float64 if comm.rank == 1 else torch.float32
+        try:
+            ExactGossip([torch.zeros(5, 3, dtype=dtype)], comm)
+        except AgreementError as exc:
+            return str(exc)
+        return "no error"
+
+    messages = LocalCluster(topologies.ring(4)).run(peer)
+    assert (
+        messages
+        == [
+            "parameter shapes and dtypes differs across ranks: ranks 0,2-3 hold variant 1; "
+            "ranks 1 hold variant 2"
+        ]
+        * 4
+    )

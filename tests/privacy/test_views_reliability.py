@@ -1,6 +1,6 @@
 """Reliability III, recorded views and the failures of the newer features: observers on changing
 graphs, counters and views across --resume, user code that calls sys.exit, attack scores of a
-diverged model, files that are not regular files (rows 28-37 of test_reliability's table)."""
+diverged model, files that are not regular files."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
-"""Security across the code base: nothing is ever unpickled (no pickle, torch.load only with weights_only=True, no pickling MPI call), checked by scanning every module's source."""
+"""Security across the code base: nothing is ever unpickled (no pickle, torch.load only with
+weights_only=True, no pickling MPI call), checked by scanning every module's source."""
 
 import ast
 
-from tests.conftest import (
-    ROOT,
-)
+from tests.conftest import ROOT
 
 # mpi4py's lower-case methods pickle their payload; only upper-case buffer methods may be used.
 PICKLING_MPI = {

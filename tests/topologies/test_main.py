@@ -1,8 +1,8 @@
 """Reliability of the command lines around the library: `python -m topologies show` on bad or
-oversized input (rows 29- of the table in test_reliability's docstring; `python -m experiments`'s
-own: tests/experiments/engine/test_engine.py). Each case is one line naming the problem and the fix, a non-zero
-exit, no traceback, and no hang: the subprocesses run under a timeout, and what must be refused is
-refused before the work it would waste."""
+oversized input (`python -m experiments`'s own: tests/experiments/engine/test_engine.py). Each case
+is one line naming the problem and the fix, a non-zero exit, no traceback, and no hang: the
+subprocesses run under a timeout, and what must be refused is refused before the work it would
+waste."""
 
 from __future__ import annotations
 

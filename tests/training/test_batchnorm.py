@@ -4,14 +4,16 @@ import sys
 from pathlib import Path
 
 import pytest
-import topologies
 import torch
 from torch import nn
 
+import topologies
 from gossip_powersgd import LocalCluster
-from gossip_powersgd.training.config import config_from_dict
 from gossip_powersgd.training.batchnorm import refresh_batch_norm
+from gossip_powersgd.training.config import config_from_dict
 from gossip_powersgd.training.trainer import train
+from tests.conftest import errors_on_every_rank as every_rank
+from tests.conftest import tiny_config
 
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[1] / "support")
@@ -71,3 +73,20 @@ def test_averaged_bn_model_is_at_least_as_good_as_the_worst_local_one(algorithm)
         # model fell below the mean local accuracy here): at least the mean local model
         assert record["test_acc_avg_model"] >= record["test_acc_mean"], record
     assert summary["final_test_acc_avg_model"] > 0.5  # chance is 0.25: the models learned
+
+
+def test_batch_norm_on_a_one_sample_last_batch_is_told_to_change_the_batch_size():
+    """tiny's 1600 training samples give each of 4 peers 400: batch_size 399 leaves 1."""
+    errors = every_rank(tiny_config("model=reliability_fixtures:batch_norm_net", "batch_size=399"))
+    assert len(set(errors)) == 1, errors
+    assert errors[0].startswith(
+        "ValueError: model 'reliability_fixtures:batch_norm_net' cannot train "
+        "on a batch of 1 sample (Expected more than 1 value per channel"
+    )
+    assert "change batch_size (e.g. to 400)" in errors[0]
+    assert (
+        every_rank(
+            tiny_config("model=reliability_fixtures:batch_norm_net", "batch_size=398", "epochs=1")
+        )
+        == ["ok"] * 4
+    )

@@ -20,10 +20,15 @@ from gossip_powersgd.training.config import (
     validate_config,
 )
 from gossip_powersgd.training.trainer import learning_rate
+from tests.conftest import (
+    TINY,
+    cli,
+    tiny_config,
+)
+from tests.conftest import tiny_config as tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "experiments" / "configs"
-TINY = CONFIGS / "tiny.yaml"
 
 
 def write(tmp_path, text: str) -> Path:
@@ -250,3 +255,27 @@ def test_cli_config_error_is_one_line_and_nonzero():
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: unknown config key 'optimiser' in --set; valid keys:")
+
+
+def test_a_huge_seed_is_blamed_on_the_seed(tmp_path, capsys):
+    code, lines = cli(
+        ["--config", TINY, "--set", f"seed={2**64}", "--set", f"out_dir={tmp_path / 'run'}"], capsys
+    )
+    assert code != 0 and lines == [f"error: bad value for 'seed': {2**64} (must be in [0, 2**64))"]
+    assert tiny_config(f"seed={2**64 - 1}", deep=True).seed == 2**64 - 1
+
+
+def test_a_string_key_takes_the_set_text_as_typed(tmp_path):
+    # YAML would read these as a date, a timestamp, a boolean and a number
+    for text in ("2024-01-01", "2024-01-01T10:00:00", "yes", "1e3"):
+        assert tiny(f"out_dir={tmp_path / 'x' / '..' / text}").out_dir.endswith(f"/{text}")
+        assert tiny(f"out_dir={text}").out_dir == text
+    assert tiny("out_dir=null").out_dir is None
+    path = tmp_path / "dated.yaml"
+    path.write_text(TINY.read_text() + "out_dir: 2024-01-01\n")  # in a file YAML types still hold
+    with pytest.raises(ValueError) as info:
+        load_config(path)
+    assert str(info.value) == (
+        "bad value for 'out_dir': datetime.date(2024, 1, 1) is not a string or "
+        "null; quote it in the YAML file: out_dir: '2024-01-01'"
+    )

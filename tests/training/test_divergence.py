@@ -6,10 +6,15 @@ import math
 
 import pytest
 
+import topologies
 from gossip_powersgd import (
+    LocalCluster,
     NonFiniteError,
 )
 from gossip_powersgd.training import trainer as trainer_module
+from gossip_powersgd.training.config import load_config
+from gossip_powersgd.training.trainer import train
+from tests.algorithms.test_base import watch_received
 from tests.conftest import (
     TINY,
     cli,
@@ -48,3 +53,20 @@ def test_a_growing_consensus_distance_is_divergence():
         trainer_module.check_divergence(
             dict(history[0], step=10, consensus_distance=2e6), history, 4
         )
+
+
+def test_a_diverging_training_run_names_the_rank_and_sends_nothing_non_finite():
+    log = {}
+    config = load_config(TINY, ["lr=1e38", "quiet=true"], deep=False)
+
+    def peer(comm):
+        watch_received(comm, log)
+        return train(comm, config)
+
+    with pytest.raises(
+        NonFiniteError,
+        match=r"^rank [0-3]: the training loss is (inf|nan) at step \d+ "
+        r"\(lower the learning rate",
+    ):
+        LocalCluster(topologies.parse(config.topology), timeout=30).run(peer)
+    assert log == {}

@@ -9,6 +9,12 @@ import torch
 
 from gossip_powersgd.training.data import Batches, load_dataset
 from gossip_powersgd.training.models import build_model, count_parameters
+from tests.conftest import (
+    TINY,
+    cli,
+    tiny_config,
+)
+from tests.conftest import errors_on_every_rank as every_rank
 
 sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
@@ -135,3 +141,37 @@ def test_logreg_learns_synthetic_logreg():
     with torch.no_grad():
         accuracy = (model(data.x_test).argmax(1) == data.y_test).float().mean().item()
     assert accuracy > 0.8
+
+
+@pytest.mark.parametrize(
+    "model, expected",
+    [
+        (
+            "frozen_net",
+            "the model has no trainable parameter (none, or every one has requires_grad=False)",
+        ),
+        (
+            "meta_net",
+            "the model has parameters or buffers on the meta device (no data to train); build it "
+            "on the CPU",
+        ),
+        (
+            "double_net",
+            "cannot run on this dataset's inputs (shape (20,), torch.float32): RuntimeError: ",
+        ),
+        (
+            "wrong_input_net",
+            "cannot run on this dataset's inputs (shape (20,), torch.float32): RuntimeError: "
+            "mat1 and mat2 shapes cannot be multiplied",
+        ),
+    ],
+)
+def test_an_unusable_user_model_is_one_line(tmp_path, capsys, model, expected):
+    spec = f"model=reliability_fixtures:{model}"
+    errors = every_rank(tiny_config(spec))  # the trainer's own checks
+    assert len(set(errors)) == 1 and expected in errors[0] and "\n" not in errors[0], errors
+    code, lines = cli(
+        ["--config", TINY, "--set", spec, "--set", f"out_dir={tmp_path / 'run'}"], capsys
+    )
+    assert code != 0 and len(lines) == 1 and lines[0].startswith("error: bad value for 'model'")
+    assert expected in lines[0]

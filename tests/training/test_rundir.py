@@ -24,7 +24,7 @@ from gossip_powersgd import LocalCluster
 from gossip_powersgd.training import checkpoint as ckpt
 from gossip_powersgd.training.hooks import TrainingHooks
 from gossip_powersgd.training.trainer import train
-from tests.conftest import ROOT, TINY, tiny_config
+from tests.conftest import ROOT, TINY, cli, tiny_config
 from tests.conftest import errors_on_every_rank as every_rank
 
 
@@ -251,3 +251,23 @@ def test_an_unusable_out_dir_is_one_line_on_every_rank(tmp_path, where):
         f"ValueError: cannot create run directory {out}: {reason}; choose a "
         "writable out_dir (--set out_dir=...)"
     }
+
+
+@pytest.mark.parametrize(
+    "setting, words",
+    [
+        (
+            "out_dir=",
+            "--set out_dir= gives no value: give one (out_dir=DIR), or out_dir=null for its "
+            "default",
+        ),
+        ("out_dir=runs/a\nb", "bad value for 'out_dir': 'runs/a\\nb' (a line break or control"),
+    ],
+)
+def test_an_empty_or_multi_line_out_dir_is_refused(tmp_path, capsys, monkeypatch, setting, words):
+    """`out_dir=` used to become runs/<config name> without a word, and a line break in it a
+    space (YAML folds a multi-line plain scalar)."""
+    monkeypatch.chdir(tmp_path)
+    code, lines = cli(["--config", TINY, "--set", setting], capsys)
+    assert code != 0 and len(lines) == 1 and lines[0].startswith(f"error: {words}"), lines
+    assert not (tmp_path / "runs").exists()

@@ -15,14 +15,17 @@ import topologies
 from gossip_powersgd import LocalCluster
 from gossip_powersgd.algorithms import REGISTRY, register
 from gossip_powersgd.algorithms.base import GossipAlgorithm
+from gossip_powersgd.comm.base import nbytes
+from gossip_powersgd.training import setup as training_setup
 from gossip_powersgd.training.config import TrainConfig, load_config
 from gossip_powersgd.training.hooks import TrainingHooks
 from gossip_powersgd.training.trainer import TIMING_KEYS, train
-
-from tests.conftest import run_mpi
+from tests.conftest import (
+    TINY,
+    run_mpi,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
 
 
 def local(config: TrainConfig, **kwargs):
@@ -206,7 +209,8 @@ def test_mpi_end_to_end_run_directory(mpi_run, tmp_path):
         assert all(r["bytes_sent"] > 0 for r in evals)
         assert (out / "checkpoints" / f"rank-{rank}-epoch-3.pt").exists()
 
-    from experiments.plot import FIGURES, run as plot
+    from experiments.plot import FIGURES
+    from experiments.plot import run as plot
 
     written = plot([str(out), str(out), "--out", str(tmp_path / "plots")])
     assert sorted(p.name for p in written) == sorted(FIGURES)
@@ -381,3 +385,68 @@ def test_max_grad_norm_bad_values_are_one_line_errors(changes, words):
 
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
         validate_config(CONVERGENCE.replace(**changes), deep=False)
+
+
+@pytest.mark.parametrize("algorithm", ["powergossip:rank=1", "exact"])
+def test_a_peer_sends_exactly_the_algorithms_bytes(monkeypatch, algorithm):
+    """During training, what goes through the point-to-point transport equals the algorithm's
+    bytes_per_step() summed over its steps; the other traffic is metric all-reduces no larger than
+    the model and short control messages, so no training data ever leaves a peer."""
+    config = load_config(TINY, [f"algorithm={algorithm}", "epochs=2", "quiet=true"], deep=False)
+    predicted, traffic = {}, {}
+    real_make = training_setup.make_algorithm
+
+    def make_algorithm(spec, params, comm):
+        algorithm = real_make(spec, params, comm)
+        real_step = algorithm.step
+
+        def step():
+            predicted[comm.rank] += algorithm.bytes_per_step()
+            real_step()
+
+        algorithm.step = step
+        return algorithm
+
+    monkeypatch.setattr(training_setup, "make_algorithm", make_algorithm)
+
+    def peer(comm):
+        predicted[comm.rank] = 0
+        seen = traffic[comm.rank] = {
+            "exchange": 0,
+            "training_allreduce": 0,
+            "metric_numel": [],
+            "control_bytes": [],
+        }
+        real_exchange, real_allreduce, real_gather = (
+            comm.exchange,
+            comm.allreduce_,
+            comm.allgather_bytes,
+        )
+
+        def exchange(send, recv):
+            seen["exchange"] += sum(nbytes(t) for t in send.values())
+            real_exchange(send, recv)
+
+        def allreduce_(tensor, op="mean", metric=False):
+            if metric:
+                seen["metric_numel"].append(tensor.numel())
+            else:
+                seen["training_allreduce"] += nbytes(tensor)
+            return real_allreduce(tensor, op, metric)
+
+        def allgather_bytes(data):
+            seen["control_bytes"].append(len(data))
+            return real_gather(data)
+
+        comm.exchange, comm.allreduce_, comm.allgather_bytes = exchange, allreduce_, allgather_bytes
+        summary = train(comm, config)
+        return summary, comm.stats.bytes_sent
+
+    results = LocalCluster(topologies.parse(config.topology), timeout=30).run(peer)
+    for rank, (summary, bytes_sent) in enumerate(results):
+        seen = traffic[rank]
+        assert seen["exchange"] == predicted[rank] == bytes_sent > 0
+        assert seen["training_allreduce"] == 0
+        assert max(seen["metric_numel"]) <= summary["parameters"]  # 84; a data shard is 10,000
+        assert max(seen["control_bytes"]) <= 64
+        assert summary["steps"] == 2 * summary["steps_per_epoch"]
