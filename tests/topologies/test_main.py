@@ -117,16 +117,3 @@ def test_show_refuses_to_draw_more_edges_than_it_can(tmp_path, capsys):
     (line,) = captured.err.strip().splitlines()
     assert "--png draws at most 20000 edges and 'union(matchings:256)' has 32640" in line
     assert "drop --png or draw a smaller graph" in line
-
-
-# ---- the shared check ---------------------------------------------------------------------------
-
-
-def test_check_writable_dir_makes_the_directory_and_leaves_nothing_in_it(tmp_path):
-    from gossip_powersgd.utils import check_writable_dir
-
-    target = tmp_path / "a" / "b"
-    assert check_writable_dir(target) == target and target.is_dir() and not any(target.iterdir())
-    (tmp_path / "f").write_text("x")
-    with pytest.raises(ValueError, match=r"cannot write to .*f/c: Not a directory; pick another"):
-        check_writable_dir(tmp_path / "f" / "c", "pick another")
