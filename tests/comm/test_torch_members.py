@@ -8,7 +8,7 @@ every worker of its node when one dies, and with one agent per worker each survi
 300 s in its exit barrier for the dead one's (see tests/support/churn_torch.py). The rendezvous
 store is rank 0's, so the victims are other ranks (losing the store's host is not survived).
 
-The invariant is test_membership's, on real processes: from the step of the change on, the
+The invariant is tests/membership/test_peer.py's, on real processes: from the step of the change on, the
 survivors' average is preserved exactly, to the same derived float bound.
 """
 
@@ -54,8 +54,8 @@ def gossip_job(tmp_path, spec, sig, victims=(VICTIM,), n=4, mode=""):
 
 
 def drift_bound(results, rank, iters) -> float:
-    """test_membership.drift_bound for these graphs (ring:4, then the repaired ring of the three
-    survivors) over STEPS steps: each step adds to a coordinate at most N = iters (deg r + 2)
+    """tests.membership.test_peer.drift_bound for these graphs (ring:4, then the repaired ring of
+    the three survivors) over STEPS steps: each step adds to a coordinate at most N = iters (deg r + 2)
     terms, each at most T = gamma W_max sqrt(12) 2 M (M the largest value of the run, gamma <=
     1.5, sqrt(12) the longest row a projection sums); adding them errs by N u (M + N T), forming
     them by 2 u T each; summed over the steps."""
@@ -126,7 +126,7 @@ def test_a_restarted_peer_rejoins_and_the_average_holds_across_the_join(tmp_path
     its join request (pacing only); it is restarted with `--rejoin`'s path. The join drops no
     gossip, leaves the survivors' models untouched, hands peer 2 the mean of its neighbours 1 and
     3 (churn_join: average, float64 in id order: the same bits as computed here), and from the
-    join on the four members' average is preserved to test_membership's derived bound."""
+    join on the four members' average is preserved to tests/membership/test_peer.py's derived bound."""
     from churn_torch import start
 
     hold = 40

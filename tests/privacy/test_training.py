@@ -249,7 +249,7 @@ class Interrupted(RuntimeError):
 
 def test_resume_is_bit_identical_to_an_uninterrupted_private_run(tmp_path):
     # Public randomness: the interrupted run and the reference draw the same noise. With secret
-    # keys the same holds for a run and its own resumption (test_privacy_secrecy).
+    # keys the same holds for a run and its own resumption (tests/privacy/test_seeds.py).
     config = DP.replace(epochs=3, checkpoint_every=1, dp_public_randomness=True)
     reference = local(config.replace(out_dir=str(tmp_path / "reference")))
     stop = 2 * reference[0]["steps_per_epoch"] + 3

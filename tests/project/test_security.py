@@ -101,7 +101,8 @@ def test_the_unsafe_call_scanner_finds_each_kind():
 def test_nothing_is_ever_unpickled():
     """No pickling MPI call, pickle import, unsafe torch.load or yaml load in the package, the
     topology library or the experiments. (Receive sizes and dtypes are checked from the probe before
-    the buffer is touched: test_transport.test_mpi_wrong_message_size_ends_the_job_naming_the_peer.)"""
+    the buffer is touched: tests/comm/test_local.py,
+    test_mpi_wrong_message_size_ends_the_job_naming_the_peer.)"""
     files = [
         p
         for folder in ("gossip_powersgd", "topologies", "experiments")
