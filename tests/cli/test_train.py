@@ -75,3 +75,19 @@ def test_cli_bad_names_and_values_are_one_line(tmp_path, capsys, override, expec
     )
     assert code != 0
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
+
+
+def test_an_internal_key_error_names_its_type_and_key(tmp_path, capsys, monkeypatch):
+    from gossip_powersgd.training import trainer as trainer_module
+
+    def broken(*args, **kwargs):
+        raise KeyError(0)
+
+    monkeypatch.setattr(trainer_module, "_train", broken)
+    code, lines = cli(["--config", TINY, "--set", f"out_dir={tmp_path / 'run'}"], capsys)
+    assert code == 1
+    assert lines[-1] == (
+        "error: internal error: KeyError 0 (a lookup of a missing key; please "
+        "report it with the command that caused it)"
+    )
+    assert lines[0].startswith("Traceback")  # a bug is not hidden behind one line

@@ -15,7 +15,7 @@ from gossip_powersgd import (
     consensus_distance,
 )
 from gossip_powersgd.comm import ring_allreduce_bytes
-from tests.conftest import SUPPORT, run_mpi, run_scenario_mpi
+from tests.conftest import ROOT, SUPPORT, run_mpi, run_scenario_mpi
 
 
 # ---- in-process ------------------------------------------------------------------------------------
@@ -338,3 +338,61 @@ def test_disagreeing_parameter_dtypes_fail_identically_on_every_peer():
         ]
         * 4
     )
+
+
+def global_rng_peer(comm):
+    torch.manual_seed(42 + comm.rank)  # the shared global generator: order depends on the threads
+    return torch.randn(3)
+
+
+def own_generator_peer(comm):
+    g = torch.Generator().manual_seed(42 + comm.rank)
+    return torch.randn(3, generator=g)
+
+
+def rng_warnings(cluster, fn):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = cluster.run(fn)
+    return results, [
+        w
+        for w in caught
+        if issubclass(w.category, RuntimeWarning) and "global RNG" in str(w.message)
+    ]
+
+
+@pytest.mark.parametrize("kwargs", [dict(cooperative=False), dict(cooperative=True, lanes=2)])
+def test_concurrent_peers_that_use_the_global_rng_are_warned_once(kwargs):
+    from gossip_powersgd.comm.local import GLOBAL_RNG_WARNING
+
+    _, caught = rng_warnings(LocalCluster(topologies.ring(4), **kwargs), global_rng_peer)
+    assert [str(w.message) for w in caught] == [GLOBAL_RNG_WARNING]
+    assert "\n" not in GLOBAL_RNG_WARNING and "own torch.Generator" in GLOBAL_RNG_WARNING
+    runs = [
+        rng_warnings(LocalCluster(topologies.ring(4), **kwargs), own_generator_peer)
+        for _ in range(2)
+    ]
+    assert runs[0][1] == runs[1][1] == []
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][0], runs[1][0]))
+
+
+def test_one_peer_at_a_time_may_use_the_global_rng_unwarned():
+    _, caught = rng_warnings(LocalCluster(topologies.ring(4), cooperative=True), global_rng_peer)
+    assert caught == []
+
+
+def test_the_readme_example_is_bit_identical_when_peers_run_at_once():
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"## The library in 20 lines\n\n```python\n(.*?)```", text, re.S).group(1)
+    namespace = {}
+    exec(block[: block.index("topology = ")], namespace)  # defines peer(comm), runs nothing
+    results = []
+    for kwargs in [dict(cooperative=True, lanes=2)] * 2 + [dict(cooperative=False)] * 2:
+        values, caught = rng_warnings(LocalCluster(topologies.ring(8), **kwargs), namespace["peer"])
+        assert caught == []
+        results.append(values)
+    assert all(r == results[0] for r in results)  # floats compared exactly: the same bits

@@ -667,3 +667,29 @@ def test_an_observed_exact_gossip_run_reads_the_victims_model_off_and_attacks_it
     pool = Candidates.of(split)
     members = int(pool.member.sum())
     assert abs(values["auc/class prior"] - 0.5) < 4 * null_auc_std(members, len(pool.y) - members)
+
+
+def test_non_finite_attack_scores_are_refused_naming_the_count():
+    from gossip_powersgd.privacy import auc, loss_attack
+    from gossip_powersgd.privacy.membership import tpr_at_fpr
+
+    nan = float("nan")
+    with pytest.raises(
+        ValueError,
+        match=r"^3 of 3 member scores are not finite \(NaN or infinite\): "
+        r"the model has likely diverged",
+    ):
+        auc([nan] * 3, [0.0, 1.0, 2.0])
+    with pytest.raises(ValueError, match=r"^1 of 2 non-member scores are not finite"):
+        tpr_at_fpr([0.0, 1.0], [float("inf"), 1.0])
+    model = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        model.weight[0, 0] = nan  # every sample's logits, hence every loss, become NaN
+    x, y = torch.ones(5, 4), torch.zeros(5, dtype=torch.long)
+    with pytest.raises(ValueError) as info:
+        loss_attack(model, (x, y), (x, y))
+    assert str(info.value) == (
+        "5 of 5 member scores are not finite (NaN or infinite): the model "
+        "has likely diverged (check its parameters for NaN/inf); no attack "
+        "score is meaningful for it"
+    )

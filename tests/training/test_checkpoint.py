@@ -35,6 +35,7 @@ from tests.conftest import (
     tiny_config,
 )
 from tests.conftest import errors_on_every_rank as every_rank
+from tests.privacy.test_views_reliability import interrupt_in_epoch_3, resumable, run_with_stats
 
 
 class Interrupted(RuntimeError):
@@ -562,3 +563,16 @@ def test_a_full_disk_during_a_checkpoint_stops_every_rank_keeping_the_previous_o
     assert ckpt.available_epochs(out, 1) == [1]
     for rank in range(4):
         assert ckpt.read_checkpoint(ckpt.checkpoint_path(out, rank, 1))["header"]["epoch"] == 1
+
+
+@pytest.mark.parametrize("topology", ["ring:4", "matchings:4"])
+def test_resume_restores_every_traffic_counter(tmp_path, topology):
+    reference = run_with_stats(resumable(tmp_path / "ref", f"topology={topology}"))
+    config = resumable(tmp_path / "run", f"topology={topology}")
+    interrupt_in_epoch_3(config)
+    resumed = run_with_stats(config, resume=True)
+    for (ref_summary, ref_stats), (summary, stats) in zip(reference, resumed):
+        assert summary["model_sha256"] == ref_summary["model_sha256"]
+        assert stats == ref_stats  # the whole CommStats: rounds and critical_bytes too
+        assert stats.rounds > 0 and stats.critical_bytes > 0
+    assert reference[0][0]["steps_per_epoch"] == 13  # what interrupt_in_epoch_3 assumes

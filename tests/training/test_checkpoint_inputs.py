@@ -4,16 +4,21 @@ reason, no advice to resume), and --resume with another out_dir."""
 
 import hashlib
 import io
+import os
 import pickle
 import shutil
 
 import pytest
 import torch
 
+import topologies
+from gossip_powersgd import LocalCluster
 from gossip_powersgd.training import checkpoint as ckpt
+from gossip_powersgd.training.trainer import train
 from tests.conftest import cli, no_space_for, one_error
 from tests.conftest import errors_on_every_rank as every_rank
 from tests.conftest import tiny_config as tiny
+from tests.privacy.test_views_reliability import interrupt_in_epoch_3, resumable, unblock_later
 
 
 class _Foreign:
@@ -140,3 +145,25 @@ def test_a_full_disk_at_the_first_checkpoint_does_not_advise_resume(tmp_path, mo
     no_space_for(monkeypatch, ckpt, "rank-1-epoch-2.pt")
     error = one_error(every_rank(tiny(f"out_dir={later}", "epochs=2")))
     assert error.endswith("the previous checkpoints are intact (free space, then --resume)")
+
+
+def test_a_fifo_in_place_of_a_checkpoint_is_refused_on_every_rank(tmp_path):
+    out = tmp_path / "run"
+    interrupt_in_epoch_3(resumable(out))
+    path = ckpt.checkpoint_path(out, 2, 2)
+    path.unlink()
+    os.mkfifo(path)
+    unblock_later(path)
+
+    def peer(comm):
+        try:
+            train(comm, resumable(out), resume=True)
+        except ValueError as exc:
+            return str(exc)
+        return "trained"
+
+    lines = LocalCluster(topologies.ring(4), timeout=60).run(peer)  # hung in open() before
+    assert set(lines) == {
+        f"checkpoint {path} is a FIFO (named pipe), not a regular file: "
+        "replace it with the file itself"
+    }
