@@ -1,6 +1,7 @@
 """The shared low-rank pieces (algorithms/lowrank.py): a rank above the smaller side of every matrix
 is clipped, with one warning."""
 
+import pytest
 import torch
 
 import topologies
@@ -8,6 +9,8 @@ from gossip_powersgd import (
     LocalCluster,
     PowerGossip,
 )
+from gossip_powersgd.utils import RunWarning
+from tests.training.test_validation import HUGE, train_cli
 
 
 def test_powergossip_clips_the_rank_to_the_smaller_side():
@@ -31,3 +34,14 @@ def test_powergossip_clips_the_rank_to_the_smaller_side():
     for (x_big, s_big, b_big), (x_3, s_3, b_3) in zip(big, three):
         assert s_big == s_3 and b_big == b_3 == sum(s_3)
         assert all(torch.equal(a, b) for a, b in zip(x_big, x_3))
+
+
+def test_powergossip_rank_above_every_matrix_is_named_with_the_rank_it_takes(tmp_path):
+    with pytest.warns(RunWarning) as caught:
+        summary = train_cli(tmp_path, f"algorithm=powergossip:rank={HUGE}")
+    (message,) = [str(w.message) for w in caught if w.category is RunWarning]
+    assert message.startswith(
+        f"powergossip: rank {HUGE} exceeds the smaller side of every parameter matrix (at most 4)"
+    )
+    assert "at rank min(rank, rows, cols)" in message
+    assert summary["final_test_acc_avg_model"] > 0.25

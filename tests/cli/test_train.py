@@ -2,11 +2,14 @@
 file, a bad name or value, each one line and a non-zero exit."""
 
 import pytest
+import torch
 
+from gossip_powersgd.utils import RunWarning
 from tests.conftest import (
     TINY,
     cli,
 )
+from tests.training.test_validation import train_cli
 
 EDGE_LISTS = {
     "disconnected": ("0 1\n2 3\n", "graph is not connected: 2 components"),
@@ -91,3 +94,20 @@ def test_an_internal_key_error_names_its_type_and_key(tmp_path, capsys, monkeypa
         "report it with the command that caused it)"
     )
     assert lines[0].startswith("Traceback")  # a bug is not hidden behind one line
+
+
+def test_threads_beyond_the_cpus_are_clamped_with_one_warning(tmp_path):
+    import os
+
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        with pytest.warns(RunWarning) as caught:
+            train_cli(tmp_path, "threads=100000", "epochs=1")
+        assert torch.get_num_threads() == cpus
+    finally:
+        torch.set_num_threads(1)
+    (message,) = [str(w.message) for w in caught if w.category is RunWarning]
+    assert message == (
+        f"threads 100000 exceeds the {cpus} CPUs this process may use: using {cpus} (torch "
+        "intra-op threads)"
+    )

@@ -175,3 +175,75 @@ def test_an_unusable_user_model_is_one_line(tmp_path, capsys, model, expected):
     )
     assert code != 0 and len(lines) == 1 and lines[0].startswith("error: bad value for 'model'")
     assert expected in lines[0]
+
+
+@pytest.mark.parametrize(
+    "spec, shape, parameters",
+    [
+        # 20 x 1e11 + 1e11 weights and biases, then 1e11 x 4 + 4
+        ("mlp:100000000000", (20,), "2,500,000,000,004"),
+        # tied embedding 4 x 1e6, LSTM 4h(h + h) + 8h, decoder bias 4
+        ("lstm_lm:layers=1,hidden=1000000", (5,), "8,000,012,000,004"),
+    ],
+)
+def test_a_model_larger_than_the_memory_is_named_before_anything_is_allocated(
+    spec, shape, parameters
+):
+    from gossip_powersgd.training.models import build_model
+
+    with pytest.raises(ValueError) as info:
+        build_model(spec, shape, 4)
+    text = str(info.value)
+    assert text.startswith(f"model spec '{spec}' has {parameters} parameters (")
+    assert "out of memory" in text and "GB" in text and "\n" not in text
+
+
+@pytest.mark.parametrize(
+    "error, line",
+    [
+        (
+            RuntimeError(
+                "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                "memory: you tried to allocate 8000000000000 bytes. Error code 12 (Cannot "
+                "allocate memory)"
+            ),
+            "out of memory: an allocation of 8000 GB failed",
+        ),
+        (
+            torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
+                "15.77 GiB of which 3.12 GiB is free."
+            ),
+            "out of memory: an allocation of 20.00 GiB failed",
+        ),
+        (MemoryError(), "out of memory"),
+    ],
+)
+def test_an_allocation_failure_is_one_line_naming_the_size_asked(error, line):
+    from gossip_powersgd.launch import EXPECTED_ERRORS, error_line, is_out_of_memory
+
+    text = error_line(error)
+    assert text.startswith(line) and "\n" not in text
+    assert text.endswith("use a smaller model, batch size or number of peers per machine")
+    assert is_out_of_memory(error)
+    assert isinstance(error, EXPECTED_ERRORS) or is_out_of_memory(error)  # no traceback
+
+
+def test_a_huge_model_from_the_command_line_is_one_line(tmp_path, capsys):
+    from gossip_powersgd.cli.train import main
+
+    with pytest.raises(SystemExit) as info:
+        main(
+            [
+                "--config",
+                str(TINY),
+                "--quiet",
+                "--set",
+                f"out_dir={tmp_path / 'run'}",
+                "--set",
+                "model=mlp:100000000000",
+            ]
+        )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code != 0 and len(err) == 1, err
+    assert err[0].startswith("error: bad value for 'model': model spec 'mlp:100000000000' has ")
