@@ -8,6 +8,9 @@ thread of one process, the changes from a churn schedule). Two sections, one pag
 * rejoining: one peer leaves and comes back, handed its state as its neighbours' average or one
   neighbour's copy (`churn_join`): the shift at the join, the joiner's accuracy and distance to the
   members' average some steps later, next to the others'.
+* the soak (full page only; root): the emulated cluster of `python -m gossip_powersgd.cluster`,
+  one torch process per host, random kills, stops and link cuts of single hosts, each host back
+  with `--rejoin` (`soak.py`): one row, made after the in-process runs.
 
 Modules: `measure` (the rows: one `gossip_powersgd.run` each), `tables` (the renderer's tables,
 plot; `text`: the prose and the page's files, from the rows alone)."""
@@ -64,6 +67,8 @@ QUICK = dict(
     join_epoch=2,
 )
 JOIN_MODES = ("average", "copy")
+#: The soak (full page only): about 20 minutes of training on 6 hosts with 50 faults.
+SOAK = dict(section="soak", minutes=20.0, faults=50, hosts=6)
 
 
 def setting(quick: bool) -> Dict[str, Any]:
@@ -122,13 +127,19 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
                 config.update(joiner=joiner, join_step=s["join_step"], topology=topology)
                 key = f"join/{topology}/{label}/{mode}/seed{seed}"
                 runs.append(Run(key, config, seed, cost=1.2 * _cost(topology, spec)))
+    if not quick and len(rows) >= len(runs):  # alone, after the rest: its rows are timings
+        runs.append(Run(f"soak/cluster:{SOAK['hosts']}/seed0", dict(SOAK), 0, cost=0.0))
     return runs
 
 
 def row(run: Run) -> Dict[str, Any]:
     """A grid run's or a rejoin run's row (`measure`)."""
     from .measure import grid_row, join_row
+    from .soak import soak
 
+    if run.config["section"] == "soak":
+        c = run.config
+        return soak(c["minutes"], c["faults"], run.seed, hosts=c["hosts"])
     if run.config["section"] == "grid":
         return grid_row(dict(run.config), run.seed)
     return join_row(dict(run.config), run.seed)

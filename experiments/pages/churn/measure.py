@@ -62,8 +62,8 @@ class Watcher(TrainingHooks):
 
 
 def watched_run(train: Dict[str, Any], snapshots: bool) -> Tuple[Dict[str, Any], Dict[int, Any]]:
-    """Run `train` with a `Watcher` on every peer: (the run's summary as its leader, the lowest
-    member at the end, wrote it; {rank: watcher})."""
+    """Run `train` with a `Watcher` on every peer: (the run's summary, the lowest member's at the
+    end; {rank: watcher})."""
     from gossip_powersgd import run
 
     watchers: Dict[int, Watcher] = {}
@@ -72,14 +72,7 @@ def watched_run(train: Dict[str, Any], snapshots: bool) -> Tuple[Dict[str, Any],
         watchers[rank] = Watcher(snapshots)
         return [watchers[rank]]
 
-    run(train, hooks=hooks)
-    # `run(...).summary` is rank 0's: a peer away at the end has no final figures, the leader has
-    leader = next(
-        w.summary
-        for _, w in sorted(watchers.items())
-        if w.summary is not None and w.summary.get("final_test_acc_avg_model") is not None
-    )
-    return leader, watchers
+    return run(train, hooks=hooks).summary, watchers
 
 
 def schedule_figures(spec: str, size: int, steps: int) -> Dict[str, Any]:

@@ -138,12 +138,12 @@ def fault(hosts: Hosts, k: int, kind: str, index: int) -> Dict:
     }
 
 
-def finish(hosts: Hosts, rows: List[Dict]) -> Dict:
-    """Wait for every process, read the summary; the final row."""
-    codes = {}
+def finish(hosts: Hosts, rows: List[Dict], seconds: float) -> Dict:
+    """Wait for every process (`seconds` in all at most), read the summary; the final row."""
+    codes, deadline = {}, time.monotonic() + seconds
     for name, process in hosts.processes.items():
         try:
-            codes[name] = process.wait(timeout=WITHIN * 2)
+            codes[name] = process.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             codes[name] = None
     summary = json.loads((hosts.out / "summary.json").read_text())
@@ -173,56 +173,103 @@ def finish(hosts: Hosts, rows: List[Dict]) -> Dict:
     }
 
 
-def baseline(prefix: str, hosts: int, epochs: int, work: Path) -> Dict:
-    """The same run without faults: its accuracy and wall time."""
+def baseline(prefix: str, hosts: int, epochs: int, work: Path, seconds: float) -> Dict:
+    """The same run without faults: its accuracy, steps and wall time (`seconds`: the longest it
+    may take)."""
     run = Hosts(prefix, hosts, work, epochs)
     try:
         for k in range(hosts):
             run.start(k)
         for name, process in run.processes.items():
-            if process.wait(timeout=WITHIN * 4) != 0:
+            if process.wait(timeout=seconds) != 0:
                 raise RuntimeError(f"soak: the run without faults failed on host {name}")
     finally:
         run.end()
     summary = json.loads((run.out / "summary.json").read_text())
-    return {"acc": summary["final_test_acc_avg_model"], "wall_s": summary["wall_time_s"]}
+    return {
+        "acc": summary["final_test_acc_avg_model"],
+        "steps": summary["steps"],
+        "wall_s": summary["wall_time_s"],
+    }
 
 
-def soak(minutes: float, faults: int, seed: int, out_jsonl, hosts: int = 6, kinds=None) -> Dict:
-    """The soak (module docstring): `faults` faults over about `minutes` of training on `hosts`
-    hosts, random hosts and kinds from `seed` (or `kinds` in turn); rows to `out_jsonl`."""
+#: The probe's epochs, from which the soak's epochs are sized to `minutes` without faults.
+PROBE_EPOCHS = 200
+#: Training past this share of its steps gets no more faults: the end's evaluation is near, and a
+#: loss during it ends the run (a stated limit).
+LAST_FAULT_AT = 0.85
+
+
+def pause(rng: random.Random, text: str, since: float, left: int, cycles: List[float]) -> float:
+    """Seconds to wait before the next fault: random in [0, 2 x slack], where slack spreads the
+    time training has left before LAST_FAULT_AT (from its rate so far) over the `left` faults,
+    less one fault's mean cycle so far (20 s before the first): the faults spread over the run
+    and still all fit."""
+    done = _progress(text)
+    elapsed = time.time() - since
+    remaining = (LAST_FAULT_AT - done) * elapsed / done if done > 0 else 0.0
+    cycle = statistics.mean(cycles) if cycles else 20.0
+    return rng.uniform(0.0, 2.0 * max(0.0, remaining / max(left, 1) - cycle))
+
+
+def soak(
+    minutes: float, faults: int, seed: int, out_jsonl=None, hosts: int = 6, kinds=None
+) -> Dict:
+    """The soak (module docstring): `faults` faults over a run of about `minutes` of training
+    without faults on `hosts` hosts, random hosts and kinds from `seed` (or `kinds` in turn);
+    each row also to `out_jsonl` as it comes. Returns {"rows", "final"}."""
     from gossip_powersgd.cluster import network
 
     rng = random.Random(seed)
     prefix = f"cr{os.getpid() % 10**5}"
     network.up(prefix, hosts, None, {})
     rows: List[Dict] = []
+    load_before = os.getloadavg()
+    sink = open(out_jsonl, "w") if out_jsonl else None
     try:
         with tempfile.TemporaryDirectory(prefix="churn-soak-") as tmp:
-            probe = baseline(prefix, hosts, 20, Path(tmp) / "probe")  # seconds per epoch here
-            epochs = max(20, int(minutes * 60 / (probe["wall_s"] / 20)))
-            reference = baseline(prefix, hosts, epochs, Path(tmp) / "reference")
+            # seconds per epoch here, from 200 epochs (20 gave 45 steps/s where the run made 83)
+            probe = baseline(prefix, hosts, PROBE_EPOCHS, Path(tmp) / "probe", WITHIN * 4)
+            epochs = max(20, int(minutes * 60 / (probe["wall_s"] / PROBE_EPOCHS)))
+            # a loaded machine: 23.5 min for a run the probe sized to 20 (page's first try)
+            longest = WITHIN + 4 * minutes * 60
+            reference = baseline(prefix, hosts, epochs, Path(tmp) / "reference", longest)
             run = Hosts(prefix, hosts, Path(tmp) / "soak", epochs)
             try:
                 for k in range(hosts):
                     run.start(k)
                 run.wait_for(r"progress: step 1/")
-                gap = minutes * 60 / (faults + 1)
-                with open(out_jsonl, "w") as sink:
-                    for index in range(faults):
-                        time.sleep(gap * rng.random())
-                        if _progress(run.text()) > 0.9:
-                            break  # the end's evaluation is near: a loss there ends the run
-                        kind = kinds[index % len(kinds)] if kinds else rng.choice(KINDS)
-                        rows.append(fault(run, rng.randrange(1, hosts), kind, index))
+                since, cycles = time.time(), []
+                for index in range(faults):
+                    time.sleep(pause(rng, run.text(), since, faults - index, cycles))
+                    if _progress(run.text()) > LAST_FAULT_AT:
+                        break
+                    kind = kinds[index % len(kinds)] if kinds else rng.choice(KINDS)
+                    rows.append(fault(run, rng.randrange(1, hosts), kind, index))
+                    cycles.append(rows[-1]["to_readmission_s"])
+                    if sink:
                         sink.write(json.dumps(rows[-1]) + "\n")
                         sink.flush()
-                    final = finish(run, rows)
-                    final["reference_test_acc_avg_model"] = reference["acc"]
-                    sink.write(json.dumps(final) + "\n")
+                final = finish(run, rows, longest)
             finally:
                 run.end()
+        final.update(
+            hosts=hosts,
+            epochs=epochs,
+            seed=seed,
+            comm_timeout_s=TIMEOUT,
+            reference_test_acc_avg_model=reference["acc"],
+            reference_steps=reference["steps"],
+            reference_wall_time_s=reference["wall_s"],
+            load_before=list(load_before),
+            load_after=list(os.getloadavg()),
+            cpus=os.cpu_count(),
+        )
+        if sink:
+            sink.write(json.dumps(final) + "\n")
     finally:
+        if sink:
+            sink.close()
         for k in range(hosts):
             network.signal_host(prefix, f"host{k}", signal.SIGKILL)
         network.down(prefix)

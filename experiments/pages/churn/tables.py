@@ -222,23 +222,75 @@ def join_verdict(joins) -> List[str]:
     return lines
 
 
+def _seconds(values: Sequence[float]) -> str:
+    return f"{statistics.median(values):.2f} / {max(values):.2f}" if values else "—"
+
+
 def soak_section(rows: Rows) -> str:
-    """The emulated-cluster soak (rows whose config's section is "soak"): a table of each soak
-    row's scalar figures. Empty (nothing on the page) while there are no soak rows."""
+    """The emulated-cluster soak (the row whose config's section is "soak", `soak.py`): what
+    happened to the run, then one line per fault kind. Empty while there is no soak row."""
     soak = [r for r in rows.records if r.config.get("section") == "soak"]
     if not soak:
         return ""
-    fields = list(
-        dict.fromkeys(k for r in soak for k, v in r.row.items() if isinstance(v, (int, float, str)))
-    )
+    record = soak[0]
+    faults, final = record.row["rows"], record.row["final"]
+    last = {str(k): str(k) for k in range(final["hosts"])}
+    for f in faults:
+        last[str(f["host"])] = f"{f['host']}-rejoin{f['fault']}"
+    codes = [final["exit_codes"][name] for name in last.values()]
+    ok = sum(code == 0 for code in codes)
+    detection = final["detection_to_continuation"]
     lines = [
         "## Soak on the emulated cluster\n",
-        "| run | " + " | ".join(fields) + " |",
-        "|---|" + "---|" * len(fields),
+        f"{final['hosts']} hosts of `python -m gossip_powersgd.cluster` (a network namespace and "
+        "address each, one bridge), one training process per host (backend torch, "
+        f"`on_peer_loss: continue`, ring:{final['hosts']}, experiments/configs/tiny.yaml for "
+        f"{final['epochs']} epochs, `comm_timeout: {final['comm_timeout_s']:g}`), started "
+        "directly with the torch launcher's variables; host 0 holds the rendezvous store and is "
+        f"never faulted. Seed {final['seed']} picks each fault's host among hosts 1–"
+        f"{final['hosts'] - 1} and its kind: kill (SIGKILL), stop (SIGSTOP, until the survivors "
+        "drop it) or cut (the host's link down). One fault at a time: the fault, the survivors' "
+        "membership line, the host's processes ended and its link restored, its restart with "
+        "`gossip-train --rejoin`, its readmission, a random pause; no faults after "
+        "85 % of the steps (a loss during the final evaluation ends the run, a stated limit).\n",
+        f"- {len(faults)} faults in {final['wall_time_s'] / 60:.1f} min of training "
+        f"({final['membership_changes']} membership changes: each fault a removal and a "
+        f"readmission); the run without faults took {final['reference_wall_time_s'] / 60:.1f} "
+        "min.",
+        f"- Members at the end: {final['members_at_end']}; each host's last process exited "
+        f"with 0 on {ok} of {len(codes)} hosts; steps {final['steps']} (the run without faults: "
+        f"{final['reference_steps']}).",
+        f"- Final accuracy of the averaged model {100 * final['final_test_acc_avg_model']:.2f} "
+        f"%, without faults {100 * final['reference_test_acc_avg_model']:.2f} %.",
+        f"- Load average (1 min) {final['load_before'][0]:.1f} before, "
+        f"{final['load_after'][0]:.1f} after, on {final['cpus']} CPU cores.\n",
+        "Per fault kind (seconds, median / max; `comm_timeout` is "
+        f"{final['comm_timeout_s']:g} s): from the fault to the survivors' membership line, "
+        "from the fault to the readmission, and the summary's detection-to-continuation (from "
+        "the first survivor's detection to the step that goes on without the peer).\n",
+        "| fault | n | found as | right peer | to membership line | to readmission "
+        "| detection to continuation |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for r in soak:
-        lines.append(f"| {r.key} | " + " | ".join(str(r.row.get(k, "—")) for k in fields) + " |")
-    return "\n".join(lines) + "\n\n"
+    for kind in sorted({f["kind"] for f in faults}):
+        of = [f for f in faults if f["kind"] == kind]
+        found = sorted({f["found_as"] for f in of})
+        seconds = [detection[h] for h in found if h in detection]
+        cont = " ; ".join(
+            f"{h}: {s['median_s']:.2f} / {s['max_s']:.2f}"
+            for h, s in zip([h for h in found if h in detection], seconds)
+        )
+        lines.append(
+            f"| {kind} | {len(of)} | {', '.join(found)} | "
+            f"{sum(f['right_peer'] for f in of)} of {len(of)} | "
+            f"{_seconds([f['to_membership_line_s'] for f in of])} | "
+            f"{_seconds([f['to_readmission_s'] for f in of])} | {cont or '—'} |"
+        )
+    lines.append(
+        f"\nMade with the page's command (its last run, key `{record.key}`); the fault rows are "
+        "in churn.jsonl.\n\n"
+    )
+    return "\n".join(lines)
 
 
 def plot(cells: Dict[Cell, Dict[str, Any]], s: Dict[str, Any]) -> bytes:

@@ -105,7 +105,7 @@ def page_text(rows: Rows, s, cells, joins, recipe, generated: str) -> str:
         + "\n![accuracy, consensus distance and average shift vs churn rate](churn.png)\n\n"
     )
     text += join_section(s, cells, joins)
-    text += limits_text(cells)
+    text += limits_text(cells, any(r.config.get("section") == "soak" for r in rows.records))
     return text + "Data: [churn.json](churn.json) (every cell, mean and std), rows churn.jsonl.\n\n"
 
 
@@ -133,7 +133,7 @@ def join_section(s, cells, joins) -> str:
     )
 
 
-def limits_text(cells) -> str:
+def limits_text(cells, soaked: bool = False) -> str:
     still = [c["acc_avg"] for (_, _, rate), c in cells.items() if rate == 0.0]
     level = (
         f"the no-churn rows' averaged models reach {100 * min(still):.1f}–{100 * max(still):.1f} "
@@ -143,14 +143,20 @@ def limits_text(cells) -> str:
     )
     return (
         "## Limits\n\n"
-        "- In-process only: every peer is a thread of one process (backend local), and every "
+        "- The grid and the rejoin runs are in-process: every peer is a thread of one process "
+        "(backend local), and every "
         "change comes from the schedule, so a leaving peer always finishes its step first and "
         "takes part in measuring the shift. Nothing here is a crash, a stopped process or a cut "
         "link: no detection, no step in flight lost, no transport timeout is exercised, and the "
         "figures say nothing about wall-clock cost of a change.\n"
-        "- The emulated-cluster soak (torch backend, one process per host, real kills, stops, "
-        "cuts and restarts) is not in these rows.\n"
-        f"- One recipe, short: {level}, a small CNN after a few hundred steps, far from "
+        + (
+            "- Real kills, stops, cuts and restarts are in the soak below (torch backend, one "
+            "process per host), on a small problem, not on this recipe.\n"
+            if soaked
+            else "- The emulated-cluster soak (torch backend, one process per host, real kills, "
+            "stops, cuts and restarts) is not in these rows.\n"
+        )
+        + f"- One recipe, short: {level}, a small CNN after a few hundred steps, far from "
         "converged (training.md: 90.9 % with the full-width cnn1d, 8 peers, 60 epochs). "
         "The churn figures compare runs of equal length on this recipe, nothing more; what "
         "churn costs a converged model is not measured here.\n"

@@ -157,16 +157,60 @@ def test_a_soak_section_is_drawn_only_from_soak_rows(quick):
     _, rows = quick
     assert soak_section(rows) == ""
     template = rows.records[0]
+    fault = dict(host=2, kind="stop", found_as="hung", right_peer=True)
+    faults = [
+        dict(fault, fault=0, to_membership_line_s=11.0, to_readmission_s=15.0),
+        dict(
+            fault,
+            fault=1,
+            host=1,
+            kind="kill",
+            found_as="killed",
+            to_membership_line_s=0.5,
+            to_readmission_s=3.0,
+        ),
+        dict(fault, fault=2, to_membership_line_s=13.0, to_readmission_s=19.0),
+    ]
+    final = dict(
+        hosts=3,
+        epochs=40,
+        seed=0,
+        comm_timeout_s=20.0,
+        faults=3,
+        members_at_end=[0, 1, 2],
+        exit_codes={"0": 0, "1": -9, "2": -9, "2-rejoin0": -9, "1-rejoin1": 0, "2-rejoin2": 0},
+        membership_changes=6,
+        wall_time_s=1300.0,
+        reference_wall_time_s=1200.0,
+        steps=400,
+        reference_steps=400,
+        final_test_acc_avg_model=0.9,
+        reference_test_acc_avg_model=0.91,
+        load_before=[1.0, 1.0, 1.0],
+        load_after=[2.0, 2.0, 2.0],
+        cpus=2,
+        detection_to_continuation={
+            "hung": {"median_s": 1.5, "max_s": 2.0, "n": 2},
+            "killed": {"median_s": 0.25, "max_s": 0.25, "n": 1},
+        },
+    )
     soak = dataclasses.replace(
         template,
-        key="soak/cluster/seed0",
+        key="soak/cluster:3/seed0",
         config={"section": "soak"},
-        row={"faults": 57, "minutes": 21.5, "hung": 0},
+        row={"rows": faults, "final": final},
     )
     with_soak = Rows("churn", True, [*rows.records, soak], rows.planned + 1)
     section = soak_section(with_soak)
     assert section.startswith("## Soak on the emulated cluster")
-    assert "| soak/cluster/seed0 | 57 | 21.5 | 0 |" in section
+    # each host's last process: host 0's first, host 1's restart after fault 1, host 2's after 2
+    assert "exited with 0 on 3 of 3 hosts" in section and "3 faults in 21.7 min" in section
+    assert "| kill | 1 | killed | 1 of 1 | 0.50 / 0.50 | 3.00 / 3.00 | killed: 0.25 / 0.25 |" in (
+        section
+    )
+    assert "| stop | 2 | hung | 2 of 2 | 12.00 / 13.00 | 17.00 / 19.00 | hung: 1.50 / 2.00 |" in (
+        section
+    )
     page = render_page(with_soak, setting(True))["churn.md"]
     assert page.endswith(section) and isinstance(soak, Record)
 
