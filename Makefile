@@ -13,7 +13,7 @@ export OMP_NUM_THREADS ?= 1
 
 install: $(STAMP) iproute2
 
-# The emulated cluster (python -m gossip_powersgd.cluster, tests/test_cluster.py) drives iproute2's
+# The emulated cluster (python -m gossip_powersgd.cluster, tests/cluster/test_network.py) drives iproute2's
 # ip and tc: installed with apt-get where missing and this is root (CI: a fresh Debian machine);
 # elsewhere a note, and the cluster tests skip without root or fail naming what is missing.
 iproute2:

@@ -105,9 +105,7 @@ def run_mpi(n: int, args, timeout: float = 120, env=None, cwd=None) -> subproces
     """
     command = [mpiexec_path(), "-n", str(n), sys.executable, *map(str, args)]
     full_env = dict(os.environ)
-    full_env.update(
-        {"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{SUPPORT}"}
-    )
+    full_env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{SUPPORT}"})
     full_env.update(env or {})
     return run_bounded(
         command,
@@ -196,3 +194,30 @@ def errors_on_every_rank(config, **kwargs):
     seen = LocalCluster(topologies.parse(config.topology), timeout=30).run(peer)
     assert any(text is not None for text in seen), seen
     return [text for text in seen if text is not None]
+
+
+# ---- the tiny config, through the command line and as a config ------------------------------------
+TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
+
+
+def cli(argv, capsys):
+    """experiments.train's console entry point in this process: (exit code, stderr lines)."""
+    from experiments.train import main
+
+    with pytest.raises(SystemExit) as info:
+        main([str(a) for a in argv])
+    return info.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+def tiny_config(*overrides, deep=False):
+    """experiments/configs/tiny.yaml, quiet, with `key=value` overrides."""
+    from gossip_powersgd.training.config import load_config
+
+    return load_config(TINY, ["quiet=true", *overrides], deep=deep)
+
+
+def one_error(errors):
+    """The one line every rank reported (the same on all of them)."""
+    assert len(set(errors)) == 1 and errors[0] != "ok", errors
+    assert "\n" not in errors[0]
+    return errors[0]

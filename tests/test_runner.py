@@ -17,7 +17,7 @@ from gossip_powersgd import RunResult, run
 from gossip_powersgd.cli import train as gossip_train
 from gossip_powersgd.training.config import config_from_dict
 
-from conftest import run_mpi
+from tests.conftest import run_mpi
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(

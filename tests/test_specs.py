@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import topologies
-from gossip_powersgd import LocalCluster
+from gossip_powersgd import LocalCluster, specs
 from gossip_powersgd.algorithms import ChocoGossip, DeepSqueeze, registry
 from gossip_powersgd.algorithms.compressed import CompressedGossip
 from gossip_powersgd.algorithms.lowrank import (
@@ -17,7 +17,6 @@ from gossip_powersgd.algorithms.lowrank import (
     matrix_stacks,
     orthonormalize_,
 )
-from gossip_powersgd import specs
 from gossip_powersgd.specs import (
     accepts,
     import_object,
@@ -29,6 +28,9 @@ from gossip_powersgd.specs import (
     split_spec,
     split_top_level,
 )
+from gossip_powersgd.training.trainer import train
+from tests.conftest import TINY, cli
+from tests.privacy.test_views_reliability import tiny
 
 
 @pytest.mark.parametrize(
@@ -351,3 +353,64 @@ def test_every_kind_refuses_a_malformed_spec_in_one_style(kind, malformed, probl
     message = str(info.value)
     assert "\n" not in message
     assert re.match(rf"^{re.escape(what)} {re.escape(repr(spec))}: {problem}", message), message
+
+
+EXIT_HINT = (
+    "; a dataset or model function must return its result (or raise an exception), never "
+    "exit the process"
+)
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        (
+            "dataset=exit_fixtures:data_exit0",
+            "'exit_fixtures:data_exit0': the user code called sys.exit/exit(0) while calling it",
+        ),
+        (
+            "dataset=exit_fixtures:data_exit1",
+            "'exit_fixtures:data_exit1': the user code called sys.exit/exit(1) while calling it",
+        ),
+        ("dataset=sys:exit", "'sys:exit': the user code called sys.exit/exit() while calling it"),
+        (
+            "model=builtins:exit",
+            "'builtins:exit': the user code called sys.exit/exit() while calling it",
+        ),
+        (
+            "dataset=exit_on_import:data",
+            "'exit_on_import:data': the user code called sys.exit/exit(0) "
+            "while importing module 'exit_on_import'",
+        ),
+        (
+            "model=exit_fixtures:model_exit_in_forward",
+            "'exit_fixtures:model_exit_in_forward': the user "
+            "code called sys.exit/exit() while running the model on the dataset's inputs",
+        ),
+    ],
+)
+def test_user_code_calling_sys_exit_is_an_error_naming_the_spec(tmp_path, capsys, override, line):
+    code, lines = cli(
+        ["--config", TINY, "--set", override, "--set", f"out_dir={tmp_path / 'run'}"], capsys
+    )
+    key = override.split("=")[0]  # the CLI's deep config check loads and runs them first
+    assert code == 1 and lines == [f"error: bad value for {key!r}: {line}{EXIT_HINT}"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_user_code_calling_sys_exit_fails_on_every_rank():
+    def peer(comm, config):
+        try:
+            train(comm, config)
+        except ValueError as exc:
+            return str(exc)
+        return "trained"
+
+    for spec, partition in [
+        ("exit_fixtures:data_exit0", "iid"),
+        ("exit_fixtures:local_data_exit", "local"),
+    ]:
+        extra = ["public_train_size=64"] if partition == "local" else []  # sizes stay private
+        config = tiny(f"dataset={spec}", f"partition={partition}", "checkpoint_every=0", *extra)
+        lines = LocalCluster(topologies.ring(4), timeout=60).run(peer, config)
+        assert len(set(lines)) == 1 and "the user code called sys.exit/exit(" in lines[0], lines

@@ -82,3 +82,13 @@ def test_stderr_line_is_one_write_so_ranks_cannot_interleave(monkeypatch):
     monkeypatch.setattr("sys.stderr", Recorder())
     write_stderr_line("error (rank 2): bad data")
     assert calls == ["error (rank 2): bad data\n", None]
+
+
+def test_check_writable_dir_makes_the_directory_and_leaves_nothing_in_it(tmp_path):
+    from gossip_powersgd.utils import check_writable_dir
+
+    target = tmp_path / "a" / "b"
+    assert check_writable_dir(target) == target and target.is_dir() and not any(target.iterdir())
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match=r"cannot write to .*f/c: Not a directory; pick another"):
+        check_writable_dir(tmp_path / "f" / "c", "pick another")

@@ -99,7 +99,7 @@ def _load(commit: str, helpers: bool) -> Optional[type]:
             sources[name] = text
             pending += _relative_imports(text)
     # Import order: a module after the loaded modules it imports (the package's imports form no
-    # circle, which tests/test_import_cycles.py checks for this tree).
+    # circle, which tests/project/test_imports.py checks for this tree).
     order, seen = [], set()
 
     def visit(name: str) -> None:

@@ -3,7 +3,7 @@
 This is the algorithm of `powergossip.PowerGossip` without any of its speed: no stacking, no
 batching over neighbours, no compiled kernels, no shared message buffers. The fast variants
 (static or scheduled, batched or per neighbour, the rank-1 row layout) are tested against it
-(tests/test_reference.py). For each edge {i, j} of the topology (of the union graph, on a schedule)
+(tests/algorithms/test_reference.py). For each edge {i, j} of the topology (of the union graph, on a schedule)
 and each compressed tensor, viewed as the matrix M (rows = shape[0], cols = the rest), the state is
 the pair of factors P (rows x r), Q (cols x r), the same at both ends, and the edge's half-step
 count s. At step t, for each of the `num_iterations` half-steps, every edge of W(t) takes one:

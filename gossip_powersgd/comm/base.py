@@ -64,7 +64,7 @@ class Comm(Protocol):
     """What a communicator offers the algorithms, hooks and the trainer: every `comm` argument in
     the package is one. The transports (`LocalCommunicator`, `MPICommunicator`,
     `TorchCommunicator`) implement it by subclassing `Communicator`, which writes the shared part
-    once; a wrapper (the view recorder) satisfies it by delegation. `tests/test_communicator.py`
+    once; a wrapper (the view recorder) satisfies it by delegation. `tests/comm/test_base.py`
     checks each against this list, names and parameters."""
 
     rank: int  #: this peer

@@ -27,7 +27,7 @@ edge is seeded from (seed, min(i, j), max(i, j)) of the stable ids.
 (to float rounding) by every algorithm that supports churn — exact gossip, PowerGossip (any rank
 and number of half-steps), Choco-SGD, DeepSqueeze, push-sum on undirected graphs — since each
 edge of the new graph still adds opposite amounts at its two ends, with state that both ends
-agree on (tests/test_membership.py, with the float bound derived there).
+agree on (tests/membership/test_peer.py, with the float bound derived there).
 
 **The departed share.** A leaving peer takes its model with it: its share of the average leaves
 the run. With members S before and leavers D, the average jumps at the change from

@@ -14,7 +14,7 @@ from .features import features, peer_statistics_private
 
 #: A `config.TrainConfig` (every key an attribute). The class is not imported, not even for type
 #: checking: config.py imports this module to re-export its names, and validation reads nothing
-#: of the class but the attributes (tests/test_import_cycles.py keeps the two modules acyclic).
+#: of the class but the attributes (tests/project/test_imports.py keeps the two modules acyclic).
 TrainConfig = Any
 
 OPTIMIZERS = ("sgd", "adam", "adamw")

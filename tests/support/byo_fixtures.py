@@ -1,4 +1,4 @@
-"""Bring-your-own dataset and model functions used by test_data.py and test_models.py.
+"""Bring-your-own dataset and model functions used by tests/training/test_data.py and test_models.py.
 
 Referenced by spec strings such as ``"byo_fixtures:linear_data"``; the tests put this directory on
 ``sys.path`` so the module imports under that name however pytest is configured.

@@ -1,6 +1,6 @@
 """The training program (``python -m gossip_powersgd.cli.train``) whose peers VICTIMS SIGKILL
 themselves at the start of their K-th evaluation, log record or checkpoint, for
-tests/test_churn_torch.py (a peer lost outside the gossip step):
+tests/comm/test_torch_members.py (a peer lost outside the gossip step):
 
     python tests/support/churn_moment.py MOMENT K VICTIMS ARGS...
 

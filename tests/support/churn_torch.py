@@ -1,8 +1,8 @@
-"""Processes of the torch backend under on_peer_loss: continue, for tests/test_churn_torch.py.
+"""Processes of the torch backend under on_peer_loss: continue, for tests/comm/test_torch_members.py.
 
     python tests/support/churn_torch.py OUT SPEC TOPOLOGY STEPS VICTIM SIGNAL AT [late|then|hold:N[:rejoin]]
 
-runs one peer of a gossip-only run (no training: the models only gossip, as in test_membership)
+runs one peer of a gossip-only run (no training: the models only gossip, as in tests/membership/test_peer.py)
 with the liveness monitor and the store agreement of `membership.detected`; peer VICTIM sends
 itself SIGNAL (KILL or STOP) at the start of step AT. VICTIM may be several ids (`2+4`: each one
 sends it). With `late`, the victims' neighbours start the gossip of step AT only once every
@@ -67,7 +67,7 @@ def start(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
         OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join(map(str, (ROOT, HERE.parent, HERE))),
+        PYTHONPATH=os.pathsep.join(map(str, (ROOT, HERE))),
     )
     out = open(log_dir / f"rank-{rank}{tag}.out", "w")
     err = open(log_dir / f"rank-{rank}{tag}.err", "w")

@@ -1,4 +1,4 @@
-"""Pages for tests/test_engine.py: rows without training (each a function of its run), a log of
+"""Pages for tests/experiments/engine/test_engine.py: rows without training (each a function of its run), a log of
 every row started (ENGINE_TEST_LOG: one key per line), and a run that kills its own process
 (ENGINE_TEST_KILL: that run's key) or the process that started it (ENGINE_TEST_KILL_PARENT: the
 sweep, from a worker, once the rows file ENGINE_TEST_ROWS holds the rows of the keys in

@@ -1,4 +1,4 @@
-"""A config-driven feature in one file (what `test_features.py` registers with one line).
+"""A config-driven feature in one file (what `tests/training/test_features.py` registers with one line).
 
 Key `count_steps_every` (nested: ``step_counter: {every: k}``; 0 = off) makes every peer count the
 steps whose index is a multiple of k; the summary gains the count and a table row, the progress

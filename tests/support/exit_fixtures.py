@@ -1,4 +1,4 @@
-"""Bring-your-own datasets and models that exit the process (tests/test_reliability_views.py)."""
+"""Bring-your-own datasets and models that exit the process (tests/privacy/test_views_reliability.py)."""
 
 import sys
 

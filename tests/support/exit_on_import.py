@@ -1,4 +1,4 @@
-"""A module that exits while it is imported (tests/test_reliability_views.py)."""
+"""A module that exits while it is imported (tests/privacy/test_views_reliability.py)."""
 
 import sys
 

@@ -1,5 +1,5 @@
 """A fault on one host of an emulated cluster, mid-run, timed: the scenario of
-tests/test_liveness_hosts.py (which asserts the bound and the messages) and of the bandwidth
+tests/faults/test_liveness_hosts.py (which asserts the bound and the messages) and of the bandwidth
 page's fault rows (which record the times), written once here.
 
 Three hosts (`python -m gossip_powersgd.cluster`), one rank each, ring:3 on the tiny config,

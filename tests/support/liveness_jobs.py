@@ -52,7 +52,7 @@ def train_command(
     sets = [f"backend={backend}", f"topology=ring:{n}", f"out_dir={out_dir}", *overrides]
     program += [arg for s in sets for arg in ("--set", s)]
     if launcher == "mpi":
-        from conftest import mpiexec_path
+        from tests.conftest import mpiexec_path
 
         return [mpiexec_path(), "-n", str(n), sys.executable, *program]
     return [

@@ -1,7 +1,7 @@
-"""Bring-your-own datasets and models that go wrong, for test_reliability.py.
+"""Bring-your-own datasets and models that go wrong, for the reliability cases beside each module.
 
-Referenced by spec strings such as ``"reliability_fixtures:unseeded_data"`` (tests/support/ is on sys.path).
-"""
+Referenced by spec strings such as ``"reliability_fixtures:unseeded_data"`` (tests/support/ is on
+sys.path)."""
 
 import itertools
 import threading

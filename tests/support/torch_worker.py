@@ -16,7 +16,10 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]  # the support modules and the test modules
+sys.path[:0] = [
+    str(HERE),
+    str(HERE.parents[1]),
+]  # the support modules; tests.<package>.test_<module>
 torch.set_num_threads(1)
 
 import topologies  # noqa: E402

@@ -1,6 +1,6 @@
 """The bandwidth page's faults across hosts: a host's link cut, its rank killed, its processes
 stopped (and, under torchrun, all of them killed), mid-run on 3 hosts of the emulated cluster,
-under torchrun and under mpiexec. Each row runs the scenario of tests/test_liveness_hosts.py
+under torchrun and under mpiexec. Each row runs the scenario of tests/faults/test_liveness_hosts.py
 (tests/support/host_faults.py, as a program) and keeps when every rank ended after the fault and
 what each rank said; the section shows them against the design's bound and the issue's 30 s."""
 
@@ -128,7 +128,7 @@ def section(cases: Sequence[Tuple[str, str]], data: Mapping[str, Dict[str, Any]]
         "3 hosts of the emulated cluster, unlimited links, one rank each, ring:3, the tiny "
         'config, launched as the README\'s "Running across machines" does (torchrun on every '
         "host; mpiexec on host0 with a hostfile and gossip-cluster-ssh); host1's fault once "
-        "rank 0 has printed its first epoch; the scenario of tests/test_liveness_hosts.py "
+        "rank 0 has printed its first epoch; the scenario of tests/faults/test_liveness_hosts.py "
         "(tests/support/host_faults.py). A stopped host's own rank cannot end (its exit is not "
         "counted). Every rank that can run "
         + (

@@ -53,7 +53,7 @@ def setup_text(s: Dict[str, Any], recipe: Dict[str, Any]) -> str:
         "the library's `average_shift_total`: the sum over membership changes of ‖x̄_after − "
         "x̄_before‖ (the members' average, over every parameter). Between changes every "
         "algorithm here keeps the members' average exactly (the invariant of "
-        "tests/test_membership.py), so the shift is the whole drift of the survivors' average: "
+        "tests/membership/test_peer.py), so the shift is the whole drift of the survivors' average: "
         "a leaver takes its share with it, a joiner adds its handed model. Departures and "
         "peer-steps away come from the schedule itself (the changes the run applied). "
         "Choco sign uses γ = 1, the value the training page's γ sweep chose (ring:8), not tuned "

@@ -1,4 +1,4 @@
-"""The rank supervisor on its own, without mpiexec (tests/test_liveness.py):
+"""The rank supervisor on its own, without mpiexec (tests/faults/test_liveness.py):
 
     PMI_RANK=3 PMI_SIZE=4 python tests/support/scripts/supervised.py exit CODE | kill | wait
 

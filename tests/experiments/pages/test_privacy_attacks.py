@@ -1,0 +1,138 @@
+"""experiments/pages/privacy_attacks: the plans of both regimes (network section, splits, attacked
+runs in the regime's order), the plateau check, the answers (where the neighbour's TPR reaches
+chance), the budget check against older rows, and the committed rows' audit record and tables
+(no training)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments.engine import RowFile
+from experiments.pages import _privacy as dp
+from experiments.pages.privacy_attacks import page, regimes, runs, tables
+
+RESULTS = Path(__file__).resolve().parents[3] / "experiments" / "results"
+
+
+def test_each_regimes_plan_holds_its_network_section_splits_and_attacked_runs_in_order():
+    plan = runs.plan("privacy_attacks", False, {})
+    regime = regimes.REGIMES["privacy_attacks"]
+    assert (
+        plan[0].key == "network" and plan[0].config["topologies"] == regime["network"]["topologies"]
+    )
+    assert [r.key for r in plan[1:4]] == ["split/seed0", "split/seed1", "split/seed2"]
+    attacked = plan[4:]
+    expected = [(s, t, seed) for g in regime["groups"] for seed in (0, 1, 2) for s, t in g]
+    assert [(r.config["spec"], r.config["target"], r.seed) for r in attacked] == expected
+    for run in attacked:
+        train, target = run.config["train"], run.config["target"]
+        assert train["eval_every"] == train["epochs"] // 4 and train["partition"] == "iid"
+        if target is None:
+            assert (train["lr"], train["batch_size"]) == (dp.NONPRIVATE_LR, dp.NONPRIVATE[1])
+        else:  # the sweep's recipe for its epsilon's budget
+            assert train["epochs"] == dp.dp_epochs(target) and train["lr"] == dp.DP_LR
+        assert run.config["reference"]["lr"] == dp.NONPRIVATE_LR and run.config["references"] == 8
+    overfit = runs.plan("privacy_attacks_overfit", False, {})
+    assert overfit[0].key == "split/seed0"  # no network section
+    assert all(r.config["train"]["epochs"] == 60 for r in overfit if r.config["kind"] == "attack")
+    quick = runs.plan("privacy_attacks", True, {})
+    assert quick[0].config["topologies"] == ["ring:4"] and len(quick) == 1 + 2 + 3 * 2
+
+
+def test_plateau_is_the_change_over_the_last_quarter():
+    def row(accs):
+        evals = [{"epoch": 5 * (k + 1), "acc_avg": a} for k, a in enumerate(accs)]
+        return {"epochs": 20, "evals": evals, "acc_avg": accs[-1]}
+
+    half, three, change = tables.plateau([row([0.5, 0.6, 0.7, 0.75]), row([0.5, 0.6, 0.8, 0.85])])
+    assert half == "60.00 ± 0.00 %" and three == "75.00 ± 7.07 %" and change == "5.00 ± 0.00"
+    # a row evaluated only at its end (the rows made before the quarters were recorded)
+    assert tables.plateau([{"epochs": 20, "evals": [], "acc_avg": 0.8}]) == ("n/a", "n/a", "n/a")
+
+
+def test_the_answers_say_where_the_neighbours_tpr_reaches_chance():
+    from gossip_powersgd.privacy.attacks import null_band_of
+
+    band = null_band_of(1000, 1000)
+    tpr_hi, auc_hi = band["tpr"][0][1], band["auc"][1]
+
+    def row(target, seed, tpr, auc):
+        flat = {}
+        for model in ("victim", "read off / public copy"):
+            for attack in ("LiRA offline", "LiRA online"):
+                flat[f"tpr0.1/{model}/{attack}"] = tpr
+                flat[f"auc/{model}/{attack}"] = auc
+        return {
+            "spec": "exact",
+            "target": target,
+            "seed": seed,
+            "members": 1000,
+            "nonmembers": 1000,
+            "acc_avg": 0.7,
+            "last": 9,
+            "rounds": {"9": {"flat": flat, "quality": {"read off / public copy": {}}}},
+        }
+
+    rows = [
+        row(target, seed, tpr, auc)
+        for target, tpr, auc in (
+            (None, tpr_hi + 0.01, auc_hi + 0.2),  # without DP: above chance
+            (64.0, tpr_hi / 2, auc_hi + 0.1),  # TPR at chance, AUC still above its band
+            (8.0, tpr_hi / 2, auc_hi - 0.01),  # both at chance
+        )
+        for seed in (0, 1, 2)
+    ]
+    (line,) = [a for a in page.answers(rows) if a.startswith("- exact gossip")]
+    assert line.count("above chance") == 2 and line.count(": chance)") == 2
+    assert "TPR above chance only without DP, at chance at every ε ≤ 64." in line
+    assert "The AUC is above its null band at ε = 64, ∞." in line
+
+
+def test_the_budget_section_compares_each_rows_budgets_from_the_rows():
+    def row(spec, epochs, seed, acc):
+        flat = {"auc/victim/LiRA offline": 0.5, "tpr0.1/victim/LiRA offline": 0.001}
+        return dict(
+            spec=spec,
+            target=8.0,
+            seed=seed,
+            epochs=epochs,
+            steps=epochs * 16,
+            sigma=1.0,
+            eps_victims=[7.9, 7.9],
+            acc_avg=acc,
+            last=1,
+            rounds={"1": {"flat": flat}},
+        )
+
+    mine = [row("exact", 30, s, a) for s, a in enumerate((0.90, 0.92))]
+    mine += [row("powergossip:rank=1", 30, s, a) for s, a in enumerate((0.50, 0.60))]
+    others = [tables.budget_row(row("exact", 15, s, a)) for s, a in enumerate((0.86, 0.88))]
+    others += [tables.budget_row(row("powergossip:rank=1", 15, s, 0.65)) for s in range(2)]
+    text = tables.budget_section(mine, others)
+    # the change column is the difference of the seeds' means: 91 - 87 and 55 - 65
+    assert "| exact gossip | 8 | 30 | 2 | 1 | 91.00 ± 1.41 % | +4.00 |" in text
+    assert "| PowerGossip r1 | 8 | 30 | 2 | 1 | 55.00 ± 7.07 % | -10.00 |" in text
+    assert "pays for exact gossip at ε = 8 (+4.00 pp from 15 to 30)" in text
+    assert "costs accuracy for PowerGossip r1 at ε = 8 (-10.00 pp from 15 to 30)" in text
+
+
+def test_the_committed_overfit_page_shows_its_rows_beside_their_blind_baseline_and_audit_split():
+    name = "privacy_attacks_overfit"
+    records = RowFile(RESULTS / f"{name}.jsonl").read()
+    text = (RESULTS / f"{name}.md").read_text()
+    row = records[runs.key("powergossip:rank=1", None, 0)].row
+    group = [records[runs.key("powergossip:rank=1", None, s)].row for s in (0, 1, 2)]
+    flats = [tables._last(r)["flat"] for r in group]
+    line = (
+        f"| PowerGossip r1 | none | victim | {tables._stat([f['auc/victim/LOSS'] for f in flats])} | "
+        f"{tables._stat([f['auc/victim/LiRA offline'] for f in flats])} | "
+    )
+    assert line in text
+    prior = tables._stat([f["auc/class prior"] for f in flats])
+    assert f"| {prior} |" in text  # the blind baseline beside the figure
+    # the audit record: the run's split, stored once per seed, members and held-out disjoint
+    split = records["split/seed0"].row
+    assert row["split"] == split["key"]
+    for v in split["record"]["victims"]:
+        held = set(split["record"]["heldout"][str(v)])
+        assert held and not held & set(split["record"]["members"][str(v)])

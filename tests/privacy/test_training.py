@@ -1,0 +1,474 @@
+"""Differential privacy in training runs (the `DifferentialPrivacy` hook the config turns on), and
+`partition: local`, data that exists only on its peer."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import topologies
+from gossip_powersgd import LocalCluster
+from gossip_powersgd.algorithms import REGISTRY, register
+from gossip_powersgd.algorithms.base import GossipAlgorithm
+from gossip_powersgd.privacy import make_accountant
+from gossip_powersgd.training.config import TrainConfig, validate_config
+from gossip_powersgd.training.keydocs import describe_keys
+from gossip_powersgd.training.trainer import TIMING_KEYS, train
+
+from tests.conftest import run_scenario_mpi
+
+pytest.importorskip("opacus")
+
+PEERS = 4
+DP = TrainConfig(
+    topology="ring:4",
+    dataset="synthetic_logreg:d=20,classes=4,n=2000",
+    model="logreg",
+    lr=0.5,
+    batch_size=32,
+    epochs=2,
+    quiet=True,
+    checkpoint_every=0,
+    algorithm="exact",
+    partition="dirichlet:0.5",
+    dp_noise_multiplier=1.0,
+    dp_max_grad_norm=1.0,
+)
+
+
+def local(config: TrainConfig, **kwargs):
+    return LocalCluster(topologies.parse(config.topology), timeout=60).run(train, config, **kwargs)
+
+
+def comparable(records):
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
+
+
+def independent_epsilon(sigma, rate, steps, delta):
+    accountant = make_accountant("rdp")
+    for _ in range(steps):
+        accountant.step(noise_multiplier=sigma, sample_rate=rate)
+    return accountant.get_epsilon(delta=delta)
+
+
+# ---- reporting ---------------------------------------------------------------------------------
+
+
+def replace_one_epsilon(sigma, rate, steps, delta):
+    """dp-accounting's PLD under replace-one, built here from its own classes."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    accountant = pld_privacy_accountant.PLDAccountant(
+        dp_accounting.NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-3
+    )
+    event = dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma))
+    accountant.compose(event, steps)
+    return accountant.get_epsilon(delta)
+
+
+def test_every_peer_reports_its_own_epsilon_equal_to_an_independent_accountant(tmp_path):
+    """Released sizes: each peer's epsilon is replace-one's (dp-accounting's PLD), its add/remove
+    epsilon by Opacus' RDP beside it, labelled; in the summary, each eval record and its file."""
+    out = tmp_path / "run"
+    summaries = local(
+        DP.replace(out_dir=str(out), checkpoint_every=0, release_peer_statistics=True)
+    )
+    s = summaries[0]
+    assert s["noise_multiplier"] == 1.0 and s["max_grad_norm"] == 1.0
+    sizes = [sum(row) for row in s["label_histogram"]]
+    assert s["sample_rate"] == [32 / n for n in sizes]
+    assert len(set(s["sample_rate"])) == PEERS  # Dirichlet shards: four different rates
+    assert s["delta"] == 10.0 ** -math.ceil(math.log10(10 * max(sizes)))  # below 1 / largest shard
+    for rank in range(PEERS):
+        q = s["sample_rate"][rank]
+        expected = independent_epsilon(1.0, q, s["steps"], s["delta"])
+        assert s["epsilon_add_remove"][rank] == pytest.approx(expected, rel=1e-12)
+        assert s["epsilon"][rank] == pytest.approx(
+            replace_one_epsilon(1.0, q, s["steps"], s["delta"]), rel=1e-9
+        )
+        evals = [r for r in summaries[rank]["history"] if r["kind"] == "eval"]
+        assert [r["epsilon"] for r in evals] == pytest.approx(
+            [replace_one_epsilon(1.0, q, r["step"], s["delta"]) for r in evals], rel=1e-9
+        )
+        assert all("replace-one" in r["epsilon_bound"] for r in evals)
+        assert all(
+            r["epsilon_max"]
+            == pytest.approx(
+                max(replace_one_epsilon(1.0, q, r["step"], s["delta"]) for q in s["sample_rate"])
+            )
+            for r in evals
+        )
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["epsilon"] == s["epsilon"] and on_disk["sample_rate"] == s["sample_rate"]
+    table = (out / "summary.md").read_text()
+    assert "DP noise multiplier σ / clip norm C | 1 / 1.0" in table
+    assert f"[{min(s['epsilon']):.4g}, {max(s['epsilon']):.4g}]" in table
+    assert "ε (local DP-SGD, replace-one; dp-accounting PLD)" in table
+    assert s["dp_adjacency"].startswith("replace one record")
+    record = json.loads((out / "metrics" / "rank-2.jsonl").read_text().splitlines()[-1])
+    assert record["epsilon"] == s["epsilon"][2]
+    for rank in range(PEERS):  # PLD is tighter than RDP; replace-one (PLD) spends more than
+        # add/remove (PLD), though not always more than add/remove by the looser RDP
+        assert s["epsilon_pld"][rank] < min(s["epsilon"][rank], s["epsilon_add_remove"][rank])
+        peer = json.loads((out / "peers" / f"rank-{rank}.json").read_text())
+        assert (
+            peer["epsilon"] == s["epsilon"][rank]
+            and "not the guarantee" in (peer["epsilon_add_remove_label"])
+        )
+
+
+def test_a_private_peers_file_holds_its_add_remove_epsilon_labelled():
+    s = local(DP)[0]
+    assert "epsilon" not in s  # not in the summary: the peer's own
+    peer = s["peer"]
+    expected = independent_epsilon(1.0, peer["sample_rate"], peer["steps"], peer["delta"])
+    assert peer["epsilon"] == pytest.approx(expected, rel=1e-12)
+    assert peer["epsilon_label"] == "ε (local DP-SGD, add/remove; Opacus RDP)"
+    assert peer["dp_adjacency"].startswith("add/remove")
+
+
+def test_without_dp_keys_the_run_is_unchanged():
+    plain = local(DP.replace(dp_noise_multiplier=None, dp_max_grad_norm=None))[0]
+    assert "epsilon" not in plain and "epsilon" not in plain["history"][-1]
+
+
+def test_a_target_epsilon_ends_the_worst_peer_at_or_just_below_it():
+    """Released sizes: under replace-one, by dp-accounting's PLD (`replace_one_epsilon`)."""
+    for target in (1.0, 4.0):
+        s = local(
+            DP.replace(
+                dp_noise_multiplier=None, dp_target_epsilon=target, release_peer_statistics=True
+            )
+        )[0]
+        assert 0.99 * target <= max(s["epsilon"]) <= target, s["epsilon"]
+        assert min(s["epsilon"]) < max(s["epsilon"])  # smaller shards spend less... of a larger q
+        sigma = s["noise_multiplier"]
+        worst = max(replace_one_epsilon(sigma, q, s["steps"], s["delta"]) for q in s["sample_rate"])
+        assert worst == pytest.approx(max(s["epsilon"]), rel=1e-9)
+
+
+def test_with_private_sizes_every_peer_meets_the_target_with_one_public_sigma():
+    summaries = local(DP.replace(dp_noise_multiplier=None, dp_target_epsilon=2.0))
+    assert "epsilon" not in summaries[0]
+    sigmas = {s["peer"]["noise_multiplier"] for s in summaries}
+    assert sigmas == {summaries[0]["noise_multiplier"]}  # one sigma, public
+    public_rate = 32 / (1600 // PEERS)  # 2000 samples, 80 % of them for training
+    for s in summaries:
+        peer = s["peer"]
+        assert peer["sample_rate"] == min(32 / peer["shard_size"], public_rate)
+        assert peer["epsilon"] <= 2.0
+        if peer["sample_rate"] == public_rate:  # a peer sampled at the public rate: at the target
+            assert peer["epsilon"] >= 0.99 * 2.0
+
+
+def test_noise_free_dp_spends_an_infinite_epsilon():
+    s = local(
+        DP.replace(
+            dp_noise_multiplier=0.0, dp_max_grad_norm=1.0, epochs=1, release_peer_statistics=True
+        )
+    )[0]
+    assert s["epsilon"] == ["inf"] * PEERS and s["history"][-1]["epsilon_max"] == "inf"
+    assert s["epsilon_pld"] == ["inf"] * PEERS
+
+
+# ---- where the noise goes ----------------------------------------------------------------------
+
+
+class _GradientProbe(GossipAlgorithm):
+    """A gradient averager that records the norm of the gradient it is given."""
+
+    name = "gradprobe"
+    norms = []
+
+    def __init__(self, params, comm):
+        super().__init__(params, comm)
+        self.acts_on = "gradients"
+
+    def _step(self):
+        norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in self.params))
+        _GradientProbe.norms.append(float(norm))
+
+    def bytes_per_step(self):
+        return 0
+
+
+def test_gradient_averagers_see_the_clipped_noisy_gradient_not_the_raw_one():
+    register("gradprobe", _GradientProbe, {}, "test probe")
+    try:
+        _GradientProbe.norms = []
+        local(
+            DP.replace(
+                algorithm="gradprobe",
+                dp_noise_multiplier=0.0,
+                dp_max_grad_norm=1e-3,
+                epochs=1,
+                lr=5.0,
+            )
+        )
+        clipped = list(_GradientProbe.norms)
+        _GradientProbe.norms = []
+        local(
+            DP.replace(
+                algorithm="gradprobe",
+                dp_noise_multiplier=None,
+                dp_max_grad_norm=None,
+                epochs=1,
+                lr=5.0,
+            )
+        )
+        raw = list(_GradientProbe.norms)
+    finally:
+        REGISTRY.pop("gradprobe")
+    # Each example is clipped to 1e-3 and the sum divided by the expected batch size, so the
+    # gradient PowerSGD would all-reduce is tiny; the raw one is not.
+    assert clipped and max(clipped) < 1e-3 * 3
+    assert min(raw) > 0.05
+
+
+def test_empty_poisson_batches_take_a_pure_noise_step_without_a_forward():
+    # batch_size 1: a peer's batch is empty with probability (1 - 1/n)^n, about 37 %
+    s = local(DP.replace(batch_size=1, epochs=1, lr=0.05))[0]
+    assert s["steps"] == s["steps_per_epoch"] and math.isfinite(s["peer"]["final_train_loss_local"])
+    expected = independent_epsilon(1.0, s["peer"]["sample_rate"], s["steps"], s["delta"])
+    assert s["peer"]["epsilon"] == pytest.approx(expected, rel=1e-12)
+
+
+# ---- resume and MPI ----------------------------------------------------------------------------
+
+
+class Interrupted(RuntimeError):
+    pass
+
+
+def test_resume_is_bit_identical_to_an_uninterrupted_private_run(tmp_path):
+    # Public randomness: the interrupted run and the reference draw the same noise. With secret
+    # keys the same holds for a run and its own resumption (tests/privacy/test_seeds.py).
+    config = DP.replace(epochs=3, checkpoint_every=1, dp_public_randomness=True)
+    reference = local(config.replace(out_dir=str(tmp_path / "reference")))
+    stop = 2 * reference[0]["steps_per_epoch"] + 3
+
+    def on_step(step):
+        if step == stop:
+            raise Interrupted("stop")
+
+    run = config.replace(out_dir=str(tmp_path / "run"))
+    with pytest.raises(Interrupted):
+        local(run, on_step=on_step)
+    resumed = local(run, resume=True)
+    for rank in range(PEERS):
+        assert comparable(resumed[rank]["history"]) == comparable(reference[rank]["history"])
+    assert resumed[0]["model_sha256"] == reference[0]["model_sha256"]
+    assert resumed[0]["peer"]["epsilon"] == reference[0]["peer"]["epsilon"]
+
+
+def mpi_dp_scenario(comm, partition):
+    """One private run on this peer (MPI worker and local alike): its comparable result. Public
+    randomness, so that both transports draw the same noise."""
+    summary = train(
+        comm,
+        DP.replace(
+            partition=partition,
+            dataset=_dataset_for(partition),
+            dp_public_randomness=True,
+            public_train_size=OWN_RANK_TOTAL if partition == "local" else None,
+        ),
+    )
+    return {
+        "history": json.dumps(comparable(summary["history"])),
+        "epsilon": json.dumps(summary["peer"]["epsilon"]),
+        "sha": summary["model_sha256"][comm.rank],
+    }
+
+
+def _dataset_for(partition):
+    return "tests.privacy.test_training:own_rank_only" if partition == "local" else DP.dataset
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("partition", ["dirichlet:0.5", "local"])
+def test_mpi_equals_local_with_dp_on(tmp_path, partition):
+    mpi = run_scenario_mpi(
+        PEERS,
+        "tests.privacy.test_training:mpi_dp_scenario",
+        DP.topology,
+        tmp_path,
+        timeout=240,
+        extra=(partition,),
+    )
+    threads = LocalCluster(topologies.parse(DP.topology), timeout=60).run(
+        mpi_dp_scenario, partition
+    )
+    assert mpi == threads
+
+
+# ---- data that exists only on its peer ---------------------------------------------------------
+
+
+def _caller_rank():
+    """The rank of the peer calling: the MPI rank, or the LocalCluster thread's."""
+    name = threading.current_thread().name
+    if name.startswith("peer-"):
+        return int(name.split("-")[1])
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank()
+
+
+#: The training samples of all peers of `own_rank_only` (100 + 60 k each), declared public.
+OWN_RANK_TOTAL = sum(100 + 60 * k for k in range(PEERS))
+
+
+def own_rank_only(rank, num_peers, seed=0):
+    """Each peer's own data, of a different size per peer; refuses anyone else's."""
+    if rank is not None and rank != _caller_rank():
+        raise PermissionError(f"peer {_caller_rank()} asked for rank {rank}'s data")
+    rng = np.random.default_rng([seed, rank])
+    n = 100 + 60 * rank
+    x = rng.standard_normal((n + 10 + 5 * rank, 20))
+    y = (x[:, 0] > 0).astype(np.int64) + 2 * (x[:, 1] > 0)
+    return x[:n], y[:n], x[n:], y[n:]
+
+
+def shared_test_set(rank, num_peers, seed=0):
+    """Own training data; the test set is shared (rank=None)."""
+    rng = np.random.default_rng([seed, 99 if rank is None else rank])
+    x = rng.standard_normal((80, 20))
+    y = (x[:, 0] > 0).astype(np.int64)
+    if rank is None:
+        return x, y
+    return x, y, None, None
+
+
+def test_local_partition_loads_only_each_peers_data_and_pools_the_evaluation():
+    config = DP.replace(
+        partition="local",
+        dataset="tests.privacy.test_training:own_rank_only",
+        dp_noise_multiplier=None,
+        dp_max_grad_norm=None,
+        epochs=2,
+        release_peer_statistics=True,
+    )
+    summaries = local(config)
+    s = summaries[0]
+    sizes = [100 + 60 * k for k in range(PEERS)]
+    assert [sum(row) for row in s["label_histogram"]] == sizes
+    assert s["steps_per_epoch"] == -(-sum(sizes) // (PEERS * 32))
+    tests = [10 + 5 * k for k in range(PEERS)]
+    final = [summaries[k]["history"][-1] for k in range(PEERS)]
+    pooled = sum(f["test_acc_local"] * n for f, n in zip(final, tests)) / sum(tests)
+    assert final[0]["test_acc_mean"] == pytest.approx(pooled, abs=1e-12)
+    # the averaged model is the same on every peer; its accuracy is pooled the same way
+    assert s["final_test_acc_avg_model"] * sum(tests) == pytest.approx(
+        round(s["final_test_acc_avg_model"] * sum(tests)), abs=1e-9
+    )
+
+
+def test_local_partition_with_dp_and_a_shared_test_set():
+    config = DP.replace(
+        partition="local",
+        dataset="tests.privacy.test_training:shared_test_set",
+        epochs=1,
+        public_train_size=320,
+    )
+    summaries = local(config)
+    assert [s["peer"]["sample_rate"] for s in summaries] == [32 / 80] * PEERS
+    # The default delta comes from the public total (320 samples: 1e-4), not from a shard size.
+    assert summaries[0]["delta"] == 1e-4 and "sample_rate" not in summaries[0]
+    assert summaries[0]["steps_per_epoch"] == -(-320 // (PEERS * 32))
+
+
+# ---- models ------------------------------------------------------------------------------------
+
+
+def batchnorm_net(input_shape, num_classes):
+    return nn.Sequential(
+        nn.Linear(int(np.prod(input_shape)), 8),
+        nn.BatchNorm1d(8),
+        nn.ReLU(),
+        nn.Linear(8, num_classes),
+    )
+
+
+def frozen_net(input_shape, num_classes):
+    return nn.Linear(int(np.prod(input_shape)), num_classes).requires_grad_(False)
+
+
+def test_batchnorm_is_a_one_line_error_naming_the_layer_and_the_fix(tmp_path):
+    config = DP.replace(
+        model="tests.privacy.test_training:batchnorm_net", out_dir=str(tmp_path / "r")
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"layer '1' \(BatchNorm1d\).*GroupNorm.*dp_fix_model: "
+        r"true",
+    ) as info:
+        local(config)
+    assert "\n" not in str(info.value) and not (tmp_path / "r").exists()
+    s = local(config.replace(dp_fix_model=True, out_dir=None, epochs=1))[0]
+    assert s["peer"]["epsilon"] > 0 and s["final_test_acc_avg_model"] is not None
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(dp_noise_multiplier=-1.0), "dp_noise_multiplier must be a finite number >= 0"),
+        (dict(dp_max_grad_norm=0.0), "dp_max_grad_norm must be > 0"),
+        (dict(dp_max_grad_norm=None), "differential privacy needs dp_max_grad_norm"),
+        (dict(dp_delta=1.0), "dp_delta must lie strictly between 0 and 1"),
+        (dict(dp_delta=0.0), "dp_delta must lie strictly between 0 and 1"),
+        (
+            dict(dp_noise_multiplier=None, dp_target_epsilon=0.0),
+            "dp_target_epsilon must be a finite number > 0",
+        ),
+        (dict(dp_target_epsilon=3.0), "set either dp_noise_multiplier or dp_target_epsilon"),
+        (dict(dp_accountant="moments"), "dp_accountant must be one of rdp, prv"),
+        (
+            dict(dp_noise_multiplier=None, dp_target_epsilon=1e-4, dp_delta=1e-12),
+            "dp_target_epsilon=0.0001 is unreachable",
+        ),
+        (dict(model="tests.privacy.test_training:frozen_net"), "no trainable parameter"),
+        (dict(dp_secret="seed"), "dp_secret must be one of os, run_dir"),
+        (dict(dp_secure_noise=False), "dp_secure_noise: false .* is gone"),
+        (dict(dp_secret="run_dir", dp_public_randomness=True), "set only one of them"),
+        (
+            dict(partition="local", dataset="tests.privacy.test_training:own_rank_only"),
+            "partition: local needs the total number of training samples declared public",
+        ),
+        (dict(public_train_size=100), "public_train_size.*is for partition: local"),
+    ],
+)
+def test_bad_dp_inputs_are_one_line_errors_and_write_nothing(tmp_path, changes, message):
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=message) as info:
+        local(DP.replace(out_dir=str(out), **changes))
+    assert "\n" not in str(info.value)
+    assert not out.exists()
+
+
+def test_dp_keys_are_documented_and_validated_with_the_config():
+    text = describe_keys()
+    for key in (
+        "dp_noise_multiplier",
+        "dp_max_grad_norm",
+        "dp_delta",
+        "dp_target_epsilon",
+        "dp_accountant",
+        "dp_fix_model",
+        "dp_secure_noise",
+        "dp_secret",
+        "dp_public_randomness",
+        "release_peer_statistics",
+        "public_train_size",
+    ):
+        assert f"\n{key} (" in text
+    with pytest.raises(ValueError, match="dp_noise_multiplier must be a finite number >= 0"):
+        validate_config(DP.replace(dp_noise_multiplier=-0.5))
+    with pytest.raises(ValueError, match="partition: local needs a bring-your-own dataset"):
+        local(DP.replace(partition="local", public_train_size=100))

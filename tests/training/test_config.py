@@ -1,0 +1,281 @@
+"""TrainConfig, load_config, --set overrides, the learning-rate schedule, and config errors."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gossip_powersgd.training.config import (
+    VALID_KEYS,
+    TrainConfig,
+    agreement_text,
+    config_hash,
+    dump_config,
+    load_config,
+    parse_override,
+    validate_config,
+)
+from gossip_powersgd.training.trainer import learning_rate
+from tests.conftest import (
+    TINY,
+    cli,
+    tiny_config,
+)
+from tests.conftest import tiny_config as tiny
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "experiments" / "configs"
+
+
+def write(tmp_path, text: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_every_shipped_config_validates():
+    names = sorted(p.name for p in CONFIGS.glob("*.yaml"))
+    for required in (
+        "demo.yaml",
+        "tiny.yaml",
+        "ring8_mnist1d_powergossip.yaml",
+        "ring8_mnist1d_exact.yaml",
+        "ring8_mnist1d_allreduce.yaml",
+        "torus16_mnist1d_powergossip.yaml",
+    ):
+        assert required in names
+    for name in names:
+        config = load_config(CONFIGS / name, deep=False)  # deep checks below for tiny only (speed)
+        assert isinstance(config, TrainConfig)
+    assert (
+        load_config(CONFIGS / "torus16_mnist1d_powergossip.yaml", deep=False).topology
+        == "torus:4x4"
+    )
+    assert load_config(CONFIGS / "demo.yaml", deep=False).backend == "mpi"
+
+
+def test_tiny_loads_with_deep_validation_and_round_trips(tmp_path):
+    config = load_config(TINY)
+    assert config.model == "logreg" and config.dataset.startswith("synthetic_logreg")
+    again = load_config(write(tmp_path, dump_config(config)))
+    assert again == config
+    assert config_hash(again) == config_hash(config)
+
+
+def test_overrides_are_parsed_as_yaml():
+    config = load_config(
+        TINY,
+        [
+            "lr=0.05",
+            "milestones=[1, 2]",
+            "schedule=step",
+            "peers=null",
+            "quiet=true",
+            "algorithm=powergossip:rank=2,iters=2",
+            "out_dir=2024",
+            "epochs=4",
+        ],
+        deep=False,
+    )
+    assert config.lr == 0.05 and isinstance(config.lr, float)
+    assert config.milestones == [1.0, 2.0] and config.schedule == "step"
+    assert config.peers is None and config.quiet is True
+    assert config.algorithm == "powergossip:rank=2,iters=2"
+    assert config.out_dir == "2024" and config.epochs == 4
+    assert (
+        load_config(TINY, ["lr=1e-3", "weight_decay=5e-4"], deep=False).lr == 1e-3
+    )  # YAML 1.1 strings
+    assert parse_override("topology=torus:4x4") == ("topology", "torus:4x4")
+
+
+def test_hash_and_agreement_ignore_backend_keys():
+    a = TrainConfig()
+    b = a.replace(
+        backend="mpi",
+        peers=8,
+        quiet=True,
+        comm_timeout=5.0,
+        out_dir="x",
+        checkpoint_every=3,
+        threads=2,
+    )
+    assert config_hash(a) == config_hash(b)
+    assert agreement_text(a) != agreement_text(b)  # out_dir and checkpoint_every must agree
+    assert agreement_text(a) == agreement_text(a.replace(backend="mpi", peers=8, quiet=True))
+    assert config_hash(a) != config_hash(a.replace(lr=0.2))
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("lr: 0.1\nbogus: 3\n", "unknown config key 'bogus'"),
+        ("lr: fast\n", "bad value for 'lr'"),
+        ("- a\n- b\n", "must be a mapping"),
+        ("lr: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_files(tmp_path, text, expected):
+    with pytest.raises(ValueError, match=expected) as info:
+        load_config(write(tmp_path, text), deep=False)
+    assert "\n" not in str(info.value)
+    if "unknown" in expected:
+        assert "valid keys: topology, algorithm" in str(info.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("bogus=1", "unknown config key 'bogus' in --set; valid keys:"),
+        ("lr", "--set expects key=value"),
+        ("lr=-1", "'lr'.*must be > 0"),
+        ("lr=.nan", "'lr'"),
+        ("optimizer=rmsprop", "'optimizer'.*valid: sgd, adam, adamw"),
+        ("schedule=linear", "'schedule'.*valid: constant, step, cosine"),
+        ("backend=tcp", "'backend'.*valid: mpi, local"),
+        ("batch_size=0", "'batch_size'.*>= 1"),
+        ("batch_size=abc", "'batch_size'.*not a integer"),
+        ("batch_size=2.5", "'batch_size'"),
+        ("epochs=true", "'epochs'"),
+        ("momentum=1.5", "'momentum'"),
+        ("milestones=[2]", "'milestones'.*schedule: step"),
+        ("warmup_epochs=99", "'warmup_epochs'"),
+        ("quiet=maybe", "'quiet'"),
+        ("device=tpu", "'device'"),
+        ("comm_timeout=0", "'comm_timeout'"),
+        # below the second a process group's set-up needs (torch's socket error named neither rank nor key)
+        ("comm_timeout=1e-6", r"'comm_timeout': 1e-06 \(must be in \[1, 604800\] seconds"),
+        ("comm_timeout=1e12", r"'comm_timeout'.*\(1 s to a week\)"),
+        ("algorithm=nosuch", "'algorithm'.*unknown name 'nosuch'; valid: .*powergossip"),
+        ("algorithm=powergossip:rnk=1", "'algorithm'.*unknown option 'rnk'; valid: .*rank"),
+        ("algorithm=powergossip:rank=x", "'algorithm'.*bad value 'x' for rank"),
+        ("topology=moebius:8", "'topology'.*topology spec 'moebius:8': unknown name 'moebius'"),
+        ("topology=ring:0", "'topology'"),
+        ("peers=5", "'peers'"),
+        ("dataset=mnist2d", "'dataset'.*dataset spec 'mnist2d': unknown name 'mnist2d'"),
+        ("dataset=synthetic_logreg:dim=3", "'dataset'.*unknown option 'dim'"),
+        ("partition=dirichlet:-1", "'partition'.*alpha must be > 0"),
+        ("partition=halves", "'partition'.*partition spec 'halves': unknown name 'halves'"),
+        ("model=resnet", "'model'.*model spec 'resnet': unknown name 'resnet'"),
+        ("model=mlp:0", "'model'"),
+    ],
+)
+def test_bad_values_one_line(override, expected):
+    with pytest.raises(ValueError, match=expected) as info:
+        load_config(TINY, [override])
+    assert "\n" not in str(info.value)
+
+
+def test_optimizer_specific_checks():
+    with pytest.raises(ValueError, match="momentum is for sgd only"):
+        validate_config(TrainConfig(optimizer="adam", momentum=0.9), deep=False)
+    with pytest.raises(ValueError, match="'nesterov'"):
+        validate_config(TrainConfig(nesterov=True), deep=False)
+    validate_config(TrainConfig(optimizer="adamw", weight_decay=0.01, lr=1e-3), deep=False)
+
+
+def test_mpi_topology_without_size_is_sized_at_launch():
+    validate_config(TrainConfig(topology="ring", backend="mpi"), deep=False)
+    with pytest.raises(ValueError, match="'topology'"):
+        validate_config(TrainConfig(topology="ring", backend="local"), deep=False)
+    validate_config(TrainConfig(topology="ring", backend="local", peers=6), deep=False)
+
+
+def test_learning_rate_schedule():
+    spe = 10
+    constant = TrainConfig(lr=0.4, epochs=4)
+    assert all(learning_rate(constant, s, spe) == 0.4 for s in range(40))
+    warm = TrainConfig(lr=0.4, epochs=4, warmup_epochs=1)
+    assert [learning_rate(warm, s, spe) for s in (0, 4, 9, 10, 39)] == pytest.approx(
+        [0.04, 0.2, 0.4, 0.4, 0.4]
+    )
+    step = TrainConfig(lr=1.0, epochs=4, schedule="step", milestones=[2, 3.5], decay=0.5)
+    assert [learning_rate(step, s, spe) for s in (0, 19, 20, 34, 35, 39)] == pytest.approx(
+        [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
+    )
+    cosine = TrainConfig(lr=1.0, epochs=4, warmup_epochs=2, schedule="cosine")
+    assert learning_rate(cosine, 19, spe) == pytest.approx(1.0)
+    assert learning_rate(cosine, 20, spe) == pytest.approx(1.0)
+    assert learning_rate(cosine, 30, spe) == pytest.approx(0.5)
+    assert learning_rate(cosine, 39, spe) == pytest.approx(0.5 * (1 + math.cos(math.pi * 19 / 20)))
+
+
+def test_valid_keys_cover_the_brief():
+    for key in (
+        "topology",
+        "algorithm",
+        "dataset",
+        "partition",
+        "model",
+        "optimizer",
+        "lr",
+        "momentum",
+        "weight_decay",
+        "nesterov",
+        "warmup_epochs",
+        "schedule",
+        "milestones",
+        "decay",
+        "batch_size",
+        "epochs",
+        "eval_every",
+        "log_every",
+        "seed",
+        "out_dir",
+        "checkpoint_every",
+        "backend",
+        "peers",
+        "comm_timeout",
+        "quiet",
+    ):
+        assert key in VALID_KEYS
+
+
+def _cli(*args, cwd=ROOT):
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.train", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
+
+
+def test_cli_config_error_is_one_line_and_nonzero():
+    result = _cli("--config", TINY, "--set", "optimiser=sgd")
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: unknown config key 'optimiser' in --set; valid keys:")
+
+
+def test_a_huge_seed_is_blamed_on_the_seed(tmp_path, capsys):
+    code, lines = cli(
+        ["--config", TINY, "--set", f"seed={2**64}", "--set", f"out_dir={tmp_path / 'run'}"], capsys
+    )
+    assert code != 0 and lines == [f"error: bad value for 'seed': {2**64} (must be in [0, 2**64))"]
+    assert tiny_config(f"seed={2**64 - 1}", deep=True).seed == 2**64 - 1
+
+
+def test_a_string_key_takes_the_set_text_as_typed(tmp_path):
+    # YAML would read these as a date, a timestamp, a boolean and a number
+    for text in ("2024-01-01", "2024-01-01T10:00:00", "yes", "1e3"):
+        assert tiny(f"out_dir={tmp_path / 'x' / '..' / text}").out_dir.endswith(f"/{text}")
+        assert tiny(f"out_dir={text}").out_dir == text
+    assert tiny("out_dir=null").out_dir is None
+    path = tmp_path / "dated.yaml"
+    path.write_text(TINY.read_text() + "out_dir: 2024-01-01\n")  # in a file YAML types still hold
+    with pytest.raises(ValueError) as info:
+        load_config(path)
+    assert str(info.value) == (
+        "bad value for 'out_dir': datetime.date(2024, 1, 1) is not a string or "
+        "null; quote it in the YAML file: out_dir: '2024-01-01'"
+    )

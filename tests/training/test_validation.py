@@ -1,0 +1,72 @@
+"""Config validation (training/validation.py), numeric limits: values far beyond what a run can use
+are clamped with one warning line naming the value the run uses, or refused in one line; never a
+silent no-op, never a hang. (tiny.yaml: 1600 training samples on 4 peers, 13 steps per epoch, 3
+epochs; logreg 20 x 4.)"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gossip_powersgd.utils import RunWarning
+
+from tests.conftest import TINY, errors_on_every_rank
+from tests.conftest import tiny_config as tiny
+
+HUGE = 10**12
+
+
+def train_cli(tmp_path, *sets):
+    """gossip-train --config tiny in this process: its summary."""
+    from gossip_powersgd.cli.train import run
+
+    argv = ["--config", str(TINY), "--quiet", "--set", f"out_dir={tmp_path / 'run'}"]
+    for item in sets:
+        argv += ["--set", item]
+    return run(argv)
+
+
+def test_local_steps_beyond_the_runs_steps_is_refused_on_every_rank():
+    """local_steps 100 with 3 x 13 = 39 steps: no communication round would ever happen."""
+    errors = errors_on_every_rank(tiny("local_steps=100"))
+    assert len(set(errors)) == 1, errors
+    assert errors[0] == (
+        "ValueError: local_steps 100 exceeds the run's 39 optimizer steps (3 epochs of 13): the "
+        "peers would never communicate; set local_steps to at most 39"
+    )
+
+
+@pytest.mark.parametrize(
+    "key, words",
+    [
+        (
+            "eval_every",
+            "eval_every 1000000000000 exceeds epochs (3): the run evaluates at its end "
+            "only (as with eval_every: 3)",
+        ),
+        (
+            "checkpoint_every",
+            "checkpoint_every 1000000000000 exceeds epochs (3): the run writes "
+            "its checkpoint at its end only (as with checkpoint_every: 3)",
+        ),
+        (
+            "batch_size",
+            "batch_size 1000000000000 exceeds the peers' shards (400 training samples "
+            "each on average): each step takes a peer's whole shard, an effective batch size of "
+            "about 400",
+        ),
+    ],
+)
+def test_an_every_or_a_batch_far_beyond_the_run_is_clamped_with_one_warning(tmp_path, key, words):
+    with pytest.warns(RunWarning) as caught:
+        summary = train_cli(tmp_path, f"{key}={HUGE}")
+    assert [str(w.message) for w in caught if w.category is RunWarning] == [words]
+    assert summary["epochs"] == 3 and summary["final_test_acc_avg_model"] > 0.25
+
+
+def test_epochs_beyond_any_run_are_refused_at_once():
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"bad value for 'epochs': 10{21}.*at most 2\*\*53"):
+        tiny("epochs=1000000000000000000000")
+    assert time.perf_counter() - start < 30  # the check needs no data (not: a minutes-long hang)
