@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any, List, Mapping, Optional
 
 from . import compose
-from .compose import _table, rate_text, seconds_text
+from experiments.pages._markdown import table
+
+from .compose import rate_text, seconds_text
 from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, rates_on
 from .recipe import grid as _grid
 
@@ -140,7 +142,7 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
             "about 10 minutes; --quick makes one and checks its models against the in-process "
             "run's, bit for bit)"
         )
-    sizes = sorted({len(v) for v in (grid_of(s, a) for a in s.algorithms)})
+    sizes = sorted({len(_grid(s, BY_KEY[a])) for a in s.algorithms})
     parts.append(
         f"tuning grids of {' to '.join(map(str, (sizes[0], sizes[-1])))} points, on the tuning "
         "topology and seed 0"
@@ -160,10 +162,6 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
         "- Cut so that the whole plan finishes in about 80 minutes on this machine's 2 shared "
         "cores" + (f" ({'; '.join(why)})" if why else "") + ": " + "; ".join(parts) + "."
     ]
-
-
-def grid_of(s: Setting, key: str):
-    return _grid(s, BY_KEY[key])
 
 
 def answer_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
@@ -192,13 +190,9 @@ def answer_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
             f"{topology}, time to {_pct(f['target'])}, hosts with a core each, training time:",
             "",
         ]
-        lines += _table(
-            ["rate"]
-            + [_label(k) for k in shown]
-            + [f"{_label(k)} ÷ PowerGossip r1" for k in shown[1:]]
-            + ["fastest of all rows"],
-            rows,
-        )
+        ratios = [f"{_label(k)} ÷ PowerGossip r1" for k in shown[1:]]
+        head = ["rate", *map(_label, shown), *ratios, "fastest of all rows"]
+        lines += table(head, rows)
     return lines
 
 
@@ -217,7 +211,7 @@ def accuracy_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
                 " (the grid's " + ("largest" if t["chosen"] == max(grid) else "smallest") + ")"
             )
         rows.append([t["label"], t["tuned"], "; ".join(cells), chosen])
-    lines += _table(["algorithm", "tuned", "final averaged-model accuracy", "chosen"], rows)
+    lines += table(["algorithm", "tuned", "final averaged-model accuracy", "chosen"], rows)
     lines.append(
         "The learning rate of the γ-tuned rows is the all-reduce's chosen one; the chosen value is "
         "the grid's best final accuracy. The other topologies use the chosen γ (γ ÷ topology γ "
@@ -245,28 +239,14 @@ def accuracy_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
             mbs = ", ".join("—" if x is None else f"{x:.4g}" for x in e["mb_to_target"])
             gamma = "—" if e.get("gamma") is None else f"{e['gamma']:.3g}"
             rows.append(
-                [
-                    e["label"],
-                    f"{e['lr']:g} / {gamma}",
-                    _final(e["finals"]),
-                    steps,
-                    mbs,
-                    f"{e['mb_total']:.4g}",
-                    f"{e['metric_mb_total']:.4g}",
-                ]
+                [e["label"], f"{e['lr']:g} / {gamma}", _final(e["finals"]), steps, mbs]
+                + [f"{e['mb_total']:.4g}", f"{e['metric_mb_total']:.4g}"]
             )
-        lines += _table(
-            [
-                "algorithm",
-                "lr / γ",
-                "final acc (mean [min, max] over seeds)",
-                f"steps to {_pct(f['target'])} (per seed)",
-                "training MB / peer then",
-                "training MB / peer, run",
-                f"evaluation MB / peer, run ({e.get('evaluations', '?')} evaluations)",
-            ],
-            rows,
-        )
+        head = ["algorithm", "lr / γ", "final acc (mean [min, max] over seeds)"]
+        head += [f"steps to {_pct(f['target'])} (per seed)", "training MB / peer then"]
+        head += ["training MB / peer, run"]
+        head += [f"evaluation MB / peer, run ({e.get('evaluations', '?')} evaluations)"]
+        lines += table(head, rows)
     return lines
 
 
@@ -294,7 +274,7 @@ def time_sections(s: Setting, f: Mapping[str, Any]) -> List[str]:
             for algorithm in algorithms_on(s, topology):
                 cells = [_seconds_cell(by_rate[r].get(algorithm, {}).get(key)) for r in rates]
                 rows.append([_label(algorithm)] + cells)
-            lines += _table(["algorithm"] + [rate_text(r) for r in rates], rows)
+            lines += table(["algorithm"] + [rate_text(r) for r in rates], rows)
         lines.append(
             "Mean over seeds [fastest, slowest seed]; 'not reached': some seed never reaches "
             "the target."

@@ -1,0 +1,28 @@
+"""Markdown for renderers, written once: a table from its header and rows, or from a list of
+(column, cell) pairs, so that a page states its columns instead of building lines by hand."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, List, Sequence, Tuple
+
+#: How a cell is made from one item of the rows; a column is its title and its cell.
+Cell = Callable[[Any], str]
+Column = Tuple[str, Cell]
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]], end: str = "") -> List[str]:
+    """The lines of a markdown table (header, rule, a line a row), then `end` (a blank line;
+    None: nothing)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines if end is None else lines + [end]
+
+
+def columns(spec: Sequence[Column], items: Iterable[Any], end: str = "") -> List[str]:
+    """`table` from (title, cell) pairs: a row an item, a cell `cell(item)` a column."""
+    return table([title for title, _ in spec], ([f(x) for _, f in spec] for x in items), end)
+
+
+def g3(field: str) -> Cell:
+    """A cell: the item's `field` to three significant digits."""
+    return lambda x: f"{x[field]:.3g}"
