@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional
 
 from experiments.pages._bench import MODELS, count_params, model_shapes
 from experiments.pages._bench import median as _median
+from experiments.pages._markdown import table
 
 from .verdicts import _mb, _ms, _pct, _span, _yes, findings, kernel_prediction, targets
 
@@ -33,67 +34,51 @@ def render_setting(s: Dict[str, Any]) -> List[str]:
             + f"; {s['seconds']:.0f} s."
         )
     )
-    L.append("")
-    L.append("| " + " | ".join(head) + " |")
-    L.append("|" + "---|" * len(head))
     ex, vs = s["exact"], [s["variants"][n] for n in names]
-    L.append(
-        "| bytes / peer / step (transport counters) | "
-        + _mb(ex["bytes"])
-        + " | "
-        + " | ".join(_mb(v["bytes"]) for v in vs)
-        + " |"
-    )
-    L.append(
-        "| … right / left half-step | – | "
-        + " | ".join(f"{_mb(v['bytes_right'])} / {_mb(v['bytes_left'])}" for v in vs)
-        + " |"
-    )
-    L.append(
-        "| counters = `bytes_per_step()` every step | "
-        + _yes(ex["bytes_match"])
-        + " | "
-        + " | ".join(_yes(v["bytes_match"]) for v in vs)
-        + " |"
-    )
-    L.append(
-        "| bytes ratio exact / PowerGossip | 1 | "
-        + " | ".join(f"**{v['bytes_ratio']:.0f}×**" for v in vs)
-        + " |"
-    )
+    rows = [
+        [
+            "bytes / peer / step (transport counters)",
+            _mb(ex["bytes"]),
+            *(_mb(v["bytes"]) for v in vs),
+        ],
+        ["… right / left half-step", "–"]
+        + [f"{_mb(v['bytes_right'])} / {_mb(v['bytes_left'])}" for v in vs],
+        ["counters = `bytes_per_step()` every step", _yes(ex["bytes_match"])]
+        + [_yes(v["bytes_match"]) for v in vs],
+        ["bytes ratio exact / PowerGossip", "1", *(f"**{v['bytes_ratio']:.0f}×**" for v in vs)],
+    ]
     if not s["bytes_only"]:
-        for key, label in (
-            ("total", "time / step (ms)"),
-            ("compute", "… compute (ms)"),
-            ("comm", "… communication (ms)"),
-        ):
-            L.append(
-                f"| {label} | {_ms(ex.get(key))} | " + " | ".join(_ms(v[key]) for v in vs) + " |"
-            )
+        for key, label in TIMES:
+            rows.append([label, _ms(ex.get(key)), *(_ms(v[key]) for v in vs)])
         bw = s["bandwidth_concurrent"]
-        L.append(
-            f"| compute efficiency in situ (vs {bw:.2f} GB/s per peer, all copying) | – | "
-            + " | ".join(_pct(v.get("efficiency_in_situ")) for v in vs)
-            + " |"
+        rows.append(
+            [f"compute efficiency in situ (vs {bw:.2f} GB/s per peer, all copying)", "–"]
+            + [_pct(v.get("efficiency_in_situ")) for v in vs]
         )
-        for key, label, cell in (
-            (
-                "speedup",
-                "naive / batched: compute, step time",
-                lambda r: f"**{r['compute']:.2f}×**, {r['total']:.2f}×",
-            ),
-            (
-                "before",
-                "this tree / `{}`: compute, step time",
-                lambda r: f"**{r['ratio']['compute']:.2f}×**, {r['ratio']['total']:.2f}×",
-            ),
-        ):
+        for key, label, cell in RATIOS:
             if key in s:
                 cells = [cell(s[key]) if n == "batched" else "" for n in names]
-                commit = s.get("before", {}).get("commit")
-                L.append(f"| {label.format(commit)} | – | " + " | ".join(cells) + " |")
-    L.append("")
-    return L
+                rows.append([label.format(s.get("before", {}).get("commit")), "–", *cells])
+    return L + [""] + table(head, rows)
+
+
+TIMES = (
+    ("total", "time / step (ms)"),
+    ("compute", "… compute (ms)"),
+    ("comm", "… communication (ms)"),
+)
+RATIOS = (
+    (
+        "speedup",
+        "naive / batched: compute, step time",
+        lambda r: f"**{r['compute']:.2f}×**, {r['total']:.2f}×",
+    ),
+    (
+        "before",
+        "this tree / `{}`: compute, step time",
+        lambda r: f"**{r['ratio']['compute']:.2f}×**, {r['ratio']['total']:.2f}×",
+    ),
+)
 
 
 def render_isolated_table(summaries: List[Dict[str, Any]]) -> List[str]:
