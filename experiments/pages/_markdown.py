@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Iterable, List, Sequence, Tuple
 
 #: How a cell is made from one item of the rows; a column is its title and its cell.
@@ -26,3 +27,21 @@ def columns(spec: Sequence[Column], items: Iterable[Any], end: str = "") -> List
 def g3(field: str) -> Cell:
     """A cell: the item's `field` to three significant digits."""
     return lambda x: f"{x[field]:.3g}"
+
+
+def template(page_file: str, name: str = "page.md") -> str:
+    """The markdown template `name` beside a page's module (`page_file`: its `__file__`)."""
+    return (Path(page_file).parent / name).read_text(encoding="utf-8")
+
+
+def fill(text: str, **fields: Any) -> str:
+    """A template filled in: a line that is only `{name}` of a list field stands for that list's
+    lines (none for an empty list); every other line is `str.format`ted with the fields."""
+    out: List[str] = []
+    for line in text.split("\n"):
+        value = fields.get(line[1:-1]) if line[:1] + line[-1:] == "{}" else None
+        if isinstance(value, list):
+            out += value
+        else:
+            out.append(line.format(**fields))
+    return "\n".join(out)
