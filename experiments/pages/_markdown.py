@@ -4,22 +4,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterable, List, Sequence, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
 #: How a cell is made from one item of the rows; a column is its title and its cell.
 Cell = Callable[[Any], str]
 Column = Tuple[str, Cell]
 
 
-def table(header: Sequence[str], rows: Iterable[Sequence[str]], end: str = "") -> List[str]:
+def table(header, rows: Iterable[Sequence[str]], end: Optional[str] = "") -> List[str]:
     """The lines of a markdown table (header, rule, a line a row), then `end` (a blank line;
-    None: nothing)."""
+    None: nothing). `header`: the titles, or one string of them joined by " | "."""
+    header = header.split(" | ") if isinstance(header, str) else header
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return lines if end is None else lines + [end]
 
 
-def columns(spec: Sequence[Column], items: Iterable[Any], end: str = "") -> List[str]:
+def columns(spec: Sequence[Column], items: Iterable[Any], end: Optional[str] = "") -> List[str]:
     """`table` from (title, cell) pairs: a row an item, a cell `cell(item)` a column."""
     return table([title for title, _ in spec], ([f(x) for _, f in spec] for x in items), end)
 
