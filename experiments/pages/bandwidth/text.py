@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, List, Mapping, Optional
 
 from . import compose
-from experiments.pages._markdown import table
+from experiments.pages._markdown import fill, table, template
 
 from .compose import rate_text, seconds_text
 from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, rates_on
@@ -25,66 +25,30 @@ def _mb(value: float) -> str:
 
 
 def method(s: Setting, f: Mapping[str, Any], facts: Mapping[str, Any]) -> List[str]:
-    b = s.base
+    """ "What was run, and how": its fixed text is page.md beside this file."""
     first = next((e for per in f["accuracy"].values() for e in per.values() if "steps" in e), {})
     target = f["target"]
     quick = (
-        [
-            "- --quick: the same pipeline on 2 hosts with a tiny model, the cluster included where "
-            "this process may make network namespaces (root, as in CI); its numbers say nothing "
-            "about the algorithms."
-        ]
-        if s.quick
-        else []
+        "- --quick: the same pipeline on 2 hosts with a tiny model, the cluster included where "
+        "this process may make network namespaces (root, as in CI); its numbers say nothing "
+        "about the algorithms."
     )
-    return [
-        "## What was run, and how",
-        "",
-        *quick,
-        f"- Training: {b['dataset']} / `{b['model']}` ({first.get('parameters', '?'):,} "
-        f"parameters), SGD lr (tuned) momentum {b['momentum']}, weight decay "
-        f"{b['weight_decay']}, {b['schedule']} schedule with {b['warmup_epochs']} warm-up "
-        f"epoch, batch {b['batch_size']} per peer, {b['epochs']} epochs "
-        f"({first.get('steps', '?')} steps), partition {b['partition']}, an evaluation of the "
-        f"averaged model after every epoch; topologies {', '.join(s.topologies)}; seeds "
-        + ", ".join(f"{t}: {len(v)}" for t, v in s.seeds.items())
-        + ".",
-        "- Accuracy against steps: in-process runs (`gossip_powersgd.run`, every peer a thread). "
-        "The algorithms are synchronous and deterministic and the transports give bit-identical "
-        "models, so a run on the cluster follows the same curve step for step (checked below).",
-        "- A step's time: on the emulated cluster (`python -m gossip_powersgd.cluster`: one "
-        "network namespace per host on one bridge, each link limited both ways by `tc tbf`), "
-        "one process per host (backend torch, gloo) started with the variables torchrun sets, "
-        "running the trainer's own loop: per period of H steps (H = 1, or 4 for local steps) "
-        "the wall time, the algorithm's arithmetic and its time inside the transport, as the "
-        "algorithm counts them, and the process's CPU time; the first period is not used; the "
-        "mean of the rest for the slowest host (a run's time is the sum of its steps; medians "
-        "in the JSON). Then the last period's messages are replayed with no computation "
-        "between them (after a barrier, every host at once): communication with compute out "
-        "of the way. One evaluation is timed and replayed the same way. An all-reduce goes "
-        "round a ring of all hosts whatever the topology: the all-reduce and PowerSGD steps and "
-        f"the evaluation are measured on {s.tune_topology} and hold for every topology.",
-        "- Three figures for a step (and an evaluation): **measured**: the cluster's step, its "
-        "hosts sharing this machine's cores (compute several times slower, and waits for "
-        "neighbours' compute included); **core each**: hosts with a core each, from measured "
-        "parts: the CPU time of one peer's step (compute and the algorithm's arithmetic) measured "
-        "alone on this machine (its neighbours echo its messages; one thread; CPU time, so that "
-        "other work on the shared cores does not count), plus the replayed communication; **projected**: the "
-        "same compute plus the project's own projected communication time (`CommStats`: per "
-        "exchange its largest message at the link rate, 50 µs per round). Claims below name "
-        "their figure; the answer uses core each.",
-        "- Time to the target = the steps until the first evaluation that reaches it × the "
-        "step's time (+ those evaluations, where said); PowerSGD's first 10 steps (its exact "
-        "all-reduce warm-up) cost an all-reduce step. The measurements use a fixed γ and lr "
-        "(a step's cost does not depend on them) and PowerSGD without its warm-up.",
-        f"- **Target: {_pct(target)}** averaged-model accuracy: the highest whole percent that "
-        "every run (every seed, every topology) of exact gossip, PowerGossip r1 and all-reduce "
-        "reaches."
+    return fill(
+        template(__file__),
+        **s.base,
+        quick=[quick] if s.quick else [],
+        parameters=first.get("parameters", "?"),
+        steps=first.get("steps", "?"),
+        topologies=", ".join(s.topologies),
+        seeds=", ".join(f"{t}: {len(v)}" for t, v in s.seeds.items()),
+        tune_topology=s.tune_topology,
+        target=f"- **Target: {_pct(target)}** averaged-model accuracy: the highest whole percent "
+        "that every run (every seed, every topology) of exact gossip, PowerGossip r1 and "
+        "all-reduce reaches."
         if target is not None
         else "- No target: the compared rows are missing.",
-        *cuts(s, f),
-        "",
-    ]
+        cuts=cuts(s, f),
+    ).split("\n")
 
 
 def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
