@@ -46,3 +46,9 @@ def fill(text: str, **fields: Any) -> str:
         else:
             out.append(line.format(**fields))
     return "\n".join(out)
+
+
+def block(text: str) -> List[str]:
+    """Text that ends in a newline (or "") as a template's list of lines: `fill` puts them back
+    exactly as the text was."""
+    return text.split("\n")[:-1]

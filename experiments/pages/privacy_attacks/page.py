@@ -10,7 +10,7 @@ import statistics
 from typing import Any, Dict, List
 
 from experiments.engine import Outputs, Rows, made_by
-from experiments.pages._markdown import fill, template
+from experiments.pages._markdown import block, fill, template
 from experiments.pages._privacy import NONPRIVATE_LR, budget_text
 
 from . import runs
@@ -69,27 +69,22 @@ def render(name: str, rows: Rows) -> Outputs:
         template(__file__),
         **intro_fields(r, rows, data),
         name=name,
-        runs=_block(runs_table(data) + "\n"),
-        budget=_block(budget_section(data, others) if others else ""),
-        leakage=_block(leakage_table(data) + "\n"),
-        all_attacks=_block(all_attacks_table(data) + "\n"),
-        reconstruction=_block(reconstruction_table(data) + "\n"),
-        rounds=_block(rounds_table(data) + "\n"),
-        per_class=_block(per_class_table(data) + "\n"),
+        runs=block(runs_table(data) + "\n"),
+        budget=block(budget_section(data, others) if others else ""),
+        leakage=block(leakage_table(data) + "\n"),
+        all_attacks=block(all_attacks_table(data) + "\n"),
+        reconstruction=block(reconstruction_table(data) + "\n"),
+        rounds=block(rounds_table(data) + "\n"),
+        per_class=block(per_class_table(data) + "\n"),
         answers=answers(data),
-        not_reached=_block(missed if not_reached else ""),
-        network=_block(network_text(network) if network is not None else ""),
+        not_reached=block(missed if not_reached else ""),
+        network=block(network_text(network) if network is not None else ""),
         network_data="; the network-DP matrices" if network is not None else "",
     )
     out: Outputs = {f"{name}.md": text, f"{name}_roc.png": plot_roc(data)}
     if network is not None:
         out[HEATMAP_PNG] = plot_network(network)
     return out
-
-
-def _block(text: str) -> List[str]:
-    """A text ending in a newline as the template's lines ("": none)."""
-    return text.split("\n")[:-1]
 
 
 def intro_fields(r: Dict[str, Any], rows: Rows, data) -> Dict[str, Any]:
