@@ -353,7 +353,7 @@ def _one_peer(c: Dict[str, Any], one_peer, big) -> Dict[str, List[str]]:
     return out
 
 
-PARTS = (
+PARTS_HEAD = (
     "model | forward + backward: non-private | forward + backward: ghost | rest: non-private | "
     "rest: ghost | operations: non-private | operations: clipped sum, ghost | operations: "
     "private step, ghost | extra time per extra operation"
@@ -375,10 +375,10 @@ def _parts(times, operations) -> List[str]:
             + [f"{whole1 - fb1:.3f} ms", str(ops["non-private"]), str(ops["clipped sum, ghost"])]
             + [str(ops["private step, ghost"]), f"{per_op:.1f} µs"]
         )
-    return table(PARTS, rows, None)
+    return table(PARTS_HEAD, rows, None)
 
 
-END_TO_END = (
+END_TO_END_HEAD = (
     "algorithm | non-private | DP, ghost (the default) | DP, Opacus hooks | DP ghost ÷ "
     "non-private | DP hooks ÷ non-private | wall: non-private | wall: DP ghost | wall: DP hooks"
 )
@@ -395,7 +395,7 @@ def _end_to_end(e2e) -> List[str]:
             + [f"{_ratio(hooks['cpu'], plain['cpu']):.2f}×", f"{median(plain['wall']):.1f}"]
             + [f"{median(ghost['wall']):.1f}", f"{median(hooks['wall']):.1f}"]
         )
-    return table(END_TO_END, rows, None)
+    return table(END_TO_END_HEAD, rows, None)
 
 
 PAGE = register(

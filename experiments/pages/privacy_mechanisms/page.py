@@ -9,7 +9,8 @@ import io
 import statistics
 from typing import Any, Dict, List, Tuple
 
-from experiments.pages._markdown import fill, table, template
+from experiments.pages._markdown import fill, template
+from experiments.pages._markdown import table as md_table
 
 NAMES = dict(none="non-private", local="local DP-SGD", muffliato="Muffliato", zipdl="ZIP-DL")
 NAMES["decor"] = "DECOR"
@@ -114,7 +115,7 @@ def calibration_lines(sections) -> List[str]:
                 + [f"{n['neighbour']:.3g}", f"{n['neighbour_pld']:.3g}"]
                 + [f"{n['far']:.3g} (peer {n['far_peer']})", f"{n['local']:.3g}", n["note"]]
             )
-    return table(CALIBRATION, rows, end=None)
+    return md_table(CALIBRATION, rows, end=None)
 
 
 def results_lines(sections, c, tables) -> Tuple[List[str], List[str]]:
