@@ -7,10 +7,11 @@ row saying so."""
 
 from __future__ import annotations
 
-import io
 import math
 import os
 from typing import Any, Dict, List, Mapping, Optional
+
+from experiments.pages import _figures
 
 #: 8 peers x 8000 training samples (mnist1d generates any number; 20 % of them are its test set):
 #: DP-SGD's noise on a batch mean is sigma C / batch, and the sigma that a target epsilon needs
@@ -211,10 +212,7 @@ def pyplot():
 
 
 def png(fig, dpi: int, tight: bool = True) -> bytes:
-    """`fig` as PNG bytes (closed after)."""
-    buffer = io.BytesIO()
+    """`fig` as PNG bytes (closed after), laid out tight first unless `tight` is False."""
     if tight:
         fig.tight_layout()
-    fig.savefig(buffer, format="png", dpi=dpi)
-    pyplot().close(fig)
-    return buffer.getvalue()
+    return _figures.png(fig, dpi)

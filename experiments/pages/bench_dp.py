@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
 from experiments.pages._bench import converted, header, machine
+from experiments.pages._markdown import fill, table, template
 
 MODELS = ("mlp:128,128", "cnn1d")
 ENGINES = ("ghost", "vmap", "ew", "hooks")
@@ -276,55 +277,42 @@ def _ratio(values: List[float], base: List[float]) -> float:
     return median([v / b for v, b in zip(values, base)])
 
 
-def _table(head: List[str], cells: Dict[str, List[str]]) -> List[str]:
-    return [
-        "| " + " | ".join(head) + " |",
-        "|---" * len(head) + "|",
-        *(f"| {name} | " + " | ".join(row) + " |" for name, row in cells.items()),
-    ]
-
-
 def render(rows: Rows) -> Outputs:
+    """The page; its fixed text is bench_dp.md beside this file."""
     (record,) = rows.records
     c, data = record.config, record.row
     e2e = {}
     for key, times in data["end_to_end_ms"].items():
         label, dp = key.split(" | DP ")
         e2e[(label, None if dp == "off" else dp)] = times
-    lines = [
-        "# What DP-SGD costs per step" + (" (--quick)" if rows.quick else ""),
-        "",
-        header(rows)
-        + ("" if converted(rows) else " One torch thread.")
-        + " The machine was loaded by other jobs during the run: the figures are medians of "
-        "interleaved repetitions (range in brackets), a ratio is the median of the repetitions' "
-        "own ratios, and the times are CPU time (of the measuring thread in (a), of the whole "
-        "process with its 8 peer threads in (b)), which leaves out the time a thread waits for a "
-        f"core; wall times are in the rows ({rows.page}.jsonl).",
-        "",
-        "Engines (`DPSGD(engine=...)`): **ghost** (the default, `auto`, for these models): "
-        "each Linear / Conv1d layer's forward uses detached parameters, keeps its input and "
-        "retains its output's gradient, so the backward computes no weight gradient and runs no "
-        "Python; per-example norms from |a_i| |b_i| (Linear) or the im2col per-example "
-        "gradients (Conv1d), then the clipped sum as one product per weight; **vmap**: "
-        "torch.func per layer; **ew**, **hooks**: Opacus' GradSampleModule with expanded "
-        "weights or hooks (hooks was the only engine before). *Clipped sum*: the step with the "
-        "sum of clipped per-example gradients, divided by the expected batch, in place of the "
-        "gradient; *private step*: the whole `privatize` (clip, Gaussian noise from the peer's "
-        "ChaCha20 keystream, scale, accounting).",
-        "",
-        *_one_peer(c, data["one_peer_ms"], data["one_peer_big_batch_ms"]),
-        *_parts(c, data["one_peer_parts_ms"], data["one_peer_operations"]),
-        *_end_to_end(c, e2e, data["end_to_end_first"], data["end_to_end_steps"]),
-        "",
-        "## Targets",
-        "",
-    ]
+    first = data["end_to_end_first"]
+    page = fill(
+        template(__file__, "bench_dp.md"),
+        quick=" (--quick)" if rows.quick else "",
+        header=header(rows) + ("" if converted(rows) else " One torch thread."),
+        page=rows.page,
+        batch=BATCH,
+        reps=c["reps"],
+        steps=c["steps"],
+        e2e_reps=c["e2e_reps"],
+        e2e_epochs=c["e2e_epochs"],
+        first=first,
+        last=first + data["end_to_end_steps"],
+        data="MNIST-1D" if c["dataset"] == "mnist1d" else f"`{c['dataset']}`",
+        **_one_peer(c, data["one_peer_ms"], data["one_peer_big_batch_ms"]),
+        parts=_parts(data["one_peer_parts_ms"], data["one_peer_operations"]),
+        end_to_end=_end_to_end(e2e),
+        targets=_targets(data, e2e),
+    )
+    return {"bench_dp.md": page}
 
+
+def _targets(data, e2e) -> List[str]:
     def target(what: str, ratio: float, bound: float, hooks: float) -> str:
         verdict = "MET" if ratio <= bound else "MISSED"
         return f"- **{what}: {verdict} ({ratio:.2f}×; Opacus' hooks {hooks:.2f}×)."
 
+    lines = []
     for spec, times in data["one_peer_ms"].items():
         plain = times["non-private"]["cpu"]
         ghost, hooks = times["clipped sum, ghost"]["cpu"], times["clipped sum, hooks"]["cpu"]
@@ -334,64 +322,47 @@ def render(rows: Rows) -> Outputs:
         plain, ghost, hooks = (e2e[(label, dp)]["cpu"] for dp in (None, "auto", "hooks"))
         what = f"DP training at ≤ 2× the non-private time per step**, ring:8 cnn1d, {label}"
         lines.append(target(what, _ratio(ghost, plain), 2.0, _ratio(hooks, plain)))
-    return {"bench_dp.md": "\n".join(lines + [""])}
+    return lines
 
 
-def _one_peer(c: Dict[str, Any], one_peer, big) -> List[str]:
+def _one_peer(c: Dict[str, Any], one_peer, big) -> Dict[str, List[str]]:
     """(a): ms per step at batch 32, the ratios to the non-private step, and the big batch."""
     names = list(next(iter(one_peer.values())))
-    lines = [
-        f"## (a) One peer, batch {BATCH}, ms per step",
-        "",
-        f"{c['reps']} interleaved repetitions of {c['steps']} steps each, after 5 warm-up steps; "
-        "each repetition starts one candidate later than the one before.",
-        "",
-        *_table(
-            ["model", *names], {s: [_cell(t[n]["cpu"]) for n in names] for s, t in one_peer.items()}
-        ),
-        "",
-        "Ratios to the non-private step (CPU time; the median over the repetitions of each "
-        "repetition's ratio, which compares steps timed back to back):",
-        "",
-    ]
-    ratios = {
-        s: [f"**{_ratio(t[n]['cpu'], t['non-private']['cpu']):.2f}×**" for n in names[1:]]
+    steps = [[s, *(_cell(t[n]["cpu"]) for n in names)] for s, t in one_peer.items()]
+    ratios = [
+        [s, *(f"**{_ratio(t[n]['cpu'], t['non-private']['cpu']):.2f}×**" for n in names[1:])]
         for s, t in one_peer.items()
-    }
-    lines += _table(["model", *names[1:]], ratios)
+    ]
+    out = dict(
+        one_peer=table(["model", *names], steps, None),
+        ratios=table(["model", *names[1:]], ratios, None),
+        big=[],
+    )
     if big:
         names = list(next(iter(big.values())))
-        cells = {
-            s: [_cell(t["non-private"]["cpu"])]
+        cells = [
+            [s, _cell(t["non-private"]["cpu"])]
             + [
                 f"{_cell(t[n]['cpu'])} ms, **{_ratio(t[n]['cpu'], t['non-private']['cpu']):.2f}×**"
                 for n in names[1:]
             ]
             for s, t in big.items()
-        }
-        lines += ["", f"Batch {c['big_batch']}, the same way (ratios to the non-private step):", ""]
-        lines += _table(["model", "non-private, ms", *names[1:]], cells)
-    return lines
+        ]
+        out["big"] = ["", f"Batch {c['big_batch']}, the same way (ratios to the non-private step):"]
+        out["big"] += ["", *table(["model", "non-private, ms", *names[1:]], cells, None)]
+    return out
 
 
-def _parts(c: Dict[str, Any], times, operations) -> List[str]:
+PARTS_HEAD = (
+    "model | forward + backward: non-private | forward + backward: ghost | rest: non-private | "
+    "rest: ghost | operations: non-private | operations: clipped sum, ghost | operations: "
+    "private step, ghost | extra time per extra operation"
+)
+
+
+def _parts(times, operations) -> List[str]:
     """(c): the step in parts, and the tensor operations per step."""
-    lines = [
-        "",
-        f"## (c) Where the ghost engine's extra time goes, batch {BATCH}",
-        "",
-        f"The same way as (a) ({c['reps']} interleaved repetitions of {c['steps']} steps); "
-        "*forward + backward*: zero_grad, forward, loss, backward (the ghost engine's "
-        "records dropped); the rest of the whole step is, without DP, the SGD step, and, "
-        "with the ghost engine, the clipped sum (norms, clip factors, one product per "
-        "weight), the gradient assignment and the SGD step. *Operations*: ATen calls per "
-        "step, the backward's included (counted by a TorchDispatchMode).",
-        "",
-        "| model | forward + backward: non-private | forward + backward: ghost | rest: "
-        "non-private | rest: ghost | operations: non-private | operations: clipped sum, "
-        "ghost | operations: private step, ghost | extra time per extra operation |",
-        "|---" * 9 + "|",
-    ]
+    rows = []
     for spec, part in times.items():
         t = {name: median(v["cpu"]) for name, v in part.items()}
         ops = operations[spec]
@@ -399,40 +370,32 @@ def _parts(c: Dict[str, Any], times, operations) -> List[str]:
         whole0, whole1 = t["whole step, non-private"], t["whole step, clipped sum ghost"]
         extra_ops = ops["clipped sum, ghost"] - ops["non-private"]
         per_op = (whole1 - whole0) * 1e3 / extra_ops if extra_ops > 0 else float("nan")
-        lines.append(
-            f"| {spec} | {fb0:.3f} ms | {fb1:.3f} ms | {whole0 - fb0:.3f} ms | "
-            f"{whole1 - fb1:.3f} ms | {ops['non-private']} | {ops['clipped sum, ghost']} | "
-            f"{ops['private step, ghost']} | {per_op:.1f} µs |"
+        rows.append(
+            [spec, f"{fb0:.3f} ms", f"{fb1:.3f} ms", f"{whole0 - fb0:.3f} ms"]
+            + [f"{whole1 - fb1:.3f} ms", str(ops["non-private"]), str(ops["clipped sum, ghost"])]
+            + [str(ops["private step, ghost"]), f"{per_op:.1f} µs"]
         )
-    return lines
+    return table(PARTS_HEAD, rows, None)
 
 
-def _end_to_end(c: Dict[str, Any], e2e, first: int, steps: int) -> List[str]:
+END_TO_END_HEAD = (
+    "algorithm | non-private | DP, ghost (the default) | DP, Opacus hooks | DP ghost ÷ "
+    "non-private | DP hooks ÷ non-private | wall: non-private | wall: DP ghost | wall: DP hooks"
+)
+
+
+def _end_to_end(e2e) -> List[str]:
     """(b): ring:8 training runs, ms per step without DP and with both engines."""
-    data = "MNIST-1D" if c["dataset"] == "mnist1d" else f"`{c['dataset']}`"
-    lines = [
-        "",
-        f"## (b) ring:8, cnn1d, {data} iid, local backend, ms per step",
-        "",
-        f"{c['e2e_reps']} interleaved repetitions of whole runs of {c['e2e_epochs']} "
-        f"epochs; each times steps {first} to {first + steps} "
-        "(process CPU time of all 8 peers per step, then wall time). DP-SGD: σ = 1, C = 1, "
-        "Poisson batches of expected size 32.",
-        "",
-        "| algorithm | non-private | DP, ghost (the default) | DP, Opacus hooks | DP ghost ÷ "
-        "non-private | DP hooks ÷ non-private | wall: non-private | wall: DP ghost | "
-        "wall: DP hooks |",
-        "|---" * 9 + "|",
-    ]
+    rows = []
     for label, _ in ALGORITHMS:
         plain, ghost, hooks = (e2e[(label, dp)] for dp in (None, "auto", "hooks"))
-        lines.append(
-            f"| {label} | {_cell(plain['cpu'])} | {_cell(ghost['cpu'])} | {_cell(hooks['cpu'])} | "
-            f"**{_ratio(ghost['cpu'], plain['cpu']):.2f}×** | "
-            f"{_ratio(hooks['cpu'], plain['cpu']):.2f}× | {median(plain['wall']):.1f} | "
-            f"{median(ghost['wall']):.1f} | {median(hooks['wall']):.1f} |"
+        rows.append(
+            [label, _cell(plain["cpu"]), _cell(ghost["cpu"]), _cell(hooks["cpu"])]
+            + [f"**{_ratio(ghost['cpu'], plain['cpu']):.2f}×**"]
+            + [f"{_ratio(hooks['cpu'], plain['cpu']):.2f}×", f"{median(plain['wall']):.1f}"]
+            + [f"{median(ghost['wall']):.1f}", f"{median(hooks['wall']):.1f}"]
         )
-    return lines
+    return table(END_TO_END_HEAD, rows, None)
 
 
 PAGE = register(

@@ -25,6 +25,7 @@ from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
 from experiments.pages._bench import count_params, header, loopback_communicator, machine
 from experiments.pages._bench import make_params, median, model_shapes
+from experiments.pages._markdown import fill, template
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Comm
@@ -285,42 +286,7 @@ def render(rows: Rows) -> Outputs:
         "lanes": "**this tree, two lanes** (`lanes=2`)",
         "one thread": "bound for one lane: one thread, no messages",
     }
-    L = [
-        "# Simulation at scale: PowerGossip rank 1 on in-process peers"
-        + (" (--quick)" if rows.quick else ""),
-        "",
-        f"{header(rows)} One torch thread. Absolute times move by 2x between runs on this shared "
-        "machine; the columns come from interleaved repetitions of one run.",
-        "",
-        f"ResNet-20-shaped random float32 parameters ({count_params(shapes):,}, "
-        f"{compressed / 1e6:.2f} MB in compressed matrices), "
-        "PowerGossip rank 1, one exchange per step (half a power iteration: P or Q in turn), warm "
-        "start, ring topology (degree 2), "
-        "`LocalCluster` (one thread per peer). *Free threads*: `cooperative=False`, every peer "
-        "thread runs whenever the GIL lets it. *Taking turns*: `cooperative=True` (the default "
-        "when peers outnumber cores), one peer runs until it waits for a message or a "
-        "collective; its peer threads are pinned to one core (as many as torch's intra-op "
-        "threads, here 1; `LocalCluster(pin=None)`, the default). *Two lanes*: `lanes=2`, ranks "
-        f"0-{half - 1} and {half}-{c['peers'] - 1} take turns on their own, each lane pinned to its own core, so two peers "
-        "run at once; PowerGossip's tensor work is compiled by TorchScript, which runs it without "
-        "the GIL (*as Python*: the same functions, not compiled). "
-        + earlier_code(c, results["modules"])
-        + " Each repetition "
-        f"times {c['steps']} steps after two warm-up steps. *One thread*: every peer stepped in "
-        "turn by one thread on a loopback "
-        "transport (no threads, no messages): the bound for this per-peer compute one peer at a "
-        "time. Context "
-        "switches: voluntary and involuntary, of all the process's threads over the whole "
-        "cluster run (set-up included), divided by the measured steps; free threads switch at "
-        "nearly every tensor operation, because PyTorch releases the GIL around each one.",
-        "",
-        "The ResNet-20 shapes are the zoo's model (`gossip_powersgd.training.zoo.ResNet20`, built "
-        f"on the meta device; {count_params(shapes):,} parameters, with the paper's 1x1-convolution shortcuts); pages "
-        "made up to commit 886c08c used the benchmark's own list, with parameter-free shortcuts "
-        "(269,722 parameters).",
-        "",
-        f"## {c['peers']} peers: gossip steps per second",
-        "",
+    steps_table = [
         "| | " + " | ".join(label[v] for v in variants) + " |",
         "|---|" + "---|" * len(variants),
         "| steps / s (median of reps) | "
@@ -337,7 +303,22 @@ def render(rows: Rows) -> Outputs:
         + " |",
         "",
     ]
-    return {"bench_sim.md": "\n".join(L + _sections(c, results, variants)) + "\n"}
+    page = fill(
+        template(__file__, "bench_sim.md"),
+        quick=" (--quick)" if rows.quick else "",
+        header=header(rows),
+        parameters=count_params(shapes),
+        compressed_mb=compressed / 1e6,
+        last_first=half - 1,
+        half=half,
+        last=c["peers"] - 1,
+        earlier_code=earlier_code(c, results["modules"]),
+        steps=c["steps"],
+        peers=c["peers"],
+        steps_table=steps_table,
+        sections=_sections(c, results, variants),
+    )
+    return {"bench_sim.md": page + "\n"}
 
 
 def _sections(c: Dict[str, Any], results: Dict[str, Any], variants: List[str]) -> List[str]:

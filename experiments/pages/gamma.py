@@ -4,11 +4,11 @@ page's recipe); the page, its CSV and a plot of accuracy against γ."""
 
 from __future__ import annotations
 
-import io
 from typing import Any, Dict, List, Mapping, Sequence
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
+from experiments.pages._figures import png
 from experiments.pages._suite_rows import suite_row, suite_run
 from experiments.suite.runs import BASE, QUICK_BASE
 from experiments.suite.tables import _algorithm_name, _pct, build_csv, build_table, header
@@ -145,10 +145,7 @@ def plot_gamma(rows: Sequence[Dict[str, Any]], topo_gamma: float) -> bytes:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
-    return buffer.getvalue()
+    return png(fig)
 
 
 PAGE = register(

@@ -21,6 +21,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
+from experiments.pages._markdown import block, fill, template
+from experiments.pages._markdown import table as table_lines
 from experiments.pages._privacy import (
     BASE,
     CLIP,
@@ -224,35 +226,58 @@ def _message_dp(rows: Sequence[Dict[str, Any]], targets: Sequence[float]) -> str
 
 
 def render(rows: Rows) -> Outputs:
+    """The page; its fixed text is privacy_dp_subspace.md beside this file."""
     quick, data = rows.quick, rows.data
     variants, targets, seeds = QUICK if quick else (VARIANTS, TARGETS, SEEDS)
     regime, table = recipe(quick), cells(data)
     origin = rows.records[0].origin or {}
-    at_once = f"{origin['jobs']} run(s) at once " if "jobs" in origin else ""
     setting = (
         "the privacy suite's --quick problem"
         if quick
         else f"`{BASE['dataset']}` ({PER_PEER} training samples per peer), `{BASE['model']}`, "
         f"{BASE['topology']}, {BASE['partition']}"
     )
-    budgets = ", ".join(f"ε = {t:g}: {regime['dp_epochs'] or dp_epochs(t)} epochs" for t in targets)
-    text = (
-        "# PowerGossip under DP: the private update kept in the exchanged subspace\n\n"
-        f"{made_by(rows)} Backend local (8 peer threads, one torch thread each), {at_once}on "
-        f"{data[0].get('cores', 'n/a')} CPU cores shared with other jobs (1-minute load average "
-        f"{loads(data)} at the runs' starts and ends). Setting: {setting}; the DP rows' regime "
-        f"of privacy.md (expected batch {regime['dp_batch']}, lr {regime['dp_lr']}, clip "
-        f"C = {CLIP:g}, δ = {DELTA:g}, SGD momentum 0.9, cosine schedule to lr 0 with "
-        f"{regime['warmup']} warm-up epoch; budgets from privacy_dp_budget.md, {budgets}), run "
-        "by the privacy pages' own code (`experiments/pages/_privacy.py`), seeds "
-        f"{', '.join(map(str, seeds))}. DP noise is secret per peer (fresh OS entropy).\n\n"
-        + PROBLEM.format(message_dp=_message_dp(data, targets))
-        + "## Accuracy and consensus, mean over seeds\n\n"
-        "Consensus distance: mean over peers of ‖x_i − x̄‖², geometric mean over seeds.\n\n"
-        "| target ε | variant | σ | ε (max over peers) | averaged-model acc | "
-        "consensus distance (end) | MB sent per peer | failed runs |\n"
-        "|---|---|---|---|---|---|---|---|\n"
+    missing = [run for run in plan(quick, {}) if run.key not in rows.by_key]
+    not_run = "".join(
+        f"- {r.config['label']} at target ε {r.config['target']:g}, seed {r.seed}\n"
+        for r in missing
     )
+    text = fill(
+        template(__file__, "privacy_dp_subspace.md"),
+        made_by=made_by(rows),
+        at_once=f"{origin['jobs']} run(s) at once " if "jobs" in origin else "",
+        cores=data[0].get("cores", "n/a"),
+        loads=loads(data),
+        setting=setting,
+        dp_batch=regime["dp_batch"],
+        dp_lr=regime["dp_lr"],
+        clip=CLIP,
+        delta=DELTA,
+        warmup=regime["warmup"],
+        budgets=", ".join(
+            f"ε = {t:g}: {regime['dp_epochs'] or dp_epochs(t)} epochs" for t in targets
+        ),
+        seeds=", ".join(map(str, seeds)),
+        message_dp=_message_dp(data, targets),
+        accuracy=accuracy_table(table, variants, targets),
+        consensus=block(consensus_tables(table, variants, targets)),
+        verdict=block(verdict_text(table, targets)),
+        conclusion=block(conclusion(table, targets)),
+        runs=runs_table(data),
+        missing=block("\n## Not run\n\n" + not_run if missing else ""),
+    )
+    return {"privacy_dp_subspace.md": text}
+
+
+ACCURACY = (
+    "target ε | variant | σ | ε (max over peers) | averaged-model acc | consensus distance "
+    "(end) | MB sent per peer | failed runs"
+)
+
+
+def accuracy_table(table, variants, targets) -> List[str]:
+    """Per target and variant: σ, ε, accuracy and consensus, mean over seeds."""
+    rows = []
     for target in targets:
         for label, _, _ in variants:
             cell = table.get((label, target))
@@ -263,37 +288,26 @@ def render(rows: Rows) -> Outputs:
             eps = max((r["eps_max"] for r in done), default=math.nan)
             mb = statistics.fmean(r["mb_per_peer"] for r in done) if done else math.nan
             consensus = f"{cell['consensus_gm']:.3g}" if done else "n/a"
-            text += (
-                f"| {target:g} | {label} | {sigma} | {eps:.3g} | {_acc(cell)} | {consensus} | "
-                f"{mb:.3g} | {cell['failed']} |\n"
-            )
-    text += consensus_tables(table, variants, targets)
-    text += (
-        "## Answer\n\nEach variant against plain PowerGossip of its rank at the same ε (the same "
-        "bytes: the messages are the same size):\n\n"
-        + verdict_text(table, targets)
-        + "\n"
-        + conclusion(table, targets)
-        + "\n## Runs\n\n| target ε | variant | seed | acc | at ¾ | consensus (end) | seconds |\n"
-        "|---|---|---|---|---|---|---|\n"
+            rows.append([f"{target:g}", label, sigma, f"{eps:.3g}", _acc(cell), consensus])
+            rows[-1] += [f"{mb:.3g}", str(cell["failed"])]
+    return table_lines(ACCURACY, rows, None)
+
+
+def runs_table(data) -> List[str]:
+    """Every run: its accuracy, consensus and time (or why it failed)."""
+    lines = table_lines(
+        "target ε | variant | seed | acc | at ¾ | consensus (end) | seconds", [], None
     )
     for r in data:
-        text += f"| {r['target']:g} | {r['label']} | {r['seed']} |"
+        head = f"| {r['target']:g} | {r['label']} | {r['seed']} |"
         if "error" in r:
-            text += f" FAILED: {r['error'].replace('|', '/')} | | | |\n"
-            continue
-        text += (
-            f" {pct(r['acc_avg'])} | {pct(r.get('acc_3q'))} | {r['consensus']:.3g} | "
-            f"{r['run_seconds']:.0f} |\n"
-        )
-    missing = [run for run in plan(quick, {}) if run.key not in rows.by_key]
-    if missing:
-        text += "\n## Not run\n\n" + "\n".join(
-            f"- {r.config['label']} at target ε {r.config['target']:g}, seed {r.seed}"
-            for r in missing
-        )
-        text += "\n"
-    return {"privacy_dp_subspace.md": text}
+            lines.append(head + f" FAILED: {r['error'].replace('|', '/')} | | | |")
+        else:
+            lines.append(
+                head + f" {pct(r['acc_avg'])} | {pct(r.get('acc_3q'))} | {r['consensus']:.3g} | "
+                f"{r['run_seconds']:.0f} |"
+            )
+    return lines
 
 
 def consensus_tables(table, variants, targets) -> str:
@@ -313,27 +327,6 @@ def consensus_tables(table, variants, targets) -> str:
                 text += f"| {label} | " + " | ".join(values) + " |\n"
         text += "\n"
     return text
-
-
-PROBLEM = (
-    "**The problem.** DP-SGD's noise is full rank; a rank-r PowerGossip step exchanges each "
-    "matrix's difference with a neighbour along r directions, so most of a step's noise stays in "
-    "each peer's model and the models drift apart.\n\n"
-    "**The remedy tried.** `dp_exchanged_subspace: true` replaces each step's update of every "
-    "compressed matrix by its projection on the subspace the step's messages read (the span of "
-    "the neighbours' factors on that half-step's side), so all the noise that enters a model is "
-    "exchanged, and partly averaged, in the same step. `dp_subspace_feedback: true` also keeps "
-    "what the projection cut off and adds it to the next step's update (error feedback). Both "
-    "are post-processing of DP-SGD's output: the same σ, the same accountant, the same ε as the "
-    "plain row of that ε. The two nearby designs the issue names were not run: noise projected "
-    "while the whole gradient is applied gives no ε, as it leaves the gradient's other part in "
-    "the model without noise, for later messages to read; noise on what is sent instead of on "
-    "the gradient has no useful ε, as one record's effect on a message has no bound short of "
-    "clipping the message itself to a norm B, and then any message may become any other of "
-    "norm ≤ B (sensitivity 2B), with no amplification by subsampling, composed over every "
-    "message a neighbour receives: {message_dp}. Projecting the whole private update is the "
-    "valid form of both.\n\n"
-)
 
 
 PAGE = register(

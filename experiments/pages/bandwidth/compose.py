@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 #: The project's latency per round of its projected communication time (experiments.suite.runs).
 LATENCY_S = 50e-6
@@ -170,11 +170,6 @@ class Schedule:
         return self.training(steps) + evaluations * self.per_eval
 
 
-def relative_gap(a: float, b: float) -> float:
-    """a / b - 1 (how far a is above b, as a fraction of b)."""
-    return a / b - 1.0
-
-
 # ---- the answer in words ---------------------------------------------------------------------------
 def factor_text(factor: float) -> str:
     return f"{factor:.3g}×"
@@ -213,24 +208,6 @@ def compare_line(
     if open_:
         parts.append("; at " + ", ".join(open_))
     return " ".join(parts) + "."
-
-
-def crossover(
-    times: Mapping[str, Mapping[str, Optional[float]]],
-    rates: Sequence[str],
-    who: str,
-    against: str,
-) -> Optional[str]:
-    """The fastest rate (rates from fast to slow) from which on `who` is ahead of `against` at
-    every slower rate, or None if it is not ahead at the slowest."""
-    found = None
-    for rate in reversed(rates):
-        mine, theirs = times[rate].get(who), times[rate].get(against)
-        ahead = mine is not None and (theirs is None or mine < theirs)
-        if not ahead:
-            break
-        found = rate
-    return found
 
 
 def fastest(times: Mapping[str, Optional[float]]) -> Optional[str]:
@@ -275,12 +252,3 @@ def mean_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
     if not values or any(v is None for v in values):
         return None
     return statistics.fmean(values)
-
-
-def ratios(rows: Mapping[str, float], base: Mapping[str, float]) -> Dict[str, float]:
-    return {k: rows[k] / base[k] for k in rows if k in base and base[k] > 0}
-
-
-def _table(header: List[str], rows: List[List[str]]) -> List[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(r) + " |" for r in rows] + [""]

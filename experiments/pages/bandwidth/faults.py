@@ -74,7 +74,7 @@ def row(run: Run, prefix: str) -> Dict[str, Any]:
 
 
 def section(cases: Sequence[Tuple[str, str]], data: Mapping[str, Dict[str, Any]]) -> List[str]:
-    from .compose import _table
+    from experiments.pages._markdown import table
 
     rows, bounds, skipped, late = [], set(), [], []
     for launcher, fault in cases:
@@ -111,7 +111,7 @@ def section(cases: Sequence[Tuple[str, str]], data: Mapping[str, Dict[str, Any]]
         lines += [f"Not run: {skipped[0]}", ""]
     if not rows:
         return lines
-    lines += _table(
+    lines += table(
         [
             "launcher",
             "host1's fault",

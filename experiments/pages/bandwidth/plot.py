@@ -4,8 +4,9 @@ rate, hosts with a core each, training time (the seeds' mean curve)."""
 from __future__ import annotations
 
 import dataclasses
-import io
 from typing import Any, Mapping
+
+from experiments.pages._figures import png
 
 from .compose import rate_text
 from .figures import schedule
@@ -57,7 +58,4 @@ def plot(s: Setting, f: Mapping[str, Any]) -> bytes:
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels) or 1), fontsize=8)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    return buffer.getvalue()
+    return png(fig, dpi=100)

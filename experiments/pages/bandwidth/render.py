@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Mapping
 
 from experiments.engine import Outputs, Rows, made_by
 
 from . import compose, faults, text, text_network
 from .collect import collect
 from .plot import plot
-from .recipe import BY_KEY, setting
+from .recipe import setting
 
 
 def render(rows: Rows) -> Outputs:
@@ -91,18 +91,3 @@ def _json(f: Dict[str, Any], facts: Dict[str, Any]) -> Dict[str, Any]:
         for t, per in f["accuracy"].items()
     }
     return out
-
-
-def label(key: str) -> str:
-    return BY_KEY[key].label
-
-
-def pct(value: Optional[float]) -> str:
-    return "—" if value is None else f"{100 * value:.2f} %"
-
-
-def mean_pm(values: List[float]) -> str:
-    mean, low, high = compose.spread(values)
-    if len(values) == 1:
-        return pct(mean)
-    return f"{100 * mean:.2f} % [{100 * low:.2f}, {100 * high:.2f}]"

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any, List, Mapping, Optional
 
 from . import compose
-from .compose import _table, rate_text, seconds_text
+from experiments.pages._markdown import fill, table, template
+
+from .compose import rate_text, seconds_text
 from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, rates_on
 from .recipe import grid as _grid
 
@@ -23,66 +25,30 @@ def _mb(value: float) -> str:
 
 
 def method(s: Setting, f: Mapping[str, Any], facts: Mapping[str, Any]) -> List[str]:
-    b = s.base
+    """ "What was run, and how": its fixed text is page.md beside this file."""
     first = next((e for per in f["accuracy"].values() for e in per.values() if "steps" in e), {})
     target = f["target"]
     quick = (
-        [
-            "- --quick: the same pipeline on 2 hosts with a tiny model, the cluster included where "
-            "this process may make network namespaces (root, as in CI); its numbers say nothing "
-            "about the algorithms."
-        ]
-        if s.quick
-        else []
+        "- --quick: the same pipeline on 2 hosts with a tiny model, the cluster included where "
+        "this process may make network namespaces (root, as in CI); its numbers say nothing "
+        "about the algorithms."
     )
-    return [
-        "## What was run, and how",
-        "",
-        *quick,
-        f"- Training: {b['dataset']} / `{b['model']}` ({first.get('parameters', '?'):,} "
-        f"parameters), SGD lr (tuned) momentum {b['momentum']}, weight decay "
-        f"{b['weight_decay']}, {b['schedule']} schedule with {b['warmup_epochs']} warm-up "
-        f"epoch, batch {b['batch_size']} per peer, {b['epochs']} epochs "
-        f"({first.get('steps', '?')} steps), partition {b['partition']}, an evaluation of the "
-        f"averaged model after every epoch; topologies {', '.join(s.topologies)}; seeds "
-        + ", ".join(f"{t}: {len(v)}" for t, v in s.seeds.items())
-        + ".",
-        "- Accuracy against steps: in-process runs (`gossip_powersgd.run`, every peer a thread). "
-        "The algorithms are synchronous and deterministic and the transports give bit-identical "
-        "models, so a run on the cluster follows the same curve step for step (checked below).",
-        "- A step's time: on the emulated cluster (`python -m gossip_powersgd.cluster`: one "
-        "network namespace per host on one bridge, each link limited both ways by `tc tbf`), "
-        "one process per host (backend torch, gloo) started with the variables torchrun sets, "
-        "running the trainer's own loop: per period of H steps (H = 1, or 4 for local steps) "
-        "the wall time, the algorithm's arithmetic and its time inside the transport, as the "
-        "algorithm counts them, and the process's CPU time; the first period is not used; the "
-        "mean of the rest for the slowest host (a run's time is the sum of its steps; medians "
-        "in the JSON). Then the last period's messages are replayed with no computation "
-        "between them (after a barrier, every host at once): communication with compute out "
-        "of the way. One evaluation is timed and replayed the same way. An all-reduce goes "
-        "round a ring of all hosts whatever the topology: the all-reduce and PowerSGD steps and "
-        f"the evaluation are measured on {s.tune_topology} and hold for every topology.",
-        "- Three figures for a step (and an evaluation): **measured**: the cluster's step, its "
-        "hosts sharing this machine's cores (compute several times slower, and waits for "
-        "neighbours' compute included); **core each**: hosts with a core each, from measured "
-        "parts: the CPU time of one peer's step (compute and the algorithm's arithmetic) measured "
-        "alone on this machine (its neighbours echo its messages; one thread; CPU time, so that "
-        "other work on the shared cores does not count), plus the replayed communication; **projected**: the "
-        "same compute plus the project's own projected communication time (`CommStats`: per "
-        "exchange its largest message at the link rate, 50 µs per round). Claims below name "
-        "their figure; the answer uses core each.",
-        "- Time to the target = the steps until the first evaluation that reaches it × the "
-        "step's time (+ those evaluations, where said); PowerSGD's first 10 steps (its exact "
-        "all-reduce warm-up) cost an all-reduce step. The measurements use a fixed γ and lr "
-        "(a step's cost does not depend on them) and PowerSGD without its warm-up.",
-        f"- **Target: {_pct(target)}** averaged-model accuracy: the highest whole percent that "
-        "every run (every seed, every topology) of exact gossip, PowerGossip r1 and all-reduce "
-        "reaches."
+    return fill(
+        template(__file__),
+        **s.base,
+        quick=[quick] if s.quick else [],
+        parameters=first.get("parameters", "?"),
+        steps=first.get("steps", "?"),
+        topologies=", ".join(s.topologies),
+        seeds=", ".join(f"{t}: {len(v)}" for t, v in s.seeds.items()),
+        tune_topology=s.tune_topology,
+        target=f"- **Target: {_pct(target)}** averaged-model accuracy: the highest whole percent "
+        "that every run (every seed, every topology) of exact gossip, PowerGossip r1 and "
+        "all-reduce reaches."
         if target is not None
         else "- No target: the compared rows are missing.",
-        *cuts(s, f),
-        "",
-    ]
+        cuts=cuts(s, f),
+    ).split("\n")
 
 
 def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
@@ -140,7 +106,7 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
             "about 10 minutes; --quick makes one and checks its models against the in-process "
             "run's, bit for bit)"
         )
-    sizes = sorted({len(v) for v in (grid_of(s, a) for a in s.algorithms)})
+    sizes = sorted({len(_grid(s, BY_KEY[a])) for a in s.algorithms})
     parts.append(
         f"tuning grids of {' to '.join(map(str, (sizes[0], sizes[-1])))} points, on the tuning "
         "topology and seed 0"
@@ -160,10 +126,6 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
         "- Cut so that the whole plan finishes in about 80 minutes on this machine's 2 shared "
         "cores" + (f" ({'; '.join(why)})" if why else "") + ": " + "; ".join(parts) + "."
     ]
-
-
-def grid_of(s: Setting, key: str):
-    return _grid(s, BY_KEY[key])
 
 
 def answer_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
@@ -192,13 +154,9 @@ def answer_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
             f"{topology}, time to {_pct(f['target'])}, hosts with a core each, training time:",
             "",
         ]
-        lines += _table(
-            ["rate"]
-            + [_label(k) for k in shown]
-            + [f"{_label(k)} ÷ PowerGossip r1" for k in shown[1:]]
-            + ["fastest of all rows"],
-            rows,
-        )
+        ratios = [f"{_label(k)} ÷ PowerGossip r1" for k in shown[1:]]
+        head = ["rate", *map(_label, shown), *ratios, "fastest of all rows"]
+        lines += table(head, rows)
     return lines
 
 
@@ -217,7 +175,7 @@ def accuracy_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
                 " (the grid's " + ("largest" if t["chosen"] == max(grid) else "smallest") + ")"
             )
         rows.append([t["label"], t["tuned"], "; ".join(cells), chosen])
-    lines += _table(["algorithm", "tuned", "final averaged-model accuracy", "chosen"], rows)
+    lines += table(["algorithm", "tuned", "final averaged-model accuracy", "chosen"], rows)
     lines.append(
         "The learning rate of the γ-tuned rows is the all-reduce's chosen one; the chosen value is "
         "the grid's best final accuracy. The other topologies use the chosen γ (γ ÷ topology γ "
@@ -245,28 +203,14 @@ def accuracy_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
             mbs = ", ".join("—" if x is None else f"{x:.4g}" for x in e["mb_to_target"])
             gamma = "—" if e.get("gamma") is None else f"{e['gamma']:.3g}"
             rows.append(
-                [
-                    e["label"],
-                    f"{e['lr']:g} / {gamma}",
-                    _final(e["finals"]),
-                    steps,
-                    mbs,
-                    f"{e['mb_total']:.4g}",
-                    f"{e['metric_mb_total']:.4g}",
-                ]
+                [e["label"], f"{e['lr']:g} / {gamma}", _final(e["finals"]), steps, mbs]
+                + [f"{e['mb_total']:.4g}", f"{e['metric_mb_total']:.4g}"]
             )
-        lines += _table(
-            [
-                "algorithm",
-                "lr / γ",
-                "final acc (mean [min, max] over seeds)",
-                f"steps to {_pct(f['target'])} (per seed)",
-                "training MB / peer then",
-                "training MB / peer, run",
-                f"evaluation MB / peer, run ({e.get('evaluations', '?')} evaluations)",
-            ],
-            rows,
-        )
+        head = ["algorithm", "lr / γ", "final acc (mean [min, max] over seeds)"]
+        head += [f"steps to {_pct(f['target'])} (per seed)", "training MB / peer then"]
+        head += ["training MB / peer, run"]
+        head += [f"evaluation MB / peer, run ({e.get('evaluations', '?')} evaluations)"]
+        lines += table(head, rows)
     return lines
 
 
@@ -294,7 +238,7 @@ def time_sections(s: Setting, f: Mapping[str, Any]) -> List[str]:
             for algorithm in algorithms_on(s, topology):
                 cells = [_seconds_cell(by_rate[r].get(algorithm, {}).get(key)) for r in rates]
                 rows.append([_label(algorithm)] + cells)
-            lines += _table(["algorithm"] + [rate_text(r) for r in rates], rows)
+            lines += table(["algorithm"] + [rate_text(r) for r in rates], rows)
         lines.append(
             "Mean over seeds [fastest, slowest seed]; 'not reached': some seed never reaches "
             "the target."

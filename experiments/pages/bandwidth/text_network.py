@@ -9,8 +9,28 @@ from typing import Any, List, Mapping
 from . import compose
 from .compose import rate_text, seconds_text
 from .recipe import Setting
-from .compose import _table
+from experiments.pages._markdown import Cell, columns, g3, table
 from .text import _label, _mb
+
+
+def _periods(x) -> str:
+    c, key = x["c"], x["key"]
+    return str(c["periods"][key]) if key in c["periods"] else f"{c['borrowed'][key]}'s"
+
+
+COST_COLUMNS = (
+    ("algorithm", lambda x: _label(x["key"])),
+    ("MB sent / host", lambda x: _mb(x["bytes_sent"])),
+    ("comm projected (s)", g3("comm_projected")),
+    ("comm, egress model (s)", g3("comm_egress")),
+    ("comm replayed (s)", g3("comm_replayed")),
+    ("comm in training (s)", g3("comm_in_training")),
+    ("compute alone, CPU (s)", g3("cpu_alone")),
+    ("compute, shared cores (s)", lambda x: f"{x['compute_shared'] + x['arith_shared']:.3g}"),
+    ("step, core each (s)", g3("core_each")),
+    ("step, measured (s)", g3("measured")),
+    ("periods", _periods),
+)
 
 
 def cost_sections(s: Setting, f: Mapping[str, Any]) -> List[str]:
@@ -21,41 +41,8 @@ def cost_sections(s: Setting, f: Mapping[str, Any]) -> List[str]:
             if c is None:
                 continue
             lines += [f"## A step's cost: {topology}, {rate_text(rate)} per host", ""]
-            rows = []
-            for key, x in c["steps"].items():
-                rows.append(
-                    [
-                        _label(key),
-                        _mb(x["bytes_sent"]),
-                        f"{x['comm_projected']:.3g}",
-                        f"{x['comm_egress']:.3g}",
-                        f"{x['comm_replayed']:.3g}",
-                        f"{x['comm_in_training']:.3g}",
-                        f"{x['cpu_alone']:.3g}",
-                        f"{x['compute_shared'] + x['arith_shared']:.3g}",
-                        f"{x['core_each']:.3g}",
-                        f"{x['measured']:.3g}",
-                        str(c["periods"][key])
-                        if key in c["periods"]
-                        else f"{c['borrowed'][key]}'s",
-                    ]
-                )
-            lines += _table(
-                [
-                    "algorithm",
-                    "MB sent / host",
-                    "comm projected (s)",
-                    "comm, egress model (s)",
-                    "comm replayed (s)",
-                    "comm in training (s)",
-                    "compute alone, CPU (s)",
-                    "compute, shared cores (s)",
-                    "step, core each (s)",
-                    "step, measured (s)",
-                    "periods",
-                ],
-                rows,
-            )
+            items = [dict(x, key=key, c=c) for key, x in c["steps"].items()]
+            lines += columns(COST_COLUMNS, items)
             lines += _link_line(rate, c)
         lines += _projection_gap(topology, by_rate, s.rates)
     return lines
@@ -130,26 +117,11 @@ def eval_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
             e = c["eval"]
             step = c["steps"].get("pg-r1") or next(iter(c["steps"].values()))
             rows.append(
-                [
-                    topology,
-                    rate_text(rate),
-                    _mb(e["metric_bytes"]),
-                    f"{e['core_each']:.3g}",
-                    f"{e['measured']:.3g}",
-                    f"{e['core_each'] / step['core_each']:.3g}",
-                ]
+                [topology, rate_text(rate), _mb(e["metric_bytes"]), f"{e['core_each']:.3g}"]
+                + [f"{e['measured']:.3g}", f"{e['core_each'] / step['core_each']:.3g}"]
             )
-    lines += _table(
-        [
-            "topology",
-            "rate",
-            "MB sent / host per evaluation",
-            "evaluation, core each (s)",
-            "measured (s)",
-            "÷ a PowerGossip r1 step (core each)",
-        ],
-        rows,
-    )
+    head = ["topology", "rate", "MB sent / host per evaluation", "evaluation, core each (s)"]
+    lines += table(head + ["measured (s)", "÷ a PowerGossip r1 step (core each)"], rows)
     runs = []
     for topology, per in f["accuracy"].items():
         for key, e in per.items():
@@ -169,27 +141,31 @@ def eval_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     return lines
 
 
+def _before_after(field: str) -> Cell:
+    return lambda x: f"{x[field][0]:.3g} → {x[field][1]:.3g}"
+
+
+def _cost(field: str) -> Cell:
+    return lambda x: f"{x[field][1] / x[field][0]:.3g}×"
+
+
+SLOW_COLUMNS = (
+    ("algorithm", lambda x: _label(x["key"])),
+    ("core each", _before_after("core_each")),
+    ("cost (core each)", _cost("core_each")),
+    ("measured", _before_after("measured")),
+    ("cost (measured)", _cost("measured")),
+)
+
+
 def slow_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     if not f["slow_host"]:
         return []
     base, host, rate = s.slow
     lines = [f"## One slow link: {host} at {rate_text(rate)}, the others at {rate_text(base)}", ""]
     for topology, per in f["slow_host"].items():
-        rows = []
-        for key, x in per.items():
-            rows.append(
-                [
-                    _label(key),
-                    f"{x['core_each'][0]:.3g} → {x['core_each'][1]:.3g}",
-                    f"{x['core_each'][1] / x['core_each'][0]:.3g}×",
-                    f"{x['measured'][0]:.3g} → {x['measured'][1]:.3g}",
-                    f"{x['measured'][1] / x['measured'][0]:.3g}×",
-                ]
-            )
         lines += [f"{topology}: seconds per step, all at {rate_text(base)} → {host} slowed:", ""]
-        lines += _table(
-            ["algorithm", "core each", "cost (core each)", "measured", "cost (measured)"], rows
-        )
+        lines += columns(SLOW_COLUMNS, [dict(x, key=k) for k, x in per.items()])
         worst = max(per, key=lambda k: per[k]["core_each"][1] / per[k]["core_each"][0])
         least = min(per, key=lambda k: per[k]["core_each"][1] / per[k]["core_each"][0])
         lines += [
@@ -202,6 +178,18 @@ def slow_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
             "",
         ]
     return lines
+
+
+E2E_HEADER = (
+    "algorithm",
+    "topology",
+    "rate",
+    "run",
+    "measured wall (training loop)",
+    "composed (measured figure)",
+    "composed ÷ measured − 1 (at the evaluations: largest)",
+    "final models = in-process, bit for bit",
+)
 
 
 def e2e_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
@@ -218,30 +206,13 @@ def e2e_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
         gap = "—" if e["gap"] is None else f"{100 * e['gap']:+.1f} %"
         worst = e["largest_gap_at_evaluations"]
         rows.append(
-            [
-                _label(e["algorithm"]),
-                e["topology"],
-                rate_text(e["rate"]),
-                f"{e['steps']} steps, {e['evaluations']} evaluations",
-                seconds_text(e["measured_wall"]),
-                composed,
-                gap + ("" if worst is None else f" ({100 * worst:+.1f} % at worst)"),
-                ("yes" if e["same_models"] else "**NO**") + f" ({e['peers']} peers)",
-            ]
+            [_label(e["algorithm"]), e["topology"], rate_text(e["rate"])]
+            + [f"{e['steps']} steps, {e['evaluations']} evaluations"]
+            + [seconds_text(e["measured_wall"]), composed]
+            + [gap + ("" if worst is None else f" ({100 * worst:+.1f} % at worst)")]
+            + [("yes" if e["same_models"] else "**NO**") + f" ({e['peers']} peers)"]
         )
-    lines += _table(
-        [
-            "algorithm",
-            "topology",
-            "rate",
-            "run",
-            "measured wall (training loop)",
-            "composed (measured figure)",
-            "composed ÷ measured − 1 (at the evaluations: largest)",
-            "final models = in-process, bit for bit",
-        ],
-        rows,
-    )
+    lines += table(E2E_HEADER, rows)
     lines += [
         "Each run: `torchrun --nnodes N --nproc-per-node 1 --rdzv-backend c10d` on every host, "
         "`-m gossip_powersgd.cli.train` with the in-process row's config (backend torch), as a "

@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional
 
 from experiments.pages._bench import MODELS, count_params, model_shapes
 from experiments.pages._bench import median as _median
+from experiments.pages._markdown import fill, table, template
 
 from .verdicts import _mb, _ms, _pct, _span, _yes, findings, kernel_prediction, targets
 
@@ -33,67 +34,51 @@ def render_setting(s: Dict[str, Any]) -> List[str]:
             + f"; {s['seconds']:.0f} s."
         )
     )
-    L.append("")
-    L.append("| " + " | ".join(head) + " |")
-    L.append("|" + "---|" * len(head))
     ex, vs = s["exact"], [s["variants"][n] for n in names]
-    L.append(
-        "| bytes / peer / step (transport counters) | "
-        + _mb(ex["bytes"])
-        + " | "
-        + " | ".join(_mb(v["bytes"]) for v in vs)
-        + " |"
-    )
-    L.append(
-        "| … right / left half-step | – | "
-        + " | ".join(f"{_mb(v['bytes_right'])} / {_mb(v['bytes_left'])}" for v in vs)
-        + " |"
-    )
-    L.append(
-        "| counters = `bytes_per_step()` every step | "
-        + _yes(ex["bytes_match"])
-        + " | "
-        + " | ".join(_yes(v["bytes_match"]) for v in vs)
-        + " |"
-    )
-    L.append(
-        "| bytes ratio exact / PowerGossip | 1 | "
-        + " | ".join(f"**{v['bytes_ratio']:.0f}×**" for v in vs)
-        + " |"
-    )
+    rows = [
+        [
+            "bytes / peer / step (transport counters)",
+            _mb(ex["bytes"]),
+            *(_mb(v["bytes"]) for v in vs),
+        ],
+        ["… right / left half-step", "–"]
+        + [f"{_mb(v['bytes_right'])} / {_mb(v['bytes_left'])}" for v in vs],
+        ["counters = `bytes_per_step()` every step", _yes(ex["bytes_match"])]
+        + [_yes(v["bytes_match"]) for v in vs],
+        ["bytes ratio exact / PowerGossip", "1", *(f"**{v['bytes_ratio']:.0f}×**" for v in vs)],
+    ]
     if not s["bytes_only"]:
-        for key, label in (
-            ("total", "time / step (ms)"),
-            ("compute", "… compute (ms)"),
-            ("comm", "… communication (ms)"),
-        ):
-            L.append(
-                f"| {label} | {_ms(ex.get(key))} | " + " | ".join(_ms(v[key]) for v in vs) + " |"
-            )
+        for key, label in TIMES:
+            rows.append([label, _ms(ex.get(key)), *(_ms(v[key]) for v in vs)])
         bw = s["bandwidth_concurrent"]
-        L.append(
-            f"| compute efficiency in situ (vs {bw:.2f} GB/s per peer, all copying) | – | "
-            + " | ".join(_pct(v.get("efficiency_in_situ")) for v in vs)
-            + " |"
+        rows.append(
+            [f"compute efficiency in situ (vs {bw:.2f} GB/s per peer, all copying)", "–"]
+            + [_pct(v.get("efficiency_in_situ")) for v in vs]
         )
-        for key, label, cell in (
-            (
-                "speedup",
-                "naive / batched: compute, step time",
-                lambda r: f"**{r['compute']:.2f}×**, {r['total']:.2f}×",
-            ),
-            (
-                "before",
-                "this tree / `{}`: compute, step time",
-                lambda r: f"**{r['ratio']['compute']:.2f}×**, {r['ratio']['total']:.2f}×",
-            ),
-        ):
+        for key, label, cell in RATIOS:
             if key in s:
                 cells = [cell(s[key]) if n == "batched" else "" for n in names]
-                commit = s.get("before", {}).get("commit")
-                L.append(f"| {label.format(commit)} | – | " + " | ".join(cells) + " |")
-    L.append("")
-    return L
+                rows.append([label.format(s.get("before", {}).get("commit")), "–", *cells])
+    return L + [""] + table(head, rows)
+
+
+TIMES = (
+    ("total", "time / step (ms)"),
+    ("compute", "… compute (ms)"),
+    ("comm", "… communication (ms)"),
+)
+RATIOS = (
+    (
+        "speedup",
+        "naive / batched: compute, step time",
+        lambda r: f"**{r['compute']:.2f}×**, {r['total']:.2f}×",
+    ),
+    (
+        "before",
+        "this tree / `{}`: compute, step time",
+        lambda r: f"**{r['ratio']['compute']:.2f}×**, {r['ratio']['total']:.2f}×",
+    ),
+)
 
 
 def render_isolated_table(summaries: List[Dict[str, Any]]) -> List[str]:
@@ -217,101 +202,28 @@ def render_kernels(k: Dict[str, Any]) -> List[str]:
 def render_markdown(
     summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]], header: str, title=""
 ) -> str:
+    """The page: its fixed text is page.md beside this file, the rest comes from the rows."""
     timed = [s for s in summaries if not s["bytes_only"]]
     params = {s["model"]: s["params"] for s in summaries}
     count = {m: params.get(m) or count_params(model_shapes(m)) for m in MODELS}
-    L = [
-        "# Gossip benchmark: PowerGossip (rank 1) vs exact gossip" + title,
-        "",
-        header,
-        "",
-        "Parameters are random float32 tensors with the shapes of the models (no training), "
-        "8 peers, PowerGossip rank 1 with one half-step per step (right and left alternate, so "
-        "every even number of steps is one full power iteration), warm start, γ = the topology's "
-        "consensus step (the one exact gossip uses). Backend `mpi`: `mpiexec -n 8`, one process "
-        "and one torch thread per peer, 8 ranks on the machine's cores (oversubscribed). Backend "
-        "`local`: `LocalCluster`, 8 threads of one process, one torch intra-op thread each.",
-        "",
-    ]
-    L += ["## Targets", ""] + targets(summaries)
-    L += ["## What limits the numbers (measured)", ""] + findings(summaries, kernels)
-    L += render_before(timed)
-    L += [
-        "## Parameter sets",
-        "",
-        "The shapes are read from the models of `gossip_powersgd/training/zoo.py` (the networks "
-        "the trainer builds as `resnet20`, `vgg16:bn=false` and `vgg16`), built on the meta "
-        "device for CIFAR-10 inputs (3×32×32, 10 classes).",
-        "",
-        "* **resnet20** — the zoo's ResNet-20 (the PowerGossip paper's, from Tao Lin's code): conv "
-        "3→16, 3 stages × 3 basic blocks × 2 convs (3×3, no bias; 16/32/64 channels), BatchNorm "
-        "weight + bias (1-D) after each conv, 1×1-conv + BatchNorm shortcuts where the shape "
-        f"changes, linear 64→10. {count['resnet20']:,} parameters.",
-        "* **vgg16** — the zoo's VGG-16 without BatchNorm (`vgg16:bn=false`): 13 3×3 convs (64, 64, "
-        "128, 128, 256×3, 512×6) with biases, classifier 512→512→512→10 with biases (not the "
-        f"ImageNet 512·7·7→4096→4096→1000 head). {count['vgg16']:,} parameters.",
-        "* **vgg16_bn** (bytes only) — the zoo's default VGG-16 (`vgg16`): BatchNorm weight + bias "
-        f"after each conv, convs without bias: {count['vgg16_bn']:,} parameters; "
-        "its 1-D tensors are gossiped exactly and dominate PowerGossip's message.",
-        "",
-    ]
-    L += [
-        "## Results per model × topology × backend",
-        "",
-        "Bytes: per peer per step, mean over the measured steps (half right, half left) and over "
-        "peers, from `comm.stats.bytes_sent`, and compared with `bytes_per_step()` before every "
-        "step. Times: the algorithm's accumulators, mean over peers and steps of a block, median "
-        "over the interleaved blocks; compute = `time_total − time_communication` (under "
-        "oversubscription it includes waiting for a core); communication includes waiting for "
-        "slower neighbours. Speedup: median over adjacent (batched, naive) block pairs.",
-        "",
-    ]
-    for s in summaries:
-        L += render_setting(s)
-    L += [
-        "## Compute efficiency of one isolated peer",
-        "",
-        "Peer 0 of the topology runs its half-steps alone, on a loopback transport that answers "
-        "every message at once (the algorithm's real code path; the few-kB answer is counted as "
-        "communication), one torch thread, with every other peer idle — under MPI on rank 0 while "
-        "ranks 1–7 sleep in a barrier, under `local` in the main thread after the cluster has "
-        "finished. Bandwidth: a one-thread 256 MB copy in the same process, measured before each "
-        "block (GB/s = 2 × bytes / time). Efficiency = 3 × compressed-matrix bytes / (compute time "
-        "per half-step × bandwidth), paired per round, median.",
-        "",
-    ]
-    L += render_isolated_table(timed)
+    diagnosis = []
     if kernels:
-        L += ["## Kernel diagnosis", ""] + render_kernels(kernels)
-        L += [
+        diagnosis = ["## Kernel diagnosis", "", *render_kernels(kernels)]
+        diagnosis += [
             "What those kernel speeds alone allow for a half-step (3 copy-times of M = 100 %; no "
             "per-operation overhead counted):",
             "",
+            *kernel_prediction(kernels),
         ]
-        L += kernel_prediction(kernels)
-    L += ["## Notes", "", *NOTES, ""]
-    return "\n".join(L)
-
-
-NOTES = [
-    "* `torus:2x4` has degree 3, not 4: along the dimension of size 2 both wrap-around neighbours "
-    "are the same peer. The degree-4 comparison uses `small_world:8:4:0` (every peer linked to "
-    "i±1, i±2).",
-    "* Bytes do not depend on the transport or on `batch_neighbors` (same messages); the right "
-    "half-step sends Σ rows floats per neighbour, the left Σ cols, and the first half-step of every "
-    "step also carries the 1-D tensors in full.",
-    "* In-situ efficiency divides by the bandwidth each peer gets while all 8 copy at once, so "
-    "the CPU sharing cancels to first order; it is only approximate, because peers do not compute "
-    "in lockstep (some sleep waiting on a neighbour while others compute). The isolated number is "
-    "the one judged against the target.",
-    "* Noise: with a load average above 10 on 2 cores (other jobs), absolute times of a cell can "
-    "differ by 2× or more between runs of this command, and even the isolated copy bandwidth moves "
-    "between ~2 and ~12 GB/s within one run. Trust ratios measured side by side (speedups from "
-    "adjacent blocks, efficiencies paired with a copy in the same round) and the spread across the "
-    "six settings of a model, not a single cell; ResNet-20's short half-steps are the noisiest.",
-    "* Pages made before the shapes were read from the zoo (up to commit 1de7eeb) used the "
-    "benchmark's own lists: a ResNet-20 with parameter-free (option A) shortcuts and a VGG-16 with "
-    "BatchNorm that kept its conv biases; VGG-16 without BatchNorm has the same shapes in both.",
-    "* Raw numbers (every step of every peer, every block, every copy) are in the rows next to this "
-    "file (bench_gossip.jsonl).",
-]
+    return fill(
+        template(__file__),
+        title=title,
+        header=header,
+        targets=targets(summaries),
+        findings=findings(summaries, kernels),
+        before=render_before(timed),
+        settings=[line for s in summaries for line in render_setting(s)],
+        isolated=render_isolated_table(timed),
+        kernels=diagnosis,
+        **count,
+    )

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from experiments.pages._markdown import table
+
 
 #: What a point times: four algorithms (one `step()` each); also two reductions of one flat tensor.
 ALGORITHMS = ("exact", "powergossip", "allreduce", "powersgd")
@@ -185,31 +187,29 @@ def _reductions(records: List[Dict[str, Any]]) -> List[str]:
         "above (and of training) computes the same ring's bits through shared memory instead, "
         "two barriers rather than 2(n−1) hand-offs.",
         "",
-        "| transport | n | ring: time | ring: received / rank | all-gather: time | "
-        "all-gather: received / rank | all-gather ÷ ring: bytes, time |",
-        "|---|---|---|---|---|---|---|",
     ]
+    rows = []
     for r in _ok(records, "peers"):
         s = summarize(r)
         ring, gather = s.get("ring"), s.get("gather")
         if not ring:
             continue
-        row = [
-            r["point"]["backend"],
-            str(r["point"]["peers"]),
-            fmt_seconds(ring["seconds"]),
-            fmt_bytes(ring["received"]),
-        ]
+        row = [r["point"]["backend"], str(r["point"]["peers"])]
+        row += [fmt_seconds(ring["seconds"]), fmt_bytes(ring["received"])]
         if gather:
-            row += [
-                fmt_seconds(gather["seconds"]),
-                fmt_bytes(gather["received"]),
-                f"{gather['received'] / ring['received']:.3g}×, {gather['seconds'] / ring['seconds']:.3g}×",
-            ]
+            ratio = f"{gather['received'] / ring['received']:.3g}×"
+            ratio += f", {gather['seconds'] / ring['seconds']:.3g}×"
+            row += [fmt_seconds(gather["seconds"]), fmt_bytes(gather["received"]), ratio]
         else:
             row += ["skipped", "–", "–"]
-        out.append("| " + " | ".join(row) + " |")
-    return out + [""]
+        rows.append(row)
+    return out + table(REDUCTIONS, rows)
+
+
+REDUCTIONS = (
+    "transport | n | ring: time | ring: received / rank | all-gather: time | all-gather: "
+    "received / rank | all-gather ÷ ring: bytes, time"
+)
 
 
 def _simulation(records: List[Dict[str, Any]]) -> List[str]:
@@ -220,17 +220,15 @@ def _simulation(records: List[Dict[str, Any]]) -> List[str]:
         out += [
             "## In-process simulation at scale: PowerGossip r1 on the same shapes",
             "",
-            "| peers | time / step | gossip steps / s | process RSS | RSS / peer | peak RSS (run) |",
-            "|---|---|---|---|---|---|",
         ]
+        rows = []
         for r in big:
             s, n = summarize(r)["powergossip"], r["point"]["peers"]
-            out.append(
-                f"| {n}{mode(r)} | {fmt_seconds(s['seconds'])} | {1 / s['seconds']:.3g} | "
-                f"{fmt_bytes(s['rss'])} | {fmt_bytes(s['rss'] / n)} | "
-                f"{fmt_bytes(r['ranks'][0]['rss_peak'])} |"
-            )
-        out.append("")
+            rows.append([f"{n}{mode(r)}", fmt_seconds(s["seconds"]), f"{1 / s['seconds']:.3g}"])
+            rows[-1] += [fmt_bytes(s["rss"]), fmt_bytes(s["rss"] / n)]
+            rows[-1].append(fmt_bytes(r["ranks"][0]["rss_peak"]))
+        head = "peers | time / step | gossip steps / s | process RSS | RSS / peer | peak RSS (run)"
+        out += table(head, rows)
     return out
 
 

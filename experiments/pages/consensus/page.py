@@ -6,6 +6,8 @@ import math
 from collections import Counter
 from typing import Dict, List, Sequence
 
+from experiments.pages._markdown import fill, table, template
+
 from .compare import columns, target_name, winner_cell, winner_text
 from .files import CURVES, budget_name, family, fmt_err, fmt_gamma, format_table
 from .instance import FULL_GRID
@@ -13,101 +15,71 @@ from .measure import DIVERGE_FACTOR, FLOOR_MARGIN, FLOOR_ULPS
 from .models import SAVED_EPOCHS, TRAINING
 from .problems import problem_shapes
 
-PROBLEMS = (
-    "Problems (each peer's tensors; seed s, peer i draws from generator 42 + 1000·s + i, shared "
-    "components from 7000000 + s): `matrix` 100×100 N(0,1); `cnn` N(0,1) tensors shaped like "
-    "MNIST-1D's `cnn1d` parameters; `spectral:alpha=α` X_i = κ·U_i·diag(k^−α)·V_iᵀ (k = 1..100, "
-    "U_i, V_i orthonormal from the QR of Gaussian matrices, κ such that ‖X_i‖² = 100², the "
-    "`matrix` problem's expected ‖X_i‖²); `lowrank:r=r,sigma=σ` X_i = U·diag(c_i)·Vᵀ/√r + σ·E_i "
-    "(U, V 100×r N(0,1) shared, c_i and E_i N(0,1) per peer; no shared matrix A is added, the "
-    "`offset` problem measures that on its own); `offset:beta=β` the `matrix` problem + β·A, "
-    "A N(0,1) shared (gossip sees only x_i − x_j, so the consensus distance is the `matrix` "
-    "problem's; β = 0 is the `matrix` problem itself); `models:epoch=E` the peers' `cnn1d` "
-    f"parameters after E epochs of D-PSGD (exact gossip, lr {TRAINING['lr']}, momentum "
-    f"{TRAINING['momentum']}, cosine, batch {TRAINING['batch_size']}, the demo recipe) on MNIST-1D "
-    f"with a {TRAINING['partition'].replace(':', '(')}) label partition, trained on the consensus "
-    f"topology itself (as many peers as it has), saved at epochs "
-    f"{', '.join(map(str, SAVED_EPOCHS))} of one 30-epoch run (training seed 0; cached, not "
-    "committed; the consensus problem has no other randomness, so it runs on one seed). Choco and "
-    "DeepSqueeze start their public copies x̂_i at 0, so where the peers share a large component "
-    "(`offset`, trained models) their first bits go to sending it, which gossip on x_i − x_j "
-    "(exact, PowerGossip) never does; inside training the copies would have tracked it from "
-    "the start, so those rows measure gossip started from such states, not training."
-)
-MATCHED = (
-    "Matched bits: a budget column is each run's error at exactly that many bits per peer, "
-    "log-log interpolated between the two recorded steps around it (every run records the last "
-    "step within and the first step beyond each budget), so algorithms whose steps cost "
-    'different bits are compared at the same bits; "bits to 1e-2 / 1e-4" is the bits per peer '
-    "at which the relative error first falls to that value (interpolated the same way). Every "
-    "ratio on this page is between values at the same bits."
-)
-WINNER_MAP = (
-    "Per instance and column: the winner among exact gossip, PowerGossip r1 and r4, Choco sign and "
-    "Choco top-k (matched), and its margin over the runner-up: runner-up ÷ winner of the mean over "
-    "seeds of the relative error at exactly that many bits (budget columns) or of the bits per "
-    "peer to reach that relative error (last two columns); in brackets the range of the per-seed "
-    'margins, which seeds\' own winner differs, and "≥" when the winner stopped early below '
-    "the stopping error (its value is an upper bound). Tuned baselines run at the γ that is "
-    "best on seed 0 at the largest budget."
-)
-
 
 def page(instances: Sequence[Dict], made_by: str, meta: Dict) -> str:
-    """The page; `meta`: seconds (running time), cpu_count, machine, from the rows."""
+    """The page (its fixed text: page.md beside this file); `meta`: seconds (running time),
+    cpu_count, machine, from the rows."""
     counts = Counter(r["commit"] for r in instances)
     commits = (
         f"commit {next(iter(counts))}"
         if len(counts) == 1
         else "commits " + ", ".join(f"{c} ({n} instance{'s' * (n > 1)})" for c, n in counts.items())
     )
-    lines = [
-        "# Consensus experiment (PowerGossip paper §5)",
+    return fill(
+        template(__file__),
+        made_by=made_by + "  ",  # a markdown line break
+        date=max(r["finished"] for r in instances),
+        commits=commits,
+        minutes=meta["seconds"] / 60,
+        cpu_count=meta["cpu_count"],
+        machine=meta["machine"],
+        count=len(instances),
+        lr=TRAINING["lr"],
+        momentum=TRAINING["momentum"],
+        batch_size=TRAINING["batch_size"],
+        partition=TRAINING["partition"].replace(":", "(") + ")",
+        saved=", ".join(map(str, SAVED_EPOCHS)),
+        floor_ulps=FLOOR_ULPS,
+        floor_margin=FLOOR_MARGIN,
+        diverge=DIVERGE_FACTOR,
+        **method_fields(instances),
+        winner_map=winner_map(instances),
+        instances=[line for r in instances for line in instance_lines(r)],
+    )
+
+
+def instance_lines(r: Dict) -> List[str]:
+    """One instance's section: its setting, seed 0's table, the headline, plots and files."""
+    shapes, where = problem_shapes(r["problem"]), r["folder"]
+    seed0 = [x for x in r["results"] if x["seed"] == 0 and not x["swept"]]
+    steps = ", ".join(f"{x['label']}: {x['steps']} ({x['stop']})" for x in seed0)
+    return [
+        f"## {r['topology']}, {r['problem']} ({len(shapes)} tensor(s), "
+        f"{sum(math.prod(s) for s in shapes)} floats per peer)",
         "",
-        f"{made_by}  ",
-        f"Date: {max(r['finished'] for r in instances)} · {commits} · backend: local (LocalCluster, "
-        f"one thread per peer), torch threads 1 · running time {meta['seconds'] / 60:.1f} min on "
-        f"{meta['cpu_count']} shared cores ({meta['machine']}) · {len(instances)} instances",
+        f"γ (topology) = {r['gamma_topology']:.4g} · dtype {r['dtype']}"
+        + (f" · top-k ratio {r['topk_ratio']:g}" if r["topk_ratio"] else "")
+        + f" · seeds {', '.join(map(str, r['seeds']))} · {len(r['results'])} runs in "
+        f"{r['seconds']:.0f} s · seed 0 steps run (stop): {steps}",
         "",
-        *method_lines(instances),
-        "## Winner map",
+        "Seed 0: relative error at exactly each budget; bits per peer to reach each relative error.",
         "",
-        WINNER_MAP,
+        format_table(r["summary"], r["budgets"]),
         "",
-        *winner_map(instances),
+        *headline(r),
+        *edge_notes(r),
+        "",
+        f"![error vs bits]({where}/error_vs_bits.png) ![error vs steps]({where}/error_vs_steps.png)",
+        "",
+        f"Data: [`{where}/table.csv`]({where}/table.csv) (every run and seed at every budget, "
+        f"absolute and relative errors), `{where}/{CURVES}` (every run's curve: gzipped JSON "
+        f"lines, one per run; seeds after 0 named `seed<k>/...`), `{where}/summary.json`.",
+        "",
     ]
-    for r in instances:
-        shapes, where = problem_shapes(r["problem"]), r["folder"]
-        seed0 = [x for x in r["results"] if x["seed"] == 0 and not x["swept"]]
-        steps = ", ".join(f"{x['label']}: {x['steps']} ({x['stop']})" for x in seed0)
-        lines += [
-            f"## {r['topology']}, {r['problem']} ({len(shapes)} tensor(s), "
-            f"{sum(math.prod(s) for s in shapes)} floats per peer)",
-            "",
-            f"γ (topology) = {r['gamma_topology']:.4g} · dtype {r['dtype']}"
-            + (f" · top-k ratio {r['topk_ratio']:g}" if r["topk_ratio"] else "")
-            + f" · seeds {', '.join(map(str, r['seeds']))} · {len(r['results'])} runs in "
-            f"{r['seconds']:.0f} s · seed 0 steps run (stop): {steps}",
-            "",
-            "Seed 0: relative error at exactly each budget; bits per peer to reach each relative error.",
-            "",
-            format_table(r["summary"], r["budgets"]),
-            "",
-            *headline(r),
-            *edge_notes(r),
-            "",
-            f"![error vs bits]({where}/error_vs_bits.png) ![error vs steps]({where}/error_vs_steps.png)",
-            "",
-            f"Data: [`{where}/table.csv`]({where}/table.csv) (every run and seed at every budget, "
-            f"absolute and relative errors), `{where}/{CURVES}` (every run's curve: gzipped JSON "
-            f"lines, one per run; seeds after 0 named `seed<k>/...`), `{where}/summary.json`.",
-            "",
-        ]
-    return "\n".join(lines)
 
 
-def method_lines(instances: Sequence[Dict]) -> List[str]:
-    """The paragraphs between the page's header and its winner map."""
+def method_fields(instances: Sequence[Dict]) -> Dict[str, str]:
+    """What the method paragraphs say of this run: scope, dtypes, stops, γ grids."""
     first, dtypes = instances[0], sorted({r["dtype"] for r in instances})
     screen, stop = first["screen_bits"], first["stop_relative"]
     grids = sorted({tuple(r["gammas"]) for r in instances if r["sweep"]})
@@ -116,65 +88,35 @@ def method_lines(instances: Sequence[Dict]) -> List[str]:
         t: [r["problem"] for r in instances if r["topology"] == t]
         for t in dict.fromkeys(r["topology"] for r in instances)
     }
-    scope = "; ".join(f"{t}: " + ", ".join(f"`{p}`" for p in ps) for t, ps in by_topology.items())
-    missing = "; ".join(
-        f"{t}: " + (", ".join(f"`{p}`" for p in ps) if ps else "nothing")
-        for t, ps in not_run(instances).items()
+    stop_text = (
+        f'A run also stops once its relative error is ≤ {stop:g} ("reached"); its last error is '
+        'then an upper bound at larger budgets, written "≤". '
+        if stop
+        else ""
     )
-    return [
-        PROBLEMS,
-        "",
-        "Scope (cut to fit the time; one added instance takes about 150 s on ring:8 and twice "
-        f"that on torus:4x4 on 2 shared cores): {scope}. Not run: {missing} (`offset:beta=0` is "
-        "the `matrix` problem). The trained models come from one training on ring:8 (8 peers), "
-        "so that problem is on ring:8 only.",
-        "",
-        f"State dtype: {', '.join(dtypes)} (the consensus state, and what every algorithm sends: "
-        "exact gossip and PowerGossip send floats of the state's dtype, so a float64 float costs 8 "
-        "bytes; sign sends 1 bit per entry plus a scale, top-k its values plus int32 indices). "
-        "Error = mean over peers of ‖x_i − x̄‖²_F (`consensus_distance`, float64); tables and plots "
-        "give the relative error, error ÷ its initial value (the CSV keeps both). Bits per peer = 8 "
-        "× the transport's `comm.stats.bytes_sent`. Mixing weights W = uniform (1/(degree+1)). "
-        "Exact gossip and PowerGossip use the topology's γ (2/(λmin+λmax) of I−W), untuned.",
-        "",
-        MATCHED,
-        "",
-        f"Precision floor: F = {FLOOR_ULPS:g}·eps(dtype)²·mean_i ‖x_i‖² (about one rounding error per "
-        "entry of the state and of the copies an algorithm keeps, squared; float32 Choco-sign "
-        "stalled at 1.17e-8 absolute on the previous page's ring:8 `matrix`, 83·eps²·mean‖x_i‖²). A value ≤ "
-        f'{FLOOR_MARGIN:g}·F is marked "(floor)"/"at precision floor" and its run stops there '
-        '("floor"). The floor scales with ‖x_i‖², not with the initial error: a shared offset '
-        "raises it. "
-        + (
-            f'A run also stops once its relative error is ≤ {stop:g} ("reached"); its last error is '
-            'then an upper bound at larger budgets, written "≤". '
-            if stop
-            else ""
-        )
-        + f"A run stops after the first step beyond {budget_name(first['max_bits'])} bits, or as "
-        f"*diverged* once its error exceeds {DIVERGE_FACTOR:g}× the initial error.",
-        "",
-        f"γ sweeps: Choco and DeepSqueeze γ ∈ {grids}, on seed 0 only"
-        + (
-            f", in two stages: every γ runs to {budget_name(screen)} bits per peer, then the "
-            f"{first['finalists']} best γ at that budget (one that already reached the stopping error "
-            f"ranks first) run to {budget_name(first['max_bits'])} bits; a budget column shows the "
-            f"best γ's value (γ per cell): over the whole grid up to {budget_name(screen)} bits, over "
-            "the finalist beyond. "
-            if screen
-            else ". "
-        )
-        + "Seeds 1 and 2 rerun each algorithm once, a tuned one at the γ that is best on seed 0 at "
-        "the largest budget (the γ the plots show); the per-instance tables are seed 0, the winner "
-        "map is the mean over seeds. The original problems (`matrix`, `cnn`) run the full algorithm "
-        "list on seed 0 (PowerGossip r2 and r1 restart, DeepSqueeze, low-rank compressors included) "
-        "and the winner-map algorithms on seeds 1-2; the added problems run the winner-map "
-        "algorithms only. Top-k keeps k matched to PowerGossip rank 1's floats per message "
-        "(measured from its traffic, ratio per section) and also sends k int32 indices. "
-        "`lowrank:1` is a rank-1 approximation by one power iteration from a fresh random start "
-        "each round.",
-        "",
-    ]
+    screen_text = (
+        f", in two stages: every γ runs to {budget_name(screen)} bits per peer, then the "
+        f"{first['finalists']} best γ at that budget (one that already reached the stopping error "
+        f"ranks first) run to {budget_name(first['max_bits'])} bits; a budget column shows the "
+        f"best γ's value (γ per cell): over the whole grid up to {budget_name(screen)} bits, over "
+        "the finalist beyond. "
+        if screen
+        else ". "
+    )
+    return dict(
+        scope="; ".join(
+            f"{t}: " + ", ".join(f"`{p}`" for p in ps) for t, ps in by_topology.items()
+        ),
+        missing="; ".join(
+            f"{t}: " + (", ".join(f"`{p}`" for p in ps) if ps else "nothing")
+            for t, ps in not_run(instances).items()
+        ),
+        dtypes=", ".join(dtypes),
+        stop_text=stop_text,
+        max_bits=budget_name(first["max_bits"]),
+        grids=grids,
+        screen_text=screen_text,
+    )
 
 
 def not_run(instances: Sequence[Dict]) -> Dict[str, List[str]]:
@@ -199,13 +141,12 @@ def winner_map(instances: Sequence[Dict]) -> List[str]:
         f"@ {budget_name(key)} bits" if kind == "budget" else f"bits to {target_name(key)}"
         for kind, key in cols
     ]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in instances:
-        cells = [winner_text(winner_cell(r, kind, key)) for kind, key in cols]
-        lines.append(
-            f"| {r['topology']} | {r['problem']} | {len(r['seeds'])} | " + " | ".join(cells) + " |"
-        )
-    return lines + ["", "![PowerGossip ÷ best baseline](consensus/winner_map.png)", ""]
+    rows = [
+        [r["topology"], r["problem"], str(len(r["seeds"]))]
+        + [winner_text(winner_cell(r, kind, key)) for kind, key in cols]
+        for r in instances
+    ]
+    return table(header, rows) + ["![PowerGossip ÷ best baseline](consensus/winner_map.png)", ""]
 
 
 def _ratio_text(pg: Dict, other: Dict) -> str:

@@ -7,6 +7,8 @@ import math
 import statistics
 from typing import Any, Dict, List, Optional
 
+from experiments.pages._markdown import fill, template
+
 
 def _pct(value: Optional[float]) -> str:
     return "n/a" if value is None else f"{100 * value:.1f} %"
@@ -43,75 +45,42 @@ def page(result: Dict[str, Any], generated: str, others: List[Dict[str, Any]] = 
     peers = int(s["topology"].split(":")[1])
     n = int(s["dataset"].split("n=")[1].split(",")[0])
     steps = rows[0]["steps"] if rows else 0
-    lines = [
-        "# PowerGossip at the paper's model size: ResNet-20 on a synthetic CIFAR-shaped stand-in, "
-        f"{s['topology']}",
-        "",
-        f"{generated} Backend `local` (every peer a thread of one process, one torch thread "
-        f"each) on a CPU-only machine with {result['cpu_count']} cores shared with other "
-        f"engineers' jobs (1-minute load average {result['load'][0]:.1f} at the start, "
-        f"{result['load'][1]:.1f} at the end): every time below is a CPU time or a wall time "
-        "under that load. There is no GPU here and no GPU figure on this page.",
-        "",
-        "**The data is not CIFAR-10.** It is `synthetic_images`, a synthetic stand-in the "
-        "project generates (`gossip_powersgd/training/synthetic_images.py`): 3 x 32 x 32 "
-        "images of 10 balanced classes, each a class prototype field plus Gaussian noise, "
-        "randomly shifted, drawn through a fixed random conv net seeded from the run's seed; "
-        "training batches get CIFAR's padded random crop, flip and normalisation. Accuracies "
-        "here say how the algorithms rank on a learnable image task with the paper's model, "
-        "not what they reach on CIFAR-10.",
-        "",
-        "## Setting, and why this scale",
-        "",
-        f"`{s['model']}` ({rows[0]['parameters']:,} parameters) on `{s['dataset']}`, "
-        f"{s['topology']}, iid partition ({n // peers} training images per peer, "
-        f"{n.__index__()} in all), batch {s['batch_size']} per peer, SGD momentum "
-        f"{s['momentum']}, lr {s['lr']} with {s['warmup_epochs']} warm-up epoch(s) and a "
-        f"{s['schedule']} schedule, weight decay {s['weight_decay']}, {s['epochs']} epochs = "
-        f"{steps} steps, evaluated every {s['eval_every']} epochs (the averaged model with "
-        "its BatchNorm statistics recomputed, and every local model, on the test set). "
-        "One seed. The size was chosen to keep the page near 45 minutes on 2 shared cores "
-        f"(this run: {result['seconds'] / 60:.0f} min for {len(rows)} rows): {peers} peers' "
-        "forward + backward passes cost about "
-        f"{peers * timing['cpu_s'] * s['batch_size'] / timing['batch']:.2f} s of CPU per ring "
-        "step at this batch (scaled linearly from the measurement at batch "
-        f"{timing['batch']} below), so each row gets {steps} steps: far from the paper's "
-        f"{proj['epochs']} epochs, and the accuracies are those of short runs.",
-        "",
-    ]
-    lines += _traffic(result["traffic"])
-    lines += _table(rows, peers)
+    body = _traffic(result["traffic"]) + _table(rows, peers)
     for f in result.get("failed", []):
-        lines += [f"**Row {f['label']} (`{f['algorithm']}`) failed:** {f['error']}", ""]
-    lines += _equal_bytes(rows)
-    lines += _curves(rows)
-    lines += _other_seeds(result, others)
-    lines += _findings(rows, int(s["dataset"].split("test=")[1].split(",")[0]), peers)
-    lines += [
-        "## Time per step, and what a real CIFAR-10 run would cost on this CPU",
-        "",
-        f"Measured here: one `{s['model']}` forward + backward + SGD step at the paper's batch of "
-        f"{timing['batch']} on one thread takes **{timing['cpu_s']:.3f} s of CPU** "
-        f"({timing['wall_s']:.3f} s wall; median of the timed repetitions). The paper's run is "
-        f"{proj['epochs']} epochs x ceil({CIFAR_TRAIN_TEXT} / ({PEERS_TEXT} x "
-        f"{timing['batch']})) = {proj['steps']:,} steps per peer. On this CPU that is "
-        f"**{proj['steps'] * timing['cpu_s'] / 3600:.1f} CPU-hours per peer**, "
-        f"{PAPER_PEERS * proj['steps'] * timing['cpu_s'] / 3600:.0f} CPU-hours for the "
-        f"{PAPER_PEERS} peers of one row (forward and backward only: gossip arithmetic, "
-        "evaluation and data loading come on top); with one core of this kind per peer, "
-        f"about {proj['steps'] * timing['cpu_s'] / 3600:.0f} hours of wall time per row, "
-        f"the {len(rows)} rows of this page about {len(rows) * proj['steps'] * timing['cpu_s'] / 86400:.1f} "
-        f"days one after another. This page's own runs took on average "
-        f"{_cpu_per_step(rows):.2f} s of CPU per ring step ({peers} peers at batch "
-        f"{s['batch_size']}, set-up and evaluations included). This is a projection from a "
-        "CPU measurement (no GPU was "
-        "lent to this run, so no GPU figure is given).",
-        "",
-    ]
-    return "\n".join(lines) + "\n"
+        body += [f"**Row {f['label']} (`{f['algorithm']}`) failed:** {f['error']}", ""]
+    body += _equal_bytes(rows) + _curves(rows) + _other_seeds(result, others)
+    body += _findings(rows, int(s["dataset"].split("test=")[1].split(",")[0]), peers)
+    peer_hours = proj["steps"] * timing["cpu_s"] / 3600
+    return fill(
+        template(__file__),
+        **s,
+        generated=generated,
+        cpu_count=result["cpu_count"],
+        load_start=result["load"][0],
+        load_end=result["load"][1],
+        parameters=rows[0]["parameters"],
+        per_peer=n // peers,
+        images=n,
+        steps=steps,
+        minutes=result["seconds"] / 60,
+        rows=len(rows),
+        peers=peers,
+        ring_step_cpu=peers * timing["cpu_s"] * s["batch_size"] / timing["batch"],
+        batch=timing["batch"],
+        paper_epochs=proj["epochs"],
+        cpu_s=timing["cpu_s"],
+        wall_s=timing["wall_s"],
+        paper_steps=proj["steps"],
+        peer_hours=peer_hours,
+        row_hours=PAPER_PEERS * peer_hours,
+        days=len(rows) * proj["steps"] * timing["cpu_s"] / 86400,
+        cpu_per_step=_cpu_per_step(rows),
+        body=body,
+    )
 
 
-CIFAR_TRAIN_TEXT, PEERS_TEXT, PAPER_PEERS = "50,000", "8", 8
+#: The paper's run: 8 peers (the template says 8 and CIFAR-10's 50,000 training images).
+PAPER_PEERS = 8
 
 
 def _traffic(traffic: List[Dict[str, Any]]) -> List[str]:

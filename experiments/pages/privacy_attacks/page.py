@@ -10,6 +10,7 @@ import statistics
 from typing import Any, Dict, List
 
 from experiments.engine import Outputs, Rows, made_by
+from experiments.pages._markdown import block, fill, template
 from experiments.pages._privacy import NONPRIVATE_LR, budget_text
 
 from . import runs
@@ -49,8 +50,9 @@ def regime_text(setting: Dict[str, Any], dp: Dict[str, Any]) -> str:
 
 
 def render(name: str, rows: Rows) -> Outputs:
-    """The page of regime `name` from its rows: the attacked rows in the plan's (spec, target)
-    order, seed by seed; the network section when the plan has one."""
+    """The page of regime `name` from its rows (its fixed text: page.md beside this file): the
+    attacked rows in the plan's (spec, target) order, seed by seed; the network section when the
+    plan has one."""
     r, by = regime(name, rows.quick), rows.by_key
     network = by.get("network")
     order = [runs.key(s, t, seed) for g in r["groups"] for s, t in g for seed in r["seeds"]]
@@ -61,38 +63,23 @@ def render(name: str, rows: Rows) -> Outputs:
         for x in data
         if "failure" in x
     ]
-    text = intro(r, rows, data) + "## Runs\n\n" + runs_table(data) + "\n"
     others = (rows.records[0].origin or {}).get("budget_rows")
-    if others:
-        text += budget_section(data, others)
-    text += (
-        "## Leakage to the neighbour (last round)\n\nThe strongest reconstruction is the "
-        "observer's estimator with the highest mean LiRA AUC (the oracle uses the truth and "
-        "is a ceiling, not an attack).\n\n" + leakage_table(data) + "\n"
-    )
-    text += "All five attacks with the victim's own model:\n\n" + all_attacks_table(data) + "\n"
-    text += f"![ROC, log scale]({name}_roc.png)\n\n"
-    text += (
-        "## Reconstructions, judged by what they enable\n\nEstimators "
-        "(`gossip_powersgd.privacy.estimators`): PowerGossip — the moving-M least squares of "
-        "`reconstruction.py` (last 4 messages), least squares on the difference D = M_victim − "
-        "M_observer over the last 64 messages, its drift-aware variant (256 messages weighted "
-        "0.97^age, each corrected by the observer's own model history), and the oracle: the "
-        "true D projected on the span of every factor the observer saw (a ceiling); exact "
-        "gossip: read off; Choco: its public copy x̂. Relative L2 error and agreement are means "
-        "over the two victims.\n\n" + reconstruction_table(data) + "\n"
-    )
-    text += "## Attacks over rounds\n\n" + rounds_table(data) + "\n"
-    text += "## Per-class AUC (diagnostic)\n\n" + per_class_table(data) + "\n"
-    text += "## Answers\n\n" + "\n".join(answers(data)) + "\n\n"
-    if not_reached:
-        text += "## Not reached\n\n" + "\n".join(f"- {x}" for x in not_reached) + "\n\n"
-    text += network_text(network) if network is not None else ""
-    text += (
-        f"Data: [{name}.jsonl]({name}.jsonl) (every row with every attack, round, evaluation, "
-        "ROC, per-class AUC and the split's indices"
-        + ("; the network-DP matrices" if network is not None else "")
-        + ").\n"
+    missed = "## Not reached\n\n" + "\n".join(f"- {x}" for x in not_reached) + "\n\n"
+    text = fill(
+        template(__file__),
+        **intro_fields(r, rows, data),
+        name=name,
+        runs=block(runs_table(data) + "\n"),
+        budget=block(budget_section(data, others) if others else ""),
+        leakage=block(leakage_table(data) + "\n"),
+        all_attacks=block(all_attacks_table(data) + "\n"),
+        reconstruction=block(reconstruction_table(data) + "\n"),
+        rounds=block(rounds_table(data) + "\n"),
+        per_class=block(per_class_table(data) + "\n"),
+        answers=answers(data),
+        not_reached=block(missed if not_reached else ""),
+        network=block(network_text(network) if network is not None else ""),
+        network_data="; the network-DP matrices" if network is not None else "",
     )
     out: Outputs = {f"{name}.md": text, f"{name}_roc.png": plot_roc(data)}
     if network is not None:
@@ -100,11 +87,10 @@ def render(name: str, rows: Rows) -> Outputs:
     return out
 
 
-def intro(r: Dict[str, Any], rows: Rows, data) -> str:
-    """The title, who made the page, the threat model, the membership protocol and the setting."""
+def intro_fields(r: Dict[str, Any], rows: Rows, data) -> Dict[str, Any]:
+    """What the title, the threat model, the membership protocol and the setting say."""
     setting, ok = r["setting"], [x for x in data if "failure" not in x]
     split = rows.by_key.get(f"split/seed{ok[0]['seed']}") if ok else None
-    per_peer = len(split["record"]["members"]["0"]) if split else 0
     members, nonmembers = (ok[0]["members"], ok[0]["nonmembers"]) if ok else (0, 0)
     loads = [x["load"] for x in data if "load" in x]
     load = f" (1-min load average {min(loads):.1f}–{max(loads):.1f} at the ends of the runs)"
@@ -116,43 +102,25 @@ def intro(r: Dict[str, Any], rows: Rows, data) -> str:
         r["regime_text"].format(**words) if r["regime_text"] else regime_text(setting, dp)
     )
     per = nonmembers // 1000
-    return (
-        f"# {r['title']}\n\n{made_by(rows)} Backend `local` (every peer a thread of one "
-        f"process), on 2 CPU cores shared with other engineers' jobs{load if loads else ''}.\n\n"
-        "**Threat model.** Honest-but-curious peers: they follow the protocol, do not collude, "
-        "and see exactly the bytes the transport delivers to them, plus what they legitimately "
-        "know (their own model and data, the config and seed, the shared PowerGossip factors, "
-        f"Choco's public copy x̂). Rank {OBSERVER} observes (records every message it receives, "
-        "every step) and attacks both its neighbours (the victims), whose own models give the "
-        "truth.\n\n"
-        "**Membership protocol.** Before training each victim's shard is split at random "
-        "(`gossip_powersgd.privacy.heldout.make_split`, seed = the run's seed; the indices are in "
-        "the JSON) into members, which it trains on, and held-out records that no peer ever trains "
-        "on (the split enters training as a `partition: local` dataset, so nothing else can be "
-        "trained on). Members and non-members therefore come from the same distribution. Per run: "
-        f"{members} members and {nonmembers} non-members pooled over the two victims, so TPR at "
-        f"0.1 % FPR lets {per} non-member{'s' if per != 1 else ''} above the threshold (FPR in "
-        f"steps of 1/{nonmembers}); every figure is mean ± sd over {len(r['seeds'])} seeds (a new "
-        "split and a new training seed each). Blind baselines beside every figure: the "
-        "class-prior score (the label's frequency in the victims' whole shards, members and "
-        "held-out alike: never looks at a model) and the same attacks through a model that never "
-        "saw the victims (trained in-process on the observer's own shard); both must sit in the "
-        "null band, the central 95 % of AUC and TPR under 200 random permutations of the member "
-        "labels. Attacks: LOSS; calibrated LOSS (−loss + the mean loss of the reference models "
-        "that did not train on the candidate); class-conditional LOSS; LiRA offline and online "
-        f"(Carlini et al. 2022) with {r['references']} reference models per seed trained "
-        "in-process, each on a random half of the candidate pool (every candidate in exactly half "
-        "of them) plus the observer's own shard, with the non-private recipe below but lr "
-        f"{setting.get('reference_lr', NONPRIVATE_LR)} (each trains alone, without gossip; no DP "
-        "for the reference models, also for the DP rows: a weaker but cheaper attacker), global "
-        f"variance. The headline attack is {HEADLINE}.\n\n"
-        f"**Setting and scale.** `{setting['dataset']}` ({per_peer} training samples per peer; "
-        f"each victim trains on {members // 2} of them and holds the rest out), "
-        f"`{setting['partition']}`, `{setting['model']}`, {setting['topology']}, SGD momentum "
-        f"{setting['momentum']}, cosine schedule, {setting['warmup_epochs']} warm-up epoch. "
-        f"{regime_words}noise secret per peer, one public σ for every peer, chosen so that the "
-        "peer with the highest sampling rate (a victim: half a shard) ends at the target; the ε "
-        f"in a row is each victim's own. Scale: {r['scale_note']}\n\n"
+    keys = ("dataset", "partition", "model", "topology", "momentum", "warmup_epochs")
+    return dict(
+        {k: setting[k] for k in keys},
+        title=r["title"],
+        made_by=made_by(rows),
+        load=load if loads else "",
+        observer=OBSERVER,
+        members=members,
+        nonmembers=nonmembers,
+        per=per,
+        plural="s" if per != 1 else "",
+        seeds=len(r["seeds"]),
+        references=r["references"],
+        reference_lr=setting.get("reference_lr", NONPRIVATE_LR),
+        headline=HEADLINE,
+        per_peer=len(split["record"]["members"]["0"]) if split else 0,
+        victim_members=members // 2,
+        regime_words=regime_words,
+        scale_note=r["scale_note"],
     )
 
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 import csv
 import io
 import statistics
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
+
+from experiments.pages._markdown import fill, template
+from experiments.pages._markdown import table as md_table
 
 NAMES = dict(none="non-private", local="local DP-SGD", muffliato="Muffliato", zipdl="ZIP-DL")
 NAMES["decor"] = "DECOR"
@@ -35,98 +38,89 @@ def _group(rows, mechanism, algorithm) -> List[Dict[str, Any]]:
 
 
 def render_page(sections, generated, command, c) -> str:
-    """The page: `sections` (per topology: setting, noises, rows, reuse_muffliato), `generated`
-    (who made the rows), the command that makes the page, and `c` (the plan's constants and how
-    the runs were made: load, nice, time per step)."""
+    """The page (its fixed text: page.md beside this file): `sections` (per topology: setting,
+    noises, rows, reuse_muffliato), `generated` (who made the rows), the command that makes the
+    page, and `c` (the plan's constants and how the runs were made: load, nice, time per step)."""
     tables: Dict[str, Dict[tuple, List[float]]] = {}
-    lines = setting_lines(sections, generated, c) + results_lines(sections, c, tables)
-    lines += attack_lines(sections, c) + ["", "## Answers, in numbers", ""]
-    for section in sections:
-        lines += answer_lines(section, tables[section["setting"]["topology"]], c)
-    lines += accountant_lines(sections, c)
-    lines += ["", "## Reproduce", "", "```", command, "```", ""]
-    return "\n".join(
-        lines + ["CSV: `privacy_mechanisms.csv` (one row per run, attack figures included).", ""]
-    )
-
-
-def setting_lines(sections, generated, c) -> List[str]:
-    """The title, who made the page and how, the setting, and the calibration table."""
-    first = sections[0]
-    setting = first["setting"]
-    noise = next(iter(first["noises"].values()))
-    schedule, lr = setting.get("schedule", "constant"), setting["lr"]
-    lr_text = (
-        f"constant lr {lr}, no weight decay: the setting Muffliato's network accountant models"
-        if schedule == "constant"
-        else f"lr {lr} with a {schedule} decay to 0 over the run, no weight decay; Muffliato's "
-        "and ZIP-DL's network accountants model a constant lr, so here they report DP-SGD's "
-        "local bound, which holds under any schedule"
-    )
-    plain = sorted({r["seed"] for r in first["rows"] if r["mechanism"] == "none"})
-    seeds, runs = setting["seeds"], len(c["load"])
-    lines = [
-        "# Privacy mechanisms that use the graph: accuracy and the neighbour's attack at equal ε "
-        "against a neighbour",
-        "",
-        f"{generated} Backend `local` (every peer a thread of one process) on a machine of 2 "
-        f"cores, {_how_run(c)}.",
-        "",
-        "## Setting, and why this scale",
-        "",
-        f"Topologies {', '.join(s['setting']['topology'] for s in sections)}; dataset "
-        f"`synthetic_logreg` (d = 20, {setting['dataset'].split('classes=')[1].split(',')[0]} "
-        f"classes, iid), model `{setting['model']}`. Every peer's shard holds "
-        f"{2 * setting['shard']} records, split at random (`privacy/heldout.py`, per seed) into "
-        f"{setting['shard']} members it trains on and {setting['shard']} held-out records no "
-        f"peer trains on (Privacy IV's protocol). Plain SGD (momentum 0, {lr_text}), expected "
-        f"batch {setting['batch_size']} (Poisson sampling, q = {noise['q']:g}), "
-        f"{setting['epochs']} epochs = {noise['steps']} steps, clipping C = {c['clip']:g}, "
-        f"δ = {c['delta']:g}, seeds {', '.join(map(str, seeds))} (non-private: seed"
-        f"{'s' if len(plain) > 1 else ''} {', '.join(map(str, plain))}). Every mechanism's noise "
-        "is on the clipped gradient sum, so on the model it scales with the step's lr exactly as "
-        "a record's sensitivity lr_t C / batch does: the ε below does not depend on the "
-        f"schedule. **A small linear problem, on purpose**: {len(sections)} topologies × four "
-        f"mechanisms × two algorithms × {len(seeds)} seeds, each run attacked, fit in "
-        f"{'one run' if runs == 1 else f'{runs} runs'} of this command on 2 shared cores "
-        f"(measured here: {c['per_step']:.3g} s of wall time per step, set-up, evaluation and "
-        "attack included, on average over all runs); the non-private rows are its ceiling. "
-        "mnist1d / cnn1d at this breadth does not fit that budget and is not done here. Each run "
-        "is evaluated at every quarter of the run: the plateau check below.",
-        "",
-        f"Target: **ε = {c['target']:g} against a direct neighbour** (victim 1, observer "
-        f"{c['observer']}; every topology here is vertex transitive), each mechanism's noise "
-        "solved for it, per topology, before any run, with its own accountant; ε against the "
-        "most distant peer (most hops from the observer) is what that noise gives.",
-        "",
-        "## Calibration",
-        "",
-        "| topology | mechanism | DP-SGD σ (DECOR: σ_ind) | extra noise | ε vs neighbour (RDP) | "
-        "ε vs neighbour (PLD, dp-accounting) | ε vs most distant peer | ε vs a peer knowing "
-        "everything it can | accountant |",
-        "|---|---|---|---|---|---|---|---|---|",
+    results = results_lines(sections, c, tables)
+    answers = [
+        line
+        for section in sections
+        for line in answer_lines(section, tables[section["setting"]["topology"]], c)
     ]
+    setting = sections[0]["setting"]
+    noise = next(iter(sections[0]["noises"].values()))
+    plain = sorted({r["seed"] for r in sections[0]["rows"] if r["mechanism"] == "none"})
+    seeds, runs = setting["seeds"], len(c["load"])
+    return fill(
+        template(__file__),
+        **{k: c[k] for k in ("clip", "delta", "target", "observer", "per_step", "network_steps")},
+        generated=generated,
+        command=command,
+        how_run=_how_run(c),
+        topologies=", ".join(s["setting"]["topology"] for s in sections),
+        classes=setting["dataset"].split("classes=")[1].split(",")[0],
+        model=setting["model"],
+        records=2 * setting["shard"],
+        shard=setting["shard"],
+        lr_text=_lr_text(setting),
+        batch_size=setting["batch_size"],
+        q=noise["q"],
+        epochs=setting["epochs"],
+        steps=noise["steps"],
+        seeds=", ".join(map(str, seeds)),
+        plural="s" if len(plain) > 1 else "",
+        plain=", ".join(map(str, plain)),
+        topology_count=len(sections),
+        seed_count=len(seeds),
+        runs="one run" if runs == 1 else f"{runs} runs",
+        references=setting["references"],
+        calibration=calibration_lines(sections),
+        results=results[0],
+        plateau=results[1],
+        attacks=attack_lines(sections, c),
+        answers=answers,
+        **accountant_fields(sections),
+    )
+
+
+def _lr_text(setting) -> str:
+    schedule, lr = setting.get("schedule", "constant"), setting["lr"]
+    if schedule == "constant":
+        return (
+            f"constant lr {lr}, no weight decay: the setting Muffliato's network accountant models"
+        )
+    return (
+        f"lr {lr} with a {schedule} decay to 0 over the run, no weight decay; Muffliato's and "
+        "ZIP-DL's network accountants model a constant lr, so here they report DP-SGD's local "
+        "bound, which holds under any schedule"
+    )
+
+
+CALIBRATION = (
+    "topology | mechanism | DP-SGD σ (DECOR: σ_ind) | extra noise | ε vs neighbour (RDP) | "
+    "ε vs neighbour (PLD, dp-accounting) | ε vs most distant peer | ε vs a peer knowing "
+    "everything it can | accountant"
+)
+
+
+def calibration_lines(sections) -> List[str]:
+    """Each topology's noise per mechanism and the ε it gives."""
+    rows = []
     for section in sections:
         for name in PRIVATE:
             n = section["noises"][name]
-            lines.append(
-                f"| {section['setting']['topology']} | {NAMES[name]} | {n['sigma']:.4g} | "
-                f"{n['extra']} | {n['neighbour']:.3g} | {n['neighbour_pld']:.3g} | "
-                f"{n['far']:.3g} (peer {n['far_peer']}) | {n['local']:.3g} | {n['note']} |"
+            rows.append(
+                [section["setting"]["topology"], NAMES[name], f"{n['sigma']:.4g}", n["extra"]]
+                + [f"{n['neighbour']:.3g}", f"{n['neighbour_pld']:.3g}"]
+                + [f"{n['far']:.3g} (peer {n['far_peer']})", f"{n['local']:.3g}", n["note"]]
             )
-    return lines
+    return md_table(CALIBRATION, rows, end=None)
 
 
-def results_lines(sections, c, tables) -> List[str]:
+def results_lines(sections, c, tables) -> Tuple[List[str], List[str]]:
     """The accuracy table and the plateau check; each topology's final accuracies into `tables`."""
     lines = [
-        "",
-        "## Results",
-        "",
-        "Averaged-model test accuracy at half, three quarters and the end of the run (mean ± std "
-        "over the seeds), its change over the last quarter, local models' accuracy at the end, "
-        "and the bytes each peer sent.",
-        "",
         "| topology | mechanism | algorithm | seeds | acc at 1/2 | acc at 3/4 | acc at end | "
         "last-quarter change (pp) | local acc mean | local acc min | MB sent / peer |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -154,7 +148,7 @@ def results_lines(sections, c, tables) -> List[str]:
                     f"{_pm([r['acc_local_min'] for r in group])} | "
                     f"{_mean(r['mb_per_peer'] for r in group):.3f} |"
                 )
-    return lines + plateau_lines(sections, plateau)
+    return lines, plateau_lines(sections, plateau)
 
 
 def plateau_lines(sections, plateau) -> List[str]:
@@ -164,8 +158,7 @@ def plateau_lines(sections, plateau) -> List[str]:
         "[privacy_mechanisms_budget.md](privacy_mechanisms_budget.md) "
         "(`python -m experiments privacy_mechanisms_budget`)"
     )
-    lines = ["", "## Trained to a plateau?", ""]
-    lines.append(
+    lines = [
         f"Under the {setting['schedule']} schedule the learning rate falls to 0 over the last "
         "quarter, and the averaged model's accuracy can rise there however long the run: the "
         "change within a run is no plateau test, so none is drawn from it here. The test is the "
@@ -174,9 +167,9 @@ def plateau_lines(sections, plateau) -> List[str]:
         if decaying
         else "At a constant lr a run that still rises over its last quarter by more than its "
         "seeds' spread has not reached its plateau; one that does not is on a plateau at this "
-        f"measure. The same plan at other budgets: {budget}."
-    )
-    lines.append("")
+        f"measure. The same plan at other budgets: {budget}.",
+        "",
+    ]
     epochs = {s["setting"]["topology"]: s["setting"]["epochs"] for s in sections}
     for topology, entries in plateau.items():
         rising = [e for e in entries if e[2] > max(e[3], 1e-12)]
@@ -263,23 +256,6 @@ def _band(rows, key) -> str:
 def attack_lines(sections, c) -> List[str]:
     """The neighbour's membership attack per topology, mechanism and algorithm."""
     lines = [
-        "",
-        "## Attacks: what the neighbour learns of membership",
-        "",
-        f"Privacy IV's protocol (`gossip_powersgd/privacy/attacks.py`, reused): observer "
-        f"{c['observer']} records every message it receives; the candidates are its neighbours "
-        "1 and n - 1's members and held-out records (equal counts: the AUC is balanced). The "
-        "attack model is what the observer can form from what it received at the last step: "
-        "with exact gossip the received model itself (with ZIP-DL's zero-sum noise on it), "
-        "with PowerGossip r1 the reconstruction from the last 4 messages "
-        "(`privacy/reconstruction.py`); the victim's own model is the ceiling. LOSS, LiRA "
-        f"offline and LiRA online ({sections[0]['setting']['references']} reference models per "
-        "seed, each on a random half of the candidates plus the observer's shard, trained with "
-        "a cosine-decayed lr; online also uses the references that did train on a candidate). "
-        "Blind baselines: the class-prior score, and the same LOSS attack through a model trained "
-        "on the observer's shard alone (it never saw a victim); null band: the central 95 % of "
-        "AUC and TPR under random member labels (200 permutations). Mean over the seeds; TPR in %.",
-        "",
         "| topology | mechanism | algorithm | LOSS AUC (received) | TPR @1 % | TPR @0.1 % | "
         "LiRA offline AUC (received) | LiRA TPR @1 % | LiRA online AUC (received) | LOSS AUC "
         "(victim's own) | blind model LOSS AUC | class prior AUC | null band AUC | null band "
@@ -357,7 +333,8 @@ def _network_text(s) -> str:
     )
 
 
-def accountant_lines(sections, c) -> List[str]:
+def accountant_fields(sections) -> Dict[str, str]:
+    """What the accountants' paragraph says of this run's schedule and network bounds."""
     constant = [s for s in sections if "network_neighbour" in s["noises"]["muffliato"]]
     schedule = sections[0]["setting"].get("schedule", "constant")
     network = "; ".join(_network_text(s) for s in constant) or (
@@ -367,33 +344,7 @@ def accountant_lines(sections, c) -> List[str]:
         "re-derived), so Muffliato's and ZIP-DL's ε is DP-SGD's local bound"
     )
     shrinks = "" if schedule == "constant" else f"; fixed, while the {schedule} lr shrinks DP's"
-    return [
-        "",
-        "## What the accountants say, and what they do not",
-        "",
-        "- **Muffliato** adds the same noise as DP-SGD; only the accounting differs. Its network "
-        "bound (the observer's exact view, `privacy/network_dp.py`, noise every step, any "
-        "per-step record change) does not use subsampling, and a neighbour receives the "
-        "victim's model at every step. The reported ε is the minimum of the two valid bounds; "
-        "where the network bound is the larger, Muffliato needs DP-SGD's σ and its runs are "
-        "DP-SGD's. The view is built over the first T steps (T doubled from "
-        f"{c['network_steps']} until the bound settles the minimum, or the whole run): the view "
-        "of a prefix is a function of the whole view, so its ε is a lower bound on the whole "
-        "run's, and once it is above DP-SGD's ε the minimum is DP-SGD's exactly. Network bounds "
-        f"alone: {network}.",
-        "- **ZIP-DL** adds, on every message, the sender's zero-sum noise for that edge (as large "
-        f"as one step's DP noise on the model at the base lr{shrinks}), on top of DP-SGD. Its "
-        "network bound is the same exact view with the zero-sum draws as extra Gaussian unknowns "
-        "(`network_dp.zero_sum_matrix`); the reported ε is the minimum with DP-SGD's. The "
-        "paper's own guarantee is not used.",
-        "- **DECOR**: SecLDP (the paper's Algorithm 2, per pair): each step is a Gaussian "
-        "mechanism with covariance σ_ind² I + σ_cor² L over the peers other than the "
-        "adversary, whitened to noise multiplier 1/√[Σ⁻¹]_vv and subsampled at q; ε by RDP "
-        "(Opacus) and, independently, by PLD (dp-accounting), both in the table. It assumes the "
-        "adversary sees every peer's noisy update and holds its own pair keys only; against "
-        "peers that pool all the victim's keys, only σ_ind protects (the 'knowing everything' "
-        "column).",
-    ]
+    return dict(network=network, shrinks=shrinks)
 
 
 def _how_run(c) -> str:

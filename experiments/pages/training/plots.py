@@ -7,6 +7,8 @@ import csv
 import io
 from typing import Any, Dict, List, Sequence, Tuple
 
+from experiments.pages._figures import png
+
 from .convergence import common_target
 from .design import noniid_grid
 
@@ -143,8 +145,5 @@ def plot_training(state: Dict[str, Any], headline: Sequence[Dict[str, Any]]) -> 
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         fig.tight_layout()
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=100)
-        plt.close(fig)
-        pictures[file_name] = buffer.getvalue()
+        pictures[file_name] = png(fig, dpi=100)
     return pictures

@@ -113,10 +113,6 @@ def test_the_answer_names_the_rates_and_factors_computed_from_the_times():
         "(18.2× sooner), 1 Mbit/s (exact gossip never reaches it) and not at 1 Gbit/s "
         "(exact gossip 2× sooner)."
     )
-    assert compose.crossover(TIMES, RATES, "pg-r1", "exact") == "100mbit"
-    assert compose.crossover(TIMES, RATES, "pg-r1", "allreduce") == "100mbit"
-    slower = {r: dict(t, **{"pg-r1": 1e9}) for r, t in TIMES.items()}
-    assert compose.crossover(slower, RATES, "pg-r1", "allreduce") is None
     assert compose.fastest(TIMES["1gbit"]) == "allreduce"
 
 

@@ -1,0 +1,54 @@
+"""Markdown for renderers, written once: a table from its header and rows, or from a list of
+(column, cell) pairs, so that a page states its columns instead of building lines by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
+
+#: How a cell is made from one item of the rows; a column is its title and its cell.
+Cell = Callable[[Any], str]
+Column = Tuple[str, Cell]
+
+
+def table(header, rows: Iterable[Sequence[str]], end: Optional[str] = "") -> List[str]:
+    """The lines of a markdown table (header, rule, a line a row), then `end` (a blank line;
+    None: nothing). `header`: the titles, or one string of them joined by " | "."""
+    header = header.split(" | ") if isinstance(header, str) else header
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines if end is None else lines + [end]
+
+
+def columns(spec: Sequence[Column], items: Iterable[Any], end: Optional[str] = "") -> List[str]:
+    """`table` from (title, cell) pairs: a row an item, a cell `cell(item)` a column."""
+    return table([title for title, _ in spec], ([f(x) for _, f in spec] for x in items), end)
+
+
+def g3(field: str) -> Cell:
+    """A cell: the item's `field` to three significant digits."""
+    return lambda x: f"{x[field]:.3g}"
+
+
+def template(page_file: str, name: str = "page.md") -> str:
+    """The markdown template `name` beside a page's module (`page_file`: its `__file__`)."""
+    return (Path(page_file).parent / name).read_text(encoding="utf-8")
+
+
+def fill(text: str, **fields: Any) -> str:
+    """A template filled in: a line that is only `{name}` of a list field stands for that list's
+    lines (none for an empty list); every other line is `str.format`ted with the fields."""
+    out: List[str] = []
+    for line in text.split("\n"):
+        value = fields.get(line[1:-1]) if line[:1] + line[-1:] == "{}" else None
+        if isinstance(value, list):
+            out += value
+        else:
+            out.append(line.format(**fields))
+    return "\n".join(out)
+
+
+def block(text: str) -> List[str]:
+    """Text that ends in a newline (or "") as a template's list of lines: `fill` puts them back
+    exactly as the text was."""
+    return text.split("\n")[:-1]
