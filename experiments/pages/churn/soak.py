@@ -200,14 +200,12 @@ PROBE_EPOCHS = 200
 LAST_FAULT_AT = 0.85
 
 
-def pause(rng: random.Random, text: str, since: float, left: int, cycles: List[float]) -> float:
+def pause(rng: random.Random, text: str, seconds: float, left: int, cycles: List[float]) -> float:
     """Seconds to wait before the next fault: random in [0, 2 x slack], where slack spreads the
-    time training has left before LAST_FAULT_AT (from its rate so far) over the `left` faults,
-    less one fault's mean cycle so far (20 s before the first): the faults spread over the run
-    and still all fit."""
-    done = _progress(text)
-    elapsed = time.time() - since
-    remaining = (LAST_FAULT_AT - done) * elapsed / done if done > 0 else 0.0
+    time training has left before LAST_FAULT_AT over the `left` faults, less one fault's mean
+    cycle so far (20 s before the first). The time left is the run without faults' (`seconds`)
+    for the share of steps left: the soak's own rate so far is no guide (a fault stalls it)."""
+    remaining = max(0.0, LAST_FAULT_AT - _progress(text)) * seconds
     cycle = statistics.mean(cycles) if cycles else 20.0
     return rng.uniform(0.0, 2.0 * max(0.0, remaining / max(left, 1) - cycle))
 
@@ -239,9 +237,10 @@ def soak(
                 for k in range(hosts):
                     run.start(k)
                 run.wait_for(r"progress: step 1/")
-                since, cycles = time.time(), []
+                cycles: List[float] = []
                 for index in range(faults):
-                    time.sleep(pause(rng, run.text(), since, faults - index, cycles))
+                    wait = pause(rng, run.text(), reference["wall_s"], faults - index, cycles)
+                    time.sleep(wait)
                     if _progress(run.text()) > LAST_FAULT_AT:
                         break
                     kind = kinds[index % len(kinds)] if kinds else rng.choice(KINDS)
