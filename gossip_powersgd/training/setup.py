@@ -14,7 +14,7 @@ import copy
 import dataclasses
 import json
 import random
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -201,10 +201,7 @@ def build_run(
         train_size=num_train,
         resuming=bool(resume),
         provenance=origin,
-        build=lambda replaced: (
-            make_optimizer(config, replaced.parameters()),
-            make_algorithm(config.algorithm_spec, replaced.named_parameters(), comm),
-        ),
+        build=_builder(config, comm),
     )
     log.done(f"model {config.model} ({num_parameters} parameters) and {config.algorithm} built")
     hooks.setup(context)
@@ -246,6 +243,17 @@ def build_run(
         eval_split=getattr(dataset, "eval_split", "test"),
         own_test=config.partition == LOCAL_PARTITION and not dataset.shared_test,
     )
+
+
+def _builder(config: TrainConfig, comm: Comm) -> Callable[[torch.nn.Module], tuple]:
+    """What `SetupContext.replace_model` calls: the optimizer and the algorithm built on a model's
+    parameters, for a hook that swapped its layers (DP's model check)."""
+
+    def build(model: torch.nn.Module) -> tuple:
+        optimizer = make_optimizer(config, model.parameters())
+        return optimizer, make_algorithm(config.algorithm_spec, model.named_parameters(), comm)
+
+    return build
 
 
 def _make_batches(config: TrainConfig, dataset, model, x_train, y_train, rank: int):
