@@ -16,7 +16,7 @@ products crosses the wire; no error feedback is needed since what is not sent st
 
 Work is done once per half-step, not once per neighbour: tensors of the same matrix shape are
 stacked, the products for all neighbours come from one multiplication and their updates are added
-by one `baddbmm` of rank deg*r, in two compiled calls (`powergossip_plan` says how).
+by one `baddbmm` of rank deg*r; on a static topology in two compiled calls (`powergossip_plan`).
 
 Tensors with one dimension, and any tensor whose low-rank form would not be smaller (PyTorch's
 `min_compression_rate` rule), are gossiped exactly, once per `step()`, in the first half-step's
