@@ -4,7 +4,9 @@
 an experiment is written once for one process and for mpiexec. `main_guard(main)` runs `main()` and turns an exception into one line on stderr and a non-zero exit
 on every rank, never a hang: if every rank failed (a bad config, a disagreement found by a
 collective check) each rank exits with its own message; if only some did, the job is aborted with
-MPI_Abort so that the others do not wait forever for a peer that is gone.
+MPI_Abort so that the others do not wait forever for a peer that is gone. `collectively(comm, fn)`
+runs a check whose outcome may differ between ranks and raises the first failing rank's line on
+every rank.
 """
 
 from __future__ import annotations
@@ -212,6 +214,37 @@ def error_line(exc: BaseException) -> str:
             "with the command that caused it)"
         )
     return one_line(exc)
+
+
+#: Bytes of an error message shared with every peer (see `collectively`).
+_MESSAGE_BYTES = 1024
+
+
+def collectively(comm: Communicator, fn: Callable[..., Any], *args, **kwargs) -> Any:
+    """Run `fn` on every peer; if it failed on any, raise the same ValueError on every peer.
+
+    The message is the first failing rank's (in rank order), so every rank, under either transport,
+    reports the same one line. Used for checks whose outcome may differ between ranks (files on disk).
+    """
+    error: Optional[BaseException] = None
+    result = None
+    try:
+        result = fn(*args, **kwargs)
+    except CommunicationError:
+        raise
+    except (ValueError, KeyError, OSError, RuntimeError, TypeError, MemoryError) as exc:
+        error = exc
+    text = "" if error is None else error_line(error) or type(error).__name__
+    data = text.encode("utf-8")[:_MESSAGE_BYTES]
+    # Lengths first, so that the usual outcome (no error anywhere) costs a 4-byte all-gather.
+    lengths = comm.allgather_bytes(len(data).to_bytes(4, "little"))
+    longest = max(int.from_bytes(n, "little") for n in lengths)
+    if longest:
+        for message in comm.allgather_bytes(data.ljust(longest, b"\0")):
+            message = message.rstrip(b"\0")
+            if message:
+                raise ValueError(message.decode("utf-8", errors="replace"))
+    return result
 
 
 def report_and_exit(exc: BaseException, code: int = 1) -> None:

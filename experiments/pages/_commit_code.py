@@ -28,8 +28,16 @@ from experiments.engine import ROOT
 
 PACKAGE = "gossip_powersgd.algorithms"
 FOLDER = "gossip_powersgd/algorithms"
-#: The modules split from powergossip.py (by job), loaded from the same commit when it has them.
-PARTS = ("powergossip_layout", "powergossip_buffers", "powergossip_schedule")
+#: The modules split from powergossip.py (by job), loaded from the same commit when it has them
+#: (`powergossip_buffers` and `powergossip_schedule` up to commit 15fc5a7, then `powergossip_state`
+#: and `powergossip_plan`).
+PARTS = (
+    "powergossip_layout",
+    "powergossip_buffers",
+    "powergossip_schedule",
+    "powergossip_state",
+    "powergossip_plan",
+)
 
 # `from .name import ...` and `from . import name [as alias]` (one name), anywhere in a line.
 _FROM_MODULE = re.compile(r"from \.(\w+) import")

@@ -15,17 +15,8 @@ start), so successive steps continue one power iteration on the slowly changing 
 products crosses the wire; no error feedback is needed since what is not sent stays in D.
 
 Work is done once per half-step, not once per neighbour: tensors of the same matrix shape are
-stacked and multiplied with `bmm`; the products for all neighbours come from one multiplication of M
-by the neighbours' factors side by side, and the updates from all neighbours are added by one
-`baddbmm` of rank deg*r. Per-edge work (orthonormalising the shared factor, forming it from the two
-products) runs on tensors whose shape is the same at both ends, so both ends compute identical bits.
-At rank 1 the factors of all groups sit in (deg, width) rows laid out like the messages they are
-formed from, so that forming every group's new factor is one subtraction per run of neighbours on
-the same side, and scaling them one multiplication. (The products, computed from these strided
-factors, round differently from products of contiguous ones; both ends still form the same factor,
-since each subtracts the same two products.) A static half-step's tensor work is two functions
-compiled by TorchScript (`kernels`), one before the exchange and one after, so that it runs without
-the GIL: two peers of the in-process cluster can then compute at once (`LocalCluster(lanes=2)`).
+stacked, the products for all neighbours come from one multiplication and their updates are added
+by one `baddbmm` of rank deg*r; on a static topology in two compiled calls (`powergossip_plan`).
 
 Tensors with one dimension, and any tensor whose low-rank form would not be smaller (PyTorch's
 `min_compression_rate` rule), are gossiped exactly, once per `step()`, in the first half-step's
@@ -41,11 +32,11 @@ factors, and each active edge still adds +U and -U at its ends: the average is p
 The batched path gathers the active edges' factors and multiplies them together, per side.
 The default gamma on a schedule is 1 (plain mixing with each step's W).
 
-The class is split by job: this module holds its options, its static half-step, its accounting
-and state; `powergossip_buffers` its set-up (stacks, factors, messages, compiled-work arguments),
-`powergossip_schedule` its step on a schedule (both mixins of `PowerGossip`), and
-`powergossip_layout` its message layout for observers. `reference.py` is the plain version of the
-update that all of them are tested against.
+The class composes the parts of its state, each with its own constructor (`powergossip_state`:
+the stacked parameters, the message buffers, the per-edge factors and generators) and the plan of
+its static half-step (`powergossip_plan`: the views and argument lists of the compiled work);
+`powergossip_layout` is its message layout for observers. `reference.py` is the plain version of
+the update, the spec that all of them are tested against.
 """
 
 from __future__ import annotations
@@ -60,28 +51,23 @@ from .base import (
     GossipAlgorithm,
     Option,
     ParamsLike,
-    load_tensors_,
     require_undirected,
+    step_weights,
     warn_if_unstable_gamma,
 )
-from .exact import resolve_gamma
+from .exact import mix_exact, resolve_gamma
 from .kernels import form_factors_and_update, multiply_into_messages
 from .lowrank import orthonormalize_, warn_if_rank_unreachable
-from .powergossip_buffers import (  # noqa: F401 (edge_seed: importable from here, as before)
-    PowerGossipBuffers,
-    _EdgeFactors,
-    _SidePlan,
-    edge_seed,
-)
 from .powergossip_layout import LowRankProducts
-from .powergossip_schedule import PowerGossipSchedule
+from .powergossip_plan import SidePlan, StaticPlan
+from .powergossip_state import EdgeFactors, MessageBuffers, StackedParams, edge_seed
 
 if TYPE_CHECKING:
     from ..comm.base import Comm
     from topologies import AnyTopology
 
 
-class PowerGossip(PowerGossipSchedule, PowerGossipBuffers, GossipAlgorithm):
+class PowerGossip(GossipAlgorithm):
     """Low-rank compressed gossip with shared per-edge factors and warm-started power iteration.
 
     Args:
@@ -187,32 +173,25 @@ class PowerGossip(PowerGossipSchedule, PowerGossipBuffers, GossipAlgorithm):
         self.batch_neighbors = bool(batch_neighbors)
         self.half_steps = 0
 
-        me, neighbors = comm.rank, comm.neighbors
-        # Static weights; on a schedule they are W(t)'s, looked up every step.
-        self._weights = [comm.topology.weight(me, j) for j in neighbors] if comm.is_static else None
-        #: Per union edge, the half-steps it has taken (schedules only: on a static topology every
-        #: edge is always active and `half_steps` is every edge's counter).
-        self._edge_half_steps = None if comm.is_static else {j: 0 for j in neighbors}
-        # +1 at the smaller end of an edge, -1 at the larger: opposite updates preserve the average.
-        self._signs = [1.0 if me < j else -1.0 for j in neighbors]
-        self._generators = {
-            j: torch.Generator(device="cpu").manual_seed(edge_seed(self.seed, me, j))
-            for j in neighbors
-        }
-
-        if me == 0:
+        if comm.rank == 0:
             warn_if_rank_unreachable("powergossip", self.params, self.rank)
-        self._groups = self._make_groups()
-        self._exact_indices = [k for k in range(len(self.params)) if k not in self._compressed]
-        self._exact: Optional[Tensor] = None  # the exactly gossiped tensors, which are views of it
-        self._exact_views: List[Tensor] = []
-        self._home_exact()
-        self._exact_scratch = torch.empty_like(self._exact) if self._exact is not None else None
-        self._make_messages()
-        self._make_factors()
-        self._make_plans()
+        self.stacks = StackedParams(self.params, self.rank, self.min_compression_rate)
+        self.messages = MessageBuffers(self.stacks, comm.neighbors)
+        self.edges = EdgeFactors(self.stacks, self.messages, comm, self.seed, self.gamma)
+        self.plan = self._static_plan()
 
-    # ---- the algorithm -------------------------------------------------------------------------
+    def _static_plan(self) -> Optional[StaticPlan]:
+        """The static half-step's views and compiled-work arguments (none on a schedule or without
+        neighbours); taken again whenever the parameters are re-stacked (`_restack`)."""
+        if self.comm.is_static and self.comm.neighbors:
+            return StaticPlan(self.stacks, self.messages, self.edges, self.batch_neighbors)
+        return None
+
+    def _restack(self) -> None:
+        if self.stacks.restack():
+            self.plan = self._static_plan()
+
+    # ---- the algorithm on a static topology ----------------------------------------------------
     def _step(self) -> None:
         if not self.comm.is_static:
             self._scheduled_step()
@@ -220,22 +199,22 @@ class PowerGossip(PowerGossipSchedule, PowerGossipBuffers, GossipAlgorithm):
         if not self.comm.neighbors:
             self.half_steps += self.num_iterations
             return
-        self._check_homes()
+        self._restack()
         for iteration in range(self.num_iterations):
             self.half_steps += 1
             self._half_step(right=self.half_steps % 2 == 1, with_exact=iteration == 0)
 
-    def _orthonormalize(self, plans: List["_SidePlan"], side: str) -> Optional[tuple]:
+    def _orthonormalize(self, plans: List[SidePlan], side: str) -> Optional[tuple]:
         """Orthonormalise the factors every group multiplies by on this side, in place; at rank 1,
         return that work instead, for the compiled call that computes the products to do first."""
         if not self.warm_start:
             for plan in plans:
                 for block, j in zip(plan.blocks, self.comm.neighbors):
-                    block.copy_(self._draw(j, block.shape))
-        if self._factor_rows is not None:
+                    block.copy_(self.edges.draw(j, block.shape))
+        if self.edges.factor_rows is not None:
             # Rank 1: orthonormalize_'s division by (norm + eps), with the eps added to all the
             # groups' norms in one operation; the same bits, since each is still its own vector's.
-            return self._normalization[side]
+            return self.plan.normalization[side]
         for plan in plans:
             if plan.factor_sets is not None:
                 # Gram-Schmidt works on each (r, n) matrix on its own, so all neighbours' factors go
@@ -248,39 +227,135 @@ class PowerGossip(PowerGossipSchedule, PowerGossipBuffers, GossipAlgorithm):
 
     def _half_step(self, right: bool, with_exact: bool) -> None:
         side = "right" if right else "left"
-        plans = self._plans[side]
-        has_exact = with_exact and self._exact is not None
-        work = self._work[(side, has_exact)]
+        has_exact = with_exact and self.stacks.exact is not None
+        work, key = self.plan.work[(side, has_exact)], (side, has_exact)
 
         # 1. Orthonormalise the factors we multiply by, compute all neighbours' products at once
         # ((M Q)^T or (M^T P)^T) and write them, with the exact part, into the messages.
-        normalization = self._orthonormalize(plans, side) or self._no_normalization
-        total = multiply_into_messages(*normalization, *work.multiply)
+        normalization = self._orthonormalize(self.plan.sides[side], side)
+        total = multiply_into_messages(
+            *(normalization or self.plan.no_normalization), *work.multiply
+        )
         if self.edge_noise is not None:
             # Per-edge noise on the projected messages (and the exact part), written into the send
             # rows, from which this end forms its factors too: both ends still form the same
             # factor, so each edge still adds +U and -U (the average is kept whatever the noise).
-            outgoing = self._outgoing[(side, has_exact)]
-            self.edge_noise(self.half_steps, self.comm.neighbors, self._weights, outgoing)
+            outgoing = self.messages.outgoing[key]
+            self.edge_noise(self.half_steps, self.comm.neighbors, self.edges.weights, outgoing)
             total = None
 
         # 2. One message per neighbour, all computed from the models as they were before any update.
-        send, recv = self._messages[(side, has_exact)]
-        self._exchange(send, recv, outgoing=self._outgoing[(side, has_exact)], outgoing_sum=total)
+        send, recv = self.messages.exchange[key]
+        self._exchange(send, recv, outgoing=self.messages.outgoing[key], outgoing_sum=total)
 
         # 3. Both ends form the same new factor D Q (or D^T P), then the update of rank deg*r:
         # M += sum_j sigma_j gamma w_j P_j Q_j^T.
         form_factors_and_update(*work.update)
 
-    # ---- accounting and state ------------------------------------------------------------------
+    # ---- the algorithm on a schedule -----------------------------------------------------------
+    def _scheduled_step(self) -> None:
+        step = self.steps
+        active, weights = step_weights(self.comm, step)
+        self.half_steps += self.num_iterations
+        if not active:
+            return
+        self._restack()
+        positions = [self.comm.neighbors.index(j) for j in active]
+        for iteration in range(self.num_iterations):
+            for j in active:
+                self.edges.counters[j] += 1
+            self._scheduled_half_step(step, active, positions, weights, with_exact=iteration == 0)
+
+    def _scheduled_products(self, by_side: Dict[str, List[tuple]]) -> None:
+        """Per side, orthonormalise the active edges' factors and multiply M by them together,
+        into the messages."""
+        for index, g in enumerate(self.stacks.groups):
+            for side, edges in by_side.items():
+                if not edges:
+                    continue
+                right = side == "right"
+                factors = g.right if right else g.left
+                for n, j in edges:
+                    block = g.block(factors, n)
+                    if not self.warm_start:
+                        block.copy_(self.edges.draw(j, block.shape))
+                    orthonormalize_(block)
+                sends = self.messages.send_views[(index, side)]
+                matrix = g.matrices.transpose(1, 2) if right else g.matrices
+                if self.batch_neighbors:
+                    rows = self.edges.vector_rows(g.rank, [n for n, _ in edges])
+                    stacked = factors.index_select(1, rows)
+                    products = torch.bmm(stacked, matrix)
+                    for k, (_, j) in enumerate(edges):
+                        sends[j].copy_(products[:, k * g.rank : (k + 1) * g.rank, :])
+                else:
+                    for n, j in edges:
+                        torch.bmm(g.block(factors, n), matrix, out=sends[j])
+
+    def _scheduled_half_step(
+        self, step: int, active, positions: List[int], weights: List[float], with_exact: bool
+    ) -> None:
+        sides = {j: self.edges.side(j, ahead=0) for j in active}
+        by_side = {
+            side: [(n, j) for n, j in zip(positions, active) if sides[j] == side]
+            for side in ("right", "left")
+        }
+        exact = self.stacks.exact if with_exact else None
+        messages = self.messages
+
+        # 1. The products of every active edge's side, and the exact part, into the messages.
+        self._scheduled_products(by_side)
+        for j in active if exact is not None else ():
+            messages.send_views[("exact", sides[j])][j].copy_(exact)
+
+        # 2. One message per active neighbour, sized for that edge's side.
+        numel = {j: messages.numel[(sides[j], exact is not None)] for j in active}
+        self._exchange(
+            {j: messages.send[j][: numel[j]] for j in active},
+            {j: messages.recv[j][: numel[j]] for j in active},
+            step,
+        )
+
+        # 3. Both ends form the edge's new factor, then M += sum_j sigma_j gamma W(t)_ij P_j Q_j^T.
+        signs = self.edges.signs
+        scales = {j: signs[n] * self.gamma * w for n, j, w in zip(positions, active, weights)}
+        for index, g in enumerate(self.stacks.groups):
+            for side, edges in by_side.items():
+                key = (index, side)
+                sends, recvs = messages.send_views[key], messages.recv_views[key]
+                new_factors = g.left if side == "right" else g.right
+                for n, j in edges:
+                    if self.comm.rank < j:
+                        torch.sub(recvs[j], sends[j], out=g.block(new_factors, n))
+                    else:
+                        torch.sub(sends[j], recvs[j], out=g.block(new_factors, n))
+            if self.batch_neighbors:
+                rows = self.edges.vector_rows(g.rank, positions)
+                column = torch.tensor(
+                    [scales[j] for j in active for _ in range(g.rank)],
+                    dtype=self.dtype,
+                    device=self.device,
+                ).view(1, -1, 1)
+                scaled = g.left.index_select(1, rows).mul_(column)
+                g.matrices.baddbmm_(scaled.transpose(1, 2), g.right.index_select(1, rows))
+            else:
+                for n, j in zip(positions, active):
+                    scaled = g.block(g.left, n) * scales[j]
+                    g.matrices.baddbmm_(scaled.transpose(1, 2), g.block(g.right, n))
+        if exact is not None:
+            received = [messages.recv_views[("exact", sides[j])][j] for j in active]
+            mix_exact(exact, received, weights, self.gamma, self.stacks.exact_scratch)
+
+    # ---- accounting ----------------------------------------------------------------------------
     def bytes_per_step(self) -> int:
         """Bytes this peer will send in its next `step()` (half-steps alternate right and left;
         on a schedule, to the next step's neighbours, each edge on its own side)."""
-        has_exact = self._exact is not None
+        has_exact = self.stacks.exact is not None
+        numel = self.messages.numel
         size = torch.empty((), dtype=self.dtype).element_size()
         if not self.comm.is_static:
             total = sum(
-                self._message_numel[(self._edge_side(j, ahead=1 + k), k == 0 and has_exact)]
+                numel[(self.edges.side(j, ahead=1 + k), k == 0 and has_exact)]
                 for j in self.comm.neighbors_at(self.steps)
                 for k in range(self.num_iterations)
             )
@@ -289,14 +364,14 @@ class PowerGossip(PowerGossipSchedule, PowerGossipBuffers, GossipAlgorithm):
         for iteration in range(self.num_iterations):
             half += 1
             side = "right" if half % 2 == 1 else "left"
-            total += self._message_numel[(side, iteration == 0 and has_exact)]
+            total += numel[(side, iteration == 0 and has_exact)]
         return total * len(self.comm.neighbors) * size
 
     def edge_side(self, neighbor: int) -> str:
         """The side ("right" | "left") of the half-step in flight on the edge to `neighbor` (the
         last one taken, between steps). On a schedule each edge has its own counter."""
-        if self._edge_half_steps is not None:
-            return self._edge_side(neighbor, ahead=0)
+        if self.edges.counters is not None:
+            return self.edges.side(neighbor, ahead=0)
         return "right" if self.half_steps % 2 == 1 else "left"
 
     def next_exchange(self) -> List[tuple]:
@@ -308,37 +383,34 @@ class PowerGossip(PowerGossipSchedule, PowerGossipBuffers, GossipAlgorithm):
         orthonormalises each neighbour's factor first, which keeps its span."""
         if not self.comm.is_static:
             raise ValueError("next_exchange is for a static topology (a schedule's edges change)")
-        self._check_homes()
+        self._restack()
         side = "right" if (self.half_steps + 1) % 2 == 1 else "left"
-        return [(g.matrices, g.right if side == "right" else g.left, side) for g in self._groups]
+        groups = self.stacks.groups
+        return [(g.matrices, g.right if side == "right" else g.left, side) for g in groups]
 
     @property
     def groups(self) -> List[list]:
         """The stacked groups as [indices, rows, cols, r], in message order (every peer's)."""
-        return [[list(g.indices), g.rows, g.cols, g.rank] for g in self._groups]
+        return [[list(g.indices), g.rows, g.cols, g.rank] for g in self.stacks.groups]
 
     @property
     def compressed_indices(self) -> frozenset:
         """Positions (in the parameter list) of the tensors that travel in low-rank form; the
         others (vectors, matrices too small to compress) are sent exactly."""
-        return frozenset(self._compressed)
+        return frozenset(self.stacks.compressed)
 
     @property
     def compressed_fraction(self) -> float:
         """Share of the parameters (by count) that travel in low-rank form."""
-        compressed = sum(self.params[k].numel() for k in self._compressed)
+        compressed = sum(self.params[k].numel() for k in self.stacks.compressed)
         return compressed / max(1, sum(t.numel() for t in self.params))
 
     def factors(self, neighbor: int) -> Dict[str, Tensor]:
         """The factors this peer shares with `neighbor`: views, P as (batch, rows, r) and Q as
         (batch, cols, r) for group number g under the keys "g.P" and "g.Q"."""
-        n = self.comm.neighbors.index(neighbor)
-        out = {}
-        for index, g in enumerate(self._groups):
-            out[f"{index}.P"] = g.block(g.left, n).transpose(1, 2)
-            out[f"{index}.Q"] = g.block(g.right, n).transpose(1, 2)
-        return out
+        return self.edges.factors(neighbor)
 
+    # ---- state ---------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, object]:
         state: Dict[str, object] = {
             "steps": self.steps,
@@ -346,13 +418,18 @@ class PowerGossip(PowerGossipSchedule, PowerGossipBuffers, GossipAlgorithm):
             "rank": self.rank,
             "seed": self.seed,
         }
-        for j in self.comm.neighbors:
-            for name, tensor in self.factors(j).items():
-                state[f"factor.{j}.{name}"] = tensor.detach().cpu().clone()
-            state[f"generator.{j}"] = self._generators[j].get_state()
-            if self._edge_half_steps is not None:
-                state[f"edge_half_steps.{j}"] = self._edge_half_steps[j]
+        state.update(self.edges.state_dict())
         return state
+
+    def load_state_dict(self, state: Dict[str, object]) -> None:
+        if int(state["rank"]) != self.rank or int(state["seed"]) != self.seed:
+            raise ValueError(
+                f"PowerGossip state is for rank={state['rank']}, seed={state['seed']}; this instance "
+                f"has rank={self.rank}, seed={self.seed}"
+            )
+        self.edges.load_state_dict(state)
+        self.steps = int(state["steps"])
+        self.half_steps = int(state["half_steps"])
 
     def node_state(self) -> Dict[str, object]:
         return {"steps": self.steps, "half_steps": self.half_steps}
@@ -363,40 +440,10 @@ class PowerGossip(PowerGossipSchedule, PowerGossipBuffers, GossipAlgorithm):
     def edge_state(self, neighbor: int) -> Dict[str, object]:
         """The edge's factors (copies), its generator and its half-step counter (on a static
         topology every edge's is `half_steps`)."""
-        state: Dict[str, object] = {k: t.clone() for k, t in self.factors(neighbor).items()}
-        state["generator"] = self._generators[neighbor].get_state()
-        counters = self._edge_half_steps
-        state["half_steps"] = counters[neighbor] if counters is not None else self.half_steps
-        return state
+        return self.edges.edge_state(neighbor, self.half_steps)
 
     def load_edge_state(self, neighbor: int, state: Dict[str, object]) -> None:
-        for key, tensor in self.factors(neighbor).items():
-            tensor.copy_(state[key])
-        self._generators[neighbor].set_state(state["generator"])
-        if self._edge_half_steps is None:
-            raise ValueError("PowerGossip on a static topology keeps no per-edge counters")
-        self._edge_half_steps[neighbor] = int(state["half_steps"])
+        self.edges.load_edge_state(neighbor, state)
 
-    def load_state_dict(self, state: Dict[str, object]) -> None:
-        if int(state["rank"]) != self.rank or int(state["seed"]) != self.seed:
-            raise ValueError(
-                f"PowerGossip state is for rank={state['rank']}, seed={state['seed']}; this instance "
-                f"has rank={self.rank}, seed={self.seed}"
-            )
-        for j in self.comm.neighbors:
-            load_tensors_(
-                "PowerGossip",
-                state,
-                {f"factor.{j}.{name}": t for name, t in self.factors(j).items()},
-            )
-            self._generators[j].set_state(state[f"generator.{j}"])
-            if self._edge_half_steps is not None:
-                key = f"edge_half_steps.{j}"
-                if key not in state:
-                    raise ValueError(
-                        f"PowerGossip state has no {key!r}: it was saved on a static "
-                        "topology, and this run uses a schedule"
-                    )
-                self._edge_half_steps[j] = int(state[key])
-        self.steps = int(state["steps"])
-        self.half_steps = int(state["half_steps"])
+
+__all__ = ["PowerGossip", "edge_seed"]

@@ -56,6 +56,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from gossip_powersgd.launch import collectively
 from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
 
 __all__ = ["ExchangedSubspace", "keep_exchanged_change_", "check_subspace_algorithm"]
@@ -121,8 +122,6 @@ class ExchangedSubspace(TrainingHooks):
         self._residual: Optional[List[torch.Tensor]] = None
 
     def setup(self, context: SetupContext) -> None:
-        from gossip_powersgd.training.setup import collectively
-
         collectively(context.comm, check_subspace_algorithm, context.algorithm)
         self.algorithm = context.algorithm
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
 
+from gossip_powersgd.launch import collectively
 from gossip_powersgd.privacy.accounting import (
     ADD_REMOVE,
     REPLACE_ONE,
@@ -139,8 +140,6 @@ class DifferentialPrivacy(TrainingHooks):
 
     def _rate_and_sigma(self, context: SetupContext, shard: int) -> tuple:
         """(this peer's rate, sigma), delta set on the way (collective)."""
-        from gossip_powersgd.training.setup import collectively
-
         config, comm = context.config, context.comm
         steps = config.epochs * context.steps_per_epoch
         target = config.dp_target_epsilon
@@ -179,8 +178,6 @@ class DifferentialPrivacy(TrainingHooks):
 
     def setup(self, context: SetupContext) -> None:
         """Fix or check the model, wrap it, sample Poisson batches, pick sigma, delta and the key."""
-        from gossip_powersgd.training.setup import collectively, make_optimizer
-
         config, comm = context.config, context.comm
         self.comm, self.release = comm, bool(config.release_peer_statistics)
         shard, rank = len(context.batches.x), comm.rank
@@ -188,14 +185,9 @@ class DifferentialPrivacy(TrainingHooks):
         model = collectively(comm, validate_model, context.model, config.dp_fix_model)
         if model is not context.model:
             # Layers were swapped, so the parameters are new objects: the optimizer and the
-            # algorithm must be built again on them (neither has stepped yet).
-            from gossip_powersgd.algorithms import make_algorithm
-
-            model = model.to(context.device)
-            context.optimizer = make_optimizer(config, model.parameters())
-            context.algorithm = make_algorithm(
-                config.algorithm_spec, model.named_parameters(), comm
-            )
+            # algorithm are built again on them (`SetupContext.replace_model`).
+            context.replace_model(model)
+        model = context.model
         # Last, so that a run refused above leaves no key file behind.
         kind = randomness_kind(config)
         randomness = collectively(

@@ -26,7 +26,7 @@ may use the communicator (it is collective then, and must be called the same way
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -62,6 +62,17 @@ class SetupContext:
     #: Where the run came from (`provenance.provenance`: commit, versions, command, hosts), the
     #: same on every peer; None when the caller of `build_run` gave none.
     provenance: Optional[Dict[str, Any]] = None
+    #: How `build_run` builds the optimizer and the algorithm on a model's parameters (the pair);
+    #: what `replace_model` calls.
+    build: Optional[Callable[[torch.nn.Module], Tuple[Any, Any]]] = None
+
+    def replace_model(self, model: torch.nn.Module) -> None:
+        """Take `model`, whose parameters are new objects (a hook swapped layers, as DP's model
+        check does), in place of `model` before any step: it is moved to the device, and the
+        optimizer and the algorithm are built again on its parameters, as `build_run` built them
+        (neither has stepped yet)."""
+        self.model = model.to(self.device)
+        self.optimizer, self.algorithm = self.build(self.model)
 
 
 class TrainingHooks:

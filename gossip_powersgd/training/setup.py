@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from ..algorithms import check_config, make_algorithm
-from ..comm.base import AgreementError, CommunicationError
-from ..launch import error_line
+from ..comm.base import AgreementError
+from ..launch import collectively
 from ..utils import warn
 from .config import (
     TrainConfig,
@@ -37,36 +37,6 @@ from .hooks import HookList, SetupContext
 
 if TYPE_CHECKING:
     from ..comm.base import Comm
-
-#: Bytes of an error message shared with every peer (see `collectively`).
-_MESSAGE_BYTES = 1024
-
-
-def collectively(comm: Comm, fn: Callable[..., Any], *args, **kwargs) -> Any:
-    """Run `fn` on every peer; if it failed on any, raise the same ValueError on every peer.
-
-    The message is the first failing rank's (in rank order), so every rank, under either transport,
-    reports the same one line. Used for checks whose outcome may differ between ranks (files on disk).
-    """
-    error: Optional[BaseException] = None
-    result = None
-    try:
-        result = fn(*args, **kwargs)
-    except CommunicationError:
-        raise
-    except (ValueError, KeyError, OSError, RuntimeError, TypeError, MemoryError) as exc:
-        error = exc
-    text = "" if error is None else error_line(error) or type(error).__name__
-    data = text.encode("utf-8")[:_MESSAGE_BYTES]
-    # Lengths first, so that the usual outcome (no error anywhere) costs a 4-byte all-gather.
-    lengths = comm.allgather_bytes(len(data).to_bytes(4, "little"))
-    longest = max(int.from_bytes(n, "little") for n in lengths)
-    if longest:
-        for message in comm.allgather_bytes(data.ljust(longest, b"\0")):
-            message = message.rstrip(b"\0")
-            if message:
-                raise ValueError(message.decode("utf-8", errors="replace"))
-    return result
 
 
 def resolve_device(spec: str, rank: int) -> torch.device:
@@ -231,6 +201,7 @@ def build_run(
         train_size=num_train,
         resuming=bool(resume),
         provenance=origin,
+        build=_builder(config, comm),
     )
     log.done(f"model {config.model} ({num_parameters} parameters) and {config.algorithm} built")
     hooks.setup(context)
@@ -272,6 +243,17 @@ def build_run(
         eval_split=getattr(dataset, "eval_split", "test"),
         own_test=config.partition == LOCAL_PARTITION and not dataset.shared_test,
     )
+
+
+def _builder(config: TrainConfig, comm: Comm) -> Callable[[torch.nn.Module], tuple]:
+    """What `SetupContext.replace_model` calls: the optimizer and the algorithm built on a model's
+    parameters, for a hook that swapped its layers (DP's model check)."""
+
+    def build(model: torch.nn.Module) -> tuple:
+        optimizer = make_optimizer(config, model.parameters())
+        return optimizer, make_algorithm(config.algorithm_spec, model.named_parameters(), comm)
+
+    return build
 
 
 def _make_batches(config: TrainConfig, dataset, model, x_train, y_train, rank: int):

@@ -373,7 +373,7 @@ def test_parameters_re_pointed_elsewhere_are_re_stacked():
         gossip.step()
         x[1].data = x[1].data.clone()  # as model.to(...) would do
         gossip.step()
-        return x, gossip._groups[0].matrices.clone()
+        return x, gossip.stacks.groups[0].matrices.clone()
 
     for x, stacked in LocalCluster(topologies.ring(4)).run(peer):
         assert torch.equal(stacked[1], x[1])

@@ -1,14 +1,13 @@
 """PowerGossip's batched static half-step: one operation per group for all neighbours gives the same
 bits as one per neighbour, the exact part lives in one buffer, and the simulation benchmark runs."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 import topologies
 from gossip_powersgd import LocalCluster, PowerGossip
 from gossip_powersgd.algorithms.lowrank import orthonormalize_
+from gossip_powersgd.algorithms.powergossip_plan import sign_runs
 
 # Two same-shape matrices, a conv weight, two biases and a matrix too small to compress.
 SHAPES = [(12, 9), (12, 9), (6, 3, 2, 2), (12,), (2, 2), (6,)]
@@ -26,7 +25,7 @@ class PerBlockPowerGossip(PowerGossip):
         for plan in plans:
             for block, j in zip(plan.blocks, self.comm.neighbors):
                 if not self.warm_start:
-                    block.copy_(self._draw(j, block.shape))
+                    block.copy_(self.edges.draw(j, block.shape))
                 orthonormalize_(block)
 
 
@@ -74,11 +73,11 @@ def test_rank_one_factors_live_in_message_rows_and_are_bit_identical_at_both_end
         x = [torch.randn(s, generator=g) for s in RESNET_LIKE]
         before = torch.cat([t.reshape(-1) for t in x])
         gossip = PowerGossip(x, comm, rank=1)
-        rows = gossip._factor_rows
+        rows = gossip.edges.factor_rows
         start = {name: t.data_ptr() for name, t in rows.items()}
         inside = all(
             start[name] <= getattr(group, name).data_ptr() < start[name] + rows[name].nbytes
-            for group in gossip._groups
+            for group in gossip.stacks.groups
             for name in ("left", "right", "scaled_left")
         )
         history = []
@@ -107,7 +106,8 @@ def test_exact_tensors_are_views_of_one_buffer_and_re_stacked_when_re_pointed():
         x = peer_tensors(comm)
         gossip = PowerGossip(x, comm)
         exact = [x[k] for k in range(len(x)) if k not in gossip.compressed_indices]
-        start, end = gossip._exact.data_ptr(), gossip._exact.data_ptr() + gossip._exact.nbytes
+        buffer = gossip.stacks.exact
+        start, end = buffer.data_ptr(), buffer.data_ptr() + buffer.nbytes
         return all(start <= t.data_ptr() < end for t in exact) and len(exact) == 3
 
     assert all(LocalCluster(topologies.ring(4)).run(peer))
@@ -122,8 +122,8 @@ def test_exact_tensors_are_views_of_one_buffer_and_re_stacked_when_re_pointed():
 def test_message_rows_start_on_64_byte_boundaries(dtype):
     def peer(comm):
         gossip = PowerGossip(peer_tensors(comm, dtype), comm)
-        return [row.data_ptr() % 64 for row in gossip._send.values()] + [
-            row.data_ptr() % 64 for row in gossip._recv.values()
+        return [row.data_ptr() % 64 for row in gossip.messages.send.values()] + [
+            row.data_ptr() % 64 for row in gossip.messages.recv.values()
         ]
 
     for offsets in LocalCluster(topologies.parse("small_world:8:4:0.5")).run(peer):
@@ -131,10 +131,8 @@ def test_message_rows_start_on_64_byte_boundaries(dtype):
 
 
 def test_sign_runs_split_the_neighbours_where_their_side_of_our_rank_changes():
-    fake = SimpleNamespace(comm=SimpleNamespace(rank=3, neighbors=(5, 1, 0, 7, 8)))
-    assert PowerGossip._sign_runs(fake) == [(0, 1, True), (1, 3, False), (3, 5, True)]
-    fake = SimpleNamespace(comm=SimpleNamespace(rank=0, neighbors=(1, 2)))
-    assert PowerGossip._sign_runs(fake) == [(0, 2, True)]
+    assert sign_runs(3, (5, 1, 0, 7, 8)) == [(0, 1, True), (1, 3, False), (3, 5, True)]
+    assert sign_runs(0, (1, 2)) == [(0, 2, True)]
 
 
 def _readable(commit: str, helpers: bool) -> bool:

@@ -259,8 +259,8 @@ def test_a_kept_edge_keeps_its_factors_and_a_new_one_starts_from_its_seed():
                 after = algorithm.inner.factors(1)
                 assert all(torch.equal(after[k], kept[k]) for k in kept)
                 fresh = algorithm.inner.factors(4)["0.Q"].clone()
-                assert algorithm.inner._edge_half_steps[4] == 0
-                assert algorithm.inner._edge_half_steps[1] == 4
+                assert algorithm.inner.edges.counters[4] == 0
+                assert algorithm.inner.edges.counters[1] == 4
             if p.live:
                 algorithm.step()
         return fresh

@@ -415,6 +415,47 @@ def test_batchnorm_is_a_one_line_error_naming_the_layer_and_the_fix(tmp_path):
     assert s["peer"]["epsilon"] > 0 and s["final_test_acc_avg_model"] is not None
 
 
+def test_a_model_whose_layers_dp_swaps_is_trained_and_gossiped_through_its_new_parameters():
+    """`dp_fix_model` swaps BatchNorm for GroupNorm, so the parameters are new objects: the
+    optimizer and the algorithm the run steps must hold exactly those (`replace_model`), else the
+    gossip would move parameters the model no longer has."""
+    from gossip_powersgd.training.hooks import TrainingHooks
+
+    class Look(TrainingHooks):
+        name = "look"
+
+        def setup(self, context):
+            self.context = context  # runs before the DP hook: read what it left at the first step
+
+        def after_step(self, step, loss):
+            if step == 0:
+                ids = [id(p) for p in self.context.model.parameters()]
+                optimizer = [
+                    id(p) for g in self.context.optimizer.param_groups for p in g["params"]
+                ]
+                self.found = (
+                    any(isinstance(m, nn.GroupNorm) for m in self.context.model.modules()),
+                    optimizer == ids,
+                    [id(p) for p in self.context.algorithm.params] == ids,
+                )
+
+    def peer(comm, config):
+        look = Look()
+        train(comm, config, hooks=[look])
+        return look.found
+
+    config = DP.replace(
+        model="test_privacy_training:batchnorm_net",
+        dp_fix_model=True,
+        algorithm="powergossip:rank=1",
+        epochs=1,
+    )
+    assert (
+        LocalCluster(topologies.parse(config.topology), timeout=60).run(peer, config)
+        == [(True, True, True)] * 4
+    )
+
+
 @pytest.mark.parametrize(
     "changes, message",
     [
