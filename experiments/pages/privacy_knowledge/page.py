@@ -255,6 +255,37 @@ def low_rank_answer(summaries: List[Dict[str, Any]]) -> List[str]:
         else:
             text += "."
         lines.append(text)
+    dsgd = [
+        s
+        for s in summaries
+        if s["regime"] == "dsgd" and s["colluders"] == [0] and s["peers"] == "non-neighbours"
+    ]
+    for algorithm in dict.fromkeys(s["algorithm"] for s in dsgd):
+        for part in ("exact", "compressed"):
+            mine = [s for s in dsgd if s["algorithm"] == algorithm and s["part"] == part]
+            if not mine:
+                continue
+            best = min(mine, key=lambda s: s["error_median"])
+            ratio = best["error_median"] / best["blind_mean_median"]
+            verdict = (
+                "better than"
+                if ratio < 0.8
+                else "within 20 % of"
+                if ratio < 1
+                else "no better than"
+            )
+            lines.append(
+                f"- **{algorithm}**, D-SGD, {part} parameters ({best['parameters']}): peer 0's "
+                f"best linear estimate of a non-neighbour's last model ({best['mode']}) has "
+                f"median error {_fmt(best['error_median'])} against "
+                f"{_fmt(best['blind_mean_median'])} blind: {verdict} the blind guess."
+            )
+    lines.append(
+        "\nAn error above 1 is worse than guessing the public initial model: the least-squares "
+        "solution of an undetermined or inconsistent system (a tie assumption real SGD breaks, "
+        "or plugged-in estimates of compressed matrices) can be far off, and an attacker who "
+        "cannot check it against the truth has no reason to prefer it to the blind guess."
+    )
     return lines
 
 
