@@ -1,0 +1,148 @@
+"""`python -m experiments privacy_knowledge`: the knowledge-matrix attack (El Mrini, Cyffers, Bellet,
+ICML 2024) on exact gossip and PowerGossip: which peers a curious peer (or colluders) reconstructs,
+non-neighbours included, and whether low-rank messages reduce what they lose.
+
+Two kinds of rows (`structure`, `attack`): the structure of the attack on ring, torus and
+exponential graphs (no training: what the colluders' equations determine, `privacy.knowledge`),
+and real runs whose recorded views the colluders attack, scored against the truth. `page` renders.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping
+
+from experiments.engine import Page, Run
+from experiments.pages import register
+from experiments.pages.privacy_knowledge.page import render
+
+#: The structural grid: topologies, and per updates mode the (tie, steps) pairs.
+STRUCTURE = {
+    False: {
+        "topologies": (
+            "ring:8",
+            "torus:3x3",
+            "exponential:8",
+            "ring:16",
+            "torus:4x4",
+            "exponential:16",
+        ),
+        "modes": (
+            [("once", 1, t) for t in (1, 2, 4, 8, 16)]
+            + [("every_step", 1, t) for t in (4, 8)]
+            + [("every_step", 4, t) for t in (8, 16)]
+        ),
+    },
+    True: {
+        "topologies": ("ring:4", "ring:6"),
+        "modes": [("once", 1, 1), ("once", 1, 3), ("every_step", 1, 4), ("every_step", 4, 4)],
+    },
+}
+#: The largest colluder set the searches try (the 16-peer graphs: pairs).
+MOST = {8: 3, 9: 3, 16: 2}
+
+#: The attack runs' training recipe: a small linear classifier, trained to a useful accuracy.
+TRAIN = {
+    False: dict(
+        dataset="synthetic_logreg:d=20,classes=4,n=2000",
+        model="logreg",
+        batch_size=25,
+        lr=0.5,
+        momentum=0.0,
+        weight_decay=0.0,
+        warmup_epochs=0.0,
+        eval_every=1,
+        log_every=0,
+    ),
+    True: dict(
+        dataset="synthetic_logreg:d=8,classes=3,n=400",
+        model="logreg",
+        batch_size=40,
+        lr=0.5,
+        momentum=0.0,
+        weight_decay=0.0,
+        warmup_epochs=0.0,
+        eval_every=1,
+        log_every=0,
+    ),
+}
+#: (topology, local steps of an epoch, averaging epochs, D-SGD epochs, tie, colluder sets).
+ATTACK = {
+    False: ("ring:8", 8, 10, 3, 8, [[0], [0, 4], [0, 3]]),
+    True: ("ring:6", 2, 4, 2, 2, [[0], [0, 3]]),
+}
+ALGORITHMS = {
+    "exact": ("exact", "exact gossip"),
+    "pg-r1": ("powergossip:rank=1,min_compression_rate=0", "PowerGossip r1"),
+    "pg-r2": ("powergossip:rank=2,min_compression_rate=0", "PowerGossip r2"),
+}
+
+
+def _structure_runs(quick: bool) -> List[Run]:
+    from experiments.pages.privacy_knowledge.structure import distances
+
+    grid = STRUCTURE[quick]
+    runs = []
+    for spec in grid["topologies"]:
+        size = len(distances(spec))
+        for updates, tie, steps in grid["modes"]:
+            config = dict(
+                kind="structure",
+                topology=spec,
+                updates=updates,
+                tie=tie,
+                steps=steps,
+                most=MOST.get(size, 2),
+            )
+            key = f"structure/{spec}/{updates}/tie={tie}/T={steps}"
+            runs.append(Run(key=key, config=config, cost=size * steps / 16))
+    return runs
+
+
+def _attack_runs(quick: bool) -> List[Run]:
+    topology, epoch_steps, avg_epochs, dsgd_epochs, tie, colluders = ATTACK[quick]
+    algorithms = ("exact", "pg-r1") if quick else ("exact", "pg-r1", "pg-r2")
+    runs = []
+    for regime, epochs in (("averaging", avg_epochs), ("dsgd", dsgd_epochs)):
+        for name in algorithms:
+            spec, label = ALGORITHMS[name]
+            config = dict(
+                kind="attack",
+                regime=regime,
+                algorithm=spec,
+                label=label,
+                topology=topology,
+                epoch_steps=epoch_steps,
+                tie=tie,
+                colluder_sets=colluders,
+                train=dict(TRAIN[quick], epochs=epochs),
+            )
+            runs.append(Run(key=f"attack/{regime}/{name}", config=config, seed=0, cost=4.0))
+    return runs
+
+
+def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    """The structural grid, then the attack runs."""
+    return _structure_runs(quick) + _attack_runs(quick)
+
+
+def row(run: Run) -> Dict[str, Any]:
+    """A structural row or an attack run's row, by the run's kind."""
+    from experiments.pages.privacy_knowledge.attack import attack_row
+    from experiments.pages.privacy_knowledge.structure import structure_row
+
+    config = dict(run.config)
+    if config["kind"] == "structure":
+        return dict(structure_row(config), kind="structure")
+    return dict(attack_row(config, run.seed), kind="attack")
+
+
+PAGE = register(
+    Page(
+        name="privacy_knowledge",
+        title="Knowledge-matrix attack (El Mrini et al. 2024): who colluders reconstruct, "
+        "exact gossip vs PowerGossip",
+        plan=plan,
+        row=row,
+        render=render,
+    )
+)

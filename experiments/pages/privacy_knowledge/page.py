@@ -1,0 +1,315 @@
+"""privacy_knowledge.md and privacy_knowledge.json from the rows (pure: the same rows, the same
+bytes)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any, Dict, List, Optional, Sequence
+
+from experiments.engine import Outputs, Rows, made_by
+
+THREAT_MODEL = (
+    "## Threat model\n\n"
+    "The attackers are one curious peer (peer 0) or a set of colluding peers. They follow the "
+    "protocol and know the whole config (topology, γ, algorithm, the number of steps, the seed), "
+    "the code, the public initial model x0 (built from the seed, as every peer builds it), their "
+    "own models and every byte they receive (their recorded views: `observers: [...]`); under "
+    "PowerGossip, the factors of their own edges. They know nothing else of another peer: not its "
+    "data, its updates, its factors on edges they are not on, or its secret randomness. The "
+    "attack is linear algebra only (El Mrini, Cyffers, Bellet, ICML 2024): every value a colluder "
+    "receives is a known linear combination of every peer's private contributions, so the "
+    "colluders stack what they receive into K u = y and solve (`gossip_powersgd.privacy."
+    "knowledge`). A contribution is *determined* when K fixes it exactly (its unit vector lies in "
+    "K's row space); the least-squares solution is the attack's estimate either way. No DP here: "
+    "this page measures what the messages alone give away.\n\n"
+)
+
+
+STRUCTURE_NOTE = (
+    "\nEach row: peer 0 alone observes T gossip steps of exact gossip (γ the topology's). "
+    "*Updates*: the fraction of the peers at graph distance d from peer 0 all of whose unknowns "
+    "the system determines exactly (averaging: the private value; D-SGD: every per-step update; "
+    "tie=k: every window's update, under the paper's assumption that updates are constant over "
+    "k steps); *models*: those all of whose models y(t), t < T, are determined. The colluder "
+    "columns: the fewest colluders, chosen among the farthest peer's non-neighbours, that determine "
+    "one of its contributions, and the fewest colluders (any peers) that determine every "
+    "contribution of every peer, with the first such set; searches stop at the size shown.\n"
+)
+ATTACK_NOTE = (
+    "Every peer's view is recorded (`observers`: all ranks); the colluders' views are what the "
+    "attack reads, the other peers' own records are the truth it is scored against. *averaging*: "
+    "each peer trains alone for one epoch (`local_steps` = an epoch), then the learning rate drops "
+    "by 1e-30 (float32 models stop changing) and the peers gossip-average their privately trained "
+    "models; the target is each peer's contribution u_j = y_j(0) − x0. *dsgd*: decentralized SGD, "
+    "one local step per gossip step; the target is each peer's last model y_j(T−1) − x0, attacked "
+    "with a fresh unknown update per step (`every_step`) and with updates tied over windows "
+    "(`tie=k`, the paper's D-GD attack: least squares). Parts: *exact* = the tensors every "
+    "message carries exactly (all under exact gossip; PowerGossip's bias vector); *compressed* = "
+    "PowerGossip's weight matrix, attacked by plugging the colluders' least-squares estimates of "
+    "their neighbours' matrices (`privacy.reconstruction.reconstruct`, from the low-rank products "
+    "and the shared factors) into the same system. Error: ‖estimate − truth‖ / ‖truth‖ "
+    "(relative to x0); blind guesses: x0 itself (error 1) and the colluders' mean contribution. "
+    "*Determined*: fixed exactly by the system under the attack's model (for tie=k, if the "
+    "updates really were constant; the error says how far they are). *neighbours* are peers "
+    "adjacent to a colluder, *non-neighbours* the others.\n\n"
+)
+
+
+def _pct(x: Optional[float]) -> str:
+    return "–" if x is None else f"{100 * x:.1f} %"
+
+
+def _cell(pair: Sequence[int]) -> str:
+    return f"{pair[0]}/{pair[1]}"
+
+
+def _mode(row: Dict[str, Any]) -> str:
+    if row["updates"] == "once":
+        return "averaging (once)"
+    return "D-SGD (every step)" if row["tie"] == 1 else f"D-SGD, tie={row['tie']}"
+
+
+def _colluders(k: Optional[int], group: Sequence[int], most: int) -> str:
+    return f"{k} ({', '.join(map(str, group))})" if k else f"none ≤ {most}"
+
+
+def structure_table(rows: List[Dict[str, Any]]) -> str:
+    """One line per structural row: what peer 0 determines at each distance, and colluders."""
+    out = [
+        "| topology | unknowns (updates) | T | neighbours: updates | models | non-neighbours: updates "
+        "(by distance d) | models (by distance) | colluders for the farthest peer "
+        "(non-neighbours of it) | colluders for every peer |",
+        "|---|---|---:|---:|---:|---|---|---|---|",
+    ]
+    for r in rows:
+        ups, models = r["updates_by_distance"], r["models_by_distance"]
+        far = [d for d in ups if d != "1"]
+        target = f"peer {r['target']} (d={r['target_distance']}): "
+        out.append(
+            f"| {r['topology']} | {_mode(r)} | {r['steps']} | {_cell(ups['1'])} | "
+            f"{_cell(models['1'])} | "
+            + (", ".join(f"d{d}: {_cell(ups[d])}" for d in far) or "–")
+            + " | "
+            + (", ".join(f"d{d}: {_cell(models[d])}" for d in far) or "–")
+            + f" | {target}{_colluders(r['colluders_for_target'], r['colluder_set_for_target'], r['most'])}"
+            f" | {_colluders(r['colluders_for_all'], r['colluder_set_for_all'], r['most'])} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def _fmt(x: Optional[float]) -> str:
+    if x is None or x != x:
+        return "–"
+    return f"{x:.2e}" if x < 1e-3 else f"{x:.3f}"
+
+
+def _summaries(row: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Per colluder set, part and attack mode: the errors over the peers near and far."""
+    out = []
+    for attack in row["attacks"]:
+        for part, size in attack["parts"].items():
+            if not size:
+                continue
+            for mode in row["modes"]:
+                for group, near in (("neighbours", True), ("non-neighbours", False)):
+                    cells = [
+                        c
+                        for c in attack["peers"].values()
+                        if (c["distance"] == 1) == near and f"{part}/{mode}" in c
+                    ]
+                    if not cells:
+                        continue
+                    errors = [c[f"{part}/{mode}"]["error"] for c in cells]
+                    out.append(
+                        {
+                            "regime": row["regime"],
+                            "algorithm": row["label"],
+                            "colluders": attack["colluders"],
+                            "part": part,
+                            "parameters": size,
+                            "mode": mode,
+                            "peers": group,
+                            "count": len(cells),
+                            "determined": sum(c[f"{part}/{mode}"]["determined"] for c in cells),
+                            "error_median": statistics.median(errors),
+                            "error_max": max(errors),
+                            "blind_mean_median": statistics.median(
+                                c[f"{part}/blind_mean"] for c in cells
+                            ),
+                            "blind_initial_median": statistics.median(
+                                c[f"{part}/blind_initial"] for c in cells
+                            ),
+                        }
+                    )
+    return out
+
+
+def attack_table(summaries: List[Dict[str, Any]]) -> str:
+    out = [
+        "| regime | algorithm | colluders | part (parameters) | attack | peers | determined | "
+        "error median | error max | blind: colluders' mean | blind: x0 |",
+        "|---|---|---|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for s in summaries:
+        out.append(
+            f"| {s['regime']} | {s['algorithm']} | {', '.join(map(str, s['colluders']))} | "
+            f"{s['part']} ({s['parameters']}) | {s['mode']} | {s['peers']} ({s['count']}) | "
+            f"{s['determined']}/{s['count']} | {_fmt(s['error_median'])} | "
+            f"{_fmt(s['error_max'])} | {_fmt(s['blind_mean_median'])} | "
+            f"{_fmt(s['blind_initial_median'])} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def _pick(summaries, **want) -> Optional[Dict[str, Any]]:
+    for s in summaries:
+        if all(s[k] == v for k, v in want.items()):
+            return s
+    return None
+
+
+def verdict(structure: List[Dict[str, Any]], summaries: List[Dict[str, Any]]) -> List[str]:
+    """The page's answers, from the numbers."""
+    lines = []
+    once = [r for r in structure if r["updates"] == "once"]
+    for spec in dict.fromkeys(r["topology"] for r in once):
+        mine = [r for r in once if r["topology"] == spec]
+        full = next(
+            (r for r in mine if all(c[0] == c[1] for c in r["updates_by_distance"].values())),
+            None,
+        )
+        far = sum(c[1] for d, c in mine[-1]["updates_by_distance"].items() if d != "1")
+        got = sum(c[0] for d, c in mine[-1]["updates_by_distance"].items() if d != "1")
+        lines.append(
+            f"- Averaging on {spec}: peer 0 alone determines {got} of its {far} non-neighbours' "
+            f"private values after T = {mine[-1]['steps']} steps"
+            + (f" (every peer from T = {full['steps']})" if full else "")
+            + "."
+        )
+    plain = [r for r in structure if r["updates"] == "every_step" and r["tie"] == 1]
+    if plain:
+        none = all(
+            c[0] == 0 for r in plain for d, c in r["updates_by_distance"].items() if d != "1"
+        )
+        lines.append(
+            "- Decentralized SGD with a fresh update per step: "
+            + ("no" if none else "some")
+            + " non-neighbour update is determined by peer 0 on any graph of the grid"
+            + (
+                ", and no colluder set of the sizes tried determines one of the farthest peer's."
+                if all(r["colluders_for_target"] is None for r in plain)
+                else "."
+            )
+        )
+    for regime in ("averaging", "dsgd"):
+        for algorithm in dict.fromkeys(s["algorithm"] for s in summaries):
+            mode = "once" if regime == "averaging" else None
+            rows = [
+                s
+                for s in summaries
+                if s["regime"] == regime
+                and s["algorithm"] == algorithm
+                and s["colluders"] == [0]
+                and s["peers"] == "non-neighbours"
+                and (mode is None or s["mode"] == mode)
+            ]
+            for s in rows:
+                lines.append(
+                    f"- {regime}, {algorithm}, {s['part']} parameters ({s['parameters']}), "
+                    f"attack {s['mode']}: peer 0 alone reconstructs its {s['count']} "
+                    f"non-neighbours' to a median relative error {_fmt(s['error_median'])} "
+                    f"(max {_fmt(s['error_max'])}; {s['determined']} determined) against "
+                    f"{_fmt(s['blind_mean_median'])} for the blind guess (its own contribution)."
+                )
+    return lines
+
+
+def low_rank_answer(summaries: List[Dict[str, Any]]) -> List[str]:
+    """Do low-rank messages reduce what non-neighbours lose? Per algorithm, under averaging with
+    peer 0 alone: the parameters reconstructed to float level and those no better than blind."""
+    lines = []
+    mine = [
+        s
+        for s in summaries
+        if s["regime"] == "averaging" and s["colluders"] == [0] and s["peers"] == "non-neighbours"
+    ]
+    for algorithm in dict.fromkeys(s["algorithm"] for s in mine):
+        parts = {s["part"]: s for s in mine if s["algorithm"] == algorithm}
+        total = sum(s["parameters"] for s in parts.values())
+        exact = parts.get("exact")
+        lost = exact["parameters"] if exact and exact["error_max"] < 1e-4 else 0
+        text = (
+            f"- **{algorithm}**, averaging: peer 0 alone reconstructs {lost} of the {total} "
+            f"parameters of each non-neighbour's private model to float32 level"
+        )
+        compressed = parts.get("compressed")
+        if compressed:
+            better = compressed["error_median"] < compressed["blind_mean_median"]
+            text += (
+                f"; on the other {compressed['parameters']} (the compressed matrix) its estimate "
+                f"has median error {_fmt(compressed['error_median'])} against "
+                f"{_fmt(compressed['blind_mean_median'])} blind: "
+                + ("better than blind." if better else "no better than the blind guess.")
+            )
+        else:
+            text += "."
+        lines.append(text)
+    dsgd = [
+        s
+        for s in summaries
+        if s["regime"] == "dsgd" and s["colluders"] == [0] and s["peers"] == "non-neighbours"
+    ]
+    for algorithm in dict.fromkeys(s["algorithm"] for s in dsgd):
+        for part in ("exact", "compressed"):
+            mine = [s for s in dsgd if s["algorithm"] == algorithm and s["part"] == part]
+            if not mine:
+                continue
+            best = min(mine, key=lambda s: s["error_median"])
+            ratio = best["error_median"] / best["blind_mean_median"]
+            verdict = (
+                "better than"
+                if ratio < 0.8
+                else "within 20 % of"
+                if ratio < 1
+                else "no better than"
+            )
+            lines.append(
+                f"- **{algorithm}**, D-SGD, {part} parameters ({best['parameters']}): peer 0's "
+                f"best linear estimate of a non-neighbour's last model ({best['mode']}) has "
+                f"median error {_fmt(best['error_median'])} against "
+                f"{_fmt(best['blind_mean_median'])} blind: {verdict} the blind guess."
+            )
+    lines.append(
+        "\nAn error above 1 is worse than guessing the public initial model: the least-squares "
+        "solution of an undetermined or inconsistent system (a tie assumption real SGD breaks, "
+        "or plugged-in estimates of compressed matrices) can be far off, and an attacker who "
+        "cannot check it against the truth has no reason to prefer it to the blind guess."
+    )
+    return lines
+
+
+def render(rows: Rows) -> Outputs:
+    """The page and its JSON."""
+    structure = [r for r in rows.data if r["kind"] == "structure"]
+    attacks = [r for r in rows.data if r["kind"] == "attack"]
+    summaries = [s for r in attacks for s in _summaries(r)]
+    title = "Knowledge-matrix attack: who curious peers reconstruct, exact gossip vs PowerGossip"
+    text = f"# {title}{' (--quick)' if rows.quick else ''}\n\n{made_by(rows)}\n\n" + THREAT_MODEL
+    text += "## 1. Structure: what one curious peer determines\n\n" + structure_table(structure)
+    text += STRUCTURE_NOTE + "\n## 2. The attack on real runs\n\n" + ATTACK_NOTE
+    for r in attacks:
+        text += (
+            f"- {r['regime']}, {r['label']} on {r['topology']}: {r['steps']} gossip steps, "
+            f"test accuracy {_pct(r['accuracy'])} (averaged model), "
+            f"{_pct(r['local_accuracy'])} (peers' own models, mean).\n"
+        )
+    text += "\n" + attack_table(summaries)
+    text += "\n## Do low-rank messages reduce what non-neighbours lose?\n\n"
+    text += "\n".join(low_rank_answer(summaries)) + "\n"
+    text += "\n## Verdict\n\n" + "\n".join(verdict(structure, summaries)) + "\n"
+    data = {"structure": structure, "attack_summaries": summaries}
+    return {
+        "privacy_knowledge.md": text,
+        "privacy_knowledge.json": json.dumps(data, indent=1, sort_keys=True) + "\n",
+    }
