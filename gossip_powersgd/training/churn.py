@@ -352,6 +352,12 @@ class ChurnRun(TrainingHooks):
             self.detected.continued(change.epoch.number)
         if was_live and not self.peer.live:
             self._write_away(state)
+        if not was_live and self.peer.live and self.rejoining:
+            print(
+                f"membership (rank {self.comm.rank}): handed its state ({self.config.churn_join}) "
+                f"at step {state.step}; training",
+                flush=True,
+            )
         return self.peer.live
 
     def settle(self, state) -> bool:

@@ -434,7 +434,9 @@ def test_a_killed_peer_restarted_with_rejoin_is_admitted_handed_the_state_and_ca
     line = f"peer 2 rejoins; the members, peers 0,1,2,3, from step {joined['step']} (epoch 2)"
     for k in (0, 1, 3):
         assert line in (tmp_path / f"rank-{k}.out").read_text()
-    assert f"admitted at step {joined['step']}" in (tmp_path / "rank-2-rejoin.out").read_text()
+    said = (tmp_path / "rank-2-rejoin.out").read_text()
+    assert f"admitted at step {joined['step']}" in said
+    assert f"handed its state (average) at step {joined['step']}; training" in said
     # All four evaluated the end together (the rejoiner's records go on in its file, after the
     # killed process's, which nothing overwrote).
     finals = {k: last_eval(out, k) for k in range(4)}

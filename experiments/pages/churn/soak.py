@@ -89,14 +89,16 @@ class Hosts:
                     command, env=env, cwd=ROOT, stdout=out, stderr=err
                 )
 
-    def text(self, k: int = 0) -> str:
-        return (self.work / f"host{k}.out").read_text()
+    def text(self, name: str = "0") -> str:
+        return (self.work / f"host{name}.out").read_text()
 
-    def wait_for(self, pattern: str, count: int = 1) -> float:
-        """Until host 0's output holds `count` matches of `pattern`: time.time() then."""
+    def wait_for(self, pattern: str, count: int = 1, name: str = "0") -> float:
+        """Until host `name`'s output (host 0's, or "K-rejoinI") holds `count` matches of
+        `pattern`: time.time() then."""
         deadline = time.monotonic() + WITHIN
-        while len(re.findall(pattern, self.text())) < count:
-            if time.monotonic() > deadline or self.processes["0"].poll() is not None:
+        while len(re.findall(pattern, self.text(name))) < count:
+            ended = [n for n in {"0", name} if self.processes[n].poll() is not None]
+            if time.monotonic() > deadline or ended:
                 tail = (self.work / "host0.err").read_text()[-1500:] + self.text()[-1500:]
                 raise RuntimeError(f"soak: no {pattern!r} (#{count}) on host 0: {tail}")
             time.sleep(0.05)
@@ -126,6 +128,8 @@ def fault(hosts: Hosts, k: int, kind: str, index: int) -> Dict:
         network.set_link(hosts.prefix, f"host{k}", True, at="host")
     hosts.start(k, rejoin=True, tag=f"-rejoin{index}")
     back = hosts.wait_for(r"membership \(rank 0\): peer \d+ rejoins", index + 1)
+    # its state handed over the new group: the change is complete (a loss before ends the run)
+    training = hosts.wait_for(r"handed its state", 1, f"{k}-rejoin{index}")
     said = re.findall(r"membership \(rank 0\): peer (\d+) \((\w+)\) lost", hosts.text())[index]
     return {
         "fault": index,
@@ -135,6 +139,7 @@ def fault(hosts: Hosts, k: int, kind: str, index: int) -> Dict:
         "right_peer": int(said[0]) == k,
         "to_membership_line_s": lost - started,
         "to_readmission_s": back - started,
+        "to_training_s": training - started,
     }
 
 
