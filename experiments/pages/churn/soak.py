@@ -21,10 +21,12 @@ faults). Needs root (network namespaces); removes every namespace it made.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -230,7 +232,9 @@ def soak(
     load_before = os.getloadavg()
     sink = open(out_jsonl, "w") if out_jsonl else None
     try:
-        with tempfile.TemporaryDirectory(prefix="churn-soak-") as tmp:
+        # the hosts' logs: removed after a soak that ends well, kept (and named) after one that
+        # does not (the third full soak ended with a rejoined host's process gone and no log)
+        with tempfile.TemporaryDirectory(prefix="churn-soak-") as tmp, _kept_on_error(tmp):
             # seconds per epoch here, from 200 epochs (20 gave 45 steps/s where the run made 83)
             probe = baseline(prefix, hosts, PROBE_EPOCHS, Path(tmp) / "probe", WITHIN * 4)
             epochs = max(20, int(minutes * 60 / (probe["wall_s"] / PROBE_EPOCHS)))
@@ -278,6 +282,17 @@ def soak(
             network.signal_host(prefix, f"host{k}", signal.SIGKILL)
         network.down(prefix)
     return {"rows": rows, "final": final}
+
+
+@contextlib.contextmanager
+def _kept_on_error(tmp: str):
+    try:
+        yield
+    except BaseException:
+        kept = tempfile.mkdtemp(prefix="churn-soak-failed-")
+        shutil.copytree(tmp, kept, dirs_exist_ok=True)
+        print(f"soak: the hosts' logs are kept in {kept}", file=sys.stderr, flush=True)
+        raise
 
 
 def _progress(text: str) -> float:
