@@ -208,6 +208,23 @@ def readmit(monitor: Monitor, peer: int, announcement: bytes) -> None:
         monitor.remote[peer] = _Remote(host, addresses, port, probe_port)
 
 
+def _current_announcements(driver: JoinAgreement, announce: bytes) -> None:
+    """At its admission: post this process's announcement as peer `me`'s set-up entry
+    (`hello/ID`: digest|device|announcement), for peers that join later, and watch every other
+    member by its entry now. The entries read at start-up may be stale: a peer that rejoined since
+    runs in another process (watched by the old one's pid or port, it would be found lost at once
+    and removed though alive)."""
+    me, store = driver.rank, driver._store
+    fields = store("get", f"hello/{me}").decode().split("|")
+    store("set", f"hello/{me}", "|".join(fields[:2] + [announce.hex()]))
+    for peer in driver.peer.membership.last.live:
+        if peer == me or not store("check", [f"hello/{peer}"]):
+            continue
+        entry = store("get", f"hello/{peer}").decode().split("|")
+        if len(entry) == 3 and entry[2]:
+            readmit(driver.monitor, peer, bytes.fromhex(entry[2]))
+
+
 def _caught_up(driver: JoinAgreement) -> None:
     """Append to the joiner's membership every epoch the members agreed on since (from the store:
     `membership/E` and `membership/E/step`; one still being agreed is waited for)."""
@@ -252,6 +269,7 @@ def await_admission(driver: JoinAgreement, announce: bytes) -> int:
         _caught_up(driver)
         if me in membership.last.live:
             driver.joins.add(membership.last.number)
+            _current_announcements(driver, announce)
             driver.monitor.resting = False  # a member: its peers are watched from now on
             return membership.last.step
         if driver._store("check", [f"membership/join/{me}/answer"]):

@@ -460,6 +460,37 @@ def test_a_killed_peer_restarted_with_rejoin_is_admitted_handed_the_state_and_ca
     assert mine > 0.8 * 400
 
 
+def test_a_peer_that_rejoins_after_another_rejoined_watches_that_ones_new_process(tmp_path):
+    """ring:4: peer 2 killed and rejoined, then peer 1 killed and rejoined. The second joiner
+    watched the first by its set-up entry, the killed process's pid, found it gone at once and
+    had the members remove it though alive (a soak on the emulated cluster ended that way): a
+    joiner now posts its own entry at its admission and watches the members by theirs. All four
+    finish as members, after exactly the four changes of the two faults."""
+    from churn_torch import start
+
+    out = tmp_path / "run"
+    program = rejoin_program(out)
+    processes = launch(4, program, tmp_path)
+    extra = []
+    try:
+        wait_for_line(tmp_path / "rank-0.out", "progress: step 390/", processes, WITHIN)
+        for k in (2, 1):
+            processes[k].kill()
+            processes[k].wait()
+            extra.append(start(k, 4, launch.port, program + ["--rejoin", str(k)], tmp_path, "-r"))
+            wait_for_line(
+                tmp_path / f"rank-{k}-r.out", "handed its state", processes + extra, WITHIN
+            )
+        codes = [p.wait(timeout=2 * WITHIN) for p in [processes[0], processes[3], *extra]]
+    finally:
+        end(processes + extra)
+    logs = {k: (tmp_path / f"rank-{k}-r.err").read_text()[-2000:] for k in (1, 2)}
+    assert codes == [0, 0, 0, 0], (codes, logs)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["members_at_end"] == [0, 1, 2, 3] and summary["membership_changes"] == 4
+    assert [(p["peer"], p["how"]) for p in summary["peers_lost"]] == [(2, "killed"), (1, "killed")]
+
+
 @pytest.mark.parametrize(
     "env, sets, peer, expected",
     [
