@@ -445,7 +445,7 @@ def test_a_model_whose_layers_dp_swaps_is_trained_and_gossiped_through_its_new_p
         return look.found
 
     config = DP.replace(
-        model="test_privacy_training:batchnorm_net",
+        model="tests.privacy.test_training:batchnorm_net",
         dp_fix_model=True,
         algorithm="powergossip:rank=1",
         epochs=1,
