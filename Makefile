@@ -34,7 +34,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 test: $(STAMP) iproute2
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=60
 
 # The main job: 8 peers on a ring under mpiexec, MNIST-1D, a CNN, PowerGossip rank 1; prints the
 # summary table and writes the plots. Each run gets its own directory under runs/. The programs are
