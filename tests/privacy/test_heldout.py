@@ -78,3 +78,22 @@ def test_no_peer_ever_trains_on_a_held_out_record():
         x = seen[rank]
         assert torch.equal(x, split.member_set(rank)[0])
         assert not (x[:, None, :] == held[None, :, :]).all(-1).any()
+
+
+def test_another_split_seed_is_another_split_and_bad_settings_are_one_line_errors():
+    first = make_split(SPLIT_DATA, 4, "iid", 0, victims=[2], fraction=0.5, split_seed=0)
+    other = make_split(SPLIT_DATA, 4, "iid", 0, victims=[2], fraction=0.5, split_seed=1)
+    assert other.key() != first.key()
+    assert not np.array_equal(other.heldout[2], first.heldout[2])
+    assert np.array_equal(other.members[0], first.members[0])  # no victim: its whole shard
+    shard = len(first.members[2]) + len(first.heldout[2])  # round(0.0001 shard) holds out none
+    for changes, words in [
+        (dict(fraction=1.0), r"fraction \(the held-out share of each victim's shard\) must lie"),
+        (dict(fraction=0.0), "must lie in \\(0, 1\\), got 0.0"),
+        (dict(partition="local"), "the split itself is the run's partition: local"),
+        (dict(fraction=0.0001), f"victim 2's shard has {shard} samples: too few to hold out"),
+    ]:
+        arguments = dict(partition="iid", fraction=0.5) | changes
+        with pytest.raises(ValueError, match=words) as info:
+            make_split(SPLIT_DATA, 4, seed=0, victims=[2], **arguments)
+        assert "\n" not in str(info.value)

@@ -93,3 +93,17 @@ def test_sampler_resume_is_bit_exact_across_an_epoch_boundary():
         {"epoch": 0, "position": 5, "seed": 7},
         match="invalid PoissonBatches state",
     )
+
+
+def test_the_rate_is_batch_over_shard_and_an_impossible_one_names_the_fix():
+    from gossip_powersgd.privacy import poisson_rate
+
+    assert poisson_rate(32, 1000) == 0.032 and poisson_rate(10, 10) == 1.0
+    for batch in (0, -3, 2.5, True):
+        one_line_error(poisson_rate, batch, 100, match="batch_size must be a positive integer")
+    one_line_error(poisson_rate, 4, 0, match="a peer's shard must hold at least one sample")
+    text = one_line_error(poisson_rate, 11, 10, match="larger than a peer's shard of 10")
+    assert text.endswith("lower batch_size to at most 10")
+    # an epoch is round(1 / q) steps; the private sum is divided by q |D| whatever a batch holds
+    batches = PoissonBatches(torch.zeros(50, 1), torch.arange(50), 0.3)
+    assert len(batches) == 3 and batches.expected_batch_size == 0.3 * 50
