@@ -89,17 +89,3 @@ def test_bad_specs_are_one_line_naming_the_problem(spec, problem):
 def test_an_event_past_the_run_is_refused_with_the_run_length():
     with pytest.raises(ValueError, match=r"leave:3@900 is past the run's last step 599"):
         parse_churn("leave:3@900", 8).changes(8, 600)
-
-
-def test_membership_appends_are_checked():
-    membership = Membership(topologies.ring(4))
-    membership.append(5, [0, 1, 2])
-    for step, live, problem in [
-        (5, [0, 1], "does not come after the last one"),
-        (9, [0, 7], "peer 7 is not a peer of 'ring:4'"),
-        (9, [], "no peer would be left"),
-        (9, [0, 1, 2], "the same as before"),
-    ]:
-        with pytest.raises(ValueError, match=problem):
-            membership.append(step, live)
-    assert membership.state_dict() == {"epochs": [[5, [0, 1, 2]]]}

@@ -12,19 +12,11 @@ import torch
 import topologies
 from gossip_powersgd import LocalCluster, make_algorithm
 from gossip_powersgd.comm.membership import MemberCommunicator
-from gossip_powersgd.membership.algorithm import refuse_unsupported
 from gossip_powersgd.membership.churn import churn_membership
 from gossip_powersgd.membership.peer import ParamsState, PeerMembership
+from membership_fixtures import CHURN, SHAPES, STEPS, peer_tensors
 
-SHAPES = [(10, 12), (12, 10), (7,)]
-CHURN = "leave:3@4,leave:5@7,join:3@12,join:5@16"
-STEPS = 22
 CHANGES = (4, 7, 12, 16)
-
-
-def peer_tensors(comm, dtype):
-    g = torch.Generator().manual_seed(42 + comm.rank)
-    return [torch.randn(s, generator=g, dtype=torch.float64).to(dtype) for s in SHAPES]
 
 
 def flat(tensors) -> torch.Tensor:
@@ -203,75 +195,6 @@ def test_the_change_moves_the_average_by_its_closed_form(join):
     assert torch.allclose(survivors, (8 * everyone - left[3][1]) / 7, rtol=0, atol=1e-14)
 
 
-def factors_after_changes(comm, topology):
-    params = peer_tensors(comm, torch.float64)
-    member = MemberCommunicator(comm)
-    peer = PeerMembership(member, churn_membership(CHURN, topology, STEPS))
-    algorithm = peer.bind(
-        "powergossip:rank=2", make_algorithm("powergossip:rank=2", params, member)
-    )
-    state, out = ParamsState(params), {}
-    for t in range(STEPS):
-        peer.advance(t, state)
-        if peer.live:
-            algorithm.step()
-            inner = algorithm.inner
-            out[t] = {
-                j: {k: v.clone() for k, v in inner.factors(j).items()} for j in member.neighbors
-            }
-    return out
-
-
-def test_both_ends_of_every_edge_hold_the_same_factors_through_the_changes():
-    topology = topologies.torus(2, 4)
-    results = LocalCluster(topology).run(factors_after_changes, topology)
-    checked = 0
-    for i, steps in enumerate(results):
-        for t, edges in steps.items():
-            for j, mine in edges.items():
-                theirs = results[j][t][i]
-                assert all(torch.equal(mine[k], theirs[k]) for k in mine), (i, j, t)
-                checked += 1
-    assert checked > 300
-
-
-def test_a_kept_edge_keeps_its_factors_and_a_new_one_starts_from_its_seed():
-    """Peer 3 leaves ring:8 at step 4: edge 1-2 stays (its warm factors go on), edge 2-4 is new
-    (its factor is drawn from the generator of (seed, 2, 4), as at the start of a run)."""
-    from gossip_powersgd.algorithms.powergossip import edge_seed
-
-    topology = topologies.ring(8)
-
-    def peer(comm):
-        params = peer_tensors(comm, torch.float64)
-        member = MemberCommunicator(comm)
-        membership = churn_membership("leave:3@4", topology, 6)
-        p = PeerMembership(member, membership)
-        algorithm = p.bind(
-            "powergossip:rank=1", make_algorithm("powergossip:rank=1", params, member)
-        )
-        kept = fresh = None
-        for t in range(6):
-            if t == 4 and comm.rank == 2:
-                kept = {k: v.clone() for k, v in algorithm.inner.factors(1).items()}
-            p.advance(t, ParamsState(params))
-            if t == 4 and comm.rank == 2:
-                after = algorithm.inner.factors(1)
-                assert all(torch.equal(after[k], kept[k]) for k in kept)
-                fresh = algorithm.inner.factors(4)["0.Q"].clone()
-                assert algorithm.inner.edges.counters[4] == 0
-                assert algorithm.inner.edges.counters[1] == 4
-            if p.live:
-                algorithm.step()
-        return fresh
-
-    fresh = LocalCluster(topology).run(peer)[2]
-    g = torch.Generator().manual_seed(edge_seed(0, 2, 4))
-    assert torch.equal(
-        fresh.transpose(1, 2), torch.randn((1, 1, 12), generator=g, dtype=torch.float64)
-    )
-
-
 def test_transfer_bytes_are_counted_apart_from_training_traffic():
     topology = topologies.ring(8)
     results = LocalCluster(topology).run(
@@ -290,12 +213,6 @@ def test_transfer_bytes_are_counted_apart_from_training_traffic():
     steps = {k: sum(1 for x in r[0] if x[2] is not None) for k, r in enumerate(results)}
     assert results[0][3]["bytes_sent"] == 2 * model * steps[0]
     assert steps[3] == STEPS - 8
-
-
-@pytest.mark.parametrize("spec", ["allreduce", "powersgd:rank=1"])
-def test_centralized_baselines_refuse_churn(spec):
-    with pytest.raises(ValueError, match="cannot go on after peers leave or join.*fail-stop"):
-        refuse_unsupported(spec)
 
 
 def test_member_communicator_runs_collectives_over_the_live_peers_only():
@@ -338,27 +255,3 @@ def test_member_communicator_runs_collectives_over_the_live_peers_only():
             == "a value differs across peers: peers [0, 2] hold variant 1; peers [3] hold variant 2"
         )
     assert results[2][4] == (0, 3)  # ring:4 minus peer 1: peer 2's neighbours are 3 and 0
-
-
-def test_a_state_travels_as_raw_bytes_and_a_bad_layout_is_refused():
-    from gossip_powersgd.comm.base import CommunicationError
-    from gossip_powersgd.membership.transfer import pack_state, unpack_state
-
-    state = {
-        "model.w": torch.randn(3, 4),
-        "optimizer.0.step": torch.tensor(7.0),
-        "run.step": torch.tensor(12, dtype=torch.int64),
-        "half": torch.ones(5, dtype=torch.float16),
-    }
-    header, body = pack_state(state)
-    assert body.dtype == torch.uint8 and int(header[1]) == 48 + 4 + 8 + 10
-    back = unpack_state(header, body, source=2)
-    assert list(back) == list(state) and all(torch.equal(back[k], state[k]) for k in state)
-    short = header.clone()
-    short[1] -= 4  # the data does not add up to the layout
-    with pytest.raises(CommunicationError, match="peer 2 does not add up"):
-        unpack_state(short, body, source=2)
-    garbled = body.clone()
-    garbled[0] = ord("{")  # not the JSON list of [name, shape, dtype] it should be
-    with pytest.raises(CommunicationError, match="peer 2 has a bad layout"):
-        unpack_state(header, garbled, source=2)

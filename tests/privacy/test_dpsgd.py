@@ -1,4 +1,5 @@
-"""Per-peer DP-SGD core: clipping, noise, accounting, Poisson sampling, model checks, resume.
+"""Per-peer DP-SGD core: clipping, noise, accounting, resume (Poisson sampling: test_sampling.py;
+model checks: test_model_check.py; Opacus on first use: test_dependency.py).
 
 Per-example gradients are recomputed independently with torch.func, and epsilons with fresh Opacus
 accountants, so the checks do not trust the code under test to grade itself.
@@ -6,11 +7,8 @@ accountants, so the checks do not trust the code under test to grade itself.
 
 from __future__ import annotations
 
-import io
 import math
 import secrets
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,18 +18,16 @@ from torch.nn import functional as F
 
 from gossip_powersgd.privacy import (
     DPSGD,
-    MISSING_OPACUS,
     PoissonBatches,
     default_delta,
     epsilon,
-    import_opacus,
     make_accountant,
     noise_for_target,
     poisson_rate,
     validate_dp_options,
-    validate_model,
 )
 from gossip_powersgd.privacy.seeds import NOISE_STREAM, SAMPLER_STREAM, Randomness
+from dp_fixtures import backward, data, one_line_error, small_model, weights_only_round_trip
 
 pytest.importorskip("opacus")
 from opacus.accountants import PRVAccountant, RDPAccountant  # noqa: E402
@@ -46,21 +42,6 @@ pytestmark = [
 OPACUS_ACCOUNTANTS = {"rdp": RDPAccountant, "prv": PRVAccountant}
 
 
-def small_model(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
-
-
-def data(n: int, seed: int = 1):
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn(n, 6, generator=generator), torch.randint(0, 3, (n,), generator=generator)
-
-
-def backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
-    model.zero_grad(set_to_none=True)
-    F.cross_entropy(model(x), y).backward()
-
-
 def func_per_example_gradients(model: nn.Module, x, y) -> list[torch.Tensor]:
     """Per-example gradients of each example's own loss, with torch.func (not Opacus)."""
     params = {name: p.detach() for name, p in model.named_parameters()}
@@ -71,14 +52,6 @@ def func_per_example_gradients(model: nn.Module, x, y) -> list[torch.Tensor]:
 
     grads = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(params, x, y)
     return [grads[name] for name, _ in model.named_parameters()]
-
-
-def one_line_error(fn, *args, match: str, **kwargs) -> str:
-    with pytest.raises(ValueError, match=match) as info:
-        fn(*args, **kwargs)
-    text = str(info.value)
-    assert "\n" not in text
-    return text
 
 
 # --------------------------------------------------------------------------------------------------
@@ -301,132 +274,6 @@ def test_bad_sampler_and_step_arguments_are_one_line_errors():
 
 
 # --------------------------------------------------------------------------------------------------
-# Model support
-# --------------------------------------------------------------------------------------------------
-
-
-def test_batchnorm_is_refused_naming_the_layer_and_both_fixes():
-    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
-    text = one_line_error(validate_model, model, match="BatchNorm1d")
-    assert "'1'" in text and "GroupNorm" in text and "dp_fix_model: true" in text
-    dp = DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=20)
-    one_line_error(dp.wrap, model, match="BatchNorm1d")
-
-
-def test_fix_replaces_batchnorm_and_the_fixed_model_trains_privately():
-    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
-    fixed = validate_model(model, fix=True)
-    assert isinstance(fixed[1], nn.GroupNorm)
-    assert not any(isinstance(m, nn.BatchNorm1d) for m in fixed.modules())
-    dp = DPSGD(0.5, 1.0, sample_rate=0.5, shard_size=20)
-    wrapped = dp.wrap(fixed)
-    x, y = data(10)
-    backward(wrapped, x, y)
-    dp.privatize(wrapped, 10)
-    assert all(torch.isfinite(p.grad).all() for p in wrapped.parameters())
-
-
-def test_a_model_without_trainable_parameters_is_refused():
-    one_line_error(validate_model, nn.ReLU(), match="no.*trainable|has none")
-    frozen = nn.Linear(3, 2).requires_grad_(False)
-    one_line_error(validate_model, frozen, match="has none")
-
-
-# --------------------------------------------------------------------------------------------------
-# Poisson sampling
-# --------------------------------------------------------------------------------------------------
-
-
-def test_poisson_batches_have_the_expected_size_on_average_and_vary():
-    n, q, steps = 400, 0.05, 200
-    x = torch.arange(n, dtype=torch.float32).unsqueeze(1)
-    batches = PoissonBatches(x, torch.arange(n), q, seed=1, rank=3)
-    assert len(batches) == 20
-    sizes, seen = [], torch.zeros(n)
-    while len(sizes) < steps:
-        for xb, yb in batches:
-            assert torch.equal(xb[:, 0].long(), yb)
-            assert len(torch.unique(yb)) == len(yb)  # without replacement within a step
-            sizes.append(len(yb))
-            seen[yb] += 1
-    total = sum(sizes)
-    mean, sd = n * steps * q, math.sqrt(n * steps * q * (1 - q))  # Binomial(n * steps, q)
-    assert abs(total - mean) < 5 * sd
-    assert len(set(sizes)) > 5
-    assert batches.epoch == steps // 20
-
-
-def test_poisson_batches_can_be_empty_and_depend_on_the_key_only():
-    x, y = data(30)
-    sizes = [len(yb) for _ in range(3) for _, yb in PoissonBatches(x, y, 0.01, seed=0, rank=0)]
-    assert 0 in sizes
-    key = secrets.token_bytes(32)
-    first = [yb for _, yb in PoissonBatches(x, y, 0.3, randomness=Randomness(key, "run_dir"))]
-    same = [
-        yb
-        for _, yb in PoissonBatches(
-            x, y, 0.3, seed=5, rank=2, randomness=Randomness(key, "run_dir")
-        )
-    ]
-    other = [yb for _, yb in PoissonBatches(x, y, 0.3)]  # a fresh OS-entropy key
-    assert all(torch.equal(a, b) for a, b in zip(first, same))
-    assert any(not torch.equal(a, b) for a, b in zip(first, other))
-
-
-def test_each_record_is_included_at_rate_q_independently_of_the_others():
-    # 60 steps x 500 records at q = 0.1 from a fixed key. Per record the count is Binomial(60, q);
-    # over records the counts' variance is 60 q (1 - q) = 5.4, whose sample estimate from 500
-    # records has relative standard error sqrt(2 / 499) (about 6.3 %): 5 of them is a 32 % band.
-    n, q, steps = 500, 0.1, 60
-    batches = PoissonBatches(
-        torch.zeros(n, 1), torch.arange(n), q, randomness=Randomness(bytes(32), "run_dir")
-    )
-    counts = torch.zeros(n)
-    for _ in range(steps // len(batches)):
-        for _, yb in batches:
-            counts[yb] += 1
-    mean, var = steps * q, steps * q * (1 - q)
-    assert abs(counts.mean().item() - mean) < 5 * math.sqrt(var / n)
-    assert abs(counts.var().item() / var - 1) < 5 * math.sqrt(2 / (n - 1))
-
-
-def weights_only_round_trip(state):
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
-
-
-def test_sampler_resume_is_bit_exact_across_an_epoch_boundary():
-    x, y = data(50)
-    key = secrets.token_bytes(32)
-    batches = PoissonBatches(x, y, 0.2, randomness=Randomness(key, "run_dir"))  # 5 steps/epoch
-    taken = 0
-    while taken < 7:  # stop mid-epoch, holding a batch, as a checkpoint after it would
-        for _ in batches:
-            taken += 1
-            if taken == 7:
-                break
-    state = weights_only_round_trip(batches.state_dict())
-    resumed = PoissonBatches(x, y, 0.2, randomness=Randomness(key, "run_dir"))
-    resumed.load_state_dict(state)
-
-    def take(sampler, count):
-        out = []
-        while len(out) < count:
-            out.extend(sampler)
-        return out[:count]
-
-    for (xa, ya), (xb, yb) in zip(take(batches, 9), take(resumed, 9)):
-        assert torch.equal(xa, xb) and torch.equal(ya, yb)
-    one_line_error(
-        resumed.load_state_dict,
-        {"epoch": 0, "position": 5, "seed": 7},
-        match="invalid PoissonBatches state",
-    )
-
-
-# --------------------------------------------------------------------------------------------------
 # Checkpoints
 # --------------------------------------------------------------------------------------------------
 
@@ -488,26 +335,3 @@ def test_privacy_state_holds_only_plain_values_and_refuses_a_mismatch():
         old,
         match="whose noise was public",
     )
-
-
-# --------------------------------------------------------------------------------------------------
-# Opacus as an optional dependency
-# --------------------------------------------------------------------------------------------------
-
-
-def test_missing_opacus_is_a_one_line_import_error(monkeypatch):
-    for name in [n for n in sys.modules if n == "opacus" or n.startswith("opacus.")]:
-        monkeypatch.setitem(sys.modules, name, None)
-    with pytest.raises(ImportError) as info:
-        import_opacus("opacus.accountants")
-    assert str(info.value) == MISSING_OPACUS
-    with pytest.raises(ImportError, match="pip install 'gossip_powersgd\\[privacy\\]'"):
-        make_accountant("rdp")
-
-
-def test_importing_the_package_does_not_import_opacus():
-    code = (
-        "import sys, gossip_powersgd.privacy; "
-        "sys.exit(any(n.split('.')[0] == 'opacus' for n in sys.modules))"
-    )
-    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

@@ -1,4 +1,6 @@
-"""Recorded-view scenarios run alike under `LocalCluster` and under mpiexec (tests/mpi_worker.py)."""
+"""Recorded-view scenarios run alike under `LocalCluster` and under mpiexec (tests/mpi_worker.py),
+and the small runs the attack tests share (tests/privacy/test_attacks.py, test_reconstruction.py,
+test_estimators.py, test_heldout.py, test_membership.py, test_attack_run.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,23 @@ from typing import Dict
 
 import torch
 
+import topologies
+from gossip_powersgd import LocalCluster
 from gossip_powersgd.algorithms import make_algorithm
-from gossip_powersgd.privacy.views import RecordingCommunicator, ViewRecorder, observed_dir
+from gossip_powersgd.privacy.views import (
+    RecordingCommunicator,
+    ViewRecorder,
+    load_view,
+    observed_dir,
+)
+from gossip_powersgd.training.config import load_config
+from gossip_powersgd.training.trainer import train
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
+RING = topologies.ring(4)
+#: The held-out split's dataset: small enough that every split is made in milliseconds.
+SPLIT_DATA = "synthetic_logreg:d=8,classes=4,n=800"
 
 #: Square matrices (so that full-rank PowerGossip determines them on every half-step) and a bias.
 SHAPES = [(6, 6), (6, 6), (5, 5), (5,)]
@@ -67,3 +84,29 @@ def observed_gossip(comm, spec, steps, observers="all", directory=None, observe_
 def mpi_observed_gossip(comm, out_dir, spec, steps):
     """`observed_gossip` under mpiexec with rank 3 observing, views written under `out_dir`."""
     return observed_gossip(comm, spec, steps, observers="3", directory=Path(out_dir))
+
+
+def run_views(spec, steps=4, observe_every=1, tmp=None):
+    """Gossip on a 4-ring with every rank observing; returns (results, views by rank)."""
+    results = LocalCluster(RING, timeout=30).run(
+        observed_gossip, spec, steps, "all", tmp, str(observe_every)
+    )
+    views = [load_view(observed_dir(tmp, k)) for k in range(4)] if tmp is not None else None
+    return results, views
+
+
+def tiny(**changes):
+    base = load_config(TINY, deep=False).replace(
+        quiet=True, checkpoint_every=0, log_every=0, epochs=1
+    )
+    return base.replace(**changes)
+
+
+def train_all(config, make_hooks):
+    hooks = {}
+
+    def peer(comm):
+        hooks[comm.rank] = make_hooks()
+        return train(comm, config, hooks=[hooks[comm.rank]])
+
+    return LocalCluster(topologies.parse(config.topology), timeout=60).run(peer), hooks
