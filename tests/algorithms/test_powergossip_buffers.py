@@ -8,7 +8,6 @@ import torch
 import topologies
 from gossip_powersgd import LocalCluster, PowerGossip
 from gossip_powersgd.algorithms.lowrank import orthonormalize_
-from gossip_powersgd.algorithms.powergossip_plan import sign_runs
 
 # Two same-shape matrices, a conv weight, two biases and a matrix too small to compress.
 SHAPES = [(12, 9), (12, 9), (6, 3, 2, 2), (12,), (2, 2), (6,)]
@@ -58,11 +57,6 @@ def test_one_gram_schmidt_per_group_gives_the_per_neighbour_bits(spec, rank, war
         for (xa, fa), (xb, fb) in zip(batched, per_block):
             assert all(torch.equal(bits(a), bits(b)) for a, b in zip(xa, xb))
             assert all(torch.equal(fa[j][k], fb[j][k]) for j in fa for k in fa[j])
-
-
-def test_sign_runs_split_the_neighbours_where_their_side_of_our_rank_changes():
-    assert sign_runs(3, (5, 1, 0, 7, 8)) == [(0, 1, True), (1, 3, False), (3, 5, True)]
-    assert sign_runs(0, (1, 2)) == [(0, 2, True)]
 
 
 def _readable(commit: str, helpers: bool) -> bool:
