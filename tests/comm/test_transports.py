@@ -2,6 +2,9 @@
 and the one-line refusal, with the command that works, of a transport started the wrong way
 (registration itself: tests/test_registries.py, tests/comm/test_example_transport.py)."""
 
+import sys
+from pathlib import Path
+
 import pytest
 
 import topologies
@@ -114,8 +117,6 @@ def test_every_registered_transport_says_how_it_is_started():
     for name in ("local", "mpi", "torch"):
         entry = TRANSPORTS.get(name)
         assert entry.in_process == (entry.launcher is None), name
-    assert (
-        transport("mpi").command(8, "pkg.cli")
-        == "mpiexec -n 8 " + (__import__("sys").executable.rsplit("/", 1)[-1]) + " -m pkg.cli ..."
-    )
+    python = Path(sys.executable).name
+    assert transport("mpi").command(8, "pkg.cli") == f"mpiexec -n 8 {python} -m pkg.cli ..."
     assert transport("torch").command(2) == "torchrun --nproc-per-node 2 -m ... ..."
