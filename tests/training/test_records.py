@@ -448,25 +448,6 @@ def test_ranks_reading_different_cifar_copies_under_one_spec_are_refused(tmp_pat
 # ---- Reliability IV: truncated BPTT over a peer's contiguous text ------------------------------------
 
 
-def test_stream_batches_continue_each_row_and_resume():
-    from gossip_powersgd.training.batches import StreamBatches
-
-    x = torch.arange(11)[:, None].repeat(1, 3)  # 11 consecutive windows
-    b = StreamBatches(x, x, batch_size=4)
-    # streams of 3, 3, 3, 2 windows: [0..2], [3..5], [6..8], [9, 10]
-    assert len(b) == 3
-    steps = [xb[:, 0].tolist() for xb, _ in b]
-    assert steps == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8]]
-    assert [xb[:, 0].tolist() for xb, _ in b] == steps  # every pass the same, in text order
-    it = iter(b)
-    next(it)
-    state = b.state_dict()
-    again = StreamBatches(x, x, batch_size=4)
-    again.load_state_dict(state)
-    assert [xb[:, 0].tolist() for xb, _ in again] == steps[1:]
-    assert len(StreamBatches(x[:2], x[:2], batch_size=4)) == 1  # fewer windows than streams
-
-
 def lm_config(root, out_dir=None, **changes):
     return dict(
         dict(
