@@ -1,8 +1,7 @@
-"""Tests for gossip_powersgd.training.data: datasets and a peer's shard (the partitions themselves:
-test_partition.py; batches: test_batches.py)."""
+"""Tests for gossip_powersgd.training.data: loading datasets by spec and a peer's shard (each kind's
+data: test_datasets.py; partitions: test_partition.py; batches: test_batches.py)."""
 
 import os
-import random
 import sys
 import threading
 
@@ -31,7 +30,7 @@ def balanced_labels(n, classes, seed=0):
     return np.random.default_rng(seed).permutation(np.arange(n) % classes)
 
 
-# --------------------------------------------------------------------------------------- mnist1d
+# ------------------------------------------- loading by spec, cached (each kind's data: test_datasets.py)
 
 
 @pytest.fixture(scope="module")
@@ -48,30 +47,6 @@ def test_mnist1d_shapes(mnist):
     assert load_dataset("mnist1d", seed=0) is mnist  # cached
 
 
-def test_mnist1d_deterministic_per_seed_and_leaves_global_rngs_alone(monkeypatch):
-    monkeypatch.setenv("GOSSIP_POWERSGD_CACHE", "off")  # generated here, not read from disk
-    clear_dataset_cache()
-    np.random.seed(123)
-    random.seed(123)
-    np_before, py_before = np.random.get_state()[1].copy(), random.getstate()
-    a = load_dataset("mnist1d:num_samples=500,seed=1")
-    assert np.array_equal(np.random.get_state()[1], np_before) and random.getstate() == py_before
-    assert a.x_train.shape == (400, 40) and a.x_test.shape == (100, 40)
-    clear_dataset_cache()
-    b = load_dataset("mnist1d:num_samples=500,seed=1")
-    assert a is not b and torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
-    c = load_dataset("mnist1d:num_samples=500,seed=2")
-    assert not torch.equal(a.x_train, c.x_train)
-
-
-def test_mnist1d_is_the_standard_data_set_whatever_the_run_seed():
-    """The package's seed 42 unless the spec names another: runs with other seeds share the data."""
-    a = load_dataset("mnist1d:num_samples=500", seed=0)
-    b = load_dataset("mnist1d:num_samples=500", seed=7)
-    c = load_dataset("mnist1d:num_samples=500,seed=42", seed=7)
-    assert torch.equal(a.x_train, b.x_train) and torch.equal(a.x_train, c.x_train)
-
-
 def test_concurrent_loads_share_one_dataset():
     clear_dataset_cache()
     results = [None] * 8
@@ -85,42 +60,6 @@ def test_concurrent_loads_share_one_dataset():
     for t in threads:
         t.join()
     assert all(r is results[0] for r in results)
-
-
-def test_mnist1d_bad_option():
-    with pytest.raises(ValueError, match="num_sample"):
-        load_dataset("mnist1d:num_sample=10")
-
-
-# ------------------------------------------------------------------------------ synthetic_logreg
-
-
-def test_synthetic_logreg_defaults_and_options():
-    d = load_dataset("synthetic_logreg", seed=0)
-    assert d.x_train.shape == (4000, 20) and d.x_test.shape == (1000, 20) and d.num_classes == 10
-    s = load_dataset("synthetic_logreg:d=5,classes=4,n=1000", seed=7)
-    assert s.x_train.shape == (800, 5) and s.x_test.shape == (200, 5) and s.num_classes == 4
-    assert s.input_shape == (5,) and int(s.y_train.max()) < 4
-    clear_dataset_cache()
-    again = load_dataset("synthetic_logreg:d=5,classes=4,n=1000", seed=7)
-    assert torch.equal(s.x_train, again.x_train) and torch.equal(s.y_train, again.y_train)
-    other = load_dataset("synthetic_logreg:d=5,classes=4,n=1000", seed=8)
-    assert not torch.equal(s.x_train, other.x_train)
-
-
-@pytest.mark.parametrize(
-    "spec, match",
-    [
-        ("synthetic_logreg:dim=5", "unknown option 'dim'"),
-        ("synthetic_logreg:d=five", "d must be an integer, got 'five'"),
-        ("synthetic_logreg:classes=1", "classes >= 2"),
-        ("synthetic_logreg:n=2", "too small"),
-        ("synthetic_logreg:d", "key=value"),
-    ],
-)
-def test_synthetic_logreg_bad_options(spec, match):
-    with pytest.raises(ValueError, match=match):
-        load_dataset(spec)
 
 
 # --------------------------------------------------------------------------- bring your own data
