@@ -157,3 +157,24 @@ def test_keys_depend_on_seed_step_sender_and_tensor():
     assert keys != compression_keys(0, 4, 1, 4) and keys != compression_keys(0, 3, 2, 4)
     assert keys != compression_keys(1, 3, 1, 4)
     assert compression_keys(0, 3, 1, 2) == keys[:2]
+
+
+def test_the_layout_decodes_a_payload_from_the_saved_meta_alone_as_the_receiver_does():
+    """An observer rebuilds the decoder from the view's meta (compressor, seed, shapes): the parts
+    are the receiver's decoded tensors (QSGD: random rounding by the sender's key, and 1/tau)."""
+
+    def peer(comm):
+        x = [t.clone() for t in tensors(comm.rank)]
+        choco = ChocoGossip(x, comm, compressor="qsgd:2", gamma=0.2, seed=9)
+        layout = type(choco).layout.of(choco)
+        assert layout.fields == {"compressor": "qsgd:2", "seed": 9}
+        choco._messages.encode(x, step=3, sender=comm.rank)
+        outs = [torch.empty(s) for s in SHAPES]
+        choco._messages.decode(choco._messages.send_views, outs, step=3, sender=comm.rank)
+        message = {"tensor": choco._messages.send.clone(), "step": 3, "sender": comm.rank}
+        fresh = type(layout)(layout.meta)  # from the saved meta alone
+        (part,) = fresh.decode(message)
+        return part.kind, part.indices, all(torch.equal(a, b) for a, b in zip(part.values, outs))
+
+    for result in LocalCluster(topologies.ring(3), cooperative=False).run(peer):
+        assert result == ("increment", [0, 1, 2], True)
