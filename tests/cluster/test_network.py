@@ -23,7 +23,7 @@ import pytest
 from tests.conftest import ROOT, run_bounded
 from gossip_powersgd.cluster import __main__ as cli
 from gossip_powersgd.cluster import network
-from gossip_powersgd.cluster.enter import enter_command, split_ssh_arguments
+from gossip_powersgd.cluster.enter import enter_command
 from gossip_powersgd.cluster.measure import PAYLOAD_SHARE, throughput
 from gossip_powersgd.comm.interfaces import bind_gloo_to_route, interface_towards
 
@@ -96,18 +96,6 @@ def test_tbf_burst_is_a_millisecond_at_the_rate_and_at_least_4_kib():
     assert burst(10**6) == 4096  # an MTU-sized frame must fit, and a few more
     assert network.tbf_arguments(10**6)[-2:] == ["limit", "65536"]
     assert network.tbf_arguments(10**9)[-2:] == ["limit", "12500000"]  # 100 ms
-
-
-def test_ssh_arguments_as_hydra_gives_them():
-    # printed from mpich 5.0.2's Hydra (-launcher ssh -launcher-exec PROGRAM)
-    hydra = ["-x", "host1", '"/venv/bin/hydra_pmi_proxy"', "--control-port", "host0:40763"]
-    assert split_ssh_arguments(hydra) == ("host1", hydra[2:])
-    assert split_ssh_arguments(["-p", "22", "-oBatchMode=yes", "u@host2", "ls"]) == (
-        "host2",
-        ["ls"],
-    )
-    with pytest.raises(network.ClusterError, match="no command"):
-        split_ssh_arguments(["-x", "host1"])
 
 
 def test_host_names_and_addresses():
