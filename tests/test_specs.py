@@ -1,5 +1,6 @@
 """The shared spec parsing: booleans, typed values, name:args, nested options, bring-your-own imports;
-and the shared low-rank and compressed-gossip pieces the algorithms are built from."""
+and the shared low-rank pieces the algorithms are built from (compressed gossip's:
+tests/algorithms/test_compressed.py)."""
 
 import re
 
@@ -9,8 +10,7 @@ import torch
 
 import topologies
 from gossip_powersgd import LocalCluster, specs
-from gossip_powersgd.algorithms import ChocoGossip, DeepSqueeze, registry
-from gossip_powersgd.algorithms.compressed import CompressedGossip
+from gossip_powersgd.algorithms import registry
 from gossip_powersgd.algorithms.lowrank import (
     MatrixStack,
     compressible_matrices,
@@ -185,37 +185,6 @@ def test_orthonormalize_gives_orthonormal_vectors_and_keeps_zeros(rank):
     assert torch.allclose(gram, torch.eye(rank, dtype=torch.float64).expand_as(gram), atol=1e-6)
     zeros = torch.zeros(1, min(rank, 4), 7)
     assert torch.equal(orthonormalize_(zeros), torch.zeros_like(zeros))
-
-
-# ---- the compressed-gossip base ------------------------------------------------------------------
-def test_compressed_gossip_owns_wire_and_state_for_both_algorithms():
-    def peer(comm):
-        out = {}
-        for cls, keys in ((ChocoGossip, ["x_hat", "s"]), (DeepSqueeze, ["error"])):
-            x = [torch.full((6, 4), float(comm.rank)), torch.ones(5)]
-            algorithm = cls(x, comm, compressor="topk:0.5", gamma=0.2)
-            assert isinstance(algorithm, CompressedGossip)
-            algorithm.step()
-            state = algorithm.state_dict()
-            assert list(state) == ["steps", "gamma", "seed", "compressor"] + keys
-            fresh = cls([t.clone() for t in x], comm, compressor="topk:0.5", gamma=0.2)
-            fresh.load_state_dict(state)
-            assert fresh.steps == 1
-            assert all(
-                torch.equal(a, b)
-                for a, b in zip(fresh.state_buffers().values(), algorithm.state_buffers().values())
-            )
-            other = cls([t.clone() for t in x], comm, compressor="sign", gamma=0.2)
-            with pytest.raises(
-                ValueError, match=f"^{cls.__name__} state is for compressor=topk:0.5"
-            ):
-                other.load_state_dict(state)
-            out[cls.__name__] = (algorithm.payload_bytes, algorithm.bytes_per_step())
-        return out
-
-    for result in LocalCluster(topologies.ring(3)).run(peer):
-        # topk:0.5 keeps 12 of 24 and 2 of 5 (round half to even) entries: float32 value + int32 index
-        assert result == {"ChocoGossip": (112, 224), "DeepSqueeze": (112, 224)}
 
 
 # ---- repeated keys and seeds ----------------------------------------------------------------------

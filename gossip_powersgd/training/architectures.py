@@ -95,7 +95,7 @@ class CNN1d(nn.Module):
         if flat == 0:
             raise ValueError(
                 f"cnn1d: input length {length} is too short for three stride-2 "
-                f"convolutions of kernel 5; use an input of length >= 11"
+                f"convolutions of kernel 5; use an input of length >= 15"
             )
         self.classifier = nn.Linear(flat, num_classes, device=device)
 

@@ -11,7 +11,6 @@ from gossip_powersgd import LocalCluster, make_algorithm
 from gossip_powersgd.algorithms import (
     ChocoGossip,
     DeepSqueeze,
-    ExactGossip,
     PowerGossip,
     algorithm_kwargs,
     check_config,
@@ -36,34 +35,6 @@ def tensors(comm):
 # ---- 4a. gamma outside the stable range ------------------------------------------------------------
 def test_ring4_stable_range_is_what_the_tests_assume():
     assert topologies.ring(4).gamma_stable_max == pytest.approx(1.5)
-
-
-@pytest.mark.parametrize(
-    "build",
-    [
-        lambda x, comm: ExactGossip(x, comm, gamma=3.0),
-        lambda x, comm: make_algorithm("exact:gamma=3", x, comm),
-    ],
-)
-def test_exact_gossip_refuses_an_unstable_gamma_in_one_line(build):
-    def peer(comm):
-        build(tensors(comm), comm)
-
-    with pytest.raises(
-        ValueError, match=r"^gamma=3 is outside the stable range \(0, 1\.5\) of "
-    ) as info:
-        LocalCluster(topologies.ring(4)).run(peer)
-    assert "\n" not in str(info.value)
-
-
-def test_exact_gossip_keeps_stable_and_default_gammas():
-    def peer(comm):
-        return ExactGossip(tensors(comm), comm, gamma=1.4).gamma, ExactGossip(
-            tensors(comm), comm
-        ).gamma
-
-    explicit, default = LocalCluster(topologies.ring(4)).run(peer)[0]
-    assert explicit == 1.4 and default == topologies.ring(4).gamma
 
 
 COMPRESSED = {
@@ -150,23 +121,6 @@ def test_schedule_stable_ranges_are_the_intersection_of_their_graphs_ranges():
     assert topologies.ring(8).gamma_stable_max == pytest.approx(1.5, rel=1e-12)
     matchings = topologies.parse("matchings:8")
     assert all(matchings.at(t).gamma_stable_max == pytest.approx(2.0, rel=1e-12) for t in range(50))
-
-
-@pytest.mark.parametrize("spec", SCHEDULES)
-def test_exact_gossip_refuses_an_unstable_gamma_on_a_schedule(spec):
-    top = topologies.parse(spec).gamma_stable_max
-
-    def peer(comm, gamma):
-        return ExactGossip(tensors(comm), comm, gamma=gamma).gamma
-
-    with pytest.raises(
-        ValueError,
-        match=rf"^gamma=5 is outside the stable range \(0, {top:.4g}\) "
-        rf"of {spec} \(",
-    ) as info:
-        LocalCluster(topologies.parse(spec)).run(peer, 5.0)
-    assert "\n" not in str(info.value)
-    assert LocalCluster(topologies.parse(spec)).run(peer, 0.99 * top) == [0.99 * top] * 8
 
 
 @pytest.mark.parametrize("who", sorted(COMPRESSED))

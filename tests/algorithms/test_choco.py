@@ -13,7 +13,6 @@ from gossip_powersgd import (
     consensus_distance,
 )
 from gossip_powersgd.algorithms import make_algorithm
-from gossip_powersgd.algorithms.compressed import compression_keys
 from gossip_powersgd.compressors import Identity, SignNorm, TopK, parse_compressor
 
 
@@ -188,15 +187,6 @@ def test_bytes_per_step_is_the_payload_formula():
 
 
 # ---- keys, state, errors, spelling ----------------------------------------------------------------------
-def test_keys_depend_on_seed_step_sender_and_tensor():
-    keys = compression_keys(0, 3, 1, 4)
-    assert keys == compression_keys(0, 3, 1, 4) and len(set(keys)) == 4
-    assert all(0 <= k < 2**63 for k in keys)
-    assert keys != compression_keys(0, 4, 1, 4) and keys != compression_keys(0, 3, 2, 4)
-    assert keys != compression_keys(1, 3, 1, 4)
-    assert compression_keys(0, 3, 1, 2) == keys[:2]
-
-
 def test_gamma_is_required_and_non_finite_models_are_not_sent():
     def no_gamma(comm):
         ChocoGossip(peer_tensors(comm), comm, "sign")

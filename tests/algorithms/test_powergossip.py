@@ -8,7 +8,6 @@ import torch
 import topologies
 from gossip_powersgd import ExactGossip, LocalCluster, PowerGossip, consensus_distance
 from gossip_powersgd.algorithms.lowrank import orthonormalize_
-from gossip_powersgd.algorithms.powergossip import edge_seed
 from tests.conftest import run_scenario_mpi
 
 # A small model: two same-shape matrices (batched together), a conv weight, a bias, and a matrix too
@@ -86,13 +85,6 @@ def test_both_ends_hold_bit_identical_factors(spec, warm):
             mine, theirs = results[i][step][j], results[j][step][i]
             assert mine.keys() == theirs.keys()
             assert all(torch.equal(mine[k], theirs[k]) for k in mine), (i, j, step)
-
-
-def test_edge_seeds_do_not_collide():
-    seeds = {edge_seed(0, i, j) for i in range(40) for j in range(i + 1, 40)}
-    assert len(seeds) == 40 * 39 // 2
-    assert edge_seed(0, 1, 12) != edge_seed(0, 11, 2)
-    assert edge_seed(0, 3, 5) == edge_seed(0, 5, 3)
 
 
 # ---- 3. two peers, W = 1/2, gamma = 1: the projected component is removed exactly ----------------
@@ -364,35 +356,3 @@ def test_bad_arguments_raise_naming_them():
     ]:
         with pytest.raises(ValueError, match=message):
             LocalCluster(topologies.ring(2)).run(peer, **kwargs)
-
-
-def test_parameters_re_pointed_elsewhere_are_re_stacked():
-    def peer(comm):
-        x = peer_tensors(comm)
-        gossip = PowerGossip(x, comm)
-        gossip.step()
-        x[1].data = x[1].data.clone()  # as model.to(...) would do
-        gossip.step()
-        return x, gossip.stacks.groups[0].matrices.clone()
-
-    for x, stacked in LocalCluster(topologies.ring(4)).run(peer):
-        assert torch.equal(stacked[1], x[1])
-
-
-def test_state_from_another_model_or_topology_is_refused_naming_the_key():
-    def saved_state(comm, rows):
-        return PowerGossip([torch.zeros(rows, 6)], comm, rank=1).state_dict()
-
-    def load(comm, states, rows):
-        PowerGossip([torch.zeros(rows, 6)], comm, rank=1).load_state_dict(states[comm.rank])
-
-    ring = LocalCluster(topologies.ring(4)).run(saved_state, 8)
-    with pytest.raises(
-        ValueError, match=r"state 'factor\.\d\.0\.P' has shape \(1, 8, 1\), expected \(1, 9, 1\)"
-    ):
-        LocalCluster(topologies.ring(4)).run(load, ring, 9)
-    with pytest.raises(
-        ValueError,
-        match=r"PowerGossip state has no 'factor\.\d\.0\.P': it was saved for another model",
-    ):
-        LocalCluster(topologies.complete(4)).run(load, ring, 8)

@@ -1,5 +1,6 @@
 """PowerGossip's batched static half-step: one operation per group for all neighbours gives the same
-bits as one per neighbour, the exact part lives in one buffer, and the simulation benchmark runs."""
+bits as one per neighbour (the buffers themselves: test_powergossip_state.py), and a commit's own
+PowerGossip loads beside this tree's."""
 
 import pytest
 import torch
@@ -7,7 +8,6 @@ import torch
 import topologies
 from gossip_powersgd import LocalCluster, PowerGossip
 from gossip_powersgd.algorithms.lowrank import orthonormalize_
-from gossip_powersgd.algorithms.powergossip_plan import sign_runs
 
 # Two same-shape matrices, a conv weight, two biases and a matrix too small to compress.
 SHAPES = [(12, 9), (12, 9), (6, 3, 2, 2), (12,), (2, 2), (6,)]
@@ -57,82 +57,6 @@ def test_one_gram_schmidt_per_group_gives_the_per_neighbour_bits(spec, rank, war
         for (xa, fa), (xb, fb) in zip(batched, per_block):
             assert all(torch.equal(bits(a), bits(b)) for a, b in zip(xa, xb))
             assert all(torch.equal(fa[j][k], fb[j][k]) for j in fa for k in fa[j])
-
-
-# Large enough for BLAS kernels (not the small-matrix loops), which round a product of a strided
-# operand by where its rows sit: the products differ, and the factors must not.
-RESNET_LIKE = [(16, 3, 3, 3), (32, 16, 3, 3), (32, 16, 3, 3), (64, 32, 3, 3), (10, 64), (64,)]
-
-
-@pytest.mark.parametrize(
-    "spec", ["star:5", "small_world:8:4:0.5"]
-)  # irregular: degrees differ per end
-def test_rank_one_factors_live_in_message_rows_and_are_bit_identical_at_both_ends(spec):
-    def peer(comm):
-        g = torch.Generator().manual_seed(comm.rank)
-        x = [torch.randn(s, generator=g) for s in RESNET_LIKE]
-        before = torch.cat([t.reshape(-1) for t in x])
-        gossip = PowerGossip(x, comm, rank=1)
-        rows = gossip.edges.factor_rows
-        start = {name: t.data_ptr() for name, t in rows.items()}
-        inside = all(
-            start[name] <= getattr(group, name).data_ptr() < start[name] + rows[name].nbytes
-            for group in gossip.stacks.groups
-            for name in ("left", "right", "scaled_left")
-        )
-        history = []
-        for _ in range(5):
-            gossip.step()
-            history.append(
-                {j: {k: v.clone() for k, v in gossip.factors(j).items()} for j in comm.neighbors}
-            )
-        return inside, history, before, torch.cat([t.reshape(-1) for t in x])
-
-    topology = topologies.parse(spec)
-    results = LocalCluster(topology).run(peer)
-    assert all(inside for inside, _, _, _ in results)
-    for i, j in topology.edges():
-        for step in range(5):
-            mine, theirs = results[i][1][step][j], results[j][1][step][i]
-            assert all(torch.equal(mine[k], theirs[k]) for k in mine), (i, j, step)
-    before = torch.stack([r[2] for r in results]).double().mean(0)
-    after = torch.stack([r[3] for r in results]).double().mean(0)
-    assert float((after - before).abs().max()) < 1e-5 * float(before.abs().max())
-    assert float((results[0][3] - results[0][2]).abs().max()) > 1e-3  # the step did move the model
-
-
-def test_exact_tensors_are_views_of_one_buffer_and_re_stacked_when_re_pointed():
-    def peer(comm):
-        x = peer_tensors(comm)
-        gossip = PowerGossip(x, comm)
-        exact = [x[k] for k in range(len(x)) if k not in gossip.compressed_indices]
-        buffer = gossip.stacks.exact
-        start, end = buffer.data_ptr(), buffer.data_ptr() + buffer.nbytes
-        return all(start <= t.data_ptr() < end for t in exact) and len(exact) == 3
-
-    assert all(LocalCluster(topologies.ring(4)).run(peer))
-    topology = topologies.parse("small_world:8:4:0.5")
-    straight = LocalCluster(topology).run(run, PowerGossip, 1, True)
-    repointed = LocalCluster(topology).run(run, PowerGossip, 1, True, repoint=True)
-    for (xa, _), (xb, _) in zip(straight, repointed):
-        assert all(torch.equal(bits(a), bits(b)) for a, b in zip(xa, xb))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_message_rows_start_on_64_byte_boundaries(dtype):
-    def peer(comm):
-        gossip = PowerGossip(peer_tensors(comm, dtype), comm)
-        return [row.data_ptr() % 64 for row in gossip.messages.send.values()] + [
-            row.data_ptr() % 64 for row in gossip.messages.recv.values()
-        ]
-
-    for offsets in LocalCluster(topologies.parse("small_world:8:4:0.5")).run(peer):
-        assert offsets and set(offsets) == {0}
-
-
-def test_sign_runs_split_the_neighbours_where_their_side_of_our_rank_changes():
-    assert sign_runs(3, (5, 1, 0, 7, 8)) == [(0, 1, True), (1, 3, False), (3, 5, True)]
-    assert sign_runs(0, (1, 2)) == [(0, 2, True)]
 
 
 def _readable(commit: str, helpers: bool) -> bool:

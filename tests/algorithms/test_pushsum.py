@@ -10,7 +10,6 @@ from tests.conftest import run_scenario_mpi
 from gossip_powersgd.algorithms import make_algorithm
 from gossip_powersgd.algorithms.reference import reference_powergossip
 from gossip_powersgd.comm import LocalCluster
-from gossip_powersgd.metrics import mean_active_degree
 from gossip_powersgd.training.config import TrainConfig, validate_config
 
 SCHEDULES = [
@@ -223,14 +222,6 @@ def test_resume_equals_uninterrupted(spec, schedule):
 
     for straight, resumed in LocalCluster(schedule).run(peer):
         assert all(torch.equal(u, v) for u, v in zip(straight, resumed))
-
-
-def test_mean_active_degree_counts_each_steps_graph():
-    assert mean_active_degree(topologies.parse("one_peer_exponential:16"), 10) == 1.0
-    assert mean_active_degree(topologies.parse("ring:8"), 10) == 2.0
-    assert mean_active_degree(topologies.parse("directed_exponential:8"), 5) == 1.0
-    cyclic = topologies.parse("cyclic:ring:8,star:8")
-    assert mean_active_degree(cyclic, 3) == pytest.approx((2 + 14 / 8 + 2) / 3)
 
 
 def mpi_scenario(comm):

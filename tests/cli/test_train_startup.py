@@ -1,7 +1,7 @@
 """Start-up: the training program's first line comes before torch is imported, once per run with
 the launcher's process count; a missing optional extra is one line before anything heavy; the
-package imports no torch until one of its names is used; torch's optimizers build and step without
-importing torch's compiler, with the same numbers. (How long each phase takes is measured by the
+package imports no torch until one of its names is used (torch's optimizers without torch's
+compiler: tests/training/test_eager_optim.py). (How long each phase takes is measured by the
 benchmark page `python -m experiments bench_startup`, not here.)"""
 
 from __future__ import annotations
@@ -175,45 +175,3 @@ def test_torchrun_prints_one_start_line_with_its_process_count(tmp_path):
     assert (
         "--nproc-per-node" in origin["command"] and "gossip_powersgd.cli.train" in origin["command"]
     )
-
-
-#: A child that steps SGD (momentum, Nesterov, weight decay), Adam and AdamW as the trainer builds
-#: them, before and after torch's compiler is imported, and prints whether it was imported early.
-OPTIMIZERS = textwrap.dedent(
-    """
-    import sys, torch
-    from gossip_powersgd.training.config import TrainConfig
-    from gossip_powersgd.training.setup import make_optimizer
-
-    def trained(name):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3))
-        config = TrainConfig(optimizer=name, momentum=0.9, nesterov=name == "sgd",
-                             weight_decay=1e-3, lr=0.05)
-        optimizer = make_optimizer(config, model.parameters())
-        x, y = torch.randn(16, 5), torch.randint(0, 3, (16,))
-        for _ in range(5):
-            optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            optimizer.step()
-        optimizer.load_state_dict(optimizer.state_dict())
-        optimizer.step()  # once more, from the reloaded state
-        assert torch.is_grad_enabled()
-        return torch.cat([p.detach().flatten() for p in model.parameters()])
-
-    names = ("sgd", "adam", "adamw")
-    before = [trained(n) for n in names]
-    print("compiler imported before:", "torch._dynamo" in sys.modules)
-    import torch._dynamo  # now torch's own wrappers run
-    after = [trained(n) for n in names]
-    print("equal:", all(torch.equal(a, b) for a, b in zip(before, after)))
-    """
-)
-
-
-def test_optimizers_step_without_importing_the_compiler_and_give_the_same_numbers():
-    result = subprocess.run(
-        [sys.executable, "-c", OPTIMIZERS], capture_output=True, text=True, cwd=ROOT, timeout=300
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["compiler imported before: False", "equal: True"]

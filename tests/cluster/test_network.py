@@ -23,9 +23,8 @@ import pytest
 from tests.conftest import ROOT, run_bounded
 from gossip_powersgd.cluster import __main__ as cli
 from gossip_powersgd.cluster import network
-from gossip_powersgd.cluster.enter import enter_command, split_ssh_arguments
+from gossip_powersgd.cluster.enter import enter_command
 from gossip_powersgd.cluster.measure import PAYLOAD_SHARE, throughput
-from gossip_powersgd.comm.interfaces import bind_gloo_to_route, interface_towards
 
 needs_namespaces = pytest.mark.skipif(
     bool(network.missing_privileges()),
@@ -98,54 +97,12 @@ def test_tbf_burst_is_a_millisecond_at_the_rate_and_at_least_4_kib():
     assert network.tbf_arguments(10**9)[-2:] == ["limit", "12500000"]  # 100 ms
 
 
-def test_ssh_arguments_as_hydra_gives_them():
-    # printed from mpich 5.0.2's Hydra (-launcher ssh -launcher-exec PROGRAM)
-    hydra = ["-x", "host1", '"/venv/bin/hydra_pmi_proxy"', "--control-port", "host0:40763"]
-    assert split_ssh_arguments(hydra) == ("host1", hydra[2:])
-    assert split_ssh_arguments(["-p", "22", "-oBatchMode=yes", "u@host2", "ls"]) == (
-        "host2",
-        ["ls"],
-    )
-    with pytest.raises(network.ClusterError, match="no command"):
-        split_ssh_arguments(["-x", "host1"])
-
-
 def test_host_names_and_addresses():
     assert network.host_index("host12") == 12
     assert network.host_index(network.address(3)) == 3
     assert network.host_index("host01") is None and network.host_index("gpu1") is None
     with pytest.raises(network.ClusterError, match="prefix"):
         network.check_prefix("Bad-Prefix")
-
-
-class FakeStore(dict):
-    """The rendezvous store's set/get/wait, in one process."""
-
-    def set(self, key, value):
-        self[key] = value.encode()
-
-    def get(self, key):
-        return self[key]
-
-    def wait(self, keys, timeout):
-        assert all(k in self for k in keys)
-
-
-def test_gloo_is_bound_to_the_interface_towards_the_master(monkeypatch):
-    from gossip_powersgd.comm import interfaces
-
-    assert interface_towards("127.0.0.1") == "lo"
-    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "mine")
-    assert bind_gloo_to_route(FakeStore(), 0, 1, "127.0.0.1", 1) == "mine"  # the user's stands
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
-    assert bind_gloo_to_route(FakeStore(), 0, 1, "127.0.0.1", 1) == "lo"  # all on this host
-    assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
-    # the master's name is loopback here but rank 1 reaches it from 192.168.77.2: gloo must
-    # listen where rank 1 can connect, on the interface towards it
-    monkeypatch.setattr(interfaces, "interface_towards", lambda target: f"towards {target}")
-    store = FakeStore({"gloo_address/1": b"192.168.77.2"})
-    assert bind_gloo_to_route(store, 0, 2, "127.0.0.1", 1) == "towards 192.168.77.2"
-    assert store["gloo_address/0"] == b"127.0.0.1"
 
 
 def test_without_iproute2_on_path_one_line_names_it(tmp_path, monkeypatch, capsys):

@@ -163,20 +163,6 @@ def test_a_rank_that_calls_sys_exit_is_named_within_seconds(launcher):
 
 
 @pytest.mark.mpi
-def test_a_rank_that_exits_before_its_communicator_exists_is_named():
-    """Under mpiexec, rank 1 ends its process (sys.exit(0)) before it creates a communicator: the
-    others, in the communicator's collective set-up, read the notice it sent on COMM_WORLD as it
-    ended. Before, they hung there for ever (a blocking MPI_Comm_dup)."""
-    started = time.monotonic()
-    result = run_mpi(4, [SUPPORT / "scripts" / "exit_before_comm.py", "120"], timeout=100)
-    seconds = time.monotonic() - started
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error (rank")]
-    assert result.returncode != 0
-    assert seconds < 60, errors  # comm_timeout is 120 s
-    assert len(errors) == 3 and all("peer 1 ended its process" in line for line in errors), errors
-
-
-@pytest.mark.mpi
 def test_user_code_that_exits_during_the_config_check_ends_the_mpi_job_naming_it(tmp_path):
     """A dataset function that calls sys.exit(0) on rank 1 while the config is validated (before
     any communicator) is an error of that rank naming the spec (`specs.user_code`), and the job

@@ -445,61 +445,7 @@ def test_ranks_reading_different_cifar_copies_under_one_spec_are_refused(tmp_pat
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_a_language_model_summary_names_its_split_and_has_no_label_histogram(tmp_path):
-    """A language model's targets are tokens: no label histogram (not an empty one, 'classes
-    0..-1'), summary.md a well-formed table, and evaluated on split=valid its figures say valid,
-    not test; the perplexity is in the table."""
-    from gossip_powersgd.training.evaluation import format_summary
-
-    paper_fixtures.write_wikitext2(tmp_path / "data")
-    out = tmp_path / "run"
-    (summary, *_) = local_train(
-        dict(
-            topology="ring:2",
-            algorithm="exact",
-            dataset=f"wikitext2:root={tmp_path / 'data'},bptt=6,split=valid",
-            partition="contiguous",
-            model="lstm_lm:layers=1,hidden=8",
-            lr=1.0,
-            batch_size=4,
-            epochs=1,
-            quiet=True,
-            out_dir=str(out),
-        )
-    )
-    assert summary["eval_split"] == "valid"
-    text = format_summary(summary)
-    assert "averaged-model valid accuracy" in text and "valid perplexity" in text
-    assert "test" not in text.replace(str(tmp_path), "")
-    assert "0..-1" not in text and "label histogram" in text
-    markdown = (out / "summary.md").read_text()
-    for block in markdown.split("\n\n"):
-        rows = [line for line in block.splitlines() if line.startswith("|")]
-        assert len({row.count("|") for row in rows}) <= 1, block  # every row has the header's cells
-    assert "| peer |" not in markdown
-    clear_dataset_cache()
-
-
 # ---- Reliability IV: truncated BPTT over a peer's contiguous text ------------------------------------
-
-
-def test_stream_batches_continue_each_row_and_resume():
-    from gossip_powersgd.training.batches import StreamBatches
-
-    x = torch.arange(11)[:, None].repeat(1, 3)  # 11 consecutive windows
-    b = StreamBatches(x, x, batch_size=4)
-    # streams of 3, 3, 3, 2 windows: [0..2], [3..5], [6..8], [9, 10]
-    assert len(b) == 3
-    steps = [xb[:, 0].tolist() for xb, _ in b]
-    assert steps == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8]]
-    assert [xb[:, 0].tolist() for xb, _ in b] == steps  # every pass the same, in text order
-    it = iter(b)
-    next(it)
-    state = b.state_dict()
-    again = StreamBatches(x, x, batch_size=4)
-    again.load_state_dict(state)
-    assert [xb[:, 0].tolist() for xb, _ in again] == steps[1:]
-    assert len(StreamBatches(x[:2], x[:2], batch_size=4)) == 1  # fewer windows than streams
 
 
 def lm_config(root, out_dir=None, **changes):
@@ -565,38 +511,6 @@ def test_an_lstm_on_contiguous_text_trains_by_truncated_bptt_and_resumes_bit_for
     )
     assert shuffled[0]["model_sha256"] != reference[0]["model_sha256"]
     clear_dataset_cache()
-
-
-def test_a_stateful_lm_is_evaluated_as_streams_from_a_zero_state():
-    """evaluate_model reads a carrying LSTM's consecutive test windows as EVAL_STREAMS streams:
-    the loss equals, stream by stream, one forward over the stream's windows joined (closed
-    form); the training state is left as it was."""
-    import torch.nn.functional as F
-
-    from gossip_powersgd.training.evaluation import EVAL_STREAMS, evaluate_model
-    from gossip_powersgd.training.models import build_model
-
-    model = build_model("lstm_lm:layers=1,hidden=8,dropout=0", (4,), 30, seed=1)
-    tokens = torch.randint(0, 30, (25 * 4 + 1,))
-    x, y = tokens[:-1].view(25, 4), tokens[1:].view(25, 4)
-    model.carry_state = True
-    model(x[:3])  # a training state to keep
-    kept = model.get_state()
-    _, loss = evaluate_model(model, x, y)
-    assert all(torch.equal(a, b) for a, b in zip(model.get_state(), kept, strict=True))
-    model.carry_state = False
-    total, start = 0.0, 0
-    for k in range(EVAL_STREAMS):  # 25 windows: streams of 3 (5 of them), then 2
-        n = 3 if k < 25 - 2 * EVAL_STREAMS else 2
-        with torch.no_grad():
-            logits = model.eval()(x[start : start + n].reshape(1, -1))
-        total += float(
-            F.cross_entropy(logits[0], y[start : start + n].reshape(-1), reduction="sum")
-        )
-        start += n
-    assert start == 25
-    # float32 LSTM over 12 tokens, summed over 100: a few ulps of a loss ~ 3.4 per token
-    assert loss == pytest.approx(total / 100, rel=1e-5)
 
 
 def test_wikitext2_blank_lines_read_as_the_standard_loaders_read_them(tmp_path):

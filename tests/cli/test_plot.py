@@ -1,0 +1,95 @@
+"""cli/plot.py: reading run directories, where the figures go, the figures themselves (the program
+from a clean clone: tests/project/test_clean_tree.py)."""
+
+import json
+
+import pytest
+
+from gossip_powersgd.cli import plot
+from gossip_powersgd.cli.plot import FIGURES, _labels, default_out, plot_runs, read_run, run
+
+
+def make_run(path, algorithm="powergossip:rank=1", records=None, config=True):
+    (path / "metrics").mkdir(parents=True)
+    records = (
+        records
+        if records is not None
+        else [
+            {"kind": "log", "step": 1, "consensus_distance": 0.5},
+            {
+                "kind": "eval",
+                "epoch": 1,
+                "step": 2,
+                "test_acc_avg_model": 0.5,
+                "test_acc_mean": 0.4,
+                "mb_sent_per_peer": 0.1,
+                "consensus_distance": 0.0,
+            },
+        ]
+    )
+    text = "\n".join(json.dumps(r) for r in records)
+    (path / "metrics" / "rank-0.jsonl").write_text(text + "\n\n")  # a trailing blank line
+    if config:
+        (path / "config.yaml").write_text(f"algorithm: {algorithm}\n")
+    return path
+
+
+def test_read_run_takes_rank_0s_records_and_the_configs_algorithm(tmp_path):
+    run_dir = make_run(tmp_path / "a")
+    data = read_run(run_dir)
+    assert data["algorithm"] == "powergossip:rank=1" and len(data["records"]) == 2
+    assert read_run(make_run(tmp_path / "b", config=False))["algorithm"] == "b"
+    (tmp_path / "b" / "config.yaml").write_text("algorithm: [unclosed\n")
+    assert read_run(tmp_path / "b")["algorithm"] == "b"  # unreadable config: the folder's name
+
+
+def test_read_run_refuses_a_folder_without_metrics_and_names_a_bad_line(tmp_path):
+    with pytest.raises(ValueError, match=r"is not a run directory: .*rank-0\.jsonl is missing$"):
+        read_run(tmp_path)
+    run_dir = make_run(tmp_path / "a")
+    with (run_dir / "metrics" / "rank-0.jsonl").open("a") as f:
+        f.write('{"kind": "eval", \n')
+    with pytest.raises(ValueError, match=r"rank-0\.jsonl:4: not valid JSON$"):
+        read_run(run_dir)
+
+
+def test_labels_add_the_folder_only_where_two_runs_share_an_algorithm(tmp_path):
+    runs = [
+        {"dir": tmp_path / "x", "algorithm": "exact"},
+        {"dir": tmp_path / "y", "algorithm": "exact"},
+        {"dir": tmp_path / "z", "algorithm": "choco"},
+    ]
+    assert _labels(runs) == ["exact (x)", "exact (y)", "choco"]
+
+
+def test_default_out_is_the_run_itself_or_a_folder_named_after_the_runs(tmp_path):
+    assert default_out([tmp_path / "a"]) == tmp_path / "a"
+    assert default_out([tmp_path / "a", tmp_path / "b"]) == tmp_path.resolve() / "plots-a-vs-b"
+    many = [tmp_path / f"run-with-a-long-name-{k}" for k in range(6)]
+    name = default_out(many).name
+    assert len(name) <= 100 and name.endswith("-and-6-runs") and name.startswith("plots-run-with")
+
+
+def test_plot_writes_each_figure_and_says_where_several_runs_go(tmp_path, capsys, monkeypatch):
+    """The drawing is replaced by its file names (matplotlib takes seconds to import; the figures
+    are drawn from a clean clone in tests/project/test_clean_tree.py): what is tested here is that
+    every figure of the runs read is written where it is said to be, and nothing else."""
+    drawn = []
+
+    def figures(runs):
+        drawn.append([r["algorithm"] for r in runs])
+        return {name: name.encode() for name in FIGURES}
+
+    monkeypatch.setattr(plot, "figures", figures)
+    a, b = make_run(tmp_path / "a"), make_run(tmp_path / "b", algorithm="exact")
+    written = run([str(a), str(b)])
+    out = tmp_path.resolve() / "plots-a-vs-b"
+    assert drawn == [["powergossip:rank=1", "exact"]]
+    assert written == [out / name for name in FIGURES]
+    assert all(path.read_bytes() == path.name.encode() for path in written)
+    captured = capsys.readouterr()
+    assert f"writing the figures to {out} (--out DIR to choose)" in captured.err
+    assert captured.out.split() == [str(p) for p in written]
+    assert sorted(p.name for p in out.iterdir()) == sorted(FIGURES)  # no temporary left
+    with pytest.raises(ValueError, match="give at least one run directory"):
+        plot_runs([])
