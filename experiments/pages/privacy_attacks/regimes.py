@@ -97,9 +97,10 @@ QUICK_SETTING = dict(
 )
 
 SCALE_NOTE = (
-    "the plan, in its order of priority, seed by seed within each group: (a) exact gossip and "
-    "PowerGossip r1 without DP and at target ε = 8; (b) Choco sign and PowerGossip r4 at ε = 8; "
-    "(c) exact gossip and PowerGossip r1 at ε = 3; (d) Choco sign and PowerGossip r4 without DP. "
+    "the plan, in its order of priority, seeds 0 and 1 of every group, then seed 2 of every "
+    "group: (a) exact gossip and PowerGossip r1 without DP and at target ε = 8; (b) Choco sign "
+    "and PowerGossip r4 at ε = 8; (c) exact gossip and PowerGossip r1 at ε = 3; (d) Choco sign "
+    "and PowerGossip r4 without DP; 4 gossip-trained LiRA reference runs per seed before it. "
     "Every run carries the one-run audit's canaries. Run with `--jobs 2` on the 2 shared cores "
     "(a run's seconds in the runs table include waiting for the other job)."
 )
@@ -182,6 +183,7 @@ REGIMES: Dict[str, Dict[str, Any]] = {
             ((_CHOCO, None), (_R4, None)),
         ),
         seeds=(0, 1, 2),
+        seed_waves=((0, 1), (2,)),
         references=4,
         gossip_references=True,
         canaries=CANARIES_PER_VICTIM,

@@ -44,24 +44,25 @@ def plan(name: str, quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run
         reference["train"]["eval_every"] = setting["epochs"]
     canaries = min(r.get("canaries", 0), 32) if quick else r.get("canaries", 0)
     count, referenced = r["references"], set()
-    for group in r["groups"]:
-        for seed in r["seeds"]:
-            if reference.get("kind") == "gossip" and seed not in referenced:
-                referenced.add(seed)  # each its own run: --jobs builds them side by side
-                config = dict(kind="reference", reference=reference, count=count, split=split)
-                runs += [
-                    Run(f"reference/seed{seed}/{k}", dict(config, k=k), seed) for k in range(count)
-                ]
-            for spec, target in group:
-                mine = dict(train, algorithm=spec)
-                if target is not None:
-                    mine.update(dp_recipe(setting, target), dp_target_epsilon=target)
-                mine["eval_every"] = max(1, mine["epochs"] // 4)  # quarters: the plateau check
-                config = dict(kind="attack", spec=spec, target=target, train=mine, split=split)
-                config.update(reference=reference, references=r["references"])
-                if canaries:
-                    config["canaries"] = canaries
-                runs.append(Run(key(spec, target, seed), config, seed))
+    waves = r.get("seed_waves", (r["seeds"],))  # the seeds of every group, wave by wave
+    order = [(g, s) for wave in waves for g in r["groups"] for s in wave if s in r["seeds"]]
+    for group, seed in order:
+        if reference.get("kind") == "gossip" and seed not in referenced:
+            referenced.add(seed)  # each its own run: --jobs builds them side by side
+            config = dict(kind="reference", reference=reference, count=count, split=split)
+            runs += [
+                Run(f"reference/seed{seed}/{k}", dict(config, k=k), seed) for k in range(count)
+            ]
+        for spec, target in group:
+            mine = dict(train, algorithm=spec)
+            if target is not None:
+                mine.update(dp_recipe(setting, target), dp_target_epsilon=target)
+            mine["eval_every"] = max(1, mine["epochs"] // 4)  # quarters: the plateau check
+            config = dict(kind="attack", spec=spec, target=target, train=mine, split=split)
+            config.update(reference=reference, references=r["references"])
+            if canaries:
+                config["canaries"] = canaries
+            runs.append(Run(key(spec, target, seed), config, seed))
     # --jobs starts the costliest first: the cost is the plan's order of priority
     return [dataclasses.replace(run, cost=len(runs) - n) for n, run in enumerate(runs)]
 
