@@ -28,10 +28,13 @@ from experiments.pages import register
 from experiments.pages._markdown import table
 
 #: (training records per peer, model, epochs without DP): mnist1d's test set is 20 % of what it
-#: generates, so num_samples = 10 x records per peer for 8 peers.
+#: generates, so num_samples = 10 x records per peer for 8 peers. The DP row of a (records,
+#: model) is one run, shared by its candidates (its epochs are DP's).
 CANDIDATES = (
     (2000, "cnn1d", 60),
+    (2000, "cnn1d", 120),
     (4000, "cnn1d", 30),
+    (4000, "cnn1d", 60),
     (2000, "mlp:256,256", 60),
     (4000, "mlp:256,256", 30),
 )
@@ -69,27 +72,35 @@ QUICK_DATA = "synthetic_logreg:d=20,classes=4,n={n}"
 def dataset(records: int, quick: bool) -> str:
     if quick:
         return QUICK_DATA.format(n=int(records * PEERS / 0.8))
-    return f"mnist1d:num_samples={records * PEERS * 10}"
+    return f"mnist1d:num_samples={int(records * PEERS / 0.8)}"
 
 
 def candidate_key(records: int, model: str, epochs: int) -> str:
     return f"{records}/peer {model} {epochs} epochs"
 
 
+def _train(records: int, model: str, epochs: int, target, quick: bool) -> Dict[str, Any]:
+    train = dict(COMMON, dataset=dataset(records, quick), model=model, seed=0)
+    train.update(NONPRIVATE, epochs=epochs)
+    if target is not None:
+        train.update(DP, dp_target_epsilon=target)
+        train.update(dict(epochs=2, batch_size=32) if quick else {})
+    train["eval_every"] = train["epochs"]  # the accuracy at the end only
+    return train
+
+
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
-    runs = []
-    for records, model, epochs in QUICK_CANDIDATES if quick else CANDIDATES:
+    runs, grid = [], QUICK_CANDIDATES if quick else CANDIDATES
+    for records, model, epochs in grid:
         name = candidate_key(records, model, epochs)
-        for target in (None, TARGET):
-            train = dict(COMMON, dataset=dataset(records, quick), model=model, seed=0)
-            train.update(NONPRIVATE, epochs=epochs)
-            if target is not None:
-                train.update(DP, dp_target_epsilon=target)
-                train.update(dict(epochs=2, batch_size=32) if quick else {})
-            train["eval_every"] = train["epochs"]  # the accuracy at the end only
-            config = dict(candidate=name, records=records, model=model, target=target)
-            key = f"{name}/{'no DP' if target is None else f'eps={target:g}'}"
-            runs.append(Run(key, dict(config, train=train), 0, records * train["epochs"]))
+        config = dict(candidate=name, records=records, model=model, target=None)
+        train = _train(records, model, epochs, None, quick)
+        runs.append(Run(f"{name}/no DP", dict(config, train=train), 0, records * epochs))
+    for records, model in dict.fromkeys((r, m) for r, m, _ in grid):
+        config = dict(candidate=None, records=records, model=model, target=TARGET)
+        train = _train(records, model, 0, TARGET, quick)
+        key = f"{records}/peer {model}/eps={TARGET:g}"
+        runs.append(Run(key, dict(config, train=train), 0, records * train["epochs"]))
     return runs
 
 
@@ -132,6 +143,8 @@ def row(run: Run) -> Dict[str, Any]:
     eps = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
     return dict(
         candidate=c["candidate"],
+        records=c["records"],
+        model=c["model"],
         target=c["target"],
         acc_victims=sum(accs) / len(accs),
         acc_avg=summary["final_test_acc_avg_model"],
@@ -151,12 +164,14 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def pairs(rows) -> Dict[str, Dict[str, Optional[Dict[str, Any]]]]:
-    """{candidate: {"plain": its non-private row, "dp": its DP row}} (None where missing)."""
-    out: Dict[str, Dict[str, Optional[Dict[str, Any]]]] = {}
-    for r in rows:
-        mine = out.setdefault(r["candidate"], {"plain": None, "dp": None})
-        mine["plain" if r["target"] is None else "dp"] = r
-    return out
+    """{candidate: {"plain": its non-private row, "dp": the DP row of its records and model}}
+    (None where missing)."""
+    dp = {(r["records"], r["model"]): r for r in rows if r["target"] is not None}
+    return {
+        r["candidate"]: {"plain": r, "dp": dp.get((r["records"], r["model"]))}
+        for r in rows
+        if r["target"] is None
+    }
 
 
 def qualifies(plain: Optional[Dict[str, Any]]) -> bool:
@@ -212,7 +227,7 @@ HEADER = (
 
 
 def render(rows: Rows) -> Outputs:
-    data = [r for r in rows.data if "candidate" in r]
+    data = [r for r in rows.data if "records" in r]
     grid = QUICK_CANDIDATES if rows.quick else CANDIDATES
     name = choose(data)
     lines = [
@@ -246,7 +261,8 @@ def render(rows: Rows) -> Outputs:
         "",
     ]
     p = pairs(data)
-    cells = [_row_cells(candidate_key(*g), p.get(candidate_key(*g), {})) for g in grid]
+    none: Dict[str, Any] = {"plain": None, "dp": None}
+    cells = [_row_cells(candidate_key(*g), p.get(candidate_key(*g), none)) for g in grid]
     cells = [c for c in cells if c[1] != "not run" or c[6] != "not run"]
     lines += table(HEADER, cells)
     if name is None:

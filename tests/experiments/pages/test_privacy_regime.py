@@ -13,26 +13,30 @@ from experiments.pages.privacy_attacks import regimes
 RESULTS = Path(__file__).resolve().parents[3] / "experiments" / "results"
 
 
-def test_the_plan_is_every_candidate_without_dp_and_at_the_target_in_the_sweeps_recipes():
+def test_the_plan_is_every_candidate_without_dp_and_one_dp_run_per_records_and_model():
     runs = sweep.plan(False, {})
-    assert len(runs) == 2 * len(sweep.CANDIDATES)
+    shapes = {(r, m) for r, m, _ in sweep.CANDIDATES}
+    assert len(runs) == len(sweep.CANDIDATES) + len(shapes)
     for run in runs:
         train, target = run.config["train"], run.config["target"]
         records, model = run.config["records"], run.config["model"]
-        assert (records, model) in {(r, m) for r, m, _ in sweep.CANDIDATES}
-        assert train["dataset"] == f"mnist1d:num_samples={records * 80}"  # 8 peers, 20 % test
+        assert (records, model) in shapes
+        assert train["dataset"] == f"mnist1d:num_samples={records * 10}"  # 8 peers, 20 % test
         assert train["algorithm"] == "exact" and train["topology"] == "ring:8"
         if target is None:
             assert "dp_target_epsilon" not in train and train["lr"] == sweep.NONPRIVATE["lr"]
         else:
             assert train["dp_target_epsilon"] == sweep.TARGET == 8.0
             assert (train["batch_size"], train["epochs"]) == (128, sweep.DP["epochs"])
-    assert {r.config["target"] for r in runs} == {None, 8.0}
+    assert {(r.config["records"], r.config["model"]) for r in runs if r.config["target"]} == shapes
 
 
 def _row(name, target, acc, auc=0.5, nonmembers=4000):
+    records, model = int(name.split("/")[0]), name.split(" ")[1]
     return dict(
-        candidate=name,
+        candidate=name if target is None else None,
+        records=records,
+        model=model,
         target=target,
         acc_victims=acc,
         auc=auc,
