@@ -14,7 +14,7 @@ from experiments.pages._markdown import block, fill, template
 from experiments.pages._privacy import NONPRIVATE_LR
 
 from . import runs
-from .audit import audit_section
+from .audit import audit_answers, audit_section
 from .network import HEATMAP_PNG, network_text, plot_network
 from .regimes import DP, OBSERVER, regime
 from .tables import (
@@ -123,7 +123,7 @@ def _mean(group, key) -> float:
 def answers(rows) -> List[str]:
     """The page's two questions, answered from the rows (no number typed by hand)."""
     gs = {(g[0]["spec"], g[0]["target"]): g for g in groups(rows)}
-    return low_rank_answers(gs) + chance_answers(gs)
+    return low_rank_answers(gs) + chance_answers(gs) + audit_answers(list(gs.values()))
 
 
 def low_rank_answers(gs) -> List[str]:
