@@ -51,7 +51,7 @@ _DP_SWEEP_SETTING = dict(
 #: privacy_attacks.md's regime: the candidate privacy_regime.md chose (records per peer, model,
 #: epochs without DP; a test holds these equal to the choice its committed rows make), trained in
 #: that sweep's recipes (`privacy_regime.NONPRIVATE`, `privacy_regime.DP`).
-MAIN = dict(records=4000, model="cnn1d", epochs=60)
+MAIN = dict(records=4000, model="mlp:256,256", epochs=30)
 SETTING = dict(
     _DP_SWEEP_SETTING,
     dataset=sweep.dataset(MAIN["records"], quick=False),
