@@ -226,6 +226,23 @@ HEADER = (
 )
 
 
+def cost_words(p) -> List[str]:
+    """What DP costs in accuracy across the candidates (from the rows)."""
+    both = [(x["plain"], x["dp"]) for x in p.values() if x["plain"] and x["dp"]]
+    if not both:
+        return []
+    plain, dp = max(both, key=lambda b: b[1]["acc_victims"])
+    return [
+        "",
+        f"DP's cost in accuracy: the best private row reaches {100 * dp['acc_victims']:.1f} % "
+        f"({dp['records']}/peer {dp['model']}), "
+        f"{100 * (plain['acc_victims'] - dp['acc_victims']):.1f} points below its candidate's "
+        "non-private row. The DP recipe is one for every candidate, not swept for these "
+        "shards (a victim trains on half of its records, so its sampling rate, and with it σ, "
+        "is higher than privacy_dp_sweep.md's at 8000 per peer).",
+    ]
+
+
 def render(rows: Rows) -> Outputs:
     data = [r for r in rows.data if "records" in r]
     grid = QUICK_CANDIDATES if rows.quick else CANDIDATES
@@ -240,7 +257,8 @@ def render(rows: Rows) -> Outputs:
         "**What is swept.** mnist1d, iid, ring:8, exact gossip; per candidate (records per "
         "peer, model, epochs) one run without DP (batch "
         f"{NONPRIVATE['batch_size']}, lr {NONPRIVATE['lr']}, SGD momentum 0.9, cosine schedule, "
-        f"no weight decay) and one with DP-SGD on every peer at target ε = {TARGET:g} (Poisson "
+        f"no weight decay), and per (records per peer, model) one run with DP-SGD on every "
+        f"peer at target ε = {TARGET:g}, shared by the candidates of that pair (Poisson "
         f"batches of {DP['batch_size']}, lr {DP['lr']}, clip C = {DP['dp_max_grad_norm']}, "
         f"{DP['epochs']} epochs, δ = {DELTA}, add/remove adjacency, one public σ set by the "
         "victims, the peers with the highest sampling rate). One seed per run (seed 0): the "
@@ -276,6 +294,7 @@ def render(rows: Rows) -> Outputs:
             "without DP). privacy_attacks.md trains in it (`privacy_attacks.regimes`; a test "
             "holds its constants equal to this choice)."
         )
+    lines += cost_words(p)
     missing = [candidate_key(*g) for g in grid if candidate_key(*g) not in p]
     if missing:
         lines += ["", "Not run: " + "; ".join(missing) + "."]

@@ -128,6 +128,12 @@ OVERFIT_REFERENCE_WORDS = (
     "for the DP rows: a weaker but cheaper attacker)"
 )
 NOT_REACHED = (
+    "A useful accuracy under DP: in privacy_regime.md's sweep no candidate that is attackable "
+    "without DP keeps one at ε = 8 in the DP recipe tried (every cnn1d candidate, which "
+    "generalises, is also not attackable by LOSS beyond a hair above its band), so the private "
+    "rows here are far below the non-private ones (the runs table) and their leakage is "
+    "measured on models no one would deploy. A DP recipe swept for these smaller shards "
+    "(larger batches, more epochs) was not tried.",
     "One DP recipe at every ε (privacy_regime.md's, 30 epochs): not tuned per ε in this regime "
     "(tuning on the same data would cost privacy of its own, not counted here).",
     "The LiRA reference models train without DP (also for the DP rows), by exact gossip (also "
