@@ -221,7 +221,7 @@ def _row_cells(name: str, p: Dict[str, Any]) -> List[str]:
 
 
 HEADER = (
-    "candidate | no DP: victims' acc. | LOSS AUC | null band | TPR @ 0.1 % FPR | non-members | "
+    "candidate | no DP: victims' acc. | LOSS AUC | chance band (AUC) | TPR @ 0.1 % FPR | non-members | "
     f"ε = {TARGET:g}: victims' acc. | LOSS AUC | victims' ε | qualifies"
 )
 
@@ -270,7 +270,7 @@ def render(rows: Rows) -> Outputs:
         "",
         f"**Selection rule** (in code, `privacy_regime.choose`, fixed before the runs): a "
         f"candidate qualifies when at least {MIN_NONMEMBERS} non-members are pooled over the two "
-        "victims and its non-private LOSS AUC lies above its null band; among those the one "
+        "victims and its non-private LOSS AUC lies above its chance band (the central 95 % of AUC under random member labels); among those the one "
         f"whose ε = {TARGET:g} row has the highest victims' accuracy is chosen. The DP row's "
         "recipe is not tuned per candidate (tuning on the same data would itself cost privacy, "
         "uncounted).",
