@@ -50,7 +50,9 @@ def render(name: str, rows: Rows) -> Outputs:
         for x in data
         if "failure" in x
     ]
-    others = (rows.records[0].origin or {}).get("budget_rows")
+    # older rows taken with --reuse (their origin), not the network row kept from an older page
+    first = next((x for x in rows.records if x.key != "network"), None)
+    others = ((first and first.origin) or {}).get("budget_rows")
     missed = "## Not reached\n\n" + "\n".join(f"- {x}" for x in not_reached) + "\n\n"
     text = fill(
         template(__file__),
