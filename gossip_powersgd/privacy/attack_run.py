@@ -104,26 +104,33 @@ class ObservedRun:
     seconds: float
 
 
-def _hooks(kept: Dict[int, Dict[str, Any]], observer: int, fractions, rank: int) -> List[Any]:
+def _hooks(
+    kept: Dict[int, Dict[str, Any]], observer: int, fractions, first: Sequence[Any], rank: int
+) -> List[Any]:
     from gossip_powersgd.privacy.views import ObserverHooks
 
     mine = kept[rank] = {"observer": ObserverHooks([observer]), "snap": Snapshots(fractions)}
-    return [mine["observer"], mine["snap"]]
+    return [*first, mine["observer"], mine["snap"]]
 
 
 def observe(
-    config: Dict[str, Any], split, observer: int, fractions: Sequence[float]
+    config: Dict[str, Any],
+    split,
+    observer: int,
+    fractions: Sequence[float],
+    hooks: Sequence[Any] = (),
 ) -> ObservedRun:
     """Train `config` (a `gossip_powersgd.run` config) on `split`'s data (``partition: local``:
     no peer can train on a held-out record) with `observer` recording its view and every peer's
-    parameters kept at `fractions` of the run (`attacks.Snapshots`)."""
+    parameters kept at `fractions` of the run (`attacks.Snapshots`). `hooks`: training hooks
+    every peer runs first (before the config's own: `privacy.canaries.Canaries`, for one)."""
     from gossip_powersgd import run
     from gossip_powersgd.privacy.views import ObservedView
 
     kept: Dict[int, Dict[str, Any]] = {}
     data = dict(config, dataset=split.spec(), partition="local")
     started = time.perf_counter()
-    result = run(data, hooks=functools.partial(_hooks, kept, observer, fractions))
+    result = run(data, hooks=functools.partial(_hooks, kept, observer, fractions, tuple(hooks)))
     seconds = time.perf_counter() - started
     recorder = kept[observer]["observer"].recorder
     view = ObservedView(recorder.meta, recorder.records)

@@ -11,9 +11,10 @@ from typing import Any, Dict, List
 
 from experiments.engine import Outputs, Rows, made_by
 from experiments.pages._markdown import block, fill, template
-from experiments.pages._privacy import NONPRIVATE_LR, budget_text
+from experiments.pages._privacy import NONPRIVATE_LR
 
 from . import runs
+from .audit import audit_answers, audit_section
 from .network import HEATMAP_PNG, network_text, plot_network
 from .regimes import DP, OBSERVER, regime
 from .tables import (
@@ -35,20 +36,6 @@ from .tables import (
 )
 
 
-def regime_text(setting: Dict[str, Any], dp: Dict[str, Any]) -> str:
-    """The default regime's sentences (privacy_dp_sweep.md's regime)."""
-    return (
-        f"Every row trains in the regime that privacy_dp_sweep.md chose (its constants are "
-        f"imported, not copied) on the same data per peer. Non-private rows: that page's "
-        f"non-private reference, batch {setting['batch_size']}, {setting['epochs']} epochs, but "
-        f"lr {setting['lr']} (see Not reached). Private rows: DP-SGD on every peer, its chosen row "
-        f"(Poisson batches of {dp.get('batch_size')}, lr {dp.get('lr')}, clip "
-        f"C = {dp.get('dp_max_grad_norm')}, δ = {dp.get('dp_delta')}) trained for "
-        f"{budget_text()} (privacy_dp_budget.md: at each ε the budget after which doubling the "
-        "epochs no longer pays), "
-    )
-
-
 def render(name: str, rows: Rows) -> Outputs:
     """The page of regime `name` from its rows (its fixed text: page.md beside this file): the
     attacked rows in the plan's (spec, target) order, seed by seed; the network section when the
@@ -63,7 +50,9 @@ def render(name: str, rows: Rows) -> Outputs:
         for x in data
         if "failure" in x
     ]
-    others = (rows.records[0].origin or {}).get("budget_rows")
+    # older rows taken with --reuse (their origin), not the network row kept from an older page
+    first = next((x for x in rows.records if x.key != "network"), None)
+    others = ((first and first.origin) or {}).get("budget_rows")
     missed = "## Not reached\n\n" + "\n".join(f"- {x}" for x in not_reached) + "\n\n"
     text = fill(
         template(__file__),
@@ -71,6 +60,7 @@ def render(name: str, rows: Rows) -> Outputs:
         name=name,
         runs=block(runs_table(data) + "\n"),
         budget=block(budget_section(data, others) if others else ""),
+        audit=block(audit_section(groups(data))),
         leakage=block(leakage_table(data) + "\n"),
         all_attacks=block(all_attacks_table(data) + "\n"),
         reconstruction=block(reconstruction_table(data) + "\n"),
@@ -98,9 +88,7 @@ def intro_fields(r: Dict[str, Any], rows: Rows, data) -> Dict[str, Any]:
     words = dict(batch=setting["batch_size"], lr=setting["lr"], epochs=setting["epochs"])
     words.update(dp_batch=dp.get("batch_size"), dp_lr=dp.get("lr"), dp_epochs=dp.get("epochs"))
     words.update(clip=dp.get("dp_max_grad_norm"), delta=dp.get("dp_delta"))
-    regime_words = (
-        r["regime_text"].format(**words) if r["regime_text"] else regime_text(setting, dp)
-    )
+    regime_words = r["regime_text"].format(**words)
     per = nonmembers // 1000
     keys = ("dataset", "partition", "model", "topology", "momentum", "warmup_epochs")
     return dict(
@@ -115,7 +103,9 @@ def intro_fields(r: Dict[str, Any], rows: Rows, data) -> Dict[str, Any]:
         plural="s" if per != 1 else "",
         seeds=len(r["seeds"]),
         references=r["references"],
-        reference_lr=setting.get("reference_lr", NONPRIVATE_LR),
+        reference_words=r["reference_words"].format(
+            reference_lr=setting.get("reference_lr", NONPRIVATE_LR)
+        ),
         headline=HEADLINE,
         per_peer=len(split["record"]["members"]["0"]) if split else 0,
         victim_members=members // 2,
@@ -135,7 +125,7 @@ def _mean(group, key) -> float:
 def answers(rows) -> List[str]:
     """The page's two questions, answered from the rows (no number typed by hand)."""
     gs = {(g[0]["spec"], g[0]["target"]): g for g in groups(rows)}
-    return low_rank_answers(gs) + chance_answers(gs)
+    return low_rank_answers(gs) + chance_answers(gs) + audit_answers(list(gs.values()))
 
 
 def low_rank_answers(gs) -> List[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from experiments.pages import _privacy as dp
+from experiments.pages import privacy_regime as sweep
 
 ALGORITHMS = (
     ("exact gossip", "exact"),
@@ -18,6 +19,8 @@ ALGORITHMS = (
 _EXACT, _R1, _R4, _CHOCO = (spec for _, spec in ALGORITHMS)
 #: The observer, and the held-out share of each victim's shard (the victims: its neighbours).
 OBSERVER, FRACTION = 0, 0.5
+#: The one-run audit's canaries per victim (`audit`; pooled over the two victims: twice as many).
+CANARIES_PER_VICTIM = 256
 #: The attacks run at these fractions of the run.
 ROUNDS = (0.25, 0.5, 0.75, 1.0)
 #: The network-DP section (privacy_attacks.md): three 16-peer topologies at one sigma and delta
@@ -29,11 +32,9 @@ NETWORK = dict(
     delta=1e-5,
 )
 
-#: privacy_dp_sweep.md's regime (`_privacy`): mnist1d with 8000 training samples per peer, cnn1d,
-#: ring:8, iid; non-private rows at the sweep's reference batch and epochs but NONPRIVATE_LR; each
-#: victim trains on half its shard (8000 members and 8000 non-members pooled over the two victims:
-#: TPR at 0.1 % FPR lets 8 non-members above the threshold).
-SETTING = dict(
+#: The regime of the first attack page (privacy_dp_sweep.md's: mnist1d, 8000 training samples per
+#: peer, cnn1d, ring:8, iid), on which the overfit regime and the --quick plan are built.
+_DP_SWEEP_SETTING = dict(
     {k: dp.BASE[k] for k in ("dataset", "partition", "model", "optimizer", "momentum")},
     lr=dp.NONPRIVATE_LR,
     **{k: dp.BASE[k] for k in ("weight_decay", "warmup_epochs", "schedule")},
@@ -47,6 +48,18 @@ SETTING = dict(
     comm_timeout=900.0,
     topology=dp.BASE["topology"],
 )
+#: privacy_attacks.md's regime: the candidate privacy_regime.md chose (records per peer, model,
+#: epochs without DP; a test holds these equal to the choice its committed rows make), trained in
+#: that sweep's recipes (`privacy_regime.NONPRIVATE`, `privacy_regime.DP`).
+MAIN = dict(records=4000, model="mlp:256,256", epochs=30)
+SETTING = dict(
+    _DP_SWEEP_SETTING,
+    dataset=sweep.dataset(MAIN["records"], quick=False),
+    model=MAIN["model"],
+    epochs=MAIN["epochs"],
+    **sweep.NONPRIVATE,
+)
+SETTING["dp"] = dict(sweep.DP)
 #: Private rows: the chosen DP recipe, trained for the budget of the row's epsilon. One public
 #: sigma for every peer (release_peer_statistics): the accountant picks the sigma at which the
 #: peer with the highest sampling rate meets the target, here the victims (half a shard each).
@@ -61,12 +74,16 @@ DP = dict(
 #: 500 out) and an MLP (mnist1d's MLPs memorise where its CNN generalises), 60 epochs at batch 32
 #: (the cosine schedule ends at lr 0); private rows: Poisson batches of 64, lr 0.5, clip C = 1.
 OVERFIT_SETTING = dict(
-    SETTING, dataset="mnist1d:num_samples=10000", model="mlp:256,256", lr=0.05, batch_size=32
+    _DP_SWEEP_SETTING,
+    dataset="mnist1d:num_samples=10000",
+    model="mlp:256,256",
+    lr=0.05,
+    batch_size=32,
 )
 OVERFIT_SETTING.update(epochs=60, reference_lr=0.05)
 OVERFIT_SETTING["dp"] = dict(DP, batch_size=64, lr=0.5, epochs=60)
 QUICK_SETTING = dict(
-    SETTING,
+    _DP_SWEEP_SETTING,
     dataset="synthetic_logreg:d=20,classes=4,n=1200",
     model="mlp:32",
     lr=0.2,
@@ -80,39 +97,54 @@ QUICK_SETTING = dict(
 )
 
 SCALE_NOTE = (
-    "the plan, in its order of priority, 3 seeds of every row: (a) exact gossip and PowerGossip "
-    "r1 without DP and at target ε = 8; (b) PowerGossip r4 and Choco sign at ε = 8; (c) exact "
-    "gossip at ε = 3 and 1; then PowerGossip r4 and Choco sign without DP; PowerGossip r1 at "
-    "ε = 3 and 1; last, PowerGossip r4 and Choco sign at ε = 3. 8 LiRA reference models per "
-    "seed (not more: the rows came first). The DP rows train for their ε's budget from "
-    "privacy_dp_budget.md (30 epochs at ε = 8 where the sweep chose its recipe at 15, 15 at "
-    "ε = 3 and 1): the ε = 8 rows ran again at 30 epochs (`--part dp`, niced, beside two other "
-    "jobs on the 2 shared cores), and the rows whose setting and recipe did not change were "
-    "taken from the previous page (`--reuse`, each with the commit that made it)."
+    "the plan, in its order of priority, seed 0 of every group, then seeds 1 and 2 of every "
+    "group: (a) exact gossip and PowerGossip r1 without DP and at target ε = 8; (b) Choco sign "
+    "and PowerGossip r4 at ε = 8; (c) exact gossip and PowerGossip r1 at ε = 3; (d) Choco sign "
+    "and PowerGossip r4 without DP; 4 gossip-trained LiRA reference runs per seed before it. "
+    "Every run carries the one-run audit's canaries. Run with `--jobs 2` on the 2 shared cores "
+    "(a run's seconds in the runs table include waiting for the other job)."
+)
+REGIME_TEXT = (
+    "privacy_regime.md chose this regime by a committed sweep (its rule: the non-private LOSS "
+    "AUC above its null band with at least 2000 pooled non-members, then the highest accuracy "
+    "at ε = 8). Non-private rows: batch {batch}, lr {lr}, {epochs} epochs, no weight decay (the "
+    "cosine schedule ends at lr 0). Private rows: DP-SGD on every peer (Poisson batches of "
+    "{dp_batch}, lr {dp_lr}, clip C = {clip}, {dp_epochs} epochs at every ε, δ = {delta}; "
+    "the recipe is privacy_regime.md's, not tuned in this regime), "
+)
+REFERENCE_WORDS = (
+    "trained the way the victims are: each is a whole exact-gossip run on the same topology "
+    "in the non-private recipe, in which each victim trains on a random half of its candidates "
+    "(every candidate in exactly half of the references; as many records as it trains on here) "
+    "and every other peer on its own shard (population data from the same distribution, never "
+    "a candidate: LiRA's shadow-model assumption); a candidate's reference model is its "
+    "victim's final model (no DP for the reference models, also for the DP rows: a weaker but "
+    "cheaper attacker; exact gossip also for the rows of the other algorithms)"
+)
+OVERFIT_REFERENCE_WORDS = (
+    "trained in-process, each on a random half of the candidate pool (every candidate in "
+    "exactly half of them) plus the observer's own shard, with the non-private recipe below but "
+    "lr {reference_lr} (each trains alone, without gossip; no DP for the reference models, also "
+    "for the DP rows: a weaker but cheaper attacker)"
 )
 NOT_REACHED = (
-    "The non-private rows train at lr 0.1, not at privacy_dp_sweep.md's 0.4 (its non-private "
-    "reference, one seed): run at 0.4 (this page's command at commit bf0fd24), exact gossip "
-    "without DP ended at 97.9 %, 90.0 % and 10.1 % (chance) on seeds 0, 1 and 2, so the "
-    "regime's non-private accuracy is not robust at 0.4; the DP rows keep the sweep's chosen "
-    "row unchanged.",
-    "Useful accuracy below ε = 8: in this regime DP falls well short of the non-private "
-    "accuracy at ε = 3 and reaches none at ε = 1 (the runs table), so the leakage at those ε "
-    "is measured on models no one would deploy.",
-    "PowerGossip r4 and Choco sign at target ε = 1 were not run (time on the shared machine).",
-    "No attack finds members in this regime, even without DP, so where the neighbour's TPR "
-    "reaches chance cannot be read here: privacy_attacks_overfit.md answers it where the "
-    "models memorise (1000 samples per peer, an MLP).",
-    "The LiRA reference models are trained without DP in the non-private recipe, also for "
-    "the DP rows (a weaker attacker than one that mimics the victims' DP training); 8 "
-    "reference models per seed (4 IN, 4 OUT per candidate), far fewer than the 64+ of Carlini "
-    "et al.: online LiRA's AUC here is a lower bound on what LiRA can do.",
-    "One public σ for every peer: the victims (half a shard each, sampling rate 256 / 4000) set "
-    "it, so the DP rows' σ is higher than privacy_dp_sweep.md's at the same target ε (rate "
-    "256 / 8000 there), and the other peers' ε is lower than the target.",
-    "The remedies for PowerGossip under DP tried are a higher rank (here and in "
-    "privacy_dp_sweep.md) and more power iterations (privacy_dp_sweep.md); noise in the "
-    "exchanged subspace and DP on what is sent are not tried.",
+    "A useful accuracy under DP: in privacy_regime.md's sweep no candidate that is attackable "
+    "without DP keeps one at ε = 8 in the DP recipe tried (every cnn1d candidate, which "
+    "generalises, is also not attackable by LOSS beyond a hair above its band), so the private "
+    "rows here are far below the non-private ones (the runs table) and their leakage is "
+    "measured on models no one would deploy. A DP recipe swept for these smaller shards "
+    "(larger batches, more epochs) was not tried.",
+    "One DP recipe at every ε (privacy_regime.md's, 30 epochs): not tuned per ε in this regime "
+    "(tuning on the same data would cost privacy of its own, not counted here).",
+    "The LiRA reference models train without DP (also for the DP rows), by exact gossip (also "
+    "for the other algorithms' rows); 4 per seed (2 IN, 2 OUT per candidate), far fewer than "
+    "the 64+ of Carlini et al.: online LiRA's AUC here is a lower bound on what LiRA can do.",
+    "One public σ for every peer: the victims (half a shard each, plus their included "
+    "canaries) set it, so the other peers' ε is lower than the target.",
+    "The audit's canaries are out-of-distribution inputs with random labels; in-distribution "
+    "canaries, or scores from the received messages themselves rather than a model, may audit "
+    "tighter or looser; the canaries also enter the victims' data, so this page's accuracies "
+    "and membership figures are those of victims that carry them.",
 )
 OVERFIT_SCALE_NOTE = (
     "this page is the companion of privacy_attacks.md, whose regime (8000 samples per peer, "
@@ -152,19 +184,21 @@ REGIMES: Dict[str, Dict[str, Any]] = {
         setting=SETTING,
         groups=(
             ((_EXACT, None), (_R1, None), (_EXACT, 8.0), (_R1, 8.0)),
-            ((_R4, 8.0), (_CHOCO, 8.0)),
-            ((_EXACT, 3.0), (_EXACT, 1.0)),
-            ((_R4, None), (_CHOCO, None)),
-            ((_R1, 3.0), (_R1, 1.0)),
-            ((_R4, 3.0), (_CHOCO, 3.0)),
+            ((_CHOCO, 8.0), (_R4, 8.0)),
+            ((_EXACT, 3.0), (_R1, 3.0)),
+            ((_CHOCO, None), (_R4, None)),
         ),
         seeds=(0, 1, 2),
-        references=8,
+        seed_waves=((0,), (1, 2)),
+        references=4,
+        gossip_references=True,
+        canaries=CANARIES_PER_VICTIM,
         network=NETWORK,
         title="What a curious neighbour learns",
         scale_note=SCALE_NOTE,
         not_reached=NOT_REACHED,
-        regime_text=None,  # the default regime's own words (`page.regime_text`)
+        regime_text=REGIME_TEXT,
+        reference_words=REFERENCE_WORDS,
     ),
     "privacy_attacks_overfit": dict(
         setting=OVERFIT_SETTING,
@@ -182,6 +216,7 @@ REGIMES: Dict[str, Dict[str, Any]] = {
         scale_note=OVERFIT_SCALE_NOTE,
         not_reached=OVERFIT_NOT_REACHED,
         regime_text=OVERFIT_REGIME_TEXT,
+        reference_words=OVERFIT_REFERENCE_WORDS,
     ),
 }
 QUICK = dict(

@@ -7,13 +7,16 @@ them (`privacy.attacks.reconstructions`), its own model and the average, at each
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import os
 from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Run
-from experiments.pages._privacy import NONPRIVATE_LR
+from experiments.pages._privacy import DELTA, NONPRIVATE_LR
 
+from .audit import audit_report, canary_hooks, gossip_references, reference_stats
 from .regimes import FRACTION, OBSERVER, ROUNDS, dp_recipe, regime
 
 _REFS: Dict[str, Any] = {}  #: this process's LiRA references, per (reference recipe, seed)
@@ -36,17 +39,32 @@ def plan(name: str, quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run
     reference = dict(epochs=setting["epochs"], lr=setting.get("reference_lr", NONPRIVATE_LR))
     reference.update({k: setting[k] for k in ("momentum", "warmup_epochs")})
     reference["batch"] = setting["batch_size"]
-    for group in r["groups"]:
-        for seed in r["seeds"]:
-            for spec, target in group:
-                mine = dict(train, algorithm=spec)
-                if target is not None:
-                    mine.update(dp_recipe(setting, target), dp_target_epsilon=target)
-                mine["eval_every"] = max(1, mine["epochs"] // 4)  # quarters: the plateau check
-                config = dict(kind="attack", spec=spec, target=target, train=mine, split=split)
-                config.update(reference=reference, references=r["references"])
-                runs.append(Run(key(spec, target, seed), config, seed, 10 * mine["epochs"]))
-    return runs
+    if r.get("gossip_references"):  # whole gossip runs in the non-private recipe (`audit`)
+        reference = dict(kind="gossip", train=dict(train, algorithm="exact"))
+        reference["train"]["eval_every"] = setting["epochs"]
+    canaries = min(r.get("canaries", 0), 32) if quick else r.get("canaries", 0)
+    count, referenced = r["references"], set()
+    waves = r.get("seed_waves", (r["seeds"],))  # the seeds of every group, wave by wave
+    order = [(g, s) for wave in waves for g in r["groups"] for s in wave if s in r["seeds"]]
+    for group, seed in order:
+        if reference.get("kind") == "gossip" and seed not in referenced:
+            referenced.add(seed)  # each its own run: --jobs builds them side by side
+            config = dict(kind="reference", reference=reference, count=count, split=split)
+            runs += [
+                Run(f"reference/seed{seed}/{k}", dict(config, k=k), seed) for k in range(count)
+            ]
+        for spec, target in group:
+            mine = dict(train, algorithm=spec)
+            if target is not None:
+                mine.update(dp_recipe(setting, target), dp_target_epsilon=target)
+            mine["eval_every"] = max(1, mine["epochs"] // 4)  # quarters: the plateau check
+            config = dict(kind="attack", spec=spec, target=target, train=mine, split=split)
+            config.update(reference=reference, references=r["references"])
+            if canaries:
+                config["canaries"] = canaries
+            runs.append(Run(key(spec, target, seed), config, seed))
+    # --jobs starts the costliest first: the cost is the plan's order of priority
+    return [dataclasses.replace(run, cost=len(runs) - n) for n, run in enumerate(runs)]
 
 
 def row(run: Run) -> Dict[str, Any]:
@@ -58,6 +76,8 @@ def row(run: Run) -> Dict[str, Any]:
     split = _split(run.config["split"], run.seed)
     if kind == "split":
         return dict(key=split.key(), record=split.record())
+    if kind == "reference":
+        return reference_row(run.config, run.seed, split)
     try:
         return attacked(run.config, run.seed, split)
     except Exception as exc:  # one failed run is a row of the page, not a lost page
@@ -69,6 +89,18 @@ def row(run: Run) -> Dict[str, Any]:
             seed=run.seed,
             failure=one_line(exc, 200),
         )
+
+
+def reference_row(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
+    """One gossip-trained LiRA reference run (`audit.reference_stats`): built and cached for the
+    attacked runs of its seed; its row says what it cost."""
+    import time
+
+    from gossip_powersgd.privacy.attacks import Candidates
+
+    started, train = time.perf_counter(), c["reference"]["train"]
+    phi, _ = reference_stats(split, Candidates.of(split), train, c["count"], seed, OBSERVER, c["k"])
+    return dict(k=c["k"], seconds=time.perf_counter() - started, phi_mean=float(phi.mean()))
 
 
 def _split(c: Mapping[str, Any], seed: int):
@@ -91,17 +123,24 @@ def attacked(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
     from gossip_powersgd.training.models import build_model
 
     torch.set_num_threads(1)
-    run = observe(dict(c["train"], seed=seed), split, OBSERVER, ROUNDS)
-    config, summary, base = run.result.config, run.result.summary, split.data()
-    candidates, victims, last = Candidates.of(split), split.victims, run.steps[-1]
+    base, victims = split.data(), split.victims
+    hooks = canary_hooks(victims, base, c["canaries"], seed) if c.get("canaries") else []
+    run = observe(dict(c["train"], seed=seed), split, OBSERVER, ROUNDS, hooks)
+    config, summary = run.result.config, run.result.summary
+    candidates, last = Candidates.of(split), run.steps[-1]
 
     def make():
         return build_model(config.model, base.input_shape, base.num_classes, 0)
 
-    cache = f"{sorted(c['reference'].items())} {c['references']} {split.key()}"
+    cache = f"{json.dumps(c['reference'], sort_keys=True)} {c['references']} {split.key()}"
     if cache not in _REFS:
-        build, count = References.build, c["references"]
-        _REFS[cache] = build(split, candidates, OBSERVER, make, count, c["reference"], seed)
+        count = c["references"]
+        if c["reference"].get("kind") == "gossip":
+            train = c["reference"]["train"]
+            _REFS[cache] = gossip_references(split, candidates, train, count, seed, OBSERVER)
+        else:
+            build = References.build
+            _REFS[cache] = build(split, candidates, OBSERVER, make, count, c["reference"], seed)
     refs = _REFS[cache]
     out = {"rounds": neighbour_report(run, split, OBSERVER, refs, make, base.x_test)}
     evals = [dict(epoch=e["epoch"], acc_avg=e["test_acc_avg_model"]) for e in run.result.evals]
@@ -113,6 +152,10 @@ def attacked(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
         with torch.no_grad():
             model = model_with_parameters(make(), run.snapshots[v][last])
             victim_acc.append(float((model(base.x_test).argmax(1) == base.y_test).double().mean()))
+    if hooks:
+        initial = build_model(config.model, base.input_shape, base.num_classes, config.seed)
+        delta = c["train"].get("dp_delta", DELTA)
+        out["audit"] = audit_report(hooks, run, make, initial, delta)
     out.update(spec=c["spec"], target=c["target"], seed=seed, steps=summary["steps"], last=last)
     out.update(round_steps=run.steps, epochs=config.epochs, batch=config.batch_size, lr=config.lr)
     out.update(

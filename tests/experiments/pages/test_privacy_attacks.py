@@ -7,36 +7,57 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from experiments.engine import RowFile
-from experiments.pages import _privacy as dp
-from experiments.pages.privacy_attacks import page, regimes, runs, tables
+from experiments.pages import privacy_regime as sweep
+from experiments.pages.privacy_attacks import audit, page, regimes, runs, tables
 
 RESULTS = Path(__file__).resolve().parents[3] / "experiments" / "results"
 
 
-def test_each_regimes_plan_holds_its_network_section_splits_and_attacked_runs_in_order():
+def test_each_regimes_plan_holds_its_network_section_splits_references_and_attacked_runs():
     plan = runs.plan("privacy_attacks", False, {})
     regime = regimes.REGIMES["privacy_attacks"]
     assert (
         plan[0].key == "network" and plan[0].config["topologies"] == regime["network"]["topologies"]
     )
     assert [r.key for r in plan[1:4]] == ["split/seed0", "split/seed1", "split/seed2"]
-    attacked = plan[4:]
-    expected = [(s, t, seed) for g in regime["groups"] for seed in (0, 1, 2) for s, t in g]
+    # each seed's gossip-trained references come before that seed's first attacked run
+    references = [r for r in plan if r.config["kind"] == "reference"]
+    assert [(r.seed, r.config["k"]) for r in references] == [
+        (s, k) for s in (0, 1, 2) for k in range(regime["references"])
+    ]
+    attacked = [r for r in plan if r.config["kind"] == "attack"]
+    for ref in references:
+        assert plan.index(ref) < min(plan.index(r) for r in attacked if r.seed == ref.seed)
+        train = ref.config["reference"]["train"]
+        assert train["algorithm"] == "exact" and "dp_target_epsilon" not in train
+        assert train["topology"] == regime["setting"]["topology"]
+    expected = [  # seed 0 of every group first, then seeds 1 and 2
+        (s, t, seed)
+        for wave in ((0,), (1, 2))
+        for g in regime["groups"]
+        for seed in wave
+        for s, t in g
+    ]
     assert [(r.config["spec"], r.config["target"], r.seed) for r in attacked] == expected
+    assert [r.cost for r in plan] == sorted((r.cost for r in plan), reverse=True)  # priority
     for run in attacked:
         train, target = run.config["train"], run.config["target"]
         assert train["eval_every"] == train["epochs"] // 4 and train["partition"] == "iid"
+        assert run.config["canaries"] == regimes.CANARIES_PER_VICTIM
+        assert run.config["reference"]["kind"] == "gossip" and run.config["references"] == 4
         if target is None:
-            assert (train["lr"], train["batch_size"]) == (dp.NONPRIVATE_LR, dp.NONPRIVATE[1])
-        else:  # the sweep's recipe for its epsilon's budget
-            assert train["epochs"] == dp.dp_epochs(target) and train["lr"] == dp.DP_LR
-        assert run.config["reference"]["lr"] == dp.NONPRIVATE_LR and run.config["references"] == 8
+            assert (train["lr"], train["batch_size"]) == (sweep.NONPRIVATE["lr"], 32)
+        else:  # the sweep's recipe at every epsilon
+            assert train["epochs"] == sweep.DP["epochs"] and train["lr"] == sweep.DP["lr"]
     overfit = runs.plan("privacy_attacks_overfit", False, {})
-    assert overfit[0].key == "split/seed0"  # no network section
+    assert overfit[0].key == "split/seed0"  # no network section, no references run apart
     assert all(r.config["train"]["epochs"] == 60 for r in overfit if r.config["kind"] == "attack")
+    assert all("canaries" not in r.config for r in overfit)
     quick = runs.plan("privacy_attacks", True, {})
-    assert quick[0].config["topologies"] == ["ring:4"] and len(quick) == 1 + 2 + 3 * 2
+    assert quick[0].config["topologies"] == ["ring:4"] and len(quick) == 1 + 2 + 2 * (4 + 3)
 
 
 def test_plateau_is_the_change_over_the_last_quarter():
@@ -136,3 +157,50 @@ def test_the_committed_overfit_page_shows_its_rows_beside_their_blind_baseline_a
     for v in split["record"]["victims"]:
         held = set(split["record"]["heldout"][str(v)])
         assert held and not held & set(split["record"]["members"][str(v)])
+
+
+def test_canaries_are_public_but_their_inclusion_is_secret_to_each_victim():
+    from gossip_powersgd.privacy.audit import draw_inclusion
+    from gossip_powersgd.privacy.seeds import Randomness
+    from gossip_powersgd.training.data import load_dataset
+
+    data = load_dataset("synthetic_logreg:d=20,classes=4,n=400", 0)
+    first, again = (audit.canary_hooks([1, 3], data, 256, seed=5) for _ in range(2))
+    for a, b in zip(first, again):
+        # the canaries are a function of the seed (the neighbour may know them) ...
+        assert a.x.equal(b.x) and a.y.equal(b.y) and a.x.shape == (256, 20)
+        # ... their inclusion is not: fresh secret coins per run (2^-256 to agree by chance),
+        # and not the coins a keystream derived from the public seed would give
+        assert not a.included.equal(b.included)
+        for seed in (0, 5):
+            public = draw_inclusion(Randomness.public(seed, a.victim), 256)
+            assert not a.included.equal(public)
+    assert {h.name for h in first} == {"canaries of peer 1", "canaries of peer 3"}
+
+
+def test_the_audit_column_is_best_audit_on_the_rows_stored_scores_and_truth():
+    from gossip_powersgd.privacy.audit import best_audit
+
+    rng = np.random.default_rng(0)
+    truth = rng.random(200) < 0.5
+    scores = truth * 3.0 + rng.standard_normal(200)  # a strong signal: a bound > 0
+    result = best_audit(scores, truth, 1e-5, audit.counts(200), audit.CONFIDENCE)
+    row = {"included": truth.astype(int).tolist(), "delta": 1e-5, "m": 200}
+    row.update(confidence=audit.CONFIDENCE, counts=audit.counts(200))
+    row["victim"] = {"epsilon": result.epsilon, "scores": scores.tolist()}
+    assert audit.check(row, "victim") == result.epsilon > 0
+    row["victim"]["scores"] = rng.standard_normal(200).tolist()  # no signal: another figure
+    assert audit.check(row, "victim") != result.epsilon
+
+
+def test_the_committed_rows_audit_figures_come_from_their_stored_guesses():
+    records = RowFile(RESULTS / "privacy_attacks.jsonl").read()
+    audited = [r.row for r in records.values() if "audit" in r.row]
+    assert audited, "the committed page carries no audited run"
+    text = (RESULTS / "privacy_attacks.md").read_text()
+    for row in audited:
+        for source in ("observer", "victim"):
+            assert audit.check(row["audit"], source) == row["audit"][source]["epsilon"]
+        assert f"{row['audit']['victim']['epsilon']:.2f}" in text
+        if row["target"] is None:
+            assert row["eps_max"] == float("inf")
