@@ -51,7 +51,11 @@ def test_a_rank_that_never_publishes_leaves_the_master_as_the_target(monkeypatch
         def wait(self, keys, timeout):
             raise RuntimeError("timed out")
 
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    # bind_gloo_to_route writes GLOO_SOCKET_IFNAME itself; monkeypatch undoes only what it
+    # recorded, so record the variable first (a leftover value is inherited by every later
+    # test's torchrun and gloo cannot bind: every torch test after this one fails)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "recorded")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
     monkeypatch.setattr(interfaces, "interface_towards", lambda target: f"towards {target}")
     assert bind_gloo_to_route(Gone(), 0, 2, "127.0.0.1", 0.1) == "towards 127.0.0.1"
     # a later group chooses again: this process's own earlier choice is no user's setting
