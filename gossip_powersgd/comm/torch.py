@@ -355,6 +355,7 @@ class TorchCommunicator(Communicator):
                         everyone if works_peers is None else works_peers,
                     ) from None
             if finished is False:
+                raise_if_lost(self._monitor, works_peers or everyone, self.interrupted)
                 if works_peers is not None:  # name the senders that did not deliver
                     first = len(works) - len(peers)  # the receives come last, one per sender
                     receives = [

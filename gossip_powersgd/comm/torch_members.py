@@ -90,12 +90,16 @@ def before_transfer(comm: "TorchCommunicator", incoming) -> None:
 
 
 def raise_if_lost(monitor, peers, interrupted: Optional[Callable[[], Optional[str]]]) -> None:
-    """After a wait for `peers` failed: under continue, `PeerLostError` if the monitor's diagnosis
-    (`faults.Monitor.diagnose`) or the membership finds a lost peer within DYING_SECONDS; else
-    nothing (the caller raises the failure)."""
+    """After a wait for `peers` failed or timed out: under continue, `PeerLostError` if the
+    monitor's diagnosis (`faults.Monitor.diagnose`) or the membership finds a lost peer within the
+    time the monitor takes to find one (`Monitor.finding_seconds`, DYING_SECONDS at least); else
+    nothing (the caller raises the failure). Not only DYING_SECONDS: a wait times out, or fails
+    because a neighbour's timed out and closed its connections, before the monitors find the
+    peer behind it when a loaded machine pauses them (a link cut in the churn soak ended two
+    neighbours of the cut host so, and a third waited for them in vain)."""
     if interrupted is None or monitor is None:
         return
-    deadline = time.monotonic() + DYING_SECONDS
+    deadline = time.monotonic() + max(DYING_SECONDS, monitor.finding_seconds())
     while True:
         monitor.diagnose(peers)
         reason = interrupted()

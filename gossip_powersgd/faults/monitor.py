@@ -156,6 +156,13 @@ class Monitor:
     def _watched(self, peer: int) -> bool:
         return peer not in self.leaving and peer not in self.removed
 
+    def finding_seconds(self) -> float:
+        """The longest this monitor takes to find a peer lost once it stopped or went silent: its
+        threshold, a probe and two looks. (A monitor paused longer than GAP_SECONDS by a loaded
+        machine starts its counts again, so a transport's wait can time out first: under continue
+        a failed wait gives the membership this long to name the loss, `comm.torch_members`.)"""
+        return max(self.stopped_after, self.silent_after) + PROBE_SECONDS + 2 * CHECK_SECONDS
+
     # ---- the transports' side ----------------------------------------------------------------------
     def host_of(self, peer: int) -> str:
         remote = self.remote.get(peer)

@@ -222,10 +222,12 @@ class DetectedChanges(JoinAgreement):
         """Every member's post for the proposal (or revision) `key`, or None if it must be
         revised: a member was found lost before all had posted. Which one it is, is decided once
         in the store (`key/outcome`, first writer wins), so every member sees the same; a
-        one-line error if the members have not posted within the comm timeout."""
+        one-line error if the members have not posted within the comm timeout and the time their
+        monitors take to find the loss (a member posts once it has found it, or read the proposal;
+        one whose wait timed out first gives its monitor that long too, `raise_if_lost`)."""
         keys = [f"{key}/at/{k}" for k in live]
         outcome_key = f"{key}/outcome"
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + self.timeout + self.monitor.finding_seconds()
         while True:
             if self._store("check", [outcome_key]):
                 outcome = self._store("get", outcome_key).decode()
@@ -237,7 +239,8 @@ class DetectedChanges(JoinAgreement):
                 missing = [k for k, name in zip(live, keys) if not self._store("check", [name])]
                 raise CommunicationError(
                     f"rank {self.rank}: peers {missing} did not join the agreement on membership "
-                    f"{key.split('/')[1]} within {self.timeout:g} s (comm_timeout)"
+                    f"{key.split('/')[1]} within {self.timeout + self.monitor.finding_seconds():g} "
+                    "s (comm_timeout, and the time a monitor takes to find a loss)"
                 )
             else:
                 time.sleep(WAIT_SECONDS)

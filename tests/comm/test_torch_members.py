@@ -186,6 +186,25 @@ def test_a_neighbour_posting_after_the_lost_peer_died_goes_on(tmp_path):
     assert all(results[k]["trace"][AT][2] for k in (1, 2))  # ranks 1 and 3
 
 
+def test_a_wait_that_times_out_before_the_monitor_finds_the_loss_goes_on(tmp_path):
+    """The churn soak's fault 44 (a link cut, on a machine loaded enough that the monitors paused
+    and counted again): the victim's neighbours' receives time out before their monitors find it.
+    A timed-out wait is the loss once the monitor's diagnosis or the store names one (within
+    `Monitor.finding_seconds`), not the end of the run; so is a wait that fails because a
+    neighbour's timed out and closed its connections (rank 0's here). Before, the neighbours
+    ended with the diagnosis as a CommunicationError and rank 0 waited for their posts in vain."""
+    codes, logs = gossip_job(tmp_path, "exact", "STOP", mode="slow")
+    survivors = [0, 1, 3]
+    assert [codes[k] for k in survivors] == [0, 0, 0], (codes, logs)
+    results = [torch.load(tmp_path / f"rank-{k}.pt", weights_only=False) for k in survivors]
+    for r in results:
+        assert r["epochs"] == results[0]["epochs"]
+        assert [e[2] for e in r["epochs"]] == [[0, 1, 2, 3], survivors]
+        assert r["changes"][0]["lost"] == {VICTIM: "stopped"}
+    # step AT's gossip was dropped by the victim's neighbours, whose receives timed out
+    assert all(results[k]["trace"][AT][2] for k in (1, 2))  # ranks 1 and 3
+
+
 @pytest.mark.parametrize(
     "victims, mode",
     [((1, 4), ""), ((2, 3), ""), ((1, 4), "then")],

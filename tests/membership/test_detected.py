@@ -38,7 +38,8 @@ def survivor(store, rank: int, lost=(), topology="ring:4", epochs=()) -> Detecte
         detected={},
     )
     losses = [(PeerLost(k, how, "localhost"), 100.0 + k) for k, how in lost]
-    monitor = SimpleNamespace(losses=losses, removed=set(), local={})
+    # (no monitor thread here: every loss is in `losses` from the start, nothing left to find)
+    monitor = SimpleNamespace(losses=losses, removed=set(), local={}, finding_seconds=lambda: 0.0)
     return DetectedChanges(peer, store, monitor, WITHIN)
 
 

@@ -1,6 +1,6 @@
 """Processes of the torch backend under on_peer_loss: continue, for tests/comm/test_torch_members.py.
 
-    python tests/support/churn_torch.py OUT SPEC TOPOLOGY STEPS VICTIM SIGNAL AT [late|then|hold:N[:rejoin]]
+    python tests/support/churn_torch.py OUT SPEC TOPOLOGY STEPS VICTIM SIGNAL AT [late|then|slow|hold:N[:rejoin]]
 
 runs one peer of a gossip-only run (no training: the models only gossip, as in tests/membership/test_peer.py)
 with the liveness monitor and the store agreement of `membership.detected`; peer VICTIM sends
@@ -8,7 +8,8 @@ itself SIGNAL (KILL or STOP) at the start of step AT. VICTIM may be several ids 
 sends it). With `late`, the victims' neighbours start the gossip of step AT only once every
 victim's process has ended (the connections to it closed before they post their messages). Each survivor saves its trace in
 OUT/rank-K.pt: per step the model at the start of the step's gossip and after it, whether that
-step's gossip was interrupted, and the membership epochs it agreed on. With HOLD, the survivors
+step's gossip was interrupted, and the membership epochs it agreed on. With `slow`, every
+monitor finds a stopped peer only SLOW_MARGIN s after the comm timeout. With HOLD, the survivors
 wait at step HOLD for the victim's join request (`hold_for_rejoin`); with `rejoin` this process is
 the victim restarted (`--rejoin`'s path: admitted, handed the state, its trace from there).
 
@@ -35,6 +36,9 @@ ROOT = HERE.parents[1]
 SHAPES = [(10, 12), (12, 10), (7,)]
 #: The comm timeout of these runs: a stopped peer is lost after half of it (10 s).
 TIMEOUT = 20.0
+#: With `slow`, the survivors' monitors find a stopped peer this long after the comm timeout (as
+#: a monitor that a loaded machine pauses for over GAP_SECONDS, which starts its counts again).
+SLOW_MARGIN = 5.0
 
 
 def free_port() -> int:
@@ -136,6 +140,8 @@ def main(out: str, spec: str, topology_spec: str, steps: int, victims, sig: str,
     algorithm = peer.bind(spec, make_algorithm(spec, params, member))
     driver = detected_changes(peer, comm)
     driver.steps = steps
+    if mode == "slow":  # a monitor that finds a stopped peer only after the waits time out
+        driver.monitor.stopped_after = TIMEOUT + SLOW_MARGIN
     state = ParamsState(params)
     trace, largest, first = [], 0.0, 0
     if rejoin:  # away until its admission step (`ChurnRun._await_admission`'s placing)
