@@ -59,6 +59,7 @@ __all__ = [
     "UPDATES",
     "KnowledgeSystem",
     "attackable_indices",
+    "colluders_for_all",
     "colluders_needed",
     "knowledge_matrix",
     "observations",
@@ -232,7 +233,29 @@ def colluders_needed(
     for k in range(1, most + 1):
         for group in itertools.combinations(candidates, k):
             system = knowledge_matrix(topology, steps, group, gamma=gamma, updates=updates, tie=tie)
-            if reach(system)[target]["updates"] > 0:
+            columns = [c for c, (_, j) in enumerate(system.unknowns) if j == target]
+            if system.determined(np.eye(len(system.unknowns))[columns]).any():
+                return k, group
+    return None, ()
+
+
+def colluders_for_all(
+    topology: AnyTopology,
+    steps: int,
+    *,
+    gamma: Optional[float] = None,
+    updates: str = "every_step",
+    tie: int = 1,
+    most: int = 3,
+) -> Tuple[Optional[int], Tuple[int, ...]]:
+    """The fewest colluders (any peers) whose pooled knowledge determines every unknown of every
+    peer, and the first such set in lexicographic order; (None, ()) if no set of at most `most`
+    does."""
+    size = network_dp._graphs(topology).size
+    for k in range(1, most + 1):
+        for group in itertools.combinations(range(size), k):
+            system = knowledge_matrix(topology, steps, group, gamma=gamma, updates=updates, tie=tie)
+            if system.determined(np.eye(len(system.unknowns))).all():
                 return k, group
     return None, ()
 

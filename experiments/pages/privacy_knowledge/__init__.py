@@ -78,7 +78,7 @@ ALGORITHMS = {
 
 
 def _structure_runs(quick: bool) -> List[Run]:
-    from experiments.pages.privacy_knowledge.structure import distances
+    from gossip_powersgd.privacy.knowledge_attack import distances
 
     grid = STRUCTURE[quick]
     runs = []
