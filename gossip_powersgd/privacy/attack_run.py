@@ -15,6 +15,13 @@ off the messages (exact gossip) or the public copy (Choco). `neighbour_report` j
 it enables (every attack through it, `attacks.evaluate`, with the blind baselines and null band)
 and by its agreement with the truth (`quality`), beside the victim's own model (the ceiling) and,
 at the last step, the observer's own model and the average of all.
+
+`canary_audit` is the one-run audit of a run that carried canaries (`canaries.canary_hooks`
+passed to `observe`): each canary scored by its loss drop from the public initial model through
+the observer's reconstruction of its victim and through the victim's own model, the victims'
+canaries pooled (each canary's inclusion changes one record of one victim's data), and
+`audit.best_audit` over counts fixed before any score is seen; `recheck_audit` recomputes its
+bound from the record it returns.
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+import numpy as np
 import torch
 
 from gossip_powersgd.privacy.attacks import Candidates, References, Snapshots, evaluate, flat
@@ -33,10 +41,12 @@ __all__ = [
     "ESTIMATORS",
     "ORACLE",
     "ObservedRun",
+    "canary_audit",
     "neighbour_report",
     "observe",
     "quality",
     "reconstructions",
+    "recheck_audit",
 ]
 
 
@@ -177,3 +187,57 @@ def neighbour_report(
             entry.update(evaluation=evaluation, per_class_victim=per_class(evaluation, "victim"))
         out[str(step)] = entry
     return out
+
+
+def canary_audit(
+    hooks: Sequence[Any],
+    run: ObservedRun,
+    make_model: Callable,
+    initial: torch.nn.Module,
+    delta: float,
+    counts: Optional[Sequence[tuple]] = None,
+    confidence: Optional[float] = None,
+) -> Dict[str, Any]:
+    """The one-run audit of `run`, trained with the `canaries.Canaries` `hooks` (one per victim):
+    {"observer" (through its reconstruction of each victim at the end) and "victim" (its own
+    final model): `audit.AuditResult` fields and the canaries' "scores"; "included" (the truth),
+    "delta", "m", "confidence", "counts"}. `initial`: the public initial model; `counts`: the
+    (k_pos, k_neg) tried (default `audit.audit_counts`), `confidence` default `audit.CONFIDENCE`."""
+    from gossip_powersgd.privacy.audit import CONFIDENCE, audit_counts
+    from gossip_powersgd.privacy.canaries import observed_model
+    from gossip_powersgd.privacy.membership import model_with_parameters
+
+    last = run.steps[-1]
+    truth = torch.cat([h.included for h in hooks]).numpy()
+    counts = audit_counts(len(truth)) if counts is None else [tuple(c) for c in counts]
+    out: Dict[str, Any] = dict(included=truth.astype(int).tolist(), delta=delta, m=len(truth))
+    out.update(confidence=CONFIDENCE if confidence is None else confidence, counts=counts)
+    models = {
+        "observer": lambda v: observed_model(run.view, v, make_model()),
+        "victim": lambda v: model_with_parameters(make_model(), run.snapshots[v][last]),
+    }
+    for name, model_of in models.items():
+        out[name] = _audited(hooks, model_of, initial, out)
+    return out
+
+
+def _audited(hooks, model_of, initial, record: Mapping[str, Any]) -> Dict[str, Any]:
+    from gossip_powersgd.privacy.audit import best_audit
+    from gossip_powersgd.privacy.canaries import loss_drop_scores
+
+    scores = np.concatenate(
+        [loss_drop_scores(model_of(h.victim), initial, h.x, h.y) for h in hooks]
+    )
+    truth = np.array(record["included"]).astype(bool)
+    result = best_audit(scores, truth, record["delta"], record["counts"], record["confidence"])
+    return dict(dataclasses.asdict(result), scores=scores.tolist())
+
+
+def recheck_audit(record: Mapping[str, Any], source: str) -> float:
+    """The bound of `record[source]` (a `canary_audit` record, e.g. read back from JSON)
+    recomputed from its stored scores and truth: `best_audit` again, nothing trusted."""
+    from gossip_powersgd.privacy.audit import best_audit
+
+    scores, truth = np.array(record[source]["scores"]), np.array(record["included"]).astype(bool)
+    counts = [tuple(c) for c in record["counts"]]
+    return best_audit(scores, truth, record["delta"], counts, record["confidence"]).epsilon
