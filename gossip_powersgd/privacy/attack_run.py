@@ -16,6 +16,9 @@ it enables (every attack through it, `attacks.evaluate`, with the blind baseline
 and by its agreement with the truth (`quality`), beside the victim's own model (the ceiling) and,
 at the last step, the observer's own model and the average of all.
 
+`received_attack` is the neighbour's attack at the end of a run through the one estimate it reads
+off (or reconstructs from) each victim's messages, beside the victims' own models.
+
 `canary_audit` is the one-run audit of a run that carried canaries (`canaries.canary_hooks`
 passed to `observe`): each canary scored by its loss drop from the public initial model through
 the observer's reconstruction of its victim and through the victim's own model, the victims'
@@ -45,6 +48,7 @@ __all__ = [
     "neighbour_report",
     "observe",
     "quality",
+    "received_attack",
     "reconstructions",
     "recheck_audit",
 ]
@@ -186,6 +190,41 @@ def neighbour_report(
         if step == last:
             entry.update(evaluation=evaluation, per_class_victim=per_class(evaluation, "victim"))
         out[str(step)] = entry
+    return out
+
+
+def received_attack(
+    view,
+    snapshots: Mapping[int, Mapping[int, List[torch.Tensor]]],
+    candidates: Candidates,
+    refs: References,
+    make_model: Callable,
+    window: int = 4,
+) -> Dict[str, Any]:
+    """Every attack (`attacks.evaluate`, flat) on the victims of `candidates` at the last snapshot
+    step, through the model the observer reads off their messages (exact gossip) or reconstructs
+    from their last `window` messages (`reconstruction.reconstruct`: "received") and through each
+    victim's own model ("victim's own", the ceiling), beside the blind baselines; plus the null
+    band ("null/auc", "null/tpr0.1", "null/tpr1") and the candidates' counts. `snapshots`:
+    {rank: {step: parameters}} (`ObservedRun.snapshots`)."""
+    from gossip_powersgd.privacy.membership import model_with_parameters
+    from gossip_powersgd.privacy.reconstruction import reconstruct
+
+    victims = sorted({int(v) for v in candidates.victim})
+    last = max(next(iter(snapshots.values())))
+    received = {}
+    for v in victims:
+        estimates = reconstruct(view, v, window=window)
+        at = max(k for k in estimates if k <= last)
+        received[v] = model_with_parameters(make_model(), estimates[at])
+    own = {v: model_with_parameters(make_model(), snapshots[v][last]) for v in victims}
+    evaluation = evaluate({"received": received, "victim's own": own}, candidates, refs)
+    band = evaluation["null_band"]
+    out = flat(evaluation)
+    out.update(
+        {"null/auc": band["auc"], "null/tpr0.1": band["tpr"][0], "null/tpr1": band["tpr"][1]}
+    )
+    out.update(members=int(candidates.member.sum()), nonmembers=int((~candidates.member).sum()))
     return out
 
 

@@ -92,3 +92,32 @@ def test_a_run_with_canaries_is_audited_through_the_observer_and_the_victims_mod
     for source in ("observer", "victim"):
         assert len(record[source]["scores"]) == 64 and record[source]["m"] == 64
         assert recheck_audit(record, source) == record[source]["epsilon"] >= 0
+
+
+def test_the_received_attack_on_exact_gossip_is_the_attack_on_the_victims_own_model():
+    """exact gossip sends the model: what the observer received at the last step is each
+    victim's model there, so every attack scores the same through both; the null band and the
+    candidates' counts are reported beside them."""
+    from gossip_powersgd.privacy.attack_run import observe, received_attack
+    from gossip_powersgd.privacy.attacks import ATTACKS, Candidates, References
+
+    split = make_split(SPLIT_DATA, 4, "iid", 0, victims=[1, 3], fraction=0.5, split_seed=0)
+    config = dict(topology="ring:4", model="logreg", epochs=2, batch_size=16, lr=0.2, seed=0)
+    config.update(algorithm="exact", quiet=True, log_every=0, checkpoint_every=0, out_dir=None)
+    config["release_peer_statistics"] = True
+    run = observe(config, split, observer=0, fractions=(1.0,))
+    data = split.data()
+
+    def make():
+        return build_model("logreg", data.input_shape, data.num_classes, 0)
+
+    candidates = Candidates.of(split)
+    refs = References.build(split, candidates, 0, make, 2, dict(epochs=2, lr=0.2, batch=16), 0)
+    out = received_attack(run.view, run.snapshots, candidates, refs, make)
+    for attack in ATTACKS:
+        assert out[f"auc/received/{attack}"] == out[f"auc/victim's own/{attack}"]
+    assert out["null/auc"][0] < 0.5 < out["null/auc"][1]
+    assert (out["members"], out["nonmembers"]) == (
+        int(candidates.member.sum()),
+        int((~candidates.member).sum()),
+    )
