@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
 from experiments.pages._markdown import table
+from experiments.pages._privacy import BASE, DELTA, TARGET
 
 #: (training records per peer, model, epochs without DP): mnist1d's test set is 20 % of what it
 #: generates, so num_samples = 10 x records per peer for 8 peers. The DP row of a (records,
@@ -38,7 +39,8 @@ CANDIDATES = (
     (2000, "mlp:256,256", 60),
     (4000, "mlp:256,256", 30),
 )
-TARGET, DELTA, PEERS = 8.0, 1e-5, 8
+#: ring:8, as `_privacy.BASE` (the DP rows' TARGET and DELTA are the privacy pages' too).
+PEERS = 8
 #: The non-private recipe (batch, lr) and DP's (Poisson batch, lr, clip C, epochs): DP's lr / batch
 #: is privacy_dp_sweep.md's chosen ratio (2.0 / 256) at batch 128, 30 epochs as at ε = 8 there.
 NONPRIVATE = dict(batch_size=32, lr=0.05)
@@ -46,24 +48,9 @@ DP = dict(batch_size=128, lr=1.0, dp_max_grad_norm=1.0, dp_delta=DELTA, epochs=3
 #: The fewest pooled non-members a qualifying candidate has.
 MIN_NONMEMBERS = 2000
 OBSERVER, FRACTION = 0, 0.5
-COMMON = dict(
-    partition="iid",
-    topology=f"ring:{PEERS}",
-    algorithm="exact",
-    optimizer="sgd",
-    momentum=0.9,
-    weight_decay=0.0,
-    warmup_epochs=1,
-    schedule="cosine",
-    backend="local",
-    quiet=True,
-    log_every=0,
-    checkpoint_every=0,
-    out_dir=None,
-    threads=1,
-    comm_timeout=900.0,
-    release_peer_statistics=True,
-)
+#: The privacy pages' base config (`_privacy.BASE`: ring:8, iid, SGD momentum 0.9, cosine) for
+#: exact gossip, every peer's epsilon released to the experimenter.
+COMMON = dict(BASE, algorithm="exact", comm_timeout=900.0, release_peer_statistics=True)
 #: --quick: one tiny candidate (seconds), a smoke test, not a result.
 QUICK_CANDIDATES = ((150, "mlp:32", 2),)
 QUICK_DATA = "synthetic_logreg:d=20,classes=4,n={n}"
