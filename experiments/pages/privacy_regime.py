@@ -93,19 +93,11 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 def row(run: Run) -> Dict[str, Any]:
     """Train with the membership split, attack each victim's own model with LOSS."""
-    import numpy as np
     import topologies
     import torch
 
-    from gossip_powersgd.privacy.attack_run import observe
-    from gossip_powersgd.privacy.attacks import Candidates, null_band_of
+    from gossip_powersgd.privacy.attack_run import observe, own_model_loss_attack
     from gossip_powersgd.privacy.heldout import make_split
-    from gossip_powersgd.privacy.membership import (
-        auc,
-        loss_scores,
-        model_with_parameters,
-        tpr_at_fpr,
-    )
     from gossip_powersgd.training.models import build_model
 
     torch.set_num_threads(1)
@@ -114,33 +106,26 @@ def row(run: Run) -> Dict[str, Any]:
     split = make_split(train["dataset"], PEERS, "iid", 0, victims, FRACTION, run.seed)
     start, started = os.getloadavg()[0], time.perf_counter()
     observed = observe(dict(train), split, OBSERVER, (1.0,))
-    base, last, summary = split.data(), observed.steps[-1], observed.result.summary
-    candidates = Candidates.of(split)
-    scores, accs = np.empty(len(candidates.y)), []
-    for v in victims:
-        model = build_model(train["model"], base.input_shape, base.num_classes, 0)
-        model = model_with_parameters(model, observed.snapshots[v][last])
-        with torch.no_grad():
-            accs.append(float((model(base.x_test).argmax(1) == base.y_test).double().mean()))
-        where = candidates.victim == v
-        index = torch.from_numpy(np.flatnonzero(where))
-        scores[where] = loss_scores(model, candidates.x[index], candidates.y[index])
-    m = candidates.member
-    band = null_band_of(int(m.sum()), int((~m).sum()))
+    base, summary = split.data(), observed.result.summary
+
+    def make():
+        return build_model(train["model"], base.input_shape, base.num_classes, 0)
+
+    loss = own_model_loss_attack(observed, split, make)
     eps = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
     return dict(
         candidate=c["candidate"],
         records=c["records"],
         model=c["model"],
         target=c["target"],
-        acc_victims=sum(accs) / len(accs),
+        acc_victims=sum(loss["accuracy"]) / len(loss["accuracy"]),
         acc_avg=summary["final_test_acc_avg_model"],
-        auc=auc(scores[m], scores[~m]),
-        tpr0_1=tpr_at_fpr(scores[m], scores[~m], 0.001),
-        band_auc=band["auc"],
-        band_tpr0_1=band["tpr"][0],
-        members=int(m.sum()),
-        nonmembers=int((~m).sum()),
+        auc=loss["auc"],
+        tpr0_1=loss["tpr"],
+        band_auc=loss["band"]["auc"],
+        band_tpr0_1=loss["band"]["tpr"][0],
+        members=loss["members"],
+        nonmembers=loss["nonmembers"],
         eps_victims=[eps[v] for v in victims] if len(eps) > 1 else None,
         sigma=summary.get("noise_multiplier"),
         epochs=train["epochs"],

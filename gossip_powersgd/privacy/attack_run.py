@@ -16,7 +16,9 @@ it enables (every attack through it, `attacks.evaluate`, with the blind baseline
 and by its agreement with the truth (`quality`), beside the victim's own model (the ceiling) and,
 at the last step, the observer's own model and the average of all.
 
-`received_attack` is the neighbour's attack at the end of a run through the one estimate it reads
+`own_model_loss_attack` is the white-box LOSS attack through each victim's own final model (the
+ceiling of what its messages give away), with the victims' test accuracy: a cheap check that a
+regime is attackable at all. `received_attack` is the neighbour's attack at the end of a run through the one estimate it reads
 off (or reconstructs from) each victim's messages, beside the victims' own models.
 
 `canary_audit` is the one-run audit of a run that carried canaries (`canaries.canary_hooks`
@@ -47,6 +49,7 @@ __all__ = [
     "canary_audit",
     "neighbour_report",
     "observe",
+    "own_model_loss_attack",
     "quality",
     "received_attack",
     "reconstructions",
@@ -191,6 +194,38 @@ def neighbour_report(
             entry.update(evaluation=evaluation, per_class_victim=per_class(evaluation, "victim"))
         out[str(step)] = entry
     return out
+
+
+def own_model_loss_attack(
+    run: ObservedRun, split, make_model: Callable, fpr: float = 0.001
+) -> Dict[str, Any]:
+    """LOSS through each victim's own model at `run`'s last snapshot step, every candidate of
+    `split` (`Candidates.of`) scored by its victim's model and pooled: {"auc", "tpr" (at `fpr`),
+    "band" (`attacks.null_band_of` the counts), "members", "nonmembers", "accuracy" (each
+    victim's test accuracy, in `split.victims` order)}."""
+    from gossip_powersgd.privacy.attacks import null_band_of
+    from gossip_powersgd.privacy.membership import auc, loss_scores, model_with_parameters
+    from gossip_powersgd.privacy.membership import tpr_at_fpr
+
+    base, last, candidates = split.data(), run.steps[-1], Candidates.of(split)
+    scores, accuracy = np.empty(len(candidates.y)), []
+    for v in split.victims:
+        model = model_with_parameters(make_model(), run.snapshots[v][last])
+        with torch.no_grad():
+            accuracy.append(float((model(base.x_test).argmax(1) == base.y_test).double().mean()))
+        where = candidates.victim == v
+        index = torch.from_numpy(np.flatnonzero(where))
+        scores[where] = loss_scores(model, candidates.x[index], candidates.y[index])
+    m = candidates.member
+    members, nonmembers = int(m.sum()), int((~m).sum())
+    return dict(
+        auc=auc(scores[m], scores[~m]),
+        tpr=tpr_at_fpr(scores[m], scores[~m], fpr),
+        band=null_band_of(members, nonmembers),
+        members=members,
+        nonmembers=nonmembers,
+        accuracy=accuracy,
+    )
 
 
 def received_attack(

@@ -4,6 +4,7 @@ exact gossip is the victim's model, attacked alike, beside the blind baselines."
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from gossip_powersgd.privacy.heldout import make_split
 from gossip_powersgd.privacy.membership import null_auc_std
@@ -94,12 +95,12 @@ def test_a_run_with_canaries_is_audited_through_the_observer_and_the_victims_mod
         assert recheck_audit(record, source) == record[source]["epsilon"] >= 0
 
 
-def test_the_received_attack_on_exact_gossip_is_the_attack_on_the_victims_own_model():
-    """exact gossip sends the model: what the observer received at the last step is each
-    victim's model there, so every attack scores the same through both; the null band and the
-    candidates' counts are reported beside them."""
-    from gossip_powersgd.privacy.attack_run import observe, received_attack
-    from gossip_powersgd.privacy.attacks import ATTACKS, Candidates, References
+@pytest.fixture(scope="module")
+def exact_run():
+    """An observed exact-gossip run on ring:4 (victims 1 and 3), its split, its model maker and
+    LiRA references (2 models)."""
+    from gossip_powersgd.privacy.attack_run import observe
+    from gossip_powersgd.privacy.attacks import Candidates, References
 
     split = make_split(SPLIT_DATA, 4, "iid", 0, victims=[1, 3], fraction=0.5, split_seed=0)
     config = dict(topology="ring:4", model="logreg", epochs=2, batch_size=16, lr=0.2, seed=0)
@@ -113,6 +114,17 @@ def test_the_received_attack_on_exact_gossip_is_the_attack_on_the_victims_own_mo
 
     candidates = Candidates.of(split)
     refs = References.build(split, candidates, 0, make, 2, dict(epochs=2, lr=0.2, batch=16), 0)
+    return run, split, make, candidates, refs
+
+
+def test_the_received_attack_on_exact_gossip_is_the_attack_on_the_victims_own_model(exact_run):
+    """exact gossip sends the model: what the observer received at the last step is each
+    victim's model there, so every attack scores the same through both; the null band and the
+    candidates' counts are reported beside them."""
+    from gossip_powersgd.privacy.attack_run import received_attack
+    from gossip_powersgd.privacy.attacks import ATTACKS
+
+    run, _, make, candidates, refs = exact_run
     out = received_attack(run.view, run.snapshots, candidates, refs, make)
     for attack in ATTACKS:
         assert out[f"auc/received/{attack}"] == out[f"auc/victim's own/{attack}"]
@@ -121,3 +133,21 @@ def test_the_received_attack_on_exact_gossip_is_the_attack_on_the_victims_own_mo
         int(candidates.member.sum()),
         int((~candidates.member).sum()),
     )
+
+
+def test_the_own_model_loss_attack_is_the_loss_attack_through_the_victims_models(exact_run):
+    """The white-box LOSS attack, pooled over the victims, gives exactly what `attacks.evaluate`
+    gives for LOSS through the same models (another code path), beside the permutation band of
+    its counts; each victim's accuracy is a share of the test set."""
+    from gossip_powersgd.privacy.attack_run import own_model_loss_attack, received_attack
+    from gossip_powersgd.privacy.attacks import null_band_of
+
+    run, split, make, candidates, refs = exact_run
+    loss = own_model_loss_attack(run, split, make)
+    out = received_attack(run.view, run.snapshots, candidates, refs, make)
+    assert loss["auc"] == out["auc/victim's own/LOSS"]
+    assert loss["tpr"] == out["tpr0.1/victim's own/LOSS"]
+    assert loss["band"] == null_band_of(loss["members"], loss["nonmembers"])
+    assert loss["band"]["auc"][0] < 0.5 < loss["band"]["auc"][1]
+    assert (loss["members"], loss["nonmembers"]) == (out["members"], out["nonmembers"])
+    assert len(loss["accuracy"]) == 2 and all(0 < a <= 1 for a in loss["accuracy"])
