@@ -23,24 +23,19 @@ solve the same system.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Sequence, Tuple
 
 import numpy as np
 import torch
 
+from gossip_powersgd.privacy.knowledge import distances
+
 if TYPE_CHECKING:
     from topologies import AnyTopology
 
-__all__ = ["REGIMES", "colluder_attack", "distances", "relative_error"]
+__all__ = ["REGIMES", "colluder_attack", "relative_error"]
 
 REGIMES = ("averaging", "dsgd")
-
-
-def distances(topology: AnyTopology, source: int = 0) -> List[int]:
-    """Graph distance (hops) from `source` to every peer of the static `topology`."""
-    from gossip_powersgd.privacy.mechanisms.muffliato import hops
-
-    return [int(d) for d in hops(topology, source)]
 
 
 def _flat(tensors: Sequence[torch.Tensor], indices: Sequence[int]) -> np.ndarray:

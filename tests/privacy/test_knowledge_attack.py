@@ -1,8 +1,7 @@
 """The knowledge-matrix attack on recorded runs, scored against the truth
-(`privacy.knowledge_attack`): graph distances by hand; on exact gossip averaging every peer's
-private value is recovered from one colluder's messages to float64 rounding while the blind
-guesses are off; on PowerGossip the exactly gossiped vector is recovered and the compressed matrix
-is never counted determined; the fewest colluders for everyone (`knowledge.colluders_for_all`)."""
+(`privacy.knowledge_attack`): on exact gossip averaging every peer's private value is recovered
+from one colluder's messages to float64 rounding while the blind guesses are off; on PowerGossip
+the exactly gossiped vector is recovered and the compressed matrix is never counted determined."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ import torch
 import topologies
 from gossip_powersgd import LocalCluster
 from gossip_powersgd.privacy import load_view
-from gossip_powersgd.privacy.knowledge import colluders_for_all, colluders_needed
-from gossip_powersgd.privacy.knowledge_attack import colluder_attack, distances
+from gossip_powersgd.privacy.knowledge_attack import colluder_attack
 
 SHAPES = [(6, 6), (5,)]  # a matrix PowerGossip compresses, a vector it gossips exactly
 ONCE = {"once": ("once", 1)}
@@ -44,22 +42,6 @@ def views_of(spec, topology, steps):
 
 def initial():
     return [torch.zeros(s) for s in SHAPES]
-
-
-def test_distances_on_a_ring_and_a_torus():
-    assert distances("ring:6") == [0, 1, 2, 3, 2, 1]
-    assert distances("torus:3x3") == [0, 1, 1, 1, 2, 2, 1, 2, 2]
-    assert distances("ring:6", source=2) == [2, 1, 0, 1, 2, 3]
-
-
-def test_one_peer_determines_everyone_on_a_ring_once_the_steps_carry_the_values_to_it():
-    """ring:6 averaging: after one step peer 0 holds only its neighbours' values (no colluder
-    set of up to two peers determines everyone, and none off the target's neighbourhood its
-    value); after three, peer 0 alone determines everyone."""
-    assert colluders_for_all("ring:6", 1, updates="once", most=1) == (None, ())
-    assert colluders_needed("ring:6", 1, 3, updates="once", most=1) == (None, ())
-    assert colluders_for_all("ring:6", 3, updates="once") == (1, (0,))
-    assert colluders_needed("ring:6", 3, 3, updates="once") == (1, (0,))
 
 
 def test_exact_gossip_averaging_gives_every_peers_value_to_one_colluder():

@@ -2,8 +2,8 @@
 ICML 2024) on exact gossip and PowerGossip: which peers a curious peer (or colluders) reconstructs,
 non-neighbours included, and whether low-rank messages reduce what they lose.
 
-Two kinds of rows (`structure`, `attack`): the structure of the attack on ring, torus and
-exponential graphs (no training: what the colluders' equations determine, `privacy.knowledge`),
+Two kinds of rows: the structure of the attack on ring, torus and exponential graphs (no
+training: what the colluders' equations determine, `privacy.knowledge.structure_report`),
 and real runs whose recorded views the colluders attack, scored against the truth. `page` renders.
 """
 
@@ -78,7 +78,7 @@ ALGORITHMS = {
 
 
 def _structure_runs(quick: bool) -> List[Run]:
-    from gossip_powersgd.privacy.knowledge_attack import distances
+    from gossip_powersgd.privacy.knowledge import distances
 
     grid = STRUCTURE[quick]
     runs = []
@@ -127,12 +127,14 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 def row(run: Run) -> Dict[str, Any]:
     """A structural row or an attack run's row, by the run's kind."""
+    from gossip_powersgd.privacy.knowledge import structure_report
+
     from experiments.pages.privacy_knowledge.attack import attack_row
-    from experiments.pages.privacy_knowledge.structure import structure_row
 
     config = dict(run.config)
     if config["kind"] == "structure":
-        return dict(structure_row(config), kind="structure")
+        mode = {k: config[k] for k in ("updates", "tie", "most")}
+        return dict(structure_report(config["topology"], config["steps"], **mode), kind="structure")
     return dict(attack_row(config, run.seed), kind="attack")
 
 

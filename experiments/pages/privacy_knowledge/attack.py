@@ -17,7 +17,8 @@ from typing import Any, Dict, List
 
 import torch
 
-from gossip_powersgd.privacy.knowledge_attack import colluder_attack, distances
+from gossip_powersgd.privacy.knowledge import distances
+from gossip_powersgd.privacy.knowledge_attack import colluder_attack
 
 #: A drop of the learning rate that leaves float32 models unchanged (|lr * g| far below an ulp).
 FREEZE = 1e-30
