@@ -19,6 +19,9 @@ exact gossip; PowerGossip's vectors: `knowledge.attackable_indices`), read from 
 PowerGossip's compressed matrices, for which the colluders plug in their best estimates of their
 neighbours' matrices (`reconstruction.reconstruct`, least squares over the low-rank products) and
 solve the same system.
+
+`observe_every_peer(config)` makes the input: a run with every rank observed, its views and the
+public initial model.
 """
 
 from __future__ import annotations
@@ -33,9 +36,35 @@ from gossip_powersgd.privacy.knowledge import distances
 if TYPE_CHECKING:
     from topologies import AnyTopology
 
-__all__ = ["REGIMES", "colluder_attack", "relative_error"]
+__all__ = ["REGIMES", "colluder_attack", "observe_every_peer", "relative_error"]
 
 REGIMES = ("averaging", "dsgd")
+
+
+def observe_every_peer(config: Mapping[str, Any]):
+    """Run `config` (a `gossip_powersgd.run` config) with every rank observed, its views recorded
+    in a temporary folder: (the run's result, {rank: ObservedView}, the public initial model x0's
+    parameters, built from the config's model and seed as every peer builds it)."""
+    import tempfile
+
+    import topologies
+
+    from gossip_powersgd import run
+    from gossip_powersgd.privacy.views import load_view, observed_dir
+    from gossip_powersgd.training.data import load_dataset
+    from gossip_powersgd.training.models import build_model
+
+    data = load_dataset(config["dataset"], config["seed"])
+    model = build_model(config["model"], data.input_shape, data.num_classes, config["seed"])
+    x0 = [p.detach().clone() for p in model.parameters()]
+    peers = list(range(topologies.parse(config["topology"]).size))
+    with tempfile.TemporaryDirectory(prefix="knowledge-") as folder:
+        result = run(dict(config, observers=peers, out_dir=folder))
+        views = {k: load_view(observed_dir(folder, k)) for k in peers}
+    shapes = [list(t.shape) for t in x0]
+    if [list(s) for s in views[0].meta["shapes"]] != shapes:
+        raise ValueError(f"the initial model's shapes {shapes} are not the views' own")
+    return result, views, x0
 
 
 def _flat(tensors: Sequence[torch.Tensor], indices: Sequence[int]) -> np.ndarray:

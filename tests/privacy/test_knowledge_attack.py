@@ -76,3 +76,29 @@ def test_powergossip_gives_away_its_exact_vector_and_never_its_compressed_matrix
 def test_an_unknown_regime_is_refused():
     with pytest.raises(ValueError, match="regime must be one of averaging, dsgd"):
         colluder_attack({}, [0], "ring:4", initial(), "gossip", ONCE)
+
+
+def test_a_run_with_every_peer_observed_gives_the_attack_its_views_and_x0():
+    """A real run (ring:4, exact gossip, decentralized SGD): every rank's view and the public
+    initial model built from the seed; from peer 0's view its neighbours' last models are read
+    off exactly (received as sent, float32 compared in float64), the opposite peer's is not
+    determined."""
+    from gossip_powersgd.privacy.knowledge_attack import observe_every_peer
+    from gossip_powersgd.training.data import load_dataset
+    from gossip_powersgd.training.models import build_model
+
+    config = dict(dataset="synthetic_logreg:d=8,classes=3,n=400", model="logreg", epochs=1)
+    config.update(topology="ring:4", algorithm="exact", batch_size=40, lr=0.5, seed=3)
+    config.update(backend="local", quiet=True, log_every=0, momentum=0.0, warmup_epochs=0.0)
+    result, views, x0 = observe_every_peer(config)
+    assert sorted(views) == [0, 1, 2, 3] and result.summary["steps"] == max(views[0].steps) + 1
+    data = load_dataset(config["dataset"], 3)
+    expected = build_model("logreg", data.input_shape, data.num_classes, 3).parameters()
+    assert all(torch.equal(a, b) for a, b in zip(x0, expected))
+    modes = {"every_step": ("every_step", 1)}
+    out = colluder_attack(views, [0], "ring:4", x0, "dsgd", modes)
+    for peer, cell in out["peers"].items():
+        if cell["distance"] == 1:
+            assert cell["exact/every_step"]["error"] < 1e-12
+        else:
+            assert not cell["exact/every_step"]["determined"]

@@ -12,13 +12,9 @@ records). Two regimes:
 
 from __future__ import annotations
 
-import tempfile
-from typing import Any, Dict, List
+from typing import Any, Dict
 
-import torch
-
-from gossip_powersgd.privacy.knowledge import distances
-from gossip_powersgd.privacy.knowledge_attack import colluder_attack
+from gossip_powersgd.privacy.knowledge_attack import colluder_attack, observe_every_peer
 
 #: A drop of the learning rate that leaves float32 models unchanged (|lr * g| far below an ulp).
 FREEZE = 1e-30
@@ -31,34 +27,13 @@ def train_config(config: Dict[str, Any], seed: int) -> Dict[str, Any]:
     if config["regime"] == "averaging":
         train.update(local_steps=config["epoch_steps"], schedule="step", milestones=[1.0])
         train.update(decay=FREEZE)
-    peers = len(distances(config["topology"]))
-    return dict(train, observers=list(range(peers)))
-
-
-def _initial(train: Dict[str, Any]) -> List[torch.Tensor]:
-    """x0: the public initial model (built from the config and its seed, as every peer does)."""
-    from gossip_powersgd.training.data import load_dataset
-    from gossip_powersgd.training.models import build_model
-
-    data = load_dataset(train["dataset"], train["seed"])
-    model = build_model(train["model"], data.input_shape, data.num_classes, train["seed"])
-    return [p.detach().clone() for p in model.parameters()]
+    return train
 
 
 def attack_row(config: Dict[str, Any], seed: int) -> Dict[str, Any]:
-    """One run (every view recorded, in a temporary folder), then each colluder set's attack."""
-    from gossip_powersgd import run as train_run
-    from gossip_powersgd.privacy import load_view
-    from gossip_powersgd.privacy.views import observed_dir
-
+    """One run (every view recorded, `observe_every_peer`), then each colluder set's attack."""
     train = train_config(config, seed)
-    x0 = _initial(train)
-    with tempfile.TemporaryDirectory(prefix="knowledge-") as folder:
-        result = train_run(dict(train, out_dir=folder))
-        views = {k: load_view(observed_dir(folder, k)) for k in train["observers"]}
-    shapes = [list(t.shape) for t in x0]
-    if [list(s) for s in views[0].meta["shapes"]] != shapes:
-        raise ValueError(f"the initial model's shapes {shapes} are not the views' own")
+    result, views, x0 = observe_every_peer(train)
     summary = result.summary
     epochs = train["epochs"]
     if config["regime"] == "averaging" and summary["steps"] != epochs * config["epoch_steps"]:
