@@ -54,6 +54,7 @@ __all__ = [
     "received_attack",
     "reconstructions",
     "recheck_audit",
+    "victim_accuracy",
 ]
 
 
@@ -196,6 +197,18 @@ def neighbour_report(
     return out
 
 
+def victim_accuracy(run: ObservedRun, victims: Sequence[int], make_model: Callable, x, y):
+    """Each victim's own model's accuracy on (x, y) at `run`'s last snapshot step."""
+    from gossip_powersgd.privacy.membership import model_with_parameters
+
+    out = []
+    for v in victims:
+        model = model_with_parameters(make_model(), run.snapshots[v][run.steps[-1]])
+        with torch.no_grad():
+            out.append(float((model(x).argmax(1) == y).double().mean()))
+    return out
+
+
 def own_model_loss_attack(
     run: ObservedRun, split, make_model: Callable, fpr: float = 0.001
 ) -> Dict[str, Any]:
@@ -208,11 +221,9 @@ def own_model_loss_attack(
     from gossip_powersgd.privacy.membership import tpr_at_fpr
 
     base, last, candidates = split.data(), run.steps[-1], Candidates.of(split)
-    scores, accuracy = np.empty(len(candidates.y)), []
+    scores = np.empty(len(candidates.y))
     for v in split.victims:
         model = model_with_parameters(make_model(), run.snapshots[v][last])
-        with torch.no_grad():
-            accuracy.append(float((model(base.x_test).argmax(1) == base.y_test).double().mean()))
         where = candidates.victim == v
         index = torch.from_numpy(np.flatnonzero(where))
         scores[where] = loss_scores(model, candidates.x[index], candidates.y[index])
@@ -224,7 +235,7 @@ def own_model_loss_attack(
         band=null_band_of(members, nonmembers),
         members=members,
         nonmembers=nonmembers,
-        accuracy=accuracy,
+        accuracy=victim_accuracy(run, split.victims, make_model, base.x_test, base.y_test),
     )
 
 

@@ -151,3 +151,17 @@ def test_the_own_model_loss_attack_is_the_loss_attack_through_the_victims_models
     assert loss["band"]["auc"][0] < 0.5 < loss["band"]["auc"][1]
     assert (loss["members"], loss["nonmembers"]) == (out["members"], out["nonmembers"])
     assert len(loss["accuracy"]) == 2 and all(0 < a <= 1 for a in loss["accuracy"])
+
+
+def test_a_victims_accuracy_is_its_own_models_test_accuracy(exact_run):
+    """The same figure the trainer's evaluation gives for that model (another code path)."""
+    from gossip_powersgd.privacy.attack_run import victim_accuracy
+    from gossip_powersgd.privacy.membership import model_with_parameters
+    from gossip_powersgd.training.evaluation import evaluate_model
+
+    run, split, make, _, _ = exact_run
+    data = split.data()
+    accuracy = victim_accuracy(run, [3, 1], make, data.x_test, data.y_test)
+    for v, a in zip([3, 1], accuracy):
+        model = model_with_parameters(make(), run.snapshots[v][run.steps[-1]])
+        assert a == evaluate_model(model, data.x_test, data.y_test)[0]

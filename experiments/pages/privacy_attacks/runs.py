@@ -91,8 +91,8 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def reference_row(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
-    """One gossip-trained LiRA reference run (`privacy.gossip_references.reference_stats`): built and cached for the
-    attacked runs of its seed; its row says what it cost."""
+    """One gossip-trained LiRA reference run (`privacy.gossip_references.reference_stats`):
+    built and cached for the attacked runs of its seed; its row says what it cost."""
     import time
 
     from gossip_powersgd.privacy.attacks import Candidates
@@ -118,10 +118,10 @@ def attacked(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
     import torch
 
     from gossip_powersgd.privacy.attack_run import canary_audit, neighbour_report, observe
+    from gossip_powersgd.privacy.attack_run import victim_accuracy
     from gossip_powersgd.privacy.attacks import Candidates, References
     from gossip_powersgd.privacy.canaries import canary_hooks
     from gossip_powersgd.privacy.gossip_references import gossip_references
-    from gossip_powersgd.privacy.membership import model_with_parameters
     from gossip_powersgd.training.models import build_model
 
     torch.set_num_threads(1)
@@ -149,11 +149,7 @@ def attacked(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
     for e, record in zip(evals, run.result.evals):
         e["consensus"] = record.get("consensus_distance")
     epsilons = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
-    victim_acc = []
-    for v in victims:
-        with torch.no_grad():
-            model = model_with_parameters(make(), run.snapshots[v][last])
-            victim_acc.append(float((model(base.x_test).argmax(1) == base.y_test).double().mean()))
+    victim_acc = victim_accuracy(run, victims, make, base.x_test, base.y_test)
     if hooks:
         initial = build_model(config.model, base.input_shape, base.num_classes, config.seed)
         delta = c["train"].get("dp_delta", DELTA)
