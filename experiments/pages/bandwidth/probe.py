@@ -6,7 +6,7 @@ host (`cluster_rows.timing_row` launches it):
 
 For each algorithm of SPEC (one torch.distributed communicator for all of them), the trainer's
 loop is timed period by period and its communication replayed with compute out of the way
-(`timers.measure_algorithm`); then one evaluation is timed and replayed. Writes
+(`gossip_powersgd.training.timing.measure_algorithm`); then one evaluation is timed and replayed. Writes
 OUT_DIR/rank-K.json.
 """
 
@@ -30,7 +30,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from gossip_powersgd.launch import make_communicator
     from gossip_powersgd.utils import atomic_write
 
-    from .timers import CallRecorder, measure_algorithm, measure_evaluation
+    from gossip_powersgd.training.timing import CallRecorder, measure_algorithm, measure_evaluation
 
     torch.set_num_threads(1)
     topology = topologies.parse(spec["train"]["topology"])

@@ -2,7 +2,7 @@
 
 - train: in-process (`gossip_powersgd.run`, every peer a thread): accuracy after every epoch,
   training and metric bytes, the traffic counters, the final models' digests;
-- alone: one peer's step by itself (`timers.measure_alone`);
+- alone: one peer's step by itself (`gossip_powersgd.training.timing.measure_alone`);
 - timing: the cluster up at a rate (`gossip_powersgd.cluster`), the probe (`probe.py`) started by
   torchrun on every host, its per-host measurements summed up, the cluster down;
 - e2e: the cluster up, the chosen training config run to the end by `gossip_powersgd.cli.train`
@@ -136,7 +136,7 @@ def train_row(run: Run) -> Dict[str, Any]:
 
 # ---- one peer alone ------------------------------------------------------------------------------
 def alone_row(run: Run) -> Dict[str, Any]:
-    from .timers import measure_alone
+    from gossip_powersgd.training.timing import measure_alone
 
     before = load()
     measured = measure_alone(dict(run.config["train"], seed=0), ALONE_BUDGET)

@@ -1,4 +1,5 @@
-"""How the bandwidth page times a training step, an evaluation and their communication.
+"""Timing a training step, an evaluation and their communication, split into compute,
+the algorithm's arithmetic and the transport (the bandwidth page's measurements).
 
 `measure_algorithm(comm, recorder, config, budget)` runs the trainer's own loop
 (`training.trainer.train`) on a communicator with a `StepTimer` hook and stops it once enough
@@ -21,7 +22,6 @@ and arithmetic, with the same messages counted, and never waits for anyone.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import statistics
 import time
@@ -69,7 +69,7 @@ class StepTimer(TrainingHooks):
     time of any evaluation that fell inside it taken out (and kept in `evaluations`). CPU is this
     process's CPU time (all its threads): what the period costs a core, whatever else shares it."""
 
-    name = "bandwidth_step_timer"
+    name = "step_timer"
     optional = True
 
     def __init__(self, local_steps: int, budget: float, periods: Tuple[int, int], recorder=None):
@@ -315,7 +315,3 @@ def measure_alone(config: Dict[str, Any], budget: Dict[str, Any]) -> Dict[str, A
     measured, timer = measure_algorithm(comm, recorder, dict(config, backend="local"), budget)
     measured["eval"] = measure_evaluation(comm, recorder, timer, budget)
     return measured
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
