@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 from experiments.engine import ROOT, Run
+from experiments.pages._suite_rows import spec_of
 
 #: One lock per plan (full, --quick) for every process of every sweep of this page on the machine.
 LOCK = Path(tempfile.gettempdir()) / "gossip-powersgd-bandwidth-page-{}.lock"
@@ -79,10 +80,6 @@ def row(run: Run) -> Dict[str, Any]:
         if kind == "fault":
             return fault_row(run)
     raise ValueError(f"run {run.key}: unknown kind {kind!r}")
-
-
-def spec_of(template: str, gamma) -> str:
-    return template.replace("{gamma}", repr(gamma)) if "{gamma}" in template else template
 
 
 def training_config(run: Run) -> Dict[str, Any]:
