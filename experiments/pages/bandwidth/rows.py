@@ -20,10 +20,7 @@ import json
 import os
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
@@ -46,7 +43,6 @@ COMM_TIMEOUT = 900.0
 #: The longest a launch on the cluster may take before it is killed as a hang.
 LAUNCH_LIMIT = 4 * 3600.0
 PREFIX = "bw"
-RENDEZVOUS_PORT = 29400
 #: How long the link check's one TCP stream runs at the link's rate.
 LINK_CHECK_SECONDS = 3.0
 
@@ -193,65 +189,11 @@ def cluster(hosts: int, rate: str, slow=None) -> Iterator[str]:
 
 
 def launch(prefix: str, hosts: int, command: List[str], logs: Path, torchrun: bool) -> float:
-    """`python COMMAND` on every host (one process each), from the checkout: under torchrun
-    (multi-node, c10d rendezvous on host0), as a user launches, or (`torchrun` False) started
-    with the variables torchrun would set (RANK, WORLD_SIZE, MASTER_ADDR host0), without an agent
-    per host beside the timed processes. Returns the seconds until the last one ended; a host
-    that fails ends the others, and its log's tail is the error."""
-    from gossip_powersgd.cluster import enter_command
+    """`gossip_powersgd.cluster.launch.launch_on_hosts` from the checkout, one thread each."""
+    from gossip_powersgd.cluster.launch import launch_on_hosts
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", GOSSIP_CLUSTER_PREFIX=prefix)
-    processes = []
-    start = time.perf_counter()
-    for k in range(hosts):
-        if torchrun:
-            words = [str(Path(sys.executable).parent / "torchrun"), "--nnodes", str(hosts)]
-            words += ["--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint"]
-            words += [f"host0:{RENDEZVOUS_PORT}", *command]
-            host_env = env
-        else:
-            words = [sys.executable, *command]
-            host_env = dict(env, RANK=str(k), LOCAL_RANK="0", WORLD_SIZE=str(hosts))
-            host_env.update(MASTER_ADDR="host0", MASTER_PORT=str(RENDEZVOUS_PORT))
-        log = open(logs / f"host{k}.log", "w")
-        processes.append(
-            subprocess.Popen(
-                enter_command(prefix, f"host{k}", words),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-                env=host_env,
-                start_new_session=True,
-            )
-        )
-        log.close()
-    deadline = time.monotonic() + LAUNCH_LIMIT
-    failed = None
-    try:
-        while any(p.poll() is None for p in processes):
-            if time.monotonic() > deadline:
-                failed = f"still running after {LAUNCH_LIMIT:.0f} s"
-                break
-            bad = [k for k, p in enumerate(processes) if p.poll() not in (None, 0)]
-            if bad and failed is None:
-                failed = f"host{bad[0]} exited with status {processes[bad[0]].returncode}"
-                grace = time.monotonic() + 30  # the others name it and end themselves
-                while any(p.poll() is None for p in processes) and time.monotonic() < grace:
-                    time.sleep(0.2)
-                break
-            time.sleep(0.2)
-    finally:
-        for p in processes:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.wait()
-    seconds = time.perf_counter() - start
-    bad = [k for k, p in enumerate(processes) if p.returncode != 0]
-    if failed or bad:
-        k = bad[0] if bad else 0
-        tail = (logs / f"host{k}.log").read_text()[-1500:]
-        raise RuntimeError(f"launch on the cluster failed ({failed or f'host{k}'}): {tail}")
-    return seconds
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return launch_on_hosts(prefix, hosts, command, logs, torchrun, ROOT, env, LAUNCH_LIMIT)
 
 
 def timing_row(run: Run) -> Dict[str, Any]:
