@@ -43,6 +43,12 @@ COMM_TIMEOUT = 900.0
 #: The longest a launch on the cluster may take before it is killed as a hang.
 LAUNCH_LIMIT = 4 * 3600.0
 PREFIX = "bw"
+#: The kinds of rows made on the emulated cluster, and what they are (for the error without it).
+ON_THE_CLUSTER = {
+    "timing": "the step times",
+    "e2e": "the complete runs",
+    "fault": "the faults across hosts",
+}
 #: How long the link check's one TCP stream runs at the link's rate.
 LINK_CHECK_SECONDS = 3.0
 
@@ -65,6 +71,11 @@ def row(run: Run) -> Dict[str, Any]:
         "quick", run.config.get("train", {}).get("dataset") == QUICK_BASE["dataset"]
     )
     with held(exclusive=kind != "train", plan="quick" if quick else "full"):
+        problem = cluster_problem() if kind in ON_THE_CLUSTER else ""
+        if problem and run.config.get("quick"):
+            return {"skipped": problem}
+        if problem:
+            raise RuntimeError(f"{ON_THE_CLUSTER[kind]} need the emulated cluster: {problem}")
         if kind == "train":
             return train_row(run)
         if kind == "alone":
@@ -197,13 +208,9 @@ def launch(prefix: str, hosts: int, command: List[str], logs: Path, torchrun: bo
 
 
 def timing_row(run: Run) -> Dict[str, Any]:
-    c = run.config
-    problem = cluster_problem()
-    if problem:
-        if run.config.get("quick"):
-            return {"skipped": problem}
-        raise RuntimeError(f"the step times need the emulated cluster: {problem}")
     import topologies
+
+    c = run.config
 
     hosts = topologies.parse(c["topology"]).size
     spec = {
@@ -296,14 +303,9 @@ def summarize_probe(ranks: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 def fault_row(run: Run) -> Dict[str, Any]:
     """A fault on one of 3 hosts, mid-run (`faults.py`), on a cluster of this process's prefix."""
-    from .faults import row as scenario
-
-    problem = cluster_problem()
-    if problem:
-        if run.config.get("quick"):
-            return {"skipped": problem}
-        raise RuntimeError(f"the faults across hosts need the emulated cluster: {problem}")
     from gossip_powersgd.cluster import down
+
+    from .faults import row as scenario
 
     for stale in _stale_clusters():
         down(stale)
@@ -314,11 +316,6 @@ def e2e_row(run: Run) -> Dict[str, Any]:
     import topologies
     import yaml
 
-    problem = cluster_problem()
-    if problem:
-        if run.config.get("quick"):
-            return {"skipped": problem}
-        raise RuntimeError(f"the complete runs need the emulated cluster: {problem}")
     c = run.config
     train = training_config(run)
     train.update(backend="torch", comm_timeout=COMM_TIMEOUT)
