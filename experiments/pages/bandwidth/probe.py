@@ -6,8 +6,8 @@ host (`cluster_rows.timing_row` launches it):
 
 For each algorithm of SPEC (one torch.distributed communicator for all of them), the trainer's
 loop is timed period by period and its communication replayed with compute out of the way
-(`gossip_powersgd.training.timing.measure_algorithm`); then one evaluation is timed and replayed. Writes
-OUT_DIR/rank-K.json.
+(`gossip_powersgd.training.timing.measure_algorithm`); then one evaluation is timed and
+replayed. Writes OUT_DIR/rank-K.json.
 """
 
 from __future__ import annotations

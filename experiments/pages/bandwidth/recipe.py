@@ -326,8 +326,9 @@ def measurement_runs(s: Setting, rows) -> List[Run]:
     algorithm and topology (its arithmetic grows with its neighbours), the cluster's step times
     per topology and rate, and the complete cluster runs."""
     runs = []
-    # the measured runs stop themselves (gossip_powersgd.training.timing.StepTimer): the epochs only have to outlast them,
-    # and their one evaluation is timed on its own (none inside the timed periods)
+    # the measured runs stop themselves (gossip_powersgd.training.timing.StepTimer): the epochs
+    # only have to outlast them, and their one evaluation is timed on its own (none inside the
+    # timed periods)
     probe_base = {k: v for k, v in s.base.items() if k not in ("backend", "out_dir")}
     probe_base.update(epochs=PROBE_EPOCHS, eval_every=PROBE_EPOCHS)
     for topology in s.topologies:
