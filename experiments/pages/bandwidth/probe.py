@@ -1,8 +1,7 @@
-"""One host's part of a step-time measurement on the emulated cluster, started by torchrun on every
-host (`cluster_rows.timing_row` launches it):
+"""One host's part of a step-time measurement on the emulated cluster, started on every host with
+the variables torchrun would set and no agent beside it (`rows.timing_row` launches it):
 
-    torchrun --nnodes N --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint host0:29400 \\
-        -m experiments.pages.bandwidth.probe SPEC.json OUT_DIR
+    python -m experiments.pages.bandwidth.probe SPEC.json OUT_DIR
 
 For each algorithm of SPEC (one torch.distributed communicator for all of them), the trainer's
 loop is timed period by period and its communication replayed with compute out of the way
