@@ -29,6 +29,11 @@ def _yes(b: bool) -> str:
     return "yes" if b else "**NO**"
 
 
+def _x(compute: float, total: float) -> str:
+    """A compute ratio (bold) and a step-time ratio."""
+    return f"**{compute:.2f}×**, {total:.2f}×"
+
+
 def _span(values: Sequence[float], fmt) -> str:
     lo, hi = min(values), max(values)
     return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)} – {fmt(hi)}"
