@@ -18,6 +18,16 @@ def _block_means(block: Dict[str, Any], side: Optional[str] = None) -> Dict[str,
     return {"total": total, "comm": comm, "compute": total - comm}
 
 
+def _mean(means: List[Dict[str, float]]) -> Dict[str, float]:
+    """Block means averaged over the peers."""
+    return {k: sum(m[k] for m in means) / len(means) for k in ("total", "comm", "compute")}
+
+
+def _ratios(a: List[Dict[str, float]], b: List[Dict[str, float]]) -> Dict[str, float]:
+    """Compute and step-time ratios a / b, medians over adjacent (a, b) block pairs."""
+    return {k: _median([x[k] / y[k] for x, y in zip(a, b)]) for k in ("compute", "total")}
+
+
 def summarize_setting(
     cfg: BenchConfig, peers: List[Dict[str, Any]], isolated: Optional[Dict[str, Any]]
 ) -> Dict[str, Any]:
@@ -58,8 +68,7 @@ def summarize_setting(
     exact_blocks = [[p["exact"]] for p in peers]
     s["exact"] = {"bytes": bytes_of(exact_blocks), "bytes_match": matches(exact_blocks)}
     if not cfg.bytes_only:
-        means = [_block_means(p["exact"]) for p in peers]
-        s["exact"].update({k: sum(m[k] for m in means) / n for k in ("total", "comm", "compute")})
+        s["exact"].update(_mean([_block_means(p["exact"]) for p in peers]))
     bw = [_median(p["bandwidth_concurrent"]) for p in peers if p["bandwidth_concurrent"]]
     s["bandwidth_concurrent"] = sum(bw) / len(bw) if bw else None
     s["variants"] = {}
@@ -73,10 +82,7 @@ def summarize_setting(
         }
         v["bytes_ratio"] = s["exact"]["bytes"] / v["bytes"]
         if not cfg.bytes_only:
-            reps = []
-            for r in range(len(blocks[0])):
-                ms = [_block_means(b[r]) for b in blocks]
-                reps.append({k: sum(m[k] for m in ms) / n for k in ("total", "comm", "compute")})
+            reps = [_mean([_block_means(b[r]) for b in blocks]) for r in range(len(blocks[0]))]
             v["reps"] = reps
             for k in ("total", "comm", "compute"):
                 v[k] = _median([r[k] for r in reps])
@@ -87,10 +93,7 @@ def summarize_setting(
                 )
         s["variants"][name] = v
     if "naive" in s["variants"]:
-        b, nv = s["variants"]["batched"]["reps"], s["variants"]["naive"]["reps"]
-        s["speedup"] = {
-            k: _median([y[k] / x[k] for x, y in zip(b, nv)]) for k in ("compute", "total")
-        }
+        s["speedup"] = _ratios(s["variants"]["naive"]["reps"], s["variants"]["batched"]["reps"])
     if "before" in s["variants"]:
         s["before"] = summarize_before(cfg, peers, s["variants"])
     if isolated is not None:
@@ -112,9 +115,7 @@ def summarize_before(
     return {
         "commit": cfg.before,
         "modules": peers[0]["before"]["modules"],
-        "ratio": {
-            k: _median([x[k] / y[k] for x, y in zip(new, old)]) for k in ("compute", "total")
-        },
+        "ratio": _ratios(new, old),
         "bytes_equal": all(sent(p, "batched") == sent(p, "before") for p in peers),
         "identical": all(p["before"]["identical"] for p in peers),
         "max_difference": max(p["before"]["max_difference"] for p in peers),
@@ -138,14 +139,15 @@ def summarize_isolated(iso: Dict[str, Any]) -> Dict[str, Any]:
             effs = [3 * c / (t * bw * 1e9) for t, bw in zip(times, iso["bandwidth"])]
             v[key] = {"compute": _median(times), "efficiency": _median(effs)}
         out["variants"][name] = v
-    if {"before", "batched"} <= set(out["variants"]):  # this tree's / the earlier commit's
-        b, old = iso["variants"]["batched"], iso["variants"]["before"]
-        out["before_ratio"] = _median(
-            [_block_means(x)["compute"] / _block_means(y)["compute"] for x, y in zip(b, old)]
+
+    def paired(a, b):  # compute a / compute b, median over the rounds (adjacent blocks)
+        return _median(
+            [_block_means(x)["compute"] / _block_means(y)["compute"] for x, y in zip(a, b)]
         )
-    if "naive" in out["variants"]:
-        b, nv = iso["variants"]["batched"], iso["variants"]["naive"]
-        out["speedup"] = _median(
-            [_block_means(y)["compute"] / _block_means(x)["compute"] for x, y in zip(b, nv)]
-        )
+
+    blocks = iso["variants"]
+    if {"before", "batched"} <= set(blocks):  # this tree's / the earlier commit's
+        out["before_ratio"] = paired(blocks["batched"], blocks["before"])
+    if "naive" in blocks:
+        out["speedup"] = paired(blocks["naive"], blocks["batched"])
     return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence
 
 from experiments.pages._bench import median as _median
+from experiments.pages._markdown import table
 
 
 def _mb(x: float) -> str:
@@ -109,39 +110,32 @@ def kernel_prediction(k: Dict[str, Any]) -> List[str]:
     """Efficiency that the kernel speeds alone allow (largest VGG-16 group, no per-op overhead):
     a right half-step costs 1/a_right + 2/a_update copy-times of M, a left one 1/a_left + 2/a_update."""
     speed = {row["key"]: row["of_copy"] for row in k["kernels"]}
-    ks = sorted({row["k"] for row in k["kernels"]})
-    L = [
-        "| k = degree × rank | library kernels (factors stored Qᵀ, Pᵀ): right / left / mean | "
-        "first formulation (factors stored Q, P): right / left / mean |",
-        "|---|---|---|",
+    head = [
+        "k = degree × rank",
+        "library kernels (factors stored Qᵀ, Pᵀ): right / left / mean",
+        "first formulation (factors stored Q, P): right / left / mean",
     ]
-    for kk in ks:
+    rows = []
+    for kk in sorted({row["k"] for row in k["kernels"]}):
         p = _prediction(speed, kk)
-        L.append(
-            f"| {kk} | {_pct(p['lib_right'])} / {_pct(p['lib_left'])} / {_pct(p['lib_mean'])} | "
-            f"{_pct(p['old_right'])} / {_pct(p['old_left'])} / {_pct(p['old_mean'])} |"
-        )
-    L.append("")
-    return L
+        sides = [
+            " / ".join(_pct(p[f"{n}_{s}"]) for s in ("right", "left", "mean"))
+            for n in ("lib", "old")
+        ]
+        rows.append([str(kk), *sides])
+    return table(head, rows)
 
 
 def _prediction(speed: Dict[str, float], k: int) -> Dict[str, float]:
-    """Half-step efficiency the kernel speeds (fractions of the copy) alone allow, at k columns."""
-    g = lambda key: speed[f"k{k}.{key}"]  # noqa: E731
-    upd = 2 / g("update.library")
-    lib_r = 1 / g("right.library") + upd
-    lib_l = 1 / g("left.library") + upd
-    old_upd = 2 / g("update.before")
-    old_r = 1 / g("right.before") + old_upd
-    old_l = 1 / g("left.before") + old_upd
-    return {
-        "lib_right": 3 / lib_r,
-        "lib_left": 3 / lib_l,
-        "lib_mean": 6 / (lib_r + lib_l),
-        "old_right": 3 / old_r,
-        "old_left": 3 / old_l,
-        "old_mean": 6 / (old_r + old_l),
-    }
+    """Half-step efficiency the kernel speeds (fractions of the copy) alone allow, at k columns:
+    "lib_*" the library's kernels, "old_*" the first formulation's."""
+    out = {}
+    for name, which in (("lib", "library"), ("old", "before")):
+        g = lambda key: speed[f"k{k}.{key}.{which}"]  # noqa: E731
+        right, left = 1 / g("right") + 2 / g("update"), 1 / g("left") + 2 / g("update")
+        out.update({f"{name}_right": 3 / right, f"{name}_left": 3 / left})
+        out[f"{name}_mean"] = 6 / (right + left)
+    return out
 
 
 def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]]) -> List[str]:
