@@ -262,6 +262,17 @@ def local_torchrun(processes: int) -> List[str]:
     return torchrun + ["--master-addr", "127.0.0.1", "--master-port", port]
 
 
+def python_child(module: str, args: List[str], backend: str, processes: int) -> List[str]:
+    """`python -m module args` as `processes` ranks of `backend` ("mpi": under mpiexec, "torch":
+    under torchrun; otherwise one process)."""
+    child = [sys.executable, "-m", module, *args]
+    if backend == "mpi":
+        return [mpiexec(), "-n", str(processes), *child]
+    if backend == "torch":
+        return [*local_torchrun(processes), *child[1:]]
+    return child
+
+
 def mpiexec() -> str:
     """The mpiexec beside this python (the mpich wheel's), else the one on PATH."""
     import shutil
