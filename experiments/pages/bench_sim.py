@@ -365,6 +365,10 @@ def _sections(c: Dict[str, Any], results: Dict[str, Any], variants: List[str]) -
     return L + _isolated(c, results)
 
 
+def _exchange(m: Dict[str, float]) -> str:
+    return f"{m['ms']:.2f} ms, **{m['of_copy'] * 100:.0f} %**"
+
+
 def _isolated(c: Dict[str, Any], results: Dict[str, Any]) -> List[str]:
     """One peer's half-step alone, per version, and the big run."""
     iso = results["isolated"]
@@ -378,26 +382,17 @@ def _isolated(c: Dict[str, Any], results: Dict[str, Any]) -> List[str]:
         "per exchange and 3 × compressed bytes / (that time × the bandwidth of a one-thread 256 "
         "MB copy made before each round), medians.",
         "",
-        "| model | "
-        + " | ".join(f"{name.get(v, 'after (this tree)')}: ms, % of copy" for v in shown)
-        + " |",
-        "|---|" + "---|" * len(shown),
     ]
-    for model in ("resnet20", "vgg16"):
-        cells = [
-            f"{iso[v][model]['ms']:.2f} ms, **{iso[v][model]['of_copy'] * 100:.0f} %**"
-            for v in shown
-        ]
-        L.append(f"| {model} | " + " | ".join(cells) + " |")
+    head = ["model", *(f"{name.get(v, 'after (this tree)')}: ms, % of copy" for v in shown)]
+    models = ("resnet20", "vgg16")
+    cells = [[m, *(_exchange(iso[v][m]) for v in shown)] for m in models]
+    L += table(head, cells, None)
     if "previous" in iso:
+        ratios = (f"{m} {iso['previous'][m]['ms'] / iso['after'][m]['ms']:.2f}×" for m in models)
         L += [
             "",
             f"Exchange time, `{c['previous']}` / this tree (above 1: this tree is faster): "
-            + ", ".join(
-                f"{m} {iso['previous'][m]['ms'] / iso['after'][m]['ms']:.2f}×"
-                for m in ("resnet20", "vgg16")
-            )
-            + ".",
+            f"{', '.join(ratios)}.",
         ]
     big = results["big"]
     return L + [
