@@ -153,15 +153,12 @@ def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]])
             g = lambda key: speed[f"k3.{key}"]  # noqa: E731
             p = _prediction(speed, 3)
             text += (
-                f" At k = 3 (torus:2x4), the library's kernels run at "
-                f"{_pct(g('right.library'))} (right product), "
-                f"{_pct(g('left.library'))} (left product) and "
-                f"{_pct(g('update.library'))} (update) of the copy "
-                f"bandwidth; the first formulation, with factors stored rows × r "
-                f"(`bmm(M, Q)`, `bmm(Mᵀ view, P)`, `baddbmm_(P, Qᵀ view)`), runs at "
-                f"{_pct(g('right.before'))}, "
-                f"{_pct(g('left.before'))} and "
-                f"{_pct(g('update.before'))}. Those kernel speeds alone "
+                f" At k = 3 (torus:2x4), the library's kernels run at {_pct(g('right.library'))} "
+                f"(right product), {_pct(g('left.library'))} (left product) and "
+                f"{_pct(g('update.library'))} (update) of the copy bandwidth; the first "
+                "formulation, with factors stored rows × r (`bmm(M, Q)`, `bmm(Mᵀ view, P)`, "
+                f"`baddbmm_(P, Qᵀ view)`), runs at {_pct(g('right.before'))}, "
+                f"{_pct(g('left.before'))} and {_pct(g('update.before'))}. Those kernel speeds alone "
                 f"cap a half-step at {_pct(p['lib_mean'])} now ({_pct(p['old_mean'])} with the "
                 "first formulation; table in *Kernel diagnosis*); the per-neighbour small ops "
                 "take the rest."
@@ -169,18 +166,13 @@ def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]])
         L.append(text)
     r20 = [s for s in iso if s["model"] == "resnet20"]
     if r20:
-        per = [
-            (
-                s["isolated"]["variants"]["batched"]["all"]["compute"],
-                3 * s["compressed_bytes"] / (s["isolated"]["bandwidth"] * 1e9),
-            )
-            for s in r20
-        ]
+        took = [s["isolated"]["variants"]["batched"]["all"]["compute"] for s in r20]
+        passes = [3 * s["compressed_bytes"] / (s["isolated"]["bandwidth"] * 1e9) for s in r20]
         L.append(
             f"* **ResNet-20 is bound by per-operation overhead.** An isolated batched half-step "
-            f"takes {_span([c for c, _ in per], _ms)} ms where three passes over its "
+            f"takes {_span(took, _ms)} ms where three passes over its "
             f"{_mb(r20[0]['compressed_bytes'])} of matrices would take "
-            f"{_span([m for _, m in per], _ms)} ms at the measured copy bandwidth: the time goes to "
+            f"{_span(passes, _ms)} ms at the measured copy bandwidth: the time goes to "
             "the hundreds of small tensor operations per half-step (per neighbour and per shape "
             "group: orthonormalising the factor, slicing it into the side-by-side buffer, copying "
             "products into the message, forming the new factor, scaling it), which batching the "
@@ -188,10 +180,8 @@ def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]])
         )
     sp = [s for s in summaries if "speedup" in s and s["model"] == "vgg16"]
     if sp and speed:
-        one = speed.get("k1.right.library")
-        mv = speed.get("k1.right.mv")
-        lone = speed.get("k1.left.library")
-        lmv = speed.get("k1.left.mv")
+        one, lone = speed.get("k1.right.library"), speed.get("k1.left.library")
+        mv, lmv = speed.get("k1.right.mv"), speed.get("k1.left.mv")
         three = [speed.get("k3.right.library"), speed.get("k3.left.library")]
         L.append(
             f"* **The naive baseline runs the same kernels once per neighbour.** Its "
