@@ -184,18 +184,19 @@ def _reductions(records: List[Dict[str, Any]]) -> List[str]:
     for r in _ok(records, "peers"):
         s = summarize(r)
         ring, gather = s.get("ring"), s.get("gather")
-        if not ring:
-            continue
-        row = [r["point"]["backend"], str(r["point"]["peers"])]
-        row += [fmt_seconds(ring["seconds"]), fmt_bytes(ring["received"])]
-        if gather:
-            ratio = f"{gather['received'] / ring['received']:.3g}×"
-            ratio += f", {gather['seconds'] / ring['seconds']:.3g}×"
-            row += [fmt_seconds(gather["seconds"]), fmt_bytes(gather["received"]), ratio]
-        else:
-            row += ["skipped", "–", "–"]
-        rows.append(row)
+        if ring:
+            rows.append([r["point"]["backend"], str(r["point"]["peers"])])
+            rows[-1] += [fmt_seconds(ring["seconds"]), fmt_bytes(ring["received"])]
+            rows[-1] += _gather_cells(ring, gather) if gather else ["skipped", "–", "–"]
     return out + table(REDUCTIONS, rows)
+
+
+def _gather_cells(ring: Dict[str, float], gather: Dict[str, float]) -> List[str]:
+    """The all-gather reduction's time, bytes received, and both against the ring's."""
+    ratio = (
+        f"{gather['received'] / ring['received']:.3g}×, {gather['seconds'] / ring['seconds']:.3g}×"
+    )
+    return [fmt_seconds(gather["seconds"]), fmt_bytes(gather["received"]), ratio]
 
 
 REDUCTIONS = (
@@ -206,22 +207,16 @@ REDUCTIONS = (
 
 def _simulation(records: List[Dict[str, Any]]) -> List[str]:
     """PowerGossip on the in-process points: time and memory."""
-    out: List[str] = []
     big = [r for r in _ok(records, "peers", "local") if "powergossip" in summarize(r)]
-    if big:
-        out += [
-            "## In-process simulation at scale: PowerGossip r1 on the same shapes",
-            "",
-        ]
-        rows = []
-        for r in big:
-            s, n = summarize(r)["powergossip"], r["point"]["peers"]
-            rows.append([f"{n}{mode(r)}", fmt_seconds(s["seconds"]), f"{1 / s['seconds']:.3g}"])
-            rows[-1] += [fmt_bytes(s["rss"]), fmt_bytes(s["rss"] / n)]
-            rows[-1].append(fmt_bytes(r["ranks"][0]["rss_peak"]))
-        head = "peers | time / step | gossip steps / s | process RSS | RSS / peer | peak RSS (run)"
-        out += table(head, rows)
-    return out
+    rows = []
+    for r in big:
+        s, n = summarize(r)["powergossip"], r["point"]["peers"]
+        rows.append([f"{n}{mode(r)}", fmt_seconds(s["seconds"]), f"{1 / s['seconds']:.3g}"])
+        rows[-1] += [fmt_bytes(s["rss"]), fmt_bytes(s["rss"] / n)]
+        rows[-1].append(fmt_bytes(r["ranks"][0]["rss_peak"]))
+    head = "peers | time / step | gossip steps / s | process RSS | RSS / peer | peak RSS (run)"
+    title = "## In-process simulation at scale: PowerGossip r1 on the same shapes"
+    return [title, "", *table(head, rows)] if big else []
 
 
 def _size_and_growth(records: List[Dict[str, Any]], notes: Sequence[str]) -> List[str]:
