@@ -33,22 +33,12 @@ def summarize_setting(
 ) -> Dict[str, Any]:
     """Per-setting numbers: means over peers, medians over the interleaved repetitions."""
     n = len(peers)
-    s: Dict[str, Any] = {
-        "model": cfg.model,
-        "topology": cfg.topology,
-        "backend": cfg.backend,
-        "peers": n,
-        "degree": peers[0]["degree"],
-        "params": peers[0]["param_bytes"] // 4,
-        "compressed_fraction": peers[0]["compressed_fraction"],
-        "compressed_bytes": peers[0]["compressed_bytes"],
-        "gamma": peers[0]["gamma"],
-        "block_steps": cfg.block,
-        "reps": cfg.reps,
-        "bytes_only": cfg.bytes_only,
-        "exact_steps": cfg.exact_steps,
-        "exact_warmup": peers[0]["exact_warmup"],
-    }
+    first = peers[0]
+    s: Dict[str, Any] = dict(model=cfg.model, topology=cfg.topology, backend=cfg.backend, peers=n)
+    s.update(degree=first["degree"], params=first["param_bytes"] // 4)
+    s.update({k: first[k] for k in ("compressed_fraction", "compressed_bytes", "gamma")})
+    s.update(block_steps=cfg.block, reps=cfg.reps, bytes_only=cfg.bytes_only)
+    s.update(exact_steps=cfg.exact_steps, exact_warmup=first["exact_warmup"])
 
     def bytes_of(blocks_per_peer, side=None):
         per_peer = []
