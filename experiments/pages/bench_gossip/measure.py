@@ -46,21 +46,14 @@ def run_block(algorithm, comm: Comm, steps: int) -> Dict[str, Any]:
     records = []
     wall = time.perf_counter()
     for _ in range(steps):
-        side = "right" if getattr(algorithm, "half_steps", 1) % 2 == 0 else "left"
-        if not hasattr(algorithm, "half_steps"):
-            side = "full"
+        half = getattr(algorithm, "half_steps", None)
+        side = "full" if half is None else "right" if half % 2 == 0 else "left"
         expected = algorithm.bytes_per_step()
         b0, t0, c0 = comm.stats.bytes_sent, algorithm.time_total, algorithm.time_communication
         algorithm.step()
-        records.append(
-            {
-                "side": side,
-                "bytes": comm.stats.bytes_sent - b0,
-                "expected": expected,
-                "total": algorithm.time_total - t0,
-                "comm": algorithm.time_communication - c0,
-            }
-        )
+        record = dict(side=side, bytes=comm.stats.bytes_sent - b0, expected=expected)
+        record.update(total=algorithm.time_total - t0, comm=algorithm.time_communication - c0)
+        records.append(record)
     return {"steps": records, "wall": time.perf_counter() - wall}
 
 
