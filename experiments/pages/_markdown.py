@@ -52,3 +52,19 @@ def block(text: str) -> List[str]:
     """Text that ends in a newline (or "") as a template's list of lines: `fill` puts them back
     exactly as the text was."""
     return text.split("\n")[:-1]
+
+
+# ---- appended by exp-bench: CSV text from rows, as `table` makes markdown ----------------------
+def csv_text(header: Sequence[Any], rows: Iterable[Sequence[Any]]) -> str:
+    """CSV text (lines ending in "\\n") of a header row and the rows, cells as `csv` writes them."""
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+# ---- end of exp-bench's block ------------------------------------------------------------------
