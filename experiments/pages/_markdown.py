@@ -52,3 +52,12 @@ def block(text: str) -> List[str]:
     """Text that ends in a newline (or "") as a template's list of lines: `fill` puts them back
     exactly as the text was."""
     return text.split("\n")[:-1]
+
+
+# ---- shared by the bandwidth and consensus pages (exp-bw) ----------------------------------------
+def grid_end(value: float, grid: Sequence[float]) -> str:
+    """ "largest" or "smallest" where a value chosen from a grid of two or more is at its end (a
+    better one may lie beyond it), else ""."""
+    if len(grid) < 2 or value not in (min(grid), max(grid)):
+        return ""
+    return "largest" if value == max(grid) else "smallest"

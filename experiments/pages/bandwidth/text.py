@@ -5,15 +5,16 @@ from __future__ import annotations
 from typing import Any, List, Mapping, Optional
 
 from . import compose
-from experiments.pages._markdown import fill, table, template
+from experiments.pages._markdown import Column, columns, fill, grid_end, table, template
 
 from .compose import rate_text, seconds_text
+from .figures import table_of
 from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, rates_on
 from .recipe import grid as _grid
 
 
-def _label(key: str) -> str:
-    return BY_KEY[key].label
+def _label(key: Optional[str]) -> str:
+    return "—" if key is None else BY_KEY[key].label
 
 
 def _pct(value: Optional[float]) -> str:
@@ -128,54 +129,64 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
     ]
 
 
+def _ratio(times: Mapping[str, Optional[float]], key: str) -> str:
+    """`key`'s time ÷ PowerGossip r1's."""
+    mine, theirs = times.get("pg-r1"), times.get(key)
+    return "—" if mine is None or theirs is None else f"{theirs / mine:.3g}×"
+
+
 def answer_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
+    lines = ["## The answer", ""]
     if not f["answer"]:
-        return ["## The answer", "", "Not measured (see below).", ""]
-    lines = ["## The answer", ""] + [f"- {line}" for line in f["answer"]] + [""]
+        return lines + ["Not measured (see below).", ""]
+    lines += [f"- {line}" for line in f["answer"]] + [""]
     shown = [k for k in ("pg-r1", "exact", "allreduce") if k in s.algorithms]
+    # an item: (rate, {algorithm: mean seconds to the target, core each})
+    spec: List[Column] = [("rate", lambda x: rate_text(x[0]))]
+    spec += [(_label(k), lambda x, k=k: seconds_text(x[1].get(k))) for k in shown]
+    spec += [(f"{_label(k)} ÷ PowerGossip r1", lambda x, k=k: _ratio(x[1], k)) for k in shown[1:]]
+    spec += [("fastest of all rows", lambda x: _label(compose.fastest(x[1])))]
     for topology, by_rate in f["times"].items():
-        rows = []
-        for rate in [r for r in s.rates if r in by_rate]:
-            cells = by_rate[rate]
-            times = {k: cells.get(k, {}).get("core_each", {}).get("mean") for k in s.algorithms}
-            best = compose.fastest(times)
-            mine = times.get("pg-r1")
-            ratios = [
-                "—" if mine is None or times.get(k) is None else f"{times[k] / mine:.3g}×"
-                for k in shown[1:]
-            ]
-            rows.append(
-                [rate_text(rate)]
-                + [seconds_text(times.get(k)) for k in shown]
-                + ratios
-                + [_label(best) if best else "—"]
-            )
+        core = table_of(f["times"], topology, [r for r in s.rates if r in by_rate], "core_each")
         lines += [
             f"{topology}, time to {_pct(f['target'])}, hosts with a core each, training time:",
             "",
         ]
-        ratios = [f"{_label(k)} ÷ PowerGossip r1" for k in shown[1:]]
-        head = ["rate", *map(_label, shown), *ratios, "fastest of all rows"]
-        lines += table(head, rows)
+        lines += columns(spec, core.items())
     return lines
+
+
+def _tuning_row(t: Mapping[str, Any]) -> List[str]:
+    tried = [
+        f"{v['value']:g}: " + ("failed" if v["error"] else _pct(v["acc_avg"])) for v in t["values"]
+    ]
+    end = grid_end(t["chosen"], [v["value"] for v in t["values"]])
+    chosen = (
+        "—" if t["chosen"] is None else f"{t['chosen']:g}" + (f" (the grid's {end})" if end else "")
+    )
+    return [t["label"], t["tuned"], "; ".join(tried), chosen]
+
+
+def _accuracy_row(e: Mapping[str, Any]) -> List[str]:
+    if "finals" not in e:
+        return [e["label"], "", "", "", "failed: " + "; ".join(e["errors"])[:120]]
+    mean, low, high = compose.spread(e["finals"])
+    final = f"{100 * mean:.2f} % [{100 * low:.2f}, {100 * high:.2f}]"
+    return [
+        e["label"],
+        f"{e['lr']:g} / " + ("—" if e.get("gamma") is None else f"{e['gamma']:.3g}"),
+        _pct(mean) if len(e["finals"]) == 1 else final,
+        ", ".join("never" if x is None else str(x) for x in e["steps_to_target"]),
+        ", ".join("—" if x is None else f"{x:.4g}" for x in e["mb_to_target"]),
+        f"{e['mb_total']:.4g}",
+        f"{e['metric_mb_total']:.4g}",
+    ]
 
 
 def accuracy_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     lines = ["## Tuning (tuning topology " + s.tune_topology + ", seed 0)", ""]
-    rows = []
-    for t in f["tuning"]:
-        cells = [
-            f"{v['value']:g}: " + ("failed" if v["error"] else _pct(v["acc_avg"]))
-            for v in t["values"]
-        ]
-        chosen = "—" if t["chosen"] is None else f"{t['chosen']:g}"
-        grid = [v["value"] for v in t["values"]]
-        if t["chosen"] is not None and len(grid) > 1 and t["chosen"] in (min(grid), max(grid)):
-            chosen += (
-                " (the grid's " + ("largest" if t["chosen"] == max(grid) else "smallest") + ")"
-            )
-        rows.append([t["label"], t["tuned"], "; ".join(cells), chosen])
-    lines += table(["algorithm", "tuned", "final averaged-model accuracy", "chosen"], rows)
+    head = ["algorithm", "tuned", "final averaged-model accuracy", "chosen"]
+    lines += table(head, map(_tuning_row, f["tuning"]))
     lines.append(
         "The learning rate of the γ-tuned rows is the all-reduce's chosen one; the chosen value is "
         "the grid's best final accuracy. The other topologies use the chosen γ (γ ÷ topology γ "
@@ -193,52 +204,40 @@ def accuracy_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
             "",
         ]
     for topology, per in f["accuracy"].items():
-        lines += [f"## Accuracy against steps: {topology}", ""]
-        rows = []
-        for key, e in per.items():
-            if "finals" not in e:
-                rows.append([e["label"], "", "", "", "failed: " + "; ".join(e["errors"])[:120]])
-                continue
-            steps = ", ".join("never" if x is None else str(x) for x in e["steps_to_target"])
-            mbs = ", ".join("—" if x is None else f"{x:.4g}" for x in e["mb_to_target"])
-            gamma = "—" if e.get("gamma") is None else f"{e['gamma']:.3g}"
-            rows.append(
-                [e["label"], f"{e['lr']:g} / {gamma}", _final(e["finals"]), steps, mbs]
-                + [f"{e['mb_total']:.4g}", f"{e['metric_mb_total']:.4g}"]
-            )
+        evaluations = list(per.values())[-1].get("evaluations", "?")
         head = ["algorithm", "lr / γ", "final acc (mean [min, max] over seeds)"]
         head += [f"steps to {_pct(f['target'])} (per seed)", "training MB / peer then"]
-        head += ["training MB / peer, run"]
-        head += [f"evaluation MB / peer, run ({e.get('evaluations', '?')} evaluations)"]
-        lines += table(head, rows)
+        head += [
+            "training MB / peer, run",
+            f"evaluation MB / peer, run ({evaluations} evaluations)",
+        ]
+        lines += [f"## Accuracy against steps: {topology}", ""]
+        lines += table(head, map(_accuracy_row, per.values()))
     return lines
 
 
-def _final(values: List[float]) -> str:
-    mean, low, high = compose.spread(values)
-    if len(values) == 1:
-        return _pct(mean)
-    return f"{100 * mean:.2f} % [{100 * low:.2f}, {100 * high:.2f}]"
+#: The time tables: (figure, with the evaluations, what the title says).
+TIME_TABLES = (
+    ("core_each", False, "hosts with a core each, training time"),
+    ("core_each", True, "hosts with a core each, with an evaluation after every epoch"),
+    ("measured", False, "measured on the cluster (cores shared), training time"),
+    ("projected", False, "projected (compute alone + the project's projected comm)"),
+)
 
 
 def time_sections(s: Setting, f: Mapping[str, Any]) -> List[str]:
     lines = []
-    target = _pct(f["target"])
     for topology, by_rate in f["times"].items():
         rates = [r for r in s.rates if r in by_rate]
-        for figure, evals, what in (
-            ("core_each", False, "hosts with a core each, training time"),
-            ("core_each", True, "hosts with a core each, with an evaluation after every epoch"),
-            ("measured", False, "measured on the cluster (cores shared), training time"),
-            ("projected", False, "projected (compute alone + the project's projected comm)"),
-        ):
+        for figure, evals, what in TIME_TABLES:
             key = figure + ("_with_evals" if evals else "")
-            lines += [f"## Time to {target}: {topology}, {what}", ""]
-            rows = []
-            for algorithm in algorithms_on(s, topology):
-                cells = [_seconds_cell(by_rate[r].get(algorithm, {}).get(key)) for r in rates]
-                rows.append([_label(algorithm)] + cells)
-            lines += table(["algorithm"] + [rate_text(r) for r in rates], rows)
+            spec: List[Column] = [("algorithm", _label)]
+            spec += [
+                (rate_text(r), lambda k, r=r: _seconds_cell(by_rate[r].get(k, {}).get(key)))
+                for r in rates
+            ]
+            lines += [f"## Time to {_pct(f['target'])}: {topology}, {what}", ""]
+            lines += columns(spec, algorithms_on(s, topology))
         lines.append(
             "Mean over seeds [fastest, slowest seed]; 'not reached': some seed never reaches "
             "the target."
