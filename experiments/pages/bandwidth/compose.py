@@ -237,10 +237,3 @@ def per_seed_times(
             None if hit is None else schedule.until(hit[0], evaluations_until(evals, hit[0]))
         )
     return out
-
-
-def mean_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
-    """The mean, or None when any is None (a seed that never reaches the target)."""
-    if not values or any(v is None for v in values):
-        return None
-    return statistics.fmean(values)

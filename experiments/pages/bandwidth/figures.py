@@ -28,27 +28,22 @@ def _ok(row: Optional[Mapping]) -> bool:
     return row is not None and "error" not in row and "skipped" not in row
 
 
+#: What a tuning grid's values are, by `Algorithm.tune`.
+TUNED = {"lr": "lr", "gamma": "γ", "gamma_x": "γ ÷ topology γ"}
+
+
 def tuning(s: Setting, data: Mapping[str, Dict]) -> List[Dict[str, Any]]:
     """Each algorithm's grid: the values, their final accuracies, and the one chosen."""
     out = []
-    for key in s.algorithms:
-        a = BY_KEY[key]
+    for a in (BY_KEY[key] for key in s.algorithms):
         best = best_value(s, a, data)
-        label = {"lr": "lr", "gamma": "γ", "gamma_x": "γ ÷ topology γ"}[a.tune]
-        values = []
-        for value, row_key in tuning_keys(s, a):
-            row = data.get(row_key, {})
-            values.append(
-                {"value": value, "acc_avg": row.get("acc_avg"), "error": row.get("error")}
-            )
+        rows = [(v, data.get(k, {})) for v, k in tuning_keys(s, a)]
+        values = [
+            {"value": v, "acc_avg": r.get("acc_avg"), "error": r.get("error")} for v, r in rows
+        ]
+        chosen = None if best is None else best[0]
         out.append(
-            {
-                "algorithm": key,
-                "label": a.label,
-                "tuned": label,
-                "values": values,
-                "chosen": None if best is None else best[0],
-            }
+            dict(algorithm=a.key, label=a.label, tuned=TUNED[a.tune], values=values, chosen=chosen)
         )
     return out
 
@@ -224,14 +219,11 @@ def times(s: Setting, acc: Mapping, cost: Mapping, target: Optional[float]) -> D
 
 
 def _seeds(values: List[Optional[float]]) -> Dict[str, Any]:
+    """Per-seed seconds and their mean (None when a seed never reaches the target), min, max."""
     reached = [v for v in values if v is not None]
-    mean = compose.mean_or_none(values)
-    return {
-        "per_seed": values,
-        "mean": mean,
-        "min": min(reached) if reached else None,
-        "max": max(reached) if reached else None,
-    }
+    mean = statistics.fmean(values) if values and len(reached) == len(values) else None
+    low, high = (min(reached), max(reached)) if reached else (None, None)
+    return {"per_seed": values, "mean": mean, "min": low, "max": high}
 
 
 def table_of(t: Mapping, topology: str, rates, figure: str, evals: bool = False):

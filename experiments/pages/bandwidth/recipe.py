@@ -212,11 +212,7 @@ def best_value(s: Setting, algorithm: Algorithm, rows: Mapping[str, Dict[str, An
     if any(k not in rows for _, k in keys):
         return None
     scored = [(rows[k].get("acc_avg"), v, k) for v, k in keys if rows[k].get("acc_avg") is not None]
-    if not scored:
-        return None
-    top = max(score for score, _, _ in scored)
-    value, key = next((v, k) for score, v, k in scored if score == top)
-    return value, key
+    return max(scored, key=lambda x: x[0])[1:] if scored else None  # max: the first of equals
 
 
 def chosen_lr(s: Setting, rows: Mapping[str, Dict[str, Any]]) -> Optional[float]:
@@ -228,15 +224,11 @@ def chosen_lr(s: Setting, rows: Mapping[str, Dict[str, Any]]) -> Optional[float]
 
 def chosen(s: Setting, key: str, rows: Mapping[str, Dict[str, Any]]):
     """(lr, γ multiplier or γ or None, tuning key) of algorithm `key`, or None until known."""
-    a = BY_KEY[key]
-    best = best_value(s, a, rows)
-    lr_star = chosen_lr(s, rows)
+    best, lr_star = best_value(s, BY_KEY[key], rows), chosen_lr(s, rows)
     if best is None or lr_star is None:
         return None
     value, tune_key = best
-    if a.tune == "lr":
-        return value, None, tune_key
-    return lr_star, value, tune_key
+    return (value, None, tune_key) if BY_KEY[key].tune == "lr" else (lr_star, value, tune_key)
 
 
 def gamma_on(a: Algorithm, value, topology: str):
@@ -268,17 +260,14 @@ def main_runs(s: Setting, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
             continue
         lr, value, _ = pick
         for topology in s.topologies:
-            if key not in algorithms_on(s, topology):
-                continue
-            if a.over_all_hosts and topology != s.tune_topology:
-                continue  # the tuning topology's rows (`main_key`)
+            mine = key in algorithms_on(s, topology)
+            if not mine or (a.over_all_hosts and topology != s.tune_topology):
+                continue  # an all-reduce has the tuning topology's rows (`main_key`)
+            gamma = gamma_on(a, value, topology)
             for seed in seeds_of(s, key, topology):
-                if topology == s.tune_topology and seed == 0:
-                    continue
-                gamma = gamma_on(a, value, topology)
-                runs.append(
-                    train_run(f"train/{topology}/{key}/seed{seed}", s, a, topology, seed, lr, gamma)
-                )
+                if topology != s.tune_topology or seed != 0:  # else: the chosen tuning run
+                    key_of = f"train/{topology}/{key}/seed{seed}"
+                    runs.append(train_run(key_of, s, a, topology, seed, lr, gamma))
     return runs
 
 
@@ -306,9 +295,7 @@ def best_main(s: Setting, rows, among=None) -> Optional[Tuple[str, str]]:
     }
     if any(v is None or v not in rows for v in keys.values()):
         return None
-    scored = [(rows[v].get("acc_avg") or 0.0, k, v) for k, v in keys.items()]
-    top = max(score for score, _, _ in scored)
-    return next((k, v) for score, k, v in scored if score == top)
+    return max(keys.items(), key=lambda kv: rows[kv[1]].get("acc_avg") or 0.0)
 
 
 def training_runs(s: Setting, rows) -> List[Run]:
@@ -387,13 +374,8 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
     """The page's runs (see the module docstring); measurements once every training row exists."""
     s = setting(quick)
     training = training_runs(s, rows)
-    complete = (
-        all(r.key in rows for r in training)
-        and best_main(s, rows) is not None
-        and (not s.plateau or any(k.startswith("plateau/") for k in rows))
-        and all(r.key in rows for r in main_runs(s, rows))
-    )
-    if not complete:
+    # every choice made (`best_main`) puts every main and plateau run in `training`
+    if best_main(s, rows) is None or any(r.key not in rows for r in training):
         return training
     return training + measurement_runs(s, rows)
 

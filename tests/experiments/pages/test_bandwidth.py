@@ -12,7 +12,7 @@ import pytest
 
 from experiments.pages.bandwidth import compose, recipe
 from experiments.pages.bandwidth.compose import Schedule
-from experiments.pages.bandwidth.figures import answer, target_of, accuracy
+from experiments.pages.bandwidth.figures import _seeds, accuracy, answer, target_of
 
 
 # ---- steps to the target and the composed times ------------------------------------------------
@@ -44,7 +44,7 @@ def test_seconds_to_target_per_seed_count_the_evaluations_up_to_the_one_that_rea
     seed1 = [[36, 0.6, 1], [72, 0.7, 2], [108, 0.79, 3]]
     plan = Schedule(per_step=0.1, per_eval=3.0)
     assert compose.per_seed_times([seed0, seed1], 0.8, plan) == pytest.approx([7.2 + 6.0, None])
-    assert compose.mean_or_none([13.2, None]) is None
+    assert _seeds([13.2, None])["mean"] is None  # a seed that never reaches it: no mean
     curve = compose.mean_curve([seed0, seed1])
     assert [step for step, _ in curve] == [36, 72, 108]
     assert [acc for _, acc in curve] == pytest.approx([0.6, 0.75, 0.82], abs=1e-15)
