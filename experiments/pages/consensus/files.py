@@ -11,6 +11,8 @@ import math
 import re
 from typing import Dict, Optional, Sequence, Tuple
 
+from experiments.pages._markdown import table
+
 from .compare import target_name
 from .measure import REACH_TARGETS
 
@@ -86,15 +88,18 @@ def format_table(summary: Dict[str, Dict], budgets: Sequence[float]) -> str:
     reach each of REACH_TARGETS, one row per algorithm (seed 0)."""
     header = ["algorithm", "γ"] + [f"@ {budget_name(b)} bits" for b in budgets]
     header += [f"bits to {target_name(t)}" for t in REACH_TARGETS]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for label, entry in summary.items():
-        gamma = (
-            "swept (best per column)" if entry["swept"] else fmt_gamma(entry["runs"][0]["gamma"])
-        )
-        cells = [cell_text(entry["budgets"][b], entry["swept"]) for b in budgets]
-        cells += [reach_text(entry, t) for t in REACH_TARGETS]
-        lines.append("| " + " | ".join([label, gamma] + cells) + " |")
-    return "\n".join(lines)
+    rows = [
+        [label, "swept (best per column)" if e["swept"] else fmt_gamma(e["runs"][0]["gamma"])]
+        + [cell_text(e["budgets"][b], e["swept"]) for b in budgets]
+        + [reach_text(e, t) for t in REACH_TARGETS]
+        for label, e in summary.items()
+    ]
+    return "\n".join(table(header, rows, end=None))
+
+
+#: table.csv's columns: the instance's, the run's, then the cell's at one budget (`table_csv`).
+CSV_HEAD = "topology problem seed dtype algorithm spec gamma budget_bits status error "
+CSV_HEAD += "relative_error upper_bound at_precision_floor best"
 
 
 def table_csv(instance: Dict) -> str:
@@ -103,34 +108,16 @@ def table_csv(instance: Dict) -> str:
     (algorithm, budget) is marked 1."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    head = (
-        "topology problem seed dtype algorithm spec gamma budget_bits status error relative_error"
-    )
-    head += " upper_bound at_precision_floor best"
-    writer.writerow(head.split() + [f"bits_to_{target_name(t)}" for t in REACH_TARGETS])
+    writer.writerow(CSV_HEAD.split() + [f"bits_to_{target_name(t)}" for t in REACH_TARGETS])
     for r in instance["results"]:
+        summary = instance["summary"][r["label"]]["budgets"]
         for budget in instance["budgets"]:
             cell, row = r["budgets"][budget], r["budgets"][budget].get("row", {})
-            best = (
-                r["seed"] == 0
-                and instance["summary"][r["label"]]["budgets"][budget].get("spec") == r["spec"]
-            )
+            best = r["seed"] == 0 and summary[budget].get("spec") == r["spec"]
             writer.writerow(
-                [
-                    instance["topology"],
-                    instance["problem"],
-                    r["seed"],
-                    r["dtype"],
-                    r["label"],
-                    r["spec"],
-                ]
-                + [
-                    r["gamma"],
-                    f"{budget:g}",
-                    cell["status"],
-                    row.get("error", ""),
-                    row.get("relative", ""),
-                ]
+                [instance["topology"], instance["problem"]]
+                + [r[k] for k in ("seed", "dtype", "label", "spec", "gamma")]
+                + [f"{budget:g}", cell["status"], row.get("error", ""), row.get("relative", "")]
                 + [int(bool(row.get("bound"))), int(bool(row.get("at_floor"))), int(best)]
                 + ["" if r["reach"][t] is None else r["reach"][t] for t in REACH_TARGETS]
             )

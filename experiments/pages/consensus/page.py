@@ -6,7 +6,7 @@ import math
 from collections import Counter
 from typing import Dict, List, Sequence
 
-from experiments.pages._markdown import fill, table, template
+from experiments.pages._markdown import fill, grid_end, table, template
 from gossip_powersgd.metrics import DIVERGE_FACTOR, FLOOR_MARGIN, FLOOR_ULPS
 
 from .compare import columns, target_name, winner_cell, winner_text
@@ -166,36 +166,36 @@ def _ratio_text(pg: Dict, other: Dict) -> str:
     return text + (f" ({' and '.join(floor)} at precision floor)" if floor else "")
 
 
+#: What each headline compares the best PowerGossip with: (name, its families' test).
+VERSUS = (
+    ("exact gossip", lambda f: f[0] == "exact"),
+    ("best tuned baseline", lambda f: f[1] == "tuned"),
+    ("best top-k / low-rank baseline", lambda f: f[1] == "tuned" and f[2] in ("topk", "lowrank")),
+)
+
+
 def headline(instance: Dict) -> List[str]:
     """At each budget (seed 0): the best PowerGossip against exact gossip, the best tuned
     baseline, and the best baseline whose compressor has PowerGossip's float count."""
     summary, lines = instance["summary"], []
     families = {label: family(entry) for label, entry in summary.items()}
-    picks = (
-        ("exact gossip", lambda f: f[0] == "exact"),
-        ("best tuned baseline", lambda f: f[1] == "tuned"),
-        (
-            "best top-k / low-rank baseline",
-            lambda f: f[1] == "tuned" and f[2] in ("topk", "lowrank"),
-        ),
-    )
     for budget in instance["budgets"]:
+        ok = [
+            (k, e["budgets"][budget])
+            for k, e in summary.items()
+            if e["budgets"][budget]["status"] == "ok"
+        ]
 
         def best(pick):
-            cells = [
-                (label, e["budgets"][budget])
-                for label, e in summary.items()
-                if pick(families[label]) and e["budgets"][budget]["status"] == "ok"
-            ]
-            return min(cells, key=lambda c: c[1]["row"]["relative"]) if cells else None
+            found = [(k, cell) for k, cell in ok if pick(families[k])]
+            return min(found, key=lambda c: c[1]["row"]["relative"], default=None)
 
         pg = best(lambda f: f[0] == "powergossip")
         if pg is None:
             continue
         parts = [f"best PowerGossip ({pg[0]}) {fmt_err(pg[1]['row']['relative'])}"]
         verdicts = []
-        for name, pick in picks:
-            found = best(pick)
+        for name, found in ((name, best(pick)) for name, pick in VERSUS):
             if found is None:
                 continue
             tuned = found[1].get("gamma") is not None and families[found[0]][1] == "tuned"
@@ -218,8 +218,8 @@ def edge_notes(instance: Dict) -> List[str]:
     grid, last, lines = instance["gammas"], instance["budgets"][-1], []
     for label, entry in instance["summary"].items():
         cell = entry["budgets"][last]
-        if entry["swept"] and cell["status"] == "ok" and cell["gamma"] in (min(grid), max(grid)):
-            side = "largest" if cell["gamma"] == max(grid) else "smallest"
+        side = entry["swept"] and cell["status"] == "ok" and grid_end(cell["gamma"], grid)
+        if side:
             lines.append(
                 f"- {label}: the best γ at {budget_name(last)} bits is the grid's {side} value "
                 f"({fmt_gamma(cell['gamma'])}): not interior, a γ beyond the grid might do better."
