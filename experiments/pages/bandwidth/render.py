@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter, defaultdict
 from typing import Any, Dict, Mapping
 
 from experiments.engine import Outputs, Rows, made_by
@@ -46,10 +47,11 @@ def render(rows: Rows) -> Outputs:
 
 def run_facts(rows: Rows, data: Mapping[str, Dict[str, Any]]) -> Dict[str, Any]:
     """What the rows say about how they were made: machine time by kind, load, niceness, cores."""
-    seconds: Dict[str, float] = {}
+    seconds: Dict[str, float] = defaultdict(float)
+    by_commit: Dict[str, Counter] = defaultdict(Counter)
     for record in rows.records:
-        kind = record.key.split("/")[0]
-        seconds[kind] = seconds.get(kind, 0.0) + record.seconds
+        seconds[record.key.split("/")[0]] += record.seconds
+        by_commit[record.commit][record.key.split("/")[0]] += 1
     measured = [r for k, r in data.items() if k.split("/")[0] in ("alone", "timing", "e2e")]
     loads = [x for r in measured for x in (r.get("load_before"), r.get("load_after")) if x]
     nice = sorted({r["nice"] for r in measured if "nice" in r})
@@ -58,11 +60,6 @@ def run_facts(rows: Rows, data: Mapping[str, Dict[str, Any]]) -> Dict[str, Any]:
     sentence = (
         "Run time by kind of run (each run's own wall time, summed): " + ", ".join(parts) + "."
     )
-    by_commit: Dict[str, Dict[str, int]] = {}
-    for record in rows.records:
-        kinds = by_commit.setdefault(record.commit, {})
-        kind = record.key.split("/")[0]
-        kinds[kind] = kinds.get(kind, 0) + 1
     if len(by_commit) > 1:
         sentence += " Rows by commit (the sweep was restarted on newer code, whose rows of the "
         sentence += "kinds made before are made the same way): "
@@ -80,7 +77,7 @@ def run_facts(rows: Rows, data: Mapping[str, Dict[str, Any]]) -> Dict[str, Any]:
             + (f", niceness {', '.join(map(str, nice))}" if nice else "")
             + "."
         )
-    return {"seconds": seconds, "sentence": sentence, "loads": loads}
+    return {"seconds": dict(seconds), "sentence": sentence, "loads": loads}
 
 
 def _json(f: Dict[str, Any], facts: Dict[str, Any]) -> Dict[str, Any]:
