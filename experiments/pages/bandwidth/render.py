@@ -1,4 +1,4 @@
-"""bandwidth.md, bandwidth.json and bandwidth.png from the rows (`collect.collect`); pure."""
+"""bandwidth.md, bandwidth.json and bandwidth.png from the rows (`figures.collect`); pure."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Dict, Mapping
 from experiments.engine import Outputs, Rows, made_by
 
 from . import compose, faults, text, text_network
-from .collect import collect
+from .figures import collect
 from .plot import plot
 from .recipe import setting
 

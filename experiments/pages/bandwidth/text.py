@@ -1,14 +1,14 @@
-"""The bandwidth page's sections, as lines of markdown, from `collect.collect`'s numbers."""
+"""The bandwidth page's sections, as lines of markdown, from `figures.collect`'s numbers, and the
+answer in words (`answer`: the numbers say which is faster, and by how much, at each rate)."""
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional
+from typing import Any, List, Mapping, Optional, Sequence
 
 from . import compose
 from experiments.pages._markdown import Column, columns, fill, grid_end, table, template
 
 from .compose import rate_text, seconds_text
-from .figures import table_of
 from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, rates_on
 from .recipe import grid as _grid
 
@@ -145,7 +145,7 @@ def answer_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     spec: List[Column] = [("rate", lambda x: rate_text(x[0]))]
     spec += [(_label(k), lambda x, k=k: seconds_text(x[1].get(k))) for k in shown]
     spec += [(f"{_label(k)} ÷ PowerGossip r1", lambda x, k=k: _ratio(x[1], k)) for k in shown[1:]]
-    spec += [("fastest of all rows", lambda x: _label(compose.fastest(x[1])))]
+    spec += [("fastest of all rows", lambda x: _label(fastest(x[1])))]
     for topology, by_rate in f["times"].items():
         core = table_of(f["times"], topology, [r for r in s.rates if r in by_rate], "core_each")
         lines += [
@@ -254,3 +254,140 @@ def _seconds_cell(entry: Optional[Mapping]) -> str:
     if entry["min"] == entry["max"]:
         return seconds_text(entry["mean"])
     return f"{seconds_text(entry['mean'])} [{seconds_text(entry['min'])}, {seconds_text(entry['max'])}]"
+
+
+# ---- the answer in words ----------------------------------------------------------------------
+def table_of(t: Mapping, topology: str, rates, figure: str, evals: bool = False):
+    """{rate: {algorithm: mean seconds or None}} of one topology and figure."""
+    suffix = "_with_evals" if evals else ""
+    return {
+        rate: {
+            k: v.get(figure + suffix, {}).get("mean")
+            for k, v in t.get(topology, {}).get(rate, {}).items()
+        }
+        for rate in rates
+    }
+
+
+def answer(
+    s: Setting, t: Mapping, target: Optional[float], acc: Optional[Mapping] = None
+) -> List[str]:
+    """The answer in words, per topology, from the core-each figure (training only), with what
+    the measured figure and the evaluations change."""
+    if target is None or not t:
+        return []
+    lines = []
+    pct = f"{100 * target:.0f} %"
+    for topology in s.topologies:
+        rates = [r for r in s.rates if r in t.get(topology, {})]
+        if not rates:
+            continue
+        core = table_of(t, topology, rates, "core_each")
+        line = f"**{topology}**, to {pct}, hosts with a core each (training time): "
+        line += compare_line("PowerGossip r1", "exact gossip", core, rates)
+        line += " " + compare_line("PowerGossip r1", "all-reduce", core, rates, against="allreduce")
+        lines.append(line)
+        finals = {k: acc_of(acc, topology, k) for k in ("pg-r1", "exact", "allreduce")}
+        if all(v is not None for v in finals.values()):
+            peak = max(acc[topology]["pg-r1"]["peaks"])
+            line = (
+                f"Final accuracy ({topology}, mean over seeds): PowerGossip r1 "
+                f"{100 * finals['pg-r1']:.2f} %, exact gossip {100 * finals['exact']:.2f} %, "
+                f"all-reduce {100 * finals['allreduce']:.2f} %"
+            )
+            if finals["pg-r1"] < min(finals["exact"], finals["allreduce"]):
+                line += (
+                    f": a target above PowerGossip r1's best evaluation ({100 * peak:.2f} %) it "
+                    f"does not reach in {s.base['epochs']} epochs, at any rate"
+                )
+            lines.append(line + ".")
+        fast = ", ".join(
+            f"{rate_text(r)}: {_label(fastest(core[r]))}" for r in rates if fastest(core[r])
+        )
+        lines.append(f"Fastest to {pct} at each rate ({topology}, core each): {fast}.")
+        for figure, evals, what in (
+            (
+                "measured",
+                False,
+                f"the step as measured here ({_hosts(topology)} hosts on this machine's cores)",
+            ),
+            ("core_each", True, "a core each, with an evaluation after every epoch"),
+        ):
+            other = table_of(t, topology, rates, figure, evals)
+            compared = [r for r in rates if other[r].get("pg-r1") is not None]
+            changed = [
+                r
+                for r in compared
+                for against in ("exact", "allreduce")
+                if _ahead(core[r], "pg-r1", against) != _ahead(other[r], "pg-r1", against)
+            ]
+            if not compared:
+                continue
+            missing = [rate_text(r) for r in rates if r not in compared]
+            verdict = (
+                "the same verdicts"
+                if not changed
+                else "other verdicts at " + ", ".join(dict.fromkeys(rate_text(r) for r in changed))
+            )
+            if missing:
+                verdict += f" (not timed at {', '.join(missing)})"
+            lines.append(f"With {what}: {verdict}.")
+    return lines
+
+
+def acc_of(acc: Optional[Mapping], topology: str, key: str) -> Optional[float]:
+    """Algorithm `key`'s final accuracy on `topology`, mean over seeds (None if unknown)."""
+    return (acc or {}).get(topology, {}).get(key, {}).get("final_mean")
+
+
+def _hosts(topology: str) -> int:
+    import topologies
+
+    return topologies.parse(topology).size
+
+
+def _ahead(row: Mapping[str, Optional[float]], who: str, against: str) -> Optional[bool]:
+    mine, theirs = row.get(who), row.get(against)
+    if mine is None:
+        return False
+    return theirs is None or mine < theirs
+
+
+def compare_line(
+    name: str,
+    other: str,
+    times: Mapping[str, Mapping[str, Optional[float]]],
+    rates: Sequence[str],
+    who: str = "pg-r1",
+    against: str = "exact",
+) -> str:
+    """One sentence: at which rates `who` reaches the target before `against`, and by what factor
+    (their times, `times[rate][algorithm]`, None where the target is not reached)."""
+    ahead, behind, open_ = [], [], []
+    for rate in rates:
+        mine, theirs = times[rate].get(who), times[rate].get(against)
+        if mine is None and theirs is None:
+            open_.append(f"{rate_text(rate)} (neither reaches it)")
+        elif theirs is None:
+            ahead.append(f"{rate_text(rate)} ({other} never reaches it)")
+        elif mine is None:
+            behind.append(f"{rate_text(rate)} ({name} never reaches it)")
+        elif mine < theirs:
+            ahead.append(f"{rate_text(rate)} ({theirs / mine:.3g}× sooner)")
+        else:
+            behind.append(f"{rate_text(rate)} ({other} {mine / theirs:.3g}× sooner)")
+    parts = []
+    if ahead:
+        parts.append(f"{name} reaches it before {other} at " + ", ".join(ahead))
+    if behind:
+        parts.append(
+            ("and not at " if ahead else f"{name} is not ahead of {other} at ") + ", ".join(behind)
+        )
+    if open_:
+        parts.append("; at " + ", ".join(open_))
+    return " ".join(parts) + "."
+
+
+def fastest(times: Mapping[str, Optional[float]]) -> Optional[str]:
+    reached = {k: v for k, v in times.items() if v is not None}
+    return min(reached, key=reached.get) if reached else None

@@ -1,6 +1,7 @@
 """The bandwidth page's logic (experiments/pages/bandwidth): steps to the target, the composition
 of times (warm-up steps, evaluations), a step's three figures from measured parts, the answer in
-words from the numbers, the plan's waves (grids, chosen values, seeds), and the cluster's rows.
+words from the numbers (text.py), the plan's waves (grids, chosen values, seeds), and the
+cluster's rows.
 The step timer, the recorded messages replayed and a peer alone are in
 tests/training/test_timing.py; the page end to end (--quick, its committed rows) in
 tests/experiments/pages/test_every_page.py."""
@@ -10,9 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.pages.bandwidth import compose, recipe
+from experiments.pages.bandwidth import compose, recipe, text
 from experiments.pages.bandwidth.compose import Schedule
-from experiments.pages.bandwidth.figures import _seeds, accuracy, answer, target_of
+from experiments.pages.bandwidth.figures import _seeds, accuracy, target_of
+from experiments.pages.bandwidth.text import answer
 
 
 # ---- steps to the target and the composed times ------------------------------------------------
@@ -107,13 +109,13 @@ TIMES = {
 
 
 def test_the_answer_names_the_rates_and_factors_computed_from_the_times():
-    line = compose.compare_line("PowerGossip r1", "exact gossip", TIMES, RATES)
+    line = text.compare_line("PowerGossip r1", "exact gossip", TIMES, RATES)
     assert line == (
         "PowerGossip r1 reaches it before exact gossip at 100 Mbit/s (2× sooner), 10 Mbit/s "
         "(18.2× sooner), 1 Mbit/s (exact gossip never reaches it) and not at 1 Gbit/s "
         "(exact gossip 2× sooner)."
     )
-    assert compose.fastest(TIMES["1gbit"]) == "allreduce"
+    assert text.fastest(TIMES["1gbit"]) == "allreduce"
 
 
 def _timed(per_rate):
