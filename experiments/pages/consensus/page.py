@@ -7,13 +7,13 @@ from collections import Counter
 from typing import Dict, List, Sequence
 
 from experiments.pages._markdown import fill, grid_end, table, template
+from gossip_powersgd.consensus_problems import problem_shapes
 from gossip_powersgd.metrics import DIVERGE_FACTOR, FLOOR_MARGIN, FLOOR_ULPS
 
 from .compare import columns, target_name, winner_cell, winner_text
 from .files import CURVES, budget_name, family, fmt_err, fmt_gamma, format_table
 from .instance import FULL_GRID
 from .models import SAVED_EPOCHS, TRAINING
-from .problems import problem_shapes
 
 
 def page(instances: Sequence[Dict], made_by: str, meta: Dict) -> str:
