@@ -25,7 +25,7 @@ def render(rows: Rows) -> Outputs:
             "",
             made_by(rows) + " " + facts["sentence"],
             "",
-            *text.method(s, f, facts),
+            *text.method(s, f),
             *text.answer_section(s, f),
             *text.accuracy_section(s, f),
             *text_network.cost_sections(s, f),

@@ -25,7 +25,7 @@ def _mb(value: float) -> str:
     return f"{value / 1e6:.4g}"
 
 
-def method(s: Setting, f: Mapping[str, Any], facts: Mapping[str, Any]) -> List[str]:
+def method(s: Setting, f: Mapping[str, Any]) -> List[str]:
     """ "What was run, and how": its fixed text is page.md beside this file."""
     first = next((e for per in f["accuracy"].values() for e in per.values() if "steps" in e), {})
     target = f["target"]
@@ -57,10 +57,9 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
     if s.quick:
         return []
     parts = []
-    seeds = {t: len(v) for t, v in s.seeds.items()}
     parts.append(
         "seeds: "
-        + ", ".join(f"{n} on {t}" for t, n in seeds.items())
+        + ", ".join(f"{len(v)} on {t}" for t, v in s.seeds.items())
         + f" for {', '.join(_label(k) for k in COMPARED)}, the first of them for the other rows "
         "(the issue asks for 3 where the budget allows; here it does not)"
     )
@@ -95,18 +94,11 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
             f"the slowed host on {', '.join(s.slow_topologies)} only, for "
             f"{', '.join(_label(k) for k in s.slow_algorithms)}"
         )
-    if s.e2e:
-        parts.append(
-            f"{len(s.e2e)} complete run(s) on the cluster as the check ("
-            + ", ".join(f"{_label(k)} on {t} at {rate_text(r)}" for t, k, r in s.e2e)
-            + ")"
-        )
-    else:
-        parts.append(
-            "no complete run on the cluster (720 steps of 8 processes on the 2 shared cores, "
-            "about 10 minutes; --quick makes one and checks its models against the in-process "
-            "run's, bit for bit)"
-        )
+    parts.append(  # the full plan (`recipe.FULL`) makes none: --quick does
+        "no complete run on the cluster (720 steps of 8 processes on the 2 shared cores, "
+        "about 10 minutes; --quick makes one and checks its models against the in-process "
+        "run's, bit for bit)"
+    )
     sizes = sorted({len(_grid(s, BY_KEY[a])) for a in s.algorithms})
     parts.append(
         f"tuning grids of {' to '.join(map(str, (sizes[0], sizes[-1])))} points, on the tuning "
