@@ -12,7 +12,8 @@ from typing import Any, Dict, List, Mapping, Optional
 from . import compose
 from .compose import Schedule
 from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, best_value, chosen, gamma_on
-from .recipe import main_key, measured_on, rates_on, train_keys, tuning_keys
+from .recipe import main_key, measured_on, rate_name, timed_settings, timing_key, train_keys
+from .recipe import tuning_keys
 from .text import answer
 
 
@@ -101,19 +102,13 @@ def target_of(s: Setting, acc: Mapping[str, Any]) -> Optional[float]:
     return compose.common_target(peaks) if peaks else None
 
 
-def timing_key(topology: str, rate: str, slow=None) -> str:
-    return f"timing/{topology}/{rate}" + (f"+{slow[1]}@{slow[2]}" if slow else "")
-
-
 def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
     """Per topology and rate (and the slow-host settings): every algorithm's `StepCosts`, the
     evaluation's `EvalCosts`, and the rows' load and host facts. An all-reduce's step and the
     evaluation (their rings go through all hosts whatever the topology) come from the tuning
     topology's rows (`recipe.measured_on`)."""
     out: Dict[str, Any] = {}
-    settings = [(t, r, None) for t in s.topologies for r in rates_on(s, t)]
-    settings += [(t, s.slow[0], s.slow) for t in s.slow_topologies] if s.slow else []
-    for topology, rate, slow in settings:
+    for topology, rate, slow in timed_settings(s):
         row = data.get(timing_key(topology, rate, slow))
         if not _ok(row):
             continue
@@ -132,8 +127,7 @@ def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
         evaluation = None
         if _ok(home) and "eval" in home and _ok(alone):
             evaluation = dataclasses.asdict(compose.eval_costs(home, alone))
-        name = rate if slow is None else f"{rate}+{slow[1]}@{slow[2]}"
-        out.setdefault(topology, {})[name] = {
+        out.setdefault(topology, {})[rate_name(rate, slow)] = {
             "steps": per,
             "borrowed": borrowed,
             "eval": evaluation,
@@ -227,7 +221,7 @@ def slow_host(s: Setting, cost: Mapping) -> Dict[str, Any]:
     base, host, rate = s.slow
     for topology in s.slow_topologies:
         normal = cost.get(topology, {}).get(base)
-        slowed = cost.get(topology, {}).get(f"{base}+{host}@{rate}")
+        slowed = cost.get(topology, {}).get(rate_name(base, (host, rate)))
         if normal is None or slowed is None:
             continue
         for key in s.algorithms:

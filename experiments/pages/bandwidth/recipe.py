@@ -308,6 +308,23 @@ def measured_on(s: Setting, key: str, topology: str) -> str:
     return s.tune_topology if BY_KEY[key].over_all_hosts else topology
 
 
+def timed_settings(s: Setting) -> List[Tuple[str, str, Optional[Tuple[str, str]]]]:
+    """(topology, rate, (slowed host, its rate) or None) of each step-time row, in plan order."""
+    timed = [(t, r, None) for t in s.topologies for r in rates_on(s, t)]
+    if s.slow is not None:
+        timed += [(t, s.slow[0], (s.slow[1], s.slow[2])) for t in s.slow_topologies]
+    return timed
+
+
+def rate_name(rate: str, slow: Optional[Tuple[str, str]] = None) -> str:
+    """A step-time row's rate as keys spell it: "100mbit", "100mbit+host3@10mbit" (host slowed)."""
+    return rate if slow is None else f"{rate}+{slow[0]}@{slow[1]}"
+
+
+def timing_key(topology: str, rate: str, slow: Optional[Tuple[str, str]] = None) -> str:
+    return f"timing/{topology}/{rate_name(rate, slow)}"
+
+
 def measurement_runs(s: Setting, rows) -> List[Run]:
     """The timed runs (one at a time, nothing else of the page running): a peer alone per
     algorithm and topology (its arithmetic grows with its neighbours), the cluster's step times
@@ -327,10 +344,7 @@ def measurement_runs(s: Setting, rows) -> List[Run]:
             train["local_steps"] = a.local_steps
             config = {"kind": "alone", "algorithm": key, "train": train}
             runs.append(Run(key=f"alone/{topology}/{key}", config=config))
-    timed = [(t, r, None) for t in s.topologies for r in rates_on(s, t)]
-    if s.slow is not None:
-        timed += [(t, s.slow[0], (s.slow[1], s.slow[2])) for t in s.slow_topologies]
-    for topology, rate, slow in timed:
+    for topology, rate, slow in timed_settings(s):
         algorithms = [
             {"key": k, "spec": BY_KEY[k].timing, "local_steps": BY_KEY[k].local_steps}
             for k in algorithms_on(s, topology)
@@ -349,8 +363,7 @@ def measurement_runs(s: Setting, rows) -> List[Run]:
             # an evaluation's all-reduces go round all hosts: timed on the tuning topology only
             "eval": topology == s.tune_topology and rate not in s.eval_untimed_at and slow is None,
         }
-        name = rate if slow is None else f"{rate}+{slow[0]}@{slow[1]}"
-        runs.append(Run(key=f"timing/{topology}/{name}", config=config, cost=2.0))
+        runs.append(Run(key=timing_key(topology, rate, slow), config=config, cost=2.0))
     sources = {run.key: run for run in training_runs(s, rows)}
     for topology, key, rate in s.e2e:
         source = main_key(s, key, topology, 0, rows)
