@@ -7,13 +7,12 @@ import csv
 import gzip
 import io
 import json
-import math
 import re
 from typing import Dict, Optional, Sequence, Tuple
 
 from experiments.pages._markdown import table
 
-from .compare import target_name
+from .compare import column_title, columns, target_name
 from .measure import REACH_TARGETS
 
 #: One instance's run curves, packed: gzipped JSON lines, one per run (see `curves_bytes`).
@@ -44,11 +43,6 @@ def fmt_err(value: float) -> str:
 
 def fmt_gamma(value: Optional[float]) -> str:
     return "—" if value is None else f"{value:.4g}"
-
-
-def budget_name(budget: float) -> str:
-    exponent = math.log10(budget)
-    return f"1e{int(exponent)}" if exponent == int(exponent) else f"{budget:g}"
 
 
 def family(entry: Dict) -> Tuple[str, str, str]:
@@ -86,8 +80,7 @@ def reach_text(entry: Dict, target: float) -> str:
 def format_table(summary: Dict[str, Dict], budgets: Sequence[float]) -> str:
     """Markdown: relative error at exactly each bit budget (per peer), and the bits per peer to
     reach each of REACH_TARGETS, one row per algorithm (seed 0)."""
-    header = ["algorithm", "γ"] + [f"@ {budget_name(b)} bits" for b in budgets]
-    header += [f"bits to {target_name(t)}" for t in REACH_TARGETS]
+    header = ["algorithm", "γ"] + [column_title(*column) for column in columns(budgets)]
     rows = [
         [label, "swept (best per column)" if e["swept"] else fmt_gamma(e["runs"][0]["gamma"])]
         + [cell_text(e["budgets"][b], e["swept"]) for b in budgets]

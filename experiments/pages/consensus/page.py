@@ -10,8 +10,8 @@ from experiments.pages._markdown import fill, grid_end, table, template
 from gossip_powersgd.consensus_problems import problem_shapes
 from gossip_powersgd.metrics import DIVERGE_FACTOR, FLOOR_MARGIN, FLOOR_ULPS
 
-from .compare import columns, target_name, winner_cell, winner_text
-from .files import CURVES, budget_name, family, fmt_err, fmt_gamma, format_table
+from .compare import budget_name, column_title, columns, winner_cell, winner_text
+from .files import CURVES, family, fmt_err, fmt_gamma, format_table
 from .instance import FULL_GRID
 from .models import SAVED_EPOCHS, TRAINING
 
@@ -80,28 +80,23 @@ def instance_lines(r: Dict) -> List[str]:
 
 def method_fields(instances: Sequence[Dict]) -> Dict[str, str]:
     """What the method paragraphs say of this run: scope, dtypes, stops, γ grids."""
-    first, dtypes = instances[0], sorted({r["dtype"] for r in instances})
-    screen, stop = first["screen_bits"], first["stop_relative"]
-    grids = sorted({tuple(r["gammas"]) for r in instances if r["sweep"]})
-    grids = "; ".join("{" + ", ".join(fmt_gamma(g) for g in grid) + "}" for grid in grids) or "—"
+    first, screen = instances[0], budget_name(instances[0]["screen_bits"])
+    grids = sorted({tuple(r["gammas"]) for r in instances})
     by_topology = {
         t: [r["problem"] for r in instances if r["topology"] == t]
         for t in dict.fromkeys(r["topology"] for r in instances)
     }
+    # every instance screens (its second largest budget) and stops at a relative error
     stop_text = (
-        f'A run also stops once its relative error is ≤ {stop:g} ("reached"); its last error is '
-        'then an upper bound at larger budgets, written "≤". '
-        if stop
-        else ""
+        f'A run also stops once its relative error is ≤ {first["stop_relative"]:g} ("reached"); '
+        'its last error is then an upper bound at larger budgets, written "≤". '
     )
     screen_text = (
-        f", in two stages: every γ runs to {budget_name(screen)} bits per peer, then the "
+        f", in two stages: every γ runs to {screen} bits per peer, then the "
         f"{first['finalists']} best γ at that budget (one that already reached the stopping error "
         f"ranks first) run to {budget_name(first['max_bits'])} bits; a budget column shows the "
-        f"best γ's value (γ per cell): over the whole grid up to {budget_name(screen)} bits, over "
+        f"best γ's value (γ per cell): over the whole grid up to {screen} bits, over "
         "the finalist beyond. "
-        if screen
-        else ". "
     )
     return dict(
         scope="; ".join(
@@ -111,10 +106,10 @@ def method_fields(instances: Sequence[Dict]) -> Dict[str, str]:
             f"{t}: " + (", ".join(f"`{p}`" for p in ps) if ps else "nothing")
             for t, ps in not_run(instances).items()
         ),
-        dtypes=", ".join(dtypes),
+        dtypes=", ".join(sorted({r["dtype"] for r in instances})),
         stop_text=stop_text,
         max_bits=budget_name(first["max_bits"]),
-        grids=grids,
+        grids="; ".join("{" + ", ".join(fmt_gamma(g) for g in grid) + "}" for grid in grids),
         screen_text=screen_text,
     )
 
@@ -137,10 +132,7 @@ def not_run(instances: Sequence[Dict]) -> Dict[str, List[str]]:
 
 def winner_map(instances: Sequence[Dict]) -> List[str]:
     cols = columns(instances[0]["budgets"])
-    header = ["topology", "problem", "seeds"] + [
-        f"@ {budget_name(key)} bits" if kind == "budget" else f"bits to {target_name(key)}"
-        for kind, key in cols
-    ]
+    header = ["topology", "problem", "seeds"] + [column_title(*column) for column in cols]
     rows = [
         [r["topology"], r["problem"], str(len(r["seeds"]))]
         + [winner_text(winner_cell(r, kind, key)) for kind, key in cols]
