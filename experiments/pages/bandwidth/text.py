@@ -276,20 +276,17 @@ def answer(
             continue
         core = table_of(t, topology, rates, "core_each")
         line = f"**{topology}**, to {pct}, hosts with a core each (training time): "
-        line += compare_line("PowerGossip r1", "exact gossip", core, rates)
-        line += " " + compare_line("PowerGossip r1", "all-reduce", core, rates, against="allreduce")
-        lines.append(line)
-        finals = {k: acc_of(acc, topology, k) for k in ("pg-r1", "exact", "allreduce")}
-        if all(v is not None for v in finals.values()):
-            peak = max(acc[topology]["pg-r1"]["peaks"])
-            line = (
-                f"Final accuracy ({topology}, mean over seeds): PowerGossip r1 "
-                f"{100 * finals['pg-r1']:.2f} %, exact gossip {100 * finals['exact']:.2f} %, "
-                f"all-reduce {100 * finals['allreduce']:.2f} %"
-            )
+        lines.append(
+            line + compare_line(core, rates) + " " + compare_line(core, rates, "allreduce")
+        )
+        finals = {k: acc_of(acc, topology, k) for k in COMPARED}
+        if None not in finals.values():
+            line = f"Final accuracy ({topology}, mean over seeds): "
+            line += ", ".join(f"{_label(k)} {100 * v:.2f} %" for k, v in finals.items())
             if finals["pg-r1"] < min(finals["exact"], finals["allreduce"]):
                 line += (
-                    f": a target above PowerGossip r1's best evaluation ({100 * peak:.2f} %) it "
+                    f": a target above PowerGossip r1's best evaluation "
+                    f"({100 * max(acc[topology]['pg-r1']['peaks']):.2f} %) it "
                     f"does not reach in {s.base['epochs']} epochs, at any rate"
                 )
             lines.append(line + ".")
@@ -297,30 +294,22 @@ def answer(
             f"{rate_text(r)}: {_label(fastest(core[r]))}" for r in rates if fastest(core[r])
         )
         lines.append(f"Fastest to {pct} at each rate ({topology}, core each): {fast}.")
-        for figure, evals, what in (
-            (
-                "measured",
-                False,
-                f"the step as measured here ({_hosts(topology)} hosts on this machine's cores)",
-            ),
-            ("core_each", True, "a core each, with an evaluation after every epoch"),
-        ):
+        measured = f"the step as measured here ({_hosts(topology)} hosts on this machine's cores)"
+        evaluated = "a core each, with an evaluation after every epoch"
+        for figure, evals, what in (("measured", False, measured), ("core_each", True, evaluated)):
             other = table_of(t, topology, rates, figure, evals)
             compared = [r for r in rates if other[r].get("pg-r1") is not None]
+            if not compared:
+                continue
             changed = [
-                r
+                rate_text(r)
                 for r in compared
                 for against in ("exact", "allreduce")
                 if _ahead(core[r], "pg-r1", against) != _ahead(other[r], "pg-r1", against)
             ]
-            if not compared:
-                continue
+            verdict = "other verdicts at " + ", ".join(dict.fromkeys(changed))
             missing = [rate_text(r) for r in rates if r not in compared]
-            verdict = (
-                "the same verdicts"
-                if not changed
-                else "other verdicts at " + ", ".join(dict.fromkeys(rate_text(r) for r in changed))
-            )
+            verdict = verdict if changed else "the same verdicts"
             if missing:
                 verdict += f" (not timed at {', '.join(missing)})"
             lines.append(f"With {what}: {verdict}.")
@@ -346,15 +335,14 @@ def _ahead(row: Mapping[str, Optional[float]], who: str, against: str) -> Option
 
 
 def compare_line(
-    name: str,
-    other: str,
     times: Mapping[str, Mapping[str, Optional[float]]],
     rates: Sequence[str],
-    who: str = "pg-r1",
     against: str = "exact",
+    who: str = "pg-r1",
 ) -> str:
     """One sentence: at which rates `who` reaches the target before `against`, and by what factor
     (their times, `times[rate][algorithm]`, None where the target is not reached)."""
+    name, other = _label(who), _label(against)
     ahead, behind, open_ = [], [], []
     for rate in rates:
         mine, theirs = times[rate].get(who), times[rate].get(against)

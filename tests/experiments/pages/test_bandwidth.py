@@ -109,7 +109,7 @@ TIMES = {
 
 
 def test_the_answer_names_the_rates_and_factors_computed_from_the_times():
-    line = text.compare_line("PowerGossip r1", "exact gossip", TIMES, RATES)
+    line = text.compare_line(TIMES, RATES)  # PowerGossip r1 against exact gossip
     assert line == (
         "PowerGossip r1 reaches it before exact gossip at 100 Mbit/s (2× sooner), 10 Mbit/s "
         "(18.2× sooner), 1 Mbit/s (exact gossip never reaches it) and not at 1 Gbit/s "
