@@ -182,8 +182,7 @@ def train_run(
     train["local_steps"] = algorithm.local_steps
     train.update(extra)
     config = {"kind": "train", "algorithm": algorithm.key, "gamma": gamma, "train": train}
-    epochs = train["epochs"]
-    return Run(key=key, config=config, seed=seed, cost=float(epochs))
+    return Run(key=key, config=config, seed=seed, cost=float(train["epochs"]))
 
 
 def tuning_runs(s: Setting, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
