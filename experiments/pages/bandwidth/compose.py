@@ -175,11 +175,6 @@ def seconds_text(seconds: Optional[float]) -> str:
     return f"{seconds / 86400:.3g} d"
 
 
-def spread(values: Sequence[float]) -> Tuple[float, float, float]:
-    """(mean, min, max)."""
-    return statistics.fmean(values), min(values), max(values)
-
-
 def per_seed_times(
     curves: Sequence[Sequence[Sequence[float]]], target: float, schedule: Schedule
 ) -> List[Optional[float]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any, List, Mapping, Optional, Sequence
 
-from . import compose
 from experiments.pages._markdown import Column, columns, fill, grid_end, table, template
 
 from .compose import rate_text, seconds_text
@@ -162,7 +161,7 @@ def _tuning_row(t: Mapping[str, Any]) -> List[str]:
 def _accuracy_row(e: Mapping[str, Any]) -> List[str]:
     if "finals" not in e:
         return [e["label"], "", "", "", "failed: " + "; ".join(e["errors"])[:120]]
-    mean, low, high = compose.spread(e["finals"])
+    mean, low, high = e["final_mean"], min(e["finals"]), max(e["finals"])
     final = f"{100 * mean:.2f} % [{100 * low:.2f}, {100 * high:.2f}]"
     return [
         e["label"],
