@@ -142,6 +142,13 @@ def test_the_answer_section_is_drawn_from_the_core_each_figure():
     assert lines[2].endswith("the same verdicts.")
 
 
+def test_a_chosen_value_at_its_grids_end_is_said_and_a_one_point_grid_has_no_end():
+    from experiments.pages._markdown import grid_end
+
+    assert [grid_end(v, (0.1, 0.2, 0.4)) for v in (0.1, 0.2, 0.4)] == ["smallest", "", "largest"]
+    assert grid_end(0.4, (0.4,)) == ""  # exact gossip with H = 4: one point, nothing beyond it
+
+
 # ---- the plan's waves ---------------------------------------------------------------------------
 def _trained(acc, steps=720):
     return {"acc_avg": acc, "steps": steps, "steps_per_epoch": 36, "evals": [[steps, acc, 1.0]]}
