@@ -1,7 +1,8 @@
 """experiments/pages/consensus: the consensus measurements on tiny settings (bit accounting from
-the transport, budget brackets, dtype and precision floor), matched-bit cells, the winner map, one instance run and drawn from its row, and the MPI transport giving the
-very numbers of the in-process one. The log-log interpolation at matched bits is tested in
-tests/test_metrics.py."""
+the transport, budget brackets, dtype and precision floor), matched-bit cells, the winner map, one
+instance run and drawn from its row, the trained-models problem read back, and the MPI transport
+giving the very numbers of the in-process one. The log-log interpolation at matched bits is
+tested in tests/test_metrics.py, the problems' closed forms in tests/test_consensus_problems.py."""
 
 from __future__ import annotations
 
