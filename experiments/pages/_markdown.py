@@ -54,7 +54,6 @@ def block(text: str) -> List[str]:
     return text.split("\n")[:-1]
 
 
-# ---- appended by exp-bench: CSV text from rows, as `table` makes markdown ----------------------
 def csv_text(header: Sequence[Any], rows: Iterable[Sequence[Any]]) -> str:
     """CSV text (lines ending in "\\n") of a header row and the rows, cells as `csv` writes them."""
     import csv
@@ -67,4 +66,9 @@ def csv_text(header: Sequence[Any], rows: Iterable[Sequence[Any]]) -> str:
     return buffer.getvalue()
 
 
-# ---- end of exp-bench's block ------------------------------------------------------------------
+def grid_end(value: float, grid: Sequence[float]) -> str:
+    """ "largest" or "smallest" where a value chosen from a grid of two or more is at its end (a
+    better one may lie beyond it), else ""."""
+    if len(grid) < 2 or value not in (min(grid), max(grid)):
+        return ""
+    return "largest" if value == max(grid) else "smallest"
