@@ -345,6 +345,20 @@ def chosen_words(p, name: Optional[str], setting) -> List[str]:
         else f"privacy_attacks.md is still measured in the earlier choice ({attack_pages}, made "
         "when this sweep had one DP recipe and fewer candidates): it is to be re-made in this one."
     )
+    tied = [
+        other
+        for other, q in p.items()
+        if other != name
+        and q["dp"] is not None
+        and qualifies(q["plain"])
+        and q["dp"]["acc_victims"] == chosen["dp"]["acc_victims"]
+    ]
+    if tied:
+        where += (
+            f" It ties with {', '.join(tied)} (the same private runs): the rule (`max` over "
+            "(accuracy, name)) breaks a tie by the name's order, a choice made with the code "
+            "before the runs, not for what it picks."
+        )
     return [
         f"**Chosen: {name}, DP recipe {recipe_label(setting['dp'])}** (non-private LOSS AUC "
         f"{chosen['plain']['auc']:.3f} above its band's {chosen['plain']['band_auc'][1]:.3f}; at "
