@@ -200,7 +200,7 @@ AREAS: List[Tuple[str, Tuple[str, ...]]] = [
     ("Choosing a topology or a schedule", ("topologies/",)),
     (
         "Choosing an algorithm or a compressor",
-        ("gossip_powersgd/algorithms/", "gossip_powersgd/compressors.py"),
+        ("gossip_powersgd/algorithms/", "gossip_powersgd/compressors/"),
     ),
     (
         "Bringing data or a model",
