@@ -71,7 +71,6 @@ from .evaluation import (
     eval_line,
     eval_record,
     evaluate_model,
-    format_summary,
     log_record,
     model_digest,
 )
@@ -80,7 +79,7 @@ from .features import feature_hooks, peer_statistics_private
 from .hooks import HookList, TrainingHooks
 from .progress import Printer, SetupLog
 from .provenance import as_comments, provenance
-from .report import report_and_finish
+from .report import format_summary, report_and_finish
 from .runstate import RunState
 from .churn import call, churn_run
 from .divergence import DIVERGENCE_FACTOR, check_divergence

@@ -15,7 +15,7 @@ from gossip_powersgd import LocalCluster
 from gossip_powersgd.privacy import load_view, observed_dir, observer_hook, reconstruction_errors
 from gossip_powersgd.privacy.views import observer_summary_rows
 from gossip_powersgd.training.config import load_config
-from gossip_powersgd.training.evaluation import format_summary
+from gossip_powersgd.training.report import format_summary
 from gossip_powersgd.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
