@@ -73,14 +73,13 @@ from gossip_powersgd.privacy.reconstruction import (
 )
 from gossip_powersgd.privacy.sampling import PoissonBatches, poisson_rate
 from gossip_powersgd.privacy.seeds import Randomness
+from gossip_powersgd.privacy.observing import ObserverHooks, observer_hook
 from gossip_powersgd.privacy.views import (
     ObservedView,
-    ObserverHooks,
     RecordingCommunicator,
     ViewRecorder,
     load_view,
     observed_dir,
-    observer_hook,
 )
 
 __all__ = [
