@@ -52,9 +52,8 @@ from gossip_powersgd.privacy.membership import (
     null_auc_std,
     tpr_at_fpr,
 )
+from gossip_powersgd.privacy.gaussian import dp_epsilon, gaussian_epsilon
 from gossip_powersgd.privacy.network_dp import (
-    dp_epsilon,
-    gaussian_epsilon,
     local_epsilon,
     mixing_matrix,
     pairwise_epsilon,
