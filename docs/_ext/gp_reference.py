@@ -230,6 +230,7 @@ AREAS: List[Tuple[str, Tuple[str, ...]]] = [
         "Run directories, checkpoints and resuming",
         (
             "gossip_powersgd/training/checkpoint.py",
+            "gossip_powersgd/training/resume.py",
             "gossip_powersgd/training/rundir.py",
             "gossip_powersgd/training/churn_resume.py",
             "gossip_powersgd/training/records.py",

@@ -60,6 +60,7 @@ from torch.nn.utils import clip_grad_norm_
 from ..algorithms.base import NonFiniteError
 from ..utils import atomic_write
 from . import checkpoint as ckpt
+from .resume import agree_resume_epoch, load_for_resume
 from . import rundir
 from .rundir import AUTO
 from .config import TrainConfig, dump_config
@@ -141,8 +142,8 @@ def _resume(comm: Comm, run_dir: Path, run: PeerRun, hooks: HookList, churn) -> 
         from .churn_resume import resume
 
         return resume(churn, comm, run_dir, run, restore)
-    epoch = ckpt.agree_resume_epoch(comm, run_dir)
-    loaded = collectively(comm, ckpt.load_for_resume, run_dir, epoch, **run.header_args)
+    epoch = agree_resume_epoch(comm, run_dir)
+    loaded = collectively(comm, load_for_resume, run_dir, epoch, **run.header_args)
     return collectively(comm, restore, loaded["state"])
 
 
