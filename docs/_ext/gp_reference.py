@@ -238,7 +238,11 @@ AREAS: List[Tuple[str, Tuple[str, ...]]] = [
     ),
     (
         "Peers that leave and join",
-        ("gossip_powersgd/membership/", "gossip_powersgd/training/churn.py"),
+        (
+            "gossip_powersgd/membership/",
+            "gossip_powersgd/training/churn.py",
+            "gossip_powersgd/training/churn_run.py",
+        ),
     ),
     ("Differential privacy and attacks", ("gossip_powersgd/privacy/",)),
     ("The emulated cluster", ("gossip_powersgd/cluster/",)),

@@ -82,7 +82,7 @@ from .progress import Printer, SetupLog
 from .provenance import as_comments, provenance
 from .report import format_summary, report_and_finish
 from .runstate import RunState
-from .churn import call, churn_run
+from .churn_run import call, churn_run
 from .divergence import DIVERGENCE_FACTOR, check_divergence
 from .setup import PeerRun, build_run, checked_config, collectively, make_optimizer, resolve_device
 
