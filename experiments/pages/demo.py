@@ -43,7 +43,7 @@ def row(run: Run) -> Dict[str, Any]:
     """The run's summary (summary.json's content), its summary.md and its records (the plots'
     data), and how it was launched."""
     from gossip_powersgd import run as train
-    from gossip_powersgd.training.evaluation import format_summary
+    from gossip_powersgd.training.report import format_summary
 
     config = dict(run.config, seed=run.seed, backend="local", out_dir=None, quiet=True)
     result = train(config)

@@ -13,7 +13,7 @@ import torch
 
 from gossip_powersgd import CommunicationError, ExactGossip, LocalCluster, PowerGossip
 from gossip_powersgd.algorithms.base import all_finite
-from gossip_powersgd.comm import local
+from gossip_powersgd.comm import local, local_shared
 
 
 def _train_like(comm):
@@ -161,7 +161,7 @@ def test_two_lanes_run_one_peer_of_each_at_once_with_the_same_bits():
             _concurrent_pair, threading.Barrier(2)
         )
     )
-    assert time.monotonic() - start < local._PATIENCE_SECONDS
+    assert time.monotonic() - start < local_shared._PATIENCE_SECONDS
     # Never more peers at once than lanes (the sleep lets the GIL go inside the section).
     assert _overlap(cooperative=True, hold=lambda: time.sleep(0.002), lanes=2) <= 2
     for spec in ("ring:8", "star:5"):
@@ -210,7 +210,7 @@ def test_a_peer_blocking_outside_the_communicator_delays_the_others_but_never_de
 ):
     """Each peer waits for an event that only the other one sets: the first to get the turn blocks
     with it, and the other runs without the turn once it has waited `patience` seconds."""
-    monkeypatch.setattr(local, "_PATIENCE_SECONDS", 0.3)
+    monkeypatch.setattr(local_shared, "_PATIENCE_SECONDS", 0.3)
     arrived = [threading.Event(), threading.Event()]
 
     overlap = _Overlap()
