@@ -34,8 +34,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 # The suite in two parts: the independent tests on $(TEST_WORKERS) workers (pytest-xdist), then the tests
-# marked `timing` (a detection or response time checked against the design's bound) alone, one at a
-# time, so that no other test loads the machine under them. Both parts run; either failing fails.
+# marked `timing` (a detection or response time checked against the design's bound, a timeout of
+# seconds) one at a time, with no other test loading the machine. Both run; either failing fails.
 TEST_WORKERS ?= 2
 test: $(STAMP) iproute2
 	status=0; \
