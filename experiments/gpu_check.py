@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 import torch
 
 from experiments.engine import ROOT
-from experiments.pages._bench import make_params, model_shapes, run_child
+from experiments.pages._bench import local_torchrun, make_params, model_shapes, run_child
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Comm
@@ -150,18 +148,7 @@ def torch_peers(device: torch.device, peers: int) -> tuple:
 
 def launch_torch(processes: int, args, folder: Path) -> str:
     """Run this program's workers under torchrun; '' on success, else the failure in one line."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes)]
-    command += [
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(port),
-        "-m",
-        "experiments.gpu_check",
-    ]
+    command = [*local_torchrun(processes), "-m", "experiments.gpu_check"]
     command += ["--worker", str(folder), "--device", args.device, "--steps", str(args.steps)]
     status, err = run_child(command + (["--dry-run"] if args.dry_run else []), args.timeout)
     if status is None:

@@ -10,6 +10,14 @@ import sys
 from tests.conftest import ROOT, SUPPORT
 
 
+def _as_from_a_terminal() -> None:
+    """In the child, before it starts: SIGINT's default action, as in a shell's foreground job.
+    A job started in the background of a non-interactive shell (`make test &`, nohup ... &)
+    ignores SIGINT, and Python then installs no KeyboardInterrupt handler: the child would
+    ignore the test's Ctrl-C (as it should) and the test wait 60 s for nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_on_the_local_backend_stops_every_peer_and_exits_130():
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     process = subprocess.Popen(
@@ -20,6 +28,7 @@ def test_ctrl_c_on_the_local_backend_stops_every_peer_and_exits_130():
         env=env,
         cwd=ROOT,
         start_new_session=True,
+        preexec_fn=_as_from_a_terminal,
     )
     try:
         assert process.stdout.readline().strip() == "ready"

@@ -1,12 +1,23 @@
 """metrics.py: the consensus distance, the parameter average and the mean degree a run's traffic
-formula uses; their all-reduces are metric traffic."""
+formula uses (their all-reduces are metric traffic), and a curve's error at matched bits, log-log
+interpolated (moved from tests/experiments/pages/test_consensus.py, where the curves themselves
+are measured on the page's problems)."""
+
+import math
 
 import pytest
 import torch
 
 import topologies
 from gossip_powersgd import LocalCluster
-from gossip_powersgd.metrics import consensus_distance, mean_active_degree, parameter_average
+from gossip_powersgd.metrics import (
+    bits_to_reach,
+    consensus_curve,
+    consensus_distance,
+    error_at_bits,
+    mean_active_degree,
+    parameter_average,
+)
 
 EPS64 = torch.finfo(torch.float64).eps
 
@@ -49,3 +60,42 @@ def test_mean_active_degree_counts_each_steps_graph():
     assert mean_active_degree(topologies.parse("directed_exponential:8"), 5) == 1.0
     cyclic = topologies.parse("cyclic:ring:8,star:8")
     assert mean_active_degree(cyclic, 3) == pytest.approx((2 + 14 / 8 + 2) / 3)
+
+
+def test_consensus_curve_is_the_error_against_the_transports_bits_until_reached():
+    """Exact gossip on ring:4 (Metropolis weights 1/3: the squared error contracts by at least
+    1/9 a step) reaches 1e-6 of its initial error within a few steps; every peer records the same
+    curve, whose bits are 8 x the bytes the transport counted."""
+
+    def peer(comm):
+        x = torch.randn(6, 5, generator=torch.Generator().manual_seed(comm.rank))
+        initial = consensus_distance([x.double()], comm)
+        curve = consensus_curve(comm, "exact", [x.double()], 200, math.inf, stop_error=1e-6)
+        return curve, initial, comm.stats.bytes_sent
+
+    results = LocalCluster("ring:4").run(peer)
+    curve, initial, sent = results[0]
+    history = curve["history"]
+    assert curve["stop"] == "reached" and len(history) < 20
+    assert history[0]["error"] == initial and history[-1]["error"] <= 1e-6 * initial
+    assert all(r[0]["history"] == history for r in results)
+    assert history[-1]["bits_per_peer"] == 8 * sent == 8 * curve["bytes_sent"]
+
+
+def _curve(points):
+    return [{"step": k, "bits_per_peer": b, "error": e} for k, (b, e) in enumerate(points)]
+
+
+def test_error_at_bits_is_log_log_interpolated_between_logged_steps():
+    history = _curve([(0, 100.0), (10, 10.0), (1000, 0.1)])
+    assert error_at_bits(history, 100) == pytest.approx(1.0)  # halfway in log-log
+    assert error_at_bits(history, 10) == pytest.approx(10.0)
+    assert error_at_bits(history, 5) is None  # before the first step
+    assert error_at_bits(history, 2000) is None  # past the end of the run
+
+
+def test_bits_to_reach_interpolates_the_crossing_and_says_when_never():
+    history = _curve([(0, 100.0), (10, 10.0), (1000, 0.1)])
+    assert bits_to_reach(history, 1e-2) == pytest.approx(100.0)  # error 1 = 1e-2 x 100
+    assert bits_to_reach(history, 0.5) == pytest.approx(10.0)  # already met at step 1
+    assert bits_to_reach(history, 1e-4) is None

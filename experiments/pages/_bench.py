@@ -2,7 +2,7 @@
 long_run; also experiments/gpu_check.py): the zoo's parameter shapes as random tensors, copy
 bandwidth, a loopback transport for one peer alone, bitwise comparison, the machine a row was
 measured on and the page header that names it, compact raw numbers, and a child process that
-cannot outlive its time limit."""
+cannot outlive its time limit, and the launchers' command lines."""
 
 from __future__ import annotations
 
@@ -248,6 +248,18 @@ def run_child(command: List[str], timeout: float) -> Tuple[Optional[int], str]:
         os.killpg(child.pid, signal.SIGKILL)
         raise
     return child.returncode, err
+
+
+def local_torchrun(processes: int) -> List[str]:
+    """torchrun (`python -m torch.distributed.run`) of `processes` processes on this machine,
+    its rendezvous on a free port of 127.0.0.1; the program and its arguments go after it."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes)]
+    return torchrun + ["--master-addr", "127.0.0.1", "--master-port", port]
 
 
 def mpiexec() -> str:

@@ -192,6 +192,23 @@ def with_load(row: Dict[str, Any], start: float) -> Dict[str, Any]:
     return dict(row, load=[start, os.getloadavg()[0]], cores=os.cpu_count())
 
 
+def setting_words(quick: bool) -> str:
+    """The regime's data, model, topology and partition in words (the pages' "Setting:")."""
+    if quick:
+        return "the privacy suite's --quick problem"
+    return (
+        f"`{BASE['dataset']}` ({PER_PEER} training samples per peer), `{BASE['model']}`, "
+        f"{BASE['topology']}, {BASE['partition']}"
+    )
+
+
+def at_once(rows) -> str:
+    """The words "N run(s) at once " where the rows' first record says how many ran side by
+    side, else nothing."""
+    origin = rows.records[0].origin or {}
+    return f"{origin['jobs']} run(s) at once " if "jobs" in origin else ""
+
+
 def pct(v) -> str:
     return "n/a" if v is None else f"{100 * v:.2f} %"
 

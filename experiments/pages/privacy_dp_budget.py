@@ -100,14 +100,7 @@ def render(rows: Rows) -> Outputs:
     data, quick = rows.data, rows.quick
     budgets = QUICK_BUDGETS if quick else BUDGETS
     plan_ = regime.recipe(quick)
-    origin = rows.records[0].origin or {}
-    at_once = f"{origin['jobs']} run(s) at once " if "jobs" in origin else ""
-    setting = (
-        "the privacy suite's --quick problem"
-        if quick
-        else f"`{regime.BASE['dataset']}` ({regime.PER_PEER} training samples per peer), "
-        f"`{regime.BASE['model']}`, {regime.BASE['topology']}, {regime.BASE['partition']}"
-    )
+    at_once, setting = regime.at_once(rows), regime.setting_words(quick)
     text = (
         "# The DP regime's training budget: does doubling the epochs still pay?\n\n"
         f"{made_by(rows)} Backend local (8 peer threads, one torch thread each), {at_once}on "

@@ -24,15 +24,15 @@ from experiments.pages import register
 from experiments.pages._markdown import block, fill, template
 from experiments.pages._markdown import table as table_lines
 from experiments.pages._privacy import (
-    BASE,
     CLIP,
     DELTA,
-    PER_PEER,
+    at_once,
     dp_epochs,
     dp_row,
     loads,
     pct,
     recipe,
+    setting_words,
     train_config,
     with_load,
 )
@@ -230,13 +230,6 @@ def render(rows: Rows) -> Outputs:
     quick, data = rows.quick, rows.data
     variants, targets, seeds = QUICK if quick else (VARIANTS, TARGETS, SEEDS)
     regime, table = recipe(quick), cells(data)
-    origin = rows.records[0].origin or {}
-    setting = (
-        "the privacy suite's --quick problem"
-        if quick
-        else f"`{BASE['dataset']}` ({PER_PEER} training samples per peer), `{BASE['model']}`, "
-        f"{BASE['topology']}, {BASE['partition']}"
-    )
     missing = [run for run in plan(quick, {}) if run.key not in rows.by_key]
     not_run = "".join(
         f"- {r.config['label']} at target ε {r.config['target']:g}, seed {r.seed}\n"
@@ -245,10 +238,10 @@ def render(rows: Rows) -> Outputs:
     text = fill(
         template(__file__, "privacy_dp_subspace.md"),
         made_by=made_by(rows),
-        at_once=f"{origin['jobs']} run(s) at once " if "jobs" in origin else "",
+        at_once=at_once(rows),
         cores=data[0].get("cores", "n/a"),
         loads=loads(data),
-        setting=setting,
+        setting=setting_words(quick),
         dp_batch=regime["dp_batch"],
         dp_lr=regime["dp_lr"],
         clip=CLIP,

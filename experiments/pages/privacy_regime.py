@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
 from experiments.pages._markdown import table
+from experiments.pages._privacy import BASE, DELTA, TARGET
 
 #: (training records per peer, model, epochs without DP): mnist1d's test set is 20 % of what it
 #: generates, so num_samples = 10 x records per peer for 8 peers. The DP row of a (records,
@@ -38,7 +39,8 @@ CANDIDATES = (
     (2000, "mlp:256,256", 60),
     (4000, "mlp:256,256", 30),
 )
-TARGET, DELTA, PEERS = 8.0, 1e-5, 8
+#: ring:8, as `_privacy.BASE` (the DP rows' TARGET and DELTA are the privacy pages' too).
+PEERS = 8
 #: The non-private recipe (batch, lr) and DP's (Poisson batch, lr, clip C, epochs): DP's lr / batch
 #: is privacy_dp_sweep.md's chosen ratio (2.0 / 256) at batch 128, 30 epochs as at ε = 8 there.
 NONPRIVATE = dict(batch_size=32, lr=0.05)
@@ -46,24 +48,9 @@ DP = dict(batch_size=128, lr=1.0, dp_max_grad_norm=1.0, dp_delta=DELTA, epochs=3
 #: The fewest pooled non-members a qualifying candidate has.
 MIN_NONMEMBERS = 2000
 OBSERVER, FRACTION = 0, 0.5
-COMMON = dict(
-    partition="iid",
-    topology=f"ring:{PEERS}",
-    algorithm="exact",
-    optimizer="sgd",
-    momentum=0.9,
-    weight_decay=0.0,
-    warmup_epochs=1,
-    schedule="cosine",
-    backend="local",
-    quiet=True,
-    log_every=0,
-    checkpoint_every=0,
-    out_dir=None,
-    threads=1,
-    comm_timeout=900.0,
-    release_peer_statistics=True,
-)
+#: The privacy pages' base config (`_privacy.BASE`: ring:8, iid, SGD momentum 0.9, cosine) for
+#: exact gossip, every peer's epsilon released to the experimenter.
+COMMON = dict(BASE, algorithm="exact", comm_timeout=900.0, release_peer_statistics=True)
 #: --quick: one tiny candidate (seconds), a smoke test, not a result.
 QUICK_CANDIDATES = ((150, "mlp:32", 2),)
 QUICK_DATA = "synthetic_logreg:d=20,classes=4,n={n}"
@@ -106,19 +93,11 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 def row(run: Run) -> Dict[str, Any]:
     """Train with the membership split, attack each victim's own model with LOSS."""
-    import numpy as np
     import topologies
     import torch
 
-    from gossip_powersgd.privacy.attack_run import observe
-    from gossip_powersgd.privacy.attacks import Candidates, null_band_of
+    from gossip_powersgd.privacy.attack_run import observe, own_model_loss_attack
     from gossip_powersgd.privacy.heldout import make_split
-    from gossip_powersgd.privacy.membership import (
-        auc,
-        loss_scores,
-        model_with_parameters,
-        tpr_at_fpr,
-    )
     from gossip_powersgd.training.models import build_model
 
     torch.set_num_threads(1)
@@ -127,33 +106,26 @@ def row(run: Run) -> Dict[str, Any]:
     split = make_split(train["dataset"], PEERS, "iid", 0, victims, FRACTION, run.seed)
     start, started = os.getloadavg()[0], time.perf_counter()
     observed = observe(dict(train), split, OBSERVER, (1.0,))
-    base, last, summary = split.data(), observed.steps[-1], observed.result.summary
-    candidates = Candidates.of(split)
-    scores, accs = np.empty(len(candidates.y)), []
-    for v in victims:
-        model = build_model(train["model"], base.input_shape, base.num_classes, 0)
-        model = model_with_parameters(model, observed.snapshots[v][last])
-        with torch.no_grad():
-            accs.append(float((model(base.x_test).argmax(1) == base.y_test).double().mean()))
-        where = candidates.victim == v
-        index = torch.from_numpy(np.flatnonzero(where))
-        scores[where] = loss_scores(model, candidates.x[index], candidates.y[index])
-    m = candidates.member
-    band = null_band_of(int(m.sum()), int((~m).sum()))
+    base, summary = split.data(), observed.result.summary
+
+    def make():
+        return build_model(train["model"], base.input_shape, base.num_classes, 0)
+
+    loss = own_model_loss_attack(observed, split, make)
     eps = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
     return dict(
         candidate=c["candidate"],
         records=c["records"],
         model=c["model"],
         target=c["target"],
-        acc_victims=sum(accs) / len(accs),
+        acc_victims=sum(loss["accuracy"]) / len(loss["accuracy"]),
         acc_avg=summary["final_test_acc_avg_model"],
-        auc=auc(scores[m], scores[~m]),
-        tpr0_1=tpr_at_fpr(scores[m], scores[~m], 0.001),
-        band_auc=band["auc"],
-        band_tpr0_1=band["tpr"][0],
-        members=int(m.sum()),
-        nonmembers=int((~m).sum()),
+        auc=loss["auc"],
+        tpr0_1=loss["tpr"],
+        band_auc=loss["band"]["auc"],
+        band_tpr0_1=loss["band"]["tpr"][0],
+        members=loss["members"],
+        nonmembers=loss["nonmembers"],
         eps_victims=[eps[v] for v in victims] if len(eps) > 1 else None,
         sigma=summary.get("noise_multiplier"),
         epochs=train["epochs"],

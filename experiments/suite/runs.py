@@ -183,15 +183,6 @@ def _labelled(label: str, spec: str, gamma: Optional[float], m: Dict[str, Any], 
     return row
 
 
-def attempt(
-    label: str, spec: str, overrides: Dict[str, Any], quick: bool, gamma=None, kind: str = "main"
-) -> Dict[str, Any]:
-    """Run one row (`spec` with `overrides` on the recipe); its row, or a row saying why it
-    failed (see `attempt_config`)."""
-    config = dict(QUICK_BASE if quick else BASE, **overrides, algorithm=spec)
-    return attempt_config(label, config, gamma=gamma, kind=kind)
-
-
 def attempt_config(
     label: str, config: Dict[str, Any], gamma=None, kind: str = "main"
 ) -> Dict[str, Any]:

@@ -87,17 +87,13 @@ def table_row(row: Dict[str, Any], exact: Optional[Dict[str, Any]]) -> str:
     )
 
 
+def _exact_of(rows: Sequence[Dict[str, Any]], row: Dict[str, Any]) -> Optional[Dict]:
+    return exact_reference(rows, row["topology"], row["partition"], row.get("model_kind", "main"))
+
+
 def build_table(rows: Sequence[Dict[str, Any]]) -> str:
     lines = [TABLE_HEADER, "|" + "---|" * (TABLE_HEADER.count("|") - 1)]
-    for row in rows:
-        lines.append(
-            table_row(
-                row,
-                exact_reference(
-                    rows, row["topology"], row["partition"], row.get("model_kind", "main")
-                ),
-            )
-        )
+    lines += [table_row(row, _exact_of(rows, row)) for row in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -143,12 +139,7 @@ def build_csv(rows: Sequence[Dict[str, Any]]) -> str:
         out["seeds"] = row.get("seeds", 1)
         out["group"] = row.get("model_kind", "main")
         if "error" not in row:
-            ratio = ratio_to_exact(
-                row,
-                exact_reference(
-                    rows, row["topology"], row["partition"], row.get("model_kind", "main")
-                ),
-            )
+            ratio = ratio_to_exact(row, _exact_of(rows, row))
             out["ratio_to_exact"] = "" if ratio is None else f"{ratio:.4g}"
             out["projected_s_1gbit"] = f"{projected_seconds(row, BANDWIDTHS[0][1]):.4g}"
             out["projected_s_10gbit"] = f"{projected_seconds(row, BANDWIDTHS[1][1]):.4g}"

@@ -7,7 +7,8 @@
 Each host is a network namespace with its own address on one switch (a bridge in a namespace of
 its own), its link rate-limited by tc's tbf, its name resolvable on every host and its own hostname;
 `gossip-cluster-ssh` stands in for ssh (Hydra's `-launcher ssh -launcher-exec`). network.py builds
-and removes it, enter.py runs commands on its hosts, __main__.py is the command line.
+and removes it, enter.py runs commands on its hosts, launch.py one program on every host (and
+waits for all of them), __main__.py is the command line.
 """
 
 from .enter import current_prefix, enter_command, resolve_prefix, ssh_main

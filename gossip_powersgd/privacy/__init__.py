@@ -18,7 +18,8 @@ What an honest-but-curious neighbour learns: `views` records what each observer 
 from a view, `membership` runs the LOSS membership-inference attack, and `network_dp` computes the
 exact pairwise network DP of noisy exact gossip (each observer's whole view as one Gaussian
 mechanism), and `knowledge` the knowledge-matrix attack (El Mrini, Cyffers, Bellet, ICML 2024):
-which peers, neighbours or not, the messages of one or several colluders determine.
+which peers, neighbours or not, the messages of one or several colluders determine
+(`knowledge_attack`: the attack on a recorded run's views, scored against the truth).
 """
 
 from gossip_powersgd.privacy.accounting import (
@@ -32,7 +33,13 @@ from gossip_powersgd.privacy.accounting import (
 from gossip_powersgd.privacy.audit import AuditResult, audit, best_audit, epsilon_lower_bound
 from gossip_powersgd.privacy.canaries import Canaries
 from gossip_powersgd.privacy.dependency import MISSING_OPACUS, import_opacus
-from gossip_powersgd.privacy.knowledge import colluders_needed, knowledge_matrix, reach
+from gossip_powersgd.privacy.knowledge import (
+    colluders_for_all,
+    colluders_needed,
+    knowledge_matrix,
+    reach,
+)
+from gossip_powersgd.privacy.knowledge_attack import colluder_attack
 from gossip_powersgd.privacy.dpsgd import DPSGD, dp_enabled, validate_dp_options, validate_model
 from gossip_powersgd.privacy.membership import (
     DEFAULT_FPR,
@@ -82,6 +89,8 @@ __all__ = [
     "Canaries",
     "audit",
     "best_audit",
+    "colluder_attack",
+    "colluders_for_all",
     "colluders_needed",
     "knowledge_matrix",
     "reach",

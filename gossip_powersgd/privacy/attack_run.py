@@ -15,6 +15,18 @@ off the messages (exact gossip) or the public copy (Choco). `neighbour_report` j
 it enables (every attack through it, `attacks.evaluate`, with the blind baselines and null band)
 and by its agreement with the truth (`quality`), beside the victim's own model (the ceiling) and,
 at the last step, the observer's own model and the average of all.
+
+`own_model_loss_attack` is the white-box LOSS attack through each victim's own final model (the
+ceiling of what its messages give away), with the victims' test accuracy: a cheap check that a
+regime is attackable at all. `received_attack` is the neighbour's attack at the end of a run through the one estimate it reads
+off (or reconstructs from) each victim's messages, beside the victims' own models.
+
+`canary_audit` is the one-run audit of a run that carried canaries (`canaries.canary_hooks`
+passed to `observe`): each canary scored by its loss drop from the public initial model through
+the observer's reconstruction of its victim and through the victim's own model, the victims'
+canaries pooled (each canary's inclusion changes one record of one victim's data), and
+`audit.best_audit` over counts fixed before any score is seen; `recheck_audit` recomputes its
+bound from the record it returns.
 """
 
 from __future__ import annotations
@@ -22,8 +34,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+import numpy as np
 import torch
 
 from gossip_powersgd.privacy.attacks import Candidates, References, Snapshots, evaluate, flat
@@ -33,10 +46,15 @@ __all__ = [
     "ESTIMATORS",
     "ORACLE",
     "ObservedRun",
+    "canary_audit",
     "neighbour_report",
     "observe",
+    "own_model_loss_attack",
     "quality",
+    "received_attack",
     "reconstructions",
+    "recheck_audit",
+    "victim_accuracy",
 ]
 
 
@@ -177,3 +195,134 @@ def neighbour_report(
             entry.update(evaluation=evaluation, per_class_victim=per_class(evaluation, "victim"))
         out[str(step)] = entry
     return out
+
+
+def victim_accuracy(run: ObservedRun, victims: Sequence[int], make_model: Callable, x, y):
+    """Each victim's own model's accuracy on (x, y) at `run`'s last snapshot step."""
+    from gossip_powersgd.privacy.membership import model_with_parameters
+
+    out = []
+    for v in victims:
+        model = model_with_parameters(make_model(), run.snapshots[v][run.steps[-1]])
+        with torch.no_grad():
+            out.append(float((model(x).argmax(1) == y).double().mean()))
+    return out
+
+
+def own_model_loss_attack(
+    run: ObservedRun, split, make_model: Callable, fpr: float = 0.001
+) -> Dict[str, Any]:
+    """LOSS through each victim's own model at `run`'s last snapshot step, every candidate of
+    `split` (`Candidates.of`) scored by its victim's model and pooled: {"auc", "tpr" (at `fpr`),
+    "band" (`attacks.null_band_of` the counts), "members", "nonmembers", "accuracy" (each
+    victim's test accuracy, in `split.victims` order)}."""
+    from gossip_powersgd.privacy.attacks import null_band_of
+    from gossip_powersgd.privacy.membership import auc, loss_scores, model_with_parameters
+    from gossip_powersgd.privacy.membership import tpr_at_fpr
+
+    base, last, candidates = split.data(), run.steps[-1], Candidates.of(split)
+    scores = np.empty(len(candidates.y))
+    for v in split.victims:
+        model = model_with_parameters(make_model(), run.snapshots[v][last])
+        where = candidates.victim == v
+        index = torch.from_numpy(np.flatnonzero(where))
+        scores[where] = loss_scores(model, candidates.x[index], candidates.y[index])
+    m = candidates.member
+    members, nonmembers = int(m.sum()), int((~m).sum())
+    return dict(
+        auc=auc(scores[m], scores[~m]),
+        tpr=tpr_at_fpr(scores[m], scores[~m], fpr),
+        band=null_band_of(members, nonmembers),
+        members=members,
+        nonmembers=nonmembers,
+        accuracy=victim_accuracy(run, split.victims, make_model, base.x_test, base.y_test),
+    )
+
+
+def received_attack(
+    view,
+    snapshots: Mapping[int, Mapping[int, List[torch.Tensor]]],
+    candidates: Candidates,
+    refs: References,
+    make_model: Callable,
+    window: int = 4,
+) -> Dict[str, Any]:
+    """Every attack (`attacks.evaluate`, flat) on the victims of `candidates` at the last snapshot
+    step, through the model the observer reads off their messages (exact gossip) or reconstructs
+    from their last `window` messages (`reconstruction.reconstruct`: "received") and through each
+    victim's own model ("victim's own", the ceiling), beside the blind baselines; plus the null
+    band ("null/auc", "null/tpr0.1", "null/tpr1") and the candidates' counts. `snapshots`:
+    {rank: {step: parameters}} (`ObservedRun.snapshots`)."""
+    from gossip_powersgd.privacy.membership import model_with_parameters
+    from gossip_powersgd.privacy.reconstruction import reconstruct
+
+    victims = sorted({int(v) for v in candidates.victim})
+    last = max(next(iter(snapshots.values())))
+    received = {}
+    for v in victims:
+        estimates = reconstruct(view, v, window=window)
+        at = max(k for k in estimates if k <= last)
+        received[v] = model_with_parameters(make_model(), estimates[at])
+    own = {v: model_with_parameters(make_model(), snapshots[v][last]) for v in victims}
+    evaluation = evaluate({"received": received, "victim's own": own}, candidates, refs)
+    band = evaluation["null_band"]
+    out = flat(evaluation)
+    out.update(
+        {"null/auc": band["auc"], "null/tpr0.1": band["tpr"][0], "null/tpr1": band["tpr"][1]}
+    )
+    out.update(members=int(candidates.member.sum()), nonmembers=int((~candidates.member).sum()))
+    return out
+
+
+def canary_audit(
+    hooks: Sequence[Any],
+    run: ObservedRun,
+    make_model: Callable,
+    initial: torch.nn.Module,
+    delta: float,
+    counts: Optional[Sequence[tuple]] = None,
+    confidence: Optional[float] = None,
+) -> Dict[str, Any]:
+    """The one-run audit of `run`, trained with the `canaries.Canaries` `hooks` (one per victim):
+    {"observer" (through its reconstruction of each victim at the end) and "victim" (its own
+    final model): `audit.AuditResult` fields and the canaries' "scores"; "included" (the truth),
+    "delta", "m", "confidence", "counts"}. `initial`: the public initial model; `counts`: the
+    (k_pos, k_neg) tried (default `audit.audit_counts`), `confidence` default `audit.CONFIDENCE`."""
+    from gossip_powersgd.privacy.audit import CONFIDENCE, audit_counts
+    from gossip_powersgd.privacy.canaries import observed_model
+    from gossip_powersgd.privacy.membership import model_with_parameters
+
+    last = run.steps[-1]
+    truth = torch.cat([h.included for h in hooks]).numpy()
+    counts = audit_counts(len(truth)) if counts is None else [tuple(c) for c in counts]
+    out: Dict[str, Any] = dict(included=truth.astype(int).tolist(), delta=delta, m=len(truth))
+    out.update(confidence=CONFIDENCE if confidence is None else confidence, counts=counts)
+    models = {
+        "observer": lambda v: observed_model(run.view, v, make_model()),
+        "victim": lambda v: model_with_parameters(make_model(), run.snapshots[v][last]),
+    }
+    for name, model_of in models.items():
+        out[name] = _audited(hooks, model_of, initial, out)
+    return out
+
+
+def _audited(hooks, model_of, initial, record: Mapping[str, Any]) -> Dict[str, Any]:
+    from gossip_powersgd.privacy.audit import best_audit
+    from gossip_powersgd.privacy.canaries import loss_drop_scores
+
+    scores = np.concatenate(
+        [loss_drop_scores(model_of(h.victim), initial, h.x, h.y) for h in hooks]
+    )
+    truth = np.array(record["included"]).astype(bool)
+    result = best_audit(scores, truth, record["delta"], record["counts"], record["confidence"])
+    return dict(dataclasses.asdict(result), scores=scores.tolist())
+
+
+def recheck_audit(record: Mapping[str, Any], source: str) -> float:
+    """The bound of `record[source]` (a `canary_audit` record, e.g. read back from JSON)
+    recomputed from its stored scores and truth: `best_audit` again, nothing trusted."""
+    from gossip_powersgd.privacy.audit import best_audit
+
+    scores, truth = np.array(record[source]["scores"]), np.array(record["included"]).astype(bool)
+    counts = [tuple(c) for c in record["counts"]]
+    return best_audit(scores, truth, record["delta"], counts, record["confidence"]).epsilon

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -49,7 +49,10 @@ from gossip_powersgd.privacy.seeds import Randomness
 __all__ = [
     "AUDIT_STREAM",
     "AuditResult",
+    "COUNT_FRACTIONS",
     "audit",
+    "audit_ceiling",
+    "audit_counts",
     "best_audit",
     "draw_inclusion",
     "epsilon_lower_bound",
@@ -212,3 +215,22 @@ def best_audit(
         if best is None or result.epsilon > best.epsilon:
             best = result
     return dataclasses.replace(best, confidence=float(confidence), tried=len(counts))
+
+
+#: The (k_pos, k_neg) `audit_counts` offers `best_audit`, as fractions of the canaries.
+COUNT_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.5)
+
+
+def audit_counts(m: int, fractions: Sequence[float] = COUNT_FRACTIONS) -> List[Tuple[int, int]]:
+    """The (k_pos, k_neg) to try for m canaries, fixed before any score is seen: for each fraction
+    f, f m guesses, half in and half out (at least one each)."""
+    return [(max(1, int(f * m) // 2), max(1, int(f * m) // 2)) for f in fractions]
+
+
+def audit_ceiling(
+    m: int, counts: Sequence[Tuple[int, int]], delta: float, confidence: float = CONFIDENCE
+) -> float:
+    """The largest bound `best_audit` can give with m canaries and these counts: every guess
+    right, at the best count (with the significance split over the counts)."""
+    level = 1 - (1 - confidence) / len(counts)
+    return max(epsilon_lower_bound(m, a + b, a + b, delta, level) for a, b in counts)

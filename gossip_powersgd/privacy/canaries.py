@@ -19,11 +19,15 @@ Scores, higher meaning "more likely included", from what an observer has:
   over the messages, `reconstruction.reconstruct`), to score with the above;
 * the victim's own final model gives the white-box bound: what every message is post-processing
   of.
+
+`public_canaries` draws the auditor's usual canaries (Gaussian inputs at the data's scale with a
+uniformly random label: records unlike any real one) from the run's seed: public, as the threat
+model allows; only their inclusion is secret. `canary_hooks` gives one `Canaries` per victim.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -33,7 +37,18 @@ from gossip_powersgd.privacy.audit import draw_inclusion
 from gossip_powersgd.privacy.seeds import Randomness
 from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
 
-__all__ = ["Canaries", "loss_drop_scores", "losses", "observed_model"]
+__all__ = [
+    "CANARY_SEED",
+    "Canaries",
+    "canary_hooks",
+    "loss_drop_scores",
+    "losses",
+    "observed_model",
+    "public_canaries",
+]
+
+#: The keystream-independent (public) generator of `public_canaries`: a function of the run's seed.
+CANARY_SEED = 0xCA7A
 
 
 class Canaries(TrainingHooks):
@@ -136,3 +151,23 @@ def observed_model(view, victim: int, template: torch.nn.Module, step: Optional[
     if step not in estimates:
         raise ValueError(f"the view holds no estimate of peer {victim} at step {step}")
     return model_with_parameters(template, estimates[step])
+
+
+def public_canaries(data, m: int, victim: int, seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """m public canaries for `victim` of a run with seed `seed`: Gaussian inputs with the mean and
+    standard deviation of `data`'s training inputs (a `training.data` dataset), labels uniform
+    over its classes; the same for the same (victim, seed)."""
+    g = torch.Generator().manual_seed(CANARY_SEED * 1000 + 100 * int(seed) + int(victim))
+    x_train = data.x_train.float()
+    x = torch.randn((m, *x_train.shape[1:]), generator=g) * x_train.std() + x_train.mean()
+    y = torch.randint(0, data.num_classes, (m,), generator=g, dtype=data.y_train.dtype)
+    return x.to(data.x_train.dtype), y
+
+
+def canary_hooks(victims: Sequence[int], data, m: int, seed: int) -> List[Canaries]:
+    """One `Canaries` hook per victim with its `public_canaries`, each with its own secret
+    (OS-entropy) inclusion coins, named after its victim (checkpoint state is keyed by name)."""
+    hooks = [Canaries(v, *public_canaries(data, m, v, seed)) for v in victims]
+    for hook in hooks:
+        hook.name = f"canaries of peer {hook.victim}"
+    return hooks

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -59,10 +59,13 @@ __all__ = [
     "UPDATES",
     "KnowledgeSystem",
     "attackable_indices",
+    "colluders_for_all",
     "colluders_needed",
+    "distances",
     "knowledge_matrix",
     "observations",
     "reach",
+    "structure_report",
     "system_from_views",
 ]
 
@@ -232,9 +235,94 @@ def colluders_needed(
     for k in range(1, most + 1):
         for group in itertools.combinations(candidates, k):
             system = knowledge_matrix(topology, steps, group, gamma=gamma, updates=updates, tie=tie)
-            if reach(system)[target]["updates"] > 0:
+            columns = [c for c, (_, j) in enumerate(system.unknowns) if j == target]
+            if system.determined(np.eye(len(system.unknowns))[columns]).any():
                 return k, group
     return None, ()
+
+
+def colluders_for_all(
+    topology: AnyTopology,
+    steps: int,
+    *,
+    gamma: Optional[float] = None,
+    updates: str = "every_step",
+    tie: int = 1,
+    most: int = 3,
+) -> Tuple[Optional[int], Tuple[int, ...]]:
+    """The fewest colluders (any peers) whose pooled knowledge determines every unknown of every
+    peer, and the first such set in lexicographic order; (None, ()) if no set of at most `most`
+    does."""
+    size = network_dp._graphs(topology).size
+    for k in range(1, most + 1):
+        for group in itertools.combinations(range(size), k):
+            system = knowledge_matrix(topology, steps, group, gamma=gamma, updates=updates, tie=tie)
+            if system.determined(np.eye(len(system.unknowns))).all():
+                return k, group
+    return None, ()
+
+
+def distances(topology: AnyTopology, source: int = 0) -> List[int]:
+    """Graph distance (hops) from `source` to every peer of the static `topology`."""
+    from gossip_powersgd.privacy.mechanisms.muffliato import hops
+
+    return [int(d) for d in hops(topology, source)]
+
+
+def _by_distance(far: Sequence[int], reached, key: str) -> Dict[str, List[int]]:
+    """{distance: [determined, total]} over the peers at distance >= 1 from the observer."""
+    out: Dict[str, List[int]] = {}
+    for peer, d in enumerate(far):
+        if d >= 1:
+            cell = out.setdefault(str(d), [0, 0])
+            cell[0] += int(reached[peer][key] == 1.0)
+            cell[1] += 1
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def structure_report(
+    topology: str, steps: int, *, updates: str = "every_step", tie: int = 1, most: int = 3
+) -> Dict[str, Any]:
+    """What peer 0 alone determines after `steps` steps on `topology` (a spec), per graph
+    distance d: "updates_by_distance" / "models_by_distance" {d: [peers all of whose unknowns /
+    models y(t) are determined, peers at d]}, "partly_by_distance" (peers some of whose unknowns
+    are); the fewest colluders among the farthest peer's non-neighbours that determine one of its
+    contributions ("colluders_for_target", "colluder_set_for_target": `colluders_needed`) and the
+    fewest that determine everyone's ("colluders_for_all": `colluders_for_all`), searched up to
+    `most`; the system's "rank" and "unknowns". No run: all of it is public structure."""
+    far = distances(topology)
+    system = knowledge_matrix(topology, steps, [0], updates=updates, tie=tie)
+    reached = reach(system)
+    target = far.index(max(far))
+    k_target, group_target = colluders_needed(
+        topology, steps, target, updates=updates, tie=tie, most=most
+    )
+    k_all, group_all = colluders_for_all(topology, steps, updates=updates, tie=tie, most=most)
+    partly = {
+        str(d): sum(1 for p, dp in enumerate(far) if dp == d and 0 < reached[p]["updates"] < 1)
+        for d in sorted(set(far))
+        if d >= 1
+    }
+    return {
+        "topology": topology,
+        "steps": steps,
+        "updates": updates,
+        "tie": tie,
+        "peers": len(far),
+        "neighbours": sum(1 for d in far if d == 1),
+        "rank": int(system.basis.shape[1]),
+        "unknowns": len(system.unknowns),
+        "updates_by_distance": _by_distance(far, reached, "updates"),
+        "models_by_distance": _by_distance(far, reached, "models"),
+        "partly_by_distance": partly,
+        "target": target,
+        "target_distance": far[target],
+        "colluders_for_target": k_target,
+        "colluder_set_for_target": list(group_target),
+        "colluders_for_all": k_all,
+        "colluder_set_for_all": list(group_all),
+        "most": most,
+    }
 
 
 # ---- from recorded views ---------------------------------------------------------------------------

@@ -168,22 +168,28 @@ def test_a_restarted_peer_rejoins_and_the_average_holds_across_the_join(tmp_path
     assert moved > 1e6 * bound  # not vacuous
 
 
-def test_a_neighbour_posting_after_the_lost_peer_died_goes_on(tmp_path):
-    """The flake of test_churn_hosts (1 CI run in 13, under load): a neighbour of the killed
-    peer that is between two operations when it dies posts its next message on a connection gloo
-    has already closed, and gloo refuses the post at once ("Connection closed by peer") instead of
-    failing the wait. That is the loss (PeerLostError, the step's gossip dropped), not the end of
-    the run: here the victim's neighbours post step AT's messages only once it has ended."""
-    codes, logs = gossip_job(tmp_path, "exact", "KILL", mode="late")
+def went_on_without_the_victim(tmp_path, sig: str, mode: str, how: str) -> None:
+    """ring:4 with peer VICTIM sending itself `sig` at step AT (`gossip_job`'s `mode`): every
+    survivor exits 0 with the same two epochs, the victim lost as `how`, and the victim's
+    neighbours dropped step AT's gossip (the loss interrupted it, it did not end the run)."""
+    codes, logs = gossip_job(tmp_path, "exact", sig, mode=mode)
     survivors = [0, 1, 3]
     assert [codes[k] for k in survivors] == [0, 0, 0], (codes, logs)
     results = [torch.load(tmp_path / f"rank-{k}.pt", weights_only=False) for k in survivors]
     for r in results:
         assert r["epochs"] == results[0]["epochs"]
         assert [e[2] for e in r["epochs"]] == [[0, 1, 2, 3], survivors]
-        assert r["changes"][0]["lost"] == {VICTIM: "killed"}
-    # step AT's gossip was dropped by the neighbours that posted after the death
+        assert r["changes"][0]["lost"] == {VICTIM: how}
     assert all(results[k]["trace"][AT][2] for k in (1, 2))  # ranks 1 and 3
+
+
+def test_a_neighbour_posting_after_the_lost_peer_died_goes_on(tmp_path):
+    """The flake of test_churn_hosts (1 CI run in 13, under load): a neighbour of the killed
+    peer that is between two operations when it dies posts its next message on a connection gloo
+    has already closed, and gloo refuses the post at once ("Connection closed by peer") instead of
+    failing the wait. That is the loss (PeerLostError, the step's gossip dropped), not the end of
+    the run: here the victim's neighbours post step AT's messages only once it has ended."""
+    went_on_without_the_victim(tmp_path, "KILL", "late", "killed")
 
 
 def test_a_wait_that_times_out_before_the_monitor_finds_the_loss_goes_on(tmp_path):
@@ -193,16 +199,7 @@ def test_a_wait_that_times_out_before_the_monitor_finds_the_loss_goes_on(tmp_pat
     `Monitor.finding_seconds`), not the end of the run; so is a wait that fails because a
     neighbour's timed out and closed its connections (rank 0's here). Before, the neighbours
     ended with the diagnosis as a CommunicationError and rank 0 waited for their posts in vain."""
-    codes, logs = gossip_job(tmp_path, "exact", "STOP", mode="slow")
-    survivors = [0, 1, 3]
-    assert [codes[k] for k in survivors] == [0, 0, 0], (codes, logs)
-    results = [torch.load(tmp_path / f"rank-{k}.pt", weights_only=False) for k in survivors]
-    for r in results:
-        assert r["epochs"] == results[0]["epochs"]
-        assert [e[2] for e in r["epochs"]] == [[0, 1, 2, 3], survivors]
-        assert r["changes"][0]["lost"] == {VICTIM: "stopped"}
-    # step AT's gossip was dropped by the victim's neighbours, whose receives timed out
-    assert all(results[k]["trace"][AT][2] for k in (1, 2))  # ranks 1 and 3
+    went_on_without_the_victim(tmp_path, "STOP", "slow", "stopped")
 
 
 @pytest.mark.parametrize(

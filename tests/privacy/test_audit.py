@@ -18,6 +18,8 @@ from torch import nn
 
 from gossip_powersgd.privacy.audit import (
     audit,
+    audit_ceiling,
+    audit_counts,
     best_audit,
     draw_inclusion,
     epsilon_lower_bound,
@@ -123,6 +125,24 @@ def randomized_response(included: torch.Tensor, epsilon: float, seed: int) -> np
     truth = np.where(included.numpy(), 1.0, -1.0)
     flip = rng.random(len(truth)) >= expit(epsilon)
     return np.where(flip, -truth, truth)
+
+
+def test_the_counts_are_fixed_fractions_of_the_canaries_half_in_half_out():
+    assert audit_counts(200) == [(2, 2), (5, 5), (10, 10), (20, 20), (50, 50)]
+    assert audit_counts(10) == [(1, 1)] * 4 + [(2, 2)]  # at least one guess each way
+    assert audit_counts(100, fractions=(0.5,)) == [(25, 25)]
+
+
+def test_the_ceiling_is_what_best_audit_gives_when_every_guess_is_right():
+    """Scores that rank every included canary above every excluded one: each count's guesses are
+    all right, so `best_audit` reaches exactly the ceiling; noisy scores stay below it."""
+    rng = np.random.default_rng(1)
+    truth = rng.random(400) < 0.5
+    counts = audit_counts(400)
+    ceiling = audit_ceiling(400, counts, 1e-5)
+    assert best_audit(truth * 1.0, truth, 1e-5, counts).epsilon == ceiling > 0
+    noisy = truth + rng.standard_normal(400)
+    assert best_audit(noisy, truth, 1e-5, counts).epsilon < ceiling
 
 
 def test_randomized_response_bound_is_below_its_epsilon_and_nearly_tight():

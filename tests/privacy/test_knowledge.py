@@ -20,10 +20,13 @@ from gossip_powersgd import LocalCluster
 from gossip_powersgd.privacy import load_view
 from gossip_powersgd.privacy.knowledge import (
     attackable_indices,
+    colluders_for_all,
     colluders_needed,
+    distances,
     knowledge_matrix,
     observations,
     reach,
+    structure_report,
     system_from_views,
 )
 
@@ -89,6 +92,46 @@ def test_decentralized_sgd_hides_every_non_neighbours_update_unless_updates_are_
         assert colluders_needed(spec, 8, 4, most=2) == (None, ())
     tied = knowledge_matrix("ring:8", 8, [0], gamma=1.0, tie=4)
     assert determined_peers(tied) == set(range(8))
+
+
+def test_distances_on_a_ring_and_a_torus():
+    assert distances("ring:6") == [0, 1, 2, 3, 2, 1]
+    assert distances("torus:3x3") == [0, 1, 1, 1, 2, 2, 1, 2, 2]
+    assert distances("ring:6", source=2) == [2, 1, 0, 1, 2, 3]
+
+
+def test_one_peer_determines_everyone_on_a_ring_once_the_steps_carry_the_values_to_it():
+    """ring:6 averaging: after one step peer 0 holds only its neighbours' values (no single
+    colluder determines everyone, and none off the opposite peer's neighbourhood its value);
+    after three, peer 0 alone determines everyone."""
+    assert colluders_for_all("ring:6", 1, updates="once", most=1) == (None, ())
+    assert colluders_needed("ring:6", 1, 3, updates="once", most=1) == (None, ())
+    assert colluders_for_all("ring:6", 3, updates="once") == (1, (0,))
+    assert colluders_needed("ring:6", 3, 3, updates="once") == (1, (0,))
+
+
+def test_the_structure_report_counts_what_peer_0_determines_at_each_distance():
+    """ring:6 averaging after 3 steps: every peer at every distance is determined (both
+    neighbours, both at distance 2, the opposite peer), so is every model; the farthest peer is
+    3 and peer 0 alone suffices for it and for everyone. D-SGD with a fresh update per step on
+    the same ring: the neighbours' models are received as they are, no farther unknown is
+    determined (all partly measured)."""
+    once = structure_report("ring:6", 3, updates="once", most=2)
+    assert once["updates_by_distance"] == {"1": [2, 2], "2": [2, 2], "3": [1, 1]}
+    assert once["models_by_distance"] == once["updates_by_distance"]
+    assert (once["target"], once["target_distance"], once["peers"], once["neighbours"]) == (
+        3,
+        3,
+        6,
+        2,
+    )
+    assert (once["colluders_for_target"], once["colluder_set_for_target"]) == (1, [0])
+    assert (once["colluders_for_all"], once["colluder_set_for_all"]) == (1, [0])
+    assert once["unknowns"] == 6 and once["rank"] == 6
+    fresh = structure_report("ring:6", 4, most=1)
+    assert fresh["models_by_distance"]["1"] == [2, 2]
+    assert fresh["updates_by_distance"]["2"][0] == fresh["updates_by_distance"]["3"][0] == 0
+    assert fresh["colluders_for_target"] is None and fresh["unknowns"] == 6 * 4
 
 
 # ---- on real messages ------------------------------------------------------------------------------

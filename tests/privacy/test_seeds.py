@@ -17,6 +17,7 @@ import torch
 from torch.nn import functional as F
 
 import topologies
+from mechanism_fixtures import small_config
 from gossip_powersgd import LocalCluster
 from gossip_powersgd.comm.local import LocalCommunicator
 from gossip_powersgd.privacy import load_view
@@ -29,20 +30,7 @@ from gossip_powersgd.training.trainer import TIMING_KEYS, train
 pytest.importorskip("opacus")
 
 VICTIM, OBSERVER = 1, 0
-CONFIG = TrainConfig(
-    topology="ring:4",
-    dataset="synthetic_logreg:d=20,classes=4,n=2000",
-    model="logreg",
-    lr=0.5,
-    batch_size=32,
-    epochs=1,
-    quiet=True,
-    checkpoint_every=0,
-    algorithm="exact",
-    partition="iid",
-    dp_noise_multiplier=1.0,
-    dp_max_grad_norm=1.0,
-)
+CONFIG = small_config(dp_noise_multiplier=1.0)
 
 
 def local(config: TrainConfig, **kwargs):

@@ -1,4 +1,4 @@
-"""The small private training config the mechanism tests share (tests/privacy/mechanisms/)."""
+"""The small private training config the privacy tests share (tests/privacy/)."""
 
 from __future__ import annotations
 

@@ -26,19 +26,11 @@ import math
 import statistics
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-#: The project's latency per round of its projected communication time (experiments.suite.runs).
-LATENCY_S = 50e-6
-#: The share of a tbf rate a TCP stream carries as payload (1448 of the 1514 bytes of a frame).
-PAYLOAD_SHARE = 1448 / 1514
-_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+from experiments.suite.runs import LATENCY_S
+from gossip_powersgd.cluster import parse_rate as rate_bits
+from gossip_powersgd.cluster.measure import PAYLOAD_SHARE
 
-
-def rate_bits(rate: str) -> float:
-    """Bits per second of a rate as the cluster tool spells it ("100mbit")."""
-    for unit, scale in _UNITS.items():
-        if rate.endswith(unit):
-            return float(rate[: -len(unit)]) * scale
-    raise ValueError(f"rate {rate!r}: give kbit, mbit or gbit")
+_UNITS = ("kbit", "mbit", "gbit")
 
 
 def rate_text(rate: str) -> str:

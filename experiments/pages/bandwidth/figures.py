@@ -20,6 +20,7 @@ from .recipe import (
     measured_on,
     rates_on,
     train_keys,
+    tuning_keys,
 )
 
 
@@ -35,7 +36,7 @@ def tuning(s: Setting, data: Mapping[str, Dict]) -> List[Dict[str, Any]]:
         best = best_value(s, a, data)
         label = {"lr": "lr", "gamma": "γ", "gamma_x": "γ ÷ topology γ"}[a.tune]
         values = []
-        for value, row_key in _grid_keys(s, a):
+        for value, row_key in tuning_keys(s, a):
             row = data.get(row_key, {})
             values.append(
                 {"value": value, "acc_avg": row.get("acc_avg"), "error": row.get("error")}
@@ -50,12 +51,6 @@ def tuning(s: Setting, data: Mapping[str, Dict]) -> List[Dict[str, Any]]:
             }
         )
     return out
-
-
-def _grid_keys(s: Setting, a):
-    from .recipe import tuning_keys
-
-    return tuning_keys(s, a)
 
 
 def accuracy(s: Setting, data: Mapping[str, Dict], target: Optional[float]) -> Dict[str, Any]:

@@ -1,13 +1,12 @@
-"""One host's part of a step-time measurement on the emulated cluster, started by torchrun on every
-host (`cluster_rows.timing_row` launches it):
+"""One host's part of a step-time measurement on the emulated cluster, started on every host with
+the variables torchrun would set and no agent beside it (`rows.timing_row` launches it):
 
-    torchrun --nnodes N --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint host0:29400 \\
-        -m experiments.pages.bandwidth.probe SPEC.json OUT_DIR
+    python -m experiments.pages.bandwidth.probe SPEC.json OUT_DIR
 
 For each algorithm of SPEC (one torch.distributed communicator for all of them), the trainer's
 loop is timed period by period and its communication replayed with compute out of the way
-(`timers.measure_algorithm`); then one evaluation is timed and replayed. Writes
-OUT_DIR/rank-K.json.
+(`gossip_powersgd.training.timing.measure_algorithm`); then one evaluation is timed and
+replayed. Writes OUT_DIR/rank-K.json.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from gossip_powersgd.launch import make_communicator
     from gossip_powersgd.utils import atomic_write
 
-    from .timers import CallRecorder, measure_algorithm, measure_evaluation
+    from gossip_powersgd.training.timing import CallRecorder, measure_algorithm, measure_evaluation
 
     torch.set_num_threads(1)
     topology = topologies.parse(spec["train"]["topology"])

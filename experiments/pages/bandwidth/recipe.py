@@ -188,33 +188,14 @@ def train_run(
 
 def tuning_runs(s: Setting, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
     """The grids: learning rates first; γ grids once the all-reduce's lr is chosen."""
-    topology = s.tune_topology
-    runs = []
-    lr_star = chosen_lr(s, rows)
+    topology, lr_star, runs = s.tune_topology, chosen_lr(s, rows), []
     for key in s.algorithms:
         a = BY_KEY[key]
-        for value in grid(s, a):
-            if a.tune == "lr":
-                gamma = topology_gamma(topology) if "{gamma}" in a.spec else None
-                runs.append(
-                    train_run(
-                        f"tune/{topology}/{key}/lr={fmt(value)}", s, a, topology, 0, value, gamma
-                    )
-                )
-            elif lr_star is not None:
-                gamma = value * topology_gamma(topology) if a.tune == "gamma_x" else value
-                label = "gx" if a.tune == "gamma_x" else "g"
-                runs.append(
-                    train_run(
-                        f"tune/{topology}/{key}/{label}={fmt(value)}",
-                        s,
-                        a,
-                        topology,
-                        0,
-                        lr_star,
-                        gamma,
-                    )
-                )
+        if a.tune != "lr" and lr_star is None:
+            continue
+        for value, run_key in tuning_keys(s, a):
+            lr = value if a.tune == "lr" else lr_star
+            runs.append(train_run(run_key, s, a, topology, 0, lr, gamma_on(a, value, topology)))
     return runs
 
 
@@ -345,8 +326,9 @@ def measurement_runs(s: Setting, rows) -> List[Run]:
     algorithm and topology (its arithmetic grows with its neighbours), the cluster's step times
     per topology and rate, and the complete cluster runs."""
     runs = []
-    # the measured runs stop themselves (timers.StepTimer): the epochs only have to outlast them,
-    # and their one evaluation is timed on its own (none inside the timed periods)
+    # the measured runs stop themselves (gossip_powersgd.training.timing.StepTimer): the epochs
+    # only have to outlast them, and their one evaluation is timed on its own (none inside the
+    # timed periods)
     probe_base = {k: v for k, v in s.base.items() if k not in ("backend", "out_dir")}
     probe_base.update(epochs=PROBE_EPOCHS, eval_every=PROBE_EPOCHS)
     for topology in s.topologies:

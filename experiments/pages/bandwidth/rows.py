@@ -2,7 +2,7 @@
 
 - train: in-process (`gossip_powersgd.run`, every peer a thread): accuracy after every epoch,
   training and metric bytes, the traffic counters, the final models' digests;
-- alone: one peer's step by itself (`timers.measure_alone`);
+- alone: one peer's step by itself (`gossip_powersgd.training.timing.measure_alone`);
 - timing: the cluster up at a rate (`gossip_powersgd.cluster`), the probe (`probe.py`) started by
   torchrun on every host, its per-host measurements summed up, the cluster down;
 - e2e: the cluster up, the chosen training config run to the end by `gossip_powersgd.cli.train`
@@ -20,14 +20,12 @@ import json
 import os
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 from experiments.engine import ROOT, Run
+from experiments.pages._suite_rows import spec_of
 
 #: One lock per plan (full, --quick) for every process of every sweep of this page on the machine.
 LOCK = Path(tempfile.gettempdir()) / "gossip-powersgd-bandwidth-page-{}.lock"
@@ -45,7 +43,12 @@ COMM_TIMEOUT = 900.0
 #: The longest a launch on the cluster may take before it is killed as a hang.
 LAUNCH_LIMIT = 4 * 3600.0
 PREFIX = "bw"
-RENDEZVOUS_PORT = 29400
+#: The kinds of rows made on the emulated cluster, and what they are (for the error without it).
+ON_THE_CLUSTER = {
+    "timing": "the step times",
+    "e2e": "the complete runs",
+    "fault": "the faults across hosts",
+}
 #: How long the link check's one TCP stream runs at the link's rate.
 LINK_CHECK_SECONDS = 3.0
 
@@ -68,6 +71,11 @@ def row(run: Run) -> Dict[str, Any]:
         "quick", run.config.get("train", {}).get("dataset") == QUICK_BASE["dataset"]
     )
     with held(exclusive=kind != "train", plan="quick" if quick else "full"):
+        problem = cluster_problem() if kind in ON_THE_CLUSTER else ""
+        if problem and run.config.get("quick"):
+            return {"skipped": problem}
+        if problem:
+            raise RuntimeError(f"{ON_THE_CLUSTER[kind]} need the emulated cluster: {problem}")
         if kind == "train":
             return train_row(run)
         if kind == "alone":
@@ -79,10 +87,6 @@ def row(run: Run) -> Dict[str, Any]:
         if kind == "fault":
             return fault_row(run)
     raise ValueError(f"run {run.key}: unknown kind {kind!r}")
-
-
-def spec_of(template: str, gamma) -> str:
-    return template.replace("{gamma}", repr(gamma)) if "{gamma}" in template else template
 
 
 def training_config(run: Run) -> Dict[str, Any]:
@@ -136,7 +140,7 @@ def train_row(run: Run) -> Dict[str, Any]:
 
 # ---- one peer alone ------------------------------------------------------------------------------
 def alone_row(run: Run) -> Dict[str, Any]:
-    from .timers import measure_alone
+    from gossip_powersgd.training.timing import measure_alone
 
     before = load()
     measured = measure_alone(dict(run.config["train"], seed=0), ALONE_BUDGET)
@@ -196,75 +200,17 @@ def cluster(hosts: int, rate: str, slow=None) -> Iterator[str]:
 
 
 def launch(prefix: str, hosts: int, command: List[str], logs: Path, torchrun: bool) -> float:
-    """`python COMMAND` on every host (one process each), from the checkout: under torchrun
-    (multi-node, c10d rendezvous on host0), as a user launches, or (`torchrun` False) started
-    with the variables torchrun would set (RANK, WORLD_SIZE, MASTER_ADDR host0), without an agent
-    per host beside the timed processes. Returns the seconds until the last one ended; a host
-    that fails ends the others, and its log's tail is the error."""
-    from gossip_powersgd.cluster import enter_command
+    """`gossip_powersgd.cluster.launch.launch_on_hosts` from the checkout, one thread each."""
+    from gossip_powersgd.cluster.launch import launch_on_hosts
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", GOSSIP_CLUSTER_PREFIX=prefix)
-    processes = []
-    start = time.perf_counter()
-    for k in range(hosts):
-        if torchrun:
-            words = [str(Path(sys.executable).parent / "torchrun"), "--nnodes", str(hosts)]
-            words += ["--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint"]
-            words += [f"host0:{RENDEZVOUS_PORT}", *command]
-            host_env = env
-        else:
-            words = [sys.executable, *command]
-            host_env = dict(env, RANK=str(k), LOCAL_RANK="0", WORLD_SIZE=str(hosts))
-            host_env.update(MASTER_ADDR="host0", MASTER_PORT=str(RENDEZVOUS_PORT))
-        log = open(logs / f"host{k}.log", "w")
-        processes.append(
-            subprocess.Popen(
-                enter_command(prefix, f"host{k}", words),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-                env=host_env,
-                start_new_session=True,
-            )
-        )
-        log.close()
-    deadline = time.monotonic() + LAUNCH_LIMIT
-    failed = None
-    try:
-        while any(p.poll() is None for p in processes):
-            if time.monotonic() > deadline:
-                failed = f"still running after {LAUNCH_LIMIT:.0f} s"
-                break
-            bad = [k for k, p in enumerate(processes) if p.poll() not in (None, 0)]
-            if bad and failed is None:
-                failed = f"host{bad[0]} exited with status {processes[bad[0]].returncode}"
-                grace = time.monotonic() + 30  # the others name it and end themselves
-                while any(p.poll() is None for p in processes) and time.monotonic() < grace:
-                    time.sleep(0.2)
-                break
-            time.sleep(0.2)
-    finally:
-        for p in processes:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.wait()
-    seconds = time.perf_counter() - start
-    bad = [k for k, p in enumerate(processes) if p.returncode != 0]
-    if failed or bad:
-        k = bad[0] if bad else 0
-        tail = (logs / f"host{k}.log").read_text()[-1500:]
-        raise RuntimeError(f"launch on the cluster failed ({failed or f'host{k}'}): {tail}")
-    return seconds
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return launch_on_hosts(prefix, hosts, command, logs, torchrun, ROOT, env, LAUNCH_LIMIT)
 
 
 def timing_row(run: Run) -> Dict[str, Any]:
-    c = run.config
-    problem = cluster_problem()
-    if problem:
-        if run.config.get("quick"):
-            return {"skipped": problem}
-        raise RuntimeError(f"the step times need the emulated cluster: {problem}")
     import topologies
+
+    c = run.config
 
     hosts = topologies.parse(c["topology"]).size
     spec = {
@@ -357,14 +303,9 @@ def summarize_probe(ranks: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 def fault_row(run: Run) -> Dict[str, Any]:
     """A fault on one of 3 hosts, mid-run (`faults.py`), on a cluster of this process's prefix."""
-    from .faults import row as scenario
-
-    problem = cluster_problem()
-    if problem:
-        if run.config.get("quick"):
-            return {"skipped": problem}
-        raise RuntimeError(f"the faults across hosts need the emulated cluster: {problem}")
     from gossip_powersgd.cluster import down
+
+    from .faults import row as scenario
 
     for stale in _stale_clusters():
         down(stale)
@@ -375,11 +316,6 @@ def e2e_row(run: Run) -> Dict[str, Any]:
     import topologies
     import yaml
 
-    problem = cluster_problem()
-    if problem:
-        if run.config.get("quick"):
-            return {"skipped": problem}
-        raise RuntimeError(f"the complete runs need the emulated cluster: {problem}")
     c = run.config
     train = training_config(run)
     train.update(backend="torch", comm_timeout=COMM_TIMEOUT)

@@ -111,13 +111,12 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 def row(run: Run) -> Dict[str, Any]:
     """The point in its child: every rank's record (floats to 5 digits), or why it failed."""
     import json
-    import socket
     import sys
     import tempfile
     import time
     from pathlib import Path
 
-    from experiments.pages._bench import compact, machine, mpiexec, run_child
+    from experiments.pages._bench import compact, local_torchrun, machine, mpiexec, run_child
 
     point = {k: v for k, v in run.config.items() if k != "timeout"}
     start = machine()
@@ -126,12 +125,7 @@ def row(run: Run) -> Dict[str, Any]:
         if point["backend"] == "mpi":
             command = [mpiexec(), "-n", str(point["peers"]), sys.executable, *child]
         elif point["backend"] == "torch":
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = str(s.getsockname()[1])
-            torchrun = ["-m", "torch.distributed.run", "--nproc-per-node", str(point["peers"])]
-            torchrun += ["--master-addr", "127.0.0.1", "--master-port", port]
-            command = [sys.executable, *torchrun, *child]
+            command = [*local_torchrun(point["peers"]), *child]
         else:
             command = [sys.executable, *child]
         started = time.perf_counter()

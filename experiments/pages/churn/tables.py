@@ -226,6 +226,13 @@ def _seconds(values: Sequence[float]) -> str:
     return f"{statistics.median(values):.2f} / {max(values):.2f}" if values else "—"
 
 
+def _short_of(made: int, planned: int) -> str:
+    """' (of N planned: ...)' when the soak made fewer faults than its plan, else ''."""
+    if made >= planned:
+        return ""
+    return f" (of {planned} planned: the pause before the next one ended past 85 % of the steps)"
+
+
 def soak_section(rows: Rows) -> str:
     """The emulated-cluster soak (the row whose config's section is "soak", `soak.py`): what
     happened to the run, then one line per fault kind. Empty while there is no soak row."""
@@ -253,7 +260,8 @@ def soak_section(rows: Rows) -> str:
         "membership line, the host's processes ended and its link restored, its restart with "
         "`gossip-train --rejoin`, its readmission, a random pause; no faults after "
         "85 % of the steps (a loss during the final evaluation ends the run, a stated limit).\n",
-        f"- {len(faults)} faults in {final['wall_time_s'] / 60:.1f} min of training "
+        f"- {len(faults)} faults{_short_of(len(faults), record.config['faults'])} in "
+        f"{final['wall_time_s'] / 60:.1f} min of training "
         f"({final['membership_changes']} membership changes: each fault a removal and a "
         f"readmission); the run without faults took {final['reference_wall_time_s'] / 60:.1f} "
         "min.",

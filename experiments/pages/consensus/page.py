@@ -7,11 +7,11 @@ from collections import Counter
 from typing import Dict, List, Sequence
 
 from experiments.pages._markdown import fill, table, template
+from gossip_powersgd.metrics import DIVERGE_FACTOR, FLOOR_MARGIN, FLOOR_ULPS
 
 from .compare import columns, target_name, winner_cell, winner_text
 from .files import CURVES, budget_name, family, fmt_err, fmt_gamma, format_table
 from .instance import FULL_GRID
-from .measure import DIVERGE_FACTOR, FLOOR_MARGIN, FLOOR_ULPS
 from .models import SAVED_EPOCHS, TRAINING
 from .problems import problem_shapes
 

@@ -120,7 +120,7 @@ def origin(rows: Rows) -> Optional[Dict[str, Any]]:
 
 def render(rows: Rows) -> Outputs:
     """dynamic.md, its two CSVs, dynamic.json and the two plots."""
-    from experiments.pages.consensus.measure import bits_to_reach, error_at_bits
+    from gossip_powersgd.metrics import bits_to_reach, error_at_bits
 
     p = setting(rows.quick)
     stored = [r for r in rows.records if r.config["section"] == "consensus"]

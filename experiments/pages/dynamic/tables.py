@@ -6,9 +6,9 @@ import csv
 import io
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from experiments.pages.consensus.measure import positive_points
 from experiments.suite.runs import BANDWIDTHS, projected_seconds
 from experiments.suite.tables import _pct
+from gossip_powersgd.metrics import positive_points
 
 POWERGOSSIP = "PowerGossip r1"
 TARGETS = (1e-2, 1e-4)

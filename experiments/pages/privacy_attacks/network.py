@@ -1,5 +1,5 @@
 """The network-DP section of privacy_attacks.md: the exact pairwise epsilon of noisy exact gossip
-per topology and case (`privacy.pairwise_epsilon`), beside the local-DP ceiling and, with noise
+per topology and case (`privacy.network_report`), beside the local-DP ceiling and, with noise
 once, Muffliato's per-message sum (not a bound) converted the same way; a table and heat maps."""
 
 from __future__ import annotations
@@ -12,30 +12,16 @@ NOISE_TEXT = {"once": "once", "every_step": "every step"}
 
 def network_dp(c: Mapping[str, Any]) -> Dict[str, Any]:
     """Exact pairwise epsilon[u, v] (u's privacy towards observer v's whole view) of noisy exact
-    gossip for each case (noise, steps) and topology of `c`, at its sigma and delta."""
-    import numpy as np
-    import topologies
+    gossip for each case (noise, steps) and topology of `c`, at its sigma and delta
+    (`privacy.network_report.pairwise_report`)."""
+    from gossip_powersgd.privacy.network_report import pairwise_report
 
-    from gossip_powersgd.privacy import network_dp as net
-
-    sigma, delta, cases = c["sigma"], c["delta"], []
-    for noise, steps in c["cases"]:
-        ceiling = net.local_epsilon(steps, sigma, delta, noise=noise)
-        for spec in c["topologies"]:
-            eps = net.pairwise_epsilon(spec, steps, sigma, delta, noise=noise)
-            mask = ~np.eye(len(eps), dtype=bool)
-            off = eps[mask]
-            case = dict(topology=spec, noise=noise, steps=steps, matrix=eps.tolist())
-            case.update(min=float(off.min()), median=float(np.median(off)), max=float(off.max()))
-            case.update(local=ceiling, at_local=float(np.isclose(off, ceiling, 1e-9, 0).mean()))
-            if noise == "once":
-                rho = net.per_message_composition_rdp(topologies.parse(spec), steps, sigma)
-                summed = net.gaussian_epsilon(np.sqrt(2 * rho[mask]), delta)
-                case["per_message_min"] = float(summed.min())
-                case["per_message_max"] = float(summed.max())
-                case["per_message_below_exact"] = float((summed < off * (1 - 1e-9)).mean())
-                case["per_message_above_local"] = float((summed > ceiling * (1 + 1e-9)).mean())
-            cases.append(case)
+    sigma, delta = c["sigma"], c["delta"]
+    cases = [
+        pairwise_report(spec, steps, sigma, delta, noise)
+        for noise, steps in c["cases"]
+        for spec in c["topologies"]
+    ]
     return {"sigma": sigma, "delta": delta, "cases": cases}
 
 

@@ -34,20 +34,9 @@ NETWORK = dict(
 
 #: The regime of the first attack page (privacy_dp_sweep.md's: mnist1d, 8000 training samples per
 #: peer, cnn1d, ring:8, iid), on which the overfit regime and the --quick plan are built.
-_DP_SWEEP_SETTING = dict(
-    {k: dp.BASE[k] for k in ("dataset", "partition", "model", "optimizer", "momentum")},
-    lr=dp.NONPRIVATE_LR,
-    **{k: dp.BASE[k] for k in ("weight_decay", "warmup_epochs", "schedule")},
-    batch_size=dp.NONPRIVATE[1],
-    epochs=dp.NONPRIVATE[4],
-    backend="local",
-    quiet=True,
-    log_every=0,
-    checkpoint_every=0,
-    threads=1,
-    comm_timeout=900.0,
-    topology=dp.BASE["topology"],
-)
+_DP_SWEEP_SETTING = {k: v for k, v in dp.BASE.items() if k not in ("seed", "out_dir")}
+_DP_SWEEP_SETTING.update(lr=dp.NONPRIVATE_LR, batch_size=dp.NONPRIVATE[1], comm_timeout=900.0)
+_DP_SWEEP_SETTING["epochs"] = dp.NONPRIVATE[4]
 #: privacy_attacks.md's regime: the candidate privacy_regime.md chose (records per peer, model,
 #: epochs without DP; a test holds these equal to the choice its committed rows make), trained in
 #: that sweep's recipes (`privacy_regime.NONPRIVATE`, `privacy_regime.DP`).

@@ -16,7 +16,6 @@ from typing import Any, Dict, List, Mapping
 from experiments.engine import Run
 from experiments.pages._privacy import DELTA, NONPRIVATE_LR
 
-from .audit import audit_report, canary_hooks, gossip_references, reference_stats
 from .regimes import FRACTION, OBSERVER, ROUNDS, dp_recipe, regime
 
 _REFS: Dict[str, Any] = {}  #: this process's LiRA references, per (reference recipe, seed)
@@ -92,11 +91,12 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def reference_row(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
-    """One gossip-trained LiRA reference run (`audit.reference_stats`): built and cached for the
-    attacked runs of its seed; its row says what it cost."""
+    """One gossip-trained LiRA reference run (`privacy.gossip_references.reference_stats`):
+    built and cached for the attacked runs of its seed; its row says what it cost."""
     import time
 
     from gossip_powersgd.privacy.attacks import Candidates
+    from gossip_powersgd.privacy.gossip_references import reference_stats
 
     started, train = time.perf_counter(), c["reference"]["train"]
     phi, _ = reference_stats(split, Candidates.of(split), train, c["count"], seed, OBSERVER, c["k"])
@@ -117,9 +117,11 @@ def attacked(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
     """Train with the seed's split (DP at the target epsilon, or none), attack, measure."""
     import torch
 
-    from gossip_powersgd.privacy.attack_run import neighbour_report, observe
+    from gossip_powersgd.privacy.attack_run import canary_audit, neighbour_report, observe
+    from gossip_powersgd.privacy.attack_run import victim_accuracy
     from gossip_powersgd.privacy.attacks import Candidates, References
-    from gossip_powersgd.privacy.membership import model_with_parameters
+    from gossip_powersgd.privacy.canaries import canary_hooks
+    from gossip_powersgd.privacy.gossip_references import gossip_references
     from gossip_powersgd.training.models import build_model
 
     torch.set_num_threads(1)
@@ -147,15 +149,11 @@ def attacked(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
     for e, record in zip(evals, run.result.evals):
         e["consensus"] = record.get("consensus_distance")
     epsilons = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
-    victim_acc = []
-    for v in victims:
-        with torch.no_grad():
-            model = model_with_parameters(make(), run.snapshots[v][last])
-            victim_acc.append(float((model(base.x_test).argmax(1) == base.y_test).double().mean()))
+    victim_acc = victim_accuracy(run, victims, make, base.x_test, base.y_test)
     if hooks:
         initial = build_model(config.model, base.input_shape, base.num_classes, config.seed)
         delta = c["train"].get("dp_delta", DELTA)
-        out["audit"] = audit_report(hooks, run, make, initial, delta)
+        out["audit"] = canary_audit(hooks, run, make, initial, delta)
     out.update(spec=c["spec"], target=c["target"], seed=seed, steps=summary["steps"], last=last)
     out.update(round_steps=run.steps, epochs=config.epochs, batch=config.batch_size, lr=config.lr)
     out.update(

@@ -162,13 +162,6 @@ def attack_table(summaries: List[Dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _pick(summaries, **want) -> Optional[Dict[str, Any]]:
-    for s in summaries:
-        if all(s[k] == v for k, v in want.items()):
-            return s
-    return None
-
-
 def verdict(structure: List[Dict[str, Any]], summaries: List[Dict[str, Any]]) -> List[str]:
     """The page's answers, from the numbers."""
     lines = []

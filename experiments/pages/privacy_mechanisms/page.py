@@ -316,28 +316,11 @@ def attack_lines(sections, c) -> List[str]:
     return lines
 
 
-def _network_text(s) -> str:
-    muffliato, zipdl, local = (s["noises"][k] for k in ("muffliato", "zipdl", "local"))
-    spans = (muffliato["network_steps"], zipdl["network_steps"])
-    return (
-        f"{s['setting']['topology']}: Muffliato neighbour {muffliato['network_neighbour']:.3g}, "
-        f"most distant {muffliato['network_far']:.3g}; ZIP-DL neighbour "
-        f"{zipdl['network_neighbour']:.3g}, most distant {zipdl['network_far']:.3g}; DP-SGD's "
-        f"subsampled {local['local']:.3g}"
-        + (
-            f" (network views of the first {spans[0]} / {spans[1]} of {local['steps']} steps: "
-            "lower bounds)"
-            if min(spans) < local["steps"]
-            else ""
-        )
-    )
-
-
 def accountant_fields(sections) -> Dict[str, str]:
-    """What the accountants' paragraph says of this run's schedule and network bounds."""
-    constant = [s for s in sections if "network_neighbour" in s["noises"]["muffliato"]]
+    """What the accountants' paragraph says of this run's schedule and network bounds (never
+    computed: `muffliato.network_applies`)."""
     schedule = sections[0]["setting"].get("schedule", "constant")
-    network = "; ".join(_network_text(s) for s in constant) or (
+    network = (
         f"not computed here: the view models a constant lr and this run's is {schedule} "
         "(the step lr_t scales each step's noise and its record's shift alike, but the view "
         "mixes steps of different lr_t, so the constant-lr bound does not carry over; not "

@@ -117,12 +117,11 @@ def train(setting, label, spec, mechanism, noise, seed, attack=True) -> Dict[str
 
 
 def neighbour_attack(setting, split, view, snaps, seed) -> Dict[str, Any]:
-    """The attacks by the observer on its neighbours at the last step through the model it reads
-    off their messages (exact gossip) or reconstructs from them (PowerGossip: the last 4
-    messages), and through the victim's own model (the ceiling); the blind baselines, null band."""
-    from gossip_powersgd.privacy.attacks import Candidates, References, evaluate, flat
-    from gossip_powersgd.privacy.membership import model_with_parameters
-    from gossip_powersgd.privacy.reconstruction import reconstruct
+    """The observer's attacks on its neighbours at the last step through what it received
+    (PowerGossip: reconstructed from the last 4 messages) and through their own models
+    (`privacy.attack_run.received_attack`), with LiRA references built once per setting and seed."""
+    from gossip_powersgd.privacy.attack_run import received_attack
+    from gossip_powersgd.privacy.attacks import Candidates, References
     from gossip_powersgd.training.models import build_model
 
     base = split.data()
@@ -139,21 +138,7 @@ def neighbour_attack(setting, split, view, snaps, seed) -> Dict[str, Any]:
         count = setting["references"]
         _REFS[cache] = References.build(split, candidates, OBSERVER, make, count, recipe, seed)
     refs = _REFS[cache]
-    last = max(next(iter(snaps.values())))
-    received = {}
-    for v in victims:
-        estimates = reconstruct(view, v, window=4)
-        received[v] = model_with_parameters(
-            make(), estimates[max(k for k in estimates if k <= last)]
-        )
-    own = {v: model_with_parameters(make(), snaps[v][last]) for v in victims}
-    evaluation = evaluate({"received": received, "victim's own": own}, candidates, refs)
-    band = evaluation["null_band"]
-    out = flat(evaluation)
-    out.update(
-        {"null/auc": band["auc"], "null/tpr0.1": band["tpr"][0], "null/tpr1": band["tpr"][1]}
-    )
-    out.update(members=int(candidates.member.sum()), nonmembers=int((~candidates.member).sum()))
+    out = received_attack(view, snaps, candidates, refs, make, window=4)
     return dict(out, victims=victims, reference_seconds=refs.seconds)
 
 

@@ -1,12 +1,12 @@
 """The bandwidth page's logic (experiments/pages/bandwidth): steps to the target, the composition
 of times (warm-up steps, evaluations), a step's three figures from measured parts, the answer in
-words from the numbers, the plan's waves (grids, chosen values, seeds), and the measuring parts:
-the step timer's period count, the recorded messages replayed byte for byte, a peer alone. The
-page end to end (--quick, its committed rows) is in tests/experiments/pages/test_every_page.py."""
+words from the numbers, the plan's waves (grids, chosen values, seeds), and the cluster's rows.
+The step timer, the recorded messages replayed and a peer alone are in
+tests/training/test_timing.py; the page end to end (--quick, its committed rows) in
+tests/experiments/pages/test_every_page.py."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 
@@ -223,73 +223,6 @@ def test_the_target_is_set_by_the_compared_rows_only():
     acc = accuracy(s, rows, None)
     assert target_of(s, acc) == 0.72  # the best PowerGossip reached, floored
     assert accuracy(s, rows, 0.72)["ring:2"]["exact"]["steps_to_target"] == [15]
-
-
-# ---- the measuring parts ------------------------------------------------------------------------
-def test_periods_to_measure_fill_the_budget_within_the_limits():
-    from experiments.pages.bandwidth.timers import periods_to_measure
-
-    assert periods_to_measure(0.5, 20.0, 3, 40) == 40  # capped
-    assert periods_to_measure(70.0, 20.0, 3, 40) == 3  # a slow link: the fewest
-    assert periods_to_measure(2.0, 20.0, 3, 40) == 12  # 10 after the first two
-
-
-def test_recorded_messages_replay_the_same_training_bytes():
-    """An exact-gossip and an all-reduce step's calls, recorded on the in-process transport and
-    replayed: the replay sends exactly the bytes and rounds the step sent."""
-    import torch
-
-    from gossip_powersgd import LocalCluster, make_algorithm
-    from experiments.pages.bandwidth.timers import CallRecorder, replay
-
-    def peer(comm, spec):
-        params = [torch.full((5, 7), float(comm.rank)), torch.ones(3)]
-        algorithm = make_algorithm(spec, params, comm)
-        recorder = CallRecorder(comm)
-        recorder.start(metric=False)
-        algorithm.step()
-        calls = recorder.stop()
-        stepped = comm.stats.as_dict()
-        seconds = replay(comm, calls, 2)
-        after = comm.stats.as_dict()
-        return calls, stepped, after, seconds
-
-    for spec in ("exact", "allreduce", "powergossip:rank=1"):
-        for calls, stepped, after, seconds in LocalCluster("ring:4").run(peer, spec):
-            assert calls and len(seconds) == 2
-            for key in ("bytes_sent", "rounds", "critical_bytes"):
-                assert after[key] == 3 * stepped[key], (spec, key)
-
-
-def test_a_peer_alone_echoes_its_messages_and_counts_them_as_the_transports_do():
-    import torch
-
-    import topologies
-    from gossip_powersgd.comm.base import ring_allreduce_bytes
-    from experiments.pages.bandwidth.timers import EchoCommunicator
-
-    comm = EchoCommunicator(topologies.parse("ring:8"), 0, None)
-    send = {j: torch.arange(4.0) + j for j in comm.neighbors}
-    recv = {j: torch.zeros(4) for j in comm.neighbors}
-    comm.exchange(send, recv)
-    assert all(torch.equal(recv[j], send[j]) for j in comm.neighbors)
-    x = torch.arange(10.0)
-    assert torch.equal(comm.allreduce_(x.clone(), op="mean"), x)
-    assert torch.equal(comm.allreduce_(x.clone(), op="sum"), 8 * x)
-    assert comm.stats.bytes_sent == 2 * 16 + 2 * ring_allreduce_bytes(10, 4, 8, 0)
-
-
-def test_one_peer_alone_trains_and_is_timed_period_by_period():
-    from experiments.pages.bandwidth.timers import measure_alone
-
-    config = dict(recipe.QUICK_BASE, topology="ring:4", algorithm="powergossip:rank=1", lr=0.1)
-    config.update(epochs=1000, local_steps=2, seed=0)
-    measured = measure_alone(config, {"train": 0.0, "periods": [4, 6], "replay": 0})
-    assert len(measured["periods"]) == 3  # periods 1..3 of 4 (period 0 untimed)
-    assert measured["steps"] == 8 and measured["local_steps"] == 2
-    assert all(wall > 0 and cpu > 0 for wall, _, _, cpu in measured["periods"])
-    assert measured["per_step"]["rounds"] == pytest.approx(0.5)  # one exchange per 2 steps
-    assert measured["eval"]["metric_bytes"] > 0 and math.isfinite(measured["eval"]["cpu"])
 
 
 def test_quick_without_the_clusters_privileges_says_what_it_did_not_measure(tmp_path, monkeypatch):

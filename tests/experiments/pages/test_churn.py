@@ -197,7 +197,7 @@ def test_a_soak_section_is_drawn_only_from_soak_rows(quick):
     soak = dataclasses.replace(
         template,
         key="soak/cluster:3/seed0",
-        config={"section": "soak"},
+        config={"section": "soak", "faults": 3},
         row={"rows": faults, "final": final},
     )
     with_soak = Rows("churn", True, [*rows.records, soak], rows.planned + 1)
@@ -213,6 +213,10 @@ def test_a_soak_section_is_drawn_only_from_soak_rows(quick):
     )
     page = render_page(with_soak, setting(True))["churn.md"]
     assert page.endswith(section) and isinstance(soak, Record)
+    # a soak that made fewer faults than planned says so
+    short = dataclasses.replace(soak, config={"section": "soak", "faults": 4})
+    text = soak_section(Rows("churn", True, [*rows.records, short], rows.planned + 1))
+    assert "3 faults (of 4 planned: the pause before the next one ended past 85 % of the" in text
 
 
 def test_an_unfinished_sweep_says_so(quick):

@@ -1,7 +1,8 @@
 """experiments/pages/consensus: the consensus measurements on tiny settings (bit accounting from
 the transport, budget brackets, dtype and precision floor), the problems' closed forms, matched-bit
 cells, the winner map, one instance run and drawn from its row, and the MPI transport giving the
-very numbers of the in-process one."""
+very numbers of the in-process one. The log-log interpolation at matched bits is tested in
+tests/test_metrics.py."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import topologies
 from experiments.engine import Record, Run
 from experiments.pages import consensus as page
 from experiments.pages.consensus import compare, files, instance, measure, problems
-from gossip_powersgd import LocalCluster, consensus_distance
+from gossip_powersgd import LocalCluster, consensus_distance, metrics
 
 from tests.conftest import run_mpi
 
@@ -70,7 +71,7 @@ def test_budget_boundaries_are_recorded_exactly():
     dense = _run(PG, 39)[0][0]["history"]
     assert dense[-1]["step"] == 39 and history[steps.index(39)] == dense[-1]
     # The error at exactly 5e4 bits lies between the bracketing steps' (log-log interpolation).
-    at = measure.error_at_bits(history, 5e4)
+    at = metrics.error_at_bits(history, 5e4)
     low, high = history[steps.index(40)]["error"], history[steps.index(39)]["error"]
     assert low <= at <= high
 
@@ -264,10 +265,10 @@ def test_float64_state_sends_8_bytes_per_float_and_stops_at_its_floor(spec):
     for outcome in (wide, narrow):
         last = outcome["history"][-1]["error"]
         if outcome["stop"] == "floor":
-            assert last <= measure.FLOOR_MARGIN * outcome["floor"]
+            assert last <= metrics.FLOOR_MARGIN * outcome["floor"]
         else:
             assert all(
-                r["error"] > measure.FLOOR_MARGIN * outcome["floor"] for r in outcome["history"]
+                r["error"] > metrics.FLOOR_MARGIN * outcome["floor"] for r in outcome["history"]
             )
     if spec == "exact":  # exact gossip contracts every step: float32 reaches its floor in 400 steps
         assert (
@@ -278,21 +279,6 @@ def test_float64_state_sends_8_bytes_per_float_and_stops_at_its_floor(spec):
 
 def _curve(points):
     return [{"step": k, "bits_per_peer": b, "error": e} for k, (b, e) in enumerate(points)]
-
-
-def test_error_at_bits_is_log_log_interpolated_between_logged_steps():
-    history = _curve([(0, 100.0), (10, 10.0), (1000, 0.1)])
-    assert measure.error_at_bits(history, 100) == pytest.approx(1.0)  # halfway in log-log
-    assert measure.error_at_bits(history, 10) == pytest.approx(10.0)
-    assert measure.error_at_bits(history, 5) is None  # before the first step
-    assert measure.error_at_bits(history, 2000) is None  # past the end of the run
-
-
-def test_bits_to_reach_interpolates_the_crossing_and_says_when_never():
-    history = _curve([(0, 100.0), (10, 10.0), (1000, 0.1)])
-    assert measure.bits_to_reach(history, 1e-2) == pytest.approx(100.0)  # error 1 = 1e-2 x 100
-    assert measure.bits_to_reach(history, 0.5) == pytest.approx(10.0)  # already met at step 1
-    assert measure.bits_to_reach(history, 1e-4) is None
 
 
 def test_matched_cells_interpolate_at_the_budget_and_bound_early_stops():

@@ -12,16 +12,11 @@ import pytest
 from experiments.engine import Run
 from experiments.pages.privacy_knowledge import plan, row
 from experiments.pages.privacy_knowledge.page import _summaries, low_rank_answer
-from experiments.pages.privacy_knowledge.structure import distances, structure_row
 
 
 def _structure(spec, updates, tie, steps, most=2):
-    return structure_row(dict(topology=spec, updates=updates, tie=tie, steps=steps, most=most))
-
-
-def test_distances_on_a_ring_and_a_torus():
-    assert distances("ring:6") == [0, 1, 2, 3, 2, 1]
-    assert distances("torus:3x3") == [0, 1, 1, 1, 2, 2, 1, 2, 2]
+    config = dict(kind="structure", topology=spec, updates=updates, tie=tie, steps=steps)
+    return row(Run(f"structure/{spec}", dict(config, most=most)))
 
 
 def test_averaging_on_a_ring_reaches_the_opposite_peer_once_the_steps_carry_it_there():

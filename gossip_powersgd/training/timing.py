@@ -1,14 +1,15 @@
-"""How the bandwidth page times a training step, an evaluation and their communication.
+"""Timing a training step, an evaluation and their communication, split into compute,
+the algorithm's arithmetic and the transport (the bandwidth page's measurements).
 
-`measure_algorithm(comm, recorder, config, budget)` runs the trainer's own loop
-(`training.trainer.train`) on a communicator with a `StepTimer` hook and stops it once enough
-periods of H steps (H = local_steps, else 1) are measured. Per period it keeps the wall time, the
-algorithm's own arithmetic and its time inside the transport, as the algorithm already counts them
-(`GossipAlgorithm.time_total` / `time_communication`); the rest of a period (forward, backward,
-optimizer, data) is compute. Period 0 (connections made, buffers allocated) is not used. After
-period 1 the peers agree on how many periods to measure (the slowest peer's period 1 against the
-time budget). The last period's communicator calls are recorded (`CallRecorder`) and then
-replayed `repeats` times with no computation at all between them, each replay after a barrier:
+`measure_algorithm(comm, recorder, config, budget)` (`Budget`: how long, within which limits) runs
+the trainer's own loop (`training.trainer.train`) on a communicator with a `StepTimer` hook and
+stops it once enough periods of H steps (H = local_steps, else 1) are measured. Per period it keeps
+the wall time, the algorithm's own arithmetic and its time inside the transport, as the algorithm
+already counts them (`GossipAlgorithm.time_total` / `time_communication`); the rest of a period
+(forward, backward, optimizer, data) is compute. Period 0 (connections made, buffers allocated) is
+not used. After period 1 the peers agree on how many periods to measure (the slowest peer's period
+1 against the time budget). The last period's communicator calls are recorded (`CallRecorder`) and
+then replayed `repeats` times with no computation at all between them, each replay after a barrier:
 the communication time with compute out of the way. `measure_evaluation` times one call of the
 trainer's evaluation (`evaluation.eval_record`: local and averaged-model accuracy, consensus
 distance: its all-reduces are metric traffic) and replays its communication the same way.
@@ -21,16 +22,34 @@ and arithmetic, with the same messages counted, and never waits for anyone.
 from __future__ import annotations
 
 import copy
-import json
+import dataclasses
 import math
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 
 from gossip_powersgd.comm.base import Communicator, ring_allreduce_bytes
 from gossip_powersgd.training.hooks import TrainingHooks
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """How long a measurement runs. A plain dict of these fields is taken too."""
+
+    #: seconds of timed training periods after the first two, and the periods in all (fewest, most)
+    train: float = 8.0
+    periods: Tuple[int, int] = (3, 40)
+    #: seconds of replays of the last period's communication (0: no replay), and their limits
+    replay: float = 3.0
+    replays: Tuple[int, int] = (1, 10)
+    #: the limits of the replays of an evaluation's communication
+    eval_replays: Tuple[int, int] = (1, 5)
+
+
+def _budget(budget: Union[Budget, Mapping[str, Any]]) -> Budget:
+    return budget if isinstance(budget, Budget) else Budget(**budget)
 
 
 class Stop(Exception):
@@ -69,7 +88,7 @@ class StepTimer(TrainingHooks):
     time of any evaluation that fell inside it taken out (and kept in `evaluations`). CPU is this
     process's CPU time (all its threads): what the period costs a core, whatever else shares it."""
 
-    name = "bandwidth_step_timer"
+    name = "step_timer"
     optional = True
 
     def __init__(self, local_steps: int, budget: float, periods: Tuple[int, int], recorder=None):
@@ -210,13 +229,14 @@ def agreed_repeats(comm: Communicator, seconds: float, budget: float, low: int, 
 
 
 # ---- one algorithm, one evaluation ----------------------------------------------------------------
-def measure_algorithm(comm: Communicator, recorder, config: Dict[str, Any], budget: Dict[str, Any]):
+def measure_algorithm(comm: Communicator, recorder, config: Dict[str, Any], budget):
     """The trainer's loop on `comm` until the periods are measured, then the last period's
-    communication replayed (unless `budget["replay"]` is 0). Returns the periods, the traffic
+    communication replayed (unless `budget.replay` is 0). Returns the periods, the traffic
     counters' growth per step, the replays, and the timer (for its model)."""
     from gossip_powersgd.training.trainer import train
 
-    timer = StepTimer(config["local_steps"], budget["train"], tuple(budget["periods"]), recorder)
+    budget = _budget(budget)
+    timer = StepTimer(config["local_steps"], budget.train, tuple(budget.periods), recorder)
     before, tcp = comm.stats.as_dict(), tcp_counters()
     try:
         train(comm, config, hooks=[timer], on_step=timer.finished)
@@ -239,18 +259,18 @@ def measure_algorithm(comm: Communicator, recorder, config: Dict[str, Any], budg
     }
     trained = tcp_counters()
     out["tcp"] = {"training": _grown(tcp, trained)}
-    if budget.get("replay"):
+    if budget.replay:
         comm_median = statistics.median(p[2] for p in timer.periods)
-        repeats = agreed_repeats(comm, comm_median, budget["replay"], *budget["replays"])
+        repeats = agreed_repeats(comm, comm_median, budget.replay, *budget.replays)
         out["replay"] = replay(comm, timer.calls or [], repeats)
         out["calls"] = len(timer.calls or [])
         out["tcp"]["replay"] = _grown(trained, tcp_counters())
     return out, timer
 
 
-def measure_evaluation(comm: Communicator, recorder, timer: StepTimer, budget: Dict[str, Any]):
+def measure_evaluation(comm: Communicator, recorder, timer: StepTimer, budget):
     """One evaluation as the trainer makes it (on the model `timer` trained), timed, its
-    traffic counted, and (with `budget["replay"]`) its communication replayed."""
+    traffic counted, and (with `budget.replay`) its communication replayed."""
     from gossip_powersgd.training.data import load_dataset
     from gossip_powersgd.training.evaluation import eval_record
 
@@ -277,8 +297,9 @@ def measure_evaluation(comm: Communicator, recorder, timer: StepTimer, budget: D
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     calls = recorder.stop()
     out = {"seconds": seconds, "cpu": cpu, "metric_bytes": comm.stats.metric_bytes_sent - before}
-    if budget.get("replay"):
-        repeats = agreed_repeats(comm, seconds, budget["replay"], *budget["eval_replays"])
+    budget = _budget(budget)
+    if budget.replay:
+        repeats = agreed_repeats(comm, seconds, budget.replay, *budget.eval_replays)
         out["replay"] = replay(comm, calls, repeats)
     return out
 
@@ -304,7 +325,7 @@ class EchoCommunicator(Communicator):
         return [tensor.clone() for _ in range(self.size)]
 
 
-def measure_alone(config: Dict[str, Any], budget: Dict[str, Any]) -> Dict[str, Any]:
+def measure_alone(config: Dict[str, Any], budget) -> Dict[str, Any]:
     """One peer (rank 0 of the config's topology) alone on this process, one thread: its steps
     and one evaluation, nothing waited for (`EchoCommunicator`)."""
     import topologies
@@ -315,7 +336,3 @@ def measure_alone(config: Dict[str, Any], budget: Dict[str, Any]) -> Dict[str, A
     measured, timer = measure_algorithm(comm, recorder, dict(config, backend="local"), budget)
     measured["eval"] = measure_evaluation(comm, recorder, timer, budget)
     return measured
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))

@@ -1,0 +1,174 @@
+"""The knowledge-matrix attack on recorded runs, scored against the truth.
+
+`privacy.knowledge` says what colluders' equations determine and solves them; this module runs the
+attack on the views a real run recorded (``observers`` = every rank: the colluders' views are what
+the attack reads, the other peers' own records are the truth it is scored against) and measures,
+per non-colluder peer, the relative error of the colluders' reconstruction beside two blind
+guesses: the public initial model (error 1 by construction) and the colluders' mean contribution.
+
+Two targets (`colluder_attack`'s ``regime``):
+
+* ``"averaging"`` (gossip averaging of privately trained models, ``updates="once"``): each peer's
+  private contribution u_j = y_j(0) - x0;
+* ``"dsgd"`` (decentralized SGD): each peer's model at the last recorded step, y_j(T-1) - x0,
+  attacked with every update an unknown or under the paper's assumption (updates tied over
+  windows of `tie` steps: least squares), one attack per entry of ``modes``.
+
+Parameters are scored in two parts: the tensors every message carries exactly (all of them under
+exact gossip; PowerGossip's vectors: `knowledge.attackable_indices`), read from the messages, and
+PowerGossip's compressed matrices, for which the colluders plug in their best estimates of their
+neighbours' matrices (`reconstruction.reconstruct`, least squares over the low-rank products) and
+solve the same system.
+
+`observe_every_peer(config)` makes the input: a run with every rank observed, its views and the
+public initial model.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from gossip_powersgd.privacy.knowledge import distances
+
+if TYPE_CHECKING:
+    from topologies import AnyTopology
+
+__all__ = ["REGIMES", "colluder_attack", "observe_every_peer", "relative_error"]
+
+REGIMES = ("averaging", "dsgd")
+
+
+def observe_every_peer(config: Mapping[str, Any]):
+    """Run `config` (a `gossip_powersgd.run` config) with every rank observed, its views recorded
+    in a temporary folder: (the run's result, {rank: ObservedView}, the public initial model x0's
+    parameters, built from the config's model and seed as every peer builds it)."""
+    import tempfile
+
+    import topologies
+
+    from gossip_powersgd import run
+    from gossip_powersgd.privacy.views import load_view, observed_dir
+    from gossip_powersgd.training.data import load_dataset
+    from gossip_powersgd.training.models import build_model
+
+    data = load_dataset(config["dataset"], config["seed"])
+    model = build_model(config["model"], data.input_shape, data.num_classes, config["seed"])
+    x0 = [p.detach().clone() for p in model.parameters()]
+    peers = list(range(topologies.parse(config["topology"]).size))
+    with tempfile.TemporaryDirectory(prefix="knowledge-") as folder:
+        result = run(dict(config, observers=peers, out_dir=folder))
+        views = {k: load_view(observed_dir(folder, k)) for k in peers}
+    shapes = [list(t.shape) for t in x0]
+    if [list(s) for s in views[0].meta["shapes"]] != shapes:
+        raise ValueError(f"the initial model's shapes {shapes} are not the views' own")
+    return result, views, x0
+
+
+def _flat(tensors: Sequence[torch.Tensor], indices: Sequence[int]) -> np.ndarray:
+    if not indices:
+        return np.zeros(0)
+    return torch.cat([tensors[k].detach().double().reshape(-1) for k in indices]).numpy()
+
+
+def _rhs(system, views, x0, indices, estimates):
+    """The right-hand side on `indices`: the colluders' own values, and for a received row the
+    value the messages carry exactly (`estimates` None) or the colluder's estimate of it."""
+    from gossip_powersgd.privacy.knowledge import observations
+
+    if estimates is None:
+        return observations(system, views, x0, indices)
+    base = _flat(x0, indices)
+    out = []
+    for t, sender in system.rows:
+        if sender in views:
+            value = views[sender].own_trajectory()[t]
+        else:
+            value = next(e[sender][t] for c, e in estimates.items() if sender in e)
+        out.append(_flat(value, indices) - base)
+    return np.stack(out)
+
+
+def relative_error(estimate: np.ndarray, truth: np.ndarray) -> float:
+    """||estimate - truth|| / ||truth|| (nan for a zero truth)."""
+    norm = float(np.linalg.norm(truth))
+    return float(np.linalg.norm(estimate - truth)) / norm if norm > 0 else float("nan")
+
+
+def _determined(system, peer: int, regime: str, step: int) -> bool:
+    if regime == "averaging":
+        vector = np.eye(len(system.unknowns))[system.unknowns.index((0, peer))]
+    else:
+        vector = system.coefficients(peer, step)
+    return bool(system.determined(vector)[0])
+
+
+def _estimate(system, solution, peer: int, regime: str, step: int) -> np.ndarray:
+    if regime == "averaging":
+        return solution[system.unknowns.index((0, peer))]
+    return system.model(solution, peer, step)
+
+
+def colluder_attack(
+    views: Mapping[int, Any],
+    colluders: Sequence[int],
+    topology: AnyTopology,
+    initial: Sequence[torch.Tensor],
+    regime: str,
+    modes: Mapping[str, Tuple[str, int]],
+) -> Dict[str, Any]:
+    """The attack of `colluders` on every other peer of a recorded run, scored against the truth.
+
+    views: {rank: ObservedView} of every peer (the colluders' are the attack's input, the others'
+        own trajectories the truth). initial: the public initial model x0 (its parameters).
+    regime: "averaging" or "dsgd" (module docstring). modes: {name: (updates, tie)}, the attacks
+        to run (e.g. {"once": ("once", 1)}, or {"every_step": ("every_step", 1), "tie=8":
+        ("every_step", 8)}).
+
+    Returns {"colluders", "parts": {part: parameters}, "peers": {str(peer): cell}}, a cell holding
+    the peer's graph distance to the nearest colluder and, per part ("exact", "compressed"),
+    f"{part}/{mode}": {"error", "determined"} and the blind guesses' errors f"{part}/blind_initial"
+    and f"{part}/blind_mean" (a compressed part is never counted determined)."""
+    from gossip_powersgd.privacy.knowledge import attackable_indices, system_from_views
+    from gossip_powersgd.privacy.reconstruction import reconstruct
+
+    if regime not in REGIMES:
+        raise ValueError(f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
+    mine = {c: views[c] for c in colluders}
+    exact = attackable_indices(views[colluders[0]])
+    shapes = views[colluders[0]].meta["shapes"]
+    parts = {"exact": exact, "compressed": [k for k in range(len(shapes)) if k not in exact]}
+    estimates = {c: {j: reconstruct(v, j) for j in v.meta["neighbors"]} for c, v in mine.items()}
+    step = 0 if regime == "averaging" else max(views[colluders[0]].steps)
+    far = [min(d) for d in zip(*(distances(topology, c) for c in colluders))]
+    peers: Dict[str, Any] = {}
+    for name, indices in parts.items():
+        if not indices:
+            continue
+        x0_flat = _flat(initial, indices)
+        own = {j: _flat(views[j].own_trajectory()[step], indices) - x0_flat for j in views}
+        mean = np.mean([own[c] for c in colluders], axis=0)
+        for mode, (updates, tie) in modes.items():
+            system = system_from_views(mine, topology, updates=updates, tie=tie)
+            rhs = _rhs(system, mine, initial, indices, None if name == "exact" else estimates)
+            solution = system.solve(rhs)
+            determined = {p: _determined(system, p, regime, step) for p in range(len(far))}
+            for p in range(len(far)):
+                if p in colluders:
+                    continue
+                cell = peers.setdefault(str(p), {"distance": far[p]})
+                estimate = _estimate(system, solution, p, regime, step)
+                cell[f"{name}/{mode}"] = {
+                    "error": relative_error(estimate, own[p]),
+                    "determined": determined[p] and name == "exact",
+                }
+                cell[f"{name}/blind_initial"] = relative_error(np.zeros_like(own[p]), own[p])
+                cell[f"{name}/blind_mean"] = relative_error(mean, own[p])
+    sizes = [int(np.prod(s)) for s in shapes]
+    return {
+        "colluders": list(colluders),
+        "parts": {n: sum(sizes[k] for k in ix) for n, ix in parts.items()},
+        "peers": peers,
+    }
