@@ -14,6 +14,7 @@ import torch
 
 import topologies
 from gossip_powersgd import LocalCluster
+from tests.comm.test_torch_launch import LAUNCHER_VARIABLES
 from tests.conftest import ROOT, SUPPORT, run_scenario_mpi
 
 
@@ -26,17 +27,7 @@ def free_port() -> int:
 def _env(extra=None):
     env = dict(os.environ)
     env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{SUPPORT}"})
-    for var in (
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "PMI_RANK",
-        "PMI_SIZE",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-    ):
+    for var in LAUNCHER_VARIABLES:  # a clean child: no launcher of this process leaks in
         env.pop(var, None)
     env.update(extra or {})
     return env
