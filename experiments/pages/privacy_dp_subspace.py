@@ -130,18 +130,13 @@ def verdict_text(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequen
             if not base or not base.get("acc") or not cell.get("acc"):
                 continue
             diff = 100 * (cell["acc_mean"] - base["acc_mean"])
-            if math.isnan(base["acc_sd"]) or math.isnan(cell["acc_sd"]):
+            sds = (base["acc_sd"], cell["acc_sd"])  # nan with one seed
+            spread = 2 * 100 * max(sds)
+            word = "better than" if diff > spread else "worse than" if diff < -spread else None
+            word = word or "not distinguishable from"
+            judged = f"{word} it, at twice the larger seed sd {spread:.2f} pp"
+            if any(math.isnan(sd) for sd in sds):
                 judged = "one seed: no spread to judge it by"
-            else:
-                spread = 2 * 100 * max(base["acc_sd"], cell["acc_sd"])
-                word = (
-                    "better than"
-                    if diff > spread
-                    else "worse than"
-                    if diff < -spread
-                    else "not distinguishable from"
-                )
-                judged = f"{word} it, at twice the larger seed sd {spread:.2f} pp"
             lines.append(
                 f"- ε = {target:g}: {label} reaches {_acc(cell)} against {_acc(base)} for plain "
                 f"{base_label} ({diff:+.2f} pp: {judged}); consensus distance at the end "
@@ -154,18 +149,14 @@ def conclusion(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence
     """The answer in one paragraph, from the numbers: does the projection lower the drift, does
     it pay in accuracy, and how far the plainer remedy (rank 4) is from exact gossip."""
 
-    def acc(label: str, target: float) -> Optional[float]:
+    def got(label: str, target: float, key: str) -> Optional[float]:
         cell = table.get((label, target))
-        return cell["acc_mean"] if cell and cell.get("acc") else None
-
-    def consensus(label: str, target: float) -> Optional[float]:
-        cell = table.get((label, target))
-        return cell["consensus_gm"] if cell and cell.get("acc") else None
+        return cell[key] if cell and cell.get("acc") else None
 
     plain, projected = VARIANTS[1][0], VARIANTS[2][0]
     drops, changes, gaps = [], [], []
     for t in targets:
-        a, b = consensus(plain, t), consensus(projected, t)
+        a, b = got(plain, t, "consensus_gm"), got(projected, t, "consensus_gm")
         if a is not None and b is not None:
             drops.append(f"{a:.3g} → {b:.3g} at ε = {t:g}")
         for label, _, extra in VARIANTS:
@@ -173,7 +164,7 @@ def conclusion(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence
             if extra and base and mine and base.get("acc") and mine.get("acc"):
                 spread = 2 * 100 * max(base["acc_sd"], mine["acc_sd"])  # nan with one seed
                 changes.append((100 * (mine["acc_mean"] - base["acc_mean"]), spread))
-        r4, exact = acc(VARIANTS[4][0], t), acc(VARIANTS[0][0], t)
+        r4, exact = got(VARIANTS[4][0], t, "acc_mean"), got(VARIANTS[0][0], t, "acc_mean")
         if r4 is not None and exact is not None:
             gaps.append(f"{100 * (exact - r4):+.2f} pp at ε = {t:g}")
     if not drops or not changes:

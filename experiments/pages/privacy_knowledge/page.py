@@ -121,27 +121,16 @@ def _summaries(row: Dict[str, Any]) -> List[Dict[str, Any]]:
                     if not cells:
                         continue
                     errors = [c[f"{part}/{mode}"]["error"] for c in cells]
-                    out.append(
-                        {
-                            "regime": row["regime"],
-                            "algorithm": row["label"],
-                            "colluders": attack["colluders"],
-                            "part": part,
-                            "parameters": size,
-                            "mode": mode,
-                            "peers": group,
-                            "count": len(cells),
-                            "determined": sum(c[f"{part}/{mode}"]["determined"] for c in cells),
-                            "error_median": statistics.median(errors),
-                            "error_max": max(errors),
-                            "blind_mean_median": statistics.median(
-                                c[f"{part}/blind_mean"] for c in cells
-                            ),
-                            "blind_initial_median": statistics.median(
-                                c[f"{part}/blind_initial"] for c in cells
-                            ),
-                        }
-                    )
+                    s = dict(regime=row["regime"], algorithm=row["label"], part=part, mode=mode)
+                    s.update(colluders=attack["colluders"], parameters=size, peers=group)
+                    s.update(count=len(cells), error_max=max(errors))
+                    s["determined"] = sum(c[f"{part}/{mode}"]["determined"] for c in cells)
+                    s["error_median"] = statistics.median(errors)
+                    for blind in ("mean", "initial"):
+                        s[f"blind_{blind}_median"] = statistics.median(
+                            c[f"{part}/blind_{blind}"] for c in cells
+                        )
+                    out.append(s)
     return out
 
 

@@ -9,7 +9,7 @@ import io
 import statistics
 from typing import Any, Dict, List, Tuple
 
-from experiments.pages._markdown import fill, template
+from experiments.pages._markdown import fill, mean_sd, pm, template
 from experiments.pages._markdown import table as md_table
 
 NAMES = dict(none="non-private", local="local DP-SGD", muffliato="Muffliato", zipdl="ZIP-DL")
@@ -26,8 +26,7 @@ def _sd(values) -> float:
 
 
 def _pm(values: List[float]) -> str:
-    mean = statistics.fmean(values) * 100
-    return f"{mean:.2f} %" if len(values) == 1 else f"{mean:.2f} ± {_sd(values) * 100:.2f} %"
+    return pm(*mean_sd(values), ".2f", 100, " %")
 
 
 def _group(rows, mechanism, algorithm) -> List[Dict[str, Any]]:
