@@ -56,6 +56,12 @@ def _strongest(group: Sequence[Dict[str, Any]]) -> str:
     )
 
 
+def _models(group: Sequence[Dict[str, Any]]) -> List[str]:
+    """The models the headline figures go through: the victim's own, then the strongest
+    reconstruction where the observer forms any."""
+    return ["victim"] + ([_strongest(group)] if _reconstructions(group[0]) else [])
+
+
 def _band(r: Dict[str, Any]) -> Dict[str, list]:
     return null_band_of(r["members"], r["nonmembers"])
 
@@ -213,7 +219,7 @@ def rounds_table(rows) -> str:
     lines = []
     for g in groups(rows):
         r0 = g[0]
-        for name in ["victim"] + ([_strongest(g)] if _reconstructions(r0) else []):
+        for name in _models(g):
             cells = []
             for s in r0["round_steps"]:
                 values = [r["rounds"][str(s)]["flat"].get(f"auc/{name}/{HEADLINE}") for r in g]
@@ -250,8 +256,7 @@ def plot_roc(rows) -> bytes:
     fig, axes = plt.subplots(1, len(gs), figsize=(3.6 * len(gs), 3.6), squeeze=False)
     for ax, g in zip(axes.flat, gs):
         e = _last(g[0])["evaluation"]
-        names = ["victim"] + ([_strongest(g)] if _reconstructions(g[0]) else [])
-        for name, style in zip(names, ("-", "--")):
+        for name, style in zip(_models(g), ("-", "--")):
             fpr, tpr = e["models"][name][HEADLINE]["roc"]
             ax.plot(
                 [max(v, 1e-4) for v in fpr],
