@@ -51,14 +51,6 @@ def measure(config: Dict[str, Any], make_hooks=None) -> Dict[str, Any]:
     return measurements(result.summary, stats, result.wall_seconds, curve, evals)
 
 
-#: A row's accuracies: the summary's fields they are read from.
-SUMMARY_ACCURACY = dict(
-    acc_avg="final_test_acc_avg_model",
-    acc_local_mean="final_test_acc_local_mean",
-    acc_local_min="final_test_acc_local_min",
-)
-
-
 def measurements(
     summary: Dict[str, Any],
     stats: Sequence[Dict[str, int]],
@@ -73,11 +65,11 @@ def measurements(
     steps = max(1, int(summary["steps"]))
     out = {k: summary[k] for k in ("algorithm", "topology", "partition", "model", "peers")}
     out.update(epochs=summary["epochs"], steps=steps, parameters=summary["parameters"])
-    for key in ("acc_avg", "acc_local_mean", "acc_local_min"):
-        out[key] = summary[SUMMARY_ACCURACY[key]]
-    out.update(
-        mb_per_peer=summary["mb_sent_per_peer"], mb_per_step=summary["mb_sent_per_peer"] / steps
-    )
+    out["acc_avg"] = summary["final_test_acc_avg_model"]
+    out["acc_local_mean"] = summary["final_test_acc_local_mean"]
+    out["acc_local_min"] = summary["final_test_acc_local_min"]
+    out["mb_per_peer"] = summary["mb_sent_per_peer"]
+    out["mb_per_step"] = summary["mb_sent_per_peer"] / steps
     out["compute_s"] = summary["time_compute_s"] + summary["time_gossip_compute_s"]
     # the critical path: the slowest peer's rounds and largest-message bytes
     for key in ("rounds", "critical_bytes"):
@@ -108,8 +100,8 @@ def combine(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     out = dict(runs[0])
     out["seeds"] = len(runs)
     out["seed_list"] = [r.get("seed", 0) for r in runs]
-    averaged = list(SUMMARY_ACCURACY) + ["mb_per_peer", "mb_per_step", "compute_s", "rounds"]
-    for key in averaged + ["critical_bytes", "run_seconds"]:
+    averaged = "acc_avg acc_local_mean acc_local_min mb_per_peer mb_per_step compute_s rounds"
+    for key in averaged.split() + ["critical_bytes", "run_seconds"]:
         values = [float(r[key]) for r in runs]
         out[key] = statistics.fmean(values)
         out[key + "_std"] = statistics.stdev(values) if len(values) > 1 else None
