@@ -235,11 +235,9 @@ def render(rows: Rows) -> Outputs:
         cores=data[0].get("cores", "n/a"),
         loads=loads(data),
         setting=setting_words(quick),
-        dp_batch=regime["dp_batch"],
-        dp_lr=regime["dp_lr"],
+        **{k: regime[k] for k in ("dp_batch", "dp_lr", "warmup")},
         clip=CLIP,
         delta=DELTA,
-        warmup=regime["warmup"],
         budgets=", ".join(
             f"ε = {t:g}: {regime['dp_epochs'] or dp_epochs(t)} epochs" for t in targets
         ),
