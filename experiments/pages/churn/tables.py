@@ -123,7 +123,8 @@ def shown_probes(probes: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
 JOIN = (
     "| algorithm | join by | shift at the join | final averaged-model acc (no churn) "
     "| steps after join | joiner acc | others acc mean [min, max] | joiner ≥ others' min "
-    "| joiner ‖x−x̄‖² | others' mean ‖x−x̄‖² |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "| joiner ‖x−x̄‖² | others' mean ‖x−x̄‖² |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
