@@ -33,8 +33,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The suite in two parts: the independent tests on $(TEST_WORKERS) workers (pytest-xdist), then the tests
+# marked `timing` (a detection or response time checked against the design's bound, a timeout of
+# seconds) one at a time, with no other test loading the machine. Both run; either failing fails.
+TEST_WORKERS ?= 2
 test: $(STAMP) iproute2
-	$(BIN)/python -m pytest -q --durations=60
+	status=0; \
+	$(BIN)/python -m pytest -q --durations=60 -n $(TEST_WORKERS) -m "not timing" || status=1; \
+	$(BIN)/python -m pytest -q --durations=60 -m timing || status=1; \
+	exit $$status
 
 # The main job: 8 peers on a ring under mpiexec, MNIST-1D, a CNN, PowerGossip rank 1; prints the
 # summary table and writes the plots. Each run gets its own directory under runs/. The programs are

@@ -200,7 +200,7 @@ AREAS: List[Tuple[str, Tuple[str, ...]]] = [
     ("Choosing a topology or a schedule", ("topologies/",)),
     (
         "Choosing an algorithm or a compressor",
-        ("gossip_powersgd/algorithms/", "gossip_powersgd/compressors.py"),
+        ("gossip_powersgd/algorithms/", "gossip_powersgd/compressors/"),
     ),
     (
         "Bringing data or a model",
@@ -230,6 +230,7 @@ AREAS: List[Tuple[str, Tuple[str, ...]]] = [
         "Run directories, checkpoints and resuming",
         (
             "gossip_powersgd/training/checkpoint.py",
+            "gossip_powersgd/training/resume.py",
             "gossip_powersgd/training/rundir.py",
             "gossip_powersgd/training/churn_resume.py",
             "gossip_powersgd/training/records.py",
@@ -237,7 +238,11 @@ AREAS: List[Tuple[str, Tuple[str, ...]]] = [
     ),
     (
         "Peers that leave and join",
-        ("gossip_powersgd/membership/", "gossip_powersgd/training/churn.py"),
+        (
+            "gossip_powersgd/membership/",
+            "gossip_powersgd/training/churn.py",
+            "gossip_powersgd/training/churn_run.py",
+        ),
     ),
     ("Differential privacy and attacks", ("gossip_powersgd/privacy/",)),
     ("The emulated cluster", ("gossip_powersgd/cluster/",)),

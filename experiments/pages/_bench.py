@@ -145,15 +145,12 @@ def machine() -> Dict[str, Any]:
 
     info = {"cpu": "unknown", "memory": "unknown", "mpi": "MPI: unknown"}
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
         info["cpu"] = next(
-            line.split(":", 1)[1].strip() for line in text.splitlines() if "model name" in line
+            line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line
         )
-        mem = next(
-            line.split()[1]
-            for line in Path("/proc/meminfo").read_text().splitlines()
-            if line.startswith("MemTotal")
-        )
+        mem = next(line.split()[1] for line in meminfo if line.startswith("MemTotal"))
         info["memory"] = f"{int(mem) / 2**20:.1f} GiB"
     except (OSError, StopIteration):
         pass
@@ -184,12 +181,8 @@ def header(rows) -> str:
     starts = [r.row["machine_start"] for r in rows.records if "machine_start" in r.row]
     if converted(rows) or not starts:
         return text
-    loads = [
-        m["load"]
-        for r in rows.records
-        for m in (r.row["machine_start"], r.row["machine_end"])
-        if m.get("load") is not None
-    ]
+    around = [m for r in rows.records for m in (r.row["machine_start"], r.row["machine_end"])]
+    loads = [m["load"] for m in around if m.get("load") is not None]
     m = starts[0]
     load = f"{min(loads):.1f} to {max(loads):.1f}" if loads else "unknown"
     nice = sorted({r.row["machine_start"].get("niceness") for r in rows.records} - {None})
@@ -260,6 +253,17 @@ def local_torchrun(processes: int) -> List[str]:
         port = str(s.getsockname()[1])
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes)]
     return torchrun + ["--master-addr", "127.0.0.1", "--master-port", port]
+
+
+def python_child(module: str, args: List[str], backend: str, processes: int) -> List[str]:
+    """`python -m module args` as `processes` ranks of `backend` ("mpi": under mpiexec, "torch":
+    under torchrun; otherwise one process)."""
+    child = [sys.executable, "-m", module, *args]
+    if backend == "mpi":
+        return [mpiexec(), "-n", str(processes), *child]
+    if backend == "torch":
+        return [*local_torchrun(processes), *child[1:]]
+    return child
 
 
 def mpiexec() -> str:

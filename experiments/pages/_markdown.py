@@ -54,6 +54,26 @@ def block(text: str) -> List[str]:
     return text.split("\n")[:-1]
 
 
+def csv_text(header: Sequence[Any], rows: Iterable[Sequence[Any]]) -> str:
+    """CSV text (lines ending in "\\n") of a header row and the rows, cells as `csv` writes them."""
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def grid_end(value: float, grid: Sequence[float]) -> str:
+    """ "largest" or "smallest" where a value chosen from a grid of two or more is at its end (a
+    better one may lie beyond it), else ""."""
+    if len(grid) < 2 or value not in (min(grid), max(grid)):
+        return ""
+    return "largest" if value == max(grid) else "smallest"
+
+
 # --- exp-misc: shared by the churn and privacy pages (mean ± sd cells, aligned tables) ---------
 
 

@@ -18,21 +18,11 @@ from experiments.pages._bench import header, machine, mpiexec
 BACKENDS = ("local", "mpi", "torch")
 #: The page's run and --quick's.
 SETTING = {
-    False: {
-        "config": "experiments/configs/ring8_mnist1d_powergossip.yaml",
-        "peers": 8,
-        "set": ["epochs=3"],
-        "reps": 2,
-        "timeout": 900.0,
-    },
-    True: {
-        "config": "experiments/configs/tiny.yaml",
-        "peers": 4,
-        "set": ["epochs=1"],
-        "reps": 1,
-        "timeout": 300.0,
-    },
+    False: dict(config="experiments/configs/ring8_mnist1d_powergossip.yaml", peers=8, reps=2),
+    True: dict(config="experiments/configs/tiny.yaml", peers=4, reps=1),
 }
+SETTING[False].update(set=["epochs=3"], timeout=900.0)
+SETTING[True].update(set=["epochs=1"], timeout=300.0)
 
 
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:

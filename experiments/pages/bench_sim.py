@@ -25,7 +25,7 @@ from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
 from experiments.pages._bench import count_params, header, loopback_communicator, machine
 from experiments.pages._bench import make_params, median, model_shapes
-from experiments.pages._markdown import fill, template
+from experiments.pages._markdown import fill, table, template
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Comm
@@ -264,6 +264,22 @@ def earlier_code(c: Dict[str, Any], modules: Dict[str, List[str]]) -> str:
     )
 
 
+#: The columns of the steps table, in order: what each setup is ("{before}" etc.: the config's).
+LABELS = {
+    "before": "`{before}`'s PowerGossip, free threads ({before_steps} steps)",
+    "free": "this tree, free threads",
+    "previous": "`{previous}`'s PowerGossip, taking turns, one lane (the cluster as at `{previous}`)",
+    "turns": "this tree, taking turns, one lane (the default)",
+    "lanes python": "this tree, two lanes, tensor work as Python (not compiled)",
+    "lanes": "**this tree, two lanes** (`lanes=2`)",
+    "one thread": "bound for one lane: one thread, no messages",
+}
+
+
+def _switches(switches: Dict[str, List[float]], setup: str) -> str:
+    return f"{median(switches[setup]):,.0f}" if setup in switches else "–"
+
+
 def render(rows: Rows) -> Outputs:
     """The results page."""
     (record,) = rows.records
@@ -271,38 +287,16 @@ def render(rows: Rows) -> Outputs:
     shapes = model_shapes("resnet20")
     compressed = sum(4 * count_params([item]) for item in shapes if len(item[1]) >= 2)
     half = (c["peers"] + 1) // 2  # lane of rank r: r * 2 // peers (LocalCluster)
-    variants = [
-        v
-        for v in ("before", "free", "previous", "turns", "lanes python", "lanes", "one thread")
-        if v in results["sim"]
+    variants = [v for v in LABELS if v in results["sim"]]
+    sim, switches = results["sim"], results["switches"]
+    each = [
+        ("steps / s (median of reps)", lambda v: f"**{median(sim[v]):.1f}**"),
+        ("each rep", lambda v: ", ".join(f"{s:.1f}" for s in sim[v])),
+        ("context switches of the process per step (median)", lambda v: _switches(switches, v)),
     ]
-    label = {
-        "before": f"`{c['before']}`'s PowerGossip, free threads ({c['before_steps']} steps)",
-        "free": "this tree, free threads",
-        "previous": f"`{c['previous']}`'s PowerGossip, taking turns, one lane (the cluster as "
-        f"at `{c['previous']}`)",
-        "turns": "this tree, taking turns, one lane (the default)",
-        "lanes python": "this tree, two lanes, tensor work as Python (not compiled)",
-        "lanes": "**this tree, two lanes** (`lanes=2`)",
-        "one thread": "bound for one lane: one thread, no messages",
-    }
-    steps_table = [
-        "| | " + " | ".join(label[v] for v in variants) + " |",
-        "|---|" + "---|" * len(variants),
-        "| steps / s (median of reps) | "
-        + " | ".join(f"**{median(results['sim'][v]):.1f}**" for v in variants)
-        + " |",
-        "| each rep | "
-        + " | ".join(", ".join(f"{s:.1f}" for s in results["sim"][v]) for v in variants)
-        + " |",
-        "| context switches of the process per step (median) | "
-        + " | ".join(
-            f"{median(results['switches'][v]):,.0f}" if v in results["switches"] else "–"
-            for v in variants
-        )
-        + " |",
-        "",
-    ]
+    # a header whose first cell is empty ("| |"), then the rule and the lines as `table` makes them
+    steps_table = ["| | " + " | ".join(LABELS[v].format(**c) for v in variants) + " |"]
+    steps_table += table(variants + [""], ([w, *map(cell, variants)] for w, cell in each))[1:]
     page = fill(
         template(__file__, "bench_sim.md"),
         quick=" (--quick)" if rows.quick else "",
@@ -371,6 +365,10 @@ def _sections(c: Dict[str, Any], results: Dict[str, Any], variants: List[str]) -
     return L + _isolated(c, results)
 
 
+def _exchange(m: Dict[str, float]) -> str:
+    return f"{m['ms']:.2f} ms, **{m['of_copy'] * 100:.0f} %**"
+
+
 def _isolated(c: Dict[str, Any], results: Dict[str, Any]) -> List[str]:
     """One peer's half-step alone, per version, and the big run."""
     iso = results["isolated"]
@@ -384,26 +382,17 @@ def _isolated(c: Dict[str, Any], results: Dict[str, Any]) -> List[str]:
         "per exchange and 3 × compressed bytes / (that time × the bandwidth of a one-thread 256 "
         "MB copy made before each round), medians.",
         "",
-        "| model | "
-        + " | ".join(f"{name.get(v, 'after (this tree)')}: ms, % of copy" for v in shown)
-        + " |",
-        "|---|" + "---|" * len(shown),
     ]
-    for model in ("resnet20", "vgg16"):
-        cells = [
-            f"{iso[v][model]['ms']:.2f} ms, **{iso[v][model]['of_copy'] * 100:.0f} %**"
-            for v in shown
-        ]
-        L.append(f"| {model} | " + " | ".join(cells) + " |")
+    head = ["model", *(f"{name.get(v, 'after (this tree)')}: ms, % of copy" for v in shown)]
+    models = ("resnet20", "vgg16")
+    cells = [[m, *(_exchange(iso[v][m]) for v in shown)] for m in models]
+    L += table(head, cells, None)
     if "previous" in iso:
+        ratios = (f"{m} {iso['previous'][m]['ms'] / iso['after'][m]['ms']:.2f}×" for m in models)
         L += [
             "",
             f"Exchange time, `{c['previous']}` / this tree (above 1: this tree is faster): "
-            + ", ".join(
-                f"{m} {iso['previous'][m]['ms'] / iso['after'][m]['ms']:.2f}×"
-                for m in ("resnet20", "vgg16")
-            )
-            + ".",
+            f"{', '.join(ratios)}.",
         ]
     big = results["big"]
     return L + [

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Mapping
 
 from experiments.engine import ROOT, Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
+from experiments.pages._markdown import table
 
 #: (processes, repetitions, the training config's overrides) of the page and of --quick.
 SETTING = {
@@ -154,21 +155,14 @@ def row(run: Run) -> Dict[str, Any]:
     }
 
 
-def _median(values: List[float]) -> str:
-    return f"{statistics.median(values):.2f}" if values else "n/a"
-
-
-def _span(values: List[float]) -> str:
-    return f"{min(values):.2f}-{max(values):.2f}" if values else ""
-
-
 def _times(launches: List[Dict[str, Any]], mark: str) -> List[float]:
     return [launch["marks"][mark] for launch in launches if mark in launch["marks"]]
 
 
 def _cell(launches: List[Dict[str, Any]], mark: str) -> str:
-    times = _times(launches, mark)
-    return f"{_median(times)} ({_span(times)})" if times else "n/a"
+    """The median (range) of the seconds to `mark` over the launches."""
+    t = _times(launches, mark)
+    return f"{statistics.median(t):.2f} ({min(t):.2f}-{max(t):.2f})" if t else "n/a"
 
 
 def _verdict(commands, train, imports, baseline) -> List[str]:
@@ -212,33 +206,20 @@ def render(rows: Rows) -> Outputs:
         "",
         "## When each line comes",
         "",
-        f"| what (rank 0's line) | {' | '.join(f'`{commands[k]}`' for k in LAUNCHERS)} |",
-        "|---|---|---|",
     ]
     baseline = {k: launches[f"{k}/print"] for k in LAUNCHERS}
     imports = {k: launches[f"{k}/import-torch"] for k in LAUNCHERS}
     train = {k: launches[f"{k}/train"] for k in LAUNCHERS}
-    lines.append(
-        "| the launcher alone: `python -c print` | "
-        + " | ".join(_cell(baseline[k], "line") for k in LAUNCHERS)
-        + " |"
-    )
-    lines.append(
-        '| `python -c "import torch; print()"`: the first process\'s line | '
-        + " | ".join(_cell(imports[k], "imported") for k in LAUNCHERS)
-        + " |"
-    )
-    for label, mark in MARKS:
-        lines.append(
-            f"| gossip-train: {label} | "
-            + " | ".join(_cell(train[k], mark) for k in LAUNCHERS)
-            + " |"
-        )
-    lines.append(
-        "| gossip-train: every process exited | "
-        + " | ".join(_cell(train[k], "exit") for k in LAUNCHERS)
-        + " |"
-    )
+    # The table's lines: (what, which launches, the mark timed).
+    timed = [
+        ("the launcher alone: `python -c print`", baseline, "line"),
+        ('`python -c "import torch; print()"`: the first process\'s line', imports, "imported"),
+        *((f"gossip-train: {label}", train, mark) for label, mark in MARKS),
+        ("gossip-train: every process exited", train, "exit"),
+    ]
+    head = ["what (rank 0's line)", *(f"`{commands[k]}`" for k in LAUNCHERS)]
+    cells = ([what, *(_cell(group[k], mark) for k in LAUNCHERS)] for what, group, mark in timed)
+    lines += table(head, cells, None)
     lines += [
         "",
         "What happens between the lines: the first line is printed from the launcher's "

@@ -20,18 +20,9 @@ CONFIG = ROOT / "experiments" / "configs" / "demo.yaml"
 #: identity (the engine runs it in-process, writing nothing but its row).
 LAUNCH_KEYS = ("backend", "out_dir", "checkpoint_every", "quiet")
 #: --quick: the demo's shape on a problem of seconds.
-QUICK = dict(
-    topology="ring:4",
-    dataset="synthetic_logreg:d=20,classes=4,n=2000",
-    model="logreg",
-    lr=0.5,
-    momentum=0.0,
-    weight_decay=0.0,
-    warmup_epochs=0,
-    epochs=2,
-    eval_every=1,
-    log_every=5,
-)
+QUICK = dict(topology="ring:4", dataset="synthetic_logreg:d=20,classes=4,n=2000", model="logreg")
+QUICK.update(lr=0.5, momentum=0.0, weight_decay=0.0, warmup_epochs=0, epochs=2, eval_every=1)
+QUICK.update(log_every=5)
 PLOTS = ("accuracy_vs_epoch.png", "accuracy_vs_mb.png", "consensus_vs_step.png")
 
 
@@ -52,7 +43,7 @@ def row(run: Run) -> Dict[str, Any]:
     """The run's summary (summary.json's content), its summary.md and its records (the plots'
     data), and how it was launched."""
     from gossip_powersgd import run as train
-    from gossip_powersgd.training.evaluation import format_summary
+    from gossip_powersgd.training.report import format_summary
 
     config = dict(run.config, seed=run.seed, backend="local", out_dir=None, quiet=True)
     result = train(config)

@@ -83,14 +83,9 @@ def summarize(records: List[Dict[str, Any]]) -> Dict[str, Any]:
     last = records[-1]
     growth = (last["rss_bytes"] - base["rss_bytes"]) / base["rss_bytes"]
     drift = max(r["average_drift"] for r in records)
-    return {
-        "drift": drift,
-        "drift_ok": drift <= DRIFT_LIMIT,
-        "rss_100": base["rss_bytes"] / 1e6,
-        "rss_last": last["rss_bytes"] / 1e6,
-        "growth": growth,
-        "memory_ok": growth < MEMORY_GROWTH_LIMIT,
-    }
+    out = dict(drift=drift, drift_ok=drift <= DRIFT_LIMIT, rss_100=base["rss_bytes"] / 1e6)
+    out.update(rss_last=last["rss_bytes"] / 1e6, growth=growth)
+    return dict(out, memory_ok=growth < MEMORY_GROWTH_LIMIT)
 
 
 def render(rows: Rows) -> Outputs:

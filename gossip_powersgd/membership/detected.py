@@ -36,7 +36,7 @@ form, and not measured (`measure_shift` needs the lost peer's model); `average_s
 counts cooperative changes and joins only.
 
 Losses outside the gossip step: an evaluation, a log record or a checkpoint's agreement that a
-loss interrupts is skipped on the members it interrupted (`training.churn.ChurnRun.guard`: the
+loss interrupts is skipped on the members it interrupted (`training.churn_run.ChurnRun.guard`: the
 others may have finished it; a checkpoint file is written whole before its agreement), and the
 next step agrees as above. At the end of the run (after the last step) the members agree at once
 and apply the change (`ChurnRun.settle`), evaluate again, and do the summary and the end-of-run

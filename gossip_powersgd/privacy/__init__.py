@@ -52,9 +52,8 @@ from gossip_powersgd.privacy.membership import (
     null_auc_std,
     tpr_at_fpr,
 )
+from gossip_powersgd.privacy.gaussian import dp_epsilon, gaussian_epsilon
 from gossip_powersgd.privacy.network_dp import (
-    dp_epsilon,
-    gaussian_epsilon,
     local_epsilon,
     mixing_matrix,
     pairwise_epsilon,
@@ -73,14 +72,13 @@ from gossip_powersgd.privacy.reconstruction import (
 )
 from gossip_powersgd.privacy.sampling import PoissonBatches, poisson_rate
 from gossip_powersgd.privacy.seeds import Randomness
+from gossip_powersgd.privacy.observing import ObserverHooks, observer_hook
 from gossip_powersgd.privacy.views import (
     ObservedView,
-    ObserverHooks,
     RecordingCommunicator,
     ViewRecorder,
     load_view,
     observed_dir,
-    observer_hook,
 )
 
 __all__ = [

@@ -125,7 +125,7 @@ class ObservedRun:
 def _hooks(
     kept: Dict[int, Dict[str, Any]], observer: int, fractions, first: Sequence[Any], rank: int
 ) -> List[Any]:
-    from gossip_powersgd.privacy.views import ObserverHooks
+    from gossip_powersgd.privacy.observing import ObserverHooks
 
     mine = kept[rank] = {"observer": ObserverHooks([observer]), "snap": Snapshots(fractions)}
     return [*first, mine["observer"], mine["snap"]]

@@ -1,19 +1,112 @@
 """Curious-neighbour observers as a config-driven feature (`training/features.py`).
 
 The keys ``observers`` (the ranks whose received messages are recorded) and ``observe_every``
-(also nested: ``observe: {ranks: [3], every: 2}``) turn on `views.ObserverHooks`; the summary
-table gains the recorded bytes. Recording changes no bit of the run, so both keys are left out of
+(also nested: ``observe: {ranks: [3], every: 2}``) turn on `ObserverHooks`, which records the views
+of the ranks it names from inside `train` (with `views.ViewRecorder`); the summary table gains the
+recorded bytes. Recording changes no bit of the run, so both keys are left out of
 the checkpoint's config hash (a run may resume with other observers).
 """
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, Dict, Iterable, List, Optional
 
-from gossip_powersgd.privacy.views import observer_hook, observer_summary_rows
+import torch
+
+from gossip_powersgd.privacy.views import ViewRecorder, check_observe_every, observed_dir
 from gossip_powersgd.training.features import Feature, Key, register
+from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
 
-__all__ = ["OBSERVERS"]
+__all__ = ["OBSERVERS", "ObserverHooks", "observer_hook", "observer_summary_rows"]
+
+
+class ObserverHooks(TrainingHooks):
+    """Record the views of the ranks in `observers` during `train(..., hooks=[ObserverHooks(...)])`.
+
+    Views go to `directory` (default `<out_dir>/observed/rank-K`, or kept in memory in
+    `recorder.records` when the run has no `out_dir`). Every rank runs the hook; only the observers
+    record. Each eval record gains `observed_bytes`: the message bytes this rank has recorded
+    (0 on the other ranks).
+    """
+
+    name = "observers"
+    optional = True  # recording changes no bit: a run may resume with observers added or removed
+
+    def __init__(self, observers: Iterable[int], observe_every: int = 1, directory=None):
+        self.observers = sorted({int(k) for k in observers})
+        self.observe_every = check_observe_every(observe_every)
+        self.directory = directory
+        self.recorder: Optional[ViewRecorder] = None
+        self._restored_bytes = 0
+        self._comm = None
+
+    def setup(self, context: SetupContext) -> None:
+        comm = self._comm = context.comm
+        bad = [k for k in self.observers if not 0 <= k < comm.size]
+        if bad:
+            raise ValueError(
+                f"observers {bad} are not ranks of this {comm.size}-peer run; "
+                f"name ranks 0..{comm.size - 1}"
+            )
+        if comm.rank not in self.observers:
+            return
+        directory = self.directory
+        if directory is None and context.config.out_dir is not None:
+            directory = observed_dir(context.config.out_dir, comm.rank)
+        self.recorder = ViewRecorder(context.algorithm, directory, self.observe_every)
+
+    def after_gossip(self, step: int) -> None:
+        if self.recorder is not None:
+            self.recorder.flush()
+
+    @property
+    def bytes_recorded(self) -> int:
+        """Message bytes this rank recorded in this run, resumed parts included."""
+        mine = self.recorder.bytes_recorded if self.recorder is not None else 0
+        return self._restored_bytes + mine
+
+    def on_evaluation(self, record: Dict[str, Any]) -> Dict[str, Any]:
+        return {"observed_bytes": self.bytes_recorded}
+
+    def summary_fields(self) -> Dict[str, Any]:
+        """What summary.json adds for a run with observers (collective): every rank's recorded
+        message bytes, in rank order (0 on the ranks that do not observe)."""
+        counts = torch.zeros(self._comm.size, dtype=torch.float64)
+        counts[self._comm.rank] = float(self.bytes_recorded)
+        self._comm.allreduce_(counts, op="sum", metric=True)
+        return {
+            "observers": list(self.observers),
+            "observe_every": self.observe_every,
+            "observed_bytes": [int(c) for c in counts],
+        }
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"bytes_recorded": self.bytes_recorded}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self._restored_bytes = int(state.get("bytes_recorded", 0))
+
+
+def observer_hook(config) -> Optional[ObserverHooks]:
+    """The hook a run with `config` needs: `ObserverHooks` for its ``observers`` (recording every
+    ``observe_every``-th step), or None when the config names no observer."""
+    if not config.observers:
+        return None
+    return ObserverHooks(config.observers, config.observe_every)
+
+
+def observer_summary_rows(summary: Dict[str, Any]) -> List[tuple]:
+    """The summary table's row for recorded views; none for a run without observers."""
+    if "observed_bytes" not in summary:
+        return []
+    counts = summary["observed_bytes"]
+    per_rank = ", ".join(f"rank {k}: {counts[k] / 1e6:.3f}" for k in summary["observers"])
+    return [
+        (
+            f"observed message MB (every {summary['observe_every']} step(s))",
+            f"{sum(counts) / 1e6:.3f} ({per_rank})",
+        )
+    ]
 
 
 def _ranks(value: Any) -> List[int]:

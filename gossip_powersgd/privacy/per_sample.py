@@ -43,10 +43,10 @@ from typing import Callable, List, Optional
 import torch
 from torch import nn
 
+from gossip_powersgd.privacy.per_sample_general import _GeneralLayer
 from gossip_powersgd.privacy.per_sample_layers import (
     _Conv1dLayer,
     _conv1d_supported,
-    _GeneralLayer,
     _Layer,
     _LinearLayer,
     _RecordedLayer,

@@ -385,8 +385,8 @@ def _float(value) -> float:
 
 def summary_rows(summary: Dict[str, Any]) -> List[tuple]:
     """The summary table's privacy rows: differential privacy's, then the recorded views'
-    (`views.observer_summary_rows`); none for a run with neither."""
-    from gossip_powersgd.privacy.views import observer_summary_rows
+    (`observing.observer_summary_rows`); none for a run with neither."""
+    from gossip_powersgd.privacy.observing import observer_summary_rows
 
     return dp_summary_rows(summary) + observer_summary_rows(summary)
 

@@ -3,7 +3,7 @@ the run directory they live in.
 
 Each rank K writes `RUN_DIR/checkpoints/rank-K-epoch-E.pt` and keeps its two newest, so that a job
 killed while some ranks had written epoch E and others had not can still resume from epoch E-1, the
-newest epoch every rank holds (`agree_resume_epoch`). A file is written with `utils.atomic_write`
+newest epoch every rank holds (`resume.agree_resume_epoch`). A file is written with `utils.atomic_write`
 (a temporary name in the same directory, fsynced, then renamed over the final name), so a reader
 sees either the old file or the complete new one.
 
@@ -24,9 +24,9 @@ remove that peer's noise. Share a run directory, or a checkpoint, only as far as
 the peer's data.
 
 The digest catches corruption that a zip reader would not; the header is checked against the
-resuming run (world size, topology, config, and the sha256 of each data file this peer read, so
-that data changed under the same spec is refused naming the file) before the state is used. Every problem is a one-line
-`ValueError` naming the file.
+resuming run (`resume.check_header`: world size, topology, config, and the sha256 of each data file
+this peer read, so that data changed under the same spec is refused naming the file) before the
+state is used. Every problem is a one-line `ValueError` naming the file.
 
 The run directory: one run at a time holds it (`take_run_lock`: RUN_DIR/.lock names the holder's
 host and pid; a lock of a process that has ended is replaced). A new run never writes into a
@@ -48,18 +48,15 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from ..utils import atomic_write, format_ranks, one_line, require_regular_file
+from ..utils import atomic_write, one_line, require_regular_file
 from .rundir import LOCK_NAME, RunLock, check_run_dir, take_run_lock  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from topologies import Topology
-    from ..comm.base import Comm
 
 FORMAT = 1
 KEEP = 2  # checkpoints kept per rank
 _NAME = re.compile(r"rank-(\d+)-epoch-(\d+)\.pt$")
-#: How many of its newest epochs each rank offers when the ranks agree on the one to resume from.
-_OFFERED_EPOCHS = 8
 
 
 def checkpoint_dir(run_dir) -> Path:
@@ -316,91 +313,6 @@ def read_checkpoint(path) -> Dict[str, Any]:
     return {"header": header, "state": state}
 
 
-def check_header(
-    path,
-    header: Dict[str, Any],
-    *,
-    rank: int,
-    world_size: int,
-    topology: Topology,
-    topology_spec: str,
-    config_hash: str,
-    config_json: str,
-    data: Optional[Dict[str, str]] = None,
-) -> None:
-    """Raise a ValueError naming `path` and what differs from the resuming run (`data`: the
-    `data.content_digests` of this peer's data, which the header's must match)."""
-    if header.get("world_size") != world_size:
-        raise ValueError(
-            f"checkpoint {path} was written by a run of {header.get('world_size')} peers; "
-            f"this run has {world_size}"
-        )
-    if header.get("topology_fingerprint") != topology.fingerprint:
-        raise ValueError(
-            f"checkpoint {path} is for topology {header.get('topology')!r} "
-            f"(another mixing matrix); this run uses {topology_spec!r}"
-        )
-    if header.get("rank") != rank:
-        raise ValueError(f"checkpoint {path} belongs to rank {header.get('rank')}, not rank {rank}")
-    if header.get("config_hash") != config_hash:
-        raise ValueError(
-            f"checkpoint {path} was written with another config: "
-            f"{describe_config_diff(header.get('config', '{}'), config_json)}"
-        )
-    _check_same_data(path, header.get("data") or {}, data or {})
-
-
-def _check_same_data(path, saved: Dict[str, str], current: Dict[str, str]) -> None:
-    """The data the checkpoint was written with is the data read now (same spec, same bytes)."""
-    for name, digest in sorted(saved.items()):
-        now = current.get(name)
-        if now != digest:
-            state = "is gone" if now is None else "has changed since the checkpoint"
-            raise ValueError(
-                f"checkpoint {path} was written with other data: {name} {state} (sha256 "
-                f"{str(digest)[:12]}... then, {str(now)[:12] + '...' if now else 'none'} now); "
-                "resume with the data the run was started with, or start a new run"
-            )
-
-
-def describe_config_diff(saved_json: str, current_json: str) -> str:
-    try:
-        saved = json.loads(saved_json)
-    except (TypeError, ValueError):
-        return "its recorded config is unreadable"
-    current = json.loads(current_json)
-    diffs = []
-    for key in sorted(set(saved) | set(current)):
-        if saved.get(key, "<absent>") != current.get(key, "<absent>"):
-            diffs.append(
-                f"{key} {saved.get(key, '<absent>')!r} -> {current.get(key, '<absent>')!r}"
-            )
-    return "; ".join(diffs) if diffs else "(hash differs)"
-
-
-def load_for_resume(run_dir, epoch: int, **expected) -> Dict[str, Any]:
-    """Read `rank`'s checkpoint of `epoch` and check it belongs to this run (see `check_header`)."""
-    path = checkpoint_path(run_dir, expected["rank"], epoch)
-    loaded = read_checkpoint(path)
-    check_header(path, loaded["header"], **expected)
-    held = loaded["header"].get("epoch")
-    if held != epoch:  # a file renamed or copied over another: its state is of another step
-        raise ValueError(
-            f"checkpoint {path} holds epoch {held} (step {loaded['header'].get('step')}), "
-            f"not epoch {epoch} as its name says: it was renamed or copied over; restore "
-            "the right file, or delete it to resume from the previous epoch"
-        )
-    return loaded
-
-
-def latest_common_epoch(per_rank: List[List[int]]) -> Optional[int]:
-    """The newest epoch every rank has a file for (None if there is none)."""
-    common = set(per_rank[0]) if per_rank else set()
-    for epochs in per_rank[1:]:
-        common &= set(epochs)
-    return max(common) if common else None
-
-
 def truncate_jsonl(path, last_step: int) -> None:
     """Keep the records up to `last_step` (what the checkpoint holds); drop the rest.
 
@@ -435,82 +347,17 @@ def open_metrics(run_dir, rank: int, resume_step: Optional[int] = None):
     return open(path, "a")
 
 
-def agree_resume_epoch(comm: Comm, run_dir) -> int:
-    """The newest epoch every rank has a checkpoint file for (same answer on every rank).
-
-    Collective: each rank offers the epochs of its newest files; a ValueError names the ranks that
-    hold checkpoints when no epoch is common to all.
-    """
-    mine = available_epochs(run_dir, comm.rank)[-_OFFERED_EPOCHS:]
-    data = np.asarray(mine + [-1] * (_OFFERED_EPOCHS - len(mine)), dtype=np.int64).tobytes()
-    per_rank = [
-        [int(v) for v in np.frombuffer(g, dtype=np.int64) if v >= 0]
-        for g in comm.allgather_bytes(data)
-    ]
-    epoch = latest_common_epoch(per_rank)
-    if epoch is None:
-        holders = [k for k, e in enumerate(per_rank) if e]
-        folder = checkpoint_dir(run_dir)
-        if not holders:
-            raise ValueError(f"cannot resume {run_dir}: no checkpoint in {folder}")
-        # Every rank is here (the epochs are the same everywhere): one more all-gather tells
-        # whether the files that exist were written by a run of this many peers.
-        sizes = [
-            int(np.frombuffer(g, dtype=np.int64)[0])
-            for g in comm.allgather_bytes(
-                np.int64(_written_world_size(run_dir, comm.rank, mine)).tobytes()
-            )
-        ]
-        other = sorted({n for n in sizes if n > 0 and n != comm.size})
-        if other:
-            raise ValueError(
-                f"cannot resume {run_dir}: its checkpoints were written by a run of "
-                f"{other[0]} peers; this run has {comm.size}: resume with "
-                f"{other[0]} peers"
-            )
-        missing = [k for k, e in enumerate(per_rank) if not e]
-        what = (
-            f"rank(s) {format_ranks(missing)} have none"
-            if missing
-            else "no epoch is held by every rank"
-        )
-        raise ValueError(
-            f"cannot resume {run_dir}: {folder} has checkpoint files for rank(s) "
-            f"{format_ranks(holders)} but {what}, so some files are missing or "
-            "incomplete, most likely from an interrupted write (a full disk or a job "
-            "killed while writing its first checkpoint); no epoch can be resumed on every "
-            "rank: restore the missing files, or start the run again"
-        )
-    return epoch
-
-
-def _written_world_size(run_dir, rank: int, epochs: List[int]) -> int:
-    """The world size the header of `rank`'s newest checkpoint names; 0 when none can be read."""
-    if not epochs:
-        return 0
-    try:
-        header = read_checkpoint(checkpoint_path(run_dir, rank, epochs[-1]))["header"]
-    except ValueError:
-        return 0
-    size = header.get("world_size")
-    return size if isinstance(size, int) and not isinstance(size, bool) else 0
-
-
 __all__ = [
     "FORMAT",
     "KEEP",
     "LOCK_NAME",
     "RunLock",
     "take_run_lock",
-    "agree_resume_epoch",
     "available_epochs",
     "has_checkpoints",
-    "check_header",
     "check_run_dir",
     "checkpoint_dir",
     "checkpoint_path",
-    "latest_common_epoch",
-    "load_for_resume",
     "make_header",
     "metrics_path",
     "open_metrics",

@@ -10,7 +10,7 @@ change across a membership change).
 Resuming at the end of epoch E: every peer that was a member during the last step of epoch E
 loads its checkpoint of epoch E, every peer away then loads the away file of the absence that
 covers that step, and the newest E for which every peer has its file is the one resumed from
-(agreed by all peers, as `checkpoint.agree_resume_epoch` does). The members then rebuild the
+(agreed by all peers, as `resume.agree_resume_epoch` does). The members then rebuild the
 algorithm of the membership epoch in force (`PeerMembership.resume_at`) before its state is
 loaded; a peer away at E waits for its return as it would have.
 """
@@ -25,6 +25,7 @@ import numpy as np
 
 from ..utils import atomic_write
 from . import checkpoint as ckpt
+from .resume import check_header, latest_common_epoch
 
 if TYPE_CHECKING:
     from ..comm.base import Comm
@@ -81,7 +82,7 @@ def _agree(comm: Comm, run_dir, membership, config, steps_per_epoch) -> int:
         [int(v) for v in np.frombuffer(g, dtype=np.int64) if v >= 0]
         for g in comm.allgather_bytes(data)
     ]
-    epoch = ckpt.latest_common_epoch(per_peer)
+    epoch = latest_common_epoch(per_peer)
     if epoch is None:
         raise ValueError(
             f"cannot resume {run_dir}: no epoch for which every peer holds its checkpoint (or, "
@@ -92,7 +93,7 @@ def _agree(comm: Comm, run_dir, membership, config, steps_per_epoch) -> int:
 
 def _load(path: Path, expected) -> dict:
     loaded = ckpt.read_checkpoint(path)
-    ckpt.check_header(path, loaded["header"], **expected)
+    check_header(path, loaded["header"], **expected)
     return loaded
 
 

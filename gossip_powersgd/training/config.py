@@ -430,13 +430,7 @@ def load_config(path, overrides: Sequence[str] = (), deep: bool = True) -> Train
     if not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} not found")
     data = strict_yaml_load(path.read_text(), str(path))
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ValueError(
-            f"{path}: a config must be a mapping of key: value, got {type(data).__name__}"
-        )
-    config = config_from_dict(data, f" in {path}")
+    config = config_from_dict({} if data is None else data, f" in {path}")  # checks it is a mapping
     changes = {}
     for text in overrides:
         key, value = parse_override(text)

@@ -1,7 +1,7 @@
 """What a finished run writes about itself: the summary and each peer's own figures.
 
 `report` runs on every peer at the end of `trainer.train`: the run's summary (collective: means
-over peers, `evaluation.run_summary`, plus each feature's `summary_fields`) goes to summary.json and
+over peers, `run_summary` below, plus each feature's `summary_fields`) goes to summary.json and
 summary.md, written by rank 0 (the lowest member after churn); each peer's own figures (its shard
 size, label histogram, last training loss, and under differential privacy its sampling rate, sigma
 and epsilons: `peer_fields`) go to its own ``peers/rank-K.json`` and ``peers/rank-K.md``, written by
@@ -16,16 +16,249 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
+import torch
+
 from ..errors import PeerLostError
+from ..metrics import mean_active_degree
 from ..utils import atomic_write
-from .evaluation import format_summary, peer_report, run_summary
+from .evaluation import model_digest
+from .features import summary_rows
 
 if TYPE_CHECKING:
+    from topologies import Topology
+
     from ..comm.base import Comm
     from .config import TrainConfig
     from .hooks import TrainingHooks
     from .runstate import RunState
     from .setup import PeerRun
+
+
+# ---- the summary -----------------------------------------------------------------------------------
+
+
+def mean_degree(topology: Topology) -> float:
+    """The mean number of neighbours of a peer."""
+    return sum(len(topology.neighbors(i)) for i in range(topology.size)) / topology.size
+
+
+def run_summary(
+    comm: Comm,
+    config,
+    history,
+    histogram,
+    num_parameters,
+    parameter_bytes,
+    algorithm,
+    model,
+    step,
+    steps_per_epoch,
+    timers,
+    private: bool = False,
+    eval_split: str = "test",
+) -> Dict[str, Any]:
+    """What `summary.json` holds (collective; the same dict on every peer).
+
+    `eval_split` names the data the figures were evaluated on ("test", or "valid" for
+    `wikitext2:split=valid`): the `*_test_*` keys hold that split's figures, and the table says so.
+
+    The final metrics are the last eval record's; traffic and timers are means over peers, the wall
+    time the slowest peer's; `model_sha256` lists every peer's model digest in rank order.
+    `private`: no label histogram and no training loss (`peer_statistics` says where they are).
+    """
+    evals = [r for r in history if r.get("kind") == "eval"]
+    final = evals[-1] if evals else {}
+    released = {}
+    if private:
+        released["peer_statistics"] = (
+            "private: each peer's shard size, label histogram and "
+            "training loss are in its own peers/rank-K.json"
+        )
+    else:
+        hist = torch.zeros(comm.size, len(histogram), dtype=torch.float64)
+        hist[comm.rank] = torch.tensor(histogram, dtype=torch.float64)
+        comm.allreduce_(hist, op="sum", metric=True)
+        released["label_histogram"] = [[int(v) for v in row] for row in hist.tolist()]
+    means = comm.allreduce_(
+        torch.tensor(
+            [
+                comm.stats.bytes_sent,
+                comm.stats.messages_sent,
+                timers["time_compute"],
+                timers["time_gossip_compute"],
+                timers["time_communication"],
+            ],
+            dtype=torch.float64,
+        ),
+        op="mean",
+        metric=True,
+    )
+    wall = torch.tensor([timers["wall_time"]], dtype=torch.float64)
+    comm.allreduce_(wall, op="max", metric=True)
+    digests = [d.hex() for d in comm.allgather_bytes(bytes.fromhex(model_digest(model)))]
+    local_steps = getattr(config, "local_steps", 1)
+    rounds = step // local_steps if algorithm.acts_on == "parameters" else step
+    degree = mean_active_degree(comm.topology, rounds)  # per round's graph on a schedule
+    exact_bytes = parameter_bytes * degree * rounds
+    sent = float(means[0])
+    return {
+        "algorithm": config.algorithm,
+        "topology": config.topology,
+        "peers": comm.size,
+        "dataset": config.dataset,
+        "partition": config.partition,
+        "model": config.model,
+        "optimizer": config.optimizer,
+        "epochs": config.epochs,
+        "epochs_done": final.get("epoch", 0),
+        "steps": step,
+        "steps_per_epoch": steps_per_epoch,
+        "parameters": num_parameters,
+        "final_test_acc_avg_model": final.get("test_acc_avg_model"),
+        "final_test_acc_local_mean": final.get("test_acc_mean"),
+        "final_test_acc_local_min": final.get("test_acc_min"),
+        "final_test_acc_local_max": final.get("test_acc_max"),
+        "eval_split": eval_split,
+        **(
+            {"final_test_perplexity_avg_model": final["test_perplexity_avg_model"]}
+            if "test_perplexity_avg_model" in final
+            else {}
+        ),
+        "final_train_loss": final.get("train_loss"),
+        "final_consensus_distance": final.get("consensus_distance"),
+        "mb_sent_per_peer": sent / 1e6,
+        "messages_sent_per_peer": float(means[1]),
+        "exact_gossip_mb_per_peer_formula": exact_bytes / 1e6,
+        "exact_gossip_formula": (
+            f"model bytes {parameter_bytes} x mean degree {degree:g} x "
+            f"communication rounds {rounds} (formula, not measured)"
+        ),
+        "local_steps": local_steps,
+        "communication_rounds": rounds,
+        "compression_ratio": (exact_bytes / sent) if sent > 0 else None,
+        "bytes_per_step": int(algorithm.bytes_per_step()),
+        "wall_time_s": float(wall[0]),
+        "time_compute_s": float(means[2]),
+        "time_gossip_compute_s": float(means[3]),
+        "time_communication_s": float(means[4]),
+        **released,
+        "model_sha256": digests,
+        "run_dir": config.out_dir,
+    }
+
+
+def _fmt(value, pct: bool = False) -> str:
+    if value is None:
+        return "n/a"
+    if pct:
+        return f"{100 * value:.2f} %"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
+    """The summary as a table (markdown for summary.md, aligned text for the terminal)."""
+    split = summary.get("eval_split", "test")
+    perplexity = summary.get("final_test_perplexity_avg_model")
+    rows = [
+        ("algorithm", summary["algorithm"]),
+        ("topology", f"{summary['topology']} ({summary['peers']} peers)"),
+        (
+            "data / model",
+            f"{summary['dataset']} ({summary['partition']}) / {summary['model']}, "
+            f"{summary['parameters']} parameters",
+        ),
+        ("epochs / steps", f"{summary['epochs_done']} / {summary['steps']}"),
+        (f"averaged-model {split} accuracy", _fmt(summary["final_test_acc_avg_model"], pct=True)),
+        *(
+            [(f"averaged-model {split} perplexity", _fmt(perplexity))]
+            if perplexity is not None
+            else []
+        ),
+        (
+            f"local {split} accuracy mean [min, max]",
+            f"{_fmt(summary['final_test_acc_local_mean'], True)} "
+            f"[{_fmt(summary['final_test_acc_local_min'], True)}, "
+            f"{_fmt(summary['final_test_acc_local_max'], True)}]",
+        ),
+        (
+            "training loss (mean over peers)",
+            _fmt(summary["final_train_loss"])
+            if "label_histogram" in summary
+            else "private (each peer's own file)",
+        ),
+        ("consensus distance", _fmt(summary["final_consensus_distance"])),
+        ("training MB sent per peer", f"{summary['mb_sent_per_peer']:.3f}"),
+        (
+            "exact gossip MB per peer (formula)",
+            f"{summary['exact_gossip_mb_per_peer_formula']:.3f} = {summary['exact_gossip_formula']}",
+        ),
+        (
+            "exact gossip formula / sent",
+            "n/a"
+            if summary["compression_ratio"] is None
+            else f"{summary['compression_ratio']:.1f}x",
+        ),
+        (
+            "wall time",
+            f"{summary['wall_time_s']:.1f} s (compute {summary['time_compute_s']:.1f} s, "
+            f"gossip compute {summary['time_gossip_compute_s']:.1f} s, communication "
+            f"{summary['time_communication_s']:.1f} s, means over peers)",
+        ),
+    ]
+    rows += summary_rows(summary)  # each feature's (differential privacy, observers, ...)
+    hist = summary.get("label_histogram")
+    if hist is not None and not any(
+        hist
+    ):  # a target per token: a histogram would be vocabulary-wide
+        rows.append(("label histogram", "none (a language model's targets are tokens)"))
+        hist = None
+    elif hist is None:  # private peer statistics: nothing of any peer's own data to show
+        rows.append(("peer statistics", summary.get("peer_statistics", "n/a")))
+    if hist is None:
+        if markdown:
+            return (
+                "\n".join(
+                    ["# Run summary", "", "| quantity | value |", "|---|---|"]
+                    + [f"| {k} | {v} |" for k, v in rows]
+                )
+                + "\n"
+            )
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    if markdown:
+        lines = ["# Run summary", "", "| quantity | value |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in rows]
+        lines += [
+            "",
+            "## Label histogram per peer",
+            "",
+            "| peer | " + " | ".join(str(c) for c in range(len(hist[0]))) + " |",
+            "|---" * (len(hist[0]) + 1) + "|",
+        ]
+        lines += [f"| {k} | " + " | ".join(map(str, row)) + " |" for k, row in enumerate(hist)]
+        return "\n".join(lines) + "\n"
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    lines.append("label histogram per peer (classes 0..{}):".format(len(hist[0]) - 1))
+    lines += [f"  peer {k:>3}: {' '.join(f'{v:>4}' for v in row)}" for k, row in enumerate(hist)]
+    return "\n".join(lines)
+
+
+def peer_report(comm: Comm, history, histogram, shard_size: int) -> Dict[str, Any]:
+    """This peer's own figures, for its own `RUN_DIR/peers/rank-K.json` only (not collective):
+    its shard size, label histogram and last training loss (the privacy hook adds its epsilons)."""
+    evals = [r for r in history if r.get("kind") == "eval"]
+    return {
+        "rank": comm.rank,
+        "shard_size": int(shard_size),
+        "label_histogram": [int(v) for v in histogram],
+        "final_train_loss_local": evals[-1].get("train_loss_local") if evals else None,
+    }
+
+
+# ---- writing it -----------------------------------------------------------------------------------
 
 
 def report(

@@ -60,6 +60,7 @@ from torch.nn.utils import clip_grad_norm_
 from ..algorithms.base import NonFiniteError
 from ..utils import atomic_write
 from . import checkpoint as ckpt
+from .resume import agree_resume_epoch, load_for_resume
 from . import rundir
 from .rundir import AUTO
 from .config import TrainConfig, dump_config
@@ -71,7 +72,6 @@ from .evaluation import (
     eval_line,
     eval_record,
     evaluate_model,
-    format_summary,
     log_record,
     model_digest,
 )
@@ -80,9 +80,9 @@ from .features import feature_hooks, peer_statistics_private
 from .hooks import HookList, TrainingHooks
 from .progress import Printer, SetupLog
 from .provenance import as_comments, provenance
-from .report import report_and_finish
+from .report import format_summary, report_and_finish
 from .runstate import RunState
-from .churn import call, churn_run
+from .churn_run import call, churn_run
 from .divergence import DIVERGENCE_FACTOR, check_divergence
 from .setup import PeerRun, build_run, checked_config, collectively, make_optimizer, resolve_device
 
@@ -142,8 +142,8 @@ def _resume(comm: Comm, run_dir: Path, run: PeerRun, hooks: HookList, churn) -> 
         from .churn_resume import resume
 
         return resume(churn, comm, run_dir, run, restore)
-    epoch = ckpt.agree_resume_epoch(comm, run_dir)
-    loaded = collectively(comm, ckpt.load_for_resume, run_dir, epoch, **run.header_args)
+    epoch = agree_resume_epoch(comm, run_dir)
+    loaded = collectively(comm, load_for_resume, run_dir, epoch, **run.header_args)
     return collectively(comm, restore, loaded["state"])
 
 

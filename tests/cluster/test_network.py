@@ -233,6 +233,7 @@ def test_down_after_up_was_killed_midway_leaves_nothing(prefix):
 
 
 @needs_namespaces
+@pytest.mark.timing
 def test_a_hosts_rate_limits_what_it_sends_and_what_it_receives(prefix):
     """tbf lets a TCP stream carry at most rate x 1448/1514 of payload (the Ethernet frame it
     counts, the headers it carries) plus its burst; the band's low side allows the stream its

@@ -125,6 +125,7 @@ def test_wrong_message_dtype_names_the_sending_peer():
         LocalCluster(topologies.ring(4)).run(peer)
 
 
+@pytest.mark.timing
 def test_a_silent_neighbour_times_out_naming_it():
     def peer(comm):
         if comm.rank == 0:

@@ -68,6 +68,7 @@ def test_mpi_wrong_message_size_ends_the_job_naming_the_peer():
 
 
 @pytest.mark.mpi
+@pytest.mark.timing
 def test_mpi_silent_peer_ends_the_job_naming_it():
     result = run_mpi(4, [SUPPORT / "mpi_bad_inputs.py", "silent_peer"], timeout=60)
     assert result.returncode != 0

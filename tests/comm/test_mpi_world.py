@@ -36,6 +36,7 @@ def test_an_interrupt_or_exit_goes_to_pythons_own_hook_without_mpi(monkeypatch, 
 
 
 @pytest.mark.mpi
+@pytest.mark.timing
 def test_uncaught_exception_on_one_rank_ends_the_mpi_job_promptly():
     started = time.monotonic()
     result = run_mpi(4, [SUPPORT / "scripts" / "readme_snippet_failure.py"], timeout=60)
@@ -49,6 +50,7 @@ def test_uncaught_exception_on_one_rank_ends_the_mpi_job_promptly():
 
 
 @pytest.mark.mpi
+@pytest.mark.timing
 def test_a_rank_that_exits_before_its_communicator_exists_is_named():
     """Under mpiexec, rank 1 ends its process (sys.exit(0)) before it creates a communicator: the
     others, in the communicator's collective set-up, read the notice it sent on COMM_WORLD as it

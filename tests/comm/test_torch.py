@@ -222,6 +222,7 @@ def test_wrong_message_size_names_the_peer():
     assert "message from peer 1 has 28 bytes, expected 20" in stderr, stderr[-2000:]
 
 
+@pytest.mark.timing
 def test_silent_peer_is_named_by_its_neighbours():
     codes, stderr = run_ranks(4, "silent_peer")
     assert codes[0] != 0 and codes[1] != 0 and codes[3] != 0

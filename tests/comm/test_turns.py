@@ -13,7 +13,7 @@ import torch
 
 from gossip_powersgd import CommunicationError, ExactGossip, LocalCluster, PowerGossip
 from gossip_powersgd.algorithms.base import all_finite
-from gossip_powersgd.comm import local
+from gossip_powersgd.comm import local, local_shared
 
 
 def _train_like(comm):
@@ -150,6 +150,7 @@ def _concurrent_pair(comm, meeting):
     return all(float(recv[j][0]) == j for j in comm.neighbors)
 
 
+@pytest.mark.timing
 def test_two_lanes_run_one_peer_of_each_at_once_with_the_same_bits():
     # Peers 0 and 4 are in different lanes (ranks 0-3 and 4-7): each lane grants its own turn,
     # so both reach the barrier while holding their turns, and it opens at once. (With one lane
@@ -161,7 +162,7 @@ def test_two_lanes_run_one_peer_of_each_at_once_with_the_same_bits():
             _concurrent_pair, threading.Barrier(2)
         )
     )
-    assert time.monotonic() - start < local._PATIENCE_SECONDS
+    assert time.monotonic() - start < local_shared._PATIENCE_SECONDS
     # Never more peers at once than lanes (the sleep lets the GIL go inside the section).
     assert _overlap(cooperative=True, hold=lambda: time.sleep(0.002), lanes=2) <= 2
     for spec in ("ring:8", "star:5"):
@@ -205,12 +206,13 @@ def test_each_lane_is_pinned_to_cores_of_its_own(one_intra_op_thread):
     assert all(len(c) == 1 for c in pinned)
 
 
+@pytest.mark.timing
 def test_a_peer_blocking_outside_the_communicator_delays_the_others_but_never_deadlocks(
     monkeypatch,
 ):
     """Each peer waits for an event that only the other one sets: the first to get the turn blocks
     with it, and the other runs without the turn once it has waited `patience` seconds."""
-    monkeypatch.setattr(local, "_PATIENCE_SECONDS", 0.3)
+    monkeypatch.setattr(local_shared, "_PATIENCE_SECONDS", 0.3)
     arrived = [threading.Event(), threading.Event()]
 
     overlap = _Overlap()
@@ -234,6 +236,7 @@ def test_a_peer_blocking_outside_the_communicator_delays_the_others_but_never_de
     assert overlap.most == 1
 
 
+@pytest.mark.timing
 def test_a_failing_peer_releases_everybody_waiting_for_a_turn_or_a_message():
     def peer(comm):
         send = {j: torch.zeros(4) for j in comm.neighbors}
@@ -249,6 +252,7 @@ def test_a_failing_peer_releases_everybody_waiting_for_a_turn_or_a_message():
     assert time.monotonic() - begin < 10
 
 
+@pytest.mark.timing
 def test_a_silent_peer_is_named_by_its_neighbours_timeout():
     def peer(comm):
         if comm.rank == 0:

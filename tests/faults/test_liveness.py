@@ -4,8 +4,9 @@ The unit tests drive `Monitor`s of this process with short deadlines and a recor
 launched tests stop a rank of a 4-rank training run at each moment of its life (a few seconds
 after launch, at rank 0's `start:` line, just before the first step, mid-run) under mpiexec and
 torchrun (a rank SIGKILLed under mpiexec, named by its supervisor: test_supervisor.py). Their time
-bounds are the design's own figures (see `setup_stop_bound`), checked against the 30 s every rank must end within; they are marked `timing`,
-to be run serially on a loaded machine.
+bounds are the design's own figures (see `setup_stop_bound`), checked against the 30 s every rank
+must end within. Both kinds are marked `timing` (the unit tests' deadlines are seconds, which
+another test's load beside them could eat): `make test` runs them alone, after the others.
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ def _until(condition, within: float):
     return condition()
 
 
+@pytest.mark.timing
 def test_a_stopped_peer_is_lost_and_a_busy_one_never(recorded):
     """The kernel tells them apart: a process spinning on a core for longer than the deadline is
     R, never T. Only the stopped one is reported, after `stopped_after` seconds of looking."""
@@ -164,6 +166,7 @@ def _pair(make, silent_after: float):
     return a, b
 
 
+@pytest.mark.timing
 def test_a_silent_peer_whose_host_answers_is_hung(recorded):
     seen, make = recorded
     a, b = _pair(make, silent_after=2.0)
@@ -175,6 +178,7 @@ def test_a_silent_peer_whose_host_answers_is_hung(recorded):
     )
 
 
+@pytest.mark.timing
 def test_a_silent_peer_whose_port_is_closed_was_killed(recorded):
     seen, make = recorded
     a, b = _pair(make, silent_after=2.0)
@@ -185,6 +189,7 @@ def test_a_silent_peer_whose_port_is_closed_was_killed(recorded):
     assert (seen[0].peer, seen[0].how) == (1, "killed")
 
 
+@pytest.mark.timing
 def test_a_silent_peer_whose_host_does_not_answer_is_unreachable(recorded):
     seen, make = recorded
     a, b = _pair(make, silent_after=2.0)
@@ -206,6 +211,7 @@ def test_a_silent_peer_whose_host_does_not_answer_is_unreachable(recorded):
     assert "no heartbeat for 2 s and its host does not answer" in seen[0].text()
 
 
+@pytest.mark.timing
 def test_a_rank_that_joined_first_is_heard_and_a_rank_beats_as_it_joins(recorded, monkeypatch):
     """A rank whose heartbeat came before this one had the set-up table (it joined first) counts as
     heard from the moment it arrived, and a rank beats the moment it joins, not a look later: a
@@ -254,6 +260,7 @@ def _listening(accept: bool) -> socket.socket:
     return s
 
 
+@pytest.mark.timing
 def test_a_peer_stopped_before_its_first_heartbeat_got_through_is_hung(recorded):
     """Stopped within a second of set-up (its host with it), a peer may never have been heard: it
     is silent since set-up, and probed then. Its announced addresses are all tried: 127.0.0.2
@@ -282,6 +289,7 @@ def test_a_peer_stopped_before_its_first_heartbeat_got_through_is_hung(recorded)
     )
 
 
+@pytest.mark.timing
 def test_a_peer_never_heard_is_named_only_when_its_host_answers_for_it(recorded, monkeypatch):
     """Heartbeats a firewall drops never end a run: a peer never heard whose monitor takes the
     probe (it runs), or whose host does not answer at all, is not named; they are probed again
@@ -325,6 +333,7 @@ def test_a_peer_never_heard_is_named_only_when_its_host_answers_for_it(recorded,
     assert all(gap >= m.silent_after for gap in gaps), gaps
 
 
+@pytest.mark.timing
 def test_a_peer_that_leaves_cleanly_is_no_loss_and_a_loss_is_told_to_the_others(recorded):
     seen, make = recorded
     a, b = _pair(make, silent_after=2.0)

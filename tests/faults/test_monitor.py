@@ -118,6 +118,7 @@ def _stopped_ranks_gone(pids) -> bool:
 @pytest.mark.mpi
 @pytest.mark.torchrun
 @pytest.mark.parametrize("launcher", ["mpi", "torch"])
+@pytest.mark.timing
 def test_a_stopped_rank_is_named_by_every_rank_and_the_job_ends_before_the_timeout(launcher):
     """SIGSTOP rank 2 of ring:4 with a 20 s comm timeout. A stopped peer never answers: its
     neighbours, watching its process state while they wait, name it after half the timeout, and the
@@ -145,6 +146,7 @@ def test_a_stopped_rank_is_named_by_every_rank_and_the_job_ends_before_the_timeo
 @pytest.mark.mpi
 @pytest.mark.torchrun
 @pytest.mark.parametrize("launcher", ["mpi", "torch"])
+@pytest.mark.timing
 def test_a_rank_that_calls_sys_exit_is_named_within_seconds(launcher):
     """Rank 1 calls sys.exit(0) mid-gossip (user code may): its process says it left as it ends,
     and the others name it instead of waiting out the 60 s comm timeout (mpi) or blaming both
@@ -163,6 +165,7 @@ def test_a_rank_that_calls_sys_exit_is_named_within_seconds(launcher):
 
 
 @pytest.mark.mpi
+@pytest.mark.timing
 def test_user_code_that_exits_during_the_config_check_ends_the_mpi_job_naming_it(tmp_path):
     """A dataset function that calls sys.exit(0) on rank 1 while the config is validated (before
     any communicator) is an error of that rank naming the spec (`specs.user_code`), and the job

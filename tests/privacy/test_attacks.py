@@ -21,7 +21,8 @@ from gossip_powersgd.privacy.reconstruction import (
     reconstruct,
     reconstruction_errors,
 )
-from gossip_powersgd.privacy.views import ObserverHooks, load_view, observed_dir
+from gossip_powersgd.privacy.observing import ObserverHooks
+from gossip_powersgd.privacy.views import load_view, observed_dir
 from gossip_powersgd.training.data import load_dataset
 from gossip_powersgd.training.models import build_model
 from gossip_powersgd.privacy.heldout import make_split

@@ -1,12 +1,14 @@
 """`privacy.observing`: the `observers` / `observe_every` config keys — flat or nested, one rank
 without brackets, bad values refused in one line, and left out of the checkpoint's config hash
-(recording changes no bit of the run)."""
+(recording changes no bit of the run); the hook they turn on and its summary row."""
 
 from __future__ import annotations
 
 import pytest
 
+from gossip_powersgd.privacy.observing import observer_hook, observer_summary_rows
 from gossip_powersgd.training.config import config_from_dict, config_hash
+from gossip_powersgd.training.report import format_summary
 from tests.privacy.test_views import tiny, train_everywhere
 
 
@@ -48,3 +50,21 @@ def test_bad_observer_values_are_one_line_errors():
     assert tiny("observers=2").observers == [2]  # one rank needs no brackets
     with pytest.raises(ValueError, match=r"observers \[7\] are not ranks of this 4-peer run"):
         train_everywhere(tiny("observers=[7]"))
+
+
+def test_observer_hook_and_summary_rows():
+    assert observer_hook(tiny()) is None
+    hook = observer_hook(tiny("observers=[3, 1]", "observe_every=2"))
+    assert hook.observers == [1, 3] and hook.observe_every == 2
+    assert observer_summary_rows({}) == []
+    rows = observer_summary_rows(
+        {"observers": [1, 3], "observe_every": 2, "observed_bytes": [0, 2_000_000, 0, 500_000]}
+    )
+    assert rows == [
+        ("observed message MB (every 2 step(s))", "2.500 (rank 1: 2.000, rank 3: 0.500)")
+    ]
+
+
+def test_the_summary_table_shows_the_recorded_bytes():
+    summary = train_everywhere(tiny("observers=[0]"))[0]
+    assert "observed message MB (every 1 step(s))" in format_summary(summary)

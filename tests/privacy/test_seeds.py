@@ -195,7 +195,7 @@ def test_two_runs_with_os_entropy_draw_different_noise():
 def test_public_randomness_is_named_for_what_it_is():
     s = local(CONFIG.replace(dp_public_randomness=True))[0]
     assert "holds against outsiders only, not against the peers" in s["dp_randomness_note"]
-    from gossip_powersgd.training.evaluation import format_summary
+    from gossip_powersgd.training.report import format_summary
 
     assert "outsiders only" in format_summary(s)
 

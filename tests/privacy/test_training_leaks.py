@@ -372,7 +372,7 @@ def test_the_network_bounds_are_not_given_as_guarantees_for_training():
 
 
 def test_the_summary_names_the_bound_and_the_adjacency_of_every_epsilon():
-    from gossip_powersgd.training.evaluation import format_summary
+    from gossip_powersgd.training.report import format_summary
 
     for mechanism in ("local", "muffliato"):
         s = local(

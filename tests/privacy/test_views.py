@@ -12,10 +12,8 @@ import torch
 
 import topologies
 from gossip_powersgd import LocalCluster
-from gossip_powersgd.privacy import load_view, observed_dir, observer_hook, reconstruction_errors
-from gossip_powersgd.privacy.views import observer_summary_rows
+from gossip_powersgd.privacy import load_view, observed_dir, reconstruction_errors
 from gossip_powersgd.training.config import load_config
-from gossip_powersgd.training.evaluation import format_summary
 from gossip_powersgd.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,24 +83,6 @@ def test_observers_without_out_dir_record_in_memory_and_still_report_bytes():
     summaries = train_everywhere(tiny("observers=[2]"))
     assert summaries[0]["observed_bytes"][2] > 0
     assert summaries[0]["observed_bytes"][:2] == [0, 0]
-
-
-def test_observer_hook_and_summary_rows():
-    assert observer_hook(tiny()) is None
-    hook = observer_hook(tiny("observers=[3, 1]", "observe_every=2"))
-    assert hook.observers == [1, 3] and hook.observe_every == 2
-    assert observer_summary_rows({}) == []
-    rows = observer_summary_rows(
-        {"observers": [1, 3], "observe_every": 2, "observed_bytes": [0, 2_000_000, 0, 500_000]}
-    )
-    assert rows == [
-        ("observed message MB (every 2 step(s))", "2.500 (rank 1: 2.000, rank 3: 0.500)")
-    ]
-
-
-def test_the_summary_table_shows_the_recorded_bytes():
-    summary = train_everywhere(tiny("observers=[0]"))[0]
-    assert "observed message MB (every 1 step(s))" in format_summary(summary)
 
 
 @pytest.mark.mpi

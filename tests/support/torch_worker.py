@@ -86,7 +86,7 @@ def device_differs() -> None:
     if int(os.environ["RANK"]) == n - 1 and not torch.cuda.is_available():
         import gossip_powersgd.comm.torch as transport
 
-        transport._resolve_device = lambda device, backend: (torch.device("meta"), "gloo")
+        transport.resolve_device = lambda device, backend: (torch.device("meta"), "gloo")
     comm_class(topologies.ring(n), timeout=20)
 
 

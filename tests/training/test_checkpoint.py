@@ -343,6 +343,7 @@ EPOCHS = 16
 
 
 @pytest.mark.mpi
+@pytest.mark.timing
 def test_a_rank_killed_mid_training_ends_the_job_and_the_run_resumes_exactly(tmp_path):
     """SIGKILL rank 2 of 4 after the epoch-1 checkpoints: the others exit within 30 s; any survivor
     that reports names rank 2; the newest checkpoint loads; --resume finishes with the model of an

@@ -13,7 +13,6 @@ import torch
 import topologies
 from gossip_powersgd import LocalCluster
 from gossip_powersgd.training import checkpoint as ckpt
-from gossip_powersgd.training.churn import TrainingState
 from gossip_powersgd.training.config import load_config, validate_config
 from gossip_powersgd.training.hooks import TrainingHooks
 from gossip_powersgd.training.trainer import TIMING_KEYS, train
@@ -143,41 +142,6 @@ def test_a_joiner_is_handed_its_neighbours_state(join):
         config_for(churn_join=join, churn="leave:3@20")
     )  # the same without peer 1's absence
     assert summary["mb_sent_per_peer"] < reference[0]["mb_sent_per_peer"]
-
-
-def test_training_state_round_trip_carries_model_momentum_and_step():
-    from gossip_powersgd.training.runstate import RunState
-
-    def make(seed):
-        torch.manual_seed(seed)
-        model = torch.nn.Linear(3, 2)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        model(torch.randn(4, 3)).sum().backward()
-        optimizer.step()
-        return model, optimizer
-
-    class Driver:
-        changes, shift_total = 2, 0.5
-
-    sender = TrainingState(*make(0), RunState(step=7), Driver())
-    fresh_model = torch.nn.Linear(3, 2)
-    fresh_optimizer = torch.optim.SGD(fresh_model.parameters(), lr=0.1, momentum=0.9)
-    joiner_driver = Driver()
-    joiner_driver.changes, joiner_driver.shift_total = 0, 0.0
-    joiner = TrainingState(fresh_model, fresh_optimizer, RunState(step=7), joiner_driver)
-    joiner.unpack(sender.pack())  # a fresh optimizer (no state yet) takes the momentum too
-    for a, b in zip(fresh_model.parameters(), sender.model.parameters()):
-        assert torch.equal(a, b)
-    for a, b in zip(fresh_model.parameters(), sender.model.parameters()):
-        assert torch.equal(
-            fresh_optimizer.state[a]["momentum_buffer"],
-            sender.optimizer.state[b]["momentum_buffer"],
-        )
-    assert joiner_driver.changes == 2 and joiner_driver.shift_total == 0.5
-    with pytest.raises(ValueError, match="at step 8 but was handed the state of step 7"):
-        TrainingState(fresh_model, fresh_optimizer, RunState(step=8), joiner_driver).unpack(
-            sender.pack()
-        )
 
 
 @pytest.mark.parametrize(

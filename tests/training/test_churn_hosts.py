@@ -33,8 +33,11 @@ START_SECONDS = 300
 #: probe, agreed, the remaining steps, the summary.
 END_SECONDS = 240
 
+#: `timing`: the survivors must find the lost host within their 20 s comm timeout, four hosts'
+#: processes on 2 cores: run alone (make test's second part), not beside another worker's tests.
 pytestmark = [
     pytest.mark.torchrun,
+    pytest.mark.timing,
     pytest.mark.skipif(
         bool(network.missing_privileges()),
         reason="making network namespaces needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN)",

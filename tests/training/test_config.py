@@ -119,9 +119,12 @@ def test_hash_and_agreement_ignore_backend_keys():
     ],
 )
 def test_bad_files(tmp_path, text, expected):
+    path = write(tmp_path, text)
     with pytest.raises(ValueError, match=expected) as info:
-        load_config(write(tmp_path, text), deep=False)
+        load_config(path, deep=False)
     assert "\n" not in str(info.value)
+    if "mapping" in expected or "unknown" in expected:
+        assert f" in {path}" in str(info.value)  # the file is named
     if "unknown" in expected:
         assert "valid keys: topology, algorithm" in str(info.value)
 

@@ -107,7 +107,37 @@ def _stop_at(step_count: int):
     return on_step
 
 
+#: How long `wandb_records` waits for a finished run's exit record to reach its file.
+WANDB_FLUSH_SECONDS = 60.0
+
+
 def wandb_records(path: Path):
+    """The protobuf `Record`s of a finished offline W&B run file, once its exit record is there.
+
+    wandb's service, a process of its own, writes the file; `run.finish()` returns when the
+    service has taken the exit, which can be before its writer has flushed the file (seen under
+    pytest-xdist on a loaded machine). So this polls the file until the exit record appears, up to
+    WANDB_FLUSH_SECONDS, then returns what is there (a test then fails on what is missing)."""
+    import time
+
+    from google.protobuf.message import DecodeError
+
+    deadline = time.monotonic() + WANDB_FLUSH_SECONDS
+    while True:
+        try:  # a record being written reads as a truncated chunk: read the file again
+            records = _wandb_file_records(path)
+        except (AssertionError, DecodeError):
+            if time.monotonic() > deadline:
+                raise
+        else:
+            if any(r.WhichOneof("record_type") == "exit" for r in records):
+                return records
+            if time.monotonic() > deadline:
+                return records
+        time.sleep(0.1)
+
+
+def _wandb_file_records(path: Path):
     """The protobuf `Record`s of an offline W&B run file (run-*.wandb): wandb's datastore writes a
     7-byte file header (":W&B", a magic number, a version), then the LevelDB log format: 32 KiB
     blocks of chunks, each with a 7-byte header (crc32, length, type: 1 full, 2 first, 3 middle,

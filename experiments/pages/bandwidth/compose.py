@@ -162,51 +162,6 @@ class Schedule:
         return self.training(steps) + evaluations * self.per_eval
 
 
-# ---- the answer in words ---------------------------------------------------------------------------
-def factor_text(factor: float) -> str:
-    return f"{factor:.3g}×"
-
-
-def compare_line(
-    name: str,
-    other: str,
-    times: Mapping[str, Mapping[str, Optional[float]]],
-    rates: Sequence[str],
-    who: str = "pg-r1",
-    against: str = "exact",
-) -> str:
-    """One sentence: at which rates `who` reaches the target before `against`, and by what factor
-    (their times, `times[rate][algorithm]`, None where the target is not reached)."""
-    ahead, behind, open_ = [], [], []
-    for rate in rates:
-        mine, theirs = times[rate].get(who), times[rate].get(against)
-        if mine is None and theirs is None:
-            open_.append(f"{rate_text(rate)} (neither reaches it)")
-        elif theirs is None:
-            ahead.append(f"{rate_text(rate)} ({other} never reaches it)")
-        elif mine is None:
-            behind.append(f"{rate_text(rate)} ({name} never reaches it)")
-        elif mine < theirs:
-            ahead.append(f"{rate_text(rate)} ({factor_text(theirs / mine)} sooner)")
-        else:
-            behind.append(f"{rate_text(rate)} ({other} {factor_text(mine / theirs)} sooner)")
-    parts = []
-    if ahead:
-        parts.append(f"{name} reaches it before {other} at " + ", ".join(ahead))
-    if behind:
-        parts.append(
-            ("and not at " if ahead else f"{name} is not ahead of {other} at ") + ", ".join(behind)
-        )
-    if open_:
-        parts.append("; at " + ", ".join(open_))
-    return " ".join(parts) + "."
-
-
-def fastest(times: Mapping[str, Optional[float]]) -> Optional[str]:
-    reached = {k: v for k, v in times.items() if v is not None}
-    return min(reached, key=reached.get) if reached else None
-
-
 def seconds_text(seconds: Optional[float]) -> str:
     """A duration as a reader takes it in: 0.84 s, 12.3 s, 41 min, 5.2 h, 3.1 d."""
     if seconds is None:
@@ -218,11 +173,6 @@ def seconds_text(seconds: Optional[float]) -> str:
     if seconds < 86400:
         return f"{seconds / 3600:.3g} h"
     return f"{seconds / 86400:.3g} d"
-
-
-def spread(values: Sequence[float]) -> Tuple[float, float, float]:
-    """(mean, min, max)."""
-    return statistics.fmean(values), min(values), max(values)
 
 
 def per_seed_times(
@@ -237,10 +187,3 @@ def per_seed_times(
             None if hit is None else schedule.until(hit[0], evaluations_until(evals, hit[0]))
         )
     return out
-
-
-def mean_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
-    """The mean, or None when any is None (a seed that never reaches the target)."""
-    if not values or any(v is None for v in values):
-        return None
-    return statistics.fmean(values)

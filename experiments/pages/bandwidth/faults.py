@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from experiments.engine import ROOT, Run
 
@@ -73,56 +73,51 @@ def row(run: Run, prefix: str) -> Dict[str, Any]:
     return result
 
 
-def section(cases: Sequence[Tuple[str, str]], data: Mapping[str, Dict[str, Any]]) -> List[str]:
-    from experiments.pages._markdown import table
+def _seconds(value: Optional[float], none: str = "—") -> str:
+    return none if value is None else f"{value:.2f}"
 
-    rows, bounds, skipped, late = [], set(), [], []
-    for launcher, fault in cases:
-        r = data.get(f"fault/{launcher}/{fault}")
-        if r is None:
-            continue
-        if "skipped" in r:
-            skipped.append(r["skipped"])
-            continue
-        bounds.add(r["bound"])
-        seconds = r["seconds"]
-        if seconds is None or seconds > ISSUE_SECONDS:
-            late.append(f"{LAUNCHERS[launcher]} {fault}")
-        exits = ", ".join(
-            f"{k}: {'not ended' if v is None else f'{v:.2f}'}" for k, v in r["exits"].items()
-        )
-        named = ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in r["named"].items())
-        lost = r.get("lost_says")
-        rows.append(
-            [
-                LAUNCHERS[launcher],
-                WHAT[fault],
-                "not within 90 s" if seconds is None else f"{seconds:.2f}",
-                exits,
-                "—" if r["named_after"] is None else f"{r['named_after']:.2f}",
-                named,
-                "—" if lost is None else "`" + lost.split(": ", 1)[1][:140] + "`",
-            ]
-        )
-    if not rows and not skipped:
+
+def _said(r: Mapping[str, Any]) -> str:
+    lost = r.get("lost_says")
+    return "—" if lost is None else "`" + lost.split(": ", 1)[1][:140] + "`"
+
+
+#: The section's table: a row per case, an item (launcher, fault, its row).
+COLUMNS = (
+    ("launcher", lambda x: LAUNCHERS[x[0]]),
+    ("host1's fault", lambda x: WHAT[x[1]]),
+    ("every rank gone after (s)", lambda x: _seconds(x[2]["seconds"], "not within 90 s")),
+    (
+        "each rank's exit after the fault (s)",
+        lambda x: ", ".join(f"{k}: {_seconds(v, 'not ended')}" for k, v in x[2]["exits"].items()),
+    ),
+    ("first error line after (s)", lambda x: _seconds(x[2]["named_after"])),
+    (
+        "names host1 (rank: peer, host name, address and the fault's diagnosis)",
+        lambda x: ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in x[2]["named"].items()),
+    ),
+    ("host1's own rank said", lambda x: _said(x[2])),
+)
+
+
+def section(cases: Sequence[Tuple[str, str]], data: Mapping[str, Dict[str, Any]]) -> List[str]:
+    from experiments.pages._markdown import columns
+
+    found = [(lc, f, data[f"fault/{lc}/{f}"]) for lc, f in cases if f"fault/{lc}/{f}" in data]
+    skipped = [r["skipped"] for _, _, r in found if "skipped" in r]
+    ran = [x for x in found if "skipped" not in x[2]]
+    if not found:
         return []
-    lines = ["## Faults across hosts", ""]
-    if skipped:
-        lines += [f"Not run: {skipped[0]}", ""]
-    if not rows:
+    lines = ["## Faults across hosts", ""] + ([f"Not run: {skipped[0]}", ""] if skipped else [])
+    if not ran:
         return lines
-    lines += table(
-        [
-            "launcher",
-            "host1's fault",
-            "every rank gone after (s)",
-            "each rank's exit after the fault (s)",
-            "first error line after (s)",
-            "names host1 (rank: peer, host name, address and the fault's diagnosis)",
-            "host1's own rank said",
-        ],
-        rows,
-    )
+    lines += columns(COLUMNS, ran)
+    bounds = {r["bound"] for _, _, r in ran}
+    late = [
+        f"{LAUNCHERS[lc]} {f}"
+        for lc, f, r in ran
+        if r["seconds"] is None or r["seconds"] > ISSUE_SECONDS
+    ]
     bound = ", ".join(f"{b:g}" for b in sorted(bounds))
     lines += [
         "3 hosts of the emulated cluster, unlimited links, one rank each, ring:3, the tiny "

@@ -1,5 +1,7 @@
 """Everything the bandwidth page shows, computed from its rows (`collect`): the JSON the page
-writes, and what its text and plot are drawn from. Pure: rows in, numbers out."""
+writes, and what its text and plot are drawn from; and the checks beside the figures (the
+complete cluster runs against the composition, the plateau run, the runs' time). Pure: rows in,
+numbers out."""
 
 from __future__ import annotations
 
@@ -9,46 +11,32 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from . import compose
 from .compose import Schedule
-from .recipe import (
-    BY_KEY,
-    COMPARED,
-    Setting,
-    best_value,
-    chosen,
-    algorithms_on,
-    gamma_on,
-    measured_on,
-    rates_on,
-    train_keys,
-    tuning_keys,
-)
+from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, best_value, chosen, gamma_on
+from .recipe import main_key, measured_on, rate_name, timed_settings, timing_key, train_keys
+from .recipe import tuning_keys
+from .text import answer
 
 
 def _ok(row: Optional[Mapping]) -> bool:
     return row is not None and "error" not in row and "skipped" not in row
 
 
+#: What a tuning grid's values are, by `Algorithm.tune`.
+TUNED = {"lr": "lr", "gamma": "γ", "gamma_x": "γ ÷ topology γ"}
+
+
 def tuning(s: Setting, data: Mapping[str, Dict]) -> List[Dict[str, Any]]:
     """Each algorithm's grid: the values, their final accuracies, and the one chosen."""
     out = []
-    for key in s.algorithms:
-        a = BY_KEY[key]
+    for a in (BY_KEY[key] for key in s.algorithms):
         best = best_value(s, a, data)
-        label = {"lr": "lr", "gamma": "γ", "gamma_x": "γ ÷ topology γ"}[a.tune]
-        values = []
-        for value, row_key in tuning_keys(s, a):
-            row = data.get(row_key, {})
-            values.append(
-                {"value": value, "acc_avg": row.get("acc_avg"), "error": row.get("error")}
-            )
+        rows = [(v, data.get(k, {})) for v, k in tuning_keys(s, a)]
+        values = [
+            {"value": v, "acc_avg": r.get("acc_avg"), "error": r.get("error")} for v, r in rows
+        ]
+        chosen = None if best is None else best[0]
         out.append(
-            {
-                "algorithm": key,
-                "label": a.label,
-                "tuned": label,
-                "values": values,
-                "chosen": None if best is None else best[0],
-            }
+            dict(algorithm=a.key, label=a.label, tuned=TUNED[a.tune], values=values, chosen=chosen)
         )
     return out
 
@@ -114,19 +102,13 @@ def target_of(s: Setting, acc: Mapping[str, Any]) -> Optional[float]:
     return compose.common_target(peaks) if peaks else None
 
 
-def timing_key(topology: str, rate: str, slow=None) -> str:
-    return f"timing/{topology}/{rate}" + (f"+{slow[1]}@{slow[2]}" if slow else "")
-
-
 def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
     """Per topology and rate (and the slow-host settings): every algorithm's `StepCosts`, the
     evaluation's `EvalCosts`, and the rows' load and host facts. An all-reduce's step and the
     evaluation (their rings go through all hosts whatever the topology) come from the tuning
     topology's rows (`recipe.measured_on`)."""
     out: Dict[str, Any] = {}
-    settings = [(t, r, None) for t in s.topologies for r in rates_on(s, t)]
-    settings += [(t, s.slow[0], s.slow) for t in s.slow_topologies] if s.slow else []
-    for topology, rate, slow in settings:
+    for topology, rate, slow in timed_settings(s):
         row = data.get(timing_key(topology, rate, slow))
         if not _ok(row):
             continue
@@ -145,8 +127,7 @@ def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
         evaluation = None
         if _ok(home) and "eval" in home and _ok(alone):
             evaluation = dataclasses.asdict(compose.eval_costs(home, alone))
-        name = rate if slow is None else f"{rate}+{slow[1]}@{slow[2]}"
-        out.setdefault(topology, {})[name] = {
+        out.setdefault(topology, {})[rate_name(rate, slow)] = {
             "steps": per,
             "borrowed": borrowed,
             "eval": evaluation,
@@ -224,115 +205,11 @@ def times(s: Setting, acc: Mapping, cost: Mapping, target: Optional[float]) -> D
 
 
 def _seeds(values: List[Optional[float]]) -> Dict[str, Any]:
+    """Per-seed seconds and their mean (None when a seed never reaches the target), min, max."""
     reached = [v for v in values if v is not None]
-    mean = compose.mean_or_none(values)
-    return {
-        "per_seed": values,
-        "mean": mean,
-        "min": min(reached) if reached else None,
-        "max": max(reached) if reached else None,
-    }
-
-
-def table_of(t: Mapping, topology: str, rates, figure: str, evals: bool = False):
-    """{rate: {algorithm: mean seconds or None}} of one topology and figure."""
-    suffix = "_with_evals" if evals else ""
-    return {
-        rate: {
-            k: v.get(figure + suffix, {}).get("mean")
-            for k, v in t.get(topology, {}).get(rate, {}).items()
-        }
-        for rate in rates
-    }
-
-
-def answer(
-    s: Setting, t: Mapping, target: Optional[float], acc: Optional[Mapping] = None
-) -> List[str]:
-    """The answer in words, per topology, from the core-each figure (training only), with what
-    the measured figure and the evaluations change."""
-    if target is None or not t:
-        return []
-    lines = []
-    pct = f"{100 * target:.0f} %"
-    for topology in s.topologies:
-        rates = [r for r in s.rates if r in t.get(topology, {})]
-        if not rates:
-            continue
-        core = table_of(t, topology, rates, "core_each")
-        line = f"**{topology}**, to {pct}, hosts with a core each (training time): "
-        line += compose.compare_line("PowerGossip r1", "exact gossip", core, rates)
-        line += " " + compose.compare_line(
-            "PowerGossip r1", "all-reduce", core, rates, against="allreduce"
-        )
-        lines.append(line)
-        finals = {k: acc_of(acc, topology, k) for k in ("pg-r1", "exact", "allreduce")}
-        if all(v is not None for v in finals.values()):
-            peak = max(acc[topology]["pg-r1"]["peaks"])
-            line = (
-                f"Final accuracy ({topology}, mean over seeds): PowerGossip r1 "
-                f"{100 * finals['pg-r1']:.2f} %, exact gossip {100 * finals['exact']:.2f} %, "
-                f"all-reduce {100 * finals['allreduce']:.2f} %"
-            )
-            if finals["pg-r1"] < min(finals["exact"], finals["allreduce"]):
-                line += (
-                    f": a target above PowerGossip r1's best evaluation ({100 * peak:.2f} %) it "
-                    f"does not reach in {s.base['epochs']} epochs, at any rate"
-                )
-            lines.append(line + ".")
-        fast = ", ".join(
-            f"{compose.rate_text(r)}: {BY_KEY[compose.fastest(core[r])].label}"
-            for r in rates
-            if compose.fastest(core[r])
-        )
-        lines.append(f"Fastest to {pct} at each rate ({topology}, core each): {fast}.")
-        for figure, evals, what in (
-            (
-                "measured",
-                False,
-                f"the step as measured here ({_hosts(topology)} hosts on this machine's cores)",
-            ),
-            ("core_each", True, "a core each, with an evaluation after every epoch"),
-        ):
-            other = table_of(t, topology, rates, figure, evals)
-            compared = [r for r in rates if other[r].get("pg-r1") is not None]
-            changed = [
-                r
-                for r in compared
-                for against in ("exact", "allreduce")
-                if _ahead(core[r], "pg-r1", against) != _ahead(other[r], "pg-r1", against)
-            ]
-            if not compared:
-                continue
-            missing = [compose.rate_text(r) for r in rates if r not in compared]
-            verdict = (
-                "the same verdicts"
-                if not changed
-                else "other verdicts at "
-                + ", ".join(dict.fromkeys(compose.rate_text(r) for r in changed))
-            )
-            if missing:
-                verdict += f" (not timed at {', '.join(missing)})"
-            lines.append(f"With {what}: {verdict}.")
-    return lines
-
-
-def acc_of(acc: Optional[Mapping], topology: str, key: str) -> Optional[float]:
-    """Algorithm `key`'s final accuracy on `topology`, mean over seeds (None if unknown)."""
-    return (acc or {}).get(topology, {}).get(key, {}).get("final_mean")
-
-
-def _hosts(topology: str) -> int:
-    import topologies
-
-    return topologies.parse(topology).size
-
-
-def _ahead(row: Mapping[str, Optional[float]], who: str, against: str) -> Optional[bool]:
-    mine, theirs = row.get(who), row.get(against)
-    if mine is None:
-        return False
-    return theirs is None or mine < theirs
+    mean = statistics.fmean(values) if values and len(reached) == len(values) else None
+    low, high = (min(reached), max(reached)) if reached else (None, None)
+    return {"per_seed": values, "mean": mean, "min": low, "max": high}
 
 
 def slow_host(s: Setting, cost: Mapping) -> Dict[str, Any]:
@@ -344,7 +221,7 @@ def slow_host(s: Setting, cost: Mapping) -> Dict[str, Any]:
     base, host, rate = s.slow
     for topology in s.slow_topologies:
         normal = cost.get(topology, {}).get(base)
-        slowed = cost.get(topology, {}).get(f"{base}+{host}@{rate}")
+        slowed = cost.get(topology, {}).get(rate_name(base, (host, rate)))
         if normal is None or slowed is None:
             continue
         for key in s.algorithms:
@@ -357,3 +234,96 @@ def slow_host(s: Setting, cost: Mapping) -> Dict[str, Any]:
                 "comm_replayed": [a["comm_replayed"], b["comm_replayed"]],
             }
     return out
+
+
+def e2e(s: Setting, data: Mapping[str, Dict], cost: Mapping) -> List[Dict[str, Any]]:
+    """The complete cluster runs against the composition and the in-process models."""
+    out = []
+    for topology, key, rate in s.e2e:
+        row = data.get(f"e2e/{topology}/{key}/{rate}")
+        source = main_key(s, key, topology, 0, data)
+        if row is None or source is None:
+            continue
+        if "skipped" in row:
+            out.append(
+                {"algorithm": key, "topology": topology, "rate": rate, "skipped": row["skipped"]}
+            )
+            continue
+        c = cost.get(topology, {}).get(rate)
+        plan = None if c is None else schedule(s, c["steps"], c["eval"], key, "measured")
+        evals = row["evals"]
+        composed = None
+        points = []
+        if plan is not None:
+            composed = plan.until(row["summary"]["steps"], len(evals))
+            points = [plan.until(step, i + 1) / wall - 1 for i, (step, wall, _) in enumerate(evals)]
+        out.append(
+            {
+                "algorithm": key,
+                "topology": topology,
+                "rate": rate,
+                "source": source,
+                "measured_wall": row["summary"]["wall_time_s"],
+                "composed_wall": composed,
+                "gap": None if composed is None else composed / row["summary"]["wall_time_s"] - 1,
+                "largest_gap_at_evaluations": max(points, key=abs) if points else None,
+                "steps": row["summary"]["steps"],
+                "evaluations": len(evals),
+                "same_models": row["model_sha256"] == data[source].get("model_sha256"),
+                "peers": len(row["model_sha256"]),
+                "acc_avg": row["acc_avg"],
+                "load": [row["load_before"], row["load_after"]],
+                "launch_seconds": row["launch_seconds"],
+            }
+        )
+    return out
+
+
+def plateau(s: Setting, data: Mapping[str, Dict]) -> Optional[Dict[str, Any]]:
+    key = next((k for k in data if k.startswith("plateau/")), None)
+    if key is None:
+        return None
+    algorithm = key.split("/")[2]
+    source = main_key(s, algorithm, s.tune_topology, 0, data)
+    row, base = data[key], data.get(source, {})
+    if not _ok(row) or not _ok(base):
+        return None
+    return {
+        "algorithm": algorithm,
+        "epochs": [
+            base["steps"] // base["steps_per_epoch"],
+            row["steps"] // row["steps_per_epoch"],
+        ],
+        "acc": [base["acc_avg"], row["acc_avg"]],
+    }
+
+
+def run_seconds(data: Mapping[str, Dict]) -> Optional[float]:
+    """The median wall time of an in-process training run of the full epochs (the plateau run,
+    at twice the epochs, left out)."""
+    found = [
+        r["run_seconds"]
+        for k, r in data.items()
+        if k.startswith(("tune/", "train/")) and _ok(r) and "run_seconds" in r
+    ]
+    return statistics.median(found) if found else None
+
+
+def collect(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
+    acc = accuracy(s, data, None)
+    target = target_of(s, acc)
+    acc = accuracy(s, data, target)
+    cost = costs(s, data)
+    t = times(s, acc, cost, target)
+    return {
+        "target": target,
+        "tuning": tuning(s, data),
+        "accuracy": acc,
+        "costs": cost,
+        "times": t,
+        "slow_host": slow_host(s, cost),
+        "e2e": e2e(s, data, cost),
+        "plateau": plateau(s, data),
+        "answer": answer(s, t, target, acc),
+        "run_seconds": run_seconds(data),
+    }

@@ -182,8 +182,7 @@ def train_run(
     train["local_steps"] = algorithm.local_steps
     train.update(extra)
     config = {"kind": "train", "algorithm": algorithm.key, "gamma": gamma, "train": train}
-    epochs = train["epochs"]
-    return Run(key=key, config=config, seed=seed, cost=float(epochs))
+    return Run(key=key, config=config, seed=seed, cost=float(train["epochs"]))
 
 
 def tuning_runs(s: Setting, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
@@ -212,11 +211,7 @@ def best_value(s: Setting, algorithm: Algorithm, rows: Mapping[str, Dict[str, An
     if any(k not in rows for _, k in keys):
         return None
     scored = [(rows[k].get("acc_avg"), v, k) for v, k in keys if rows[k].get("acc_avg") is not None]
-    if not scored:
-        return None
-    top = max(score for score, _, _ in scored)
-    value, key = next((v, k) for score, v, k in scored if score == top)
-    return value, key
+    return max(scored, key=lambda x: x[0])[1:] if scored else None  # max: the first of equals
 
 
 def chosen_lr(s: Setting, rows: Mapping[str, Dict[str, Any]]) -> Optional[float]:
@@ -228,15 +223,11 @@ def chosen_lr(s: Setting, rows: Mapping[str, Dict[str, Any]]) -> Optional[float]
 
 def chosen(s: Setting, key: str, rows: Mapping[str, Dict[str, Any]]):
     """(lr, γ multiplier or γ or None, tuning key) of algorithm `key`, or None until known."""
-    a = BY_KEY[key]
-    best = best_value(s, a, rows)
-    lr_star = chosen_lr(s, rows)
+    best, lr_star = best_value(s, BY_KEY[key], rows), chosen_lr(s, rows)
     if best is None or lr_star is None:
         return None
     value, tune_key = best
-    if a.tune == "lr":
-        return value, None, tune_key
-    return lr_star, value, tune_key
+    return (value, None, tune_key) if BY_KEY[key].tune == "lr" else (lr_star, value, tune_key)
 
 
 def gamma_on(a: Algorithm, value, topology: str):
@@ -268,17 +259,14 @@ def main_runs(s: Setting, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
             continue
         lr, value, _ = pick
         for topology in s.topologies:
-            if key not in algorithms_on(s, topology):
-                continue
-            if a.over_all_hosts and topology != s.tune_topology:
-                continue  # the tuning topology's rows (`main_key`)
+            mine = key in algorithms_on(s, topology)
+            if not mine or (a.over_all_hosts and topology != s.tune_topology):
+                continue  # an all-reduce has the tuning topology's rows (`main_key`)
+            gamma = gamma_on(a, value, topology)
             for seed in seeds_of(s, key, topology):
-                if topology == s.tune_topology and seed == 0:
-                    continue
-                gamma = gamma_on(a, value, topology)
-                runs.append(
-                    train_run(f"train/{topology}/{key}/seed{seed}", s, a, topology, seed, lr, gamma)
-                )
+                if topology != s.tune_topology or seed != 0:  # else: the chosen tuning run
+                    key_of = f"train/{topology}/{key}/seed{seed}"
+                    runs.append(train_run(key_of, s, a, topology, seed, lr, gamma))
     return runs
 
 
@@ -306,9 +294,7 @@ def best_main(s: Setting, rows, among=None) -> Optional[Tuple[str, str]]:
     }
     if any(v is None or v not in rows for v in keys.values()):
         return None
-    scored = [(rows[v].get("acc_avg") or 0.0, k, v) for k, v in keys.items()]
-    top = max(score for score, _, _ in scored)
-    return next((k, v) for score, k, v in scored if score == top)
+    return max(keys.items(), key=lambda kv: rows[kv[1]].get("acc_avg") or 0.0)
 
 
 def training_runs(s: Setting, rows) -> List[Run]:
@@ -319,6 +305,23 @@ def measured_on(s: Setting, key: str, topology: str) -> str:
     """The topology whose measurements give algorithm `key`'s step on `topology`: its own, or
     for an all-reduce (its ring goes through all hosts, whatever the topology) the tuning one."""
     return s.tune_topology if BY_KEY[key].over_all_hosts else topology
+
+
+def timed_settings(s: Setting) -> List[Tuple[str, str, Optional[Tuple[str, str]]]]:
+    """(topology, rate, (slowed host, its rate) or None) of each step-time row, in plan order."""
+    timed = [(t, r, None) for t in s.topologies for r in rates_on(s, t)]
+    if s.slow is not None:
+        timed += [(t, s.slow[0], (s.slow[1], s.slow[2])) for t in s.slow_topologies]
+    return timed
+
+
+def rate_name(rate: str, slow: Optional[Tuple[str, str]] = None) -> str:
+    """A step-time row's rate as keys spell it: "100mbit", "100mbit+host3@10mbit" (host slowed)."""
+    return rate if slow is None else f"{rate}+{slow[0]}@{slow[1]}"
+
+
+def timing_key(topology: str, rate: str, slow: Optional[Tuple[str, str]] = None) -> str:
+    return f"timing/{topology}/{rate_name(rate, slow)}"
 
 
 def measurement_runs(s: Setting, rows) -> List[Run]:
@@ -340,10 +343,7 @@ def measurement_runs(s: Setting, rows) -> List[Run]:
             train["local_steps"] = a.local_steps
             config = {"kind": "alone", "algorithm": key, "train": train}
             runs.append(Run(key=f"alone/{topology}/{key}", config=config))
-    timed = [(t, r, None) for t in s.topologies for r in rates_on(s, t)]
-    if s.slow is not None:
-        timed += [(t, s.slow[0], (s.slow[1], s.slow[2])) for t in s.slow_topologies]
-    for topology, rate, slow in timed:
+    for topology, rate, slow in timed_settings(s):
         algorithms = [
             {"key": k, "spec": BY_KEY[k].timing, "local_steps": BY_KEY[k].local_steps}
             for k in algorithms_on(s, topology)
@@ -362,8 +362,7 @@ def measurement_runs(s: Setting, rows) -> List[Run]:
             # an evaluation's all-reduces go round all hosts: timed on the tuning topology only
             "eval": topology == s.tune_topology and rate not in s.eval_untimed_at and slow is None,
         }
-        name = rate if slow is None else f"{rate}+{slow[0]}@{slow[1]}"
-        runs.append(Run(key=f"timing/{topology}/{name}", config=config, cost=2.0))
+        runs.append(Run(key=timing_key(topology, rate, slow), config=config, cost=2.0))
     sources = {run.key: run for run in training_runs(s, rows)}
     for topology, key, rate in s.e2e:
         source = main_key(s, key, topology, 0, rows)
@@ -387,13 +386,8 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
     """The page's runs (see the module docstring); measurements once every training row exists."""
     s = setting(quick)
     training = training_runs(s, rows)
-    complete = (
-        all(r.key in rows for r in training)
-        and best_main(s, rows) is not None
-        and (not s.plateau or any(k.startswith("plateau/") for k in rows))
-        and all(r.key in rows for r in main_runs(s, rows))
-    )
-    if not complete:
+    # every choice made (`best_main`) puts every main and plateau run in `training`
+    if best_main(s, rows) is None or any(r.key not in rows for r in training):
         return training
     return training + measurement_runs(s, rows)
 

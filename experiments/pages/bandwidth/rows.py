@@ -67,6 +67,9 @@ def row(run: Run) -> Dict[str, Any]:
     from .recipe import QUICK_BASE
 
     kind = run.config["kind"]
+    make = dict(train=train_row, alone=alone_row, timing=timing_row, e2e=e2e_row, fault=fault_row)
+    if kind not in make:
+        raise ValueError(f"run {run.key}: unknown kind {kind!r}")
     quick = run.config.get(
         "quick", run.config.get("train", {}).get("dataset") == QUICK_BASE["dataset"]
     )
@@ -76,17 +79,7 @@ def row(run: Run) -> Dict[str, Any]:
             return {"skipped": problem}
         if problem:
             raise RuntimeError(f"{ON_THE_CLUSTER[kind]} need the emulated cluster: {problem}")
-        if kind == "train":
-            return train_row(run)
-        if kind == "alone":
-            return alone_row(run)
-        if kind == "timing":
-            return timing_row(run)
-        if kind == "e2e":
-            return e2e_row(run)
-        if kind == "fault":
-            return fault_row(run)
-    raise ValueError(f"run {run.key}: unknown kind {kind!r}")
+        return make[kind](run)
 
 
 def training_config(run: Run) -> Dict[str, Any]:
@@ -251,6 +244,20 @@ def link_check(prefix: str, rate: str) -> Dict[str, float]:
         return {"bytes": nbytes, "error": str(exc).splitlines()[0][:200]}
 
 
+#: A probe's per-host figures of an algorithm (per step): a statistic over its periods of a part
+#: of each period [wall, arithmetic, communication, CPU seconds].
+PERIOD_STATISTICS = {
+    "wall": (statistics.median, lambda p: p[0]),
+    "wall_mean": (statistics.fmean, lambda p: p[0]),
+    "arith": (statistics.median, lambda p: p[1]),
+    "comm": (statistics.median, lambda p: p[2]),
+    "compute": (statistics.median, lambda p: p[0] - p[1] - p[2]),
+    "cpu": (statistics.median, lambda p: p[3]),
+    "wall_min": (min, lambda p: p[0]),
+    "wall_max": (max, lambda p: p[0]),
+}
+
+
 def summarize_probe(ranks: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Every host's probe output as the row keeps it: per algorithm and host, the medians of its
     periods (per step); the replays as the slowest host's time of each."""
@@ -258,26 +265,11 @@ def summarize_probe(ranks: List[Dict[str, Any]]) -> Dict[str, Any]:
     for key in ranks[0]["algorithms"]:
         per = [r["algorithms"][key] for r in ranks]
         h = per[0]["local_steps"]
-
-        def medians(index: int) -> List[float]:
-            return [statistics.median(p[index] for p in m["periods"]) / h for m in per]
-
-        def means(index: int) -> List[float]:
-            return [statistics.fmean(p[index] for p in m["periods"]) / h for m in per]
-
+        entry = {"local_steps": h, "periods": len(per[0]["periods"])}
+        for name, (statistic, part) in PERIOD_STATISTICS.items():
+            entry[name] = [statistic(part(p) for p in m["periods"]) / h for m in per]
         out["algorithms"][key] = {
-            "local_steps": h,
-            "periods": len(per[0]["periods"]),
-            "wall": medians(0),
-            "wall_mean": means(0),
-            "arith": medians(1),
-            "comm": medians(2),
-            "compute": [
-                statistics.median(p[0] - p[1] - p[2] for p in m["periods"]) / h for m in per
-            ],
-            "cpu": medians(3),
-            "wall_min": [min(p[0] for p in m["periods"]) / h for m in per],
-            "wall_max": [max(p[0] for p in m["periods"]) / h for m in per],
+            **entry,
             "bytes_sent": [m["per_step"]["bytes_sent"] for m in per],
             "rounds": [m["per_step"]["rounds"] for m in per],
             "critical_bytes": [m["per_step"]["critical_bytes"] for m in per],

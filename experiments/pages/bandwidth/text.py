@@ -1,19 +1,19 @@
-"""The bandwidth page's sections, as lines of markdown, from `collect.collect`'s numbers."""
+"""The bandwidth page's sections, as lines of markdown, from `figures.collect`'s numbers, and the
+answer in words (`answer`: the numbers say which is faster, and by how much, at each rate)."""
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional
+from typing import Any, List, Mapping, Optional, Sequence
 
-from . import compose
-from experiments.pages._markdown import fill, table, template
+from experiments.pages._markdown import Column, columns, fill, grid_end, table, template
 
 from .compose import rate_text, seconds_text
 from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, rates_on
 from .recipe import grid as _grid
 
 
-def _label(key: str) -> str:
-    return BY_KEY[key].label
+def _label(key: Optional[str]) -> str:
+    return "—" if key is None else BY_KEY[key].label
 
 
 def _pct(value: Optional[float]) -> str:
@@ -24,7 +24,7 @@ def _mb(value: float) -> str:
     return f"{value / 1e6:.4g}"
 
 
-def method(s: Setting, f: Mapping[str, Any], facts: Mapping[str, Any]) -> List[str]:
+def method(s: Setting, f: Mapping[str, Any]) -> List[str]:
     """ "What was run, and how": its fixed text is page.md beside this file."""
     first = next((e for per in f["accuracy"].values() for e in per.values() if "steps" in e), {})
     target = f["target"]
@@ -56,10 +56,9 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
     if s.quick:
         return []
     parts = []
-    seeds = {t: len(v) for t, v in s.seeds.items()}
     parts.append(
         "seeds: "
-        + ", ".join(f"{n} on {t}" for t, n in seeds.items())
+        + ", ".join(f"{len(v)} on {t}" for t, v in s.seeds.items())
         + f" for {', '.join(_label(k) for k in COMPARED)}, the first of them for the other rows "
         "(the issue asks for 3 where the budget allows; here it does not)"
     )
@@ -94,18 +93,11 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
             f"the slowed host on {', '.join(s.slow_topologies)} only, for "
             f"{', '.join(_label(k) for k in s.slow_algorithms)}"
         )
-    if s.e2e:
-        parts.append(
-            f"{len(s.e2e)} complete run(s) on the cluster as the check ("
-            + ", ".join(f"{_label(k)} on {t} at {rate_text(r)}" for t, k, r in s.e2e)
-            + ")"
-        )
-    else:
-        parts.append(
-            "no complete run on the cluster (720 steps of 8 processes on the 2 shared cores, "
-            "about 10 minutes; --quick makes one and checks its models against the in-process "
-            "run's, bit for bit)"
-        )
+    parts.append(  # the full plan (`recipe.FULL`) makes none: --quick does
+        "no complete run on the cluster (720 steps of 8 processes on the 2 shared cores, "
+        "about 10 minutes; --quick makes one and checks its models against the in-process "
+        "run's, bit for bit)"
+    )
     sizes = sorted({len(_grid(s, BY_KEY[a])) for a in s.algorithms})
     parts.append(
         f"tuning grids of {' to '.join(map(str, (sizes[0], sizes[-1])))} points, on the tuning "
@@ -128,54 +120,64 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
     ]
 
 
+def _ratio(times: Mapping[str, Optional[float]], key: str) -> str:
+    """`key`'s time ÷ PowerGossip r1's."""
+    mine, theirs = times.get("pg-r1"), times.get(key)
+    return "—" if mine is None or theirs is None else f"{theirs / mine:.3g}×"
+
+
 def answer_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
+    lines = ["## The answer", ""]
     if not f["answer"]:
-        return ["## The answer", "", "Not measured (see below).", ""]
-    lines = ["## The answer", ""] + [f"- {line}" for line in f["answer"]] + [""]
+        return lines + ["Not measured (see below).", ""]
+    lines += [f"- {line}" for line in f["answer"]] + [""]
     shown = [k for k in ("pg-r1", "exact", "allreduce") if k in s.algorithms]
+    # an item: (rate, {algorithm: mean seconds to the target, core each})
+    spec: List[Column] = [("rate", lambda x: rate_text(x[0]))]
+    spec += [(_label(k), lambda x, k=k: seconds_text(x[1].get(k))) for k in shown]
+    spec += [(f"{_label(k)} ÷ PowerGossip r1", lambda x, k=k: _ratio(x[1], k)) for k in shown[1:]]
+    spec += [("fastest of all rows", lambda x: _label(fastest(x[1])))]
     for topology, by_rate in f["times"].items():
-        rows = []
-        for rate in [r for r in s.rates if r in by_rate]:
-            cells = by_rate[rate]
-            times = {k: cells.get(k, {}).get("core_each", {}).get("mean") for k in s.algorithms}
-            best = compose.fastest(times)
-            mine = times.get("pg-r1")
-            ratios = [
-                "—" if mine is None or times.get(k) is None else f"{times[k] / mine:.3g}×"
-                for k in shown[1:]
-            ]
-            rows.append(
-                [rate_text(rate)]
-                + [seconds_text(times.get(k)) for k in shown]
-                + ratios
-                + [_label(best) if best else "—"]
-            )
+        core = table_of(f["times"], topology, [r for r in s.rates if r in by_rate], "core_each")
         lines += [
             f"{topology}, time to {_pct(f['target'])}, hosts with a core each, training time:",
             "",
         ]
-        ratios = [f"{_label(k)} ÷ PowerGossip r1" for k in shown[1:]]
-        head = ["rate", *map(_label, shown), *ratios, "fastest of all rows"]
-        lines += table(head, rows)
+        lines += columns(spec, core.items())
     return lines
+
+
+def _tuning_row(t: Mapping[str, Any]) -> List[str]:
+    tried = [
+        f"{v['value']:g}: " + ("failed" if v["error"] else _pct(v["acc_avg"])) for v in t["values"]
+    ]
+    end = grid_end(t["chosen"], [v["value"] for v in t["values"]])
+    chosen = (
+        "—" if t["chosen"] is None else f"{t['chosen']:g}" + (f" (the grid's {end})" if end else "")
+    )
+    return [t["label"], t["tuned"], "; ".join(tried), chosen]
+
+
+def _accuracy_row(e: Mapping[str, Any]) -> List[str]:
+    if "finals" not in e:
+        return [e["label"], "", "", "", "failed: " + "; ".join(e["errors"])[:120]]
+    mean, low, high = e["final_mean"], min(e["finals"]), max(e["finals"])
+    final = f"{100 * mean:.2f} % [{100 * low:.2f}, {100 * high:.2f}]"
+    return [
+        e["label"],
+        f"{e['lr']:g} / " + ("—" if e.get("gamma") is None else f"{e['gamma']:.3g}"),
+        _pct(mean) if len(e["finals"]) == 1 else final,
+        ", ".join("never" if x is None else str(x) for x in e["steps_to_target"]),
+        ", ".join("—" if x is None else f"{x:.4g}" for x in e["mb_to_target"]),
+        f"{e['mb_total']:.4g}",
+        f"{e['metric_mb_total']:.4g}",
+    ]
 
 
 def accuracy_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     lines = ["## Tuning (tuning topology " + s.tune_topology + ", seed 0)", ""]
-    rows = []
-    for t in f["tuning"]:
-        cells = [
-            f"{v['value']:g}: " + ("failed" if v["error"] else _pct(v["acc_avg"]))
-            for v in t["values"]
-        ]
-        chosen = "—" if t["chosen"] is None else f"{t['chosen']:g}"
-        grid = [v["value"] for v in t["values"]]
-        if t["chosen"] is not None and len(grid) > 1 and t["chosen"] in (min(grid), max(grid)):
-            chosen += (
-                " (the grid's " + ("largest" if t["chosen"] == max(grid) else "smallest") + ")"
-            )
-        rows.append([t["label"], t["tuned"], "; ".join(cells), chosen])
-    lines += table(["algorithm", "tuned", "final averaged-model accuracy", "chosen"], rows)
+    head = ["algorithm", "tuned", "final averaged-model accuracy", "chosen"]
+    lines += table(head, map(_tuning_row, f["tuning"]))
     lines.append(
         "The learning rate of the γ-tuned rows is the all-reduce's chosen one; the chosen value is "
         "the grid's best final accuracy. The other topologies use the chosen γ (γ ÷ topology γ "
@@ -193,52 +195,40 @@ def accuracy_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
             "",
         ]
     for topology, per in f["accuracy"].items():
-        lines += [f"## Accuracy against steps: {topology}", ""]
-        rows = []
-        for key, e in per.items():
-            if "finals" not in e:
-                rows.append([e["label"], "", "", "", "failed: " + "; ".join(e["errors"])[:120]])
-                continue
-            steps = ", ".join("never" if x is None else str(x) for x in e["steps_to_target"])
-            mbs = ", ".join("—" if x is None else f"{x:.4g}" for x in e["mb_to_target"])
-            gamma = "—" if e.get("gamma") is None else f"{e['gamma']:.3g}"
-            rows.append(
-                [e["label"], f"{e['lr']:g} / {gamma}", _final(e["finals"]), steps, mbs]
-                + [f"{e['mb_total']:.4g}", f"{e['metric_mb_total']:.4g}"]
-            )
+        evaluations = list(per.values())[-1].get("evaluations", "?")
         head = ["algorithm", "lr / γ", "final acc (mean [min, max] over seeds)"]
         head += [f"steps to {_pct(f['target'])} (per seed)", "training MB / peer then"]
-        head += ["training MB / peer, run"]
-        head += [f"evaluation MB / peer, run ({e.get('evaluations', '?')} evaluations)"]
-        lines += table(head, rows)
+        head += [
+            "training MB / peer, run",
+            f"evaluation MB / peer, run ({evaluations} evaluations)",
+        ]
+        lines += [f"## Accuracy against steps: {topology}", ""]
+        lines += table(head, map(_accuracy_row, per.values()))
     return lines
 
 
-def _final(values: List[float]) -> str:
-    mean, low, high = compose.spread(values)
-    if len(values) == 1:
-        return _pct(mean)
-    return f"{100 * mean:.2f} % [{100 * low:.2f}, {100 * high:.2f}]"
+#: The time tables: (figure, with the evaluations, what the title says).
+TIME_TABLES = (
+    ("core_each", False, "hosts with a core each, training time"),
+    ("core_each", True, "hosts with a core each, with an evaluation after every epoch"),
+    ("measured", False, "measured on the cluster (cores shared), training time"),
+    ("projected", False, "projected (compute alone + the project's projected comm)"),
+)
 
 
 def time_sections(s: Setting, f: Mapping[str, Any]) -> List[str]:
     lines = []
-    target = _pct(f["target"])
     for topology, by_rate in f["times"].items():
         rates = [r for r in s.rates if r in by_rate]
-        for figure, evals, what in (
-            ("core_each", False, "hosts with a core each, training time"),
-            ("core_each", True, "hosts with a core each, with an evaluation after every epoch"),
-            ("measured", False, "measured on the cluster (cores shared), training time"),
-            ("projected", False, "projected (compute alone + the project's projected comm)"),
-        ):
+        for figure, evals, what in TIME_TABLES:
             key = figure + ("_with_evals" if evals else "")
-            lines += [f"## Time to {target}: {topology}, {what}", ""]
-            rows = []
-            for algorithm in algorithms_on(s, topology):
-                cells = [_seconds_cell(by_rate[r].get(algorithm, {}).get(key)) for r in rates]
-                rows.append([_label(algorithm)] + cells)
-            lines += table(["algorithm"] + [rate_text(r) for r in rates], rows)
+            spec: List[Column] = [("algorithm", _label)]
+            spec += [
+                (rate_text(r), lambda k, r=r: _seconds_cell(by_rate[r].get(k, {}).get(key)))
+                for r in rates
+            ]
+            lines += [f"## Time to {_pct(f['target'])}: {topology}, {what}", ""]
+            lines += columns(spec, algorithms_on(s, topology))
         lines.append(
             "Mean over seeds [fastest, slowest seed]; 'not reached': some seed never reaches "
             "the target."
@@ -255,3 +245,128 @@ def _seconds_cell(entry: Optional[Mapping]) -> str:
     if entry["min"] == entry["max"]:
         return seconds_text(entry["mean"])
     return f"{seconds_text(entry['mean'])} [{seconds_text(entry['min'])}, {seconds_text(entry['max'])}]"
+
+
+# ---- the answer in words ----------------------------------------------------------------------
+def table_of(t: Mapping, topology: str, rates, figure: str, evals: bool = False):
+    """{rate: {algorithm: mean seconds or None}} of one topology and figure."""
+    suffix = "_with_evals" if evals else ""
+    return {
+        rate: {
+            k: v.get(figure + suffix, {}).get("mean")
+            for k, v in t.get(topology, {}).get(rate, {}).items()
+        }
+        for rate in rates
+    }
+
+
+def answer(
+    s: Setting, t: Mapping, target: Optional[float], acc: Optional[Mapping] = None
+) -> List[str]:
+    """The answer in words, per topology, from the core-each figure (training only), with what
+    the measured figure and the evaluations change."""
+    if target is None or not t:
+        return []
+    lines = []
+    pct = f"{100 * target:.0f} %"
+    for topology in s.topologies:
+        rates = [r for r in s.rates if r in t.get(topology, {})]
+        if not rates:
+            continue
+        core = table_of(t, topology, rates, "core_each")
+        line = f"**{topology}**, to {pct}, hosts with a core each (training time): "
+        lines.append(
+            line + compare_line(core, rates) + " " + compare_line(core, rates, "allreduce")
+        )
+        finals = {k: acc_of(acc, topology, k) for k in COMPARED}
+        if None not in finals.values():
+            line = f"Final accuracy ({topology}, mean over seeds): "
+            line += ", ".join(f"{_label(k)} {100 * v:.2f} %" for k, v in finals.items())
+            if finals["pg-r1"] < min(finals["exact"], finals["allreduce"]):
+                line += (
+                    f": a target above PowerGossip r1's best evaluation "
+                    f"({100 * max(acc[topology]['pg-r1']['peaks']):.2f} %) it "
+                    f"does not reach in {s.base['epochs']} epochs, at any rate"
+                )
+            lines.append(line + ".")
+        fast = ", ".join(
+            f"{rate_text(r)}: {_label(fastest(core[r]))}" for r in rates if fastest(core[r])
+        )
+        lines.append(f"Fastest to {pct} at each rate ({topology}, core each): {fast}.")
+        measured = f"the step as measured here ({_hosts(topology)} hosts on this machine's cores)"
+        evaluated = "a core each, with an evaluation after every epoch"
+        for figure, evals, what in (("measured", False, measured), ("core_each", True, evaluated)):
+            other = table_of(t, topology, rates, figure, evals)
+            compared = [r for r in rates if other[r].get("pg-r1") is not None]
+            if not compared:
+                continue
+            changed = [
+                rate_text(r)
+                for r in compared
+                for against in ("exact", "allreduce")
+                if _ahead(core[r], "pg-r1", against) != _ahead(other[r], "pg-r1", against)
+            ]
+            verdict = "other verdicts at " + ", ".join(dict.fromkeys(changed))
+            missing = [rate_text(r) for r in rates if r not in compared]
+            verdict = verdict if changed else "the same verdicts"
+            if missing:
+                verdict += f" (not timed at {', '.join(missing)})"
+            lines.append(f"With {what}: {verdict}.")
+    return lines
+
+
+def acc_of(acc: Optional[Mapping], topology: str, key: str) -> Optional[float]:
+    """Algorithm `key`'s final accuracy on `topology`, mean over seeds (None if unknown)."""
+    return (acc or {}).get(topology, {}).get(key, {}).get("final_mean")
+
+
+def _hosts(topology: str) -> int:
+    import topologies
+
+    return topologies.parse(topology).size
+
+
+def _ahead(row: Mapping[str, Optional[float]], who: str, against: str) -> Optional[bool]:
+    mine, theirs = row.get(who), row.get(against)
+    if mine is None:
+        return False
+    return theirs is None or mine < theirs
+
+
+def compare_line(
+    times: Mapping[str, Mapping[str, Optional[float]]],
+    rates: Sequence[str],
+    against: str = "exact",
+    who: str = "pg-r1",
+) -> str:
+    """One sentence: at which rates `who` reaches the target before `against`, and by what factor
+    (their times, `times[rate][algorithm]`, None where the target is not reached)."""
+    name, other = _label(who), _label(against)
+    ahead, behind, open_ = [], [], []
+    for rate in rates:
+        mine, theirs = times[rate].get(who), times[rate].get(against)
+        if mine is None and theirs is None:
+            open_.append(f"{rate_text(rate)} (neither reaches it)")
+        elif theirs is None:
+            ahead.append(f"{rate_text(rate)} ({other} never reaches it)")
+        elif mine is None:
+            behind.append(f"{rate_text(rate)} ({name} never reaches it)")
+        elif mine < theirs:
+            ahead.append(f"{rate_text(rate)} ({theirs / mine:.3g}× sooner)")
+        else:
+            behind.append(f"{rate_text(rate)} ({other} {mine / theirs:.3g}× sooner)")
+    parts = []
+    if ahead:
+        parts.append(f"{name} reaches it before {other} at " + ", ".join(ahead))
+    if behind:
+        parts.append(
+            ("and not at " if ahead else f"{name} is not ahead of {other} at ") + ", ".join(behind)
+        )
+    if open_:
+        parts.append("; at " + ", ".join(open_))
+    return " ".join(parts) + "."
+
+
+def fastest(times: Mapping[str, Optional[float]]) -> Optional[str]:
+    reached = {k: v for k, v in times.items() if v is not None}
+    return min(reached, key=reached.get) if reached else None

@@ -166,13 +166,12 @@ def slow_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     for topology, per in f["slow_host"].items():
         lines += [f"{topology}: seconds per step, all at {rate_text(base)} → {host} slowed:", ""]
         lines += columns(SLOW_COLUMNS, [dict(x, key=k) for k, x in per.items()])
-        worst = max(per, key=lambda k: per[k]["core_each"][1] / per[k]["core_each"][0])
-        least = min(per, key=lambda k: per[k]["core_each"][1] / per[k]["core_each"][0])
+        cost = {k: x["core_each"][1] / x["core_each"][0] for k, x in per.items()}
+        worst, least = max(cost, key=cost.get), min(cost, key=cost.get)
         lines += [
             f"On {topology} (core each) the slow link costs {_label(worst)} the most "
-            f"({per[worst]['core_each'][1] / per[worst]['core_each'][0]:.3g}× per step) and "
-            f"{_label(least)} the least "
-            f"({per[least]['core_each'][1] / per[least]['core_each'][0]:.3g}×): every algorithm "
+            f"({cost[worst]:.3g}× per step) and {_label(least)} the least "
+            f"({cost[least]:.3g}×): every algorithm "
             "here is synchronous, so each step waits for the slow host's messages (gossip: its "
             "neighbours, and theirs the next step; all-reduce: the ring through it).",
             "",

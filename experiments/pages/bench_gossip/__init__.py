@@ -72,7 +72,6 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 def row(run: Run) -> Dict[str, Any]:
     """The kernels' speeds; or a setting's summary and raw numbers (floats to 5 digits)."""
     import json
-    import sys
     import tempfile
     import time
     from pathlib import Path
@@ -80,7 +79,7 @@ def row(run: Run) -> Dict[str, Any]:
     import torch
 
     import topologies
-    from experiments.pages._bench import compact, machine, mpiexec, run_child
+    from experiments.pages._bench import compact, machine, python_child, run_child
     from gossip_powersgd.launch import run_peers
 
     from .measure import BenchConfig, isolated_benchmark, kernel_benchmark, peer_benchmark
@@ -97,15 +96,11 @@ def row(run: Run) -> Dict[str, Any]:
     if cfg.backend == "mpi":
         with tempfile.TemporaryDirectory(prefix="bench_gossip-") as folder:
             out = Path(folder) / "setting.json"
-            child = [
-                "-m",
+            module, args = (
                 "experiments.pages.bench_gossip.measure",
-                json.dumps(run.config),
-                str(out),
-            ]
-            status, err = run_child(
-                [mpiexec(), "-n", str(topology.size), sys.executable, *child], 1800
+                [json.dumps(run.config), str(out)],
             )
+            status, err = run_child(python_child(module, args, "mpi", topology.size), 1800)
             if status != 0:
                 raise RuntimeError(f"{run.key}: mpiexec failed ({status}): {err.strip()[-500:]}")
             raw = json.loads(out.read_text())

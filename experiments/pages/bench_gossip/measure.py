@@ -46,21 +46,14 @@ def run_block(algorithm, comm: Comm, steps: int) -> Dict[str, Any]:
     records = []
     wall = time.perf_counter()
     for _ in range(steps):
-        side = "right" if getattr(algorithm, "half_steps", 1) % 2 == 0 else "left"
-        if not hasattr(algorithm, "half_steps"):
-            side = "full"
+        half = getattr(algorithm, "half_steps", None)
+        side = "full" if half is None else "right" if half % 2 == 0 else "left"
         expected = algorithm.bytes_per_step()
         b0, t0, c0 = comm.stats.bytes_sent, algorithm.time_total, algorithm.time_communication
         algorithm.step()
-        records.append(
-            {
-                "side": side,
-                "bytes": comm.stats.bytes_sent - b0,
-                "expected": expected,
-                "total": algorithm.time_total - t0,
-                "comm": algorithm.time_communication - c0,
-            }
-        )
+        record = dict(side=side, bytes=comm.stats.bytes_sent - b0, expected=expected)
+        record.update(total=algorithm.time_total - t0, comm=algorithm.time_communication - c0)
+        records.append(record)
     return {"steps": records, "wall": time.perf_counter() - wall}
 
 
@@ -104,7 +97,6 @@ class BenchConfig:
 
 def peer_benchmark(comm: Comm, cfg: BenchConfig) -> Dict[str, Any]:
     """What one peer measures in the n-peer run (both transports call this, one call per peer)."""
-    import torch
 
     from gossip_powersgd import ExactGossip
 
@@ -137,24 +129,10 @@ def peer_benchmark(comm: Comm, cfg: BenchConfig) -> Dict[str, Any]:
         out["bandwidth_concurrent"] = []
         return out
 
-    for g in gossips.values():
-        comm.barrier()
-        run_block(g, comm, cfg.warmup)
-
-    copy_buffers = (
-        torch.ones(cfg.concurrent_copy_mb * 2**20 // 4),
-        torch.empty(cfg.concurrent_copy_mb * 2**20 // 4),
+    # every peer copies at the same time: the bandwidth each gets in this setting
+    out["variants"], out["bandwidth_concurrent"] = interleaved_blocks(
+        gossips, comm, cfg, cfg.concurrent_copy_mb, comm.barrier
     )
-    copy_buffers[1].copy_(copy_buffers[0])
-    out["variants"] = {name: [] for name in gossips}
-    out["bandwidth_concurrent"] = []
-    names = list(gossips)
-    for rep in range(cfg.reps):
-        comm.barrier()  # every peer copies at the same time: the bandwidth each gets in this setting
-        out["bandwidth_concurrent"] += copy_bandwidth(cfg.concurrent_copy_mb, 1, copy_buffers)
-        for name in block_order(names, rep):
-            comm.barrier()
-            out["variants"][name].append(run_block(gossips[name], comm, cfg.block))
     if "before" in gossips:
         from experiments.pages._commit_code import loaded_modules
 
@@ -221,25 +199,39 @@ def isolated_benchmark(
     gossips = build(
         algorithms or variants(cfg), make_params(cfg.parameter_shapes(), 0), comm, cfg.rank
     )
-    compressed = compressed_bytes(next(iter(gossips.values())))
+    blocks, bandwidth = interleaved_blocks(gossips, comm, cfg, cfg.isolated_copy_mb, lambda: None)
+    return {
+        "degree": len(comm.neighbors),
+        "compressed_bytes": compressed_bytes(next(iter(gossips.values()))),
+        "threads": torch.get_num_threads(),
+        "bandwidth": bandwidth,
+        "variants": blocks,
+    }
+
+
+def interleaved_blocks(
+    gossips: Dict[str, Any], comm: Comm, cfg: BenchConfig, copy_mb: int, barrier
+) -> Tuple[Dict[str, List[Dict[str, Any]]], List[float]]:
+    """A warm-up block of every variant, then `cfg.reps` rounds of a one-thread copy of `copy_mb`
+    MB (its GB/s) and a measured block of every variant (`block_order`); `barrier()` before each
+    block and copy. ({variant: its blocks}, the copies' GB/s)."""
+    import torch
+
     for g in gossips.values():
+        barrier()
         run_block(g, comm, cfg.warmup)
-    src = torch.ones(cfg.isolated_copy_mb * 2**20 // 4)
+    src = torch.ones(copy_mb * 2**20 // 4)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    out: Dict[str, Any] = {
-        "degree": len(comm.neighbors),
-        "compressed_bytes": compressed,
-        "threads": torch.get_num_threads(),
-        "bandwidth": [],
-        "variants": {name: [] for name in gossips},
-    }
-    names = list(gossips)
+    blocks: Dict[str, List[Dict[str, Any]]] = {name: [] for name in gossips}
+    bandwidth: List[float] = []
     for rep in range(cfg.reps):
-        out["bandwidth"] += copy_bandwidth(cfg.isolated_copy_mb, 1, (src, dst))
-        for name in block_order(names, rep):
-            out["variants"][name].append(run_block(gossips[name], comm, cfg.block))
-    return out
+        barrier()
+        bandwidth += copy_bandwidth(copy_mb, 1, (src, dst))
+        for name in block_order(list(gossips), rep):
+            barrier()
+            blocks[name].append(run_block(gossips[name], comm, cfg.block))
+    return blocks, bandwidth
 
 
 #: The kernels of one half-step, per k: key -> (display name, kernel(M, Q, P, QT, PT, outputs),

@@ -7,9 +7,33 @@ from typing import Any, Dict, List, Optional
 
 from experiments.pages._bench import MODELS, count_params, model_shapes
 from experiments.pages._bench import median as _median
-from experiments.pages._markdown import fill, table, template
+from experiments.pages._markdown import columns, fill, table, template
 
-from .verdicts import _mb, _ms, _pct, _span, _yes, findings, kernel_prediction, targets
+from .verdicts import _mb, _ms, _pct, _span, _x, _yes, findings, kernel_prediction, targets
+
+#: A setting's table, a row a line: (label, exact gossip's cell, a PowerGossip variant's cell).
+BYTE_ROWS = (
+    ("bytes / peer / step (transport counters)", lambda e: _mb(e["bytes"]), "bytes"),
+    ("… right / left half-step", lambda e: "–", "halves"),
+    ("counters = `bytes_per_step()` every step", lambda e: _yes(e["bytes_match"]), "match"),
+    ("bytes ratio exact / PowerGossip", lambda e: "1", "ratio"),
+)
+VARIANT_CELLS = {
+    "bytes": lambda v: _mb(v["bytes"]),
+    "halves": lambda v: f"{_mb(v['bytes_right'])} / {_mb(v['bytes_left'])}",
+    "match": lambda v: _yes(v["bytes_match"]),
+    "ratio": lambda v: f"**{v['bytes_ratio']:.0f}×**",
+}
+TIMES = (
+    ("total", "time / step (ms)"),
+    ("compute", "… compute (ms)"),
+    ("comm", "… communication (ms)"),
+)
+#: Ratios shown in the batched column only: (summary key, label, cell).
+RATIOS = (
+    ("speedup", "naive / batched: compute, step time", lambda r: _x(r["compute"], r["total"])),
+    ("before", "this tree / `{}`: compute, step time", lambda r: _x(**r["ratio"])),
+)
 
 
 def _variant_label(s: Dict[str, Any], name: str) -> str:
@@ -20,95 +44,83 @@ def _variant_label(s: Dict[str, Any], name: str) -> str:
 
 def render_setting(s: Dict[str, Any]) -> List[str]:
     names = list(s["variants"])
-    head = ["", "exact gossip"] + [_variant_label(s, n) for n in names]
-    L = [f"### {s['model']} · {s['topology']} (degree {s['degree']}) · backend {s['backend']}", ""]
-    L.append(
-        f"{s['params']:,} parameters, {s['compressed_fraction'] * 100:.2f} % of them in "
-        f"compressed matrices ({_mb(s['compressed_bytes'])}); γ = {s['gamma']:.3f}; "
-        + (
-            "bytes only (2 steps)."
-            if s["bytes_only"]
-            else f"{s['reps']} interleaved blocks of {s['block_steps']} steps per variant; exact "
-            f"gossip timed over {s['exact_steps']} step(s)"
-            + (" after a warm-up step" if s["exact_warmup"] else " (its first, no warm-up)")
-            + f"; {s['seconds']:.0f} s."
-        )
-    )
     ex, vs = s["exact"], [s["variants"][n] for n in names]
-    rows = [
-        [
-            "bytes / peer / step (transport counters)",
-            _mb(ex["bytes"]),
-            *(_mb(v["bytes"]) for v in vs),
-        ],
-        ["… right / left half-step", "–"]
-        + [f"{_mb(v['bytes_right'])} / {_mb(v['bytes_left'])}" for v in vs],
-        ["counters = `bytes_per_step()` every step", _yes(ex["bytes_match"])]
-        + [_yes(v["bytes_match"]) for v in vs],
-        ["bytes ratio exact / PowerGossip", "1", *(f"**{v['bytes_ratio']:.0f}×**" for v in vs)],
-    ]
+    timing = "bytes only (2 steps)."
     if not s["bytes_only"]:
-        for key, label in TIMES:
-            rows.append([label, _ms(ex.get(key)), *(_ms(v[key]) for v in vs)])
-        bw = s["bandwidth_concurrent"]
-        rows.append(
-            [f"compute efficiency in situ (vs {bw:.2f} GB/s per peer, all copying)", "–"]
-            + [_pct(v.get("efficiency_in_situ")) for v in vs]
+        warm = " after a warm-up step" if s["exact_warmup"] else " (its first, no warm-up)"
+        timing = (
+            f"{s['reps']} interleaved blocks of {s['block_steps']} steps per variant; exact "
+            f"gossip timed over {s['exact_steps']} step(s){warm}; {s['seconds']:.0f} s."
         )
-        for key, label, cell in RATIOS:
-            if key in s:
-                cells = [cell(s[key]) if n == "batched" else "" for n in names]
-                rows.append([label.format(s.get("before", {}).get("commit")), "–", *cells])
-    return L + [""] + table(head, rows)
+    rows = [[label, cell(ex), *map(VARIANT_CELLS[v], vs)] for label, cell, v in BYTE_ROWS]
+    if not s["bytes_only"]:
+        rows += [[label, _ms(ex.get(key)), *(_ms(v[key]) for v in vs)] for key, label in TIMES]
+        bw = f"compute efficiency in situ (vs {s['bandwidth_concurrent']:.2f} GB/s per peer, all copying)"
+        rows.append([bw, "–", *(_pct(v.get("efficiency_in_situ")) for v in vs)])
+        commit = s.get("before", {}).get("commit")
+        rows += [
+            [label.format(commit), "–", *(cell(s[key]) if n == "batched" else "" for n in names)]
+            for key, label, cell in RATIOS
+            if key in s
+        ]
+    head = ["", "exact gossip"] + [_variant_label(s, n) for n in names]
+    return [
+        f"### {s['model']} · {s['topology']} (degree {s['degree']}) · backend {s['backend']}",
+        "",
+        f"{s['params']:,} parameters, {s['compressed_fraction'] * 100:.2f} % of them in "
+        f"compressed matrices ({_mb(s['compressed_bytes'])}); γ = {s['gamma']:.3f}; {timing}",
+        "",
+        *table(head, rows),
+    ]
 
 
-TIMES = (
-    ("total", "time / step (ms)"),
-    ("compute", "… compute (ms)"),
-    ("comm", "… communication (ms)"),
-)
-RATIOS = (
-    (
-        "speedup",
-        "naive / batched: compute, step time",
-        lambda r: f"**{r['compute']:.2f}×**, {r['total']:.2f}×",
-    ),
-    (
-        "before",
-        "this tree / `{}`: compute, step time",
-        lambda r: f"**{r['ratio']['compute']:.2f}×**, {r['ratio']['total']:.2f}×",
-    ),
+def _naive(cell):
+    """An isolated-table cell of the naive variant ("–" where the setting has none)."""
+    return lambda s: cell(s["isolated"]) if "naive" in s["isolated"]["variants"] else "–"
+
+
+def _batched(s: Dict[str, Any], what: str, fmt, mean: str = "") -> str:
+    b = s["isolated"]["variants"]["batched"]
+    cell = f"{fmt(b['right'][what])} / {fmt(b['left'][what])}"
+    return cell + (f" / **{fmt(b['all'][what])}**" if mean else "")
+
+
+ISOLATED = (
+    ("model", lambda s: s["model"]),
+    ("topology (deg)", lambda s: f"{s['topology']} ({s['isolated']['degree']})"),
+    ("backend", lambda s: s["backend"]),
+    ("copy GB/s (1 thread)", lambda s: f"{s['isolated']['bandwidth']:.2f}"),
+    ("batched compute ms: right / left", lambda s: _batched(s, "compute", _ms)),
+    ("batched efficiency: right / left / mean", lambda s: _batched(s, "efficiency", _pct, "mean")),
+    ("naive compute ms", _naive(lambda i: _ms(i["variants"]["naive"]["all"]["compute"]))),
+    ("naive efficiency", _naive(lambda i: _pct(i["variants"]["naive"]["all"]["efficiency"]))),
+    ("naive / batched", _naive(lambda i: f"{i['speedup']:.2f}×")),
 )
 
 
 def render_isolated_table(summaries: List[Dict[str, Any]]) -> List[str]:
     rows = [s for s in summaries if "isolated" in s]
-    if not rows:
-        return []
-    L = [
-        "| model | topology (deg) | backend | copy GB/s (1 thread) | batched compute ms: right / left "
-        "| batched efficiency: right / left / mean | naive compute ms | naive efficiency | "
-        "naive / batched |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for s in rows:
-        iso = s["isolated"]
-        b = iso["variants"]["batched"]
-        nv = iso["variants"].get("naive")
-        L.append(
-            f"| {s['model']} | {s['topology']} ({iso['degree']}) | {s['backend']} | "
-            f"{iso['bandwidth']:.2f} | {_ms(b['right']['compute'])} / {_ms(b['left']['compute'])} | "
-            f"{_pct(b['right']['efficiency'])} / {_pct(b['left']['efficiency'])} / "
-            f"**{_pct(b['all']['efficiency'])}** | "
-            + (
-                f"{_ms(nv['all']['compute'])} | {_pct(nv['all']['efficiency'])} | "
-                f"{iso['speedup']:.2f}× |"
-                if nv
-                else "– | – | – |"
-            )
+    return columns(ISOLATED, rows) if rows else []
+
+
+def _before_row(s: Dict[str, Any]) -> List[str]:
+    b, o, new = s["before"], s["variants"]["before"], s["variants"]["batched"]
+    iso, iso_cell = s.get("isolated", {}), "–"
+    if "before_ratio" in iso:
+        iv = iso["variants"]
+        iso_cell = (
+            f"{_ms(iv['before']['all']['compute'])} → {_ms(iv['batched']['all']['compute'])}, "
+            f"**{iso['before_ratio']:.2f}×**"
         )
-    L.append("")
-    return L
+    same = "yes" if b["identical"] else f"**no** (largest difference {b['max_difference']:.1e})"
+    return [
+        f"{s['model']} · {s['topology']} · {s['backend']}",
+        f"{_mb(o['bytes'])} = {_mb(new['bytes'])}: {_yes(b['bytes_equal'])}",
+        f"{_ms(o['compute'])} → {_ms(new['compute'])}",
+        _x(**b["ratio"]),
+        iso_cell,
+        same,
+    ]
 
 
 def render_before(summaries: List[Dict[str, Any]]) -> List[str]:
@@ -117,7 +129,25 @@ def render_before(summaries: List[Dict[str, Any]]) -> List[str]:
     if not rows:
         return []
     commit = rows[0]["before"]["commit"]
-    L = [
+    head = [
+        "model · topology · backend",
+        f"bytes / step, `{commit}` = this tree",
+        f"compute ms / step, `{commit}` → this tree",
+        f"this tree / `{commit}`: compute, step time",
+        f"isolated: compute ms `{commit}` → this tree, ratio",
+        "final parameters bit-identical",
+    ]
+    fmt = lambda x: f"{x:.2f}×"  # noqa: E731
+
+    def spread(values: List[float]) -> str:
+        return f"{_span(values, fmt)} (median {fmt(_median(values))})"
+
+    compute = [s["before"]["ratio"]["compute"] for s in rows]
+    total = [s["before"]["ratio"]["total"] for s in rows]
+    isolated = [
+        s["isolated"]["before_ratio"] for s in rows if "before_ratio" in s.get("isolated", {})
+    ]
+    return [
         f"## This tree's PowerGossip against `{commit}`'s, in the same run",
         "",
         f"`{commit}`'s PowerGossip, `powergossip.py` with the `algorithms/` modules it imports ("
@@ -132,56 +162,25 @@ def render_before(summaries: List[Dict[str, Any]]) -> List[str]:
         "a core). Bytes: every step of every peer compared. Parameters: every peer's final "
         "tensors compared byte for byte after the same steps.",
         "",
-        f"| model · topology · backend | bytes / step, `{commit}` = this tree | compute ms / "
-        f"step, `{commit}` → this tree | this tree / `{commit}`: compute, step time | isolated: "
-        f"compute ms `{commit}` → this tree, ratio | final parameters bit-identical |",
-        "|---|---|---|---|---|---|",
-    ]
-    for s in rows:
-        b, o = s["before"], s["variants"]["before"]
-        new = s["variants"]["batched"]
-        iso = s.get("isolated", {})
-        iso_cell = "–"
-        if "before_ratio" in iso:
-            iv = iso["variants"]
-            iso_cell = (
-                f"{_ms(iv['before']['all']['compute'])} → {_ms(iv['batched']['all']['compute'])}, "
-                f"**{iso['before_ratio']:.2f}×**"
-            )
-        same = "yes" if b["identical"] else f"**no** (largest difference {b['max_difference']:.1e})"
-        L.append(
-            f"| {s['model']} · {s['topology']} · {s['backend']} | "
-            f"{_mb(o['bytes'])} = {_mb(new['bytes'])}: {_yes(b['bytes_equal'])} | "
-            f"{_ms(o['compute'])} → {_ms(new['compute'])} | "
-            f"**{b['ratio']['compute']:.2f}×**, {b['ratio']['total']:.2f}× | {iso_cell} | {same} |"
-        )
-    fmt = lambda x: f"{x:.2f}×"  # noqa: E731
-    compute = [s["before"]["ratio"]["compute"] for s in rows]
-    total = [s["before"]["ratio"]["total"] for s in rows]
-    isolated = [
-        s["isolated"]["before_ratio"] for s in rows if "before_ratio" in s.get("isolated", {})
-    ]
-    L += [
-        "",
-        f"Over the {len(rows)} setting{'s' if len(rows) > 1 else ''}, this tree / `{commit}`: compute per step "
-        f"{_span(compute, fmt)} (median {fmt(_median(compute))}), step time {_span(total, fmt)} "
-        f"(median {fmt(_median(total))})"
-        + (
-            f", isolated compute {_span(isolated, fmt)} (median {fmt(_median(isolated))})"
-            if isolated
-            else ""
-        )
+        *table(head, map(_before_row, rows)),
+        f"Over the {len(rows)} setting{'s' if len(rows) > 1 else ''}, this tree / `{commit}`: "
+        f"compute per step {spread(compute)}, step time {spread(total)}"
+        + (f", isolated compute {spread(isolated)}" if isolated else "")
         + f". Bytes equal at every step of every peer in all settings: "
         f"{_yes(all(s['before']['bytes_equal'] for s in rows))}; final parameters bit-identical "
         f"in all settings: {_yes(all(s['before']['identical'] for s in rows))}.",
         "",
     ]
-    return L
 
 
 def render_kernels(k: Dict[str, Any]) -> List[str]:
     b, rows, cols = k["group"]
-    L = [
+    spec = (
+        ("kernel", lambda r: r["name"]),
+        ("GB/s", lambda r: f"{r['gbps']:.2f}"),
+        ("% of copy", lambda r: f"{r['of_copy'] * 100:.0f} %"),
+    )
+    return [
         f"One thread, {b} stacked {rows}×{cols} matrices (VGG-16's largest group, "
         f"{b * rows * cols * 4 / 1e6:.0f} MB). GB/s counts the matrix bytes each kernel must move "
         "(a product reads M once; the update reads and writes it). Each kernel runs right after a "
@@ -190,13 +189,8 @@ def render_kernels(k: Dict[str, Any]) -> List[str]:
         "can exceed 100 %: the copy also writes. k = degree × rank columns; k = 1 is also what the "
         "naive path multiplies by, once per neighbour.",
         "",
-        "| kernel | GB/s | % of copy |",
-        "|---|---|---|",
+        *columns(spec, k["kernels"]),
     ]
-    for row in k["kernels"]:
-        L.append(f"| {row['name']} | {row['gbps']:.2f} | {row['of_copy'] * 100:.0f} % |")
-    L.append("")
-    return L
 
 
 def render_markdown(

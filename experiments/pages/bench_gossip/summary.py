@@ -18,27 +18,27 @@ def _block_means(block: Dict[str, Any], side: Optional[str] = None) -> Dict[str,
     return {"total": total, "comm": comm, "compute": total - comm}
 
 
+def _mean(means: List[Dict[str, float]]) -> Dict[str, float]:
+    """Block means averaged over the peers."""
+    return {k: sum(m[k] for m in means) / len(means) for k in ("total", "comm", "compute")}
+
+
+def _ratios(a: List[Dict[str, float]], b: List[Dict[str, float]]) -> Dict[str, float]:
+    """Compute and step-time ratios a / b, medians over adjacent (a, b) block pairs."""
+    return {k: _median([x[k] / y[k] for x, y in zip(a, b)]) for k in ("compute", "total")}
+
+
 def summarize_setting(
     cfg: BenchConfig, peers: List[Dict[str, Any]], isolated: Optional[Dict[str, Any]]
 ) -> Dict[str, Any]:
     """Per-setting numbers: means over peers, medians over the interleaved repetitions."""
     n = len(peers)
-    s: Dict[str, Any] = {
-        "model": cfg.model,
-        "topology": cfg.topology,
-        "backend": cfg.backend,
-        "peers": n,
-        "degree": peers[0]["degree"],
-        "params": peers[0]["param_bytes"] // 4,
-        "compressed_fraction": peers[0]["compressed_fraction"],
-        "compressed_bytes": peers[0]["compressed_bytes"],
-        "gamma": peers[0]["gamma"],
-        "block_steps": cfg.block,
-        "reps": cfg.reps,
-        "bytes_only": cfg.bytes_only,
-        "exact_steps": cfg.exact_steps,
-        "exact_warmup": peers[0]["exact_warmup"],
-    }
+    first = peers[0]
+    s: Dict[str, Any] = dict(model=cfg.model, topology=cfg.topology, backend=cfg.backend, peers=n)
+    s.update(degree=first["degree"], params=first["param_bytes"] // 4)
+    s.update({k: first[k] for k in ("compressed_fraction", "compressed_bytes", "gamma")})
+    s.update(block_steps=cfg.block, reps=cfg.reps, bytes_only=cfg.bytes_only)
+    s.update(exact_steps=cfg.exact_steps, exact_warmup=first["exact_warmup"])
 
     def bytes_of(blocks_per_peer, side=None):
         per_peer = []
@@ -58,8 +58,7 @@ def summarize_setting(
     exact_blocks = [[p["exact"]] for p in peers]
     s["exact"] = {"bytes": bytes_of(exact_blocks), "bytes_match": matches(exact_blocks)}
     if not cfg.bytes_only:
-        means = [_block_means(p["exact"]) for p in peers]
-        s["exact"].update({k: sum(m[k] for m in means) / n for k in ("total", "comm", "compute")})
+        s["exact"].update(_mean([_block_means(p["exact"]) for p in peers]))
     bw = [_median(p["bandwidth_concurrent"]) for p in peers if p["bandwidth_concurrent"]]
     s["bandwidth_concurrent"] = sum(bw) / len(bw) if bw else None
     s["variants"] = {}
@@ -73,10 +72,7 @@ def summarize_setting(
         }
         v["bytes_ratio"] = s["exact"]["bytes"] / v["bytes"]
         if not cfg.bytes_only:
-            reps = []
-            for r in range(len(blocks[0])):
-                ms = [_block_means(b[r]) for b in blocks]
-                reps.append({k: sum(m[k] for m in ms) / n for k in ("total", "comm", "compute")})
+            reps = [_mean([_block_means(b[r]) for b in blocks]) for r in range(len(blocks[0]))]
             v["reps"] = reps
             for k in ("total", "comm", "compute"):
                 v[k] = _median([r[k] for r in reps])
@@ -87,10 +83,7 @@ def summarize_setting(
                 )
         s["variants"][name] = v
     if "naive" in s["variants"]:
-        b, nv = s["variants"]["batched"]["reps"], s["variants"]["naive"]["reps"]
-        s["speedup"] = {
-            k: _median([y[k] / x[k] for x, y in zip(b, nv)]) for k in ("compute", "total")
-        }
+        s["speedup"] = _ratios(s["variants"]["naive"]["reps"], s["variants"]["batched"]["reps"])
     if "before" in s["variants"]:
         s["before"] = summarize_before(cfg, peers, s["variants"])
     if isolated is not None:
@@ -112,9 +105,7 @@ def summarize_before(
     return {
         "commit": cfg.before,
         "modules": peers[0]["before"]["modules"],
-        "ratio": {
-            k: _median([x[k] / y[k] for x, y in zip(new, old)]) for k in ("compute", "total")
-        },
+        "ratio": _ratios(new, old),
         "bytes_equal": all(sent(p, "batched") == sent(p, "before") for p in peers),
         "identical": all(p["before"]["identical"] for p in peers),
         "max_difference": max(p["before"]["max_difference"] for p in peers),
@@ -138,14 +129,15 @@ def summarize_isolated(iso: Dict[str, Any]) -> Dict[str, Any]:
             effs = [3 * c / (t * bw * 1e9) for t, bw in zip(times, iso["bandwidth"])]
             v[key] = {"compute": _median(times), "efficiency": _median(effs)}
         out["variants"][name] = v
-    if {"before", "batched"} <= set(out["variants"]):  # this tree's / the earlier commit's
-        b, old = iso["variants"]["batched"], iso["variants"]["before"]
-        out["before_ratio"] = _median(
-            [_block_means(x)["compute"] / _block_means(y)["compute"] for x, y in zip(b, old)]
+
+    def paired(a, b):  # compute a / compute b, median over the rounds (adjacent blocks)
+        return _median(
+            [_block_means(x)["compute"] / _block_means(y)["compute"] for x, y in zip(a, b)]
         )
-    if "naive" in out["variants"]:
-        b, nv = iso["variants"]["batched"], iso["variants"]["naive"]
-        out["speedup"] = _median(
-            [_block_means(y)["compute"] / _block_means(x)["compute"] for x, y in zip(b, nv)]
-        )
+
+    blocks = iso["variants"]
+    if {"before", "batched"} <= set(blocks):  # this tree's / the earlier commit's
+        out["before_ratio"] = paired(blocks["batched"], blocks["before"])
+    if "naive" in blocks:
+        out["speedup"] = paired(blocks["naive"], blocks["batched"])
     return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence
 
 from experiments.pages._bench import median as _median
+from experiments.pages._markdown import table
 
 
 def _mb(x: float) -> str:
@@ -29,6 +30,11 @@ def _yes(b: bool) -> str:
     return "yes" if b else "**NO**"
 
 
+def _x(compute: float, total: float) -> str:
+    """A compute ratio (bold) and a step-time ratio."""
+    return f"**{compute:.2f}×**, {total:.2f}×"
+
+
 def _span(values: Sequence[float], fmt) -> str:
     lo, hi = min(values), max(values)
     return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)} – {fmt(hi)}"
@@ -41,102 +47,89 @@ TARGET_SPEEDUP = 1.8
 
 def targets(summaries: List[Dict[str, Any]]) -> List[str]:
     """The three targets, judged per model on the measured numbers."""
-    L = ["| target | model | measured | met? |", "|---|---|---|---|"]
     verdict = {True: "met", False: "**missed**"}
     by_model: Dict[str, List[Dict[str, Any]]] = {}
     for s in summaries:
         by_model.setdefault(s["model"], []).append(s)
+    rows = []  # target, model, measured, met?
     for model in ("vgg16", "vgg16_bn", "resnet20"):
-        rows = by_model.get(model, [])
-        if not rows:
-            continue
-        ratios = [s["variants"]["batched"]["bytes_ratio"] for s in rows]
-        where = (
-            f"all {len(rows)} settings"
-            if len(rows) > 2
-            else ", ".join(f"{s['topology']}/{s['backend']}" for s in rows)
-        )
-        judged = (
-            verdict[min(ratios) >= TARGET_BYTES_RATIO]
-            if model == "vgg16"
-            else f"n/a (the target is for vgg16; {'above' if min(ratios) >= TARGET_BYTES_RATIO else 'below'} it)"
-        )
-        L.append(
-            f"| ≥ {TARGET_BYTES_RATIO:.0f}× fewer bytes than exact gossip, rank 1 | {model} | "
-            f"{_span(ratios, lambda x: f'{x:.0f}×')} ({where}) | {judged} |"
-        )
+        found = by_model.get(model, [])
+        if found:
+            ratios = [s["variants"]["batched"]["bytes_ratio"] for s in found]
+            above = min(ratios) >= TARGET_BYTES_RATIO
+            where = ", ".join(f"{s['topology']}/{s['backend']}" for s in found)
+            where = f"all {len(found)} settings" if len(found) > 2 else where
+            judged = f"n/a (the target is for vgg16; {'above' if above else 'below'} it)"
+            rows.append(
+                [f"≥ {TARGET_BYTES_RATIO:.0f}× fewer bytes than exact gossip, rank 1", model]
+                + [f"{_span(ratios, lambda x: f'{x:.0f}×')} ({where})"]
+                + [verdict[above] if model == "vgg16" else judged]
+            )
     for model in ("vgg16", "resnet20"):
-        rows = [s for s in by_model.get(model, []) if "isolated" in s]
-        if rows:
-            effs = [s["isolated"]["variants"]["batched"]["all"]["efficiency"] for s in rows]
-            situ = [s["variants"]["batched"]["efficiency_in_situ"] for s in rows]
-            L.append(
-                f"| compute efficiency ≥ {TARGET_EFFICIENCY * 100:.0f} % (batched) | {model} | "
-                f"isolated peer {_span(effs, _pct)}; in situ {_span(situ, _pct)} "
-                f"({len(rows)} setting{'s' if len(rows) > 1 else ''}) | "
-                f"{verdict[min(effs) >= TARGET_EFFICIENCY]} |"
+        found = [s for s in by_model.get(model, []) if "isolated" in s]
+        if found:
+            effs = [s["isolated"]["variants"]["batched"]["all"]["efficiency"] for s in found]
+            situ = [s["variants"]["batched"]["efficiency_in_situ"] for s in found]
+            rows.append(
+                [f"compute efficiency ≥ {TARGET_EFFICIENCY * 100:.0f} % (batched)", model]
+                + [
+                    f"isolated peer {_span(effs, _pct)}; in situ {_span(situ, _pct)} "
+                    f"({len(found)} setting{'s' if len(found) > 1 else ''})"
+                ]
+                + [verdict[min(effs) >= TARGET_EFFICIENCY]]
             )
     for label, pick in (
         ("torus:2x4 (degree 3)", lambda s: s["topology"] == "torus:2x4"),
         ("degree 4 (`small_world:8:4:0`)", lambda s: s["degree"] == 4),
     ):
         for model in ("vgg16", "resnet20"):
-            rows = [s for s in by_model.get(model, []) if "speedup" in s and pick(s)]
-            if not rows:
-                continue
-            parts = []
-            for s in rows:
-                iso = s.get("isolated", {}).get("speedup")
-                parts.append(
-                    f"{s['backend']} {s['speedup']['compute']:.2f}×"
-                    + (f" (isolated {iso:.2f}×)" if iso else "")
+            found = [s for s in by_model.get(model, []) if "speedup" in s and pick(s)]
+            if found:
+                rows.append(
+                    [f"batched ≥ {TARGET_SPEEDUP}× faster than naive (compute per step), {label}"]
+                    + [model, "; ".join(map(_speedup, found))]
+                    + [verdict[all(s["speedup"]["compute"] >= TARGET_SPEEDUP for s in found)]]
                 )
-            ok = all(s["speedup"]["compute"] >= TARGET_SPEEDUP for s in rows)
-            L.append(
-                f"| batched ≥ {TARGET_SPEEDUP}× faster than naive (compute per step), {label} | "
-                f"{model} | {'; '.join(parts)} | {verdict[ok]} |"
-            )
-    L.append("")
-    return L
+    return table(["target", "model", "measured", "met?"], rows)
+
+
+def _speedup(s: Dict[str, Any]) -> str:
+    iso = s.get("isolated", {}).get("speedup")
+    return f"{s['backend']} {s['speedup']['compute']:.2f}×" + (
+        f" (isolated {iso:.2f}×)" if iso else ""
+    )
 
 
 def kernel_prediction(k: Dict[str, Any]) -> List[str]:
     """Efficiency that the kernel speeds alone allow (largest VGG-16 group, no per-op overhead):
     a right half-step costs 1/a_right + 2/a_update copy-times of M, a left one 1/a_left + 2/a_update."""
     speed = {row["key"]: row["of_copy"] for row in k["kernels"]}
-    ks = sorted({row["k"] for row in k["kernels"]})
-    L = [
-        "| k = degree × rank | library kernels (factors stored Qᵀ, Pᵀ): right / left / mean | "
-        "first formulation (factors stored Q, P): right / left / mean |",
-        "|---|---|---|",
+    head = [
+        "k = degree × rank",
+        "library kernels (factors stored Qᵀ, Pᵀ): right / left / mean",
+        "first formulation (factors stored Q, P): right / left / mean",
     ]
-    for kk in ks:
+    rows = []
+    for kk in sorted({row["k"] for row in k["kernels"]}):
         p = _prediction(speed, kk)
-        L.append(
-            f"| {kk} | {_pct(p['lib_right'])} / {_pct(p['lib_left'])} / {_pct(p['lib_mean'])} | "
-            f"{_pct(p['old_right'])} / {_pct(p['old_left'])} / {_pct(p['old_mean'])} |"
-        )
-    L.append("")
-    return L
+        sides = [
+            " / ".join(_pct(p[f"{n}_{s}"]) for s in ("right", "left", "mean"))
+            for n in ("lib", "old")
+        ]
+        rows.append([str(kk), *sides])
+    return table(head, rows)
 
 
 def _prediction(speed: Dict[str, float], k: int) -> Dict[str, float]:
-    """Half-step efficiency the kernel speeds (fractions of the copy) alone allow, at k columns."""
-    g = lambda key: speed[f"k{k}.{key}"]  # noqa: E731
-    upd = 2 / g("update.library")
-    lib_r = 1 / g("right.library") + upd
-    lib_l = 1 / g("left.library") + upd
-    old_upd = 2 / g("update.before")
-    old_r = 1 / g("right.before") + old_upd
-    old_l = 1 / g("left.before") + old_upd
-    return {
-        "lib_right": 3 / lib_r,
-        "lib_left": 3 / lib_l,
-        "lib_mean": 6 / (lib_r + lib_l),
-        "old_right": 3 / old_r,
-        "old_left": 3 / old_l,
-        "old_mean": 6 / (old_r + old_l),
-    }
+    """Half-step efficiency the kernel speeds (fractions of the copy) alone allow, at k columns:
+    "lib_*" the library's kernels, "old_*" the first formulation's."""
+    out = {}
+    for name, which in (("lib", "library"), ("old", "before")):
+        g = lambda key: speed[f"k{k}.{key}.{which}"]  # noqa: E731
+        right, left = 1 / g("right") + 2 / g("update"), 1 / g("left") + 2 / g("update")
+        out.update({f"{name}_right": 3 / right, f"{name}_left": 3 / left})
+        out[f"{name}_mean"] = 6 / (right + left)
+    return out
 
 
 def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]]) -> List[str]:
@@ -160,15 +153,12 @@ def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]])
             g = lambda key: speed[f"k3.{key}"]  # noqa: E731
             p = _prediction(speed, 3)
             text += (
-                f" At k = 3 (torus:2x4), the library's kernels run at "
-                f"{_pct(g('right.library'))} (right product), "
-                f"{_pct(g('left.library'))} (left product) and "
-                f"{_pct(g('update.library'))} (update) of the copy "
-                f"bandwidth; the first formulation, with factors stored rows × r "
-                f"(`bmm(M, Q)`, `bmm(Mᵀ view, P)`, `baddbmm_(P, Qᵀ view)`), runs at "
-                f"{_pct(g('right.before'))}, "
-                f"{_pct(g('left.before'))} and "
-                f"{_pct(g('update.before'))}. Those kernel speeds alone "
+                f" At k = 3 (torus:2x4), the library's kernels run at {_pct(g('right.library'))} "
+                f"(right product), {_pct(g('left.library'))} (left product) and "
+                f"{_pct(g('update.library'))} (update) of the copy bandwidth; the first "
+                "formulation, with factors stored rows × r (`bmm(M, Q)`, `bmm(Mᵀ view, P)`, "
+                f"`baddbmm_(P, Qᵀ view)`), runs at {_pct(g('right.before'))}, "
+                f"{_pct(g('left.before'))} and {_pct(g('update.before'))}. Those kernel speeds alone "
                 f"cap a half-step at {_pct(p['lib_mean'])} now ({_pct(p['old_mean'])} with the "
                 "first formulation; table in *Kernel diagnosis*); the per-neighbour small ops "
                 "take the rest."
@@ -176,18 +166,13 @@ def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]])
         L.append(text)
     r20 = [s for s in iso if s["model"] == "resnet20"]
     if r20:
-        per = [
-            (
-                s["isolated"]["variants"]["batched"]["all"]["compute"],
-                3 * s["compressed_bytes"] / (s["isolated"]["bandwidth"] * 1e9),
-            )
-            for s in r20
-        ]
+        took = [s["isolated"]["variants"]["batched"]["all"]["compute"] for s in r20]
+        passes = [3 * s["compressed_bytes"] / (s["isolated"]["bandwidth"] * 1e9) for s in r20]
         L.append(
             f"* **ResNet-20 is bound by per-operation overhead.** An isolated batched half-step "
-            f"takes {_span([c for c, _ in per], _ms)} ms where three passes over its "
+            f"takes {_span(took, _ms)} ms where three passes over its "
             f"{_mb(r20[0]['compressed_bytes'])} of matrices would take "
-            f"{_span([m for _, m in per], _ms)} ms at the measured copy bandwidth: the time goes to "
+            f"{_span(passes, _ms)} ms at the measured copy bandwidth: the time goes to "
             "the hundreds of small tensor operations per half-step (per neighbour and per shape "
             "group: orthonormalising the factor, slicing it into the side-by-side buffer, copying "
             "products into the message, forming the new factor, scaling it), which batching the "
@@ -195,10 +180,8 @@ def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]])
         )
     sp = [s for s in summaries if "speedup" in s and s["model"] == "vgg16"]
     if sp and speed:
-        one = speed.get("k1.right.library")
-        mv = speed.get("k1.right.mv")
-        lone = speed.get("k1.left.library")
-        lmv = speed.get("k1.left.mv")
+        one, lone = speed.get("k1.right.library"), speed.get("k1.left.library")
+        mv, lmv = speed.get("k1.right.mv"), speed.get("k1.left.mv")
         three = [speed.get("k3.right.library"), speed.get("k3.left.library")]
         L.append(
             f"* **The naive baseline runs the same kernels once per neighbour.** Its "

@@ -111,23 +111,17 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 def row(run: Run) -> Dict[str, Any]:
     """The point in its child: every rank's record (floats to 5 digits), or why it failed."""
     import json
-    import sys
     import tempfile
     import time
     from pathlib import Path
 
-    from experiments.pages._bench import compact, local_torchrun, machine, mpiexec, run_child
+    from experiments.pages._bench import compact, machine, python_child, run_child
 
     point = {k: v for k, v in run.config.items() if k != "timeout"}
     start = machine()
     with tempfile.TemporaryDirectory(prefix="bench_scale-") as folder:
-        child = ["-m", "experiments.pages.bench_scale.measure", json.dumps(point), folder]
-        if point["backend"] == "mpi":
-            command = [mpiexec(), "-n", str(point["peers"]), sys.executable, *child]
-        elif point["backend"] == "torch":
-            command = [*local_torchrun(point["peers"]), *child]
-        else:
-            command = [sys.executable, *child]
+        module, args = "experiments.pages.bench_scale.measure", [json.dumps(point), folder]
+        command = python_child(module, args, point["backend"], point["peers"])
         started = time.perf_counter()
         status, err = run_child(command, run.config["timeout"])
         record: Dict[str, Any] = {"point": point, "wall": time.perf_counter() - started}

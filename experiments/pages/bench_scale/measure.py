@@ -143,15 +143,9 @@ def measure_kind(
             step()
         synchronize(device)
         seconds = time.perf_counter() - start
-    out = {
-        "kind": kind,
-        "rank": comm.rank,
-        "steps": steps,
-        "seconds_per_step": seconds / steps,
-        "bytes_sent": (comm.stats.bytes_sent - sent0) / steps,
-        "bytes_received": received["bytes"] / steps,
-        "rss": resident_bytes(),
-    }
+    out = dict(kind=kind, rank=comm.rank, steps=steps, seconds_per_step=seconds / steps)
+    out.update(bytes_sent=(comm.stats.bytes_sent - sent0) / steps)
+    out.update(bytes_received=received["bytes"] / steps, rss=resident_bytes())
     del step, keep
     vars(comm).pop("shared_memory_allreduce", None)  # back to the class default for the next kind
     comm.barrier()
@@ -166,14 +160,8 @@ def peer_point(
     """Every kind in turn on this peer (each freed before the next starts); the point's record."""
     shapes = parameter_shapes(params)
     numel = sum(math.prod(shape) for _, shape in shapes)
-    out: Dict[str, Any] = {
-        "rank": comm.rank,
-        "size": comm.size,
-        "params": params,
-        "numel": numel,
-        "rss_start": resident_bytes(),
-        "results": [],
-    }
+    out: Dict[str, Any] = dict(rank=comm.rank, size=comm.size, params=params, numel=numel)
+    out.update(rss_start=resident_bytes(), results=[])
     for kind in kinds:
         # PowerGossip alternates right and left half-steps: time whole power iterations.
         count = steps + steps % 2 if kind == "powergossip" else steps

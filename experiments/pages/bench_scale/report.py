@@ -93,18 +93,19 @@ def _ok(records, section, backend=None, peers=None):
     ]
 
 
-def cost_table(
-    rows: List[Tuple[str, Dict[str, Dict[str, float]]]], kinds: Sequence[str]
-) -> List[str]:
-    head = "| | " + " | ".join(f"{LABELS[k]}: time / step | sent / rank" for k in kinds) + " |"
-    lines = [head, "|---|" + "---|---|" * len(kinds)]
-    for name, summary in rows:
-        cells = []
-        for k in kinds:
-            s = summary.get(k)
-            cells += [fmt_seconds(s["seconds"]), fmt_bytes(s["sent"])] if s else ["–", "–"]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return lines
+def cost_table(records: List[Dict[str, Any]], name) -> List[str]:
+    """Time per step and bytes sent per rank of the four algorithms, a line a record (`name`: its
+    first cell), then the turn-taking note where a point took turns."""
+    head = " | ".join(f"{LABELS[k]}: time / step | sent / rank" for k in ALGORITHMS)
+    lines = [f"| | {head} |", "|---|" + "---|---|" * len(ALGORITHMS)]
+    for r in records:
+        s = summarize(r)
+        cells = [
+            f"{fmt_seconds(s[k]['seconds'])} | {fmt_bytes(s[k]['sent'])}" if k in s else "– | –"
+            for k in ALGORITHMS
+        ]
+        lines.append(f"| {name(r)}{mode(r)} | " + " | ".join(cells) + " |")
+    return lines + [""] + ([TURNS_NOTE, ""] if any(mode(r) for r in records) else [])
 
 
 def growth_table(
@@ -112,18 +113,15 @@ def growth_table(
     kinds: Sequence[str],
     what: str,
 ) -> List[str]:
-    lines = [
-        "| series | " + " | ".join(f"{LABELS[k]}: time, bytes" for k in kinds) + " |",
-        "|---|" + "---|" * len(kinds),
-    ]
+    rows = []
     for name, points in series.items():
-        cells = []
+        cells = [name]
         for k in kinds:
             t = slope([(x, s[k]["seconds"]) for x, s in points if k in s])
             b = slope([(x, s[k]["sent"]) for x, s in points if k in s])
             cells.append(f"{what}^{fmt_slope(t)}, {what}^{fmt_slope(b)}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return lines
+        rows.append(cells)
+    return table(["series"] + [f"{LABELS[k]}: time, bytes" for k in kinds], rows, None)
 
 
 def render_markdown(
@@ -163,15 +161,9 @@ def _peer_tables(records: List[Dict[str, Any]]) -> List[str]:
         ]
     for backend in BACKENDS:
         recs = _ok(records, "peers", backend)
-        if not recs:
-            continue
-        out += [f"### {BACKENDS[backend]}", ""]
-        out += cost_table(
-            [(f"n = {r['point']['peers']}{mode(r)}", summarize(r)) for r in recs], ALGORITHMS
-        )
-        out.append("")
-        if any(mode(r) for r in recs):
-            out += [TURNS_NOTE, ""]
+        if recs:
+            out += [f"### {BACKENDS[backend]}", ""]
+            out += cost_table(recs, lambda r: f"n = {r['point']['peers']}")
     return out
 
 
@@ -192,18 +184,19 @@ def _reductions(records: List[Dict[str, Any]]) -> List[str]:
     for r in _ok(records, "peers"):
         s = summarize(r)
         ring, gather = s.get("ring"), s.get("gather")
-        if not ring:
-            continue
-        row = [r["point"]["backend"], str(r["point"]["peers"])]
-        row += [fmt_seconds(ring["seconds"]), fmt_bytes(ring["received"])]
-        if gather:
-            ratio = f"{gather['received'] / ring['received']:.3g}×"
-            ratio += f", {gather['seconds'] / ring['seconds']:.3g}×"
-            row += [fmt_seconds(gather["seconds"]), fmt_bytes(gather["received"]), ratio]
-        else:
-            row += ["skipped", "–", "–"]
-        rows.append(row)
+        if ring:
+            rows.append([r["point"]["backend"], str(r["point"]["peers"])])
+            rows[-1] += [fmt_seconds(ring["seconds"]), fmt_bytes(ring["received"])]
+            rows[-1] += _gather_cells(ring, gather) if gather else ["skipped", "–", "–"]
     return out + table(REDUCTIONS, rows)
+
+
+def _gather_cells(ring: Dict[str, float], gather: Dict[str, float]) -> List[str]:
+    """The all-gather reduction's time, bytes received, and both against the ring's."""
+    ratio = (
+        f"{gather['received'] / ring['received']:.3g}×, {gather['seconds'] / ring['seconds']:.3g}×"
+    )
+    return [fmt_seconds(gather["seconds"]), fmt_bytes(gather["received"]), ratio]
 
 
 REDUCTIONS = (
@@ -214,22 +207,16 @@ REDUCTIONS = (
 
 def _simulation(records: List[Dict[str, Any]]) -> List[str]:
     """PowerGossip on the in-process points: time and memory."""
-    out: List[str] = []
     big = [r for r in _ok(records, "peers", "local") if "powergossip" in summarize(r)]
-    if big:
-        out += [
-            "## In-process simulation at scale: PowerGossip r1 on the same shapes",
-            "",
-        ]
-        rows = []
-        for r in big:
-            s, n = summarize(r)["powergossip"], r["point"]["peers"]
-            rows.append([f"{n}{mode(r)}", fmt_seconds(s["seconds"]), f"{1 / s['seconds']:.3g}"])
-            rows[-1] += [fmt_bytes(s["rss"]), fmt_bytes(s["rss"] / n)]
-            rows[-1].append(fmt_bytes(r["ranks"][0]["rss_peak"]))
-        head = "peers | time / step | gossip steps / s | process RSS | RSS / peer | peak RSS (run)"
-        out += table(head, rows)
-    return out
+    rows = []
+    for r in big:
+        s, n = summarize(r)["powergossip"], r["point"]["peers"]
+        rows.append([f"{n}{mode(r)}", fmt_seconds(s["seconds"]), f"{1 / s['seconds']:.3g}"])
+        rows[-1] += [fmt_bytes(s["rss"]), fmt_bytes(s["rss"] / n)]
+        rows[-1].append(fmt_bytes(r["ranks"][0]["rss_peak"]))
+    head = "peers | time / step | gossip steps / s | process RSS | RSS / peer | peak RSS (run)"
+    title = "## In-process simulation at scale: PowerGossip r1 on the same shapes"
+    return [title, "", *table(head, rows)] if big else []
 
 
 def _size_and_growth(records: List[Dict[str, Any]], notes: Sequence[str]) -> List[str]:
@@ -239,18 +226,8 @@ def _size_and_growth(records: List[Dict[str, Any]], notes: Sequence[str]) -> Lis
     if size_recs:
         out += ["## Cost vs model size (one square matrix of about N parameters)", ""]
         out += cost_table(
-            [
-                (
-                    f"ring:{r['point']['peers']}, N = {r['ranks'][0]['numel']:,}{mode(r)}",
-                    summarize(r),
-                )
-                for r in size_recs
-            ],
-            ALGORITHMS,
+            size_recs, lambda r: f"ring:{r['point']['peers']}, N = {r['ranks'][0]['numel']:,}"
         )
-        out.append("")
-        if any(mode(r) for r in size_recs):
-            out += [TURNS_NOTE, ""]
     out += [
         "## Growth rates",
         "",

@@ -1,8 +1,8 @@
 """`python -m experiments consensus`: the consensus experiment of the PowerGossip paper (Vogels,
 Karimireddy and Jaggi, 2020, sec. 5) on 25 problem x topology instances, 3 seeds, a winner map.
 
-The peers of a topology hold tensors (`problems`, seeded per peer) and only gossip: averaging is
-the whole task, so the error, mean over peers of ||x_i - x_bar||^2_F (`consensus_distance`, which
+The peers of a topology hold tensors (`gossip_powersgd.consensus_problems`, seeded per peer)
+and only gossip: averaging is the whole task, so the error, mean over peers of ||x_i - x_bar||^2_F (`consensus_distance`, which
 gossip drives to 0 while keeping x_bar fixed), measures how fast an algorithm averages per bit
 sent. Every algorithm is compared at matched bits (`measure`): its error at exactly 1e5, 1e6 and
 1e7 bits per peer (8 x the transport's bytes), log-log interpolated between recorded steps, and

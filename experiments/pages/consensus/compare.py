@@ -20,6 +20,16 @@ def target_name(target: float) -> str:
     return f"1e{int(round(math.log10(target)))}"
 
 
+def budget_name(budget: float) -> str:
+    exponent = math.log10(budget)
+    return f"1e{int(exponent)}" if exponent == int(exponent) else f"{budget:g}"
+
+
+def column_title(kind: str, key: float) -> str:
+    """A table column's title: "@ 1e6 bits" (a budget) or "bits to 1e-2" (a relative error)."""
+    return f"@ {budget_name(key)} bits" if kind == "budget" else f"bits to {target_name(key)}"
+
+
 def columns(budgets: Sequence[float]) -> List[Tuple[str, float]]:
     """The winner map's columns: ("budget", bits) then ("reach", relative error)."""
     return [("budget", float(b)) for b in budgets] + [("reach", t) for t in REACH_TARGETS]

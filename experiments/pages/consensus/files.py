@@ -7,11 +7,12 @@ import csv
 import gzip
 import io
 import json
-import math
 import re
 from typing import Dict, Optional, Sequence, Tuple
 
-from .compare import target_name
+from experiments.pages._markdown import table
+
+from .compare import column_title, columns, target_name
 from .measure import REACH_TARGETS
 
 #: One instance's run curves, packed: gzipped JSON lines, one per run (see `curves_bytes`).
@@ -42,11 +43,6 @@ def fmt_err(value: float) -> str:
 
 def fmt_gamma(value: Optional[float]) -> str:
     return "—" if value is None else f"{value:.4g}"
-
-
-def budget_name(budget: float) -> str:
-    exponent = math.log10(budget)
-    return f"1e{int(exponent)}" if exponent == int(exponent) else f"{budget:g}"
 
 
 def family(entry: Dict) -> Tuple[str, str, str]:
@@ -84,17 +80,19 @@ def reach_text(entry: Dict, target: float) -> str:
 def format_table(summary: Dict[str, Dict], budgets: Sequence[float]) -> str:
     """Markdown: relative error at exactly each bit budget (per peer), and the bits per peer to
     reach each of REACH_TARGETS, one row per algorithm (seed 0)."""
-    header = ["algorithm", "γ"] + [f"@ {budget_name(b)} bits" for b in budgets]
-    header += [f"bits to {target_name(t)}" for t in REACH_TARGETS]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for label, entry in summary.items():
-        gamma = (
-            "swept (best per column)" if entry["swept"] else fmt_gamma(entry["runs"][0]["gamma"])
-        )
-        cells = [cell_text(entry["budgets"][b], entry["swept"]) for b in budgets]
-        cells += [reach_text(entry, t) for t in REACH_TARGETS]
-        lines.append("| " + " | ".join([label, gamma] + cells) + " |")
-    return "\n".join(lines)
+    header = ["algorithm", "γ"] + [column_title(*column) for column in columns(budgets)]
+    rows = [
+        [label, "swept (best per column)" if e["swept"] else fmt_gamma(e["runs"][0]["gamma"])]
+        + [cell_text(e["budgets"][b], e["swept"]) for b in budgets]
+        + [reach_text(e, t) for t in REACH_TARGETS]
+        for label, e in summary.items()
+    ]
+    return "\n".join(table(header, rows, end=None))
+
+
+#: table.csv's columns: the instance's, the run's, then the cell's at one budget (`table_csv`).
+CSV_HEAD = "topology problem seed dtype algorithm spec gamma budget_bits status error "
+CSV_HEAD += "relative_error upper_bound at_precision_floor best"
 
 
 def table_csv(instance: Dict) -> str:
@@ -103,34 +101,16 @@ def table_csv(instance: Dict) -> str:
     (algorithm, budget) is marked 1."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    head = (
-        "topology problem seed dtype algorithm spec gamma budget_bits status error relative_error"
-    )
-    head += " upper_bound at_precision_floor best"
-    writer.writerow(head.split() + [f"bits_to_{target_name(t)}" for t in REACH_TARGETS])
+    writer.writerow(CSV_HEAD.split() + [f"bits_to_{target_name(t)}" for t in REACH_TARGETS])
     for r in instance["results"]:
+        summary = instance["summary"][r["label"]]["budgets"]
         for budget in instance["budgets"]:
             cell, row = r["budgets"][budget], r["budgets"][budget].get("row", {})
-            best = (
-                r["seed"] == 0
-                and instance["summary"][r["label"]]["budgets"][budget].get("spec") == r["spec"]
-            )
+            best = r["seed"] == 0 and summary[budget].get("spec") == r["spec"]
             writer.writerow(
-                [
-                    instance["topology"],
-                    instance["problem"],
-                    r["seed"],
-                    r["dtype"],
-                    r["label"],
-                    r["spec"],
-                ]
-                + [
-                    r["gamma"],
-                    f"{budget:g}",
-                    cell["status"],
-                    row.get("error", ""),
-                    row.get("relative", ""),
-                ]
+                [instance["topology"], instance["problem"]]
+                + [r[k] for k in ("seed", "dtype", "label", "spec", "gamma")]
+                + [f"{budget:g}", cell["status"], row.get("error", ""), row.get("relative", "")]
                 + [int(bool(row.get("bound"))), int(bool(row.get("at_floor"))), int(best)]
                 + ["" if r["reach"][t] is None else r["reach"][t] for t in REACH_TARGETS]
             )

@@ -9,9 +9,9 @@ import math
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
+from gossip_powersgd.consensus_problems import make_problem
 from gossip_powersgd.metrics import FLOOR_MARGIN, bits_to_reach, error_at_bits
 
-from .problems import make_problem
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Communicator

@@ -6,14 +6,14 @@ import math
 from collections import Counter
 from typing import Dict, List, Sequence
 
-from experiments.pages._markdown import fill, table, template
+from experiments.pages._markdown import fill, grid_end, table, template
+from gossip_powersgd.consensus_problems import problem_shapes
 from gossip_powersgd.metrics import DIVERGE_FACTOR, FLOOR_MARGIN, FLOOR_ULPS
 
-from .compare import columns, target_name, winner_cell, winner_text
-from .files import CURVES, budget_name, family, fmt_err, fmt_gamma, format_table
+from .compare import budget_name, column_title, columns, winner_cell, winner_text
+from .files import CURVES, family, fmt_err, fmt_gamma, format_table
 from .instance import FULL_GRID
 from .models import SAVED_EPOCHS, TRAINING
-from .problems import problem_shapes
 
 
 def page(instances: Sequence[Dict], made_by: str, meta: Dict) -> str:
@@ -80,28 +80,23 @@ def instance_lines(r: Dict) -> List[str]:
 
 def method_fields(instances: Sequence[Dict]) -> Dict[str, str]:
     """What the method paragraphs say of this run: scope, dtypes, stops, γ grids."""
-    first, dtypes = instances[0], sorted({r["dtype"] for r in instances})
-    screen, stop = first["screen_bits"], first["stop_relative"]
-    grids = sorted({tuple(r["gammas"]) for r in instances if r["sweep"]})
-    grids = "; ".join("{" + ", ".join(fmt_gamma(g) for g in grid) + "}" for grid in grids) or "—"
+    first, screen = instances[0], budget_name(instances[0]["screen_bits"])
+    grids = sorted({tuple(r["gammas"]) for r in instances})
     by_topology = {
         t: [r["problem"] for r in instances if r["topology"] == t]
         for t in dict.fromkeys(r["topology"] for r in instances)
     }
+    # every instance screens (its second largest budget) and stops at a relative error
     stop_text = (
-        f'A run also stops once its relative error is ≤ {stop:g} ("reached"); its last error is '
-        'then an upper bound at larger budgets, written "≤". '
-        if stop
-        else ""
+        f'A run also stops once its relative error is ≤ {first["stop_relative"]:g} ("reached"); '
+        'its last error is then an upper bound at larger budgets, written "≤". '
     )
     screen_text = (
-        f", in two stages: every γ runs to {budget_name(screen)} bits per peer, then the "
+        f", in two stages: every γ runs to {screen} bits per peer, then the "
         f"{first['finalists']} best γ at that budget (one that already reached the stopping error "
         f"ranks first) run to {budget_name(first['max_bits'])} bits; a budget column shows the "
-        f"best γ's value (γ per cell): over the whole grid up to {budget_name(screen)} bits, over "
+        f"best γ's value (γ per cell): over the whole grid up to {screen} bits, over "
         "the finalist beyond. "
-        if screen
-        else ". "
     )
     return dict(
         scope="; ".join(
@@ -111,10 +106,10 @@ def method_fields(instances: Sequence[Dict]) -> Dict[str, str]:
             f"{t}: " + (", ".join(f"`{p}`" for p in ps) if ps else "nothing")
             for t, ps in not_run(instances).items()
         ),
-        dtypes=", ".join(dtypes),
+        dtypes=", ".join(sorted({r["dtype"] for r in instances})),
         stop_text=stop_text,
         max_bits=budget_name(first["max_bits"]),
-        grids=grids,
+        grids="; ".join("{" + ", ".join(fmt_gamma(g) for g in grid) + "}" for grid in grids),
         screen_text=screen_text,
     )
 
@@ -137,10 +132,7 @@ def not_run(instances: Sequence[Dict]) -> Dict[str, List[str]]:
 
 def winner_map(instances: Sequence[Dict]) -> List[str]:
     cols = columns(instances[0]["budgets"])
-    header = ["topology", "problem", "seeds"] + [
-        f"@ {budget_name(key)} bits" if kind == "budget" else f"bits to {target_name(key)}"
-        for kind, key in cols
-    ]
+    header = ["topology", "problem", "seeds"] + [column_title(*column) for column in cols]
     rows = [
         [r["topology"], r["problem"], str(len(r["seeds"]))]
         + [winner_text(winner_cell(r, kind, key)) for kind, key in cols]
@@ -166,36 +158,36 @@ def _ratio_text(pg: Dict, other: Dict) -> str:
     return text + (f" ({' and '.join(floor)} at precision floor)" if floor else "")
 
 
+#: What each headline compares the best PowerGossip with: (name, its families' test).
+VERSUS = (
+    ("exact gossip", lambda f: f[0] == "exact"),
+    ("best tuned baseline", lambda f: f[1] == "tuned"),
+    ("best top-k / low-rank baseline", lambda f: f[1] == "tuned" and f[2] in ("topk", "lowrank")),
+)
+
+
 def headline(instance: Dict) -> List[str]:
     """At each budget (seed 0): the best PowerGossip against exact gossip, the best tuned
     baseline, and the best baseline whose compressor has PowerGossip's float count."""
     summary, lines = instance["summary"], []
     families = {label: family(entry) for label, entry in summary.items()}
-    picks = (
-        ("exact gossip", lambda f: f[0] == "exact"),
-        ("best tuned baseline", lambda f: f[1] == "tuned"),
-        (
-            "best top-k / low-rank baseline",
-            lambda f: f[1] == "tuned" and f[2] in ("topk", "lowrank"),
-        ),
-    )
     for budget in instance["budgets"]:
+        ok = [
+            (k, e["budgets"][budget])
+            for k, e in summary.items()
+            if e["budgets"][budget]["status"] == "ok"
+        ]
 
         def best(pick):
-            cells = [
-                (label, e["budgets"][budget])
-                for label, e in summary.items()
-                if pick(families[label]) and e["budgets"][budget]["status"] == "ok"
-            ]
-            return min(cells, key=lambda c: c[1]["row"]["relative"]) if cells else None
+            found = [(k, cell) for k, cell in ok if pick(families[k])]
+            return min(found, key=lambda c: c[1]["row"]["relative"], default=None)
 
         pg = best(lambda f: f[0] == "powergossip")
         if pg is None:
             continue
         parts = [f"best PowerGossip ({pg[0]}) {fmt_err(pg[1]['row']['relative'])}"]
         verdicts = []
-        for name, pick in picks:
-            found = best(pick)
+        for name, found in ((name, best(pick)) for name, pick in VERSUS):
             if found is None:
                 continue
             tuned = found[1].get("gamma") is not None and families[found[0]][1] == "tuned"
@@ -218,8 +210,8 @@ def edge_notes(instance: Dict) -> List[str]:
     grid, last, lines = instance["gammas"], instance["budgets"][-1], []
     for label, entry in instance["summary"].items():
         cell = entry["budgets"][last]
-        if entry["swept"] and cell["status"] == "ok" and cell["gamma"] in (min(grid), max(grid)):
-            side = "largest" if cell["gamma"] == max(grid) else "smallest"
+        side = entry["swept"] and cell["status"] == "ok" and grid_end(cell["gamma"], grid)
+        if side:
             lines.append(
                 f"- {label}: the best γ at {budget_name(last)} bits is the grid's {side} value "
                 f"({fmt_gamma(cell['gamma'])}): not interior, a γ beyond the grid might do better."

@@ -15,15 +15,8 @@ from experiments.pages import register
 from experiments.suite.runs import BASE, QUICK_BASE
 from experiments.suite.tables import _pct, build_csv, build_table, header
 
-from .tables import (
-    TARGETS,
-    consensus_csv,
-    consensus_table,
-    plots,
-    reach_table,
-    training_target,
-    verdict,
-)
+from .tables import TARGETS, consensus_csv, consensus_table, plots, reach_table
+from .tables import training_target, verdict
 
 #: (label, consensus spec, training spec) run on every graph; push-sum on the directed schedule only.
 ALGORITHMS = (
@@ -63,12 +56,8 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
         train = dict(QUICK_BASE if quick else BASE, topology=topology, partition="iid", seed=0)
         train.update(epochs=p["epochs"], eval_every=max(1, p["epochs"] // 10), algorithm=spec)
         train["comm_timeout"] = 600.0  # a loaded shared machine can stall a peer thread for minutes
-        runs.append(
-            Run(
-                f"training/{topology}/{label}",
-                {"section": "training", "label": label, "train": train},
-            )
-        )
+        config = {"section": "training", "label": label, "train": train}
+        runs.append(Run(f"training/{topology}/{label}", config))
     return runs
 
 
@@ -79,10 +68,8 @@ def row(run: Run) -> Dict[str, Any]:
         from experiments.suite.runs import attempt_config
 
         out = attempt_config(c["label"], c["train"])
-        if (
-            c["train"]["topology"].startswith(("one_peer", "matchings"))
-            and out.get("gamma_text") == "topology"
-        ):
+        schedule = c["train"]["topology"].startswith(("one_peer", "matchings"))
+        if schedule and out.get("gamma_text") == "topology":
             out["gamma_text"] = "1 (schedule)"  # an unset γ on a schedule is 1, not a topology's
         return out
     import topologies
@@ -93,15 +80,9 @@ def row(run: Run) -> Dict[str, Any]:
 
     out: Dict[str, Any] = {k: c[k] for k in ("topology", "label", "spec")}
     try:
-        args = (
-            c["problem"],
-            c["spec"],
-            c["max_steps"],
-            c["max_bits"],
-            c["budgets"],
-            min(TARGETS) / 2,
-        )
-        values = run_peers(topologies.parse(c["topology"]), consensus_curve, *args, backend="local")
+        args = [c[k] for k in ("problem", "spec", "max_steps", "max_bits", "budgets")]
+        graph = topologies.parse(c["topology"])
+        values = run_peers(graph, consensus_curve, *args, min(TARGETS) / 2, backend="local")
     except Exception as exc:  # a failing run is a row saying so, not a lost page
         out["error_text"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
         return out
@@ -132,11 +113,8 @@ def render(rows: Rows) -> Outputs:
     shown = []
     for r in consensus:
         if "history" in r:
-            e0, h = r["error0"], r["history"]
-            at = {
-                b: None if error_at_bits(h, b) is None else error_at_bits(h, b) / e0
-                for b in p["budgets"]
-            }
+            h, at = r["history"], {b: error_at_bits(r["history"], b) for b in p["budgets"]}
+            at = {b: None if e is None else e / r["error0"] for b, e in at.items()}
             r = dict(r, at_budget=at, to_reach={t: bits_to_reach(h, t) for t in TARGETS})
         shown.append(r)
     target = training_target(training)

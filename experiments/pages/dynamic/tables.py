@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import csv
-import io
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from experiments.pages._markdown import csv_text, table
 from experiments.suite.runs import BANDWIDTHS, projected_seconds
 from experiments.suite.tables import _pct
 from gossip_powersgd.metrics import positive_points
@@ -21,16 +20,13 @@ def _num(value: Optional[float], missing: str = "—") -> str:
 def consensus_table(rows: Sequence[Dict[str, Any]], budgets: Sequence[float]) -> str:
     """Markdown: relative error at matched bits and bits to reach each target, one row per run."""
     head = ["graph", "algorithm", "steps run", "bits run", "stop"]
-    head += [f"rel. error @ {b:.0e} bits" for b in budgets] + [
-        f"bits to rel. error {t:.0e}" for t in TARGETS
-    ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    head += [f"rel. error @ {b:.0e} bits" for b in budgets]
+    head += [f"bits to rel. error {t:.0e}" for t in TARGETS]
+    lines = table(head, [], None)
     for r in rows:
         if "error_text" in r:
-            lines.append(
-                f"| {r['topology']} | {r['label']} | FAILED: {r['error_text']} |"
-                + " |" * (len(head) - 3)
-            )
+            failed = f"| {r['topology']} | {r['label']} | FAILED: {r['error_text']} |"
+            lines.append(failed + " |" * (len(head) - 3))
             continue
         cells = [r["topology"], r["label"], str(r["steps"]), f"{r['bits_run']:.3g}", r["stop"]]
         cells += [_num(r["at_budget"][b]) for b in budgets]
@@ -40,34 +36,24 @@ def consensus_table(rows: Sequence[Dict[str, Any]], budgets: Sequence[float]) ->
 
 
 def consensus_csv(rows: Sequence[Dict[str, Any]], budgets: Sequence[float]) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(
-        ["topology", "algorithm", "spec", "steps", "bits_run", "stop", "initial_error"]
-        + [f"rel_error_at_{b:g}_bits" for b in budgets]
-        + [f"bits_to_{t:g}" for t in TARGETS]
-        + ["seconds", "error"]
-    )
+    head = ["topology", "algorithm", "spec", "steps", "bits_run", "stop", "initial_error"]
+    head += [f"rel_error_at_{b:g}_bits" for b in budgets] + [f"bits_to_{t:g}" for t in TARGETS]
+
+    def six(value: Optional[float]) -> str:
+        return "" if value is None else f"{value:.6g}"
+
+    lines = []
     for r in rows:
+        first = [r["topology"], r["label"], r["spec"]]
         if "error_text" in r:
-            blank = [""] * (5 + len(budgets) + len(TARGETS))
-            writer.writerow([r["topology"], r["label"], r["spec"]] + blank + [r["error_text"]])
+            lines.append(first + [""] * (5 + len(budgets) + len(TARGETS)) + [r["error_text"]])
             continue
-        writer.writerow(
-            [
-                r["topology"],
-                r["label"],
-                r["spec"],
-                r["steps"],
-                r["bits_run"],
-                r["stop"],
-                r["error0"],
-            ]
-            + ["" if r["at_budget"][b] is None else f"{r['at_budget'][b]:.6g}" for b in budgets]
-            + ["" if r["to_reach"][t] is None else f"{r['to_reach'][t]:.6g}" for t in TARGETS]
-            + [f"{r['seconds']:.1f}", ""]
-        )
-    return buffer.getvalue()
+        cells = first + [r["steps"], r["bits_run"], r["stop"], r["error0"]]
+        cells += [six(r["at_budget"][b]) for b in budgets] + [
+            six(r["to_reach"][t]) for t in TARGETS
+        ]
+        lines.append(cells + [f"{r['seconds']:.1f}", ""])
+    return csv_text(head + ["seconds", "error"], lines)
 
 
 def reach(curve: Sequence[Tuple[float, float]], target: float) -> Optional[float]:
@@ -104,17 +90,12 @@ def reach_table(rows: Sequence[Dict[str, Any]], target: float) -> str:
     """Markdown: MB and projected seconds per peer at which each run first reaches `target`."""
     head = ["graph", "algorithm", "final acc", f"MB to {_pct(target)}"]
     head += [f"projected s to {_pct(target)} @ {name}" for name, _ in BANDWIDTHS]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    cells = []
     for r in (r for r in rows if "error" not in r):
-        cells = [
-            r["topology"],
-            r["label"],
-            _pct(r["acc_avg"]),
-            _num(reach(mb_curve(r), target), "not reached"),
-        ]
-        cells += [_num(reach(time_curve(r, bw), target), "not reached") for _, bw in BANDWIDTHS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        curves = [mb_curve(r)] + [time_curve(r, bw) for _, bw in BANDWIDTHS]
+        cells.append([r["topology"], r["label"], _pct(r["acc_avg"])])
+        cells[-1] += [_num(reach(curve, target), "not reached") for curve in curves]
+    return "\n".join(table(head, cells, None)) + "\n"
 
 
 def _pg(rows: Sequence[Dict[str, Any]], topology: str) -> Dict[str, Any]:

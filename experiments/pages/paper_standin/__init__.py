@@ -10,14 +10,13 @@ paper_standin.md, .csv, .png and one JSON per seed's run (paper_standin.json: se
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
+from experiments.pages._markdown import csv_text
 
 #: The rows: (label, algorithm spec, local_steps). Choco's consensus step is the paper config's
 #: (experiments/configs/paper/resnet20_cifar10_choco_sign.yaml); every other γ is the topology's.
@@ -55,29 +54,13 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
     runs = []
     for seed in (0,) if quick else (0, 1, 2):
         for model in (s["model"], *s["traffic_models"]):
-            runs.append(
-                Run(
-                    f"seed{seed}/traffic/{model}",
-                    {"kind": "traffic", "model": model, "topology": s["topology"]},
-                    seed,
-                )
-            )
-        runs.append(
-            Run(
-                f"seed{seed}/timing",
-                {"kind": "timing", "model": s["model"], "reps": 2 if quick else 5},
-                seed,
-            )
-        )
+            traffic = {"kind": "traffic", "model": model, "topology": s["topology"]}
+            runs.append(Run(f"seed{seed}/traffic/{model}", traffic, seed))
+        timing = {"kind": "timing", "model": s["model"], "reps": 2 if quick else 5}
+        runs.append(Run(f"seed{seed}/timing", timing, seed))
         for label, spec, h in ROWS:
             if seed == 0 or label in SEED_ROWS:
-                config = {
-                    "kind": "train",
-                    "label": label,
-                    "spec": spec,
-                    "local_steps": h,
-                    "setting": recipe,
-                }
+                config = dict(kind="train", label=label, spec=spec, local_steps=h, setting=recipe)
                 runs.append(Run(f"seed{seed}/{label}", config, seed, cost=10.0))
     return runs
 
@@ -107,25 +90,19 @@ def result(rows: Rows, seed: int) -> Dict[str, Any]:
     records = [r for r in rows.records if r.key.startswith(f"seed{seed}/")]
     group = Rows(rows.page, rows.quick, records, len(records))
     old = records[0].origin or {}
-    by = {
-        r.config["kind"]: [x for x in records if x.config["kind"] == r.config["kind"]]
-        for r in records
-    }
-    trained = [
-        {k: v for k, v in x.row.items() if k != "load"}
-        for x in by.get("train", [])
-        if "error" not in x.row
-    ]
-    loads = [x.row["load"] for x in by.get("train", []) if "load" in x.row] or [
-        [math.nan, math.nan]
-    ]
+    by: Dict[str, List[Any]] = {"traffic": [], "train": []}
+    for r in records:
+        by.setdefault(r.config["kind"], []).append(r)
+    trained = [{k: v for k, v in x.row.items() if k != "load"} for x in by["train"]]
+    trained = [x for x in trained if "error" not in x]
+    loads = [x.row["load"] for x in by["train"] if "load" in x.row] or [[math.nan, math.nan]]
     timing = dict(by["timing"][0].row) if "timing" in by else {}
     cpu_count = timing.pop("cpu_count", None)
     steps = math.ceil(CIFAR_TRAIN / (PAPER_PEERS * PAPER_BATCH))
     return {
         "command": old.get("command", rows.command),
         "setting": old.get("setting", dict(SETTINGS[rows.quick], seed=seed)),
-        "traffic": [x.row for x in by.get("traffic", [])],
+        "traffic": [x.row for x in by["traffic"]],
         "timing_batch128": timing,
         "projection": {
             "epochs": PAPER_EPOCHS,
@@ -136,7 +113,7 @@ def result(rows: Rows, seed: int) -> Dict[str, Any]:
         "cpu_count": old.get("cpu_count", cpu_count),
         "seconds": old.get("seconds", sum(r.seconds for r in records)),
         "rows": trained,
-        "failed": [x.row for x in by.get("train", []) if "error" in x.row],
+        "failed": [x.row for x in by["train"] if "error" in x.row],
         "generated": old.get("generated", made_by(group)),
         "path": old.get("json", f"paper_standin_seed{seed}.json"),
         "header": made_by(group),
@@ -170,15 +147,12 @@ def curves_csv(rows: List[Dict[str, Any]]) -> str:
     """Every evaluation of every row (the curves the page's tables and plot are made of)."""
     from .measure import EVAL_KEYS
 
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["row", "algorithm", "local_steps", *EVAL_KEYS])
-    for row in rows:
-        for e in row["evals"]:
-            writer.writerow(
-                [row["label"], row["algorithm"], row["local_steps"]] + [e[k] for k in EVAL_KEYS]
-            )
-    return buffer.getvalue()
+    lines = (
+        [row["label"], row["algorithm"], row["local_steps"], *(e[k] for k in EVAL_KEYS)]
+        for row in rows
+        for e in row["evals"]
+    )
+    return csv_text(["row", "algorithm", "local_steps", *EVAL_KEYS], lines)
 
 
 def plot(rows: List[Dict[str, Any]]) -> bytes:

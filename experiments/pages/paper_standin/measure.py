@@ -136,10 +136,5 @@ def step_seconds(model: str, batch: int, reps: int) -> Dict[str, float]:
         if i:  # the first is a warm-up
             walls.append(time.perf_counter() - wall)
             cpus.append(time.thread_time() - cpu)
-    median = statistics.median
-    return {
-        "batch": batch,
-        "wall_s": median(walls),
-        "cpu_s": median(cpus),
-        "cpu_count": os.cpu_count(),
-    }
+    wall_s, cpu_s = statistics.median(walls), statistics.median(cpus)
+    return dict(batch=batch, wall_s=wall_s, cpu_s=cpu_s, cpu_count=os.cpu_count())

@@ -37,10 +37,10 @@ NETWORK = dict(
 _DP_SWEEP_SETTING = {k: v for k, v in dp.BASE.items() if k not in ("seed", "out_dir")}
 _DP_SWEEP_SETTING.update(lr=dp.NONPRIVATE_LR, batch_size=dp.NONPRIVATE[1], comm_timeout=900.0)
 _DP_SWEEP_SETTING["epochs"] = dp.NONPRIVATE[4]
-#: privacy_attacks.md's regime: the candidate privacy_regime.md chose (records per peer, model,
-#: epochs without DP; a test holds these equal to the choice its committed rows make), trained in
-#: that sweep's recipes (`privacy_regime.NONPRIVATE`, `privacy_regime.DP`).
-MAIN = dict(records=4000, model="mlp:256,256", epochs=30)
+#: privacy_attacks.md's regime: `privacy_regime.ATTACK_PAGES_REGIME` (records per peer, model,
+#: epochs without DP, and the DP recipe; privacy_regime.md says whether it is still that sweep's
+#: choice), trained in that sweep's recipes (`privacy_regime.NONPRIVATE`, `privacy_regime.DP`).
+MAIN = {k: v for k, v in sweep.ATTACK_PAGES_REGIME.items() if k != "dp"}
 SETTING = dict(
     _DP_SWEEP_SETTING,
     dataset=sweep.dataset(MAIN["records"], quick=False),
@@ -48,7 +48,7 @@ SETTING = dict(
     epochs=MAIN["epochs"],
     **sweep.NONPRIVATE,
 )
-SETTING["dp"] = dict(sweep.DP)
+SETTING["dp"] = dict(sweep.DP, **sweep.ATTACK_PAGES_REGIME["dp"])
 #: Private rows: the chosen DP recipe, trained for the budget of the row's epsilon. One public
 #: sigma for every peer (release_peer_statistics): the accountant picks the sigma at which the
 #: peer with the highest sampling rate meets the target, here the victims (half a shard each).

@@ -61,7 +61,8 @@ def train(setting, label, spec, mechanism, noise, seed, attack=True) -> Dict[str
     """Train one run on the seed's split with observer 0 recording, and attack its neighbours."""
     from gossip_powersgd.privacy.attacks import Snapshots
     from gossip_powersgd.privacy.heldout import make_split
-    from gossip_powersgd.privacy.views import ObservedView, ObserverHooks
+    from gossip_powersgd.privacy.observing import ObserverHooks
+    from gossip_powersgd.privacy.views import ObservedView
 
     from experiments.suite.runs import run_one
 

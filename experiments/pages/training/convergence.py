@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from experiments.pages._markdown import table
 from experiments.suite.tables import _pct
 
 #: A fixed target next to the data-driven one (the worst converged row's final accuracy).
@@ -78,56 +79,33 @@ def reach_cell(record: Optional[Dict[str, float]]) -> str:
     return f"{record['mb']:.3g} MB (epoch {record['epoch']:g})"
 
 
-def equal_bytes_rows(
-    rows: Sequence[Dict[str, Any]], targets: Sequence[float], budget: Optional[float]
-) -> List[Dict[str, Any]]:
-    """Per row: its label, final accuracy, reach records of each target, and accuracy at `budget`."""
-    out = []
-    for r in _good(rows):
-        out.append(
-            {
-                "label": r["label"],
-                "final": r["acc_avg"],
-                "seeds": r.get("seeds", 1),
-                "reach": [first_reach(r["evals"], t) for t in targets],
-                "at_budget": None if budget is None else accuracy_at_mb(r["evals"], budget),
-                "total_mb": r["evals"][-1]["mb"],
-                "collapse": collapse_note(r),
-            }
-        )
-    return out
-
-
 def equal_bytes_table(
     rows: Sequence[Dict[str, Any]],
 ) -> Tuple[str, Optional[float], Optional[float]]:
-    """The markdown table comparing `rows` (one setting) at equal bytes; with its data-driven target
-    and byte budget."""
-    target = common_target(rows)
-    budget = common_budget(rows)
+    """The markdown table comparing `rows` (one setting) at equal bytes: per row its final
+    accuracy, where it first reaches each target and its accuracy at the common byte budget; with
+    its data-driven target and byte budget."""
+    target, budget = common_target(rows), common_budget(rows)
     targets: List[float] = [t for t in (target, FIXED_TARGET) if t is not None]
     if target is not None and abs(target - FIXED_TARGET) < 1e-9:
         targets = [target]
-    data = equal_bytes_rows(rows, targets, budget)
-    head = (
-        "| algorithm | seeds | final averaged-model acc | total MB / peer | "
-        + " | ".join(f"first reaches {_pct(t)} at" for t in targets)
-        + (f" | acc after {budget:.3g} MB / peer |" if budget is not None else " |")
-    )
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for d in data:
-        note = d["collapse"]
+    head = ["algorithm", "seeds", "final averaged-model acc", "total MB / peer"]
+    head += [f"first reaches {_pct(t)} at" for t in targets]
+    head += [f"acc after {budget:.3g} MB / peer"] if budget is not None else []
+    lines = []
+    for r in _good(rows):
+        note = collapse_note(r)
         cells = [
-            d["label"],
-            str(d["seeds"]),
-            _pct(d["final"]) + (f" ({note})" if note else ""),
-            f"{d['total_mb']:.3g}",
+            r["label"],
+            str(r.get("seeds", 1)),
+            _pct(r["acc_avg"]) + (f" ({note})" if note else ""),
         ]
-        cells += [reach_cell(x) for x in d["reach"]]
+        cells += [f"{r['evals'][-1]['mb']:.3g}"]
+        cells += [reach_cell(first_reach(r["evals"], t)) for t in targets]
         if budget is not None:
-            cells.append(_pct(d["at_budget"]))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n", target, budget
+            cells.append(_pct(accuracy_at_mb(r["evals"], budget)))
+        lines.append(cells)
+    return "\n".join(table(head, lines, None)) + "\n", target, budget
 
 
 def cheapest_to_reach(rows: Sequence[Dict[str, Any]], target: float) -> Optional[Dict[str, Any]]:

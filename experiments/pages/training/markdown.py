@@ -28,17 +28,16 @@ PROJECTION = (
 
 
 def _recipe(quick: bool) -> str:
-    data = QUICK_BASE if quick else BASE
-    return (
-        f"Recipe: {data['dataset']}, model `{data['model']}`, SGD lr {data['lr']}"
-        + (
-            ""
-            if quick
-            else f" momentum {data['momentum']}, weight decay {data['weight_decay']}, "
-            f"cosine schedule with {data['warmup_epochs']} warm-up epochs"
+    data, full = QUICK_BASE if quick else BASE, ""
+    if not quick:
+        full = (
+            f" momentum {data['momentum']}, weight decay {data['weight_decay']}, cosine schedule "
+            f"with {data['warmup_epochs']} warm-up epochs"
         )
-        + f", batch {data['batch_size']} per peer. Averaged-model accuracy = the test accuracy of "
-        "the peers' mean parameters; local = each peer's own model (mean and min over peers)."
+    return (
+        f"Recipe: {data['dataset']}, model `{data['model']}`, SGD lr {data['lr']}{full}, batch "
+        f"{data['batch_size']} per peer. Averaged-model accuracy = the test accuracy of the peers' "
+        "mean parameters; local = each peer's own model (mean and min over peers)."
     )
 
 
@@ -69,15 +68,11 @@ def epoch_budget(state: Dict[str, Any]) -> str:
             "in this run of the suite."
         )
     parts, deltas = [], []
+    seed0 = {
+        r["label"]: r for r in state["iid"][::-1] if r.get("seed", 0) == 0 and "error" not in r
+    }
     for ref in state["reference"]:
-        short = next(
-            (
-                r
-                for r in state["iid"]
-                if r["label"] == ref["label"] and r.get("seed", 0) == 0 and "error" not in r
-            ),
-            None,
-        )
+        short = seed0.get(ref["label"])
         if "error" in ref or short is None:
             continue
         deltas.append(100 * (ref["acc_avg"] - short["acc_avg"]))

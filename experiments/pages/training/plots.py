@@ -3,80 +3,51 @@ epochs, one panel per setting, from each run's evaluation history."""
 
 from __future__ import annotations
 
-import csv
-import io
 from typing import Any, Dict, List, Sequence, Tuple
 
 from experiments.pages._figures import png
+from experiments.pages._markdown import csv_text
 
 from .convergence import common_target
 from .design import noniid_grid
 
+#: training_curves.csv's columns: (name, its cell from a run and one of its evaluations).
 CURVE_FIELDS = (
-    "group",
-    "topology",
-    "partition",
-    "model",
-    "label",
-    "algorithm",
-    "seed",
-    "epoch",
-    "mb_sent_per_peer",
-    "acc_avg",
-    "acc_local_mean",
-    "acc_local_min",
+    ("group", lambda r, e: r.get("model_kind", "main")),
+    ("topology", lambda r, e: r["topology"]),
+    ("partition", lambda r, e: r["partition"]),
+    ("model", lambda r, e: r.get("model", "")),
+    ("label", lambda r, e: r["label"]),
+    ("algorithm", lambda r, e: r["algorithm"]),
+    ("seed", lambda r, e: r.get("seed", 0)),
+    ("epoch", lambda r, e: e["epoch"]),
+    ("mb_sent_per_peer", lambda r, e: f"{e['mb']:.6g}"),
+    ("acc_avg", lambda r, e: e["acc_avg"]),
+    ("acc_local_mean", lambda r, e: f"{e['acc_local_mean']:.6g}"),
+    ("acc_local_min", lambda r, e: e["acc_local_min"]),
 )
 
 
 def curves_csv(rows: Sequence[Dict[str, Any]]) -> str:
     """Every run's evaluation history, one line per evaluation."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(CURVE_FIELDS)
-    for r in rows:
-        for e in r.get("evals") or []:
-            writer.writerow(
-                [
-                    r.get("model_kind", "main"),
-                    r["topology"],
-                    r["partition"],
-                    r.get("model", ""),
-                    r["label"],
-                    r["algorithm"],
-                    r.get("seed", 0),
-                    e["epoch"],
-                    f"{e['mb']:.6g}",
-                    e["acc_avg"],
-                    f"{e['acc_local_mean']:.6g}",
-                    e["acc_local_min"],
-                ]
-            )
-    return buffer.getvalue()
+    lines = ([cell(r, e) for _, cell in CURVE_FIELDS] for r in rows for e in r.get("evals") or [])
+    return csv_text([name for name, _ in CURVE_FIELDS], lines)
 
 
 def panels(
     state: Dict[str, Any], headline: Sequence[Dict[str, Any]]
 ) -> List[Tuple[str, List[Dict]]]:
     """(title, rows) of each panel: iid (seed means), Dirichlet, the wide model."""
-    plan = state["plan"]
+    plan, wide = state["plan"], state["wide"]
+    where = f"{plan['topology']} {plan['iid']}"
     seeds = ", ".join(str(s) for s in plan["seeds"])
-    out = [
-        (
-            f"{plan['topology']} {plan['iid']}, cnn1d (mean over seeds {seeds} where run)",
-            list(headline),
-        )
-    ]
-    noniid = [r for r in state["noniid"]]
+    out = [(f"{where}, cnn1d (mean over seeds {seeds} where run)", list(headline))]
+    noniid = list(state["noniid"])
     extra = [r for r in noniid_grid(state) if r["spec"] not in {x["spec"] for x in noniid}]
     if noniid:
         out.append((f"{plan['topology']} {plan['noniid']}, cnn1d, seed 0", noniid + extra))
-    if state["wide"]:
-        out.append(
-            (
-                f"{plan['topology']} {plan['iid']}, {state['wide'][0].get('model', 'wide')}, seed 0",
-                list(state["wide"]),
-            )
-        )
+    if wide:
+        out.append((f"{where}, {wide[0].get('model', 'wide')}, seed 0", list(wide)))
     return out
 
 
@@ -97,11 +68,7 @@ def plot_training(state: Dict[str, Any], headline: Sequence[Dict[str, Any]]) -> 
         return {}
     pictures = {}
     palette = plt.get_cmap("tab10").colors
-    labels: List[str] = []
-    for _, rows in groups:
-        for r in rows:
-            if r["label"].split(",")[0] not in labels:
-                labels.append(r["label"].split(",")[0])
+    labels = list(dict.fromkeys(r["label"].split(",")[0] for _, rows in groups for r in rows))
     colour = {label: palette[i % len(palette)] for i, label in enumerate(labels)}
     for x_key, file_name, x_label in (
         ("mb", "training_accuracy_vs_mb.png", "MB sent per peer (log scale)"),
@@ -116,24 +83,12 @@ def plot_training(state: Dict[str, Any], headline: Sequence[Dict[str, Any]]) -> 
                     if e["acc_avg"] is not None and (x_key != "mb" or e["mb"] > 0)
                 ]
                 legend = r["label"].split(",")[0]
-                ax.plot(
-                    [p[0] for p in points],
-                    [p[1] for p in points],
-                    marker="o",
-                    ms=2,
-                    lw=1.2,
-                    label=legend,
-                    color=colour[legend],
-                )
+                xs, ys = [p[0] for p in points], [p[1] for p in points]
+                ax.plot(xs, ys, marker="o", ms=2, lw=1.2, label=legend, color=colour[legend])
             target = common_target(rows)
             if target is not None:
-                ax.axhline(
-                    100 * target,
-                    color="gray",
-                    ls="--",
-                    lw=0.8,
-                    label=f"common target {100 * target:.1f} %",
-                )
+                label = f"common target {100 * target:.1f} %"
+                ax.axhline(100 * target, color="gray", ls="--", lw=0.8, label=label)
             if x_key == "mb":
                 ax.set_xscale("log")
             lows = [100 * e["acc_avg"] for r in rows for e in r["evals"][len(r["evals"]) // 3 :]]

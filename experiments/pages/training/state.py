@@ -122,23 +122,16 @@ def combined_iid(state) -> List[Dict[str, Any]]:
         runs = [r for r in state["iid"] if r["label"] == label]
         good = [r for r in runs if "error" not in r]
         if good:
-            out.append(
-                dict(
-                    combine(good),
-                    label=label,
-                    model_kind="iid",
-                    gamma_text=good[0].get("gamma_text"),
-                )
-            )
+            gamma_text = good[0].get("gamma_text")
+            out.append(dict(combine(good), label=label, model_kind="iid", gamma_text=gamma_text))
         elif runs:
             out.append(runs[0])
     return out
 
 
 def _by_label(rows: Sequence[Dict[str, Any]], label: str) -> Optional[Dict[str, Any]]:
-    return next(
-        (r for r in rows if r.get("label", "").split(",")[0] == label and "error" not in r), None
-    )
+    found = (r for r in rows if r.get("label", "").split(",")[0] == label and "error" not in r)
+    return next(found, None)
 
 
 def targets(
@@ -188,11 +181,8 @@ def targets(
             f"sends {saved:.2f} % fewer bytes ({ratio:.0f}× less) at {_pct(w_pg['acc_avg'])} "
             f"vs exact gossip's {_pct(w_exact['acc_avg'])} (gap {gap:+.2f} pp)."
         )
-    cnn = [
-        r
-        for r in list(headline) + list(rows) + list(reference)
-        if "error" not in r and r.get("acc_avg") is not None and r.get("model") == "cnn1d"
-    ]
+    cnn = [r for r in [*headline, *rows, *reference] if "error" not in r]
+    cnn = [r for r in cnn if r.get("acc_avg") is not None and r.get("model") == "cnn1d"]
     if cnn:
         best = max(cnn, key=lambda r: r["acc_avg"])
         met = best["acc_avg"] >= 0.90

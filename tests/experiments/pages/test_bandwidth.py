@@ -1,6 +1,7 @@
 """The bandwidth page's logic (experiments/pages/bandwidth): steps to the target, the composition
 of times (warm-up steps, evaluations), a step's three figures from measured parts, the answer in
-words from the numbers, the plan's waves (grids, chosen values, seeds), and the cluster's rows.
+words from the numbers (text.py), the plan's waves (grids, chosen values, seeds), and the
+cluster's rows.
 The step timer, the recorded messages replayed and a peer alone are in
 tests/training/test_timing.py; the page end to end (--quick, its committed rows) in
 tests/experiments/pages/test_every_page.py."""
@@ -10,9 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.pages.bandwidth import compose, recipe
+from experiments.pages.bandwidth import compose, recipe, text
 from experiments.pages.bandwidth.compose import Schedule
-from experiments.pages.bandwidth.figures import answer, target_of, accuracy
+from experiments.pages.bandwidth.figures import _seeds, accuracy, target_of
+from experiments.pages.bandwidth.text import answer
 
 
 # ---- steps to the target and the composed times ------------------------------------------------
@@ -44,7 +46,7 @@ def test_seconds_to_target_per_seed_count_the_evaluations_up_to_the_one_that_rea
     seed1 = [[36, 0.6, 1], [72, 0.7, 2], [108, 0.79, 3]]
     plan = Schedule(per_step=0.1, per_eval=3.0)
     assert compose.per_seed_times([seed0, seed1], 0.8, plan) == pytest.approx([7.2 + 6.0, None])
-    assert compose.mean_or_none([13.2, None]) is None
+    assert _seeds([13.2, None])["mean"] is None  # a seed that never reaches it: no mean
     curve = compose.mean_curve([seed0, seed1])
     assert [step for step, _ in curve] == [36, 72, 108]
     assert [acc for _, acc in curve] == pytest.approx([0.6, 0.75, 0.82], abs=1e-15)
@@ -107,13 +109,13 @@ TIMES = {
 
 
 def test_the_answer_names_the_rates_and_factors_computed_from_the_times():
-    line = compose.compare_line("PowerGossip r1", "exact gossip", TIMES, RATES)
+    line = text.compare_line(TIMES, RATES)  # PowerGossip r1 against exact gossip
     assert line == (
         "PowerGossip r1 reaches it before exact gossip at 100 Mbit/s (2× sooner), 10 Mbit/s "
         "(18.2× sooner), 1 Mbit/s (exact gossip never reaches it) and not at 1 Gbit/s "
         "(exact gossip 2× sooner)."
     )
-    assert compose.fastest(TIMES["1gbit"]) == "allreduce"
+    assert text.fastest(TIMES["1gbit"]) == "allreduce"
 
 
 def _timed(per_rate):
@@ -138,6 +140,13 @@ def test_the_answer_section_is_drawn_from_the_core_each_figure():
         "PowerGossip r1, 10 Mbit/s: PowerGossip r1, 1 Mbit/s: PowerGossip r1."
     )
     assert lines[2].endswith("the same verdicts.")
+
+
+def test_a_chosen_value_at_its_grids_end_is_said_and_a_one_point_grid_has_no_end():
+    from experiments.pages._markdown import grid_end
+
+    assert [grid_end(v, (0.1, 0.2, 0.4)) for v in (0.1, 0.2, 0.4)] == ["smallest", "", "largest"]
+    assert grid_end(0.4, (0.4,)) == ""  # exact gossip with H = 4: one point, nothing beyond it
 
 
 # ---- the plan's waves ---------------------------------------------------------------------------

@@ -51,7 +51,8 @@ def test_each_regimes_plan_holds_its_network_section_splits_references_and_attac
         if target is None:
             assert (train["lr"], train["batch_size"]) == (sweep.NONPRIVATE["lr"], 32)
         else:  # the sweep's recipe at every epsilon
-            assert train["epochs"] == sweep.DP["epochs"] and train["lr"] == sweep.DP["lr"]
+            recipe = sweep.ATTACK_PAGES_REGIME["dp"]
+            assert (train["epochs"], train["lr"]) == (recipe["epochs"], recipe["lr"])
     overfit = runs.plan("privacy_attacks_overfit", False, {})
     assert overfit[0].key == "split/seed0"  # no network section, no references run apart
     assert all(r.config["train"]["epochs"] == 60 for r in overfit if r.config["kind"] == "attack")

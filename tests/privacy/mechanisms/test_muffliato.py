@@ -45,7 +45,7 @@ def test_muffliato_with_momentum_says_its_epsilon_is_the_local_bound():
     """Muffliato's network bound models plain SGD at a constant learning rate: with momentum the
     run's epsilon is DP-SGD's local one (post-processing: valid against every observer), and the
     summary and a warning line say so, naming the momentum."""
-    from gossip_powersgd.training.evaluation import format_summary
+    from gossip_powersgd.training.report import format_summary
     from gossip_powersgd.training.trainer import train
     from gossip_powersgd.utils import RunWarning
 

@@ -1,4 +1,4 @@
-"""Every transport satisfies the `Comm` protocol (comm/base.py): the names it lists, with the same
+"""Every transport satisfies the `Comm` protocol (comm/protocol.py): the names it lists, with the same
 parameters, on each transport class, and the data attributes on a live communicator."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import pytest
 
 import topologies
 from gossip_powersgd import LocalCluster, MPICommunicator, TorchCommunicator
-from gossip_powersgd.comm.base import Comm, Communicator
+from gossip_powersgd.comm.base import Communicator
+from gossip_powersgd.comm.protocol import Comm
 from gossip_powersgd.comm.local import LocalCommunicator
 from gossip_powersgd.privacy.views import RecordingCommunicator
 

@@ -1,9 +1,16 @@
-"""The consensus problems: what every peer holds before gossip starts (seeded; built in float64,
-cast to the run's dtype): `matrix[:N|:RxC]` N(0,1) entries (100x100); `cnn` N(0,1) tensors shaped
-like MNIST-1D's `cnn1d`; `spectral:alpha=A[,n=N]` X_i = kappa U_i diag(k^-A) V_i^T, U_i, V_i
-orthonormal per peer, ||X_i||^2 = N^2; `lowrank:r=R,sigma=S[,n=N]` X_i = U diag(c_i) V^T / sqrt(R)
-+ S E_i, U, V shared (x_i - x_j of rank <= R when S = 0); `offset:beta=B` `matrix` + B A, A shared;
-`models:epoch=E` the peers' `cnn1d` parameters after E epochs of D-PSGD (`models`)."""
+"""The consensus problems of the PowerGossip paper's averaging experiment (sec. 5, and the
+consensus page's added ones): what every peer holds before gossip starts (seeded per peer;
+built in float64, cast to the run's dtype), for `metrics.consensus_curve` to average:
+`matrix[:N|:RxC]` N(0,1) entries (100x100); `cnn` N(0,1) tensors shaped like MNIST-1D's `cnn1d`;
+`spectral:alpha=A[,n=N]` X_i = kappa U_i diag(k^-A) V_i^T, U_i, V_i orthonormal per peer,
+||X_i||^2 = N^2; `lowrank:r=R,sigma=S[,n=N]` X_i = U diag(c_i) V^T / sqrt(R) + S E_i, U, V shared
+(x_i - x_j of rank <= R when S = 0); `offset:beta=B` `matrix` + B A, A shared; `models:epoch=E`
+the peers' parameters after E epochs of training, read from a file of
+{"epochs": {E: {rank: [tensors]}}} (experiments/pages/consensus/models.py makes one).
+
+    tensors = make_problem("spectral:alpha=1", comm.rank, torch.float64, seed=0)
+    curve = consensus_curve(comm, "exact", tensors, max_steps=1000, max_bits=1e7)  # metrics
+"""
 
 from __future__ import annotations
 
@@ -127,7 +134,10 @@ def make_problem(
         tensors = [(u * c) @ v.T / math.sqrt(r) + options["sigma"] * noise]
     else:  # models
         if models_file is None or not Path(models_file).exists():
-            raise ValueError(f"problem {problem!r}: no trained models (`models.ensure_models`)")
+            raise ValueError(
+                f"problem {problem!r}: no trained models at {models_file}: give models_file, a "
+                "torch file of {'epochs': {E: {rank: [tensors]}}}"
+            )
         saved = torch.load(models_file, map_location="cpu", weights_only=True)["epochs"]
         if int(options["epoch"]) not in saved:
             raise ValueError(f"problem {problem!r}: models were saved at epochs {sorted(saved)}")

@@ -1,0 +1,97 @@
+"""comm/torch_launch.py: a peer's rank and world size from torchrun's variables or mpiexec's mapped
+onto them, its device and backend, and a one-line error for each environment that cannot work.
+(The same errors through a launched program: tests/comm/test_torch.py.)"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+import torch
+
+from gossip_powersgd.comm.torch_launch import launcher_environment, resolve_device
+
+LAUNCHER_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+)
+
+
+@pytest.fixture
+def environment(monkeypatch):
+    """No launcher's variable set; what the test sets is undone after it."""
+    for name in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_torchruns_variables_are_read_and_the_rendezvous_defaults_filled_in(environment):
+    environment.setenv("RANK", "2")
+    environment.setenv("WORLD_SIZE", "4")
+    environment.setenv("MASTER_PORT", "31000")
+    assert launcher_environment() == (2, 4)
+    assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == ("127.0.0.1", "31000")
+
+
+@pytest.mark.parametrize(
+    "rank, size, local",
+    [
+        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),  # MPICH's Hydra
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),  # Open MPI
+    ],
+)
+def test_mpiexecs_variables_are_mapped_onto_torchruns(environment, rank, size, local):
+    environment.setenv(rank, "3")
+    environment.setenv(size, "8")
+    environment.setenv(local, "1")
+    assert launcher_environment() == (3, 8)
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == (
+        "3",
+        "8",
+        "1",
+    )
+    assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == ("127.0.0.1", "29500")
+
+
+def test_no_launcher_and_a_rank_that_is_no_integer_are_one_line_errors(environment):
+    with pytest.raises(ValueError, match="backend torch needs a launcher: torchrun") as info:
+        launcher_environment()
+    assert "\n" not in str(info.value)
+    environment.setenv("RANK", "zero")
+    environment.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match="RANK='zero' and WORLD_SIZE='4' must be integers"):
+        launcher_environment()
+
+
+def test_the_cpu_takes_gloo_and_a_pair_that_cannot_work_is_refused_in_one_line():
+    assert resolve_device(None, None) == (torch.device("cpu"), "gloo")
+    assert resolve_device("cpu", "gloo") == (torch.device("cpu"), "gloo")
+    for device, backend, message in [
+        ("cpu", "mpi", "unknown torch.distributed backend 'mpi'; valid: gloo, nccl"),
+        ("meta", "gloo", "device meta is not supported: use cpu (gloo) or cuda (nccl)"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            resolve_device(device, backend)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error is for a machine without CUDA")
+def test_nccl_or_cuda_without_cuda_names_the_cpu_way():
+    for device, backend, first in [
+        ("cpu", "nccl", "backend nccl"),
+        ("cuda", "gloo", "device cuda"),
+    ]:
+        with pytest.raises(ValueError) as info:
+            resolve_device(device, backend)
+        assert str(info.value) == (
+            f"{first} needs CUDA, which this machine does not have: use backend gloo on device cpu"
+        )
