@@ -72,3 +72,32 @@ def grid_end(value: float, grid: Sequence[float]) -> str:
     if len(grid) < 2 or value not in (min(grid), max(grid)):
         return ""
     return "largest" if value == max(grid) else "smallest"
+
+
+# --- exp-misc: shared by the churn and privacy pages (mean ± sd cells, aligned tables) ---------
+
+
+def mean_sd(values: Iterable[float]) -> Tuple[float, Optional[float]]:
+    """The mean and the sample standard deviation of `values` (None for a single value)."""
+    import statistics
+
+    values = [float(v) for v in values]
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def pm(
+    mean: float, sd: Optional[float], fmt: str = ".2f", scale: float = 1.0, unit: str = ""
+) -> str:
+    """ "mean ± sd" then `unit`, each `format`ted with `fmt` after multiplying by `scale`; the
+    mean alone where `sd` is None."""
+    text = format(mean * scale, fmt)
+    return (text if sd is None else f"{text} ± {format(sd * scale, fmt)}") + unit
+
+
+def text_table(header, rows: Iterable[Sequence[str]], rule: str = "") -> str:
+    """`table` as text ending in a newline (no blank line after it); `rule`: the rule line's
+    alignment per column ("l": "---", "r": "---:"; empty: every column "---")."""
+    lines = table(header, rows, end=None)
+    if rule:
+        lines[1] = "|" + "".join("---:|" if r == "r" else "---|" for r in rule)
+    return "\n".join(lines) + "\n"

@@ -12,6 +12,7 @@ import os
 from typing import Any, Dict, List, Mapping, Optional
 
 from experiments.pages import _figures
+from experiments.suite.runs import LOCAL, QUICK_BASE
 
 #: 8 peers x 8000 training samples (mnist1d generates any number; 20 % of them are its test set):
 #: DP-SGD's noise on a batch mean is sigma C / batch, and the sigma that a target epsilon needs
@@ -20,25 +21,9 @@ from experiments.pages import _figures
 DATA = "mnist1d:num_samples=80000"
 #: Training samples per peer in DATA (the pages' wording only).
 PER_PEER = 8000
-BASE = dict(
-    dataset=DATA,
-    model="cnn1d",
-    optimizer="sgd",
-    momentum=0.9,
-    weight_decay=0.0,
-    warmup_epochs=1,
-    schedule="cosine",
-    seed=0,
-    backend="local",
-    quiet=True,
-    log_every=0,
-    checkpoint_every=0,
-    out_dir=None,
-    threads=1,
-    topology="ring:8",
-    partition="iid",
-    comm_timeout=600.0,
-)
+BASE = dict(dataset=DATA, model="cnn1d", optimizer="sgd", momentum=0.9, weight_decay=0.0, **LOCAL)
+BASE.update(warmup_epochs=1, schedule="cosine", seed=0, topology="ring:8", partition="iid")
+BASE["comm_timeout"] = 600.0
 DELTA = 1e-5
 #: Every DP row of the sweep's target epsilon (at DELTA; the accountant picks sigma).
 TARGET = 8.0
@@ -105,8 +90,6 @@ def recipe(quick: bool, epochs: Optional[int] = None) -> Dict[str, Any]:
     """The privacy pages' recipe: non-private rows at the sweep's reference batch and epochs but
     NONPRIVATE_LR, private rows at CHOSEN for their epsilon's DP_EPOCHS; `epochs` overrides both
     kinds of rows' epochs. --quick: the suite's tiny problem, 1 epoch."""
-    from experiments.suite.runs import QUICK_BASE
-
     if quick:
         batch, lr = QUICK_BASE["batch_size"], QUICK_BASE["lr"]
         out = dict(quick=True, topology="ring:4", epochs=epochs or 1, dp_epochs=epochs or 1)
@@ -122,8 +105,6 @@ def train_config(
     """The training config (without its seed) of a row of `plan` (a `recipe`): `spec` in the
     regime, DP at `target` epsilon or none, evaluated at every quarter (the plateau check), with
     the config keys of `extra` on top (a variant of the regime, e.g. dp_exchanged_subspace)."""
-    from experiments.suite.runs import QUICK_BASE
-
     private = target is not None
     epochs = (plan["dp_epochs"] or dp_epochs(target)) if private else plan["epochs"]
     config = dict(QUICK_BASE if plan["quick"] else BASE)

@@ -116,37 +116,38 @@ def _acc(cell: Dict[str, Any]) -> str:
     return f"{100 * mean:.2f} ± {100 * sd:.2f} %" if not math.isnan(sd) else pct(mean)
 
 
-def verdict_text(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence[float]) -> str:
-    """The answer in words, from the numbers: each variant against the plain algorithm of its
-    rank at the same epsilon. A difference counts only when it exceeds twice the larger of the
-    two cells' seed standard deviations."""
-    lines = []
+def comparisons(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence[float]):
+    """Each variant against the plain algorithm of its rank at the same epsilon, where both have
+    finished runs: the two cells, the accuracy difference and twice the larger of their seed
+    standard deviations (in pp; nan, and `one_seed`, where a cell has a single seed)."""
     for target in targets:
         for label, _, extra in VARIANTS:
-            if not extra or (label, target) not in table:
-                continue
             base_label = label.split(",")[0]
-            base, cell = table.get((base_label, target)), table[(label, target)]
-            if not base or not base.get("acc") or not cell.get("acc"):
-                continue
-            diff = 100 * (cell["acc_mean"] - base["acc_mean"])
-            if math.isnan(base["acc_sd"]) or math.isnan(cell["acc_sd"]):
-                judged = "one seed: no spread to judge it by"
-            else:
-                spread = 2 * 100 * max(base["acc_sd"], cell["acc_sd"])
-                word = (
-                    "better than"
-                    if diff > spread
-                    else "worse than"
-                    if diff < -spread
-                    else "not distinguishable from"
-                )
-                judged = f"{word} it, at twice the larger seed sd {spread:.2f} pp"
-            lines.append(
-                f"- ε = {target:g}: {label} reaches {_acc(cell)} against {_acc(base)} for plain "
-                f"{base_label} ({diff:+.2f} pp: {judged}); consensus distance at the end "
-                f"{cell['consensus_gm']:.3g} against {base['consensus_gm']:.3g}."
-            )
+            base, cell = table.get((base_label, target)), table.get((label, target))
+            if extra and base and cell and base.get("acc") and cell.get("acc"):
+                sds = (base["acc_sd"], cell["acc_sd"])
+                c = dict(target=target, label=label, base_label=base_label, base=base, cell=cell)
+                c.update(diff=100 * (cell["acc_mean"] - base["acc_mean"]), spread=200 * max(sds))
+                yield dict(c, one_seed=any(math.isnan(sd) for sd in sds))
+
+
+def verdict_text(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence[float]) -> str:
+    """The answer in words, from the numbers: each variant against the plain algorithm of its
+    rank at the same epsilon (`comparisons`). A difference counts only when it exceeds twice the
+    larger of the two cells' seed standard deviations."""
+    lines = []
+    for c in comparisons(table, targets):
+        diff, spread, base, cell = c["diff"], c["spread"], c["base"], c["cell"]
+        word = "better than" if diff > spread else "worse than" if diff < -spread else None
+        word = word or "not distinguishable from"
+        judged = f"{word} it, at twice the larger seed sd {spread:.2f} pp"
+        if c["one_seed"]:
+            judged = "one seed: no spread to judge it by"
+        lines.append(
+            f"- ε = {c['target']:g}: {c['label']} reaches {_acc(cell)} against {_acc(base)} for "
+            f"plain {c['base_label']} ({diff:+.2f} pp: {judged}); consensus distance at the end "
+            f"{cell['consensus_gm']:.3g} against {base['consensus_gm']:.3g}."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -154,26 +155,18 @@ def conclusion(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence
     """The answer in one paragraph, from the numbers: does the projection lower the drift, does
     it pay in accuracy, and how far the plainer remedy (rank 4) is from exact gossip."""
 
-    def acc(label: str, target: float) -> Optional[float]:
+    def got(label: str, target: float, key: str) -> Optional[float]:
         cell = table.get((label, target))
-        return cell["acc_mean"] if cell and cell.get("acc") else None
-
-    def consensus(label: str, target: float) -> Optional[float]:
-        cell = table.get((label, target))
-        return cell["consensus_gm"] if cell and cell.get("acc") else None
+        return cell[key] if cell and cell.get("acc") else None
 
     plain, projected = VARIANTS[1][0], VARIANTS[2][0]
-    drops, changes, gaps = [], [], []
+    changes = [(c["diff"], c["spread"]) for c in comparisons(table, targets)]
+    drops, gaps = [], []
     for t in targets:
-        a, b = consensus(plain, t), consensus(projected, t)
+        a, b = got(plain, t, "consensus_gm"), got(projected, t, "consensus_gm")
         if a is not None and b is not None:
             drops.append(f"{a:.3g} → {b:.3g} at ε = {t:g}")
-        for label, _, extra in VARIANTS:
-            base, mine = table.get((label.split(",")[0], t)), table.get((label, t))
-            if extra and base and mine and base.get("acc") and mine.get("acc"):
-                spread = 2 * 100 * max(base["acc_sd"], mine["acc_sd"])  # nan with one seed
-                changes.append((100 * (mine["acc_mean"] - base["acc_mean"]), spread))
-        r4, exact = acc(VARIANTS[4][0], t), acc(VARIANTS[0][0], t)
+        r4, exact = got(VARIANTS[4][0], t, "acc_mean"), got(VARIANTS[0][0], t, "acc_mean")
         if r4 is not None and exact is not None:
             gaps.append(f"{100 * (exact - r4):+.2f} pp at ε = {t:g}")
     if not drops or not changes:
@@ -242,11 +235,9 @@ def render(rows: Rows) -> Outputs:
         cores=data[0].get("cores", "n/a"),
         loads=loads(data),
         setting=setting_words(quick),
-        dp_batch=regime["dp_batch"],
-        dp_lr=regime["dp_lr"],
+        **{k: regime[k] for k in ("dp_batch", "dp_lr", "warmup")},
         clip=CLIP,
         delta=DELTA,
-        warmup=regime["warmup"],
         budgets=", ".join(
             f"ε = {t:g}: {regime['dp_epochs'] or dp_epochs(t)} epochs" for t in targets
         ),

@@ -129,15 +129,7 @@ def render(rows: Rows) -> Outputs:
         ]
         by = {d["epochs"]: d for d in doublings(accs)}
         for d in (by.get(e) for e in steps):
-            pays = (
-                ""
-                if d is None
-                else " **pays**"
-                if d["pays"]
-                else " (one seed)"
-                if d["pays"] is None
-                else ""
-            )
+            pays = "" if d is None else {True: " **pays**", None: " (one seed)"}.get(d["pays"], "")
             cols.append("n/a" if d is None else f"{d['gain']:+.2f} pp{pays}")
         lines.append(
             f"| {topology} | {NAMES[mechanism]} | {algorithm} | " + " | ".join(cols) + " |"

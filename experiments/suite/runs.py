@@ -11,40 +11,15 @@ from typing import Any, Dict, Optional, Sequence
 LATENCY_S = 50e-6
 BANDWIDTHS = (("1 Gbit/s", 1e9 / 8), ("10 Gbit/s", 10e9 / 8))
 
-#: The MNIST-1D demo recipe (experiments/configs/demo.yaml), on the local backend, no files written.
-BASE = dict(
-    dataset="mnist1d",
-    model="cnn1d",
-    optimizer="sgd",
-    lr=0.1,
-    momentum=0.9,
-    weight_decay=0.0001,
-    warmup_epochs=2,
-    schedule="cosine",
-    batch_size=32,
-    seed=0,
-    backend="local",
-    quiet=True,
-    log_every=0,
-    checkpoint_every=0,
-    out_dir=None,
-    threads=1,
-)
+#: How every recipe here runs: every peer a thread of this process (one torch thread each),
+#: quiet, no files written.
+LOCAL = dict(backend="local", quiet=True, log_every=0, checkpoint_every=0, out_dir=None, threads=1)
+#: The MNIST-1D demo recipe (experiments/configs/demo.yaml), on the local backend.
+BASE = dict(dataset="mnist1d", model="cnn1d", optimizer="sgd", lr=0.1, momentum=0.9, **LOCAL)
+BASE.update(weight_decay=0.0001, warmup_epochs=2, schedule="cosine", batch_size=32, seed=0)
 #: --quick: a tiny problem (seconds), for tests and smoke checks.
-QUICK_BASE = dict(
-    dataset="synthetic_logreg:d=20,classes=4,n=2000",
-    model="logreg",
-    optimizer="sgd",
-    lr=0.5,
-    batch_size=32,
-    seed=0,
-    backend="local",
-    quiet=True,
-    log_every=0,
-    checkpoint_every=0,
-    out_dir=None,
-    threads=1,
-)
+QUICK_BASE = dict(dataset="synthetic_logreg:d=20,classes=4,n=2000", model="logreg", **LOCAL)
+QUICK_BASE.update(optimizer="sgd", lr=0.5, batch_size=32, seed=0)
 
 
 def run_one(overrides: Dict[str, Any], quick: bool = False, make_hooks=None) -> Dict[str, Any]:
@@ -88,28 +63,18 @@ def measurements(
     `curve`: (MB sent per peer, averaged-model accuracy) at each evaluation; `evals`: the same
     evaluations as dicts (epoch, mb, acc_avg, acc_local_mean, acc_local_min)."""
     steps = max(1, int(summary["steps"]))
-    return {
-        "algorithm": summary["algorithm"],
-        "topology": summary["topology"],
-        "partition": summary["partition"],
-        "model": summary["model"],
-        "peers": summary["peers"],
-        "epochs": summary["epochs"],
-        "steps": steps,
-        "parameters": summary["parameters"],
-        "acc_avg": summary["final_test_acc_avg_model"],
-        "acc_local_mean": summary["final_test_acc_local_mean"],
-        "acc_local_min": summary["final_test_acc_local_min"],
-        "mb_per_peer": summary["mb_sent_per_peer"],
-        "mb_per_step": summary["mb_sent_per_peer"] / steps,
-        "compute_s": summary["time_compute_s"] + summary["time_gossip_compute_s"],
-        # the critical path: the slowest peer's rounds and largest-message bytes
-        "rounds": max(int(s["rounds"]) for s in stats),
-        "critical_bytes": max(int(s["critical_bytes"]) for s in stats),
-        "run_seconds": seconds,
-        "curve": list(curve),
-        "evals": [dict(e) for e in evals],
-    }
+    out = {k: summary[k] for k in ("algorithm", "topology", "partition", "model", "peers")}
+    out.update(epochs=summary["epochs"], steps=steps, parameters=summary["parameters"])
+    out["acc_avg"] = summary["final_test_acc_avg_model"]
+    out["acc_local_mean"] = summary["final_test_acc_local_mean"]
+    out["acc_local_min"] = summary["final_test_acc_local_min"]
+    out["mb_per_peer"] = summary["mb_sent_per_peer"]
+    out["mb_per_step"] = summary["mb_sent_per_peer"] / steps
+    out["compute_s"] = summary["time_compute_s"] + summary["time_gossip_compute_s"]
+    # the critical path: the slowest peer's rounds and largest-message bytes
+    for key in ("rounds", "critical_bytes"):
+        out[key] = max(int(s[key]) for s in stats)
+    return dict(out, run_seconds=seconds, curve=list(curve), evals=[dict(e) for e in evals])
 
 
 def projected_seconds(
@@ -135,17 +100,8 @@ def combine(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     out = dict(runs[0])
     out["seeds"] = len(runs)
     out["seed_list"] = [r.get("seed", 0) for r in runs]
-    for key in (
-        "acc_avg",
-        "acc_local_mean",
-        "acc_local_min",
-        "mb_per_peer",
-        "mb_per_step",
-        "compute_s",
-        "rounds",
-        "critical_bytes",
-        "run_seconds",
-    ):
+    averaged = "acc_avg acc_local_mean acc_local_min mb_per_peer mb_per_step compute_s rounds"
+    for key in averaged.split() + ["critical_bytes", "run_seconds"]:
         values = [float(r[key]) for r in runs]
         out[key] = statistics.fmean(values)
         out[key + "_std"] = statistics.stdev(values) if len(values) > 1 else None
@@ -198,21 +154,9 @@ def attempt_config(
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         log(f"  FAILED: {type(exc).__name__}: {first}")
         what = "diverged" if type(exc).__name__ == "NonFiniteError" else type(exc).__name__
-        row = {
-            "topology": config.get("topology"),
-            "partition": config.get("partition"),
-            "epochs": config.get("epochs"),
-            "algorithm": spec,
-            "error": f"{what}: {first}"[:200].replace("|", "/"),
-        }
-        row.update(
-            label=label,
-            spec=spec,
-            gamma=gamma,
-            model_kind=kind,
-            seed=seed,
-            gamma_text="—" if gamma is None else f"{gamma:g}",
-        )
-        return row
+        row = {k: config.get(k) for k in ("topology", "partition", "epochs")}
+        row.update(algorithm=spec, error=f"{what}: {first}"[:200].replace("|", "/"), label=label)
+        row.update(spec=spec, gamma=gamma, model_kind=kind, seed=seed)
+        return dict(row, gamma_text="—" if gamma is None else f"{gamma:g}")
     log(f"  acc {m['acc_avg']:.4f}  {m['mb_per_peer']:.3f} MB/peer  {m['run_seconds']:.1f} s")
     return dict(_labelled(label, spec, gamma, m, kind), seed=seed)

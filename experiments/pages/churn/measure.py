@@ -1,5 +1,5 @@
 """The churn page's measurements: one `gossip_powersgd.run` per row (every peer a thread of this
-process), with a watching hook on every peer for what the run's summary does not hold.
+process); a rejoin run with a watching hook on every peer for what its summary does not hold.
 
 `grid_row`: a random-churn run (accuracies, consensus distance, the members' average shift, and
 the schedule's own figures: departures and the share of peer-steps away). `join_row`: one peer
@@ -33,35 +33,28 @@ SUMMARY = {
 
 
 class Watcher(TrainingHooks):
-    """One peer's eval records, its summary, and (with `snapshots`) its parameters at each
-    evaluation (float64, flattened): it changes no bit of the run."""
+    """One peer's eval records and its parameters at each evaluation (float64, flattened): it
+    changes no bit of the run."""
 
     name = "churn_page_watcher"
     optional = True
 
-    def __init__(self, snapshots: bool = False):
-        self.snapshots = snapshots
+    def __init__(self):
         self.evals: List[Dict[str, Any]] = []
         self.params: Dict[int, torch.Tensor] = {}
-        self.summary = None
         self.model = None
 
     def setup(self, context) -> None:
         self.model = context.model
 
     def on_record(self, record: Dict[str, Any]) -> None:
-        if record.get("kind") != "eval":
-            return
-        self.evals.append(dict(record))
-        if self.snapshots:
+        if record.get("kind") == "eval":
+            self.evals.append(dict(record))
             flat = [p.detach().reshape(-1).to(torch.float64) for p in self.model.parameters()]
             self.params[int(record["step"])] = torch.cat(flat)
 
-    def on_summary(self, summary) -> None:
-        self.summary = summary
 
-
-def watched_run(train: Dict[str, Any], snapshots: bool) -> Tuple[Dict[str, Any], Dict[int, Any]]:
+def watched_run(train: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[int, Watcher]]:
     """Run `train` with a `Watcher` on every peer: (the run's summary, the lowest member's at the
     end; {rank: watcher})."""
     from gossip_powersgd import run
@@ -69,7 +62,7 @@ def watched_run(train: Dict[str, Any], snapshots: bool) -> Tuple[Dict[str, Any],
     watchers: Dict[int, Watcher] = {}
 
     def hooks(rank: int) -> List[TrainingHooks]:
-        watchers[rank] = Watcher(snapshots)
+        watchers[rank] = Watcher()
         return [watchers[rank]]
 
     return run(train, hooks=hooks).summary, watchers
@@ -99,7 +92,9 @@ def schedule_figures(spec: str, size: int, steps: int) -> Dict[str, Any]:
 def grid_row(config: Dict[str, Any], seed: int) -> Dict[str, Any]:
     """One (algorithm, topology, churn rate, seed) run's row."""
     train = dict(config["train"], seed=seed)
-    summary, _ = watched_run(train, snapshots=False)
+    from gossip_powersgd import run
+
+    summary = run(train).summary
     row = {name: summary.get(key) for name, key in SUMMARY.items()}
     expected = train["epochs"] * config["steps_per_epoch"]
     if row["steps"] != expected:
@@ -122,7 +117,7 @@ def join_row(config: Dict[str, Any], seed: int) -> Dict[str, Any]:
     joiner's test accuracy and squared distance to the members' average next to the others'."""
     train = dict(config["train"], seed=seed)
     joiner, join = config["joiner"], config["join_step"]
-    summary, watchers = watched_run(train, snapshots=True)
+    summary, watchers = watched_run(train)
     leader = min(watchers)
     shifts = {int(e["step"]): e["average_shift_total"] for e in watchers[leader].evals}
     before = max(s for s in shifts if s <= join)

@@ -1,9 +1,8 @@
 """The churn page's soak on the emulated cluster: one training process per host (backend torch,
 on_peer_loss: continue, ring over the hosts), random faults of single hosts, each host brought back
 with `gossip-train --rejoin`; then the same run without faults for the accuracy it should reach.
-
-    python experiments/pages/churn/soak.py --minutes 20 --faults 50 --seed 0 --out soak.jsonl
-    python experiments/pages/churn/soak.py --quick --out soak.jsonl     # 4 hosts, 3 faults
+`python -m experiments churn` runs it last (its row: `soak(20, 50, 0)`); the quick variant of
+tests/experiments/pages/test_churn_soak.py is `soak(1.5, 3, 0, hosts=4, kinds=KINDS)`.
 
 Each process is started directly with the torch launcher's variables (MASTER_ADDR=host0's address,
 MASTER_PORT, RANK, WORLD_SIZE), not by torchrun: a torchrun agent waits 300 s in its exit barrier
@@ -20,7 +19,6 @@ faults). Needs root (network namespaces); removes every namespace it made.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -34,7 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
@@ -302,24 +300,3 @@ def _kept_on_error(tmp: str):
 def _progress(text: str) -> float:
     found = re.findall(r"progress: step (\d+)/(\d+)", text)
     return int(found[-1][0]) / int(found[-1][1]) if found else 0.0
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, default=20.0)
-    parser.add_argument("--faults", type=int, default=50)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="soak.jsonl")
-    parser.add_argument("--quick", action="store_true", help="4 hosts, kill, stop, cut once each")
-    args = parser.parse_args(argv)
-    if args.quick:
-        result = soak(1.5, 3, args.seed, args.out, hosts=4, kinds=KINDS)
-    else:
-        result = soak(args.minutes, args.faults, args.seed, args.out)
-    print(json.dumps(result["final"]))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
-    sys.exit(main())

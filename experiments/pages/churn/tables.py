@@ -4,10 +4,11 @@ the rejoin table, the verdict lines, and the soak section (rendered only when so
 from __future__ import annotations
 
 import statistics
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Sequence, Tuple
 
 from experiments.engine import Rows
 from experiments.pages._figures import png
+from experiments.pages._markdown import mean_sd, pm, text_table
 
 #: The grid's figures aggregated over seeds (mean and std), in the JSON's order.
 GRID_FIELDS = (
@@ -24,92 +25,92 @@ GRID_FIELDS = (
 Cell = Tuple[str, str, float]  # (topology, algorithm label, churn rate per epoch)
 
 
-def mean_std(values: Sequence[float]) -> Tuple[float, Optional[float]]:
-    values = [float(v) for v in values]
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+def _stats(runs: Sequence[Dict[str, Any]], fields: Iterable[str]) -> Dict[str, Any]:
+    """{field: mean, field_std: std (None for one run)} over `runs` for each of `fields`."""
+    out: Dict[str, Any] = {}
+    for field in fields:
+        out[field], out[field + "_std"] = mean_sd(r[field] for r in runs)
+    return out
+
+
+def _sections(rows: Rows, section: str, key: Callable[[Dict[str, Any]], tuple]) -> Dict:
+    """{key(config): [row, ...]} of the rows of one section, in plan order."""
+    grouped: Dict[tuple, List[Dict[str, Any]]] = {}
+    for record in rows.records:
+        if record.config["section"] == section:
+            grouped.setdefault(key(record.config), []).append(record.row)
+    return grouped
 
 
 def grid_cells(rows: Rows) -> Dict[Cell, Dict[str, Any]]:
-    """{(topology, label, rate): {field: mean, field_std: std, seeds: n}} in plan order."""
-    grouped: Dict[Cell, List[Dict[str, Any]]] = {}
-    for record in rows.records:
-        c = record.config
-        if c["section"] == "grid":
-            grouped.setdefault((c["topology"], c["label"], c["rate_per_epoch"]), []).append(
-                record.row
-            )
-    cells = {}
-    for cell, runs in grouped.items():
-        out: Dict[str, Any] = {"seeds": len(runs)}
-        for field in GRID_FIELDS:
-            out[field], out[field + "_std"] = mean_std([r[field] for r in runs])
-        cells[cell] = out
-    return cells
+    """{(topology, label, rate): {seeds: n, field: mean, field_std: std}} in plan order."""
+    grouped = _sections(rows, "grid", lambda c: (c["topology"], c["label"], c["rate_per_epoch"]))
+    return {
+        cell: {"seeds": len(runs), **_stats(runs, GRID_FIELDS)} for cell, runs in grouped.items()
+    }
 
 
-def _pm(mean: float, std: Optional[float], fmt: str, scale: float = 1.0) -> str:
-    text = format(mean * scale, fmt)
-    return text if std is None else f"{text} ± {format(std * scale, fmt)}"
+def _stat(c: Dict[str, Any], field: str, fmt: str = ".3g") -> str:
+    """Mean ± std of `field` of a cell (or probe)."""
+    return pm(c[field], c[field + "_std"], fmt)
 
 
 def _acc(cell: Dict[str, Any], field: str) -> str:
-    return _pm(cell[field], cell[field + "_std"], ".2f", 100.0) + " %"
+    return pm(cell[field], cell[field + "_std"], ".2f", 100.0, " %")
+
+
+def _pp(a: Dict[str, Any], b: Dict[str, Any], field: str = "acc_avg") -> str:
+    return f"{100 * (a[field] - b[field]):+.2f} pp"
+
+
+def grid_list(cells: Dict[Cell, Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The grid's cells as the JSON lists them: topology, algorithm, rate, then the figures."""
+    return [
+        dict(topology=t, algorithm=label, rate_per_epoch=rate, **cell)
+        for (t, label, rate), cell in cells.items()
+    ]
+
+
+GRID = (
+    "topology | algorithm | churn / epoch (rate / step) | departures | peer-steps away "
+    "| averaged-model acc | Δ vs no churn | local acc mean | local acc min "
+    "| consensus distance | average shift (sum)"
+)
 
 
 def grid_table(cells: Dict[Cell, Dict[str, Any]], spe: int) -> str:
     """One line per (topology, algorithm, rate), the no-churn line first in each group, with the
     averaged-model accuracy's difference to it."""
-    head = (
-        "| topology | algorithm | churn / epoch (rate / step) | departures | peer-steps away "
-        "| averaged-model acc | Δ vs no churn | local acc mean | local acc min "
-        "| consensus distance | average shift (sum) |\n"
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
-    )
-    lines = []
-    for (topology, label, rate), cell in cells.items():
-        base = cells.get((topology, label, 0.0))
-        delta = (
-            "—"
-            if base is None or rate == 0
-            else f"{100 * (cell['acc_avg'] - base['acc_avg']):+.2f} pp"
-        )
-        lines.append(
-            f"| {topology} | {label} | {100 * rate:g} % ({rate / spe:.4g}) "
-            f"| {_pm(cell['departures'], cell['departures_std'], '.1f')} "
-            f"| {_pm(cell['away_share'], None, '.1f', 100.0)} % "
-            f"| {_acc(cell, 'acc_avg')} | {delta} | {_acc(cell, 'acc_local_mean')} "
-            f"| {_acc(cell, 'acc_local_min')} "
-            f"| {_pm(cell['consensus_distance'], cell['consensus_distance_std'], '.3g')} "
-            f"| {_pm(cell['average_shift_total'], cell['average_shift_total_std'], '.3g')} |"
-        )
-    return head + "\n".join(lines) + "\n"
+
+    def line(c: Dict[str, Any]) -> List[str]:
+        rate, base = c["rate_per_epoch"], cells.get((c["topology"], c["algorithm"], 0.0))
+        out = [c["topology"], c["algorithm"], f"{100 * rate:g} % ({rate / spe:.4g})"]
+        out += [_stat(c, "departures", ".1f"), pm(c["away_share"], None, ".1f", 100.0, " %")]
+        out += [_acc(c, "acc_avg"), "—" if base is None or rate == 0 else _pp(c, base)]
+        out += [_acc(c, "acc_local_mean"), _acc(c, "acc_local_min")]
+        return out + [_stat(c, "consensus_distance"), _stat(c, "average_shift_total")]
+
+    return text_table(GRID, map(line, grid_list(cells)), "lll" + "r" * 8)
 
 
 def join_cells(rows: Rows) -> Dict[Tuple[str, str], Dict[str, Any]]:
     """{(label, mode): the rejoin figures over seeds}: the shift at the join and, at each probe
     (steps after the join), the joiner's and the others' accuracy and squared distance."""
-    grouped: Dict[Tuple[str, str], List[Dict[str, Any]]] = {}
-    for record in rows.records:
-        if record.config["section"] == "join":
-            key = (record.config["label"], record.config["mode"])
-            grouped.setdefault(key, []).append(record.row)
     out = {}
-    for key, runs in grouped.items():
-        cell: Dict[str, Any] = {"seeds": len(runs)}
-        for field in ("shift_at_join", "acc_avg", "transfer_mb_sent"):
-            cell[field], cell[field + "_std"] = mean_std([r[field] for r in runs])
+    for key, runs in _sections(rows, "join", lambda c: (c["label"], c["mode"])).items():
+        cell = {
+            "seeds": len(runs),
+            **_stats(runs, ("shift_at_join", "acc_avg", "transfer_mb_sent")),
+        }
         probes = []
         for i, first in enumerate(runs[0]["probes"]):
-            at = {"steps_after_join": first["steps_after_join"]}
-            for field in first:
-                if field != "steps_after_join":
-                    at[field], at[field + "_std"] = mean_std([r["probes"][i][field] for r in runs])
-            at["caught_up"] = sum(  # the issue's "within the others' spread", or above it
-                p["joiner_acc"] >= p["others_acc_min"] for p in (r["probes"][i] for r in runs)
-            )
-            probes.append(at)
-        cell["probes"] = probes
-        out[key] = cell
+            at = [r["probes"][i] for r in runs]
+            fields = [f for f in first if f != "steps_after_join"]
+            probe = {"steps_after_join": first["steps_after_join"], **_stats(at, fields)}
+            # the issue's "within the others' spread", or above it
+            probe["caught_up"] = sum(p["joiner_acc"] >= p["others_acc_min"] for p in at)
+            probes.append(probe)
+        out[key] = dict(cell, probes=probes)
     return out
 
 
@@ -119,28 +120,31 @@ def shown_probes(probes: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return [p for i, p in enumerate(picked) if p not in picked[:i]]
 
 
+JOIN = (
+    "| algorithm | join by | shift at the join | final averaged-model acc (no churn) "
+    "| steps after join | joiner acc | others acc mean [min, max] | joiner ≥ others' min "
+    "| joiner ‖x−x̄‖² | others' mean ‖x−x̄‖² |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
 def join_table(joins, cells, topology: str) -> str:
     """The rejoin table: per algorithm and mode, the shift at the join, the run's final accuracy
-    next to the no-churn grid row's, and the joiner against the others at each shown probe."""
-    lines = [
-        "| algorithm | join by | shift at the join | final averaged-model acc (no churn) "
-        "| steps after join | joiner acc | others acc mean [min, max] | joiner ≥ others' min "
-        "| joiner ‖x−x̄‖² | others' mean ‖x−x̄‖² |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    next to the no-churn grid row's, and the joiner against the others at each shown probe (the
+    first three cells only on a mode's first line)."""
+    lines = [JOIN]
     for (label, mode), cell in joins.items():
         base = cells.get((topology, label, 0.0))
         final = _acc(cell, "acc_avg") + (f" ({_acc(base, 'acc_avg')})" if base else "")
-        for i, p in enumerate(shown_probes(cell["probes"])):
-            shift = _pm(cell["shift_at_join"], cell["shift_at_join_std"], ".3g")
-            lead = f"| {label} | {mode} | {shift} | {final} " if i == 0 else "| | | | "
+        lead = f"| {label} | {mode} | {_stat(cell, 'shift_at_join')} | {final} "
+        for p in shown_probes(cell["probes"]):
             lines.append(
                 lead + f"| {p['steps_after_join']} | {_acc(p, 'joiner_acc')} "
                 f"| {100 * p['others_acc_mean']:.2f} % [{100 * p['others_acc_min']:.2f}, "
                 f"{100 * p['others_acc_max']:.2f}] | {p['caught_up']}/{cell['seeds']} "
-                f"| {_pm(p['joiner_distance2'], p['joiner_distance2_std'], '.3g')} "
-                f"| {_pm(p['others_distance2_mean'], p['others_distance2_mean_std'], '.3g')} |"
+                f"| {_stat(p, 'joiner_distance2')} | {_stat(p, 'others_distance2_mean')} |"
             )
+            lead = "| | | | "
     return "\n".join(lines) + "\n"
 
 
@@ -154,7 +158,7 @@ def grid_verdict(cells: Dict[Cell, Dict[str, Any]], rates: Sequence[float]) -> L
         lines.append(
             f"- {topology}, {label}: at {100 * top:g} % churn per epoch the averaged model reaches "
             f"{_acc(cell, 'acc_avg')} against {_acc(base, 'acc_avg')} without churn "
-            f"({100 * (cell['acc_avg'] - base['acc_avg']):+.2f} pp); local min "
+            f"({_pp(cell, base)}); local min "
             f"{_acc(cell, 'acc_local_min')} ({_acc(base, 'acc_local_min')}); consensus distance "
             f"{cell['consensus_distance']:.3g} ({base['consensus_distance']:.3g}); the members' "
             f"average moved {cell['average_shift_total']:.3g} in all at "
@@ -164,8 +168,9 @@ def grid_verdict(cells: Dict[Cell, Dict[str, Any]], rates: Sequence[float]) -> L
     return lines
 
 
-def _gap(probe: Dict[str, Any]) -> str:
-    return f"{100 * (probe['joiner_acc'] - probe['others_acc_mean']):+.2f} pp"
+def _spread(a: Dict[str, Any], b: Dict[str, Any], field: str) -> float:
+    """The sum of two cells' std of `field` (0 where a cell has one seed)."""
+    return (a[field + "_std"] or 0.0) + (b[field + "_std"] or 0.0)
 
 
 def spread_verdict(cells: Dict[Cell, Dict[str, Any]]) -> List[str]:
@@ -178,24 +183,24 @@ def spread_verdict(cells: Dict[Cell, Dict[str, Any]]) -> List[str]:
     beyond, grows = 0, []
     for (topology, label, rate), cell in churned:
         base = cells[(topology, label, 0.0)]
-        spread = (cell["acc_avg_std"] or 0.0) + (base["acc_avg_std"] or 0.0)
-        beyond += abs(cell["acc_avg"] - base["acc_avg"]) > spread
+        beyond += abs(cell["acc_avg"] - base["acc_avg"]) > _spread(cell, base, "acc_avg")
         if rate == top and cell["consensus_distance"] > 2 * base["consensus_distance"]:
             grows.append(
                 f"{label} on {topology} ({base['consensus_distance']:.3g} → "
                 f"{cell['consensus_distance']:.3g})"
             )
-    lines = [
+    return [
         f"- Of the {len(churned)} churned cells, {beyond} differ from their no-churn row's "
-        "averaged-model accuracy by more than the sum of the two rows' std over seeds."
-    ]
-    lines.append(
+        "averaged-model accuracy by more than the sum of the two rows' std over seeds.",
         f"- Consensus distance more than doubled at {100 * top:g} % churn: "
         + ("; ".join(grows) if grows else "none")
         + ". (A repair makes new edges; an edge's state starts fresh at both ends, so Choco's "
-        "per-edge public copies of a new edge start from zero, `membership/algorithm.py`.)"
-    )
-    return lines
+        "per-edge public copies of a new edge start from zero, `membership/algorithm.py`.)",
+    ]
+
+
+def _gap(probe: Dict[str, Any]) -> str:
+    return f"{100 * (probe['joiner_acc'] - probe['others_acc_mean']):+.2f} pp"
 
 
 def join_verdict(joins) -> List[str]:
@@ -208,13 +213,16 @@ def join_verdict(joins) -> List[str]:
             continue
         a, c = avg["probes"][0], copy["probes"][0]
         gap = abs(avg["shift_at_join"] - copy["shift_at_join"])
-        spread = (avg["shift_at_join_std"] or 0.0) + (copy["shift_at_join_std"] or 0.0)
         better = "average" if avg["shift_at_join"] < copy["shift_at_join"] else "copy"
-        better = f"smaller by {better}" if gap > spread else "no difference beyond the seeds' std"
+        if gap > _spread(avg, copy, "shift_at_join"):
+            better = f"smaller by {better}"
+        else:
+            better = "no difference beyond the seeds' std"
         lines.append(
             f"- {label}: shift at the join {avg['shift_at_join']:.3g} (average) vs "
             f"{copy['shift_at_join']:.3g} (copy): {better}; {a['steps_after_join']} "
-            f"step(s) after it the joiner is {_gap(a)} (average) vs {_gap(c)} (copy) from "
+            f"step(s) after it the joiner is {_gap(a)} (average) vs "
+            f"{_gap(c)} (copy) from "
             f"the others' mean accuracy, at squared distance {a['joiner_distance2']:.3g} vs "
             f"{c['joiner_distance2']:.3g} from the members' average (others' mean "
             f"{a['others_distance2_mean']:.3g} / {c['others_distance2_mean']:.3g})."
@@ -280,25 +288,23 @@ def soak_section(rows: Rows) -> str:
         "| detection to continuation |",
         "|---|---|---|---|---|---|---|",
     ]
-    for kind in sorted({f["kind"] for f in faults}):
-        of = [f for f in faults if f["kind"] == kind]
+    for of in ([f for f in faults if f["kind"] == k] for k in sorted({f["kind"] for f in faults})):
         found = sorted({f["found_as"] for f in of})
-        seconds = [detection[h] for h in found if h in detection]
         cont = " ; ".join(
-            f"{h}: {s['median_s']:.2f} / {s['max_s']:.2f}"
-            for h, s in zip([h for h in found if h in detection], seconds)
+            f"{h}: {detection[h]['median_s']:.2f} / {detection[h]['max_s']:.2f}"
+            for h in found
+            if h in detection
         )
         lines.append(
-            f"| {kind} | {len(of)} | {', '.join(found)} | "
+            f"| {of[0]['kind']} | {len(of)} | {', '.join(found)} | "
             f"{sum(f['right_peer'] for f in of)} of {len(of)} | "
             f"{_seconds([f['to_membership_line_s'] for f in of])} | "
             f"{_seconds([f['to_readmission_s'] for f in of])} | {cont or '—'} |"
         )
-    lines.append(
-        f"\nMade with the page's command (its last run, key `{record.key}`); the fault rows are "
+    return "\n".join(lines) + (
+        f"\n\nMade with the page's command (its last run, key `{record.key}`); the fault rows are "
         "in churn.jsonl.\n\n"
     )
-    return "\n".join(lines)
 
 
 def plot(cells: Dict[Cell, Dict[str, Any]], s: Dict[str, Any]) -> bytes:

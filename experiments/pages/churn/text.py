@@ -13,6 +13,7 @@ from experiments.suite.tables import header
 
 from .tables import (
     grid_cells,
+    grid_list,
     grid_table,
     grid_verdict,
     spread_verdict,
@@ -173,10 +174,7 @@ def render_page(rows: Rows, s: Dict[str, Any]) -> Outputs:
         "complete": rows.complete,
         "setting": {k: v for k, v in s.items() if k != "algorithms"},
         "algorithms": [list(a) for a in s["algorithms"]],
-        "grid": [
-            dict(topology=t, algorithm=label, rate_per_epoch=rate, **cell)
-            for (t, label, rate), cell in cells.items()
-        ],
+        "grid": grid_list(cells),
         "join": [dict(algorithm=label, mode=mode, **cell) for (label, mode), cell in joins.items()],
     }
     recipe = QUICK_BASE if s["quick"] else BASE

@@ -10,7 +10,7 @@ import statistics
 from typing import Any, Dict, List
 
 from experiments.engine import Outputs, Rows, made_by
-from experiments.pages._markdown import block, fill, template
+from experiments.pages._markdown import block, fill, mean_sd, template
 from experiments.pages._privacy import NONPRIVATE_LR
 
 from . import runs
@@ -21,6 +21,7 @@ from .tables import (
     HEADLINE,
     _band,
     _last,
+    _models,
     _reconstructions,
     _strongest,
     all_attacks_table,
@@ -145,10 +146,7 @@ def low_rank_answers(gs) -> List[str]:
         # equal bytes: exact gossip's round whose received MB is closest to this run's total
         mb = g[0]["observed_mb"]
         r0 = exact[0]
-        a_g = statistics.fmean(r["acc_avg"] for r in g)
-        a_e = statistics.fmean(r["acc_avg"] for r in exact)
-        sd_g = statistics.stdev([r["acc_avg"] for r in g]) if len(g) > 1 else 0.0
-        sd_e = statistics.stdev([r["acc_avg"] for r in exact]) if len(exact) > 1 else 0.0
+        (a_g, sd_g), (a_e, sd_e) = (mean_sd(r["acc_avg"] for r in x) for x in (g, exact))
         step = min(
             r0["round_steps"], key=lambda s: abs(r0["observed_mb"] * (s + 1) / r0["steps"] - mb)
         )
@@ -162,7 +160,7 @@ def low_rank_answers(gs) -> List[str]:
             f"averaged-model accuracy {100 * a_g:.1f} % vs {100 * a_e:.1f} % ("
             + (
                 "equal within the seeds' spread"
-                if abs(a_g - a_e) <= sd_g + sd_e
+                if abs(a_g - a_e) <= (sd_g or 0.0) + (sd_e or 0.0)
                 else "not equal: more than the seeds' spread apart"
             )
             + f"), and the victim's own model gives {v_auc:.3f}. The observer received "
@@ -220,18 +218,16 @@ def chance_answers(gs) -> List[str]:
             g = gs.get((spec, t))
             if g is None:
                 continue
-            band = _band(g[0])
-            models = ["victim"] + ([_strongest(g)] if _reconstructions(g[0]) else [])
-            tprs = [_mean(g, f"tpr0.1/{m}/{a}") for m in models for a in lira]
-            aucs = [_mean(g, f"auc/{m}/{a}") for m in models for a in lira]
+            band, key = _band(g[0]), math.inf if t is None else t
+            tprs = [_mean(g, f"tpr0.1/{m}/{a}") for m in _models(g) for a in lira]
+            aucs = [_mean(g, f"auc/{m}/{a}") for m in _models(g) for a in lira]
             chance = all(v <= band["tpr"][0][1] for v in tprs)
-            key = math.inf if t is None else t
             aucs_by_eps.append((key, aucs))
             bands[key] = band["auc"][1]
-            (at_chance if chance else above).append(math.inf if t is None else t)
+            (at_chance if chance else above).append(key)
             acc = statistics.fmean(r["acc_avg"] for r in g)
             parts.append(
-                f"ε {'∞' if t is None else f'{t:g}'}: TPR @ 0.1 % FPR "
+                f"ε {_eps_text(key)}: TPR @ 0.1 % FPR "
                 + " / ".join(f"{v:.4f}" for v in tprs)
                 + f" (null band up to {band['tpr'][0][1]:.4f}: "
                 f"{'chance' if chance else 'above chance'}), AUC "
@@ -250,7 +246,7 @@ def chance_answers(gs) -> List[str]:
     if plain and all(
         _mean(g, f"tpr0.1/{m}/{a}") <= _band(g[0])["tpr"][0][1]
         for g in plain
-        for m in ["victim"] + ([_strongest(g)] if _reconstructions(g[0]) else [])
+        for m in _models(g)
         for a in lira
     ):
         out.append(

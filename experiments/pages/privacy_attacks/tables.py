@@ -11,6 +11,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from gossip_powersgd.privacy.attacks import ATTACKS, null_band_of
 
+from experiments.pages._markdown import mean_sd, pm
+
 from .regimes import ALGORITHMS
 
 #: The attack the headline columns use (the strongest here on average; every attack is in the rows).
@@ -31,14 +33,9 @@ def groups(rows: Sequence[Dict[str, Any]]) -> List[List[Dict[str, Any]]]:
 
 
 def _stat(values: Sequence[float], digits: int = 3, pct: bool = False) -> str:
+    """mean ± sd of `values` (None and nan left out; "n/a" where none is left), `pct`: in %."""
     values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    if not values:
-        return "n/a"
-    scale = 100 if pct else 1
-    mean = statistics.fmean(values) * scale
-    if len(values) == 1:
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} ± {statistics.stdev(values) * scale:.{digits}f}"
+    return pm(*mean_sd(values), f".{digits}f", 100 if pct else 1) if values else "n/a"
 
 
 def _last(r: Dict[str, Any]) -> Dict[str, Any]:
@@ -57,6 +54,12 @@ def _strongest(group: Sequence[Dict[str, Any]]) -> str:
         names,
         key=lambda n: statistics.fmean(_last(r)["flat"][f"auc/{n}/{HEADLINE}"] for r in group),
     )
+
+
+def _models(group: Sequence[Dict[str, Any]]) -> List[str]:
+    """The models the headline figures go through: the victim's own, then the strongest
+    reconstruction where the observer forms any."""
+    return ["victim"] + ([_strongest(group)] if _reconstructions(group[0]) else [])
 
 
 def _band(r: Dict[str, Any]) -> Dict[str, list]:
@@ -80,19 +83,9 @@ def budget_row(r: Dict[str, Any]) -> Dict[str, Any]:
     """A DP row reduced to what the budget check shows: its recipe, accuracy and headline
     leakage through the victim's own model."""
     flat = _last(r)["flat"]
-    return dict(
-        spec=r["spec"],
-        target=r["target"],
-        seed=r["seed"],
-        epochs=r["epochs"],
-        steps=r["steps"],
-        sigma=r["sigma"],
-        eps=min(r["eps_victims"]),
-        acc_avg=r["acc_avg"],
-        auc=flat["auc/victim/LiRA offline"],
-        tpr=flat["tpr0.1/victim/LiRA offline"],
-        commit=r.get("commit"),
-    )
+    out = {k: r[k] for k in ("spec", "target", "seed", "epochs", "steps", "sigma", "acc_avg")}
+    out.update(eps=min(r["eps_victims"]), commit=r.get("commit"))
+    return dict(out, auc=flat["auc/victim/LiRA offline"], tpr=flat["tpr0.1/victim/LiRA offline"])
 
 
 def _dp(group: Sequence[Dict[str, Any]]) -> str:
@@ -100,12 +93,8 @@ def _dp(group: Sequence[Dict[str, Any]]) -> str:
     if r["target"] is None:
         return "none"
     eps = [e for g in group for e in (g["eps_victims"] or [g["eps_max"]])]
-    span = (
-        f"{min(eps):.3g}"
-        if f"{min(eps):.3g}" == f"{max(eps):.3g}"
-        else f"{min(eps):.3g}–{max(eps):.3g}"
-    )
-    return f"ε = {span} (victims' own; target {r['target']:g})"
+    low, high = f"{min(eps):.3g}", f"{max(eps):.3g}"
+    return f"ε = {low if low == high else f'{low}–{high}'} (victims' own; target {r['target']:g})"
 
 
 def _within(value: float, band: Sequence[float]) -> bool:
@@ -230,7 +219,7 @@ def rounds_table(rows) -> str:
     lines = []
     for g in groups(rows):
         r0 = g[0]
-        for name in ["victim"] + ([_strongest(g)] if _reconstructions(r0) else []):
+        for name in _models(g):
             cells = []
             for s in r0["round_steps"]:
                 values = [r["rounds"][str(s)]["flat"].get(f"auc/{name}/{HEADLINE}") for r in g]
@@ -267,8 +256,7 @@ def plot_roc(rows) -> bytes:
     fig, axes = plt.subplots(1, len(gs), figsize=(3.6 * len(gs), 3.6), squeeze=False)
     for ax, g in zip(axes.flat, gs):
         e = _last(g[0])["evaluation"]
-        names = ["victim"] + ([_strongest(g)] if _reconstructions(g[0]) else [])
-        for name, style in zip(names, ("-", "--")):
+        for name, style in zip(_models(g), ("-", "--")):
             fpr, tpr = e["models"][name][HEADLINE]["roc"]
             ax.plot(
                 [max(v, 1e-4) for v in fpr],

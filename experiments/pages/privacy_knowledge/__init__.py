@@ -42,29 +42,11 @@ STRUCTURE = {
 MOST = {8: 3, 9: 3, 16: 2}
 
 #: The attack runs' training recipe: a small linear classifier, trained to a useful accuracy.
+_RECIPE = dict(model="logreg", lr=0.5, momentum=0.0, weight_decay=0.0, warmup_epochs=0.0)
+_RECIPE.update(eval_every=1, log_every=0)
 TRAIN = {
-    False: dict(
-        dataset="synthetic_logreg:d=20,classes=4,n=2000",
-        model="logreg",
-        batch_size=25,
-        lr=0.5,
-        momentum=0.0,
-        weight_decay=0.0,
-        warmup_epochs=0.0,
-        eval_every=1,
-        log_every=0,
-    ),
-    True: dict(
-        dataset="synthetic_logreg:d=8,classes=3,n=400",
-        model="logreg",
-        batch_size=40,
-        lr=0.5,
-        momentum=0.0,
-        weight_decay=0.0,
-        warmup_epochs=0.0,
-        eval_every=1,
-        log_every=0,
-    ),
+    False: dict(_RECIPE, dataset="synthetic_logreg:d=20,classes=4,n=2000", batch_size=25),
+    True: dict(_RECIPE, dataset="synthetic_logreg:d=8,classes=3,n=400", batch_size=40),
 }
 #: (topology, local steps of an epoch, averaging epochs, D-SGD epochs, tie, colluder sets).
 ATTACK = {
@@ -86,14 +68,8 @@ def _structure_runs(quick: bool) -> List[Run]:
     for spec in grid["topologies"]:
         size = len(distances(spec))
         for updates, tie, steps in grid["modes"]:
-            config = dict(
-                kind="structure",
-                topology=spec,
-                updates=updates,
-                tie=tie,
-                steps=steps,
-                most=MOST.get(size, 2),
-            )
+            config = dict(kind="structure", topology=spec, updates=updates, tie=tie, steps=steps)
+            config["most"] = MOST.get(size, 2)
             key = f"structure/{spec}/{updates}/tie={tie}/T={steps}"
             runs.append(Run(key=key, config=config, cost=size * steps / 16))
     return runs
@@ -106,17 +82,9 @@ def _attack_runs(quick: bool) -> List[Run]:
     for regime, epochs in (("averaging", avg_epochs), ("dsgd", dsgd_epochs)):
         for name in algorithms:
             spec, label = ALGORITHMS[name]
-            config = dict(
-                kind="attack",
-                regime=regime,
-                algorithm=spec,
-                label=label,
-                topology=topology,
-                epoch_steps=epoch_steps,
-                tie=tie,
-                colluder_sets=colluders,
-                train=dict(TRAIN[quick], epochs=epochs),
-            )
+            config = dict(kind="attack", regime=regime, algorithm=spec, label=label)
+            config.update(topology=topology, epoch_steps=epoch_steps, tie=tie)
+            config.update(colluder_sets=colluders, train=dict(TRAIN[quick], epochs=epochs))
             runs.append(Run(key=f"attack/{regime}/{name}", config=config, seed=0, cost=4.0))
     return runs
 

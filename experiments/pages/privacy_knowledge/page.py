@@ -121,27 +121,16 @@ def _summaries(row: Dict[str, Any]) -> List[Dict[str, Any]]:
                     if not cells:
                         continue
                     errors = [c[f"{part}/{mode}"]["error"] for c in cells]
-                    out.append(
-                        {
-                            "regime": row["regime"],
-                            "algorithm": row["label"],
-                            "colluders": attack["colluders"],
-                            "part": part,
-                            "parameters": size,
-                            "mode": mode,
-                            "peers": group,
-                            "count": len(cells),
-                            "determined": sum(c[f"{part}/{mode}"]["determined"] for c in cells),
-                            "error_median": statistics.median(errors),
-                            "error_max": max(errors),
-                            "blind_mean_median": statistics.median(
-                                c[f"{part}/blind_mean"] for c in cells
-                            ),
-                            "blind_initial_median": statistics.median(
-                                c[f"{part}/blind_initial"] for c in cells
-                            ),
-                        }
-                    )
+                    s = dict(regime=row["regime"], algorithm=row["label"], part=part, mode=mode)
+                    s.update(colluders=attack["colluders"], parameters=size, peers=group)
+                    s.update(count=len(cells), error_max=max(errors))
+                    s["determined"] = sum(c[f"{part}/{mode}"]["determined"] for c in cells)
+                    s["error_median"] = statistics.median(errors)
+                    for blind in ("mean", "initial"):
+                        s[f"blind_{blind}_median"] = statistics.median(
+                            c[f"{part}/blind_{blind}"] for c in cells
+                        )
+                    out.append(s)
     return out
 
 
@@ -160,6 +149,15 @@ def attack_table(summaries: List[Dict[str, Any]]) -> str:
             f"{_fmt(s['blind_initial_median'])} |"
         )
     return "\n".join(out) + "\n"
+
+
+def _alone(summaries: List[Dict[str, Any]], regime: str) -> List[Dict[str, Any]]:
+    """The summaries of peer 0 attacking alone, on its non-neighbours, in `regime`."""
+    return [
+        s
+        for s in summaries
+        if s["regime"] == regime and s["colluders"] == [0] and s["peers"] == "non-neighbours"
+    ]
 
 
 def verdict(structure: List[Dict[str, Any]], summaries: List[Dict[str, Any]]) -> List[str]:
@@ -200,12 +198,8 @@ def verdict(structure: List[Dict[str, Any]], summaries: List[Dict[str, Any]]) ->
             mode = "once" if regime == "averaging" else None
             rows = [
                 s
-                for s in summaries
-                if s["regime"] == regime
-                and s["algorithm"] == algorithm
-                and s["colluders"] == [0]
-                and s["peers"] == "non-neighbours"
-                and (mode is None or s["mode"] == mode)
+                for s in _alone(summaries, regime)
+                if s["algorithm"] == algorithm and (mode is None or s["mode"] == mode)
             ]
             for s in rows:
                 lines.append(
@@ -222,11 +216,7 @@ def low_rank_answer(summaries: List[Dict[str, Any]]) -> List[str]:
     """Do low-rank messages reduce what non-neighbours lose? Per algorithm, under averaging with
     peer 0 alone: the parameters reconstructed to float level and those no better than blind."""
     lines = []
-    mine = [
-        s
-        for s in summaries
-        if s["regime"] == "averaging" and s["colluders"] == [0] and s["peers"] == "non-neighbours"
-    ]
+    mine = _alone(summaries, "averaging")
     for algorithm in dict.fromkeys(s["algorithm"] for s in mine):
         parts = {s["part"]: s for s in mine if s["algorithm"] == algorithm}
         total = sum(s["parameters"] for s in parts.values())
@@ -248,11 +238,7 @@ def low_rank_answer(summaries: List[Dict[str, Any]]) -> List[str]:
         else:
             text += "."
         lines.append(text)
-    dsgd = [
-        s
-        for s in summaries
-        if s["regime"] == "dsgd" and s["colluders"] == [0] and s["peers"] == "non-neighbours"
-    ]
+    dsgd = _alone(summaries, "dsgd")
     for algorithm in dict.fromkeys(s["algorithm"] for s in dsgd):
         for part in ("exact", "compressed"):
             mine = [s for s in dsgd if s["algorithm"] == algorithm and s["part"] == part]

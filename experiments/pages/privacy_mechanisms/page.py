@@ -9,7 +9,7 @@ import io
 import statistics
 from typing import Any, Dict, List, Tuple
 
-from experiments.pages._markdown import fill, template
+from experiments.pages._markdown import fill, mean_sd, pm, template
 from experiments.pages._markdown import table as md_table
 
 NAMES = dict(none="non-private", local="local DP-SGD", muffliato="Muffliato", zipdl="ZIP-DL")
@@ -26,8 +26,7 @@ def _sd(values) -> float:
 
 
 def _pm(values: List[float]) -> str:
-    mean = statistics.fmean(values) * 100
-    return f"{mean:.2f} %" if len(values) == 1 else f"{mean:.2f} ± {_sd(values) * 100:.2f} %"
+    return pm(*mean_sd(values), ".2f", 100, " %")
 
 
 def _group(rows, mechanism, algorithm) -> List[Dict[str, Any]]:
@@ -60,21 +59,16 @@ def render_page(sections, generated, command, c) -> str:
         how_run=_how_run(c),
         topologies=", ".join(s["setting"]["topology"] for s in sections),
         classes=setting["dataset"].split("classes=")[1].split(",")[0],
-        model=setting["model"],
+        **{k: setting[k] for k in ("model", "shard", "batch_size", "epochs", "references")},
         records=2 * setting["shard"],
-        shard=setting["shard"],
         lr_text=_lr_text(setting),
-        batch_size=setting["batch_size"],
-        q=noise["q"],
-        epochs=setting["epochs"],
-        steps=noise["steps"],
+        **{k: noise[k] for k in ("q", "steps")},
         seeds=", ".join(map(str, seeds)),
         plural="s" if len(plain) > 1 else "",
         plain=", ".join(map(str, plain)),
         topology_count=len(sections),
         seed_count=len(seeds),
         runs="one run" if runs == 1 else f"{runs} runs",
-        references=setting["references"],
         calibration=calibration_lines(sections),
         results=results[0],
         plateau=results[1],

@@ -1,4 +1,4 @@
-"""The churn soak's quick variant (experiments/pages/churn/soak.py --quick): 4 hosts of the
+"""The churn soak's quick variant (`experiments.pages.churn.soak.soak`): 4 hosts of the
 emulated cluster, one training process each, a kill, a stop and a link cut of single hosts, each
 host brought back with --rejoin. Opt-in (GOSSIP_TEST_CHURN_SOAK=1): it runs three trainings (a
 probe for the step rate, the run without faults, the soak) for several minutes, past the suite's
