@@ -29,7 +29,9 @@ def test_a_completed_round_stays_completed_when_the_barrier_is_broken_right_afte
 
     waiter = threading.Thread(target=first)
     waiter.start()
+    deadline = time.monotonic() + 60  # a poll for the waiter's arrival, never an endless one
     while True:
+        assert time.monotonic() < deadline, "the first waiter never reached the barrier"
         with barrier._cond:
             if barrier._arrived == 1:  # the first waits (in the condition, its lock released)
                 barrier.wait()  # the last arrival completes the round
