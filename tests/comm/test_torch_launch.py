@@ -29,10 +29,16 @@ LAUNCHER_VARIABLES = (
 
 @pytest.fixture
 def environment(monkeypatch):
-    """No launcher's variable set; what the test sets is undone after it."""
+    """No launcher's variable set; the whole environment restored after the test.
+    `launcher_environment` writes os.environ itself (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+    MASTER_PORT), which monkeypatch does not see: left there, a later test in the same process
+    (a pytest-xdist worker, or the serial suite) would take itself for a torchrun rank."""
+    saved = dict(os.environ)
     for name in LAUNCHER_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    return monkeypatch
+    yield monkeypatch
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def test_torchruns_variables_are_read_and_the_rendezvous_defaults_filled_in(environment):
