@@ -326,7 +326,7 @@ def cost_words(p, data) -> List[str]:
 
 #: The regime privacy_attacks.md is measured in (`privacy_attacks.regimes.MAIN` is built from it):
 #: the sweep's choice when it had one DP recipe. The page says whether it is still the choice.
-ATTACK_PAGES_REGIME = dict(records=4000, model="mlp:256,256", epochs=30, dp=dict(RECIPES[0]))
+ATTACK_PAGES_REGIME = dict(records=4000, model="cnn1d", epochs=60, dp=dict(RECIPES[2]))
 
 
 def setting_label(setting: Mapping[str, Any]) -> str:
