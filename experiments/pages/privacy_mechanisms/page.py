@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import statistics
 from typing import Any, Dict, List, Tuple
 
@@ -26,7 +27,9 @@ def _sd(values) -> float:
 
 
 def _pm(values: List[float]) -> str:
-    return pm(*mean_sd(values), ".2f", 100, " %")
+    """mean ± std in %; "n/a" where no run evaluated there (a --quick run's quarters)."""
+    values = [v for v in values if not math.isnan(v)]
+    return pm(*mean_sd(values), ".2f", 100, " %") if values else "n/a"
 
 
 def _group(rows, mechanism, algorithm) -> List[Dict[str, Any]]:
