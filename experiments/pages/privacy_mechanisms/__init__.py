@@ -12,7 +12,7 @@ every quarter of the run (the plateau check). Every run is an attacked run (`run
 shard is split into members and held-out records no peer trains on; observer 0 records what it
 receives, and the LOSS and LiRA attacks score its neighbours 1 and n-1's candidates with the
 model it reads off (or reconstructs from) their messages, beside the blind baselines and their
-null band. Every mechanism's noise is on the clipped gradient sum, so on the model it scales with
+chance band. Every mechanism's noise is on the clipped gradient sum, so on the model it scales with
 the step's lr exactly as the record's sensitivity lr_t C / batch: DP-SGD's subsampled epsilon and
 DECOR's SecLDP epsilon hold under any schedule. Muffliato's and ZIP-DL's network bounds model a
 constant step (`muffliato.network_applies`): under the cosine schedule they report DP-SGD's local

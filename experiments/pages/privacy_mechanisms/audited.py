@@ -139,7 +139,7 @@ def mechanism_row(out: Dict[str, Any], c: Mapping[str, Any]) -> Dict[str, Any]:
     """An attacked run's row (`privacy_attacks.runs.attacked`) as the mechanisms page reads it:
     accuracy at each quarter, the attacks through the received model (exact gossip: read off;
     PowerGossip: the moving reconstruction from the last 4 messages, as `attack_run.received_attack`
-    forms it), the victim's own model and the blind baselines, the null band, and the audit."""
+    forms it), the victim's own model and the blind baselines, the chance band, and the audit."""
     last = out["rounds"][str(out["last"])]
     flat, band = last["flat"], last["evaluation"]["null_band"]
     received = RECEIVED[c["spec"].split(":")[0]]

@@ -255,7 +255,7 @@ def attack_lines(sections, c) -> List[str]:
     lines = [
         "| topology | mechanism | algorithm | LOSS AUC (received) | TPR @1 % | TPR @0.1 % | "
         "LiRA offline AUC (received) | LiRA TPR @1 % | LiRA online AUC (received) | LOSS AUC "
-        "(victim's own) | blind model LOSS AUC | class prior AUC | null band AUC | null band "
+        "(victim's own) | blind model LOSS AUC | class prior AUC | chance band AUC | chance band "
         "TPR @1 % |",
         "|---" * 14 + "|",
     ]
@@ -301,7 +301,7 @@ def attack_lines(sections, c) -> List[str]:
         "threshold).",
         "",
         "Received-model attacks (LOSS, LiRA offline) whose AUC or TPR at 1 % FPR is above the "
-        "null band's upper end (mean over the seeds, against the band's mean ends): "
+        "chance band's upper end (mean over the seeds, against the band's mean ends): "
         + (above or "none: no row's neighbour attack is distinguishable from guessing here")
         + ".",
     ]
