@@ -12,7 +12,7 @@ one-run audit's canaries in the victims' data, scored also through the blind mod
 runs release no peer statistic (the shard sizes stay secret: add/remove adjacency is the claim's,
 and every peer samples at its own rate); their claimed epsilon is the calibration's, at the
 victims' members alone, an upper bound for victims whose data also holds included canaries. The
-non-private runs are privacy_attacks.md's (the same config). Row format: the logreg page's
+non-private runs have privacy_attacks.md's config (run again: the canaries' coins are fresh). Row format: the logreg page's
 (`runs.row`), so both render with `page`."""
 
 from __future__ import annotations
