@@ -39,7 +39,7 @@ from gossip_powersgd.privacy.knowledge import (
     knowledge_matrix,
     reach,
 )
-from gossip_powersgd.privacy.knowledge_attack import colluder_attack
+from gossip_powersgd.privacy.knowledge_attack import attack_run, colluder_attack
 from gossip_powersgd.privacy.dpsgd import DPSGD, dp_enabled, validate_dp_options, validate_model
 from gossip_powersgd.privacy.membership import (
     DEFAULT_FPR,
@@ -87,6 +87,7 @@ __all__ = [
     "Canaries",
     "audit",
     "best_audit",
+    "attack_run",
     "colluder_attack",
     "colluders_for_all",
     "colluders_needed",
