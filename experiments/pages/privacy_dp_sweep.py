@@ -12,7 +12,6 @@ epsilon 8, and each without DP in the non-private reference's regime.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from typing import Any, Dict, List, Mapping, Optional
@@ -93,6 +92,7 @@ def row(run: Run) -> Dict[str, Any]:
     """One run (threads): accuracy, every peer's epsilon and the evaluations over time; a run
     that fails is a row saying so."""
     from gossip_powersgd import run as train
+    from gossip_powersgd.privacy.dp_report import peer_epsilons
 
     out, start, started = dict(run.config["row"]), os.getloadavg()[0], time.perf_counter()
     try:
@@ -100,7 +100,7 @@ def row(run: Run) -> Dict[str, Any]:
     except Exception as exc:  # a failed run is a row saying so
         return dict(out, error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}")
     summary = result.summary
-    eps = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
+    eps = peer_epsilons(summary)
     keys = ("epoch", "step", "acc_avg", "consensus", "loss")
     names = ("epoch", "step", "test_acc_avg_model", "consensus_distance", "train_loss")
     out.update(
