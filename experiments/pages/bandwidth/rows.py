@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
 import statistics
@@ -193,12 +192,9 @@ def cluster(hosts: int, rate: str, slow=None) -> Iterator[str]:
         down(prefix)
 
 
-def launch(prefix: str, hosts: int, command: List[str], logs: Path, torchrun: bool) -> float:
-    """`gossip_powersgd.cluster.launch.launch_on_hosts` from the checkout, one thread each."""
-    from gossip_powersgd.cluster.launch import launch_on_hosts
-
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return launch_on_hosts(prefix, hosts, command, logs, torchrun, ROOT, env, LAUNCH_LIMIT)
+def launch_options() -> Dict[str, Any]:
+    """How this page launches on the cluster: from the checkout, one thread per process."""
+    return dict(cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), limit=LAUNCH_LIMIT)
 
 
 def timing_row(run: Run) -> Dict[str, Any]:
@@ -219,8 +215,7 @@ def timing_row(run: Run) -> Dict[str, Any]:
     }
     before = load()
     with cluster(hosts, c["rate"], c["slow"]) as prefix:
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        summary, seconds = step_times(prefix, hosts, spec, cwd=ROOT, env=env, limit=LAUNCH_LIMIT)
+        summary, seconds = step_times(prefix, hosts, spec, **launch_options())
         summary["link"] = link_check(prefix, c["rate"], LINK_CHECK_SECONDS)
     return dict(summary, launch_seconds=seconds, load_before=before, load_after=load(), **machine())
 
@@ -237,25 +232,17 @@ def fault_row(run: Run) -> Dict[str, Any]:
 
 
 def e2e_row(run: Run) -> Dict[str, Any]:
+    """The chosen config trained across a cluster at its rate (`cluster.launch.train_on_hosts`)."""
     import topologies
-    import yaml
 
-    c = run.config
+    from gossip_powersgd.cluster.launch import train_on_hosts
+
     train = training_config(run)
     train.update(backend="torch", comm_timeout=COMM_TIMEOUT)
     hosts = topologies.parse(train["topology"]).size
     before = load()
-    with (
-        tempfile.TemporaryDirectory(prefix="bandwidth-e2e-") as tmp,
-        cluster(hosts, c["rate"]) as prefix,
-    ):
-        work = Path(tmp)
-        (work / "run.yaml").write_text(yaml.safe_dump(dict(train, out_dir=str(work / "run"))))
-        command = ["-m", "gossip_powersgd.cli.train", "--config", str(work / "run.yaml")]
-        seconds = launch(prefix, hosts, command, work, torchrun=True)
-        summary = json.loads((work / "run" / "summary.json").read_text())
-        lines = (work / "run" / "metrics" / "rank-0.jsonl").read_text().splitlines()
-    evals = [r for r in map(json.loads, lines) if r.get("kind") == "eval"]
+    with cluster(hosts, run.config["rate"]) as prefix:
+        summary, evals, seconds = train_on_hosts(prefix, train, **launch_options())
     keep = ("wall_time_s", "steps", "time_compute_s", "time_gossip_compute_s")
     return {
         "summary": {k: summary[k] for k in keep + ("time_communication_s",)},
