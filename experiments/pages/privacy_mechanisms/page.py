@@ -255,9 +255,9 @@ def attack_lines(sections, c) -> List[str]:
     lines = [
         "| topology | mechanism | algorithm | LOSS AUC (received) | TPR @1 % | TPR @0.1 % | "
         "LiRA offline AUC (received) | LiRA TPR @1 % | LiRA online AUC (received) | LOSS AUC "
-        "(victim's own) | blind model LOSS AUC | class prior AUC | chance band AUC | chance band "
-        "TPR @1 % |",
-        "|---" * 14 + "|",
+        "(victim's own) | blind model LOSS AUC | blind model LOSS TPR @0.1 % | class prior AUC | "
+        "chance band AUC | chance band TPR @1 % | chance band TPR @0.1 % |",
+        "|---" * 16 + "|",
     ]
     outside = []
     for section in sections:
@@ -275,8 +275,9 @@ def attack_lines(sections, c) -> List[str]:
                 cells += [m("tpr0.1/received/LOSS", 100, 2), m("auc/received/LiRA offline")]
                 cells += [m("tpr1/received/LiRA offline", 100, 2), m("auc/received/LiRA online")]
                 cells += [m("auc/victim's own/LOSS"), m("auc/blind model/LOSS")]
-                cells += [m("auc/class prior"), _band(group, "null/auc")]
-                cells.append(_band(group, "null/tpr1"))
+                cells += [m("tpr0.1/blind model/LOSS", 100, 2), m("auc/class prior")]
+                cells += [_band(group, "null/auc"), _band(group, "null/tpr1")]
+                cells.append(_band(group, "null/tpr0.1"))
                 lines.append(
                     f"| {topology} | {NAMES[name]} | {algorithm} | " + " | ".join(cells) + " |"
                 )
