@@ -35,8 +35,10 @@ def test_an_interrupt_or_exit_goes_to_pythons_own_hook_without_mpi(monkeypatch, 
     assert seen == [kind]
 
 
+#: Not `timing` (run beside the other tests): the job took 7.5 s in CI's timing part; the bound,
+#: 60 s from the launch, only sets that apart from the 120 s comm timeout waited out, which the
+#: other worker's load on the launch cannot blur.
 @pytest.mark.mpi
-@pytest.mark.timing
 def test_uncaught_exception_on_one_rank_ends_the_mpi_job_promptly():
     started = time.monotonic()
     result = run_mpi(4, [SUPPORT / "scripts" / "readme_snippet_failure.py"], timeout=60)
@@ -49,8 +51,7 @@ def test_uncaught_exception_on_one_rank_ends_the_mpi_job_promptly():
     assert "no message from neighbour" not in result.stderr
 
 
-@pytest.mark.mpi
-@pytest.mark.timing
+@pytest.mark.mpi  # not `timing`: ~7 s against a 60 s bound that only sets the 120 s timeout apart
 def test_a_rank_that_exits_before_its_communicator_exists_is_named():
     """Under mpiexec, rank 1 ends its process (sys.exit(0)) before it creates a communicator: the
     others, in the communicator's collective set-up, read the notice it sent on COMM_WORLD as it

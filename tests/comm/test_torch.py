@@ -70,8 +70,10 @@ def run_torchrun(n, args, timeout=180):
     return subprocess.CompletedProcess(command, process.returncode, out, err)
 
 
-def run_ranks(n, case, timeout=90):
-    """Start n worker processes with the launcher's variables set by hand; return (codes, stderr)."""
+def run_ranks(n, case, timeout=90, silent=None):
+    """Start n worker processes with the launcher's variables set by hand; return (codes, stderr).
+    `silent`: a rank that only sleeps, never sending, for longer than the others take: SIGKILLed
+    once every other rank has ended (what it would do then is end), not waited for."""
     port = str(free_port())
     processes = [
         subprocess.Popen(
@@ -92,10 +94,12 @@ def run_ranks(n, case, timeout=90):
         )
         for k in range(n)
     ]
-    results = [
-        _communicate(p, timeout, f"torch_worker {case} rank {k}") for k, p in enumerate(processes)
-    ]
-    return [p.returncode for p in processes], "".join(err for _, err in results)
+    results = {}
+    for k in sorted(range(n), key=lambda k: k == silent):  # the silent rank last
+        if k == silent:
+            processes[k].kill()
+        results[k] = _communicate(processes[k], timeout, f"torch_worker {case} rank {k}")
+    return [p.returncode for p in processes], "".join(results[k][1] for k in range(n))
 
 
 def gossip_scenarios(comm):
@@ -215,7 +219,7 @@ def test_wrong_message_size_names_the_peer():
 
 @pytest.mark.timing
 def test_silent_peer_is_named_by_its_neighbours():
-    codes, stderr = run_ranks(4, "silent_peer")
+    codes, stderr = run_ranks(4, "silent_peer", silent=2)
     assert codes[0] != 0 and codes[1] != 0 and codes[3] != 0
     # rank 1 names only the neighbour whose message did not come (before: [0, 2])
     assert "rank 1: no message from neighbour(s) [2] within 3 s" in stderr, stderr[-2000:]

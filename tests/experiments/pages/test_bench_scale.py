@@ -8,8 +8,6 @@ import torch
 
 import topologies
 from experiments.engine import RowFile
-from experiments.engine.cli import main
-from experiments.pages import pages
 from experiments.pages.bench_scale import KINDS
 from experiments.pages.bench_scale.measure import gather_reduce_, peer_point
 from experiments.pages.bench_scale.report import slope, summarize
@@ -49,8 +47,10 @@ def test_slope_recovers_exponents():
     assert slope([(8, 5.0)]) is None
 
 
-def test_quick_page_has_every_section_and_marks_points_that_took_turns(tmp_path):
-    assert main(["bench_scale", "--quick", "--out", str(tmp_path)], pages) == 0
+def test_quick_page_has_every_section_and_marks_points_that_took_turns(quick_sweep):
+    sweep = quick_sweep("bench_scale")
+    tmp_path = sweep.out
+    assert sweep.code == 0
     page = (tmp_path / "bench_scale.md").read_text()
     records = [r.row for r in RowFile(tmp_path / "bench_scale.jsonl").read().values()]
     assert not [r for r in records if "error" in r]

@@ -13,7 +13,6 @@ import pytest
 
 import topologies
 from experiments.engine import Record, RowFile, Rows, checked_plan, render
-from experiments.engine.cli import main
 from experiments.pages import pages
 from experiments.pages.churn import FULL, JOIN_MODES, per_step_rate, plan, setting
 from experiments.pages.churn.measure import grid_row
@@ -23,9 +22,10 @@ from gossip_powersgd.membership.churn import churn_membership, parse_churn
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    out = tmp_path_factory.mktemp("churn-page")
-    assert main(["churn", "--quick", "--out", str(out)], pages) == 0
+def quick(quick_sweep):
+    sweep = quick_sweep("churn")
+    assert sweep.code == 0
+    out = sweep.out
     records = RowFile(out / "churn.jsonl").read()
     runs = checked_plan(pages()["churn"], True, {k: r.row for k, r in records.items()})
     rows = Rows("churn", True, [records[r.key] for r in runs], len(runs))

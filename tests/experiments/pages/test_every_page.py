@@ -7,10 +7,7 @@ for byte, for every text file it writes."""
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ import pytest
 from experiments.engine import RowFile, checked_plan, render
 from experiments.engine.cli import main
 from experiments.pages import pages
+from tests.experiments.pages.conftest import checkout_state
 
 ROOT = Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "experiments" / "results"
@@ -36,39 +34,22 @@ QUICK = [
 ]
 
 
-def checkout_state() -> dict:
-    """What `git status` shows of the checkout (untracked files one by one, ignored ones not), with
-    each listed file's digest: a file that was changed already and is written again shows too."""
-    listed = subprocess.run(
-        ["git", "--no-optional-locks", "status", "--porcelain", "-z", "--untracked-files=all"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    ).stdout.split(b"\0")
-    state, entries = {}, iter(filter(None, listed))
-    for entry in entries:
-        code, path = entry[:2].decode(), ROOT / os.fsdecode(entry[3:])
-        source = os.fsdecode(next(entries)) if code[0] in "RC" else None  # a rename's, a copy's
-        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-        state[path] = (code, source, digest)
-    return state
-
-
 @pytest.mark.parametrize("name", QUICK)
-def test_quick_sweep_makes_every_row_and_renders_again_identically(tmp_path, name):
-    before = checkout_state()
-    assert main([name, "--quick", "--out", str(tmp_path)], pages) == 0
+def test_quick_sweep_makes_every_row_and_renders_again_identically(quick_sweep, name):
+    sweep = quick_sweep(name)
+    out, before = sweep.out, sweep.before
+    assert sweep.code == 0
     # every output under --out: nothing written into the checkout beside it
-    assert checkout_state() == before
+    assert sweep.after == before
     page = pages()[name]
-    records = RowFile(tmp_path / f"{name}.jsonl").read()
+    records = RowFile(out / f"{name}.jsonl").read()
     planned = checked_plan(page, True, {k: r.row for k, r in records.items()})
     assert list(records) == [run.key for run in planned]
     assert all(r.quick for r in records.values())
-    written = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.suffix in TEXT}
+    written = {p: data for p, data in sweep.written.items() if p.suffix in TEXT}
     assert any(p.suffix == ".md" for p in written)
     assert all("FAILED" not in data.decode() for p, data in written.items() if p.suffix == ".md")
-    assert main([name, "--render-only", "--out", str(tmp_path)], pages) == 0
+    assert main([name, "--render-only", "--out", str(out)], pages) == 0
     assert {p: p.read_bytes() for p in written} == written
     assert checkout_state() == before
 
