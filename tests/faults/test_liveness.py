@@ -6,11 +6,7 @@ after launch, at rank 0's `start:` line, just before the first step, mid-run) un
 torchrun (a rank SIGKILLed under mpiexec, named by its supervisor: test_supervisor.py). Their time
 bounds are the design's own figures (see `setup_stop_bound`), checked against the 30 s every rank
 must end within. Both kinds are marked `timing` (the unit tests' deadlines are seconds, which
-another test's load beside them could eat): `make test` runs them alone, after the others. The
-launched ones are also `paired`: their ranks wait out STOPPED_SECONDS nearly idle (one of them and
-test_monitor's stop used 10 s of CPU in 45 s); two at a time, on a machine loaded besides (load
-average 5.5), every rank was gone 15.0-16.7 s after the SIGSTOP (bound 30 s): `make test` runs
-them two at a time.
+another test's load beside them could eat): `make test` runs them alone, after the others.
 """
 
 from __future__ import annotations
@@ -404,7 +400,6 @@ MOMENTS = [("launch", 1), ("start", 0), ("first-step", 2), ("mid-run", 3)]
 @pytest.mark.mpi
 @pytest.mark.torchrun
 @pytest.mark.timing
-@pytest.mark.paired
 @pytest.mark.parametrize("launcher", ["mpi", "torch"])
 @pytest.mark.parametrize("moment,stopped", MOMENTS, ids=[m for m, _ in MOMENTS])
 def test_a_rank_stopped_at_any_moment_is_named_by_every_rank_within_30_s(

@@ -119,10 +119,6 @@ def _stopped_ranks_gone(pids) -> bool:
 @pytest.mark.torchrun
 @pytest.mark.parametrize("launcher", ["mpi", "torch"])
 @pytest.mark.timing
-# `paired` (two timing tests at a time): its ranks wait nearly idle for the stopped one to be found;
-# two at a time, on a machine loaded besides (load average 5.5), gone 10.5 s (mpi) and 11.5 s
-# (torch) after the SIGSTOP, the design's 10 s and a look, against the bound of 40 s.
-@pytest.mark.paired
 def test_a_stopped_rank_is_named_by_every_rank_and_the_job_ends_before_the_timeout(launcher):
     """SIGSTOP rank 2 of ring:4 with a 20 s comm timeout. A stopped peer never answers: its
     neighbours, watching its process state while they wait, name it after half the timeout, and the
