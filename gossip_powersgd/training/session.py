@@ -111,9 +111,9 @@ class TrainSession:
             self.hooks.on_record(record)
             check_divergence(record, state.history, self.run.num_classes, self.hint)
 
-    def end_epoch(self, lr: float) -> None:
+    def end_epoch(self, lr: Optional[float]) -> None:
         """After `state.epoch` was counted: the evaluation and the checkpoint that are due, by the
-        members only (with churn)."""
+        members only (with churn; `lr`, the last step's, is None only on a peer away all along)."""
         config, state = self.config, self.state
         member = self.churn is None or self.churn.live  # evaluations and checkpoints: the members'
         if member and (state.epoch % config.eval_every == 0 or state.epoch == config.epochs):
@@ -127,12 +127,13 @@ class TrainSession:
         ):
             # True: the save succeeded on every rank (it is collective); None: a lost peer
             # interrupted it after this peer's file was written whole (churn)
-            def save() -> bool:
-                _save(self.comm, self.run_dir, self.run, state, self.hooks, self.resumable)
-                return True
-
-            saved = self.guard("a checkpoint", save)
+            saved = self.guard("a checkpoint", self._checkpoint)
             self.resumable = self.resumable or saved is not None
+
+    def _checkpoint(self) -> bool:
+        """Write this peer's checkpoint (collective, `_save` below); True once it is written."""
+        _save(self.comm, self.run_dir, self.run, self.state, self.hooks, self.resumable)
+        return True
 
     def close(self) -> None:
         """The loop's teardown (from its `finally`): the progress line, the metrics file, the
