@@ -7,7 +7,6 @@ row saying so."""
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -128,32 +127,18 @@ def train_config(
 
 
 def measure(config: Mapping[str, Any]) -> Dict[str, Any]:
-    """One run on every peer (threads): the training suite's measurements plus each peer's
-    epsilon and rate, sigma, the averaged model's accuracy at ¾ of the run and the consensus
-    distance at every evaluation."""
+    """One run on every peer (threads): the training suite's measurements plus the private run's
+    (`privacy.dp_report.dp_measurements`: each peer's epsilon and rate, sigma, the averaged
+    model's accuracy at ¾ of the run, the consensus distance at every evaluation)."""
     from gossip_powersgd import run
+    from gossip_powersgd.privacy.dp_report import dp_measurements
 
     from experiments.suite.runs import measurements
 
     result = run(dict(config))
-    summary = result.summary
-    m = measurements(summary, [result.stats[k] for k in sorted(result.stats)], result.wall_seconds)
-    epsilons = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
-    evals, epochs = result.evals, result.config.epochs
-    three = [e["test_acc_avg_model"] for e in evals if round(4 * e["epoch"] / epochs) == 3]
-    history = [(e["epoch"], e.get("consensus_distance")) for e in evals]
-    m.update(
-        acc_3q=three[-1] if three else None,
-        consensus_history=[(e, c) for e, c in history if c is not None],
-        consensus=summary.get("final_consensus_distance"),
-        eps_min=min(epsilons),
-        eps_max=max(epsilons),
-        sigma=summary.get("noise_multiplier"),
-        delta=summary.get("delta"),
-        q_min=min(summary.get("sample_rate", [math.nan])),
-        q_max=max(summary.get("sample_rate", [math.nan])),
-    )
-    return m
+    stats = [result.stats[k] for k in sorted(result.stats)]
+    m = measurements(result.summary, stats, result.wall_seconds)
+    return dict(m, **dp_measurements(result))
 
 
 def dp_row(c: Mapping[str, Any], seed: int) -> Dict[str, Any]:

@@ -12,7 +12,6 @@ epsilon 8, and each without DP in the non-private reference's regime.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from typing import Any, Dict, List, Mapping, Optional
@@ -93,23 +92,20 @@ def row(run: Run) -> Dict[str, Any]:
     """One run (threads): accuracy, every peer's epsilon and the evaluations over time; a run
     that fails is a row saying so."""
     from gossip_powersgd import run as train
+    from gossip_powersgd.privacy.dp_report import dp_measurements
 
     out, start, started = dict(run.config["row"]), os.getloadavg()[0], time.perf_counter()
     try:
         result = train(dict(run.config["train"]))
     except Exception as exc:  # a failed run is a row saying so
         return dict(out, error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}")
-    summary = result.summary
-    eps = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
+    summary, dp = result.summary, dp_measurements(result)
     keys = ("epoch", "step", "acc_avg", "consensus", "loss")
     names = ("epoch", "step", "test_acc_avg_model", "consensus_distance", "train_loss")
     out.update(
         acc_avg=summary["final_test_acc_avg_model"],
         acc_local_mean=summary["final_test_acc_local_mean"],
-        consensus=summary.get("final_consensus_distance"),
-        eps_max=max(eps),
-        eps_min=min(eps),
-        sigma=summary.get("noise_multiplier"),
+        **{k: dp[k] for k in ("consensus", "eps_max", "eps_min", "sigma")},
         steps=summary["steps"],
         evals=[{k: e.get(n) for k, n in zip(keys, names)} for e in result.evals],
         seconds=time.perf_counter() - started,

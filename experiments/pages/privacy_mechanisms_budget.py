@@ -106,7 +106,7 @@ def render(rows: Rows) -> Outputs:
         "",
         made_by(rows),
         "",
-        "Same plan at each budget (privacy_mechanisms.md's setting: every topology, mechanism, "
+        "Same plan at each budget (privacy_mechanisms_logreg.md's setting: every topology, mechanism, "
         "algorithm and seed), each run's noise solved for ε = 4 against a neighbour at its own "
         "number of steps, so a longer run adds more noise per step and spends the same ε. Under "
         "the cosine schedule every run ends at lr 0: the test is the final averaged-model "

@@ -8,7 +8,9 @@ Each host is a network namespace with its own address on one switch (a bridge in
 its own), its link rate-limited by tc's tbf, its name resolvable on every host and its own hostname;
 `gossip-cluster-ssh` stands in for ssh (Hydra's `-launcher ssh -launcher-exec`). network.py builds
 and removes it, enter.py runs commands on its hosts, launch.py one program on every host (and
-waits for all of them), __main__.py is the command line.
+waits for all of them), measure.py a link's rate, soak.py faults of single hosts under a
+training run (kills, stops, link cuts, timed to the survivors' membership lines), __main__.py is the
+command line.
 """
 
 from .enter import current_prefix, enter_command, resolve_prefix, ssh_main

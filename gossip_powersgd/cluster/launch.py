@@ -11,12 +11,14 @@ processes (what a timing wants). A host that fails ends the others; its log's ta
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .enter import enter_command
 from .network import PREFIX_ENV
@@ -102,3 +104,30 @@ def _wait(processes: List[subprocess.Popen], limit: float, grace: float):
                 os.killpg(p.pid, 9)
                 p.wait()
     return failed, first
+
+
+def train_on_hosts(
+    prefix: str,
+    config: Mapping[str, Any],
+    *,
+    cwd: Optional[Path] = None,
+    env: Optional[Dict[str, str]] = None,
+    limit: float = 4 * 3600.0,
+) -> Tuple[Dict[str, Any], List[Dict[str, Any]], float]:
+    """`config` (a training config, backend torch: one host per peer of its topology) trained by
+    `gossip-train` under torchrun on every host of cluster `prefix`, as a user runs it (`cwd`,
+    `env`, `limit` as `launch_on_hosts` takes them; its out_dir is replaced by a temporary one).
+    (The run's summary, rank 0's evaluation records, the seconds the launch took.)"""
+    import topologies
+    import yaml
+
+    hosts = topologies.parse(config["topology"]).size
+    with tempfile.TemporaryDirectory(prefix="train-on-hosts-") as tmp:
+        work = Path(tmp)
+        (work / "run.yaml").write_text(yaml.safe_dump(dict(config, out_dir=str(work / "run"))))
+        command = ["-m", "gossip_powersgd.cli.train", "--config", str(work / "run.yaml")]
+        seconds = launch_on_hosts(prefix, hosts, command, work, True, cwd, env, limit)
+        summary = json.loads((work / "run" / "summary.json").read_text())
+        lines = (work / "run" / "metrics" / "rank-0.jsonl").read_text().splitlines()
+    evals = [r for r in map(json.loads, lines) if r.get("kind") == "eval"]
+    return summary, evals, seconds

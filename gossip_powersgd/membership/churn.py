@@ -27,7 +27,7 @@ every peer leaving, every member leaving while others join, a rate outside [0, 1
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -37,7 +37,7 @@ from .epochs import Membership
 if TYPE_CHECKING:
     from topologies import AnyTopology
 
-__all__ = ["ChurnSchedule", "parse_churn", "churn_membership"]
+__all__ = ["ChurnSchedule", "parse_churn", "churn_membership", "schedule_figures"]
 
 WHAT = "churn spec"
 EVENTS = ("leave", "join")
@@ -232,3 +232,26 @@ def churn_membership(schedule, topology: AnyTopology, steps: int) -> Membership:
     if isinstance(schedule, str):
         schedule = parse_churn(schedule, topology.size)
     return Membership(topology, schedule.changes(topology.size, steps))
+
+
+def schedule_figures(schedule, size: int, steps: int) -> Dict[str, Any]:
+    """What `schedule` (a spec or a `ChurnSchedule`) does to a run of `size` peers and `steps`
+    steps, from the same changes the run applies: ``departures`` (leave events), ``returns``,
+    ``scheduled_changes`` (steps at which the membership changes) and ``away_share`` (the share
+    of peer-steps spent away)."""
+    if isinstance(schedule, str):
+        schedule = parse_churn(schedule, size)
+    changes = schedule.changes(size, steps)
+    live, departures, returns, away, last = set(range(size)), 0, 0, 0, 0
+    for step, members in changes:
+        away += (size - len(live)) * (step - last)
+        departures += len(live - set(members))
+        returns += len(set(members) - live)
+        live, last = set(members), step
+    away += (size - len(live)) * (steps - last)
+    return {
+        "departures": departures,
+        "returns": returns,
+        "scheduled_changes": len(changes),
+        "away_share": away / (size * steps),
+    }

@@ -39,7 +39,7 @@ from gossip_powersgd.privacy.knowledge import (
     knowledge_matrix,
     reach,
 )
-from gossip_powersgd.privacy.knowledge_attack import colluder_attack
+from gossip_powersgd.privacy.knowledge_attack import attack_run, colluder_attack
 from gossip_powersgd.privacy.dpsgd import DPSGD, dp_enabled, validate_dp_options, validate_model
 from gossip_powersgd.privacy.membership import (
     DEFAULT_FPR,
@@ -85,6 +85,7 @@ __all__ = [
     "ACCOUNTANT_NAMES",
     "AuditResult",
     "Canaries",
+    "attack_run",
     "audit",
     "best_audit",
     "colluder_attack",

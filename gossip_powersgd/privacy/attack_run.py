@@ -282,12 +282,15 @@ def canary_audit(
     delta: float,
     counts: Optional[Sequence[tuple]] = None,
     confidence: Optional[float] = None,
+    blind: Optional[torch.nn.Module] = None,
 ) -> Dict[str, Any]:
     """The one-run audit of `run`, trained with the `canaries.Canaries` `hooks` (one per victim):
     {"observer" (through its reconstruction of each victim at the end) and "victim" (its own
     final model): `audit.AuditResult` fields and the canaries' "scores"; "included" (the truth),
     "delta", "m", "confidence", "counts"}. `initial`: the public initial model; `counts`: the
-    (k_pos, k_neg) tried (default `audit.audit_counts`), `confidence` default `audit.CONFIDENCE`."""
+    (k_pos, k_neg) tried (default `audit.audit_counts`), `confidence` default `audit.CONFIDENCE`.
+    `blind`: a model that never saw a victim (`attacks.References.blind`): the same audit through
+    it ("blind model") is the blind baseline, a bound that only chance can lift above 0."""
     from gossip_powersgd.privacy.audit import CONFIDENCE, audit_counts
     from gossip_powersgd.privacy.canaries import observed_model
     from gossip_powersgd.privacy.membership import model_with_parameters
@@ -301,6 +304,8 @@ def canary_audit(
         "observer": lambda v: observed_model(run.view, v, make_model()),
         "victim": lambda v: model_with_parameters(make_model(), run.snapshots[v][last]),
     }
+    if blind is not None:
+        models["blind model"] = lambda v: blind
     for name, model_of in models.items():
         out[name] = _audited(hooks, model_of, initial, out)
     return out

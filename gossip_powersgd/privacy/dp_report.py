@@ -12,22 +12,31 @@ Where each figure goes:
 * the summary, the progress lines and the trackers: public figures (sigma, C, delta, the
   accountant, the adjacency, where the randomness comes from, the tuning note), and the peers'
   epsilons and rates only with ``release_peer_statistics: true``.
+
+What a private run measured, as numbers (`dp_measurements`, from a `gossip_powersgd.run` result
+with the peers' figures released): the extremes of the peers' epsilons and rates, sigma, and
+where the run got to (the averaged model at ¾ of the run, the consensus distance over time).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
 from gossip_powersgd.privacy.accounting import ADJACENCY_SHORT, LOCAL_BOUND, NETWORK_LABEL
+
+if TYPE_CHECKING:
+    from gossip_powersgd.runner import RunResult
 
 __all__ = [
     "TUNING_NOTE",
     "NETWORK_NOTE",
+    "dp_measurements",
     "dp_summary_rows",
     "eval_text",
     "json_number",
     "from_json_number",
+    "peer_epsilons",
 ]
 
 #: The summary's ``dp_tuning`` field: what the reported budget leaves out.
@@ -120,3 +129,35 @@ def eval_text(record: Dict[str, Any]) -> str:
         return ""
     text = worst if worst == "inf" else f"{worst:.3g}"
     return f"  worst {record.get('epsilon_bound', 'ε')} {text}"
+
+
+def peer_epsilons(summary: Dict[str, Any]) -> List[float]:
+    """Every peer's epsilon in a run's summary (there with ``release_peer_statistics``; inf for
+    sigma = 0), or [inf] where it holds none (no DP, or the figures kept private: no guarantee
+    to report)."""
+    return [from_json_number(e) for e in summary.get("epsilon", [math.inf])]
+
+
+def dp_measurements(result: "RunResult") -> Dict[str, Any]:
+    """A private run's figures (`gossip_powersgd.run`'s result): the averaged model's test
+    accuracy at the last evaluation at ¾ of the run (``acc_3q``, None without one: a flat last
+    quarter under a cosine schedule says nothing of a plateau, this says where the run was
+    before it), the consensus distance at every evaluation (``consensus_history``, (epoch,
+    distance)) and at the end, the peers' smallest and largest epsilon and sampling rate, sigma
+    and delta (None for a run without DP)."""
+    summary, evals, epochs = result.summary, result.evals, result.config.epochs
+    epsilons = peer_epsilons(summary)
+    three = [e["test_acc_avg_model"] for e in evals if round(4 * e["epoch"] / epochs) == 3]
+    history = [(e["epoch"], e.get("consensus_distance")) for e in evals]
+    rates = summary.get("sample_rate", [math.nan])
+    return dict(
+        acc_3q=three[-1] if three else None,
+        consensus_history=[(e, c) for e, c in history if c is not None],
+        consensus=summary.get("final_consensus_distance"),
+        eps_min=min(epsilons),
+        eps_max=max(epsilons),
+        sigma=summary.get("noise_multiplier"),
+        delta=summary.get("delta"),
+        q_min=min(rates),
+        q_max=max(rates),
+    )

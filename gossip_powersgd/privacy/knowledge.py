@@ -340,7 +340,10 @@ def attackable_indices(view) -> List[int]:
     return sorted(found or [])
 
 
-def _flat(tensors: Sequence[torch.Tensor], indices: Sequence[int]) -> np.ndarray:
+def flat(tensors: Sequence[torch.Tensor], indices: Sequence[int]) -> np.ndarray:
+    """The parameters `indices` of `tensors` as one float64 vector (empty for no indices)."""
+    if not indices:
+        return np.zeros(0)
     return torch.cat([tensors[k].detach().double().reshape(-1) for k in indices]).numpy()
 
 
@@ -377,12 +380,12 @@ def observations(
     """The right-hand side y (rows x d): for each row (step, sender) of `system`, the value the
     views hold of it (a colluder's own, or as received) minus the common `initial` model, on the
     parameters `indices` (`attackable_indices`)."""
-    x0 = _flat(initial, indices)
+    x0 = flat(initial, indices)
     known: Dict[Tuple[int, int], np.ndarray] = {}
     for colluder, view in views.items():
         for record in view.records:
             t = record["step"]
-            known[(t, int(colluder))] = _flat(record["own"], indices) - x0
+            known[(t, int(colluder))] = flat(record["own"], indices) - x0
             for message in record["messages"]:
                 for part in view.decode(dict(message, step=t)):
                     if part.kind == "model" and set(indices) <= set(part.indices):

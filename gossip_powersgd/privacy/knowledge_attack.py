@@ -21,22 +21,36 @@ neighbours' matrices (`reconstruction.reconstruct`, least squares over the low-r
 solve the same system.
 
 `observe_every_peer(config)` makes the input: a run with every rank observed, its views and the
-public initial model.
+public initial model. `attack_run(config, regime, colluder_sets)` is the whole measurement: that
+run (set up for the regime: `averaging_config`), then each colluder set's attack in every mode of
+the regime (`attack_modes`); `summarize` condenses its cells into errors over the colluders'
+neighbours and non-neighbours.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Sequence, Tuple
+import statistics
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from gossip_powersgd.privacy.knowledge import distances
+from gossip_powersgd.privacy.knowledge import distances, flat
 
 if TYPE_CHECKING:
     from topologies import AnyTopology
 
-__all__ = ["REGIMES", "colluder_attack", "observe_every_peer", "relative_error"]
+__all__ = [
+    "FREEZE",
+    "REGIMES",
+    "attack_modes",
+    "attack_run",
+    "averaging_config",
+    "colluder_attack",
+    "observe_every_peer",
+    "relative_error",
+    "summarize",
+]
 
 REGIMES = ("averaging", "dsgd")
 
@@ -67,12 +81,6 @@ def observe_every_peer(config: Mapping[str, Any]):
     return result, views, x0
 
 
-def _flat(tensors: Sequence[torch.Tensor], indices: Sequence[int]) -> np.ndarray:
-    if not indices:
-        return np.zeros(0)
-    return torch.cat([tensors[k].detach().double().reshape(-1) for k in indices]).numpy()
-
-
 def _rhs(system, views, x0, indices, estimates):
     """The right-hand side on `indices`: the colluders' own values, and for a received row the
     value the messages carry exactly (`estimates` None) or the colluder's estimate of it."""
@@ -80,14 +88,14 @@ def _rhs(system, views, x0, indices, estimates):
 
     if estimates is None:
         return observations(system, views, x0, indices)
-    base = _flat(x0, indices)
+    base = flat(x0, indices)
     out = []
     for t, sender in system.rows:
         if sender in views:
             value = views[sender].own_trajectory()[t]
         else:
             value = next(e[sender][t] for c, e in estimates.items() if sender in e)
-        out.append(_flat(value, indices) - base)
+        out.append(flat(value, indices) - base)
     return np.stack(out)
 
 
@@ -147,8 +155,8 @@ def colluder_attack(
     for name, indices in parts.items():
         if not indices:
             continue
-        x0_flat = _flat(initial, indices)
-        own = {j: _flat(views[j].own_trajectory()[step], indices) - x0_flat for j in views}
+        x0_flat = flat(initial, indices)
+        own = {j: flat(views[j].own_trajectory()[step], indices) - x0_flat for j in views}
         mean = np.mean([own[c] for c in colluders], axis=0)
         for mode, (updates, tie) in modes.items():
             system = system_from_views(mine, topology, updates=updates, tie=tie)
@@ -172,3 +180,101 @@ def colluder_attack(
         "parts": {n: sum(sizes[k] for k in ix) for n, ix in parts.items()},
         "peers": peers,
     }
+
+
+#: A drop of the learning rate that leaves float32 models unchanged (|lr * g| far below an ulp).
+FREEZE = 1e-30
+
+
+def averaging_config(config: Mapping[str, Any], epoch_steps: int) -> Dict[str, Any]:
+    """`config` (a `gossip_powersgd.run` config) in the averaging regime: each peer trains alone
+    for `epoch_steps` local steps (an epoch, so the first gossip step comes after it), then the
+    learning rate drops by FREEZE (the models stop changing) and the peers gossip-average their
+    privately trained models."""
+    out = dict(config, local_steps=epoch_steps, schedule="step", milestones=[1.0])
+    return dict(out, decay=FREEZE)
+
+
+def attack_modes(regime: str, tie: int = 1) -> Dict[str, Tuple[str, int]]:
+    """The attacks `attack_run` runs in `regime` ({name: (updates, tie)}): ``averaging``, the
+    private values once; ``dsgd``, every update an unknown and updates tied over `tie` steps."""
+    if regime not in REGIMES:
+        raise ValueError(f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
+    if regime == "averaging":
+        return {"once": ("once", 1)}
+    return {"every_step": ("every_step", 1), f"tie={tie}": ("every_step", tie)}
+
+
+def attack_run(
+    config: Mapping[str, Any],
+    regime: str,
+    colluder_sets: Sequence[Sequence[int]],
+    *,
+    tie: int = 1,
+    epoch_steps: Optional[int] = None,
+) -> Dict[str, Any]:
+    """Train `config` (a `gossip_powersgd.run` config; ``averaging`` sets it up with
+    `averaging_config` and `epoch_steps`, the local steps of an epoch) with every view recorded
+    (`observe_every_peer`), then run each colluder set's attack (`colluder_attack`) in every mode
+    of `attack_modes(regime, tie)`.
+
+    Returns {"steps": gossip steps, "modes": [mode names], "accuracy": the averaged model's final
+    test accuracy, "local_accuracy": the peers' own models' mean, "attacks": [colluder_attack's
+    result per set]}. An averaging run whose `epoch_steps` is not an epoch is refused (its first
+    gossip step would not come after the private training)."""
+    modes = attack_modes(regime, tie)
+    if regime == "averaging":
+        if epoch_steps is None:
+            raise ValueError("the averaging regime needs epoch_steps, the local steps of an epoch")
+        config = averaging_config(config, epoch_steps)
+    result, views, x0 = observe_every_peer(config)
+    summary = result.summary
+    epochs = config["epochs"]
+    if regime == "averaging" and summary["steps"] != epochs * epoch_steps:
+        raise ValueError(
+            f"{summary['steps']} optimizer steps in {epochs} epochs: epoch_steps "
+            f"{epoch_steps} is not an epoch, so the first gossip step is not after it"
+        )
+    topology = config["topology"]
+    return {
+        "steps": 1 + max(views[0].steps),
+        "modes": list(modes),
+        "accuracy": summary["final_test_acc_avg_model"],
+        "local_accuracy": summary["final_test_acc_local_mean"],
+        "attacks": [
+            colluder_attack(views, list(c), topology, x0, regime, modes) for c in colluder_sets
+        ],
+    }
+
+
+def summarize(attacks: Sequence[Mapping[str, Any]], modes: Sequence[str]) -> List[Dict[str, Any]]:
+    """Per colluder set, part, attack mode and group of peers ("neighbours" of a colluder,
+    "non-neighbours"): the count of peers, how many are determined, the median and max relative
+    error, and the median errors of the blind guesses (``blind_mean_median``,
+    ``blind_initial_median``). `attacks` and `modes`: an `attack_run` result's."""
+    out = []
+    for attack in attacks:
+        for part, size in attack["parts"].items():
+            if not size:
+                continue
+            for mode in modes:
+                for group, near in (("neighbours", True), ("non-neighbours", False)):
+                    cells = [
+                        c
+                        for c in attack["peers"].values()
+                        if (c["distance"] == 1) == near and f"{part}/{mode}" in c
+                    ]
+                    if cells:
+                        out.append(_summary(cells, part, mode, group, attack["colluders"], size))
+    return out
+
+
+def _summary(cells, part: str, mode: str, group: str, colluders, size: int) -> Dict[str, Any]:
+    errors = [c[f"{part}/{mode}"]["error"] for c in cells]
+    s = dict(part=part, mode=mode, colluders=colluders, parameters=size, peers=group)
+    s.update(count=len(cells), error_max=max(errors))
+    s["determined"] = sum(c[f"{part}/{mode}"]["determined"] for c in cells)
+    s["error_median"] = statistics.median(errors)
+    for blind in ("mean", "initial"):
+        s[f"blind_{blind}_median"] = statistics.median(c[f"{part}/blind_{blind}"] for c in cells)
+    return s

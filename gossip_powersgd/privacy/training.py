@@ -64,6 +64,7 @@ from gossip_powersgd.privacy.dp_report import (
     TUNING_NOTE,
     dp_summary_rows,
     eval_text,
+    from_json_number,
     json_number,
 )
 from gossip_powersgd.privacy.dpsgd import DPSGD, dp_enabled, validate_model
@@ -360,7 +361,7 @@ class DifferentialPrivacy(TrainingHooks):
             return fields
         keys = ("epsilon", "epsilon_add_remove", "epsilon_pld")
         for key in (*keys, "sample_rate"):
-            values = _gather_floats(self.comm, _float(mine[key]))
+            values = _gather_floats(self.comm, from_json_number(mine[key]))
             fields[key] = values if key == "sample_rate" else [json_number(v) for v in values]
         fields["epsilon_labels"] = {
             "epsilon": mine["epsilon_label"],
@@ -377,10 +378,6 @@ class DifferentialPrivacy(TrainingHooks):
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.dp.load_state_dict(state)
-
-
-def _float(value) -> float:
-    return math.inf if value == "inf" else float(value)
 
 
 def summary_rows(summary: Dict[str, Any]) -> List[tuple]:

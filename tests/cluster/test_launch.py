@@ -56,3 +56,42 @@ def test_under_torchrun_every_host_rendezvous_at_host0():
         "-m",
         "prog",
     ]
+
+
+def test_train_on_hosts_runs_gossip_train_under_torchrun_on_a_host_per_peer(monkeypatch, tmp_path):
+    """The config goes to gossip-train as YAML with its out_dir in the launch's own folder, one
+    host per peer of its topology, under torchrun; the summary and rank 0's evaluation records
+    (not its other records) come back with the launch's seconds."""
+    import json
+
+    import yaml
+
+    seen = {}
+
+    def fake(prefix, hosts, command, logs, torchrun, cwd, env, limit):
+        config = yaml.safe_load(open(command[command.index("--config") + 1]))
+        seen.update(prefix=prefix, hosts=hosts, torchrun=torchrun, cwd=cwd, config=config)
+        run = config["out_dir"]
+        assert run.startswith(str(logs))
+        (logs / "run" / "metrics").mkdir(parents=True)
+        (logs / "run" / "summary.json").write_text(json.dumps({"steps": 30}))
+        records = [{"kind": "log", "step": 5}, {"kind": "eval", "step": 15}]
+        text = "".join(json.dumps(r) + "\n" for r in records)
+        (logs / "run" / "metrics" / "rank-0.jsonl").write_text(text)
+        return 2.5
+
+    monkeypatch.setattr(launch, "launch_on_hosts", fake)
+    config = {"topology": "ring:3", "backend": "torch", "epochs": 2, "out_dir": "elsewhere"}
+    summary, evals, seconds = launch.train_on_hosts("gx", config, cwd=tmp_path)
+    assert (summary, evals, seconds) == ({"steps": 30}, [{"kind": "eval", "step": 15}], 2.5)
+    assert (seen["prefix"], seen["hosts"], seen["torchrun"], seen["cwd"]) == (
+        "gx",
+        3,
+        True,
+        tmp_path,
+    )
+    assert {k: v for k, v in seen["config"].items() if k != "out_dir"} == {
+        "topology": "ring:3",
+        "backend": "torch",
+        "epochs": 2,
+    }

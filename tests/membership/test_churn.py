@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import topologies
-from gossip_powersgd.membership.churn import churn_membership, parse_churn
+from gossip_powersgd.membership.churn import churn_membership, parse_churn, schedule_figures
 from gossip_powersgd.membership.epochs import Membership
 
 
@@ -89,3 +89,28 @@ def test_bad_specs_are_one_line_naming_the_problem(spec, problem):
 def test_an_event_past_the_run_is_refused_with_the_run_length():
     with pytest.raises(ValueError, match=r"leave:3@900 is past the run's last step 599"):
         parse_churn("leave:3@900", 8).changes(8, 600)
+
+
+def test_schedule_figures_count_departures_returns_and_time_away():
+    """The figures follow the events, and a schedule object gives the same as its spec."""
+    # 4 peers, 10 steps: peer 1 away for steps 2..5 (4 steps), peer 3 from step 6 to the end (4)
+    figures = schedule_figures("leave:1@2,join:1@6,leave:3@6", 4, 10)
+    assert figures == {
+        "departures": 2,
+        "returns": 1,
+        "scheduled_changes": 2,
+        "away_share": 8 / 40,
+    }
+    assert schedule_figures(parse_churn("leave:1@2,join:1@6,leave:3@6", 4), 4, 10) == figures
+
+
+def test_random_churn_figures_agree_with_its_membership():
+    """Random churn: as many scheduled changes as the membership has epochs after the first, as
+    many returns as departures minus the peers away at the end."""
+    spec, size, steps = "rate=0.05,down=5,seed=3", 8, 200
+    figures = schedule_figures(spec, size, steps)
+    membership = churn_membership(spec, topologies.parse("ring:8"), steps)
+    assert figures["scheduled_changes"] == len(membership.epochs) - 1 > 0
+    away_at_end = size - len(membership.epochs[-1].live)
+    assert figures["returns"] == figures["departures"] - away_at_end
+    assert 0.0 < figures["away_share"] < 1.0

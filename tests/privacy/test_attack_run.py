@@ -90,9 +90,16 @@ def test_a_run_with_canaries_is_audited_through_the_observer_and_the_victims_mod
     truth = np.concatenate([h.included.numpy() for h in hooks])
     assert record["included"] == truth.astype(int).tolist() and record["m"] == 64
     assert record["counts"] == audit_counts(64)
+    assert "blind model" not in record  # no blind model given: no baseline
     for source in ("observer", "victim"):
         assert len(record[source]["scores"]) == 64 and record[source]["m"] == 64
         assert recheck_audit(record, source) == record[source]["epsilon"] >= 0
+    # The blind baseline scores through the model it is given: the public initial model itself
+    # drops no canary's loss (each score is its loss minus the same loss, exactly 0).
+    blind = canary_audit(hooks, run, make, make(), 1e-5, blind=make())
+    assert blind["blind model"]["scores"] == [0.0] * 64
+    assert recheck_audit(blind, "blind model") == blind["blind model"]["epsilon"]
+    assert blind["victim"] == record["victim"]
 
 
 @pytest.fixture(scope="module")

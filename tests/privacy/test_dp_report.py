@@ -80,3 +80,53 @@ def test_the_progress_line_shows_the_worst_epsilon_only_where_it_is_released():
     assert eval_text({"epsilon_max": "inf", "epsilon_bound": "ε (local DP-SGD)"}) == (
         "  worst ε (local DP-SGD) inf"
     )
+
+
+def test_peer_epsilons_parse_infinity_and_a_run_without_released_figures_has_none():
+    from gossip_powersgd.privacy.dp_report import peer_epsilons
+
+    assert peer_epsilons({"epsilon": [1.5, "inf", 2]}) == [1.5, math.inf, 2.0]
+    assert peer_epsilons({}) == [math.inf]  # nothing released: no guarantee to report
+
+
+def test_dp_measurements_read_the_run_at_three_quarters_and_over_time():
+    """8 epochs evaluated every 2: the evaluation at epoch 6 is ¾ of the run; an evaluation
+    without a consensus distance is left out of the history; the extremes of the peers'
+    figures."""
+    from types import SimpleNamespace
+
+    from gossip_powersgd.privacy.dp_report import dp_measurements
+
+    evals = [
+        dict(epoch=e, test_acc_avg_model=e / 10, consensus_distance=None if e == 4 else 1 / e)
+        for e in (2, 4, 6, 8)
+    ]
+    summary = dict(epsilon=[3.0, 2.5], sample_rate=[0.01, 0.02], noise_multiplier=1.2)
+    summary.update(delta=1e-5, final_consensus_distance=0.125)
+    result = SimpleNamespace(summary=summary, evals=evals, config=SimpleNamespace(epochs=8))
+    m = dp_measurements(result)
+    assert m["acc_3q"] == 0.6 and m["consensus"] == 0.125
+    assert m["consensus_history"] == [(2, 0.5), (6, 1 / 6), (8, 0.125)]
+    assert (m["eps_min"], m["eps_max"], m["q_min"], m["q_max"]) == (2.5, 3.0, 0.01, 0.02)
+    assert (m["sigma"], m["delta"]) == (1.2, 1e-5)
+
+
+def test_dp_measurements_of_a_real_private_run_stay_within_the_target():
+    """A tiny DP-SGD run (ring:4, target epsilon 3, the peers' figures released): every peer
+    ends at or below the target the accountant solved sigma for (its rate the largest one's or
+    smaller), at a sampling rate batch / shard, and 4 epochs evaluated every epoch give the
+    epoch-3 accuracy."""
+    from gossip_powersgd import run
+    from gossip_powersgd.privacy.dp_report import dp_measurements
+
+    config = dict(dataset="synthetic_logreg:d=8,classes=3,n=400", model="logreg", epochs=4)
+    config.update(topology="ring:4", algorithm="exact", batch_size=20, lr=0.5, seed=0)
+    config.update(backend="local", quiet=True, log_every=0, eval_every=1, warmup_epochs=0.0)
+    config.update(dp_target_epsilon=3.0, dp_max_grad_norm=1.0, dp_delta=1e-5)
+    result = run(dict(config, release_peer_statistics=True))
+    m = dp_measurements(result)
+    assert m["eps_max"] <= 3.0 + 1e-6 and m["eps_min"] > 0 and m["sigma"] > 0
+    assert 0 < m["q_min"] <= m["q_max"] < 1 and m["delta"] == 1e-5
+    three = next(e for e in result.evals if e["epoch"] == 3)
+    assert m["acc_3q"] == three["test_acc_avg_model"]
+    assert len(m["consensus_history"]) == len(result.evals)

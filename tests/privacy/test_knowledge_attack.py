@@ -102,3 +102,72 @@ def test_a_run_with_every_peer_observed_gives_the_attack_its_views_and_x0():
             assert cell["exact/every_step"]["error"] < 1e-12
         else:
             assert not cell["exact/every_step"]["determined"]
+
+
+def _run_config(**extra):
+    config = dict(dataset="synthetic_logreg:d=8,classes=3,n=400", model="logreg", epochs=4)
+    config.update(topology="ring:6", algorithm="exact", batch_size=40, lr=0.5, seed=0)
+    config.update(backend="local", quiet=True, log_every=0, momentum=0.0, warmup_epochs=0.0)
+    return dict(config, **extra)
+
+
+def test_attack_run_averaging_gives_one_curious_peer_every_privately_trained_model():
+    """ring:6, two batches a local epoch (`epoch_steps` 2: one gossip step every epoch, the
+    first after the private training, then frozen models), 4 epochs: 4 gossip steps, enough for
+    the opposite peer's value to reach a neighbour of peer 0, so peer 0 alone determines every
+    other peer's trained model and recovers it to float32 level (float32 messages solved in
+    float64 through a 6 x 6 system: 1e-5 relative), where the blind x0 is off by exactly 1."""
+    from gossip_powersgd.privacy.knowledge_attack import attack_run
+
+    out = attack_run(_run_config(), "averaging", [[0]], epoch_steps=2)
+    assert out["modes"] == ["once"] and out["steps"] == 4
+    (attack,) = out["attacks"]
+    assert sorted(attack["peers"]) == ["1", "2", "3", "4", "5"]
+    for cell in attack["peers"].values():
+        assert cell["exact/once"]["determined"]
+        assert cell["exact/once"]["error"] < 1e-5
+        assert cell["exact/blind_initial"] == pytest.approx(1.0)
+    assert 0.0 <= out["accuracy"] <= 1.0
+
+
+def test_attack_run_refuses_an_averaging_epoch_that_is_not_one():
+    from gossip_powersgd.privacy.knowledge_attack import attack_run
+
+    with pytest.raises(ValueError, match="epoch_steps 3 is not an epoch"):
+        attack_run(_run_config(), "averaging", [[0]], epoch_steps=3)
+    with pytest.raises(ValueError, match="needs epoch_steps"):
+        attack_run(_run_config(), "averaging", [[0]])
+
+
+def test_attack_modes_per_regime():
+    from gossip_powersgd.privacy.knowledge_attack import attack_modes
+
+    assert attack_modes("averaging", 8) == {"once": ("once", 1)}
+    assert attack_modes("dsgd", 8) == {"every_step": ("every_step", 1), "tie=8": ("every_step", 8)}
+    with pytest.raises(ValueError, match="regime must be one of"):
+        attack_modes("gossip")
+
+
+def test_summarize_groups_peers_by_distance_and_takes_medians():
+    """Three non-neighbours with errors 0.1, 0.3, 0.2 (one determined) and a neighbour: the
+    non-neighbours' median 0.2 and max 0.3; a part with no parameters gives no summary."""
+    from gossip_powersgd.privacy.knowledge_attack import summarize
+
+    def cell(distance, error, determined, blind=0.5):
+        out = {"distance": distance, "exact/once": {"error": error, "determined": determined}}
+        return dict(out, **{"exact/blind_mean": blind, "exact/blind_initial": 1.0})
+
+    peers = {"1": cell(1, 0.0, True), "2": cell(2, 0.1, True), "3": cell(3, 0.3, False)}
+    peers["4"] = cell(2, 0.2, False, blind=0.7)
+    attack = {"colluders": [0], "parts": {"exact": 7, "compressed": 0}, "peers": peers}
+    near, far = summarize([attack], ["once"])
+    assert (near["peers"], near["count"], near["determined"]) == ("neighbours", 1, 1)
+    assert (far["peers"], far["count"], far["determined"]) == ("non-neighbours", 3, 1)
+    assert far["error_median"] == pytest.approx(0.2) and far["error_max"] == pytest.approx(0.3)
+    assert far["blind_mean_median"] == pytest.approx(0.5) and far["blind_initial_median"] == 1.0
+    assert (far["part"], far["mode"], far["parameters"], far["colluders"]) == (
+        "exact",
+        "once",
+        7,
+        [0],
+    )

@@ -57,7 +57,6 @@ KNOWN_TERMS = {
     ("experiments/results/privacy_attacks.md", "null band"): 18,  # re-made in the cnn1d regime
     ("experiments/results/privacy_attacks_overfit.md", "null band"): 16,
     ("experiments/results/privacy_dp_subspace.md", "half-step"): 1,
-    ("experiments/results/privacy_mechanisms.md", "null band"): 4,
     ("gossip_powersgd.PowerGossip", "half-step"): 2,
     ("gossip_powersgd.PowerGossip.bytes_per_step", "half-step"): 1,
     ("gossip_powersgd.PowerGossip.edge_side", "half-step"): 1,

@@ -6,7 +6,7 @@ synchronous and deterministic and the transports give bit-identical models); a s
 algorithm, topology and rate from the emulated cluster (`gossip_powersgd.cluster`, as root); the
 two are composed, and complete runs on the cluster check the composition and the models
 (recipe.py: the plan; rows.py: how each run is made, the timing itself by
-gossip_powersgd.training.timing; compose.py and figures.py: the arithmetic; text.py (the
+gossip_powersgd.cluster.step_times and training.timing; compose.py and figures.py: the arithmetic; text.py (the
 answer in words too), text_network.py, render.py: the page).
 
 --quick runs the same pipeline, cluster included, on 2 hosts with a tiny model (a minute or two

@@ -3,8 +3,9 @@
 - train: in-process (`gossip_powersgd.run`, every peer a thread): accuracy after every epoch,
   training and metric bytes, the traffic counters, the final models' digests;
 - alone: one peer's step by itself (`gossip_powersgd.training.timing.measure_alone`);
-- timing: the cluster up at a rate (`gossip_powersgd.cluster`), the probe (`probe.py`) started by
-  torchrun on every host, its per-host measurements summed up, the cluster down;
+- timing: the cluster up at a rate (`gossip_powersgd.cluster`), its step times
+  (`gossip_powersgd.cluster.step_times`: a probe on every host, their measurements summed up), the
+  cluster down;
 - e2e: the cluster up, the chosen training config run to the end by `gossip_powersgd.cli.train`
   under torchrun on every host, as a user runs it; its summary and evaluation records kept.
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
 import statistics
@@ -192,19 +192,19 @@ def cluster(hosts: int, rate: str, slow=None) -> Iterator[str]:
         down(prefix)
 
 
-def launch(prefix: str, hosts: int, command: List[str], logs: Path, torchrun: bool) -> float:
-    """`gossip_powersgd.cluster.launch.launch_on_hosts` from the checkout, one thread each."""
-    from gossip_powersgd.cluster.launch import launch_on_hosts
-
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return launch_on_hosts(prefix, hosts, command, logs, torchrun, ROOT, env, LAUNCH_LIMIT)
+def launch_options() -> Dict[str, Any]:
+    """How this page launches on the cluster: from the checkout, one thread per process."""
+    return dict(cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), limit=LAUNCH_LIMIT)
 
 
 def timing_row(run: Run) -> Dict[str, Any]:
+    """The step times of `run`'s algorithms on a cluster at its rate
+    (`gossip_powersgd.cluster.step_times`), then the link's own rate (`link_check`)."""
     import topologies
 
-    c = run.config
+    from gossip_powersgd.cluster.step_times import link_check, step_times
 
+    c = run.config
     hosts = topologies.parse(c["topology"]).size
     spec = {
         "train": dict(c["train"], seed=0),
@@ -214,83 +214,10 @@ def timing_row(run: Run) -> Dict[str, Any]:
         "eval": c.get("eval", True),
     }
     before = load()
-    with (
-        tempfile.TemporaryDirectory(prefix="bandwidth-") as tmp,
-        cluster(hosts, c["rate"], c["slow"]) as prefix,
-    ):
-        work = Path(tmp)
-        (work / "spec.json").write_text(json.dumps(spec))
-        command = ["-m", "experiments.pages.bandwidth.probe", str(work / "spec.json"), tmp]
-        seconds = launch(prefix, hosts, command, work, torchrun=False)
-        ranks = [json.loads((work / f"rank-{k}.json").read_text()) for k in range(hosts)]
-        link = link_check(prefix, c["rate"])
-    summary = dict(summarize_probe(ranks), link=link)
+    with cluster(hosts, c["rate"], c["slow"]) as prefix:
+        summary, seconds = step_times(prefix, hosts, spec, **launch_options())
+        summary["link"] = link_check(prefix, c["rate"], LINK_CHECK_SECONDS)
     return dict(summary, launch_seconds=seconds, load_before=before, load_after=load(), **machine())
-
-
-def link_check(prefix: str, rate: str) -> Dict[str, float]:
-    """One TCP stream host1 -> host0 for about LINK_CHECK_SECONDS at `rate`: the payload rate a
-    long transfer gets on this link (the cluster tool's `throughput`)."""
-    from gossip_powersgd.cluster import parse_rate
-    from gossip_powersgd.cluster.measure import throughput
-
-    nbytes = int(min(2e8, max(4e5, parse_rate(rate) / 8 * LINK_CHECK_SECONDS)))
-    try:
-        return {
-            "bytes": nbytes,
-            "payload_bits": throughput(prefix, "host1", "host0", nbytes, 600.0),
-        }
-    except Exception as exc:  # the check is context: its failure is said, the row is kept
-        return {"bytes": nbytes, "error": str(exc).splitlines()[0][:200]}
-
-
-#: A probe's per-host figures of an algorithm (per step): a statistic over its periods of a part
-#: of each period [wall, arithmetic, communication, CPU seconds].
-PERIOD_STATISTICS = {
-    "wall": (statistics.median, lambda p: p[0]),
-    "wall_mean": (statistics.fmean, lambda p: p[0]),
-    "arith": (statistics.median, lambda p: p[1]),
-    "comm": (statistics.median, lambda p: p[2]),
-    "compute": (statistics.median, lambda p: p[0] - p[1] - p[2]),
-    "cpu": (statistics.median, lambda p: p[3]),
-    "wall_min": (min, lambda p: p[0]),
-    "wall_max": (max, lambda p: p[0]),
-}
-
-
-def summarize_probe(ranks: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """Every host's probe output as the row keeps it: per algorithm and host, the medians of its
-    periods (per step); the replays as the slowest host's time of each."""
-    out: Dict[str, Any] = {"algorithms": {}, "hosts": [r["host"] for r in ranks]}
-    for key in ranks[0]["algorithms"]:
-        per = [r["algorithms"][key] for r in ranks]
-        h = per[0]["local_steps"]
-        entry = {"local_steps": h, "periods": len(per[0]["periods"])}
-        for name, (statistic, part) in PERIOD_STATISTICS.items():
-            entry[name] = [statistic(part(p) for p in m["periods"]) / h for m in per]
-        out["algorithms"][key] = {
-            **entry,
-            "bytes_sent": [m["per_step"]["bytes_sent"] for m in per],
-            "rounds": [m["per_step"]["rounds"] for m in per],
-            "critical_bytes": [m["per_step"]["critical_bytes"] for m in per],
-            "replay": [max(rep) / h for rep in zip(*(m["replay"] for m in per))],
-            "calls": per[0]["calls"],
-            "evaluations": [m["evaluations"] for m in per],
-            "tcp": {
-                phase: {k: sum(m["tcp"][phase][k] for m in per) for k in per[0]["tcp"][phase]}
-                for phase in per[0]["tcp"]
-            },
-        }
-    if "eval" not in ranks[0]:
-        return out
-    evals = [r["eval"] for r in ranks]
-    out["eval"] = {
-        "seconds": [e["seconds"] for e in evals],
-        "cpu": [e["cpu"] for e in evals],
-        "metric_bytes": [e["metric_bytes"] for e in evals],
-        "replay": [max(rep) for rep in zip(*(e["replay"] for e in evals))],
-    }
-    return out
 
 
 def fault_row(run: Run) -> Dict[str, Any]:
@@ -305,25 +232,17 @@ def fault_row(run: Run) -> Dict[str, Any]:
 
 
 def e2e_row(run: Run) -> Dict[str, Any]:
+    """The chosen config trained across a cluster at its rate (`cluster.launch.train_on_hosts`)."""
     import topologies
-    import yaml
 
-    c = run.config
+    from gossip_powersgd.cluster.launch import train_on_hosts
+
     train = training_config(run)
     train.update(backend="torch", comm_timeout=COMM_TIMEOUT)
     hosts = topologies.parse(train["topology"]).size
     before = load()
-    with (
-        tempfile.TemporaryDirectory(prefix="bandwidth-e2e-") as tmp,
-        cluster(hosts, c["rate"]) as prefix,
-    ):
-        work = Path(tmp)
-        (work / "run.yaml").write_text(yaml.safe_dump(dict(train, out_dir=str(work / "run"))))
-        command = ["-m", "gossip_powersgd.cli.train", "--config", str(work / "run.yaml")]
-        seconds = launch(prefix, hosts, command, work, torchrun=True)
-        summary = json.loads((work / "run" / "summary.json").read_text())
-        lines = (work / "run" / "metrics" / "rank-0.jsonl").read_text().splitlines()
-    evals = [r for r in map(json.loads, lines) if r.get("kind") == "eval"]
+    with cluster(hosts, run.config["rate"]) as prefix:
+        summary, evals, seconds = train_on_hosts(prefix, train, **launch_options())
     keep = ("wall_time_s", "steps", "time_compute_s", "time_gossip_compute_s")
     return {
         "summary": {k: summary[k] for k in keep + ("time_communication_s",)},

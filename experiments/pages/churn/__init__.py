@@ -10,13 +10,15 @@ thread of one process, the changes from a churn schedule). Two sections, one pag
   members' average some steps later, next to the others'.
 * the soak (full page only; root): the emulated cluster of `python -m gossip_powersgd.cluster`,
   one torch process per host, random kills, stops and link cuts of single hosts, each host back
-  with `--rejoin` (`soak.py`): one row, made after the in-process runs.
+  with `--rejoin` (`gossip_powersgd.cluster.soak.soak` of experiments/configs/tiny.yaml): one
+  row, made after the in-process runs.
 
 Modules: `measure` (the rows: one `gossip_powersgd.run` each), `tables` (the renderer's tables,
 plot; `text`: the prose and the page's files, from the rows alone)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Outputs, Page, Rows, Run
@@ -69,6 +71,8 @@ QUICK = dict(
 JOIN_MODES = ("average", "copy")
 #: The soak (full page only): about 20 minutes of training on 6 hosts with 50 faults.
 SOAK = dict(section="soak", minutes=20.0, faults=50, hosts=6)
+#: The soak's training config (the hosts' ring and the fault handling on top: `cluster.soak`).
+TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
 
 def setting(quick: bool) -> Dict[str, Any]:
@@ -134,12 +138,13 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 def row(run: Run) -> Dict[str, Any]:
     """A grid run's or a rejoin run's row (`measure`)."""
+    from gossip_powersgd.cluster.soak import soak
+
     from .measure import grid_row, join_row
-    from .soak import soak
 
     if run.config["section"] == "soak":
         c = run.config
-        return soak(c["minutes"], c["faults"], run.seed, hosts=c["hosts"])
+        return soak(TINY, c["minutes"], c["faults"], run.seed, hosts=c["hosts"])
     if run.config["section"] == "grid":
         return grid_row(dict(run.config), run.seed)
     return join_row(dict(run.config), run.seed)

@@ -242,8 +242,9 @@ def _short_of(made: int, planned: int) -> str:
 
 
 def soak_section(rows: Rows) -> str:
-    """The emulated-cluster soak (the row whose config's section is "soak", `soak.py`): what
-    happened to the run, then one line per fault kind. Empty while there is no soak row."""
+    """The emulated-cluster soak (the row whose config's section is "soak",
+    `cluster.soak.soak`): what happened to the run, then one line per fault kind. Empty while
+    there is no soak row."""
     soak = [r for r in rows.records if r.config.get("section") == "soak"]
     if not soak:
         return ""

@@ -25,14 +25,12 @@ def key(spec: str, target, seed: int) -> str:
     return f"{spec}/{'no DP' if target is None else f'eps={target:g}'}/seed{seed}"
 
 
-def plan(name: str, quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
-    r = regime(name, quick)
-    setting, runs = r["setting"], []
-    if r["network"]:
-        runs.append(Run("network", dict(kind="network", **r["network"])))
+def configs(r: Mapping[str, Any]):
+    """(split, train, reference) of regime `r`: the membership split's config, the non-private
+    training config every run starts from, and how its LiRA references are trained."""
+    setting = r["setting"]
     split = {k: setting[k] for k in ("dataset", "partition", "topology")}
     split.update(fraction=FRACTION, observer=OBSERVER)
-    runs += [Run(f"split/seed{s}", dict(kind="split", split=split), s) for s in r["seeds"]]
     train = {k: v for k, v in setting.items() if k not in ("dp", "reference_lr")}
     train.update(out_dir=None, release_peer_statistics=True)
     reference = dict(epochs=setting["epochs"], lr=setting.get("reference_lr", NONPRIVATE_LR))
@@ -41,6 +39,16 @@ def plan(name: str, quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run
     if r.get("gossip_references"):  # whole gossip runs in the non-private recipe (`audit`)
         reference = dict(kind="gossip", train=dict(train, algorithm="exact"))
         reference["train"]["eval_every"] = setting["epochs"]
+    return split, train, reference
+
+
+def plan(name: str, quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    r = regime(name, quick)
+    setting, runs = r["setting"], []
+    if r["network"]:
+        runs.append(Run("network", dict(kind="network", **r["network"])))
+    split, train, reference = configs(r)
+    runs += [Run(f"split/seed{s}", dict(kind="split", split=split), s) for s in r["seeds"]]
     canaries = min(r.get("canaries", 0), 32) if quick else r.get("canaries", 0)
     count, referenced = r["references"], set()
     waves = r.get("seed_waves", (r["seeds"],))  # the seeds of every group, wave by wave
@@ -148,12 +156,13 @@ def attacked(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
     evals = [dict(epoch=e["epoch"], acc_avg=e["test_acc_avg_model"]) for e in run.result.evals]
     for e, record in zip(evals, run.result.evals):
         e["consensus"] = record.get("consensus_distance")
+        e.update(acc_local_mean=record["test_acc_mean"], acc_local_min=record["test_acc_min"])
     epsilons = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
     victim_acc = victim_accuracy(run, victims, make, base.x_test, base.y_test)
     if hooks:
         initial = build_model(config.model, base.input_shape, base.num_classes, config.seed)
         delta = c["train"].get("dp_delta", DELTA)
-        out["audit"] = canary_audit(hooks, run, make, initial, delta)
+        out["audit"] = canary_audit(hooks, run, make, initial, delta, blind=refs.blind)
     out.update(spec=c["spec"], target=c["target"], seed=seed, steps=summary["steps"], last=last)
     out.update(round_steps=run.steps, epochs=config.epochs, batch=config.batch_size, lr=config.lr)
     out.update(

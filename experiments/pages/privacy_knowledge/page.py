@@ -4,7 +4,6 @@ bytes)."""
 from __future__ import annotations
 
 import json
-import statistics
 from typing import Any, Dict, List, Optional, Sequence
 
 from experiments.engine import Outputs, Rows, made_by
@@ -105,33 +104,11 @@ def _fmt(x: Optional[float]) -> str:
 
 
 def _summaries(row: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Per colluder set, part and attack mode: the errors over the peers near and far."""
-    out = []
-    for attack in row["attacks"]:
-        for part, size in attack["parts"].items():
-            if not size:
-                continue
-            for mode in row["modes"]:
-                for group, near in (("neighbours", True), ("non-neighbours", False)):
-                    cells = [
-                        c
-                        for c in attack["peers"].values()
-                        if (c["distance"] == 1) == near and f"{part}/{mode}" in c
-                    ]
-                    if not cells:
-                        continue
-                    errors = [c[f"{part}/{mode}"]["error"] for c in cells]
-                    s = dict(regime=row["regime"], algorithm=row["label"], part=part, mode=mode)
-                    s.update(colluders=attack["colluders"], parameters=size, peers=group)
-                    s.update(count=len(cells), error_max=max(errors))
-                    s["determined"] = sum(c[f"{part}/{mode}"]["determined"] for c in cells)
-                    s["error_median"] = statistics.median(errors)
-                    for blind in ("mean", "initial"):
-                        s[f"blind_{blind}_median"] = statistics.median(
-                            c[f"{part}/blind_{blind}"] for c in cells
-                        )
-                    out.append(s)
-    return out
+    """An attack row's `knowledge_attack.summarize`, labelled by its regime and algorithm."""
+    from gossip_powersgd.privacy.knowledge_attack import summarize
+
+    label = dict(regime=row["regime"], algorithm=row["label"])
+    return [dict(label, **s) for s in summarize(row["attacks"], row["modes"])]
 
 
 def attack_table(summaries: List[Dict[str, Any]]) -> str:

@@ -1,7 +1,9 @@
-"""`python -m experiments privacy_mechanisms`: local DP-SGD, Muffliato, ZIP-DL and DECOR at equal
-epsilon against a neighbour, on exact gossip and PowerGossip r1, on each topology, each run
-attacked by the neighbour (`python -m experiments privacy_mechanisms_budget`, the same plan at
-other budgets without the attacks: experiments/pages/privacy_mechanisms_budget.py).
+"""`python -m experiments privacy_mechanisms_logreg`: local DP-SGD, Muffliato, ZIP-DL and DECOR at
+equal epsilon against a neighbour, on exact gossip and PowerGossip r1, on each of three
+topologies, on a small linear problem, each run attacked by the neighbour (`python -m experiments
+privacy_mechanisms_budget`, the same plan at other budgets without the attacks:
+experiments/pages/privacy_mechanisms_budget.py). `python -m experiments privacy_mechanisms`: the
+same mechanisms in the attack pages' regime, each run also audited (`audited`).
 
 Every mechanism's noise is calibrated before training so that the victim's epsilon against a
 direct neighbour is the target, with that mechanism's own valid accountant (`calibration`, a run
@@ -10,7 +12,7 @@ every quarter of the run (the plateau check). Every run is an attacked run (`run
 shard is split into members and held-out records no peer trains on; observer 0 records what it
 receives, and the LOSS and LiRA attacks score its neighbours 1 and n-1's candidates with the
 model it reads off (or reconstructs from) their messages, beside the blind baselines and their
-null band. Every mechanism's noise is on the clipped gradient sum, so on the model it scales with
+chance band. Every mechanism's noise is on the clipped gradient sum, so on the model it scales with
 the step's lr exactly as the record's sensitivity lr_t C / batch: DP-SGD's subsampled epsilon and
 DECOR's SecLDP epsilon hold under any schedule. Muffliato's and ZIP-DL's network bounds model a
 constant step (`muffliato.network_applies`): under the cosine schedule they report DP-SGD's local
@@ -25,7 +27,7 @@ from typing import Any, Dict, List, Mapping
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
 
-from . import calibration, page
+from . import audited, calibration, page
 from .runs import FRACTION, OBSERVER, plan_runs, row
 
 ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1,iters=1"))
@@ -101,8 +103,8 @@ def render(rows: Rows) -> Outputs:
     c.update(observer=OBSERVER, fraction=FRACTION, network_steps=calibration.NETWORK_STEPS)
     c.update(load=load, nice=nice, per_step=per_step)
     return {
-        "privacy_mechanisms.md": page.render_page(found, made_by(rows), rows.command, c),
-        "privacy_mechanisms.csv": page.csv_text(runs),
+        "privacy_mechanisms_logreg.md": page.render_page(found, made_by(rows), rows.command, c),
+        "privacy_mechanisms_logreg.csv": page.csv_text(runs),
     }
 
 
@@ -110,10 +112,19 @@ PAGES = [
     register(
         Page(
             "privacy_mechanisms",
-            "DP-SGD, Muffliato, ZIP-DL, DECOR at equal ε against a neighbour, each run attacked",
+            "DP-SGD, Muffliato, ZIP-DL, DECOR at equal ε in the attack regime, attacked and audited",
+            audited.plan,
+            audited.row,
+            audited.render,
+        )
+    ),
+    register(
+        Page(
+            "privacy_mechanisms_logreg",
+            "DP-SGD, Muffliato, ZIP-DL, DECOR at equal ε on a linear problem, three topologies",
             plan,
             row,
             render,
         )
-    )
+    ),
 ]

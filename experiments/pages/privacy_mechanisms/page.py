@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import statistics
 from typing import Any, Dict, List, Tuple
 
@@ -26,7 +27,9 @@ def _sd(values) -> float:
 
 
 def _pm(values: List[float]) -> str:
-    return pm(*mean_sd(values), ".2f", 100, " %")
+    """mean ± std in %; "n/a" where no run evaluated there (a --quick run's quarters)."""
+    values = [v for v in values if not math.isnan(v)]
+    return pm(*mean_sd(values), ".2f", 100, " %") if values else "n/a"
 
 
 def _group(rows, mechanism, algorithm) -> List[Dict[str, Any]]:
@@ -252,9 +255,9 @@ def attack_lines(sections, c) -> List[str]:
     lines = [
         "| topology | mechanism | algorithm | LOSS AUC (received) | TPR @1 % | TPR @0.1 % | "
         "LiRA offline AUC (received) | LiRA TPR @1 % | LiRA online AUC (received) | LOSS AUC "
-        "(victim's own) | blind model LOSS AUC | class prior AUC | null band AUC | null band "
-        "TPR @1 % |",
-        "|---" * 14 + "|",
+        "(victim's own) | blind model LOSS AUC | blind model LOSS TPR @0.1 % | class prior AUC | "
+        "chance band AUC | chance band TPR @1 % | chance band TPR @0.1 % |",
+        "|---" * 16 + "|",
     ]
     outside = []
     for section in sections:
@@ -272,8 +275,9 @@ def attack_lines(sections, c) -> List[str]:
                 cells += [m("tpr0.1/received/LOSS", 100, 2), m("auc/received/LiRA offline")]
                 cells += [m("tpr1/received/LiRA offline", 100, 2), m("auc/received/LiRA online")]
                 cells += [m("auc/victim's own/LOSS"), m("auc/blind model/LOSS")]
-                cells += [m("auc/class prior"), _band(group, "null/auc")]
-                cells.append(_band(group, "null/tpr1"))
+                cells += [m("tpr0.1/blind model/LOSS", 100, 2), m("auc/class prior")]
+                cells += [_band(group, "null/auc"), _band(group, "null/tpr1")]
+                cells.append(_band(group, "null/tpr0.1"))
                 lines.append(
                     f"| {topology} | {NAMES[name]} | {algorithm} | " + " | ".join(cells) + " |"
                 )
@@ -298,7 +302,7 @@ def attack_lines(sections, c) -> List[str]:
         "threshold).",
         "",
         "Received-model attacks (LOSS, LiRA offline) whose AUC or TPR at 1 % FPR is above the "
-        "null band's upper end (mean over the seeds, against the band's mean ends): "
+        "chance band's upper end (mean over the seeds, against the band's mean ends): "
         + (above or "none: no row's neighbour attack is distinguishable from guessing here")
         + ".",
     ]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 __all__ = ["calibrate", "subsampled_epsilon"]
 
@@ -53,8 +53,11 @@ def calibrate(
     clip: float,
     decor_ratio: float = 4.0,
     zipdl_ratio: float = 1.0,
+    steps: Optional[int] = None,
 ) -> Dict[str, Dict[str, Any]]:
-    """{mechanism: its noise and epsilons} for `target` against a neighbour (module docstring)."""
+    """{mechanism: its noise and epsilons} for `target` against a neighbour (module docstring).
+    `steps`: the run's number of steps where an epoch is not a pass over `shard` (the victim
+    trains on fewer records than an epoch counts); default epochs x ceil(shard / batch_size)."""
     import topologies
 
     from gossip_powersgd.privacy.accounting import noise_for_target, pld_epsilon
@@ -63,7 +66,7 @@ def calibrate(
     graph = topologies.parse(topology)
     far = int(max(range(graph.size), key=lambda u: muffliato.hops(graph, 0)[u]))
     q = batch_size / shard
-    steps = epochs * math.ceil(shard / batch_size)
+    steps = steps or epochs * math.ceil(shard / batch_size)
     local_sigma = noise_for_target(target, delta, [q], steps, "rdp")
     rdp = subsampled_epsilon(local_sigma, q, steps, delta)
     out = {"local": dict(sigma=local_sigma, extra="—", neighbour=rdp, far=rdp)}

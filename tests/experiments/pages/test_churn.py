@@ -16,7 +16,7 @@ from experiments.engine import Record, RowFile, Rows, checked_plan, render
 from experiments.engine.cli import main
 from experiments.pages import pages
 from experiments.pages.churn import FULL, JOIN_MODES, per_step_rate, plan, setting
-from experiments.pages.churn.measure import grid_row, schedule_figures
+from experiments.pages.churn.measure import grid_row
 from experiments.pages.churn.tables import soak_section
 from experiments.pages.churn.text import render_page
 from gossip_powersgd.membership.churn import churn_membership, parse_churn
@@ -88,17 +88,6 @@ def test_churned_rows_made_every_change_of_their_schedule(quick):
         assert row["live_peers_at_end"] == len(membership.epochs[-1].live)
         assert row["departures"] > 0 and row["average_shift_total"] > 0.0
         assert 0.0 < row["away_share"] < 1.0
-
-
-def test_schedule_figures_count_departures_returns_and_time_away():
-    # 4 peers, 10 steps: peer 1 away for steps 2..5 (4 steps), peer 3 from step 6 to the end (4)
-    figures = schedule_figures("leave:1@2,join:1@6,leave:3@6", 4, 10)
-    assert figures == {
-        "departures": 2,
-        "returns": 1,
-        "scheduled_changes": 2,
-        "away_share": 8 / 40,
-    }
 
 
 def test_a_row_refuses_a_run_whose_steps_per_epoch_the_page_got_wrong(quick):
