@@ -21,7 +21,8 @@ from functools import cached_property
 import networkx as nx
 import numpy as np
 
-from .generators import _int, node_count
+from .generators import _int
+from .importers import node_count
 from .stepcache import StepCache
 from .topology import STOCHASTIC_TOL, ConstantSchedule, check_size
 

@@ -64,6 +64,40 @@ def _orthonormalise(factor: Tensor) -> Tensor:
     return orthonormalize_(vectors)[0].T
 
 
+def _start_edges(
+    topology: AnyTopology, n: int, seed: int, groups, matrix_shape, dtype
+) -> Dict[Tuple[int, int], Edge]:
+    """Every edge {i, j}, i < j, of the union graph: its generator seeded with `edge_seed(seed, i,
+    j)`, Q drawn from it, P zero."""
+    edges: Dict[Tuple[int, int], Edge] = {}
+    for i in range(n):
+        for j in topology.union.neighbors(i):
+            if i < j:
+                edge = Edge(torch.Generator().manual_seed(edge_seed(seed, i, j)), {}, {})
+                edge.Q = _draw(edge, groups, "Q", dtype)
+                edge.P = {
+                    k: torch.zeros(matrix_shape[k][0], q.shape[1], dtype=dtype)
+                    for k, q in edge.Q.items()
+                }
+                edges[(i, j)] = edge
+    return edges
+
+
+def _gossip_exact(models, exact: List[int], before, graph, gamma: float) -> None:
+    """Exact gossip of the uncompressed tensors `exact`, from their values `before` the half-step:
+    x_i += gamma sum_j W(t)[i, j] (x_j - x_i)."""
+    for i in range(len(models)):
+        for slot, k in enumerate(exact):
+            mixed = sum(
+                (
+                    graph.weight(i, j) * (before[j][slot] - before[i][slot])
+                    for j in graph.neighbors(i)
+                ),
+                torch.zeros_like(before[i][slot]),
+            )
+            models[i][k].add_(gamma * mixed)
+
+
 def reference_powergossip(
     models: Sequence[List[Tensor]],
     topology: AnyTopology,
@@ -87,17 +121,7 @@ def reference_powergossip(
     groups = {shape: (indices, min(rank, *shape)) for shape, indices in shapes.items()}
     matrix_shape = {k: shape for shape, indices in shapes.items() for k in indices}
     exact = [k for k in range(len(models[0])) if k not in matrix_shape]
-    edges: Dict[Tuple[int, int], Edge] = {}
-    for i in range(n):
-        for j in topology.union.neighbors(i):
-            if i < j:
-                edge = Edge(torch.Generator().manual_seed(edge_seed(seed, i, j)), {}, {})
-                edge.Q = _draw(edge, groups, "Q", dtype)
-                edge.P = {
-                    k: torch.zeros(matrix_shape[k][0], q.shape[1], dtype=dtype)
-                    for k, q in edge.Q.items()
-                }
-                edges[(i, j)] = edge
+    edges = _start_edges(topology, n, seed, groups, matrix_shape, dtype)
     matrix = lambda i, k: models[i][k].view(matrix_shape[k])  # noqa: E731 (a view: updated in place)
     for t in range(steps):
         graph = topology.at(t)
@@ -134,16 +158,7 @@ def reference_powergossip(
             for (peer, k), update in updates.items():
                 matrix(peer, k).add_(update)
             if before is not None:
-                for i in range(n):
-                    for slot, k in enumerate(exact):
-                        mixed = sum(
-                            (
-                                graph.weight(i, j) * (before[j][slot] - before[i][slot])
-                                for j in graph.neighbors(i)
-                            ),
-                            torch.zeros_like(before[i][slot]),
-                        )
-                        models[i][k].add_(gamma * mixed)
+                _gossip_exact(models, exact, before, graph, gamma)
     return edges
 
 

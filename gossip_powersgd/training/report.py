@@ -68,33 +68,8 @@ def run_summary(
     """
     evals = [r for r in history if r.get("kind") == "eval"]
     final = evals[-1] if evals else {}
-    released = {}
-    if private:
-        released["peer_statistics"] = (
-            "private: each peer's shard size, label histogram and "
-            "training loss are in its own peers/rank-K.json"
-        )
-    else:
-        hist = torch.zeros(comm.size, len(histogram), dtype=torch.float64)
-        hist[comm.rank] = torch.tensor(histogram, dtype=torch.float64)
-        comm.allreduce_(hist, op="sum", metric=True)
-        released["label_histogram"] = [[int(v) for v in row] for row in hist.tolist()]
-    means = comm.allreduce_(
-        torch.tensor(
-            [
-                comm.stats.bytes_sent,
-                comm.stats.messages_sent,
-                timers["time_compute"],
-                timers["time_gossip_compute"],
-                timers["time_communication"],
-            ],
-            dtype=torch.float64,
-        ),
-        op="mean",
-        metric=True,
-    )
-    wall = torch.tensor([timers["wall_time"]], dtype=torch.float64)
-    comm.allreduce_(wall, op="max", metric=True)
+    released = _released_statistics(comm, histogram, private)
+    means, wall = _traffic_and_time(comm, timers)
     digests = [d.hex() for d in comm.allgather_bytes(bytes.fromhex(model_digest(model)))]
     local_steps = getattr(config, "local_steps", 1)
     rounds = step // local_steps if algorithm.acts_on == "parameters" else step
@@ -114,6 +89,70 @@ def run_summary(
         "steps": step,
         "steps_per_epoch": steps_per_epoch,
         "parameters": num_parameters,
+        **_final_figures(final, eval_split),
+        "mb_sent_per_peer": sent / 1e6,
+        "messages_sent_per_peer": float(means[1]),
+        "exact_gossip_mb_per_peer_formula": exact_bytes / 1e6,
+        "exact_gossip_formula": (
+            f"model bytes {parameter_bytes} x mean degree {degree:g} x "
+            f"communication rounds {rounds} (formula, not measured)"
+        ),
+        "local_steps": local_steps,
+        "communication_rounds": rounds,
+        "compression_ratio": (exact_bytes / sent) if sent > 0 else None,
+        "bytes_per_step": int(algorithm.bytes_per_step()),
+        "wall_time_s": wall,
+        "time_compute_s": float(means[2]),
+        "time_gossip_compute_s": float(means[3]),
+        "time_communication_s": float(means[4]),
+        **released,
+        "model_sha256": digests,
+        "run_dir": config.out_dir,
+    }
+
+
+def _released_statistics(comm: Comm, histogram, private: bool) -> Dict[str, Any]:
+    """What the summary says of the peers' own data: every peer's label histogram (summed over
+    peers, collective), or under `private` only where each peer's own figures are."""
+    if private:
+        return {
+            "peer_statistics": (
+                "private: each peer's shard size, label histogram and "
+                "training loss are in its own peers/rank-K.json"
+            )
+        }
+    hist = torch.zeros(comm.size, len(histogram), dtype=torch.float64)
+    hist[comm.rank] = torch.tensor(histogram, dtype=torch.float64)
+    comm.allreduce_(hist, op="sum", metric=True)
+    return {"label_histogram": [[int(v) for v in row] for row in hist.tolist()]}
+
+
+def _traffic_and_time(comm: Comm, timers) -> Tuple[torch.Tensor, float]:
+    """(the means over peers of bytes sent, messages sent, compute, gossip compute and
+    communication time; the slowest peer's wall time), collective."""
+    means = comm.allreduce_(
+        torch.tensor(
+            [
+                comm.stats.bytes_sent,
+                comm.stats.messages_sent,
+                timers["time_compute"],
+                timers["time_gossip_compute"],
+                timers["time_communication"],
+            ],
+            dtype=torch.float64,
+        ),
+        op="mean",
+        metric=True,
+    )
+    wall = torch.tensor([timers["wall_time"]], dtype=torch.float64)
+    comm.allreduce_(wall, op="max", metric=True)
+    return means, float(wall[0])
+
+
+def _final_figures(final: Dict[str, Any], eval_split: str) -> Dict[str, Any]:
+    """The last evaluation's figures, as the summary names them (`eval_split`: the data they were
+    evaluated on)."""
+    return {
         "final_test_acc_avg_model": final.get("test_acc_avg_model"),
         "final_test_acc_local_mean": final.get("test_acc_mean"),
         "final_test_acc_local_min": final.get("test_acc_min"),
@@ -126,24 +165,6 @@ def run_summary(
         ),
         "final_train_loss": final.get("train_loss"),
         "final_consensus_distance": final.get("consensus_distance"),
-        "mb_sent_per_peer": sent / 1e6,
-        "messages_sent_per_peer": float(means[1]),
-        "exact_gossip_mb_per_peer_formula": exact_bytes / 1e6,
-        "exact_gossip_formula": (
-            f"model bytes {parameter_bytes} x mean degree {degree:g} x "
-            f"communication rounds {rounds} (formula, not measured)"
-        ),
-        "local_steps": local_steps,
-        "communication_rounds": rounds,
-        "compression_ratio": (exact_bytes / sent) if sent > 0 else None,
-        "bytes_per_step": int(algorithm.bytes_per_step()),
-        "wall_time_s": float(wall[0]),
-        "time_compute_s": float(means[2]),
-        "time_gossip_compute_s": float(means[3]),
-        "time_communication_s": float(means[4]),
-        **released,
-        "model_sha256": digests,
-        "run_dir": config.out_dir,
     }
 
 
@@ -157,11 +178,11 @@ def _fmt(value, pct: bool = False) -> str:
     return str(value)
 
 
-def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
-    """The summary as a table (markdown for summary.md, aligned text for the terminal)."""
+def _summary_rows(summary: Dict[str, Any]) -> List[Tuple[str, str]]:
+    """The summary's own (quantity, value) rows, before the features' rows."""
     split = summary.get("eval_split", "test")
     perplexity = summary.get("final_test_perplexity_avg_model")
-    rows = [
+    return [
         ("algorithm", summary["algorithm"]),
         ("topology", f"{summary['topology']} ({summary['peers']} peers)"),
         (
@@ -207,43 +228,48 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
             f"{summary['time_communication_s']:.1f} s, means over peers)",
         ),
     ]
-    rows += summary_rows(summary)  # each feature's (differential privacy, observers, ...)
-    hist = summary.get("label_histogram")
-    if hist is not None and not any(
-        hist
-    ):  # a target per token: a histogram would be vocabulary-wide
-        rows.append(("label histogram", "none (a language model's targets are tokens)"))
-        hist = None
-    elif hist is None:  # private peer statistics: nothing of any peer's own data to show
-        rows.append(("peer statistics", summary.get("peer_statistics", "n/a")))
-    if hist is None:
-        if markdown:
-            return (
-                "\n".join(
-                    ["# Run summary", "", "| quantity | value |", "|---|---|"]
-                    + [f"| {k} | {v} |" for k, v in rows]
-                )
-                + "\n"
-            )
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _table_lines(rows: Sequence[Tuple[str, str]], markdown: bool) -> List[str]:
+    """The rows as a markdown table under its title, or as aligned text."""
     if markdown:
-        lines = ["# Run summary", "", "| quantity | value |", "|---|---|"]
-        lines += [f"| {k} | {v} |" for k, v in rows]
-        lines += [
+        return ["# Run summary", "", "| quantity | value |", "|---|---|"] + [
+            f"| {k} | {v} |" for k, v in rows
+        ]
+    width = max(len(k) for k, _ in rows)
+    return [f"{k.ljust(width)}  {v}" for k, v in rows]
+
+
+def _histogram_lines(hist: List[List[int]], markdown: bool) -> List[str]:
+    """Every peer's label histogram, as a markdown section or as aligned text."""
+    if markdown:
+        return [
             "",
             "## Label histogram per peer",
             "",
             "| peer | " + " | ".join(str(c) for c in range(len(hist[0]))) + " |",
             "|---" * (len(hist[0]) + 1) + "|",
-        ]
-        lines += [f"| {k} | " + " | ".join(map(str, row)) + " |" for k, row in enumerate(hist)]
-        return "\n".join(lines) + "\n"
-    width = max(len(k) for k, _ in rows)
-    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
-    lines.append("label histogram per peer (classes 0..{}):".format(len(hist[0]) - 1))
-    lines += [f"  peer {k:>3}: {' '.join(f'{v:>4}' for v in row)}" for k, row in enumerate(hist)]
-    return "\n".join(lines)
+        ] + [f"| {k} | " + " | ".join(map(str, row)) + " |" for k, row in enumerate(hist)]
+    return ["label histogram per peer (classes 0..{}):".format(len(hist[0]) - 1)] + [
+        f"  peer {k:>3}: {' '.join(f'{v:>4}' for v in row)}" for k, row in enumerate(hist)
+    ]
+
+
+def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
+    """The summary as a table (markdown for summary.md, aligned text for the terminal)."""
+    rows = _summary_rows(summary)
+    rows += summary_rows(summary)  # each feature's (differential privacy, observers, ...)
+    hist = summary.get("label_histogram")
+    # a language model has a target per token: its histogram would be vocabulary-wide (empty rows)
+    if hist is not None and not any(hist):
+        rows.append(("label histogram", "none (a language model's targets are tokens)"))
+        hist = None
+    elif hist is None:  # private peer statistics: nothing of any peer's own data to show
+        rows.append(("peer statistics", summary.get("peer_statistics", "n/a")))
+    lines = _table_lines(rows, markdown)
+    if hist is not None:
+        lines += _histogram_lines(hist, markdown)
+    return "\n".join(lines) + ("\n" if markdown else "")
 
 
 def peer_report(comm: Comm, history, histogram, shard_size: int) -> Dict[str, Any]:

@@ -14,7 +14,7 @@ import copy
 import dataclasses
 import json
 import random
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -140,44 +140,16 @@ def build_run(
         from .progress import SetupLog
 
         log = SetupLog(comm.rank, quiet=True)
-    from .data import (
-        LOCAL_PARTITION,
-        agree_local_dataset,
-        content_digests,
-        label_histogram,
-        load_dataset,
-        load_peer_dataset,
-        peer_shard,
-    )
+    from .data import LOCAL_PARTITION
     from .models import count_parameters
 
     rank, size = comm.rank, comm.size
     device = resolve_device(config.device, rank)
     owns_process = _process_owned(comm)
     if owns_process:
-        seed = int(np.random.SeedSequence([config.seed, rank]).generate_state(1)[0])
-        torch.manual_seed(seed)
-        np.random.seed(seed)
-        random.seed(seed)
-
-    if config.partition == LOCAL_PARTITION:  # the data exists only on its peer
-        dataset = collectively(comm, load_peer_dataset, config.dataset, rank, size, config.seed)
-        # The shard sizes stay private unless released: the epoch is then sized by the declared
-        # public total (validate_config requires one).
-        share = not peer_statistics_private(config)
-        dataset, num_train = agree_local_dataset(comm, dataset, share_size=share)
-        if not share:
-            num_train = int(config.public_train_size)
-        _check_same_dataset(comm, config, dataset, ("test",) if dataset.shared_test else ())
-    else:
-        dataset = collectively(comm, load_dataset, config.dataset, config.seed)
-        num_train = dataset.num_train
-        _check_same_dataset(comm, config, dataset, _SHARED_DATA)
-    x_train, y_train = collectively(
-        comm, peer_shard, dataset, rank, size, config.partition, config.seed
-    )
-    # a language model's targets are tokens: no label histogram (it would be vocabulary-wide)
-    histogram = label_histogram(y_train, dataset.num_classes) if y_train.ndim == 1 else []
+        _seed_process(config.seed, rank)
+    dataset, num_train = _load_data(comm, config)
+    x_train, y_train, histogram = _shard(comm, config, dataset)
     log.done(f"data {config.dataset} loaded, partition {config.partition}")
     model = collectively(comm, _checked_model, config, dataset, x_train, rank)
     x_train, y_train = x_train.to(device), y_train.to(device)
@@ -208,22 +180,9 @@ def build_run(
     context.batches.transform = dataset.train_transform  # also on batches a hook replaced (DP)
     if getattr(batches, "carrier", None) is not None and context.batches is not batches:
         batches.carrier.carry_state = False  # a hook's batches (DP's Poisson ones) are no streams
-    acts_on = getattr(context.algorithm, "acts_on", "parameters")
-    if acts_on not in ("parameters", "gradients"):
-        raise ValueError(
-            f"algorithm {config.algorithm!r} has acts_on={acts_on!r}; "
-            "expected 'parameters' or 'gradients'"
-        )
+    acts_on = _acts_on(context.algorithm, config)
     _check_schedule(config, rank, size, num_train, steps_per_epoch, acts_on)
-    header_args = dict(
-        rank=rank,
-        world_size=size,
-        topology=comm.topology,
-        topology_spec=config.topology,
-        config_hash=config_hash(config),
-        config_json=json.dumps(hashed_config(config), sort_keys=True),
-        data=content_digests(dataset),
-    )
+    header_args = _header_args(comm, config, dataset)
     return PeerRun(
         model=context.model,
         averaged=copy.deepcopy(context.model),
@@ -242,6 +201,77 @@ def build_run(
         header_args=header_args,
         eval_split=getattr(dataset, "eval_split", "test"),
         own_test=config.partition == LOCAL_PARTITION and not dataset.shared_test,
+    )
+
+
+def _seed_process(seed: int, rank: int) -> None:
+    """Seed the global RNGs (torch, numpy, random) of a process this peer owns, from the run's
+    seed and its rank."""
+    seed = int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def _load_data(comm: Comm, config: TrainConfig) -> Tuple[Any, int]:
+    """(this peer's dataset, the number of training samples an epoch is sized by), checked to be
+    the same shared data on every peer (collective)."""
+    from .data import LOCAL_PARTITION, agree_local_dataset, load_dataset, load_peer_dataset
+
+    rank, size = comm.rank, comm.size
+    if config.partition == LOCAL_PARTITION:  # the data exists only on its peer
+        dataset = collectively(comm, load_peer_dataset, config.dataset, rank, size, config.seed)
+        # The shard sizes stay private unless released: the epoch is then sized by the declared
+        # public total (validate_config requires one).
+        share = not peer_statistics_private(config)
+        dataset, num_train = agree_local_dataset(comm, dataset, share_size=share)
+        if not share:
+            num_train = int(config.public_train_size)
+        _check_same_dataset(comm, config, dataset, ("test",) if dataset.shared_test else ())
+    else:
+        dataset = collectively(comm, load_dataset, config.dataset, config.seed)
+        num_train = dataset.num_train
+        _check_same_dataset(comm, config, dataset, _SHARED_DATA)
+    return dataset, num_train
+
+
+def _shard(
+    comm: Comm, config: TrainConfig, dataset
+) -> Tuple[torch.Tensor, torch.Tensor, List[int]]:
+    """(inputs, targets, label histogram) of this peer's shard (collective); a language model's
+    targets are tokens: no label histogram (it would be vocabulary-wide)."""
+    from .data import label_histogram, peer_shard
+
+    x_train, y_train = collectively(
+        comm, peer_shard, dataset, comm.rank, comm.size, config.partition, config.seed
+    )
+    histogram = label_histogram(y_train, dataset.num_classes) if y_train.ndim == 1 else []
+    return x_train, y_train, histogram
+
+
+def _acts_on(algorithm, config: TrainConfig) -> str:
+    """What the algorithm (as the set-up hooks left it) acts on: "parameters" or "gradients"."""
+    acts_on = getattr(algorithm, "acts_on", "parameters")
+    if acts_on not in ("parameters", "gradients"):
+        raise ValueError(
+            f"algorithm {config.algorithm!r} has acts_on={acts_on!r}; "
+            "expected 'parameters' or 'gradients'"
+        )
+    return acts_on
+
+
+def _header_args(comm: Comm, config: TrainConfig, dataset) -> Dict[str, Any]:
+    """What every checkpoint header of this run says: who wrote it, in which run, on which data."""
+    from .data import content_digests
+
+    return dict(
+        rank=comm.rank,
+        world_size=comm.size,
+        topology=comm.topology,
+        topology_spec=config.topology,
+        config_hash=config_hash(config),
+        config_json=json.dumps(hashed_config(config), sort_keys=True),
+        data=content_digests(dataset),
     )
 
 

@@ -37,9 +37,7 @@ else unless `release_peer_statistics: true` (`privacy.training.keeps_peer_statis
 
 from __future__ import annotations
 
-import functools
 import math
-import sys
 import time
 from pathlib import Path
 from typing import (
@@ -58,33 +56,27 @@ import torch.nn.functional as F
 from torch.nn.utils import clip_grad_norm_
 
 from ..algorithms.base import NonFiniteError
-from ..utils import atomic_write
 from . import checkpoint as ckpt
-from .resume import agree_resume_epoch, load_for_resume
 from . import rundir
 from .rundir import AUTO
-from .config import TrainConfig, dump_config
+from .config import TrainConfig
 from .evaluation import (
     TIMING_KEYS,
     flat_logits,
-    RecordLog,
     average_state_into,
-    eval_line,
-    eval_record,
     evaluate_model,
-    log_record,
     model_digest,
 )
-from .batchnorm import refresh_inputs
-from .features import feature_hooks, peer_statistics_private
+from .features import feature_hooks
 from .hooks import HookList, TrainingHooks
-from .progress import Printer, SetupLog
-from .provenance import as_comments, provenance
-from .report import format_summary, report_and_finish
+from .progress import SetupLog
+from .provenance import provenance
+from .report import format_summary
 from .runstate import RunState
-from .churn_run import call, churn_run
+from .churn_run import churn_run
 from .divergence import DIVERGENCE_FACTOR, check_divergence
-from .setup import PeerRun, build_run, checked_config, collectively, make_optimizer, resolve_device
+from .session import open_session
+from .setup import build_run, checked_config, collectively, make_optimizer, resolve_device
 
 if TYPE_CHECKING:
     from ..comm.base import Comm
@@ -122,66 +114,14 @@ def _endless(batches) -> Iterator:
         yield from batches
 
 
-# ---- set-up ----------------------------------------------------------------------------------------
-
-
-def _resume(comm: Comm, run_dir: Path, run: PeerRun, hooks: HookList, churn) -> RunState:
-    """Load the newest checkpoint every rank holds into `run`; its `RunState` (collective). With
-    a membership driver (`churn`), peers away at that epoch too (`churn_resume`)."""
-    restore = functools.partial(
-        RunState.from_checkpoint,
-        model=run.model,
-        optimizer=run.optimizer,
-        algorithm=run.algorithm,
-        batches=run.batches,
-        comm=comm,
-        hooks=hooks,
-        restore_rng=run.owns_process,
-    )
-    if churn is not None:
-        from .churn_resume import resume
-
-        return resume(churn, comm, run_dir, run, restore)
-    epoch = agree_resume_epoch(comm, run_dir)
-    loaded = collectively(comm, load_for_resume, run_dir, epoch, **run.header_args)
-    return collectively(comm, restore, loaded["state"])
-
-
-def _save(
-    comm: Comm, run_dir: Path, run: PeerRun, state: RunState, hooks: HookList, resumable: bool
-) -> None:
-    """Write this peer's checkpoint; a failure on any peer (a full disk) stops every peer with the
-    same line, and the previous checkpoints stay as they were (files are replaced whole).
-    `resumable`: every rank already holds a checkpoint of this run (it resumed from one, or a
-    save succeeded everywhere), so the line advises --resume; else starting again."""
-    header = ckpt.make_header(epoch=state.epoch, step=state.step, **run.header_args)
-    payload = state.to_checkpoint(
-        model=run.model,
-        optimizer=run.optimizer,
-        algorithm=run.algorithm,
-        batches=run.batches,
-        comm=comm,
-        hooks=hooks,
-        include_rng=run.owns_process,
-    )
-
-    def write() -> None:
-        try:
-            ckpt.save_checkpoint(run_dir, header, payload)
-        except OSError as exc:
-            advice = (
-                "the previous checkpoints are intact (free space, then --resume)"
-                if resumable
-                else "no checkpoint is held by every rank yet, so the run cannot be resumed: "
-                f"free space, then start it again (in a new run directory, or after emptying "
-                f"{run_dir})"
-            )
-            raise OSError(
-                f"rank {comm.rank}: cannot write the epoch-{state.epoch} checkpoint in "
-                f"{ckpt.checkpoint_dir(run_dir)}: {exc.strerror or exc}; {advice}"
-            ) from None
-
-    collectively(comm, write)
+def _check_loss(value: Optional[float], rank: int, step: int, hint: str) -> None:
+    """Stop on a training loss that is not finite (None: an empty batch had none)."""
+    if value is not None and not math.isfinite(value):
+        raise NonFiniteError(
+            f"rank {rank}: the training loss is {value} at step "
+            f"{step} (lower the learning rate or check the "
+            f"data){hint}"
+        )
 
 
 # ---- training ------------------------------------------------------------------------------------
@@ -267,62 +207,14 @@ def _train(
 ) -> Dict[str, Any]:
     """`train` once the run directory is held: build, resume, run the loop, write the summary
     (which each hook in `reporting`, the features' hooks, extends with its `summary_fields()`,
-    and its own `peers/rank-K.json` with `peer_fields()`, where it has them)."""
+    and its own `peers/rank-K.json` with `peer_fields()`, where it has them). The loop is here;
+    the work around it (resuming, records, evaluations, checkpoints, teardown) in `session.py`."""
     origin = provenance(comm, config)  # collective over every peer: before anyone may be away
     run = build_run(comm, config, hooks, log, resume=bool(resume), origin=origin)
-    # what a divergence message adds (differential privacy names its noise); after the set-up
-    hint = "".join(h.divergence_hint() for h in reporting if hasattr(h, "divergence_hint"))
-    state = RunState()
-    if churn is not None:  # the algorithm wrapped so that membership changes rebuild it
-        churn.start(run, hooks, run_dir)
-        churn.place(state)  # a rejoining peer: at its admission's training epoch
-    if resume:
-        state = _resume(comm, run_dir, run, hooks, churn)
-        log.done(f"resumed from the checkpoint of epoch {state.epoch} (step {state.step})")
-    records = RecordLog(state.history)
-    if run_dir is not None:
-        records.file = ckpt.open_metrics(run_dir, comm.rank, state.step if resume else None)
-        if comm.rank == 0:
-            atomic_write(run_dir / "config.yaml", as_comments(origin) + dump_config(config))
-    model, optimizer, algorithm = run.model, run.optimizer, run.algorithm
-    state.wall_start = time.perf_counter()  # wall time counts training, not set-up or loading
-    timers = functools.partial(state.timers, algorithm)
-    printer = Printer(comm.rank, config, config.epochs * run.steps_per_epoch, state.step)
+    session = open_session(comm, config, run_dir, run, hooks, reporting, churn, origin, resume, log)
+    state, model, optimizer, algorithm = session.state, run.model, run.optimizer, run.algorithm
     batches = _endless(run.batches)
-    private = peer_statistics_private(config)
-    resumable = bool(resume)  # every rank holds a checkpoint to resume from
-    guard = churn.guard if churn is not None else call
-    taken = [0.0]  # the training loss of the last evaluation's window
-
-    def evaluate(lr: float, train_loss) -> None:
-        record = guard(
-            "an evaluation",
-            eval_record,
-            comm,
-            model,
-            run.averaged,
-            run.x_test,
-            run.y_test,
-            epoch=state.epoch,
-            step=state.step,
-            lr=lr,
-            train_loss_local=train_loss,
-            timers=timers,
-            pooled=config.partition == "local",
-            private=private,
-            own_test=run.own_test,
-            bn_inputs=None
-            if private
-            else functools.partial(refresh_inputs, run.batches, state.step),
-        )
-        if record is None:  # a lost peer interrupted it (churn): no record on this peer
-            return
-        record = hooks.on_evaluation(record)
-        records.write(record)
-        hooks.on_record(record)
-        printer.line(eval_line(record, config.epochs))
-        check_divergence(record, state.history, run.num_classes, hint)
-
+    lr = None  # set by every step this peer trains (a member at an epoch's end has trained one)
     try:
         while state.epoch < config.epochs:
             for _ in range(run.steps_per_epoch):
@@ -341,12 +233,7 @@ def _train(
                     hooks.before_backward(state.step, loss).backward()
                     value = float(loss.detach())
                 state.time_compute += time.perf_counter() - start
-                if value is not None and not math.isfinite(value):
-                    raise NonFiniteError(
-                        f"rank {comm.rank}: the training loss is {value} at step "
-                        f"{state.step} (lower the learning rate or check the "
-                        f"data){hint}"
-                    )
+                _check_loss(value, comm.rank, state.step, session.hint)
                 hooks.after_backward(state.step)
                 if run.acts_on == "gradients":
                     algorithm.step()
@@ -362,67 +249,21 @@ def _train(
                     hooks.after_gossip(state.step)
                 state.finish_step(value)
                 hooks.after_step(state.step - 1, value)
-                printer.update()
+                session.printer.update()
                 if config.log_every and state.step % config.log_every == 0:
-                    record = guard(
-                        "a log record",
-                        log_record,
-                        comm,
-                        model,
-                        step=state.step,
-                        steps_per_epoch=run.steps_per_epoch,
-                        lr=lr,
-                        train_loss_local=state.take_log_loss(),
-                        timers=timers,
-                        private=private,
-                    )
-                    if record is not None:  # None: a lost peer interrupted it (churn)
-                        records.write(record)
-                        hooks.on_record(record)
-                        check_divergence(record, state.history, run.num_classes, hint)
+                    session.log(lr)
                 if on_step is not None:
                     on_step(state.step)
             state.epoch += 1
-            member = churn is None or churn.live  # evaluations and checkpoints: the members'
-            if member and (state.epoch % config.eval_every == 0 or state.epoch == config.epochs):
-                taken[0] = state.take_train_loss()
-                evaluate(lr, taken[0])
-            if (
-                member
-                and run_dir is not None
-                and config.checkpoint_every
-                and (state.epoch % config.checkpoint_every == 0 or state.epoch == config.epochs)
-            ):
-                # True: the save succeeded on every rank (it is collective); None: a lost peer
-                # interrupted it after this peer's file was written whole (churn)
-                saved = guard(
-                    "a checkpoint",
-                    lambda: _save(comm, run_dir, run, state, hooks, resumable) or True,
-                )
-                resumable = resumable or saved is not None
+            session.end_epoch(lr)  # the evaluation and the checkpoint that are due
         # on_peer_loss: continue on torch: a loss found at the very end takes effect now, and the
         # members evaluate again without it (the end's record is theirs: `ChurnRun.settle`)
         if churn is not None and churn.settle(state) and churn.live:
-            evaluate(learning_rate(config, state.step - 1, run.steps_per_epoch), taken[0])
+            lr_end = learning_rate(config, state.step - 1, run.steps_per_epoch)
+            session.evaluate(lr_end, session.train_loss)
     finally:
-        printer.close()
-        records.close()
-        failing = sys.exc_info()[0] is not None
-        try:
-            hooks.close()
-        except Exception:
-            if not failing:  # a hook that fails to close must not hide why the run failed
-                raise
-
-    made = None
-    try:  # the trackers end their runs with the summary (or as failed, without one)
-        made = report_and_finish(
-            comm, config, run_dir, run, state, reporting, churn, origin, private
-        )
-    finally:
-        hooks.on_summary(made[0] if made is not None else None)
-    summary, peer = made
-    return dict(summary, rank=comm.rank, history=state.history, peer=peer)
+        session.close()
+    return session.finish(reporting, origin)
 
 
 __all__ = [

@@ -86,6 +86,22 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
     """
     c = config
     c.check_types()  # values set in code rather than from YAML
+    # in this order: the first bad value is the one an error names
+    _check_choices_and_optimizer(c)
+    _check_schedule_and_counts(c)
+    _check_run_settings(c)
+    _check_algorithm(c)
+    num_peers = _topology_peers(c)
+    _check_directed(c, num_peers)
+    _check_public_train_size(c)
+    for feature in features():  # differential privacy, observers, loggers, user hooks, ...
+        feature.validate(c)
+    if deep:
+        validate_specs(c, num_peers)
+
+
+def _check_choices_and_optimizer(c: TrainConfig) -> None:
+    """The names chosen from a list (optimizer, schedule, backend) and the optimizer's values."""
     _check(c.optimizer in OPTIMIZERS, "optimizer", c.optimizer, f"valid: {', '.join(OPTIMIZERS)}")
     _check(c.schedule in SCHEDULES, "schedule", c.schedule, f"valid: {', '.join(SCHEDULES)}")
     _check(c.backend in TRANSPORTS, "backend", c.backend, f"valid: {', '.join(TRANSPORTS.names())}")
@@ -115,6 +131,11 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
         c.weight_decay,
         "must be >= 0",
     )
+
+
+def _check_schedule_and_counts(c: TrainConfig) -> None:
+    """The run's counts (exact in float64), clipping, its length, its learning-rate schedule and how
+    often it evaluates, logs and checkpoints."""
     for key in _COUNTS:  # step and epoch numbers stay exact in float64 (JSON readers, trackers)
         value = getattr(c, key)
         _check(
@@ -161,6 +182,11 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
     _check(
         c.checkpoint_every >= 0, "checkpoint_every", c.checkpoint_every, "must be >= 0 (0 = off)"
     )
+
+
+def _check_run_settings(c: TrainConfig) -> None:
+    """Where and how the run runs: seed, peers, comm_timeout, threads, device, out_dir and the
+    declared training-set size."""
     # torch's generators take seeds below 2**64; a larger one would fail inside the model's set-up
     _check(0 <= c.seed < _SEED_LIMIT, "seed", c.seed, "must be in [0, 2**64)")
     _check(c.peers is None or c.peers >= 1, "peers", c.peers, "must be >= 1 or null")
@@ -199,12 +225,20 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
         "must be >= 1 (training samples of all peers) or null",
     )
 
+
+def _check_algorithm(c: TrainConfig) -> None:
+    """The algorithm spec, a one-line ValueError naming 'algorithm' if it does not parse."""
     from ..algorithms import parse_algorithm
 
     try:
         parse_algorithm(c.algorithm)  # the one parse: `TrainConfig.algorithm_spec` reads it after
     except ValueError as exc:
         raise ValueError(f"bad value for 'algorithm': {one_line(exc)}") from None
+
+
+def _topology_peers(c: TrainConfig) -> Optional[int]:
+    """The number of peers the topology (or `peers`) gives, None where the launcher's world sizes it;
+    a one-line ValueError for a bad topology or a `peers` that contradicts it."""
     import topologies
 
     if _has_size(c.topology):
@@ -229,12 +263,7 @@ def validate_config(config: TrainConfig, deep: bool = True) -> None:
             c.topology,
             "give its size, e.g. ring:8, or set peers (the local backend cannot guess it)",
         )
-    _check_directed(c, num_peers)
-    _check_public_train_size(c)
-    for feature in features():  # differential privacy, observers, loggers, user hooks, ...
-        feature.validate(c)
-    if deep:
-        validate_specs(c, num_peers)
+    return num_peers
 
 
 def _check_public_train_size(c: TrainConfig) -> None:

@@ -13,7 +13,8 @@ import os
 import signal
 import sys
 
-#: The trainer's function each moment starts with (looked up at each call, so replaceable).
+#: The function of `training/session.py` each moment starts with (looked up at each call, so
+#: replaceable).
 FUNCTIONS = {"eval": "eval_record", "log": "log_record", "checkpoint": "_save"}
 
 
@@ -33,9 +34,9 @@ def dying_at(module, name: str, call: int) -> None:
 if __name__ == "__main__":
     moment, call, victims, *argv = sys.argv[1:]
     if int(os.environ["RANK"]) in {int(v) for v in victims.split("+")}:
-        from gossip_powersgd.training import trainer
+        from gossip_powersgd.training import session
 
-        dying_at(trainer, FUNCTIONS[moment], int(call))
+        dying_at(session, FUNCTIONS[moment], int(call))
     from gossip_powersgd.cli.train import main
 
     main(argv)
