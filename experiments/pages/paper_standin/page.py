@@ -7,7 +7,7 @@ import math
 import statistics
 from typing import Any, Dict, List, Optional
 
-from experiments.pages._markdown import fill, template
+from experiments.pages._markdown import fill, table, template
 
 
 def _pct(value: Optional[float]) -> str:
@@ -45,10 +45,11 @@ def page(result: Dict[str, Any], generated: str, others: List[Dict[str, Any]] = 
     peers = int(s["topology"].split(":")[1])
     n = int(s["dataset"].split("n=")[1].split(",")[0])
     steps = rows[0]["steps"] if rows else 0
-    body = _traffic(result["traffic"]) + _table(rows, peers)
+    failed = []
     for f in result.get("failed", []):
-        body += [f"**Row {f['label']} (`{f['algorithm']}`) failed:** {f['error']}", ""]
-    body += _equal_bytes(rows) + _curves(rows) + _other_seeds(result, others)
+        failed += [f"**Row {f['label']} (`{f['algorithm']}`) failed:** {f['error']}", ""]
+    epochs = [e["epoch"] for e in rows[0]["evals"]] if rows else []
+    body = _other_seeds(result, others)
     body += _findings(rows, int(s["dataset"].split("test=")[1].split(",")[0]), peers)
     peer_hours = proj["steps"] * timing["cpu_s"] / 3600
     return fill(
@@ -75,6 +76,11 @@ def page(result: Dict[str, Any], generated: str, others: List[Dict[str, Any]] = 
         row_hours=PAPER_PEERS * peer_hours,
         days=len(rows) * proj["steps"] * timing["cpu_s"] / 86400,
         cpu_per_step=_cpu_per_step(rows),
+        traffic=_traffic(result["traffic"]),
+        row_lines=_table(rows),
+        failed=failed + _equal_bytes(rows),
+        epochs_list=", ".join(map(str, epochs)),
+        curves=_curves(rows, epochs),
         body=body,
     )
 
@@ -84,56 +90,23 @@ PAPER_PEERS = 8
 
 
 def _traffic(traffic: List[Dict[str, Any]]) -> List[str]:
-    lines = [
-        "## Floats per exchange: PowerGossip r1 against exact gossip",
-        "",
-        "Two gossip rounds of each algorithm on the ring (one round sends the P factors, the "
-        "next the Q factors), bytes counted on the transport, per round and neighbour, in "
-        "float32s. The closed form: exact gossip sends every parameter; PowerGossip rank 1 "
-        "sends, on average over a P and a Q round, (rows + cols) / 2 floats for the matrices "
-        "(a conv weight viewed as out x in*k*k) plus every vector-shaped parameter whole.",
-        "",
-        "| model | parameters | exact gossip (floats) | PowerGossip r1 (floats) | measured "
-        "ratio | closed form |",
-        "|---|---:|---:|---:|---:|---|",
+    return [
+        f"| {t['model']} | {t['parameters']:,} | {t['exact_floats']:,.0f} | "
+        f"{t['powergossip_r1_floats']:,.1f} | **{t['ratio']:.2f}x** | "
+        f"{t['closed_text']} = {t['closed_ratio']:.2f}x |"
+        for t in traffic
     ]
-    for t in traffic:
-        lines.append(
-            f"| {t['model']} | {t['parameters']:,} | {t['exact_floats']:,.0f} | "
-            f"{t['powergossip_r1_floats']:,.1f} | **{t['ratio']:.2f}x** | "
-            f"{t['closed_text']} = {t['closed_ratio']:.2f}x |"
-        )
-    return lines + [""]
 
 
-def _table(rows: List[Dict[str, Any]], peers: int) -> List[str]:
-    lines = [
-        "## The rows",
-        "",
-        "Accuracy of the averaged model (the peers' mean parameters, BatchNorm statistics "
-        "recomputed) and the mean of the local models' accuracies, at the end; consensus "
-        "distance (mean over peers of the squared distance to the average, as the library "
-        "reports it) at the end; measured MB sent per peer; per-peer time per step "
-        "(forward/backward/optimizer, and the gossip's own arithmetic, wall-clock seconds "
-        f"under the load above) and the whole run's wall and CPU time (all {peers} peers, set-up, "
-        "data generation and evaluations included). The per-peer seconds are wall-clock "
-        "sections of threads sharing 2 cores: where peers compute at the same moment (local "
-        "steps: no exchange to wait on between steps) each section stretches, so compare "
-        "costs by the run CPU column.",
-        "",
-        "| row | algorithm | H | averaged model | mean local | consensus distance | MB sent "
-        "per peer | compute s/step | gossip s/step | run wall s | run CPU s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+def _table(rows: List[Dict[str, Any]]) -> List[str]:
+    return [
+        f"| {r['label']} | `{r['algorithm']}` | {r['local_steps']} | "
+        f"{_pct(r['acc_avg'])} | {_pct(r['acc_local_mean'])} | "
+        f"{r['consensus_distance']:.3g} | {r['mb_per_peer']:.2f} | "
+        f"{r['compute_s_per_step']:.3f} | {r['gossip_compute_s_per_step']:.4f} | "
+        f"{r['run_wall_s']:.0f} | {r['run_cpu_s']:.0f} |"
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['label']} | `{r['algorithm']}` | {r['local_steps']} | "
-            f"{_pct(r['acc_avg'])} | {_pct(r['acc_local_mean'])} | "
-            f"{r['consensus_distance']:.3g} | {r['mb_per_peer']:.2f} | "
-            f"{r['compute_s_per_step']:.3f} | {r['gossip_compute_s_per_step']:.4f} | "
-            f"{r['run_wall_s']:.0f} | {r['run_cpu_s']:.0f} |"
-        )
-    return lines + [""]
 
 
 def _equal_bytes(rows: List[Dict[str, Any]]) -> List[str]:
@@ -162,25 +135,17 @@ def _equal_bytes(rows: List[Dict[str, Any]]) -> List[str]:
     return lines + [""]
 
 
-def _curves(rows: List[Dict[str, Any]]) -> List[str]:
-    epochs = [e["epoch"] for e in rows[0]["evals"]] if rows else []
-    lines = [
-        "## Over training",
-        "",
-        "Averaged-model accuracy / mean local accuracy / consensus distance at each evaluation "
-        "(epochs " + ", ".join(map(str, epochs)) + "); every value is in paper_standin.csv.",
-        "",
-        "| row | " + " | ".join(f"epoch {e}" for e in epochs) + " |",
-        "|---|" + "---|" * len(epochs),
-    ]
-    for r in rows:
-        cells = [
+def _curves(rows: List[Dict[str, Any]], epochs: List[int]) -> List[str]:
+    cells = (
+        [r["label"]]
+        + [
             f"{100 * e['acc_avg']:.1f} / {100 * e['acc_local_mean']:.1f} / "
             f"{e['consensus_distance']:.2g}"
             for e in r["evals"]
         ]
-        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
-    return lines + ["", "![accuracy against epochs and MB sent](paper_standin.png)", ""]
+        for r in rows
+    )
+    return table(["row", *(f"epoch {e}" for e in epochs)], cells, None)
 
 
 def _cpu_per_step(rows: List[Dict[str, Any]]) -> float:
