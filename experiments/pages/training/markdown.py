@@ -10,21 +10,10 @@ from experiments.suite.tables import _pct, build_table, exact_reference, header
 from .convergence import COLLAPSE_FRACTION, FIXED_TARGET, cheapest_to_reach, equal_bytes_table
 from .design import RUN_LISTS, SLOW_ROWS, STAGES, noniid_grid
 from .noniid import gap_table, gap_verdict
+from experiments.pages._markdown import fill, template
 
 #: The epoch budget is "at the plateau" when the longer reference runs gain at most this many pp.
 PLATEAU_PP = 0.5
-
-PROJECTION = (
-    "projected time per peer = measured compute time (forward, backward, optimizer step and the "
-    "algorithm's compression arithmetic; means over peers) + rounds × latency + critical bytes ÷ "
-    f"bandwidth, latency {LATENCY_S * 1e6:.0f} µs, bandwidth 1 or 10 Gbit/s. `rounds` and `critical "
-    "bytes` are the transport's counters (`CommStats`: each exchange is one round costing its largest "
-    "message; a ring all-reduce is 2(n−1) rounds of 1/n of the tensor), taken at the slowest peer. "
-    "Compute was measured with a run's peers taking turns on the CPU (one peer thread at a time: "
-    "`LocalCluster` takes turns when there are more peers than cores) while other jobs shared the "
-    "machine's 2 cores, so it is noisy and NOT comparable across rows; the communication part (in "
-    "brackets) is a deterministic projection from the counters, comparable across rows."
-)
 
 
 def _recipe(quick: bool) -> str:
@@ -143,17 +132,6 @@ def training_page(
 ) -> str:
     """training.md from the rows so far (`missing`: the stages with runs still to make)."""
     plan, quick = state["plan"], state["quick"]
-    text = header(
-        "Decentralized training: accuracy vs bytes, to convergence"
-        + (" (--quick)" if quick else ""),
-        state["command"],
-        0.0,
-        _recipe(quick),
-        generated=generated,
-    )
-    text += running_time(state, missing) + "\n\n" + epoch_budget(state) + "\n\n"
-    text += "## Targets\n\n" + ("\n".join(claims) or "- (no rows yet)") + "\n\n"
-    seeds = ", ".join(map(str, plan["seeds"]))
     slow = [label for label, _ in plan["rows"] if label in SLOW_ROWS]
     fewer = (
         f" {' and '.join(slow)} ran {plan['choco_seeds']} seed(s){_cost_note(headline, slow)}; the "
@@ -161,28 +139,29 @@ def training_page(
         if slow and plan["choco_seeds"] < len(plan["seeds"])
         else ""
     )
-    text += (
-        f"## Headline: {plan['topology']}, {plan['iid']}, {plan['epochs']} epochs, seeds {seeds} "
-        f"(mean ± std)\n\nγ of Choco was swept (below); exact gossip and PowerGossip use the "
-        f"topology's γ (untuned). The ratio column is exact gossip's measured MB per step over the "
-        f"row's.{fewer}\n\n"
-        + build_table(headline)
-        + "\n"
-        + _equal_bytes(headline, f"{plan['topology']} {plan['iid']}")
+    title = "Decentralized training: accuracy vs bytes, to convergence"
+    return fill(
+        template(__file__),
+        header=header(
+            title + (" (--quick)" if quick else ""),
+            state["command"],
+            0.0,
+            _recipe(quick),
+            generated=generated,
+        ),
+        running=running_time(state, missing),
+        budget=epoch_budget(state),
+        claims="\n".join(claims) or "- (no rows yet)",
+        topology=plan["topology"],
+        iid=plan["iid"],
+        epochs=plan["epochs"],
+        seeds=", ".join(map(str, plan["seeds"])),
+        fewer=fewer,
+        headline=build_table(headline),
+        equal=_equal_bytes(headline, f"{plan['topology']} {plan['iid']}"),
+        sections=noniid_sections(state) + other_sections(state),
+        latency_us=LATENCY_S * 1e6,
     )
-    text += (
-        "![accuracy vs MB](training_accuracy_vs_mb.png)\n\n"
-        "![accuracy vs epochs](training_accuracy_vs_epochs.png)\n\n"
-    )
-    text += noniid_sections(state) + other_sections(state)
-    text += "## Projected wall time\n\n" + PROJECTION + "\n\n"
-    text += (
-        "Files: [training.csv](training.csv) (every run, every seed), "
-        "[training_curves.csv](training_curves.csv) (every run's evaluations: epoch, MB, "
-        "accuracies), [training_accuracy_vs_mb.png](training_accuracy_vs_mb.png), "
-        "[training_accuracy_vs_epochs.png](training_accuracy_vs_epochs.png).\n"
-    )
-    return text
 
 
 def noniid_sections(state: Dict[str, Any]) -> str:
