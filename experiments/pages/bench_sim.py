@@ -311,6 +311,9 @@ def render(rows: Rows) -> Outputs:
         peers=c["peers"],
         steps_table=steps_table,
         sections=_sections(c, results, variants),
+        isolated_steps=c["isolated_steps"],
+        big_peers=c["big_peers"],
+        **_isolated(c, results),
     )
     return {"bench_sim.md": page + "\n"}
 
@@ -362,49 +365,36 @@ def _sections(c: Dict[str, Any], results: Dict[str, Any], variants: List[str]) -
             f"{d['consensus_before']:.6g} |"
             for step, d in results["divergence"].items()
         ] + [""]
-    return L + _isolated(c, results)
+    return L
 
 
 def _exchange(m: Dict[str, float]) -> str:
     return f"{m['ms']:.2f} ms, **{m['of_copy'] * 100:.0f} %**"
 
 
-def _isolated(c: Dict[str, Any], results: Dict[str, Any]) -> List[str]:
-    """One peer's half-step alone, per version, and the big run."""
-    iso = results["isolated"]
+def _isolated(c: Dict[str, Any], results: Dict[str, Any]) -> Dict[str, Any]:
+    """The template's fields of one peer's half-step alone, per version, and of the big run."""
+    iso, big = results["isolated"], results["big"]
     shown = [v for v in ("before", "previous", "after") if v in iso]
     name = {"before": f"before (`{c['before']}`)", "previous": f"`{c['previous']}`"}
-    L = [
-        "## One peer's exchange alone (loopback transport, degree 2)",
-        "",
-        f"Peer 0 of ring:8, the versions in interleaved blocks of {c['isolated_steps']} "
-        "(ResNet-20) or 4 (VGG-16) exchanges after two warm-up steps, 5 rounds; compute time "
-        "per exchange and 3 × compressed bytes / (that time × the bandwidth of a one-thread 256 "
-        "MB copy made before each round), medians.",
-        "",
-    ]
     head = ["model", *(f"{name.get(v, 'after (this tree)')}: ms, % of copy" for v in shown)]
     models = ("resnet20", "vgg16")
     cells = [[m, *(_exchange(iso[v][m]) for v in shown)] for m in models]
-    L += table(head, cells, None)
+    lines = table(head, cells, None)
     if "previous" in iso:
         ratios = (f"{m} {iso['previous'][m]['ms'] / iso['after'][m]['ms']:.2f}×" for m in models)
-        L += [
+        lines += [
             "",
             f"Exchange time, `{c['previous']}` / this tree (above 1: this tree is faster): "
             f"{', '.join(ratios)}.",
         ]
-    big = results["big"]
-    return L + [
-        "",
-        f"## {c['big_peers']} peers (this tree, two lanes)",
-        "",
-        f"{big['steps']} steps: **{big['seconds_per_step']:.2f} s per step** "
-        f"({1 / big['seconds_per_step']:.1f} steps/s); resident memory of the process "
-        f"{big['rss_before']:.0f} MiB before the cluster, {big['rss_after']:.0f} MiB with its "
-        f"results held, peak {big['peak']:.0f} MiB.",
-        "",
-    ]
+    return dict(
+        isolated=lines,
+        big_steps=big["steps"],
+        big_seconds=big["seconds_per_step"],
+        big_rate=1 / big["seconds_per_step"],
+        **{k: big[k] for k in ("rss_before", "rss_after", "peak")},
+    )
 
 
 PAGE = register(
