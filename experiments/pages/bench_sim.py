@@ -1,18 +1,9 @@
-"""`python -m experiments bench_sim`: simulation at scale, PowerGossip on many in-process peers, and
-one half-step's efficiency; one run, every ratio of the page measured side by side in it.
-
-ResNet-20-shaped random parameters, PowerGossip rank 1 on a ring, one torch thread. (1) Gossip steps
-per second of a `LocalCluster` of `peers` threads in interleaved repetitions (order alternating) of
-the `SETUPS`: commit `before`'s PowerGossip on free threads (the cluster as it was then), this
-tree's on free threads, commit `previous`'s taking turns, this tree's taking turns (the default
-when peers outnumber cores) and in two lanes (two peers at once) with its tensor work as Python
-and compiled; whether all but `before` end bit-identical; the bound for one peer at a time (every
-peer stepped in turn by one thread on a loopback transport). (2) How far `before`'s results are
-from this tree's, step by step. (3) One peer's half-step alone against the copy bandwidth
-(`bench_gossip`'s isolated peer, the versions interleaved). (4) `big_peers` peers in two lanes:
-seconds per step and memory. Earlier commits' PowerGossip is read with git (`_commit_code`), with
-that commit's own helper modules (`helpers: own`) or this tree's (`helpers: tree`, as the pages up
-to commit 886c08c ran them); where a commit cannot be read, its columns are left out.
+"""`python -m experiments bench_sim`: PowerGossip rank 1 on many in-process peers (ResNet-20
+shapes, ring, one torch thread), every ratio measured side by side in one run: steps per second
+of the `SETUPS` in interleaved repetitions, bit-identity, the divergence from commit `before`, one
+peer's half-step alone, `big_peers` peers in two lanes. Earlier commits' PowerGossip is read with
+git (`_commit_code`); where a commit cannot be read, its columns are left out. The page
+(bench_sim.md beside this file) says how each figure is measured.
 """
 
 from __future__ import annotations
