@@ -16,7 +16,10 @@ from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
 from experiments.pages._bench import count_params, header, loopback_communicator, machine
 from experiments.pages._bench import make_params, median, model_shapes
-from experiments.pages._markdown import fill, table, template
+from experiments.pages._markdown import fill, snippets, table, template
+
+#: The page's parts shown where the run calls for them.
+PARTS = snippets(__file__, "bench_sim_parts.md")
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Comm
@@ -239,20 +242,10 @@ def row(run: Run) -> Dict[str, Any]:
 
 def earlier_code(c: Dict[str, Any], modules: Dict[str, List[str]]) -> str:
     """A sentence on the page: which modules of the earlier commits ran."""
-    if not modules:
-        return ""
     files = "; ".join(
         f"`{commit}`: " + ", ".join(f"`{m}.py`" for m in names) for commit, names in modules.items()
     )
-    if c["helpers"] == "own":
-        return (
-            "Earlier commits' PowerGossip runs with that commit's own helper modules, read from it "
-            f"with git and imported beside this tree's (`experiments/pages/_commit_code.py`; {files})."
-        )
-    return (
-        f"Earlier commits' PowerGossip modules ({files}; read with git) run with this tree's "
-        "helper modules (`helpers: tree`)."
-    )
+    return PARTS["own" if c["helpers"] == "own" else "tree"].format(files=files) if modules else ""
 
 
 #: The columns of the steps table, in order: what each setup is ("{before}" etc.: the config's).
@@ -336,21 +329,7 @@ def _sections(c: Dict[str, Any], results: Dict[str, Any], variants: List[str]) -
         "",
     ]
     if "divergence" in results:
-        L += [
-            f"## The same algorithm as `{c['before']}`, rounded differently",
-            "",
-            "At rank 1 the factors sit in the messages' row layout, and BLAS rounds a product "
-            f"with such a strided operand differently, so the bits differ from `{c['before']}`'s. "
-            "The two ends of an edge still form identical factors, since they subtract the same "
-            "two products. The differences start at float rounding and the power iteration "
-            "amplifies them (its factor directions depend on them), while the consensus distances "
-            f"stay close. ring:{c['divergence_peers']}, ResNet-20 shapes, rank 1, random "
-            f"parameters (up to {results['scale']:.1f} in absolute value):",
-            "",
-            "| steps | largest parameter difference | consensus distance, this tree | "
-            f"consensus distance, `{c['before']}` |",
-            "|---|---|---|---|",
-        ]
+        L += PARTS["divergence"].format(scale=results["scale"], **c).split("\n")
         L += [
             f"| {step} | {d['difference']:.1e} | {d['consensus_new']:.6g} | "
             f"{d['consensus_before']:.6g} |"
