@@ -43,6 +43,8 @@ def snippets(page_file: str, name: str) -> Dict[str, str]:
     lines: List[str] = []
     for line in template(page_file, name).split("\n"):
         if line.startswith("<!-- ") and line.endswith(" -->"):
+            if line[5:-4] in pieces:
+                raise ValueError(f"{name} beside {page_file}: two pieces named {line[5:-4]!r}")
             lines = pieces.setdefault(line[5:-4], [])
         else:
             lines.append(line)

@@ -10,6 +10,10 @@ from typing import Any, Dict, List, Optional
 from experiments.pages._markdown import fill, snippets, table, template
 
 
+#: The page's parts shown where its rows call for them, and the findings' sentences.
+PARTS = snippets(__file__, "parts.md")
+
+
 def _pct(value: Optional[float]) -> str:
     return "n/a" if value is None else f"{100 * value:.1f} %"
 
@@ -114,12 +118,7 @@ def _equal_bytes(rows: List[Dict[str, Any]]) -> List[str]:
     if not budgets:
         return []
     lines = [
-        "## Accuracy at equal bytes",
-        "",
-        "For each budget (the total traffic of one row), each row's averaged-model accuracy at "
-        "its last evaluation made before it had sent that much per peer (— : its first "
-        "evaluation already came after the budget). All-reduce is left out: its bytes are a "
-        "ring all-reduce's, not a gossip exchange's.",
+        *PARTS["equal bytes section"].split("\n"),
         "",
         "| row | " + " | ".join(f"≤ {mb:.2f} MB ({label})" for label, mb in budgets) + " |",
         "|---|" + "---:|" * len(budgets),
@@ -156,13 +155,7 @@ def _other_seeds(result: Dict[str, Any], others: List[Dict[str, Any]]) -> List[s
     """The rows of other runs (other seeds) next to the main run's same rows."""
     if not others:
         return []
-    lines = [
-        "## Other seeds",
-        "",
-        "Some rows again with another seed (data, models and batches all drawn anew), same "
-        "setting otherwise; each such run's own header:",
-        "",
-    ]
+    lines = [*PARTS["other seeds"].split("\n"), ""]
     for other in others:
         where = f" (its JSON: `{other['path']}`)" if other.get("path") else ""
         lines += [f"- {other['generated']}{where}", ""]
@@ -218,7 +211,7 @@ def _distances(row: Dict[str, Any]) -> str:
 
 def _findings(rows: List[Dict[str, Any]], n_test: int, peers: int) -> List[str]:
     """Sentences computed from the rows (no number typed by hand), their text in findings.md."""
-    say = snippets(__file__, "findings.md")
+    say = PARTS
     ranked = sorted(rows, key=lambda r: -r["acc_avg"])
     se = 100 * _standard_error(0.75, n_test)
     ranking = " > ".join(f"{r['label']} ({_pct(r['acc_avg'])})" for r in ranked)
@@ -314,7 +307,7 @@ def _equal_budget_and_local_steps(say: Dict[str, str], rows: List[Dict[str, Any]
         reached = sorted(((r, e) for r, e in within if e), key=lambda x: -x[1]["acc_avg"])
         missing = ", ".join(r["label"] for r, e in within if e is None)
         lines.append(
-            say["equal bytes"].format(
+            say["equal bytes finding"].format(
                 label=label,
                 mb=mb,
                 reached=", ".join(
