@@ -15,9 +15,13 @@ def table(header, rows: Iterable[Sequence[str]], end: Optional[str] = "") -> Lis
     """The lines of a markdown table (header, rule, a line a row), then `end` (a blank line;
     None: nothing). `header`: the titles, or one string of them joined by " | "."""
     header = header.split(" | ") if isinstance(header, str) else header
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *table_rows(rows)]
     return lines if end is None else lines + [end]
+
+
+def table_rows(rows: Iterable[Sequence[str]]) -> List[str]:
+    """A table's lines, a row a line, without header and rule (those in a page's template)."""
+    return ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def columns(spec: Sequence[Column], items: Iterable[Any], end: Optional[str] = "") -> List[str]:

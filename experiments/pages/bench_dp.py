@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
 from experiments.pages._bench import converted, header, machine, spread
-from experiments.pages._markdown import fill, table, template
+from experiments.pages._markdown import fill, table, table_rows, template
 
 MODELS = ("mlp:128,128", "cnn1d")
 ENGINES = ("ghost", "vmap", "ew", "hooks")
@@ -336,13 +336,6 @@ def _one_peer(c: Dict[str, Any], one_peer, big) -> Dict[str, List[str]]:
     return out
 
 
-PARTS_HEAD = (
-    "model | forward + backward: non-private | forward + backward: ghost | rest: non-private | "
-    "rest: ghost | operations: non-private | operations: clipped sum, ghost | operations: "
-    "private step, ghost | extra time per extra operation"
-)
-
-
 def _parts(times, operations) -> List[str]:
     """(c): the step in parts, and the tensor operations per step."""
     rows = []
@@ -358,13 +351,7 @@ def _parts(times, operations) -> List[str]:
             + [f"{whole1 - fb1:.3f} ms", str(ops["non-private"]), str(ops["clipped sum, ghost"])]
             + [str(ops["private step, ghost"]), f"{per_op:.1f} µs"]
         )
-    return table(PARTS_HEAD, rows, None)
-
-
-END_TO_END_HEAD = (
-    "algorithm | non-private | DP, ghost (the default) | DP, Opacus hooks | DP ghost ÷ "
-    "non-private | DP hooks ÷ non-private | wall: non-private | wall: DP ghost | wall: DP hooks"
-)
+    return table_rows(rows)
 
 
 def _end_to_end(e2e) -> List[str]:
@@ -378,7 +365,7 @@ def _end_to_end(e2e) -> List[str]:
             + [f"{_ratio(hooks['cpu'], plain['cpu']):.2f}×", f"{median(plain['wall']):.1f}"]
             + [f"{median(ghost['wall']):.1f}", f"{median(hooks['wall']):.1f}"]
         )
-    return table(END_TO_END_HEAD, rows, None)
+    return table_rows(rows)
 
 
 PAGE = register(

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 
 from experiments.pages._bench import MODELS, count_params, model_shapes
 from experiments.pages._bench import median as _median
-from experiments.pages._markdown import columns, fill, table, template
+from experiments.pages._markdown import columns, fill, table, table_rows, template
 
 from .verdicts import _mb, _ms, _pct, _span, _x, _yes, findings, kernel_prediction, targets
 
@@ -140,7 +140,7 @@ def render_before(summaries: List[Dict[str, Any]]) -> List[str]:
         template(__file__, "before.md"),
         commit=rows[0]["before"]["commit"],
         modules=", ".join(f"`{m}.py`" for m in rows[0]["before"]["modules"]),
-        rows=table([""], map(_before_row, rows), end=None)[2:],
+        rows=table_rows(map(_before_row, rows)),
         settings=f"{len(rows)} setting{'s' if len(rows) > 1 else ''}",
         compute=spread([s["before"]["ratio"]["compute"] for s in rows]),
         total=spread([s["before"]["ratio"]["total"] for s in rows]),
