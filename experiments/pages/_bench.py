@@ -71,6 +71,11 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
 
 
+def spread(values: Sequence[float], dash: str = "–") -> str:
+    """ "median (min–max)" to two decimals; `dash` between the ends."""
+    return f"{median(values):.2f} ({min(values):.2f}{dash}{max(values):.2f})"
+
+
 def copy_bandwidth(megabytes: int, rounds: int = 1, buffers=None) -> List[float]:
     """GB/s of `dst.copy_(src)` on `megabytes` MB (read + write: 2 x bytes / time), per round."""
     import torch

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 #: How a cell is made from one item of the rows; a column is its title and its cell.
 Cell = Callable[[Any], str]
@@ -15,9 +15,13 @@ def table(header, rows: Iterable[Sequence[str]], end: Optional[str] = "") -> Lis
     """The lines of a markdown table (header, rule, a line a row), then `end` (a blank line;
     None: nothing). `header`: the titles, or one string of them joined by " | "."""
     header = header.split(" | ") if isinstance(header, str) else header
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *table_rows(rows)]
     return lines if end is None else lines + [end]
+
+
+def table_rows(rows: Iterable[Sequence[str]]) -> List[str]:
+    """A table's lines, a row a line, without header and rule (those in a page's template)."""
+    return ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def columns(spec: Sequence[Column], items: Iterable[Any], end: Optional[str] = "") -> List[str]:
@@ -33,6 +37,22 @@ def g3(field: str) -> Cell:
 def template(page_file: str, name: str = "page.md") -> str:
     """The markdown template `name` beside a page's module (`page_file`: its `__file__`)."""
     return (Path(page_file).parent / name).read_text(encoding="utf-8")
+
+
+def snippets(page_file: str, name: str) -> Dict[str, str]:
+    """The named pieces of the markdown file `name` beside a page's module, for text a page shows
+    only where its rows call for it: each piece starts after a line `<!-- NAME -->` and runs to
+    the next such line (blank lines at its end dropped), to be `str.format`ted."""
+    pieces: Dict[str, List[str]] = {}
+    lines: List[str] = []
+    for line in template(page_file, name).split("\n"):
+        if line.startswith("<!-- ") and line.endswith(" -->"):
+            if line[5:-4] in pieces:
+                raise ValueError(f"{name} beside {page_file}: two pieces named {line[5:-4]!r}")
+            lines = pieces.setdefault(line[5:-4], [])
+        else:
+            lines.append(line)
+    return {key: "\n".join(lines).rstrip("\n") for key, lines in pieces.items()}
 
 
 def fill(text: str, **fields: Any) -> str:

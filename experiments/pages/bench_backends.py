@@ -1,11 +1,6 @@
-"""`python -m experiments bench_backends`: one training run on one machine under each backend
-(`local`: every peer a thread of one process; `mpi`: one process per peer under mpiexec; `torch`:
-one process per peer under torchrun, gloo), the same config and seed, repetitions interleaved in
-one run (alternating order) so that the backends' ratios saw the same machine.
-
-Wall time (the whole `gossip-train` command, start-up included: the torch import, the data) and CPU
-time (user + system of all the run's processes) per backend, and whether the three give the same
-final model (summary.json's model_sha256)."""
+"""`python -m experiments bench_backends`: one training run under each backend (`local`, `mpi`,
+`torch`), the same config and seed, repetitions interleaved (alternating order); the page says
+what is measured (bench_backends.md beside this file)."""
 
 from __future__ import annotations
 
@@ -13,7 +8,8 @@ from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
-from experiments.pages._bench import header, machine, mpiexec
+from experiments.pages._bench import header, machine, median, mpiexec
+from experiments.pages._markdown import fill, table, template
 
 BACKENDS = ("local", "mpi", "torch")
 #: The page's run and --quick's.
@@ -87,48 +83,32 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def render(rows: Rows) -> Outputs:
-    import statistics
-
     (record,) = rows.records
     c, runs = record.config, record.row["runs"]
 
     def med(backend, key):
-        return statistics.median(r[key] for r in runs if r["backend"] == backend)
+        return median([r[key] for r in runs if r["backend"] == backend])
 
-    same = len({tuple(r["sha"]) for r in runs}) == 1
-    lines = [
-        "# One machine: in-process peers vs mpiexec vs torchrun"
-        + (" (--quick)" if rows.quick else ""),
-        "",
-        f"{header(rows)} Absolute times move with the load; the backends ran interleaved, so their "
-        "ratios saw the same machine.",
-        "",
-        f"Config `{c['config']}` with {' '.join(c['set']) or 'no overrides'}, {c['peers']} peers, "
-        f"{c['reps']} repetitions per backend (medians). Wall: the whole command, start-up "
-        "included; training: the run's own wall_time_s (after start-up); CPU: user + system of "
-        "all its processes.",
-        "",
-        "| backend | wall (s) | training (s) | CPU (s) | wall ÷ local |",
-        "|---|---|---|---|---|",
+    keys = ("wall_s", "train_wall_s", "cpu_s")
+    cells = [
+        [b, *(f"{med(b, k):.1f}" for k in keys), f"{med(b, 'wall_s') / med('local', 'wall_s'):.2f}"]
+        for b in BACKENDS
     ]
-    for b in BACKENDS:
-        lines.append(
-            f"| {b} | {med(b, 'wall_s'):.1f} | {med(b, 'train_wall_s'):.1f} | "
-            f"{med(b, 'cpu_s'):.1f} | {med(b, 'wall_s') / med('local', 'wall_s'):.2f} |"
-        )
-    lines += [
-        "",
-        f"Same final models on every backend and repetition (every peer's model_sha256): "
-        f"**{'yes' if same else 'no'}**; averaged-model accuracy {runs[0]['acc']:.4f}.",
-        "",
-        "Each run: "
-        + "; ".join(
+    page = fill(
+        template(__file__, "bench_backends.md"),
+        quick=" (--quick)" if rows.quick else "",
+        header=header(rows),
+        overrides=" ".join(c["set"]) or "no overrides",
+        table=table("backend | wall (s) | training (s) | CPU (s) | wall ÷ local", cells),
+        same="yes" if len({tuple(r["sha"]) for r in runs}) == 1 else "no",
+        acc=runs[0]["acc"],
+        each="; ".join(
             f"{r['backend']} #{r['rep']}: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU"
             for r in runs
-        )
-        + ".",
-    ]
-    return {"bench_backends.md": "\n".join(lines) + "\n"}
+        ),
+        **c,
+    )
+    return {"bench_backends.md": page}
 
 
 PAGE = register(

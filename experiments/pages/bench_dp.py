@@ -1,20 +1,7 @@
-"""`python -m experiments bench_dp`: what DP-SGD costs per step; one run, so every ratio of the
-page is measured side by side in it.
-
-(a) One peer, batch 32, MNIST-1D-shaped inputs (length 40, 10 classes), one torch thread, for
-mlp:128,128 and cnn1d: a non-private step against the same step with the clipped sum of
-per-example gradients in place of the gradient for each engine of `DPSGD(engine=...)`, and against
-the whole private step (`DPSGD.privatize`) for the default engine and Opacus' hooks; again at a
-big batch without the private steps; (c) the step in parts, and its tensor operations. Each
-repetition times `steps` steps of every candidate in turn, starting one candidate later than the
-one before; a ratio is the median over repetitions of each repetition's own ratio.
-
-(b) ring:8, cnn1d, MNIST-1D iid, batch 32, in-process peers, exact gossip and PowerGossip r1,
-without DP and with DP-SGD (sigma = 1, C = 1) by the default engine and by Opacus' hooks; per step
-from the 8th to the last, in interleaved repetitions of whole runs.
-
-Times are CPU time of the measuring thread (a) and of the whole process (b): on a shared machine
-it leaves out the time a thread waits for a core, which wall time (in the row too) does not.
+"""`python -m experiments bench_dp`: what DP-SGD costs per step, every ratio measured side by
+side in one run: (a) one peer, each clipping engine against the non-private step (and at a big
+batch), (c) the step in parts and its tensor operations, (b) ring:8 training with and without DP.
+What each figure is, is said on the page (bench_dp.md beside this file).
 """
 
 from __future__ import annotations
@@ -27,8 +14,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
-from experiments.pages._bench import converted, header, machine
-from experiments.pages._markdown import fill, table, template
+from experiments.pages._bench import converted, header, machine, spread
+from experiments.pages._markdown import fill, table, table_rows, template
 
 MODELS = ("mlp:128,128", "cnn1d")
 ENGINES = ("ghost", "vmap", "ew", "hooks")
@@ -266,10 +253,6 @@ def row(run: Run) -> Dict[str, Any]:
     }
 
 
-def _cell(values: List[float]) -> str:
-    return f"{median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
-
-
 def _ratio(values: List[float], base: List[float]) -> float:
     """The median over repetitions of each repetition's ratio: a repetition runs its candidates
     back to back, so its ratio compares them under the same load from other jobs (the ratio of
@@ -328,7 +311,7 @@ def _targets(data, e2e) -> List[str]:
 def _one_peer(c: Dict[str, Any], one_peer, big) -> Dict[str, List[str]]:
     """(a): ms per step at batch 32, the ratios to the non-private step, and the big batch."""
     names = list(next(iter(one_peer.values())))
-    steps = [[s, *(_cell(t[n]["cpu"]) for n in names)] for s, t in one_peer.items()]
+    steps = [[s, *(spread(t[n]["cpu"]) for n in names)] for s, t in one_peer.items()]
     ratios = [
         [s, *(f"**{_ratio(t[n]['cpu'], t['non-private']['cpu']):.2f}×**" for n in names[1:])]
         for s, t in one_peer.items()
@@ -341,9 +324,9 @@ def _one_peer(c: Dict[str, Any], one_peer, big) -> Dict[str, List[str]]:
     if big:
         names = list(next(iter(big.values())))
         cells = [
-            [s, _cell(t["non-private"]["cpu"])]
+            [s, spread(t["non-private"]["cpu"])]
             + [
-                f"{_cell(t[n]['cpu'])} ms, **{_ratio(t[n]['cpu'], t['non-private']['cpu']):.2f}×**"
+                f"{spread(t[n]['cpu'])} ms, **{_ratio(t[n]['cpu'], t['non-private']['cpu']):.2f}×**"
                 for n in names[1:]
             ]
             for s, t in big.items()
@@ -351,13 +334,6 @@ def _one_peer(c: Dict[str, Any], one_peer, big) -> Dict[str, List[str]]:
         out["big"] = ["", f"Batch {c['big_batch']}, the same way (ratios to the non-private step):"]
         out["big"] += ["", *table(["model", "non-private, ms", *names[1:]], cells, None)]
     return out
-
-
-PARTS_HEAD = (
-    "model | forward + backward: non-private | forward + backward: ghost | rest: non-private | "
-    "rest: ghost | operations: non-private | operations: clipped sum, ghost | operations: "
-    "private step, ghost | extra time per extra operation"
-)
 
 
 def _parts(times, operations) -> List[str]:
@@ -375,13 +351,7 @@ def _parts(times, operations) -> List[str]:
             + [f"{whole1 - fb1:.3f} ms", str(ops["non-private"]), str(ops["clipped sum, ghost"])]
             + [str(ops["private step, ghost"]), f"{per_op:.1f} µs"]
         )
-    return table(PARTS_HEAD, rows, None)
-
-
-END_TO_END_HEAD = (
-    "algorithm | non-private | DP, ghost (the default) | DP, Opacus hooks | DP ghost ÷ "
-    "non-private | DP hooks ÷ non-private | wall: non-private | wall: DP ghost | wall: DP hooks"
-)
+    return table_rows(rows)
 
 
 def _end_to_end(e2e) -> List[str]:
@@ -390,12 +360,12 @@ def _end_to_end(e2e) -> List[str]:
     for label, _ in ALGORITHMS:
         plain, ghost, hooks = (e2e[(label, dp)] for dp in (None, "auto", "hooks"))
         rows.append(
-            [label, _cell(plain["cpu"]), _cell(ghost["cpu"]), _cell(hooks["cpu"])]
+            [label, spread(plain["cpu"]), spread(ghost["cpu"]), spread(hooks["cpu"])]
             + [f"**{_ratio(ghost['cpu'], plain['cpu']):.2f}×**"]
             + [f"{_ratio(hooks['cpu'], plain['cpu']):.2f}×", f"{median(plain['wall']):.1f}"]
             + [f"{median(ghost['wall']):.1f}", f"{median(hooks['wall']):.1f}"]
         )
-    return table(END_TO_END_HEAD, rows, None)
+    return table_rows(rows)
 
 
 PAGE = register(

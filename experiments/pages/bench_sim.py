@@ -1,18 +1,9 @@
-"""`python -m experiments bench_sim`: simulation at scale, PowerGossip on many in-process peers, and
-one half-step's efficiency; one run, every ratio of the page measured side by side in it.
-
-ResNet-20-shaped random parameters, PowerGossip rank 1 on a ring, one torch thread. (1) Gossip steps
-per second of a `LocalCluster` of `peers` threads in interleaved repetitions (order alternating) of
-the `SETUPS`: commit `before`'s PowerGossip on free threads (the cluster as it was then), this
-tree's on free threads, commit `previous`'s taking turns, this tree's taking turns (the default
-when peers outnumber cores) and in two lanes (two peers at once) with its tensor work as Python
-and compiled; whether all but `before` end bit-identical; the bound for one peer at a time (every
-peer stepped in turn by one thread on a loopback transport). (2) How far `before`'s results are
-from this tree's, step by step. (3) One peer's half-step alone against the copy bandwidth
-(`bench_gossip`'s isolated peer, the versions interleaved). (4) `big_peers` peers in two lanes:
-seconds per step and memory. Earlier commits' PowerGossip is read with git (`_commit_code`), with
-that commit's own helper modules (`helpers: own`) or this tree's (`helpers: tree`, as the pages up
-to commit 886c08c ran them); where a commit cannot be read, its columns are left out.
+"""`python -m experiments bench_sim`: PowerGossip rank 1 on many in-process peers (ResNet-20
+shapes, ring, one torch thread), every ratio measured side by side in one run: steps per second
+of the `SETUPS` in interleaved repetitions, bit-identity, the divergence from commit `before`, one
+peer's half-step alone, `big_peers` peers in two lanes. Earlier commits' PowerGossip is read with
+git (`_commit_code`); where a commit cannot be read, its columns are left out. The page
+(bench_sim.md beside this file) says how each figure is measured.
 """
 
 from __future__ import annotations
@@ -25,7 +16,10 @@ from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
 from experiments.pages._bench import count_params, header, loopback_communicator, machine
 from experiments.pages._bench import make_params, median, model_shapes
-from experiments.pages._markdown import fill, table, template
+from experiments.pages._markdown import fill, snippets, table, template
+
+#: The page's parts shown where the run calls for them.
+PARTS = snippets(__file__, "bench_sim_parts.md")
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Comm
@@ -248,20 +242,10 @@ def row(run: Run) -> Dict[str, Any]:
 
 def earlier_code(c: Dict[str, Any], modules: Dict[str, List[str]]) -> str:
     """A sentence on the page: which modules of the earlier commits ran."""
-    if not modules:
-        return ""
     files = "; ".join(
         f"`{commit}`: " + ", ".join(f"`{m}.py`" for m in names) for commit, names in modules.items()
     )
-    if c["helpers"] == "own":
-        return (
-            "Earlier commits' PowerGossip runs with that commit's own helper modules, read from it "
-            f"with git and imported beside this tree's (`experiments/pages/_commit_code.py`; {files})."
-        )
-    return (
-        f"Earlier commits' PowerGossip modules ({files}; read with git) run with this tree's "
-        "helper modules (`helpers: tree`)."
-    )
+    return PARTS["own" if c["helpers"] == "own" else "tree"].format(files=files) if modules else ""
 
 
 #: The columns of the steps table, in order: what each setup is ("{before}" etc.: the config's).
@@ -311,6 +295,9 @@ def render(rows: Rows) -> Outputs:
         peers=c["peers"],
         steps_table=steps_table,
         sections=_sections(c, results, variants),
+        isolated_steps=c["isolated_steps"],
+        big_peers=c["big_peers"],
+        **_isolated(c, results),
     )
     return {"bench_sim.md": page + "\n"}
 
@@ -342,69 +329,42 @@ def _sections(c: Dict[str, Any], results: Dict[str, Any], variants: List[str]) -
         "",
     ]
     if "divergence" in results:
-        L += [
-            f"## The same algorithm as `{c['before']}`, rounded differently",
-            "",
-            "At rank 1 the factors sit in the messages' row layout, and BLAS rounds a product "
-            f"with such a strided operand differently, so the bits differ from `{c['before']}`'s. "
-            "The two ends of an edge still form identical factors, since they subtract the same "
-            "two products. The differences start at float rounding and the power iteration "
-            "amplifies them (its factor directions depend on them), while the consensus distances "
-            f"stay close. ring:{c['divergence_peers']}, ResNet-20 shapes, rank 1, random "
-            f"parameters (up to {results['scale']:.1f} in absolute value):",
-            "",
-            "| steps | largest parameter difference | consensus distance, this tree | "
-            f"consensus distance, `{c['before']}` |",
-            "|---|---|---|---|",
-        ]
+        L += PARTS["divergence"].format(scale=results["scale"], **c).split("\n")
         L += [
             f"| {step} | {d['difference']:.1e} | {d['consensus_new']:.6g} | "
             f"{d['consensus_before']:.6g} |"
             for step, d in results["divergence"].items()
         ] + [""]
-    return L + _isolated(c, results)
+    return L
 
 
 def _exchange(m: Dict[str, float]) -> str:
     return f"{m['ms']:.2f} ms, **{m['of_copy'] * 100:.0f} %**"
 
 
-def _isolated(c: Dict[str, Any], results: Dict[str, Any]) -> List[str]:
-    """One peer's half-step alone, per version, and the big run."""
-    iso = results["isolated"]
+def _isolated(c: Dict[str, Any], results: Dict[str, Any]) -> Dict[str, Any]:
+    """The template's fields of one peer's half-step alone, per version, and of the big run."""
+    iso, big = results["isolated"], results["big"]
     shown = [v for v in ("before", "previous", "after") if v in iso]
     name = {"before": f"before (`{c['before']}`)", "previous": f"`{c['previous']}`"}
-    L = [
-        "## One peer's exchange alone (loopback transport, degree 2)",
-        "",
-        f"Peer 0 of ring:8, the versions in interleaved blocks of {c['isolated_steps']} "
-        "(ResNet-20) or 4 (VGG-16) exchanges after two warm-up steps, 5 rounds; compute time "
-        "per exchange and 3 × compressed bytes / (that time × the bandwidth of a one-thread 256 "
-        "MB copy made before each round), medians.",
-        "",
-    ]
     head = ["model", *(f"{name.get(v, 'after (this tree)')}: ms, % of copy" for v in shown)]
     models = ("resnet20", "vgg16")
     cells = [[m, *(_exchange(iso[v][m]) for v in shown)] for m in models]
-    L += table(head, cells, None)
+    lines = table(head, cells, None)
     if "previous" in iso:
         ratios = (f"{m} {iso['previous'][m]['ms'] / iso['after'][m]['ms']:.2f}×" for m in models)
-        L += [
+        lines += [
             "",
             f"Exchange time, `{c['previous']}` / this tree (above 1: this tree is faster): "
             f"{', '.join(ratios)}.",
         ]
-    big = results["big"]
-    return L + [
-        "",
-        f"## {c['big_peers']} peers (this tree, two lanes)",
-        "",
-        f"{big['steps']} steps: **{big['seconds_per_step']:.2f} s per step** "
-        f"({1 / big['seconds_per_step']:.1f} steps/s); resident memory of the process "
-        f"{big['rss_before']:.0f} MiB before the cluster, {big['rss_after']:.0f} MiB with its "
-        f"results held, peak {big['peak']:.0f} MiB.",
-        "",
-    ]
+    return dict(
+        isolated=lines,
+        big_steps=big["steps"],
+        big_seconds=big["seconds_per_step"],
+        big_rate=1 / big["seconds_per_step"],
+        **{k: big[k] for k in ("rss_before", "rss_after", "peak")},
+    )
 
 
 PAGE = register(

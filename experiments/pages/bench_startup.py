@@ -1,23 +1,17 @@
 """`python -m experiments bench_startup`: how soon `gossip-train` speaks, and where its start-up
-time goes, under mpiexec and torchrun, next to what the launcher and `import torch` cost alone.
-
-One run, interleaved: each repetition launches, in turn, the launcher alone (`python -c` printing a
-line), every process importing torch (`python -c "import torch; print(...)"`), and the demo's
-workload (demo.yaml: 8 peers on a ring, MNIST-1D, the 11,786-parameter CNN, one epoch, backend mpi
-or torch) under `mpiexec -n 8` and `torchrun --nproc-per-node 8`, and stamps each line rank 0
-prints with the seconds since launch: the first line (``start:``), libraries and config loaded,
-config checked, model built, the first step done, and the run's exit. The page gives the medians
-(and the range) over the repetitions; --quick: 2 processes, the tiny config, one repetition.
+time goes, under mpiexec and torchrun, next to the launcher alone and `import torch` alone; each
+repetition launches every command in turn and stamps rank 0's lines (`MARKS`) with the seconds
+since launch. --quick: 2 processes, the tiny config, one repetition.
 """
 
 from __future__ import annotations
 
-import statistics
 from typing import Any, Dict, List, Mapping
 
 from experiments.engine import ROOT, Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
-from experiments.pages._markdown import table
+from experiments.pages._bench import median, spread
+from experiments.pages._markdown import fill, table, template
 
 #: (processes, repetitions, the training config's overrides) of the page and of --quick.
 SETTING = {
@@ -35,6 +29,7 @@ MARKS = (
 LAUNCHERS = ("mpiexec", "torchrun")
 #: The line each baseline prints (`_commands`).
 PREFIXES = {"print": ["line"], "import-torch": ["imported"]}
+PREFIXES_ORDER = ("print", "import-torch", "train")
 
 
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
@@ -160,9 +155,8 @@ def _times(launches: List[Dict[str, Any]], mark: str) -> List[float]:
 
 
 def _cell(launches: List[Dict[str, Any]], mark: str) -> str:
-    """The median (range) of the seconds to `mark` over the launches."""
     t = _times(launches, mark)
-    return f"{statistics.median(t):.2f} ({min(t):.2f}-{max(t):.2f})" if t else "n/a"
+    return spread(t, "-") if t else "n/a"
 
 
 def _verdict(commands, train, imports, baseline) -> List[str]:
@@ -173,10 +167,10 @@ def _verdict(commands, train, imports, baseline) -> List[str]:
         torch_line = _times(imports[k], "imported")
         alone = _times(baseline[k], "line")
         if first and torch_line and alone:
-            at, imported = statistics.median(first), statistics.median(torch_line)
+            at, imported = median(first), median(torch_line)
             lines.append(
                 f"- {commands[k]}: the first line comes {at:.2f} s after the launch (the launcher "
-                f"alone prints at {statistics.median(alone):.2f} s), "
+                f"alone prints at {median(alone):.2f} s), "
                 + (
                     f"before `import torch` ends in any process ({imported:.2f} s; "
                     f"{at / imported:.2f}x of it)."
@@ -188,28 +182,13 @@ def _verdict(commands, train, imports, baseline) -> List[str]:
 
 
 def render(rows: Rows) -> Outputs:
-    """bench_startup.md from the row."""
     (record,) = rows.records
     data = record.row
-    n = data["processes"]
     launches = {kind: [r for r in data["launches"] if r["kind"] == kind] for kind in data["kinds"]}
     commands = data["commands"]
-    lines = [
-        f"# Start-up of `gossip-train` under mpiexec and torchrun ({n} processes)"
-        + (" (--quick)" if rows.quick else ""),
-        "",
-        made_by(rows),
-        f"{data['repetitions']} repetition(s), the launches interleaved; {data['cores']} cores "
-        f"shared with other jobs (load average {data['load'][0]:.1f} at the start, "
-        f"{data['load'][1]:.1f} at the end): the seconds move with the load, the order and the "
-        "ratios much less. Seconds after the launch, median (range) over the repetitions.",
-        "",
-        "## When each line comes",
-        "",
-    ]
-    baseline = {k: launches[f"{k}/print"] for k in LAUNCHERS}
-    imports = {k: launches[f"{k}/import-torch"] for k in LAUNCHERS}
-    train = {k: launches[f"{k}/train"] for k in LAUNCHERS}
+    baseline, imports, train = (
+        {k: launches[f"{k}/{what}"] for k in LAUNCHERS} for what in PREFIXES_ORDER
+    )
     # The table's lines: (what, which launches, the mark timed).
     timed = [
         ("the launcher alone: `python -c print`", baseline, "line"),
@@ -219,30 +198,18 @@ def render(rows: Rows) -> Outputs:
     ]
     head = ["what (rank 0's line)", *(f"`{commands[k]}`" for k in LAUNCHERS)]
     cells = ([what, *(_cell(group[k], mark) for k in LAUNCHERS)] for what, group, mark in timed)
-    lines += table(head, cells, None)
-    lines += [
-        "",
-        "What happens between the lines: the first line is printed from the launcher's "
-        'environment, before torch, MPI or the config are loaded. Up to "libraries and config '
-        'loaded", every process initialises MPI (under mpiexec), imports torch and reads and '
-        "checks the config, building its data and model once to check them (torchrun's "
-        'rendezvous comes next, before "config checked"); MNIST-1D is read from the machine\'s '
-        "cache "
-        '(`~/.cache/gossip_powersgd`), generated by the first run on the machine. "Model '
-        "built\" includes the optimizer, built without importing torch's compiler.",
-        "",
-        "## Verdict",
-        "",
-    ]
-    lines += _verdict(commands, train, imports, baseline)
-    lines += [
-        "",
-        "Commands (each from the checkout's root, `OMP_NUM_THREADS=1`, the venv's launchers):",
-        "",
-        *[f"- `{data['command_lines'][kind]}`" for kind in data["kinds"]],
-        "",
-    ]
-    return {"bench_startup.md": "\n".join(lines)}
+    page = fill(
+        template(__file__, "bench_startup.md"),
+        quick=" (--quick)" if rows.quick else "",
+        made_by=made_by(rows),
+        load_start=data["load"][0],
+        load_end=data["load"][1],
+        table=table(head, cells, None),
+        verdict=_verdict(commands, train, imports, baseline),
+        commands=[f"- `{data['command_lines'][kind]}`" for kind in data["kinds"]],
+        **{k: data[k] for k in ("processes", "repetitions", "cores")},
+    )
+    return {"bench_startup.md": page}
 
 
 PAGE = register(

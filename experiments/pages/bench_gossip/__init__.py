@@ -1,26 +1,9 @@
 """`python -m experiments bench_gossip`: PowerGossip (rank 1) against exact gossip on the zoo's
-ResNet-20 and VGG-16 shapes, 8 peers, in-process and under MPI.
-
-What is measured, for every model x topology x backend (one run each; an MPI one is its own
-`mpiexec -n 8`, `measure.py` its child):
-
-* bytes per peer per step, from the transport's counters (`comm.stats.bytes_sent`), for exact gossip
-  and PowerGossip, checked step by step against the algorithms' own `bytes_per_step()`;
-* time per step, split into compute and communication by the algorithm's accumulators;
-* the same PowerGossip with `batch_neighbors=False` ("naive"), and `BEFORE`'s PowerGossip (its
-  `powergossip.py` and the `algorithms/` modules it imports, read with git: `_commit_code`), in
-  blocks interleaved with this tree's (order alternating) so that drift of the shared machine
-  cancels: speedups, this tree's time over `BEFORE`'s, whether every step's bytes are equal, and
-  whether every peer's final parameters are bit-identical;
-* memory bandwidth by large tensor copies in the same run (GB/s = 2 x bytes / time): all peers
-  copying at once (in situ), and one thread alone (isolated);
-* compute efficiency = 3 x (bytes of the compressed matrices) / (compute time per half-step x
-  bandwidth), in situ and for one isolated peer (its half-steps on a loopback transport, every
-  other peer idle).
-
-One more run times the kernels PowerGossip calls on the largest VGG-16 group (and the first
-formulation's and per-column alternatives to them); one more counts the bytes of the zoo's
-default VGG-16 (with BatchNorm).
+ResNet-20 and VGG-16 shapes, 8 peers, in-process and under MPI (an MPI setting is its own
+`mpiexec -n 8`, `measure.py` its child): bytes, time per step, the naive and `BEFORE`'s PowerGossip
+in interleaved blocks, copy bandwidth and compute efficiency, in situ and for one isolated peer;
+one more run times the kernels, one more counts the default VGG-16's bytes. The page (page.md and
+its pieces beside this file) says how each figure is measured.
 """
 
 from __future__ import annotations

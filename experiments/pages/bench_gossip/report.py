@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 
 from experiments.pages._bench import MODELS, count_params, model_shapes
 from experiments.pages._bench import median as _median
-from experiments.pages._markdown import columns, fill, table, template
+from experiments.pages._markdown import columns, fill, table, table_rows, template
 
 from .verdicts import _mb, _ms, _pct, _span, _x, _yes, findings, kernel_prediction, targets
 
@@ -128,69 +128,53 @@ def render_before(summaries: List[Dict[str, Any]]) -> List[str]:
     rows = [s for s in summaries if "before" in s]
     if not rows:
         return []
-    commit = rows[0]["before"]["commit"]
-    head = [
-        "model · topology · backend",
-        f"bytes / step, `{commit}` = this tree",
-        f"compute ms / step, `{commit}` → this tree",
-        f"this tree / `{commit}`: compute, step time",
-        f"isolated: compute ms `{commit}` → this tree, ratio",
-        "final parameters bit-identical",
-    ]
     fmt = lambda x: f"{x:.2f}×"  # noqa: E731
 
     def spread(values: List[float]) -> str:
         return f"{_span(values, fmt)} (median {fmt(_median(values))})"
 
-    compute = [s["before"]["ratio"]["compute"] for s in rows]
-    total = [s["before"]["ratio"]["total"] for s in rows]
     isolated = [
         s["isolated"]["before_ratio"] for s in rows if "before_ratio" in s.get("isolated", {})
     ]
-    return [
-        f"## This tree's PowerGossip against `{commit}`'s, in the same run",
-        "",
-        f"`{commit}`'s PowerGossip, `powergossip.py` with the `algorithms/` modules it imports ("
-        + ", ".join(f"`{m}.py`" for m in rows[0]["before"]["modules"])
-        + " in all), is read with `git show` and imported beside this tree's "
-        "(`experiments/pages/_commit_code.py`), so both run on this tree's transports, in the same "
-        "processes, on the same parameters, batched (`batch_neighbors=True`), in interleaved "
-        "blocks (order alternating, and the two swap places every second pair of blocks), after "
-        "the same warm-up. Ratios are this tree's time over "
-        f"`{commit}`'s (below 1: this tree is faster), medians over adjacent block pairs; the "
-        "isolated ratio is the same for peer 0 alone on the loopback transport (no waiting for "
-        "a core). Bytes: every step of every peer compared. Parameters: every peer's final "
-        "tensors compared byte for byte after the same steps.",
-        "",
-        *table(head, map(_before_row, rows)),
-        f"Over the {len(rows)} setting{'s' if len(rows) > 1 else ''}, this tree / `{commit}`: "
-        f"compute per step {spread(compute)}, step time {spread(total)}"
-        + (f", isolated compute {spread(isolated)}" if isolated else "")
-        + f". Bytes equal at every step of every peer in all settings: "
-        f"{_yes(all(s['before']['bytes_equal'] for s in rows))}; final parameters bit-identical "
-        f"in all settings: {_yes(all(s['before']['identical'] for s in rows))}.",
-        "",
-    ]
+    text = fill(
+        template(__file__, "before.md"),
+        commit=rows[0]["before"]["commit"],
+        modules=", ".join(f"`{m}.py`" for m in rows[0]["before"]["modules"]),
+        rows=table_rows(map(_before_row, rows)),
+        settings=f"{len(rows)} setting{'s' if len(rows) > 1 else ''}",
+        compute=spread([s["before"]["ratio"]["compute"] for s in rows]),
+        total=spread([s["before"]["ratio"]["total"] for s in rows]),
+        isolated=f", isolated compute {spread(isolated)}" if isolated else "",
+        bytes_equal=_yes(all(s["before"]["bytes_equal"] for s in rows)),
+        identical=_yes(all(s["before"]["identical"] for s in rows)),
+    )
+    return text.split("\n")
+
+
+#: The kernel table's columns.
+KERNELS = (
+    ("kernel", lambda r: r["name"]),
+    ("GB/s", lambda r: f"{r['gbps']:.2f}"),
+    ("% of copy", lambda r: f"{r['of_copy'] * 100:.0f} %"),
+)
 
 
 def render_kernels(k: Dict[str, Any]) -> List[str]:
+    """The kernel diagnosis: kernels.md filled in from the kernels' run."""
     b, rows, cols = k["group"]
-    spec = (
-        ("kernel", lambda r: r["name"]),
-        ("GB/s", lambda r: f"{r['gbps']:.2f}"),
-        ("% of copy", lambda r: f"{r['of_copy'] * 100:.0f} %"),
+    text = fill(
+        template(__file__, "kernels.md"),
+        b=b,
+        rows=rows,
+        cols=cols,
+        mb=b * rows * cols * 4 / 1e6,
+        copy_mb=k.get("copy_mb", 256),
+        rounds=k["rounds"],
+        copy=k["copy"],
+        kernels=columns(KERNELS, k["kernels"]),
+        prediction=kernel_prediction(k),
     )
-    return [
-        f"One thread, {b} stacked {rows}×{cols} matrices (VGG-16's largest group, "
-        f"{b * rows * cols * 4 / 1e6:.0f} MB). GB/s counts the matrix bytes each kernel must move "
-        "(a product reads M once; the update reads and writes it). Each kernel runs right after a "
-        f"{k.get('copy_mb', 256)} MB copy; '% of copy' is the median over {k['rounds']} rounds of "
-        f"the ratio of the two (the copies ran at {k['copy']:.2f} GB/s, median). A read-only kernel "
-        "can exceed 100 %: the copy also writes. k = degree × rank columns; k = 1 is also what the "
-        "naive path multiplies by, once per neighbour.",
-        "",
-        *columns(spec, k["kernels"]),
-    ]
+    return text.split("\n")
 
 
 def render_markdown(
@@ -200,15 +184,6 @@ def render_markdown(
     timed = [s for s in summaries if not s["bytes_only"]]
     params = {s["model"]: s["params"] for s in summaries}
     count = {m: params.get(m) or count_params(model_shapes(m)) for m in MODELS}
-    diagnosis = []
-    if kernels:
-        diagnosis = ["## Kernel diagnosis", "", *render_kernels(kernels)]
-        diagnosis += [
-            "What those kernel speeds alone allow for a half-step (3 copy-times of M = 100 %; no "
-            "per-operation overhead counted):",
-            "",
-            *kernel_prediction(kernels),
-        ]
     return fill(
         template(__file__),
         title=title,
@@ -218,6 +193,6 @@ def render_markdown(
         before=render_before(timed),
         settings=[line for s in summaries for line in render_setting(s)],
         isolated=render_isolated_table(timed),
-        kernels=diagnosis,
+        kernels=render_kernels(kernels) if kernels else [],
         **count,
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence
 
 from experiments.pages._bench import median as _median
-from experiments.pages._markdown import table
+from experiments.pages._markdown import snippets, table
 
 
 def _mb(x: float) -> str:
@@ -133,65 +133,51 @@ def _prediction(speed: Dict[str, float], k: int) -> Dict[str, float]:
 
 
 def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]]) -> List[str]:
-    """What limits the measured numbers, with the numbers that show it."""
-    L: List[str] = []
+    """What limits the measured numbers, with the numbers that show it (text: findings.md)."""
+    say, L = snippets(__file__, "findings.md"), []
     iso = [s for s in summaries if "isolated" in s]
     vgg = [s for s in iso if s["model"] == "vgg16"]
     speed = {row["key"]: row["of_copy"] for row in kernels["kernels"]} if kernels else {}
     if vgg:
         b = [s["isolated"]["variants"]["batched"] for s in vgg]
-        ratio = _median([v["left"]["compute"] / v["right"]["compute"] for v in b])
-        text = (
-            f"* **VGG-16 efficiency is bounded by the product kernels, not by memory.** In the "
-            f"isolated runs the left half-step takes {ratio:.2f}× as long as the right one "
-            f"(median over {len(vgg)} settings; efficiency right "
-            f"{_span([v['right']['efficiency'] for v in b], _pct)}, left "
-            f"{_span([v['left']['efficiency'] for v in b], _pct)}), although both move the same "
-            "bytes."
-        )
+        more = ""
         if speed and "k3.left.library" in speed:
-            g = lambda key: speed[f"k3.{key}"]  # noqa: E731
             p = _prediction(speed, 3)
-            text += (
-                f" At k = 3 (torus:2x4), the library's kernels run at {_pct(g('right.library'))} "
-                f"(right product), {_pct(g('left.library'))} (left product) and "
-                f"{_pct(g('update.library'))} (update) of the copy bandwidth; the first "
-                "formulation, with factors stored rows × r (`bmm(M, Q)`, `bmm(Mᵀ view, P)`, "
-                f"`baddbmm_(P, Qᵀ view)`), runs at {_pct(g('right.before'))}, "
-                f"{_pct(g('left.before'))} and {_pct(g('update.before'))}. Those kernel speeds alone "
-                f"cap a half-step at {_pct(p['lib_mean'])} now ({_pct(p['old_mean'])} with the "
-                "first formulation; table in *Kernel diagnosis*); the per-neighbour small ops "
-                "take the rest."
+            cells = {
+                f"{side}_{short}": _pct(speed[f"k3.{side}.{which}"])
+                for side in ("right", "left", "update")
+                for short, which in (("lib", "library"), ("old", "before"))
+            }
+            more = say["vgg kernels"].format(
+                lib_mean=_pct(p["lib_mean"]), old_mean=_pct(p["old_mean"]), **cells
             )
-        L.append(text)
+        L.append(
+            say["vgg"].format(
+                ratio=_median([v["left"]["compute"] / v["right"]["compute"] for v in b]),
+                settings=len(vgg),
+                right=_span([v["right"]["efficiency"] for v in b], _pct),
+                left=_span([v["left"]["efficiency"] for v in b], _pct),
+                kernels=more,
+            )
+        )
     r20 = [s for s in iso if s["model"] == "resnet20"]
     if r20:
         took = [s["isolated"]["variants"]["batched"]["all"]["compute"] for s in r20]
         passes = [3 * s["compressed_bytes"] / (s["isolated"]["bandwidth"] * 1e9) for s in r20]
-        L.append(
-            f"* **ResNet-20 is bound by per-operation overhead.** An isolated batched half-step "
-            f"takes {_span(took, _ms)} ms where three passes over its "
-            f"{_mb(r20[0]['compressed_bytes'])} of matrices would take "
-            f"{_span(passes, _ms)} ms at the measured copy bandwidth: the time goes to "
-            "the hundreds of small tensor operations per half-step (per neighbour and per shape "
-            "group: orthonormalising the factor, slicing it into the side-by-side buffer, copying "
-            "products into the message, forming the new factor, scaling it), which batching the "
-            "two big multiplications does not remove. Hence also its smaller batched/naive gain."
-        )
+        mb = _mb(r20[0]["compressed_bytes"])
+        L.append(say["resnet"].format(took=_span(took, _ms), mb=mb, passes=_span(passes, _ms)))
     sp = [s for s in summaries if "speedup" in s and s["model"] == "vgg16"]
     if sp and speed:
         one, lone = speed.get("k1.right.library"), speed.get("k1.left.library")
-        mv, lmv = speed.get("k1.right.mv"), speed.get("k1.left.mv")
-        three = [speed.get("k3.right.library"), speed.get("k3.left.library")]
         L.append(
-            f"* **The naive baseline runs the same kernels once per neighbour.** Its "
-            f"one-column products run at {_pct(one)} (right) and {_pct(lone)} (left) of the copy "
-            f"bandwidth (`torch.mv`: {_pct(mv)} and {_pct(lmv)}). A three-column product takes "
-            f"{one / three[0]:.2f}× (right) and {lone / three[1]:.2f}× (left) the time of a "
-            "one-column one, against 3× for three one-column products; the measured gain of the "
-            f"batched path over the naive one is "
-            f"{_span([s['speedup']['compute'] for s in sp], lambda x: f'{x:.2f}×')} on VGG-16."
+            say["naive"].format(
+                one=_pct(one),
+                lone=_pct(lone),
+                mv=_pct(speed.get("k1.right.mv")),
+                lmv=_pct(speed.get("k1.left.mv")),
+                right3=one / speed.get("k3.right.library"),
+                left3=lone / speed.get("k3.left.library"),
+                gain=_span([s["speedup"]["compute"] for s in sp], lambda x: f"{x:.2f}×"),
+            )
         )
-    if L:
-        L.append("")
-    return L
+    return L + [""] if L else L

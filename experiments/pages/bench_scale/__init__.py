@@ -1,16 +1,8 @@
-"""`python -m experiments bench_scale`: cost against the number of peers and against model size.
-
-For exact gossip, PowerGossip r1, all-reduce (`AllReduce`) and centralized PowerSGD r1
-(`PowerSGDAllReduce`): time per step and bytes sent per rank against the number of peers
-(in-process 8 ... 256, MPI and torch/gloo 2 ... 16 ranks, ResNet-20 shapes) and against model size
-(1e4 ... 1e8 parameters, in-process); the library's ring all-reduce next to the all-gather
-reduction it replaced (bytes received per rank and time); the in-process cluster's time and memory
-at 256 peers; and the growth exponents fitted on log-log axes.
-
-Every point is one run in a fresh child (one process in-process, `mpiexec -n N` or `torchrun
---nproc-per-node N` for the others: `measure.py` is that child), so that its memory is its own and a
-crash or a hang (bounded by its timeout) costs one point. To measure a point again, delete its line
-from bench_scale.jsonl and run the page: the others are kept.
+"""`python -m experiments bench_scale`: cost against the number of peers and against model size
+for exact gossip, PowerGossip r1, all-reduce and PowerSGD r1; the ring all-reduce next to the
+all-gather reduction; growth exponents. Every point is one run in a fresh child (`measure.py`: one
+process in-process, `mpiexec -n N` or `torchrun` otherwise), so a crash or a hang costs one point;
+to measure a point again, delete its line from bench_scale.jsonl and run the page.
 """
 
 from __future__ import annotations

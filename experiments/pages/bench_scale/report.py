@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from experiments.pages._markdown import table
+from experiments.pages._markdown import fill, table, template
 
 
 #: What a point times: four algorithms (one `step()` each); also two reductions of one flat tensor.
@@ -127,25 +127,22 @@ def growth_table(
 def render_markdown(
     records: List[Dict[str, Any]], header: str, notes: Sequence[str], title: str = ""
 ) -> str:
-    """The page: header, cost vs n, the reductions side by side, 256 peers, cost vs size, rates;
-    `notes`: what the plan left out."""
-    out = [
-        "# Scaling benchmark: cost vs number of peers and vs model size" + title,
-        "",
-        header,
-        "",
-        "Parameters are random float32 tensors (no training) on ring:n (degree 2; ring:2 has one "
-        "neighbour). Time per step: wall time of `step()` (or of one reduction) on each peer, "
-        "between barriers, after one warm-up step; the slowest peer's mean over the measured "
-        "steps. Bytes: per rank per step, mean over ranks; *sent* from the transport's counters, "
-        "*received* counted at the receive buffers. Memory: resident set after the steps, of the "
-        "one process in-process, summed over the rank processes under MPI and torch. The machine "
-        "was shared with other jobs, so only ratios measured side by side in this run are "
-        "meaningful; absolute times vary from run to run.",
-        "",
-    ]
-    out += _peer_tables(records) + _reductions(records) + _simulation(records)
-    return "\n".join(out + _size_and_growth(records, notes))
+    """The page (page.md beside this file); `notes`: what the plan left out."""
+    size_recs = _ok(records, "size")
+    size = ["## Cost vs model size (one square matrix of about N parameters)", ""]
+    size += cost_table(
+        size_recs, lambda r: f"ring:{r['point']['peers']}, N = {r['ranks'][0]['numel']:,}"
+    )
+    return fill(
+        template(__file__),
+        title=title,
+        header=header,
+        peer_tables=_peer_tables(records),
+        reductions=_reductions(records),
+        simulation=_simulation(records),
+        size=size if size_recs else [],
+        growth=_growth(records, size_recs, notes),
+    )
 
 
 def _peer_tables(records: List[Dict[str, Any]]) -> List[str]:
@@ -169,17 +166,6 @@ def _peer_tables(records: List[Dict[str, Any]]) -> List[str]:
 
 def _reductions(records: List[Dict[str, Any]]) -> List[str]:
     """The ring all-reduce next to the all-gather reduction."""
-    out = [
-        "## Ring all-reduce vs the all-gather reduction (one flat tensor of the model's size)",
-        "",
-        "The ring (`comm.allreduce_`) sends and receives 2(n−1)/n of the tensor per rank; the "
-        "all-gather reduction (the library's earlier one, re-implemented in the benchmark on the "
-        "same point-to-point path) receives n−1 whole copies and reduces them in rank order. Both run on "
-        "the point-to-point path every transport has; in-process, the all-reduce of the table "
-        "above (and of training) computes the same ring's bits through shared memory instead, "
-        "two barriers rather than 2(n−1) hand-offs.",
-        "",
-    ]
     rows = []
     for r in _ok(records, "peers"):
         s = summarize(r)
@@ -188,7 +174,7 @@ def _reductions(records: List[Dict[str, Any]]) -> List[str]:
             rows.append([r["point"]["backend"], str(r["point"]["peers"])])
             rows[-1] += [fmt_seconds(ring["seconds"]), fmt_bytes(ring["received"])]
             rows[-1] += _gather_cells(ring, gather) if gather else ["skipped", "–", "–"]
-    return out + table(REDUCTIONS, rows)
+    return table(REDUCTIONS, rows)
 
 
 def _gather_cells(ring: Dict[str, float], gather: Dict[str, float]) -> List[str]:
@@ -219,22 +205,11 @@ def _simulation(records: List[Dict[str, Any]]) -> List[str]:
     return [title, "", *table(head, rows)] if big else []
 
 
-def _size_and_growth(records: List[Dict[str, Any]], notes: Sequence[str]) -> List[str]:
-    """Cost vs model size, the growth exponents, and what was skipped or failed."""
+def _growth(
+    records: List[Dict[str, Any]], size_recs: List[Dict[str, Any]], notes: Sequence[str]
+) -> List[str]:
+    """The growth exponents, and what was skipped or failed."""
     out: List[str] = []
-    size_recs = _ok(records, "size")
-    if size_recs:
-        out += ["## Cost vs model size (one square matrix of about N parameters)", ""]
-        out += cost_table(
-            size_recs, lambda r: f"ring:{r['point']['peers']}, N = {r['ranks'][0]['numel']:,}"
-        )
-    out += [
-        "## Growth rates",
-        "",
-        "Exponent a of cost ∝ x^a, least squares on log-log axes over the points above (time "
-        "per step, bytes sent per rank).",
-        "",
-    ]
     # ring:2 has one neighbour, ring:n>2 two: fitting across that step would fake a growth in n.
     series = {
         f"vs n, {b}": [

@@ -7,7 +7,11 @@ import math
 import statistics
 from typing import Any, Dict, List, Optional
 
-from experiments.pages._markdown import fill, template
+from experiments.pages._markdown import fill, snippets, table, template
+
+
+#: The page's parts shown where its rows call for them, and the findings' sentences.
+PARTS = snippets(__file__, "parts.md")
 
 
 def _pct(value: Optional[float]) -> str:
@@ -45,10 +49,11 @@ def page(result: Dict[str, Any], generated: str, others: List[Dict[str, Any]] = 
     peers = int(s["topology"].split(":")[1])
     n = int(s["dataset"].split("n=")[1].split(",")[0])
     steps = rows[0]["steps"] if rows else 0
-    body = _traffic(result["traffic"]) + _table(rows, peers)
+    failed = []
     for f in result.get("failed", []):
-        body += [f"**Row {f['label']} (`{f['algorithm']}`) failed:** {f['error']}", ""]
-    body += _equal_bytes(rows) + _curves(rows) + _other_seeds(result, others)
+        failed += [f"**Row {f['label']} (`{f['algorithm']}`) failed:** {f['error']}", ""]
+    epochs = [e["epoch"] for e in rows[0]["evals"]] if rows else []
+    body = _other_seeds(result, others)
     body += _findings(rows, int(s["dataset"].split("test=")[1].split(",")[0]), peers)
     peer_hours = proj["steps"] * timing["cpu_s"] / 3600
     return fill(
@@ -75,6 +80,11 @@ def page(result: Dict[str, Any], generated: str, others: List[Dict[str, Any]] = 
         row_hours=PAPER_PEERS * peer_hours,
         days=len(rows) * proj["steps"] * timing["cpu_s"] / 86400,
         cpu_per_step=_cpu_per_step(rows),
+        traffic=_traffic(result["traffic"]),
+        row_lines=_table(rows),
+        failed=failed + _equal_bytes(rows),
+        epochs_list=", ".join(map(str, epochs)),
+        curves=_curves(rows, epochs),
         body=body,
     )
 
@@ -84,56 +94,23 @@ PAPER_PEERS = 8
 
 
 def _traffic(traffic: List[Dict[str, Any]]) -> List[str]:
-    lines = [
-        "## Floats per exchange: PowerGossip r1 against exact gossip",
-        "",
-        "Two gossip rounds of each algorithm on the ring (one round sends the P factors, the "
-        "next the Q factors), bytes counted on the transport, per round and neighbour, in "
-        "float32s. The closed form: exact gossip sends every parameter; PowerGossip rank 1 "
-        "sends, on average over a P and a Q round, (rows + cols) / 2 floats for the matrices "
-        "(a conv weight viewed as out x in*k*k) plus every vector-shaped parameter whole.",
-        "",
-        "| model | parameters | exact gossip (floats) | PowerGossip r1 (floats) | measured "
-        "ratio | closed form |",
-        "|---|---:|---:|---:|---:|---|",
+    return [
+        f"| {t['model']} | {t['parameters']:,} | {t['exact_floats']:,.0f} | "
+        f"{t['powergossip_r1_floats']:,.1f} | **{t['ratio']:.2f}x** | "
+        f"{t['closed_text']} = {t['closed_ratio']:.2f}x |"
+        for t in traffic
     ]
-    for t in traffic:
-        lines.append(
-            f"| {t['model']} | {t['parameters']:,} | {t['exact_floats']:,.0f} | "
-            f"{t['powergossip_r1_floats']:,.1f} | **{t['ratio']:.2f}x** | "
-            f"{t['closed_text']} = {t['closed_ratio']:.2f}x |"
-        )
-    return lines + [""]
 
 
-def _table(rows: List[Dict[str, Any]], peers: int) -> List[str]:
-    lines = [
-        "## The rows",
-        "",
-        "Accuracy of the averaged model (the peers' mean parameters, BatchNorm statistics "
-        "recomputed) and the mean of the local models' accuracies, at the end; consensus "
-        "distance (mean over peers of the squared distance to the average, as the library "
-        "reports it) at the end; measured MB sent per peer; per-peer time per step "
-        "(forward/backward/optimizer, and the gossip's own arithmetic, wall-clock seconds "
-        f"under the load above) and the whole run's wall and CPU time (all {peers} peers, set-up, "
-        "data generation and evaluations included). The per-peer seconds are wall-clock "
-        "sections of threads sharing 2 cores: where peers compute at the same moment (local "
-        "steps: no exchange to wait on between steps) each section stretches, so compare "
-        "costs by the run CPU column.",
-        "",
-        "| row | algorithm | H | averaged model | mean local | consensus distance | MB sent "
-        "per peer | compute s/step | gossip s/step | run wall s | run CPU s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+def _table(rows: List[Dict[str, Any]]) -> List[str]:
+    return [
+        f"| {r['label']} | `{r['algorithm']}` | {r['local_steps']} | "
+        f"{_pct(r['acc_avg'])} | {_pct(r['acc_local_mean'])} | "
+        f"{r['consensus_distance']:.3g} | {r['mb_per_peer']:.2f} | "
+        f"{r['compute_s_per_step']:.3f} | {r['gossip_compute_s_per_step']:.4f} | "
+        f"{r['run_wall_s']:.0f} | {r['run_cpu_s']:.0f} |"
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['label']} | `{r['algorithm']}` | {r['local_steps']} | "
-            f"{_pct(r['acc_avg'])} | {_pct(r['acc_local_mean'])} | "
-            f"{r['consensus_distance']:.3g} | {r['mb_per_peer']:.2f} | "
-            f"{r['compute_s_per_step']:.3f} | {r['gossip_compute_s_per_step']:.4f} | "
-            f"{r['run_wall_s']:.0f} | {r['run_cpu_s']:.0f} |"
-        )
-    return lines + [""]
 
 
 def _equal_bytes(rows: List[Dict[str, Any]]) -> List[str]:
@@ -141,12 +118,7 @@ def _equal_bytes(rows: List[Dict[str, Any]]) -> List[str]:
     if not budgets:
         return []
     lines = [
-        "## Accuracy at equal bytes",
-        "",
-        "For each budget (the total traffic of one row), each row's averaged-model accuracy at "
-        "its last evaluation made before it had sent that much per peer (— : its first "
-        "evaluation already came after the budget). All-reduce is left out: its bytes are a "
-        "ring all-reduce's, not a gossip exchange's.",
+        *PARTS["equal bytes section"].split("\n"),
         "",
         "| row | " + " | ".join(f"≤ {mb:.2f} MB ({label})" for label, mb in budgets) + " |",
         "|---|" + "---:|" * len(budgets),
@@ -162,25 +134,17 @@ def _equal_bytes(rows: List[Dict[str, Any]]) -> List[str]:
     return lines + [""]
 
 
-def _curves(rows: List[Dict[str, Any]]) -> List[str]:
-    epochs = [e["epoch"] for e in rows[0]["evals"]] if rows else []
-    lines = [
-        "## Over training",
-        "",
-        "Averaged-model accuracy / mean local accuracy / consensus distance at each evaluation "
-        "(epochs " + ", ".join(map(str, epochs)) + "); every value is in paper_standin.csv.",
-        "",
-        "| row | " + " | ".join(f"epoch {e}" for e in epochs) + " |",
-        "|---|" + "---|" * len(epochs),
-    ]
-    for r in rows:
-        cells = [
+def _curves(rows: List[Dict[str, Any]], epochs: List[int]) -> List[str]:
+    cells = (
+        [r["label"]]
+        + [
             f"{100 * e['acc_avg']:.1f} / {100 * e['acc_local_mean']:.1f} / "
             f"{e['consensus_distance']:.2g}"
             for e in r["evals"]
         ]
-        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
-    return lines + ["", "![accuracy against epochs and MB sent](paper_standin.png)", ""]
+        for r in rows
+    )
+    return table(["row", *(f"epoch {e}" for e in epochs)], cells, None)
 
 
 def _cpu_per_step(rows: List[Dict[str, Any]]) -> float:
@@ -191,13 +155,7 @@ def _other_seeds(result: Dict[str, Any], others: List[Dict[str, Any]]) -> List[s
     """The rows of other runs (other seeds) next to the main run's same rows."""
     if not others:
         return []
-    lines = [
-        "## Other seeds",
-        "",
-        "Some rows again with another seed (data, models and batches all drawn anew), same "
-        "setting otherwise; each such run's own header:",
-        "",
-    ]
+    lines = [*PARTS["other seeds"].split("\n"), ""]
     for other in others:
         where = f" (its JSON: `{other['path']}`)" if other.get("path") else ""
         lines += [f"- {other['generated']}{where}", ""]
@@ -252,30 +210,28 @@ def _distances(row: Dict[str, Any]) -> str:
 
 
 def _findings(rows: List[Dict[str, Any]], n_test: int, peers: int) -> List[str]:
-    """Sentences computed from the rows (no number typed by hand)."""
-    lines = ["## Findings", ""]
+    """Sentences computed from the rows (no number typed by hand), their text in findings.md."""
+    say = PARTS
     ranked = sorted(rows, key=lambda r: -r["acc_avg"])
     se = 100 * _standard_error(0.75, n_test)
-    lines.append(
-        "- **Ranking by final averaged-model accuracy:** "
-        + " > ".join(f"{r['label']} ({_pct(r['acc_avg'])})" for r in ranked)
-        + f". One seed, {n_test} test images: the test sample alone gives a standard error of "
-        f"about {se:.1f} pp at 75 % accuracy, so gaps under about {2 * se:.0f} pp are not "
-        "resolved here; the spread from seed to seed comes on top (measured for some rows "
-        "under Other seeds, where present)."
-    )
+    ranking = " > ".join(f"{r['label']} ({_pct(r['acc_avg'])})" for r in ranked)
+    lines = [
+        "## Findings",
+        "",
+        say["ranking"].format(ranking=ranking, n_test=n_test, se=se, se2=2 * se),
+    ]
     allreduce, exact = _row(rows, "all-reduce"), _row(rows, "exact gossip")
     if allreduce and exact:
         lines.append(
-            f"- **All-reduce vs exact gossip:** {_pct(allreduce['acc_avg'])} against "
-            f"{_pct(exact['acc_avg'])}, final training loss "
-            f"{allreduce['evals'][-1]['train_loss']:.3g} against "
-            f"{exact['evals'][-1]['train_loss']:.3g} (exact gossip's consensus distance at the "
-            f"evaluations: {_distances(exact)}). At {exact['steps']} steps on a ring of {peers} "
-            "peers decentralisation itself costs accuracy before any compression; this run does "
-            "not separate the causes (each peer's own small-batch gradient against all-reduce's "
-            "mean gradient, the ring's slow mixing, each peer's own BatchNorm statistics and "
-            "momentum)."
+            say["allreduce"].format(
+                allreduce=_pct(allreduce["acc_avg"]),
+                exact=_pct(exact["acc_avg"]),
+                allreduce_loss=allreduce["evals"][-1]["train_loss"],
+                exact_loss=exact["evals"][-1]["train_loss"],
+                distances=_distances(exact),
+                steps=exact["steps"],
+                peers=peers,
+            )
         )
         stale = [
             e
@@ -284,45 +240,41 @@ def _findings(rows: List[Dict[str, Any]], n_test: int, peers: int) -> List[str]:
         ]
         if stale:
             e = stale[0]
-            lines.append(
-                "- **Local models' BatchNorm statistics:** all-reduce keeps the peers' weights "
-                f"identical, yet at epoch {e['epoch']} its local models score "
-                f"{_pct(e['acc_local_mean'])} against the averaged model's {_pct(e['acc_avg'])}: "
-                "the only difference is that the averaged model's BatchNorm statistics are "
-                "recomputed for the evaluation while a local model uses its running averages, "
-                "which lag behind fast-changing weights early in training. The mean local "
-                "accuracy of every row carries the same lag."
-            )
-    return lines + _compression(rows, n_test) + _equal_budget_and_local_steps(rows) + [""]
+            local, averaged = _pct(e["acc_local_mean"]), _pct(e["acc_avg"])
+            lines.append(say["stale"].format(epoch=e["epoch"], local=local, averaged=averaged))
+    lines += _compression(say, rows, n_test) + _equal_budget_and_local_steps(say, rows)
+    return lines + [""]
 
 
-def _compression(rows: List[Dict[str, Any]], n_test: int) -> List[str]:
+def _compression(say: Dict[str, str], rows: List[Dict[str, Any]], n_test: int) -> List[str]:
     """The findings on PowerGossip's compression: r1 against exact gossip, more iterations, rank 2."""
     lines, exact, r1 = [], _row(rows, "exact gossip"), _row(rows, "PowerGossip r1")
     r2, two = _row(rows, "PowerGossip r2"), _row(rows, "PowerGossip r1, 2 iterations")
     if exact and r1:
-        gap = 100 * (exact["acc_avg"] - r1["acc_avg"])
+        slow = (
+            r1["evals"][-1]["consensus_distance"] < r1["evals"][0]["consensus_distance"]
+            and r1["consensus_distance"] > 100 * exact["consensus_distance"]
+        )
         lines.append(
-            f"- **PowerGossip r1 vs exact gossip:** {gap:+.1f} pp (exact minus r1) in "
-            f"averaged-model accuracy for {exact['mb_per_peer'] / r1['mb_per_peer']:.1f}x fewer "
-            f"bytes. Consensus distance at the evaluations: r1 {_distances(r1)}; exact gossip "
-            f"{_distances(exact)}."
-            + (
-                " The rank-1 exchange removes only a small part of the peers' disagreement "
-                "per step: its models stay far apart while the learning rate is high and draw "
-                "together only as the cosine schedule takes it towards zero."
-                if r1["evals"][-1]["consensus_distance"] < r1["evals"][0]["consensus_distance"]
-                and r1["consensus_distance"] > 100 * exact["consensus_distance"]
-                else ""
+            say["r1"].format(
+                gap=100 * (exact["acc_avg"] - r1["acc_avg"]),
+                fewer=exact["mb_per_peer"] / r1["mb_per_peer"],
+                r1_distances=_distances(r1),
+                exact_distances=_distances(exact),
+                slow=say["slow"] if slow else "",
             )
         )
     for other, what in ((two, "2 power iterations"), (r2, "rank 2")):
         if other and r1 and exact:
             lines.append(
-                f"- **PowerGossip r1 with {what}:** {_pct(other['acc_avg'])} (r1: "
-                f"{_pct(r1['acc_avg'])}, exact gossip: {_pct(exact['acc_avg'])}), consensus "
-                f"distance at the evaluations {_distances(other)}, for "
-                f"{other['mb_per_peer'] / r1['mb_per_peer']:.2f}x the bytes of r1."
+                say["more"].format(
+                    what=what,
+                    acc=_pct(other["acc_avg"]),
+                    r1=_pct(r1["acc_avg"]),
+                    exact=_pct(exact["acc_avg"]),
+                    distances=_distances(other),
+                    bytes=other["mb_per_peer"] / r1["mb_per_peer"],
+                )
             )
     if exact and r1 and (two or r2):
         better = [
@@ -332,24 +284,8 @@ def _compression(rows: List[Dict[str, Any]], n_test: int) -> List[str]:
             and o["consensus_distance"] < r1["consensus_distance"]
             and o["acc_avg"] - r1["acc_avg"] > 2 * _standard_error(r1["acc_avg"], n_test)
         ]
-        if better:
-            lines.append(
-                "- **Why r1 trails:** "
-                + " and ".join(f"{o['label']}" for o in better)
-                + " both lower the consensus distance and raise the accuracy by more than two "
-                "standard errors: more of the model difference sent per step closes part of "
-                "the gap, which points at r1's consensus error rather than at the data or "
-                "the recipe. γ (the topology's, as for exact gossip) and the learning-rate scaling "
-                "of the paper's grid were not varied here (no time left in the budget)."
-            )
-        else:
-            lines.append(
-                "- **Why r1 trails:** neither more iterations nor rank 2 improve on r1 by more "
-                "than two standard errors of the test sample here, so this run cannot pin the "
-                "gap on the compression alone. γ (the topology's, as for exact gossip) and the "
-                "learning-rate scaling of the paper's grid were not varied (no time left in the "
-                "budget)."
-            )
+        labels = " and ".join(o["label"] for o in better)
+        lines.append(say["better"].format(labels=labels) if better else say["not better"])
     if (
         two
         and exact
@@ -357,42 +293,46 @@ def _compression(rows: List[Dict[str, Any]], n_test: int) -> List[str]:
         and two["consensus_distance"] > exact["consensus_distance"]
     ):
         lines.append(
-            f"- **PowerGossip r1 with 2 iterations ends above exact gossip** "
-            f"({_pct(two['acc_avg'])} against {_pct(exact['acc_avg'])}) on this seed, with the "
-            "larger consensus distance: this run cannot say why; a section of other seeds, "
-            "where present, says whether it holds."
+            say["above exact"].format(two=_pct(two["acc_avg"]), exact=_pct(exact["acc_avg"]))
         )
     return lines
 
 
-def _equal_budget_and_local_steps(rows: List[Dict[str, Any]]) -> List[str]:
+def _equal_budget_and_local_steps(say: Dict[str, str], rows: List[Dict[str, Any]]) -> List[str]:
     """The findings at the smallest equal-bytes budget and on local steps."""
     lines, h1, budgets = [], _row(rows, "exact gossip"), _budgets(rows)
     if budgets:
         label, mb = budgets[0]
         within = [(r, accuracy_at(r, mb)) for r in rows if r["algorithm"] != "allreduce"]
         reached = sorted(((r, e) for r, e in within if e), key=lambda x: -x[1]["acc_avg"])
-        missing = [r["label"] for r, e in within if e is None]
+        missing = ", ".join(r["label"] for r, e in within if e is None)
         lines.append(
-            f"- **At equal bytes** ({label}'s whole run, {mb:.2f} MB per peer): "
-            + ", ".join(
-                f"{r['label']} {_pct(e['acc_avg'])} (epoch {e['epoch']})" for r, e in reached
-            )
-            + (
-                f"; {', '.join(missing)} had not reached an evaluation within that budget"
+            say["equal bytes finding"].format(
+                label=label,
+                mb=mb,
+                reached=", ".join(
+                    f"{r['label']} {_pct(e['acc_avg'])} (epoch {e['epoch']})" for r, e in reached
+                ),
+                missing=f"; {missing} had not reached an evaluation within that budget"
                 if missing
-                else ""
+                else "",
             )
-            + "."
         )
     for label in ("exact gossip H=4", "exact gossip H=16"):  # H=1 is exact gossip
         r = _row(rows, label)
         if r and h1:
             lines.append(
-                f"- **{label}:** {_pct(r['acc_avg'])} averaged / {_pct(r['acc_local_mean'])} "
-                f"mean local (H=1: {_pct(h1['acc_avg'])} / {_pct(h1['acc_local_mean'])}), "
-                f"consensus distance at the evaluations {_distances(r)}, "
-                f"{r['mb_per_peer']:.2f} MB per peer against {h1['mb_per_peer']:.2f} MB at H=1 "
-                f"({r['rounds']} gossip rounds against {h1['rounds']})."
+                say["local steps"].format(
+                    label=label,
+                    acc=_pct(r["acc_avg"]),
+                    local=_pct(r["acc_local_mean"]),
+                    h1_acc=_pct(h1["acc_avg"]),
+                    h1_local=_pct(h1["acc_local_mean"]),
+                    distances=_distances(r),
+                    mb=r["mb_per_peer"],
+                    h1_mb=h1["mb_per_peer"],
+                    rounds=r["rounds"],
+                    h1_rounds=h1["rounds"],
+                )
             )
     return lines

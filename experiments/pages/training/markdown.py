@@ -10,21 +10,12 @@ from experiments.suite.tables import _pct, build_table, exact_reference, header
 from .convergence import COLLAPSE_FRACTION, FIXED_TARGET, cheapest_to_reach, equal_bytes_table
 from .design import RUN_LISTS, SLOW_ROWS, STAGES, noniid_grid
 from .noniid import gap_table, gap_verdict
+from experiments.pages._markdown import fill, snippets, template
 
 #: The epoch budget is "at the plateau" when the longer reference runs gain at most this many pp.
 PLATEAU_PP = 0.5
-
-PROJECTION = (
-    "projected time per peer = measured compute time (forward, backward, optimizer step and the "
-    "algorithm's compression arithmetic; means over peers) + rounds × latency + critical bytes ÷ "
-    f"bandwidth, latency {LATENCY_S * 1e6:.0f} µs, bandwidth 1 or 10 Gbit/s. `rounds` and `critical "
-    "bytes` are the transport's counters (`CommStats`: each exchange is one round costing its largest "
-    "message; a ring all-reduce is 2(n−1) rounds of 1/n of the tensor), taken at the slowest peer. "
-    "Compute was measured with a run's peers taking turns on the CPU (one peer thread at a time: "
-    "`LocalCluster` takes turns when there are more peers than cores) while other jobs shared the "
-    "machine's 2 cores, so it is noisy and NOT comparable across rows; the communication part (in "
-    "brackets) is a deterministic projection from the counters, comparable across rows."
-)
+#: The sentences and sections shown where their rows are.
+SAY = snippets(__file__, "sections.md")
 
 
 def _recipe(quick: bool) -> str:
@@ -63,10 +54,7 @@ def epoch_budget(state: Dict[str, Any]) -> str:
     """The epochs used against the longer reference runs of the same recipe (seed 0)."""
     plan = state["plan"]
     if not state["reference"]:
-        return (
-            f"Every CNN run trains {plan['epochs']} epochs; no longer reference run was made "
-            "in this run of the suite."
-        )
+        return SAY["no reference"].format(**plan)
     parts, deltas = [], []
     seed0 = {
         r["label"]: r for r in state["iid"][::-1] if r.get("seed", 0) == 0 and "error" not in r
@@ -81,45 +69,36 @@ def epoch_budget(state: Dict[str, Any]) -> str:
             f"{_pct(ref['acc_avg'])} after {ref['epochs']} ({deltas[-1]:+.2f} pp)"
         )
     if not parts:
-        return (
-            f"Every CNN row trains {plan['epochs']} epochs; the reference runs failed (see below)."
-        )
+        return SAY["reference failed"].format(**plan)
     worst = max(deltas)
     verdict = (
-        f"within {PLATEAU_PP:g} pp of the longer runs: at the plateau"
+        SAY["plateau"].format(plateau=PLATEAU_PP)
         if worst <= PLATEAU_PP
-        else f"up to {worst:.2f} pp below the {plan['reference_epochs']}-epoch accuracy: near, not "
-        "at, the plateau; every row has the same budget, so the comparison between rows is fair"
+        else SAY["near plateau"].format(worst=worst, **plan)
     )
-    return (
-        f"Epoch budget: every CNN row trains {plan['epochs']} epochs (the cosine schedule spans "
-        f"those epochs), chosen to fit the page on 2 shared cores. The same recipe "
-        f"at {plan['reference_epochs']} epochs (seed 0, {plan['topology']} {plan['iid']}): "
-        + "; ".join(parts)
-        + f". So the {plan['epochs']}-epoch rows are {verdict}."
-    )
+    return SAY["budget"].format(parts="; ".join(parts), verdict=verdict, **plan)
 
 
 def _equal_bytes(rows: Sequence[Dict[str, Any]], what: str) -> str:
     table, target, budget = equal_bytes_table(rows)
     if target is None:
         return ""
-    lines = [
-        f"Equal bytes, {what}: the first evaluation (every few epochs; seed-mean curve where "
-        f"several seeds ran) at which each row's averaged model reaches the common target "
-        f"{_pct(target)} (the worst converged row's final accuracy; a row that collapsed, "
-        f"ending below {100 * COLLAPSE_FRACTION:.0f} % of its peak, is left out) and "
-        f"{_pct(FIXED_TARGET)}, and each row's accuracy at the last evaluation within "
-        f"{budget:.3g} MB per peer (what the cheapest row sent in its whole run).\n",
-        table,
-    ]
+    text = SAY["equal bytes"].format(
+        what=what,
+        target=_pct(target),
+        collapse=100 * COLLAPSE_FRACTION,
+        fixed=_pct(FIXED_TARGET),
+        budget=budget,
+        table=table,
+    )
     best = cheapest_to_reach(rows, target)
     if best is not None:
-        lines.append(
-            f"Fewest bytes to {_pct(target)}: **{best['label']}** "
-            f"({best['reach']['mb']:.3g} MB per peer, epoch {best['reach']['epoch']:g}).\n"
+        text += (
+            "\n"
+            + SAY["fewest"].format(target=_pct(target), label=best["label"], **best["reach"])
+            + "\n"
         )
-    return "\n".join(lines) + "\n"
+    return text + "\n"
 
 
 def _cost_note(rows: Sequence[Dict[str, Any]], labels: Sequence[str]) -> str:
@@ -143,17 +122,6 @@ def training_page(
 ) -> str:
     """training.md from the rows so far (`missing`: the stages with runs still to make)."""
     plan, quick = state["plan"], state["quick"]
-    text = header(
-        "Decentralized training: accuracy vs bytes, to convergence"
-        + (" (--quick)" if quick else ""),
-        state["command"],
-        0.0,
-        _recipe(quick),
-        generated=generated,
-    )
-    text += running_time(state, missing) + "\n\n" + epoch_budget(state) + "\n\n"
-    text += "## Targets\n\n" + ("\n".join(claims) or "- (no rows yet)") + "\n\n"
-    seeds = ", ".join(map(str, plan["seeds"]))
     slow = [label for label, _ in plan["rows"] if label in SLOW_ROWS]
     fewer = (
         f" {' and '.join(slow)} ran {plan['choco_seeds']} seed(s){_cost_note(headline, slow)}; the "
@@ -161,28 +129,29 @@ def training_page(
         if slow and plan["choco_seeds"] < len(plan["seeds"])
         else ""
     )
-    text += (
-        f"## Headline: {plan['topology']}, {plan['iid']}, {plan['epochs']} epochs, seeds {seeds} "
-        f"(mean ± std)\n\nγ of Choco was swept (below); exact gossip and PowerGossip use the "
-        f"topology's γ (untuned). The ratio column is exact gossip's measured MB per step over the "
-        f"row's.{fewer}\n\n"
-        + build_table(headline)
-        + "\n"
-        + _equal_bytes(headline, f"{plan['topology']} {plan['iid']}")
+    title = "Decentralized training: accuracy vs bytes, to convergence"
+    return fill(
+        template(__file__),
+        header=header(
+            title + (" (--quick)" if quick else ""),
+            state["command"],
+            0.0,
+            _recipe(quick),
+            generated=generated,
+        ),
+        running=running_time(state, missing),
+        budget=epoch_budget(state),
+        claims="\n".join(claims) or "- (no rows yet)",
+        topology=plan["topology"],
+        iid=plan["iid"],
+        epochs=plan["epochs"],
+        seeds=", ".join(map(str, plan["seeds"])),
+        fewer=fewer,
+        headline=build_table(headline),
+        equal=_equal_bytes(headline, f"{plan['topology']} {plan['iid']}"),
+        sections=noniid_sections(state) + other_sections(state),
+        latency_us=LATENCY_S * 1e6,
     )
-    text += (
-        "![accuracy vs MB](training_accuracy_vs_mb.png)\n\n"
-        "![accuracy vs epochs](training_accuracy_vs_epochs.png)\n\n"
-    )
-    text += noniid_sections(state) + other_sections(state)
-    text += "## Projected wall time\n\n" + PROJECTION + "\n\n"
-    text += (
-        "Files: [training.csv](training.csv) (every run, every seed), "
-        "[training_curves.csv](training_curves.csv) (every run's evaluations: epoch, MB, "
-        "accuracies), [training_accuracy_vs_mb.png](training_accuracy_vs_mb.png), "
-        "[training_accuracy_vs_epochs.png](training_accuracy_vs_epochs.png).\n"
-    )
-    return text
 
 
 def noniid_sections(state: Dict[str, Any]) -> str:
@@ -190,23 +159,16 @@ def noniid_sections(state: Dict[str, Any]) -> str:
     plan = state["plan"]
     if not state["noniid"]:
         return ""
-    text = (
-        f"## {plan['topology']}, {plan['noniid']}, {plan['epochs']} epochs, seed 0\n\n"
-        + build_table(state["noniid"])
-        + "\n"
-        + _equal_bytes(state["noniid"], f"{plan['topology']} {plan['noniid']}")
-    )
     grid = noniid_grid(state)
     exact = exact_reference(state["noniid"], plan["topology"], plan["noniid"], "noniid")
-    return text + (
-        f"## The non-IID gap ({plan['topology']}, {plan['noniid']}, {plan['epochs']} epochs, "
-        "seed 0)\n\nLocal = each peer's own model; gap = exact gossip's accuracy minus the "
-        "row's (positive: the row trails).\n\n"
-        + gap_table(grid, exact)
-        + "\n"
-        + "\n".join(gap_verdict(grid, exact))
-        + "\n\n"
+    text = SAY["noniid"].format(
+        table=build_table(state["noniid"]),
+        equal=_equal_bytes(state["noniid"], f"{plan['topology']} {plan['noniid']}"),
+        gap=gap_table(grid, exact),
+        verdict="\n".join(gap_verdict(grid, exact)),
+        **plan,
     )
+    return text + "\n\n"
 
 
 def other_sections(state: Dict[str, Any]) -> str:
@@ -214,24 +176,15 @@ def other_sections(state: Dict[str, Any]) -> str:
     plan, text = state["plan"], ""
     if state["sweeps"]:
         chosen = ", ".join(f"{k} {v:g}" for k, v in state["chosen"].items())
-        text += (
-            f"## γ sweep ({plan['topology']} {plan['iid']}, {plan['sweep_epochs']} epochs, seed 0)\n\n"
-            "Short runs; the γ with the best averaged-model accuracy is used in every row above. "
-            "A short run can favour a different γ than a full one would.\n\n"
-            + build_table(state["sweeps"])
-            + f"\nChosen γ: {chosen}.\n\n"
-        )
+        table = build_table(state["sweeps"])
+        text += SAY["sweep"].format(table=table, chosen=chosen, **plan) + "\n\n"
     if state["wide"]:
-        text += (
-            f"## Wide model ({state['wide'][0].get('model', '?')}), {plan['topology']} {plan['iid']}, "
-            f"{plan['wide_epochs']} epochs, seed 0\n\n"
-            + build_table(state["wide"])
-            + "\n"
-            + _equal_bytes(state["wide"], "wide model")
+        text += SAY["wide"].format(
+            model=state["wide"][0].get("model", "?"),
+            table=build_table(state["wide"]),
+            equal=_equal_bytes(state["wide"], "wide model"),
+            **plan,
         )
     if state["reference"]:
-        text += (
-            f"## Reference: {plan['reference_epochs']} epochs ({plan['topology']} {plan['iid']}, "
-            "seed 0)\n\n" + build_table(state["reference"]) + "\n"
-        )
+        text += SAY["reference"].format(table=build_table(state["reference"]), **plan) + "\n"
     return text
