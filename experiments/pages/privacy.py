@@ -6,14 +6,13 @@ against epsilon per algorithm."""
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
+from experiments.pages._markdown import csv_text, fill, template
 from experiments.pages import _privacy as regime
 from experiments.suite.runs import QUICK_BASE
 from experiments.suite.tables import _pct, header
@@ -168,44 +167,18 @@ def render(rows: Rows) -> Outputs:
     )
     title = "Differential privacy: accuracy vs ε" + (" (--quick)" if quick else "")
     text = header(title, rows.command, 0.0, extra, generated=made_by(rows))
-    text += (
-        f"Every row: seeds {', '.join(map(str, seeds))} (mean ± std over them; a seed draws the "
-        "model's initialisation and the data order, and each peer's DP noise is fresh secret "
-        "entropy whatever the seed).\n\n## Results\n\n" + table(data) + "\n"
-        "![accuracy vs epsilon](privacy_accuracy_vs_epsilon.png)\n\n## What the rows show\n\n"
-        + "\n".join(findings(data, algorithms, epsilons))
-        + "\n\n"
-        + ANALYSIS
+    text += fill(
+        template(__file__, "privacy.md"),
+        seeds=", ".join(map(str, seeds)),
+        table=table(data),
+        findings="\n".join(findings(data, algorithms, epsilons)),
     )
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for r in data:
-        writer.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
+    cells = [["" if r.get(k) is None else r.get(k) for k in CSV_FIELDS] for r in data]
     return {
         "privacy.md": text,
-        "privacy.csv": out.getvalue(),
+        "privacy.csv": csv_text(CSV_FIELDS, cells),
         "privacy_accuracy_vs_epsilon.png": plot(data),
     }
-
-
-#: Why the algorithms react differently: the mechanism, stated once (the numbers are above).
-ANALYSIS = """## Why DP hurts some algorithms more
-
-- Every peer spends the same ε whatever the algorithm: the noise is added to each peer's own
-  clipped gradient before anything is sent, and gossip is post-processing. The algorithms differ
-  only in how they average that noise away. All-reduce averages all 8 peers' independent noise
-  every step (its variance divided by 8); exact gossip averages only with 2 neighbours per step,
-  so each model keeps more of its own noise and consensus takes several steps.
-- Compressed gossip adds its own error on top: PowerGossip's rank-1 approximation of the model
-  differences transmits only part of the difference between neighbours. Noise makes those
-  differences larger and less low-rank (isotropic noise has no low-rank structure), so a rank-1
-  message carries a smaller share of them and the peers' independent noise is averaged more
-  slowly; Choco's sign message keeps every coordinate's direction and suffers less.
-- A higher rank carries more of the difference per message: PowerGossip r4 sends 4 times r1's
-  floats per exchange, and the rows show how much of r1's loss under DP that buys back.
-- MB sent per peer does not depend on ε: DP changes what is sent, never how much.
-"""
 
 
 def plot(rows: Sequence[Dict[str, Any]]) -> bytes:
