@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 #: How a cell is made from one item of the rows; a column is its title and its cell.
 Cell = Callable[[Any], str]
@@ -33,6 +33,21 @@ def g3(field: str) -> Cell:
 def template(page_file: str, name: str = "page.md") -> str:
     """The markdown template `name` beside a page's module (`page_file`: its `__file__`)."""
     return (Path(page_file).parent / name).read_text(encoding="utf-8")
+
+
+def parts(page_file: str, name: str) -> Dict[str, List[str]]:
+    """The named parts of the text file `name` beside a page's module: a line `## key` opens part
+    `key`, whose non-blank lines follow (a paragraph or an item a line); lines before the first
+    part are a comment."""
+    out: Dict[str, List[str]] = {"": []}
+    key = ""
+    for line in template(page_file, name).split("\n"):
+        if line.startswith("## "):
+            key = line[3:]
+            out[key] = []
+        elif line:
+            out[key].append(line)
+    return out
 
 
 def fill(text: str, **fields: Any) -> str:
