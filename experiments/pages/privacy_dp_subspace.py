@@ -23,19 +23,8 @@ from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
 from experiments.pages._markdown import block, fill, template
 from experiments.pages._markdown import table as table_lines
-from experiments.pages._privacy import (
-    CLIP,
-    DELTA,
-    at_once,
-    dp_epochs,
-    dp_row,
-    loads,
-    pct,
-    recipe,
-    setting_words,
-    train_config,
-    with_load,
-)
+from experiments.pages._privacy import CLIP, DELTA, at_once, dp_epochs, dp_row, loads, pct, recipe
+from experiments.pages._privacy import setting_words, train_config, with_load
 
 _SUBSPACE = dict(dp_exchanged_subspace=True)
 _FEEDBACK = dict(dp_exchanged_subspace=True, dp_subspace_feedback=True)

@@ -19,18 +19,8 @@ from typing import Any, Dict, List, Mapping, Optional
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
 from experiments.pages._markdown import fill, template
-from experiments.pages._privacy import (
-    BASE,
-    DELTA,
-    NONPRIVATE,
-    PER_PEER,
-    QUICK,
-    SWEEP,
-    TARGET,
-    loads,
-    pct,
-    with_load,
-)
+from experiments.pages._privacy import BASE, DELTA, NONPRIVATE, PER_PEER, QUICK, SWEEP, TARGET
+from experiments.pages._privacy import loads, pct, with_load
 
 #: The label of part 1's last row, the chosen regime clipped without noise.
 CLIPPED = "chosen, clipped, no noise"

@@ -12,18 +12,8 @@ from experiments.pages._markdown import fill, template
 from experiments.suite.runs import BASE, QUICK_BASE
 from experiments.suite.tables import header
 
-from .tables import (
-    grid_cells,
-    grid_list,
-    grid_table,
-    grid_verdict,
-    spread_verdict,
-    join_cells,
-    join_table,
-    join_verdict,
-    plot,
-    soak_section,
-)
+from .tables import grid_cells, grid_list, grid_table, grid_verdict, spread_verdict, join_cells
+from .tables import join_table, join_verdict, plot, soak_section
 
 
 def wall_span(rows: Rows) -> str:
