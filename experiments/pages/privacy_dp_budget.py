@@ -1,13 +1,9 @@
 """`python -m experiments privacy_dp_budget`: does the DP regime of the privacy pages train to a
-plateau?
-
-Under a cosine schedule the learning rate reaches 0 at the end of every run, so a flat last
-quarter says nothing: the test is the final accuracy against the training budget at the same
-target epsilon. This page runs the chosen regime (`_privacy`) at 15, 30 and 60 epochs for exact
-gossip at target epsilon 8, 3 and 1 and PowerGossip r1 and r4 at epsilon 8, and names, for each
-epsilon, the smallest budget after which doubling gains less than THRESHOLD_PP on every cell of
-that epsilon: the budget of the privacy pages' DP rows at that epsilon (`_privacy.DP_EPOCHS`,
-which a test holds equal to the committed page's verdicts).
+plateau? The chosen regime (`_privacy`) at each of BUDGETS for every cell of CELLS; per epsilon,
+the smallest budget after which doubling gains less than THRESHOLD_PP on every cell of that
+epsilon (`verdicts`) is the privacy pages' budget there (`_privacy.DP_EPOCHS`, which a test holds
+equal to the committed page's verdicts). Why the final accuracy and not a flat last quarter:
+privacy_dp_budget.md beside this file.
 """
 
 from __future__ import annotations

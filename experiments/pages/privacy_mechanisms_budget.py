@@ -1,14 +1,9 @@
 """`python -m experiments privacy_mechanisms_budget`: does doubling the mechanisms page's
-training budget still pay? The mechanisms page's plan (every topology, mechanism, algorithm and
-seed, each run's noise solved for its own steps) at each budget of BUDGETS, trained without the
-attack. At a fixed epsilon a longer run adds more noise per step and spends the same epsilon;
-under the cosine schedule every run ends at lr 0, so the test is the final averaged-model accuracy
-against the budget.
-
-The rule, declared before the 256-epoch runs were made: a doubling *pays* on a row (topology,
-mechanism, algorithm) when its mean final accuracy over the seeds gains more than twice the larger
-of the two budgets' seed standard deviations (the mechanisms page's own "clear effect" rule); a
-budget is a plateau for a topology when no private row of it pays to double.
+training budget still pay? The logreg mechanisms page's plan at each budget of BUDGETS, trained
+without the attack, each run's noise solved for its own steps. The rule, declared before the
+256-epoch runs were made (`doublings`, `verdicts`): a doubling pays on a row when its mean gain
+exceeds CLEAR x the larger of the two budgets' seed standard deviations; a budget is a plateau for
+a topology when no private row of it pays to double.
 """
 
 from __future__ import annotations

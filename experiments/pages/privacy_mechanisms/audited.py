@@ -1,20 +1,14 @@
 """`python -m experiments privacy_mechanisms`: local DP-SGD, Muffliato, ZIP-DL and DECOR in the
-attack pages' regime (privacy_regime.md's choice: the attacks work without DP, DP learns), at
-equal epsilon against a neighbour, on exact gossip and PowerGossip r1, each run attacked and
-audited in one run.
+attack pages' regime, at equal epsilon against a neighbour, on exact gossip and PowerGossip r1,
+each run attacked and audited in one run.
 
-The plan: the calibration (each mechanism's noise for epsilon = TARGET against a direct neighbour,
-solved before any run with that mechanism's own accountant, at the victims' sampling rate and
-the run's number of steps), the membership split of each seed, then every (algorithm,
-mechanism, seed) as privacy_attacks.md trains and attacks a run (`privacy_attacks.runs.attacked`:
-observer 0 records, LOSS and LiRA with references trained by gossip, the blind baselines, the
-one-run audit's canaries in the victims' data, scored also through the blind model). The private
-runs release no peer statistic (the shard sizes stay secret: add/remove adjacency is the claim's,
-and every peer samples at its own rate); their claimed epsilon is the calibration's, at the
-victims' members alone, an upper bound for victims whose data also holds included canaries. The
-non-private runs have privacy_attacks.md's config (run again: the canaries' coins are fresh). Row
-format: the logreg page's (`runs.row`), so both render with `page`'s tables; the page's fixed text
-is audited.md beside this file, with the one-run audit beside each claim."""
+The plan: the calibration (each mechanism's noise for TARGET against a direct neighbour, at the
+victims' sampling rate and the run's steps), the membership split of each seed, then every
+(algorithm, mechanism, seed) trained and attacked as privacy_attacks.md's runs are
+(`privacy_attacks.runs.attacked`, canaries included). Private runs release no peer statistic
+(add/remove adjacency, the claim's). Rows: the logreg page's format (`runs.row`), rendered with
+`page`'s tables; the fixed text is audited.md beside this file.
+"""
 
 from __future__ import annotations
 
