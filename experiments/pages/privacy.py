@@ -78,37 +78,20 @@ def row(run: Run) -> Dict[str, Any]:
     return {k: out[k] for k in CSV_FIELDS + ("acc_local_mean_std",) if k in out}
 
 
-TABLE = (
-    "| partition | target ε | algorithm | seeds | epochs | averaged-model acc | at ¾ of the run | "
-    "change over the last quarter (pp) | local acc mean | ε per peer [min, max] | σ | "
-    "q per peer [min, max] | MB sent / peer |"
-)
-
-
-def table(rows: Sequence[Dict[str, Any]]) -> str:
-    lines = [TABLE, "|" + "---|" * (TABLE.count("|") - 1)]
-    for r in rows:
-        head = (
-            f"| {r['partition']} | {_eps(r['target'])} | {r['label']} | {r.get('seeds', 1)} | "
-            f"{r.get('epochs', 'n/a')} |"
-        )
-        if "error" in r:
-            lines.append(head + f" FAILED: {r['error'].replace('|', '/')} | | | | | | | |")
-            continue
-        private, three = r["target"] is not None, r.get("acc_3q")
-        lines.append(
-            head
-            + f" {_pct(r['acc_avg'], r.get('acc_avg_std'))} | "
-            + ("n/a | n/a | " if three is None else f"{_pct(three)} | ")
-            + ("" if three is None else f"{100 * (r['acc_avg'] - three):+.2f} | ")
-            + f"{_pct(r['acc_local_mean'], r.get('acc_local_mean_std'))} | "
-            f"[{_eps(r['eps_min'])}, {_eps(r['eps_max'])}] | "
-            + (f"{r['sigma']:.3g}" if private else "—")
-            + " | "
-            + (f"[{r['q_min']:.3g}, {r['q_max']:.3g}]" if private else "—")
-            + f" | {r['mb_per_peer']:.3f} |"
-        )
-    return "\n".join(lines) + "\n"
+def _line(r: Dict[str, Any]) -> str:
+    """A row of the results table (its header: privacy.md)."""
+    head = f"| {r['partition']} | {_eps(r['target'])} | {r['label']} | {r.get('seeds', 1)} | "
+    head += f"{r.get('epochs', 'n/a')} |"
+    if "error" in r:
+        return head + f" FAILED: {r['error'].replace('|', '/')} | | | | | | | |\n"
+    private, three = r["target"] is not None, r.get("acc_3q")
+    cells = [_pct(r["acc_avg"], r.get("acc_avg_std")), "n/a" if three is None else _pct(three)]
+    cells.append("n/a" if three is None else f"{100 * (r['acc_avg'] - three):+.2f}")
+    cells.append(_pct(r["acc_local_mean"], r.get("acc_local_mean_std")))
+    cells.append(f"[{_eps(r['eps_min'])}, {_eps(r['eps_max'])}]")
+    cells.append(f"{r['sigma']:.3g}" if private else "—")
+    cells.append(f"[{r['q_min']:.3g}, {r['q_max']:.3g}]" if private else "—")
+    return head + " " + " | ".join(cells + [f"{r['mb_per_peer']:.3f}"]) + " |\n"
 
 
 def findings(rows: Sequence[Dict[str, Any]], algorithms, epsilons) -> List[str]:
@@ -170,7 +153,7 @@ def render(rows: Rows) -> Outputs:
     text += fill(
         template(__file__, "privacy.md"),
         seeds=", ".join(map(str, seeds)),
-        table=table(data),
+        rows="".join(map(_line, data)),
         findings="\n".join(findings(data, algorithms, epsilons)),
     )
     cells = [["" if r.get(k) is None else r.get(k) for k in CSV_FIELDS] for r in data]
