@@ -6,14 +6,13 @@ against epsilon per algorithm."""
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
+from experiments.pages._markdown import csv_text, fill, template
 from experiments.pages import _privacy as regime
 from experiments.suite.runs import QUICK_BASE
 from experiments.suite.tables import _pct, header
@@ -79,37 +78,20 @@ def row(run: Run) -> Dict[str, Any]:
     return {k: out[k] for k in CSV_FIELDS + ("acc_local_mean_std",) if k in out}
 
 
-TABLE = (
-    "| partition | target ε | algorithm | seeds | epochs | averaged-model acc | at ¾ of the run | "
-    "change over the last quarter (pp) | local acc mean | ε per peer [min, max] | σ | "
-    "q per peer [min, max] | MB sent / peer |"
-)
-
-
-def table(rows: Sequence[Dict[str, Any]]) -> str:
-    lines = [TABLE, "|" + "---|" * (TABLE.count("|") - 1)]
-    for r in rows:
-        head = (
-            f"| {r['partition']} | {_eps(r['target'])} | {r['label']} | {r.get('seeds', 1)} | "
-            f"{r.get('epochs', 'n/a')} |"
-        )
-        if "error" in r:
-            lines.append(head + f" FAILED: {r['error'].replace('|', '/')} | | | | | | | |")
-            continue
-        private, three = r["target"] is not None, r.get("acc_3q")
-        lines.append(
-            head
-            + f" {_pct(r['acc_avg'], r.get('acc_avg_std'))} | "
-            + ("n/a | n/a | " if three is None else f"{_pct(three)} | ")
-            + ("" if three is None else f"{100 * (r['acc_avg'] - three):+.2f} | ")
-            + f"{_pct(r['acc_local_mean'], r.get('acc_local_mean_std'))} | "
-            f"[{_eps(r['eps_min'])}, {_eps(r['eps_max'])}] | "
-            + (f"{r['sigma']:.3g}" if private else "—")
-            + " | "
-            + (f"[{r['q_min']:.3g}, {r['q_max']:.3g}]" if private else "—")
-            + f" | {r['mb_per_peer']:.3f} |"
-        )
-    return "\n".join(lines) + "\n"
+def _line(r: Dict[str, Any]) -> str:
+    """A row of the results table (its header: privacy.md)."""
+    head = f"| {r['partition']} | {_eps(r['target'])} | {r['label']} | {r.get('seeds', 1)} | "
+    head += f"{r.get('epochs', 'n/a')} |"
+    if "error" in r:
+        return head + f" FAILED: {r['error'].replace('|', '/')} | | | | | | | |\n"
+    private, three = r["target"] is not None, r.get("acc_3q")
+    cells = [_pct(r["acc_avg"], r.get("acc_avg_std")), "n/a" if three is None else _pct(three)]
+    cells.append("n/a" if three is None else f"{100 * (r['acc_avg'] - three):+.2f}")
+    cells.append(_pct(r["acc_local_mean"], r.get("acc_local_mean_std")))
+    cells.append(f"[{_eps(r['eps_min'])}, {_eps(r['eps_max'])}]")
+    cells.append(f"{r['sigma']:.3g}" if private else "—")
+    cells.append(f"[{r['q_min']:.3g}, {r['q_max']:.3g}]" if private else "—")
+    return head + " " + " | ".join(cells + [f"{r['mb_per_peer']:.3f}"]) + " |\n"
 
 
 def findings(rows: Sequence[Dict[str, Any]], algorithms, epsilons) -> List[str]:
@@ -168,44 +150,18 @@ def render(rows: Rows) -> Outputs:
     )
     title = "Differential privacy: accuracy vs ε" + (" (--quick)" if quick else "")
     text = header(title, rows.command, 0.0, extra, generated=made_by(rows))
-    text += (
-        f"Every row: seeds {', '.join(map(str, seeds))} (mean ± std over them; a seed draws the "
-        "model's initialisation and the data order, and each peer's DP noise is fresh secret "
-        "entropy whatever the seed).\n\n## Results\n\n" + table(data) + "\n"
-        "![accuracy vs epsilon](privacy_accuracy_vs_epsilon.png)\n\n## What the rows show\n\n"
-        + "\n".join(findings(data, algorithms, epsilons))
-        + "\n\n"
-        + ANALYSIS
+    text += fill(
+        template(__file__, "privacy.md"),
+        seeds=", ".join(map(str, seeds)),
+        rows="".join(map(_line, data)),
+        findings="\n".join(findings(data, algorithms, epsilons)),
     )
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for r in data:
-        writer.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
+    cells = [["" if r.get(k) is None else r.get(k) for k in CSV_FIELDS] for r in data]
     return {
         "privacy.md": text,
-        "privacy.csv": out.getvalue(),
+        "privacy.csv": csv_text(CSV_FIELDS, cells),
         "privacy_accuracy_vs_epsilon.png": plot(data),
     }
-
-
-#: Why the algorithms react differently: the mechanism, stated once (the numbers are above).
-ANALYSIS = """## Why DP hurts some algorithms more
-
-- Every peer spends the same ε whatever the algorithm: the noise is added to each peer's own
-  clipped gradient before anything is sent, and gossip is post-processing. The algorithms differ
-  only in how they average that noise away. All-reduce averages all 8 peers' independent noise
-  every step (its variance divided by 8); exact gossip averages only with 2 neighbours per step,
-  so each model keeps more of its own noise and consensus takes several steps.
-- Compressed gossip adds its own error on top: PowerGossip's rank-1 approximation of the model
-  differences transmits only part of the difference between neighbours. Noise makes those
-  differences larger and less low-rank (isotropic noise has no low-rank structure), so a rank-1
-  message carries a smaller share of them and the peers' independent noise is averaged more
-  slowly; Choco's sign message keeps every coordinate's direction and suffers less.
-- A higher rank carries more of the difference per message: PowerGossip r4 sends 4 times r1's
-  floats per exchange, and the rows show how much of r1's loss under DP that buys back.
-- MB sent per peer does not depend on ε: DP changes what is sent, never how much.
-"""
 
 
 def plot(rows: Sequence[Dict[str, Any]]) -> bytes:

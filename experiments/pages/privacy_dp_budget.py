@@ -1,13 +1,9 @@
 """`python -m experiments privacy_dp_budget`: does the DP regime of the privacy pages train to a
-plateau?
-
-Under a cosine schedule the learning rate reaches 0 at the end of every run, so a flat last
-quarter says nothing: the test is the final accuracy against the training budget at the same
-target epsilon. This page runs the chosen regime (`_privacy`) at 15, 30 and 60 epochs for exact
-gossip at target epsilon 8, 3 and 1 and PowerGossip r1 and r4 at epsilon 8, and names, for each
-epsilon, the smallest budget after which doubling gains less than THRESHOLD_PP on every cell of
-that epsilon: the budget of the privacy pages' DP rows at that epsilon (`_privacy.DP_EPOCHS`,
-which a test holds equal to the committed page's verdicts).
+plateau? The chosen regime (`_privacy`) at each of BUDGETS for every cell of CELLS; per epsilon,
+the smallest budget after which doubling gains less than THRESHOLD_PP on every cell of that
+epsilon (`verdicts`) is the privacy pages' budget there (`_privacy.DP_EPOCHS`, which a test holds
+equal to the committed page's verdicts). Why the final accuracy and not a flat last quarter:
+privacy_dp_budget.md beside this file.
 """
 
 from __future__ import annotations
@@ -18,6 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
 from experiments.pages import _privacy as regime
+from experiments.pages._markdown import fill, template
 
 #: (label, algorithm spec, target epsilon): exact gossip at the headline epsilon and lower (more
 #: noise per step: a plateau there may need another budget), PowerGossip at rank 1 (the
@@ -96,74 +93,63 @@ def verdicts(
     return {t: verdict([r for r in rows if r["target"] == t], budgets, threshold) for t in targets}
 
 
+def _run_line(r: Dict[str, Any]) -> str:
+    head = f"| {r['label']} | {r['target']:g} | {r['epochs']} |"
+    if "error" in r:
+        return head + f" FAILED: {r['error'].replace('|', '/')} | | | | | | |\n"
+    consensus = "n/a" if r.get("consensus") is None else f"{r['consensus']:.3g}"
+    return head + (
+        f" {r['steps']} | {r['sigma']:.3g} | {r['eps_max']:.3g} | {regime.pct(r['acc_avg'])} | "
+        f"{regime.pct(r.get('acc_3q'))} | {consensus} | {r['run_seconds']:.0f} |\n"
+    )
+
+
+def _verdict_line(data, target: float, epochs: Optional[int], budgets) -> str:
+    cells = ", ".join(sorted({r["label"] for r in data if r["target"] == target}))
+    return f"- ε = {target:g} ({cells}): " + (
+        f"**{epochs} epochs**.\n"
+        if epochs is not None
+        else f"none of {', '.join(map(str, budgets))} epochs: a doubling of the largest "
+        "measured budgets still pays, so no budget here is shown to be a plateau.\n"
+    )
+
+
 def render(rows: Rows) -> Outputs:
+    """The page (its fixed text: privacy_dp_budget.md beside this file)."""
     data, quick = rows.data, rows.quick
     budgets = QUICK_BUDGETS if quick else BUDGETS
-    plan_ = regime.recipe(quick)
-    at_once, setting = regime.at_once(rows), regime.setting_words(quick)
-    text = (
-        "# The DP regime's training budget: does doubling the epochs still pay?\n\n"
-        f"{made_by(rows)} Backend local (8 peer threads, one torch thread each), {at_once}on "
-        f"{data[0].get('cores', 'n/a')} CPU cores shared with other jobs (1-minute load average "
-        f"{regime.loads(data)} at the runs' starts and ends). Setting: {setting}; "
-        f"privacy_dp_sweep.md's chosen DP regime (expected batch {plan_['dp_batch']}, lr "
-        f"{plan_['dp_lr']}, clip C = {regime.CLIP:g}, δ = {regime.DELTA:g}, SGD momentum 0.9, "
-        f"cosine schedule to lr 0 with {plan_['warmup']} warm-up epoch), run by the privacy "
-        f"pages' own code (`experiments/pages/_privacy.py`), seed {SEED}. Each run's σ is solved "
-        "for its target ε at its own number of steps, so a longer run adds more noise per step "
-        "and spends the same ε. Under the cosine schedule every run ends at lr 0, so the flat "
-        "last quarter of a run is not a plateau; the test here is the final averaged-model "
-        "accuracy against the budget at the same ε. Declared before the runs: a doubling that "
-        f"gains less than {THRESHOLD_PP:g} pp no longer pays (below the seed-to-seed standard "
-        "deviation of privacy.md's 3-seed rows at 15 epochs, 0.40–1.51 pp). One seed per run: "
-        "DP noise is secret per peer (fresh OS entropy), so a rerun lands elsewhere by about "
-        "that standard deviation.\n\n## Runs\n\n"
-        "| algorithm | target ε | epochs | steps | σ | ε (max over peers) | averaged-model acc | "
-        "at ¾ of the run | consensus distance (end) | seconds |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n"
-    )
-    for r in data:
-        text += f"| {r['label']} | {r['target']:g} | {r['epochs']} |"
-        if "error" in r:
-            text += f" FAILED: {r['error'].replace('|', '/')} | | | | | | |\n"
-            continue
-        consensus = r.get("consensus")
-        text += (
-            f" {r['steps']} | {r['sigma']:.3g} | {r['eps_max']:.3g} | "
-            f"{regime.pct(r['acc_avg'])} | {regime.pct(r.get('acc_3q'))} | "
-            + ("n/a" if consensus is None else f"{consensus:.3g}")
-            + f" | {r['run_seconds']:.0f} |\n"
-        )
-    steps = [e for e in budgets if 2 * e in budgets]
-    text += "\n## Gain per doubling\n\n| algorithm | target ε | "
-    text += " | ".join(f"{e} → {2 * e}" for e in steps) + " |\n|---|---|" + "---|" * len(steps)
+    plan_, steps = regime.recipe(quick), [e for e in budgets if 2 * e in budgets]
+    header = "| algorithm | target ε | " + " | ".join(f"{e} → {2 * e}" for e in steps) + " |"
+    gain_lines = [header, "|---|---|" + "---|" * len(steps)]
     for (label, target), values in gains(data).items():
         by = {a: g for a, _, g in values}
         cells = " | ".join(f"{by[e]:+.2f} pp" if e in by else "n/a" for e in steps)
-        text += f"\n| {label} | {target:g} | {cells} |"
-    text += (
-        "\n\n## Verdict\n\nFor each target ε, the smallest budget of the plan from which every "
-        f"doubling gains less than {THRESHOLD_PP:g} pp on every cell of that ε. privacy.md's and "
-        "privacy_attacks.md's DP rows train for it (`_privacy.DP_EPOCHS`). A budget below "
-        f"{budgets[0]} epochs is not tried: where the verdict is {budgets[0]}, fewer epochs may "
-        "do as well or better.\n\n"
+        gain_lines.append(f"| {label} | {target:g} | {cells} |")
+    missing = [r.config for r in plan(quick, {}) if r.key not in rows.by_key]
+    not_run = "\n## Not run\n\n" + "\n".join(
+        f"- {c['label']} at target ε {c['target']:g}, {c['train']['epochs']} epochs"
+        for c in missing
     )
-    for target, epochs in verdicts(data, budgets).items():
-        cells = ", ".join(sorted({r["label"] for r in data if r["target"] == target}))
-        text += f"- ε = {target:g} ({cells}): " + (
-            f"**{epochs} epochs**.\n"
-            if epochs is not None
-            else f"none of {', '.join(map(str, budgets))} epochs: a doubling of the largest "
-            "measured budgets still pays, so no budget here is shown to be a plateau.\n"
-        )
-    missing = [r for r in plan(quick, {}) if r.key not in rows.by_key]
-    if missing:
-        text += "\n## Not run\n\n" + "\n".join(
-            f"- {r.config['label']} at target ε {r.config['target']:g}, "
-            f"{r.config['train']['epochs']} epochs"
-            for r in missing
-        )
-        text += "\n"
+    text = fill(
+        template(__file__, "privacy_dp_budget.md"),
+        made_by=made_by(rows),
+        at_once=regime.at_once(rows),
+        cores=data[0].get("cores", "n/a"),
+        loads=regime.loads(data),
+        setting=regime.setting_words(quick),
+        **{k: plan_[k] for k in ("dp_batch", "dp_lr", "warmup")},
+        clip=regime.CLIP,
+        delta=regime.DELTA,
+        seed=SEED,
+        threshold=THRESHOLD_PP,
+        runs="".join(map(_run_line, data)),
+        gains="\n".join(gain_lines),
+        first=budgets[0],
+        verdicts="".join(
+            _verdict_line(data, t, e, budgets) for t, e in verdicts(data, budgets).items()
+        ),
+        not_run=not_run + "\n" if missing else "",
+    )
     return {"privacy_dp_budget.md": text}
 
 

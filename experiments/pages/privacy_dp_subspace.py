@@ -1,15 +1,8 @@
 """`python -m experiments privacy_dp_subspace`: does keeping the private update in the exchanged
-subspace rescue PowerGossip under DP?
-
-Under DP-SGD PowerGossip r1's models drift apart: the noise is full rank and a rank-1 exchange
-averages little of it per step. `dp_exchanged_subspace` (gossip_powersgd/privacy/subspace.py)
-projects each step's private update of the compressed matrices on the subspace the step's
-messages read, so all of its noise is exchanged at once; `dp_subspace_feedback` adds back, at
-the next step, what the projection cut off. Both are post-processing of DP-SGD, so every row of a
-target epsilon spends the same epsilon. This page runs them next to plain PowerGossip r1 and r4
-and exact gossip in the regime of privacy.md's DP rows (`_privacy`: privacy_dp_sweep.md's recipe,
-each epsilon at its budget from privacy_dp_budget.md), 3 seeds each, and reports accuracy and the
-consensus distance over time.
+subspace (`dp_exchanged_subspace`, `dp_subspace_feedback`: gossip_powersgd/privacy/subspace.py)
+rescue PowerGossip under DP? Each variant beside plain PowerGossip r1 and r4 and exact gossip in
+the regime of privacy.md's DP rows (`_privacy`), 3 seeds each: accuracy and the consensus distance
+over time. The problem and the remedy in words: privacy_dp_subspace.md beside this file.
 """
 
 from __future__ import annotations
@@ -21,21 +14,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
-from experiments.pages._markdown import block, fill, template
+from experiments.pages._markdown import block, fill, mean_sd, template
 from experiments.pages._markdown import table as table_lines
-from experiments.pages._privacy import (
-    CLIP,
-    DELTA,
-    at_once,
-    dp_epochs,
-    dp_row,
-    loads,
-    pct,
-    recipe,
-    setting_words,
-    train_config,
-    with_load,
-)
+from experiments.pages._privacy import CLIP, DELTA, at_once, dp_epochs, dp_row, loads, pct, recipe
+from experiments.pages._privacy import setting_words, train_config, with_load
 
 _SUBSPACE = dict(dp_exchanged_subspace=True)
 _FEEDBACK = dict(dp_exchanged_subspace=True, dp_subspace_feedback=True)
@@ -76,10 +58,6 @@ def row(run: Run) -> Dict[str, Any]:
     return with_load(dict(dp_row(run.config, run.seed), extra=run.config["extra"]), start)
 
 
-def _mean_sd(values: Sequence[float]) -> Tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else math.nan)
-
-
 def cells(rows: Sequence[Dict[str, Any]]) -> Dict[Tuple[str, float], Dict[str, Any]]:
     """Per (label, target) over its seeds (failed runs left out, and counted): accuracy mean and
     sd, the end consensus distance's geometric mean (it spans decades), and per evaluation the
@@ -99,7 +77,8 @@ def cells(rows: Sequence[Dict[str, Any]]) -> Dict[Tuple[str, float], Dict[str, A
             cell["history"].setdefault(epoch, []).append(distance)
     for cell in out.values():
         if cell["acc"]:
-            cell["acc_mean"], cell["acc_sd"] = _mean_sd(cell["acc"])
+            cell["acc_mean"], sd = mean_sd(cell["acc"])
+            cell["acc_sd"] = math.nan if sd is None else sd
             cell["consensus_gm"] = _geomean(cell["consensus"])
         cell["history_gm"] = {e: _geomean(v) for e, v in sorted(cell["history"].items())}
     return out

@@ -18,18 +18,9 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
-from experiments.pages._privacy import (
-    BASE,
-    DELTA,
-    NONPRIVATE,
-    PER_PEER,
-    QUICK,
-    SWEEP,
-    TARGET,
-    loads,
-    pct,
-    with_load,
-)
+from experiments.pages._markdown import fill, template
+from experiments.pages._privacy import BASE, DELTA, NONPRIVATE, PER_PEER, QUICK, SWEEP, TARGET
+from experiments.pages._privacy import loads, pct, with_load
 
 #: The label of part 1's last row, the chosen regime clipped without noise.
 CLIPPED = "chosen, clipped, no noise"
@@ -194,52 +185,33 @@ def findings(sweep, algorithms) -> List[str]:
     return out
 
 
+def _sweep_line(r: Dict[str, Any]) -> str:
+    head = f"| {r['label']} | {r['batch']} | {r['lr']} | "
+    if "error" in r:
+        return head + f"{r['clip']} | FAILED: {r['error']} |\n"
+    sigma = "—" if r["sigma"] is None else _fig(r["sigma"])
+    return head + (
+        f"{r['clip'] or '—'} | {r['epochs']} | {r['steps']} | {sigma} | {r['eps_max']:.3g} | "
+        f"{pct(r['acc_avg'])} | {_fig(r['consensus'])} | {r['seconds']:.0f} |\n"
+    )
+
+
+def _curve_line(r: Dict[str, Any]) -> str:
+    head = f"| {r['label']} | {_regime(r)} | {r['batch']} | {r['lr']} | "
+    if "error" in r:
+        return head + f"FAILED: {r['error']} |\n"
+    curve = ", ".join(_fig(e["consensus"]) for e in r["evals"] if e["consensus"] is not None)
+    return head + f"{r['steps']} | {r['eps_max']:.3g} | {pct(r['acc_avg'])} | {curve} |\n"
+
+
 def render(rows: Rows) -> Outputs:
+    """The page (its fixed text: privacy_dp_sweep.md beside this file)."""
     setting = QUICK if rows.quick else BASE
     parts: Dict[str, List[Dict[str, Any]]] = {"sweep": [], "algorithms": []}
     for record in rows.records:
         parts[record.key.split("/")[0]].append(record.row)
     sweep, algorithms = parts["sweep"], parts["algorithms"]
-    ok = [r for r in sweep + algorithms if "error" not in r]
-    per_peer = "" if rows.quick else f" ({PER_PEER} training samples per peer)"
-    cores = rows.data[0].get("cores", "n/a")
-    text = (
-        f"# The DP regime of the privacy pages: a small sweep\n\n{made_by(rows)} Backend local (8 "
-        f"peer threads, one torch thread each), {cores} CPU cores shared with other jobs "
-        f"(1-minute load average {loads(ok)} at the rows' starts and ends: the seconds are "
-        f"wall time on a loaded machine). Setting: `{setting['dataset']}`{per_peer}, "
-        f"`{setting['model']}`, {setting['topology']}, {setting['partition']}, SGD momentum "
-        f"0.9, cosine schedule, {setting['warmup_epochs']} warm-up epoch, no weight decay, one "
-        f"seed. DP: Poisson batches, per-example clip C, target ε = {TARGET:g} at "
-        f"δ = {DELTA:g} (the RDP accountant picks σ), noise secret per peer. ε is each peer's "
-        "own (iid: all equal). One run per row: the noise comes from each peer's secret key, "
-        "so a rerun of a DP row draws other noise and lands on another accuracy. "
-        "Averaged-model accuracy is the test accuracy of the average of "
-        "the local models; consensus distance is the mean squared distance of the local "
-        "models to their average.\n\n"
-        "## 1. Exact gossip: batch, lr, clip norm\n\n"
-        "| run | batch | lr | C | epochs | steps | σ | ε | averaged-model acc | consensus "
-        "distance (end) | seconds |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
-    )
-    for r in sweep:
-        text += f"| {r['label']} | {r['batch']} | {r['lr']} | " + (
-            f"{r['clip']} | FAILED: {r['error']} |\n"
-            if "error" in r
-            else f"{r['clip'] or '—'} | {r['epochs']} | {r['steps']} | {'—' if r['sigma'] is None else _fig(r['sigma'])} | "
-            f"{r['eps_max']:.3g} | {pct(r['acc_avg'])} | {_fig(r['consensus'])} | "
-            f"{r['seconds']:.0f} |\n"
-        )
     chosen = _chosen(sweep)
-    text += f"\nChosen regime (best DP row): {chosen}.\n\n"
-    text += (
-        "## 2. Every algorithm in the chosen regime: consensus distance over time\n\n"
-        f"Each algorithm under DP in the chosen regime (ε = {TARGET:g}), and without DP in the "
-        "non-private reference's regime (batch, lr and epochs of part 1's first row). "
-        "Consensus distance at each evaluation (every "
-        f"{max(1, (chosen or {}).get('epochs', 5) // 5)} epochs).\n\n"
-        "| algorithm | regime | batch | lr | steps | ε | averaged-model acc | consensus "
-        "distance at each evaluation |\n|---|---|---|---|---|---|---|---|\n"
-    )
     exact = [
         dict(r, label="exact gossip (part 1)")
         for r in sweep
@@ -247,28 +219,38 @@ def render(rows: Rows) -> Outputs:
         and (r["clip"] is None and r["label"] == NONPRIVATE[0] or _noisy(r))
         and (not _noisy(r) or chosen and all(r[k] == chosen[k] for k in chosen))
     ]
-    for r in exact + algorithms:
-        text += f"| {r['label']} | {_regime(r)} | {r['batch']} | {r['lr']} | "
-        if "error" in r:
-            text += f"FAILED: {r['error']} |\n"
-            continue
-        curve = ", ".join(_fig(e["consensus"]) for e in r["evals"] if e["consensus"] is not None)
-        text += f"{r['steps']} | {r['eps_max']:.3g} | {pct(r['acc_avg'])} | {curve} |\n"
-    text += "\n## What the rows show\n\n" + "\n".join(findings(sweep, algorithms)) + "\n"
-    missing = [run for run in plan(rows.quick, rows.by_key) if run.key not in rows.by_key]
-    if missing:
-        text += (
-            "\n## Not run\n\nThese rows of the plan did not finish in the time the shared "
-            "machine allowed (the page was rendered with --render-only from the rows that "
-            "did):\n\n"
-            + "\n".join(
-                f"- {r['label']} ({r['algorithm']}), batch {r['batch']}, lr {r['lr']}, "
-                f"C {r['clip']}, {_regime(r)}"
-                for r in (run.config["row"] for run in missing)
-            )
-            + "\n"
-        )
+    missing = [
+        run.config["row"] for run in plan(rows.quick, rows.by_key) if run.key not in rows.by_key
+    ]
+    not_run = "".join(
+        f"\n- {r['label']} ({r['algorithm']}), batch {r['batch']}, lr {r['lr']}, C {r['clip']}, "
+        f"{_regime(r)}"
+        for r in missing
+    )
+    text = fill(
+        template(__file__, "privacy_dp_sweep.md"),
+        made_by=made_by(rows),
+        cores=rows.data[0].get("cores", "n/a"),
+        loads=loads([r for r in sweep + algorithms if "error" not in r]),
+        **{k: setting[k] for k in ("dataset", "model", "topology", "partition")},
+        per_peer="" if rows.quick else f" ({PER_PEER} training samples per peer)",
+        warmup=setting["warmup_epochs"],
+        target=TARGET,
+        delta=DELTA,
+        sweep="".join(map(_sweep_line, sweep)),
+        chosen=chosen,
+        every=max(1, (chosen or {}).get("epochs", 5) // 5),
+        curves="".join(map(_curve_line, exact + algorithms)),
+        findings="\n".join(findings(sweep, algorithms)),
+        not_run=NOT_RUN + not_run[1:] + "\n" if missing else "",
+    )
     return {"privacy_dp_sweep.md": text}
+
+
+NOT_RUN = (
+    "\n## Not run\n\nThese rows of the plan did not finish in the time the shared machine allowed "
+    "(the page was rendered with --render-only from the rows that did):\n\n"
+)
 
 
 PAGE = register(

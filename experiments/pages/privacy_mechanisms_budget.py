@@ -1,14 +1,9 @@
 """`python -m experiments privacy_mechanisms_budget`: does doubling the mechanisms page's
-training budget still pay? The mechanisms page's plan (every topology, mechanism, algorithm and
-seed, each run's noise solved for its own steps) at each budget of BUDGETS, trained without the
-attack. At a fixed epsilon a longer run adds more noise per step and spends the same epsilon;
-under the cosine schedule every run ends at lr 0, so the test is the final averaged-model accuracy
-against the budget.
-
-The rule, declared before the 256-epoch runs were made: a doubling *pays* on a row (topology,
-mechanism, algorithm) when its mean final accuracy over the seeds gains more than twice the larger
-of the two budgets' seed standard deviations (the mechanisms page's own "clear effect" rule); a
-budget is a plateau for a topology when no private row of it pays to double.
+training budget still pay? The logreg mechanisms page's plan at each budget of BUDGETS, trained
+without the attack, each run's noise solved for its own steps. The rule, declared before the
+256-epoch runs were made (`doublings`, `verdicts`): a doubling pays on a row when its mean gain
+exceeds CLEAR x the larger of the two budgets' seed standard deviations; a budget is a plateau for
+a topology when no private row of it pays to double.
 """
 
 from __future__ import annotations
@@ -18,6 +13,8 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
+from experiments.pages._markdown import fill, template
+from experiments.pages._markdown import table as md_table
 
 from experiments.pages.privacy_mechanisms import ALGORITHMS, MECHANISMS, setting_of
 from experiments.pages.privacy_mechanisms.page import NAMES
@@ -98,30 +95,12 @@ def verdicts(table: Dict[Tuple[str, str, str], Dict[int, List[float]]]) -> Dict[
 
 
 def render(rows: Rows) -> Outputs:
+    """The page (its fixed text: privacy_mechanisms_budget.md beside this file)."""
     table = cells([r.row for r in rows.records if r.config["kind"] == "run"])
     budgets = sorted({e for accs in table.values() for e in accs})
     steps = [e for e in budgets if 2 * e in budgets]
-    lines = [
-        "# The mechanisms page's training budget: does doubling the epochs still pay?",
-        "",
-        made_by(rows),
-        "",
-        "Same plan at each budget (privacy_mechanisms_logreg.md's setting: every topology, mechanism, "
-        "algorithm and seed), each run's noise solved for ε = 4 against a neighbour at its own "
-        "number of steps, so a longer run adds more noise per step and spends the same ε. Under "
-        "the cosine schedule every run ends at lr 0: the test is the final averaged-model "
-        "accuracy against the budget. Declared before the longer runs were made: a doubling "
-        f"pays on a row when its mean gain exceeds {CLEAR:g} × the larger of the two budgets' "
-        "seed standard deviations (the page's own rule for a clear effect); a budget is a "
-        "plateau for a topology when no private row pays to double it.",
-        "",
-        "## Final accuracy per budget (mean ± std over the seeds)",
-        "",
-        "| topology | mechanism | algorithm | "
-        + " | ".join([f"{e} epochs" for e in budgets] + [f"{e} → {2 * e}" for e in steps])
-        + " |",
-        "|---|---|---|" + "---|" * (len(budgets) + len(steps)),
-    ]
+    header = ["topology", "mechanism", "algorithm"] + [f"{e} epochs" for e in budgets]
+    lines = []
     for (topology, mechanism, algorithm), accs in table.items():
         stats = {e: [100 * v for v in _stats(accs[e])] for e in accs}
         cols = [
@@ -131,12 +110,17 @@ def render(rows: Rows) -> Outputs:
         for d in (by.get(e) for e in steps):
             pays = "" if d is None else {True: " **pays**", None: " (one seed)"}.get(d["pays"], "")
             cols.append("n/a" if d is None else f"{d['gain']:+.2f} pp{pays}")
-        lines.append(
-            f"| {topology} | {NAMES[mechanism]} | {algorithm} | " + " | ".join(cols) + " |"
-        )
-    lines += ["", "## Verdict", ""] + verdict_lines(table)
-    lines += ["", f"A budget above {budgets[-1]} epochs was not run.", "", "## Reproduce", ""]
-    return {"privacy_mechanisms_budget.md": "\n".join(lines + ["```", rows.command, "```", ""])}
+        lines.append([topology, NAMES[mechanism], algorithm] + cols)
+    text = fill(
+        template(__file__, "privacy_mechanisms_budget.md"),
+        made_by=made_by(rows),
+        clear=CLEAR,
+        table=md_table(header + [f"{e} → {2 * e}" for e in steps], lines, end=None),
+        verdicts=verdict_lines(table),
+        largest=budgets[-1],
+        command=rows.command,
+    )
+    return {"privacy_mechanisms_budget.md": text}
 
 
 def verdict_lines(table) -> List[str]:

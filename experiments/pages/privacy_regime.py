@@ -1,25 +1,11 @@
 """`python -m experiments privacy_regime`: the sweep that chose privacy_attacks.md's regime, one where
 a curious neighbour's attacks work without DP and DP visibly stops them at a useful accuracy.
 
-Candidates (`CANDIDATES`, fixed before any run): mnist1d, iid, ring:8, records per peer x model x
-epochs. Each candidate is exact gossip without DP (the non-private recipe `NONPRIVATE`), and each
-(records per peer, model) is trained with DP-SGD at target epsilon `TARGET` in every recipe of
-`RECIPES` (Poisson batch, lr, epochs; `DP` holds what they share), one seed each, under the
-membership protocol of the attack pages (each victim, the neighbours of peer 0, trains on half its shard and holds the
-other half out). Per run: the victims' test accuracy, and the LOSS attack through each victim's own
-model on its members against its held-out records (AUC, TPR at 0.1 % FPR), beside the permutation
-null band of those counts (`privacy.attacks.null_band_of`).
-
-The selection rule (`choose`, written before the runs): a candidate qualifies when its pooled
-non-members number at least `MIN_NONMEMBERS` (TPR at 0.1 % FPR then lets >= 2 non-members above
-the threshold) and its non-private LOSS AUC lies above the null band's upper end; among those the
-one whose best DP recipe has the highest victims' accuracy is chosen, with that recipe. None
-qualifying: none is chosen and the page says so.
-
-Choosing a recipe by the private runs' accuracy is tuning on the victims' records: the page
-accounts it (`tuning_epsilon`: every private run of the sweep on the same records, composed by
-dp-accounting's PLD under replace-one, as each run's own epsilon is).
-"""
+Each candidate (`CANDIDATES`, fixed before any run) is trained by exact gossip without DP, and each
+(records per peer, model) with DP-SGD at `TARGET` in every recipe of `RECIPES`, one seed each, under
+the attack pages' membership protocol; LOSS through each victim's own model beside the permutation
+null band. `choose` is the selection rule (written before the runs; the page states it), and
+`tuning_epsilon` what choosing a recipe by the private runs' accuracy costs the victims."""
 
 from __future__ import annotations
 
@@ -30,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
-from experiments.pages._markdown import table
+from experiments.pages._markdown import fill, table, template
 from experiments.pages._privacy import BASE, DELTA, TARGET
 
 #: (training records per peer, model, epochs without DP): mnist1d's test set is 20 % of what it
@@ -124,6 +110,7 @@ def row(run: Run) -> Dict[str, Any]:
     import torch
 
     from gossip_powersgd.privacy.attack_run import observe, own_model_loss_attack
+    from gossip_powersgd.privacy.dp_report import peer_epsilons
     from gossip_powersgd.privacy.heldout import make_split
     from gossip_powersgd.training.models import build_model
 
@@ -139,7 +126,7 @@ def row(run: Run) -> Dict[str, Any]:
         return build_model(train["model"], base.input_shape, base.num_classes, 0)
 
     loss = own_model_loss_attack(observed, split, make)
-    eps = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
+    eps = peer_epsilons(summary)
     return dict(
         candidate=c["candidate"],
         records=c["records"],
@@ -278,23 +265,16 @@ RECIPE_HEADER = (
 )
 
 
-def recipe_lines(data, grid) -> List[str]:
+def recipe_table(data, grid) -> List[str]:
     """Every DP run: (records, model) x recipe, in plan order."""
-    cells = []
-    for records, model in dict.fromkeys((r, m) for r, m, _ in grid):
-        for r in data:
-            if r["target"] is not None and (r["records"], r["model"]) == (records, model):
-                cells.append(
-                    [
-                        f"{records}/peer {model}",
-                        recipe_label(recipe_of(r)),
-                        f"{100 * r['acc_victims']:.1f} %",
-                        f"{r['auc']:.3f}",
-                        _eps_cell(r),
-                        f"{r['steps']}",
-                    ]
-                )
-    return ["## Every private run", ""] + table(RECIPE_HEADER, cells)
+    cells = [
+        [f"{records}/peer {model}", recipe_label(recipe_of(r)), f"{100 * r['acc_victims']:.1f} %"]
+        + [f"{r['auc']:.3f}", _eps_cell(r), f"{r['steps']}"]
+        for records, model in dict.fromkeys((r, m) for r, m, _ in grid)
+        for r in data
+        if r["target"] is not None and (r["records"], r["model"]) == (records, model)
+    ]
+    return table(RECIPE_HEADER, cells)
 
 
 def cost_words(p, data) -> List[str]:
@@ -367,57 +347,32 @@ def chosen_words(p, name: Optional[str], setting) -> List[str]:
     ]
 
 
-def intro(rows: Rows, data) -> List[str]:
-    recipes = "; ".join(recipe_label(r) for r in (QUICK_RECIPES if rows.quick else RECIPES))
-    return [
-        "# Privacy regime: where the attacks work without DP and DP stops them",
-        "",
-        made_by(rows)
-        + f" Backend `local` (8 threads), on 2 CPU cores shared with other engineers' jobs "
-        f"(1-min load average up to {max((r['load'] for r in data), default=0):.1f}).",
-        "",
-        "**What is swept.** mnist1d, iid, ring:8, exact gossip; per candidate (records per "
-        "peer, model, epochs) one run without DP (batch "
-        f"{NONPRIVATE['batch_size']}, lr {NONPRIVATE['lr']}, SGD momentum 0.9, cosine schedule, "
-        f"no weight decay), and per (records per peer, model) one run with DP-SGD on every "
-        f"peer at target ε = {TARGET:g} in each DP recipe ({recipes}; Poisson batches, "
-        f"clip C = {DP['dp_max_grad_norm']}, δ = {DELTA}, replace-one adjacency as the sizes are "
-        "released, one public σ set by the victims, the peers with the highest sampling rate), "
-        "shared by the candidates of that pair. One seed per run (seed 0): the sweep chooses, the "
-        "attack page measures with more seeds. Membership protocol of the attack pages: each "
-        "victim (peers 1 and 7, the neighbours of peer 0) trains on half its shard and holds the "
-        "other half out; LOSS through each victim's own final model (a white-box bound on what "
-        "the neighbour sees), against the central 95 % of AUC and TPR under 400 random "
-        "permutations of the member labels.",
-        "",
-        f"**Selection rule** (in code, `privacy_regime.choose`, fixed before the runs): a "
-        f"candidate qualifies when at least {MIN_NONMEMBERS} non-members are pooled over the two "
-        "victims and its non-private LOSS AUC lies above its chance band (the central 95 % of "
-        "AUC under random member labels); among those the one whose best DP recipe at "
-        f"ε = {TARGET:g} has the highest victims' accuracy is chosen, with that recipe. What "
-        "that choice costs in privacy is below the table.",
-        "",
-        "## Candidates",
-        "",
-    ]
-
-
 def render(rows: Rows) -> Outputs:
+    """The page (its fixed text: privacy_regime.md beside this file)."""
     data = [r for r in with_recipes(rows.records) if "records" in r]
     grid = QUICK_CANDIDATES if rows.quick else CANDIDATES
     name, p = choose(data), pairs(data)
     none: Dict[str, Any] = {"plain": None, "dp": None}
     cells = [_row_cells(candidate_key(*g), p.get(candidate_key(*g), none)) for g in grid]
-    cells = [c for c in cells if c[1] != "not run" or c[6] != "not run"]
-    lines = intro(rows, data) + table(HEADER, cells)
-    lines += chosen_words(p, name, chosen_setting(data))
-    lines += cost_words(p, data)
     missing = [candidate_key(*g) for g in grid if candidate_key(*g) not in p]
-    if missing:
-        lines += ["", "Not run: " + "; ".join(missing) + "."]
-    lines += [""] + recipe_lines(data, grid)
-    lines += ["Data: [privacy_regime.jsonl](privacy_regime.jsonl).", ""]
-    return {"privacy_regime.md": "\n".join(lines)}
+    text = fill(
+        template(__file__, "privacy_regime.md"),
+        made_by=made_by(rows),
+        load=max((r["load"] for r in data), default=0),
+        batch=NONPRIVATE["batch_size"],
+        lr=NONPRIVATE["lr"],
+        target=TARGET,
+        recipes="; ".join(recipe_label(r) for r in (QUICK_RECIPES if rows.quick else RECIPES)),
+        clip=DP["dp_max_grad_norm"],
+        delta=DELTA,
+        min_nonmembers=MIN_NONMEMBERS,
+        candidates=table(HEADER, [c for c in cells if c[1] != "not run" or c[6] != "not run"]),
+        chosen=chosen_words(p, name, chosen_setting(data)),
+        cost=cost_words(p, data),
+        missing=["", "Not run: " + "; ".join(missing) + "."] if missing else [],
+        recipes_table=recipe_table(data, grid),
+    )
+    return {"privacy_regime.md": text}
 
 
 PAGE = register(

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, Iterable, List, Sequence, Tuple
 
 from experiments.engine import Rows
 from experiments.pages._figures import png
-from experiments.pages._markdown import mean_sd, pm, text_table
+from experiments.pages._markdown import fill, mean_sd, pm, template, text_table
 
 #: The grid's figures aggregated over seeds (mean and std), in the JSON's order.
 GRID_FIELDS = (
@@ -243,8 +243,8 @@ def _short_of(made: int, planned: int) -> str:
 
 def soak_section(rows: Rows) -> str:
     """The emulated-cluster soak (the row whose config's section is "soak",
-    `cluster.soak.soak`): what happened to the run, then one line per fault kind. Empty while
-    there is no soak row."""
+    `cluster.soak.soak`; its fixed text: soak.md beside this file): what happened to the run,
+    then one line per fault kind. Empty while there is no soak row."""
     soak = [r for r in rows.records if r.config.get("section") == "soak"]
     if not soak:
         return ""
@@ -254,41 +254,7 @@ def soak_section(rows: Rows) -> str:
     for f in faults:
         last[str(f["host"])] = f"{f['host']}-rejoin{f['fault']}"
     codes = [final["exit_codes"][name] for name in last.values()]
-    ok = sum(code == 0 for code in codes)
-    detection = final["detection_to_continuation"]
-    lines = [
-        "## Soak on the emulated cluster\n",
-        f"{final['hosts']} hosts of `python -m gossip_powersgd.cluster` (a network namespace and "
-        "address each, one bridge), one training process per host (backend torch, "
-        f"`on_peer_loss: continue`, ring:{final['hosts']}, experiments/configs/tiny.yaml for "
-        f"{final['epochs']} epochs, `comm_timeout: {final['comm_timeout_s']:g}`), started "
-        "directly with the torch launcher's variables; host 0 holds the rendezvous store and is "
-        f"never faulted. Seed {final['seed']} picks each fault's host among hosts 1–"
-        f"{final['hosts'] - 1} and its kind: kill (SIGKILL), stop (SIGSTOP, until the survivors "
-        "drop it) or cut (the host's link down). One fault at a time: the fault, the survivors' "
-        "membership line, the host's processes ended and its link restored, its restart with "
-        "`gossip-train --rejoin`, its readmission, a random pause; no faults after "
-        "85 % of the steps (a loss during the final evaluation ends the run, a stated limit).\n",
-        f"- {len(faults)} faults{_short_of(len(faults), record.config['faults'])} in "
-        f"{final['wall_time_s'] / 60:.1f} min of training "
-        f"({final['membership_changes']} membership changes: each fault a removal and a "
-        f"readmission); the run without faults took {final['reference_wall_time_s'] / 60:.1f} "
-        "min.",
-        f"- Members at the end: {final['members_at_end']}; each host's last process exited "
-        f"with 0 on {ok} of {len(codes)} hosts; steps {final['steps']} (the run without faults: "
-        f"{final['reference_steps']}).",
-        f"- Final accuracy of the averaged model {100 * final['final_test_acc_avg_model']:.2f} "
-        f"%, without faults {100 * final['reference_test_acc_avg_model']:.2f} %.",
-        f"- Load average (1 min) {final['load_before'][0]:.1f} before, "
-        f"{final['load_after'][0]:.1f} after, on {final['cpus']} CPU cores.\n",
-        "Per fault kind (seconds, median / max; `comm_timeout` is "
-        f"{final['comm_timeout_s']:g} s): from the fault to the survivors' membership line, "
-        "from the fault to the readmission, and the summary's detection-to-continuation (from "
-        "the first survivor's detection to the step that goes on without the peer).\n",
-        "| fault | n | found as | right peer | to membership line | to readmission "
-        "| detection to continuation |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    detection, kinds = final["detection_to_continuation"], []
     for of in ([f for f in faults if f["kind"] == k] for k in sorted({f["kind"] for f in faults})):
         found = sorted({f["found_as"] for f in of})
         cont = " ; ".join(
@@ -296,15 +262,31 @@ def soak_section(rows: Rows) -> str:
             for h in found
             if h in detection
         )
-        lines.append(
+        kinds.append(
             f"| {of[0]['kind']} | {len(of)} | {', '.join(found)} | "
             f"{sum(f['right_peer'] for f in of)} of {len(of)} | "
             f"{_seconds([f['to_membership_line_s'] for f in of])} | "
             f"{_seconds([f['to_readmission_s'] for f in of])} | {cont or '—'} |"
         )
-    return "\n".join(lines) + (
-        f"\n\nMade with the page's command (its last run, key `{record.key}`); the fault rows are "
-        "in churn.jsonl.\n\n"
+    return fill(
+        template(__file__, "soak.md"),
+        **{k: final[k] for k in ("hosts", "epochs", "seed", "steps", "reference_steps", "cpus")},
+        comm_timeout=final["comm_timeout_s"],
+        last=final["hosts"] - 1,
+        faults=len(faults),
+        short=_short_of(len(faults), record.config["faults"]),
+        minutes=final["wall_time_s"] / 60,
+        changes=final["membership_changes"],
+        reference_minutes=final["reference_wall_time_s"] / 60,
+        members=final["members_at_end"],
+        ok=sum(code == 0 for code in codes),
+        hosts_known=len(codes),
+        acc=100 * final["final_test_acc_avg_model"],
+        reference_acc=100 * final["reference_test_acc_avg_model"],
+        load_before=final["load_before"][0],
+        load_after=final["load_after"][0],
+        kinds=kinds,
+        key=record.key,
     )
 
 

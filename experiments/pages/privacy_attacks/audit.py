@@ -15,6 +15,8 @@ from typing import List
 
 from gossip_powersgd.privacy.audit import audit_ceiling
 
+from experiments.pages._markdown import fill, template
+
 
 def ceiling(audit) -> float:
     """The largest bound this audit record can give (every guess right, at the best count)."""
@@ -26,7 +28,8 @@ def _bounds(group, source: str) -> str:
 
 
 def audit_section(groups) -> str:
-    """The one-run audit beside the claim, per (algorithm, ε) of the rows that carry canaries."""
+    """The one-run audit beside the claim, per (algorithm, ε) of the rows that carry canaries (its
+    fixed text: audit.md beside this file)."""
     from .tables import _dp, label
 
     lines = []
@@ -45,28 +48,15 @@ def audit_section(groups) -> str:
     if not lines:
         return ""
     r = next(r for g in groups for r in g if "audit" in r)["audit"]
-    return (
-        "## One-run audit: claimed and audited ε\n\n"
-        f"Steinke, Nasr and Jagielski's one-run audit (`gossip_powersgd.privacy.audit`): each "
-        f"victim's data carries {r['m'] // 2} public canaries (Gaussian inputs at the data's "
-        "scale, a random label), each included with probability ½ by coins from the victim's "
-        "own secret keystream (never the run's seed, which the neighbour knows); the two "
-        f"victims' {r['m']} canaries are pooled. Each canary is scored by how much lower its "
-        "loss is under a model than under the initial model every peer knows, through the "
-        "observer's reconstruction of the victim at the end (what the neighbour can do: exact "
-        "gossip's model as sent, PowerGossip's moving least squares of reconstruction.py, "
-        "Choco's public copy) and through the "
-        "victim's own model (the white-box bound: every message is post-processing of it); the "
-        f"audit guesses in / out for the k highest / lowest scores, k over {len(r['counts'])} "
-        "counts fixed before the run (Bonferroni), and reports the largest ε its right guesses "
-        f"refute at {100 * r['confidence']:.0f} % confidence, δ = {r['delta']:g}, add/remove "
-        "adjacency of one record (the claim's). A lower bound above the claim would prove the "
-        "claim wrong; one far below it says only that this audit does not come close (with "
-        f"these canaries even every guess right would show no more than {ceiling(r):.2f}). One "
-        "value per seed.\n\n"
-        "| algorithm | DP | claimed ε (victims', per seed) | audited ε ≥, observer's "
-        "reconstruction | audited ε ≥, victim's own model | canaries | right / guesses (victim's "
-        "model, best count) |\n|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n\n"
+    return fill(
+        template(__file__, "audit.md"),
+        per_victim=r["m"] // 2,
+        m=r["m"],
+        counts=len(r["counts"]),
+        confidence=100 * r["confidence"],
+        delta=r["delta"],
+        ceiling=ceiling(r),
+        lines=lines,
     )
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping
 
+from experiments.pages._markdown import fill, template
+
 HEATMAP_PNG = "privacy_attacks_network_dp.png"
 NOISE_TEXT = {"once": "once", "every_step": "every step"}
 
@@ -26,8 +28,7 @@ def network_dp(c: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def network_text(network: Dict[str, Any]) -> str:
-    """The section: what is computed, the table and the heat maps."""
-    made = f"{network['generated']} " if network.get("generated") else ""
+    """The section (its fixed text: network.md beside this file): the table and the heat maps."""
     lines = [
         "| noise | steps | topology | ε min | ε median | ε max | pairs at the local-DP ceiling "
         "| local-DP ceiling | Muffliato's per-message sum (not a bound): min – max; pairs below "
@@ -47,23 +48,13 @@ def network_text(network: Dict[str, Any]) -> str:
             f"| {c['median']:.3g} | {c['max']:.3g} | {100 * c['at_local']:.0f} % "
             f"| {c['local']:.3g} | {summed} |"
         )
-    return (
-        f"## Pairwise network DP of noisy exact gossip (exact accountant)\n\n{made}"
-        f"ε[u, v] of peer u towards observer v's whole view (everything v receives over the "
-        f"run, its own values known), σ = {network['sigma']:g}, δ = {network['delta']:g}, "
-        f"sensitivity 1. For linear gossip with Gaussian noise the view is one Gaussian "
-        f"mechanism, so ε is exact (`gossip_powersgd.privacy.pairwise_epsilon`, analytic "
-        f"Gaussian conversion). Noise once: each peer noises its value once, then gossip runs "
-        f"(the Muffliato consensus setting); every step: fresh noise on each step's "
-        f"contribution, any per-step change of norm ≤ 1 (as DP-SGD's clipped gradients), "
-        f"the contributions taken as given (non-adaptive). The local-DP ceiling is what the "
-        f"peer's own noisy values reveal (every step: all of them). Muffliato's per-message "
-        f"sum composes every message as if it carried fresh noise (the previous version of "
-        f"this table, here with the same conversion): it is not a bound (last column). "
-        f"Linear gossip only: it does not cover PowerGossip's or compressed gossip's messages, "
-        f"which per-peer DP-SGD covers by post-processing.\n\n"
-        + "\n".join(lines)
-        + f"\n\n![network DP]({HEATMAP_PNG})\n\n"
+    return fill(
+        template(__file__, "network.md"),
+        made=f"{network['generated']} " if network.get("generated") else "",
+        sigma=network["sigma"],
+        delta=network["delta"],
+        table=lines,
+        heatmap=HEATMAP_PNG,
     )
 
 

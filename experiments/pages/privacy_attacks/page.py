@@ -17,24 +17,9 @@ from . import runs
 from .audit import audit_answers, audit_section
 from .network import HEATMAP_PNG, network_text, plot_network
 from .regimes import DP, OBSERVER, regime
-from .tables import (
-    HEADLINE,
-    _band,
-    _last,
-    _models,
-    _reconstructions,
-    _strongest,
-    all_attacks_table,
-    budget_section,
-    groups,
-    label,
-    leakage_table,
-    per_class_table,
-    plot_roc,
-    reconstruction_table,
-    rounds_table,
-    runs_table,
-)
+from .tables import HEADLINE, _band, _last, _models, _reconstructions, _strongest
+from .tables import all_attacks_table, budget_section, groups, label, leakage_table
+from .tables import per_class_table, plot_roc, reconstruction_table, rounds_table, runs_table
 
 
 def render(name: str, rows: Rows) -> Outputs:

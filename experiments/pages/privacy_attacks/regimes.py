@@ -9,6 +9,7 @@ from typing import Any, Dict
 
 from experiments.pages import _privacy as dp
 from experiments.pages import privacy_regime as sweep
+from experiments.pages._markdown import parts
 
 ALGORITHMS = (
     ("exact gossip", "exact"),
@@ -85,87 +86,13 @@ QUICK_SETTING = dict(
     reference_lr=0.2,
 )
 
-SCALE_NOTE = (
-    "the plan, in its order of priority, seed 0 of every group, then seeds 1 and 2 of every "
-    "group: (a) exact gossip and PowerGossip r1 without DP and at target ε = 8; (b) Choco sign "
-    "and PowerGossip r4 at ε = 8; (c) exact gossip and PowerGossip r1 at ε = 3; (d) Choco sign "
-    "and PowerGossip r4 without DP; 4 gossip-trained LiRA reference runs per seed before it. "
-    "Every run carries the one-run audit's canaries. Run with `--jobs 2` on the 2 shared cores "
-    "(a run's seconds in the runs table include waiting for the other job)."
-)
-REGIME_TEXT = (
-    "privacy_regime.md chose this regime by a committed sweep (its rule: the non-private LOSS "
-    "AUC above its null band with at least 2000 pooled non-members, then the highest accuracy "
-    "at ε = 8). Non-private rows: batch {batch}, lr {lr}, {epochs} epochs, no weight decay (the "
-    "cosine schedule ends at lr 0). Private rows: DP-SGD on every peer (Poisson batches of "
-    "{dp_batch}, lr {dp_lr}, clip C = {clip}, {dp_epochs} epochs at every ε, δ = {delta}; "
-    "the recipe privacy_regime.md's sweep chose at ε = 8 among three, on these records: what "
-    "that choice costs in privacy is accounted there), "
-)
-REFERENCE_WORDS = (
-    "trained the way the victims are: each is a whole exact-gossip run on the same topology "
-    "in the non-private recipe, in which each victim trains on a random half of its candidates "
-    "(every candidate in exactly half of the references; as many records as it trains on here) "
-    "and every other peer on its own shard (population data from the same distribution, never "
-    "a candidate: LiRA's shadow-model assumption); a candidate's reference model is its "
-    "victim's final model (no DP for the reference models, also for the DP rows: a weaker but "
-    "cheaper attacker; exact gossip also for the rows of the other algorithms)"
-)
-OVERFIT_REFERENCE_WORDS = (
-    "trained in-process, each on a random half of the candidate pool (every candidate in "
-    "exactly half of them) plus the observer's own shard, with the non-private recipe below but "
-    "lr {reference_lr} (each trains alone, without gossip; no DP for the reference models, also "
-    "for the DP rows: a weaker but cheaper attacker)"
-)
-NOT_REACHED = (
-    "A clearly attackable non-private row: in privacy_regime.md's sweep this regime's "
-    "non-private LOSS AUC lay only a little above its chance band (cnn1d generalises on "
-    "mnist1d); the candidates that memorise more (the MLPs) kept far less accuracy at ε = 8 "
-    "there, so the sweep's rule chose this one. What DP can be seen to stop here is that "
-    "margin.",
-    "One DP recipe at every ε (privacy_regime.md's choice at ε = 8): not tuned per ε; its "
-    "tuning cost on these records is accounted on privacy_regime.md, not here.",
-    "The LiRA reference models train without DP (also for the DP rows), by exact gossip (also "
-    "for the other algorithms' rows); 4 per seed (2 IN, 2 OUT per candidate), far fewer than "
-    "the 64+ of Carlini et al.: online LiRA's AUC here is a lower bound on what LiRA can do.",
-    "One public σ for every peer: the victims (half a shard each, plus their included "
-    "canaries) set it, so the other peers' ε is lower than the target.",
-    "The audit's canaries are out-of-distribution inputs with random labels; in-distribution "
-    "canaries, or scores from the received messages themselves rather than a model, may audit "
-    "tighter or looser; the canaries also enter the victims' data, so this page's accuracies "
-    "and membership figures are those of victims that carry them.",
-)
-OVERFIT_SCALE_NOTE = (
-    "this page is the companion of privacy_attacks.md, whose regime (privacy_regime.md's "
-    "choice) lets DP learn but where the attacks without DP separate members from held-out "
-    "records only a little. Here the models memorise: 1000 samples per peer and an MLP, so that the "
-    "attacks have something to find and the ε at which the neighbour's TPR falls to chance "
-    "can be read off. Run at nice 15 on one core of the shared machine beside other "
-    "engineers' jobs; the plan, in its order of priority, 3 seeds of every row: the four "
-    "algorithms without DP; exact gossip at target ε = 64, 16, 8, 3 and 1; PowerGossip r1 at "
-    "ε = 64 and 8."
-)
-OVERFIT_REGIME_TEXT = (
-    "Non-private rows: batch {batch}, lr {lr}, {epochs} epochs (the cosine schedule ends at "
-    "lr 0; the runs table's last-quarter change says whether a run ended on a plateau). "
-    "Private rows: DP-SGD on every peer (Poisson batches of {dp_batch}, lr {dp_lr}, clip "
-    "C = {clip}, {dp_epochs} epochs, δ = {delta}; this recipe is not swept: it is the better "
-    "of two tried at target ε = 8 (batch 128 at lr 1.0 was the other), and a sweep could "
-    "raise the private rows' accuracy), "
-)
-OVERFIT_NOT_REACHED = (
-    "In this regime DP that brings the neighbour's TPR to chance also costs most of the "
-    "accuracy (the runs table): the useful-accuracy private rows are on privacy_attacks.md, "
-    "where no attack finds members even without DP. A regime where both hold at once (a "
-    "model that memorises and still learns under DP) was not found on this machine's budget.",
-    "The LiRA reference models train without DP (also for the DP rows) and number 8 per seed "
-    "(4 IN, 4 OUT per candidate), far fewer than the 64+ of Carlini et al.; online LiRA's "
-    "per-candidate IN/OUT means rest on 4 models each.",
-    "With 1000 non-members pooled over the two victims, TPR at 0.1 % FPR lets one non-member "
-    "above the threshold: its null band is wide (the band column).",
-    "PowerGossip r4 and Choco sign were run without DP only; the remedies for PowerGossip "
-    "under DP (noise in the exchanged subspace, DP on what is sent) are not on this page.",
-)
+#: The words each page says of its regime: regimes.md beside this file.
+_TEXT = parts(__file__, "regimes.md")
+SCALE_NOTE, OVERFIT_SCALE_NOTE = _TEXT["SCALE_NOTE"][0], _TEXT["OVERFIT_SCALE_NOTE"][0]
+REGIME_TEXT, OVERFIT_REGIME_TEXT = _TEXT["REGIME_TEXT"][0], _TEXT["OVERFIT_REGIME_TEXT"][0]
+REFERENCE_WORDS = _TEXT["REFERENCE_WORDS"][0]
+OVERFIT_REFERENCE_WORDS = _TEXT["OVERFIT_REFERENCE_WORDS"][0]
+NOT_REACHED, OVERFIT_NOT_REACHED = tuple(_TEXT["NOT_REACHED"]), tuple(_TEXT["OVERFIT_NOT_REACHED"])
 
 #: page name -> its regime. "quick": the --quick plan's (setting, groups, seeds, references).
 REGIMES: Dict[str, Dict[str, Any]] = {

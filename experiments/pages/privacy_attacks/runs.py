@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from typing import Any, Dict, List, Mapping
 
@@ -129,6 +128,7 @@ def attacked(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
     from gossip_powersgd.privacy.attack_run import victim_accuracy
     from gossip_powersgd.privacy.attacks import Candidates, References
     from gossip_powersgd.privacy.canaries import canary_hooks
+    from gossip_powersgd.privacy.dp_report import peer_epsilons
     from gossip_powersgd.privacy.gossip_references import gossip_references
     from gossip_powersgd.training.models import build_model
 
@@ -157,7 +157,7 @@ def attacked(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
     for e, record in zip(evals, run.result.evals):
         e["consensus"] = record.get("consensus_distance")
         e.update(acc_local_mean=record["test_acc_mean"], acc_local_min=record["test_acc_min"])
-    epsilons = [math.inf if e == "inf" else float(e) for e in summary.get("epsilon", [math.inf])]
+    epsilons = peer_epsilons(summary)
     victim_acc = victim_accuracy(run, victims, make, base.x_test, base.y_test)
     if hooks:
         initial = build_model(config.model, base.input_shape, base.num_classes, config.seed)

@@ -7,52 +7,7 @@ import json
 from typing import Any, Dict, List, Optional, Sequence
 
 from experiments.engine import Outputs, Rows, made_by
-
-THREAT_MODEL = (
-    "## Threat model\n\n"
-    "The attackers are one curious peer (peer 0) or a set of colluding peers. They follow the "
-    "protocol and know the whole config (topology, γ, algorithm, the number of steps, the seed), "
-    "the code, the public initial model x0 (built from the seed, as every peer builds it), their "
-    "own models and every byte they receive (their recorded views: `observers: [...]`); under "
-    "PowerGossip, the factors of their own edges. They know nothing else of another peer: not its "
-    "data, its updates, its factors on edges they are not on, or its secret randomness. The "
-    "attack is linear algebra only (El Mrini, Cyffers, Bellet, ICML 2024): every value a colluder "
-    "receives is a known linear combination of every peer's private contributions, so the "
-    "colluders stack what they receive into K u = y and solve (`gossip_powersgd.privacy."
-    "knowledge`). A contribution is *determined* when K fixes it exactly (its unit vector lies in "
-    "K's row space); the least-squares solution is the attack's estimate either way. No DP here: "
-    "this page measures what the messages alone give away.\n\n"
-)
-
-
-STRUCTURE_NOTE = (
-    "\nEach row: peer 0 alone observes T gossip steps of exact gossip (γ the topology's). "
-    "*Updates*: the fraction of the peers at graph distance d from peer 0 all of whose unknowns "
-    "the system determines exactly (averaging: the private value; D-SGD: every per-step update; "
-    "tie=k: every window's update, under the paper's assumption that updates are constant over "
-    "k steps); *models*: those all of whose models y(t), t < T, are determined. The colluder "
-    "columns: the fewest colluders, chosen among the farthest peer's non-neighbours, that determine "
-    "one of its contributions, and the fewest colluders (any peers) that determine every "
-    "contribution of every peer, with the first such set; searches stop at the size shown.\n"
-)
-ATTACK_NOTE = (
-    "Every peer's view is recorded (`observers`: all ranks); the colluders' views are what the "
-    "attack reads, the other peers' own records are the truth it is scored against. *averaging*: "
-    "each peer trains alone for one epoch (`local_steps` = an epoch), then the learning rate drops "
-    "by 1e-30 (float32 models stop changing) and the peers gossip-average their privately trained "
-    "models; the target is each peer's contribution u_j = y_j(0) − x0. *dsgd*: decentralized SGD, "
-    "one local step per gossip step; the target is each peer's last model y_j(T−1) − x0, attacked "
-    "with a fresh unknown update per step (`every_step`) and with updates tied over windows "
-    "(`tie=k`, the paper's D-GD attack: least squares). Parts: *exact* = the tensors every "
-    "message carries exactly (all under exact gossip; PowerGossip's bias vector); *compressed* = "
-    "PowerGossip's weight matrix, attacked by plugging the colluders' least-squares estimates of "
-    "their neighbours' matrices (`privacy.reconstruction.reconstruct`, from the low-rank products "
-    "and the shared factors) into the same system. Error: ‖estimate − truth‖ / ‖truth‖ "
-    "(relative to x0); blind guesses: x0 itself (error 1) and the colluders' mean contribution. "
-    "*Determined*: fixed exactly by the system under the attack's model (for tie=k, if the "
-    "updates really were constant; the error says how far they are). *neighbours* are peers "
-    "adjacent to a colluder, *non-neighbours* the others.\n\n"
-)
+from experiments.pages._markdown import block, fill, template, text_table
 
 
 def _pct(x: Optional[float]) -> str:
@@ -75,26 +30,26 @@ def _colluders(k: Optional[int], group: Sequence[int], most: int) -> str:
 
 def structure_table(rows: List[Dict[str, Any]]) -> str:
     """One line per structural row: what peer 0 determines at each distance, and colluders."""
-    out = [
-        "| topology | unknowns (updates) | T | neighbours: updates | models | non-neighbours: updates "
-        "(by distance d) | models (by distance) | colluders for the farthest peer "
-        "(non-neighbours of it) | colluders for every peer |",
-        "|---|---|---:|---:|---:|---|---|---|---|",
-    ]
+    header = (
+        "topology | unknowns (updates) | T | neighbours: updates | models | non-neighbours: "
+        "updates (by distance d) | models (by distance) | colluders for the farthest peer "
+        "(non-neighbours of it) | colluders for every peer"
+    )
+    cells = []
     for r in rows:
         ups, models = r["updates_by_distance"], r["models_by_distance"]
         far = [d for d in ups if d != "1"]
         target = f"peer {r['target']} (d={r['target_distance']}): "
-        out.append(
-            f"| {r['topology']} | {_mode(r)} | {r['steps']} | {_cell(ups['1'])} | "
-            f"{_cell(models['1'])} | "
-            + (", ".join(f"d{d}: {_cell(ups[d])}" for d in far) or "–")
-            + " | "
-            + (", ".join(f"d{d}: {_cell(models[d])}" for d in far) or "–")
-            + f" | {target}{_colluders(r['colluders_for_target'], r['colluder_set_for_target'], r['most'])}"
-            f" | {_colluders(r['colluders_for_all'], r['colluder_set_for_all'], r['most'])} |"
+        cells.append(
+            [r["topology"], _mode(r), str(r["steps"]), _cell(ups["1"]), _cell(models["1"])]
+            + [", ".join(f"d{d}: {_cell(x[d])}" for d in far) or "–" for x in (ups, models)]
+            + [
+                target
+                + _colluders(r["colluders_for_target"], r["colluder_set_for_target"], r["most"])
+            ]
+            + [_colluders(r["colluders_for_all"], r["colluder_set_for_all"], r["most"])]
         )
-    return "\n".join(out) + "\n"
+    return text_table(header, cells, rule="llrrrllll")
 
 
 def _fmt(x: Optional[float]) -> str:
@@ -112,20 +67,19 @@ def _summaries(row: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 def attack_table(summaries: List[Dict[str, Any]]) -> str:
-    out = [
-        "| regime | algorithm | colluders | part (parameters) | attack | peers | determined | "
-        "error median | error max | blind: colluders' mean | blind: x0 |",
-        "|---|---|---|---|---|---|---:|---:|---:|---:|---:|",
+    header = (
+        "regime | algorithm | colluders | part (parameters) | attack | peers | determined | "
+        "error median | error max | blind: colluders' mean | blind: x0"
+    )
+    cells = [
+        [s["regime"], s["algorithm"], ", ".join(map(str, s["colluders"]))]
+        + [f"{s['part']} ({s['parameters']})", s["mode"], f"{s['peers']} ({s['count']})"]
+        + [f"{s['determined']}/{s['count']}"]
+        + [_fmt(s[k]) for k in ("error_median", "error_max", "blind_mean_median")]
+        + [_fmt(s["blind_initial_median"])]
+        for s in summaries
     ]
-    for s in summaries:
-        out.append(
-            f"| {s['regime']} | {s['algorithm']} | {', '.join(map(str, s['colluders']))} | "
-            f"{s['part']} ({s['parameters']}) | {s['mode']} | {s['peers']} ({s['count']}) | "
-            f"{s['determined']}/{s['count']} | {_fmt(s['error_median'])} | "
-            f"{_fmt(s['error_max'])} | {_fmt(s['blind_mean_median'])} | "
-            f"{_fmt(s['blind_initial_median'])} |"
-        )
-    return "\n".join(out) + "\n"
+    return text_table(header, cells, rule="llllllrrrrr")
 
 
 def _alone(summaries: List[Dict[str, Any]], regime: str) -> List[Dict[str, Any]]:
@@ -246,24 +200,26 @@ def low_rank_answer(summaries: List[Dict[str, Any]]) -> List[str]:
 
 
 def render(rows: Rows) -> Outputs:
-    """The page and its JSON."""
+    """The page (its fixed text: page.md beside this file) and its JSON."""
     structure = [r for r in rows.data if r["kind"] == "structure"]
     attacks = [r for r in rows.data if r["kind"] == "attack"]
     summaries = [s for r in attacks for s in _summaries(r)]
     title = "Knowledge-matrix attack: who curious peers reconstruct, exact gossip vs PowerGossip"
-    text = f"# {title}{' (--quick)' if rows.quick else ''}\n\n{made_by(rows)}\n\n" + THREAT_MODEL
-    text += "## 1. Structure: what one curious peer determines\n\n" + structure_table(structure)
-    text += STRUCTURE_NOTE + "\n## 2. The attack on real runs\n\n" + ATTACK_NOTE
-    for r in attacks:
-        text += (
+    text = fill(
+        template(__file__),
+        title=title + (" (--quick)" if rows.quick else ""),
+        made_by=made_by(rows),
+        structure=block(structure_table(structure)),
+        runs=[
             f"- {r['regime']}, {r['label']} on {r['topology']}: {r['steps']} gossip steps, "
             f"test accuracy {_pct(r['accuracy'])} (averaged model), "
-            f"{_pct(r['local_accuracy'])} (peers' own models, mean).\n"
-        )
-    text += "\n" + attack_table(summaries)
-    text += "\n## Do low-rank messages reduce what non-neighbours lose?\n\n"
-    text += "\n".join(low_rank_answer(summaries)) + "\n"
-    text += "\n## Verdict\n\n" + "\n".join(verdict(structure, summaries)) + "\n"
+            f"{_pct(r['local_accuracy'])} (peers' own models, mean)."
+            for r in attacks
+        ],
+        attacks=block(attack_table(summaries)),
+        low_rank=low_rank_answer(summaries),
+        verdict=verdict(structure, summaries),
+    )
     data = {"structure": structure, "attack_summaries": summaries}
     return {
         "privacy_knowledge.md": text,

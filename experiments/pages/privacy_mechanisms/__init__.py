@@ -1,22 +1,12 @@
 """`python -m experiments privacy_mechanisms_logreg`: local DP-SGD, Muffliato, ZIP-DL and DECOR at
 equal epsilon against a neighbour, on exact gossip and PowerGossip r1, on each of three
-topologies, on a small linear problem, each run attacked by the neighbour (`python -m experiments
-privacy_mechanisms_budget`, the same plan at other budgets without the attacks:
-experiments/pages/privacy_mechanisms_budget.py). `python -m experiments privacy_mechanisms`: the
-same mechanisms in the attack pages' regime, each run also audited (`audited`).
-
-Every mechanism's noise is calibrated before training so that the victim's epsilon against a
-direct neighbour is the target, with that mechanism's own valid accountant (`calibration`, a run
-of the plan per topology); then each (mechanism, algorithm) trains with the seeds, evaluated at
-every quarter of the run (the plateau check). Every run is an attacked run (`runs`): every peer's
-shard is split into members and held-out records no peer trains on; observer 0 records what it
-receives, and the LOSS and LiRA attacks score its neighbours 1 and n-1's candidates with the
-model it reads off (or reconstructs from) their messages, beside the blind baselines and their
-chance band. Every mechanism's noise is on the clipped gradient sum, so on the model it scales with
-the step's lr exactly as the record's sensitivity lr_t C / batch: DP-SGD's subsampled epsilon and
-DECOR's SecLDP epsilon hold under any schedule. Muffliato's and ZIP-DL's network bounds model a
-constant step (`muffliato.network_applies`): under the cosine schedule they report DP-SGD's local
-bound. The plan's constants are below, in one place.
+topologies, on a small linear problem, each run attacked by the neighbour (the same plan at other
+budgets without the attacks: privacy_mechanisms_budget). `python -m experiments
+privacy_mechanisms`: the same mechanisms in the attack pages' regime, each run also audited
+(`audited`). A plan per topology: the calibration (each mechanism's noise for the target epsilon
+with its own accountant, `calibration`), then every (mechanism, algorithm, seed) as an attacked
+run (`runs`); the page (`page`, its text page.md) says what each accountant covers. The plan's
+constants are below, in one place.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """`python -m experiments privacy_mechanisms`: local DP-SGD, Muffliato, ZIP-DL and DECOR in the
-attack pages' regime (privacy_regime.md's choice: the attacks work without DP, DP learns), at
-equal epsilon against a neighbour, on exact gossip and PowerGossip r1, each run attacked and
-audited in one run.
+attack pages' regime, at equal epsilon against a neighbour, on exact gossip and PowerGossip r1,
+each run attacked and audited in one run.
 
-The plan: the calibration (each mechanism's noise for epsilon = TARGET against a direct neighbour,
-solved before any run with that mechanism's own accountant, at the victims' sampling rate and
-the run's number of steps), the membership split of each seed, then every (algorithm,
-mechanism, seed) as privacy_attacks.md trains and attacks a run (`privacy_attacks.runs.attacked`:
-observer 0 records, LOSS and LiRA with references trained by gossip, the blind baselines, the
-one-run audit's canaries in the victims' data, scored also through the blind model). The private
-runs release no peer statistic (the shard sizes stay secret: add/remove adjacency is the claim's,
-and every peer samples at its own rate); their claimed epsilon is the calibration's, at the
-victims' members alone, an upper bound for victims whose data also holds included canaries. The
-non-private runs have privacy_attacks.md's config (run again: the canaries' coins are fresh). Row format: the logreg page's
-(`runs.row`), so both render with `page`."""
+The plan: the calibration (each mechanism's noise for TARGET against a direct neighbour, at the
+victims' sampling rate and the run's steps), the membership split of each seed, then every
+(algorithm, mechanism, seed) trained and attacked as privacy_attacks.md's runs are
+(`privacy_attacks.runs.attacked`, canaries included). Private runs release no peer statistic
+(add/remove adjacency, the claim's). Rows: the logreg page's format (`runs.row`), rendered with
+`page`'s tables; the fixed text is audited.md beside this file.
+"""
 
 from __future__ import annotations
 
@@ -25,10 +20,13 @@ from typing import Any, Dict, List, Mapping
 from gossip_powersgd.privacy.attack_run import MOVING, READ_OFF
 
 from experiments.engine import Outputs, Rows, Run, made_by
+from experiments.pages._markdown import fill, template
+from experiments.pages._markdown import table as md_table
 from experiments.pages.privacy_attacks import regimes
 from experiments.pages.privacy_attacks import runs as attack_runs
 
 from . import calibration, page
+from .page import NAMES, PRIVATE
 
 ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1"))
 MECHANISMS = ("local", "muffliato", "zipdl", "decor")
@@ -177,8 +175,6 @@ def sections(rows: Rows) -> List[Dict[str, Any]]:
 
 
 def render(rows: Rows) -> Outputs:
-    from . import audited_page
-
     found = sections(rows)
     runs = found[0]["rows"]
     per_step = statistics.fmean(r["run_seconds"] / r["steps"] for r in runs)
@@ -187,5 +183,106 @@ def render(rows: Rows) -> Outputs:
     c.update(load=[tuple(r["load"]) for r in runs], nice=[r["nice"] for r in runs])
     c["calibration"] = next(r.row for r in rows.records if r.config["kind"] == "calibration")
     regime = _regime(rows.records[0].quick)
-    text = audited_page.render_page(found, made_by(rows), rows.command, c, regime)
+    text = render_page(found, made_by(rows), rows.command, c, regime)
     return {"privacy_mechanisms.md": text, "privacy_mechanisms.csv": page.csv_text(runs)}
+
+
+AUDIT = (
+    "mechanism | algorithm | claimed ε vs neighbour (RDP / PLD) | audited ε ≥, observer's "
+    "reconstruction | audited ε ≥, victim's own model | audited ε ≥, blind model (baseline) | "
+    "right / guesses (victim's model, best count)"
+)
+
+
+def _per_seed(group, source: str) -> str:
+    return " / ".join(f"{r['audit'][source]['epsilon']:.2f}" for r in group)
+
+
+def _ceiling(audit) -> float:
+    from gossip_powersgd.privacy.audit import audit_ceiling
+
+    return audit_ceiling(audit["m"], audit["counts"], audit["delta"], audit["confidence"])
+
+
+def audit_lines(section, c) -> List[str]:
+    """The audit per (mechanism, algorithm): the claim, and the lower bound through the
+    observer's reconstruction, the victim's own model and the blind model, one value per seed."""
+    rows, noises, out = section["rows"], section["noises"], []
+    for name in ("none",) + PRIVATE:
+        for algorithm in c["algorithms"]:
+            group = [r for r in rows if r["mechanism"] == name and r["algorithm"] == algorithm]
+            if not group:
+                continue
+            n = noises.get(name)
+            claim = f"{n['neighbour']:.2f} / {n['neighbour_pld']:.2f}" if n else "∞ (no DP)"
+            best = " / ".join(
+                f"{r['audit']['victim']['correct']}/{r['audit']['victim']['guesses']}"
+                for r in group
+            )
+            out.append(
+                [NAMES[name], algorithm, claim]
+                + [_per_seed(group, s) for s in ("observer", "victim", "blind model")]
+                + [best]
+            )
+    return md_table(AUDIT, out, end=None)
+
+
+def audit_answers(section) -> List[str]:
+    """Is a claim refuted, how close the audit comes, what it proves without DP, and whether the
+    blind baseline stays at chance."""
+    rows, noises = section["rows"], section["noises"]
+    private = [r for r in rows if r["mechanism"] != "none"]
+    plain = [r for r in rows if r["mechanism"] == "none"]
+    bounds = [max(r["audit"][s]["epsilon"] for s in ("observer", "victim")) for r in private]
+    claims = [noises[r["mechanism"]]["neighbour"] for r in private]
+    refuted = sum(b > c for b, c in zip(bounds, claims))
+    blind = max(r["audit"]["blind model"]["epsilon"] for r in rows)
+    audit = rows[0]["audit"]
+    return [
+        f"- Does the one-run audit refute a claimed ε? In {refuted} of {len(private)} private runs "
+        f"its lower bound exceeds the claim; the highest bound is {max(bounds):.2f} (claims "
+        f"{min(claims):.2f}–{max(claims):.2f}).",
+        f"- Without DP the same audit proves ε ≥ "
+        f"{max(r['audit']['victim']['epsilon'] for r in plain):.2f} from the victims' own models "
+        f"and ≥ {max(r['audit']['observer']['epsilon'] for r in plain):.2f} from the observer's "
+        f"reconstructions; every guess right would show {_ceiling(audit):.2f} with these "
+        f"{audit['m']} canaries.",
+        f"- The blind baseline (the same audit through a model that never saw a victim): at most "
+        f"{blind:.2f} over every run" + (" (chance: 0 expected)." if blind == 0 else "."),
+    ]
+
+
+def _setting_fields(regime, calibration) -> Dict[str, Any]:
+    s, dp, public = regime["setting"], regime["setting"]["dp"], calibration["public"]
+    local = calibration["local"]
+    fields = dict(topology=s["topology"], model=s["model"], peers=public["peers"])
+    fields["data"] = s["dataset"].split(":")[0]
+    fields.update(records=public["train_size"] // public["peers"], members=public["members"])
+    fields.update(batch=s["batch_size"], lr=s["lr"], epochs=s["epochs"], momentum=s["momentum"])
+    fields.update(dp_batch=dp["batch_size"], dp_lr=dp["lr"], dp_epochs=dp["epochs"])
+    fields.update(clip=dp["dp_max_grad_norm"], delta=dp["dp_delta"], q=local["q"])
+    fields.update(steps=local["steps"], references=regime["references"])
+    return dict(fields, canaries=regime["canaries"], seeds=", ".join(map(str, regime["seeds"])))
+
+
+def render_page(sections, generated, command, c, regime) -> str:
+    """The page (its fixed text: audited.md beside this file): `sections` (one: the ring's
+    setting, noises, rows), who made the rows, the command, `c` (target, algorithms, loads, the
+    calibration row) and the regime it ran in."""
+    section = sections[0]
+    return fill(
+        template(__file__, "audited.md"),
+        generated=generated,
+        command=command,
+        how_run=page._how_run(dict(c, load=[_span(c["load"])], nice=[all(c["nice"])])),
+        **{k: c[k] for k in ("target", "ratio", "observer", "per_step")},
+        **page.shown(sections, c),
+        audit=audit_lines(section, c),
+        audit_answers=audit_answers(section),
+        **_setting_fields(regime, c["calibration"]),
+    )
+
+
+def _span(loads) -> tuple:
+    """The machine's load at the first run's start and the last run's end."""
+    return (loads[0][0], loads[-1][1])

@@ -39,17 +39,24 @@ def _group(rows, mechanism, algorithm) -> List[Dict[str, Any]]:
     return [r for r in rows if r["mechanism"] == mechanism and r["algorithm"] == algorithm]
 
 
-def render_page(sections, generated, command, c) -> str:
-    """The page (its fixed text: page.md beside this file): `sections` (per topology: setting,
-    noises, rows, reuse_muffliato), `generated` (who made the rows), the command that makes the
-    page, and `c` (the plan's constants and how the runs were made: load, nice, time per step)."""
+def shown(sections, c) -> Dict[str, List[str]]:
+    """What both mechanisms pages show of their rows: the calibration, the accuracy table and its
+    plateau check, the attacks and the answers."""
     tables: Dict[str, Dict[tuple, List[float]]] = {}
-    results = results_lines(sections, c, tables)
+    results, plateau = results_lines(sections, c, tables)
     answers = [
         line
         for section in sections
         for line in answer_lines(section, tables[section["setting"]["topology"]], c)
     ]
+    out = dict(calibration=calibration_lines(sections), results=results, plateau=plateau)
+    return dict(out, attacks=attack_lines(sections, c), answers=answers)
+
+
+def render_page(sections, generated, command, c) -> str:
+    """The page (its fixed text: page.md beside this file): `sections` (per topology: setting,
+    noises, rows, reuse_muffliato), `generated` (who made the rows), the command that makes the
+    page, and `c` (the plan's constants and how the runs were made: load, nice, time per step)."""
     setting = sections[0]["setting"]
     noise = next(iter(sections[0]["noises"].values()))
     plain = sorted({r["seed"] for r in sections[0]["rows"] if r["mechanism"] == "none"})
@@ -72,11 +79,7 @@ def render_page(sections, generated, command, c) -> str:
         topology_count=len(sections),
         seed_count=len(seeds),
         runs="one run" if runs == 1 else f"{runs} runs",
-        calibration=calibration_lines(sections),
-        results=results[0],
-        plateau=results[1],
-        attacks=attack_lines(sections, c),
-        answers=answers,
+        **shown(sections, c),
         **accountant_fields(sections),
     )
 
