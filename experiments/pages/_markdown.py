@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 #: How a cell is made from one item of the rows; a column is its title and its cell.
 Cell = Callable[[Any], str]
@@ -33,6 +33,16 @@ def g3(field: str) -> Cell:
 def template(page_file: str, name: str = "page.md") -> str:
     """The markdown template `name` beside a page's module (`page_file`: its `__file__`)."""
     return (Path(page_file).parent / name).read_text(encoding="utf-8")
+
+
+def parts(page_file: str, name: str = "page.md") -> Dict[str, str]:
+    """A template file of named parts, each begun by a line `<!-- NAME -->`: {NAME: its lines up
+    to the next part, trailing blank lines dropped}, each for `fill`."""
+    out: Dict[str, str] = {}
+    for chunk in template(page_file, name).split("<!-- ")[1:]:
+        title, _, text = chunk.partition(" -->\n")
+        out[title] = text.rstrip("\n")
+    return out
 
 
 def fill(text: str, **fields: Any) -> str:
