@@ -28,75 +28,31 @@ class Algorithm:
     over_all_hosts: bool = False
 
 
+def _powergossip(key: str, label: str, options: str) -> Algorithm:
+    spec = f"powergossip:{options}"
+    return Algorithm(key, label, spec + ",gamma={gamma}", "gamma_x", (0.5, 1.0), spec)
+
+
+def _choco(key: str, label: str, compressor: str, grid: Tuple[float, ...]) -> Algorithm:
+    """Choco at γ over `grid`, timed at its first γ."""
+    spec = f"choco:compressor={compressor},gamma={{gamma}}"
+    return Algorithm(key, label, spec, "gamma", grid, spec.format(gamma=grid[0]))
+
+
+_REDUCE = dict(tune="lr", grid=(0.1, 0.2, 0.4), over_all_hosts=True)
+#: start_iter 10 (its default): 10 exact all-reduces first, which cost an all-reduce step
+_POWERSGD = dict(_REDUCE, timing="powersgd:rank=1,start_iter=0", warmup=(10, "allreduce"))
+#: lr: the all-reduce grid's best, one point, to fit the plan in its time
+_LOCAL = dict(tune="lr", grid=(0.4,), timing="exact", local_steps=4)
 ALGORITHMS = (
     Algorithm("exact", "exact gossip", "exact:gamma={gamma}", "gamma_x", (0.5, 1.0), "exact"),
-    Algorithm(
-        "pg-r1",
-        "PowerGossip r1",
-        "powergossip:rank=1,iters=1,gamma={gamma}",
-        "gamma_x",
-        (0.5, 1.0),
-        "powergossip:rank=1,iters=1",
-    ),
-    Algorithm(
-        "pg-r2",
-        "PowerGossip r2",
-        "powergossip:rank=2,iters=1,gamma={gamma}",
-        "gamma_x",
-        (0.5, 1.0),
-        "powergossip:rank=2,iters=1",
-    ),
-    Algorithm(
-        "pg-r1-2it",
-        "PowerGossip r1, 2 iters",
-        "powergossip:rank=1,iters=2,gamma={gamma}",
-        "gamma_x",
-        (0.5, 1.0),
-        "powergossip:rank=1,iters=2",
-    ),
-    Algorithm(
-        "choco-sign",
-        "Choco sign",
-        "choco:compressor=sign,gamma={gamma}",
-        "gamma",
-        (0.5, 1.0),
-        "choco:compressor=sign,gamma=0.5",
-    ),
-    Algorithm(
-        "choco-topk",
-        "Choco top-k 1%",
-        "choco:compressor=topk:0.01,gamma={gamma}",
-        "gamma",
-        (0.1, 0.2),
-        "choco:compressor=topk:0.01,gamma=0.1",
-    ),
-    Algorithm(
-        "allreduce",
-        "all-reduce",
-        "allreduce",
-        "lr",
-        (0.1, 0.2, 0.4),
-        "allreduce",
-        over_all_hosts=True,
-    ),
-    Algorithm(
-        "powersgd",
-        "PowerSGD (centralized) r1",
-        "powersgd:rank=1",
-        "lr",
-        (0.1, 0.2, 0.4),
-        "powersgd:rank=1,start_iter=0",
-        warmup=(10, "allreduce"),  # start_iter 10 (its default): 10 exact all-reduces first
-        over_all_hosts=True,
-    ),
-    Algorithm(
-        "exact-h4",
-        "exact gossip, H = 4 local steps",
-        "exact:gamma={gamma}",
-        "lr",
-        (0.4,),  # the all-reduce grid's best: one point, to fit the plan in its time
-        "exact",
-        local_steps=4,
-    ),
+    _powergossip("pg-r1", "PowerGossip r1", "rank=1,iters=1"),
+    _powergossip("pg-r2", "PowerGossip r2", "rank=2,iters=1"),
+    _powergossip("pg-r1-2it", "PowerGossip r1, 2 iters", "rank=1,iters=2"),
+    _choco("choco-sign", "Choco sign", "sign", (0.5, 1.0)),
+    _choco("choco-topk", "Choco top-k 1%", "topk:0.01", (0.1, 0.2)),
+    Algorithm("allreduce", "all-reduce", "allreduce", timing="allreduce", **_REDUCE),
+    Algorithm("powersgd", "PowerSGD (centralized) r1", "powersgd:rank=1", **_POWERSGD),
+    Algorithm("exact-h4", "exact gossip, H = 4 local steps", "exact:gamma={gamma}", **_LOCAL),
 )
 BY_KEY = {a.key: a for a in ALGORITHMS}
