@@ -92,9 +92,10 @@ def load() -> List[float]:
     return [round(v, 2) for v in os.getloadavg()]
 
 
-def machine() -> Dict[str, int]:
-    """What a timed row says about where it ran: the cores, and its niceness."""
-    return {"cpus": os.cpu_count() or 0, "nice": os.nice(0)}
+def timed(before: List[float]) -> Dict[str, Any]:
+    """What a timed row says about when and where it ran: the load around it (`before`: at its
+    start), the cores, and its niceness."""
+    return dict(load_before=before, load_after=load(), cpus=os.cpu_count() or 0, nice=os.nice(0))
 
 
 # ---- in-process training -------------------------------------------------------------------------
@@ -137,23 +138,22 @@ def alone_row(run: Run) -> Dict[str, Any]:
 
     before = load()
     measured = measure_alone(dict(run.config["train"], seed=0), ALONE_BUDGET)
-    periods = measured["periods"]
-    h = measured["local_steps"]
+    periods, h = measured["periods"], measured["local_steps"]
+
+    def per_step(part) -> float:
+        return statistics.median(map(part, periods)) / h
+
     return {
         "local_steps": h,
         "periods": len(periods),
-        "wall": statistics.median(p[0] for p in periods) / h,
-        "arith": statistics.median(p[1] for p in periods) / h,
-        "echo": statistics.median(p[2] for p in periods) / h,
-        "compute": statistics.median(p[0] - p[1] - p[2] for p in periods) / h,
-        "cpu": statistics.median(p[3] for p in periods) / h,
+        "wall": per_step(lambda p: p[0]),
+        "arith": per_step(lambda p: p[1]),
+        "echo": per_step(lambda p: p[2]),
+        "compute": per_step(lambda p: p[0] - p[1] - p[2]),
+        "cpu": per_step(lambda p: p[3]),
         "per_step": measured["per_step"],
-        "eval_seconds": measured["eval"]["seconds"],
-        "eval_cpu": measured["eval"]["cpu"],
-        "eval_metric_bytes": measured["eval"]["metric_bytes"],
-        "load_before": before,
-        "load_after": load(),
-        **machine(),
+        **{f"eval_{k}": measured["eval"][k] for k in ("seconds", "cpu", "metric_bytes")},
+        **timed(before),
     }
 
 
@@ -217,7 +217,7 @@ def timing_row(run: Run) -> Dict[str, Any]:
     with cluster(hosts, c["rate"], c["slow"]) as prefix:
         summary, seconds = step_times(prefix, hosts, spec, **launch_options())
         summary["link"] = link_check(prefix, c["rate"], LINK_CHECK_SECONDS)
-    return dict(summary, launch_seconds=seconds, load_before=before, load_after=load(), **machine())
+    return dict(summary, launch_seconds=seconds, **timed(before))
 
 
 def fault_row(run: Run) -> Dict[str, Any]:
@@ -251,7 +251,5 @@ def e2e_row(run: Run) -> Dict[str, Any]:
         "mb_per_peer": summary["mb_sent_per_peer"],
         "evals": [[r["step"], r["wall_time"], r["test_acc_avg_model"]] for r in evals],
         "launch_seconds": seconds,
-        "load_before": before,
-        "load_after": load(),
-        **machine(),
+        **timed(before),
     }
