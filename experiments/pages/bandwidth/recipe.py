@@ -21,6 +21,7 @@ import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from experiments.engine import Run
+from experiments.suite.runs import LOCAL
 
 from .algorithms import ALGORITHMS, BY_KEY, Algorithm
 from .faults import CASES as FAULT_CASES
@@ -65,31 +66,11 @@ class Setting:
 #: The training recipe (momentum SGD, cosine schedule). MNIST-1D with 10,000 samples (9,000 train,
 #: 1,000 test, the standard generator), a 40-1024-1024-10 MLP: 1,101,834 parameters for 2 x 200
 #: MFLOP per sample-batch of compute, so that communication matters here.
-FULL_BASE = dict(
-    dataset="mnist1d:num_samples=10000,train_split=0.9",
-    model="mlp:1024,1024",
-    partition="iid",
-    optimizer="sgd",
-    momentum=0.9,
-    weight_decay=0.0001,
-    warmup_epochs=1,
-    schedule="cosine",
-    batch_size=32,
-    epochs=20,
-    eval_every=1,
-    backend="local",
-    quiet=True,
-    log_every=0,
-    checkpoint_every=0,
-    out_dir=None,
-    threads=1,
-)
-QUICK_BASE = dict(
-    FULL_BASE,
-    dataset="mnist1d:num_samples=1200",
-    model="mlp:64",
-    epochs=2,
-)
+FULL_BASE = dict(dataset="mnist1d:num_samples=10000,train_split=0.9", model="mlp:1024,1024")
+FULL_BASE.update(partition="iid", optimizer="sgd", momentum=0.9, weight_decay=0.0001)
+FULL_BASE.update(warmup_epochs=1, schedule="cosine", batch_size=32, epochs=20, eval_every=1)
+FULL_BASE.update(LOCAL)
+QUICK_BASE = dict(FULL_BASE, dataset="mnist1d:num_samples=1200", model="mlp:64", epochs=2)
 
 #: Sized to finish in about 80 minutes on 2 shared cores (the page says what was cut and why):
 #: two seeds, torus:2x4 for exact gossip and PowerGossip r1 only and at 100 and 10 Mbit/s, at
