@@ -1,19 +1,11 @@
 """What the bandwidth page runs: the training recipe, the algorithms and their tuning grids, the
-link rates, and the plan of runs (torch-free: `python -m experiments --list` imports it).
-
-The plan comes in waves, each made once the rows it depends on exist (the engine calls `plan`
-again after each wave):
-
-1. `tune/T/A/lr=V`: the learning-rate grids (all-reduce, centralized PowerSGD, local steps), on
-   the tuning topology T, seed 0;
-2. `tune/T/A/g=V`: the γ grids of the gossip algorithms, at the all-reduce's chosen lr;
-3. `train/T/A/seedS`: every algorithm at its chosen values on every topology and seed (the
-   chosen tuning run is the tuning topology's seed 0), and `plateau/T/A`: the best row at twice
-   the epochs;
-4. once every training row exists, the measurements, one at a time: `alone/T/A` (one peer's
-   step by itself), `timing/T/RATE` (every algorithm's step on the emulated cluster), `e2e/T/A/RATE`
-   (complete runs on the cluster, launched as a user would).
-"""
+link rates, and the plan of runs (torch-free: `python -m experiments --list` imports it). The plan
+comes in waves, each made once the rows it depends on exist (the engine calls `plan` again after
+each): the lr grids (`tune/T/A/lr=V`, tuning topology T, seed 0), then the γ grids at the
+all-reduce's chosen lr (`tune/T/A/g=V`), then every algorithm at its chosen values on every
+topology and seed (`train/T/A/seedS`) and the best at twice the epochs (`plateau/T/A`), and once
+every training row exists the measurements, one at a time (`alone/T/A`, `timing/T/RATE`,
+`e2e/T/A/RATE`, `fault/L/F`)."""
 
 from __future__ import annotations
 
@@ -40,10 +32,10 @@ class Setting:
     seeds: Mapping[str, Tuple[int, ...]]
     rates: Tuple[str, ...]
     #: (base rate, slowed host, its rate) of the one-slow-host measurement, per topology in it
-    slow: Optional[Tuple[str, str, str]]
-    slow_topologies: Tuple[str, ...]
+    slow: Optional[Tuple[str, str, str]] = None
+    slow_topologies: Tuple[str, ...] = ()
     #: (topology, algorithm, rate) of the complete runs on the cluster
-    e2e: Tuple[Tuple[str, str, str], ...]
+    e2e: Tuple[Tuple[str, str, str], ...] = ()
     #: the lr of the γ-tuned algorithms when the all-reduce's lr grid is not in the plan
     grids: Mapping[str, Tuple[float, ...]] = dataclasses.field(default_factory=dict)
     #: per topology, the algorithms trained and timed on it (default: all); an all-reduce's
@@ -86,7 +78,6 @@ FULL = Setting(
     rates=("1gbit", "100mbit", "10mbit", "1mbit"),
     slow=("100mbit", "host3", "10mbit"),
     slow_topologies=("ring:8",),
-    e2e=(),
     only={"torus:2x4": ("exact", "pg-r1")},
     rates_of={"torus:2x4": ("100mbit", "10mbit")},
     slow_algorithms=("exact", "pg-r1", "allreduce"),
@@ -101,8 +92,6 @@ QUICK = Setting(
     tune_topology="ring:2",
     seeds={"ring:2": (0,)},
     rates=("10mbit",),
-    slow=None,
-    slow_topologies=(),
     e2e=(("ring:2", "pg-r1", "10mbit"),),
     grids={"exact": (1.0,), "pg-r1": (1.0,), "allreduce": (0.1,)},
     plateau=False,
