@@ -156,11 +156,8 @@ def headline(instance: Dict) -> List[str]:
     summary, lines = instance["summary"], []
     families = {label: family(entry) for label, entry in summary.items()}
     for budget in instance["budgets"]:
-        ok = [
-            (k, e["budgets"][budget])
-            for k, e in summary.items()
-            if e["budgets"][budget]["status"] == "ok"
-        ]
+        ok = [(k, e["budgets"][budget]) for k, e in summary.items()]
+        ok = [(k, cell) for k, cell in ok if cell["status"] == "ok"]
 
         def best(pick):
             found = [(k, cell) for k, cell in ok if pick(families[k])]
@@ -179,13 +176,8 @@ def headline(instance: Dict) -> List[str]:
             label = "exact gossip" if name == "exact gossip" else f"{name} ({found[0]}{gamma})"
             parts.append(f"{label} {fmt_err(found[1]['row']['relative'])}")
             verdicts.append(f"vs {name}: {_ratio_text(pg[1], found[1])}")
-        lines.append(
-            f"- at {budget_name(budget)} bits per peer (relative errors): "
-            + " · ".join(parts)
-            + ". "
-            + "; ".join(verdicts)
-            + "."
-        )
+        head = f"- at {budget_name(budget)} bits per peer (relative errors): "
+        lines.append(head + " · ".join(parts) + ". " + "; ".join(verdicts) + ".")
     return lines
 
 
@@ -196,8 +188,6 @@ def edge_notes(instance: Dict) -> List[str]:
         cell = entry["budgets"][last]
         side = entry["swept"] and cell["status"] == "ok" and grid_end(cell["gamma"], grid)
         if side:
-            lines.append(
-                f"- {label}: the best γ at {budget_name(last)} bits is the grid's {side} value "
-                f"({fmt_gamma(cell['gamma'])}): not interior, a γ beyond the grid might do better."
-            )
+            budget, gamma = budget_name(last), fmt_gamma(cell["gamma"])
+            lines.append(fill(TEXT["edge"], label=label, budget=budget, side=side, gamma=gamma))
     return lines
