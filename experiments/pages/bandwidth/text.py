@@ -166,9 +166,7 @@ def accuracy_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
         lines += paragraph("plateau", **fields, high=high, gain=100 * (p["acc"][1] - p["acc"][0]))
     for topology, per in f["accuracy"].items():
         n = list(per.values())[-1].get("evaluations", "?")
-        head = ["algorithm", "lr / γ", "final acc (mean [min, max] over seeds)"]
-        head += [f"steps to {_pct(f['target'])} (per seed)", "training MB / peer then"]
-        head += ["training MB / peer, run", f"evaluation MB / peer, run ({n} evaluations)"]
+        head = fill(TEXT["accuracy header"], target=_pct(f["target"]), n=n)
         lines += [f"## Accuracy against steps: {topology}", ""]
         lines += table(head, map(_accuracy_row, per.values()))
     return lines

@@ -155,18 +155,6 @@ def slow_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     return lines
 
 
-E2E_HEADER = (
-    "algorithm",
-    "topology",
-    "rate",
-    "run",
-    "measured wall (training loop)",
-    "composed (measured figure)",
-    "composed ÷ measured − 1 (at the evaluations: largest)",
-    "final models = in-process, bit for bit",
-)
-
-
 def e2e_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     if not f["e2e"]:
         return []
@@ -187,7 +175,7 @@ def e2e_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
             + [gap + ("" if worst is None else f" ({100 * worst:+.1f} % at worst)")]
             + [("yes" if e["same_models"] else "**NO**") + f" ({e['peers']} peers)"]
         )
-    lines += table(E2E_HEADER, rows)
+    lines += table(TEXT["e2e header"], rows)
     return lines + paragraph("e2e")
 
 
