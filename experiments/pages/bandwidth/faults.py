@@ -101,9 +101,7 @@ COLUMNS = (
 
 
 def section(cases: Sequence[Tuple[str, str]], data: Mapping[str, Dict[str, Any]]) -> List[str]:
-    from experiments.pages._markdown import columns
-
-    from .text import paragraph
+    from experiments.pages._markdown import columns, fill, parts
 
     found = [(lc, f, data[f"fault/{lc}/{f}"]) for lc, f in cases if f"fault/{lc}/{f}" in data]
     skipped = [r["skipped"] for _, _, r in found if "skipped" in r]
@@ -126,4 +124,4 @@ def section(cases: Sequence[Tuple[str, str]], data: Mapping[str, Dict[str, Any]]
         if not late
         else f"was NOT gone within {ISSUE_SECONDS:g} s in: {', '.join(late)}"
     )
-    return lines + paragraph("faults", verdict=verdict, bound=bound)
+    return lines + [fill(parts(__file__)["faults"], verdict=verdict, bound=bound), ""]
