@@ -235,44 +235,45 @@ def answer(
         if not rates:
             continue
         core = table_of(t, topology, rates, "core_each")
-        line = f"**{topology}**, to {pct}, hosts with a core each (training time): "
-        lines.append(
-            line + compare_line(core, rates) + " " + compare_line(core, rates, "allreduce")
-        )
+        versus = compare_line(core, rates) + " " + compare_line(core, rates, "allreduce")
+        lines.append(f"**{topology}**, to {pct}, hosts with a core each (training time): {versus}")
         finals = {k: acc_of(acc, topology, k) for k in COMPARED}
         if None not in finals.values():
             line = f"Final accuracy ({topology}, mean over seeds): "
             line += ", ".join(f"{_label(k)} {100 * v:.2f} %" for k, v in finals.items())
             if finals["pg-r1"] < min(finals["exact"], finals["allreduce"]):
-                line += (
-                    f": a target above PowerGossip r1's best evaluation "
-                    f"({100 * max(acc[topology]['pg-r1']['peaks']):.2f} %) it "
-                    f"does not reach in {s.base['epochs']} epochs, at any rate"
-                )
+                best = 100 * max(acc[topology]["pg-r1"]["peaks"])
+                line += fill(TEXT["below"], best=best, epochs=s.base["epochs"])
             lines.append(line + ".")
-        fast = ", ".join(
-            f"{rate_text(r)}: {_label(fastest(core[r]))}" for r in rates if fastest(core[r])
-        )
-        lines.append(f"Fastest to {pct} at each rate ({topology}, core each): {fast}.")
-        measured = f"the step as measured here ({_hosts(topology)} hosts on this machine's cores)"
-        evaluated = "a core each, with an evaluation after every epoch"
-        for figure, evals, what in (("measured", False, measured), ("core_each", True, evaluated)):
-            other = table_of(t, topology, rates, figure, evals)
-            compared = [r for r in rates if other[r].get("pg-r1") is not None]
-            if not compared:
-                continue
-            changed = [
-                rate_text(r)
-                for r in compared
-                for against in ("exact", "allreduce")
-                if _ahead(core[r], "pg-r1", against) != _ahead(other[r], "pg-r1", against)
-            ]
-            verdict = "other verdicts at " + ", ".join(dict.fromkeys(changed))
-            missing = [rate_text(r) for r in rates if r not in compared]
-            verdict = verdict if changed else "the same verdicts"
-            if missing:
-                verdict += f" (not timed at {', '.join(missing)})"
-            lines.append(f"With {what}: {verdict}.")
+        fast = [(r, fastest(core[r])) for r in rates]
+        fast_text = ", ".join(f"{rate_text(r)}: {_label(k)}" for r, k in fast if k)
+        lines.append(f"Fastest to {pct} at each rate ({topology}, core each): {fast_text}.")
+        lines += _other_figures(t, topology, rates, core)
+    return lines
+
+
+def _other_figures(t: Mapping, topology: str, rates, core: Mapping) -> List[str]:
+    """Whether the measured figure, and a core each with the evaluations, change the verdicts."""
+    measured = f"the step as measured here ({_hosts(topology)} hosts on this machine's cores)"
+    evaluated = "a core each, with an evaluation after every epoch"
+    lines = []
+    for figure, evals, what in (("measured", False, measured), ("core_each", True, evaluated)):
+        other = table_of(t, topology, rates, figure, evals)
+        compared = [r for r in rates if other[r].get("pg-r1") is not None]
+        if not compared:
+            continue
+        changed = [
+            rate_text(r)
+            for r in compared
+            for against in ("exact", "allreduce")
+            if _ahead(core[r], "pg-r1", against) != _ahead(other[r], "pg-r1", against)
+        ]
+        verdict = "other verdicts at " + ", ".join(dict.fromkeys(changed))
+        verdict = verdict if changed else "the same verdicts"
+        missing = [rate_text(r) for r in rates if r not in compared]
+        if missing:
+            verdict += f" (not timed at {', '.join(missing)})"
+        lines.append(f"With {what}: {verdict}.")
     return lines
 
 
