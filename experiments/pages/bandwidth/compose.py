@@ -1,23 +1,7 @@
 """The bandwidth page's arithmetic, from stored rows only: steps to the target accuracy, a step's
-cost under each figure, the composed times, and the answer in words.
-
-A step's cost is given three ways (`StepCosts`), per algorithm, topology and link rate:
-
-- measured: the slowest host's mean step on the emulated cluster (the mean: a run's time is
-  the sum of its steps), whose 8 hosts share this machine's cores (compute slowed by the
-  sharing, and waits for neighbours' compute included);
-- core each: what hosts with a core each would see, from measured parts: the CPU time of one
-  peer's step (compute, the algorithm's arithmetic) measured with the peer alone on this machine
-  (its neighbours echoing its messages; CPU time, so that other work sharing the cores does not
-  count), plus the cluster's communication replayed with no compute at all (every host sending
-  the recorded messages at once, after a barrier);
-- projected: the same compute and arithmetic plus the project's own projected communication
-  (`CommStats.projected_seconds`: per exchange its largest message at the link rate, plus the
-  project's 50 µs per round).
-
-Time to a step s = the cost of its steps (a warm-up phase, PowerSGD's exact all-reduces, costs
-what the all-reduce row's step costs) + the evaluations made up to s, at the evaluation's cost.
-"""
+cost three ways (`StepCosts`: measured, core each, projected, as page.md defines them), and the
+time to a step (`Schedule`: its steps, a warm-up phase at the warm-up row's cost, the
+evaluations up to it)."""
 
 from __future__ import annotations
 
@@ -77,8 +61,7 @@ def mean_curve(curves: Sequence[Sequence[Sequence[float]]]) -> List[Tuple[int, f
 # ---- a step's cost ---------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class StepCosts:
-    """Seconds per step of one algorithm at one rate, three ways (see the module docstring), and
-    what they are made of."""
+    """Seconds per step of one algorithm at one rate, three ways, and what they are made of."""
 
     measured: float  #: the slowest host's mean step on the cluster
     core_each: float

@@ -101,7 +101,7 @@ COLUMNS = (
 
 
 def section(cases: Sequence[Tuple[str, str]], data: Mapping[str, Dict[str, Any]]) -> List[str]:
-    from experiments.pages._markdown import columns
+    from experiments.pages._markdown import columns, fill, snippets
 
     found = [(lc, f, data[f"fault/{lc}/{f}"]) for lc, f in cases if f"fault/{lc}/{f}" in data]
     skipped = [r["skipped"] for _, _, r in found if "skipped" in r]
@@ -119,22 +119,9 @@ def section(cases: Sequence[Tuple[str, str]], data: Mapping[str, Dict[str, Any]]
         if r["seconds"] is None or r["seconds"] > ISSUE_SECONDS
     ]
     bound = ", ".join(f"{b:g}" for b in sorted(bounds))
-    lines += [
-        "3 hosts of the emulated cluster, unlimited links, one rank each, ring:3, the tiny "
-        'config, launched as the README\'s "Running across machines" does (torchrun on every '
-        "host; mpiexec on host0 with a hostfile and gossip-cluster-ssh); host1's fault once "
-        "rank 0 has printed its first epoch; the scenario of tests/faults/test_liveness_hosts.py "
-        "(tests/support/host_faults.py). A stopped host's own rank cannot end (its exit is not "
-        "counted). Every rank that can run "
-        + (
-            f"was gone within the issue's {ISSUE_SECONDS:g} s in every case"
-            if not late
-            else f"was NOT gone within {ISSUE_SECONDS:g} s in: {', '.join(late)}"
-        )
-        + f" (the design's bound: {bound} s of silence, probe, a word and the launcher). "
-        "Under mpiexec a killed rank is named by its own supervisor (pid, host, signal) and "
-        "MPICH ends the others within a fraction of a second, usually before they speak; a cut "
-        "host's lines under mpiexec go through the cable that was cut.",
-        "",
-    ]
-    return lines
+    verdict = (
+        f"was gone within the issue's {ISSUE_SECONDS:g} s in every case"
+        if not late
+        else f"was NOT gone within {ISSUE_SECONDS:g} s in: {', '.join(late)}"
+    )
+    return lines + [fill(snippets(__file__, "page.md")["faults"], verdict=verdict, bound=bound), ""]

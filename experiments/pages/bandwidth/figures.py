@@ -244,38 +244,25 @@ def e2e(s: Setting, data: Mapping[str, Dict], cost: Mapping) -> List[Dict[str, A
         source = main_key(s, key, topology, 0, data)
         if row is None or source is None:
             continue
+        entry = {"algorithm": key, "topology": topology, "rate": rate}
         if "skipped" in row:
-            out.append(
-                {"algorithm": key, "topology": topology, "rate": rate, "skipped": row["skipped"]}
-            )
+            out.append(dict(entry, skipped=row["skipped"]))
             continue
         c = cost.get(topology, {}).get(rate)
         plan = None if c is None else schedule(s, c["steps"], c["eval"], key, "measured")
-        evals = row["evals"]
-        composed = None
-        points = []
+        evals, summary = row["evals"], row["summary"]
+        wall, composed, points = summary["wall_time_s"], None, []
         if plan is not None:
-            composed = plan.until(row["summary"]["steps"], len(evals))
-            points = [plan.until(step, i + 1) / wall - 1 for i, (step, wall, _) in enumerate(evals)]
-        out.append(
-            {
-                "algorithm": key,
-                "topology": topology,
-                "rate": rate,
-                "source": source,
-                "measured_wall": row["summary"]["wall_time_s"],
-                "composed_wall": composed,
-                "gap": None if composed is None else composed / row["summary"]["wall_time_s"] - 1,
-                "largest_gap_at_evaluations": max(points, key=abs) if points else None,
-                "steps": row["summary"]["steps"],
-                "evaluations": len(evals),
-                "same_models": row["model_sha256"] == data[source].get("model_sha256"),
-                "peers": len(row["model_sha256"]),
-                "acc_avg": row["acc_avg"],
-                "load": [row["load_before"], row["load_after"]],
-                "launch_seconds": row["launch_seconds"],
-            }
-        )
+            composed = plan.until(summary["steps"], len(evals))
+            points = [plan.until(step, i + 1) / at - 1 for i, (step, at, _) in enumerate(evals)]
+        entry.update(source=source, measured_wall=wall, composed_wall=composed)
+        entry["gap"] = None if composed is None else composed / wall - 1
+        entry["largest_gap_at_evaluations"] = max(points, key=abs) if points else None
+        entry.update(steps=summary["steps"], evaluations=len(evals))
+        entry["same_models"] = row["model_sha256"] == data[source].get("model_sha256")
+        entry.update(peers=len(row["model_sha256"]), acc_avg=row["acc_avg"])
+        entry.update(load=[row["load_before"], row["load_after"]])
+        out.append(dict(entry, launch_seconds=row["launch_seconds"]))
     return out
 
 

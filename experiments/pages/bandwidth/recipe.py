@@ -1,19 +1,11 @@
 """What the bandwidth page runs: the training recipe, the algorithms and their tuning grids, the
-link rates, and the plan of runs (torch-free: `python -m experiments --list` imports it).
-
-The plan comes in waves, each made once the rows it depends on exist (the engine calls `plan`
-again after each wave):
-
-1. `tune/T/A/lr=V`: the learning-rate grids (all-reduce, centralized PowerSGD, local steps), on
-   the tuning topology T, seed 0;
-2. `tune/T/A/g=V`: the γ grids of the gossip algorithms, at the all-reduce's chosen lr;
-3. `train/T/A/seedS`: every algorithm at its chosen values on every topology and seed (the
-   chosen tuning run is the tuning topology's seed 0), and `plateau/T/A`: the best row at twice
-   the epochs;
-4. once every training row exists, the measurements, one at a time: `alone/T/A` (one peer's
-   step by itself), `timing/T/RATE` (every algorithm's step on the emulated cluster), `e2e/T/A/RATE`
-   (complete runs on the cluster, launched as a user would).
-"""
+link rates, and the plan of runs (torch-free: `python -m experiments --list` imports it). The plan
+comes in waves, each made once the rows it depends on exist (the engine calls `plan` again after
+each): the lr grids (`tune/T/A/lr=V`, tuning topology T, seed 0), then the γ grids at the
+all-reduce's chosen lr (`tune/T/A/g=V`), then every algorithm at its chosen values on every
+topology and seed (`train/T/A/seedS`) and the best at twice the epochs (`plateau/T/A`), and once
+every training row exists the measurements, one at a time (`alone/T/A`, `timing/T/RATE`,
+`e2e/T/A/RATE`, `fault/L/F`)."""
 
 from __future__ import annotations
 
@@ -21,10 +13,61 @@ import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from experiments.engine import Run
+from experiments.suite.runs import LOCAL
 
-from .algorithms import ALGORITHMS, BY_KEY, Algorithm
 from .faults import CASES as FAULT_CASES
 from .faults import runs as fault_runs
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """One row of the page. `spec`: the algorithm spec, "{gamma}" filled in per run; `tune`:
+    "lr" (the learning rate over `grid`), "gamma" (γ over `grid`) or "gamma_x" (γ = value ×
+    the topology's γ); `timing`: the spec the step-time measurements run (cost does not depend
+    on γ; PowerSGD's exact all-reduce warm-up is measured as the all-reduce row, `warmup`)."""
+
+    key: str
+    label: str
+    spec: str
+    tune: str
+    grid: Tuple[float, ...]
+    timing: str
+    local_steps: int = 1
+    #: (steps, row key): the first `steps` steps cost what a step of that row costs
+    warmup: Optional[Tuple[int, str]] = None
+    #: its messages go round a ring of all hosts whatever the topology (an all-reduce): its step
+    #: is measured on the tuning topology only and holds for every topology
+    over_all_hosts: bool = False
+
+
+def _powergossip(key: str, label: str, options: str) -> Algorithm:
+    spec = f"powergossip:{options}"
+    return Algorithm(key, label, spec + ",gamma={gamma}", "gamma_x", (0.5, 1.0), spec)
+
+
+def _choco(key: str, label: str, compressor: str, grid: Tuple[float, ...]) -> Algorithm:
+    """Choco at γ over `grid`, timed at its first γ."""
+    spec = f"choco:compressor={compressor},gamma={{gamma}}"
+    return Algorithm(key, label, spec, "gamma", grid, spec.format(gamma=grid[0]))
+
+
+_REDUCE = dict(tune="lr", grid=(0.1, 0.2, 0.4), over_all_hosts=True)
+#: start_iter 10 (its default): 10 exact all-reduces first, which cost an all-reduce step
+_POWERSGD = dict(_REDUCE, timing="powersgd:rank=1,start_iter=0", warmup=(10, "allreduce"))
+#: lr: the all-reduce grid's best, one point, to fit the plan in its time
+_LOCAL = dict(tune="lr", grid=(0.4,), timing="exact", local_steps=4)
+ALGORITHMS = (
+    Algorithm("exact", "exact gossip", "exact:gamma={gamma}", "gamma_x", (0.5, 1.0), "exact"),
+    _powergossip("pg-r1", "PowerGossip r1", "rank=1,iters=1"),
+    _powergossip("pg-r2", "PowerGossip r2", "rank=2,iters=1"),
+    _powergossip("pg-r1-2it", "PowerGossip r1, 2 iters", "rank=1,iters=2"),
+    _choco("choco-sign", "Choco sign", "sign", (0.5, 1.0)),
+    _choco("choco-topk", "Choco top-k 1%", "topk:0.01", (0.1, 0.2)),
+    Algorithm("allreduce", "all-reduce", "allreduce", timing="allreduce", **_REDUCE),
+    Algorithm("powersgd", "PowerSGD (centralized) r1", "powersgd:rank=1", **_POWERSGD),
+    Algorithm("exact-h4", "exact gossip, H = 4 local steps", "exact:gamma={gamma}", **_LOCAL),
+)
+BY_KEY = {a.key: a for a in ALGORITHMS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +82,10 @@ class Setting:
     seeds: Mapping[str, Tuple[int, ...]]
     rates: Tuple[str, ...]
     #: (base rate, slowed host, its rate) of the one-slow-host measurement, per topology in it
-    slow: Optional[Tuple[str, str, str]]
-    slow_topologies: Tuple[str, ...]
+    slow: Optional[Tuple[str, str, str]] = None
+    slow_topologies: Tuple[str, ...] = ()
     #: (topology, algorithm, rate) of the complete runs on the cluster
-    e2e: Tuple[Tuple[str, str, str], ...]
+    e2e: Tuple[Tuple[str, str, str], ...] = ()
     #: the lr of the γ-tuned algorithms when the all-reduce's lr grid is not in the plan
     grids: Mapping[str, Tuple[float, ...]] = dataclasses.field(default_factory=dict)
     #: per topology, the algorithms trained and timed on it (default: all); an all-reduce's
@@ -65,31 +108,11 @@ class Setting:
 #: The training recipe (momentum SGD, cosine schedule). MNIST-1D with 10,000 samples (9,000 train,
 #: 1,000 test, the standard generator), a 40-1024-1024-10 MLP: 1,101,834 parameters for 2 x 200
 #: MFLOP per sample-batch of compute, so that communication matters here.
-FULL_BASE = dict(
-    dataset="mnist1d:num_samples=10000,train_split=0.9",
-    model="mlp:1024,1024",
-    partition="iid",
-    optimizer="sgd",
-    momentum=0.9,
-    weight_decay=0.0001,
-    warmup_epochs=1,
-    schedule="cosine",
-    batch_size=32,
-    epochs=20,
-    eval_every=1,
-    backend="local",
-    quiet=True,
-    log_every=0,
-    checkpoint_every=0,
-    out_dir=None,
-    threads=1,
-)
-QUICK_BASE = dict(
-    FULL_BASE,
-    dataset="mnist1d:num_samples=1200",
-    model="mlp:64",
-    epochs=2,
-)
+FULL_BASE = dict(dataset="mnist1d:num_samples=10000,train_split=0.9", model="mlp:1024,1024")
+FULL_BASE.update(partition="iid", optimizer="sgd", momentum=0.9, weight_decay=0.0001)
+FULL_BASE.update(warmup_epochs=1, schedule="cosine", batch_size=32, epochs=20, eval_every=1)
+FULL_BASE.update(LOCAL)
+QUICK_BASE = dict(FULL_BASE, dataset="mnist1d:num_samples=1200", model="mlp:64", epochs=2)
 
 #: Sized to finish in about 80 minutes on 2 shared cores (the page says what was cut and why):
 #: two seeds, torus:2x4 for exact gossip and PowerGossip r1 only and at 100 and 10 Mbit/s, at
@@ -105,7 +128,6 @@ FULL = Setting(
     rates=("1gbit", "100mbit", "10mbit", "1mbit"),
     slow=("100mbit", "host3", "10mbit"),
     slow_topologies=("ring:8",),
-    e2e=(),
     only={"torus:2x4": ("exact", "pg-r1")},
     rates_of={"torus:2x4": ("100mbit", "10mbit")},
     slow_algorithms=("exact", "pg-r1", "allreduce"),
@@ -120,8 +142,6 @@ QUICK = Setting(
     tune_topology="ring:2",
     seeds={"ring:2": (0,)},
     rates=("10mbit",),
-    slow=None,
-    slow_topologies=(),
     e2e=(("ring:2", "pg-r1", "10mbit"),),
     grids={"exact": (1.0,), "pg-r1": (1.0,), "allreduce": (0.1,)},
     plateau=False,

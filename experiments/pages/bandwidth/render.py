@@ -10,10 +10,13 @@ from typing import Any, Dict, Mapping
 from experiments.engine import Outputs, Rows, made_by
 from experiments.pages._figures import png
 
+from experiments.pages._markdown import fill
+
 from . import compose, faults, text, text_network
 from .compose import rate_text
 from .figures import collect, schedule
 from .recipe import BY_KEY, Setting, setting
+from .text import TEXT
 
 
 def render(rows: Rows) -> Outputs:
@@ -58,27 +61,19 @@ def run_facts(rows: Rows, data: Mapping[str, Dict[str, Any]]) -> Dict[str, Any]:
     loads = [x for r in measured for x in (r.get("load_before"), r.get("load_after")) if x]
     nice = sorted({r["nice"] for r in measured if "nice" in r})
     cpus = sorted({r["cpus"] for r in measured if "cpus" in r})
-    parts = [f"{kind} {compose.seconds_text(v)}" for kind, v in seconds.items()]
-    sentence = (
-        "Run time by kind of run (each run's own wall time, summed): " + ", ".join(parts) + "."
-    )
+    parts = ", ".join(f"{kind} {compose.seconds_text(v)}" for kind, v in seconds.items())
+    sentence = fill(TEXT["run time"], parts=parts)
     if len(by_commit) > 1:
-        sentence += " Rows by commit (the sweep was restarted on newer code, whose rows of the "
-        sentence += "kinds made before are made the same way): "
-        sentence += "; ".join(
+        commits = "; ".join(
             f"{commit}: " + ", ".join(f"{n} {kind}" for kind, n in kinds.items())
             for commit, kinds in by_commit.items()
         )
-        sentence += "."
+        sentence += " " + fill(TEXT["commits"], commits=commits)
     if loads:
         low, high = min(x[0] for x in loads), max(x[0] for x in loads)
-        sentence += (
-            f" The timed runs ran one at a time (nothing else of this page beside them) on a machine "
-            f"of {', '.join(map(str, cpus)) or '?'} cores shared with other work: 1-minute load "
-            f"average {low:.1f} to {high:.1f} around them"
-            + (f", niceness {', '.join(map(str, nice))}" if nice else "")
-            + "."
-        )
+        cpus = ", ".join(map(str, cpus)) or "?"
+        nice = f", niceness {', '.join(map(str, nice))}" if nice else ""
+        sentence += " " + fill(TEXT["load"], cpus=cpus, low=low, high=high, nice=nice)
     return {"seconds": dict(seconds), "sentence": sentence, "loads": loads}
 
 

@@ -1,17 +1,7 @@
-"""The bandwidth page's row function: one run of the plan (`recipe`), by its config's kind.
-
-- train: in-process (`gossip_powersgd.run`, every peer a thread): accuracy after every epoch,
-  training and metric bytes, the traffic counters, the final models' digests;
-- alone: one peer's step by itself (`gossip_powersgd.training.timing.measure_alone`);
-- timing: the cluster up at a rate (`gossip_powersgd.cluster`), its step times
-  (`gossip_powersgd.cluster.step_times`: a probe on every host, their measurements summed up), the
-  cluster down;
-- e2e: the cluster up, the chosen training config run to the end by `gossip_powersgd.cli.train`
-  under torchrun on every host, as a user runs it; its summary and evaluation records kept.
-
-Rows that time things hold an exclusive lock for their whole run and the training rows a shared
-one, so that with --jobs N nothing of this page runs beside a timed row.
-"""
+"""The bandwidth page's row function: one run of the plan (`recipe`), by its config's kind (train,
+alone, timing, e2e, fault: the functions below). Rows that time things hold an exclusive lock for
+their whole run and the training rows a shared one, so that with --jobs N nothing of this page
+runs beside a timed row."""
 
 from __future__ import annotations
 
@@ -30,13 +20,7 @@ from experiments.pages._suite_rows import spec_of
 #: One lock per plan (full, --quick) for every process of every sweep of this page on the machine.
 LOCK = Path(tempfile.gettempdir()) / "gossip-powersgd-bandwidth-page-{}.lock"
 #: The probe's time budgets (seconds) and limits: training periods, replays, evaluation replays.
-PROBE_BUDGET = {
-    "train": 8.0,
-    "periods": [3, 40],
-    "replay": 3.0,
-    "replays": [1, 10],
-    "eval_replays": [1, 5],
-}
+PROBE_BUDGET = dict(train=8.0, periods=[3, 40], replay=3.0, replays=[1, 10], eval_replays=[1, 5])
 ALONE_BUDGET = {"train": 6.0, "periods": [6, 60], "replay": 0}
 #: Seconds a peer waits for a message (an exact-gossip step at 1 Mbit/s on torus:2x4 takes ~110).
 COMM_TIMEOUT = 900.0
@@ -44,11 +28,9 @@ COMM_TIMEOUT = 900.0
 LAUNCH_LIMIT = 4 * 3600.0
 PREFIX = "bw"
 #: The kinds of rows made on the emulated cluster, and what they are (for the error without it).
-ON_THE_CLUSTER = {
-    "timing": "the step times",
-    "e2e": "the complete runs",
-    "fault": "the faults across hosts",
-}
+ON_THE_CLUSTER = dict(
+    timing="the step times", e2e="the complete runs", fault="the faults across hosts"
+)
 #: How long the link check's one TCP stream runs at the link's rate.
 LINK_CHECK_SECONDS = 3.0
 
@@ -92,13 +74,16 @@ def load() -> List[float]:
     return [round(v, 2) for v in os.getloadavg()]
 
 
-def machine() -> Dict[str, int]:
-    """What a timed row says about where it ran: the cores, and its niceness."""
-    return {"cpus": os.cpu_count() or 0, "nice": os.nice(0)}
+def timed(before: List[float]) -> Dict[str, Any]:
+    """What a timed row says about when and where it ran: the load around it (`before`: at its
+    start), the cores, and its niceness."""
+    return dict(load_before=before, load_after=load(), cpus=os.cpu_count() or 0, nice=os.nice(0))
 
 
 # ---- in-process training -------------------------------------------------------------------------
 def train_row(run: Run) -> Dict[str, Any]:
+    """In-process (`gossip_powersgd.run`, every peer a thread): accuracy after every epoch,
+    training and metric bytes, the traffic counters, the final models' digests."""
     from gossip_powersgd import run as train
 
     config = training_config(run)
@@ -133,27 +118,27 @@ def train_row(run: Run) -> Dict[str, Any]:
 
 # ---- one peer alone ------------------------------------------------------------------------------
 def alone_row(run: Run) -> Dict[str, Any]:
+    """One peer's step by itself (`gossip_powersgd.training.timing.measure_alone`)."""
     from gossip_powersgd.training.timing import measure_alone
 
     before = load()
     measured = measure_alone(dict(run.config["train"], seed=0), ALONE_BUDGET)
-    periods = measured["periods"]
-    h = measured["local_steps"]
+    periods, h = measured["periods"], measured["local_steps"]
+
+    def per_step(part) -> float:
+        return statistics.median(map(part, periods)) / h
+
     return {
         "local_steps": h,
         "periods": len(periods),
-        "wall": statistics.median(p[0] for p in periods) / h,
-        "arith": statistics.median(p[1] for p in periods) / h,
-        "echo": statistics.median(p[2] for p in periods) / h,
-        "compute": statistics.median(p[0] - p[1] - p[2] for p in periods) / h,
-        "cpu": statistics.median(p[3] for p in periods) / h,
+        "wall": per_step(lambda p: p[0]),
+        "arith": per_step(lambda p: p[1]),
+        "echo": per_step(lambda p: p[2]),
+        "compute": per_step(lambda p: p[0] - p[1] - p[2]),
+        "cpu": per_step(lambda p: p[3]),
         "per_step": measured["per_step"],
-        "eval_seconds": measured["eval"]["seconds"],
-        "eval_cpu": measured["eval"]["cpu"],
-        "eval_metric_bytes": measured["eval"]["metric_bytes"],
-        "load_before": before,
-        "load_after": load(),
-        **machine(),
+        **{f"eval_{k}": measured["eval"][k] for k in ("seconds", "cpu", "metric_bytes")},
+        **timed(before),
     }
 
 
@@ -164,16 +149,15 @@ def cluster_problem() -> str:
     return missing_requirements() or ""
 
 
-def _stale_clusters() -> List[str]:
-    """Prefixes of this page's clusters whose making process is gone (a killed sweep)."""
+def remove_stale() -> None:
+    """Removes this page's clusters whose making process is gone (a killed sweep)."""
+    from gossip_powersgd.cluster import down
     from gossip_powersgd.cluster.network import namespaces
 
-    stale = []
     for name in namespaces():
         match = re.fullmatch(rf"({PREFIX}(\d+))-switch", name)
         if match and not Path(f"/proc/{match.group(2)}").exists():
-            stale.append(match.group(1))
-    return stale
+            down(match.group(1))
 
 
 @contextlib.contextmanager
@@ -181,8 +165,7 @@ def cluster(hosts: int, rate: str, slow=None) -> Iterator[str]:
     """Cluster bw<pid> of `hosts` hosts at `rate` (`slow`: (host, its rate)); removed after."""
     from gossip_powersgd.cluster import down, parse_rate, up
 
-    for stale in _stale_clusters():
-        down(stale)
+    remove_stale()
     prefix = f"{PREFIX}{os.getpid()}"
     rates = {slow[0]: parse_rate(slow[1])} if slow else {}
     up(prefix, hosts, parse_rate(rate), rates)
@@ -217,17 +200,14 @@ def timing_row(run: Run) -> Dict[str, Any]:
     with cluster(hosts, c["rate"], c["slow"]) as prefix:
         summary, seconds = step_times(prefix, hosts, spec, **launch_options())
         summary["link"] = link_check(prefix, c["rate"], LINK_CHECK_SECONDS)
-    return dict(summary, launch_seconds=seconds, load_before=before, load_after=load(), **machine())
+    return dict(summary, launch_seconds=seconds, **timed(before))
 
 
 def fault_row(run: Run) -> Dict[str, Any]:
     """A fault on one of 3 hosts, mid-run (`faults.py`), on a cluster of this process's prefix."""
-    from gossip_powersgd.cluster import down
-
     from .faults import row as scenario
 
-    for stale in _stale_clusters():
-        down(stale)
+    remove_stale()
     return scenario(run, f"{PREFIX}{os.getpid()}")
 
 
@@ -251,7 +231,5 @@ def e2e_row(run: Run) -> Dict[str, Any]:
         "mb_per_peer": summary["mb_sent_per_peer"],
         "evals": [[r["step"], r["wall_time"], r["test_acc_avg_model"]] for r in evals],
         "launch_seconds": seconds,
-        "load_before": before,
-        "load_after": load(),
-        **machine(),
+        **timed(before),
     }

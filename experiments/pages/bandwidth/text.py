@@ -5,15 +5,32 @@ from __future__ import annotations
 
 from typing import Any, List, Mapping, Optional, Sequence
 
-from experiments.pages._markdown import Column, columns, fill, grid_end, table, template
+from experiments.pages._markdown import Column, columns, fill, grid_end, snippets, table
 
 from .compose import rate_text, seconds_text
 from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, rates_on
 from .recipe import grid as _grid
 
+#: The page's fixed text (page.md beside this file), by part.
+TEXT = snippets(__file__, "page.md")
+
+
+def lines(part: str, **fields: Any) -> List[str]:
+    """A part of page.md filled in, as lines."""
+    return fill(TEXT[part], **fields).split("\n")
+
+
+def paragraph(part: str, **fields: Any) -> List[str]:
+    """A one-paragraph part filled in, then a blank line."""
+    return [fill(TEXT[part], **fields), ""]
+
 
 def _label(key: Optional[str]) -> str:
     return "—" if key is None else BY_KEY[key].label
+
+
+def _labels(keys) -> str:
+    return ", ".join(map(_label, keys))
 
 
 def _pct(value: Optional[float]) -> str:
@@ -25,88 +42,54 @@ def _mb(value: float) -> str:
 
 
 def method(s: Setting, f: Mapping[str, Any]) -> List[str]:
-    """ "What was run, and how": its fixed text is page.md beside this file."""
+    """ "What was run, and how"."""
     first = next((e for per in f["accuracy"].values() for e in per.values() if "steps" in e), {})
     target = f["target"]
-    quick = (
-        "- --quick: the same pipeline on 2 hosts with a tiny model, the cluster included where "
-        "this process may make network namespaces (root, as in CI); its numbers say nothing "
-        "about the algorithms."
-    )
-    return fill(
-        template(__file__),
+    return lines(
+        "method",
         **s.base,
-        quick=[quick] if s.quick else [],
+        quick=lines("quick") if s.quick else [],
         parameters=first.get("parameters", "?"),
         steps=first.get("steps", "?"),
         topologies=", ".join(s.topologies),
         seeds=", ".join(f"{t}: {len(v)}" for t, v in s.seeds.items()),
         tune_topology=s.tune_topology,
-        target=f"- **Target: {_pct(target)}** averaged-model accuracy: the highest whole percent "
-        "that every run (every seed, every topology) of exact gossip, PowerGossip r1 and "
-        "all-reduce reaches."
+        target=lines("target", target=_pct(target))
         if target is not None
-        else "- No target: the compared rows are missing.",
+        else ["- No target: the compared rows are missing."],
         cuts=cuts(s, f),
-    ).split("\n")
+    ) + [""]
 
 
 def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
     """What the full plan leaves out to fit this machine, and why (from the plan and the rows)."""
     if s.quick:
         return []
-    parts = []
-    parts.append(
-        "seeds: "
-        + ", ".join(f"{len(v)} on {t}" for t, v in s.seeds.items())
-        + f" for {', '.join(_label(k) for k in COMPARED)}, the first of them for the other rows "
-        "(the issue asks for 3 where the budget allows; here it does not)"
-    )
+    seeds = ", ".join(f"{len(v)} on {t}" for t, v in s.seeds.items())
+    cut = [fill(TEXT["cut seeds"], seeds=seeds, compared=_labels(COMPARED))]
+    gossip = [k for k in s.algorithms if not BY_KEY[k].over_all_hosts]
     for topology in s.topologies:
         own = [k for k in algorithms_on(s, topology) if not BY_KEY[k].over_all_hosts]
-        if len(own) < len([k for k in s.algorithms if not BY_KEY[k].over_all_hosts]):
-            parts.append(
-                f"{topology}: only {', '.join(_label(k) for k in own)} trained and timed (the "
-                f"all-reduce rows are {s.tune_topology}'s: an all-reduce's models do not depend "
-                "on the graph, bit for bit, which a test checks)"
+        if len(own) < len(gossip):
+            cut.append(
+                fill(TEXT["cut only"], topology=topology, own=_labels(own), tune=s.tune_topology)
             )
-        missing = [r for r in s.rates if r not in rates_on(s, topology)]
+        missing = ", ".join(rate_text(r) for r in s.rates if r not in rates_on(s, topology))
         if missing:
-            parts.append(
-                f"{topology} not timed at {', '.join(rate_text(r) for r in missing)} (time: the "
-                "slowest rate's exact-gossip step is minutes of transfer per measured period, "
-                f"and a {topology} host sends to more neighbours than a ring host)"
-            )
+            cut.append(fill(TEXT["cut rates"], topology=topology, rates=missing))
     for rate, keys in s.untimed_at.items():
-        parts.append(
-            f"at {rate_text(rate)} {', '.join(_label(k) for k in keys)} not timed (its exchange "
-            "is exact gossip's, once every 4 steps; a measurement is four full-model transfers)"
-        )
+        cut.append(fill(TEXT["cut untimed"], rate=rate_text(rate), keys=_labels(keys)))
     if s.eval_untimed_at:
-        parts.append(
-            f"the evaluation not timed at {', '.join(rate_text(r) for r in s.eval_untimed_at)} "
-            "(an all-reduce of the float64 model, timed and replayed: minutes each), so no "
-            "time with evaluations there; its bytes are the same at every rate"
-        )
+        rates = ", ".join(map(rate_text, s.eval_untimed_at))
+        cut.append(fill(TEXT["cut eval"], rates=rates))
     if s.slow is not None and s.slow_algorithms:
-        parts.append(
-            f"the slowed host on {', '.join(s.slow_topologies)} only, for "
-            f"{', '.join(_label(k) for k in s.slow_algorithms)}"
-        )
-    parts.append(  # the full plan (`recipe.FULL`) makes none: --quick does
-        "no complete run on the cluster (720 steps of 8 processes on the 2 shared cores, "
-        "about 10 minutes; --quick makes one and checks its models against the in-process "
-        "run's, bit for bit)"
-    )
+        where = ", ".join(s.slow_topologies)
+        cut.append(fill(TEXT["cut slow"], topologies=where, keys=_labels(s.slow_algorithms)))
+    cut.append(TEXT["cut e2e"])  # the full plan (`recipe.FULL`) makes none: --quick does
     sizes = sorted({len(_grid(s, BY_KEY[a])) for a in s.algorithms})
-    parts.append(
-        f"tuning grids of {' to '.join(map(str, (sizes[0], sizes[-1])))} points, on the tuning "
-        "topology and seed 0"
-    )
-    slow_step = (
-        f.get("costs", {}).get(s.tune_topology, {}).get(s.rates[-1], {}).get("steps", {})
-    ).get("exact")
-    why = []
+    cut.append(fill(TEXT["cut grids"], sizes=" to ".join(map(str, (sizes[0], sizes[-1])))))
+    costs = f.get("costs", {}).get(s.tune_topology, {}).get(s.rates[-1], {})
+    slow_step, why = costs.get("steps", {}).get("exact"), []
     if f.get("run_seconds"):
         why.append(f"an in-process training run took {seconds_text(f['run_seconds'])} (median)")
     if slow_step:
@@ -114,10 +97,8 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
             f"an exact-gossip step on {s.tune_topology} at {rate_text(s.rates[-1])} "
             f"{seconds_text(slow_step['measured'])} measured"
         )
-    return [
-        "- Cut so that the whole plan finishes in about 80 minutes on this machine's 2 shared "
-        "cores" + (f" ({'; '.join(why)})" if why else "") + ": " + "; ".join(parts) + "."
-    ]
+    why_text = f" ({'; '.join(why)})" if why else ""
+    return lines("cuts", why=why_text, parts="; ".join(cut))
 
 
 def _ratio(times: Mapping[str, Optional[float]], key: str) -> str:
@@ -177,31 +158,15 @@ def _accuracy_row(e: Mapping[str, Any]) -> List[str]:
 def accuracy_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     lines = ["## Tuning (tuning topology " + s.tune_topology + ", seed 0)", ""]
     head = ["algorithm", "tuned", "final averaged-model accuracy", "chosen"]
-    lines += table(head, map(_tuning_row, f["tuning"]))
-    lines.append(
-        "The learning rate of the γ-tuned rows is the all-reduce's chosen one; the chosen value is "
-        "the grid's best final accuracy. The other topologies use the chosen γ (γ ÷ topology γ "
-        "for exact gossip and PowerGossip) and lr."
-    )
-    lines.append("")
+    lines += table(head, map(_tuning_row, f["tuning"])) + paragraph("tuning")
     p = f["plateau"]
     if p:
-        gain = 100 * (p["acc"][1] - p["acc"][0])
-        lines += [
-            f"Plateau: the best of the compared rows ({_label(p['algorithm'])}, "
-            f"{s.tune_topology}, seed 0) at "
-            f"{p['epochs'][1]} epochs instead of {p['epochs'][0]}: {_pct(p['acc'][1])} against "
-            f"{_pct(p['acc'][0])} ({gain:+.2f} pp).",
-            "",
-        ]
+        low, high = (_pct(a) for a in p["acc"])
+        fields = dict(p, label=_label(p["algorithm"]), topology=s.tune_topology, low=low)
+        lines += paragraph("plateau", **fields, high=high, gain=100 * (p["acc"][1] - p["acc"][0]))
     for topology, per in f["accuracy"].items():
-        evaluations = list(per.values())[-1].get("evaluations", "?")
-        head = ["algorithm", "lr / γ", "final acc (mean [min, max] over seeds)"]
-        head += [f"steps to {_pct(f['target'])} (per seed)", "training MB / peer then"]
-        head += [
-            "training MB / peer, run",
-            f"evaluation MB / peer, run ({evaluations} evaluations)",
-        ]
+        n = list(per.values())[-1].get("evaluations", "?")
+        head = fill(TEXT["accuracy header"], target=_pct(f["target"]), n=n)
         lines += [f"## Accuracy against steps: {topology}", ""]
         lines += table(head, map(_accuracy_row, per.values()))
     return lines
@@ -229,11 +194,7 @@ def time_sections(s: Setting, f: Mapping[str, Any]) -> List[str]:
             ]
             lines += [f"## Time to {_pct(f['target'])}: {topology}, {what}", ""]
             lines += columns(spec, algorithms_on(s, topology))
-        lines.append(
-            "Mean over seeds [fastest, slowest seed]; 'not reached': some seed never reaches "
-            "the target."
-        )
-        lines.append("")
+        lines += paragraph("time note")
     return lines
 
 
@@ -274,44 +235,45 @@ def answer(
         if not rates:
             continue
         core = table_of(t, topology, rates, "core_each")
-        line = f"**{topology}**, to {pct}, hosts with a core each (training time): "
-        lines.append(
-            line + compare_line(core, rates) + " " + compare_line(core, rates, "allreduce")
-        )
+        versus = compare_line(core, rates) + " " + compare_line(core, rates, "allreduce")
+        lines.append(f"**{topology}**, to {pct}, hosts with a core each (training time): {versus}")
         finals = {k: acc_of(acc, topology, k) for k in COMPARED}
         if None not in finals.values():
             line = f"Final accuracy ({topology}, mean over seeds): "
             line += ", ".join(f"{_label(k)} {100 * v:.2f} %" for k, v in finals.items())
             if finals["pg-r1"] < min(finals["exact"], finals["allreduce"]):
-                line += (
-                    f": a target above PowerGossip r1's best evaluation "
-                    f"({100 * max(acc[topology]['pg-r1']['peaks']):.2f} %) it "
-                    f"does not reach in {s.base['epochs']} epochs, at any rate"
-                )
+                best = 100 * max(acc[topology]["pg-r1"]["peaks"])
+                line += fill(TEXT["below"], best=best, epochs=s.base["epochs"])
             lines.append(line + ".")
-        fast = ", ".join(
-            f"{rate_text(r)}: {_label(fastest(core[r]))}" for r in rates if fastest(core[r])
-        )
-        lines.append(f"Fastest to {pct} at each rate ({topology}, core each): {fast}.")
-        measured = f"the step as measured here ({_hosts(topology)} hosts on this machine's cores)"
-        evaluated = "a core each, with an evaluation after every epoch"
-        for figure, evals, what in (("measured", False, measured), ("core_each", True, evaluated)):
-            other = table_of(t, topology, rates, figure, evals)
-            compared = [r for r in rates if other[r].get("pg-r1") is not None]
-            if not compared:
-                continue
-            changed = [
-                rate_text(r)
-                for r in compared
-                for against in ("exact", "allreduce")
-                if _ahead(core[r], "pg-r1", against) != _ahead(other[r], "pg-r1", against)
-            ]
-            verdict = "other verdicts at " + ", ".join(dict.fromkeys(changed))
-            missing = [rate_text(r) for r in rates if r not in compared]
-            verdict = verdict if changed else "the same verdicts"
-            if missing:
-                verdict += f" (not timed at {', '.join(missing)})"
-            lines.append(f"With {what}: {verdict}.")
+        fast = [(r, fastest(core[r])) for r in rates]
+        fast_text = ", ".join(f"{rate_text(r)}: {_label(k)}" for r, k in fast if k)
+        lines.append(f"Fastest to {pct} at each rate ({topology}, core each): {fast_text}.")
+        lines += _other_figures(t, topology, rates, core)
+    return lines
+
+
+def _other_figures(t: Mapping, topology: str, rates, core: Mapping) -> List[str]:
+    """Whether the measured figure, and a core each with the evaluations, change the verdicts."""
+    measured = f"the step as measured here ({_hosts(topology)} hosts on this machine's cores)"
+    evaluated = "a core each, with an evaluation after every epoch"
+    lines = []
+    for figure, evals, what in (("measured", False, measured), ("core_each", True, evaluated)):
+        other = table_of(t, topology, rates, figure, evals)
+        compared = [r for r in rates if other[r].get("pg-r1") is not None]
+        if not compared:
+            continue
+        changed = [
+            rate_text(r)
+            for r in compared
+            for against in ("exact", "allreduce")
+            if _ahead(core[r], "pg-r1", against) != _ahead(other[r], "pg-r1", against)
+        ]
+        verdict = "other verdicts at " + ", ".join(dict.fromkeys(changed))
+        verdict = verdict if changed else "the same verdicts"
+        missing = [rate_text(r) for r in rates if r not in compared]
+        if missing:
+            verdict += f" (not timed at {', '.join(missing)})"
+        lines.append(f"With {what}: {verdict}.")
     return lines
 
 

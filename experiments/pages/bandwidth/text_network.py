@@ -9,8 +9,8 @@ from typing import Any, List, Mapping
 from . import compose
 from .compose import rate_text, seconds_text
 from .recipe import Setting
-from experiments.pages._markdown import Cell, columns, g3, table
-from .text import _label, _mb
+from experiments.pages._markdown import Cell, columns, fill, g3, table
+from .text import TEXT, _label, _mb, paragraph
 
 
 def _periods(x) -> str:
@@ -50,25 +50,16 @@ def cost_sections(s: Setting, f: Mapping[str, Any]) -> List[str]:
 
 def _link_line(rate: str, c: Mapping[str, Any]) -> List[str]:
     """What the link carried in one long TCP stream, and the TCP retransmissions."""
-    parts = []
+    found, shares = [], c.get("retransmitted", {})
     if c.get("link_bits"):
         top = compose.rate_bits(rate) * compose.PAYLOAD_SHARE
-        parts.append(
-            f"Link check: one TCP stream host1 → host0 for about 3 s carried "
-            f"{c['link_bits'] / 1e6:.4g} Mbit/s of payload ({c['link_bits'] / top:.1%} of the "
-            f"{top / 1e6:.4g} a tbf rate lets through)."
-        )
+        mbit, share = c["link_bits"] / 1e6, c["link_bits"] / top
+        found.append(fill(TEXT["link check"], mbit=mbit, share=share, top=top / 1e6))
     if c.get("link_error"):
-        parts.append(f"Link check failed: {c['link_error']}.")
-    shares = c.get("retransmitted", {})
+        found.append(f"Link check failed: {c['link_error']}.")
     if shares.get("replay") and shares.get("training"):
-        r, t = shares["replay"], shares["training"]
-        parts.append(
-            f"TCP retransmitted {r['share']:.2%} of the segments the hosts sent in the replays "
-            f"({r['timeouts']} retransmission timeouts) and {t['share']:.2%} in the timed "
-            f"training ({t['timeouts']} timeouts)."
-        )
-    return [" ".join(parts), ""] if parts else []
+        found.append(fill(TEXT["retransmitted"], r=shares["replay"], t=shares["training"]))
+    return [" ".join(found), ""] if found else []
 
 
 def _projection_gap(topology: str, by_rate: Mapping, rates) -> List[str]:
@@ -92,18 +83,11 @@ def _projection_gap(topology: str, by_rate: Mapping, rates) -> List[str]:
         )
     if reduce_:
         parts.append(f"all-reduce rows {min(reduce_):.2f}–{max(reduce_):.2f}×")
-    return [
-        f"Replayed communication on {topology}, steps whose communication takes 50 ms or more: "
-        + "; ".join(parts)
-        + f"; against the egress model (every byte a host sends through its one link at "
-        f"{compose.PAYLOAD_SHARE:.3f} × the rate, the TCP payload a tbf rate carries) "
-        f"{min(egress):.2f}–{max(egress):.2f}×. Why: the projection charges an exchange its "
-        "largest message, as if each neighbour had a link of its own; a host has one link, "
-        "which its messages to all its neighbours share (a ring host sends 2 per exchange, a "
-        "torus:2x4 host 3), and TCP carries at most 95.6 % of a tbf rate. A ring all-reduce "
-        "sends one message at a time, which the projection charges in full.",
-        "",
-    ]
+    low, high = min(egress), max(egress)
+    payload = compose.PAYLOAD_SHARE
+    return paragraph(
+        "projection", topology=topology, parts="; ".join(parts), payload=payload, low=low, high=high
+    )
 
 
 def eval_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
@@ -129,16 +113,7 @@ def eval_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
                 runs.append(
                     f"{_label(key)} {e['metric_mb_total'] / e['mb_total']:.3g}×" + f" ({topology})"
                 )
-    lines += [
-        "An evaluation (each peer's local test accuracy, the averaged model: an all-reduce of "
-        "the float64 parameters; the consensus distance: another) is metric traffic, counted "
-        "apart from training traffic and left out of the training times above. Over a whole "
-        "run, the evaluations sent this many times each row's training traffic: "
-        + "; ".join(runs)
-        + ". A deployment pays it unless evaluations are rare or local.",
-        "",
-    ]
-    return lines
+    return lines + paragraph("evaluations", runs="; ".join(runs))
 
 
 def _before_after(field: str) -> Cell:
@@ -168,27 +143,16 @@ def slow_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
         lines += columns(SLOW_COLUMNS, [dict(x, key=k) for k, x in per.items()])
         cost = {k: x["core_each"][1] / x["core_each"][0] for k, x in per.items()}
         worst, least = max(cost, key=cost.get), min(cost, key=cost.get)
-        lines += [
-            f"On {topology} (core each) the slow link costs {_label(worst)} the most "
-            f"({cost[worst]:.3g}× per step) and {_label(least)} the least "
-            f"({cost[least]:.3g}×): every algorithm "
-            "here is synchronous, so each step waits for the slow host's messages (gossip: its "
-            "neighbours, and theirs the next step; all-reduce: the ring through it).",
-            "",
-        ]
+        most, fewest = cost[worst], cost[least]
+        lines += paragraph(
+            "slow",
+            topology=topology,
+            worst=_label(worst),
+            least=_label(least),
+            most=most,
+            fewest=fewest,
+        )
     return lines
-
-
-E2E_HEADER = (
-    "algorithm",
-    "topology",
-    "rate",
-    "run",
-    "measured wall (training loop)",
-    "composed (measured figure)",
-    "composed ÷ measured − 1 (at the evaluations: largest)",
-    "final models = in-process, bit for bit",
-)
 
 
 def e2e_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
@@ -211,16 +175,8 @@ def e2e_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
             + [gap + ("" if worst is None else f" ({100 * worst:+.1f} % at worst)")]
             + [("yes" if e["same_models"] else "**NO**") + f" ({e['peers']} peers)"]
         )
-    lines += table(E2E_HEADER, rows)
-    lines += [
-        "Each run: `torchrun --nnodes N --nproc-per-node 1 --rdzv-backend c10d` on every host, "
-        "`-m gossip_powersgd.cli.train` with the in-process row's config (backend torch), as a "
-        "user launches it; composed = its steps × the measured step + its evaluations × the "
-        "measured evaluation, from the step-time row of the same topology and rate (made at "
-        "another time: the machine's load differs between them).",
-        "",
-    ]
-    return lines
+    lines += table(TEXT["e2e header"], rows)
+    return lines + paragraph("e2e")
 
 
 def notes(s: Setting, f: Mapping[str, Any]) -> List[str]:
@@ -232,17 +188,7 @@ def notes(s: Setting, f: Mapping[str, Any]) -> List[str]:
                 rounds.setdefault(key, x["rounds"])
     if rounds:
         cells = ", ".join(f"{_label(k)} {v:g}" for k, v in rounds.items())
-        lines += [
-            "netem is not available here, so the links add no latency: every figure above is "
-            "for a network whose only limit is its rate. Where latency matters: each "
-            f"sequential round of messages pays it once. Rounds per step: {cells}. At a 10 ms "
-            "round trip a ring all-reduce's rounds alone add "
-            + ", ".join(
-                f"{_label(k)} {1000 * 0.01 * v:.0f} ms"
-                for k, v in rounds.items()
-                if k in ("allreduce", "powersgd")
-            )
-            + " per step, a gossip step a few tens of ms at most.",
-            "",
-        ]
+        reduce_ = [(k, v) for k, v in rounds.items() if k in ("allreduce", "powersgd")]
+        added = ", ".join(f"{_label(k)} {1000 * 0.01 * v:.0f} ms" for k, v in reduce_)
+        lines += paragraph("latency", cells=cells, added=added)
     return lines

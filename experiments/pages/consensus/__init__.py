@@ -1,16 +1,8 @@
 """`python -m experiments consensus`: the consensus experiment of the PowerGossip paper (Vogels,
-Karimireddy and Jaggi, 2020, sec. 5) on 25 problem x topology instances, 3 seeds, a winner map.
-
-The peers of a topology hold tensors (`gossip_powersgd.consensus_problems`, seeded per peer)
-and only gossip: averaging is the whole task, so the error, mean over peers of ||x_i - x_bar||^2_F (`consensus_distance`, which
-gossip drives to 0 while keeping x_bar fixed), measures how fast an algorithm averages per bit
-sent. Every algorithm is compared at matched bits (`measure`): its error at exactly 1e5, 1e6 and
-1e7 bits per peer (8 x the transport's bytes), log-log interpolated between recorded steps, and
-the bits to reach relative error 1e-2 and 1e-4. A run of the plan is one instance (`instance`):
-every algorithm on every peer (threads), every γ of the tuned baselines, 3 seeds. The renderer
-writes consensus.md (`page`) and, per instance, consensus/<instance>/ with its table, run curves,
-summary and plots (`files`), and the winner map (`compare`).
-"""
+Karimireddy and Jaggi, 2020, sec. 5) on 25 problem x topology instances, 3 seeds, a winner map
+(page.md says how). A run of the plan is one instance (`instance`, measured by `measure`); the
+renderer writes consensus.md (`page`), every instance's table, curves, summary and plots
+(`files`), and the winner map (`compare`)."""
 
 from __future__ import annotations
 
@@ -19,15 +11,7 @@ from typing import Any, Dict, List, Mapping
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
 
-from .files import (
-    CURVES,
-    curves_bytes,
-    folder,
-    plots,
-    run_file,
-    summary_json,
-    table_csv,
-)
+from .files import CURVES, curves_bytes, folder, plots, run_file, summary_json, table_csv
 from .instance import GAMMAS, INSTANCES, settings, with_cells
 from .measure import BUDGETS, STEP_CAP, STOP_RELATIVE, reach_cells, summarize
 

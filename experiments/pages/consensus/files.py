@@ -3,14 +3,12 @@ run and seed), its run curves (curves.jsonl.gz), summary.json and its two plots.
 
 from __future__ import annotations
 
-import csv
 import gzip
-import io
 import json
 import re
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from experiments.pages._markdown import table
+from experiments.pages._markdown import csv_text, table
 
 from .compare import column_title, columns, target_name
 from .measure import REACH_TARGETS
@@ -99,22 +97,25 @@ def table_csv(instance: Dict) -> str:
     """Every run's cell at every budget (seed, absolute and relative error at exactly the budget,
     upper bound or at the precision floor, bits to each target); on seed 0 the best γ per
     (algorithm, budget) is marked 1."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(CSV_HEAD.split() + [f"bits_to_{target_name(t)}" for t in REACH_TARGETS])
-    for r in instance["results"]:
-        summary = instance["summary"][r["label"]]["budgets"]
-        for budget in instance["budgets"]:
-            cell, row = r["budgets"][budget], r["budgets"][budget].get("row", {})
-            best = r["seed"] == 0 and summary[budget].get("spec") == r["spec"]
-            writer.writerow(
-                [instance["topology"], instance["problem"]]
-                + [r[k] for k in ("seed", "dtype", "label", "spec", "gamma")]
-                + [f"{budget:g}", cell["status"], row.get("error", ""), row.get("relative", "")]
-                + [int(bool(row.get("bound"))), int(bool(row.get("at_floor"))), int(best)]
-                + ["" if r["reach"][t] is None else r["reach"][t] for t in REACH_TARGETS]
-            )
-    return buffer.getvalue()
+    head = CSV_HEAD.split() + [f"bits_to_{target_name(t)}" for t in REACH_TARGETS]
+    return csv_text(
+        head, (_csv_row(instance, r, b) for r in instance["results"] for b in instance["budgets"])
+    )
+
+
+def _csv_row(instance: Dict, r: Dict, budget: float) -> List:
+    cell, row = r["budgets"][budget], r["budgets"][budget].get("row", {})
+    best = (
+        r["seed"] == 0
+        and instance["summary"][r["label"]]["budgets"][budget].get("spec") == r["spec"]
+    )
+    return (
+        [instance["topology"], instance["problem"]]
+        + [r[k] for k in ("seed", "dtype", "label", "spec", "gamma")]
+        + [f"{budget:g}", cell["status"], row.get("error", ""), row.get("relative", "")]
+        + [int(bool(row.get("bound"))), int(bool(row.get("at_floor"))), int(best)]
+        + ["" if r["reach"][t] is None else r["reach"][t] for t in REACH_TARGETS]
+    )
 
 
 def curves_bytes(instance: Dict) -> bytes:

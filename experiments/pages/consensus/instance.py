@@ -14,13 +14,8 @@ from typing import Dict, List, Optional, Sequence
 from .measure import STEP_CAP, cells_for, consensus_curve, expand, matched, matched_ratio, summarize
 
 #: Algorithms at the topology's γ (no tuning): the original problems' full list...
-UNTUNED = (
-    "exact",
-    "powergossip:rank=1,iters=1,warm=true",
-    "powergossip:rank=2,iters=1,warm=true",
-    "powergossip:rank=4,iters=1,warm=true",
-    "powergossip:rank=1,iters=1,warm=false",
-)
+UNTUNED = ("exact",) + tuple(f"powergossip:rank={r},iters=1,warm=true" for r in (1, 2, 4))
+UNTUNED += ("powergossip:rank=1,iters=1,warm=false",)
 #: ...and the baselines whose γ is swept over the grid.
 BASELINES = tuple(
     f"{name}:compressor={c}"
@@ -66,11 +61,7 @@ def settings(kind: str, problem: str) -> Dict:
     """The algorithms, the algorithms rerun on later seeds (None: all) and the seeds of a kind."""
     seeds = [0] if problem.startswith("models:") else list(SEEDS)
     if kind == "full":
-        return {
-            "algorithms": list(UNTUNED + BASELINES),
-            "reseed": list(WINNER_SPECS),
-            "seeds": seeds,
-        }
+        return dict(algorithms=list(UNTUNED + BASELINES), reseed=list(WINNER_SPECS), seeds=seeds)
     return {"algorithms": list(WINNER_SPECS), "reseed": None, "seeds": seeds}
 
 

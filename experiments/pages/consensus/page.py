@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Dict, List, Sequence
+from typing import Any, Dict, List, Sequence
 
-from experiments.pages._markdown import fill, grid_end, table, template
+from experiments.pages._markdown import fill, grid_end, snippets, table
 from gossip_powersgd.consensus_problems import problem_shapes
 from gossip_powersgd.metrics import DIVERGE_FACTOR, FLOOR_MARGIN, FLOOR_ULPS
 
@@ -14,6 +14,10 @@ from .compare import budget_name, column_title, columns, winner_cell, winner_tex
 from .files import CURVES, family, fmt_err, fmt_gamma, format_table
 from .instance import FULL_GRID
 from .models import SAVED_EPOCHS, TRAINING
+
+
+#: The page's fixed text (page.md beside this file): the page, and an instance's section.
+TEXT = snippets(__file__, "page.md")
 
 
 def page(instances: Sequence[Dict], made_by: str, meta: Dict) -> str:
@@ -26,7 +30,7 @@ def page(instances: Sequence[Dict], made_by: str, meta: Dict) -> str:
         else "commits " + ", ".join(f"{c} ({n} instance{'s' * (n > 1)})" for c, n in counts.items())
     )
     return fill(
-        template(__file__),
+        TEXT["page"],
         made_by=made_by + "  ",  # a markdown line break
         date=max(r["finished"] for r in instances),
         commits=commits,
@@ -50,35 +54,26 @@ def page(instances: Sequence[Dict], made_by: str, meta: Dict) -> str:
 
 def instance_lines(r: Dict) -> List[str]:
     """One instance's section: its setting, seed 0's table, the headline, plots and files."""
-    shapes, where = problem_shapes(r["problem"]), r["folder"]
+    shapes = problem_shapes(r["problem"])
     seed0 = [x for x in r["results"] if x["seed"] == 0 and not x["swept"]]
-    steps = ", ".join(f"{x['label']}: {x['steps']} ({x['stop']})" for x in seed0)
-    return [
-        f"## {r['topology']}, {r['problem']} ({len(shapes)} tensor(s), "
-        f"{sum(math.prod(s) for s in shapes)} floats per peer)",
-        "",
-        f"γ (topology) = {r['gamma_topology']:.4g} · dtype {r['dtype']}"
-        + (f" · top-k ratio {r['topk_ratio']:g}" if r["topk_ratio"] else "")
-        + f" · seeds {', '.join(map(str, r['seeds']))} · {len(r['results'])} runs in "
-        f"{r['seconds']:.0f} s · seed 0 steps run (stop): {steps}",
-        "",
-        "Seed 0: relative error at exactly each budget; bits per peer to reach each relative error.",
-        "",
-        format_table(r["summary"], r["budgets"]),
-        "",
-        *headline(r),
-        *edge_notes(r),
-        "",
-        f"![error vs bits]({where}/error_vs_bits.png) ![error vs steps]({where}/error_vs_steps.png)",
-        "",
-        f"Data: [`{where}/table.csv`]({where}/table.csv) (every run and seed at every budget, "
-        f"absolute and relative errors), `{where}/{CURVES}` (every run's curve: gzipped JSON "
-        f"lines, one per run; seeds after 0 named `seed<k>/...`), `{where}/summary.json`.",
-        "",
-    ]
+    text = fill(
+        TEXT["instance"],
+        **r,
+        tensors=len(shapes),
+        floats=sum(math.prod(s) for s in shapes),
+        topk=f" · top-k ratio {r['topk_ratio']:g}" if r["topk_ratio"] else "",
+        seed_list=", ".join(map(str, r["seeds"])),
+        runs=len(r["results"]),
+        steps=", ".join(f"{x['label']}: {x['steps']} ({x['stop']})" for x in seed0),
+        table=format_table(r["summary"], r["budgets"]),
+        headline=headline(r),
+        edge_notes=edge_notes(r),
+        curves=CURVES,
+    )
+    return text.split("\n") + [""]
 
 
-def method_fields(instances: Sequence[Dict]) -> Dict[str, str]:
+def method_fields(instances: Sequence[Dict]) -> Dict[str, Any]:
     """What the method paragraphs say of this run: scope, dtypes, stops, γ grids."""
     first, screen = instances[0], budget_name(instances[0]["screen_bits"])
     grids = sorted({tuple(r["gammas"]) for r in instances})
@@ -86,18 +81,6 @@ def method_fields(instances: Sequence[Dict]) -> Dict[str, str]:
         t: [r["problem"] for r in instances if r["topology"] == t]
         for t in dict.fromkeys(r["topology"] for r in instances)
     }
-    # every instance screens (its second largest budget) and stops at a relative error
-    stop_text = (
-        f'A run also stops once its relative error is ≤ {first["stop_relative"]:g} ("reached"); '
-        'its last error is then an upper bound at larger budgets, written "≤". '
-    )
-    screen_text = (
-        f", in two stages: every γ runs to {screen} bits per peer, then the "
-        f"{first['finalists']} best γ at that budget (one that already reached the stopping error "
-        f"ranks first) run to {budget_name(first['max_bits'])} bits; a budget column shows the "
-        f"best γ's value (γ per cell): over the whole grid up to {screen} bits, over "
-        "the finalist beyond. "
-    )
     return dict(
         scope="; ".join(
             f"{t}: " + ", ".join(f"`{p}`" for p in ps) for t, ps in by_topology.items()
@@ -107,10 +90,11 @@ def method_fields(instances: Sequence[Dict]) -> Dict[str, str]:
             for t, ps in not_run(instances).items()
         ),
         dtypes=", ".join(sorted({r["dtype"] for r in instances})),
-        stop_text=stop_text,
+        stop_relative=first["stop_relative"],
         max_bits=budget_name(first["max_bits"]),
         grids="; ".join("{" + ", ".join(fmt_gamma(g) for g in grid) + "}" for grid in grids),
-        screen_text=screen_text,
+        screen=screen,
+        finalists=first["finalists"],
     )
 
 
@@ -172,11 +156,8 @@ def headline(instance: Dict) -> List[str]:
     summary, lines = instance["summary"], []
     families = {label: family(entry) for label, entry in summary.items()}
     for budget in instance["budgets"]:
-        ok = [
-            (k, e["budgets"][budget])
-            for k, e in summary.items()
-            if e["budgets"][budget]["status"] == "ok"
-        ]
+        ok = [(k, e["budgets"][budget]) for k, e in summary.items()]
+        ok = [(k, cell) for k, cell in ok if cell["status"] == "ok"]
 
         def best(pick):
             found = [(k, cell) for k, cell in ok if pick(families[k])]
@@ -195,13 +176,8 @@ def headline(instance: Dict) -> List[str]:
             label = "exact gossip" if name == "exact gossip" else f"{name} ({found[0]}{gamma})"
             parts.append(f"{label} {fmt_err(found[1]['row']['relative'])}")
             verdicts.append(f"vs {name}: {_ratio_text(pg[1], found[1])}")
-        lines.append(
-            f"- at {budget_name(budget)} bits per peer (relative errors): "
-            + " · ".join(parts)
-            + ". "
-            + "; ".join(verdicts)
-            + "."
-        )
+        head = f"- at {budget_name(budget)} bits per peer (relative errors): "
+        lines.append(head + " · ".join(parts) + ". " + "; ".join(verdicts) + ".")
     return lines
 
 
@@ -212,8 +188,6 @@ def edge_notes(instance: Dict) -> List[str]:
         cell = entry["budgets"][last]
         side = entry["swept"] and cell["status"] == "ok" and grid_end(cell["gamma"], grid)
         if side:
-            lines.append(
-                f"- {label}: the best γ at {budget_name(last)} bits is the grid's {side} value "
-                f"({fmt_gamma(cell['gamma'])}): not interior, a γ beyond the grid might do better."
-            )
+            budget, gamma = budget_name(last), fmt_gamma(cell["gamma"])
+            lines.append(fill(TEXT["edge"], label=label, budget=budget, side=side, gamma=gamma))
     return lines
