@@ -218,18 +218,24 @@ def open_session(
     )
 
 
-def _resume(comm: Comm, run_dir: Path, run: PeerRun, hooks: HookList, churn) -> RunState:
-    """Load the newest checkpoint every rank holds into `run`; its `RunState` (collective). With
-    a membership driver (`churn`), peers away at that epoch too (`churn_resume`)."""
-    restore = functools.partial(
-        RunState.from_checkpoint,
+def _checkpointed(run: PeerRun, comm: Comm, hooks: HookList) -> Dict[str, Any]:
+    """What a checkpoint holds the state of, as `RunState.to_checkpoint` and `from_checkpoint`
+    take it (the same objects both ways)."""
+    return dict(
         model=run.model,
         optimizer=run.optimizer,
         algorithm=run.algorithm,
         batches=run.batches,
         comm=comm,
         hooks=hooks,
-        restore_rng=run.owns_process,
+    )
+
+
+def _resume(comm: Comm, run_dir: Path, run: PeerRun, hooks: HookList, churn) -> RunState:
+    """Load the newest checkpoint every rank holds into `run`; its `RunState` (collective). With
+    a membership driver (`churn`), peers away at that epoch too (`churn_resume`)."""
+    restore = functools.partial(
+        RunState.from_checkpoint, **_checkpointed(run, comm, hooks), restore_rng=run.owns_process
     )
     if churn is not None:
         from .churn_resume import resume
@@ -248,15 +254,7 @@ def _save(
     `resumable`: every rank already holds a checkpoint of this run (it resumed from one, or a
     save succeeded everywhere), so the line advises --resume; else starting again."""
     header = ckpt.make_header(epoch=state.epoch, step=state.step, **run.header_args)
-    payload = state.to_checkpoint(
-        model=run.model,
-        optimizer=run.optimizer,
-        algorithm=run.algorithm,
-        batches=run.batches,
-        comm=comm,
-        hooks=hooks,
-        include_rng=run.owns_process,
-    )
+    payload = state.to_checkpoint(**_checkpointed(run, comm, hooks), include_rng=run.owns_process)
 
     def write() -> None:
         try:
