@@ -38,6 +38,7 @@ engine load into the other.
 
 from __future__ import annotations
 
+import copy
 from typing import Callable, List, Optional
 
 import torch
@@ -123,6 +124,31 @@ class PerSampleModule(nn.Module):
         sub.forward = _recording_forward(sub, layer)
         self._patched.append(sub)
         return layer
+
+    def __deepcopy__(self, memo) -> "PerSampleModule":
+        """A copy of the module, wrapped anew. The patched forwards and hooks close over this
+        wrapper's layers, which hold the original's parameters: copied as they are, the copy would
+        compute with the original's parameters, whatever is loaded into it (the averaged model
+        under DP was evaluated as the peer's own model that way). So the module is copied without
+        them and wrapped again, with nothing recorded."""
+        general = [layer for layer in self.layers if isinstance(layer, _GeneralLayer)]
+        forwards = [sub.__dict__.pop("forward") for sub in self._patched]
+        hooks = [layer.module._forward_hooks for layer in general]
+        try:
+            for layer, kept in zip(general, hooks):
+                layer.module._forward_hooks = type(kept)(
+                    (k, h) for k, h in kept.items() if k != layer.handle.id
+                )
+            module = copy.deepcopy(self._module, memo)
+        finally:
+            for sub, forward in zip(self._patched, forwards):
+                sub.forward = forward
+            for layer, kept in zip(general, hooks):
+                layer.module._forward_hooks = kept
+        wrapped = PerSampleModule(module, self.engine, self.loss_reduction)
+        wrapped.train(self.training)
+        memo[id(self)] = wrapped
+        return wrapped
 
     def forward(self, *args, **kwargs):
         state = self.state

@@ -466,3 +466,36 @@ def test_a_forward_without_backward_before_the_step_changes_nothing():
     dp.privatize(model, BATCH)
     for p, theirs in zip(model.parameters(), expected):
         torch.testing.assert_close(p.grad * BATCH, theirs, rtol=1e-10, atol=1e-10 * clip)
+
+
+@pytest.mark.parametrize("engine, case", [(e, c) for e in ("ghost", "vmap") for c in CASES])
+def test_a_copy_computes_with_its_own_parameters_and_clips_as_the_original(engine, case):
+    """`copy.deepcopy` of a wrapped model (the averaged model of a run is one: `setup` copies the
+    peer's model and loads the peers' average into it). Before, the copy's patched forwards ran the
+    original's layers, so whatever was loaded into the copy, it computed the original's outputs:
+    every averaged-model figure under DP was the peer's own model's. Now the copy, given other
+    parameters, computes exactly what a plain module with those parameters does (in evaluation and
+    in training), its clipped sum is the reference one at those parameters, and the original is
+    untouched."""
+    import copy
+
+    x, y = inputs(case)
+    original = PerSampleModule(make(case).double(), engine)
+    copied = copy.deepcopy(original)
+    moved = {n: p.detach() + 0.25 for n, p in make(case).double().named_parameters()}
+    with torch.no_grad():
+        for name, p in copied._module.named_parameters():
+            p.copy_(moved[name])
+    plain = make(case).double()
+    plain.load_state_dict(copied._module.state_dict())
+    with torch.no_grad():  # the same operations on the same numbers: equal to the bit
+        assert torch.equal(copied(x), plain(x))
+        assert torch.equal(original(x), make(case).double()(x))
+    clip = 1.0
+    _, _, expected = reference(plain, x, y, clip)
+    copied.zero_grad(set_to_none=True)
+    F.cross_entropy(copied(x), y).backward()
+    got = copied.clipped_sum(clip, BATCH, NORM_EPS)
+    # float64, as in test_each_engine_gives_the_exact_clipped_sum_on_each_layer_type
+    for mine, theirs in zip(got, expected):
+        torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-10 * clip)

@@ -513,3 +513,62 @@ def test_dp_keys_are_documented_and_validated_with_the_config():
         validate_config(DP.replace(dp_noise_multiplier=-0.5))
     with pytest.raises(ValueError, match="partition: local needs a bring-your-own dataset"):
         local(DP.replace(partition="local", public_train_size=100))
+
+
+def test_the_averaged_model_under_dp_is_the_peers_mean_parameters():
+    """Under DP every peer's model is wrapped for per-example clipping, and the averaged model
+    the evaluation loads the peers' mean into is a copy of that wrapper. Before, the copy ran the
+    peer's own layers, so the record's averaged-model figures were the writing peer's own model's
+    (rank 0's here). Now they are those of a plain model holding the mean of the peers' final
+    parameters (PowerGossip r1: the peers differ at the end, consensus distance > 0)."""
+    from gossip_powersgd import run
+    from gossip_powersgd.training.data import load_dataset
+    from gossip_powersgd.training.evaluation import evaluate_model
+    from gossip_powersgd.training.models import build_model
+
+    config = dict(
+        topology="ring:4",
+        dataset="synthetic_logreg:d=20,classes=4,n=2000",
+        model="mlp:16",
+        lr=0.5,
+        batch_size=32,
+        epochs=2,
+        quiet=True,
+        checkpoint_every=0,
+        algorithm="powergossip:rank=1",
+        dp_noise_multiplier=1.0,
+        dp_max_grad_norm=1.0,
+        out_dir=None,
+    )
+    result = run(config, states=True)
+    final = result.evals[-1]
+    assert final["consensus_distance"] > 1e-3
+    data = load_dataset(config["dataset"], 0)
+    mean = {
+        name.removeprefix("_module."): torch.stack(
+            [s[name].double() for s in result.states.values()]
+        )
+        .mean(0)
+        .float()
+        for name in result.states[0]
+    }
+    model = build_model(config["model"], data.input_shape, data.num_classes, 0)
+    model.load_state_dict(mean)
+    acc, loss = evaluate_model(model, data.x_test, data.y_test)
+    # The run averages in float64 and rounds to float32 as here: the same parameters up to the
+    # order of four float64 additions (below float32's resolution), so the same predictions; the
+    # loss to float32's relative precision over a few hundred summed terms.
+    assert final["test_acc_avg_model"] == acc
+    assert final["test_loss_avg_model"] == pytest.approx(loss, rel=1e-5)
+    own = evaluate_model(
+        _own_model(result.states[0], config, data), data.x_test, data.y_test
+    )  # what the record held before
+    assert own[1] != pytest.approx(loss, rel=1e-3)
+
+
+def _own_model(state, config, data):
+    from gossip_powersgd.training.models import build_model
+
+    model = build_model(config["model"], data.input_shape, data.num_classes, 0)
+    model.load_state_dict({k.removeprefix("_module."): v for k, v in state.items()})
+    return model
