@@ -1,8 +1,7 @@
-"""What the speed pages share (bench_gossip, bench_scale, bench_sim, bench_dp, bench_backends,
-long_run; also experiments/gpu_check.py): the zoo's parameter shapes as random tensors, copy
-bandwidth, a loopback transport for one peer alone, bitwise comparison, the machine a row was
-measured on and the page header that names it, compact raw numbers, and a child process that
-cannot outlive its time limit, and the launchers' command lines."""
+"""What the speed pages share (bench_*, long_run, experiments/gpu_check.py): the zoo's parameter
+shapes as random tensors, copy bandwidth, a loopback transport, bitwise comparison, the machine a
+row was measured on and the header that names it, compact raw numbers, child processes with a time
+limit and the launchers' command lines."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from experiments.engine import ROOT, made_by
 
@@ -27,11 +26,8 @@ MODELS = ("resnet20", "vgg16", "vgg16_bn")
 Shapes = List[Tuple[str, Tuple[int, ...]]]
 
 
-# ---- parameter sets ------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
 def _zoo_shapes(model: str) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
-    """(name, shape) of the zoo's model for CIFAR-10 inputs (3x32x32, 10 classes), built on the
-    meta device: the networks the trainer builds as `resnet20`, `vgg16:bn=false` and `vgg16`."""
     from gossip_powersgd.training.zoo import VGG16, ResNet20
 
     if model == "resnet20":
@@ -44,8 +40,8 @@ def _zoo_shapes(model: str) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
 
 
 def model_shapes(model: str) -> Shapes:
-    """The named parameter set's (name, shape) list: resnet20 (0.27 M parameters), vgg16 (15.2 M,
-    convs with biases, no BatchNorm) or vgg16_bn (BatchNorm after every conv, convs without bias)."""
+    """(name, shape) of the zoo's model for CIFAR-10 inputs, built on the meta device: resnet20,
+    vgg16 (`vgg16:bn=false`: no BatchNorm, convs with biases) or vgg16_bn (the zoo's `vgg16`)."""
     return list(_zoo_shapes(model))
 
 
@@ -65,7 +61,6 @@ def count_params(shapes: Shapes) -> int:
     return sum(math.prod(shape) for _, shape in shapes)
 
 
-# ---- measuring -----------------------------------------------------------------------------------
 def median(values: Sequence[float]) -> float:
     """The median, NaN for no values."""
     return float(statistics.median(values)) if values else float("nan")
@@ -95,12 +90,9 @@ def copy_bandwidth(megabytes: int, rounds: int = 1, buffers=None) -> List[float]
 
 
 def loopback_communicator(topology: AnyTopology, rank: int):
-    """A transport for one peer alone: every neighbour 'answers' with half of what we sent it.
-
-    The algorithm runs its real code path (products, exchange, factor forming, updates), but nothing
-    waits for another peer and no other peer competes for the CPU. The answer is cheap (a few kB)
-    and counted as communication time, so it does not inflate the compute time.
-    """
+    """A transport for one peer alone: every neighbour answers at once with half of what we sent
+    it. The algorithm runs its real code path, but waits for no peer and shares no core; the
+    few-kB answer counts as communication time."""
     import torch
 
     from gossip_powersgd.comm.base import Communicator
@@ -117,8 +109,8 @@ def loopback_communicator(topology: AnyTopology, rank: int):
 
 
 def compare_params(new: Sequence[Any], old: Sequence[Any]) -> Dict[str, Any]:
-    """Whether two parameter lists are bit-identical (their bytes, so -0.0 differs from 0.0 and
-    NaNs compare by payload), and their largest absolute difference."""
+    """Whether two parameter lists are bit-identical (their bytes: -0.0 differs from 0.0), and
+    their largest absolute difference."""
     import torch
 
     def raw(t):
@@ -143,7 +135,6 @@ def resident_bytes() -> int:
         return 0
 
 
-# ---- the machine, the header, raw numbers --------------------------------------------------------
 def machine() -> Dict[str, Any]:
     """CPU, cores, memory, load average (1 minute), Python, torch and MPI versions, now."""
     import torch
@@ -173,15 +164,25 @@ def machine() -> Dict[str, Any]:
     )
 
 
+def on_machine(row: Callable[[Any], Dict[str, Any]]) -> Callable[[Any], Dict[str, Any]]:
+    """A page's `row` that adds the machine it ran on: `machine_start` and `machine_end`."""
+
+    @functools.wraps(row)
+    def measured(run) -> Dict[str, Any]:
+        start = machine()
+        return dict(row(run), machine_start=start, machine_end=machine())
+
+    return measured
+
+
 def converted(rows) -> bool:
     """Whether the rows were converted from an older program's files (their header is its own)."""
     return bool(rows.records) and all((r.origin or {}).get("generated") for r in rows.records)
 
 
 def header(rows) -> str:
-    """The page's provenance paragraph: made_by's sentence (converted rows: the old page's own
-    command, date and machine, verbatim), and for rows made here the machine they were measured on
-    (each row's `machine_start` and `machine_end`: `machine()` around the run)."""
+    """The page's provenance paragraph: made_by's sentence (converted rows: the old page's own,
+    verbatim), and for rows made here the machine around their runs (`on_machine`)."""
     text = made_by(rows)
     starts = [r.row["machine_start"] for r in rows.records if "machine_start" in r.row]
     if converted(rows) or not starts:
@@ -197,6 +198,11 @@ def header(rows) -> str:
         f"the starts and ends of its runs{nice} (the cores are shared with other jobs). Python "
         f"{m['python']}, torch {m['torch']}, {m['mpi']}."
     )
+
+
+def quick_mark(rows) -> str:
+    """A page title's mark for --quick rows."""
+    return " (--quick)" if rows.quick else ""
 
 
 def compact(obj: Any, digits: int = 5, columns: bool = True) -> Any:
@@ -220,9 +226,9 @@ def compact(obj: Any, digits: int = 5, columns: bool = True) -> Any:
 
 
 def run_child(command: List[str], timeout: float) -> Tuple[Optional[int], str]:
-    """Run `command` from the checkout in its own session, one torch thread per process and this
-    checkout first on the import path; (exit status, its stderr), or (None, why) when it ran past
-    `timeout` seconds (it and everything it started are killed)."""
+    """Run `command` from the checkout in its own session, one torch thread per process, this
+    checkout first on the import path: (exit status, its stderr), or (None, why) past `timeout`
+    seconds (it and everything it started killed)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
