@@ -9,7 +9,9 @@ import functools
 import math
 import os
 import platform
+import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -17,7 +19,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import torch
+
 from experiments.engine import ROOT, made_by
+from gossip_powersgd.comm.base import Communicator
+from gossip_powersgd.training.zoo import VGG16, ResNet20
 
 if TYPE_CHECKING:
     from topologies import AnyTopology
@@ -28,8 +34,6 @@ Shapes = List[Tuple[str, Tuple[int, ...]]]
 
 @functools.lru_cache(maxsize=None)
 def _zoo_shapes(model: str) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
-    from gossip_powersgd.training.zoo import VGG16, ResNet20
-
     if model == "resnet20":
         module = ResNet20((3, 32, 32), 10, device="meta")
     elif model in ("vgg16", "vgg16_bn"):
@@ -47,8 +51,6 @@ def model_shapes(model: str) -> Shapes:
 
 def make_params(shapes: Shapes, rank: int, seed: int = 0):
     """Random float32 tensors of the given shapes, different on every peer (std 1/sqrt(fan-in))."""
-    import torch
-
     generator = torch.Generator().manual_seed(seed * 1000 + rank)
     return [
         torch.randn(shape, generator=generator).mul_(max(1, math.prod(shape[1:])) ** -0.5)
@@ -73,8 +75,6 @@ def spread(values: Sequence[float], dash: str = "–") -> str:
 
 def copy_bandwidth(megabytes: int, rounds: int = 1, buffers=None) -> List[float]:
     """GB/s of `dst.copy_(src)` on `megabytes` MB (read + write: 2 x bytes / time), per round."""
-    import torch
-
     if buffers is None:
         src = torch.ones(megabytes * 2**20 // 4)
         dst = torch.empty_like(src)
@@ -89,29 +89,27 @@ def copy_bandwidth(megabytes: int, rounds: int = 1, buffers=None) -> List[float]
     return out
 
 
-def loopback_communicator(topology: AnyTopology, rank: int):
+class LoopbackCommunicator(Communicator):
     """A transport for one peer alone: every neighbour answers at once with half of what we sent
     it. The algorithm runs its real code path, but waits for no peer and shares no core; the
     few-kB answer counts as communication time."""
-    import torch
 
-    from gossip_powersgd.comm.base import Communicator
+    def _exchange(self, send, recv):
+        for j in self.neighbors:
+            torch.mul(send[j], 0.5, out=recv[j])
 
-    class LoopbackCommunicator(Communicator):
-        def _exchange(self, send, recv):
-            for j in self.neighbors:
-                torch.mul(send[j], 0.5, out=recv[j])
+    def _allgather_tensor(self, tensor):
+        return [tensor.detach().clone() for _ in range(self.size)]
 
-        def _allgather_tensor(self, tensor):
-            return [tensor.detach().clone() for _ in range(self.size)]
 
+def loopback_communicator(topology: AnyTopology, rank: int) -> LoopbackCommunicator:
+    """Peer `rank` of `topology` alone (`LoopbackCommunicator`)."""
     return LoopbackCommunicator(topology, rank, None)
 
 
 def compare_params(new: Sequence[Any], old: Sequence[Any]) -> Dict[str, Any]:
     """Whether two parameter lists are bit-identical (their bytes: -0.0 differs from 0.0), and
     their largest absolute difference."""
-    import torch
 
     def raw(t):
         return t.detach().contiguous().view(-1).view(torch.uint8)
@@ -137,8 +135,6 @@ def resident_bytes() -> int:
 
 def machine() -> Dict[str, Any]:
     """CPU, cores, memory, load average (1 minute), Python, torch and MPI versions, now."""
-    import torch
-
     info = {"cpu": "unknown", "memory": "unknown", "mpi": "MPI: unknown"}
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
@@ -257,8 +253,6 @@ def run_child(command: List[str], timeout: float) -> Tuple[Optional[int], str]:
 def local_torchrun(processes: int) -> List[str]:
     """torchrun (`python -m torch.distributed.run`) of `processes` processes on this machine,
     its rendezvous on a free port of 127.0.0.1; the program and its arguments go after it."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
@@ -279,8 +273,6 @@ def python_child(module: str, args: List[str], backend: str, processes: int) -> 
 
 def mpiexec() -> str:
     """The mpiexec beside this python (the mpich wheel's), else the one on PATH."""
-    import shutil
-
     local = Path(sys.executable).parent / "mpiexec"
     found = str(local) if local.exists() else shutil.which("mpiexec")
     if found is None:

@@ -4,6 +4,12 @@ what is measured (bench_backends.md beside this file)."""
 
 from __future__ import annotations
 
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
 from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Outputs, Page, Rows, Run
@@ -28,9 +34,6 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 def command(backend: str, c: Dict[str, Any], out: str) -> List[str]:
     """The training command of one run under `backend`."""
-    import sys
-    from pathlib import Path
-
     train = ["-m", "gossip_powersgd.cli.train", "--config", c["config"], "--quiet"]
     for item in [f"backend={backend}", f"out_dir={out}", *c["set"]]:
         train += ["--set", item]
@@ -44,11 +47,6 @@ def command(backend: str, c: Dict[str, Any], out: str) -> List[str]:
 
 def one(backend: str, c: Dict[str, Any], scratch: str, rep: int) -> Dict[str, Any]:
     """One training run: its wall and CPU seconds, training seconds, final models, accuracy."""
-    import json
-    import resource
-    import time
-    from pathlib import Path
-
     out = Path(scratch) / f"{backend}-{rep}"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
@@ -72,8 +70,6 @@ def one(backend: str, c: Dict[str, Any], scratch: str, rep: int) -> Dict[str, An
 @on_machine
 def row(run: Run) -> Dict[str, Any]:
     """Every repetition of the three backends, interleaved (the order alternates)."""
-    import tempfile
-
     c, runs = run.config, []
     with tempfile.TemporaryDirectory() as scratch:
         for rep in range(c["reps"]):

@@ -11,11 +11,22 @@ import sys
 import time
 from statistics import median
 from typing import Any, Callable, Dict, List, Mapping, Optional
+from unittest import mock
 
+import torch
+from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import gossip_powersgd
 from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
 from experiments.pages._bench import converted, header, on_machine, quick_mark, spread
 from experiments.pages._markdown import fill, table, table_rows, template
+from experiments.suite.runs import BASE
+from gossip_powersgd.privacy import DPSGD
+from gossip_powersgd.privacy import training as dp_training
+from gossip_powersgd.training.hooks import TrainingHooks
+from gossip_powersgd.training.models import build_model
 
 MODELS = ("mlp:128,128", "cnn1d")
 ENGINES = ("ghost", "vmap", "ew", "hooks")
@@ -40,12 +51,6 @@ def _one_peer_step(
     """One training step of a fresh model; with `dp_engine`, the clipped sum (or, `full`, the
     whole private step) replaces the gradient. `backward_only`: zero_grad, forward, loss and
     backward only (what the engine recorded is dropped), for the breakdown (c)."""
-    import torch
-    from torch.nn import functional as F
-
-    from gossip_powersgd.privacy import DPSGD
-    from gossip_powersgd.training.models import build_model
-
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(batch, 40, generator=generator)
     y = torch.randint(0, 10, (batch,), generator=generator)
@@ -124,7 +129,6 @@ PARTS = {
 
 def count_operations(step: Callable[[], None]) -> int:
     """The tensor operations (ATen calls, the backward's included) one call of `step` issues."""
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
         calls = 0
@@ -159,15 +163,6 @@ def _run(
 ) -> Dict[str, float]:
     """One ring:8 training run; ms per step (process CPU, wall) from step `first` (at most half
     the run) to the last."""
-    from unittest import mock
-
-    from gossip_powersgd import run
-    from gossip_powersgd.privacy import DPSGD
-    from gossip_powersgd.privacy import training as dp_training
-    from gossip_powersgd.training.hooks import TrainingHooks
-
-    from experiments.suite.runs import BASE
-
     overrides = dict(topology="ring:8", partition="iid", epochs=epochs, eval_every=epochs)
     overrides.update(warmup_epochs=0, algorithm=spec, comm_timeout=600.0, dataset=dataset)
     if engine is not None:
@@ -182,7 +177,9 @@ def _run(
 
     engine_class = functools.partial(DPSGD, engine=engine) if engine is not None else DPSGD
     with mock.patch.object(dp_training, "DPSGD", engine_class):
-        run(dict(BASE, **overrides), hooks=lambda rank: [Marks()] if rank == 0 else [])
+        gossip_powersgd.run(
+            dict(BASE, **overrides), hooks=lambda rank: [Marks()] if rank == 0 else []
+        )
     last = max(marks)
     first = min(first, last // 2)
     steps = last - first
@@ -216,8 +213,6 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 @on_machine
 def row(run: Run) -> Dict[str, Any]:
     """(a), the big batch, (c) and (b), one after the other, in this process."""
-    import torch
-
     c = run.config
     torch.set_num_threads(1)
     one_peer, big, parts = {}, {}, {}

@@ -6,6 +6,15 @@ since launch. --quick: 2 processes, the tiny config, one repetition.
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
 from typing import Any, Dict, List, Mapping
 
 from experiments.engine import ROOT, Outputs, Page, Rows, Run, made_by
@@ -61,12 +70,6 @@ def _commands(processes: int, config: str, overrides: List[str]) -> Dict[str, Li
 def _launch(argv: List[str], prefixes: List[str], env: Dict[str, str], timeout: float):
     """Run `argv`: {"marks": the seconds from its launch to the first line starting with each of
     `prefixes`, and to its exit ("exit")}; a failure is an error with its last lines."""
-    import os
-    import signal
-    import subprocess
-    import threading
-    import time
-
     start = time.perf_counter()
     process = subprocess.Popen(
         argv,
@@ -97,12 +100,6 @@ def _launch(argv: List[str], prefixes: List[str], env: Dict[str, str], timeout: 
 
 def row(run: Run) -> Dict[str, Any]:
     """Every launch of every repetition, interleaved, stamped (see the module docstring)."""
-    import os
-    import shutil
-    import sys
-    import tempfile
-    from pathlib import Path
-
     setting, launches = run.config, []
     processes = setting["processes"]
     commands = _commands(processes, setting["config"], setting["set"])

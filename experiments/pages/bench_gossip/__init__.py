@@ -6,18 +6,20 @@ VGG-16's bytes. The page (page.md and the .md files beside it) says how each fig
 
 from __future__ import annotations
 
+import json
+import tempfile
+import time
+from pathlib import Path
 from typing import Any, Dict, List, Mapping
 
+import torch
+
+import topologies
 from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
-from experiments.pages._bench import (
-    compact,
-    header,
-    on_machine,
-    python_child,
-    quick_mark,
-    run_child,
-)
+from experiments.pages._bench import compact, header, on_machine, python_child, quick_mark
+from experiments.pages._bench import run_child
+from gossip_powersgd.launch import run_peers
 
 #: The commit whose PowerGossip runs beside this tree's: 6df8d52 is main before Architecture II
 #: touched `algorithms/`.
@@ -61,16 +63,6 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 @on_machine
 def row(run: Run) -> Dict[str, Any]:
     """The kernels' speeds; or a setting's summary and raw numbers (floats to 5 digits)."""
-    import json
-    import tempfile
-    import time
-    from pathlib import Path
-
-    import torch
-
-    import topologies
-    from gossip_powersgd.launch import run_peers
-
     from .measure import BenchConfig, isolated_benchmark, kernel_benchmark, peer_benchmark
     from .summary import summarize_setting
 

@@ -15,10 +15,12 @@ import torch
 import torch.nn.functional as F
 
 import topologies
-from experiments.pages._bench import Shapes, compare_params, copy_bandwidth, median
-from experiments.pages._bench import loopback_communicator, make_params, model_shapes
+from experiments.pages._bench import Shapes, compare_params, copy_bandwidth, loopback_communicator
+from experiments.pages._bench import make_params, median, model_shapes
 from experiments.pages._commit_code import loaded_modules, previous_powergossip
 from gossip_powersgd import ExactGossip, PowerGossip
+from gossip_powersgd.launch import mpi_world, run_peers
+from gossip_powersgd.utils import atomic_write
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Comm
@@ -302,9 +304,6 @@ def mpi_peer(comm: Comm, cfg: BenchConfig, topology: AnyTopology) -> Dict[str, A
 
 def _main(config: str, out: str) -> int:
     """An MPI setting's child: this rank's part; rank 0 writes OUT."""
-    from gossip_powersgd.launch import mpi_world, run_peers
-    from gossip_powersgd.utils import atomic_write
-
     torch.set_num_threads(1)
     cfg = BenchConfig(**json.loads(config))
     topology = topologies.parse(cfg.topology)

@@ -113,13 +113,9 @@ def _prediction(speed: Dict[str, float], k: int) -> Dict[str, float]:
 
 
 def kernel_prediction(k: Dict[str, Any]) -> List[str]:
-    """The efficiency the kernel speeds alone allow (largest VGG-16 group, no per-op overhead)."""
+    """The efficiency the kernel speeds alone allow (largest VGG-16 group, no per-op overhead): the
+    rows of kernels.md's last table."""
     speed = {row["key"]: row["of_copy"] for row in k["kernels"]}
-    head = [
-        "k = degree × rank",
-        "library kernels (factors stored Qᵀ, Pᵀ): right / left / mean",
-        "first formulation (factors stored Q, P): right / left / mean",
-    ]
     rows = []
     for kk in sorted({row["k"] for row in k["kernels"]}):
         p = _prediction(speed, kk)
@@ -128,7 +124,7 @@ def kernel_prediction(k: Dict[str, Any]) -> List[str]:
             for n in ("lib", "old")
         )
         rows.append([str(kk), *sides])
-    return table(head, rows)
+    return [*table_rows(rows), ""]
 
 
 def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]]) -> List[str]:

@@ -7,19 +7,17 @@ to measure a point again, delete its line from bench_scale.jsonl and run the pag
 
 from __future__ import annotations
 
+import json
 import math
+import tempfile
+import time
+from pathlib import Path
 from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
-from experiments.pages._bench import (
-    compact,
-    header,
-    on_machine,
-    python_child,
-    quick_mark,
-    run_child,
-)
+from experiments.pages._bench import compact, header, on_machine, python_child, quick_mark
+from experiments.pages._bench import run_child
 
 from .report import ALGORITHMS, PARTS, label, render_markdown
 
@@ -97,11 +95,6 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 @on_machine
 def row(run: Run) -> Dict[str, Any]:
     """The point in its child: every rank's record (floats to 5 digits), or why it failed."""
-    import json
-    import tempfile
-    import time
-    from pathlib import Path
-
     point = {k: v for k, v in run.config.items() if k != "timeout"}
     with tempfile.TemporaryDirectory(prefix="bench_scale-") as folder:
         module, args = "experiments.pages.bench_scale.measure", [json.dumps(point), folder]

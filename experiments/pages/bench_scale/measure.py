@@ -17,8 +17,12 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Sequence
 
 import torch
 
+import topologies
 from experiments.pages._bench import Shapes, make_params, model_shapes, resident_bytes
+from gossip_powersgd import AllReduce, ExactGossip, PowerGossip, PowerSGDAllReduce
 from gossip_powersgd.comm.base import nbytes, reduce_in_rank_order
+from gossip_powersgd.launch import run_peers
+from gossip_powersgd.utils import atomic_write
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Comm
@@ -83,8 +87,6 @@ def counting_received(comm: Comm, counter: Dict[str, int]) -> Iterator[None]:
 
 def build(kind: str, comm: Comm, shapes: Shapes):
     """(a zero-argument step function, the tensors it keeps alive) for one kind on this peer."""
-    from gossip_powersgd import AllReduce, ExactGossip, PowerGossip, PowerSGDAllReduce
-
     params = make_params(shapes, comm.rank)
     if kind in REDUCTIONS:
         flat = torch.cat([p.reshape(-1) for p in params])
@@ -150,8 +152,6 @@ def peer_point(comm: Comm, kinds: Sequence[str], params: str, steps: int) -> Dic
 
 
 def _peer(comm: Comm, point: Dict[str, Any], folder: str) -> bool:
-    from gossip_powersgd.utils import atomic_write
-
     record = peer_point(comm, point["kinds"], point["params"], point["steps"])
     # in-process: whether the threads took turns (LocalCluster's default, peers outnumbering cores)
     record["takes_turns"] = bool(getattr(comm, "takes_turns", False))
@@ -161,9 +161,6 @@ def _peer(comm: Comm, point: Dict[str, Any], folder: str) -> bool:
 
 def _main(config: str, folder: str) -> int:
     """One point's child: every peer of it, here or as this rank."""
-    import topologies
-    from gossip_powersgd.launch import run_peers
-
     point = json.loads(config)
     ring = topologies.ring(point["peers"])
     return 0 if run_peers(ring, _peer, point, folder, backend=point["backend"], timeout=600) else 1
