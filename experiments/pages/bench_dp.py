@@ -1,8 +1,6 @@
-"""`python -m experiments bench_dp`: what DP-SGD costs per step, every ratio measured side by
-side in one run: (a) one peer, each clipping engine against the non-private step (and at a big
-batch), (c) the step in parts and its tensor operations, (b) ring:8 training with and without DP.
-What each figure is, is said on the page (bench_dp.md beside this file).
-"""
+"""`python -m experiments bench_dp`: what DP-SGD costs per step, side by side in one run: (a) one
+peer, each clipping engine against the non-private step (and at a big batch), (c) the step in
+parts and its tensor operations, (b) ring:8 training with and without DP (page: bench_dp.md)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """`python -m experiments bench_sim`: PowerGossip rank 1 on many in-process peers (ResNet-20
-shapes, ring, one torch thread), every ratio measured side by side in one run: steps per second
-of the `SETUPS` in interleaved repetitions, bit-identity, the divergence from commit `before`, one
-peer's half-step alone, `big_peers` peers in two lanes. Earlier commits' PowerGossip is read with
-git (`_commit_code`); where a commit cannot be read, its columns are left out. The page
-(bench_sim.md beside this file) says how each figure is measured.
-"""
+shapes, ring, one torch thread), side by side in one run: steps/s of the `SETUPS`, bit-identity,
+the divergence from commit `before`, one peer alone, `big_peers` peers in two lanes. Earlier
+commits' PowerGossip is read with git (`_commit_code`); one that cannot be read is left out."""
 
 from __future__ import annotations
 
@@ -127,9 +124,8 @@ def divergence(before: type, peers: int, marks=(1, 10, 100)) -> Dict[int, Dict[s
     return {
         step: {
             "difference": max(
-                float((a - b).abs().max())
+                compare_params(pn[step][0], po[step][0])["max_difference"]
                 for pn, po in zip(new, old)
-                for a, b in zip(pn[step][0], po[step][0])
             ),
             "consensus_new": new[0][step][1],
             "consensus_before": old[0][step][1],

@@ -1,8 +1,6 @@
 """`python -m experiments bench_startup`: how soon `gossip-train` speaks, and where its start-up
-time goes, under mpiexec and torchrun, next to the launcher alone and `import torch` alone; each
-repetition launches every command in turn and stamps rank 0's lines (`MARKS`) with the seconds
-since launch. --quick: 2 processes, the tiny config, one repetition.
-"""
+time goes, under mpiexec and torchrun, next to the launcher alone and `import torch` alone: each
+repetition launches every command in turn, stamping rank 0's lines (`MARKS`) with the time."""
 
 from __future__ import annotations
 

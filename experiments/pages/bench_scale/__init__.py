@@ -1,9 +1,7 @@
-"""`python -m experiments bench_scale`: cost against the number of peers and against model size
-for exact gossip, PowerGossip r1, all-reduce and PowerSGD r1; the ring all-reduce next to the
-all-gather reduction; growth exponents. Every point is one run in a fresh child (`measure.py`: one
-process in-process, `mpiexec -n N` or `torchrun` otherwise), so a crash or a hang costs one point;
-to measure a point again, delete its line from bench_scale.jsonl and run the page.
-"""
+"""`python -m experiments bench_scale`: cost vs number of peers and vs model size of exact gossip,
+PowerGossip r1, all-reduce and PowerSGD r1; the ring all-reduce vs the all-gather reduction. Each
+point runs in a fresh child (`measure.py`), so a crash costs one point; to measure a point again,
+delete its line from bench_scale.jsonl and run the page."""
 
 from __future__ import annotations
 
