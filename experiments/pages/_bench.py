@@ -1,8 +1,7 @@
-"""What the speed pages share (bench_gossip, bench_scale, bench_sim, bench_dp, bench_backends,
-long_run; also experiments/gpu_check.py): the zoo's parameter shapes as random tensors, copy
-bandwidth, a loopback transport for one peer alone, bitwise comparison, the machine a row was
-measured on and the page header that names it, compact raw numbers, and a child process that
-cannot outlive its time limit, and the launchers' command lines."""
+"""What the speed pages share (bench_*, long_run, experiments/gpu_check.py): the zoo's parameter
+shapes as random tensors, copy bandwidth, a loopback transport, bitwise comparison, the machine a
+row was measured on and the header that names it, compact raw numbers, child processes with a time
+limit and the launchers' command lines."""
 
 from __future__ import annotations
 
@@ -10,15 +9,21 @@ import functools
 import math
 import os
 import platform
+import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
 
 from experiments.engine import ROOT, made_by
+from gossip_powersgd.comm.base import Communicator
+from gossip_powersgd.training.zoo import VGG16, ResNet20
 
 if TYPE_CHECKING:
     from topologies import AnyTopology
@@ -27,13 +32,8 @@ MODELS = ("resnet20", "vgg16", "vgg16_bn")
 Shapes = List[Tuple[str, Tuple[int, ...]]]
 
 
-# ---- parameter sets ------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
 def _zoo_shapes(model: str) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
-    """(name, shape) of the zoo's model for CIFAR-10 inputs (3x32x32, 10 classes), built on the
-    meta device: the networks the trainer builds as `resnet20`, `vgg16:bn=false` and `vgg16`."""
-    from gossip_powersgd.training.zoo import VGG16, ResNet20
-
     if model == "resnet20":
         module = ResNet20((3, 32, 32), 10, device="meta")
     elif model in ("vgg16", "vgg16_bn"):
@@ -44,15 +44,13 @@ def _zoo_shapes(model: str) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
 
 
 def model_shapes(model: str) -> Shapes:
-    """The named parameter set's (name, shape) list: resnet20 (0.27 M parameters), vgg16 (15.2 M,
-    convs with biases, no BatchNorm) or vgg16_bn (BatchNorm after every conv, convs without bias)."""
+    """(name, shape) of the zoo's model for CIFAR-10 inputs, built on the meta device: resnet20,
+    vgg16 (`vgg16:bn=false`: no BatchNorm, convs with biases) or vgg16_bn (the zoo's `vgg16`)."""
     return list(_zoo_shapes(model))
 
 
 def make_params(shapes: Shapes, rank: int, seed: int = 0):
     """Random float32 tensors of the given shapes, different on every peer (std 1/sqrt(fan-in))."""
-    import torch
-
     generator = torch.Generator().manual_seed(seed * 1000 + rank)
     return [
         torch.randn(shape, generator=generator).mul_(max(1, math.prod(shape[1:])) ** -0.5)
@@ -65,7 +63,6 @@ def count_params(shapes: Shapes) -> int:
     return sum(math.prod(shape) for _, shape in shapes)
 
 
-# ---- measuring -----------------------------------------------------------------------------------
 def median(values: Sequence[float]) -> float:
     """The median, NaN for no values."""
     return float(statistics.median(values)) if values else float("nan")
@@ -78,8 +75,6 @@ def spread(values: Sequence[float], dash: str = "–") -> str:
 
 def copy_bandwidth(megabytes: int, rounds: int = 1, buffers=None) -> List[float]:
     """GB/s of `dst.copy_(src)` on `megabytes` MB (read + write: 2 x bytes / time), per round."""
-    import torch
-
     if buffers is None:
         src = torch.ones(megabytes * 2**20 // 4)
         dst = torch.empty_like(src)
@@ -94,32 +89,27 @@ def copy_bandwidth(megabytes: int, rounds: int = 1, buffers=None) -> List[float]
     return out
 
 
-def loopback_communicator(topology: AnyTopology, rank: int):
-    """A transport for one peer alone: every neighbour 'answers' with half of what we sent it.
+class LoopbackCommunicator(Communicator):
+    """A transport for one peer alone: every neighbour answers at once with half of what we sent
+    it. The algorithm runs its real code path, but waits for no peer and shares no core; the
+    few-kB answer counts as communication time."""
 
-    The algorithm runs its real code path (products, exchange, factor forming, updates), but nothing
-    waits for another peer and no other peer competes for the CPU. The answer is cheap (a few kB)
-    and counted as communication time, so it does not inflate the compute time.
-    """
-    import torch
+    def _exchange(self, send, recv):
+        for j in self.neighbors:
+            torch.mul(send[j], 0.5, out=recv[j])
 
-    from gossip_powersgd.comm.base import Communicator
+    def _allgather_tensor(self, tensor):
+        return [tensor.detach().clone() for _ in range(self.size)]
 
-    class LoopbackCommunicator(Communicator):
-        def _exchange(self, send, recv):
-            for j in self.neighbors:
-                torch.mul(send[j], 0.5, out=recv[j])
 
-        def _allgather_tensor(self, tensor):
-            return [tensor.detach().clone() for _ in range(self.size)]
-
+def loopback_communicator(topology: AnyTopology, rank: int) -> LoopbackCommunicator:
+    """Peer `rank` of `topology` alone (`LoopbackCommunicator`)."""
     return LoopbackCommunicator(topology, rank, None)
 
 
 def compare_params(new: Sequence[Any], old: Sequence[Any]) -> Dict[str, Any]:
-    """Whether two parameter lists are bit-identical (their bytes, so -0.0 differs from 0.0 and
-    NaNs compare by payload), and their largest absolute difference."""
-    import torch
+    """Whether two parameter lists are bit-identical (their bytes: -0.0 differs from 0.0), and
+    their largest absolute difference."""
 
     def raw(t):
         return t.detach().contiguous().view(-1).view(torch.uint8)
@@ -143,11 +133,8 @@ def resident_bytes() -> int:
         return 0
 
 
-# ---- the machine, the header, raw numbers --------------------------------------------------------
 def machine() -> Dict[str, Any]:
     """CPU, cores, memory, load average (1 minute), Python, torch and MPI versions, now."""
-    import torch
-
     info = {"cpu": "unknown", "memory": "unknown", "mpi": "MPI: unknown"}
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
@@ -173,15 +160,25 @@ def machine() -> Dict[str, Any]:
     )
 
 
+def on_machine(row: Callable[[Any], Dict[str, Any]]) -> Callable[[Any], Dict[str, Any]]:
+    """A page's `row` that adds the machine it ran on: `machine_start` and `machine_end`."""
+
+    @functools.wraps(row)
+    def measured(run) -> Dict[str, Any]:
+        start = machine()
+        return dict(row(run), machine_start=start, machine_end=machine())
+
+    return measured
+
+
 def converted(rows) -> bool:
     """Whether the rows were converted from an older program's files (their header is its own)."""
     return bool(rows.records) and all((r.origin or {}).get("generated") for r in rows.records)
 
 
 def header(rows) -> str:
-    """The page's provenance paragraph: made_by's sentence (converted rows: the old page's own
-    command, date and machine, verbatim), and for rows made here the machine they were measured on
-    (each row's `machine_start` and `machine_end`: `machine()` around the run)."""
+    """The page's provenance paragraph: made_by's sentence (converted rows: the old page's own,
+    verbatim), and for rows made here the machine around their runs (`on_machine`)."""
     text = made_by(rows)
     starts = [r.row["machine_start"] for r in rows.records if "machine_start" in r.row]
     if converted(rows) or not starts:
@@ -197,6 +194,11 @@ def header(rows) -> str:
         f"the starts and ends of its runs{nice} (the cores are shared with other jobs). Python "
         f"{m['python']}, torch {m['torch']}, {m['mpi']}."
     )
+
+
+def quick_mark(rows) -> str:
+    """A page title's mark for --quick rows."""
+    return " (--quick)" if rows.quick else ""
 
 
 def compact(obj: Any, digits: int = 5, columns: bool = True) -> Any:
@@ -220,9 +222,9 @@ def compact(obj: Any, digits: int = 5, columns: bool = True) -> Any:
 
 
 def run_child(command: List[str], timeout: float) -> Tuple[Optional[int], str]:
-    """Run `command` from the checkout in its own session, one torch thread per process and this
-    checkout first on the import path; (exit status, its stderr), or (None, why) when it ran past
-    `timeout` seconds (it and everything it started are killed)."""
+    """Run `command` from the checkout in its own session, one torch thread per process, this
+    checkout first on the import path: (exit status, its stderr), or (None, why) past `timeout`
+    seconds (it and everything it started killed)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -251,8 +253,6 @@ def run_child(command: List[str], timeout: float) -> Tuple[Optional[int], str]:
 def local_torchrun(processes: int) -> List[str]:
     """torchrun (`python -m torch.distributed.run`) of `processes` processes on this machine,
     its rendezvous on a free port of 127.0.0.1; the program and its arguments go after it."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
@@ -273,8 +273,6 @@ def python_child(module: str, args: List[str], backend: str, processes: int) -> 
 
 def mpiexec() -> str:
     """The mpiexec beside this python (the mpich wheel's), else the one on PATH."""
-    import shutil
-
     local = Path(sys.executable).parent / "mpiexec"
     found = str(local) if local.exists() else shutil.which("mpiexec")
     if found is None:

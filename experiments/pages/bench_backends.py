@@ -4,11 +4,17 @@ what is measured (bench_backends.md beside this file)."""
 
 from __future__ import annotations
 
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
 from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
-from experiments.pages._bench import header, machine, median, mpiexec
+from experiments.pages._bench import header, median, mpiexec, on_machine, quick_mark, run_child
 from experiments.pages._markdown import fill, table, template
 
 BACKENDS = ("local", "mpi", "torch")
@@ -27,9 +33,7 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 
 def command(backend: str, c: Dict[str, Any], out: str) -> List[str]:
-    import sys
-    from pathlib import Path
-
+    """The training command of one run under `backend`."""
     train = ["-m", "gossip_powersgd.cli.train", "--config", c["config"], "--quiet"]
     for item in [f"backend={backend}", f"out_dir={out}", *c["set"]]:
         train += ["--set", item]
@@ -43,13 +47,6 @@ def command(backend: str, c: Dict[str, Any], out: str) -> List[str]:
 
 def one(backend: str, c: Dict[str, Any], scratch: str, rep: int) -> Dict[str, Any]:
     """One training run: its wall and CPU seconds, training seconds, final models, accuracy."""
-    import json
-    import resource
-    import time
-    from pathlib import Path
-
-    from experiments.pages._bench import run_child
-
     out = Path(scratch) / f"{backend}-{rep}"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
@@ -70,19 +67,20 @@ def one(backend: str, c: Dict[str, Any], scratch: str, rep: int) -> Dict[str, An
     }
 
 
+@on_machine
 def row(run: Run) -> Dict[str, Any]:
     """Every repetition of the three backends, interleaved (the order alternates)."""
-    import tempfile
-
-    c, start, runs = run.config, machine(), []
+    c, runs = run.config, []
     with tempfile.TemporaryDirectory() as scratch:
         for rep in range(c["reps"]):
-            for backend in BACKENDS if rep % 2 == 0 else BACKENDS[::-1]:
-                runs.append(one(backend, c, scratch, rep))
-    return {"runs": runs, "machine_start": start, "machine_end": machine()}
+            runs += [
+                one(b, c, scratch, rep) for b in (BACKENDS if rep % 2 == 0 else BACKENDS[::-1])
+            ]
+    return {"runs": runs}
 
 
 def render(rows: Rows) -> Outputs:
+    """The page: bench_backends.md filled in."""
     (record,) = rows.records
     c, runs = record.config, record.row["runs"]
 
@@ -96,7 +94,7 @@ def render(rows: Rows) -> Outputs:
     ]
     page = fill(
         template(__file__, "bench_backends.md"),
-        quick=" (--quick)" if rows.quick else "",
+        quick=quick_mark(rows),
         header=header(rows),
         overrides=" ".join(c["set"]) or "no overrides",
         table=table("backend | wall (s) | training (s) | CPU (s) | wall ÷ local", cells),
@@ -111,13 +109,5 @@ def render(rows: Rows) -> Outputs:
     return {"bench_backends.md": page}
 
 
-PAGE = register(
-    Page(
-        name="bench_backends",
-        title="one training run under local, mpiexec and torchrun: wall and CPU time, same models",
-        plan=plan,
-        row=row,
-        render=render,
-        serial=True,
-    )
-)
+TITLE = "one training run under local, mpiexec and torchrun: wall and CPU time, same models"
+PAGE = register(Page("bench_backends", TITLE, plan, row, render, serial=True))

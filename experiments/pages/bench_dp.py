@@ -1,8 +1,6 @@
-"""`python -m experiments bench_dp`: what DP-SGD costs per step, every ratio measured side by
-side in one run: (a) one peer, each clipping engine against the non-private step (and at a big
-batch), (c) the step in parts and its tensor operations, (b) ring:8 training with and without DP.
-What each figure is, is said on the page (bench_dp.md beside this file).
-"""
+"""`python -m experiments bench_dp`: what DP-SGD costs per step, side by side in one run: (a) one
+peer, each clipping engine against the non-private step (and at a big batch), (c) the step in
+parts and its tensor operations, (b) ring:8 training with and without DP (page: bench_dp.md)."""
 
 from __future__ import annotations
 
@@ -11,11 +9,22 @@ import sys
 import time
 from statistics import median
 from typing import Any, Callable, Dict, List, Mapping, Optional
+from unittest import mock
 
+import torch
+from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import gossip_powersgd
 from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
-from experiments.pages._bench import converted, header, machine, spread
+from experiments.pages._bench import converted, header, on_machine, quick_mark, spread
 from experiments.pages._markdown import fill, table, table_rows, template
+from experiments.suite.runs import BASE
+from gossip_powersgd.privacy import DPSGD
+from gossip_powersgd.privacy import training as dp_training
+from gossip_powersgd.training.hooks import TrainingHooks
+from gossip_powersgd.training.models import build_model
 
 MODELS = ("mlp:128,128", "cnn1d")
 ENGINES = ("ghost", "vmap", "ew", "hooks")
@@ -40,12 +49,6 @@ def _one_peer_step(
     """One training step of a fresh model; with `dp_engine`, the clipped sum (or, `full`, the
     whole private step) replaces the gradient. `backward_only`: zero_grad, forward, loss and
     backward only (what the engine recorded is dropped), for the breakdown (c)."""
-    import torch
-    from torch.nn import functional as F
-
-    from gossip_powersgd.privacy import DPSGD
-    from gossip_powersgd.training.models import build_model
-
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(batch, 40, generator=generator)
     y = torch.randint(0, 10, (batch,), generator=generator)
@@ -75,21 +78,10 @@ def _one_peer_step(
     return step
 
 
-def one_peer_candidates(spec: str, batch: int = BATCH) -> Dict[str, Callable[[], None]]:
-    candidates = {"non-private": _one_peer_step(spec, None, False, batch)}
-    for engine in ENGINES:
-        candidates[f"clipped sum, {engine}"] = _one_peer_step(spec, engine, False, batch)
-    if batch != BATCH:
-        return candidates
-    for engine in ("ghost", "hooks"):
-        candidates[f"private step, {engine}"] = _one_peer_step(spec, engine, True)
-    return candidates
-
-
 def _rotated(candidates: Dict[str, Callable[[], None]], rep: int) -> list:
-    """The candidates in the order of repetition `rep`: each starts one place later than in the
-    one before, so none is always timed right after the same other one (on a loaded machine
-    a fixed order put cnn1d's clipped sum above its whole private step, which does more)."""
+    """The candidates in the order of repetition `rep`, each one place later than in the one before,
+    so none is always timed right after the same other one (on a loaded machine a fixed order put
+    cnn1d's clipped sum above its whole private step, which does more)."""
     items = list(candidates.items())
     shift = rep % len(items)
     return items[shift:] + items[:shift]
@@ -114,10 +106,14 @@ def interleaved(
     return times
 
 
-def measure_one_peer(
-    spec: str, reps: int, steps: int, batch: int = BATCH
-) -> Dict[str, Dict[str, List[float]]]:
-    return interleaved(one_peer_candidates(spec, batch), reps, steps)
+def measure_one_peer(spec: str, reps: int, steps: int, batch: int = BATCH):
+    """(a): the non-private step, each engine's clipped sum and (at batch 32) the private step."""
+    candidates = {"non-private": _one_peer_step(spec, None, False, batch)}
+    for engine in ENGINES:
+        candidates[f"clipped sum, {engine}"] = _one_peer_step(spec, engine, False, batch)
+    for engine in ("ghost", "hooks") if batch == BATCH else ():
+        candidates[f"private step, {engine}"] = _one_peer_step(spec, engine, True)
+    return interleaved(candidates, reps, steps)
 
 
 #: The breakdown (c): the step's parts, measured like (a).
@@ -131,7 +127,6 @@ PARTS = {
 
 def count_operations(step: Callable[[], None]) -> int:
     """The tensor operations (ATen calls, the backward's included) one call of `step` issues."""
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
         calls = 0
@@ -166,15 +161,6 @@ def _run(
 ) -> Dict[str, float]:
     """One ring:8 training run; ms per step (process CPU, wall) from step `first` (at most half
     the run) to the last."""
-    from unittest import mock
-
-    from gossip_powersgd import run
-    from gossip_powersgd.privacy import DPSGD
-    from gossip_powersgd.privacy import training as dp_training
-    from gossip_powersgd.training.hooks import TrainingHooks
-
-    from experiments.suite.runs import BASE
-
     overrides = dict(topology="ring:8", partition="iid", epochs=epochs, eval_every=epochs)
     overrides.update(warmup_epochs=0, algorithm=spec, comm_timeout=600.0, dataset=dataset)
     if engine is not None:
@@ -189,7 +175,9 @@ def _run(
 
     engine_class = functools.partial(DPSGD, engine=engine) if engine is not None else DPSGD
     with mock.patch.object(dp_training, "DPSGD", engine_class):
-        run(dict(BASE, **overrides), hooks=lambda rank: [Marks()] if rank == 0 else [])
+        gossip_powersgd.run(
+            dict(BASE, **overrides), hooks=lambda rank: [Marks()] if rank == 0 else []
+        )
     last = max(marks)
     first = min(first, last // 2)
     steps = last - first
@@ -220,11 +208,10 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
     return [Run(key="one-peer,parts,end-to-end", config=SETTING[quick])]
 
 
+@on_machine
 def row(run: Run) -> Dict[str, Any]:
     """(a), the big batch, (c) and (b), one after the other, in this process."""
-    import torch
-
-    c, start = run.config, machine()
+    c = run.config
     torch.set_num_threads(1)
     one_peer, big, parts = {}, {}, {}
     for spec in MODELS:
@@ -243,92 +230,78 @@ def row(run: Run) -> Dict[str, Any]:
         "one_peer_big_batch_ms": big,
         "one_peer_parts_ms": {spec: part["times"] for spec, part in parts.items()},
         "one_peer_operations": {spec: part["operations"] for spec, part in parts.items()},
-        "end_to_end_ms": {
-            f"{label} | DP {engine or 'off'}": v for (label, engine), v in e2e["times"].items()
-        },
+        "end_to_end_ms": {f"{a} | DP {e or 'off'}": v for (a, e), v in e2e["times"].items()},
         "end_to_end_steps": e2e["steps"],
         "end_to_end_first": e2e["first"],
-        "machine_start": start,
-        "machine_end": machine(),
     }
 
 
 def _ratio(values: List[float], base: List[float]) -> float:
     """The median over repetitions of each repetition's ratio: a repetition runs its candidates
-    back to back, so its ratio compares them under the same load from other jobs (the ratio of
-    the medians mixes repetitions run minutes apart: 1.36x and 1.53x in two runs of one code)."""
+    back to back, under the same load from other jobs (the ratio of the medians mixes repetitions
+    run minutes apart: 1.36x and 1.53x in two runs of one code)."""
     return median([v / b for v, b in zip(values, base)])
+
+
+def _x(times: Dict[str, Dict[str, List[float]]], name: str, base: str = "non-private") -> str:
+    """`name`'s CPU time over `base`'s, "1.23×"."""
+    return f"{_ratio(times[name]['cpu'], times[base]['cpu']):.2f}×"
 
 
 def render(rows: Rows) -> Outputs:
     """The page; its fixed text is bench_dp.md beside this file."""
     (record,) = rows.records
     c, data = record.config, record.row
-    e2e = {}
+    e2e = {}  # algorithm -> DP engine ("off", "auto", "hooks") -> times
     for key, times in data["end_to_end_ms"].items():
         label, dp = key.split(" | DP ")
-        e2e[(label, None if dp == "off" else dp)] = times
+        e2e.setdefault(label, {})[dp] = times
     first = data["end_to_end_first"]
     page = fill(
         template(__file__, "bench_dp.md"),
-        quick=" (--quick)" if rows.quick else "",
+        quick=quick_mark(rows),
         header=header(rows) + ("" if converted(rows) else " One torch thread."),
         page=rows.page,
         batch=BATCH,
-        reps=c["reps"],
-        steps=c["steps"],
-        e2e_reps=c["e2e_reps"],
-        e2e_epochs=c["e2e_epochs"],
         first=first,
         last=first + data["end_to_end_steps"],
         data="MNIST-1D" if c["dataset"] == "mnist1d" else f"`{c['dataset']}`",
         **_one_peer(c, data["one_peer_ms"], data["one_peer_big_batch_ms"]),
         parts=_parts(data["one_peer_parts_ms"], data["one_peer_operations"]),
         end_to_end=_end_to_end(e2e),
-        targets=_targets(data, e2e),
+        targets=_targets(data["one_peer_ms"], e2e),
+        **c,
     )
     return {"bench_dp.md": page}
 
 
-def _targets(data, e2e) -> List[str]:
-    def target(what: str, ratio: float, bound: float, hooks: float) -> str:
-        verdict = "MET" if ratio <= bound else "MISSED"
-        return f"- **{what}: {verdict} ({ratio:.2f}×; Opacus' hooks {hooks:.2f}×)."
+def _target(what: str, times, name: str, hooks: str, base: str, bound: float) -> str:
+    ratio = _ratio(times[name]["cpu"], times[base]["cpu"])
+    verdict = "MET" if ratio <= bound else "MISSED"
+    return f"- **{what}: {verdict} ({ratio:.2f}×; Opacus' hooks {_x(times, hooks, base)})."
 
-    lines = []
-    for spec, times in data["one_peer_ms"].items():
-        plain = times["non-private"]["cpu"]
-        ghost, hooks = times["clipped sum, ghost"]["cpu"], times["clipped sum, hooks"]["cpu"]
-        what = f"The clipped sum at ≤ 1.5× a non-private step**, {spec}, batch {BATCH}"
-        lines.append(target(what, _ratio(ghost, plain), 1.5, _ratio(hooks, plain)))
-    for label, _ in ALGORITHMS:
-        plain, ghost, hooks = (e2e[(label, dp)]["cpu"] for dp in (None, "auto", "hooks"))
-        what = f"DP training at ≤ 2× the non-private time per step**, ring:8 cnn1d, {label}"
-        lines.append(target(what, _ratio(ghost, plain), 2.0, _ratio(hooks, plain)))
-    return lines
+
+def _targets(one_peer, e2e) -> List[str]:
+    """A line per target: met or missed, the ghost engine's ratio and Opacus' hooks'."""
+    what = "The clipped sum at ≤ 1.5× a non-private step**, {}, batch " + str(BATCH)
+    sums = ("clipped sum, ghost", "clipped sum, hooks", "non-private", 1.5)
+    lines = [_target(what.format(spec), t, *sums) for spec, t in one_peer.items()]
+    what = "DP training at ≤ 2× the non-private time per step**, ring:8 cnn1d, {}"
+    return lines + [_target(what.format(a), t, "auto", "hooks", "off", 2.0) for a, t in e2e.items()]
 
 
 def _one_peer(c: Dict[str, Any], one_peer, big) -> Dict[str, List[str]]:
     """(a): ms per step at batch 32, the ratios to the non-private step, and the big batch."""
     names = list(next(iter(one_peer.values())))
     steps = [[s, *(spread(t[n]["cpu"]) for n in names)] for s, t in one_peer.items()]
-    ratios = [
-        [s, *(f"**{_ratio(t[n]['cpu'], t['non-private']['cpu']):.2f}×**" for n in names[1:])]
-        for s, t in one_peer.items()
-    ]
-    out = dict(
-        one_peer=table(["model", *names], steps, None),
-        ratios=table(["model", *names[1:]], ratios, None),
-        big=[],
-    )
+    ratios = [[s, *(f"**{_x(t, n)}**" for n in names[1:])] for s, t in one_peer.items()]
+    out = dict(one_peer=table(["model", *names], steps, None), big=[])
+    out["ratios"] = table(["model", *names[1:]], ratios, None)
     if big:
         names = list(next(iter(big.values())))
         cells = [
             [s, spread(t["non-private"]["cpu"])]
-            + [
-                f"{spread(t[n]['cpu'])} ms, **{_ratio(t[n]['cpu'], t['non-private']['cpu']):.2f}×**"
-                for n in names[1:]
-            ]
+            + [f"{spread(t[n]['cpu'])} ms, **{_x(t, n)}**" for n in names[1:]]
             for s, t in big.items()
         ]
         out["big"] = ["", f"Batch {c['big_batch']}, the same way (ratios to the non-private step):"]
@@ -346,35 +319,21 @@ def _parts(times, operations) -> List[str]:
         whole0, whole1 = t["whole step, non-private"], t["whole step, clipped sum ghost"]
         extra_ops = ops["clipped sum, ghost"] - ops["non-private"]
         per_op = (whole1 - whole0) * 1e3 / extra_ops if extra_ops > 0 else float("nan")
-        rows.append(
-            [spec, f"{fb0:.3f} ms", f"{fb1:.3f} ms", f"{whole0 - fb0:.3f} ms"]
-            + [f"{whole1 - fb1:.3f} ms", str(ops["non-private"]), str(ops["clipped sum, ghost"])]
-            + [str(ops["private step, ghost"]), f"{per_op:.1f} µs"]
-        )
+        ms = (f"{x:.3f} ms" for x in (fb0, fb1, whole0 - fb0, whole1 - fb1))
+        counts = (ops[k] for k in ("non-private", "clipped sum, ghost", "private step, ghost"))
+        rows.append([spec, *ms, *map(str, counts), f"{per_op:.1f} µs"])
     return table_rows(rows)
 
 
 def _end_to_end(e2e) -> List[str]:
     """(b): ring:8 training runs, ms per step without DP and with both engines."""
     rows = []
-    for label, _ in ALGORITHMS:
-        plain, ghost, hooks = (e2e[(label, dp)] for dp in (None, "auto", "hooks"))
-        rows.append(
-            [label, spread(plain["cpu"]), spread(ghost["cpu"]), spread(hooks["cpu"])]
-            + [f"**{_ratio(ghost['cpu'], plain['cpu']):.2f}×**"]
-            + [f"{_ratio(hooks['cpu'], plain['cpu']):.2f}×", f"{median(plain['wall']):.1f}"]
-            + [f"{median(ghost['wall']):.1f}", f"{median(hooks['wall']):.1f}"]
-        )
+    for label, t in e2e.items():
+        cpu = (spread(t[dp]["cpu"]) for dp in ("off", "auto", "hooks"))
+        wall = (f"{median(t[dp]['wall']):.1f}" for dp in ("off", "auto", "hooks"))
+        rows.append([label, *cpu, f"**{_x(t, 'auto', 'off')}**", _x(t, "hooks", "off"), *wall])
     return table_rows(rows)
 
 
-PAGE = register(
-    Page(
-        name="bench_dp",
-        title="what DP-SGD costs per step: clipping engines side by side, private ring:8 training",
-        plan=plan,
-        row=row,
-        render=render,
-        serial=True,
-    )
-)
+TITLE = "what DP-SGD costs per step: clipping engines side by side, private ring:8 training"
+PAGE = register(Page("bench_dp", TITLE, plan, row, render, serial=True))

@@ -1,22 +1,30 @@
 """`python -m experiments bench_sim`: PowerGossip rank 1 on many in-process peers (ResNet-20
-shapes, ring, one torch thread), every ratio measured side by side in one run: steps per second
-of the `SETUPS` in interleaved repetitions, bit-identity, the divergence from commit `before`, one
-peer's half-step alone, `big_peers` peers in two lanes. Earlier commits' PowerGossip is read with
-git (`_commit_code`); where a commit cannot be read, its columns are left out. The page
-(bench_sim.md beside this file) says how each figure is measured.
-"""
+shapes, ring, one torch thread), side by side in one run: steps/s of the `SETUPS`, bit-identity,
+the divergence from commit `before`, one peer alone, `big_peers` peers in two lanes. Earlier
+commits' PowerGossip is read with git (`_commit_code`); one that cannot be read is left out."""
 
 from __future__ import annotations
 
 import contextlib
+import resource
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping
 
+import torch
+
+import topologies
 from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
-from experiments.pages._bench import count_params, header, loopback_communicator, machine
-from experiments.pages._bench import make_params, median, model_shapes
+from experiments.pages._bench import compare_params, count_params, header, loopback_communicator
+from experiments.pages._bench import make_params, median, model_shapes, on_machine, quick_mark
+from experiments.pages._bench import resident_bytes
+from experiments.pages._commit_code import loaded_modules, previous_powergossip
 from experiments.pages._markdown import fill, snippets, table, template
+from experiments.pages.bench_gossip.measure import BenchConfig, isolated_benchmark
+from experiments.pages.bench_gossip.summary import summarize_isolated
+from gossip_powersgd import LocalCluster, PowerGossip
+from gossip_powersgd.algorithms import kernels, powergossip
+from gossip_powersgd.metrics import consensus_distance
 
 #: The page's parts shown where the run calls for them.
 PARTS = snippets(__file__, "bench_sim_parts.md")
@@ -50,8 +58,6 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 def python_kernels():
     """PowerGossip's tensor work run as the kernels' Python bodies, not compiled (what compiling
     buys), until the block ends."""
-    from gossip_powersgd.algorithms import kernels, powergossip
-
     names = ("multiply_into_messages", "form_factors_and_update")
     saved = {name: getattr(powergossip, name) for name in names}
     try:
@@ -69,11 +75,6 @@ def cluster_run(
     """`steps` gossip steps (after two warm-up steps) on `peers` threads in `lanes` lanes (with the
     tensor work as Python for `python`); steps/s from the slowest peer's wall time between two
     barriers, and the final parameters."""
-    import resource
-
-    import topologies
-    from gossip_powersgd import LocalCluster
-
     shapes = model_shapes("resnet20")
 
     def peer(comm: Comm):
@@ -107,9 +108,6 @@ def cluster_run(
 def divergence(before: type, peers: int, marks=(1, 10, 100)) -> Dict[int, Dict[str, float]]:
     """`before`'s PowerGossip against this tree's on ring:`peers` (ResNet-20 shapes, rank 1): the
     largest parameter difference and both consensus distances after each of `marks` steps."""
-    import topologies
-    from gossip_powersgd import LocalCluster, PowerGossip
-    from gossip_powersgd.metrics import consensus_distance
 
     def peer(comm: Comm, algorithm):
         x = make_params(model_shapes("resnet20"), comm.rank)
@@ -126,9 +124,8 @@ def divergence(before: type, peers: int, marks=(1, 10, 100)) -> Dict[int, Dict[s
     return {
         step: {
             "difference": max(
-                float((a - b).abs().max())
+                compare_params(pn[step][0], po[step][0])["max_difference"]
                 for pn, po in zip(new, old)
-                for a, b in zip(pn[step][0], po[step][0])
             ),
             "consensus_new": new[0][step][1],
             "consensus_before": old[0][step][1],
@@ -141,9 +138,6 @@ def one_thread_run(peers: int, steps: int) -> float:
     """Steps/s of `peers` PowerGossip peers stepped in turn by this thread, each on a loopback
     transport: the same per-peer compute on the same working set, without threads or messages
     (what the simulation would reach if switching peers and moving messages cost nothing)."""
-    import topologies
-    from gossip_powersgd import PowerGossip
-
     topology = topologies.parse(f"ring:{peers}")
     shapes = model_shapes("resnet20")
     gossips = [
@@ -163,11 +157,6 @@ def one_thread_run(peers: int, steps: int) -> float:
 def isolated(versions: Dict[str, type], model: str, steps: int, reps: int) -> Dict[str, Any]:
     """Peer 0 of ring:8 alone (`bench_gossip`'s isolated peer): per version, compute ms per
     half-step and its fraction of the copy bandwidth, medians over `reps` interleaved blocks."""
-    import topologies
-
-    from experiments.pages.bench_gossip.measure import BenchConfig, isolated_benchmark
-    from experiments.pages.bench_gossip.summary import summarize_isolated
-
     cfg = BenchConfig(model, "ring:8", "local", steps * reps, reps, naive=False, warmup=2)
     algorithms = {name: (algorithm, True) for name, algorithm in versions.items()}
     iso = summarize_isolated(isolated_benchmark(cfg, topologies.parse(cfg.topology), algorithms))
@@ -177,17 +166,10 @@ def isolated(versions: Dict[str, type], model: str, steps: int, reps: int) -> Di
     }
 
 
+@on_machine
 def row(run: Run) -> Dict[str, Any]:
     """The interleaved repetitions, the divergence from `before`, the isolated peer, the big run."""
-    import resource
-
-    import torch
-
-    from experiments.pages._bench import resident_bytes
-    from experiments.pages._commit_code import loaded_modules, previous_powergossip
-    from gossip_powersgd import PowerGossip
-
-    c, start = run.config, machine()
+    c = run.config
     torch.set_num_threads(1)
     own = c["helpers"] == "own"
     versions = {n: previous_powergossip(c[n], helpers=own) for n in ("before", "previous") if c[n]}
@@ -210,15 +192,13 @@ def row(run: Run) -> Dict[str, Any]:
             results["switches"][name].append(out["switches"])
             finals[name] = out["params"]
         results["sim"]["one thread"].append(one_thread_run(c["peers"], c["steps"]))
-    reference = finals["free"]
+    reference = [t for params in finals["free"] for t in params]
     results["identical"] = all(
-        torch.equal(a.view(-1).view(torch.int32), b.view(-1).view(torch.int32))
+        compare_params(reference, [t for params in finals[name] for t in params])["identical"]
         for name in setups
         if name not in ("before", "free")
-        for pa, pb in zip(reference, finals[name])
-        for a, b in zip(pa, pb)
     )
-    results["scale"] = max(float(a.abs().max()) for pa in reference for a in pa)
+    results["scale"] = max(float(t.abs().max()) for t in reference)
     del finals
     if "before" in versions:
         results["divergence"] = divergence(versions["before"], c["divergence_peers"])
@@ -237,7 +217,7 @@ def row(run: Run) -> Dict[str, Any]:
         "rss_after": resident_bytes() / 2**20,
         "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
-    return dict(results, machine_start=start, machine_end=machine())
+    return results
 
 
 def earlier_code(c: Dict[str, Any], modules: Dict[str, List[str]]) -> str:
@@ -260,50 +240,46 @@ LABELS = {
 }
 
 
-def _switches(switches: Dict[str, List[float]], setup: str) -> str:
-    return f"{median(switches[setup]):,.0f}" if setup in switches else "–"
-
-
 def render(rows: Rows) -> Outputs:
     """The results page."""
     (record,) = rows.records
     c, results = record.config, record.row
     shapes = model_shapes("resnet20")
-    compressed = sum(4 * count_params([item]) for item in shapes if len(item[1]) >= 2)
     half = (c["peers"] + 1) // 2  # lane of rank r: r * 2 // peers (LocalCluster)
     variants = [v for v in LABELS if v in results["sim"]]
     sim, switches = results["sim"], results["switches"]
     each = [
         ("steps / s (median of reps)", lambda v: f"**{median(sim[v]):.1f}**"),
         ("each rep", lambda v: ", ".join(f"{s:.1f}" for s in sim[v])),
-        ("context switches of the process per step (median)", lambda v: _switches(switches, v)),
+        (
+            "context switches of the process per step (median)",
+            lambda v: f"{median(switches[v]):,.0f}" if v in switches else "–",
+        ),
     ]
     # a header whose first cell is empty ("| |"), then the rule and the lines as `table` makes them
     steps_table = ["| | " + " | ".join(LABELS[v].format(**c) for v in variants) + " |"]
     steps_table += table(variants + [""], ([w, *map(cell, variants)] for w, cell in each))[1:]
     page = fill(
         template(__file__, "bench_sim.md"),
-        quick=" (--quick)" if rows.quick else "",
+        quick=quick_mark(rows),
         header=header(rows),
         parameters=count_params(shapes),
-        compressed_mb=compressed / 1e6,
+        compressed_mb=sum(4 * count_params([s]) for s in shapes if len(s[1]) >= 2) / 1e6,
         last_first=half - 1,
         half=half,
         last=c["peers"] - 1,
         earlier_code=earlier_code(c, results["modules"]),
-        steps=c["steps"],
-        peers=c["peers"],
         steps_table=steps_table,
         sections=_sections(c, results, variants),
-        isolated_steps=c["isolated_steps"],
-        big_peers=c["big_peers"],
         **_isolated(c, results),
+        **{f"big_{k}": v for k, v in results["big"].items() if k != "steps"},
+        **c,
     )
     return {"bench_sim.md": page + "\n"}
 
 
 def _sections(c: Dict[str, Any], results: Dict[str, Any], variants: List[str]) -> List[str]:
-    """The ratios, the bit-identity, the divergence from `before`, the isolated peer, the big run."""
+    """The ratios, the bit-identity, the divergence from `before`."""
     sim = {v: median(results["sim"][v]) for v in variants}
     ratios = [
         f"two lanes / one lane: **{sim['lanes'] / sim['turns']:.2f}×**",
@@ -311,69 +287,51 @@ def _sections(c: Dict[str, Any], results: Dict[str, Any], variants: List[str]) -
     ]
     if "previous" in sim:
         pairs = [t / p for t, p in zip(results["sim"]["turns"], results["sim"]["previous"])]
-        ratios += [
-            f"two lanes / `{c['previous']}`: **{sim['lanes'] / sim['previous']:.2f}×**",
-            f"one lane, this tree / `{c['previous']}`: {sim['turns'] / sim['previous']:.2f}× "
-            "(repetition by repetition, the two run next to each other: "
-            f"{', '.join(f'{r:.2f}' for r in pairs)}; median {median(pairs):.2f}×)",
-        ]
+        ratios.append(
+            PARTS["previous ratios"].format(
+                previous=c["previous"],
+                lanes=sim["lanes"] / sim["previous"],
+                turns=sim["turns"] / sim["previous"],
+                pairs=", ".join(f"{r:.2f}" for r in pairs),
+                median=median(pairs),
+            )
+        )
     ratios.append(f"one lane / free threads (this tree): {sim['turns'] / sim['free']:.1f}×")
     if "before" in sim:
         ratios.append(f"two lanes / before: {sim['lanes'] / sim['before']:.1f}×")
     with_previous = f" and with `{c['previous']}`" if "previous" in sim else ""
-    L = [
-        "Ratios of the medians: " + "; ".join(ratios) + ".",
-        "",
-        "Final parameters of all peers bit-identical with free threads, one lane and two lanes, "
-        f"compiled or not{with_previous}: **{'yes' if results['identical'] else 'no'}**.",
-        "",
-    ]
+    identical = "yes" if results["identical"] else "no"
+    lines = ["Ratios of the medians: " + "; ".join(ratios) + ".", ""]
+    lines += [PARTS["identical"].format(with_previous=with_previous, identical=identical), ""]
     if "divergence" in results:
-        L += PARTS["divergence"].format(scale=results["scale"], **c).split("\n")
-        L += [
+        lines += PARTS["divergence"].format(scale=results["scale"], **c).split("\n")
+        lines += [
             f"| {step} | {d['difference']:.1e} | {d['consensus_new']:.6g} | "
             f"{d['consensus_before']:.6g} |"
             for step, d in results["divergence"].items()
         ] + [""]
-    return L
-
-
-def _exchange(m: Dict[str, float]) -> str:
-    return f"{m['ms']:.2f} ms, **{m['of_copy'] * 100:.0f} %**"
+    return lines
 
 
 def _isolated(c: Dict[str, Any], results: Dict[str, Any]) -> Dict[str, Any]:
-    """The template's fields of one peer's half-step alone, per version, and of the big run."""
-    iso, big = results["isolated"], results["big"]
+    """One peer's half-step alone, per version: the table, the ratio to `previous`, the rate."""
+    iso = results["isolated"]
     shown = [v for v in ("before", "previous", "after") if v in iso]
     name = {"before": f"before (`{c['before']}`)", "previous": f"`{c['previous']}`"}
     head = ["model", *(f"{name.get(v, 'after (this tree)')}: ms, % of copy" for v in shown)]
     models = ("resnet20", "vgg16")
-    cells = [[m, *(_exchange(iso[v][m]) for v in shown)] for m in models]
+    cells = [
+        [m, *(f"{iso[v][m]['ms']:.2f} ms, **{iso[v][m]['of_copy'] * 100:.0f} %**" for v in shown)]
+        for m in models
+    ]
     lines = table(head, cells, None)
     if "previous" in iso:
-        ratios = (f"{m} {iso['previous'][m]['ms'] / iso['after'][m]['ms']:.2f}×" for m in models)
-        lines += [
-            "",
-            f"Exchange time, `{c['previous']}` / this tree (above 1: this tree is faster): "
-            f"{', '.join(ratios)}.",
-        ]
-    return dict(
-        isolated=lines,
-        big_steps=big["steps"],
-        big_seconds=big["seconds_per_step"],
-        big_rate=1 / big["seconds_per_step"],
-        **{k: big[k] for k in ("rss_before", "rss_after", "peak")},
-    )
+        ratios = ", ".join(
+            f"{m} {iso['previous'][m]['ms'] / iso['after'][m]['ms']:.2f}×" for m in models
+        )
+        lines += ["", PARTS["exchange"].format(previous=c["previous"], ratios=ratios)]
+    return dict(isolated=lines, big_rate=1 / results["big"]["seconds_per_step"])
 
 
-PAGE = register(
-    Page(
-        name="bench_sim",
-        title="PowerGossip r1 on 64 in-process peers: free threads, turns, two lanes, earlier commits",
-        plan=plan,
-        row=row,
-        render=render,
-        serial=True,
-    )
-)
+TITLE = "PowerGossip r1 on 64 in-process peers: free threads, turns, two lanes, earlier commits"
+PAGE = register(Page("bench_sim", TITLE, plan, row, render, serial=True))

@@ -1,17 +1,24 @@
 """`python -m experiments bench_startup`: how soon `gossip-train` speaks, and where its start-up
-time goes, under mpiexec and torchrun, next to the launcher alone and `import torch` alone; each
-repetition launches every command in turn and stamps rank 0's lines (`MARKS`) with the seconds
-since launch. --quick: 2 processes, the tiny config, one repetition.
-"""
+time goes, under mpiexec and torchrun, next to the launcher alone and `import torch` alone: each
+repetition launches every command in turn, stamping rank 0's lines (`MARKS`) with the time."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
 from typing import Any, Dict, List, Mapping
 
 from experiments.engine import ROOT, Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
-from experiments.pages._bench import median, spread
-from experiments.pages._markdown import fill, table, template
+from experiments.pages._bench import median, quick_mark, spread
+from experiments.pages._markdown import fill, snippets, table
 
 #: (processes, repetitions, the training config's overrides) of the page and of --quick.
 SETTING = {
@@ -29,7 +36,7 @@ MARKS = (
 LAUNCHERS = ("mpiexec", "torchrun")
 #: The line each baseline prints (`_commands`).
 PREFIXES = {"print": ["line"], "import-torch": ["imported"]}
-PREFIXES_ORDER = ("print", "import-torch", "train")
+TEXT = snippets(__file__, "bench_startup.md")
 
 
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
@@ -45,30 +52,22 @@ def _commands(processes: int, config: str, overrides: List[str]) -> Dict[str, Li
     for text in overrides:
         train += ["--set", text]
     mpiexec = ["mpiexec", "-n", n]
-    torchrun = ["torchrun", "--standalone", "--nproc-per-node", n]
+    torchrun = ["torchrun", "--standalone", "--nproc-per-node", n, "--no-python", "python"]
     say = "print('line', flush=True)"
     imported = "import torch; print('imported', flush=True)"
     return {
         "mpiexec/print": [*mpiexec, "python", "-c", say],
-        "torchrun/print": [*torchrun, "--no-python", "python", "-c", say],
+        "torchrun/print": [*torchrun, "-c", say],
         "mpiexec/import-torch": [*mpiexec, "python", "-c", imported],
-        "torchrun/import-torch": [*torchrun, "--no-python", "python", "-c", imported],
+        "torchrun/import-torch": [*torchrun, "-c", imported],
         "mpiexec/train": [*mpiexec, "python", *train, "--set", "backend=mpi"],
-        "torchrun/train": [*torchrun, *train, "--set", "backend=torch"],
+        "torchrun/train": [*torchrun[:-2], *train, "--set", "backend=torch"],
     }
 
 
-def _launch(
-    argv: List[str], prefixes: List[str], env: Dict[str, str], timeout: float
-) -> Dict[str, Any]:
+def _launch(argv: List[str], prefixes: List[str], env: Dict[str, str], timeout: float):
     """Run `argv`: {"marks": the seconds from its launch to the first line starting with each of
     `prefixes`, and to its exit ("exit")}; a failure is an error with its last lines."""
-    import os
-    import signal
-    import subprocess
-    import threading
-    import time
-
     start = time.perf_counter()
     process = subprocess.Popen(
         argv,
@@ -86,9 +85,7 @@ def _launch(
     try:
         for line in process.stdout:
             now = round(time.perf_counter() - start, 3)
-            for prefix in prefixes:
-                if line.startswith(prefix):
-                    marks.setdefault(prefix, now)
+            marks.update({p: now for p in prefixes if line.startswith(p) and p not in marks})
             tail = (tail + [line.rstrip()])[-5:]
         status = process.wait()
     finally:
@@ -101,19 +98,12 @@ def _launch(
 
 def row(run: Run) -> Dict[str, Any]:
     """Every launch of every repetition, interleaved, stamped (see the module docstring)."""
-    import os
-    import shutil
-    import sys
-    import tempfile
-    from pathlib import Path
-
-    setting = run.config
+    setting, launches = run.config, []
     processes = setting["processes"]
     commands = _commands(processes, setting["config"], setting["set"])
     bin_dir = Path(sys.executable).parent
     env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     load = [os.getloadavg()[0]]
-    launches = []
     for repetition in range(setting["repetitions"]):
         for kind, command in commands.items():
             out = tempfile.mkdtemp(prefix="bench-startup-")
@@ -129,6 +119,13 @@ def row(run: Run) -> Dict[str, Any]:
             finally:
                 shutil.rmtree(out, ignore_errors=True)
     load.append(os.getloadavg()[0])
+    lines = {
+        kind: " ".join(
+            (f'"{a}"' if " " in a else a).replace("out_dir=OUT", "out_dir=<a new folder>")
+            for a in command
+        )
+        for kind, command in commands.items()
+    }
     return {
         "processes": processes,
         "repetitions": setting["repetitions"],
@@ -137,13 +134,7 @@ def row(run: Run) -> Dict[str, Any]:
             "mpiexec": f"mpiexec -n {processes}",
             "torchrun": f"torchrun --nproc-per-node {processes}",
         },
-        "command_lines": {
-            kind: " ".join(
-                (f'"{a}"' if " " in a else a).replace("out_dir=OUT", "out_dir=<a new folder>")
-                for a in command
-            )
-            for kind, command in commands.items()
-        },
+        "command_lines": lines,
         "launches": launches,
         "cores": os.cpu_count(),
         "load": load,
@@ -154,72 +145,57 @@ def _times(launches: List[Dict[str, Any]], mark: str) -> List[float]:
     return [launch["marks"][mark] for launch in launches if mark in launch["marks"]]
 
 
-def _cell(launches: List[Dict[str, Any]], mark: str) -> str:
-    t = _times(launches, mark)
-    return spread(t, "-") if t else "n/a"
-
-
-def _verdict(commands, train, imports, baseline) -> List[str]:
-    """One line per launcher: when the first line comes, against the launcher alone and torch."""
-    lines = []
-    for k in LAUNCHERS:
-        first = _times(train[k], "start:")
-        torch_line = _times(imports[k], "imported")
-        alone = _times(baseline[k], "line")
-        if first and torch_line and alone:
-            at, imported = median(first), median(torch_line)
-            lines.append(
-                f"- {commands[k]}: the first line comes {at:.2f} s after the launch (the launcher "
-                f"alone prints at {median(alone):.2f} s), "
-                + (
-                    f"before `import torch` ends in any process ({imported:.2f} s; "
-                    f"{at / imported:.2f}x of it)."
-                    if at < imported
-                    else f"after `import torch` ends in the first process ({imported:.2f} s)."
-                )
-            )
-    return lines
+def _verdict(command: str, train, imports, baseline) -> List[str]:
+    """When the first line comes under one launcher, against the launcher alone and torch."""
+    first, torch_line = _times(train, "start:"), _times(imports, "imported")
+    alone = _times(baseline, "line")
+    if not (first and torch_line and alone):
+        return []
+    at, imported = median(first), median(torch_line)
+    when = TEXT["before" if at < imported else "after"].format(
+        imported=imported, ratio=at / imported
+    )
+    return [TEXT["verdict"].format(command=command, at=at, alone=median(alone), when=when)]
 
 
 def render(rows: Rows) -> Outputs:
+    """The page: bench_startup.md's `page` filled in."""
     (record,) = rows.records
     data = record.row
     launches = {kind: [r for r in data["launches"] if r["kind"] == kind] for kind in data["kinds"]}
-    commands = data["commands"]
     baseline, imports, train = (
-        {k: launches[f"{k}/{what}"] for k in LAUNCHERS} for what in PREFIXES_ORDER
+        [launches[f"{k}/{what}"] for k in LAUNCHERS] for what in ("print", "import-torch", "train")
     )
-    # The table's lines: (what, which launches, the mark timed).
-    timed = [
+    timed = [  # the table's lines: (what, which launches, the mark timed)
         ("the launcher alone: `python -c print`", baseline, "line"),
         ('`python -c "import torch; print()"`: the first process\'s line', imports, "imported"),
         *((f"gossip-train: {label}", train, mark) for label, mark in MARKS),
         ("gossip-train: every process exited", train, "exit"),
     ]
-    head = ["what (rank 0's line)", *(f"`{commands[k]}`" for k in LAUNCHERS)]
-    cells = ([what, *(_cell(group[k], mark) for k in LAUNCHERS)] for what, group, mark in timed)
+    head = ["what (rank 0's line)", *(f"`{data['commands'][k]}`" for k in LAUNCHERS)]
+    cells = [
+        [what, *(spread(t, "-") if (t := _times(g, m)) else "n/a" for g in group)]
+        for what, group, m in timed
+    ]
     page = fill(
-        template(__file__, "bench_startup.md"),
-        quick=" (--quick)" if rows.quick else "",
+        TEXT["page"],
+        quick=quick_mark(rows),
         made_by=made_by(rows),
         load_start=data["load"][0],
         load_end=data["load"][1],
         table=table(head, cells, None),
-        verdict=_verdict(commands, train, imports, baseline),
+        verdict=[
+            v
+            for k, *g in zip(LAUNCHERS, train, imports, baseline)
+            for v in _verdict(data["commands"][k], *g)
+        ],
         commands=[f"- `{data['command_lines'][kind]}`" for kind in data["kinds"]],
         **{k: data[k] for k in ("processes", "repetitions", "cores")},
     )
-    return {"bench_startup.md": page}
+    return {"bench_startup.md": page + "\n"}
 
 
-PAGE = register(
-    Page(
-        name="bench_startup",
-        title="start-up of gossip-train under mpiexec and torchrun: first line, set-up phases",
-        plan=plan,
-        row=row,
-        render=render,
-    )
-)
+TITLE = "start-up of gossip-train under mpiexec and torchrun: first line, set-up phases"
+PAGE = register(Page("bench_startup", TITLE, plan, row, render))
 
 __all__ = ["PAGE", "ROOT"]

@@ -1,17 +1,25 @@
 """`python -m experiments bench_gossip`: PowerGossip (rank 1) against exact gossip on the zoo's
-ResNet-20 and VGG-16 shapes, 8 peers, in-process and under MPI (an MPI setting is its own
-`mpiexec -n 8`, `measure.py` its child): bytes, time per step, the naive and `BEFORE`'s PowerGossip
-in interleaved blocks, copy bandwidth and compute efficiency, in situ and for one isolated peer;
-one more run times the kernels, one more counts the default VGG-16's bytes. The page (page.md and
-its pieces beside this file) says how each figure is measured.
-"""
+ResNet-20 and VGG-16 shapes, 8 peers, in-process and under MPI (`mpiexec -n 8`, `measure.py` its
+child): bytes, time per step, the naive and `BEFORE`'s PowerGossip in interleaved blocks, copy
+bandwidth and compute efficiency, in situ and for one isolated peer; the kernels; the default
+VGG-16's bytes. The page (page.md and the .md files beside it) says how each figure is measured."""
 
 from __future__ import annotations
 
+import json
+import tempfile
+import time
+from pathlib import Path
 from typing import Any, Dict, List, Mapping
 
+import torch
+
+import topologies
 from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
+from experiments.pages._bench import compact, header, on_machine, python_child, quick_mark
+from experiments.pages._bench import run_child
+from gossip_powersgd.launch import run_peers
 
 #: The commit whose PowerGossip runs beside this tree's: 6df8d52 is main before Architecture II
 #: touched `algorithms/`.
@@ -52,38 +60,22 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
     return runs + [bytes_only("vgg16_bn", "ring:8")]
 
 
+@on_machine
 def row(run: Run) -> Dict[str, Any]:
     """The kernels' speeds; or a setting's summary and raw numbers (floats to 5 digits)."""
-    import json
-    import tempfile
-    import time
-    from pathlib import Path
-
-    import torch
-
-    import topologies
-    from experiments.pages._bench import compact, machine, python_child, run_child
-    from gossip_powersgd.launch import run_peers
-
     from .measure import BenchConfig, isolated_benchmark, kernel_benchmark, peer_benchmark
     from .summary import summarize_setting
 
-    start = machine()
     torch.set_num_threads(1)
     if run.key == "kernels":
-        return dict(
-            kernel_benchmark(run.config["rounds"]), machine_start=start, machine_end=machine()
-        )
+        return kernel_benchmark(run.config["rounds"])
     cfg = BenchConfig(**run.config)
     topology = topologies.parse(cfg.topology)
     if cfg.backend == "mpi":
         with tempfile.TemporaryDirectory(prefix="bench_gossip-") as folder:
-            out = Path(folder) / "setting.json"
-            module, args = (
-                "experiments.pages.bench_gossip.measure",
-                [json.dumps(run.config), str(out)],
-            )
-            status, err = run_child(python_child(module, args, "mpi", topology.size), 1800)
+            out, module = Path(folder) / "setting.json", "experiments.pages.bench_gossip.measure"
+            command = python_child(module, [json.dumps(run.config), str(out)], "mpi", topology.size)
+            status, err = run_child(command, 1800)
             if status != 0:
                 raise RuntimeError(f"{run.key}: mpiexec failed ({status}): {err.strip()[-500:]}")
             raw = json.loads(out.read_text())
@@ -93,35 +85,20 @@ def row(run: Run) -> Dict[str, Any]:
         iso = isolated_benchmark(cfg, topology) if cfg.isolated and not cfg.bytes_only else None
         raw = {"peers": [values[rank] for rank in sorted(values)], "isolated": iso}
         raw["seconds"] = time.perf_counter() - started
-    summary = dict(
-        summarize_setting(cfg, raw["peers"], raw["isolated"]), seconds=raw.pop("seconds")
-    )
-    return {
-        "summary": summary,
-        "raw": compact(raw),
-        "machine_start": start,
-        "machine_end": machine(),
-    }
+    seconds = raw.pop("seconds")
+    summary = dict(summarize_setting(cfg, raw["peers"], raw["isolated"]), seconds=seconds)
+    return {"summary": summary, "raw": compact(raw)}
 
 
 def render(rows: Rows) -> Outputs:
-    from experiments.pages._bench import header
-
+    """The page (report.py)."""
     from .report import render_markdown
 
     kernels = rows.by_key.get("kernels")
     summaries = [r.row["summary"] for r in rows.records if r.key != "kernels"]
-    title = " (--quick)" if rows.quick else ""
-    return {"bench_gossip.md": render_markdown(summaries, kernels, header(rows), title) + "\n"}
+    page = render_markdown(summaries, kernels, header(rows), quick_mark(rows))
+    return {"bench_gossip.md": page + "\n"}
 
 
-PAGE = register(
-    Page(
-        name="bench_gossip",
-        title="PowerGossip r1 vs exact gossip on ResNet-20 / VGG-16 shapes: bytes, time, efficiency",
-        plan=plan,
-        row=row,
-        render=render,
-        serial=True,
-    )
-)
+TITLE = "PowerGossip r1 vs exact gossip on ResNet-20 / VGG-16 shapes: bytes, time, efficiency"
+PAGE = register(Page("bench_gossip", TITLE, plan, row, render, serial=True))

@@ -1,10 +1,7 @@
 """What the benchmark measures on each peer: bytes and times of exact gossip and PowerGossip, copy
 bandwidth, one peer's half-steps alone on a loopback transport, and the kernels of one half-step.
-
-Run as a program it is an MPI setting's child (`mpiexec -n 8 python -m
-experiments.pages.bench_gossip.measure CONFIG_JSON OUT`, by the page's `row`): every rank measures,
-rank 0 also the isolated peer, and rank 0 writes every peer's measurements to OUT.
-"""
+As a program it is an MPI setting's child (`mpiexec -n 8 python -m
+experiments.pages.bench_gossip.measure CONFIG_JSON OUT`): rank 0 writes every peer's numbers."""
 
 from __future__ import annotations
 
@@ -14,14 +11,16 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
-from experiments.pages._bench import (
-    Shapes,
-    compare_params,
-    copy_bandwidth,
-    loopback_communicator,
-    make_params,
-    model_shapes,
-)
+import torch
+import torch.nn.functional as F
+
+import topologies
+from experiments.pages._bench import Shapes, compare_params, copy_bandwidth, loopback_communicator
+from experiments.pages._bench import make_params, median, model_shapes
+from experiments.pages._commit_code import loaded_modules, previous_powergossip
+from gossip_powersgd import ExactGossip, PowerGossip
+from gossip_powersgd.launch import mpi_world, run_peers
+from gossip_powersgd.utils import atomic_write
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Comm
@@ -29,10 +28,9 @@ if TYPE_CHECKING:
 
 
 def block_order(names: Sequence[str], rep: int) -> List[str]:
-    """The variants' order in repetition `rep`: alternating (A B, B A, ...) so that drift of the
-    shared machine cancels; with a "before" variant, "batched" and "before" also swap places every
-    second pair of repetitions, so each of the two is the first block after the copy (cold caches)
-    as often as the other."""
+    """The variants' order in repetition `rep`: alternating (A B, B A, ...) so that the shared
+    machine's drift cancels; "batched" and "before" also swap places every second pair, so each is
+    the first block after the copy (cold caches) as often as the other."""
     order = list(names) if rep % 2 == 0 else list(names)[::-1]
     if {"before", "batched"} <= set(order) and (rep // 2) % 2 == 1:
         i, j = order.index("batched"), order.index("before")
@@ -57,14 +55,11 @@ def run_block(algorithm, comm: Comm, steps: int) -> Dict[str, Any]:
     return {"steps": records, "wall": time.perf_counter() - wall}
 
 
-def even_steps(n: int) -> int:
-    """`n` rounded up to an even count (whole power iterations), at least 2."""
-    return max(2, n + (n % 2))
-
-
 @dataclasses.dataclass
 class BenchConfig:
-    """One setting: a parameter set on a topology and a backend, and how long to measure."""
+    """One setting: a parameter set on a topology and a backend, and how long to measure.
+    `before`: a commit whose PowerGossip (its own helper modules, `_commit_code`) runs as one more
+    variant, batched, in blocks interleaved with this tree's, final parameters compared bitwise."""
 
     model: str
     topology: str
@@ -80,9 +75,6 @@ class BenchConfig:
     isolated: bool = True
     bytes_only: bool = False
     shapes: Optional[Shapes] = None  # overrides `model` (tests use a tiny parameter set)
-    # A commit whose PowerGossip (with its own helper modules, `_commit_code`) runs as
-    # one more variant, "before", batched, in blocks interleaved with this tree's: old and new
-    # timed side by side in one run, and their final parameters compared bit for bit.
     before: Optional[str] = None
 
     def parameter_shapes(self) -> Shapes:
@@ -91,51 +83,46 @@ class BenchConfig:
 
     @property
     def block(self) -> int:
-        """Steps per measured block."""
-        return even_steps(max(1, self.steps // self.reps))
+        """Steps per measured block: an even count (whole power iterations), at least 2."""
+        n = max(1, self.steps // self.reps)
+        return max(2, n + (n % 2))
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def peer_benchmark(comm: Comm, cfg: BenchConfig) -> Dict[str, Any]:
     """What one peer measures in the n-peer run (both transports call this, one call per peer)."""
-
-    from gossip_powersgd import ExactGossip
-
     base = make_params(cfg.parameter_shapes(), comm.rank)
     out: Dict[str, Any] = {"rank": comm.rank, "degree": len(comm.neighbors)}
-
     # Exact gossip: bytes from the counters, and a time reference. Freed before PowerGossip starts.
-    exact_params = [t.clone() for t in base]
-    exact = ExactGossip(exact_params, comm)
+    exact = ExactGossip([t.clone() for t in base], comm)
     comm.barrier()
     if cfg.exact_steps > 1:
         run_block(exact, comm, 1)  # warm-up (first-touch allocations)
         comm.barrier()
     out["exact"] = run_block(exact, comm, cfg.exact_steps)
     out["exact_warmup"] = cfg.exact_steps > 1
-    out["exact"]["param_bytes"] = sum(t.numel() * t.element_size() for t in exact_params)
-    del exact, exact_params
-
+    out["exact"]["param_bytes"] = _bytes(exact.params)
+    del exact
     gossips = build(variants(cfg), base, comm, cfg.rank)
     del base
     first = next(iter(gossips.values()))
     out["compressed_fraction"] = first.compressed_fraction
-    out["param_bytes"] = sum(t.numel() * t.element_size() for t in first.params)
+    out["param_bytes"] = _bytes(first.params)
     out["compressed_bytes"] = compressed_bytes(first)
     out["gamma"] = first.gamma
-
     if cfg.bytes_only:
         comm.barrier()
         out["variants"] = {"batched": [run_block(first, comm, 2)]}
         out["bandwidth_concurrent"] = []
         return out
-
     # every peer copies at the same time: the bandwidth each gets in this setting
     out["variants"], out["bandwidth_concurrent"] = interleaved_blocks(
         gossips, comm, cfg, cfg.concurrent_copy_mb, comm.barrier
     )
     if "before" in gossips:
-        from experiments.pages._commit_code import loaded_modules
-
         out["before"] = compare_params(gossips["batched"].params, gossips["before"].params)
         out["before"]["modules"] = loaded_modules(cfg.before)
     return out
@@ -144,8 +131,6 @@ def peer_benchmark(comm: Comm, cfg: BenchConfig) -> Dict[str, Any]:
 def before_powergossip(commit: str) -> type:
     """`commit`'s PowerGossip with its own helper modules (loaded once per process); a one-line
     error when it cannot be read."""
-    from experiments.pages._commit_code import previous_powergossip
-
     algorithm = previous_powergossip(commit, helpers=True)
     if algorithm is None:
         raise ValueError(
@@ -158,8 +143,6 @@ def before_powergossip(commit: str) -> type:
 
 def variants(cfg: BenchConfig) -> Dict[str, Tuple[type, bool]]:
     """A setting's PowerGossips: name -> (class, batch_neighbors); "batched" first."""
-    from gossip_powersgd import PowerGossip
-
     out = {"batched": (PowerGossip, True)}
     if cfg.before is not None and not cfg.bytes_only:
         out["before"] = (before_powergossip(cfg.before), True)
@@ -178,27 +161,18 @@ def build(algorithms: Dict[str, Tuple[type, bool]], base, comm: Comm, rank: int)
 
 def compressed_bytes(gossip) -> int:
     """Bytes of the parameters PowerGossip compresses (its matrices)."""
-    return sum(
-        t.numel() * t.element_size()
-        for k, t in enumerate(gossip.params)
-        if k in gossip.compressed_indices
-    )
+    return _bytes(t for k, t in enumerate(gossip.params) if k in gossip.compressed_indices)
 
 
 def isolated_benchmark(
-    cfg: BenchConfig,
-    topology: AnyTopology,
-    algorithms: Optional[Dict[str, Tuple[type, bool]]] = None,
+    cfg: BenchConfig, topology: AnyTopology, algorithms: Optional[Dict[str, Tuple]] = None
 ) -> Dict[str, Any]:
-    """Peer 0's half-steps alone (loopback transport, one thread), interleaved with one-thread copies
-    of `isolated_copy_mb` MB: compute efficiency without oversubscription. `algorithms`: the
-    variants (name -> (PowerGossip class, batch_neighbors)); default: the setting's."""
-    import torch
-
+    """Peer 0's half-steps alone (loopback transport, one thread), interleaved with one-thread
+    copies of `isolated_copy_mb` MB: compute efficiency without oversubscription. `algorithms`:
+    name -> (PowerGossip class, batch_neighbors); default: the setting's variants."""
     comm = loopback_communicator(topology, 0)
-    gossips = build(
-        algorithms or variants(cfg), make_params(cfg.parameter_shapes(), 0), comm, cfg.rank
-    )
+    params = make_params(cfg.parameter_shapes(), 0)
+    gossips = build(algorithms or variants(cfg), params, comm, cfg.rank)
     blocks, bandwidth = interleaved_blocks(gossips, comm, cfg, cfg.isolated_copy_mb, lambda: None)
     return {
         "degree": len(comm.neighbors),
@@ -209,14 +183,10 @@ def isolated_benchmark(
     }
 
 
-def interleaved_blocks(
-    gossips: Dict[str, Any], comm: Comm, cfg: BenchConfig, copy_mb: int, barrier
-) -> Tuple[Dict[str, List[Dict[str, Any]]], List[float]]:
+def interleaved_blocks(gossips: Dict[str, Any], comm: Comm, cfg: BenchConfig, copy_mb, barrier):
     """A warm-up block of every variant, then `cfg.reps` rounds of a one-thread copy of `copy_mb`
-    MB (its GB/s) and a measured block of every variant (`block_order`); `barrier()` before each
-    block and copy. ({variant: its blocks}, the copies' GB/s)."""
-    import torch
-
+    MB (its GB/s) and a measured block of every variant (`block_order`), `barrier()` before each
+    block and copy: ({variant: its blocks}, the copies' GB/s)."""
     for g in gossips.values():
         barrier()
         run_block(g, comm, cfg.warmup)
@@ -234,10 +204,9 @@ def interleaved_blocks(
     return blocks, bandwidth
 
 
-#: The kernels of one half-step, per k: key -> (display name, kernel(M, Q, P, QT, PT, outputs),
-#: bytes it moves in units of M). "library": what PowerGossip does (factors stored vector-major,
-#: Qᵀ and Pᵀ contiguous); "before": the first formulation (factors stored rows x r), kept to show
-#: what the layout costs; then per-matrix and per-column alternatives.
+#: The kernels of one half-step: key -> (display name, bytes it moves in units of M). "library":
+#: what PowerGossip does (factors stored vector-major, Qᵀ and Pᵀ contiguous); "before": the first
+#: formulation (factors stored rows x r); then per-matrix and per-column alternatives.
 KERNELS = {
     "right.library": ("right: bmm(Q^T, M^T view) [library]", 1),
     "left.library": ("left: bmm(P^T, M) [library]", 1),
@@ -253,9 +222,6 @@ KERNELS = {
 
 def _kernel(key: str, M, k: int):
     """The kernel `key` on M (b x rows x cols) with k-column factors, as a function of nothing."""
-    import torch
-    import torch.nn.functional as F
-
     b, rows, cols = M.shape
     Q, P = torch.randn(b, cols, k), torch.randn(b, rows, k).mul_(1e-3)
     QT, PT = Q.transpose(1, 2).contiguous(), P.transpose(1, 2).contiguous()
@@ -275,14 +241,9 @@ def _kernel(key: str, M, k: int):
 
 
 def kernel_benchmark(rounds: int = 7, columns: Sequence[int] = (1, 2, 3, 4)) -> Dict[str, Any]:
-    """Time the kernels of one PowerGossip half-step on the largest VGG-16 group (five 512 x 4608
-    matrices, 47 MB), one thread, each right after a 96 MB copy that it is compared with (the
-    machine's load drifts): median over `rounds` of kernel GB/s / copy GB/s. `k` = deg x rank is the
-    number of columns of the batched product (k = 1 is also what the naive path multiplies by)."""
-    import torch
-
-    from experiments.pages._bench import median
-
+    """Time the kernels of one half-step on the largest VGG-16 group (five 512 x 4608 matrices),
+    one thread, each right after a 96 MB copy it is compared with (the load drifts): median over
+    `rounds` of kernel GB/s / copy GB/s. `k` = deg x rank columns (k = 1: the naive path's)."""
     b, rows, cols = 5, 512, 4608
     M = torch.randn(b, rows, cols).mul_(cols**-0.5)
     src = torch.ones(24 * 2**20)
@@ -323,9 +284,9 @@ def kernel_benchmark(rounds: int = 7, columns: Sequence[int] = (1, 2, 3, 4)) -> 
 
 
 def mpi_peer(comm: Comm, cfg: BenchConfig, topology: AnyTopology) -> Dict[str, Any]:
-    """One rank's part of an MPI setting: its own measurements, then rank 0 measures the isolated
-    half-steps while the others sleep in a barrier (the MPI transport's waits poll with sleeps, so
-    waiting ranks leave the cores alone); rank 0 gets every peer's measurements."""
+    """One rank's part of an MPI setting: its own numbers, then rank 0 measures the isolated
+    half-steps while the others wait in a barrier (the MPI transport's waits sleep, leaving the
+    cores alone); rank 0 gets every peer's numbers."""
     mine = peer_benchmark(comm, cfg)
     isolated = None
     if cfg.isolated and not cfg.bytes_only:
@@ -341,24 +302,19 @@ def mpi_peer(comm: Comm, cfg: BenchConfig, topology: AnyTopology) -> Dict[str, A
     return {"peers": [json.loads(p[:n]) for p, n in zip(padded, sizes)], "isolated": isolated}
 
 
-if __name__ == "__main__":  # an MPI setting's child: this rank's part, rank 0 writes OUT
+def _main(config: str, out: str) -> int:
+    """An MPI setting's child: this rank's part; rank 0 writes OUT."""
+    torch.set_num_threads(1)
+    cfg = BenchConfig(**json.loads(config))
+    topology = topologies.parse(cfg.topology)
+    started = time.perf_counter()
+    result = next(iter(run_peers(topology, mpi_peer, cfg, topology, backend="mpi").values()))
+    if mpi_world()[0] == 0:
+        atomic_write(out, json.dumps(dict(result, seconds=time.perf_counter() - started)))
+    return 0
 
-    def main(config: str, out: str) -> int:
-        import torch
 
-        import topologies
-        from gossip_powersgd.launch import mpi_world, run_peers
-        from gossip_powersgd.utils import atomic_write
-
-        torch.set_num_threads(1)
-        cfg = BenchConfig(**json.loads(config))
-        topology = topologies.parse(cfg.topology)
-        started = time.perf_counter()
-        result = next(iter(run_peers(topology, mpi_peer, cfg, topology, backend="mpi").values()))
-        if mpi_world()[0] == 0:
-            atomic_write(out, json.dumps(dict(result, seconds=time.perf_counter() - started)))
-        return 0
-
+if __name__ == "__main__":
     from gossip_powersgd.launch import main_guard
 
-    main_guard(main, *sys.argv[1:])
+    main_guard(_main, *sys.argv[1:])

@@ -1,34 +1,195 @@
-"""The benchmark's page: targets, findings, per-setting tables, the isolated-peer and kernel tables,
-all rendered from the summaries (and the kernel records, looked up by their `key`)."""
+"""The benchmark's page from the settings' summaries and the kernels' run: the targets judged per
+model, what limits the numbers, the earlier commit's PowerGossip beside this tree's, per-setting
+tables, the isolated-peer and kernel tables. Fixed text: the .md files beside this one."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
-from experiments.pages._bench import MODELS, count_params, model_shapes
-from experiments.pages._bench import median as _median
-from experiments.pages._markdown import columns, fill, table, table_rows, template
+from experiments.pages._bench import MODELS, count_params, median, model_shapes
+from experiments.pages._markdown import columns, fill, snippets, table, table_rows, template
 
-from .verdicts import _mb, _ms, _pct, _span, _x, _yes, findings, kernel_prediction, targets
+PARTS = snippets(__file__, "parts.md")
+TARGET_BYTES_RATIO, TARGET_EFFICIENCY, TARGET_SPEEDUP = 500.0, 0.5, 1.8
 
-#: A setting's table, a row a line: (label, exact gossip's cell, a PowerGossip variant's cell).
+
+def _mb(x: float) -> str:
+    for unit, scale in (("MB", 1e6), ("kB", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.0f} B"
+
+
+def _ms(x: Optional[float]) -> str:
+    return "–" if x is None else f"{x * 1e3:.1f}"
+
+
+def _pct(x: Optional[float]) -> str:
+    return "–" if x is None else f"{x * 100:.0f} %"
+
+
+def _yes(b: bool) -> str:
+    return "yes" if b else "**NO**"
+
+
+def _x(compute: float, total: float) -> str:
+    """A compute ratio (bold) and a step-time ratio."""
+    return f"**{compute:.2f}×**, {total:.2f}×"
+
+
+def _times(x: float) -> str:
+    return f"{x:.2f}×"
+
+
+def _span(values: Sequence[float], fmt) -> str:
+    lo, hi = fmt(min(values)), fmt(max(values))
+    return lo if lo == hi else f"{lo} – {hi}"
+
+
+def _settings(n: int) -> str:
+    return f"{n} setting{'s' if n > 1 else ''}"
+
+
+def targets(summaries: List[Dict[str, Any]]) -> List[str]:
+    """The three targets, judged per model on the measured numbers."""
+    verdict = {True: "met", False: "**missed**"}
+    by_model: Dict[str, List[Dict[str, Any]]] = {}
+    for s in summaries:
+        by_model.setdefault(s["model"], []).append(s)
+    rows = []  # target, model, measured, met?
+    for model in ("vgg16", "vgg16_bn", "resnet20"):
+        if found := by_model.get(model, []):
+            ratios = [s["variants"]["batched"]["bytes_ratio"] for s in found]
+            above = min(ratios) >= TARGET_BYTES_RATIO
+            where = ", ".join(f"{s['topology']}/{s['backend']}" for s in found)
+            where = f"all {len(found)} settings" if len(found) > 2 else where
+            judged = f"n/a (the target is for vgg16; {'above' if above else 'below'} it)"
+            rows.append(
+                [f"≥ {TARGET_BYTES_RATIO:.0f}× fewer bytes than exact gossip, rank 1", model]
+                + [f"{_span(ratios, lambda x: f'{x:.0f}×')} ({where})"]
+                + [verdict[above] if model == "vgg16" else judged]
+            )
+    for model in ("vgg16", "resnet20"):
+        if found := [s for s in by_model.get(model, []) if "isolated" in s]:
+            effs = [s["isolated"]["variants"]["batched"]["all"]["efficiency"] for s in found]
+            situ = [s["variants"]["batched"]["efficiency_in_situ"] for s in found]
+            measured = f"isolated peer {_span(effs, _pct)}; in situ {_span(situ, _pct)}"
+            rows.append(
+                [f"compute efficiency ≥ {TARGET_EFFICIENCY * 100:.0f} % (batched)", model]
+                + [f"{measured} ({_settings(len(found))})", verdict[min(effs) >= TARGET_EFFICIENCY]]
+            )
+    for label, pick in (
+        ("torus:2x4 (degree 3)", lambda s: s["topology"] == "torus:2x4"),
+        ("degree 4 (`small_world:8:4:0`)", lambda s: s["degree"] == 4),
+    ):
+        for model in ("vgg16", "resnet20"):
+            if found := [s for s in by_model.get(model, []) if "speedup" in s and pick(s)]:
+                rows.append(
+                    [f"batched ≥ {TARGET_SPEEDUP}× faster than naive (compute per step), {label}"]
+                    + [model, "; ".join(map(_speedup, found))]
+                    + [verdict[all(s["speedup"]["compute"] >= TARGET_SPEEDUP for s in found)]]
+                )
+    return table(["target", "model", "measured", "met?"], rows)
+
+
+def _speedup(s: Dict[str, Any]) -> str:
+    iso = s.get("isolated", {}).get("speedup")
+    return f"{s['backend']} {s['speedup']['compute']:.2f}×" + (
+        f" (isolated {iso:.2f}×)" if iso else ""
+    )
+
+
+def _prediction(speed: Dict[str, float], k: int) -> Dict[str, float]:
+    """Half-step efficiency the kernel speeds (fractions of the copy) alone allow at k columns
+    (a right half-step costs 1/a_right + 2/a_update copy-times of M, a left one 1/a_left +
+    2/a_update): "lib_*" the library's kernels, "old_*" the first formulation's."""
+    out = {}
+    for name, which in (("lib", "library"), ("old", "before")):
+        g = lambda key: speed[f"k{k}.{key}.{which}"]  # noqa: E731
+        right, left = 1 / g("right") + 2 / g("update"), 1 / g("left") + 2 / g("update")
+        out.update({f"{name}_right": 3 / right, f"{name}_left": 3 / left})
+        out[f"{name}_mean"] = 6 / (right + left)
+    return out
+
+
+def kernel_prediction(k: Dict[str, Any]) -> List[str]:
+    """The efficiency the kernel speeds alone allow (largest VGG-16 group, no per-op overhead): the
+    rows of kernels.md's last table."""
+    speed = {row["key"]: row["of_copy"] for row in k["kernels"]}
+    rows = []
+    for kk in sorted({row["k"] for row in k["kernels"]}):
+        p = _prediction(speed, kk)
+        sides = (
+            " / ".join(_pct(p[f"{n}_{s}"]) for s in ("right", "left", "mean"))
+            for n in ("lib", "old")
+        )
+        rows.append([str(kk), *sides])
+    return [*table_rows(rows), ""]
+
+
+def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]]) -> List[str]:
+    """What limits the measured numbers, with the numbers that show it (text: parts.md)."""
+    out = []
+    iso = [s for s in summaries if "isolated" in s]
+    speed = {row["key"]: row["of_copy"] for row in kernels["kernels"]} if kernels else {}
+    if vgg := [s["isolated"]["variants"]["batched"] for s in iso if s["model"] == "vgg16"]:
+        more = ""
+        if speed and "k3.left.library" in speed:
+            p = _prediction(speed, 3)
+            cells = {
+                f"{side}_{short}": _pct(speed[f"k3.{side}.{which}"])
+                for side in ("right", "left", "update")
+                for short, which in (("lib", "library"), ("old", "before"))
+            }
+            more = PARTS["vgg kernels"].format(
+                lib_mean=_pct(p["lib_mean"]), old_mean=_pct(p["old_mean"]), **cells
+            )
+        out.append(
+            PARTS["vgg"].format(
+                ratio=median([v["left"]["compute"] / v["right"]["compute"] for v in vgg]),
+                settings=len(vgg),
+                right=_span([v["right"]["efficiency"] for v in vgg], _pct),
+                left=_span([v["left"]["efficiency"] for v in vgg], _pct),
+                kernels=more,
+            )
+        )
+    if r20 := [s for s in iso if s["model"] == "resnet20"]:
+        took = [s["isolated"]["variants"]["batched"]["all"]["compute"] for s in r20]
+        passes = [3 * s["compressed_bytes"] / (s["isolated"]["bandwidth"] * 1e9) for s in r20]
+        mb = _mb(r20[0]["compressed_bytes"])
+        out.append(PARTS["resnet"].format(took=_span(took, _ms), mb=mb, passes=_span(passes, _ms)))
+    sp = [s for s in summaries if "speedup" in s and s["model"] == "vgg16"]
+    if sp and speed:
+        one, lone = speed.get("k1.right.library"), speed.get("k1.left.library")
+        out.append(
+            PARTS["naive"].format(
+                one=_pct(one),
+                lone=_pct(lone),
+                mv=_pct(speed.get("k1.right.mv")),
+                lmv=_pct(speed.get("k1.left.mv")),
+                right3=one / speed.get("k3.right.library"),
+                left3=lone / speed.get("k3.left.library"),
+                gain=_span([s["speedup"]["compute"] for s in sp], _times),
+            )
+        )
+    return out + [""] if out else out
+
+
+def _bytes_cells(d: Dict[str, Any], exact: bool) -> List[str]:
+    """A setting table's byte rows, the cells of exact gossip or of a PowerGossip variant."""
+    halves = "–" if exact else f"{_mb(d['bytes_right'])} / {_mb(d['bytes_left'])}"
+    ratio = "1" if exact else f"**{d['bytes_ratio']:.0f}×**"
+    return [_mb(d["bytes"]), halves, _yes(d["bytes_match"]), ratio]
+
+
 BYTE_ROWS = (
-    ("bytes / peer / step (transport counters)", lambda e: _mb(e["bytes"]), "bytes"),
-    ("… right / left half-step", lambda e: "–", "halves"),
-    ("counters = `bytes_per_step()` every step", lambda e: _yes(e["bytes_match"]), "match"),
-    ("bytes ratio exact / PowerGossip", lambda e: "1", "ratio"),
+    "bytes / peer / step (transport counters)",
+    "… right / left half-step",
+    "counters = `bytes_per_step()` every step",
+    "bytes ratio exact / PowerGossip",
 )
-VARIANT_CELLS = {
-    "bytes": lambda v: _mb(v["bytes"]),
-    "halves": lambda v: f"{_mb(v['bytes_right'])} / {_mb(v['bytes_left'])}",
-    "match": lambda v: _yes(v["bytes_match"]),
-    "ratio": lambda v: f"**{v['bytes_ratio']:.0f}×**",
-}
-TIMES = (
-    ("total", "time / step (ms)"),
-    ("compute", "… compute (ms)"),
-    ("comm", "… communication (ms)"),
-)
+TIMES = (("total", "time / step (ms)"), ("compute", "… compute (ms)"))
+TIMES += (("comm", "… communication (ms)"),)
 #: Ratios shown in the batched column only: (summary key, label, cell).
 RATIOS = (
     ("speedup", "naive / batched: compute, step time", lambda r: _x(r["compute"], r["total"])),
@@ -36,24 +197,16 @@ RATIOS = (
 )
 
 
-def _variant_label(s: Dict[str, Any], name: str) -> str:
-    if name == "before":
-        return f"PowerGossip r=1 batched, `{s['before']['commit']}`"
-    return f"PowerGossip r=1 {name}"
-
-
 def render_setting(s: Dict[str, Any]) -> List[str]:
+    """A setting's heading, what it measured, and its table."""
     names = list(s["variants"])
     ex, vs = s["exact"], [s["variants"][n] for n in names]
+    columns_ = [_bytes_cells(ex, True), *(_bytes_cells(v, False) for v in vs)]
+    rows = [[label, *cells] for label, *cells in zip(BYTE_ROWS, *columns_)]
     timing = "bytes only (2 steps)."
     if not s["bytes_only"]:
         warm = " after a warm-up step" if s["exact_warmup"] else " (its first, no warm-up)"
-        timing = (
-            f"{s['reps']} interleaved blocks of {s['block_steps']} steps per variant; exact "
-            f"gossip timed over {s['exact_steps']} step(s){warm}; {s['seconds']:.0f} s."
-        )
-    rows = [[label, cell(ex), *map(VARIANT_CELLS[v], vs)] for label, cell, v in BYTE_ROWS]
-    if not s["bytes_only"]:
+        timing = PARTS["timing"].format(warm=warm, **s)
         rows += [[label, _ms(ex.get(key)), *(_ms(v[key]) for v in vs)] for key, label in TIMES]
         bw = f"compute efficiency in situ (vs {s['bandwidth_concurrent']:.2f} GB/s per peer, all copying)"
         rows.append([bw, "–", *(_pct(v.get("efficiency_in_situ")) for v in vs)])
@@ -63,26 +216,22 @@ def render_setting(s: Dict[str, Any]) -> List[str]:
             for key, label, cell in RATIOS
             if key in s
         ]
-    head = ["", "exact gossip"] + [_variant_label(s, n) for n in names]
-    return [
-        f"### {s['model']} · {s['topology']} (degree {s['degree']}) · backend {s['backend']}",
-        "",
-        f"{s['params']:,} parameters, {s['compressed_fraction'] * 100:.2f} % of them in "
-        f"compressed matrices ({_mb(s['compressed_bytes'])}); γ = {s['gamma']:.3f}; {timing}",
-        "",
-        *table(head, rows),
-    ]
+    named = {"before": f"batched, `{s.get('before', {}).get('commit')}`"}
+    head = ["", "exact gossip", *(f"PowerGossip r=1 {named.get(n, n)}" for n in names)]
+    mb, percent = _mb(s["compressed_bytes"]), s["compressed_fraction"] * 100
+    text = PARTS["setting"].format(timing=timing, mb=mb, percent=percent, **s)
+    return [*text.split("\n"), "", *table(head, rows)]
+
+
+def _batched(s: Dict[str, Any], what: str, fmt, mean: bool = False) -> str:
+    b = s["isolated"]["variants"]["batched"]
+    cell = f"{fmt(b['right'][what])} / {fmt(b['left'][what])}"
+    return cell + (f" / **{fmt(b['all'][what])}**" if mean else "")
 
 
 def _naive(cell):
     """An isolated-table cell of the naive variant ("–" where the setting has none)."""
     return lambda s: cell(s["isolated"]) if "naive" in s["isolated"]["variants"] else "–"
-
-
-def _batched(s: Dict[str, Any], what: str, fmt, mean: str = "") -> str:
-    b = s["isolated"]["variants"]["batched"]
-    cell = f"{fmt(b['right'][what])} / {fmt(b['left'][what])}"
-    return cell + (f" / **{fmt(b['all'][what])}**" if mean else "")
 
 
 ISOLATED = (
@@ -91,16 +240,11 @@ ISOLATED = (
     ("backend", lambda s: s["backend"]),
     ("copy GB/s (1 thread)", lambda s: f"{s['isolated']['bandwidth']:.2f}"),
     ("batched compute ms: right / left", lambda s: _batched(s, "compute", _ms)),
-    ("batched efficiency: right / left / mean", lambda s: _batched(s, "efficiency", _pct, "mean")),
+    ("batched efficiency: right / left / mean", lambda s: _batched(s, "efficiency", _pct, True)),
     ("naive compute ms", _naive(lambda i: _ms(i["variants"]["naive"]["all"]["compute"]))),
     ("naive efficiency", _naive(lambda i: _pct(i["variants"]["naive"]["all"]["efficiency"]))),
     ("naive / batched", _naive(lambda i: f"{i['speedup']:.2f}×")),
 )
-
-
-def render_isolated_table(summaries: List[Dict[str, Any]]) -> List[str]:
-    rows = [s for s in summaries if "isolated" in s]
-    return columns(ISOLATED, rows) if rows else []
 
 
 def _before_row(s: Dict[str, Any]) -> List[str]:
@@ -125,13 +269,11 @@ def _before_row(s: Dict[str, Any]) -> List[str]:
 
 def render_before(summaries: List[Dict[str, Any]]) -> List[str]:
     """This tree's PowerGossip against an earlier commit's, setting by setting, and the spans."""
-    rows = [s for s in summaries if "before" in s]
-    if not rows:
+    if not (rows := [s for s in summaries if "before" in s]):
         return []
-    fmt = lambda x: f"{x:.2f}×"  # noqa: E731
 
     def spread(values: List[float]) -> str:
-        return f"{_span(values, fmt)} (median {fmt(_median(values))})"
+        return f"{_span(values, _times)} (median {_times(median(values))})"
 
     isolated = [
         s["isolated"]["before_ratio"] for s in rows if "before_ratio" in s.get("isolated", {})
@@ -141,7 +283,7 @@ def render_before(summaries: List[Dict[str, Any]]) -> List[str]:
         commit=rows[0]["before"]["commit"],
         modules=", ".join(f"`{m}.py`" for m in rows[0]["before"]["modules"]),
         rows=table_rows(map(_before_row, rows)),
-        settings=f"{len(rows)} setting{'s' if len(rows) > 1 else ''}",
+        settings=_settings(len(rows)),
         compute=spread([s["before"]["ratio"]["compute"] for s in rows]),
         total=spread([s["before"]["ratio"]["total"] for s in rows]),
         isolated=f", isolated compute {spread(isolated)}" if isolated else "",
@@ -151,7 +293,6 @@ def render_before(summaries: List[Dict[str, Any]]) -> List[str]:
     return text.split("\n")
 
 
-#: The kernel table's columns.
 KERNELS = (
     ("kernel", lambda r: r["name"]),
     ("GB/s", lambda r: f"{r['gbps']:.2f}"),
@@ -183,7 +324,7 @@ def render_markdown(
     """The page: its fixed text is page.md beside this file, the rest comes from the rows."""
     timed = [s for s in summaries if not s["bytes_only"]]
     params = {s["model"]: s["params"] for s in summaries}
-    count = {m: params.get(m) or count_params(model_shapes(m)) for m in MODELS}
+    isolated = [s for s in timed if "isolated" in s]
     return fill(
         template(__file__),
         title=title,
@@ -192,7 +333,7 @@ def render_markdown(
         findings=findings(summaries, kernels),
         before=render_before(timed),
         settings=[line for s in summaries for line in render_setting(s)],
-        isolated=render_isolated_table(timed),
+        isolated=columns(ISOLATED, isolated) if isolated else [],
         kernels=render_kernels(kernels) if kernels else [],
-        **count,
+        **{m: params.get(m) or count_params(model_shapes(m)) for m in MODELS},
     )

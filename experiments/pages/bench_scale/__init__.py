@@ -1,54 +1,50 @@
-"""`python -m experiments bench_scale`: cost against the number of peers and against model size
-for exact gossip, PowerGossip r1, all-reduce and PowerSGD r1; the ring all-reduce next to the
-all-gather reduction; growth exponents. Every point is one run in a fresh child (`measure.py`: one
-process in-process, `mpiexec -n N` or `torchrun` otherwise), so a crash or a hang costs one point;
-to measure a point again, delete its line from bench_scale.jsonl and run the page.
-"""
+"""`python -m experiments bench_scale`: cost vs number of peers and vs model size of exact gossip,
+PowerGossip r1, all-reduce and PowerSGD r1; the ring all-reduce vs the all-gather reduction. Each
+point runs in a fresh child (`measure.py`), so a crash costs one point; to measure a point again,
+delete its line from bench_scale.jsonl and run the page."""
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Any, Dict, List, Mapping, Tuple
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
+from experiments.pages._bench import compact, header, on_machine, python_child, quick_mark
+from experiments.pages._bench import run_child
 
-from .report import ALGORITHMS, render_markdown
+from .report import ALGORITHMS, PARTS, label, render_markdown
 
 KINDS = ALGORITHMS + ("ring", "gather")
 #: The all-gather reduction holds n copies of the tensor on each of n peers; in one process that is
 #: n^2 copies, so in-process points above this many gathered bytes skip it (and say so).
 GATHER_BUDGET_BYTES = 2 * 2**30
-#: In-process, the point-to-point ring and the all-gather reduction of the reductions table are
-#: 2(n-1) sequential messages per peer, n^2 queue hand-offs between threads on the shared cores: at
-#: 256 peers they alone outlast a point's time limit, so that point leaves them out. The all-reduce
-#: and PowerSGD rows run (in-process their all-reduce goes through shared memory).
-BIG_POINT_NOTE = (
-    "the reductions table's point-to-point ring and all-gather skipped (in-process they cost n² "
-    "thread hand-offs per step and did not finish within 420 s); the four algorithms are measured"
-)
 TIMEOUT = {False: 420.0, True: 300.0}  #: seconds per point
 
 
-def points(quick: bool) -> List[Tuple[str, str, int, str, int, Tuple[str, ...]]]:
-    """(section, backend, peers, parameter set, steps, kinds) of every point, in the page's order:
-    "peers" (cost vs n) and "size" (cost vs model size); --quick: a few seconds of the same."""
+def points(quick: bool) -> List[Dict[str, Any]]:
+    """Every point (section, backend, peers, params, steps, kinds), in the page's order: "peers"
+    (cost vs n) and "size" (cost vs model size); --quick: a few seconds of the same. In-process,
+    ring:256 leaves out the reductions table's ring and all-gather (PARTS["big point"])."""
     if quick:
-        return [("peers", "local", n, "1e3", 2, KINDS) for n in (2, 4)] + [
-            ("size", "local", 2, p, 2, KINDS) for p in ("1e3", "1e4")
+        out = [("peers", "local", n, "1e3", 2, KINDS) for n in (2, 4)]
+        out += [("size", "local", 2, p, 2, KINDS) for p in ("1e3", "1e4")]
+    else:
+        out = [
+            ("peers", "local", n, "resnet20", 4 if n <= 64 else 2, KINDS)
+            for n in (8, 16, 32, 64, 128)
         ]
-    out = [
-        ("peers", "local", n, "resnet20", 4 if n <= 64 else 2, KINDS) for n in (8, 16, 32, 64, 128)
-    ]
-    out.append(("peers", "local", 256, "resnet20", 2, ALGORITHMS))  # see BIG_POINT_NOTE
-    for backend in ("mpi", "torch"):
-        out += [("peers", backend, n, "resnet20", 4, KINDS) for n in (2, 4, 8, 16)]
-    out += [("size", "local", 4, p, 4, KINDS) for p in ("1e4", "1e5", "1e6", "1e7")]
-    return out + [("size", "local", 2, "1e7", 4, KINDS), ("size", "local", 2, "1e8", 2, KINDS)]
-
-
-def label(p: Mapping[str, Any]) -> str:
-    return f"{p['section']}: {p['backend']} ring:{p['peers']} {p['params']}"
+        out.append(("peers", "local", 256, "resnet20", 2, ALGORITHMS))
+        for backend in ("mpi", "torch"):
+            out += [("peers", backend, n, "resnet20", 4, KINDS) for n in (2, 4, 8, 16)]
+        out += [("size", "local", 4, p, 4, KINDS) for p in ("1e4", "1e5", "1e6", "1e7")]
+        out += [("size", "local", 2, "1e7", 4, KINDS), ("size", "local", 2, "1e8", 2, KINDS)]
+    names = ("section", "backend", "peers", "params", "steps", "kinds")
+    return [with_gather_rule(dict(zip(names, p), kinds=list(p[5]))) for p in out]
 
 
 def tensor_bytes(params: str) -> int:
@@ -67,24 +63,18 @@ def with_gather_rule(point: Dict[str, Any]) -> Dict[str, Any]:
     return dict(point, kinds=[k for k in point["kinds"] if k != "gather"])
 
 
-def planned(quick: bool) -> List[Dict[str, Any]]:
-    """Every point (section, backend, peers, params, steps, kinds), the gather rule applied."""
-    names = ("section", "backend", "peers", "params", "steps", "kinds")
-    return [with_gather_rule(dict(zip(names, p), kinds=list(p[5]))) for p in points(quick)]
-
-
 def notes(records: List[Dict[str, Any]]) -> List[str]:
     """What the plan left out of the measured points (the gathered bytes: the point's own)."""
     out = []
     for r in records:
         p = r["point"]
         if "ring" not in p["kinds"]:
-            out.append(f"{label(p)}: {BIG_POINT_NOTE}")
+            out.append(f"{label(p)}: {PARTS['big point']}")
         elif "gather" not in p["kinds"]:
             size = 4 * r["ranks"][0]["numel"] if "ranks" in r else tensor_bytes(p["params"])
+            budget = GATHER_BUDGET_BYTES >> 30
             out.append(
-                f"{label(p)}: all-gather reduction skipped ({p['peers']}² copies of "
-                f"{size / 1e6:.2f} MB exceed the {GATHER_BUDGET_BYTES >> 30} GiB in-process budget)"
+                PARTS["gather skipped"].format(label=label(p), mb=size / 1e6, budget=budget, **p)
             )
     return sorted(out)
 
@@ -96,21 +86,14 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
             config=dict(p, timeout=TIMEOUT[quick]),
             cost=p["peers"] * p["steps"],
         )
-        for p in planned(quick)
+        for p in points(quick)
     ]
 
 
+@on_machine
 def row(run: Run) -> Dict[str, Any]:
     """The point in its child: every rank's record (floats to 5 digits), or why it failed."""
-    import json
-    import tempfile
-    import time
-    from pathlib import Path
-
-    from experiments.pages._bench import compact, machine, python_child, run_child
-
     point = {k: v for k, v in run.config.items() if k != "timeout"}
-    start = machine()
     with tempfile.TemporaryDirectory(prefix="bench_scale-") as folder:
         module, args = "experiments.pages.bench_scale.measure", [json.dumps(point), folder]
         command = python_child(module, args, point["backend"], point["peers"])
@@ -125,24 +108,15 @@ def row(run: Run) -> Dict[str, Any]:
             record["error"] = f"exit {status}: {lines[-1][:300]}"
         else:
             record["ranks"] = [json.loads(f.read_text()) for f in files]
-    return dict(compact(record, columns=False), machine_start=start, machine_end=machine())
+    return compact(record, columns=False)
 
 
 def render(rows: Rows) -> Outputs:
-    from experiments.pages._bench import header
-
+    """The page (report.py)."""
     records = [r.row for r in rows.records]
-    title = " (--quick)" if rows.quick else ""
-    return {"bench_scale.md": render_markdown(records, header(rows), notes(records), title)}
+    page = render_markdown(records, header(rows), notes(records), quick_mark(rows))
+    return {"bench_scale.md": page}
 
 
-PAGE = register(
-    Page(
-        name="bench_scale",
-        title="cost vs peers (in-process to 256, MPI, torch) and vs model size, four algorithms",
-        plan=plan,
-        row=row,
-        render=render,
-        serial=True,
-    )
-)
+TITLE = "cost vs peers (in-process to 256, MPI, torch) and vs model size, four algorithms"
+PAGE = register(Page("bench_scale", TITLE, plan, row, render, serial=True))

@@ -1,11 +1,7 @@
-"""What one peer measures at one point of the scaling benchmark: time per step, bytes sent and
-bytes received per rank, and the process's memory, for each algorithm and for the two reductions.
-
-Runs unchanged on every transport (`LocalCluster` threads, MPI ranks, torch.distributed processes):
-everything goes through the communicator. Run as a program, it is one point's child
-(`python -m experiments.pages.bench_scale.measure POINT_JSON FOLDER`, by the page's `row`): every
-peer writes its record to FOLDER/rank-K.json.
-"""
+"""What one peer measures at one point of the scaling benchmark, on any transport: time per step,
+bytes sent and received per rank, and the process's memory, for each algorithm and reduction. As a
+program it is one point's child (`python -m experiments.pages.bench_scale.measure POINT_JSON
+FOLDER`): every peer writes its record to FOLDER/rank-K.json."""
 
 from __future__ import annotations
 
@@ -21,8 +17,12 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Sequence
 
 import torch
 
+import topologies
 from experiments.pages._bench import Shapes, make_params, model_shapes, resident_bytes
+from gossip_powersgd import AllReduce, ExactGossip, PowerGossip, PowerSGDAllReduce
 from gossip_powersgd.comm.base import nbytes, reduce_in_rank_order
+from gossip_powersgd.launch import run_peers
+from gossip_powersgd.utils import atomic_write
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Comm
@@ -31,26 +31,20 @@ if TYPE_CHECKING:
 REDUCTIONS = ("ring", "gather")
 
 
-def square_shapes(numel: int) -> Shapes:
-    """One square matrix of about `numel` parameters: the simplest set on which every compressor
-    acts, so that cost against model size is not mixed with a change of layer shapes."""
-    side = max(2, round(math.sqrt(numel)))
+def parameter_shapes(params: str) -> Shapes:
+    """A model's shapes ("resnet20", "vgg16") or, for a number such as "1e6", one square matrix of
+    about that many parameters (every compressor acts on it; no change of layer shapes with size)."""
+    try:
+        side = max(2, round(math.sqrt(int(float(params)))))
+    except ValueError:
+        return model_shapes(params)
     return [("weight", (side, side))]
 
 
-def parameter_shapes(params: str) -> Shapes:
-    """A model's shapes ("resnet20", "vgg16") or, for a number such as "1e6", `square_shapes`."""
-    try:
-        return square_shapes(int(float(params)))
-    except ValueError:
-        return model_shapes(params)
-
-
 def gather_reduce_(comm: Comm, tensor: torch.Tensor) -> torch.Tensor:
-    """The all-gather reduction the library used before its ring: every peer receives every other
-    peer's whole tensor (n - 1 copies, passed around the ring whole) and averages the n copies in
-    rank order. Written here on the transport's point-to-point primitive so that it moves its bytes
-    through the same path as `comm.allreduce_`; kept only to measure what the ring saves."""
+    """The all-gather reduction the library used before its ring, on the transport's point-to-point
+    primitive (the path of `comm.allreduce_`): every peer receives every other peer's whole tensor
+    around the ring and averages the n copies in rank order. Kept to measure what the ring saves."""
     n, r = comm.size, comm.rank
     if n == 1:
         return tensor
@@ -91,11 +85,9 @@ def counting_received(comm: Comm, counter: Dict[str, int]) -> Iterator[None]:
         del comm._exchange, comm._sendrecv  # back to the class's methods
 
 
-def build(kind: str, comm: Comm, shapes: Shapes, device: str):
+def build(kind: str, comm: Comm, shapes: Shapes):
     """(a zero-argument step function, the tensors it keeps alive) for one kind on this peer."""
-    from gossip_powersgd import AllReduce, ExactGossip, PowerGossip, PowerSGDAllReduce
-
-    params = [t.to(device) for t in make_params(shapes, comm.rank)]
+    params = make_params(shapes, comm.rank)
     if kind in REDUCTIONS:
         flat = torch.cat([p.reshape(-1) for p in params])
         del params
@@ -121,19 +113,11 @@ def build(kind: str, comm: Comm, shapes: Shapes, device: str):
     return algorithm.step, algorithm
 
 
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def measure_kind(
-    comm: Comm, kind: str, shapes: Shapes, steps: int, device: str = "cpu"
-) -> Dict[str, Any]:
+def measure_kind(comm: Comm, kind: str, shapes: Shapes, steps: int) -> Dict[str, Any]:
     """One warm-up step, then `steps` timed ones between barriers: seconds per step on this peer,
     bytes sent (transport counters) and received per step, and the process's RSS afterwards."""
-    step, keep = build(kind, comm, shapes, device)
+    step, keep = build(kind, comm, shapes)
     step()  # warm-up: first-touch allocations, factor set-up
-    synchronize(device)
     received = {"bytes": 0}
     comm.barrier()
     sent0 = comm.stats.bytes_sent
@@ -141,7 +125,6 @@ def measure_kind(
         start = time.perf_counter()
         for _ in range(steps):
             step()
-        synchronize(device)
         seconds = time.perf_counter() - start
     out = dict(kind=kind, rank=comm.rank, steps=steps, seconds_per_step=seconds / steps)
     out.update(bytes_sent=(comm.stats.bytes_sent - sent0) / steps)
@@ -154,9 +137,7 @@ def measure_kind(
     return out
 
 
-def peer_point(
-    comm: Comm, kinds: Sequence[str], params: str, steps: int, device: str = "cpu"
-) -> Dict[str, Any]:
+def peer_point(comm: Comm, kinds: Sequence[str], params: str, steps: int) -> Dict[str, Any]:
     """Every kind in turn on this peer (each freed before the next starts); the point's record."""
     shapes = parameter_shapes(params)
     numel = sum(math.prod(shape) for _, shape in shapes)
@@ -165,30 +146,27 @@ def peer_point(
     for kind in kinds:
         # PowerGossip alternates right and left half-steps: time whole power iterations.
         count = steps + steps % 2 if kind == "powergossip" else steps
-        out["results"].append(measure_kind(comm, kind, shapes, count, device))
+        out["results"].append(measure_kind(comm, kind, shapes, count))
     out["rss_peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
     return out
 
 
 def _peer(comm: Comm, point: Dict[str, Any], folder: str) -> bool:
-    from gossip_powersgd.utils import atomic_write
-
     record = peer_point(comm, point["kinds"], point["params"], point["steps"])
-    # in-process: whether the peer threads took turns (LocalCluster's default when peers outnumber cores)
+    # in-process: whether the threads took turns (LocalCluster's default, peers outnumbering cores)
     record["takes_turns"] = bool(getattr(comm, "takes_turns", False))
     atomic_write(Path(folder) / f"rank-{comm.rank}.json", json.dumps(record))
     return True
 
 
-if __name__ == "__main__":  # one point's child: every peer of it, here or as this rank
-    import topologies
-    from gossip_powersgd.launch import main_guard, run_peers
+def _main(config: str, folder: str) -> int:
+    """One point's child: every peer of it, here or as this rank."""
+    point = json.loads(config)
+    ring = topologies.ring(point["peers"])
+    return 0 if run_peers(ring, _peer, point, folder, backend=point["backend"], timeout=600) else 1
 
-    def main(argv: List[str]) -> int:
-        point, folder = json.loads(argv[0]), argv[1]
-        ring = topologies.ring(point["peers"])
-        return (
-            0 if run_peers(ring, _peer, point, folder, backend=point["backend"], timeout=600) else 1
-        )
 
-    main_guard(main, sys.argv[1:])
+if __name__ == "__main__":
+    from gossip_powersgd.launch import main_guard
+
+    main_guard(_main, *sys.argv[1:])

@@ -1,43 +1,32 @@
-"""The scaling benchmark's markdown page: per-point tables, the two reductions side by side, the
-256-peer simulation, and growth rates fitted on log-log axes."""
+"""The scaling benchmark's page: per-point tables, the two reductions side by side, the in-process
+simulation at scale, and growth rates fitted on log-log axes (page.md and parts.md beside this)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from experiments.pages._markdown import fill, table, template
+from experiments.pages._markdown import fill, snippets, table, table_rows, template
 
-
+PARTS = snippets(__file__, "parts.md")
 #: What a point times: four algorithms (one `step()` each); also two reductions of one flat tensor.
 ALGORITHMS = ("exact", "powergossip", "allreduce", "powersgd")
-LABELS = {
-    "exact": "exact gossip",
-    "powergossip": "PowerGossip r1",
-    "allreduce": "all-reduce",
-    "powersgd": "PowerSGD r1",
-    "ring": "ring all-reduce",
-    "gather": "all-gather reduction",
-}
+LABELS = dict(exact="exact gossip", powergossip="PowerGossip r1", allreduce="all-reduce")
+LABELS.update(powersgd="PowerSGD r1", ring="ring all-reduce", gather="all-gather reduction")
 BACKENDS = {
     "local": "in-process (`LocalCluster`, one thread per peer)",
     "mpi": "MPI (`mpiexec -n N`, one process per peer)",
     "torch": "torch.distributed/gloo (`torchrun --nproc-per-node N`)",
 }
-
-
-#: Marks an in-process point whose peer threads took turns (`LocalCluster(cooperative=...)`).
-TURNS_MARK = " ‡"
-TURNS_NOTE = (
-    "‡ the peer threads took turns (`LocalCluster`'s default when peers outnumber cores); "
-    "the other in-process points ran on free threads (points measured before turn-taking "
-    "existed record no mode)."
+REDUCTIONS = (
+    "transport | n | ring: time | ring: received / rank | all-gather: time | all-gather: "
+    "received / rank | all-gather ÷ ring: bytes, time"
 )
 
 
 def mode(record: Dict[str, Any]) -> str:
-    """TURNS_MARK for an in-process point whose threads took turns, else nothing."""
-    return TURNS_MARK if record["ranks"][0].get("takes_turns") else ""
+    """The mark of an in-process point whose threads took turns (`LocalCluster(cooperative=...)`)."""
+    return " ‡" if record["ranks"][0].get("takes_turns") else ""
 
 
 def summarize(record: Dict[str, Any]) -> Dict[str, Dict[str, float]]:
@@ -78,18 +67,14 @@ def slope(points: Sequence[Tuple[float, float]]) -> Optional[float]:
     return sum((p[0] - mx) * (p[1] - my) for p in pts) / var if var else None
 
 
-def fmt_slope(value: Optional[float]) -> str:
-    return "–" if value is None else f"{value:+.2f}"
-
-
-def _ok(records, section, backend=None, peers=None):
+def _ok(records, section, backend=None):
+    """The measured points of a section (and backend)."""
     return [
         r
         for r in records
         if "ranks" in r
         and r["point"]["section"] == section
-        and (backend is None or r["point"]["backend"] == backend)
-        and (peers is None or r["point"]["peers"] == peers)
+        and backend in (None, r["point"]["backend"])
     ]
 
 
@@ -105,21 +90,17 @@ def cost_table(records: List[Dict[str, Any]], name) -> List[str]:
             for k in ALGORITHMS
         ]
         lines.append(f"| {name(r)}{mode(r)} | " + " | ".join(cells) + " |")
-    return lines + [""] + ([TURNS_NOTE, ""] if any(mode(r) for r in records) else [])
+    return lines + [""] + ([PARTS["turns"], ""] if any(mode(r) for r in records) else [])
 
 
-def growth_table(
-    series: Dict[str, List[Tuple[float, Dict[str, Dict[str, float]]]]],
-    kinds: Sequence[str],
-    what: str,
-) -> List[str]:
+def growth_table(series: Dict[str, List[Tuple[float, Dict]]], kinds, what: str) -> List[str]:
+    """The exponents of time and bytes sent against `what`, a line a series."""
     rows = []
     for name, points in series.items():
         cells = [name]
         for k in kinds:
-            t = slope([(x, s[k]["seconds"]) for x, s in points if k in s])
-            b = slope([(x, s[k]["sent"]) for x, s in points if k in s])
-            cells.append(f"{what}^{fmt_slope(t)}, {what}^{fmt_slope(b)}")
+            t, b = (slope([(x, s[k][y]) for x, s in points if k in s]) for y in ("seconds", "sent"))
+            cells.append(", ".join(f"{what}^{'–' if e is None else f'{e:+.2f}'}" for e in (t, b)))
         rows.append(cells)
     return table(["series"] + [f"{LABELS[k]}: time, bytes" for k in kinds], rows, None)
 
@@ -128,11 +109,8 @@ def render_markdown(
     records: List[Dict[str, Any]], header: str, notes: Sequence[str], title: str = ""
 ) -> str:
     """The page (page.md beside this file); `notes`: what the plan left out."""
-    size_recs = _ok(records, "size")
-    size = ["## Cost vs model size (one square matrix of about N parameters)", ""]
-    size += cost_table(
-        size_recs, lambda r: f"ring:{r['point']['peers']}, N = {r['ranks'][0]['numel']:,}"
-    )
+    size = _ok(records, "size")
+    size_name = lambda r: f"ring:{r['point']['peers']}, N = {r['ranks'][0]['numel']:,}"  # noqa: E731
     return fill(
         template(__file__),
         title=title,
@@ -140,25 +118,20 @@ def render_markdown(
         peer_tables=_peer_tables(records),
         reductions=_reductions(records),
         simulation=_simulation(records),
-        size=size if size_recs else [],
-        growth=_growth(records, size_recs, notes),
+        size=[*PARTS["size"].split("\n"), "", *cost_table(size, size_name)] if size else [],
+        growth=_growth(records, size, notes),
     )
 
 
 def _peer_tables(records: List[Dict[str, Any]]) -> List[str]:
     """Cost vs number of peers, one table per transport."""
     out: List[str] = []
-    peer_recs = _ok(records, "peers")
-    if peer_recs:
-        first = peer_recs[0]
-        out += [
-            f"## Cost vs number of peers ({first['point']['params']} shapes, "
-            f"{first['ranks'][0]['numel']:,} parameters)",
-            "",
-        ]
+    if peers := _ok(records, "peers"):
+        first = peers[0]
+        out += PARTS["peers"].format(numel=first["ranks"][0]["numel"], **first["point"]).split("\n")
+        out.append("")
     for backend in BACKENDS:
-        recs = _ok(records, "peers", backend)
-        if recs:
+        if recs := _ok(records, "peers", backend):
             out += [f"### {BACKENDS[backend]}", ""]
             out += cost_table(recs, lambda r: f"n = {r['point']['peers']}")
     return out
@@ -169,40 +142,36 @@ def _reductions(records: List[Dict[str, Any]]) -> List[str]:
     rows = []
     for r in _ok(records, "peers"):
         s = summarize(r)
-        ring, gather = s.get("ring"), s.get("gather")
-        if ring:
-            rows.append([r["point"]["backend"], str(r["point"]["peers"])])
-            rows[-1] += [fmt_seconds(ring["seconds"]), fmt_bytes(ring["received"])]
-            rows[-1] += _gather_cells(ring, gather) if gather else ["skipped", "–", "–"]
+        if ring := s.get("ring"):
+            cells = [r["point"]["backend"], str(r["point"]["peers"])]
+            cells += [fmt_seconds(ring["seconds"]), fmt_bytes(ring["received"])]
+            rows.append(
+                cells
+                + (_gather_cells(ring, s["gather"]) if "gather" in s else ["skipped", "–", "–"])
+            )
     return table(REDUCTIONS, rows)
 
 
 def _gather_cells(ring: Dict[str, float], gather: Dict[str, float]) -> List[str]:
     """The all-gather reduction's time, bytes received, and both against the ring's."""
-    ratio = (
-        f"{gather['received'] / ring['received']:.3g}×, {gather['seconds'] / ring['seconds']:.3g}×"
-    )
-    return [fmt_seconds(gather["seconds"]), fmt_bytes(gather["received"]), ratio]
-
-
-REDUCTIONS = (
-    "transport | n | ring: time | ring: received / rank | all-gather: time | all-gather: "
-    "received / rank | all-gather ÷ ring: bytes, time"
-)
+    bytes_, seconds = gather["received"] / ring["received"], gather["seconds"] / ring["seconds"]
+    return [
+        fmt_seconds(gather["seconds"]),
+        fmt_bytes(gather["received"]),
+        f"{bytes_:.3g}×, {seconds:.3g}×",
+    ]
 
 
 def _simulation(records: List[Dict[str, Any]]) -> List[str]:
     """PowerGossip on the in-process points: time and memory."""
-    big = [r for r in _ok(records, "peers", "local") if "powergossip" in summarize(r)]
     rows = []
-    for r in big:
-        s, n = summarize(r)["powergossip"], r["point"]["peers"]
-        rows.append([f"{n}{mode(r)}", fmt_seconds(s["seconds"]), f"{1 / s['seconds']:.3g}"])
-        rows[-1] += [fmt_bytes(s["rss"]), fmt_bytes(s["rss"] / n)]
-        rows[-1].append(fmt_bytes(r["ranks"][0]["rss_peak"]))
-    head = "peers | time / step | gossip steps / s | process RSS | RSS / peer | peak RSS (run)"
-    title = "## In-process simulation at scale: PowerGossip r1 on the same shapes"
-    return [title, "", *table(head, rows)] if big else []
+    for r in _ok(records, "peers", "local"):
+        if s := summarize(r).get("powergossip"):
+            n = r["point"]["peers"]
+            rows.append([f"{n}{mode(r)}", fmt_seconds(s["seconds"]), f"{1 / s['seconds']:.3g}"])
+            rows[-1] += [fmt_bytes(s["rss"]), fmt_bytes(s["rss"] / n)]
+            rows[-1].append(fmt_bytes(r["ranks"][0]["rss_peak"]))
+    return [*PARTS["simulation"].split("\n"), *table_rows(rows), ""] if rows else []
 
 
 def _growth(
@@ -212,29 +181,30 @@ def _growth(
     out: List[str] = []
     # ring:2 has one neighbour, ring:n>2 two: fitting across that step would fake a growth in n.
     series = {
-        f"vs n, {b}": [
-            (r["point"]["peers"], summarize(r))
-            for r in _ok(records, "peers", b)
-            if r["point"]["peers"] > 2
-        ]
+        f"vs n, {b}": [(r["point"]["peers"], summarize(r)) for r in recs if r["point"]["peers"] > 2]
         for b in BACKENDS
-        if _ok(records, "peers", b)
+        if (recs := _ok(records, "peers", b))
     }
     if series:
-        out += ["Vs n: the points with n ≥ 3 (ring:2 has one neighbour instead of two)."]
-        out += [""] + growth_table(series, ALGORITHMS + ("ring", "gather"), "n") + [""]
-    by_peers: Dict[int, list] = {}
+        out += [
+            *PARTS["growth"].split("\n"),
+            "",
+            *growth_table(series, (*ALGORITHMS, "ring", "gather"), "n"),
+            "",
+        ]
+    sizes: Dict[str, list] = {}
     for r in size_recs:
-        by_peers.setdefault(r["point"]["peers"], []).append((r["ranks"][0]["numel"], summarize(r)))
-    sizes = {f"vs N, ring:{n}": pts for n, pts in by_peers.items()}
+        sizes.setdefault(f"vs N, ring:{r['point']['peers']}", []).append(
+            (r["ranks"][0]["numel"], summarize(r))
+        )
     if sizes:
         out += growth_table(sizes, ALGORITHMS, "N") + [""]
-    notes = list(notes) + [
-        f"{r['point']['section']}: {r['point']['backend']} ring:{r['point']['peers']} "
-        f"{r['point']['params']}: failed: {r['error']}"
-        for r in records
-        if "error" in r
-    ]
-    if notes:
+    failed = [f"{label(r['point'])}: failed: {r['error']}" for r in records if "error" in r]
+    if notes := [*notes, *failed]:
         out += ["## Skipped or failed", ""] + [f"* {n}" for n in notes] + [""]
     return out
+
+
+def label(p: Dict[str, Any]) -> str:
+    """A point's name in the notes."""
+    return f"{p['section']}: {p['backend']} ring:{p['peers']} {p['params']}"
