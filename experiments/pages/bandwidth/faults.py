@@ -21,9 +21,7 @@ from experiments.engine import ROOT, Run
 SCENARIO = ROOT / "tests" / "support" / "host_faults.py"
 #: (launcher, fault) of the full page: the three faults under both launchers, and every process
 #: of a host killed under torchrun (its agent too).
-CASES = tuple(
-    (launcher, fault) for launcher in ("torch", "mpi") for fault in ("cut", "kill", "stop")
-)
+CASES = tuple((lc, f) for lc in ("torch", "mpi") for f in ("cut", "kill", "stop"))
 CASES += (("torch", "kill-all"),)
 #: The issue's bound on a host fault: every rank gone within 30 s, naming the host.
 ISSUE_SECONDS = 30.0
@@ -39,13 +37,8 @@ LAUNCHERS = {"torch": "torchrun", "mpi": "mpiexec"}
 
 
 def runs(cases: Sequence[Tuple[str, str]], quick: bool) -> List[Run]:
-    return [
-        Run(
-            key=f"fault/{launcher}/{fault}",
-            config={"kind": "fault", "quick": quick, "launcher": launcher, "fault": fault},
-        )
-        for launcher, fault in cases
-    ]
+    config = {"kind": "fault", "quick": quick}
+    return [Run(f"fault/{lc}/{f}", dict(config, launcher=lc, fault=f)) for lc, f in cases]
 
 
 def row(run: Run, prefix: str) -> Dict[str, Any]:
@@ -82,6 +75,10 @@ def _said(r: Mapping[str, Any]) -> str:
     return "—" if lost is None else "`" + lost.split(": ", 1)[1][:140] + "`"
 
 
+def _each(values: Mapping[str, Any], cell) -> str:
+    return ", ".join(f"{k}: {cell(v)}" for k, v in values.items())
+
+
 #: The section's table: a row per case, an item (launcher, fault, its row).
 COLUMNS = (
     ("launcher", lambda x: LAUNCHERS[x[0]]),
@@ -89,18 +86,19 @@ COLUMNS = (
     ("every rank gone after (s)", lambda x: _seconds(x[2]["seconds"], "not within 90 s")),
     (
         "each rank's exit after the fault (s)",
-        lambda x: ", ".join(f"{k}: {_seconds(v, 'not ended')}" for k, v in x[2]["exits"].items()),
+        lambda x: _each(x[2]["exits"], lambda v: _seconds(v, "not ended")),
     ),
     ("first error line after (s)", lambda x: _seconds(x[2]["named_after"])),
     (
         "names host1 (rank: peer, host name, address and the fault's diagnosis)",
-        lambda x: ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in x[2]["named"].items()),
+        lambda x: _each(x[2]["named"], lambda v: "yes" if v else "no"),
     ),
     ("host1's own rank said", lambda x: _said(x[2])),
 )
 
 
 def section(cases: Sequence[Tuple[str, str]], data: Mapping[str, Dict[str, Any]]) -> List[str]:
+    """ "Faults across hosts": a line per case that has a row, against the issue's 30 s."""
     from experiments.pages._markdown import columns, fill, snippets
 
     found = [(lc, f, data[f"fault/{lc}/{f}"]) for lc, f in cases if f"fault/{lc}/{f}" in data]
@@ -111,17 +109,14 @@ def section(cases: Sequence[Tuple[str, str]], data: Mapping[str, Dict[str, Any]]
     lines = ["## Faults across hosts", ""] + ([f"Not run: {skipped[0]}", ""] if skipped else [])
     if not ran:
         return lines
-    lines += columns(COLUMNS, ran)
-    bounds = {r["bound"] for _, _, r in ran}
     late = [
         f"{LAUNCHERS[lc]} {f}"
         for lc, f, r in ran
         if r["seconds"] is None or r["seconds"] > ISSUE_SECONDS
     ]
-    bound = ", ".join(f"{b:g}" for b in sorted(bounds))
-    verdict = (
-        f"was gone within the issue's {ISSUE_SECONDS:g} s in every case"
-        if not late
-        else f"was NOT gone within {ISSUE_SECONDS:g} s in: {', '.join(late)}"
-    )
-    return lines + [fill(snippets(__file__, "page.md")["faults"], verdict=verdict, bound=bound), ""]
+    verdict = f"was gone within the issue's {ISSUE_SECONDS:g} s in every case"
+    if late:
+        verdict = f"was NOT gone within {ISSUE_SECONDS:g} s in: {', '.join(late)}"
+    bound = ", ".join(f"{b:g}" for b in sorted({r["bound"] for _, _, r in ran}))
+    text = fill(snippets(__file__, "page.md")["faults"], verdict=verdict, bound=bound)
+    return lines + columns(COLUMNS, ran) + [text, ""]
