@@ -2,7 +2,7 @@
 thread of one process, the changes from a churn schedule): the grid (accuracy, consensus distance
 and the members' average shift against the churn rate, per algorithm and topology), rejoining (a
 peer handed its neighbours' average or one neighbour's copy) and, full page only (root), a soak on
-the emulated cluster (`gossip_powersgd.cluster.soak`). `tables` and `text`: the renderer."""
+the emulated cluster (`gossip_powersgd.cluster.soak`). `tables`: the renderer."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def row(run: Run) -> Dict[str, Any]:
 
 def render(rows: Rows) -> Outputs:
     """churn.md, churn.json and churn.png from the rows alone."""
-    from .text import render_page
+    from .tables import render_page
 
     return render_page(rows, setting(rows.quick))
 
