@@ -6,32 +6,13 @@ from __future__ import annotations
 import statistics
 from typing import Any, List, Mapping
 
-from experiments.pages._markdown import Cell, columns, fill, g3, table
+from experiments.pages._markdown import fill, table
 
 from .compose import PAYLOAD_SHARE, rate_bits, rate_text, seconds_text
 from .recipe import Setting
 from .text import TEXT, _label, _mb, paragraph
 
 
-def _periods(c: Mapping[str, Any], key: str) -> str:
-    """The timed periods of a step, or whose they are where borrowed (an all-reduce's)."""
-    return str(c["periods"][key]) if key in c["periods"] else f"{c['borrowed'][key]}'s"
-
-
-#: A step's cost table: an item a row of `StepCosts` with its `key` and its rate's costs `c`.
-COST_COLUMNS = (
-    ("algorithm", lambda x: _label(x["key"])),
-    ("MB sent / host", lambda x: _mb(x["bytes_sent"])),
-    ("comm projected (s)", g3("comm_projected")),
-    ("comm, egress model (s)", g3("comm_egress")),
-    ("comm replayed (s)", g3("comm_replayed")),
-    ("comm in training (s)", g3("comm_in_training")),
-    ("compute alone, CPU (s)", g3("cpu_alone")),
-    ("compute, shared cores (s)", lambda x: f"{x['compute_shared'] + x['arith_shared']:.3g}"),
-    ("step, core each (s)", g3("core_each")),
-    ("step, measured (s)", g3("measured")),
-    ("periods", lambda x: _periods(x["c"], x["key"])),
-)
 #: The all-reduces (one ring of all hosts) among the rows.
 REDUCE = ("allreduce", "powersgd")
 
@@ -41,10 +22,17 @@ def cost_sections(s: Setting, f: Mapping[str, Any]) -> List[str]:
     for topology, by_rate in f["costs"].items():
         for rate, c in ((r, by_rate[r]) for r in s.rates if r in by_rate):
             out += [f"## A step's cost: {topology}, {rate_text(rate)} per host", ""]
-            out += columns(COST_COLUMNS, [dict(x, key=key, c=c) for key, x in c["steps"].items()])
-            out += _link_line(rate, c)
+            out += [TEXT["cost table"]] + [_cost_row(c, k, x) for k, x in c["steps"].items()]
+            out += [""] + _link_line(rate, c)
         out += _projection_gap(topology, by_rate, s.rates)
     return out
+
+
+def _cost_row(c: Mapping[str, Any], key: str, x: Mapping[str, Any]) -> str:
+    """A row of a step's cost table; its periods, or whose they are where borrowed."""
+    periods = c["periods"][key] if key in c["periods"] else f"{c['borrowed'][key]}'s"
+    shared, mb = x["compute_shared"] + x["arith_shared"], _mb(x["bytes_sent"])
+    return fill(TEXT["cost row"], x=x, label=_label(key), mb=mb, shared=shared, periods=periods)
 
 
 def _link_line(rate: str, c: Mapping[str, Any]) -> List[str]:
@@ -103,23 +91,6 @@ def eval_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     return out + paragraph("evaluations", runs="; ".join(runs))
 
 
-def _before_after(field: str) -> Cell:
-    return lambda x: f"{x[field][0]:.3g} → {x[field][1]:.3g}"
-
-
-def _cost(field: str) -> Cell:
-    return lambda x: f"{x[field][1] / x[field][0]:.3g}×"
-
-
-SLOW_COLUMNS = (
-    ("algorithm", lambda x: _label(x["key"])),
-    ("core each", _before_after("core_each")),
-    ("cost (core each)", _cost("core_each")),
-    ("measured", _before_after("measured")),
-    ("cost (measured)", _cost("measured")),
-)
-
-
 def slow_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     if not f["slow_host"]:
         return []
@@ -127,7 +98,12 @@ def slow_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     out = [f"## One slow link: {host} at {rate_text(rate)}, the others at {rate_text(base)}", ""]
     for topology, per in f["slow_host"].items():
         out += [f"{topology}: seconds per step, all at {rate_text(base)} → {host} slowed:", ""]
-        out += columns(SLOW_COLUMNS, [dict(x, key=k) for k, x in per.items()])
+        out += [TEXT["slow table"]]
+        for k, x in per.items():
+            cost = [x[f][1] / x[f][0] for f in ("core_each", "measured")]
+            fields = dict(label=_label(k), c=x["core_each"], m=x["measured"], cost=cost)
+            out.append(fill(TEXT["slow row"], **fields))
+        out.append("")
         cost = {k: x["core_each"][1] / x["core_each"][0] for k, x in per.items()}
         worst, least = max(cost, key=cost.get), min(cost, key=cost.get)
         fields = dict(
