@@ -246,11 +246,8 @@ def main_key(s: Setting, key: str, topology: str, seed: int, rows: Rows) -> Opti
         return None
     if BY_KEY[key].over_all_hosts:  # its model does not depend on the graph (a test checks)
         topology = s.tune_topology
-    return (
-        pick[2]
-        if (topology, seed) == (s.tune_topology, 0)
-        else f"train/{topology}/{key}/seed{seed}"
-    )
+    own = f"train/{topology}/{key}/seed{seed}"
+    return pick[2] if (topology, seed) == (s.tune_topology, 0) else own
 
 
 def train_keys(s: Setting, key: str, topology: str, rows: Rows) -> List[str]:
@@ -343,12 +340,9 @@ def measurement_runs(s: Setting, rows: Rows) -> List[Run]:
             and (slow is None or not s.slow_algorithms or k in s.slow_algorithms)
             and k not in s.untimed_at.get(rate, ())
         ]
-        config = dict(
-            kind="timing", quick=s.quick, topology=topology, rate=rate, algorithms=algorithms
-        )
-        config.update(
-            slow=list(slow) if slow else None, train=dict(probe, topology=topology, lr=0.05)
-        )
+        config = dict(kind="timing", quick=s.quick, topology=topology, rate=rate)
+        config.update(slow=list(slow) if slow else None, algorithms=algorithms)
+        config["train"] = dict(probe, topology=topology, lr=0.05)
         # an evaluation's all-reduces go round all hosts: timed on the tuning topology only
         config["eval"] = topology == s.tune_topology and rate not in s.eval_untimed_at and not slow
         runs.append(Run(key=timing_key(topology, rate, slow), config=config, cost=2.0))

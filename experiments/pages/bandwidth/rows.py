@@ -28,9 +28,8 @@ COMM_TIMEOUT = 900.0
 LAUNCH_LIMIT = 4 * 3600.0
 PREFIX = "bw"
 #: The kinds of rows made on the emulated cluster, and what they are (for the error without it).
-ON_THE_CLUSTER = dict(
-    timing="the step times", e2e="the complete runs", fault="the faults across hosts"
-)
+ON_THE_CLUSTER = dict(timing="the step times", e2e="the complete runs")
+ON_THE_CLUSTER.update(fault="the faults across hosts")
 #: How long the link check's one TCP stream runs at the link's rate.
 LINK_CHECK_SECONDS = 3.0
 
@@ -42,9 +41,8 @@ def row(run: Run) -> Dict[str, Any]:
     make = dict(train=train_row, alone=alone_row, timing=timing_row, e2e=e2e_row, fault=fault_row)
     if kind not in make:
         raise ValueError(f"run {run.key}: unknown kind {kind!r}")
-    quick = run.config.get(
-        "quick", run.config.get("train", {}).get("dataset") == QUICK_BASE["dataset"]
-    )
+    small = run.config.get("train", {}).get("dataset") == QUICK_BASE["dataset"]
+    quick = run.config.get("quick", small)
     with open(str(LOCK).format("quick" if quick else "full"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_SH if kind == "train" else fcntl.LOCK_EX)  # freed on close
         problem = cluster_problem() if kind in ON_THE_CLUSTER else ""
@@ -148,12 +146,9 @@ def cluster(topology: str, rate: str, slow=None) -> Iterator[tuple]:
     remove_stale()
     prefix, hosts = f"{PREFIX}{os.getpid()}", topologies.parse(topology).size
     up(prefix, hosts, parse_rate(rate), {slow[0]: parse_rate(slow[1])} if slow else {})
+    options = dict(cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), limit=LAUNCH_LIMIT)
     try:
-        yield (
-            prefix,
-            hosts,
-            dict(cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), limit=LAUNCH_LIMIT),
-        )
+        yield prefix, hosts, options
     finally:
         down(prefix)
 
@@ -188,13 +183,8 @@ def e2e_row(run: Run) -> Dict[str, Any]:
     train.update(backend="torch", comm_timeout=COMM_TIMEOUT)
     with cluster(train["topology"], run.config["rate"]) as (prefix, _, options):
         summary, evals, seconds = train_on_hosts(prefix, train, **options)
-    keep = (
-        "wall_time_s",
-        "steps",
-        "time_compute_s",
-        "time_gossip_compute_s",
-        "time_communication_s",
-    )
+    keep = ("wall_time_s", "steps", "time_compute_s", "time_gossip_compute_s")
+    keep += ("time_communication_s",)
     return {
         "summary": {k: summary[k] for k in keep},
         "model_sha256": summary["model_sha256"],

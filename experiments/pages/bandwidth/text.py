@@ -125,17 +125,11 @@ def answer_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
 
 
 def _tuning_row(t: Mapping[str, Any]) -> List[str]:
-    tried = [
-        f"{v['value']:g}: " + ("failed" if v["error"] else _pct(v["acc_avg"])) for v in t["values"]
-    ]
+    tried = ["failed" if v["error"] else _pct(v["acc_avg"]) for v in t["values"]]
+    tried = "; ".join(f"{v['value']:g}: {x}" for v, x in zip(t["values"], tried))
     end = grid_end(t["chosen"], [v["value"] for v in t["values"]])
     chosen = "—" if t["chosen"] is None else f"{t['chosen']:g}"
-    return [
-        t["label"],
-        t["tuned"],
-        "; ".join(tried),
-        chosen + (f" (the grid's {end})" if end else ""),
-    ]
+    return [t["label"], t["tuned"], tried, chosen + (f" (the grid's {end})" if end else "")]
 
 
 def _accuracy_row(e: Mapping[str, Any]) -> List[str]:
@@ -200,9 +194,8 @@ def _seconds_cell(entry: Optional[Mapping]) -> str:
     if entry is None or entry["mean"] is None:
         return "—" if entry is None else "not reached"
     low, high = (seconds_text(entry[k]) for k in ("min", "max"))
-    return seconds_text(entry["mean"]) + (
-        "" if entry["min"] == entry["max"] else f" [{low}, {high}]"
-    )
+    same = entry["min"] == entry["max"]
+    return seconds_text(entry["mean"]) + ("" if same else f" [{low}, {high}]")
 
 
 # ---- the answer in words ----------------------------------------------------------------------
@@ -292,17 +285,11 @@ def compare_line(
         if mine is None and theirs is None:
             open_.append(f"{r} (neither reaches it)")
         elif theirs is None or (mine is not None and mine < theirs):
-            ahead.append(
-                f"{r} ({other} never reaches it)"
-                if theirs is None
-                else f"{r} ({theirs / mine:.3g}× sooner)"
-            )
+            why = f"{other} never reaches it" if theirs is None else f"{theirs / mine:.3g}× sooner"
+            ahead.append(f"{r} ({why})")
         else:
-            behind.append(
-                f"{r} ({name} never reaches it)"
-                if mine is None
-                else f"{r} ({other} {mine / theirs:.3g}× sooner)"
-            )
+            why = f"{name} never reaches it" if mine is None else f"{other} {mine / theirs:.3g}×"
+            behind.append(f"{r} ({why}{'' if mine is None else ' sooner'})")
     parts = [f"{name} reaches it before {other} at " + ", ".join(ahead)] if ahead else []
     if behind:
         lead = "and not at " if ahead else f"{name} is not ahead of {other} at "

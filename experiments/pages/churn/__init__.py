@@ -63,16 +63,18 @@ def per_step_rate(per_epoch: float, steps_per_epoch: int) -> float:
     return per_epoch / steps_per_epoch
 
 
-def _run(s, key: str, topology: str, spec: str, seed: int, config: Dict[str, Any]) -> Run:
-    """A run of `spec` on `topology` (the grid's evaluations, or every epoch for a rejoin)."""
+def _run(s, key: str, topology: str, spec: str, seed: int, config: Dict, **extra) -> Run:
+    """A run of `spec` on `topology` (the grid's evaluations, or every epoch for a rejoin), its
+    training config the recipe's and `extra`'s."""
     train = dict(QUICK_BASE if s["quick"] else BASE, topology=topology, partition="iid")
     every = s["eval_every"] if config["section"] == "grid" else 1
     train.update(model=s["model"], epochs=s["epochs"], eval_every=every, algorithm=spec)
     train.update(on_peer_loss="continue", comm_timeout=600.0)  # a loaded machine stalls threads
     train.pop("seed")  # the run's own (`Run.seed`)
+    train.update(extra)
     cost = (3.0 if spec.startswith("choco") else 1.0) * (2.0 if "exponential" in topology else 1.0)
     cost *= 1.0 if config["section"] == "grid" else 1.2
-    return Run(key, dict(config, train=dict(train, **config.pop("train"))), seed, cost=cost)
+    return Run(key, dict(config, train=train), seed, cost=cost)
 
 
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
@@ -84,18 +86,18 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
             for rate, seed in ((r, x) for r in s["rates"] for x in s["seeds"]):
                 churn = f"rate={per_step_rate(rate, spe)!r},down={s['down_steps']},seed={seed}"
                 config = dict(section="grid", label=label, rate_per_epoch=rate)
-                config.update(steps_per_epoch=spe, topology=topology, train=dict(churn=churn))
+                config.update(steps_per_epoch=spe, topology=topology)
                 key = f"grid/{topology}/{label}/rate={rate:g}/seed{seed}"
-                runs.append(_run(s, key, topology, spec, seed, config))
+                runs.append(_run(s, key, topology, spec, seed, config, churn=churn))
     topology, joiner = s["join_topology"], s["joiner"]
     assert joiner != 0  # peer 0 stays: its evaluations bracket the join
     churn = f"leave:{joiner}@{s['leave_step']},join:{joiner}@{s['join_step']}"
     for label, spec in s["algorithms"]:
         for mode, seed in ((m, x) for m in JOIN_MODES for x in s["seeds"]):
             config = dict(section="join", label=label, mode=mode, joiner=joiner, topology=topology)
-            config.update(join_step=s["join_step"], train=dict(churn_join=mode, churn=churn))
+            config["join_step"] = s["join_step"]
             key = f"join/{topology}/{label}/{mode}/seed{seed}"
-            runs.append(_run(s, key, topology, spec, seed, config))
+            runs.append(_run(s, key, topology, spec, seed, config, churn_join=mode, churn=churn))
     if not quick and len(rows) >= len(runs):  # alone, after the rest: its rows are timings
         runs.append(Run(f"soak/cluster:{SOAK['hosts']}/seed0", dict(SOAK), 0, cost=0.0))
     return runs
