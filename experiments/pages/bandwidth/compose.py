@@ -14,18 +14,25 @@ from experiments.suite.runs import LATENCY_S
 from gossip_powersgd.cluster import parse_rate as rate_bits
 from gossip_powersgd.cluster.measure import PAYLOAD_SHARE
 
-_UNITS = ("kbit", "mbit", "gbit")
-
 
 def rate_text(rate: str) -> str:
     """ "1 Gbit/s", "100 Mbit/s"."""
-    for unit in _UNITS:
+    for unit in ("kbit", "mbit", "gbit"):
         if rate.endswith(unit):
             return f"{rate[: -len(unit)]} {unit[0].upper()}bit/s"
     return rate
 
 
-# ---- accuracy against steps -------------------------------------------------------------------------
+def seconds_text(seconds: Optional[float]) -> str:
+    """A duration as a reader takes it in: 0.84 s, 12.3 s, 41 min, 5.2 h, 3.1 d."""
+    if seconds is None:
+        return "not reached"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
+
+
 def first_reach(evals: Sequence[Sequence[float]], target: float) -> Optional[Tuple[int, float]]:
     """(step, training MB per peer) of the first evaluation at which the averaged model's accuracy
     is at least `target`; None if none is. `evals`: [step, accuracy, MB] in order."""
@@ -48,48 +55,50 @@ def common_target(peaks: Sequence[float]) -> float:
 
 def mean_curve(curves: Sequence[Sequence[Sequence[float]]]) -> List[Tuple[int, float]]:
     """(step, mean accuracy over seeds) at every evaluation all `curves` share."""
-    shared = min(len(c) for c in curves)
     out = []
-    for i in range(shared):
-        steps = {int(c[i][0]) for c in curves}
+    for points in zip(*curves):
+        steps = {int(p[0]) for p in points}
         if len(steps) != 1:
             raise ValueError(f"the seeds evaluated at different steps: {sorted(steps)}")
-        out.append((steps.pop(), statistics.fmean(c[i][1] for c in curves)))
+        out.append((steps.pop(), statistics.fmean(p[1] for p in points)))
     return out
 
 
-# ---- a step's cost ---------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class StepCosts:
-    """Seconds per step of one algorithm at one rate, three ways, and what they are made of."""
+    """Seconds per step of one algorithm at one rate, three ways (measured: the slowest host's
+    mean step on the cluster; core each; projected), and their parts: the slowest host's median
+    step there; one peer's step alone (CPU: compute and arithmetic, one core; the arithmetic's
+    wall); on the cluster, the median host's compute, arithmetic, CPU time (gloo's threads too)
+    and time inside the transport; the communication replayed with compute out of the way
+    (slowest host), projected by the project, and by the egress model (every byte a host sends
+    through its one link at its payload rate); a host's training bytes and message rounds per
+    step (the most of any host)."""
 
-    measured: float  #: the slowest host's mean step on the cluster
+    measured: float
     core_each: float
     projected: float
-    measured_median: float  #: the slowest host's median step there
-    cpu_alone: float  #: CPU seconds of one peer's step alone: compute and arithmetic (one core)
-    arith_alone: float  #: the algorithm's own arithmetic, alone (wall)
-    compute_shared: float  #: compute on the cluster (the median host, wall), cores shared
-    arith_shared: float  #: the algorithm's arithmetic there (wall)
-    cpu_shared: float  #: the CPU time of a step there (the median host; gloo's threads too)
-    comm_in_training: float  #: time inside the transport during training (median host)
-    comm_replayed: float  #: communication with compute out of the way (slowest host)
-    comm_projected: float  #: the project's projected communication
-    comm_egress: float  #: every byte a host sends through its one link, at its payload rate
-    bytes_sent: float  #: training bytes a host sends per step (the most of any host)
-    rounds: float  #: sequential message rounds per step (the most of any host)
+    measured_median: float
+    cpu_alone: float
+    arith_alone: float
+    compute_shared: float
+    arith_shared: float
+    cpu_shared: float
+    comm_in_training: float
+    comm_replayed: float
+    comm_projected: float
+    comm_egress: float
+    bytes_sent: float
+    rounds: float
 
 
 def step_costs(timing: Mapping, alone: Mapping, rate: str) -> StepCosts:
     """The costs of one algorithm from its timing row's entry (`timing`: per-host lists) and its
     alone row, at link rate `rate` (the slowest link where one host is slowed: `rate` is then
     the rate the projection assumes for every host)."""
-    bits = rate_bits(rate)
-    rounds = max(timing["rounds"])
-    critical = max(timing["critical_bytes"])
-    projected_comm = rounds * LATENCY_S + critical * 8 / bits
-    replayed = statistics.median(timing["replay"])
-    fixed = alone["cpu"]
+    bits, median = rate_bits(rate), statistics.median
+    rounds, replayed, fixed = max(timing["rounds"]), median(timing["replay"]), alone["cpu"]
+    projected_comm = rounds * LATENCY_S + max(timing["critical_bytes"]) * 8 / bits
     return StepCosts(
         measured=max(timing["wall_mean"]),
         core_each=fixed + replayed,
@@ -97,10 +106,10 @@ def step_costs(timing: Mapping, alone: Mapping, rate: str) -> StepCosts:
         measured_median=max(timing["wall"]),
         cpu_alone=fixed,
         arith_alone=alone["arith"],
-        compute_shared=statistics.median(timing["compute"]),
-        arith_shared=statistics.median(timing["arith"]),
-        cpu_shared=statistics.median(timing["cpu"]),
-        comm_in_training=statistics.median(timing["comm"]),
+        compute_shared=median(timing["compute"]),
+        arith_shared=median(timing["arith"]),
+        cpu_shared=median(timing["cpu"]),
+        comm_in_training=median(timing["comm"]),
         comm_replayed=replayed,
         comm_projected=projected_comm,
         comm_egress=max(timing["bytes_sent"]) * 8 / (bits * PAYLOAD_SHARE),
@@ -111,18 +120,18 @@ def step_costs(timing: Mapping, alone: Mapping, rate: str) -> StepCosts:
 
 @dataclasses.dataclass(frozen=True)
 class EvalCosts:
-    measured: float  #: the slowest host's evaluation on the cluster
-    core_each: float  #: one peer's evaluation alone (CPU time) + its communication replayed
-    metric_bytes: float  #: bytes a host sends per evaluation (the most of any host)
+    """An evaluation: the slowest host's on the cluster; one peer's alone (CPU time) plus its
+    communication replayed; the bytes a host sends (the most of any host)."""
+
+    measured: float
+    core_each: float
+    metric_bytes: float
 
 
 def eval_costs(timing: Mapping, alone: Mapping) -> EvalCosts:
     e = timing["eval"]
-    return EvalCosts(
-        measured=max(e["seconds"]),
-        core_each=alone["eval_cpu"] + statistics.median(e["replay"]),
-        metric_bytes=max(e["metric_bytes"]),
-    )
+    core_each = alone["eval_cpu"] + statistics.median(e["replay"])
+    return EvalCosts(max(e["seconds"]), core_each, max(e["metric_bytes"]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,28 +154,12 @@ class Schedule:
         return self.training(steps) + evaluations * self.per_eval
 
 
-def seconds_text(seconds: Optional[float]) -> str:
-    """A duration as a reader takes it in: 0.84 s, 12.3 s, 41 min, 5.2 h, 3.1 d."""
-    if seconds is None:
-        return "not reached"
-    if seconds < 60:
-        return f"{seconds:.3g} s"
-    if seconds < 3600:
-        return f"{seconds / 60:.3g} min"
-    if seconds < 86400:
-        return f"{seconds / 3600:.3g} h"
-    return f"{seconds / 86400:.3g} d"
-
-
 def per_seed_times(
     curves: Sequence[Sequence[Sequence[float]]], target: float, schedule: Schedule
 ) -> List[Optional[float]]:
     """Seconds to `target` per seed (steps and evaluations up to the first evaluation that
     reaches it), None for a seed that never does."""
-    out = []
-    for evals in curves:
-        hit = first_reach(evals, target)
-        out.append(
-            None if hit is None else schedule.until(hit[0], evaluations_until(evals, hit[0]))
-        )
-    return out
+    hits = [(first_reach(evals, target), evals) for evals in curves]
+    return [
+        None if h is None else schedule.until(h[0], evaluations_until(e, h[0])) for h, e in hits
+    ]

@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from experiments.engine import ROOT, Run
+from experiments.pages._markdown import fill, snippets
 
 #: The scenario, written once for the test and the page.
 SCENARIO = ROOT / "tests" / "support" / "host_faults.py"
 #: (launcher, fault) of the full page: the three faults under both launchers, and every process
 #: of a host killed under torchrun (its agent too).
-CASES = tuple(
-    (launcher, fault) for launcher in ("torch", "mpi") for fault in ("cut", "kill", "stop")
-)
+CASES = tuple((lc, f) for lc in ("torch", "mpi") for f in ("cut", "kill", "stop"))
 CASES += (("torch", "kill-all"),)
 #: The issue's bound on a host fault: every rank gone within 30 s, naming the host.
 ISSUE_SECONDS = 30.0
@@ -36,16 +35,13 @@ WHAT = {
     "kill-all": "every process SIGKILLed (agent too)",
 }
 LAUNCHERS = {"torch": "torchrun", "mpi": "mpiexec"}
+#: The page's fixed text (page.md beside this file), by part.
+TEXT = snippets(__file__, "page.md")
 
 
 def runs(cases: Sequence[Tuple[str, str]], quick: bool) -> List[Run]:
-    return [
-        Run(
-            key=f"fault/{launcher}/{fault}",
-            config={"kind": "fault", "quick": quick, "launcher": launcher, "fault": fault},
-        )
-        for launcher, fault in cases
-    ]
+    config = {"kind": "fault", "quick": quick}
+    return [Run(f"fault/{lc}/{f}", dict(config, launcher=lc, fault=f)) for lc, f in cases]
 
 
 def row(run: Run, prefix: str) -> Dict[str, Any]:
@@ -77,32 +73,21 @@ def _seconds(value: Optional[float], none: str = "—") -> str:
     return none if value is None else f"{value:.2f}"
 
 
-def _said(r: Mapping[str, Any]) -> str:
+def _row(launcher: str, fault: str, r: Mapping[str, Any]) -> str:
+    """A case's line of the section's table."""
     lost = r.get("lost_says")
-    return "—" if lost is None else "`" + lost.split(": ", 1)[1][:140] + "`"
-
-
-#: The section's table: a row per case, an item (launcher, fault, its row).
-COLUMNS = (
-    ("launcher", lambda x: LAUNCHERS[x[0]]),
-    ("host1's fault", lambda x: WHAT[x[1]]),
-    ("every rank gone after (s)", lambda x: _seconds(x[2]["seconds"], "not within 90 s")),
-    (
-        "each rank's exit after the fault (s)",
-        lambda x: ", ".join(f"{k}: {_seconds(v, 'not ended')}" for k, v in x[2]["exits"].items()),
-    ),
-    ("first error line after (s)", lambda x: _seconds(x[2]["named_after"])),
-    (
-        "names host1 (rank: peer, host name, address and the fault's diagnosis)",
-        lambda x: ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in x[2]["named"].items()),
-    ),
-    ("host1's own rank said", lambda x: _said(x[2])),
-)
+    exits = ", ".join(f"{k}: {_seconds(v, 'not ended')}" for k, v in r["exits"].items())
+    fields = dict(launcher=LAUNCHERS[launcher], what=WHAT[fault], exits=exits)
+    fields.update(
+        gone=_seconds(r["seconds"], "not within 90 s"), named_after=_seconds(r["named_after"])
+    )
+    fields["named"] = ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in r["named"].items())
+    fields["said"] = "—" if lost is None else "`" + lost.split(": ", 1)[1][:140] + "`"
+    return fill(TEXT["fault row"], **fields)
 
 
 def section(cases: Sequence[Tuple[str, str]], data: Mapping[str, Dict[str, Any]]) -> List[str]:
-    from experiments.pages._markdown import columns, fill, snippets
-
+    """ "Faults across hosts": a line per case that has a row, against the issue's 30 s."""
     found = [(lc, f, data[f"fault/{lc}/{f}"]) for lc, f in cases if f"fault/{lc}/{f}" in data]
     skipped = [r["skipped"] for _, _, r in found if "skipped" in r]
     ran = [x for x in found if "skipped" not in x[2]]
@@ -111,17 +96,14 @@ def section(cases: Sequence[Tuple[str, str]], data: Mapping[str, Dict[str, Any]]
     lines = ["## Faults across hosts", ""] + ([f"Not run: {skipped[0]}", ""] if skipped else [])
     if not ran:
         return lines
-    lines += columns(COLUMNS, ran)
-    bounds = {r["bound"] for _, _, r in ran}
     late = [
         f"{LAUNCHERS[lc]} {f}"
         for lc, f, r in ran
         if r["seconds"] is None or r["seconds"] > ISSUE_SECONDS
     ]
-    bound = ", ".join(f"{b:g}" for b in sorted(bounds))
-    verdict = (
-        f"was gone within the issue's {ISSUE_SECONDS:g} s in every case"
-        if not late
-        else f"was NOT gone within {ISSUE_SECONDS:g} s in: {', '.join(late)}"
-    )
-    return lines + [fill(snippets(__file__, "page.md")["faults"], verdict=verdict, bound=bound), ""]
+    verdict = f"was gone within the issue's {ISSUE_SECONDS:g} s in every case"
+    if late:
+        verdict = f"was NOT gone within {ISSUE_SECONDS:g} s in: {', '.join(late)}"
+    bound = ", ".join(f"{b:g}" for b in sorted({r["bound"] for _, _, r in ran}))
+    text = fill(TEXT["faults"], verdict=verdict, bound=bound)
+    return lines + [TEXT["fault table"], *(_row(*x) for x in ran), "", text, ""]

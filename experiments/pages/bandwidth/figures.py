@@ -16,13 +16,14 @@ from .recipe import main_key, measured_on, rate_name, timed_settings, timing_key
 from .recipe import tuning_keys
 from .text import answer
 
+#: What a tuning grid's values are, by `Algorithm.tune`.
+TUNED = {"lr": "lr", "gamma": "γ", "gamma_x": "γ ÷ topology γ"}
+#: A step's figures (measured, core each, projected: page.md says what each is).
+FIGURES = ("core_each", "measured", "projected")
+
 
 def _ok(row: Optional[Mapping]) -> bool:
     return row is not None and "error" not in row and "skipped" not in row
-
-
-#: What a tuning grid's values are, by `Algorithm.tune`.
-TUNED = {"lr": "lr", "gamma": "γ", "gamma_x": "γ ÷ topology γ"}
 
 
 def tuning(s: Setting, data: Mapping[str, Dict]) -> List[Dict[str, Any]]:
@@ -31,9 +32,7 @@ def tuning(s: Setting, data: Mapping[str, Dict]) -> List[Dict[str, Any]]:
     for a in (BY_KEY[key] for key in s.algorithms):
         best = best_value(s, a, data)
         rows = [(v, data.get(k, {})) for v, k in tuning_keys(s, a)]
-        values = [
-            {"value": v, "acc_avg": r.get("acc_avg"), "error": r.get("error")} for v, r in rows
-        ]
+        values = [dict(value=v, acc_avg=r.get("acc_avg"), error=r.get("error")) for v, r in rows]
         chosen = None if best is None else best[0]
         out.append(
             dict(algorithm=a.key, label=a.label, tuned=TUNED[a.tune], values=values, chosen=chosen)
@@ -48,43 +47,40 @@ def accuracy(s: Setting, data: Mapping[str, Dict], target: Optional[float]) -> D
         out[topology] = {}
         for key in algorithms_on(s, topology):
             keys = train_keys(s, key, topology, data)
-            rows = [data[k] for k in keys]
-            pick = chosen(s, key, data)
+            rows, pick = [data[k] for k in keys], chosen(s, key, data)
             entry: Dict[str, Any] = {"keys": keys, "label": BY_KEY[key].label}
             if pick is not None:
-                entry["lr"] = pick[0]
                 gamma = gamma_on(BY_KEY[key], pick[1], topology)
                 # 10 digits: a topology's γ comes from eigenvalues, whose last bits differ
                 # across numpy builds, and the JSON must not
-                entry["gamma"] = None if gamma is None else float(f"{gamma:.10g}")
+                entry.update(lr=pick[0], gamma=None if gamma is None else float(f"{gamma:.10g}"))
             good = [r for r in rows if _ok(r)]
             entry["errors"] = [r["error"] for r in rows if "error" in r]
-            if good:
-                entry.update(_curves(good, target))
-            out[topology][key] = entry
+            out[topology][key] = dict(entry, **_curves(good, target)) if good else entry
     return out
 
 
 def _curves(rows: List[Dict], target: Optional[float]) -> Dict[str, Any]:
-    finals = [r["acc_avg"] for r in rows]
+    finals, first = [r["acc_avg"] for r in rows], rows[0]
     hits = [compose.first_reach(r["evals"], target) if target else None for r in rows]
-    return {
-        "seeds": len(rows),
-        "finals": finals,
-        "final_mean": statistics.fmean(finals),
-        "final_std": statistics.stdev(finals) if len(finals) > 1 else None,
-        "peaks": [max(e[1] for e in r["evals"]) for r in rows],
-        "steps": rows[0]["steps"],
-        "steps_per_epoch": rows[0]["steps_per_epoch"],
-        "parameters": rows[0]["parameters"],
-        "mb_total": statistics.fmean(r["mb_per_peer"] for r in rows),
-        "metric_mb_total": statistics.fmean(r["metric_mb_per_peer"] for r in rows),
-        "evaluations": len(rows[0]["evals"]),
-        "steps_to_target": [None if h is None else h[0] for h in hits],
-        "mb_to_target": [None if h is None else h[1] for h in hits],
-        "curves": [r["evals"] for r in rows],
-        "mean_curve": compose.mean_curve([r["evals"] for r in rows]),
-    }
+    final_mean, final_std = statistics.fmean(finals), None
+    if len(finals) > 1:
+        final_std = statistics.stdev(finals)
+    return dict(
+        seeds=len(rows),
+        finals=finals,
+        final_mean=final_mean,
+        final_std=final_std,
+        peaks=[max(e[1] for e in r["evals"]) for r in rows],
+        **{k: first[k] for k in ("steps", "steps_per_epoch", "parameters")},
+        mb_total=statistics.fmean(r["mb_per_peer"] for r in rows),
+        metric_mb_total=statistics.fmean(r["metric_mb_per_peer"] for r in rows),
+        evaluations=len(first["evals"]),
+        steps_to_target=[None if h is None else h[0] for h in hits],
+        mb_to_target=[None if h is None else h[1] for h in hits],
+        curves=[r["evals"] for r in rows],
+        mean_curve=compose.mean_curve([r["evals"] for r in rows]),
+    )
 
 
 def target_of(s: Setting, acc: Mapping[str, Any]) -> Optional[float]:
@@ -92,10 +88,8 @@ def target_of(s: Setting, acc: Mapping[str, Any]) -> Optional[float]:
     topology, every seed) reaches."""
     peaks = []
     for topology in s.topologies:
-        for key in COMPARED:
+        for key in (k for k in COMPARED if k in s.algorithms):
             entry = acc.get(topology, {}).get(key)
-            if key not in s.algorithms:
-                continue
             if entry is None or "peaks" not in entry:
                 return None
             peaks += entry["peaks"]
@@ -127,15 +121,14 @@ def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
         evaluation = None
         if _ok(home) and "eval" in home and _ok(alone):
             evaluation = dataclasses.asdict(compose.eval_costs(home, alone))
+        timed = row["algorithms"]
         out.setdefault(topology, {})[rate_name(rate, slow)] = {
             "steps": per,
             "borrowed": borrowed,
             "eval": evaluation,
             "load": [row["load_before"], row["load_after"]],
-            "periods": {k: v["periods"] for k, v in row["algorithms"].items()},
-            "spread": {
-                k: [min(v["wall_min"]), max(v["wall_max"])] for k, v in row["algorithms"].items()
-            },
+            "periods": {k: v["periods"] for k, v in timed.items()},
+            "spread": {k: [min(v["wall_min"]), max(v["wall_max"])] for k, v in timed.items()},
             "link_bits": row.get("link", {}).get("payload_bits"),
             "link_error": row.get("link", {}).get("error"),
             "retransmitted": {phase: _share(row, phase) for phase in ("training", "replay")},
@@ -146,60 +139,44 @@ def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
 def _share(row: Mapping, phase: str) -> Optional[Dict[str, float]]:
     """The share of TCP segments the hosts retransmitted in `phase`, and their retransmission
     timeouts, all algorithms together."""
-    sent = retransmitted = timeouts = 0
-    for entry in row["algorithms"].values():
-        counts = entry.get("tcp", {}).get(phase)
-        if counts:
-            sent += counts["OutSegs"]
-            retransmitted += counts["RetransSegs"]
-            timeouts += counts["TCPTimeouts"]
-    return {"share": retransmitted / sent, "timeouts": timeouts} if sent else None
+    counts = [e.get("tcp", {}).get(phase) for e in row["algorithms"].values()]
+    sent, again, timeouts = (
+        sum(c[k] for c in counts if c) for k in ("OutSegs", "RetransSegs", "TCPTimeouts")
+    )
+    return {"share": again / sent, "timeouts": timeouts} if sent else None
 
 
 def schedule(s: Setting, steps: Mapping[str, Dict], ev: Optional[Dict], key: str, figure: str):
     """The `Schedule` of algorithm `key` under `figure` (measured, core_each, projected), or None
     when a part is missing. Evaluations cost the same figure (projected: the core-each one)."""
-    a = BY_KEY[key]
-    if key not in steps:
+    warmup = BY_KEY[key].warmup
+    if key not in steps or (warmup is not None and warmup[1] not in steps):
         return None
-    warm_steps, warm = 0, 0.0
-    if a.warmup is not None:
-        if a.warmup[1] not in steps:
-            return None
-        warm_steps, warm = a.warmup[0], steps[a.warmup[1]][figure]
+    warm_steps, warm = (0, 0.0) if warmup is None else (warmup[0], steps[warmup[1]][figure])
     per_eval = 0.0 if ev is None else ev["measured" if figure == "measured" else "core_each"]
     return Schedule(steps[key][figure], warm_steps, warm, per_eval)
 
 
-FIGURES = ("core_each", "measured", "projected")
-
-
 def times(s: Setting, acc: Mapping, cost: Mapping, target: Optional[float]) -> Dict[str, Any]:
     """Seconds to the target per topology, rate (and slow-host setting) and algorithm: each
-    figure, training only and with the run's evaluations, per seed and their mean/min/max."""
+    figure, training only and with the run's evaluations (where the evaluation was timed), per
+    seed and their mean/min/max."""
     out: Dict[str, Any] = {}
-    if target is None:
-        return out
-    for topology, by_rate in cost.items():
+    for topology, by_rate in cost.items() if target is not None else ():
         for name, c in by_rate.items():
             for key in s.algorithms:
-                entry = acc[topology].get(key, {})
-                if "curves" not in entry:
+                curves = acc[topology].get(key, {}).get("curves")
+                if curves is None:
                     continue
                 cell = {}
                 for figure in FIGURES:
                     plan = schedule(s, c["steps"], c["eval"], key, figure)
-                    if plan is None:
-                        continue
-                    train_only = dataclasses.replace(plan, per_eval=0.0)
-                    cell[figure] = _seeds(
-                        compose.per_seed_times(entry["curves"], target, train_only)
-                    )
-                    if c["eval"] is None:  # not timed at this rate: no figure with evaluations
-                        continue
-                    cell[figure + "_with_evals"] = _seeds(
-                        compose.per_seed_times(entry["curves"], target, plan)
-                    )
+                    if plan is not None:
+                        train_only = dataclasses.replace(plan, per_eval=0.0)
+                        cell[figure] = _seeds(compose.per_seed_times(curves, target, train_only))
+                    if plan is not None and c["eval"] is not None:
+                        with_evals = compose.per_seed_times(curves, target, plan)
+                        cell[figure + "_with_evals"] = _seeds(with_evals)
                 out.setdefault(topology, {}).setdefault(name, {})[key] = cell
     return out
 
@@ -214,25 +191,17 @@ def _seeds(values: List[Optional[float]]) -> Dict[str, Any]:
 
 def slow_host(s: Setting, cost: Mapping) -> Dict[str, Any]:
     """Per topology and algorithm: the step with one host's link slowed against all at the base
-    rate (measured and core each) and the ratio."""
+    rate (measured, core each, replayed communication)."""
     out: Dict[str, Any] = {}
-    if s.slow is None:
-        return out
-    base, host, rate = s.slow
-    for topology in s.slow_topologies:
+    base, host, rate = s.slow or (None, None, None)
+    for topology in s.slow_topologies if s.slow else ():
         normal = cost.get(topology, {}).get(base)
         slowed = cost.get(topology, {}).get(rate_name(base, (host, rate)))
-        if normal is None or slowed is None:
-            continue
-        for key in s.algorithms:
+        for key in s.algorithms if normal and slowed else ():
             a, b = normal["steps"].get(key), slowed["steps"].get(key)
-            if a is None or b is None:
-                continue
-            out.setdefault(topology, {})[key] = {
-                "measured": [a["measured"], b["measured"]],
-                "core_each": [a["core_each"], b["core_each"]],
-                "comm_replayed": [a["comm_replayed"], b["comm_replayed"]],
-            }
+            if a is not None and b is not None:
+                fields = ("measured", "core_each", "comm_replayed")
+                out.setdefault(topology, {})[key] = {f: [a[f], b[f]] for f in fields}
     return out
 
 
@@ -267,41 +236,26 @@ def e2e(s: Setting, data: Mapping[str, Dict], cost: Mapping) -> List[Dict[str, A
 
 
 def plateau(s: Setting, data: Mapping[str, Dict]) -> Optional[Dict[str, Any]]:
+    """The plateau run against the chosen run it doubles: its epochs and accuracies."""
     key = next((k for k in data if k.startswith("plateau/")), None)
     if key is None:
         return None
     algorithm = key.split("/")[2]
-    source = main_key(s, algorithm, s.tune_topology, 0, data)
-    row, base = data[key], data.get(source, {})
+    row, base = data[key], data.get(main_key(s, algorithm, s.tune_topology, 0, data), {})
     if not _ok(row) or not _ok(base):
         return None
-    return {
-        "algorithm": algorithm,
-        "epochs": [
-            base["steps"] // base["steps_per_epoch"],
-            row["steps"] // row["steps_per_epoch"],
-        ],
-        "acc": [base["acc_avg"], row["acc_avg"]],
-    }
-
-
-def run_seconds(data: Mapping[str, Dict]) -> Optional[float]:
-    """The median wall time of an in-process training run of the full epochs (the plateau run,
-    at twice the epochs, left out)."""
-    found = [
-        r["run_seconds"]
-        for k, r in data.items()
-        if k.startswith(("tune/", "train/")) and _ok(r) and "run_seconds" in r
-    ]
-    return statistics.median(found) if found else None
+    epochs = [r["steps"] // r["steps_per_epoch"] for r in (base, row)]
+    return {"algorithm": algorithm, "epochs": epochs, "acc": [base["acc_avg"], row["acc_avg"]]}
 
 
 def collect(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
-    acc = accuracy(s, data, None)
-    target = target_of(s, acc)
-    acc = accuracy(s, data, target)
-    cost = costs(s, data)
+    """Everything the page shows (see the module docstring); `run_seconds`: the median wall time
+    of an in-process training run of the full epochs (the plateau run left out)."""
+    target = target_of(s, accuracy(s, data, None))
+    acc, cost = accuracy(s, data, target), costs(s, data)
     t = times(s, acc, cost, target)
+    trained = [r for k, r in data.items() if k.startswith(("tune/", "train/")) and _ok(r)]
+    run_seconds = [r["run_seconds"] for r in trained if "run_seconds" in r]
     return {
         "target": target,
         "tuning": tuning(s, data),
@@ -312,5 +266,5 @@ def collect(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
         "e2e": e2e(s, data, cost),
         "plateau": plateau(s, data),
         "answer": answer(s, t, target, acc),
-        "run_seconds": run_seconds(data),
+        "run_seconds": statistics.median(run_seconds) if run_seconds else None,
     }

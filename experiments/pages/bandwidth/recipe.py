@@ -1,11 +1,10 @@
-"""What the bandwidth page runs: the training recipe, the algorithms and their tuning grids, the
-link rates, and the plan of runs (torch-free: `python -m experiments --list` imports it). The plan
-comes in waves, each made once the rows it depends on exist (the engine calls `plan` again after
-each): the lr grids (`tune/T/A/lr=V`, tuning topology T, seed 0), then the γ grids at the
-all-reduce's chosen lr (`tune/T/A/g=V`), then every algorithm at its chosen values on every
-topology and seed (`train/T/A/seedS`) and the best at twice the epochs (`plateau/T/A`), and once
-every training row exists the measurements, one at a time (`alone/T/A`, `timing/T/RATE`,
-`e2e/T/A/RATE`, `fault/L/F`)."""
+"""What the bandwidth page runs (torch-free: `python -m experiments --list` imports it): the
+training recipe, the algorithms and their grids, the link rates, and the plan, in waves that the
+engine asks for again as rows come in: the lr grids (`tune/T/A/lr=V`, tuning topology T, seed 0),
+then the γ grids at the all-reduce's chosen lr (`tune/T/A/g=V`), then every algorithm at its
+chosen values on every topology and seed (`train/T/A/seedS`) and the best at twice the epochs
+(`plateau/T/A`), and once every training row exists the measurements, one at a time
+(`alone/T/A`, `timing/T/RATE`, `e2e/T/A/RATE`, `fault/L/F`)."""
 
 from __future__ import annotations
 
@@ -22,9 +21,11 @@ from .faults import runs as fault_runs
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
     """One row of the page. `spec`: the algorithm spec, "{gamma}" filled in per run; `tune`:
-    "lr" (the learning rate over `grid`), "gamma" (γ over `grid`) or "gamma_x" (γ = value ×
-    the topology's γ); `timing`: the spec the step-time measurements run (cost does not depend
-    on γ; PowerSGD's exact all-reduce warm-up is measured as the all-reduce row, `warmup`)."""
+    "lr" (the learning rate over `grid`), "gamma" (γ over `grid`) or "gamma_x" (γ = value × the
+    topology's γ); `timing`: the spec the step-time measurements run (cost does not depend on
+    γ); `warmup`: (steps, row key), the first steps cost what a step of that row costs (PowerSGD's
+    exact all-reduces); `over_all_hosts`: its messages go round a ring of all hosts whatever the
+    topology (an all-reduce), so its step is measured on the tuning topology only."""
 
     key: str
     label: str
@@ -33,10 +34,7 @@ class Algorithm:
     grid: Tuple[float, ...]
     timing: str
     local_steps: int = 1
-    #: (steps, row key): the first `steps` steps cost what a step of that row costs
     warmup: Optional[Tuple[int, str]] = None
-    #: its messages go round a ring of all hosts whatever the topology (an all-reduce): its step
-    #: is measured on the tuning topology only and holds for every topology
     over_all_hosts: bool = False
 
 
@@ -70,38 +68,41 @@ ALGORITHMS = (
 BY_KEY = {a.key: a for a in ALGORITHMS}
 
 
+def _none() -> Any:
+    """A `Setting` mapping's default: empty."""
+    return dataclasses.field(default_factory=dict)
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """The sizes of one plan (the full page, or --quick)."""
+    """The sizes of one plan (the full page, or --quick). `seeds`: per topology, those of the
+    `COMPARED` rows (the others run the first one only); `slow`: (base rate, slowed host, its
+    rate) of the one-slow-host measurement on `slow_topologies`, for `slow_algorithms` (default:
+    all); `e2e`: (topology, algorithm, rate) of the complete runs on the cluster; `grids`: grids
+    of the plan's own; `only`: per topology, the algorithms trained and timed on it (default: all;
+    an all-reduce's rows are the tuning topology's on every topology, never run again);
+    `rates_of`: per topology, the rates its steps are timed at (default: all); `untimed_at`: per
+    rate, the algorithms not timed at it; `eval_untimed_at`: the rates the evaluation is not timed
+    at; `faults`: (launcher, fault) of the faults across hosts (faults.py), run last; `quick`: the
+    cluster's rows say so instead of failing where namespaces cannot be made."""
 
     base: Mapping[str, Any]
     algorithms: Tuple[str, ...]
     topologies: Tuple[str, ...]
     tune_topology: str
-    #: the seeds of the `COMPARED` rows per topology (the other rows run the first one only)
     seeds: Mapping[str, Tuple[int, ...]]
     rates: Tuple[str, ...]
-    #: (base rate, slowed host, its rate) of the one-slow-host measurement, per topology in it
     slow: Optional[Tuple[str, str, str]] = None
     slow_topologies: Tuple[str, ...] = ()
-    #: (topology, algorithm, rate) of the complete runs on the cluster
     e2e: Tuple[Tuple[str, str, str], ...] = ()
-    #: the lr of the γ-tuned algorithms when the all-reduce's lr grid is not in the plan
-    grids: Mapping[str, Tuple[float, ...]] = dataclasses.field(default_factory=dict)
-    #: per topology, the algorithms trained and timed on it (default: all); an all-reduce's
-    #: (`over_all_hosts`) rows are the tuning topology's on every topology, never run again
-    only: Mapping[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict)
-    #: per topology, the rates its steps are timed at (default: all of `rates`)
-    rates_of: Mapping[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict)
-    #: the algorithms timed with one host slowed (default: all)
+    grids: Mapping[str, Tuple[float, ...]] = _none()
+    only: Mapping[str, Tuple[str, ...]] = _none()
+    rates_of: Mapping[str, Tuple[str, ...]] = _none()
     slow_algorithms: Tuple[str, ...] = ()
-    #: per rate, the algorithms not timed at it; and the rates the evaluation is not timed at
-    untimed_at: Mapping[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    untimed_at: Mapping[str, Tuple[str, ...]] = _none()
     eval_untimed_at: Tuple[str, ...] = ()
-    #: (launcher, fault) of the faults across hosts (faults.py), run last
     faults: Tuple[Tuple[str, str], ...] = ()
     plateau: bool = True
-    #: --quick: the cluster's rows say so instead of failing where namespaces cannot be made
     quick: bool = False
 
 
@@ -114,11 +115,7 @@ FULL_BASE.update(warmup_epochs=1, schedule="cosine", batch_size=32, epochs=20, e
 FULL_BASE.update(LOCAL)
 QUICK_BASE = dict(FULL_BASE, dataset="mnist1d:num_samples=1200", model="mlp:64", epochs=2)
 
-#: Sized to finish in about 80 minutes on 2 shared cores (the page says what was cut and why):
-#: two seeds, torus:2x4 for exact gossip and PowerGossip r1 only and at 100 and 10 Mbit/s, at
-#: 1 Mbit/s neither H = 4 nor the evaluation timed (a full-model transfer there takes minutes and
-#: a measurement makes four), one host slowed on ring:8 for the compared rows, no complete run on
-#: the cluster (720 steps of 8 processes on 2 shared cores; --quick makes one).
+#: Sized to finish in about 80 minutes on 2 shared cores (the page says what was cut and why).
 FULL = Setting(
     base=FULL_BASE,
     algorithms=tuple(a.key for a in ALGORITHMS),
@@ -148,17 +145,20 @@ QUICK = Setting(
     quick=True,
     faults=(("torch", "kill"),),
 )
-
 #: The epochs of a measured run's config (it stops itself long before).
 PROBE_EPOCHS = 1000
 #: The three rows the target accuracy and the answer are about.
 COMPARED = ("pg-r1", "exact", "allreduce")
+Rows = Mapping[str, Dict[str, Any]]
+
+
+def setting(quick: bool) -> Setting:
+    return QUICK if quick else FULL
 
 
 def seeds_of(s: Setting, key: str, topology: str) -> Tuple[int, ...]:
     """The seeds algorithm `key` runs on `topology`: all of them for the compared rows."""
-    seeds = tuple(s.seeds[topology])
-    return seeds if key in COMPARED else seeds[:1]
+    return tuple(s.seeds[topology])[: None if key in COMPARED else 1]
 
 
 def algorithms_on(s: Setting, topology: str) -> Tuple[str, ...]:
@@ -169,12 +169,13 @@ def algorithms_on(s: Setting, topology: str) -> Tuple[str, ...]:
 
 def rates_on(s: Setting, topology: str) -> Tuple[str, ...]:
     """The rates `topology`'s steps are timed at, in `s.rates`' order."""
-    own = s.rates_of.get(topology, s.rates)
-    return tuple(r for r in s.rates if r in own)
+    return tuple(r for r in s.rates if r in s.rates_of.get(topology, s.rates))
 
 
-def setting(quick: bool) -> Setting:
-    return QUICK if quick else FULL
+def measured_on(s: Setting, key: str, topology: str) -> str:
+    """The topology whose measurements give algorithm `key`'s step on `topology`: its own, or
+    for an all-reduce (its ring goes through all hosts, whatever the topology) the tuning one."""
+    return s.tune_topology if BY_KEY[key].over_all_hosts else topology
 
 
 def grid(s: Setting, algorithm: Algorithm) -> Tuple[float, ...]:
@@ -187,44 +188,25 @@ def topology_gamma(topology: str) -> float:
     return float(topologies.parse(topology).gamma)
 
 
-def fmt(value: float) -> str:
-    """A grid value as keys spell it (stable where a computed float differs in its last bits)."""
-    return f"{value:.9g}"
-
-
-# ---- the runs ------------------------------------------------------------------------------------
 def train_run(
-    key: str, s: Setting, algorithm: Algorithm, topology: str, seed: int, lr: float, gamma, **extra
-) -> Run:
+    key: str, s: Setting, a: Algorithm, topology: str, seed: int, lr: float, gamma, **extra
+):
     """An in-process training run: `train` is the whole config but its seed; γ goes into the
     spec when the row is made ("{gamma}"), so that the stored config holds it as a number."""
-    train = dict(s.base, topology=topology, algorithm=algorithm.spec, lr=lr)
-    train["local_steps"] = algorithm.local_steps
-    train.update(extra)
-    config = {"kind": "train", "algorithm": algorithm.key, "gamma": gamma, "train": train}
-    return Run(key=key, config=config, seed=seed, cost=float(train["epochs"]))
-
-
-def tuning_runs(s: Setting, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
-    """The grids: learning rates first; γ grids once the all-reduce's lr is chosen."""
-    topology, lr_star, runs = s.tune_topology, chosen_lr(s, rows), []
-    for key in s.algorithms:
-        a = BY_KEY[key]
-        if a.tune != "lr" and lr_star is None:
-            continue
-        for value, run_key in tuning_keys(s, a):
-            lr = value if a.tune == "lr" else lr_star
-            runs.append(train_run(run_key, s, a, topology, 0, lr, gamma_on(a, value, topology)))
-    return runs
+    train = dict(s.base, topology=topology, algorithm=a.spec, lr=lr, local_steps=a.local_steps)
+    config = {"kind": "train", "algorithm": a.key, "gamma": gamma, "train": dict(train, **extra)}
+    return Run(key=key, config=config, seed=seed, cost=float(config["train"]["epochs"]))
 
 
 def tuning_keys(s: Setting, algorithm: Algorithm) -> List[Tuple[float, str]]:
-    topology = s.tune_topology
+    """(value, row key) of each point of the algorithm's grid (values spelt `:.9g`: stable where
+    a computed float differs in its last bits)."""
     label = {"lr": "lr", "gamma": "g", "gamma_x": "gx"}[algorithm.tune]
-    return [(v, f"tune/{topology}/{algorithm.key}/{label}={fmt(v)}") for v in grid(s, algorithm)]
+    where = f"tune/{s.tune_topology}/{algorithm.key}/{label}"
+    return [(v, f"{where}={v:.9g}") for v in grid(s, algorithm)]
 
 
-def best_value(s: Setting, algorithm: Algorithm, rows: Mapping[str, Dict[str, Any]]):
+def best_value(s: Setting, algorithm: Algorithm, rows: Rows):
     """(value, key) of the grid's run with the highest final averaged-model accuracy (the first
     on a tie; a failed or diverged run never wins), or None until the whole grid has rows."""
     keys = tuning_keys(s, algorithm)
@@ -234,14 +216,13 @@ def best_value(s: Setting, algorithm: Algorithm, rows: Mapping[str, Dict[str, An
     return max(scored, key=lambda x: x[0])[1:] if scored else None  # max: the first of equals
 
 
-def chosen_lr(s: Setting, rows: Mapping[str, Dict[str, Any]]) -> Optional[float]:
-    """The learning rate of the γ-tuned algorithms: the all-reduce grid's best (or the quick
-    plan's one value)."""
+def chosen_lr(s: Setting, rows: Rows) -> Optional[float]:
+    """The learning rate of the γ-tuned algorithms: the all-reduce grid's best."""
     best = best_value(s, BY_KEY["allreduce"], rows)
     return None if best is None else best[0]
 
 
-def chosen(s: Setting, key: str, rows: Mapping[str, Dict[str, Any]]):
+def chosen(s: Setting, key: str, rows: Rows):
     """(lr, γ multiplier or γ or None, tuning key) of algorithm `key`, or None until known."""
     best, lr_star = best_value(s, BY_KEY[key], rows), chosen_lr(s, rows)
     if best is None or lr_star is None:
@@ -257,7 +238,7 @@ def gamma_on(a: Algorithm, value, topology: str):
     return value * topology_gamma(topology) if a.tune == "gamma_x" else value
 
 
-def main_key(s: Setting, key: str, topology: str, seed: int, rows) -> Optional[str]:
+def main_key(s: Setting, key: str, topology: str, seed: int, rows: Rows) -> Optional[str]:
     """The row key of algorithm `key` on `topology`, seed `seed`: the chosen tuning run for the
     tuning topology's seed 0, else its own `train/...` run; None until the choice is made."""
     pick = chosen(s, key, rows)
@@ -265,74 +246,59 @@ def main_key(s: Setting, key: str, topology: str, seed: int, rows) -> Optional[s
         return None
     if BY_KEY[key].over_all_hosts:  # its model does not depend on the graph (a test checks)
         topology = s.tune_topology
-    if topology == s.tune_topology and seed == 0:
-        return pick[2]
-    return f"train/{topology}/{key}/seed{seed}"
+    own = f"train/{topology}/{key}/seed{seed}"
+    return pick[2] if (topology, seed) == (s.tune_topology, 0) else own
 
 
-def main_runs(s: Setting, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
-    runs = []
-    for key in s.algorithms:
-        a = BY_KEY[key]
-        pick = chosen(s, key, rows)
-        if pick is None:
-            continue
-        lr, value, _ = pick
-        for topology in s.topologies:
-            mine = key in algorithms_on(s, topology)
-            if not mine or (a.over_all_hosts and topology != s.tune_topology):
-                continue  # an all-reduce has the tuning topology's rows (`main_key`)
-            gamma = gamma_on(a, value, topology)
-            for seed in seeds_of(s, key, topology):
-                if topology != s.tune_topology or seed != 0:  # else: the chosen tuning run
-                    key_of = f"train/{topology}/{key}/seed{seed}"
-                    runs.append(train_run(key_of, s, a, topology, seed, lr, gamma))
-    return runs
+def train_keys(s: Setting, key: str, topology: str, rows: Rows) -> List[str]:
+    """The row keys of algorithm `key` on `topology`, one per seed, that exist."""
+    keys = [main_key(s, key, topology, seed, rows) for seed in seeds_of(s, key, topology)]
+    return [k for k in keys if k is not None and k in rows]
 
 
-def plateau_run(s: Setting, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
-    """The best of the compared algorithms (tuning topology, seed 0) again at twice the epochs
-    (known as soon as their grids are: it runs beside the other algorithms' tuning)."""
-    best = best_main(s, rows, COMPARED)
-    if best is None or not s.plateau:
-        return []
-    key, _ = best
-    a, (lr, value, _) = BY_KEY[key], chosen(s, key, rows)
-    epochs = 2 * s.base["epochs"]
-    topology = s.tune_topology
-    gamma = gamma_on(a, value, topology)
-    return [train_run(f"plateau/{topology}/{key}", s, a, topology, 0, lr, gamma, epochs=epochs)]
-
-
-def best_main(s: Setting, rows, among=None) -> Optional[Tuple[str, str]]:
+def best_main(s: Setting, rows: Rows, among=None) -> Optional[Tuple[str, str]]:
     """(algorithm, row key) with the best final accuracy on the tuning topology, seed 0, among
     `among` (default: every algorithm), once their choices are made."""
-    keys = {
-        k: main_key(s, k, s.tune_topology, 0, rows)
-        for k in s.algorithms
-        if among is None or k in among
-    }
+    among = [k for k in s.algorithms if among is None or k in among]
+    keys = {k: main_key(s, k, s.tune_topology, 0, rows) for k in among}
     if any(v is None or v not in rows for v in keys.values()):
         return None
     return max(keys.items(), key=lambda kv: rows[kv[1]].get("acc_avg") or 0.0)
 
 
-def training_runs(s: Setting, rows) -> List[Run]:
-    return tuning_runs(s, rows) + main_runs(s, rows) + plateau_run(s, rows)
+def training_runs(s: Setting, rows: Rows) -> List[Run]:
+    """The grids (learning rates first, the γ grids once the all-reduce's lr is chosen), every
+    algorithm's runs at its chosen values but the chosen tuning run, and the plateau run: the
+    best of the compared rows again at twice the epochs (known as soon as their grids are)."""
+    tune, lr_star, runs = s.tune_topology, chosen_lr(s, rows), []
+    for a in (BY_KEY[k] for k in s.algorithms):
+        if a.tune == "lr" or lr_star is not None:
+            for value, key in tuning_keys(s, a):
+                lr = value if a.tune == "lr" else lr_star
+                runs.append(train_run(key, s, a, tune, 0, lr, gamma_on(a, value, tune)))
+    for a, pick in ((BY_KEY[k], chosen(s, k, rows)) for k in s.algorithms):
+        for topology in s.topologies if pick else ():
+            if (
+                a.key not in algorithms_on(s, topology)
+                or measured_on(s, a.key, topology) != topology
+            ):
+                continue  # an all-reduce has the tuning topology's rows (`main_key`)
+            for seed in seeds_of(s, a.key, topology):
+                if (topology, seed) != (tune, 0):  # else: the chosen tuning run
+                    gamma = gamma_on(a, pick[1], topology)
+                    key = f"train/{topology}/{a.key}/seed{seed}"
+                    runs.append(train_run(key, s, a, topology, seed, pick[0], gamma))
+    best = best_main(s, rows, COMPARED)
+    if best is not None and s.plateau:
+        a, (lr, value, _) = BY_KEY[best[0]], chosen(s, best[0], rows)
+        gamma, epochs = gamma_on(a, value, tune), 2 * s.base["epochs"]
+        runs.append(train_run(f"plateau/{tune}/{a.key}", s, a, tune, 0, lr, gamma, epochs=epochs))
+    return runs
 
 
-def measured_on(s: Setting, key: str, topology: str) -> str:
-    """The topology whose measurements give algorithm `key`'s step on `topology`: its own, or
-    for an all-reduce (its ring goes through all hosts, whatever the topology) the tuning one."""
-    return s.tune_topology if BY_KEY[key].over_all_hosts else topology
-
-
-def timed_settings(s: Setting) -> List[Tuple[str, str, Optional[Tuple[str, str]]]]:
-    """(topology, rate, (slowed host, its rate) or None) of each step-time row, in plan order."""
-    timed = [(t, r, None) for t in s.topologies for r in rates_on(s, t)]
-    if s.slow is not None:
-        timed += [(t, s.slow[0], (s.slow[1], s.slow[2])) for t in s.slow_topologies]
-    return timed
+def main_runs(s: Setting, rows: Rows) -> List[Run]:
+    """The runs of `training_runs` on every topology and seed at the chosen values."""
+    return [r for r in training_runs(s, rows) if r.key.startswith("train/")]
 
 
 def rate_name(rate: str, slow: Optional[Tuple[str, str]] = None) -> str:
@@ -344,25 +310,28 @@ def timing_key(topology: str, rate: str, slow: Optional[Tuple[str, str]] = None)
     return f"timing/{topology}/{rate_name(rate, slow)}"
 
 
-def measurement_runs(s: Setting, rows) -> List[Run]:
+def timed_settings(s: Setting) -> List[Tuple[str, str, Optional[Tuple[str, str]]]]:
+    """(topology, rate, (slowed host, its rate) or None) of each step-time row, in plan order."""
+    timed = [(t, r, None) for t in s.topologies for r in rates_on(s, t)]
+    return timed + [(t, s.slow[0], s.slow[1:]) for t in s.slow_topologies if s.slow]
+
+
+def measurement_runs(s: Setting, rows: Rows) -> List[Run]:
     """The timed runs (one at a time, nothing else of the page running): a peer alone per
     algorithm and topology (its arithmetic grows with its neighbours), the cluster's step times
-    per topology and rate, and the complete cluster runs."""
+    per topology and rate, the complete cluster runs, and the faults across hosts. The measured
+    runs stop themselves (`training.timing.StepTimer`): their epochs only have to outlast them,
+    and their one evaluation is timed on its own (none inside the timed periods)."""
+    probe = {k: v for k, v in s.base.items() if k not in ("backend", "out_dir")}
+    probe.update(epochs=PROBE_EPOCHS, eval_every=PROBE_EPOCHS)
     runs = []
-    # the measured runs stop themselves (gossip_powersgd.training.timing.StepTimer): the epochs
-    # only have to outlast them, and their one evaluation is timed on its own (none inside the
-    # timed periods)
-    probe_base = {k: v for k, v in s.base.items() if k not in ("backend", "out_dir")}
-    probe_base.update(epochs=PROBE_EPOCHS, eval_every=PROBE_EPOCHS)
     for topology in s.topologies:
-        for key in algorithms_on(s, topology):
-            a = BY_KEY[key]
-            if measured_on(s, key, topology) != topology:
-                continue
-            train = dict(probe_base, topology=topology, algorithm=a.timing, lr=0.05)
-            train["local_steps"] = a.local_steps
-            config = {"kind": "alone", "algorithm": key, "train": train}
-            runs.append(Run(key=f"alone/{topology}/{key}", config=config))
+        for a in (BY_KEY[k] for k in algorithms_on(s, topology)):
+            if measured_on(s, a.key, topology) == topology:
+                train = dict(probe, topology=topology, algorithm=a.timing, lr=0.05)
+                config = {"kind": "alone", "algorithm": a.key, "train": train}
+                config["train"]["local_steps"] = a.local_steps
+                runs.append(Run(key=f"alone/{topology}/{a.key}", config=config))
     for topology, rate, slow in timed_settings(s):
         algorithms = [
             {"key": k, "spec": BY_KEY[k].timing, "local_steps": BY_KEY[k].local_steps}
@@ -371,38 +340,24 @@ def measurement_runs(s: Setting, rows) -> List[Run]:
             and (slow is None or not s.slow_algorithms or k in s.slow_algorithms)
             and k not in s.untimed_at.get(rate, ())
         ]
-        config = {
-            "kind": "timing",
-            "quick": s.quick,
-            "topology": topology,
-            "rate": rate,
-            "slow": list(slow) if slow else None,
-            "train": dict(probe_base, topology=topology, lr=0.05),
-            "algorithms": algorithms,
-            # an evaluation's all-reduces go round all hosts: timed on the tuning topology only
-            "eval": topology == s.tune_topology and rate not in s.eval_untimed_at and slow is None,
-        }
+        config = dict(kind="timing", quick=s.quick, topology=topology, rate=rate)
+        config.update(slow=list(slow) if slow else None, algorithms=algorithms)
+        config["train"] = dict(probe, topology=topology, lr=0.05)
+        # an evaluation's all-reduces go round all hosts: timed on the tuning topology only
+        config["eval"] = topology == s.tune_topology and rate not in s.eval_untimed_at and not slow
         runs.append(Run(key=timing_key(topology, rate, slow), config=config, cost=2.0))
     sources = {run.key: run for run in training_runs(s, rows)}
     for topology, key, rate in s.e2e:
-        source = main_key(s, key, topology, 0, rows)
-        if source is None or source not in rows or source not in sources:
-            continue
-        run = sources[source]
-        config = {
-            "kind": "e2e",
-            "quick": s.quick,
-            "algorithm": key,
-            "rate": rate,
-            "source": source,
-            "gamma": run.config["gamma"],
-            "train": dict(run.config["train"]),
-        }
-        runs.append(Run(key=f"e2e/{topology}/{key}/{rate}", config=config, seed=run.seed, cost=3.0))
+        source = sources.get(main_key(s, key, topology, 0, rows))
+        if source is not None and source.key in rows:
+            config = dict(kind="e2e", quick=s.quick, algorithm=key, rate=rate, source=source.key)
+            config.update(gamma=source.config["gamma"], train=dict(source.config["train"]))
+            key_of = f"e2e/{topology}/{key}/{rate}"
+            runs.append(Run(key=key_of, config=config, seed=source.seed, cost=3.0))
     return runs + fault_runs(s.faults, s.quick)
 
 
-def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+def plan(quick: bool, rows: Rows) -> List[Run]:
     """The page's runs (see the module docstring); measurements once every training row exists."""
     s = setting(quick)
     training = training_runs(s, rows)
@@ -410,9 +365,3 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
     if best_main(s, rows) is None or any(r.key not in rows for r in training):
         return training
     return training + measurement_runs(s, rows)
-
-
-def train_keys(s: Setting, key: str, topology: str, rows) -> List[str]:
-    """The row keys of algorithm `key` on `topology`, one per seed, that exist."""
-    keys = [main_key(s, key, topology, seed, rows) for seed in seeds_of(s, key, topology)]
-    return [k for k in keys if k is not None and k in rows]

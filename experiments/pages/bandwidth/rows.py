@@ -28,21 +28,10 @@ COMM_TIMEOUT = 900.0
 LAUNCH_LIMIT = 4 * 3600.0
 PREFIX = "bw"
 #: The kinds of rows made on the emulated cluster, and what they are (for the error without it).
-ON_THE_CLUSTER = dict(
-    timing="the step times", e2e="the complete runs", fault="the faults across hosts"
-)
+ON_THE_CLUSTER = dict(timing="the step times", e2e="the complete runs")
+ON_THE_CLUSTER.update(fault="the faults across hosts")
 #: How long the link check's one TCP stream runs at the link's rate.
 LINK_CHECK_SECONDS = 3.0
-
-
-@contextlib.contextmanager
-def held(exclusive: bool, plan: str) -> Iterator[None]:
-    with open(str(LOCK).format(plan), "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def row(run: Run) -> Dict[str, Any]:
@@ -52,10 +41,10 @@ def row(run: Run) -> Dict[str, Any]:
     make = dict(train=train_row, alone=alone_row, timing=timing_row, e2e=e2e_row, fault=fault_row)
     if kind not in make:
         raise ValueError(f"run {run.key}: unknown kind {kind!r}")
-    quick = run.config.get(
-        "quick", run.config.get("train", {}).get("dataset") == QUICK_BASE["dataset"]
-    )
-    with held(exclusive=kind != "train", plan="quick" if quick else "full"):
+    small = run.config.get("train", {}).get("dataset") == QUICK_BASE["dataset"]
+    quick = run.config.get("quick", small)
+    with open(str(LOCK).format("quick" if quick else "full"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH if kind == "train" else fcntl.LOCK_EX)  # freed on close
         problem = cluster_problem() if kind in ON_THE_CLUSTER else ""
         if problem and run.config.get("quick"):
             return {"skipped": problem}
@@ -66,8 +55,7 @@ def row(run: Run) -> Dict[str, Any]:
 
 def training_config(run: Run) -> Dict[str, Any]:
     train = dict(run.config["train"], seed=run.seed)
-    train["algorithm"] = spec_of(train["algorithm"], run.config["gamma"])
-    return train
+    return dict(train, algorithm=spec_of(train["algorithm"], run.config["gamma"]))
 
 
 def load() -> List[float]:
@@ -80,7 +68,6 @@ def timed(before: List[float]) -> Dict[str, Any]:
     return dict(load_before=before, load_after=load(), cpus=os.cpu_count() or 0, nice=os.nice(0))
 
 
-# ---- in-process training -------------------------------------------------------------------------
 def train_row(run: Run) -> Dict[str, Any]:
     """In-process (`gossip_powersgd.run`, every peer a thread): accuracy after every epoch,
     training and metric bytes, the traffic counters, the final models' digests."""
@@ -93,20 +80,14 @@ def train_row(run: Run) -> Dict[str, Any]:
         first = (str(exc).strip().splitlines() or [""])[0]
         what = "diverged" if type(exc).__name__ == "NonFiniteError" else type(exc).__name__
         return {"algorithm": config["algorithm"], "error": f"{what}: {first}"[:200]}
-    stats = [result.stats[k] for k in sorted(result.stats)]
-    summary = result.summary
+    stats, summary = [result.stats[k] for k in sorted(result.stats)], result.summary
     return {
         "algorithm": config["algorithm"],
-        "acc_avg": result.acc_avg,
-        "acc_local_mean": result.acc_local_mean,
-        "acc_local_min": result.acc_local_min,
-        "steps": result.steps,
-        "steps_per_epoch": summary["steps_per_epoch"],
-        "parameters": summary["parameters"],
+        **{k: getattr(result, k) for k in ("acc_avg", "acc_local_mean", "acc_local_min", "steps")},
+        **{k: summary[k] for k in ("steps_per_epoch", "parameters")},
         "mb_per_peer": result.mb_sent_per_peer,
         "metric_mb_per_peer": statistics.fmean(s["metric_bytes_sent"] for s in stats) / 1e6,
-        "rounds": max(int(s["rounds"]) for s in stats),
-        "critical_bytes": max(int(s["critical_bytes"]) for s in stats),
+        **{k: max(int(s[k]) for s in stats) for k in ("rounds", "critical_bytes")},
         "evals": [
             [r["step"], r["test_acc_avg_model"], r["mb_sent_per_peer"]] for r in result.evals
         ],
@@ -116,33 +97,26 @@ def train_row(run: Run) -> Dict[str, Any]:
     }
 
 
-# ---- one peer alone ------------------------------------------------------------------------------
 def alone_row(run: Run) -> Dict[str, Any]:
-    """One peer's step by itself (`gossip_powersgd.training.timing.measure_alone`)."""
+    """One peer's step by itself (`gossip_powersgd.training.timing.measure_alone`): the median
+    period's parts per step (wall, the algorithm's arithmetic, the echo, compute, CPU)."""
     from gossip_powersgd.training.timing import measure_alone
 
     before = load()
     measured = measure_alone(dict(run.config["train"], seed=0), ALONE_BUDGET)
     periods, h = measured["periods"], measured["local_steps"]
-
-    def per_step(part) -> float:
-        return statistics.median(map(part, periods)) / h
-
+    parts = dict(wall=lambda p: p[0], arith=lambda p: p[1], echo=lambda p: p[2])
+    parts.update(compute=lambda p: p[0] - p[1] - p[2], cpu=lambda p: p[3])
     return {
         "local_steps": h,
         "periods": len(periods),
-        "wall": per_step(lambda p: p[0]),
-        "arith": per_step(lambda p: p[1]),
-        "echo": per_step(lambda p: p[2]),
-        "compute": per_step(lambda p: p[0] - p[1] - p[2]),
-        "cpu": per_step(lambda p: p[3]),
+        **{k: statistics.median(map(part, periods)) / h for k, part in parts.items()},
         "per_step": measured["per_step"],
         **{f"eval_{k}": measured["eval"][k] for k in ("seconds", "cpu", "metric_bytes")},
         **timed(before),
     }
 
 
-# ---- the cluster ---------------------------------------------------------------------------------
 def cluster_problem() -> str:
     from gossip_powersgd.cluster import missing_requirements
 
@@ -161,44 +135,34 @@ def remove_stale() -> None:
 
 
 @contextlib.contextmanager
-def cluster(hosts: int, rate: str, slow=None) -> Iterator[str]:
-    """Cluster bw<pid> of `hosts` hosts at `rate` (`slow`: (host, its rate)); removed after."""
+def cluster(topology: str, rate: str, slow=None) -> Iterator[tuple]:
+    """Cluster bw<pid> of `topology`'s hosts at `rate` (`slow`: (host, its rate)), removed after:
+    (its prefix, the hosts, how this page launches on it: from the checkout, one thread per
+    process)."""
+    import topologies
+
     from gossip_powersgd.cluster import down, parse_rate, up
 
     remove_stale()
-    prefix = f"{PREFIX}{os.getpid()}"
-    rates = {slow[0]: parse_rate(slow[1])} if slow else {}
-    up(prefix, hosts, parse_rate(rate), rates)
+    prefix, hosts = f"{PREFIX}{os.getpid()}", topologies.parse(topology).size
+    up(prefix, hosts, parse_rate(rate), {slow[0]: parse_rate(slow[1])} if slow else {})
+    options = dict(cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), limit=LAUNCH_LIMIT)
     try:
-        yield prefix
+        yield prefix, hosts, options
     finally:
         down(prefix)
-
-
-def launch_options() -> Dict[str, Any]:
-    """How this page launches on the cluster: from the checkout, one thread per process."""
-    return dict(cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), limit=LAUNCH_LIMIT)
 
 
 def timing_row(run: Run) -> Dict[str, Any]:
     """The step times of `run`'s algorithms on a cluster at its rate
     (`gossip_powersgd.cluster.step_times`), then the link's own rate (`link_check`)."""
-    import topologies
-
     from gossip_powersgd.cluster.step_times import link_check, step_times
 
-    c = run.config
-    hosts = topologies.parse(c["topology"]).size
-    spec = {
-        "train": dict(c["train"], seed=0),
-        "algorithms": c["algorithms"],
-        "timeout": COMM_TIMEOUT,
-        "budget": PROBE_BUDGET,
-        "eval": c.get("eval", True),
-    }
-    before = load()
-    with cluster(hosts, c["rate"], c["slow"]) as prefix:
-        summary, seconds = step_times(prefix, hosts, spec, **launch_options())
+    c, before = run.config, load()
+    spec = dict(train=dict(c["train"], seed=0), algorithms=c["algorithms"], timeout=COMM_TIMEOUT)
+    spec.update(budget=PROBE_BUDGET, eval=c.get("eval", True))
+    with cluster(c["topology"], c["rate"], c["slow"]) as (prefix, hosts, options):
+        summary, seconds = step_times(prefix, hosts, spec, **options)
         summary["link"] = link_check(prefix, c["rate"], LINK_CHECK_SECONDS)
     return dict(summary, launch_seconds=seconds, **timed(before))
 
@@ -213,19 +177,16 @@ def fault_row(run: Run) -> Dict[str, Any]:
 
 def e2e_row(run: Run) -> Dict[str, Any]:
     """The chosen config trained across a cluster at its rate (`cluster.launch.train_on_hosts`)."""
-    import topologies
-
     from gossip_powersgd.cluster.launch import train_on_hosts
 
-    train = training_config(run)
+    train, before = training_config(run), load()
     train.update(backend="torch", comm_timeout=COMM_TIMEOUT)
-    hosts = topologies.parse(train["topology"]).size
-    before = load()
-    with cluster(hosts, run.config["rate"]) as prefix:
-        summary, evals, seconds = train_on_hosts(prefix, train, **launch_options())
+    with cluster(train["topology"], run.config["rate"]) as (prefix, _, options):
+        summary, evals, seconds = train_on_hosts(prefix, train, **options)
     keep = ("wall_time_s", "steps", "time_compute_s", "time_gossip_compute_s")
+    keep += ("time_communication_s",)
     return {
-        "summary": {k: summary[k] for k in keep + ("time_communication_s",)},
+        "summary": {k: summary[k] for k in keep},
         "model_sha256": summary["model_sha256"],
         "acc_avg": summary["final_test_acc_avg_model"],
         "mb_per_peer": summary["mb_sent_per_peer"],

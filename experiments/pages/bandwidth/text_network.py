@@ -6,53 +6,40 @@ from __future__ import annotations
 import statistics
 from typing import Any, List, Mapping
 
-from . import compose
-from .compose import rate_text, seconds_text
+from experiments.pages._markdown import fill, table
+
+from .compose import PAYLOAD_SHARE, rate_bits, rate_text, seconds_text
 from .recipe import Setting
-from experiments.pages._markdown import Cell, columns, fill, g3, table
 from .text import TEXT, _label, _mb, paragraph
 
 
-def _periods(x) -> str:
-    c, key = x["c"], x["key"]
-    return str(c["periods"][key]) if key in c["periods"] else f"{c['borrowed'][key]}'s"
-
-
-COST_COLUMNS = (
-    ("algorithm", lambda x: _label(x["key"])),
-    ("MB sent / host", lambda x: _mb(x["bytes_sent"])),
-    ("comm projected (s)", g3("comm_projected")),
-    ("comm, egress model (s)", g3("comm_egress")),
-    ("comm replayed (s)", g3("comm_replayed")),
-    ("comm in training (s)", g3("comm_in_training")),
-    ("compute alone, CPU (s)", g3("cpu_alone")),
-    ("compute, shared cores (s)", lambda x: f"{x['compute_shared'] + x['arith_shared']:.3g}"),
-    ("step, core each (s)", g3("core_each")),
-    ("step, measured (s)", g3("measured")),
-    ("periods", _periods),
-)
+#: The all-reduces (one ring of all hosts) among the rows.
+REDUCE = ("allreduce", "powersgd")
 
 
 def cost_sections(s: Setting, f: Mapping[str, Any]) -> List[str]:
-    lines = []
+    out = []
     for topology, by_rate in f["costs"].items():
-        for rate in s.rates:
-            c = by_rate.get(rate)
-            if c is None:
-                continue
-            lines += [f"## A step's cost: {topology}, {rate_text(rate)} per host", ""]
-            items = [dict(x, key=key, c=c) for key, x in c["steps"].items()]
-            lines += columns(COST_COLUMNS, items)
-            lines += _link_line(rate, c)
-        lines += _projection_gap(topology, by_rate, s.rates)
-    return lines
+        for rate, c in ((r, by_rate[r]) for r in s.rates if r in by_rate):
+            out += [f"## A step's cost: {topology}, {rate_text(rate)} per host", ""]
+            out += [TEXT["cost table"]] + [_cost_row(c, k, x) for k, x in c["steps"].items()]
+            out += [""] + _link_line(rate, c)
+        out += _projection_gap(topology, by_rate, s.rates)
+    return out
+
+
+def _cost_row(c: Mapping[str, Any], key: str, x: Mapping[str, Any]) -> str:
+    """A row of a step's cost table; its periods, or whose they are where borrowed."""
+    periods = c["periods"][key] if key in c["periods"] else f"{c['borrowed'][key]}'s"
+    shared, mb = x["compute_shared"] + x["arith_shared"], _mb(x["bytes_sent"])
+    return fill(TEXT["cost row"], x=x, label=_label(key), mb=mb, shared=shared, periods=periods)
 
 
 def _link_line(rate: str, c: Mapping[str, Any]) -> List[str]:
     """What the link carried in one long TCP stream, and the TCP retransmissions."""
     found, shares = [], c.get("retransmitted", {})
     if c.get("link_bits"):
-        top = compose.rate_bits(rate) * compose.PAYLOAD_SHARE
+        top = rate_bits(rate) * PAYLOAD_SHARE
         mbit, share = c["link_bits"] / 1e6, c["link_bits"] / top
         found.append(fill(TEXT["link check"], mbit=mbit, share=share, top=top / 1e6))
     if c.get("link_error"):
@@ -63,132 +50,100 @@ def _link_line(rate: str, c: Mapping[str, Any]) -> List[str]:
 
 
 def _projection_gap(topology: str, by_rate: Mapping, rates) -> List[str]:
-    """How far the replayed communication is from the projection and from the egress model."""
-    gossip, reduce_ = [], []
-    egress = []
-    for rate in rates:
-        for key, x in by_rate.get(rate, {}).get("steps", {}).items():
-            if x["comm_projected"] <= 0 or x["comm_replayed"] < 0.05:
-                continue  # below 50 ms a step's fixed costs, not the link, decide
-            ratio = x["comm_replayed"] / x["comm_projected"]
-            (reduce_ if key in ("allreduce", "powersgd") else gossip).append(ratio)
-            egress.append(x["comm_replayed"] / x["comm_egress"])
-    if not gossip and not reduce_:
+    """How far the replayed communication is from the projection and from the egress model
+    (steps whose communication takes 50 ms or more: below, a step's fixed costs decide)."""
+    steps = [(k, x) for r in rates for k, x in by_rate.get(r, {}).get("steps", {}).items()]
+    steps = [(k, x) for k, x in steps if x["comm_projected"] > 0 and x["comm_replayed"] >= 0.05]
+    gossip = [x["comm_replayed"] / x["comm_projected"] for k, x in steps if k not in REDUCE]
+    reduce_ = [x["comm_replayed"] / x["comm_projected"] for k, x in steps if k in REDUCE]
+    egress = [x["comm_replayed"] / x["comm_egress"] for _, x in steps]
+    if not steps:
         return []
     parts = []
     if gossip:
+        median = statistics.median(gossip)
         parts.append(
-            f"gossip rows {min(gossip):.2f}–{max(gossip):.2f}× the projection "
-            f"(median {statistics.median(gossip):.2f})"
+            f"gossip rows {min(gossip):.2f}–{max(gossip):.2f}× the projection (median {median:.2f})"
         )
     if reduce_:
         parts.append(f"all-reduce rows {min(reduce_):.2f}–{max(reduce_):.2f}×")
-    low, high = min(egress), max(egress)
-    payload = compose.PAYLOAD_SHARE
-    return paragraph(
-        "projection", topology=topology, parts="; ".join(parts), payload=payload, low=low, high=high
-    )
+    fields = dict(topology=topology, parts="; ".join(parts), payload=PAYLOAD_SHARE)
+    return paragraph("projection", **fields, low=min(egress), high=max(egress))
 
 
 def eval_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
-    lines = ["## Evaluation and monitoring traffic", ""]
     rows = []
     for topology, by_rate in f["costs"].items():
-        for rate in s.rates:
-            c = by_rate.get(rate)
-            if c is None or c["eval"] is None:
-                continue
-            e = c["eval"]
-            step = c["steps"].get("pg-r1") or next(iter(c["steps"].values()))
+        for rate in (r for r in s.rates if by_rate.get(r, {}).get("eval")):
+            c = by_rate[rate]
+            e, step = c["eval"], c["steps"].get("pg-r1") or next(iter(c["steps"].values()))
+            cells = [_mb(e["metric_bytes"]), f"{e['core_each']:.3g}", f"{e['measured']:.3g}"]
             rows.append(
-                [topology, rate_text(rate), _mb(e["metric_bytes"]), f"{e['core_each']:.3g}"]
-                + [f"{e['measured']:.3g}", f"{e['core_each'] / step['core_each']:.3g}"]
+                [topology, rate_text(rate), *cells, f"{e['core_each'] / step['core_each']:.3g}"]
             )
-    head = ["topology", "rate", "MB sent / host per evaluation", "evaluation, core each (s)"]
-    lines += table(head + ["measured (s)", "÷ a PowerGossip r1 step (core each)"], rows)
-    runs = []
-    for topology, per in f["accuracy"].items():
-        for key, e in per.items():
-            if "mb_total" in e and e["mb_total"] > 0:
-                runs.append(
-                    f"{_label(key)} {e['metric_mb_total'] / e['mb_total']:.3g}×" + f" ({topology})"
-                )
-    return lines + paragraph("evaluations", runs="; ".join(runs))
-
-
-def _before_after(field: str) -> Cell:
-    return lambda x: f"{x[field][0]:.3g} → {x[field][1]:.3g}"
-
-
-def _cost(field: str) -> Cell:
-    return lambda x: f"{x[field][1] / x[field][0]:.3g}×"
-
-
-SLOW_COLUMNS = (
-    ("algorithm", lambda x: _label(x["key"])),
-    ("core each", _before_after("core_each")),
-    ("cost (core each)", _cost("core_each")),
-    ("measured", _before_after("measured")),
-    ("cost (measured)", _cost("measured")),
-)
+    out = ["## Evaluation and monitoring traffic", ""] + table(TEXT["eval header"], rows)
+    runs = [
+        f"{_label(key)} {e['metric_mb_total'] / e['mb_total']:.3g}× ({topology})"
+        for topology, per in f["accuracy"].items()
+        for key, e in per.items()
+        if e.get("mb_total", 0) > 0
+    ]
+    return out + paragraph("evaluations", runs="; ".join(runs))
 
 
 def slow_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     if not f["slow_host"]:
         return []
     base, host, rate = s.slow
-    lines = [f"## One slow link: {host} at {rate_text(rate)}, the others at {rate_text(base)}", ""]
+    out = [f"## One slow link: {host} at {rate_text(rate)}, the others at {rate_text(base)}", ""]
     for topology, per in f["slow_host"].items():
-        lines += [f"{topology}: seconds per step, all at {rate_text(base)} → {host} slowed:", ""]
-        lines += columns(SLOW_COLUMNS, [dict(x, key=k) for k, x in per.items()])
+        out += [f"{topology}: seconds per step, all at {rate_text(base)} → {host} slowed:", ""]
+        out += [TEXT["slow table"]]
+        for k, x in per.items():
+            cost = [x[f][1] / x[f][0] for f in ("core_each", "measured")]
+            fields = dict(label=_label(k), c=x["core_each"], m=x["measured"], cost=cost)
+            out.append(fill(TEXT["slow row"], **fields))
+        out.append("")
         cost = {k: x["core_each"][1] / x["core_each"][0] for k, x in per.items()}
         worst, least = max(cost, key=cost.get), min(cost, key=cost.get)
-        most, fewest = cost[worst], cost[least]
-        lines += paragraph(
-            "slow",
-            topology=topology,
-            worst=_label(worst),
-            least=_label(least),
-            most=most,
-            fewest=fewest,
+        fields = dict(
+            worst=_label(worst), least=_label(least), most=cost[worst], fewest=cost[least]
         )
-    return lines
+        out += paragraph("slow", topology=topology, **fields)
+    return out
 
 
 def e2e_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     if not f["e2e"]:
         return []
-    lines = ["## Check: complete runs on the cluster", ""]
-    rows = []
+    out, rows = ["## Check: complete runs on the cluster", ""], []
     for e in f["e2e"]:
+        lead = [_label(e["algorithm"]), e["topology"], rate_text(e["rate"])]
         if "skipped" in e:
-            rows.append([_label(e["algorithm"]), e["topology"], rate_text(e["rate"])] + [""] * 5)
-            lines.append(f"Not run: {e['skipped']}")
+            rows.append(lead + [""] * 5)
+            out.append(f"Not run: {e['skipped']}")
             continue
         composed = "—" if e["composed_wall"] is None else seconds_text(e["composed_wall"])
-        gap = "—" if e["gap"] is None else f"{100 * e['gap']:+.1f} %"
-        worst = e["largest_gap_at_evaluations"]
-        rows.append(
-            [_label(e["algorithm"]), e["topology"], rate_text(e["rate"])]
-            + [f"{e['steps']} steps, {e['evaluations']} evaluations"]
-            + [seconds_text(e["measured_wall"]), composed]
-            + [gap + ("" if worst is None else f" ({100 * worst:+.1f} % at worst)")]
-            + [("yes" if e["same_models"] else "**NO**") + f" ({e['peers']} peers)"]
+        gap, worst = e["gap"], e["largest_gap_at_evaluations"]
+        gap = ("—" if gap is None else f"{100 * gap:+.1f} %") + (
+            "" if worst is None else f" ({100 * worst:+.1f} % at worst)"
         )
-    lines += table(TEXT["e2e header"], rows)
-    return lines + paragraph("e2e")
+        run = f"{e['steps']} steps, {e['evaluations']} evaluations"
+        same = ("yes" if e["same_models"] else "**NO**") + f" ({e['peers']} peers)"
+        rows.append(lead + [run, seconds_text(e["measured_wall"]), composed, gap, same])
+    return out + table(TEXT["e2e header"], rows) + paragraph("e2e")
 
 
 def notes(s: Setting, f: Mapping[str, Any]) -> List[str]:
-    lines = ["## No latency", ""]
+    """No latency: the message rounds per step, and what a 10 ms round trip adds to them."""
     rounds = {}
-    for by_rate in f["costs"].values():
-        for c in by_rate.values():
-            for key, x in c["steps"].items():
-                rounds.setdefault(key, x["rounds"])
-    if rounds:
-        cells = ", ".join(f"{_label(k)} {v:g}" for k, v in rounds.items())
-        reduce_ = [(k, v) for k, v in rounds.items() if k in ("allreduce", "powersgd")]
-        added = ", ".join(f"{_label(k)} {1000 * 0.01 * v:.0f} ms" for k, v in reduce_)
-        lines += paragraph("latency", cells=cells, added=added)
-    return lines
+    for c in (c for by_rate in f["costs"].values() for c in by_rate.values()):
+        for key, x in c["steps"].items():
+            rounds.setdefault(key, x["rounds"])
+    if not rounds:
+        return ["## No latency", ""]
+    cells = ", ".join(f"{_label(k)} {v:g}" for k, v in rounds.items())
+    added = ", ".join(
+        f"{_label(k)} {1000 * 0.01 * v:.0f} ms" for k, v in rounds.items() if k in REDUCE
+    )
+    return ["## No latency", ""] + paragraph("latency", cells=cells, added=added)

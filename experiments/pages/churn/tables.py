@@ -1,27 +1,26 @@
-"""The churn page from its rows alone: the grid's cells (mean ± std over seeds), its table and plot,
-the rejoin table, the verdict lines, and the soak section (rendered only when soak rows exist)."""
+"""The churn page from its rows alone (`render_page`): churn.md (page.md filled in with the cells'
+tables, mean ± std over seeds, and verdicts, their words in lines.md; then the soak section from
+soak.md, only when a soak row exists), churn.json and churn.png (`plot`)."""
 
 from __future__ import annotations
 
+import datetime
+import json
 import statistics
-from typing import Any, Callable, Dict, Iterable, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
-from experiments.engine import Rows
+from experiments.engine import Outputs, Rows, made_by
 from experiments.pages._figures import png
-from experiments.pages._markdown import fill, mean_sd, pm, template, text_table
+from experiments.pages._markdown import fill, mean_sd, pm, snippets, table_rows, template
+from experiments.suite.runs import BASE, QUICK_BASE
+from experiments.suite.tables import header
 
+#: The page's words around its numbers (lines.md beside this file), by part.
+TEXT = snippets(__file__, "lines.md")
 #: The grid's figures aggregated over seeds (mean and std), in the JSON's order.
-GRID_FIELDS = (
-    "acc_avg",
-    "acc_local_mean",
-    "acc_local_min",
-    "consensus_distance",
-    "average_shift_total",
-    "departures",
-    "away_share",
-    "membership_changes",
-    "mb_per_peer",
-)
+GRID_FIELDS = ("acc_avg", "acc_local_mean", "acc_local_min", "consensus_distance")
+GRID_FIELDS += ("average_shift_total", "departures", "away_share", "membership_changes")
+GRID_FIELDS += ("mb_per_peer",)
 Cell = Tuple[str, str, float]  # (topology, algorithm label, churn rate per epoch)
 
 
@@ -33,21 +32,20 @@ def _stats(runs: Sequence[Dict[str, Any]], fields: Iterable[str]) -> Dict[str, A
     return out
 
 
-def _sections(rows: Rows, section: str, key: Callable[[Dict[str, Any]], tuple]) -> Dict:
-    """{key(config): [row, ...]} of the rows of one section, in plan order."""
+def _sections(rows: Rows, section: str, *names: str) -> Dict[tuple, List[Dict[str, Any]]]:
+    """{(config[name], ...): [row, ...]} of the rows of one section, in plan order."""
     grouped: Dict[tuple, List[Dict[str, Any]]] = {}
     for record in rows.records:
         if record.config["section"] == section:
-            grouped.setdefault(key(record.config), []).append(record.row)
+            key = tuple(record.config[n] for n in names)
+            grouped.setdefault(key, []).append(record.row)
     return grouped
 
 
 def grid_cells(rows: Rows) -> Dict[Cell, Dict[str, Any]]:
     """{(topology, label, rate): {seeds: n, field: mean, field_std: std}} in plan order."""
-    grouped = _sections(rows, "grid", lambda c: (c["topology"], c["label"], c["rate_per_epoch"]))
-    return {
-        cell: {"seeds": len(runs), **_stats(runs, GRID_FIELDS)} for cell, runs in grouped.items()
-    }
+    grouped = _sections(rows, "grid", "topology", "label", "rate_per_epoch")
+    return {k: {"seeds": len(runs), **_stats(runs, GRID_FIELDS)} for k, runs in grouped.items()}
 
 
 def _stat(c: Dict[str, Any], field: str, fmt: str = ".3g") -> str:
@@ -71,13 +69,6 @@ def grid_list(cells: Dict[Cell, Dict[str, Any]]) -> List[Dict[str, Any]]:
     ]
 
 
-GRID = (
-    "topology | algorithm | churn / epoch (rate / step) | departures | peer-steps away "
-    "| averaged-model acc | Δ vs no churn | local acc mean | local acc min "
-    "| consensus distance | average shift (sum)"
-)
-
-
 def grid_table(cells: Dict[Cell, Dict[str, Any]], spe: int) -> str:
     """One line per (topology, algorithm, rate), the no-churn line first in each group, with the
     averaged-model accuracy's difference to it."""
@@ -90,14 +81,14 @@ def grid_table(cells: Dict[Cell, Dict[str, Any]], spe: int) -> str:
         out += [_acc(c, "acc_local_mean"), _acc(c, "acc_local_min")]
         return out + [_stat(c, "consensus_distance"), _stat(c, "average_shift_total")]
 
-    return text_table(GRID, map(line, grid_list(cells)), "lll" + "r" * 8)
+    return "\n".join([TEXT["grid header"], *table_rows(map(line, grid_list(cells)))]) + "\n"
 
 
 def join_cells(rows: Rows) -> Dict[Tuple[str, str], Dict[str, Any]]:
     """{(label, mode): the rejoin figures over seeds}: the shift at the join and, at each probe
     (steps after the join), the joiner's and the others' accuracy and squared distance."""
     out = {}
-    for key, runs in _sections(rows, "join", lambda c: (c["label"], c["mode"])).items():
+    for key, runs in _sections(rows, "join", "label", "mode").items():
         cell = {
             "seeds": len(runs),
             **_stats(runs, ("shift_at_join", "acc_avg", "transfer_mb_sent")),
@@ -114,58 +105,26 @@ def join_cells(rows: Rows) -> Dict[Tuple[str, str], Dict[str, Any]]:
     return out
 
 
-def shown_probes(probes: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """The first, second and last evaluation after the join (each once)."""
-    picked = [probes[i] for i in (0, 1, len(probes) - 1) if 0 <= i < len(probes)]
-    return [p for i, p in enumerate(picked) if p not in picked[:i]]
-
-
-JOIN = (
-    "| algorithm | join by | shift at the join | final averaged-model acc (no churn) "
-    "| steps after join | joiner acc | others acc mean [min, max] | joiner ≥ others' min "
-    "| joiner ‖x−x̄‖² | others' mean ‖x−x̄‖² |\n"
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-)
-
-
 def join_table(joins, cells, topology: str) -> str:
     """The rejoin table: per algorithm and mode, the shift at the join, the run's final accuracy
-    next to the no-churn grid row's, and the joiner against the others at each shown probe (the
-    first three cells only on a mode's first line)."""
-    lines = [JOIN]
+    next to the no-churn grid row's, and the joiner against the others at the first, second and
+    last evaluation after the join (the first four cells only on a mode's first line)."""
+    lines = [TEXT["join header"]]
     for (label, mode), cell in joins.items():
         base = cells.get((topology, label, 0.0))
         final = _acc(cell, "acc_avg") + (f" ({_acc(base, 'acc_avg')})" if base else "")
         lead = f"| {label} | {mode} | {_stat(cell, 'shift_at_join')} | {final} "
-        for p in shown_probes(cell["probes"]):
-            lines.append(
-                lead + f"| {p['steps_after_join']} | {_acc(p, 'joiner_acc')} "
-                f"| {100 * p['others_acc_mean']:.2f} % [{100 * p['others_acc_min']:.2f}, "
-                f"{100 * p['others_acc_max']:.2f}] | {p['caught_up']}/{cell['seeds']} "
-                f"| {_stat(p, 'joiner_distance2')} | {_stat(p, 'others_distance2_mean')} |"
-            )
+        probes = cell["probes"]
+        n = len(probes)
+        for p in (probes[i] for i in dict.fromkeys(i for i in (0, 1, n - 1) if 0 <= i < n)):
+            others = f"{100 * p['others_acc_mean']:.2f} % [{100 * p['others_acc_min']:.2f}, "
+            others += f"{100 * p['others_acc_max']:.2f}]"
+            shown = [str(p["steps_after_join"]), _acc(p, "joiner_acc"), others]
+            shown += [f"{p['caught_up']}/{cell['seeds']}", _stat(p, "joiner_distance2")]
+            lines += table_rows([shown + [_stat(p, "others_distance2_mean")]])
+            lines[-1] = lead + lines[-1]
             lead = "| | | | "
     return "\n".join(lines) + "\n"
-
-
-def grid_verdict(cells: Dict[Cell, Dict[str, Any]], rates: Sequence[float]) -> List[str]:
-    """One line per (topology, algorithm): accuracy and shift at the highest rate vs no churn."""
-    top, lines = max(rates), []
-    for (topology, label, rate), cell in cells.items():
-        base = cells.get((topology, label, 0.0))
-        if rate != top or base is None:
-            continue
-        lines.append(
-            f"- {topology}, {label}: at {100 * top:g} % churn per epoch the averaged model reaches "
-            f"{_acc(cell, 'acc_avg')} against {_acc(base, 'acc_avg')} without churn "
-            f"({_pp(cell, base)}); local min "
-            f"{_acc(cell, 'acc_local_min')} ({_acc(base, 'acc_local_min')}); consensus distance "
-            f"{cell['consensus_distance']:.3g} ({base['consensus_distance']:.3g}); the members' "
-            f"average moved {cell['average_shift_total']:.3g} in all at "
-            f"{cell['membership_changes']:.1f} changes ({base['average_shift_total']:.3g} at "
-            f"{base['membership_changes']:.1f} without churn)."
-        )
-    return lines
 
 
 def _spread(a: Dict[str, Any], b: Dict[str, Any], field: str) -> float:
@@ -173,34 +132,30 @@ def _spread(a: Dict[str, Any], b: Dict[str, Any], field: str) -> float:
     return (a[field + "_std"] or 0.0) + (b[field + "_std"] or 0.0)
 
 
-def spread_verdict(cells: Dict[Cell, Dict[str, Any]]) -> List[str]:
-    """How many churned cells differ from their no-churn row by more than the seeds' spread, and
-    whose consensus distance grows with churn (more than 2x at the highest rate)."""
-    churned = [(c, v) for c, v in cells.items() if c[2] > 0 and (c[0], c[1], 0.0) in cells]
+def grid_verdict(cells: Dict[Cell, Dict[str, Any]], rates: Sequence[float]) -> List[str]:
+    """One line per (topology, algorithm): accuracy and shift at the highest rate vs no churn;
+    then how many churned cells differ from their no-churn row by more than the seeds' spread,
+    and whose consensus distance more than doubles at the highest rate."""
+    lines, top = [], max(rates)
+    churned = [(k, c, cells[k[:2] + (0.0,)]) for k, c in cells.items() if k[:2] + (0.0,) in cells]
+    churned = [x for x in churned if x[0][2] > 0]
+    for (topology, label, rate), c, b in churned:
+        if rate == top:
+            fields = dict(topology=topology, label=label, top=100 * top, c=c, b=b, pp=_pp(c, b))
+            fields.update(acc=_acc(c, "acc_avg"), base_acc=_acc(b, "acc_avg"))
+            fields.update(low=_acc(c, "acc_local_min"), base_low=_acc(b, "acc_local_min"))
+            lines.append(fill(TEXT["grid"], **fields))
     if not churned:
-        return []
-    top = max(c[2] for c, _ in churned)
-    beyond, grows = 0, []
-    for (topology, label, rate), cell in churned:
-        base = cells[(topology, label, 0.0)]
-        beyond += abs(cell["acc_avg"] - base["acc_avg"]) > _spread(cell, base, "acc_avg")
-        if rate == top and cell["consensus_distance"] > 2 * base["consensus_distance"]:
-            grows.append(
-                f"{label} on {topology} ({base['consensus_distance']:.3g} → "
-                f"{cell['consensus_distance']:.3g})"
-            )
-    return [
-        f"- Of the {len(churned)} churned cells, {beyond} differ from their no-churn row's "
-        "averaged-model accuracy by more than the sum of the two rows' std over seeds.",
-        f"- Consensus distance more than doubled at {100 * top:g} % churn: "
-        + ("; ".join(grows) if grows else "none")
-        + ". (A repair makes new edges; an edge's state starts fresh at both ends, so Choco's "
-        "per-edge public copies of a new edge start from zero, `membership/algorithm.py`.)",
+        return lines
+    top = max(k[2] for k, _, _ in churned)
+    beyond = sum(abs(c["acc_avg"] - b["acc_avg"]) > _spread(c, b, "acc_avg") for _, c, b in churned)
+    grows = [
+        fill(TEXT["grows"], label=k[1], topology=k[0], c=c, b=b)
+        for k, c, b in churned
+        if k[2] == top and c["consensus_distance"] > 2 * b["consensus_distance"]
     ]
-
-
-def _gap(probe: Dict[str, Any]) -> str:
-    return f"{100 * (probe['joiner_acc'] - probe['others_acc_mean']):+.2f} pp"
+    fields = dict(n=len(churned), beyond=beyond, top=100 * top, grows="; ".join(grows) or "none")
+    return lines + [fill(TEXT["spread"], **fields)]
 
 
 def join_verdict(joins) -> List[str]:
@@ -212,21 +167,14 @@ def join_verdict(joins) -> List[str]:
         if avg is None or copy is None:
             continue
         a, c = avg["probes"][0], copy["probes"][0]
-        gap = abs(avg["shift_at_join"] - copy["shift_at_join"])
         better = "average" if avg["shift_at_join"] < copy["shift_at_join"] else "copy"
-        if gap > _spread(avg, copy, "shift_at_join"):
+        if abs(avg["shift_at_join"] - copy["shift_at_join"]) > _spread(avg, copy, "shift_at_join"):
             better = f"smaller by {better}"
         else:
             better = "no difference beyond the seeds' std"
-        lines.append(
-            f"- {label}: shift at the join {avg['shift_at_join']:.3g} (average) vs "
-            f"{copy['shift_at_join']:.3g} (copy): {better}; {a['steps_after_join']} "
-            f"step(s) after it the joiner is {_gap(a)} (average) vs "
-            f"{_gap(c)} (copy) from "
-            f"the others' mean accuracy, at squared distance {a['joiner_distance2']:.3g} vs "
-            f"{c['joiner_distance2']:.3g} from the members' average (others' mean "
-            f"{a['others_distance2_mean']:.3g} / {c['others_distance2_mean']:.3g})."
-        )
+        gap_a, gap_c = (f"{100 * (p['joiner_acc'] - p['others_acc_mean']):+.2f} pp" for p in (a, c))
+        fields = dict(label=label, avg=avg, copy=copy, a=a, c=c, better=better)
+        lines.append(fill(TEXT["join"], **fields, gap_a=gap_a, gap_c=gap_c))
     return lines
 
 
@@ -234,17 +182,9 @@ def _seconds(values: Sequence[float]) -> str:
     return f"{statistics.median(values):.2f} / {max(values):.2f}" if values else "—"
 
 
-def _short_of(made: int, planned: int) -> str:
-    """' (of N planned: ...)' when the soak made fewer faults than its plan, else ''."""
-    if made >= planned:
-        return ""
-    return f" (of {planned} planned: the pause before the next one ended past 85 % of the steps)"
-
-
 def soak_section(rows: Rows) -> str:
-    """The emulated-cluster soak (the row whose config's section is "soak",
-    `cluster.soak.soak`; its fixed text: soak.md beside this file): what happened to the run,
-    then one line per fault kind. Empty while there is no soak row."""
+    """The emulated-cluster soak (the row of section "soak", `cluster.soak.soak`; its fixed text:
+    soak.md): what happened to the run, then one line per fault kind. Empty without a soak row."""
     soak = [r for r in rows.records if r.config.get("section") == "soak"]
     if not soak:
         return ""
@@ -257,37 +197,105 @@ def soak_section(rows: Rows) -> str:
     detection, kinds = final["detection_to_continuation"], []
     for of in ([f for f in faults if f["kind"] == k] for k in sorted({f["kind"] for f in faults})):
         found = sorted({f["found_as"] for f in of})
-        cont = " ; ".join(
+        cont = [
             f"{h}: {detection[h]['median_s']:.2f} / {detection[h]['max_s']:.2f}"
             for h in found
             if h in detection
-        )
+        ]
         kinds.append(
-            f"| {of[0]['kind']} | {len(of)} | {', '.join(found)} | "
-            f"{sum(f['right_peer'] for f in of)} of {len(of)} | "
-            f"{_seconds([f['to_membership_line_s'] for f in of])} | "
-            f"{_seconds([f['to_readmission_s'] for f in of])} | {cont or '—'} |"
+            [of[0]["kind"], str(len(of)), ", ".join(found)]
+            + [f"{sum(f['right_peer'] for f in of)} of {len(of)}"]
+            + [_seconds([f[k] for f in of]) for k in ("to_membership_line_s", "to_readmission_s")]
+            + [" ; ".join(cont) or "—"]
         )
+    planned, minutes = record.config["faults"], ("wall_time_s", "reference_wall_time_s")
+    acc = ("final_test_acc_avg_model", "reference_test_acc_avg_model")
     return fill(
         template(__file__, "soak.md"),
-        **{k: final[k] for k in ("hosts", "epochs", "seed", "steps", "reference_steps", "cpus")},
-        comm_timeout=final["comm_timeout_s"],
+        f=final,
         last=final["hosts"] - 1,
         faults=len(faults),
-        short=_short_of(len(faults), record.config["faults"]),
-        minutes=final["wall_time_s"] / 60,
-        changes=final["membership_changes"],
-        reference_minutes=final["reference_wall_time_s"] / 60,
-        members=final["members_at_end"],
+        short=fill(TEXT["short"], planned=planned) if len(faults) < planned else "",
+        minutes=[final[k] / 60 for k in minutes],
+        acc=[100 * final[k] for k in acc],
         ok=sum(code == 0 for code in codes),
         hosts_known=len(codes),
-        acc=100 * final["final_test_acc_avg_model"],
-        reference_acc=100 * final["reference_test_acc_avg_model"],
-        load_before=final["load_before"][0],
-        load_after=final["load_after"][0],
-        kinds=kinds,
+        kinds=table_rows(kinds),
         key=record.key,
     )
+
+
+def wall_span(rows: Rows) -> str:
+    """ "Wall time about M min ..." from the first start to the last finish: each row's start is
+    its finish (to the minute) less its run time."""
+    if not rows.records:
+        return ""
+    ends = [datetime.datetime.strptime(r.finished, "%Y-%m-%d %H:%M UTC") for r in rows.records]
+    starts = [e - datetime.timedelta(seconds=r.seconds) for e, r in zip(ends, rows.records)]
+    minutes = (max(ends) - min(starts)).total_seconds() / 60
+    return fill(TEXT["wall"], span="under a minute" if minutes < 1 else f"about {minutes:.0f} min")
+
+
+def page_text(rows: Rows, s: Dict[str, Any], cells, joins) -> str:
+    """churn.md without its soak section (its fixed text: page.md beside this file)."""
+    recipe = QUICK_BASE if s["quick"] else BASE
+    title = f"Training through churn, in-process{' (--quick)' if s['quick'] else ''}"
+    extra = TEXT["header"] + " " + wall_span(rows)
+    text = header(title, rows.command, 0.0, extra, generated=made_by(rows))
+    spe, still = s["steps_per_epoch"], [c["acc_avg"] for (_, _, r), c in cells.items() if r == 0]
+    soaked = any(r.config.get("section") == "soak" for r in rows.records)
+    unfinished = fill(TEXT["unfinished"], made=len(rows.records), planned=rows.planned) + "\n\n"
+    level = "no no-churn rows yet"
+    if still:
+        level = fill(TEXT["level"], low=100 * min(still), high=100 * max(still))
+    return text + fill(
+        template(__file__),
+        unfinished="" if rows.complete else unfinished,
+        **{k: s[k] for k in ("model", "epochs", "down_steps", "down_epochs", "joiner")},
+        **{k: s[k] for k in ("join_topology", "leave_step", "join_step")},
+        **{k: recipe[k] for k in ("dataset", "lr")},
+        n=s["topologies"][0].split(":")[1],
+        momentum=recipe.get("momentum", 0),
+        batch=recipe["batch_size"],
+        spe=spe,
+        steps=s["epochs"] * spe,
+        schedule=recipe.get("schedule", "constant"),
+        warmup=recipe.get("warmup_epochs", 0),
+        seeds=", ".join(map(str, s["seeds"])),
+        rates=", ".join(f"{100 * r:g} % → rate={r / spe:.4g}" for r in s["rates"]),
+        grid_verdict="\n".join(grid_verdict(cells, s["rates"])),
+        grid_table=grid_table(cells, spe),
+        join_verdict="\n".join(join_verdict(joins)),
+        join_table=join_table(joins, cells, s["join_topology"]),
+        soak=TEXT["soaked" if soaked else "not soaked"],
+        level=level,
+    )
+
+
+def render_page(rows: Rows, s: Dict[str, Any]) -> Outputs:
+    """churn.md, churn.json and churn.png."""
+    cells, joins = grid_cells(rows), join_cells(rows)
+    data = {
+        "command": rows.command,
+        "complete": rows.complete,
+        "setting": {k: v for k, v in s.items() if k != "algorithms"},
+        "algorithms": [list(a) for a in s["algorithms"]],
+        "grid": grid_list(cells),
+        "join": [dict(algorithm=label, mode=mode, **cell) for (label, mode), cell in joins.items()],
+    }
+    return {
+        "churn.md": page_text(rows, s, cells, joins) + soak_section(rows),
+        "churn.json": json.dumps(data, indent=1, default=str) + "\n",
+        "churn.png": plot(cells, s),
+    }
+
+
+#: The plot's rows: (field, axis label, scale).
+PANELS = (
+    ("acc_avg", "averaged-model acc (%)", 100.0),
+    ("consensus_distance", "consensus distance", 1.0),
+    ("average_shift_total", "average shift (sum)", 1.0),
+)
 
 
 def plot(cells: Dict[Cell, Dict[str, Any]], s: Dict[str, Any]) -> bytes:
@@ -298,30 +306,20 @@ def plot(cells: Dict[Cell, Dict[str, Any]], s: Dict[str, Any]) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = (
-        ("acc_avg", "averaged-model acc (%)", 100.0),
-        ("consensus_distance", "consensus distance", 1.0),
-        ("average_shift_total", "average shift (sum)", 1.0),
-    )
-    topologies = s["topologies"]
-    fig, axes = plt.subplots(
-        3, len(topologies), figsize=(5.2 * len(topologies), 9.5), squeeze=False
-    )
-    for col, topology in enumerate(topologies):
-        for row, (field, name, scale) in enumerate(panels):
+    n = len(s["topologies"])
+    fig, axes = plt.subplots(3, n, figsize=(5.2 * n, 9.5), squeeze=False)
+    for col, topology in enumerate(s["topologies"]):
+        for row, (field, name, scale) in enumerate(PANELS):
             ax = axes[row][col]
             for label, _ in s["algorithms"]:
-                pts = [
-                    (100 * r, cells[(topology, label, r)])
-                    for r in s["rates"]
-                    if (topology, label, r) in cells
-                ]
+                keys = [(topology, label, r) for r in s["rates"] if (topology, label, r) in cells]
+                pts = [(100 * k[2], cells[k]) for k in keys]
                 if not pts:
                     continue
                 ax.errorbar(
-                    [p[0] for p in pts],
-                    [scale * p[1][field] for p in pts],
-                    yerr=[scale * (p[1][field + "_std"] or 0.0) for p in pts],
+                    [x for x, _ in pts],
+                    [scale * c[field] for _, c in pts],
+                    yerr=[scale * (c[field + "_std"] or 0.0) for _, c in pts],
                     marker="o",
                     capsize=3,
                     label=label,
@@ -329,8 +327,7 @@ def plot(cells: Dict[Cell, Dict[str, Any]], s: Dict[str, Any]) -> bytes:
             values = [cells[c][field] for c in cells if c[0] == topology]
             if field == "consensus_distance" and values and min(values) > 0:
                 ax.set_yscale("log")  # exact gossip's and the compressed ones' differ by decades
-            ax.set_xlabel("churn (% of peers leaving per epoch)")
-            ax.set_ylabel(name)
+            ax.set(xlabel="churn (% of peers leaving per epoch)", ylabel=name)
             ax.grid(alpha=0.3)
             if row == 0:
                 ax.set_title(topology)

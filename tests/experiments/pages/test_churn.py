@@ -14,10 +14,8 @@ import pytest
 import topologies
 from experiments.engine import Record, RowFile, Rows, checked_plan, render
 from experiments.pages import pages
-from experiments.pages.churn import FULL, JOIN_MODES, per_step_rate, plan, setting
-from experiments.pages.churn.measure import grid_row
-from experiments.pages.churn.tables import soak_section
-from experiments.pages.churn.text import render_page
+from experiments.pages.churn import FULL, JOIN_MODES, grid_row, per_step_rate, plan, setting
+from experiments.pages.churn.tables import render_page, soak_section
 from gossip_powersgd.membership.churn import churn_membership, parse_churn
 
 
