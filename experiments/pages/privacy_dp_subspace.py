@@ -1,9 +1,7 @@
 """`python -m experiments privacy_dp_subspace`: does keeping the private update in the exchanged
-subspace (`dp_exchanged_subspace`, `dp_subspace_feedback`: gossip_powersgd/privacy/subspace.py)
-rescue PowerGossip under DP? Each variant beside plain PowerGossip r1 and r4 and exact gossip in
-the regime of privacy.md's DP rows (`_privacy`), 3 seeds each: accuracy and the consensus distance
-over time. The problem and the remedy in words: privacy_dp_subspace.md beside this file.
-"""
+subspace (gossip_powersgd/privacy/subspace.py) rescue PowerGossip under DP? Each variant beside
+plain PowerGossip r1, r4 and exact gossip in the privacy pages' DP regime, 3 seeds each: accuracy
+and consensus distance over time. The problem and the remedy in words: privacy_dp_subspace.md."""
 
 from __future__ import annotations
 

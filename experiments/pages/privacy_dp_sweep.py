@@ -1,13 +1,9 @@
-"""`python -m experiments privacy_dp_sweep`: the small sweep that chose the DP regime of the privacy
-pages (`_privacy`: data per peer, batch, lr, clip norm), and the consensus distance over time of
-every algorithm under DP in that regime, with PowerGossip's remedies.
+"""`python -m experiments privacy_dp_sweep`: the small sweep that chose the privacy pages' DP regime
+(`_privacy`), and every algorithm's consensus distance over time under DP in that regime.
 
-Part 1 (exact gossip, mnist1d cnn1d iid ring:8, 8000 training samples per peer): the non-private
-reference, then DP at target epsilon 8 for a few (batch, lr, C) at a fixed number of epochs; the
-chosen regime is the DP row with the best averaged-model accuracy, run once more with its clipping
-but no noise (sigma = 0: the gap to it is the cost of the noise alone). Part 2, once part 1 is
-done: PowerGossip r1, r1 with 4 power iterations, rank 4 and Choco sign in the chosen regime at
-epsilon 8, and each without DP in the non-private reference's regime.
+Part 1: exact gossip without DP, then DP at target ε 8 for a few (batch, lr, C); the best DP row
+is the chosen regime, run once more clipped without noise (the gap to it is the noise's cost).
+Part 2, once part 1 is done: PowerGossip and Choco sign in the chosen regime, and without DP.
 """
 
 from __future__ import annotations
