@@ -91,10 +91,7 @@ def gossip_peer(comm: Comm, algorithm: str, shapes, steps: int, device: str) -> 
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
     timed = seconds[1:] or seconds
-    return {
-        "params": [p.detach().cpu().clone() for p in params],
-        "seconds": sum(timed) / len(timed),
-    }
+    return dict(params=[p.detach().cpu().clone() for p in params], seconds=sum(timed) / len(timed))
 
 
 def run_local(peers: int, algorithm: str, shapes, steps: int, device: str) -> List[Dict[str, Any]]:
