@@ -14,6 +14,7 @@ from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
 from experiments.pages._markdown import block, fill, mean_sd, pm, snippets
 from experiments.pages._markdown import table as table_lines
+from experiments.pages._markdown import table_rows
 from experiments.pages._privacy import CLIP, DELTA, at_once, dp_epochs, dp_row, loads, pct, recipe
 from experiments.pages._privacy import setting_words, train_config, with_load
 
@@ -208,13 +209,6 @@ def render(rows: Rows) -> Outputs:
     return {"privacy_dp_subspace.md": text}
 
 
-ACCURACY = (
-    "target ε | variant | σ | ε (max over peers) | averaged-model acc | consensus distance "
-    "(end) | MB sent per peer | failed runs"
-)
-RUNS = "target ε | variant | seed | acc | at ¾ | consensus (end) | seconds"
-
-
 def accuracy_table(table, variants, targets) -> List[str]:
     """Per target and variant: σ, ε, accuracy and consensus, mean over seeds."""
     rows = []
@@ -229,12 +223,12 @@ def accuracy_table(table, variants, targets) -> List[str]:
                 consensus = f"{cell['consensus_gm']:.3g}" if done else "n/a"
                 rows.append([f"{target:g}", label, sigma, f"{eps:.3g}", _acc(cell), consensus])
                 rows[-1] += [f"{mb:.3g}", str(cell["failed"])]
-    return table_lines(ACCURACY, rows, None)
+    return table_rows(rows)
 
 
 def runs_table(data) -> List[str]:
     """Every run: its accuracy, consensus and time (or why it failed)."""
-    lines = table_lines(RUNS, [], None)
+    lines = []
     for r in data:
         head = f"| {r['target']:g} | {r['label']} | {r['seed']} |"
         if "error" in r:
