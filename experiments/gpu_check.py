@@ -27,6 +27,7 @@ import torch
 
 from experiments.engine import ROOT
 from experiments.pages._bench import local_torchrun, make_params, model_shapes, run_child
+from experiments.pages._markdown import fill, template
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Comm
@@ -90,10 +91,7 @@ def gossip_peer(comm: Comm, algorithm: str, shapes, steps: int, device: str) -> 
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
     timed = seconds[1:] or seconds
-    return {
-        "params": [p.detach().cpu().clone() for p in params],
-        "seconds": sum(timed) / len(timed),
-    }
+    return dict(params=[p.detach().cpu().clone() for p in params], seconds=sum(timed) / len(timed))
 
 
 def run_local(peers: int, algorithm: str, shapes, steps: int, device: str) -> List[Dict[str, Any]]:
@@ -114,30 +112,27 @@ def compare(
 ) -> Dict[str, Any]:
     """How far `runs` (one record per rank) is from the CPU `reference`, and how well it kept the
     average over peers; `ok` when both are within tolerance."""
-    flat = lambda record: torch.cat([p.reshape(-1).double() for p in record["params"]])  # noqa: E731
-    model_diff = max(relative(flat(r), flat(ref)) for r, ref in zip(runs, reference))
-    start = torch.stack(
-        [
-            torch.cat([t.reshape(-1).double() for t in make_params(shapes, k)])
-            for k in range(len(runs))
-        ]
-    ).mean(0)
-    end = torch.stack([flat(r) for r in runs]).mean(0)
-    average_drift = relative(end, start)
-    ok = (
-        len(runs) == len(reference)
-        and model_diff <= MODEL_TOLERANCE[algorithm]
-        and average_drift <= AVERAGE_TOLERANCE
+
+    def flat(tensors) -> torch.Tensor:
+        return torch.cat([t.reshape(-1).double() for t in tensors])
+
+    model_diff = max(
+        relative(flat(r["params"]), flat(ref["params"])) for r, ref in zip(runs, reference)
     )
-    return {"model_diff": model_diff, "average_drift": average_drift, "ok": ok}
+    start = torch.stack([flat(make_params(shapes, k)) for k in range(len(runs))]).mean(0)
+    average_drift = relative(torch.stack([flat(r["params"]) for r in runs]).mean(0), start)
+    ok = len(runs) == len(reference) and model_diff <= MODEL_TOLERANCE[algorithm]
+    return dict(
+        model_diff=model_diff,
+        average_drift=average_drift,
+        ok=ok and average_drift <= AVERAGE_TOLERANCE,
+    )
 
 
 # ---- torch.distributed -----------------------------------------------------------------------------
 def torch_peers(device: torch.device, peers: int) -> tuple:
     """(processes to launch, or 0, and why not) for the torch.distributed part."""
-    if device.type == "cpu":
-        return peers, ""
-    gpus = torch.cuda.device_count()
+    gpus = torch.cuda.device_count() if device.type != "cpu" else peers
     if gpus < 2:
         return 0, (
             f"NCCL wants one GPU per rank and this machine has {gpus}; run the check on a "
@@ -153,11 +148,9 @@ def launch_torch(processes: int, args, folder: Path) -> str:
     status, err = run_child(command + (["--dry-run"] if args.dry_run else []), args.timeout)
     if status is None:
         return f"torchrun did not finish within {args.timeout:g} s"
-    if status != 0:
-        lines = [line for line in err.splitlines() if line.strip()] or ["(no output)"]
-        errors = [line for line in lines if line.startswith("error")]
-        return f"torchrun exit {status}: {(errors or lines)[-1][:300]}"
-    return ""
+    lines = [line for line in err.splitlines() if line.strip()] or ["(no output)"]
+    errors = [line for line in lines if line.startswith("error")]
+    return f"torchrun exit {status}: {(errors or lines)[-1][:300]}" if status else ""
 
 
 def worker_main(folder: str, args) -> int:
@@ -165,8 +158,6 @@ def worker_main(folder: str, args) -> int:
     records saved as rank-K.pt."""
     import topologies
     from gossip_powersgd.launch import run_peers
-
-    world = int(os.environ["WORLD_SIZE"])
 
     def peer(comm: Comm):
         shapes = check_shapes(args.dry_run)
@@ -176,82 +167,80 @@ def worker_main(folder: str, args) -> int:
         }
         torch.save(out, Path(folder) / f"rank-{comm.rank}.pt")
 
-    run_peers(
-        topologies.ring(world),
-        peer,
-        backend="torch",
-        timeout=args.timeout,
-        device="cpu" if args.device == "cpu" else "cuda",
-    )
+    device = "cpu" if args.device == "cpu" else "cuda"
+    ring = topologies.ring(int(os.environ["WORLD_SIZE"]))
+    run_peers(ring, peer, backend="torch", timeout=args.timeout, device=device)
     return 0
 
 
+def torch_rows(args, device: torch.device, shapes, reference) -> List[Dict[str, Any]]:
+    """Part (2): both algorithms under torchrun against the CPU run (or why they were not run)."""
+    processes, why_not = torch_peers(device, args.peers)
+    backend = "gloo" if device.type == "cpu" else "nccl"
+    if processes and processes != args.peers:
+        reference = {
+            name: run_local(processes, name, shapes, args.steps, "cpu") for name in ALGORITHMS
+        }
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gpu_check-") as folder:
+        failure = launch_torch(processes, args, Path(folder)) if processes else ""
+        for name in ALGORITHMS:
+            row = dict(
+                transport=f"torch/{backend}, {processes or args.peers} processes", algorithm=name
+            )
+            if not processes:
+                rows.append({**row, "skipped": why_not})
+            elif failure:
+                rows.append({**row, "error": failure, "ok": False})
+            else:
+                files = [Path(folder) / f"rank-{k}.pt" for k in range(processes)]
+                runs = [torch.load(f, weights_only=True)[name] for f in files]
+                rows.append({**row, **compare(runs, reference[name], shapes, name)})
+    return rows
+
+
 # ---- the page ------------------------------------------------------------------------------------
+def _result(row: Dict[str, Any]) -> str:
+    """A row of the comparison table (skipped, failed to run, or compared)."""
+    if "skipped" in row or "error" in row:
+        result = f"skipped: {row['skipped']}" if "skipped" in row else f"**FAIL**: {row['error']}"
+        return f"| {row['transport']} | {row['algorithm']} | – | – | {result} |"
+    return (
+        f"| {row['transport']} | {row['algorithm']} | {row['model_diff']:.2e} | "
+        f"{row['average_drift']:.2e} | {'pass' if row['ok'] else '**FAIL**'} |"
+    )
+
+
 def render(rows: List[Dict[str, Any]], timings: Dict[str, float], meta: Dict[str, Any]) -> str:
-    lines = [
-        "# GPU readiness check",
-        "",
-        f"Command: `{meta['command']}`",
-        "",
-        f"Date: {meta['date']} ({meta['seconds']:.0f} s). Device: {meta['device_name']}; "
-        f"torch {torch.__version__}; {meta['peers']} peers on a ring; {meta['steps']} steps; "
-        f"TF32 off.",
-        "",
-        f"Models compared with the CPU run of the same algorithm (relative 2-norm difference per "
-        f"peer, worst peer; tolerance exact {MODEL_TOLERANCE['exact']:g}, PowerGossip "
-        f"{MODEL_TOLERANCE['powergossip']:g}); average over peers after vs before (tolerance "
-        f"{AVERAGE_TOLERANCE:g}).",
-        "",
-        "| transport | algorithm | model vs CPU | average drift | result |",
-        "|---|---|---|---|---|",
-    ]
-    for row in rows:
-        if "skipped" in row:
-            lines.append(
-                f"| {row['transport']} | {row['algorithm']} | – | – | skipped: {row['skipped']} |"
-            )
-        elif "error" in row:
-            lines.append(
-                f"| {row['transport']} | {row['algorithm']} | – | – | **FAIL**: {row['error']} |"
-            )
-        else:
-            lines.append(
-                f"| {row['transport']} | {row['algorithm']} | {row['model_diff']:.2e} | "
-                f"{row['average_drift']:.2e} | {'pass' if row['ok'] else '**FAIL**'} |"
-            )
-    lines += [
-        "",
-        f"## Time per gossip step ({meta['timing_shapes']}, local transport on the device)",
-        "",
-        "| algorithm | time / step |",
-        "|---|---|",
-    ]
-    lines += [f"| {name} | {seconds * 1e3:.3g} ms |" for name, seconds in timings.items()]
-    return "\n".join(lines) + "\n"
+    """The page (its text: gpu_check.md beside this file)."""
+    return fill(
+        template(__file__, "gpu_check.md"),
+        **meta,
+        torch=torch.__version__,
+        **MODEL_TOLERANCE,
+        average=AVERAGE_TOLERANCE,
+        rows=[_result(row) for row in rows],
+        timings=[f"| {name} | {seconds * 1e3:.3g} ms |" for name, seconds in timings.items()],
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.gpu_check", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (with --dry-run)")
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="small shapes and the CPU allowed: checks the script, not a GPU",
-    )
-    parser.add_argument("--peers", type=int, default=4, help="peers on the ring (default 4)")
-    parser.add_argument("--steps", type=int, default=6, help="gossip steps per run (default 6)")
-    parser.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds for the torchrun part"
-    )
-    parser.add_argument(
+    add = parser.add_argument
+    add("--device", default="cuda", help="cuda (default) or cpu (with --dry-run)")
+    small = "small shapes and the CPU allowed: checks the script, not a GPU"
+    add("--dry-run", action="store_true", help=small)
+    add("--peers", type=int, default=4, help="peers on the ring (default 4)")
+    add("--steps", type=int, default=6, help="gossip steps per run (default 6)")
+    add("--timeout", type=float, default=300.0, help="seconds for the torchrun part")
+    add(
         "--out",
         help="page to write (default runs/gpu_check.md; the committed page: "
-        "--out experiments/results/gpu_check.md; "
-        "none in a dry run unless given)",
+        "--out experiments/results/gpu_check.md; none in a dry run unless given)",
     )
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    add("--worker", help=argparse.SUPPRESS)
     return parser
 
 
@@ -270,62 +259,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     reference = {
         name: run_local(args.peers, name, shapes, args.steps, "cpu") for name in ALGORITHMS
     }
-    rows = []
-    for name in ALGORITHMS:
-        run = run_local(args.peers, name, shapes, args.steps, str(device))
-        rows.append(
-            {
-                "transport": f"local on {device.type}",
-                "algorithm": name,
-                **compare(run, reference[name], shapes, name),
-            }
+    rows = [
+        dict(
+            transport=f"local on {device.type}",
+            algorithm=name,
+            **compare(
+                run_local(args.peers, name, shapes, args.steps, str(device)),
+                reference[name],
+                shapes,
+                name,
+            ),
         )
-    processes, why_not = torch_peers(device, args.peers)
-    backend = "gloo" if device.type == "cpu" else "nccl"
-    if processes and processes != args.peers:
-        reference = {
-            name: run_local(processes, name, shapes, args.steps, "cpu") for name in ALGORITHMS
-        }
-    with tempfile.TemporaryDirectory(prefix="gpu_check-") as folder:
-        failure = launch_torch(processes, args, Path(folder)) if processes else ""
-        for name in ALGORITHMS:
-            row = {
-                "transport": f"torch/{backend}, {processes or args.peers} processes",
-                "algorithm": name,
-            }
-            if not processes:
-                rows.append({**row, "skipped": why_not})
-                continue
-            if failure:
-                rows.append({**row, "error": failure, "ok": False})
-                continue
-            runs = [
-                torch.load(Path(folder) / f"rank-{k}.pt", weights_only=True)[name]
-                for k in range(processes)
-            ]
-            rows.append({**row, **compare(runs, reference[name], shapes, name)})
-    timing_shapes = "small dry-run shapes" if args.dry_run else "VGG-16 shapes, 15.2 M parameters"
+        for name in ALGORITHMS
+    ]
+    rows += torch_rows(args, device, shapes, reference)
     timing_set = shapes if args.dry_run else model_shapes("vgg16")
     timings = {
         name: sum(r["seconds"] for r in run_local(args.peers, name, timing_set, 3, str(device)))
         / args.peers
         for name in ALGORITHMS
     }
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)"
-    command = (
-        "python -m experiments.gpu_check"
-        + (f" --device {args.device} --dry-run" if args.dry_run else "")
-        + (f" --out {args.out}" if args.out else "")
+    command = "python -m experiments.gpu_check" + (
+        f" --device {args.device} --dry-run" if args.dry_run else ""
     )
-    meta = {
-        "command": command,
-        "date": date,
-        "seconds": time.perf_counter() - start,
-        "device_name": name,
-        "peers": args.peers,
-        "steps": args.steps,
-        "timing_shapes": timing_shapes,
-    }
+    meta = dict(
+        command=command + (f" --out {args.out}" if args.out else ""),
+        date=date,
+        seconds=time.perf_counter() - start,
+        device_name=torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else "cpu (dry run)",
+        peers=args.peers,
+        steps=args.steps,
+        timing_shapes="small dry-run shapes"
+        if args.dry_run
+        else "VGG-16 shapes, 15.2 M parameters",
+    )
     page = render(rows, timings, meta)
     out = args.out or (None if args.dry_run else str(DEFAULT_OUT))
     if out:

@@ -1,8 +1,5 @@
-"""`python -m experiments.plot`: the `gossip-plot` program, run from a checkout.
-
-The program lives in `gossip_powersgd.cli.plot`; this wrapper only names itself in the help, so a
-checkout's commands and their output stay as they were.
-"""
+"""`python -m experiments.plot`: the `gossip-plot` program (`gossip_powersgd.cli.plot`) run from a
+checkout; it names this module in its help, so a checkout's commands stay as they were."""
 
 from pathlib import Path
 from typing import List, Optional

@@ -1,8 +1,5 @@
-"""`python -m experiments.train`: the `gossip-train` program, run from a checkout.
-
-The program lives in `gossip_powersgd.cli.train`; this wrapper only names itself in the help and
-the error hints, so a checkout's commands and their output stay as they were.
-"""
+"""`python -m experiments.train`: the `gossip-train` program (`gossip_powersgd.cli.train`) run
+from a checkout; it names this module in its help and error hints, so commands stay as they were."""
 
 from typing import Any, Dict, List, Optional
 

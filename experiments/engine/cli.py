@@ -48,39 +48,25 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m experiments",
         description="Make a results page: run its plan (resuming from its stored rows) and draw it.",
     )
-    parser.add_argument("page", nargs="?", help="the page to make (none, or --list: list them)")
-    parser.add_argument("--list", action="store_true", help="list the pages, one line each")
-    parser.add_argument(
-        "--quick", action="store_true", help="the page's smoke-test plan (seconds; for CI)"
-    )
-    parser.add_argument(
+    add = parser.add_argument
+    add("page", nargs="?", help="the page to make (none, or --list: list them)")
+    add("--list", action="store_true", help="list the pages, one line each")
+    add("--quick", action="store_true", help="the page's smoke-test plan (seconds; for CI)")
+    jobs = "runs at once, each in its own worker process (the costliest first; default 1: one "
+    add(
         "--jobs",
         type=jobs_count,
         default=1,
         metavar="N",
-        help="runs at once, each in its own worker process (the costliest first; default 1: "
-        "one after another in this process)",
+        help=jobs + "after another in this process)",
     )
-    parser.add_argument(
-        "--render-only",
-        action="store_true",
-        help="draw the page from its stored rows (OUT/PAGE.jsonl) without running anything",
-    )
-    parser.add_argument(
-        "--merge",
-        nargs="+",
-        type=Path,
-        metavar="ROWS",
-        help="join these PAGE.jsonl files (sweeps made apart) into OUT/PAGE.jsonl, then draw",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="where the rows and the page go (default runs/experiments, or "
-        "runs/experiments-quick with --quick; the committed pages: experiments/results)",
-    )
+    render = "draw the page from its stored rows (OUT/PAGE.jsonl) without running anything"
+    add("--render-only", action="store_true", help=render)
+    merge = "join these PAGE.jsonl files (sweeps made apart) into OUT/PAGE.jsonl, then draw"
+    add("--merge", nargs="+", type=Path, metavar="ROWS", help=merge)
+    out = "where the rows and the page go (default runs/experiments, or runs/experiments-quick "
+    out += "with --quick; the committed pages: experiments/results)"
+    add("--out", type=Path, default=None, metavar="DIR", help=out)
     return parser
 
 

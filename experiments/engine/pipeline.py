@@ -101,15 +101,8 @@ def sweep(page: Page, out: Path, quick: bool = False, jobs: int = 1) -> List[Pat
                     row = json.loads(json.dumps(row))
                 except (TypeError, ValueError) as exc:
                     raise ValueError(f"page {page.name}, run {run.key}: row not JSON-able: {exc}")
-                record = Record(
-                    key=run.key,
-                    **run.identity(),
-                    quick=quick,
-                    row=row,
-                    commit=commit,
-                    finished=finished,
-                    seconds=seconds,
-                )
+                made = dict(quick=quick, row=row, commit=commit, finished=finished, seconds=seconds)
+                record = Record(key=run.key, **run.identity(), **made)
                 store.append(record)
                 stored[run.key] = record
                 log(f"  {run.key}: {seconds:.1f} s")

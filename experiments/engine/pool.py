@@ -1,11 +1,9 @@
 """The one process pool of the experiments: `fn(*task)` for every task, `jobs` at a time.
 
-jobs == 1 runs the tasks in this process, in order. jobs > 1 starts that many spawned worker
-processes (fresh interpreters: no state forked from the parent, the same in every worker), hands
-them the costliest tasks first so that the last to finish are short, and calls `done(index,
-result)` here as each finishes (the sweep writes its row at once). The results come back in the
-tasks' order. A task that raises stops the pool: the tasks not started are dropped, and the
-exception is raised here, once the ones already running have finished and been handed to `done`.
+jobs == 1 runs the tasks here, in order; jobs > 1 in spawned workers, costliest first, with
+`done(index, result)` called here as each finishes. The results come back in the tasks' order.
+A task that raises stops the pool: the tasks not started are dropped, and the exception is raised
+here once the running ones have finished and been handed to `done`.
 """
 
 from __future__ import annotations
@@ -33,13 +31,13 @@ def run_pool(
     if not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
         raise ValueError(f"jobs must be a whole number from 1 to {MAX_JOBS}, got {jobs!r}")
     results: List[Any] = [None] * len(tasks)
+    done = done or (lambda index, result: None)
     if jobs == 1 or len(tasks) <= 1:
         if initializer is not None:
             initializer()
         for index, task in enumerate(tasks):
             results[index] = fn(*task)
-            if done is not None:
-                done(index, results[index])
+            done(index, results[index])
         return results
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -49,25 +47,24 @@ def run_pool(
     order = sorted(range(len(tasks)), key=lambda i: -costs[i])  # stable: plan order among equals
     context = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=context, initializer=initializer)
+
+    def keep(finished) -> None:
+        for future in sorted(finished, key=lambda f: futures[f]):
+            if future.exception() is None:
+                results[futures[future]] = future.result()
+                done(futures[future], results[futures[future]])
+
     try:
         futures = {pool.submit(fn, *tasks[i]): i for i in order}
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in sorted(finished, key=lambda f: futures[f]):
-                if future.exception() is None:
-                    results[futures[future]] = future.result()
-                    if done is not None:
-                        done(futures[future], results[futures[future]])
+            keep(finished)
             failed = [f for f in finished if f.exception() is not None]
             if failed:  # drop what has not started; keep what was running when it finishes
                 for future in pending:
                     future.cancel()
-                for future in sorted(wait(pending)[0], key=lambda f: futures[f]):
-                    if not future.cancelled() and future.exception() is None:
-                        results[futures[future]] = future.result()
-                        if done is not None:
-                            done(futures[future], results[futures[future]])
+                keep([f for f in wait(pending)[0] if not f.cancelled()])
                 error = failed[0].exception()
                 if isinstance(error, BrokenProcessPool):
                     raise WorkerDied(

@@ -7,7 +7,6 @@ import datetime
 import json
 import subprocess
 from pathlib import Path
-from typing import List
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,18 +18,10 @@ def page_commit() -> str:
     commit's."""
     from gossip_powersgd.utils import git_commit
 
+    status = "git status --porcelain --untracked-files=all -- . :(exclude)experiments/results"
     try:
         dirty = subprocess.run(
-            [
-                "git",
-                "status",
-                "--porcelain",
-                "--untracked-files=all",
-                "--",
-                ".",
-                ":(exclude)experiments/results",
-                ":(exclude)runs",
-            ],
+            [*status.split(), ":(exclude)runs"],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -58,10 +49,7 @@ def made_by(rows) -> str:
             f"{origin['generated']} Drawn again from its rows ({rows.page}.jsonl{source}) by "
             f"`{rows.command} --render-only`: the numbers are the run's."
         )
-    commits: List[str] = []
-    for record in rows.records:
-        if record.commit not in commits:
-            commits.append(record.commit)
+    commits = list(dict.fromkeys(r.commit for r in rows.records))
     dates = sorted(r.finished for r in rows.records)
     when = "" if not dates else dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
     seconds = sum(r.seconds for r in rows.records)

@@ -1,14 +1,7 @@
-"""Resumable rows: one JSONL file per page (PAGE.jsonl under --out), one line per finished run.
-
-A line is a JSON object:
-
-    {"key": ..., "config": {...}, "seed": 0, "quick": false, "row": {...},
-     "commit": "abc1234", "finished": "2026-12-01 12:11 UTC", "seconds": 12.3}
-
-(`origin`, optional: where a row converted from an older program's files came from.) Every
-append rewrites the file atomically (temporary file, fsync, rename): a sweep killed at any moment
-leaves the rows it had finished, whole, and a rerun runs only the others. A line that is not such
-an object is refused with its file and line number, never skipped.
+"""Resumable rows: PAGE.jsonl under --out, one JSON object a finished run (`FIELDS`, and
+`origin` where a row was converted from an older program's files). Every append rewrites the
+file atomically: a killed sweep leaves its finished rows whole, and a rerun runs only the others.
+A line that is not such an object is refused with its file and line number, never skipped.
 """
 
 from __future__ import annotations
@@ -26,16 +19,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional
 from .plan import Run
 
 #: The fields every stored line has, and their JSON types.
-FIELDS = {
-    "key": str,
-    "config": dict,
-    "seed": int,
-    "quick": bool,
-    "row": dict,
-    "commit": str,
-    "finished": str,
-    "seconds": (int, float),
-}
+FIELDS = dict(key=str, config=dict, seed=int, quick=bool, row=dict, commit=str, finished=str)
+FIELDS["seconds"] = (int, float)
 
 
 @dataclasses.dataclass
@@ -87,9 +72,8 @@ class Record:
         return same({"config": self.config, "seed": self.seed}, run.identity())
 
 
-#: Floats of two configs are the same when they agree to this relative precision: a plan may
-#: compute a float (a topology's γ from its eigenvalues) whose last bits differ between numpy
-#: builds; nothing a run's result depends on is that fine.
+#: Floats of two configs are the same to this relative precision (a γ computed from eigenvalues
+#: differs in its last bits between numpy builds).
 FLOAT_RTOL = 1e-9
 
 

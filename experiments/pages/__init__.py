@@ -1,8 +1,7 @@
 """The results pages of `python -m experiments`, and their registry.
 
-Every module (or package) in this folder whose name does not start with "_" is a page: importing
-it calls `register(Page(...))` once (see `experiments.engine.Page`). `pages()` imports them all
-and returns {name: page}. A new page is one new module here; nothing else lists it.
+Every module (or package) here whose name does not start with "_" is a page: importing it calls
+`register(Page(...))` once. A new page is one new module here; nothing else lists it.
 """
 
 from __future__ import annotations

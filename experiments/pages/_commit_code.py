@@ -1,15 +1,10 @@
 """An earlier commit's PowerGossip, imported beside this tree's, for the pages that time both in
 one run (bench_sim's `before` and `previous`, bench_gossip's `before`).
 
-The commit's modules are read with `git show`, written to a temporary folder and imported under
-private names inside `gossip_powersgd.algorithms` (`_powergossip_<commit>`, ...), so that their
-relative imports of the rest of the package resolve as they did; their imports of one another are
-pointed at each other, so nothing of this tree's version of a loaded module mixes in. Which modules
-are loaded: `powergossip.py` and the modules split from it (where the commit has them), and with
-``helpers=True`` also every module of `algorithms/` they import, transitively (`kernels`,
-`lowrank`, `exact`, `base`, ...): the commit's PowerGossip as it was, running on this tree's
-transports. Without ``helpers`` those come from this tree (what `bench_sim` has always done, which
-works for commits whose PowerGossip calls this tree's helpers the same way).
+The commit's `powergossip.py` and the modules split from it (`PARTS`), with ``helpers=True`` also
+every `algorithms/` module they import, transitively, are read with `git show` and imported under
+private names inside `gossip_powersgd.algorithms` (`_powergossip_<commit>`, ...), their imports of
+one another pointed at each other: the commit's code as it was, on this tree's transports.
 """
 
 from __future__ import annotations
@@ -28,16 +23,9 @@ from experiments.engine import ROOT
 
 PACKAGE = "gossip_powersgd.algorithms"
 FOLDER = "gossip_powersgd/algorithms"
-#: The modules split from powergossip.py (by job), loaded from the same commit when it has them
-#: (`powergossip_buffers` and `powergossip_schedule` up to commit 15fc5a7, then `powergossip_state`
-#: and `powergossip_plan`).
-PARTS = (
-    "powergossip_layout",
-    "powergossip_buffers",
-    "powergossip_schedule",
-    "powergossip_state",
-    "powergossip_plan",
-)
+#: The modules split from powergossip.py, loaded from the commit where it has them.
+PARTS = "layout buffers schedule state plan".split()
+PARTS = tuple(f"powergossip_{part}" for part in PARTS)
 
 # `from .name import ...` and `from . import name [as alias]` (one name), anywhere in a line.
 _FROM_MODULE = re.compile(r"from \.(\w+) import")
@@ -47,14 +35,9 @@ _LOCK = threading.Lock()
 
 def git_show(commit: str, path: str) -> Optional[str]:
     """The file `path` at `commit` (None when git or the file is missing)."""
+    command = ["git", "show", f"{commit}:{path}"]
     try:
-        return subprocess.run(
-            ["git", "show", f"{commit}:{path}"],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
+        return subprocess.run(command, cwd=ROOT, check=True, capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
 
@@ -91,21 +74,13 @@ def _load(commit: str, helpers: bool) -> Optional[type]:
     if source is None:
         return None
     sources: Dict[str, str] = {"powergossip": source}
-    for part in PARTS:
-        text = git_show(commit, f"{FOLDER}/{part}.py")
+    pending = list(PARTS) + (sorted(_relative_imports(source)) if helpers else [])
+    while pending:  # a name that is no module of the commit (a subpackage) stays this tree's
+        name = pending.pop()
+        text = None if name in sources else git_show(commit, f"{FOLDER}/{name}.py")
         if text is not None:
-            sources[part] = text
-    if helpers:
-        pending = [name for text in sources.values() for name in _relative_imports(text)]
-        while pending:
-            name = pending.pop()
-            if name in sources:
-                continue
-            text = git_show(commit, f"{FOLDER}/{name}.py")
-            if text is None:  # a subpackage or a name that is not a module: this tree's
-                continue
             sources[name] = text
-            pending += _relative_imports(text)
+            pending += sorted(_relative_imports(text)) if helpers else []
     # Import order: a module after the loaded modules it imports (the package's imports form no
     # circle, which tests/project/test_imports.py checks for this tree).
     order, seen = [], set()
@@ -122,7 +97,6 @@ def _load(commit: str, helpers: bool) -> Optional[type]:
         visit(name)
     suffix = _suffix(commit, helpers)
     folder = Path(tempfile.mkdtemp(prefix="commit_code_"))
-    module = None
     for name in order:
         path = folder / f"{name}_{suffix}.py"
         path.write_text(_rewire(sources[name], set(sources), suffix))

@@ -19,11 +19,9 @@ def suite_run(
     gamma: Optional[float] = None,
     cost: float = 1.0,
 ) -> Run:
-    """A plan's run: `train` (a training config with its `algorithm`, without `seed`) under
-    `label` in the page's `kind` of rows. `gamma`: the run's γ (None: the spec's own), put into
-    the spec where it says "{gamma}" when the run is made, so that the stored config holds it as
-    a number (compared to 1e-9: a γ computed from a topology differs in its last bits across
-    numpy builds, and a spec string would not)."""
+    """A plan's run: `train` (a training config without `seed`) under `label` in the page's
+    `kind` of rows. `gamma` (None: the spec's own) goes into the spec's "{gamma}" when the run is
+    made, so that the stored config holds it as a number (compared to 1e-9 relative)."""
     config = {"label": label, "kind": kind, "gamma": gamma, "train": dict(train)}
     return Run(key=key, config=config, seed=seed, cost=cost)
 
@@ -48,9 +46,4 @@ def spec_of(template: str, gamma: Optional[float]) -> str:
 
 def with_curves(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Copies of stored rows with their (MB, averaged-model accuracy) curve from their evals."""
-    out = []
-    for row in rows:
-        row = dict(row)
-        row["curve"] = [(e["mb"], e["acc_avg"]) for e in row.get("evals") or []]
-        out.append(row)
-    return out
+    return [dict(r, curve=[(e["mb"], e["acc_avg"]) for e in r.get("evals") or []]) for r in rows]

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Mapping
 
 from experiments.engine import ROOT, Outputs, Page, Rows, Run
 from experiments.pages import register
+from experiments.pages._markdown import fill, template
 
 CONFIG = ROOT / "experiments" / "configs" / "demo.yaml"
 #: The keys that say how and where a run is launched, not what it computes: not part of a row's
@@ -59,28 +60,18 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def render(rows: Rows) -> Outputs:
-    """demo.md and, when the row has its records, the three plots in demo/."""
+    """demo.md (its text: demo.md beside this file) and, when the row has its records, the three
+    plots in demo/."""
     (record,) = rows.records
     data = record.row
     summary = data["summary"]
-    text = "\n".join(
-        [
-            f"# demo.yaml{' (--quick)' if rows.quick else ''}: {summary['peers']} peers on "
-            f"{summary['topology']}, {summary['dataset']}, {summary['model']}, "
-            f"{summary['algorithm']}",
-            "",
-            f"Command: {data['launch']}; this page drawn from the run's row ({rows.page}.jsonl) "
-            f"by `{rows.command} --render-only`. Run finished {record.finished} at commit "
-            f"{record.commit}, backend {summary['provenance']['backend']}, on {data['cores']} "
-            "cores shared with other jobs (wall time below is that of a shared machine). The "
-            "summary below is the run's own summary.md, unchanged.",
-            "",
-            data["summary_md"].strip(),
-            "",
-            " ".join(f"![{name[:-4]}](demo/{name})" for name in PLOTS),
-            "",
-        ]
+    fields = {**summary, **data, "summary_md": data["summary_md"].strip(), "page": rows.page}
+    fields.update(finished=record.finished, commit=record.commit, command=rows.command)
+    fields.update(
+        quick=" (--quick)" if rows.quick else "", backend=summary["provenance"]["backend"]
     )
+    plots = " ".join(f"![{name[:-4]}](demo/{name})" for name in PLOTS)
+    text = fill(template(__file__, "demo.md"), **fields, plots=plots)
     outputs: Outputs = {"demo.md": text}
     if data.get("records"):  # a row converted from the committed page has no records
         from gossip_powersgd.cli.plot import figures

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
-from experiments.pages._markdown import csv_text, fill, template
+from experiments.pages._markdown import csv_text, fill, snippets
 from experiments.pages import _privacy as regime
 from experiments.suite.runs import QUICK_BASE
 from experiments.suite.tables import _pct, header
@@ -40,6 +40,8 @@ CSV_FIELDS = (
     "acc_3q", "eps_min", "eps_max", "sigma", "delta", "q_min", "q_max", "mb_per_peer", "steps",
     "epochs", "run_seconds", "error",
 )  # fmt: skip
+#: The page's text (`page`) and its setting paragraph.
+TEXT = snippets(__file__, "privacy.md")
 
 
 def _eps(value: Optional[float]) -> str:
@@ -120,38 +122,22 @@ def render(rows: Rows) -> Outputs:
     algorithms, epsilons, seeds = QUICK if quick else (ALGORITHMS, EPSILONS, SEEDS)
     plan_, data = regime.recipe(quick), rows.data
     base = QUICK_BASE if quick else regime.BASE
-    extra = (
-        f"Setting: {base['dataset']}, model `{base['model']}`, {plan_['topology']}, SGD"
-        + (
-            ""
-            if quick
-            else f" momentum {base['momentum']}, cosine schedule with {plan_['warmup']} warm-up "
-            "epoch, the regime privacy_dp_sweep.md chose (8000 samples per peer; its constants "
-            "are imported, not copied)"
-        )
-        + f". Non-private rows: batch {plan_['batch']}, lr {plan_['lr']}, {plan_['epochs']} "
-        f"epochs; private rows: expected batch {plan_['dp_batch']}, lr {plan_['dp_lr']}, "
-        + (
-            f"{plan_['dp_epochs']} epochs"
-            if plan_["dp_epochs"]
-            else f"{regime.budget_text()} (privacy_dp_budget.md: at each ε the budget after which "
-            "doubling the epochs no longer pays)"
-        )
-        + ". Every run is evaluated at each quarter: the columns at ¾ of the run and the change "
-        "over its last quarter say whether it ended on a plateau. DP: Poisson sampling of each "
-        "peer's shard at q = batch / shard size, per-example clipping C = "
-        f"{regime.CLIP:g}, Gaussian noise on each peer's own gradient before its optimizer step, "
-        f"RDP accountant, δ = {regime.DELTA:g}; σ is computed per run from the target ε so that "
-        "the peer with the largest q ends at or just below it (`dp_target_epsilon`). Target ∞ is "
-        "the non-private recipe (shuffled batches, no clipping). Noise and Poisson masks secret "
-        "per peer (fresh OS entropy); the peers' sizes and ε released to the experimenter "
-        "(`release_peer_statistics`). The same regime attacked by a curious neighbour, with 3 "
-        "seeds per row: privacy_attacks.md."
+    momentum = "" if quick else TEXT["momentum"].format(momentum=base["momentum"], **plan_)
+    budget = f"{plan_['dp_epochs']} epochs" if plan_["dp_epochs"] else None
+    budget = budget or TEXT["budget"].format(budget=regime.budget_text())
+    extra = TEXT["setting"].format(
+        dataset=base["dataset"],
+        model=base["model"],
+        momentum=momentum,
+        budget=budget,
+        clip=regime.CLIP,
+        delta=regime.DELTA,
+        **plan_,
     )
     title = "Differential privacy: accuracy vs ε" + (" (--quick)" if quick else "")
     text = header(title, rows.command, 0.0, extra, generated=made_by(rows))
     text += fill(
-        template(__file__, "privacy.md"),
+        TEXT["page"] + "\n",
         seeds=", ".join(map(str, seeds)),
         rows="".join(map(_line, data)),
         findings="\n".join(findings(data, algorithms, epsilons)),

@@ -1,10 +1,7 @@
-"""`python -m experiments privacy_dp_budget`: does the DP regime of the privacy pages train to a
-plateau? The chosen regime (`_privacy`) at each of BUDGETS for every cell of CELLS; per epsilon,
-the smallest budget after which doubling gains less than THRESHOLD_PP on every cell of that
-epsilon (`verdicts`) is the privacy pages' budget there (`_privacy.DP_EPOCHS`, which a test holds
-equal to the committed page's verdicts). Why the final accuracy and not a flat last quarter:
-privacy_dp_budget.md beside this file.
-"""
+"""`python -m experiments privacy_dp_budget`: does the privacy pages' DP regime train to a plateau?
+Each cell of CELLS at each of BUDGETS; per epsilon, the smallest budget after which doubling gains
+less than THRESHOLD_PP on every cell (`verdicts`) is `_privacy.DP_EPOCHS` there (a test holds the
+two equal). Why the final accuracy and not a flat last quarter: privacy_dp_budget.md."""
 
 from __future__ import annotations
 
@@ -28,10 +25,8 @@ CELLS = (
 )
 #: Epochs per run, each the double of the one before (privacy_dp_sweep.md chose its regime at 15).
 BUDGETS = (15, 30, 60)
-#: A doubling that gains less than this (percentage points of averaged-model accuracy) no longer
-#: pays. Declared before the runs: below the seed-to-seed standard deviation that privacy.md
-#: measured at 15 epochs on its 3-seed rows (0.40 and 1.51 pp), so a smaller gain is not one a
-#: page of 3 seeds could tell from noise.
+#: A doubling that gains less than this (pp of averaged-model accuracy) no longer pays: declared
+#: before the runs, below privacy.md's seed-to-seed sd at 15 epochs (0.40 and 1.51 pp).
 THRESHOLD_PP = 1.0
 SEED = 0
 QUICK_CELLS = CELLS[:1]

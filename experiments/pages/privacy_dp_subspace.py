@@ -1,9 +1,7 @@
 """`python -m experiments privacy_dp_subspace`: does keeping the private update in the exchanged
-subspace (`dp_exchanged_subspace`, `dp_subspace_feedback`: gossip_powersgd/privacy/subspace.py)
-rescue PowerGossip under DP? Each variant beside plain PowerGossip r1 and r4 and exact gossip in
-the regime of privacy.md's DP rows (`_privacy`), 3 seeds each: accuracy and the consensus distance
-over time. The problem and the remedy in words: privacy_dp_subspace.md beside this file.
-"""
+subspace (gossip_powersgd/privacy/subspace.py) rescue PowerGossip under DP? Each variant beside
+plain PowerGossip r1, r4 and exact gossip in the privacy pages' DP regime, 3 seeds each: accuracy
+and consensus distance over time. The problem and the remedy in words: privacy_dp_subspace.md."""
 
 from __future__ import annotations
 
@@ -14,8 +12,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
-from experiments.pages._markdown import block, fill, mean_sd, template
+from experiments.pages._markdown import block, fill, mean_sd, pm, snippets
 from experiments.pages._markdown import table as table_lines
+from experiments.pages._markdown import table_rows
 from experiments.pages._privacy import CLIP, DELTA, at_once, dp_epochs, dp_row, loads, pct, recipe
 from experiments.pages._privacy import setting_words, train_config, with_load
 
@@ -35,6 +34,8 @@ TARGETS = (8.0, 3.0)
 SEEDS = (0, 1, 2)
 #: --quick: (variants, targets, seeds).
 QUICK = (VARIANTS[1:3], (3.0,), (0,))
+#: The page's text (`page`) and the sentences made from its numbers.
+TEXT = snippets(__file__, "privacy_dp_subspace.md")
 
 
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
@@ -60,26 +61,24 @@ def row(run: Run) -> Dict[str, Any]:
 
 def cells(rows: Sequence[Dict[str, Any]]) -> Dict[Tuple[str, float], Dict[str, Any]]:
     """Per (label, target) over its seeds (failed runs left out, and counted): accuracy mean and
-    sd, the end consensus distance's geometric mean (it spans decades), and per evaluation the
-    geometric mean of the consensus distances."""
+    sd (nan for one seed), the end consensus distance's geometric mean (it spans decades), and
+    per evaluation the geometric mean of the consensus distances."""
     out: Dict[Tuple[str, float], Dict[str, Any]] = {}
     for r in rows:
         cell = out.setdefault(
-            (r["label"], r["target"]), dict(acc=[], consensus=[], history={}, failed=0, rows=[])
+            (r["label"], r["target"]), dict(acc=[], history={}, failed=0, rows=[])
         )
-        if "error" in r:
-            cell["failed"] += 1
-            continue
-        cell["rows"].append(r)
-        cell["acc"].append(r["acc_avg"])
-        cell["consensus"].append(r["consensus"])
-        for epoch, distance in r.get("consensus_history", []):
-            cell["history"].setdefault(epoch, []).append(distance)
+        cell["failed"] += "error" in r
+        if "error" not in r:
+            cell["rows"].append(r)
+            cell["acc"].append(r["acc_avg"])
+            for epoch, distance in r.get("consensus_history", []):
+                cell["history"].setdefault(epoch, []).append(distance)
     for cell in out.values():
         if cell["acc"]:
             cell["acc_mean"], sd = mean_sd(cell["acc"])
             cell["acc_sd"] = math.nan if sd is None else sd
-            cell["consensus_gm"] = _geomean(cell["consensus"])
+            cell["consensus_gm"] = _geomean([r["consensus"] for r in cell["rows"]])
         cell["history_gm"] = {e: _geomean(v) for e, v in sorted(cell["history"].items())}
     return out
 
@@ -91,14 +90,14 @@ def _geomean(values: Sequence[float]) -> float:
 def _acc(cell: Dict[str, Any]) -> str:
     if not cell.get("acc"):
         return "n/a"
-    mean, sd = cell["acc_mean"], cell["acc_sd"]
-    return f"{100 * mean:.2f} ± {100 * sd:.2f} %" if not math.isnan(sd) else pct(mean)
+    sd = None if math.isnan(cell["acc_sd"]) else cell["acc_sd"]
+    return pm(cell["acc_mean"], sd, scale=100, unit=" %")
 
 
 def comparisons(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence[float]):
     """Each variant against the plain algorithm of its rank at the same epsilon, where both have
-    finished runs: the two cells, the accuracy difference and twice the larger of their seed
-    standard deviations (in pp; nan, and `one_seed`, where a cell has a single seed)."""
+    finished runs: the accuracy difference and twice the larger seed sd of the two (in pp; nan,
+    and `one_seed`, where a cell has a single seed)."""
     for target in targets:
         for label, _, extra in VARIANTS:
             base_label = label.split(",")[0]
@@ -111,21 +110,23 @@ def comparisons(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequenc
 
 
 def verdict_text(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence[float]) -> str:
-    """The answer in words, from the numbers: each variant against the plain algorithm of its
-    rank at the same epsilon (`comparisons`). A difference counts only when it exceeds twice the
-    larger of the two cells' seed standard deviations."""
+    """Each variant against the plain algorithm of its rank (`comparisons`), in words: a
+    difference counts only beyond twice the larger of the two cells' seed sds."""
     lines = []
     for c in comparisons(table, targets):
-        diff, spread, base, cell = c["diff"], c["spread"], c["base"], c["cell"]
+        diff, spread = c["diff"], c["spread"]
         word = "better than" if diff > spread else "worse than" if diff < -spread else None
-        word = word or "not distinguishable from"
-        judged = f"{word} it, at twice the larger seed sd {spread:.2f} pp"
-        if c["one_seed"]:
-            judged = "one seed: no spread to judge it by"
+        judged = TEXT["judged"].format(word=word or "not distinguishable from", spread=spread)
+        base, cell = c["base"], c["cell"]
         lines.append(
-            f"- ε = {c['target']:g}: {c['label']} reaches {_acc(cell)} against {_acc(base)} for "
-            f"plain {c['base_label']} ({diff:+.2f} pp: {judged}); consensus distance at the end "
-            f"{cell['consensus_gm']:.3g} against {base['consensus_gm']:.3g}."
+            TEXT["verdict"].format(
+                **c,
+                acc=_acc(cell),
+                base_acc=_acc(base),
+                judged=TEXT["one_seed"] if c["one_seed"] else judged,
+                end=cell["consensus_gm"],
+                base_end=base["consensus_gm"],
+            )
         )
     return "\n".join(lines) + "\n"
 
@@ -150,31 +151,12 @@ def conclusion(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence
             gaps.append(f"{100 * (exact - r4):+.2f} pp at ε = {t:g}")
     if not drops or not changes:
         return ""
-    text = (
-        f"Keeping the update in the exchanged subspace lowers PowerGossip r1's consensus "
-        f"distance at the end ({'; '.join(drops)}). "
-    )
     diffs = [d for d, _ in changes]
-    if all(d < -spread for d, spread in changes):  # False with one seed (nan spread)
-        text += (
-            "But every variant is worse than plain PowerGossip of its rank by more than twice "
-            f"the larger seed sd ({min(diffs):+.2f} to {max(diffs):+.2f} pp): between two steps "
-            "a compressed matrix now moves along deg × r directions of one side only, and the "
-            "rest of its private gradient is dropped (or, with feedback, applied late, which "
-            "brings the drift back). Lower drift bought this way costs more accuracy than it "
-            "saves: this remedy does not rescue PowerGossip under DP."
-        )
-    else:
-        text += (
-            f"Accuracy against plain PowerGossip of its rank: {min(diffs):+.2f} to "
-            f"{max(diffs):+.2f} pp (per variant above)."
-        )
-    if gaps:
-        text += (
-            f" The remedy that does work is a higher rank: exact gossip minus PowerGossip r4 is "
-            f"{'; '.join(gaps)}."
-        )
-    return text + "\n"
+    worse = all(d < -spread for d, spread in changes)  # False with one seed (nan spread)
+    parts = [TEXT["drift"].format(drops="; ".join(drops))]
+    parts.append(TEXT["worse" if worse else "range"].format(low=min(diffs), high=max(diffs)))
+    parts += [TEXT["rank"].format(gaps="; ".join(gaps))] if gaps else []
+    return " ".join(parts) + "\n"
 
 
 def _message_dp(rows: Sequence[Dict[str, Any]], targets: Sequence[float]) -> str:
@@ -186,14 +168,9 @@ def _message_dp(rows: Sequence[Dict[str, Any]], targets: Sequence[float]) -> str
     parts = []
     for target in targets:
         steps = sorted({int(r["steps"]) for r in rows if r["target"] == target})
-        if len(steps) != 1:
-            continue
-        z = noise_for_target(target, DELTA, [1.0], steps[0])
-        parts.append(
-            f"ε = {target:g} over the {steps[0]} messages a neighbour receives in a run (one per "
-            f"step) needs noise of std "
-            f"{2 * z:.3g} B on every coordinate of a message whose whole norm is at most B"
-        )
+        if len(steps) == 1:
+            z = noise_for_target(target, DELTA, [1.0], steps[0])
+            parts.append(TEXT["message_dp"].format(target=target, steps=steps[0], std=2 * z))
     return "; ".join(parts) + " (RDP, q = 1)" if parts else "not computed (no finished row)"
 
 
@@ -208,7 +185,7 @@ def render(rows: Rows) -> Outputs:
         for r in missing
     )
     text = fill(
-        template(__file__, "privacy_dp_subspace.md"),
+        TEXT["page"] + "\n",
         made_by=made_by(rows),
         at_once=at_once(rows),
         cores=data[0].get("cores", "n/a"),
@@ -223,7 +200,7 @@ def render(rows: Rows) -> Outputs:
         seeds=", ".join(map(str, seeds)),
         message_dp=_message_dp(data, targets),
         accuracy=accuracy_table(table, variants, targets),
-        consensus=block(consensus_tables(table, variants, targets)),
+        consensus=consensus_tables(table, variants, targets),
         verdict=block(verdict_text(table, targets)),
         conclusion=block(conclusion(table, targets)),
         runs=runs_table(data),
@@ -232,64 +209,56 @@ def render(rows: Rows) -> Outputs:
     return {"privacy_dp_subspace.md": text}
 
 
-ACCURACY = (
-    "target ε | variant | σ | ε (max over peers) | averaged-model acc | consensus distance "
-    "(end) | MB sent per peer | failed runs"
-)
-
-
 def accuracy_table(table, variants, targets) -> List[str]:
     """Per target and variant: σ, ε, accuracy and consensus, mean over seeds."""
     rows = []
     for target in targets:
         for label, _, _ in variants:
             cell = table.get((label, target))
-            if cell is None:
-                continue
-            done = cell["rows"]
-            sigma = ", ".join(sorted({f"{r['sigma']:.3g}" for r in done})) or "n/a"
-            eps = max((r["eps_max"] for r in done), default=math.nan)
-            mb = statistics.fmean(r["mb_per_peer"] for r in done) if done else math.nan
-            consensus = f"{cell['consensus_gm']:.3g}" if done else "n/a"
-            rows.append([f"{target:g}", label, sigma, f"{eps:.3g}", _acc(cell), consensus])
-            rows[-1] += [f"{mb:.3g}", str(cell["failed"])]
-    return table_lines(ACCURACY, rows, None)
+            if cell is not None:
+                done = cell["rows"]
+                sigma = ", ".join(sorted({f"{r['sigma']:.3g}" for r in done})) or "n/a"
+                eps = max((r["eps_max"] for r in done), default=math.nan)
+                mb = statistics.fmean(r["mb_per_peer"] for r in done) if done else math.nan
+                consensus = f"{cell['consensus_gm']:.3g}" if done else "n/a"
+                rows.append([f"{target:g}", label, sigma, f"{eps:.3g}", _acc(cell), consensus])
+                rows[-1] += [f"{mb:.3g}", str(cell["failed"])]
+    return table_rows(rows)
 
 
 def runs_table(data) -> List[str]:
     """Every run: its accuracy, consensus and time (or why it failed)."""
-    lines = table_lines(
-        "target ε | variant | seed | acc | at ¾ | consensus (end) | seconds", [], None
-    )
+    lines = []
     for r in data:
         head = f"| {r['target']:g} | {r['label']} | {r['seed']} |"
         if "error" in r:
             lines.append(head + f" FAILED: {r['error'].replace('|', '/')} | | | |")
-        else:
-            lines.append(
-                head + f" {pct(r['acc_avg'])} | {pct(r.get('acc_3q'))} | {r['consensus']:.3g} | "
-                f"{r['run_seconds']:.0f} |"
-            )
+            continue
+        lines.append(
+            head + f" {pct(r['acc_avg'])} | {pct(r.get('acc_3q'))} | {r['consensus']:.3g} | "
+            f"{r['run_seconds']:.0f} |"
+        )
     return lines
 
 
-def consensus_tables(table, variants, targets) -> str:
+def consensus_tables(table, variants, targets) -> List[str]:
     """Per target, the geometric mean over seeds of the consensus distance at each evaluation."""
-    text = "\n## Consensus distance over time (geometric mean over seeds, at each evaluation)\n\n"
+    lines = []
     for target in targets:
         epochs = sorted({e for (_, t), c in table.items() if t == target for e in c["history_gm"]})
-        if not epochs:
-            continue
-        text += f"ε = {target:g}:\n\n| variant | " + " | ".join(f"epoch {e:g}" for e in epochs)
-        text += " |\n|---|" + "---|" * len(epochs) + "\n"
-        for label, _, _ in variants:
-            cell = table.get((label, target))
-            if cell is not None:
-                history = cell["history_gm"]
-                values = (f"{history[e]:.3g}" if e in history else "n/a" for e in epochs)
-                text += f"| {label} | " + " | ".join(values) + " |\n"
-        text += "\n"
-    return text
+        found = [
+            table[(v[0], target)] | {"label": v[0]} for v in variants if (v[0], target) in table
+        ]
+        rows = [
+            [c["label"]]
+            + [f"{c['history_gm'][e]:.3g}" if e in c["history_gm"] else "n/a" for e in epochs]
+            for c in found
+        ]
+        if epochs:
+            lines += [f"ε = {target:g}:", ""] + table_lines(
+                ["variant"] + [f"epoch {e:g}" for e in epochs], rows
+            )
+    return lines
 
 
 PAGE = register(

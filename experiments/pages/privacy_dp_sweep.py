@@ -1,13 +1,9 @@
-"""`python -m experiments privacy_dp_sweep`: the small sweep that chose the DP regime of the privacy
-pages (`_privacy`: data per peer, batch, lr, clip norm), and the consensus distance over time of
-every algorithm under DP in that regime, with PowerGossip's remedies.
+"""`python -m experiments privacy_dp_sweep`: the small sweep that chose the privacy pages' DP regime
+(`_privacy`), and every algorithm's consensus distance over time under DP in that regime.
 
-Part 1 (exact gossip, mnist1d cnn1d iid ring:8, 8000 training samples per peer): the non-private
-reference, then DP at target epsilon 8 for a few (batch, lr, C) at a fixed number of epochs; the
-chosen regime is the DP row with the best averaged-model accuracy, run once more with its clipping
-but no noise (sigma = 0: the gap to it is the cost of the noise alone). Part 2, once part 1 is
-done: PowerGossip r1, r1 with 4 power iterations, rank 4 and Choco sign in the chosen regime at
-epsilon 8, and each without DP in the non-private reference's regime.
+Part 1: exact gossip without DP, then DP at target ε 8 for a few (batch, lr, C); the best DP row
+is the chosen regime, run once more clipped without noise (the gap to it is the noise's cost).
+Part 2, once part 1 is done: PowerGossip and Choco sign in the chosen regime, and without DP.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
-from experiments.pages._markdown import fill, template
+from experiments.pages._markdown import fill, snippets
 from experiments.pages._privacy import BASE, DELTA, NONPRIVATE, PER_PEER, QUICK, SWEEP, TARGET
 from experiments.pages._privacy import loads, pct, with_load
 
@@ -34,6 +30,8 @@ ALGORITHMS = (
 )
 #: --quick: the reference and the first DP row, PowerGossip r1 only, 1 epoch each.
 QUICK_PLAN = (SWEEP[:2], ALGORITHMS[:1])
+#: The page's text (`page`) and the sentences made from its rows.
+TEXT = snippets(__file__, "privacy_dp_sweep.md")
 
 
 def _run(part, label, algorithm, batch, lr, clip, epochs, target, quick) -> Run:
@@ -122,67 +120,48 @@ def _pair(rows, label: str) -> tuple:
 
 
 def findings(sweep, algorithms) -> List[str]:
-    """Sentences computed from the rows."""
+    """Sentences computed from the rows (their words: privacy_dp_sweep.md)."""
     out = []
     ok = [r for r in sweep if "error" not in r]
-    plain = [r for r in ok if r["clip"] is None]
-    clipped = [r for r in ok if r["clip"] is not None and not _noisy(r)]
     private = [r for r in ok if _noisy(r)]
     best = max(private, key=lambda r: r["acc_avg"]) if private else None
+    plain = [r for r in ok if r["clip"] is None]
     if plain and best:
         top = max(plain, key=lambda r: r["acc_avg"])
         gap = 100 * (top["acc_avg"] - best["acc_avg"])
+        words = dict(top=pct(top["acc_avg"]), batch=top["batch"], steps=top["steps"])
+        words.update(eps=best["eps_max"], dp_batch=best["batch"], lr=best["lr"], clip=best["clip"])
+        words.update(dp_steps=best["steps"], acc=pct(best["acc_avg"]), gap=gap)
         out.append(
-            f"- Exact gossip: non-private {pct(top['acc_avg'])} (batch {top['batch']}, "
-            f"{top['steps']} steps), best DP row (ε = {best['eps_max']:.3g}, batch "
-            f"{best['batch']}, lr {best['lr']}, C {best['clip']}, {best['steps']} steps) "
-            f"{pct(best['acc_avg'])}: {gap:.1f} pp below, "
-            + ("within" if gap <= 10 else "**not within**")
-            + " the 10 pp target."
+            TEXT["exact"].format(**words, within="within" if gap <= 10 else "**not within**")
         )
-
-    def same(r):
-        return (r["batch"], r["lr"], r["clip"], r["steps"])
-
-    for c in clipped:
-        for r in (r for r in private if same(r) == same(c)):
+    for c in (r for r in ok if r["clip"] is not None and not _noisy(r)):
+        for r in (r for r in private if _same(r) == _same(c)):
             cost = 100 * (c["acc_avg"] - r["acc_avg"])
-            out.append(
-                f"- Batch {r['batch']}, lr {r['lr']}, C {r['clip']}, {r['steps']} steps with "
-                f"clipping but no noise: {pct(c['acc_avg'])}, against {pct(r['acc_avg'])} "
-                f"with the noise of ε = {r['eps_max']:.3g}: "
-                + (
-                    f"the noise costs {cost:.1f} pp."
-                    if cost >= 0
-                    else f"the noisy run is {-cost:.1f} pp above it (one run each): the noise "
-                    "costs nothing a single run can measure, and the gap to the non-private "
-                    "row is the clipping's and the DP batch and learning rate's."
-                )
-            )
+            how = TEXT["costs" if cost >= 0 else "above"].format(cost=abs(cost))
+            words = {k: r[k] for k in ("batch", "lr", "clip", "steps")}
+            words.update(clipped=pct(c["acc_avg"]), noisy=pct(r["acc_avg"]), eps=r["eps_max"])
+            out.append(TEXT["noise"].format(**words, cost=how))
     for label, _ in ALGORITHMS:
         dp, plain_row = _pair(algorithms, label)
-        if dp is None:
-            continue
-        against = (
-            f"; without DP {pct(plain_row['acc_avg'])}, consensus distance "
-            f"{_fig(plain_row['consensus'])}"
-            if plain_row
-            else ""
-        )
-        base = f" (exact gossip under DP: {_fig(best['consensus'])})" if best else ""
-        out.append(
-            f"- {label} under DP: averaged-model accuracy {pct(dp['acc_avg'])}, final "
-            f"consensus distance {_fig(dp['consensus'])}{base}{against}."
-        )
+        if dp is not None:
+            against = plain_row and (
+                f"; without DP {pct(plain_row['acc_avg'])}, consensus distance "
+                f"{_fig(plain_row['consensus'])}"
+            )
+            base = f" (exact gossip under DP: {_fig(best['consensus'])})" if best else ""
+            words = dict(label=label, acc=pct(dp["acc_avg"]), consensus=_fig(dp["consensus"]))
+            out.append(TEXT["algorithm"].format(**words, base=base, against=against or ""))
     r1, it4, r4 = (_pair(algorithms, label)[0] for label, _ in ALGORITHMS[:3])
     if r1 and it4 and r4:
-        out.append(
-            f"- PowerGossip's remedies under DP, from rank 1 with 1 power iteration "
-            f"({pct(r1['acc_avg'])}, consensus distance {_fig(r1['consensus'])}): "
-            f"4 power iterations {pct(it4['acc_avg'])} ({_fig(it4['consensus'])}), "
-            f"rank 4 {pct(r4['acc_avg'])} ({_fig(r4['consensus'])})."
-        )
+        words = dict(r1=pct(r1["acc_avg"]), it4=pct(it4["acc_avg"]), r4=pct(r4["acc_avg"]))
+        words.update(c1=_fig(r1["consensus"]), c4=_fig(it4["consensus"]))
+        out.append(TEXT["remedies"].format(**words, cr4=_fig(r4["consensus"])))
     return out
+
+
+def _same(r: Dict[str, Any]) -> tuple:
+    return (r["batch"], r["lr"], r["clip"], r["steps"])
 
 
 def _sweep_line(r: Dict[str, Any]) -> str:
@@ -228,7 +207,7 @@ def render(rows: Rows) -> Outputs:
         for r in missing
     )
     text = fill(
-        template(__file__, "privacy_dp_sweep.md"),
+        TEXT["page"],
         made_by=made_by(rows),
         cores=rows.data[0].get("cores", "n/a"),
         loads=loads([r for r in sweep + algorithms if "error" not in r]),
@@ -242,15 +221,9 @@ def render(rows: Rows) -> Outputs:
         every=max(1, (chosen or {}).get("epochs", 5) // 5),
         curves="".join(map(_curve_line, exact + algorithms)),
         findings="\n".join(findings(sweep, algorithms)),
-        not_run=NOT_RUN + not_run[1:] + "\n" if missing else "",
+        not_run=TEXT["not_run"] + "\n\n" + not_run[1:] + "\n" if missing else "",
     )
     return {"privacy_dp_sweep.md": text}
-
-
-NOT_RUN = (
-    "\n## Not run\n\nThese rows of the plan did not finish in the time the shared machine allowed "
-    "(the page was rendered with --render-only from the rows that did):\n\n"
-)
 
 
 PAGE = register(

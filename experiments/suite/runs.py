@@ -35,18 +35,10 @@ def measure(config: Dict[str, Any], make_hooks=None) -> Dict[str, Any]:
     from gossip_powersgd import run
 
     result = run(config, hooks=make_hooks)
-    records = result.evals
-    curve = [(r["mb_sent_per_peer"], r["test_acc_avg_model"]) for r in records]
-    evals = [
-        {
-            "epoch": r["epoch"],
-            "mb": r["mb_sent_per_peer"],
-            "acc_avg": r["test_acc_avg_model"],
-            "acc_local_mean": r["test_acc_mean"],
-            "acc_local_min": r["test_acc_min"],
-        }
-        for r in records
-    ]
+    names = dict(epoch="epoch", mb="mb_sent_per_peer", acc_avg="test_acc_avg_model")
+    names.update(acc_local_mean="test_acc_mean", acc_local_min="test_acc_min")
+    evals = [{key: r[name] for key, name in names.items()} for r in result.evals]
+    curve = [(e["mb"], e["acc_avg"]) for e in evals]
     stats = [result.stats[rank] for rank in sorted(result.stats)]
     return measurements(result.summary, stats, result.wall_seconds, curve, evals)
 
@@ -120,23 +112,13 @@ def log(text: str) -> None:
     print(f"[suite {time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
-# ---------------------------------------------------------------------------------------------------
-# training
-
-
 def _labelled(label: str, spec: str, gamma: Optional[float], m: Dict[str, Any], kind: str = "main"):
     """A table row: the measurements, its label and spec, and its γ as the table shows it."""
     from gossip_powersgd.algorithms import gamma_kind
 
-    row = dict(m, label=label, spec=spec, model_kind=kind)
-    row["gamma"] = gamma
-    if gamma is not None:
-        row["gamma_text"] = f"{gamma:.3g}"
-    elif gamma_kind(spec) == "topology":
-        row["gamma_text"] = "topology"
-    else:
-        row["gamma_text"] = "—"
-    return row
+    topology = gamma is None and gamma_kind(spec) == "topology"
+    text = f"{gamma:.3g}" if gamma is not None else "topology" if topology else "—"
+    return dict(m, label=label, spec=spec, model_kind=kind, gamma=gamma, gamma_text=text)
 
 
 def attempt_config(

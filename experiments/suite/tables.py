@@ -15,10 +15,7 @@ from .runs import BANDWIDTHS, communication_seconds, projected_seconds
 def _pct(value: Optional[float], std: Optional[float] = None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
-    text = f"{100 * value:.2f}"
-    if std is not None:
-        text += f" ± {100 * std:.2f}"
-    return text + " %"
+    return f"{100 * value:.2f}" + ("" if std is None else f" ± {100 * std:.2f}") + " %"
 
 
 def _algorithm_name(row: Dict[str, Any]) -> str:
@@ -31,15 +28,11 @@ def exact_reference(
     rows: Sequence[Dict[str, Any]], topology: str, partition: str, kind: str = "main"
 ) -> Optional[Dict]:
     """Exact gossip's row of the same setting (and the same group: main, headline or wide)."""
+    setting = (topology, partition, kind)
     for r in rows:
-        if (
-            _algorithm_name(r) == "exact"
-            and r["topology"] == topology
-            and r["partition"] == partition
-            and r.get("model_kind", "main") == kind
-            and "error" not in r
-        ):
-            return r
+        if (r["topology"], r["partition"], r.get("model_kind", "main")) == setting:
+            if _algorithm_name(r) == "exact" and "error" not in r:
+                return r
     return None
 
 
