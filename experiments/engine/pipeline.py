@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
 
+from .errata import annotated, notes
 from .plan import Page, Run, checked_plan
 from .pool import run_pool
 from .provenance import page_commit, utc_now
@@ -144,8 +145,10 @@ def render(page: Page, out: Path) -> List[Path]:
             + (" ..." if len(stale) > 5 else "")
         )
     rows = Rows(page.name, quick, [stored[r.key] for r in runs if r.key in stored], len(runs))
-    written = []
+    written, errata = [], notes(page.name, (r.commit for r in rows.records))
     for name, content in page.render(rows).items():
+        if name.endswith(".md"):
+            content = annotated(content, errata)
         path = Path(out) / name
         if Path(name).is_absolute() or ".." in Path(name).parts:
             raise ValueError(f"page {page.name}: its renderer names a file outside --out: {name}")

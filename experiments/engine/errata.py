@@ -1,0 +1,88 @@
+"""Faults found in the code after a page's rows were made, told on the page until its rows are
+made again: an erratum names the commit that fixed the fault and the pages whose figures it
+touched; `render` puts its text under the title of every markdown file of such a page while any of
+its rows was made at a commit without the fix (by git's ancestry; a row of an unknown commit is
+not flagged). Made again on fixed code, the rows drop the note by themselves."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import subprocess
+from typing import Iterable, List, Tuple
+
+from .provenance import ROOT
+
+
+@dataclasses.dataclass(frozen=True)
+class Erratum:
+    fixed_in: str  #: the commit of the fix (rows of commits that contain it are not flagged)
+    pages: Tuple[str, ...]  #: the pages whose figures the fault touched
+    text: str  #: what the page says, one paragraph of markdown
+
+
+ERRATA = (
+    Erratum(
+        "fec9682",
+        (
+            "privacy",
+            "privacy_attacks",
+            "privacy_attacks_overfit",
+            "privacy_dp_budget",
+            "privacy_dp_subspace",
+            "privacy_dp_sweep",
+            "privacy_mechanisms",
+            "privacy_mechanisms_budget",
+            "privacy_mechanisms_logreg",
+            "privacy_regime",
+        ),
+        "**Erratum: under differential privacy, the averaged-model accuracy on this page is the "
+        "peers' own models'.** These rows were made before commit fec9682, when the evaluation's "
+        "copy of a model wrapped for per-example clipping computed with the peer's own "
+        "parameters, whatever average was loaded into it: a private row's averaged-model figure "
+        "is rank 0's own model's accuracy where the peers share a test set, the peers' own models' "
+        "pooled accuracy where each holds its own test data. Non-private rows, the victims' own "
+        "accuracy, every attack, audit and ε are unaffected (they build their models from "
+        "parameters). Exact gossip keeps the peers close to their average, so its private rows "
+        "differ little; compressed gossip's (PowerGossip, Choco) can differ more. The rows are "
+        "to be made again.",
+    ),
+)
+
+
+@functools.lru_cache(maxsize=None)
+def contains(commit: str, fix: str) -> bool | None:
+    """Whether `commit` (a row's: "abc1234", "abc1234 + uncommitted changes", "unknown") holds
+    commit `fix`; None where git cannot tell (no checkout, a commit it does not know)."""
+    name = commit.split(" ")[0]
+    if not name or name == "unknown":
+        return None
+    try:
+        done = subprocess.run(
+            ["git", "merge-base", "--is-ancestor", fix, name],
+            cwd=ROOT,
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {0: True, 1: False}.get(done.returncode)
+
+
+def notes(page: str, commits: Iterable[str]) -> List[str]:
+    """The errata of `page` that any of its rows' `commits` predates."""
+    commits = set(commits)
+    return [
+        e.text
+        for e in ERRATA
+        if page in e.pages and any(contains(c, e.fixed_in) is False for c in commits)
+    ]
+
+
+def annotated(content: str, texts: List[str]) -> str:
+    """A markdown file's text with each of `texts` as a quoted paragraph under its first line."""
+    if not texts:
+        return content
+    first, _, rest = content.partition("\n")
+    quoted = "".join(f"\n> {t}\n" for t in texts)
+    return f"{first}\n{quoted}{rest if rest.startswith(chr(10)) else chr(10) + rest}"
