@@ -12,7 +12,7 @@ from experiments.suite.runs import combine
 from experiments.suite.tables import _pct, build_csv
 
 from .design import EXACT, POWERGOSSIP, RUN_LISTS, STAGES, WIDE_MODEL, chosen_gamma, plan, settings
-from .markdown import training_page
+from .markdown import SAY, training_page
 from .plots import curves_csv, plot_training
 
 #: The stage a run belongs to, from its kind (and, for the iid rows, its seed).
@@ -141,55 +141,34 @@ def targets(
     reference: Sequence[Dict[str, Any]] = (),
 ) -> List[str]:
     """The paper's claims, each stated as MET or MISSED, from the measured rows (`headline`: the
-    combined iid rows; `rows`, `reference`: further CNN rows for the 90 % claim)."""
-    lines = []
+    combined iid rows; `rows`, `reference`: further CNN rows for the 90 % claim); their sentences
+    in sections.md."""
+    lines, met = [], {True: "MET", False: "MISSED"}
     exact, pg = _by_label(headline, EXACT), _by_label(headline, POWERGOSSIP)
     if exact and pg:
-        gap = 100 * (exact["acc_avg"] - pg["acc_avg"])
-        ratio = exact["mb_per_step"] / pg["mb_per_step"]
-        saved = 100 * (1 - 1 / ratio)
-        lines.append(
-            f"- **PowerGossip r1 within 1 pp of exact gossip** ({pg['topology']} {pg['partition']}, "
-            f"{pg.get('seeds', 1)} seed(s), {pg['epochs']} epochs): "
-            f"{'MET' if gap <= 1.0 else 'MISSED'} — exact {_pct(exact['acc_avg'], exact.get('acc_avg_std'))}, "
-            f"PowerGossip {_pct(pg['acc_avg'], pg.get('acc_avg_std'))}, gap {gap:+.2f} pp."
+        gap, ratio = (
+            100 * (exact["acc_avg"] - pg["acc_avg"]),
+            exact["mb_per_step"] / pg["mb_per_step"],
         )
-        lines.append(
-            f"- **≥ 99 % fewer bytes than exact gossip**: {'MET' if saved >= 99.0 else 'MISSED'} "
-            f"— {pg.get('model', 'cnn1d')}: {saved:.1f} % fewer ({ratio:.1f}× less, measured "
-            "bytes per step)."
-            + (
-                ""
-                if saved >= 99.0 or pg.get("model") != "cnn1d"
-                else " Why: this CNN has only ~11.8k parameters and its matrices are small (32×160 "
-                "convolutions, 10×128 output layer), so a rank-1 factor pair (32 + 160 floats) "
-                "is 1/27 of a 32×160 matrix, and biases (vectors) are sent uncompressed; the saving "
-                "of rank r on an m×n matrix is mn / (r(m+n)), large only for large matrices. "
-                "The wide model below tests the claim where it can hold."
-            )
-        )
+        saved, model = 100 * (1 - 1 / ratio), pg.get("model", "cnn1d")
+        accs = dict(exact=_pct(exact["acc_avg"], exact.get("acc_avg_std")))
+        accs.update(pg=_pct(pg["acc_avg"], pg.get("acc_avg_std")), seeds=pg.get("seeds", 1))
+        lines.append(SAY["within"].format(**{**pg, **accs, "met": met[gap <= 1.0], "gap": gap}))
+        why = SAY["why not fewer"] if saved < 99.0 and pg.get("model") == "cnn1d" else ""
+        cells = dict(model=model, saved=saved, ratio=ratio, why=why)
+        lines.append(SAY["fewer bytes"].format(**cells, met=met[saved >= 99.0]))
     w_exact, w_pg = _by_label(wide, EXACT), _by_label(wide, POWERGOSSIP)
     if w_exact and w_pg:
         ratio = w_exact["mb_per_step"] / w_pg["mb_per_step"]
-        saved = 100 * (1 - 1 / ratio)
-        gap = 100 * (w_exact["acc_avg"] - w_pg["acc_avg"])
-        met = saved >= 99.0 and gap <= 1.0
-        lines.append(
-            f"- **≥ 99 % fewer bytes at ≤ 1 pp accuracy, wide model** ({WIDE_MODEL}, "
-            f"{w_exact['parameters']} parameters, {w_exact['topology']} {w_exact['partition']}, "
-            f"{w_exact['epochs']} epochs, seed 0): {'MET' if met else 'MISSED'} — PowerGossip r1 "
-            f"sends {saved:.2f} % fewer bytes ({ratio:.0f}× less) at {_pct(w_pg['acc_avg'])} "
-            f"vs exact gossip's {_pct(w_exact['acc_avg'])} (gap {gap:+.2f} pp)."
-        )
+        saved, gap = 100 * (1 - 1 / ratio), 100 * (w_exact["acc_avg"] - w_pg["acc_avg"])
+        cells = dict(saved=saved, ratio=ratio, gap=gap, met=met[saved >= 99.0 and gap <= 1.0])
+        cells.update(pg=_pct(w_pg["acc_avg"]), exact=_pct(w_exact["acc_avg"]))
+        lines.append(SAY["wide claim"].format(**{**w_exact, **cells, "wide_model": WIDE_MODEL}))
     cnn = [r for r in [*headline, *rows, *reference] if "error" not in r]
     cnn = [r for r in cnn if r.get("acc_avg") is not None and r.get("model") == "cnn1d"]
     if cnn:
         best = max(cnn, key=lambda r: r["acc_avg"])
-        met = best["acc_avg"] >= 0.90
         seeds = f", mean of {best['seeds']} seeds" if best.get("seeds", 1) > 1 else ""
-        lines.append(
-            f"- **A CNN reaching ≥ 90 %**: {'MET' if met else 'MISSED'} — best averaged-model "
-            f"accuracy {_pct(best['acc_avg'])} ({best['label']}, {best['topology']} "
-            f"{best['partition']}, {best['epochs']} epochs{seeds})."
-        )
+        cells = dict(met=met[best["acc_avg"] >= 0.90], acc=_pct(best["acc_avg"]), seeds=seeds)
+        lines.append(SAY["cnn claim"].format(**{**best, **cells}))
     return lines
