@@ -1,7 +1,5 @@
-"""Who wins at matched bits: per instance and column (a bit budget, or the bits to reach a
-relative error), the winner among the winner-map algorithms, its margin over the runner-up (mean
-over seeds) and the seeds' spread; and the heat map of PowerGossip against the best baseline.
-An instance is the dict `render` rebuilds from a row (`summary`, `results`, `budgets`)."""
+"""Who wins at matched bits, per instance and column (a bit budget, or the bits to reach a relative
+error): the winner, its margin over the runner-up and the seeds' spread; and the heat map."""
 
 from __future__ import annotations
 
@@ -62,10 +60,9 @@ def _value(result: Dict, kind: str, key: float) -> Optional[Tuple[float, bool, b
 def winner_cell(
     instance: Dict, kind: str, key: float, labels: Optional[Sequence[str]] = None
 ) -> Dict:
-    """The winner of one column of one instance: {"winner", "runner_up", "mean" (per label),
-    "margin" (runner-up mean / winner mean), "spread" (min, max of the per-seed margins),
-    "disagree" (seeds whose own winner differs), "bound", "at_floor", "seeds"}; lower is better in
-    every column (error or bits). Only labels with a value on every seed compete."""
+    """One column's winner (lower is better): {"winner", "runner_up", "mean" (per label), "margin"
+    (runner-up's mean / winner's), "spread" (of the per-seed margins), "disagree" (seeds whose own
+    winner differs), "bound", "at_floor", "seeds"}. Only labels with a value on every seed compete."""
     chosen = chosen_runs(instance)
     seeds = sorted({s for runs in chosen.values() for s in runs})
     values: Dict[str, Dict[int, Tuple[float, bool, bool]]] = {}

@@ -1,5 +1,5 @@
-"""One instance's files beside the page: its table (markdown for the page; table.csv with every
-run and seed), its run curves (curves.jsonl.gz), summary.json and its two plots."""
+"""One instance's files beside the page: its table (markdown, table.csv), its run curves, its
+summary.json and its two plots."""
 
 from __future__ import annotations
 
