@@ -14,18 +14,15 @@ from .measure import REACH_TARGETS
 POWERGOSSIP_LABELS = ("PowerGossip r1", "PowerGossip r4")
 
 
-def target_name(target: float) -> str:
-    return f"1e{int(round(math.log10(target)))}"
-
-
-def budget_name(budget: float) -> str:
-    exponent = math.log10(budget)
-    return f"1e{int(exponent)}" if exponent == int(exponent) else f"{budget:g}"
+def budget_name(value: float) -> str:
+    """A budget or a target error as the page names it: "1e6", "1e-2" for a power of ten."""
+    exponent = math.log10(value)
+    return f"1e{int(exponent)}" if exponent == int(exponent) else f"{value:g}"
 
 
 def column_title(kind: str, key: float) -> str:
     """A table column's title: "@ 1e6 bits" (a budget) or "bits to 1e-2" (a relative error)."""
-    return f"@ {budget_name(key)} bits" if kind == "budget" else f"bits to {target_name(key)}"
+    return f"@ {budget_name(key)} bits" if kind == "budget" else f"bits to {budget_name(key)}"
 
 
 def columns(budgets: Sequence[float]) -> List[Tuple[str, float]]:
@@ -163,7 +160,7 @@ def heat_map(instances: Sequence[Dict], budgets: Sequence[float]) -> bytes:
         ax.text(j, i, text, ha="center", va="center", fontsize=6)
     ax.set_xticks(range(len(cols)))
     names = [
-        f"err @ {b:.0e}" if kind == "budget" else f"bits to {target_name(b)}" for kind, b in cols
+        f"err @ {b:.0e}" if kind == "budget" else f"bits to {budget_name(b)}" for kind, b in cols
     ]
     ax.set_xticklabels(names, fontsize=7)
     ax.set_yticks(range(len(instances)))

@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from experiments.pages._markdown import csv_text, table
 
-from .compare import column_title, columns, target_name
+from .compare import budget_name, column_title, columns
 from .measure import REACH_TARGETS
 
 #: One instance's run curves, packed: gzipped JSON lines, one per run (see `curves_bytes`).
@@ -97,7 +97,7 @@ def table_csv(instance: Dict) -> str:
     """Every run's cell at every budget (seed, absolute and relative error at exactly the budget,
     upper bound or at the precision floor, bits to each target); on seed 0 the best γ per
     (algorithm, budget) is marked 1."""
-    head = CSV_HEAD.split() + [f"bits_to_{target_name(t)}" for t in REACH_TARGETS]
+    head = CSV_HEAD.split() + [f"bits_to_{budget_name(t)}" for t in REACH_TARGETS]
     return csv_text(
         head, (_csv_row(instance, r, b) for r in instance["results"] for b in instance["budgets"])
     )
