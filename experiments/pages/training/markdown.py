@@ -67,21 +67,12 @@ def _equal_bytes(rows: Sequence[Dict[str, Any]], what: str) -> str:
     table, target, budget = equal_bytes_table(rows)
     if target is None:
         return ""
-    text = SAY["equal bytes"].format(
-        what=what,
-        target=_pct(target),
-        collapse=100 * COLLAPSE_FRACTION,
-        fixed=_pct(FIXED_TARGET),
-        budget=budget,
-        table=table,
-    )
+    cells = dict(what=what, target=_pct(target), fixed=_pct(FIXED_TARGET), budget=budget)
+    text = SAY["equal bytes"].format(**cells, collapse=100 * COLLAPSE_FRACTION, table=table)
     best = cheapest_to_reach(rows, target)
     if best is not None:
-        text += (
-            "\n"
-            + SAY["fewest"].format(target=_pct(target), label=best["label"], **best["reach"])
-            + "\n"
-        )
+        fewest = SAY["fewest"].format(target=_pct(target), label=best["label"], **best["reach"])
+        text += "\n" + fewest + "\n"
     return text + "\n"
 
 
@@ -110,23 +101,14 @@ def training_page(
     if slow and plan["choco_seeds"] < len(plan["seeds"]):
         cost = _cost_note(headline, slow)
         fewer = SAY["fewer seeds"].format(slow=" and ".join(slow), cost=cost, **plan)
-    title = "Decentralized training: accuracy vs bytes, to convergence"
+    title = "Decentralized training: accuracy vs bytes, to convergence" + " (--quick)" * quick
     return fill(
         template(__file__),
-        header=header(
-            title + (" (--quick)" if quick else ""),
-            state["command"],
-            0.0,
-            _recipe(quick),
-            generated=generated,
-        ),
+        **{**plan, "seeds": ", ".join(map(str, plan["seeds"]))},
+        header=header(title, state["command"], 0.0, _recipe(quick), generated=generated),
         running=running_time(state, missing),
         budget=epoch_budget(state),
         claims="\n".join(claims) or "- (no rows yet)",
-        topology=plan["topology"],
-        iid=plan["iid"],
-        epochs=plan["epochs"],
-        seeds=", ".join(map(str, plan["seeds"])),
         fewer=fewer,
         headline=build_table(headline),
         equal=_equal_bytes(headline, f"{plan['topology']} {plan['iid']}"),
@@ -160,12 +142,8 @@ def other_sections(state: Dict[str, Any]) -> str:
         table = build_table(state["sweeps"])
         text += SAY["sweep"].format(table=table, chosen=chosen, **plan) + "\n\n"
     if state["wide"]:
-        text += SAY["wide"].format(
-            model=state["wide"][0].get("model", "?"),
-            table=build_table(state["wide"]),
-            equal=_equal_bytes(state["wide"], "wide model"),
-            **plan,
-        )
+        wide = dict(model=state["wide"][0].get("model", "?"), table=build_table(state["wide"]))
+        text += SAY["wide"].format(**wide, equal=_equal_bytes(state["wide"], "wide model"), **plan)
     if state["reference"]:
         text += SAY["reference"].format(table=build_table(state["reference"]), **plan) + "\n"
     return text

@@ -15,20 +15,13 @@ from .design import EXACT, POWERGOSSIP, RUN_LISTS, STAGES, WIDE_MODEL, chosen_ga
 from .markdown import SAY, training_page
 from .plots import curves_csv, plot_training
 
-#: The stage a run belongs to, from its kind (and, for the iid rows, its seed).
-_STAGE_OF_KIND = {
-    "sweep": STAGES[0],
-    "noniid": STAGES[2],
-    "wide": STAGES[3],
-    "reference": STAGES[5],
-}
-
 
 def stage_of(row: Dict[str, Any]) -> str:
+    """The stage a run belongs to, from its kind (and, for the iid rows, its seed)."""
     kind = row["model_kind"]
     if kind == "iid":
-        return STAGES[1] if int(row.get("seed") or 0) == 0 else STAGES[4]
-    return _STAGE_OF_KIND[kind]
+        return STAGES[4 if int(row.get("seed") or 0) else 1]
+    return STAGES[{"sweep": 0, "noniid": 2, "wide": 3, "reference": 5}[kind]]
 
 
 def gamma_text(run: Dict[str, Any], swept: set) -> str:
@@ -72,32 +65,23 @@ def state_of(rows: Rows) -> Dict[str, Any]:
     s = settings(rows.quick)
     swept = [label for label, template in s["rows"] if "{gamma}" in template]
     main_labels = {label for label, _ in s["rows"]}
-    state: Dict[str, Any] = dict(plan=s, quick=rows.quick, command=rows.command, chosen={})
+    state: Dict[str, Any] = dict(plan=s, quick=rows.quick, command=rows.command)
     state.update(_timing(rows), **{k: [] for k in RUN_LISTS})
     for run in with_curves(rows.data):
         run["gamma_text"] = gamma_text(run, set(swept))
-        kind = run["model_kind"]
-        if kind == "sweep":
-            state["sweeps"].append(run)
-        elif kind == "noniid":
-            state["noniid" if run["label"] in main_labels else "noniid_extra"].append(run)
-        else:
-            state[kind].append(run)
-    for label in swept:
-        gamma = chosen_gamma(label, state["sweeps"])
-        if gamma is not None:
-            state["chosen"][label] = gamma
-    planned = plan(rows.quick, rows.by_key)
-    have = set(rows.by_key)
-    unfinished = {stage_of(_planned_row(r)) for r in planned if r.key not in have}
+        kind = {"sweep": "sweeps"}.get(run["model_kind"], run["model_kind"])
+        if kind == "noniid" and run["label"] not in main_labels:
+            kind = "noniid_extra"
+        state[kind].append(run)
+    chosen = {label: chosen_gamma(label, state["sweeps"]) for label in swept}
+    state["chosen"] = {label: gamma for label, gamma in chosen.items() if gamma is not None}
+    have = rows.by_key
+    planned = [r for r in plan(rows.quick, have) if r.key not in have]
+    unfinished = {stage_of({"model_kind": r.config["kind"], "seed": r.seed}) for r in planned}
     if swept and len(state["chosen"]) < len(swept):  # the swept rows are not even planned yet
         unfinished |= {STAGES[0], STAGES[1], STAGES[2]}
     state["missing"] = [name for name in STAGES if name in unfinished]
     return state
-
-
-def _planned_row(run) -> Dict[str, Any]:
-    return {"model_kind": run.config["kind"], "seed": run.seed}
 
 
 def render(rows: Rows) -> Outputs:
