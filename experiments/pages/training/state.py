@@ -39,25 +39,13 @@ def gamma_text(run: Dict[str, Any], swept: set) -> str:
     return "topology" if gamma_kind(run["spec"]) == "topology" else "—"
 
 
-def _timing(rows: Rows) -> Dict[str, Any]:
-    """Seconds by stage, and how the runs ran: a converted page's own (its stages, one process),
-    else the rows' own wall times summed by stage."""
-    origins = [r.origin for r in rows.records if r.origin and "stage_seconds" in r.origin]
-    if origins and len(origins) == len(rows.records):
-        return dict(
-            stage_seconds=dict(origins[0]["stage_seconds"]),
-            timing="",
-            how="one after another in one process (each run's peers are threads)",
-        )
+def _stage_seconds(rows: Rows) -> Dict[str, float]:
+    """The rows' own wall times summed by stage, for the stages that have rows."""
     seconds = {name: 0.0 for name in STAGES}
     for record in rows.records:
         seconds[stage_of(record.row)] += record.seconds
     done = {stage_of(record.row) for record in rows.records}
-    return dict(
-        stage_seconds={name: seconds[name] for name in STAGES if name in done},
-        timing=" (the runs' own wall times, summed)",
-        how="each in one process (its peers are threads)",
-    )
+    return {name: seconds[name] for name in STAGES if name in done}
 
 
 def state_of(rows: Rows) -> Dict[str, Any]:
@@ -66,7 +54,7 @@ def state_of(rows: Rows) -> Dict[str, Any]:
     swept = [label for label, template in s["rows"] if "{gamma}" in template]
     main_labels = {label for label, _ in s["rows"]}
     state: Dict[str, Any] = dict(plan=s, quick=rows.quick, command=rows.command)
-    state.update(_timing(rows), **{k: [] for k in RUN_LISTS})
+    state.update(stage_seconds=_stage_seconds(rows), **{k: [] for k in RUN_LISTS})
     for run in with_curves(rows.data):
         run["gamma_text"] = gamma_text(run, set(swept))
         kind = {"sweep": "sweeps"}.get(run["model_kind"], run["model_kind"])
