@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
-from experiments.pages._figures import png
+from experiments.pages._figures import png, pyplot
 from experiments.pages._markdown import snippets
 from experiments.pages._suite_rows import suite_row, suite_run
 from experiments.suite.runs import BASE, QUICK_BASE
@@ -109,10 +109,7 @@ def gamma_verdict(rows: Sequence[Dict[str, Any]], gamma: float) -> List[str]:
 
 def plot_gamma(rows: Sequence[Dict[str, Any]], topo_gamma: float) -> bytes:
     """Averaged-model accuracy against γ for both algorithms (PNG bytes)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for name, _, legend, _ in SWEEPS:

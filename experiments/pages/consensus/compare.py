@@ -7,7 +7,7 @@ import math
 import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from experiments.pages._figures import png
+from experiments.pages._figures import png, pyplot
 
 from .measure import REACH_TARGETS
 
@@ -139,10 +139,7 @@ def powergossip_ratio(instance: Dict, kind: str, key: float) -> Optional[float]:
 
 def heat_map(instances: Sequence[Dict], budgets: Sequence[float]) -> bytes:
     """A heat map of `powergossip_ratio` (log10), rows the instances, columns the winner map's."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
 
     cols = columns(budgets)

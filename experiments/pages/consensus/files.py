@@ -9,6 +9,7 @@ import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from experiments.pages._markdown import csv_text, table
+from experiments.pages._figures import png, pyplot
 
 from .compare import budget_name, column_title, columns
 from .measure import REACH_TARGETS
@@ -143,12 +144,7 @@ def summary_json(instance: Dict) -> str:
 def plots(instance: Dict) -> Dict[str, bytes]:
     """error_vs_bits.png (log-log) and error_vs_steps.png (semilog-y), seed 0, one line per
     algorithm (its best γ): solid at the topology's γ, dashed for the tuned baselines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from experiments.pages._figures import png
+    plt = pyplot()
 
     by_spec = {r["spec"]: r for r in instance["results"] if r["seed"] == 0}
     out = {}

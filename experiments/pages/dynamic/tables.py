@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from experiments.pages._markdown import csv_text, snippets, table
 from experiments.suite.runs import BANDWIDTHS, projected_seconds
 from experiments.suite.tables import _pct
+from experiments.pages._figures import png, pyplot
 from gossip_powersgd.metrics import positive_points
 
 POWERGOSSIP = "PowerGossip r1"
@@ -168,12 +169,7 @@ def _style(topology: str, label: str, p: Dict[str, Any]) -> Dict[str, Any]:
 
 def plots(consensus, training, p: Dict[str, Any]) -> Dict[str, bytes]:
     """dynamic_error_vs_bits.png and dynamic_accuracy.png (vs MB and vs projected time)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from experiments.pages._figures import png
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for r in (r for r in consensus if "history" in r):

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Mapping
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
 from experiments.pages._markdown import csv_text
+from experiments.pages._figures import png, pyplot
 
 #: The rows: (label, algorithm spec, local_steps). Choco's consensus step is the paper config's
 #: (experiments/configs/paper/resnet20_cifar10_choco_sign.yaml); every other γ is the topology's.
@@ -152,12 +153,7 @@ def curves_csv(rows: List[Dict[str, Any]]) -> str:
 
 def plot(rows: List[Dict[str, Any]]) -> bytes:
     """Averaged-model accuracy against epochs and against MB sent (PNG bytes)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from experiments.pages._figures import png
+    plt = pyplot()
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for r in rows:
