@@ -3,6 +3,16 @@
 from __future__ import annotations
 
 
+def pyplot():
+    """`matplotlib.pyplot` on the Agg backend (files only, no display), imported on first use."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def png(fig, dpi: int = 110, tight: bool = False) -> bytes:
     """`fig` as PNG bytes, closed afterwards (also when saving fails); `tight`: bbox_inches="tight"."""
     import io

@@ -8,13 +8,21 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
-from experiments.pages._figures import png
+from experiments.pages._figures import png, pyplot
+from experiments.pages._markdown import snippets
 from experiments.pages._suite_rows import suite_row, suite_run
 from experiments.suite.runs import BASE, QUICK_BASE
 from experiments.suite.tables import _algorithm_name, _pct, build_csv, build_table, header
 
 #: (topology, epochs per run) of the page, and of --quick.
 SETTING = {False: ("ring:8", 10), True: ("ring:4", 1)}
+#: (algorithm, run key prefix, label, spec) of the two sweeps, in the table's order.
+SWEEPS = (
+    ("powergossip", "powergossip", "PowerGossip r1", "powergossip:rank=1,iters=1,gamma={gamma}"),
+    ("choco", "choco-topk", "Choco top-k 1%", "choco:compressor=topk:0.01,gamma={gamma}"),
+)
+#: The page's text (gamma.md beside this file).
+TEXT = snippets(__file__, "gamma.md")
 
 
 def _topology_gamma(topology: str) -> float:
@@ -40,97 +48,71 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
     train.update(epochs=epochs, eval_every=epochs)
     train.pop("seed")
     runs = []
-    for g in grids(quick)["powergossip"]:
-        label = "PowerGossip r1" + (" (topology γ)" if g == topo_gamma else "")
-        spec = "powergossip:rank=1,iters=1,gamma={gamma}"
-        key = f"powergossip/gamma={g:.9g}"  # stable where γ's last bits differ across machines
-        runs.append(suite_run(key, label, dict(train, algorithm=spec), 0, gamma=g))
-    for g in grids(quick)["choco"]:
-        spec = "choco:compressor=topk:0.01,gamma={gamma}"
-        key = f"choco-topk/gamma={g:.9g}"
-        runs.append(suite_run(key, "Choco top-k 1%", dict(train, algorithm=spec), 0, gamma=g))
+    for name, prefix, label, spec in SWEEPS:
+        for g in grids(quick)[name]:
+            at = " (topology γ)" if name == "powergossip" and g == topo_gamma else ""
+            key = f"{prefix}/gamma={g:.9g}"  # stable where γ's last bits differ across machines
+            runs.append(suite_run(key, label + at, dict(train, algorithm=spec), 0, gamma=g))
     return runs
 
 
-def _with_gamma_text(row: Dict[str, Any]) -> Dict[str, Any]:
-    gamma = row["gamma"]
-    return dict(row, gamma_text=f"{gamma:g}" if "error" in row else f"{gamma:.3g}")
-
-
 def render(rows: Rows) -> Outputs:
-    """gamma.md, gamma.csv and gamma.png from the rows."""
-    quick = rows.quick
-    topology, epochs = SETTING[quick]
-    topo_gamma = _topology_gamma(topology)
-    data = [_with_gamma_text(row) for row in rows.data]
-    recipe = QUICK_BASE if quick else BASE
-    text = header(
-        "γ sensitivity: PowerGossip (untuned) vs Choco top-k" + (" (--quick)" if quick else ""),
-        rows.command,
-        0.0,
-        f"{topology}, iid, {recipe['dataset']} / `{recipe['model']}`, {epochs} epochs per run, "
-        "seed 0, the training recipe of training.md. PowerGossip's default γ is the topology's "
-        f"2/(λmin+λmax) of I−W = {topo_gamma:.4g}.",
-        generated=made_by(rows),
-    )
-    text += (
-        "## Runs\n\n"
-        + build_table(data)
-        + "\n## Verdict\n\n"
-        + "\n".join(gamma_verdict(data, topo_gamma))
-        + "\n\nData: [gamma.csv](gamma.csv), plot [gamma.png](gamma.png).\n"
+    """gamma.md (its text: gamma.md beside this file), gamma.csv and gamma.png from the rows."""
+    topology, epochs = SETTING[rows.quick]
+    gamma = _topology_gamma(topology)
+    data = [dict(r, gamma_text=f"{r['gamma']:{'g' if 'error' in r else '.3g'}}") for r in rows.data]
+    recipe = QUICK_BASE if rows.quick else BASE
+    setting = TEXT["setting"].format(**recipe, topology=topology, epochs=epochs, gamma=gamma)
+    title = "γ sensitivity: PowerGossip (untuned) vs Choco top-k" + " (--quick)" * rows.quick
+    text = TEXT["page"].format(
+        header=header(title, rows.command, 0.0, setting, generated=made_by(rows)),
+        table=build_table(data),
+        verdict="\n".join(gamma_verdict(data, gamma)),
     )
     return {
-        "gamma.md": text,
+        "gamma.md": text + "\n",
         "gamma.csv": build_csv(data),
-        "gamma.png": plot_gamma(data, topo_gamma),
+        "gamma.png": plot_gamma(data, gamma),
     }
 
 
-def gamma_verdict(rows: Sequence[Dict[str, Any]], topo_gamma: float) -> List[str]:
-    lines = []
-    pg = [r for r in rows if _algorithm_name(r) == "powergossip" and "error" not in r]
-    ch = [r for r in rows if _algorithm_name(r) == "choco" and "error" not in r]
+def gamma_verdict(rows: Sequence[Dict[str, Any]], gamma: float) -> List[str]:
+    """The verdict's lines: PowerGossip at the topology's γ against its sweep's best, its spread,
+    what tuning moves Choco by, and the runs that failed."""
+    lines, failed = [], [r for r in rows if "error" in r]
+    pg, ch = (
+        [r for r in rows if _algorithm_name(r) == name and "error" not in r]
+        for name in ("powergossip", "choco")
+    )
     if pg:
         best = max(pg, key=lambda r: r["acc_avg"])
         at = next((r for r in pg if r["label"].endswith("(topology γ)")), None)
         if at is not None:
             gap = 100 * (best["acc_avg"] - at["acc_avg"])
-            lines.append(
-                f"- PowerGossip r1 at the topology's γ = {topo_gamma:.3g}: {_pct(at['acc_avg'])}; "
-                f"best of the sweep {_pct(best['acc_avg'])} at γ = {best['gamma']:.3g} "
-                f"({gap:.2f} pp better). The untuned value is "
-                f"{'near the best (within 1 pp)' if gap <= 1.0 else 'NOT within 1 pp of the best'}."
-            )
+            near = "near the best (within 1 pp)" if gap <= 1.0 else "NOT within 1 pp of the best"
+            cells = dict(at=_pct(at["acc_avg"]), best=_pct(best["acc_avg"]), gap=gap, near=near)
+            lines.append(TEXT["at"].format(**cells, gamma=gamma, best_gamma=best["gamma"]))
         spread = 100 * (best["acc_avg"] - min(r["acc_avg"] for r in pg))
-        lines.append(f"- PowerGossip spread over its sweep (best − worst): {spread:.2f} pp.")
+        lines.append(TEXT["spread"].format(spread=spread))
     if ch:
-        best = max(ch, key=lambda r: r["acc_avg"])
-        worst = min(ch, key=lambda r: r["acc_avg"])
+        best, worst = (f(ch, key=lambda r: r["acc_avg"]) for f in (max, min))
+        cells = dict(best=_pct(best["acc_avg"]), worst=_pct(worst["acc_avg"]))
+        cells.update(best_gamma=best["gamma"], worst_gamma=worst["gamma"])
         lines.append(
-            f"- Choco top-k 1%: best {_pct(best['acc_avg'])} at γ = {best['gamma']:g}, worst "
-            f"{_pct(worst['acc_avg'])} at γ = {worst['gamma']:g}: tuning moves it by "
-            f"{100 * (best['acc_avg'] - worst['acc_avg']):.2f} pp."
+            TEXT["choco"].format(**cells, moves=100 * (best["acc_avg"] - worst["acc_avg"]))
         )
-    failed = [r for r in rows if "error" in r]
     if failed:
-        lines.append(
-            f"- {len(failed)} run(s) failed or diverged (see the table): "
-            + "; ".join(f"{r['label']} γ = {r['gamma']:.3g}: {r['error'][:60]}" for r in failed)
-            + "."
-        )
+        runs = "; ".join(f"{r['label']} γ = {r['gamma']:.3g}: {r['error'][:60]}" for r in failed)
+        lines.append(TEXT["failed"].format(count=len(failed), runs=runs))
     return lines
 
 
 def plot_gamma(rows: Sequence[Dict[str, Any]], topo_gamma: float) -> bytes:
     """Averaged-model accuracy against γ for both algorithms (PNG bytes)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for name, legend in (("powergossip", "PowerGossip r1"), ("choco", "Choco top-k 1%")):
+    for name, _, legend, _ in SWEEPS:
         pts = sorted(
             (r["gamma"], 100 * r["acc_avg"])
             for r in rows

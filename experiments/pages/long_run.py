@@ -1,9 +1,6 @@
-"""`python -m experiments long_run`: many PowerGossip steps on the consensus problem, watching the
-average and memory. Each peer holds a 100x100 float32 N(0,1) matrix (seeded 42 + rank); every
-`log_every` steps (and at steps 1 and 100) rank 0 records the consensus distance, the relative
-drift of the average over peers from its start (||mean_t - mean_0|| / ||mean_0||, which gossip must
-keep at float rounding) and its process's resident memory. The page says whether the drift stayed
-<= 1e-6 and memory grew < 5 % from step 100 to the last step."""
+"""`python -m experiments long_run`: many PowerGossip steps on 100x100 N(0,1) matrices (seeded
+42 + rank): rank 0 records the consensus distance, the relative drift of the average from its start
+(gossip must keep it at float rounding) and resident memory; the page checks both against limits."""
 
 from __future__ import annotations
 
@@ -12,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping
 from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
 from experiments.pages._bench import header, machine, resident_bytes
+from experiments.pages._markdown import fill, template
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Communicator
@@ -48,15 +46,10 @@ def peer(comm: Communicator, steps: int, log_every: int, rank: int) -> List[Dict
         gossip.step()
         if step % log_every == 0 or step in (1, 100):
             mean = parameter_average(x, comm)
-            records.append(
-                {
-                    "step": step,
-                    "consensus_distance": consensus_distance(x, comm),
-                    "average_drift": float((mean - start_mean).norm() / start_mean.norm()),
-                    "rss_bytes": resident_bytes(),
-                    "seconds": time.perf_counter() - started,
-                }
-            )
+            drift = float((mean - start_mean).norm() / start_mean.norm())
+            record = dict(step=step, consensus_distance=consensus_distance(x, comm))
+            record.update(average_drift=drift, rss_bytes=resident_bytes())
+            records.append(dict(record, seconds=time.perf_counter() - started))
     return records
 
 
@@ -66,14 +59,8 @@ def row(run: Run) -> Dict[str, Any]:
     from gossip_powersgd.launch import run_peers
 
     c, start = run.config, machine()
-    records = run_peers(
-        topologies.parse(c["topology"]),
-        peer,
-        c["steps"],
-        c["log_every"],
-        c["rank"],
-        backend="local",
-    )[0]
+    args = (c["steps"], c["log_every"], c["rank"])
+    records = run_peers(topologies.parse(c["topology"]), peer, *args, backend="local")[0]
     return {"records": records, "machine_start": start, "machine_end": machine()}
 
 
@@ -89,37 +76,27 @@ def summarize(records: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def render(rows: Rows) -> Outputs:
+    """long_run.md (its text: long_run.md beside this file) from the one run's records."""
     (record,) = rows.records
-    c, records = record.config, record.row["records"]
-    s = summarize(records)
-    lines = [
-        "# Long run: average drift and memory over many PowerGossip steps"
-        + (" (--quick)" if rows.quick else ""),
-        "",
-        f"{header(rows)} Backend local (every peer a thread of one process); memory is that "
-        f"process's; {records[-1]['seconds']:.0f} s of gossip.",
-        "",
-        f"Setup: {c['topology']}, PowerGossip rank {c['rank']}, 100x100 float32 N(0,1) per peer.",
-        "",
-        "| check | measured | limit | ok |",
-        "|---|---|---|---|",
-        f"| max relative drift of the average | {s['drift']:.2e} | {DRIFT_LIMIT:g} | "
-        f"{'yes' if s['drift_ok'] else 'NO'} |",
-        f"| resident memory, step 100 -> {c['steps']} | {s['rss_100']:.1f} MB -> "
-        f"{s['rss_last']:.1f} MB ({100 * s['growth']:+.2f} %) | +5 % | "
-        f"{'yes' if s['memory_ok'] else 'NO'} |",
-        "",
-        f"Final consensus distance: {records[-1]['consensus_distance']:.3e}.",
-        "",
-        "| step | consensus distance | average drift | RSS (MB) |",
-        "|---|---|---|---|",
-    ]
-    lines += [
+    records, s = record.row["records"], summarize(record.row["records"])
+    yes = {True: "yes", False: "NO"}
+    table = [
         f"| {r['step']} | {r['consensus_distance']:.3e} | {r['average_drift']:.2e} | "
         f"{r['rss_bytes'] / 1e6:.1f} |"
         for r in records
     ]
-    return {"long_run.md": "\n".join(lines) + "\n"}
+    text = fill(
+        template(__file__, "long_run.md"),
+        **{**record.config, **s, "drift_ok": yes[s["drift_ok"]], "memory_ok": yes[s["memory_ok"]]},
+        quick=" (--quick)" if rows.quick else "",
+        header=header(rows),
+        seconds=records[-1]["seconds"],
+        drift_limit=DRIFT_LIMIT,
+        growth_pct=100 * s["growth"],
+        final=records[-1]["consensus_distance"],
+        records=table,
+    )
+    return {"long_run.md": text}
 
 
 PAGE = register(

@@ -1,8 +1,6 @@
-"""`python -m experiments consensus`: the consensus experiment of the PowerGossip paper (Vogels,
-Karimireddy and Jaggi, 2020, sec. 5) on 25 problem x topology instances, 3 seeds, a winner map
-(page.md says how). A run of the plan is one instance (`instance`, measured by `measure`); the
-renderer writes consensus.md (`page`), every instance's table, curves, summary and plots
-(`files`), and the winner map (`compare`)."""
+"""`python -m experiments consensus`: the PowerGossip paper's consensus experiment (sec. 5) on 25
+problem x topology instances, 3 seeds, a winner map. A run is one instance (`instance`, `measure`);
+the renderer writes the page (`page`), each instance's files (`files`), the winner map (`compare`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Who wins at matched bits: per instance and column (a bit budget, or the bits to reach a
-relative error), the winner among the winner-map algorithms, its margin over the runner-up (mean
-over seeds) and the seeds' spread; and the heat map of PowerGossip against the best baseline.
-An instance is the dict `render` rebuilds from a row (`summary`, `results`, `budgets`)."""
+"""Who wins at matched bits, per instance and column (a bit budget, or the bits to reach a relative
+error): the winner, its margin over the runner-up and the seeds' spread; and the heat map."""
 
 from __future__ import annotations
 
@@ -9,25 +7,22 @@ import math
 import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from experiments.pages._figures import png
+from experiments.pages._figures import png, pyplot
 
 from .measure import REACH_TARGETS
 
 POWERGOSSIP_LABELS = ("PowerGossip r1", "PowerGossip r4")
 
 
-def target_name(target: float) -> str:
-    return f"1e{int(round(math.log10(target)))}"
-
-
-def budget_name(budget: float) -> str:
-    exponent = math.log10(budget)
-    return f"1e{int(exponent)}" if exponent == int(exponent) else f"{budget:g}"
+def budget_name(value: float) -> str:
+    """A budget or a target error as the page names it: "1e6", "1e-2" for a power of ten."""
+    exponent = math.log10(value)
+    return f"1e{int(exponent)}" if exponent == int(exponent) else f"{value:g}"
 
 
 def column_title(kind: str, key: float) -> str:
     """A table column's title: "@ 1e6 bits" (a budget) or "bits to 1e-2" (a relative error)."""
-    return f"@ {budget_name(key)} bits" if kind == "budget" else f"bits to {target_name(key)}"
+    return f"@ {budget_name(key)} bits" if kind == "budget" else f"bits to {budget_name(key)}"
 
 
 def columns(budgets: Sequence[float]) -> List[Tuple[str, float]]:
@@ -62,10 +57,9 @@ def _value(result: Dict, kind: str, key: float) -> Optional[Tuple[float, bool, b
 def winner_cell(
     instance: Dict, kind: str, key: float, labels: Optional[Sequence[str]] = None
 ) -> Dict:
-    """The winner of one column of one instance: {"winner", "runner_up", "mean" (per label),
-    "margin" (runner-up mean / winner mean), "spread" (min, max of the per-seed margins),
-    "disagree" (seeds whose own winner differs), "bound", "at_floor", "seeds"}; lower is better in
-    every column (error or bits). Only labels with a value on every seed compete."""
+    """One column's winner (lower is better): {"winner", "runner_up", "mean" (per label), "margin"
+    (runner-up's mean / winner's), "spread" (of the per-seed margins), "disagree" (seeds whose own
+    winner differs), "bound", "at_floor", "seeds"}. Only labels with a value on every seed compete."""
     chosen = chosen_runs(instance)
     seeds = sorted({s for runs in chosen.values() for s in runs})
     values: Dict[str, Dict[int, Tuple[float, bool, bool]]] = {}
@@ -145,10 +139,7 @@ def powergossip_ratio(instance: Dict, kind: str, key: float) -> Optional[float]:
 
 def heat_map(instances: Sequence[Dict], budgets: Sequence[float]) -> bytes:
     """A heat map of `powergossip_ratio` (log10), rows the instances, columns the winner map's."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
 
     cols = columns(budgets)
@@ -166,7 +157,7 @@ def heat_map(instances: Sequence[Dict], budgets: Sequence[float]) -> bytes:
         ax.text(j, i, text, ha="center", va="center", fontsize=6)
     ax.set_xticks(range(len(cols)))
     names = [
-        f"err @ {b:.0e}" if kind == "budget" else f"bits to {target_name(b)}" for kind, b in cols
+        f"err @ {b:.0e}" if kind == "budget" else f"bits to {budget_name(b)}" for kind, b in cols
     ]
     ax.set_xticklabels(names, fontsize=7)
     ax.set_yticks(range(len(instances)))

@@ -1,5 +1,5 @@
-"""One instance's files beside the page: its table (markdown for the page; table.csv with every
-run and seed), its run curves (curves.jsonl.gz), summary.json and its two plots."""
+"""One instance's files beside the page: its table (markdown, table.csv), its run curves, its
+summary.json and its two plots."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from experiments.pages._markdown import csv_text, table
+from experiments.pages._figures import png, pyplot
 
-from .compare import column_title, columns, target_name
+from .compare import budget_name, column_title, columns
 from .measure import REACH_TARGETS
 
 #: One instance's run curves, packed: gzipped JSON lines, one per run (see `curves_bytes`).
@@ -97,7 +98,7 @@ def table_csv(instance: Dict) -> str:
     """Every run's cell at every budget (seed, absolute and relative error at exactly the budget,
     upper bound or at the precision floor, bits to each target); on seed 0 the best γ per
     (algorithm, budget) is marked 1."""
-    head = CSV_HEAD.split() + [f"bits_to_{target_name(t)}" for t in REACH_TARGETS]
+    head = CSV_HEAD.split() + [f"bits_to_{budget_name(t)}" for t in REACH_TARGETS]
     return csv_text(
         head, (_csv_row(instance, r, b) for r in instance["results"] for b in instance["budgets"])
     )
@@ -143,12 +144,7 @@ def summary_json(instance: Dict) -> str:
 def plots(instance: Dict) -> Dict[str, bytes]:
     """error_vs_bits.png (log-log) and error_vs_steps.png (semilog-y), seed 0, one line per
     algorithm (its best γ): solid at the topology's γ, dashed for the tuned baselines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from experiments.pages._figures import png
+    plt = pyplot()
 
     by_spec = {r["spec"]: r for r in instance["results"] if r["seed"] == 0}
     out = {}

@@ -1,6 +1,5 @@
-"""One instance of the consensus page (a topology and a problem): every algorithm on every peer
-(threads of this process), every γ of a tuned one, on seed 0; then the other seeds. The plan of
-the page's instances lives here too."""
+"""One instance of the consensus page (a topology and a problem): every algorithm, every γ of a
+tuned one, on seed 0, then the other seeds; and the page's list of instances."""
 
 from __future__ import annotations
 
@@ -77,11 +76,9 @@ def run_instance(
     stop_relative: float,
     models_dir: str,
 ) -> Dict:
-    """The instance's row: every run (its curve, why it stopped, its γ), and the top-k ratio.
-
-    Every γ of a swept algorithm first runs to the second largest budget (stage "screen"); the best
-    there (one that stopped early at the target first) is rerun to the largest. Later seeds rerun
-    each `reseed` algorithm (None: all) once, a swept one at its best γ on seed 0."""
+    """The instance's row: every run (curve, stop, γ) and the top-k ratio. A swept algorithm's γ
+    run to the second largest budget ("screen"), the best is rerun to the largest; later seeds
+    rerun each `reseed` algorithm (None: all) once, a swept one at its best γ on seed 0."""
     import topologies
 
     from gossip_powersgd.algorithms import algorithm_label, spec_gamma

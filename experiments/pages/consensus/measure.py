@@ -1,7 +1,5 @@
-"""The consensus measurements: one run's error curve on a problem (`consensus_curve`, collective:
-`gossip_powersgd.metrics.consensus_curve`), the runs an instance makes (`expand`), and the
-comparison at matched bits (`metrics.error_at_bits`, `metrics.bits_to_reach`): the tables' cells
-(`cells_for`) and the best γ per budget (`summarize`)."""
+"""The consensus measurements: one run's error curve (`consensus_curve`), the runs of an instance
+(`expand`), the cells at matched bits (`cells_for`) and the best γ per budget (`summarize`)."""
 
 from __future__ import annotations
 
@@ -104,11 +102,9 @@ def reach_cells(history: Sequence[Dict]) -> Dict[float, Optional[float]]:
 
 
 def cells_for(history, budgets, stop: str, stage: str, floor: Optional[float] = None) -> Dict:
-    """Per budget, the run's error at exactly that many bits per peer (`error_at_bits`), as
-    {"status": "ok", "row": {"bits_per_peer", "error", "relative", "bound", "at_floor"}}. A run that
-    stopped early ("reached", "floor") gets its last error as an upper bound ("bound") beyond;
-    otherwise a budget it never reached is "diverged", "screened out" (a sweep's screening run not
-    picked for the full length) or "not reached"; "—" when the first step costs more."""
+    """Per budget, {"status": "ok", "row": {"bits_per_peer", "error", "relative", "bound",
+    "at_floor"}}: the error at exactly that many bits per peer, or the last error as an upper bound
+    ("bound") past a run that stopped early; else "diverged", "screened out", "not reached" or "—"."""
     error0, steps = history[0]["error"], [r for r in history if r["step"] >= 1]
     if not steps or steps[0]["step"] != 1:
         raise ValueError("history must record step 1")

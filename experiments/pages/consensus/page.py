@@ -34,13 +34,10 @@ def page(instances: Sequence[Dict], made_by: str, meta: Dict) -> str:
         made_by=made_by + "  ",  # a markdown line break
         date=max(r["finished"] for r in instances),
         commits=commits,
+        **meta,
         minutes=meta["seconds"] / 60,
-        cpu_count=meta["cpu_count"],
-        machine=meta["machine"],
         count=len(instances),
-        lr=TRAINING["lr"],
-        momentum=TRAINING["momentum"],
-        batch_size=TRAINING["batch_size"],
+        **{key: TRAINING[key] for key in ("lr", "momentum", "batch_size")},
         partition=TRAINING["partition"].replace(":", "(") + ")",
         saved=", ".join(map(str, SAVED_EPOCHS)),
         floor_ulps=FLOOR_ULPS,
@@ -82,19 +79,21 @@ def method_fields(instances: Sequence[Dict]) -> Dict[str, Any]:
         for t in dict.fromkeys(r["topology"] for r in instances)
     }
     return dict(
-        scope="; ".join(
-            f"{t}: " + ", ".join(f"`{p}`" for p in ps) for t, ps in by_topology.items()
-        ),
-        missing="; ".join(
-            f"{t}: " + (", ".join(f"`{p}`" for p in ps) if ps else "nothing")
-            for t, ps in not_run(instances).items()
-        ),
+        scope=_listing(by_topology),
+        missing=_listing(not_run(instances)),
         dtypes=", ".join(sorted({r["dtype"] for r in instances})),
         stop_relative=first["stop_relative"],
         max_bits=budget_name(first["max_bits"]),
         grids="; ".join("{" + ", ".join(fmt_gamma(g) for g in grid) + "}" for grid in grids),
         screen=screen,
         finalists=first["finalists"],
+    )
+
+
+def _listing(problems: Dict[str, List[str]]) -> str:
+    """ "ring:8: `matrix`, `cnn`; torus:4x4: nothing" from problems by topology."""
+    return "; ".join(
+        f"{t}: " + (", ".join(f"`{p}`" for p in ps) or "nothing") for t, ps in problems.items()
     )
 
 

@@ -1,9 +1,6 @@
-"""`python -m experiments dynamic`: gossip on 16 peers over static graphs (ring, torus 4×4) and
-graphs that change every step (one-peer exponential, random matchings), for exact gossip and
-PowerGossip r1, plus push-sum on the directed exponential schedule. Two sections, one page:
-consensus (error vs bits on the consensus page's 100×100 matrix problem, float32) and training
-(MNIST-1D cnn1d, iid: accuracy vs MB and vs projected wall time). The question: does PowerGossip
-on a one-peer schedule need fewer bytes than on a ring or torus for the same accuracy?"""
+"""`python -m experiments dynamic`: exact gossip and PowerGossip r1 on 16 peers over static graphs
+(ring, torus) and graphs that change every step (one-peer exponential, matchings), push-sum on the
+directed exponential schedule: consensus error vs bits, and training accuracy vs MB and time."""
 
 from __future__ import annotations
 
@@ -12,10 +9,11 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
+from experiments.pages._markdown import block, fill
 from experiments.suite.runs import BASE, QUICK_BASE
 from experiments.suite.tables import _pct, build_csv, build_table, header
 
-from .tables import TARGETS, consensus_csv, consensus_table, plots, reach_table
+from .tables import TARGETS, TEXT, consensus_csv, consensus_table, plots, reach_table
 from .tables import training_target, verdict
 
 #: (label, consensus spec, training spec) run on every graph; push-sum on the directed schedule only.
@@ -130,65 +128,26 @@ def render(rows: Rows) -> Outputs:
     }
 
 
-def page(
-    consensus, training, p, target, generated: str, seconds: float, consensus_seconds: float
-) -> str:
-    """dynamic.md from the rows of both sections."""
+def page(consensus, training, p, target, generated: str, seconds: float, consensus_s: float) -> str:
+    """dynamic.md (its text: page.md beside this file) from the rows of both sections."""
     data, n = QUICK_BASE if p["quick"] else BASE, 4 if p["quick"] else 16
-    text = header(
-        f"Gossip on graphs that change every step, {n} peers"
-        + (" (--quick)" if p["quick"] else ""),
-        "",
-        seconds,
-        f"Running time {seconds / 60:.1f} min on 2 CPU cores shared with other jobs "
-        f"(consensus {consensus_seconds / 60:.1f} min); torch threads 1.",
-        generated=generated,
+    running = TEXT["running"].format(minutes=seconds / 60, consensus_minutes=consensus_s / 60)
+    title = f"Gossip on graphs that change every step, {n} peers" + " (--quick)" * p["quick"]
+    reach = [] if target is None else block(TEXT["reach"].format(target=_pct(target)) + "\n\n")
+    text = fill(
+        TEXT["page"],
+        **p,
+        **data,
+        header=header(title, "", seconds, running, generated=generated),
+        verdict=verdict(consensus, training, p, target),
+        stop=min(TARGETS) / 2,
+        consensus=block(consensus_table(consensus, p["budgets"])),
+        n=n,
+        eval_every=max(1, p["epochs"] // 10),
+        training=block(build_table(training)),
+        reach=reach + block(reach_table(training, target) if reach else ""),
     )
-    text += (
-        "Graphs: ring and 2-D torus (static, Metropolis weights: 1/3 and 1/5, the consensus page's "
-        "uniform weights on these regular graphs), one-peer exponential (at step t peer i pairs "
-        "with i XOR 2^(t mod log2 n), weights 1/2: one neighbour per step, exact averaging after "
-        "log2 n steps) and random matchings (a fresh seeded perfect matching per step, Metropolis "
-        "weights on it); push-sum runs on the directed exponential schedule (at step t peer i "
-        "pushes to i + 2^(t mod log2 n), keeping half). Exact gossip and PowerGossip use their default γ: the "
-        "topology's 2/(λmin+λmax) of I−W on a static graph, 1 (plain mixing with W(t)) on a "
-        "schedule. Bytes always come from the transport's counters.\n\n"
-        "## The question: does PowerGossip on a one-peer schedule need fewer bytes than on a ring "
-        "or torus for the same accuracy?\n\n"
-        + "\n".join(verdict(consensus, training, p, target))
-        + "\n\n"
-        f"## Consensus: {p['problem']} per peer, N(0,1) float32 seeded 42 + rank\n\n"
-        "As on the consensus page: peers only gossip; error = mean over peers of ‖x_i − x̄‖²_F, "
-        "shown relative to the initial error (the same for every graph: same peers, same seeds). "
-        f"A run stops after the first step past {p['max_bits']:.0e} bits per peer, after "
-        f"{p['max_steps']} steps, or once its relative error is below {min(TARGETS) / 2:g}. "
-        "Errors at matched bits and bits to reach a target are log-log interpolated between logged "
-        'steps (every step up to 20, then at most 20 steps apart); "—" = the budget is before '
-        "the first step or past the end of the run.\n\n"
-        + consensus_table(consensus, p["budgets"])
-        + "\n![relative error vs bits](dynamic_error_vs_bits.png)\n\n"
-        f"## Training: {data['dataset']} `{data['model']}`, {n} peers, iid, {p['epochs']} epochs, seed 0\n\n"
-        f"The training page's recipe and columns (training.md); {p['epochs']} epochs (evaluated every "
-        f"{max(1, p['epochs'] // 10)}) is what fits the page's time budget. The "
-        "projected wall time is training.md's: measured compute + rounds × latency + critical "
-        f"bytes ÷ bandwidth; compute was measured with {n} peer threads on 2 shared cores, so it "
-        "dominates and is noisy across rows, the bracketed communication part is deterministic. "
-        "In the plot and the reach table a run's projected time at an evaluation is its total "
-        "scaled by the evaluation's share of the run's bytes (each step costs the same on these "
-        "graphs). The ratio column compares with exact gossip on the same graph.\n\n"
-        + build_table(training)
-    )
-    if target is not None:
-        text += (
-            f"\nMB and projected seconds per peer to first reach {_pct(target)} averaged-model accuracy "
-            "(the lowest final accuracy among the PowerGossip runs; linear between evaluations):\n\n"
-            + reach_table(training, target)
-        )
-    return text + (
-        "\n![accuracy vs MB and vs projected time](dynamic_accuracy.png)\n\n"
-        "Data: [dynamic_consensus.csv](dynamic_consensus.csv), [dynamic_training.csv](dynamic_training.csv), "
-        "[dynamic.json](dynamic.json) (the consensus curves and training rows).\n"
-    )
+    return text + "\n"
 
 
 PAGE = register(

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from experiments.pages._markdown import csv_text, table
+from experiments.pages._markdown import csv_text, snippets, table
 from experiments.suite.runs import BANDWIDTHS, projected_seconds
 from experiments.suite.tables import _pct
+from experiments.pages._figures import png, pyplot
 from gossip_powersgd.metrics import positive_points
 
 POWERGOSSIP = "PowerGossip r1"
 TARGETS = (1e-2, 1e-4)
+#: The verdict's sentences (page.md beside this file).
+TEXT = snippets(__file__, "page.md")
 
 
 def _num(value: Optional[float], missing: str = "—") -> str:
@@ -124,48 +127,37 @@ def _compare(name: str, values: Dict[str, Optional[float]], schedules, statics, 
 
 
 def verdict(consensus, training, p: Dict[str, Any], target: Optional[float]) -> List[str]:
-    """The question answered from the rows: fewer bytes on a one-peer schedule than on a ring or torus?"""
+    """The question answered from the rows: fewer bytes on a one-peer schedule than on a ring or
+    torus? (Its sentences: page.md beside this file.)"""
     graphs, schedules = p["topologies"], p["schedules"]
-    statics = [t for t in graphs if t not in schedules]
+    args = (schedules, [t for t in graphs if t not in schedules])
     lines = []
     for t in TARGETS:
         values = {g: _pg(consensus, g).get("to_reach", {}).get(t) for g in graphs}
-        name = f"Consensus, PowerGossip r1 bits per peer to relative error {t:.0e}"
-        lines.append(_compare(name, values, schedules, statics, "bits"))
+        lines.append(_compare(TEXT["consensus reach"].format(target=t), values, *args, "bits"))
     if target is None:
         return lines
 
     def mb_to(accuracy: float) -> Dict[str, Optional[float]]:
-        return {
-            g: reach(mb_curve(_pg(training, g)), accuracy) if _pg(training, g) else None
-            for g in graphs
-        }
+        pg = {g: _pg(training, g) for g in graphs}
+        return {g: reach(mb_curve(pg[g]), accuracy) if pg[g] else None for g in graphs}
 
-    name = f"Training, PowerGossip r1 MB per peer to averaged-model accuracy {_pct(target)}"
-    lines.append(_compare(name, mb_to(target), schedules, statics, "MB"))
+    name = TEXT["training reach"].format(target=_pct(target))
+    lines.append(_compare(name, mb_to(target), *args, "MB"))
     finals = {g: _pg(training, g).get("acc_avg") for g in graphs}
-    lines.append(
-        "- Training, PowerGossip r1 final averaged-model accuracy after the same epochs: "
-        + ", ".join(f"{g} {_pct(a)}" for g, a in finals.items())
-        + "."
-    )
-    static_finals = [finals[g] for g in statics if finals.get(g) is not None]
+    text = ", ".join(f"{g} {_pct(a)}" for g, a in finals.items())
+    lines.append(TEXT["finals"].format(finals=text))
+    static_finals = [finals[g] for g in args[1] if finals.get(g) is not None]
     higher = min(static_finals) if static_finals else None
     if higher is not None and higher > target:
         # The common bar is the weakest run's final accuracy; the static graphs' bar shows whether
         # the schedules' byte saving survives a higher accuracy.
-        name = f"Training, the same at the static graphs' lower final accuracy {_pct(higher)}"
-        lines.append(_compare(name, mb_to(higher), schedules, statics, "MB"))
+        name = TEXT["higher"].format(target=_pct(higher))
+        lines.append(_compare(name, mb_to(higher), *args, "MB"))
     per_step = {g: _pg(training, g).get("mb_per_step") for g in graphs}
     if all(per_step.values()):
-        lines.append(
-            "- Why: per step a schedule's peer sends to one neighbour, a ring's to 2 and a "
-            "torus' to 4; PowerGossip's measured MB per step: "
-            + ", ".join(f"{g} {v * 1e3:.3g} kB" for g, v in per_step.items())
-            + f". Training rows are one seed and {p['epochs']} epochs, so accuracy "
-            "differences of about 1 pp are within seed noise (training.md's 3-seed "
-            "headline has a std of 0.6-0.9 pp on 8 peers)."
-        )
+        text = ", ".join(f"{g} {v * 1e3:.3g} kB" for g, v in per_step.items())
+        lines.append(TEXT["why"].format(per_step=text, epochs=p["epochs"]))
     return lines
 
 
@@ -177,12 +169,7 @@ def _style(topology: str, label: str, p: Dict[str, Any]) -> Dict[str, Any]:
 
 def plots(consensus, training, p: Dict[str, Any]) -> Dict[str, bytes]:
     """dynamic_error_vs_bits.png and dynamic_accuracy.png (vs MB and vs projected time)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from experiments.pages._figures import png
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for r in (r for r in consensus if "history" in r):

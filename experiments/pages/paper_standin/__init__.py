@@ -1,12 +1,7 @@
 """`python -m experiments paper_standin`: the PowerGossip paper's ResNet-20 workload on a
-CIFAR-shaped synthetic stand-in (`synthetic_images`, not CIFAR-10), ring:8, every row trained by
-the library on the local backend: all-reduce, exact gossip, PowerGossip rank 1 and 2 (and rank 1
-with 2 power iterations), Choco-SGD with sign compression, exact gossip with local steps H = 4 and
-16; three of the rows again on seeds 1 and 2. Also measured, per seed's run: the floats per
-exchange of PowerGossip r1 against exact gossip on ResNet-20 and VGG-16 (with and without
-BatchNorm; counted on the transport, next to the closed form), and one ResNet-20 step at the
-paper's batch of 128 on one thread, from which the page projects a real CIFAR-10 run. Writes
-paper_standin.md, .csv, .png and one JSON per seed's run (paper_standin.json: seed 0)."""
+CIFAR-shaped synthetic stand-in (not CIFAR-10), ring:8, the rows of `ROWS` (three again on seeds 1
+and 2); per seed also the floats per exchange of PowerGossip r1 against exact gossip on ResNet-20
+and VGG-16, and one step at the paper's batch, from which the page projects a CIFAR-10 run."""
 
 from __future__ import annotations
 
@@ -17,6 +12,7 @@ from typing import Any, Dict, List, Mapping
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
 from experiments.pages._markdown import csv_text
+from experiments.pages._figures import png, pyplot
 
 #: The rows: (label, algorithm spec, local_steps). Choco's consensus step is the paper config's
 #: (experiments/configs/paper/resnet20_cifar10_choco_sign.yaml); every other γ is the topology's.
@@ -157,12 +153,7 @@ def curves_csv(rows: List[Dict[str, Any]]) -> str:
 
 def plot(rows: List[Dict[str, Any]]) -> bytes:
     """Averaged-model accuracy against epochs and against MB sent (PNG bytes)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from experiments.pages._figures import png
+    plt = pyplot()
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for r in rows:

@@ -17,6 +17,15 @@ RECIPE = ("topology", "dataset", "model", "batch_size", "lr", "momentum", "weigh
 RECIPE += ("warmup_epochs", "schedule", "epochs", "eval_every")
 EVAL_KEYS = ("epoch", "step", "mb", "acc_avg", "acc_local_mean", "acc_local_min")
 EVAL_KEYS += ("consensus_distance", "train_loss")
+#: A row's fields from the run's summary: {field: the summary's name}, and those per step.
+SUMMARY = dict(rounds="communication_rounds", parameters="parameters")
+SUMMARY.update(acc_avg="final_test_acc_avg_model", acc_local_mean="final_test_acc_local_mean")
+SUMMARY.update(consensus_distance="final_consensus_distance", mb_per_peer="mb_sent_per_peer")
+SUMMARY.update(exact_mb_formula="exact_gossip_mb_per_peer_formula")
+PER_STEP = dict(
+    compute_s_per_step="time_compute_s", gossip_compute_s_per_step="time_gossip_compute_s"
+)
+PER_STEP.update(wall_s_per_step="wall_time_s")
 
 
 def train_row(
@@ -44,27 +53,14 @@ def train_row(
         for r in result.history
         if r.get("kind") == "eval"
     ]
-    return {
-        "label": label,
-        "algorithm": spec,
-        "local_steps": local_steps,
-        "steps": steps,
-        "rounds": summary["communication_rounds"],
-        "parameters": summary["parameters"],
-        "acc_avg": summary["final_test_acc_avg_model"],
-        "acc_local_mean": summary["final_test_acc_local_mean"],
-        "consensus_distance": summary["final_consensus_distance"],
-        "mb_per_peer": summary["mb_sent_per_peer"],
-        "exact_mb_formula": summary["exact_gossip_mb_per_peer_formula"],
-        # per peer, seconds inside forward/backward/optimizer and inside the gossip's arithmetic
-        "compute_s_per_step": summary["time_compute_s"] / steps,
-        "gossip_compute_s_per_step": summary["time_gossip_compute_s"] / steps,
-        "wall_s_per_step": summary["wall_time_s"] / steps,  # training loop incl. evaluations
-        "run_wall_s": wall,  # set-up and data generation included
-        "run_cpu_s": cpu,  # this process, all peers
-        "evals": evals,
-        "load": [load, os.getloadavg()[0]],
-    }
+    out = dict(label=label, algorithm=spec, local_steps=local_steps, steps=steps)
+    out.update({key: summary[name] for key, name in SUMMARY.items()})
+    # per peer, seconds inside forward/backward/optimizer and inside the gossip's arithmetic; the
+    # training loop's wall time (evaluations included); the run's wall (set-up and data generation
+    # included) and CPU time (this process, all peers)
+    out.update({key: summary[name] / steps for key, name in PER_STEP.items()})
+    out.update(run_wall_s=wall, run_cpu_s=cpu, evals=evals)
+    return dict(out, load=[load, os.getloadavg()[0]])
 
 
 def floats_per_exchange(model: str, topology: str) -> Dict[str, Any]:

@@ -59,10 +59,10 @@ def page(result: Dict[str, Any], generated: str, others: List[Dict[str, Any]] = 
     return fill(
         template(__file__),
         **s,
+        **timing,
         generated=generated,
         cpu_count=result["cpu_count"],
-        load_start=result["load"][0],
-        load_end=result["load"][1],
+        load=result["load"],
         parameters=rows[0]["parameters"],
         per_peer=n // peers,
         images=n,
@@ -71,17 +71,13 @@ def page(result: Dict[str, Any], generated: str, others: List[Dict[str, Any]] = 
         rows=len(rows),
         peers=peers,
         ring_step_cpu=peers * timing["cpu_s"] * s["batch_size"] / timing["batch"],
-        batch=timing["batch"],
-        paper_epochs=proj["epochs"],
-        cpu_s=timing["cpu_s"],
-        wall_s=timing["wall_s"],
-        paper_steps=proj["steps"],
+        proj=proj,
         peer_hours=peer_hours,
         row_hours=PAPER_PEERS * peer_hours,
         days=len(rows) * proj["steps"] * timing["cpu_s"] / 86400,
-        cpu_per_step=_cpu_per_step(rows),
-        traffic=_traffic(result["traffic"]),
-        row_lines=_table(rows),
+        cpu_per_step=sum(r["run_cpu_s"] for r in rows) / max(1, sum(r["steps"] for r in rows)),
+        traffic=[PARTS["traffic row"].format(**t) for t in result["traffic"]],
+        row_lines=[PARTS["row"].format(**r, **_pcts(r)) for r in rows],
         failed=failed + _equal_bytes(rows),
         epochs_list=", ".join(map(str, epochs)),
         curves=_curves(rows, epochs),
@@ -93,24 +89,9 @@ def page(result: Dict[str, Any], generated: str, others: List[Dict[str, Any]] = 
 PAPER_PEERS = 8
 
 
-def _traffic(traffic: List[Dict[str, Any]]) -> List[str]:
-    return [
-        f"| {t['model']} | {t['parameters']:,} | {t['exact_floats']:,.0f} | "
-        f"{t['powergossip_r1_floats']:,.1f} | **{t['ratio']:.2f}x** | "
-        f"{t['closed_text']} = {t['closed_ratio']:.2f}x |"
-        for t in traffic
-    ]
-
-
-def _table(rows: List[Dict[str, Any]]) -> List[str]:
-    return [
-        f"| {r['label']} | `{r['algorithm']}` | {r['local_steps']} | "
-        f"{_pct(r['acc_avg'])} | {_pct(r['acc_local_mean'])} | "
-        f"{r['consensus_distance']:.3g} | {r['mb_per_peer']:.2f} | "
-        f"{r['compute_s_per_step']:.3f} | {r['gossip_compute_s_per_step']:.4f} | "
-        f"{r['run_wall_s']:.0f} | {r['run_cpu_s']:.0f} |"
-        for r in rows
-    ]
+def _pcts(row: Dict[str, Any]) -> Dict[str, str]:
+    """The row's averaged-model and mean local accuracies as the tables write them."""
+    return dict(acc=_pct(row["acc_avg"]), local=_pct(row["acc_local_mean"]))
 
 
 def _equal_bytes(rows: List[Dict[str, Any]]) -> List[str]:
@@ -147,10 +128,6 @@ def _curves(rows: List[Dict[str, Any]], epochs: List[int]) -> List[str]:
     return table(["row", *(f"epoch {e}" for e in epochs)], cells, None)
 
 
-def _cpu_per_step(rows: List[Dict[str, Any]]) -> float:
-    return sum(r["run_cpu_s"] for r in rows) / max(1, sum(r["steps"] for r in rows))
-
-
 def _other_seeds(result: Dict[str, Any], others: List[Dict[str, Any]]) -> List[str]:
     """The rows of other runs (other seeds) next to the main run's same rows."""
     if not others:
@@ -159,29 +136,21 @@ def _other_seeds(result: Dict[str, Any], others: List[Dict[str, Any]]) -> List[s
     for other in others:
         where = f" (its JSON: `{other['path']}`)" if other.get("path") else ""
         lines += [f"- {other['generated']}{where}", ""]
-    lines += [
-        "| row | seed | averaged model | mean local | consensus distance | MB sent per peer |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
+    lines += PARTS["seeds table"].split("\n")
     labels = [r["label"] for o in others for r in o["rows"]]
     for label in dict.fromkeys(labels):
         for run in (result, *others):
             r = _row(run["rows"], label)
             if r:
-                lines.append(
-                    f"| {label} | {run['setting'].get('seed', 0)} | {_pct(r['acc_avg'])} | "
-                    f"{_pct(r['acc_local_mean'])} | {r['consensus_distance']:.3g} | "
-                    f"{r['mb_per_peer']:.2f} |"
-                )
+                seed = run["setting"].get("seed", 0)
+                lines.append(PARTS["seed row"].format(**r, **_pcts(r), seed=seed))
     lines.append("")
     runs = (result, *others)
     for label in dict.fromkeys(labels):
         accs = [r["acc_avg"] for r in (_row(run["rows"], label) for run in runs) if r]
         if len(accs) > 1:
-            lines.append(
-                f"- {label}: mean over {len(accs)} seeds {_pct(statistics.fmean(accs))} "
-                f"± {100 * statistics.stdev(accs):.1f} pp (sample standard deviation)."
-            )
+            mean, sd = _pct(statistics.fmean(accs)), 100 * statistics.stdev(accs)
+            lines.append(PARTS["seed mean"].format(label=label, count=len(accs), mean=mean, sd=sd))
     for first, second in (
         ("exact gossip", "PowerGossip r1"),
         ("PowerGossip r1, 2 iterations", "exact gossip"),
@@ -192,10 +161,10 @@ def _other_seeds(result: Dict[str, Any], others: List[Dict[str, Any]]) -> List[s
             if a and b:
                 gaps.append((run["setting"].get("seed", 0), 100 * (a["acc_avg"] - b["acc_avg"])))
         if len(gaps) > 1:
+            mean = statistics.fmean(g for _, g in gaps)
+            text = ", ".join(f"seed {seed}: {gap:+.1f} pp" for seed, gap in gaps)
             lines.append(
-                f"- {first} minus {second}, per seed: "
-                + ", ".join(f"seed {seed}: {gap:+.1f} pp" for seed, gap in gaps)
-                + f" (mean {statistics.fmean(g for _, g in gaps):+.1f} pp)."
+                PARTS["seed gaps"].format(first=first, second=second, gaps=text, mean=mean)
             )
     return lines + [""]
 
@@ -209,35 +178,31 @@ def _distances(row: Dict[str, Any]) -> str:
     return ", ".join(f"{e['consensus_distance']:.3g}" for e in row["evals"])
 
 
+def _fields(row: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """What the findings' sentences say of a row, each name prefixed with `prefix`."""
+    fields = dict(_pcts(row), label=row["label"], distances=_distances(row), steps=row["steps"])
+    fields.update(mb=row["mb_per_peer"], rounds=row["rounds"], loss=row["evals"][-1]["train_loss"])
+    return {prefix + k: v for k, v in fields.items()}
+
+
 def _findings(rows: List[Dict[str, Any]], n_test: int, peers: int) -> List[str]:
-    """Sentences computed from the rows (no number typed by hand), their text in findings.md."""
+    """Sentences computed from the rows (no number typed by hand), their text in parts.md."""
     say = PARTS
     ranked = sorted(rows, key=lambda r: -r["acc_avg"])
     se = 100 * _standard_error(0.75, n_test)
     ranking = " > ".join(f"{r['label']} ({_pct(r['acc_avg'])})" for r in ranked)
-    lines = [
-        "## Findings",
-        "",
-        say["ranking"].format(ranking=ranking, n_test=n_test, se=se, se2=2 * se),
-    ]
+    ranking = say["ranking"].format(ranking=ranking, n_test=n_test, se=se, se2=2 * se)
+    lines = ["## Findings", "", ranking]
     allreduce, exact = _row(rows, "all-reduce"), _row(rows, "exact gossip")
     if allreduce and exact:
-        lines.append(
-            say["allreduce"].format(
-                allreduce=_pct(allreduce["acc_avg"]),
-                exact=_pct(exact["acc_avg"]),
-                allreduce_loss=allreduce["evals"][-1]["train_loss"],
-                exact_loss=exact["evals"][-1]["train_loss"],
-                distances=_distances(exact),
-                steps=exact["steps"],
-                peers=peers,
-            )
-        )
-        stale = [
-            e
-            for e in allreduce["evals"]
-            if e["acc_avg"] - e["acc_local_mean"] > 2 * _standard_error(e["acc_avg"], n_test)
+        both = {**_fields(allreduce), **_fields(exact, "exact_")}
+        lines.append(say["allreduce"].format(**both, peers=peers))
+        evals = allreduce["evals"]
+        gaps = [
+            (e["acc_avg"] - e["acc_local_mean"], _standard_error(e["acc_avg"], n_test))
+            for e in evals
         ]
+        stale = [e for e, (gap, error) in zip(evals, gaps) if gap > 2 * error]
         if stale:
             e = stale[0]
             local, averaged = _pct(e["acc_local_mean"]), _pct(e["acc_avg"])
@@ -255,34 +220,22 @@ def _compression(say: Dict[str, str], rows: List[Dict[str, Any]], n_test: int) -
             r1["evals"][-1]["consensus_distance"] < r1["evals"][0]["consensus_distance"]
             and r1["consensus_distance"] > 100 * exact["consensus_distance"]
         )
-        lines.append(
-            say["r1"].format(
-                gap=100 * (exact["acc_avg"] - r1["acc_avg"]),
-                fewer=exact["mb_per_peer"] / r1["mb_per_peer"],
-                r1_distances=_distances(r1),
-                exact_distances=_distances(exact),
-                slow=say["slow"] if slow else "",
-            )
-        )
+        both = {**_fields(r1), **_fields(exact, "exact_"), "slow": say["slow"] if slow else ""}
+        gap, fewer = exact["acc_avg"] - r1["acc_avg"], exact["mb_per_peer"] / r1["mb_per_peer"]
+        lines.append(say["r1"].format(**both, gap=100 * gap, fewer=fewer))
     for other, what in ((two, "2 power iterations"), (r2, "rank 2")):
         if other and r1 and exact:
-            lines.append(
-                say["more"].format(
-                    what=what,
-                    acc=_pct(other["acc_avg"]),
-                    r1=_pct(r1["acc_avg"]),
-                    exact=_pct(exact["acc_avg"]),
-                    distances=_distances(other),
-                    bytes=other["mb_per_peer"] / r1["mb_per_peer"],
-                )
-            )
+            bytes_ = other["mb_per_peer"] / r1["mb_per_peer"]
+            three = {**_fields(other), **_fields(r1, "r1_"), **_fields(exact, "exact_")}
+            lines.append(say["more"].format(**three, what=what, bytes=bytes_))
     if exact and r1 and (two or r2):
+        r1_error = 2 * _standard_error(r1["acc_avg"], n_test)
         better = [
             o
             for o in (two, r2)
             if o
             and o["consensus_distance"] < r1["consensus_distance"]
-            and o["acc_avg"] - r1["acc_avg"] > 2 * _standard_error(r1["acc_avg"], n_test)
+            and o["acc_avg"] - r1["acc_avg"] > r1_error
         ]
         labels = " and ".join(o["label"] for o in better)
         lines.append(say["better"].format(labels=labels) if better else say["not better"])
@@ -305,34 +258,16 @@ def _equal_budget_and_local_steps(say: Dict[str, str], rows: List[Dict[str, Any]
         label, mb = budgets[0]
         within = [(r, accuracy_at(r, mb)) for r in rows if r["algorithm"] != "allreduce"]
         reached = sorted(((r, e) for r, e in within if e), key=lambda x: -x[1]["acc_avg"])
+        reached = ", ".join(
+            f"{r['label']} {_pct(e['acc_avg'])} (epoch {e['epoch']})" for r, e in reached
+        )
         missing = ", ".join(r["label"] for r, e in within if e is None)
+        missing = f"; {missing} had not reached an evaluation within that budget" if missing else ""
         lines.append(
-            say["equal bytes finding"].format(
-                label=label,
-                mb=mb,
-                reached=", ".join(
-                    f"{r['label']} {_pct(e['acc_avg'])} (epoch {e['epoch']})" for r, e in reached
-                ),
-                missing=f"; {missing} had not reached an evaluation within that budget"
-                if missing
-                else "",
-            )
+            say["equal bytes finding"].format(label=label, mb=mb, reached=reached, missing=missing)
         )
     for label in ("exact gossip H=4", "exact gossip H=16"):  # H=1 is exact gossip
         r = _row(rows, label)
         if r and h1:
-            lines.append(
-                say["local steps"].format(
-                    label=label,
-                    acc=_pct(r["acc_avg"]),
-                    local=_pct(r["acc_local_mean"]),
-                    h1_acc=_pct(h1["acc_avg"]),
-                    h1_local=_pct(h1["acc_local_mean"]),
-                    distances=_distances(r),
-                    mb=r["mb_per_peer"],
-                    h1_mb=h1["mb_per_peer"],
-                    rounds=r["rounds"],
-                    h1_rounds=h1["rounds"],
-                )
-            )
+            lines.append(say["local steps"].format(**_fields(r), **_fields(h1, "h1_")))
     return lines

@@ -1,12 +1,6 @@
-"""`python -m experiments training`: six algorithms trained to (near) convergence on ring:8, iid
-(several seeds) and Dirichlet(0.5); the non-IID gap of PowerGossip's ranks and iterations; a wide
-model where compression matters; a longer reference run for the epoch budget. Writes
-training.md, training.csv (every run), training_curves.csv (every evaluation) and two plots.
-
-Modules: `design` (the rows compared, the stages, the plan), `state` (the page's state from its
-rows, the targets, the renderer), `markdown` and `plots` (the page and its pictures),
-`convergence` (rows compared at equal bytes), `noniid` (the non-IID gap). Rows: `_suite_rows`.
-"""
+"""`python -m experiments training`: six algorithms to (near) convergence on ring:8, iid and
+Dirichlet(0.5); the non-IID gap (`noniid`), a wide model, a longer reference run. `design`: the
+plan; `state`: the renderer; `markdown`, `plots`, `convergence` (rows at equal bytes): the page."""
 
 from experiments.engine import Page
 from experiments.pages import register

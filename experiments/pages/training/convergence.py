@@ -95,12 +95,8 @@ def equal_bytes_table(
     lines = []
     for r in _good(rows):
         note = collapse_note(r)
-        cells = [
-            r["label"],
-            str(r.get("seeds", 1)),
-            _pct(r["acc_avg"]) + (f" ({note})" if note else ""),
-        ]
-        cells += [f"{r['evals'][-1]['mb']:.3g}"]
+        final = _pct(r["acc_avg"]) + (f" ({note})" if note else "")
+        cells = [r["label"], str(r.get("seeds", 1)), final, f"{r['evals'][-1]['mb']:.3g}"]
         cells += [reach_cell(first_reach(r["evals"], t)) for t in targets]
         if budget is not None:
             cells.append(_pct(accuracy_at_mb(r["evals"], budget)))

@@ -9,43 +9,27 @@ from experiments.suite.tables import _pct, build_table, exact_reference, header
 
 from .convergence import COLLAPSE_FRACTION, FIXED_TARGET, cheapest_to_reach, equal_bytes_table
 from .design import RUN_LISTS, SLOW_ROWS, STAGES, noniid_grid
-from .noniid import gap_table, gap_verdict
-from experiments.pages._markdown import fill, snippets, template
+from .noniid import SAY, gap_table, gap_verdict
+from experiments.pages._markdown import fill, template
 
 #: The epoch budget is "at the plateau" when the longer reference runs gain at most this many pp.
 PLATEAU_PP = 0.5
-#: The sentences and sections shown where their rows are.
-SAY = snippets(__file__, "sections.md")
 
 
 def _recipe(quick: bool) -> str:
-    data, full = QUICK_BASE if quick else BASE, ""
-    if not quick:
-        full = (
-            f" momentum {data['momentum']}, weight decay {data['weight_decay']}, cosine schedule "
-            f"with {data['warmup_epochs']} warm-up epochs"
-        )
-    return (
-        f"Recipe: {data['dataset']}, model `{data['model']}`, SGD lr {data['lr']}{full}, batch "
-        f"{data['batch_size']} per peer. Averaged-model accuracy = the test accuracy of the peers' "
-        "mean parameters; local = each peer's own model (mean and min over peers)."
-    )
+    data = QUICK_BASE if quick else BASE
+    return SAY["recipe"].format(**data, full="" if quick else SAY["full recipe"].format(**data))
 
 
 def running_time(state: Dict[str, Any], missing: Sequence[str]) -> str:
     """Which stages ran, each one's seconds, and the number of training runs."""
-    stages = "; ".join(
-        f"{name} {seconds:.0f} s" for name, seconds in state["stage_seconds"].items()
-    )
+    stages = "; ".join(f"{name} {sec:.0f} s" for name, sec in state["stage_seconds"].items())
     runs = sum(len(state[k]) for k in RUN_LISTS)
-    text = (
-        f"Running time by stage{state['timing']}: {stages}; {runs} training runs in all, "
-        f"{state['how']}."
-    )
+    text = SAY["running"].format(**state, stages=stages, runs=runs)
     if missing:
+        done, total = len(STAGES) - len(missing), len(STAGES)
         text = (
-            f"**Partial page: {len(STAGES) - len(missing)} of {len(STAGES)} stages finished** "
-            f"(not run: {', '.join(missing)}). " + text
+            SAY["partial"].format(done=done, total=total, missing=", ".join(missing)) + " " + text
         )
     return text
 
@@ -83,21 +67,12 @@ def _equal_bytes(rows: Sequence[Dict[str, Any]], what: str) -> str:
     table, target, budget = equal_bytes_table(rows)
     if target is None:
         return ""
-    text = SAY["equal bytes"].format(
-        what=what,
-        target=_pct(target),
-        collapse=100 * COLLAPSE_FRACTION,
-        fixed=_pct(FIXED_TARGET),
-        budget=budget,
-        table=table,
-    )
+    cells = dict(what=what, target=_pct(target), fixed=_pct(FIXED_TARGET), budget=budget)
+    text = SAY["equal bytes"].format(**cells, collapse=100 * COLLAPSE_FRACTION, table=table)
     best = cheapest_to_reach(rows, target)
     if best is not None:
-        text += (
-            "\n"
-            + SAY["fewest"].format(target=_pct(target), label=best["label"], **best["reach"])
-            + "\n"
-        )
+        fewest = SAY["fewest"].format(target=_pct(target), label=best["label"], **best["reach"])
+        text += "\n" + fewest + "\n"
     return text + "\n"
 
 
@@ -107,9 +82,8 @@ def _cost_note(rows: Sequence[Dict[str, Any]], labels: Sequence[str]) -> str:
     slow = [r["run_seconds"] for r in rows if r["label"] in labels and "error" not in r]
     if exact is None or not slow or not exact.get("run_seconds"):
         return ""
-    return (
-        f" (a run of theirs took {min(slow) / exact['run_seconds']:.1f}–"
-        f"{max(slow) / exact['run_seconds']:.1f}× an exact-gossip run's wall time here)"
+    return SAY["cost"].format(
+        low=min(slow) / exact["run_seconds"], high=max(slow) / exact["run_seconds"]
     )
 
 
@@ -123,29 +97,18 @@ def training_page(
     """training.md from the rows so far (`missing`: the stages with runs still to make)."""
     plan, quick = state["plan"], state["quick"]
     slow = [label for label, _ in plan["rows"] if label in SLOW_ROWS]
-    fewer = (
-        f" {' and '.join(slow)} ran {plan['choco_seeds']} seed(s){_cost_note(headline, slow)}; the "
-        "seeds column says how many each row has."
-        if slow and plan["choco_seeds"] < len(plan["seeds"])
-        else ""
-    )
-    title = "Decentralized training: accuracy vs bytes, to convergence"
+    fewer = ""
+    if slow and plan["choco_seeds"] < len(plan["seeds"]):
+        cost = _cost_note(headline, slow)
+        fewer = SAY["fewer seeds"].format(slow=" and ".join(slow), cost=cost, **plan)
+    title = "Decentralized training: accuracy vs bytes, to convergence" + " (--quick)" * quick
     return fill(
         template(__file__),
-        header=header(
-            title + (" (--quick)" if quick else ""),
-            state["command"],
-            0.0,
-            _recipe(quick),
-            generated=generated,
-        ),
+        **{**plan, "seeds": ", ".join(map(str, plan["seeds"]))},
+        header=header(title, state["command"], 0.0, _recipe(quick), generated=generated),
         running=running_time(state, missing),
         budget=epoch_budget(state),
         claims="\n".join(claims) or "- (no rows yet)",
-        topology=plan["topology"],
-        iid=plan["iid"],
-        epochs=plan["epochs"],
-        seeds=", ".join(map(str, plan["seeds"])),
         fewer=fewer,
         headline=build_table(headline),
         equal=_equal_bytes(headline, f"{plan['topology']} {plan['iid']}"),
@@ -179,12 +142,8 @@ def other_sections(state: Dict[str, Any]) -> str:
         table = build_table(state["sweeps"])
         text += SAY["sweep"].format(table=table, chosen=chosen, **plan) + "\n\n"
     if state["wide"]:
-        text += SAY["wide"].format(
-            model=state["wide"][0].get("model", "?"),
-            table=build_table(state["wide"]),
-            equal=_equal_bytes(state["wide"], "wide model"),
-            **plan,
-        )
+        wide = dict(model=state["wide"][0].get("model", "?"), table=build_table(state["wide"]))
+        text += SAY["wide"].format(**wide, equal=_equal_bytes(state["wide"], "wide model"), **plan)
     if state["reference"]:
         text += SAY["reference"].format(table=build_table(state["reference"]), **plan) + "\n"
     return text

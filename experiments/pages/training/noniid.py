@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
+from experiments.pages._markdown import snippets
 from experiments.suite.tables import _pct
 
 #: (label, spec) of the grid; the rank-1 and rank-4 single-iteration rows are the main table's runs.
@@ -19,6 +20,8 @@ NONIID_ROWS = [
 ]
 #: A setting "closes the gap" when its local-model mean is within this many pp of exact gossip's.
 CLOSE_PP = 1.0
+#: The gap table's header and the verdict's sentences (in sections.md).
+SAY = snippets(__file__, "sections.md")
 
 
 def gaps(row: Dict[str, Any], exact: Dict[str, Any]) -> Dict[str, float]:
@@ -30,21 +33,15 @@ def gaps(row: Dict[str, Any], exact: Dict[str, Any]) -> Dict[str, float]:
 
 def gap_table(rows: Sequence[Dict[str, Any]], exact: Optional[Dict[str, Any]]) -> str:
     """setting | local mean | local min | averaged | MB/peer | gap to exact (local mean, averaged)."""
-    head = (
-        "| setting | local acc mean | local acc min | averaged-model acc | MB sent / peer | "
-        "gap to exact: local mean | gap to exact: averaged |"
-    )
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    lines = SAY["gap table"].split("\n")
     for r in ([exact] if exact else []) + list(rows):
         if "error" in r:
             lines.append(f"| {r['label']} | {r['error']} | | | | | |")
             continue
         g = gaps(r, exact) if exact else None
         gap_cells = f"{g['acc_local_mean']:+.2f} pp | {g['acc_avg']:+.2f} pp" if g else "n/a | n/a"
-        lines.append(
-            f"| {r['label']} | {_pct(r['acc_local_mean'])} | {_pct(r['acc_local_min'])} | "
-            f"{_pct(r['acc_avg'])} | {r['mb_per_peer']:.3f} | {gap_cells} |"
-        )
+        accs = " | ".join(_pct(r[k]) for k in ("acc_local_mean", "acc_local_min", "acc_avg"))
+        lines.append(f"| {r['label']} | {accs} | {r['mb_per_peer']:.3f} | {gap_cells} |")
     return "\n".join(lines) + "\n"
 
 
@@ -57,33 +54,22 @@ def closing_setting(
 
 
 def gap_verdict(rows: Sequence[Dict[str, Any]], exact: Optional[Dict[str, Any]]) -> List[str]:
-    """Sentences: the rank-1 gap, and which setting closes it at what cost in bytes."""
+    """Sentences (in sections.md): the rank-1 gap, and which setting closes it at what cost."""
     good = [r for r in rows if "error" not in r]
     if not exact or "error" in exact or not good:
-        return ["- No verdict: exact gossip's row or every PowerGossip row is missing."]
-    lines = []
-    first = good[0]
-    g = gaps(first, exact)
-    lines.append(
-        f"- {first['label']}: local models trail exact gossip's by {g['acc_local_mean']:+.2f} pp "
-        f"(mean) and {g['acc_local_min']:+.2f} pp (worst peer); the averaged model by "
-        f"{g['acc_avg']:+.2f} pp."
-    )
-    best = closing_setting(good, exact)
+        return [SAY["no gap verdict"]]
+    first, best = good[0], closing_setting(good, exact)
+    lines = [SAY["gap"].format(label=first["label"], **gaps(first, exact))]
     if best is None:
         top = max(good, key=lambda r: r["acc_local_mean"])
-        lines.append(
-            f"- No setting of the grid brings the local-model mean within {CLOSE_PP:g} pp of "
-            f"exact gossip's; the closest is {top['label']} "
-            f"({gaps(top, exact)['acc_local_mean']:+.2f} pp, {top['mb_per_peer']:.3f} MB/peer)."
-        )
+        gap = gaps(top, exact)["acc_local_mean"]
+        cells = dict(label=top["label"], gap=gap, mb=top["mb_per_peer"])
+        lines.append(SAY["no close"].format(**cells, close=CLOSE_PP))
     else:
-        ratio = best["mb_per_peer"] / first["mb_per_peer"]
-        saved = 100 * (1 - best["mb_per_peer"] / exact["mb_per_peer"])
-        lines.append(
-            f"- The cheapest setting within {CLOSE_PP:g} pp of exact gossip's local-model mean: "
-            f"**{best['label']}** ({gaps(best, exact)['acc_local_mean']:+.2f} pp), at "
-            f"{best['mb_per_peer']:.3f} MB/peer = {ratio:.1f}× {first['label']}'s bytes, "
-            f"still {saved:.1f} % fewer than exact gossip's {exact['mb_per_peer']:.3f} MB."
+        cells = dict(label=best["label"], gap=gaps(best, exact)["acc_local_mean"])
+        cells.update(mb=best["mb_per_peer"], ratio=best["mb_per_peer"] / first["mb_per_peer"])
+        cells.update(
+            first=first["label"], saved=100 * (1 - best["mb_per_peer"] / exact["mb_per_peer"])
         )
+        lines.append(SAY["close"].format(**cells, close=CLOSE_PP, exact_mb=exact["mb_per_peer"]))
     return lines

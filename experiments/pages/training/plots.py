@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence, Tuple
 
-from experiments.pages._figures import png
+from experiments.pages._figures import png, pyplot
 from experiments.pages._markdown import csv_text
 
 from .convergence import common_target
@@ -54,10 +54,7 @@ def panels(
 def plot_training(state: Dict[str, Any], headline: Sequence[Dict[str, Any]]) -> Dict[str, bytes]:
     """{training_accuracy_vs_mb.png, training_accuracy_vs_epochs.png: their PNG bytes} ({} when
     no run has an evaluation history yet)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     groups = [
         (title, [r for r in rows if "error" not in r and r.get("evals")])

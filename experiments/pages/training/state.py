@@ -12,23 +12,16 @@ from experiments.suite.runs import combine
 from experiments.suite.tables import _pct, build_csv
 
 from .design import EXACT, POWERGOSSIP, RUN_LISTS, STAGES, WIDE_MODEL, chosen_gamma, plan, settings
-from .markdown import training_page
+from .markdown import SAY, training_page
 from .plots import curves_csv, plot_training
-
-#: The stage a run belongs to, from its kind (and, for the iid rows, its seed).
-_STAGE_OF_KIND = {
-    "sweep": STAGES[0],
-    "noniid": STAGES[2],
-    "wide": STAGES[3],
-    "reference": STAGES[5],
-}
 
 
 def stage_of(row: Dict[str, Any]) -> str:
+    """The stage a run belongs to, from its kind (and, for the iid rows, its seed)."""
     kind = row["model_kind"]
     if kind == "iid":
-        return STAGES[1] if int(row.get("seed") or 0) == 0 else STAGES[4]
-    return _STAGE_OF_KIND[kind]
+        return STAGES[4 if int(row.get("seed") or 0) else 1]
+    return STAGES[{"sweep": 0, "noniid": 2, "wide": 3, "reference": 5}[kind]]
 
 
 def gamma_text(run: Dict[str, Any], swept: set) -> str:
@@ -46,25 +39,13 @@ def gamma_text(run: Dict[str, Any], swept: set) -> str:
     return "topology" if gamma_kind(run["spec"]) == "topology" else "—"
 
 
-def _timing(rows: Rows) -> Dict[str, Any]:
-    """Seconds by stage, and how the runs ran: a converted page's own (its stages, one process),
-    else the rows' own wall times summed by stage."""
-    origins = [r.origin for r in rows.records if r.origin and "stage_seconds" in r.origin]
-    if origins and len(origins) == len(rows.records):
-        return dict(
-            stage_seconds=dict(origins[0]["stage_seconds"]),
-            timing="",
-            how="one after another in one process (each run's peers are threads)",
-        )
+def _stage_seconds(rows: Rows) -> Dict[str, float]:
+    """The rows' own wall times summed by stage, for the stages that have rows."""
     seconds = {name: 0.0 for name in STAGES}
     for record in rows.records:
         seconds[stage_of(record.row)] += record.seconds
     done = {stage_of(record.row) for record in rows.records}
-    return dict(
-        stage_seconds={name: seconds[name] for name in STAGES if name in done},
-        timing=" (the runs' own wall times, summed)",
-        how="each in one process (its peers are threads)",
-    )
+    return {name: seconds[name] for name in STAGES if name in done}
 
 
 def state_of(rows: Rows) -> Dict[str, Any]:
@@ -72,32 +53,23 @@ def state_of(rows: Rows) -> Dict[str, Any]:
     s = settings(rows.quick)
     swept = [label for label, template in s["rows"] if "{gamma}" in template]
     main_labels = {label for label, _ in s["rows"]}
-    state: Dict[str, Any] = dict(plan=s, quick=rows.quick, command=rows.command, chosen={})
-    state.update(_timing(rows), **{k: [] for k in RUN_LISTS})
+    state: Dict[str, Any] = dict(plan=s, quick=rows.quick, command=rows.command)
+    state.update(stage_seconds=_stage_seconds(rows), **{k: [] for k in RUN_LISTS})
     for run in with_curves(rows.data):
         run["gamma_text"] = gamma_text(run, set(swept))
-        kind = run["model_kind"]
-        if kind == "sweep":
-            state["sweeps"].append(run)
-        elif kind == "noniid":
-            state["noniid" if run["label"] in main_labels else "noniid_extra"].append(run)
-        else:
-            state[kind].append(run)
-    for label in swept:
-        gamma = chosen_gamma(label, state["sweeps"])
-        if gamma is not None:
-            state["chosen"][label] = gamma
-    planned = plan(rows.quick, rows.by_key)
-    have = set(rows.by_key)
-    unfinished = {stage_of(_planned_row(r)) for r in planned if r.key not in have}
+        kind = {"sweep": "sweeps"}.get(run["model_kind"], run["model_kind"])
+        if kind == "noniid" and run["label"] not in main_labels:
+            kind = "noniid_extra"
+        state[kind].append(run)
+    chosen = {label: chosen_gamma(label, state["sweeps"]) for label in swept}
+    state["chosen"] = {label: gamma for label, gamma in chosen.items() if gamma is not None}
+    have = rows.by_key
+    planned = [r for r in plan(rows.quick, have) if r.key not in have]
+    unfinished = {stage_of({"model_kind": r.config["kind"], "seed": r.seed}) for r in planned}
     if swept and len(state["chosen"]) < len(swept):  # the swept rows are not even planned yet
         unfinished |= {STAGES[0], STAGES[1], STAGES[2]}
     state["missing"] = [name for name in STAGES if name in unfinished]
     return state
-
-
-def _planned_row(run) -> Dict[str, Any]:
-    return {"model_kind": run.config["kind"], "seed": run.seed}
 
 
 def render(rows: Rows) -> Outputs:
@@ -141,55 +113,34 @@ def targets(
     reference: Sequence[Dict[str, Any]] = (),
 ) -> List[str]:
     """The paper's claims, each stated as MET or MISSED, from the measured rows (`headline`: the
-    combined iid rows; `rows`, `reference`: further CNN rows for the 90 % claim)."""
-    lines = []
+    combined iid rows; `rows`, `reference`: further CNN rows for the 90 % claim); their sentences
+    in sections.md."""
+    lines, met = [], {True: "MET", False: "MISSED"}
     exact, pg = _by_label(headline, EXACT), _by_label(headline, POWERGOSSIP)
     if exact and pg:
-        gap = 100 * (exact["acc_avg"] - pg["acc_avg"])
-        ratio = exact["mb_per_step"] / pg["mb_per_step"]
-        saved = 100 * (1 - 1 / ratio)
-        lines.append(
-            f"- **PowerGossip r1 within 1 pp of exact gossip** ({pg['topology']} {pg['partition']}, "
-            f"{pg.get('seeds', 1)} seed(s), {pg['epochs']} epochs): "
-            f"{'MET' if gap <= 1.0 else 'MISSED'} — exact {_pct(exact['acc_avg'], exact.get('acc_avg_std'))}, "
-            f"PowerGossip {_pct(pg['acc_avg'], pg.get('acc_avg_std'))}, gap {gap:+.2f} pp."
+        gap, ratio = (
+            100 * (exact["acc_avg"] - pg["acc_avg"]),
+            exact["mb_per_step"] / pg["mb_per_step"],
         )
-        lines.append(
-            f"- **≥ 99 % fewer bytes than exact gossip**: {'MET' if saved >= 99.0 else 'MISSED'} "
-            f"— {pg.get('model', 'cnn1d')}: {saved:.1f} % fewer ({ratio:.1f}× less, measured "
-            "bytes per step)."
-            + (
-                ""
-                if saved >= 99.0 or pg.get("model") != "cnn1d"
-                else " Why: this CNN has only ~11.8k parameters and its matrices are small (32×160 "
-                "convolutions, 10×128 output layer), so a rank-1 factor pair (32 + 160 floats) "
-                "is 1/27 of a 32×160 matrix, and biases (vectors) are sent uncompressed; the saving "
-                "of rank r on an m×n matrix is mn / (r(m+n)), large only for large matrices. "
-                "The wide model below tests the claim where it can hold."
-            )
-        )
+        saved, model = 100 * (1 - 1 / ratio), pg.get("model", "cnn1d")
+        accs = dict(exact=_pct(exact["acc_avg"], exact.get("acc_avg_std")))
+        accs.update(pg=_pct(pg["acc_avg"], pg.get("acc_avg_std")), seeds=pg.get("seeds", 1))
+        lines.append(SAY["within"].format(**{**pg, **accs, "met": met[gap <= 1.0], "gap": gap}))
+        why = SAY["why not fewer"] if saved < 99.0 and pg.get("model") == "cnn1d" else ""
+        cells = dict(model=model, saved=saved, ratio=ratio, why=why)
+        lines.append(SAY["fewer bytes"].format(**cells, met=met[saved >= 99.0]))
     w_exact, w_pg = _by_label(wide, EXACT), _by_label(wide, POWERGOSSIP)
     if w_exact and w_pg:
         ratio = w_exact["mb_per_step"] / w_pg["mb_per_step"]
-        saved = 100 * (1 - 1 / ratio)
-        gap = 100 * (w_exact["acc_avg"] - w_pg["acc_avg"])
-        met = saved >= 99.0 and gap <= 1.0
-        lines.append(
-            f"- **≥ 99 % fewer bytes at ≤ 1 pp accuracy, wide model** ({WIDE_MODEL}, "
-            f"{w_exact['parameters']} parameters, {w_exact['topology']} {w_exact['partition']}, "
-            f"{w_exact['epochs']} epochs, seed 0): {'MET' if met else 'MISSED'} — PowerGossip r1 "
-            f"sends {saved:.2f} % fewer bytes ({ratio:.0f}× less) at {_pct(w_pg['acc_avg'])} "
-            f"vs exact gossip's {_pct(w_exact['acc_avg'])} (gap {gap:+.2f} pp)."
-        )
+        saved, gap = 100 * (1 - 1 / ratio), 100 * (w_exact["acc_avg"] - w_pg["acc_avg"])
+        cells = dict(saved=saved, ratio=ratio, gap=gap, met=met[saved >= 99.0 and gap <= 1.0])
+        cells.update(pg=_pct(w_pg["acc_avg"]), exact=_pct(w_exact["acc_avg"]))
+        lines.append(SAY["wide claim"].format(**{**w_exact, **cells, "wide_model": WIDE_MODEL}))
     cnn = [r for r in [*headline, *rows, *reference] if "error" not in r]
     cnn = [r for r in cnn if r.get("acc_avg") is not None and r.get("model") == "cnn1d"]
     if cnn:
         best = max(cnn, key=lambda r: r["acc_avg"])
-        met = best["acc_avg"] >= 0.90
         seeds = f", mean of {best['seeds']} seeds" if best.get("seeds", 1) > 1 else ""
-        lines.append(
-            f"- **A CNN reaching ≥ 90 %**: {'MET' if met else 'MISSED'} — best averaged-model "
-            f"accuracy {_pct(best['acc_avg'])} ({best['label']}, {best['topology']} "
-            f"{best['partition']}, {best['epochs']} epochs{seeds})."
-        )
+        cells = dict(met=met[best["acc_avg"] >= 0.90], acc=_pct(best["acc_avg"]), seeds=seeds)
+        lines.append(SAY["cnn claim"].format(**{**best, **cells}))
     return lines
