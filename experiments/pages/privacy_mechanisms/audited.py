@@ -56,7 +56,9 @@ def calibrate(c: Mapping[str, Any]) -> Dict[str, Any]:
     import topologies
 
     peers = topologies.parse(c["topology"]).size
-    split = attack_runs._split(dict(c, fraction=regimes.FRACTION, observer=regimes.OBSERVER), 0)
+    split = attack_runs.membership_split(
+        dict(c, fraction=regimes.FRACTION, observer=regimes.OBSERVER), 0
+    )
     total = split.data().num_train
     members = len(split.member_set(split.victims[0])[1])
     steps = c["epochs"] * math.ceil(total / (peers * c["batch_size"]))
@@ -128,7 +130,7 @@ def row(run: Run) -> Dict[str, Any]:
     if kind == "split":
         return attack_runs.row(run)
     c, start = run.config, os.getloadavg()[0]
-    split = attack_runs._split(c["split"], run.seed)
+    split = attack_runs.membership_split(c["split"], run.seed)
     out = attack_runs.attacked(c, run.seed, split)
     return dict(mechanism_row(out, c), load=[start, out["load"]], nice=os.nice(0))
 
