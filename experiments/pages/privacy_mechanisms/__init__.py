@@ -1,13 +1,9 @@
 """`python -m experiments privacy_mechanisms_logreg`: local DP-SGD, Muffliato, ZIP-DL and DECOR at
-equal epsilon against a neighbour, on exact gossip and PowerGossip r1, on each of three
-topologies, on a small linear problem, each run attacked by the neighbour (the same plan at other
-budgets without the attacks: privacy_mechanisms_budget). `python -m experiments
-privacy_mechanisms`: the same mechanisms in the attack pages' regime, each run also audited
-(`audited`). A plan per topology: the calibration (each mechanism's noise for the target epsilon
-with its own accountant, `calibration`), then every (mechanism, algorithm, seed) as an attacked
-run (`runs`); the page (`page`, its text page.md) says what each accountant covers. The plan's
-constants are below, in one place.
-"""
+equal epsilon against a neighbour, on exact gossip and PowerGossip r1, on three topologies of a
+small linear problem, each run attacked by the neighbour: per topology the calibration (each
+mechanism's noise for the target, `calibration`), then every (mechanism, algorithm, seed) (`runs`;
+the page: `page`). `privacy_mechanisms`: the same in the attack pages' regime, audited too
+(`audited`)."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
 
 from . import audited, calibration, page
-from .runs import FRACTION, OBSERVER, plan_runs, row
+from .runs import OBSERVER, plan_runs, reuses_local, row
 
 ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1,iters=1"))
 MECHANISMS = ("local", "muffliato", "zipdl", "decor")
@@ -67,15 +63,13 @@ def sections(rows: Rows, prefix: str = "") -> List[Dict[str, Any]]:
     """Per topology (plan order): its setting, calibration, runs' rows, and whether Muffliato's
     runs are local DP-SGD's (the same noise)."""
     out = []
-    for record in rows.records:
-        if record.config["kind"] == "calibration" and record.key.startswith(prefix):
-            noises, setting = record.row, record.config["setting"]
-            reuse = abs(noises["muffliato"]["sigma"] - noises["local"]["sigma"]) < 1e-9
-            out.append(dict(setting=setting, noises=noises, reuse_muffliato=reuse, rows=[]))
-        elif record.key.startswith(prefix):
-            next(s for s in out if s["setting"] == record.config["setting"])["rows"].append(
-                record.row
-            )
+    for record in (r for r in rows.records if r.key.startswith(prefix)):
+        setting = record.config["setting"]
+        if record.config["kind"] == "calibration":
+            reuse = reuses_local(record.row)
+            out.append(dict(setting=setting, noises=record.row, reuse_muffliato=reuse, rows=[]))
+        else:
+            next(s for s in out if s["setting"] == setting)["rows"].append(record.row)
     return out
 
 
@@ -89,9 +83,8 @@ def render(rows: Rows) -> Outputs:
         load, nice = [(runs[0]["load"][0], runs[-1]["load"][1])], [runs[0]["nice"]]
     per_step = statistics.fmean(r["run_seconds"] / r["steps"] for r in runs)
     c = dict(target=calibration.TARGET, delta=calibration.DELTA, clip=calibration.CLIP)
-    c.update(ratio=calibration.DECOR_RATIO, algorithms=[a for a, _ in ALGORITHMS])
-    c.update(observer=OBSERVER, fraction=FRACTION, network_steps=calibration.NETWORK_STEPS)
-    c.update(load=load, nice=nice, per_step=per_step)
+    c.update(algorithms=[a for a, _ in ALGORITHMS], observer=OBSERVER, per_step=per_step)
+    c.update(network_steps=calibration.NETWORK_STEPS, load=load, nice=nice)
     return {
         "privacy_mechanisms_logreg.md": page.render_page(found, made_by(rows), rows.command, c),
         "privacy_mechanisms_logreg.csv": page.csv_text(runs),
