@@ -16,7 +16,7 @@ from experiments.pages._privacy import NONPRIVATE_LR
 from . import runs, tables
 from .audit import audit_answers, audit_section
 from .network import HEATMAP_PNG, network_text, plot_network
-from .regimes import DP, OBSERVER, regime
+from .regimes import OBSERVER, regime
 from .tables import HEADLINE, WORDS, _band, _flats, _models, _reconstructions, groups, label
 
 LIRA = ("LiRA offline", "LiRA online")
@@ -69,22 +69,14 @@ def intro_fields(r: Dict[str, Any], rows: Rows, data) -> Dict[str, Any]:
     members, nonmembers = (ok[0]["members"], ok[0]["nonmembers"]) if ok else (0, 0)
     loads = [x["load"] for x in data if "load" in x]
     load = f" (1-min load average {min(loads):.1f}–{max(loads):.1f} at the ends of the runs)"
-    dp = setting.get("dp") or DP
-    words = dict(batch=setting["batch_size"], lr=setting["lr"], epochs=setting["epochs"])
-    words.update(dp_batch=dp.get("batch_size"), dp_lr=dp.get("lr"), dp_epochs=dp.get("epochs"))
-    words.update(clip=dp.get("dp_max_grad_norm"), delta=dp.get("dp_delta"))
-    keys = ("dataset", "partition", "model", "topology", "momentum", "warmup_epochs")
-    out = {k: setting[k] for k in keys}
-    out.update(title=r["title"], made_by=made_by(rows), load=load if loads else "")
-    out.update(observer=OBSERVER, members=members, nonmembers=nonmembers, per=nonmembers // 1000)
+    out = dict(r=r, s=setting, made_by=made_by(rows), load=load if loads else "", observer=OBSERVER)
+    out.update(members=members, nonmembers=nonmembers, per=nonmembers // 1000, headline=HEADLINE)
     out.update(plural="s" if nonmembers // 1000 != 1 else "", seeds=len(r["seeds"]))
     lr = setting.get("reference_lr", NONPRIVATE_LR)
-    out.update(
-        references=r["references"], reference_words=r["reference_words"].format(reference_lr=lr)
-    )
-    out.update(headline=HEADLINE, victim_members=members // 2, scale_note=r["scale_note"])
+    out["reference_words"] = r["reference_words"].format(reference_lr=lr)
     out["per_peer"] = len(split["record"]["members"]["0"]) if split else 0
-    return dict(out, regime_words=r["regime_text"].format(**words))
+    regime_words = r["regime_text"].format(s=setting, dp=setting["dp"])
+    return dict(out, victim_members=members // 2, regime_words=regime_words)
 
 
 def _eps_text(e: float) -> str:

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
+from experiments.pages._markdown import fill, template
 
 from . import audited, calibration, page
 from .runs import OBSERVER, plan_runs, reuses_local, row
@@ -74,19 +75,38 @@ def sections(rows: Rows, prefix: str = "") -> List[Dict[str, Any]]:
 
 
 def render(rows: Rows) -> Outputs:
+    """privacy_mechanisms_logreg.md (page.md beside this file) and its CSV."""
     found = sections(rows)
-    runs = [r for s in found for r in s["rows"]]
+    runs, setting = [r for s in found for r in s["rows"]], found[0]["setting"]
     origin = rows.records[0].origin or {}
     if "load" in origin:  # the runs of the old program: one (start, end) pair per command
         load, nice = [tuple(pair) for pair in origin["load"]], origin["nice"]
     else:  # this sweep's first and last runs
         load, nice = [(runs[0]["load"][0], runs[-1]["load"][1])], [runs[0]["nice"]]
-    per_step = statistics.fmean(r["run_seconds"] / r["steps"] for r in runs)
-    c = dict(target=calibration.TARGET, delta=calibration.DELTA, clip=calibration.CLIP)
-    c.update(algorithms=[a for a, _ in ALGORITHMS], observer=OBSERVER, per_step=per_step)
-    c.update(network_steps=calibration.NETWORK_STEPS, load=load, nice=nice)
+    c = dict(target=calibration.TARGET, algorithms=[a for a, _ in ALGORITHMS])
+    plain = sorted({r["seed"] for r in found[0]["rows"] if r["mechanism"] == "none"})
+    schedule, seeds = setting.get("schedule", "constant"), setting["seeds"]
+    fields = dict(delta=calibration.DELTA, clip=calibration.CLIP, observer=OBSERVER)
+    fields.update({k: setting[k] for k in ("model", "shard", "batch_size", "epochs", "references")})
+    fields.update({k: next(iter(found[0]["noises"].values()))[k] for k in ("q", "steps")})
+    fields.update(generated=made_by(rows), command=rows.command, records=2 * setting["shard"])
+    fields.update(how_run=page._how_run(dict(load=load, nice=nice)), seed_count=len(seeds))
+    fields["per_step"] = statistics.fmean(r["run_seconds"] / r["steps"] for r in runs)
+    fields["topologies"] = ", ".join(s["setting"]["topology"] for s in found)
+    fields["classes"] = setting["dataset"].split("classes=")[1].split(",")[0]
+    kind = "constant" if schedule == "constant" else "decaying"
+    fields["lr_text"] = page.WORDS[f"lr {kind}"].format(lr=setting["lr"], schedule=schedule)
+    fields.update(seeds=", ".join(map(str, seeds)), plain=", ".join(map(str, plain)))
+    fields.update(plural="s" if len(plain) > 1 else "", topology_count=len(found))
+    fields.update(runs="one run" if len(load) == 1 else f"{len(load)} runs")
+    fields.update(network=page.WORDS["network"].format(schedule=schedule))
+    fields["shrinks"] = (
+        "" if kind == "constant" else f"; fixed, while the {schedule} lr shrinks DP's"
+    )
+    fields["network_steps"] = calibration.NETWORK_STEPS
+    text = fill(template(__file__), **fields, **c, **page.shown(found, c))
     return {
-        "privacy_mechanisms_logreg.md": page.render_page(found, made_by(rows), rows.command, c),
+        "privacy_mechanisms_logreg.md": text,
         "privacy_mechanisms_logreg.csv": page.csv_text(runs),
     }
 

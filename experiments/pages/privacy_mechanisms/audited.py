@@ -148,16 +148,10 @@ def render(rows: Rows) -> Outputs:
     c.update(observer=regimes.OBSERVER, ratio=calibration.DECOR_RATIO)
     load = [(runs[0]["load"][0], runs[-1]["load"][1])]  # the first run's start, the last's end
     regime = _regime(rows.records[0].quick)
-    s, dp, public = regime["setting"], regime["setting"]["dp"], calibrated.row["public"]
-    local = calibrated.row["local"]
-    fields = dict(topology=s["topology"], model=s["model"], peers=public["peers"])
-    fields["data"] = s["dataset"].split(":")[0]
-    fields.update(records=public["train_size"] // public["peers"], members=public["members"])
-    fields.update(batch=s["batch_size"], lr=s["lr"], epochs=s["epochs"], momentum=s["momentum"])
-    fields.update(dp_batch=dp["batch_size"], dp_lr=dp["lr"], dp_epochs=dp["epochs"])
-    fields.update(clip=dp["dp_max_grad_norm"], delta=dp["dp_delta"], q=local["q"])
-    fields.update(steps=local["steps"], references=regime["references"])
-    fields.update(canaries=regime["canaries"], seeds=", ".join(map(str, regime["seeds"])))
+    s, public = regime["setting"], calibrated.row["public"]
+    fields = dict(regime=regime, s=s, dp=s["dp"], public=public, local=calibrated.row["local"])
+    fields.update(data=s["dataset"].split(":")[0], records=public["train_size"] // public["peers"])
+    fields["seeds"] = ", ".join(map(str, regime["seeds"]))
     fields.update(generated=made_by(rows), command=rows.command, **page.shown([section], c))
     fields["how_run"] = page._how_run(dict(load=load, nice=[all(r["nice"] for r in runs)]))
     fields.update(audit=audit_lines(section, c), audit_answers=audit_answers(section))

@@ -1,7 +1,6 @@
-"""privacy_mechanisms_logreg.md (page.md) and its CSV, and what both mechanisms pages show, from the
-rows: the calibration of each topology, every run's accuracy (plateau check) and the neighbour's
-attack, the answers in numbers and what the accountants say (tables' headers: the templates;
-sentences: words.md)."""
+"""What both mechanisms pages show of their rows (tables' headers: their templates; sentences:
+words.md): the calibration of each topology, every run's accuracy (plateau check) and the
+neighbour's attack, the answers in numbers, how the runs were made, and the CSV."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import math
 import statistics
 from typing import Any, Dict, List, Tuple
 
-from experiments.pages._markdown import fill, mean_sd, pm, snippets, table_rows, template
+from experiments.pages._markdown import mean_sd, pm, snippets, table_rows
 
 NAMES = dict(none="non-private", local="local DP-SGD", muffliato="Muffliato", zipdl="ZIP-DL")
 NAMES["decor"] = "DECOR"
@@ -52,44 +51,6 @@ def shown(sections, c) -> Dict[str, List[str]]:
     ]
     out = dict(calibration=calibration_lines(sections), results=results, plateau=plateau)
     return dict(out, attacks=attack_lines(sections, c), answers=answers)
-
-
-def render_page(sections, generated, command, c) -> str:
-    """The page (page.md): `sections` (per topology: setting, noises, rows, reuse_muffliato),
-    `generated` (who made the rows), the command that makes the page, and `c` (the plan's
-    constants and how the runs were made: load, nice, time per step)."""
-    setting, runs = sections[0]["setting"], len(c["load"])
-    noise = next(iter(sections[0]["noises"].values()))
-    plain = sorted({r["seed"] for r in sections[0]["rows"] if r["mechanism"] == "none"})
-    fields = {k: c[k] for k in ("clip", "delta", "target", "observer", "per_step", "network_steps")}
-    fields.update({k: setting[k] for k in ("model", "shard", "batch_size", "epochs", "references")})
-    fields.update({k: noise[k] for k in ("q", "steps")}, records=2 * setting["shard"])
-    fields.update(generated=generated, command=command, how_run=_how_run(c))
-    fields["topologies"] = ", ".join(s["setting"]["topology"] for s in sections)
-    fields["classes"] = setting["dataset"].split("classes=")[1].split(",")[0]
-    fields.update(lr_text=_lr_text(setting), seeds=", ".join(map(str, setting["seeds"])))
-    fields.update(plural="s" if len(plain) > 1 else "", plain=", ".join(map(str, plain)))
-    fields.update(topology_count=len(sections), seed_count=len(setting["seeds"]))
-    fields["runs"] = "one run" if runs == 1 else f"{runs} runs"
-    schedule = setting.get("schedule", "constant")
-    fields["network"] = WORDS["network"].format(schedule=schedule)
-    fields["shrinks"] = (
-        "" if schedule == "constant" else f"; fixed, while the {schedule} lr shrinks DP's"
-    )
-    return fill(template(__file__), **fields, **shown(sections, c))
-
-
-def _lr_text(setting) -> str:
-    schedule, lr = setting.get("schedule", "constant"), setting["lr"]
-    if schedule == "constant":
-        return (
-            f"constant lr {lr}, no weight decay: the setting Muffliato's network accountant models"
-        )
-    return (
-        f"lr {lr} with a {schedule} decay to 0 over the run, no weight decay; Muffliato's and "
-        "ZIP-DL's network accountants model a constant lr, so here they report DP-SGD's local "
-        "bound, which holds under any schedule"
-    )
 
 
 def calibration_lines(sections) -> List[str]:
