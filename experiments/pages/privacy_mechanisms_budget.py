@@ -18,11 +18,8 @@ from experiments.pages.privacy_mechanisms.page import NAMES
 from experiments.pages.privacy_mechanisms.runs import plan_runs, row
 
 #: Epochs of each run, per topology: the page's 512 and below, and 1024 where 512 still paid.
-BUDGETS = {
-    "ring:8": (128, 256, 512),
-    "ring:16": (128, 256, 512),
-    "exponential:16": (128, 256, 512, 1024),
-}
+BUDGETS = dict.fromkeys(("ring:8", "ring:16"), (128, 256, 512))
+BUDGETS["exponential:16"] = (128, 256, 512, 1024)
 QUICK_BUDGETS = {"ring:4": (4, 8)}
 #: A doubling pays when the mean gain exceeds this many times the larger seed std of the two.
 CLEAR = 2.0
@@ -147,12 +144,5 @@ def verdict_lines(table) -> List[str]:
     return lines
 
 
-PAGE = register(
-    Page(
-        "privacy_mechanisms_budget",
-        "the mechanisms page at 128/256/512(/1024) epochs: does doubling the budget still pay?",
-        plan,
-        row,
-        render,
-    )
-)
+TITLE = "the mechanisms page at 128/256/512(/1024) epochs: does doubling the budget still pay?"
+PAGE = register(Page("privacy_mechanisms_budget", TITLE, plan, row, render))

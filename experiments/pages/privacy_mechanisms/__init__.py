@@ -111,23 +111,9 @@ def render(rows: Rows) -> Outputs:
     }
 
 
+TITLE = "DP-SGD, Muffliato, ZIP-DL, DECOR at equal ε in the attack regime, attacked and audited"
+LOGREG = "DP-SGD, Muffliato, ZIP-DL, DECOR at equal ε on a linear problem, three topologies"
 PAGES = [
-    register(
-        Page(
-            "privacy_mechanisms",
-            "DP-SGD, Muffliato, ZIP-DL, DECOR at equal ε in the attack regime, attacked and audited",
-            audited.plan,
-            audited.row,
-            audited.render,
-        )
-    ),
-    register(
-        Page(
-            "privacy_mechanisms_logreg",
-            "DP-SGD, Muffliato, ZIP-DL, DECOR at equal ε on a linear problem, three topologies",
-            plan,
-            row,
-            render,
-        )
-    ),
+    register(Page("privacy_mechanisms", TITLE, audited.plan, audited.row, audited.render)),
+    register(Page("privacy_mechanisms_logreg", LOGREG, plan, row, render)),
 ]
