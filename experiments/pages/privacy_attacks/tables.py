@@ -94,10 +94,6 @@ def _dp(group: Sequence[Dict[str, Any]]) -> str:
     return f"ε = {low if low == high else f'{low}–{high}'} (victims' own; target {r['target']:g})"
 
 
-def _within(value: float, band: Sequence[float]) -> bool:
-    return band[0] <= value <= band[1]
-
-
 def blind_check(group: Sequence[Dict[str, Any]]) -> str:
     """How many seeds have both blind baselines inside the permutation null band: the class
     prior's AUC (it takes ~10 values: no threshold has FPR <= 1 %), and the blind model's AUC and
@@ -105,11 +101,8 @@ def blind_check(group: Sequence[Dict[str, Any]]) -> str:
     ok = 0
     for r in group:
         band, blind = _band(r), _last(r)["evaluation"]["blind_model"][HEADLINE]
-        ok += (
-            _within(_last(r)["flat"]["auc/class prior"], band["auc"])
-            and _within(blind["auc"], band["auc"])
-            and all(_within(t, b) for t, b in zip(blind["tpr"], band["tpr"]))
-        )
+        pairs = [(_last(r)["flat"]["auc/class prior"], band["auc"]), (blind["auc"], band["auc"])]
+        ok += all(lo <= x <= hi for x, (lo, hi) in pairs + list(zip(blind["tpr"], band["tpr"])))
     return f"{ok}/{len(group)}"
 
 

@@ -8,6 +8,7 @@ import csv
 import io
 import math
 import statistics
+from statistics import fmean
 from typing import Any, Dict, List, Tuple
 
 from experiments.pages._markdown import mean_sd, pm, snippets, table_rows
@@ -16,10 +17,6 @@ NAMES = dict(none="non-private", local="local DP-SGD", muffliato="Muffliato", zi
 NAMES["decor"] = "DECOR"
 PRIVATE = ("local", "muffliato", "zipdl", "decor")
 WORDS = snippets(__file__, "words.md")
-
-
-def _mean(values) -> float:
-    return statistics.fmean(values)
 
 
 def _sd(values) -> float:
@@ -80,7 +77,7 @@ def results_lines(sections, c, tables) -> Tuple[List[str], List[str]]:
                 if not group:
                     continue
                 acc, late = [r["acc_avg"] for r in group], [r["acc_3q"] for r in group]
-                change = _mean([(a - h) * 100 for a, h in zip(acc, late)])
+                change = fmean([(a - h) * 100 for a, h in zip(acc, late)])
                 table[(name, algorithm)] = acc
                 if name != "none" and not reuse:
                     plateau[topology].append((name, algorithm, change, _sd(acc) * 100))
@@ -93,7 +90,7 @@ def results_lines(sections, c, tables) -> Tuple[List[str], List[str]]:
                     f"{change:+.2f}",
                 ]
                 cells += [_pm([r[k] for r in group]) for k in ("acc_local_mean", "acc_local_min")]
-                lines.append(cells + [f"{_mean(r['mb_per_peer'] for r in group):.3f}"])
+                lines.append(cells + [f"{fmean(r['mb_per_peer'] for r in group):.3f}"])
     return table_rows(lines), plateau_lines(sections, plateau)
 
 
@@ -128,11 +125,11 @@ def answer_lines(section, table, c) -> List[str]:
     """The best mechanism per algorithm, and what low-rank compression does to each."""
     lines, topology, algorithms = [], section["setting"]["topology"], c["algorithms"]
     for algorithm in algorithms:
-        ranked = sorted(PRIVATE, key=lambda m: -_mean(table[(m, algorithm)]))
+        ranked = sorted(PRIVATE, key=lambda m: -fmean(table[(m, algorithm)]))
         best, second = table[(ranked[0], algorithm)], table[(ranked[1], algorithm)]
-        gap, spread = (_mean(best) - _mean(second)) * 100, max(_sd(best), _sd(second)) * 100
+        gap, spread = (fmean(best) - fmean(second)) * 100, max(_sd(best), _sd(second)) * 100
         verdict = _clear(gap, spread, len(best), ("lead", "no lead", "no lead"))
-        order = " > ".join(f"{NAMES[m]} {_mean(table[(m, algorithm)]) * 100:.2f} %" for m in ranked)
+        order = " > ".join(f"{NAMES[m]} {fmean(table[(m, algorithm)]) * 100:.2f} %" for m in ranked)
         v = dict(topology=topology, algorithm=algorithm, target=c["target"], gap=gap, order=order)
         v.update(best=NAMES[ranked[0]], second=NAMES[ranked[1]], best_pm=_pm(best))
         v.update(second_pm=_pm(second), plain=_pm(table[("none", algorithm)]))
@@ -144,30 +141,29 @@ def answer_lines(section, table, c) -> List[str]:
             if name == "muffliato" and section["reuse_muffliato"]:
                 continue
             mine, theirs = table[(name, low)], table[(name, exact)]
-            delta, spread = (_mean(mine) - _mean(theirs)) * 100, max(_sd(mine), _sd(theirs)) * 100
+            delta, spread = (fmean(mine) - fmean(theirs)) * 100, max(_sd(mine), _sd(theirs)) * 100
             parts.append(f"{NAMES[name]} {delta:+.2f} pp ({_clear(delta, spread, len(mine))})")
         lines.append(WORDS["low rank"].format(topology=topology, parts="; ".join(parts)))
     return lines
 
 
 def _band(rows, key) -> str:
-    lo, hi = _mean(r[key][0] for r in rows), _mean(r[key][1] for r in rows)
+    lo, hi = fmean(r[key][0] for r in rows), fmean(r[key][1] for r in rows)
     return f"[{lo * 100:.1f}, {hi * 100:.1f}]" if "tpr" in key else f"[{lo:.3f}, {hi:.3f}]"
 
 
-#: The attack table's figures after its labels: (key, scale, digits), then the chance band's.
+#: The attack table's figures after its labels (TPRs in %), then the chance band's.
 ATTACK_CELLS = (
-    ("auc/received/LOSS", 1, 3),
-    ("tpr1/received/LOSS", 100, 2),
-    ("tpr0.1/received/LOSS", 100, 2),
-    ("auc/received/LiRA offline", 1, 3),
-    ("tpr1/received/LiRA offline", 100, 2),
-    ("auc/received/LiRA online", 1, 3),
-    ("auc/victim's own/LOSS", 1, 3),
-    ("auc/blind model/LOSS", 1, 3),
-    ("tpr0.1/blind model/LOSS", 100, 2),
-    ("auc/class prior", 1, 3),
-)
+    "auc/received/LOSS|tpr1/received/LOSS|tpr0.1/received/LOSS|auc/received/LiRA offline|"
+    "tpr1/received/LiRA offline|auc/received/LiRA online|auc/victim's own/LOSS|"
+    "auc/blind model/LOSS|tpr0.1/blind model/LOSS|auc/class prior"
+).split("|")
+
+
+def _cell(group, key: str) -> str:
+    """The group's mean of figure `key`: a TPR in % to 2 decimals, else to 3."""
+    tpr = key.startswith("tpr")
+    return f"{fmean(r[key] for r in group) * (100 if tpr else 1):.{2 if tpr else 3}f}"
 
 
 def attack_lines(sections, c) -> List[str]:
@@ -180,13 +176,13 @@ def attack_lines(sections, c) -> List[str]:
                 group = [r for r in rows if r["mechanism"] == name and r["algorithm"] == algorithm]
                 if not group:
                     continue
-                cells = [f"{_mean(r[k] for r in group) * s:.{d}f}" for k, s, d in ATTACK_CELLS]
+                cells = [_cell(group, k) for k in ATTACK_CELLS]
                 cells += [_band(group, f"null/{k}") for k in ("auc", "tpr1", "tpr0.1")]
                 lines.append([topology, NAMES[name], algorithm] + cells)
                 for attack in ("LOSS", "LiRA offline"):
                     for metric in ("auc", "tpr1"):
-                        hi = _mean(r[f"null/{metric}"][1] for r in group)
-                        value = _mean(r[f"{metric}/received/{attack}"] for r in group)
+                        hi = fmean(r[f"null/{metric}"][1] for r in group)
+                        value = fmean(r[f"{metric}/received/{attack}"] for r in group)
                         if value > hi:
                             seen = (
                                 f"AUC {value:.3f} > {hi:.3f}"
