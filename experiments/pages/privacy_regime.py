@@ -167,14 +167,15 @@ def qualifies(plain: Optional[Dict[str, Any]]) -> bool:
     return enough and plain["auc"] > plain["band_auc"][1]
 
 
+def _qualified(p) -> List[tuple]:
+    """(best DP accuracy, name) of every qualifying candidate of `pairs` `p` with a DP row."""
+    return [(x["dp"]["acc_victims"], n) for n, x in p.items() if x["dp"] and qualifies(x["plain"])]
+
+
 def choose(rows) -> Optional[str]:
     """The selection rule (the module docstring): the qualifying candidate whose best DP recipe
     has the highest victims' accuracy; None when no candidate qualifies (or has a DP row)."""
-    ok = [
-        (p["dp"]["acc_victims"], name)
-        for name, p in pairs(rows).items()
-        if p["dp"] is not None and qualifies(p["plain"])
-    ]
+    ok = _qualified(pairs(rows))
     return max(ok)[1] if ok else None
 
 
@@ -184,9 +185,8 @@ def chosen_setting(rows) -> Optional[Dict[str, Any]]:
     name = choose(rows)
     if name is None:
         return None
-    p = pairs(rows)[name]
-    records, model = p["plain"]["records"], p["plain"]["model"]
-    return dict(records=records, model=model, epochs=p["plain"]["epochs"], dp=recipe_of(p["dp"]))
+    plain, dp = pairs(rows)[name]["plain"], pairs(rows)[name]["dp"]
+    return dict({k: plain[k] for k in ("records", "model", "epochs")}, dp=recipe_of(dp))
 
 
 def victims_history(row: Mapping[str, Any]) -> List[Any]:
@@ -269,14 +269,8 @@ def chosen_words(p, name: Optional[str], setting) -> List[str]:
     chosen = p[name]
     where = WORDS["trains"] if setting == ATTACK_PAGES_REGIME else WORDS["still"]
     where = where.format(earlier=setting_label(ATTACK_PAGES_REGIME))
-    tied = [
-        other
-        for other, q in p.items()
-        if other != name
-        and q["dp"] is not None
-        and qualifies(q["plain"])
-        and q["dp"]["acc_victims"] == chosen["dp"]["acc_victims"]
-    ]
+    acc = chosen["dp"]["acc_victims"]
+    tied = [other for a, other in _qualified(p) if other != name and a == acc]
     where += WORDS["tied"].format(tied=", ".join(tied)) if tied else ""
     plain, dp = chosen["plain"], chosen["dp"]
     v = dict(name=name, recipe=recipe_label(setting["dp"]), auc=plain["auc"], target=TARGET)

@@ -86,40 +86,34 @@ def verdict(structure: List[Dict[str, Any]], summaries: List[Dict[str, Any]]) ->
     once = [r for r in structure if r["updates"] == "once"]
     for spec in dict.fromkeys(r["topology"] for r in once):
         mine = [r for r in once if r["topology"] == spec]
-        ups = mine[-1]["updates_by_distance"]
-        full = next(
-            (r for r in mine if all(c[0] == c[1] for c in r["updates_by_distance"].values())), None
-        )
-        v = dict(
-            spec=spec,
-            steps=mine[-1]["steps"],
-            full=f" (every peer from T = {full['steps']})" if full else "",
-        )
-        v.update(
-            far=sum(c[1] for d, c in ups.items() if d != "1"),
-            got=sum(c[0] for d, c in ups.items() if d != "1"),
-        )
-        lines.append(WORDS["averaging"].format(**v))
+        full = next((r for r in mine if all(a == b for a, b in _far(r, all_=True))), None)
+        v = dict(spec=spec, steps=mine[-1]["steps"], far=sum(b for _, b in _far(mine[-1])))
+        v["full"] = f" (every peer from T = {full['steps']})" if full else ""
+        lines.append(WORDS["averaging"].format(**v, got=sum(a for a, _ in _far(mine[-1]))))
     plain = [r for r in structure if r["updates"] == "every_step" and r["tie"] == 1]
     if plain:
-        none = all(
-            c[0] == 0 for r in plain for d, c in r["updates_by_distance"].items() if d != "1"
-        )
+        none = "no" if all(a == 0 for r in plain for a, _ in _far(r)) else "some"
         nobody = all(r["colluders_for_target"] is None for r in plain)
-        lines.append(
-            WORDS["dsgd"].format(
-                none="no" if none else "some", colluders=WORDS["no colluders"] if nobody else "."
-            )
-        )
+        colluders = WORDS["no colluders"] if nobody else "."
+        lines.append(WORDS["dsgd"].format(none=none, colluders=colluders))
     for regime in ("averaging", "dsgd"):
         for algorithm in dict.fromkeys(s["algorithm"] for s in summaries):
             for s in _alone(summaries, regime):
                 if s["algorithm"] == algorithm and (regime == "dsgd" or s["mode"] == "once"):
-                    v = {k: _fmt(s[k]) for k in ("error_median", "error_max")}
-                    lines.append(
-                        WORDS["alone"].format(**{**s, **v}, blind=_fmt(s["blind_mean_median"]))
-                    )
+                    lines.append(WORDS["alone"].format(**{**s, **_errors(s)}))
     return lines
+
+
+def _far(r: Dict[str, Any], all_: bool = False) -> List[Sequence[int]]:
+    """(determined, of) of a structural row's updates per distance, beyond the neighbours (or at
+    every distance with `all_`)."""
+    return [c for d, c in r["updates_by_distance"].items() if all_ or d != "1"]
+
+
+def _errors(s: Dict[str, Any]) -> Dict[str, str]:
+    """A summary's median and largest error and its blind guess's, as the page writes them."""
+    keys = dict(error="error_median", error_max="error_max", blind="blind_mean_median")
+    return {k: _fmt(s[key]) for k, key in keys.items()}
 
 
 def low_rank_answer(summaries: List[Dict[str, Any]]) -> List[str]:
@@ -134,10 +128,7 @@ def low_rank_answer(summaries: List[Dict[str, Any]]) -> List[str]:
             better = compressed["error_median"] < compressed["blind_mean_median"]
             verdict = "better than blind." if better else "no better than the blind guess."
             rest = WORDS["compressed"].format(
-                parameters=compressed["parameters"],
-                error=_fmt(compressed["error_median"]),
-                blind=_fmt(compressed["blind_mean_median"]),
-                verdict=verdict,
+                **{**compressed, **_errors(compressed)}, verdict=verdict
             )
         lost = exact["parameters"] if exact and exact["error_max"] < 1e-4 else 0
         total = sum(s["parameters"] for s in parts.values())
@@ -157,8 +148,7 @@ def low_rank_answer(summaries: List[Dict[str, Any]]) -> List[str]:
                 if ratio < 1
                 else "no better than"
             )
-            v = dict(error=_fmt(best["error_median"]), blind=_fmt(best["blind_mean_median"]))
-            lines.append(WORDS["dsgd best"].format(**best, **v, verdict=verdict))
+            lines.append(WORDS["dsgd best"].format(**{**best, **_errors(best)}, verdict=verdict))
     return lines + [WORDS["worse than blind"]]
 
 
