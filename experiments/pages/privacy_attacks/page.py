@@ -20,6 +20,8 @@ from .regimes import OBSERVER, regime
 from .tables import HEADLINE, WORDS, _band, _flats, _models, _reconstructions, groups, label
 
 LIRA = ("LiRA offline", "LiRA online")
+#: The tables of the page, each `tables.NAME_table` (their headers: page.md).
+TABLES = ("runs", "leakage", "all_attacks", "reconstruction", "rounds", "per_class")
 #: The figures the low-rank answer quotes: the AUC and the TPR at 1 % FPR.
 AT = (("auc", ""), ("tpr", "1"))
 
@@ -41,14 +43,12 @@ def render(name: str, rows: Rows) -> Outputs:
     first = next((x for x in rows.records if x.key != "network"), None)
     others = ((first and first.origin) or {}).get("budget_rows")
     missed = "## Not reached\n\n" + "\n".join(f"- {x}" for x in not_reached) + "\n\n"
-    made = {k: getattr(tables, f"{k}_table")(data) for k in ("runs", "leakage", "all_attacks")}
-    made.update({k: getattr(tables, f"{k}_table")(data) for k in ("reconstruction", "rounds")})
+    made = {k: getattr(tables, f"{k}_table")(data) for k in TABLES}
     text = fill(
         template(__file__),
         **intro_fields(r, rows, data),
         **made,
         name=name,
-        per_class=tables.per_class_table(data),
         budget=block(tables.budget_section(data, others) if others else ""),
         audit=block(audit_section(groups(data))),
         answers=answers(data),

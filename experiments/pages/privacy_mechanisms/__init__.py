@@ -2,7 +2,7 @@
 equal epsilon against a neighbour, on exact gossip and PowerGossip r1, on three topologies of a
 small linear problem, each run attacked by the neighbour: per topology the calibration (each
 mechanism's noise for the target, `calibration`), then every (mechanism, algorithm, seed) (`runs`;
-the page: `page`). `privacy_mechanisms`: the same in the attack pages' regime, audited too
+the page: page.md, with what both pages show: `page`). `privacy_mechanisms`: the same in the attack pages' regime, audited too
 (`audited`)."""
 
 from __future__ import annotations
