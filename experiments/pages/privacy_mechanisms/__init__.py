@@ -87,23 +87,22 @@ def render(rows: Rows) -> Outputs:
     plain = sorted({r["seed"] for r in found[0]["rows"] if r["mechanism"] == "none"})
     schedule, seeds = setting.get("schedule", "constant"), setting["seeds"]
     fields = dict(delta=calibration.DELTA, clip=calibration.CLIP, observer=OBSERVER)
-    fields.update({k: setting[k] for k in ("model", "shard", "batch_size", "epochs", "references")})
-    fields.update({k: next(iter(found[0]["noises"].values()))[k] for k in ("q", "steps")})
+    fields.update(setting=setting, noise=next(iter(found[0]["noises"].values())))
     fields.update(generated=made_by(rows), command=rows.command, records=2 * setting["shard"])
     fields.update(how_run=page._how_run(dict(load=load, nice=nice)), seed_count=len(seeds))
     fields["per_step"] = statistics.fmean(r["run_seconds"] / r["steps"] for r in runs)
     fields["topologies"] = ", ".join(s["setting"]["topology"] for s in found)
     fields["classes"] = setting["dataset"].split("classes=")[1].split(",")[0]
-    kind = "constant" if schedule == "constant" else "decaying"
-    fields["lr_text"] = page.WORDS[f"lr {kind}"].format(lr=setting["lr"], schedule=schedule)
     fields.update(seeds=", ".join(map(str, seeds)), plain=", ".join(map(str, plain)))
     fields.update(plural="s" if len(plain) > 1 else "", topology_count=len(found))
     fields.update(runs="one run" if len(load) == 1 else f"{len(load)} runs")
-    fields.update(network=page.WORDS["network"].format(schedule=schedule))
-    fields["shrinks"] = (
-        "" if kind == "constant" else f"; fixed, while the {schedule} lr shrinks DP's"
-    )
     fields["network_steps"] = calibration.NETWORK_STEPS
+    kind = "constant" if schedule == "constant" else "decaying"
+    for key in ("lr", "shrinks"):
+        fields[f"{key}_text"] = page.WORDS[f"{key} {kind}"].format(
+            lr=setting["lr"], schedule=schedule
+        )
+    fields["network"] = page.WORDS["network"].format(schedule=schedule)
     text = fill(template(__file__), **fields, **c, **page.shown(found, c))
     return {
         "privacy_mechanisms_logreg.md": text,
