@@ -82,13 +82,8 @@ def results_lines(sections, c, tables) -> Tuple[List[str], List[str]]:
                 if name != "none" and not reuse:
                     plateau[topology].append((name, algorithm, change, _sd(acc) * 100))
                 label = NAMES[name] + (" (= local DP-SGD's runs)" if reuse else "")
-                cells = [topology, label, algorithm, str(len(group))]
-                cells += [
-                    _pm([r["acc_half"] for r in group]),
-                    _pm(late),
-                    _pm(acc),
-                    f"{change:+.2f}",
-                ]
+                pms = [_pm([r[k] for r in group]) for k in ("acc_half", "acc_3q", "acc_avg")]
+                cells = [topology, label, algorithm, str(len(group)), *pms, f"{change:+.2f}"]
                 cells += [_pm([r[k] for r in group]) for k in ("acc_local_mean", "acc_local_min")]
                 lines.append(cells + [f"{fmean(r['mb_per_peer'] for r in group):.3f}"])
     return table_rows(lines), plateau_lines(sections, plateau)
