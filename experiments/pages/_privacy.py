@@ -132,6 +132,18 @@ def dp_row(c: Mapping[str, Any], seed: int) -> Dict[str, Any]:
     return row
 
 
+def membership_split(c: Mapping[str, Any], seed: int):
+    """The seed's membership split of config `c` (dataset, partition, topology, observer,
+    fraction): the observer's neighbours are the victims."""
+    import topologies
+
+    from gossip_powersgd.privacy.heldout import make_split
+
+    topology = topologies.parse(c["topology"])
+    victims = sorted(int(j) for j in topology.neighbors(c["observer"]))
+    return make_split(c["dataset"], topology.size, c["partition"], 0, victims, c["fraction"], seed)
+
+
 def with_load(row: Dict[str, Any], start: float) -> Dict[str, Any]:
     """`row` with the machine's 1-minute load average at the run's start and end, and its cores."""
     return dict(row, load=[start, os.getloadavg()[0]], cores=os.cpu_count())

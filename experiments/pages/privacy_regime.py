@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
 from experiments.pages._markdown import fill, snippets, table_rows, template
-from experiments.pages._privacy import BASE, DELTA, TARGET
+from experiments.pages._privacy import BASE, DELTA, TARGET, membership_split
 
 #: (training records per peer, model, epochs without DP); the DP row of a (records, model) is one
 #: run, shared by its candidates (its epochs are DP's).
@@ -102,8 +102,6 @@ def row(run: Run) -> Dict[str, Any]:
     from gossip_powersgd.privacy.attack_run import observe, own_model_loss_attack
     from gossip_powersgd.privacy.dp_report import peer_epsilons
     from gossip_powersgd.training.models import build_model
-
-    from experiments.pages.privacy_attacks.runs import membership_split
 
     torch.set_num_threads(1)
     c, train = run.config, run.config["train"]

@@ -12,7 +12,7 @@ import os
 from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Run
-from experiments.pages._privacy import DELTA, NONPRIVATE_LR
+from experiments.pages._privacy import DELTA, NONPRIVATE_LR, membership_split
 
 from .regimes import FRACTION, OBSERVER, ROUNDS, dp_recipe, regime
 
@@ -103,18 +103,6 @@ def reference_row(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
     started, train = time.perf_counter(), c["reference"]["train"]
     phi, _ = reference_stats(split, Candidates.of(split), train, c["count"], seed, OBSERVER, c["k"])
     return dict(k=c["k"], seconds=time.perf_counter() - started, phi_mean=float(phi.mean()))
-
-
-def membership_split(c: Mapping[str, Any], seed: int):
-    """The seed's membership split of config `c` (dataset, partition, topology, observer,
-    fraction): the observer's neighbours are the victims."""
-    import topologies
-
-    from gossip_powersgd.privacy.heldout import make_split
-
-    topology = topologies.parse(c["topology"])
-    victims = sorted(int(j) for j in topology.neighbors(c["observer"]))
-    return make_split(c["dataset"], topology.size, c["partition"], 0, victims, c["fraction"], seed)
 
 
 def attacked(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:

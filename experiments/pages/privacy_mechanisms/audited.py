@@ -18,6 +18,7 @@ from gossip_powersgd.privacy.attack_run import MOVING, READ_OFF
 
 from experiments.engine import Outputs, Rows, Run, made_by
 from experiments.pages._markdown import fill, table_rows, template
+from experiments.pages._privacy import membership_split
 from experiments.pages.privacy_attacks import audit, regimes
 from experiments.pages.privacy_attacks import runs as attack_runs
 
@@ -55,7 +56,7 @@ def calibrate(c: Mapping[str, Any]) -> Dict[str, Any]:
     import topologies
 
     split_config = dict(c, fraction=regimes.FRACTION, observer=regimes.OBSERVER)
-    split = attack_runs.membership_split(split_config, 0)
+    split = membership_split(split_config, 0)
     total, peers = split.data().num_train, topologies.parse(c["topology"]).size
     members = len(split.member_set(split.victims[0])[1])
     steps = c["epochs"] * math.ceil(total / (peers * c["batch_size"]))
@@ -102,7 +103,7 @@ def row(run: Run) -> Dict[str, Any]:
     if kind == "split":
         return attack_runs.row(run)
     c, start = run.config, os.getloadavg()[0]
-    split = attack_runs.membership_split(c["split"], run.seed)
+    split = membership_split(c["split"], run.seed)
     out = attack_runs.attacked(c, run.seed, split)
     return dict(mechanism_row(out, c), load=[start, out["load"]], nice=os.nice(0))
 
