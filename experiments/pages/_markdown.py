@@ -55,21 +55,6 @@ def snippets(page_file: str, name: str) -> Dict[str, str]:
     return {key: "\n".join(lines).rstrip("\n") for key, lines in pieces.items()}
 
 
-def parts(page_file: str, name: str) -> Dict[str, List[str]]:
-    """The named parts of the text file `name` beside a page's module: a line `## key` opens part
-    `key`, whose non-blank lines follow (a paragraph or an item a line); lines before the first
-    part are a comment."""
-    out: Dict[str, List[str]] = {"": []}
-    key = ""
-    for line in template(page_file, name).split("\n"):
-        if line.startswith("## "):
-            key = line[3:]
-            out[key] = []
-        elif line:
-            out[key].append(line)
-    return out
-
-
 def fill(text: str, **fields: Any) -> str:
     """A template filled in: a line that is only `{name}` of a list field stands for that list's
     lines (none for an empty list); every other line is `str.format`ted with the fields."""

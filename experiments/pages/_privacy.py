@@ -1,9 +1,6 @@
-"""What the privacy pages share. The DP regime, in one place: privacy_dp_sweep.md chose its recipe (data per
-peer, batch, lr, clip norm), privacy_dp_budget.md its epochs at each ε (`DP_EPOCHS`); privacy.md,
-privacy_dp_budget.md, privacy_dp_subspace.md and privacy_attacks.md train in it. `dp_row` is one
-run of it: a training config, trained on every peer in-process, measured (accuracy at the end and
-at ¾ of the run, each peer's ε, σ, sampling rate, consensus distance over time); a failed run is a
-row saying so."""
+"""What the privacy pages share: the DP regime, in one place (privacy_dp_sweep.md chose its recipe,
+privacy_dp_budget.md its epochs at each ε), and `dp_row`, one run of it trained on every peer
+in-process and measured (a failed run: a row saying so)."""
 
 from __future__ import annotations
 
@@ -13,10 +10,8 @@ from typing import Any, Dict, List, Mapping, Optional
 from experiments.pages import _figures
 from experiments.suite.runs import LOCAL, QUICK_BASE
 
-#: 8 peers x 8000 training samples (mnist1d generates any number; 20 % of them are its test set):
-#: DP-SGD's noise on a batch mean is sigma C / batch, and the sigma that a target epsilon needs
-#: grows with the sampling rate batch / samples, so more data per peer buys batches large
-#: enough to drown the noise at a small sampling rate.
+#: 8 peers x 8000 training samples (20 % more are mnist1d's test set): more data per peer buys
+#: batches large enough to drown DP-SGD's noise (sigma C / batch) at a small sampling rate.
 DATA = "mnist1d:num_samples=80000"
 #: Training samples per peer in DATA (the pages' wording only).
 PER_PEER = 8000
@@ -26,13 +21,11 @@ BASE["comm_timeout"] = 600.0
 DELTA = 1e-5
 #: Every DP row of the sweep's target epsilon (at DELTA; the accountant picks sigma).
 TARGET = 8.0
-#: Epochs of every sweep row: with batch 256 that is 15 x ceil(8000 / 256) = 480 optimizer steps.
+#: Epochs of every sweep row (batch 256: 480 optimizer steps).
 EPOCHS = 15
-#: The non-private reference: (label, batch, lr, clip, epochs, target epsilon), the regime of the
-#: sweep's non-private rows (lr 0.4: batch 32's 0.1 scaled with the batch).
+#: The sweep's non-private rows: (label, batch, lr, clip, epochs, target epsilon).
 NONPRIVATE = ("non-private", 128, 0.4, None, EPOCHS, None)
-#: The sweep: (label, batch, lr, clip C or None for no clipping, epochs, target or None for no
-#: noise); privacy_dp_sweep.md then runs its best DP row again clipped without noise.
+#: The sweep (clip or target None: none); privacy_dp_sweep.md reruns its best clipped, no noise.
 SWEEP = (
     NONPRIVATE,
     ("DP", 256, 1.0, 1.0, EPOCHS, TARGET),
@@ -40,27 +33,19 @@ SWEEP = (
     ("DP", 256, 4.0, 0.5, EPOCHS, TARGET),
     ("DP", 512, 2.0, 1.0, EPOCHS, TARGET),
 )
-#: The DP recipe the sweep chose (its best DP row: batch 256, lr 2.0, C 1.0), the recipe of every
-#: privacy page's DP rows. The sweep picks its best row from what it measures; a page that chooses
-#: another row must change this constant with it.
+#: The DP recipe the sweep chose (its best DP row), every privacy page's DP rows' recipe: a sweep
+#: that picks another row must change this constant with it.
 CHOSEN = SWEEP[2]
 _, DP_BATCH, DP_LR, CLIP, _, _ = CHOSEN
-#: The non-private rows' lr on the privacy pages: 0.1, not the sweep's 0.4. At 0.4 (the attack
-#: page's run at commit bf0fd24) exact gossip without DP ended at chance on one seed of three and
-#: at 90 % on another, and most LiRA reference models trained alone at 0.4 diverged.
+#: The privacy pages' non-private lr: at the sweep's 0.4 (commit bf0fd24) exact gossip ended at
+#: chance on one seed of three, and most LiRA reference models trained alone diverged.
 NONPRIVATE_LR = 0.1
-#: Epochs of the privacy pages' DP rows at each target epsilon: privacy_dp_budget.md's verdicts (a
-#: test holds the two equal). At a fixed epsilon a longer run adds more noise per step, so
-#: accuracy first rises with the budget and then falls, at a budget that depends on epsilon.
+#: Epochs of the privacy pages' DP rows per target epsilon: privacy_dp_budget.md's verdicts (a test
+#: holds the two equal; at a fixed epsilon a longer run adds more noise per step).
 DP_EPOCHS = {8.0: 30, 3.0: 15, 1.0: 15}
 #: --quick: a tiny problem (seconds).
-QUICK = dict(
-    BASE,
-    dataset="synthetic_logreg:d=20,classes=4,n=2000",
-    model="logreg",
-    topology="ring:4",
-    warmup_epochs=0,
-)
+QUICK = dict(BASE, dataset="synthetic_logreg:d=20,classes=4,n=2000", model="logreg")
+QUICK.update(topology="ring:4", warmup_epochs=0)
 
 
 def dp_epochs(target: float) -> int:
@@ -108,17 +93,11 @@ def train_config(
     epochs = (plan["dp_epochs"] or dp_epochs(target)) if private else plan["epochs"]
     config = dict(QUICK_BASE if plan["quick"] else BASE)
     config.pop("seed")
-    config.update(
-        topology=plan["topology"],
-        partition=partition,
-        epochs=epochs,
-        eval_every=max(1, epochs // 4),
-        algorithm=spec,
-        warmup_epochs=plan["warmup"],
-        batch_size=plan["dp_batch" if private else "batch"],
-        lr=plan["dp_lr" if private else "lr"],
-        comm_timeout=600.0,  # a loaded shared machine can stall a peer thread for minutes
-    )
+    config.update(topology=plan["topology"], partition=partition, epochs=epochs, algorithm=spec)
+    config.update(eval_every=max(1, epochs // 4), warmup_epochs=plan["warmup"])
+    config.update(batch_size=plan["dp_batch" if private else "batch"])
+    config["lr"] = plan["dp_lr" if private else "lr"]
+    config["comm_timeout"] = 600.0  # a loaded shared machine can stall a peer thread for minutes
     config.update(extra or {})
     if private:  # the pages report every peer's epsilon and rate: released to the experimenter
         config.update(dp_target_epsilon=target, dp_max_grad_norm=CLIP, dp_delta=DELTA)
@@ -151,6 +130,18 @@ def dp_row(c: Mapping[str, Any], seed: int) -> Dict[str, Any]:
     except Exception as exc:  # a failing run is a row saying so, not a lost page
         row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
     return row
+
+
+def membership_split(c: Mapping[str, Any], seed: int):
+    """The seed's membership split of config `c` (dataset, partition, topology, observer,
+    fraction): the observer's neighbours are the victims."""
+    import topologies
+
+    from gossip_powersgd.privacy.heldout import make_split
+
+    topology = topologies.parse(c["topology"])
+    victims = sorted(int(j) for j in topology.neighbors(c["observer"]))
+    return make_split(c["dataset"], topology.size, c["partition"], 0, victims, c["fraction"], seed)
 
 
 def with_load(row: Dict[str, Any], start: float) -> Dict[str, Any]:

@@ -1,10 +1,8 @@
-"""`python -m experiments privacy_mechanisms_budget`: does doubling the mechanisms page's
-training budget still pay? The logreg mechanisms page's plan at each budget of BUDGETS, trained
-without the attack, each run's noise solved for its own steps. The rule, declared before the
-256-epoch runs were made (`doublings`, `verdicts`): a doubling pays on a row when its mean gain
-exceeds CLEAR x the larger of the two budgets' seed standard deviations; a budget is a plateau for
-a topology when no private row of it pays to double.
-"""
+"""`python -m experiments privacy_mechanisms_budget`: does doubling the logreg mechanisms page's
+budget still pay? Its plan at each budget of BUDGETS, not attacked, each run's noise solved for its
+own steps. The rule (declared before the 256-epoch runs; `doublings`, `verdicts`): a doubling pays
+on a row when its mean gain exceeds CLEAR x the larger seed std of the two budgets; a budget is a
+plateau for a topology when no private row of it pays to double."""
 
 from __future__ import annotations
 
@@ -13,19 +11,15 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
-from experiments.pages._markdown import fill, template
-from experiments.pages._markdown import table as md_table
+from experiments.pages._markdown import fill, table, template
 
 from experiments.pages.privacy_mechanisms import ALGORITHMS, MECHANISMS, setting_of
 from experiments.pages.privacy_mechanisms.page import NAMES
 from experiments.pages.privacy_mechanisms.runs import plan_runs, row
 
 #: Epochs of each run, per topology: the page's 512 and below, and 1024 where 512 still paid.
-BUDGETS = {
-    "ring:8": (128, 256, 512),
-    "ring:16": (128, 256, 512),
-    "exponential:16": (128, 256, 512, 1024),
-}
+BUDGETS = dict.fromkeys(("ring:8", "ring:16"), (128, 256, 512))
+BUDGETS["exponential:16"] = (128, 256, 512, 1024)
 QUICK_BUDGETS = {"ring:4": (4, 8)}
 #: A doubling pays when the mean gain exceeds this many times the larger seed std of the two.
 CLEAR = 2.0
@@ -96,12 +90,12 @@ def verdicts(table: Dict[Tuple[str, str, str], Dict[int, List[float]]]) -> Dict[
 
 def render(rows: Rows) -> Outputs:
     """The page (its fixed text: privacy_mechanisms_budget.md beside this file)."""
-    table = cells([r.row for r in rows.records if r.config["kind"] == "run"])
-    budgets = sorted({e for accs in table.values() for e in accs})
+    by_row = cells([r.row for r in rows.records if r.config["kind"] == "run"])
+    budgets = sorted({e for accs in by_row.values() for e in accs})
     steps = [e for e in budgets if 2 * e in budgets]
     header = ["topology", "mechanism", "algorithm"] + [f"{e} epochs" for e in budgets]
     lines = []
-    for (topology, mechanism, algorithm), accs in table.items():
+    for (topology, mechanism, algorithm), accs in by_row.items():
         stats = {e: [100 * v for v in _stats(accs[e])] for e in accs}
         cols = [
             f"{stats[e][0]:.2f} ± {stats[e][1]:.2f} %" if e in stats else "n/a" for e in budgets
@@ -111,12 +105,13 @@ def render(rows: Rows) -> Outputs:
             pays = "" if d is None else {True: " **pays**", None: " (one seed)"}.get(d["pays"], "")
             cols.append("n/a" if d is None else f"{d['gain']:+.2f} pp{pays}")
         lines.append([topology, NAMES[mechanism], algorithm] + cols)
+    header += [f"{e} → {2 * e}" for e in steps]
     text = fill(
         template(__file__, "privacy_mechanisms_budget.md"),
         made_by=made_by(rows),
         clear=CLEAR,
-        table=md_table(header + [f"{e} → {2 * e}" for e in steps], lines, end=None),
-        verdicts=verdict_lines(table),
+        table=table(header, lines, end=None),
+        verdicts=verdict_lines(by_row),
         largest=budgets[-1],
         command=rows.command,
     )
@@ -127,34 +122,27 @@ def verdict_lines(table) -> List[str]:
     """Per topology, the plateau budget and the private rows whose doubling still pays."""
     lines = []
     for topology, epochs in verdicts(table).items():
-        paying = [
+        paying = "; ".join(
             f"{NAMES[k[1]]} {k[2]} {d['epochs']} → {2 * d['epochs']} {d['gain']:+.2f} pp "
             f"(2 × std {CLEAR * d['sd']:.2f})"
             for k, accs in table.items()
             if k[0] == topology and k[1] != "none"
             for d in doublings(accs)
             if d["pays"] is not False
-        ]
-        if epochs is not None:
-            lines.append(
-                f"- **{topology}**: **{epochs} epochs**: no private row gains clearly from "
-                "doubling it"
-                + (f" (rows that pay at a smaller budget: {'; '.join(paying)})." if paying else ".")
-            )
-        else:
+        )
+        if epochs is None:
             lines.append(
                 f"- **{topology}**: no budget here is shown to be a plateau: doubling the largest "
-                f"measured budgets still pays, or has one seed to judge by, on {'; '.join(paying)}."
+                f"measured budgets still pays, or has one seed to judge by, on {paying}."
             )
+            continue
+        smaller = f" (rows that pay at a smaller budget: {paying})." if paying else "."
+        lines.append(
+            f"- **{topology}**: **{epochs} epochs**: no private row gains clearly from doubling it"
+            + smaller
+        )
     return lines
 
 
-PAGE = register(
-    Page(
-        "privacy_mechanisms_budget",
-        "the mechanisms page at 128/256/512(/1024) epochs: does doubling the budget still pay?",
-        plan,
-        row,
-        render,
-    )
-)
+TITLE = "the mechanisms page at 128/256/512(/1024) epochs: does doubling the budget still pay?"
+PAGE = register(Page("privacy_mechanisms_budget", TITLE, plan, row, render))

@@ -1,11 +1,9 @@
-"""`python -m experiments privacy_regime`: the sweep that chose privacy_attacks.md's regime, one where
-a curious neighbour's attacks work without DP and DP visibly stops them at a useful accuracy.
-
-Each candidate (`CANDIDATES`, fixed before any run) is trained by exact gossip without DP, and each
-(records per peer, model) with DP-SGD at `TARGET` in every recipe of `RECIPES`, one seed each, under
-the attack pages' membership protocol; LOSS through each victim's own model beside the permutation
-null band. `choose` is the selection rule (written before the runs; the page states it), and
-`tuning_epsilon` what choosing a recipe by the private runs' accuracy costs the victims."""
+"""`python -m experiments privacy_regime`: the sweep that chose privacy_attacks.md's regime, where a
+curious neighbour's attacks work without DP and DP stops them at a useful accuracy. Each candidate
+(`CANDIDATES`, fixed before any run) trained without DP, each (records per peer, model) with DP-SGD
+at `TARGET` in every recipe of `RECIPES`, one seed each, under the attack pages' membership
+protocol: LOSS through each victim's own model beside the permutation null band. `choose`: the
+selection rule (fixed before the runs); `tuning_epsilon`: what choosing a recipe costs."""
 
 from __future__ import annotations
 
@@ -16,49 +14,41 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
-from experiments.pages._markdown import fill, table, template
-from experiments.pages._privacy import BASE, DELTA, TARGET
+from experiments.pages._markdown import fill, snippets, table_rows, template
+from experiments.pages._privacy import BASE, DELTA, TARGET, membership_split
 
-#: (training records per peer, model, epochs without DP): mnist1d's test set is 20 % of what it
-#: generates, so num_samples = 10 x records per peer for 8 peers. The DP row of a (records,
-#: model) is one run, shared by its candidates (its epochs are DP's).
-CANDIDATES = (
-    (2000, "cnn1d", 60),
-    (2000, "cnn1d", 120),
-    (4000, "cnn1d", 30),
-    (4000, "cnn1d", 60),
-    (2000, "mlp:256,256", 60),
-    (4000, "mlp:256,256", 30),
-    (2000, "cnn1d:channels=64", 60),
-    (4000, "cnn1d:channels=64", 30),
-)
+#: (training records per peer, model, epochs without DP); the DP row of a (records, model) is one
+#: run, shared by its candidates (its epochs are DP's).
+CANDIDATES = ((2000, "cnn1d", 60), (2000, "cnn1d", 120), (4000, "cnn1d", 30), (4000, "cnn1d", 60))
+CANDIDATES += ((2000, "mlp:256,256", 60), (4000, "mlp:256,256", 30))
+CANDIDATES += ((2000, "cnn1d:channels=64", 60), (4000, "cnn1d:channels=64", 30))
 #: ring:8, as `_privacy.BASE` (the DP rows' TARGET and DELTA are the privacy pages' too).
 PEERS = 8
 #: The non-private recipe (batch, lr), and what every DP recipe shares (clip C, delta).
 NONPRIVATE = dict(batch_size=32, lr=0.05)
 DP = dict(dp_max_grad_norm=1.0, dp_delta=DELTA)
-#: The DP recipes (Poisson batch, lr, epochs) each (records, model) is trained in. The first is the
-#: sweep's first one (privacy_dp_sweep.md's lr / batch ratio 2.0 / 256 at batch 128, 30 epochs);
-#: the others are privacy_dp_sweep.md's chosen recipe (batch 256, lr 2.0) at 30 epochs and half
-#: its lr at 15 epochs, the best of unrecorded probes on these generators (cnn1d and the MLP).
-RECIPES = (
-    dict(batch_size=128, lr=1.0, epochs=30),
-    dict(batch_size=256, lr=2.0, epochs=30),
-    dict(batch_size=256, lr=1.0, epochs=15),
+#: The DP recipes (Poisson batch, lr, epochs): the sweep's first (privacy_dp_sweep.md's lr / batch
+#: ratio at batch 128, 30 epochs), then privacy_dp_sweep.md's choice (batch 256, lr 2.0) at 30
+#: epochs and half its lr at 15 (the best of unrecorded probes on cnn1d and the MLP).
+RECIPES = tuple(
+    dict(batch_size=b, lr=lr, epochs=e)
+    for b, lr, e in ((128, 1.0, 30), (256, 2.0, 30), (256, 1.0, 15))
 )
 #: The fewest pooled non-members a qualifying candidate has.
 MIN_NONMEMBERS = 2000
 OBSERVER, FRACTION = 0, 0.5
-#: The privacy pages' base config (`_privacy.BASE`: ring:8, iid, SGD momentum 0.9, cosine) for
-#: exact gossip, every peer's epsilon released to the experimenter.
+#: `_privacy.BASE` (ring:8, iid, SGD momentum 0.9, cosine), exact gossip, every ε released.
 COMMON = dict(BASE, algorithm="exact", comm_timeout=900.0, release_peer_statistics=True)
 #: --quick: one tiny candidate (seconds), a smoke test, not a result.
 QUICK_CANDIDATES = ((150, "mlp:32", 2),)
 QUICK_RECIPES = RECIPES[:1]
 QUICK_DATA = "synthetic_logreg:d=20,classes=4,n={n}"
+#: The page's sentences shown where its rows call for them.
+WORDS = snippets(__file__, "privacy_regime_parts.md")
 
 
 def dataset(records: int, quick: bool) -> str:
+    """8 peers' records and mnist1d's test set (20 % of what it generates)."""
     if quick:
         return QUICK_DATA.format(n=int(records * PEERS / 0.8))
     return f"mnist1d:num_samples={int(records * PEERS / 0.8)}"
@@ -89,6 +79,7 @@ def _train(records: int, model: str, epochs: int, recipe, quick: bool) -> Dict[s
 
 
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    """Every candidate without DP, then every (records, model) in every DP recipe."""
     runs, grid = [], QUICK_CANDIDATES if quick else CANDIDATES
     for records, model, epochs in grid:
         name = candidate_key(records, model, epochs)
@@ -106,18 +97,17 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 def row(run: Run) -> Dict[str, Any]:
     """Train with the membership split, attack each victim's own model with LOSS."""
-    import topologies
     import torch
 
     from gossip_powersgd.privacy.attack_run import observe, own_model_loss_attack
     from gossip_powersgd.privacy.dp_report import peer_epsilons
-    from gossip_powersgd.privacy.heldout import make_split
     from gossip_powersgd.training.models import build_model
 
     torch.set_num_threads(1)
     c, train = run.config, run.config["train"]
-    victims = sorted(int(j) for j in topologies.parse(train["topology"]).neighbors(OBSERVER))
-    split = make_split(train["dataset"], PEERS, "iid", 0, victims, FRACTION, run.seed)
+    where = dict(dataset=train["dataset"], partition="iid", topology=train["topology"])
+    split = membership_split(dict(where, observer=OBSERVER, fraction=FRACTION), run.seed)
+    victims = split.victims
     start, started = os.getloadavg()[0], time.perf_counter()
     observed = observe(dict(train), split, OBSERVER, (1.0,))
     base, summary = split.data(), observed.result.summary
@@ -127,26 +117,15 @@ def row(run: Run) -> Dict[str, Any]:
 
     loss = own_model_loss_attack(observed, split, make)
     eps = peer_epsilons(summary)
-    return dict(
-        candidate=c["candidate"],
-        records=c["records"],
-        model=c["model"],
-        target=c["target"],
-        acc_victims=sum(loss["accuracy"]) / len(loss["accuracy"]),
-        acc_avg=summary["final_test_acc_avg_model"],
-        auc=loss["auc"],
-        tpr0_1=loss["tpr"],
-        band_auc=loss["band"]["auc"],
-        band_tpr0_1=loss["band"]["tpr"][0],
-        members=loss["members"],
-        nonmembers=loss["nonmembers"],
-        eps_victims=[eps[v] for v in victims] if len(eps) > 1 else None,
-        sigma=summary.get("noise_multiplier"),
-        epochs=train["epochs"],
-        steps=summary["steps"],
-        seconds=time.perf_counter() - started,
-        load=max(start, os.getloadavg()[0]),
-    )
+    out = {k: c[k] for k in ("candidate", "records", "model", "target")}
+    out.update(acc_victims=sum(loss["accuracy"]) / len(loss["accuracy"]))
+    out.update(acc_avg=summary["final_test_acc_avg_model"], auc=loss["auc"], tpr0_1=loss["tpr"])
+    out.update(band_auc=loss["band"]["auc"], band_tpr0_1=loss["band"]["tpr"][0])
+    out.update(members=loss["members"], nonmembers=loss["nonmembers"])
+    out["eps_victims"] = [eps[v] for v in victims] if len(eps) > 1 else None
+    out["epochs"] = train["epochs"]
+    out.update(sigma=summary.get("noise_multiplier"), steps=summary["steps"])
+    return dict(out, seconds=time.perf_counter() - started, load=max(start, os.getloadavg()[0]))
 
 
 def with_recipes(records) -> List[Dict[str, Any]]:
@@ -181,21 +160,20 @@ def pairs(rows) -> Dict[str, Dict[str, Any]]:
 
 
 def qualifies(plain: Optional[Dict[str, Any]]) -> bool:
-    return (
-        plain is not None
-        and plain["nonmembers"] >= MIN_NONMEMBERS
-        and plain["auc"] > plain["band_auc"][1]
-    )
+    """Enough pooled non-members, and the non-private LOSS AUC above its band."""
+    enough = plain is not None and plain["nonmembers"] >= MIN_NONMEMBERS
+    return enough and plain["auc"] > plain["band_auc"][1]
+
+
+def _qualified(p) -> List[tuple]:
+    """(best DP accuracy, name) of every qualifying candidate of `pairs` `p` with a DP row."""
+    return [(x["dp"]["acc_victims"], n) for n, x in p.items() if x["dp"] and qualifies(x["plain"])]
 
 
 def choose(rows) -> Optional[str]:
     """The selection rule (the module docstring): the qualifying candidate whose best DP recipe
     has the highest victims' accuracy; None when no candidate qualifies (or has a DP row)."""
-    ok = [
-        (p["dp"]["acc_victims"], name)
-        for name, p in pairs(rows).items()
-        if p["dp"] is not None and qualifies(p["plain"])
-    ]
+    ok = _qualified(pairs(rows))
     return max(ok)[1] if ok else None
 
 
@@ -205,16 +183,14 @@ def chosen_setting(rows) -> Optional[Dict[str, Any]]:
     name = choose(rows)
     if name is None:
         return None
-    p = pairs(rows)[name]
-    records, model = p["plain"]["records"], p["plain"]["model"]
-    return dict(records=records, model=model, epochs=p["plain"]["epochs"], dp=recipe_of(p["dp"]))
+    plain, dp = pairs(rows)[name]["plain"], pairs(rows)[name]["dp"]
+    return dict({k: plain[k] for k in ("records", "model", "epochs")}, dp=recipe_of(dp))
 
 
 def victims_history(row: Mapping[str, Any]) -> List[Any]:
     """A DP row's (sigma, sampling rate, steps) for its victims: Poisson batches of `batch_size`
     from each victim's members (the pooled members over the two victims)."""
-    members_each = row["members"] / 2
-    return [(row["sigma"], row["batch_size"] / members_each, row["steps"])]
+    return [(row["sigma"], row["batch_size"] / (row["members"] / 2), row["steps"])]
 
 
 def tuning_epsilon(rows, records: int) -> float:
@@ -240,29 +216,13 @@ def _eps_cell(dp: Optional[Mapping[str, Any]]) -> str:
 def _row_cells(name: str, p: Dict[str, Any]) -> List[str]:
     plain, dp = p["plain"], p["dp"]
     band = plain["band_auc"] if plain else [math.nan] * 2
-    return [
-        name,
-        f"{100 * plain['acc_victims']:.1f} %" if plain else "not run",
-        f"{plain['auc']:.3f}" if plain else "–",
-        f"{band[0]:.3f}–{band[1]:.3f}",
-        f"{plain['tpr0_1']:.4f} (band ≤ {plain['band_tpr0_1'][1]:.4f})" if plain else "–",
-        f"{plain['nonmembers']}" if plain else "–",
-        f"{100 * dp['acc_victims']:.1f} %" if dp else "not run",
-        recipe_label(recipe_of(dp)) if dp else "–",
-        f"{dp['auc']:.3f}" if dp else "–",
-        _eps_cell(dp),
-        "yes" if qualifies(plain) else "no",
-    ]
-
-
-HEADER = (
-    "candidate | no DP: victims' acc. | LOSS AUC | chance band (AUC) | TPR @ 0.1 % FPR | non-members | "
-    f"ε = {TARGET:g}, best recipe: victims' acc. | its recipe | LOSS AUC | victims' ε | qualifies"
-)
-RECIPE_HEADER = (
-    "records per peer, model | DP recipe (Poisson batch, lr, epochs) | victims' acc. | LOSS AUC | "
-    "victims' ε (σ) | steps"
-)
+    cells = [name, f"{100 * plain['acc_victims']:.1f} %" if plain else "not run"]
+    cells += [f"{plain['auc']:.3f}" if plain else "–", f"{band[0]:.3f}–{band[1]:.3f}"]
+    cells.append(f"{plain['tpr0_1']:.4f} (band ≤ {plain['band_tpr0_1'][1]:.4f})" if plain else "–")
+    cells.append(f"{plain['nonmembers']}" if plain else "–")
+    cells.append(f"{100 * dp['acc_victims']:.1f} %" if dp else "not run")
+    cells += [recipe_label(recipe_of(dp)) if dp else "–", f"{dp['auc']:.3f}" if dp else "–"]
+    return cells + [_eps_cell(dp), "yes" if qualifies(plain) else "no"]
 
 
 def recipe_table(data, grid) -> List[str]:
@@ -274,7 +234,7 @@ def recipe_table(data, grid) -> List[str]:
         for r in data
         if r["target"] is not None and (r["records"], r["model"]) == (records, model)
     ]
-    return table(RECIPE_HEADER, cells)
+    return table_rows(cells)
 
 
 def cost_words(p, data) -> List[str]:
@@ -283,25 +243,11 @@ def cost_words(p, data) -> List[str]:
     if not both:
         return []
     plain, dp = max(both, key=lambda b: b[1]["acc_victims"])
-    runs = [r for r in data if r["target"] is not None and r["records"] == dp["records"]]
-    return [
-        "",
-        f"DP's cost in accuracy: the best private row reaches {100 * dp['acc_victims']:.1f} % "
-        f"({dp['records']}/peer {dp['model']}, {recipe_label(recipe_of(dp))}), "
-        f"{100 * (plain['acc_victims'] - dp['acc_victims']):.1f} points below its candidate's "
-        "non-private row.",
-        "",
-        f"**What choosing the recipe costs.** The recipe is chosen by the accuracy of private runs "
-        f"on the victims' records: the {len(runs)} private run{'s' * (len(runs) != 1)} of this "
-        f"sweep on "
-        f"{dp['records']} records per peer, every model and recipe (the same victims' records), "
-        f"composed, give each victim ε = {tuning_epsilon(data, dp['records']):.3g} at δ = {DELTA} "
-        "(dp-accounting's PLD, replace-one, as each run's own ε): that, not "
-        f"ε = {TARGET:g}, is what releasing this sweep's private models and the choice costs a "
-        "victim. Not counted: the unrecorded probes that picked the recipes, and the non-private "
-        "runs, which make the choice of the regime itself (like the choice of a dataset) carry no "
-        "guarantee.",
-    ]
+    runs = len([r for r in data if r["target"] is not None and r["records"] == dp["records"]])
+    v = dict(acc=100 * dp["acc_victims"], records=dp["records"], model=dp["model"], runs=runs)
+    v.update(recipe=recipe_label(recipe_of(dp)), plural="s" * (runs != 1), delta=DELTA)
+    v.update(drop=100 * (plain["acc_victims"] - dp["acc_victims"]), target=TARGET)
+    return WORDS["cost"].format(**v, eps=tuning_epsilon(data, dp["records"])).split("\n")
 
 
 #: The regime privacy_attacks.md is measured in (`privacy_attacks.regimes.MAIN` is built from it):
@@ -315,36 +261,21 @@ def setting_label(setting: Mapping[str, Any]) -> str:
 
 
 def chosen_words(p, name: Optional[str], setting) -> List[str]:
+    """The chosen candidate and recipe, whether privacy_attacks.md is measured in it, and ties."""
     if name is None:
-        return ["**Chosen: none** — no candidate qualifies under the rule."]
-    chosen, attack_pages = p[name], setting_label(ATTACK_PAGES_REGIME)
-    where = (
-        "privacy_attacks.md trains in it (`privacy_attacks.regimes`; a test holds its constants "
-        "equal to this choice)."
-        if setting == ATTACK_PAGES_REGIME
-        else f"privacy_attacks.md is still measured in the earlier choice ({attack_pages}, made "
-        "when this sweep had one DP recipe and fewer candidates): it is to be re-made in this one."
+        return [WORDS["none"]]
+    chosen = p[name]
+    where = WORDS["trains"] if setting == ATTACK_PAGES_REGIME else WORDS["still"]
+    where = where.format(earlier=setting_label(ATTACK_PAGES_REGIME))
+    acc = chosen["dp"]["acc_victims"]
+    tied = [other for a, other in _qualified(p) if other != name and a == acc]
+    where += WORDS["tied"].format(tied=", ".join(tied)) if tied else ""
+    plain, dp = chosen["plain"], chosen["dp"]
+    v = dict(name=name, recipe=recipe_label(setting["dp"]), auc=plain["auc"], target=TARGET)
+    v.update(
+        band=plain["band_auc"][1], dp_acc=100 * dp["acc_victims"], acc=100 * plain["acc_victims"]
     )
-    tied = [
-        other
-        for other, q in p.items()
-        if other != name
-        and q["dp"] is not None
-        and qualifies(q["plain"])
-        and q["dp"]["acc_victims"] == chosen["dp"]["acc_victims"]
-    ]
-    if tied:
-        where += (
-            f" It ties with {', '.join(tied)} (the same private runs): the rule (`max` over "
-            "(accuracy, name)) breaks a tie by the name's order, a choice made with the code "
-            "before the runs, not for what it picks."
-        )
-    return [
-        f"**Chosen: {name}, DP recipe {recipe_label(setting['dp'])}** (non-private LOSS AUC "
-        f"{chosen['plain']['auc']:.3f} above its band's {chosen['plain']['band_auc'][1]:.3f}; at "
-        f"ε = {TARGET:g} the victims reach {100 * chosen['dp']['acc_victims']:.1f} % against "
-        f"{100 * chosen['plain']['acc_victims']:.1f} % without DP). " + where
-    ]
+    return [WORDS["chosen"].format(**v, where=where)]
 
 
 def render(rows: Rows) -> Outputs:
@@ -355,22 +286,16 @@ def render(rows: Rows) -> Outputs:
     none: Dict[str, Any] = {"plain": None, "dp": None}
     cells = [_row_cells(candidate_key(*g), p.get(candidate_key(*g), none)) for g in grid]
     missing = [candidate_key(*g) for g in grid if candidate_key(*g) not in p]
+    recipes = "; ".join(recipe_label(r) for r in (QUICK_RECIPES if rows.quick else RECIPES))
+    fields = dict(made_by=made_by(rows), load=max((r["load"] for r in data), default=0))
+    fields.update(batch=NONPRIVATE["batch_size"], lr=NONPRIVATE["lr"], target=TARGET)
+    fields.update(recipes=recipes, clip=DP["dp_max_grad_norm"])
+    fields.update(delta=DELTA, min_nonmembers=MIN_NONMEMBERS, cost=cost_words(p, data))
+    fields["candidates"] = table_rows(c for c in cells if c[1] != "not run" or c[6] != "not run")
+    fields["chosen"] = chosen_words(p, name, chosen_setting(data))
+    fields["missing"] = ["", "Not run: " + "; ".join(missing) + "."] if missing else []
     text = fill(
-        template(__file__, "privacy_regime.md"),
-        made_by=made_by(rows),
-        load=max((r["load"] for r in data), default=0),
-        batch=NONPRIVATE["batch_size"],
-        lr=NONPRIVATE["lr"],
-        target=TARGET,
-        recipes="; ".join(recipe_label(r) for r in (QUICK_RECIPES if rows.quick else RECIPES)),
-        clip=DP["dp_max_grad_norm"],
-        delta=DELTA,
-        min_nonmembers=MIN_NONMEMBERS,
-        candidates=table(HEADER, [c for c in cells if c[1] != "not run" or c[6] != "not run"]),
-        chosen=chosen_words(p, name, chosen_setting(data)),
-        cost=cost_words(p, data),
-        missing=["", "Not run: " + "; ".join(missing) + "."] if missing else [],
-        recipes_table=recipe_table(data, grid),
+        template(__file__, "privacy_regime.md"), **fields, recipes_table=recipe_table(data, grid)
     )
     return {"privacy_regime.md": text}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping
 
-from experiments.pages._markdown import fill, template
+from experiments.pages._markdown import fill, table_rows, template
 
 HEATMAP_PNG = "privacy_attacks_network_dp.png"
 NOISE_TEXT = {"once": "once", "every_step": "every step"}
@@ -29,31 +29,22 @@ def network_dp(c: Mapping[str, Any]) -> Dict[str, Any]:
 
 def network_text(network: Dict[str, Any]) -> str:
     """The section (its fixed text: network.md beside this file): the table and the heat maps."""
-    lines = [
-        "| noise | steps | topology | ε min | ε median | ε max | pairs at the local-DP ceiling "
-        "| local-DP ceiling | Muffliato's per-message sum (not a bound): min – max; pairs below "
-        "the exact ε; pairs above the ceiling |",
-        "|---" * 9 + "|",
-    ]
+    lines = []
     for c in network["cases"]:
-        summed = (
-            f"{c['per_message_min']:.3g} – {c['per_message_max']:.3g}; "
-            f"{100 * c['per_message_below_exact']:.0f} %; "
-            f"{100 * c['per_message_above_local']:.0f} %"
-            if "per_message_min" in c
-            else "n/a"
-        )
-        lines.append(
-            f"| {NOISE_TEXT[c['noise']]} | {c['steps']} | {c['topology']} | {c['min']:.3g} "
-            f"| {c['median']:.3g} | {c['max']:.3g} | {100 * c['at_local']:.0f} % "
-            f"| {c['local']:.3g} | {summed} |"
-        )
+        summed = "n/a"
+        if "per_message_min" in c:
+            summed = f"{c['per_message_min']:.3g} – {c['per_message_max']:.3g}; "
+            summed += f"{100 * c['per_message_below_exact']:.0f} %; "
+            summed += f"{100 * c['per_message_above_local']:.0f} %"
+        cells = [NOISE_TEXT[c["noise"]], c["steps"], c["topology"]]
+        cells += [format(c[k], ".3g") for k in ("min", "median", "max")]
+        lines.append(cells + [f"{100 * c['at_local']:.0f} %", format(c["local"], ".3g"), summed])
     return fill(
         template(__file__, "network.md"),
         made=f"{network['generated']} " if network.get("generated") else "",
         sigma=network["sigma"],
         delta=network["delta"],
-        table=lines,
+        table=table_rows([[str(x) for x in cells] for cells in lines]),
         heatmap=HEATMAP_PNG,
     )
 

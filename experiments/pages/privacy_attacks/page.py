@@ -1,6 +1,6 @@
-"""The attack pages drawn from their rows: the protocol and setting in words, the tables
-(`tables`), the answers computed from the rows (do low-rank messages leak less than full models;
-at which epsilon the neighbour's TPR at a low FPR reaches chance), what was not reached, and the
+"""The attack pages drawn from their rows (fixed text: page.md, words.md): the tables (`tables`),
+the answers computed from the rows (do low-rank messages leak less than full models; at which
+epsilon the neighbour's TPR at a low FPR reaches chance), what was not reached, and the
 network-DP section (`network`)."""
 
 from __future__ import annotations
@@ -13,24 +13,27 @@ from experiments.engine import Outputs, Rows, made_by
 from experiments.pages._markdown import block, fill, mean_sd, template
 from experiments.pages._privacy import NONPRIVATE_LR
 
-from . import runs
+from . import runs, tables
 from .audit import audit_answers, audit_section
 from .network import HEATMAP_PNG, network_text, plot_network
-from .regimes import DP, OBSERVER, regime
-from .tables import HEADLINE, _band, _last, _models, _reconstructions, _strongest
-from .tables import all_attacks_table, budget_section, groups, label, leakage_table
-from .tables import per_class_table, plot_roc, reconstruction_table, rounds_table, runs_table
+from .regimes import OBSERVER, regime
+from .tables import HEADLINE, WORDS, _band, _flats, _models, _reconstructions, groups, label
+
+LIRA = ("LiRA offline", "LiRA online")
+#: The tables of the page, each `tables.NAME_table` (their headers: page.md).
+TABLES = ("runs", "leakage", "all_attacks", "reconstruction", "rounds", "per_class")
+#: The figures the low-rank answer quotes: the AUC and the TPR at 1 % FPR.
+AT = (("auc", ""), ("tpr", "1"))
 
 
 def render(name: str, rows: Rows) -> Outputs:
-    """The page of regime `name` from its rows (its fixed text: page.md beside this file): the
-    attacked rows in the plan's (spec, target) order, seed by seed; the network section when the
-    plan has one."""
+    """The page of regime `name` from its rows: the attacked rows in the plan's (spec, target)
+    order, seed by seed; the network section when the plan has one."""
     r, by = regime(name, rows.quick), rows.by_key
     network = by.get("network")
     order = [runs.key(s, t, seed) for g in r["groups"] for s, t in g for seed in r["seeds"]]
-    data, missing = [by[k] for k in order if k in by], [k for k in order if k not in by]
-    not_reached = list(r["not_reached"]) + [f"run missing: {m}" for m in missing]
+    data = [by[k] for k in order if k in by]
+    not_reached = list(r["not_reached"]) + [f"run missing: {k}" for k in order if k not in by]
     not_reached += [
         f"run failed: {x['spec']} ε {x['target']} seed {x['seed']}: {x['failure']}"
         for x in data
@@ -40,24 +43,20 @@ def render(name: str, rows: Rows) -> Outputs:
     first = next((x for x in rows.records if x.key != "network"), None)
     others = ((first and first.origin) or {}).get("budget_rows")
     missed = "## Not reached\n\n" + "\n".join(f"- {x}" for x in not_reached) + "\n\n"
+    made = {k: getattr(tables, f"{k}_table")(data) for k in TABLES}
     text = fill(
         template(__file__),
         **intro_fields(r, rows, data),
+        **made,
         name=name,
-        runs=block(runs_table(data) + "\n"),
-        budget=block(budget_section(data, others) if others else ""),
+        budget=block(tables.budget_section(data, others) if others else ""),
         audit=block(audit_section(groups(data))),
-        leakage=block(leakage_table(data) + "\n"),
-        all_attacks=block(all_attacks_table(data) + "\n"),
-        reconstruction=block(reconstruction_table(data) + "\n"),
-        rounds=block(rounds_table(data) + "\n"),
-        per_class=block(per_class_table(data) + "\n"),
         answers=answers(data),
         not_reached=block(missed if not_reached else ""),
         network=block(network_text(network) if network is not None else ""),
         network_data="; the network-DP matrices" if network is not None else "",
     )
-    out: Outputs = {f"{name}.md": text, f"{name}_roc.png": plot_roc(data)}
+    out: Outputs = {f"{name}.md": text, f"{name}_roc.png": tables.plot_roc(data)}
     if network is not None:
         out[HEATMAP_PNG] = plot_network(network)
     return out
@@ -70,34 +69,14 @@ def intro_fields(r: Dict[str, Any], rows: Rows, data) -> Dict[str, Any]:
     members, nonmembers = (ok[0]["members"], ok[0]["nonmembers"]) if ok else (0, 0)
     loads = [x["load"] for x in data if "load" in x]
     load = f" (1-min load average {min(loads):.1f}–{max(loads):.1f} at the ends of the runs)"
-    dp = setting.get("dp") or DP
-    words = dict(batch=setting["batch_size"], lr=setting["lr"], epochs=setting["epochs"])
-    words.update(dp_batch=dp.get("batch_size"), dp_lr=dp.get("lr"), dp_epochs=dp.get("epochs"))
-    words.update(clip=dp.get("dp_max_grad_norm"), delta=dp.get("dp_delta"))
-    regime_words = r["regime_text"].format(**words)
-    per = nonmembers // 1000
-    keys = ("dataset", "partition", "model", "topology", "momentum", "warmup_epochs")
-    return dict(
-        {k: setting[k] for k in keys},
-        title=r["title"],
-        made_by=made_by(rows),
-        load=load if loads else "",
-        observer=OBSERVER,
-        members=members,
-        nonmembers=nonmembers,
-        per=per,
-        plural="s" if per != 1 else "",
-        seeds=len(r["seeds"]),
-        references=r["references"],
-        reference_words=r["reference_words"].format(
-            reference_lr=setting.get("reference_lr", NONPRIVATE_LR)
-        ),
-        headline=HEADLINE,
-        per_peer=len(split["record"]["members"]["0"]) if split else 0,
-        victim_members=members // 2,
-        regime_words=regime_words,
-        scale_note=r["scale_note"],
-    )
+    out = dict(r=r, s=setting, made_by=made_by(rows), load=load if loads else "", observer=OBSERVER)
+    out.update(members=members, nonmembers=nonmembers, per=nonmembers // 1000, headline=HEADLINE)
+    out.update(plural="s" if nonmembers // 1000 != 1 else "", seeds=len(r["seeds"]))
+    lr = setting.get("reference_lr", NONPRIVATE_LR)
+    out["reference_words"] = r["reference_words"].format(reference_lr=lr)
+    out["per_peer"] = len(split["record"]["members"]["0"]) if split else 0
+    regime_words = r["regime_text"].format(s=setting, dp=setting["dp"])
+    return dict(out, victim_members=members // 2, regime_words=regime_words)
 
 
 def _eps_text(e: float) -> str:
@@ -105,7 +84,11 @@ def _eps_text(e: float) -> str:
 
 
 def _mean(group, key) -> float:
-    return statistics.fmean(_last(r)["flat"][key] for r in group)
+    return statistics.fmean(_flats(group, key))
+
+
+def _acc(group) -> float:
+    return statistics.fmean(r["acc_avg"] for r in group)
 
 
 def answers(rows) -> List[str]:
@@ -116,43 +99,27 @@ def answers(rows) -> List[str]:
 
 def low_rank_answers(gs) -> List[str]:
     """Do low-rank messages leak less than full models, at equal accuracy and bytes?"""
-    out = []
-    exact = gs.get(("exact", None))
+    out, exact = [], gs.get(("exact", None))
     for spec in ("powergossip:rank=1", "powergossip:rank=4", "choco:compressor=sign,gamma=1.0"):
         g = gs.get((spec, None))
         if exact is None or g is None:
             continue
-        best = _strongest(g)
-        e_auc = _mean(exact, f"auc/victim/{HEADLINE}")
-        c_auc = _mean(g, f"auc/{best}/{HEADLINE}")
-        v_auc = _mean(g, f"auc/victim/{HEADLINE}")
-        e_tpr = _mean(exact, f"tpr1/victim/{HEADLINE}")
-        c_tpr = _mean(g, f"tpr1/{best}/{HEADLINE}")
-        # equal bytes: exact gossip's round whose received MB is closest to this run's total
-        mb = g[0]["observed_mb"]
-        r0 = exact[0]
+        best, r0, mb = tables._strongest(g), exact[0], g[0]["observed_mb"]
         (a_g, sd_g), (a_e, sd_e) = (mean_sd(r["acc_avg"] for r in x) for x in (g, exact))
-        step = min(
-            r0["round_steps"], key=lambda s: abs(r0["observed_mb"] * (s + 1) / r0["steps"] - mb)
-        )
+        apart = abs(a_g - a_e) > (sd_g or 0.0) + (sd_e or 0.0)
+
+        def mb_at(s):  # what the observer had received of exact gossip by step s
+            return r0["observed_mb"] * (s + 1) / r0["steps"]
+
+        step = min(r0["round_steps"], key=lambda s: abs(mb_at(s) - mb))
         at = statistics.fmean(
             r["rounds"][str(step)]["flat"][f"auc/victim/{HEADLINE}"] for r in exact
         )
-        out.append(
-            f"- **{label(spec)}** (no DP): through its strongest reconstruction ({best}) the "
-            f"neighbour's {HEADLINE} AUC is {c_auc:.3f} and TPR at 1 % FPR {c_tpr:.4f}, against "
-            f"{e_auc:.3f} / {e_tpr:.4f} for exact gossip, whose messages are the model, at "
-            f"averaged-model accuracy {100 * a_g:.1f} % vs {100 * a_e:.1f} % ("
-            + (
-                "equal within the seeds' spread"
-                if abs(a_g - a_e) <= (sd_g or 0.0) + (sd_e or 0.0)
-                else "not equal: more than the seeds' spread apart"
-            )
-            + f"), and the victim's own model gives {v_auc:.3f}. The observer received "
-            f"{mb:.3g} MB against {r0['observed_mb']:.3g} MB; at the exact-gossip round closest to "
-            f"equal bytes (step {step}, {r0['observed_mb'] * (step + 1) / r0['steps']:.3g} MB) "
-            f"exact gossip's AUC is {at:.3f}."
-        )
+        v = dict(label=label(spec), best=best, headline=HEADLINE, mb=mb, e_mb=r0["observed_mb"])
+        for x, group, model in (("c", g, best), ("e", exact, "victim"), ("v", g, "victim")):
+            v.update({f"{x}_{m}": _mean(group, f"{m}{k}/{model}/{HEADLINE}") for m, k in AT})
+        v.update(a_g=100 * a_g, a_e=100 * a_e, step=step, at_mb=mb_at(step), at=at)
+        out.append(WORDS["low_rank"].format(**v, equal=WORDS["apart" if apart else "equal"]))
     return out
 
 
@@ -162,84 +129,57 @@ def _verdict(above, at_chance, aucs_by_eps, bands) -> str:
     if above and at_chance:
         high = min(above)
         low = max((e for e in at_chance if e < high), default=None)
-        verdict = (
-            (
-                " TPR above chance only without DP"
-                if math.isinf(high)
-                else f" TPR above chance at ε ≥ {_eps_text(high)}"
-            )
-            + (f", at chance at every ε ≤ {_eps_text(low)}" if low is not None else "")
-            + (
-                " (not monotone in ε: a chance row above an above-chance one)"
-                if any(e > high for e in at_chance)
-                else ""
-            )
-            + "."
+        verdict = " TPR above chance " + (
+            "only without DP" if math.isinf(high) else f"at ε ≥ {_eps_text(high)}"
         )
+        verdict += f", at chance at every ε ≤ {_eps_text(low)}" if low is not None else ""
+        if any(e > high for e in at_chance):
+            verdict += " (not monotone in ε: a chance row above an above-chance one)"
+        verdict += "."
     auc_above = [e for e, a in aucs_by_eps if min(a) > bands[e]]
     if len(aucs_by_eps) > 1:
-        verdict += (
-            " The AUC is above its null band at "
-            + (
-                "every ε tried"
-                if len(auc_above) == len(aucs_by_eps)
-                else "ε = " + ", ".join(_eps_text(e) for e in auc_above)
-                if auc_above
-                else "no ε tried"
-            )
-            + "."
-        )
+        where = "ε = " + ", ".join(_eps_text(e) for e in auc_above) if auc_above else "no ε tried"
+        everywhere = len(auc_above) == len(aucs_by_eps)
+        verdict += f" The AUC is above its null band at {'every ε tried' if everywhere else where}."
     return verdict
 
 
 def chance_answers(gs) -> List[str]:
     """At which epsilon does the neighbour's TPR at 0.1 % FPR reach chance (the null band)?"""
     out, targets = [], sorted({t for (_, t) in gs if t is not None})
-    lira = ("LiRA offline", "LiRA online")
     for spec in dict.fromkeys(s for (s, _) in gs):
         parts, above, at_chance, aucs_by_eps, bands = [], [], [], [], {}
-
         for t in targets + [None]:
             g = gs.get((spec, t))
             if g is None:
                 continue
             band, key = _band(g[0]), math.inf if t is None else t
-            tprs = [_mean(g, f"tpr0.1/{m}/{a}") for m in _models(g) for a in lira]
-            aucs = [_mean(g, f"auc/{m}/{a}") for m in _models(g) for a in lira]
-            chance = all(v <= band["tpr"][0][1] for v in tprs)
+            tprs = [_mean(g, f"tpr0.1/{m}/{a}") for m in _models(g) for a in LIRA]
+            aucs = [_mean(g, f"auc/{m}/{a}") for m in _models(g) for a in LIRA]
+            chance = "chance" if all(v <= band["tpr"][0][1] for v in tprs) else "above chance"
             aucs_by_eps.append((key, aucs))
             bands[key] = band["auc"][1]
-            (at_chance if chance else above).append(key)
-            acc = statistics.fmean(r["acc_avg"] for r in g)
-            parts.append(
-                f"ε {_eps_text(key)}: TPR @ 0.1 % FPR "
-                + " / ".join(f"{v:.4f}" for v in tprs)
-                + f" (null band up to {band['tpr'][0][1]:.4f}: "
-                f"{'chance' if chance else 'above chance'}), AUC "
-                + " / ".join(f"{v:.3f}" for v in aucs)
-                + f" (band up to {band['auc'][1]:.3f}); accuracy {100 * acc:.1f} %"
-            )
+            (at_chance if chance == "chance" else above).append(key)
+            v = dict(eps=_eps_text(key), tpr_hi=band["tpr"][0][1], auc_hi=band["auc"][1])
+            v.update(tprs=" / ".join(f"{x:.4f}" for x in tprs), chance=chance)
+            v.update(aucs=" / ".join(f"{x:.3f}" for x in aucs), acc=100 * _acc(g))
+            parts.append(WORDS["chance_part"].format(**v))
         if parts:
-            order = "LiRA offline / online" + (
+            through = (
                 " through the victim's model, then through the strongest reconstruction"
                 if _reconstructions(gs[next(k for k in gs if k[0] == spec)][0])
                 else " through the victim's model (the messages are the model)"
             )
             verdict = _verdict(above, at_chance, aucs_by_eps, bands)
-            out.append(f"- {label(spec)} ({order}): " + "; ".join(parts) + "." + verdict)
+            out.append(
+                f"- {label(spec)} (LiRA offline / online{through}): {'; '.join(parts)}.{verdict}"
+            )
     plain = [g for (_, t), g in gs.items() if t is None]
     if plain and all(
         _mean(g, f"tpr0.1/{m}/{a}") <= _band(g[0])["tpr"][0][1]
         for g in plain
         for m in _models(g)
-        for a in lira
+        for a in LIRA
     ):
-        out.append(
-            "- So at which ε does the neighbour's TPR at 0.1 % FPR reach chance? Here it is "
-            "within the null band already without DP, for every algorithm on this page and "
-            "through the victim's model and the strongest reconstruction: under LiRA (offline "
-            "and online) these models do not separate their members at a low FPR, so in this "
-            "regime that ε is ∞ and the page can say nothing finer (privacy_attacks_overfit.md "
-            "answers it where the models memorise)."
-        )
+        out.append(WORDS["never"])
     return out

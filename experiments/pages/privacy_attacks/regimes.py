@@ -1,7 +1,7 @@
 """The regimes of the attack pages, in one place: each one's training setting, DP recipe, plan
 (groups of (spec, target epsilon or None) in order of priority, each group seed by seed), seeds,
-LiRA reference models, and the words its page says about them. A new regime is a new entry of
-REGIMES (and its page's name in `__init__`)."""
+LiRA reference models, and the words its page says of them (regimes.md). A new regime is a new
+entry of REGIMES (and its page's name in `__init__`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Dict
 
 from experiments.pages import _privacy as dp
 from experiments.pages import privacy_regime as sweep
-from experiments.pages._markdown import parts
+from experiments.pages._markdown import snippets
 
 ALGORITHMS = (
     ("exact gossip", "exact"),
@@ -33,66 +33,42 @@ NETWORK = dict(
     delta=1e-5,
 )
 
-#: The regime of the first attack page (privacy_dp_sweep.md's: mnist1d, 8000 training samples per
-#: peer, cnn1d, ring:8, iid), on which the overfit regime and the --quick plan are built.
+#: privacy_dp_sweep.md's regime (mnist1d, 8000 training samples per peer, cnn1d, ring:8, iid), on
+#: which every regime here is built.
 _DP_SWEEP_SETTING = {k: v for k, v in dp.BASE.items() if k not in ("seed", "out_dir")}
 _DP_SWEEP_SETTING.update(lr=dp.NONPRIVATE_LR, batch_size=dp.NONPRIVATE[1], comm_timeout=900.0)
 _DP_SWEEP_SETTING["epochs"] = dp.NONPRIVATE[4]
-#: privacy_attacks.md's regime: `privacy_regime.ATTACK_PAGES_REGIME` (records per peer, model,
-#: epochs without DP, and the DP recipe; privacy_regime.md says whether it is still that sweep's
-#: choice), trained in that sweep's recipes (`privacy_regime.NONPRIVATE`, `privacy_regime.DP`).
+#: privacy_attacks.md's regime: `privacy_regime.ATTACK_PAGES_REGIME` (privacy_regime.md says
+#: whether it is still that sweep's choice), in that sweep's recipes (NONPRIVATE, DP).
 MAIN = {k: v for k, v in sweep.ATTACK_PAGES_REGIME.items() if k != "dp"}
-SETTING = dict(
-    _DP_SWEEP_SETTING,
-    dataset=sweep.dataset(MAIN["records"], quick=False),
-    model=MAIN["model"],
-    epochs=MAIN["epochs"],
-    **sweep.NONPRIVATE,
-)
+SETTING = dict(_DP_SWEEP_SETTING, model=MAIN["model"], epochs=MAIN["epochs"], **sweep.NONPRIVATE)
+SETTING["dataset"] = sweep.dataset(MAIN["records"], quick=False)
 SETTING["dp"] = dict(sweep.DP, **sweep.ATTACK_PAGES_REGIME["dp"])
-#: Private rows: the chosen DP recipe, trained for the budget of the row's epsilon. One public
+#: The default DP recipe (a regime without its own "dp" takes its epsilon's budget). One public
 #: sigma for every peer (release_peer_statistics): the accountant picks the sigma at which the
 #: peer with the highest sampling rate meets the target, here the victims (half a shard each).
-DP = dict(
-    batch_size=dp.DP_BATCH,
-    lr=dp.DP_LR,
-    dp_max_grad_norm=dp.CLIP,
-    dp_delta=dp.DELTA,
-    release_peer_statistics=True,
-)
-#: The overfitting regime: each peer 1000 training samples (each victim trains on 500 and holds
-#: 500 out) and an MLP (mnist1d's MLPs memorise where its CNN generalises), 60 epochs at batch 32
-#: (the cosine schedule ends at lr 0); private rows: Poisson batches of 64, lr 0.5, clip C = 1.
-OVERFIT_SETTING = dict(
-    _DP_SWEEP_SETTING,
-    dataset="mnist1d:num_samples=10000",
-    model="mlp:256,256",
-    lr=0.05,
-    batch_size=32,
-)
-OVERFIT_SETTING.update(epochs=60, reference_lr=0.05)
+DP = dict(batch_size=dp.DP_BATCH, lr=dp.DP_LR, dp_max_grad_norm=dp.CLIP, dp_delta=dp.DELTA)
+DP["release_peer_statistics"] = True
+#: The overfitting regime: 1000 training samples per peer (each victim trains on 500) and an MLP
+#: (mnist1d's MLPs memorise where its CNN generalises), 60 epochs at batch 32.
+OVERFIT_SETTING = dict(_DP_SWEEP_SETTING, dataset="mnist1d:num_samples=10000", model="mlp:256,256")
+OVERFIT_SETTING.update(lr=0.05, batch_size=32, epochs=60, reference_lr=0.05)
 OVERFIT_SETTING["dp"] = dict(DP, batch_size=64, lr=0.5, epochs=60)
-QUICK_SETTING = dict(
-    _DP_SWEEP_SETTING,
-    dataset="synthetic_logreg:d=20,classes=4,n=1200",
-    model="mlp:32",
-    lr=0.2,
-    momentum=0.0,
-    batch_size=32,
-    topology="ring:4",
-    epochs=2,
-    warmup_epochs=0,
-    dp=dict(batch_size=32, lr=0.2, dp_max_grad_norm=1.0, dp_delta=1e-5, epochs=2),
-    reference_lr=0.2,
-)
+QUICK_SETTING = dict(_DP_SWEEP_SETTING, dataset="synthetic_logreg:d=20,classes=4,n=1200")
+QUICK_SETTING.update(model="mlp:32", lr=0.2, momentum=0.0, batch_size=32, topology="ring:4")
+QUICK_SETTING.update(epochs=2, warmup_epochs=0, reference_lr=0.2)
+QUICK_SETTING["dp"] = dict(batch_size=32, lr=0.2, dp_max_grad_norm=1.0, dp_delta=1e-5, epochs=2)
 
-#: The words each page says of its regime: regimes.md beside this file.
-_TEXT = parts(__file__, "regimes.md")
-SCALE_NOTE, OVERFIT_SCALE_NOTE = _TEXT["SCALE_NOTE"][0], _TEXT["OVERFIT_SCALE_NOTE"][0]
-REGIME_TEXT, OVERFIT_REGIME_TEXT = _TEXT["REGIME_TEXT"][0], _TEXT["OVERFIT_REGIME_TEXT"][0]
-REFERENCE_WORDS = _TEXT["REFERENCE_WORDS"][0]
-OVERFIT_REFERENCE_WORDS = _TEXT["OVERFIT_REFERENCE_WORDS"][0]
-NOT_REACHED, OVERFIT_NOT_REACHED = tuple(_TEXT["NOT_REACHED"]), tuple(_TEXT["OVERFIT_NOT_REACHED"])
+#: The words each page says of its regime: regimes.md beside this file (the not-reached lists:
+#: an item a line).
+_TEXT = snippets(__file__, "regimes.md")
+
+
+def _words(prefix: str) -> Dict[str, Any]:
+    names = ("scale_note", "regime_text", "reference_words")
+    words = {k: _TEXT[prefix + k.upper()] for k in names}
+    return dict(words, not_reached=tuple(x for x in _TEXT[prefix + "NOT_REACHED"].split("\n") if x))
+
 
 #: page name -> its regime. "quick": the --quick plan's (setting, groups, seeds, references).
 REGIMES: Dict[str, Dict[str, Any]] = {
@@ -111,10 +87,7 @@ REGIMES: Dict[str, Dict[str, Any]] = {
         canaries=CANARIES_PER_VICTIM,
         network=NETWORK,
         title="What a curious neighbour learns",
-        scale_note=SCALE_NOTE,
-        not_reached=NOT_REACHED,
-        regime_text=REGIME_TEXT,
-        reference_words=REFERENCE_WORDS,
+        **_words(""),
     ),
     "privacy_attacks_overfit": dict(
         setting=OVERFIT_SETTING,
@@ -129,20 +102,12 @@ REGIMES: Dict[str, Dict[str, Any]] = {
         references=8,
         network=None,
         title="What a curious neighbour learns where the models overfit",
-        scale_note=OVERFIT_SCALE_NOTE,
-        not_reached=OVERFIT_NOT_REACHED,
-        regime_text=OVERFIT_REGIME_TEXT,
-        reference_words=OVERFIT_REFERENCE_WORDS,
+        **_words("OVERFIT_"),
     ),
 }
-QUICK = dict(
-    setting=QUICK_SETTING,
-    groups=(((_EXACT, None), (_R1, None), (_EXACT, 8.0)),),
-    seeds=(0, 1),
-    references=4,
-    scale_note="--quick: a smoke test, not a result.",
-    not_reached=(),
-)
+QUICK = dict(setting=QUICK_SETTING, groups=(((_EXACT, None), (_R1, None), (_EXACT, 8.0)),))
+QUICK.update(seeds=(0, 1), references=4, not_reached=())
+QUICK["scale_note"] = "--quick: a smoke test, not a result."
 
 
 def regime(name: str, quick: bool) -> Dict[str, Any]:

@@ -1,9 +1,8 @@
-"""The attack pages' plans and runs. A plan holds, in order: the network-DP matrices (a page with
-that section), the membership split of each seed (every peer's members and each victim's held-out
-records: the audit record), then the attacked runs in the regime's order of priority. An attacked
-run trains with the seed's split while observer 0 records its view, then attacks its two
-neighbours (the victims) through their own models, every reconstruction the observer forms of
-them (`privacy.attacks.reconstructions`), its own model and the average, at each of ROUNDS."""
+"""The attack pages' plans and runs: the network-DP matrices (a page with that section), each
+seed's membership split (the audit record), then the attacked runs in the regime's order of
+priority: trained with the seed's split while observer 0 records its view, then its two
+neighbours (the victims) attacked at each of ROUNDS through their own models, every
+reconstruction the observer forms of them, its own model and the average."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import os
 from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Run
-from experiments.pages._privacy import DELTA, NONPRIVATE_LR
+from experiments.pages._privacy import DELTA, NONPRIVATE_LR, membership_split
 
 from .regimes import FRACTION, OBSERVER, ROUNDS, dp_recipe, regime
 
@@ -79,7 +78,7 @@ def row(run: Run) -> Dict[str, Any]:
         from .network import network_dp
 
         return network_dp(run.config)
-    split = _split(run.config["split"], run.seed)
+    split = membership_split(run.config["split"], run.seed)
     if kind == "split":
         return dict(key=split.key(), record=split.record())
     if kind == "reference":
@@ -89,12 +88,8 @@ def row(run: Run) -> Dict[str, Any]:
     except Exception as exc:  # one failed run is a row of the page, not a lost page
         from gossip_powersgd.utils import one_line
 
-        return dict(
-            spec=run.config["spec"],
-            target=run.config["target"],
-            seed=run.seed,
-            failure=one_line(exc, 200),
-        )
+        failed = dict(spec=run.config["spec"], target=run.config["target"], seed=run.seed)
+        return dict(failed, failure=one_line(exc, 200))
 
 
 def reference_row(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
@@ -108,16 +103,6 @@ def reference_row(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
     started, train = time.perf_counter(), c["reference"]["train"]
     phi, _ = reference_stats(split, Candidates.of(split), train, c["count"], seed, OBSERVER, c["k"])
     return dict(k=c["k"], seconds=time.perf_counter() - started, phi_mean=float(phi.mean()))
-
-
-def _split(c: Mapping[str, Any], seed: int):
-    import topologies
-
-    from gossip_powersgd.privacy.heldout import make_split
-
-    topology = topologies.parse(c["topology"])
-    victims = sorted(int(j) for j in topology.neighbors(c["observer"]))
-    return make_split(c["dataset"], topology.size, c["partition"], 0, victims, c["fraction"], seed)
 
 
 def attacked(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
@@ -165,21 +150,12 @@ def attacked(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
         out["audit"] = canary_audit(hooks, run, make, initial, delta, blind=refs.blind)
     out.update(spec=c["spec"], target=c["target"], seed=seed, steps=summary["steps"], last=last)
     out.update(round_steps=run.steps, epochs=config.epochs, batch=config.batch_size, lr=config.lr)
-    out.update(
-        acc_avg=summary["final_test_acc_avg_model"],
-        acc_victim=sum(victim_acc) / len(victim_acc),
-        consensus=summary.get("final_consensus_distance"),
-        evals=evals,
-        eps_victims=[epsilons[v] for v in victims] if len(epsilons) > 1 else None,
-        eps_max=max(epsilons),
-        sigma=summary.get("noise_multiplier"),
-        mb_sent_per_peer=summary["mb_sent_per_peer"],
-        observed_mb=run.observed_bytes / 1e6,
-        run_seconds=run.seconds,
-        reference_cpu_seconds=refs.seconds,
-        split=split.key(),
-        members=int(candidates.member.sum()),
-        nonmembers=int((~candidates.member).sum()),
-        load=os.getloadavg()[0],
-    )
-    return out
+    out.update(acc_avg=summary["final_test_acc_avg_model"], evals=evals, eps_max=max(epsilons))
+    out.update(acc_victim=sum(victim_acc) / len(victim_acc), sigma=summary.get("noise_multiplier"))
+    out.update(consensus=summary.get("final_consensus_distance"), split=split.key())
+    out["eps_victims"] = [epsilons[v] for v in victims] if len(epsilons) > 1 else None
+    out.update(mb_sent_per_peer=summary["mb_sent_per_peer"], observed_mb=run.observed_bytes / 1e6)
+    out.update(run_seconds=run.seconds, reference_cpu_seconds=refs.seconds)
+    member = candidates.member
+    out.update(members=int(member.sum()), nonmembers=int((~member).sum()))
+    return dict(out, load=os.getloadavg()[0])

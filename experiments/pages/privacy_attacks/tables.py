@@ -1,7 +1,6 @@
-"""The attack pages' tables from their rows: leakage (mean ± sd over seeds) with the blind baselines
-and the null band beside every figure, reconstructions judged by the attacks through them, attacks
-over rounds, per-class AUC, the runs with their plateau check, a budget check against older rows,
-and a log-scale ROC plot."""
+"""The attack pages' tables from their rows, a list of rows each (headers: page.md): figures as
+mean ± sd over seeds with the blind baselines and the null band beside them; the budget check
+against older rows, and a log-scale ROC plot."""
 
 from __future__ import annotations
 
@@ -11,12 +10,14 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from gossip_powersgd.privacy.attacks import ATTACKS, null_band_of
 
-from experiments.pages._markdown import mean_sd, pm
+from experiments.pages._markdown import fill, mean_sd, pm, snippets, table_rows
 
 from .regimes import ALGORITHMS
 
 #: The attack the headline columns use (the strongest here on average; every attack is in the rows).
 HEADLINE = "LiRA offline"
+#: The pages' sentences and optional sections shown where their rows call for them.
+WORDS = snippets(__file__, "words.md")
 
 
 def label(spec: str) -> str:
@@ -47,18 +48,14 @@ def _reconstructions(r: Dict[str, Any]) -> List[str]:
 
 
 def _strongest(group: Sequence[Dict[str, Any]]) -> str:
-    """The observer's estimator with the highest mean headline AUC (the oracle excluded: it uses
-    the truth)."""
+    """The observer's estimator with the highest mean headline AUC (not the oracle: it uses the
+    truth)."""
     names = [n for n in _reconstructions(group[0]) if not n.startswith("oracle")]
-    return max(
-        names,
-        key=lambda n: statistics.fmean(_last(r)["flat"][f"auc/{n}/{HEADLINE}"] for r in group),
-    )
+    return max(names, key=lambda n: statistics.fmean(_flats(group, f"auc/{n}/{HEADLINE}")))
 
 
 def _models(group: Sequence[Dict[str, Any]]) -> List[str]:
-    """The models the headline figures go through: the victim's own, then the strongest
-    reconstruction where the observer forms any."""
+    """The victim's own model, then the strongest reconstruction where the observer forms any."""
     return ["victim"] + ([_strongest(group)] if _reconstructions(group[0]) else [])
 
 
@@ -66,17 +63,17 @@ def _band(r: Dict[str, Any]) -> Dict[str, list]:
     return null_band_of(r["members"], r["nonmembers"])
 
 
+def _flats(group, key: str) -> List[float]:
+    return [_last(r)["flat"][key] for r in group]
+
+
 def _flat(group, key: str, digits: int = 3) -> str:
     """mean ± sd over the group's seeds of a flat figure at the last round."""
-    return _stat([_last(r)["flat"][key] for r in group], digits)
+    return _stat(_flats(group, key), digits)
 
 
-def _head(group) -> str:
-    return f"| {label(group[0]['spec'])} | {_dp(group)} |"
-
-
-def _table(header: str, lines: List[str]) -> str:
-    return "\n".join([header, "|---" * (header.count("|") - 1) + "|"] + lines) + "\n"
+def _head(group) -> List[str]:
+    return [label(group[0]["spec"]), _dp(group)]
 
 
 def budget_row(r: Dict[str, Any]) -> Dict[str, Any]:
@@ -97,24 +94,15 @@ def _dp(group: Sequence[Dict[str, Any]]) -> str:
     return f"ε = {low if low == high else f'{low}–{high}'} (victims' own; target {r['target']:g})"
 
 
-def _within(value: float, band: Sequence[float]) -> bool:
-    return band[0] <= value <= band[1]
-
-
 def blind_check(group: Sequence[Dict[str, Any]]) -> str:
     """How many seeds have both blind baselines inside the permutation null band: the class
-    prior's AUC, and the blind model's AUC and TPR at 0.1 % and 1 % FPR (headline attack)."""
+    prior's AUC (it takes ~10 values: no threshold has FPR <= 1 %), and the blind model's AUC and
+    TPR at 0.1 % and 1 % FPR (headline attack)."""
     ok = 0
     for r in group:
-        e = _last(r)["evaluation"]
-        band = _band(r)
-        blind = e["blind_model"][HEADLINE]
-        # The class prior takes ~10 values: no threshold has FPR <= 1 %, so only its AUC counts.
-        ok += (
-            _within(_last(r)["flat"]["auc/class prior"], band["auc"])
-            and _within(blind["auc"], band["auc"])
-            and all(_within(t, b) for t, b in zip(blind["tpr"], band["tpr"]))
-        )
+        band, blind = _band(r), _last(r)["evaluation"]["blind_model"][HEADLINE]
+        pairs = [(_last(r)["flat"]["auc/class prior"], band["auc"]), (blind["auc"], band["auc"])]
+        ok += all(lo <= x <= hi for x, (lo, hi) in pairs + list(zip(blind["tpr"], band["tpr"])))
     return f"{ok}/{len(group)}"
 
 
@@ -129,121 +117,83 @@ def _acc_at(r: Dict[str, Any], quarter: int) -> Optional[float]:
 def plateau(group: Sequence[Dict[str, Any]]) -> tuple:
     """(accuracy at half the run, at three quarters, change over the last quarter in pp), each
     as mean ± sd over the group's seeds, "n/a" for rows evaluated only at their end."""
-    half = [_acc_at(r, 2) for r in group]
     three = [_acc_at(r, 3) for r in group]
     change = [100 * (r["acc_avg"] - t) for r, t in zip(group, three) if t is not None]
-    pct = [_stat(v, 2, True) for v in (half, three)]
+    pct = [_stat(v, 2, True) for v in ([_acc_at(r, 2) for r in group], three)]
     return tuple(v if v == "n/a" else v + " %" for v in pct) + (_stat(change, 2),)
 
 
-def runs_table(rows) -> str:
-    lines = []
+def runs_table(rows) -> List[str]:
+    out = []
     for g in groups(rows):
         half, three, change = plateau(g)
         sigma = "—" if g[0]["sigma"] is None else format(g[0]["sigma"], ".3g")
-        lines.append(
-            f"{_head(g)} {sigma} | {len(g)} | {_stat([r['acc_avg'] for r in g], 2, True)} % | "
-            f"{_stat([r['acc_victim'] for r in g], 2, True)} % | "
-            f"{g[0]['mb_sent_per_peer']:.3f} | {g[0]['observed_mb']:.3f} | "
-            f"{_stat([r['consensus'] for r in g], 3)} | {half} / {three} | {change} | "
-            f"{statistics.fmean(r['run_seconds'] for r in g):.0f} |"
-        )
-    header = (
-        "| algorithm | DP | σ | seeds | averaged-model acc | victims' model acc | MB sent / peer | "
-        "MB the observer received | consensus distance (end) | averaged-model acc at ½ / ¾ "
-        "of the run | change over the last quarter (pp) | run s (mean) |"
-    )
-    return _table(header, lines)
+        accs = [_stat([r[k] for r in g], 2, True) + " %" for k in ("acc_avg", "acc_victim")]
+        mb = [f"{g[0][k]:.3f}" for k in ("mb_sent_per_peer", "observed_mb")]
+        consensus, seconds = _stat([r["consensus"] for r in g], 3), [r["run_seconds"] for r in g]
+        cells = [sigma, str(len(g)), *accs, *mb, consensus, f"{half} / {three}", change]
+        out.append(_head(g) + cells + [f"{statistics.fmean(seconds):.0f}"])
+    return table_rows(out)
 
 
-def leakage_table(rows) -> str:
-    lines, oracle = [], "oracle: D on the span of all factors"
+def leakage_table(rows) -> List[str]:
+    out, oracle, blind = [], "oracle: D on the span of all factors", f"blind model/{HEADLINE}"
     for g in groups(rows):
         strongest = _strongest(g) if _reconstructions(g[0]) else None
         models = ["victim"] + ([strongest] if strongest else [])
         models += [oracle] if strongest and oracle in _reconstructions(g[0]) else []
-        band, blind = _band(g[0]), f"blind model/{HEADLINE}"
-        tail = (
-            f"{_flat(g, 'auc/class prior')} | {_flat(g, f'auc/{blind}')} / "
-            f"{_flat(g, f'tpr0.1/{blind}', 4)} | [{band['auc'][0]:.3f}, {band['auc'][1]:.3f}] / "
-            f"[{band['tpr'][0][0]:.4f}, {band['tpr'][0][1]:.4f}] / [{band['tpr'][1][0]:.4f}, "
-            f"{band['tpr'][1][1]:.4f}] | {blind_check(g)} |"
-        )
+        band = _band(g[0])
+        tail = [_flat(g, "auc/class prior"), f"{_flat(g, f'auc/{blind}')} / "]
+        tail[1] += _flat(g, f"tpr0.1/{blind}", 4)
+        bands = [band["auc"], *band["tpr"]]
+        tail.append(" / ".join(f"[{a:.{d}f}, {b:.{d}f}]" for (a, b), d in zip(bands, (3, 4, 4))))
         for name in models + ["observer's own", "average of all"]:
             title = name if name != strongest else f"strongest reconstruction: {name}"
             cells = [_flat(g, f"auc/{name}/{a}") for a in ("LOSS", "LiRA offline", "LiRA online")]
-            cells += [
-                _flat(g, f"tpr0.1/{name}/{HEADLINE}", 4),
-                _flat(g, f"tpr1/{name}/{HEADLINE}", 4),
-            ]
-            lines.append(f"{_head(g)} {title} | " + " | ".join(cells) + f" | {tail}")
-    header = (
-        "| algorithm | DP | model | LOSS AUC | LiRA offline AUC | LiRA online AUC | "
-        "TPR @ 0.1 % FPR | TPR @ 1 % FPR | blind: class prior AUC | blind: model that never "
-        "saw the victims, AUC / TPR @ 0.1 % | null band AUC / TPR @ 0.1 % / TPR @ 1 % | "
-        "blind within band (seeds) |"
+            cells += [_flat(g, f"tpr{x}/{name}/{HEADLINE}", 4) for x in ("0.1", "1")]
+            out.append(_head(g) + [title, *cells, *tail, blind_check(g)])
+    return table_rows(out)
+
+
+def all_attacks_table(rows) -> List[str]:
+    return table_rows(
+        _head(g) + [_flat(g, f"auc/victim/{a}") for a in ATTACKS] for g in groups(rows)
     )
-    return _table(header, lines)
 
 
-def all_attacks_table(rows) -> str:
-    header = "| algorithm | DP | " + " | ".join(f"{a} AUC (victim's model)" for a in ATTACKS) + " |"
-    lines = [
-        f"{_head(g)} " + " | ".join(_flat(g, f"auc/victim/{a}") for a in ATTACKS) + " |"
-        for g in groups(rows)
-    ]
-    return _table(header, lines)
-
-
-def reconstruction_table(rows) -> str:
-    lines = []
+def reconstruction_table(rows) -> List[str]:
+    out = []
     for g in groups(rows):
         own = f"{_flat(g, f'auc/victim/{HEADLINE}')} / {_flat(g, f'tpr1/victim/{HEADLINE}', 4)}"
         for name in _reconstructions(g[0]) + ["observer's own"]:
             q = [_last(r)["quality"][name] for r in g]
-            lines.append(
-                f"{_head(g)} {name} | {_stat([x['l2'] for x in q], 4)} | "
-                f"{_stat([x['agreement'] for x in q], 2, True)} % | "
-                f"{_flat(g, f'auc/{name}/{HEADLINE}')} | {_flat(g, f'tpr1/{name}/{HEADLINE}', 4)} | "
-                f"{own} |"
-            )
-    header = (
-        "| algorithm | DP | estimate of the victim's model | relative L2 error | prediction "
-        "agreement with the victim's model (test set) | LiRA offline AUC through it | TPR @ "
-        "1 % FPR | the victim's own model: AUC / TPR @ 1 % |"
-    )
-    return _table(header, lines)
+            cells = [name, _stat([x["l2"] for x in q], 4)]
+            cells.append(_stat([x["agreement"] for x in q], 2, True) + " %")
+            cells += [_flat(g, f"auc/{name}/{HEADLINE}"), _flat(g, f"tpr1/{name}/{HEADLINE}", 4)]
+            out.append(_head(g) + cells + [own])
+    return table_rows(out)
 
 
-def rounds_table(rows) -> str:
-    lines = []
+def rounds_table(rows) -> List[str]:
+    out = []
     for g in groups(rows):
         r0 = g[0]
         for name in _models(g):
-            cells = []
-            for s in r0["round_steps"]:
-                values = [r["rounds"][str(s)]["flat"].get(f"auc/{name}/{HEADLINE}") for r in g]
-                cells.append(
-                    f"{_stat(values)} ({r0['observed_mb'] * (s + 1) / r0['steps']:.3g} MB)"
-                )
-            lines.append(f"{_head(g)} {name} | " + " | ".join(cells) + " |")
-    header = (
-        "| algorithm | DP | model | LiRA offline AUC at round (share of the run; MB the observer "
-        "had received): 25 % | 50 % | 75 % | 100 % |"
-    )
-    return _table(header, lines)
+            cells = [
+                f"{_stat([r['rounds'][str(s)]['flat'].get(f'auc/{name}/{HEADLINE}') for r in g])} "
+                f"({r0['observed_mb'] * (s + 1) / r0['steps']:.3g} MB)"
+                for s in r0["round_steps"]
+            ]
+            out.append(_head(g) + [name] + cells)
+    return table_rows(out)
 
 
-def per_class_table(rows) -> str:
-    lines = []
+def per_class_table(rows) -> List[str]:
+    out = []
     for g in groups(rows):
         mean = [statistics.fmean(c) for c in zip(*(_last(r)["per_class_victim"] for r in g))]
-        lines.append(f"{_head(g)} " + ", ".join(f"{v:.3f}" for v in mean) + " |")
-    header = (
-        "| algorithm | DP | per-class LiRA offline AUC, victim's model (classes 0–9, mean over "
-        "seeds) |"
-    )
-    return _table(header, lines)
+        out.append(_head(g) + [", ".join(f"{v:.3f}" for v in mean)])
+    return table_rows(out)
 
 
 def plot_roc(rows) -> bytes:
@@ -251,29 +201,18 @@ def plot_roc(rows) -> bytes:
     the strongest reconstruction, the blind model, chance."""
     from experiments.pages._privacy import png, pyplot
 
-    plt = pyplot()
-    gs = groups(rows)
+    plt, gs = pyplot(), groups(rows)
     fig, axes = plt.subplots(1, len(gs), figsize=(3.6 * len(gs), 3.6), squeeze=False)
     for ax, g in zip(axes.flat, gs):
         e = _last(g[0])["evaluation"]
         for name, style in zip(_models(g), ("-", "--")):
-            fpr, tpr = e["models"][name][HEADLINE]["roc"]
-            ax.plot(
-                [max(v, 1e-4) for v in fpr],
-                [max(v, 1e-4) for v in tpr],
-                style,
-                label="victim" if name == "victim" else "reconstruction",
-            )
+            fpr, tpr = ([max(v, 1e-4) for v in x] for x in e["models"][name][HEADLINE]["roc"])
+            ax.plot(fpr, tpr, style, label="victim" if name == "victim" else "reconstruction")
         ax.plot([1e-4, 1], [1e-4, 1], ":", color="grey", label="chance")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(1e-4, 1)
-        ax.set_ylim(1e-4, 1)
-        ax.set_title(
-            f"{label(g[0]['spec'])}, {'no DP' if g[0]['target'] is None else 'DP'}", fontsize=8
-        )
-        ax.set_xlabel("FPR")
-        ax.set_ylabel("TPR")
+        ax.set(xscale="log", yscale="log", xlim=(1e-4, 1), ylim=(1e-4, 1))
+        dp = "no DP" if g[0]["target"] is None else "DP"
+        ax.set_title(f"{label(g[0]['spec'])}, {dp}", fontsize=8)
+        ax.set(xlabel="FPR", ylabel="TPR")
         ax.legend(fontsize=6)
     return png(fig, dpi=100)
 
@@ -287,18 +226,7 @@ def budget_section(rows, others: Sequence[Dict[str, Any]]) -> str:
     for r in [*others, *mine]:
         if (r["spec"], r["target"]) in cells:
             by.setdefault((r["spec"], r["target"]), {}).setdefault(r["epochs"], []).append(r)
-    lines = [
-        "## Training budget in this regime\n",
-        "The DP rows above beside the same algorithm and ε at the previous page's budget (its "
-        "rows, same setting and recipe but the number of epochs, taken with `--reuse`; each "
-        "run's σ solved for its own steps). The victims here train on half a shard, so their σ "
-        "at a target ε is that of a smaller ε on privacy_dp_budget.md's full shards, where "
-        "the budget peaks earlier.\n",
-        "| algorithm | target ε | epochs | seeds | σ | averaged-model acc | change from the "
-        "shorter budget (pp) | LiRA offline AUC (victim's model) | TPR at 0.1 % FPR |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    pays, loses = [], []
+    lines, pays, loses = [], [], []
     for (spec, target), budgets in by.items():
         means = {e: statistics.fmean(x["acc_avg"] for x in g) for e, g in budgets.items()}
         if len(means) >= 2:
@@ -307,22 +235,12 @@ def budget_section(rows, others: Sequence[Dict[str, Any]]) -> str:
             where = f"{label(spec)} at ε = {target:g} ({gain:+.2f} pp from {short} to {long})"
             (pays if gain >= 0 else loses).append(where)
         for e in sorted(budgets):
-            g = budgets[e]
-            shorter = [b for b in means if b < e]
+            g, shorter = budgets[e], [b for b in means if b < e]
             change = f"{100 * (means[e] - means[max(shorter)]):+.2f}" if shorter else "—"
-            lines.append(
-                f"| {label(spec)} | {target:g} | {e} | {len(g)} | {g[0]['sigma']:.3g} | "
-                f"{_stat([x['acc_avg'] for x in g], 2, pct=True)} % | {change} | "
-                f"{_stat([x['auc'] for x in g])} | {_stat([x['tpr'] for x in g], 4)} |"
-            )
-    words = []
-    if pays:
-        words.append("The longer budget pays for " + "; ".join(pays) + ".")
-    if loses:
-        words.append(
-            "It costs accuracy for "
-            + "; ".join(loses)
-            + ": in this regime their budget peaks at the shorter one or before, and their rows "
-            "above are past it."
-        )
-    return "\n".join(lines) + "\n\n" + (" ".join(words) + "\n\n" if words else "")
+            cells = [label(spec), f"{target:g}", str(e), str(len(g)), f"{g[0]['sigma']:.3g}"]
+            cells += [_stat([x["acc_avg"] for x in g], 2, pct=True) + " %", change]
+            lines.append(cells + [_stat([x["auc"] for x in g]), _stat([x["tpr"] for x in g], 4)])
+    words = [WORDS["pays"].format("; ".join(pays))] if pays else []
+    words += [WORDS["loses"].format("; ".join(loses))] if loses else []
+    end = [" ".join(words), ""] if words else []
+    return fill(WORDS["budget"], lines=table_rows(lines), end=end) + "\n"

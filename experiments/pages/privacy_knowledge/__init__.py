@@ -1,12 +1,8 @@
 """`python -m experiments privacy_knowledge`: the knowledge-matrix attack (El Mrini, Cyffers, Bellet,
 ICML 2024) on exact gossip and PowerGossip: which peers a curious peer (or colluders) reconstructs,
-non-neighbours included, and whether low-rank messages reduce what they lose.
-
-Two kinds of rows: the structure of the attack on ring, torus and exponential graphs (no
-training: what the colluders' equations determine, `privacy.knowledge.structure_report`),
-and real runs whose recorded views the colluders attack, scored against the truth
-(`privacy.knowledge_attack.attack_run`). `page` renders.
-"""
+and whether low-rank messages reduce what they lose. Rows: the attack's structure on ring, torus
+and exponential graphs (`privacy.knowledge.structure_report`, no training), and real runs whose
+recorded views the colluders attack (`privacy.knowledge_attack.attack_run`). `page` renders."""
 
 from __future__ import annotations
 
@@ -17,27 +13,13 @@ from experiments.pages import register
 from experiments.pages.privacy_knowledge.page import render
 
 #: The structural grid: topologies, and per updates mode the (tie, steps) pairs.
+_GRAPHS = "ring:8 torus:3x3 exponential:8 ring:16 torus:4x4 exponential:16".split()
+_MODES = [("once", 1, t) for t in (1, 2, 4, 8, 16)] + [("every_step", 1, t) for t in (4, 8)]
 STRUCTURE = {
-    False: {
-        "topologies": (
-            "ring:8",
-            "torus:3x3",
-            "exponential:8",
-            "ring:16",
-            "torus:4x4",
-            "exponential:16",
-        ),
-        "modes": (
-            [("once", 1, t) for t in (1, 2, 4, 8, 16)]
-            + [("every_step", 1, t) for t in (4, 8)]
-            + [("every_step", 4, t) for t in (8, 16)]
-        ),
-    },
-    True: {
-        "topologies": ("ring:4", "ring:6"),
-        "modes": [("once", 1, 1), ("once", 1, 3), ("every_step", 1, 4), ("every_step", 4, 4)],
-    },
+    False: dict(topologies=_GRAPHS, modes=_MODES + [("every_step", 4, t) for t in (8, 16)]),
+    True: dict(topologies=("ring:4", "ring:6"), modes=[("once", 1, 1), ("once", 1, 3)]),
 }
+STRUCTURE[True]["modes"] += [("every_step", 1, 4), ("every_step", 4, 4)]
 #: The largest colluder set the searches try (the 16-peer graphs: pairs).
 MOST = {8: 3, 9: 3, 16: 2}
 
@@ -115,19 +97,12 @@ def attack_row(config: Dict[str, Any], seed: int) -> Dict[str, Any]:
     train = dict(config["train"], seed=seed, backend="local", quiet=True)
     train.update(algorithm=config["algorithm"], topology=config["topology"])
     out = {k: config[k] for k in ("regime", "algorithm", "label", "topology")}
-    sets, regime = config["colluder_sets"], config["regime"]
-    return dict(
-        out, **attack_run(train, regime, sets, tie=config["tie"], epoch_steps=config["epoch_steps"])
-    )
+    mode = dict(tie=config["tie"], epoch_steps=config["epoch_steps"])
+    return dict(out, **attack_run(train, config["regime"], config["colluder_sets"], **mode))
 
 
-PAGE = register(
-    Page(
-        name="privacy_knowledge",
-        title="Knowledge-matrix attack (El Mrini et al. 2024): who colluders reconstruct, "
-        "exact gossip vs PowerGossip",
-        plan=plan,
-        row=row,
-        render=render,
-    )
+TITLE = (
+    "Knowledge-matrix attack (El Mrini et al. 2024): who colluders reconstruct, "
+    "exact gossip vs PowerGossip"
 )
+PAGE = register(Page(name="privacy_knowledge", title=TITLE, plan=plan, row=row, render=render))

@@ -1,13 +1,9 @@
 """`python -m experiments privacy_mechanisms_logreg`: local DP-SGD, Muffliato, ZIP-DL and DECOR at
-equal epsilon against a neighbour, on exact gossip and PowerGossip r1, on each of three
-topologies, on a small linear problem, each run attacked by the neighbour (the same plan at other
-budgets without the attacks: privacy_mechanisms_budget). `python -m experiments
-privacy_mechanisms`: the same mechanisms in the attack pages' regime, each run also audited
-(`audited`). A plan per topology: the calibration (each mechanism's noise for the target epsilon
-with its own accountant, `calibration`), then every (mechanism, algorithm, seed) as an attacked
-run (`runs`); the page (`page`, its text page.md) says what each accountant covers. The plan's
-constants are below, in one place.
-"""
+equal epsilon against a neighbour, on exact gossip and PowerGossip r1, on three topologies of a
+small linear problem, each run attacked by the neighbour: per topology the calibration (each
+mechanism's noise for the target, `calibration`), then every (mechanism, algorithm, seed) (`runs`;
+the page: page.md, with what both pages show: `page`). `privacy_mechanisms`: the same in the attack pages' regime, audited too
+(`audited`)."""
 
 from __future__ import annotations
 
@@ -16,9 +12,10 @@ from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
+from experiments.pages._markdown import fill, template
 
 from . import audited, calibration, page
-from .runs import FRACTION, OBSERVER, plan_runs, row
+from .runs import OBSERVER, plan_runs, reuses_local, row
 
 ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1,iters=1"))
 MECHANISMS = ("local", "muffliato", "zipdl", "decor")
@@ -67,54 +64,55 @@ def sections(rows: Rows, prefix: str = "") -> List[Dict[str, Any]]:
     """Per topology (plan order): its setting, calibration, runs' rows, and whether Muffliato's
     runs are local DP-SGD's (the same noise)."""
     out = []
-    for record in rows.records:
-        if record.config["kind"] == "calibration" and record.key.startswith(prefix):
-            noises, setting = record.row, record.config["setting"]
-            reuse = abs(noises["muffliato"]["sigma"] - noises["local"]["sigma"]) < 1e-9
-            out.append(dict(setting=setting, noises=noises, reuse_muffliato=reuse, rows=[]))
-        elif record.key.startswith(prefix):
-            next(s for s in out if s["setting"] == record.config["setting"])["rows"].append(
-                record.row
-            )
+    for record in (r for r in rows.records if r.key.startswith(prefix)):
+        setting = record.config["setting"]
+        if record.config["kind"] == "calibration":
+            reuse = reuses_local(record.row)
+            out.append(dict(setting=setting, noises=record.row, reuse_muffliato=reuse, rows=[]))
+        else:
+            next(s for s in out if s["setting"] == setting)["rows"].append(record.row)
     return out
 
 
 def render(rows: Rows) -> Outputs:
+    """privacy_mechanisms_logreg.md (page.md beside this file) and its CSV."""
     found = sections(rows)
-    runs = [r for s in found for r in s["rows"]]
+    runs, setting = [r for s in found for r in s["rows"]], found[0]["setting"]
     origin = rows.records[0].origin or {}
     if "load" in origin:  # the runs of the old program: one (start, end) pair per command
         load, nice = [tuple(pair) for pair in origin["load"]], origin["nice"]
     else:  # this sweep's first and last runs
         load, nice = [(runs[0]["load"][0], runs[-1]["load"][1])], [runs[0]["nice"]]
-    per_step = statistics.fmean(r["run_seconds"] / r["steps"] for r in runs)
-    c = dict(target=calibration.TARGET, delta=calibration.DELTA, clip=calibration.CLIP)
-    c.update(ratio=calibration.DECOR_RATIO, algorithms=[a for a, _ in ALGORITHMS])
-    c.update(observer=OBSERVER, fraction=FRACTION, network_steps=calibration.NETWORK_STEPS)
-    c.update(load=load, nice=nice, per_step=per_step)
+    c = dict(target=calibration.TARGET, algorithms=[a for a, _ in ALGORITHMS])
+    plain = sorted({r["seed"] for r in found[0]["rows"] if r["mechanism"] == "none"})
+    schedule, seeds = setting.get("schedule", "constant"), setting["seeds"]
+    fields = dict(delta=calibration.DELTA, clip=calibration.CLIP, observer=OBSERVER)
+    fields.update(setting=setting, noise=next(iter(found[0]["noises"].values())))
+    fields.update(generated=made_by(rows), command=rows.command, records=2 * setting["shard"])
+    fields.update(how_run=page._how_run(dict(load=load, nice=nice)), seed_count=len(seeds))
+    fields["per_step"] = statistics.fmean(r["run_seconds"] / r["steps"] for r in runs)
+    fields["topologies"] = ", ".join(s["setting"]["topology"] for s in found)
+    fields["classes"] = setting["dataset"].split("classes=")[1].split(",")[0]
+    fields.update(seeds=", ".join(map(str, seeds)), plain=", ".join(map(str, plain)))
+    fields.update(plural="s" if len(plain) > 1 else "", topology_count=len(found))
+    fields.update(runs="one run" if len(load) == 1 else f"{len(load)} runs")
+    fields["network_steps"] = calibration.NETWORK_STEPS
+    kind = "constant" if schedule == "constant" else "decaying"
+    for key in ("lr", "shrinks"):
+        fields[f"{key}_text"] = page.WORDS[f"{key} {kind}"].format(
+            lr=setting["lr"], schedule=schedule
+        )
+    fields["network"] = page.WORDS["network"].format(schedule=schedule)
+    text = fill(template(__file__), **fields, **c, **page.shown(found, c))
     return {
-        "privacy_mechanisms_logreg.md": page.render_page(found, made_by(rows), rows.command, c),
+        "privacy_mechanisms_logreg.md": text,
         "privacy_mechanisms_logreg.csv": page.csv_text(runs),
     }
 
 
+TITLE = "DP-SGD, Muffliato, ZIP-DL, DECOR at equal ε in the attack regime, attacked and audited"
+LOGREG = "DP-SGD, Muffliato, ZIP-DL, DECOR at equal ε on a linear problem, three topologies"
 PAGES = [
-    register(
-        Page(
-            "privacy_mechanisms",
-            "DP-SGD, Muffliato, ZIP-DL, DECOR at equal ε in the attack regime, attacked and audited",
-            audited.plan,
-            audited.row,
-            audited.render,
-        )
-    ),
-    register(
-        Page(
-            "privacy_mechanisms_logreg",
-            "DP-SGD, Muffliato, ZIP-DL, DECOR at equal ε on a linear problem, three topologies",
-            plan,
-            row,
-            render,
-        )
-    ),
+    register(Page("privacy_mechanisms", TITLE, audited.plan, audited.row, audited.render)),
+    register(Page("privacy_mechanisms_logreg", LOGREG, plan, row, render)),
 ]

@@ -16,6 +16,7 @@ ZIPDL_RATIO = 1.0
 #: computes that view: its bound is no guarantee for training (`muffliato.network_applies`), and
 #: Muffliato's and ZIP-DL's epsilon is DP-SGD's local bound.
 NETWORK_STEPS = 128
+RATIOS = dict(decor_ratio=DECOR_RATIO, zipdl_ratio=ZIPDL_RATIO)
 
 
 def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
@@ -23,11 +24,4 @@ def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     from gossip_powersgd.privacy.mechanisms.calibration import calibrate as solve
 
     keys = ("topology", "batch_size", "shard", "epochs", "lr", "schedule")
-    return solve(
-        *(setting[k] for k in keys),
-        target=TARGET,
-        delta=DELTA,
-        clip=CLIP,
-        decor_ratio=DECOR_RATIO,
-        zipdl_ratio=ZIPDL_RATIO,
-    )
+    return solve(*(setting[k] for k in keys), target=TARGET, delta=DELTA, clip=CLIP, **RATIOS)

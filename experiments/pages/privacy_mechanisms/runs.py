@@ -1,8 +1,7 @@
-"""The mechanisms pages' runs: a topology's calibration (`calibration.calibrate`), and one run of
-a (mechanism, algorithm, seed) on the seed's split with its calibrated noise, observer 0
-recording, attacked at the last step through what the observer received from its neighbours 1 and
-n - 1 and through their own models (`gossip_powersgd.privacy.attacks`); the budget page's runs
-train without the attack."""
+"""The mechanisms pages' runs: a topology's calibration, and one (mechanism, algorithm, seed) on
+the seed's split with its calibrated noise, attacked at the last step through what observer 0
+received from its neighbours 1 and n - 1 and through their own models (the budget page's runs:
+not attacked)."""
 
 from __future__ import annotations
 
@@ -35,9 +34,8 @@ def row(run: Run) -> Dict[str, Any]:
         return calibrate(c["setting"])
     torch.set_num_threads(1)
     start, begun = os.getloadavg()[0], time.perf_counter()
-    m = train(
-        c["setting"], c["label"], c["spec"], c["mechanism"], c["noise"], run.seed, c["attack"]
-    )
+    keys = ("setting", "label", "spec", "mechanism", "noise")
+    m = train(*(c[k] for k in keys), run.seed, c["attack"])
     if not c["attack"]:
         return {k: m[k] for k in KEEP}
     m["attack_seconds"] = time.perf_counter() - begun - m["run_seconds"]
@@ -68,31 +66,14 @@ def train(setting, label, spec, mechanism, noise, seed, attack=True) -> Dict[str
 
     peers = setting["peers"]
     split = make_split(setting["dataset"], peers, "iid", 0, range(peers), FRACTION, seed)
-    overrides = dict(
-        topology=setting["topology"],
-        dataset=split.spec(),
-        partition="local",
-        public_train_size=peers * setting["shard"],  # sizes an epoch; public anyway
-        model=setting["model"],
-        batch_size=setting["batch_size"],
-        lr=setting["lr"],
-        momentum=0.0,
-        weight_decay=0.0,
-        schedule=setting["schedule"],
-        warmup_epochs=0,
-        epochs=setting["epochs"],
-        eval_every=max(1, setting["epochs"] // 4),  # quarters: the plateau check
-        seed=seed,
-        algorithm=spec,
-        comm_timeout=600.0,
-    )
+    overrides = {k: setting[k] for k in ("topology", "model", "batch_size", "lr", "schedule")}
+    overrides.update(dataset=split.spec(), partition="local", epochs=setting["epochs"])
+    overrides["public_train_size"] = peers * setting["shard"]  # sizes an epoch; public anyway
+    overrides.update(momentum=0.0, weight_decay=0.0, warmup_epochs=0, comm_timeout=600.0)
+    overrides["eval_every"] = max(1, setting["epochs"] // 4)  # quarters: the plateau check
+    overrides.update(seed=seed, algorithm=spec)
     if mechanism != "none":
-        overrides.update(dp_noise_multiplier=noise["sigma"], dp_max_grad_norm=CLIP)
-        overrides.update(dp_delta=DELTA, dp_mechanism=mechanism)
-        if mechanism == "zipdl":
-            overrides["dp_zipdl_sigma"] = noise["zipdl_sigma"]
-        if mechanism == "decor":
-            overrides["dp_decor_sigma_cor"] = noise["sigma_cor"]
+        overrides.update(noise_config(mechanism, noise), dp_max_grad_norm=CLIP, dp_delta=DELTA)
     hooks: Dict[int, Dict[str, Any]] = {}
 
     def make_hooks(rank: int):
@@ -105,8 +86,7 @@ def train(setting, label, spec, mechanism, noise, seed, attack=True) -> Dict[str
     m.pop("curve")
     if noise is not None and m["steps"] != noise["steps"]:
         raise RuntimeError(f"the run took {m['steps']} steps, the calibration {noise['steps']}")
-    at = {round(e["epoch"] * 4 / setting["epochs"]): e["acc_avg"] for e in m["evals"]}
-    m["acc_half"], m["acc_3q"] = at.get(2, float("nan")), at.get(3, float("nan"))
+    m.update(quarters(m["evals"], setting["epochs"]))
     m.update(topology=setting["topology"], mechanism=mechanism, algorithm=label)
     m["seed"] = seed
     if attack:
@@ -151,7 +131,7 @@ def plan_runs(prefix: str, setting: Dict[str, Any], algorithms, mechanisms, rows
     noises = rows.get(runs[0].key)
     if noises is None:
         return runs
-    reuse = abs(noises["muffliato"]["sigma"] - noises["local"]["sigma"]) < 1e-9
+    reuse = reuses_local(noises)
     cost = {"decor": 3, "zipdl": 2, "muffliato": 2, "local": 2, "none": 1}  # measured
     for label, spec in algorithms:
         for mechanism in ("none",) + mechanisms:
@@ -164,3 +144,24 @@ def plan_runs(prefix: str, setting: Dict[str, Any], algorithms, mechanisms, rows
                 key = f"{prefix}{name}/{mechanism}/{label}/seed{seed}"
                 runs.append(Run(key, config, seed, cost[mechanism] * setting["epochs"]))
     return runs
+
+
+def reuses_local(noises) -> bool:
+    """Whether Muffliato's calibrated noise is DP-SGD's (then its rows are local DP-SGD's)."""
+    return abs(noises["muffliato"]["sigma"] - noises["local"]["sigma"]) < 1e-9
+
+
+def noise_config(mechanism: str, noise: Mapping[str, Any]) -> Dict[str, Any]:
+    """The training config keys of `mechanism` at its calibrated `noise`."""
+    out = dict(dp_mechanism=mechanism, dp_noise_multiplier=noise["sigma"])
+    if mechanism == "zipdl":
+        out["dp_zipdl_sigma"] = noise["zipdl_sigma"]
+    if mechanism == "decor":
+        out["dp_decor_sigma_cor"] = noise["sigma_cor"]
+    return out
+
+
+def quarters(evals, epochs: int) -> Dict[str, float]:
+    """The averaged-model accuracy at half and three quarters of the run (nan: not evaluated)."""
+    at = {round(e["epoch"] * 4 / epochs): e["acc_avg"] for e in evals}
+    return dict(acc_half=at.get(2, float("nan")), acc_3q=at.get(3, float("nan")))

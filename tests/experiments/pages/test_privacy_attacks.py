@@ -11,7 +11,7 @@ from gossip_powersgd.privacy.attack_run import recheck_audit
 
 from experiments.engine import RowFile
 from experiments.pages import privacy_regime as sweep
-from experiments.pages._markdown import parts
+from experiments.pages._markdown import snippets
 from experiments.pages.privacy_attacks import page, regimes, runs, tables
 
 RESULTS = Path(__file__).resolve().parents[3] / "experiments" / "results"
@@ -174,11 +174,13 @@ def test_the_committed_rows_audit_figures_come_from_their_stored_guesses():
             assert row["eps_max"] == float("inf")
 
 
-def test_the_regimes_words_are_read_whole_from_their_parts_file(tmp_path):
-    # _markdown.parts: a part per "## key", its non-blank lines in order, the preamble under ""
-    (tmp_path / "words.md").write_text("a comment\n\n## A\n\none {x}\n\ntwo\n## B\nthree\n")
-    got = parts(str(tmp_path / "page.py"), "words.md")
-    assert got == {"": ["a comment"], "A": ["one {x}", "two"], "B": ["three"]}
+def test_the_regimes_words_are_read_whole_from_their_snippets_file(tmp_path):
+    # _markdown.snippets: a piece per "<!-- key -->", its lines in order, the preamble dropped
+    (tmp_path / "words.md").write_text(
+        "a comment\n\n<!-- A -->\none {x}\n\ntwo\n<!-- B -->\nthree\n"
+    )
+    got = snippets(str(tmp_path / "page.py"), "words.md")
+    assert got == {"A": "one {x}\n\ntwo", "B": "three"}
     for name, r in regimes.REGIMES.items():
         for key in ("scale_note", "regime_text", "reference_words"):
             assert r[key] and "\n" not in r[key], (name, key)
