@@ -1,8 +1,9 @@
 """Faults found in the code after a page's rows were made, told on the page until its rows are
 made again: an erratum names the commit that fixed the fault and the pages whose figures it
 touched; `render` puts its text under the title of every markdown file of such a page while any of
-its rows was made at a commit without the fix (by git's ancestry; a row of an unknown commit is
-not flagged). Made again on fixed code, the rows drop the note by themselves."""
+its rows was made at a commit without the fix (by git's ancestry; where git cannot tell, as in a
+shallow clone or for a row of an unknown commit, by the time the row finished against the fix's).
+Made again on fixed code, the rows drop the note by themselves."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from .provenance import ROOT
 @dataclasses.dataclass(frozen=True)
 class Erratum:
     fixed_in: str  #: the commit of the fix (rows of commits that contain it are not flagged)
+    fixed_at: str  #: its time, as rows write theirs ("YYYY-MM-DD HH:MM UTC")
     pages: Tuple[str, ...]  #: the pages whose figures the fault touched
     text: str  #: what the page says, one paragraph of markdown
 
@@ -24,6 +26,7 @@ class Erratum:
 ERRATA = (
     Erratum(
         "fec9682",
+        "2026-12-05 21:49 UTC",
         (
             "privacy",
             "privacy_attacks",
@@ -69,14 +72,16 @@ def contains(commit: str, fix: str) -> bool | None:
     return {0: True, 1: False}.get(done.returncode)
 
 
-def notes(page: str, commits: Iterable[str]) -> List[str]:
-    """The errata of `page` that any of its rows' `commits` predates."""
-    commits = set(commits)
-    return [
-        e.text
-        for e in ERRATA
-        if page in e.pages and any(contains(c, e.fixed_in) is False for c in commits)
-    ]
+def predates(commit: str, finished: str, erratum: Erratum) -> bool:
+    """Whether a row made at `commit`, finished at `finished`, was made without `erratum`'s fix."""
+    holds = contains(commit, erratum.fixed_in)
+    return (finished < erratum.fixed_at) if holds is None else not holds
+
+
+def notes(page: str, made: Iterable[Tuple[str, str]]) -> List[str]:
+    """The errata of `page` that any of its rows predates; `made`: each row's (commit, finished)."""
+    made = set(made)
+    return [e.text for e in ERRATA if page in e.pages and any(predates(*m, e) for m in made)]
 
 
 def annotated(content: str, texts: List[str]) -> str:

@@ -145,7 +145,7 @@ def render(page: Page, out: Path) -> List[Path]:
             + (" ..." if len(stale) > 5 else "")
         )
     rows = Rows(page.name, quick, [stored[r.key] for r in runs if r.key in stored], len(runs))
-    written, errata = [], notes(page.name, (r.commit for r in rows.records))
+    written, errata = [], notes(page.name, ((r.commit, r.finished) for r in rows.records))
     for name, content in page.render(rows).items():
         if name.endswith(".md"):
             content = annotated(content, errata)

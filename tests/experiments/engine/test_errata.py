@@ -24,10 +24,14 @@ def test_a_commit_holds_the_fix_by_ancestry_and_an_unknown_one_is_not_told():
 
 
 def test_a_listed_page_is_told_while_any_row_predates_the_fix():
-    page = FAULT.pages[0]
-    assert notes(page, [FIX, BEFORE]) == [FAULT.text]
-    assert notes(page, [FIX, "unknown"]) == []
-    assert notes("demo", [BEFORE]) == []  # a page the fault did not touch
+    page, later, earlier = FAULT.pages[0], "2026-12-06 10:00 UTC", "2026-12-01 10:00 UTC"
+    assert notes(page, [(FIX, later), (BEFORE, earlier)]) == [FAULT.text]
+    assert notes(page, [(FIX, earlier)]) == []  # git tells: the commit holds the fix
+    assert notes("demo", [(BEFORE, earlier)]) == []  # a page the fault did not touch
+    # where git cannot tell (a shallow clone, an unknown commit): by when the row finished
+    assert notes(page, [("unknown", earlier)]) == [FAULT.text]
+    assert notes(page, [("unknown", later), ("0000000", later)]) == []
+    assert earlier < FAULT.fixed_at < later
 
 
 def test_the_note_goes_under_the_title_and_the_rest_is_kept():
@@ -43,5 +47,5 @@ def test_every_listed_page_exists_and_its_committed_page_says_what_its_rows_call
     results = ROOT / "experiments" / "results"
     for page in FAULT.pages:
         rows = [json.loads(line) for line in (results / f"{page}.jsonl").open()]
-        stale = any(errata.contains(r["commit"], FIX) is False for r in rows)
+        stale = any(errata.predates(r["commit"], r["finished"], FAULT) for r in rows)
         assert (FAULT.text in (results / f"{page}.md").read_text()) == stale, page
