@@ -524,51 +524,28 @@ def test_the_averaged_model_under_dp_is_the_peers_mean_parameters():
     from gossip_powersgd import run
     from gossip_powersgd.training.data import load_dataset
     from gossip_powersgd.training.evaluation import evaluate_model
-    from gossip_powersgd.training.models import build_model
 
-    config = dict(
-        topology="ring:4",
-        dataset="synthetic_logreg:d=20,classes=4,n=2000",
-        model="mlp:16",
-        lr=0.5,
-        batch_size=32,
-        epochs=2,
-        quiet=True,
-        checkpoint_every=0,
-        algorithm="powergossip:rank=1",
-        dp_noise_multiplier=1.0,
-        dp_max_grad_norm=1.0,
-        out_dir=None,
-    )
-    result = run(config, states=True)
+    config = DP.replace(model="mlp:16", algorithm="powergossip:rank=1", partition="iid")
+    result = run(config.replace(out_dir=None), states=True)
     final = result.evals[-1]
     assert final["consensus_distance"] > 1e-3
-    data = load_dataset(config["dataset"], 0)
-    mean = {
-        name.removeprefix("_module."): torch.stack(
-            [s[name].double() for s in result.states.values()]
-        )
-        .mean(0)
-        .float()
-        for name in result.states[0]
-    }
-    model = build_model(config["model"], data.input_shape, data.num_classes, 0)
-    model.load_state_dict(mean)
-    acc, loss = evaluate_model(model, data.x_test, data.y_test)
+    data = load_dataset(config.dataset, 0)
+    states = list(result.states.values())
+    mean = {k: torch.stack([s[k].double() for s in states]).mean(0).float() for k in states[0]}
+    acc, loss = evaluate_model(_plain(mean, config, data), data.x_test, data.y_test)
     # The run averages in float64 and rounds to float32 as here: the same parameters up to the
     # order of four float64 additions (below float32's resolution), so the same predictions; the
     # loss to float32's relative precision over a few hundred summed terms.
     assert final["test_acc_avg_model"] == acc
     assert final["test_loss_avg_model"] == pytest.approx(loss, rel=1e-5)
-    own = evaluate_model(
-        _own_model(result.states[0], config, data), data.x_test, data.y_test
-    )  # what the record held before
-    assert own[1] != pytest.approx(loss, rel=1e-3)
+    own = evaluate_model(_plain(states[0], config, data), data.x_test, data.y_test)
+    assert own[1] != pytest.approx(loss, rel=1e-3)  # what the record held before
 
 
-def _own_model(state, config, data):
+def _plain(state, config, data):
+    """A model without DP's wrapper holding `state` (the wrapper's names or the plain ones)."""
     from gossip_powersgd.training.models import build_model
 
-    model = build_model(config["model"], data.input_shape, data.num_classes, 0)
+    model = build_model(config.model, data.input_shape, data.num_classes, 0)
     model.load_state_dict({k.removeprefix("_module."): v for k, v in state.items()})
     return model
