@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Optional
 
-from . import liveness, supervisor
+from . import liveness, monitor, supervisor
 from .monitor import (
     ANNOUNCE_BYTES,
     CHECK_SECONDS,
@@ -27,6 +27,7 @@ from .monitor import (
     SILENT_SECONDS,
     SPEAK_SECONDS,
     STOPPED_SECONDS,
+    STOPPED_VAR,
     Monitor,
     PeerLost,
     on_peer_loss,
@@ -77,6 +78,13 @@ def on_import() -> None:
     before torch is imported, so that a peer stopped during set-up is found."""
     if supervisor.main_program() not in supervisor.PROGRAMS:
         return
+    try:
+        monitor.stopped_seconds()  # a bad setting ends every rank at once, before any set-up
+    except ValueError as exc:
+        launched = liveness.launched_rank()
+        prefix = f"error (rank {launched[0]}): " if launched and launched[1] > 1 else "error: "
+        sys.stderr.write(f"{prefix}{exc}\n")
+        sys.exit(2)
     if liveness.SUPERVISOR_VAR in os.environ:
         supervisor.bind_to_supervisor()
     elif supervisor.under_mpi_launcher() and (liveness.launched_rank() or (0, 1))[1] > 1:
@@ -91,6 +99,7 @@ __all__ = [
     "SILENT_SECONDS",
     "SPEAK_SECONDS",
     "STOPPED_SECONDS",
+    "STOPPED_VAR",
     "Monitor",
     "PeerLost",
     "current",

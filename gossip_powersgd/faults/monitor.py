@@ -49,8 +49,10 @@ from .liveness import PeerLost
 
 #: How often process states are read and heartbeats sent.
 CHECK_SECONDS = 1.0
-#: A peer seen stopped this long is lost (or half the comm timeout, if that is shorter).
+#: A peer seen stopped this long is lost (or half the comm timeout, if that is shorter); a run sets
+#: its own in the environment variable STOPPED_VAR, read by every rank as its monitor starts.
 STOPPED_SECONDS = 15.0
+STOPPED_VAR = "GOSSIP_STOPPED_SECONDS"
 #: A peer of another machine silent this long (since set-up if never heard) is probed (or half).
 SILENT_SECONDS = 10.0
 #: How long a probe waits for a peer's host to answer.
@@ -66,6 +68,25 @@ HOWS = ("stopped", "killed", "hung", "unreachable", "isolated")
 #: four IPv4 addresses and its host name (raw bytes, never pickle).
 _ANNOUNCE = struct.Struct("!q8sIHH16s64s")
 ANNOUNCE_BYTES = _ANNOUNCE.size
+
+
+def stopped_seconds() -> float:
+    """How long a peer seen stopped is waited for: STOPPED_VAR's value where it is set, else
+    STOPPED_SECONDS. A value that is not a number of seconds from GAP_SECONDS to 3600 is refused
+    (ValueError, one line): shorter, a rank's own pause of GAP_SECONDS would not be told apart."""
+    text = os.environ.get(STOPPED_VAR)
+    if text is None:
+        return STOPPED_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not GAP_SECONDS <= value <= 3600:
+        raise ValueError(
+            f"{STOPPED_VAR}={text!r} is not a number of seconds from {GAP_SECONDS:g} to 3600: set "
+            f"it to one (e.g. {STOPPED_SECONDS:g}, the default) or unset it"
+        )
+    return value
 
 
 class _Remote:
@@ -92,7 +113,8 @@ class Monitor:
         self.token = random.getrandbits(32)
         self.launcher = liveness.launcher_pid()
         self.endpoint = liveness.Endpoint(self.launcher, rank)
-        self.stopped_after, self.silent_after = STOPPED_SECONDS, SILENT_SECONDS
+        self.stopped_seconds = stopped_seconds()
+        self.stopped_after, self.silent_after = self.stopped_seconds, SILENT_SECONDS
         self.local: Dict[int, int] = {}  # rank -> pid, for the ranks of this machine
         self.remote: Dict[int, _Remote] = {}
         self.joined = False  # the set-up table is in: no more looking for siblings
@@ -149,7 +171,7 @@ class Monitor:
                 remote[k].heard, remote[k].last = address, when
         with self._lock:
             self.local, self.remote, self.joined, self.resting = local, remote, True, False
-            self.stopped_after = min(STOPPED_SECONDS, timeout / 2)
+            self.stopped_after = min(self.stopped_seconds, timeout / 2)
             self.silent_after = min(SILENT_SECONDS, max(timeout / 2, GAP_SECONDS))
         self._beat()  # at once: a peer stopped or cut off right after set-up has been heard
 
@@ -441,6 +463,8 @@ __all__ = [
     "SILENT_SECONDS",
     "SPEAK_SECONDS",
     "STOPPED_SECONDS",
+    "STOPPED_VAR",
     "end_stopped",
+    "stopped_seconds",
     "on_peer_loss",
 ]

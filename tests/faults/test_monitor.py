@@ -217,3 +217,57 @@ def test_ctrl_c_on_torchrun_stops_every_rank_each_naming_itself():
     named = re.findall(r"rank (\d+): interrupted \(Ctrl-C\)", "".join(job.stderr))
     assert sorted(map(int, named)) == list(range(4)), job.stderr
     assert job.process.returncode != 0
+
+
+# ---- the stop threshold a run sets ------------------------------------------------------------------
+@pytest.mark.parametrize("text, expected", [(None, 15.0), ("5", 5.0), ("3", 3.0), ("3600", 3600.0)])
+def test_the_stop_threshold_is_the_runs_setting_or_the_default(monkeypatch, text, expected):
+    from gossip_powersgd.faults import monitor
+
+    if text is None:
+        monkeypatch.delenv(monitor.STOPPED_VAR, raising=False)
+    else:
+        monkeypatch.setenv(monitor.STOPPED_VAR, text)
+    assert monitor.STOPPED_SECONDS == 15.0  # the documented default (docs/concepts/failures.md)
+    assert monitor.stopped_seconds() == expected
+
+
+@pytest.mark.parametrize("text", ["abc", "", "2.9", "0", "-5", "nan", "inf", "3601"])
+def test_a_stop_threshold_outside_its_range_is_refused_in_one_line(monkeypatch, text):
+    """Below GAP_SECONDS a rank's own pause could not be told from a stopped peer's."""
+    from gossip_powersgd.faults import monitor
+
+    monkeypatch.setenv(monitor.STOPPED_VAR, text)
+    with pytest.raises(ValueError) as raised:
+        monitor.stopped_seconds()
+    line = str(raised.value)
+    assert "\n" not in line and line.startswith(f"GOSSIP_STOPPED_SECONDS={text!r} is not a number")
+    assert "from 3 to 3600: set it to one (e.g. 15, the default) or unset it" in line
+
+
+@pytest.mark.mpi
+@pytest.mark.torchrun
+@pytest.mark.parametrize("launcher", ["mpi", "torch"])
+def test_a_bad_stop_threshold_ends_every_rank_at_once_naming_it(launcher, tmp_path):
+    """Every rank reads the setting as the package loads, before set-up: each prints the one line
+    and exits 2, and the launcher's status is not 0 (no rank waits for another)."""
+    from tests.comm.test_torch import _env, free_port
+    from tests.conftest import run_bounded
+
+    program = ["-m", "gossip_powersgd.cli.train", "--config", "experiments/configs/tiny.yaml"]
+    program += ["--set", f"backend={launcher}", "--set", "topology=ring:2"]
+    program += ["--set", f"out_dir={tmp_path / 'run'}"]
+    if launcher == "mpi":
+        done = run_mpi(2, program, timeout=120, env={"GOSSIP_STOPPED_SECONDS": "1"})
+    else:
+        env = dict(_env(), GOSSIP_STOPPED_SECONDS="1")
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+        command += [f"--master-port={free_port()}", *program]
+        done = run_bounded(
+            command, 120, "torchrun with GOSSIP_STOPPED_SECONDS=1", env=env, cwd=ROOT
+        )
+    assert done.returncode != 0
+    lines = [x for x in done.stderr.splitlines() if x.startswith("error (rank")]
+    assert sorted(x[:13] for x in lines) == ["error (rank 0", "error (rank 1"], done.stderr[-3000:]
+    assert all("GOSSIP_STOPPED_SECONDS='1' is not a number of seconds" in x for x in lines), lines
+    assert not (tmp_path / "run").exists()  # nothing was set up
