@@ -90,4 +90,5 @@ def annotated(content: str, texts: List[str]) -> str:
         return content
     first, _, rest = content.partition("\n")
     quoted = "".join(f"\n> {t}\n" for t in texts)
-    return f"{first}\n{quoted}{rest if rest.startswith(chr(10)) else chr(10) + rest}"
+    tail = rest if rest.startswith("\n") else "\n" + rest
+    return f"{first}\n{quoted}{tail}"

@@ -161,8 +161,9 @@ def conclusion(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence
 
 def _message_dp(rows: Sequence[Dict[str, Any]], targets: Sequence[float]) -> str:
     """What DP on the sent messages would cost at this page's epsilons: one Gaussian mechanism
-    per message (q = 1, sensitivity 2B for messages clipped to norm B), as many as the run's
-    steps, the noise multiplier from the same RDP accountant as the DP rows."""
+    per message (q = 1, sensitivity 2B for messages clipped to norm B: replacing one sample's
+    contribution), as many as the run's steps, the noise multiplier by Opacus' RDP accountant
+    (at q = 1 no subsampling is assumed, so its add/remove bound at sensitivity 2B covers it)."""
     from gossip_powersgd.privacy.accounting import noise_for_target
 
     parts = []
