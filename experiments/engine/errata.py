@@ -50,6 +50,25 @@ ERRATA = (
         "differ little; compressed gossip's (PowerGossip, Choco) can differ more. The rows are "
         "to be made again.",
     ),
+    Erratum(
+        "79d7a6e",
+        "2026-12-04 21:54 UTC",
+        (
+            "privacy",
+            "privacy_attacks_overfit",
+            "privacy_dp_budget",
+            "privacy_dp_subspace",
+            "privacy_dp_sweep",
+        ),
+        "**Erratum: the ε on this page is an add/remove bound, which does not hold here.** These "
+        "rows were made before commit 79d7a6e, when σ was solved for the target ε, and ε "
+        "reported, by Opacus' RDP accountant for add/remove adjacency although every peer's "
+        "shard size was released with the run's results. With the sizes public, only "
+        "replace-one adjacency holds, and at the same σ, sampling rate and steps its ε is larger "
+        "(dp-accounting's PLD, `privacy/accounting.py`): each private row is less private than "
+        "its ε says. Accuracies, attacks and audits are those of the σ shown. The rows are to be "
+        "made again.",
+    ),
 )
 
 
