@@ -10,6 +10,7 @@ torch and MPI are imported: the transports and the training programs call in her
     handled()               a lost peer was already reported: an error now is its consequence
     finish(code)            let the monitor end this process, as the policy decides
     on_import()             the training programs' hook, first thing at package import
+    stopped_seconds()       the run's stop threshold (GOSSIP_STOPPED_SECONDS, or 15 s)
 """
 
 from __future__ import annotations
@@ -19,21 +20,42 @@ import sys
 import time
 from typing import Optional
 
-from . import liveness, monitor, supervisor
+from . import liveness, supervisor
 from .monitor import (
     ANNOUNCE_BYTES,
     CHECK_SECONDS,
+    GAP_SECONDS,
     PROBE_SECONDS,
     SILENT_SECONDS,
     SPEAK_SECONDS,
     STOPPED_SECONDS,
-    STOPPED_VAR,
     Monitor,
     PeerLost,
     on_peer_loss,
 )
 
 _monitor: Optional[Monitor] = None
+#: The environment variable that sets a run's stop threshold (every rank reads it as it starts).
+STOPPED_VAR = "GOSSIP_STOPPED_SECONDS"
+
+
+def stopped_seconds() -> float:
+    """How long a peer seen stopped is waited for: STOPPED_VAR's value where it is set, else
+    STOPPED_SECONDS. A value that is not a number of seconds from GAP_SECONDS to 3600 is refused
+    (ValueError, one line): shorter, a rank's own pause of GAP_SECONDS would not be told apart."""
+    text = os.environ.get(STOPPED_VAR)
+    if text is None:
+        return STOPPED_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not GAP_SECONDS <= value <= 3600:
+        raise ValueError(
+            f"{STOPPED_VAR}={text!r} is not a number of seconds from {GAP_SECONDS:g} to 3600: set "
+            f"it to one (e.g. {STOPPED_SECONDS:g}, the default) or unset it"
+        )
+    return value
 
 
 def start(rank: Optional[int] = None, size: Optional[int] = None) -> Optional[Monitor]:
@@ -48,7 +70,7 @@ def start(rank: Optional[int] = None, size: Optional[int] = None) -> Optional[Mo
             rank, size = launched
         if size <= 1:
             return None
-        _monitor = Monitor(rank, size)
+        _monitor = Monitor(rank, size, stopped_seconds())
     return _monitor
 
 
@@ -79,7 +101,7 @@ def on_import() -> None:
     if supervisor.main_program() not in supervisor.PROGRAMS:
         return
     try:
-        monitor.stopped_seconds()  # a bad setting ends every rank at once, before any set-up
+        stopped_seconds()  # a bad setting ends every rank at once, before any set-up
     except ValueError as exc:
         launched = liveness.launched_rank()
         prefix = f"error (rank {launched[0]}): " if launched and launched[1] > 1 else "error: "
@@ -108,4 +130,5 @@ __all__ = [
     "on_import",
     "on_peer_loss",
     "start",
+    "stopped_seconds",
 ]

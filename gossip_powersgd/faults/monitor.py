@@ -49,10 +49,9 @@ from .liveness import PeerLost
 
 #: How often process states are read and heartbeats sent.
 CHECK_SECONDS = 1.0
-#: A peer seen stopped this long is lost (or half the comm timeout, if that is shorter); a run sets
-#: its own in the environment variable STOPPED_VAR, read by every rank as its monitor starts.
+#: A peer seen stopped this long is lost (or half the comm timeout, if that is shorter); a run may
+#: set its own (`Monitor(stopped=...)`: GOSSIP_STOPPED_SECONDS, `faults.stopped_seconds`).
 STOPPED_SECONDS = 15.0
-STOPPED_VAR = "GOSSIP_STOPPED_SECONDS"
 #: A peer of another machine silent this long (since set-up if never heard) is probed (or half).
 SILENT_SECONDS = 10.0
 #: How long a probe waits for a peer's host to answer.
@@ -68,25 +67,6 @@ HOWS = ("stopped", "killed", "hung", "unreachable", "isolated")
 #: four IPv4 addresses and its host name (raw bytes, never pickle).
 _ANNOUNCE = struct.Struct("!q8sIHH16s64s")
 ANNOUNCE_BYTES = _ANNOUNCE.size
-
-
-def stopped_seconds() -> float:
-    """How long a peer seen stopped is waited for: STOPPED_VAR's value where it is set, else
-    STOPPED_SECONDS. A value that is not a number of seconds from GAP_SECONDS to 3600 is refused
-    (ValueError, one line): shorter, a rank's own pause of GAP_SECONDS would not be told apart."""
-    text = os.environ.get(STOPPED_VAR)
-    if text is None:
-        return STOPPED_SECONDS
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not GAP_SECONDS <= value <= 3600:
-        raise ValueError(
-            f"{STOPPED_VAR}={text!r} is not a number of seconds from {GAP_SECONDS:g} to 3600: set "
-            f"it to one (e.g. {STOPPED_SECONDS:g}, the default) or unset it"
-        )
-    return value
 
 
 class _Remote:
@@ -106,15 +86,15 @@ class _Remote:
 class Monitor:
     """The liveness of this rank's peers (see the module docstring); one per process."""
 
-    def __init__(self, rank: int, size: int):
+    def __init__(self, rank: int, size: int, stopped: float = STOPPED_SECONDS):
         self.rank, self.size = rank, size
         self.host = socket.gethostname()
         self.key = liveness.process_key()
         self.token = random.getrandbits(32)
         self.launcher = liveness.launcher_pid()
         self.endpoint = liveness.Endpoint(self.launcher, rank)
-        self.stopped_seconds = stopped_seconds()
-        self.stopped_after, self.silent_after = self.stopped_seconds, SILENT_SECONDS
+        self.stopped_seconds = stopped  # the run's threshold, before the comm timeout's half
+        self.stopped_after, self.silent_after = stopped, SILENT_SECONDS
         self.local: Dict[int, int] = {}  # rank -> pid, for the ranks of this machine
         self.remote: Dict[int, _Remote] = {}
         self.joined = False  # the set-up table is in: no more looking for siblings
@@ -463,8 +443,6 @@ __all__ = [
     "SILENT_SECONDS",
     "SPEAK_SECONDS",
     "STOPPED_SECONDS",
-    "STOPPED_VAR",
     "end_stopped",
-    "stopped_seconds",
     "on_peer_loss",
 ]

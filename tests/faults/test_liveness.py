@@ -21,6 +21,7 @@ import time
 import pytest
 
 from tests.conftest import SUPPORT
+from gossip_powersgd import faults
 from gossip_powersgd.faults import liveness, monitor
 from liveness_jobs import LONG_RUN, Job, clean_env, last_gone, train_command
 
@@ -419,7 +420,7 @@ def test_a_rank_stopped_at_any_moment_is_named_by_every_rank_within_30_s(
     ~122 s, the stopped rank at 152 s."""
     n = 4
     stopped_seconds = monitor.STOPPED_SECONDS if (moment, launcher) == DEFAULT_CASE else FAST_STOP
-    env = clean_env({monitor.STOPPED_VAR: f"{stopped_seconds:g}"})
+    env = clean_env({faults.STOPPED_VAR: f"{stopped_seconds:g}"})
     job = Job(train_command(launcher, n, tmp_path / "run", LONG_RUN, port=_free_port()), env)
     pids = {}
     try:
