@@ -262,7 +262,7 @@ def report_and_exit(exc: BaseException, code: int = 1) -> None:
     if not expected or os.environ.get("GOSSIP_TRACEBACK"):
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     write_stderr_line(prefix + error_line(exc))
-    if torch_size > 1 and mpi_world()[1] == 1:
+    if max(torch_size, torchrun_world_size()) > 1 and mpi_world()[1] == 1:  # set up or not
         from .comm.torch import exit_after_peers
 
         exit_after_peers(code)

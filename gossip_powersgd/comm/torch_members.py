@@ -45,9 +45,10 @@ CLOSE_TRIES = 4
 _INSTANT = datetime.timedelta(milliseconds=1)
 
 
-#: (helper thread, the group its work is on: a `MemberGroup`, or None for the default group) of
-#: every `watched_wait` whose helper may still run (`end_helpers`).
-_helpers: List[Tuple[threading.Thread, Optional["MemberGroup"]]] = []
+#: (helper thread, the group its work is on: a `MemberGroup`, or None for the default group, the
+#: time.monotonic() by which its wait times out) of every `watched_wait` whose helper may still
+#: run (`end_helpers`).
+_helpers: List[Tuple[threading.Thread, Optional["MemberGroup"], float]] = []
 
 
 def watched_wait(work, seconds: float, interrupted: Callable[[], Optional[str]], group=None):
@@ -67,7 +68,8 @@ def watched_wait(work, seconds: float, interrupted: Callable[[], Optional[str]],
 
     helper = threading.Thread(target=wait, name="gossip-wait", daemon=True)
     helper.start()
-    _helpers[:] = [(t, g) for t, g in _helpers if t.is_alive()] + [(helper, group)]
+    _helpers[:] = [h for h in _helpers if h[0].is_alive()]
+    _helpers.append((helper, group, time.monotonic() + seconds))
     while not done.wait(POLL_SECONDS):
         reason = interrupted()
         if reason is not None:
@@ -129,23 +131,24 @@ def close_pending(recv, peers: Sequence[int], size: int) -> None:
 def end_helpers(comm: "TorchCommunicator") -> None:
     """Before the process leaves its groups (every member is done with them): end every helper
     of `watched_wait` still blocked, by closing its group's connections (`close_pending`), and
-    wait for it (DYING_SECONDS at most). A helper whose wait returns while the interpreter is
-    finalizing aborts the process ("terminate called without an active exception": its thread
-    can no longer take the interpreter's lock); one still blocked when the C++ runtime tears
-    down its groups crashes it."""
-    alive = [(t, g) for t, g in _helpers if t.is_alive()]
+    wait for it: DYING_SECONDS, then (a helper that a loaded machine has not run yet, or one
+    that closing did not reach) until its own wait times out. A helper whose wait returns while
+    the interpreter is finalizing aborts the process ("terminate called without an active
+    exception": its thread can no longer take the interpreter's lock); one still blocked when
+    the C++ runtime tears down its groups crashes it."""
+    alive = [h for h in _helpers if h[0].is_alive()]
     if not alive:
         return
     size = getattr(comm, "largest_receive", 1)
-    for group in {id(g): g for _, g in alive}.values():
+    for group in {id(g): g for _, g, _ in alive}.values():
         if group is not None:
             close_pending(group.recv, [j for j in group.live if j != comm.rank], size)
         elif dist.is_initialized():
             close_pending(dist.irecv, [j for j in range(comm.size) if j != comm.rank], size)
-    deadline = time.monotonic() + DYING_SECONDS
-    for helper, _ in alive:
-        helper.join(max(deadline - time.monotonic(), 0.0))
-    _helpers[:] = [(t, g) for t, g in _helpers if t.is_alive()]
+    soon = time.monotonic() + DYING_SECONDS
+    for helper, _, times_out in alive:
+        helper.join(max(max(soon, times_out + DYING_SECONDS) - time.monotonic(), 0.0))
+    _helpers[:] = [h for h in _helpers if h[0].is_alive()]
 
 
 class MemberGroup:

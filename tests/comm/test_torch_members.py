@@ -564,3 +564,33 @@ def test_rejoin_refuses_bad_input_in_one_line(tmp_path, env, sets, peer, expecte
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, result.stderr
     assert expected in lines[0], lines[0]
+
+
+def test_leaving_waits_for_a_wait_that_closing_its_group_does_not_end():
+    """`end_helpers` ends the helper of every abandoned wait before the process leaves, even one
+    still blocked after DYING_SECONDS (a loaded machine had not run it, or closing missed it):
+    it waits for its own timeout then. A helper still inside a gloo wait as the interpreter
+    finalizes aborts the process ("terminate called without an active exception")."""
+    import threading
+    import types
+
+    from gossip_powersgd.comm import torch_members
+    from gossip_powersgd.errors import PeerLostError
+
+    release = threading.Event()
+    seconds = torch_members.DYING_SECONDS + 1.0  # its timeout, past what closing waits for
+
+    class Work:  # a gloo wait nothing ends: it returns at its timeout
+        def wait(self, timeout):
+            return release.wait(timeout.total_seconds())
+
+    looks = []
+    lost = lambda: "peer 2 lost" if looks.append(1) or len(looks) > 2 else None  # noqa: E731
+    with pytest.raises(PeerLostError):
+        torch_members.watched_wait(Work(), seconds, lost)
+    helper = torch_members._helpers[-1][0]
+    assert helper.is_alive()
+    start = time.monotonic()
+    torch_members.end_helpers(types.SimpleNamespace(rank=0, size=4))  # no group to close
+    assert not helper.is_alive() and not torch_members._helpers
+    assert time.monotonic() - start >= torch_members.DYING_SECONDS  # it did wait past DYING

@@ -72,6 +72,7 @@ def start(
         MASTER_PORT=str(port),
         OMP_NUM_THREADS="1",
         PYTHONPATH=os.pathsep.join(map(str, (ROOT, HERE))),
+        PYTHONFAULTHANDLER="1",  # a survivor that aborts prints every thread's stack
     )
     out = open(log_dir / f"rank-{rank}{tag}.out", "w")
     err = open(log_dir / f"rank-{rank}{tag}.err", "w")
