@@ -8,6 +8,10 @@ here once the running ones have finished and been handed to `done`.
 
 from __future__ import annotations
 
+import functools
+import os
+import signal
+import sys
 from typing import Any, Callable, List, Optional, Sequence
 
 #: The most worker processes --jobs may ask for.
@@ -16,6 +20,20 @@ MAX_JOBS = 256
 
 class WorkerDied(RuntimeError):
     """A worker process ended without returning (killed, out of memory): one line for the CLI."""
+
+
+def _start_worker(parent: int, initializer: Optional[Callable[[], None]]) -> None:
+    """In each worker, first: end with the sweep's process (Linux), which may be killed (kill -9,
+    the out-of-memory killer) without ending its pool: a worker left alone would finish its run
+    for nobody (only the sweep stores rows), then wait for work forever."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the sweep ended before the call above
+            os._exit(1)
+    if initializer is not None:
+        initializer()
 
 
 def run_pool(
@@ -46,7 +64,8 @@ def run_pool(
     costs = list(costs) if costs is not None else [1.0] * len(tasks)
     order = sorted(range(len(tasks)), key=lambda i: -costs[i])  # stable: plan order among equals
     context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=context, initializer=initializer)
+    start = functools.partial(_start_worker, os.getpid(), initializer)
+    pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=context, initializer=start)
 
     def keep(finished) -> None:
         for future in sorted(finished, key=lambda f: futures[f]):

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,8 @@ def test_a_killed_sweep_resumes_by_key_without_redoing_a_finished_row(tmp_path, 
 def test_with_jobs_2_each_row_is_stored_as_its_run_finishes(tmp_path):
     """k0 starts once k3 or k4 (the costliest, started first) has finished; it waits until the
     file holds both their rows, then kills the sweep. A pool that handed rows over only at the
-    end would leave the file empty (k0 gives up waiting after a minute)."""
+    end would leave the file empty (k0 gives up waiting after a minute). The workers end with
+    the sweep's process (before, they stayed, waiting for work, after every such test)."""
     rows = tmp_path / "engine-test.jsonl"
     env = dict(os.environ, ENGINE_TEST_KILL_PARENT="k0", ENGINE_TEST_WAIT_FOR="k3,k4")
     env["ENGINE_TEST_ROWS"] = str(rows)
@@ -86,6 +88,20 @@ def test_with_jobs_2_each_row_is_stored_as_its_run_finishes(tmp_path):
     done = subprocess.run([sys.executable, str(tmp_path / "sweep.py")], env=env, timeout=120)
     assert done.returncode == -9
     assert {"k3", "k4"} <= set(_keys(rows)) and "k0" not in _keys(rows)
+    if sys.platform.startswith("linux"):  # where a worker can ask to end with its parent
+        workers = {RowFile(rows).read()[k].row["pid"] for k in ("k3", "k4")}
+        deadline = time.monotonic() + 30  # a SIGKILL is sent at once; 30 s for a loaded machine
+        while any(map(_running, workers)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(map(_running, workers)), workers
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (an ended one nobody reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def test_jobs_2_starts_the_costliest_first_in_worker_processes_rows_in_plan_order(
