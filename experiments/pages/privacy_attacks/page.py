@@ -124,7 +124,7 @@ def low_rank_answers(gs) -> List[str]:
 
 
 def _verdict(above, at_chance, aucs_by_eps, bands) -> str:
-    """Where the TPR is above chance and where at it, and where the AUC is above its band."""
+    """Where the TPR is above chance and where at it, and where all four AUCs are above the band."""
     verdict = ""
     if above and at_chance:
         high = min(above)
@@ -140,7 +140,9 @@ def _verdict(above, at_chance, aucs_by_eps, bands) -> str:
     if len(aucs_by_eps) > 1:
         where = "ε = " + ", ".join(_eps_text(e) for e in auc_above) if auc_above else "no ε tried"
         everywhere = len(auc_above) == len(aucs_by_eps)
-        verdict += f" The AUC is above its null band at {'every ε tried' if everywhere else where}."
+        verdict += (
+            f" All four AUCs are above the null band at {'every ε tried' if everywhere else where}."
+        )
     return verdict
 
 

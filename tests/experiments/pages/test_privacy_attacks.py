@@ -108,7 +108,7 @@ def test_the_answers_say_where_the_neighbours_tpr_reaches_chance():
     (line,) = [a for a in page.answers(rows) if a.startswith("- exact gossip")]
     assert line.count("above chance") == 2 and line.count(": chance)") == 2
     assert "TPR above chance only without DP, at chance at every ε ≤ 64." in line
-    assert "The AUC is above its null band at ε = 64, ∞." in line
+    assert "All four AUCs are above the null band at ε = 64, ∞." in line
 
 
 def test_the_budget_section_compares_each_rows_budgets_from_the_rows():
