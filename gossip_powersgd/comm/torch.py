@@ -393,42 +393,16 @@ def exit_after_peers(code: int) -> None:
     When every rank failed (a disagreement found by a collective check) each prints its own line
     before any exits, so a launcher that stops the job at the first exit cuts nobody's message off;
     when only some did, the wait runs out and the launcher takes the others down. A rank that
-    fails before it has a communicator meets the others in torchrun's store (`_agent_store`).
+    fails before it has a communicator meets the others in torchrun's store (`faults.agent_store`).
     """
     global _failing
     _failing = True
-    store_and_size = _store_for_exit or _agent_store()
+    store_and_size = _store_for_exit or faults.agent_store(GRACE_SECONDS)
     if store_and_size is not None:
-        store, world_size = store_and_size
-        try:
-            store.add("failed", 1)
-            deadline = time.monotonic() + GRACE_SECONDS
-            while store.add("failed", 0) < world_size and time.monotonic() < deadline:
-                time.sleep(0.02)
-        except Exception:  # noqa: BLE001 - the store may be gone with rank 0; exit regardless
-            pass
+        faults.wait_for_failed_peers(*store_and_size, GRACE_SECONDS)
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(code)
-
-
-def _agent_store() -> Optional[Tuple[object, int]]:
-    """torchrun's own store, for a rank that fails before it has a communicator (backend local
-    under torchrun, a bad config): torchrun ends the other workers at the first one's exit, and
-    one still importing would never print its line. None outside torchrun, or when unreachable."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
-    try:
-        world_size = int(os.environ["WORLD_SIZE"])
-        store = dist.TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            is_master=False,
-            timeout=datetime.timedelta(seconds=GRACE_SECONDS),
-        )
-    except (KeyError, ValueError, RuntimeError):  # RuntimeError: DistNetworkError, DistStoreError
-        return None
-    return dist.PrefixStore("gossip_powersgd/exit/", store), world_size
 
 
 __all__ = ["TorchCommunicator", "launcher_environment", "exit_after_peers"]

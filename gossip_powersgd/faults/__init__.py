@@ -94,6 +94,47 @@ def finish(code: int) -> None:
     os._exit(code)
 
 
+#: How long a rank that fails before its transport is set up waits for the others to print theirs
+#: (as `comm.mpi_world.GRACE_SECONDS` once it is).
+EXIT_GRACE_SECONDS = 5.0
+
+
+def agent_store(seconds: float):
+    """(torchrun's own store, WORLD_SIZE), for a rank that fails before it has a communicator
+    (backend local under torchrun, a bad setting): torchrun ends the other workers at the first
+    one's exit, and one still importing would never print its line. None outside torchrun, or
+    when the store is not reached within `seconds`."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    import datetime
+
+    import torch.distributed as dist
+
+    try:
+        world_size = int(os.environ["WORLD_SIZE"])
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=datetime.timedelta(seconds=seconds),
+        )
+    except (KeyError, ValueError, RuntimeError):  # RuntimeError: DistNetworkError, DistStoreError
+        return None
+    return dist.PrefixStore("gossip_powersgd/exit/", store), world_size
+
+
+def wait_for_failed_peers(store, world_size: int, seconds: float) -> None:
+    """Count this rank as failed in `store` and wait until all `world_size` ranks have (each has
+    printed its line), `seconds` at most."""
+    try:
+        store.add("failed", 1)
+        deadline = time.monotonic() + seconds
+        while store.add("failed", 0) < world_size and time.monotonic() < deadline:
+            time.sleep(0.02)
+    except Exception:  # noqa: BLE001 - the store may be gone with its host; exit regardless
+        pass
+
+
 def on_import() -> None:
     """Run first when the package is imported: under mpiexec, the training programs become their
     rank's supervisor (`supervisor`); in a launched training program, the monitor starts at once,
@@ -106,6 +147,11 @@ def on_import() -> None:
         launched = liveness.launched_rank()
         prefix = f"error (rank {launched[0]}): " if launched and launched[1] > 1 else "error: "
         sys.stderr.write(f"{prefix}{exc}\n")
+        sys.stderr.flush()
+        if launched and launched[1] > 1:  # under torchrun, once every rank has printed its line
+            store_and_size = agent_store(EXIT_GRACE_SECONDS)
+            if store_and_size is not None:
+                wait_for_failed_peers(*store_and_size, EXIT_GRACE_SECONDS)
         sys.exit(2)
     if liveness.SUPERVISOR_VAR in os.environ:
         supervisor.bind_to_supervisor()
@@ -122,6 +168,8 @@ __all__ = [
     "SPEAK_SECONDS",
     "STOPPED_SECONDS",
     "STOPPED_VAR",
+    "agent_store",
+    "wait_for_failed_peers",
     "Monitor",
     "PeerLost",
     "current",

@@ -328,15 +328,13 @@ def test_backend_torch_without_a_launcher_is_one_line(tmp_path):
 
 @pytest.mark.torchrun
 def test_backend_local_under_torchrun_is_one_line_not_a_lock_error(tmp_path):
-    """Both ranks print the line although rank 1 comes 3 s late: torchrun ends every worker once
-    one has exited, so the first to fail waits for the others in torchrun's store (before that,
-    rank 1 was sometimes ended by torchrun before it printed, on a loaded machine)."""
+    """One line from each rank: torchrun ends every worker once one has exited, so the first to
+    fail waits for the others in torchrun's store (`comm.torch_launch.agent_store`; before, rank 1
+    was sometimes ended by torchrun before it printed, on a loaded machine)."""
     result = run_torchrun(
         2,
         [
-            ROOT / "tests" / "support" / "late_rank.py",
-            "1",
-            "3",
+            "-m",
             "experiments.train",
             "--config",
             ROOT / "experiments" / "configs" / "tiny.yaml",

@@ -250,7 +250,9 @@ def test_a_stop_threshold_outside_its_range_is_refused_in_one_line(monkeypatch, 
 @pytest.mark.parametrize("launcher", ["mpi", "torch"])
 def test_a_bad_stop_threshold_ends_every_rank_at_once_naming_it(launcher, tmp_path):
     """Every rank reads the setting as the package loads, before set-up: each prints the one line
-    and exits 2, and the launcher's status is not 0 (no rank waits for another)."""
+    and exits 2, and the launcher's status is not 0. Rank 1 comes 3 s late under torchrun, which
+    ends every worker once one has exited: the first waits in torchrun's store until the other
+    has printed (before, rank 1 was sometimes ended first on a loaded machine)."""
     from tests.comm.test_torch import _env, free_port
     from tests.conftest import run_bounded
 
@@ -260,7 +262,9 @@ def test_a_bad_stop_threshold_ends_every_rank_at_once_naming_it(launcher, tmp_pa
     if launcher == "mpi":
         done = run_mpi(2, program, timeout=120, env={"GOSSIP_STOPPED_SECONDS": "1"})
     else:
-        env = dict(_env(), GOSSIP_STOPPED_SECONDS="1")
+        env = dict(_env(), GOSSIP_STOPPED_SECONDS="1", GOSSIP_TEST_LATE="1:3")
+        late = str(ROOT / "tests" / "support" / "late_start")  # its sitecustomize.py
+        env["PYTHONPATH"] = os.pathsep.join([late, env.get("PYTHONPATH", "")])
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
         command += [f"--master-port={free_port()}", *program]
         done = run_bounded(
