@@ -332,4 +332,24 @@ def main_guard(main: Callable[..., Optional[int]], *args, **kwargs) -> None:
         report_and_exit(exc)
         return
     sys.stdout.flush()
+    from . import faults
+
+    monitor = faults.current()
+    if monitor is not None and monitor.policy == "continue" and monitor.removed:
+        _exit_without_finalizing(code or 0)
     sys.exit(code or 0)
+
+
+def _exit_without_finalizing(code: int) -> None:
+    """End a survivor of a lost peer (on_peer_loss: continue) without the interpreter's
+    finalization: a thread still inside torch's C++ code as it finalizes (gloo's side of the
+    connections to the lost peer) aborts the process after a run that finished, "terminate called
+    without an active exception", now and then on a loaded machine.
+    The exit functions run first (the communicator's close, the monitor's goodbye, the trackers'),
+    every record is already flushed; then os._exit with the run's status."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

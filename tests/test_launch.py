@@ -41,3 +41,29 @@ def test_ctrl_c_on_the_local_backend_stops_every_peer_and_exits_130():
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "interrupted" in lines[0], stderr
     assert "terminate called" not in stderr
+
+
+def test_a_survivor_of_a_lost_peer_ends_without_finalizing_after_its_exit_functions(monkeypatch):
+    """`main_guard` ends a run that went on without a lost peer (on_peer_loss: continue) by
+    os._exit with its status once the exit functions have run: a thread still in torch's C++
+    code as the interpreter finalizes aborts the process ("terminate called"). Any other run
+    exits as usual (SystemExit)."""
+    import atexit
+    import types
+
+    import pytest
+
+    from gossip_powersgd import faults, launch
+
+    ended = []
+    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: ended.append("exit functions"))
+    monkeypatch.setattr(os, "_exit", lambda code: ended.append(code))
+    monitor = types.SimpleNamespace(policy="continue", removed=set())
+    monkeypatch.setattr(faults, "current", lambda: monitor)
+    with pytest.raises(SystemExit):  # nobody lost: the usual exit
+        launch.main_guard(lambda: 0)
+    assert ended == []
+    monitor.removed.add(2)
+    with pytest.raises(SystemExit):  # (os._exit is replaced here, so sys.exit follows it)
+        launch.main_guard(lambda: 3)
+    assert ended == ["exit functions", 3]
