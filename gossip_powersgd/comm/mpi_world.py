@@ -23,8 +23,9 @@ _WORLD_EXIT_TAG = 32_123
 # What a notice says happened to its culprit: it ended its process.
 _EXITED = 1.0
 
-#: How long a failing rank waits for the other ranks to fail too before it aborts the whole job.
-GRACE_SECONDS = 5.0
+#: How long a failing rank waits for the other ranks to fail too before it aborts the whole job: the
+#: same wait as a rank's that fails before its transport is set up.
+GRACE_SECONDS = faults.EXIT_GRACE_SECONDS
 
 
 def exit_or_abort(code: int) -> None:

@@ -94,8 +94,8 @@ def finish(code: int) -> None:
     os._exit(code)
 
 
-#: How long a rank that fails before its transport is set up waits for the others to print theirs
-#: (as `comm.mpi_world.GRACE_SECONDS` once it is).
+#: How long a rank that fails before its transport is set up waits for the others to print theirs;
+#: the transports' own wait at a failing exit (`comm.mpi_world.GRACE_SECONDS`) is this one.
 EXIT_GRACE_SECONDS = 5.0
 
 
