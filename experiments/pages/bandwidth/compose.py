@@ -1,14 +1,13 @@
 """The bandwidth page's arithmetic, from stored rows only: steps to the target accuracy, a step's
-cost three ways (`StepCosts`: measured, core each, projected, as page.md defines them), and the
-time to a step (`Schedule`: its steps, a warm-up phase at the warm-up row's cost, the
-evaluations up to it)."""
+cost three ways (measured, core each, projected: page.md defines them) and the time to a step
+(`Schedule`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import statistics
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from experiments.suite.runs import LATENCY_S
 from gossip_powersgd.cluster import parse_rate as rate_bits
@@ -34,8 +33,8 @@ def seconds_text(seconds: Optional[float]) -> str:
 
 
 def first_reach(evals: Sequence[Sequence[float]], target: float) -> Optional[Tuple[int, float]]:
-    """(step, training MB per peer) of the first evaluation at which the averaged model's accuracy
-    is at least `target`; None if none is. `evals`: [step, accuracy, MB] in order."""
+    """(step, training MB per peer) of the first evaluation ([step, accuracy, MB]) at which the
+    averaged model's accuracy is at least `target`; None if none is."""
     for step, accuracy, mb in evals:
         if accuracy >= target - 1e-12:
             return int(step), float(mb)
@@ -48,8 +47,7 @@ def evaluations_until(evals: Sequence[Sequence[float]], step: int) -> int:
 
 
 def common_target(peaks: Sequence[float]) -> float:
-    """The highest whole percent every one of the runs reaches at some evaluation (`peaks`:
-    each run's best averaged-model accuracy)."""
+    """The highest whole percent every run reaches (`peaks`: each run's best accuracy)."""
     return math.floor(100 * min(peaks) + 1e-9) / 100
 
 
@@ -64,42 +62,18 @@ def mean_curve(curves: Sequence[Sequence[Sequence[float]]]) -> List[Tuple[int, f
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class StepCosts:
-    """Seconds per step of one algorithm at one rate, three ways (measured: the slowest host's
-    mean step on the cluster; core each; projected), and their parts: the slowest host's median
-    step there; one peer's step alone (CPU: compute and arithmetic, one core; the arithmetic's
-    wall); on the cluster, the median host's compute, arithmetic, CPU time (gloo's threads too)
-    and time inside the transport; the communication replayed with compute out of the way
-    (slowest host), projected by the project, and by the egress model (every byte a host sends
-    through its one link at its payload rate); a host's training bytes and message rounds per
-    step (the most of any host)."""
-
-    measured: float
-    core_each: float
-    projected: float
-    measured_median: float
-    cpu_alone: float
-    arith_alone: float
-    compute_shared: float
-    arith_shared: float
-    cpu_shared: float
-    comm_in_training: float
-    comm_replayed: float
-    comm_projected: float
-    comm_egress: float
-    bytes_sent: float
-    rounds: float
-
-
-def step_costs(timing: Mapping, alone: Mapping, rate: str) -> StepCosts:
-    """The costs of one algorithm from its timing row's entry (`timing`: per-host lists) and its
-    alone row, at link rate `rate` (the slowest link where one host is slowed: `rate` is then
-    the rate the projection assumes for every host)."""
+def step_costs(timing: Mapping, alone: Mapping, rate: str) -> Dict[str, float]:
+    """Seconds per step of one algorithm at link rate `rate` (with a host slowed: the rate the
+    projection assumes for every host), from its timing row's entry (per-host lists) and its
+    alone row: the three figures (measured: the slowest host's mean step; core each; projected)
+    and their parts: the slowest host's median step; one peer's step alone (CPU; the
+    arithmetic's wall); the median host's compute, arithmetic, CPU and time in the transport on
+    the cluster; the communication replayed (slowest host), projected, and by the egress model
+    (every byte through the host's one link at its payload rate); bytes and rounds per step."""
     bits, median = rate_bits(rate), statistics.median
     rounds, replayed, fixed = max(timing["rounds"]), median(timing["replay"]), alone["cpu"]
     projected_comm = rounds * LATENCY_S + max(timing["critical_bytes"]) * 8 / bits
-    return StepCosts(
+    return dict(
         measured=max(timing["wall_mean"]),
         core_each=fixed + replayed,
         projected=fixed + projected_comm,
@@ -118,20 +92,14 @@ def step_costs(timing: Mapping, alone: Mapping, rate: str) -> StepCosts:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class EvalCosts:
-    """An evaluation: the slowest host's on the cluster; one peer's alone (CPU time) plus its
-    communication replayed; the bytes a host sends (the most of any host)."""
-
-    measured: float
-    core_each: float
-    metric_bytes: float
-
-
-def eval_costs(timing: Mapping, alone: Mapping) -> EvalCosts:
+def eval_costs(timing: Mapping, alone: Mapping) -> Dict[str, Any]:
+    """An evaluation: the slowest host's on the cluster (measured); one peer's alone (CPU) plus
+    its communication replayed (core each); the most bytes a host sends (metric_bytes)."""
     e = timing["eval"]
     core_each = alone["eval_cpu"] + statistics.median(e["replay"])
-    return EvalCosts(max(e["seconds"]), core_each, max(e["metric_bytes"]))
+    return dict(
+        measured=max(e["seconds"]), core_each=core_each, metric_bytes=max(e["metric_bytes"])
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,9 +122,7 @@ class Schedule:
         return self.training(steps) + evaluations * self.per_eval
 
 
-def per_seed_times(
-    curves: Sequence[Sequence[Sequence[float]]], target: float, schedule: Schedule
-) -> List[Optional[float]]:
+def per_seed_times(curves, target: float, schedule: Schedule) -> List[Optional[float]]:
     """Seconds to `target` per seed (steps and evaluations up to the first evaluation that
     reaches it), None for a seed that never does."""
     hits = [(first_reach(evals, target), evals) for evals in curves]

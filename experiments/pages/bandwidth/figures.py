@@ -1,13 +1,13 @@
-"""Everything the bandwidth page shows, computed from its rows (`collect`): the JSON the page
-writes, and what its text and plot are drawn from; and the checks beside the figures (the
-complete cluster runs against the composition, the plateau run, the runs' time). Pure: rows in,
-numbers out."""
+"""Everything the bandwidth page shows, computed from its rows (`collect`, pure): the JSON the
+page writes and what its text and plot are drawn from."""
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
 from typing import Any, Dict, List, Mapping, Optional
+
+from experiments.pages._markdown import mean_sd
 
 from . import compose
 from .compose import Schedule
@@ -63,9 +63,7 @@ def accuracy(s: Setting, data: Mapping[str, Dict], target: Optional[float]) -> D
 def _curves(rows: List[Dict], target: Optional[float]) -> Dict[str, Any]:
     finals, first = [r["acc_avg"] for r in rows], rows[0]
     hits = [compose.first_reach(r["evals"], target) if target else None for r in rows]
-    final_mean, final_std = statistics.fmean(finals), None
-    if len(finals) > 1:
-        final_std = statistics.stdev(finals)
+    final_mean, final_std = mean_sd(finals)
     return dict(
         seeds=len(rows),
         finals=finals,
@@ -97,10 +95,9 @@ def target_of(s: Setting, acc: Mapping[str, Any]) -> Optional[float]:
 
 
 def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
-    """Per topology and rate (and the slow-host settings): every algorithm's `StepCosts`, the
-    evaluation's `EvalCosts`, and the rows' load and host facts. An all-reduce's step and the
-    evaluation (their rings go through all hosts whatever the topology) come from the tuning
-    topology's rows (`recipe.measured_on`)."""
+    """Per topology and rate (and slow-host setting): each algorithm's `compose.step_costs`, the
+    evaluation's `eval_costs` and the rows' facts; an all-reduce's step and the evaluation come
+    from the tuning topology's rows (`recipe.measured_on`)."""
     out: Dict[str, Any] = {}
     for topology, rate, slow in timed_settings(s):
         row = data.get(timing_key(topology, rate, slow))
@@ -112,15 +109,14 @@ def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
             timed = row if source == topology else data.get(timing_key(source, rate, slow))
             alone = data.get(f"alone/{source}/{key}")
             if _ok(timed) and key in timed["algorithms"] and _ok(alone):
-                entry = compose.step_costs(timed["algorithms"][key], alone, rate)
-                per[key] = dataclasses.asdict(entry)
+                per[key] = compose.step_costs(timed["algorithms"][key], alone, rate)
                 if source != topology:
                     borrowed[key] = source
         home = row if "eval" in row else data.get(timing_key(s.tune_topology, rate, slow))
         alone = data.get(f"alone/{s.tune_topology}/{s.algorithms[0]}")
         evaluation = None
         if _ok(home) and "eval" in home and _ok(alone):
-            evaluation = dataclasses.asdict(compose.eval_costs(home, alone))
+            evaluation = compose.eval_costs(home, alone)
         timed = row["algorithms"]
         out.setdefault(topology, {})[rate_name(rate, slow)] = {
             "steps": per,
@@ -137,8 +133,7 @@ def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
 
 
 def _share(row: Mapping, phase: str) -> Optional[Dict[str, float]]:
-    """The share of TCP segments the hosts retransmitted in `phase`, and their retransmission
-    timeouts, all algorithms together."""
+    """The share of TCP segments retransmitted in `phase`, and the timeouts (all algorithms)."""
     counts = [e.get("tcp", {}).get(phase) for e in row["algorithms"].values()]
     sent, again, timeouts = (
         sum(c[k] for c in counts if c) for k in ("OutSegs", "RetransSegs", "TCPTimeouts")
@@ -147,8 +142,8 @@ def _share(row: Mapping, phase: str) -> Optional[Dict[str, float]]:
 
 
 def schedule(s: Setting, steps: Mapping[str, Dict], ev: Optional[Dict], key: str, figure: str):
-    """The `Schedule` of algorithm `key` under `figure` (measured, core_each, projected), or None
-    when a part is missing. Evaluations cost the same figure (projected: the core-each one)."""
+    """The `Schedule` of algorithm `key` under `figure`, or None when a part is missing;
+    evaluations cost the same figure (projected: the core-each one)."""
     warmup = BY_KEY[key].warmup
     if key not in steps or (warmup is not None and warmup[1] not in steps):
         return None
@@ -158,9 +153,8 @@ def schedule(s: Setting, steps: Mapping[str, Dict], ev: Optional[Dict], key: str
 
 
 def times(s: Setting, acc: Mapping, cost: Mapping, target: Optional[float]) -> Dict[str, Any]:
-    """Seconds to the target per topology, rate (and slow-host setting) and algorithm: each
-    figure, training only and with the run's evaluations (where the evaluation was timed), per
-    seed and their mean/min/max."""
+    """Seconds to the target per topology, rate and algorithm: each figure, training only and
+    with the evaluations (where timed), per seed with mean/min/max (`_seeds`)."""
     out: Dict[str, Any] = {}
     for topology, by_rate in cost.items() if target is not None else ():
         for name, c in by_rate.items():
@@ -182,7 +176,7 @@ def times(s: Setting, acc: Mapping, cost: Mapping, target: Optional[float]) -> D
 
 
 def _seeds(values: List[Optional[float]]) -> Dict[str, Any]:
-    """Per-seed seconds and their mean (None when a seed never reaches the target), min, max."""
+    """Per-seed seconds, their mean (None if a seed never reaches the target), min and max."""
     reached = [v for v in values if v is not None]
     mean = statistics.fmean(values) if values and len(reached) == len(values) else None
     low, high = (min(reached), max(reached)) if reached else (None, None)
@@ -190,8 +184,7 @@ def _seeds(values: List[Optional[float]]) -> Dict[str, Any]:
 
 
 def slow_host(s: Setting, cost: Mapping) -> Dict[str, Any]:
-    """Per topology and algorithm: the step with one host's link slowed against all at the base
-    rate (measured, core each, replayed communication)."""
+    """Per topology and algorithm: [all at the base rate, one host slowed] of three figures."""
     out: Dict[str, Any] = {}
     base, host, rate = s.slow or (None, None, None)
     for topology in s.slow_topologies if s.slow else ():
@@ -249,8 +242,8 @@ def plateau(s: Setting, data: Mapping[str, Dict]) -> Optional[Dict[str, Any]]:
 
 
 def collect(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
-    """Everything the page shows (see the module docstring); `run_seconds`: the median wall time
-    of an in-process training run of the full epochs (the plateau run left out)."""
+    """Everything the page shows; `run_seconds`: an in-process training run's median wall time
+    (the plateau run left out)."""
     target = target_of(s, accuracy(s, data, None))
     acc, cost = accuracy(s, data, target), costs(s, data)
     t = times(s, acc, cost, target)

@@ -72,19 +72,19 @@ ALONE = {"cpu": 0.05, "arith": 0.01, "eval_cpu": 0.3}
 
 def test_step_costs_compose_the_measured_parts_as_documented():
     c = compose.step_costs(TIMING, ALONE, "10mbit")
-    assert (c.measured, c.measured_median) == (1.4, 1.3)  # the slowest host's mean, median
-    assert c.core_each == pytest.approx(0.05 + 0.9)  # CPU alone + the replays' median
+    assert (c["measured"], c["measured_median"]) == (1.4, 1.3)  # the slowest host's mean, median
+    assert c["core_each"] == pytest.approx(0.05 + 0.9)  # CPU alone + the replays' median
     projected = 2 * compose.LATENCY_S + 1_250_000 * 8 / 1e7
-    assert c.comm_projected == pytest.approx(projected)
-    assert c.projected == pytest.approx(0.05 + projected)
-    assert c.comm_egress == pytest.approx(2_500_000 * 8 / (1e7 * 1448 / 1514))
+    assert c["comm_projected"] == pytest.approx(projected)
+    assert c["projected"] == pytest.approx(0.05 + projected)
+    assert c["comm_egress"] == pytest.approx(2_500_000 * 8 / (1e7 * 1448 / 1514))
     # a ring host sends its two messages through one link: the egress model is twice the
     # projection, which charges an exchange its largest message only
-    assert c.comm_egress / c.comm_projected == pytest.approx(2 * 1514 / 1448, rel=1e-3)
+    assert c["comm_egress"] / c["comm_projected"] == pytest.approx(2 * 1514 / 1448, rel=1e-3)
     e = compose.eval_costs(
         {"eval": {"seconds": [4.0, 5.0], "replay": [3.0], "metric_bytes": [8, 9]}}, ALONE
     )
-    assert (e.measured, e.core_each, e.metric_bytes) == (5.0, pytest.approx(3.3), 9)
+    assert (e["measured"], e["core_each"], e["metric_bytes"]) == (5.0, pytest.approx(3.3), 9)
 
 
 def test_rates_and_durations_read_as_written():
