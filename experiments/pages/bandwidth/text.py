@@ -1,5 +1,5 @@
-"""The bandwidth page's sections on accuracy and time, as lines of markdown, from `figures.collect`'s
-numbers, and the answer in words (`answer`: which is faster, and by how much, at each rate)."""
+"""The bandwidth page's sections on accuracy and time (lines of markdown from `figures.collect`'s
+numbers) and the answer in words (`answer`: which is faster, by how much, at each rate)."""
 
 from __future__ import annotations
 
@@ -47,15 +47,13 @@ def method(s: Setting, f: Mapping[str, Any]) -> List[str]:
     target = ["- No target: the compared rows are missing."]
     if f["target"] is not None:
         target = lines("target", target=_pct(f["target"]))
-    seeds = ", ".join(f"{t}: {len(v)}" for t, v in s.seeds.items())
     return lines(
         "method",
         **s.base,
+        **{k: first.get(k, "?") for k in ("parameters", "steps")},
         quick=lines("quick") if s.quick else [],
-        parameters=first.get("parameters", "?"),
-        steps=first.get("steps", "?"),
         topologies=", ".join(s.topologies),
-        seeds=seeds,
+        seeds=", ".join(f"{t}: {len(v)}" for t, v in s.seeds.items()),
         tune_topology=s.tune_topology,
         target=target,
         cuts=cuts(s, f),
@@ -93,9 +91,8 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
         why.append(f"an in-process training run took {seconds_text(f['run_seconds'])} (median)")
     if slow_step:
         where = f"{s.tune_topology} at {rate_text(s.rates[-1])}"
-        why.append(
-            f"an exact-gossip step on {where} {seconds_text(slow_step['measured'])} measured"
-        )
+        why.append(f"an exact-gossip step on {where} {seconds_text(slow_step['measured'])}")
+        why[-1] += " measured"
     why_text = f" ({'; '.join(why)})" if why else ""
     return lines("cuts", why=why_text, parts="; ".join(cut))
 
@@ -107,6 +104,7 @@ def _ratio(times: Mapping[str, Optional[float]], key: str) -> str:
 
 
 def answer_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
+    """ "The answer": its lines, and per topology the compared rows' times at each rate."""
     out = ["## The answer", ""]
     if not f["answer"]:
         return out + ["Not measured (see below).", ""]
@@ -149,6 +147,7 @@ def _accuracy_row(e: Mapping[str, Any]) -> List[str]:
 
 
 def accuracy_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
+    """The tuning table, the plateau run, and per topology the accuracy table."""
     out = [f"## Tuning (tuning topology {s.tune_topology}, seed 0)", ""]
     head = ["algorithm", "tuned", "final averaged-model accuracy", "chosen"]
     out += table(head, map(_tuning_row, f["tuning"])) + paragraph("tuning")
@@ -175,14 +174,15 @@ TIME_TABLES = (
 
 
 def time_sections(s: Setting, f: Mapping[str, Any]) -> List[str]:
+    """Per topology the time to the target under each figure (`TIME_TABLES`), rates as columns."""
     out = []
     for topology, by_rate in f["times"].items():
-        rates = [r for r in s.rates if r in by_rate]
         for key, what in TIME_TABLES:
             spec: List[Column] = [("algorithm", _label)]
             spec += [
                 (rate_text(r), lambda k, r=r: _seconds_cell(by_rate[r].get(k, {}).get(key)))
-                for r in rates
+                for r in s.rates
+                if r in by_rate
             ]
             out += [f"## Time to {_pct(f['target'])}: {topology}, {what}", ""]
             out += columns(spec, algorithms_on(s, topology))
@@ -198,7 +198,6 @@ def _seconds_cell(entry: Optional[Mapping]) -> str:
     return seconds_text(entry["mean"]) + ("" if same else f" [{low}, {high}]")
 
 
-# ---- the answer in words ----------------------------------------------------------------------
 def table_of(t: Mapping, topology: str, rates, figure: str):
     """{rate: {algorithm: mean seconds or None}} of one topology and figure."""
     at = t.get(topology, {})
