@@ -204,9 +204,7 @@ def table_of(t: Mapping, topology: str, rates, figure: str):
     return {r: {k: v.get(figure, {}).get("mean") for k, v in at.get(r, {}).items()} for r in rates}
 
 
-def answer(
-    s: Setting, t: Mapping, target: Optional[float], acc: Optional[Mapping] = None
-) -> List[str]:
+def answer(s: Setting, t: Mapping, target: Optional[float], acc=None) -> List[str]:
     """The answer in words, per topology, from the core-each figure (training only), with what
     the measured figure and the evaluations change."""
     if target is None or not t:
@@ -239,9 +237,8 @@ def _other_figures(t: Mapping, topology: str, rates, core: Mapping) -> List[str]
     """Whether the measured figure, and a core each with the evaluations, change the verdicts."""
     import topologies
 
-    hosts = topologies.parse(topology).size
+    hosts, out = topologies.parse(topology).size, []
     measured = f"the step as measured here ({hosts} hosts on this machine's cores)"
-    out = []
     evaluated = "a core each, with an evaluation after every epoch"
     for figure, what in (("measured", measured), ("core_each_with_evals", evaluated)):
         other = table_of(t, topology, rates, figure)
@@ -269,12 +266,7 @@ def _ahead(row: Mapping[str, Optional[float]], against: str) -> bool:
     return mine is not None and (theirs is None or mine < theirs)
 
 
-def compare_line(
-    times: Mapping[str, Mapping[str, Optional[float]]],
-    rates: Sequence[str],
-    against: str = "exact",
-    who: str = "pg-r1",
-) -> str:
+def compare_line(times: Mapping, rates: Sequence[str], against="exact", who="pg-r1") -> str:
     """One sentence: at which rates `who` reaches the target before `against`, and by what factor
     (their times, `times[rate][algorithm]`, None where the target is not reached)."""
     name, other = _label(who), _label(against)
@@ -299,5 +291,6 @@ def compare_line(
 
 
 def fastest(times: Mapping[str, Optional[float]]) -> Optional[str]:
+    """The algorithm with the shortest time, None if none reaches the target."""
     reached = {k: v for k, v in times.items() if v is not None}
     return min(reached, key=reached.get) if reached else None
