@@ -13,12 +13,5 @@ from .recipe import plan
 from .render import render
 from .rows import row
 
-PAGE = register(
-    Page(
-        name="bandwidth",
-        title="Time to accuracy under bandwidth limits: step times on emulated hosts x accuracy per step",
-        plan=plan,
-        row=row,
-        render=render,
-    )
-)
+TITLE = "Time to accuracy under bandwidth limits: step times on emulated hosts x accuracy per step"
+PAGE = register(Page(name="bandwidth", title=TITLE, plan=plan, row=row, render=render))

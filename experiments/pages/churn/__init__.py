@@ -151,13 +151,8 @@ def render(rows: Rows) -> Outputs:
     return render_page(rows, setting(rows.quick))
 
 
-PAGE = register(
-    Page(
-        name="churn",
-        title="training through churn in-process: accuracy, consensus and average shift vs churn "
-        "rate, 16 peers; rejoining by average vs copy",
-        plan=plan,
-        row=row,
-        render=render,
-    )
+TITLE = (
+    "training through churn in-process: accuracy, consensus and average shift vs churn "
+    "rate, 16 peers; rejoining by average vs copy"
 )
+PAGE = register(Page(name="churn", title=TITLE, plan=plan, row=row, render=render))

@@ -341,12 +341,7 @@ def plots(consensus, training, p: Dict[str, Any]) -> Dict[str, bytes]:
     return out
 
 
-PAGE = register(
-    Page(
-        name="dynamic",
-        title="graphs that change every step (one-peer exponential, matchings) vs ring and torus, 16 peers",
-        plan=plan,
-        row=row,
-        render=render,
-    )
+TITLE = (
+    "graphs that change every step (one-peer exponential, matchings) vs ring and torus, 16 peers"
 )
+PAGE = register(Page(name="dynamic", title=TITLE, plan=plan, row=row, render=render))
