@@ -1,20 +1,124 @@
 """Everything the bandwidth page shows, computed from its rows (`collect`, pure): the JSON the
-page writes and what its text and plot are drawn from."""
+page writes and what its text and plot are drawn from; and its arithmetic: steps to the target
+accuracy, a step's cost three ways (measured, core each, projected: page.md defines them) and the
+time to a step (`Schedule`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from experiments.pages._markdown import mean_sd
+from experiments.suite.runs import LATENCY_S
+from gossip_powersgd.cluster import parse_rate as rate_bits
+from gossip_powersgd.cluster.measure import PAYLOAD_SHARE
 
-from . import compose
-from .compose import Schedule
 from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, best_value, chosen, gamma_on
 from .recipe import main_key, measured_on, rate_name, timed_settings, timing_key, train_keys
 from .recipe import tuning_keys
 from .text import answer
+
+
+def first_reach(evals: Sequence[Sequence[float]], target: float) -> Optional[Tuple[int, float]]:
+    """(step, training MB per peer) of the first evaluation ([step, accuracy, MB]) at which the
+    averaged model's accuracy is at least `target`; None if none is."""
+    for step, accuracy, mb in evals:
+        if accuracy >= target - 1e-12:
+            return int(step), float(mb)
+    return None
+
+
+def evaluations_until(evals: Sequence[Sequence[float]], step: int) -> int:
+    """How many evaluations were made up to and including step `step`."""
+    return sum(1 for e in evals if e[0] <= step)
+
+
+def common_target(peaks: Sequence[float]) -> float:
+    """The highest whole percent every run reaches (`peaks`: each run's best accuracy)."""
+    return math.floor(100 * min(peaks) + 1e-9) / 100
+
+
+def mean_curve(curves: Sequence[Sequence[Sequence[float]]]) -> List[Tuple[int, float]]:
+    """(step, mean accuracy over seeds) at every evaluation all `curves` share."""
+    out = []
+    for points in zip(*curves):
+        steps = {int(p[0]) for p in points}
+        if len(steps) != 1:
+            raise ValueError(f"the seeds evaluated at different steps: {sorted(steps)}")
+        out.append((steps.pop(), statistics.fmean(p[1] for p in points)))
+    return out
+
+
+def step_costs(timing: Mapping, alone: Mapping, rate: str) -> Dict[str, float]:
+    """Seconds per step of one algorithm at link rate `rate` (with a host slowed: the rate the
+    projection assumes for every host), from its timing row's entry (per-host lists) and its
+    alone row: the three figures (measured: the slowest host's mean step; core each; projected)
+    and their parts: the slowest host's median step; one peer's step alone (CPU; the
+    arithmetic's wall); the median host's compute, arithmetic, CPU and time in the transport on
+    the cluster; the communication replayed (slowest host), projected, and by the egress model
+    (every byte through the host's one link at its payload rate); bytes and rounds per step."""
+    bits, median = rate_bits(rate), statistics.median
+    rounds, replayed, fixed = max(timing["rounds"]), median(timing["replay"]), alone["cpu"]
+    projected_comm = rounds * LATENCY_S + max(timing["critical_bytes"]) * 8 / bits
+    return dict(
+        measured=max(timing["wall_mean"]),
+        core_each=fixed + replayed,
+        projected=fixed + projected_comm,
+        measured_median=max(timing["wall"]),
+        cpu_alone=fixed,
+        arith_alone=alone["arith"],
+        compute_shared=median(timing["compute"]),
+        arith_shared=median(timing["arith"]),
+        cpu_shared=median(timing["cpu"]),
+        comm_in_training=median(timing["comm"]),
+        comm_replayed=replayed,
+        comm_projected=projected_comm,
+        comm_egress=max(timing["bytes_sent"]) * 8 / (bits * PAYLOAD_SHARE),
+        bytes_sent=max(timing["bytes_sent"]),
+        rounds=rounds,
+    )
+
+
+def eval_costs(timing: Mapping, alone: Mapping) -> Dict[str, Any]:
+    """An evaluation: the slowest host's on the cluster (measured); one peer's alone (CPU) plus
+    its communication replayed (core each); the most bytes a host sends (metric_bytes)."""
+    e = timing["eval"]
+    core_each = alone["eval_cpu"] + statistics.median(e["replay"])
+    return dict(
+        measured=max(e["seconds"]), core_each=core_each, metric_bytes=max(e["metric_bytes"])
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """What a run's steps cost: `per_step` seconds each, except the first `warm_steps`, which
+    cost `warm_per_step` each; every evaluation `per_eval`."""
+
+    per_step: float
+    warm_steps: int = 0
+    warm_per_step: float = 0.0
+    per_eval: float = 0.0
+
+    def training(self, steps: int) -> float:
+        """Seconds of the first `steps` steps, evaluations left out."""
+        warm = min(steps, self.warm_steps)
+        return warm * self.warm_per_step + (steps - warm) * self.per_step
+
+    def until(self, steps: int, evaluations: int) -> float:
+        """Seconds of the first `steps` steps and `evaluations` evaluations."""
+        return self.training(steps) + evaluations * self.per_eval
+
+
+def per_seed_times(curves, target: float, schedule: Schedule) -> List[Optional[float]]:
+    """Seconds to `target` per seed (steps and evaluations up to the first evaluation that
+    reaches it), None for a seed that never does."""
+    hits = [(first_reach(evals, target), evals) for evals in curves]
+    return [
+        None if h is None else schedule.until(h[0], evaluations_until(e, h[0])) for h, e in hits
+    ]
+
 
 #: What a tuning grid's values are, by `Algorithm.tune`.
 TUNED = {"lr": "lr", "gamma": "γ", "gamma_x": "γ ÷ topology γ"}
@@ -62,7 +166,7 @@ def accuracy(s: Setting, data: Mapping[str, Dict], target: Optional[float]) -> D
 
 def _curves(rows: List[Dict], target: Optional[float]) -> Dict[str, Any]:
     finals, first = [r["acc_avg"] for r in rows], rows[0]
-    hits = [compose.first_reach(r["evals"], target) if target else None for r in rows]
+    hits = [first_reach(r["evals"], target) if target else None for r in rows]
     final_mean, final_std = mean_sd(finals)
     return dict(
         seeds=len(rows),
@@ -77,7 +181,7 @@ def _curves(rows: List[Dict], target: Optional[float]) -> Dict[str, Any]:
         steps_to_target=[None if h is None else h[0] for h in hits],
         mb_to_target=[None if h is None else h[1] for h in hits],
         curves=[r["evals"] for r in rows],
-        mean_curve=compose.mean_curve([r["evals"] for r in rows]),
+        mean_curve=mean_curve([r["evals"] for r in rows]),
     )
 
 
@@ -91,11 +195,11 @@ def target_of(s: Setting, acc: Mapping[str, Any]) -> Optional[float]:
             if entry is None or "peaks" not in entry:
                 return None
             peaks += entry["peaks"]
-    return compose.common_target(peaks) if peaks else None
+    return common_target(peaks) if peaks else None
 
 
 def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
-    """Per topology and rate (and slow-host setting): each algorithm's `compose.step_costs`, the
+    """Per topology and rate (and slow-host setting): each algorithm's `step_costs`, the
     evaluation's `eval_costs` and the rows' facts; an all-reduce's step and the evaluation come
     from the tuning topology's rows (`recipe.measured_on`)."""
     out: Dict[str, Any] = {}
@@ -109,14 +213,14 @@ def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
             timed = row if source == topology else data.get(timing_key(source, rate, slow))
             alone = data.get(f"alone/{source}/{key}")
             if _ok(timed) and key in timed["algorithms"] and _ok(alone):
-                per[key] = compose.step_costs(timed["algorithms"][key], alone, rate)
+                per[key] = step_costs(timed["algorithms"][key], alone, rate)
                 if source != topology:
                     borrowed[key] = source
         home = row if "eval" in row else data.get(timing_key(s.tune_topology, rate, slow))
         alone = data.get(f"alone/{s.tune_topology}/{s.algorithms[0]}")
         evaluation = None
         if _ok(home) and "eval" in home and _ok(alone):
-            evaluation = compose.eval_costs(home, alone)
+            evaluation = eval_costs(home, alone)
         timed = row["algorithms"]
         out.setdefault(topology, {})[rate_name(rate, slow)] = {
             "steps": per,
@@ -167,9 +271,9 @@ def times(s: Setting, acc: Mapping, cost: Mapping, target: Optional[float]) -> D
                     plan = schedule(s, c["steps"], c["eval"], key, figure)
                     if plan is not None:
                         train_only = dataclasses.replace(plan, per_eval=0.0)
-                        cell[figure] = _seeds(compose.per_seed_times(curves, target, train_only))
+                        cell[figure] = _seeds(per_seed_times(curves, target, train_only))
                     if plan is not None and c["eval"] is not None:
-                        with_evals = compose.per_seed_times(curves, target, plan)
+                        with_evals = per_seed_times(curves, target, plan)
                         cell[figure + "_with_evals"] = _seeds(with_evals)
                 out.setdefault(topology, {}).setdefault(name, {})[key] = cell
     return out

@@ -15,10 +15,9 @@ from experiments.pages._figures import png, pyplot
 from experiments.pages._markdown import fill, table
 
 from . import faults, text
-from .compose import PAYLOAD_SHARE, rate_bits, rate_text, seconds_text
-from .figures import collect, schedule
+from .figures import PAYLOAD_SHARE, collect, rate_bits, schedule
 from .recipe import BY_KEY, Setting, setting
-from .text import TEXT, _label, _mb, paragraph
+from .text import TEXT, _label, _mb, paragraph, rate_text, seconds_text
 
 #: The all-reduces (one ring of all hosts) among the rows.
 REDUCE = ("allreduce", "powersgd")

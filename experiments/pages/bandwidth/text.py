@@ -7,12 +7,29 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 from experiments.pages._markdown import Column, columns, fill, grid_end, snippets, table
 
-from .compose import rate_text, seconds_text
 from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, rates_on
 from .recipe import grid as _grid
 
 #: The page's fixed text (page.md beside this file), by part.
 TEXT = snippets(__file__, "page.md")
+
+
+def rate_text(rate: str) -> str:
+    """ "1 Gbit/s", "100 Mbit/s"."""
+    for unit in ("kbit", "mbit", "gbit"):
+        if rate.endswith(unit):
+            return f"{rate[: -len(unit)]} {unit[0].upper()}bit/s"
+    return rate
+
+
+def seconds_text(seconds: Optional[float]) -> str:
+    """A duration as a reader takes it in: 0.84 s, 12.3 s, 41 min, 5.2 h, 3.1 d."""
+    if seconds is None:
+        return "not reached"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
 
 
 def lines(part: str, **fields: Any) -> List[str]:
