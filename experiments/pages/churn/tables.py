@@ -244,21 +244,17 @@ def page_text(rows: Rows, s: Dict[str, Any], cells, joins) -> str:
     level = "no no-churn rows yet"
     if still:
         level = fill(TEXT["level"], low=100 * min(still), high=100 * max(still))
+    # the recipe's fields (a quick recipe lacks some), then the plan's (their model, epochs)
+    fields = {"momentum": 0, "schedule": "constant", "warmup_epochs": 0, **recipe, **s}
+    fields["seeds"] = ", ".join(map(str, s["seeds"]))
+    fields["rates"] = ", ".join(f"{100 * r:g} % → rate={r / spe:.4g}" for r in s["rates"])
     return text + fill(
         template(__file__),
+        **fields,
         unfinished="" if rows.complete else unfinished,
-        **{k: s[k] for k in ("model", "epochs", "down_steps", "down_epochs", "joiner")},
-        **{k: s[k] for k in ("join_topology", "leave_step", "join_step")},
-        **{k: recipe[k] for k in ("dataset", "lr")},
         n=s["topologies"][0].split(":")[1],
-        momentum=recipe.get("momentum", 0),
-        batch=recipe["batch_size"],
         spe=spe,
         steps=s["epochs"] * spe,
-        schedule=recipe.get("schedule", "constant"),
-        warmup=recipe.get("warmup_epochs", 0),
-        seeds=", ".join(map(str, s["seeds"])),
-        rates=", ".join(f"{100 * r:g} % → rate={r / spe:.4g}" for r in s["rates"]),
         grid_verdict="\n".join(grid_verdict(cells, s["rates"])),
         grid_table=grid_table(cells, spe),
         join_verdict="\n".join(join_verdict(joins)),
