@@ -120,7 +120,7 @@ def render(rows: Rows) -> Outputs:
     data.update(consensus=consensus, training=training)
     return {
         "dynamic.md": text,
-        "dynamic_consensus.csv": consensus_csv(shown, p["budgets"]),
+        "dynamic_consensus.csv": consensus_tables(shown, p["budgets"])[1],
         "dynamic_training.csv": build_csv(training),
         "dynamic.json": json.dumps(data, indent=1, default=str) + "\n",
         **plots(shown, training, p),
@@ -140,7 +140,7 @@ def page(consensus, training, p, target, generated: str, seconds: float, consens
         header=header(title, "", seconds, running, generated=generated),
         verdict=verdict(consensus, training, p, target),
         stop=min(TARGETS) / 2,
-        consensus=block(consensus_table(consensus, p["budgets"])),
+        consensus=block(consensus_tables(consensus, p["budgets"])[0]),
         n=n,
         eval_every=max(1, p["epochs"] // 10),
         training=block(build_table(training)),
@@ -153,43 +153,35 @@ def _num(value: Optional[float], missing: str = "—") -> str:
     return missing if value is None else f"{value:.3g}"
 
 
-def consensus_table(rows: Sequence[Dict[str, Any]], budgets: Sequence[float]) -> str:
-    """Markdown: relative error at matched bits and bits to reach each target, one row per run."""
+def consensus_tables(rows: Sequence[Dict[str, Any]], budgets: Sequence[float]) -> Tuple[str, str]:
+    """The consensus table (markdown: relative error at matched bits and bits to reach each
+    target) and dynamic_consensus.csv (the same to 6 digits), a row per run."""
     head = ["graph", "algorithm", "steps run", "bits run", "stop"]
     head += [f"rel. error @ {b:.0e} bits" for b in budgets]
     head += [f"bits to rel. error {t:.0e}" for t in TARGETS]
-    lines = table(head, [], None)
-    for r in rows:
-        if "error_text" in r:
-            failed = f"| {r['topology']} | {r['label']} | FAILED: {r['error_text']} |"
-            lines.append(failed + " |" * (len(head) - 3))
-            continue
-        cells = [r["topology"], r["label"], str(r["steps"]), f"{r['bits_run']:.3g}", r["stop"]]
-        cells += [_num(r["at_budget"][b]) for b in budgets]
-        cells += [_num(r["to_reach"][t], f"not reached (> {r['bits_run']:.3g})") for t in TARGETS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def consensus_csv(rows: Sequence[Dict[str, Any]], budgets: Sequence[float]) -> str:
-    """dynamic_consensus.csv: the consensus table's figures to 6 digits, a row per run."""
-    head = ["topology", "algorithm", "spec", "steps", "bits_run", "stop", "initial_error"]
-    head += [f"rel_error_at_{b:g}_bits" for b in budgets] + [f"bits_to_{t:g}" for t in TARGETS]
+    csv_head = ["topology", "algorithm", "spec", "steps", "bits_run", "stop", "initial_error"]
+    csv_head += [f"rel_error_at_{b:g}_bits" for b in budgets] + [f"bits_to_{t:g}" for t in TARGETS]
 
     def six(value: Optional[float]) -> str:
         return "" if value is None else f"{value:.6g}"
 
-    lines = []
+    lines, csv_lines = table(head, [], None), []
     for r in rows:
         first = [r["topology"], r["label"], r["spec"]]
         if "error_text" in r:
-            lines.append(first + [""] * (5 + len(budgets) + len(TARGETS)) + [r["error_text"]])
+            failed = f"| {r['topology']} | {r['label']} | FAILED: {r['error_text']} |"
+            lines.append(failed + " |" * (len(head) - 3))
+            csv_lines.append(first + [""] * (5 + len(budgets) + len(TARGETS)) + [r["error_text"]])
             continue
-        cells = first + [r["steps"], r["bits_run"], r["stop"], r["error0"]]
-        cells += [six(r["at_budget"][b]) for b in budgets]
-        cells += [six(r["to_reach"][t]) for t in TARGETS]
-        lines.append(cells + [f"{r['seconds']:.1f}", ""])
-    return csv_text(head + ["seconds", "error"], lines)
+        at, to = [r["at_budget"][b] for b in budgets], [r["to_reach"][t] for t in TARGETS]
+        cells = [r["topology"], r["label"], str(r["steps"]), f"{r['bits_run']:.3g}", r["stop"]]
+        cells += [_num(x) for x in at] + [
+            _num(x, f"not reached (> {r['bits_run']:.3g})") for x in to
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+        csv = first + [r["steps"], r["bits_run"], r["stop"], r["error0"], *map(six, at + to)]
+        csv_lines.append(csv + [f"{r['seconds']:.1f}", ""])
+    return "\n".join(lines) + "\n", csv_text(csv_head + ["seconds", "error"], csv_lines)
 
 
 def reach(curve: Sequence[Tuple[float, float]], target: float) -> Optional[float]:
@@ -254,9 +246,8 @@ def _compare(name: str, values: Dict[str, Optional[float]], schedules, statics, 
             else:
                 more = "fewer" if a < b else "more" if a > b else "equal"
                 parts.append(f"{s} vs {g}: **{'yes' if a < b else 'no'}**, {b / a:.2f}× ({more})")
-    costs = ", ".join(
-        f"{t} {_num(values.get(t), 'not reached')}" for t in list(schedules) + list(statics)
-    )
+    graphs = list(schedules) + list(statics)
+    costs = ", ".join(f"{t} {_num(values.get(t), 'not reached')}" for t in graphs)
     return f"- {name} ({unit}: {costs}): " + "; ".join(parts) + "."
 
 
