@@ -303,14 +303,9 @@ def plot(cells: Dict[Cell, Dict[str, Any]], s: Dict[str, Any]) -> bytes:
                 pts = [(100 * k[2], cells[k]) for k in keys]
                 if not pts:
                     continue
-                ax.errorbar(
-                    [x for x, _ in pts],
-                    [scale * c[field] for _, c in pts],
-                    yerr=[scale * (c[field + "_std"] or 0.0) for _, c in pts],
-                    marker="o",
-                    capsize=3,
-                    label=label,
-                )
+                xs, ys = [x for x, _ in pts], [scale * c[field] for _, c in pts]
+                errors = [scale * (c[field + "_std"] or 0.0) for _, c in pts]
+                ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=label)
             values = [cells[c][field] for c in cells if c[0] == topology]
             if field == "consensus_distance" and values and min(values) > 0:
                 ax.set_yscale("log")  # exact gossip's and the compressed ones' differ by decades

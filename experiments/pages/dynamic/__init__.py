@@ -302,9 +302,7 @@ def plots(consensus, training, p: Dict[str, Any]) -> Dict[str, bytes]:
         ax.plot(x, y, label=label, linewidth=1.4, **_style(r["topology"], r["label"], p))
     for t in TARGETS:
         ax.axhline(t, color="0.6", linestyle=":", linewidth=0.8)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("bits sent per peer")
+    ax.set(xscale="log", yscale="log", xlabel="bits sent per peer")
     ax.set_ylabel("relative error ‖x_i − x̄‖² / initial")
     ax.set_title(f"consensus, {p['problem']} per peer", fontsize=10)
     ax.grid(alpha=0.3)
@@ -315,13 +313,11 @@ def plots(consensus, training, p: Dict[str, Any]) -> Dict[str, bytes]:
     for r in (r for r in training if "error" not in r):
         style, mb = _style(r["topology"], r["label"], p), [(x, a) for x, a in mb_curve(r) if x > 0]
         label = f"{r['topology']} {r['label']}"
-        axes[0].plot(
-            [x for x, _ in mb], [100 * a for _, a in mb], marker="o", ms=3, label=label, **style
-        )
+        xs, ys = [x for x, _ in mb], [100 * a for _, a in mb]
+        axes[0].plot(xs, ys, marker="o", ms=3, label=label, **style)
         tc = time_curve(r, BANDWIDTHS[0][1])
         axes[1].plot([x for x, _ in tc], [100 * a for _, a in tc], marker="o", ms=3, **style)
-    axes[0].set_xscale("log")
-    axes[0].set_xlabel("MB sent per peer")
+    axes[0].set(xscale="log", xlabel="MB sent per peer")
     axes[1].set_xlabel(f"projected wall time per peer (s) @ {BANDWIDTHS[0][0]}")
     for ax in axes:
         ax.set_ylabel("averaged-model test accuracy (%)")
