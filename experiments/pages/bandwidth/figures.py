@@ -137,10 +137,8 @@ def tuning(s: Setting, data: Mapping[str, Dict]) -> List[Dict[str, Any]]:
         best = best_value(s, a, data)
         rows = [(v, data.get(k, {})) for v, k in tuning_keys(s, a)]
         values = [dict(value=v, acc_avg=r.get("acc_avg"), error=r.get("error")) for v, r in rows]
-        chosen = None if best is None else best[0]
-        out.append(
-            dict(algorithm=a.key, label=a.label, tuned=TUNED[a.tune], values=values, chosen=chosen)
-        )
+        entry = dict(algorithm=a.key, label=a.label, tuned=TUNED[a.tune], values=values)
+        out.append(dict(entry, chosen=None if best is None else best[0]))
     return out
 
 
@@ -239,9 +237,8 @@ def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
 def _share(row: Mapping, phase: str) -> Optional[Dict[str, float]]:
     """The share of TCP segments retransmitted in `phase`, and the timeouts (all algorithms)."""
     counts = [e.get("tcp", {}).get(phase) for e in row["algorithms"].values()]
-    sent, again, timeouts = (
-        sum(c[k] for c in counts if c) for k in ("OutSegs", "RetransSegs", "TCPTimeouts")
-    )
+    keys = ("OutSegs", "RetransSegs", "TCPTimeouts")
+    sent, again, timeouts = (sum(c[k] for c in counts if c) for k in keys)
     return {"share": again / sent, "timeouts": timeouts} if sent else None
 
 

@@ -108,8 +108,8 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
         why.append(f"an in-process training run took {seconds_text(f['run_seconds'])} (median)")
     if slow_step:
         where = f"{s.tune_topology} at {rate_text(s.rates[-1])}"
-        why.append(f"an exact-gossip step on {where} {seconds_text(slow_step['measured'])}")
-        why[-1] += " measured"
+        step = seconds_text(slow_step["measured"])
+        why.append(f"an exact-gossip step on {where} {step} measured")
     why_text = f" ({'; '.join(why)})" if why else ""
     return lines("cuts", why=why_text, parts="; ".join(cut))
 
