@@ -77,9 +77,8 @@ def _row(launcher: str, fault: str, r: Mapping[str, Any]) -> str:
     lost = r.get("lost_says")
     exits = ", ".join(f"{k}: {_seconds(v, 'not ended')}" for k, v in r["exits"].items())
     fields = dict(launcher=LAUNCHERS[launcher], what=WHAT[fault], exits=exits)
-    fields.update(
-        gone=_seconds(r["seconds"], "not within 90 s"), named_after=_seconds(r["named_after"])
-    )
+    fields["gone"] = _seconds(r["seconds"], "not within 90 s")
+    fields["named_after"] = _seconds(r["named_after"])
     fields["named"] = ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in r["named"].items())
     fields["said"] = "—" if lost is None else "`" + lost.split(": ", 1)[1][:140] + "`"
     return fill(TEXT["fault row"], **fields)

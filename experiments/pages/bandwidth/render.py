@@ -177,9 +177,8 @@ def e2e_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
             continue
         composed = "—" if e["composed_wall"] is None else seconds_text(e["composed_wall"])
         gap, worst = e["gap"], e["largest_gap_at_evaluations"]
-        gap = ("—" if gap is None else f"{100 * gap:+.1f} %") + (
-            "" if worst is None else f" ({100 * worst:+.1f} % at worst)"
-        )
+        gap = "—" if gap is None else f"{100 * gap:+.1f} %"
+        gap += "" if worst is None else f" ({100 * worst:+.1f} % at worst)"
         run = f"{e['steps']} steps, {e['evaluations']} evaluations"
         same = ("yes" if e["same_models"] else "**NO**") + f" ({e['peers']} peers)"
         rows.append(lead + [run, seconds_text(e["measured_wall"]), composed, gap, same])

@@ -110,7 +110,7 @@ SUMMARY = dict(
     mb_per_peer="mb_sent_per_peer",
 )
 SUMMARY.update({k: k for k in ("average_shift_total", "membership_changes", "live_peers_at_end")})
-SUMMARY.update(transfer_mb_sent="transfer_mb_sent", steps="steps", parameters="parameters")
+SUMMARY.update({k: k for k in ("transfer_mb_sent", "steps", "parameters")})
 
 
 def grid_row(config: Dict[str, Any], seed: int) -> Dict[str, Any]:
