@@ -181,9 +181,7 @@ def topology_gamma(topology: str) -> float:
     return float(topologies.parse(topology).gamma)
 
 
-def train_run(
-    key: str, s: Setting, a: Algorithm, topology: str, seed: int, lr: float, gamma, **extra
-):
+def train_run(key: str, s: Setting, a: Algorithm, topology: str, seed: int, lr, gamma, **extra):
     """An in-process training run: `train` is the whole config but its seed; γ goes into the
     spec when the row is made ("{gamma}"), so that the stored config holds it as a number."""
     train = dict(s.base, topology=topology, algorithm=a.spec, lr=lr, local_steps=a.local_steps)

@@ -5,6 +5,7 @@ one slow link, the complete runs on the cluster, latency), the run facts and the
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import statistics
 from collections import Counter, defaultdict
@@ -208,9 +209,7 @@ def plot(s: Setting, f: Mapping[str, Any]) -> bytes:
     size = (3.6 * cols, 3.0 * rows)
     fig, axes = plt.subplots(rows, cols, figsize=size, squeeze=False, sharey=True)
     colors = plt.get_cmap("tab10")
-    for (i, topology), (j, rate) in (
-        (a, b) for a in enumerate(topologies) for b in enumerate(rates)
-    ):
+    for (i, topology), (j, rate) in itertools.product(enumerate(topologies), enumerate(rates)):
         ax, c = axes[i][j], f["costs"][topology].get(rate)
         if c is None:
             ax.set_visible(False)
