@@ -1,8 +1,7 @@
-"""The bandwidth page's faults across hosts: a host's link cut, its rank killed, its processes
-stopped (and, under torchrun, all of them killed), mid-run on 3 hosts of the emulated cluster,
-under torchrun and under mpiexec. Each row runs the scenario of tests/faults/test_liveness_hosts.py
-(tests/support/host_faults.py, as a program) and keeps when every rank ended after the fault and
-what each rank said; the section shows them against the design's bound and the issue's 30 s."""
+"""The bandwidth page's faults across hosts (a link cut, a rank killed, processes stopped or all
+killed), mid-run on 3 emulated hosts under torchrun and mpiexec: each row runs the scenario of
+tests/faults/test_liveness_hosts.py (tests/support/host_faults.py) and keeps when every rank
+ended and what each said; the section shows them against the design's bound and the issue's 30 s."""
 
 from __future__ import annotations
 
@@ -35,11 +34,11 @@ WHAT = {
     "kill-all": "every process SIGKILLed (agent too)",
 }
 LAUNCHERS = {"torch": "torchrun", "mpi": "mpiexec"}
-#: The page's fixed text (page.md beside this file), by part.
 TEXT = snippets(__file__, "page.md")
 
 
 def runs(cases: Sequence[Tuple[str, str]], quick: bool) -> List[Run]:
+    """The plan's fault runs, one per (launcher, fault)."""
     config = {"kind": "fault", "quick": quick}
     return [Run(f"fault/{lc}/{f}", dict(config, launcher=lc, fault=f)) for lc, f in cases]
 
@@ -78,9 +77,8 @@ def _row(launcher: str, fault: str, r: Mapping[str, Any]) -> str:
     lost = r.get("lost_says")
     exits = ", ".join(f"{k}: {_seconds(v, 'not ended')}" for k, v in r["exits"].items())
     fields = dict(launcher=LAUNCHERS[launcher], what=WHAT[fault], exits=exits)
-    fields.update(
-        gone=_seconds(r["seconds"], "not within 90 s"), named_after=_seconds(r["named_after"])
-    )
+    fields["gone"] = _seconds(r["seconds"], "not within 90 s")
+    fields["named_after"] = _seconds(r["named_after"])
     fields["named"] = ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in r["named"].items())
     fields["said"] = "—" if lost is None else "`" + lost.split(": ", 1)[1][:140] + "`"
     return fill(TEXT["fault row"], **fields)

@@ -1,20 +1,124 @@
-"""Everything the bandwidth page shows, computed from its rows (`collect`): the JSON the page
-writes, and what its text and plot are drawn from; and the checks beside the figures (the
-complete cluster runs against the composition, the plateau run, the runs' time). Pure: rows in,
-numbers out."""
+"""Everything the bandwidth page shows, computed from its rows (`collect`, pure): the JSON the
+page writes and what its text and plot are drawn from; and its arithmetic: steps to the target
+accuracy, a step's cost three ways (measured, core each, projected: page.md defines them) and the
+time to a step (`Schedule`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import compose
-from .compose import Schedule
+from experiments.pages._markdown import mean_sd
+from experiments.suite.runs import LATENCY_S
+from gossip_powersgd.cluster import parse_rate as rate_bits
+from gossip_powersgd.cluster.measure import PAYLOAD_SHARE
+
 from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, best_value, chosen, gamma_on
 from .recipe import main_key, measured_on, rate_name, timed_settings, timing_key, train_keys
 from .recipe import tuning_keys
 from .text import answer
+
+
+def first_reach(evals: Sequence[Sequence[float]], target: float) -> Optional[Tuple[int, float]]:
+    """(step, training MB per peer) of the first evaluation ([step, accuracy, MB]) at which the
+    averaged model's accuracy is at least `target`; None if none is."""
+    for step, accuracy, mb in evals:
+        if accuracy >= target - 1e-12:
+            return int(step), float(mb)
+    return None
+
+
+def evaluations_until(evals: Sequence[Sequence[float]], step: int) -> int:
+    """How many evaluations were made up to and including step `step`."""
+    return sum(1 for e in evals if e[0] <= step)
+
+
+def common_target(peaks: Sequence[float]) -> float:
+    """The highest whole percent every run reaches (`peaks`: each run's best accuracy)."""
+    return math.floor(100 * min(peaks) + 1e-9) / 100
+
+
+def mean_curve(curves: Sequence[Sequence[Sequence[float]]]) -> List[Tuple[int, float]]:
+    """(step, mean accuracy over seeds) at every evaluation all `curves` share."""
+    out = []
+    for points in zip(*curves):
+        steps = {int(p[0]) for p in points}
+        if len(steps) != 1:
+            raise ValueError(f"the seeds evaluated at different steps: {sorted(steps)}")
+        out.append((steps.pop(), statistics.fmean(p[1] for p in points)))
+    return out
+
+
+def step_costs(timing: Mapping, alone: Mapping, rate: str) -> Dict[str, float]:
+    """Seconds per step of one algorithm at link rate `rate` (with a host slowed: the rate the
+    projection assumes for every host), from its timing row's entry (per-host lists) and its
+    alone row: the three figures (measured: the slowest host's mean step; core each; projected)
+    and their parts: the slowest host's median step; one peer's step alone (CPU; the
+    arithmetic's wall); the median host's compute, arithmetic, CPU and time in the transport on
+    the cluster; the communication replayed (slowest host), projected, and by the egress model
+    (every byte through the host's one link at its payload rate); bytes and rounds per step."""
+    bits, median = rate_bits(rate), statistics.median
+    rounds, replayed, fixed = max(timing["rounds"]), median(timing["replay"]), alone["cpu"]
+    projected_comm = rounds * LATENCY_S + max(timing["critical_bytes"]) * 8 / bits
+    return dict(
+        measured=max(timing["wall_mean"]),
+        core_each=fixed + replayed,
+        projected=fixed + projected_comm,
+        measured_median=max(timing["wall"]),
+        cpu_alone=fixed,
+        arith_alone=alone["arith"],
+        compute_shared=median(timing["compute"]),
+        arith_shared=median(timing["arith"]),
+        cpu_shared=median(timing["cpu"]),
+        comm_in_training=median(timing["comm"]),
+        comm_replayed=replayed,
+        comm_projected=projected_comm,
+        comm_egress=max(timing["bytes_sent"]) * 8 / (bits * PAYLOAD_SHARE),
+        bytes_sent=max(timing["bytes_sent"]),
+        rounds=rounds,
+    )
+
+
+def eval_costs(timing: Mapping, alone: Mapping) -> Dict[str, Any]:
+    """An evaluation: the slowest host's on the cluster (measured); one peer's alone (CPU) plus
+    its communication replayed (core each); the most bytes a host sends (metric_bytes)."""
+    e = timing["eval"]
+    core_each = alone["eval_cpu"] + statistics.median(e["replay"])
+    return dict(
+        measured=max(e["seconds"]), core_each=core_each, metric_bytes=max(e["metric_bytes"])
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """What a run's steps cost: `per_step` seconds each, except the first `warm_steps`, which
+    cost `warm_per_step` each; every evaluation `per_eval`."""
+
+    per_step: float
+    warm_steps: int = 0
+    warm_per_step: float = 0.0
+    per_eval: float = 0.0
+
+    def training(self, steps: int) -> float:
+        """Seconds of the first `steps` steps, evaluations left out."""
+        warm = min(steps, self.warm_steps)
+        return warm * self.warm_per_step + (steps - warm) * self.per_step
+
+    def until(self, steps: int, evaluations: int) -> float:
+        """Seconds of the first `steps` steps and `evaluations` evaluations."""
+        return self.training(steps) + evaluations * self.per_eval
+
+
+def per_seed_times(curves, target: float, schedule: Schedule) -> List[Optional[float]]:
+    """Seconds to `target` per seed (steps and evaluations up to the first evaluation that
+    reaches it), None for a seed that never does."""
+    hits = [(first_reach(evals, target), evals) for evals in curves]
+    return [
+        None if h is None else schedule.until(h[0], evaluations_until(e, h[0])) for h, e in hits
+    ]
+
 
 #: What a tuning grid's values are, by `Algorithm.tune`.
 TUNED = {"lr": "lr", "gamma": "γ", "gamma_x": "γ ÷ topology γ"}
@@ -33,10 +137,8 @@ def tuning(s: Setting, data: Mapping[str, Dict]) -> List[Dict[str, Any]]:
         best = best_value(s, a, data)
         rows = [(v, data.get(k, {})) for v, k in tuning_keys(s, a)]
         values = [dict(value=v, acc_avg=r.get("acc_avg"), error=r.get("error")) for v, r in rows]
-        chosen = None if best is None else best[0]
-        out.append(
-            dict(algorithm=a.key, label=a.label, tuned=TUNED[a.tune], values=values, chosen=chosen)
-        )
+        entry = dict(algorithm=a.key, label=a.label, tuned=TUNED[a.tune], values=values)
+        out.append(dict(entry, chosen=None if best is None else best[0]))
     return out
 
 
@@ -62,10 +164,8 @@ def accuracy(s: Setting, data: Mapping[str, Dict], target: Optional[float]) -> D
 
 def _curves(rows: List[Dict], target: Optional[float]) -> Dict[str, Any]:
     finals, first = [r["acc_avg"] for r in rows], rows[0]
-    hits = [compose.first_reach(r["evals"], target) if target else None for r in rows]
-    final_mean, final_std = statistics.fmean(finals), None
-    if len(finals) > 1:
-        final_std = statistics.stdev(finals)
+    hits = [first_reach(r["evals"], target) if target else None for r in rows]
+    final_mean, final_std = mean_sd(finals)
     return dict(
         seeds=len(rows),
         finals=finals,
@@ -79,7 +179,7 @@ def _curves(rows: List[Dict], target: Optional[float]) -> Dict[str, Any]:
         steps_to_target=[None if h is None else h[0] for h in hits],
         mb_to_target=[None if h is None else h[1] for h in hits],
         curves=[r["evals"] for r in rows],
-        mean_curve=compose.mean_curve([r["evals"] for r in rows]),
+        mean_curve=mean_curve([r["evals"] for r in rows]),
     )
 
 
@@ -93,14 +193,13 @@ def target_of(s: Setting, acc: Mapping[str, Any]) -> Optional[float]:
             if entry is None or "peaks" not in entry:
                 return None
             peaks += entry["peaks"]
-    return compose.common_target(peaks) if peaks else None
+    return common_target(peaks) if peaks else None
 
 
 def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
-    """Per topology and rate (and the slow-host settings): every algorithm's `StepCosts`, the
-    evaluation's `EvalCosts`, and the rows' load and host facts. An all-reduce's step and the
-    evaluation (their rings go through all hosts whatever the topology) come from the tuning
-    topology's rows (`recipe.measured_on`)."""
+    """Per topology and rate (and slow-host setting): each algorithm's `step_costs`, the
+    evaluation's `eval_costs` and the rows' facts; an all-reduce's step and the evaluation come
+    from the tuning topology's rows (`recipe.measured_on`)."""
     out: Dict[str, Any] = {}
     for topology, rate, slow in timed_settings(s):
         row = data.get(timing_key(topology, rate, slow))
@@ -112,15 +211,14 @@ def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
             timed = row if source == topology else data.get(timing_key(source, rate, slow))
             alone = data.get(f"alone/{source}/{key}")
             if _ok(timed) and key in timed["algorithms"] and _ok(alone):
-                entry = compose.step_costs(timed["algorithms"][key], alone, rate)
-                per[key] = dataclasses.asdict(entry)
+                per[key] = step_costs(timed["algorithms"][key], alone, rate)
                 if source != topology:
                     borrowed[key] = source
         home = row if "eval" in row else data.get(timing_key(s.tune_topology, rate, slow))
         alone = data.get(f"alone/{s.tune_topology}/{s.algorithms[0]}")
         evaluation = None
         if _ok(home) and "eval" in home and _ok(alone):
-            evaluation = dataclasses.asdict(compose.eval_costs(home, alone))
+            evaluation = eval_costs(home, alone)
         timed = row["algorithms"]
         out.setdefault(topology, {})[rate_name(rate, slow)] = {
             "steps": per,
@@ -137,18 +235,16 @@ def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
 
 
 def _share(row: Mapping, phase: str) -> Optional[Dict[str, float]]:
-    """The share of TCP segments the hosts retransmitted in `phase`, and their retransmission
-    timeouts, all algorithms together."""
+    """The share of TCP segments retransmitted in `phase`, and the timeouts (all algorithms)."""
     counts = [e.get("tcp", {}).get(phase) for e in row["algorithms"].values()]
-    sent, again, timeouts = (
-        sum(c[k] for c in counts if c) for k in ("OutSegs", "RetransSegs", "TCPTimeouts")
-    )
+    keys = ("OutSegs", "RetransSegs", "TCPTimeouts")
+    sent, again, timeouts = (sum(c[k] for c in counts if c) for k in keys)
     return {"share": again / sent, "timeouts": timeouts} if sent else None
 
 
 def schedule(s: Setting, steps: Mapping[str, Dict], ev: Optional[Dict], key: str, figure: str):
-    """The `Schedule` of algorithm `key` under `figure` (measured, core_each, projected), or None
-    when a part is missing. Evaluations cost the same figure (projected: the core-each one)."""
+    """The `Schedule` of algorithm `key` under `figure`, or None when a part is missing;
+    evaluations cost the same figure (projected: the core-each one)."""
     warmup = BY_KEY[key].warmup
     if key not in steps or (warmup is not None and warmup[1] not in steps):
         return None
@@ -158,9 +254,8 @@ def schedule(s: Setting, steps: Mapping[str, Dict], ev: Optional[Dict], key: str
 
 
 def times(s: Setting, acc: Mapping, cost: Mapping, target: Optional[float]) -> Dict[str, Any]:
-    """Seconds to the target per topology, rate (and slow-host setting) and algorithm: each
-    figure, training only and with the run's evaluations (where the evaluation was timed), per
-    seed and their mean/min/max."""
+    """Seconds to the target per topology, rate and algorithm: each figure, training only and
+    with the evaluations (where timed), per seed with mean/min/max (`_seeds`)."""
     out: Dict[str, Any] = {}
     for topology, by_rate in cost.items() if target is not None else ():
         for name, c in by_rate.items():
@@ -173,16 +268,16 @@ def times(s: Setting, acc: Mapping, cost: Mapping, target: Optional[float]) -> D
                     plan = schedule(s, c["steps"], c["eval"], key, figure)
                     if plan is not None:
                         train_only = dataclasses.replace(plan, per_eval=0.0)
-                        cell[figure] = _seeds(compose.per_seed_times(curves, target, train_only))
+                        cell[figure] = _seeds(per_seed_times(curves, target, train_only))
                     if plan is not None and c["eval"] is not None:
-                        with_evals = compose.per_seed_times(curves, target, plan)
+                        with_evals = per_seed_times(curves, target, plan)
                         cell[figure + "_with_evals"] = _seeds(with_evals)
                 out.setdefault(topology, {}).setdefault(name, {})[key] = cell
     return out
 
 
 def _seeds(values: List[Optional[float]]) -> Dict[str, Any]:
-    """Per-seed seconds and their mean (None when a seed never reaches the target), min, max."""
+    """Per-seed seconds, their mean (None if a seed never reaches the target), min and max."""
     reached = [v for v in values if v is not None]
     mean = statistics.fmean(values) if values and len(reached) == len(values) else None
     low, high = (min(reached), max(reached)) if reached else (None, None)
@@ -190,8 +285,7 @@ def _seeds(values: List[Optional[float]]) -> Dict[str, Any]:
 
 
 def slow_host(s: Setting, cost: Mapping) -> Dict[str, Any]:
-    """Per topology and algorithm: the step with one host's link slowed against all at the base
-    rate (measured, core each, replayed communication)."""
+    """Per topology and algorithm: [all at the base rate, one host slowed] of three figures."""
     out: Dict[str, Any] = {}
     base, host, rate = s.slow or (None, None, None)
     for topology in s.slow_topologies if s.slow else ():
@@ -249,8 +343,8 @@ def plateau(s: Setting, data: Mapping[str, Dict]) -> Optional[Dict[str, Any]]:
 
 
 def collect(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
-    """Everything the page shows (see the module docstring); `run_seconds`: the median wall time
-    of an in-process training run of the full epochs (the plateau run left out)."""
+    """Everything the page shows; `run_seconds`: an in-process training run's median wall time
+    (the plateau run left out)."""
     target = target_of(s, accuracy(s, data, None))
     acc, cost = accuracy(s, data, target), costs(s, data)
     t = times(s, acc, cost, target)

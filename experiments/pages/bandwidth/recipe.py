@@ -1,10 +1,8 @@
-"""What the bandwidth page runs (torch-free: `python -m experiments --list` imports it): the
-training recipe, the algorithms and their grids, the link rates, and the plan, in waves that the
-engine asks for again as rows come in: the lr grids (`tune/T/A/lr=V`, tuning topology T, seed 0),
-then the γ grids at the all-reduce's chosen lr (`tune/T/A/g=V`), then every algorithm at its
-chosen values on every topology and seed (`train/T/A/seedS`) and the best at twice the epochs
-(`plateau/T/A`), and once every training row exists the measurements, one at a time
-(`alone/T/A`, `timing/T/RATE`, `e2e/T/A/RATE`, `fault/L/F`)."""
+"""What the bandwidth page runs (torch-free): the recipe, the algorithms and their grids, the
+link rates, and the plan, in waves as rows come in: the lr grids (`tune/T/A/lr=V`, tuning
+topology T, seed 0), the γ grids at the all-reduce's chosen lr (`tune/T/A/g=V`), every algorithm
+at its chosen values on every topology and seed (`train/T/A/seedS`) and the best at twice the
+epochs (`plateau/T/A`), then the measurements (`alone/`, `timing/`, `e2e/`, `fault/`)."""
 
 from __future__ import annotations
 
@@ -20,12 +18,10 @@ from .faults import runs as fault_runs
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
-    """One row of the page. `spec`: the algorithm spec, "{gamma}" filled in per run; `tune`:
-    "lr" (the learning rate over `grid`), "gamma" (γ over `grid`) or "gamma_x" (γ = value × the
-    topology's γ); `timing`: the spec the step-time measurements run (cost does not depend on
-    γ); `warmup`: (steps, row key), the first steps cost what a step of that row costs (PowerSGD's
-    exact all-reduces); `over_all_hosts`: its messages go round a ring of all hosts whatever the
-    topology (an all-reduce), so its step is measured on the tuning topology only."""
+    """One row of the page. `spec`: "{gamma}" filled in per run; `tune`: "lr", "gamma" or
+    "gamma_x" (γ = value × the topology's γ) over `grid`; `timing`: the spec timed (cost does not
+    depend on γ); `warmup`: (steps, row key) whose steps cost that row's (PowerSGD's exact
+    all-reduces); `over_all_hosts`: an all-reduce, timed on the tuning topology only."""
 
     key: str
     label: str
@@ -68,23 +64,15 @@ ALGORITHMS = (
 BY_KEY = {a.key: a for a in ALGORITHMS}
 
 
-def _none() -> Any:
-    """A `Setting` mapping's default: empty."""
-    return dataclasses.field(default_factory=dict)
-
-
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """The sizes of one plan (the full page, or --quick). `seeds`: per topology, those of the
-    `COMPARED` rows (the others run the first one only); `slow`: (base rate, slowed host, its
-    rate) of the one-slow-host measurement on `slow_topologies`, for `slow_algorithms` (default:
-    all); `e2e`: (topology, algorithm, rate) of the complete runs on the cluster; `grids`: grids
-    of the plan's own; `only`: per topology, the algorithms trained and timed on it (default: all;
-    an all-reduce's rows are the tuning topology's on every topology, never run again);
-    `rates_of`: per topology, the rates its steps are timed at (default: all); `untimed_at`: per
-    rate, the algorithms not timed at it; `eval_untimed_at`: the rates the evaluation is not timed
-    at; `faults`: (launcher, fault) of the faults across hosts (faults.py), run last; `quick`: the
-    cluster's rows say so instead of failing where namespaces cannot be made."""
+    """The sizes of one plan (full or --quick). `seeds`: per topology, the `COMPARED` rows' (the
+    others run the first); `slow`: (base rate, slowed host, its rate) on `slow_topologies` for
+    `slow_algorithms` (default: all); `e2e`: (topology, algorithm, rate) of the complete runs;
+    `grids`: the plan's own; `only`: per topology, the algorithms trained and timed on it (an
+    all-reduce's rows are the tuning topology's); `rates_of`: per topology, its rates (default:
+    all); `untimed_at`: per rate, algorithms not timed; `eval_untimed_at`: rates without a timed
+    evaluation; `faults`: (launcher, fault) (faults.py); `quick`: cluster rows may be skipped."""
 
     base: Mapping[str, Any]
     algorithms: Tuple[str, ...]
@@ -95,11 +83,11 @@ class Setting:
     slow: Optional[Tuple[str, str, str]] = None
     slow_topologies: Tuple[str, ...] = ()
     e2e: Tuple[Tuple[str, str, str], ...] = ()
-    grids: Mapping[str, Tuple[float, ...]] = _none()
-    only: Mapping[str, Tuple[str, ...]] = _none()
-    rates_of: Mapping[str, Tuple[str, ...]] = _none()
+    grids: Mapping[str, Tuple[float, ...]] = dataclasses.field(default_factory=dict)
+    only: Mapping[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    rates_of: Mapping[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict)
     slow_algorithms: Tuple[str, ...] = ()
-    untimed_at: Mapping[str, Tuple[str, ...]] = _none()
+    untimed_at: Mapping[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict)
     eval_untimed_at: Tuple[str, ...] = ()
     faults: Tuple[Tuple[str, str], ...] = ()
     plateau: bool = True
@@ -178,6 +166,11 @@ def measured_on(s: Setting, key: str, topology: str) -> str:
     return s.tune_topology if BY_KEY[key].over_all_hosts else topology
 
 
+def own_on(s: Setting, topology: str) -> List[str]:
+    """The algorithms trained and timed on `topology` itself (not borrowing another's rows)."""
+    return [k for k in algorithms_on(s, topology) if measured_on(s, k, topology) == topology]
+
+
 def grid(s: Setting, algorithm: Algorithm) -> Tuple[float, ...]:
     return tuple(s.grids.get(algorithm.key, algorithm.grid))
 
@@ -188,9 +181,7 @@ def topology_gamma(topology: str) -> float:
     return float(topologies.parse(topology).gamma)
 
 
-def train_run(
-    key: str, s: Setting, a: Algorithm, topology: str, seed: int, lr: float, gamma, **extra
-):
+def train_run(key: str, s: Setting, a: Algorithm, topology: str, seed: int, lr, gamma, **extra):
     """An in-process training run: `train` is the whole config but its seed; γ goes into the
     spec when the row is made ("{gamma}"), so that the stored config holds it as a number."""
     train = dict(s.base, topology=topology, algorithm=a.spec, lr=lr, local_steps=a.local_steps)
@@ -267,9 +258,8 @@ def best_main(s: Setting, rows: Rows, among=None) -> Optional[Tuple[str, str]]:
 
 
 def training_runs(s: Setting, rows: Rows) -> List[Run]:
-    """The grids (learning rates first, the γ grids once the all-reduce's lr is chosen), every
-    algorithm's runs at its chosen values but the chosen tuning run, and the plateau run: the
-    best of the compared rows again at twice the epochs (known as soon as their grids are)."""
+    """The grids (lr first, γ once the all-reduce's lr is chosen), every algorithm's runs at its
+    chosen values (but the chosen tuning run), and the best compared row at twice the epochs."""
     tune, lr_star, runs = s.tune_topology, chosen_lr(s, rows), []
     for a in (BY_KEY[k] for k in s.algorithms):
         if a.tune == "lr" or lr_star is not None:
@@ -277,12 +267,7 @@ def training_runs(s: Setting, rows: Rows) -> List[Run]:
                 lr = value if a.tune == "lr" else lr_star
                 runs.append(train_run(key, s, a, tune, 0, lr, gamma_on(a, value, tune)))
     for a, pick in ((BY_KEY[k], chosen(s, k, rows)) for k in s.algorithms):
-        for topology in s.topologies if pick else ():
-            if (
-                a.key not in algorithms_on(s, topology)
-                or measured_on(s, a.key, topology) != topology
-            ):
-                continue  # an all-reduce has the tuning topology's rows (`main_key`)
+        for topology in (t for t in s.topologies if pick and a.key in own_on(s, t)):
             for seed in seeds_of(s, a.key, topology):
                 if (topology, seed) != (tune, 0):  # else: the chosen tuning run
                     gamma = gamma_on(a, pick[1], topology)
@@ -317,27 +302,23 @@ def timed_settings(s: Setting) -> List[Tuple[str, str, Optional[Tuple[str, str]]
 
 
 def measurement_runs(s: Setting, rows: Rows) -> List[Run]:
-    """The timed runs (one at a time, nothing else of the page running): a peer alone per
-    algorithm and topology (its arithmetic grows with its neighbours), the cluster's step times
-    per topology and rate, the complete cluster runs, and the faults across hosts. The measured
-    runs stop themselves (`training.timing.StepTimer`): their epochs only have to outlast them,
-    and their one evaluation is timed on its own (none inside the timed periods)."""
+    """The timed runs, one at a time: a peer alone per algorithm and topology, the cluster's step
+    times per topology and rate, the complete cluster runs, the faults across hosts. They stop
+    themselves (`training.timing.StepTimer`) and time their one evaluation on its own."""
     probe = {k: v for k, v in s.base.items() if k not in ("backend", "out_dir")}
     probe.update(epochs=PROBE_EPOCHS, eval_every=PROBE_EPOCHS)
     runs = []
     for topology in s.topologies:
-        for a in (BY_KEY[k] for k in algorithms_on(s, topology)):
-            if measured_on(s, a.key, topology) == topology:
-                train = dict(probe, topology=topology, algorithm=a.timing, lr=0.05)
-                config = {"kind": "alone", "algorithm": a.key, "train": train}
-                config["train"]["local_steps"] = a.local_steps
-                runs.append(Run(key=f"alone/{topology}/{a.key}", config=config))
+        for a in (BY_KEY[k] for k in own_on(s, topology)):
+            train = dict(probe, topology=topology, algorithm=a.timing, lr=0.05)
+            config = {"kind": "alone", "algorithm": a.key, "train": train}
+            config["train"]["local_steps"] = a.local_steps
+            runs.append(Run(key=f"alone/{topology}/{a.key}", config=config))
     for topology, rate, slow in timed_settings(s):
         algorithms = [
             {"key": k, "spec": BY_KEY[k].timing, "local_steps": BY_KEY[k].local_steps}
-            for k in algorithms_on(s, topology)
-            if measured_on(s, k, topology) == topology
-            and (slow is None or not s.slow_algorithms or k in s.slow_algorithms)
+            for k in own_on(s, topology)
+            if (slow is None or not s.slow_algorithms or k in s.slow_algorithms)
             and k not in s.untimed_at.get(rate, ())
         ]
         config = dict(kind="timing", quick=s.quick, topology=topology, rate=rate)

@@ -1,7 +1,6 @@
-"""The bandwidth page's row function: one run of the plan (`recipe`), by its config's kind (train,
-alone, timing, e2e, fault: the functions below). Rows that time things hold an exclusive lock for
-their whole run and the training rows a shared one, so that with --jobs N nothing of this page
-runs beside a timed row."""
+"""The bandwidth page's row function: one run of the plan (`recipe`), by its config's kind. Timed
+rows hold an exclusive lock for their whole run and training rows a shared one, so that with
+--jobs N nothing of this page runs beside a timed row."""
 
 from __future__ import annotations
 
@@ -35,6 +34,7 @@ LINK_CHECK_SECONDS = 3.0
 
 
 def row(run: Run) -> Dict[str, Any]:
+    """The row of `run` (train, alone, timing, e2e or fault: the `*_row` functions below)."""
     from .recipe import QUICK_BASE
 
     kind = run.config["kind"]
@@ -63,14 +63,13 @@ def load() -> List[float]:
 
 
 def timed(before: List[float]) -> Dict[str, Any]:
-    """What a timed row says about when and where it ran: the load around it (`before`: at its
-    start), the cores, and its niceness."""
+    """When and where a timed row ran: the load at its start and end, the cores, its niceness."""
     return dict(load_before=before, load_after=load(), cpus=os.cpu_count() or 0, nice=os.nice(0))
 
 
 def train_row(run: Run) -> Dict[str, Any]:
-    """In-process (`gossip_powersgd.run`, every peer a thread): accuracy after every epoch,
-    training and metric bytes, the traffic counters, the final models' digests."""
+    """In-process (`gossip_powersgd.run`): accuracy after every epoch, training and metric bytes,
+    the traffic counters, the final models' digests."""
     from gossip_powersgd import run as train
 
     config = training_config(run)
@@ -98,8 +97,8 @@ def train_row(run: Run) -> Dict[str, Any]:
 
 
 def alone_row(run: Run) -> Dict[str, Any]:
-    """One peer's step by itself (`gossip_powersgd.training.timing.measure_alone`): the median
-    period's parts per step (wall, the algorithm's arithmetic, the echo, compute, CPU)."""
+    """One peer's step by itself (`training.timing.measure_alone`): the median period's parts per
+    step (wall, the algorithm's arithmetic, the echo, compute, CPU)."""
     from gossip_powersgd.training.timing import measure_alone
 
     before = load()
@@ -137,8 +136,7 @@ def remove_stale() -> None:
 @contextlib.contextmanager
 def cluster(topology: str, rate: str, slow=None) -> Iterator[tuple]:
     """Cluster bw<pid> of `topology`'s hosts at `rate` (`slow`: (host, its rate)), removed after:
-    (its prefix, the hosts, how this page launches on it: from the checkout, one thread per
-    process)."""
+    yields its prefix, the hosts and the launch options (from the checkout, a thread a process)."""
     import topologies
 
     from gossip_powersgd.cluster import down, parse_rate, up
@@ -154,8 +152,8 @@ def cluster(topology: str, rate: str, slow=None) -> Iterator[tuple]:
 
 
 def timing_row(run: Run) -> Dict[str, Any]:
-    """The step times of `run`'s algorithms on a cluster at its rate
-    (`gossip_powersgd.cluster.step_times`), then the link's own rate (`link_check`)."""
+    """The step times of `run`'s algorithms on a cluster at its rate (`cluster.step_times`), then
+    the link's own rate (`link_check`)."""
     from gossip_powersgd.cluster.step_times import link_check, step_times
 
     c, before = run.config, load()
@@ -184,9 +182,8 @@ def e2e_row(run: Run) -> Dict[str, Any]:
     with cluster(train["topology"], run.config["rate"]) as (prefix, _, options):
         summary, evals, seconds = train_on_hosts(prefix, train, **options)
     keep = ("wall_time_s", "steps", "time_compute_s", "time_gossip_compute_s")
-    keep += ("time_communication_s",)
     return {
-        "summary": {k: summary[k] for k in keep},
+        "summary": {k: summary[k] for k in keep + ("time_communication_s",)},
         "model_sha256": summary["model_sha256"],
         "acc_avg": summary["final_test_acc_avg_model"],
         "mb_per_peer": summary["mb_sent_per_peer"],

@@ -1,5 +1,5 @@
-"""The bandwidth page's sections on accuracy and time, as lines of markdown, from `figures.collect`'s
-numbers, and the answer in words (`answer`: which is faster, and by how much, at each rate)."""
+"""The bandwidth page's sections on accuracy and time (lines of markdown from `figures.collect`'s
+numbers) and the answer in words (`answer`: which is faster, by how much, at each rate)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,29 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 from experiments.pages._markdown import Column, columns, fill, grid_end, snippets, table
 
-from .compose import rate_text, seconds_text
 from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, rates_on
 from .recipe import grid as _grid
 
 #: The page's fixed text (page.md beside this file), by part.
 TEXT = snippets(__file__, "page.md")
+
+
+def rate_text(rate: str) -> str:
+    """ "1 Gbit/s", "100 Mbit/s"."""
+    for unit in ("kbit", "mbit", "gbit"):
+        if rate.endswith(unit):
+            return f"{rate[: -len(unit)]} {unit[0].upper()}bit/s"
+    return rate
+
+
+def seconds_text(seconds: Optional[float]) -> str:
+    """A duration as a reader takes it in: 0.84 s, 12.3 s, 41 min, 5.2 h, 3.1 d."""
+    if seconds is None:
+        return "not reached"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
 
 
 def lines(part: str, **fields: Any) -> List[str]:
@@ -47,15 +64,13 @@ def method(s: Setting, f: Mapping[str, Any]) -> List[str]:
     target = ["- No target: the compared rows are missing."]
     if f["target"] is not None:
         target = lines("target", target=_pct(f["target"]))
-    seeds = ", ".join(f"{t}: {len(v)}" for t, v in s.seeds.items())
     return lines(
         "method",
         **s.base,
+        **{k: first.get(k, "?") for k in ("parameters", "steps")},
         quick=lines("quick") if s.quick else [],
-        parameters=first.get("parameters", "?"),
-        steps=first.get("steps", "?"),
         topologies=", ".join(s.topologies),
-        seeds=seeds,
+        seeds=", ".join(f"{t}: {len(v)}" for t, v in s.seeds.items()),
         tune_topology=s.tune_topology,
         target=target,
         cuts=cuts(s, f),
@@ -93,9 +108,8 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
         why.append(f"an in-process training run took {seconds_text(f['run_seconds'])} (median)")
     if slow_step:
         where = f"{s.tune_topology} at {rate_text(s.rates[-1])}"
-        why.append(
-            f"an exact-gossip step on {where} {seconds_text(slow_step['measured'])} measured"
-        )
+        step = seconds_text(slow_step["measured"])
+        why.append(f"an exact-gossip step on {where} {step} measured")
     why_text = f" ({'; '.join(why)})" if why else ""
     return lines("cuts", why=why_text, parts="; ".join(cut))
 
@@ -107,6 +121,7 @@ def _ratio(times: Mapping[str, Optional[float]], key: str) -> str:
 
 
 def answer_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
+    """ "The answer": its lines, and per topology the compared rows' times at each rate."""
     out = ["## The answer", ""]
     if not f["answer"]:
         return out + ["Not measured (see below).", ""]
@@ -149,6 +164,7 @@ def _accuracy_row(e: Mapping[str, Any]) -> List[str]:
 
 
 def accuracy_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
+    """The tuning table, the plateau run, and per topology the accuracy table."""
     out = [f"## Tuning (tuning topology {s.tune_topology}, seed 0)", ""]
     head = ["algorithm", "tuned", "final averaged-model accuracy", "chosen"]
     out += table(head, map(_tuning_row, f["tuning"])) + paragraph("tuning")
@@ -175,14 +191,15 @@ TIME_TABLES = (
 
 
 def time_sections(s: Setting, f: Mapping[str, Any]) -> List[str]:
+    """Per topology the time to the target under each figure (`TIME_TABLES`), rates as columns."""
     out = []
     for topology, by_rate in f["times"].items():
-        rates = [r for r in s.rates if r in by_rate]
         for key, what in TIME_TABLES:
             spec: List[Column] = [("algorithm", _label)]
             spec += [
                 (rate_text(r), lambda k, r=r: _seconds_cell(by_rate[r].get(k, {}).get(key)))
-                for r in rates
+                for r in s.rates
+                if r in by_rate
             ]
             out += [f"## Time to {_pct(f['target'])}: {topology}, {what}", ""]
             out += columns(spec, algorithms_on(s, topology))
@@ -198,16 +215,13 @@ def _seconds_cell(entry: Optional[Mapping]) -> str:
     return seconds_text(entry["mean"]) + ("" if same else f" [{low}, {high}]")
 
 
-# ---- the answer in words ----------------------------------------------------------------------
 def table_of(t: Mapping, topology: str, rates, figure: str):
     """{rate: {algorithm: mean seconds or None}} of one topology and figure."""
     at = t.get(topology, {})
     return {r: {k: v.get(figure, {}).get("mean") for k, v in at.get(r, {}).items()} for r in rates}
 
 
-def answer(
-    s: Setting, t: Mapping, target: Optional[float], acc: Optional[Mapping] = None
-) -> List[str]:
+def answer(s: Setting, t: Mapping, target: Optional[float], acc=None) -> List[str]:
     """The answer in words, per topology, from the core-each figure (training only), with what
     the measured figure and the evaluations change."""
     if target is None or not t:
@@ -240,9 +254,8 @@ def _other_figures(t: Mapping, topology: str, rates, core: Mapping) -> List[str]
     """Whether the measured figure, and a core each with the evaluations, change the verdicts."""
     import topologies
 
-    hosts = topologies.parse(topology).size
+    hosts, out = topologies.parse(topology).size, []
     measured = f"the step as measured here ({hosts} hosts on this machine's cores)"
-    out = []
     evaluated = "a core each, with an evaluation after every epoch"
     for figure, what in (("measured", measured), ("core_each_with_evals", evaluated)):
         other = table_of(t, topology, rates, figure)
@@ -270,12 +283,7 @@ def _ahead(row: Mapping[str, Optional[float]], against: str) -> bool:
     return mine is not None and (theirs is None or mine < theirs)
 
 
-def compare_line(
-    times: Mapping[str, Mapping[str, Optional[float]]],
-    rates: Sequence[str],
-    against: str = "exact",
-    who: str = "pg-r1",
-) -> str:
+def compare_line(times: Mapping, rates: Sequence[str], against="exact", who="pg-r1") -> str:
     """One sentence: at which rates `who` reaches the target before `against`, and by what factor
     (their times, `times[rate][algorithm]`, None where the target is not reached)."""
     name, other = _label(who), _label(against)
@@ -300,5 +308,6 @@ def compare_line(
 
 
 def fastest(times: Mapping[str, Optional[float]]) -> Optional[str]:
+    """The algorithm with the shortest time, None if none reaches the target."""
     reached = {k: v for k, v in times.items() if v is not None}
     return min(reached, key=reached.get) if reached else None

@@ -1,8 +1,7 @@
-"""`python -m experiments churn`: training through churn, in-process (backend local, every peer a
-thread of one process, the changes from a churn schedule): the grid (accuracy, consensus distance
-and the members' average shift against the churn rate, per algorithm and topology), rejoining (a
-peer handed its neighbours' average or one neighbour's copy) and, full page only (root), a soak on
-the emulated cluster (`gossip_powersgd.cluster.soak`). `tables`: the renderer."""
+"""`python -m experiments churn`: training through scheduled churn, in-process (backend local):
+the grid (accuracy, consensus distance and the members' average shift against the churn rate, per
+algorithm and topology), rejoining (handed the neighbours' average or one neighbour's copy) and,
+full page only (root), a soak on the emulated cluster (`cluster.soak`). `tables`: the renderer."""
 
 from __future__ import annotations
 
@@ -64,8 +63,7 @@ def per_step_rate(per_epoch: float, steps_per_epoch: int) -> float:
 
 
 def _run(s, key: str, topology: str, spec: str, seed: int, config: Dict, **extra) -> Run:
-    """A run of `spec` on `topology` (the grid's evaluations, or every epoch for a rejoin), its
-    training config the recipe's and `extra`'s."""
+    """A run of `spec` on `topology`: the recipe, `extra`, evaluations every epoch for a rejoin."""
     train = dict(QUICK_BASE if s["quick"] else BASE, topology=topology, partition="iid")
     every = s["eval_every"] if config["section"] == "grid" else 1
     train.update(model=s["model"], epochs=s["epochs"], eval_every=every, algorithm=spec)
@@ -153,13 +151,8 @@ def render(rows: Rows) -> Outputs:
     return render_page(rows, setting(rows.quick))
 
 
-PAGE = register(
-    Page(
-        name="churn",
-        title="training through churn in-process: accuracy, consensus and average shift vs churn "
-        "rate, 16 peers; rejoining by average vs copy",
-        plan=plan,
-        row=row,
-        render=render,
-    )
+TITLE = (
+    "training through churn in-process: accuracy, consensus and average shift vs churn "
+    "rate, 16 peers; rejoining by average vs copy"
 )
+PAGE = register(Page(name="churn", title=TITLE, plan=plan, row=row, render=render))

@@ -1,6 +1,6 @@
-"""The churn page from its rows alone (`render_page`): churn.md (page.md filled in with the cells'
-tables, mean ± std over seeds, and verdicts, their words in lines.md; then the soak section from
-soak.md, only when a soak row exists), churn.json and churn.png (`plot`)."""
+"""The churn page from its rows alone (`render_page`): churn.md (page.md filled in with the
+tables, mean ± std over seeds, and verdicts worded in lines.md; soak.md where a soak row
+exists), churn.json and churn.png (`plot`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import statistics
 from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
 from experiments.engine import Outputs, Rows, made_by
-from experiments.pages._figures import png
+from experiments.pages._figures import png, pyplot
 from experiments.pages._markdown import fill, mean_sd, pm, snippets, table_rows, template
 from experiments.suite.runs import BASE, QUICK_BASE
 from experiments.suite.tables import header
@@ -49,7 +49,6 @@ def grid_cells(rows: Rows) -> Dict[Cell, Dict[str, Any]]:
 
 
 def _stat(c: Dict[str, Any], field: str, fmt: str = ".3g") -> str:
-    """Mean ± std of `field` of a cell (or probe)."""
     return pm(c[field], c[field + "_std"], fmt)
 
 
@@ -89,10 +88,8 @@ def join_cells(rows: Rows) -> Dict[Tuple[str, str], Dict[str, Any]]:
     (steps after the join), the joiner's and the others' accuracy and squared distance."""
     out = {}
     for key, runs in _sections(rows, "join", "label", "mode").items():
-        cell = {
-            "seeds": len(runs),
-            **_stats(runs, ("shift_at_join", "acc_avg", "transfer_mb_sent")),
-        }
+        fields = ("shift_at_join", "acc_avg", "transfer_mb_sent")
+        cell = {"seeds": len(runs), **_stats(runs, fields)}
         probes = []
         for i, first in enumerate(runs[0]["probes"]):
             at = [r["probes"][i] for r in runs]
@@ -114,8 +111,7 @@ def join_table(joins, cells, topology: str) -> str:
         base = cells.get((topology, label, 0.0))
         final = _acc(cell, "acc_avg") + (f" ({_acc(base, 'acc_avg')})" if base else "")
         lead = f"| {label} | {mode} | {_stat(cell, 'shift_at_join')} | {final} "
-        probes = cell["probes"]
-        n = len(probes)
+        probes, n = cell["probes"], len(cell["probes"])
         for p in (probes[i] for i in dict.fromkeys(i for i in (0, 1, n - 1) if 0 <= i < n)):
             others = f"{100 * p['others_acc_mean']:.2f} % [{100 * p['others_acc_min']:.2f}, "
             others += f"{100 * p['others_acc_max']:.2f}]"
@@ -183,8 +179,8 @@ def _seconds(values: Sequence[float]) -> str:
 
 
 def soak_section(rows: Rows) -> str:
-    """The emulated-cluster soak (the row of section "soak", `cluster.soak.soak`; its fixed text:
-    soak.md): what happened to the run, then one line per fault kind. Empty without a soak row."""
+    """The emulated-cluster soak (`cluster.soak.soak`'s row; its text: soak.md): what happened to
+    the run, then a line per fault kind. Empty without a soak row."""
     soak = [r for r in rows.records if r.config.get("section") == "soak"]
     if not soak:
         return ""
@@ -226,8 +222,8 @@ def soak_section(rows: Rows) -> str:
 
 
 def wall_span(rows: Rows) -> str:
-    """ "Wall time about M min ..." from the first start to the last finish: each row's start is
-    its finish (to the minute) less its run time."""
+    """ "Wall time about M min ..." from the first start (a row's finish, to the minute, less its
+    run time) to the last finish."""
     if not rows.records:
         return ""
     ends = [datetime.datetime.strptime(r.finished, "%Y-%m-%d %H:%M UTC") for r in rows.records]
@@ -248,21 +244,17 @@ def page_text(rows: Rows, s: Dict[str, Any], cells, joins) -> str:
     level = "no no-churn rows yet"
     if still:
         level = fill(TEXT["level"], low=100 * min(still), high=100 * max(still))
+    # the recipe's fields (a quick recipe lacks some), then the plan's (their model, epochs)
+    fields = {"momentum": 0, "schedule": "constant", "warmup_epochs": 0, **recipe, **s}
+    fields["seeds"] = ", ".join(map(str, s["seeds"]))
+    fields["rates"] = ", ".join(f"{100 * r:g} % → rate={r / spe:.4g}" for r in s["rates"])
     return text + fill(
         template(__file__),
+        **fields,
         unfinished="" if rows.complete else unfinished,
-        **{k: s[k] for k in ("model", "epochs", "down_steps", "down_epochs", "joiner")},
-        **{k: s[k] for k in ("join_topology", "leave_step", "join_step")},
-        **{k: recipe[k] for k in ("dataset", "lr")},
         n=s["topologies"][0].split(":")[1],
-        momentum=recipe.get("momentum", 0),
-        batch=recipe["batch_size"],
         spe=spe,
         steps=s["epochs"] * spe,
-        schedule=recipe.get("schedule", "constant"),
-        warmup=recipe.get("warmup_epochs", 0),
-        seeds=", ".join(map(str, s["seeds"])),
-        rates=", ".join(f"{100 * r:g} % → rate={r / spe:.4g}" for r in s["rates"]),
         grid_verdict="\n".join(grid_verdict(cells, s["rates"])),
         grid_table=grid_table(cells, spe),
         join_verdict="\n".join(join_verdict(joins)),
@@ -301,12 +293,7 @@ PANELS = (
 def plot(cells: Dict[Cell, Dict[str, Any]], s: Dict[str, Any]) -> bytes:
     """Averaged-model accuracy, consensus distance and average shift against the churn rate,
     one column per topology, one line per algorithm (error bars: std over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    n = len(s["topologies"])
+    plt, n = pyplot(), len(s["topologies"])
     fig, axes = plt.subplots(3, n, figsize=(5.2 * n, 9.5), squeeze=False)
     for col, topology in enumerate(s["topologies"]):
         for row, (field, name, scale) in enumerate(PANELS):
@@ -316,14 +303,9 @@ def plot(cells: Dict[Cell, Dict[str, Any]], s: Dict[str, Any]) -> bytes:
                 pts = [(100 * k[2], cells[k]) for k in keys]
                 if not pts:
                     continue
-                ax.errorbar(
-                    [x for x, _ in pts],
-                    [scale * c[field] for _, c in pts],
-                    yerr=[scale * (c[field + "_std"] or 0.0) for _, c in pts],
-                    marker="o",
-                    capsize=3,
-                    label=label,
-                )
+                xs, ys = [x for x, _ in pts], [scale * c[field] for _, c in pts]
+                errors = [scale * (c[field + "_std"] or 0.0) for _, c in pts]
+                ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=label)
             values = [cells[c][field] for c in cells if c[0] == topology]
             if field == "consensus_distance" and values and min(values) > 0:
                 ax.set_yscale("log")  # exact gossip's and the compressed ones' differ by decades

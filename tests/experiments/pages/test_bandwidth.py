@@ -11,26 +11,25 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.pages.bandwidth import compose, recipe, text
-from experiments.pages.bandwidth.compose import Schedule
-from experiments.pages.bandwidth.figures import _seeds, accuracy, target_of
+from experiments.pages.bandwidth import figures, recipe, text
+from experiments.pages.bandwidth.figures import Schedule, _seeds, accuracy, target_of
 from experiments.pages.bandwidth.text import answer
 
 
 # ---- steps to the target and the composed times ------------------------------------------------
 def test_first_reach_is_the_first_evaluation_at_or_above_the_target():
     evals = [[36, 0.50, 1.0], [72, 0.7499999, 2.0], [108, 0.75, 3.0], [144, 0.80, 4.0]]
-    assert compose.first_reach(evals, 0.75) == (108, 3.0)
-    assert compose.first_reach(evals, 0.50) == (36, 1.0)
-    assert compose.first_reach(evals, 0.81) is None
-    assert compose.evaluations_until(evals, 108) == 3
-    assert compose.evaluations_until(evals, 107) == 2
+    assert figures.first_reach(evals, 0.75) == (108, 3.0)
+    assert figures.first_reach(evals, 0.50) == (36, 1.0)
+    assert figures.first_reach(evals, 0.81) is None
+    assert figures.evaluations_until(evals, 108) == 3
+    assert figures.evaluations_until(evals, 107) == 2
 
 
 def test_common_target_is_the_highest_whole_percent_every_run_reaches():
-    assert compose.common_target([0.7349, 0.81, 0.79]) == 0.73
-    assert compose.common_target([0.73]) == 0.73  # 100 * 0.73 is 72.999... in binary
-    assert compose.common_target([0.7999999999, 0.9]) == 0.79
+    assert figures.common_target([0.7349, 0.81, 0.79]) == 0.73
+    assert figures.common_target([0.73]) == 0.73  # 100 * 0.73 is 72.999... in binary
+    assert figures.common_target([0.7999999999, 0.9]) == 0.79
 
 
 def test_a_schedule_charges_warm_up_steps_at_their_own_cost_and_every_evaluation():
@@ -45,13 +44,13 @@ def test_seconds_to_target_per_seed_count_the_evaluations_up_to_the_one_that_rea
     seed0 = [[36, 0.6, 1], [72, 0.8, 2], [108, 0.85, 3]]
     seed1 = [[36, 0.6, 1], [72, 0.7, 2], [108, 0.79, 3]]
     plan = Schedule(per_step=0.1, per_eval=3.0)
-    assert compose.per_seed_times([seed0, seed1], 0.8, plan) == pytest.approx([7.2 + 6.0, None])
+    assert figures.per_seed_times([seed0, seed1], 0.8, plan) == pytest.approx([7.2 + 6.0, None])
     assert _seeds([13.2, None])["mean"] is None  # a seed that never reaches it: no mean
-    curve = compose.mean_curve([seed0, seed1])
+    curve = figures.mean_curve([seed0, seed1])
     assert [step for step, _ in curve] == [36, 72, 108]
     assert [acc for _, acc in curve] == pytest.approx([0.6, 0.75, 0.82], abs=1e-15)
     with pytest.raises(ValueError, match="different steps"):
-        compose.mean_curve([seed0, [[35, 0.6, 1]]])
+        figures.mean_curve([seed0, [[35, 0.6, 1]]])
 
 
 # ---- a step's three figures ---------------------------------------------------------------------
@@ -71,26 +70,26 @@ ALONE = {"cpu": 0.05, "arith": 0.01, "eval_cpu": 0.3}
 
 
 def test_step_costs_compose_the_measured_parts_as_documented():
-    c = compose.step_costs(TIMING, ALONE, "10mbit")
-    assert (c.measured, c.measured_median) == (1.4, 1.3)  # the slowest host's mean, median
-    assert c.core_each == pytest.approx(0.05 + 0.9)  # CPU alone + the replays' median
-    projected = 2 * compose.LATENCY_S + 1_250_000 * 8 / 1e7
-    assert c.comm_projected == pytest.approx(projected)
-    assert c.projected == pytest.approx(0.05 + projected)
-    assert c.comm_egress == pytest.approx(2_500_000 * 8 / (1e7 * 1448 / 1514))
+    c = figures.step_costs(TIMING, ALONE, "10mbit")
+    assert (c["measured"], c["measured_median"]) == (1.4, 1.3)  # the slowest host's mean, median
+    assert c["core_each"] == pytest.approx(0.05 + 0.9)  # CPU alone + the replays' median
+    projected = 2 * figures.LATENCY_S + 1_250_000 * 8 / 1e7
+    assert c["comm_projected"] == pytest.approx(projected)
+    assert c["projected"] == pytest.approx(0.05 + projected)
+    assert c["comm_egress"] == pytest.approx(2_500_000 * 8 / (1e7 * 1448 / 1514))
     # a ring host sends its two messages through one link: the egress model is twice the
     # projection, which charges an exchange its largest message only
-    assert c.comm_egress / c.comm_projected == pytest.approx(2 * 1514 / 1448, rel=1e-3)
-    e = compose.eval_costs(
+    assert c["comm_egress"] / c["comm_projected"] == pytest.approx(2 * 1514 / 1448, rel=1e-3)
+    e = figures.eval_costs(
         {"eval": {"seconds": [4.0, 5.0], "replay": [3.0], "metric_bytes": [8, 9]}}, ALONE
     )
-    assert (e.measured, e.core_each, e.metric_bytes) == (5.0, pytest.approx(3.3), 9)
+    assert (e["measured"], e["core_each"], e["metric_bytes"]) == (5.0, pytest.approx(3.3), 9)
 
 
 def test_rates_and_durations_read_as_written():
-    assert compose.rate_bits("1gbit") == 1e9 and compose.rate_bits("10mbit") == 1e7
-    assert compose.rate_text("100mbit") == "100 Mbit/s"
-    assert [compose.seconds_text(s) for s in (0.84, 90, 7200, 3 * 86400)] == [
+    assert figures.rate_bits("1gbit") == 1e9 and figures.rate_bits("10mbit") == 1e7
+    assert text.rate_text("100mbit") == "100 Mbit/s"
+    assert [text.seconds_text(s) for s in (0.84, 90, 7200, 3 * 86400)] == [
         "0.84 s",
         "1.5 min",
         "2 h",

@@ -7,7 +7,6 @@ import math
 import pytest
 
 from experiments.pages import dynamic
-from experiments.pages.dynamic import tables
 
 
 def _runs(quick=True):
@@ -36,8 +35,8 @@ def test_a_training_row_on_a_schedule_names_its_gamma():
 
 
 def test_accuracy_reach_is_linear_between_evaluations():
-    assert tables.reach([(1.0, 0.2), (3.0, 0.6)], 0.4) == pytest.approx(2.0)
-    assert tables.reach([(1.0, 0.2), (3.0, 0.6)], 0.7) is None
+    assert dynamic.reach([(1.0, 0.2), (3.0, 0.6)], 0.4) == pytest.approx(2.0)
+    assert dynamic.reach([(1.0, 0.2), (3.0, 0.6)], 0.7) is None
 
 
 def test_verdict_compares_each_schedule_with_each_static_graph():
@@ -55,7 +54,7 @@ def test_verdict_compares_each_schedule_with_each_static_graph():
         consensus("one_peer_exponential:4", 1e5),
         consensus("matchings:4", None),
     ]
-    (first, second) = tables.verdict(rows, [], p, None)
+    (first, second) = dynamic.verdict(rows, [], p, None)
     assert "one_peer_exponential:4 vs ring:4: **yes**, 4.00× (fewer)" in first
     assert "matchings:4 vs ring:4: **no** (matchings:4 did not reach it)" in first
     assert "neither reached it" in second
