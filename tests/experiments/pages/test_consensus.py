@@ -256,7 +256,7 @@ def test_winner_map_takes_means_over_seeds_and_flags_disagreeing_seeds():
 
 
 def test_models_problem_reads_the_saved_epochs(tmp_path):
-    from experiments.pages.consensus.models import SaveAtEpochs
+    from experiments.pages.consensus.instance import SaveAtEpochs
 
     model = torch.nn.Linear(3, 2)
     hook = SaveAtEpochs((1, 3))
