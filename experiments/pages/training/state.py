@@ -82,7 +82,7 @@ def render(rows: Rows) -> Outputs:
     headline = combined_iid(state)
     claims = targets(headline, state["noniid"], state["wide"], state["reference"])
     outputs: Outputs = {
-        "training.md": training_page(state, headline, made_by(rows), claims, state["missing"]),
+        "training.md": training_page(state, headline, made_by(rows), claims),
         "training.csv": build_csv(every),
         "training_curves.csv": curves_csv(every),
     }
@@ -163,12 +163,10 @@ def running_time(state: Dict[str, Any], missing: Sequence[str]) -> str:
     stages = "; ".join(f"{name} {sec:.0f} s" for name, sec in state["stage_seconds"].items())
     runs = sum(len(state[k]) for k in RUN_LISTS)
     text = SAY["running"].format(**state, stages=stages, runs=runs)
-    if missing:
-        done, total = len(STAGES) - len(missing), len(STAGES)
-        text = (
-            SAY["partial"].format(done=done, total=total, missing=", ".join(missing)) + " " + text
-        )
-    return text
+    if not missing:
+        return text
+    done, total = len(STAGES) - len(missing), len(STAGES)
+    return SAY["partial"].format(done=done, total=total, missing=", ".join(missing)) + " " + text
 
 
 def epoch_budget(state: Dict[str, Any]) -> str:
@@ -225,13 +223,9 @@ def _cost_note(rows: Sequence[Dict[str, Any]], labels: Sequence[str]) -> str:
 
 
 def training_page(
-    state: Dict[str, Any],
-    headline: Sequence[Dict[str, Any]],
-    generated: str,
-    claims: Sequence[str],
-    missing: Sequence[str],
+    state: Dict[str, Any], headline: Sequence[Dict], generated: str, claims: Sequence[str]
 ) -> str:
-    """training.md from the rows so far (`missing`: the stages with runs still to make)."""
+    """training.md from the rows so far (`state["missing"]`: the stages with runs still to make)."""
     plan, quick = state["plan"], state["quick"]
     slow = [label for label, _ in plan["rows"] if label in SLOW_ROWS]
     fewer = ""
@@ -243,7 +237,7 @@ def training_page(
         template(__file__),
         **{**plan, "seeds": ", ".join(map(str, plan["seeds"]))},
         header=header(title, state["command"], 0.0, _recipe(quick), generated=generated),
-        running=running_time(state, missing),
+        running=running_time(state, state["missing"]),
         budget=epoch_budget(state),
         claims="\n".join(claims) or "- (no rows yet)",
         fewer=fewer,
