@@ -65,16 +65,11 @@ def method_fields(instances: Sequence[Dict]) -> Dict[str, Any]:
         t: [r["problem"] for r in instances if r["topology"] == t]
         for t in dict.fromkeys(r["topology"] for r in instances)
     }
-    return dict(
-        scope=_listing(by_topology),
-        missing=_listing(not_run(instances)),
-        dtypes=", ".join(sorted({r["dtype"] for r in instances})),
-        stop_relative=first["stop_relative"],
-        max_bits=budget_name(first["max_bits"]),
-        grids="; ".join("{" + ", ".join(fmt_gamma(g) for g in grid) + "}" for grid in grids),
-        screen=screen,
-        finalists=first["finalists"],
-    )
+    fields = dict(scope=_listing(by_topology), missing=_listing(not_run(instances)))
+    fields.update(dtypes=", ".join(sorted({r["dtype"] for r in instances})))
+    fields.update(stop_relative=first["stop_relative"], max_bits=budget_name(first["max_bits"]))
+    fields.update(grids="; ".join("{" + ", ".join(map(fmt_gamma, grid)) + "}" for grid in grids))
+    return dict(fields, screen=screen, finalists=first["finalists"])
 
 
 def _listing(problems: Dict[str, List[str]]) -> str:

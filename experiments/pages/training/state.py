@@ -121,10 +121,8 @@ def targets(
     lines, met = [], {True: "MET", False: "MISSED"}
     exact, pg = _by_label(headline, EXACT), _by_label(headline, POWERGOSSIP)
     if exact and pg:
-        gap, ratio = (
-            100 * (exact["acc_avg"] - pg["acc_avg"]),
-            exact["mb_per_step"] / pg["mb_per_step"],
-        )
+        gap = 100 * (exact["acc_avg"] - pg["acc_avg"])
+        ratio = exact["mb_per_step"] / pg["mb_per_step"]
         saved, model = 100 * (1 - 1 / ratio), pg.get("model", "cnn1d")
         accs = dict(exact=_pct(exact["acc_avg"], exact.get("acc_avg_std")))
         accs.update(pg=_pct(pg["acc_avg"], pg.get("acc_avg_std")), seeds=pg.get("seeds", 1))
