@@ -1,6 +1,6 @@
 """`python -m experiments consensus`: the PowerGossip paper's consensus experiment (sec. 5) on 25
 problem x topology instances, 3 seeds, a winner map. A run is one instance (`instance`, `measure`);
-the renderer writes the page (`page`), each instance's files (`files`), the winner map (`compare`)."""
+the renderer writes the page (`page`), the winner map and each instance's files (`files`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any, Dict, List, Mapping
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
 
-from .files import CURVES, curves_bytes, folder, plots, run_file, summary_json, table_csv
+from .files import CURVES, curves_bytes, folder, heat_map, plots, run_file, summary_json
+from .files import table_csv
 from .instance import GAMMAS, INSTANCES, settings, with_cells
 from .measure import BUDGETS, STEP_CAP, STOP_RELATIVE, reach_cells, summarize
 
@@ -74,7 +75,6 @@ def load_instance(record, command: str) -> Dict[str, Any]:
 
 def render(rows: Rows) -> Outputs:
     """consensus.md, the winner map, and every instance's table.csv, curves, summary and plots."""
-    from .compare import heat_map
     from .page import page
 
     instances = [load_instance(record, rows.command) for record in rows.records]

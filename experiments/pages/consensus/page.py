@@ -10,8 +10,8 @@ from experiments.pages._markdown import fill, grid_end, snippets, table
 from gossip_powersgd.consensus_problems import problem_shapes
 from gossip_powersgd.metrics import DIVERGE_FACTOR, FLOOR_MARGIN, FLOOR_ULPS
 
-from .compare import budget_name, column_title, columns, winner_cell, winner_text
-from .files import CURVES, family, fmt_err, fmt_gamma, format_table
+from .files import CURVES, budget_name, column_title, columns, family, fmt_err, fmt_gamma
+from .files import format_table, winner_cell, winner_text
 from .instance import FULL_GRID, SAVED_EPOCHS, TRAINING
 
 
