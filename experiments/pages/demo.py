@@ -1,11 +1,6 @@
-"""`python -m experiments demo`: the demo's page. One run of experiments/configs/demo.yaml (8 peers
-on a ring, MNIST-1D, the CNN, PowerGossip rank 1, 100 epochs), every peer a thread of this process
-(`gossip_powersgd.run`); the page is the run's own summary.md, unchanged, with the command, date,
-commit and machine that made it, and the run's three plots (`gossip-plot`'s) in demo/.
-
-The numbers do not depend on the transport (MPI ≡ local is tested), so a row made by `make demo`
-under mpiexec is the same run: the row says how it was launched, and the page says so.
-"""
+"""`python -m experiments demo`: one run of experiments/configs/demo.yaml, every peer a thread of
+this process; the page is the run's own summary.md with who made it, and its three plots in demo/.
+A row made by `make demo` under mpiexec is the same run (MPI ≡ local is tested): the row says how."""
 
 from __future__ import annotations
 
@@ -63,13 +58,10 @@ def render(rows: Rows) -> Outputs:
     """demo.md (its text: demo.md beside this file) and, when the row has its records, the three
     plots in demo/."""
     (record,) = rows.records
-    data = record.row
-    summary = data["summary"]
+    data, summary = record.row, record.row["summary"]
     fields = {**summary, **data, "summary_md": data["summary_md"].strip(), "page": rows.page}
     fields.update(finished=record.finished, commit=record.commit, command=rows.command)
-    fields.update(
-        quick=" (--quick)" if rows.quick else "", backend=summary["provenance"]["backend"]
-    )
+    fields.update(quick=" (--quick)" * rows.quick, backend=summary["provenance"]["backend"])
     plots = " ".join(f"![{name[:-4]}](demo/{name})" for name in PLOTS)
     text = fill(template(__file__, "demo.md"), **fields, plots=plots)
     outputs: Outputs = {"demo.md": text}
@@ -81,12 +73,5 @@ def render(rows: Rows) -> Outputs:
     return outputs
 
 
-PAGE = register(
-    Page(
-        name="demo",
-        title="the demo run (demo.yaml: ring:8, MNIST-1D, CNN, PowerGossip r1, 100 epochs)",
-        plan=plan,
-        row=row,
-        render=render,
-    )
-)
+TITLE = "the demo run (demo.yaml: ring:8, MNIST-1D, CNN, PowerGossip r1, 100 epochs)"
+PAGE = register(Page(name="demo", title=TITLE, plan=plan, row=row, render=render))

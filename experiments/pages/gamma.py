@@ -76,14 +76,16 @@ def render(rows: Rows) -> Outputs:
     }
 
 
+def _good(rows: Sequence[Dict[str, Any]], name: str) -> List[Dict[str, Any]]:
+    """The rows of algorithm `name` that finished."""
+    return [r for r in rows if _algorithm_name(r) == name and "error" not in r]
+
+
 def gamma_verdict(rows: Sequence[Dict[str, Any]], gamma: float) -> List[str]:
     """The verdict's lines: PowerGossip at the topology's γ against its sweep's best, its spread,
     what tuning moves Choco by, and the runs that failed."""
     lines, failed = [], [r for r in rows if "error" in r]
-    pg, ch = (
-        [r for r in rows if _algorithm_name(r) == name and "error" not in r]
-        for name in ("powergossip", "choco")
-    )
+    pg, ch = (_good(rows, name) for name in ("powergossip", "choco"))
     if pg:
         best = max(pg, key=lambda r: r["acc_avg"])
         at = next((r for r in pg if r["label"].endswith("(topology γ)")), None)
@@ -113,11 +115,7 @@ def plot_gamma(rows: Sequence[Dict[str, Any]], topo_gamma: float) -> bytes:
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for name, _, legend, _ in SWEEPS:
-        pts = sorted(
-            (r["gamma"], 100 * r["acc_avg"])
-            for r in rows
-            if _algorithm_name(r) == name and "error" not in r
-        )
+        pts = sorted((r["gamma"], 100 * r["acc_avg"]) for r in _good(rows, name))
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=legend)
     ax.axvline(topo_gamma, color="gray", ls="--", lw=1, label=f"topology γ = {topo_gamma:.3g}")
@@ -130,12 +128,5 @@ def plot_gamma(rows: Sequence[Dict[str, Any]], topo_gamma: float) -> bytes:
     return png(fig)
 
 
-PAGE = register(
-    Page(
-        name="gamma",
-        title="γ sensitivity: PowerGossip at the topology's γ vs a γ sweep, next to Choco top-k",
-        plan=plan,
-        row=suite_row,
-        render=render,
-    )
-)
+TITLE = "γ sensitivity: PowerGossip at the topology's γ vs a γ sweep, next to Choco top-k"
+PAGE = register(Page(name="gamma", title=TITLE, plan=plan, row=suite_row, render=render))

@@ -66,28 +66,26 @@ def row(run: Run) -> Dict[str, Any]:
 
 def summarize(records: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The checks: the largest drift of the average, and memory growth from step 100 to the end."""
-    base = next((r for r in records if r["step"] == 100), records[0])
-    last = records[-1]
-    growth = (last["rss_bytes"] - base["rss_bytes"]) / base["rss_bytes"]
-    drift = max(r["average_drift"] for r in records)
-    out = dict(drift=drift, drift_ok=drift <= DRIFT_LIMIT, rss_100=base["rss_bytes"] / 1e6)
-    out.update(rss_last=last["rss_bytes"] / 1e6, growth=growth)
-    return dict(out, memory_ok=growth < MEMORY_GROWTH_LIMIT)
+    base = next((r for r in records if r["step"] == 100), records[0])["rss_bytes"]
+    last = records[-1]["rss_bytes"]
+    growth, drift = (last - base) / base, max(r["average_drift"] for r in records)
+    out = dict(drift=drift, drift_ok=drift <= DRIFT_LIMIT, rss_100=base / 1e6, rss_last=last / 1e6)
+    return dict(out, growth=growth, memory_ok=growth < MEMORY_GROWTH_LIMIT)
 
 
 def render(rows: Rows) -> Outputs:
     """long_run.md (its text: long_run.md beside this file) from the one run's records."""
     (record,) = rows.records
     records, s = record.row["records"], summarize(record.row["records"])
-    yes = {True: "yes", False: "NO"}
     table = [
         f"| {r['step']} | {r['consensus_distance']:.3e} | {r['average_drift']:.2e} | "
         f"{r['rss_bytes'] / 1e6:.1f} |"
         for r in records
     ]
+    yes = {k: "yes" if s[k] else "NO" for k in ("drift_ok", "memory_ok")}
     text = fill(
         template(__file__, "long_run.md"),
-        **{**record.config, **s, "drift_ok": yes[s["drift_ok"]], "memory_ok": yes[s["memory_ok"]]},
+        **{**record.config, **s, **yes},
         quick=" (--quick)" if rows.quick else "",
         header=header(rows),
         seconds=records[-1]["seconds"],
@@ -99,13 +97,5 @@ def render(rows: Rows) -> Outputs:
     return {"long_run.md": text}
 
 
-PAGE = register(
-    Page(
-        name="long_run",
-        title="10,000 PowerGossip steps on ring:8: drift of the average and resident memory",
-        plan=plan,
-        row=row,
-        render=render,
-        serial=True,
-    )
-)
+TITLE = "10,000 PowerGossip steps on ring:8: drift of the average and resident memory"
+PAGE = register(Page("long_run", TITLE, plan=plan, row=row, render=render, serial=True))

@@ -1,6 +1,6 @@
 """`python -m experiments consensus`: the PowerGossip paper's consensus experiment (sec. 5) on 25
 problem x topology instances, 3 seeds, a winner map. A run is one instance (`instance`, `measure`);
-the renderer writes the page (`page`), each instance's files (`files`), the winner map (`compare`)."""
+the renderer writes the page (`page`), the winner map and each instance's files (`files`)."""
 
 from __future__ import annotations
 
@@ -9,31 +9,31 @@ from typing import Any, Dict, List, Mapping
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
 
-from .files import CURVES, curves_bytes, folder, plots, run_file, summary_json, table_csv
+from .files import CURVES, curves_bytes, folder, heat_map, plots, run_file, summary_json
+from .files import table_csv
 from .instance import GAMMAS, INSTANCES, settings, with_cells
 from .measure import BUDGETS, STEP_CAP, STOP_RELATIVE, reach_cells, summarize
 
-#: --quick: two tiny instances (seconds), the page's code paths all taken.
-QUICK = {
-    "instances": (
-        ("ring:4", "matrix:20", "full"),
-        ("ring:4", "lowrank:r=2,sigma=0.1,n=20", "added"),
+#: (instances, γ grid, budgets) of the page, and of --quick: two tiny instances (seconds), the
+#: page's code paths all taken.
+SETTINGS = {
+    False: (INSTANCES, GAMMAS, BUDGETS),
+    True: (
+        (("ring:4", "matrix:20", "full"), ("ring:4", "lowrank:r=2,sigma=0.1,n=20", "added")),
+        (0.1, 1.0),
+        (1e4, 3e4, 1e5),
     ),
-    "gammas": (0.1, 1.0),
-    "budgets": (1e4, 3e4, 1e5),
 }
 
 
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
     """One run per instance (its algorithms, seeds, γ grid, budgets), in the page's order."""
-    instances = QUICK["instances"] if quick else INSTANCES
+    instances, gammas, budgets = SETTINGS[quick]
     runs = []
     for topology, problem, kind in instances:
         config = {"topology": topology, "problem": problem, **settings(kind, problem)}
-        config.update(gammas=list(QUICK["gammas"] if quick else GAMMAS), dtype="float64")
-        config.update(
-            budgets=list(QUICK["budgets"] if quick else BUDGETS), stop_relative=STOP_RELATIVE
-        )
+        config.update(gammas=list(gammas), dtype="float64", budgets=list(budgets))
+        config.update(stop_relative=STOP_RELATIVE)
         cost = (2 if kind == "full" else 1) * (2 if topology.startswith("torus") else 1)
         runs.append(Run(f"{topology}/{problem}", config, cost=cost))
     return runs
@@ -75,15 +75,11 @@ def load_instance(record, command: str) -> Dict[str, Any]:
 
 def render(rows: Rows) -> Outputs:
     """consensus.md, the winner map, and every instance's table.csv, curves, summary and plots."""
-    from .compare import heat_map
     from .page import page
 
     instances = [load_instance(record, rows.command) for record in rows.records]
-    first = rows.records[0].row
-    meta = {
-        "seconds": sum(r["seconds"] for r in instances),
-        **{k: first[k] for k in ("cpu_count", "machine")},
-    }
+    meta = {k: rows.records[0].row[k] for k in ("cpu_count", "machine")}
+    meta["seconds"] = sum(r["seconds"] for r in instances)
     out: Outputs = {"consensus.md": page(instances, made_by(rows), meta)}
     out["consensus/winner_map.png"] = heat_map(instances, instances[0]["budgets"])
     for x in instances:
@@ -94,12 +90,7 @@ def render(rows: Rows) -> Outputs:
     return out
 
 
-PAGE = register(
-    Page(
-        name="consensus",
-        title="consensus (averaging only): error at matched bits, 25 problem x topology instances, winner map",
-        plan=plan,
-        row=row,
-        render=render,
-    )
+TITLE = (
+    "consensus (averaging only): error at matched bits, 25 problem x topology instances, winner map"
 )
+PAGE = register(Page(name="consensus", title=TITLE, plan=plan, row=row, render=render))

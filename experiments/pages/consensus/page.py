@@ -10,10 +10,9 @@ from experiments.pages._markdown import fill, grid_end, snippets, table
 from gossip_powersgd.consensus_problems import problem_shapes
 from gossip_powersgd.metrics import DIVERGE_FACTOR, FLOOR_MARGIN, FLOOR_ULPS
 
-from .compare import budget_name, column_title, columns, winner_cell, winner_text
-from .files import CURVES, family, fmt_err, fmt_gamma, format_table
-from .instance import FULL_GRID
-from .models import SAVED_EPOCHS, TRAINING
+from .files import CURVES, budget_name, column_title, columns, family, fmt_err, fmt_gamma
+from .files import format_table, winner_cell, winner_text
+from .instance import FULL_GRID, SAVED_EPOCHS, TRAINING
 
 
 #: The page's fixed text (page.md beside this file): the page, and an instance's section.
@@ -29,21 +28,15 @@ def page(instances: Sequence[Dict], made_by: str, meta: Dict) -> str:
         if len(counts) == 1
         else "commits " + ", ".join(f"{c} ({n} instance{'s' * (n > 1)})" for c, n in counts.items())
     )
+    fields = dict(meta, **{key: TRAINING[key] for key in ("lr", "momentum", "batch_size")})
+    fields.update(made_by=made_by + "  ", date=max(r["finished"] for r in instances))  # "  ": <br>
+    fields.update(commits=commits, minutes=meta["seconds"] / 60, count=len(instances))
+    fields.update(partition=TRAINING["partition"].replace(":", "(") + ")")
+    fields.update(saved=", ".join(map(str, SAVED_EPOCHS)), floor_ulps=FLOOR_ULPS)
+    fields.update(floor_margin=FLOOR_MARGIN, diverge=DIVERGE_FACTOR, **method_fields(instances))
     return fill(
         TEXT["page"],
-        made_by=made_by + "  ",  # a markdown line break
-        date=max(r["finished"] for r in instances),
-        commits=commits,
-        **meta,
-        minutes=meta["seconds"] / 60,
-        count=len(instances),
-        **{key: TRAINING[key] for key in ("lr", "momentum", "batch_size")},
-        partition=TRAINING["partition"].replace(":", "(") + ")",
-        saved=", ".join(map(str, SAVED_EPOCHS)),
-        floor_ulps=FLOOR_ULPS,
-        floor_margin=FLOOR_MARGIN,
-        diverge=DIVERGE_FACTOR,
-        **method_fields(instances),
+        **fields,
         winner_map=winner_map(instances),
         instances=[line for r in instances for line in instance_lines(r)],
     )
@@ -53,19 +46,13 @@ def instance_lines(r: Dict) -> List[str]:
     """One instance's section: its setting, seed 0's table, the headline, plots and files."""
     shapes = problem_shapes(r["problem"])
     seed0 = [x for x in r["results"] if x["seed"] == 0 and not x["swept"]]
+    fields = dict(r, tensors=len(shapes), floats=sum(math.prod(s) for s in shapes), curves=CURVES)
+    fields.update(topk=f" · top-k ratio {r['topk_ratio']:g}" if r["topk_ratio"] else "")
+    fields.update(seed_list=", ".join(map(str, r["seeds"])), runs=len(r["results"]))
+    fields.update(steps=", ".join(f"{x['label']}: {x['steps']} ({x['stop']})" for x in seed0))
+    table = format_table(r["summary"], r["budgets"])
     text = fill(
-        TEXT["instance"],
-        **r,
-        tensors=len(shapes),
-        floats=sum(math.prod(s) for s in shapes),
-        topk=f" · top-k ratio {r['topk_ratio']:g}" if r["topk_ratio"] else "",
-        seed_list=", ".join(map(str, r["seeds"])),
-        runs=len(r["results"]),
-        steps=", ".join(f"{x['label']}: {x['steps']} ({x['stop']})" for x in seed0),
-        table=format_table(r["summary"], r["budgets"]),
-        headline=headline(r),
-        edge_notes=edge_notes(r),
-        curves=CURVES,
+        TEXT["instance"], **fields, table=table, headline=headline(r), edge_notes=edge_notes(r)
     )
     return text.split("\n") + [""]
 
@@ -78,16 +65,11 @@ def method_fields(instances: Sequence[Dict]) -> Dict[str, Any]:
         t: [r["problem"] for r in instances if r["topology"] == t]
         for t in dict.fromkeys(r["topology"] for r in instances)
     }
-    return dict(
-        scope=_listing(by_topology),
-        missing=_listing(not_run(instances)),
-        dtypes=", ".join(sorted({r["dtype"] for r in instances})),
-        stop_relative=first["stop_relative"],
-        max_bits=budget_name(first["max_bits"]),
-        grids="; ".join("{" + ", ".join(fmt_gamma(g) for g in grid) + "}" for grid in grids),
-        screen=screen,
-        finalists=first["finalists"],
-    )
+    fields = dict(scope=_listing(by_topology), missing=_listing(not_run(instances)))
+    fields.update(dtypes=", ".join(sorted({r["dtype"] for r in instances})))
+    fields.update(stop_relative=first["stop_relative"], max_bits=budget_name(first["max_bits"]))
+    fields.update(grids="; ".join("{" + ", ".join(map(fmt_gamma, grid)) + "}" for grid in grids))
+    return dict(fields, screen=screen, finalists=first["finalists"])
 
 
 def _listing(problems: Dict[str, List[str]]) -> str:

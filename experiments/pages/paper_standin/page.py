@@ -7,9 +7,10 @@ import math
 import statistics
 from typing import Any, Dict, List, Optional
 
-from experiments.pages._markdown import fill, snippets, table, template
+from experiments.pages._markdown import fill, mean_sd, snippets, table, template, text_table
 
-
+#: The paper's run: 8 peers (the template says 8 and CIFAR-10's 50,000 training images).
+PAPER_PEERS = 8
 #: The page's parts shown where its rows call for them, and the findings' sentences.
 PARTS = snippets(__file__, "parts.md")
 
@@ -30,52 +31,43 @@ def accuracy_at(row: Dict[str, Any], budget_mb: float) -> Optional[Dict[str, Any
 
 def _budgets(rows: List[Dict[str, Any]]) -> List[tuple]:
     """Equal-bytes budgets: the final traffic of each communicating row, smallest first."""
-    seen, out = set(), []
-    for r in sorted(rows, key=lambda r: r["mb_per_peer"]):
-        if r["algorithm"] == "allreduce":
-            continue
-        key = round(r["mb_per_peer"], 6)
-        if r["mb_per_peer"] > 0 and key not in seen:
-            seen.add(key)
-            out.append((r["label"], r["mb_per_peer"]))
-    return out
+    out: Dict[float, tuple] = {}
+    for r in sorted(_gossip(rows), key=lambda r: r["mb_per_peer"]):
+        if r["mb_per_peer"] > 0:
+            out.setdefault(round(r["mb_per_peer"], 6), (r["label"], r["mb_per_peer"]))
+    return list(out.values())
+
+
+def _gossip(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The rows that gossip (all-reduce's bytes are not a gossip exchange's)."""
+    return [r for r in rows if r["algorithm"] != "allreduce"]
 
 
 def page(result: Dict[str, Any], generated: str, others: List[Dict[str, Any]] = ()) -> str:
-    """The page: `result` the main run (seed 0), `generated` the sentence that names how it was
-    made, `others` the runs of other seeds (their rows listed beside the main run's)."""
+    """The page: `result` the main run (seed 0, with a row), `generated` the sentence that names
+    how it was made, `others` the runs of other seeds (their rows listed beside the main run's)."""
     s, rows = result["setting"], result["rows"]
-    timing, proj = result["timing_batch128"], result["projection"]
-    peers = int(s["topology"].split(":")[1])
-    n = int(s["dataset"].split("n=")[1].split(",")[0])
-    steps = rows[0]["steps"] if rows else 0
+    timing, proj, steps = result["timing_batch128"], result["projection"], rows[0]["steps"]
+    peers, n = int(s["topology"].split(":")[1]), int(s["dataset"].split("n=")[1].split(",")[0])
     failed = []
     for f in result.get("failed", []):
         failed += [f"**Row {f['label']} (`{f['algorithm']}`) failed:** {f['error']}", ""]
-    epochs = [e["epoch"] for e in rows[0]["evals"]] if rows else []
+    epochs = [e["epoch"] for e in rows[0]["evals"]]
     body = _other_seeds(result, others)
     body += _findings(rows, int(s["dataset"].split("test=")[1].split(",")[0]), peers)
     peer_hours = proj["steps"] * timing["cpu_s"] / 3600
+    fields = dict(s, **timing, generated=generated, cpu_count=result["cpu_count"], proj=proj)
+    fields.update(load=result["load"], parameters=rows[0]["parameters"], per_peer=n // peers)
+    fields.update(images=n, steps=steps, minutes=result["seconds"] / 60, rows=len(rows))
+    fields.update(
+        peers=peers, ring_step_cpu=peers * timing["cpu_s"] * s["batch_size"] / timing["batch"]
+    )
+    fields.update(peer_hours=peer_hours, row_hours=PAPER_PEERS * peer_hours)
+    fields.update(days=len(rows) * proj["steps"] * timing["cpu_s"] / 86400)
+    fields.update(cpu_per_step=sum(r["run_cpu_s"] for r in rows) / sum(r["steps"] for r in rows))
     return fill(
         template(__file__),
-        **s,
-        **timing,
-        generated=generated,
-        cpu_count=result["cpu_count"],
-        load=result["load"],
-        parameters=rows[0]["parameters"],
-        per_peer=n // peers,
-        images=n,
-        steps=steps,
-        minutes=result["seconds"] / 60,
-        rows=len(rows),
-        peers=peers,
-        ring_step_cpu=peers * timing["cpu_s"] * s["batch_size"] / timing["batch"],
-        proj=proj,
-        peer_hours=peer_hours,
-        row_hours=PAPER_PEERS * peer_hours,
-        days=len(rows) * proj["steps"] * timing["cpu_s"] / 86400,
-        cpu_per_step=sum(r["run_cpu_s"] for r in rows) / max(1, sum(r["steps"] for r in rows)),
+        **fields,
         traffic=[PARTS["traffic row"].format(**t) for t in result["traffic"]],
         row_lines=[PARTS["row"].format(**r, **_pcts(r)) for r in rows],
         failed=failed + _equal_bytes(rows),
@@ -85,34 +77,25 @@ def page(result: Dict[str, Any], generated: str, others: List[Dict[str, Any]] = 
     )
 
 
-#: The paper's run: 8 peers (the template says 8 and CIFAR-10's 50,000 training images).
-PAPER_PEERS = 8
-
-
 def _pcts(row: Dict[str, Any]) -> Dict[str, str]:
     """The row's averaged-model and mean local accuracies as the tables write them."""
     return dict(acc=_pct(row["acc_avg"]), local=_pct(row["acc_local_mean"]))
 
 
 def _equal_bytes(rows: List[Dict[str, Any]]) -> List[str]:
+    """The equal-bytes section: each gossiping row's accuracy within each budget (`_budgets`)."""
     budgets = _budgets(rows)
     if not budgets:
         return []
-    lines = [
-        *PARTS["equal bytes section"].split("\n"),
-        "",
-        "| row | " + " | ".join(f"≤ {mb:.2f} MB ({label})" for label, mb in budgets) + " |",
-        "|---|" + "---:|" * len(budgets),
+    head = ["row", *(f"≤ {mb:.2f} MB ({label})" for label, mb in budgets)]
+    cells = [
+        [r["label"], *(_reached(accuracy_at(r, mb)) for _, mb in budgets)] for r in _gossip(rows)
     ]
-    for r in rows:
-        if r["algorithm"] == "allreduce":
-            continue
-        cells = []
-        for _, mb in budgets:
-            e = accuracy_at(r, mb)
-            cells.append("—" if e is None else f"{_pct(e['acc_avg'])} (ep {e['epoch']})")
-        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
-    return lines + [""]
+    return [PARTS["equal bytes section"], "", text_table(head, cells, "l" + "r" * len(budgets))]
+
+
+def _reached(record: Optional[Dict[str, Any]]) -> str:
+    return "—" if record is None else f"{_pct(record['acc_avg'])} (ep {record['epoch']})"
 
 
 def _curves(rows: List[Dict[str, Any]], epochs: List[int]) -> List[str]:
@@ -132,34 +115,37 @@ def _other_seeds(result: Dict[str, Any], others: List[Dict[str, Any]]) -> List[s
     """The rows of other runs (other seeds) next to the main run's same rows."""
     if not others:
         return []
-    lines = [*PARTS["other seeds"].split("\n"), ""]
+    lines = [PARTS["other seeds"], ""]
     for other in others:
         where = f" (its JSON: `{other['path']}`)" if other.get("path") else ""
         lines += [f"- {other['generated']}{where}", ""]
-    lines += PARTS["seeds table"].split("\n")
-    labels = [r["label"] for o in others for r in o["rows"]]
-    for label in dict.fromkeys(labels):
-        for run in (result, *others):
-            r = _row(run["rows"], label)
-            if r:
-                seed = run["setting"].get("seed", 0)
-                lines.append(PARTS["seed row"].format(**r, **_pcts(r), seed=seed))
+    runs, labels = (result, *others), dict.fromkeys(r["label"] for o in others for r in o["rows"])
+    lines.append(PARTS["seeds table"])
+    for label in labels:
+        lines += [
+            PARTS["seed row"].format(**r, **_pcts(r), seed=seed)
+            for seed, r in _by_seed(runs, label)
+        ]
     lines.append("")
-    runs = (result, *others)
-    for label in dict.fromkeys(labels):
-        accs = [r["acc_avg"] for r in (_row(run["rows"], label) for run in runs) if r]
+    for label in labels:
+        accs = [r["acc_avg"] for _, r in _by_seed(runs, label)]
         if len(accs) > 1:
-            mean, sd = _pct(statistics.fmean(accs)), 100 * statistics.stdev(accs)
-            lines.append(PARTS["seed mean"].format(label=label, count=len(accs), mean=mean, sd=sd))
+            mean, sd = mean_sd(accs)
+            lines.append(
+                PARTS["seed mean"].format(
+                    label=label, count=len(accs), mean=_pct(mean), sd=100 * sd
+                )
+            )
     for first, second in (
         ("exact gossip", "PowerGossip r1"),
         ("PowerGossip r1, 2 iterations", "exact gossip"),
     ):
-        gaps = []
-        for run in runs:
-            a, b = _row(run["rows"], first), _row(run["rows"], second)
-            if a and b:
-                gaps.append((run["setting"].get("seed", 0), 100 * (a["acc_avg"] - b["acc_avg"])))
+        seconds = dict(_by_seed(runs, second))
+        gaps = [
+            (seed, 100 * (a["acc_avg"] - seconds[seed]["acc_avg"]))
+            for seed, a in _by_seed(runs, first)
+            if seed in seconds
+        ]
         if len(gaps) > 1:
             mean = statistics.fmean(g for _, g in gaps)
             text = ", ".join(f"seed {seed}: {gap:+.1f} pp" for seed, gap in gaps)
@@ -167,6 +153,12 @@ def _other_seeds(result: Dict[str, Any], others: List[Dict[str, Any]]) -> List[s
                 PARTS["seed gaps"].format(first=first, second=second, gaps=text, mean=mean)
             )
     return lines + [""]
+
+
+def _by_seed(runs, label: str) -> List[tuple]:
+    """(seed, row) of each run in `runs` that has a row `label`."""
+    found = ((run["setting"].get("seed", 0), _row(run["rows"], label)) for run in runs)
+    return [(seed, r) for seed, r in found if r]
 
 
 def _standard_error(p: float, n: int) -> float:
@@ -256,7 +248,7 @@ def _equal_budget_and_local_steps(say: Dict[str, str], rows: List[Dict[str, Any]
     lines, h1, budgets = [], _row(rows, "exact gossip"), _budgets(rows)
     if budgets:
         label, mb = budgets[0]
-        within = [(r, accuracy_at(r, mb)) for r in rows if r["algorithm"] != "allreduce"]
+        within = [(r, accuracy_at(r, mb)) for r in _gossip(rows)]
         reached = sorted(((r, e) for r, e in within if e), key=lambda x: -x[1]["acc_avg"])
         reached = ", ".join(
             f"{r['label']} {_pct(e['acc_avg'])} (epoch {e['epoch']})" for r, e in reached

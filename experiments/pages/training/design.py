@@ -1,6 +1,5 @@
 """The design of the training page: the rows compared, the stages, and the plan (`plan`: the
-runs, each a `gossip_powersgd.run` of the MNIST-1D recipe; `state.py` and `markdown.py` draw the
-page from their rows)."""
+runs, each a `gossip_powersgd.run` of the MNIST-1D recipe)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from experiments.engine import Run
 from experiments.pages._suite_rows import spec_of, suite_run
 from experiments.suite.runs import BASE, QUICK_BASE
 
-from .noniid import NONIID_ROWS
+from .convergence import NONIID_ROWS
 
 EXACT, POWERGOSSIP = "exact gossip", "PowerGossip r1 (1 iter)"
 ALLREDUCE, POWERGOSSIP_R4 = "all-reduce", "PowerGossip r4 (1 iter)"

@@ -1,19 +1,22 @@
 """The training page drawn from its rows: the state the tables read (the runs by list, the γ
-each sweep chose, the stages' running times), the iid rows' seed means, and the paper's targets,
-each MET or MISSED from the measured rows."""
+each sweep chose, the stages' running times), the iid rows' seed means, the paper's targets (each
+MET or MISSED from the measured rows); training.md from them, the curves' CSV and the plots."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from experiments.engine import Outputs, Rows, made_by
+from experiments.pages._figures import png, pyplot
+from experiments.pages._markdown import csv_text, fill, template
 from experiments.pages._suite_rows import with_curves
-from experiments.suite.runs import combine
-from experiments.suite.tables import _pct, build_csv
+from experiments.suite.runs import BASE, LATENCY_S, QUICK_BASE, combine
+from experiments.suite.tables import _pct, build_csv, build_table, exact_reference, header
 
-from .design import EXACT, POWERGOSSIP, RUN_LISTS, STAGES, WIDE_MODEL, chosen_gamma, plan, settings
-from .markdown import SAY, training_page
-from .plots import curves_csv, plot_training
+from .convergence import COLLAPSE_FRACTION, FIXED_TARGET, SAY, cheapest_to_reach, common_target
+from .convergence import equal_bytes_table, gap_table, gap_verdict
+from .design import EXACT, POWERGOSSIP, RUN_LISTS, SLOW_ROWS, STAGES, WIDE_MODEL, chosen_gamma
+from .design import noniid_grid, plan, settings
 
 
 def stage_of(row: Dict[str, Any]) -> str:
@@ -79,7 +82,7 @@ def render(rows: Rows) -> Outputs:
     headline = combined_iid(state)
     claims = targets(headline, state["noniid"], state["wide"], state["reference"])
     outputs: Outputs = {
-        "training.md": training_page(state, headline, made_by(rows), claims, state["missing"]),
+        "training.md": training_page(state, headline, made_by(rows), claims),
         "training.csv": build_csv(every),
         "training_curves.csv": curves_csv(every),
     }
@@ -118,10 +121,8 @@ def targets(
     lines, met = [], {True: "MET", False: "MISSED"}
     exact, pg = _by_label(headline, EXACT), _by_label(headline, POWERGOSSIP)
     if exact and pg:
-        gap, ratio = (
-            100 * (exact["acc_avg"] - pg["acc_avg"]),
-            exact["mb_per_step"] / pg["mb_per_step"],
-        )
+        gap = 100 * (exact["acc_avg"] - pg["acc_avg"])
+        ratio = exact["mb_per_step"] / pg["mb_per_step"]
         saved, model = 100 * (1 - 1 / ratio), pg.get("model", "cnn1d")
         accs = dict(exact=_pct(exact["acc_avg"], exact.get("acc_avg_std")))
         accs.update(pg=_pct(pg["acc_avg"], pg.get("acc_avg_std")), seeds=pg.get("seeds", 1))
@@ -144,3 +145,224 @@ def targets(
         cells = dict(met=met[best["acc_avg"] >= 0.90], acc=_pct(best["acc_avg"]), seeds=seeds)
         lines.append(SAY["cnn claim"].format(**{**best, **cells}))
     return lines
+
+
+#: The epoch budget is "at the plateau" when the longer reference runs gain at most this many pp.
+PLATEAU_PP = 0.5
+
+
+def _recipe(quick: bool) -> str:
+    data = QUICK_BASE if quick else BASE
+    return SAY["recipe"].format(**data, full="" if quick else SAY["full recipe"].format(**data))
+
+
+def running_time(state: Dict[str, Any], missing: Sequence[str]) -> str:
+    """Which stages ran, each one's seconds, and the number of training runs."""
+    stages = "; ".join(f"{name} {sec:.0f} s" for name, sec in state["stage_seconds"].items())
+    runs = sum(len(state[k]) for k in RUN_LISTS)
+    text = SAY["running"].format(**state, stages=stages, runs=runs)
+    if not missing:
+        return text
+    done, total = len(STAGES) - len(missing), len(STAGES)
+    return SAY["partial"].format(done=done, total=total, missing=", ".join(missing)) + " " + text
+
+
+def epoch_budget(state: Dict[str, Any]) -> str:
+    """The epochs used against the longer reference runs of the same recipe (seed 0)."""
+    plan = state["plan"]
+    if not state["reference"]:
+        return SAY["no reference"].format(**plan)
+    parts, deltas = [], []
+    seed0 = {
+        r["label"]: r for r in state["iid"][::-1] if r.get("seed", 0) == 0 and "error" not in r
+    }
+    for ref in state["reference"]:
+        short = seed0.get(ref["label"])
+        if "error" in ref or short is None:
+            continue
+        deltas.append(100 * (ref["acc_avg"] - short["acc_avg"]))
+        parts.append(
+            f"{ref['label']} {_pct(short['acc_avg'])} after {short['epochs']} epochs vs "
+            f"{_pct(ref['acc_avg'])} after {ref['epochs']} ({deltas[-1]:+.2f} pp)"
+        )
+    if not parts:
+        return SAY["reference failed"].format(**plan)
+    worst = max(deltas)
+    verdict = (
+        SAY["plateau"].format(plateau=PLATEAU_PP)
+        if worst <= PLATEAU_PP
+        else SAY["near plateau"].format(worst=worst, **plan)
+    )
+    return SAY["budget"].format(parts="; ".join(parts), verdict=verdict, **plan)
+
+
+def _equal_bytes(rows: Sequence[Dict[str, Any]], what: str) -> str:
+    table, target, budget = equal_bytes_table(rows)
+    if target is None:
+        return ""
+    cells = dict(what=what, target=_pct(target), fixed=_pct(FIXED_TARGET), budget=budget)
+    text = SAY["equal bytes"].format(**cells, collapse=100 * COLLAPSE_FRACTION, table=table)
+    best = cheapest_to_reach(rows, target)
+    if best is not None:
+        fewest = SAY["fewest"].format(target=_pct(target), label=best["label"], **best["reach"])
+        text += "\n" + fewest + "\n"
+    return text + "\n"
+
+
+def _cost_note(rows: Sequence[Dict[str, Any]], labels: Sequence[str]) -> str:
+    """ " (each run took N× an exact-gossip run here)", from the rows' measured run seconds."""
+    exact = next((r for r in rows if r["label"] == "exact gossip" and "error" not in r), None)
+    slow = [r["run_seconds"] for r in rows if r["label"] in labels and "error" not in r]
+    if exact is None or not slow or not exact.get("run_seconds"):
+        return ""
+    return SAY["cost"].format(
+        low=min(slow) / exact["run_seconds"], high=max(slow) / exact["run_seconds"]
+    )
+
+
+def training_page(
+    state: Dict[str, Any], headline: Sequence[Dict], generated: str, claims: Sequence[str]
+) -> str:
+    """training.md from the rows so far (`state["missing"]`: the stages with runs still to make)."""
+    plan, quick = state["plan"], state["quick"]
+    slow = [label for label, _ in plan["rows"] if label in SLOW_ROWS]
+    fewer = ""
+    if slow and plan["choco_seeds"] < len(plan["seeds"]):
+        cost = _cost_note(headline, slow)
+        fewer = SAY["fewer seeds"].format(slow=" and ".join(slow), cost=cost, **plan)
+    title = "Decentralized training: accuracy vs bytes, to convergence" + " (--quick)" * quick
+    return fill(
+        template(__file__),
+        **{**plan, "seeds": ", ".join(map(str, plan["seeds"]))},
+        header=header(title, state["command"], 0.0, _recipe(quick), generated=generated),
+        running=running_time(state, state["missing"]),
+        budget=epoch_budget(state),
+        claims="\n".join(claims) or "- (no rows yet)",
+        fewer=fewer,
+        headline=build_table(headline),
+        equal=_equal_bytes(headline, f"{plan['topology']} {plan['iid']}"),
+        sections=noniid_sections(state) + other_sections(state),
+        latency_us=LATENCY_S * 1e6,
+    )
+
+
+def noniid_sections(state: Dict[str, Any]) -> str:
+    """The Dirichlet table and the non-IID gap of PowerGossip's ranks and iterations."""
+    plan = state["plan"]
+    if not state["noniid"]:
+        return ""
+    grid = noniid_grid(state)
+    exact = exact_reference(state["noniid"], plan["topology"], plan["noniid"], "noniid")
+    text = SAY["noniid"].format(
+        table=build_table(state["noniid"]),
+        equal=_equal_bytes(state["noniid"], f"{plan['topology']} {plan['noniid']}"),
+        gap=gap_table(grid, exact),
+        verdict="\n".join(gap_verdict(grid, exact)),
+        **plan,
+    )
+    return text + "\n\n"
+
+
+def other_sections(state: Dict[str, Any]) -> str:
+    """The γ sweep, the wide model and the reference runs (each where it has rows)."""
+    plan, text = state["plan"], ""
+    if state["sweeps"]:
+        chosen = ", ".join(f"{k} {v:g}" for k, v in state["chosen"].items())
+        table = build_table(state["sweeps"])
+        text += SAY["sweep"].format(table=table, chosen=chosen, **plan) + "\n\n"
+    if state["wide"]:
+        wide = dict(model=state["wide"][0].get("model", "?"), table=build_table(state["wide"]))
+        text += SAY["wide"].format(**wide, equal=_equal_bytes(state["wide"], "wide model"), **plan)
+    if state["reference"]:
+        text += SAY["reference"].format(table=build_table(state["reference"]), **plan) + "\n"
+    return text
+
+
+#: training_curves.csv's columns: (name, its cell from a run and one of its evaluations).
+CURVE_FIELDS = (
+    ("group", lambda r, e: r.get("model_kind", "main")),
+    ("topology", lambda r, e: r["topology"]),
+    ("partition", lambda r, e: r["partition"]),
+    ("model", lambda r, e: r.get("model", "")),
+    ("label", lambda r, e: r["label"]),
+    ("algorithm", lambda r, e: r["algorithm"]),
+    ("seed", lambda r, e: r.get("seed", 0)),
+    ("epoch", lambda r, e: e["epoch"]),
+    ("mb_sent_per_peer", lambda r, e: f"{e['mb']:.6g}"),
+    ("acc_avg", lambda r, e: e["acc_avg"]),
+    ("acc_local_mean", lambda r, e: f"{e['acc_local_mean']:.6g}"),
+    ("acc_local_min", lambda r, e: e["acc_local_min"]),
+)
+
+
+def curves_csv(rows: Sequence[Dict[str, Any]]) -> str:
+    """Every run's evaluation history, one line per evaluation."""
+    lines = ([cell(r, e) for _, cell in CURVE_FIELDS] for r in rows for e in r.get("evals") or [])
+    return csv_text([name for name, _ in CURVE_FIELDS], lines)
+
+
+def panels(
+    state: Dict[str, Any], headline: Sequence[Dict[str, Any]]
+) -> List[Tuple[str, List[Dict]]]:
+    """(title, rows) of each panel: iid (seed means), Dirichlet, the wide model."""
+    plan, wide = state["plan"], state["wide"]
+    where = f"{plan['topology']} {plan['iid']}"
+    seeds = ", ".join(str(s) for s in plan["seeds"])
+    out = [(f"{where}, cnn1d (mean over seeds {seeds} where run)", list(headline))]
+    noniid = list(state["noniid"])
+    extra = [r for r in noniid_grid(state) if r["spec"] not in {x["spec"] for x in noniid}]
+    if noniid:
+        out.append((f"{plan['topology']} {plan['noniid']}, cnn1d, seed 0", noniid + extra))
+    if wide:
+        out.append((f"{where}, {wide[0].get('model', 'wide')}, seed 0", list(wide)))
+    return out
+
+
+def plot_training(state: Dict[str, Any], headline: Sequence[Dict[str, Any]]) -> Dict[str, bytes]:
+    """{training_accuracy_vs_mb.png, training_accuracy_vs_epochs.png: their PNG bytes} ({} when
+    no run has an evaluation history yet)."""
+    plt = pyplot()
+
+    groups = [
+        (title, [r for r in rows if "error" not in r and r.get("evals")])
+        for title, rows in panels(state, headline)
+    ]
+    groups = [(t, rows) for t, rows in groups if rows]
+    if not groups:
+        return {}
+    pictures = {}
+    palette = plt.get_cmap("tab10").colors
+    labels = list(dict.fromkeys(r["label"].split(",")[0] for _, rows in groups for r in rows))
+    colour = {label: palette[i % len(palette)] for i, label in enumerate(labels)}
+    for x_key, file_name, x_label in (
+        ("mb", "training_accuracy_vs_mb.png", "MB sent per peer (log scale)"),
+        ("epoch", "training_accuracy_vs_epochs.png", "epoch"),
+    ):
+        fig, axes = plt.subplots(1, len(groups), figsize=(6.2 * len(groups), 4.6), squeeze=False)
+        for ax, (title, rows) in zip(axes.flat, groups):
+            for r in rows:
+                points = [
+                    (e[x_key], 100 * e["acc_avg"])
+                    for e in r["evals"]
+                    if e["acc_avg"] is not None and (x_key != "mb" or e["mb"] > 0)
+                ]
+                legend = r["label"].split(",")[0]
+                xs, ys = [p[0] for p in points], [p[1] for p in points]
+                ax.plot(xs, ys, marker="o", ms=2, lw=1.2, label=legend, color=colour[legend])
+            target = common_target(rows)
+            if target is not None:
+                label = f"common target {100 * target:.1f} %"
+                ax.axhline(100 * target, color="gray", ls="--", lw=0.8, label=label)
+            if x_key == "mb":
+                ax.set_xscale("log")
+            lows = [100 * e["acc_avg"] for r in rows for e in r["evals"][len(r["evals"]) // 3 :]]
+            if lows:
+                ax.set_ylim(max(0.0, min(lows) - 5), min(100.0, max(lows) + 2))
+            ax.set_xlabel(x_label)
+            ax.set_ylabel("averaged-model test accuracy (%)")
+            ax.set_title(title, fontsize=9)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        pictures[file_name] = png(fig, dpi=100)
+    return pictures

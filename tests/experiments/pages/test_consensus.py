@@ -16,7 +16,7 @@ import torch
 import topologies
 from experiments.engine import Record, Run
 from experiments.pages import consensus as page
-from experiments.pages.consensus import compare, files, instance, measure
+from experiments.pages.consensus import files, instance, measure
 from gossip_powersgd import LocalCluster, metrics
 from gossip_powersgd import consensus_problems as problems
 
@@ -241,7 +241,7 @@ def test_winner_map_takes_means_over_seeds_and_flags_disagreeing_seeds():
     ]
     summary = measure.summarize([r for r in results if r["seed"] == 0], (1e5,))
     record = {"summary": summary, "results": results, "budgets": [1e5]}
-    cell = compare.winner_cell(record, "budget", 1e5)
+    cell = files.winner_cell(record, "budget", 1e5)
     assert cell["winner"] == "Choco sign" and cell["runner_up"] == "PowerGossip r1"
     assert cell["margin"] == pytest.approx(
         1.0 / ((0.5 + 1.9 + 0.5) / 3)
@@ -249,14 +249,14 @@ def test_winner_map_takes_means_over_seeds_and_flags_disagreeing_seeds():
     assert cell["spread"] == (pytest.approx(1 / 1.9), pytest.approx(2.0)) and cell["disagree"] == [
         1
     ]
-    reach = compare.winner_cell(record, "reach", 1e-2)
+    reach = files.winner_cell(record, "reach", 1e-2)
     assert reach["winner"] == "Choco sign" and reach["margin"] == pytest.approx(20.0 / 5.0)
-    assert "seed 1" in compare.winner_text(cell)
-    assert compare.powergossip_ratio(record, "reach", 1e-2) == pytest.approx(4.0)
+    assert "seed 1" in files.winner_text(cell)
+    assert files.powergossip_ratio(record, "reach", 1e-2) == pytest.approx(4.0)
 
 
 def test_models_problem_reads_the_saved_epochs(tmp_path):
-    from experiments.pages.consensus.models import SaveAtEpochs
+    from experiments.pages.consensus.instance import SaveAtEpochs
 
     model = torch.nn.Linear(3, 2)
     hook = SaveAtEpochs((1, 3))
@@ -318,7 +318,7 @@ def test_seeds_rerun_the_chosen_algorithms_at_seed_zeros_best_gamma(tmp_path):
 
     text = draw([inst], "made by", {"seconds": 1.0, "cpu_count": 2, "machine": "x"})
     assert "## Winner map" in text and "| ring:4 | lowrank:r=2,sigma=0.1,n=12 | 2 |" in text
-    assert compare.heat_map([inst], inst["budgets"])[:4] == b"\x89PNG"
+    assert files.heat_map([inst], inst["budgets"])[:4] == b"\x89PNG"
 
 
 def test_packed_curves_read_back_bit_for_bit(tmp_path):

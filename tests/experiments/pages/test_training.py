@@ -8,7 +8,7 @@ import io
 import pytest
 
 from experiments.engine import Record, Rows
-from experiments.pages.training import convergence, design, markdown, noniid, plots, state
+from experiments.pages.training import convergence, design, state
 from experiments.suite.runs import combine
 
 
@@ -109,10 +109,10 @@ def test_gap_table_and_the_setting_that_closes_the_gap():
     r1 = _row("PowerGossip r1 (1 iter)", [(6, 1.0, 0.89)], acc_local_mean=0.85, acc_local_min=0.80)
     r2 = _row("PowerGossip r2 (1 iter)", [(6, 2.0, 0.895)], acc_local_mean=0.885)
     r4 = _row("PowerGossip r4 (1 iter)", [(6, 4.0, 0.90)], acc_local_mean=0.889)
-    gaps = noniid.gaps(r1, exact)
+    gaps = convergence.gaps(r1, exact)
     assert gaps["acc_local_mean"] == pytest.approx(100 * (0.89 - 0.85))
     assert gaps["acc_avg"] == pytest.approx(1.0)
-    table = noniid.gap_table([r1, r2, r4], exact)
+    table = convergence.gap_table([r1, r2, r4], exact)
     lines = table.strip().splitlines()
     assert len(lines) == 2 + 4 and all(line.count("|") == lines[0].count("|") for line in lines)
     assert (
@@ -120,14 +120,14 @@ def test_gap_table_and_the_setting_that_closes_the_gap():
         in table
     )
     # r2 is within 1 pp of exact's local mean (0.89 - 0.885 = 0.5 pp) and cheaper than r4
-    assert noniid.closing_setting([r1, r2, r4], exact)["label"] == r2["label"]
-    verdict = "\n".join(noniid.gap_verdict([r1, r2, r4], exact))
+    assert convergence.closing_setting([r1, r2, r4], exact)["label"] == r2["label"]
+    verdict = "\n".join(convergence.gap_verdict([r1, r2, r4], exact))
     assert (
         "**PowerGossip r2 (1 iter)**" in verdict
         and "2.0× PowerGossip r1 (1 iter)'s bytes" in verdict
     )
     assert "93.3 % fewer" in verdict  # 2 MB vs exact's 30 MB
-    none = "\n".join(noniid.gap_verdict([r1], exact))
+    none = "\n".join(convergence.gap_verdict([r1], exact))
     assert "No setting of the grid" in none
 
 
@@ -207,7 +207,7 @@ def test_plan_defers_the_swept_rows_until_their_sweep_is_in():
 
 
 def test_partial_page_says_which_stages_did_not_run():
-    state = {
+    partial = {
         "stage_seconds": {"γ sweep": 12.0},
         "timing": "",
         "how": "each in one process",
@@ -218,14 +218,14 @@ def test_partial_page_says_which_stages_did_not_run():
         "wide": [],
         "reference": [],
     }
-    text = markdown.running_time(state, list(design.STAGES[1:]))
+    text = state.running_time(partial, list(design.STAGES[1:]))
     assert text.startswith("**Partial page: 1 of 6 stages finished**") and "γ sweep 12 s" in text
     assert "1 training runs" in text
-    assert "Partial" not in markdown.running_time(dict(state), [])
+    assert "Partial" not in state.running_time(dict(partial), [])
 
 
 def test_curves_csv_has_one_line_per_evaluation():
-    text = plots.curves_csv(
+    text = state.curves_csv(
         [
             dict(EXACT, model_kind="iid", seed=0),
             dict(CHEAP, seed=1),
@@ -242,7 +242,7 @@ def test_epoch_budget_says_at_or_near_the_plateau_from_the_reference_runs():
     short = dict(EXACT, seed=0)
     for reference_acc, expected in ((0.904, "at the plateau"), (0.93, "up to 3.00 pp below")):
         ref = dict(_row("exact gossip", [(100, 50.0, reference_acc)]), model_kind="reference")
-        text = markdown.epoch_budget({"plan": plan, "iid": [short], "reference": [ref]})
+        text = state.epoch_budget({"plan": plan, "iid": [short], "reference": [ref]})
         assert expected in text and "exact gossip 90.00 % after 6 epochs" in text
 
 
