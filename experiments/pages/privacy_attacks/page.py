@@ -87,10 +87,6 @@ def _mean(group, key) -> float:
     return statistics.fmean(_flats(group, key))
 
 
-def _acc(group) -> float:
-    return statistics.fmean(r["acc_avg"] for r in group)
-
-
 def answers(rows) -> List[str]:
     """The page's two questions, answered from the rows (no number typed by hand)."""
     gs = {(g[0]["spec"], g[0]["target"]): g for g in groups(rows)}
@@ -123,8 +119,9 @@ def low_rank_answers(gs) -> List[str]:
     return out
 
 
-def _verdict(above, at_chance, aucs_by_eps, bands) -> str:
-    """Where the TPR is above chance and where at it, and where all four AUCs are above the band."""
+def _verdict(above, at_chance, aucs) -> str:
+    """Where the TPR is above chance and where at it, and where all four AUCs are above the band
+    (`aucs`: (ε, the four AUCs, the band's upper end) per row)."""
     verdict = ""
     if above and at_chance:
         high = min(above)
@@ -136,10 +133,10 @@ def _verdict(above, at_chance, aucs_by_eps, bands) -> str:
         if any(e > high for e in at_chance):
             verdict += " (not monotone in ε: a chance row above an above-chance one)"
         verdict += "."
-    auc_above = [e for e, a in aucs_by_eps if min(a) > bands[e]]
-    if len(aucs_by_eps) > 1:
+    auc_above = [e for e, a, hi in aucs if min(a) > hi]
+    if len(aucs) > 1:
         where = "ε = " + ", ".join(_eps_text(e) for e in auc_above) if auc_above else "no ε tried"
-        everywhere = len(auc_above) == len(aucs_by_eps)
+        everywhere = len(auc_above) == len(aucs)
         verdict += (
             f" All four AUCs are above the null band at {'every ε tried' if everywhere else where}."
         )
@@ -148,40 +145,26 @@ def _verdict(above, at_chance, aucs_by_eps, bands) -> str:
 
 def chance_answers(gs) -> List[str]:
     """At which epsilon does the neighbour's TPR at 0.1 % FPR reach chance (the null band)?"""
-    out, targets = [], sorted({t for (_, t) in gs if t is not None})
+    out, targets, plain = [], sorted({t for (_, t) in gs if t is not None}), []
     for spec in dict.fromkeys(s for (s, _) in gs):
-        parts, above, at_chance, aucs_by_eps, bands = [], [], [], [], {}
-        for t in targets + [None]:
-            g = gs.get((spec, t))
-            if g is None:
-                continue
-            band, key = _band(g[0]), math.inf if t is None else t
+        parts, above, at_chance, aucs = [], [], [], []
+        for g in (gs[(spec, t)] for t in targets + [None] if (spec, t) in gs):
+            band, t = _band(g[0]), g[0]["target"]
+            key = math.inf if t is None else t
             tprs = [_mean(g, f"tpr0.1/{m}/{a}") for m in _models(g) for a in LIRA]
-            aucs = [_mean(g, f"auc/{m}/{a}") for m in _models(g) for a in LIRA]
-            chance = "chance" if all(v <= band["tpr"][0][1] for v in tprs) else "above chance"
-            aucs_by_eps.append((key, aucs))
-            bands[key] = band["auc"][1]
-            (at_chance if chance == "chance" else above).append(key)
+            four = [_mean(g, f"auc/{m}/{a}") for m in _models(g) for a in LIRA]
+            aucs.append((key, four, band["auc"][1]))
+            chance = all(v <= band["tpr"][0][1] for v in tprs)
+            (at_chance if chance else above).append(key)
+            plain += [chance] if t is None else []
             v = dict(eps=_eps_text(key), tpr_hi=band["tpr"][0][1], auc_hi=band["auc"][1])
-            v.update(tprs=" / ".join(f"{x:.4f}" for x in tprs), chance=chance)
-            v.update(aucs=" / ".join(f"{x:.3f}" for x in aucs), acc=100 * _acc(g))
+            v.update(tprs=" / ".join(f"{x:.4f}" for x in tprs), chance=WORDS[f"chance {chance}"])
+            v.update(aucs=" / ".join(f"{x:.3f}" for x in four))
+            v["acc"] = 100 * statistics.fmean(r["acc_avg"] for r in g)
             parts.append(WORDS["chance_part"].format(**v))
         if parts:
-            through = (
-                " through the victim's model, then through the strongest reconstruction"
-                if _reconstructions(gs[next(k for k in gs if k[0] == spec)][0])
-                else " through the victim's model (the messages are the model)"
-            )
-            verdict = _verdict(above, at_chance, aucs_by_eps, bands)
-            out.append(
-                f"- {label(spec)} (LiRA offline / online{through}): {'; '.join(parts)}.{verdict}"
-            )
-    plain = [g for (_, t), g in gs.items() if t is None]
-    if plain and all(
-        _mean(g, f"tpr0.1/{m}/{a}") <= _band(g[0])["tpr"][0][1]
-        for g in plain
-        for m in _models(g)
-        for a in LIRA
-    ):
-        out.append(WORDS["never"])
-    return out
+            first = gs[next(k for k in gs if k[0] == spec)][0]
+            through = WORDS[f"through {bool(_reconstructions(first))}"]
+            v = dict(label=label(spec), through=through, parts="; ".join(parts))
+            out.append(WORDS["chance"].format(**v, verdict=_verdict(above, at_chance, aucs)))
+    return out + ([WORDS["never"]] if plain and all(plain) else [])

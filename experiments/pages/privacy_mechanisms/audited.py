@@ -11,20 +11,19 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import statistics
 from typing import Any, Dict, List, Mapping
 
 from gossip_powersgd.privacy.attack_run import MOVING, READ_OFF
 
-from experiments.engine import Outputs, Rows, Run, made_by
-from experiments.pages._markdown import fill, table_rows, template
+from experiments.engine import Outputs, Rows, Run
+from experiments.pages._markdown import table_rows, template
 from experiments.pages._privacy import membership_split
 from experiments.pages.privacy_attacks import audit, regimes
 from experiments.pages.privacy_attacks import runs as attack_runs
 
-from . import calibration, page
-from .page import NAMES, PRIVATE
-from .runs import noise_config, quarters, reuses_local
+from . import page
+from .page import NAMES
+from .runs import DECOR_RATIO, RATIOS, noise_config, quarters, reuses_local
 
 ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1"))
 MECHANISMS = ("local", "muffliato", "zipdl", "decor")
@@ -61,7 +60,7 @@ def calibrate(c: Mapping[str, Any]) -> Dict[str, Any]:
     members = len(split.member_set(split.victims[0])[1])
     steps = c["epochs"] * math.ceil(total / (peers * c["batch_size"]))
     recipe = (c["topology"], c["batch_size"], members, c["epochs"], c["lr"], c["schedule"])
-    dp = dict(delta=c["dp_delta"], clip=c["dp_max_grad_norm"], steps=steps, **calibration.RATIOS)
+    dp = dict(delta=c["dp_delta"], clip=c["dp_max_grad_norm"], steps=steps, **RATIOS)
     noises = solve(*recipe, target=TARGET, **dp)
     return dict(noises, public=dict(train_size=total, members=members, peers=peers))
 
@@ -144,35 +143,29 @@ def render(rows: Rows) -> Outputs:
     noises = {k: v for k, v in calibrated.row.items() if k in MECHANISMS}
     section = dict(setting=calibrated.config["setting"], noises=noises, rows=runs)
     section["reuse_muffliato"] = reuses_local(calibrated.row)
-    per_step = statistics.fmean(r["run_seconds"] / r["steps"] for r in runs)
-    c = dict(target=TARGET, algorithms=[a for a, _ in ALGORITHMS], per_step=per_step)
-    c.update(observer=regimes.OBSERVER, ratio=calibration.DECOR_RATIO)
-    load = [(runs[0]["load"][0], runs[-1]["load"][1])]  # the first run's start, the last's end
+    c = dict(target=TARGET, algorithms=[a for a, _ in ALGORITHMS])
     regime = _regime(rows.records[0].quick)
     s, public = regime["setting"], calibrated.row["public"]
     fields = dict(regime=regime, s=s, dp=s["dp"], public=public, local=calibrated.row["local"])
     fields.update(data=s["dataset"].split(":")[0], records=public["train_size"] // public["peers"])
-    fields["seeds"] = ", ".join(map(str, regime["seeds"]))
-    fields.update(generated=made_by(rows), command=rows.command, **page.shown([section], c))
-    fields["how_run"] = page._how_run(dict(load=load, nice=[all(r["nice"] for r in runs)]))
-    fields.update(audit=audit_lines(section, c), audit_answers=audit_answers(section))
-    text = fill(template(__file__, "audited.md"), **fields, **c)
-    return {"privacy_mechanisms.md": text, "privacy_mechanisms.csv": page.csv_text(runs)}
+    fields.update(seeds=", ".join(map(str, regime["seeds"])), ratio=DECOR_RATIO)
+    fields.update(observer=regimes.OBSERVER, audit=audit_lines(section, c))
+    fields["audit_answers"] = audit_answers(section)
+    load = [(runs[0]["load"][0], runs[-1]["load"][1])]  # the first run's start, the last's end
+    nice = [all(r["nice"] for r in runs)]
+    text = template(__file__, "audited.md")
+    return page.outputs("privacy_mechanisms", text, rows, [section], c, load, nice, **fields)
 
 
 def audit_lines(section, c) -> List[str]:
     """The audit per (mechanism, algorithm): the claim, and the lower bound through the
     observer's reconstruction, the victim's own model and the blind model, one value per seed."""
-    rows, noises, out = section["rows"], section["noises"], []
-    for name in ("none",) + PRIVATE:
-        for algorithm in c["algorithms"]:
-            group = [r for r in rows if r["mechanism"] == name and r["algorithm"] == algorithm]
-            if not group:
-                continue
-            n = noises.get(name)
-            claim = f"{n['neighbour']:.2f} / {n['neighbour_pld']:.2f}" if n else "∞ (no DP)"
-            bounds = [audit.bounds(group, s) for s in ("observer", "victim", "blind model")]
-            out.append([NAMES[name], algorithm, claim, *bounds, audit.right(group)])
+    out = []
+    for name, algorithm, group in page.groups(section["rows"], c["algorithms"]):
+        n = section["noises"].get(name)
+        claim = f"{n['neighbour']:.2f} / {n['neighbour_pld']:.2f}" if n else "∞ (no DP)"
+        bounds = [audit.bounds(group, s) for s in ("observer", "victim", "blind model")]
+        out.append([NAMES[name], algorithm, claim, *bounds, audit.right(group)])
     return table_rows(out)
 
 

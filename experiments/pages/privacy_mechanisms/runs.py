@@ -1,7 +1,7 @@
-"""The mechanisms pages' runs: a topology's calibration, and one (mechanism, algorithm, seed) on
-the seed's split with its calibrated noise, attacked at the last step through what observer 0
-received from its neighbours 1 and n - 1 and through their own models (the budget page's runs:
-not attacked)."""
+"""The logreg mechanisms pages' runs: a topology's calibration (each mechanism's noise for TARGET
+against a direct neighbour, fixed before any run), and one (mechanism, algorithm, seed) on the
+seed's split with its noise, attacked at the last step through what observer 0 received from its
+neighbours 1 and n - 1 and through their own models (the budget page's runs: not attacked)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,14 @@ from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Run
 
-from .calibration import CLIP, DELTA
-
+DELTA, CLIP, TARGET = 1e-5, 1.0, 4.0
+#: DECOR's sigma_cor / sigma_ind and ZIP-DL's per-draw std over DP-SGD's noise std on the model
+#: (`zipdl.noise_ratio`: its zero-sum noise as large as one step's DP noise), fixed before any run.
+DECOR_RATIO, ZIPDL_RATIO = 4.0, 1.0
+RATIOS = dict(decor_ratio=DECOR_RATIO, zipdl_ratio=ZIPDL_RATIO)
+#: The first T of the network view the page's text describes (T doubled from it). No run here
+#: computes that view (no guarantee for training: `muffliato.network_applies`).
+NETWORK_STEPS = 128
 #: The attacker (it records what it receives), and the held-out share of every peer's shard.
 OBSERVER, FRACTION = 0, 0.5
 #: The budget page's rows: what it shows of a run.
@@ -29,8 +35,6 @@ def row(run: Run) -> Dict[str, Any]:
 
     c = run.config
     if c["kind"] == "calibration":
-        from .calibration import calibrate
-
         return calibrate(c["setting"])
     torch.set_num_threads(1)
     start, begun = os.getloadavg()[0], time.perf_counter()
@@ -40,6 +44,15 @@ def row(run: Run) -> Dict[str, Any]:
         return {k: m[k] for k in KEEP}
     m["attack_seconds"] = time.perf_counter() - begun - m["run_seconds"]
     return with_load(dict(m, nice=os.nice(0)), start)
+
+
+def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """{mechanism: its noise (sigma, extra noise) and epsilons} on `setting`'s topology
+    (`privacy.mechanisms.calibration.calibrate`, each mechanism with its own valid accountant)."""
+    from gossip_powersgd.privacy.mechanisms.calibration import calibrate as solve
+
+    keys = ("topology", "batch_size", "shard", "epochs", "lr", "schedule")
+    return solve(*(setting[k] for k in keys), target=TARGET, delta=DELTA, clip=CLIP, **RATIOS)
 
 
 def victims_of(setting: Dict[str, Any]) -> List[int]:
