@@ -9,6 +9,8 @@ from experiments.engine import Outputs, Rows, made_by
 from experiments.pages._markdown import fill, snippets, table_rows, template
 
 WORDS = snippets(__file__, "words.md")
+#: What a D-SGD estimate's error is to the blind guess's, by their ratio (from 1 up: no better).
+CLOSE = ((0.8, "better than"), (1.0, "within 20 % of"))
 
 
 def _pct(x: Optional[float]) -> str:
@@ -141,13 +143,7 @@ def low_rank_answer(summaries: List[Dict[str, Any]]) -> List[str]:
                 continue
             best = min(mine, key=lambda s: s["error_median"])
             ratio = best["error_median"] / best["blind_mean_median"]
-            verdict = (
-                "better than"
-                if ratio < 0.8
-                else "within 20 % of"
-                if ratio < 1
-                else "no better than"
-            )
+            verdict = next((w for limit, w in CLOSE if ratio < limit), "no better than")
             lines.append(WORDS["dsgd best"].format(**{**best, **_errors(best)}, verdict=verdict))
     return lines + [WORDS["worse than blind"]]
 
@@ -157,23 +153,14 @@ def render(rows: Rows) -> Outputs:
     structure = [r for r in rows.data if r["kind"] == "structure"]
     attacks = [r for r in rows.data if r["kind"] == "attack"]
     summaries = [s for r in attacks for s in _summaries(r)]
-    title = "Knowledge-matrix attack: who curious peers reconstruct, exact gossip vs PowerGossip"
     runs = [
-        f"- {r['regime']}, {r['label']} on {r['topology']}: {r['steps']} gossip steps, "
-        f"test accuracy {_pct(r['accuracy'])} (averaged model), "
-        f"{_pct(r['local_accuracy'])} (peers' own models, mean)."
+        WORDS["run"].format(**r, acc=_pct(r["accuracy"]), local=_pct(r["local_accuracy"]))
         for r in attacks
     ]
-    text = fill(
-        template(__file__),
-        title=title + (" (--quick)" if rows.quick else ""),
-        made_by=made_by(rows),
-        structure=structure_table(structure),
-        runs=runs,
-        attacks=attack_table(summaries),
-        low_rank=low_rank_answer(summaries),
-        verdict=verdict(structure, summaries),
-    )
+    fields = dict(quick=" (--quick)" if rows.quick else "", made_by=made_by(rows), runs=runs)
+    fields.update(structure=structure_table(structure), attacks=attack_table(summaries))
+    fields.update(low_rank=low_rank_answer(summaries), verdict=verdict(structure, summaries))
+    text = fill(template(__file__), **fields)
     data = {"structure": structure, "attack_summaries": summaries}
     return {
         "privacy_knowledge.md": text,
