@@ -1,7 +1,5 @@
 """The attack pages drawn from their rows (fixed text: page.md, words.md): the tables (`tables`),
-the answers computed from the rows (do low-rank messages leak less than full models; at which
-epsilon the neighbour's TPR at a low FPR reaches chance), what was not reached, and the
-network-DP section (`network`)."""
+the answers computed from the rows, what was not reached, and the network-DP section (`network`)."""
 
 from __future__ import annotations
 
@@ -14,10 +12,11 @@ from experiments.pages._markdown import block, fill, mean_sd, template
 from experiments.pages._privacy import NONPRIVATE_LR
 
 from . import runs, tables
-from .audit import audit_answers, audit_section
+
 from .network import HEATMAP_PNG, network_text, plot_network
 from .regimes import OBSERVER, regime
 from .tables import HEADLINE, WORDS, _band, _flats, _models, _reconstructions, groups, label
+from .tables import audit_answers, audit_section
 
 LIRA = ("LiRA offline", "LiRA online")
 #: The tables of the page, each `tables.NAME_table` (their headers: page.md).
@@ -34,28 +33,19 @@ def render(name: str, rows: Rows) -> Outputs:
     order = [runs.key(s, t, seed) for g in r["groups"] for s, t in g for seed in r["seeds"]]
     data = [by[k] for k in order if k in by]
     not_reached = list(r["not_reached"]) + [f"run missing: {k}" for k in order if k not in by]
-    not_reached += [
-        f"run failed: {x['spec']} ε {x['target']} seed {x['seed']}: {x['failure']}"
-        for x in data
-        if "failure" in x
-    ]
+    not_reached += [WORDS["failed"].format(**x) for x in data if "failure" in x]
     # older rows taken with --reuse (their origin), not the network row kept from an older page
     first = next((x for x in rows.records if x.key != "network"), None)
     others = ((first and first.origin) or {}).get("budget_rows")
     missed = "## Not reached\n\n" + "\n".join(f"- {x}" for x in not_reached) + "\n\n"
-    made = {k: getattr(tables, f"{k}_table")(data) for k in TABLES}
-    text = fill(
-        template(__file__),
-        **intro_fields(r, rows, data),
-        **made,
-        name=name,
-        budget=block(tables.budget_section(data, others) if others else ""),
-        audit=block(audit_section(groups(data))),
-        answers=answers(data),
-        not_reached=block(missed if not_reached else ""),
-        network=block(network_text(network) if network is not None else ""),
-        network_data="; the network-DP matrices" if network is not None else "",
-    )
+    fields = dict(intro_fields(r, rows, data), name=name, answers=answers(data))
+    fields.update({k: getattr(tables, f"{k}_table")(data) for k in TABLES})
+    fields["budget"] = block(tables.budget_section(data, others) if others else "")
+    fields["audit"] = block(audit_section(groups(data)))
+    fields["not_reached"] = block(missed if not_reached else "")
+    fields["network"] = block(network_text(network) if network is not None else "")
+    fields["network_data"] = "; the network-DP matrices" if network is not None else ""
+    text = fill(template(__file__), **fields)
     out: Outputs = {f"{name}.md": text, f"{name}_roc.png": tables.plot_roc(data)}
     if network is not None:
         out[HEATMAP_PNG] = plot_network(network)

@@ -18,7 +18,8 @@ from gossip_powersgd.privacy.attack_run import MOVING, READ_OFF
 from experiments.engine import Outputs, Rows, Run
 from experiments.pages._markdown import table_rows, template
 from experiments.pages._privacy import membership_split
-from experiments.pages.privacy_attacks import audit, regimes
+from experiments.pages.privacy_attacks import regimes
+from experiments.pages.privacy_attacks import tables as attack_tables
 from experiments.pages.privacy_attacks import runs as attack_runs
 
 from . import page
@@ -164,8 +165,8 @@ def audit_lines(section, c) -> List[str]:
     for name, algorithm, group in page.groups(section["rows"], c["algorithms"]):
         n = section["noises"].get(name)
         claim = f"{n['neighbour']:.2f} / {n['neighbour_pld']:.2f}" if n else "∞ (no DP)"
-        bounds = [audit.bounds(group, s) for s in ("observer", "victim", "blind model")]
-        out.append([NAMES[name], algorithm, claim, *bounds, audit.right(group)])
+        bounds = [attack_tables.bounds(group, s) for s in ("observer", "victim", "blind model")]
+        out.append([NAMES[name], algorithm, claim, *bounds, attack_tables.right(group)])
     return table_rows(out)
 
 
@@ -178,6 +179,6 @@ def audit_answers(section) -> List[str]:
     plain = [r for r in rows if r["mechanism"] == "none"]
     blind = max(r["audit"]["blind model"]["epsilon"] for r in rows)
     end = " (chance: 0 expected)." if blind == 0 else "."
-    return audit.audit_words(private, claims, plain, share=False) + [
+    return attack_tables.audit_words(private, claims, plain, share=False) + [
         page.WORDS["blind"].format(blind) + end
     ]
