@@ -13,9 +13,8 @@ NOISE_TEXT = {"once": "once", "every_step": "every step"}
 
 
 def network_dp(c: Mapping[str, Any]) -> Dict[str, Any]:
-    """Exact pairwise epsilon[u, v] (u's privacy towards observer v's whole view) of noisy exact
-    gossip for each case (noise, steps) and topology of `c`, at its sigma and delta
-    (`privacy.network_report.pairwise_report`)."""
+    """Exact pairwise epsilon[u, v] (u towards observer v's whole view) of noisy exact gossip per
+    case (noise, steps) and topology of `c` (`privacy.network_report.pairwise_report`)."""
     from gossip_powersgd.privacy.network_report import pairwise_report
 
     sigma, delta = c["sigma"], c["delta"]

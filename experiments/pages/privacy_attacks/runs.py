@@ -1,8 +1,6 @@
-"""The attack pages' plans and runs: the network-DP matrices (a page with that section), each
-seed's membership split (the audit record), then the attacked runs in the regime's order of
-priority: trained with the seed's split while observer 0 records its view, then its two
-neighbours (the victims) attacked at each of ROUNDS through their own models, every
-reconstruction the observer forms of them, its own model and the average."""
+"""The attack pages' plans and runs: the network-DP matrices, each seed's membership split, then
+the attacked runs in the regime's order of priority: trained while observer 0 records its view,
+then its two neighbours attacked at each of ROUNDS through every model the observer can form."""
 
 from __future__ import annotations
 

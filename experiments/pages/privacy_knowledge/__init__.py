@@ -1,8 +1,6 @@
 """`python -m experiments privacy_knowledge`: the knowledge-matrix attack (El Mrini, Cyffers, Bellet,
-ICML 2024) on exact gossip and PowerGossip: which peers a curious peer (or colluders) reconstructs,
-and whether low-rank messages reduce what they lose. Rows: the attack's structure on ring, torus
-and exponential graphs (`privacy.knowledge.structure_report`, no training), and real runs whose
-recorded views the colluders attack (`privacy.knowledge_attack.attack_run`). `page` renders."""
+ICML 2024) on exact gossip and PowerGossip: the attack's structure on several graphs (no training),
+and real runs whose recorded views the colluders attack. `page` renders."""
 
 from __future__ import annotations
 
@@ -88,10 +86,8 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def attack_row(config: Dict[str, Any], seed: int) -> Dict[str, Any]:
-    """One attack run (`privacy.knowledge_attack.attack_run`): ``averaging`` (the paper's first
-    setting) trains each peer alone for an epoch, then gossip-averages the private models;
-    ``dsgd``: one local step per gossip step, attacked exactly and with updates tied over
-    windows of `tie` steps."""
+    """One attack run (`privacy.knowledge_attack.attack_run`) of the config's regime: ``averaging``
+    (an epoch alone, then gossip-averaging) or ``dsgd`` (a local step per gossip step)."""
     from gossip_powersgd.privacy.knowledge_attack import attack_run
 
     train = dict(config["train"], seed=seed, backend="local", quiet=True)

@@ -1,10 +1,6 @@
-"""`python -m experiments privacy_mechanisms`: local DP-SGD, Muffliato, ZIP-DL and DECOR in the
-attack pages' regime at equal epsilon against a neighbour, on exact gossip and PowerGossip r1.
-The plan: the calibration (each mechanism's noise for TARGET at the victims' sampling rate and
-the run's steps), each seed's split, then every (algorithm, mechanism, seed) trained, attacked
-and audited as privacy_attacks.md's runs are (`privacy_attacks.runs.attacked`); private runs
-release no peer statistic (add/remove adjacency, the claim's). Rows: the logreg page's format,
-drawn with `page`'s tables and audited.md beside this file."""
+"""`python -m experiments privacy_mechanisms`: the mechanisms at equal epsilon in the attack pages'
+regime: the calibration, each seed's split, then every (algorithm, mechanism, seed) trained,
+attacked and audited as privacy_attacks.md's runs are; rows in the logreg page's format."""
 
 from __future__ import annotations
 
@@ -48,9 +44,8 @@ def calibration_setting(quick: bool) -> Dict[str, Any]:
 
 
 def calibrate(c: Mapping[str, Any]) -> Dict[str, Any]:
-    """{mechanism: noise and epsilons}: the victims train on their members (a fraction of a
-    shard) at q = batch / members, for the run's steps (an epoch: the public total over the
-    peers); plus the public sizes the runs declare."""
+    """{mechanism: noise and epsilons} at the victims' rate (batch / members) for the run's steps,
+    plus the public sizes the runs declare."""
     from gossip_powersgd.privacy.mechanisms.calibration import calibrate as solve
 
     import topologies
@@ -109,10 +104,8 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def mechanism_row(out: Dict[str, Any], c: Mapping[str, Any]) -> Dict[str, Any]:
-    """An attacked run's row (`privacy_attacks.runs.attacked`) as the mechanisms pages read it:
-    accuracy at each quarter, the attacks through the received model (exact gossip: read off;
-    PowerGossip: the moving reconstruction from the last 4 messages), the victim's own model and
-    the blind baselines, the chance band, and the audit (without its scores)."""
+    """An attacked run's row (`privacy_attacks.runs.attacked`) as the mechanisms pages read it: the
+    attacks through the received model, the victim's and the blind one, the audit without scores."""
     last = out["rounds"][str(out["last"])]
     flat, band = last["flat"], last["evaluation"]["null_band"]
     models = {"received": RECEIVED[c["spec"].split(":")[0]], "victim's own": "victim"}

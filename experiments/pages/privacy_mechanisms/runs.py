@@ -1,7 +1,6 @@
 """The logreg mechanisms pages' runs: a topology's calibration (each mechanism's noise for TARGET
-against a direct neighbour, fixed before any run), and one (mechanism, algorithm, seed) on the
-seed's split with its noise, attacked at the last step through what observer 0 received from its
-neighbours 1 and n - 1 and through their own models (the budget page's runs: not attacked)."""
+against a neighbour), and one (mechanism, algorithm, seed) with its noise, attacked at the last
+step by observer 0 (the budget page's runs: not attacked)."""
 
 from __future__ import annotations
 
@@ -56,8 +55,7 @@ def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
 
 
 def victims_of(setting: Dict[str, Any]) -> List[int]:
-    """The attacked peers: the observer's neighbours 1 and n - 1 (direct neighbours on every
-    topology here)."""
+    """The attacked peers: the observer's neighbours 1 and n - 1."""
     import topologies
 
     peers = setting["peers"]
@@ -111,9 +109,8 @@ def train(setting, label, spec, mechanism, noise, seed, attack=True) -> Dict[str
 
 
 def neighbour_attack(setting, split, view, snaps, seed) -> Dict[str, Any]:
-    """The observer's attacks on its neighbours at the last step through what it received
-    (PowerGossip: reconstructed from the last 4 messages) and through their own models
-    (`privacy.attack_run.received_attack`), with LiRA references built once per setting and seed."""
+    """The observer's attacks on its neighbours at the last step through what it received and
+    their own models (`attack_run.received_attack`); LiRA references once per setting and seed."""
     from gossip_powersgd.privacy.attack_run import received_attack
     from gossip_powersgd.privacy.attacks import Candidates, References
     from gossip_powersgd.training.models import build_model
