@@ -75,11 +75,8 @@ def attack_table(summaries: List[Dict[str, Any]]) -> List[str]:
 
 def _alone(summaries: List[Dict[str, Any]], regime: str) -> List[Dict[str, Any]]:
     """The summaries of peer 0 attacking alone, on its non-neighbours, in `regime`."""
-    return [
-        s
-        for s in summaries
-        if s["regime"] == regime and s["colluders"] == [0] and s["peers"] == "non-neighbours"
-    ]
+    mine = (s for s in summaries if s["regime"] == regime and s["colluders"] == [0])
+    return [s for s in mine if s["peers"] == "non-neighbours"]
 
 
 def verdict(structure: List[Dict[str, Any]], summaries: List[Dict[str, Any]]) -> List[str]:
