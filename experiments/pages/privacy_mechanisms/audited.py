@@ -110,12 +110,10 @@ def mechanism_row(out: Dict[str, Any], c: Mapping[str, Any]) -> Dict[str, Any]:
     flat, band = last["flat"], last["evaluation"]["null_band"]
     models = {"received": RECEIVED[c["spec"].split(":")[0]], "victim's own": "victim"}
     models["blind model"] = "blind model"
-    m = dict(mechanism=c["mechanism"], algorithm=c["label"], seed=out["seed"])
-    m.update(topology=c["split"]["topology"], steps=out["steps"], epochs=out["epochs"])
-    m.update(quarters(out["evals"], out["epochs"]), acc_avg=out["acc_avg"])
-    m.update(acc_victim=out["acc_victim"])
+    m = dict(mechanism=c["mechanism"], algorithm=c["label"], topology=c["split"]["topology"])
+    m.update({k: out[k] for k in ("seed", "steps", "epochs", "acc_avg", "acc_victim")})
+    m.update(quarters(out["evals"], out["epochs"]), mb_per_peer=out["mb_sent_per_peer"])
     m.update({k: out["evals"][-1][k] for k in ("acc_local_mean", "acc_local_min")})
-    m["mb_per_peer"] = out["mb_sent_per_peer"]
     m.update({k: out[k] for k in ("run_seconds", "members", "nonmembers", "sigma")})
     for x in ("auc", "tpr1", "tpr0.1"):
         for attack, (name, model) in itertools.product(ATTACKS, models.items()):
