@@ -99,7 +99,7 @@ def verdict(structure: List[Dict[str, Any]], summaries: List[Dict[str, Any]]) ->
         for algorithm in dict.fromkeys(s["algorithm"] for s in summaries):
             for s in _alone(summaries, regime):
                 if s["algorithm"] == algorithm and (regime == "dsgd" or s["mode"] == "once"):
-                    lines.append(WORDS["alone"].format(**{**s, **_errors(s)}))
+                    lines.append(WORDS["alone"].format(**_shown(s)))
     return lines
 
 
@@ -109,10 +109,10 @@ def _far(r: Dict[str, Any], all_: bool = False) -> List[Sequence[int]]:
     return [c for d, c in r["updates_by_distance"].items() if all_ or d != "1"]
 
 
-def _errors(s: Dict[str, Any]) -> Dict[str, str]:
-    """A summary's median and largest error and its blind guess's, as the page writes them."""
+def _shown(s: Dict[str, Any]) -> Dict[str, Any]:
+    """A summary with its median and largest error and its blind guess's as the page writes them."""
     keys = dict(error="error_median", error_max="error_max", blind="blind_mean_median")
-    return {k: _fmt(s[key]) for k, key in keys.items()}
+    return dict(s, **{k: _fmt(s[key]) for k, key in keys.items()})
 
 
 def low_rank_answer(summaries: List[Dict[str, Any]]) -> List[str]:
@@ -126,9 +126,7 @@ def low_rank_answer(summaries: List[Dict[str, Any]]) -> List[str]:
         if compressed:
             better = compressed["error_median"] < compressed["blind_mean_median"]
             verdict = "better than blind." if better else "no better than the blind guess."
-            rest = WORDS["compressed"].format(
-                **{**compressed, **_errors(compressed)}, verdict=verdict
-            )
+            rest = WORDS["compressed"].format(**_shown(compressed), verdict=verdict)
         lost = exact["parameters"] if exact and exact["error_max"] < 1e-4 else 0
         total = sum(s["parameters"] for s in parts.values())
         lines.append(WORDS["lost"].format(algorithm=algorithm, lost=lost, total=total, rest=rest))
@@ -141,7 +139,7 @@ def low_rank_answer(summaries: List[Dict[str, Any]]) -> List[str]:
             best = min(mine, key=lambda s: s["error_median"])
             ratio = best["error_median"] / best["blind_mean_median"]
             verdict = next((w for limit, w in CLOSE if ratio < limit), "no better than")
-            lines.append(WORDS["dsgd best"].format(**{**best, **_errors(best)}, verdict=verdict))
+            lines.append(WORDS["dsgd best"].format(**_shown(best), verdict=verdict))
     return lines + [WORDS["worse than blind"]]
 
 

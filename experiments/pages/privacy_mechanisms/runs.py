@@ -144,9 +144,7 @@ def plan_runs(prefix: str, setting: Dict[str, Any], algorithms, mechanisms, rows
     reuse = reuses_local(noises)
     cost = {"decor": 3, "zipdl": 2, "muffliato": 2, "local": 2, "none": 1}  # measured
     for label, spec in algorithms:
-        for mechanism in ("none",) + mechanisms:
-            if mechanism == "muffliato" and reuse:
-                continue
+        for mechanism in (m for m in ("none",) + mechanisms if m != "muffliato" or not reuse):
             noise = None if mechanism == "none" else noises[mechanism]
             config = dict(kind="run", setting=setting, label=label, spec=spec)
             config.update(mechanism=mechanism, noise=noise, attack=attack)
