@@ -50,11 +50,11 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
     return runs
 
 
-def sections(rows: Rows, prefix: str = "") -> List[Dict[str, Any]]:
+def sections(rows: Rows) -> List[Dict[str, Any]]:
     """Per topology (plan order): its setting, calibration, runs' rows, and whether Muffliato's
     runs are local DP-SGD's (the same noise)."""
     out = []
-    for record in (r for r in rows.records if r.key.startswith(prefix)):
+    for record in rows.records:
         setting = record.config["setting"]
         if record.config["kind"] == "calibration":
             reuse = reuses_local(record.row)
