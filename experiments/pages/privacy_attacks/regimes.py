@@ -18,7 +18,7 @@ ALGORITHMS = (
 _EXACT, _R1, _R4, _CHOCO = (spec for _, spec in ALGORITHMS)
 #: The observer, and the held-out share of each victim's shard (the victims: its neighbours).
 OBSERVER, FRACTION = 0, 0.5
-#: The one-run audit's canaries per victim (`audit`; pooled over the two victims: twice as many).
+#: The one-run audit's canaries per victim (pooled over the two victims: twice as many).
 CANARIES_PER_VICTIM = 256
 #: The attacks run at these fractions of the run.
 ROUNDS = (0.25, 0.5, 0.75, 1.0)

@@ -32,7 +32,7 @@ def configs(r: Mapping[str, Any]):
     reference = dict(epochs=setting["epochs"], lr=setting.get("reference_lr", NONPRIVATE_LR))
     reference.update({k: setting[k] for k in ("momentum", "warmup_epochs")})
     reference["batch"] = setting["batch_size"]
-    if r.get("gossip_references"):  # whole gossip runs in the non-private recipe (`audit`)
+    if r.get("gossip_references"):  # whole gossip runs in the non-private recipe (the audit)
         reference = dict(kind="gossip", train=dict(train, algorithm="exact"))
         reference["train"]["eval_every"] = setting["epochs"]
     return split, train, reference
