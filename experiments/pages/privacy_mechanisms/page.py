@@ -153,9 +153,7 @@ def answer_lines(section, table, c) -> List[str]:
     if len(algorithms) == 2:
         exact, low = algorithms
         parts = []
-        for name in PRIVATE:
-            if name == "muffliato" and section["reuse_muffliato"]:
-                continue
+        for name in (n for n in PRIVATE if n != "muffliato" or not section["reuse_muffliato"]):
             mine, theirs = table[(name, low)], table[(name, exact)]
             delta, spread = (fmean(mine) - fmean(theirs)) * 100, max(_sd(mine), _sd(theirs)) * 100
             parts.append(f"{NAMES[name]} {delta:+.2f} pp ({_clear(delta, spread, len(mine))})")
