@@ -1,8 +1,6 @@
 """`python -m experiments privacy_mechanisms_budget`: does doubling the logreg mechanisms page's
 budget still pay? Its plan at each budget of BUDGETS, not attacked, each run's noise solved for its
-own steps. The rule (declared before the 256-epoch runs; `doublings`, `verdicts`): a doubling pays
-on a row when its mean gain exceeds CLEAR x the larger seed std of the two budgets; a budget is a
-plateau for a topology when no private row of it pays to double."""
+own steps; the rule (declared before the 256-epoch runs): `doublings`, `verdicts`."""
 
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ from experiments.pages import register
 from experiments.pages._markdown import fill, table, template
 
 from experiments.pages.privacy_mechanisms import ALGORITHMS, MECHANISMS, setting_of
-from experiments.pages.privacy_mechanisms.page import NAMES
+from experiments.pages.privacy_mechanisms.page import NAMES, WORDS
 from experiments.pages.privacy_mechanisms.runs import plan_runs, row
 
 #: Epochs of each run, per topology: the page's 512 and below, and 1024 where 512 still paid.
@@ -23,6 +21,8 @@ BUDGETS["exponential:16"] = (128, 256, 512, 1024)
 QUICK_BUDGETS = {"ring:4": (4, 8)}
 #: A doubling pays when the mean gain exceeds this many times the larger seed std of the two.
 CLEAR = 2.0
+#: Per (topology, mechanism, algorithm), per budget in epochs, the final accuracies (`cells`).
+Table = Dict[Tuple[str, str, str], Dict[int, List[float]]]
 
 
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
@@ -39,9 +39,9 @@ def _stats(values: Sequence[float]) -> Tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def cells(rows: Sequence[Dict[str, Any]]) -> Dict[Tuple[str, str, str], Dict[int, List[float]]]:
+def cells(rows: Sequence[Dict[str, Any]]) -> Table:
     """Per (topology, mechanism, algorithm), per budget in epochs, the final accuracies."""
-    out: Dict[Tuple[str, str, str], Dict[int, List[float]]] = {}
+    out: Table = {}
     for r in rows:
         key = (r["topology"], r["mechanism"], r["algorithm"])
         out.setdefault(key, {}).setdefault(r["epochs"], []).append(r["acc_avg"])
@@ -53,9 +53,7 @@ def doublings(accs: Dict[int, List[float]]) -> List[Dict[str, Any]]:
     the doubling pays (gain > CLEAR x that std; None with a single seed at either budget, which
     has no spread to judge by, and which no verdict takes for a plateau)."""
     out = []
-    for epochs in sorted(accs):
-        if 2 * epochs not in accs:
-            continue
+    for epochs in (e for e in sorted(accs) if 2 * e in accs):
         (a, sa), (b, sb) = _stats(accs[epochs]), _stats(accs[2 * epochs])
         gain, sd = 100 * (b - a), 100 * max(sa, sb)
         judged = min(len(accs[epochs]), len(accs[2 * epochs])) > 1
@@ -64,27 +62,20 @@ def doublings(accs: Dict[int, List[float]]) -> List[Dict[str, Any]]:
     return out
 
 
-def verdicts(table: Dict[Tuple[str, str, str], Dict[int, List[float]]]) -> Dict[str, Any]:
+def verdicts(table: Table) -> Dict[str, Any]:
     """Per topology, the smallest budget from which no private row pays to double (None: every
     budget has a row that still pays, so no plateau is shown)."""
     out: Dict[str, Any] = {}
     for topology in dict.fromkeys(k[0] for k in table):
         private = [v for k, v in table.items() if k[0] == topology and k[1] != "none"]
         budgets = sorted({e for accs in private for e in accs})
-        found = None
-        for e in budgets:
+
+        def settled(e: int) -> bool:  # a doubling from e on is measured, and none of them pays
             later = [b for b in budgets if b >= e and 2 * b in budgets]
-            if not later:
-                break
-            if all(
-                step["pays"] is False
-                for accs in private
-                for step in doublings(accs)
-                if step["epochs"] in later
-            ):
-                found = e
-                break
-        out[topology] = found
+            steps = [d for accs in private for d in doublings(accs) if d["epochs"] in later]
+            return bool(later) and all(d["pays"] is False for d in steps)
+
+        out[topology] = next((e for e in budgets if settled(e)), None)
     return out
 
 
@@ -106,16 +97,10 @@ def render(rows: Rows) -> Outputs:
             cols.append("n/a" if d is None else f"{d['gain']:+.2f} pp{pays}")
         lines.append([topology, NAMES[mechanism], algorithm] + cols)
     header += [f"{e} → {2 * e}" for e in steps]
-    text = fill(
-        template(__file__, "privacy_mechanisms_budget.md"),
-        made_by=made_by(rows),
-        clear=CLEAR,
-        table=table(header, lines, end=None),
-        verdicts=verdict_lines(by_row),
-        largest=budgets[-1],
-        command=rows.command,
-    )
-    return {"privacy_mechanisms_budget.md": text}
+    text = template(__file__, "privacy_mechanisms_budget.md")
+    fields = dict(made_by=made_by(rows), clear=CLEAR, table=table(header, lines, end=None))
+    fields.update(verdicts=verdict_lines(by_row), largest=budgets[-1], command=rows.command)
+    return {"privacy_mechanisms_budget.md": fill(text, **fields)}
 
 
 def verdict_lines(table) -> List[str]:
@@ -123,24 +108,17 @@ def verdict_lines(table) -> List[str]:
     lines = []
     for topology, epochs in verdicts(table).items():
         paying = "; ".join(
-            f"{NAMES[k[1]]} {k[2]} {d['epochs']} → {2 * d['epochs']} {d['gain']:+.2f} pp "
-            f"(2 × std {CLEAR * d['sd']:.2f})"
+            WORDS["budget pays"].format(
+                NAMES[k[1]], k[2], double=2 * d["epochs"], sd2=CLEAR * d["sd"], **d
+            )
             for k, accs in table.items()
             if k[0] == topology and k[1] != "none"
             for d in doublings(accs)
             if d["pays"] is not False
         )
-        if epochs is None:
-            lines.append(
-                f"- **{topology}**: no budget here is shown to be a plateau: doubling the largest "
-                f"measured budgets still pays, or has one seed to judge by, on {paying}."
-            )
-            continue
-        smaller = f" (rows that pay at a smaller budget: {paying})." if paying else "."
-        lines.append(
-            f"- **{topology}**: **{epochs} epochs**: no private row gains clearly from doubling it"
-            + smaller
-        )
+        v = dict(topology=topology, epochs=epochs, paying=paying)
+        v["smaller"] = WORDS["budget smaller"].format(paying) if paying else "."
+        lines.append(WORDS["budget none" if epochs is None else "budget plateau"].format(**v))
     return lines
 
 

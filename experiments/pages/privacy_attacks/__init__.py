@@ -1,9 +1,6 @@
 """`python -m experiments privacy_attacks` and `privacy_attacks_overfit`: what a curious neighbour
-learns. Each run trains with observer 0 recording what it receives, then attacks its two
-neighbours (reconstructions, LOSS and LiRA through several models beside the blind baselines and
-the null band) under the membership protocol. privacy_attacks: privacy_regime.md's regime, with
-the one-run audit (`audit`) and network DP (`network`); privacy_attacks_overfit: a regime where
-the models memorise. The regimes: `regimes`; the runs: `runs`; the page: `page`, `tables`."""
+learns, in privacy_regime.md's regime (with the one-run audit and network DP) and in one where the
+models memorise. The regimes: `regimes`; the runs: `runs`; the page: `page`, `tables`, `network`."""
 
 from __future__ import annotations
 

@@ -13,9 +13,8 @@ NOISE_TEXT = {"once": "once", "every_step": "every step"}
 
 
 def network_dp(c: Mapping[str, Any]) -> Dict[str, Any]:
-    """Exact pairwise epsilon[u, v] (u's privacy towards observer v's whole view) of noisy exact
-    gossip for each case (noise, steps) and topology of `c`, at its sigma and delta
-    (`privacy.network_report.pairwise_report`)."""
+    """Exact pairwise epsilon[u, v] (u towards observer v's whole view) of noisy exact gossip per
+    case (noise, steps) and topology of `c` (`privacy.network_report.pairwise_report`)."""
     from gossip_powersgd.privacy.network_report import pairwise_report
 
     sigma, delta = c["sigma"], c["delta"]
@@ -39,14 +38,10 @@ def network_text(network: Dict[str, Any]) -> str:
         cells = [NOISE_TEXT[c["noise"]], c["steps"], c["topology"]]
         cells += [format(c[k], ".3g") for k in ("min", "median", "max")]
         lines.append(cells + [f"{100 * c['at_local']:.0f} %", format(c["local"], ".3g"), summed])
-    return fill(
-        template(__file__, "network.md"),
-        made=f"{network['generated']} " if network.get("generated") else "",
-        sigma=network["sigma"],
-        delta=network["delta"],
-        table=table_rows([[str(x) for x in cells] for cells in lines]),
-        heatmap=HEATMAP_PNG,
-    )
+    made = f"{network['generated']} " if network.get("generated") else ""
+    fields = dict(made=made, sigma=network["sigma"], delta=network["delta"], heatmap=HEATMAP_PNG)
+    table = table_rows([[str(x) for x in cells] for cells in lines])
+    return fill(template(__file__, "network.md"), **fields, table=table)
 
 
 def plot_network(network: Dict[str, Any]) -> bytes:
@@ -64,15 +59,13 @@ def plot_network(network: Dict[str, Any]) -> bytes:
     mats = [np.array(c["matrix"]) for c in cases]
     finite = np.concatenate([m[np.isfinite(m) & (m > 0)] for m in mats])
     norm = LogNorm(vmin=finite.min(), vmax=finite.max())
-    fig, axes = plt.subplots(
-        len(rows), len(specs), figsize=(4.2 * len(specs), 3.8 * len(rows)), squeeze=False
-    )
+    size = (4.2 * len(specs), 3.8 * len(rows))
+    fig, axes = plt.subplots(len(rows), len(specs), figsize=size, squeeze=False)
     for c, m in zip(cases, mats):
         ax = axes[rows.index((c["noise"], c["steps"])), specs.index(c["topology"])]
         image = ax.imshow(np.where(m > 0, m, np.nan), norm=norm, cmap="viridis")
-        ax.set_title(
-            f"{c['topology']}, noise {NOISE_TEXT[c['noise']]}, T = {c['steps']}", fontsize=9
-        )
+        title = f"{c['topology']}, noise {NOISE_TEXT[c['noise']]}, T = {c['steps']}"
+        ax.set_title(title, fontsize=9)
         ax.set_xlabel("observer v")
         if specs.index(c["topology"]) == 0:
             ax.set_ylabel("peer u")

@@ -1,7 +1,5 @@
 """The attack pages drawn from their rows (fixed text: page.md, words.md): the tables (`tables`),
-the answers computed from the rows (do low-rank messages leak less than full models; at which
-epsilon the neighbour's TPR at a low FPR reaches chance), what was not reached, and the
-network-DP section (`network`)."""
+the answers computed from the rows, what was not reached, and the network-DP section (`network`)."""
 
 from __future__ import annotations
 
@@ -14,10 +12,11 @@ from experiments.pages._markdown import block, fill, mean_sd, template
 from experiments.pages._privacy import NONPRIVATE_LR
 
 from . import runs, tables
-from .audit import audit_answers, audit_section
+
 from .network import HEATMAP_PNG, network_text, plot_network
 from .regimes import OBSERVER, regime
 from .tables import HEADLINE, WORDS, _band, _flats, _models, _reconstructions, groups, label
+from .tables import audit_answers, audit_section
 
 LIRA = ("LiRA offline", "LiRA online")
 #: The tables of the page, each `tables.NAME_table` (their headers: page.md).
@@ -34,28 +33,19 @@ def render(name: str, rows: Rows) -> Outputs:
     order = [runs.key(s, t, seed) for g in r["groups"] for s, t in g for seed in r["seeds"]]
     data = [by[k] for k in order if k in by]
     not_reached = list(r["not_reached"]) + [f"run missing: {k}" for k in order if k not in by]
-    not_reached += [
-        f"run failed: {x['spec']} ε {x['target']} seed {x['seed']}: {x['failure']}"
-        for x in data
-        if "failure" in x
-    ]
+    not_reached += [WORDS["failed"].format(**x) for x in data if "failure" in x]
     # older rows taken with --reuse (their origin), not the network row kept from an older page
     first = next((x for x in rows.records if x.key != "network"), None)
     others = ((first and first.origin) or {}).get("budget_rows")
     missed = "## Not reached\n\n" + "\n".join(f"- {x}" for x in not_reached) + "\n\n"
-    made = {k: getattr(tables, f"{k}_table")(data) for k in TABLES}
-    text = fill(
-        template(__file__),
-        **intro_fields(r, rows, data),
-        **made,
-        name=name,
-        budget=block(tables.budget_section(data, others) if others else ""),
-        audit=block(audit_section(groups(data))),
-        answers=answers(data),
-        not_reached=block(missed if not_reached else ""),
-        network=block(network_text(network) if network is not None else ""),
-        network_data="; the network-DP matrices" if network is not None else "",
-    )
+    fields = dict(intro_fields(r, rows, data), name=name, answers=answers(data))
+    fields.update({k: getattr(tables, f"{k}_table")(data) for k in TABLES})
+    fields["budget"] = block(tables.budget_section(data, others) if others else "")
+    fields["audit"] = block(audit_section(groups(data)))
+    fields["not_reached"] = block(missed if not_reached else "")
+    fields["network"] = block(network_text(network) if network is not None else "")
+    fields["network_data"] = "; the network-DP matrices" if network is not None else ""
+    text = fill(template(__file__), **fields)
     out: Outputs = {f"{name}.md": text, f"{name}_roc.png": tables.plot_roc(data)}
     if network is not None:
         out[HEATMAP_PNG] = plot_network(network)
@@ -85,10 +75,6 @@ def _eps_text(e: float) -> str:
 
 def _mean(group, key) -> float:
     return statistics.fmean(_flats(group, key))
-
-
-def _acc(group) -> float:
-    return statistics.fmean(r["acc_avg"] for r in group)
 
 
 def answers(rows) -> List[str]:
@@ -123,8 +109,9 @@ def low_rank_answers(gs) -> List[str]:
     return out
 
 
-def _verdict(above, at_chance, aucs_by_eps, bands) -> str:
-    """Where the TPR is above chance and where at it, and where all four AUCs are above the band."""
+def _verdict(above, at_chance, aucs) -> str:
+    """Where the TPR is above chance and where at it, and where all four AUCs are above the band
+    (`aucs`: (ε, the four AUCs, the band's upper end) per row)."""
     verdict = ""
     if above and at_chance:
         high = min(above)
@@ -136,10 +123,10 @@ def _verdict(above, at_chance, aucs_by_eps, bands) -> str:
         if any(e > high for e in at_chance):
             verdict += " (not monotone in ε: a chance row above an above-chance one)"
         verdict += "."
-    auc_above = [e for e, a in aucs_by_eps if min(a) > bands[e]]
-    if len(aucs_by_eps) > 1:
+    auc_above = [e for e, a, hi in aucs if min(a) > hi]
+    if len(aucs) > 1:
         where = "ε = " + ", ".join(_eps_text(e) for e in auc_above) if auc_above else "no ε tried"
-        everywhere = len(auc_above) == len(aucs_by_eps)
+        everywhere = len(auc_above) == len(aucs)
         verdict += (
             f" All four AUCs are above the null band at {'every ε tried' if everywhere else where}."
         )
@@ -148,40 +135,26 @@ def _verdict(above, at_chance, aucs_by_eps, bands) -> str:
 
 def chance_answers(gs) -> List[str]:
     """At which epsilon does the neighbour's TPR at 0.1 % FPR reach chance (the null band)?"""
-    out, targets = [], sorted({t for (_, t) in gs if t is not None})
+    out, targets, plain = [], sorted({t for (_, t) in gs if t is not None}), []
     for spec in dict.fromkeys(s for (s, _) in gs):
-        parts, above, at_chance, aucs_by_eps, bands = [], [], [], [], {}
-        for t in targets + [None]:
-            g = gs.get((spec, t))
-            if g is None:
-                continue
-            band, key = _band(g[0]), math.inf if t is None else t
+        parts, above, at_chance, aucs = [], [], [], []
+        for g in (gs[(spec, t)] for t in targets + [None] if (spec, t) in gs):
+            band, t = _band(g[0]), g[0]["target"]
+            key = math.inf if t is None else t
             tprs = [_mean(g, f"tpr0.1/{m}/{a}") for m in _models(g) for a in LIRA]
-            aucs = [_mean(g, f"auc/{m}/{a}") for m in _models(g) for a in LIRA]
-            chance = "chance" if all(v <= band["tpr"][0][1] for v in tprs) else "above chance"
-            aucs_by_eps.append((key, aucs))
-            bands[key] = band["auc"][1]
-            (at_chance if chance == "chance" else above).append(key)
+            four = [_mean(g, f"auc/{m}/{a}") for m in _models(g) for a in LIRA]
+            aucs.append((key, four, band["auc"][1]))
+            chance = all(v <= band["tpr"][0][1] for v in tprs)
+            (at_chance if chance else above).append(key)
+            plain += [chance] if t is None else []
             v = dict(eps=_eps_text(key), tpr_hi=band["tpr"][0][1], auc_hi=band["auc"][1])
-            v.update(tprs=" / ".join(f"{x:.4f}" for x in tprs), chance=chance)
-            v.update(aucs=" / ".join(f"{x:.3f}" for x in aucs), acc=100 * _acc(g))
+            v.update(tprs=" / ".join(f"{x:.4f}" for x in tprs), chance=WORDS[f"chance {chance}"])
+            v.update(aucs=" / ".join(f"{x:.3f}" for x in four))
+            v["acc"] = 100 * statistics.fmean(r["acc_avg"] for r in g)
             parts.append(WORDS["chance_part"].format(**v))
         if parts:
-            through = (
-                " through the victim's model, then through the strongest reconstruction"
-                if _reconstructions(gs[next(k for k in gs if k[0] == spec)][0])
-                else " through the victim's model (the messages are the model)"
-            )
-            verdict = _verdict(above, at_chance, aucs_by_eps, bands)
-            out.append(
-                f"- {label(spec)} (LiRA offline / online{through}): {'; '.join(parts)}.{verdict}"
-            )
-    plain = [g for (_, t), g in gs.items() if t is None]
-    if plain and all(
-        _mean(g, f"tpr0.1/{m}/{a}") <= _band(g[0])["tpr"][0][1]
-        for g in plain
-        for m in _models(g)
-        for a in LIRA
-    ):
-        out.append(WORDS["never"])
-    return out
+            first = gs[next(k for k in gs if k[0] == spec)][0]
+            through = WORDS[f"through {bool(_reconstructions(first))}"]
+            v = dict(label=label(spec), through=through, parts="; ".join(parts))
+            out.append(WORDS["chance"].format(**v, verdict=_verdict(above, at_chance, aucs)))
+    return out + ([WORDS["never"]] if plain and all(plain) else [])

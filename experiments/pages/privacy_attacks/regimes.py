@@ -1,7 +1,5 @@
-"""The regimes of the attack pages, in one place: each one's training setting, DP recipe, plan
-(groups of (spec, target epsilon or None) in order of priority, each group seed by seed), seeds,
-LiRA reference models, and the words its page says of them (regimes.md). A new regime is a new
-entry of REGIMES (and its page's name in `__init__`)."""
+"""The regimes of the attack pages, in one place (REGIMES): each one's training setting, DP recipe,
+plan, seeds, LiRA reference models, and the words its page says of them (regimes.md)."""
 
 from __future__ import annotations
 
@@ -20,18 +18,14 @@ ALGORITHMS = (
 _EXACT, _R1, _R4, _CHOCO = (spec for _, spec in ALGORITHMS)
 #: The observer, and the held-out share of each victim's shard (the victims: its neighbours).
 OBSERVER, FRACTION = 0, 0.5
-#: The one-run audit's canaries per victim (`audit`; pooled over the two victims: twice as many).
+#: The one-run audit's canaries per victim (pooled over the two victims: twice as many).
 CANARIES_PER_VICTIM = 256
 #: The attacks run at these fractions of the run.
 ROUNDS = (0.25, 0.5, 0.75, 1.0)
 #: The network-DP section (privacy_attacks.md): three 16-peer topologies at one sigma and delta
 #: (sensitivity 1), noise once then 2 or 20 gossip steps, and fresh noise at each of 20.
-NETWORK = dict(
-    topologies=["ring:16", "exponential:16", "complete:16"],
-    cases=[["once", 2], ["once", 20], ["every_step", 20]],
-    sigma=5.0,
-    delta=1e-5,
-)
+NETWORK = dict(topologies=["ring:16", "exponential:16", "complete:16"])
+NETWORK.update(cases=[["once", 2], ["once", 20], ["every_step", 20]], sigma=5.0, delta=1e-5)
 
 #: privacy_dp_sweep.md's regime (mnist1d, 8000 training samples per peer, cnn1d, ring:8, iid), on
 #: which every regime here is built.
@@ -59,51 +53,40 @@ QUICK_SETTING.update(model="mlp:32", lr=0.2, momentum=0.0, batch_size=32, topolo
 QUICK_SETTING.update(epochs=2, warmup_epochs=0, reference_lr=0.2)
 QUICK_SETTING["dp"] = dict(batch_size=32, lr=0.2, dp_max_grad_norm=1.0, dp_delta=1e-5, epochs=2)
 
-#: The words each page says of its regime: regimes.md beside this file (the not-reached lists:
-#: an item a line).
 _TEXT = snippets(__file__, "regimes.md")
 
 
 def _words(prefix: str) -> Dict[str, Any]:
+    """The words a page says of its regime (regimes.md; the not-reached list: an item a line)."""
     names = ("scale_note", "regime_text", "reference_words")
     words = {k: _TEXT[prefix + k.upper()] for k in names}
     return dict(words, not_reached=tuple(x for x in _TEXT[prefix + "NOT_REACHED"].split("\n") if x))
 
 
-#: page name -> its regime. "quick": the --quick plan's (setting, groups, seeds, references).
+#: page name -> its regime: setting, groups of (spec, target ε or None) in order of priority,
+#: seeds (with seed_waves: wave by wave), LiRA references per seed, the page's words.
+ATTACKS = dict(setting=SETTING, seeds=(0, 1, 2), seed_waves=((0,), (1, 2)), references=4)
+ATTACKS.update(gossip_references=True, canaries=CANARIES_PER_VICTIM, network=NETWORK)
+ATTACKS.update(title="What a curious neighbour learns", **_words(""))
+ATTACKS["groups"] = (
+    ((_EXACT, None), (_R1, None), (_EXACT, 8.0), (_R1, 8.0)),
+    ((_CHOCO, 8.0), (_R4, 8.0)),
+    ((_EXACT, 3.0), (_R1, 3.0)),
+    ((_CHOCO, None), (_R4, None)),
+)
+OVERFIT = dict(setting=OVERFIT_SETTING, seeds=(0, 1, 2), references=8, network=None)
+OVERFIT.update(title="What a curious neighbour learns where the models overfit")
+OVERFIT.update(_words("OVERFIT_"))
+OVERFIT["groups"] = (
+    ((_EXACT, None), (_R1, None)),
+    ((_EXACT, 64.0), (_EXACT, 8.0)),
+    ((_R4, None), (_CHOCO, None)),
+    ((_EXACT, 16.0), (_EXACT, 3.0), (_R1, 64.0), (_R1, 8.0)),
+    ((_EXACT, 1.0),),
+)
 REGIMES: Dict[str, Dict[str, Any]] = {
-    "privacy_attacks": dict(
-        setting=SETTING,
-        groups=(
-            ((_EXACT, None), (_R1, None), (_EXACT, 8.0), (_R1, 8.0)),
-            ((_CHOCO, 8.0), (_R4, 8.0)),
-            ((_EXACT, 3.0), (_R1, 3.0)),
-            ((_CHOCO, None), (_R4, None)),
-        ),
-        seeds=(0, 1, 2),
-        seed_waves=((0,), (1, 2)),
-        references=4,
-        gossip_references=True,
-        canaries=CANARIES_PER_VICTIM,
-        network=NETWORK,
-        title="What a curious neighbour learns",
-        **_words(""),
-    ),
-    "privacy_attacks_overfit": dict(
-        setting=OVERFIT_SETTING,
-        groups=(
-            ((_EXACT, None), (_R1, None)),
-            ((_EXACT, 64.0), (_EXACT, 8.0)),
-            ((_R4, None), (_CHOCO, None)),
-            ((_EXACT, 16.0), (_EXACT, 3.0), (_R1, 64.0), (_R1, 8.0)),
-            ((_EXACT, 1.0),),
-        ),
-        seeds=(0, 1, 2),
-        references=8,
-        network=None,
-        title="What a curious neighbour learns where the models overfit",
-        **_words("OVERFIT_"),
-    ),
+    "privacy_attacks": ATTACKS,
+    "privacy_attacks_overfit": OVERFIT,
 }
 QUICK = dict(setting=QUICK_SETTING, groups=(((_EXACT, None), (_R1, None), (_EXACT, 8.0)),))
 QUICK.update(seeds=(0, 1), references=4, not_reached=())

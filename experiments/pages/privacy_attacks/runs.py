@@ -1,8 +1,6 @@
-"""The attack pages' plans and runs: the network-DP matrices (a page with that section), each
-seed's membership split (the audit record), then the attacked runs in the regime's order of
-priority: trained with the seed's split while observer 0 records its view, then its two
-neighbours (the victims) attacked at each of ROUNDS through their own models, every
-reconstruction the observer forms of them, its own model and the average."""
+"""The attack pages' plans and runs: the network-DP matrices, each seed's membership split, then
+the attacked runs in the regime's order of priority: trained while observer 0 records its view,
+then its two neighbours attacked at each of ROUNDS through every model the observer can form."""
 
 from __future__ import annotations
 
@@ -34,7 +32,7 @@ def configs(r: Mapping[str, Any]):
     reference = dict(epochs=setting["epochs"], lr=setting.get("reference_lr", NONPRIVATE_LR))
     reference.update({k: setting[k] for k in ("momentum", "warmup_epochs")})
     reference["batch"] = setting["batch_size"]
-    if r.get("gossip_references"):  # whole gossip runs in the non-private recipe (`audit`)
+    if r.get("gossip_references"):  # whole gossip runs in the non-private recipe (the audit)
         reference = dict(kind="gossip", train=dict(train, algorithm="exact"))
         reference["train"]["eval_every"] = setting["epochs"]
     return split, train, reference

@@ -1,8 +1,6 @@
 """`python -m experiments privacy_knowledge`: the knowledge-matrix attack (El Mrini, Cyffers, Bellet,
-ICML 2024) on exact gossip and PowerGossip: which peers a curious peer (or colluders) reconstructs,
-and whether low-rank messages reduce what they lose. Rows: the attack's structure on ring, torus
-and exponential graphs (`privacy.knowledge.structure_report`, no training), and real runs whose
-recorded views the colluders attack (`privacy.knowledge_attack.attack_run`). `page` renders."""
+ICML 2024) on exact gossip and PowerGossip: the attack's structure on several graphs (no training),
+and real runs whose recorded views the colluders attack. `page` renders."""
 
 from __future__ import annotations
 
@@ -42,11 +40,11 @@ ALGORITHMS = {
 }
 
 
-def _structure_runs(quick: bool) -> List[Run]:
+def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    """The structural grid, then the attack runs."""
     from gossip_powersgd.privacy.knowledge import distances
 
-    grid = STRUCTURE[quick]
-    runs = []
+    grid, runs = STRUCTURE[quick], []
     for spec in grid["topologies"]:
         size = len(distances(spec))
         for updates, tie, steps in grid["modes"]:
@@ -54,26 +52,15 @@ def _structure_runs(quick: bool) -> List[Run]:
             config["most"] = MOST.get(size, 2)
             key = f"structure/{spec}/{updates}/tie={tie}/T={steps}"
             runs.append(Run(key=key, config=config, cost=size * steps / 16))
-    return runs
-
-
-def _attack_runs(quick: bool) -> List[Run]:
     topology, epoch_steps, avg_epochs, dsgd_epochs, tie, colluders = ATTACK[quick]
-    algorithms = ("exact", "pg-r1") if quick else ("exact", "pg-r1", "pg-r2")
-    runs = []
     for regime, epochs in (("averaging", avg_epochs), ("dsgd", dsgd_epochs)):
-        for name in algorithms:
+        for name in ("exact", "pg-r1") if quick else ("exact", "pg-r1", "pg-r2"):
             spec, label = ALGORITHMS[name]
             config = dict(kind="attack", regime=regime, algorithm=spec, label=label)
             config.update(topology=topology, epoch_steps=epoch_steps, tie=tie)
             config.update(colluder_sets=colluders, train=dict(TRAIN[quick], epochs=epochs))
             runs.append(Run(key=f"attack/{regime}/{name}", config=config, seed=0, cost=4.0))
     return runs
-
-
-def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
-    """The structural grid, then the attack runs."""
-    return _structure_runs(quick) + _attack_runs(quick)
 
 
 def row(run: Run) -> Dict[str, Any]:
@@ -88,10 +75,8 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def attack_row(config: Dict[str, Any], seed: int) -> Dict[str, Any]:
-    """One attack run (`privacy.knowledge_attack.attack_run`): ``averaging`` (the paper's first
-    setting) trains each peer alone for an epoch, then gossip-averages the private models;
-    ``dsgd``: one local step per gossip step, attacked exactly and with updates tied over
-    windows of `tie` steps."""
+    """One attack run (`privacy.knowledge_attack.attack_run`) of the config's regime: ``averaging``
+    (an epoch alone, then gossip-averaging) or ``dsgd`` (a local step per gossip step)."""
     from gossip_powersgd.privacy.knowledge_attack import attack_run
 
     train = dict(config["train"], seed=seed, backend="local", quiet=True)

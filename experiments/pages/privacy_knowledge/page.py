@@ -9,6 +9,8 @@ from experiments.engine import Outputs, Rows, made_by
 from experiments.pages._markdown import fill, snippets, table_rows, template
 
 WORDS = snippets(__file__, "words.md")
+#: What a D-SGD estimate's error is to the blind guess's, by their ratio (from 1 up: no better).
+CLOSE = ((0.8, "better than"), (1.0, "within 20 % of"))
 
 
 def _pct(x: Optional[float]) -> str:
@@ -73,11 +75,8 @@ def attack_table(summaries: List[Dict[str, Any]]) -> List[str]:
 
 def _alone(summaries: List[Dict[str, Any]], regime: str) -> List[Dict[str, Any]]:
     """The summaries of peer 0 attacking alone, on its non-neighbours, in `regime`."""
-    return [
-        s
-        for s in summaries
-        if s["regime"] == regime and s["colluders"] == [0] and s["peers"] == "non-neighbours"
-    ]
+    mine = (s for s in summaries if s["regime"] == regime and s["colluders"] == [0])
+    return [s for s in mine if s["peers"] == "non-neighbours"]
 
 
 def verdict(structure: List[Dict[str, Any]], summaries: List[Dict[str, Any]]) -> List[str]:
@@ -100,7 +99,7 @@ def verdict(structure: List[Dict[str, Any]], summaries: List[Dict[str, Any]]) ->
         for algorithm in dict.fromkeys(s["algorithm"] for s in summaries):
             for s in _alone(summaries, regime):
                 if s["algorithm"] == algorithm and (regime == "dsgd" or s["mode"] == "once"):
-                    lines.append(WORDS["alone"].format(**{**s, **_errors(s)}))
+                    lines.append(WORDS["alone"].format(**_shown(s)))
     return lines
 
 
@@ -110,10 +109,10 @@ def _far(r: Dict[str, Any], all_: bool = False) -> List[Sequence[int]]:
     return [c for d, c in r["updates_by_distance"].items() if all_ or d != "1"]
 
 
-def _errors(s: Dict[str, Any]) -> Dict[str, str]:
-    """A summary's median and largest error and its blind guess's, as the page writes them."""
+def _shown(s: Dict[str, Any]) -> Dict[str, Any]:
+    """A summary with its median and largest error and its blind guess's as the page writes them."""
     keys = dict(error="error_median", error_max="error_max", blind="blind_mean_median")
-    return {k: _fmt(s[key]) for k, key in keys.items()}
+    return dict(s, **{k: _fmt(s[key]) for k, key in keys.items()})
 
 
 def low_rank_answer(summaries: List[Dict[str, Any]]) -> List[str]:
@@ -127,9 +126,7 @@ def low_rank_answer(summaries: List[Dict[str, Any]]) -> List[str]:
         if compressed:
             better = compressed["error_median"] < compressed["blind_mean_median"]
             verdict = "better than blind." if better else "no better than the blind guess."
-            rest = WORDS["compressed"].format(
-                **{**compressed, **_errors(compressed)}, verdict=verdict
-            )
+            rest = WORDS["compressed"].format(**_shown(compressed), verdict=verdict)
         lost = exact["parameters"] if exact and exact["error_max"] < 1e-4 else 0
         total = sum(s["parameters"] for s in parts.values())
         lines.append(WORDS["lost"].format(algorithm=algorithm, lost=lost, total=total, rest=rest))
@@ -141,14 +138,8 @@ def low_rank_answer(summaries: List[Dict[str, Any]]) -> List[str]:
                 continue
             best = min(mine, key=lambda s: s["error_median"])
             ratio = best["error_median"] / best["blind_mean_median"]
-            verdict = (
-                "better than"
-                if ratio < 0.8
-                else "within 20 % of"
-                if ratio < 1
-                else "no better than"
-            )
-            lines.append(WORDS["dsgd best"].format(**{**best, **_errors(best)}, verdict=verdict))
+            verdict = next((w for limit, w in CLOSE if ratio < limit), "no better than")
+            lines.append(WORDS["dsgd best"].format(**_shown(best), verdict=verdict))
     return lines + [WORDS["worse than blind"]]
 
 
@@ -157,23 +148,14 @@ def render(rows: Rows) -> Outputs:
     structure = [r for r in rows.data if r["kind"] == "structure"]
     attacks = [r for r in rows.data if r["kind"] == "attack"]
     summaries = [s for r in attacks for s in _summaries(r)]
-    title = "Knowledge-matrix attack: who curious peers reconstruct, exact gossip vs PowerGossip"
     runs = [
-        f"- {r['regime']}, {r['label']} on {r['topology']}: {r['steps']} gossip steps, "
-        f"test accuracy {_pct(r['accuracy'])} (averaged model), "
-        f"{_pct(r['local_accuracy'])} (peers' own models, mean)."
+        WORDS["run"].format(**r, acc=_pct(r["accuracy"]), local=_pct(r["local_accuracy"]))
         for r in attacks
     ]
-    text = fill(
-        template(__file__),
-        title=title + (" (--quick)" if rows.quick else ""),
-        made_by=made_by(rows),
-        structure=structure_table(structure),
-        runs=runs,
-        attacks=attack_table(summaries),
-        low_rank=low_rank_answer(summaries),
-        verdict=verdict(structure, summaries),
-    )
+    fields = dict(quick=" (--quick)" if rows.quick else "", made_by=made_by(rows), runs=runs)
+    fields.update(structure=structure_table(structure), attacks=attack_table(summaries))
+    fields.update(low_rank=low_rank_answer(summaries), verdict=verdict(structure, summaries))
+    text = fill(template(__file__), **fields)
     data = {"structure": structure, "attack_summaries": summaries}
     return {
         "privacy_knowledge.md": text,

@@ -1,21 +1,19 @@
 """`python -m experiments privacy_mechanisms_logreg`: local DP-SGD, Muffliato, ZIP-DL and DECOR at
 equal epsilon against a neighbour, on exact gossip and PowerGossip r1, on three topologies of a
-small linear problem, each run attacked by the neighbour: per topology the calibration (each
-mechanism's noise for the target, `calibration`), then every (mechanism, algorithm, seed) (`runs`;
-the page: page.md, with what both pages show: `page`). `privacy_mechanisms`: the same in the attack pages' regime, audited too
-(`audited`)."""
+small linear problem: per topology the calibration, then every (mechanism, algorithm, seed),
+attacked by the neighbour (`runs`; what both pages show: `page`). `privacy_mechanisms`: the same
+in the attack pages' regime, audited too (`audited`)."""
 
 from __future__ import annotations
 
-import statistics
 from typing import Any, Dict, List, Mapping
 
-from experiments.engine import Outputs, Page, Rows, Run, made_by
+from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
-from experiments.pages._markdown import fill, template
+from experiments.pages._markdown import template
 
-from . import audited, calibration, page
-from .runs import OBSERVER, plan_runs, reuses_local, row
+from . import audited, page
+from .runs import CLIP, DELTA, NETWORK_STEPS, OBSERVER, TARGET, plan_runs, reuses_local, row
 
 ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1,iters=1"))
 MECHANISMS = ("local", "muffliato", "zipdl", "decor")
@@ -24,17 +22,8 @@ TOPOLOGIES = ("ring:8", "ring:16", "exponential:16")
 #: synthetic_logreg keeps 80 % of n for training), and its LiRA reference models per seed. 512
 #: epochs under the cosine schedule: the budget page's plateau on ring:8 and ring:16 is 256, on
 #: exponential:16 512.
-SETTING = dict(
-    data="synthetic_logreg:d=20,classes=10,n={n}",
-    model="logreg",
-    batch_size=64,
-    lr=0.5,
-    epochs=512,
-    seeds=(0, 1, 2),
-    shard=1000,
-    schedule="cosine",
-    references=8,
-)
+SETTING = dict(data="synthetic_logreg:d=20,classes=10,n={n}", model="logreg", batch_size=64)
+SETTING.update(lr=0.5, epochs=512, seeds=(0, 1, 2), shard=1000, schedule="cosine", references=8)
 #: --quick: a seconds-long smoke run on ring:4 (constant lr: the network bounds are computed).
 QUICK_SETTING = dict(SETTING, data=SETTING["data"].replace("10", "4"), batch_size=32, epochs=4)
 QUICK_SETTING.update(seeds=(0,), shard=200, schedule="constant", references=2)
@@ -53,6 +42,7 @@ def setting_of(topology: str, quick: bool, epochs=None) -> Dict[str, Any]:
 
 
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    """Per topology, its calibration, then (once calibrated) its attacked runs."""
     runs = []
     for topology in QUICK_TOPOLOGIES if quick else TOPOLOGIES:
         setting = setting_of(topology, quick)
@@ -60,11 +50,11 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
     return runs
 
 
-def sections(rows: Rows, prefix: str = "") -> List[Dict[str, Any]]:
+def sections(rows: Rows) -> List[Dict[str, Any]]:
     """Per topology (plan order): its setting, calibration, runs' rows, and whether Muffliato's
     runs are local DP-SGD's (the same noise)."""
     out = []
-    for record in (r for r in rows.records if r.key.startswith(prefix)):
+    for record in rows.records:
         setting = record.config["setting"]
         if record.config["kind"] == "calibration":
             reuse = reuses_local(record.row)
@@ -83,31 +73,23 @@ def render(rows: Rows) -> Outputs:
         load, nice = [tuple(pair) for pair in origin["load"]], origin["nice"]
     else:  # this sweep's first and last runs
         load, nice = [(runs[0]["load"][0], runs[-1]["load"][1])], [runs[0]["nice"]]
-    c = dict(target=calibration.TARGET, algorithms=[a for a, _ in ALGORITHMS])
     plain = sorted({r["seed"] for r in found[0]["rows"] if r["mechanism"] == "none"})
     schedule, seeds = setting.get("schedule", "constant"), setting["seeds"]
-    fields = dict(delta=calibration.DELTA, clip=calibration.CLIP, observer=OBSERVER)
+    kind = "constant" if schedule == "constant" else "decaying"
+    fields = {f"{k}_text": page.WORDS[f"{k} {kind}"] for k in ("lr", "shrinks")}
+    fields = {k: v.format(lr=setting["lr"], schedule=schedule) for k, v in fields.items()}
+    fields.update(delta=DELTA, clip=CLIP, observer=OBSERVER, network_steps=NETWORK_STEPS)
     fields.update(setting=setting, noise=next(iter(found[0]["noises"].values())))
-    fields.update(generated=made_by(rows), command=rows.command, records=2 * setting["shard"])
-    fields.update(how_run=page._how_run(dict(load=load, nice=nice)), seed_count=len(seeds))
-    fields["per_step"] = statistics.fmean(r["run_seconds"] / r["steps"] for r in runs)
+    fields.update(records=2 * setting["shard"], seed_count=len(seeds))
     fields["topologies"] = ", ".join(s["setting"]["topology"] for s in found)
     fields["classes"] = setting["dataset"].split("classes=")[1].split(",")[0]
     fields.update(seeds=", ".join(map(str, seeds)), plain=", ".join(map(str, plain)))
     fields.update(plural="s" if len(plain) > 1 else "", topology_count=len(found))
     fields.update(runs="one run" if len(load) == 1 else f"{len(load)} runs")
-    fields["network_steps"] = calibration.NETWORK_STEPS
-    kind = "constant" if schedule == "constant" else "decaying"
-    for key in ("lr", "shrinks"):
-        fields[f"{key}_text"] = page.WORDS[f"{key} {kind}"].format(
-            lr=setting["lr"], schedule=schedule
-        )
     fields["network"] = page.WORDS["network"].format(schedule=schedule)
-    text = fill(template(__file__), **fields, **c, **page.shown(found, c))
-    return {
-        "privacy_mechanisms_logreg.md": text,
-        "privacy_mechanisms_logreg.csv": page.csv_text(runs),
-    }
+    c = dict(target=TARGET, algorithms=[a for a, _ in ALGORITHMS])
+    name, text = "privacy_mechanisms_logreg", template(__file__)
+    return page.outputs(name, text, rows, found, c, load, nice, **fields)
 
 
 TITLE = "DP-SGD, Muffliato, ZIP-DL, DECOR at equal ε in the attack regime, attacked and audited"

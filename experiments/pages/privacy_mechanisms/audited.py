@@ -1,30 +1,26 @@
-"""`python -m experiments privacy_mechanisms`: local DP-SGD, Muffliato, ZIP-DL and DECOR in the
-attack pages' regime at equal epsilon against a neighbour, on exact gossip and PowerGossip r1.
-The plan: the calibration (each mechanism's noise for TARGET at the victims' sampling rate and
-the run's steps), each seed's split, then every (algorithm, mechanism, seed) trained, attacked
-and audited as privacy_attacks.md's runs are (`privacy_attacks.runs.attacked`); private runs
-release no peer statistic (add/remove adjacency, the claim's). Rows: the logreg page's format,
-drawn with `page`'s tables and audited.md beside this file."""
+"""`python -m experiments privacy_mechanisms`: the mechanisms at equal epsilon in the attack pages'
+regime: the calibration, each seed's split, then every (algorithm, mechanism, seed) trained,
+attacked and audited as privacy_attacks.md's runs are; rows in the logreg page's format."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import math
-import statistics
 from typing import Any, Dict, List, Mapping
 
 from gossip_powersgd.privacy.attack_run import MOVING, READ_OFF
 
-from experiments.engine import Outputs, Rows, Run, made_by
-from experiments.pages._markdown import fill, table_rows, template
+from experiments.engine import Outputs, Rows, Run
+from experiments.pages._markdown import table_rows, template
 from experiments.pages._privacy import membership_split
-from experiments.pages.privacy_attacks import audit, regimes
+from experiments.pages.privacy_attacks import regimes
+from experiments.pages.privacy_attacks import tables as attack_tables
 from experiments.pages.privacy_attacks import runs as attack_runs
 
-from . import calibration, page
-from .page import NAMES, PRIVATE
-from .runs import noise_config, quarters, reuses_local
+from . import page
+from .page import NAMES
+from .runs import DECOR_RATIO, RATIOS, noise_config, quarters, reuses_local
 
 ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1"))
 MECHANISMS = ("local", "muffliato", "zipdl", "decor")
@@ -48,9 +44,8 @@ def calibration_setting(quick: bool) -> Dict[str, Any]:
 
 
 def calibrate(c: Mapping[str, Any]) -> Dict[str, Any]:
-    """{mechanism: noise and epsilons}: the victims train on their members (a fraction of a
-    shard) at q = batch / members, for the run's steps (an epoch: the public total over the
-    peers); plus the public sizes the runs declare."""
+    """{mechanism: noise and epsilons} at the victims' rate (batch / members) for the run's steps,
+    plus the public sizes the runs declare."""
     from gossip_powersgd.privacy.mechanisms.calibration import calibrate as solve
 
     import topologies
@@ -61,7 +56,7 @@ def calibrate(c: Mapping[str, Any]) -> Dict[str, Any]:
     members = len(split.member_set(split.victims[0])[1])
     steps = c["epochs"] * math.ceil(total / (peers * c["batch_size"]))
     recipe = (c["topology"], c["batch_size"], members, c["epochs"], c["lr"], c["schedule"])
-    dp = dict(delta=c["dp_delta"], clip=c["dp_max_grad_norm"], steps=steps, **calibration.RATIOS)
+    dp = dict(delta=c["dp_delta"], clip=c["dp_max_grad_norm"], steps=steps, **RATIOS)
     noises = solve(*recipe, target=TARGET, **dp)
     return dict(noises, public=dict(train_size=total, members=members, peers=peers))
 
@@ -109,20 +104,16 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def mechanism_row(out: Dict[str, Any], c: Mapping[str, Any]) -> Dict[str, Any]:
-    """An attacked run's row (`privacy_attacks.runs.attacked`) as the mechanisms pages read it:
-    accuracy at each quarter, the attacks through the received model (exact gossip: read off;
-    PowerGossip: the moving reconstruction from the last 4 messages), the victim's own model and
-    the blind baselines, the chance band, and the audit (without its scores)."""
+    """An attacked run's row (`privacy_attacks.runs.attacked`) as the mechanisms pages read it: the
+    attacks through the received model, the victim's and the blind one, the audit without scores."""
     last = out["rounds"][str(out["last"])]
     flat, band = last["flat"], last["evaluation"]["null_band"]
     models = {"received": RECEIVED[c["spec"].split(":")[0]], "victim's own": "victim"}
     models["blind model"] = "blind model"
-    m = dict(mechanism=c["mechanism"], algorithm=c["label"], seed=out["seed"])
-    m.update(topology=c["split"]["topology"], steps=out["steps"], epochs=out["epochs"])
-    m.update(quarters(out["evals"], out["epochs"]), acc_avg=out["acc_avg"])
-    m.update(acc_victim=out["acc_victim"])
+    m = dict(mechanism=c["mechanism"], algorithm=c["label"], topology=c["split"]["topology"])
+    m.update({k: out[k] for k in ("seed", "steps", "epochs", "acc_avg", "acc_victim")})
+    m.update(quarters(out["evals"], out["epochs"]), mb_per_peer=out["mb_sent_per_peer"])
     m.update({k: out["evals"][-1][k] for k in ("acc_local_mean", "acc_local_min")})
-    m["mb_per_peer"] = out["mb_sent_per_peer"]
     m.update({k: out[k] for k in ("run_seconds", "members", "nonmembers", "sigma")})
     for x in ("auc", "tpr1", "tpr0.1"):
         for attack, (name, model) in itertools.product(ATTACKS, models.items()):
@@ -144,35 +135,29 @@ def render(rows: Rows) -> Outputs:
     noises = {k: v for k, v in calibrated.row.items() if k in MECHANISMS}
     section = dict(setting=calibrated.config["setting"], noises=noises, rows=runs)
     section["reuse_muffliato"] = reuses_local(calibrated.row)
-    per_step = statistics.fmean(r["run_seconds"] / r["steps"] for r in runs)
-    c = dict(target=TARGET, algorithms=[a for a, _ in ALGORITHMS], per_step=per_step)
-    c.update(observer=regimes.OBSERVER, ratio=calibration.DECOR_RATIO)
-    load = [(runs[0]["load"][0], runs[-1]["load"][1])]  # the first run's start, the last's end
+    c = dict(target=TARGET, algorithms=[a for a, _ in ALGORITHMS])
     regime = _regime(rows.records[0].quick)
     s, public = regime["setting"], calibrated.row["public"]
     fields = dict(regime=regime, s=s, dp=s["dp"], public=public, local=calibrated.row["local"])
     fields.update(data=s["dataset"].split(":")[0], records=public["train_size"] // public["peers"])
-    fields["seeds"] = ", ".join(map(str, regime["seeds"]))
-    fields.update(generated=made_by(rows), command=rows.command, **page.shown([section], c))
-    fields["how_run"] = page._how_run(dict(load=load, nice=[all(r["nice"] for r in runs)]))
-    fields.update(audit=audit_lines(section, c), audit_answers=audit_answers(section))
-    text = fill(template(__file__, "audited.md"), **fields, **c)
-    return {"privacy_mechanisms.md": text, "privacy_mechanisms.csv": page.csv_text(runs)}
+    fields.update(seeds=", ".join(map(str, regime["seeds"])), ratio=DECOR_RATIO)
+    fields.update(observer=regimes.OBSERVER, audit=audit_lines(section, c))
+    fields["audit_answers"] = audit_answers(section)
+    load = [(runs[0]["load"][0], runs[-1]["load"][1])]  # the first run's start, the last's end
+    nice = [all(r["nice"] for r in runs)]
+    text = template(__file__, "audited.md")
+    return page.outputs("privacy_mechanisms", text, rows, [section], c, load, nice, **fields)
 
 
 def audit_lines(section, c) -> List[str]:
     """The audit per (mechanism, algorithm): the claim, and the lower bound through the
     observer's reconstruction, the victim's own model and the blind model, one value per seed."""
-    rows, noises, out = section["rows"], section["noises"], []
-    for name in ("none",) + PRIVATE:
-        for algorithm in c["algorithms"]:
-            group = [r for r in rows if r["mechanism"] == name and r["algorithm"] == algorithm]
-            if not group:
-                continue
-            n = noises.get(name)
-            claim = f"{n['neighbour']:.2f} / {n['neighbour_pld']:.2f}" if n else "∞ (no DP)"
-            bounds = [audit.bounds(group, s) for s in ("observer", "victim", "blind model")]
-            out.append([NAMES[name], algorithm, claim, *bounds, audit.right(group)])
+    out = []
+    for name, algorithm, group in page.groups(section["rows"], c["algorithms"]):
+        n = section["noises"].get(name)
+        claim = f"{n['neighbour']:.2f} / {n['neighbour_pld']:.2f}" if n else "∞ (no DP)"
+        bounds = [attack_tables.bounds(group, s) for s in ("observer", "victim", "blind model")]
+        out.append([NAMES[name], algorithm, claim, *bounds, attack_tables.right(group)])
     return table_rows(out)
 
 
@@ -185,6 +170,6 @@ def audit_answers(section) -> List[str]:
     plain = [r for r in rows if r["mechanism"] == "none"]
     blind = max(r["audit"]["blind model"]["epsilon"] for r in rows)
     end = " (chance: 0 expected)." if blind == 0 else "."
-    return audit.audit_words(private, claims, plain, share=False) + [
+    return attack_tables.audit_words(private, claims, plain, share=False) + [
         page.WORDS["blind"].format(blind) + end
     ]

@@ -1,6 +1,6 @@
 """What both mechanisms pages show of their rows (tables' headers: their templates; sentences:
-words.md): the calibration of each topology, every run's accuracy (plateau check) and the
-neighbour's attack, the answers in numbers, how the runs were made, and the CSV."""
+words.md): the calibration, the accuracy table and its plateau check, the neighbour's attack, the
+answers, how the runs were made, and the CSV (`outputs`)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,23 @@ import io
 import math
 import statistics
 from statistics import fmean
-from typing import Any, Dict, List, Tuple
+from typing import Dict, List, Tuple
 
-from experiments.pages._markdown import mean_sd, pm, snippets, table_rows
+from experiments.engine import Outputs, Rows, made_by
+from experiments.pages._markdown import fill, mean_sd, pm, snippets, table_rows
 
 NAMES = dict(none="non-private", local="local DP-SGD", muffliato="Muffliato", zipdl="ZIP-DL")
 NAMES["decor"] = "DECOR"
 PRIVATE = ("local", "muffliato", "zipdl", "decor")
 WORDS = snippets(__file__, "words.md")
+#: The attack table's figures after its labels (TPRs in %), then the chance band's.
+ATTACK_CELLS = (
+    "auc/received/LOSS|tpr1/received/LOSS|tpr0.1/received/LOSS|auc/received/LiRA offline|"
+    "tpr1/received/LiRA offline|auc/received/LiRA online|auc/victim's own/LOSS|"
+    "auc/blind model/LOSS|tpr0.1/blind model/LOSS|auc/class prior"
+).split("|")
+#: The received-model figures checked against the chance band: (figure, its name, its format).
+OUTSIDE = (("auc", "AUC", ".3f"), ("tpr1", "TPR", ".2%"))
 
 
 def _sd(values) -> float:
@@ -29,16 +38,31 @@ def _pm(values: List[float]) -> str:
     return pm(*mean_sd(values), ".2f", 100, " %") if values else "n/a"
 
 
-def _group(rows, mechanism, algorithm) -> List[Dict[str, Any]]:
-    """The rows of (mechanism, algorithm); Muffliato's are local DP-SGD's where it reused them."""
-    if mechanism == "muffliato" and not any(r["mechanism"] == "muffliato" for r in rows):
-        mechanism = "local"
-    return [r for r in rows if r["mechanism"] == mechanism and r["algorithm"] == algorithm]
+def groups(rows, algorithms, names=("none",) + PRIVATE, reused: bool = False):
+    """(mechanism, algorithm, its rows) of every pair that has rows, mechanism by mechanism;
+    `reused`: Muffliato's rows are local DP-SGD's where it has none of its own."""
+    own = {r["mechanism"] for r in rows}
+    for name in names:
+        source = "local" if reused and name == "muffliato" and name not in own else name
+        for algorithm in algorithms:
+            group = [r for r in rows if r["mechanism"] == source and r["algorithm"] == algorithm]
+            if group:
+                yield name, algorithm, group
+
+
+def outputs(name: str, text: str, rows: Rows, sections, c, load, nice, **fields) -> Outputs:
+    """`name`.md (`text` filled with `fields`, `c` and what `shown` shows of `sections`) and
+    `name`.csv; `load`, `nice`: how the runs were made (`how_run`)."""
+    runs = [r for s in sections for r in s["rows"]]
+    fields.update(generated=made_by(rows), command=rows.command, how_run=how_run(load, nice))
+    fields["per_step"] = fmean(r["run_seconds"] / r["steps"] for r in runs)
+    text = fill(text, **fields, **c, **shown(sections, c))
+    return {f"{name}.md": text, f"{name}.csv": csv_text(runs)}
 
 
 def shown(sections, c) -> Dict[str, List[str]]:
-    """What both mechanisms pages show of their rows: the calibration, the accuracy table and its
-    plateau check, the attacks and the answers."""
+    """The calibration, the accuracy table and its plateau check, the attacks and the answers
+    (`c`: the target and the algorithms' names)."""
     tables: Dict[str, Dict[tuple, List[float]]] = {}
     results, plateau = results_lines(sections, c, tables)
     answers = [
@@ -68,28 +92,25 @@ def results_lines(sections, c, tables) -> Tuple[List[str], List[str]]:
     """The accuracy table and the plateau check; each topology's final accuracies into `tables`."""
     lines, plateau = [], {}
     for section in sections:
-        topology, rows = section["setting"]["topology"], section["rows"]
+        topology = section["setting"]["topology"]
         table, plateau[topology] = tables.setdefault(topology, {}), []
-        for name in ("none",) + PRIVATE:
+        for name, algorithm, group in groups(section["rows"], c["algorithms"], reused=True):
             reuse = name == "muffliato" and section["reuse_muffliato"]
-            for algorithm in c["algorithms"]:
-                group = _group(rows, name, algorithm)
-                if not group:
-                    continue
-                acc, late = [r["acc_avg"] for r in group], [r["acc_3q"] for r in group]
-                change = fmean([(a - h) * 100 for a, h in zip(acc, late)])
-                table[(name, algorithm)] = acc
-                if name != "none" and not reuse:
-                    plateau[topology].append((name, algorithm, change, _sd(acc) * 100))
-                label = NAMES[name] + (" (= local DP-SGD's runs)" if reuse else "")
-                pms = [_pm([r[k] for r in group]) for k in ("acc_half", "acc_3q", "acc_avg")]
-                cells = [topology, label, algorithm, str(len(group)), *pms, f"{change:+.2f}"]
-                cells += [_pm([r[k] for r in group]) for k in ("acc_local_mean", "acc_local_min")]
-                lines.append(cells + [f"{fmean(r['mb_per_peer'] for r in group):.3f}"])
+            acc, late = [r["acc_avg"] for r in group], [r["acc_3q"] for r in group]
+            change = fmean([(a - h) * 100 for a, h in zip(acc, late)])
+            table[(name, algorithm)] = acc
+            if name != "none" and not reuse:
+                plateau[topology].append((name, algorithm, change, _sd(acc) * 100))
+            label = NAMES[name] + (" (= local DP-SGD's runs)" if reuse else "")
+            pms = [_pm([r[k] for r in group]) for k in ("acc_half", "acc_3q", "acc_avg")]
+            cells = [topology, label, algorithm, str(len(group)), *pms, f"{change:+.2f}"]
+            cells += [_pm([r[k] for r in group]) for k in ("acc_local_mean", "acc_local_min")]
+            lines.append(cells + [f"{fmean(r['mb_per_peer'] for r in group):.3f}"])
     return table_rows(lines), plateau_lines(sections, plateau)
 
 
 def plateau_lines(sections, plateau) -> List[str]:
+    """Per topology, how much the private rows change over the last quarter, and the verdict."""
     setting = sections[0]["setting"]
     kind = "constant" if setting.get("schedule", "constant") == "constant" else "decaying"
     lines = [WORDS[kind].format(schedule=setting["schedule"]), ""]
@@ -132,9 +153,7 @@ def answer_lines(section, table, c) -> List[str]:
     if len(algorithms) == 2:
         exact, low = algorithms
         parts = []
-        for name in PRIVATE:
-            if name == "muffliato" and section["reuse_muffliato"]:
-                continue
+        for name in (n for n in PRIVATE if n != "muffliato" or not section["reuse_muffliato"]):
             mine, theirs = table[(name, low)], table[(name, exact)]
             delta, spread = (fmean(mine) - fmean(theirs)) * 100, max(_sd(mine), _sd(theirs)) * 100
             parts.append(f"{NAMES[name]} {delta:+.2f} pp ({_clear(delta, spread, len(mine))})")
@@ -147,14 +166,6 @@ def _band(rows, key) -> str:
     return f"[{lo * 100:.1f}, {hi * 100:.1f}]" if "tpr" in key else f"[{lo:.3f}, {hi:.3f}]"
 
 
-#: The attack table's figures after its labels (TPRs in %), then the chance band's.
-ATTACK_CELLS = (
-    "auc/received/LOSS|tpr1/received/LOSS|tpr0.1/received/LOSS|auc/received/LiRA offline|"
-    "tpr1/received/LiRA offline|auc/received/LiRA online|auc/victim's own/LOSS|"
-    "auc/blind model/LOSS|tpr0.1/blind model/LOSS|auc/class prior"
-).split("|")
-
-
 def _cell(group, key: str) -> str:
     """The group's mean of figure `key`: a TPR in % to 2 decimals, else to 3."""
     tpr = key.startswith("tpr")
@@ -162,42 +173,34 @@ def _cell(group, key: str) -> str:
 
 
 def attack_lines(sections, c) -> List[str]:
-    """The neighbour's membership attack per topology, mechanism and algorithm."""
-    lines, outside = [], []
+    """The neighbour's membership attack per topology, mechanism and algorithm, and the
+    received-model attacks above the chance band."""
+    lines, outside, names = [], [], ("none", "local", "zipdl", "decor", "muffliato")
     for section in sections:
-        topology, rows = section["setting"]["topology"], section["rows"]
-        for name in ("none", "local", "zipdl", "decor", "muffliato"):
-            for algorithm in c["algorithms"]:
-                group = [r for r in rows if r["mechanism"] == name and r["algorithm"] == algorithm]
-                if not group:
-                    continue
-                cells = [_cell(group, k) for k in ATTACK_CELLS]
-                cells += [_band(group, f"null/{k}") for k in ("auc", "tpr1", "tpr0.1")]
-                lines.append([topology, NAMES[name], algorithm] + cells)
-                for attack in ("LOSS", "LiRA offline"):
-                    for metric in ("auc", "tpr1"):
-                        hi = fmean(r[f"null/{metric}"][1] for r in group)
-                        value = fmean(r[f"{metric}/received/{attack}"] for r in group)
-                        if value > hi:
-                            seen = (
-                                f"AUC {value:.3f} > {hi:.3f}"
-                                if metric == "auc"
-                                else f"TPR {value:.2%} > {hi:.2%}"
-                            )
-                            outside.append(f"{topology} {NAMES[name]} {algorithm} {attack} {seen}")
+        topology = section["setting"]["topology"]
+        for name, algorithm, group in groups(section["rows"], c["algorithms"], names):
+            cells = [_cell(group, k) for k in ATTACK_CELLS]
+            cells += [_band(group, f"null/{k}") for k in ("auc", "tpr1", "tpr0.1")]
+            lines.append([topology, NAMES[name], algorithm] + cells)
+            for attack in ("LOSS", "LiRA offline"):
+                for metric, shown_as, f in OUTSIDE:
+                    hi = fmean(r[f"null/{metric}"][1] for r in group)
+                    value = fmean(r[f"{metric}/received/{attack}"] for r in group)
+                    if value > hi:
+                        seen = f"{shown_as} {value:{f}} > {hi:{f}}"
+                        outside.append(f"{topology} {NAMES[name]} {algorithm} {attack} {seen}")
     counts = sections[0]["rows"][0]
     v = dict(members=counts["members"], nonmembers=counts["nonmembers"])
-    v.update(
-        above=counts["nonmembers"] * 0.001, outside="; ".join(outside) or WORDS["none outside"]
-    )
+    v.update(above=counts["nonmembers"] * 0.001)
+    v["outside"] = "; ".join(outside) or WORDS["none outside"]
     out = table_rows(lines) + WORDS["candidates"].format(**v).split("\n")
     return out + ([WORDS["muffliato"]] if all(s["reuse_muffliato"] for s in sections) else [])
 
 
-def _how_run(c) -> str:
+def how_run(loads, nice) -> str:
     """The machine's load while the page's runs were made (one start/end pair per run), and
     whether they were niced where that was recorded (said nothing of where it was not)."""
-    nice, loads = c.get("nice") or [None], c["load"]
+    nice = nice or [None]
     known = all(n is not None for n in nice)
     if len(loads) == 1:
         niced = ("this run niced; " if nice[0] else "this run not niced; ") if known else ""

@@ -1,7 +1,6 @@
-"""The mechanisms pages' runs: a topology's calibration, and one (mechanism, algorithm, seed) on
-the seed's split with its calibrated noise, attacked at the last step through what observer 0
-received from its neighbours 1 and n - 1 and through their own models (the budget page's runs:
-not attacked)."""
+"""The logreg mechanisms pages' runs: a topology's calibration (each mechanism's noise for TARGET
+against a neighbour), and one (mechanism, algorithm, seed) with its noise, attacked at the last
+step by observer 0 (the budget page's runs: not attacked)."""
 
 from __future__ import annotations
 
@@ -12,8 +11,14 @@ from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Run
 
-from .calibration import CLIP, DELTA
-
+DELTA, CLIP, TARGET = 1e-5, 1.0, 4.0
+#: DECOR's sigma_cor / sigma_ind and ZIP-DL's per-draw std over DP-SGD's noise std on the model
+#: (`zipdl.noise_ratio`: its zero-sum noise as large as one step's DP noise), fixed before any run.
+DECOR_RATIO, ZIPDL_RATIO = 4.0, 1.0
+RATIOS = dict(decor_ratio=DECOR_RATIO, zipdl_ratio=ZIPDL_RATIO)
+#: The first T of the network view the page's text describes (T doubled from it). No run here
+#: computes that view (no guarantee for training: `muffliato.network_applies`).
+NETWORK_STEPS = 128
 #: The attacker (it records what it receives), and the held-out share of every peer's shard.
 OBSERVER, FRACTION = 0, 0.5
 #: The budget page's rows: what it shows of a run.
@@ -29,8 +34,6 @@ def row(run: Run) -> Dict[str, Any]:
 
     c = run.config
     if c["kind"] == "calibration":
-        from .calibration import calibrate
-
         return calibrate(c["setting"])
     torch.set_num_threads(1)
     start, begun = os.getloadavg()[0], time.perf_counter()
@@ -42,9 +45,17 @@ def row(run: Run) -> Dict[str, Any]:
     return with_load(dict(m, nice=os.nice(0)), start)
 
 
+def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """{mechanism: its noise (sigma, extra noise) and epsilons} on `setting`'s topology
+    (`privacy.mechanisms.calibration.calibrate`, each mechanism with its own valid accountant)."""
+    from gossip_powersgd.privacy.mechanisms.calibration import calibrate as solve
+
+    keys = ("topology", "batch_size", "shard", "epochs", "lr", "schedule")
+    return solve(*(setting[k] for k in keys), target=TARGET, delta=DELTA, clip=CLIP, **RATIOS)
+
+
 def victims_of(setting: Dict[str, Any]) -> List[int]:
-    """The attacked peers: the observer's neighbours 1 and n - 1 (direct neighbours on every
-    topology here)."""
+    """The attacked peers: the observer's neighbours 1 and n - 1."""
     import topologies
 
     peers = setting["peers"]
@@ -98,9 +109,8 @@ def train(setting, label, spec, mechanism, noise, seed, attack=True) -> Dict[str
 
 
 def neighbour_attack(setting, split, view, snaps, seed) -> Dict[str, Any]:
-    """The observer's attacks on its neighbours at the last step through what it received
-    (PowerGossip: reconstructed from the last 4 messages) and through their own models
-    (`privacy.attack_run.received_attack`), with LiRA references built once per setting and seed."""
+    """The observer's attacks on its neighbours at the last step through what it received and
+    their own models (`attack_run.received_attack`); LiRA references once per setting and seed."""
     from gossip_powersgd.privacy.attack_run import received_attack
     from gossip_powersgd.privacy.attacks import Candidates, References
     from gossip_powersgd.training.models import build_model
@@ -134,9 +144,7 @@ def plan_runs(prefix: str, setting: Dict[str, Any], algorithms, mechanisms, rows
     reuse = reuses_local(noises)
     cost = {"decor": 3, "zipdl": 2, "muffliato": 2, "local": 2, "none": 1}  # measured
     for label, spec in algorithms:
-        for mechanism in ("none",) + mechanisms:
-            if mechanism == "muffliato" and reuse:
-                continue
+        for mechanism in (m for m in ("none",) + mechanisms if m != "muffliato" or not reuse):
             noise = None if mechanism == "none" else noises[mechanism]
             config = dict(kind="run", setting=setting, label=label, spec=spec)
             config.update(mechanism=mechanism, noise=noise, attack=attack)

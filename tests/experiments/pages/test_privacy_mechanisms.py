@@ -13,7 +13,8 @@ import pytest
 from experiments.engine import RowFile
 from experiments.pages import privacy_mechanisms as mechanisms
 from experiments.pages import privacy_mechanisms_budget as budget
-from experiments.pages.privacy_mechanisms import audited, calibration
+from experiments.pages.privacy_mechanisms import audited
+from experiments.pages.privacy_mechanisms import runs as mechanism_runs
 
 RESULTS = Path(__file__).resolve().parents[3] / "experiments" / "results"
 
@@ -25,8 +26,8 @@ def test_calibration_keeps_only_the_bounds_valid_for_training():
     gradient, so their sigma and epsilon are the constant schedule's, bit for bit."""
     setting = mechanisms.setting_of("ring:4", True)
     assert setting["schedule"] == "constant"
-    constant = calibration.calibrate(setting)
-    cosine = calibration.calibrate(dict(setting, schedule="cosine"))
+    constant = mechanism_runs.calibrate(setting)
+    cosine = mechanism_runs.calibrate(dict(setting, schedule="cosine"))
     for name in ("muffliato", "zipdl"):
         assert "network_neighbour" not in constant[name]
         assert "no guarantee for training" in constant[name]["note"]
@@ -40,9 +41,9 @@ def test_calibration_keeps_only_the_bounds_valid_for_training():
         assert row["sigma"] == local["sigma"] and row["neighbour"] == local["neighbour"]
         assert row["far"] == local["far"] and row["local"] == local["local"]
     # ZIP-DL's zero-sum std: rho = 1 times one step's DP noise on the model at the base lr
-    expected = setting["lr"] * local["sigma"] * calibration.CLIP / setting["batch_size"]
+    expected = setting["lr"] * local["sigma"] * mechanism_runs.CLIP / setting["batch_size"]
     assert cosine["zipdl"]["zipdl_sigma"] == pytest.approx(
-        expected * calibration.ZIPDL_RATIO, rel=1e-12
+        expected * mechanism_runs.ZIPDL_RATIO, rel=1e-12
     )
 
 
