@@ -10,13 +10,13 @@ import os
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from experiments.engine import Outputs, Page, Rows, Run, made_by
+from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
 from experiments.pages._markdown import block, fill, mean_sd, pm, snippets
 from experiments.pages._markdown import table as table_lines
 from experiments.pages._markdown import table_rows
-from experiments.pages._privacy import CLIP, DELTA, at_once, dp_epochs, dp_row, loads, pct, recipe
-from experiments.pages._privacy import setting_words, train_config, with_load
+from experiments.pages._privacy import DELTA, dp_epochs, dp_row, page_fields, pct, recipe
+from experiments.pages._privacy import train_config, with_load
 
 _SUBSPACE = dict(dp_exchanged_subspace=True)
 _FEEDBACK = dict(dp_exchanged_subspace=True, dp_subspace_feedback=True)
@@ -65,9 +65,8 @@ def cells(rows: Sequence[Dict[str, Any]]) -> Dict[Tuple[str, float], Dict[str, A
     per evaluation the geometric mean of the consensus distances."""
     out: Dict[Tuple[str, float], Dict[str, Any]] = {}
     for r in rows:
-        cell = out.setdefault(
-            (r["label"], r["target"]), dict(acc=[], history={}, failed=0, rows=[])
-        )
+        key = (r["label"], r["target"])
+        cell = out.setdefault(key, dict(acc=[], history={}, failed=0, rows=[]))
         cell["failed"] += "error" in r
         if "error" not in r:
             cell["rows"].append(r)
@@ -97,16 +96,17 @@ def _acc(cell: Dict[str, Any]) -> str:
 def comparisons(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence[float]):
     """Each variant against the plain algorithm of its rank at the same epsilon, where both have
     finished runs: the accuracy difference and twice the larger seed sd of the two (in pp; nan,
-    and `one_seed`, where a cell has a single seed)."""
+    and `one_seed`, where a cell has a single seed), and both cells' numbers in words."""
     for target in targets:
         for label, _, extra in VARIANTS:
             base_label = label.split(",")[0]
             base, cell = table.get((base_label, target)), table.get((label, target))
             if extra and base and cell and base.get("acc") and cell.get("acc"):
                 sds = (base["acc_sd"], cell["acc_sd"])
-                c = dict(target=target, label=label, base_label=base_label, base=base, cell=cell)
+                c = dict(target=target, label=label, base_label=base_label, acc=_acc(cell))
+                c.update(base_acc=_acc(base), end=cell["consensus_gm"])
                 c.update(diff=100 * (cell["acc_mean"] - base["acc_mean"]), spread=200 * max(sds))
-                yield dict(c, one_seed=any(math.isnan(sd) for sd in sds))
+                yield dict(c, one_seed=any(map(math.isnan, sds)), base_end=base["consensus_gm"])
 
 
 def verdict_text(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence[float]) -> str:
@@ -117,17 +117,8 @@ def verdict_text(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequen
         diff, spread = c["diff"], c["spread"]
         word = "better than" if diff > spread else "worse than" if diff < -spread else None
         judged = TEXT["judged"].format(word=word or "not distinguishable from", spread=spread)
-        base, cell = c["base"], c["cell"]
-        lines.append(
-            TEXT["verdict"].format(
-                **c,
-                acc=_acc(cell),
-                base_acc=_acc(base),
-                judged=TEXT["one_seed"] if c["one_seed"] else judged,
-                end=cell["consensus_gm"],
-                base_end=base["consensus_gm"],
-            )
-        )
+        judged = TEXT["one_seed"] if c["one_seed"] else judged
+        lines.append(TEXT["verdict"].format(**c, judged=judged))
     return "\n".join(lines) + "\n"
 
 
@@ -135,18 +126,17 @@ def conclusion(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence
     """The answer in one paragraph, from the numbers: does the projection lower the drift, does
     it pay in accuracy, and how far the plainer remedy (rank 4) is from exact gossip."""
 
-    def got(label: str, target: float, key: str) -> Optional[float]:
-        cell = table.get((label, target))
+    def got(variant: int, target: float, key: str) -> Optional[float]:
+        cell = table.get((VARIANTS[variant][0], target))
         return cell[key] if cell and cell.get("acc") else None
 
-    plain, projected = VARIANTS[1][0], VARIANTS[2][0]
     changes = [(c["diff"], c["spread"]) for c in comparisons(table, targets)]
     drops, gaps = [], []
     for t in targets:
-        a, b = got(plain, t, "consensus_gm"), got(projected, t, "consensus_gm")
-        if a is not None and b is not None:
-            drops.append(f"{a:.3g} → {b:.3g} at ε = {t:g}")
-        r4, exact = got(VARIANTS[4][0], t, "acc_mean"), got(VARIANTS[0][0], t, "acc_mean")
+        plain, projected = got(1, t, "consensus_gm"), got(2, t, "consensus_gm")
+        if plain is not None and projected is not None:
+            drops.append(f"{plain:.3g} → {projected:.3g} at ε = {t:g}")
+        r4, exact = got(4, t, "acc_mean"), got(0, t, "acc_mean")
         if r4 is not None and exact is not None:
             gaps.append(f"{100 * (exact - r4):+.2f} pp at ε = {t:g}")
     if not drops or not changes:
@@ -187,14 +177,7 @@ def render(rows: Rows) -> Outputs:
     )
     text = fill(
         TEXT["page"] + "\n",
-        made_by=made_by(rows),
-        at_once=at_once(rows),
-        cores=data[0].get("cores", "n/a"),
-        loads=loads(data),
-        setting=setting_words(quick),
-        **{k: regime[k] for k in ("dp_batch", "dp_lr", "warmup")},
-        clip=CLIP,
-        delta=DELTA,
+        **page_fields(rows),
         budgets=", ".join(
             f"ε = {t:g}: {regime['dp_epochs'] or dp_epochs(t)} epochs" for t in targets
         ),
@@ -256,18 +239,10 @@ def consensus_tables(table, variants, targets) -> List[str]:
             for c in found
         ]
         if epochs:
-            lines += [f"ε = {target:g}:", ""] + table_lines(
-                ["variant"] + [f"epoch {e:g}" for e in epochs], rows
-            )
+            header = ["variant"] + [f"epoch {e:g}" for e in epochs]
+            lines += [f"ε = {target:g}:", ""] + table_lines(header, rows)
     return lines
 
 
-PAGE = register(
-    Page(
-        name="privacy_dp_subspace",
-        title="PowerGossip under DP: the private update kept in the exchanged subspace",
-        plan=plan,
-        row=row,
-        render=render,
-    )
-)
+TITLE = "PowerGossip under DP: the private update kept in the exchanged subspace"
+PAGE = register(Page("privacy_dp_subspace", TITLE, plan, row, render))

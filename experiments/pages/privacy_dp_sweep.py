@@ -226,12 +226,5 @@ def render(rows: Rows) -> Outputs:
     return {"privacy_dp_sweep.md": text}
 
 
-PAGE = register(
-    Page(
-        name="privacy_dp_sweep",
-        title="the sweep that chose the privacy pages' DP regime (batch, lr, clip) at ε = 8",
-        plan=plan,
-        row=row,
-        render=render,
-    )
-)
+TITLE = "the sweep that chose the privacy pages' DP regime (batch, lr, clip) at ε = 8"
+PAGE = register(Page("privacy_dp_sweep", TITLE, plan, row, render))

@@ -1,13 +1,11 @@
 """`python -m experiments privacy_regime`: the sweep that chose privacy_attacks.md's regime, where a
-curious neighbour's attacks work without DP and DP stops them at a useful accuracy. Each candidate
-(`CANDIDATES`, fixed before any run) trained without DP, each (records per peer, model) with DP-SGD
-at `TARGET` in every recipe of `RECIPES`, one seed each, under the attack pages' membership
-protocol: LOSS through each victim's own model beside the permutation null band. `choose`: the
-selection rule (fixed before the runs); `tuning_epsilon`: what choosing a recipe costs."""
+curious neighbour's LOSS attack works without DP and DP stops it at a useful accuracy: each
+candidate (`CANDIDATES`) without DP, each (records per peer, model) at `TARGET` in every recipe of
+`RECIPES`, one seed each. `choose`: the selection rule, fixed before the runs; `tuning_epsilon`:
+what choosing a recipe costs."""
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from typing import Any, Dict, List, Mapping, Optional
@@ -49,9 +47,8 @@ WORDS = snippets(__file__, "privacy_regime_parts.md")
 
 def dataset(records: int, quick: bool) -> str:
     """8 peers' records and mnist1d's test set (20 % of what it generates)."""
-    if quick:
-        return QUICK_DATA.format(n=int(records * PEERS / 0.8))
-    return f"mnist1d:num_samples={int(records * PEERS / 0.8)}"
+    data = QUICK_DATA if quick else "mnist1d:num_samples={n}"
+    return data.format(n=int(records * PEERS / 0.8))
 
 
 def candidate_key(records: int, model: str, epochs: int) -> str:
@@ -145,7 +142,7 @@ def recipe_of(row: Mapping[str, Any]) -> Dict[str, Any]:
 
 def pairs(rows) -> Dict[str, Dict[str, Any]]:
     """{candidate: {"plain": its non-private row, "dp": the best DP row of its records and model
-    (highest victims' accuracy; None where none), "recipes": every DP row of them}}."""
+    (highest victims' accuracy; None where none)}}."""
     dp: Dict[Any, List[Dict[str, Any]]] = {}
     for r in rows:
         if r["target"] is not None:
@@ -155,7 +152,7 @@ def pairs(rows) -> Dict[str, Dict[str, Any]]:
         if r["target"] is None:
             mine = dp.get((r["records"], r["model"]), [])
             best = max(mine, key=lambda d: d["acc_victims"]) if mine else None
-            out[r["candidate"]] = {"plain": r, "dp": best, "recipes": mine}
+            out[r["candidate"]] = {"plain": r, "dp": best}
     return out
 
 
@@ -183,8 +180,10 @@ def chosen_setting(rows) -> Optional[Dict[str, Any]]:
     name = choose(rows)
     if name is None:
         return None
-    plain, dp = pairs(rows)[name]["plain"], pairs(rows)[name]["dp"]
-    return dict({k: plain[k] for k in ("records", "model", "epochs")}, dp=recipe_of(dp))
+    pair = pairs(rows)[name]
+    return dict(
+        {k: pair["plain"][k] for k in ("records", "model", "epochs")}, dp=recipe_of(pair["dp"])
+    )
 
 
 def victims_history(row: Mapping[str, Any]) -> List[Any]:
@@ -199,12 +198,8 @@ def tuning_epsilon(rows, records: int) -> float:
     as each run's own epsilon."""
     from gossip_powersgd.privacy.accounting import pld_epsilon
 
-    history = [
-        h
-        for r in rows
-        if r["target"] is not None and r["records"] == records
-        for h in victims_history(r)
-    ]
+    private = [r for r in rows if r["target"] is not None and r["records"] == records]
+    history = [h for r in private for h in victims_history(r)]
     return pld_epsilon(history, DELTA, replace_one=True)
 
 
@@ -214,12 +209,11 @@ def _eps_cell(dp: Optional[Mapping[str, Any]]) -> str:
 
 
 def _row_cells(name: str, p: Dict[str, Any]) -> List[str]:
-    plain, dp = p["plain"], p["dp"]
-    band = plain["band_auc"] if plain else [math.nan] * 2
-    cells = [name, f"{100 * plain['acc_victims']:.1f} %" if plain else "not run"]
-    cells += [f"{plain['auc']:.3f}" if plain else "–", f"{band[0]:.3f}–{band[1]:.3f}"]
-    cells.append(f"{plain['tpr0_1']:.4f} (band ≤ {plain['band_tpr0_1'][1]:.4f})" if plain else "–")
-    cells.append(f"{plain['nonmembers']}" if plain else "–")
+    plain, dp, band = p["plain"], p["dp"], p["plain"]["band_auc"]
+    cells = [name, f"{100 * plain['acc_victims']:.1f} %", f"{plain['auc']:.3f}"]
+    cells += [f"{band[0]:.3f}–{band[1]:.3f}"]
+    cells.append(f"{plain['tpr0_1']:.4f} (band ≤ {plain['band_tpr0_1'][1]:.4f})")
+    cells.append(f"{plain['nonmembers']}")
     cells.append(f"{100 * dp['acc_victims']:.1f} %" if dp else "not run")
     cells += [recipe_label(recipe_of(dp)) if dp else "–", f"{dp['auc']:.3f}" if dp else "–"]
     return cells + [_eps_cell(dp), "yes" if qualifies(plain) else "no"]
@@ -264,18 +258,14 @@ def chosen_words(p, name: Optional[str], setting) -> List[str]:
     """The chosen candidate and recipe, whether privacy_attacks.md is measured in it, and ties."""
     if name is None:
         return [WORDS["none"]]
-    chosen = p[name]
-    where = WORDS["trains"] if setting == ATTACK_PAGES_REGIME else WORDS["still"]
+    plain, dp = p[name]["plain"], p[name]["dp"]
+    tied = [other for a, other in _qualified(p) if other != name and a == dp["acc_victims"]]
+    where = WORDS["trains" if setting == ATTACK_PAGES_REGIME else "still"]
     where = where.format(earlier=setting_label(ATTACK_PAGES_REGIME))
-    acc = chosen["dp"]["acc_victims"]
-    tied = [other for a, other in _qualified(p) if other != name and a == acc]
     where += WORDS["tied"].format(tied=", ".join(tied)) if tied else ""
-    plain, dp = chosen["plain"], chosen["dp"]
     v = dict(name=name, recipe=recipe_label(setting["dp"]), auc=plain["auc"], target=TARGET)
-    v.update(
-        band=plain["band_auc"][1], dp_acc=100 * dp["acc_victims"], acc=100 * plain["acc_victims"]
-    )
-    return [WORDS["chosen"].format(**v, where=where)]
+    v.update(band=plain["band_auc"][1], dp_acc=100 * dp["acc_victims"])
+    return [WORDS["chosen"].format(**v, acc=100 * plain["acc_victims"], where=where)]
 
 
 def render(rows: Rows) -> Outputs:
@@ -283,15 +273,14 @@ def render(rows: Rows) -> Outputs:
     data = [r for r in with_recipes(rows.records) if "records" in r]
     grid = QUICK_CANDIDATES if rows.quick else CANDIDATES
     name, p = choose(data), pairs(data)
-    none: Dict[str, Any] = {"plain": None, "dp": None}
-    cells = [_row_cells(candidate_key(*g), p.get(candidate_key(*g), none)) for g in grid]
-    missing = [candidate_key(*g) for g in grid if candidate_key(*g) not in p]
+    names = [candidate_key(*g) for g in grid]
+    missing = [n for n in names if n not in p]
     recipes = "; ".join(recipe_label(r) for r in (QUICK_RECIPES if rows.quick else RECIPES))
     fields = dict(made_by=made_by(rows), load=max((r["load"] for r in data), default=0))
     fields.update(batch=NONPRIVATE["batch_size"], lr=NONPRIVATE["lr"], target=TARGET)
     fields.update(recipes=recipes, clip=DP["dp_max_grad_norm"])
     fields.update(delta=DELTA, min_nonmembers=MIN_NONMEMBERS, cost=cost_words(p, data))
-    fields["candidates"] = table_rows(c for c in cells if c[1] != "not run" or c[6] != "not run")
+    fields["candidates"] = table_rows(_row_cells(n, p[n]) for n in names if n in p)
     fields["chosen"] = chosen_words(p, name, chosen_setting(data))
     fields["missing"] = ["", "Not run: " + "; ".join(missing) + "."] if missing else []
     text = fill(
