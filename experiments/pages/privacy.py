@@ -76,19 +76,18 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def _line(r: Dict[str, Any]) -> str:
-    """A row of the results table (its header: privacy.md)."""
-    head = f"| {r['partition']} | {_eps(r['target'])} | {r['label']} | {r.get('seeds', 1)} | "
-    head += f"{r.get('epochs', 'n/a')} |"
+    """A row of the results table (privacy.md's `row`, or `failed`)."""
+    words = dict(r, eps=_eps(r["target"]), seeds=r.get("seeds", 1), epochs=r.get("epochs", "n/a"))
     if "error" in r:
-        return head + f" FAILED: {r['error'].replace('|', '/')} | | | | | | | |\n"
+        return TEXT["failed"].format_map(dict(words, error=r["error"].replace("|", "/"))) + "\n"
     private, three = r["target"] is not None, r.get("acc_3q")
-    cells = [_pct(r["acc_avg"], r.get("acc_avg_std")), "n/a" if three is None else _pct(three)]
-    cells.append("n/a" if three is None else f"{100 * (r['acc_avg'] - three):+.2f}")
-    cells.append(_pct(r["acc_local_mean"], r.get("acc_local_mean_std")))
-    cells.append(f"[{_eps(r['eps_min'])}, {_eps(r['eps_max'])}]")
-    cells.append(f"{r['sigma']:.3g}" if private else "—")
-    cells.append(f"[{r['q_min']:.3g}, {r['q_max']:.3g}]" if private else "—")
-    return head + " " + " | ".join(cells + [f"{r['mb_per_peer']:.3f}"]) + " |\n"
+    words.update(acc=_pct(r["acc_avg"], r.get("acc_avg_std")), at_3q=_pct(three))
+    words["change"] = "n/a" if three is None else f"{100 * (r['acc_avg'] - three):+.2f}"
+    words["local"] = _pct(r["acc_local_mean"], r.get("acc_local_mean_std"))
+    words["eps_range"] = f"[{_eps(r['eps_min'])}, {_eps(r['eps_max'])}]"
+    words["sigma"] = f"{r['sigma']:.3g}" if private else "—"
+    words["q"] = f"[{r['q_min']:.3g}, {r['q_max']:.3g}]" if private else "—"
+    return TEXT["row"].format_map(words) + "\n"
 
 
 def findings(rows: Sequence[Dict[str, Any]], algorithms, epsilons) -> List[str]:

@@ -91,14 +91,11 @@ def verdicts(
 
 
 def _run_line(r: Dict[str, Any]) -> str:
-    head = f"| {r['label']} | {r['target']:g} | {r['epochs']} |"
-    if "error" in r:
-        return head + f" FAILED: {r['error'].replace('|', '/')} | | | | | | |\n"
-    consensus = "n/a" if r.get("consensus") is None else f"{r['consensus']:.3g}"
-    return head + (
-        f" {r['steps']} | {r['sigma']:.3g} | {r['eps_max']:.3g} | {regime.pct(r['acc_avg'])} | "
-        f"{regime.pct(r.get('acc_3q'))} | {consensus} | {r['run_seconds']:.0f} |\n"
-    )
+    """The run's line of the runs table (privacy_dp_budget.md's `run`, or `failed`)."""
+    words = dict(r, acc=regime.pct(r.get("acc_avg")), at_3q=regime.pct(r.get("acc_3q")))
+    words.update(error=r.get("error", "").replace("|", "/"))
+    words["consensus"] = "n/a" if r.get("consensus") is None else f"{r['consensus']:.3g}"
+    return TEXT["failed" if "error" in r else "run"].format_map(words) + "\n"
 
 
 def render(rows: Rows) -> Outputs:

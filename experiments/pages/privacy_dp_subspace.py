@@ -211,17 +211,12 @@ def accuracy_table(table, variants, targets) -> List[str]:
 
 
 def runs_table(data) -> List[str]:
-    """Every run: its accuracy, consensus and time (or why it failed)."""
+    """Every run: its accuracy, consensus and time (privacy_dp_subspace.md's `run`, or `failed`)."""
     lines = []
     for r in data:
-        head = f"| {r['target']:g} | {r['label']} | {r['seed']} |"
-        if "error" in r:
-            lines.append(head + f" FAILED: {r['error'].replace('|', '/')} | | | |")
-            continue
-        lines.append(
-            head + f" {pct(r['acc_avg'])} | {pct(r.get('acc_3q'))} | {r['consensus']:.3g} | "
-            f"{r['run_seconds']:.0f} |"
-        )
+        words = dict(r, acc=pct(r.get("acc_avg")), at_3q=pct(r.get("acc_3q")))
+        words.update(error=r.get("error", "").replace("|", "/"))
+        lines.append(TEXT["failed" if "error" in r else "run"].format_map(words))
     return lines
 
 

@@ -1,10 +1,7 @@
 """`python -m experiments privacy_dp_sweep`: the small sweep that chose the privacy pages' DP regime
-(`_privacy`), and every algorithm's consensus distance over time under DP in that regime.
-
-Part 1: exact gossip without DP, then DP at target ε 8 for a few (batch, lr, C); the best DP row
-is the chosen regime, run once more clipped without noise (the gap to it is the noise's cost).
-Part 2, once part 1 is done: PowerGossip and Choco sign in the chosen regime, and without DP.
-"""
+(`_privacy`). Part 1: exact gossip without DP, then DP at target ε 8 for a few (batch, lr, C); the
+best DP row is the chosen regime, run once more clipped without noise. Part 2, once part 1 is
+done: PowerGossip and Choco sign in the chosen regime and without DP (consensus over time)."""
 
 from __future__ import annotations
 
@@ -55,9 +52,14 @@ def _noisy(row: Dict[str, Any]) -> bool:
     return row.get("target") is not None
 
 
-def _chosen(rows) -> Optional[Dict[str, Any]]:
+def _best(rows) -> Optional[Dict[str, Any]]:
+    """The finished DP row of highest accuracy (the chosen regime), or None."""
     private = [r for r in rows if _noisy(r) and "error" not in r]
-    best = max(private, key=lambda r: r["acc_avg"]) if private else None
+    return max(private, key=lambda r: r["acc_avg"]) if private else None
+
+
+def _chosen(rows) -> Optional[Dict[str, Any]]:
+    best = _best(rows)
     return best and {k: best[k] for k in ("batch", "lr", "clip", "epochs", "target")}
 
 
@@ -121,11 +123,8 @@ def _pair(rows, label: str) -> tuple:
 
 def findings(sweep, algorithms) -> List[str]:
     """Sentences computed from the rows (their words: privacy_dp_sweep.md)."""
-    out = []
-    ok = [r for r in sweep if "error" not in r]
-    private = [r for r in ok if _noisy(r)]
-    best = max(private, key=lambda r: r["acc_avg"]) if private else None
-    plain = [r for r in ok if r["clip"] is None]
+    out, ok, best = [], [r for r in sweep if "error" not in r], _best(sweep)
+    private, plain = [r for r in ok if _noisy(r)], [r for r in ok if r["clip"] is None]
     if plain and best:
         top = max(plain, key=lambda r: r["acc_avg"])
         gap = 100 * (top["acc_avg"] - best["acc_avg"])
@@ -164,32 +163,21 @@ def _same(r: Dict[str, Any]) -> tuple:
     return (r["batch"], r["lr"], r["clip"], r["steps"])
 
 
-def _sweep_line(r: Dict[str, Any]) -> str:
-    head = f"| {r['label']} | {r['batch']} | {r['lr']} | "
+def _line(r: Dict[str, Any], table: str) -> str:
+    """The row's line of `table` ("sweep" or "curve", privacy_dp_sweep.md), or why it failed."""
+    words = dict(r, acc=pct(r.get("acc_avg")), regime=_regime(r), clip=r["clip"] or "—")
     if "error" in r:
-        return head + f"{r['clip']} | FAILED: {r['error']} |\n"
-    sigma = "—" if r["sigma"] is None else _fig(r["sigma"])
-    return head + (
-        f"{r['clip'] or '—'} | {r['epochs']} | {r['steps']} | {sigma} | {r['eps_max']:.3g} | "
-        f"{pct(r['acc_avg'])} | {_fig(r['consensus'])} | {r['seconds']:.0f} |\n"
-    )
-
-
-def _curve_line(r: Dict[str, Any]) -> str:
-    head = f"| {r['label']} | {_regime(r)} | {r['batch']} | {r['lr']} | "
-    if "error" in r:
-        return head + f"FAILED: {r['error']} |\n"
-    curve = ", ".join(_fig(e["consensus"]) for e in r["evals"] if e["consensus"] is not None)
-    return head + f"{r['steps']} | {r['eps_max']:.3g} | {pct(r['acc_avg'])} | {curve} |\n"
+        return TEXT[table + "_failed"].format_map(dict(words, clip=r["clip"])) + "\n"
+    words.update(sigma="—" if r["sigma"] is None else _fig(r["sigma"]), end=_fig(r["consensus"]))
+    curve = (_fig(e["consensus"]) for e in r["evals"] if e["consensus"] is not None)
+    return TEXT[table].format_map(dict(words, curve=", ".join(curve))) + "\n"
 
 
 def render(rows: Rows) -> Outputs:
     """The page (its fixed text: privacy_dp_sweep.md beside this file)."""
     setting = QUICK if rows.quick else BASE
-    parts: Dict[str, List[Dict[str, Any]]] = {"sweep": [], "algorithms": []}
-    for record in rows.records:
-        parts[record.key.split("/")[0]].append(record.row)
-    sweep, algorithms = parts["sweep"], parts["algorithms"]
+    sweep = [r.row for r in rows.records if r.key.startswith("sweep/")]
+    algorithms = [r.row for r in rows.records if r.key.startswith("algorithms/")]
     chosen = _chosen(sweep)
     exact = [
         dict(r, label="exact gossip (part 1)")
@@ -216,10 +204,10 @@ def render(rows: Rows) -> Outputs:
         warmup=setting["warmup_epochs"],
         target=TARGET,
         delta=DELTA,
-        sweep="".join(map(_sweep_line, sweep)),
+        sweep="".join(_line(r, "sweep") for r in sweep),
         chosen=chosen,
         every=max(1, (chosen or {}).get("epochs", 5) // 5),
-        curves="".join(map(_curve_line, exact + algorithms)),
+        curves="".join(_line(r, "curve") for r in exact + algorithms),
         findings="\n".join(findings(sweep, algorithms)),
         not_run=TEXT["not_run"] + "\n\n" + not_run[1:] + "\n" if missing else "",
     )
