@@ -119,17 +119,12 @@ def render(rows: Rows) -> Outputs:
         for c in missing
     )
     header = ["algorithm", "target ε"] + [f"{e} → {2 * e}" for e in steps]
-    text = fill(
-        TEXT["page"],
-        **regime.page_fields(rows),
-        seed=SEED,
-        threshold=THRESHOLD_PP,
-        runs="".join(map(_run_line, data)),
-        gains="\n".join(table(header, gain_rows, end=None)),
-        first=budgets[0],
-        verdicts="".join(verdict_lines),
-        not_run=f"\n## Not run\n{not_run}\n" if missing else "",
-    )
+    words = dict(regime.page_fields(rows), seed=SEED, threshold=THRESHOLD_PP, first=budgets[0])
+    words["runs"] = "".join(map(_run_line, data))
+    words["gains"] = "\n".join(table(header, gain_rows, end=None))
+    words["verdicts"] = "".join(verdict_lines)
+    words["not_run"] = f"\n## Not run\n{not_run}\n" if missing else ""
+    text = fill(TEXT["page"], **words)
     return {"privacy_dp_budget.md": text}
 
 

@@ -5,6 +5,7 @@ and consensus distance over time. The problem and the remedy in words: privacy_d
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import statistics
@@ -41,15 +42,13 @@ TEXT = snippets(__file__, "privacy_dp_subspace.md")
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
     variants, targets, seeds = QUICK if quick else (VARIANTS, TARGETS, SEEDS)
     runs = []
-    for target in targets:
-        for label, spec, extra in variants:
-            train = train_config(recipe(quick), spec, target, extra=extra)
-            config = dict(label=label, spec=spec, partition="iid", target=target, extra=extra)
-            config["train"] = train
-            for seed in seeds:
-                runs.append(
-                    Run(f"{label}/eps={target:g}/seed{seed}", config, seed, train["epochs"])
-                )
+    for target, (label, spec, extra) in itertools.product(targets, variants):
+        train = train_config(recipe(quick), spec, target, extra=extra)
+        config = dict(label=label, spec=spec, partition="iid", target=target, extra=extra)
+        config["train"] = train
+        for seed in seeds:
+            key = f"{label}/eps={target:g}/seed{seed}"
+            runs.append(Run(key, config, seed, train["epochs"]))
     return runs
 
 
@@ -150,10 +149,8 @@ def conclusion(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence
 
 
 def _message_dp(rows: Sequence[Dict[str, Any]], targets: Sequence[float]) -> str:
-    """What DP on the sent messages would cost at this page's epsilons: one Gaussian mechanism
-    per message (q = 1, sensitivity 2B for messages clipped to norm B: replacing one sample's
-    contribution), as many as the run's steps, the noise multiplier by Opacus' RDP accountant
-    (at q = 1 no subsampling is assumed, so its add/remove bound at sensitivity 2B covers it)."""
+    """What DP on the sent messages would cost at this page's epsilons: a Gaussian mechanism per
+    message clipped to norm B (q = 1, sensitivity 2B), one a step, by Opacus' RDP accountant."""
     from gossip_powersgd.privacy.accounting import noise_for_target
 
     parts = []
@@ -169,27 +166,20 @@ def render(rows: Rows) -> Outputs:
     """The page; its fixed text is privacy_dp_subspace.md beside this file."""
     quick, data = rows.quick, rows.data
     variants, targets, seeds = QUICK if quick else (VARIANTS, TARGETS, SEEDS)
-    regime, table = recipe(quick), cells(data)
+    budget, table = recipe(quick)["dp_epochs"], cells(data)
     missing = [run for run in plan(quick, {}) if run.key not in rows.by_key]
-    not_run = "".join(
-        f"- {r.config['label']} at target ε {r.config['target']:g}, seed {r.seed}\n"
-        for r in missing
-    )
-    text = fill(
-        TEXT["page"] + "\n",
-        **page_fields(rows),
-        budgets=", ".join(
-            f"ε = {t:g}: {regime['dp_epochs'] or dp_epochs(t)} epochs" for t in targets
-        ),
-        seeds=", ".join(map(str, seeds)),
-        message_dp=_message_dp(data, targets),
-        accuracy=accuracy_table(table, variants, targets),
-        consensus=consensus_tables(table, variants, targets),
-        verdict=block(verdict_text(table, targets)),
-        conclusion=block(conclusion(table, targets)),
-        runs=runs_table(data),
-        missing=block("\n## Not run\n\n" + not_run if missing else ""),
-    )
+    not_run = [
+        f"- {r.config['label']} at target ε {r.config['target']:g}, seed {r.seed}" for r in missing
+    ]
+    words = dict(page_fields(rows), seeds=", ".join(map(str, seeds)))
+    words["budgets"] = ", ".join(f"ε = {t:g}: {budget or dp_epochs(t)} epochs" for t in targets)
+    words.update(message_dp=_message_dp(data, targets), runs=runs_table(data))
+    words["accuracy"] = accuracy_table(table, variants, targets)
+    words["consensus"] = consensus_tables(table, variants, targets)
+    words["verdict"] = block(verdict_text(table, targets))
+    words["conclusion"] = block(conclusion(table, targets))
+    words["missing"] = ["", "## Not run", "", *not_run] if missing else []
+    text = fill(TEXT["page"] + "\n", **words)
     return {"privacy_dp_subspace.md": text}
 
 

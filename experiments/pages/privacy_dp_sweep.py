@@ -131,9 +131,8 @@ def findings(sweep, algorithms) -> List[str]:
         words = dict(top=pct(top["acc_avg"]), batch=top["batch"], steps=top["steps"])
         words.update(eps=best["eps_max"], dp_batch=best["batch"], lr=best["lr"], clip=best["clip"])
         words.update(dp_steps=best["steps"], acc=pct(best["acc_avg"]), gap=gap)
-        out.append(
-            TEXT["exact"].format(**words, within="within" if gap <= 10 else "**not within**")
-        )
+        within = "within" if gap <= 10 else "**not within**"
+        out.append(TEXT["exact"].format(**words, within=within))
     for c in (r for r in ok if r["clip"] is not None and not _noisy(r)):
         for r in (r for r in private if _same(r) == _same(c)):
             cost = 100 * (c["acc_avg"] - r["acc_avg"])
@@ -144,11 +143,10 @@ def findings(sweep, algorithms) -> List[str]:
     for label, _ in ALGORITHMS:
         dp, plain_row = _pair(algorithms, label)
         if dp is not None:
-            against = plain_row and (
-                f"; without DP {pct(plain_row['acc_avg'])}, consensus distance "
-                f"{_fig(plain_row['consensus'])}"
+            against = plain_row and TEXT["against"].format(
+                acc=pct(plain_row["acc_avg"]), consensus=_fig(plain_row["consensus"])
             )
-            base = f" (exact gossip under DP: {_fig(best['consensus'])})" if best else ""
+            base = TEXT["base"].format(consensus=_fig(best["consensus"])) if best else ""
             words = dict(label=label, acc=pct(dp["acc_avg"]), consensus=_fig(dp["consensus"]))
             out.append(TEXT["algorithm"].format(**words, base=base, against=against or ""))
     r1, it4, r4 = (_pair(algorithms, label)[0] for label, _ in ALGORITHMS[:3])
@@ -194,23 +192,17 @@ def render(rows: Rows) -> Outputs:
         f"{_regime(r)}"
         for r in missing
     )
-    text = fill(
-        TEXT["page"],
-        made_by=made_by(rows),
-        cores=rows.data[0].get("cores", "n/a"),
-        loads=loads([r for r in sweep + algorithms if "error" not in r]),
-        **{k: setting[k] for k in ("dataset", "model", "topology", "partition")},
-        per_peer="" if rows.quick else f" ({PER_PEER} training samples per peer)",
-        warmup=setting["warmup_epochs"],
-        target=TARGET,
-        delta=DELTA,
-        sweep="".join(_line(r, "sweep") for r in sweep),
-        chosen=chosen,
-        every=max(1, (chosen or {}).get("epochs", 5) // 5),
-        curves="".join(_line(r, "curve") for r in exact + algorithms),
-        findings="\n".join(findings(sweep, algorithms)),
-        not_run=TEXT["not_run"] + "\n\n" + not_run[1:] + "\n" if missing else "",
-    )
+    words = {k: setting[k] for k in ("dataset", "model", "topology", "partition")}
+    words.update(made_by=made_by(rows), cores=rows.data[0].get("cores", "n/a"), delta=DELTA)
+    words["loads"] = loads([r for r in sweep + algorithms if "error" not in r])
+    words["per_peer"] = "" if rows.quick else f" ({PER_PEER} training samples per peer)"
+    words.update(warmup=setting["warmup_epochs"], target=TARGET, chosen=chosen)
+    words["every"] = max(1, (chosen or {}).get("epochs", 5) // 5)
+    words["sweep"] = "".join(_line(r, "sweep") for r in sweep)
+    words["curves"] = "".join(_line(r, "curve") for r in exact + algorithms)
+    words["findings"] = "\n".join(findings(sweep, algorithms))
+    words["not_run"] = TEXT["not_run"] + "\n\n" + not_run[1:] + "\n" if missing else ""
+    text = fill(TEXT["page"], **words)
     return {"privacy_dp_sweep.md": text}
 
 

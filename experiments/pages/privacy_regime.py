@@ -6,6 +6,7 @@ what choosing a recipe costs."""
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any, Dict, List, Mapping, Optional
@@ -59,12 +60,6 @@ def recipe_label(recipe: Mapping[str, Any]) -> str:
     return f"batch {recipe['batch_size']}, lr {recipe['lr']:g}, {recipe['epochs']} epochs"
 
 
-def dp_key(records: int, model: str, recipe: Mapping[str, Any]) -> str:
-    """The first recipe's runs keep the key they had when it was the sweep's only one."""
-    key = f"{records}/peer {model}/eps={TARGET:g}"
-    return key if recipe == RECIPES[0] else f"{key}/{recipe_label(recipe)}"
-
-
 def _train(records: int, model: str, epochs: int, recipe, quick: bool) -> Dict[str, Any]:
     train = dict(COMMON, dataset=dataset(records, quick), model=model, seed=0)
     train.update(NONPRIVATE, epochs=epochs)
@@ -87,7 +82,10 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
         config = dict(candidate=None, records=records, model=model, target=TARGET)
         for recipe in QUICK_RECIPES if quick else RECIPES:
             train = _train(records, model, 0, recipe, quick)
-            key = dp_key(records, model, recipe)
+            key = (
+                f"{records}/peer {model}/eps={TARGET:g}"  # the first recipe's: as when it was alone
+            )
+            key += "" if recipe == RECIPES[0] else f"/{recipe_label(recipe)}"
             runs.append(Run(key, dict(config, train=train), 0, records * train["epochs"]))
     return runs
 
@@ -108,10 +106,7 @@ def row(run: Run) -> Dict[str, Any]:
     start, started = os.getloadavg()[0], time.perf_counter()
     observed = observe(dict(train), split, OBSERVER, (1.0,))
     base, summary = split.data(), observed.result.summary
-
-    def make():
-        return build_model(train["model"], base.input_shape, base.num_classes, 0)
-
+    make = functools.partial(build_model, train["model"], base.input_shape, base.num_classes, 0)
     loss = own_model_loss_attack(observed, split, make)
     eps = peer_epsilons(summary)
     out = {k: c[k] for k in ("candidate", "records", "model", "target")}
@@ -249,11 +244,6 @@ def cost_words(p, data) -> List[str]:
 ATTACK_PAGES_REGIME = dict(records=4000, model="cnn1d", epochs=60, dp=dict(RECIPES[2]))
 
 
-def setting_label(setting: Mapping[str, Any]) -> str:
-    name = candidate_key(setting["records"], setting["model"], setting["epochs"])
-    return f"{name}, DP recipe {recipe_label(setting['dp'])}"
-
-
 def chosen_words(p, name: Optional[str], setting) -> List[str]:
     """The chosen candidate and recipe, whether privacy_attacks.md is measured in it, and ties."""
     if name is None:
@@ -261,7 +251,8 @@ def chosen_words(p, name: Optional[str], setting) -> List[str]:
     plain, dp = p[name]["plain"], p[name]["dp"]
     tied = [other for a, other in _qualified(p) if other != name and a == dp["acc_victims"]]
     where = WORDS["trains" if setting == ATTACK_PAGES_REGIME else "still"]
-    where = where.format(earlier=setting_label(ATTACK_PAGES_REGIME))
+    earlier = candidate_key(*(ATTACK_PAGES_REGIME[k] for k in ("records", "model", "epochs")))
+    where = where.format(earlier=f"{earlier}, DP recipe {recipe_label(ATTACK_PAGES_REGIME['dp'])}")
     where += WORDS["tied"].format(tied=", ".join(tied)) if tied else ""
     v = dict(name=name, recipe=recipe_label(setting["dp"]), auc=plain["auc"], target=TARGET)
     v.update(band=plain["band_auc"][1], dp_acc=100 * dp["acc_victims"])
