@@ -142,13 +142,9 @@ def pairs(rows) -> Dict[str, Dict[str, Any]]:
     for r in rows:
         if r["target"] is not None:
             dp.setdefault((r["records"], r["model"]), []).append(r)
-    out = {}
-    for r in rows:
-        if r["target"] is None:
-            mine = dp.get((r["records"], r["model"]), [])
-            best = max(mine, key=lambda d: d["acc_victims"]) if mine else None
-            out[r["candidate"]] = {"plain": r, "dp": best}
-    return out
+    best = {shape: max(mine, key=lambda d: d["acc_victims"]) for shape, mine in dp.items()}
+    plain = [r for r in rows if r["target"] is None]
+    return {r["candidate"]: {"plain": r, "dp": best.get((r["records"], r["model"]))} for r in plain}
 
 
 def qualifies(plain: Optional[Dict[str, Any]]) -> bool:
@@ -175,10 +171,8 @@ def chosen_setting(rows) -> Optional[Dict[str, Any]]:
     name = choose(rows)
     if name is None:
         return None
-    pair = pairs(rows)[name]
-    return dict(
-        {k: pair["plain"][k] for k in ("records", "model", "epochs")}, dp=recipe_of(pair["dp"])
-    )
+    plain, dp = pairs(rows)[name]["plain"], pairs(rows)[name]["dp"]
+    return dict({k: plain[k] for k in ("records", "model", "epochs")}, dp=recipe_of(dp))
 
 
 def victims_history(row: Mapping[str, Any]) -> List[Any]:
@@ -228,7 +222,7 @@ def recipe_table(data, grid) -> List[str]:
 
 def cost_words(p, data) -> List[str]:
     """What DP costs in accuracy across the candidates, and what choosing the recipe costs."""
-    both = [(x["plain"], x["dp"]) for x in p.values() if x["plain"] and x["dp"]]
+    both = [(x["plain"], x["dp"]) for x in p.values() if x["dp"]]
     if not both:
         return []
     plain, dp = max(both, key=lambda b: b[1]["acc_victims"])
