@@ -10,22 +10,18 @@ from experiments.engine import made_by
 from experiments.pages import _figures
 from experiments.suite.runs import LOCAL, QUICK_BASE
 
-#: 8 peers x 8000 training samples (20 % more are mnist1d's test set): more data per peer buys
-#: batches large enough to drown DP-SGD's noise (sigma C / batch) at a small sampling rate.
+#: 8 peers x PER_PEER training samples (20 % more are the test set): batches large enough to
+#: drown DP-SGD's noise (sigma C / batch) at a small sampling rate.
 DATA = "mnist1d:num_samples=80000"
-#: Training samples per peer in DATA (the pages' wording only).
 PER_PEER = 8000
 BASE = dict(dataset=DATA, model="cnn1d", optimizer="sgd", momentum=0.9, weight_decay=0.0, **LOCAL)
 BASE.update(warmup_epochs=1, schedule="cosine", seed=0, topology="ring:8", partition="iid")
 BASE["comm_timeout"] = 600.0
 DELTA = 1e-5
-#: Every DP row of the sweep's target epsilon (at DELTA; the accountant picks sigma).
-TARGET = 8.0
-#: Epochs of every sweep row (batch 256: 480 optimizer steps).
-EPOCHS = 15
-#: The sweep's non-private rows: (label, batch, lr, clip, epochs, target epsilon).
+#: The sweep's target epsilon (at DELTA) and epochs; its rows: (label, batch, lr, clip, epochs,
+#: target epsilon), clip or target None: none.
+TARGET, EPOCHS = 8.0, 15
 NONPRIVATE = ("non-private", 128, 0.4, None, EPOCHS, None)
-#: The sweep (clip or target None: none); privacy_dp_sweep.md reruns its best clipped, no noise.
 SWEEP = (
     NONPRIVATE,
     ("DP", 256, 1.0, 1.0, EPOCHS, TARGET),
@@ -33,8 +29,7 @@ SWEEP = (
     ("DP", 256, 4.0, 0.5, EPOCHS, TARGET),
     ("DP", 512, 2.0, 1.0, EPOCHS, TARGET),
 )
-#: The DP recipe the sweep chose (its best DP row), every privacy page's DP rows' recipe: a sweep
-#: that picks another row must change this constant with it.
+#: The sweep's best DP row, every privacy page's DP recipe (to change with the sweep's choice).
 CHOSEN = SWEEP[2]
 _, DP_BATCH, DP_LR, CLIP, _, _ = CHOSEN
 #: The privacy pages' non-private lr: at the sweep's 0.4 (commit bf0fd24) exact gossip ended at

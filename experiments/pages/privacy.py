@@ -102,9 +102,8 @@ def findings(rows: Sequence[Dict[str, Any]], algorithms, epsilons) -> List[str]:
             continue
         drops = [(t, acc.get((label, partition, t))) for t in epsilons if t is not None]
         parts = [f"ε={_eps(t)}: {100 * (a - base):+.1f} pp" for t, a in drops if a is not None]
-        lines.append(
-            f"- {partition}, {label}: non-private {_pct(base)}; with DP {', '.join(parts)}."
-        )
+        words = dict(partition=partition, label=label, base=_pct(base), drops=", ".join(parts))
+        lines.append(TEXT["finding"].format(**words))
     return lines
 
 
@@ -120,12 +119,9 @@ def render(rows: Rows) -> Outputs:
     extra = TEXT["setting"].format(**words, budget=budget, clip=regime.CLIP, delta=regime.DELTA)
     title = "Differential privacy: accuracy vs ε" + (" (--quick)" if quick else "")
     text = header(title, rows.command, 0.0, extra, generated=made_by(rows))
-    text += fill(
-        TEXT["page"] + "\n",
-        seeds=", ".join(map(str, seeds)),
-        rows="".join(map(_line, data)),
-        findings="\n".join(findings(data, algorithms, epsilons)),
-    )
+    words = dict(seeds=", ".join(map(str, seeds)), rows="".join(map(_line, data)))
+    words["findings"] = "\n".join(findings(data, algorithms, epsilons))
+    text += fill(TEXT["page"] + "\n", **words)
     cells = [["" if r.get(k) is None else r.get(k) for k in CSV_FIELDS] for r in data]
     return {
         "privacy.md": text,
