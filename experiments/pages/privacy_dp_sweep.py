@@ -9,11 +9,11 @@ import os
 import time
 from typing import Any, Dict, List, Mapping, Optional
 
-from experiments.engine import Outputs, Page, Rows, Run, made_by
+from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
 from experiments.pages._markdown import fill, snippets
 from experiments.pages._privacy import BASE, DELTA, NONPRIVATE, PER_PEER, QUICK, SWEEP, TARGET
-from experiments.pages._privacy import loads, pct, with_load
+from experiments.pages._privacy import page_fields, pct, with_load
 
 #: The label of part 1's last row, the chosen regime clipped without noise.
 CLIPPED = "chosen, clipped, no noise"
@@ -134,7 +134,8 @@ def findings(sweep, algorithms) -> List[str]:
         within = "within" if gap <= 10 else "**not within**"
         out.append(TEXT["exact"].format(**words, within=within))
     for c in (r for r in ok if r["clip"] is not None and not _noisy(r)):
-        for r in (r for r in private if _same(r) == _same(c)):
+        same = ("batch", "lr", "clip", "steps")
+        for r in (r for r in private if all(r[k] == c[k] for k in same)):
             cost = 100 * (c["acc_avg"] - r["acc_avg"])
             how = TEXT["costs" if cost >= 0 else "above"].format(cost=abs(cost))
             words = {k: r[k] for k in ("batch", "lr", "clip", "steps")}
@@ -155,10 +156,6 @@ def findings(sweep, algorithms) -> List[str]:
         words.update(c1=_fig(r1["consensus"]), c4=_fig(it4["consensus"]))
         out.append(TEXT["remedies"].format(**words, cr4=_fig(r4["consensus"])))
     return out
-
-
-def _same(r: Dict[str, Any]) -> tuple:
-    return (r["batch"], r["lr"], r["clip"], r["steps"])
 
 
 def _line(r: Dict[str, Any], table: str) -> str:
@@ -187,21 +184,16 @@ def render(rows: Rows) -> Outputs:
     missing = [
         run.config["row"] for run in plan(rows.quick, rows.by_key) if run.key not in rows.by_key
     ]
-    not_run = "".join(
-        f"\n- {r['label']} ({r['algorithm']}), batch {r['batch']}, lr {r['lr']}, C {r['clip']}, "
-        f"{_regime(r)}"
-        for r in missing
-    )
-    words = {k: setting[k] for k in ("dataset", "model", "topology", "partition")}
-    words.update(made_by=made_by(rows), cores=rows.data[0].get("cores", "n/a"), delta=DELTA)
-    words["loads"] = loads([r for r in sweep + algorithms if "error" not in r])
+    not_run = [TEXT["missing"].format_map(dict(r, regime=_regime(r))) for r in missing]
+    words = page_fields(rows)  # made_by, cores, loads, delta
+    words.update({k: setting[k] for k in ("dataset", "model", "topology", "partition")})
     words["per_peer"] = "" if rows.quick else f" ({PER_PEER} training samples per peer)"
     words.update(warmup=setting["warmup_epochs"], target=TARGET, chosen=chosen)
     words["every"] = max(1, (chosen or {}).get("epochs", 5) // 5)
     words["sweep"] = "".join(_line(r, "sweep") for r in sweep)
     words["curves"] = "".join(_line(r, "curve") for r in exact + algorithms)
     words["findings"] = "\n".join(findings(sweep, algorithms))
-    words["not_run"] = TEXT["not_run"] + "\n\n" + not_run[1:] + "\n" if missing else ""
+    words["not_run"] = TEXT["not_run"] + "\n\n" + "\n".join(not_run) + "\n" if missing else ""
     text = fill(TEXT["page"], **words)
     return {"privacy_dp_sweep.md": text}
 
