@@ -70,13 +70,13 @@ def verdict(
 ) -> Optional[int]:
     """The smallest budget whose doubling gains less than `threshold` pp on every cell (and
     every larger budget's doubling too), or None when no budget of the plan is one."""
-    per_cell = gains(rows)
+    per_cell = gains(rows)  # a cell whose runs all failed has no gain: never a plateau
     cells = {(r["label"], r["target"]) for r in rows}
+    measured = [{a: g for a, _, g in per_cell.get(cell, [])} for cell in cells]
     for e in budgets:
         later = [b for b in budgets if b >= e and 2 * b in budgets]
         if not later:
             return None
-        measured = [{a: g for a, _, g in per_cell.get(cell, [])} for cell in cells]
         if all(b in m and m[b] < threshold for m in measured for b in later):
             return e
     return None

@@ -186,17 +186,17 @@ def render(rows: Rows) -> Outputs:
 def accuracy_table(table, variants, targets) -> List[str]:
     """Per target and variant: σ, ε, accuracy and consensus, mean over seeds."""
     rows = []
-    for target in targets:
-        for label, _, _ in variants:
-            cell = table.get((label, target))
-            if cell is not None:
-                done = cell["rows"]
-                sigma = ", ".join(sorted({f"{r['sigma']:.3g}" for r in done})) or "n/a"
-                eps = max((r["eps_max"] for r in done), default=math.nan)
-                mb = statistics.fmean(r["mb_per_peer"] for r in done) if done else math.nan
-                consensus = f"{cell['consensus_gm']:.3g}" if done else "n/a"
-                rows.append([f"{target:g}", label, sigma, f"{eps:.3g}", _acc(cell), consensus])
-                rows[-1] += [f"{mb:.3g}", str(cell["failed"])]
+    for target, (label, _, _) in itertools.product(targets, variants):
+        cell = table.get((label, target))
+        if cell is None:
+            continue
+        done = cell["rows"]
+        sigma = ", ".join(sorted({f"{r['sigma']:.3g}" for r in done})) or "n/a"
+        eps = max((r["eps_max"] for r in done), default=math.nan)
+        mb = statistics.fmean(r["mb_per_peer"] for r in done) if done else math.nan
+        consensus = f"{cell['consensus_gm']:.3g}" if done else "n/a"
+        rows.append([f"{target:g}", label, sigma, f"{eps:.3g}", _acc(cell), consensus])
+        rows[-1] += [f"{mb:.3g}", str(cell["failed"])]
     return table_rows(rows)
 
 
