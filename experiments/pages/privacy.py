@@ -38,7 +38,6 @@ CSV_FIELDS = (
     "acc_3q", "eps_min", "eps_max", "sigma", "delta", "q_min", "q_max", "mb_per_peer", "steps",
     "epochs", "run_seconds", "error",
 )  # fmt: skip
-#: The page's text (`page`) and its setting paragraph.
 TEXT = snippets(__file__, "privacy.md")
 
 

@@ -1,7 +1,6 @@
 """`python -m experiments privacy_dp_budget`: does the privacy pages' DP regime train to a plateau?
 Each cell of CELLS at each of BUDGETS; per epsilon, the smallest budget after which doubling gains
-less than THRESHOLD_PP on every cell (`verdicts`) is `_privacy.DP_EPOCHS` there (a test holds the
-two equal). Why the final accuracy and not a flat last quarter: privacy_dp_budget.md."""
+less than THRESHOLD_PP on every cell (`verdicts`) is `_privacy.DP_EPOCHS` there (a test holds it)."""
 
 from __future__ import annotations
 
@@ -31,7 +30,6 @@ THRESHOLD_PP = 1.0
 SEED = 0
 QUICK_CELLS = CELLS[:1]
 QUICK_BUDGETS = (1, 2)
-#: The page's text (`page`) and its verdict's words.
 TEXT = snippets(__file__, "privacy_dp_budget.md")
 
 

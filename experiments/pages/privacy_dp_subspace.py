@@ -1,7 +1,6 @@
 """`python -m experiments privacy_dp_subspace`: does keeping the private update in the exchanged
 subspace (gossip_powersgd/privacy/subspace.py) rescue PowerGossip under DP? Each variant beside
-plain PowerGossip r1, r4 and exact gossip in the privacy pages' DP regime, 3 seeds each: accuracy
-and consensus distance over time. The problem and the remedy in words: privacy_dp_subspace.md."""
+plain PowerGossip r1, r4 and exact gossip in the privacy pages' DP regime, 3 seeds each."""
 
 from __future__ import annotations
 
@@ -33,9 +32,7 @@ VARIANTS = (
 )
 TARGETS = (8.0, 3.0)
 SEEDS = (0, 1, 2)
-#: --quick: (variants, targets, seeds).
 QUICK = (VARIANTS[1:3], (3.0,), (0,))
-#: The page's text (`page`) and the sentences made from its numbers.
 TEXT = snippets(__file__, "privacy_dp_subspace.md")
 
 

@@ -27,7 +27,6 @@ ALGORITHMS = (
 )
 #: --quick: the reference and the first DP row, PowerGossip r1 only, 1 epoch each.
 QUICK_PLAN = (SWEEP[:2], ALGORITHMS[:1])
-#: The page's text (`page`) and the sentences made from its rows.
 TEXT = snippets(__file__, "privacy_dp_sweep.md")
 
 

@@ -16,14 +16,12 @@ from experiments.pages import register
 from experiments.pages._markdown import fill, snippets, table_rows, template
 from experiments.pages._privacy import BASE, DELTA, TARGET, membership_split
 
-#: (training records per peer, model, epochs without DP); the DP row of a (records, model) is one
-#: run, shared by its candidates (its epochs are DP's).
+#: (training records per peer, model, epochs without DP); a (records, model)'s DP rows are shared.
 CANDIDATES = ((2000, "cnn1d", 60), (2000, "cnn1d", 120), (4000, "cnn1d", 30), (4000, "cnn1d", 60))
 CANDIDATES += ((2000, "mlp:256,256", 60), (4000, "mlp:256,256", 30))
 CANDIDATES += ((2000, "cnn1d:channels=64", 60), (4000, "cnn1d:channels=64", 30))
-#: ring:8, as `_privacy.BASE` (the DP rows' TARGET and DELTA are the privacy pages' too).
-PEERS = 8
-#: The non-private recipe (batch, lr), and what every DP recipe shares (clip C, delta).
+PEERS = 8  # ring:8, as `_privacy.BASE`
+#: The non-private recipe, and what every DP recipe shares.
 NONPRIVATE = dict(batch_size=32, lr=0.05)
 DP = dict(dp_max_grad_norm=1.0, dp_delta=DELTA)
 #: The DP recipes (Poisson batch, lr, epochs): the sweep's first (privacy_dp_sweep.md's lr / batch
@@ -33,8 +31,7 @@ RECIPES = tuple(
     dict(batch_size=b, lr=lr, epochs=e)
     for b, lr, e in ((128, 1.0, 30), (256, 2.0, 30), (256, 1.0, 15))
 )
-#: The fewest pooled non-members a qualifying candidate has.
-MIN_NONMEMBERS = 2000
+MIN_NONMEMBERS = 2000  # the fewest pooled non-members a qualifying candidate has
 OBSERVER, FRACTION = 0, 0.5
 #: `_privacy.BASE` (ring:8, iid, SGD momentum 0.9, cosine), exact gossip, every ε released.
 COMMON = dict(BASE, algorithm="exact", comm_timeout=900.0, release_peer_statistics=True)
@@ -42,7 +39,6 @@ COMMON = dict(BASE, algorithm="exact", comm_timeout=900.0, release_peer_statisti
 QUICK_CANDIDATES = ((150, "mlp:32", 2),)
 QUICK_RECIPES = RECIPES[:1]
 QUICK_DATA = "synthetic_logreg:d=20,classes=4,n={n}"
-#: The page's sentences shown where its rows call for them.
 WORDS = snippets(__file__, "privacy_regime_parts.md")
 
 
