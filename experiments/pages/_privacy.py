@@ -151,18 +151,14 @@ def page_fields(rows) -> Dict[str, Any]:
     )
     out = dict(made_by=made_by(rows), cores=rows.data[0].get("cores", "n/a"), setting=setting)
     out.update(at_once=f"{origin['jobs']} run(s) at once " if "jobs" in origin else "")
-    out.update(loads=loads(rows.data), clip=CLIP, delta=DELTA)
+    values = [x for r in rows.data for x in r.get("load", [])]
+    out["loads"] = f"{min(values):.1f}–{max(values):.1f}" if values else "n/a"
+    out.update(clip=CLIP, delta=DELTA)
     return dict(out, **{k: plan[k] for k in ("dp_batch", "dp_lr", "warmup")})
 
 
 def pct(v) -> str:
     return "n/a" if v is None else f"{100 * v:.2f} %"
-
-
-def loads(rows) -> str:
-    """The 1-minute load averages the rows recorded, as 'min–max'."""
-    values = [x for r in rows for x in r.get("load", [])]
-    return f"{min(values):.1f}–{max(values):.1f}" if values else "n/a"
 
 
 pyplot = _figures.pyplot
