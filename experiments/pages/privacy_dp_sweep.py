@@ -92,15 +92,12 @@ def row(run: Run) -> Dict[str, Any]:
     summary, dp = result.summary, dp_measurements(result)
     keys = ("epoch", "step", "acc_avg", "consensus", "loss")
     names = ("epoch", "step", "test_acc_avg_model", "consensus_distance", "train_loss")
-    out.update(
-        acc_avg=summary["final_test_acc_avg_model"],
-        acc_local_mean=summary["final_test_acc_local_mean"],
-        **{k: dp[k] for k in ("consensus", "eps_max", "eps_min", "sigma")},
-        steps=summary["steps"],
-        evals=[{k: e.get(n) for k, n in zip(keys, names)} for e in result.evals],
-        seconds=time.perf_counter() - started,
-    )
-    return with_load(out, start)
+    out["acc_avg"] = summary["final_test_acc_avg_model"]
+    out["acc_local_mean"] = summary["final_test_acc_local_mean"]
+    out.update({k: dp[k] for k in ("consensus", "eps_max", "eps_min", "sigma")})
+    out["steps"] = summary["steps"]
+    out["evals"] = [{k: e.get(n) for k, n in zip(keys, names)} for e in result.evals]
+    return with_load(dict(out, seconds=time.perf_counter() - started), start)
 
 
 def _fig(v) -> str:
