@@ -1,31 +1,27 @@
-"""What the privacy pages share: the DP regime, in one place (privacy_dp_sweep.md chose its recipe,
-privacy_dp_budget.md its epochs at each ε), and `dp_row`, one run of it trained on every peer
-in-process and measured (a failed run: a row saying so)."""
+"""What the privacy pages share: the DP regime (privacy_dp_sweep.md chose its recipe,
+privacy_dp_budget.md its epochs at each ε) and `dp_row`, one run of it on every peer in-process."""
 
 from __future__ import annotations
 
 import os
 from typing import Any, Dict, List, Mapping, Optional
 
+from experiments.engine import made_by
 from experiments.pages import _figures
 from experiments.suite.runs import LOCAL, QUICK_BASE
 
-#: 8 peers x 8000 training samples (20 % more are mnist1d's test set): more data per peer buys
-#: batches large enough to drown DP-SGD's noise (sigma C / batch) at a small sampling rate.
+#: 8 peers x PER_PEER training samples (20 % more are the test set): batches large enough to
+#: drown DP-SGD's noise (sigma C / batch) at a small sampling rate.
 DATA = "mnist1d:num_samples=80000"
-#: Training samples per peer in DATA (the pages' wording only).
 PER_PEER = 8000
 BASE = dict(dataset=DATA, model="cnn1d", optimizer="sgd", momentum=0.9, weight_decay=0.0, **LOCAL)
 BASE.update(warmup_epochs=1, schedule="cosine", seed=0, topology="ring:8", partition="iid")
 BASE["comm_timeout"] = 600.0
 DELTA = 1e-5
-#: Every DP row of the sweep's target epsilon (at DELTA; the accountant picks sigma).
-TARGET = 8.0
-#: Epochs of every sweep row (batch 256: 480 optimizer steps).
-EPOCHS = 15
-#: The sweep's non-private rows: (label, batch, lr, clip, epochs, target epsilon).
+#: The sweep's target epsilon (at DELTA) and epochs; its rows: (label, batch, lr, clip, epochs,
+#: target epsilon), clip or target None: none.
+TARGET, EPOCHS = 8.0, 15
 NONPRIVATE = ("non-private", 128, 0.4, None, EPOCHS, None)
-#: The sweep (clip or target None: none); privacy_dp_sweep.md reruns its best clipped, no noise.
 SWEEP = (
     NONPRIVATE,
     ("DP", 256, 1.0, 1.0, EPOCHS, TARGET),
@@ -33,8 +29,7 @@ SWEEP = (
     ("DP", 256, 4.0, 0.5, EPOCHS, TARGET),
     ("DP", 512, 2.0, 1.0, EPOCHS, TARGET),
 )
-#: The DP recipe the sweep chose (its best DP row), every privacy page's DP rows' recipe: a sweep
-#: that picks another row must change this constant with it.
+#: The sweep's best DP row, every privacy page's DP recipe (to change with the sweep's choice).
 CHOSEN = SWEEP[2]
 _, DP_BATCH, DP_LR, CLIP, _, _ = CHOSEN
 #: The privacy pages' non-private lr: at the sweep's 0.4 (commit bf0fd24) exact gossip ended at
@@ -91,12 +86,11 @@ def train_config(
     the config keys of `extra` on top (a variant of the regime, e.g. dp_exchanged_subspace)."""
     private = target is not None
     epochs = (plan["dp_epochs"] or dp_epochs(target)) if private else plan["epochs"]
-    config = dict(QUICK_BASE if plan["quick"] else BASE)
-    config.pop("seed")
+    config = {k: v for k, v in (QUICK_BASE if plan["quick"] else BASE).items() if k != "seed"}
     config.update(topology=plan["topology"], partition=partition, epochs=epochs, algorithm=spec)
     config.update(eval_every=max(1, epochs // 4), warmup_epochs=plan["warmup"])
-    config.update(batch_size=plan["dp_batch" if private else "batch"])
-    config["lr"] = plan["dp_lr" if private else "lr"]
+    dp = "dp_" if private else ""
+    config.update(batch_size=plan[dp + "batch"], lr=plan[dp + "lr"])
     config["comm_timeout"] = 600.0  # a loaded shared machine can stall a peer thread for minutes
     config.update(extra or {})
     if private:  # the pages report every peer's epsilon and rate: released to the experimenter
@@ -105,28 +99,23 @@ def train_config(
     return config
 
 
-def measure(config: Mapping[str, Any]) -> Dict[str, Any]:
-    """One run on every peer (threads): the training suite's measurements plus the private run's
-    (`privacy.dp_report.dp_measurements`: each peer's epsilon and rate, sigma, the averaged
-    model's accuracy at ¾ of the run, the consensus distance at every evaluation)."""
+def dp_row(c: Mapping[str, Any], seed: int) -> Dict[str, Any]:
+    """One row: `c["train"]` (a `train_config`) at `seed` on every peer (threads), labelled by
+    `c`'s label, spec, partition and target: the training suite's measurements plus the private
+    run's (`dp_measurements`: each peer's epsilon and rate, sigma, the averaged model's accuracy
+    at ¾ of the run, the consensus distance at every evaluation); a failed run: its "error"."""
     from gossip_powersgd import run
     from gossip_powersgd.privacy.dp_report import dp_measurements
 
     from experiments.suite.runs import measurements
 
-    result = run(dict(config))
-    stats = [result.stats[k] for k in sorted(result.stats)]
-    m = measurements(result.summary, stats, result.wall_seconds)
-    return dict(m, **dp_measurements(result))
-
-
-def dp_row(c: Mapping[str, Any], seed: int) -> Dict[str, Any]:
-    """One row: `c["train"]` (a `train_config`) at `seed`, labelled by `c`'s label, spec,
-    partition and target; a run that fails is a row with its "error"."""
     row = dict(label=c["label"], spec=c["spec"], partition=c["partition"], target=c["target"])
     row["seed"] = seed
     try:
-        row.update(measure(dict(c["train"], seed=seed)))
+        result = run(dict(c["train"], seed=seed))
+        stats = [result.stats[k] for k in sorted(result.stats)]
+        m = measurements(result.summary, stats, result.wall_seconds)
+        row.update(m, **dp_measurements(result))
     except Exception as exc:  # a failing run is a row saying so, not a lost page
         row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
     return row
@@ -149,40 +138,30 @@ def with_load(row: Dict[str, Any], start: float) -> Dict[str, Any]:
     return dict(row, load=[start, os.getloadavg()[0]], cores=os.cpu_count())
 
 
-def setting_words(quick: bool) -> str:
-    """The regime's data, model, topology and partition in words (the pages' "Setting:")."""
-    if quick:
-        return "the privacy suite's --quick problem"
-    return (
-        f"`{BASE['dataset']}` ({PER_PEER} training samples per peer), `{BASE['model']}`, "
+def page_fields(rows) -> Dict[str, Any]:
+    """The fields of the DP pages' opening paragraph: who made the rows, how many ran at once on
+    how many cores under what load (min–max of the rows' 1-minute load averages), the regime's
+    setting and its DP recipe."""
+    origin, plan = rows.records[0].origin or {}, recipe(rows.quick)
+    setting = (
+        "the privacy suite's --quick problem"
+        if rows.quick
+        else f"`{BASE['dataset']}` ({PER_PEER} training samples per peer), `{BASE['model']}`, "
         f"{BASE['topology']}, {BASE['partition']}"
     )
-
-
-def at_once(rows) -> str:
-    """The words "N run(s) at once " where the rows' first record says how many ran side by
-    side, else nothing."""
-    origin = rows.records[0].origin or {}
-    return f"{origin['jobs']} run(s) at once " if "jobs" in origin else ""
+    out = dict(made_by=made_by(rows), cores=rows.data[0].get("cores", "n/a"), setting=setting)
+    out.update(at_once=f"{origin['jobs']} run(s) at once " if "jobs" in origin else "")
+    values = [x for r in rows.data for x in r.get("load", [])]
+    out["loads"] = f"{min(values):.1f}–{max(values):.1f}" if values else "n/a"
+    out.update(clip=CLIP, delta=DELTA)
+    return dict(out, **{k: plan[k] for k in ("dp_batch", "dp_lr", "warmup")})
 
 
 def pct(v) -> str:
     return "n/a" if v is None else f"{100 * v:.2f} %"
 
 
-def loads(rows) -> str:
-    """The 1-minute load averages the rows recorded, as 'min–max'."""
-    values = [x for r in rows for x in r.get("load", [])]
-    return f"{min(values):.1f}–{max(values):.1f}" if values else "n/a"
-
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+pyplot = _figures.pyplot
 
 
 def png(fig, dpi: int, tight: bool = True) -> bytes:

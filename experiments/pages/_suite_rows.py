@@ -1,7 +1,5 @@
-"""The rows of the training suite's pages (training, gamma): each run is one
-`gossip_powersgd.run` of a whole training config, measured as `experiments.suite.runs` measures
-it (accuracies, bytes, counters, timings, evaluation history); a run that fails or diverges is a
-row saying so."""
+"""The rows of the training suite's pages (training, gamma): a run is one whole training config,
+measured by `experiments.suite.runs.attempt_config` (a run that fails or diverges: a row saying so)."""
 
 from __future__ import annotations
 

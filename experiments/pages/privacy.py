@@ -1,18 +1,16 @@
 """`python -m experiments privacy`: accuracy vs epsilon for five gossip algorithms under per-peer
-DP-SGD, in the regime where DP learns (`_dp_regime`: privacy_dp_sweep.md's recipe, each epsilon at
-privacy_dp_budget.md's budget), each run evaluated at every quarter (the plateau check). A row is
-one (algorithm, epsilon) over SEEDS (mean and std); the page, its CSV and a plot of accuracy
-against epsilon per algorithm."""
+DP-SGD in the privacy pages' regime (`_privacy`), a row per (algorithm, epsilon) over SEEDS; the
+page, its CSV and a plot of accuracy against epsilon per algorithm."""
 
 from __future__ import annotations
 
+import itertools
 import math
-import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
-from experiments.pages._markdown import csv_text, fill, snippets
+from experiments.pages._markdown import csv_text, fill, mean_sd, snippets
 from experiments.pages import _privacy as regime
 from experiments.suite.runs import QUICK_BASE
 from experiments.suite.tables import _pct, header
@@ -40,7 +38,6 @@ CSV_FIELDS = (
     "acc_3q", "eps_min", "eps_max", "sigma", "delta", "q_min", "q_max", "mb_per_peer", "steps",
     "epochs", "run_seconds", "error",
 )  # fmt: skip
-#: The page's text (`page`) and its setting paragraph.
 TEXT = snippets(__file__, "privacy.md")
 
 
@@ -52,14 +49,12 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
     algorithms, epsilons, seeds = QUICK if quick else (ALGORITHMS, EPSILONS, SEEDS)
     recipe = regime.recipe(quick)
     runs = []
-    for partition in PARTITIONS:
-        for target in epsilons:
-            for label, spec in algorithms:
-                train = regime.train_config(recipe, spec, target, partition)
-                config = dict(label=label, spec=spec, partition=partition, target=target)
-                config.update(seeds=list(seeds), train=train)
-                key = f"{partition}/eps={_eps(target)}/{label}"
-                runs.append(Run(key, config, cost=len(seeds) * train["epochs"]))
+    for partition, target, (label, spec) in itertools.product(PARTITIONS, epsilons, algorithms):
+        train = regime.train_config(recipe, spec, target, partition)
+        config = dict(label=label, spec=spec, partition=partition, target=target)
+        config.update(seeds=list(seeds), train=train)
+        key = f"{partition}/eps={_eps(target)}/{label}"
+        runs.append(Run(key, config, cost=len(seeds) * train["epochs"]))
     return runs
 
 
@@ -73,27 +68,25 @@ def row(run: Run) -> Dict[str, Any]:
     out = dict(good[0], seeds=len(good))
     for key in ("acc_avg", "acc_local_mean", "acc_3q"):
         values = [float(r[key]) for r in good if r.get(key) is not None]
-        out[key] = statistics.fmean(values) if values else None
-        out[key + "_std"] = statistics.stdev(values) if len(values) > 1 else None
+        out[key], out[key + "_std"] = mean_sd(values) if values else (None, None)
     out["eps_max"] = max(r["eps_max"] for r in good)
     out["eps_min"] = min(r["eps_min"] for r in good)
     return {k: out[k] for k in CSV_FIELDS + ("acc_local_mean_std",) if k in out}
 
 
 def _line(r: Dict[str, Any]) -> str:
-    """A row of the results table (its header: privacy.md)."""
-    head = f"| {r['partition']} | {_eps(r['target'])} | {r['label']} | {r.get('seeds', 1)} | "
-    head += f"{r.get('epochs', 'n/a')} |"
+    """A row of the results table (privacy.md's `row`, or `failed`)."""
+    words = dict(r, eps=_eps(r["target"]), seeds=r.get("seeds", 1), epochs=r.get("epochs", "n/a"))
     if "error" in r:
-        return head + f" FAILED: {r['error'].replace('|', '/')} | | | | | | | |\n"
+        return TEXT["failed"].format_map(dict(words, error=r["error"].replace("|", "/"))) + "\n"
     private, three = r["target"] is not None, r.get("acc_3q")
-    cells = [_pct(r["acc_avg"], r.get("acc_avg_std")), "n/a" if three is None else _pct(three)]
-    cells.append("n/a" if three is None else f"{100 * (r['acc_avg'] - three):+.2f}")
-    cells.append(_pct(r["acc_local_mean"], r.get("acc_local_mean_std")))
-    cells.append(f"[{_eps(r['eps_min'])}, {_eps(r['eps_max'])}]")
-    cells.append(f"{r['sigma']:.3g}" if private else "—")
-    cells.append(f"[{r['q_min']:.3g}, {r['q_max']:.3g}]" if private else "—")
-    return head + " " + " | ".join(cells + [f"{r['mb_per_peer']:.3f}"]) + " |\n"
+    words.update(acc=_pct(r["acc_avg"], r.get("acc_avg_std")), at_3q=_pct(three))
+    words["change"] = "n/a" if three is None else f"{100 * (r['acc_avg'] - three):+.2f}"
+    words["local"] = _pct(r["acc_local_mean"], r.get("acc_local_mean_std"))
+    words["eps_range"] = f"[{_eps(r['eps_min'])}, {_eps(r['eps_max'])}]"
+    words["sigma"] = f"{r['sigma']:.3g}" if private else "—"
+    words["q"] = f"[{r['q_min']:.3g}, {r['q_max']:.3g}]" if private else "—"
+    return TEXT["row"].format_map(words) + "\n"
 
 
 def findings(rows: Sequence[Dict[str, Any]], algorithms, epsilons) -> List[str]:
@@ -102,18 +95,14 @@ def findings(rows: Sequence[Dict[str, Any]], algorithms, epsilons) -> List[str]:
         (r["label"], r["partition"], r["target"]): r["acc_avg"] for r in rows if "error" not in r
     }
     lines = []
-    for partition in PARTITIONS:
-        for label, _ in algorithms:
-            base = acc.get((label, partition, None))
-            if base is None:
-                continue
-            drops = [(t, acc.get((label, partition, t))) for t in epsilons if t is not None]
-            parts = [f"ε={_eps(t)}: {100 * (a - base):+.1f} pp" for t, a in drops if a is not None]
-            lines.append(
-                f"- {partition}, {label}: non-private {_pct(base)}; with DP "
-                + ", ".join(parts)
-                + "."
-            )
+    for partition, (label, _) in itertools.product(PARTITIONS, algorithms):
+        base = acc.get((label, partition, None))
+        if base is None:
+            continue
+        drops = [(t, acc.get((label, partition, t))) for t in epsilons if t is not None]
+        parts = [f"ε={_eps(t)}: {100 * (a - base):+.1f} pp" for t, a in drops if a is not None]
+        words = dict(partition=partition, label=label, base=_pct(base), drops=", ".join(parts))
+        lines.append(TEXT["finding"].format(**words))
     return lines
 
 
@@ -125,23 +114,13 @@ def render(rows: Rows) -> Outputs:
     momentum = "" if quick else TEXT["momentum"].format(momentum=base["momentum"], **plan_)
     budget = f"{plan_['dp_epochs']} epochs" if plan_["dp_epochs"] else None
     budget = budget or TEXT["budget"].format(budget=regime.budget_text())
-    extra = TEXT["setting"].format(
-        dataset=base["dataset"],
-        model=base["model"],
-        momentum=momentum,
-        budget=budget,
-        clip=regime.CLIP,
-        delta=regime.DELTA,
-        **plan_,
-    )
+    words = dict(plan_, dataset=base["dataset"], model=base["model"], momentum=momentum)
+    extra = TEXT["setting"].format(**words, budget=budget, clip=regime.CLIP, delta=regime.DELTA)
     title = "Differential privacy: accuracy vs ε" + (" (--quick)" if quick else "")
     text = header(title, rows.command, 0.0, extra, generated=made_by(rows))
-    text += fill(
-        TEXT["page"] + "\n",
-        seeds=", ".join(map(str, seeds)),
-        rows="".join(map(_line, data)),
-        findings="\n".join(findings(data, algorithms, epsilons)),
-    )
+    words = dict(seeds=", ".join(map(str, seeds)), rows="".join(map(_line, data)))
+    words["findings"] = "\n".join(findings(data, algorithms, epsilons))
+    text += fill(TEXT["page"] + "\n", **words)
     cells = [["" if r.get(k) is None else r.get(k) for k in CSV_FIELDS] for r in data]
     return {
         "privacy.md": text,
@@ -169,20 +148,12 @@ def plot(rows: Sequence[Dict[str, Any]]) -> bytes:
         ax.set_xscale("log")
         ticks = sorted(set(finite)) + [infinity]
         ax.set_xticks(ticks, [f"{t:g}" for t in ticks[:-1]] + ["∞"])
-        ax.set_xlabel("target ε (δ = 1e-5)")
-        ax.set_ylabel("averaged-model test accuracy (%)")
+        ax.set(xlabel="target ε (δ = 1e-5)", ylabel="averaged-model test accuracy (%)")
         ax.set_title(partition)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return regime.png(fig, dpi=120)
 
 
-PAGE = register(
-    Page(
-        name="privacy",
-        title="accuracy vs ε under per-peer DP-SGD, five gossip algorithms (privacy_dp_sweep's regime)",
-        plan=plan,
-        row=row,
-        render=render,
-    )
-)
+TITLE = "accuracy vs ε under per-peer DP-SGD, five gossip algorithms (privacy_dp_sweep's regime)"
+PAGE = register(Page("privacy", TITLE, plan, row, render))

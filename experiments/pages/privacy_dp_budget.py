@@ -1,17 +1,16 @@
 """`python -m experiments privacy_dp_budget`: does the privacy pages' DP regime train to a plateau?
 Each cell of CELLS at each of BUDGETS; per epsilon, the smallest budget after which doubling gains
-less than THRESHOLD_PP on every cell (`verdicts`) is `_privacy.DP_EPOCHS` there (a test holds the
-two equal). Why the final accuracy and not a flat last quarter: privacy_dp_budget.md."""
+less than THRESHOLD_PP on every cell (`verdicts`) is `_privacy.DP_EPOCHS` there (a test holds it)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from experiments.engine import Outputs, Page, Rows, Run, made_by
-from experiments.pages import register
+from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import _privacy as regime
-from experiments.pages._markdown import fill, template
+from experiments.pages import register
+from experiments.pages._markdown import fill, snippets, table
 
 #: (label, algorithm spec, target epsilon): exact gossip at the headline epsilon and lower (more
 #: noise per step: a plateau there may need another budget), PowerGossip at rank 1 (the
@@ -31,6 +30,7 @@ THRESHOLD_PP = 1.0
 SEED = 0
 QUICK_CELLS = CELLS[:1]
 QUICK_BUDGETS = (1, 2)
+TEXT = snippets(__file__, "privacy_dp_budget.md")
 
 
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
@@ -68,13 +68,13 @@ def verdict(
 ) -> Optional[int]:
     """The smallest budget whose doubling gains less than `threshold` pp on every cell (and
     every larger budget's doubling too), or None when no budget of the plan is one."""
-    per_cell = gains(rows)
+    per_cell = gains(rows)  # a cell whose runs all failed has no gain: never a plateau
     cells = {(r["label"], r["target"]) for r in rows}
+    measured = [{a: g for a, _, g in per_cell.get(cell, [])} for cell in cells]
     for e in budgets:
         later = [b for b in budgets if b >= e and 2 * b in budgets]
         if not later:
             return None
-        measured = [{a: g for a, _, g in per_cell.get(cell, [])} for cell in cells]
         if all(b in m and m[b] < threshold for m in measured for b in later):
             return e
     return None
@@ -89,71 +89,42 @@ def verdicts(
 
 
 def _run_line(r: Dict[str, Any]) -> str:
-    head = f"| {r['label']} | {r['target']:g} | {r['epochs']} |"
-    if "error" in r:
-        return head + f" FAILED: {r['error'].replace('|', '/')} | | | | | | |\n"
-    consensus = "n/a" if r.get("consensus") is None else f"{r['consensus']:.3g}"
-    return head + (
-        f" {r['steps']} | {r['sigma']:.3g} | {r['eps_max']:.3g} | {regime.pct(r['acc_avg'])} | "
-        f"{regime.pct(r.get('acc_3q'))} | {consensus} | {r['run_seconds']:.0f} |\n"
-    )
-
-
-def _verdict_line(data, target: float, epochs: Optional[int], budgets) -> str:
-    cells = ", ".join(sorted({r["label"] for r in data if r["target"] == target}))
-    return f"- ε = {target:g} ({cells}): " + (
-        f"**{epochs} epochs**.\n"
-        if epochs is not None
-        else f"none of {', '.join(map(str, budgets))} epochs: a doubling of the largest "
-        "measured budgets still pays, so no budget here is shown to be a plateau.\n"
-    )
+    """The run's line of the runs table (privacy_dp_budget.md's `run`, or `failed`)."""
+    words = dict(r, acc=regime.pct(r.get("acc_avg")), at_3q=regime.pct(r.get("acc_3q")))
+    words.update(error=r.get("error", "").replace("|", "/"))
+    words["consensus"] = "n/a" if r.get("consensus") is None else f"{r['consensus']:.3g}"
+    return TEXT["failed" if "error" in r else "run"].format_map(words) + "\n"
 
 
 def render(rows: Rows) -> Outputs:
     """The page (its fixed text: privacy_dp_budget.md beside this file)."""
-    data, quick = rows.data, rows.quick
-    budgets = QUICK_BUDGETS if quick else BUDGETS
-    plan_, steps = regime.recipe(quick), [e for e in budgets if 2 * e in budgets]
-    header = "| algorithm | target ε | " + " | ".join(f"{e} → {2 * e}" for e in steps) + " |"
-    gain_lines = [header, "|---|---|" + "---|" * len(steps)]
+    data, budgets = rows.data, QUICK_BUDGETS if rows.quick else BUDGETS
+    steps = [e for e in budgets if 2 * e in budgets]
+    gain_rows = []
     for (label, target), values in gains(data).items():
         by = {a: g for a, _, g in values}
-        cells = " | ".join(f"{by[e]:+.2f} pp" if e in by else "n/a" for e in steps)
-        gain_lines.append(f"| {label} | {target:g} | {cells} |")
-    missing = [r.config for r in plan(quick, {}) if r.key not in rows.by_key]
-    not_run = "\n## Not run\n\n" + "\n".join(
-        f"- {c['label']} at target ε {c['target']:g}, {c['train']['epochs']} epochs"
+        cells = [f"{by[e]:+.2f} pp" if e in by else "n/a" for e in steps]
+        gain_rows.append([label, f"{target:g}", *cells])
+    verdict_lines = []
+    for target, epochs in verdicts(data, budgets).items():
+        cells = ", ".join(sorted({r["label"] for r in data if r["target"] == target}))
+        words = dict(epochs=epochs, budgets=", ".join(map(str, budgets)))
+        found = TEXT["none" if epochs is None else "found"].format(**words)
+        verdict_lines.append(f"- ε = {target:g} ({cells}): {found}\n")
+    missing = [r.config for r in plan(rows.quick, {}) if r.key not in rows.by_key]
+    not_run = "".join(
+        f"\n- {c['label']} at target ε {c['target']:g}, {c['train']['epochs']} epochs"
         for c in missing
     )
-    text = fill(
-        template(__file__, "privacy_dp_budget.md"),
-        made_by=made_by(rows),
-        at_once=regime.at_once(rows),
-        cores=data[0].get("cores", "n/a"),
-        loads=regime.loads(data),
-        setting=regime.setting_words(quick),
-        **{k: plan_[k] for k in ("dp_batch", "dp_lr", "warmup")},
-        clip=regime.CLIP,
-        delta=regime.DELTA,
-        seed=SEED,
-        threshold=THRESHOLD_PP,
-        runs="".join(map(_run_line, data)),
-        gains="\n".join(gain_lines),
-        first=budgets[0],
-        verdicts="".join(
-            _verdict_line(data, t, e, budgets) for t, e in verdicts(data, budgets).items()
-        ),
-        not_run=not_run + "\n" if missing else "",
-    )
+    header = ["algorithm", "target ε"] + [f"{e} → {2 * e}" for e in steps]
+    words = dict(regime.page_fields(rows), seed=SEED, threshold=THRESHOLD_PP, first=budgets[0])
+    words["runs"] = "".join(map(_run_line, data))
+    words["gains"] = "\n".join(table(header, gain_rows, end=None))
+    words["verdicts"] = "".join(verdict_lines)
+    words["not_run"] = f"\n## Not run\n{not_run}\n" if missing else ""
+    text = fill(TEXT["page"], **words)
     return {"privacy_dp_budget.md": text}
 
 
-PAGE = register(
-    Page(
-        name="privacy_dp_budget",
-        title="the DP regime's training budget: 15/30/60 epochs at ε = 8, 3, 1 (does doubling pay?)",
-        plan=plan,
-        row=row,
-        render=render,
-    )
-)
+TITLE = "the DP regime's training budget: 15/30/60 epochs at ε = 8, 3, 1 (does doubling pay?)"
+PAGE = register(Page("privacy_dp_budget", TITLE, plan, row, render))

@@ -1,22 +1,22 @@
 """`python -m experiments privacy_dp_subspace`: does keeping the private update in the exchanged
 subspace (gossip_powersgd/privacy/subspace.py) rescue PowerGossip under DP? Each variant beside
-plain PowerGossip r1, r4 and exact gossip in the privacy pages' DP regime, 3 seeds each: accuracy
-and consensus distance over time. The problem and the remedy in words: privacy_dp_subspace.md."""
+plain PowerGossip r1, r4 and exact gossip in the privacy pages' DP regime, 3 seeds each."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from experiments.engine import Outputs, Page, Rows, Run, made_by
+from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
 from experiments.pages._markdown import block, fill, mean_sd, pm, snippets
 from experiments.pages._markdown import table as table_lines
 from experiments.pages._markdown import table_rows
-from experiments.pages._privacy import CLIP, DELTA, at_once, dp_epochs, dp_row, loads, pct, recipe
-from experiments.pages._privacy import setting_words, train_config, with_load
+from experiments.pages._privacy import DELTA, dp_epochs, dp_row, page_fields, pct, recipe
+from experiments.pages._privacy import train_config, with_load
 
 _SUBSPACE = dict(dp_exchanged_subspace=True)
 _FEEDBACK = dict(dp_exchanged_subspace=True, dp_subspace_feedback=True)
@@ -32,24 +32,20 @@ VARIANTS = (
 )
 TARGETS = (8.0, 3.0)
 SEEDS = (0, 1, 2)
-#: --quick: (variants, targets, seeds).
 QUICK = (VARIANTS[1:3], (3.0,), (0,))
-#: The page's text (`page`) and the sentences made from its numbers.
 TEXT = snippets(__file__, "privacy_dp_subspace.md")
 
 
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
     variants, targets, seeds = QUICK if quick else (VARIANTS, TARGETS, SEEDS)
     runs = []
-    for target in targets:
-        for label, spec, extra in variants:
-            train = train_config(recipe(quick), spec, target, extra=extra)
-            config = dict(label=label, spec=spec, partition="iid", target=target, extra=extra)
-            config["train"] = train
-            for seed in seeds:
-                runs.append(
-                    Run(f"{label}/eps={target:g}/seed{seed}", config, seed, train["epochs"])
-                )
+    for target, (label, spec, extra) in itertools.product(targets, variants):
+        train = train_config(recipe(quick), spec, target, extra=extra)
+        config = dict(label=label, spec=spec, partition="iid", target=target, extra=extra)
+        config["train"] = train
+        for seed in seeds:
+            key = f"{label}/eps={target:g}/seed{seed}"
+            runs.append(Run(key, config, seed, train["epochs"]))
     return runs
 
 
@@ -65,9 +61,8 @@ def cells(rows: Sequence[Dict[str, Any]]) -> Dict[Tuple[str, float], Dict[str, A
     per evaluation the geometric mean of the consensus distances."""
     out: Dict[Tuple[str, float], Dict[str, Any]] = {}
     for r in rows:
-        cell = out.setdefault(
-            (r["label"], r["target"]), dict(acc=[], history={}, failed=0, rows=[])
-        )
+        key = (r["label"], r["target"])
+        cell = out.setdefault(key, dict(acc=[], history={}, failed=0, rows=[]))
         cell["failed"] += "error" in r
         if "error" not in r:
             cell["rows"].append(r)
@@ -97,16 +92,17 @@ def _acc(cell: Dict[str, Any]) -> str:
 def comparisons(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence[float]):
     """Each variant against the plain algorithm of its rank at the same epsilon, where both have
     finished runs: the accuracy difference and twice the larger seed sd of the two (in pp; nan,
-    and `one_seed`, where a cell has a single seed)."""
+    and `one_seed`, where a cell has a single seed), and both cells' numbers in words."""
     for target in targets:
         for label, _, extra in VARIANTS:
             base_label = label.split(",")[0]
             base, cell = table.get((base_label, target)), table.get((label, target))
             if extra and base and cell and base.get("acc") and cell.get("acc"):
                 sds = (base["acc_sd"], cell["acc_sd"])
-                c = dict(target=target, label=label, base_label=base_label, base=base, cell=cell)
+                c = dict(target=target, label=label, base_label=base_label, acc=_acc(cell))
+                c.update(base_acc=_acc(base), end=cell["consensus_gm"])
                 c.update(diff=100 * (cell["acc_mean"] - base["acc_mean"]), spread=200 * max(sds))
-                yield dict(c, one_seed=any(math.isnan(sd) for sd in sds))
+                yield dict(c, one_seed=any(map(math.isnan, sds)), base_end=base["consensus_gm"])
 
 
 def verdict_text(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence[float]) -> str:
@@ -117,17 +113,8 @@ def verdict_text(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequen
         diff, spread = c["diff"], c["spread"]
         word = "better than" if diff > spread else "worse than" if diff < -spread else None
         judged = TEXT["judged"].format(word=word or "not distinguishable from", spread=spread)
-        base, cell = c["base"], c["cell"]
-        lines.append(
-            TEXT["verdict"].format(
-                **c,
-                acc=_acc(cell),
-                base_acc=_acc(base),
-                judged=TEXT["one_seed"] if c["one_seed"] else judged,
-                end=cell["consensus_gm"],
-                base_end=base["consensus_gm"],
-            )
-        )
+        judged = TEXT["one_seed"] if c["one_seed"] else judged
+        lines.append(TEXT["verdict"].format(**c, judged=judged))
     return "\n".join(lines) + "\n"
 
 
@@ -135,18 +122,17 @@ def conclusion(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence
     """The answer in one paragraph, from the numbers: does the projection lower the drift, does
     it pay in accuracy, and how far the plainer remedy (rank 4) is from exact gossip."""
 
-    def got(label: str, target: float, key: str) -> Optional[float]:
-        cell = table.get((label, target))
+    def got(variant: int, target: float, key: str) -> Optional[float]:
+        cell = table.get((VARIANTS[variant][0], target))
         return cell[key] if cell and cell.get("acc") else None
 
-    plain, projected = VARIANTS[1][0], VARIANTS[2][0]
     changes = [(c["diff"], c["spread"]) for c in comparisons(table, targets)]
     drops, gaps = [], []
     for t in targets:
-        a, b = got(plain, t, "consensus_gm"), got(projected, t, "consensus_gm")
-        if a is not None and b is not None:
-            drops.append(f"{a:.3g} → {b:.3g} at ε = {t:g}")
-        r4, exact = got(VARIANTS[4][0], t, "acc_mean"), got(VARIANTS[0][0], t, "acc_mean")
+        plain, projected = got(1, t, "consensus_gm"), got(2, t, "consensus_gm")
+        if plain is not None and projected is not None:
+            drops.append(f"{plain:.3g} → {projected:.3g} at ε = {t:g}")
+        r4, exact = got(4, t, "acc_mean"), got(0, t, "acc_mean")
         if r4 is not None and exact is not None:
             gaps.append(f"{100 * (exact - r4):+.2f} pp at ε = {t:g}")
     if not drops or not changes:
@@ -160,10 +146,8 @@ def conclusion(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence
 
 
 def _message_dp(rows: Sequence[Dict[str, Any]], targets: Sequence[float]) -> str:
-    """What DP on the sent messages would cost at this page's epsilons: one Gaussian mechanism
-    per message (q = 1, sensitivity 2B for messages clipped to norm B: replacing one sample's
-    contribution), as many as the run's steps, the noise multiplier by Opacus' RDP accountant
-    (at q = 1 no subsampling is assumed, so its add/remove bound at sensitivity 2B covers it)."""
+    """What DP on the sent messages would cost at this page's epsilons: a Gaussian mechanism per
+    message clipped to norm B (q = 1, sensitivity 2B), one a step, by Opacus' RDP accountant."""
     from gossip_powersgd.privacy.accounting import noise_for_target
 
     parts = []
@@ -179,66 +163,47 @@ def render(rows: Rows) -> Outputs:
     """The page; its fixed text is privacy_dp_subspace.md beside this file."""
     quick, data = rows.quick, rows.data
     variants, targets, seeds = QUICK if quick else (VARIANTS, TARGETS, SEEDS)
-    regime, table = recipe(quick), cells(data)
+    budget, table = recipe(quick)["dp_epochs"], cells(data)
     missing = [run for run in plan(quick, {}) if run.key not in rows.by_key]
-    not_run = "".join(
-        f"- {r.config['label']} at target ε {r.config['target']:g}, seed {r.seed}\n"
-        for r in missing
-    )
-    text = fill(
-        TEXT["page"] + "\n",
-        made_by=made_by(rows),
-        at_once=at_once(rows),
-        cores=data[0].get("cores", "n/a"),
-        loads=loads(data),
-        setting=setting_words(quick),
-        **{k: regime[k] for k in ("dp_batch", "dp_lr", "warmup")},
-        clip=CLIP,
-        delta=DELTA,
-        budgets=", ".join(
-            f"ε = {t:g}: {regime['dp_epochs'] or dp_epochs(t)} epochs" for t in targets
-        ),
-        seeds=", ".join(map(str, seeds)),
-        message_dp=_message_dp(data, targets),
-        accuracy=accuracy_table(table, variants, targets),
-        consensus=consensus_tables(table, variants, targets),
-        verdict=block(verdict_text(table, targets)),
-        conclusion=block(conclusion(table, targets)),
-        runs=runs_table(data),
-        missing=block("\n## Not run\n\n" + not_run if missing else ""),
-    )
+    not_run = [
+        f"- {r.config['label']} at target ε {r.config['target']:g}, seed {r.seed}" for r in missing
+    ]
+    words = dict(page_fields(rows), seeds=", ".join(map(str, seeds)))
+    words["budgets"] = ", ".join(f"ε = {t:g}: {budget or dp_epochs(t)} epochs" for t in targets)
+    words.update(message_dp=_message_dp(data, targets), runs=runs_table(data))
+    words["accuracy"] = accuracy_table(table, variants, targets)
+    words["consensus"] = consensus_tables(table, variants, targets)
+    words["verdict"] = block(verdict_text(table, targets))
+    words["conclusion"] = block(conclusion(table, targets))
+    words["missing"] = ["", "## Not run", "", *not_run] if missing else []
+    text = fill(TEXT["page"] + "\n", **words)
     return {"privacy_dp_subspace.md": text}
 
 
 def accuracy_table(table, variants, targets) -> List[str]:
     """Per target and variant: σ, ε, accuracy and consensus, mean over seeds."""
     rows = []
-    for target in targets:
-        for label, _, _ in variants:
-            cell = table.get((label, target))
-            if cell is not None:
-                done = cell["rows"]
-                sigma = ", ".join(sorted({f"{r['sigma']:.3g}" for r in done})) or "n/a"
-                eps = max((r["eps_max"] for r in done), default=math.nan)
-                mb = statistics.fmean(r["mb_per_peer"] for r in done) if done else math.nan
-                consensus = f"{cell['consensus_gm']:.3g}" if done else "n/a"
-                rows.append([f"{target:g}", label, sigma, f"{eps:.3g}", _acc(cell), consensus])
-                rows[-1] += [f"{mb:.3g}", str(cell["failed"])]
+    for target, (label, _, _) in itertools.product(targets, variants):
+        cell = table.get((label, target))
+        if cell is None:
+            continue
+        done = cell["rows"]
+        sigma = ", ".join(sorted({f"{r['sigma']:.3g}" for r in done})) or "n/a"
+        eps = max((r["eps_max"] for r in done), default=math.nan)
+        mb = statistics.fmean(r["mb_per_peer"] for r in done) if done else math.nan
+        consensus = f"{cell['consensus_gm']:.3g}" if done else "n/a"
+        rows.append([f"{target:g}", label, sigma, f"{eps:.3g}", _acc(cell), consensus])
+        rows[-1] += [f"{mb:.3g}", str(cell["failed"])]
     return table_rows(rows)
 
 
 def runs_table(data) -> List[str]:
-    """Every run: its accuracy, consensus and time (or why it failed)."""
+    """Every run: its accuracy, consensus and time (privacy_dp_subspace.md's `run`, or `failed`)."""
     lines = []
     for r in data:
-        head = f"| {r['target']:g} | {r['label']} | {r['seed']} |"
-        if "error" in r:
-            lines.append(head + f" FAILED: {r['error'].replace('|', '/')} | | | |")
-            continue
-        lines.append(
-            head + f" {pct(r['acc_avg'])} | {pct(r.get('acc_3q'))} | {r['consensus']:.3g} | "
-            f"{r['run_seconds']:.0f} |"
-        )
+        words = dict(r, acc=pct(r.get("acc_avg")), at_3q=pct(r.get("acc_3q")))
+        words.update(error=r.get("error", "").replace("|", "/"))
+        lines.append(TEXT["failed" if "error" in r else "run"].format_map(words))
     return lines
 
 
@@ -256,18 +221,10 @@ def consensus_tables(table, variants, targets) -> List[str]:
             for c in found
         ]
         if epochs:
-            lines += [f"ε = {target:g}:", ""] + table_lines(
-                ["variant"] + [f"epoch {e:g}" for e in epochs], rows
-            )
+            header = ["variant"] + [f"epoch {e:g}" for e in epochs]
+            lines += [f"ε = {target:g}:", ""] + table_lines(header, rows)
     return lines
 
 
-PAGE = register(
-    Page(
-        name="privacy_dp_subspace",
-        title="PowerGossip under DP: the private update kept in the exchanged subspace",
-        plan=plan,
-        row=row,
-        render=render,
-    )
-)
+TITLE = "PowerGossip under DP: the private update kept in the exchanged subspace"
+PAGE = register(Page("privacy_dp_subspace", TITLE, plan, row, render))

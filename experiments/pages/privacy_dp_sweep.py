@@ -1,10 +1,7 @@
 """`python -m experiments privacy_dp_sweep`: the small sweep that chose the privacy pages' DP regime
-(`_privacy`), and every algorithm's consensus distance over time under DP in that regime.
-
-Part 1: exact gossip without DP, then DP at target ε 8 for a few (batch, lr, C); the best DP row
-is the chosen regime, run once more clipped without noise (the gap to it is the noise's cost).
-Part 2, once part 1 is done: PowerGossip and Choco sign in the chosen regime, and without DP.
-"""
+(`_privacy`). Part 1: exact gossip without DP, then DP at target ε 8 for a few (batch, lr, C); the
+best DP row is the chosen regime, run once more clipped without noise. Part 2, once part 1 is
+done: PowerGossip and Choco sign in the chosen regime and without DP (consensus over time)."""
 
 from __future__ import annotations
 
@@ -12,11 +9,11 @@ import os
 import time
 from typing import Any, Dict, List, Mapping, Optional
 
-from experiments.engine import Outputs, Page, Rows, Run, made_by
+from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
 from experiments.pages._markdown import fill, snippets
 from experiments.pages._privacy import BASE, DELTA, NONPRIVATE, PER_PEER, QUICK, SWEEP, TARGET
-from experiments.pages._privacy import loads, pct, with_load
+from experiments.pages._privacy import page_fields, pct, with_load
 
 #: The label of part 1's last row, the chosen regime clipped without noise.
 CLIPPED = "chosen, clipped, no noise"
@@ -30,7 +27,6 @@ ALGORITHMS = (
 )
 #: --quick: the reference and the first DP row, PowerGossip r1 only, 1 epoch each.
 QUICK_PLAN = (SWEEP[:2], ALGORITHMS[:1])
-#: The page's text (`page`) and the sentences made from its rows.
 TEXT = snippets(__file__, "privacy_dp_sweep.md")
 
 
@@ -55,9 +51,14 @@ def _noisy(row: Dict[str, Any]) -> bool:
     return row.get("target") is not None
 
 
-def _chosen(rows) -> Optional[Dict[str, Any]]:
+def _best(rows) -> Optional[Dict[str, Any]]:
+    """The finished DP row of highest accuracy (the chosen regime), or None."""
     private = [r for r in rows if _noisy(r) and "error" not in r]
-    best = max(private, key=lambda r: r["acc_avg"]) if private else None
+    return max(private, key=lambda r: r["acc_avg"]) if private else None
+
+
+def _chosen(rows) -> Optional[Dict[str, Any]]:
+    best = _best(rows)
     return best and {k: best[k] for k in ("batch", "lr", "clip", "epochs", "target")}
 
 
@@ -91,15 +92,12 @@ def row(run: Run) -> Dict[str, Any]:
     summary, dp = result.summary, dp_measurements(result)
     keys = ("epoch", "step", "acc_avg", "consensus", "loss")
     names = ("epoch", "step", "test_acc_avg_model", "consensus_distance", "train_loss")
-    out.update(
-        acc_avg=summary["final_test_acc_avg_model"],
-        acc_local_mean=summary["final_test_acc_local_mean"],
-        **{k: dp[k] for k in ("consensus", "eps_max", "eps_min", "sigma")},
-        steps=summary["steps"],
-        evals=[{k: e.get(n) for k, n in zip(keys, names)} for e in result.evals],
-        seconds=time.perf_counter() - started,
-    )
-    return with_load(out, start)
+    out["acc_avg"] = summary["final_test_acc_avg_model"]
+    out["acc_local_mean"] = summary["final_test_acc_local_mean"]
+    out.update({k: dp[k] for k in ("consensus", "eps_max", "eps_min", "sigma")})
+    out["steps"] = summary["steps"]
+    out["evals"] = [{k: e.get(n) for k, n in zip(keys, names)} for e in result.evals]
+    return with_load(dict(out, seconds=time.perf_counter() - started), start)
 
 
 def _fig(v) -> str:
@@ -121,22 +119,19 @@ def _pair(rows, label: str) -> tuple:
 
 def findings(sweep, algorithms) -> List[str]:
     """Sentences computed from the rows (their words: privacy_dp_sweep.md)."""
-    out = []
-    ok = [r for r in sweep if "error" not in r]
-    private = [r for r in ok if _noisy(r)]
-    best = max(private, key=lambda r: r["acc_avg"]) if private else None
-    plain = [r for r in ok if r["clip"] is None]
+    out, ok, best = [], [r for r in sweep if "error" not in r], _best(sweep)
+    private, plain = [r for r in ok if _noisy(r)], [r for r in ok if r["clip"] is None]
     if plain and best:
         top = max(plain, key=lambda r: r["acc_avg"])
         gap = 100 * (top["acc_avg"] - best["acc_avg"])
         words = dict(top=pct(top["acc_avg"]), batch=top["batch"], steps=top["steps"])
         words.update(eps=best["eps_max"], dp_batch=best["batch"], lr=best["lr"], clip=best["clip"])
         words.update(dp_steps=best["steps"], acc=pct(best["acc_avg"]), gap=gap)
-        out.append(
-            TEXT["exact"].format(**words, within="within" if gap <= 10 else "**not within**")
-        )
+        within = "within" if gap <= 10 else "**not within**"
+        out.append(TEXT["exact"].format(**words, within=within))
     for c in (r for r in ok if r["clip"] is not None and not _noisy(r)):
-        for r in (r for r in private if _same(r) == _same(c)):
+        same = ("batch", "lr", "clip", "steps")
+        for r in (r for r in private if all(r[k] == c[k] for k in same)):
             cost = 100 * (c["acc_avg"] - r["acc_avg"])
             how = TEXT["costs" if cost >= 0 else "above"].format(cost=abs(cost))
             words = {k: r[k] for k in ("batch", "lr", "clip", "steps")}
@@ -145,11 +140,10 @@ def findings(sweep, algorithms) -> List[str]:
     for label, _ in ALGORITHMS:
         dp, plain_row = _pair(algorithms, label)
         if dp is not None:
-            against = plain_row and (
-                f"; without DP {pct(plain_row['acc_avg'])}, consensus distance "
-                f"{_fig(plain_row['consensus'])}"
+            against = plain_row and TEXT["against"].format(
+                acc=pct(plain_row["acc_avg"]), consensus=_fig(plain_row["consensus"])
             )
-            base = f" (exact gossip under DP: {_fig(best['consensus'])})" if best else ""
+            base = TEXT["base"].format(consensus=_fig(best["consensus"])) if best else ""
             words = dict(label=label, acc=pct(dp["acc_avg"]), consensus=_fig(dp["consensus"]))
             out.append(TEXT["algorithm"].format(**words, base=base, against=against or ""))
     r1, it4, r4 = (_pair(algorithms, label)[0] for label, _ in ALGORITHMS[:3])
@@ -160,36 +154,21 @@ def findings(sweep, algorithms) -> List[str]:
     return out
 
 
-def _same(r: Dict[str, Any]) -> tuple:
-    return (r["batch"], r["lr"], r["clip"], r["steps"])
-
-
-def _sweep_line(r: Dict[str, Any]) -> str:
-    head = f"| {r['label']} | {r['batch']} | {r['lr']} | "
+def _line(r: Dict[str, Any], table: str) -> str:
+    """The row's line of `table` ("sweep" or "curve", privacy_dp_sweep.md), or why it failed."""
+    words = dict(r, acc=pct(r.get("acc_avg")), regime=_regime(r), clip=r["clip"] or "—")
     if "error" in r:
-        return head + f"{r['clip']} | FAILED: {r['error']} |\n"
-    sigma = "—" if r["sigma"] is None else _fig(r["sigma"])
-    return head + (
-        f"{r['clip'] or '—'} | {r['epochs']} | {r['steps']} | {sigma} | {r['eps_max']:.3g} | "
-        f"{pct(r['acc_avg'])} | {_fig(r['consensus'])} | {r['seconds']:.0f} |\n"
-    )
-
-
-def _curve_line(r: Dict[str, Any]) -> str:
-    head = f"| {r['label']} | {_regime(r)} | {r['batch']} | {r['lr']} | "
-    if "error" in r:
-        return head + f"FAILED: {r['error']} |\n"
-    curve = ", ".join(_fig(e["consensus"]) for e in r["evals"] if e["consensus"] is not None)
-    return head + f"{r['steps']} | {r['eps_max']:.3g} | {pct(r['acc_avg'])} | {curve} |\n"
+        return TEXT[table + "_failed"].format_map(dict(words, clip=r["clip"])) + "\n"
+    words.update(sigma="—" if r["sigma"] is None else _fig(r["sigma"]), end=_fig(r["consensus"]))
+    curve = (_fig(e["consensus"]) for e in r["evals"] if e["consensus"] is not None)
+    return TEXT[table].format_map(dict(words, curve=", ".join(curve))) + "\n"
 
 
 def render(rows: Rows) -> Outputs:
     """The page (its fixed text: privacy_dp_sweep.md beside this file)."""
     setting = QUICK if rows.quick else BASE
-    parts: Dict[str, List[Dict[str, Any]]] = {"sweep": [], "algorithms": []}
-    for record in rows.records:
-        parts[record.key.split("/")[0]].append(record.row)
-    sweep, algorithms = parts["sweep"], parts["algorithms"]
+    sweep = [r.row for r in rows.records if r.key.startswith("sweep/")]
+    algorithms = [r.row for r in rows.records if r.key.startswith("algorithms/")]
     chosen = _chosen(sweep)
     exact = [
         dict(r, label="exact gossip (part 1)")
@@ -201,37 +180,19 @@ def render(rows: Rows) -> Outputs:
     missing = [
         run.config["row"] for run in plan(rows.quick, rows.by_key) if run.key not in rows.by_key
     ]
-    not_run = "".join(
-        f"\n- {r['label']} ({r['algorithm']}), batch {r['batch']}, lr {r['lr']}, C {r['clip']}, "
-        f"{_regime(r)}"
-        for r in missing
-    )
-    text = fill(
-        TEXT["page"],
-        made_by=made_by(rows),
-        cores=rows.data[0].get("cores", "n/a"),
-        loads=loads([r for r in sweep + algorithms if "error" not in r]),
-        **{k: setting[k] for k in ("dataset", "model", "topology", "partition")},
-        per_peer="" if rows.quick else f" ({PER_PEER} training samples per peer)",
-        warmup=setting["warmup_epochs"],
-        target=TARGET,
-        delta=DELTA,
-        sweep="".join(map(_sweep_line, sweep)),
-        chosen=chosen,
-        every=max(1, (chosen or {}).get("epochs", 5) // 5),
-        curves="".join(map(_curve_line, exact + algorithms)),
-        findings="\n".join(findings(sweep, algorithms)),
-        not_run=TEXT["not_run"] + "\n\n" + not_run[1:] + "\n" if missing else "",
-    )
+    not_run = [TEXT["missing"].format_map(dict(r, regime=_regime(r))) for r in missing]
+    words = page_fields(rows)  # made_by, cores, loads, delta
+    words.update({k: setting[k] for k in ("dataset", "model", "topology", "partition")})
+    words["per_peer"] = "" if rows.quick else f" ({PER_PEER} training samples per peer)"
+    words.update(warmup=setting["warmup_epochs"], target=TARGET, chosen=chosen)
+    words["every"] = max(1, (chosen or {}).get("epochs", 5) // 5)
+    words["sweep"] = "".join(_line(r, "sweep") for r in sweep)
+    words["curves"] = "".join(_line(r, "curve") for r in exact + algorithms)
+    words["findings"] = "\n".join(findings(sweep, algorithms))
+    words["not_run"] = TEXT["not_run"] + "\n\n" + "\n".join(not_run) + "\n" if missing else ""
+    text = fill(TEXT["page"], **words)
     return {"privacy_dp_sweep.md": text}
 
 
-PAGE = register(
-    Page(
-        name="privacy_dp_sweep",
-        title="the sweep that chose the privacy pages' DP regime (batch, lr, clip) at ε = 8",
-        plan=plan,
-        row=row,
-        render=render,
-    )
-)
+TITLE = "the sweep that chose the privacy pages' DP regime (batch, lr, clip) at ε = 8"
+PAGE = register(Page("privacy_dp_sweep", TITLE, plan, row, render))

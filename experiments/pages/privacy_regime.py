@@ -1,13 +1,12 @@
 """`python -m experiments privacy_regime`: the sweep that chose privacy_attacks.md's regime, where a
-curious neighbour's attacks work without DP and DP stops them at a useful accuracy. Each candidate
-(`CANDIDATES`, fixed before any run) trained without DP, each (records per peer, model) with DP-SGD
-at `TARGET` in every recipe of `RECIPES`, one seed each, under the attack pages' membership
-protocol: LOSS through each victim's own model beside the permutation null band. `choose`: the
-selection rule (fixed before the runs); `tuning_epsilon`: what choosing a recipe costs."""
+curious neighbour's LOSS attack works without DP and DP stops it at a useful accuracy: each
+candidate (`CANDIDATES`) without DP, each (records per peer, model) at `TARGET` in every recipe of
+`RECIPES`, one seed each. `choose`: the selection rule, fixed before the runs; `tuning_epsilon`:
+what choosing a recipe costs."""
 
 from __future__ import annotations
 
-import math
+import functools
 import os
 import time
 from typing import Any, Dict, List, Mapping, Optional
@@ -17,14 +16,12 @@ from experiments.pages import register
 from experiments.pages._markdown import fill, snippets, table_rows, template
 from experiments.pages._privacy import BASE, DELTA, TARGET, membership_split
 
-#: (training records per peer, model, epochs without DP); the DP row of a (records, model) is one
-#: run, shared by its candidates (its epochs are DP's).
+#: (training records per peer, model, epochs without DP); a (records, model)'s DP rows are shared.
 CANDIDATES = ((2000, "cnn1d", 60), (2000, "cnn1d", 120), (4000, "cnn1d", 30), (4000, "cnn1d", 60))
 CANDIDATES += ((2000, "mlp:256,256", 60), (4000, "mlp:256,256", 30))
 CANDIDATES += ((2000, "cnn1d:channels=64", 60), (4000, "cnn1d:channels=64", 30))
-#: ring:8, as `_privacy.BASE` (the DP rows' TARGET and DELTA are the privacy pages' too).
-PEERS = 8
-#: The non-private recipe (batch, lr), and what every DP recipe shares (clip C, delta).
+PEERS = 8  # ring:8, as `_privacy.BASE`
+#: The non-private recipe, and what every DP recipe shares.
 NONPRIVATE = dict(batch_size=32, lr=0.05)
 DP = dict(dp_max_grad_norm=1.0, dp_delta=DELTA)
 #: The DP recipes (Poisson batch, lr, epochs): the sweep's first (privacy_dp_sweep.md's lr / batch
@@ -34,8 +31,7 @@ RECIPES = tuple(
     dict(batch_size=b, lr=lr, epochs=e)
     for b, lr, e in ((128, 1.0, 30), (256, 2.0, 30), (256, 1.0, 15))
 )
-#: The fewest pooled non-members a qualifying candidate has.
-MIN_NONMEMBERS = 2000
+MIN_NONMEMBERS = 2000  # the fewest pooled non-members a qualifying candidate has
 OBSERVER, FRACTION = 0, 0.5
 #: `_privacy.BASE` (ring:8, iid, SGD momentum 0.9, cosine), exact gossip, every ε released.
 COMMON = dict(BASE, algorithm="exact", comm_timeout=900.0, release_peer_statistics=True)
@@ -43,15 +39,13 @@ COMMON = dict(BASE, algorithm="exact", comm_timeout=900.0, release_peer_statisti
 QUICK_CANDIDATES = ((150, "mlp:32", 2),)
 QUICK_RECIPES = RECIPES[:1]
 QUICK_DATA = "synthetic_logreg:d=20,classes=4,n={n}"
-#: The page's sentences shown where its rows call for them.
 WORDS = snippets(__file__, "privacy_regime_parts.md")
 
 
 def dataset(records: int, quick: bool) -> str:
     """8 peers' records and mnist1d's test set (20 % of what it generates)."""
-    if quick:
-        return QUICK_DATA.format(n=int(records * PEERS / 0.8))
-    return f"mnist1d:num_samples={int(records * PEERS / 0.8)}"
+    data = QUICK_DATA if quick else "mnist1d:num_samples={n}"
+    return data.format(n=int(records * PEERS / 0.8))
 
 
 def candidate_key(records: int, model: str, epochs: int) -> str:
@@ -60,12 +54,6 @@ def candidate_key(records: int, model: str, epochs: int) -> str:
 
 def recipe_label(recipe: Mapping[str, Any]) -> str:
     return f"batch {recipe['batch_size']}, lr {recipe['lr']:g}, {recipe['epochs']} epochs"
-
-
-def dp_key(records: int, model: str, recipe: Mapping[str, Any]) -> str:
-    """The first recipe's runs keep the key they had when it was the sweep's only one."""
-    key = f"{records}/peer {model}/eps={TARGET:g}"
-    return key if recipe == RECIPES[0] else f"{key}/{recipe_label(recipe)}"
 
 
 def _train(records: int, model: str, epochs: int, recipe, quick: bool) -> Dict[str, Any]:
@@ -90,7 +78,10 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
         config = dict(candidate=None, records=records, model=model, target=TARGET)
         for recipe in QUICK_RECIPES if quick else RECIPES:
             train = _train(records, model, 0, recipe, quick)
-            key = dp_key(records, model, recipe)
+            key = (
+                f"{records}/peer {model}/eps={TARGET:g}"  # the first recipe's: as when it was alone
+            )
+            key += "" if recipe == RECIPES[0] else f"/{recipe_label(recipe)}"
             runs.append(Run(key, dict(config, train=train), 0, records * train["epochs"]))
     return runs
 
@@ -111,10 +102,7 @@ def row(run: Run) -> Dict[str, Any]:
     start, started = os.getloadavg()[0], time.perf_counter()
     observed = observe(dict(train), split, OBSERVER, (1.0,))
     base, summary = split.data(), observed.result.summary
-
-    def make():
-        return build_model(train["model"], base.input_shape, base.num_classes, 0)
-
+    make = functools.partial(build_model, train["model"], base.input_shape, base.num_classes, 0)
     loss = own_model_loss_attack(observed, split, make)
     eps = peer_epsilons(summary)
     out = {k: c[k] for k in ("candidate", "records", "model", "target")}
@@ -145,18 +133,14 @@ def recipe_of(row: Mapping[str, Any]) -> Dict[str, Any]:
 
 def pairs(rows) -> Dict[str, Dict[str, Any]]:
     """{candidate: {"plain": its non-private row, "dp": the best DP row of its records and model
-    (highest victims' accuracy; None where none), "recipes": every DP row of them}}."""
+    (highest victims' accuracy; None where none)}}."""
     dp: Dict[Any, List[Dict[str, Any]]] = {}
     for r in rows:
         if r["target"] is not None:
             dp.setdefault((r["records"], r["model"]), []).append(r)
-    out = {}
-    for r in rows:
-        if r["target"] is None:
-            mine = dp.get((r["records"], r["model"]), [])
-            best = max(mine, key=lambda d: d["acc_victims"]) if mine else None
-            out[r["candidate"]] = {"plain": r, "dp": best, "recipes": mine}
-    return out
+    best = {shape: max(mine, key=lambda d: d["acc_victims"]) for shape, mine in dp.items()}
+    plain = [r for r in rows if r["target"] is None]
+    return {r["candidate"]: {"plain": r, "dp": best.get((r["records"], r["model"]))} for r in plain}
 
 
 def qualifies(plain: Optional[Dict[str, Any]]) -> bool:
@@ -199,12 +183,8 @@ def tuning_epsilon(rows, records: int) -> float:
     as each run's own epsilon."""
     from gossip_powersgd.privacy.accounting import pld_epsilon
 
-    history = [
-        h
-        for r in rows
-        if r["target"] is not None and r["records"] == records
-        for h in victims_history(r)
-    ]
+    private = [r for r in rows if r["target"] is not None and r["records"] == records]
+    history = [h for r in private for h in victims_history(r)]
     return pld_epsilon(history, DELTA, replace_one=True)
 
 
@@ -214,12 +194,11 @@ def _eps_cell(dp: Optional[Mapping[str, Any]]) -> str:
 
 
 def _row_cells(name: str, p: Dict[str, Any]) -> List[str]:
-    plain, dp = p["plain"], p["dp"]
-    band = plain["band_auc"] if plain else [math.nan] * 2
-    cells = [name, f"{100 * plain['acc_victims']:.1f} %" if plain else "not run"]
-    cells += [f"{plain['auc']:.3f}" if plain else "–", f"{band[0]:.3f}–{band[1]:.3f}"]
-    cells.append(f"{plain['tpr0_1']:.4f} (band ≤ {plain['band_tpr0_1'][1]:.4f})" if plain else "–")
-    cells.append(f"{plain['nonmembers']}" if plain else "–")
+    plain, dp, band = p["plain"], p["dp"], p["plain"]["band_auc"]
+    cells = [name, f"{100 * plain['acc_victims']:.1f} %", f"{plain['auc']:.3f}"]
+    cells += [f"{band[0]:.3f}–{band[1]:.3f}"]
+    cells.append(f"{plain['tpr0_1']:.4f} (band ≤ {plain['band_tpr0_1'][1]:.4f})")
+    cells.append(f"{plain['nonmembers']}")
     cells.append(f"{100 * dp['acc_victims']:.1f} %" if dp else "not run")
     cells += [recipe_label(recipe_of(dp)) if dp else "–", f"{dp['auc']:.3f}" if dp else "–"]
     return cells + [_eps_cell(dp), "yes" if qualifies(plain) else "no"]
@@ -239,7 +218,7 @@ def recipe_table(data, grid) -> List[str]:
 
 def cost_words(p, data) -> List[str]:
     """What DP costs in accuracy across the candidates, and what choosing the recipe costs."""
-    both = [(x["plain"], x["dp"]) for x in p.values() if x["plain"] and x["dp"]]
+    both = [(x["plain"], x["dp"]) for x in p.values() if x["dp"]]
     if not both:
         return []
     plain, dp = max(both, key=lambda b: b[1]["acc_victims"])
@@ -255,27 +234,19 @@ def cost_words(p, data) -> List[str]:
 ATTACK_PAGES_REGIME = dict(records=4000, model="cnn1d", epochs=60, dp=dict(RECIPES[2]))
 
 
-def setting_label(setting: Mapping[str, Any]) -> str:
-    name = candidate_key(setting["records"], setting["model"], setting["epochs"])
-    return f"{name}, DP recipe {recipe_label(setting['dp'])}"
-
-
 def chosen_words(p, name: Optional[str], setting) -> List[str]:
     """The chosen candidate and recipe, whether privacy_attacks.md is measured in it, and ties."""
     if name is None:
         return [WORDS["none"]]
-    chosen = p[name]
-    where = WORDS["trains"] if setting == ATTACK_PAGES_REGIME else WORDS["still"]
-    where = where.format(earlier=setting_label(ATTACK_PAGES_REGIME))
-    acc = chosen["dp"]["acc_victims"]
-    tied = [other for a, other in _qualified(p) if other != name and a == acc]
+    plain, dp = p[name]["plain"], p[name]["dp"]
+    tied = [other for a, other in _qualified(p) if other != name and a == dp["acc_victims"]]
+    where = WORDS["trains" if setting == ATTACK_PAGES_REGIME else "still"]
+    earlier = candidate_key(*(ATTACK_PAGES_REGIME[k] for k in ("records", "model", "epochs")))
+    where = where.format(earlier=f"{earlier}, DP recipe {recipe_label(ATTACK_PAGES_REGIME['dp'])}")
     where += WORDS["tied"].format(tied=", ".join(tied)) if tied else ""
-    plain, dp = chosen["plain"], chosen["dp"]
     v = dict(name=name, recipe=recipe_label(setting["dp"]), auc=plain["auc"], target=TARGET)
-    v.update(
-        band=plain["band_auc"][1], dp_acc=100 * dp["acc_victims"], acc=100 * plain["acc_victims"]
-    )
-    return [WORDS["chosen"].format(**v, where=where)]
+    v.update(band=plain["band_auc"][1], dp_acc=100 * dp["acc_victims"])
+    return [WORDS["chosen"].format(**v, acc=100 * plain["acc_victims"], where=where)]
 
 
 def render(rows: Rows) -> Outputs:
@@ -283,15 +254,14 @@ def render(rows: Rows) -> Outputs:
     data = [r for r in with_recipes(rows.records) if "records" in r]
     grid = QUICK_CANDIDATES if rows.quick else CANDIDATES
     name, p = choose(data), pairs(data)
-    none: Dict[str, Any] = {"plain": None, "dp": None}
-    cells = [_row_cells(candidate_key(*g), p.get(candidate_key(*g), none)) for g in grid]
-    missing = [candidate_key(*g) for g in grid if candidate_key(*g) not in p]
+    names = [candidate_key(*g) for g in grid]
+    missing = [n for n in names if n not in p]
     recipes = "; ".join(recipe_label(r) for r in (QUICK_RECIPES if rows.quick else RECIPES))
     fields = dict(made_by=made_by(rows), load=max((r["load"] for r in data), default=0))
     fields.update(batch=NONPRIVATE["batch_size"], lr=NONPRIVATE["lr"], target=TARGET)
     fields.update(recipes=recipes, clip=DP["dp_max_grad_norm"])
     fields.update(delta=DELTA, min_nonmembers=MIN_NONMEMBERS, cost=cost_words(p, data))
-    fields["candidates"] = table_rows(c for c in cells if c[1] != "not run" or c[6] != "not run")
+    fields["candidates"] = table_rows(_row_cells(n, p[n]) for n in names if n in p)
     fields["chosen"] = chosen_words(p, name, chosen_setting(data))
     fields["missing"] = ["", "Not run: " + "; ".join(missing) + "."] if missing else []
     text = fill(

@@ -1,9 +1,4 @@
-"""What the pages that train whole configs share (`python -m experiments PAGE`: the engine):
-`runs` (one training run on every peer, a row's numbers, the recipes `BASE` and `QUICK_BASE`) and
-`tables` (markdown and CSV from the rows, the pages' header line).
-
-Every peer runs as a thread of this one process (`backend: local`; MPI ≡ local is tested in
-tests/). Projected wall time per peer = measured compute time (means over peers) + rounds x
-latency (50 us) + critical bytes / bandwidth (1 and 10 Gbit/s), from the transport's counters
-(`CommStats.projected_seconds`): bytes always come from the counters, never a formula.
-"""
+"""What the pages that train whole configs share: `runs` (one training run on every peer, as threads
+of this process; a row's numbers; the recipes `BASE` and `QUICK_BASE`; projected wall time =
+compute + rounds x latency + critical bytes / bandwidth, from the transport's counters) and
+`tables` (markdown and CSV from the rows, the pages' header line)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Sequence
 
 LATENCY_S = 50e-6
 BANDWIDTHS = (("1 Gbit/s", 1e9 / 8), ("10 Gbit/s", 10e9 / 8))
@@ -38,35 +38,30 @@ def measure(config: Dict[str, Any], make_hooks=None) -> Dict[str, Any]:
     names = dict(epoch="epoch", mb="mb_sent_per_peer", acc_avg="test_acc_avg_model")
     names.update(acc_local_mean="test_acc_mean", acc_local_min="test_acc_min")
     evals = [{key: r[name] for key, name in names.items()} for r in result.evals]
-    curve = [(e["mb"], e["acc_avg"]) for e in evals]
     stats = [result.stats[rank] for rank in sorted(result.stats)]
-    return measurements(result.summary, stats, result.wall_seconds, curve, evals)
+    return measurements(result.summary, stats, result.wall_seconds, evals)
 
 
 def measurements(
     summary: Dict[str, Any],
     stats: Sequence[Dict[str, int]],
     seconds: float,
-    curve: Sequence = (),
     evals: Sequence[Dict[str, float]] = (),
 ) -> Dict[str, Any]:
-    """The numbers a table row needs, from a `train` summary and every peer's `CommStats.as_dict()`.
-
-    `curve`: (MB sent per peer, averaged-model accuracy) at each evaluation; `evals`: the same
-    evaluations as dicts (epoch, mb, acc_avg, acc_local_mean, acc_local_min)."""
+    """The numbers a table row needs, from a `train` summary, every peer's `CommStats.as_dict()`
+    (the critical path: the slowest peer's rounds and largest-message bytes) and the evaluations
+    as dicts (epoch, mb, acc_avg, acc_local_mean, acc_local_min; `curve`: their (mb, acc_avg))."""
     steps = max(1, int(summary["steps"]))
     out = {k: summary[k] for k in ("algorithm", "topology", "partition", "model", "peers")}
     out.update(epochs=summary["epochs"], steps=steps, parameters=summary["parameters"])
-    out["acc_avg"] = summary["final_test_acc_avg_model"]
-    out["acc_local_mean"] = summary["final_test_acc_local_mean"]
-    out["acc_local_min"] = summary["final_test_acc_local_min"]
+    finals = dict(acc_avg="avg_model", acc_local_mean="local_mean", acc_local_min="local_min")
+    out.update({key: summary[f"final_test_acc_{name}"] for key, name in finals.items()})
     out["mb_per_peer"] = summary["mb_sent_per_peer"]
     out["mb_per_step"] = summary["mb_sent_per_peer"] / steps
     out["compute_s"] = summary["time_compute_s"] + summary["time_gossip_compute_s"]
-    # the critical path: the slowest peer's rounds and largest-message bytes
-    for key in ("rounds", "critical_bytes"):
-        out[key] = max(int(s[key]) for s in stats)
-    return dict(out, run_seconds=seconds, curve=list(curve), evals=[dict(e) for e in evals])
+    out.update({key: max(int(s[key]) for s in stats) for key in ("rounds", "critical_bytes")})
+    curve = [(e["mb"], e["acc_avg"]) for e in evals]
+    return dict(out, run_seconds=seconds, curve=curve, evals=[dict(e) for e in evals])
 
 
 def projected_seconds(
@@ -89,9 +84,7 @@ def communication_seconds(
 def combine(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     """Several seeds of one row: accuracies as mean and std, the rest as means; the evaluation
     history as the mean over seeds at each evaluation all seeds share (same epochs)."""
-    out = dict(runs[0])
-    out["seeds"] = len(runs)
-    out["seed_list"] = [r.get("seed", 0) for r in runs]
+    out = dict(runs[0], seeds=len(runs), seed_list=[r.get("seed", 0) for r in runs])
     averaged = "acc_avg acc_local_mean acc_local_min mb_per_peer mb_per_step compute_s rounds"
     for key in averaged.split() + ["critical_bytes", "run_seconds"]:
         values = [float(r[key]) for r in runs]
@@ -112,19 +105,14 @@ def log(text: str) -> None:
     print(f"[suite {time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
-def _labelled(label: str, spec: str, gamma: Optional[float], m: Dict[str, Any], kind: str = "main"):
-    """A table row: the measurements, its label and spec, and its γ as the table shows it."""
-    from gossip_powersgd.algorithms import gamma_kind
-
-    topology = gamma is None and gamma_kind(spec) == "topology"
-    text = f"{gamma:.3g}" if gamma is not None else "topology" if topology else "—"
-    return dict(m, label=label, spec=spec, model_kind=kind, gamma=gamma, gamma_text=text)
-
-
 def attempt_config(
     label: str, config: Dict[str, Any], gamma=None, kind: str = "main"
 ) -> Dict[str, Any]:
-    """Run one row (the whole training config); its row, or a row saying why it failed."""
+    """Run one row (the whole training config): its measurements, label, spec, group (`kind`) and
+    γ as the table shows it ("topology" where the spec takes the topology's), or a row saying why
+    it failed."""
+    from gossip_powersgd.algorithms import gamma_kind
+
     spec, seed = config["algorithm"], config.get("seed", 0)
     log(
         f"{label} {config.get('topology')} {config.get('partition')} "
@@ -141,4 +129,7 @@ def attempt_config(
         row.update(spec=spec, gamma=gamma, model_kind=kind, seed=seed)
         return dict(row, gamma_text="—" if gamma is None else f"{gamma:g}")
     log(f"  acc {m['acc_avg']:.4f}  {m['mb_per_peer']:.3f} MB/peer  {m['run_seconds']:.1f} s")
-    return dict(_labelled(label, spec, gamma, m, kind), seed=seed)
+    topology = gamma is None and gamma_kind(spec) == "topology"
+    text = f"{gamma:.3g}" if gamma is not None else "topology" if topology else "—"
+    row = dict(m, label=label, spec=spec, model_kind=kind, gamma=gamma, gamma_text=text)
+    return dict(row, seed=seed)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from typing import Any, Dict, Optional, Sequence
 
 from experiments.engine.provenance import page_commit, utc_now
+from experiments.pages._markdown import csv_text
 
 from .runs import BANDWIDTHS, communication_seconds, projected_seconds
 
@@ -51,33 +50,29 @@ TABLE_HEADER = (
 
 
 def table_row(row: Dict[str, Any], exact: Optional[Dict[str, Any]]) -> str:
+    """The row's line of `TABLE_HEADER`'s table (`exact`: exact gossip's row of its setting)."""
     head = (
         f"| {row['topology']} | {row['partition']} | {row['label']} | {row.get('gamma_text', '—')} | "
         f"{row.get('epochs', '?')} | {row.get('seeds', 1)} |"
     )
     if "error" in row:
-        return (
-            head + f" {'DIVERGED' if row['error'].startswith('diverged') else 'FAILED'}: "
-            f"{row['error']} | | | | | | |"
-        )
+        what = "DIVERGED" if row["error"].startswith("diverged") else "FAILED"
+        return head + f" {what}: {row['error']} | | | | | | |"
     ratio = ratio_to_exact(row, exact)
-    ratio_text = (
-        "n/a"
-        if ratio is None
-        else f"{ratio:.1f}× ({100 * (1 - 1 / ratio):.1f} % fewer)"
-        if ratio >= 1
-        else f"{ratio:.2f}× ({100 * (1 / ratio - 1):.0f} % more)"
-    )
-    times = " | ".join(
+    if ratio is None:
+        ratio_text = "n/a"
+    elif ratio >= 1:
+        ratio_text = f"{ratio:.1f}× ({100 * (1 - 1 / ratio):.1f} % fewer)"
+    else:
+        ratio_text = f"{ratio:.2f}× ({100 * (1 / ratio - 1):.0f} % more)"
+    accuracies = ("acc_avg", "acc_local_mean", "acc_local_min")
+    cells = [_pct(row[k], row.get(k + "_std")) for k in accuracies]
+    times = [
         f"{projected_seconds(row, bw):.3g} s (comm {communication_seconds(row, bw):.3g} s)"
         for _, bw in BANDWIDTHS
-    )
-    return (
-        head + f" {_pct(row['acc_avg'], row.get('acc_avg_std'))} | "
-        f"{_pct(row['acc_local_mean'], row.get('acc_local_mean_std'))} | "
-        f"{_pct(row['acc_local_min'], row.get('acc_local_min_std'))} | {row['mb_per_peer']:.3f} | "
-        f"{ratio_text} | {times} |"
-    )
+    ]
+    cells += [f"{row['mb_per_peer']:.3f}", ratio_text, *times]
+    return head + " " + " | ".join(cells) + " |"
 
 
 def _exact_of(rows: Sequence[Dict[str, Any]], row: Dict[str, Any]) -> Optional[Dict]:
@@ -85,6 +80,7 @@ def _exact_of(rows: Sequence[Dict[str, Any]], row: Dict[str, Any]) -> Optional[D
 
 
 def build_table(rows: Sequence[Dict[str, Any]]) -> str:
+    """The markdown table of `rows` (`TABLE_HEADER`), each beside exact gossip of its setting."""
     lines = [TABLE_HEADER, "|" + "---|" * (TABLE_HEADER.count("|") - 1)]
     lines += [table_row(row, _exact_of(rows, row)) for row in rows]
     return "\n".join(lines) + "\n"
@@ -99,22 +95,18 @@ CSV_FIELDS = tuple(
 
 
 def build_csv(rows: Sequence[Dict[str, Any]]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(
-        buffer, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n"
-    )
-    writer.writeheader()
+    """The rows as CSV (`CSV_FIELDS`), with each one's ratio to exact gossip and projected times."""
+    lines = []
     for row in rows:
         out = {k: row.get(k, "") for k in CSV_FIELDS}
-        out["seeds"] = row.get("seeds", 1)
-        out["group"] = row.get("model_kind", "main")
+        out.update(seeds=row.get("seeds", 1), group=row.get("model_kind", "main"))
         if "error" not in row:
             ratio = ratio_to_exact(row, _exact_of(rows, row))
             out["ratio_to_exact"] = "" if ratio is None else f"{ratio:.4g}"
             out["projected_s_1gbit"] = f"{projected_seconds(row, BANDWIDTHS[0][1]):.4g}"
             out["projected_s_10gbit"] = f"{projected_seconds(row, BANDWIDTHS[1][1]):.4g}"
-        writer.writerow({k: ("" if v is None else v) for k, v in out.items()})
-    return buffer.getvalue()
+        lines.append(["" if v is None else v for v in out.values()])
+    return csv_text(CSV_FIELDS, lines)
 
 
 def generated_sentence(command: str, seconds: float) -> str:
