@@ -4,6 +4,7 @@ tables, the isolated-peer and kernel tables. Fixed text: the .md files beside th
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Optional, Sequence
 
 from experiments.pages._bench import MODELS, count_params, median, model_shapes
@@ -32,13 +33,9 @@ def _yes(b: bool) -> str:
     return "yes" if b else "**NO**"
 
 
-def _x(compute: float, total: float) -> str:
-    """A compute ratio (bold) and a step-time ratio."""
-    return f"**{compute:.2f}×**, {total:.2f}×"
-
-
-def _times(x: float) -> str:
-    return f"{x:.2f}×"
+def _x(compute: float, total: Optional[float] = None) -> str:
+    """A ratio "1.23×"; with `total`, a compute ratio (bold) and a step-time ratio."""
+    return f"{compute:.2f}×" if total is None else f"**{compute:.2f}×**, {total:.2f}×"
 
 
 def _span(values: Sequence[float], fmt) -> str:
@@ -94,8 +91,8 @@ def targets(summaries: List[Dict[str, Any]]) -> List[str]:
 
 def _speedup(s: Dict[str, Any]) -> str:
     iso = s.get("isolated", {}).get("speedup")
-    return f"{s['backend']} {s['speedup']['compute']:.2f}×" + (
-        f" (isolated {iso:.2f}×)" if iso else ""
+    return f"{s['backend']} {_x(s['speedup']['compute'])}" + (
+        f" (isolated {_x(iso)})" if iso else ""
     )
 
 
@@ -132,18 +129,12 @@ def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]])
     out = []
     iso = [s for s in summaries if "isolated" in s]
     speed = {row["key"]: row["of_copy"] for row in kernels["kernels"]} if kernels else {}
+    pct = {key.replace(".", "_"): _pct(x) for key, x in speed.items()}  # "k3_left_library": "63 %"
     if vgg := [s["isolated"]["variants"]["batched"] for s in iso if s["model"] == "vgg16"]:
         more = ""
-        if speed and "k3.left.library" in speed:
+        if "k3.left.library" in speed:
             p = _prediction(speed, 3)
-            cells = {
-                f"{side}_{short}": _pct(speed[f"k3.{side}.{which}"])
-                for side in ("right", "left", "update")
-                for short, which in (("lib", "library"), ("old", "before"))
-            }
-            more = PARTS["vgg kernels"].format(
-                lib_mean=_pct(p["lib_mean"]), old_mean=_pct(p["old_mean"]), **cells
-            )
+            more = PARTS["vgg kernels"].format(**pct, **{k: _pct(x) for k, x in p.items()})
         out.append(
             PARTS["vgg"].format(
                 ratio=median([v["left"]["compute"] / v["right"]["compute"] for v in vgg]),
@@ -158,20 +149,11 @@ def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]])
         passes = [3 * s["compressed_bytes"] / (s["isolated"]["bandwidth"] * 1e9) for s in r20]
         mb = _mb(r20[0]["compressed_bytes"])
         out.append(PARTS["resnet"].format(took=_span(took, _ms), mb=mb, passes=_span(passes, _ms)))
-    sp = [s for s in summaries if "speedup" in s and s["model"] == "vgg16"]
-    if sp and speed:
-        one, lone = speed.get("k1.right.library"), speed.get("k1.left.library")
-        out.append(
-            PARTS["naive"].format(
-                one=_pct(one),
-                lone=_pct(lone),
-                mv=_pct(speed.get("k1.right.mv")),
-                lmv=_pct(speed.get("k1.left.mv")),
-                right3=one / speed.get("k3.right.library"),
-                left3=lone / speed.get("k3.left.library"),
-                gain=_span([s["speedup"]["compute"] for s in sp], _times),
-            )
-        )
+    if speed and (sp := [s for s in summaries if "speedup" in s and s["model"] == "vgg16"]):
+        right3 = speed["k1.right.library"] / speed["k3.right.library"]
+        left3 = speed["k1.left.library"] / speed["k3.left.library"]
+        gain = _span([s["speedup"]["compute"] for s in sp], _x)
+        out.append(PARTS["naive"].format(**pct, right3=right3, left3=left3, gain=gain))
     return out + [""] if out else out
 
 
@@ -273,7 +255,7 @@ def render_before(summaries: List[Dict[str, Any]]) -> List[str]:
         return []
 
     def spread(values: List[float]) -> str:
-        return f"{_span(values, _times)} (median {_times(median(values))})"
+        return f"{_span(values, _x)} (median {_x(median(values))})"
 
     isolated = [
         s["isolated"]["before_ratio"] for s in rows if "before_ratio" in s.get("isolated", {})
@@ -302,20 +284,9 @@ KERNELS = (
 
 def render_kernels(k: Dict[str, Any]) -> List[str]:
     """The kernel diagnosis: kernels.md filled in from the kernels' run."""
-    b, rows, cols = k["group"]
-    text = fill(
-        template(__file__, "kernels.md"),
-        b=b,
-        rows=rows,
-        cols=cols,
-        mb=b * rows * cols * 4 / 1e6,
-        copy_mb=k.get("copy_mb", 256),
-        rounds=k["rounds"],
-        copy=k["copy"],
-        kernels=columns(KERNELS, k["kernels"]),
-        prediction=kernel_prediction(k),
-    )
-    return text.split("\n")
+    fields = dict(k, copy_mb=k.get("copy_mb", 256), mb=math.prod(k["group"]) * 4 / 1e6)
+    fields.update(kernels=columns(KERNELS, k["kernels"]), prediction=kernel_prediction(k))
+    return fill(template(__file__, "kernels.md"), **fields).split("\n")
 
 
 def render_markdown(
