@@ -13,15 +13,7 @@ PARTS = snippets(__file__, "parts.md")
 ALGORITHMS = ("exact", "powergossip", "allreduce", "powersgd")
 LABELS = dict(exact="exact gossip", powergossip="PowerGossip r1", allreduce="all-reduce")
 LABELS.update(powersgd="PowerSGD r1", ring="ring all-reduce", gather="all-gather reduction")
-BACKENDS = {
-    "local": "in-process (`LocalCluster`, one thread per peer)",
-    "mpi": "MPI (`mpiexec -n N`, one process per peer)",
-    "torch": "torch.distributed/gloo (`torchrun --nproc-per-node N`)",
-}
-REDUCTIONS = (
-    "transport | n | ring: time | ring: received / rank | all-gather: time | all-gather: "
-    "received / rank | all-gather ÷ ring: bytes, time"
-)
+BACKENDS = ("local", "mpi", "torch")  # in the page's order; parts.md names each
 
 
 def mode(record: Dict[str, Any]) -> str:
@@ -132,34 +124,27 @@ def _peer_tables(records: List[Dict[str, Any]]) -> List[str]:
         out.append("")
     for backend in BACKENDS:
         if recs := _ok(records, "peers", backend):
-            out += [f"### {BACKENDS[backend]}", ""]
+            out += [f"### {PARTS[backend]}", ""]
             out += cost_table(recs, lambda r: f"n = {r['point']['peers']}")
     return out
 
 
 def _reductions(records: List[Dict[str, Any]]) -> List[str]:
-    """The ring all-reduce next to the all-gather reduction."""
+    """The ring all-reduce next to the all-gather reduction (its time, bytes, both against the ring's)."""
     rows = []
     for r in _ok(records, "peers"):
-        s = summarize(r)
-        if ring := s.get("ring"):
+        if ring := (s := summarize(r)).get("ring"):
             cells = [r["point"]["backend"], str(r["point"]["peers"])]
             cells += [fmt_seconds(ring["seconds"]), fmt_bytes(ring["received"])]
-            rows.append(
-                cells
-                + (_gather_cells(ring, s["gather"]) if "gather" in s else ["skipped", "–", "–"])
-            )
-    return table(REDUCTIONS, rows)
-
-
-def _gather_cells(ring: Dict[str, float], gather: Dict[str, float]) -> List[str]:
-    """The all-gather reduction's time, bytes received, and both against the ring's."""
-    bytes_, seconds = gather["received"] / ring["received"], gather["seconds"] / ring["seconds"]
-    return [
-        fmt_seconds(gather["seconds"]),
-        fmt_bytes(gather["received"]),
-        f"{bytes_:.3g}×, {seconds:.3g}×",
-    ]
+            if gather := s.get("gather"):
+                bytes_, seconds = (
+                    gather["received"] / ring["received"],
+                    gather["seconds"] / ring["seconds"],
+                )
+                cells += [fmt_seconds(gather["seconds"]), fmt_bytes(gather["received"])]
+                cells.append(f"{bytes_:.3g}×, {seconds:.3g}×")
+            rows.append(cells if gather else [*cells, "skipped", "–", "–"])
+    return [*table_rows(rows), ""]
 
 
 def _simulation(records: List[Dict[str, Any]]) -> List[str]:
@@ -186,17 +171,12 @@ def _growth(
         if (recs := _ok(records, "peers", b))
     }
     if series:
-        out += [
-            *PARTS["growth"].split("\n"),
-            "",
-            *growth_table(series, (*ALGORITHMS, "ring", "gather"), "n"),
-            "",
-        ]
+        table_ = growth_table(series, (*ALGORITHMS, "ring", "gather"), "n")
+        out += [*PARTS["growth"].split("\n"), "", *table_, ""]
     sizes: Dict[str, list] = {}
     for r in size_recs:
-        sizes.setdefault(f"vs N, ring:{r['point']['peers']}", []).append(
-            (r["ranks"][0]["numel"], summarize(r))
-        )
+        point = (r["ranks"][0]["numel"], summarize(r))
+        sizes.setdefault(f"vs N, ring:{r['point']['peers']}", []).append(point)
     if sizes:
         out += growth_table(sizes, ALGORITHMS, "N") + [""]
     failed = [f"{label(r['point'])}: failed: {r['error']}" for r in records if "error" in r]
