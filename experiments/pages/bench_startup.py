@@ -165,8 +165,6 @@ def render(rows: Rows) -> Outputs:
         TEXT["page"],
         quick=quick_mark(rows),
         made_by=made_by(rows),
-        load_start=data["load"][0],
-        load_end=data["load"][1],
         table=table(head, cells, None),
         verdict=[
             v
@@ -174,12 +172,10 @@ def render(rows: Rows) -> Outputs:
             for v in _verdict(data["commands"][k], *g)
         ],
         commands=[f"- `{data['command_lines'][kind]}`" for kind in data["kinds"]],
-        **{k: data[k] for k in ("processes", "repetitions", "cores")},
+        **{k: data[k] for k in ("processes", "repetitions", "cores", "load")},
     )
     return {"bench_startup.md": page + "\n"}
 
 
 TITLE = "start-up of gossip-train under mpiexec and torchrun: first line, set-up phases"
 PAGE = register(Page("bench_startup", TITLE, plan, row, render))
-
-__all__ = ["PAGE", "ROOT"]

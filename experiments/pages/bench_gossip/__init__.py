@@ -1,8 +1,7 @@
 """`python -m experiments bench_gossip`: PowerGossip (rank 1) against exact gossip on the zoo's
-ResNet-20 and VGG-16 shapes, 8 peers, in-process and under MPI (`mpiexec -n 8`, `measure.py` its
-child): bytes, time per step, the naive and `BEFORE`'s PowerGossip in interleaved blocks, copy
-bandwidth and compute efficiency, in situ and for one isolated peer; the kernels; the default
-VGG-16's bytes. The page (page.md and the .md files beside it) says how each figure is measured."""
+ResNet-20 and VGG-16 shapes, 8 peers, in-process and under MPI (`measure.py` the child): bytes,
+time per step, the naive and `BEFORE`'s PowerGossip in interleaved blocks, compute efficiency in
+situ and for one isolated peer; the kernels; the default VGG-16's bytes (page.md says how)."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ from experiments.pages._bench import compact, header, on_machine, python_child, 
 from experiments.pages._bench import run_child
 from gossip_powersgd.launch import run_peers
 
-#: The commit whose PowerGossip runs beside this tree's: 6df8d52 is main before Architecture II
-#: touched `algorithms/`.
+#: The commit whose PowerGossip runs beside this tree's: main before Architecture II.
 BEFORE = "6df8d52"
 #: torus:2x4 has degree 3 (the dimension of size 2 wraps onto the same neighbour), so the page adds
 #: an 8-peer graph of degree 4: the circulant C8(1, 2) (Watts-Strogatz with k=4 and no rewiring).

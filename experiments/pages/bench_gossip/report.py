@@ -50,12 +50,10 @@ def _settings(n: int) -> str:
 def targets(summaries: List[Dict[str, Any]]) -> List[str]:
     """The three targets, judged per model on the measured numbers."""
     verdict = {True: "met", False: "**missed**"}
-    by_model: Dict[str, List[Dict[str, Any]]] = {}
-    for s in summaries:
-        by_model.setdefault(s["model"], []).append(s)
+    by_model = {model: [s for s in summaries if s["model"] == model] for model in MODELS}
     rows = []  # target, model, measured, met?
     for model in ("vgg16", "vgg16_bn", "resnet20"):
-        if found := by_model.get(model, []):
+        if found := by_model[model]:
             ratios = [s["variants"]["batched"]["bytes_ratio"] for s in found]
             above = min(ratios) >= TARGET_BYTES_RATIO
             where = ", ".join(f"{s['topology']}/{s['backend']}" for s in found)
@@ -67,7 +65,7 @@ def targets(summaries: List[Dict[str, Any]]) -> List[str]:
                 + [verdict[above] if model == "vgg16" else judged]
             )
     for model in ("vgg16", "resnet20"):
-        if found := [s for s in by_model.get(model, []) if "isolated" in s]:
+        if found := [s for s in by_model[model] if "isolated" in s]:
             effs = [s["isolated"]["variants"]["batched"]["all"]["efficiency"] for s in found]
             situ = [s["variants"]["batched"]["efficiency_in_situ"] for s in found]
             measured = f"isolated peer {_span(effs, _pct)}; in situ {_span(situ, _pct)}"
@@ -80,7 +78,7 @@ def targets(summaries: List[Dict[str, Any]]) -> List[str]:
         ("degree 4 (`small_world:8:4:0`)", lambda s: s["degree"] == 4),
     ):
         for model in ("vgg16", "resnet20"):
-            if found := [s for s in by_model.get(model, []) if "speedup" in s and pick(s)]:
+            if found := [s for s in by_model[model] if "speedup" in s and pick(s)]:
                 rows.append(
                     [f"batched ≥ {TARGET_SPEEDUP}× faster than naive (compute per step), {label}"]
                     + [model, "; ".join(map(_speedup, found))]
