@@ -9,6 +9,7 @@ import contextlib
 import resource
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping
+from unittest import mock
 
 import torch
 
@@ -54,18 +55,12 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
     return [Run(key=f"ring:{config['peers']}/{config['reps']}reps", config=config)]
 
 
-@contextlib.contextmanager
 def python_kernels():
-    """PowerGossip's tensor work as the kernels' Python bodies, not compiled, until the block ends."""
+    """PowerGossip's tensor work as the kernels' Python bodies, not compiled, within the block."""
     names = ("multiply_into_messages", "form_factors_and_update")
-    saved = {name: getattr(powergossip, name) for name in names}
-    try:
-        for name in names:
-            setattr(powergossip, name, getattr(kernels, name).python)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(powergossip, name, value)
+    return mock.patch.multiple(
+        powergossip, **{name: getattr(kernels, name).python for name in names}
+    )
 
 
 def cluster_run(

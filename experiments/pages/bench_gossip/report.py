@@ -231,20 +231,13 @@ def _before_row(s: Dict[str, Any]) -> List[str]:
     b, o, new = s["before"], s["variants"]["before"], s["variants"]["batched"]
     iso, iso_cell = s.get("isolated", {}), "–"
     if "before_ratio" in iso:
-        iv = iso["variants"]
-        iso_cell = (
-            f"{_ms(iv['before']['all']['compute'])} → {_ms(iv['batched']['all']['compute'])}, "
-            f"**{iso['before_ratio']:.2f}×**"
-        )
+        old_ms, new_ms = (_ms(iso["variants"][v]["all"]["compute"]) for v in ("before", "batched"))
+        iso_cell = f"{old_ms} → {new_ms}, **{iso['before_ratio']:.2f}×**"
     same = "yes" if b["identical"] else f"**no** (largest difference {b['max_difference']:.1e})"
-    return [
-        f"{s['model']} · {s['topology']} · {s['backend']}",
-        f"{_mb(o['bytes'])} = {_mb(new['bytes'])}: {_yes(b['bytes_equal'])}",
-        f"{_ms(o['compute'])} → {_ms(new['compute'])}",
-        _x(**b["ratio"]),
-        iso_cell,
-        same,
-    ]
+    setting = f"{s['model']} · {s['topology']} · {s['backend']}"
+    sent = f"{_mb(o['bytes'])} = {_mb(new['bytes'])}: {_yes(b['bytes_equal'])}"
+    compute = f"{_ms(o['compute'])} → {_ms(new['compute'])}"
+    return [setting, sent, compute, _x(**b["ratio"]), iso_cell, same]
 
 
 def render_before(summaries: List[Dict[str, Any]]) -> List[str]:
