@@ -114,7 +114,7 @@ def measure_one_peer(spec: str, reps: int, steps: int, batch: int = BATCH):
     return interleaved(candidates, reps, steps)
 
 
-#: The breakdown (c): the step's parts, measured like (a).
+#: The breakdown (c): the step's parts, measured like (a) (forward + backward, then the whole step).
 PARTS = {
     "forward + backward, non-private": (None, False, True),
     "forward + backward, ghost": ("ghost", False, True),
@@ -305,10 +305,8 @@ def _parts(times, operations) -> List[str]:
     """(c): the step in parts, and the tensor operations per step."""
     rows = []
     for spec, part in times.items():
-        t = {name: median(v["cpu"]) for name, v in part.items()}
+        fb0, fb1, whole0, whole1 = (median(part[name]["cpu"]) for name in PARTS)
         ops = operations[spec]
-        fb0, fb1 = t["forward + backward, non-private"], t["forward + backward, ghost"]
-        whole0, whole1 = t["whole step, non-private"], t["whole step, clipped sum ghost"]
         extra_ops = ops["clipped sum, ghost"] - ops["non-private"]
         per_op = (whole1 - whole0) * 1e3 / extra_ops if extra_ops > 0 else float("nan")
         ms = (f"{x:.3f} ms" for x in (fb0, fb1, whole0 - fb0, whole1 - fb1))
