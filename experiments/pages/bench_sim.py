@@ -163,14 +163,13 @@ def row(run: Run) -> Dict[str, Any]:
     torch.set_num_threads(1)
     own = c["helpers"] == "own"
     versions = {n: previous_powergossip(c[n], helpers=own) for n in ("before", "previous") if c[n]}
-    versions = {"tree": PowerGossip, **{n: v for n, v in versions.items() if v is not None}}
+    earlier = [n for n, version in versions.items() if version is not None]
+    versions = {"tree": PowerGossip, **{n: versions[n] for n in earlier}}
     setups = {name: setup for name, setup in SETUPS.items() if setup[0] in versions}
     results: Dict[str, Any] = {
         "sim": {name: [] for name in [*setups, "one thread"]},
         "switches": {name: [] for name in setups},
-        "modules": {
-            c[n]: loaded_modules(c[n], own) for n in ("before", "previous") if n in versions
-        },
+        "modules": {c[n]: loaded_modules(c[n], own) for n in earlier},
     }
     finals = {}
     for rep in range(c["reps"]):
