@@ -21,8 +21,8 @@ from experiments.pages._bench import make_params, median, model_shapes, on_machi
 from experiments.pages._bench import resident_bytes
 from experiments.pages._commit_code import loaded_modules, previous_powergossip
 from experiments.pages._markdown import fill, snippets, table, table_rows, template
+from experiments.pages.bench_gossip import summarize_isolated
 from experiments.pages.bench_gossip.measure import BenchConfig, isolated_benchmark
-from experiments.pages.bench_gossip.summary import summarize_isolated
 from gossip_powersgd import LocalCluster, PowerGossip
 from gossip_powersgd.algorithms import kernels, powergossip
 from gossip_powersgd.metrics import consensus_distance
