@@ -1,7 +1,6 @@
 """What the speed pages share (bench_*, long_run, experiments/gpu_check.py): the zoo's parameter
 shapes as random tensors, copy bandwidth, a loopback transport, bitwise comparison, the machine a
-row was measured on and the header that names it, compact raw numbers, child processes with a time
-limit and the launchers' command lines."""
+row was measured on and the header naming it, compact raw numbers, child processes and launchers."""
 
 from __future__ import annotations
 
@@ -17,7 +16,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from subprocess import DEVNULL, PIPE
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -25,21 +25,18 @@ from experiments.engine import ROOT, made_by
 from gossip_powersgd.comm.base import Communicator
 from gossip_powersgd.training.zoo import VGG16, ResNet20
 
-if TYPE_CHECKING:
-    from topologies import AnyTopology
-
 MODELS = ("resnet20", "vgg16", "vgg16_bn")
 Shapes = List[Tuple[str, Tuple[int, ...]]]
 
 
 @functools.lru_cache(maxsize=None)
 def _zoo_shapes(model: str) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; valid: {', '.join(MODELS)}")
     if model == "resnet20":
         module = ResNet20((3, 32, 32), 10, device="meta")
-    elif model in ("vgg16", "vgg16_bn"):
-        module = VGG16((3, 32, 32), 10, batch_norm=model == "vgg16_bn", device="meta")
     else:
-        raise ValueError(f"unknown model {model!r}; valid: {', '.join(MODELS)}")
+        module = VGG16((3, 32, 32), 10, batch_norm=model == "vgg16_bn", device="meta")
     return tuple((name, tuple(p.shape)) for name, p in module.named_parameters())
 
 
@@ -73,26 +70,23 @@ def spread(values: Sequence[float], dash: str = "–") -> str:
     return f"{median(values):.2f} ({min(values):.2f}{dash}{max(values):.2f})"
 
 
-def copy_bandwidth(megabytes: int, rounds: int = 1, buffers=None) -> List[float]:
-    """GB/s of `dst.copy_(src)` on `megabytes` MB (read + write: 2 x bytes / time), per round."""
-    if buffers is None:
-        src = torch.ones(megabytes * 2**20 // 4)
-        dst = torch.empty_like(src)
-        dst.copy_(src)  # first touch
-    else:
-        src, dst = buffers
-    out = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        dst.copy_(src)
-        out.append(2 * src.numel() * 4 / (time.perf_counter() - start) / 1e9)
-    return out
+def copy_buffers(megabytes: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A source and a destination of `megabytes` MB for `copy_bandwidth`, touched once."""
+    src = torch.ones(megabytes * 2**20 // 4)
+    return src, torch.empty_like(src).copy_(src)
+
+
+def copy_bandwidth(src: torch.Tensor, dst: torch.Tensor) -> float:
+    """GB/s of one `dst.copy_(src)` (read + write: 2 x bytes / time)."""
+    start = time.perf_counter()
+    dst.copy_(src)
+    return 2 * src.numel() * 4 / (time.perf_counter() - start) / 1e9
 
 
 class LoopbackCommunicator(Communicator):
-    """A transport for one peer alone: every neighbour answers at once with half of what we sent
-    it. The algorithm runs its real code path, but waits for no peer and shares no core; the
-    few-kB answer counts as communication time."""
+    """Peer `rank` of a topology alone (`LoopbackCommunicator(topology, rank, None)`): every
+    neighbour answers at once with half of what we sent it. The algorithm runs its real code path,
+    but waits for no peer and shares no core; the few-kB answer counts as communication time."""
 
     def _exchange(self, send, recv):
         for j in self.neighbors:
@@ -100,11 +94,6 @@ class LoopbackCommunicator(Communicator):
 
     def _allgather_tensor(self, tensor):
         return [tensor.detach().clone() for _ in range(self.size)]
-
-
-def loopback_communicator(topology: AnyTopology, rank: int) -> LoopbackCommunicator:
-    """Peer `rank` of `topology` alone (`LoopbackCommunicator`)."""
-    return LoopbackCommunicator(topology, rank, None)
 
 
 def compare_params(new: Sequence[Any], old: Sequence[Any]) -> Dict[str, Any]:
@@ -138,10 +127,10 @@ def machine() -> Dict[str, Any]:
     info = {"cpu": "unknown", "memory": "unknown", "mpi": "MPI: unknown"}
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
-        meminfo = Path("/proc/meminfo").read_text().splitlines()
         info["cpu"] = next(
             line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line
         )
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
         mem = next(line.split()[1] for line in meminfo if line.startswith("MemTotal"))
         info["memory"] = f"{int(mem) / 2**20:.1f} GiB"
     except (OSError, StopIteration):
@@ -150,14 +139,9 @@ def machine() -> Dict[str, Any]:
     if version.exists():  # without initialising MPI in this process
         text = subprocess.run([str(version)], capture_output=True, text=True, timeout=30).stdout
         info["mpi"] = " ".join(text.strip().splitlines()[0].split()) if text.strip() else "MPI"
-    return dict(
-        info,
-        cores=os.cpu_count(),
-        load=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        niceness=os.nice(0),
-        python=platform.python_version(),
-        torch=torch.__version__,
-    )
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    info.update(cores=os.cpu_count(), load=load, niceness=os.nice(0))
+    return dict(info, python=platform.python_version(), torch=torch.__version__)
 
 
 def on_machine(row: Callable[[Any], Dict[str, Any]]) -> Callable[[Any], Dict[str, Any]]:
@@ -187,7 +171,7 @@ def header(rows) -> str:
     loads = [m["load"] for m in around if m.get("load") is not None]
     m = starts[0]
     load = f"{min(loads):.1f} to {max(loads):.1f}" if loads else "unknown"
-    nice = sorted({r.row["machine_start"].get("niceness") for r in rows.records} - {None})
+    nice = sorted({start.get("niceness") for start in starts} - {None})
     nice = f", run at niceness {', '.join(map(str, nice))}" if nice else ""
     return (
         f"{text} Machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; load average {load} at "
@@ -208,17 +192,12 @@ def compact(obj: Any, digits: int = 5, columns: bool = True) -> Any:
         return float(f"{obj:.{digits}g}")
     if isinstance(obj, dict):
         return {k: compact(v, digits, columns) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        if (
-            columns
-            and len(obj) > 1
-            and all(isinstance(x, dict) for x in obj)
-            and len({tuple(x) for x in obj}) == 1
-            and "steps" not in obj[0]
-        ):
-            return {k: [compact(x[k], digits) for x in obj] for k in obj[0]}
-        return [compact(v, digits, columns) for v in obj]
-    return obj
+    if not isinstance(obj, (list, tuple)):
+        return obj
+    records = len(obj) > 1 and all(isinstance(x, dict) for x in obj)
+    if columns and records and len({tuple(x) for x in obj}) == 1 and "steps" not in obj[0]:
+        return {k: [compact(x[k], digits) for x in obj] for k in obj[0]}
+    return [compact(v, digits, columns) for v in obj]
 
 
 def run_child(command: List[str], timeout: float) -> Tuple[Optional[int], str]:
@@ -229,15 +208,8 @@ def run_child(command: List[str], timeout: float) -> Tuple[Optional[int], str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    child = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=env,
-        text=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    options = dict(cwd=ROOT, env=env, text=True, stdout=DEVNULL, stderr=PIPE)
+    child = subprocess.Popen(command, **options, start_new_session=True)
     try:
         _, err = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -266,9 +238,7 @@ def python_child(module: str, args: List[str], backend: str, processes: int) -> 
     child = [sys.executable, "-m", module, *args]
     if backend == "mpi":
         return [mpiexec(), "-n", str(processes), *child]
-    if backend == "torch":
-        return [*local_torchrun(processes), *child[1:]]
-    return child
+    return [*local_torchrun(processes), *child[1:]] if backend == "torch" else child
 
 
 def mpiexec() -> str:

@@ -1,15 +1,12 @@
-"""An earlier commit's PowerGossip, imported beside this tree's, for the pages that time both in
-one run (bench_sim's `before` and `previous`, bench_gossip's `before`).
-
-The commit's `powergossip.py` and the modules split from it (`PARTS`), with ``helpers=True`` also
-every `algorithms/` module they import, transitively, are read with `git show` and imported under
-private names inside `gossip_powersgd.algorithms` (`_powergossip_<commit>`, ...), their imports of
-one another pointed at each other: the commit's code as it was, on this tree's transports.
-"""
+"""An earlier commit's PowerGossip imported beside this tree's (bench_sim's `before` and `previous`,
+bench_gossip's `before`): its `powergossip.py` and the modules split from it (`PARTS`), with
+``helpers=True`` every `algorithms/` module they import, read with `git show` and imported under
+private names (`gossip_powersgd.algorithms._powergossip_<commit>`, ...) pointing at one another."""
 
 from __future__ import annotations
 
 import functools
+import graphlib
 import importlib.util
 import re
 import subprocess
@@ -81,20 +78,11 @@ def _load(commit: str, helpers: bool) -> Optional[type]:
         if text is not None:
             sources[name] = text
             pending += sorted(_relative_imports(text)) if helpers else []
-    # Import order: a module after the loaded modules it imports (the package's imports form no
-    # circle, which tests/project/test_imports.py checks for this tree).
-    order, seen = [], set()
-
-    def visit(name: str) -> None:
-        if name in seen:
-            return
-        seen.add(name)
-        for other in sorted(_relative_imports(sources[name]) & set(sources)):
-            visit(other)
-        order.append(name)
-
-    for name in sorted(sources):
-        visit(name)
+    # Each module after the loaded ones it imports (no circles: tests/project/test_imports.py).
+    graph = {
+        name: sorted(_relative_imports(sources[name]) & set(sources)) for name in sorted(sources)
+    }
+    order = graphlib.TopologicalSorter(graph).static_order()
     suffix = _suffix(commit, helpers)
     folder = Path(tempfile.mkdtemp(prefix="commit_code_"))
     for name in order:

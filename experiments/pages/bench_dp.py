@@ -46,9 +46,8 @@ def log(message: str) -> None:
 def _one_peer_step(
     spec: str, dp_engine: Optional[str], full: bool, batch: int = BATCH, backward_only: bool = False
 ) -> Callable[[], None]:
-    """One training step of a fresh model; with `dp_engine`, the clipped sum (or, `full`, the
-    whole private step) replaces the gradient. `backward_only`: zero_grad, forward, loss and
-    backward only (what the engine recorded is dropped), for the breakdown (c)."""
+    """One training step of a fresh model; with `dp_engine`, the clipped sum (`full`: the private
+    step) replaces the gradient; `backward_only` (for (c)): up to the backward, records dropped."""
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(batch, 40, generator=generator)
     y = torch.randint(0, 10, (batch,), generator=generator)
@@ -79,9 +78,8 @@ def _one_peer_step(
 
 
 def _rotated(candidates: Dict[str, Callable[[], None]], rep: int) -> list:
-    """The candidates in the order of repetition `rep`, each one place later than in the one before,
-    so none is always timed right after the same other one (on a loaded machine a fixed order put
-    cnn1d's clipped sum above its whole private step, which does more)."""
+    """The candidates in the order of repetition `rep`, each one place later than in the one before
+    (on a loaded machine a fixed order put cnn1d's clipped sum above its whole private step)."""
     items = list(candidates.items())
     shift = rep % len(items)
     return items[shift:] + items[:shift]
@@ -116,7 +114,7 @@ def measure_one_peer(spec: str, reps: int, steps: int, batch: int = BATCH):
     return interleaved(candidates, reps, steps)
 
 
-#: The breakdown (c): the step's parts, measured like (a).
+#: The breakdown (c): the step's parts, measured like (a) (forward + backward, then the whole step).
 PARTS = {
     "forward + backward, non-private": (None, False, True),
     "forward + backward, ghost": ("ghost", False, True),
@@ -159,8 +157,8 @@ def measure_parts(spec: str, reps: int, steps: int) -> Dict[str, Any]:
 def _run(
     spec: str, engine: Optional[str], epochs: int, first: int, dataset: str
 ) -> Dict[str, float]:
-    """One ring:8 training run; ms per step (process CPU, wall) from step `first` (at most half
-    the run) to the last."""
+    """One ring:8 training run; ms per step (process CPU, wall) from step `first` (at most half the
+    run) to the last."""
     overrides = dict(topology="ring:8", partition="iid", epochs=epochs, eval_every=epochs)
     overrides.update(warmup_epochs=0, algorithm=spec, comm_timeout=600.0, dataset=dataset)
     if engine is not None:
@@ -180,13 +178,8 @@ def _run(
         )
     last = max(marks)
     first = min(first, last // 2)
-    steps = last - first
-    return {
-        "cpu": (marks[last][0] - marks[first][0]) / steps * 1e3,
-        "wall": (marks[last][1] - marks[first][1]) / steps * 1e3,
-        "steps": steps,
-        "first": first,
-    }
+    cpu, wall = ((marks[last][i] - marks[first][i]) / (last - first) * 1e3 for i in (0, 1))
+    return {"cpu": cpu, "wall": wall, "steps": last - first, "first": first}
 
 
 def measure_end_to_end(reps: int, epochs: int, dataset: str, first: int = 8) -> Dict[str, Any]:
@@ -198,8 +191,8 @@ def measure_end_to_end(reps: int, epochs: int, dataset: str, first: int = 8) -> 
         for label, engine in keys:
             log(f"  end to end, rep {rep + 1}/{reps}: {label}, DP {engine or 'off'}")
             result = _run(dict(ALGORITHMS)[label], engine, epochs, first, dataset)
-            times[(label, engine)]["cpu"].append(result["cpu"])
-            times[(label, engine)]["wall"].append(result["wall"])
+            for clock in ("cpu", "wall"):
+                times[(label, engine)][clock].append(result[clock])
     return {"times": times, "steps": result["steps"], "first": result["first"]}
 
 
@@ -237,9 +230,8 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def _ratio(values: List[float], base: List[float]) -> float:
-    """The median over repetitions of each repetition's ratio: a repetition runs its candidates
-    back to back, under the same load from other jobs (the ratio of the medians mixes repetitions
-    run minutes apart: 1.36x and 1.53x in two runs of one code)."""
+    """The median over repetitions of each repetition's ratio (one repetition's candidates ran back
+    to back, under the same load; the ratio of the medians mixes repetitions minutes apart)."""
     return median([v / b for v, b in zip(values, base)])
 
 
@@ -313,10 +305,8 @@ def _parts(times, operations) -> List[str]:
     """(c): the step in parts, and the tensor operations per step."""
     rows = []
     for spec, part in times.items():
-        t = {name: median(v["cpu"]) for name, v in part.items()}
+        fb0, fb1, whole0, whole1 = (median(part[name]["cpu"]) for name in PARTS)
         ops = operations[spec]
-        fb0, fb1 = t["forward + backward, non-private"], t["forward + backward, ghost"]
-        whole0, whole1 = t["whole step, non-private"], t["whole step, clipped sum ghost"]
         extra_ops = ops["clipped sum, ghost"] - ops["non-private"]
         per_op = (whole1 - whole0) * 1e3 / extra_ops if extra_ops > 0 else float("nan")
         ms = (f"{x:.3f} ms" for x in (fb0, fb1, whole0 - fb0, whole1 - fb1))

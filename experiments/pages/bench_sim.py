@@ -9,28 +9,29 @@ import contextlib
 import resource
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping
+from unittest import mock
 
 import torch
 
 import topologies
 from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
-from experiments.pages._bench import compare_params, count_params, header, loopback_communicator
+from experiments.pages._bench import LoopbackCommunicator, compare_params, count_params, header
 from experiments.pages._bench import make_params, median, model_shapes, on_machine, quick_mark
 from experiments.pages._bench import resident_bytes
 from experiments.pages._commit_code import loaded_modules, previous_powergossip
-from experiments.pages._markdown import fill, snippets, table, template
+from experiments.pages._markdown import fill, snippets, table, table_rows, template
+from experiments.pages.bench_gossip import summarize_isolated
 from experiments.pages.bench_gossip.measure import BenchConfig, isolated_benchmark
-from experiments.pages.bench_gossip.summary import summarize_isolated
 from gossip_powersgd import LocalCluster, PowerGossip
 from gossip_powersgd.algorithms import kernels, powergossip
 from gossip_powersgd.metrics import consensus_distance
 
-#: The page's parts shown where the run calls for them.
-PARTS = snippets(__file__, "bench_sim_parts.md")
-
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Comm
+
+#: The page's parts shown where the run calls for them, and the steps table's column titles.
+PARTS = snippets(__file__, "bench_sim_parts.md")
 
 #: The page's run and --quick's.
 SETTING = {
@@ -54,27 +55,19 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
     return [Run(key=f"ring:{config['peers']}/{config['reps']}reps", config=config)]
 
 
-@contextlib.contextmanager
 def python_kernels():
-    """PowerGossip's tensor work run as the kernels' Python bodies, not compiled (what compiling
-    buys), until the block ends."""
+    """PowerGossip's tensor work as the kernels' Python bodies, not compiled, within the block."""
     names = ("multiply_into_messages", "form_factors_and_update")
-    saved = {name: getattr(powergossip, name) for name in names}
-    try:
-        for name in names:
-            setattr(powergossip, name, getattr(kernels, name).python)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(powergossip, name, value)
+    return mock.patch.multiple(
+        powergossip, **{name: getattr(kernels, name).python for name in names}
+    )
 
 
 def cluster_run(
     algorithm: type, peers: int, steps: int, cooperative: bool, lanes: int = 1, python=False
 ) -> Dict[str, Any]:
-    """`steps` gossip steps (after two warm-up steps) on `peers` threads in `lanes` lanes (with the
-    tensor work as Python for `python`); steps/s from the slowest peer's wall time between two
-    barriers, and the final parameters."""
+    """`steps` gossip steps (after two warm-up steps) on `peers` threads in `lanes` lanes (`python`:
+    tensor work as Python): steps/s of the slowest peer between barriers; the final parameters."""
     shapes = model_shapes("resnet20")
 
     def peer(comm: Comm):
@@ -97,12 +90,10 @@ def cluster_run(
     # The whole run's context switches (all threads, set-up included) per measured step.
     switches = (after.ru_nvcsw + after.ru_nivcsw - before.ru_nvcsw - before.ru_nivcsw) / steps
     wall = max(seconds for seconds, _ in out)
-    return {
-        "steps_per_s": steps / wall,
-        "seconds_per_step": wall / steps,
-        "switches": switches,
-        "params": [x for _, x in out],
-    }
+    params = [x for _, x in out]
+    return dict(
+        steps_per_s=steps / wall, seconds_per_step=wall / steps, switches=switches, params=params
+    )
 
 
 def divergence(before: type, peers: int, marks=(1, 10, 100)) -> Dict[int, Dict[str, float]]:
@@ -136,12 +127,11 @@ def divergence(before: type, peers: int, marks=(1, 10, 100)) -> Dict[int, Dict[s
 
 def one_thread_run(peers: int, steps: int) -> float:
     """Steps/s of `peers` PowerGossip peers stepped in turn by this thread, each on a loopback
-    transport: the same per-peer compute on the same working set, without threads or messages
-    (what the simulation would reach if switching peers and moving messages cost nothing)."""
+    transport: the simulation's per-peer compute without threads or messages."""
     topology = topologies.parse(f"ring:{peers}")
     shapes = model_shapes("resnet20")
     gossips = [
-        PowerGossip(make_params(shapes, rank), loopback_communicator(topology, rank), rank=1)
+        PowerGossip(make_params(shapes, rank), LoopbackCommunicator(topology, rank, None), rank=1)
         for rank in range(peers)
     ]
     for _ in range(2):
@@ -173,14 +163,13 @@ def row(run: Run) -> Dict[str, Any]:
     torch.set_num_threads(1)
     own = c["helpers"] == "own"
     versions = {n: previous_powergossip(c[n], helpers=own) for n in ("before", "previous") if c[n]}
-    versions = {"tree": PowerGossip, **{n: v for n, v in versions.items() if v is not None}}
+    earlier = [n for n, version in versions.items() if version is not None]
+    versions = {"tree": PowerGossip, **{n: versions[n] for n in earlier}}
     setups = {name: setup for name, setup in SETUPS.items() if setup[0] in versions}
     results: Dict[str, Any] = {
         "sim": {name: [] for name in [*setups, "one thread"]},
         "switches": {name: [] for name in setups},
-        "modules": {
-            c[n]: loaded_modules(c[n], own) for n in ("before", "previous") if n in versions
-        },
+        "modules": {c[n]: loaded_modules(c[n], own) for n in earlier},
     }
     finals = {}
     for rep in range(c["reps"]):
@@ -228,16 +217,8 @@ def earlier_code(c: Dict[str, Any], modules: Dict[str, List[str]]) -> str:
     return PARTS["own" if c["helpers"] == "own" else "tree"].format(files=files) if modules else ""
 
 
-#: The columns of the steps table, in order: what each setup is ("{before}" etc.: the config's).
-LABELS = {
-    "before": "`{before}`'s PowerGossip, free threads ({before_steps} steps)",
-    "free": "this tree, free threads",
-    "previous": "`{previous}`'s PowerGossip, taking turns, one lane (the cluster as at `{previous}`)",
-    "turns": "this tree, taking turns, one lane (the default)",
-    "lanes python": "this tree, two lanes, tensor work as Python (not compiled)",
-    "lanes": "**this tree, two lanes** (`lanes=2`)",
-    "one thread": "bound for one lane: one thread, no messages",
-}
+#: The columns of the steps table, in order: what each setup is (parts.md's `column NAME`).
+COLUMNS = ("before", "free", "previous", "turns", "lanes python", "lanes", "one thread")
 
 
 def render(rows: Rows) -> Outputs:
@@ -246,7 +227,7 @@ def render(rows: Rows) -> Outputs:
     c, results = record.config, record.row
     shapes = model_shapes("resnet20")
     half = (c["peers"] + 1) // 2  # lane of rank r: r * 2 // peers (LocalCluster)
-    variants = [v for v in LABELS if v in results["sim"]]
+    variants = [v for v in COLUMNS if v in results["sim"]]
     sim, switches = results["sim"], results["switches"]
     each = [
         ("steps / s (median of reps)", lambda v: f"**{median(sim[v]):.1f}**"),
@@ -257,7 +238,7 @@ def render(rows: Rows) -> Outputs:
         ),
     ]
     # a header whose first cell is empty ("| |"), then the rule and the lines as `table` makes them
-    steps_table = ["| | " + " | ".join(LABELS[v].format(**c) for v in variants) + " |"]
+    steps_table = ["| | " + " | ".join(PARTS[f"column {v}"].format(**c) for v in variants) + " |"]
     steps_table += table(variants + [""], ([w, *map(cell, variants)] for w, cell in each))[1:]
     page = fill(
         template(__file__, "bench_sim.md"),
@@ -305,11 +286,11 @@ def _sections(c: Dict[str, Any], results: Dict[str, Any], variants: List[str]) -
     lines += [PARTS["identical"].format(with_previous=with_previous, identical=identical), ""]
     if "divergence" in results:
         lines += PARTS["divergence"].format(scale=results["scale"], **c).split("\n")
-        lines += [
-            f"| {step} | {d['difference']:.1e} | {d['consensus_new']:.6g} | "
-            f"{d['consensus_before']:.6g} |"
+        lines += table_rows(
+            [str(step), f"{d['difference']:.1e}", f"{d['consensus_new']:.6g}"]
+            + [f"{d['consensus_before']:.6g}"]
             for step, d in results["divergence"].items()
-        ] + [""]
+        ) + [""]
     return lines
 
 

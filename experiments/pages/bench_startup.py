@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from subprocess import PIPE, STDOUT
 from typing import Any, Dict, List, Mapping
 
 from experiments.engine import ROOT, Outputs, Page, Rows, Run, made_by
@@ -51,33 +52,28 @@ def _commands(processes: int, config: str, overrides: List[str]) -> Dict[str, Li
     train = ["-m", "gossip_powersgd.cli.train", "--config", config, "--set", "out_dir=OUT"]
     for text in overrides:
         train += ["--set", text]
-    mpiexec = ["mpiexec", "-n", n]
-    torchrun = ["torchrun", "--standalone", "--nproc-per-node", n, "--no-python", "python"]
-    say = "print('line', flush=True)"
-    imported = "import torch; print('imported', flush=True)"
-    return {
-        "mpiexec/print": [*mpiexec, "python", "-c", say],
-        "torchrun/print": [*torchrun, "-c", say],
-        "mpiexec/import-torch": [*mpiexec, "python", "-c", imported],
-        "torchrun/import-torch": [*torchrun, "-c", imported],
-        "mpiexec/train": [*mpiexec, "python", *train, "--set", "backend=mpi"],
-        "torchrun/train": [*torchrun[:-2], *train, "--set", "backend=torch"],
+    launchers = {
+        "mpiexec": ["mpiexec", "-n", n, "python"],
+        "torchrun": ["torchrun", "--standalone", "--nproc-per-node", n, "--no-python", "python"],
     }
+    programs = {
+        "print": ["-c", "print('line', flush=True)"],
+        "import-torch": ["-c", "import torch; print('imported', flush=True)"],
+    }
+    commands = {
+        f"{k}/{p}": [*launchers[k], *program] for p, program in programs.items() for k in launchers
+    }
+    commands["mpiexec/train"] = [*launchers["mpiexec"], *train, "--set", "backend=mpi"]
+    commands["torchrun/train"] = [*launchers["torchrun"][:-2], *train, "--set", "backend=torch"]
+    return commands
 
 
 def _launch(argv: List[str], prefixes: List[str], env: Dict[str, str], timeout: float):
     """Run `argv`: {"marks": the seconds from its launch to the first line starting with each of
     `prefixes`, and to its exit ("exit")}; a failure is an error with its last lines."""
     start = time.perf_counter()
-    process = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        start_new_session=True,
-    )
+    options = dict(stdout=PIPE, stderr=STDOUT, text=True, env=env, cwd=ROOT)
+    process = subprocess.Popen(argv, **options, start_new_session=True)
     timer = threading.Timer(timeout, os.killpg, (process.pid, signal.SIGKILL))
     timer.start()
     marks: Dict[str, float] = {}
@@ -119,26 +115,14 @@ def row(run: Run) -> Dict[str, Any]:
             finally:
                 shutil.rmtree(out, ignore_errors=True)
     load.append(os.getloadavg()[0])
-    lines = {
-        kind: " ".join(
-            (f'"{a}"' if " " in a else a).replace("out_dir=OUT", "out_dir=<a new folder>")
-            for a in command
-        )
-        for kind, command in commands.items()
-    }
-    return {
-        "processes": processes,
-        "repetitions": setting["repetitions"],
-        "kinds": list(commands),
-        "commands": {
-            "mpiexec": f"mpiexec -n {processes}",
-            "torchrun": f"torchrun --nproc-per-node {processes}",
-        },
-        "command_lines": lines,
-        "launches": launches,
-        "cores": os.cpu_count(),
-        "load": load,
-    }
+    shown = dict(
+        mpiexec=f"mpiexec -n {processes}", torchrun=f"torchrun --nproc-per-node {processes}"
+    )
+    lines = {kind: " ".join(f'"{a}"' if " " in a else a for a in c) for kind, c in commands.items()}
+    lines = {kind: line.replace("=OUT", "=<a new folder>") for kind, line in lines.items()}
+    out = dict(processes=processes, repetitions=setting["repetitions"], kinds=list(commands))
+    out.update(commands=shown, command_lines=lines, launches=launches)
+    return dict(out, cores=os.cpu_count(), load=load)
 
 
 def _times(launches: List[Dict[str, Any]], mark: str) -> List[float]:
@@ -181,8 +165,6 @@ def render(rows: Rows) -> Outputs:
         TEXT["page"],
         quick=quick_mark(rows),
         made_by=made_by(rows),
-        load_start=data["load"][0],
-        load_end=data["load"][1],
         table=table(head, cells, None),
         verdict=[
             v
@@ -190,12 +172,10 @@ def render(rows: Rows) -> Outputs:
             for v in _verdict(data["commands"][k], *g)
         ],
         commands=[f"- `{data['command_lines'][kind]}`" for kind in data["kinds"]],
-        **{k: data[k] for k in ("processes", "repetitions", "cores")},
+        **{k: data[k] for k in ("processes", "repetitions", "cores", "load")},
     )
     return {"bench_startup.md": page + "\n"}
 
 
 TITLE = "start-up of gossip-train under mpiexec and torchrun: first line, set-up phases"
 PAGE = register(Page("bench_startup", TITLE, plan, row, render))
-
-__all__ = ["PAGE", "ROOT"]

@@ -1,7 +1,6 @@
 """What the benchmark measures on each peer: bytes and times of exact gossip and PowerGossip, copy
-bandwidth, one peer's half-steps alone on a loopback transport, and the kernels of one half-step.
-As a program it is an MPI setting's child (`mpiexec -n 8 python -m
-experiments.pages.bench_gossip.measure CONFIG_JSON OUT`): rank 0 writes every peer's numbers."""
+bandwidth, one peer alone on a loopback transport, the kernels of one half-step. As a program, an
+MPI setting's child (`mpiexec -n 8 python -m ...measure CONFIG OUT`): rank 0 writes every peer's."""
 
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import topologies
-from experiments.pages._bench import Shapes, compare_params, copy_bandwidth, loopback_communicator
-from experiments.pages._bench import make_params, median, model_shapes
+from experiments.pages._bench import LoopbackCommunicator, Shapes, compare_params, copy_bandwidth
+from experiments.pages._bench import copy_buffers, make_params, median, model_shapes
 from experiments.pages._commit_code import loaded_modules, previous_powergossip
 from gossip_powersgd import ExactGossip, PowerGossip
 from gossip_powersgd.launch import mpi_world, run_peers
@@ -39,8 +38,7 @@ def block_order(names: Sequence[str], rep: int) -> List[str]:
 
 
 def run_block(algorithm, comm: Comm, steps: int) -> Dict[str, Any]:
-    """`steps` gossip steps; per step: side, bytes counted by the transport and by the formula, and
-    the algorithm's accumulator deltas (total, communication)."""
+    """`steps` gossip steps; per step its side, bytes (transport, formula), accumulator deltas."""
     records = []
     wall = time.perf_counter()
     for _ in range(steps):
@@ -57,9 +55,8 @@ def run_block(algorithm, comm: Comm, steps: int) -> Dict[str, Any]:
 
 @dataclasses.dataclass
 class BenchConfig:
-    """One setting: a parameter set on a topology and a backend, and how long to measure.
-    `before`: a commit whose PowerGossip (its own helper modules, `_commit_code`) runs as one more
-    variant, batched, in blocks interleaved with this tree's, final parameters compared bitwise."""
+    """One setting: a parameter set on a topology and a backend, and how long to measure; `before`:
+    a commit whose PowerGossip (`_commit_code`) runs as one more variant, compared bitwise."""
 
     model: str
     topology: str
@@ -129,16 +126,14 @@ def peer_benchmark(comm: Comm, cfg: BenchConfig) -> Dict[str, Any]:
 
 
 def before_powergossip(commit: str) -> type:
-    """`commit`'s PowerGossip with its own helper modules (loaded once per process); a one-line
-    error when it cannot be read."""
-    algorithm = previous_powergossip(commit, helpers=True)
-    if algorithm is None:
-        raise ValueError(
-            f"bench_gossip compares with {commit}'s PowerGossip and cannot read "
-            "gossip_powersgd/algorithms/powergossip.py at that commit with git: run it from a "
-            "clone of the repository with its history"
-        )
-    return algorithm
+    """`commit`'s PowerGossip with its own helper modules; a one-line error where git cannot."""
+    if (algorithm := previous_powergossip(commit, helpers=True)) is not None:
+        return algorithm
+    raise ValueError(
+        f"bench_gossip compares with {commit}'s PowerGossip and cannot read "
+        "gossip_powersgd/algorithms/powergossip.py at that commit with git: run it from a "
+        "clone of the repository with its history"
+    )
 
 
 def variants(cfg: BenchConfig) -> Dict[str, Tuple[type, bool]]:
@@ -167,10 +162,9 @@ def compressed_bytes(gossip) -> int:
 def isolated_benchmark(
     cfg: BenchConfig, topology: AnyTopology, algorithms: Optional[Dict[str, Tuple]] = None
 ) -> Dict[str, Any]:
-    """Peer 0's half-steps alone (loopback transport, one thread), interleaved with one-thread
-    copies of `isolated_copy_mb` MB: compute efficiency without oversubscription. `algorithms`:
-    name -> (PowerGossip class, batch_neighbors); default: the setting's variants."""
-    comm = loopback_communicator(topology, 0)
+    """Peer 0's half-steps alone (loopback transport), interleaved with one-thread copies of
+    `isolated_copy_mb` MB; `algorithms`: name -> (class, batch_neighbors), default `variants`."""
+    comm = LoopbackCommunicator(topology, 0, None)
     params = make_params(cfg.parameter_shapes(), 0)
     gossips = build(algorithms or variants(cfg), params, comm, cfg.rank)
     blocks, bandwidth = interleaved_blocks(gossips, comm, cfg, cfg.isolated_copy_mb, lambda: None)
@@ -190,14 +184,12 @@ def interleaved_blocks(gossips: Dict[str, Any], comm: Comm, cfg: BenchConfig, co
     for g in gossips.values():
         barrier()
         run_block(g, comm, cfg.warmup)
-    src = torch.ones(copy_mb * 2**20 // 4)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
+    buffers = copy_buffers(copy_mb)
     blocks: Dict[str, List[Dict[str, Any]]] = {name: [] for name in gossips}
     bandwidth: List[float] = []
     for rep in range(cfg.reps):
         barrier()
-        bandwidth += copy_bandwidth(copy_mb, 1, (src, dst))
+        bandwidth.append(copy_bandwidth(*buffers))
         for name in block_order(list(gossips), rep):
             barrier()
             blocks[name].append(run_block(gossips[name], comm, cfg.block))
@@ -246,30 +238,27 @@ def kernel_benchmark(rounds: int = 7, columns: Sequence[int] = (1, 2, 3, 4)) -> 
     `rounds` of kernel GB/s / copy GB/s. `k` = deg x rank columns (k = 1: the naive path's)."""
     b, rows, cols = 5, 512, 4608
     M = torch.randn(b, rows, cols).mul_(cols**-0.5)
-    src = torch.ones(24 * 2**20)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
+    src, dst = copy_buffers(96)
     cases = {f"k{k}.{key}": (k, _kernel(key, M, k)) for k in columns for key in KERNELS}
     for _, fn in cases.values():
         fn()
-    speeds: Dict[str, List[float]] = {key: [] for key in cases}
-    ratios: Dict[str, List[float]] = {key: [] for key in cases}
-    copies: List[float] = []
-    for _ in range(rounds):
+    measured: Dict[str, List[Tuple[float, float]]] = {key: [] for key in cases}
+    for _ in range(rounds):  # (kernel GB/s, GB/s of the copy right before it) per round
         for key, (_, fn) in cases.items():
-            copies.append(copy_bandwidth(0, 1, (src, dst))[0])
+            copy = copy_bandwidth(src, dst)
             start = time.perf_counter()
             fn()
-            speed = KERNELS[key.split(".", 1)[1]][1] * M.numel() * 4 / (time.perf_counter() - start)
-            speeds[key].append(speed / 1e9)
-            ratios[key].append(speed / 1e9 / copies[-1])
+            units = KERNELS[key.split(".", 1)[1]][1]
+            measured[key].append(
+                (units * M.numel() * 4 / (time.perf_counter() - start) / 1e9, copy)
+            )
     kernels = [
         {
             "key": key,
             "k": k,
             "name": f"k={k} {KERNELS[key.split('.', 1)[1]][0]}",
-            "gbps": median(speeds[key]),
-            "of_copy": median(ratios[key]),
+            "gbps": median([speed for speed, _ in measured[key]]),
+            "of_copy": median([speed / copy for speed, copy in measured[key]]),
         }
         for key, (k, _) in cases.items()
     ]
@@ -277,7 +266,7 @@ def kernel_benchmark(rounds: int = 7, columns: Sequence[int] = (1, 2, 3, 4)) -> 
         "threads": torch.get_num_threads(),
         "rounds": rounds,
         "group": [b, rows, cols],
-        "copy": median(copies),
+        "copy": median([copy for pairs in measured.values() for _, copy in pairs]),
         "copy_mb": src.numel() * 4 // 2**20,
         "kernels": kernels,
     }

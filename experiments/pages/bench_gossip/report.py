@@ -4,6 +4,7 @@ tables, the isolated-peer and kernel tables. Fixed text: the .md files beside th
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Optional, Sequence
 
 from experiments.pages._bench import MODELS, count_params, median, model_shapes
@@ -32,13 +33,9 @@ def _yes(b: bool) -> str:
     return "yes" if b else "**NO**"
 
 
-def _x(compute: float, total: float) -> str:
-    """A compute ratio (bold) and a step-time ratio."""
-    return f"**{compute:.2f}×**, {total:.2f}×"
-
-
-def _times(x: float) -> str:
-    return f"{x:.2f}×"
+def _x(compute: float, total: Optional[float] = None) -> str:
+    """A ratio "1.23×"; with `total`, a compute ratio (bold) and a step-time ratio."""
+    return f"{compute:.2f}×" if total is None else f"**{compute:.2f}×**, {total:.2f}×"
 
 
 def _span(values: Sequence[float], fmt) -> str:
@@ -53,12 +50,10 @@ def _settings(n: int) -> str:
 def targets(summaries: List[Dict[str, Any]]) -> List[str]:
     """The three targets, judged per model on the measured numbers."""
     verdict = {True: "met", False: "**missed**"}
-    by_model: Dict[str, List[Dict[str, Any]]] = {}
-    for s in summaries:
-        by_model.setdefault(s["model"], []).append(s)
+    by_model = {model: [s for s in summaries if s["model"] == model] for model in MODELS}
     rows = []  # target, model, measured, met?
     for model in ("vgg16", "vgg16_bn", "resnet20"):
-        if found := by_model.get(model, []):
+        if found := by_model[model]:
             ratios = [s["variants"]["batched"]["bytes_ratio"] for s in found]
             above = min(ratios) >= TARGET_BYTES_RATIO
             where = ", ".join(f"{s['topology']}/{s['backend']}" for s in found)
@@ -70,7 +65,7 @@ def targets(summaries: List[Dict[str, Any]]) -> List[str]:
                 + [verdict[above] if model == "vgg16" else judged]
             )
     for model in ("vgg16", "resnet20"):
-        if found := [s for s in by_model.get(model, []) if "isolated" in s]:
+        if found := [s for s in by_model[model] if "isolated" in s]:
             effs = [s["isolated"]["variants"]["batched"]["all"]["efficiency"] for s in found]
             situ = [s["variants"]["batched"]["efficiency_in_situ"] for s in found]
             measured = f"isolated peer {_span(effs, _pct)}; in situ {_span(situ, _pct)}"
@@ -83,7 +78,7 @@ def targets(summaries: List[Dict[str, Any]]) -> List[str]:
         ("degree 4 (`small_world:8:4:0`)", lambda s: s["degree"] == 4),
     ):
         for model in ("vgg16", "resnet20"):
-            if found := [s for s in by_model.get(model, []) if "speedup" in s and pick(s)]:
+            if found := [s for s in by_model[model] if "speedup" in s and pick(s)]:
                 rows.append(
                     [f"batched ≥ {TARGET_SPEEDUP}× faster than naive (compute per step), {label}"]
                     + [model, "; ".join(map(_speedup, found))]
@@ -94,8 +89,8 @@ def targets(summaries: List[Dict[str, Any]]) -> List[str]:
 
 def _speedup(s: Dict[str, Any]) -> str:
     iso = s.get("isolated", {}).get("speedup")
-    return f"{s['backend']} {s['speedup']['compute']:.2f}×" + (
-        f" (isolated {iso:.2f}×)" if iso else ""
+    return f"{s['backend']} {_x(s['speedup']['compute'])}" + (
+        f" (isolated {_x(iso)})" if iso else ""
     )
 
 
@@ -132,18 +127,12 @@ def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]])
     out = []
     iso = [s for s in summaries if "isolated" in s]
     speed = {row["key"]: row["of_copy"] for row in kernels["kernels"]} if kernels else {}
+    pct = {key.replace(".", "_"): _pct(x) for key, x in speed.items()}  # "k3_left_library": "63 %"
     if vgg := [s["isolated"]["variants"]["batched"] for s in iso if s["model"] == "vgg16"]:
         more = ""
-        if speed and "k3.left.library" in speed:
+        if "k3.left.library" in speed:
             p = _prediction(speed, 3)
-            cells = {
-                f"{side}_{short}": _pct(speed[f"k3.{side}.{which}"])
-                for side in ("right", "left", "update")
-                for short, which in (("lib", "library"), ("old", "before"))
-            }
-            more = PARTS["vgg kernels"].format(
-                lib_mean=_pct(p["lib_mean"]), old_mean=_pct(p["old_mean"]), **cells
-            )
+            more = PARTS["vgg kernels"].format(**pct, **{k: _pct(x) for k, x in p.items()})
         out.append(
             PARTS["vgg"].format(
                 ratio=median([v["left"]["compute"] / v["right"]["compute"] for v in vgg]),
@@ -158,20 +147,11 @@ def findings(summaries: List[Dict[str, Any]], kernels: Optional[Dict[str, Any]])
         passes = [3 * s["compressed_bytes"] / (s["isolated"]["bandwidth"] * 1e9) for s in r20]
         mb = _mb(r20[0]["compressed_bytes"])
         out.append(PARTS["resnet"].format(took=_span(took, _ms), mb=mb, passes=_span(passes, _ms)))
-    sp = [s for s in summaries if "speedup" in s and s["model"] == "vgg16"]
-    if sp and speed:
-        one, lone = speed.get("k1.right.library"), speed.get("k1.left.library")
-        out.append(
-            PARTS["naive"].format(
-                one=_pct(one),
-                lone=_pct(lone),
-                mv=_pct(speed.get("k1.right.mv")),
-                lmv=_pct(speed.get("k1.left.mv")),
-                right3=one / speed.get("k3.right.library"),
-                left3=lone / speed.get("k3.left.library"),
-                gain=_span([s["speedup"]["compute"] for s in sp], _times),
-            )
-        )
+    if speed and (sp := [s for s in summaries if "speedup" in s and s["model"] == "vgg16"]):
+        right3 = speed["k1.right.library"] / speed["k3.right.library"]
+        left3 = speed["k1.left.library"] / speed["k3.left.library"]
+        gain = _span([s["speedup"]["compute"] for s in sp], _x)
+        out.append(PARTS["naive"].format(**pct, right3=right3, left3=left3, gain=gain))
     return out + [""] if out else out
 
 
@@ -251,20 +231,13 @@ def _before_row(s: Dict[str, Any]) -> List[str]:
     b, o, new = s["before"], s["variants"]["before"], s["variants"]["batched"]
     iso, iso_cell = s.get("isolated", {}), "–"
     if "before_ratio" in iso:
-        iv = iso["variants"]
-        iso_cell = (
-            f"{_ms(iv['before']['all']['compute'])} → {_ms(iv['batched']['all']['compute'])}, "
-            f"**{iso['before_ratio']:.2f}×**"
-        )
+        old_ms, new_ms = (_ms(iso["variants"][v]["all"]["compute"]) for v in ("before", "batched"))
+        iso_cell = f"{old_ms} → {new_ms}, **{iso['before_ratio']:.2f}×**"
     same = "yes" if b["identical"] else f"**no** (largest difference {b['max_difference']:.1e})"
-    return [
-        f"{s['model']} · {s['topology']} · {s['backend']}",
-        f"{_mb(o['bytes'])} = {_mb(new['bytes'])}: {_yes(b['bytes_equal'])}",
-        f"{_ms(o['compute'])} → {_ms(new['compute'])}",
-        _x(**b["ratio"]),
-        iso_cell,
-        same,
-    ]
+    setting = f"{s['model']} · {s['topology']} · {s['backend']}"
+    sent = f"{_mb(o['bytes'])} = {_mb(new['bytes'])}: {_yes(b['bytes_equal'])}"
+    compute = f"{_ms(o['compute'])} → {_ms(new['compute'])}"
+    return [setting, sent, compute, _x(**b["ratio"]), iso_cell, same]
 
 
 def render_before(summaries: List[Dict[str, Any]]) -> List[str]:
@@ -273,7 +246,7 @@ def render_before(summaries: List[Dict[str, Any]]) -> List[str]:
         return []
 
     def spread(values: List[float]) -> str:
-        return f"{_span(values, _times)} (median {_times(median(values))})"
+        return f"{_span(values, _x)} (median {_x(median(values))})"
 
     isolated = [
         s["isolated"]["before_ratio"] for s in rows if "before_ratio" in s.get("isolated", {})
@@ -302,20 +275,9 @@ KERNELS = (
 
 def render_kernels(k: Dict[str, Any]) -> List[str]:
     """The kernel diagnosis: kernels.md filled in from the kernels' run."""
-    b, rows, cols = k["group"]
-    text = fill(
-        template(__file__, "kernels.md"),
-        b=b,
-        rows=rows,
-        cols=cols,
-        mb=b * rows * cols * 4 / 1e6,
-        copy_mb=k.get("copy_mb", 256),
-        rounds=k["rounds"],
-        copy=k["copy"],
-        kernels=columns(KERNELS, k["kernels"]),
-        prediction=kernel_prediction(k),
-    )
-    return text.split("\n")
+    fields = dict(k, copy_mb=k.get("copy_mb", 256), mb=math.prod(k["group"]) * 4 / 1e6)
+    fields.update(kernels=columns(KERNELS, k["kernels"]), prediction=kernel_prediction(k))
+    return fill(template(__file__, "kernels.md"), **fields).split("\n")
 
 
 def render_markdown(

@@ -13,6 +13,7 @@ import torch
 import topologies
 from experiments.pages._bench import compare_params, model_shapes
 from experiments.pages._commit_code import previous_powergossip
+from experiments.pages.bench_gossip import summarize_setting
 from experiments.pages.bench_gossip.measure import (
     BenchConfig,
     before_powergossip,
@@ -21,7 +22,6 @@ from experiments.pages.bench_gossip.measure import (
     peer_benchmark,
 )
 from experiments.pages.bench_gossip.report import render_markdown
-from experiments.pages.bench_gossip.summary import summarize_setting
 from gossip_powersgd import LocalCluster
 from gossip_powersgd.training.models import build_model
 

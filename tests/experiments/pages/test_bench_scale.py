@@ -8,9 +8,8 @@ import torch
 
 import topologies
 from experiments.engine import RowFile
-from experiments.pages.bench_scale import KINDS
+from experiments.pages.bench_scale import KINDS, slope, summarize
 from experiments.pages.bench_scale.measure import gather_reduce_, peer_point
-from experiments.pages.bench_scale.report import slope, summarize
 from gossip_powersgd import LocalCluster
 from gossip_powersgd.comm import ring_allreduce_bytes
 
