@@ -92,17 +92,16 @@ def auc(member_scores, nonmember_scores) -> float:
 
 
 def _average_ranks(values: np.ndarray) -> np.ndarray:
-    """1-based ranks, ties sharing their average rank."""
+    """1-based ranks, ties sharing their average rank (a tie group at sorted places start..stop,
+    0-based, ranks (start + stop) / 2 + 1)."""
     order = np.argsort(values, kind="stable")
-    ranks = np.empty(values.size)
     sorted_values = values[order]
-    start = 0
-    while start < values.size:
-        stop = start
-        while stop + 1 < values.size and sorted_values[stop + 1] == sorted_values[start]:
-            stop += 1
-        ranks[order[start : stop + 1]] = (start + stop) / 2 + 1
-        start = stop + 1
+    first = np.ones(values.size, dtype=bool)  # where each group of equal values starts
+    first[1:] = sorted_values[1:] != sorted_values[:-1]
+    starts = np.flatnonzero(first)
+    stops = np.append(starts[1:], values.size) - 1
+    ranks = np.empty(values.size)
+    ranks[order] = ((starts + stops) / 2 + 1)[np.cumsum(first) - 1]
     return ranks
 
 

@@ -33,6 +33,17 @@ def test_auc_and_tpr_on_hand_computed_scores():
     assert null_auc_std(1000, 1000) == pytest.approx(math.sqrt(2001 / 12e6))
 
 
+def test_auc_is_the_pairwise_share_exactly_with_many_ties():
+    """The rank-sum AUC against its definition, the share of (member, non-member) pairs the member
+    wins, ties counting one half: on small integer scores (ties in every group, runs of equal
+    values at both ends) both are sums of halves far below 2**53, so they agree exactly."""
+    rng = np.random.default_rng(0)
+    for size in (1, 2, 7, 50):
+        members, others = rng.integers(0, 5, size), rng.integers(0, 5, size + 3)
+        wins = (members[:, None] > others[None, :]).sum() + (members[:, None] == others).sum() / 2
+        assert auc(members, others) == wins / (members.size * others.size)
+
+
 def _blobs(n, seed):
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(n, 20, generator=generator), torch.randint(0, 4, (n,), generator=generator)
