@@ -34,13 +34,9 @@ def render(name: str, rows: Rows) -> Outputs:
     data = [by[k] for k in order if k in by]
     not_reached = list(r["not_reached"]) + [f"run missing: {k}" for k in order if k not in by]
     not_reached += [WORDS["failed"].format(**x) for x in data if "failure" in x]
-    # older rows taken with --reuse (their origin), not the network row kept from an older page
-    first = next((x for x in rows.records if x.key != "network"), None)
-    others = ((first and first.origin) or {}).get("budget_rows")
     missed = "## Not reached\n\n" + "\n".join(f"- {x}" for x in not_reached) + "\n\n"
     fields = dict(intro_fields(r, rows, data), name=name, answers=answers(data))
     fields.update({k: getattr(tables, f"{k}_table")(data) for k in TABLES})
-    fields["budget"] = block(tables.budget_section(data, others) if others else "")
     fields["audit"] = block(audit_section(groups(data)))
     fields["not_reached"] = block(missed if not_reached else "")
     fields["network"] = block(network_text(network) if network is not None else "")

@@ -1,6 +1,6 @@
 """The attack pages' tables from their rows, a list of rows each (headers: page.md): figures as
-mean ± sd over seeds beside the blind baselines and the null band; the budget check against older
-rows; the one-run audit section (Steinke, Nasr and Jagielski 2023: audit.md); a log-scale ROC."""
+mean ± sd over seeds beside the blind baselines and the null band; the one-run audit section
+(Steinke, Nasr and Jagielski 2023: audit.md); a log-scale ROC."""
 
 from __future__ import annotations
 
@@ -77,15 +77,6 @@ def _flat(group, key: str, digits: int = 3) -> str:
 
 def _head(group) -> List[str]:
     return [label(group[0]["spec"]), _dp(group)]
-
-
-def budget_row(r: Dict[str, Any]) -> Dict[str, Any]:
-    """A DP row reduced to what the budget check shows: its recipe, accuracy and headline
-    leakage through the victim's own model."""
-    flat = _last(r)["flat"]
-    out = {k: r[k] for k in ("spec", "target", "seed", "epochs", "steps", "sigma", "acc_avg")}
-    out.update(eps=min(r["eps_victims"]), commit=r.get("commit"))
-    return dict(out, auc=flat["auc/victim/LiRA offline"], tpr=flat["tpr0.1/victim/LiRA offline"])
 
 
 def _dp(group: Sequence[Dict[str, Any]]) -> str:
@@ -218,35 +209,6 @@ def plot_roc(rows) -> bytes:
         ax.set(xlabel="FPR", ylabel="TPR")
         ax.legend(fontsize=6)
     return png(fig, dpi=100)
-
-
-def budget_section(rows, others: Sequence[Dict[str, Any]]) -> str:
-    """The DP rows of this page beside the same (algorithm, epsilon) at the previous page's
-    budget (`others`, from `--reuse`): does the budget pay in this regime?"""
-    mine = [budget_row(r) for r in rows if "failure" not in r and r["target"] is not None]
-    cells = {(o["spec"], o["target"]) for o in others}
-    by: Dict[tuple, Dict[int, List[Dict[str, Any]]]] = {}
-    for r in [*others, *mine]:
-        if (r["spec"], r["target"]) in cells:
-            by.setdefault((r["spec"], r["target"]), {}).setdefault(r["epochs"], []).append(r)
-    lines, pays, loses = [], [], []
-    for (spec, target), budgets in by.items():
-        means = {e: statistics.fmean(x["acc_avg"] for x in g) for e, g in budgets.items()}
-        if len(means) >= 2:
-            short, long = min(means), max(means)
-            gain = 100 * (means[long] - means[short])
-            where = f"{label(spec)} at ε = {target:g} ({gain:+.2f} pp from {short} to {long})"
-            (pays if gain >= 0 else loses).append(where)
-        for e in sorted(budgets):
-            g, shorter = budgets[e], [b for b in means if b < e]
-            change = f"{100 * (means[e] - means[max(shorter)]):+.2f}" if shorter else "—"
-            cells = [label(spec), f"{target:g}", str(e), str(len(g)), f"{g[0]['sigma']:.3g}"]
-            cells += [_stat([x["acc_avg"] for x in g], 2, pct=True) + " %", change]
-            lines.append(cells + [_stat([x["auc"] for x in g]), _stat([x["tpr"] for x in g], 4)])
-    words = [WORDS["pays"].format("; ".join(pays))] if pays else []
-    words += [WORDS["loses"].format("; ".join(loses))] if loses else []
-    end = [" ".join(words), ""] if words else []
-    return fill(WORDS["budget"], lines=table_rows(lines), end=end) + "\n"
 
 
 def ceiling(audit) -> float:

@@ -111,34 +111,6 @@ def test_the_answers_say_where_the_neighbours_tpr_reaches_chance():
     assert "All four AUCs are above the null band at ε = 64, ∞." in line
 
 
-def test_the_budget_section_compares_each_rows_budgets_from_the_rows():
-    def row(spec, epochs, seed, acc):
-        flat = {"auc/victim/LiRA offline": 0.5, "tpr0.1/victim/LiRA offline": 0.001}
-        return dict(
-            spec=spec,
-            target=8.0,
-            seed=seed,
-            epochs=epochs,
-            steps=epochs * 16,
-            sigma=1.0,
-            eps_victims=[7.9, 7.9],
-            acc_avg=acc,
-            last=1,
-            rounds={"1": {"flat": flat}},
-        )
-
-    mine = [row("exact", 30, s, a) for s, a in enumerate((0.90, 0.92))]
-    mine += [row("powergossip:rank=1", 30, s, a) for s, a in enumerate((0.50, 0.60))]
-    others = [tables.budget_row(row("exact", 15, s, a)) for s, a in enumerate((0.86, 0.88))]
-    others += [tables.budget_row(row("powergossip:rank=1", 15, s, 0.65)) for s in range(2)]
-    text = tables.budget_section(mine, others)
-    # the change column is the difference of the seeds' means: 91 - 87 and 55 - 65
-    assert "| exact gossip | 8 | 30 | 2 | 1 | 91.00 ± 1.41 % | +4.00 |" in text
-    assert "| PowerGossip r1 | 8 | 30 | 2 | 1 | 55.00 ± 7.07 % | -10.00 |" in text
-    assert "pays for exact gossip at ε = 8 (+4.00 pp from 15 to 30)" in text
-    assert "costs accuracy for PowerGossip r1 at ε = 8 (-10.00 pp from 15 to 30)" in text
-
-
 def test_the_committed_overfit_page_shows_its_rows_beside_their_blind_baseline_and_audit_split():
     name = "privacy_attacks_overfit"
     records = RowFile(RESULTS / f"{name}.jsonl").read()
