@@ -65,7 +65,7 @@ def render(rows: Rows) -> Outputs:
     setting = TEXT["setting"].format(**recipe, topology=topology, epochs=epochs, gamma=gamma)
     title = "γ sensitivity: PowerGossip (untuned) vs Choco top-k" + " (--quick)" * rows.quick
     text = TEXT["page"].format(
-        header=header(title, rows.command, 0.0, setting, generated=made_by(rows)),
+        header=header(title, made_by(rows), setting),
         table=build_table(data),
         verdict="\n".join(gamma_verdict(data, gamma)),
     )

@@ -117,7 +117,7 @@ def render(rows: Rows) -> Outputs:
     words = dict(plan_, dataset=base["dataset"], model=base["model"], momentum=momentum)
     extra = TEXT["setting"].format(**words, budget=budget, clip=regime.CLIP, delta=regime.DELTA)
     title = "Differential privacy: accuracy vs ε" + (" (--quick)" if quick else "")
-    text = header(title, rows.command, 0.0, extra, generated=made_by(rows))
+    text = header(title, made_by(rows), extra)
     words = dict(seeds=", ".join(map(str, seeds)), rows="".join(map(_line, data)))
     words["findings"] = "\n".join(findings(data, algorithms, epsilons))
     text += fill(TEXT["page"] + "\n", **words)

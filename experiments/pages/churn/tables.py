@@ -237,7 +237,7 @@ def page_text(rows: Rows, s: Dict[str, Any], cells, joins) -> str:
     recipe = QUICK_BASE if s["quick"] else BASE
     title = f"Training through churn, in-process{' (--quick)' if s['quick'] else ''}"
     extra = TEXT["header"] + " " + wall_span(rows)
-    text = header(title, rows.command, 0.0, extra, generated=made_by(rows))
+    text = header(title, made_by(rows), extra)
     spe, still = s["steps_per_epoch"], [c["acc_avg"] for (_, _, r), c in cells.items() if r == 0]
     soaked = any(r.config.get("section") == "soak" for r in rows.records)
     unfinished = fill(TEXT["unfinished"], made=len(rows.records), planned=rows.planned) + "\n\n"

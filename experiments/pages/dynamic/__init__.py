@@ -137,7 +137,7 @@ def page(consensus, training, p, target, generated: str, seconds: float, consens
         TEXT["page"],
         **p,
         **data,
-        header=header(title, "", seconds, running, generated=generated),
+        header=header(title, generated, running),
         verdict=verdict(consensus, training, p, target),
         stop=min(TARGETS) / 2,
         consensus=block(consensus_tables(consensus, p["budgets"])[0]),

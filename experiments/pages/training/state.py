@@ -234,7 +234,7 @@ def training_page(
     return fill(
         template(__file__),
         **{**plan, "seeds": ", ".join(map(str, plan["seeds"]))},
-        header=header(title, state["command"], 0.0, _recipe(quick), generated=generated),
+        header=header(title, generated, _recipe(quick)),
         running=running_time(state, state["missing"]),
         budget=epoch_budget(state),
         claims="\n".join(claims) or "- (no rows yet)",
