@@ -29,11 +29,6 @@ def columns(spec: Sequence[Column], items: Iterable[Any], end: Optional[str] = "
     return table([title for title, _ in spec], ([f(x) for _, f in spec] for x in items), end)
 
 
-def g3(field: str) -> Cell:
-    """A cell: the item's `field` to three significant digits."""
-    return lambda x: f"{x[field]:.3g}"
-
-
 def template(page_file: str, name: str = "page.md") -> str:
     """The markdown template `name` beside a page's module (`page_file`: its `__file__`)."""
     return (Path(page_file).parent / name).read_text(encoding="utf-8")
