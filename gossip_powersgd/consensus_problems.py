@@ -6,7 +6,7 @@ built in float64, cast to the run's dtype), for `metrics.consensus_curve` to ave
 ||X_i||^2 = N^2; `lowrank:r=R,sigma=S[,n=N]` X_i = U diag(c_i) V^T / sqrt(R) + S E_i, U, V shared
 (x_i - x_j of rank <= R when S = 0); `offset:beta=B` `matrix` + B A, A shared; `models:epoch=E`
 the peers' parameters after E epochs of training, read from a file of
-{"epochs": {E: {rank: [tensors]}}} (experiments/pages/consensus/models.py makes one).
+{"epochs": {E: {rank: [tensors]}}} (experiments/pages/consensus/instance.py makes one).
 
     tensors = make_problem("spectral:alpha=1", comm.rank, torch.float64, seed=0)
     curve = consensus_curve(comm, "exact", tensors, max_steps=1000, max_bits=1e7)  # metrics
