@@ -142,7 +142,8 @@ def page_fields(rows) -> Dict[str, Any]:
     """The fields of the DP pages' opening paragraph: who made the rows, how many ran at once on
     how many cores under what load (min–max of the rows' 1-minute load averages), the regime's
     setting and its DP recipe."""
-    origin, plan = rows.records[0].origin or {}, recipe(rows.quick)
+    origin = rows.records[0].origin or {}
+    plan = recipe(rows.quick)
     setting = (
         "the privacy suite's --quick problem"
         if rows.quick

@@ -98,7 +98,8 @@ def _run_line(r: Dict[str, Any]) -> str:
 
 def render(rows: Rows) -> Outputs:
     """The page (its fixed text: privacy_dp_budget.md beside this file)."""
-    data, budgets = rows.data, QUICK_BUDGETS if rows.quick else BUDGETS
+    data = rows.data
+    budgets = QUICK_BUDGETS if rows.quick else BUDGETS
     steps = [e for e in budgets if 2 * e in budgets]
     gain_rows = []
     for (label, target), values in gains(data).items():

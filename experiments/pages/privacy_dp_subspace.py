@@ -163,7 +163,8 @@ def render(rows: Rows) -> Outputs:
     """The page; its fixed text is privacy_dp_subspace.md beside this file."""
     quick, data = rows.quick, rows.data
     variants, targets, seeds = QUICK if quick else (VARIANTS, TARGETS, SEEDS)
-    budget, table = recipe(quick)["dp_epochs"], cells(data)
+    budget = recipe(quick)["dp_epochs"]
+    table = cells(data)
     missing = [run for run in plan(quick, {}) if run.key not in rows.by_key]
     not_run = [
         f"- {r.config['label']} at target ε {r.config['target']:g}, seed {r.seed}" for r in missing

@@ -119,7 +119,9 @@ def _pair(rows, label: str) -> tuple:
 
 def findings(sweep, algorithms) -> List[str]:
     """Sentences computed from the rows (their words: privacy_dp_sweep.md)."""
-    out, ok, best = [], [r for r in sweep if "error" not in r], _best(sweep)
+    out = []
+    ok = [r for r in sweep if "error" not in r]
+    best = _best(sweep)
     private, plain = [r for r in ok if _noisy(r)], [r for r in ok if r["clip"] is None]
     if plain and best:
         top = max(plain, key=lambda r: r["acc_avg"])

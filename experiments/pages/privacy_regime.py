@@ -194,7 +194,9 @@ def _eps_cell(dp: Optional[Mapping[str, Any]]) -> str:
 
 
 def _row_cells(name: str, p: Dict[str, Any]) -> List[str]:
-    plain, dp, band = p["plain"], p["dp"], p["plain"]["band_auc"]
+    plain = p["plain"]
+    dp = p["dp"]
+    band = p["plain"]["band_auc"]
     cells = [name, f"{100 * plain['acc_victims']:.1f} %", f"{plain['auc']:.3f}"]
     cells += [f"{band[0]:.3f}–{band[1]:.3f}"]
     cells.append(f"{plain['tpr0_1']:.4f} (band ≤ {plain['band_tpr0_1'][1]:.4f})")

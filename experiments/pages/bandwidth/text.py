@@ -254,7 +254,8 @@ def _other_figures(t: Mapping, topology: str, rates, core: Mapping) -> List[str]
     """Whether the measured figure, and a core each with the evaluations, change the verdicts."""
     import topologies
 
-    hosts, out = topologies.parse(topology).size, []
+    hosts = topologies.parse(topology).size
+    out = []
     measured = f"the step as measured here ({hosts} hosts on this machine's cores)"
     evaluated = "a core each, with an evaluation after every epoch"
     for figure, what in (("measured", measured), ("core_each_with_evals", evaluated)):

@@ -293,7 +293,8 @@ PANELS = (
 def plot(cells: Dict[Cell, Dict[str, Any]], s: Dict[str, Any]) -> bytes:
     """Averaged-model accuracy, consensus distance and average shift against the churn rate,
     one column per topology, one line per algorithm (error bars: std over seeds)."""
-    plt, n = pyplot(), len(s["topologies"])
+    plt = pyplot()
+    n = len(s["topologies"])
     fig, axes = plt.subplots(3, n, figsize=(5.2 * n, 9.5), squeeze=False)
     for col, topology in enumerate(s["topologies"]):
         for row, (field, name, scale) in enumerate(PANELS):

@@ -165,7 +165,8 @@ def consensus_tables(rows: Sequence[Dict[str, Any]], budgets: Sequence[float]) -
     def six(value: Optional[float]) -> str:
         return "" if value is None else f"{value:.6g}"
 
-    lines, csv_lines = table(head, [], None), []
+    lines = table(head, [], None)
+    csv_lines = []
     for r in rows:
         first = [r["topology"], r["label"], r["spec"]]
         if "error_text" in r:

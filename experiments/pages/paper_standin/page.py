@@ -47,8 +47,11 @@ def page(result: Dict[str, Any], generated: str, others: List[Dict[str, Any]] = 
     """The page: `result` the main run (seed 0, with a row), `generated` the sentence that names
     how it was made, `others` the runs of other seeds (their rows listed beside the main run's)."""
     s, rows = result["setting"], result["rows"]
-    timing, proj, steps = result["timing_batch128"], result["projection"], rows[0]["steps"]
-    peers, n = int(s["topology"].split(":")[1]), int(s["dataset"].split("n=")[1].split(",")[0])
+    timing = result["timing_batch128"]
+    proj = result["projection"]
+    steps = rows[0]["steps"]
+    peers = int(s["topology"].split(":")[1])
+    n = int(s["dataset"].split("n=")[1].split(",")[0])
     failed = []
     for f in result.get("failed", []):
         failed += [f"**Row {f['label']} (`{f['algorithm']}`) failed:** {f['error']}", ""]
@@ -119,7 +122,8 @@ def _other_seeds(result: Dict[str, Any], others: List[Dict[str, Any]]) -> List[s
     for other in others:
         where = f" (its JSON: `{other['path']}`)" if other.get("path") else ""
         lines += [f"- {other['generated']}{where}", ""]
-    runs, labels = (result, *others), dict.fromkeys(r["label"] for o in others for r in o["rows"])
+    runs = (result, *others)
+    labels = dict.fromkeys(r["label"] for o in others for r in o["rows"])
     lines.append(PARTS["seeds table"])
     for label in labels:
         lines += [

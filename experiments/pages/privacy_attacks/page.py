@@ -131,11 +131,14 @@ def _verdict(above, at_chance, aucs) -> str:
 
 def chance_answers(gs) -> List[str]:
     """At which epsilon does the neighbour's TPR at 0.1 % FPR reach chance (the null band)?"""
-    out, targets, plain = [], sorted({t for (_, t) in gs if t is not None}), []
+    out = []
+    targets = sorted({t for (_, t) in gs if t is not None})
+    plain = []
     for spec in dict.fromkeys(s for (s, _) in gs):
         parts, above, at_chance, aucs = [], [], [], []
         for g in (gs[(spec, t)] for t in targets + [None] if (spec, t) in gs):
-            band, t = _band(g[0]), g[0]["target"]
+            band = _band(g[0])
+            t = g[0]["target"]
             key = math.inf if t is None else t
             tprs = [_mean(g, f"tpr0.1/{m}/{a}") for m in _models(g) for a in LIRA]
             four = [_mean(g, f"auc/{m}/{a}") for m in _models(g) for a in LIRA]

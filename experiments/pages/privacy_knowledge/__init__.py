@@ -44,7 +44,8 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
     """The structural grid, then the attack runs."""
     from gossip_powersgd.privacy.knowledge import distances
 
-    grid, runs = STRUCTURE[quick], []
+    grid = STRUCTURE[quick]
+    runs = []
     for spec in grid["topologies"]:
         size = len(distances(spec))
         for updates, tie, steps in grid["modes"]:

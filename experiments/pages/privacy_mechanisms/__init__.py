@@ -88,7 +88,8 @@ def render(rows: Rows) -> Outputs:
     fields.update(runs="one run" if len(load) == 1 else f"{len(load)} runs")
     fields["network"] = page.WORDS["network"].format(schedule=schedule)
     c = dict(target=TARGET, algorithms=[a for a, _ in ALGORITHMS])
-    name, text = "privacy_mechanisms_logreg", template(__file__)
+    name = "privacy_mechanisms_logreg"
+    text = template(__file__)
     return page.outputs(name, text, rows, found, c, load, nice, **fields)
 
 

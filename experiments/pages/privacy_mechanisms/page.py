@@ -175,7 +175,9 @@ def _cell(group, key: str) -> str:
 def attack_lines(sections, c) -> List[str]:
     """The neighbour's membership attack per topology, mechanism and algorithm, and the
     received-model attacks above the chance band."""
-    lines, outside, names = [], [], ("none", "local", "zipdl", "decor", "muffliato")
+    lines = []
+    outside = []
+    names = ("none", "local", "zipdl", "decor", "muffliato")
     for section in sections:
         topology = section["setting"]["topology"]
         for name, algorithm, group in groups(section["rows"], c["algorithms"], names):
