@@ -263,7 +263,9 @@ class Monitor:
             if not self._watched(peer) or not liveness.is_stopped(pid):
                 self._stopped_since.pop(peer, None)
                 continue
-            if now - self._stopped_since.setdefault(peer, now) >= self.stopped_after:
+            # from when a look saw it stopped (`now`, read before the state, may precede the stop)
+            since = self._stopped_since.setdefault(peer, time.monotonic())
+            if now - since >= self.stopped_after:
                 return PeerLost(peer, "stopped", self.host_of(peer), self.stopped_after)
         return None
 

@@ -433,8 +433,9 @@ def test_a_rank_stopped_at_any_moment_is_named_by_every_rank_within_30_s(
         else:
             job.wait_line(r"^epoch 1/", 300)
         pids = job.rank_pids(n)
+        before = time.monotonic()  # no look can see the stop before this: the lower bound's start
         os.kill(pids[stopped], signal.SIGSTOP)
-        since = time.monotonic()
+        since = time.monotonic()  # the upper bounds' start
         seconds = last_gone(list(pids.values()), since, 60)
         job.wait(30)
     finally:
@@ -445,7 +446,7 @@ def test_a_rank_stopped_at_any_moment_is_named_by_every_rank_within_30_s(
             except OSError:
                 pass
     errors = job.errors()
-    named = job.first_error_after(since)
+    named = job.first_error_after(before)
     print(
         f"{launcher} stopped at {moment}: named after {named} s, every rank gone after {seconds} s"
         "\n" + "\n".join(errors)

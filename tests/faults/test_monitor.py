@@ -219,6 +219,28 @@ def test_ctrl_c_on_torchrun_stops_every_rank_each_naming_itself():
     assert job.process.returncode != 0
 
 
+def test_a_stop_counts_from_the_look_that_saw_it(monkeypatch):
+    """A look reads its clock, then its peers' process states: a peer stopped between the two
+    counted from that clock was named before it had been stopped `stopped_after` seconds (a 5 s
+    threshold's timing test saw 4.991 s). Here a look's clock is read 10 s before the state is
+    (exaggerated); the next look, at once, names nobody, and one 5 s after the stop was seen does."""
+    from gossip_powersgd.faults import liveness, monitor
+
+    monkeypatch.setattr(liveness, "is_stopped", lambda pid: True)
+    monkeypatch.setattr(monitor.Monitor, "_run", lambda self: None)  # only the test's looks
+    m = monitor.Monitor(0, 2, stopped=5.0)
+    try:
+        m.local[1] = os.getpid()  # (its state is the patched one)
+        assert m._look_at_processes(time.monotonic() - 10.0) is None
+        seen = time.monotonic()
+        assert m._look_at_processes(time.monotonic()) is None
+        event = m._look_at_processes(seen + 5.0)
+        assert event is not None and (event.peer, event.how) == (1, "stopped")
+    finally:
+        m.closed = True
+        m.endpoint.close()
+
+
 # ---- the stop threshold a run sets ------------------------------------------------------------------
 @pytest.mark.parametrize("text, expected", [(None, 15.0), ("5", 5.0), ("3", 3.0), ("3600", 3600.0)])
 def test_the_stop_threshold_is_the_runs_setting_or_the_default(monkeypatch, text, expected):
