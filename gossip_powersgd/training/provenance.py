@@ -175,20 +175,27 @@ def provenance(comm: Comm, config) -> Dict[str, Any]:
 
 
 def as_comments(record: Dict[str, Any]) -> str:
-    """`record` as YAML comment lines (for the head of config.yaml)."""
+    """`record` as YAML comment lines (for the head of config.yaml), one line per field: a
+    character a comment cannot hold (the line break of a `python -c` program in the command, a
+    control character) is written as its Python escape, so config.yaml stays YAML."""
     libraries = ", ".join(f"{k} {v}" for k, v in record["libraries"].items() if v is not None)
     commit = record["git_commit"] or "not a git checkout"
     if record["git_dirty"]:
         commit += " (with uncommitted changes)"
+    texts = (
+        f"gossip_powersgd {record['gossip_powersgd']}, commit {commit}",
+        f"python {record['python']}; {libraries}",
+        f"command: {shlex.join(record['command'])}",
+        f"backend {record['backend']}, {record['world_size']} peers on "
+        + ", ".join(f"{h} ({n})" for h, n in record["peers_per_host"].items()),
+    )
+    return "".join(f"# {_printable(text)}\n" for text in texts)
+
+
+def _printable(text: str) -> str:
+    """`text` with each character Python does not print as itself (line breaks, controls) escaped."""
     return "".join(
-        f"# {line}\n"
-        for line in (
-            f"gossip_powersgd {record['gossip_powersgd']}, commit {commit}",
-            f"python {record['python']}; {libraries}",
-            f"command: {shlex.join(record['command'])}",
-            f"backend {record['backend']}, {record['world_size']} peers on "
-            + ", ".join(f"{h} ({n})" for h, n in record["peers_per_host"].items()),
-        )
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
     )
 
 

@@ -1,4 +1,5 @@
-"""The emulated cluster (python -m gossip_powersgd.cluster) and launches across its hosts.
+"""cluster/network.py: the emulated cluster's hosts, their names, addresses and rate-limited links,
+and launches across them (the command line's own subcommands: tests/cluster/test_main.py).
 
 The hosts are network namespaces: the tests that make them need root (CAP_NET_ADMIN and
 CAP_SYS_ADMIN) and skip without it. Every cluster a test makes carries a prefix of its own, and
@@ -8,7 +9,6 @@ machine's own namespace.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
@@ -20,58 +20,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.conftest import in_host, left_of, needs_namespaces
 from tests.conftest import ROOT, run_bounded
 from gossip_powersgd.cluster import __main__ as cli
 from gossip_powersgd.cluster import network
 from gossip_powersgd.cluster.enter import enter_command
 from gossip_powersgd.cluster.measure import PAYLOAD_SHARE, throughput
 
-needs_namespaces = pytest.mark.skipif(
-    bool(network.missing_privileges()),
-    reason="making network namespaces needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN)",
-)
-_names = itertools.count()
 BIN = Path(sys.executable).parent
 INTERFACES = ROOT / "gossip_powersgd" / "comm" / "interfaces.py"
-
-
-def root_links() -> set:
-    shown = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    return {line.split(":")[1].strip().split("@")[0] for line in shown.splitlines()}
-
-
-def left_of(prefix: str) -> list:
-    return network.owned(prefix) + [n for n in network.namespaces() if n.startswith(f"{prefix}-")]
-
-
-@pytest.fixture
-def prefix():
-    """A prefix no other cluster uses; afterwards, nothing of it may be left (other sessions'
-    clusters may come and go meanwhile: they carry their own prefixes), and the machine's own
-    namespace has the links it had."""
-    name = f"gt{os.getpid() % 10**6}{next(_names)}"
-    links = root_links()
-    assert not left_of(name)
-    try:
-        yield name
-    finally:
-        network.down(name)
-        assert left_of(name) == []
-        assert root_links() == links
-
-
-def wait_for(condition, seconds=60):
-    """Wait until `condition()` holds (a signal delivered, an exec done); fail after `seconds`."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"still not so after {seconds} s"
-        time.sleep(0.02)
-
-
-def in_host(prefix, host, code, *args, timeout=60):
-    """Run python `code` on `host` (the standard library only: no torch to load)."""
-    command = enter_command(prefix, host, [sys.executable, "-I", "-S", "-c", code, *args])
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
 # ---- without namespaces --------------------------------------------------------------------------
@@ -105,32 +62,7 @@ def test_host_names_and_addresses():
         network.check_prefix("Bad-Prefix")
 
 
-def test_without_iproute2_on_path_one_line_names_it(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(SystemExit) as exit:
-        cli.main(["up", "--hosts", "2"])
-    assert exit.value.code != 0
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "ip and tc not found on PATH" in lines[0], lines
-
-
 # ---- with namespaces -----------------------------------------------------------------------------
-@needs_namespaces
-def test_without_privileges_one_line_names_them(tmp_path):
-    if subprocess.run(["which", "setpriv"], capture_output=True).returncode != 0:
-        pytest.skip("setpriv (util-linux) is not installed: no way to drop capabilities here")
-    result = subprocess.run(
-        ["setpriv", "--bounding-set=-all", "--inh-caps=-all"]
-        + [sys.executable, "-m", "gossip_powersgd.cluster", "up", "--hosts", "2"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode != 0
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "no CAP_NET_ADMIN and CAP_SYS_ADMIN" in lines[0], result.stderr
-
-
 @needs_namespaces
 def test_hosts_resolve_each_other_by_name_and_have_their_own(prefix, capsys):
     cli.run(
@@ -159,56 +91,6 @@ def test_hosts_resolve_each_other_by_name_and_have_their_own(prefix, capsys):
         ]
     with pytest.raises(network.ClusterError, match="has no host 'host3'"):
         enter_command(prefix, "host3", ["true"])
-
-
-CONNECT = """
-import socket, sys
-try:
-    socket.create_connection((sys.argv[1], 9), timeout=float(sys.argv[2]))
-except ConnectionRefusedError:
-    print("reached")  # the host answered: nothing listens on port 9
-except OSError as exc:
-    print("unreachable", type(exc).__name__)
-"""
-
-
-@needs_namespaces
-def test_cut_heal_pids_kill_and_down_end_the_processes(prefix, capsys):
-    network.up(prefix, 3, None, {})
-
-    def connect(source, dest, seconds):
-        return in_host(prefix, source, CONNECT, dest, str(seconds)).stdout.split()
-
-    assert connect("host0", "host2", 30) == ["reached"]
-    cli.run(["cut", "--prefix", prefix, "host2"])  # its cable, at the switch
-    assert capsys.readouterr().out == "host2: link cut\n"
-    # no answer either way, however long one waits (here: 2 s, then give up), and no error
-    assert connect("host0", "host2", 2)[0] == "unreachable"
-    assert connect("host2", "host0", 2)[0] == "unreachable"
-    cli.run(["heal", "--prefix", prefix, "host2"])
-    assert connect("host0", "host2", 30) == connect("host2", "host0", 30) == ["reached"]
-    cli.run(["cut", "--prefix", prefix, "host2", "--at", "host"])  # its eth0 down: no route
-    assert capsys.readouterr().out.endswith("host2: link down\n")
-    assert connect("host2", "host0", 30) == ["unreachable", "OSError"]  # at once: no route
-    cli.run(["heal", "--prefix", prefix, "host2"])
-    assert connect("host2", "host0", 30) == ["reached"]
-
-    sleeper = subprocess.Popen(enter_command(prefix, "host1", ["sleep", "600"]))
-    try:
-        comm = Path(f"/proc/{sleeper.pid}/comm")
-        wait_for(lambda: comm.read_text() == "sleep\n")  # the exec chain ends in sleep, same pid
-        capsys.readouterr()
-        cli.run(["pids", "--prefix", prefix, "host1"])
-        assert capsys.readouterr().out == f"{sleeper.pid}\n"
-        cli.run(["kill", "--prefix", prefix, "host1", "--signal", "STOP"])
-        wait_for(lambda: Path(f"/proc/{sleeper.pid}/stat").read_text().split()[2] == "T")
-        cli.run(["status", "--prefix", prefix])
-        assert re.search(rf"^host1 .* {sleeper.pid} sleep$", capsys.readouterr().out, re.M)
-        cli.run(["down", "--prefix", prefix])  # a stopped process, too, is ended
-        assert sleeper.wait(timeout=60) == -signal.SIGKILL
-        assert capsys.readouterr().out.endswith("removed 7 entries\n")  # 4 namespaces, 3 files
-    finally:
-        sleeper.kill()
 
 
 @needs_namespaces

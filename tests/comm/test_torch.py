@@ -104,7 +104,7 @@ def run_ranks(n, case, timeout=90, silent=None):
 
 def gossip_scenarios(comm):
     """Every algorithm the transports must agree on, in one launch (start-up dominates)."""
-    from tests.comm.test_base_collectives import awkward_allreduces
+    from tests.comm.test_base import awkward_allreduces
     from tests.algorithms.test_powergossip import mpi_scenario
     from tests.comm.test_local import exact_gossip_run
 

@@ -31,10 +31,7 @@ from tests.conftest import (
     TINY,
     errors_on_every_rank,
     mpiexec_path,
-    no_space_for,
-    tiny_config,
 )
-from tests.conftest import errors_on_every_rank as every_rank
 from tests.privacy.test_views_reliability import interrupt_in_epoch_3, resumable, run_with_stats
 
 
@@ -548,22 +545,6 @@ def test_a_killed_writers_leftover_temporary_file_is_removed_by_the_next_save(tm
     path = save_checkpoint(tmp_path, {"rank": 1, "epoch": 4}, {"x": torch.zeros(2)})
     assert path.exists() and not leftover.exists() and not leftover_mkstemp.exists()
     assert other_rank.exists() and other_rank_mkstemp.exists()  # that rank's business
-
-
-def test_a_full_disk_during_a_checkpoint_stops_every_rank_keeping_the_previous_one(
-    tmp_path, monkeypatch
-):
-    out = tmp_path / "run"
-    no_space_for(monkeypatch, ckpt, "rank-1-epoch-2.pt")
-    errors = every_rank(tiny_config(f"out_dir={out}"))
-    assert set(errors) == {
-        f"ValueError: rank 1: cannot write the epoch-2 checkpoint in "
-        f"{out / 'checkpoints'}: No space left on device; the previous "
-        "checkpoints are intact (free space, then --resume)"
-    }
-    assert ckpt.available_epochs(out, 1) == [1]
-    for rank in range(4):
-        assert ckpt.read_checkpoint(ckpt.checkpoint_path(out, rank, 1))["header"]["epoch"] == 1
 
 
 @pytest.mark.parametrize("topology", ["ring:4", "matchings:4"])

@@ -1,6 +1,6 @@
 """Checkpoints a resume must refuse in our own words: one renamed to the newest epoch, a pickled
-one, garbage (torch's advice never quoted), none after a full disk at the first checkpoint (the real
-reason, no advice to resume), and --resume with another out_dir."""
+one, garbage (torch's advice never quoted), and --resume with another out_dir (a full disk at a
+checkpoint: tests/training/test_session.py)."""
 
 import hashlib
 import io
@@ -127,24 +127,6 @@ def test_resume_with_another_out_dir_is_refused(reference, tmp_path, capsys):
         "--resume that copy)"
     ]
     assert not elsewhere.exists()
-
-
-def test_a_full_disk_at_the_first_checkpoint_does_not_advise_resume(tmp_path, monkeypatch):
-    """No rank can resume when the first checkpoint failed: the line says to start again; a full
-    disk at a later checkpoint, once every rank holds an earlier one, says --resume."""
-    out = tmp_path / "run"
-    no_space_for(monkeypatch, ckpt, "rank-1-epoch-1.pt")
-    error = one_error(every_rank(tiny(f"out_dir={out}", "epochs=2")))
-    assert "--resume" not in error
-    assert error.endswith(
-        "no checkpoint is held by every rank yet, so the run cannot be resumed: free space, "
-        f"then start it again (in a new run directory, or after emptying {out})"
-    )
-    monkeypatch.undo()
-    later = tmp_path / "later"
-    no_space_for(monkeypatch, ckpt, "rank-1-epoch-2.pt")
-    error = one_error(every_rank(tiny(f"out_dir={later}", "epochs=2")))
-    assert error.endswith("the previous checkpoints are intact (free space, then --resume)")
 
 
 def test_a_fifo_in_place_of_a_checkpoint_is_refused_on_every_rank(tmp_path):

@@ -231,3 +231,23 @@ def test_a_launcher_out_of_sight_is_said_so(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("MPI_LOCALNRANKS", raising=False)
     assert provenance.launch_command() == {"command": own, "launcher": None}
+
+
+def test_the_provenance_comments_keep_config_yaml_yaml_whatever_the_command_holds():
+    """A `python -c` program's line breaks, a terminal escape and an argument that was not valid
+    UTF-8 (a lone surrogate, as Python decodes it) stay on the command's one comment line, escaped:
+    the comments parse as no YAML at all and the file can be written as UTF-8."""
+    import yaml
+
+    from gossip_powersgd.training.provenance import as_comments
+
+    command = ["python", "-c", "import a\nrun()\r\n", "\x1b[1m", "caf\udce9", "\u2028", "tab\there"]
+    record = dict(gossip_powersgd="0", git_commit="abc", git_dirty=False, python="3.11")
+    record.update(libraries={"torch": "2"}, command=command, backend="local", world_size=1)
+    record["peers_per_host"] = {"h": 1}
+    text = as_comments(record)
+    lines = text.encode("utf-8").decode("utf-8").splitlines()
+    assert len(lines) == 4 and all(line.startswith("# ") for line in lines)
+    assert "\\nrun()\\r\\n" in lines[2] and "\\x1b[1m" in lines[2] and "caf\\udce9" in lines[2]
+    assert "\\u2028" in lines[2] and "tab\\there" in lines[2]
+    assert yaml.safe_load(text + "a: 1\n") == {"a": 1}

@@ -1,4 +1,7 @@
-"""The ring all-reduce: closed forms, the same bits on every peer and transport, honest byte counts."""
+"""comm/base.py's all-reduce, the one every transport runs: closed forms, the same bits on every
+peer and transport, honest byte counts. The exchanges and the rest of `Communicator`:
+tests/comm/test_local.py and the contract suite over every transport
+(tests/algorithms/test_contract.py)."""
 
 import pytest
 import torch
@@ -152,9 +155,7 @@ def test_mismatched_sizes_fail_naming_a_peer_instead_of_hanging():
 
 @pytest.mark.mpi
 def test_mpi_ring_allreduce_is_bit_equal_to_local(tmp_path):
-    mpi = run_scenario_mpi(
-        4, "tests.comm.test_base_collectives:awkward_allreduces", "ring:4", tmp_path
-    )
+    mpi = run_scenario_mpi(4, "tests.comm.test_base:awkward_allreduces", "ring:4", tmp_path)
     local = LocalCluster(topologies.ring(4)).run(awkward_allreduces)
     for a, b in zip(mpi, local):
         assert a.keys() == b.keys()
