@@ -1,8 +1,9 @@
-"""Reliability of the command lines around the library: `python -m topologies show` on bad or
-oversized input (`python -m experiments`'s own: tests/experiments/engine/test_engine.py). Each case
-is one line naming the problem and the fix, a non-zero exit, no traceback, and no hang: the
-subprocesses run under a timeout, and what must be refused is refused before the work it would
-waste."""
+"""Tests for topologies.__main__, `python -m topologies show`: the summary of a topology or a
+schedule (and its drawing), in process and as a subprocess; and the reliability of the command on
+bad or oversized input (`python -m experiments`'s own: tests/experiments/engine/test_engine.py).
+Each refusal is one line naming the problem and the fix, a non-zero exit, no traceback, and no
+hang: the subprocesses run under a timeout, and what must be refused is refused before the work it
+would waste."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import topologies
 from topologies import __main__ as show_cli
 
 from tests.conftest import ROOT, SUPPORT, run_bounded
+from tests.topologies._support import REPO, _run
 
 
 def run_module(*args, timeout: float = 90) -> subprocess.CompletedProcess:
@@ -46,7 +48,88 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *expected: str) -
     return lines[0]
 
 
-# ---- python -m topologies show ------------------------------------------------------------------
+def _show(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "topologies", "show", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, MPLBACKEND="Agg"),
+        timeout=120,
+    )
+
+
+# --- python -m topologies show -------------------------------------------------------------------
+
+
+def test_cli_show_prints_summary_and_writes_png(tmp_path):
+    png = tmp_path / "torus.png"
+    r = _run("-m", "topologies", "show", "torus:4x4", "--png", str(png))
+    assert r.returncode == 0, r.stderr
+    assert "spectral gap 0.4" in r.stdout
+    assert "size         16" in r.stdout and "degrees      4" in r.stdout
+    assert topologies.torus(4, 4).fingerprint in r.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(os.listdir(tmp_path)) == ["torus.png"]  # no temp file left behind
+
+
+def test_cli_bad_spec_is_one_line_exit_2():
+    r = _run("-m", "topologies", "show", "moebius:8")
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert "topology spec 'moebius:8': unknown name 'moebius'" in r.stderr
+
+
+def test_cli_in_process(capsys, tmp_path):
+    from topologies.__main__ import main
+
+    assert main(["show", "ring", "-n", "8", "--weights", "uniform"]) == 0
+    out = capsys.readouterr().out
+    assert "gamma        1.30839" in out and "weights      uniform" in out
+    assert main(["show", "star:5", "--weights", "uniform"]) == 2
+    assert "use weights='metropolis'" in capsys.readouterr().err
+    assert main(["show", f"file:{tmp_path / 'missing.txt'}"]) == 2
+    assert "No such file" in capsys.readouterr().err
+
+
+# --- python -m topologies show of a schedule -----------------------------------------------------
+
+
+def test_cli_show_describes_a_schedule():
+    r = _show("one_peer_exponential:16")
+    assert r.returncode == 0, r.stderr
+    assert "period                    4\n" in r.stdout
+    assert "union edges               32" in r.stdout and "union degrees             4" in r.stdout
+    assert all(f"step {t}                    8 edges, degrees 1" in r.stdout for t in range(4))
+    assert "product gap (one period)  1.0" in r.stdout
+    assert topologies.one_peer_exponential(16).fingerprint in r.stdout
+
+
+def test_cli_show_random_and_directed_schedules(capsys, tmp_path):
+    from topologies.__main__ import main
+
+    assert main(["show", "matchings:8", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "none (random)" in out and "step 2 " in out and "step 3 " not in out
+    assert "product gap (steps 0..2)" in out
+    assert main(["show", "directed_exponential:8"]) == 0
+    out = capsys.readouterr().out
+    assert "directed" in out and "yes" in out and "product gap (one period)  1.0" in out
+    png = tmp_path / "union.png"
+    assert main(["show", "one_peer_exponential:8", "--png", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert main(["show", "directed_exponential:8", "--png", str(png)]) == 2
+    assert "undirected graphs only" in capsys.readouterr().err
+
+
+def test_cli_bad_schedule_is_one_line_exit_2():
+    r = _show("one_peer_exponential:12")
+    assert r.returncode == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "power of two" in r.stderr
+
+
+# --- python -m topologies show: bad or oversized input -------------------------------------------
 
 
 def test_show_of_a_4096_peer_schedule_answers_without_the_dense_products():

@@ -1,20 +1,18 @@
-"""Tests for time-varying topologies (topologies.schedules) and directed graphs (topologies.directed)."""
+"""Tests for topologies.schedules: the time-varying topologies (one-peer exponential, random
+matchings, edge sampling, cyclic lists), their spellings and one-line errors, and their size limit.
+What every schedule shares: test_schedule_base.py and test_stepcache.py; directed ones:
+test_directed.py; `python -m topologies show` of a schedule: test_main.py."""
 
 from __future__ import annotations
 
-import os
 import pickle
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import topologies
-from topologies import DirectedSchedule, DirectedTopology, Schedule, Topology
-
-REPO = Path(__file__).resolve().parents[2]
+from topologies import Topology
+from tests.topologies._support import product
 
 
 def assert_valid_step(t: Topology) -> None:
@@ -23,14 +21,6 @@ def assert_valid_step(t: Topology) -> None:
     np.testing.assert_array_equal(W, W.T)
     np.testing.assert_allclose(W.sum(axis=1), 1.0, atol=1e-12)
     assert (W - np.diag(np.diag(W))).min() >= 0
-
-
-def product(schedule, steps: int) -> np.ndarray:
-    out = np.eye(schedule.size)
-    for t in range(steps):
-        step = schedule.at(t)
-        out = (step.P if schedule.is_directed else step.W) @ out
-    return out
 
 
 # --- one-peer exponential ------------------------------------------------------------------------
@@ -145,7 +135,7 @@ def test_edge_sampling_spec_fields():
     assert [a.at(t).edges() for t in range(4)] != [b.at(t).edges() for t in range(4)]
 
 
-# --- cyclic lists and static topologies ----------------------------------------------------------
+# --- cyclic lists --------------------------------------------------------------------------------
 
 
 def test_cyclic_list_uses_its_members_in_turn():
@@ -172,29 +162,6 @@ def test_cyclic_list_of_disconnected_graphs_with_a_connected_union(tmp_path):
     assert topologies.product_gap(s) == pytest.approx(1.0)  # 2x2 torus: two matchings average
     with pytest.raises(ValueError, match="not connected"):
         topologies.parse(f"file:{even}")  # a static topology must still be connected
-
-
-def test_static_topology_is_its_own_constant_schedule():
-    ring = topologies.ring(8)
-    assert ring.at(0) is ring and ring.at(10**9) is ring
-    assert ring.period == 1 and ring.union is ring and not ring.is_directed
-    assert ring.neighbors_union(3) == ring.neighbors(3)
-    assert topologies.product_gap(ring) == pytest.approx(ring.spectral_gap, abs=1e-12)
-    fingerprints = {topologies.parse(s).fingerprint for s in ("cyclic:ring:8", "ring:8")}
-    assert len(fingerprints) == 2  # a schedule never shares a fingerprint with a static topology
-
-
-def test_steps_may_be_disconnected_but_are_otherwise_validated():
-    W = np.array([[0.5, 0.5, 0, 0], [0.5, 0.5, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1.0]])
-    step = Topology(W, require_connected=False)
-    assert step.neighbors(2) == ()
-    assert pickle.loads(pickle.dumps(step)) == step
-    with pytest.raises(ValueError, match="not connected"):
-        Topology(W)
-    with pytest.raises(ValueError, match="not symmetric"):
-        Topology(np.array([[0.5, 0.5], [0.25, 0.75]]), require_connected=False)
-    with pytest.raises(ValueError, match="doubly stochastic"):
-        Topology(np.array([[0.5, 0.0], [0.0, 1.0]]), require_connected=False)
 
 
 # --- bad schedules -------------------------------------------------------------------------------
@@ -235,28 +202,6 @@ def test_bad_schedules_are_one_line_errors(spec, kwargs, match):
     assert "\n" not in str(info.value)
 
 
-def test_disconnected_union_of_a_period_is_rejected(tmp_path):
-    pair = tmp_path / "pair.txt"
-    pair.write_text("0 1\n2 3\n")
-    with pytest.raises(ValueError, match=r"over one period \(2 steps\) has 2 components"):
-        topologies.parse(f"cyclic:file:{pair},file:{pair}")
-
-
-def test_bad_steps_are_refused():
-    s = topologies.matchings(4)
-    for t, match in (
-        (-1, "must be >= 0"),
-        (1.5, "must be an integer"),
-        (True, "must be an integer"),
-    ):
-        with pytest.raises(ValueError, match=match):
-            s.at(t)
-    with pytest.raises(ValueError, match="must be >= 0"):
-        topologies.ring(4).at(-1)
-    with pytest.raises(ValueError, match="no period"):
-        topologies.product_gap(s)
-
-
 @pytest.mark.parametrize(
     "spec",
     [
@@ -269,115 +214,3 @@ def test_bad_steps_are_refused():
 def test_oversized_schedules_are_refused_before_allocation(spec):
     with pytest.raises(ValueError, match=f"above the maximum of {topologies.MAX_PEERS}"):
         topologies.parse(spec)
-
-
-# --- directed graphs -----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("n", [2, 8, 16])
-def test_directed_exponential_averages_exactly_in_log2_n_steps(n):
-    s = topologies.parse(f"directed_exponential:{n}")
-    assert isinstance(s, DirectedSchedule) and s.is_directed and not isinstance(s, Schedule)
-    log2n = n.bit_length() - 1
-    assert s.period == log2n
-    np.testing.assert_allclose(product(s, log2n), np.full((n, n), 1.0 / n), atol=1e-15)
-    assert topologies.product_gap(s) == pytest.approx(1.0, abs=1e-12)
-    for t in range(log2n):
-        step = s.at(t)
-        np.testing.assert_allclose(step.P.sum(axis=0), 1.0)
-        for i in range(n):
-            assert step.out_neighbors(i) == (((i + (1 << t)) % n),)
-            assert step.in_neighbors(i) == (((i - (1 << t)) % n),)
-
-
-def test_directed_exponential_on_any_size_is_strongly_connected_column_stochastic():
-    s = topologies.directed_exponential(6)
-    assert s.period == 3 and s.union.out_degrees == (3,) * 6
-    for t in range(3):
-        np.testing.assert_allclose(s.at(t).P.sum(axis=0), 1.0)
-    assert 0 < topologies.product_gap(s) < 1
-
-
-def test_directed_edge_list_has_uniform_push_weights(tmp_path):
-    path = tmp_path / "cycle.txt"
-    path.write_text("# i sends to j\n0 1\n0 2\n1 2\n2 0\n")
-    d = topologies.from_directed_edge_list(path)
-    assert d == topologies.parse(f"directed_file:{path}") and d.is_directed
-    assert not isinstance(d, Topology) and d.at(3) is d and d.union is d and d.period == 1
-    assert d.out_neighbors(0) == (1, 2) and d.in_neighbors(2) == (0, 1)
-    assert d.edges() == [(0, 1), (0, 2), (1, 2), (2, 0)]
-    expected = np.array([[1 / 3, 0, 1 / 2], [1 / 3, 1 / 2, 0], [1 / 3, 1 / 2, 1 / 2]])
-    np.testing.assert_allclose(d.P, expected)
-    assert pickle.loads(pickle.dumps(d)) == d
-
-
-def test_bad_directed_graphs_are_one_line_errors(tmp_path):
-    one_way = tmp_path / "one_way.txt"
-    one_way.write_text("0 1\n1 2\n")
-    with pytest.raises(ValueError, match="not strongly connected: 3 strong components"):
-        topologies.from_directed_edge_list(one_way)
-    garbled = tmp_path / "garbled.txt"
-    garbled.write_text("0 1\n1 x\n")
-    with pytest.raises(ValueError, match=r"garbled.txt:2: cannot parse '1 x'"):
-        topologies.from_directed_edge_list(garbled)
-    with pytest.raises(ValueError, match="not column-stochastic: column 1"):
-        DirectedTopology(np.array([[0.5, 0.5], [0.5, 0.6]]))
-    with pytest.raises(ValueError, match="negative weight"):
-        DirectedTopology(np.array([[1.5, 0.5], [-0.5, 0.5]]))
-    with pytest.raises(ValueError, match="weights are fixed"):
-        topologies.parse(f"directed_file:{one_way}", weights="uniform")
-
-
-def test_directed_and_undirected_fingerprints_differ():
-    ring = topologies.ring(2)  # W = [[.5, .5], [.5, .5]] is column-stochastic too
-    as_directed = DirectedTopology(ring.W)
-    np.testing.assert_array_equal(as_directed.P, ring.W)
-    assert as_directed.fingerprint != ring.fingerprint
-    assert as_directed != ring and as_directed.is_directed and not ring.is_directed
-
-
-# --- CLI -----------------------------------------------------------------------------------------
-
-
-def _show(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "topologies", "show", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=dict(os.environ, MPLBACKEND="Agg"),
-        timeout=120,
-    )
-
-
-def test_cli_show_describes_a_schedule():
-    r = _show("one_peer_exponential:16")
-    assert r.returncode == 0, r.stderr
-    assert "period                    4\n" in r.stdout
-    assert "union edges               32" in r.stdout and "union degrees             4" in r.stdout
-    assert all(f"step {t}                    8 edges, degrees 1" in r.stdout for t in range(4))
-    assert "product gap (one period)  1.0" in r.stdout
-    assert topologies.one_peer_exponential(16).fingerprint in r.stdout
-
-
-def test_cli_show_random_and_directed_schedules(capsys, tmp_path):
-    from topologies.__main__ import main
-
-    assert main(["show", "matchings:8", "--steps", "3"]) == 0
-    out = capsys.readouterr().out
-    assert "none (random)" in out and "step 2 " in out and "step 3 " not in out
-    assert "product gap (steps 0..2)" in out
-    assert main(["show", "directed_exponential:8"]) == 0
-    out = capsys.readouterr().out
-    assert "directed" in out and "yes" in out and "product gap (one period)  1.0" in out
-    png = tmp_path / "union.png"
-    assert main(["show", "one_peer_exponential:8", "--png", str(png)]) == 0
-    assert png.read_bytes()[:4] == b"\x89PNG"
-    assert main(["show", "directed_exponential:8", "--png", str(png)]) == 2
-    assert "undirected graphs only" in capsys.readouterr().err
-
-
-def test_cli_bad_schedule_is_one_line_exit_2():
-    r = _show("one_peer_exponential:12")
-    assert r.returncode == 2 and r.stdout == ""
-    assert len(r.stderr.strip().splitlines()) == 1 and "power of two" in r.stderr
