@@ -1,8 +1,8 @@
-"""Pages for tests/experiments/engine/test_engine.py: rows without training (each a function of its run), a log of
-every row started (ENGINE_TEST_LOG: one key per line), and a run that kills its own process
-(ENGINE_TEST_KILL: that run's key) or the process that started it (ENGINE_TEST_KILL_PARENT: the
-sweep, from a worker, once the rows file ENGINE_TEST_ROWS holds the rows of the keys in
-ENGINE_TEST_WAIT_FOR, or after a minute), for the resume and pool tests."""
+"""Pages for the engine's tests (tests/experiments/engine/): rows without training (each a
+function of its run), a log of every row started (ENGINE_TEST_LOG: one key per line), and a run
+that kills its own process (ENGINE_TEST_KILL: that run's key) or the process that started it
+(ENGINE_TEST_KILL_PARENT: the sweep, from a worker, once the rows file ENGINE_TEST_ROWS holds the
+rows of the keys in ENGINE_TEST_WAIT_FOR, or after a minute), for the resume and pool tests."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Tests for topologies.__main__, `python -m topologies show`: the summary of a topology or a
 schedule (and its drawing), in process and as a subprocess; and the reliability of the command on
-bad or oversized input (`python -m experiments`'s own: tests/experiments/engine/test_engine.py).
+bad or oversized input (`python -m experiments`'s own: tests/experiments/engine/test_cli.py).
 Each refusal is one line naming the problem and the fix, a non-zero exit, no traceback, and no
 hang: the subprocesses run under a timeout, and what must be refused is refused before the work it
 would waste."""

@@ -1,0 +1,48 @@
+"""Helpers of the engine's test files (tests/experiments/engine/test_*.py): `python -m
+experiments` on the test page's registry (tests/support/engine_pages.py, whose rows are made
+without training), the keys of a rows file, and stored rows written by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from experiments.engine import Record
+from experiments.engine.cli import main
+
+import engine_pages
+from engine_pages import registry
+
+
+SUPPORT = Path(engine_pages.__file__).resolve().parent
+ROOT = SUPPORT.parents[1]
+
+
+def _cli(argv, capsys):
+    """(exit status, stderr lines but the progress lines) of `python -m experiments ARGV` on the
+    test page's registry."""
+    try:
+        code = main(argv, registry)
+    except SystemExit as exc:  # argparse's exit on a bad command line
+        code = exc.code
+    lines = capsys.readouterr().err.strip().splitlines()
+    return code, [line for line in lines if not line.startswith("[experiments ")]
+
+
+def _keys(path: Path):
+    return [json.loads(line)["key"] for line in path.read_text().splitlines()]
+
+
+def _stored(tmp_path, lines):
+    (tmp_path / "engine-test.jsonl").write_text("".join(lines))
+    return tmp_path / "engine-test.jsonl"
+
+
+def _line(key, i, seed=None, quick=False, **row):
+    record = Record(
+        key, {"i": i, "pause": engine_pages.SHAPE[int(key[1:])][1]},
+        10 + i if seed is None else seed, quick,
+        dict({"i": i, "square": i * i, "seed": 10 + i, "pid": 0}, **row),
+        "abc1234", "2026-12-04 12:00 UTC", 1.0,
+    )  # fmt: skip
+    return record.to_line()

@@ -1,0 +1,27 @@
+"""experiments/engine/rows.py: a stored line that is not a whole row (cut short, a field missing,
+not a JSON object) or that repeats a run's key is refused in one line naming its file and line,
+never skipped, and the file is not rewritten."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.experiments.engine._support import _cli, _line, _stored
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ('{"key": "k1", "config": {"i": 1', ":2: not a JSON row"),  # a write cut short
+        ('{"key": "k1", "config": {}, "seed": 1}\n', ":2: the row has no 'quick'"),
+        ('["k1"]\n', ":2: a row must be a JSON object"),
+        (_line("k0", 0), ":2: run 'k0' is already at "),
+    ],
+)
+def test_a_corrupt_partial_or_repeated_row_is_refused_in_one_line(tmp_path, capsys, bad, message):
+    path = _stored(tmp_path, [_line("k0", 0), bad])
+    for argv in (["--render-only"], []):
+        code, err = _cli(["engine-test", *argv, "--out", str(tmp_path)], capsys)
+        assert code == 1 and len(err) == 1, err
+        assert err[0].startswith(f"error: {path}{message}"), err
+    assert path.read_text().startswith(_line("k0", 0))  # nothing rewritten
