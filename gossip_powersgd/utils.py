@@ -31,6 +31,14 @@ def one_line(exc: BaseException, limit: Optional[int] = None) -> str:
     return text[:limit] if limit is not None else text
 
 
+def escaped(text: str) -> str:
+    """`text` on one line: each character Python does not print as itself (a line break, a control
+    character, a lone surrogate from undecodable bytes) written as its Python escape."""
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+    )
+
+
 class RunWarning(UserWarning):
     """A value the run adjusted (clamped to what it can use) or a doubt about its input: shown as
     one line, ``warning: ...`` (`launch.main_guard`), on the rank that found it."""
@@ -270,6 +278,7 @@ def lazy_exports(package: str, homes: Dict[str, str]) -> Tuple[Callable, Callabl
 __all__ = [
     "lazy_exports",
     "one_line",
+    "escaped",
     "atomic_write",
     "check_writable_dir",
     "require_regular_file",

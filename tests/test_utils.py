@@ -8,7 +8,13 @@ import torch
 import topologies
 from gossip_powersgd import run_peers
 from gossip_powersgd.launch import resolve_backend
-from gossip_powersgd.utils import atomic_write, format_ranks, one_line, write_stderr_line
+from gossip_powersgd.utils import (
+    atomic_write,
+    escaped,
+    format_ranks,
+    one_line,
+    write_stderr_line,
+)
 
 
 def test_one_line_takes_the_first_line_and_unquotes_key_errors():
@@ -16,6 +22,13 @@ def test_one_line_takes_the_first_line_and_unquotes_key_errors():
     assert one_line(KeyError("missing key")) == "missing key"
     assert one_line(RuntimeError()) == "RuntimeError"
     assert one_line(ValueError("x" * 300), limit=200) == "x" * 200
+
+
+def test_escaped_keeps_printable_text_and_writes_the_rest_as_python_escapes():
+    assert escaped("café, 東京 and spaces") == "café, 東京 and spaces"
+    assert escaped("a\nb\r\tc\x1b[1m") == "a\\nb\\r\\tc\\x1b[1m"
+    assert escaped("\u2028\x85\udce9") == "\\u2028\\x85\\udce9"  # YAML's breaks; a surrogate
+    assert "\n" not in escaped("x\n" * 3) and escaped("x\ny").encode("utf-8")
 
 
 def test_format_ranks_compacts_runs():

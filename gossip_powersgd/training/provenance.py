@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import torch
 
+from ..utils import escaped
 from ..version import __version__
 
 if TYPE_CHECKING:
@@ -189,14 +190,7 @@ def as_comments(record: Dict[str, Any]) -> str:
         f"backend {record['backend']}, {record['world_size']} peers on "
         + ", ".join(f"{h} ({n})" for h, n in record["peers_per_host"].items()),
     )
-    return "".join(f"# {_printable(text)}\n" for text in texts)
-
-
-def _printable(text: str) -> str:
-    """`text` with each character Python does not print as itself (line breaks, controls) escaped."""
-    return "".join(
-        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
-    )
+    return "".join(f"# {escaped(text)}\n" for text in texts)
 
 
 __all__ = [

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..extras import TRACKER_PACKAGES, installed
-from ..utils import one_line
+from ..utils import escaped, one_line
 from .hooks import SetupContext, TrainingHooks
 from .metric_names import record_scalars, summary_scalars
 
@@ -51,6 +51,13 @@ def _scalars(record: Dict[str, Any]) -> Dict[str, float]:
 def command_text(origin: Dict[str, Any]) -> str:
     """The provenance's command line as one shell line."""
     return shlex.join(origin.get("command") or [])
+
+
+def provenance_table(tags: Dict[str, str]) -> str:
+    """The tags as a markdown table (TensorBoard's text): a value stays in its cell, its line breaks
+    escaped and its `|` too (a `python -c` program in the command)."""
+    cells = {k: escaped(v).replace("|", "\\|") for k, v in tags.items()}
+    return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in cells.items())
 
 
 def provenance_tags(origin: Dict[str, Any]) -> Dict[str, str]:
@@ -258,8 +265,7 @@ class TensorBoardTracker(Tracker):
         self.writer = SummaryWriter(**{**self.options, "log_dir": str(log_dir)})
         tags = provenance_tags(self.provenance)
         if tags and not context.resuming:
-            rows = "\n".join(f"| {k} | {v} |" for k, v in tags.items())
-            self.writer.add_text("provenance", "| | |\n|---|---|\n" + rows, global_step=0)
+            self.writer.add_text("provenance", provenance_table(tags), global_step=0)
 
     def write(self, scalars, step):
         for tag, value in scalars.items():

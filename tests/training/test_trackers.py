@@ -352,3 +352,15 @@ def test_mlflow_keeps_its_runs_in_sqlite_and_takes_an_explicit_file_uri(tmp_path
     explicit = tiny(tmp_path / "b", loggers=[{"mlflow": {"tracking_uri": store}}])
     run_local(explicit)  # MLflow 3's file store needs an opt-in, which an explicit URI gives
     assert (tmp_path / "file-store").is_dir()
+
+
+def test_the_provenance_table_keeps_every_value_in_its_cell():
+    """TensorBoard's provenance text is a markdown table: a command with line breaks and a `|`
+    (a `python -c` program) stays one row, its two cells intact."""
+    from gossip_powersgd.training.trackers import provenance_table
+
+    tags = {"command": "python -c 'import a\nprint(1 | 2)'", "backend": "local"}
+    lines = provenance_table(tags).splitlines()
+    assert lines[:2] == ["| | |", "|---|---|"] and len(lines) == 4
+    assert lines[2] == "| command | python -c 'import a\\nprint(1 \\| 2)' |"
+    assert lines[3] == "| backend | local |"
