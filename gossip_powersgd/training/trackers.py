@@ -53,10 +53,23 @@ def command_text(origin: Dict[str, Any]) -> str:
     return shlex.join(origin.get("command") or [])
 
 
+#: The characters that are markup inside a table cell of TensorBoard's markdown (Python-Markdown
+#: with tables: escapes, code, emphasis, links, cell ends) unless escaped by a backslash, as in
+#: CommonMark. A cell holds no block markup (headings, lists), so `#`, `-`, `.` stay as they are.
+MARKDOWN_INLINE = frozenset("\\`*_[]|")
+
+
 def provenance_table(tags: Dict[str, str]) -> str:
-    """The tags as a markdown table (TensorBoard's text): a value stays in its cell, its line breaks
-    escaped and its `|` too (a `python -c` program in the command)."""
-    cells = {k: escaped(v).replace("|", "\\|") for k, v in tags.items()}
+    """The tags as a markdown table (TensorBoard's text): a value stays in its cell and reads as
+    written: its line breaks escaped (`utils.escaped`), markdown's inline markup characters, `|`
+    and `\\` among them (a `python -c` program in the command), escaped by a backslash, `&` as
+    ``&amp;``."""
+
+    def cell(text: str) -> str:
+        marked = ("\\" + c if c in MARKDOWN_INLINE else c for c in escaped(text))
+        return "".join(marked).replace("&", "&amp;")  # an HTML entity is written as typed
+
+    cells = {k: cell(v) for k, v in tags.items()}
     return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in cells.items())
 
 

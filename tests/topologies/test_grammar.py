@@ -70,3 +70,14 @@ def test_topology_specs_take_the_grammars_brackets(bracketed, plain):
     graphs = [(a.at(t), b.at(t)) for t in range(4)] if hasattr(a, "at") else [(a, b)]
     for x, y in graphs:
         assert np.array_equal(x.W, y.W)
+
+
+def test_check_options_refuses_an_option_the_kind_does_not_take_listing_those_it_does():
+    from topologies.grammar import check_options, parse_spec
+
+    spec = "thing:a=1,b=2"
+    check_options(parse_spec(spec), ["a", "b", "c"], "thing", spec)  # every key known: no error
+    with pytest.raises(ValueError, match=r"^thing 'thing:a=1,b=2': unknown option 'b'; valid: a$"):
+        check_options(parse_spec(spec), ["a"], "thing", spec)
+    with pytest.raises(ValueError, match=r"unknown option 'a'; valid: none$"):
+        check_options(parse_spec(spec), [], "thing", spec)

@@ -362,5 +362,32 @@ def test_the_provenance_table_keeps_every_value_in_its_cell():
     tags = {"command": "python -c 'import a\nprint(1 | 2)'", "backend": "local"}
     lines = provenance_table(tags).splitlines()
     assert lines[:2] == ["| | |", "|---|---|"] and len(lines) == 4
-    assert lines[2] == "| command | python -c 'import a\\nprint(1 \\| 2)' |"
+    assert lines[2] == "| command | python -c 'import a\\\\nprint(1 \\| 2)' |"
     assert lines[3] == "| backend | local |"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "python -c 'print(1 \\| 2)'",  # a backslash before a `|` ended the cell there
+        "C:\\runs\\",  # a backslash at the end escaped the cell's closing `|`
+        "--set out_dir=runs/my_run_1 *x* [l](u) `c` ![i](u)",  # emphasis, links, code
+        "a & b &amp; <b>bold</b> a<b",  # entities and tags shown as typed
+        "import a\nprint('é')",  # a line break (escaped, `utils.escaped`), not ASCII
+    ],
+)
+def test_tensorboard_shows_each_provenance_value_as_written(value):
+    """Rendered by TensorBoard's own markdown (`plugin_util.markdown_to_safe_html`, what its Text
+    tab shows), each value is its cell's whole text, character for character (`utils.escaped`'s
+    one-line form): no markup of markdown or HTML in a command line is read as such."""
+    import html
+    import re
+
+    from tensorboard.plugin_util import markdown_to_safe_html
+
+    from gossip_powersgd.training.trackers import provenance_table
+    from gossip_powersgd.utils import escaped
+
+    shown = markdown_to_safe_html(provenance_table({"command": value, "backend": "local"}))
+    cells = [html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", shown, re.S)]
+    assert cells == ["command", escaped(value), "backend", "local"], shown
