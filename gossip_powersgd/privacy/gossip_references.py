@@ -12,21 +12,19 @@ on every candidate.
     refs = gossip_references(split, Candidates.of(split), train, count=4, seed=seed, observer=0)
     rounds = attack_run.neighbour_report(run, split, 0, refs, make_model, x_test)
 
-A reference run costs a whole training run, so each one's statistics are cached on disk
-(`reference_stats`, under `cache_dir`) and built once: a process that needs one while another
-builds it waits for it, so parallel attacked runs of one seed share their references. The cache
-is keyed by what determines a reference (the split, the training config, the count, the seed
-and the reference's index), not by the code: clear it after changing how a reference is made.
+A reference run costs a whole training run, so each one's statistics are cached on disk and built
+once (`reference_stats`, through `training.data_cache`: in ``$GOSSIP_POWERSGD_CACHE``, else
+``~/.cache/gossip_powersgd``, a folder of this user's; ``off`` builds them in every call): a
+process that needs one while another builds it waits for it, so parallel attacked runs of one seed
+share their references. The key is what determines a reference: the split, the training config,
+the count, the seed, the reference's index, the observer, torch's version and this library's source
+(`data_cache.code_digest`: a reference of older code is never read as this code's). Each file
+holds the digest of its arrays, checked on every read: a damaged or altered file is built again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
-import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple
@@ -34,35 +32,33 @@ from typing import Any, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
+from ..training import data_cache
+
 __all__ = ["cache_path", "gossip_references", "reference_stats"]
 
 
-def _cache_dir() -> Path:
-    return Path(tempfile.gettempdir()) / "gossip_powersgd_lira"
+#: The name of the cache files (`data_cache.cache_file`).
+CACHE_NAME = "lira-gossip-reference"
+
+
+def _recipe(split, train: Mapping[str, Any], count: int, seed: int, k: int, observer: int):
+    identity = dict(split=split.key(), train=dict(train), count=count, seed=seed, k=k)
+    return dict(identity, observer=observer, code=data_cache.code_digest())
 
 
 def cache_path(
-    split, train: Mapping[str, Any], count: int, seed: int, k: int, cache_dir: Optional[Path] = None
-) -> Path:
-    """Where reference k's statistics are kept: a hash of what determines them (the split, the
-    training config, the count and the seed)."""
-    text = json.dumps([split.key(), dict(train), count, seed, k], sort_keys=True)
-    name = hashlib.sha256(text.encode()).hexdigest()[:24]
-    return Path(cache_dir or _cache_dir()) / f"{name}.pt"
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    """Hold an exclusive lock beside `path`: a second process waits while the first builds it."""
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    split,
+    train: Mapping[str, Any],
+    count: int,
+    seed: int,
+    k: int,
+    cache_dir: Optional[Path] = None,
+    observer: int = 0,
+) -> Optional[Path]:
+    """Where reference k's statistics are kept (`cache_dir`, else the cache's folder): named by a
+    hash of what determines them (the module docstring); None when caching is off."""
+    recipe = _recipe(split, train, count, seed, k, observer)
+    return data_cache.cache_file(CACHE_NAME, recipe, ("torch",), cache_dir)
 
 
 def reference_stats(
@@ -78,17 +74,14 @@ def reference_stats(
     """(phi, loss) of every candidate under reference run k of `count` (the module docstring):
     `train` (a `gossip_powersgd.run` config, seeded 1000 seed + k) on `split` with `observer`
     recording, each victim on its half of the candidates that mask k of
-    `lira.inclusion_masks(candidates, count, seed)` includes. Built once, cached on disk."""
+    `lira.inclusion_masks(candidates, count, seed)` includes. Built once, cached on disk (in
+    `cache_dir` if given)."""
     from gossip_powersgd.privacy.attack_run import observe
     from gossip_powersgd.privacy.lira import inclusion_masks, logit_confidence
     from gossip_powersgd.privacy.membership import loss_scores, model_with_parameters
     from gossip_powersgd.training.models import build_model
 
-    path = cache_path(split, train, count, seed, k, cache_dir)
-    with _locked(path):
-        if path.exists():
-            saved = torch.load(path, weights_only=True)
-            return saved["phi"].numpy(), saved["loss"].numpy()
+    def build():
         base, mask = split.data(), inclusion_masks(len(candidates.y), count, seed=seed)[k]
         index = np.concatenate([np.r_[split.members[v], split.heldout[v]] for v in split.victims])
         members = dict(split.members)
@@ -103,10 +96,11 @@ def reference_stats(
             where = np.flatnonzero(candidates.victim == v)
             x, y = candidates.x[torch.from_numpy(where)], candidates.y[torch.from_numpy(where)]
             phi[where], loss[where] = logit_confidence(model, x, y), -loss_scores(model, x, y)
-        partial = path.with_suffix(".part")
-        torch.save({"phi": torch.from_numpy(phi), "loss": torch.from_numpy(loss)}, partial)
-        os.replace(partial, path)
-        return phi, loss
+        return {"phi": phi, "loss": loss}
+
+    recipe = _recipe(split, train, count, seed, k, observer)
+    stats = data_cache.cached(CACHE_NAME, recipe, build, ("torch",), cache_dir)
+    return stats["phi"], stats["loss"]
 
 
 def gossip_references(

@@ -13,13 +13,17 @@ that they all loaded the same data still runs).
 
 The folder is ``$GOSSIP_POWERSGD_CACHE``, else ``$XDG_CACHE_HOME/gossip_powersgd``, else
 ``~/.cache/gossip_powersgd``; ``GOSSIP_POWERSGD_CACHE=off`` generates in every process as before.
-A folder that cannot be written is the same as ``off``.
+A folder that cannot be written is the same as ``off``. Other arrays that cost a computation keep
+there the same way (LiRA's gossip-trained references, `privacy.gossip_references`), their recipe
+holding `code_digest()` where the library's own code computes them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import importlib
 import json
 import os
 import tempfile
@@ -115,23 +119,49 @@ def _write(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
         raise
 
 
+@functools.lru_cache(maxsize=None)
+def code_digest() -> str:
+    """sha256 over this library's source (every .py file of gossip_powersgd and topologies, by
+    path and bytes): part of the recipe of what the library's code computes, so that a cached
+    result of older code is never read as this code's."""
+    h = hashlib.sha256()
+    for package in ("gossip_powersgd", "topologies"):
+        root = Path(importlib.import_module(package).__file__).resolve().parent
+        for path in sorted(root.rglob("*.py")):
+            h.update(f"{package}/{path.relative_to(root).as_posix()}\0".encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:24]
+
+
+def cache_file(
+    name: str, recipe: Mapping[str, Any], packages: Sequence[str] = (), folder=None
+) -> Optional[Path]:
+    """Where `cached` keeps `name` made by `recipe`: in `folder`, else `cache_dir()`; None when
+    caching is off."""
+    folder = cache_dir() if folder is None else Path(folder)
+    if folder is None:
+        return None
+    return folder / f"{name}-{cache_key(name, recipe, packages)}.npz"
+
+
 def cached(
     name: str,
     recipe: Mapping[str, Any],
     generate: Callable[[], Mapping[str, np.ndarray]],
     packages: Sequence[str] = (),
+    folder=None,
 ) -> Dict[str, np.ndarray]:
     """`generate()`'s arrays, from the cache when this machine made them before (see the module
-    docstring); `packages` are the libraries whose versions the arrays depend on."""
-    folder = cache_dir()
-    if folder is not None:
+    docstring); `packages` are the libraries whose versions the arrays depend on; `folder`, if
+    given, the cache's folder instead of `cache_dir()`."""
+    path = cache_file(name, recipe, packages, folder)
+    if path is not None:
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
         except OSError:
-            folder = None
-    if folder is None or not os.access(folder, os.W_OK):
+            path = None
+    if path is None or not os.access(path.parent, os.W_OK):
         return {k: np.asarray(v) for k, v in generate().items()}
-    path = folder / f"{name}-{cache_key(name, recipe, packages)}.npz"
     with _locked(path.with_name(path.name + ".lock")):
         arrays = _read(path) if path.exists() else None
         if arrays is None:
@@ -141,4 +171,12 @@ def cached(
     return arrays
 
 
-__all__ = ["cached", "cache_dir", "cache_key", "arrays_digest", "CACHE_VARIABLE"]
+__all__ = [
+    "cached",
+    "cache_dir",
+    "cache_file",
+    "cache_key",
+    "code_digest",
+    "arrays_digest",
+    "CACHE_VARIABLE",
+]

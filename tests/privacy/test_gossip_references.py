@@ -24,7 +24,7 @@ def test_gossip_references_are_built_once_and_read_back(tmp_path):
     n = len(candidates.y)
     assert refs.masks.shape == refs.phi.shape == refs.loss.shape == (2, n)
     assert (refs.masks.sum(axis=0) == 1).all()  # every candidate IN one of the two
-    assert {p.name for p in tmp_path.glob("*.pt")} == {
+    assert {p.name for p in tmp_path.glob("*.npz")} == {
         cache_path(split, TRAIN, 2, 0, k, tmp_path).name for k in (0, 1)
     }
     again = gossip_references(split, candidates, TRAIN, 2, 0, 0, cache_dir=tmp_path)
@@ -34,7 +34,11 @@ def test_gossip_references_are_built_once_and_read_back(tmp_path):
     assert refs.loss[refs.masks].mean() < refs.loss[~refs.masks].mean()
 
 
-def test_the_cache_key_is_what_determines_a_reference():
+def test_the_cache_key_is_what_determines_a_reference(monkeypatch):
+    """Any change of split, recipe, count, seed, index, observer or the library's source names
+    another file; the same inputs the same file."""
+    from gossip_powersgd.training import data_cache
+
     split = make_split(SPLIT_DATA, 4, "iid", 0, victims=[1, 3], fraction=0.5, split_seed=0)
     other = make_split(SPLIT_DATA, 4, "iid", 0, victims=[1, 3], fraction=0.5, split_seed=1)
     base = cache_path(split, TRAIN, 2, 0, 0)
@@ -45,5 +49,29 @@ def test_the_cache_key_is_what_determines_a_reference():
         cache_path(split, TRAIN, 4, 0, 0),
         cache_path(split, TRAIN, 2, 1, 0),
         cache_path(split, TRAIN, 2, 0, 1),
+        cache_path(split, TRAIN, 2, 0, 0, observer=2),
     ]
-    assert len({base, *changed}) == 6
+    monkeypatch.setattr(data_cache, "code_digest", lambda: "edited code")
+    changed.append(cache_path(split, TRAIN, 2, 0, 0))
+    assert len({base, *changed}) == 8
+
+
+def test_a_damaged_reference_file_is_built_again_and_off_keeps_nothing(tmp_path, monkeypatch):
+    """A cache file whose arrays no longer match their digest (altered, or cut short) is not
+    read: the reference is trained again, to the same numbers. GOSSIP_POWERSGD_CACHE=off writes
+    no file and gives the same numbers too (a reference is a deterministic run of its seed)."""
+    from gossip_powersgd.privacy.gossip_references import reference_stats
+
+    split = make_split(SPLIT_DATA, 4, "iid", 0, victims=[1, 3], fraction=0.5, split_seed=0)
+    candidates = Candidates.of(split)
+    phi, loss = reference_stats(split, candidates, TRAIN, 2, 0, 0, 0, cache_dir=tmp_path)
+    path = cache_path(split, TRAIN, 2, 0, 0, tmp_path)
+    with np.load(path) as data:
+        stored = {k: data[k] for k in data.files}
+    np.savez(path, **dict(stored, phi=stored["phi"] + 1.0))  # its digest now disagrees
+    again = reference_stats(split, candidates, TRAIN, 2, 0, 0, 0, cache_dir=tmp_path)
+    assert np.array_equal(again[0], phi) and np.array_equal(again[1], loss)
+    monkeypatch.setenv("GOSSIP_POWERSGD_CACHE", "off")
+    assert cache_path(split, TRAIN, 2, 0, 0) is None
+    fresh = reference_stats(split, candidates, TRAIN, 2, 0, 0, 0)
+    assert np.array_equal(fresh[0], phi) and np.array_equal(fresh[1], loss)
