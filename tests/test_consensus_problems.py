@@ -1,7 +1,7 @@
 """gossip_powersgd/consensus_problems: the consensus problems' closed forms (the spectral problem's
 singular values and norm, the low-rank problem's rank, the offset problem's consensus distance),
 seeding, and one-line errors for bad names. The trained-models problem is read back in
-tests/experiments/pages/test_consensus.py, beside the hook that saves the models."""
+tests/experiments/pages/consensus/test_instance.py, beside the hook that saves the models."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """metrics.py: the consensus distance, the parameter average and the mean degree a run's traffic
 formula uses (their all-reduces are metric traffic), and a curve's error at matched bits, log-log
-interpolated (moved from tests/experiments/pages/test_consensus.py, where the curves themselves
+interpolated (moved from the consensus page's tests, where the curves themselves
 are measured on the page's problems)."""
 
 import math

@@ -1,5 +1,5 @@
 """experiments/suite (runs.py, tables.py): table building and the projected-time model on synthetic
-numbers; the training page's targets on them. (The pages' --quick runs: tests/experiments/pages/test_every_page.py.)"""
+numbers, the seeds' histories combined; the training page's targets on them. (The pages' --quick runs: tests/experiments/pages/test_every_page.py.)"""
 
 import csv
 import io
@@ -10,6 +10,9 @@ import pytest
 from experiments.pages.training import design
 from experiments.pages.training.state import targets
 from experiments.suite import runs, tables
+from experiments.suite.runs import combine
+
+from tests.experiments.pages.training._support import CHEAP, _row
 
 
 def _summary(algorithm, mb, steps=100, acc=0.9, compute=2.0, gossip=0.5):
@@ -97,3 +100,13 @@ def test_failed_row_is_reported_not_lost():
     row = {"topology": "ring:8", "partition": "iid", "label": "x", "error": "RuntimeError: boom"}
     table = tables.build_table(_rows() + [row])
     assert "FAILED: RuntimeError: boom" in table
+
+
+def test_combine_averages_the_histories_of_the_seeds():
+    a = dict(CHEAP, seed=0)
+    b = dict(_row(CHEAP["label"], [(2, 0.5, 0.55), (4, 1.0, 0.80), (6, 1.5, 0.90)]), seed=1)
+    both = combine([a, b])
+    assert both["seed_list"] == [0, 1]
+    assert [e["acc_avg"] for e in both["evals"]] == pytest.approx([0.50, 0.79, 0.89])
+    assert [e["mb"] for e in both["evals"]] == [0.5, 1.0, 1.5]
+    assert both["curve"][-1] == (1.5, pytest.approx(0.89))

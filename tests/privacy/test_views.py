@@ -158,7 +158,7 @@ def test_the_attack_pages_network_section():
     # computes x_2 + eta_2 exactly (tests/privacy/test_network_dp.py), every pair at the ceiling 0.726.
     small = network_dp(dict(NETWORK, topologies=["ring:4"], cases=[["once", 2]]))
     assert "| once | 2 | ring:4 | 0.726 | 0.726 | 0.726 | 100 % | 0.726 |" in network_text(small)
-    # The page's rows: tests/experiments/pages/test_privacy_attacks.py
+    # The page's rows: tests/experiments/pages/privacy_attacks/
 
 
 # ---- observers on schedules, through the declared message layout --------------------------------

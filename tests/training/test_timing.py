@@ -1,6 +1,6 @@
 """training/timing.py: a training step timed period by period (the period count that fills the
 budget, one peer alone on the echo transport), and a step's recorded communication replayed with
-the very bytes and rounds it sent (moved from tests/experiments/pages/test_bandwidth.py)."""
+the very bytes and rounds it sent (moved from the bandwidth page's tests)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A page's --quick sweep, run once per test session and read by every test that checks it:
-test_every_page.py's check of each page, and a page's own tests (test_churn.py, test_bench_scale.py).
+test_every_page.py's check of each page, and a page's own tests (churn/, bench_scale/).
 
 Under pytest-xdist the workers share it through the session's common temporary folder, under a
 file lock (pytest-xdist's own recipe for a session fixture run once): the first to ask runs the
@@ -21,6 +21,7 @@ from filelock import FileLock
 
 from experiments.engine.cli import main
 from experiments.pages import pages
+
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -10,6 +10,8 @@ from experiments.pages import bench_dp
 pytest.importorskip("opacus")
 
 # Opacus' hooks engine (a candidate) warns about backward hooks on its first layer, as in training.
+
+
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
     pytest.mark.filterwarnings("ignore:Using a non-full backward hook"),

@@ -17,6 +17,7 @@ from experiments.engine.cli import main
 from experiments.pages import pages
 from tests.experiments.pages.conftest import checkout_state
 
+
 ROOT = Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "experiments" / "results"
 PAGES = sorted(pages())

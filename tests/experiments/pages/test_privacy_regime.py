@@ -12,6 +12,7 @@ from experiments.engine import RowFile
 from experiments.pages import privacy_regime as sweep
 from experiments.pages.privacy_attacks import regimes
 
+
 RESULTS = Path(__file__).resolve().parents[3] / "experiments" / "results"
 
 

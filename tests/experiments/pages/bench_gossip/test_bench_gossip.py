@@ -1,9 +1,8 @@
-"""experiments/pages/bench_gossip: its measurements on a tiny parameter set, 2 steps, LocalCluster;
-its `before` path (an earlier commit's PowerGossip beside this tree's); its shapes come from the zoo.
+"""experiments/pages/bench_gossip/__init__.py: the benchmark's core on a tiny parameter set, the
+earlier commits' PowerGossip run beside this tree's, a settings row holding its summary and raw
+numbers and rendering."""
 
-No timing assertions: only that the fields are there and that the bytes the transport counted equal
-`bytes_per_step()` and the message-size formula.
-"""
+from __future__ import annotations
 
 import json
 
@@ -11,22 +10,21 @@ import pytest
 import torch
 
 import topologies
-from experiments.pages._bench import compare_params, model_shapes
 from experiments.pages._commit_code import previous_powergossip
 from experiments.pages.bench_gossip import summarize_setting
 from experiments.pages.bench_gossip.measure import (
     BenchConfig,
-    before_powergossip,
-    block_order,
     isolated_benchmark,
     peer_benchmark,
 )
 from experiments.pages.bench_gossip.report import render_markdown
 from gossip_powersgd import LocalCluster
-from gossip_powersgd.training.models import build_model
 
 # The commit before Architecture II touched algorithms/ (what the committed page compares with).
+
+
 BEFORE = "6df8d52"
+
 
 # Two compressed matrices of different shapes (one of them a conv weight) and one 1-D tensor.
 SHAPES = [("w", (8, 6)), ("conv", (4, 3, 2, 2)), ("bias", (8,))]
@@ -142,11 +140,6 @@ def test_before_runs_the_earlier_commits_powergossip_beside_this_trees():
     assert f"PowerGossip r=1 batched, `{BEFORE}`" in page
 
 
-def test_a_commit_git_cannot_read_is_a_one_line_error():
-    with pytest.raises(ValueError, match="cannot read gossip_powersgd/algorithms/powergossip.py"):
-        before_powergossip("no-such-commit")
-
-
 @pytest.mark.skipif(not _has_history(), reason=f"needs a clone with commit {BEFORE}")
 def test_a_settings_row_holds_its_summary_and_raw_numbers_and_renders():
     from experiments.engine import Record, Rows
@@ -164,34 +157,3 @@ def test_a_settings_row_holds_its_summary_and_raw_numbers_and_renders():
     page = bench_gossip.render(Rows("bench_gossip", True, [record], 1))["bench_gossip.md"]
     assert "| resnet20 · ring:4 · local | " in page
     assert "final parameters bit-identical in all settings: yes." in page
-
-
-def test_block_order_puts_batched_and_before_first_equally_often():
-    names = ["batched", "before", "naive"]
-    orders = [block_order(names, rep) for rep in range(4)]
-    assert [o[0] for o in orders].count("batched") == [o[0] for o in orders].count("before") == 1
-    positions = {n: sum(o.index(n) for o in orders) for n in names}
-    assert positions["batched"] == positions["before"]
-    # Without "before", the A B, B A alternation of the earlier pages.
-    assert [block_order(["batched", "naive"], rep) for rep in range(3)] == [
-        ["batched", "naive"],
-        ["naive", "batched"],
-        ["batched", "naive"],
-    ]
-
-
-def test_compare_params_is_bitwise():
-    a = [torch.tensor([0.0, 1.0]), torch.ones(2, 2)]
-    assert compare_params(a, [t.clone() for t in a]) == {"identical": True, "max_difference": 0.0}
-    b = [torch.tensor([-0.0, 1.0]), torch.ones(2, 2)]  # equal as numbers, not as bits
-    assert compare_params(a, b) == {"identical": False, "max_difference": 0.0}
-    c = [torch.tensor([0.0, 1.0]), torch.full((2, 2), 1.5)]
-    assert compare_params(a, c) == {"identical": False, "max_difference": 0.5}
-
-
-@pytest.mark.parametrize(
-    "model, spec", [("resnet20", "resnet20"), ("vgg16", "vgg16:bn=false"), ("vgg16_bn", "vgg16")]
-)
-def test_shapes_are_the_zoo_models_the_trainer_builds(model, spec):
-    built = build_model(spec, (3, 32, 32), 10)
-    assert model_shapes(model) == [(n, tuple(p.shape)) for n, p in built.named_parameters()]

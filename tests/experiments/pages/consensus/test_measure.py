@@ -1,12 +1,11 @@
-"""experiments/pages/consensus: the consensus measurements on tiny settings (bit accounting from
-the transport, budget brackets, dtype and precision floor), matched-bit cells, the winner map, one
-instance run and drawn from its row, the trained-models problem read back, and the MPI transport
-giving the very numbers of the in-process one. The log-log interpolation at matched bits is
-tested in tests/test_metrics.py, the problems' closed forms in tests/test_consensus_problems.py."""
+"""experiments/pages/consensus/measure.py: the consensus measurements on tiny settings (bit accounting
+from the transport, budget brackets, dtype and precision floor), matched-bit cells, the tuned
+baselines, and the MPI transport giving the very numbers of the in-process one. The log-log
+interpolation at matched bits is tested in tests/test_metrics.py, the problems' closed forms in
+tests/test_consensus_problems.py."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 
@@ -14,17 +13,15 @@ import pytest
 import torch
 
 import topologies
-from experiments.engine import Record, Run
-from experiments.pages import consensus as page
-from experiments.pages.consensus import files, instance, measure
+from experiments.pages.consensus import files, measure
 from gossip_powersgd import LocalCluster, metrics
-from gossip_powersgd import consensus_problems as problems
 
 from tests.conftest import run_mpi
+from tests.experiments.pages.consensus._support import TINY
 
 torch.set_num_threads(1)
 
-TINY = "matrix:20"
+
 PG = "powergossip:rank=1,iters=1,warm=true"
 
 
@@ -136,19 +133,6 @@ def test_tuned_baselines_are_swept_and_top_k_matched():
         measure.expand(["exact", "exact"], [0.1], None)
 
 
-def test_the_plan_is_the_pages_25_instances():
-    runs = page.plan(False, {})
-    assert (
-        len(runs) == 25
-        and runs[0].key == "ring:8/matrix"
-        and runs[-1].key == "torus:4x4/offset:beta=10"
-    )
-    models = [r for r in runs if r.config["problem"].startswith("models:")]
-    assert len(models) == 3 and all(r.config["seeds"] == [0] for r in models)
-    full = [r.key for r in runs if r.config["reseed"] is not None]
-    assert full == ["ring:8/matrix", "ring:8/cnn", "torus:4x4/matrix"]
-
-
 def _floor_curve(comm, spec, dtype):
     return measure.consensus_curve(
         comm, "matrix:12", spec, 400, math.inf, (1e4,), dtype=dtype, stop_at_floor=True
@@ -206,159 +190,6 @@ def test_matched_cells_interpolate_at_the_budget_and_bound_early_stops():
     assert measure.reach_cells(history) == {1e-2: pytest.approx(100.0), 1e-4: None}
 
 
-def _result(label, spec, seed, relative, reach=None, gamma=None, swept=False):
-    row = {
-        "bits_per_peer": 1e5,
-        "error": relative * 10,
-        "relative": relative,
-        "bound": False,
-        "at_floor": False,
-    }
-    cells = {1e5: {"status": "ok", "row": row}}
-    return {
-        "label": label,
-        "spec": spec,
-        "seed": seed,
-        "gamma": gamma,
-        "swept": swept,
-        "budgets": cells,
-        "reach": {1e-2: reach, 1e-4: None},
-    }
-
-
-def test_winner_map_takes_means_over_seeds_and_flags_disagreeing_seeds():
-    results = [
-        _result("PowerGossip r1", "pg", s, e, reach=b)
-        for s, e, b in ((0, 1.0, 10.0), (1, 1.0, 30.0), (2, 1.0, 20.0))
-    ]
-    results += [
-        _result("Choco sign", f"choco,gamma={g}", 0, e, gamma=g, swept=True, reach=5.0)
-        for g, e in ((0.1, 5.0), (1.0, 0.5))
-    ]
-    results += [
-        _result("Choco sign", "choco,gamma=1.0", s, e, gamma=1.0, swept=True, reach=5.0)
-        for s, e in ((1, 1.9), (2, 0.5))
-    ]
-    summary = measure.summarize([r for r in results if r["seed"] == 0], (1e5,))
-    record = {"summary": summary, "results": results, "budgets": [1e5]}
-    cell = files.winner_cell(record, "budget", 1e5)
-    assert cell["winner"] == "Choco sign" and cell["runner_up"] == "PowerGossip r1"
-    assert cell["margin"] == pytest.approx(
-        1.0 / ((0.5 + 1.9 + 0.5) / 3)
-    )  # Choco at gamma=1 on seed 0 too
-    assert cell["spread"] == (pytest.approx(1 / 1.9), pytest.approx(2.0)) and cell["disagree"] == [
-        1
-    ]
-    reach = files.winner_cell(record, "reach", 1e-2)
-    assert reach["winner"] == "Choco sign" and reach["margin"] == pytest.approx(20.0 / 5.0)
-    assert "seed 1" in files.winner_text(cell)
-    assert files.powergossip_ratio(record, "reach", 1e-2) == pytest.approx(4.0)
-
-
-def test_models_problem_reads_the_saved_epochs(tmp_path):
-    from experiments.pages.consensus.instance import SaveAtEpochs
-
-    model = torch.nn.Linear(3, 2)
-    hook = SaveAtEpochs((1, 3))
-    hook.setup(type("Context", (), {"model": model, "steps_per_epoch": 2})())
-    snapshots = {}
-    for step in range(6):
-        with torch.no_grad():
-            model.weight.add_(1.0)
-        hook.after_gossip(step)
-        snapshots[step] = model.weight.detach().clone()
-    assert sorted(hook.saved) == [1, 3]
-    assert torch.equal(hook.saved[1][0], snapshots[1]) and torch.equal(
-        hook.saved[3][0], snapshots[5]
-    )
-    path = tmp_path / "models.pt"
-    torch.save({"epochs": {1: {0: hook.saved[1], 1: hook.saved[3]}}}, path)
-    peer = problems.make_problem("models:epoch=1", 1, torch.float64, models_file=path)
-    assert peer[0].dtype == torch.float64 and torch.equal(peer[0], snapshots[5].double())
-    with pytest.raises(ValueError, match="saved at epochs"):
-        problems.make_problem("models:epoch=3", 0, models_file=path)
-    with pytest.raises(ValueError, match="no trained models"):
-        problems.make_problem("models:epoch=1", 0, models_file=tmp_path / "missing.pt")
-
-
-def _instance(tmp_path, problem, algorithms, reseed, seeds, budgets=(1e4, 3e4)):
-    config = dict(
-        topology="ring:4", problem=problem, algorithms=algorithms, reseed=reseed, seeds=list(seeds)
-    )
-    config.update(gammas=[0.1, 1.0], budgets=list(budgets), dtype="float64", stop_relative=1e-12)
-    row = json.loads(
-        json.dumps(instance.run_instance(**config, models_dir=str(tmp_path)))
-    )  # as stored
-    run = Run(f"ring:4/{problem}", config)
-    record = Record(
-        run.key, **run.identity(), quick=True, row=row, commit="c", finished="f", seconds=1.0
-    )
-    return row, page.load_instance(record, "cmd")
-
-
-def test_seeds_rerun_the_chosen_algorithms_at_seed_zeros_best_gamma(tmp_path):
-    specs = ["exact", "choco:compressor=sign", "choco:compressor=topk:0.2"]
-    row, inst = _instance(
-        tmp_path, "lowrank:r=2,sigma=0.1,n=12", specs, ["exact", "choco:compressor=sign"], (0, 1)
-    )
-    by_seed = {s: [r for r in inst["results"] if r["seed"] == s] for s in (0, 1)}
-    assert len(by_seed[0]) == 5 and {r["label"] for r in by_seed[1]} == {
-        "exact gossip",
-        "Choco sign",
-    }
-    assert sorted(r["stage"] for r in by_seed[0] if r["swept"]) == [
-        "full",
-        "full",
-        "screen",
-        "screen",
-    ]
-    best = inst["summary"]["Choco sign"]["plot_spec"]
-    assert [r["spec"] for r in by_seed[1] if r["label"] == "Choco sign"] == [best]
-    from experiments.pages.consensus.page import page as draw
-
-    text = draw([inst], "made by", {"seconds": 1.0, "cpu_count": 2, "machine": "x"})
-    assert "## Winner map" in text and "| ring:4 | lowrank:r=2,sigma=0.1,n=12 | 2 |" in text
-    assert files.heat_map([inst], inst["budgets"])[:4] == b"\x89PNG"
-
-
-def test_packed_curves_read_back_bit_for_bit(tmp_path):
-    row, inst = _instance(
-        tmp_path, TINY, ["exact", "powergossip:rank=1,iters=1"], None, (0, 1), (1e4, 3e4)
-    )
-    assert [r["file"] for r in inst["results"]] == [
-        "exact.jsonl",
-        "powergossip_rank=1_iters=1.jsonl",
-        "seed1/exact.jsonl",
-        "seed1/powergossip_rank=1_iters=1.jsonl",
-    ]
-    packed = files.curves_bytes(inst)
-    assert packed == files.curves_bytes(inst)  # no time stamp: the same runs, the same bytes
-    lines = [json.loads(x) for x in gzip.decompress(packed).decode().splitlines()]
-    # JSON writes a float's shortest repr, which parses back to the same double: equality.
-    assert [{k: v for k, v in x.items() if k != "run"} for x in lines] == [
-        r["curve"] for r in row["runs"]
-    ]
-    csv_rows = files.table_csv(inst).splitlines()
-    assert len(csv_rows) == 1 + 4 * 2  # every run and seed at every budget
-
-
-def test_page_lists_what_of_the_full_grid_did_not_run():
-    from experiments.pages.consensus.page import not_run
-
-    ran = [
-        {"topology": "ring:8", "problem": p}
-        for p in instance.FULL_GRID
-        if p != "lowrank:r=16,sigma=0.3"
-    ]
-    ran.append({"topology": "torus:4x4", "problem": "matrix"})
-    missing = not_run(ran)
-    assert missing["ring:8"] == ["lowrank:r=16,sigma=0.3"]
-    # the trained models exist for ring:8 only, so a torus page does not count them as missing
-    assert "matrix" not in missing["torus:4x4"] and "cnn" in missing["torus:4x4"]
-    assert not any(p.startswith("models:") for p in missing["torus:4x4"])
-    assert len(missing["torus:4x4"]) == len(instance.FULL_GRID) - 1 - 3
-
-
 MPI_SCRIPT = """
 import json, math, topologies
 from mpi4py import MPI
@@ -371,6 +202,8 @@ for spec in json.loads(%r):
 if MPI.COMM_WORLD.rank == 0:
     print(json.dumps(out))
 """
+
+
 MPI_SPECS = ["exact", PG, "choco:compressor=topk:0.05,gamma=0.3", "choco:compressor=sign,gamma=1"]
 
 

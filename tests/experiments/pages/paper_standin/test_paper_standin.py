@@ -1,7 +1,7 @@
-"""experiments/pages/paper_standin on its --quick setting: the measured floats per exchange equal
-the closed form, every gossip row's bytes follow its rounds, local steps divide exact gossip's
-traffic by H, another seed draws everything anew, and the page drawn from these rows lists the
-other seed beside seed 0; accuracy at equal bytes on hand-made rows."""
+"""experiments/pages/paper_standin/__init__.py on its --quick setting: the measured floats per
+exchange equal the closed form, every gossip row's bytes follow its rounds, local steps divide exact
+gossip's traffic by H, another seed draws everything anew, and the page drawn from these rows lists
+the other seed beside seed 0."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from experiments.engine import Record, Rows, Run
 from experiments.pages import paper_standin
-from experiments.pages.paper_standin import page as text
+
 
 LABELS = ("exact gossip", "PowerGossip r1", "exact gossip H=4", "exact gossip H=16")
 
@@ -73,17 +73,3 @@ def test_quick_rows_obey_the_closed_forms_and_draw_the_page():
     assert len(out["paper_standin.csv"].splitlines()) == 1 + sum(
         len(r["evals"]) for r in main["rows"]
     )
-
-
-def _row(label, curve):
-    evals = [{"epoch": e, "mb": mb, "acc_avg": acc} for e, (mb, acc) in enumerate(curve, 1)]
-    return {"label": label, "algorithm": label, "mb_per_peer": curve[-1][0], "evals": evals}
-
-
-def test_accuracy_at_equal_bytes_takes_the_last_evaluation_within_the_budget():
-    cheap = _row("cheap", [(1.0, 0.2), (2.0, 0.4)])
-    dear = _row("dear", [(1.5, 0.3), (3.0, 0.5), (6.0, 0.7)])
-    assert text.accuracy_at(dear, 2.0)["acc_avg"] == 0.3
-    assert text.accuracy_at(dear, 6.0)["acc_avg"] == 0.7
-    assert text.accuracy_at(dear, 1.0) is None  # first evaluation after the budget
-    assert text._budgets([dear, cheap]) == [("cheap", 2.0), ("dear", 6.0)]
