@@ -6,6 +6,7 @@ Every module (or package) here whose name does not start with "_" is a page: imp
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from typing import Dict
@@ -15,13 +16,21 @@ from experiments.engine import Page
 _PAGES: Dict[str, Page] = {}
 
 
+def owner(page: Page) -> str:
+    """The module that registered `page`: its render function's (through `functools.partial`)."""
+    render = page.render
+    while isinstance(render, functools.partial):
+        render = render.func
+    return render.__module__
+
+
 def register(page: Page) -> Page:
     """Add `page` to the registry (a name registered twice by two modules is refused)."""
     known = _PAGES.get(page.name)
-    if known is not None and known.render.__module__ != page.render.__module__:
+    if known is not None and owner(known) != owner(page):
         raise ValueError(
-            f"page {page.name!r} is registered by {known.render.__module__} and "
-            f"{page.render.__module__}: give one of them another name"
+            f"page {page.name!r} is registered by {owner(known)} and {owner(page)}: give one of "
+            "them another name"
         )
     _PAGES[page.name] = page
     return page

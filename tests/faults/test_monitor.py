@@ -241,32 +241,6 @@ def test_a_stop_counts_from_the_look_that_saw_it(monkeypatch):
         m.endpoint.close()
 
 
-# ---- the stop threshold a run sets ------------------------------------------------------------------
-@pytest.mark.parametrize("text, expected", [(None, 15.0), ("5", 5.0), ("3", 3.0), ("3600", 3600.0)])
-def test_the_stop_threshold_is_the_runs_setting_or_the_default(monkeypatch, text, expected):
-    from gossip_powersgd import faults
-
-    if text is None:
-        monkeypatch.delenv(faults.STOPPED_VAR, raising=False)
-    else:
-        monkeypatch.setenv(faults.STOPPED_VAR, text)
-    assert faults.STOPPED_SECONDS == 15.0  # the documented default (docs/concepts/failures.md)
-    assert faults.stopped_seconds() == expected
-
-
-@pytest.mark.parametrize("text", ["abc", "", "2.9", "0", "-5", "nan", "inf", "3601"])
-def test_a_stop_threshold_outside_its_range_is_refused_in_one_line(monkeypatch, text):
-    """Below GAP_SECONDS a rank's own pause could not be told from a stopped peer's."""
-    from gossip_powersgd import faults
-
-    monkeypatch.setenv(faults.STOPPED_VAR, text)
-    with pytest.raises(ValueError) as raised:
-        faults.stopped_seconds()
-    line = str(raised.value)
-    assert "\n" not in line and line.startswith(f"GOSSIP_STOPPED_SECONDS={text!r} is not a number")
-    assert "from 3 to 3600: set it to one (e.g. 15, the default) or unset it" in line
-
-
 @pytest.mark.mpi
 @pytest.mark.torchrun
 @pytest.mark.parametrize("launcher", ["mpi", "torch"])

@@ -1,0 +1,75 @@
+"""gossip_powersgd/faults/__init__.py: a run's stop threshold (GOSSIP_STOPPED_SECONDS, or the
+default; a value outside its range refused in one line), the monitor started only for a launched
+run of several processes, and a rank that fails before its transport counting itself in torchrun's
+store and waiting for the others (at most its grace). The monitor itself: test_monitor.py."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gossip_powersgd import faults
+
+
+@pytest.mark.parametrize("text, expected", [(None, 15.0), ("5", 5.0), ("3", 3.0), ("3600", 3600.0)])
+def test_the_stop_threshold_is_the_runs_setting_or_the_default(monkeypatch, text, expected):
+    if text is None:
+        monkeypatch.delenv(faults.STOPPED_VAR, raising=False)
+    else:
+        monkeypatch.setenv(faults.STOPPED_VAR, text)
+    assert faults.STOPPED_SECONDS == 15.0  # the documented default (docs/concepts/failures.md)
+    assert faults.stopped_seconds() == expected
+
+
+@pytest.mark.parametrize("text", ["abc", "", "2.9", "0", "-5", "nan", "inf", "3601"])
+def test_a_stop_threshold_outside_its_range_is_refused_in_one_line(monkeypatch, text):
+    """Below GAP_SECONDS a rank's own pause could not be told from a stopped peer's."""
+    monkeypatch.setenv(faults.STOPPED_VAR, text)
+    with pytest.raises(ValueError) as raised:
+        faults.stopped_seconds()
+    line = str(raised.value)
+    assert "\n" not in line and line.startswith(f"GOSSIP_STOPPED_SECONDS={text!r} is not a number")
+    assert "from 3 to 3600: set it to one (e.g. 15, the default) or unset it" in line
+
+
+def test_no_monitor_starts_outside_a_launcher_or_for_one_process(monkeypatch):
+    monkeypatch.setattr(faults, "_monitor", None)
+    monkeypatch.setattr(faults.liveness, "launched_rank", lambda: None)
+    assert faults.start() is None and faults.current() is None and not faults.handled()
+    assert faults.start(rank=0, size=1) is None and faults.current() is None
+
+
+class _Store:
+    """torchrun's store as `wait_for_failed_peers` uses it: `add(key, n)` returns the new count;
+    `others` ranks count themselves after `after` calls."""
+
+    def __init__(self, others=0, after=0):
+        self.count, self.calls, self.others, self.after = 0, 0, others, after
+
+    def add(self, key, amount):
+        assert key == "failed"
+        self.calls += 1
+        if self.calls == self.after:
+            self.count += self.others
+        self.count += amount
+        return self.count
+
+
+def test_a_failing_rank_waits_until_every_rank_has_counted_itself():
+    store = _Store(others=3, after=5)
+    began = time.monotonic()
+    faults.wait_for_failed_peers(store, 4, seconds=30)
+    assert store.count == 4 and store.calls == 5 and time.monotonic() - began < 5
+
+
+def test_a_failing_rank_waits_no_longer_than_its_grace_nor_for_a_store_that_is_gone():
+    began = time.monotonic()
+    faults.wait_for_failed_peers(_Store(), 4, seconds=0.2)  # nobody else ever counts
+    assert 0.2 <= time.monotonic() - began < 2
+
+    class Gone:
+        def add(self, key, amount):
+            raise ConnectionResetError("the store's host is gone")
+
+    faults.wait_for_failed_peers(Gone(), 4, seconds=30)  # returns at once, raises nothing
