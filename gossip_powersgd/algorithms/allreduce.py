@@ -21,12 +21,21 @@ import torch
 
 from ..comm.base import Tensor, ring_allreduce_bytes
 from ..specs import check_seed, parse_bool, parse_seed
-from .base import FlatParams, GossipAlgorithm, NonFiniteError, Option, ParamsLike, load_tensors_
+from .base import (
+    FlatParams,
+    GossipAlgorithm,
+    NonFiniteError,
+    Option,
+    ParamsLike,
+    constructor_defaults,
+    load_tensors_,
+)
 from .layout import NoMessages
 from .lowrank import MatrixStack, matrix_stacks, orthonormalize_, warn_if_rank_unreachable
 
 if TYPE_CHECKING:
     from ..comm.base import Comm
+    from topologies import AnyTopology
 
 
 def _allreduce_bytes(comm: Comm, numel: int, itemsize: int) -> int:
@@ -134,6 +143,21 @@ class PowerSGDAllReduce(_Collective):
 
     acts_on = "gradients"
 
+    @staticmethod
+    def _check_arguments(rank, start_iter, min_compression_rate) -> None:
+        if int(rank) != rank or rank < 1:
+            raise ValueError(f"rank must be an integer >= 1, got {rank}")
+        if int(start_iter) != start_iter or start_iter < 0:
+            raise ValueError(f"start_iter must be an integer >= 0, got {start_iter}")
+        if not min_compression_rate >= 0:
+            raise ValueError(f"min_compression_rate must be >= 0, got {min_compression_rate}")
+
+    @classmethod
+    def check_config(cls, kwargs, topology: AnyTopology) -> None:
+        """The constructor's checks of rank, start_iter and compression rate, from the spec alone."""
+        given = {**constructor_defaults(cls), **kwargs}
+        cls._check_arguments(given["rank"], given["start_iter"], given["min_compression_rate"])
+
     def __init__(
         self,
         params: ParamsLike,
@@ -145,12 +169,7 @@ class PowerSGDAllReduce(_Collective):
         seed: int = 0,
     ):
         super().__init__(params, comm)
-        if int(rank) != rank or rank < 1:
-            raise ValueError(f"rank must be an integer >= 1, got {rank}")
-        if int(start_iter) != start_iter or start_iter < 0:
-            raise ValueError(f"start_iter must be an integer >= 0, got {start_iter}")
-        if not min_compression_rate >= 0:
-            raise ValueError(f"min_compression_rate must be >= 0, got {min_compression_rate}")
+        self._check_arguments(rank, start_iter, min_compression_rate)
         self.rank = int(rank)
         self.warm_start = bool(warm_start)
         self.start_iter = int(start_iter)

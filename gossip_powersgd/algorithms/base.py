@@ -4,6 +4,7 @@ tensors into one message, and the finiteness guard on everything sent."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import time
 import warnings
@@ -149,6 +150,17 @@ class Option:
     help: str = ""
 
 
+def constructor_defaults(cls) -> Dict[str, Any]:
+    """The constructor's keyword arguments and their defaults (`inspect.Parameter.empty` for
+    none): the defaults of the spec options that set them."""
+    parameters = inspect.signature(cls.__init__).parameters
+    return {
+        name: p.default
+        for name, p in parameters.items()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
+
+
 class GossipAlgorithm:
     """Base class: holds the parameters (updated in place) and the communicator.
 
@@ -204,8 +216,10 @@ class GossipAlgorithm:
     @classmethod
     def check_config(cls, kwargs: Dict[str, Any], topology: AnyTopology) -> None:
         """Config-time checks of the spec's parsed options against the run's topology (or
-        schedule), run on every rank before any collective; raise a one-line ValueError. Whether
-        the topology's direction suits the algorithm is checked from `directed` already."""
+        schedule), run as the config is validated where the topology's size is known and on every
+        rank before any collective; raise a one-line ValueError (the config's check puts the key
+        and the spec before it). Whether the topology's direction suits the algorithm is checked
+        from `directed` already."""
 
     def __init__(self, params: ParamsLike, comm: Comm):
         self.names, self.params = named_tensors(params)

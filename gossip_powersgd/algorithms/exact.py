@@ -25,9 +25,13 @@ def resolve_gamma(gamma: Optional[float], comm: Comm) -> float:
     """`None` means the topology's consensus step 2/(lambda_min + lambda_max) of I - W; on a
     schedule (whose W changes every step) it means 1, plain mixing with each step's W."""
     if gamma is None:
-        value = comm.topology.gamma if comm.is_static else 1.0
-    else:
-        value = float(gamma)
+        return check_gamma_positive(comm.topology.gamma if comm.is_static else 1.0)
+    return check_gamma_positive(gamma)
+
+
+def check_gamma_positive(gamma) -> float:
+    """`gamma` as a float, refused in one line unless it is > 0 (nan is not)."""
+    value = float(gamma)
     if not value > 0:
         raise ValueError(f"gamma must be > 0, got {gamma}")
     return value

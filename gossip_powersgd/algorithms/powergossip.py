@@ -51,11 +51,12 @@ from .base import (
     GossipAlgorithm,
     Option,
     ParamsLike,
+    constructor_defaults,
     require_undirected,
     step_weights,
     warn_if_unstable_gamma,
 )
-from .exact import mix_exact, resolve_gamma
+from .exact import check_gamma_positive, mix_exact, resolve_gamma
 from .kernels import form_factors_and_update, multiply_into_messages
 from .lowrank import orthonormalize_, warn_if_rank_unreachable
 from .powergossip_layout import LowRankProducts
@@ -140,12 +141,11 @@ class PowerGossip(GossipAlgorithm):
 
     @classmethod
     def check_config(cls, kwargs, topology: AnyTopology) -> None:
-        """The constructor's checks of rank, iterations and compression rate, from the spec alone."""
-        cls._check_arguments(
-            kwargs.get("rank", 1),
-            kwargs.get("num_iterations", 1),
-            kwargs.get("min_compression_rate", 1.0),
-        )
+        """The constructor's checks of rank, iterations, compression rate and γ, from the spec."""
+        given = {**constructor_defaults(cls), **kwargs}
+        cls._check_arguments(given["rank"], given["num_iterations"], given["min_compression_rate"])
+        if given["gamma"] is not None:  # > 0; outside exact gossip's stable range: only a warning
+            check_gamma_positive(given["gamma"])
 
     def __init__(
         self,

@@ -22,7 +22,7 @@ from .. import specs
 # Re-exported: algorithm option tables (and the experiments) parse their values with these.
 from ..specs import parse_bool, parse_optional_float  # noqa: F401
 from .allreduce import AllReduce, PowerSGDAllReduce
-from .base import GossipAlgorithm, Option
+from .base import GossipAlgorithm, Option, constructor_defaults
 from .choco import ChocoGossip
 from .deepsqueeze import DeepSqueeze
 from .exact import ExactGossip
@@ -49,17 +49,6 @@ ALGORITHMS = [
 ]
 
 REGISTRY: Dict[str, type] = {}
-
-
-def constructor_defaults(cls) -> Dict[str, Any]:
-    """The constructor's keyword arguments and their defaults (`inspect.Parameter.empty` for
-    none): the defaults of the spec options that set them."""
-    parameters = inspect.signature(cls.__init__).parameters
-    return {
-        name: p.default
-        for name, p in parameters.items()
-        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    }
 
 
 def _takes_any_keyword(cls) -> bool:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from ..algorithms import check_config, make_algorithm
+from ..algorithms import make_algorithm
 from ..comm.base import AgreementError
 from ..launch import collectively
 from ..utils import warn
@@ -34,6 +34,7 @@ from .config import (
 )
 from .features import peer_statistics_private
 from .hooks import HookList, SetupContext
+from .validation import check_algorithm
 
 if TYPE_CHECKING:
     from ..comm.base import Comm
@@ -117,7 +118,7 @@ def checked_config(comm: Comm, config, resume: bool) -> TrainConfig:
         )
     # the algorithm's own config-time checks (exact gossip's stable γ), on every rank before any
     # peer starts a collective the others would never join
-    check_config(config.algorithm_spec, wanted)
+    check_algorithm(config, wanted)
     comm.check_agreement("config", agreement_text(config))
     if resume and config.out_dir is None:
         raise ValueError("resume needs a run directory: set out_dir")

@@ -6,11 +6,14 @@ and the model exactly as training will (`validate_specs`). `config.py` re-export
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..comm.transports import TRANSPORTS
 from ..utils import one_line
 from .features import features, peer_statistics_private
+
+if TYPE_CHECKING:
+    from topologies import AnyTopology
 
 #: A `config.TrainConfig` (every key an attribute). The class is not imported, not even for type
 #: checking: config.py imports this module to re-export its names, and validation reads nothing
@@ -66,16 +69,35 @@ def resolve_topology(config: TrainConfig, world_size: Optional[int] = None):
 
 
 def _check_directed(c: TrainConfig, num_peers: Optional[int]) -> None:
-    """Refuse a directed topology (or schedule) for an algorithm that does not declare `directed`."""
+    """Refuse a directed topology (or schedule) for an algorithm that does not declare `directed`;
+    where the peers are known, the algorithm's own config-time checks too (`check_algorithm`)."""
     import topologies
 
     from ..algorithms import check_directed, parse_algorithm
 
     n = None if _has_size(c.topology) else (num_peers if num_peers is not None else 4)
+    topology = topologies.parse(c.topology, n=n)
     try:
-        check_directed(parse_algorithm(c.algorithm), topologies.parse(c.topology, n=n), c.topology)
+        check_directed(parse_algorithm(c.algorithm), topology, c.topology)
     except ValueError as exc:
         raise ValueError(f"bad value for 'algorithm': {one_line(exc)}") from None
+    if num_peers is not None:  # else the launcher's world sizes it: checked at set-up
+        check_algorithm(c, topology)
+
+
+def check_algorithm(c: TrainConfig, topology: AnyTopology) -> None:
+    """The algorithm's own config-time checks of its spec's values on the run's topology (an
+    option out of range, a γ outside the topology's stable range, a compressor missing), a
+    one-line ValueError naming 'algorithm' and the spec: "rank must be >= 1" alone, printed by
+    every process of a launch, would read as the process's rank."""
+    from ..algorithms import check_config
+
+    try:
+        check_config(c.algorithm_spec, topology)
+    except ValueError as exc:
+        raise ValueError(
+            f"bad value for 'algorithm': algorithm spec {c.algorithm!r}: {one_line(exc)}"
+        ) from None
 
 
 def validate_config(config: TrainConfig, deep: bool = True) -> None:

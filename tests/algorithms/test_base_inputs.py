@@ -1,6 +1,8 @@
 """Inputs an algorithm must refuse or flag: a consensus step outside the topology's stable range,
 repeated spec options and seeds the generators cannot take."""
 
+import dataclasses
+import re
 import warnings
 
 import pytest
@@ -22,6 +24,17 @@ from gossip_powersgd.training.trainer import train
 from tests.conftest import ROOT
 
 TINY = ROOT / "experiments" / "configs" / "tiny.yaml"
+
+
+def unchecked(spec, *sets):
+    """tiny.yaml with `algorithm=spec` set after validation (as a TrainConfig built in code may
+    hold it): what train() itself must refuse."""
+    return dataclasses.replace(load_config(TINY, ["quiet=true", *sets], deep=False), algorithm=spec)
+
+
+def refused_line(spec, message):
+    """The one line naming the key and the spec that `message` (a regex from ^) follows."""
+    return "^" + re.escape(f"bad value for 'algorithm': algorithm spec {spec!r}: ") + message[1:]
 
 
 def tensors(comm):
@@ -75,10 +88,13 @@ def test_training_with_an_unstable_exact_gamma_fails_with_the_same_line_on_every
 ):
     """The trainer checks exact gossip's γ against the communicator's topology (on a schedule: the
     range of every one of its graphs) before any collective, so every rank raises the line itself
-    (none is merely released as an aborted peer)."""
-    config = load_config(
-        TINY, [f"algorithm=exact:gamma={gamma}", f"topology={topology}", "quiet=true"], deep=False
-    )
+    (none is merely released as an aborted peer); a config of a sized topology is refused as it
+    loads already."""
+    spec = f"exact:gamma={gamma}"
+    message = refused_line(spec, message)
+    with pytest.raises(ValueError, match=message):
+        load_config(TINY, [f"algorithm={spec}", f"topology={topology}"], deep=False)
+    config = unchecked(spec, f"topology={topology}")
     messages = {}
 
     def peer(comm):
@@ -206,8 +222,14 @@ def test_compressed_gossip_without_its_required_options_fails_on_every_rank_at_s
     spec, message
 ):
     """The class's config-time check (`check_config`) runs before any collective, so every rank
-    raises the constructor's line itself."""
-    config = load_config(TINY, [f"algorithm={spec}", "quiet=true"], deep=False)
+    raises the constructor's line itself, after the key and the spec; from the spec alone (nothing
+    built) the constructor's line as it is; and a config of a sized topology as it loads."""
+    with pytest.raises(ValueError, match=message):  # from the spec alone, nothing built
+        check_config(spec, topologies.parse("ring:4"))
+    message = refused_line(spec, message)
+    with pytest.raises(ValueError, match=message):
+        load_config(TINY, [f"algorithm={spec}"], deep=False)
+    config = unchecked(spec)
     messages = {}
 
     def peer(comm):
@@ -220,5 +242,3 @@ def test_compressed_gossip_without_its_required_options_fails_on_every_rank_at_s
     with pytest.raises(ValueError, match=message):
         LocalCluster(topologies.parse(config.topology), timeout=60).run(peer)
     assert sorted(messages) == [0, 1, 2, 3] and len(set(messages.values())) == 1
-    with pytest.raises(ValueError, match=message):  # from the spec alone, nothing built
-        check_config(spec, topologies.parse(config.topology))

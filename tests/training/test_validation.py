@@ -70,3 +70,59 @@ def test_epochs_beyond_any_run_are_refused_at_once():
     with pytest.raises(ValueError, match=r"bad value for 'epochs': 10{21}.*at most 2\*\*53"):
         tiny("epochs=1000000000000000000000")
     assert time.perf_counter() - start < 30  # the check needs no data (not: a minutes-long hang)
+
+
+#: A value out of range for each registered algorithm that checks its options (the others take
+#: no option with a range), and the constructor's own words for it.
+OUT_OF_RANGE = [
+    ("powergossip:rank=0", "rank must be an integer >= 1, got 0"),
+    ("powergossip:iters=0", "num_iterations must be an integer >= 1, got 0"),
+    ("powergossip:gamma=-1", "gamma must be > 0, got -1.0"),
+    ("powersgd:rank=0", "rank must be an integer >= 1, got 0"),
+    ("powersgd:start_iter=-1", "start_iter must be an integer >= 0, got -1"),
+    ("powersgd:min_compression_rate=-1", "min_compression_rate must be >= 0, got -1.0"),
+    ("exact:gamma=5", "gamma=5 is outside the stable range (0, 1.5) of ring:4"),
+    ("choco:gamma=0.1", "ChocoGossip needs a compressor, e.g. compressor='topk:0.01'"),
+    ("deepsqueeze:compressor=sign", "DeepSqueeze needs a tuned consensus step gamma"),
+]
+
+
+@pytest.mark.parametrize("spec, words", OUT_OF_RANGE, ids=[s for s, _ in OUT_OF_RANGE])
+def test_an_algorithm_option_out_of_range_is_refused_as_the_config_loads(spec, words):
+    """The algorithm's own checks (`check_config`) run in validate_config where the topology's size
+    is known (ring:4 here): one line naming the key and the spec, before any library is loaded
+    or any peer set up. Under a launcher that sizes the topology, the set-up runs them
+    (`test_an_algorithm_option_out_of_range_under_a_launcher_is_refused_at_set_up`)."""
+    from gossip_powersgd.training.config import load_config
+
+    with pytest.raises(ValueError) as raised:
+        load_config(TINY, [f"algorithm={spec}"], deep=False)
+    line = str(raised.value)
+    assert line.startswith(f"bad value for 'algorithm': algorithm spec {spec!r}: {words}"), line
+    assert "\n" not in line
+
+
+def test_an_algorithm_option_out_of_range_under_a_launcher_is_refused_at_set_up():
+    """topology "ring" (sized by the launcher's world) cannot be checked as the config loads; the
+    set-up checks it on every rank against the communicator's topology, with the same line."""
+    import topologies
+    from gossip_powersgd import LocalCluster
+    from gossip_powersgd.training.config import load_config
+    from gossip_powersgd.training.setup import checked_config
+
+    spec = "powersgd:rank=0"
+    config = load_config(TINY, [f"algorithm={spec}", "topology=ring", "backend=mpi"], deep=False)
+    messages = {}
+
+    def peer(comm):
+        try:
+            checked_config(comm, config, resume=False)
+        except ValueError as exc:
+            messages[comm.rank] = str(exc)
+            raise
+
+    with pytest.raises(ValueError):
+        LocalCluster(topologies.ring(4), timeout=60).run(peer)
+    expected = f"bad value for 'algorithm': algorithm spec {spec!r}: rank must be an integer >= 1"
+    assert sorted(messages) == [0, 1, 2, 3], messages
+    assert {m.split(", got")[0] for m in messages.values()} == {expected}, messages
