@@ -13,7 +13,7 @@ import math
 import pytest
 
 from gossip_powersgd.privacy import DPSGD
-from gossip_powersgd.privacy.accounting import pld_epsilon
+from gossip_powersgd.privacy.accounting import epsilon, pld_epsilon
 
 pytest.importorskip("opacus")
 dp_accounting = pytest.importorskip("dp_accounting")
@@ -87,6 +87,30 @@ def test_reported_epsilon_agrees_with_dp_accounting(q, sigma, steps, delta):
     # below the PLD less that slack (it is above it: by 8-21 % at epsilon 1-10, 3x at 0.07).
     pld = pld_epsilon([(sigma, q, steps)], delta)
     assert pld - steps * 1e-3 <= mine
+
+
+#: Accountant histories [(sigma, q, steps), ...]: one entry, a sigma changed mid-run (resumed with
+#: other settings), the rate of a full batch (q = 1), no noise at all (epsilon inf).
+HISTORIES = [
+    [(1.0, 0.064, 200)],
+    [(0.8, 0.01, 200), (2.0, 0.01, 10), (0.8, 0.01, 7)],
+    [(5.0, 1.0, 100)],
+    [(0.0, 0.3, 10)],
+]
+
+
+@pytest.mark.parametrize("history", HISTORIES)
+@pytest.mark.parametrize("delta", [1e-5, 1e-3])
+def test_epsilon_is_exactly_what_opacus_rdp_accountant_returns(history, delta):
+    """`epsilon` computes each (sigma, q)'s one-step RDP once per process (it is asked again at
+    every evaluation); the figure must be Opacus' own to the last bit, asked once or again."""
+    accountant = RDPAccountant()
+    accountant.history = list(history)
+    expected = accountant.get_epsilon(delta=delta)
+    assert epsilon(accountant, delta) == expected
+    assert epsilon(accountant, delta) == expected  # from the cache
+    accountant.history = [(s, q, 3 * n) for s, q, n in history]  # same entries, longer
+    assert epsilon(accountant, delta) == accountant.get_epsilon(delta=delta)
 
 
 def gaussian_epsilon(mu, delta):
