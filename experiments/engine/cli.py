@@ -116,6 +116,11 @@ def main(argv: Optional[List[str]], pages: Callable[[], Mapping[str, Page]]) -> 
     args = build_parser().parse_args(argv)
     try:
         registry = pages()
+        if args.list and args.page is not None:
+            raise ValueError(
+                f"--list takes no page (got {args.page!r}): run `python -m experiments --list`, "
+                f"or `python -m experiments {args.page}` to make it"
+            )
         if args.list or args.page is None:
             sys.stdout.write(listing(registry))
             return 0

@@ -131,8 +131,7 @@ def render(page: Page, out: Path) -> List[Path]:
     stored = store.read()
     if not stored:
         raise ValueError(
-            f"{store.path} has no rows: make them first with `python -m experiments {page.name}"
-            f"{'' if Path(out).resolve() == _default_out(False) else f' --out {out}'}`"
+            f"{store.path} has no rows: make them first with `{sweep_command(page.name, out)}`"
         )
     quick = _mode(stored, store.path)
     runs = current_plan(page, quick, stored)
@@ -180,6 +179,18 @@ def merge(page: Page, out: Path, sources: Sequence[Path]) -> List[Path]:
         store.write(list(joined.values()))
         _store_in_plan_order(store, joined, runs)
     return render(page, out)
+
+
+def sweep_command(name: str, out: Path) -> str:
+    """The command that makes page `name`'s rows in `out`: --quick where `out` is the quick
+    sweeps' default folder (a bare command would make full rows elsewhere), --out where `out` is
+    no default folder."""
+    where = Path(out).resolve()
+    if where == _default_out(False):
+        return f"python -m experiments {name}"
+    if where == _default_out(True):
+        return f"python -m experiments {name} --quick"
+    return f"python -m experiments {name} --out {out}"
 
 
 def _default_out(quick: bool) -> Path:

@@ -69,3 +69,12 @@ def test_no_page_or_list_lists_the_pages(capsys):
         assert main(argv, registry) == 0
         out = capsys.readouterr().out.splitlines()
         assert out[1] == "  engine-test  a page for the engine's tests"
+
+
+def test_list_with_a_page_is_refused_in_one_line(capsys):
+    """`--list PAGE` listed the pages and exit 0, the page word dropped unsaid."""
+    code, err = _cli(["engine-test", "--list"], capsys)
+    assert code == 1 and err == [
+        "error: --list takes no page (got 'engine-test'): run `python -m experiments --list`, "
+        "or `python -m experiments engine-test` to make it"
+    ]

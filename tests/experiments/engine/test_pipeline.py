@@ -63,6 +63,17 @@ def test_a_row_made_from_another_config_is_refused(tmp_path, capsys):
     assert "(seed 3 -> 10)" in _cli(["engine-test", "--out", str(tmp_path)], capsys)[1][0]
 
 
+def test_the_command_named_for_missing_rows_makes_them_where_they_are_looked_for(tmp_path):
+    """Rows missing from the quick sweeps' default folder are made by a --quick sweep (the hint
+    named the bare command, which makes full rows in the other default folder); elsewhere --out
+    names the folder."""
+    from experiments.engine.pipeline import _default_out, sweep_command
+
+    assert sweep_command("p", _default_out(False)) == "python -m experiments p"
+    assert sweep_command("p", _default_out(True)) == "python -m experiments p --quick"
+    assert sweep_command("p", tmp_path) == f"python -m experiments p --out {tmp_path}"
+
+
 def test_render_only_draws_a_partial_page_and_refuses_no_rows_or_mixed_modes(tmp_path, capsys):
     _stored(tmp_path, [_line("k1", 1), _line("k0", 0)])
     render(PAGE, tmp_path)
