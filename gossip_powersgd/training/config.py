@@ -324,7 +324,9 @@ def _coerce(key: str, value: Any) -> Any:
             hint = "; quote it in the YAML file (YAML reads unquoted yes/no/on/off as true/false)"
         elif base == "str" and value is not None and not isinstance(value, (list, dict)):
             hint = f"; quote it in the YAML file: {key}: '{value}'"  # a date, a number
-        raise ValueError(f"bad value for {key!r}: {value!r} is not a {_type_name(key)}{hint}")
+        name = _type_name(key)
+        article = "an" if name[0] in "aeiou" else "a"
+        raise ValueError(f"bad value for {key!r}: {value!r} is not {article} {name}{hint}")
     return value
 
 

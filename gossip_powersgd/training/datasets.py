@@ -74,6 +74,14 @@ class MNIST1D(DatasetKind):
         from .mnist1d_generator import STANDARD_SEED, generate
 
         recipe = {k: v for k, v in options.items() if v is not None}
+        # the generator makes num_samples // 10 signals of each digit and splits them at
+        # train_split: outside these ranges it fails inside numpy or leaves a split empty
+        if recipe.get("num_samples", 10) < 10 or not 0 < recipe.get("train_split", 0.8) < 1:
+            raise spec_error(
+                WHAT,
+                spec,
+                "need num_samples >= 10 (one signal of each digit) and 0 < train_split < 1",
+            )
         recipe["seed"] = recipe.pop("seed", STANDARD_SEED)
         # generated once per machine and kept on disk (data_cache.py): the processes of a run
         # under mpiexec no longer each import mnist1d and generate the same signals

@@ -145,7 +145,7 @@ def test_missing_file(tmp_path):
         ("schedule=linear", "'schedule'.*valid: constant, step, cosine"),
         ("backend=tcp", "'backend'.*valid: mpi, local"),
         ("batch_size=0", "'batch_size'.*>= 1"),
-        ("batch_size=abc", "'batch_size'.*not a integer"),
+        ("batch_size=abc", "'batch_size'.*not an integer"),
         ("batch_size=2.5", "'batch_size'"),
         ("epochs=true", "'epochs'"),
         ("momentum=1.5", "'momentum'"),
@@ -266,6 +266,15 @@ def test_a_huge_seed_is_blamed_on_the_seed(tmp_path, capsys):
     )
     assert code != 0 and lines == [f"error: bad value for 'seed': {2**64} (must be in [0, 2**64))"]
     assert tiny_config(f"seed={2**64 - 1}", deep=True).seed == 2**64 - 1
+
+
+def test_a_mistyped_value_names_its_type_with_its_article():
+    with pytest.raises(ValueError) as info:
+        tiny("epochs=1e3")
+    assert str(info.value) == "bad value for 'epochs': '1e3' is not an integer"
+    with pytest.raises(ValueError) as info:
+        tiny("lr=fast")
+    assert str(info.value) == "bad value for 'lr': 'fast' is not a number"
 
 
 def test_a_string_key_takes_the_set_text_as_typed(tmp_path):

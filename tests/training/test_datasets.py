@@ -75,6 +75,21 @@ def test_mnist1d_bad_option():
         load_dataset("mnist1d:num_sample=10")
 
 
+@pytest.mark.parametrize(
+    "options", ["num_samples=3", "num_samples=-5", "train_split=0", "train_split=1.5"]
+)
+def test_mnist1d_out_of_range_options_name_the_ranges(options):
+    """Refused before the generator runs (num_samples < 10 failed inside numpy: 'need at least
+    one array to stack'; a train_split outside (0, 1) said only that a split was empty)."""
+    spec = f"mnist1d:{options}"
+    with pytest.raises(ValueError) as info:
+        kind_load(spec)
+    assert str(info.value) == (
+        f"dataset spec '{spec}': need num_samples >= 10 (one signal of each digit) and "
+        "0 < train_split < 1"
+    )
+
+
 def test_synthetic_logreg_defaults_and_options():
     d = load_dataset("synthetic_logreg", seed=0)
     assert d.x_train.shape == (4000, 20) and d.x_test.shape == (1000, 20) and d.num_classes == 10
