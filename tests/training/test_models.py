@@ -89,6 +89,11 @@ def test_byo_models():
         ("mlp:abc", (40,), "positive hidden widths"),
         ("mlp:0", (40,), "positive hidden widths"),
         ("mlp:", (40,), "positive hidden widths"),
+        (
+            "mlp:hidden=64",
+            (40,),
+            r"mlp takes hidden widths, not options \('hidden'\): e\.g\. mlp:100,100$",
+        ),
         ("logreg:3", (40,), "no options"),
         ("cnn1d:width=3", (40,), "unknown option 'width'"),
         ("cnn1d:channels=0", (40,), "channels must be >= 1"),
