@@ -242,7 +242,7 @@ def _share(row: Mapping, phase: str) -> Optional[Dict[str, float]]:
     return {"share": again / sent, "timeouts": timeouts} if sent else None
 
 
-def schedule(s: Setting, steps: Mapping[str, Dict], ev: Optional[Dict], key: str, figure: str):
+def schedule(steps: Mapping[str, Dict], ev: Optional[Dict], key: str, figure: str):
     """The `Schedule` of algorithm `key` under `figure`, or None when a part is missing;
     evaluations cost the same figure (projected: the core-each one)."""
     warmup = BY_KEY[key].warmup
@@ -265,13 +265,13 @@ def times(s: Setting, acc: Mapping, cost: Mapping, target: Optional[float]) -> D
                     continue
                 cell = {}
                 for figure in FIGURES:
-                    plan = schedule(s, c["steps"], c["eval"], key, figure)
-                    if plan is not None:
-                        train_only = dataclasses.replace(plan, per_eval=0.0)
-                        cell[figure] = _seeds(per_seed_times(curves, target, train_only))
-                    if plan is not None and c["eval"] is not None:
-                        with_evals = per_seed_times(curves, target, plan)
-                        cell[figure + "_with_evals"] = _seeds(with_evals)
+                    plan = schedule(c["steps"], c["eval"], key, figure)
+                    if plan is None:
+                        continue
+                    train_only = dataclasses.replace(plan, per_eval=0.0)
+                    cell[figure] = _seeds(per_seed_times(curves, target, train_only))
+                    if c["eval"] is not None:
+                        cell[figure + "_with_evals"] = _seeds(per_seed_times(curves, target, plan))
                 out.setdefault(topology, {}).setdefault(name, {})[key] = cell
     return out
 
@@ -312,7 +312,7 @@ def e2e(s: Setting, data: Mapping[str, Dict], cost: Mapping) -> List[Dict[str, A
             out.append(dict(entry, skipped=row["skipped"]))
             continue
         c = cost.get(topology, {}).get(rate)
-        plan = None if c is None else schedule(s, c["steps"], c["eval"], key, "measured")
+        plan = None if c is None else schedule(c["steps"], c["eval"], key, "measured")
         evals, summary = row["evals"], row["summary"]
         wall, composed, points = summary["wall_time_s"], None, []
         if plan is not None:

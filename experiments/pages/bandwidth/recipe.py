@@ -140,10 +140,6 @@ COMPARED = ("pg-r1", "exact", "allreduce")
 Rows = Mapping[str, Dict[str, Any]]
 
 
-def setting(quick: bool) -> Setting:
-    return QUICK if quick else FULL
-
-
 def seeds_of(s: Setting, key: str, topology: str) -> Tuple[int, ...]:
     """The seeds algorithm `key` runs on `topology`: all of them for the compared rows."""
     return tuple(s.seeds[topology])[: None if key in COMPARED else 1]
@@ -281,11 +277,6 @@ def training_runs(s: Setting, rows: Rows) -> List[Run]:
     return runs
 
 
-def main_runs(s: Setting, rows: Rows) -> List[Run]:
-    """The runs of `training_runs` on every topology and seed at the chosen values."""
-    return [r for r in training_runs(s, rows) if r.key.startswith("train/")]
-
-
 def rate_name(rate: str, slow: Optional[Tuple[str, str]] = None) -> str:
     """A step-time row's rate as keys spell it: "100mbit", "100mbit+host3@10mbit" (host slowed)."""
     return rate if slow is None else f"{rate}+{slow[0]}@{slow[1]}"
@@ -340,7 +331,7 @@ def measurement_runs(s: Setting, rows: Rows) -> List[Run]:
 
 def plan(quick: bool, rows: Rows) -> List[Run]:
     """The page's runs (see the module docstring); measurements once every training row exists."""
-    s = setting(quick)
+    s = QUICK if quick else FULL
     training = training_runs(s, rows)
     # every choice made (`best_main`) puts every main and plateau run in `training`
     if best_main(s, rows) is None or any(r.key not in rows for r in training):

@@ -4,7 +4,6 @@ one slow link, the complete runs on the cluster, latency), the run facts and the
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import statistics
@@ -17,22 +16,22 @@ from experiments.pages._markdown import fill, table
 
 from . import faults, text
 from .figures import PAYLOAD_SHARE, collect, rate_bits, schedule
-from .recipe import BY_KEY, Setting, setting
+from .recipe import ALGORITHMS, BY_KEY, FULL, QUICK, Setting
 from .text import TEXT, _label, _mb, paragraph, rate_text, seconds_text
 
 #: The all-reduces (one ring of all hosts) among the rows.
-REDUCE = ("allreduce", "powersgd")
+REDUCE = tuple(a.key for a in ALGORITHMS if a.over_all_hosts)
 
 
 def render(rows: Rows) -> Outputs:
     """bandwidth.md, bandwidth.json and (once a time to the target exists) bandwidth.png."""
-    s, data = setting(rows.quick), {r.key: r.row for r in rows.records}
+    s, data = QUICK if rows.quick else FULL, {r.key: r.row for r in rows.records}
     f, facts = collect(s, data), run_facts(rows, data)
     page = [f"# Time to accuracy under bandwidth limits{' (--quick)' if rows.quick else ''}", ""]
     page += [made_by(rows) + " " + facts["sentence"], "", *text.method(s, f)]
     page += text.answer_section(s, f) + text.accuracy_section(s, f) + cost_sections(s, f)
     page += text.time_sections(s, f) + eval_section(s, f) + slow_section(s, f)
-    page += e2e_section(s, f) + faults.section(s.faults, data) + notes(s, f)
+    page += e2e_section(f) + faults.section(s.faults, data) + notes(f)
     out: Outputs = {"bandwidth.md": "\n".join(page).rstrip() + "\n"}
     accuracy = {
         t: {k: {x: y for x, y in v.items() if x != "curves"} for k, v in per.items()}
@@ -165,7 +164,7 @@ def slow_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     return out
 
 
-def e2e_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
+def e2e_section(f: Mapping[str, Any]) -> List[str]:
     """The complete runs on the cluster against their composed time and the in-process models."""
     if not f["e2e"]:
         return []
@@ -186,7 +185,7 @@ def e2e_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     return out + table(TEXT["e2e header"], rows) + paragraph("e2e")
 
 
-def notes(s: Setting, f: Mapping[str, Any]) -> List[str]:
+def notes(f: Mapping[str, Any]) -> List[str]:
     """No latency: the message rounds per step, and what a 10 ms round trip adds to them."""
     rounds = {}
     for c in (c for by_rate in f["costs"].values() for c in by_rate.values()):
@@ -216,10 +215,9 @@ def plot(s: Setting, f: Mapping[str, Any]) -> bytes:
             continue
         for n, key in enumerate(s.algorithms):
             curve = f["accuracy"][topology].get(key, {}).get("mean_curve")
-            plan = schedule(s, c["steps"], c["eval"], key, "core_each")
+            plan = schedule(c["steps"], c["eval"], key, "core_each")
             if plan is None or curve is None:
                 continue
-            plan = dataclasses.replace(plan, per_eval=0.0)
             xs, ys = [plan.training(step) for step, _ in curve], [100 * acc for _, acc in curve]
             style = "--" if key.startswith(("choco", "powersgd", "exact-h4")) else "-"
             ax.plot(xs, ys, style, color=colors(n), lw=1.2, label=BY_KEY[key].label)

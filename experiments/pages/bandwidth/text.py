@@ -126,7 +126,7 @@ def answer_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     if not f["answer"]:
         return out + ["Not measured (see below).", ""]
     out += [f"- {line}" for line in f["answer"]] + [""]
-    shown = [k for k in ("pg-r1", "exact", "allreduce") if k in s.algorithms]
+    shown = [k for k in COMPARED if k in s.algorithms]
     # an item: (rate, {algorithm: mean seconds to the target, core each})
     spec: List[Column] = [("rate", lambda x: rate_text(x[0]))]
     spec += [(_label(k), lambda x, k=k: seconds_text(x[1].get(k))) for k in shown]
@@ -284,13 +284,13 @@ def _ahead(row: Mapping[str, Optional[float]], against: str) -> bool:
     return mine is not None and (theirs is None or mine < theirs)
 
 
-def compare_line(times: Mapping, rates: Sequence[str], against="exact", who="pg-r1") -> str:
-    """One sentence: at which rates `who` reaches the target before `against`, and by what factor
-    (their times, `times[rate][algorithm]`, None where the target is not reached)."""
-    name, other = _label(who), _label(against)
+def compare_line(times: Mapping, rates: Sequence[str], against="exact") -> str:
+    """One sentence: at which rates PowerGossip r1 reaches the target before `against`, and by what
+    factor (their times, `times[rate][algorithm]`, None where the target is not reached)."""
+    name, other = _label("pg-r1"), _label(against)
     ahead, behind, open_ = [], [], []
     for rate in rates:
-        mine, theirs, r = times[rate].get(who), times[rate].get(against), rate_text(rate)
+        mine, theirs, r = times[rate].get("pg-r1"), times[rate].get(against), rate_text(rate)
         if mine is None and theirs is None:
             open_.append(f"{r} (neither reaches it)")
         elif theirs is None or (mine is not None and mine < theirs):

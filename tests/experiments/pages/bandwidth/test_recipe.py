@@ -14,6 +14,11 @@ def _trained(acc, steps=720):
     return {"acc_avg": acc, "steps": steps, "steps_per_epoch": 36, "evals": [[steps, acc, 1.0]]}
 
 
+def _main_runs(s, rows):
+    """The plan's runs on every topology and seed at the chosen values (`train/...`)."""
+    return [r for r in recipe.training_runs(s, rows) if r.key.startswith("train/")]
+
+
 def test_the_plan_tunes_the_lr_first_then_gamma_at_the_chosen_lr():
     s = recipe.FULL
     first = recipe.plan(False, {})
@@ -36,7 +41,7 @@ def test_chosen_runs_are_the_tuning_topologys_seed_0_and_the_compared_rows_get_e
     rows.update({r.key: _trained(0.7) for r in recipe.plan(False, rows)})
     rows["tune/ring:8/pg-r1/gx=0.5"] = _trained(0.75)
     assert recipe.main_key(s, "pg-r1", "ring:8", 0, rows) == "tune/ring:8/pg-r1/gx=0.5"
-    main = {r.key: r for r in recipe.main_runs(s, rows)}
+    main = {r.key: r for r in _main_runs(s, rows)}
     torus = main["train/torus:2x4/pg-r1/seed0"]
     assert torus.config["gamma"] == pytest.approx(0.5 * recipe.topology_gamma("torus:2x4"))
     assert "train/ring:8/pg-r1/seed1" in main and "train/ring:8/pg-r2/seed1" not in main
@@ -49,7 +54,7 @@ def test_a_topology_with_fewer_rows_trains_its_own_and_takes_the_all_reduces_of_
     s = recipe.FULL
     rows = {r.key: _trained(0.7) for r in recipe.plan(False, {})}
     rows.update({r.key: _trained(0.7) for r in recipe.plan(False, rows)})
-    torus = sorted(r.key for r in recipe.main_runs(s, rows) if "torus" in r.key)
+    torus = sorted(r.key for r in _main_runs(s, rows) if "torus" in r.key)
     assert torus == ["train/torus:2x4/exact/seed0", "train/torus:2x4/pg-r1/seed0"]
     assert recipe.algorithms_on(s, "torus:2x4") == ("exact", "pg-r1", "allreduce", "powersgd")
     chosen = recipe.chosen(s, "allreduce", rows)[2]
