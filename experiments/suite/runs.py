@@ -74,13 +74,6 @@ def projected_seconds(
     return float(m["compute_s"]) + comm.projected_seconds(latency, bandwidth_bytes_per_second)
 
 
-def communication_seconds(
-    m: Dict[str, Any], bandwidth_bytes_per_second: float, latency: float = LATENCY_S
-) -> float:
-    """The projected communication part alone (deterministic: counters only)."""
-    return projected_seconds(dict(m, compute_s=0.0), bandwidth_bytes_per_second, latency)
-
-
 def combine(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     """Several seeds of one row: accuracies as mean and std, the rest as means; the evaluation
     history as the mean over seeds at each evaluation all seeds share (same epochs)."""

@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from experiments.pages._markdown import csv_text
 
-from .runs import BANDWIDTHS, communication_seconds, projected_seconds
+from .runs import BANDWIDTHS, projected_seconds
 
 
 def _pct(value: Optional[float], std: Optional[float] = None) -> str:
@@ -66,8 +66,9 @@ def table_row(row: Dict[str, Any], exact: Optional[Dict[str, Any]]) -> str:
         ratio_text = f"{ratio:.2f}× ({100 * (1 / ratio - 1):.0f} % more)"
     accuracies = ("acc_avg", "acc_local_mean", "acc_local_min")
     cells = [_pct(row[k], row.get(k + "_std")) for k in accuracies]
+    comm = dict(row, compute_s=0.0)  # the projected communication part alone
     times = [
-        f"{projected_seconds(row, bw):.3g} s (comm {communication_seconds(row, bw):.3g} s)"
+        f"{projected_seconds(row, bw):.3g} s (comm {projected_seconds(comm, bw):.3g} s)"
         for _, bw in BANDWIDTHS
     ]
     cells += [f"{row['mb_per_peer']:.3f}", ratio_text, *times]

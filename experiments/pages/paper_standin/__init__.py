@@ -17,6 +17,7 @@ from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
 from experiments.pages._markdown import csv_text
 from experiments.pages._figures import png, pyplot
+from experiments.suite.runs import LOCAL
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Communicator
@@ -62,10 +63,8 @@ SUMMARY = dict(rounds="communication_rounds", parameters="parameters")
 SUMMARY.update(acc_avg="final_test_acc_avg_model", acc_local_mean="final_test_acc_local_mean")
 SUMMARY.update(consensus_distance="final_consensus_distance", mb_per_peer="mb_sent_per_peer")
 SUMMARY.update(exact_mb_formula="exact_gossip_mb_per_peer_formula")
-PER_STEP = dict(
-    compute_s_per_step="time_compute_s", gossip_compute_s_per_step="time_gossip_compute_s"
-)
-PER_STEP.update(wall_s_per_step="wall_time_s")
+PER_STEP = dict(compute_s_per_step="time_compute_s")
+PER_STEP.update(gossip_compute_s_per_step="time_gossip_compute_s", wall_s_per_step="wall_time_s")
 
 
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
@@ -112,8 +111,7 @@ def train_row(
 
     config = {k: setting[k] for k in RECIPE}
     config.update(algorithm=spec, local_steps=local_steps, optimizer="sgd", seed=seed)
-    config.update(backend="local", quiet=True, log_every=0, checkpoint_every=0, out_dir=None)
-    config.update(threads=1, comm_timeout=1800.0)
+    config.update(LOCAL, comm_timeout=1800.0)
     load = os.getloadavg()[0]
     wall, cpu = time.perf_counter(), time.process_time()
     result = run(config)

@@ -62,10 +62,9 @@ def page(result: Dict[str, Any], generated: str, others: List[Dict[str, Any]] = 
     fields = dict(s, **timing, generated=generated, cpu_count=result["cpu_count"], proj=proj)
     fields.update(load=result["load"], parameters=rows[0]["parameters"], per_peer=n // peers)
     fields.update(images=n, steps=steps, minutes=result["seconds"] / 60, rows=len(rows))
-    fields.update(
-        peers=peers, ring_step_cpu=peers * timing["cpu_s"] * s["batch_size"] / timing["batch"]
-    )
-    fields.update(peer_hours=peer_hours, row_hours=PAPER_PEERS * peer_hours)
+    ring_step_cpu = peers * timing["cpu_s"] * s["batch_size"] / timing["batch"]
+    fields.update(peers=peers, ring_step_cpu=ring_step_cpu, peer_hours=peer_hours)
+    fields.update(row_hours=PAPER_PEERS * peer_hours)
     fields.update(days=len(rows) * proj["steps"] * timing["cpu_s"] / 86400)
     fields.update(cpu_per_step=sum(r["run_cpu_s"] for r in rows) / sum(r["steps"] for r in rows))
     return fill(
@@ -135,11 +134,8 @@ def _other_seeds(result: Dict[str, Any], others: List[Dict[str, Any]]) -> List[s
         accs = [r["acc_avg"] for _, r in _by_seed(runs, label)]
         if len(accs) > 1:
             mean, sd = mean_sd(accs)
-            lines.append(
-                PARTS["seed mean"].format(
-                    label=label, count=len(accs), mean=_pct(mean), sd=100 * sd
-                )
-            )
+            cells = dict(label=label, count=len(accs), mean=_pct(mean), sd=100 * sd)
+            lines.append(PARTS["seed mean"].format(**cells))
     for first, second in (
         ("exact gossip", "PowerGossip r1"),
         ("PowerGossip r1, 2 iterations", "exact gossip"),
@@ -153,9 +149,8 @@ def _other_seeds(result: Dict[str, Any], others: List[Dict[str, Any]]) -> List[s
         if len(gaps) > 1:
             mean = statistics.fmean(g for _, g in gaps)
             text = ", ".join(f"seed {seed}: {gap:+.1f} pp" for seed, gap in gaps)
-            lines.append(
-                PARTS["seed gaps"].format(first=first, second=second, gaps=text, mean=mean)
-            )
+            cells = dict(first=first, second=second, gaps=text, mean=mean)
+            lines.append(PARTS["seed gaps"].format(**cells))
     return lines + [""]
 
 
@@ -170,44 +165,39 @@ def _standard_error(p: float, n: int) -> float:
     return math.sqrt(max(p * (1 - p), 0.0) / n)
 
 
-def _distances(row: Dict[str, Any]) -> str:
-    return ", ".join(f"{e['consensus_distance']:.3g}" for e in row["evals"])
-
-
 def _fields(row: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     """What the findings' sentences say of a row, each name prefixed with `prefix`."""
-    fields = dict(_pcts(row), label=row["label"], distances=_distances(row), steps=row["steps"])
-    fields.update(mb=row["mb_per_peer"], rounds=row["rounds"], loss=row["evals"][-1]["train_loss"])
+    fields = dict(_pcts(row), label=row["label"], steps=row["steps"], mb=row["mb_per_peer"])
+    fields.update(rounds=row["rounds"], loss=row["evals"][-1]["train_loss"])
+    fields["distances"] = ", ".join(f"{e['consensus_distance']:.3g}" for e in row["evals"])
     return {prefix + k: v for k, v in fields.items()}
 
 
 def _findings(rows: List[Dict[str, Any]], n_test: int, peers: int) -> List[str]:
     """Sentences computed from the rows (no number typed by hand), their text in parts.md."""
-    say = PARTS
     ranked = sorted(rows, key=lambda r: -r["acc_avg"])
     se = 100 * _standard_error(0.75, n_test)
     ranking = " > ".join(f"{r['label']} ({_pct(r['acc_avg'])})" for r in ranked)
-    ranking = say["ranking"].format(ranking=ranking, n_test=n_test, se=se, se2=2 * se)
+    ranking = PARTS["ranking"].format(ranking=ranking, n_test=n_test, se=se, se2=2 * se)
     lines = ["## Findings", "", ranking]
     allreduce, exact = _row(rows, "all-reduce"), _row(rows, "exact gossip")
     if allreduce and exact:
         both = {**_fields(allreduce), **_fields(exact, "exact_")}
-        lines.append(say["allreduce"].format(**both, peers=peers))
-        evals = allreduce["evals"]
-        gaps = [
-            (e["acc_avg"] - e["acc_local_mean"], _standard_error(e["acc_avg"], n_test))
-            for e in evals
+        lines.append(PARTS["allreduce"].format(**both, peers=peers))
+        stale = [
+            e
+            for e in allreduce["evals"]
+            if e["acc_avg"] - e["acc_local_mean"] > 2 * _standard_error(e["acc_avg"], n_test)
         ]
-        stale = [e for e, (gap, error) in zip(evals, gaps) if gap > 2 * error]
         if stale:
             e = stale[0]
             local, averaged = _pct(e["acc_local_mean"]), _pct(e["acc_avg"])
-            lines.append(say["stale"].format(epoch=e["epoch"], local=local, averaged=averaged))
-    lines += _compression(say, rows, n_test) + _equal_budget_and_local_steps(say, rows)
+            lines.append(PARTS["stale"].format(epoch=e["epoch"], local=local, averaged=averaged))
+    lines += _compression(rows, n_test) + _equal_budget_and_local_steps(rows)
     return lines + [""]
 
 
-def _compression(say: Dict[str, str], rows: List[Dict[str, Any]], n_test: int) -> List[str]:
+def _compression(rows: List[Dict[str, Any]], n_test: int) -> List[str]:
     """The findings on PowerGossip's compression: r1 against exact gossip, more iterations, rank 2."""
     lines, exact, r1 = [], _row(rows, "exact gossip"), _row(rows, "PowerGossip r1")
     r2, two = _row(rows, "PowerGossip r2"), _row(rows, "PowerGossip r1, 2 iterations")
@@ -216,14 +206,14 @@ def _compression(say: Dict[str, str], rows: List[Dict[str, Any]], n_test: int) -
             r1["evals"][-1]["consensus_distance"] < r1["evals"][0]["consensus_distance"]
             and r1["consensus_distance"] > 100 * exact["consensus_distance"]
         )
-        both = {**_fields(r1), **_fields(exact, "exact_"), "slow": say["slow"] if slow else ""}
+        both = {**_fields(r1), **_fields(exact, "exact_"), "slow": PARTS["slow"] if slow else ""}
         gap, fewer = exact["acc_avg"] - r1["acc_avg"], exact["mb_per_peer"] / r1["mb_per_peer"]
-        lines.append(say["r1"].format(**both, gap=100 * gap, fewer=fewer))
+        lines.append(PARTS["r1"].format(**both, gap=100 * gap, fewer=fewer))
     for other, what in ((two, "2 power iterations"), (r2, "rank 2")):
         if other and r1 and exact:
             bytes_ = other["mb_per_peer"] / r1["mb_per_peer"]
             three = {**_fields(other), **_fields(r1, "r1_"), **_fields(exact, "exact_")}
-            lines.append(say["more"].format(**three, what=what, bytes=bytes_))
+            lines.append(PARTS["more"].format(**three, what=what, bytes=bytes_))
     if exact and r1 and (two or r2):
         r1_error = 2 * _standard_error(r1["acc_avg"], n_test)
         better = [
@@ -234,7 +224,7 @@ def _compression(say: Dict[str, str], rows: List[Dict[str, Any]], n_test: int) -
             and o["acc_avg"] - r1["acc_avg"] > r1_error
         ]
         labels = " and ".join(o["label"] for o in better)
-        lines.append(say["better"].format(labels=labels) if better else say["not better"])
+        lines.append(PARTS["better"].format(labels=labels) if better else PARTS["not better"])
     if (
         two
         and exact
@@ -242,12 +232,12 @@ def _compression(say: Dict[str, str], rows: List[Dict[str, Any]], n_test: int) -
         and two["consensus_distance"] > exact["consensus_distance"]
     ):
         lines.append(
-            say["above exact"].format(two=_pct(two["acc_avg"]), exact=_pct(exact["acc_avg"]))
+            PARTS["above exact"].format(two=_pct(two["acc_avg"]), exact=_pct(exact["acc_avg"]))
         )
     return lines
 
 
-def _equal_budget_and_local_steps(say: Dict[str, str], rows: List[Dict[str, Any]]) -> List[str]:
+def _equal_budget_and_local_steps(rows: List[Dict[str, Any]]) -> List[str]:
     """The findings at the smallest equal-bytes budget and on local steps."""
     lines, h1, budgets = [], _row(rows, "exact gossip"), _budgets(rows)
     if budgets:
@@ -260,10 +250,12 @@ def _equal_budget_and_local_steps(say: Dict[str, str], rows: List[Dict[str, Any]
         missing = ", ".join(r["label"] for r, e in within if e is None)
         missing = f"; {missing} had not reached an evaluation within that budget" if missing else ""
         lines.append(
-            say["equal bytes finding"].format(label=label, mb=mb, reached=reached, missing=missing)
+            PARTS["equal bytes finding"].format(
+                label=label, mb=mb, reached=reached, missing=missing
+            )
         )
     for label in ("exact gossip H=4", "exact gossip H=16"):  # H=1 is exact gossip
         r = _row(rows, label)
         if r and h1:
-            lines.append(say["local steps"].format(**_fields(r), **_fields(h1, "h1_")))
+            lines.append(PARTS["local steps"].format(**_fields(r), **_fields(h1, "h1_")))
     return lines

@@ -174,10 +174,8 @@ def gap_verdict(rows: Sequence[Dict[str, Any]], exact: Optional[Dict[str, Any]])
         cells = dict(label=top["label"], gap=gap, mb=top["mb_per_peer"])
         lines.append(SAY["no close"].format(**cells, close=CLOSE_PP))
     else:
-        cells = dict(label=best["label"], gap=gaps(best, exact)["acc_local_mean"])
-        cells.update(mb=best["mb_per_peer"], ratio=best["mb_per_peer"] / first["mb_per_peer"])
-        cells.update(
-            first=first["label"], saved=100 * (1 - best["mb_per_peer"] / exact["mb_per_peer"])
-        )
-        lines.append(SAY["close"].format(**cells, close=CLOSE_PP, exact_mb=exact["mb_per_peer"]))
+        mb, exact_mb = best["mb_per_peer"], exact["mb_per_peer"]
+        cells = dict(label=best["label"], gap=gaps(best, exact)["acc_local_mean"], mb=mb)
+        cells.update(ratio=mb / first["mb_per_peer"], first=first["label"], exact_mb=exact_mb)
+        lines.append(SAY["close"].format(**cells, close=CLOSE_PP, saved=100 * (1 - mb / exact_mb)))
     return lines

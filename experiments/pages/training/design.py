@@ -94,11 +94,10 @@ def _run(s, kind, label, spec, partition, epochs, seed, gamma=None, **extra) -> 
 
 def _main(s, label, template, chosen, partition, seed, kind) -> List[Run]:
     """A row of the main tables ([] while its γ sweep is unfinished)."""
-    if "{gamma}" not in template:
-        return [_run(s, kind, label, template, partition, s["epochs"], seed)]
-    if chosen.get(label) is None:
+    gamma = chosen.get(label)  # None for an algorithm that is not swept
+    if "{gamma}" in template and gamma is None:
         return []
-    return [_run(s, kind, label, template, partition, s["epochs"], seed, gamma=chosen[label])]
+    return [_run(s, kind, label, template, partition, s["epochs"], seed, gamma=gamma)]
 
 
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:

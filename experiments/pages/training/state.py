@@ -44,11 +44,11 @@ def gamma_text(run: Dict[str, Any], swept: set) -> str:
 
 def _stage_seconds(rows: Rows) -> Dict[str, float]:
     """The rows' own wall times summed by stage, for the stages that have rows."""
-    seconds = {name: 0.0 for name in STAGES}
+    seconds: Dict[str, float] = {}
     for record in rows.records:
-        seconds[stage_of(record.row)] += record.seconds
-    done = {stage_of(record.row) for record in rows.records}
-    return {name: seconds[name] for name in STAGES if name in done}
+        stage = stage_of(record.row)
+        seconds[stage] = seconds.get(stage, 0.0) + record.seconds
+    return {name: seconds[name] for name in STAGES if name in seconds}
 
 
 def state_of(rows: Rows) -> Dict[str, Any]:
@@ -151,11 +151,6 @@ def targets(
 PLATEAU_PP = 0.5
 
 
-def _recipe(quick: bool) -> str:
-    data = QUICK_BASE if quick else BASE
-    return SAY["recipe"].format(**data, full="" if quick else SAY["full recipe"].format(**data))
-
-
 def running_time(state: Dict[str, Any], missing: Sequence[str]) -> str:
     """Which stages ran, each one's seconds, and the number of training runs."""
     stages = "; ".join(f"{name} {sec:.0f} s" for name, sec in state["stage_seconds"].items())
@@ -188,11 +183,8 @@ def epoch_budget(state: Dict[str, Any]) -> str:
     if not parts:
         return SAY["reference failed"].format(**plan)
     worst = max(deltas)
-    verdict = (
-        SAY["plateau"].format(plateau=PLATEAU_PP)
-        if worst <= PLATEAU_PP
-        else SAY["near plateau"].format(worst=worst, **plan)
-    )
+    verdict = SAY["plateau" if worst <= PLATEAU_PP else "near plateau"]
+    verdict = verdict.format(plateau=PLATEAU_PP, worst=worst, **plan)
     return SAY["budget"].format(parts="; ".join(parts), verdict=verdict, **plan)
 
 
@@ -211,7 +203,7 @@ def _equal_bytes(rows: Sequence[Dict[str, Any]], what: str) -> str:
 
 def _cost_note(rows: Sequence[Dict[str, Any]], labels: Sequence[str]) -> str:
     """ " (each run took N× an exact-gossip run here)", from the rows' measured run seconds."""
-    exact = next((r for r in rows if r["label"] == "exact gossip" and "error" not in r), None)
+    exact = _by_label(rows, EXACT)
     slow = [r["run_seconds"] for r in rows if r["label"] in labels and "error" not in r]
     if exact is None or not slow or not exact.get("run_seconds"):
         return ""
@@ -231,10 +223,12 @@ def training_page(
         cost = _cost_note(headline, slow)
         fewer = SAY["fewer seeds"].format(slow=" and ".join(slow), cost=cost, **plan)
     title = "Decentralized training: accuracy vs bytes, to convergence" + " (--quick)" * quick
+    data = QUICK_BASE if quick else BASE
+    recipe = SAY["recipe"].format(**data, full="" if quick else SAY["full recipe"].format(**data))
     return fill(
         template(__file__),
         **{**plan, "seeds": ", ".join(map(str, plan["seeds"]))},
-        header=header(title, generated, _recipe(quick)),
+        header=header(title, generated, recipe),
         running=running_time(state, state["missing"]),
         budget=epoch_budget(state),
         claims="\n".join(claims) or "- (no rows yet)",
@@ -278,27 +272,20 @@ def other_sections(state: Dict[str, Any]) -> str:
     return text
 
 
-#: training_curves.csv's columns: (name, its cell from a run and one of its evaluations).
-CURVE_FIELDS = (
-    ("group", lambda r, e: r.get("model_kind", "main")),
-    ("topology", lambda r, e: r["topology"]),
-    ("partition", lambda r, e: r["partition"]),
-    ("model", lambda r, e: r.get("model", "")),
-    ("label", lambda r, e: r["label"]),
-    ("algorithm", lambda r, e: r["algorithm"]),
-    ("seed", lambda r, e: r.get("seed", 0)),
-    ("epoch", lambda r, e: e["epoch"]),
-    ("mb_sent_per_peer", lambda r, e: f"{e['mb']:.6g}"),
-    ("acc_avg", lambda r, e: e["acc_avg"]),
-    ("acc_local_mean", lambda r, e: f"{e['acc_local_mean']:.6g}"),
-    ("acc_local_min", lambda r, e: e["acc_local_min"]),
-)
+#: training_curves.csv's columns: a run's, then one of its evaluations'.
+CURVE_FIELDS = ("group", "topology", "partition", "model", "label", "algorithm", "seed", "epoch")
+CURVE_FIELDS += ("mb_sent_per_peer", "acc_avg", "acc_local_mean", "acc_local_min")
 
 
 def curves_csv(rows: Sequence[Dict[str, Any]]) -> str:
     """Every run's evaluation history, one line per evaluation."""
-    lines = ([cell(r, e) for _, cell in CURVE_FIELDS] for r in rows for e in r.get("evals") or [])
-    return csv_text([name for name, _ in CURVE_FIELDS], lines)
+    lines = []
+    for r in rows:
+        for e in r.get("evals") or []:
+            run = [r.get("model_kind", "main"), r["topology"], r["partition"], r.get("model", "")]
+            run += [r["label"], r["algorithm"], r.get("seed", 0), e["epoch"], f"{e['mb']:.6g}"]
+            lines.append([*run, e["acc_avg"], f"{e['acc_local_mean']:.6g}", e["acc_local_min"]])
+    return csv_text(CURVE_FIELDS, lines)
 
 
 def panels(
