@@ -20,6 +20,9 @@ BASE.update(weight_decay=0.0001, warmup_epochs=2, schedule="cosine", batch_size=
 #: --quick: a tiny problem (seconds), for tests and smoke checks.
 QUICK_BASE = dict(dataset="synthetic_logreg:d=20,classes=4,n=2000", model="logreg", **LOCAL)
 QUICK_BASE.update(optimizer="sgd", lr=0.5, batch_size=32, seed=0)
+#: A row's evaluation fields: {field: the evaluation history's name}.
+EVAL_NAMES = dict(mb="mb_sent_per_peer", acc_avg="test_acc_avg_model")
+EVAL_NAMES.update(acc_local_mean="test_acc_mean", acc_local_min="test_acc_min")
 
 
 def run_one(overrides: Dict[str, Any], quick: bool = False, make_hooks=None) -> Dict[str, Any]:
@@ -35,8 +38,7 @@ def measure(config: Dict[str, Any], make_hooks=None) -> Dict[str, Any]:
     from gossip_powersgd import run
 
     result = run(config, hooks=make_hooks)
-    names = dict(epoch="epoch", mb="mb_sent_per_peer", acc_avg="test_acc_avg_model")
-    names.update(acc_local_mean="test_acc_mean", acc_local_min="test_acc_min")
+    names = dict(epoch="epoch", **EVAL_NAMES)
     evals = [{key: r[name] for key, name in names.items()} for r in result.evals]
     stats = [result.stats[rank] for rank in sorted(result.stats)]
     return measurements(result.summary, stats, result.wall_seconds, evals)

@@ -17,7 +17,7 @@ from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
 from experiments.pages._markdown import csv_text
 from experiments.pages._figures import png, pyplot
-from experiments.suite.runs import LOCAL
+from experiments.suite.runs import EVAL_NAMES, LOCAL
 
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Communicator
@@ -55,9 +55,6 @@ RECIPE = ("topology", "dataset", "model", "batch_size", "lr", "momentum", "weigh
 RECIPE += ("warmup_epochs", "schedule", "epochs", "eval_every")
 EVAL_KEYS = ("epoch", "step", "mb", "acc_avg", "acc_local_mean", "acc_local_min")
 EVAL_KEYS += ("consensus_distance", "train_loss")
-#: The history's names of the EVAL_KEYS that it names otherwise.
-EVAL_NAMES = dict(mb="mb_sent_per_peer", acc_avg="test_acc_avg_model", acc_local_min="test_acc_min")
-EVAL_NAMES.update(acc_local_mean="test_acc_mean")
 #: A row's fields from the run's summary: {field: the summary's name}, and those per step.
 SUMMARY = dict(rounds="communication_rounds", parameters="parameters")
 SUMMARY.update(acc_avg="final_test_acc_avg_model", acc_local_mean="final_test_acc_local_mean")
