@@ -181,10 +181,9 @@ def _seconds(values: Sequence[float]) -> str:
 def soak_section(rows: Rows) -> str:
     """The emulated-cluster soak (`cluster.soak.soak`'s row; its text: soak.md): what happened to
     the run, then a line per fault kind. Empty without a soak row."""
-    soak = [r for r in rows.records if r.config.get("section") == "soak"]
-    if not soak:
+    record = next((r for r in rows.records if r.config.get("section") == "soak"), None)
+    if record is None:
         return ""
-    record = soak[0]
     faults, final = record.row["rows"], record.row["final"]
     last = {str(k): str(k) for k in range(final["hosts"])}
     for f in faults:

@@ -199,10 +199,6 @@ def run_file(spec: str, seed: int = 0) -> str:
     return name if seed == 0 else f"seed{seed}/{name}"
 
 
-def fmt_err(value: float) -> str:
-    return f"{value:.3g}"
-
-
 def fmt_gamma(value: Optional[float]) -> str:
     return "—" if value is None else f"{value:.4g}"
 
@@ -223,7 +219,7 @@ def cell_text(cell: Dict, swept: bool) -> str:
     if cell["status"] != "ok":
         return cell["status"]
     row = cell["row"]
-    text = ("≤ " if row["bound"] else "") + fmt_err(row["relative"])
+    text = ("≤ " if row["bound"] else "") + f"{row['relative']:.3g}"
     text += " (floor)" if row["at_floor"] else ""
     return f"{text} (γ={fmt_gamma(cell['gamma'])})" if swept else text
 

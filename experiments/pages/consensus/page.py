@@ -10,7 +10,7 @@ from experiments.pages._markdown import fill, grid_end, snippets, table
 from gossip_powersgd.consensus_problems import problem_shapes
 from gossip_powersgd.metrics import DIVERGE_FACTOR, FLOOR_MARGIN, FLOOR_ULPS
 
-from .files import CURVES, budget_name, column_title, columns, family, fmt_err, fmt_gamma
+from .files import CURVES, budget_name, column_title, columns, family, fmt_gamma
 from .files import format_table, winner_cell, winner_text
 from .instance import FULL_GRID, SAVED_EPOCHS, TRAINING
 
@@ -61,11 +61,10 @@ def method_fields(instances: Sequence[Dict]) -> Dict[str, Any]:
     """What the method paragraphs say of this run: scope, dtypes, stops, γ grids."""
     first, screen = instances[0], budget_name(instances[0]["screen_bits"])
     grids = sorted({tuple(r["gammas"]) for r in instances})
-    by_topology = {
-        t: [r["problem"] for r in instances if r["topology"] == t]
-        for t in dict.fromkeys(r["topology"] for r in instances)
-    }
-    fields = dict(scope=_listing(by_topology), missing=_listing(not_run(instances)))
+    by_topology: Dict[str, List[str]] = {}
+    for r in instances:
+        by_topology.setdefault(r["topology"], []).append(r["problem"])
+    fields = dict(scope=_listing(by_topology), missing=_listing(not_run(by_topology)))
     fields.update(dtypes=", ".join(sorted({r["dtype"] for r in instances})))
     fields.update(stop_relative=first["stop_relative"], max_bits=budget_name(first["max_bits"]))
     fields.update(grids="; ".join("{" + ", ".join(map(fmt_gamma, grid)) + "}" for grid in grids))
@@ -79,19 +78,12 @@ def _listing(problems: Dict[str, List[str]]) -> str:
     )
 
 
-def not_run(instances: Sequence[Dict]) -> Dict[str, List[str]]:
-    """Per topology of the page, the problems of the full grid it has no instance of (the trained
-    models exist for ring:8 only)."""
-    ran: Dict[str, set] = {}
-    for r in instances:
-        ran.setdefault(r["topology"], set()).add(r["problem"])
+def not_run(ran: Dict[str, List[str]]) -> Dict[str, List[str]]:
+    """Per topology of `ran` (the problems run, by topology), the problems of the full grid it has
+    no instance of (the trained models exist for ring:8 only)."""
     return {
-        t: [
-            p
-            for p in FULL_GRID
-            if p not in done and not (p.startswith("models:") and t != "ring:8")
-        ]
-        for t, done in ran.items()
+        t: [p for p in FULL_GRID if p not in ps and (t == "ring:8" or not p.startswith("models:"))]
+        for t, ps in ran.items()
     }
 
 
@@ -147,7 +139,7 @@ def headline(instance: Dict) -> List[str]:
         pg = best(lambda f: f[0] == "powergossip")
         if pg is None:
             continue
-        parts = [f"best PowerGossip ({pg[0]}) {fmt_err(pg[1]['row']['relative'])}"]
+        parts = [f"best PowerGossip ({pg[0]}) {pg[1]['row']['relative']:.3g}"]
         verdicts = []
         for name, found in ((name, best(pick)) for name, pick in VERSUS):
             if found is None:
@@ -155,7 +147,7 @@ def headline(instance: Dict) -> List[str]:
             tuned = found[1].get("gamma") is not None and families[found[0]][1] == "tuned"
             gamma = f", γ={fmt_gamma(found[1]['gamma'])}" if tuned else ""
             label = "exact gossip" if name == "exact gossip" else f"{name} ({found[0]}{gamma})"
-            parts.append(f"{label} {fmt_err(found[1]['row']['relative'])}")
+            parts.append(f"{label} {found[1]['row']['relative']:.3g}")
             verdicts.append(f"vs {name}: {_ratio_text(pg[1], found[1])}")
         head = f"- at {budget_name(budget)} bits per peer (relative errors): "
         lines.append(head + " · ".join(parts) + ". " + "; ".join(verdicts) + ".")

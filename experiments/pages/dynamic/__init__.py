@@ -114,7 +114,9 @@ def render(rows: Rows) -> Outputs:
             at = {b: None if e is None else e / r["error0"] for b, e in at.items()}
             r = dict(r, at_budget=at, to_reach={t: bits_to_reach(h, t) for t in TARGETS})
         shown.append(r)
-    target = training_target(training)
+    # the accuracy every PowerGossip run reached: the lowest final accuracy among them
+    finals = [r["acc_avg"] for r in training if r["label"] == POWERGOSSIP and "error" not in r]
+    target = min(finals) if finals else None
     text = page(shown, training, p, target, made_by(rows), seconds, consensus_seconds)
     data = {"command": old.get("command", rows.command), "seconds": seconds, "plan": p}
     data.update(consensus=consensus, training=training)
@@ -161,10 +163,6 @@ def consensus_tables(rows: Sequence[Dict[str, Any]], budgets: Sequence[float]) -
     head += [f"bits to rel. error {t:.0e}" for t in TARGETS]
     csv_head = ["topology", "algorithm", "spec", "steps", "bits_run", "stop", "initial_error"]
     csv_head += [f"rel_error_at_{b:g}_bits" for b in budgets] + [f"bits_to_{t:g}" for t in TARGETS]
-
-    def six(value: Optional[float]) -> str:
-        return "" if value is None else f"{value:.6g}"
-
     lines = table(head, [], None)
     csv_lines = []
     for r in rows:
@@ -176,11 +174,11 @@ def consensus_tables(rows: Sequence[Dict[str, Any]], budgets: Sequence[float]) -
             continue
         at, to = [r["at_budget"][b] for b in budgets], [r["to_reach"][t] for t in TARGETS]
         cells = [r["topology"], r["label"], str(r["steps"]), f"{r['bits_run']:.3g}", r["stop"]]
-        cells += [_num(x) for x in at] + [
-            _num(x, f"not reached (> {r['bits_run']:.3g})") for x in to
-        ]
+        missing = f"not reached (> {r['bits_run']:.3g})"
+        cells += [_num(x) for x in at] + [_num(x, missing) for x in to]
         lines.append("| " + " | ".join(cells) + " |")
-        csv = first + [r["steps"], r["bits_run"], r["stop"], r["error0"], *map(six, at + to)]
+        precise = ["" if x is None else f"{x:.6g}" for x in at + to]
+        csv = first + [r["steps"], r["bits_run"], r["stop"], r["error0"], *precise]
         csv_lines.append(csv + [f"{r['seconds']:.1f}", ""])
     return "\n".join(lines) + "\n", csv_text(csv_head + ["seconds", "error"], csv_lines)
 
@@ -208,12 +206,6 @@ def time_curve(row: Dict[str, Any], bandwidth: float) -> List[Tuple[float, float
     scaled by the evaluation's share of its bytes (a step's traffic is constant on these graphs)."""
     total, mb_total = projected_seconds(row, bandwidth), row["mb_per_peer"] or 1.0
     return [(total * mb / mb_total, acc) for mb, acc in mb_curve(row)]
-
-
-def training_target(rows: Sequence[Dict[str, Any]]) -> Optional[float]:
-    """The accuracy every PowerGossip run reached: the lowest final accuracy among them."""
-    finals = [r["acc_avg"] for r in rows if r["label"] == POWERGOSSIP and "error" not in r]
-    return min(finals) if finals else None
 
 
 def reach_table(rows: Sequence[Dict[str, Any]], target: float) -> str:

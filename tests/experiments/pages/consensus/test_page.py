@@ -12,12 +12,10 @@ torch.set_num_threads(1)
 def test_page_lists_what_of_the_full_grid_did_not_run():
     from experiments.pages.consensus.page import not_run
 
-    ran = [
-        {"topology": "ring:8", "problem": p}
-        for p in instance.FULL_GRID
-        if p != "lowrank:r=16,sigma=0.3"
-    ]
-    ran.append({"topology": "torus:4x4", "problem": "matrix"})
+    ran = {
+        "ring:8": [p for p in instance.FULL_GRID if p != "lowrank:r=16,sigma=0.3"],
+        "torus:4x4": ["matrix"],
+    }
     missing = not_run(ran)
     assert missing["ring:8"] == ["lowrank:r=16,sigma=0.3"]
     # the trained models exist for ring:8 only, so a torus page does not count them as missing
