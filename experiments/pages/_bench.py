@@ -46,9 +46,9 @@ def model_shapes(model: str) -> Shapes:
     return list(_zoo_shapes(model))
 
 
-def make_params(shapes: Shapes, rank: int, seed: int = 0):
-    """Random float32 tensors of the given shapes, different on every peer (std 1/sqrt(fan-in))."""
-    generator = torch.Generator().manual_seed(seed * 1000 + rank)
+def make_params(shapes: Shapes, rank: int):
+    """Random float32 tensors of the given shapes, seeded by `rank` (std 1/sqrt(fan-in))."""
+    generator = torch.Generator().manual_seed(rank)
     return [
         torch.randn(shape, generator=generator).mul_(max(1, math.prod(shape[1:])) ** -0.5)
         for _, shape in shapes
@@ -185,19 +185,19 @@ def quick_mark(rows) -> str:
     return " (--quick)" if rows.quick else ""
 
 
-def compact(obj: Any, digits: int = 5, columns: bool = True) -> Any:
-    """Raw numbers made small for a row: floats to `digits` significant digits, and (`columns`)
-    lists of same-keyed dicts (per-step records) as dicts of lists."""
+def compact(obj: Any, columns: bool = True) -> Any:
+    """Raw numbers made small for a row: floats to 5 significant digits, and (`columns`) lists of
+    same-keyed dicts (per-step records) as dicts of lists."""
     if isinstance(obj, float):
-        return float(f"{obj:.{digits}g}")
+        return float(f"{obj:.5g}")
     if isinstance(obj, dict):
-        return {k: compact(v, digits, columns) for k, v in obj.items()}
+        return {k: compact(v, columns) for k, v in obj.items()}
     if not isinstance(obj, (list, tuple)):
         return obj
     records = len(obj) > 1 and all(isinstance(x, dict) for x in obj)
     if columns and records and len({tuple(x) for x in obj}) == 1 and "steps" not in obj[0]:
-        return {k: [compact(x[k], digits) for x in obj] for k in obj[0]}
-    return [compact(v, digits, columns) for v in obj]
+        return {k: [compact(x[k]) for x in obj] for k in obj[0]}
+    return [compact(v, columns) for v in obj]
 
 
 def run_child(command: List[str], timeout: float) -> Tuple[Optional[int], str]:

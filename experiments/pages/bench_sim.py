@@ -217,18 +217,14 @@ def earlier_code(c: Dict[str, Any], modules: Dict[str, List[str]]) -> str:
     return PARTS["own" if c["helpers"] == "own" else "tree"].format(files=files) if modules else ""
 
 
-#: The columns of the steps table, in order: what each setup is (parts.md's `column NAME`).
-COLUMNS = ("before", "free", "previous", "turns", "lanes python", "lanes", "one thread")
-
-
 def render(rows: Rows) -> Outputs:
     """The results page."""
     (record,) = rows.records
     c, results = record.config, record.row
     shapes = model_shapes("resnet20")
     half = (c["peers"] + 1) // 2  # lane of rank r: r * 2 // peers (LocalCluster)
-    variants = [v for v in COLUMNS if v in results["sim"]]
     sim, switches = results["sim"], results["switches"]
+    variants = list(sim)  # the steps table's columns: SETUPS' order (parts.md's `column NAME`)
     each = [
         ("steps / s (median of reps)", lambda v: f"**{median(sim[v]):.1f}**"),
         ("each rep", lambda v: ", ".join(f"{s:.1f}" for s in sim[v])),
@@ -245,7 +241,7 @@ def render(rows: Rows) -> Outputs:
         quick=quick_mark(rows),
         header=header(rows),
         parameters=count_params(shapes),
-        compressed_mb=sum(4 * count_params([s]) for s in shapes if len(s[1]) >= 2) / 1e6,
+        compressed_mb=4 * count_params([s for s in shapes if len(s[1]) >= 2]) / 1e6,
         last_first=half - 1,
         half=half,
         last=c["peers"] - 1,

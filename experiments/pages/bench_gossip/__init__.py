@@ -85,7 +85,7 @@ def row(run: Run) -> Dict[str, Any]:
     else:
         started = time.perf_counter()
         values = run_peers(topology, peer_benchmark, cfg, backend="local", timeout=1800)
-        iso = isolated_benchmark(cfg, topology) if cfg.isolated and not cfg.bytes_only else None
+        iso = None if cfg.bytes_only else isolated_benchmark(cfg, topology)
         raw = {"peers": [values[rank] for rank in sorted(values)], "isolated": iso}
         raw["seconds"] = time.perf_counter() - started
     seconds = raw.pop("seconds")
@@ -206,9 +206,7 @@ def summarize_isolated(iso: Dict[str, Any]) -> Dict[str, Any]:
             v[side or "all"] = {"compute": median(times), "efficiency": median(effs)}
 
     def paired(a, b):  # compute a / compute b, median over the rounds (adjacent blocks)
-        return median(
-            [_block_means(x)["compute"] / _block_means(y)["compute"] for x, y in zip(a, b)]
-        )
+        return _ratios([_block_means(x) for x in a], [_block_means(y) for y in b])["compute"]
 
     blocks = iso["variants"]
     if {"before", "batched"} <= set(blocks):  # this tree's / the earlier commit's

@@ -66,10 +66,8 @@ class BenchConfig:
     naive: bool
     exact_steps: int = 1
     warmup: int = 1
-    rank: int = 1
     concurrent_copy_mb: int = 64  # per peer, all peers at once
     isolated_copy_mb: int = 256
-    isolated: bool = True
     bytes_only: bool = False
     shapes: Optional[Shapes] = None  # overrides `model` (tests use a tiny parameter set)
     before: Optional[str] = None
@@ -103,7 +101,7 @@ def peer_benchmark(comm: Comm, cfg: BenchConfig) -> Dict[str, Any]:
     out["exact_warmup"] = cfg.exact_steps > 1
     out["exact"]["param_bytes"] = _bytes(exact.params)
     del exact
-    gossips = build(variants(cfg), base, comm, cfg.rank)
+    gossips = build(variants(cfg), base, comm)
     del base
     first = next(iter(gossips.values()))
     out["compressed_fraction"] = first.compressed_fraction
@@ -146,10 +144,10 @@ def variants(cfg: BenchConfig) -> Dict[str, Tuple[type, bool]]:
     return out
 
 
-def build(algorithms: Dict[str, Tuple[type, bool]], base, comm: Comm, rank: int) -> Dict[str, Any]:
-    """Each variant on its own copy of `base`."""
+def build(algorithms: Dict[str, Tuple[type, bool]], base, comm: Comm) -> Dict[str, Any]:
+    """Each variant (rank 1) on its own copy of `base`."""
     return {
-        name: algorithm([t.clone() for t in base], comm, rank=rank, batch_neighbors=batched)
+        name: algorithm([t.clone() for t in base], comm, rank=1, batch_neighbors=batched)
         for name, (algorithm, batched) in algorithms.items()
     }
 
@@ -166,7 +164,7 @@ def isolated_benchmark(
     `isolated_copy_mb` MB; `algorithms`: name -> (class, batch_neighbors), default `variants`."""
     comm = LoopbackCommunicator(topology, 0, None)
     params = make_params(cfg.parameter_shapes(), 0)
-    gossips = build(algorithms or variants(cfg), params, comm, cfg.rank)
+    gossips = build(algorithms or variants(cfg), params, comm)
     blocks, bandwidth = interleaved_blocks(gossips, comm, cfg, cfg.isolated_copy_mb, lambda: None)
     return {
         "degree": len(comm.neighbors),
@@ -232,35 +230,33 @@ def _kernel(key: str, M, k: int):
     }[key]
 
 
-def kernel_benchmark(rounds: int = 7, columns: Sequence[int] = (1, 2, 3, 4)) -> Dict[str, Any]:
+def kernel_benchmark(rounds: int) -> Dict[str, Any]:
     """Time the kernels of one half-step on the largest VGG-16 group (five 512 x 4608 matrices),
     one thread, each right after a 96 MB copy it is compared with (the load drifts): median over
-    `rounds` of kernel GB/s / copy GB/s. `k` = deg x rank columns (k = 1: the naive path's)."""
+    `rounds` of kernel GB/s / copy GB/s. `k` = deg x rank columns, 1 to 4 (1: the naive path's)."""
     b, rows, cols = 5, 512, 4608
     M = torch.randn(b, rows, cols).mul_(cols**-0.5)
     src, dst = copy_buffers(96)
-    cases = {f"k{k}.{key}": (k, _kernel(key, M, k)) for k in columns for key in KERNELS}
-    for _, fn in cases.values():
+    cases = {(k, key): _kernel(key, M, k) for k in (1, 2, 3, 4) for key in KERNELS}
+    for fn in cases.values():
         fn()
-    measured: Dict[str, List[Tuple[float, float]]] = {key: [] for key in cases}
+    measured: Dict[Tuple[int, str], List[Tuple[float, float]]] = {case: [] for case in cases}
     for _ in range(rounds):  # (kernel GB/s, GB/s of the copy right before it) per round
-        for key, (_, fn) in cases.items():
+        for (k, key), fn in cases.items():
             copy = copy_bandwidth(src, dst)
             start = time.perf_counter()
             fn()
-            units = KERNELS[key.split(".", 1)[1]][1]
-            measured[key].append(
-                (units * M.numel() * 4 / (time.perf_counter() - start) / 1e9, copy)
-            )
+            speed = KERNELS[key][1] * M.numel() * 4 / (time.perf_counter() - start) / 1e9
+            measured[(k, key)].append((speed, copy))
     kernels = [
         {
-            "key": key,
+            "key": f"k{k}.{key}",
             "k": k,
-            "name": f"k={k} {KERNELS[key.split('.', 1)[1]][0]}",
-            "gbps": median([speed for speed, _ in measured[key]]),
-            "of_copy": median([speed / copy for speed, copy in measured[key]]),
+            "name": f"k={k} {KERNELS[key][0]}",
+            "gbps": median([speed for speed, _ in pairs]),
+            "of_copy": median([speed / copy for speed, copy in pairs]),
         }
-        for key, (k, _) in cases.items()
+        for (k, key), pairs in measured.items()
     ]
     return {
         "threads": torch.get_num_threads(),
@@ -278,7 +274,7 @@ def mpi_peer(comm: Comm, cfg: BenchConfig, topology: AnyTopology) -> Dict[str, A
     cores alone); rank 0 gets every peer's numbers."""
     mine = peer_benchmark(comm, cfg)
     isolated = None
-    if cfg.isolated and not cfg.bytes_only:
+    if not cfg.bytes_only:
         comm.barrier()
         if comm.rank == 0:
             isolated = isolated_benchmark(cfg, topology)

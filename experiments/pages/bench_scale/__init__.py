@@ -14,8 +14,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
-from experiments.pages._bench import compact, header, on_machine, python_child, quick_mark
-from experiments.pages._bench import run_child
+from experiments.pages._bench import compact, count_params, header, on_machine, python_child
+from experiments.pages._bench import quick_mark, run_child
 from experiments.pages._markdown import fill, snippets, table, table_rows, template
 
 PARTS = snippets(__file__, "parts.md")
@@ -57,14 +57,13 @@ def tensor_bytes(params: str) -> int:
     """float32 bytes of one peer's parameters in the set `params`."""
     from .measure import parameter_shapes
 
-    return 4 * sum(math.prod(shape) for _, shape in parameter_shapes(params))
+    return 4 * count_params(parameter_shapes(params))
 
 
 def with_gather_rule(point: Dict[str, Any]) -> Dict[str, Any]:
     """Drop the all-gather reduction from an in-process point whose n^2 copies exceed the budget."""
-    if point["backend"] != "local" or "gather" not in point["kinds"]:
-        return point
-    if point["peers"] ** 2 * tensor_bytes(point["params"]) <= GATHER_BUDGET_BYTES:
+    gathered = point["peers"] ** 2 * tensor_bytes(point["params"])
+    if point["backend"] != "local" or gathered <= GATHER_BUDGET_BYTES:
         return point
     return dict(point, kinds=[k for k in point["kinds"] if k != "gather"])
 
@@ -220,12 +219,9 @@ def _reductions(records: List[Dict[str, Any]]) -> List[str]:
             cells = [r["point"]["backend"], str(r["point"]["peers"])]
             cells += [fmt_seconds(ring["seconds"]), fmt_bytes(ring["received"])]
             if gather := s.get("gather"):
-                bytes_, seconds = (
-                    gather["received"] / ring["received"],
-                    gather["seconds"] / ring["seconds"],
-                )
                 cells += [fmt_seconds(gather["seconds"]), fmt_bytes(gather["received"])]
-                cells.append(f"{bytes_:.3g}×, {seconds:.3g}×")
+                ratios = (gather[k] / ring[k] for k in ("received", "seconds"))
+                cells.append(", ".join(f"{x:.3g}×" for x in ratios))
             rows.append(cells if gather else [*cells, "skipped", "–", "–"])
     return [*table_rows(rows), ""]
 
