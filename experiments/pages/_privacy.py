@@ -7,7 +7,6 @@ import os
 from typing import Any, Dict, List, Mapping, Optional
 
 from experiments.engine import made_by
-from experiments.pages import _figures
 from experiments.suite.runs import LOCAL, QUICK_BASE
 
 #: 8 peers x PER_PEER training samples (20 % more are the test set): batches large enough to
@@ -162,11 +161,8 @@ def pct(v) -> str:
     return "n/a" if v is None else f"{100 * v:.2f} %"
 
 
-pyplot = _figures.pyplot
-
-
-def png(fig, dpi: int, tight: bool = True) -> bytes:
-    """`fig` as PNG bytes (closed after), laid out tight first unless `tight` is False."""
-    if tight:
-        fig.tight_layout()
-    return _figures.png(fig, dpi)
+def run_line(text: Mapping[str, str], r: Mapping[str, Any]) -> str:
+    """A run's line of a DP page's runs table: `text`'s `run` piece, or `failed` with its error."""
+    words = dict(r, acc=pct(r.get("acc_avg")), at_3q=pct(r.get("acc_3q")))
+    words.update(error=r.get("error", "").replace("|", "/"))
+    return text["failed" if "error" in r else "run"].format_map(words)

@@ -9,7 +9,7 @@ import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from experiments.engine import Outputs, Page, Rows, Run, made_by
-from experiments.pages import register
+from experiments.pages import _figures, register
 from experiments.pages._markdown import csv_text, fill, mean_sd, snippets
 from experiments.pages import _privacy as regime
 from experiments.suite.runs import QUICK_BASE
@@ -131,7 +131,7 @@ def render(rows: Rows) -> Outputs:
 
 def plot(rows: Sequence[Dict[str, Any]]) -> bytes:
     """Averaged-model accuracy against ε, one line per algorithm, one panel per partition."""
-    plt = regime.pyplot()
+    plt = _figures.pyplot()
     partitions = list(dict.fromkeys(r["partition"] for r in rows))
     fig, axes = plt.subplots(1, len(partitions), figsize=(6 * len(partitions), 4.2), squeeze=False)
     finite = [r["target"] for r in rows if r["target"] is not None]
@@ -152,7 +152,8 @@ def plot(rows: Sequence[Dict[str, Any]]) -> bytes:
         ax.set_title(partition)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return regime.png(fig, dpi=120)
+    fig.tight_layout()
+    return _figures.png(fig, 120)
 
 
 TITLE = "accuracy vs ε under per-peer DP-SGD, five gossip algorithms (privacy_dp_sweep's regime)"

@@ -90,10 +90,8 @@ def verdicts(
 
 def _run_line(r: Dict[str, Any]) -> str:
     """The run's line of the runs table (privacy_dp_budget.md's `run`, or `failed`)."""
-    words = dict(r, acc=regime.pct(r.get("acc_avg")), at_3q=regime.pct(r.get("acc_3q")))
-    words.update(error=r.get("error", "").replace("|", "/"))
-    words["consensus"] = "n/a" if r.get("consensus") is None else f"{r['consensus']:.3g}"
-    return TEXT["failed" if "error" in r else "run"].format_map(words) + "\n"
+    consensus = "n/a" if r.get("consensus") is None else f"{r['consensus']:.3g}"
+    return regime.run_line(TEXT, dict(r, consensus=consensus)) + "\n"
 
 
 def render(rows: Rows) -> Outputs:
@@ -123,8 +121,7 @@ def render(rows: Rows) -> Outputs:
     words["gains"] = "\n".join(table(header, gain_rows, end=None))
     words["verdicts"] = "".join(verdict_lines)
     words["not_run"] = f"\n## Not run\n{not_run}\n" if missing else ""
-    text = fill(TEXT["page"], **words)
-    return {"privacy_dp_budget.md": text}
+    return {"privacy_dp_budget.md": fill(TEXT["page"], **words)}
 
 
 TITLE = "the DP regime's training budget: 15/30/60 epochs at ε = 8, 3, 1 (does doubling pay?)"

@@ -15,7 +15,7 @@ from experiments.pages import register
 from experiments.pages._markdown import block, fill, mean_sd, pm, snippets
 from experiments.pages._markdown import table as table_lines
 from experiments.pages._markdown import table_rows
-from experiments.pages._privacy import DELTA, dp_epochs, dp_row, page_fields, pct, recipe
+from experiments.pages._privacy import DELTA, dp_epochs, dp_row, page_fields, recipe, run_line
 from experiments.pages._privacy import train_config, with_load
 
 _SUBSPACE = dict(dp_exchanged_subspace=True)
@@ -171,14 +171,13 @@ def render(rows: Rows) -> Outputs:
     ]
     words = dict(page_fields(rows), seeds=", ".join(map(str, seeds)))
     words["budgets"] = ", ".join(f"ε = {t:g}: {budget or dp_epochs(t)} epochs" for t in targets)
-    words.update(message_dp=_message_dp(data, targets), runs=runs_table(data))
+    words.update(message_dp=_message_dp(data, targets), runs=[run_line(TEXT, r) for r in data])
     words["accuracy"] = accuracy_table(table, variants, targets)
     words["consensus"] = consensus_tables(table, variants, targets)
     words["verdict"] = block(verdict_text(table, targets))
     words["conclusion"] = block(conclusion(table, targets))
     words["missing"] = ["", "## Not run", "", *not_run] if missing else []
-    text = fill(TEXT["page"] + "\n", **words)
-    return {"privacy_dp_subspace.md": text}
+    return {"privacy_dp_subspace.md": fill(TEXT["page"] + "\n", **words)}
 
 
 def accuracy_table(table, variants, targets) -> List[str]:
@@ -196,16 +195,6 @@ def accuracy_table(table, variants, targets) -> List[str]:
         rows.append([f"{target:g}", label, sigma, f"{eps:.3g}", _acc(cell), consensus])
         rows[-1] += [f"{mb:.3g}", str(cell["failed"])]
     return table_rows(rows)
-
-
-def runs_table(data) -> List[str]:
-    """Every run: its accuracy, consensus and time (privacy_dp_subspace.md's `run`, or `failed`)."""
-    lines = []
-    for r in data:
-        words = dict(r, acc=pct(r.get("acc_avg")), at_3q=pct(r.get("acc_3q")))
-        words.update(error=r.get("error", "").replace("|", "/"))
-        lines.append(TEXT["failed" if "error" in r else "run"].format_map(words))
-    return lines
 
 
 def consensus_tables(table, variants, targets) -> List[str]:

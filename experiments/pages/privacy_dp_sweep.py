@@ -192,8 +192,7 @@ def render(rows: Rows) -> Outputs:
     words["curves"] = "".join(_line(r, "curve") for r in exact + algorithms)
     words["findings"] = "\n".join(findings(sweep, algorithms))
     words["not_run"] = TEXT["not_run"] + "\n\n" + "\n".join(not_run) + "\n" if missing else ""
-    text = fill(TEXT["page"], **words)
-    return {"privacy_dp_sweep.md": text}
+    return {"privacy_dp_sweep.md": fill(TEXT["page"], **words)}
 
 
 TITLE = "the sweep that chose the privacy pages' DP regime (batch, lr, clip) at ε = 8"

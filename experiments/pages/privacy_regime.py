@@ -78,9 +78,8 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
         config = dict(candidate=None, records=records, model=model, target=TARGET)
         for recipe in QUICK_RECIPES if quick else RECIPES:
             train = _train(records, model, 0, recipe, quick)
-            key = (
-                f"{records}/peer {model}/eps={TARGET:g}"  # the first recipe's: as when it was alone
-            )
+            # the first recipe's key: as when it was alone
+            key = f"{records}/peer {model}/eps={TARGET:g}"
             key += "" if recipe == RECIPES[0] else f"/{recipe_label(recipe)}"
             runs.append(Run(key, dict(config, train=train), 0, records * train["epochs"]))
     return runs
@@ -194,9 +193,8 @@ def _eps_cell(dp: Optional[Mapping[str, Any]]) -> str:
 
 
 def _row_cells(name: str, p: Dict[str, Any]) -> List[str]:
-    plain = p["plain"]
-    dp = p["dp"]
-    band = p["plain"]["band_auc"]
+    plain, dp = p["plain"], p["dp"]
+    band = plain["band_auc"]
     cells = [name, f"{100 * plain['acc_victims']:.1f} %", f"{plain['auc']:.3f}"]
     cells += [f"{band[0]:.3f}–{band[1]:.3f}"]
     cells.append(f"{plain['tpr0_1']:.4f} (band ≤ {plain['band_tpr0_1'][1]:.4f})")
@@ -266,10 +264,8 @@ def render(rows: Rows) -> Outputs:
     fields["candidates"] = table_rows(_row_cells(n, p[n]) for n in names if n in p)
     fields["chosen"] = chosen_words(p, name, chosen_setting(data))
     fields["missing"] = ["", "Not run: " + "; ".join(missing) + "."] if missing else []
-    text = fill(
-        template(__file__, "privacy_regime.md"), **fields, recipes_table=recipe_table(data, grid)
-    )
-    return {"privacy_regime.md": text}
+    fields["recipes_table"] = recipe_table(data, grid)
+    return {"privacy_regime.md": fill(template(__file__, "privacy_regime.md"), **fields)}
 
 
 PAGE = register(

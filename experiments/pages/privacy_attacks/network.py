@@ -50,7 +50,7 @@ def plot_network(network: Dict[str, Any]) -> bytes:
     import numpy as np
     from matplotlib.colors import LogNorm
 
-    from experiments.pages._privacy import png, pyplot
+    from experiments.pages._figures import png, pyplot
 
     plt = pyplot()
     cases = network["cases"]
@@ -70,4 +70,4 @@ def plot_network(network: Dict[str, Any]) -> bytes:
         if specs.index(c["topology"]) == 0:
             ax.set_ylabel("peer u")
     fig.colorbar(image, ax=axes.ravel().tolist(), label="ε of u towards v")
-    return png(fig, dpi=100, tight=False)
+    return png(fig, dpi=100)

@@ -75,17 +75,15 @@ def _flat(group, key: str, digits: int = 3) -> str:
     return _stat(_flats(group, key), digits)
 
 
-def _head(group) -> List[str]:
-    return [label(group[0]["spec"]), _dp(group)]
-
-
-def _dp(group: Sequence[Dict[str, Any]]) -> str:
+def _head(group: Sequence[Dict[str, Any]]) -> List[str]:
+    """A group's first cells: its algorithm, and its DP (the victims' own ε over the seeds)."""
     r = group[0]
     if r["target"] is None:
-        return "none"
+        return [label(r["spec"]), "none"]
     eps = [e for g in group for e in (g["eps_victims"] or [g["eps_max"]])]
     low, high = f"{min(eps):.3g}", f"{max(eps):.3g}"
-    return f"ε = {low if low == high else f'{low}–{high}'} (victims' own; target {r['target']:g})"
+    dp = f"ε = {low if low == high else f'{low}–{high}'} (victims' own; target {r['target']:g})"
+    return [label(r["spec"]), dp]
 
 
 def blind_check(group: Sequence[Dict[str, Any]]) -> str:
@@ -193,7 +191,7 @@ def per_class_table(rows) -> List[str]:
 def plot_roc(rows) -> bytes:
     """Log-log ROC of the headline attack, seed of each group's first row: the victim's model and
     the strongest reconstruction, the blind model, chance."""
-    from experiments.pages._privacy import png, pyplot
+    from experiments.pages._figures import png, pyplot
 
     plt, gs = pyplot(), groups(rows)
     fig, axes = plt.subplots(1, len(gs), figsize=(3.6 * len(gs), 3.6), squeeze=False)
@@ -208,6 +206,7 @@ def plot_roc(rows) -> bytes:
         ax.set_title(f"{label(g[0]['spec'])}, {dp}", fontsize=8)
         ax.set(xlabel="FPR", ylabel="TPR")
         ax.legend(fontsize=6)
+    fig.tight_layout()
     return png(fig, dpi=100)
 
 

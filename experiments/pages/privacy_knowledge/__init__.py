@@ -65,26 +65,23 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 
 def row(run: Run) -> Dict[str, Any]:
-    """A structural row or an attack run's row, by the run's kind."""
+    """A structural row, or one attack run (`privacy.knowledge_attack.attack_run`) of the config's
+    regime: ``averaging`` (an epoch alone, then gossip-averaging) or ``dsgd`` (a local step per
+    gossip step)."""
     from gossip_powersgd.privacy.knowledge import structure_report
 
     config = dict(run.config)
     if config["kind"] == "structure":
         mode = {k: config[k] for k in ("updates", "tie", "most")}
         return dict(structure_report(config["topology"], config["steps"], **mode), kind="structure")
-    return dict(attack_row(config, run.seed), kind="attack")
-
-
-def attack_row(config: Dict[str, Any], seed: int) -> Dict[str, Any]:
-    """One attack run (`privacy.knowledge_attack.attack_run`) of the config's regime: ``averaging``
-    (an epoch alone, then gossip-averaging) or ``dsgd`` (a local step per gossip step)."""
     from gossip_powersgd.privacy.knowledge_attack import attack_run
 
-    train = dict(config["train"], seed=seed, backend="local", quiet=True)
+    train = dict(config["train"], seed=run.seed, backend="local", quiet=True)
     train.update(algorithm=config["algorithm"], topology=config["topology"])
     out = {k: config[k] for k in ("regime", "algorithm", "label", "topology")}
     mode = dict(tie=config["tie"], epoch_steps=config["epoch_steps"])
-    return dict(out, **attack_run(train, config["regime"], config["colluder_sets"], **mode))
+    out.update(attack_run(train, config["regime"], config["colluder_sets"], **mode))
+    return dict(out, kind="attack")
 
 
 TITLE = (

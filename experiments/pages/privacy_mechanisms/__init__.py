@@ -16,7 +16,7 @@ from . import audited, page
 from .runs import CLIP, DELTA, NETWORK_STEPS, OBSERVER, TARGET, plan_runs, reuses_local, row
 
 ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1,iters=1"))
-MECHANISMS = ("local", "muffliato", "zipdl", "decor")
+MECHANISMS = page.PRIVATE
 TOPOLOGIES = ("ring:8", "ring:16", "exponential:16")
 #: The run setting of every topology (per peer: `shard` members and as many held out;
 #: synthetic_logreg keeps 80 % of n for training), and its LiRA reference models per seed. 512
@@ -88,9 +88,8 @@ def render(rows: Rows) -> Outputs:
     fields.update(runs="one run" if len(load) == 1 else f"{len(load)} runs")
     fields["network"] = page.WORDS["network"].format(schedule=schedule)
     c = dict(target=TARGET, algorithms=[a for a, _ in ALGORITHMS])
-    name = "privacy_mechanisms_logreg"
     text = template(__file__)
-    return page.outputs(name, text, rows, found, c, load, nice, **fields)
+    return page.outputs("privacy_mechanisms_logreg", text, rows, found, c, load, nice, **fields)
 
 
 TITLE = "DP-SGD, Muffliato, ZIP-DL, DECOR at equal ε in the attack regime, attacked and audited"

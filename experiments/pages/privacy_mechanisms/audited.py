@@ -19,11 +19,10 @@ from experiments.pages.privacy_attacks import tables as attack_tables
 from experiments.pages.privacy_attacks import runs as attack_runs
 
 from . import page
-from .page import NAMES
+from .page import NAMES, PRIVATE
 from .runs import DECOR_RATIO, RATIOS, noise_config, quarters, reuses_local
 
 ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1"))
-MECHANISMS = ("local", "muffliato", "zipdl", "decor")
 #: The target epsilon against a direct neighbour: the one the regime's DP recipe was chosen at.
 TARGET = 8.0
 RECEIVED = {"exact": READ_OFF, "powergossip": MOVING}
@@ -31,13 +30,9 @@ RECEIVED = {"exact": READ_OFF, "powergossip": MOVING}
 ATTACKS = ("LOSS", "LiRA offline", "LiRA online")
 
 
-def _regime(quick: bool) -> Dict[str, Any]:
-    return regimes.regime("privacy_attacks", quick)
-
-
 def calibration_setting(quick: bool) -> Dict[str, Any]:
     """What the calibration needs, from the regime's DP recipe and its split's public sizes."""
-    r = _regime(quick)
+    r = regimes.regime("privacy_attacks", quick)
     setting, dp = r["setting"], r["setting"]["dp"]
     keys = ("topology", "dataset", "partition", "schedule")
     return dict({k: setting[k] for k in keys}, seeds=list(r["seeds"]), **dp)
@@ -62,7 +57,7 @@ def calibrate(c: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
-    r = _regime(quick)
+    r = regimes.regime("privacy_attacks", quick)
     split, train, reference = attack_runs.configs(r)
     runs = [Run("calibration", dict(kind="calibration", setting=calibration_setting(quick)))]
     runs += [Run(f"split/seed{s}", dict(kind="split", split=split), s) for s in r["seeds"]]
@@ -71,7 +66,7 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
         return runs
     canaries = min(r["canaries"], 32) if quick else r["canaries"]
     base = dict(kind="attack", split=split, reference=reference, references=r["references"])
-    mechanisms = [m for m in ("none",) + MECHANISMS if m != "muffliato" or not reuses_local(noises)]
+    mechanisms = [m for m in ("none",) + PRIVATE if m != "muffliato" or not reuses_local(noises)]
     for wave in r.get("seed_waves", (r["seeds"],)):
         for seed in (s for s in wave if s in r["seeds"]):
             for (label, spec), mechanism in itertools.product(ALGORITHMS, mechanisms):
@@ -132,11 +127,11 @@ def render(rows: Rows) -> Outputs:
     reads it: setting, calibration, rows), the audit, and the regime it ran in."""
     (calibrated,) = [r for r in rows.records if r.config["kind"] == "calibration"]
     runs = [r.row for r in rows.records if r.config["kind"] == "attack"]
-    noises = {k: v for k, v in calibrated.row.items() if k in MECHANISMS}
+    noises = {k: v for k, v in calibrated.row.items() if k in PRIVATE}
     section = dict(setting=calibrated.config["setting"], noises=noises, rows=runs)
     section["reuse_muffliato"] = reuses_local(calibrated.row)
     c = dict(target=TARGET, algorithms=[a for a, _ in ALGORITHMS])
-    regime = _regime(rows.records[0].quick)
+    regime = regimes.regime("privacy_attacks", rows.records[0].quick)
     s, public = regime["setting"], calibrated.row["public"]
     fields = dict(regime=regime, s=s, dp=s["dp"], public=public, local=calibrated.row["local"])
     fields.update(data=s["dataset"].split(":")[0], records=public["train_size"] // public["peers"])
