@@ -143,7 +143,7 @@ class MLP(ModelKind):
         if parsed.options:  # the widths are positional: mlp:100,100
             key = next(iter(parsed.options))
             raise spec_error(
-                WHAT, spec, f"mlp takes hidden widths, not options ({key!r}): e.g. mlp:100,100"
+                WHAT, spec, f"unknown option {key!r}; valid: none (mlp's widths: e.g. mlp:100,100)"
             )
         widths = _DEFAULT_MLP_WIDTHS
         if parsed.positional or ":" in spec:  # "mlp:" names no width

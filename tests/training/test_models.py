@@ -92,7 +92,8 @@ def test_byo_models():
         (
             "mlp:hidden=64",
             (40,),
-            r"mlp takes hidden widths, not options \('hidden'\): e\.g\. mlp:100,100$",
+            r"^model spec 'mlp:hidden=64': unknown option 'hidden'; valid: none "
+            r"\(mlp's widths: e\.g\. mlp:100,100\)$",
         ),
         ("logreg:3", (40,), "no options"),
         ("cnn1d:width=3", (40,), "unknown option 'width'"),
