@@ -18,7 +18,6 @@ import os
 import re
 from functools import cached_property
 
-import networkx as nx
 import numpy as np
 
 from .generators import _int
@@ -37,6 +36,8 @@ __all__ = [
 
 
 def _strong_components(n: int, edges) -> int:
+    import networkx as nx
+
     g = nx.DiGraph()
     g.add_nodes_from(range(n))
     g.add_edges_from(edges)

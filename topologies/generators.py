@@ -13,7 +13,6 @@ import operator
 import random
 import re
 
-import networkx as nx
 import numpy as np
 
 from .topology import Topology, check_connected, check_size
@@ -171,6 +170,8 @@ def random_regular(n: int, d: int, seed: int = 0, *, weights: str = "metropolis"
     if (d == 0 and n > 1) or (d == 1 and n > 2):
         raise ValueError(f"a {d}-regular graph on {n} nodes is never connected; use d >= 2")
     name = f"random_regular:{n}:{d}" + (f":{seed}" if seed else "")
+    import networkx as nx
+
     rng = random.Random(seed)  # same first draw as seed=seed; retries continue the stream
     for _ in range(100):
         g = nx.random_regular_graph(d, n, seed=rng)
@@ -203,6 +204,8 @@ def small_world(
     if k > n:
         raise ValueError(f"small_world needs k <= n, got k={k}, n={n}")
     name = f"small_world:{n}:{k}:{p!r}" + (f":{seed}" if seed else "")
+    import networkx as nx
+
     try:
         g = nx.connected_watts_strogatz_graph(n, k, p, tries=100, seed=seed)
     except nx.NetworkXError as exc:

@@ -11,7 +11,8 @@ import math
 import os
 import re
 
-import networkx as nx
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .topology import (
@@ -23,6 +24,9 @@ from .topology import (
     check_size,
 )
 from .weights import check_scheme, weight_matrix
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["from_graph", "from_edge_list", "node_count"]
 
@@ -42,6 +46,8 @@ def from_graph(
     A multigraph's parallel edges are collapsed (not allowed with ``"given"``).
     ``require_connected=False`` accepts a disconnected graph, for one member of a cyclic schedule.
     """
+    import networkx as nx
+
     if not isinstance(g, nx.Graph):
         raise TypeError(f"from_graph needs a networkx.Graph, got {type(g).__name__}")
     check_scheme(weights, extra=("given",))
@@ -187,6 +193,8 @@ def from_edge_list(
         raise ValueError(
             f"{path}: weights='given' but the edges carry no weights; use 'i j w' lines"
         )
+
+    import networkx as nx
 
     g = nx.Graph()
     g.add_nodes_from(range(n))

@@ -7,8 +7,13 @@ import numbers
 import operator
 from functools import cached_property
 
-import networkx as nx
+import sys
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:  # networkx is imported where a graph is made or read (0.4 s a process)
+    import networkx as nx
 
 __all__ = ["Topology", "MAX_PEERS", "check_size", "step_index"]
 
@@ -71,6 +76,8 @@ def _matrix_from_weighted_graph(g: nx.Graph, nodes: list) -> np.ndarray:
             )
         if not isinstance(w, numbers.Real) or isinstance(w, bool):
             raise ValueError(f"edge ({u!r}, {v!r}) has a non-numeric weight {w!r}")
+    import networkx as nx
+
     w = nx.to_numpy_array(g, nodelist=nodes, weight="weight", nonedge=0.0, dtype=np.float64)
     np.fill_diagonal(w, 0.0)
     np.fill_diagonal(w, 1.0 - w.sum(axis=1))
@@ -243,7 +250,9 @@ class Topology(ConstantSchedule):
         scheme: str | None = None,
         require_connected: bool = True,
     ):
-        if isinstance(W, nx.Graph):
+        # a networkx graph can only come from code that imported networkx: no import otherwise
+        graph_type = getattr(sys.modules.get("networkx"), "Graph", None)
+        if graph_type is not None and isinstance(W, graph_type):
             _check_graph_input(W)
             nodes = list(W.nodes)
             bad = [v for v in nodes if not _is_node_label(v)]
@@ -327,6 +336,8 @@ class Topology(ConstantSchedule):
     @cached_property
     def graph(self) -> nx.Graph:
         """The topology as a frozen ``networkx.Graph``; edge attribute ``"weight"`` is W[i,j]."""
+        import networkx as nx
+
         g = nx.Graph(name=self._name)
         g.add_nodes_from(range(self.size))
         g.add_weighted_edges_from((i, j, float(self._W[i, j])) for i, j in self.edges())

@@ -290,3 +290,19 @@ def test_import_does_not_import_torch_or_matplotlib():
     )
     r = _run("-c", code)
     assert r.returncode == 0, r.stderr
+
+
+def test_what_a_training_run_uses_imports_no_networkx_and_graphs_still_do():
+    # networkx costs ~0.2 s of every process's start (each MPI rank, each torchrun worker): it is
+    # imported only where a graph is made or read (Topology.graph, from_graph, the random graphs).
+    code = (
+        "import sys, topologies; "
+        "t = topologies.parse('torus:2x4'); t.W; t.neighbors(0); t.gamma; "
+        "s = topologies.parse('one_peer_exponential:8'); s.at(3).neighbors(0); "
+        "assert 'networkx' not in sys.modules, 'networkx imported'; "
+        "g = t.graph; assert sorted(g.edges) == t.edges(); "
+        "assert topologies.Topology(g).W.tolist() == t.W.tolist(); "
+        "assert topologies.parse('small_world:8:2:0.5').size == 8"
+    )
+    r = _run("-c", code)
+    assert r.returncode == 0, r.stderr
