@@ -51,9 +51,13 @@ def spec_error(what: str, spec: object, problem: str) -> ValueError:
     return ValueError(f"{what} {spec!r}: {problem}")
 
 
-def unknown_option(what: str, spec: object, key: str, valid: Iterable[str]) -> ValueError:
-    """The error for option `key`, which the kind does not take; `valid` lists the ones it does."""
-    return spec_error(what, spec, f"unknown option {key!r}; valid: {', '.join(valid) or 'none'}")
+def unknown_option(
+    what: str, spec: object, key: str, valid: Iterable[str], hint: str = ""
+) -> ValueError:
+    """The error for option `key`, which the kind does not take; `valid` lists the ones it does,
+    `hint` (if any) follows them: how the kind is spelled instead."""
+    valid_text = ", ".join(valid) or "none"
+    return spec_error(what, spec, f"unknown option {key!r}; valid: {valid_text}{hint}")
 
 
 def unknown_name(what: str, spec: object, name: str, valid: Iterable[str]) -> ValueError:
@@ -170,9 +174,11 @@ def parse_spec(spec: str, what: str = "spec", separator: str = ",", imports: boo
     return Spec(name, positional, options)
 
 
-def check_options(parsed: Spec, valid: Iterable[str], what: str, spec: object) -> None:
-    """Refuse any option of `parsed` whose key is not in `valid` (`unknown_option`)."""
+def check_options(
+    parsed: Spec, valid: Iterable[str], what: str, spec: object, hint: str = ""
+) -> None:
+    """Refuse any option of `parsed` whose key is not in `valid` (`unknown_option`, with `hint`)."""
     valid = list(valid)
     for key in parsed.options:
         if key not in valid:
-            raise unknown_option(what, spec, key, valid)
+            raise unknown_option(what, spec, key, valid, hint)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import re
-
 from typing import TYPE_CHECKING
 
 import numpy as np

@@ -5,14 +5,13 @@ from __future__ import annotations
 import hashlib
 import numbers
 import operator
-from functools import cached_property
-
 import sys
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # networkx is imported where a graph is made or read (0.4 s a process)
+if TYPE_CHECKING:  # networkx is imported where a graph is made or read (0.2 s a process)
     import networkx as nx
 
 __all__ = ["Topology", "MAX_PEERS", "check_size", "step_index"]

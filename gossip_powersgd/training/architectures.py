@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..registries import Registry, Setting, option_types, with_defaults
-from ..specs import Spec, spec_error, typed_options
+from ..specs import Spec, check_options, spec_error, typed_options
 from .zoo import LSTMLanguageModel, ResNet20, VGG16
 
 __all__ = ["ModelKind", "MODELS", "register_model", "CNN1d", "BYO_MODEL", "WHAT"]
@@ -140,11 +140,7 @@ class MLP(ModelKind):
     usage = "mlp[:<width>,<width>,...]"
 
     def build(self, spec, parsed, input_shape, num_classes, device):
-        if parsed.options:  # the widths are positional: mlp:100,100
-            key = next(iter(parsed.options))
-            raise spec_error(
-                WHAT, spec, f"unknown option {key!r}; valid: none (mlp's widths: e.g. mlp:100,100)"
-            )
+        check_options(parsed, (), WHAT, spec, hint=" (mlp's widths: e.g. mlp:100,100)")
         widths = _DEFAULT_MLP_WIDTHS
         if parsed.positional or ":" in spec:  # "mlp:" names no width
             try:
