@@ -1,4 +1,4 @@
-"""The processes a launcher started, read from /proc: a job's ranks by pid, whether a pid is alive, a process's descendants and its state letter."""
+"""The processes a launcher started, read from /proc: a job's ranks by pid, whether a pid is alive, a process's descendants, its state letter and whether it is already on its way out."""
 
 import os
 
@@ -58,3 +58,27 @@ def ps_state(pid: int):
             return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return None
+
+
+#: `PF_EXITING` in the kernel's `task_struct.flags` (include/linux/sched.h): the process is in
+#: `do_exit`, tearing down its memory and files before it becomes a zombie.
+PF_EXITING = 0x4
+
+
+def ending(pid: int) -> bool:
+    """Whether `pid` is gone, a zombie, or already ending: in `do_exit` (`PF_EXITING`) or with a
+    SIGKILL pending, which nothing can catch or block. A killed process with a large address space
+    (torch) can spend a moment in `do_exit` before the kernel makes it a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/status") as f:
+            pending = [
+                int(line.split()[1], 16) for line in f if line.startswith(("SigPnd", "ShdPnd"))
+            ]
+    except OSError:  # gone
+        return True
+    sigkill = 1 << (9 - 1)  # bit n-1 of the pending mask is signal n
+    return (
+        fields[0] == "Z" or bool(int(fields[6]) & PF_EXITING) or any(m & sigkill for m in pending)
+    )

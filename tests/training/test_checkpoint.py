@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from processes import descendants, ps_state, rank_pids
+from processes import descendants, ending, ps_state, rank_pids
 
 import topologies
 from gossip_powersgd import (
@@ -420,11 +420,13 @@ def test_a_rank_killed_mid_training_ends_the_job_and_the_run_resumes_exactly(tmp
     )
     assert process.returncode != 0
     assert exit_seconds < 30
-    # No process of the job outlives mpiexec: each is gone, or a zombie left for init to reap
-    # (hydra kills a supervisor and its rank together; the orphaned rank is reaped a moment later,
-    # and its run-directory lock is stale already: the --resume below takes it over at once).
-    states = {pid: ps_state(pid) for pid in job}
-    assert all(state in (None, "Z") for state in states.values()), states
+    # No process of the job outlives mpiexec: each is gone, a zombie left for init to reap, or
+    # already ending (hydra kills a supervisor and its rank dies with it by SIGKILL, which a rank
+    # holding torch's memory can still be carrying out in do_exit when mpiexec returns; the
+    # orphan is reaped a moment later, and its run-directory lock is stale already: the --resume
+    # below takes it over at once). A rank still running would be none of these.
+    left = {pid: ps_state(pid) for pid in job if not ending(pid)}
+    assert not left, f"still running after mpiexec ended (pid: state): {left}"
     # Rank 2's supervisor (its parent) names it, and the survivors name it, each finding its
     # process gone when a wait for it runs out (or hearing it from a rank that did).
     assert "error (rank 2): this rank's process" in errors, errors
@@ -454,6 +456,26 @@ def test_a_rank_killed_mid_training_ends_the_job_and_the_run_resumes_exactly(tmp
     assert (
         json.loads((out / "summary.json").read_text())["model_sha256"] == reference["model_sha256"]
     )
+
+
+def test_ending_is_false_for_a_running_or_stopped_process_and_true_once_it_is_killed():
+    """The check above: a process still running (or stopped) is not ending; the moment it is sent
+    SIGKILL it is (a pending SIGKILL, do_exit, or already a zombie), and so once it is reaped."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert not ending(child.pid)
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while ps_state(child.pid) != "T":
+            assert time.monotonic() < deadline, ps_state(child.pid)
+            time.sleep(0.001)
+        assert not ending(child.pid)
+        os.kill(child.pid, signal.SIGKILL)
+        assert ending(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert ending(child.pid)
 
 
 def _header(epoch=1):
