@@ -346,11 +346,14 @@ def test_a_rank_killed_mid_training_ends_the_job_and_the_run_resumes_exactly(tmp
     that reports names rank 2; the newest checkpoint loads; --resume finishes with the model of an
     uninterrupted run.
 
-    `-disable-auto-cleanup` keeps hydra from killing the survivors itself (it does so in ~0.3 s,
-    its banner naming whichever PID it reaped first), so this exercises our own comm_timeout path.
-    Logging and evaluation are off until the end, so the survivors wait in gossip exchanges, where
-    a timeout names the silent neighbour (a timeout inside a collective names the operation, not
-    the peer), and the peer's process found gone names it as killed.
+    `-disable-auto-cleanup` asks hydra not to kill the survivors itself, so that they take our own
+    comm_timeout path: logging and evaluation are off until the end, so the survivors wait in
+    gossip exchanges, where a timeout names the silent neighbour (a timeout inside a collective
+    names the operation, not the peer), and the peer's process found gone names it as killed.
+    The hydra of mpich 5.0.2 kills them anyway, by SIGKILL within ~0.1 s and without a word (a
+    three-rank job of plain sleepers, one killed, shows the same), so with it only rank 2's
+    supervisor speaks; the neighbour named on a timeout is tested in tests/comm/test_mpi.py
+    (test_mpi_silent_peer_ends_the_job_naming_it).
     Each rank's stderr goes to its own file: forwarded output races with the job's teardown."""
     out = tmp_path / "run"
     overrides = [
