@@ -2,11 +2,16 @@
 
 import configparser
 import importlib
+import importlib.metadata
 import inspect
+import re
 import subprocess
 import sys
+from typing import List
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from setuptools import find_packages
 
 from tests.conftest import ROOT
@@ -100,3 +105,65 @@ def test_the_console_scripts_name_themselves_in_their_help():
         )
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith(f"usage: {script} "), result.stdout.splitlines()[0]
+
+
+def pins() -> dict:
+    """constraints.txt as {normalized name: version}."""
+    out = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            assert version, f"constraints.txt: {line!r} is not an exact pin (name==version)"
+            out[canonicalize_name(name)] = version
+    return out
+
+
+def makefile_extras() -> List[str]:
+    """The extras `make install` installs, read from its pip line."""
+    match = re.search(r"-e '\.\[([a-z,]+)\]'", (ROOT / "Makefile").read_text())
+    assert match, "the Makefile's install line (-e '.[extras]') was not found"
+    return match.group(1).split(",")
+
+
+def direct_requirements(extras: List[str]) -> List[Requirement]:
+    """setup.cfg's install_requires and the requirements of `extras`."""
+    options = read_setup_cfg()
+    lines = options["options"]["install_requires"].split()
+    for extra in extras:
+        lines += [r for r in options["options.extras_require"][extra].splitlines() if r.strip()]
+    return [Requirement(line) for line in lines]
+
+
+def test_constraints_pin_every_package_that_make_install_brings_in():
+    """CI installs from a clean clone: a package without a pin there is whatever the index has that
+    day (a new mpich decides what a job does when a rank dies; a new ruff what `make lint` accepts).
+    Every requirement of the package and its extras is pinned, and so is every requirement of a
+    pinned package installed here at its pinned version (on another machine, or another version,
+    only what can be read is followed)."""
+    pinned, extras = pins(), makefile_extras()
+    missing, seen = [], set()
+    todo = [(r, "setup.cfg") for r in direct_requirements(extras)]
+    while todo:
+        requirement, wanted_by = todo.pop()
+        name = canonicalize_name(requirement.name)
+        if name in seen:
+            continue
+        seen.add(name)
+        if name not in pinned:
+            missing.append(f"{name} (wanted by {wanted_by})")
+            continue
+        try:
+            installed = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if installed.version.split("+")[0] != pinned[name].split("+")[0]:
+            continue
+        for line in installed.requires or ():
+            sub = Requirement(line)
+            # only what pip installs for the extras asked for (markers on python and platform too)
+            wanted = [{"extra": e} for e in sorted(requirement.extras)] or [{"extra": ""}]
+            if sub.marker is None or any(sub.marker.evaluate(w) for w in wanted):
+                todo.append((sub, name))
+    assert not missing, f"constraints.txt has no pin for: {', '.join(sorted(missing))}"
+    assert {"torch", "mpich", "ruff", "opacus"} <= seen
