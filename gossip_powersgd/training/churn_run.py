@@ -102,6 +102,7 @@ class ChurnRun(TrainingHooks):
         self.shift_total = 0.0
         self.run = self.hooks = self.run_dir = None
         self.placed: Optional[int] = None  # a rejoining peer: the step its loop starts at
+        self.admitted: Optional[int] = None  # ... and the step it is a member again from
 
     # ---- set-up ----------------------------------------------------------------------------------
     def start(self, run, hooks, run_dir) -> None:
@@ -139,8 +140,11 @@ class ChurnRun(TrainingHooks):
 
         at = await_admission(self.detected, self.detected.monitor.announce())
         membership = self.peer.membership
-        self.placed = at - at % run.steps_per_epoch
-        self.peer.epoch = membership.at(min(self.placed, at - 1))  # not a member before `at`
+        self.placed, self.admitted = at - at % run.steps_per_epoch, at
+        # The epoch before its admission, in which it is not a member. Not the epoch of `placed`:
+        # lost after `placed` (in the same training epoch), it would train from `placed` as a
+        # member of the group it left; `begin_step` keeps it away until `at` instead.
+        self.peer.epoch = membership.at(at - 1)
         words = [self.config.seed, self.comm.rank, membership.last.number]
         seed = int(np.random.SeedSequence(words).generate_state(1)[0])
         batches = run.batches.state_dict()
@@ -175,6 +179,8 @@ class ChurnRun(TrainingHooks):
     # ---- every step ------------------------------------------------------------------------------
     def begin_step(self, state) -> bool:
         """Apply the membership of `state.step`; whether this peer trains the step."""
+        if self.admitted is not None and state.step < self.admitted:
+            return False  # a rejoining peer, placed at its admission's training epoch: away
         run = self.run
         was_live = self.peer.live
         joined = TrainingState(run.model, run.optimizer, state, self)

@@ -392,14 +392,19 @@ def test_the_continue_policy_hands_each_lost_peer_over_once_and_goes_on():
 
 
 # ---- --rejoin -------------------------------------------------------------------------------------
-#: The rejoin run: 300 epochs of 13 steps (3900 steps, about 50 s on an idle machine); peer 2 is
-#: killed at 10 % and restarted at once with --rejoin 2, evaluations every 50 epochs (none at the
-#: kill: a loss during an evaluation still ends the run). It must be admitted before half the run,
+#: The rejoin run: 2 training epochs of 1950 steps (3900 steps, about 50 s on an idle machine), on
+#: tiny.yaml's problem with REJOIN_DATASET's records: 62,400 training records a peer (batches of
+#: 32) and tiny.yaml's 400 test records, so that the loss and the admission fall in one training
+#: epoch, as in a real run with long epochs and a restart within seconds (the two-rejoins test
+#: below has them in different ones). Peer 2 is killed at 10 % and restarted at once with
+#: --rejoin 2, one evaluation, at the end (none at the kill: a loss during an evaluation still
+#: ends the run). It must be admitted before half the run,
 #: leaving it at least ADMITTED_BEFORE steps with the members: its own start (one interpreter
 #: importing torch) against the members' 1560 further steps, both slowed alike by a loaded machine.
 #: (Not shorter: the live peer 3's request is refused only after comm_timeout, 20 s, which the run
 #: must outlast on a fast machine too: 3900 steps took 60 s on the 2-core CI machine.)
-REJOIN_EPOCHS, REJOIN_STEPS, ADMITTED_BEFORE = 300, 3900, 1950
+REJOIN_EPOCHS, REJOIN_STEPS, ADMITTED_BEFORE = 2, 3900, 1950
+REJOIN_DATASET = "synthetic_logreg:d=20,classes=4,n=250000,test=0.0016"
 #: The run of the two successive rejoins (150 epochs, 1950 steps): peer 2 killed at 10 % (step
 #: 195), each rejoin admitted about 180 steps after its kill on the 2-core machine (a CI-like run:
 #: killed at 391, admitted at 572), both slowed alike by load; the two take about 370 of the
@@ -407,17 +412,19 @@ REJOIN_EPOCHS, REJOIN_STEPS, ADMITTED_BEFORE = 300, 3900, 1950
 WATCH_EPOCHS = 150
 
 
-def rejoin_program(out, epochs=REJOIN_EPOCHS):
+def rejoin_program(out, epochs, dataset=None):
+    """gossip-train on tiny.yaml (its problem, or `dataset`), evaluating every 50 epochs and at
+    the end."""
     sets = [
         "backend=torch",
         "on_peer_loss=continue",
         f"out_dir={out}",
         f"epochs={epochs}",
-        "eval_every=50",
+        f"eval_every={min(50, epochs)}",
         "log_every=0",
         "checkpoint_every=0",
         f"comm_timeout={TIMEOUT:g}",
-    ]
+    ] + ([f"dataset={dataset}"] if dataset else [])
     return ["-m", "gossip_powersgd.cli.train", "--config", str(TINY)] + [
         a for s in sets for a in ("--set", s)
     ]
@@ -431,13 +438,15 @@ def last_eval(out, rank):
 def test_a_killed_peer_restarted_with_rejoin_is_admitted_handed_the_state_and_catches_up(tmp_path):
     """ring:4 gossip-train; peer 2 SIGKILLed at 10 % of the steps and restarted with --rejoin 2
     (a process of peer 3, still running, asks to rejoin too and is refused in one line). The
-    members admit peer 2 at an agreed step, hand it their state, and all four finish with exit 0
-    and the same final membership; the rejoiner's final accuracy is as close to the others' as
-    they are to each other (below), after at least REJOIN_STEPS - ADMITTED_BEFORE steps."""
+    members admit peer 2 at an agreed step of the training epoch it was lost in, hand it their
+    state, and all four finish with exit 0 and the same final membership; the rejoiner's final
+    accuracy is as close to the others' as they are to each other (below), after at least
+    REJOIN_STEPS - ADMITTED_BEFORE steps. (The rejoiner is placed at the start of that training
+    epoch; it used to train from there as a member of the group it had left, and the run ended.)"""
     from churn_torch import start
 
     out = tmp_path / "run"
-    program = rejoin_program(out)
+    program = rejoin_program(out, REJOIN_EPOCHS, REJOIN_DATASET)
     processes = launch(4, program, tmp_path)
     extra = []
     try:
@@ -462,6 +471,7 @@ def test_a_killed_peer_restarted_with_rejoin_is_admitted_handed_the_state_and_ca
     (lost,), (joined,) = summary["peers_lost"], summary["peers_joined"]
     assert (lost["peer"], lost["how"], joined["peer"]) == (2, "killed", 2)
     assert 390 < lost["step"] < joined["step"] < ADMITTED_BEFORE, (lost, joined)
+    assert joined["step"] < REJOIN_STEPS // REJOIN_EPOCHS  # both in the first training epoch
     assert summary["transfer_mb_sent"] > 0  # the state went to the joiner over the new group
     line = f"peer 2 rejoins; the members, peers 0,1,2,3, from step {joined['step']} (epoch 2)"
     for k in (0, 1, 3):

@@ -33,12 +33,17 @@ def rank_pids(root_pid: int) -> dict:
     return ranks
 
 
-def alive(pid: int) -> bool:
+def _stat(pid: int) -> list:
+    """The fields of /proc/PID/stat after the command name (state first), [] once `pid` is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def alive(pid: int) -> bool:
+    return ps_state(pid) not in (None, "Z")
 
 
 def descendants(root_pid: int) -> list:
@@ -53,11 +58,8 @@ def descendants(root_pid: int) -> list:
 
 def ps_state(pid: int):
     """Process `pid`'s state, as `ps` shows it ("R", "S", "Z", ...), or None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+    fields = _stat(pid)
+    return fields[0] if fields else None
 
 
 #: `PF_EXITING` in the kernel's `task_struct.flags` (include/linux/sched.h): the process is in
@@ -69,14 +71,15 @@ def ending(pid: int) -> bool:
     """Whether `pid` is gone, a zombie, or already ending: in `do_exit` (`PF_EXITING`) or with a
     SIGKILL pending, which nothing can catch or block. A killed process with a large address space
     (torch) can spend a moment in `do_exit` before the kernel makes it a zombie."""
+    fields = _stat(pid)
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
         with open(f"/proc/{pid}/status") as f:
             pending = [
                 int(line.split()[1], 16) for line in f if line.startswith(("SigPnd", "ShdPnd"))
             ]
     except OSError:  # gone
+        return True
+    if not fields:  # gone between the two reads
         return True
     sigkill = 1 << (9 - 1)  # bit n-1 of the pending mask is signal n
     return (
