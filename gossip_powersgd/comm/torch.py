@@ -51,6 +51,7 @@ from .torch_launch import launcher_environment, resolve_device
 from .torch_members import (
     before_transfer,
     end_helpers,
+    GroupNotBuilt,
     next_group,
     raise_if_lost,
     watched_wait,
@@ -313,8 +314,12 @@ class TorchCommunicator(Communicator):
         return self._faults.failure(what, peers or [])
 
     def set_members(self, number: int, live) -> None:
-        """From now on, a fresh group of the peers `live` (collective over them: `MemberGroup`)."""
-        self.group = next_group(self, number, live)
+        """From now on, a fresh group of the peers `live` (collective over them: `MemberGroup`).
+        A member that does not join it ends the run, named as a failed wait is (`_failure`)."""
+        try:
+            self.group = next_group(self, number, live)
+        except GroupNotBuilt as exc:
+            raise self._failure(str(exc).split(": ", 1)[1], exc.absent) from exc
 
     def _tell_exit(self) -> None:
         """At interpreter exit, with the communicator still open: record that this rank left."""

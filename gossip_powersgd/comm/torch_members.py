@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tupl
 import torch
 import torch.distributed as dist
 
-from ..errors import PeerLostError
+from ..errors import CommunicationError, PeerLostError
 
 if TYPE_CHECKING:  # the torch communicator itself imports this module: typed by its base
     from .base import Communicator as TorchCommunicator
@@ -151,6 +151,15 @@ def end_helpers(comm: "TorchCommunicator") -> None:
     _helpers[:] = [h for h in _helpers if h[0].is_alive()]
 
 
+class GroupNotBuilt(CommunicationError):
+    """A membership epoch's group that not every member joined; `absent`: the ones that did
+    not (empty if the store does not tell)."""
+
+    def __init__(self, text: str, absent: List[int]):
+        super().__init__(text)
+        self.absent = absent
+
+
 class MemberGroup:
     """The gloo group of membership epoch `number` over the peers `live` (module docstring)."""
 
@@ -159,9 +168,20 @@ class MemberGroup:
         self.live = tuple(sorted(live))
         self.position: Dict[int, int] = {peer: k for k, peer in enumerate(self.live)}
         prefix = dist.PrefixStore(f"membership/group/{number}/", store)
-        self.group = dist.ProcessGroupGloo(
-            prefix, self.position[rank], len(self.live), datetime.timedelta(seconds=timeout)
-        )
+        try:
+            self.group = dist.ProcessGroupGloo(
+                prefix, self.position[rank], len(self.live), datetime.timedelta(seconds=timeout)
+            )
+        except RuntimeError as exc:  # DistStoreError: not every member came within `timeout`
+            # gloo's rendezvous: each member posts its address under "0/<position>"
+            absent = [p for p in self.live if not prefix.check([f"0/{self.position[p]}"])]
+            who = f"peer(s) {absent}" if absent else f"a member of {list(self.live)}"
+            raise GroupNotBuilt(
+                f"rank {rank}: {who} did not join the group of membership epoch {number} within "
+                f"{timeout:g} s (a peer lost while the members switch groups ends the run in "
+                "this version)",
+                absent,
+            ) from exc
 
     def send(self, tensor, peer: int):
         return self.group.send([tensor], self.position[peer], 0)
@@ -193,6 +213,7 @@ def next_group(comm: "TorchCommunicator", number: int, live: Sequence[int]) -> M
 
 
 __all__ = [
+    "GroupNotBuilt",
     "MemberGroup",
     "before_transfer",
     "POLL_SECONDS",

@@ -604,3 +604,39 @@ def test_leaving_waits_for_a_wait_that_closing_its_group_does_not_end():
     torch_members.end_helpers(types.SimpleNamespace(rank=0, size=4))  # no group to close
     assert not helper.is_alive() and not torch_members._helpers
     assert time.monotonic() - start >= torch_members.DYING_SECONDS  # it did wait past DYING
+
+
+def test_a_member_that_does_not_join_the_next_group_is_named_in_one_line():
+    """The group of a membership epoch is built by every member through the store; one that
+    does not come (lost while the members switch groups) ends the run, with a line naming it,
+    not gloo's "wait timeout ... keys: ..." and its traceback. Members 0, 1 and 3 of epoch 2,
+    peer 1 joining from a thread, peer 3 never: peer 0's error names peer 3 only."""
+    import datetime
+    import threading
+
+    import torch.distributed as dist
+
+    from gossip_powersgd.comm.torch_members import GroupNotBuilt, MemberGroup
+    from gossip_powersgd.errors import CommunicationError
+
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(seconds=30))
+    errors = []
+
+    def member(rank):
+        try:
+            MemberGroup(store, 2, [0, 1, 3], rank, timeout=2.0)
+        except GroupNotBuilt as exc:
+            errors.append((rank, exc))
+
+    thread = threading.Thread(target=member, args=(1,))
+    thread.start()
+    member(0)
+    thread.join(30)
+    assert sorted(rank for rank, _ in errors) == [0, 1]
+    for rank, exc in errors:
+        assert isinstance(exc, CommunicationError) and exc.absent == [3]
+        assert str(exc) == (
+            f"rank {rank}: peer(s) [3] did not join the group of membership epoch 2 within 2 s "
+            "(a peer lost while the members switch groups ends the run in this version)"
+        )
