@@ -117,6 +117,12 @@ def validate_privacy_config(config) -> None:
             "dp_public_shard_size is for dp_target_epsilon (the rate its sigma is solved "
             "for): set that, or drop the key"
         )
+    if size is not None and config.release_peer_statistics:
+        raise ValueError(
+            "dp_public_shard_size is for private shard sizes; with release_peer_statistics: "
+            "true the peers share their sizes and sigma is solved for their own rates: drop "
+            "the key, or release_peer_statistics"
+        )
     if config.dp_secret not in _SECRETS:
         raise ValueError(
             f"dp_secret must be one of {', '.join(_SECRETS)}, got {config.dp_secret!r}"
@@ -268,7 +274,8 @@ DP_KEYS = [
         "dp_public_shard_size",
         "Optional[int]",
         None,
-        "DP with dp_target_epsilon: the shard size, declared public, whose rate batch_size / "
+        "DP with dp_target_epsilon and private shard sizes (refused with "
+        "release_peer_statistics): the shard size, declared public, whose rate batch_size / "
         "it the one sigma is solved for (a peer with a smaller shard samples at that rate, "
         "fewer than batch_size records per step on average); None = the public number of "
         "training samples // peers.",

@@ -527,6 +527,17 @@ def test_a_model_whose_layers_dp_swaps_is_trained_and_gossiped_through_its_new_p
             "partition: local needs the total number of training samples declared public",
         ),
         (dict(public_train_size=100), "public_train_size.*is for partition: local"),
+        (
+            # released sizes: sigma is solved for the peers' own rates, the key would be ignored
+            dict(
+                dp_noise_multiplier=None,
+                dp_target_epsilon=3.0,
+                dp_public_shard_size=40,
+                release_peer_statistics=True,
+            ),
+            "^dp_public_shard_size is for private shard sizes; with release_peer_statistics: "
+            "true .*: drop the key, or release_peer_statistics$",
+        ),
     ],
 )
 def test_bad_dp_inputs_are_one_line_errors_and_write_nothing(tmp_path, changes, message):
