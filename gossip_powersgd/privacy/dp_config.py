@@ -16,6 +16,7 @@ import math
 from typing import Optional
 
 from gossip_powersgd.privacy.dpsgd import dp_enabled, validate_dp_options
+from gossip_powersgd.training.datasets import augmentation_off
 from gossip_powersgd.training.features import Key, peer_statistics_private
 
 __all__ = [
@@ -76,6 +77,23 @@ def public_rate(config, train_size: int, peers: int) -> float:
     return min(1.0, config.batch_size / int(size))
 
 
+def _check_no_augmentation(config) -> None:
+    """Refuse a dataset that augments its training records under DP. The crop and flip of a
+    record are drawn from the batch's generator in the order of the batch's records, so adding
+    one record to a Poisson batch changes every later record's augmentation: the clipped sum then
+    moves by more than C, the sensitivity the noise is calibrated to."""
+    if not dp_enabled(config.dp_noise_multiplier, config.dp_target_epsilon):
+        return
+    fixed = augmentation_off(config.dataset)
+    if fixed is not None:
+        raise ValueError(
+            f"dataset {config.dataset!r} augments its training records, drawing each record's "
+            "crop and flip by its position in the batch: under differential privacy one record "
+            "would change the others' and the step would move by more than dp_max_grad_norm; "
+            f"turn it off: dataset: {fixed}"
+        )
+
+
 def validate_privacy_config(config) -> None:
     """One-line ValueError for the first bad ``dp_*`` key of a `TrainConfig`; None when fine."""
     if config.max_grad_norm is not None and dp_enabled(
@@ -92,6 +110,7 @@ def validate_privacy_config(config) -> None:
         target_epsilon=config.dp_target_epsilon,
         accountant=config.dp_accountant,
     )
+    _check_no_augmentation(config)
     total = config.public_train_size
     if total is not None and config.partition != "local":
         raise ValueError(
