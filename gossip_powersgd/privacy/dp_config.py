@@ -16,6 +16,7 @@ import math
 from typing import Optional
 
 from gossip_powersgd.privacy.dpsgd import dp_enabled, validate_dp_options
+from gossip_powersgd.training.datasets import augmentation_off
 from gossip_powersgd.training.features import Key, peer_statistics_private
 
 __all__ = [
@@ -76,6 +77,23 @@ def public_rate(config, train_size: int, peers: int) -> float:
     return min(1.0, config.batch_size / int(size))
 
 
+def _check_no_augmentation(config) -> None:
+    """Refuse a dataset that augments its training records under DP. The crop and flip of a
+    record are drawn from the batch's generator in the order of the batch's records, so adding
+    one record to a Poisson batch changes every later record's augmentation: the clipped sum then
+    moves by more than C, the sensitivity the noise is calibrated to."""
+    if not dp_enabled(config.dp_noise_multiplier, config.dp_target_epsilon):
+        return
+    fixed = augmentation_off(config.dataset)
+    if fixed is not None:
+        raise ValueError(
+            f"dataset {config.dataset!r} augments its training records, drawing each record's "
+            "crop and flip by its position in the batch: under differential privacy one record "
+            "would change the others' and the step would move by more than dp_max_grad_norm; "
+            f"turn it off: dataset: {fixed}"
+        )
+
+
 def validate_privacy_config(config) -> None:
     """One-line ValueError for the first bad ``dp_*`` key of a `TrainConfig`; None when fine."""
     if config.max_grad_norm is not None and dp_enabled(
@@ -92,6 +110,7 @@ def validate_privacy_config(config) -> None:
         target_epsilon=config.dp_target_epsilon,
         accountant=config.dp_accountant,
     )
+    _check_no_augmentation(config)
     total = config.public_train_size
     if total is not None and config.partition != "local":
         raise ValueError(
@@ -116,6 +135,12 @@ def validate_privacy_config(config) -> None:
         raise ValueError(
             "dp_public_shard_size is for dp_target_epsilon (the rate its sigma is solved "
             "for): set that, or drop the key"
+        )
+    if size is not None and config.release_peer_statistics:
+        raise ValueError(
+            "dp_public_shard_size is for private shard sizes; with release_peer_statistics: "
+            "true the peers share their sizes and sigma is solved for their own rates: drop "
+            "the key, or release_peer_statistics"
         )
     if config.dp_secret not in _SECRETS:
         raise ValueError(
@@ -268,7 +293,8 @@ DP_KEYS = [
         "dp_public_shard_size",
         "Optional[int]",
         None,
-        "DP with dp_target_epsilon: the shard size, declared public, whose rate batch_size / "
+        "DP with dp_target_epsilon and private shard sizes (refused with "
+        "release_peer_statistics): the shard size, declared public, whose rate batch_size / "
         "it the one sigma is solved for (a peer with a smaller shard samples at that rate, "
         "fewer than batch_size records per step on average); None = the public number of "
         "training samples // peers.",

@@ -30,15 +30,16 @@ from torch import nn
 from gossip_powersgd.privacy.accounting import check_accountant_name, epsilon, make_accountant
 from gossip_powersgd.privacy.dependency import import_opacus
 from gossip_powersgd.privacy.model_check import validate_model
-from gossip_powersgd.privacy.per_sample import PerSampleModule
+from gossip_powersgd.privacy.per_sample import PerSampleModule, shared_parameter
 from gossip_powersgd.privacy.seeds import NOISE_STREAM, Randomness
 
 __all__ = ["DPSGD", "validate_model", "validate_dp_options", "dp_enabled", "GRAD_SAMPLE_ENGINES"]
 
 #: How per-example clipping is computed (`DPSGD(engine=...)`): "auto" (the default: "ghost" unless
-#: a trainable layer is one the vmap engine cannot take, then "hooks"), "ghost" (ghost norms and
-#: book-keeping for Linear and Conv1d, vmap for other layers; `per_sample.py`), "vmap" (torch.func
-#: for every layer), and Opacus' GradSampleModule modes "hooks" and "ew" (expanded weights).
+#: a trainable layer is one the vmap engine cannot take or a parameter is shared by several
+#: layers, then "hooks"), "ghost" (ghost norms and book-keeping for Linear and Conv1d, vmap for
+#: other layers; `per_sample.py`), "vmap" (torch.func for every layer), and Opacus'
+#: GradSampleModule modes "hooks" and "ew" (expanded weights).
 GRAD_SAMPLE_ENGINES = ("auto", "ghost", "vmap", "hooks", "ew")
 
 #: Layers whose forward takes a batch and returns one tensor, which the vmap engine differentiates.
@@ -118,7 +119,11 @@ def validate_dp_options(
 
 
 def _auto_engine(model: nn.Module) -> str:
-    """ "ghost" when every trainable layer is one it (or its vmap fallback) handles, else "hooks"."""
+    """ "ghost" when every trainable layer is one it (or its vmap fallback) handles and no
+    parameter is shared by several layers (tied weights, `per_sample.shared_parameter`), else
+    "hooks"."""
+    if shared_parameter(model) is not None:
+        return "hooks"
     for module in model.modules():
         if any(p.requires_grad for p in module.parameters(recurse=False)) and not isinstance(
             module, _VMAP_LAYERS

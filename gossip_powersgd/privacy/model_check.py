@@ -3,7 +3,11 @@
 Per-example gradients need layers that process each example on its own. `validate_model` refuses,
 in one line naming the layer and the two ways out, a layer that mixes the examples of a batch
 (BatchNorm) or that Opacus cannot take; with ``dp_fix_model: true`` Opacus' validator replaces
-such layers (BatchNorm -> GroupNorm: another model).
+such layers (BatchNorm -> GroupNorm: another model). A layer that updates floating buffers from
+its input in training mode (``track_running_stats=True``: InstanceNorm, ...) is refused too, with
+or without trainable parameters: its running statistics of the private batches are not noised, and
+evaluation averages them over the peers (two peers: each learns the other's exactly). Only
+building it with ``track_running_stats=False`` fixes that, so ``dp_fix_model`` does not apply.
 
 Recurrent layers are swapped without asking: ``nn.LSTM`` and ``nn.GRU`` run as fused kernels that
 per-example hooks cannot see into, and Opacus' ``DPLSTM`` / ``DPGRU`` compute the same function
@@ -46,6 +50,29 @@ def _build(fixer, module: nn.Module) -> nn.Module:
     """``fixer(module)`` with torch's global RNG left as it was (see the module docstring)."""
     with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
         return fixer(module)
+
+
+def _running_statistics_layer(model: nn.Module) -> Optional[str]:
+    """The refusal of the first layer that keeps running statistics of its input, or None.
+
+    PyTorch's normalisation layers say so by ``track_running_stats``: in training mode they update
+    their floating buffers (``running_mean``, ``running_var``) from every batch they see. BatchNorm
+    is left to `_first_bad_layer` (it also mixes the examples, and dp_fix_model replaces it).
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            continue
+        if not getattr(module, "track_running_stats", False):
+            continue
+        floating = [b for b, v in module.named_buffers(recurse=False) if v.is_floating_point()]
+        if floating:
+            return (
+                f"layer {name or '<root>'!r} ({type(module).__name__}) updates its buffers "
+                f"{', '.join(floating)} from each private batch in training mode "
+                "(track_running_stats=True), and the peers average them without noise: build it "
+                "with track_running_stats=False"
+            )
+    return None
 
 
 def _first_bad_layer(model: nn.Module) -> Optional[str]:
@@ -125,13 +152,17 @@ def validate_model(model: nn.Module, fix: bool = False) -> nn.Module:
     (same function, same parameters). With ``fix=True`` a model with other unsupported layers is
     replaced by a copy in which Opacus' ``ModuleValidator.fix`` swapped them (BatchNorm ->
     GroupNorm, ...). Either way use the returned model, and build the optimizer on its
-    parameters. A model with no trainable parameter is an error: nothing to privatize.
+    parameters. A model with no trainable parameter is an error: nothing to privatize, and so is
+    one with a layer that keeps running statistics of the data (`_running_statistics_layer`).
     """
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError(
             f"differential privacy needs a model with trainable parameters; "
             f"{type(model).__name__} has none"
         )
+    running = _running_statistics_layer(model)
+    if running is not None:
+        raise ValueError(running)
     model = _swap_recurrent(model)
     problem = _first_bad_layer(model)
     if problem is None:

@@ -33,7 +33,11 @@ Linear) is refused in one line: the retained gradient would be the changed tenso
 Measured choices are in experiments/results/bench_dp.md.
 
 The wrapped model keeps Opacus' parameter names (``_module.<name>``), so checkpoints of either
-engine load into the other.
+engine load into the other. A parameter shared by several layers (tied weights: an embedding and
+the decoder that reuses its matrix) is refused in one line: each layer's records give its own
+part of the example's gradient, and the norm of their sum needs the cross terms, which neither
+engine forms. Opacus' hooks add the parts into one per-example gradient, so ``DPSGD``'s ``auto``
+picks them for such a model (`shared_parameter`).
 """
 
 from __future__ import annotations
@@ -56,11 +60,27 @@ from gossip_powersgd.privacy.per_sample_layers import (
 )
 
 
-__all__ = ["PerSampleModule", "ENGINES"]
+__all__ = ["PerSampleModule", "ENGINES", "shared_parameter"]
 
 #: Engines of `PerSampleModule`: "ghost" (ghost norms for Linear and Conv1d, vmap for other
 #: layers) and "vmap" (vmap for every layer).
 ENGINES = ("ghost", "vmap")
+
+
+def shared_parameter(module: nn.Module) -> Optional[str]:
+    """How the first trainable parameter held by several layers is named (tied weights), or
+    None: ``'enc.weight' of layers 'enc' (Embedding) and 'dec' (Linear)``."""
+    owners = {}
+    for name, sub in module.named_modules():
+        for n, p in sub.named_parameters(recurse=False):
+            if p.requires_grad:
+                owners.setdefault(id(p), []).append((name, n, sub))
+    for held in owners.values():
+        if len(held) > 1:
+            first = f"{held[0][0]}.{held[0][1]}" if held[0][0] else held[0][1]
+            layers = [f"{name or '<root>'!r} ({type(sub).__name__})" for name, _, sub in held]
+            return f"{first!r} of layers {', '.join(layers[:-1])} and {layers[-1]}"
+    return None
 
 
 class PerSampleModule(nn.Module):
@@ -77,6 +97,13 @@ class PerSampleModule(nn.Module):
             raise ValueError(f"unknown per-example engine {engine!r}; choose one of {ENGINES}")
         if loss_reduction not in ("mean", "sum"):
             raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        shared = shared_parameter(module)
+        if shared is not None:
+            raise ValueError(
+                f"per-example gradients: the {engine} engine cannot clip a parameter shared by "
+                f"several layers (tied weights), here {shared}; use engine='hooks' (Opacus), "
+                "which engine='auto' picks for such a model"
+            )
         self._module = module
         self.engine = engine
         self.loss_reduction = loss_reduction

@@ -156,7 +156,7 @@ class DifferentialPrivacy(TrainingHooks):
         else:
             cap = 1.0 if target is None else public_rate(config, context.train_size, comm.size)
             rate = collectively(comm, own_rate, config.batch_size, shard, cap)
-            largest = context.train_size  # public, and at least every shard's size
+            largest = context.train_size  # public; set-up checked it is >= every shard's size
         self.delta = (
             float(config.dp_delta) if config.dp_delta is not None else default_delta(largest)
         )

@@ -131,7 +131,8 @@ class _CoreConfig:
     release_peer_statistics: bool = False
     #: partition: local: the total number of training samples of all peers, declared public; an
     #: epoch is ceil(public_train_size / (peers x batch_size)) steps. Needed under partition: local
-    #: unless release_peer_statistics: true (then the peers all-reduce their sizes).
+    #: unless release_peer_statistics: true (then the peers all-reduce their sizes). A peer whose
+    #: own shard is larger refuses it (without naming its size).
     public_train_size: Optional[int] = None
 
 

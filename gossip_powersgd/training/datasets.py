@@ -10,14 +10,21 @@ colon is a bring-your-own ``package.module:function`` (`data.py`).
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import numpy as np
 
 from ..registries import Registry, Setting, option_types, with_defaults
-from ..specs import Spec, spec_error, typed_options
+from ..specs import Spec, parse_spec, spec_error, typed_options
 
-__all__ = ["DatasetKind", "DATASETS", "register_dataset", "BYO_DATASET", "WHAT"]
+__all__ = [
+    "DatasetKind",
+    "DATASETS",
+    "register_dataset",
+    "BYO_DATASET",
+    "WHAT",
+    "augmentation_off",
+]
 
 #: How dataset specs are named in errors (the grammar's style: ``dataset spec '<spec>': ...``).
 WHAT = "dataset spec"
@@ -53,6 +60,21 @@ DATASETS = Registry(
     extra=(BYO_DATASET,),
 )
 register_dataset = DATASETS.register
+
+
+def augmentation_off(spec: str) -> Optional[str]:
+    """`spec` with ``augment=false`` where it names a registered dataset whose ``augment`` option
+    is on (by default or set), else None. A spec that does not parse is None too: the dataset
+    check names its problem (a feature's config check runs before it)."""
+    try:
+        parsed = parse_spec(spec, WHAT)
+        kind = DATASETS.get(parsed.name) if parsed.name in DATASETS else None
+        if kind is None or "augment" not in kind.options or not kind.parse(spec, parsed)["augment"]:
+            return None
+    except ValueError:
+        return None
+    options = {**parsed.options, "augment": "false"}
+    return f"{parsed.name}:" + ",".join(f"{key}={value}" for key, value in options.items())
 
 
 @register_dataset

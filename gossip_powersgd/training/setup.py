@@ -182,7 +182,7 @@ def build_run(
     if getattr(batches, "carrier", None) is not None and context.batches is not batches:
         batches.carrier.carry_state = False  # a hook's batches (DP's Poisson ones) are no streams
     acts_on = _acts_on(context.algorithm, config)
-    _check_schedule(config, rank, size, num_train, steps_per_epoch, acts_on)
+    _check_schedule(config, rank, size, num_train, steps_per_epoch, acts_on, context.batches)
     header_args = _header_args(comm, config, dataset)
     return PeerRun(
         model=context.model,
@@ -228,12 +228,28 @@ def _load_data(comm: Comm, config: TrainConfig) -> Tuple[Any, int]:
         dataset, num_train = agree_local_dataset(comm, dataset, share_size=share)
         if not share:
             num_train = int(config.public_train_size)
+            # Each peer checks its own shard against the declared total; the outcome may differ
+            # between peers, so the refusal is collective (every rank raises the same line).
+            collectively(comm, _check_declared_total, dataset.num_train, num_train)
         _check_same_dataset(comm, config, dataset, ("test",) if dataset.shared_test else ())
     else:
         dataset = collectively(comm, load_dataset, config.dataset, config.seed)
         num_train = dataset.num_train
         _check_same_dataset(comm, config, dataset, _SHARED_DATA)
     return dataset, num_train
+
+
+def _check_declared_total(shard: int, total: int) -> None:
+    """Refuse a declared `public_train_size` below this peer's own shard size: it declares the
+    peers' total, so it is at least every shard's size, and DP's default delta (at most
+    1 / (10 x the total)) relies on it to stay below 1 / (a shard's size). The error names neither
+    the size nor the peer: they are private."""
+    if int(shard) > int(total):
+        raise ValueError(
+            f"bad value for 'public_train_size': {int(total)} (a peer's shard holds more "
+            "training samples than that, and it declares the total of all the peers' shards: "
+            "set it to that total; the shard sizes are private, so no size or peer is named)"
+        )
 
 
 def _shard(
@@ -308,11 +324,19 @@ def _make_batches(config: TrainConfig, dataset, model, x_train, y_train, rank: i
 
 
 def _check_schedule(
-    config: TrainConfig, rank: int, size: int, num_train: int, steps_per_epoch: int, acts_on: str
+    config: TrainConfig,
+    rank: int,
+    size: int,
+    num_train: int,
+    steps_per_epoch: int,
+    acts_on: str,
+    batches,
 ) -> None:
     """Refuse a `local_steps` that leaves the run without a communication round; warn (rank 0,
     one line each) about an `eval_every`, `checkpoint_every` or `batch_size` beyond what the run
-    can use, naming the value it takes instead. The same outcome on every peer (public values)."""
+    can use, naming the value it takes instead. The same outcome on every peer (public values).
+    The batch_size warning is for fixed-size batches only: Poisson-sampled ones (DP, no
+    ``batch_size`` attribute) draw each record at a rate and divide the sum by batch_size."""
     if acts_on == "gradients" and config.local_steps != 1:
         raise ValueError(
             f"local_steps {config.local_steps} needs an algorithm that mixes the "
@@ -336,7 +360,8 @@ def _check_schedule(
                 f"only (as with {key}: {config.epochs})"
             )
     mean_shard = -(-num_train // size)
-    if config.batch_size > mean_shard:
+    fixed_size = getattr(batches, "batch_size", None) is not None
+    if fixed_size and config.batch_size > mean_shard:
         warn(
             f"batch_size {config.batch_size} exceeds the peers' shards ({mean_shard} training "
             "samples each on average): each step takes a peer's whole shard, an effective "

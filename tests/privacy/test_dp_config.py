@@ -142,3 +142,52 @@ def test_dp_fix_model_fixes_a_locally_defined_class_without_pickling_it():
         )
     )
     assert s == ["ok"] * 4
+
+
+def test_augmentation_under_dp_is_refused_on_every_rank_naming_the_option_that_turns_it_off(
+    capsys, tmp_path
+):
+    """synthetic_images and cifar10 augment by default, and a record's crop and flip are drawn by
+    its position in the batch: one record added to a Poisson batch moves every later record's
+    draw, so the step's clipped sum moves by more than C (the sensitivity DP-SGD assumes)."""
+    from gossip_powersgd.training.batches import Batches
+    from gossip_powersgd.training.records import cifar_augment
+
+    # the premise: the same record, at position 0 or 1 of the same step's batch, is augmented
+    # differently (a public generator of (seed, rank, epoch, step), drawn in the batch's order)
+    x = torch.rand(9, 3, 32, 32)
+    generator = Batches(x, torch.zeros(9), 4, seed=0, rank=1)._generator
+    alone = cifar_augment(x[1:], generator(0, 5))
+    joined = cifar_augment(x, generator(0, 5))
+    assert not all(torch.equal(alone[k], joined[k + 1]) for k in range(8))
+
+    dp = ["dp_noise_multiplier=1.0", "dp_max_grad_norm=1"]
+    data = "synthetic_images:n=64,test=16"
+    for spec, fixed in [
+        (data, f"{data},augment=false"),
+        ("synthetic_images:augment=true,n=64", "synthetic_images:augment=false,n=64"),
+        ("cifar10:root=cifar", "cifar10:root=cifar,augment=false"),
+    ]:
+        expected = (
+            f"dataset {spec!r} augments its training records, drawing each record's crop and "
+            "flip by its position in the batch: under differential privacy one record would "
+            "change the others' and the step would move by more than dp_max_grad_norm; turn it "
+            f"off: dataset: {fixed}"
+        )
+        with pytest.raises(ValueError) as info:
+            tiny(f"dataset={spec}", *dp)
+        assert str(info.value) == expected
+    out = tmp_path / "r"
+    code, lines = cli(
+        ["--config", TINY, "--set", f"dataset={data}", "--set", dp[0], "--set", dp[1]]
+        + ["--set", f"out_dir={out}"],
+        capsys,
+    )
+    expected = expected.replace("'cifar10:root=cifar'", repr(data))
+    expected = expected.replace("cifar10:root=cifar,augment=false", f"{data},augment=false")
+    assert code != 0 and lines == [f"error: {expected}"] and not out.exists()
+    config = tiny(*dp).replace(dataset=data)  # built in code: each rank's config check refuses it
+    assert one_error(every_rank(config)) == f"ValueError: {expected}"
+    # without augmentation, or without DP, the dataset is accepted
+    assert tiny(f"dataset={data},augment=false", *dp).dataset.endswith("augment=false")
+    assert tiny(f"dataset={data}").dataset == data

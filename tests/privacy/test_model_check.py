@@ -35,3 +35,24 @@ def test_a_model_without_trainable_parameters_is_refused():
     one_line_error(validate_model, nn.ReLU(), match="no.*trainable|has none")
     frozen = nn.Linear(3, 2).requires_grad_(False)
     one_line_error(validate_model, frozen, match="has none")
+
+
+def test_a_layer_keeping_running_statistics_is_refused_with_or_without_weights():
+    # InstanceNorm with track_running_stats=True does not mix the examples, but in training mode
+    # it folds every private batch into running_mean / running_var: no noise, and evaluation
+    # averages them over the peers. With no trainable parameter of its own it used to pass.
+    for affine in (False, True):
+        norm = nn.InstanceNorm1d(4, affine=affine, track_running_stats=True)
+        model = nn.Sequential(nn.Conv1d(2, 4, 3), norm, nn.Flatten(), nn.Linear(36, 3))
+        before = model.state_dict()["1.running_mean"].clone()
+        model(torch.randn(5, 2, 11))
+        assert not torch.equal(model.state_dict()["1.running_mean"], before)  # data went in
+        for fix in (False, True):
+            text = one_line_error(validate_model, model, fix=fix, match="InstanceNorm1d")
+            assert "'1'" in text and "running_mean" in text
+            assert "track_running_stats=False" in text
+        dp = DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=20)
+        one_line_error(dp.wrap, model, match="track_running_stats=False")
+    # the same layers without running statistics keep no buffer and are accepted
+    plain = nn.Sequential(nn.Conv1d(2, 4, 3), nn.InstanceNorm1d(4), nn.Flatten(), nn.Linear(36, 3))
+    assert validate_model(plain) is plain

@@ -327,6 +327,70 @@ def test_auto_picks_ghost_for_the_built_in_models_and_opacus_for_other_layers():
     assert isinstance(DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=40).wrap(rnn), GradSampleModule)
 
 
+class TiedEmbedding(nn.Module):
+    """An Embedding and the decoder that reuses its matrix (tied weights), a Linear between."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.mid = nn.Linear(4, 4)
+        self.decode = nn.Linear(4, 10)
+        self.decode.weight = self.embed.weight
+
+    def forward(self, x):
+        tokens = (x.abs() * 3).long().clamp(max=9)[:, :3]
+        return self.decode(torch.tanh(self.mid(self.embed(tokens)))).mean(1)
+
+
+class TiedLinear(nn.Module):
+    """Two Linear layers holding one weight (their biases their own), then a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(12, 12)
+        self.second = nn.Linear(12, 12)
+        self.second.weight = self.first.weight
+        self.head = nn.Linear(12, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.second(torch.tanh(self.first(x)))))
+
+
+@pytest.mark.parametrize("tied", [TiedEmbedding, TiedLinear], ids=["embedding", "linear"])
+def test_tied_weights_take_opacus_hooks_under_auto_and_are_refused_by_ghost_and_vmap(tied):
+    """A parameter shared by two layers: each layer's records hold only its part of an example's
+    gradient, and the norm of their sum needs the cross terms. ghost and vmap crashed on it
+    (a TypeError 40 lines deep); now they refuse it in one line, and auto picks Opacus' hooks,
+    which add the parts into one per-example gradient: the exact clipped sum."""
+    from opacus.grad_sample import GradSampleModule
+
+    def model():
+        torch.manual_seed(0)
+        return tied().double()
+
+    x, y = inputs("tied")
+    _, norms, _ = reference(model(), x, y, clip=1.0)
+    clip = float(norms.median())
+    _, _, expected = reference(model(), x, y, clip=clip)
+    assert (norms > clip).any() and (norms < clip).any()
+    dp = DPSGD(0.0, clip, sample_rate=BATCH / 120, shard_size=120)
+    assert isinstance(dp.wrap(model()), GradSampleModule)
+    got = private_sum("auto", model(), x, y, clip)
+    assert len(got) == len(expected)  # the shared matrix once
+    # float64, as in test_each_engine_gives_the_exact_clipped_sum_on_each_layer_type: the shared
+    # matrix's sum adds both layers' parts (a few hundred products) in another order: ~1e-13
+    # at most (measured: 6e-16 C).
+    for mine, theirs in zip(got, expected):
+        torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-10 * clip)
+    first = next(n for n, p in model().named_parameters() if p.dim() == 2)
+    for engine in ("ghost", "vmap"):
+        with pytest.raises(ValueError) as info:
+            DPSGD(1.0, 1.0, sample_rate=0.5, shard_size=40, engine=engine).wrap(model())
+        text = str(info.value)
+        assert "\n" not in text and f"the {engine} engine cannot clip" in text
+        assert f"'{first}' of layers" in text and "engine='hooks'" in text
+
+
 def test_engines_keep_opacus_parameter_names_so_checkpoints_load_across_them():
     names = {
         engine: list(

@@ -384,6 +384,50 @@ def test_local_partition_with_dp_and_a_shared_test_set():
     assert summaries[0]["steps_per_epoch"] == -(-320 // (PEERS * 32))
 
 
+@pytest.mark.parametrize("dp", [True, False], ids=["dp", "no-dp"])
+def test_a_public_train_size_below_a_peers_shard_is_refused_on_every_rank_naming_no_size(
+    tmp_path, dp
+):
+    """own_rank_only's shards hold 100, 160, 220 and 280 records; 200 is below the last two's.
+    The total sizes the epoch and DP's default delta (1e-4 from 200 where a 280-record shard
+    needs delta well below 1/280): each peer checks its own shard, ranks 0 and 1 pass, and every
+    rank raises the same line (none waits for the others), which names no shard size."""
+    from tests.conftest import errors_on_every_rank
+
+    config = DP.replace(
+        partition="local",
+        dataset="tests.privacy.test_training:own_rank_only",
+        public_train_size=200,
+        out_dir=str(tmp_path / "run"),
+        **({} if dp else dict(dp_noise_multiplier=None, dp_max_grad_norm=None)),
+    )
+    errors = errors_on_every_rank(config)
+    assert len(set(errors)) == 1 and errors[0].startswith("ValueError: "), errors
+    assert "public_train_size': 200" in errors[0] and "\n" not in errors[0]
+    assert not any(str(n) in errors[0] for n in (100, 160, 220, 280))
+    assert not (tmp_path / "run").exists()
+    # the true total passes
+    assert local(config.replace(public_train_size=OWN_RANK_TOTAL, epochs=1, out_dir=None))
+
+
+def test_no_whole_shard_warning_under_poisson_sampling():
+    """batch_size 600 on shards of 400 on average: plain training takes a peer's whole shard each
+    step and says so; DP samples each record at rate min(batch_size / shard, 1) and divides by
+    batch_size, so that warning (an effective batch of 400) would be false there."""
+    import warnings
+
+    from gossip_powersgd.utils import RunWarning
+
+    config = DP.replace(batch_size=600, epochs=1)
+    for dp, expected in ((True, 0), (False, 1)):
+        changes = {} if dp else dict(dp_noise_multiplier=None, dp_max_grad_norm=None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            local(config.replace(**changes))
+        said = [str(w.message) for w in caught if w.category is RunWarning]
+        assert sum("takes a peer's whole shard" in text for text in said) == expected, said
+
+
 # ---- models ------------------------------------------------------------------------------------
 
 
@@ -483,6 +527,17 @@ def test_a_model_whose_layers_dp_swaps_is_trained_and_gossiped_through_its_new_p
             "partition: local needs the total number of training samples declared public",
         ),
         (dict(public_train_size=100), "public_train_size.*is for partition: local"),
+        (
+            # released sizes: sigma is solved for the peers' own rates, the key would be ignored
+            dict(
+                dp_noise_multiplier=None,
+                dp_target_epsilon=3.0,
+                dp_public_shard_size=40,
+                release_peer_statistics=True,
+            ),
+            "^dp_public_shard_size is for private shard sizes; with release_peer_statistics: "
+            "true .*: drop the key, or release_peer_statistics$",
+        ),
     ],
 )
 def test_bad_dp_inputs_are_one_line_errors_and_write_nothing(tmp_path, changes, message):
