@@ -76,7 +76,11 @@ def write_stderr_line(line: str) -> None:
 
 
 def atomic_write(
-    path: Union[str, Path], data: Union[bytes, str], mode: Optional[int] = None
+    path: Union[str, Path],
+    data: Union[bytes, str],
+    mode: Optional[int] = None,
+    *,
+    sync: bool = True,
 ) -> None:
     """Write `data` (bytes, or text as UTF-8) to `path` so that `path` is always old or new, whole.
 
@@ -84,7 +88,9 @@ def atomic_write(
     `os.replace` (atomic on POSIX); the directory is fsynced too so the rename survives a crash. The
     parent directory is created if missing; the file gets a normal mode (0666 less the umask), or
     `mode` (e.g. 0o600 for a secret: the temporary file has it from its creation on, so the secret
-    is never readable by others, not even for a moment).
+    is never readable by others, not even for a moment). `sync=False` leaves out both fsyncs: the
+    file is still old or new whole after the process is killed, not after the machine goes down
+    (for a file rewritten at every step).
     """
     path = Path(path)
     if isinstance(data, str):
@@ -100,7 +106,8 @@ def atomic_write(
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         if mode is None:
             umask = os.umask(0)
             os.umask(umask)
@@ -110,7 +117,8 @@ def atomic_write(
     finally:
         if tmp.exists():
             tmp.unlink()
-    _fsync_dir(path.parent)
+    if sync:
+        _fsync_dir(path.parent)
 
 
 def require_regular_file(path: Union[str, Path], what: str) -> None:

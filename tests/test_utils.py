@@ -60,6 +60,15 @@ def test_atomic_write_keeps_the_old_file_when_the_write_fails(tmp_path, monkeypa
     assert os.listdir(tmp_path) == ["out.txt"]
 
 
+def test_atomic_write_without_sync_replaces_whole_and_calls_no_fsync(tmp_path, monkeypatch):
+    path = tmp_path / "out.txt"
+    atomic_write(path, "old")
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(AssertionError("fsync")))
+    atomic_write(path, "new", mode=0o600, sync=False)
+    assert path.read_text() == "new" and path.stat().st_mode & 0o777 == 0o600
+    assert os.listdir(tmp_path) == ["out.txt"]
+
+
 def test_run_peers_local_returns_every_rank_by_rank():
     def fn(comm, base):
         t = torch.tensor([float(comm.rank)])

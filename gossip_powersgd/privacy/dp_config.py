@@ -320,7 +320,9 @@ DP_KEYS = [
         "str",
         "os",
         "DP: where each peer's secret key for its noise and Poisson masks comes from: os "
-        "(fresh OS entropy, never written anywhere; not reproducible) | run_dir (generated on "
+        "(fresh OS entropy, never written anywhere; not reproducible: a resumed run sends the "
+        "steps after its checkpoint again with new noise, and its epsilon counts them twice) "
+        "| run_dir (generated on "
         "the peer when the run starts, kept only in its own folder RUN_DIR/secrets/rank-K/ "
         "(mode 0700) and in each of its checkpoints, so --resume continues bit for bit; "
         "needs out_dir). Whoever reads that folder or a checkpoint can remove the peer's "

@@ -143,10 +143,10 @@ class DPSGD:
     batch size, so that the noise's scale sigma C / divisor says nothing about its shard. The noise
     comes from this peer's secret keystream ``randomness`` (`seeds.Randomness`; default: a fresh
     OS-entropy key), at the label (NOISE_STREAM, step, 0), one draw for all parameters in the
-    model's order: step t's noise depends only on the key and t, so a run resumed with the same
-    key continues bit for bit, and nobody without the key (a neighbour knowing the whole config)
-    can regenerate it. Share the same `Randomness` with the peer's `PoissonBatches` (another
-    stream tag): one key per peer.
+    model's order (step: `own_steps`): step t's noise depends only on the key and t, so a run
+    resumed with the same key continues bit for bit, and nobody without the key (a neighbour
+    knowing the whole config) can regenerate it. Share the same `Randomness` with the peer's
+    `PoissonBatches` (another stream tag): one key per peer.
     """
 
     def __init__(
@@ -189,6 +189,10 @@ class DPSGD:
         #: None, or ``extra_noise(step, k, p)``: float64 noise (units of the clipped sum) a
         #: mechanism adds to parameter k's noisy sum at `step` (`privacy.mechanisms.decor`).
         self.extra_noise = None
+        #: Private steps in the accountant's history that this run's own steps do not continue
+        #: from: those an earlier process of this peer released that its checkpoint does not hold
+        #: (`privacy.releases`). They count in the epsilon, not in the noise's step label.
+        self.earlier_releases = 0
         self._noise_label = (-1, 0)  # (step, draws so far in that step) of the last noise draw
         self.module: Optional[nn.Module] = None
 
@@ -285,13 +289,13 @@ class DPSGD:
     def _noise(self, n: int) -> Optional[torch.Tensor]:
         """``n`` draws of N(0, 1) (float64, CPU) of this step's noise stream; None for sigma = 0.
 
-        The k-th call within step t (t = steps accounted so far) reads the label
+        The k-th call within step t (t = `own_steps`) reads the label
         (NOISE_STREAM, t, k), so the noise of a step is a function of the key and t alone;
         `privatize` makes one call per step, for all parameters in the model's order.
         Float64 is Box-Muller's precision (see `Randomness.normals`); the caller adds it to the
         gradient before rounding to the parameter's dtype.
         """
-        step = self.steps
+        step = self.own_steps
         draw = self._noise_label[1] if self._noise_label[0] == step else 0
         self._noise_label = (step, draw + 1)
         if self.noise_multiplier == 0:  # before multiplying: 0 * C is NaN for C = inf
@@ -358,7 +362,7 @@ class DPSGD:
             else:  # the clipped sum divided by the divisor
                 means = self.clipped_sum(model, batch_size, divisor=self.expected_batch_size)
             if self.extra_noise is not None:  # a mechanism's own noise (DECOR's pairs')
-                step = self.steps
+                step = self.own_steps
                 means = [
                     m + self.extra_noise(step, k, p) / self.expected_batch_size
                     for k, (p, m) in enumerate(zip(params, means))
@@ -374,6 +378,12 @@ class DPSGD:
         """Private steps taken so far (what the accountant has composed)."""
         return sum(int(entry[2]) for entry in self.accountant.history)
 
+    @property
+    def own_steps(self) -> int:
+        """This run's private steps so far, the label of the next step's noise: `steps` less the
+        `earlier_releases`, so that it is the same on every peer (DECOR's pairs draw alike)."""
+        return self.steps - self.earlier_releases
+
     def epsilon(self, delta: float) -> float:
         """The epsilon this peer has spent so far at ``delta``."""
         return epsilon(self.accountant, delta)
@@ -384,15 +394,18 @@ class DPSGD:
         """Accountant history and the randomness' state, as plain numbers, strings and tensors.
 
         Survives ``torch.save`` / ``torch.load(weights_only=True)``. The noise stream is counter
-        based (the step count is the history's), so the randomness' state is its kind and, for a
-        run-directory key only, the key (`Randomness.state_dict`): an OS-entropy key is never
-        written anywhere.
+        based (the step count is the history's, less ``earlier_releases``, kept where there are
+        some), so the randomness' state is its kind and, for a run-directory key only, the key
+        (`Randomness.state_dict`): an OS-entropy key is never written anywhere.
         """
-        return {
+        state = {
             "accountant": self.accountant_name,
             "history": [[float(s), float(q), int(n)] for s, q, n in self.accountant.history],
             "randomness": self.randomness.state_dict(),
         }
+        if self.earlier_releases:
+            state["earlier_releases"] = int(self.earlier_releases)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a ``state_dict()``: same epsilon so far, same noise from here on."""
@@ -416,3 +429,4 @@ class DPSGD:
             )
         self.randomness.load_state_dict(state["randomness"])
         self.accountant.history = history
+        self.earlier_releases = int(state.get("earlier_releases", 0))

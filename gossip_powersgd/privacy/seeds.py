@@ -8,7 +8,9 @@ keyed by a secret of its own (`Randomness`):
 
 * ``Randomness.os_entropy()``: a fresh 256-bit key from the OS CSPRNG (`secrets`), held in memory
   only (the default, ``dp_secret: os``). Nothing on disk lets anyone, the peer included, replay it;
-  a resumed run draws a new key, which changes nothing in the guarantee.
+  a resumed run draws a new key, so the steps it takes again after its checkpoint, already sent
+  with the old key's noise, are sent again with independent noise: its accountant counts them
+  again (`releases`), and its epsilon is above an uninterrupted run's.
 * ``Randomness.run_dir_key(run_dir, rank)``: the same kind of key, generated on the peer when the
   run starts and kept only in the peer's own folder ``RUN_DIR/secrets/rank-K/`` (mode 0700; the
   key file ``key`` written atomically, mode 0600) and in each of its checkpoints, so that

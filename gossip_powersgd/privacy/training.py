@@ -17,7 +17,10 @@ The trainer appends this hook when the config sets ``dp_noise_multiplier`` or
   in its checkpoints; rank 0 warns that a shared run directory shares it);
 * records its epsilon after every evaluation in its own metrics file, and at the end writes its
   own figures (shard size, rate, sigma, epsilons, each with its label) to its own
-  ``peers/rank-K.json``; checkpoints the accountant and the randomness' state.
+  ``peers/rank-K.json``; checkpoints the accountant and the randomness' state;
+* with a secret key and a run directory, records every private step before anything of it is sent
+  (`releases`), so that the steps an earlier attempt released and the checkpoint resumed from does
+  not hold (sent after it, or by attempts set aside) are in its epsilon.
 
 What crosses to other peers: nothing computed from a peer's data but its messages. The scale of a
 peer's noise (sigma C / batch_size per coordinate) is visible in them, so it comes from public
@@ -68,6 +71,7 @@ from gossip_powersgd.privacy.dp_report import (
     json_number,
 )
 from gossip_powersgd.privacy.dpsgd import DPSGD, dp_enabled, validate_model
+from gossip_powersgd.privacy.releases import ReleaseRecord, count_earlier
 from gossip_powersgd.privacy.sampling import PoissonBatches, poisson_rate
 from gossip_powersgd.privacy.seeds import make_randomness
 from gossip_powersgd.privacy.subspace import subspace_hook
@@ -136,6 +140,7 @@ class DifferentialPrivacy(TrainingHooks):
         self.mechanism = "local"
         self.exchanged_subspace = False  # dp_exchanged_subspace (`privacy/subspace.py`)
         self.epsilon_note: Optional[str] = None  # what a muffliato run's epsilon means
+        self.record: Optional[ReleaseRecord] = None  # secret noise in a run directory: `releases`
 
     # ---- set-up -----------------------------------------------------------------------------
 
@@ -205,6 +210,11 @@ class DifferentialPrivacy(TrainingHooks):
             randomness=randomness,
             divisor=config.batch_size,
         )
+        if kind != "public" and config.out_dir is not None:
+            self.record = ReleaseRecord(config.out_dir, rank)
+            if not context.resuming:  # after attempts set aside (resume: auto)
+                earlier = collectively(comm, self.record.earlier)
+                count_earlier(self.dp, earlier, rank, "by earlier attempts in this run directory")
         from gossip_powersgd.privacy.mechanisms import attach_mechanism, mechanism_of
 
         self.mechanism = config.dp_mechanism
@@ -244,6 +254,8 @@ class DifferentialPrivacy(TrainingHooks):
     def after_backward(self, step: int) -> None:
         """Clip and noise this peer's gradient (before any averaging and the optimizer step)."""
         self.dp.privatize(self.model, self.batches.last_batch_size)
+        if self.record is not None:  # before anything of this step leaves the peer
+            self.record.write(self.dp.accountant.history)
 
     # ---- reporting --------------------------------------------------------------------------
 
@@ -308,6 +320,8 @@ class DifferentialPrivacy(TrainingHooks):
                 "dp_accountant": name,
                 "dp_adjacency": self.adjacency,
             }
+            if self.dp.earlier_releases:  # in steps: released by an earlier process (`releases`)
+                figures["steps_released_before_restart"] = self.dp.earlier_releases
             if self.release:
                 figures["epsilon_add_remove"] = json_number(self.dp.epsilon(self.delta))
                 figures["epsilon_add_remove_label"] = (
@@ -377,7 +391,12 @@ class DifferentialPrivacy(TrainingHooks):
         return self.dp.state_dict()
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """The checkpoint's state; with ``dp_secret: os``, the steps released after it too (the
+        resumed run sends them again with new noise; `releases`)."""
         self.dp.load_state_dict(state)
+        if self.record is not None and self.dp.randomness.kind == "os":
+            released = self.record.read() or []
+            count_earlier(self.dp, released, self.comm.rank, "after the checkpoint resumed from")
 
 
 def summary_rows(summary: Dict[str, Any]) -> List[tuple]:

@@ -21,7 +21,10 @@ under private statistics) and, under differential privacy, its accountant's hist
 rate, so its shard size) and, with `dp_secret: run_dir`, the key its noise is drawn from
 (`privacy.seeds`; DECOR's pair keys stay in the peer's secrets folder): whoever reads it can
 remove that peer's noise. Share a run directory, or a checkpoint, only as far as you would share
-the peer's data.
+the peer's data. Beside its checkpoints, a private peer with a secret key rewrites
+`rank-K-dp-releases.json` at every step: the accountant history of every private step it has
+sent, which a resumed run adds to its epsilon where the checkpoint does not hold them
+(`privacy.releases`).
 
 The digest catches corruption that a zip reader would not; the header is checked against the
 resuming run (`resume.check_header`: world size, topology, config, and the sha256 of each data file

@@ -335,3 +335,39 @@ def test_privacy_state_holds_only_plain_values_and_refuses_a_mismatch():
         old,
         match="whose noise was public",
     )
+
+
+def test_earlier_releases_count_in_epsilon_not_in_the_noise_label_and_survive_a_checkpoint():
+    """A history that starts with releases of an earlier process (`privacy.releases`): epsilon
+    composes them, but step t's noise is still drawn at label t, the same on every peer (DECOR's
+    pairs draw alike at both ends), and a checkpoint keeps the count."""
+    x, y = data(12)
+    key = secrets.token_bytes(32)
+
+    def peer():
+        dp = DPSGD(0.9, 0.5, sample_rate=0.3, shard_size=40, randomness=Randomness(key, "run_dir"))
+        return dp, dp.wrap(small_model())
+
+    def step(dp, model):
+        backward(model, x, y)
+        dp.privatize(model, len(y))
+        return [p.grad.clone() for p in model.parameters()]
+
+    plain, plain_model = peer()
+    carried, carried_model = peer()
+    carried.accountant.history = [(0.9, 0.3, 7)]
+    carried.earlier_releases = 7
+    for _ in range(3):
+        for a, b in zip(step(plain, plain_model), step(carried, carried_model)):
+            assert torch.equal(a, b)
+    assert (carried.steps, carried.own_steps, plain.steps) == (10, 3, 3)
+    reference = RDPAccountant()
+    for _ in range(10):
+        reference.step(noise_multiplier=0.9, sample_rate=0.3)
+    assert carried.epsilon(1e-5) == reference.get_epsilon(1e-5)
+    assert "earlier_releases" not in plain.state_dict()  # a checkpoint without them is as before
+    resumed, resumed_model = peer()
+    resumed.load_state_dict(weights_only_round_trip(carried.state_dict()))
+    assert (resumed.steps, resumed.earlier_releases) == (10, 7)
+    for a, b in zip(step(plain, plain_model), step(resumed, resumed_model)):
+        assert torch.equal(a, b)

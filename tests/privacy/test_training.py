@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import threading
@@ -17,6 +18,7 @@ from gossip_powersgd import LocalCluster
 from gossip_powersgd.algorithms import REGISTRY, register
 from gossip_powersgd.algorithms.base import GossipAlgorithm
 from gossip_powersgd.privacy import make_accountant
+from gossip_powersgd.privacy.dpsgd import DPSGD
 from gossip_powersgd.training.config import TrainConfig, validate_config
 from gossip_powersgd.training.keydocs import describe_keys
 from gossip_powersgd.training.trainer import TIMING_KEYS, train
@@ -266,6 +268,85 @@ def test_resume_is_bit_identical_to_an_uninterrupted_private_run(tmp_path):
         assert comparable(resumed[rank]["history"]) == comparable(reference[rank]["history"])
     assert resumed[0]["model_sha256"] == reference[0]["model_sha256"]
     assert resumed[0]["peer"]["epsilon"] == reference[0]["peer"]["epsilon"]
+
+
+def counting_releases(monkeypatch) -> collections.Counter:
+    """Each peer's private steps, counted apart from the code under test: its `DPSGD.privatize`
+    calls (each comes before anything of its step is sent)."""
+    released = collections.Counter()
+    privatize = DPSGD.privatize
+
+    def counted(self, model, batch_size):
+        privatize(self, model, batch_size)
+        released[_caller_rank()] += 1
+
+    monkeypatch.setattr(DPSGD, "privatize", counted)
+    return released
+
+
+def stop_at(stop):
+    def on_step(step):
+        if step == stop:
+            raise Interrupted(f"killed after step {stop}")
+
+    return on_step
+
+
+def test_a_run_resumed_with_secret_noise_counts_the_steps_it_sent_after_its_checkpoint(
+    tmp_path, monkeypatch, capsys
+):
+    """dp_secret: os. Killed between its checkpoints of epochs 1 and 2, the run had sent the steps
+    after epoch 1; resumed from it with a new key, it privatizes and sends them again with new
+    noise. Each peer's epsilon (its file, its last eval record) is that of all the private steps
+    it took over both attempts, and above what an uninterrupted run reports."""
+    released = counting_releases(monkeypatch)
+    config = DP.replace(epochs=3, checkpoint_every=1, out_dir=str(tmp_path / "run"))
+    stop = 20  # steps_per_epoch is 13 (asserted below): 7 steps after the epoch-1 checkpoint
+    with pytest.raises(Interrupted):
+        local(config, on_step=stop_at(stop))
+    assert released == {rank: stop for rank in range(PEERS)}
+    resumed = local(config, resume=True)
+    per_epoch, steps = resumed[0]["steps_per_epoch"], resumed[0]["steps"]
+    assert per_epoch == 13 and steps == 3 * per_epoch
+    again = stop - per_epoch
+    for rank in range(PEERS):
+        peer = resumed[rank]["peer"]
+        assert released[rank] == stop + steps - per_epoch == peer["steps"]
+        assert peer["steps_released_before_restart"] == again
+        expected = independent_epsilon(1.0, peer["sample_rate"], released[rank], peer["delta"])
+        assert peer["epsilon"] == pytest.approx(expected, rel=1e-12)
+        assert resumed[rank]["history"][-1]["epsilon"] == peer["epsilon"]
+        on_disk = json.loads((tmp_path / "run" / "peers" / f"rank-{rank}.json").read_text())
+        assert on_disk["epsilon"] == peer["epsilon"]
+        uninterrupted = independent_epsilon(1.0, peer["sample_rate"], steps, peer["delta"])
+        assert peer["epsilon"] > uninterrupted
+    assert f"dp (rank 2): {again} private steps released after the checkpoint" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.parametrize("secret", ["os", "run_dir"])
+def test_attempts_set_aside_by_resume_auto_count_in_the_epsilon_of_the_attempt_after_them(
+    tmp_path, monkeypatch, secret
+):
+    """Two attempts end before their first checkpoint; `resume: auto` sets each aside and starts
+    again from step 0 with a new key (a run_dir key goes with its attempt's files). Their steps
+    were sent all the same: the attempt that finishes counts them from its first step on."""
+    released = counting_releases(monkeypatch)
+    config = DP.replace(checkpoint_every=1, dp_secret=secret, out_dir=str(tmp_path / "run"))
+    for stop in (5, 9):  # before the end of epoch 1 (13 steps): no checkpoint
+        with pytest.raises(Interrupted):
+            local(config, resume="auto", on_step=stop_at(stop))
+    finished = local(config, resume="auto")
+    assert sorted(p.name for p in (tmp_path / "run" / "failed-attempts").iterdir()) == ["1", "2"]
+    steps = finished[0]["steps"]
+    for rank in range(PEERS):
+        peer = finished[rank]["peer"]
+        assert released[rank] == 5 + 9 + steps == peer["steps"]
+        assert peer["steps_released_before_restart"] == 5 + 9
+        expected = independent_epsilon(1.0, peer["sample_rate"], released[rank], peer["delta"])
+        assert peer["epsilon"] == pytest.approx(expected, rel=1e-12)
+        assert finished[rank]["history"][-1]["epsilon"] == peer["epsilon"]
 
 
 def mpi_dp_scenario(comm, partition):
