@@ -136,7 +136,7 @@ class PowerGossip(GossipAlgorithm):
             raise ValueError(f"rank must be an integer >= 1, got {rank}")
         if int(num_iterations) != num_iterations or num_iterations < 1:
             raise ValueError(f"num_iterations must be an integer >= 1, got {num_iterations}")
-        if min_compression_rate < 0:
+        if not min_compression_rate >= 0:  # nan is not
             raise ValueError(f"min_compression_rate must be >= 0, got {min_compression_rate}")
 
     @classmethod
