@@ -92,8 +92,9 @@ class PowerGossip(GossipAlgorithm):
 
     Matrices of equal shape are stacked into one buffer and the parameters are re-pointed at slices
     of it (`param.data = ...`): their values and identities do not change, and the stacking costs no
-    copy at each step. If something re-points them again (e.g. `model.to(device)`), the next step
-    notices and re-stacks them.
+    copy at each step. Re-pointed again in the same dtype and device (`param.data = ...`), they are
+    re-stacked at the next step; a model moved to another dtype or device (`model.double()`,
+    `model.to("cuda")`) is refused there: build the algorithm after `model.to(...)`.
     """
 
     name = "powergossip"
