@@ -12,7 +12,9 @@ All copies start at zero. One round, for every tensor t:
 
 The sender decodes its own payload, so its x̂_i is exactly what its neighbours hold of it. In exact
 arithmetic s_i = Σ_j W[i,j] x̂_j at all times, hence Σ_i (s_i − x̂_i) = 0 for a doubly stochastic W
-and the average of the models is preserved. With C = identity, x̂_i becomes the pre-round model and
+and the average of the models is preserved; W[i,i] is taken as 1 − Σ_{j≠i} W[i,j] (what it is on
+every built-in topology), so a user's W whose rows sum to one only within the validator's slack
+keeps it too. With C = identity, x̂_i becomes the pre-round model and
 the round is exact gossip x_i += γ Σ_j W[i,j] (x_j − x_i), whatever γ.
 
 On a schedule (a graph W(t) per step, t the algorithm's step count) one public copy x̂_i is
@@ -98,7 +100,13 @@ class ChocoGossip(CompressedGossip):
         if not comm.is_static:
             self._edge_state(comm.neighbors)
             return
-        self._self_weight = comm.topology.weight(comm.rank, comm.rank)
+        # W[i,i] as 1 - (the row's other weights): the average is kept only when the self weight
+        # and the neighbours' weights sum to one, and a user's W may be off by the validator's
+        # slack (1e-9). Summed by numpy over the whole row, as `topologies` derives its diagonals:
+        # on every built-in topology this is W[i,i] to the bit.
+        row = comm.topology.W[comm.rank].copy()
+        row[comm.rank] = 0.0
+        self._self_weight = float(1.0 - row.sum())
         self.x_hat, self._x_hat = self._flat_state()
         self.s, self._s = self._flat_state()
 

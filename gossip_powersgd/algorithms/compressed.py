@@ -31,6 +31,7 @@ from ..comm.base import Tensor
 from ..compressors import Compressor, parse_compressor
 from ..specs import check_seed, parse_optional_float, parse_seed
 from .base import GossipAlgorithm, Option, ParamsLike, require_undirected, warn_if_unstable_gamma
+from .exact import check_gamma_positive
 from .layout import MessageLayout, Part
 
 if TYPE_CHECKING:
@@ -52,17 +53,18 @@ def compression_keys(seed: int, step: int, sender: int, count: int) -> List[int]
 
 
 def require_tuned_gamma(gamma: Optional[float], who: str, spelling: str) -> float:
-    """Compressed gossip has no default step: refuse None (and anything not > 0) with a hint."""
+    """Compressed gossip has no default step: refuse None with a hint, and what
+    `exact.check_gamma_positive` refuses (not > 0, infinite, above float32's largest)."""
     if gamma is None:
         raise ValueError(
             f"{who} needs a tuned consensus step gamma: the topology's gamma is the step of exact "
             f"gossip and is not valid for compressed gossip (it may diverge). Tune it for your "
             f"compressor and topology, e.g. {spelling}"
         )
-    value = float(gamma)
-    if not value > 0:
-        raise ValueError(f"{who}: gamma must be > 0, got {gamma}")
-    return value
+    try:
+        return check_gamma_positive(gamma)
+    except ValueError as exc:
+        raise ValueError(f"{who}: {exc}") from None
 
 
 def compressed_gossip_arguments(

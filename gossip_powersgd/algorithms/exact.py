@@ -29,11 +29,19 @@ def resolve_gamma(gamma: Optional[float], comm: Comm) -> float:
     return check_gamma_positive(gamma)
 
 
+#: The largest γ: the updates multiply float32 tensors by γ, and torch refuses a larger scalar
+#: ("value cannot be converted to type float without overflow") in the middle of a step.
+GAMMA_MAX = float(torch.finfo(torch.float32).max)
+
+
 def check_gamma_positive(gamma) -> float:
-    """`gamma` as a float, refused in one line unless it is > 0 (nan is not)."""
+    """`gamma` as a float, refused in one line unless it is > 0 (nan is not) and finite, at most
+    float32's largest value (`GAMMA_MAX`)."""
     value = float(gamma)
     if not value > 0:
         raise ValueError(f"gamma must be > 0, got {gamma}")
+    if not value <= GAMMA_MAX:
+        raise ValueError(f"gamma must be finite and at most {GAMMA_MAX:.4g} (float32), got {gamma}")
     return value
 
 

@@ -92,8 +92,9 @@ class PowerGossip(GossipAlgorithm):
 
     Matrices of equal shape are stacked into one buffer and the parameters are re-pointed at slices
     of it (`param.data = ...`): their values and identities do not change, and the stacking costs no
-    copy at each step. If something re-points them again (e.g. `model.to(device)`), the next step
-    notices and re-stacks them.
+    copy at each step. Re-pointed again in the same dtype and device (`param.data = ...`), they are
+    re-stacked at the next step; a model moved to another dtype or device (`model.double()`,
+    `model.to("cuda")`) is refused there: build the algorithm after `model.to(...)`.
     """
 
     name = "powergossip"
@@ -136,7 +137,7 @@ class PowerGossip(GossipAlgorithm):
             raise ValueError(f"rank must be an integer >= 1, got {rank}")
         if int(num_iterations) != num_iterations or num_iterations < 1:
             raise ValueError(f"num_iterations must be an integer >= 1, got {num_iterations}")
-        if min_compression_rate < 0:
+        if not min_compression_rate >= 0:  # nan is not
             raise ValueError(f"min_compression_rate must be >= 0, got {min_compression_rate}")
 
     @classmethod

@@ -79,7 +79,10 @@ class StackedParams:
     gossiped tensors (`exact_indices`) are views of (None when there are none).
 
     The parameters are re-pointed at slices of these buffers (`param.data = ...`): their values and
-    identities do not change. `restack()` re-stacks whatever was re-pointed since (`model.to`)."""
+    identities do not change. `restack()` re-stacks whatever was re-pointed since, in the same
+    dtype on the same device (`param.data = ...`); a parameter moved to another dtype or device
+    (`model.double()`, `model.to("cuda")`) is refused: the buffers, messages and factors are all
+    of the dtype and device the algorithm was built on."""
 
     def __init__(self, params: List[Tensor], rank: int, min_compression_rate: float):
         self.params = params
@@ -138,12 +141,21 @@ class StackedParams:
         self._home_ptrs = [home.data_ptr() for _, home in homes]
 
     def restack(self) -> bool:
-        """Re-stack whatever has been re-pointed since the last call (e.g. by `model.to`); True
-        when anything had been (then every view of the groups' buffers must be taken again)."""
+        """Re-stack whatever has been re-pointed since the last call; True when anything had been
+        (then every view of the groups' buffers must be taken again). A parameter now of another
+        dtype or on another device is refused in one line (copied into the buffers it would be
+        converted back silently, or a single-matrix group would fail in the kernels)."""
         params = self.params
         # one comparison of two lists: this runs at every step
         if [params[k].data_ptr() for k in self._home_indices] == self._home_ptrs:
             return False
+        for k in self._home_indices:
+            if (params[k].dtype, params[k].device) != (self.dtype, self.device):
+                raise ValueError(
+                    f"PowerGossip: the model moved to {params[k].dtype}/{params[k].device} after "
+                    f"the algorithm was built (on {self.dtype}/{self.device}): build it after "
+                    "model.to(...)"
+                )
         for group in self.groups:
             for slot, k in enumerate(group.indices):
                 if params[k].data_ptr() != group.matrices[slot].data_ptr():

@@ -10,7 +10,8 @@ Conventions shared by every wire format below:
   torch supports), as the raw bytes of a contiguous tensor. Fields follow each other without
   padding; a field may therefore start at any byte offset, and readers copy rather than assume
   alignment. This also lets a caller pack several payloads back to back in one message buffer.
-* Values, scales and norms are stored in the input tensor's dtype; indices as int32.
+* Values, scales and norms are stored in the input tensor's dtype, except QSGD's norm of a 16-bit
+  tensor (float32: it can exceed float16's range); indices as int32.
 * Bit-packed fields are little-endian at the bit level: entry ``i`` of width ``b`` occupies the
   global bit positions ``i*b .. i*b+b-1`` (its least significant bit first), and global bit ``p``
   is bit ``p % 8`` of byte ``p // 8`` (numpy's ``packbits(bitorder="little")``). Unused bits of the

@@ -26,6 +26,9 @@ class LowRank(Compressor):
         P        rows * r * itemsize   row-major, x's dtype
         Q        cols * r * itemsize   row-major, x's dtype
 
+    For a 16-bit x, column k of P is multiplied and column k of Q divided by √‖Q[:, k]‖ (when
+    not 0), so that neither overflows the dtype (Q's columns have norms up to ‖M‖₂).
+
     Otherwise — tensors of fewer than 2 dimensions, empty ones, and matrices too small to gain from
     factoring — the tensor is sent exactly as :class:`Identity` does (``numel * itemsize`` bytes),
     which is both smaller and lossless.
@@ -71,6 +74,12 @@ class LowRank(Compressor):
             # division by a vanishing norm), and P Pᵀ M then loses nothing of M's column space.
             p = torch.linalg.qr(m @ q, mode="reduced").Q
             q = m.T @ p
+        if cdt != x.dtype:
+            # A 16-bit x: Q's columns (norms up to ‖M‖₂, beyond float16's range for finite M) and
+            # P's (unit norm) are scaled to equal norms, √‖q_k‖ each: the same P Qᵀ, and both fit.
+            balance = torch.linalg.vector_norm(q, dim=0).sqrt()
+            balance = torch.where(balance > 0, balance, torch.ones_like(balance))
+            p, q = p * balance, q / balance
         offset = wire.put(out, 0, p.to(x.dtype))
         wire.put(out, offset, q.to(x.dtype))
 

@@ -57,10 +57,14 @@ class QSGD(Compressor):
     Each entry is one code of ``b = ceil(log2(s + 1)) + 1`` bits: the level ``ξ_i`` in the low
     ``b - 1`` bits and the sign (1 iff x_i < 0) in the top bit.
 
-    Wire format (``itemsize + ceil(d * b / 8)`` bytes, d = numel)::
+    Wire format (``normsize + ceil(d * b / 8)`` bytes, d = numel)::
 
-        norm     itemsize          ‖x‖₂ in x's dtype
+        norm     normsize          ‖x‖₂ in x's dtype; in float32 (4 bytes) for a 16-bit x, whose
+                                   finite entries can have a norm beyond the dtype's range
         codes    ceil(d * b / 8)   d codes of b bits, densely bit-packed LSB first
+
+    A decoded entry is a multiple of ‖x‖₂ / s: in a 16-bit dtype it is ±inf where that multiple
+    exceeds the dtype's largest value (float16: 65504), as C(x) itself cannot be represented.
 
     Unbiased with ``E‖C(x)‖² ≤ (1 + ω)‖x‖²``, ``ω = min(d / s², √d / s)`` (Alistarh et al.,
     "QSGD", NeurIPS 2017, Lemma 3.1): not contractive for coarse levels (ω ≫ 1), see
@@ -81,17 +85,18 @@ class QSGD(Compressor):
 
     def nbytes(self, shape, dtype) -> int:
         wire.require_float(dtype, "QSGD")
-        return wire.itemsize(dtype) + (wire.numel(shape) * self.bits + 7) // 8
+        norm_bytes = wire.itemsize(wire.compute_dtype(dtype))
+        return norm_bytes + (wire.numel(shape) * self.bits + 7) // 8
 
     def _encode(self, x, out, key):
         flat = x.reshape(-1)
         cdt = wire.compute_dtype(flat.dtype)
-        norm = torch.linalg.vector_norm(flat.to(cdt)).to(flat.dtype)
-        # Round with the norm exactly as stored, so that decoding the stored norm stays unbiased.
-        stored_norm = norm.to(cdt)
+        # Stored in the compute dtype (x's, float32 for 16-bit x): the norm of a float16 tensor
+        # overflows float16 long before its entries do. Rounding uses it as stored: unbiased.
+        norm = torch.linalg.vector_norm(flat.to(cdt))
         magnitude = flat.to(cdt).abs()
-        if stored_norm > 0:
-            scaled = (magnitude * (self.levels / stored_norm)).clamp_(max=self.levels)
+        if norm > 0:
+            scaled = (magnitude * (self.levels / norm)).clamp_(max=self.levels)
         else:
             scaled = torch.zeros_like(magnitude)
         lower = scaled.floor()
@@ -103,7 +108,7 @@ class QSGD(Compressor):
 
     def _decode(self, payload, out, key):
         cdt = wire.compute_dtype(out.dtype)
-        norm, offset = wire.get(payload, 0, out.dtype, 1)
+        norm, offset = wire.get(payload, 0, cdt, 1)
         codes = wire.unpack_bits(payload[offset:].to(out.device), out.numel(), self.bits)
         level = codes & ((1 << self.level_bits) - 1)
         signs = 1 - 2 * (codes >> self.level_bits)

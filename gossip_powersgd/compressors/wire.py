@@ -33,7 +33,8 @@ def numel(shape) -> int:
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     # Half-precision tensors are processed in float32: CPU generators, QR and norms either do not
-    # support them or lose too much precision; the stored fields stay in the tensor's dtype.
+    # support them or lose too much precision; the stored fields stay in the tensor's dtype (but
+    # QSGD's norm, stored in this dtype).
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 

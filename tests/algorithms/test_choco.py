@@ -82,6 +82,61 @@ def test_choco_with_identity_is_exact_gossip(gamma):
 
 
 # ---- convergence on the 8-ring ------------------------------------------------------------------------
+# ---- the self weight: 1 - the row's other weights ------------------------------------------------
+@pytest.mark.parametrize("compressor, gamma", [("identity", 1.0), ("topk:0.5", 0.5)])
+def test_the_average_is_kept_when_a_users_rows_sum_to_one_only_within_the_slack(compressor, gamma):
+    """The reviewer's 4-ring written with 10 decimals (W[i,j] = 0.3333333333, rows summing to
+    1 - 1e-10, which the validator accepts): with W[i,i] as given, the network sum moved by about
+    4e-10 |x| a step (9e-8 after 200 steps). With W[i,i] = 1 - (the row's other weights) what is
+    left is rounding: each step a handful of float64 roundings per entry at each of the 4 peers, of
+    values at most M = max|x|, so the sum's entries move by at most steps * 4 * 8 * eps * M."""
+    a = 0.3333333333
+    W = [[a, a, 0, a], [a, a, a, 0], [0, a, a, a], [a, 0, a, a]]
+    topology = topologies.Topology(W, name="ring4-csv")
+    steps = 200
+
+    def peer(comm):
+        g = torch.Generator().manual_seed(comm.rank)
+        x = [torch.randn(16, 16, generator=g, dtype=torch.float64) + 1.0]
+        start, largest = x[0].clone(), float(x[0].abs().max())
+        choco = make_algorithm(f"choco:compressor={compressor},gamma={gamma}", x, comm)
+        for _ in range(steps):
+            choco.step()
+            largest = max(largest, float(x[0].abs().max()), float(choco.s.abs().max()))
+        return start, x[0].clone(), largest
+
+    results = LocalCluster(topology).run(peer)
+    drift = sum(r[1] for r in results) - sum(r[0] for r in results)
+    bound = steps * 4 * 8 * torch.finfo(torch.float64).eps * max(r[2] for r in results)
+    assert float(drift.abs().max()) <= bound, (float(drift.abs().max()), bound)
+
+
+@pytest.mark.parametrize(
+    "spec, weights",
+    [
+        ("ring:5", "metropolis"),
+        ("torus:4x4", "metropolis"),
+        ("exponential:16", "metropolis"),
+        ("complete:16", "metropolis"),
+        ("small_world:8:4:0.5", "metropolis"),
+        ("complete:8", "best_constant"),
+        ("star:8", "best_constant"),
+        ("grid:3x4", "max_degree"),
+    ],
+)
+def test_the_self_weight_is_the_topologys_diagonal_to_the_bit_on_built_in_topologies(spec, weights):
+    """`topologies` derives every diagonal as 1 - (numpy's sum of the row's other weights), the
+    self weight's formula: runs on the built-in topologies keep their bits (Python's left-to-right
+    sum of the neighbours' weights, DeepSqueeze's, differs in the last bit on small_world:8:4:0.5
+    and on complete:8 with best_constant weights)."""
+    topology = topologies.parse(spec, weights=weights)
+
+    def peer(comm):
+        return ChocoGossip([torch.zeros(3)], comm, Identity(), gamma=0.5)._self_weight
+
+    assert LocalCluster(topology).run(peer) == [topology.weight(i, i) for i in range(topology.size)]
+
+
 def test_choco_converges_on_the_ring():
     """8-ring, 100 x 100 per peer, top-10% (topk:0.1), gamma = 0.2: the consensus distance falls
     by more than 1e5 in 150 steps (measured 8.7e3 -> 6.1e-3, a factor ~1.4e6; 8.1e-5 at 200)."""

@@ -82,6 +82,9 @@ def test_gamma_and_compressor_are_required_with_a_spelling_to_copy():
     for bad in (0.0, -0.5, float("nan")):
         with pytest.raises(ValueError, match=r"^ChocoGossip: gamma must be > 0, got"):
             require_tuned_gamma(bad, "ChocoGossip", "choco:x")
+    for bad in (float("inf"), 1e39):  # float32 tensors cannot be multiplied by it
+        with pytest.raises(ValueError, match=r"^ChocoGossip: gamma must be finite and at most"):
+            require_tuned_gamma(bad, "ChocoGossip", "choco:x")
     assert require_tuned_gamma("0.25", "ChocoGossip", "choco:x") == 0.25
     with pytest.raises(
         ValueError,

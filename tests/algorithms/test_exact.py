@@ -8,7 +8,7 @@ import torch
 import topologies
 from gossip_powersgd import LocalCluster, make_algorithm
 from gossip_powersgd.algorithms import ExactGossip
-from gossip_powersgd.algorithms.exact import resolve_gamma
+from gossip_powersgd.algorithms.exact import check_gamma_positive, resolve_gamma
 from tests.algorithms.test_base_inputs import SCHEDULES, tensors
 
 EPS64 = torch.finfo(torch.float64).eps
@@ -47,6 +47,19 @@ def test_the_default_step_is_the_topologys_or_one_on_a_schedule():
         1.0,
         0.5,
     )
+
+
+@pytest.mark.parametrize("gamma", [float("inf"), 1e39, "1e39"])
+def test_an_infinite_step_or_one_float32_cannot_hold_is_refused_naming_gamma(gamma):
+    """Every algorithm with a γ checks it here (PowerGossip, and Choco and DeepSqueeze through
+    `require_tuned_gamma`): γ = inf ended in a non-finite loss blamed on the learning rate, 1e39 in
+    torch's overflow error from inside the compiled update."""
+    with pytest.raises(
+        ValueError, match=r"^gamma must be finite and at most 3\.403e\+38 \(float32\)"
+    ):
+        check_gamma_positive(gamma)
+    largest = torch.finfo(torch.float32).max  # the largest γ accepted
+    assert check_gamma_positive(largest) == largest
 
 
 @pytest.mark.parametrize(

@@ -353,6 +353,8 @@ def test_bad_arguments_raise_naming_them():
         ({"rank": 0}, "rank must be an integer >= 1"),
         ({"num_iterations": 0}, "num_iterations must be an integer >= 1"),
         ({"gamma": -1.0}, "gamma must be > 0"),
+        ({"gamma": float("inf")}, "gamma must be finite and at most"),
+        ({"gamma": 1e39}, r"gamma must be finite and at most 3\.403e\+38 \(float32\)"),
     ]:
         with pytest.raises(ValueError, match=message):
             LocalCluster(topologies.ring(2)).run(peer, **kwargs)

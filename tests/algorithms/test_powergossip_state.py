@@ -183,6 +183,40 @@ def test_stacked_params_are_views_of_the_stacks_with_their_values_kept():
     assert stacks.restack() is False
 
 
+@pytest.mark.parametrize(
+    "move, where",
+    [
+        (lambda model: model.double(), "torch.float64/cpu"),
+        pytest.param(
+            lambda model: model.to("cuda"),
+            "torch.float32/cuda:0",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"),
+        ),
+    ],
+    ids=["double", "cuda"],
+)
+def test_a_model_moved_to_another_dtype_or_device_after_building_is_refused(move, where):
+    """The stacks, messages and factors keep the dtype and device they were built in: re-stacked,
+    a group of two same-shape matrices was copied back into float32, and a single-matrix group
+    (its buffer the parameter's own memory) failed with a raw error inside the kernels."""
+
+    def peer(comm):
+        torch.manual_seed(comm.rank)
+        layers = [torch.nn.Linear(16, 16), torch.nn.Linear(16, 16), torch.nn.Linear(16, 8)]
+        model = torch.nn.Sequential(*layers)  # a group of two 16x16, one of one 8x16, biases
+        gossip = PowerGossip(model.parameters(), comm, rank=1)
+        gossip.step()
+        move(model)
+        gossip.step()
+
+    message = (
+        rf"^PowerGossip: the model moved to {where} after the algorithm was built "
+        r"\(on torch\.float32/cpu\): build it after model\.to\(\.\.\.\)$"
+    )
+    with pytest.raises(ValueError, match=message):
+        LocalCluster(topologies.ring(2), cooperative=False).run(peer)
+
+
 def test_message_sizes_and_segments_follow_the_layout():
     """A right half-step's message is every group's batch x rank x rows products, a left one's
     batch x rank x cols, then the exact part on a step's first half-step; segments lie end to end,

@@ -204,3 +204,34 @@ def test_powergossip_checks_its_options_from_the_spec_alone(spec, message):
     with pytest.raises(ValueError, match=message):
         check_config(spec, topologies.ring(4))
     check_config("powergossip:rank=2,iters=3,min_compression_rate=0", topologies.ring(4))
+
+
+def _float_option_specs():
+    """A spec per float option of every registered algorithm and of every compressor (inside
+    choco), with that option set to nan and any other required option valid."""
+    from gossip_powersgd.algorithms.registry import REGISTRY, with_option
+    from gossip_powersgd.compressors.spec import _SPECS
+    from gossip_powersgd.specs import parse_optional_float
+
+    specs = []
+    for name, cls in sorted(REGISTRY.items()):
+        base = f"{name}:compressor=sign,gamma=0.1" if cls.gamma_source == "tuned" else name
+        for key, option in cls.options.items():
+            if option.parse in (float, parse_optional_float):
+                specs.append(pytest.param(with_option(base, key, "nan"), key, id=f"{name}:{key}"))
+    for name, (_, params) in sorted(_SPECS.items()):
+        for key, kind in params:
+            if kind is float:
+                spec = f"choco:compressor=[{name}:{key}=nan],gamma=0.1"
+                specs.append(pytest.param(spec, key, id=f"compressor {name}:{key}"))
+    return specs
+
+
+@pytest.mark.parametrize("spec, option", _float_option_specs())
+def test_nan_is_refused_for_every_float_option_naming_it(spec, option):
+    # a comparison with nan is False: a check written `x < 0` lets it through (PowerGossip's
+    # min_compression_rate=nan compressed nothing while labelled "PowerGossip r1")
+    from gossip_powersgd.algorithms import check_config
+
+    with pytest.raises(ValueError, match=rf"{option}.*nan"):
+        check_config(spec, topologies.ring(4))

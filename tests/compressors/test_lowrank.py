@@ -59,3 +59,20 @@ def test_lowrank_more_iterations_approach_best_rank_r():
 def test_lowrank_float32():
     m = (randn(30, 2, seed=1) @ randn(50, 2, seed=2).T).float()
     assert torch.allclose(LowRank(2).compress(m, 0), m, atol=1e-4)
+
+
+def test_lowrank_of_a_float16_matrix_whose_factor_float16_cannot_hold_stays_exact():
+    """A rank-1 70 x 70 float16 matrix, 32 * i * j with integers i < 32, j < 64: every entry (at
+    most 62,496) is exact in float16, but Q = Mᵀ P has entries up to ‖M‖₂ ≈ 1e7, inf in float16
+    (largest 65,504), and C(M) was inf. With P's and Q's columns balanced, C(M) = M up to three
+    float16 roundings (P, Q, the result: 2^-11 relative each) and float32's QR: within 4 * 2^-11
+    of |M| entrywise."""
+    g = torch.Generator().manual_seed(3)
+    i, j = torch.randint(1, 32, (70,), generator=g), torch.randint(1, 64, (70,), generator=g)
+    exact = 32.0 * torch.outer(i, j).float()
+    m = exact.half()
+    assert torch.equal(m.float(), exact)
+    for c in (LowRank(1), LowRank(2, iterations=2)):
+        y = c.compress(m, key=5).float()
+        assert torch.isfinite(y).all()
+        assert ((y - exact).abs() <= 4 * 2**-11 * exact).all(), float((y - exact).abs().max())

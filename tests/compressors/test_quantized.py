@@ -85,3 +85,22 @@ def test_qsgd_second_moment_is_within_its_bound(levels):
     ).mean()
     assert second <= (1 + QSGD(levels).variance_bound(50)) * x.square().sum()
     assert second > 1.5 * x.square().sum()  # and far from contractive: the rescaling is needed
+
+
+def test_qsgd_of_a_float16_tensor_whose_norm_float16_cannot_hold_stays_finite_and_unbiased():
+    """4,900 entries of 1000 fit float16, their norm 70,000 does not (largest 65,504): stored in
+    float16 it was inf and every decoded entry 0 * inf = nan. Stored in float32 (4 bytes), each
+    entry decodes to 0 or norm / 4 = 17,500 (17,504 in float16; ξ ∈ {0, 1}: s|x_i|/‖x‖ = 0.057),
+    whose mean over the 4,900 entries is within 5 standard deviations of 1000,
+    5 * 17,500 * sqrt(p (1 - p) / 4,900) = 289 (float16's 4 in 17,500 moves it by 0.23)."""
+    x = torch.full((70, 70), 1000.0, dtype=torch.float16)
+    c = QSGD(4)
+    payload = encode(c, x, key=1)
+    assert payload.numel() == c.nbytes(x.shape, x.dtype) == 4 + 4900 * 4 // 8
+    norm = float(payload[:4].clone().view(torch.float32)[0])
+    assert math.isclose(norm, 70000.0, rel_tol=1e-6)  # float32's sum of 4,900 squares
+    y = decode(c, payload, x, key=1).float()
+    assert torch.isfinite(y).all()
+    assert set(y.unique().tolist()) <= {0.0, float(torch.tensor(norm / 4).half())}  # 17,504
+    p = 1000.0 * 4 / norm
+    assert abs(float(y.mean()) - 1000.0) <= 5 * norm / 4 * math.sqrt(p * (1 - p) / 4900)

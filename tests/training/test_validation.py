@@ -78,6 +78,8 @@ OUT_OF_RANGE = [
     ("powergossip:rank=0", "rank must be an integer >= 1, got 0"),
     ("powergossip:iters=0", "num_iterations must be an integer >= 1, got 0"),
     ("powergossip:gamma=-1", "gamma must be > 0, got -1.0"),
+    ("powergossip:gamma=1e39", "gamma must be finite and at most 3.403e+38 (float32), got 1e+39"),
+    ("choco:compressor=sign,gamma=inf", "ChocoGossip: gamma must be finite and at most 3.403e+38"),
     ("powersgd:rank=0", "rank must be an integer >= 1, got 0"),
     ("powersgd:start_iter=-1", "start_iter must be an integer >= 0, got -1"),
     ("powersgd:min_compression_rate=-1", "min_compression_rate must be >= 0, got -1.0"),
