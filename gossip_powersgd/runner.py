@@ -174,6 +174,7 @@ def _peer(comm: "Communicator", config, make_hooks: Optional[MakeHooks], states:
 
     class FinalState(TrainingHooks):
         name = "run_final_state"
+        optional = True  # it only watches: a run resumes with or without `states`
 
         def setup(self, context) -> None:
             self.context = context

@@ -16,6 +16,7 @@ import gossip_powersgd
 from gossip_powersgd import RunResult, run
 from gossip_powersgd.cli import train as gossip_train
 from gossip_powersgd.training.config import config_from_dict
+from gossip_powersgd.training.hooks import TrainingHooks
 
 from tests.conftest import run_mpi
 
@@ -68,6 +69,37 @@ def test_states_are_every_peers_final_model():
         assert all(torch.equal(first[k], result.states[rank][k]) for k in first)
     local = run(TINY, states=True).states
     assert not torch.equal(local[0]["1.weight"], local[1]["1.weight"])  # gossip: not equal
+
+
+class _Stop(TrainingHooks):
+    """Ends the run at `step` (after the epoch-1 checkpoint); watches only, so not resumed."""
+
+    name, optional = "stop", True
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def after_step(self, step, loss):
+        if step == self.step:
+            raise RuntimeError(f"stopped at step {step}")
+
+
+@pytest.mark.parametrize("first, then", [(False, True), (True, False)])
+def test_a_run_resumes_with_or_without_states(tmp_path, first, then):
+    """run()'s own hook for `states` was in the checkpoint's hooks, so a resume that asked for
+    states when the first call had not (or the other way) was refused naming a hook the user
+    never gave. The resumed run ends with the uninterrupted run's models, bit for bit."""
+    config = dict(TINY, out_dir=str(tmp_path / "run"), checkpoint_every=1)
+    with pytest.raises(Exception, match="stopped at step 16"):  # epoch 1 is steps 0-12
+        run(config, hooks=lambda rank: [_Stop(16)], states=first)
+    resumed = run(config, resume=True, states=then)
+    reference = run(dict(config, out_dir=str(tmp_path / "reference")), states=True)
+    assert resumed.summary["model_sha256"] == reference.summary["model_sha256"]
+    if then:
+        for rank in range(4):
+            assert all(
+                torch.equal(v, reference.states[rank][k]) for k, v in resumed.states[rank].items()
+            )
 
 
 def test_a_yaml_path_writes_its_run_directory_as_gossip_train_does(tmp_path):

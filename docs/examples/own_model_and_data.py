@@ -28,7 +28,9 @@ In a script run with ``python``, the functions it defines are in the module ``__
 #
 # Every peer calls it with the same seed, must get the same data (peers compare a digest of it
 # and stop naming any peer that differs), and keeps only its shard (``partition``). The number of
-# classes is the largest label plus one.
+# classes is the largest label plus one. Of two Datasets, the digest covers the test set, the
+# labels ``targets`` holds and the records held in memory (a ``TensorDataset``'s tensors, an array
+# ``data`` of one row per record); records read only by ``d[i]`` are not compared.
 
 import tempfile
 from pathlib import Path

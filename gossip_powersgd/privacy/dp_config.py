@@ -217,6 +217,7 @@ def _check_dp_keys_need_dp(config) -> None:
                 "dp_secure_noise",
                 "dp_exchanged_subspace",
                 "dp_public_shard_size",
+                "dp_secret",
             )
             and getattr(config, key.name) != key.default
         ):

@@ -130,6 +130,11 @@ def _validate(config) -> None:
         raise ValueError(
             f"bad value for 'observe_every': {config.observe_every!r} (must be >= 1 (steps))"
         )
+    if config.observe_every != 1 and not ranks:
+        raise ValueError(
+            "observe_every is for observers (the ranks whose messages are recorded): set "
+            "observers (e.g. [3]), or drop the key"
+        )
 
 
 OBSERVERS = register(

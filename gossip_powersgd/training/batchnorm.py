@@ -38,7 +38,11 @@ def refresh_batch_norm(model: torch.nn.Module, inputs: Iterable[torch.Tensor], c
     passes a few of its own training batches through the averaged model in training mode with a
     cumulative average (``momentum=None``, as ``torch.optim.swa_utils.update_bn``), and the peers
     combine their per-channel statistics: mean = the peers' mean of means; variance = the peers'
-    mean of (variance + mean^2) - mean^2 (the law of total variance, equal batch counts).
+    mean of (variance + mean^2) - mean^2 (the law of total variance). Each peer's statistics
+    weigh by the number of samples it ran (the counts are all-gathered, control traffic): a peer
+    whose batches held none (a shard of one sample) adds nothing, and where no peer ran any the
+    model keeps the statistics it had (the peers' mean). Equal counts, every peer's full batches,
+    are the plain mean, computed as before.
     """
     norms = [
         m
@@ -47,6 +51,11 @@ def refresh_batch_norm(model: torch.nn.Module, inputs: Iterable[torch.Tensor], c
     ]
     if not norms:
         return False
+    inputs = list(inputs)
+    mine = sum(len(x) for x in inputs)
+    counts = [int.from_bytes(c, "little") for c in comm.allgather_bytes(mine.to_bytes(8, "little"))]
+    if not any(counts):
+        return True  # no peer has two samples to measure a batch: keep the peers' mean
     momenta = [m.momentum for m in norms]
     was_training = model.training
     for m in norms:
@@ -62,7 +71,12 @@ def refresh_batch_norm(model: torch.nn.Module, inputs: Iterable[torch.Tensor], c
     flat = torch.cat(
         [torch.cat([m.running_mean, m.running_var + m.running_mean**2]).double() for m in norms]
     )
-    comm.allreduce_(flat, op="mean", metric=True)
+    if len(set(counts)) == 1:
+        comm.allreduce_(flat, op="mean", metric=True)
+    else:  # weighted by the samples; a peer without any ran nothing (its statistics are reset)
+        flat = flat * mine if mine else torch.zeros_like(flat)
+        comm.allreduce_(flat, op="sum", metric=True)
+        flat /= sum(counts)
     offset = 0
     for m in norms:
         c = m.num_features
@@ -74,15 +88,14 @@ def refresh_batch_norm(model: torch.nn.Module, inputs: Iterable[torch.Tensor], c
 
 
 def refresh_inputs(batches, step: int, count: int = BN_REFRESH_BATCHES) -> Iterator[torch.Tensor]:
-    """The first `count` mini-batches of this peer's shard (`batches.x`), through its per-batch
-    transform with a generator of (seed, rank, step): what `refresh_batch_norm` runs on. Leaves
-    the batch iterator's position alone."""
-    size = getattr(batches, "batch_size", None) or max(
-        1, round(batches.sample_rate * len(batches.x))
-    )
+    """The first `count` mini-batches of this peer's shard (`batches.x`; of 2 samples at least,
+    where the batch size is 1), through its per-batch transform with a generator of (seed, rank,
+    step): what `refresh_batch_norm` runs on. Leaves the batch iterator's position alone."""
+    size = getattr(batches, "batch_size", None) or round(batches.sample_rate * len(batches.x))
+    size = max(2, size)  # training-mode BN needs more than one value per channel
     for i in range(min(count, -(-len(batches.x) // size))):
         x = batches.x[i * size : (i + 1) * size]
-        if len(x) < 2:  # training-mode BN needs more than one value per channel
+        if len(x) < 2:  # a shard's last sample alone: not a batch BN can measure
             break
         if batches.transform is not None:
             from .batches import BN_STREAM

@@ -59,6 +59,11 @@ def _validate(config) -> None:
             "churn needs on_peer_loss: continue (with abort the first peer to leave ends "
             "the run): set on_peer_loss: continue"
         )
+    if config.churn_join != "average" and policy != "continue":
+        raise ValueError(
+            "churn_join is for on_peer_loss: continue (with abort no peer joins again): set "
+            "that, or drop the key"
+        )
     if policy != "continue":
         return
     transport = TRANSPORTS.get(config.backend)

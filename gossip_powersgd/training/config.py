@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import yaml
 
 from . import features as _features
-from .yaml_loader import strict_yaml_load
+from .yaml_loader import read_config_text, strict_yaml_load
 
 # Validation lives in validation.py (which imports nothing of this module); its names stay
 # importable from here.
@@ -432,7 +432,7 @@ def load_config(path, overrides: Sequence[str] = (), deep: bool = True) -> Train
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} not found")
-    data = strict_yaml_load(path.read_text(), str(path))
+    data = strict_yaml_load(read_config_text(path), str(path))
     config = config_from_dict({} if data is None else data, f" in {path}")  # checks it is a mapping
     changes = {}
     for text in overrides:

@@ -171,19 +171,20 @@ def log_record(
     step: int,
     steps_per_epoch: int,
     lr: float,
-    train_loss_local: float,
+    train_loss_local: Optional[float],
     timers: Callable[[], Dict[str, float]],
     private: bool = False,
 ) -> Dict[str, Any]:
     """The `kind: "log"` record of `step` (collective): `train_loss_local` is this peer's mean
-    training loss since the previous log record; the record holds the mean over peers
-    (`train_loss`), or with `private` this peer's own only (`train_loss_local`)."""
+    training loss since the previous log record (None: none of its steps had a loss); the record
+    holds the mean over the peers that had one (`train_loss`: `peers_train_loss`), or with
+    `private` this peer's own only (`train_loss_local`)."""
     if private:
         losses = {"train_loss_local": train_loss_local}
     else:
-        loss = torch.tensor([train_loss_local], dtype=torch.float64)
+        loss = torch.tensor([_or_nan(train_loss_local)], dtype=torch.float64)
         comm.allreduce_(loss, op="mean", metric=True)
-        losses = {"train_loss": float(loss[0])}
+        losses = {"train_loss": peers_train_loss(comm, train_loss_local, float(loss[0]))}
     traffic = traffic_means(comm)
     return {
         "kind": "log",
@@ -199,6 +200,22 @@ def log_record(
     }
 
 
+def _or_nan(loss: Optional[float]) -> float:
+    return math.nan if loss is None else loss
+
+
+def peers_train_loss(comm: Comm, mine: Optional[float], mean: float) -> Optional[float]:
+    """The peers' mean training loss, from `mean`, the all-reduced mean of their losses with NaN
+    for a peer whose window had none (every batch empty: DP's Poisson sampling): where a peer had
+    none (the mean is NaN on every peer, a training loss is finite), the mean is over those that
+    had one, by a second all-reduce of (sum, count) (collective); None where no peer had one."""
+    if not math.isnan(mean):
+        return mean
+    totals = torch.tensor([0.0, 0.0] if mine is None else [mine, 1.0], dtype=torch.float64)
+    comm.allreduce_(totals, op="sum", metric=True)
+    return float(totals[0] / totals[1]) if totals[1] else None
+
+
 def eval_record(
     comm: Comm,
     model: torch.nn.Module,
@@ -209,7 +226,7 @@ def eval_record(
     epoch: int,
     step: int,
     lr: float,
-    train_loss_local: float,
+    train_loss_local: Optional[float],
     timers: Callable[[], Dict[str, float]],
     pooled: bool = False,
     private: bool = False,
@@ -278,13 +295,13 @@ def _own_test_figures(model, averaged, x_test, y_test) -> Dict[str, Any]:
 
 
 def _test_figures(
-    comm: Comm, model, averaged, x_test, y_test, pooled: bool, private: bool, train_loss: float
+    comm: Comm, model, averaged, x_test, y_test, pooled: bool, private: bool, train_loss
 ) -> Dict[str, Any]:
     """The test figures over all peers (collective): means (pooled under `partition: local`),
     min and max, the averaged model's, and the mean training loss unless `private`."""
     acc, loss = evaluate_model(model, x_test, y_test)
     local = torch.tensor([acc, loss], dtype=torch.float64)
-    shared = [acc, loss] if private else [acc, loss, train_loss]
+    shared = [acc, loss] if private else [acc, loss, _or_nan(train_loss)]
     means = comm.allreduce_(torch.tensor(shared, dtype=torch.float64), op="mean", metric=True)
     if pooled:
         means[:2] = pooled_means(comm, [acc, loss], len(y_test))
@@ -293,7 +310,7 @@ def _test_figures(
     avg_acc, avg_loss = evaluate_model(averaged, x_test, y_test)
     if pooled:
         avg_acc, avg_loss = (float(v) for v in pooled_means(comm, [avg_acc, avg_loss], len(y_test)))
-    losses = {} if private else {"train_loss": float(means[2])}
+    losses = {} if private else {"train_loss": peers_train_loss(comm, train_loss, float(means[2]))}
     if y_test.ndim > 1:  # a target per token: perplexity, exp(per-token cross-entropy), too
         losses.update(
             test_perplexity_avg_model=_perplexity(avg_loss),
@@ -335,7 +352,7 @@ def eval_line(record: Dict[str, Any], epochs: int) -> str:
     """The progress line rank 0 prints for an eval record: with the peers' mean training loss
     where it is released, and what each feature adds (`Feature.eval_text`: under DP, ε)."""
     r = record
-    loss = f"  train loss {r['train_loss']:.4f}" if "train_loss" in r else ""
+    loss = f"  train loss {r['train_loss']:.4f}" if r.get("train_loss") is not None else ""
     if "test_perplexity_avg_model" in r:
         loss += f"  avg-model perplexity {r['test_perplexity_avg_model']:.4g}"
     if "test_acc_mean" in r:

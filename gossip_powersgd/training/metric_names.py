@@ -29,8 +29,11 @@ step                         optimizer steps done (the x-axis of every tracker)
 epoch                        epochs done (a log record's is fractional: step / steps per epoch)
 lr                           the learning rate of the last step
 train_loss                   mean over peers of each peer's mean training loss since the previous
-                             record of the same kind (absent where peer statistics are private)
-train_loss_local             the writing peer's own mean training loss over the same steps
+                             record of the same kind, over the peers whose steps had one (null
+                             where none had: every batch empty, DP's Poisson sampling; absent
+                             where peer statistics are private)
+train_loss_local             the writing peer's own mean training loss over the same steps (null
+                             where none of them had one)
 test_acc_avg_model           accuracy of the averaged model on the test set (fraction)
 test_loss_avg_model          its loss
 test_acc_mean                accuracy of each peer's own model on the test set, mean over peers

@@ -30,7 +30,10 @@ file must be a regular file (a directory, a FIFO or a device is named as such, n
 A bring-your-own dataset function may return ``(train, test)``, two map-style torch Datasets
 (``len`` and ``[i] -> (x, y)``), instead of four arrays: a peer calls ``train[i]`` for the
 indices of its own shard only (once, at start-up). Non-IID partitions need the labels of every
-record: give the training Dataset a ``targets`` attribute (as torchvision's do).
+record: give the training Dataset a ``targets`` attribute (as torchvision's do). What the peers
+compare (and each checkpoint records) is the test set, every label of ``targets`` and the training
+records a Dataset holds in memory (a TensorDataset's tensors, an array ``data`` of one row per
+record); records read only through ``train[i]`` are not compared, as no peer reads all of them.
 """
 
 from __future__ import annotations
@@ -374,6 +377,26 @@ def _stack(dataset, indices, spec: str, what: str) -> tuple[torch.Tensor, torch.
     return torch.stack(xs).to(torch.float32), torch.stack(ys).to(torch.int64)
 
 
+def _digest_training_set(digest, train, targets, n: int) -> None:
+    """Add to `digest` what is known of the training set without reading a record through
+    ``train[i]`` (a peer reads only its own shard's): every label of ``targets``, and the records
+    held in memory, a TensorDataset's tensors or an array ``data`` of one row per record (as
+    torchvision's MNIST and CIFAR hold)."""
+    if targets is not None:
+        labels = np.ascontiguousarray(np.asarray(targets, dtype=np.int64))
+        digest.update(f"targets:{labels.shape};".encode() + labels.tobytes())
+    arrays = list(train.tensors) if isinstance(train, torch.utils.data.TensorDataset) else []
+    data = getattr(train, "data", None)
+    if not arrays and isinstance(data, (np.ndarray, torch.Tensor)) and data.ndim and len(data) == n:
+        arrays = [data]
+    for array in arrays:
+        digest.update(f"records:{tuple(array.shape)}:{array.dtype};".encode())
+        if isinstance(array, torch.Tensor):
+            digest.update(array.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+        elif array.dtype.kind in "biufc":  # not objects or strings (whose bytes are pointers)
+            digest.update(np.ascontiguousarray(array).tobytes())
+
+
 def torch_datasets(spec: str, train, test) -> RecordDataset:
     """A bring-your-own function's ``(train, test)`` torch Datasets as a `RecordDataset`."""
     x_test, y_test = _stack(test, range(len(test)), spec, "test")
@@ -399,6 +422,7 @@ def torch_datasets(spec: str, train, test) -> RecordDataset:
     digest = hashlib.sha256(f"{n};{num_classes};".encode())
     digest.update(x_test.numpy().tobytes())
     digest.update(y_test.numpy().tobytes())
+    _digest_training_set(digest, train, targets, n)
     return RecordDataset(
         num_train=n,
         x_test=x_test,

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "agree_resume_epoch",
+    "auto_resumes",
     "check_header",
     "describe_config_diff",
     "latest_common_epoch",
@@ -117,39 +118,65 @@ def latest_common_epoch(per_rank: List[List[int]]) -> Optional[int]:
     return max(common) if common else None
 
 
+def _offered_epochs(comm: Comm, run_dir, mine: Optional[List[int]] = None):
+    """This rank's newest checkpoint epochs (`mine`, else read) and every rank's (collective)."""
+    if mine is None:
+        mine = available_epochs(run_dir, comm.rank)
+    mine = mine[-_OFFERED_EPOCHS:]
+    data = np.asarray(mine + [-1] * (_OFFERED_EPOCHS - len(mine)), dtype=np.int64).tobytes()
+    per_rank = [
+        [int(v) for v in np.frombuffer(g, dtype=np.int64) if v >= 0]
+        for g in comm.allgather_bytes(data)
+    ]
+    return mine, per_rank
+
+
+def _refuse_another_world_size(comm: Comm, run_dir, mine: List[int]) -> None:
+    """Refuse files written by a run of another number of peers (collective: every rank is here,
+    as the epochs are the same everywhere; one more all-gather of each rank's header's size)."""
+    sizes = [
+        int(np.frombuffer(g, dtype=np.int64)[0])
+        for g in comm.allgather_bytes(
+            np.int64(_written_world_size(run_dir, comm.rank, mine)).tobytes()
+        )
+    ]
+    other = sorted({n for n in sizes if n > 0 and n != comm.size})
+    if other:
+        raise ValueError(
+            f"cannot resume {run_dir}: its checkpoints were written by a run of "
+            f"{other[0]} peers; this run has {comm.size}: resume with "
+            f"{other[0]} peers"
+        )
+
+
+def auto_resumes(comm: Comm, run_dir, mine: List[int]) -> bool:
+    """`resume=AUTO`: whether an epoch has a checkpoint file on every rank (`mine`: this rank's
+    epochs; collective, the same answer on every rank). Files on some ranks only are an attempt
+    that ended while writing its first checkpoint, to be set aside and started again (False),
+    unless they were written by a run of another number of peers (the ValueError of
+    `agree_resume_epoch`)."""
+    mine, per_rank = _offered_epochs(comm, run_dir, mine)
+    if latest_common_epoch(per_rank) is not None:
+        return True
+    if any(per_rank):
+        _refuse_another_world_size(comm, run_dir, mine)
+    return False
+
+
 def agree_resume_epoch(comm: Comm, run_dir) -> int:
     """The newest epoch every rank has a checkpoint file for (same answer on every rank).
 
     Collective: each rank offers the epochs of its newest files; a ValueError names the ranks that
     hold checkpoints when no epoch is common to all.
     """
-    mine = available_epochs(run_dir, comm.rank)[-_OFFERED_EPOCHS:]
-    data = np.asarray(mine + [-1] * (_OFFERED_EPOCHS - len(mine)), dtype=np.int64).tobytes()
-    per_rank = [
-        [int(v) for v in np.frombuffer(g, dtype=np.int64) if v >= 0]
-        for g in comm.allgather_bytes(data)
-    ]
+    mine, per_rank = _offered_epochs(comm, run_dir)
     epoch = latest_common_epoch(per_rank)
     if epoch is None:
         holders = [k for k, e in enumerate(per_rank) if e]
         folder = checkpoint_dir(run_dir)
         if not holders:
             raise ValueError(f"cannot resume {run_dir}: no checkpoint in {folder}")
-        # Every rank is here (the epochs are the same everywhere): one more all-gather tells
-        # whether the files that exist were written by a run of this many peers.
-        sizes = [
-            int(np.frombuffer(g, dtype=np.int64)[0])
-            for g in comm.allgather_bytes(
-                np.int64(_written_world_size(run_dir, comm.rank, mine)).tobytes()
-            )
-        ]
-        other = sorted({n for n in sizes if n > 0 and n != comm.size})
-        if other:
-            raise ValueError(
-                f"cannot resume {run_dir}: its checkpoints were written by a run of "
-                f"{other[0]} peers; this run has {comm.size}: resume with "
-                f"{other[0]} peers"
-            )
+        _refuse_another_world_size(comm, run_dir, mine)
         missing = [k for k, e in enumerate(per_rank) if not e]
         what = (
             f"rank(s) {format_ranks(missing)} have none"

@@ -49,15 +49,17 @@ class RunState:
         self.log_sum += loss
         self.log_count += 1
 
-    def take_train_loss(self) -> float:
-        """This peer's mean training loss since the last evaluation; starts the next window."""
-        mean = self.loss_sum / max(1, self.loss_count)
+    def take_train_loss(self) -> Optional[float]:
+        """This peer's mean training loss since the last evaluation (None: no step of the window
+        had a loss, every batch was empty); starts the next window."""
+        mean = self.loss_sum / self.loss_count if self.loss_count else None
         self.loss_sum, self.loss_count = 0.0, 0
         return mean
 
-    def take_log_loss(self) -> float:
-        """This peer's mean training loss since the last log record; starts the next window."""
-        mean = self.log_sum / max(1, self.log_count)
+    def take_log_loss(self) -> Optional[float]:
+        """This peer's mean training loss since the last log record (None: no step had a loss);
+        starts the next window."""
+        mean = self.log_sum / self.log_count if self.log_count else None
         self.log_sum, self.log_count = 0.0, 0
         return mean
 

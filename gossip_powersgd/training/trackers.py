@@ -21,7 +21,9 @@ changes, the versions, the backend, the number of peers, the hosts and the launc
   SQLite store). ``mlflow.search_runs()`` needs pandas, which the tracking extra installs.
 
 A run that fails ends its tracker's run as failed (MLflow status FAILED, W&B exit code 1, no
-hparams in TensorBoard); a resumed run continues the same W&B and MLflow run.
+hparams in TensorBoard); a resumed run continues the same W&B and MLflow run, where the records
+written after its checkpoint reach the tracker once: MLflow skips the steps its run holds (of each
+record kind), TensorBoard purges them (``purge_step``), W&B ignores steps below its run's last one.
 """
 
 from __future__ import annotations
@@ -41,11 +43,6 @@ from .metric_names import record_scalars, summary_scalars
 
 #: The run directory's files a tracker keeps with its run (W&B files, MLflow artifacts).
 RUN_FILES = ("config.yaml", "summary.json", "summary.md")
-
-
-def _scalars(record: Dict[str, Any]) -> Dict[str, float]:
-    """The record's finite numbers, keyed ``<kind>/<key>`` (`metric_names.record_scalars`)."""
-    return record_scalars(record)
 
 
 def command_text(origin: Dict[str, Any]) -> str:
@@ -111,6 +108,8 @@ class Tracker(TrainingHooks):
         self.active = False
         self.opened = False
         self.run_id: Optional[str] = None  # a resumed run continues the tracker's run
+        self.step: Optional[int] = None  # the last record's (checkpointed: TensorBoard's purge)
+        self.logged: Dict[str, int] = {}  # per record kind, the last step the run already holds
 
     @property
     def key(self) -> str:
@@ -181,8 +180,10 @@ class Tracker(TrainingHooks):
             self._open()
             from .evaluation import shareable
 
-            # only what of a record may leave rank 0 (none of its own figures where private)
-            self.write(_scalars(shareable(record, self.private)), int(record.get("step", 0)))
+            step = self.step = int(record.get("step", 0))
+            if step > self.logged.get(record.get("kind", "record"), -1):  # not yet in its run
+                # only what of a record may leave rank 0 (none of its own figures where private)
+                self.write(record_scalars(shareable(record, self.private)), step)
 
     def close(self) -> None:
         """A failing run (an exception on its way out) ends the tracker's run now, as failed; a
@@ -209,10 +210,10 @@ class Tracker(TrainingHooks):
         return [self.run_dir / f for f in RUN_FILES if (self.run_dir / f).is_file()]
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"run_id": self.run_id} if self.run_id else {}
+        return {k: v for k, v in (("run_id", self.run_id), ("step", self.step)) if v is not None}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self.run_id = state.get("run_id", self.run_id)
+        self.run_id, self.step = state.get("run_id", self.run_id), state.get("step", self.step)
         self._open()  # a resumed run: its tracker's run continues (at set-up, inside the resume)
 
     # ---- what each tracker does ------------------------------------------------------------------
@@ -275,7 +276,8 @@ class TensorBoardTracker(Tracker):
         from torch.utils.tensorboard import SummaryWriter
 
         log_dir = self.options.get("log_dir", run_dir / "tensorboard" if run_dir else None)
-        self.writer = SummaryWriter(**{**self.options, "log_dir": str(log_dir)})
+        purge = {"purge_step": self.step + 1} if context.resuming and self.step is not None else {}
+        self.writer = SummaryWriter(**{**purge, **self.options, "log_dir": str(log_dir)})
         tags = provenance_tags(self.provenance)
         if tags and not context.resuming:
             self.writer.add_text("provenance", provenance_table(tags), global_step=0)
@@ -401,6 +403,9 @@ class MLflowTracker(Tracker):
         self.client = MlflowClient(tracking_uri=str(uri))
         if self.run_id is not None:  # resumed: the same run, running again
             self.client.update_run(self.run_id, status="RUNNING")
+            for key in self.client.get_run(self.run_id).data.metrics:  # an earlier attempt's
+                kind, history = key.split("/")[0], self.client.get_metric_history(self.run_id, key)
+                self.logged[kind] = max([self.logged.get(kind, -1), *(m.step for m in history)])
             return
         name = self.options.get("experiment", "gossip_powersgd")
         found = self.client.get_experiment_by_name(name)

@@ -72,6 +72,7 @@ from .hooks import HookList, TrainingHooks
 from .progress import SetupLog
 from .provenance import provenance
 from .report import format_summary
+from .resume import auto_resumes
 from .runstate import RunState
 from .churn_run import churn_run
 from .divergence import DIVERGENCE_FACTOR, check_divergence
@@ -142,10 +143,10 @@ def train(
         config: a `TrainConfig` (or a dict of its keys). With `out_dir` set, the run directory is
             written as described in the module docstring; with `out_dir=None` nothing is written.
         resume: continue the run in `config.out_dir` from the newest checkpoint all ranks hold;
-            "auto": continue it if any rank has a checkpoint there, else start it (what a relaunch
-            by `torchrun --max-restarts` or a batch scheduler's requeue wants; the files of an
-            attempt that ended before its first checkpoint are moved to
-            `RUN_DIR/failed-attempts/K/`, never deleted).
+            "auto": continue it if every rank has a checkpoint of some epoch there, else start it
+            (what a relaunch by `torchrun --max-restarts` or a batch scheduler's requeue wants;
+            the files of an attempt that ended before its first complete checkpoint, one that
+            some ranks had not written, are moved to `RUN_DIR/failed-attempts/K/`, never deleted).
         on_step: called as `on_step(step)` after every completed step (tests use it to interrupt).
         hooks: `TrainingHooks` run at the loop's extension points, in order (see `hooks.py`); a
             resumed run needs the hooks it was started with (their state is checkpointed).
@@ -159,8 +160,8 @@ def train(
     log.enabled = log.enabled and not config.quiet
     log.done(f"config checked: {comm.size} peers agree on it")
     if auto:
-        resume = collectively(comm, ckpt.has_checkpoints, config.out_dir, comm.rank)
-        resume = any(b == b"\1" for b in comm.allgather_bytes(b"\1" if resume else b"\0"))
+        mine = collectively(comm, ckpt.available_epochs, config.out_dir, comm.rank)
+        resume = auto_resumes(comm, config.out_dir, mine)  # an epoch every rank holds
     added = feature_hooks(config)  # what the config turns on: DP, observers, loggers (features.py)
     churn = churn_run(comm, config)  # on_peer_loss: continue: peers may leave and join
     if churn is not None:

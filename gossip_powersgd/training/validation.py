@@ -199,6 +199,12 @@ def _check_schedule_and_counts(c: TrainConfig) -> None:
         c.milestones,
         "milestones are for schedule: step",
     )
+    _check(
+        c.schedule == "step" or c.decay == type(c).decay,  # the default: not set
+        "decay",
+        c.decay,
+        "decay is for schedule: step",
+    )
     _check(c.eval_every >= 1, "eval_every", c.eval_every, "must be >= 1 (epochs)")
     _check(c.log_every >= 0, "log_every", c.log_every, "must be >= 0 (steps; 0 = off)")
     _check(

@@ -4,11 +4,13 @@ PyYAML's safe loader builds only plain data, but it still lets a duplicate key s
 first one (`lr: 0.1` ... `lr: 0.5` trains with 0.5) and an alias bomb (nine anchors, each a list of
 nine aliases of the previous one) stand for 9**9 values that the first walk over the config (its
 hash, its validation) expands until the machine runs out of memory. Both are refused here, before
-anything walks the data, as is a file far larger than any config.
+anything walks the data, as is a file far larger than any config. `read_config_text` reads a config
+file as UTF-8, naming the file where it is not.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict
 
 import yaml
@@ -97,4 +99,16 @@ def strict_yaml_load(text: str, where: str) -> Any:
         loader.dispose()
 
 
-__all__ = ["strict_yaml_load", "MAX_CONFIG_BYTES", "MAX_EXPANDED_NODES"]
+def read_config_text(path) -> str:
+    """The text of the config file `path`, read as UTF-8; a one-line ValueError naming the file
+    and the first byte that is not UTF-8 (Python's own message names neither)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"config file {str(path)!r} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} "
+            f"at offset {exc.start}): save it as UTF-8"
+        ) from None
+
+
+__all__ = ["read_config_text", "strict_yaml_load", "MAX_CONFIG_BYTES", "MAX_EXPANDED_NODES"]

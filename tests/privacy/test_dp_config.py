@@ -22,6 +22,7 @@ from tests.conftest import errors_on_every_rank as every_rank
         "dp_delta=1e-5",
         "dp_accountant=prv",
         "dp_fix_model=true",
+        "dp_secret=run_dir",
     ],
 )
 def test_a_dp_key_while_dp_is_off_is_refused_naming_it(setting, capsys, tmp_path):
@@ -38,8 +39,9 @@ def test_a_dp_key_while_dp_is_off_is_refused_naming_it(setting, capsys, tmp_path
         ["--config", TINY, "--set", setting, "--set", f"out_dir={tmp_path / 'r'}"], capsys
     )
     assert code != 0 and lines == [f"error: {expected}"] and not (tmp_path / "r").exists()
-    # with DP on, the same key is what it was for
-    assert getattr(tiny(setting, "dp_noise_multiplier=1.0", "dp_max_grad_norm=1"), key) is not None
+    # with DP on, the same key is what it was for (dp_secret: run_dir needs a run directory)
+    on = tiny(setting, "dp_noise_multiplier=1.0", "dp_max_grad_norm=1", f"out_dir={tmp_path}")
+    assert getattr(on, key) is not None
 
 
 def test_noise_beyond_any_signal_is_refused_at_the_bound():

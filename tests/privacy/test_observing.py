@@ -41,6 +41,7 @@ def test_bad_observer_values_are_one_line_errors():
         ("observers=[1, 1]", "must be distinct ranks >= 0"),
         ("observers=three", "is not a list of ranks"),
         ("observe_every=0", "'observe_every': 0 (must be >= 1"),
+        ("observe_every=5", "observe_every is for observers (the ranks whose messages are"),
     ]:
         with pytest.raises(
             ValueError, match=message.replace("[", r"\[").replace("(", r"\(")

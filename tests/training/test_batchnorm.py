@@ -90,3 +90,50 @@ def test_batch_norm_on_a_one_sample_last_batch_is_told_to_change_the_batch_size(
         )
         == ["ok"] * 4
     )
+
+
+def test_peers_statistics_weigh_by_their_samples_and_one_without_any_adds_nothing():
+    """Peer 0 ran 2 batches of 4 samples, peer 1 one of 2, peer 2 none (a one-sample shard): its
+    statistics were the reset ones (mean 0, var 1) and pulled the pooled mean toward 0 with the
+    weight of a full peer. Where no peer ran a sample the model keeps the statistics it had."""
+    g = torch.Generator().manual_seed(0)
+    inputs = [
+        [torch.randn(4, 3, generator=g) * 2 + 5, torch.randn(4, 3, generator=g) + 4],
+        [torch.randn(2, 3, generator=g) * 3 + 6],
+        [],
+    ]
+
+    def peer(comm, inputs=inputs):
+        model = nn.Sequential(nn.BatchNorm1d(3)).eval()
+        model[0].running_mean.fill_(5.0)
+        model[0].running_var.fill_(2.0)
+        assert refresh_batch_norm(model, inputs[comm.rank], comm)
+        return model[0].running_mean.clone(), model[0].running_var.clone()
+
+    # closed form: a peer's statistics are the means of its batches' mean and unbiased variance;
+    # the pooled ones weigh peer k by its samples n_k: mean = sum n_k m_k / N, variance =
+    # sum n_k (v_k + m_k^2) / N - mean^2 (peer 2: n = 0)
+    means = [torch.stack([b.mean(0) for b in x]).mean(0).double() for x in inputs[:2]]
+    variances = [torch.stack([b.var(0) for b in x]).mean(0).double() for x in inputs[:2]]
+    mean = (8 * means[0] + 2 * means[1]) / 10
+    var = (8 * (variances[0] + means[0] ** 2) + 2 * (variances[1] + means[1] ** 2)) / 10 - mean**2
+    for got_mean, got_var in LocalCluster(topologies.parse("ring:3"), timeout=30).run(peer):
+        # float32 statistics of O(10) values: 1e-5 relative is a few float32 ulps of accumulation
+        assert torch.allclose(got_mean.double(), mean, rtol=1e-5, atol=1e-5)
+        assert torch.allclose(got_var.double(), var, rtol=1e-5, atol=1e-5)
+    none = LocalCluster(topologies.parse("ring:3"), timeout=30).run(
+        lambda comm: peer(comm, [[], [], []])
+    )
+    assert all(m.eq(5.0).all() and v.eq(2.0).all() for m, v in none)  # left as they were
+
+
+def test_a_batch_size_of_one_refreshes_on_batches_of_two():
+    """Training-mode BatchNorm cannot measure a batch of one sample: with batch_size 1 every peer
+    yielded no batch and the averaged model's statistics were the reset ones (0, 1)."""
+    from types import SimpleNamespace
+
+    from gossip_powersgd.training.batchnorm import refresh_inputs
+
+    x = torch.arange(5.0)[:, None]
+    batches = SimpleNamespace(batch_size=1, x=x, transform=None)
+    assert [b.tolist() for b in refresh_inputs(batches, 0)] == [[[0.0], [1.0]], [[2.0], [3.0]]]

@@ -177,6 +177,10 @@ def test_a_run_that_lost_and_gained_peers_resumes_bit_for_bit(tmp_path, churned,
         ),
         (dict(on_peer_loss="abort"), r"churn needs on_peer_loss: continue"),
         (
+            dict(on_peer_loss="abort", churn=None, churn_join="copy"),
+            r"^churn_join is for on_peer_loss: continue \(with abort no peer joins again\)",
+        ),
+        (
             dict(on_peer_loss="retry"),
             r"bad value for 'on_peer_loss': 'retry' \(valid: abort, continue\)",
         ),

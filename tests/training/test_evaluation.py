@@ -17,6 +17,7 @@ from gossip_powersgd.training.evaluation import (
     eval_record,
     evaluate_model,
     flat_logits,
+    log_record,
     model_digest,
     own_key,
     pooled_means,
@@ -219,6 +220,56 @@ def test_eval_record_figures_over_peers_and_private_own_test_figures():
         assert "train_loss" not in record and record["train_loss_local"] == rank
         assert not any(own_key(k) for k in shareable(record, private=True))
         assert "test accuracy private" in eval_line(record, epochs=3)
+
+
+@pytest.mark.parametrize(
+    "losses, expected",
+    [((2.0, None, 4.5), 3.25), ((None, None, None), None), ((1.0, 2.0, 4.5), 7.5 / 3)],
+    ids=["one-peer-without-a-loss", "none-with-a-loss", "every-peer-with-one"],
+)
+def test_the_peers_training_loss_is_over_the_peers_that_had_one(losses, expected):
+    """A peer whose window had no loss (every batch empty, DP's Poisson sampling) counted as a
+    loss of 0.0: the record said 0.0 where no peer had one, and halved the mean where one had
+    none. Where every peer has one the value is the all-reduced mean, as before."""
+    nets, scratch = [_net(rank) for rank in range(3)], [_net(7) for _ in range(3)]
+    x, y = torch.randn(40, 3), torch.randint(0, 2, (40,))
+
+    def peer(comm, kind):
+        mine = losses[comm.rank]
+        if kind == "log":
+            args = dict(steps_per_epoch=10)
+            return log_record(comm, nets[comm.rank], step=5, lr=0.1, **args, **_loss(mine))
+        if kind == "eval":
+            args = dict(x_test=x, y_test=y, epoch=1, step=5, lr=0.1)
+            return eval_record(comm, nets[comm.rank], scratch[comm.rank], **args, **_loss(mine))
+        reduced = torch.tensor([mine], dtype=torch.float64)  # what the records held before
+        return float(comm.allreduce_(reduced, op="mean", metric=True)[0])
+
+    for kind in ("log", "eval"):
+        for record in LocalCluster(topologies.ring(3), cooperative=False).run(peer, kind):
+            # exact: the losses and their sums are dyadic, every division exact
+            assert record["train_loss"] == expected, (kind, record["train_loss"])
+    if None not in losses:  # bit for bit the plain all-reduced mean
+        assert (
+            LocalCluster(topologies.ring(3), cooperative=False).run(peer, "old") == [expected] * 3
+        )
+    private = LocalCluster(topologies.ring(3), cooperative=False).run(
+        lambda comm: log_record(
+            comm,
+            nets[comm.rank],
+            step=5,
+            steps_per_epoch=10,
+            lr=0.1,
+            private=True,
+            **_loss(losses[comm.rank]),
+        )
+    )
+    assert [r["train_loss_local"] for r in private] == list(losses)
+    assert all("train_loss" not in r for r in private)
+
+
+def _loss(mine):
+    return dict(train_loss_local=mine, timers=_timers)
 
 
 def test_own_key_names_the_peers_own_figures():

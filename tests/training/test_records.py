@@ -17,7 +17,8 @@ TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "support"))
 import paper_fixtures  # noqa: E402
 
-from tests.conftest import ROOT, run_bounded, run_mpi  # noqa: E402
+from tests.conftest import ROOT, run_bounded, run_mpi, tiny_config  # noqa: E402
+from tests.conftest import errors_on_every_rank as every_rank  # noqa: E402
 
 
 @pytest.fixture
@@ -542,3 +543,46 @@ def test_wikitext2_text_of_blank_lines_only_is_refused(tmp_path, name):
     with pytest.raises(ValueError, match=f"{name} holds no word, only 120 blank lines"):
         load_dataset(f"wikitext2:root={tmp_path},bptt=4")
     clear_dataset_cache()
+
+
+# ---- bring-your-own torch Datasets: what the peers compare ------------------------------------------
+
+
+@pytest.mark.parametrize("function", ["per_call_tensor_datasets", "per_call_labelled_datasets"])
+def test_torch_datasets_whose_training_records_differ_across_ranks_are_refused(
+    monkeypatch, function
+):
+    """Datasets that differ only in their training set (the test set is the same everywhere):
+    a TensorDataset's records are in memory, a Dataset's `targets` are its labels; the digest
+    covered neither, and the peers trained on inconsistent data (the 4 arrays were refused)."""
+    from gossip_powersgd.training import data
+
+    monkeypatch.setattr(data, "load_dataset", lambda name, seed=0: data._build_dataset(name, seed))
+    errors = every_rank(tiny_config(f"dataset=reliability_fixtures:{function}"))
+    assert len(set(errors)) == 1, errors
+    assert errors[0].startswith("AgreementError: dataset differs across ranks: ranks ")
+    assert "usually unseeded randomness" in errors[0] and "\n" not in errors[0]
+
+
+def test_a_resume_on_changed_training_records_of_torch_datasets_is_refused(tmp_path):
+    """The checkpoint records the digest: a TensorDataset whose training records changed under
+    the same spec is refused on resume, naming the spec, as changed arrays are."""
+    import reliability_fixtures
+
+    config = tiny_config(
+        "dataset=reliability_fixtures:variant_tensor_datasets", "epochs=1", f"out_dir={tmp_path}"
+    )
+    clear_dataset_cache()
+    assert len(local_train(config.to_dict())) == 4
+    reliability_fixtures.VARIANT[0] = 1
+    clear_dataset_cache()
+    try:
+        errors = every_rank(config, resume=True)
+    finally:
+        reliability_fixtures.VARIANT[0] = 0
+        clear_dataset_cache()
+    assert len(set(errors)) == 1 and "\n" not in errors[0], errors
+    assert (
+        "was written with other data: the data of dataset spec "
+        "'reliability_fixtures:variant_tensor_datasets' has changed since the checkpoint"
+    ) in errors[0]

@@ -14,6 +14,7 @@ from gossip_powersgd import LocalCluster
 from gossip_powersgd.training import checkpoint as ckpt
 from gossip_powersgd.training.resume import (
     agree_resume_epoch,
+    auto_resumes,
     check_header,
     describe_config_diff,
     latest_common_epoch,
@@ -123,4 +124,32 @@ def test_the_ranks_agree_on_the_newest_epoch_all_hold_or_name_the_ranks_without_
     empty.mkdir()
     assert set(_agree(empty)) == {
         f"cannot resume {empty}: no checkpoint in {empty / 'checkpoints'}"
+    }
+
+
+def test_resume_auto_starts_again_unless_an_epoch_is_held_by_every_rank(tmp_path):
+    """`resume=AUTO`: files on some ranks only (a job killed while writing its first checkpoint)
+    are an attempt to set aside and start again (False on every rank), where an explicit resume
+    refuses them (above); files of a run of another size are refused as an explicit resume does."""
+
+    def auto(run_dir):
+        def peer(comm):
+            try:
+                return auto_resumes(comm, run_dir, ckpt.available_epochs(run_dir, comm.rank))
+            except ValueError as exc:
+                return str(exc)
+
+        return LocalCluster(RING).run(peer)
+
+    assert auto(tmp_path / "missing") == [False] * 4
+    for rank in range(4):
+        ckpt.save_checkpoint(tmp_path, header(rank=rank, epoch=1), {"x": 1})
+    assert auto(tmp_path) == [True] * 4
+    for rank in (1, 2, 3):
+        ckpt.checkpoint_path(tmp_path, rank, 1).unlink()
+    assert auto(tmp_path) == [False] * 4
+    ckpt.save_checkpoint(tmp_path, header(rank=1, epoch=1, world_size=2), {"x": 1})
+    assert set(auto(tmp_path)) == {
+        f"cannot resume {tmp_path}: its checkpoints were written by a run of 2 peers; this "
+        "run has 4: resume with 2 peers"
     }

@@ -72,8 +72,16 @@ def launch(args):
     return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
 
 
-@pytest.mark.parametrize("fail_at", [16, 2], ids=["after-a-checkpoint", "before-any-checkpoint"])
-def test_a_relaunch_of_the_same_command_continues_the_run(tmp_path, fail_at):
+@pytest.mark.parametrize(
+    "fail_at, lost",
+    [(16, []), (2, []), (16, [1, 2, 3])],
+    ids=["after-a-checkpoint", "before-any-checkpoint", "killed-writing-the-first-checkpoint"],
+)
+def test_a_relaunch_of_the_same_command_continues_the_run(tmp_path, fail_at, lost):
+    """`lost`: ranks whose epoch-1 checkpoint is removed after the failure, as if the job had been
+    killed while they wrote it: no epoch is held by every rank, so the attempt has no complete
+    checkpoint and is set aside like one that failed before any (explicit --resume refuses it,
+    test_resume.py); every relaunch used to refuse it, naming the ranks without one."""
     # the same config (hooks are part of it) with the marker already there: it never fails
     (tmp_path / "never").touch()
     reference = launch(command(tmp_path / "reference", fail_at, tmp_path / "never"))
@@ -85,14 +93,17 @@ def test_a_relaunch_of_the_same_command_continues_the_run(tmp_path, fail_at):
     first = launch(args)
     assert first.returncode != 0 and f"injected failure at step {fail_at}" in first.stderr
     assert not (tmp_path / "run" / "summary.json").exists()
+    for rank in lost:
+        ckpt.checkpoint_path(tmp_path / "run", rank, 1).unlink()
     second = launch(args)  # the very same command
     assert second.returncode == 0, second.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["model_sha256"] == expected["model_sha256"]
     assert summary["steps"] == expected["steps"] == 26
     attempts = tmp_path / "run" / "failed-attempts"
-    if fail_at < expected["steps_per_epoch"]:  # no checkpoint: started again, the files kept
+    if fail_at < expected["steps_per_epoch"] or lost:  # started again, the files kept
         assert (attempts / "1" / "metrics" / "rank-0.jsonl").is_file()
+        assert ckpt.available_epochs(attempts / "1", 0) == ([1] if lost else [])
         assert "ended before its first checkpoint" in second.stderr
     else:
         assert not attempts.exists()

@@ -21,7 +21,9 @@ def test_the_two_loss_windows_are_taken_apart_and_an_empty_batch_counts_only_its
     state.finish_step(5.0)
     assert state.take_log_loss() == 5.0  # a new log window
     assert state.take_train_loss() == 3.0  # (1 + 3 + 5) / 3: the evaluation window goes on
-    assert state.take_train_loss() == 0.0  # nothing since: no division by zero
+    assert state.take_train_loss() is None  # nothing since: no loss (it read 0.0, a loss)
+    state.finish_step(None)
+    assert state.take_log_loss() is None  # a window of empty batches only (DP) has no loss
 
 
 class Holder:

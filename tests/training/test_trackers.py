@@ -93,6 +93,33 @@ def test_mlflow_store_holds_the_metrics_and_a_resumed_run_continues_its_run(tmp_
         (r["step"], r["test_acc_avg_model"]) for r in evals
     ]
     assert len(evals) == 2
+    # the log record at step steps_per_epoch + 2, written before the interruption and again by
+    # the resumed run, is in the MLflow run once (it was twice), as in the metrics file
+    logs = [r["step"] for r in rank0_records(Path(config.out_dir)) if r["kind"] == "log"]
+    history = client.get_metric_history(run.info.run_id, "log/train_loss")
+    assert sorted(m.step for m in history) == logs and steps_per_epoch + 2 in logs
+
+
+def test_a_resumed_run_shows_each_tensorboard_step_once(tmp_path):
+    """The records written after the checkpoint, before the run was interrupted, are purged from
+    TensorBoard's view (`purge_step`) when the resumed run writes them again (they showed twice:
+    two points at one step). TensorBoard's own reader reads both event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = tiny(tmp_path, loggers=["tensorboard"], epochs=2, log_every=3)
+    steps_per_epoch = run_local(config.replace(out_dir=None, loggers=[]))[0]["steps_per_epoch"]
+    with pytest.raises(_Interrupt):  # in epoch 2, after the epoch-1 checkpoint
+        run_local(config, on_step=_stop_at(steps_per_epoch + 2))
+    run_local(config, resume=True)
+    folder = Path(config.out_dir) / "tensorboard"
+    assert len(list(folder.glob("events.out.tfevents.*"))) == 2  # one per attempt
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    records = rank0_records(Path(config.out_dir))
+    for kind in ("log", "eval"):
+        steps = [e.step for e in events.Scalars(f"{kind}/train_loss")]
+        assert steps == [r["step"] for r in records if r["kind"] == kind], kind
+    assert steps_per_epoch + 2 in [r["step"] for r in records if r["kind"] == "log"]
 
 
 class _Interrupt(Exception):

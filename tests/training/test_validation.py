@@ -128,3 +128,14 @@ def test_an_algorithm_option_out_of_range_under_a_launcher_is_refused_at_set_up(
     expected = f"bad value for 'algorithm': algorithm spec {spec!r}: rank must be an integer >= 1"
     assert sorted(messages) == [0, 1, 2, 3], messages
     assert {m.split(", got")[0] for m in messages.values()} == {expected}, messages
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_a_decay_without_the_step_schedule_is_refused_as_milestones_are(schedule):
+    """`decay` multiplies the learning rate at the step schedule's milestones only: under another
+    schedule it was accepted and ignored (milestones there are refused)."""
+    with pytest.raises(ValueError) as info:
+        tiny(f"schedule={schedule}", "decay=0.5")
+    assert str(info.value) == "bad value for 'decay': 0.5 (decay is for schedule: step)"
+    assert tiny(f"schedule={schedule}").decay == 0.1  # the default, not set: fine
+    assert tiny("schedule=step", "milestones=[2]", "decay=0.5").decay == 0.5
