@@ -83,11 +83,6 @@ def available_epochs(run_dir, rank: int) -> List[int]:
     return sorted(epochs)
 
 
-def has_checkpoints(run_dir, rank: int) -> bool:
-    """Whether `rank` has a checkpoint file in `run_dir` (for `resume=AUTO`)."""
-    return bool(available_epochs(run_dir, rank))
-
-
 # ---- RNG states as tensors -------------------------------------------------------------------------
 
 
@@ -357,7 +352,6 @@ __all__ = [
     "RunLock",
     "take_run_lock",
     "available_epochs",
-    "has_checkpoints",
     "check_run_dir",
     "checkpoint_dir",
     "checkpoint_path",

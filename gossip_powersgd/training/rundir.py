@@ -24,7 +24,7 @@ ATTEMPTS_NAME = "failed-attempts"
 
 
 def set_aside_failed_attempt(run_dir) -> Optional[str]:
-    """Move what an attempt that ended before its first checkpoint left in `run_dir` (its
+    """Move what an attempt that ended before its first complete checkpoint left in `run_dir` (its
     config.yaml, metrics, views) into RUN_DIR/failed-attempts/K/, so that a new attempt can start
     there and nothing is lost. Returns a note saying so, or None when there was nothing."""
     run_dir = Path(run_dir)
@@ -47,8 +47,8 @@ def set_aside_failed_attempt(run_dir) -> Optional[str]:
             "files away by hand or choose another out_dir"
         ) from None
     return (
-        f"note: {run_dir} held an attempt that ended before its first checkpoint; its files "
-        f"are in {target} and the run starts again"
+        f"note: {run_dir} held an attempt that ended before its first complete checkpoint; its "
+        f"files are in {target} and the run starts again"
     )
 
 

@@ -104,7 +104,7 @@ def test_a_relaunch_of_the_same_command_continues_the_run(tmp_path, fail_at, los
     if fail_at < expected["steps_per_epoch"] or lost:  # started again, the files kept
         assert (attempts / "1" / "metrics" / "rank-0.jsonl").is_file()
         assert ckpt.available_epochs(attempts / "1", 0) == ([1] if lost else [])
-        assert "ended before its first checkpoint" in second.stderr
+        assert "ended before its first complete checkpoint" in second.stderr
     else:
         assert not attempts.exists()
 
