@@ -10,7 +10,8 @@ away restores it. A joiner gets its model, optimizer state and step from its new
 trains on its own data. Evaluations, metrics and checkpoints are over the members of the moment;
 the eval records add `live_peers`, `membership_epoch`, `membership_changes` and
 `average_shift_total` (the summed norms of the jumps of the members' average at the changes).
-The summary is written by the lowest-id member at the end.
+The summary is written by the lowest-id member at the end; its exact-gossip baseline counts, for
+each member, the graphs in force in the rounds its traffic counters cover (`exact_messages`).
 """
 
 from __future__ import annotations
@@ -103,6 +104,9 @@ class ChurnRun(TrainingHooks):
         self.run = self.hooks = self.run_dir = None
         self.placed: Optional[int] = None  # a rejoining peer: the step its loop starts at
         self.admitted: Optional[int] = None  # ... and the step it is a member again from
+        #: The first step this peer's traffic counters count (a rejoining process's: its
+        #: admission; the counters of the process it replaces are gone): `exact_messages`.
+        self.counted_from = 0
 
     # ---- set-up ----------------------------------------------------------------------------------
     def start(self, run, hooks, run_dir) -> None:
@@ -141,6 +145,7 @@ class ChurnRun(TrainingHooks):
         at = await_admission(self.detected, self.detected.monitor.announce())
         membership = self.peer.membership
         self.placed, self.admitted = at - at % run.steps_per_epoch, at
+        self.counted_from = at
         # The epoch before its admission, in which it is not a member. Not the epoch of `placed`:
         # lost after `placed` (in the same training epoch), it would train from `placed` as a
         # member of the group it left; `begin_step` keeps it away until `at` instead.
@@ -320,11 +325,39 @@ class ChurnRun(TrainingHooks):
             "churn": self.config.churn,
         }
 
+    def exact_messages(self, rounds: int, every: int) -> Optional[int]:
+        """The models exact gossip would have had this peer send over communication rounds
+        0..rounds-1 (round t after training step (t+1) x every - 1): in each round its traffic
+        counters cover (from `counted_from`) and it was a member in, its neighbours in the graph
+        in force then (its epoch's, at round t on a schedule). None when the membership never
+        changed (the run's own graph throughout: `report` counts as without churn)."""
+        membership, me = self.peer.membership, self.comm.rank
+        epochs = membership.epochs
+        if len(epochs) == 1:
+            return None
+        total = 0
+        for epoch, end in zip(epochs, [e.step for e in epochs[1:]] + [rounds * every]):
+            first = max(epoch.step, self.counted_from) // every
+            span = range(first, min(end // every, rounds))
+            if me not in epoch or not span:
+                continue
+            graph = membership.graph(epoch)
+            if graph.period == 1:
+                total += len(span) * len(graph.at(0).neighbors(me))
+            else:
+                total += sum(len(graph.at(t).neighbors(me)) for t in span)
+        return total
+
     def state_dict(self) -> Dict[str, Any]:
-        return {"changes": self.changes, "shift_total": self.shift_total}
+        return {
+            "changes": self.changes,
+            "shift_total": self.shift_total,
+            "counted_from": self.counted_from,
+        }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.changes, self.shift_total = int(state["changes"]), float(state["shift_total"])
+        self.counted_from = int(state.get("counted_from", 0))  # (checkpoints from before it)
 
 
 def call(what: str, fn, *args, **kwargs):

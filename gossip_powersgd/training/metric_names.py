@@ -70,9 +70,12 @@ observed_bytes               observers: message bytes the writing peer's views r
 ``test_acc_mean``, ``test_acc_min``, ``test_acc_max`` at the end), ``final_train_loss``,
 ``final_consensus_distance``, ``mb_sent_per_peer``, ``messages_sent_per_peer``,
 ``exact_gossip_mb_per_peer_formula`` (what exact gossip would send: model bytes x mean degree x
-rounds, a formula), ``compression_ratio`` (that formula / mb_sent_per_peer), ``wall_time_s`` (the
-slowest peer's), ``time_compute_s``, ``time_gossip_compute_s``, ``time_communication_s`` (means over
-peers), ``steps``, ``epochs_done``, ``parameters``, ``bytes_per_step``, ``communication_rounds``.
+rounds, a formula; after membership changes, model bytes x each member's neighbours in the graph in
+force at each round it took part in, averaged over the members at the end as mb_sent_per_peer is;
+the string ``exact_gossip_formula`` says which), ``compression_ratio`` (that formula /
+mb_sent_per_peer), ``wall_time_s`` (the slowest peer's), ``time_compute_s``,
+``time_gossip_compute_s``, ``time_communication_s`` (means over peers), ``steps``, ``epochs_done``,
+``parameters``, ``bytes_per_step``, ``communication_rounds``.
 """
 
 from __future__ import annotations

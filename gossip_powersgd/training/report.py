@@ -56,6 +56,7 @@ def run_summary(
     timers,
     private: bool = False,
     eval_split: str = "test",
+    churn=None,
 ) -> Dict[str, Any]:
     """What `summary.json` holds (collective; the same dict on every peer).
 
@@ -65,6 +66,8 @@ def run_summary(
     The final metrics are the last eval record's; traffic and timers are means over peers, the wall
     time the slowest peer's; `model_sha256` lists every peer's model digest in rank order.
     `private`: no label histogram and no training loss (`peer_statistics` says where they are).
+    `churn`: the run's `ChurnRun` (on_peer_loss: continue), for the exact-gossip baseline of a
+    membership that changed (`_exact_gossip`).
     """
     evals = [r for r in history if r.get("kind") == "eval"]
     final = evals[-1] if evals else {}
@@ -72,9 +75,9 @@ def run_summary(
     means, wall = _traffic_and_time(comm, timers)
     digests = [d.hex() for d in comm.allgather_bytes(bytes.fromhex(model_digest(model)))]
     local_steps = getattr(config, "local_steps", 1)
-    rounds = step // local_steps if algorithm.acts_on == "parameters" else step
-    degree = mean_active_degree(comm.topology, rounds)  # per round's graph on a schedule
-    exact_bytes = parameter_bytes * degree * rounds
+    every = local_steps if algorithm.acts_on == "parameters" else 1  # steps per gossip round
+    rounds = step // every
+    exact_bytes, formula = _exact_gossip(comm, parameter_bytes, rounds, every, churn)
     sent = float(means[0])
     return {
         "algorithm": config.algorithm,
@@ -93,10 +96,7 @@ def run_summary(
         "mb_sent_per_peer": sent / 1e6,
         "messages_sent_per_peer": float(means[1]),
         "exact_gossip_mb_per_peer_formula": exact_bytes / 1e6,
-        "exact_gossip_formula": (
-            f"model bytes {parameter_bytes} x mean degree {degree:g} x "
-            f"communication rounds {rounds} (formula, not measured)"
-        ),
+        "exact_gossip_formula": formula,
         "local_steps": local_steps,
         "communication_rounds": rounds,
         "compression_ratio": (exact_bytes / sent) if sent > 0 else None,
@@ -109,6 +109,34 @@ def run_summary(
         "model_sha256": digests,
         "run_dir": config.out_dir,
     }
+
+
+def _exact_gossip(comm: Comm, parameter_bytes, rounds, every, churn) -> Tuple[float, str]:
+    """(the bytes per peer that exact gossip would have sent, the words saying how they are
+    counted): a formula, not measured. The membership never changed: model bytes x the mean degree
+    of the graph (each round's, on a schedule) x the communication rounds. It changed (churn):
+    each member counts, per round its traffic counters cover and it was a member in, model bytes x
+    its neighbours in the graph in force then (`ChurnRun.exact_messages`); the mean over the members
+    at the end, the peers and rounds mb_sent_per_peer covers (collective)."""
+    messages = None if churn is None else churn.exact_messages(rounds, every)
+    if messages is None:
+        degree = mean_active_degree(comm.topology, rounds)  # per round's graph on a schedule
+        words = f"model bytes {parameter_bytes} x mean degree {degree:g} x communication rounds"
+        return parameter_bytes * degree * rounds, f"{words} {rounds} (formula, not measured)"
+    mean = torch.tensor([float(parameter_bytes * messages)], dtype=torch.float64)
+    comm.allreduce_(mean, op="mean", metric=True)
+    # (where peers are found lost, a restarted process's counters count from its admission)
+    rejoined = (
+        " (a peer restarted with --rejoin: from its admission)"
+        if churn.detected is not None
+        else ""
+    )
+    return float(mean[0]), (
+        f"model bytes {parameter_bytes} x each member's neighbours in the graph in force at each "
+        f"of the {rounds} communication rounds it took part in{rejoined}, mean over the "
+        f"{len(churn.peer.epoch.live)} members at the end (the peers and rounds of "
+        "mb_sent_per_peer; formula, not measured)"
+    )
 
 
 def _released_statistics(comm: Comm, histogram, private: bool) -> Dict[str, Any]:
@@ -318,6 +346,7 @@ def report(
             state.timers(algorithm),
             private=private,
             eval_split=run.eval_split,
+            churn=churn,
         )
     peer = peer_report(comm, state.history, run.histogram, len(run.batches.x))
     for hook in reporting:

@@ -473,6 +473,13 @@ def test_a_killed_peer_restarted_with_rejoin_is_admitted_handed_the_state_and_ca
     assert 390 < lost["step"] < joined["step"] < ADMITTED_BEFORE, (lost, joined)
     assert joined["step"] < REJOIN_STEPS // REJOIN_EPOCHS  # both in the first training epoch
     assert summary["transfer_mb_sent"] > 0  # the state went to the joiner over the new group
+    # The exact-gossip baseline covers what mb_sent_per_peer does: every ring here (ring:4, the
+    # ring of 0, 1, 3) gives 2 neighbours; the rejoined process's counters start at its admission
+    # (the killed one's are gone), the others' at step 0. Tolerance: a mean of 4 exact integers.
+    model_bytes = summary["parameters"] * 4  # float32
+    rounds = [REJOIN_STEPS] * 3 + [REJOIN_STEPS - joined["step"]]
+    expected = model_bytes * 2 * sum(rounds) / 4 / 1e6
+    assert summary["exact_gossip_mb_per_peer_formula"] == pytest.approx(expected, rel=1e-14)
     line = f"peer 2 rejoins; the members, peers 0,1,2,3, from step {joined['step']} (epoch 2)"
     for k in (0, 1, 3):
         assert line in (tmp_path / f"rank-{k}.out").read_text()

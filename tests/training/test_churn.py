@@ -223,6 +223,62 @@ def test_a_private_peer_counts_only_the_steps_it_trained(tmp_path):
     assert results[0]["membership_changes"] == 3
 
 
+#: (topology, churn, {member at the end: models exact gossip sends it over the 52 rounds}), from
+#: the schedule's timeline (tiny.yaml: 52 steps, a gossip round after each). complete:4 minus peer
+#: 3 from step 20: 20 rounds to 3 neighbours, then 32 to the 2 others, for each of 0, 1, 2. CHURN
+#: on ring:4: peers 0 and 2 have 2 neighbours in steps 0..19 (ring:4, then the ring of 0, 2, 3),
+#: 1 in 20..32 (the ring of 0 and 2 is one edge), 2 in 33..51 (the ring of 0, 1, 2); peer 1 sends
+#: in 0..9 and 33..51 only (its counters keep its sends from before its absence).
+TIMELINES = [
+    ("complete:4", "leave:3@20", {k: 20 * 3 + 32 * 2 for k in (0, 1, 2)}),
+    (
+        "ring:4",
+        CHURN,
+        {0: 20 * 2 + 13 * 1 + 19 * 2, 1: 10 * 2 + 19 * 2, 2: 20 * 2 + 13 * 1 + 19 * 2},
+    ),
+]
+
+
+@pytest.mark.parametrize("topology, churn, models", TIMELINES)
+def test_the_exact_gossip_baseline_counts_the_graphs_in_force_for_the_members(
+    topology, churn, models
+):
+    """summary.json's exact-gossip bytes are, for each member at the end, model bytes x its
+    neighbours in the graph in force at each round it took part in, averaged over those members
+    (as mb_sent_per_peer is), not the final graph's mean degree over all ids x every round (78
+    models here in both cases, against 124 and 80). Exact gossip sends just that, so the measured
+    bytes equal it and the ratio is 1. Tolerance: both are a sum of exact integers over the
+    members divided by their number and by 1e6 (a few roundings, each 2^-53 relative)."""
+    summary = run(config_for(topology=topology, churn=churn, algorithm="exact"))[0]
+    model_bytes = summary["parameters"] * 4  # float32
+    expected = model_bytes * sum(models.values()) / len(models) / 1e6
+    assert summary["members_at_end"] == sorted(models)
+    assert summary["mb_sent_per_peer"] == pytest.approx(expected, rel=1e-14)
+    assert summary["exact_gossip_mb_per_peer_formula"] == pytest.approx(expected, rel=1e-14)
+    assert summary["compression_ratio"] == pytest.approx(1.0, rel=1e-14)
+    assert summary["exact_gossip_formula"].startswith(f"model bytes {model_bytes} x each member's")
+    assert f"mean over the {len(models)} members at the end" in summary["exact_gossip_formula"]
+
+
+@pytest.mark.parametrize(
+    "topology, churn, local_steps",
+    [
+        ("one_peer_exponential:4", "leave:3@20", 1),  # a schedule: each round's own graph
+        ("one_peer_exponential:4", "rate=0.03,down=6,seed=2", 2),  # 10 changes, a round per 2 steps
+        ("ring:4", "rate=0.03,down=6,seed=2", 3),
+    ],
+)
+def test_exact_gossip_sends_its_own_baseline_through_any_churn(topology, churn, local_steps):
+    """Exact gossip sends the model to each neighbour of each round's graph: whatever the
+    changes, the schedule or local_steps, its measured bytes are the baseline's, ratio 1 (the
+    final graph's mean degree x every round made it 0.63, 1.3 and 1.21 here). Tolerance as above."""
+    changes = dict(topology=topology, churn=churn, local_steps=local_steps, checkpoint_every=0)
+    results = run(config_for(algorithm="exact", **changes))
+    summary = next(r for r in results if not r.get("departed"))
+    assert summary["membership_changes"] > 0
+    assert summary["compression_ratio"] == pytest.approx(1.0, rel=1e-14)
+
+
 def test_random_churn_trains_through_every_change_it_draws():
     from gossip_powersgd.membership.churn import churn_membership
 

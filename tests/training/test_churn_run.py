@@ -44,3 +44,35 @@ def test_training_state_round_trip_carries_model_momentum_and_step():
         TrainingState(fresh_model, fresh_optimizer, RunState(step=8), joiner_driver).unpack(
             sender.pack()
         )
+
+
+def test_exact_messages_count_the_rounds_a_peers_counters_cover():
+    """ring:4, peer 2 away in steps 10..29: 2 neighbours in each round it is a member of; a
+    process restarted with --rejoin and admitted at step 30 (`counted_from`) counts from there,
+    as its traffic counters do; with a round every 2 steps, round t follows step 2t + 1."""
+    from types import SimpleNamespace
+
+    import topologies
+    from gossip_powersgd.membership.epochs import Membership
+    from gossip_powersgd.training.churn_run import ChurnRun
+
+    changed = Membership(topologies.ring(4), [(10, (0, 1, 3)), (30, range(4))])
+
+    def messages(rank, rounds, every, counted_from=0, membership=changed):
+        driver = SimpleNamespace(
+            peer=SimpleNamespace(membership=membership),
+            comm=SimpleNamespace(rank=rank),
+            counted_from=counted_from,
+        )
+        return ChurnRun.exact_messages(driver, rounds, every)
+
+    assert messages(2, 52, 1) == 2 * (10 + 22)
+    assert messages(2, 52, 1, counted_from=30) == 2 * 22
+    assert messages(0, 52, 1) == 2 * 52  # ring:4, then the ring of 0, 1, 3: two neighbours
+    # rounds 0..25 after steps 1, 3, ..., 51: peer 2 is a member at rounds 0..4 and 15..25
+    assert messages(2, 26, 2) == 2 * (5 + 11)
+    assert messages(2, 26, 2, counted_from=31) == 2 * 11  # round 15 follows step 31
+    assert messages(2, 26, 2, counted_from=32) == 2 * 10
+    assert messages(2, 20, 1) == 2 * 10  # the run's rounds end the count
+    # the membership never changed: the run's own graph, counted as without churn
+    assert messages(2, 52, 1, membership=Membership(topologies.ring(4))) is None
