@@ -91,7 +91,7 @@ OUT_OF_RANGE = [
     ("choco:compressor=sign,gamma=inf", "ChocoGossip: gamma must be finite and at most 3.403e+38"),
     ("powersgd:rank=0", "rank must be an integer >= 1, got 0"),
     ("powersgd:start_iter=-1", "start_iter must be an integer >= 0, got -1"),
-    ("powersgd:min_compression_rate=-1", "min_compression_rate must be >= 0, got -1.0"),
+    ("powersgd:min_compression_rate=-1", "min_compression_rate must be >= 0 and finite, got -1.0"),
     ("exact:gamma=5", "gamma=5 is outside the stable range (0, 1.5) of ring:4"),
     ("choco:gamma=0.1", "ChocoGossip needs a compressor, e.g. compressor='topk:0.01'"),
     ("deepsqueeze:compressor=sign", "DeepSqueeze needs a tuned consensus step gamma"),
