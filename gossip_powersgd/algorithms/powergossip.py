@@ -93,9 +93,9 @@ class PowerGossip(GossipAlgorithm):
 
     Matrices of equal shape are stacked into one buffer and the parameters are re-pointed at slices
     of it (`param.data = ...`): their values and identities do not change, and the stacking costs no
-    copy at each step. Re-pointed again in the same dtype and device (`param.data = ...`), they are
-    re-stacked at the next step; a model moved to another dtype or device (`model.double()`,
-    `model.to("cuda")`) is refused there: build the algorithm after `model.to(...)`.
+    copy at each step. Re-pointed again in the same dtype and device, they are re-stacked at the
+    next step; a model moved to another dtype or device (`model.double()`, `model.to("cuda")`) or
+    given new parameters (`load_state_dict(..., assign=True)`) is refused: build the algorithm after.
     """
 
     name = "powergossip"
