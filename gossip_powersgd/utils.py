@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -119,6 +120,20 @@ def atomic_write(
             tmp.unlink()
     if sync:
         _fsync_dir(path.parent)
+
+
+def remove_leftover_temporaries(folder: Union[str, Path], names: str) -> None:
+    """Delete what `atomic_write` left in `folder` for the files whose names match the regular
+    expression `names`: its temporary files, `.NAME.XXXXXXXX.tmp`, outlive a writer killed between
+    mkstemp and os.replace (a kill cannot be caught). For files that one writer writes, called
+    where it writes them again: another writer's temporary file might still be in use."""
+    pattern = re.compile(rf"\.(?:{names})\.[^.]+\.tmp")
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        if pattern.fullmatch(entry.name):
+            entry.unlink(missing_ok=True)
 
 
 def require_regular_file(path: Union[str, Path], what: str) -> None:
@@ -288,6 +303,7 @@ __all__ = [
     "one_line",
     "escaped",
     "atomic_write",
+    "remove_leftover_temporaries",
     "check_writable_dir",
     "require_regular_file",
     "format_ranks",

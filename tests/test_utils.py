@@ -1,6 +1,11 @@
 """The shared helpers: one-line errors, atomic writes, rank ranges, and run_peers on one process."""
 
 import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,8 +18,11 @@ from gossip_powersgd.utils import (
     escaped,
     format_ranks,
     one_line,
+    remove_leftover_temporaries,
     write_stderr_line,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_one_line_takes_the_first_line_and_unquotes_key_errors():
@@ -58,6 +66,35 @@ def test_atomic_write_keeps_the_old_file_when_the_write_fails(tmp_path, monkeypa
         atomic_write(path, "new")  # fails after the data went to the temporary file
     assert path.read_text() == "old"
     assert os.listdir(tmp_path) == ["out.txt"]
+
+
+def killed_while_writing(path: Path) -> Path:
+    """atomic_write(path) in a process SIGKILLed between its mkstemp and its os.replace (a kill
+    no `finally` sees): the temporary file it leaves behind."""
+    before = set(path.parent.iterdir()) if path.parent.is_dir() else set()
+    code = (
+        "import os, signal, sys\nfrom gossip_powersgd.utils import atomic_write\n"
+        "os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "atomic_write(sys.argv[1], 'half of a new version')"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code, str(path)], env=env, timeout=60)
+    assert done.returncode == -signal.SIGKILL
+    (left,) = set(path.parent.iterdir()) - before
+    return left
+
+
+def test_a_killed_writers_temporary_is_removed_where_the_file_is_written_again(tmp_path):
+    """A kill between mkstemp and os.replace leaves `.NAME.XXXXXXXX.tmp`; the writer's next
+    process removes those of its own files only (a file another writer writes may be mid-write)."""
+    path = tmp_path / "rank-2-x.json"
+    atomic_write(path, "whole")
+    mine, theirs = killed_while_writing(path), killed_while_writing(tmp_path / "rank-1-x.json")
+    assert re.fullmatch(r"\.rank-2-x\.json\.[^.]+\.tmp", mine.name), mine.name
+    remove_leftover_temporaries(tmp_path, re.escape(path.name))
+    assert sorted(os.listdir(tmp_path)) == sorted([path.name, theirs.name])
+    assert path.read_text() == "whole"
+    remove_leftover_temporaries(tmp_path / "absent", "x")  # no folder: nothing to do
 
 
 def test_atomic_write_without_sync_replaces_whole_and_calls_no_fsync(tmp_path, monkeypatch):

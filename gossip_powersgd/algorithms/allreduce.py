@@ -31,7 +31,13 @@ from .base import (
     load_tensors_,
 )
 from .layout import NoMessages
-from .lowrank import MatrixStack, matrix_stacks, orthonormalize_, warn_if_rank_unreachable
+from .lowrank import (
+    MatrixStack,
+    check_compression_rate,
+    matrix_stacks,
+    orthonormalize_,
+    warn_if_rank_unreachable,
+)
 
 if TYPE_CHECKING:
     from ..comm.base import Comm
@@ -120,7 +126,7 @@ class PowerSGDAllReduce(_Collective):
             (PyTorch's `start_powerSGD_iter`); the error memories start at zero after them.
         min_compression_rate: a matrix is compressed only if (rows + cols) * r * rate < rows * cols
             (PyTorch's rule); 1-D tensors and the others are averaged exactly. 0 compresses every
-            matrix.
+            matrix; nan and inf (which would compress none) are refused.
         seed: seed of the generator that draws Q (identical on all ranks).
 
     Since every result comes out of an all-reduce, all ranks hold bit-identical gradients after a
@@ -149,8 +155,7 @@ class PowerSGDAllReduce(_Collective):
             raise ValueError(f"rank must be an integer >= 1, got {rank}")
         if int(start_iter) != start_iter or start_iter < 0:
             raise ValueError(f"start_iter must be an integer >= 0, got {start_iter}")
-        if not min_compression_rate >= 0:
-            raise ValueError(f"min_compression_rate must be >= 0, got {min_compression_rate}")
+        check_compression_rate(min_compression_rate)
 
     @classmethod
     def check_config(cls, kwargs, topology: AnyTopology) -> None:

@@ -8,6 +8,7 @@ import inspect
 import math
 import time
 import warnings
+import weakref
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -51,6 +52,38 @@ def named_tensors(params: ParamsLike) -> Tuple[List[str], List[Tensor]]:
 def signature(names: Sequence[str], tensors: Sequence[Tensor]) -> str:
     """What all peers must agree on: shapes and dtypes (names are not compared, shapes are)."""
     return ";".join(f"{tuple(t.shape)}:{t.dtype}" for t in tensors)
+
+
+class ReplacedParameterWatch:
+    """Notes the first of `tensors` that its module replaces by another tensor after the algorithm
+    was built (`model.load_state_dict(sd, assign=True)`, `layer.weight = nn.Parameter(...)`): the
+    algorithm holds the old tensors and would go on gossiping them while the model trains the new
+    ones, silently. Torch's global parameter-registration hook sees every such assignment before
+    it is made; its closure holds no reference to the watch, whose collection removes it. A
+    re-pointed `param.data` or a swapped tensor (`torch.utils.swap_tensors`) keeps the object and
+    is not a replacement."""
+
+    def __init__(self, names: Sequence[str], tensors: Sequence[Tensor]):
+        from torch.nn.modules.module import register_module_parameter_registration_hook
+
+        ours = {id(t): name for name, t in zip(names, tensors)}
+        self.replaced: List[str] = []  # shared with the hook: "name (Module.attribute)"
+
+        def hook(module, attribute, param, replaced=self.replaced):
+            old = getattr(module, attribute, None)
+            if old is not param and id(old) in ours and not replaced:
+                replaced.append(f"{ours[id(old)]} ({type(module).__name__}.{attribute})")
+
+        weakref.finalize(self, register_module_parameter_registration_hook(hook).remove)
+
+    def check(self, who: str) -> None:
+        """Raise a one-line ValueError naming the replaced parameter and the fix, if there is one."""
+        if self.replaced:
+            raise ValueError(
+                f"{who}: the model's parameter {self.replaced[0]} was replaced after the algorithm "
+                "was built (load_state_dict(..., assign=True)?), so it would gossip the old one: "
+                "build the algorithm after loading, or load without assign=True"
+            )
 
 
 class FlatParams:
@@ -247,9 +280,12 @@ class GossipAlgorithm:
         self.time_total = 0.0
         self.time_communication = 0.0
         comm.check_agreement("parameter shapes and dtypes", signature(self.names, self.params))
+        self._replaced = ReplacedParameterWatch(self.names, self.params)
 
     def step(self) -> None:
-        """One gossip round on the parameters, in place."""
+        """One gossip round on the parameters, in place; refused in one line once a parameter was
+        replaced in its module (`ReplacedParameterWatch`)."""
+        self._replaced.check(type(self).__name__)
         start = time.perf_counter()
         with torch.no_grad():
             self._step()

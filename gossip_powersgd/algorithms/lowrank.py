@@ -9,6 +9,7 @@ costs one batched multiplication per shape rather than one per tensor.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Dict, List, Sequence, Tuple
 
 import torch
@@ -41,6 +42,17 @@ def orthonormalize_(factor: Tensor) -> Tensor:
             vector.sub_(basis * (basis * vector).sum(dim=-1, keepdim=True))
         vector.div_(torch.linalg.vector_norm(vector, dim=-1, keepdim=True).add_(ORTHO_EPS))
     return factor
+
+
+def check_compression_rate(min_compression_rate: float) -> None:
+    """Refuse a `min_compression_rate` outside [0, inf): with nan or inf no matrix passes the rule
+    of `compressible_matrices` (every comparison is False), so the run would gossip every tensor
+    exactly while labelled as compressed (PowerGossip and PowerSGD share the check)."""
+    if not 0 <= min_compression_rate < math.inf:
+        raise ValueError(
+            f"min_compression_rate must be >= 0 and finite, got {min_compression_rate} (0 "
+            "compresses every matrix, 1 whatever gets smaller; nan and inf would compress none)"
+        )
 
 
 def compressible_matrices(

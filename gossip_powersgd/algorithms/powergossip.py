@@ -58,7 +58,7 @@ from .base import (
 )
 from .exact import check_gamma_positive, mix_exact, resolve_gamma
 from .kernels import form_factors_and_update, multiply_into_messages
-from .lowrank import orthonormalize_, warn_if_rank_unreachable
+from .lowrank import check_compression_rate, orthonormalize_, warn_if_rank_unreachable
 from .powergossip_layout import LowRankProducts
 from .powergossip_plan import SidePlan, StaticPlan
 from .powergossip_state import EdgeFactors, MessageBuffers, StackedParams, edge_seed
@@ -85,16 +85,17 @@ class PowerGossip(GossipAlgorithm):
         seed: base of the per-edge seeds.
         min_compression_rate: a matrix is compressed only if (rows + cols) * r * rate < rows * cols;
             otherwise it is gossiped exactly. 1 compresses whatever gets smaller; 0 compresses every
-            matrix (useful in tests at full rank).
+            matrix (useful in tests at full rank); nan and inf (which would compress none) are
+            refused.
         batch_neighbors: compute the products for all neighbours in one multiplication and add
             their updates in one multiply-add (True), or one product and one update per neighbour
             (False: the same algorithm and messages, kept as the benchmark's comparison).
 
     Matrices of equal shape are stacked into one buffer and the parameters are re-pointed at slices
     of it (`param.data = ...`): their values and identities do not change, and the stacking costs no
-    copy at each step. Re-pointed again in the same dtype and device (`param.data = ...`), they are
-    re-stacked at the next step; a model moved to another dtype or device (`model.double()`,
-    `model.to("cuda")`) is refused there: build the algorithm after `model.to(...)`.
+    copy at each step. Re-pointed again in the same dtype and device, they are re-stacked at the
+    next step; a model moved to another dtype or device (`model.double()`, `model.to("cuda")`) or
+    given new parameters (`load_state_dict(..., assign=True)`) is refused: build the algorithm after.
     """
 
     name = "powergossip"
@@ -137,8 +138,7 @@ class PowerGossip(GossipAlgorithm):
             raise ValueError(f"rank must be an integer >= 1, got {rank}")
         if int(num_iterations) != num_iterations or num_iterations < 1:
             raise ValueError(f"num_iterations must be an integer >= 1, got {num_iterations}")
-        if not min_compression_rate >= 0:  # nan is not
-            raise ValueError(f"min_compression_rate must be >= 0, got {min_compression_rate}")
+        check_compression_rate(min_compression_rate)
 
     @classmethod
     def check_config(cls, kwargs, topology: AnyTopology) -> None:

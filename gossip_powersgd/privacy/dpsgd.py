@@ -29,7 +29,7 @@ from torch import nn
 
 from gossip_powersgd.privacy.accounting import check_accountant_name, epsilon, make_accountant
 from gossip_powersgd.privacy.dependency import import_opacus
-from gossip_powersgd.privacy.model_check import validate_model
+from gossip_powersgd.privacy.model_check import register_layer_norm_sampler, validate_model
 from gossip_powersgd.privacy.per_sample import PerSampleModule, shared_parameter
 from gossip_powersgd.privacy.seeds import NOISE_STREAM, Randomness
 
@@ -222,6 +222,7 @@ class DPSGD:
         if engine in ("ghost", "vmap"):
             self.module = PerSampleModule(model, engine, loss_reduction="mean")
         elif engine == "hooks":
+            register_layer_norm_sampler()  # a LayerNorm without bias, which Opacus' fails on
             self.module = grad_sample.GradSampleModule(
                 model, batch_first=True, loss_reduction="mean", strict=True
             )

@@ -27,6 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..training.validation import warmup_steps
+
 __all__ = [
     "calibrated_loss_scores",
     "class_conditional_loss_scores",
@@ -126,8 +128,10 @@ def class_conditional_loss_scores(
 
 def schedule_factor(step: int, per_epoch: int, epochs: int, warmup_epochs: float) -> float:
     """The learning rate of step `step` (0-based) over the base rate: linear warm-up over
-    `warmup_epochs`, then cosine decay to 0 over the remaining steps (the trainer's `cosine`)."""
-    warmup = int(round(warmup_epochs * per_epoch))
+    `warmup_epochs`, then cosine decay to 0 over the remaining steps (the trainer's `cosine`).
+    The warm-up's steps are the trainer's (`training.validation.warmup_steps`, which refuses a
+    positive warm-up of fewer than 2 steps)."""
+    warmup = warmup_steps(warmup_epochs, per_epoch)
     if step < warmup:
         return (step + 1) / warmup
     progress = (step - warmup) / max(1, epochs * per_epoch - warmup)

@@ -17,6 +17,10 @@ no key is needed; `DPSGD` then picks Opacus' hooks engine for it. Building them 
 initialisation from torch's global RNG that the copied weights then overwrite: that draw runs
 under a lock with the global RNG saved and restored, so peers that are threads of one process
 (`LocalCluster`) neither perturb one another nor see a warning about it.
+
+A LayerNorm without bias (``bias=False``) is trained as it is: Opacus' hooks engine gets a
+LayerNorm grad sampler that takes it (`register_layer_norm_sampler`; Opacus 1.6's own reads the
+missing bias and fails in the backward).
 """
 
 from __future__ import annotations
@@ -27,11 +31,12 @@ from typing import Optional
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from gossip_powersgd.privacy.dependency import import_opacus
 from gossip_powersgd.utils import one_line
 
-__all__ = ["validate_model", "SWAPPED_LAYERS"]
+__all__ = ["validate_model", "register_layer_norm_sampler", "SWAPPED_LAYERS"]
 
 #: Layers replaced by their Opacus twin (same function, same parameters) whether or not
 #: dp_fix_model is set.
@@ -96,6 +101,30 @@ def _first_bad_layer(model: nn.Module) -> Optional[str]:
         if any(True for _ in module.buffers(recurse=False)):
             return f"{label} keeps buffers computed from the data, which would not be private"
     return None
+
+
+def register_layer_norm_sampler() -> None:
+    """Give Opacus' hooks engine a LayerNorm grad sampler that takes a LayerNorm without bias
+    (``bias=False``): Opacus 1.6's reads ``layer.bias.requires_grad`` and fails in the backward
+    (AttributeError on None). With a bias, Opacus' own runs; without, the weight's per-example
+    gradient is its closed form, as Opacus computes it (the normalised input times the output
+    gradient, summed over all but the batch and the normalised dimensions). Registered once, by
+    Opacus' documented ``register_grad_sampler``; later calls find it there."""
+    grad_sample = import_opacus("opacus.grad_sample")
+    opacus_own = grad_sample.GradSampleModule.GRAD_SAMPLERS.get(nn.LayerNorm)
+    if opacus_own is None or getattr(opacus_own, "takes_no_bias", False):
+        return
+    keep_last = import_opacus("opacus.utils.tensor_utils").sum_over_all_but_batch_and_last_n
+
+    def layer_norm(layer, activations, backprops):
+        if layer.bias is not None:
+            return opacus_own(layer, activations, backprops)
+        # no bias: Opacus hooks only a layer with a trainable parameter, so the weight is one
+        normed = F.layer_norm(activations[0], layer.normalized_shape, eps=layer.eps)
+        return {layer.weight: keep_last(normed * backprops, layer.weight.dim())}
+
+    layer_norm.takes_no_bias = True
+    grad_sample.register_grad_sampler(nn.LayerNorm)(layer_norm)
 
 
 def _fixed_copy(model: nn.Module, types=None) -> nn.Module:

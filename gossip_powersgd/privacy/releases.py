@@ -24,13 +24,14 @@ the same steps and sends what was sent before, bit for bit), and public noise
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import List, Optional, Tuple
 
 from gossip_powersgd.training.checkpoint import checkpoint_dir
 from gossip_powersgd.training.rundir import ATTEMPTS_NAME
-from gossip_powersgd.utils import atomic_write
+from gossip_powersgd.utils import atomic_write, remove_leftover_temporaries
 
 __all__ = ["ReleaseRecord", "count_earlier", "record_path"]
 
@@ -52,10 +53,13 @@ class ReleaseRecord:
     def __init__(self, run_dir, rank: int):
         self.run_dir, self.rank = Path(run_dir), int(rank)
         self.path = record_path(run_dir, rank)
+        self._swept = False  # an earlier process's temporary record files removed
 
     def write(self, history) -> None:
         """Record `history` (the accountant's, this step's release included): whole or not at
-        all when the process is killed (no fsync: the process dies, not the machine)."""
+        all when the process is killed (no fsync: the process dies, not the machine). A process
+        killed while writing leaves a temporary file (`.rank-K-dp-releases.json.XXXXXXXX.tmp`,
+        never read); the first write of the next one removes them."""
         data = {"history": [[float(s), float(q), int(n)] for s, q, n in history]}
         try:
             atomic_write(self.path, json.dumps(data) + "\n", mode=0o600, sync=False)
@@ -64,6 +68,9 @@ class ReleaseRecord:
                 f"rank {self.rank}: cannot write the DP release record {self.path}: "
                 f"{exc.strerror or exc}; nothing of this step was sent (free space, then --resume)"
             ) from None
+        if not self._swept:
+            remove_leftover_temporaries(self.path.parent, re.escape(self.path.name))
+            self._swept = True
 
     def read(self, path: Optional[Path] = None) -> Optional[History]:
         """The history a record holds (this peer's, or `path`), None where there is no record."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import numpy as np
 
-from ..utils import atomic_write
+from ..utils import atomic_write, remove_leftover_temporaries
 from . import checkpoint as ckpt
 from .resume import check_header, latest_common_epoch
 
@@ -49,12 +49,14 @@ def away_steps(run_dir, rank: int) -> List[int]:
 
 
 def save_away(run_dir, header, state) -> Path:
-    """Write a leaving peer's away file (module docstring); keep its newest `checkpoint.KEEP`."""
+    """Write a leaving peer's away file (module docstring); keep its newest `checkpoint.KEEP`, and
+    none of the temporary away files of its own that a killed writer left (as checkpoints do)."""
     rank = header["rank"]
     path = away_path(run_dir, rank, header["step"])
     atomic_write(path, ckpt.encode_record(header, state))
     for old in away_steps(run_dir, rank)[: -ckpt.KEEP]:
         away_path(run_dir, rank, old).unlink(missing_ok=True)
+    remove_leftover_temporaries(path.parent, rf"rank-{int(rank)}-away-\d+\.pt")
     return path
 
 

@@ -76,7 +76,8 @@ class _CoreConfig:
     nesterov: bool = False
     #: Weight decay (L2 for sgd/adam, decoupled for adamw).
     weight_decay: float = 0.0
-    #: Linear warm-up from lr/(warm-up steps) to lr over this many epochs (may be fractional; 0 = none).
+    #: Linear warm-up from lr/(warm-up steps) to lr over this many epochs (may be fractional; 0 =
+    #: none); a warm-up must round to at least 2 steps (one step would run at the full rate).
     warmup_epochs: float = 0.0
     #: Learning-rate schedule after the warm-up, applied every step: constant | step | cosine (to 0).
     schedule: str = "constant"

@@ -34,7 +34,7 @@ from .config import (
 )
 from .features import peer_statistics_private
 from .hooks import HookList, SetupContext
-from .validation import check_algorithm
+from .validation import check_algorithm, warmup_steps
 
 if TYPE_CHECKING:
     from ..comm.base import Comm
@@ -332,9 +332,10 @@ def _check_schedule(
     acts_on: str,
     batches,
 ) -> None:
-    """Refuse a `local_steps` that leaves the run without a communication round; warn (rank 0,
-    one line each) about an `eval_every`, `checkpoint_every` or `batch_size` beyond what the run
-    can use, naming the value it takes instead. The same outcome on every peer (public values).
+    """Refuse a `local_steps` that leaves the run without a communication round, or a warm-up of
+    fewer than 2 steps (`warmup_steps`); warn (rank 0, one line each) about an `eval_every`,
+    `checkpoint_every` or `batch_size` beyond what the run can use, naming the value it takes
+    instead. The same outcome on every peer (public values).
     The batch_size warning is for fixed-size batches only: Poisson-sampled ones (DP, no
     ``batch_size`` attribute) draw each record at a rate and divide the sum by batch_size."""
     if acts_on == "gradients" and config.local_steps != 1:
@@ -343,6 +344,7 @@ def _check_schedule(
             f"parameters; {config.algorithm!r} averages every step's gradients (use "
             "allreduce for local SGD, or set local_steps to 1)"
         )
+    warmup_steps(config.warmup_epochs, steps_per_epoch)
     steps = config.epochs * steps_per_epoch
     if config.local_steps > steps:
         raise ValueError(

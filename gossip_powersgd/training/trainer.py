@@ -78,6 +78,7 @@ from .churn_run import churn_run
 from .divergence import DIVERGENCE_FACTOR, check_divergence
 from .session import open_session
 from .setup import build_run, checked_config, collectively, make_optimizer, resolve_device
+from .validation import warmup_steps
 
 if TYPE_CHECKING:
     from ..comm.base import Comm
@@ -88,16 +89,16 @@ if TYPE_CHECKING:
 
 def learning_rate(config: TrainConfig, step: int, steps_per_epoch: int) -> float:
     """The learning rate of step `step` (0-based): linear warm-up, then the schedule."""
-    warmup_steps = int(round(config.warmup_epochs * steps_per_epoch))
-    if step < warmup_steps:
-        return config.lr * (step + 1) / warmup_steps
+    warmup = warmup_steps(config.warmup_epochs, steps_per_epoch)
+    if step < warmup:
+        return config.lr * (step + 1) / warmup
     epoch = step / steps_per_epoch
     if config.schedule == "step":
         passed = sum(1 for m in config.milestones if epoch >= m)
         return config.lr * config.decay**passed
     if config.schedule == "cosine":
-        total = config.epochs * steps_per_epoch - warmup_steps
-        progress = (step - warmup_steps) / max(1, total)
+        total = config.epochs * steps_per_epoch - warmup
+        progress = (step - warmup) / max(1, total)
         return config.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
     return config.lr
 

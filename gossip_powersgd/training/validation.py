@@ -55,6 +55,22 @@ def _check(condition: bool, key: str, value: Any, requirement: str) -> None:
         raise ValueError(f"bad value for {key!r}: {value!r} ({requirement})")
 
 
+def warmup_steps(warmup_epochs: float, steps_per_epoch: int) -> int:
+    """The warm-up's length in steps: `warmup_epochs` at `steps_per_epoch`, rounded (the trainer's
+    `learning_rate` and LiRA's reference models, `privacy.lira.schedule_factor`, both use it). Step
+    k of a W-step warm-up runs at lr*(k+1)/W, so a warm-up of one step runs at the full rate: a
+    positive `warmup_epochs` that rounds to fewer than 2 steps is refused, not silently ignored."""
+    steps = int(round(warmup_epochs * steps_per_epoch))
+    _check(
+        warmup_epochs == 0 or steps >= 2,
+        "warmup_epochs",
+        warmup_epochs,
+        f"{steps} step(s) at {steps_per_epoch} steps per epoch, and a warm-up needs at least 2: "
+        f"set it to at least {2 / steps_per_epoch:g}, or 0 for none",
+    )
+    return steps
+
+
 def resolve_topology(config: TrainConfig, world_size: Optional[int] = None):
     """The `Topology` of a config: `peers` (or the launcher's world size) fills a spec without a size."""
     import topologies

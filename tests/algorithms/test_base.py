@@ -49,3 +49,66 @@ def test_a_nan_parameter_is_named_and_never_reaches_a_neighbour(make):
         "rank 2: non-finite values in parameter(s) layer.weight at gossip step 2; nothing was sent"
     )
     assert log == {}  # no peer ever received a NaN
+
+
+def _load_with_assign(model):
+    model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)
+
+
+def _new_bias(model):
+    model[1].bias = torch.nn.Parameter(model[1].bias.detach().clone())
+
+
+@pytest.mark.parametrize(
+    "spec", ["powergossip:rank=1", "exact", "allreduce", "choco:compressor=sign,gamma=0.1"]
+)
+@pytest.mark.parametrize(
+    "replace, name",
+    [(_load_with_assign, "0.weight (Linear.weight)"), (_new_bias, "1.bias (Linear.bias)")],
+    ids=["load_state_dict-assign", "new-parameter"],
+)
+def test_a_parameter_replaced_in_its_module_after_building_is_refused(spec, replace, name):
+    """The algorithm holds the tensors it was built on; a module given new ones (load_state_dict
+    with assign=True) trained them while the algorithm gossiped the old ones, silently: the model
+    never mixed. The next step now names the parameter and the fix, on every peer."""
+    from gossip_powersgd.algorithms import make_algorithm
+
+    with torch.random.fork_rng():  # layers drawn here, not by peers at once from the global RNG
+        models = [torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)) for _ in "ab"]
+
+    def peer(comm):
+        model = models[comm.rank]
+        gossip = make_algorithm(spec, model.named_parameters(), comm)
+        gossip.step()
+        replace(model)
+        try:
+            gossip.step()
+        except ValueError as error:
+            return str(error)
+
+    errors = LocalCluster(topologies.ring(2), timeout=30).run(peer)
+    assert len(set(errors)) == 1, errors
+    assert errors[0].endswith(
+        f": the model's parameter {name} was replaced after the algorithm was built "
+        "(load_state_dict(..., assign=True)?), so it would gossip the old one: build the "
+        "algorithm after loading, or load without assign=True"
+    )
+
+
+def test_a_model_loaded_in_place_after_building_is_gossiped_as_before():
+    """load_state_dict without assign copies into the same tensors: no refusal, and the loaded
+    values are what the step mixes (ring:2, W = 1/2 off the diagonal, exact gossip with gamma 1:
+    both end at the mean 0.5, exact in binary)."""
+    with torch.random.fork_rng():
+        models = [torch.nn.Linear(3, 2) for _ in range(2)]
+
+    def peer(comm):
+        model = models[comm.rank]
+        gossip = ExactGossip(model.parameters(), comm, gamma=1.0)
+        state = {k: torch.full_like(v, float(comm.rank)) for k, v in model.state_dict().items()}
+        model.load_state_dict(state)
+        gossip.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    for params in LocalCluster(topologies.ring(2), timeout=30).run(peer):
+        assert all(torch.equal(p, torch.full_like(p, 0.5)) for p in params)

@@ -206,6 +206,21 @@ def test_powergossip_checks_its_options_from_the_spec_alone(spec, message):
     check_config("powergossip:rank=2,iters=3,min_compression_rate=0", topologies.ring(4))
 
 
+@pytest.mark.parametrize("name", ["powergossip", "powersgd"])
+@pytest.mark.parametrize("rate", ["inf", "1e400"])
+def test_an_infinite_compression_rate_is_refused_as_nan_is(name, rate):
+    # (rows + cols) * r * inf < rows * cols is False for every matrix: the run gossiped every
+    # tensor exactly while labelled "PowerGossip r1" (or "PowerSGD all-reduce r1")
+    from gossip_powersgd.algorithms import check_config
+
+    with pytest.raises(ValueError) as raised:
+        check_config(f"{name}:min_compression_rate={rate}", topologies.ring(4))
+    assert "min_compression_rate must be >= 0 and finite, got inf (0 compresses" in str(
+        raised.value
+    )
+    assert "\n" not in str(raised.value)
+
+
 def _float_option_specs():
     """A spec per float option of every registered algorithm and of every compressor (inside
     choco), with that option set to nan and any other required option valid."""

@@ -135,6 +135,12 @@ def row_kinds_model():
     return model
 
 
+def layer_norm_without_bias_model():
+    """A LayerNorm with a weight and no bias (``bias=False``): Opacus 1.6's hooks engine read the
+    missing bias and failed in the backward."""
+    return nn.Sequential(nn.Linear(12, 6), nn.Tanh(), nn.LayerNorm(6, bias=False), nn.Linear(6, 3))
+
+
 CASES = {
     "logreg": lambda: build_model("logreg", input_shape=(12,), num_classes=3, seed=0),
     "mlp": lambda: build_model("mlp:7,5", input_shape=(12,), num_classes=3, seed=0),
@@ -148,6 +154,7 @@ CASES = {
     "pooled_conv": PooledConv,
     "embedding": Embedded,
     "row_kinds": row_kinds_model,
+    "layer_norm_without_bias": layer_norm_without_bias_model,
 }
 INPUTS = {"cnn1d": 40, "shared": 6}
 
@@ -189,7 +196,7 @@ def private_sum(engine: str, model: nn.Module, x, y, clip: float):
 
 
 #: Opacus' engines on the layers the project's models use (Opacus' own tests cover the rest).
-OPACUS_CASES = ("logreg", "mlp", "cnn1d", "conv_norms", "strided_conv")
+OPACUS_CASES = ("logreg", "mlp", "cnn1d", "conv_norms", "strided_conv", "layer_norm_without_bias")
 
 
 @pytest.mark.parametrize(
@@ -248,6 +255,42 @@ def test_materialised_per_example_gradients_equal_torch_func(engine, case):
     F.cross_entropy(wrapped(x), y).backward()
     for mine, theirs in zip(wrapped.per_example_gradients(BATCH), grads):
         torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-12)  # float64, as above
+
+
+@pytest.mark.parametrize("engine", ["hooks", "auto"])
+def test_a_layer_norm_without_bias_trains_under_opacus_hooks_with_exact_per_example_gradients(
+    engine,
+):
+    """Opacus' hooks engine (chosen, or picked by auto for a model with tied weights) crashed
+    in the backward on a LayerNorm(bias=False): 'NoneType' object has no attribute
+    'requires_grad'. Its per-example gradients now equal torch.func's, the LayerNorm's weight
+    included, and no bias gradient is made up."""
+    from opacus.grad_sample import GradSampleModule
+
+    def model():
+        torch.manual_seed(0)
+        net = layer_norm_without_bias_model()
+        if engine == "auto":  # a tied weight: auto takes Opacus' hooks
+            net.insert(0, nn.Linear(12, 12, bias=False)).insert(1, nn.Linear(12, 12))
+            net[1].weight = net[0].weight
+        return net.double()
+
+    x, y = inputs("layer_norm_without_bias")
+    grads, _, _ = reference(model(), x, y, clip=1.0)
+    dp = DPSGD(1.0, 1.0, sample_rate=BATCH / 120, shard_size=120, engine=engine)
+    wrapped = dp.wrap(model())
+    assert isinstance(wrapped, GradSampleModule)
+    F.cross_entropy(wrapped(x), y).backward()
+    got = dp.per_example_gradients(wrapped, BATCH)
+    assert [tuple(g.shape) for g in got] == [tuple(g.shape) for g in grads]
+    # float64: the LayerNorm weight's per-example gradient is the normalised input times the
+    # output gradient (6 products, then the sum over the batch's own position), computed in another
+    # order than torch.func's; normalising by a std of ~0.3 (tanh outputs) amplifies the rounding
+    # (1e-16) a few times: ~1e-15, so 1e-10 leaves margin, as in the tests above.
+    for mine, theirs in zip(got, grads):
+        torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-12)
+    dp.privatize(wrapped, BATCH)  # the step goes on: clipped, noised
+    assert all(torch.isfinite(p.grad).all() for p in wrapped.parameters())
 
 
 def test_float32_built_in_models_match_the_float64_reference():

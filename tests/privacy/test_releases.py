@@ -26,6 +26,22 @@ def test_the_record_is_written_whole_beside_the_checkpoints_and_is_the_peers_own
     assert os.listdir(record.path.parent) == [record.path.name]  # no temporary file left
 
 
+def test_a_killed_writers_temporary_record_is_removed_by_the_next_process_of_the_peer(tmp_path):
+    """The record is rewritten at every private step: a kill lands in atomic_write's window
+    sooner or later and leaves `.rank-K-dp-releases.json.XXXXXXXX.tmp` (a stale history, never
+    read), which stayed in checkpoints/ for good. The peer's next process removes its own at its
+    first write; another peer's (that peer may be writing it) stays."""
+    from tests.test_utils import killed_while_writing
+
+    ReleaseRecord(tmp_path, 2).write([(1.0, 0.25, 3)])
+    killed_while_writing(record_path(tmp_path, 2))
+    theirs = killed_while_writing(record_path(tmp_path, 1))
+    record = ReleaseRecord(tmp_path, 2)  # the resumed process
+    record.write([(1.0, 0.25, 4)])
+    assert sorted(os.listdir(record.path.parent)) == sorted([record.path.name, theirs.name])
+    assert record.read() == [(1.0, 0.25, 4)]
+
+
 def test_a_new_attempt_reads_the_record_of_the_newest_attempt_set_aside_that_holds_one(tmp_path):
     record = ReleaseRecord(tmp_path, 1)
     assert record.earlier() == []

@@ -39,6 +39,21 @@ def test_a_leaver_keeps_its_newest_away_files_only_and_others_are_untouched(tmp_
     assert away_steps(tmp_path / "elsewhere", 1) == []
 
 
+def test_a_leavers_next_away_file_removes_the_temporary_one_a_killed_writer_left(tmp_path):
+    """As a checkpoint does: a peer killed while writing its away file left
+    `.rank-K-away-S.pt.XXXXXXXX.tmp` (the size of its state) for good; its next away file removes
+    it. Another peer's temporary files and checkpoints' own stay."""
+    from tests.test_utils import killed_while_writing
+
+    save_away(tmp_path, header(1, 5), {"x": torch.zeros(1)})
+    killed_while_writing(away_path(tmp_path, 1, 9))
+    kept = [killed_while_writing(away_path(tmp_path, 2, 9))]
+    kept.append(killed_while_writing(ckpt.checkpoint_path(tmp_path, 1, 1)))
+    save_away(tmp_path, header(1, 20), {"x": torch.ones(1)})
+    names = {away_path(tmp_path, 1, s).name for s in (5, 20)} | {p.name for p in kept}
+    assert set(p.name for p in ckpt.checkpoint_dir(tmp_path).iterdir()) == names
+
+
 def test_each_peer_resumes_from_its_checkpoint_or_from_the_absence_that_covers_the_epoch(tmp_path):
     """Epoch 1 ends at step 12, inside peer 1's absence (10..29): its away file of step 10;
     epoch 3 ends at step 38, after its return: its checkpoint of epoch 3."""

@@ -211,6 +211,24 @@ def test_learning_rate_schedule():
     assert learning_rate(cosine, 39, spe) == pytest.approx(0.5 * (1 + math.cos(math.pi * 19 / 20)))
 
 
+@pytest.mark.parametrize("warmup, spe", [(0.1, 4), (1, 1), (0.5, 1), (0.05, 10)])
+def test_a_warmup_of_fewer_than_two_steps_is_refused_by_the_trainer_and_lira(warmup, spe):
+    """Step k of a W-step warm-up runs at lr*(k+1)/W: a positive warm-up rounding to 0 or 1 steps
+    would run every step at the full rate (no warm-up, silently). The trainer and LiRA's
+    reference models refuse it in the same line; the value it names warms up (lr/2 at step 0)."""
+    from gossip_powersgd.privacy.lira import schedule_factor
+
+    config = TrainConfig(lr=0.4, epochs=4, warmup_epochs=warmup)
+    with pytest.raises(ValueError, match="'warmup_epochs'.*at least 2") as trainer:
+        learning_rate(config, 0, spe)
+    with pytest.raises(ValueError) as lira:
+        schedule_factor(0, spe, 4, warmup)
+    assert str(trainer.value) == str(lira.value) and "\n" not in str(lira.value)
+    fixed = float(str(lira.value).split("at least ")[-1].split(",")[0])
+    assert learning_rate(config.replace(warmup_epochs=fixed), 0, spe) == pytest.approx(0.2)
+    assert schedule_factor(0, spe, 4, fixed) == pytest.approx(0.5)
+
+
 def test_valid_keys_cover_the_brief():
     for key in (
         "topology",

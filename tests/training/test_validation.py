@@ -11,7 +11,7 @@ import pytest
 
 from gossip_powersgd.utils import RunWarning
 
-from tests.conftest import TINY, errors_on_every_rank
+from tests.conftest import TINY, errors_on_every_rank, one_error
 from tests.conftest import tiny_config as tiny
 
 HUGE = 10**12
@@ -34,6 +34,15 @@ def test_local_steps_beyond_the_runs_steps_is_refused_on_every_rank():
     assert errors[0] == (
         "ValueError: local_steps 100 exceeds the run's 39 optimizer steps (3 epochs of 13): the "
         "peers would never communicate; set local_steps to at most 39"
+    )
+
+
+def test_a_warmup_shorter_than_two_steps_is_refused_on_every_rank():
+    """warmup_epochs 0.1 at 13 steps per epoch is 1.3 steps, rounded to 1: step k of a W-step
+    warm-up runs at lr*(k+1)/W, so the run would have had no warm-up at all (it had, silently)."""
+    assert one_error(errors_on_every_rank(tiny("warmup_epochs=0.1"))) == (
+        "ValueError: bad value for 'warmup_epochs': 0.1 (1 step(s) at 13 steps per epoch, and a "
+        "warm-up needs at least 2: set it to at least 0.153846, or 0 for none)"
     )
 
 
@@ -82,7 +91,7 @@ OUT_OF_RANGE = [
     ("choco:compressor=sign,gamma=inf", "ChocoGossip: gamma must be finite and at most 3.403e+38"),
     ("powersgd:rank=0", "rank must be an integer >= 1, got 0"),
     ("powersgd:start_iter=-1", "start_iter must be an integer >= 0, got -1"),
-    ("powersgd:min_compression_rate=-1", "min_compression_rate must be >= 0, got -1.0"),
+    ("powersgd:min_compression_rate=-1", "min_compression_rate must be >= 0 and finite, got -1.0"),
     ("exact:gamma=5", "gamma=5 is outside the stable range (0, 1.5) of ring:4"),
     ("choco:gamma=0.1", "ChocoGossip needs a compressor, e.g. compressor='topk:0.01'"),
     ("deepsqueeze:compressor=sign", "DeepSqueeze needs a tuned consensus step gamma"),
