@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import threading
 import time
 import warnings
 import weakref
@@ -59,22 +60,27 @@ class ReplacedParameterWatch:
     was built (`model.load_state_dict(sd, assign=True)`, `layer.weight = nn.Parameter(...)`): the
     algorithm holds the old tensors and would go on gossiping them while the model trains the new
     ones, silently. Torch's global parameter-registration hook sees every such assignment before
-    it is made; its closure holds no reference to the watch, whose collection removes it. A
-    re-pointed `param.data` or a swapped tensor (`torch.utils.swap_tensors`) keeps the object and
-    is not a replacement."""
+    it is made. One hook serves every watch of the process (`_noticed`), registered once and never
+    removed: removing a hook when a watch is collected could come during torch's own loop over its
+    hooks (a garbage collection inside a parameter's registration) and break it. A re-pointed
+    `param.data` or a swapped tensor (`torch.utils.swap_tensors`) keeps the object and is not a
+    replacement."""
+
+    _live: "weakref.WeakSet[ReplacedParameterWatch]" = weakref.WeakSet()
+    _lock = threading.Lock()  # peers' threads build algorithms while others register parameters
+    _hooked = False
 
     def __init__(self, names: Sequence[str], tensors: Sequence[Tensor]):
-        from torch.nn.modules.module import register_module_parameter_registration_hook
+        self.ours = {id(t): name for name, t in zip(names, tensors)}
+        self.replaced: List[str] = []  # "name (Module.attribute)"
+        cls = ReplacedParameterWatch
+        with cls._lock:
+            if not cls._hooked:
+                from torch.nn.modules.module import register_module_parameter_registration_hook
 
-        ours = {id(t): name for name, t in zip(names, tensors)}
-        self.replaced: List[str] = []  # shared with the hook: "name (Module.attribute)"
-
-        def hook(module, attribute, param, replaced=self.replaced):
-            old = getattr(module, attribute, None)
-            if old is not param and id(old) in ours and not replaced:
-                replaced.append(f"{ours[id(old)]} ({type(module).__name__}.{attribute})")
-
-        weakref.finalize(self, register_module_parameter_registration_hook(hook).remove)
+                register_module_parameter_registration_hook(_noticed)
+                cls._hooked = True
+            cls._live.add(self)
 
     def check(self, who: str) -> None:
         """Raise a one-line ValueError naming the replaced parameter and the fix, if there is one."""
@@ -84,6 +90,20 @@ class ReplacedParameterWatch:
                 "was built (load_state_dict(..., assign=True)?), so it would gossip the old one: "
                 "build the algorithm after loading, or load without assign=True"
             )
+
+
+def _noticed(module, attribute: str, param) -> None:
+    """The parameter-registration hook of every `ReplacedParameterWatch`: `module.attribute` is
+    about to become `param`; a watch holding the tensor it replaces notes it."""
+    old = module.__dict__.get("_parameters", {}).get(attribute)
+    if old is None or old is param:
+        return
+    with ReplacedParameterWatch._lock:
+        watches = list(ReplacedParameterWatch._live)
+    for watch in watches:
+        name = watch.ours.get(id(old))
+        if name is not None and not watch.replaced:
+            watch.replaced.append(f"{name} ({type(module).__name__}.{attribute})")
 
 
 class FlatParams:

@@ -112,3 +112,44 @@ def test_a_model_loaded_in_place_after_building_is_gossiped_as_before():
 
     for params in LocalCluster(topologies.ring(2), timeout=30).run(peer):
         assert all(torch.equal(p, torch.full_like(p, 0.5)) for p in params)
+
+
+def test_an_algorithm_collected_during_a_parameter_registration_breaks_nothing():
+    """The watch's hook is torch's global parameter-registration hook. It was registered per
+    algorithm and removed when the algorithm was collected: a garbage collection inside a
+    parameter's registration (any allocation can start one) removed a hook from the dict torch was
+    looping over, and the registration failed with "OrderedDict mutated during iteration" (seen in
+    a suite run, in a module construction unrelated to the algorithm). Forced here: algorithms kept
+    alive by a reference cycle only, collected by a hook that runs gc during a registration while
+    later hooks are still to come. Registration still works, and the live algorithms still notice
+    their own replaced parameter."""
+    import gc
+
+    from torch.nn.modules.module import register_module_parameter_registration_hook
+
+    with torch.random.fork_rng():  # layers drawn here, not by peers at once from the global RNG
+        models = [torch.nn.Linear(3, 2) for _ in range(4)]
+        layer = torch.nn.Linear(4, 4)
+
+    def doomed(comm):
+        algorithm = ExactGossip(models[2 + comm.rank].parameters(), comm)
+        algorithm.cycle = algorithm  # freed by the collector only
+
+    def kept(comm):
+        return ExactGossip(models[comm.rank].parameters(), comm)
+
+    def collect(*_):  # a hook's return value other than None replaces the parameter
+        gc.collect()
+
+    LocalCluster(topologies.ring(2), timeout=30).run(doomed)
+    handle = register_module_parameter_registration_hook(collect)
+    try:
+        algorithms = LocalCluster(topologies.ring(2), timeout=30).run(kept)
+        layer.weight = torch.nn.Parameter(torch.zeros(4, 4))  # unrelated: nothing to note
+        models[0].weight = torch.nn.Parameter(torch.zeros(2, 3))
+    finally:
+        handle.remove()
+    assert torch.equal(layer.weight, torch.zeros(4, 4))
+    with pytest.raises(ValueError, match=r"parameter param\[0\] \(Linear.weight\) was replaced"):
+        algorithms[0]._replaced.check("ExactGossip")
+    algorithms[1]._replaced.check("ExactGossip")  # peer 1's model kept its tensors
