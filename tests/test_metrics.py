@@ -54,6 +54,12 @@ def test_equal_models_are_at_distance_zero_exactly():
     assert LocalCluster(topologies.ring(3), cooperative=False).run(peer) == [0.0] * 3
 
 
+def test_mean_active_degree_of_a_static_ring_and_star_is_their_mean_degree():
+    """Whatever the steps: a ring's 2, a star's 2 (n - 1) / n (4 + 4 x 1 over 5 peers)."""
+    assert mean_active_degree(topologies.ring(5), 7) == 2
+    assert mean_active_degree(topologies.parse("star:5"), 7) == pytest.approx(8 / 5, rel=1e-15)
+
+
 def test_mean_active_degree_counts_each_steps_graph():
     assert mean_active_degree(topologies.parse("one_peer_exponential:16"), 10) == 1.0
     assert mean_active_degree(topologies.parse("ring:8"), 10) == 2.0

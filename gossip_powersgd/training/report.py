@@ -25,8 +25,6 @@ from .evaluation import model_digest
 from .features import summary_rows
 
 if TYPE_CHECKING:
-    from topologies import Topology
-
     from ..comm.base import Comm
     from .config import TrainConfig
     from .hooks import TrainingHooks
@@ -35,11 +33,6 @@ if TYPE_CHECKING:
 
 
 # ---- the summary -----------------------------------------------------------------------------------
-
-
-def mean_degree(topology: Topology) -> float:
-    """The mean number of neighbours of a peer."""
-    return sum(len(topology.neighbors(i)) for i in range(topology.size)) / topology.size
 
 
 def run_summary(

@@ -8,15 +8,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import torch
 
-import topologies
 from gossip_powersgd.training.data import clear_dataset_cache
 from gossip_powersgd.training.report import (
     format_peer_report,
     format_summary,
-    mean_degree,
     peer_report,
 )
 
@@ -60,11 +57,6 @@ def test_a_peer_table_shows_figures_a_feature_adds_under_their_key():
         "DP ε at δ (the run's accountant)": "∞ (no noise)",
         "my_figure": "3.5",
     }
-
-
-def test_mean_degree_of_a_ring_and_a_star():
-    assert mean_degree(topologies.ring(5)) == 2
-    assert mean_degree(topologies.parse("star:5")) == pytest.approx(2 * 4 / 5, rel=1e-15)
 
 
 def _summary(**changes):
