@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from gossip_powersgd.runner import RunResult
 
 __all__ = [
+    "ABSENT_NOTE",
     "TUNING_NOTE",
     "NETWORK_NOTE",
     "dp_measurements",
@@ -36,6 +37,7 @@ __all__ = [
     "eval_text",
     "json_number",
     "from_json_number",
+    "peers_named",
     "peer_epsilons",
 ]
 
@@ -55,6 +57,20 @@ NETWORK_NOTE = (
 )
 
 
+#: The summary's ``dp_peers_absent`` field: whose figures the per-peer lists hold as null.
+ABSENT_NOTE = (
+    "not members at the end of the run (on_peer_loss: continue), so not in the summary's "
+    "gathers: {}; null in every per-peer list (each one's figures are in its own "
+    "peers/rank-K.json)"
+)
+
+
+def peers_named(ids) -> str:
+    """ "peer 3" or "peers 1, 3"."""
+    ids = [str(k) for k in ids]
+    return ("peer " if len(ids) == 1 else "peers ") + ", ".join(ids)
+
+
 def json_number(value: float):
     """``value``, or the string "inf" (JSON has no infinity; sigma = 0 spends an infinite epsilon)."""
     return value if math.isfinite(value) else "inf"
@@ -66,8 +82,11 @@ def from_json_number(value) -> float:
 
 
 def _span(values) -> str:
-    numbers = [from_json_number(v) for v in values]
-    return f"[{min(numbers):.4g}, {max(numbers):.4g}]"
+    """[min, max] of the peers' figures; the peers absent from the summary (null) named apart."""
+    numbers = [from_json_number(v) for v in values if v is not None]
+    absent = [k for k, v in enumerate(values) if v is None]
+    span = f"[{min(numbers):.4g}, {max(numbers):.4g}]" if numbers else "none"
+    return span + (f" (without {peers_named(absent)}: not members at the end)" if absent else "")
 
 
 def dp_summary_rows(summary: Dict[str, Any]) -> List[tuple]:
@@ -134,8 +153,10 @@ def eval_text(record: Dict[str, Any]) -> str:
 def peer_epsilons(summary: Dict[str, Any]) -> List[float]:
     """Every peer's epsilon in a run's summary (there with ``release_peer_statistics``; inf for
     sigma = 0), or [inf] where it holds none (no DP, or the figures kept private: no guarantee
-    to report)."""
-    return [from_json_number(e) for e in summary.get("epsilon", [math.inf])]
+    to report); inf too for a peer the summary holds none for (null: not a member at the end)."""
+    return [
+        math.inf if e is None else from_json_number(e) for e in summary.get("epsilon", [math.inf])
+    ]
 
 
 def dp_measurements(result: "RunResult") -> Dict[str, Any]:
@@ -149,7 +170,7 @@ def dp_measurements(result: "RunResult") -> Dict[str, Any]:
     epsilons = peer_epsilons(summary)
     three = [e["test_acc_avg_model"] for e in evals if round(4 * e["epoch"] / epochs) == 3]
     history = [(e["epoch"], e.get("consensus_distance")) for e in evals]
-    rates = summary.get("sample_rate", [math.nan])
+    rates = [q for q in summary.get("sample_rate", [math.nan]) if q is not None] or [math.nan]
     return dict(
         acc_3q=three[-1] if three else None,
         consensus_history=[(e, c) for e, c in history if c is not None],

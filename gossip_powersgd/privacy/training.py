@@ -63,12 +63,14 @@ from gossip_powersgd.privacy.dp_config import (
     validate_privacy_config,
 )
 from gossip_powersgd.privacy.dp_report import (
+    ABSENT_NOTE,
     NETWORK_NOTE,
     TUNING_NOTE,
     dp_summary_rows,
     eval_text,
     from_json_number,
     json_number,
+    peers_named,
 )
 from gossip_powersgd.privacy.dpsgd import DPSGD, dp_enabled, validate_model
 from gossip_powersgd.privacy.releases import ReleaseRecord, count_earlier
@@ -121,6 +123,17 @@ def _gather_floats(comm: Comm, value: float) -> List[float]:
     values[comm.rank] = float(value)
     comm.allreduce_(values, op="sum", metric=True)
     return [float(v) for v in values]
+
+
+def _gather_members(comm: Comm, value: float) -> List[Optional[float]]:
+    """Every peer's ``value`` in rank order, None for a peer that takes no part in the collective
+    (under ``on_peer_loss: continue``, one that is not a member at the end: its figures are in its
+    own file only; a zero in its place would read as epsilon 0). One metric all-reduce."""
+    values = torch.zeros(2 * comm.size, dtype=torch.float64)
+    values[comm.rank], values[comm.size + comm.rank] = float(value), 1.0
+    comm.allreduce_(values, op="sum", metric=True)
+    present = values[comm.size :].tolist()
+    return [float(v) if present[k] else None for k, v in enumerate(values[: comm.size].tolist())]
 
 
 class DifferentialPrivacy(TrainingHooks):
@@ -349,7 +362,8 @@ class DifferentialPrivacy(TrainingHooks):
         Public figures only: delta (from the config or the public total size), sigma (from
         public quantities), C, the accountant, the adjacency, where the randomness comes from,
         what the budget leaves out (tuning). Every peer's epsilons and sampling rate only with
-        ``release_peer_statistics``."""
+        ``release_peer_statistics``: null for a peer that is not a member at the end (churn; its
+        own file has them), which ``dp_peers_absent`` names."""
         kind = self.dp.randomness.kind
         fields = {
             "delta": self.delta,
@@ -375,8 +389,13 @@ class DifferentialPrivacy(TrainingHooks):
             return fields
         keys = ("epsilon", "epsilon_add_remove", "epsilon_pld")
         for key in (*keys, "sample_rate"):
-            values = _gather_floats(self.comm, from_json_number(mine[key]))
-            fields[key] = values if key == "sample_rate" else [json_number(v) for v in values]
+            values = _gather_members(self.comm, from_json_number(mine[key]))
+            fields[key] = [
+                v if v is None or key == "sample_rate" else json_number(v) for v in values
+            ]
+        absent = [k for k, v in enumerate(fields["sample_rate"]) if v is None]
+        if absent:
+            fields["dp_peers_absent"] = ABSENT_NOTE.format(peers_named(absent))
         fields["epsilon_labels"] = {
             "epsilon": mine["epsilon_label"],
             "epsilon_add_remove": mine["epsilon_add_remove_label"],

@@ -142,10 +142,13 @@ def _released_statistics(comm: Comm, histogram, private: bool) -> Dict[str, Any]
                 "training loss are in its own peers/rank-K.json"
             )
         }
-    hist = torch.zeros(comm.size, len(histogram), dtype=torch.float64)
-    hist[comm.rank] = torch.tensor(histogram, dtype=torch.float64)
+    # The last column says who took part: under on_peer_loss: continue a peer that is not a
+    # member at the end does not, and its row is null (its own file has it), not zeros.
+    hist = torch.zeros(comm.size, len(histogram) + 1, dtype=torch.float64)
+    hist[comm.rank] = torch.tensor([*histogram, 1.0], dtype=torch.float64)
     comm.allreduce_(hist, op="sum", metric=True)
-    return {"label_histogram": [[int(v) for v in row] for row in hist.tolist()]}
+    rows = [[int(v) for v in row[:-1]] if row[-1] else None for row in hist.tolist()]
+    return {"label_histogram": rows}
 
 
 def _traffic_and_time(comm: Comm, timers) -> Tuple[torch.Tensor, float]:
@@ -261,18 +264,27 @@ def _table_lines(rows: Sequence[Tuple[str, str]], markdown: bool) -> List[str]:
     return [f"{k.ljust(width)}  {v}" for k, v in rows]
 
 
-def _histogram_lines(hist: List[List[int]], markdown: bool) -> List[str]:
-    """Every peer's label histogram, as a markdown section or as aligned text."""
+_ABSENT_ROW = "not a member at the end: in its own peers/rank-K.json"
+
+
+def _histogram_lines(hist: List[Optional[List[int]]], markdown: bool) -> List[str]:
+    """Every peer's label histogram, as a markdown section or as aligned text (a null row: a
+    peer that was not a member at the end, `_released_statistics`)."""
+    classes = len(next(row for row in hist if row is not None))
     if markdown:
         return [
             "",
             "## Label histogram per peer",
             "",
-            "| peer | " + " | ".join(str(c) for c in range(len(hist[0]))) + " |",
-            "|---" * (len(hist[0]) + 1) + "|",
-        ] + [f"| {k} | " + " | ".join(map(str, row)) + " |" for k, row in enumerate(hist)]
-    return ["label histogram per peer (classes 0..{}):".format(len(hist[0]) - 1)] + [
-        f"  peer {k:>3}: {' '.join(f'{v:>4}' for v in row)}" for k, row in enumerate(hist)
+            "| peer | " + " | ".join(str(c) for c in range(classes)) + " |",
+            "|---" * (classes + 1) + "|",
+        ] + [
+            f"| {k} | " + (_ABSENT_ROW if row is None else " | ".join(map(str, row))) + " |"
+            for k, row in enumerate(hist)
+        ]
+    return [f"label histogram per peer (classes 0..{classes - 1}):"] + [
+        f"  peer {k:>3}: " + (_ABSENT_ROW if row is None else " ".join(f"{v:>4}" for v in row))
+        for k, row in enumerate(hist)
     ]
 
 
@@ -282,7 +294,7 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
     rows += summary_rows(summary)  # each feature's (differential privacy, observers, ...)
     hist = summary.get("label_histogram")
     # a language model has a target per token: its histogram would be vocabulary-wide (empty rows)
-    if hist is not None and not any(hist):
+    if hist is not None and not any(row for row in hist if row):
         rows.append(("label histogram", "none (a language model's targets are tokens)"))
         hist = None
     elif hist is None:  # private peer statistics: nothing of any peer's own data to show

@@ -14,6 +14,7 @@ from gossip_powersgd.privacy.dp_report import (
     eval_text,
     from_json_number,
     json_number,
+    peer_epsilons,
 )
 
 PUBLIC = {
@@ -44,6 +45,24 @@ def test_private_epsilons_are_reported_as_private_with_the_public_figures():
     assert rows[f"ε ({LOCAL_BOUND}, add/remove), sampling rate"] == "private: each peer's own file"
     assert rows["DP hyper-parameter tuning"] == TUNING_NOTE
     assert not any(key.startswith("DP sampling rate") for key in rows)
+
+
+def test_a_peer_absent_from_the_released_figures_is_named_and_never_read_as_zero():
+    """A null entry (a peer not a member at the end, `DifferentialPrivacy.summary_fields`) was
+    not expected: the span read it (TypeError); now it is left out and named, and the worst
+    epsilon counts it as unknown (inf)."""
+    label = "ε (local DP-SGD, add/remove; Opacus RDP)"
+    summary = {
+        **PUBLIC,
+        "sample_rate": [0.02, None, 0.05],
+        "epsilon": [3.0, None, 1.5],
+        "epsilon_labels": {"epsilon": label},
+    }
+    rows = dict(dp_summary_rows(summary))
+    absent = " (without peer 1: not members at the end)"
+    assert rows["DP sampling rate q [min, max]"] == "[0.02, 0.05]" + absent
+    assert rows[f"{label} at δ [min, max]"] == "[1.5, 3]" + absent
+    assert peer_epsilons(summary) == [3.0, math.inf, 1.5]
 
 
 def test_released_epsilons_are_spans_under_their_labels_and_inf_is_the_largest():

@@ -223,6 +223,26 @@ def test_a_private_peer_counts_only_the_steps_it_trained(tmp_path):
     assert results[0]["membership_changes"] == 3
 
 
+def test_released_peer_figures_leave_a_peer_away_at_the_end_null_not_zero(tmp_path):
+    """With release_peer_statistics the summary gathers every peer's epsilon, rate and label
+    histogram over the members at the end; peer 3 (away from step 20, epsilon > 0 in its own
+    file) was listed with epsilon 0, rate 0 and an empty histogram. Now null, and named."""
+    out = tmp_path / "dp"
+    config = config_for(out, dp_noise_multiplier=1.0, dp_max_grad_norm=1.0, momentum=0.0)
+    run(config.replace(release_peer_statistics=True))
+    summary = json.loads((out / "summary.json").read_text())
+    peers = [json.loads((out / "peers" / f"rank-{k}.json").read_text()) for k in range(4)]
+    assert peers[3]["epsilon"] > 0 and peers[3]["steps"] == 20
+    for key in ("epsilon", "epsilon_add_remove", "epsilon_pld", "sample_rate"):
+        assert summary[key] == [p[key] for p in peers[:3]] + [None], key
+    assert summary["label_histogram"][:3] == [p["label_histogram"] for p in peers[:3]]
+    assert summary["label_histogram"][3] is None
+    assert "peer 3" in summary["dp_peers_absent"]
+    table = (out / "summary.md").read_text()
+    assert "(without peer 3: not members at the end)" in table
+    assert "| 3 | not a member at the end" in table
+
+
 #: (topology, churn, {member at the end: models exact gossip sends it over the 52 rounds}), from
 #: the schedule's timeline (tiny.yaml: 52 steps, a gossip round after each). complete:4 minus peer
 #: 3 from step 20: 20 rounds to 3 neighbours, then 32 to the 2 others, for each of 0, 1, 2. CHURN
