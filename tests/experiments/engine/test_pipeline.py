@@ -99,3 +99,19 @@ def test_merge_joins_sweeps_and_refuses_a_run_in_two_files(tmp_path, capsys):
     code, err = _cli(["engine-test", "--merge", str(a), str(b), "--out", str(tmp_path)], capsys)
     assert code == 1 and len(err) == 1
     assert f"run 'k3' is in {a}:2 and in {b}:2: keep it in one of them" in err[0]
+
+
+def test_render_only_refuses_rows_of_no_planned_run_and_keeps_the_page(tmp_path, capsys):
+    """Rows whose keys are all outside the plan (renamed runs, another page's rows) left the
+    renderer no row: a page of nothing replaced the one there with exit 0 (a real page's renderer
+    failed with a traceback instead). Refused now, naming the command that makes the plan's rows;
+    the page there is kept."""
+    _stored(tmp_path, [_line("k0", 0, quick=True)])
+    render(PAGE, tmp_path)
+    page = (tmp_path / "engine-test.md").read_text()
+    (tmp_path / "engine-test.jsonl").write_text(_line("k0", 0, quick=True).replace('"k0"', '"x0"'))
+    code, err = _cli(["engine-test", "--render-only", "--out", str(tmp_path)], capsys)
+    assert code == 1 and len(err) == 1
+    assert "has none of the plan's 3 run(s), only rows of runs not in it" in err[0]
+    assert f"`python -m experiments engine-test --quick --out {tmp_path}`" in err[0]
+    assert (tmp_path / "engine-test.md").read_text() == page
