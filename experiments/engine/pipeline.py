@@ -165,14 +165,12 @@ def render(page: Page, out: Path) -> List[Path]:
 
 def merge(page: Page, out: Path, sources: Sequence[Path]) -> List[Path]:
     """Join the rows of `sources` (and OUT/PAGE.jsonl's, if any) into OUT/PAGE.jsonl, then draw
-    the page. A run in two files is refused (keep it in one)."""
+    the page. A run in two files is refused (keep it in one); a file named twice (OUT/PAGE.jsonl
+    among `sources` too) is read once."""
     store = rows_file(page, out)
     with store.locked():
         joined: Dict[str, Record] = {}
-        files = ([store.path] if store.path.exists() else []) + [Path(s) for s in sources]
-        for path in files:
-            if not path.is_file():
-                raise ValueError(f"--merge {path}: no such rows file")
+        for path in _merged_files(page, store.path, sources):
             for key, record in RowFile(path).read().items():
                 if key in joined:
                     raise ValueError(
@@ -185,6 +183,21 @@ def merge(page: Page, out: Path, sources: Sequence[Path]) -> List[Path]:
         store.write(list(joined.values()))
         _store_in_plan_order(store, joined, runs)
     return render(page, out)
+
+
+def _merged_files(page: Page, store: Path, sources: Sequence[Path]) -> List[Path]:
+    """OUT/PAGE.jsonl (if it exists) and `sources`, each file once."""
+    files: List[Path] = []
+    for path in ([store] if store.exists() else []) + [Path(s) for s in sources]:
+        if path.is_dir():
+            raise ValueError(
+                f"--merge {path} is a folder: give its rows file ({path / page.name}.jsonl)"
+            )
+        if not path.is_file():
+            raise ValueError(f"--merge {path}: no such rows file")
+        if path.resolve() not in {f.resolve() for f in files}:
+            files.append(path)
+    return files
 
 
 def sweep_command(name: str, out: Path, quick: bool = False) -> str:

@@ -115,3 +115,21 @@ def test_render_only_refuses_rows_of_no_planned_run_and_keeps_the_page(tmp_path,
     assert "has none of the plan's 3 run(s), only rows of runs not in it" in err[0]
     assert f"`python -m experiments engine-test --quick --out {tmp_path}`" in err[0]
     assert (tmp_path / "engine-test.md").read_text() == page
+
+
+def test_merge_into_the_folder_of_one_of_its_sources_reads_that_file_once(tmp_path, capsys):
+    """`--merge a/PAGE.jsonl b/PAGE.jsonl --out a` (join b's rows into a's) was refused: a's file
+    was read as --out's rows and again as a source, every run of it "in a/PAGE.jsonl:1 and in
+    a/PAGE.jsonl:1". A folder given for a rows file is named as such."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    (a / "engine-test.jsonl").write_text(_line("k0", 0) + _line("k3", 3))
+    (b / "engine-test.jsonl").write_text(_line("k1", 1))
+    argv = ["engine-test", "--merge", str(a / "engine-test.jsonl"), str(b / "engine-test.jsonl")]
+    assert _cli(argv + [str(a / "engine-test.jsonl"), "--out", str(a)], capsys) == (0, [])
+    assert _keys(a / "engine-test.jsonl") == ["k0", "k1", "k3"]
+    code, err = _cli(["engine-test", "--merge", str(b), "--out", str(a)], capsys)
+    assert (code, err) == (
+        1,
+        [f"error: --merge {b} is a folder: give its rows file ({b}/engine-test.jsonl)"],
+    )
