@@ -28,7 +28,7 @@ from .comm.transports import (  # noqa: F401 (the launcher environment; re-expor
     transport,
 )
 from .errors import AgreementError, CommunicationError, NonFiniteError
-from .utils import one_line, write_stderr_line
+from .utils import one_line, warn, write_stderr_line
 
 if TYPE_CHECKING:
     from topologies import Topology
@@ -100,6 +100,23 @@ def __getattr__(name: str) -> Any:
 
 #: What ``backend: auto`` falls back to when no launcher started this process.
 DEFAULT_BACKEND = "local"
+
+
+def intra_op_threads(requested: int) -> int:
+    """`threads`, at most the CPUs this process may run on (one warning line when clamped: far
+    more threads than CPUs only contend, and 100000 of them crash torch). What gossip-train and
+    `run()` give `torch.set_num_threads`."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cpus = os.cpu_count() or 1
+    if requested <= cpus:
+        return requested
+    warn(
+        f"threads {requested} exceeds the {cpus} CPUs this process may use: using {cpus} "
+        "(torch intra-op threads)"
+    )
+    return cpus
 
 
 def launch_command(backend: str, n: Any = "N", cli: Optional[str] = None) -> str:

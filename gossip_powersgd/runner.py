@@ -207,12 +207,12 @@ def run(
     """
     import torch
 
-    from .launch import run_peers, transport
+    from .launch import intra_op_threads, run_peers, transport
 
     config = load(config)
     topology = _topology(config)
     config = config.replace(peers=topology.size)
-    torch.set_num_threads(config.threads)
+    torch.set_num_threads(intra_op_threads(config.threads))
     device = "cpu"
     if transport(config.backend).uses_device:
         from .training.setup import resolve_device

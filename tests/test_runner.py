@@ -186,3 +186,28 @@ def test_the_runner_module_imports_no_torch_until_run_is_called():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+
+
+def test_threads_beyond_the_cpus_are_clamped_as_gossip_train_clamps_them(monkeypatch):
+    """run() gave `threads` to torch as it was: 100000 (a valid config value) crashed the caller's
+    process (torch cannot start the threads; a segfault here). It is clamped to the CPUs this
+    process may use with gossip-train's warning. torch is asked through a stand-in that refuses
+    more than the CPUs, so the old code fails here instead of crashing the test run."""
+    import os
+
+    from gossip_powersgd.utils import RunWarning
+
+    cpus, real, asked = len(os.sched_getaffinity(0)), torch.set_num_threads, []
+
+    def set_num_threads(n):
+        asked.append(n)
+        assert n <= cpus, f"torch asked for {n} threads on {cpus} CPUs"
+        real(n)
+
+    monkeypatch.setattr(torch, "set_num_threads", set_num_threads)
+    try:
+        with pytest.warns(RunWarning, match=f"threads 100000 exceeds the {cpus} CPUs"):
+            result = run(dict(TINY, threads=100000, epochs=1))
+    finally:
+        real(1)
+    assert cpus in asked and result.config.threads == 100000 and result.acc_avg > 0.8

@@ -144,6 +144,12 @@ def render(page: Page, out: Path) -> List[Path]:
             + (" ..." if len(stale) > 5 else "")
         )
     rows = Rows(page.name, quick, [stored[r.key] for r in runs if r.key in stored], len(runs))
+    if not rows.records:  # a page of nothing would replace the page there (or fail to draw)
+        raise ValueError(
+            f"{store.path} has none of the plan's {len(runs)} run(s), only rows of runs not in it "
+            f"(renamed or from another page?): make the plan's with "
+            f"`{sweep_command(page.name, out, quick)}`"
+        )
     written, errata = [], notes(page.name, ((r.commit, r.finished) for r in rows.records))
     for name, content in page.render(rows).items():
         if name.endswith(".md"):
@@ -159,14 +165,12 @@ def render(page: Page, out: Path) -> List[Path]:
 
 def merge(page: Page, out: Path, sources: Sequence[Path]) -> List[Path]:
     """Join the rows of `sources` (and OUT/PAGE.jsonl's, if any) into OUT/PAGE.jsonl, then draw
-    the page. A run in two files is refused (keep it in one)."""
+    the page. A run in two files is refused (keep it in one); a file named twice (OUT/PAGE.jsonl
+    among `sources` too) is read once."""
     store = rows_file(page, out)
     with store.locked():
         joined: Dict[str, Record] = {}
-        files = ([store.path] if store.path.exists() else []) + [Path(s) for s in sources]
-        for path in files:
-            if not path.is_file():
-                raise ValueError(f"--merge {path}: no such rows file")
+        for path in _merged_files(page, store.path, sources):
             for key, record in RowFile(path).read().items():
                 if key in joined:
                     raise ValueError(
@@ -181,16 +185,31 @@ def merge(page: Page, out: Path, sources: Sequence[Path]) -> List[Path]:
     return render(page, out)
 
 
-def sweep_command(name: str, out: Path) -> str:
+def _merged_files(page: Page, store: Path, sources: Sequence[Path]) -> List[Path]:
+    """OUT/PAGE.jsonl (if it exists) and `sources`, each file once."""
+    files: List[Path] = []
+    for path in ([store] if store.exists() else []) + [Path(s) for s in sources]:
+        if path.is_dir():
+            raise ValueError(
+                f"--merge {path} is a folder: give its rows file ({path / page.name}.jsonl)"
+            )
+        if not path.is_file():
+            raise ValueError(f"--merge {path}: no such rows file")
+        if path.resolve() not in {f.resolve() for f in files}:
+            files.append(path)
+    return files
+
+
+def sweep_command(name: str, out: Path, quick: bool = False) -> str:
     """The command that makes page `name`'s rows in `out`: --quick where `out` is the quick
-    sweeps' default folder (a bare command would make full rows elsewhere), --out where `out` is
-    no default folder."""
+    sweeps' default folder (a bare command would make full rows elsewhere) or `quick` (the rows
+    there are --quick ones), --out where `out` is no default folder."""
     where = Path(out).resolve()
     if where == _default_out(False):
         return f"python -m experiments {name}"
     if where == _default_out(True):
         return f"python -m experiments {name} --quick"
-    return f"python -m experiments {name} --out {out}"
+    return f"python -m experiments {name}{' --quick' if quick else ''} --out {out}"
 
 
 def _default_out(quick: bool) -> Path:

@@ -99,8 +99,15 @@ class RowFile:
         """{key: record} in file order; {} when the file does not exist."""
         if not self.path.exists():
             return {}
+        try:
+            lines = self.path.read_text(encoding="utf-8").split("\n")
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"{self.path} is not UTF-8 text (byte {exc.start}): not a rows file; give "
+                "another, or delete it to make its rows again"
+            ) from None
         out: Dict[str, Record] = {}
-        for number, text in enumerate(self.path.read_text(encoding="utf-8").split("\n"), 1):
+        for number, text in enumerate(lines, 1):
             if not text.strip():
                 continue
             record = Record.parse(text, f"{self.path}:{number}")

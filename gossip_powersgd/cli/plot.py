@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from gossip_powersgd.cli import program_name
-from gossip_powersgd.utils import atomic_write
+from gossip_powersgd.utils import atomic_write, check_writable_dir
 
 #: The module `python -m` runs this program as; a checkout's `experiments.plot` passes its own.
 MODULE = "gossip_powersgd.cli.plot"
@@ -40,24 +40,38 @@ def read_run(run_dir) -> Dict[str, object]:
     metrics = run_dir / "metrics" / "rank-0.jsonl"
     if not metrics.is_file():
         raise ValueError(f"{run_dir} is not a run directory: {metrics} is missing")
+    try:
+        text = metrics.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{metrics} is not UTF-8 text (byte {exc.start}): not gossip-train's metrics"
+        ) from None
     records = []
-    for number, line in enumerate(metrics.read_text().splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except ValueError:
             raise ValueError(f"{metrics}:{number}: not valid JSON") from None
-    algorithm = None
-    config = run_dir / "config.yaml"
-    if config.is_file():
-        import yaml
+        if not isinstance(record, dict):
+            raise ValueError(
+                f"{metrics}:{number}: a {type(record).__name__}, not a record (gossip-train "
+                "writes one JSON object a line): delete or fix that line"
+            )
+        records.append(record)
+    return {"dir": run_dir, "algorithm": _algorithm(run_dir) or run_dir.name, "records": records}
 
-        try:
-            algorithm = (yaml.safe_load(config.read_text()) or {}).get("algorithm")
-        except yaml.YAMLError:
-            algorithm = None
-    return {"dir": run_dir, "algorithm": algorithm or run_dir.name, "records": records}
+
+def _algorithm(run_dir: Path) -> Optional[str]:
+    """The algorithm of the run's config.yaml; None where it has none or cannot be read as one."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return config.get("algorithm") if isinstance(config, dict) else None
 
 
 def _labels(runs: List[Dict[str, object]]) -> List[str]:
@@ -94,7 +108,7 @@ def plot_runs(run_dirs, out_dir=None) -> List[Path]:
     if not runs:
         raise ValueError("give at least one run directory")
     out = Path(out_dir) if out_dir is not None else default_out([run["dir"] for run in runs])
-    out.mkdir(parents=True, exist_ok=True)
+    check_writable_dir(out, "give another --out")
     written = []
     for name, data in figures(runs).items():
         atomic_write(out / name, data)

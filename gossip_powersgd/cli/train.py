@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from gossip_powersgd.cli import program_name
 from gossip_powersgd.launch import (
+    intra_op_threads,
     launched_by_mpiexec,
     launched_rank,
     main_guard,
@@ -331,25 +332,6 @@ def check_rejoin(peer: int, config, size: int, resume: bool) -> None:
             "--rejoin with DP-SGD is not supported in this version (a rejoining peer's accountant "
             "must come from its own last state): restart the whole run with --resume"
         )
-
-
-def intra_op_threads(requested: int) -> int:
-    """`threads`, at most the CPUs this process may run on (one warning line when clamped: far
-    more threads than CPUs only contend, and 100000 of them crash torch)."""
-
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        cpus = os.cpu_count() or 1
-    if requested <= cpus:
-        return requested
-    from gossip_powersgd.utils import warn
-
-    warn(
-        f"threads {requested} exceeds the {cpus} CPUs this process may use: using {cpus} "
-        "(torch intra-op threads)"
-    )
-    return cpus
 
 
 def _topology(config, module: str):

@@ -122,7 +122,8 @@ class _CoreConfig:
     comm_timeout: float = 120.0
     #: No progress bar and no per-evaluation lines (the final summary is still printed).
     quiet: bool = False
-    #: Torch intra-op threads per process (1 keeps runs bit-reproducible across backends).
+    #: Torch intra-op threads per process (1 keeps runs bit-reproducible across backends); more
+    #: than the CPUs this process may use are cut to them, with a warning.
     threads: int = 1
     #: Device of the models: cpu | cuda | cuda:K | auto (cuda:rank%count when a GPU is present).
     device: str = "cpu"

@@ -2,6 +2,7 @@
 from a clean clone: tests/project/test_clean_tree.py)."""
 
 import json
+import re
 
 import pytest
 
@@ -93,3 +94,30 @@ def test_plot_writes_each_figure_and_says_where_several_runs_go(tmp_path, capsys
     assert sorted(p.name for p in out.iterdir()) == sorted(FIGURES)  # no temporary left
     with pytest.raises(ValueError, match="give at least one run directory"):
         plot_runs([])
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("metrics", r"rank-0\.jsonl:4: a list, not a record \(gossip-train writes one JSON object"),
+        ("utf8", r"rank-0\.jsonl is not UTF-8 text \(byte \d+\): not gossip-train's metrics$"),
+        ("out", r"cannot write to .*figures: it exists and is not a directory; give another --out"),
+    ],
+)
+def test_a_damaged_run_or_an_out_that_is_a_file_is_one_line(tmp_path, capsys, damage, message):
+    """A metrics line that is JSON but not an object, a config.yaml that is not a mapping (its
+    algorithm then: the folder's name) and --out naming a file stopped gossip-plot with a
+    traceback and 'AttributeError: 'list' object has no attribute 'get'' (or a bare '[Errno 17]
+    File exists'); a metrics file that is not UTF-8 with Python's text, naming no file."""
+    run_dir = make_run(tmp_path / "a")
+    (tmp_path / "figures").write_text("a file")
+    with (run_dir / "metrics" / "rank-0.jsonl").open("ab") as f:
+        f.write({"metrics": b"[1, 2]\n", "utf8": b"\xff\n", "out": b""}[damage])
+    (run_dir / "config.yaml").write_text("- a list\n")
+    if damage == "out":  # the run itself reads, its algorithm the folder's name
+        assert read_run(run_dir)["algorithm"] == "a"
+    with pytest.raises(SystemExit) as stop:
+        plot.main([str(run_dir), "--out", str(tmp_path / "figures")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 1 and len(err) == 1, err
+    assert err[0].startswith("error: ") and re.search(message, err[0])

@@ -99,3 +99,37 @@ def test_merge_joins_sweeps_and_refuses_a_run_in_two_files(tmp_path, capsys):
     code, err = _cli(["engine-test", "--merge", str(a), str(b), "--out", str(tmp_path)], capsys)
     assert code == 1 and len(err) == 1
     assert f"run 'k3' is in {a}:2 and in {b}:2: keep it in one of them" in err[0]
+
+
+def test_render_only_refuses_rows_of_no_planned_run_and_keeps_the_page(tmp_path, capsys):
+    """Rows whose keys are all outside the plan (renamed runs, another page's rows) left the
+    renderer no row: a page of nothing replaced the one there with exit 0 (a real page's renderer
+    failed with a traceback instead). Refused now, naming the command that makes the plan's rows;
+    the page there is kept."""
+    _stored(tmp_path, [_line("k0", 0, quick=True)])
+    render(PAGE, tmp_path)
+    page = (tmp_path / "engine-test.md").read_text()
+    (tmp_path / "engine-test.jsonl").write_text(_line("k0", 0, quick=True).replace('"k0"', '"x0"'))
+    code, err = _cli(["engine-test", "--render-only", "--out", str(tmp_path)], capsys)
+    assert code == 1 and len(err) == 1
+    assert "has none of the plan's 3 run(s), only rows of runs not in it" in err[0]
+    assert f"`python -m experiments engine-test --quick --out {tmp_path}`" in err[0]
+    assert (tmp_path / "engine-test.md").read_text() == page
+
+
+def test_merge_into_the_folder_of_one_of_its_sources_reads_that_file_once(tmp_path, capsys):
+    """`--merge a/PAGE.jsonl b/PAGE.jsonl --out a` (join b's rows into a's) was refused: a's file
+    was read as --out's rows and again as a source, every run of it "in a/PAGE.jsonl:1 and in
+    a/PAGE.jsonl:1". A folder given for a rows file is named as such."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    (a / "engine-test.jsonl").write_text(_line("k0", 0) + _line("k3", 3))
+    (b / "engine-test.jsonl").write_text(_line("k1", 1))
+    argv = ["engine-test", "--merge", str(a / "engine-test.jsonl"), str(b / "engine-test.jsonl")]
+    assert _cli(argv + [str(a / "engine-test.jsonl"), "--out", str(a)], capsys) == (0, [])
+    assert _keys(a / "engine-test.jsonl") == ["k0", "k1", "k3"]
+    code, err = _cli(["engine-test", "--merge", str(b), "--out", str(a)], capsys)
+    assert (code, err) == (
+        1,
+        [f"error: --merge {b} is a folder: give its rows file ({b}/engine-test.jsonl)"],
+    )

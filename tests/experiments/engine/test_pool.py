@@ -91,3 +91,18 @@ def test_the_pool_runs_in_order_in_process_and_raises_a_task_error():
         run_pool(__import__("math").sqrt, [(4.0,), (-1.0,), (9.0,)], 2)
     with pytest.raises(ValueError, match="jobs must be a whole number from 1"):
         run_pool(pow, [(2, 3)], 0)
+
+
+def test_an_interrupted_pool_kills_its_workers_instead_of_waiting_for_their_runs():
+    """Ctrl-C arrives here (`done` raising KeyboardInterrupt stands for it) while two workers run
+    20-second tasks: the pool ends at once with the interrupt. Before, it waited for the running
+    tasks and the one queued behind them (40 s here), then dropped their results."""
+    started = time.monotonic()
+
+    def done(index, result):
+        raise KeyboardInterrupt
+
+    tasks = [(0.0,), (20.0,), (20.0,), (20.0,)]
+    with pytest.raises(KeyboardInterrupt):
+        run_pool(time.sleep, tasks, 2, costs=[9.0, 1.0, 1.0, 1.0], done=done)
+    assert time.monotonic() - started < 15  # worker start-up on a loaded machine, not 20 s of task

@@ -25,3 +25,14 @@ def test_a_corrupt_partial_or_repeated_row_is_refused_in_one_line(tmp_path, caps
         assert code == 1 and len(err) == 1, err
         assert err[0].startswith(f"error: {path}{message}"), err
     assert path.read_text().startswith(_line("k0", 0))  # nothing rewritten
+
+
+def test_a_rows_file_that_is_not_utf8_is_refused_naming_it(tmp_path, capsys):
+    """Before: "error: 'utf-8' codec can't decode byte 0xff in position ...", naming no file."""
+    path = _stored(tmp_path, [_line("k0", 0)])
+    path.write_bytes(path.read_bytes() + b"\xff\n")
+    for argv in (["--render-only"], []):
+        code, err = _cli(["engine-test", *argv, "--out", str(tmp_path)], capsys)
+        assert code == 1 and len(err) == 1, err
+        assert err[0].startswith(f"error: {path} is not UTF-8 text (byte "), err
+    assert path.read_bytes().endswith(b"\xff\n")  # nothing rewritten
