@@ -44,12 +44,30 @@ def _strong_components(n: int, edges) -> int:
     return nx.number_strongly_connected_components(g)
 
 
+def cycle_period(support: np.ndarray) -> int:
+    """The period of the strongly connected graph with boolean ``support`` (support[i, j]: an edge
+    j → i, a self-loop where support[i, i]): the gcd of the lengths of its cycles, 1 when it is
+    aperiodic. From breadth-first levels: the gcd over every edge u → v of level(u) + 1 − level(v).
+    """
+    n = support.shape[0]
+    level = np.full(n, -1, dtype=np.int64)
+    level[0], frontier, depth = 0, np.array([0]), 0
+    while frontier.size:
+        depth += 1
+        frontier = np.flatnonzero(support[:, frontier].any(axis=1) & (level < 0))
+        level[frontier] = depth
+    dst, src = np.nonzero(support)
+    return int(np.gcd.reduce(np.abs(level[src] + 1 - level[dst])))
+
+
 def validate_column_stochastic(p, *, require_connected: bool = True) -> np.ndarray:
     """Check that ``p`` is a valid push-sum matrix and return it as a new float64 array.
 
     Valid means: square n×n with n ≥ 1, finite, every entry ≥ 0, every column summing to 1, and
     (unless ``require_connected=False``, for one step of a schedule) a strongly connected support
-    graph j → i for P[i,j] > 0. Each violation raises a one-line ``ValueError``.
+    graph j → i for P[i,j] > 0 that is aperiodic (its cycles' lengths have gcd 1, as when any peer
+    keeps a share P[i,i] > 0: with a periodic P, say a rotation, the pairs would circulate and
+    never mix). Each violation raises a one-line ``ValueError``.
     """
     try:
         p = np.array(p, dtype=np.float64)
@@ -82,6 +100,13 @@ def validate_column_stochastic(p, *, require_connected: bool = True) -> np.ndarr
             raise ValueError(
                 f"directed graph is not strongly connected: {k} strong components; push-sum "
                 f"cannot reach consensus unless every peer reaches every other, so add edges"
+            )
+        period = cycle_period(p > 0)
+        if period > 1:
+            raise ValueError(
+                f"P is periodic: every cycle of its graph has a length that is a multiple of "
+                f"{period}, so push-sum would pass the values around and never reach consensus; "
+                f"give some peer a positive self weight P[i,i]"
             )
     return p
 

@@ -15,7 +15,7 @@ import re
 
 import numpy as np
 
-from .topology import Topology, check_connected, check_size
+from .topology import MAX_PEERS, Topology, check_connected, check_size
 from .grammar import Spec, parse_spec, spec_error, unknown_name
 from .importers import from_edge_list, from_graph
 from .weights import check_scheme, weight_matrix
@@ -39,6 +39,9 @@ __all__ = [
 
 
 # --- helpers -------------------------------------------------------------------------------------
+
+#: The largest hypercube dimension within MAX_PEERS peers.
+HYPERCUBE_MAX_DIM = MAX_PEERS.bit_length() - 1
 
 
 def _int(value, what: str, minimum: int) -> int:
@@ -141,7 +144,13 @@ def star(n: int, *, weights: str = "metropolis") -> Topology:
 def hypercube(dim: int, *, weights: str = "metropolis") -> Topology:
     """The dim-dimensional hypercube on 2**dim nodes: i ~ i XOR 2**b."""
     dim = _int(dim, "hypercube dimension", 0)
-    n = check_size(1 << dim, f"hypercube:{dim}")  # before the edge list of 2**dim nodes exists
+    # before the edge list of 2**dim nodes exists, and before 2**dim itself for a huge dim
+    if dim > HYPERCUBE_MAX_DIM:
+        raise ValueError(
+            f"hypercube:{dim} has 2^{dim} peers, above the maximum of {MAX_PEERS}; use a "
+            f"dimension of at most {HYPERCUBE_MAX_DIM}"
+        )
+    n = check_size(1 << dim, f"hypercube:{dim}")
     edges = [(i, i ^ (1 << b)) for i in range(n) for b in range(dim)]
     return _from_edges(n, edges, f"hypercube:{dim}", weights)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import numbers
 import operator
 import sys
@@ -25,12 +26,20 @@ MAX_PEERS = 4096
 def check_size(n: int, what: str) -> int:
     """``n`` if it is at most MAX_PEERS, else a one-line ValueError (before anything is allocated)."""
     if n > MAX_PEERS:
-        gigabytes = n * n * 8 / 1e9
         raise ValueError(
             f"{what} has {n} peers, above the maximum of {MAX_PEERS} (W is a dense n×n matrix: "
-            f"{gigabytes:.3g} GB); use at most {MAX_PEERS} peers"
+            f"{_gigabytes(n)} GB); use at most {MAX_PEERS} peers"
         )
     return n
+
+
+def _gigabytes(n: int) -> str:
+    """n² × 8 bytes in GB, written without a float where it has none (n above 10^154 or so)."""
+    try:
+        return f"{n * n * 8 / 1e9:.3g}"
+    except OverflowError:
+        # from the bit length: str() of an int over 4300 digits is refused by Python
+        return f"about 1e{int((2 * n.bit_length() + 3) * math.log10(2)) - 9}"
 
 
 def step_index(t) -> int:

@@ -22,25 +22,37 @@ GRAM_SCHMIDT_MAX_RANK = 4
 ORTHO_EPS = 1e-8
 
 
+def ortho_eps(dtype: torch.dtype) -> float:
+    """The epsilon added to a norm in `dtype`: ORTHO_EPS, or where that rounds to zero (float16,
+    whose smallest positive value is 2^-24) that smallest value, so that a zero vector is still
+    divided by a positive number and stays zero (0 / (0 + 0) would be NaN)."""
+    info = torch.finfo(dtype)
+    return max(ORTHO_EPS, info.tiny * info.eps)  # tiny * eps: the smallest subnormal
+
+
 def orthonormalize_(factor: Tensor) -> Tensor:
     """Orthonormalise, in place, the r vectors of each (r, n) matrix of a (batch, r, n) tensor.
 
     Factors are stored vector-major (the transpose of the usual n x r), because the products with
-    M are then the fast BLAS layouts. Gram-Schmidt dividing by (norm + eps) for small r (a zero
-    vector stays zero, never NaN), QR above.
+    M are then the fast BLAS layouts. Gram-Schmidt dividing by (norm + `ortho_eps`) for small r (a
+    zero vector stays zero, never NaN), QR above (in float32 for a 16-bit factor: torch has no
+    16-bit QR).
     """
     r = factor.shape[-2]
     if r > GRAM_SCHMIDT_MAX_RANK:
-        q, _ = torch.linalg.qr(factor.transpose(-1, -2), mode="reduced")
+        vectors = factor.transpose(-1, -2)
+        wide = vectors.float() if factor.element_size() < 4 else vectors
+        q, _ = torch.linalg.qr(wide, mode="reduced")
         return factor.copy_(q.transpose(-1, -2))
+    eps = ortho_eps(factor.dtype)
     if r == 1:  # the same operations as the loop below, without slicing out the one vector
-        return factor.div_(torch.linalg.vector_norm(factor, dim=-1, keepdim=True).add_(ORTHO_EPS))
+        return factor.div_(torch.linalg.vector_norm(factor, dim=-1, keepdim=True).add_(eps))
     for k in range(r):
         vector = factor[..., k : k + 1, :]
         for previous in range(k):
             basis = factor[..., previous : previous + 1, :]
             vector.sub_(basis * (basis * vector).sum(dim=-1, keepdim=True))
-        vector.div_(torch.linalg.vector_norm(vector, dim=-1, keepdim=True).add_(ORTHO_EPS))
+        vector.div_(torch.linalg.vector_norm(vector, dim=-1, keepdim=True).add_(eps))
     return factor
 
 

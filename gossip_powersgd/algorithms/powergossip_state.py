@@ -22,7 +22,7 @@ import torch
 
 from ..comm.base import Tensor
 from .base import load_tensors_
-from .lowrank import ORTHO_EPS, MatrixStack, matrix_stacks
+from .lowrank import MatrixStack, matrix_stacks, ortho_eps
 
 if TYPE_CHECKING:
     from ..comm.base import Comm
@@ -284,7 +284,7 @@ class EdgeFactors:
             # a number would be converted into one at every call.
             vectors = deg * sum(g.batch for g in groups)
             self.norm_rows = {"right": new(vectors), "left": new(vectors)}
-            self.epsilon = torch.tensor(ORTHO_EPS, dtype=self.dtype, device=self.device)
+            self.epsilon = torch.tensor(ortho_eps(self.dtype), dtype=self.dtype, device=self.device)
         for index, group in enumerate(groups):
             b, rows, cols, r = group.batch, group.rows, group.cols, group.rank
             if self.factor_rows is None:

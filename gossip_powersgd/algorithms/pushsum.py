@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING, Dict, List, Tuple
 
 import torch
 
+from topologies import Topology
+from topologies.topology import EIGEN_ZERO_TOL
+
 from ..comm.base import Tensor
 from .base import FlatParams, GossipAlgorithm, ParamsLike
 from .layout import MessageLayout, Part, unflatten
@@ -79,7 +82,23 @@ class PushSum(GossipAlgorithm):
     def label(cls, options) -> str:
         return "push-sum"
 
+    @classmethod
+    def check_config(cls, kwargs, topology) -> None:
+        """Refuse a static undirected W with the eigenvalue -1 (bipartite, no self weights, e.g.
+        a weighted file ``0 1 0.5`` ... around a ring of 4): push-sum mixes with W itself, a step
+        of 1 where exact gossip takes its gamma, and would swap the two halves for ever. (Built
+        weights keep W[i,i] > 0; a directed P is checked by `validate_column_stochastic`.)"""
+        if isinstance(topology, Topology) and topology.size > 1:
+            lowest = float(topology.eigenvalues[-1])
+            if lowest <= -1.0 + EIGEN_ZERO_TOL:
+                raise ValueError(
+                    f"push-sum mixes with W itself, and W of {topology.name!r} has the eigenvalue "
+                    f"{lowest:.6g}: the models would oscillate and never reach consensus; use "
+                    "algorithm exact (its gamma damps it), or weights that keep some W[i,i] > 0"
+                )
+
     def __init__(self, params: ParamsLike, comm: Comm):
+        self.check_config({}, comm.topology)  # on every rank, before any collective
         super().__init__(params, comm)
         self._flat = FlatParams(self.params)
         numel = self._flat.buffer.numel()

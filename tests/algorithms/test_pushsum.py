@@ -287,6 +287,32 @@ def test_symmetric_algorithms_refuse_a_directed_graph_naming_pushsum(spec):
     assert "\n" not in str(info.value)
 
 
+def test_pushsum_refuses_an_undirected_w_with_eigenvalue_minus_one(tmp_path):
+    """Weights 1/2 around a ring of 4 and nothing kept (W[i,i] = 0): W swaps the two halves of the
+    bipartite ring, and push-sum, which mixes with W itself (no gamma), oscillated for ever; exact
+    gossip's gamma (2/3 here) damps it."""
+    edges = tmp_path / "bipartite.txt"
+    edges.write_text("0 1 0.5\n1 2 0.5\n2 3 0.5\n3 0 0.5\n")
+    config = TrainConfig(topology=f"file:{edges}", algorithm="pushsum")
+    with pytest.raises(ValueError, match="bad value for 'algorithm'.*eigenvalue -1") as info:
+        validate_config(config, deep=False)
+    assert "\n" not in str(info.value)
+
+    def peer(comm, spec):
+        x = [torch.tensor([float(comm.rank)], dtype=torch.float64)]
+        algorithm = make_algorithm(spec, x, comm)
+        for _ in range(60):
+            algorithm.step()
+        return x[0].item()
+
+    topology = topologies.parse(f"file:{edges}")
+    with pytest.raises(ValueError, match="use algorithm exact"):
+        LocalCluster(topology).run(peer, "pushsum")
+    # exact gossip reaches the mean 1.5: contraction 1/3 per step, 60 steps
+    assert all(abs(v - 1.5) < 1e-12 for v in LocalCluster(topology).run(peer, "exact"))
+    validate_config(TrainConfig(topology="ring:4", algorithm="pushsum"), deep=False)
+
+
 def test_bad_schedules_and_step_keys_give_one_line_errors():
     for topology in ["one_peer_exponential:6", "matchings:1", "cyclic:ring:8,ring:4"]:
         with pytest.raises(ValueError, match="bad value for 'topology'") as info:

@@ -10,6 +10,7 @@ import pytest
 
 import topologies
 from topologies import DirectedSchedule, DirectedTopology, Schedule, Topology
+from topologies.directed import cycle_period
 from tests.topologies._support import product
 
 
@@ -68,6 +69,26 @@ def test_bad_directed_graphs_are_one_line_errors(tmp_path):
         DirectedTopology(np.array([[1.5, 0.5], [-0.5, 0.5]]))
     with pytest.raises(ValueError, match="weights are fixed"):
         topologies.parse(f"directed_file:{one_way}", weights="uniform")
+
+
+def test_a_periodic_push_matrix_is_refused_and_one_self_weight_makes_it_aperiodic():
+    """A rotation (every peer hands its whole pair to the next) is column-stochastic and strongly
+    connected, but its pairs circulate for ever: push-sum never reached consensus on it."""
+    rotation = np.roll(np.eye(4), 1, axis=0)  # P[i+1, i] = 1
+    with pytest.raises(ValueError, match="P is periodic.* multiple of 4.*P\\[i,i\\]") as info:
+        DirectedTopology(rotation)
+    assert "\n" not in str(info.value)
+    kept = rotation.copy()
+    kept[:, 0] = 0.0
+    kept[0, 0] = kept[1, 0] = 0.5  # peer 0 keeps half: cycles of lengths 1 and 4, gcd 1
+    assert DirectedTopology(kept).spectral_gap > 0
+    # cycles of lengths 2 and 4 (0 <-> 1, 0 -> 1 -> 2 -> 3 -> 0): period 2; with 3 and 2: 1
+    two_and_four = np.zeros((4, 4), dtype=bool)
+    for src, dst in [(0, 1), (1, 0), (1, 2), (2, 3), (3, 0)]:
+        two_and_four[dst, src] = True
+    assert cycle_period(two_and_four) == 2
+    two_and_four[0, 2] = True  # 2 -> 0: a cycle 0 -> 1 -> 2 -> 0 of length 3
+    assert cycle_period(two_and_four) == 1
 
 
 def test_directed_and_undirected_fingerprints_differ():

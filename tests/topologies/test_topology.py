@@ -272,6 +272,11 @@ def test_fingerprint_is_stable():
         "star:4097",
         "exponential:10000",
         "random_regular:5000:3",
+        # n^2 beyond a float (the message's GB raised OverflowError); 2^dim is not computed
+        # (hypercube:99999999999 was a 12 GB integer)
+        pytest.param("ring:" + "9" * 200, id="ring:9x200"),
+        pytest.param("torus:" + "9" * 100 + "x" + "9" * 100, id="torus:9x100x9x100"),
+        "hypercube:1000",
     ],
 )
 def test_oversized_topologies_are_refused_before_allocation(spec):
