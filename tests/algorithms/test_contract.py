@@ -4,7 +4,8 @@ section 7, that hold for any gossip algorithm), checked over the algorithm regis
 
 - the average over peers of every parameter is unchanged by a step (algorithms that act on the
   parameters; float64, 60 steps);
-- identical models are a fixed point: no change, no NaN;
+- identical models are a fixed point: all-ones models on a ring do not change, no NaN (random ones
+  on other graphs move by rounding only: test_powergossip.py);
 - `state_dict` / `load_state_dict` resume a run bit for bit;
 - the in-process, MPI and torch.distributed transports give the same models, the same algorithm
   state and the same byte counts (equal to `bytes_per_step` summed over the steps), bit for bit
