@@ -113,6 +113,20 @@ def test_a_yaml_path_writes_its_run_directory_as_gossip_train_does(tmp_path):
     assert [json.loads(line) for line in lines] == json.loads(json.dumps(result.history))
 
 
+def test_a_used_out_dir_names_the_python_way_to_resume_beside_the_cli_flags(tmp_path):
+    """The message is gossip-train's and run()'s alike; it named only --set and --resume, flags
+    a Python caller does not have."""
+    used = tmp_path / "run"
+    used.mkdir()
+    (used / "summary.json").write_text("{}")
+    with pytest.raises(ValueError) as refused:
+        run(dict(TINY, out_dir=str(used)))
+    assert str(refused.value) == (
+        f"run directory {used} already exists; choose another out_dir (--set out_dir=...) or "
+        f"continue it with --resume {used} (from Python: run(..., resume=True))"
+    )
+
+
 @pytest.mark.parametrize(
     "bad", [dict(dataset="nosuch"), dict(model="mlp:0"), dict(lr=-1.0), dict(algorithm="nope")]
 )

@@ -68,7 +68,8 @@ def check_run_dir(run_dir, resume: bool) -> None:
     ):
         raise ValueError(
             f"run directory {run_dir} already exists; choose another out_dir "
-            f"(--set out_dir=...) or continue it with --resume {run_dir}"
+            f"(--set out_dir=...) or continue it with --resume {run_dir} (from Python: "
+            "run(..., resume=True))"
         )
 
 
