@@ -57,7 +57,9 @@ epsilon                      differential privacy: the writing peer's epsilon so
 epsilon_bound                differential privacy: what the epsilon bounds, as text (adjacency and
                              accountant, e.g. replace-one by PLD; in the files only, not a number)
 delta                        differential privacy: the delta of every epsilon (public)
-epsilon_max                  the largest epsilon over peers (only with release_peer_statistics)
+epsilon_max                  the largest epsilon over peers (only with release_peer_statistics;
+                             under churn over the members at this evaluation: a peer away then
+                             has its own in its metrics file and its peers/rank-K.json)
 live_peers                   churn: peers in the run at this evaluation
 membership_epoch             churn: the number of the membership of the moment
 membership_changes           churn: membership changes so far
