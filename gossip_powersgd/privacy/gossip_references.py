@@ -46,6 +46,14 @@ def _recipe(split, train: Mapping[str, Any], count: int, seed: int, k: int, obse
     return dict(identity, observer=observer, code=data_cache.code_digest())
 
 
+def _settings(train: Mapping[str, Any]):
+    """`train` with every key it leaves out at its default (a `TrainConfig`): the model and the
+    blind model's recipe read from it, whatever the caller spelled out."""
+    from gossip_powersgd.training.config import config_from_dict
+
+    return config_from_dict(dict(train))
+
+
 def cache_path(
     split,
     train: Mapping[str, Any],
@@ -91,7 +99,7 @@ def reference_stats(
         ran = observe(dict(train, seed=1000 * seed + k), reference, observer, (1.0,))
         phi, loss = np.empty(len(index)), np.empty(len(index))
         for v in split.victims:
-            model = build_model(train["model"], base.input_shape, base.num_classes, 0)
+            model = build_model(_settings(train).model, base.input_shape, base.num_classes, 0)
             model = model_with_parameters(model, ran.snapshots[v][ran.steps[-1]])
             where = np.flatnonzero(candidates.victim == v)
             x, y = candidates.x[torch.from_numpy(where)], candidates.y[torch.from_numpy(where)]
@@ -120,6 +128,7 @@ def gossip_references(
     from gossip_powersgd.training.models import build_model
 
     started, base = time.process_time(), split.data()
+    config = _settings(train)  # before the runs: a bad key is refused before hours of training
     stats = [
         reference_stats(split, candidates, train, count, seed, observer, k, cache_dir)
         for k in range(count)
@@ -127,11 +136,11 @@ def gossip_references(
     phi, loss = np.stack([p for p, _ in stats]), np.stack([q for _, q in stats])
 
     def make():
-        return build_model(train["model"], base.input_shape, base.num_classes, 0)
+        return build_model(config.model, base.input_shape, base.num_classes, 0)
 
     own_x, own_y = split.member_set(observer)
-    recipe = dict(epochs=train["epochs"], lr=train["lr"], batch=train["batch_size"])
-    recipe.update(momentum=train["momentum"], warmup_epochs=train["warmup_epochs"])
+    recipe = dict(epochs=config.epochs, lr=config.lr, batch=config.batch_size)
+    recipe.update(momentum=config.momentum, warmup_epochs=config.warmup_epochs)
     torch.manual_seed(1000 * seed + count)
     blind = train_classifier(make, own_x, own_y, seed=1000 * seed + count, **recipe)
     masks = inclusion_masks(len(candidates.y), count, seed=seed)

@@ -73,6 +73,34 @@ def logit_confidence(
     return torch.cat(out).numpy()
 
 
+def _masks(masks, shape: Tuple[int, ...], need_in: bool = False) -> np.ndarray:
+    """`masks` as (models, candidates) booleans of `shape`: bools, or 0/1 (read back from a file;
+    `~` of an integer array is its bitwise not, true everywhere). Every candidate needs a model
+    without it (the OUT statistics) and, with `need_in`, one with it."""
+    array = np.asarray(masks)
+    if array.dtype != bool:
+        if not (np.issubdtype(array.dtype, np.number) and np.isin(array, (0, 1)).all()):
+            raise ValueError(
+                f"masks must be booleans or 0/1 (model k trained on candidate i), got dtype "
+                f"{array.dtype}: pass lira.inclusion_masks(...)"
+            )
+        array = array.astype(bool)
+    if array.shape != tuple(shape):
+        raise ValueError(
+            f"masks of shape {array.shape} for statistics of shape {tuple(shape)} (models, "
+            "candidates): pass the masks the reference models were trained with"
+        )
+    for side, count in (("without", (~array).sum(0)), ("with", array.sum(0)))[: 1 + need_in]:
+        missing = np.flatnonzero(count == 0)
+        if missing.size:
+            raise ValueError(
+                f"candidates {missing[:5].tolist()} have no reference model trained {side} "
+                "them: every candidate must be in some models and out of others "
+                "(lira.inclusion_masks puts each in exactly half)"
+            )
+    return array
+
+
 def _pooled(phi: np.ndarray, mask: np.ndarray) -> Tuple[np.ndarray, float]:
     """Per-candidate mean over the models where `mask`, and the variance pooled over candidates."""
     count = mask.sum(0)
@@ -87,7 +115,8 @@ def lira_scores(
     """LiRA scores of the candidates (higher: member) from the target's `logit_confidence`, the
     reference models' (models, candidates) confidences and their `inclusion_masks`."""
     target, reference = np.asarray(target, float), np.asarray(reference, float)
-    if reference.shape != masks.shape or target.shape != masks.shape[1:]:
+    masks = _masks(masks, reference.shape, need_in=online)
+    if target.shape != masks.shape[1:]:
         raise ValueError(
             f"shapes disagree: target {target.shape}, reference {reference.shape}, "
             f"masks {masks.shape}"
@@ -108,7 +137,8 @@ def calibrated_loss_scores(
     target_loss: np.ndarray, reference_loss: np.ndarray, masks: np.ndarray
 ) -> np.ndarray:
     """-loss_target + mean OUT reference loss of each candidate (higher: member)."""
-    mean_out, _ = _pooled(np.asarray(reference_loss, float), ~masks)
+    reference_loss = np.asarray(reference_loss, float)
+    mean_out, _ = _pooled(reference_loss, ~_masks(masks, reference_loss.shape))
     return -np.asarray(target_loss, float) + mean_out
 
 
@@ -118,6 +148,7 @@ def class_conditional_loss_scores(
     """-loss z-scored by the OUT reference losses of the candidate's class (higher: member)."""
     target_loss, labels = np.asarray(target_loss, float), np.asarray(labels)
     reference_loss = np.asarray(reference_loss, float)
+    masks = _masks(masks, reference_loss.shape)
     out = np.empty_like(target_loss)
     for c in np.unique(labels):
         where = labels == c

@@ -6,6 +6,7 @@ another entry); the references' victims have seen their IN candidates (lower los
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from gossip_powersgd.privacy.attacks import Candidates
 from gossip_powersgd.privacy.gossip_references import cache_path, gossip_references
@@ -75,3 +76,18 @@ def test_a_damaged_reference_file_is_built_again_and_off_keeps_nothing(tmp_path,
     assert cache_path(split, TRAIN, 2, 0, 0) is None
     fresh = reference_stats(split, candidates, TRAIN, 2, 0, 0, 0)
     assert np.array_equal(fresh[0], phi) and np.array_equal(fresh[1], loss)
+
+
+def test_a_config_that_leaves_keys_at_their_defaults_is_read_with_them(tmp_path):
+    """`train` is a `gossip_powersgd.run` config: keys it leaves out (momentum, warm-up) take the
+    trainer's defaults for the blind model's recipe too, as they do for the reference runs
+    (this raised KeyError: 'momentum' after every reference run had been trained)."""
+    minimal = {k: v for k, v in TRAIN.items() if k not in ("momentum", "warmup_epochs")}
+    split = make_split(SPLIT_DATA, 4, "iid", 0, victims=[1, 3], fraction=0.5, split_seed=0)
+    candidates = Candidates.of(split)
+    refs = gossip_references(split, candidates, minimal, 2, 0, 0, cache_dir=tmp_path)
+    spelled = gossip_references(split, candidates, TRAIN, 2, 0, 0, cache_dir=tmp_path / "b")
+    # the defaults are momentum 0 and no warm-up, TRAIN's values: the same blind model
+    for mine, theirs in zip(refs.blind.parameters(), spelled.blind.parameters()):
+        assert torch.equal(mine, theirs)
+    assert np.array_equal(refs.phi, spelled.phi)

@@ -113,3 +113,47 @@ def test_calibrated_and_class_conditional_loss_scores_by_hand():
     # offline LiRA: (phi - mu_out) / sigma, sigma pooled; one OUT value per candidate gives no
     # spread, so the floor 1e-12 of the variance applies and the sign is what is left to test
     assert np.sign(lira_scores(np.array([5.0, 3.0]), reference, masks)).tolist() == [1.0, -1.0]
+
+
+def test_integer_masks_give_the_boolean_scores_and_a_candidate_never_out_is_refused():
+    """Masks read back as 0/1 integers score as the booleans do (`~` of an int array is its bitwise
+    not, -1 or -2, true everywhere: the OUT mean would silently take every model); a candidate that
+    no reference model left out (or, online, none trained on) is refused by name instead of
+    scoring NaN."""
+    from gossip_powersgd.privacy.lira import (
+        calibrated_loss_scores,
+        class_conditional_loss_scores,
+        inclusion_masks,
+        lira_scores,
+    )
+
+    rng = np.random.default_rng(0)
+    masks = inclusion_masks(5, 4, seed=0)
+    reference = rng.standard_normal((4, 5)) + 3.0 * masks  # IN models: higher confidence
+    target = rng.standard_normal(5)
+    for online in (False, True):
+        as_bool = lira_scores(target, reference, masks, online=online)
+        assert np.array_equal(lira_scores(target, reference, masks.astype(int), online), as_bool)
+    loss, labels = rng.random(5), np.array([0, 0, 1, 1, 1])
+    ints = masks.astype(np.int64)
+    assert np.array_equal(
+        calibrated_loss_scores(loss, reference, ints),
+        calibrated_loss_scores(loss, reference, masks),
+    )
+    assert np.array_equal(
+        class_conditional_loss_scores(loss, labels, reference, ints),
+        class_conditional_loss_scores(loss, labels, reference, masks),
+    )
+    always_in = masks.copy()
+    always_in[:, 2] = True
+    with pytest.raises(
+        ValueError, match=r"candidates \[2\] have no reference model trained without"
+    ):
+        lira_scores(target, reference, always_in)
+    never_in = masks.copy()
+    never_in[:, 3] = False
+    lira_scores(target, reference, never_in)  # offline needs OUT models only
+    with pytest.raises(ValueError, match=r"candidates \[3\] have no reference model trained with "):
+        lira_scores(target, reference, never_in, online=True)
+    with pytest.raises(ValueError, match="masks must be booleans or 0/1"):
+        lira_scores(target, reference, masks * 2.5)
