@@ -325,8 +325,10 @@ DP_KEYS = [
         "steps after its checkpoint again with new noise, and its epsilon counts them twice) "
         "| run_dir (generated on "
         "the peer when the run starts, kept only in its own folder RUN_DIR/secrets/rank-K/ "
-        "(mode 0700) and in each of its checkpoints, so --resume continues bit for bit; "
-        "needs out_dir). Whoever reads that folder or a checkpoint can remove the peer's "
+        "(mode 0700) and in each of its checkpoints, so --resume draws the same noise; needs "
+        "out_dir; a step taken again that is not what was sent, bit for bit (another device, "
+        "thread count or torch build), is sent as pure noise under a new key, and the steps "
+        "released from it on are then counted as under os). Whoever reads that folder or a checkpoint can remove the peer's "
         "noise: a run directory shared by the peers shares their noise (the run warns). "
         "Never derived from the config, never sent.",
     ),

@@ -144,8 +144,8 @@ class DPSGD:
     comes from this peer's secret keystream ``randomness`` (`seeds.Randomness`; default: a fresh
     OS-entropy key), at the label (NOISE_STREAM, step, 0), one draw for all parameters in the
     model's order (step: `own_steps`): step t's noise depends only on the key and t, so a run
-    resumed with the same key continues bit for bit, and nobody without the key (a neighbour
-    knowing the whole config) can regenerate it. Share the same `Randomness` with the peer's
+    resumed with the same key draws the same noise (`releases`), and nobody without the key (a
+    neighbour knowing the whole config) can regenerate it. Share the same `Randomness` with the peer's
     `PoissonBatches` (another stream tag): one key per peer.
     """
 
@@ -189,6 +189,10 @@ class DPSGD:
         #: None, or ``extra_noise(step, k, p)``: float64 noise (units of the clipped sum) a
         #: mechanism adds to parameter k's noisy sum at `step` (`privacy.mechanisms.decor`).
         self.extra_noise = None
+        #: None, or ``release_check(released) -> bool``, called with a step's noisy gradients
+        #: before they are kept: False (it drew `randomness` a new key) makes the step pure noise
+        #: under the new key, checked again (`privacy.releases`: a replay not bit for bit).
+        self.release_check = None
         #: Private steps in the accountant's history that this run's own steps do not continue
         #: from: those an earlier process of this peer released that its checkpoint does not hold
         #: (`privacy.releases`). They count in the epsilon, not in the noise's step label.
@@ -362,15 +366,25 @@ class DPSGD:
                     model.clear()
             else:  # the clipped sum divided by the divisor
                 means = self.clipped_sum(model, batch_size, divisor=self.expected_batch_size)
-            if self.extra_noise is not None:  # a mechanism's own noise (DECOR's pairs')
-                step = self.own_steps
-                means = [
-                    m + self.extra_noise(step, k, p) / self.expected_batch_size
-                    for k, (p, m) in enumerate(zip(params, means))
-                ]
-            for p, grad in zip(params, self._noisy(params, means)):
+            released = self._noisy(params, self._with_extra(params, means))
+            if self.release_check is not None and not self.release_check(released):
+                self._noise_label = (-1, 0)  # the new key's first draw of this step
+                zeros = [torch.zeros_like(p) for p in params]
+                released = self._noisy(params, self._with_extra(params, zeros))
+                self.release_check(released)
+            for p, grad in zip(params, released):
                 p.grad = grad
         self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
+
+    def _with_extra(self, params: list, means: list) -> list:
+        """`means` with a mechanism's own noise of this step added (DECOR's pairs'), if any."""
+        if self.extra_noise is None:
+            return means
+        step = self.own_steps
+        return [
+            m + self.extra_noise(step, k, p) / self.expected_batch_size
+            for k, (p, m) in enumerate(zip(params, means))
+        ]
 
     # ---- evaluation -------------------------------------------------------------------------
 

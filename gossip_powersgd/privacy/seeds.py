@@ -14,7 +14,8 @@ keyed by a secret of its own (`Randomness`):
 * ``Randomness.run_dir_key(run_dir, rank)``: the same kind of key, generated on the peer when the
   run starts and kept only in the peer's own folder ``RUN_DIR/secrets/rank-K/`` (mode 0700; the
   key file ``key`` written atomically, mode 0600) and in each of its checkpoints, so that
-  ``--resume`` continues bit for bit (``dp_secret: run_dir``, for reproducible research). It is
+  ``--resume`` draws the same noise (``dp_secret: run_dir``, for reproducible research; a step
+  taken again is sent only if bit for bit what was sent before: `releases`). It is
   never derived from the config, never sent, never printed. It is secret only while that folder
   and the peer's checkpoints are: whoever reads them regenerates the peer's noise and removes it.
   A run directory shared by every peer (all ranks on one machine, a shared file system) therefore
@@ -174,6 +175,16 @@ class Randomness:
         make_secret_dir(run_dir, rank)
         atomic_write(path, key, mode=0o600)
         return cls(key, "run_dir")
+
+    def rekey(self) -> None:
+        """A fresh key from the OS CSPRNG in place of this one, same kind: whatever holds this
+        `Randomness` (the noise, the Poisson masks) draws from the new key from now on, and a
+        ``run_dir`` checkpoint keeps it (`releases`: a replay that differs from what was sent)."""
+        self._key = secrets.token_bytes(_KEY_BYTES)
+
+    def fingerprint(self) -> str:
+        """16 hex digits that tell keys apart (a hash of the key: it reveals nothing of it)."""
+        return hashlib.sha256(_DOMAIN + b"fingerprint\0" + self._key).hexdigest()[:16]
 
     # ---- draws ------------------------------------------------------------------------------
 

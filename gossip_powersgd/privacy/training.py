@@ -20,7 +20,8 @@ The trainer appends this hook when the config sets ``dp_noise_multiplier`` or
   ``peers/rank-K.json``; checkpoints the accountant and the randomness' state;
 * with a secret key and a run directory, records every private step before anything of it is sent
   (`releases`), so that the steps an earlier attempt released and the checkpoint resumed from does
-  not hold (sent after it, or by attempts set aside) are in its epsilon.
+  not hold (sent after it, or by attempts set aside) are in its epsilon; with ``run_dir``, what
+  each step released too, so that a step a resume takes again is sent only if bit for bit the same.
 
 What crosses to other peers: nothing computed from a peer's data but its messages. The scale of a
 peer's noise (sigma C / batch_size per coordinate) is visible in them, so it comes from public
@@ -225,6 +226,7 @@ class DifferentialPrivacy(TrainingHooks):
         )
         if kind != "public" and config.out_dir is not None:
             self.record = ReleaseRecord(config.out_dir, rank)
+            self.record.watch(self.dp)  # run_dir: a replay must be bit for bit, or is not sent
             if not context.resuming:  # after attempts set aside (resume: auto)
                 earlier = collectively(comm, self.record.earlier)
                 count_earlier(self.dp, earlier, rank, "by earlier attempts in this run directory")
@@ -268,7 +270,7 @@ class DifferentialPrivacy(TrainingHooks):
         """Clip and noise this peer's gradient (before any averaging and the optimizer step)."""
         self.dp.privatize(self.model, self.batches.last_batch_size)
         if self.record is not None:  # before anything of this step leaves the peer
-            self.record.write(self.dp.accountant.history)
+            self.record.released(self.dp)
 
     # ---- reporting --------------------------------------------------------------------------
 
@@ -407,15 +409,17 @@ class DifferentialPrivacy(TrainingHooks):
 
     def state_dict(self) -> Dict[str, Any]:
         """The accountant's history and the noise generator (Poisson batches are the loop's)."""
+        if self.record is not None:  # a checkpoint: digests older than those kept are pruned
+            self.record.checkpoint(self.dp)
         return self.dp.state_dict()
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """The checkpoint's state; with ``dp_secret: os``, the steps released after it too (the
-        resumed run sends them again with new noise; `releases`)."""
+        resumed run sends them again with new noise; `releases`); with ``run_dir``, the digests
+        of what it sent, which the steps it takes again are checked against."""
         self.dp.load_state_dict(state)
-        if self.record is not None and self.dp.randomness.kind == "os":
-            released = self.record.read() or []
-            count_earlier(self.dp, released, self.comm.rank, "after the checkpoint resumed from")
+        if self.record is not None:
+            self.record.resume(self.dp)
 
 
 def summary_rows(summary: Dict[str, Any]) -> List[tuple]:
