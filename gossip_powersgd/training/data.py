@@ -50,6 +50,7 @@ import torch
 from ..specs import UserCodeExit, accepts, import_object, parse_spec, unknown_name, user_code
 from .batches import Batches, ResumableBatches  # noqa: F401 (the iterators' home is batches.py)
 from .datasets import DATASETS, WHAT
+from .records import checked_labels
 from .partition import (  # noqa: F401 (partitions' home is partition.py; re-exported here)
     LOCAL_PARTITION,
     PARTITION_NAMES,
@@ -225,16 +226,7 @@ def _make_dataset_record(spec, x_train, y_train, x_test, y_test, num_classes) ->
             raise ValueError(
                 f"dataset spec {spec!r}: x_{what} has {len(x)} samples but y_{what} has {len(y)}"
             )
-        if y.is_floating_point():
-            if not torch.equal(y, torch.round(y)):
-                raise ValueError(f"dataset spec {spec!r}: y_{what} must hold integer class labels")
-        elif y.dtype == torch.bool or y.is_complex():
-            raise ValueError(
-                f"dataset spec {spec!r}: y_{what} must hold integer class labels, not {y.dtype}"
-            )
-        y = y.to(torch.int64)
-        if len(y) and int(y.min()) < 0:
-            raise ValueError(f"dataset spec {spec!r}: y_{what} has negative labels")
+        y = checked_labels(y, spec, f"y_{what}")
         xs.append(x.contiguous())
         ys.append(y.contiguous())
     if len(ys[0]) == 0:

@@ -56,6 +56,7 @@ __all__ = [
     "wikitext2",
     "torch_datasets",
     "cifar_augment",
+    "checked_labels",
     "CIFAR10_MEAN",
     "CIFAR10_STD",
 ]
@@ -361,6 +362,23 @@ def _check_vocabulary(path: Path, words: list[str], vocabulary: dict, spec: str)
 # ---- bring-your-own torch Datasets -----------------------------------------------------------------
 
 
+def checked_labels(y: torch.Tensor, spec: str, name: str) -> torch.Tensor:
+    """`y` as int64 class labels, refusing (one line naming `name`) what is not one: a fraction
+    (a cast would truncate 2.7 to class 2), NaN, a bool or complex value, or a negative label
+    (cross-entropy skips -100 silently and fails on any other)."""
+    if y.is_floating_point():
+        if not torch.equal(y, torch.round(y)):  # NaN is unequal to itself: refused too
+            raise ValueError(f"dataset spec {spec!r}: {name} must hold integer class labels")
+    elif y.dtype == torch.bool or y.is_complex():
+        raise ValueError(
+            f"dataset spec {spec!r}: {name} must hold integer class labels, not {y.dtype}"
+        )
+    y = y.to(torch.int64)
+    if y.numel() and int(y.min()) < 0:
+        raise ValueError(f"dataset spec {spec!r}: {name} has negative labels")
+    return y
+
+
 def _stack(dataset, indices, spec: str, what: str) -> tuple[torch.Tensor, torch.Tensor]:
     xs, ys = [], []
     for i in indices:
@@ -374,7 +392,8 @@ def _stack(dataset, indices, spec: str, what: str) -> tuple[torch.Tensor, torch.
         ys.append(torch.as_tensor(y))
     if not xs:
         raise ValueError(f"dataset spec {spec!r}: the {what} Dataset is empty")
-    return torch.stack(xs).to(torch.float32), torch.stack(ys).to(torch.int64)
+    labels = checked_labels(torch.stack(ys), spec, f"the {what} Dataset")
+    return torch.stack(xs).to(torch.float32), labels
 
 
 def _digest_training_set(digest, train, targets, n: int) -> None:

@@ -586,3 +586,52 @@ def test_a_resume_on_changed_training_records_of_torch_datasets_is_refused(tmp_p
         "was written with other data: the data of dataset spec "
         "'reliability_fixtures:variant_tensor_datasets' has changed since the checkpoint"
     ) in errors[0]
+
+
+# ---- bring-your-own torch Datasets: their labels ----------------------------------------------------
+
+
+def _labelled_pair(train_labels, test_labels=(0, 1, 2, 1, 0)):
+    """TensorDatasets of 3-feature records with these labels (a test set of classes 0..2)."""
+    g = torch.Generator().manual_seed(0)
+    train = torch.utils.data.TensorDataset(
+        torch.randn(len(train_labels), 3, generator=g), torch.as_tensor(train_labels)
+    )
+    test = torch.utils.data.TensorDataset(
+        torch.randn(len(test_labels), 3, generator=g), torch.as_tensor(test_labels)
+    )
+    return train, test
+
+
+def fractional_train_labels():
+    return _labelled_pair([0.0, 1.0, 2.7, 1.0, 0.0, 2.0])
+
+
+def negative_train_labels():
+    return _labelled_pair([0, 1, -100, 1, 0, 2])
+
+
+def negative_test_labels():
+    return _labelled_pair([0, 1, 2, 1, 0, 2], test_labels=[0, -1, 2])
+
+
+@pytest.mark.parametrize(
+    "function, message",
+    [
+        ("fractional_train_labels", "the train Dataset must hold integer class labels"),
+        ("negative_train_labels", "the train Dataset has negative labels"),
+        ("negative_test_labels", "the test Dataset has negative labels"),
+    ],
+)
+def test_torch_datasets_labels_that_are_no_class_are_refused_naming_the_dataset(function, message):
+    """A TensorDataset's float label 2.7 was cast to class 2 and trained on silently (the four
+    arrays refused it); a label -100 was skipped by cross-entropy, and -1 in the test set counted
+    as a wrong answer. Each is refused when read, naming the spec."""
+    spec = f"tests.training.test_records:{function}"
+    clear_dataset_cache()
+    try:
+        with pytest.raises(ValueError, match=rf"^dataset spec '{spec}': {message}$"):
+            data = load_dataset(spec)
+            peer_shard(data, 0, 1, "iid", 0)
+    finally:
+        clear_dataset_cache()
