@@ -430,6 +430,13 @@ def torch_datasets(spec: str, train, test) -> RecordDataset:
 
     def read_train(indices):
         x, y = _stack(train, indices, spec, "train")
+        # the model is built and checked for the test records' shape: another shape failed
+        # deep inside the model at the first training step
+        if tuple(x.shape[1:]) != tuple(x_test.shape[1:]):
+            raise ValueError(
+                f"dataset spec {spec!r}: training records have shape {tuple(x.shape[1:])} but "
+                f"test records {tuple(x_test.shape[1:])}; return records of one shape"
+            )
         if len(y) and int(y.max()) >= num_classes:
             raise ValueError(
                 f"dataset spec {spec!r}: training label {int(y.max())} is out of range for "

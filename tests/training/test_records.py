@@ -635,3 +635,26 @@ def test_torch_datasets_labels_that_are_no_class_are_refused_naming_the_dataset(
             peer_shard(data, 0, 1, "iid", 0)
     finally:
         clear_dataset_cache()
+
+
+def train_records_of_another_shape():
+    train, test = _labelled_pair([0, 1, 2, 1, 0, 2])
+    return torch.utils.data.TensorDataset(torch.zeros(6, 4), train.tensors[1]), test
+
+
+def test_torch_datasets_training_records_of_another_shape_than_the_test_ones_are_refused():
+    """Training records of 4 features beside test records of 3 passed the model check (run on
+    test records) and failed at the first step inside the model ('mat1 and mat2 shapes cannot
+    be multiplied'); they are refused when read, naming both shapes."""
+    spec = "tests.training.test_records:train_records_of_another_shape"
+    clear_dataset_cache()
+    try:
+        data = load_dataset(spec)
+        with pytest.raises(
+            ValueError,
+            match=rf"^dataset spec '{spec}': training records have shape \(4,\) but test "
+            r"records \(3,\); return records of one shape$",
+        ):
+            peer_shard(data, 0, 1, "iid", 0)
+    finally:
+        clear_dataset_cache()
