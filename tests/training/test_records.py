@@ -658,3 +658,25 @@ def test_torch_datasets_training_records_of_another_shape_than_the_test_ones_are
             peer_shard(data, 0, 1, "iid", 0)
     finally:
         clear_dataset_cache()
+
+
+def test_a_file_dataset_is_read_again_in_the_same_process_when_its_files_changed(tmp_path):
+    """load_dataset's in-process cache (keyed by spec and seed) handed a second run in the same
+    process the text of the files as they were at the first load: replacing wiki.train.tokens
+    changed nothing (the old windows, vocabulary and digests). Unchanged files still share one
+    load; a changed one is read again."""
+    folder = paper_fixtures.write_wikitext2(tmp_path)
+    spec = f"wikitext2:root={tmp_path},bptt=5"
+    clear_dataset_cache()
+    try:
+        first = load_dataset(spec)
+        assert load_dataset(spec) is first  # the peers of a run share one load
+        text = paper_fixtures.TRAIN_TEXT.replace("game", "novel")
+        (folder / "wiki.train.tokens").write_text(text * 40, encoding="utf-8")
+        again = load_dataset(spec)
+        x, _ = again.read_train(np.arange(again.num_train))
+        words = paper_fixtures.TRAIN_TEXT.split()
+        assert again.num_train == (40 * (len(words) + 4) - 1) // 5  # 4 lines: 4 <eos> each copy
+        assert again.files[0].sha256 != first.files[0].sha256 and len(x) == again.num_train
+    finally:
+        clear_dataset_cache()
