@@ -284,8 +284,14 @@ def _words(path: Path, spec: str) -> list[str]:
     word-language-model example and torchtext's newline_eos, whose token counts (one <eos> per
     line, blank ones too) are those published with WikiText-2. A file of blank lines only is
     refused, naming it (its stream would be <eos> alone)."""
-    with open(path, encoding="utf-8") as f:
-        words = [w for line in f for w in line.split() + ["<eos>"]]
+    try:
+        with open(path, encoding="utf-8") as f:
+            words = [w for line in f for w in line.split() + ["<eos>"]]
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"dataset spec {spec!r}: {path} is not UTF-8 text (byte {exc.start}: {exc.reason}); "
+            "WikiText-2's token files are UTF-8: point root= at the unpacked wikitext-2 files"
+        ) from None
     if words and all(w == "<eos>" for w in words):
         raise ValueError(
             f"dataset spec {spec!r}: {path} holds no word, only {len(words)} blank lines (a "

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -680,3 +681,16 @@ def test_a_file_dataset_is_read_again_in_the_same_process_when_its_files_changed
         assert again.files[0].sha256 != first.files[0].sha256 and len(x) == again.num_train
     finally:
         clear_dataset_cache()
+
+
+@pytest.mark.parametrize("name", ["wiki.train.tokens", "wiki.test.tokens"])
+def test_a_wikitext2_file_that_is_not_utf8_is_named(tmp_path, name):
+    """A token file of other bytes (a Latin-1 copy, a compressed file under the name) stopped the
+    load with "'utf-8' codec can't decode byte 0xff in position 0", naming no file."""
+    folder = paper_fixtures.write_wikitext2(tmp_path)
+    (folder / name).write_bytes(b"the game \xff began\n")
+    spec = f"wikitext2:root={tmp_path},bptt=2"
+    clear_dataset_cache()
+    where = re.escape(f"dataset spec '{spec}': {folder / name} is not UTF-8 text (byte 9: ")
+    with pytest.raises(ValueError, match="^" + where):
+        load_dataset(spec)
