@@ -22,8 +22,9 @@ In a script run with ``python``, the functions it defines are in the module ``__
 #
 # * four arrays ``(x_train, y_train, x_test, y_test)`` (numpy arrays or tensors; ``x`` of any
 #   shape with samples first, ``y`` 1-D integer class labels from 0), or
-# * two map-style torch Datasets ``(train, test)`` (``len(d)`` and ``d[i] -> (x, y)``): a peer
-#   then reads only the indices of its own shard. Give the training Dataset a ``targets``
+# * two map-style torch Datasets ``(train, test)`` (``len(d)`` and ``d[i] -> (x, y)``, ``y`` an
+#   integer class label from 0, as for the arrays): a peer then reads only the indices of its
+#   own shard. Give the training Dataset a ``targets``
 #   attribute for non-IID partitions (``dirichlet:0.5``, ``shards:2``), as torchvision's have.
 #
 # Every peer calls it with the same seed, must get the same data (peers compare a digest of it

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import threading
 from typing import TYPE_CHECKING, Optional, Sequence
 
@@ -50,6 +51,7 @@ import torch
 from ..specs import UserCodeExit, accepts, import_object, parse_spec, unknown_name, user_code
 from .batches import Batches, ResumableBatches  # noqa: F401 (the iterators' home is batches.py)
 from .datasets import DATASETS, WHAT
+from .records import checked_labels
 from .partition import (  # noqa: F401 (partitions' home is partition.py; re-exported here)
     LOCAL_PARTITION,
     PARTITION_NAMES,
@@ -141,27 +143,48 @@ class Dataset:
 # caller generate while the others wait and then share the result. Re-entrant so that a
 # bring-your-own loader may itself call load_dataset.
 _CACHE: dict[tuple[str, int], Dataset] = {}
+#: Of each cached file dataset, its files' `_files_stamp` when it was read.
+_STAMPS: dict[tuple[str, int], tuple] = {}
 _CACHE_LOCK = threading.RLock()
 
 
 def load_dataset(name: str, seed: int = 0) -> Dataset:
     """Load or generate the dataset named by ``name`` (see the module docstring for specs).
 
-    Deterministic from ``seed``; cached in-process by ``(name, seed)`` and thread-safe.
+    Deterministic from ``seed``; cached in-process by ``(name, seed)`` and thread-safe. A file
+    dataset is read again when one of its files changed since (size, modification time or inode):
+    a second `run` in one process trains on the files as they are, not as they were.
     """
     key = (name.strip() if isinstance(name, str) else name, int(seed))
     with _CACHE_LOCK:
         cached = _CACHE.get(key)
+        if cached is not None and _files_stamp(cached) != _STAMPS.get(key):
+            cached = None
         if cached is None:
             cached = _build_dataset(key[0], key[1])
             _CACHE[key] = cached
+            _STAMPS[key] = _files_stamp(cached)
         return cached
+
+
+def _files_stamp(dataset) -> tuple:
+    """(path, size, mtime, inode) of each file `dataset` was read from (a `records.DataFile`);
+    a file gone or unreadable stamps as None, unequal to any earlier stamp."""
+    stamp = []
+    for f in getattr(dataset, "files", ()):
+        try:
+            st = os.stat(f.path)
+            stamp.append((f.path, st.st_size, st.st_mtime_ns, st.st_ino))
+        except OSError:
+            stamp.append((f.path, None))
+    return tuple(stamp)
 
 
 def clear_dataset_cache() -> None:
     """Forget every cached dataset (tests; freeing memory after peers took their shards)."""
     with _CACHE_LOCK:
         _CACHE.clear()
+        _STAMPS.clear()
 
 
 def _build_dataset(spec: str, seed: int) -> Dataset:
@@ -225,16 +248,7 @@ def _make_dataset_record(spec, x_train, y_train, x_test, y_test, num_classes) ->
             raise ValueError(
                 f"dataset spec {spec!r}: x_{what} has {len(x)} samples but y_{what} has {len(y)}"
             )
-        if y.is_floating_point():
-            if not torch.equal(y, torch.round(y)):
-                raise ValueError(f"dataset spec {spec!r}: y_{what} must hold integer class labels")
-        elif y.dtype == torch.bool or y.is_complex():
-            raise ValueError(
-                f"dataset spec {spec!r}: y_{what} must hold integer class labels, not {y.dtype}"
-            )
-        y = y.to(torch.int64)
-        if len(y) and int(y.min()) < 0:
-            raise ValueError(f"dataset spec {spec!r}: y_{what} has negative labels")
+        y = checked_labels(y, spec, f"y_{what}")
         xs.append(x.contiguous())
         ys.append(y.contiguous())
     if len(ys[0]) == 0:

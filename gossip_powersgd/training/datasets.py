@@ -132,8 +132,12 @@ class SyntheticLogreg(DatasetKind):
     def load(self, spec, options, seed):
         d, classes, n = options["d"], options["classes"], options["n"]
         noise, test = options["noise"], options["test"]
-        if d < 1 or classes < 2 or noise < 0 or not 0 < test < 1:
-            raise spec_error(WHAT, spec, "need d >= 1, classes >= 2, noise >= 0 and 0 < test < 1")
+        # noise=nan passed "noise < 0" and made every label 0 (argmax of NaN rows), a test
+        # accuracy of 1.0; noise=inf made labels argmax of infinities, skewed to the low classes
+        if d < 1 or classes < 2 or not 0 <= noise < np.inf or not 0 < test < 1:
+            raise spec_error(
+                WHAT, spec, "need d >= 1, classes >= 2, a finite noise >= 0 and 0 < test < 1"
+            )
         n_test = int(round(n * test))
         if n_test < 1 or n - n_test < 1:
             raise spec_error(WHAT, spec, f"n={n} is too small for a {test:g} test split; raise n")

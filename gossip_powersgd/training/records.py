@@ -56,6 +56,7 @@ __all__ = [
     "wikitext2",
     "torch_datasets",
     "cifar_augment",
+    "checked_labels",
     "CIFAR10_MEAN",
     "CIFAR10_STD",
 ]
@@ -283,8 +284,14 @@ def _words(path: Path, spec: str) -> list[str]:
     word-language-model example and torchtext's newline_eos, whose token counts (one <eos> per
     line, blank ones too) are those published with WikiText-2. A file of blank lines only is
     refused, naming it (its stream would be <eos> alone)."""
-    with open(path, encoding="utf-8") as f:
-        words = [w for line in f for w in line.split() + ["<eos>"]]
+    try:
+        with open(path, encoding="utf-8") as f:
+            words = [w for line in f for w in line.split() + ["<eos>"]]
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"dataset spec {spec!r}: {path} is not UTF-8 text (byte {exc.start}: {exc.reason}); "
+            "WikiText-2's token files are UTF-8: point root= at the unpacked wikitext-2 files"
+        ) from None
     if words and all(w == "<eos>" for w in words):
         raise ValueError(
             f"dataset spec {spec!r}: {path} holds no word, only {len(words)} blank lines (a "
@@ -361,6 +368,23 @@ def _check_vocabulary(path: Path, words: list[str], vocabulary: dict, spec: str)
 # ---- bring-your-own torch Datasets -----------------------------------------------------------------
 
 
+def checked_labels(y: torch.Tensor, spec: str, name: str) -> torch.Tensor:
+    """`y` as int64 class labels, refusing (one line naming `name`) what is not one: a fraction
+    (a cast would truncate 2.7 to class 2), NaN, a bool or complex value, or a negative label
+    (cross-entropy skips -100 silently and fails on any other)."""
+    if y.is_floating_point():
+        if not torch.equal(y, torch.round(y)):  # NaN is unequal to itself: refused too
+            raise ValueError(f"dataset spec {spec!r}: {name} must hold integer class labels")
+    elif y.dtype == torch.bool or y.is_complex():
+        raise ValueError(
+            f"dataset spec {spec!r}: {name} must hold integer class labels, not {y.dtype}"
+        )
+    y = y.to(torch.int64)
+    if y.numel() and int(y.min()) < 0:
+        raise ValueError(f"dataset spec {spec!r}: {name} has negative labels")
+    return y
+
+
 def _stack(dataset, indices, spec: str, what: str) -> tuple[torch.Tensor, torch.Tensor]:
     xs, ys = [], []
     for i in indices:
@@ -374,7 +398,8 @@ def _stack(dataset, indices, spec: str, what: str) -> tuple[torch.Tensor, torch.
         ys.append(torch.as_tensor(y))
     if not xs:
         raise ValueError(f"dataset spec {spec!r}: the {what} Dataset is empty")
-    return torch.stack(xs).to(torch.float32), torch.stack(ys).to(torch.int64)
+    labels = checked_labels(torch.stack(ys), spec, f"the {what} Dataset")
+    return torch.stack(xs).to(torch.float32), labels
 
 
 def _digest_training_set(digest, train, targets, n: int) -> None:
@@ -411,6 +436,13 @@ def torch_datasets(spec: str, train, test) -> RecordDataset:
 
     def read_train(indices):
         x, y = _stack(train, indices, spec, "train")
+        # the model is built and checked for the test records' shape: another shape failed
+        # deep inside the model at the first training step
+        if tuple(x.shape[1:]) != tuple(x_test.shape[1:]):
+            raise ValueError(
+                f"dataset spec {spec!r}: training records have shape {tuple(x.shape[1:])} but "
+                f"test records {tuple(x_test.shape[1:])}; return records of one shape"
+            )
         if len(y) and int(y.max()) >= num_classes:
             raise ValueError(
                 f"dataset spec {spec!r}: training label {int(y.max())} is out of range for "

@@ -118,9 +118,10 @@ def synthetic_images(spec: str, options: dict[str, Any], seed: int) -> RecordDat
     """``synthetic_images[:n=...,test=...,classes=...,noise=...,augment=...]`` (module docstring)."""
     opts = dict(DEFAULTS, **options)
     n, n_test, classes, noise = opts["n"], opts["test"], opts["classes"], opts["noise"]
-    if n < classes or n_test < 1 or classes < 2 or not noise >= 0:
+    # noise=inf made every latent infinite: all-black images (NaN cast to uint8), silently
+    if n < classes or n_test < 1 or classes < 2 or not 0 <= noise < np.inf:
         raise ValueError(
-            f"{spec!r}: need classes >= 2, n >= classes, test >= 1 and noise >= 0 "
+            f"{spec!r}: need classes >= 2, n >= classes, test >= 1 and a finite noise >= 0 "
             f"(got n={n}, test={n_test}, classes={classes}, noise={noise})"
         )
     if seed < 0:

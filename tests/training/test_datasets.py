@@ -52,6 +52,15 @@ def test_synthetic_logreg_out_of_range_options_name_the_ranges(spec):
         kind_load(spec)
 
 
+@pytest.mark.parametrize("noise", ["nan", "inf"])
+def test_synthetic_logreg_non_finite_noise_is_refused(noise):
+    """noise=nan passed the noise >= 0 check and labelled every record 0 (argmax of NaN rows):
+    a run reported a test accuracy of 1.0 on a one-class problem; noise=inf skewed the labels."""
+    spec = f"synthetic_logreg:noise={noise}"
+    with pytest.raises(ValueError, match=rf"^dataset spec '{spec}': .*a finite noise >= 0"):
+        kind_load(spec)
+
+
 @pytest.mark.parametrize("name", ["cifar10", "wikitext2"])
 def test_a_file_dataset_without_its_folder_says_how_to_name_it(name):
     with pytest.raises(

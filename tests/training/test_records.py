@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -586,3 +587,110 @@ def test_a_resume_on_changed_training_records_of_torch_datasets_is_refused(tmp_p
         "was written with other data: the data of dataset spec "
         "'reliability_fixtures:variant_tensor_datasets' has changed since the checkpoint"
     ) in errors[0]
+
+
+# ---- bring-your-own torch Datasets: their labels ----------------------------------------------------
+
+
+def _labelled_pair(train_labels, test_labels=(0, 1, 2, 1, 0)):
+    """TensorDatasets of 3-feature records with these labels (a test set of classes 0..2)."""
+    g = torch.Generator().manual_seed(0)
+    train = torch.utils.data.TensorDataset(
+        torch.randn(len(train_labels), 3, generator=g), torch.as_tensor(train_labels)
+    )
+    test = torch.utils.data.TensorDataset(
+        torch.randn(len(test_labels), 3, generator=g), torch.as_tensor(test_labels)
+    )
+    return train, test
+
+
+def fractional_train_labels():
+    return _labelled_pair([0.0, 1.0, 2.7, 1.0, 0.0, 2.0])
+
+
+def negative_train_labels():
+    return _labelled_pair([0, 1, -100, 1, 0, 2])
+
+
+def negative_test_labels():
+    return _labelled_pair([0, 1, 2, 1, 0, 2], test_labels=[0, -1, 2])
+
+
+@pytest.mark.parametrize(
+    "function, message",
+    [
+        ("fractional_train_labels", "the train Dataset must hold integer class labels"),
+        ("negative_train_labels", "the train Dataset has negative labels"),
+        ("negative_test_labels", "the test Dataset has negative labels"),
+    ],
+)
+def test_torch_datasets_labels_that_are_no_class_are_refused_naming_the_dataset(function, message):
+    """A TensorDataset's float label 2.7 was cast to class 2 and trained on silently (the four
+    arrays refused it); a label -100 was skipped by cross-entropy, and -1 in the test set counted
+    as a wrong answer. Each is refused when read, naming the spec."""
+    spec = f"tests.training.test_records:{function}"
+    clear_dataset_cache()
+    try:
+        with pytest.raises(ValueError, match=rf"^dataset spec '{spec}': {message}$"):
+            data = load_dataset(spec)
+            peer_shard(data, 0, 1, "iid", 0)
+    finally:
+        clear_dataset_cache()
+
+
+def train_records_of_another_shape():
+    train, test = _labelled_pair([0, 1, 2, 1, 0, 2])
+    return torch.utils.data.TensorDataset(torch.zeros(6, 4), train.tensors[1]), test
+
+
+def test_torch_datasets_training_records_of_another_shape_than_the_test_ones_are_refused():
+    """Training records of 4 features beside test records of 3 passed the model check (run on
+    test records) and failed at the first step inside the model ('mat1 and mat2 shapes cannot
+    be multiplied'); they are refused when read, naming both shapes."""
+    spec = "tests.training.test_records:train_records_of_another_shape"
+    clear_dataset_cache()
+    try:
+        data = load_dataset(spec)
+        with pytest.raises(
+            ValueError,
+            match=rf"^dataset spec '{spec}': training records have shape \(4,\) but test "
+            r"records \(3,\); return records of one shape$",
+        ):
+            peer_shard(data, 0, 1, "iid", 0)
+    finally:
+        clear_dataset_cache()
+
+
+def test_a_file_dataset_is_read_again_in_the_same_process_when_its_files_changed(tmp_path):
+    """load_dataset's in-process cache (keyed by spec and seed) handed a second run in the same
+    process the text of the files as they were at the first load: replacing wiki.train.tokens
+    changed nothing (the old windows, vocabulary and digests). Unchanged files still share one
+    load; a changed one is read again."""
+    folder = paper_fixtures.write_wikitext2(tmp_path)
+    spec = f"wikitext2:root={tmp_path},bptt=5"
+    clear_dataset_cache()
+    try:
+        first = load_dataset(spec)
+        assert load_dataset(spec) is first  # the peers of a run share one load
+        text = paper_fixtures.TRAIN_TEXT.replace("game", "novel")
+        (folder / "wiki.train.tokens").write_text(text * 40, encoding="utf-8")
+        again = load_dataset(spec)
+        x, _ = again.read_train(np.arange(again.num_train))
+        words = paper_fixtures.TRAIN_TEXT.split()
+        assert again.num_train == (40 * (len(words) + 4) - 1) // 5  # 4 lines: 4 <eos> each copy
+        assert again.files[0].sha256 != first.files[0].sha256 and len(x) == again.num_train
+    finally:
+        clear_dataset_cache()
+
+
+@pytest.mark.parametrize("name", ["wiki.train.tokens", "wiki.test.tokens"])
+def test_a_wikitext2_file_that_is_not_utf8_is_named(tmp_path, name):
+    """A token file of other bytes (a Latin-1 copy, a compressed file under the name) stopped the
+    load with "'utf-8' codec can't decode byte 0xff in position 0", naming no file."""
+    folder = paper_fixtures.write_wikitext2(tmp_path)
+    (folder / name).write_bytes(b"the game \xff began\n")
+    spec = f"wikitext2:root={tmp_path},bptt=2"
+    clear_dataset_cache()
+    where = re.escape(f"dataset spec '{spec}': {folder / name} is not UTF-8 text (byte 9: ")
+    with pytest.raises(ValueError, match="^" + where):
+        load_dataset(spec)

@@ -103,6 +103,9 @@ def test_noise_zero_records_of_a_class_are_shifted_copies_of_its_prototype():
     "spec, match",
     [
         ("synthetic_images:noise=-1", "noise >= 0"),
+        # noise=inf made every image black (NaN pixels cast to uint8), noise=nan the same
+        ("synthetic_images:noise=inf", "a finite noise >= 0"),
+        ("synthetic_images:noise=nan", "a finite noise >= 0"),
         ("synthetic_images:n=5", "n >= classes"),
         ("synthetic_images:test=0", "test >= 1"),
         ("synthetic_images:colour=1", "unknown option 'colour'"),
