@@ -227,6 +227,27 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path, monkeypatch):
     assert final["_step"] == records[-1]["step"]
 
 
+def test_a_resumed_offline_wandb_run_holds_every_step_once(tmp_path, monkeypatch):
+    """W&B resumes no offline run: the resumed run's wandb.init starts a new offline run with the
+    same id at step 0 (`resumed` False), and `wandb sync` keeps one of the two. The tracker logs
+    the records up to the checkpoint again into it, so that the newest offline run holds rank 0's
+    whole history, each step once (it held only the steps after the checkpoint)."""
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    config = tiny(tmp_path, loggers=[{"wandb": {"mode": "offline"}}], epochs=2, log_every=3)
+    steps_per_epoch = run_local(config.replace(out_dir=None, loggers=[]))[0]["steps_per_epoch"]
+    with pytest.raises(_Interrupt):  # in epoch 2, after the epoch-1 checkpoint
+        run_local(config, on_step=_stop_at(steps_per_epoch + 5))
+    run_local(config, resume=True)
+    files = (Path(config.out_dir) / "wandb").glob("offline-run-*/run-*.wandb")
+    newest = max(files, key=lambda path: path.stat().st_mtime_ns)
+    rows = wandb_history(newest)
+    records = rank0_records(Path(config.out_dir))
+    assert [row["_step"] for row in rows] == [r["step"] for r in records]  # steps rise: once each
+    for row, record in zip(rows, records):
+        assert row[f"{record['kind']}/train_loss"] == record["train_loss"]
+    assert steps_per_epoch in [r["step"] for r in records]  # the checkpoint's eval, logged again
+
+
 class Recorder(TrainingHooks):
     """Writes what its hook points saw to a JSON file (per rank), for the CLI test below."""
 
