@@ -231,7 +231,9 @@ class TensorBoardTracker(Tracker):
         from torch.utils.tensorboard import SummaryWriter
 
         log_dir = self.options.get("log_dir", run_dir / "tensorboard" if run_dir else None)
-        purge = {"purge_step": self.step + 1} if context.resuming and self.step is not None else {}
+        # resumed: hide the first attempt's events after the checkpoint (after its last record
+        # before it; none: after step 0, the provenance's)
+        purge = {"purge_step": (self.step or 0) + 1} if context.resuming else {}
         self.writer = SummaryWriter(**{**purge, **self.options, "log_dir": str(log_dir)})
         tags = provenance_tags(self.provenance)
         if tags and not context.resuming:

@@ -122,6 +122,30 @@ def test_a_resumed_run_shows_each_tensorboard_step_once(tmp_path):
     assert steps_per_epoch + 2 in [r["step"] for r in records if r["kind"] == "log"]
 
 
+def test_a_resumed_run_whose_checkpoint_follows_no_record_shows_each_tensorboard_step_once(
+    tmp_path,
+):
+    """A checkpoint before the run's first record (eval_every 2, checkpoint_every 1, a log record
+    every steps_per_epoch + 7 steps) held no last step, and the resumed run then purged nothing:
+    the log record written after that checkpoint, before the interruption, showed twice."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps_per_epoch = run_local(tiny(tmp_path, out_dir=None))[0]["steps_per_epoch"]
+    config = tiny(
+        tmp_path, loggers=["tensorboard"], epochs=3, eval_every=2, log_every=steps_per_epoch + 7
+    )
+    with pytest.raises(_Interrupt):  # in epoch 2, after the epoch-1 checkpoint and a log record
+        run_local(config, on_step=_stop_at(steps_per_epoch + 9))
+    run_local(config, resume=True)
+    events = EventAccumulator(str(Path(config.out_dir) / "tensorboard"))
+    events.Reload()
+    records = rank0_records(Path(config.out_dir))
+    for kind in ("log", "eval"):
+        steps = [e.step for e in events.Scalars(f"{kind}/train_loss")]
+        assert steps == [r["step"] for r in records if r["kind"] == kind], kind
+    assert events.Tensors("provenance/text_summary")  # step 0's text is kept
+
+
 class _Interrupt(Exception):
     pass
 
