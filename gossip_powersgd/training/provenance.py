@@ -3,8 +3,9 @@
 `provenance(comm, config)` is collective (the host names are gathered from every peer) and returns
 the same dict on every peer. The trainer puts it under "provenance" in summary.json and as comment
 lines at the top of config.yaml (comments, so that `--resume` and `--config` read the file as
-before); the trackers (`extensions.py`) tag their runs with it. Nothing in it depends on a peer's
-data: it is safe to gather under differential privacy.
+before); the trackers (`trackers.py`) tag their runs with it (`provenance_tags`, and
+`provenance_table` for TensorBoard's text). Nothing in it depends on a peer's data: it is safe to
+gather under differential privacy.
 
 "command" is the command line that started the run as it was typed to the launcher: under mpiexec,
 torchrun or srun, the launcher's own (``mpiexec -n 8 python -m gossip_powersgd.cli.train ...``),
@@ -193,6 +194,53 @@ def as_comments(record: Dict[str, Any]) -> str:
     return "".join(f"# {escaped(text)}\n" for text in texts)
 
 
+def command_text(origin: Dict[str, Any]) -> str:
+    """The provenance's command line as one shell line."""
+    return shlex.join(origin.get("command") or [])
+
+
+#: The characters that are markup inside a table cell of TensorBoard's markdown (Python-Markdown
+#: with tables: escapes, code, emphasis, links, cell ends) unless escaped by a backslash, as in
+#: CommonMark. A cell holds no block markup (headings, lists), so `#`, `-`, `.` stay as they are.
+MARKDOWN_INLINE = frozenset("\\`*_[]|")
+
+
+def provenance_table(tags: Dict[str, str]) -> str:
+    """The tags as a markdown table (TensorBoard's text): a value stays in its cell and reads as
+    written: its line breaks escaped (`utils.escaped`), markdown's inline markup characters, `|`
+    and `\\` among them (a `python -c` program in the command), escaped by a backslash, `&` as
+    ``&amp;``."""
+
+    def cell(text: str) -> str:
+        marked = ("\\" + c if c in MARKDOWN_INLINE else c for c in escaped(text))
+        return "".join(marked).replace("&", "&amp;")  # an HTML entity is written as typed
+
+    cells = {k: cell(v) for k, v in tags.items()}
+    return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in cells.items())
+
+
+def provenance_tags(origin: Dict[str, Any]) -> Dict[str, str]:
+    """The provenance as flat string tags (MLflow's; the others take what they show of it)."""
+    if not origin:
+        return {}
+    dirty = origin.get("git_dirty")
+    tags = {
+        "git_commit": origin.get("git_commit") or "not a git checkout",
+        "git_dirty": "unknown" if dirty is None else str(bool(dirty)).lower(),
+        "gossip_powersgd": str(origin.get("gossip_powersgd")),
+        "python": str(origin.get("python")),
+        **{name: str(v) for name, v in (origin.get("libraries") or {}).items() if v},
+        "backend": str(origin.get("backend")),
+        "world_size": str(origin.get("world_size")),
+        "hosts": ", ".join(f"{h} ({n})" for h, n in (origin.get("peers_per_host") or {}).items()),
+        "launcher": origin.get("launcher") or "none",
+        "command": command_text(origin),
+    }
+    if origin.get("command_note"):
+        tags["command_note"] = origin["command_note"]
+    return tags
+
+
 __all__ = [
     "provenance",
     "as_comments",
@@ -201,4 +249,7 @@ __all__ = [
     "launch_command",
     "gather_hosts",
     "LIBRARIES",
+    "command_text",
+    "provenance_table",
+    "provenance_tags",
 ]

@@ -24,6 +24,8 @@ A run that fails ends its tracker's run as failed (MLflow status FAILED, W&B exi
 hparams in TensorBoard); a resumed run continues the same W&B and MLflow run, where the records
 written after its checkpoint reach the tracker once: MLflow skips the steps its run holds (of each
 record kind), TensorBoard purges them (``purge_step``), W&B ignores steps below its run's last one.
+W&B resumes no offline run (a new offline run with the same id, of which `wandb sync` keeps one),
+so there the tracker logs the records up to the checkpoint again: the newest offline run holds all.
 """
 
 from __future__ import annotations
@@ -31,65 +33,18 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import shlex
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..extras import TRACKER_PACKAGES, installed
-from ..utils import escaped, one_line
+from ..utils import one_line
 from .hooks import SetupContext, TrainingHooks
 from .metric_names import record_scalars, summary_scalars
+from .provenance import command_text, provenance_table, provenance_tags
 
 #: The run directory's files a tracker keeps with its run (W&B files, MLflow artifacts).
 RUN_FILES = ("config.yaml", "summary.json", "summary.md")
-
-
-def command_text(origin: Dict[str, Any]) -> str:
-    """The provenance's command line as one shell line."""
-    return shlex.join(origin.get("command") or [])
-
-
-#: The characters that are markup inside a table cell of TensorBoard's markdown (Python-Markdown
-#: with tables: escapes, code, emphasis, links, cell ends) unless escaped by a backslash, as in
-#: CommonMark. A cell holds no block markup (headings, lists), so `#`, `-`, `.` stay as they are.
-MARKDOWN_INLINE = frozenset("\\`*_[]|")
-
-
-def provenance_table(tags: Dict[str, str]) -> str:
-    """The tags as a markdown table (TensorBoard's text): a value stays in its cell and reads as
-    written: its line breaks escaped (`utils.escaped`), markdown's inline markup characters, `|`
-    and `\\` among them (a `python -c` program in the command), escaped by a backslash, `&` as
-    ``&amp;``."""
-
-    def cell(text: str) -> str:
-        marked = ("\\" + c if c in MARKDOWN_INLINE else c for c in escaped(text))
-        return "".join(marked).replace("&", "&amp;")  # an HTML entity is written as typed
-
-    cells = {k: cell(v) for k, v in tags.items()}
-    return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in cells.items())
-
-
-def provenance_tags(origin: Dict[str, Any]) -> Dict[str, str]:
-    """The provenance as flat string tags (MLflow's; the others take what they show of it)."""
-    if not origin:
-        return {}
-    dirty = origin.get("git_dirty")
-    tags = {
-        "git_commit": origin.get("git_commit") or "not a git checkout",
-        "git_dirty": "unknown" if dirty is None else str(bool(dirty)).lower(),
-        "gossip_powersgd": str(origin.get("gossip_powersgd")),
-        "python": str(origin.get("python")),
-        **{name: str(v) for name, v in (origin.get("libraries") or {}).items() if v},
-        "backend": str(origin.get("backend")),
-        "world_size": str(origin.get("world_size")),
-        "hosts": ", ".join(f"{h} ({n})" for h, n in (origin.get("peers_per_host") or {}).items()),
-        "launcher": origin.get("launcher") or "none",
-        "command": command_text(origin),
-    }
-    if origin.get("command_note"):
-        tags["command_note"] = origin["command_note"]
-    return tags
 
 
 class Tracker(TrainingHooks):
@@ -276,7 +231,9 @@ class TensorBoardTracker(Tracker):
         from torch.utils.tensorboard import SummaryWriter
 
         log_dir = self.options.get("log_dir", run_dir / "tensorboard" if run_dir else None)
-        purge = {"purge_step": self.step + 1} if context.resuming and self.step is not None else {}
+        # resumed: hide the first attempt's events after the checkpoint (after its last record
+        # before it; none: after step 0, the provenance's)
+        purge = {"purge_step": (self.step or 0) + 1} if context.resuming else {}
         self.writer = SummaryWriter(**{**purge, **self.options, "log_dir": str(log_dir)})
         tags = provenance_tags(self.provenance)
         if tags and not context.resuming:
@@ -346,7 +303,30 @@ class WandbTracker(Tracker):
             options.update(id=self.run_id, resume="allow")
         config = dict(context.config.to_dict(), **({"provenance": origin} if origin else {}))
         self.run = wandb.init(config=config, **options)
+        if self.run_id and not self.run.resumed:  # offline: W&B started the run over
+            self._replay_to_checkpoint()
         self.run_id = self.run.id
+
+    def _replay_to_checkpoint(self) -> None:
+        """Log again the records up to the checkpoint, from rank 0's metrics file, into a W&B
+        run that a resumed run could not continue: W&B resumes no offline run (its resumed run is
+        a new offline run with the same id, starting at step 0, and `wandb sync` keeps one of the
+        two), so the newest offline run holds the whole history, each step once."""
+        from .checkpoint import metrics_path
+        from .evaluation import shareable
+
+        path = metrics_path(self.run_dir, 0) if self.run_dir is not None else None
+        if path is None or self.step is None or not path.is_file():
+            return
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:  # a half-written last line
+                break
+            step = int(record.get("step", 0))
+            if step > self.step:  # after the checkpoint: the resumed run writes it again
+                break
+            self.write(record_scalars(shareable(record, self.private)), step)
 
     @staticmethod
     def _tags(origin: Dict[str, Any]) -> List[str]:

@@ -122,6 +122,30 @@ def test_a_resumed_run_shows_each_tensorboard_step_once(tmp_path):
     assert steps_per_epoch + 2 in [r["step"] for r in records if r["kind"] == "log"]
 
 
+def test_a_resumed_run_whose_checkpoint_follows_no_record_shows_each_tensorboard_step_once(
+    tmp_path,
+):
+    """A checkpoint before the run's first record (eval_every 2, checkpoint_every 1, a log record
+    every steps_per_epoch + 7 steps) held no last step, and the resumed run then purged nothing:
+    the log record written after that checkpoint, before the interruption, showed twice."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps_per_epoch = run_local(tiny(tmp_path, out_dir=None))[0]["steps_per_epoch"]
+    config = tiny(
+        tmp_path, loggers=["tensorboard"], epochs=3, eval_every=2, log_every=steps_per_epoch + 7
+    )
+    with pytest.raises(_Interrupt):  # in epoch 2, after the epoch-1 checkpoint and a log record
+        run_local(config, on_step=_stop_at(steps_per_epoch + 9))
+    run_local(config, resume=True)
+    events = EventAccumulator(str(Path(config.out_dir) / "tensorboard"))
+    events.Reload()
+    records = rank0_records(Path(config.out_dir))
+    for kind in ("log", "eval"):
+        steps = [e.step for e in events.Scalars(f"{kind}/train_loss")]
+        assert steps == [r["step"] for r in records if r["kind"] == kind], kind
+    assert events.Tensors("provenance/text_summary")  # step 0's text is kept
+
+
 class _Interrupt(Exception):
     pass
 
@@ -225,6 +249,27 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path, monkeypatch):
     (final,) = [row for row in rows if "eval/test_acc_avg_model" in row]
     assert final["eval/test_acc_avg_model"] == records[-1]["test_acc_avg_model"]
     assert final["_step"] == records[-1]["step"]
+
+
+def test_a_resumed_offline_wandb_run_holds_every_step_once(tmp_path, monkeypatch):
+    """W&B resumes no offline run: the resumed run's wandb.init starts a new offline run with the
+    same id at step 0 (`resumed` False), and `wandb sync` keeps one of the two. The tracker logs
+    the records up to the checkpoint again into it, so that the newest offline run holds rank 0's
+    whole history, each step once (it held only the steps after the checkpoint)."""
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    config = tiny(tmp_path, loggers=[{"wandb": {"mode": "offline"}}], epochs=2, log_every=3)
+    steps_per_epoch = run_local(config.replace(out_dir=None, loggers=[]))[0]["steps_per_epoch"]
+    with pytest.raises(_Interrupt):  # in epoch 2, after the epoch-1 checkpoint
+        run_local(config, on_step=_stop_at(steps_per_epoch + 5))
+    run_local(config, resume=True)
+    files = (Path(config.out_dir) / "wandb").glob("offline-run-*/run-*.wandb")
+    newest = max(files, key=lambda path: path.stat().st_mtime_ns)
+    rows = wandb_history(newest)
+    records = rank0_records(Path(config.out_dir))
+    assert [row["_step"] for row in rows] == [r["step"] for r in records]  # steps rise: once each
+    for row, record in zip(rows, records):
+        assert row[f"{record['kind']}/train_loss"] == record["train_loss"]
+    assert steps_per_epoch in [r["step"] for r in records]  # the checkpoint's eval, logged again
 
 
 class Recorder(TrainingHooks):
