@@ -14,6 +14,7 @@ directed graph is never taken for an undirected one (or the reverse).
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 from functools import cached_property
@@ -57,7 +58,7 @@ def cycle_period(support: np.ndarray) -> int:
         frontier = np.flatnonzero(support[:, frontier].any(axis=1) & (level < 0))
         level[frontier] = depth
     dst, src = np.nonzero(support)
-    return int(np.gcd.reduce(np.abs(level[src] + 1 - level[dst])))
+    return math.gcd(*(int(d) for d in np.abs(level[src] + 1 - level[dst])))
 
 
 def validate_column_stochastic(p, *, require_connected: bool = True) -> np.ndarray:

@@ -207,6 +207,7 @@ AREAS: List[Tuple[str, Tuple[str, ...]]] = [
         (
             "gossip_powersgd/training/data.py",
             "gossip_powersgd/training/records.py",
+            "gossip_powersgd/training/torch_datasets.py",
             "gossip_powersgd/training/partition.py",
             "gossip_powersgd/training/models.py",
             "gossip_powersgd/training/zoo.py",

@@ -33,6 +33,8 @@ from .base import FlatParams, GossipAlgorithm, ParamsLike
 from .layout import MessageLayout, Part, unflatten
 
 if TYPE_CHECKING:
+    from topologies import AnyTopology
+
     from ..comm.base import Comm
 
 
@@ -83,7 +85,7 @@ class PushSum(GossipAlgorithm):
         return "push-sum"
 
     @classmethod
-    def check_config(cls, kwargs, topology) -> None:
+    def check_config(cls, kwargs, topology: AnyTopology) -> None:
         """Refuse a static undirected W with the eigenvalue -1 (bipartite, no self weights, e.g.
         a weighted file ``0 1 0.5`` ... around a ring of 4): push-sum mixes with W itself, a step
         of 1 where exact gossip takes its gamma, and would swap the two halves for ever. (Built

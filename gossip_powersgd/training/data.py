@@ -51,7 +51,7 @@ import torch
 from ..specs import UserCodeExit, accepts, import_object, parse_spec, unknown_name, user_code
 from .batches import Batches, ResumableBatches  # noqa: F401 (the iterators' home is batches.py)
 from .datasets import DATASETS, WHAT
-from .records import checked_labels
+from .torch_datasets import checked_labels
 from .partition import (  # noqa: F401 (partitions' home is partition.py; re-exported here)
     LOCAL_PARTITION,
     PARTITION_NAMES,
@@ -217,7 +217,7 @@ def _byo_dataset(spec: str, seed: int) -> Dataset:
         and len(result) == 2
         and all(hasattr(d, "__getitem__") and hasattr(d, "__len__") for d in result)
     ):
-        from .records import torch_datasets
+        from .torch_datasets import torch_datasets
 
         return torch_datasets(spec, *result)
     if not isinstance(result, (tuple, list)) or len(result) != 4:
