@@ -304,44 +304,46 @@ def soak(
     `minutes` of training without faults on `hosts` hosts of a cluster made for it (`prefix`,
     default "cr" and this process's id), random hosts and kinds from `seed` (or `kinds` in
     turn); each row also to `out_jsonl` as it comes. Returns {"rows", "final"}. A soak that cannot
-    run (`check_soak`) or a rows file that cannot be opened fails before the cluster is made."""
+    run (`check_soak`) or a rows file that cannot be opened fails before the cluster is made;
+    on Ctrl-C, SIGTERM or SIGHUP its processes are killed and its cluster removed."""
     from gossip_powersgd.cluster import network
 
     check_soak(config, minutes, faults, hosts, kinds)
     rng = random.Random(seed)
     prefix = prefix or f"cr{os.getpid() % 10**5}"
-    load_before = os.getloadavg()
-    sink = open(out_jsonl, "w") if out_jsonl else None  # before the cluster: nothing to undo
-    try:
-        network.up(prefix, hosts, None, {})  # (a failed one removes what it made)
-    except BaseException:
-        if sink:
-            sink.close()
-        raise
-    try:
-        # the hosts' logs: removed after a soak that ends well, kept (and named) after one that
-        # does not (the third full soak ended with a rejoined host's process gone and no log)
-        with tempfile.TemporaryDirectory(prefix="churn-soak-") as tmp, _kept_on_error(tmp):
-            rows, final, reference, epochs = _soaked(
-                prefix, config, minutes, faults, rng, hosts, kinds, sink, Path(tmp)
+    with network.exits_on_termination():  # SIGTERM, SIGHUP: the cleanup below runs
+        load_before = os.getloadavg()
+        sink = open(out_jsonl, "w") if out_jsonl else None  # before the cluster: nothing to undo
+        try:
+            network.up(prefix, hosts, None, {})  # (a failed one removes what it made)
+        except BaseException:
+            if sink:
+                sink.close()
+            raise
+        try:
+            # the hosts' logs: removed after a soak that ends well, kept (and named) after one that
+            # does not (the third full soak ended with a rejoined host's process gone and no log)
+            with tempfile.TemporaryDirectory(prefix="churn-soak-") as tmp, _kept_on_error(tmp):
+                rows, final, reference, epochs = _soaked(
+                    prefix, config, minutes, faults, rng, hosts, kinds, sink, Path(tmp)
+                )
+            final.update(hosts=hosts, epochs=epochs, seed=seed, comm_timeout_s=TIMEOUT)
+            final.update(
+                reference_test_acc_avg_model=reference["acc"],
+                reference_steps=reference["steps"],
+                reference_wall_time_s=reference["wall_s"],
+                load_before=list(load_before),
+                load_after=list(os.getloadavg()),
+                cpus=os.cpu_count(),
             )
-        final.update(hosts=hosts, epochs=epochs, seed=seed, comm_timeout_s=TIMEOUT)
-        final.update(
-            reference_test_acc_avg_model=reference["acc"],
-            reference_steps=reference["steps"],
-            reference_wall_time_s=reference["wall_s"],
-            load_before=list(load_before),
-            load_after=list(os.getloadavg()),
-            cpus=os.cpu_count(),
-        )
-        if sink:
-            sink.write(json.dumps(final) + "\n")
-    finally:
-        if sink:
-            sink.close()
-        for k in range(hosts):
-            network.signal_host(prefix, f"host{k}", signal.SIGKILL)
-        network.down(prefix)
+            if sink:
+                sink.write(json.dumps(final) + "\n")
+        finally:
+            if sink:
+                sink.close()
+            for k in range(hosts):
+                network.signal_host(prefix, f"host{k}", signal.SIGKILL)
+            network.down(prefix)
     return {"rows": rows, "final": final}
 
 
