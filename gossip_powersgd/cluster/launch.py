@@ -52,23 +52,32 @@ def launch_on_hosts(
     """`python COMMAND` on host0 .. host{hosts-1} of cluster `prefix` (each one's output in
     LOGS/hostK.log; `env`: their variables, default this process's). Returns the seconds until
     the last one ended. Raises RuntimeError when one fails (the others get `grace` seconds to
-    notice and end, then are killed) or when they run past `limit` seconds (all killed)."""
+    notice and end, then are killed) or when they run past `limit` seconds (all killed); a
+    ClusterError, with no host started, when the cluster lacks one of them."""
     base = dict(os.environ if env is None else env, **{PREFIX_ENV: prefix})
-    processes = []
-    start = time.perf_counter()
+    # every host checked before any starts: a cluster too small for `hosts` starts nothing
+    starts = []
     for k in range(hosts):
         argv, variables = _host_command(k, hosts, command, torchrun, port)
-        with open(Path(logs) / f"host{k}.log", "w") as log:
-            processes.append(
-                subprocess.Popen(
-                    enter_command(prefix, f"host{k}", argv),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=cwd,
-                    env=dict(base, **variables),
-                    start_new_session=True,
+        starts.append((enter_command(prefix, f"host{k}", argv), dict(base, **variables)))
+    processes: List[subprocess.Popen] = []
+    start = time.perf_counter()
+    try:
+        for k, (argv, variables) in enumerate(starts):
+            with open(Path(logs) / f"host{k}.log", "w") as log:
+                processes.append(
+                    subprocess.Popen(
+                        argv,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=cwd,
+                        env=variables,
+                        start_new_session=True,
+                    )
                 )
-            )
+    except BaseException:  # a host that cannot start (its cwd, its log): end those started
+        _end(processes)
+        raise
     failed, first = _wait(processes, limit, grace)
     seconds = time.perf_counter() - start
     bad = [k for k, p in enumerate(processes) if p.returncode != 0]
@@ -99,11 +108,16 @@ def _wait(processes: List[subprocess.Popen], limit: float, grace: float):
                 break
             time.sleep(0.2)
     finally:
-        for p in processes:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.wait()
+        _end(processes)
     return failed, first
+
+
+def _end(processes: List[subprocess.Popen]) -> None:
+    """Kill whatever of `processes` still runs, with everything it started (its session)."""
+    for p in processes:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+            p.wait()
 
 
 def train_on_hosts(

@@ -29,9 +29,11 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 from ..utils import atomic_write
 
@@ -255,8 +257,9 @@ def hosts_file(count: int) -> str:
 
 
 def up(prefix: str, count: int, rate: Optional[int], rates: Dict[str, Optional[int]]) -> None:
-    """Make cluster `prefix` of `count` hosts, host K's rate `rates.get(hostK, rate)`. A failure
-    removes what was made; an interrupted `up` leaves what `down` removes."""
+    """Make cluster `prefix` of `count` hosts, host K's rate `rates.get(hostK, rate)`. A failure,
+    Ctrl-C, SIGTERM or SIGHUP removes what was made; a SIGKILLed `up` leaves what `down`
+    removes."""
     check_prefix(prefix)
     if not 1 <= count <= MAX_HOSTS:
         raise ClusterError(f"--hosts {count}: give 1 to {MAX_HOSTS} hosts (one /24 subnet)")
@@ -274,13 +277,43 @@ def up(prefix: str, count: int, rate: Optional[int], rates: Dict[str, Optional[i
             f"remove it with python -m gossip_powersgd.cluster down"
             f"{'' if prefix == DEFAULT_PREFIX else f' --prefix {prefix}'}, or use another --prefix"
         )
+    with exits_on_termination():
+        try:
+            _make_switch(prefix)
+            for k in range(count):
+                _make_host(prefix, k, count, rates.get(f"host{k}", rate))
+        except BaseException:
+            down(prefix)
+            raise
+
+
+#: The signals a user or a supervisor ends a process with, besides Ctrl-C's SIGINT.
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def exits_on_termination() -> Iterator[None]:
+    """Within it, SIGTERM or SIGHUP raises SystemExit(128 + signal) (what the default action's
+    status reads as), so that cleanup code (finally, except BaseException) runs as on Ctrl-C;
+    further ones are ignored while it does. Only the main thread receives signals: elsewhere it
+    does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.getsignal(sig) for sig in TERMINATING}
+
+    def terminate(signum, _frame):
+        for sig in TERMINATING:
+            signal.signal(sig, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    for sig in TERMINATING:
+        signal.signal(sig, terminate)
     try:
-        _make_switch(prefix)
-        for k in range(count):
-            _make_host(prefix, k, count, rates.get(f"host{k}", rate))
-    except BaseException:
-        down(prefix)
-        raise
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def _make_switch(prefix: str) -> None:

@@ -48,6 +48,7 @@ __all__ = [
     "inject_fault",
     "pause",
     "progress",
+    "check_soak",
     "run_without_faults",
     "soak",
 ]
@@ -302,39 +303,61 @@ def soak(
     """The soak (module docstring) of `config` (a YAML file): `faults` faults over a run of about
     `minutes` of training without faults on `hosts` hosts of a cluster made for it (`prefix`,
     default "cr" and this process's id), random hosts and kinds from `seed` (or `kinds` in
-    turn); each row also to `out_jsonl` as it comes. Returns {"rows", "final"}."""
+    turn); each row also to `out_jsonl` as it comes. Returns {"rows", "final"}. A soak that cannot
+    run (`check_soak`) or a rows file that cannot be opened fails before the cluster is made;
+    on Ctrl-C, SIGTERM or SIGHUP its processes are killed and its cluster removed."""
     from gossip_powersgd.cluster import network
 
+    check_soak(config, minutes, faults, hosts, kinds)
     rng = random.Random(seed)
     prefix = prefix or f"cr{os.getpid() % 10**5}"
-    network.up(prefix, hosts, None, {})
-    load_before = os.getloadavg()
-    sink = open(out_jsonl, "w") if out_jsonl else None
-    try:
-        # the hosts' logs: removed after a soak that ends well, kept (and named) after one that
-        # does not (the third full soak ended with a rejoined host's process gone and no log)
-        with tempfile.TemporaryDirectory(prefix="churn-soak-") as tmp, _kept_on_error(tmp):
-            rows, final, reference, epochs = _soaked(
-                prefix, config, minutes, faults, rng, hosts, kinds, sink, Path(tmp)
+    with network.exits_on_termination():  # SIGTERM, SIGHUP: the cleanup below runs
+        load_before = os.getloadavg()
+        sink = open(out_jsonl, "w") if out_jsonl else None  # before the cluster: nothing to undo
+        try:
+            network.up(prefix, hosts, None, {})  # (a failed one removes what it made)
+        except BaseException:
+            if sink:
+                sink.close()
+            raise
+        try:
+            # the hosts' logs: removed after a soak that ends well, kept (and named) after one that
+            # does not (the third full soak ended with a rejoined host's process gone and no log)
+            with tempfile.TemporaryDirectory(prefix="churn-soak-") as tmp, _kept_on_error(tmp):
+                rows, final, reference, epochs = _soaked(
+                    prefix, config, minutes, faults, rng, hosts, kinds, sink, Path(tmp)
+                )
+            final.update(hosts=hosts, epochs=epochs, seed=seed, comm_timeout_s=TIMEOUT)
+            final.update(
+                reference_test_acc_avg_model=reference["acc"],
+                reference_steps=reference["steps"],
+                reference_wall_time_s=reference["wall_s"],
+                load_before=list(load_before),
+                load_after=list(os.getloadavg()),
+                cpus=os.cpu_count(),
             )
-        final.update(hosts=hosts, epochs=epochs, seed=seed, comm_timeout_s=TIMEOUT)
-        final.update(
-            reference_test_acc_avg_model=reference["acc"],
-            reference_steps=reference["steps"],
-            reference_wall_time_s=reference["wall_s"],
-            load_before=list(load_before),
-            load_after=list(os.getloadavg()),
-            cpus=os.cpu_count(),
-        )
-        if sink:
-            sink.write(json.dumps(final) + "\n")
-    finally:
-        if sink:
-            sink.close()
-        for k in range(hosts):
-            network.signal_host(prefix, f"host{k}", signal.SIGKILL)
-        network.down(prefix)
+            if sink:
+                sink.write(json.dumps(final) + "\n")
+        finally:
+            if sink:
+                sink.close()
+            for k in range(hosts):
+                network.signal_host(prefix, f"host{k}", signal.SIGKILL)
+            network.down(prefix)
     return {"rows": rows, "final": final}
+
+
+def check_soak(config, minutes: float, faults: int, hosts: int, kinds) -> None:
+    """A one-line ValueError for a soak that cannot run, before any cluster is made."""
+    if not Path(config).is_file():
+        raise ValueError(f"soak: config {str(config)!r} is not a file: give a training YAML file")
+    if not hosts >= 2:
+        raise ValueError(f"soak: hosts={hosts}: give at least 2 (host 0 is never faulted)")
+    if not minutes > 0 or faults < 0:
+        raise ValueError(f"soak: minutes={minutes}, faults={faults}: give minutes > 0, faults >= 0")
+    unknown = sorted(set(kinds or ()) - set(KINDS))
+    if unknown:
+        raise ValueError(f"soak: unknown fault kinds {unknown}: give some of {list(KINDS)}")
 
 
 @contextlib.contextmanager

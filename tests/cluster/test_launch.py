@@ -41,6 +41,43 @@ def test_a_launch_past_its_limit_is_killed_and_says_so(tmp_path):
         )
 
 
+def test_a_host_the_cluster_lacks_starts_no_host_at_all(tmp_path, monkeypatch):
+    """A launch on more hosts than the cluster has is refused before any host starts (the hosts
+    started before the missing one were left running: under torchrun, waiting for a rendezvous
+    that never completes)."""
+    from gossip_powersgd.cluster.network import ClusterError
+
+    started = []
+
+    def enter(prefix, host, argv):
+        if host == "host2":
+            raise ClusterError("cluster 'gx' has no host 'host2'")
+        return list(argv)
+
+    monkeypatch.setattr(launch, "enter_command", enter)
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: started.append(a))
+    with pytest.raises(ClusterError, match="no host 'host2'"):
+        launch.launch_on_hosts("gx", 3, ["-c", "pass"], tmp_path, torchrun=False)
+    assert started == []
+
+
+def test_a_host_that_fails_to_start_ends_those_started_before_it(tmp_path, monkeypatch):
+    """A start that fails part way (here host 1's log cannot be opened) kills the hosts already
+    started, with what they started, and raises its own error."""
+    (tmp_path / "host1.log").mkdir()  # open(..., "w") fails on host 1 only
+    popen, started = launch.subprocess.Popen, []
+
+    def recorded(*args, **kwargs):
+        started.append(popen(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(launch.subprocess, "Popen", recorded)
+    sleep = ["-c", "import time; time.sleep(600)"]
+    with pytest.raises(IsADirectoryError):
+        launch.launch_on_hosts("gx", 3, sleep, tmp_path, torchrun=False)
+    assert len(started) == 1 and started[0].returncode == -9
+
+
 def test_under_torchrun_every_host_rendezvous_at_host0():
     argv, variables = launch._host_command(2, 4, ["-m", "prog"], True, 29400)
     assert argv[0].endswith("torchrun") and variables == {}

@@ -62,6 +62,47 @@ def test_host_names_and_addresses():
         network.check_prefix("Bad-Prefix")
 
 
+UP_TERMINATED = """
+import os, signal, sys, time
+from gossip_powersgd.cluster import network
+made, removed = [], []
+network.require_privileges = lambda: None
+network.owned = lambda prefix: []
+network._make_switch = lambda prefix: made.append("switch")
+def make_host(prefix, k, count, bits):
+    made.append(k)
+    if k == 2:
+        os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+        time.sleep(30)
+network._make_host = make_host
+network.down = lambda prefix: removed.append(prefix) or print("removed", made, flush=True)
+network.up("rvt", 5, None, {})
+"""
+
+
+@pytest.mark.parametrize("sig, status", [("SIGTERM", 143), ("SIGHUP", 129)])
+def test_an_up_ended_by_sigterm_or_sighup_removes_what_it_made(sig, status):
+    """`up` ended by SIGTERM or SIGHUP halfway (the hosts are plain functions here: no namespace
+    is made) removes what it made, as on Ctrl-C, and ends with the status the signal's default
+    action gives; before, the signal ended it at once and left every namespace made so far."""
+    result = subprocess.run(
+        [sys.executable, "-c", UP_TERMINATED, sig],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert result.stdout == "removed ['switch', 0, 1, 2]\n", result
+    assert result.returncode == status, result.stderr
+
+
+def test_termination_restores_the_handlers_it_replaced():
+    before = signal.getsignal(signal.SIGTERM)
+    with network.exits_on_termination():
+        assert signal.getsignal(signal.SIGTERM) is not before
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 # ---- with namespaces -----------------------------------------------------------------------------
 @needs_namespaces
 def test_hosts_resolve_each_other_by_name_and_have_their_own(prefix, capsys):

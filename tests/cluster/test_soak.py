@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,51 @@ def test_detection_to_continuation_per_way_a_peer_was_lost():
         "killed": {"median_s": 2.5, "max_s": 3.0, "n": 3},
         "unreachable": {"median_s": 4.0, "max_s": 4.0, "n": 1},
     }
+
+
+@pytest.fixture
+def no_cluster(monkeypatch):
+    """`network.up`/`down` recorded instead of run; training never starts (`_soaked` refuses)."""
+    made = []
+    monkeypatch.setattr(network, "up", lambda prefix, *a: made.append(("up", prefix)))
+    monkeypatch.setattr(network, "down", lambda prefix: made.append(("down", prefix)))
+    monkeypatch.setattr(network, "signal_host", lambda *a: [])
+
+    def refused(*args):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(soak, "_soaked", refused)
+    return made
+
+
+def test_a_rows_file_that_cannot_be_opened_leaves_no_cluster_behind(no_cluster, tmp_path):
+    """The rows file was opened after the cluster was made, outside the cleanup: a path in a
+    missing folder left every namespace of the cluster behind. Now it fails first."""
+    with pytest.raises(FileNotFoundError):
+        soak.soak(TINY, 1.0, 1, 0, tmp_path / "missing" / "soak.jsonl", hosts=3, prefix="rvx")
+    assert no_cluster == []  # refused before any cluster was made
+
+
+@pytest.mark.parametrize(
+    "changed, named",
+    [
+        (dict(hosts=1), "hosts=1: give at least 2"),
+        (dict(kinds=["kill", "hang"]), "unknown fault kinds ['hang']"),
+        (dict(config="missing.yaml"), "'missing.yaml' is not a file"),
+        (dict(minutes=0), "minutes=0, faults=1: give minutes > 0"),
+    ],
+)
+def test_a_soak_that_cannot_run_is_refused_in_one_line_before_a_cluster_is_made(
+    no_cluster, changed, named
+):
+    """One host (none to fault: host 0 never is), an unknown kind (taken for a stop before), a
+    missing config, no minutes: a one-line ValueError before any cluster is made or training
+    starts (before, a cluster was made and a probe trained first)."""
+    args = dict(config=TINY, minutes=1.0, faults=1, seed=0, hosts=3, kinds=None, prefix="rvx")
+    with pytest.raises(ValueError, match=re.escape(named)) as refused:
+        soak.soak(**dict(args, **changed))
+    assert "\n" not in str(refused.value)
+    assert no_cluster == []
 
 
 @OPT_IN
