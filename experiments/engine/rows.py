@@ -1,6 +1,8 @@
 """Resumable rows: PAGE.jsonl under --out, one JSON object a finished run (`FIELDS`, and
 `origin` where a row was converted from an older program's files). Every append rewrites the
-file atomically: a killed sweep leaves its finished rows whole, and a rerun runs only the others.
+file atomically: a killed sweep leaves its finished rows whole, and a rerun runs only the others
+(a sweep killed inside a write leaves a hidden `.PAGE.jsonl.XXXXXXXX.tmp`, never read; the next
+write of that page removes it).
 A line that is not such an object is refused with its file and line number, never skipped.
 """
 
@@ -12,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional
@@ -94,6 +97,7 @@ class RowFile:
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        self._swept = False  # this page's leftover temporary files removed
 
     def read(self) -> Dict[str, Record]:
         """{key: record} in file order; {} when the file does not exist."""
@@ -122,18 +126,25 @@ class RowFile:
 
     def write(self, records: List[Record]) -> None:
         """Replace the file with `records` (atomic)."""
-        from gossip_powersgd.utils import atomic_write
-
-        atomic_write(self.path, "".join(r.to_line() for r in records))
+        self._replace("".join(r.to_line() for r in records).encode("utf-8"))
 
     def append(self, record: Record) -> None:
         """Add one line: the file is rewritten whole and renamed into place (atomic)."""
-        from gossip_powersgd.utils import atomic_write
-
         old = self.path.read_bytes() if self.path.exists() else b""
         if old and not old.endswith(b"\n"):
             old += b"\n"
-        atomic_write(self.path, old + record.to_line().encode("utf-8"))
+        self._replace(old + record.to_line().encode("utf-8"))
+
+    def _replace(self, data: bytes) -> None:
+        """Write the file (atomic); the first write also removes the temporary files a writer of
+        this page killed inside a write left (only this page's: the sweep holds its lock, so no
+        other writer of it is running; other pages' writers may be)."""
+        from gossip_powersgd.utils import atomic_write, remove_leftover_temporaries
+
+        atomic_write(self.path, data)
+        if not self._swept:
+            remove_leftover_temporaries(self.path.parent, re.escape(self.path.name))
+            self._swept = True
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
