@@ -117,7 +117,9 @@ class SyntheticLogreg(DatasetKind):
 
     W* has entries ~ N(0, 1/d) so teacher logits have unit variance whatever ``d`` is, which makes
     ``noise`` (std of the logit noise) comparable across dimensions. A linear model can represent
-    the teacher exactly, so logistic regression learns it well."""
+    the teacher exactly, so logistic regression learns it well. Each array it builds (teacher d x
+    classes, records n x d, logits n x classes) holds at most `_MAX_NUMBERS` float64s: a larger
+    spec is refused in one line, not left to fail allocating."""
 
     name = "synthetic_logreg"
     summary = "seeded linear classification problem (a teacher a linear model can learn)"
@@ -141,11 +143,31 @@ class SyntheticLogreg(DatasetKind):
         n_test = int(round(n * test))
         if n_test < 1 or n - n_test < 1:
             raise spec_error(WHAT, spec, f"n={n} is too small for a {test:g} test split; raise n")
+        _check_sizes(spec, d=d, classes=classes, n=n)
         rng = np.random.default_rng(seed)
         teacher = rng.standard_normal((d, classes)) / np.sqrt(d)
         x = rng.standard_normal((n, d))
         y = np.argmax(x @ teacher + noise * rng.standard_normal((n, classes)), axis=1)
         return x[n_test:], y[n_test:], x[:n_test], y[:n_test], classes
+
+
+#: The most float64s one array of `synthetic_logreg` may hold (2 GiB).
+_MAX_NUMBERS = 1 << 28
+
+
+def _check_sizes(spec: str, **sizes: int) -> None:
+    """Refuse (one line naming the sizes, the limit and the fix) a `synthetic_logreg` spec one of
+    whose arrays would hold more than `_MAX_NUMBERS` numbers: before, classes=1000000000 failed
+    with a MemoryError traceback allocating the teacher."""
+    for a, b in (("d", "classes"), ("n", "d"), ("n", "classes")):
+        count = sizes[a] * sizes[b]
+        if count > _MAX_NUMBERS:
+            raise spec_error(
+                WHAT,
+                spec,
+                f"{a} x {b} = {sizes[a]} x {sizes[b]} = {count} numbers in one array, more than "
+                f"the {_MAX_NUMBERS} it builds at most; lower {a} or {b}",
+            )
 
 
 @register_dataset

@@ -125,3 +125,25 @@ def test_synthetic_logreg_defaults_and_options():
 def test_synthetic_logreg_bad_options(spec, match):
     with pytest.raises(ValueError, match=match):
         load_dataset(spec)
+
+
+@pytest.mark.parametrize(
+    "options, product",
+    [
+        ("classes=1000000000", "d x classes = 20 x 1000000000 = 20000000000"),
+        ("d=1000000000", "d x classes = 1000000000 x 10 = 10000000000"),
+        ("n=1000000000,classes=2", "n x d = 1000000000 x 20 = 20000000000"),
+        ("n=100000000,d=1", "n x classes = 100000000 x 10 = 1000000000"),
+    ],
+)
+def test_synthetic_logreg_too_large_to_build_is_refused_in_one_line(options, product):
+    """Before: classes=1000000000 failed with a MemoryError traceback allocating the teacher (149
+    GiB); now each array (teacher, records, logits) is bounded before anything is allocated."""
+    spec = f"synthetic_logreg:{options}"
+    with pytest.raises(ValueError) as info:
+        kind_load(spec)
+    a, b = product.split(" = ")[0].split(" x ")
+    assert str(info.value) == (
+        f"dataset spec '{spec}': {product} numbers in one array, more than the 268435456 it "
+        f"builds at most; lower {a} or {b}"
+    )
