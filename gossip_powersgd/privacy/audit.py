@@ -50,10 +50,12 @@ __all__ = [
     "AUDIT_STREAM",
     "AuditResult",
     "COUNT_FRACTIONS",
+    "MIN_CANARIES",
     "audit",
     "audit_ceiling",
     "audit_counts",
     "best_audit",
+    "check_canary_count",
     "draw_inclusion",
     "epsilon_lower_bound",
     "guesses",
@@ -221,9 +223,25 @@ def best_audit(
 COUNT_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.5)
 
 
+#: The fewest canaries an audit can guess on: one guessed in and one guessed out.
+MIN_CANARIES = 2
+
+
+def check_canary_count(m: int) -> None:
+    """Refuse in one line an audit of fewer than `MIN_CANARIES` canaries (m in all, every victim's
+    together): before, one canary got the counts (1, 1) and the audit failed only after the
+    training, with "2 guesses for 1 canaries"."""
+    if int(m) < MIN_CANARIES:
+        raise ValueError(
+            f"the one-run audit needs at least {MIN_CANARIES} canaries in all (one guessed in, "
+            f"one out), got {int(m)}: give more canaries"
+        )
+
+
 def audit_counts(m: int, fractions: Sequence[float] = COUNT_FRACTIONS) -> List[Tuple[int, int]]:
     """The (k_pos, k_neg) to try for m canaries, fixed before any score is seen: for each fraction
-    f, f m guesses, half in and half out (at least one each)."""
+    f, f m guesses, half in and half out (at least one each); m is at least `MIN_CANARIES`."""
+    check_canary_count(m)
     return [(max(1, int(f * m) // 2), max(1, int(f * m) // 2)) for f in fractions]
 
 

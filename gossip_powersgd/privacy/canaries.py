@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gossip_powersgd.privacy.audit import draw_inclusion
+from gossip_powersgd.privacy.audit import check_canary_count, draw_inclusion
 from gossip_powersgd.privacy.seeds import Randomness
 from gossip_powersgd.training.hooks import SetupContext, TrainingHooks
 
@@ -166,7 +166,9 @@ def public_canaries(data, m: int, victim: int, seed: int) -> Tuple[torch.Tensor,
 
 def canary_hooks(victims: Sequence[int], data, m: int, seed: int) -> List[Canaries]:
     """One `Canaries` hook per victim with its `public_canaries`, each with its own secret
-    (OS-entropy) inclusion coins, named after its victim (checkpoint state is keyed by name)."""
+    (OS-entropy) inclusion coins, named after its victim (checkpoint state is keyed by name).
+    Fewer than `audit.MIN_CANARIES` canaries in all are refused here, before any training."""
+    check_canary_count(len(victims) * int(m))
     hooks = [Canaries(v, *public_canaries(data, m, v, seed)) for v in victims]
     for hook in hooks:
         hook.name = f"canaries of peer {hook.victim}"

@@ -5,9 +5,10 @@ and scoring canaries in a run: tests/privacy/test_audit.py."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from gossip_powersgd.privacy.audit import draw_inclusion
+from gossip_powersgd.privacy.audit import audit_counts, draw_inclusion
 from gossip_powersgd.privacy.canaries import canary_hooks, public_canaries
 from gossip_powersgd.privacy.seeds import Randomness
 from gossip_powersgd.training.data import load_dataset
@@ -43,3 +44,20 @@ def test_public_canaries_are_at_the_datas_scale_and_differ_per_victim_and_seed()
     assert set(y.tolist()) == set(range(data.num_classes))
     for other in (public_canaries(data, 4000, victim=2, seed=0), public_canaries(data, 4000, 1, 1)):
         assert not torch.equal(other[0], x)
+
+
+def test_too_few_canaries_for_an_audit_are_refused_before_training_naming_the_fix():
+    """Before: one canary got the counts (1, 1) from `audit_counts`, and `canary_audit` failed only
+    after the training with "k_pos + k_neg = 2 guesses for 1 canaries", naming no fix."""
+    data = load_dataset(DATA, 0)
+    message = (
+        r"^the one-run audit needs at least 2 canaries in all \(one guessed in, one out\), "
+        r"got {}: give more canaries$"
+    )
+    for m in (0, 1):
+        with pytest.raises(ValueError, match=message.format(m)):
+            audit_counts(m)
+    with pytest.raises(ValueError, match=message.format(1)):
+        canary_hooks([3], data, 1, seed=0)
+    assert audit_counts(2) == [(1, 1)] * 5  # two canaries: one guess each
+    assert len(canary_hooks([1, 3], data, 1, seed=0)) == 2  # one per victim, two in all
