@@ -46,6 +46,22 @@ def _recipe(split, train: Mapping[str, Any], count: int, seed: int, k: int, obse
     return dict(identity, observer=observer, code=data_cache.code_digest())
 
 
+def _check_candidates(split, candidates) -> None:
+    """Refuse in one line candidates other than `Candidates.of(split)`'s (every victim's records,
+    in the split's order): the references' masks and statistics are indexed by those, and the
+    cache key names the split alone. Before, a subset (`Candidates.of(split, victims=...)`) failed
+    with an IndexError traceback, or, its statistics cached, was given another's."""
+    sizes = [len(split.members[v]) + len(split.heldout[v]) for v in split.victims]
+    expected = np.repeat(np.asarray(split.victims, dtype=np.int64), sizes)
+    if not np.array_equal(np.asarray(candidates.victim), expected):
+        peers = list(dict.fromkeys(np.asarray(candidates.victim).tolist()))
+        raise ValueError(
+            f"gossip references take the candidates of every victim of the split "
+            f"{list(split.victims)}, got those of peers {peers}: pass Candidates.of(split), or "
+            f"make the split with victims={peers}"
+        )
+
+
 def _settings(train: Mapping[str, Any]):
     """`train` with every key it leaves out at its default (a `TrainConfig`): the model and the
     blind model's recipe read from it, whatever the caller spelled out."""
@@ -89,6 +105,8 @@ def reference_stats(
     from gossip_powersgd.privacy.membership import loss_scores, model_with_parameters
     from gossip_powersgd.training.models import build_model
 
+    _check_candidates(split, candidates)
+
     def build():
         base, mask = split.data(), inclusion_masks(len(candidates.y), count, seed=seed)[k]
         index = np.concatenate([np.r_[split.members[v], split.heldout[v]] for v in split.victims])
@@ -122,11 +140,13 @@ def gossip_references(
 ):
     """`count` reference runs by gossip (`reference_stats`, k = 0 .. count - 1) and the blind
     model (trained alone on the observer's shard in `train`'s recipe, as `References.build`
-    does): an `attacks.References`, whose `seconds` is the CPU time this call took."""
+    does): an `attacks.References`, whose `seconds` is the CPU time this call took. `candidates`
+    must be `Candidates.of(split)` (every victim's): a subset is refused, before any training."""
     from gossip_powersgd.privacy.attacks import References
     from gossip_powersgd.privacy.lira import inclusion_masks, train_classifier
     from gossip_powersgd.training.models import build_model
 
+    _check_candidates(split, candidates)
     started, base = time.process_time(), split.data()
     config = _settings(train)  # before the runs: a bad key is refused before hours of training
     stats = [

@@ -1,15 +1,18 @@
 """LiRA references trained by gossip (`privacy.gossip_references`): every candidate IN exactly half
 of the references; each reference built once and cached on disk under a key of what determines it
 (a second call reads the same numbers back, any change of split, recipe, count, seed or index is
-another entry); the references' victims have seen their IN candidates (lower loss on them)."""
+another entry); the references' victims have seen their IN candidates (lower loss on them);
+candidates of some victims only are refused in one line, before any training."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from gossip_powersgd.privacy.attacks import Candidates
 from gossip_powersgd.privacy.gossip_references import cache_path, gossip_references
+from gossip_powersgd.privacy.gossip_references import reference_stats
 from gossip_powersgd.privacy.heldout import make_split
 from privacy_attack_scenarios import SPLIT_DATA
 
@@ -91,3 +94,19 @@ def test_a_config_that_leaves_keys_at_their_defaults_is_read_with_them(tmp_path)
     for mine, theirs in zip(refs.blind.parameters(), spelled.blind.parameters()):
         assert torch.equal(mine, theirs)
     assert np.array_equal(refs.phi, spelled.phi)
+
+
+def test_candidates_of_some_victims_only_are_refused_before_any_training(tmp_path):
+    """Before: `Candidates.of(split, victims=[1])` made the candidate index (every victim's
+    records) and the mask (peer 1's) differ in length: an IndexError traceback."""
+    split = make_split(SPLIT_DATA, 4, "iid", 0, victims=[1, 3], fraction=0.5, split_seed=0)
+    message = (
+        r"^gossip references take the candidates of every victim of the split \[1, 3\], got "
+        r"those of peers \[1\]: pass Candidates.of\(split\), or make the split with victims=\[1\]$"
+    )
+    subset = Candidates.of(split, victims=[1])
+    with pytest.raises(ValueError, match=message):
+        gossip_references(split, subset, TRAIN, 2, 0, 0, cache_dir=tmp_path)
+    with pytest.raises(ValueError, match=message):
+        reference_stats(split, subset, TRAIN, 2, 0, 0, 0, cache_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []  # nothing trained, nothing cached
