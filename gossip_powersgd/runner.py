@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Union
 
 if TYPE_CHECKING:
+    from topologies import Topology
+
     from .comm import Communicator
     from .training.config import TrainConfig
     from .training.hooks import TrainingHooks
@@ -204,15 +206,35 @@ def run(
             or process); keep a reference to read them after the run.
         states: also return each peer's final model `state_dict()` (`RunResult.states`).
         resume: as `train`'s (True: continue `out_dir` from its checkpoint; "auto").
+
+    The run uses `threads` torch intra-op threads; the caller's count is restored when it returns
+    (also on an error).
     """
     import torch
 
-    from .launch import intra_op_threads, run_peers, transport
+    from .launch import intra_op_threads
 
     config = load(config)
     topology = _topology(config)
     config = config.replace(peers=topology.size)
+    callers = torch.get_num_threads()  # a library call leaves the caller's setting as it was
     torch.set_num_threads(intra_op_threads(config.threads))
+    try:
+        return _run(config, topology, hooks, states, resume)
+    finally:
+        torch.set_num_threads(callers)
+
+
+def _run(
+    config: "TrainConfig",
+    topology: "Topology",
+    hooks: Optional[MakeHooks],
+    states: bool,
+    resume: Union[bool, str],
+) -> RunResult:
+    """`run` once the config is loaded and torch's intra-op threads are set: the peers' figures."""
+    from .launch import run_peers, transport
+
     device = "cpu"
     if transport(config.backend).uses_device:
         from .training.setup import resolve_device

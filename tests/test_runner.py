@@ -225,3 +225,22 @@ def test_threads_beyond_the_cpus_are_clamped_as_gossip_train_clamps_them(monkeyp
     finally:
         real(1)
     assert cpus in asked and result.config.threads == 100000 and result.acc_avg > 0.8
+
+
+def test_run_leaves_the_callers_torch_thread_count_as_it_was_also_on_an_error():
+    """Before: `run()` left torch's intra-op thread count at the config's `threads` (1) in the
+    caller's process after it returned."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        run(TINY)
+        assert torch.get_num_threads() == 2
+
+        def broken(rank):
+            raise RuntimeError("hooks of a test that fail")
+
+        with pytest.raises(Exception, match="hooks of a test that fail"):
+            run(TINY, hooks=broken)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
