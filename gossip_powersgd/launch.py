@@ -351,6 +351,8 @@ def main_guard(main: Callable[..., Optional[int]], *args, **kwargs) -> None:
     sys.stdout.flush()
     from . import faults
 
+    if faults.ended_by_loss():  # the rank said "ending the job": no success, whatever main says
+        faults.finish(code or 1)
     monitor = faults.current()
     if monitor is not None and monitor.policy == "continue" and monitor.removed:
         _exit_without_finalizing(code or 0)

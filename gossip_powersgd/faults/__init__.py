@@ -8,6 +8,7 @@ torch and MPI are imported: the transports and the training programs call in her
     start()                 the process's monitor (idempotent), or None outside a launched run
     current()               the monitor, if started
     handled()               a lost peer was already reported: an error now is its consequence
+    ended_by_loss()         as the main thread ends: whether a recorded loss ends the job
     finish(code)            let the monitor end this process, as the policy decides
     on_import()             the training programs' hook, first thing at package import
     stopped_seconds()       the run's stop threshold (GOSSIP_STOPPED_SECONDS, or 15 s)
@@ -81,6 +82,17 @@ def current() -> Optional[Monitor]:
 def handled() -> bool:
     """True once this process has reported a lost peer (and is being ended because of it)."""
     return _monitor is not None and _monitor.event is not None
+
+
+def ended_by_loss() -> bool:
+    """For a main thread that finished without an error: True if this rank recorded a loss that
+    ends the job (it said "ending the job", so its exit status must not be 0: `finish`); else it
+    leaves at once (`Monitor.leave`, under the monitor's lock), so that no loss is recorded after
+    this answer. Before, a loss recorded as the main thread finished ended the rank with 0."""
+    if _monitor is None:
+        return False
+    _monitor.leave()
+    return _monitor.event is not None
 
 
 def finish(code: int) -> None:
@@ -173,6 +185,7 @@ __all__ = [
     "Monitor",
     "PeerLost",
     "current",
+    "ended_by_loss",
     "finish",
     "handled",
     "on_import",

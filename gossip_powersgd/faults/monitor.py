@@ -221,11 +221,12 @@ class Monitor:
 
     def leave(self) -> None:
         """This rank ends cleanly (its communicator closed, or the interpreter exits): tell the
-        others, so that its silence is no fault, and stop looking."""
-        if self.closed:
-            return
-        self._beat(leaving=True)
-        self.closed = True
+        others, so that its silence is no fault, and stop looking (under the lock: no loss is
+        recorded after it). Not after a loss that ends the job: that end is not a clean one."""
+        with self._lock:
+            if not self.closed and self.event is None:
+                self._beat(leaving=True)
+                self.closed = True
 
     # ---- the thread --------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -409,10 +410,8 @@ def on_peer_loss(monitor: Monitor, event: PeerLost) -> None:
         )
     else:
         line = f"error (rank {monitor.rank}): {event.text()}: ending the job"
-    try:
+    with contextlib.suppress(OSError):
         os.write(2, (line + "\n").encode())
-    except OSError:
-        pass
     if not going_on:
         monitor.end_at = time.monotonic() + SPEAK_SECONDS
         return

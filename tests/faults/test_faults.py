@@ -1,7 +1,8 @@
 """gossip_powersgd/faults/__init__.py: a run's stop threshold (GOSSIP_STOPPED_SECONDS, or the
 default; a value outside its range refused in one line), the monitor started only for a launched
 run of several processes, and a rank that fails before its transport counting itself in torchrun's
-store and waiting for the others (at most its grace). The monitor itself: test_monitor.py."""
+store and waiting for the others (at most its grace), and a rank whose main thread finishes as its
+monitor records a loss that ends the job exiting non-zero. The monitor itself: test_monitor.py."""
 
 from __future__ import annotations
 
@@ -75,3 +76,48 @@ def test_a_failing_rank_waits_no_longer_than_its_grace_nor_for_a_store_that_is_g
             raise ConnectionResetError("the store's host is gone")
 
     faults.wait_for_failed_peers(Gone(), 4, seconds=30)  # returns at once, raises nothing
+
+
+@pytest.fixture
+def quiet_monitor(monkeypatch):
+    """A `Monitor` of rank 0 of 2 whose thread never looks (the test drives its recorded state),
+    installed as this process's, with `finish` recording its status instead of waiting."""
+    from gossip_powersgd.faults import monitor
+
+    monkeypatch.setattr(monitor.Monitor, "_run", lambda self: None)
+    m = monitor.Monitor(0, 2)
+    monkeypatch.setattr(faults, "_monitor", m)
+
+    def finish(code):
+        raise SystemExit(f"finish {code}")
+
+    monkeypatch.setattr(faults, "finish", finish)
+    yield m
+    m.closed = True
+    m.endpoint.close()
+
+
+def test_a_rank_whose_main_thread_ends_after_a_loss_that_ends_the_job_does_not_exit_0(
+    quiet_monitor, capfd
+):
+    """Before: the monitor recorded a peer loss ("ending the job") while the main thread finished
+    its run; main_guard exited 0 before the monitor ended the process with 1."""
+    from gossip_powersgd.launch import main_guard
+
+    quiet_monitor.lost(faults.PeerLost(1, "killed", "h"))  # the policy: abort
+    assert "ending the job" in capfd.readouterr().err and faults.handled()
+    with pytest.raises(SystemExit, match="^finish 1$"):  # the monitor's end, non-zero
+        main_guard(lambda: 0)
+    assert not quiet_monitor.closed  # it did not leave cleanly: it ends the job
+
+
+def test_a_loss_found_after_the_main_thread_ended_is_not_recorded(quiet_monitor, capfd):
+    """The other order: main_guard's check makes the monitor leave, under its lock, so a loss it
+    finds a moment later is not recorded (nor announced as ending the job) and the exit is 0."""
+    from gossip_powersgd.launch import main_guard
+
+    with pytest.raises(SystemExit) as ended:
+        main_guard(lambda: 0)
+    assert ended.value.code == 0 and quiet_monitor.closed
+    quiet_monitor.lost(faults.PeerLost(1, "killed", "h"))
+    assert quiet_monitor.event is None and "ending the job" not in capfd.readouterr().err
