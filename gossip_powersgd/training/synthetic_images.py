@@ -114,6 +114,27 @@ def _balanced_labels(n: int, classes: int, seed: int, stream: int) -> np.ndarray
     return np.random.default_rng([seed, 3, stream]).permutation(np.arange(n) % classes)
 
 
+#: The most numbers one array of the dataset may hold (2 GiB of float64), as synthetic_logreg's.
+_MAX_NUMBERS = 1 << 28
+
+
+def _check_sizes(spec: str, n: int, test: int, classes: int) -> None:
+    """Refuse in one line a spec one of whose arrays would hold more than `_MAX_NUMBERS` numbers:
+    the training labels (n), the test images (test x 3 x 32 x 32), the class prototypes (classes x
+    the latent's size). Before, n=100000000000 failed with a MemoryError traceback."""
+    latent = LATENT_CHANNELS * LATENT_SIZE * LATENT_SIZE
+    for name, count, size in (
+        ("n", n, 1),
+        ("test", test, 3 * _SIDE * _SIDE),
+        ("classes", classes, latent),
+    ):
+        if count * size > _MAX_NUMBERS:
+            raise ValueError(
+                f"{spec!r}: {name}={count} needs {count * size} numbers in one array, more than the "
+                f"{_MAX_NUMBERS} it builds at most; lower {name} (at most {_MAX_NUMBERS // size})"
+            )
+
+
 def synthetic_images(spec: str, options: dict[str, Any], seed: int) -> RecordDataset:
     """``synthetic_images[:n=...,test=...,classes=...,noise=...,augment=...]`` (module docstring)."""
     opts = dict(DEFAULTS, **options)
@@ -126,6 +147,7 @@ def synthetic_images(spec: str, options: dict[str, Any], seed: int) -> RecordDat
         )
     if seed < 0:
         raise ValueError(f"{spec!r}: the seed must be >= 0, got {seed}")
+    _check_sizes(spec, n=n, test=n_test, classes=classes)
     teacher = _Teacher(seed, classes)
     train_labels = _balanced_labels(n, classes, seed, _TRAIN_STREAM)
     test_labels = _balanced_labels(n_test, classes, seed, _TEST_STREAM)

@@ -109,6 +109,13 @@ def test_noise_zero_records_of_a_class_are_shifted_copies_of_its_prototype():
         ("synthetic_images:n=5", "n >= classes"),
         ("synthetic_images:test=0", "test >= 1"),
         ("synthetic_images:colour=1", "unknown option 'colour'"),
+        # each was a MemoryError traceback allocating its array
+        (
+            "synthetic_images:n=100000000000",
+            r"n=100000000000 needs .* lower n \(at most 268435456\)",
+        ),
+        ("synthetic_images:test=1000000", r"test=1000000 needs .* lower test \(at most 87381\)"),
+        ("synthetic_images:classes=10000000,n=20000000", r"lower classes \(at most 524288\)"),
     ],
 )
 def test_bad_specs_say_what_to_fix(spec, match):
