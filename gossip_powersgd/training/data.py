@@ -39,6 +39,7 @@ Partition specs (``partition`` / ``peer_shard``)::
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import os
@@ -141,8 +142,11 @@ class Dataset:
 
 # Peers that are threads of one process all call load_dataset at start-up; one lock makes the first
 # caller generate while the others wait and then share the result. Re-entrant so that a
-# bring-your-own loader may itself call load_dataset.
-_CACHE: dict[tuple[str, int], Dataset] = {}
+# bring-your-own loader may itself call load_dataset. The least recently loaded dataset is
+# forgotten beyond CACHED_DATASETS (a seed sweep in one process kept every seed's test set).
+_CACHE: "collections.OrderedDict[tuple[str, int], Dataset]" = collections.OrderedDict()
+#: How many (spec, seed) datasets the in-process cache keeps.
+CACHED_DATASETS = 8
 #: Of each cached file dataset, its files' `_files_stamp` when it was read.
 _STAMPS: dict[tuple[str, int], tuple] = {}
 _CACHE_LOCK = threading.RLock()
@@ -151,9 +155,10 @@ _CACHE_LOCK = threading.RLock()
 def load_dataset(name: str, seed: int = 0) -> Dataset:
     """Load or generate the dataset named by ``name`` (see the module docstring for specs).
 
-    Deterministic from ``seed``; cached in-process by ``(name, seed)`` and thread-safe. A file
-    dataset is read again when one of its files changed since (size, modification time or inode):
-    a second `run` in one process trains on the files as they are, not as they were.
+    Deterministic from ``seed``; cached in-process by ``(name, seed)`` (the `CACHED_DATASETS`
+    loaded last) and thread-safe. A file dataset is read again when one of its files changed
+    since (size, modification time or inode): a second `run` in one process trains on the files
+    as they are, not as they were.
     """
     key = (name.strip() if isinstance(name, str) else name, int(seed))
     with _CACHE_LOCK:
@@ -164,6 +169,9 @@ def load_dataset(name: str, seed: int = 0) -> Dataset:
             cached = _build_dataset(key[0], key[1])
             _CACHE[key] = cached
             _STAMPS[key] = _files_stamp(cached)
+        _CACHE.move_to_end(key)
+        while len(_CACHE) > CACHED_DATASETS:
+            _STAMPS.pop(_CACHE.popitem(last=False)[0], None)
         return cached
 
 

@@ -62,6 +62,26 @@ def test_concurrent_loads_share_one_dataset():
     assert all(r is results[0] for r in results)
 
 
+def test_the_cache_keeps_the_datasets_loaded_last_only():
+    """A seed sweep in one process kept every seed's dataset (each cifar10 or synthetic_images
+    seed: its normalised test set) for good; now the CACHED_DATASETS loaded (or used) last."""
+    from gossip_powersgd.training import data
+
+    clear_dataset_cache()
+    try:
+        spec = "synthetic_logreg:d=2,classes=2,n=20"
+        first = load_dataset(spec, seed=0)
+        kept = [load_dataset(spec, seed=s) for s in range(1, data.CACHED_DATASETS)]
+        assert load_dataset(spec, seed=0) is first  # used again: now the most recent
+        load_dataset(spec, seed=data.CACHED_DATASETS)  # one more: seed 1, least recent, goes
+        assert len(data._CACHE) == len(data._STAMPS) == data.CACHED_DATASETS
+        assert load_dataset(spec, seed=0) is first
+        assert load_dataset(spec, seed=1) is not kept[0]  # built again (equal, not the same)
+        assert torch.equal(load_dataset(spec, seed=1).x_train, kept[0].x_train)
+    finally:
+        clear_dataset_cache()
+
+
 # --------------------------------------------------------------------------- bring your own data
 
 
