@@ -147,7 +147,10 @@ def guesses(scores, k_pos: int, k_neg: int = 0) -> np.ndarray:
     values = np.asarray(scores, dtype=np.float64).ravel()
     k_pos, k_neg = _count("k_pos", k_pos), _count("k_neg", k_neg)
     if k_pos + k_neg > len(values):
-        raise ValueError(f"k_pos + k_neg = {k_pos + k_neg} guesses for {len(values)} canaries")
+        raise ValueError(
+            f"k_pos + k_neg = {k_pos + k_neg} guesses for {len(values)} canaries: guess at most "
+            "as many canaries as were scored (lower k_pos or k_neg, or score more canaries)"
+        )
     if np.isnan(values).any():
         raise ValueError("a canary's score is NaN: score every canary with a number")
     order = np.argsort(-values, kind="stable")

@@ -94,7 +94,7 @@ def test_guesses_and_bad_inputs():
     scores = [0.5, 2.0, -1.0, 2.0, 0.0]
     assert guesses(scores, 2, 1).tolist() == [0, 1, -1, 1, 0]  # ties: the first index first
     for bad, match in (
-        (lambda: guesses(scores, 4, 2), "guesses for 5 canaries"),
+        (lambda: guesses(scores, 4, 2), r"guesses for 5 canaries: .*\(lower k_pos or k_neg"),
         (lambda: guesses([1.0, float("nan")], 1), "NaN"),
         (lambda: p_value(3, 4, 1, 1.0, 0.0), "v <= r <= m"),
         (lambda: p_value(3, 2, 1, -1.0, 0.0), "epsilon must be"),
