@@ -26,6 +26,7 @@ may use the communicator (it is collective then, and must be called the same way
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
@@ -131,8 +132,8 @@ class TrainingHooks:
 
     def on_evaluation(self, record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         """After an eval record is built, before it is written. May return extra keys (JSON
-        values) to add to it; a key the record already has is refused. `record` is a copy: changing it
-        changes nothing."""
+        values: it is written as JSON; anything else is refused) to add to it; a key the record
+        already has is refused. `record` is a copy: changing it changes nothing."""
         return None
 
     def state_dict(self) -> Dict[str, Any]:
@@ -142,6 +143,22 @@ class TrainingHooks:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """On resume, after `setup`: what `state_dict` returned when the checkpoint was written."""
+
+
+def _check_json_values(hook: str, extra: Dict[str, Any]) -> None:
+    """Refuse an eval key whose value is not a JSON value: the record goes to the metrics file and
+    every checkpoint's history as JSON, where such a value (a tensor, a numpy float32) failed at
+    the first evaluation of a run with a run directory, naming neither the hook nor the key, and
+    passed unnoticed in one without."""
+    for key, value in extra.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"hook {hook!r} returned eval key {key!r} as a {type(value).__name__}, which "
+                "is not a JSON value; return a number, string, bool, None or a list or dict of "
+                "them (e.g. float(value) for a tensor or numpy scalar)"
+            ) from None
 
 
 #: Prefix of an optional hook's key in a checkpoint, so that a run resumed without it knows that
@@ -232,6 +249,7 @@ class HookList:
                     f"hook {h.key!r} returned eval key {clashes[0]!r}, which the "
                     "record already has; return new keys only"
                 )
+            _check_json_values(h.key, extra)
             record.update(extra)
         return record
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -240,3 +241,35 @@ def test_bad_hook_lists_are_one_line_errors():
 
     with pytest.raises(ValueError, match="returned eval key 'step', which the record already has"):
         HookList([Clobber()]).on_evaluation({"kind": "eval", "step": 3})
+
+
+@pytest.mark.parametrize(
+    "value, kind",
+    [(torch.tensor(1.5), "Tensor"), (np.float32(1.5), "float32"), ({"a": {1, 2}}, "dict")],
+)
+def test_an_eval_key_that_is_not_a_json_value_is_refused_naming_the_hook_and_key(value, kind):
+    """Such a value failed at the first evaluation of a run with a run directory, with torch's
+    'Object of type Tensor is not JSON serializable' naming neither hook nor key, and passed
+    unnoticed in a run without one; now every run refuses it in one line that names both."""
+
+    class Norm(TrainingHooks):
+        name = "norm"
+
+        def on_evaluation(self, record):
+            return {"grad_norm": value}
+
+    with pytest.raises(ValueError) as refused:
+        HookList([Norm()]).on_evaluation({"kind": "eval", "step": 3})
+    assert str(refused.value) == (
+        f"hook 'norm' returned eval key 'grad_norm' as a {kind}, which is not a JSON value; "
+        "return a number, string, bool, None or a list or dict of them (e.g. float(value) for "
+        "a tensor or numpy scalar)"
+    )
+    # JSON values pass, numpy's float64 (a float) among them
+    fine = {"a": 1, "b": [1.5, None], "c": {"d": "e"}, "f": np.float64(0.25), "g": float("nan")}
+
+    class Fine(TrainingHooks):
+        def on_evaluation(self, record):
+            return fine
+
+    assert HookList([Fine()]).on_evaluation({"kind": "eval"}) == {"kind": "eval", **fine}
