@@ -175,7 +175,12 @@ def agree_resume_epoch(comm: Comm, run_dir) -> int:
         holders = [k for k, e in enumerate(per_rank) if e]
         folder = checkpoint_dir(run_dir)
         if not holders:
-            raise ValueError(f"cannot resume {run_dir}: no checkpoint in {folder}")
+            raise ValueError(
+                f"cannot resume {run_dir}: no checkpoint in {folder} (the run ended before "
+                "its first checkpoint, or checkpoint_every is 0); start it again with --resume "
+                f"auto {run_dir} (from Python: run(..., resume='auto')), which sets its files "
+                "aside first"
+            )
         _refuse_another_world_size(comm, run_dir, mine)
         missing = [k for k, e in enumerate(per_rank) if not e]
         what = (

@@ -122,8 +122,11 @@ def test_the_ranks_agree_on_the_newest_epoch_all_hold_or_name_the_ranks_without_
     assert "has checkpoint files for rank(s) 0-2 but rank(s) 3 have none" in errors[0]
     empty = tmp_path / "empty"
     empty.mkdir()
+    # the line says how to go on: it named the missing folder only
     assert set(_agree(empty)) == {
-        f"cannot resume {empty}: no checkpoint in {empty / 'checkpoints'}"
+        f"cannot resume {empty}: no checkpoint in {empty / 'checkpoints'} (the run ended "
+        "before its first checkpoint, or checkpoint_every is 0); start it again with --resume "
+        f"auto {empty} (from Python: run(..., resume='auto')), which sets its files aside first"
     }
 
 
