@@ -67,7 +67,9 @@ import torch
 from gossip_powersgd.algorithms.layout import MessageLayout, Part, Undeclared
 from gossip_powersgd.algorithms.registry import REGISTRY
 from gossip_powersgd.comm.base import Tensor, nbytes
-from gossip_powersgd.utils import atomic_write, one_line, require_regular_file
+from gossip_powersgd.privacy.view_files import STEP_FILE as _STEP_FILE
+from gossip_powersgd.privacy.view_files import load_view_file as _load
+from gossip_powersgd.utils import atomic_write, one_line
 
 __all__ = [
     "FORMAT",
@@ -363,8 +365,9 @@ class ObservedView:
 def load_view(source) -> ObservedView:
     """Read a view: a `<run>/observed/rank-K` directory, or a `ViewRecorder` kept in memory.
 
-    Any file that is not a view file this version wrote (empty, truncated, not a regular file,
-    holding objects beyond tensors and plain containers, or of the wrong shape) is a one-line
+    Any file that is not a view file this version wrote (empty, truncated, changed after it was
+    written (a zip member whose CRC-32 fails), not a regular file, holding objects beyond tensors
+    and plain containers, or of the wrong shape) is a one-line
     ValueError naming it; nothing in it is unpickled beyond what `weights_only=True` allows."""
     if isinstance(source, ViewRecorder):
         return ObservedView(source.meta, list(source.records))
@@ -387,60 +390,3 @@ def load_view(source) -> ObservedView:
         if _STEP_FILE.match(name)
     ]
     return ObservedView(meta, records)
-
-
-_STEP_FILE = re.compile(r"^step-\d+\.pt$")
-#: What each kind of view file must hold (key: type), beyond being a dict.
-_REQUIRED = {
-    "meta": {
-        "format": int,
-        "observer": int,
-        "algorithm": str,
-        "neighbors": list,
-        "shapes": list,
-        "dtype": str,
-    },
-    "step": {"step": int, "messages": list, "own": list},
-}
-
-
-def _load(path: Path, kind: str) -> Dict[str, Any]:
-    """One view file (`kind` "meta" or "step"), checked; a ValueError naming it otherwise."""
-    where = f"recorded view file {path}"
-    require_regular_file(path, where)
-    if path.stat().st_size == 0:
-        raise ValueError(
-            f"{where} is empty (0 bytes; a write that did not finish?): record the "
-            "view again, or remove the file"
-        )
-    try:
-        value = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any failure to parse is a damaged or foreign file
-        if type(exc).__name__ == "UnpicklingError":  # (the pickle module is never imported here)
-            if "unsupported global" in str(exc).lower():  # torch refused a class: no view has one
-                raise ValueError(
-                    f"{where} holds objects other than tensors, numbers, strings, "
-                    "lists and dicts: it was not written by ViewRecorder and was not "
-                    "loaded"
-                ) from None
-            raise ValueError(
-                f"{where} is corrupt (not a file torch.save wrote): record the view "
-                "again, or remove the file"
-            ) from None
-        raise ValueError(
-            f"{where} is truncated or corrupt ({type(exc).__name__}: "
-            f"{one_line(exc, limit=120)}): record the view again, or remove the "
-            "file"
-        ) from None
-    if not isinstance(value, dict):
-        raise ValueError(
-            f"{where} holds a {type(value).__name__}, not the dict of a {kind} "
-            "record: it was not written by ViewRecorder"
-        )
-    wrong = [k for k, t in _REQUIRED[kind].items() if not isinstance(value.get(k), t)]
-    if wrong:
-        raise ValueError(
-            f"{where} lacks or mistypes {', '.join(wrong)}: it is not a {kind} "
-            "record written by ViewRecorder"
-        )
-    return value

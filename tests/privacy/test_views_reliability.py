@@ -234,6 +234,16 @@ def directory(path):
     path.mkdir()
 
 
+def flip_a_message_byte(path):
+    """One bit-flipped byte in the first message's tensor: torch.load alone reads it silently as
+    another message; the zip member's CRC-32 no longer matches."""
+    data = bytearray(path.read_bytes())
+    tensor = torch.load(path, weights_only=True)["messages"][0]["tensor"]
+    at = bytes(data).index(tensor.numpy().tobytes())
+    data[at] ^= 0x55
+    path.write_bytes(bytes(data))
+
+
 VIEW_DAMAGES = [
     (
         "meta.pt",
@@ -271,6 +281,11 @@ VIEW_DAMAGES = [
         "meta.pt",
         fifo,
         "is a FIFO (named pipe), not a regular file: replace it with the file itself",
+    ),
+    (
+        "step-00000002.pt",
+        flip_a_message_byte,
+        "is corrupt (its part archive/data/",
     ),
     (
         "step-00000002.pt",
