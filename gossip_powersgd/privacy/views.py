@@ -49,7 +49,10 @@ the steps of a view stay consecutive.
 
 Nothing is written before the first step is recorded: a run that fails before training (e.g. a
 refused resume) leaves no view behind. A resumed run records from the step it resumes at, into the
-same directory (the steps before it are those the interrupted run recorded). A write the process
+same directory (the steps before it are those the interrupted run recorded); one that would leave
+a gap there (the view ends more than `observe_every` steps before the resumed step, because a
+stretch ran without this observer) is refused at its first record, naming the directory to move
+away. A write the process
 did not survive (SIGKILL) can leave a temporary `.NAME.XXXX.tmp` of the atomic writer; those are
 removed when recording starts, never a complete file.
 """
@@ -223,8 +226,11 @@ class ViewRecorder:
                 "recorded with, or move that directory away"
             )
 
-    def _start(self) -> None:
-        """At the first record: the directory, its stale temporary files gone, meta.pt."""
+    def _start(self, first: int) -> None:
+        """At the first record (of step `first`): the directory, its stale temporary files gone,
+        meta.pt; a view the steps before `first` did not all add to is refused (see
+        `_check_no_gap`)."""
+        self._check_no_gap(first)
         self._started = True
         self.directory.mkdir(parents=True, exist_ok=True)
         for entry in self.directory.iterdir():
@@ -234,6 +240,21 @@ class ViewRecorder:
                 except FileNotFoundError:
                     pass
         self._save(self.directory / "meta.pt", self.meta)
+
+    def _check_no_gap(self, first: int) -> None:
+        """A resumed run continues the interrupted run's view: refuse one whose newest step is
+        more than `observe_every` before `first` (a stretch resumed without this observer left
+        steps unrecorded), which would read as a consecutive view."""
+        if not self.directory.is_dir():
+            return
+        steps = [int(n[5:-3]) for n in os.listdir(self.directory) if _STEP_FILE.match(n)]
+        last = max(steps, default=None)
+        if last is not None and first > last + self.observe_every:
+            raise ValueError(
+                f"recorded view {self.directory} ends at step {last}, but this run records "
+                f"from step {first} (steps {last + 1}..{first - 1} ran without this observer): "
+                "move that directory away to record a new view from this step"
+            )
 
     def _save(self, path: Path, payload: Dict[str, Any]) -> None:
         try:
@@ -302,7 +323,7 @@ class ViewRecorder:
             self.records.append(record)
         else:
             if not self._started:
-                self._start()
+                self._start(record["step"])
             self._save(self.directory / f"step-{record['step']:08d}.pt", record)
 
     def close(self) -> None:
