@@ -49,7 +49,10 @@ the steps of a view stay consecutive.
 
 Nothing is written before the first step is recorded: a run that fails before training (e.g. a
 refused resume) leaves no view behind. A resumed run records from the step it resumes at, into the
-same directory (the steps before it are those the interrupted run recorded). A write the process
+same directory (the steps before it are those the interrupted run recorded); one that would leave
+a gap there (the view ends more than `observe_every` steps before the resumed step, because a
+stretch ran without this observer) is refused at its first record, naming the directory to move
+away. A write the process
 did not survive (SIGKILL) can leave a temporary `.NAME.XXXX.tmp` of the atomic writer; those are
 removed when recording starts, never a complete file.
 """
@@ -67,7 +70,9 @@ import torch
 from gossip_powersgd.algorithms.layout import MessageLayout, Part, Undeclared
 from gossip_powersgd.algorithms.registry import REGISTRY
 from gossip_powersgd.comm.base import Tensor, nbytes
-from gossip_powersgd.utils import atomic_write, one_line, require_regular_file
+from gossip_powersgd.privacy.view_files import STEP_FILE as _STEP_FILE
+from gossip_powersgd.privacy.view_files import load_view_file as _load
+from gossip_powersgd.utils import atomic_write, one_line
 
 __all__ = [
     "FORMAT",
@@ -221,8 +226,11 @@ class ViewRecorder:
                 "recorded with, or move that directory away"
             )
 
-    def _start(self) -> None:
-        """At the first record: the directory, its stale temporary files gone, meta.pt."""
+    def _start(self, first: int) -> None:
+        """At the first record (of step `first`): the directory, its stale temporary files gone,
+        meta.pt; a view the steps before `first` did not all add to is refused (see
+        `_check_no_gap`)."""
+        self._check_no_gap(first)
         self._started = True
         self.directory.mkdir(parents=True, exist_ok=True)
         for entry in self.directory.iterdir():
@@ -232,6 +240,21 @@ class ViewRecorder:
                 except FileNotFoundError:
                     pass
         self._save(self.directory / "meta.pt", self.meta)
+
+    def _check_no_gap(self, first: int) -> None:
+        """A resumed run continues the interrupted run's view: refuse one whose newest step is
+        more than `observe_every` before `first` (a stretch resumed without this observer left
+        steps unrecorded), which would read as a consecutive view."""
+        if not self.directory.is_dir():
+            return
+        steps = [int(n[5:-3]) for n in os.listdir(self.directory) if _STEP_FILE.match(n)]
+        last = max(steps, default=None)
+        if last is not None and first > last + self.observe_every:
+            raise ValueError(
+                f"recorded view {self.directory} ends at step {last}, but this run records "
+                f"from step {first} (steps {last + 1}..{first - 1} ran without this observer): "
+                "move that directory away to record a new view from this step"
+            )
 
     def _save(self, path: Path, payload: Dict[str, Any]) -> None:
         try:
@@ -300,7 +323,7 @@ class ViewRecorder:
             self.records.append(record)
         else:
             if not self._started:
-                self._start()
+                self._start(record["step"])
             self._save(self.directory / f"step-{record['step']:08d}.pt", record)
 
     def close(self) -> None:
@@ -363,8 +386,9 @@ class ObservedView:
 def load_view(source) -> ObservedView:
     """Read a view: a `<run>/observed/rank-K` directory, or a `ViewRecorder` kept in memory.
 
-    Any file that is not a view file this version wrote (empty, truncated, not a regular file,
-    holding objects beyond tensors and plain containers, or of the wrong shape) is a one-line
+    Any file that is not a view file this version wrote (empty, truncated, changed after it was
+    written (a zip member whose CRC-32 fails), not a regular file, holding objects beyond tensors
+    and plain containers, or of the wrong shape) is a one-line
     ValueError naming it; nothing in it is unpickled beyond what `weights_only=True` allows."""
     if isinstance(source, ViewRecorder):
         return ObservedView(source.meta, list(source.records))
@@ -387,60 +411,3 @@ def load_view(source) -> ObservedView:
         if _STEP_FILE.match(name)
     ]
     return ObservedView(meta, records)
-
-
-_STEP_FILE = re.compile(r"^step-\d+\.pt$")
-#: What each kind of view file must hold (key: type), beyond being a dict.
-_REQUIRED = {
-    "meta": {
-        "format": int,
-        "observer": int,
-        "algorithm": str,
-        "neighbors": list,
-        "shapes": list,
-        "dtype": str,
-    },
-    "step": {"step": int, "messages": list, "own": list},
-}
-
-
-def _load(path: Path, kind: str) -> Dict[str, Any]:
-    """One view file (`kind` "meta" or "step"), checked; a ValueError naming it otherwise."""
-    where = f"recorded view file {path}"
-    require_regular_file(path, where)
-    if path.stat().st_size == 0:
-        raise ValueError(
-            f"{where} is empty (0 bytes; a write that did not finish?): record the "
-            "view again, or remove the file"
-        )
-    try:
-        value = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any failure to parse is a damaged or foreign file
-        if type(exc).__name__ == "UnpicklingError":  # (the pickle module is never imported here)
-            if "unsupported global" in str(exc).lower():  # torch refused a class: no view has one
-                raise ValueError(
-                    f"{where} holds objects other than tensors, numbers, strings, "
-                    "lists and dicts: it was not written by ViewRecorder and was not "
-                    "loaded"
-                ) from None
-            raise ValueError(
-                f"{where} is corrupt (not a file torch.save wrote): record the view "
-                "again, or remove the file"
-            ) from None
-        raise ValueError(
-            f"{where} is truncated or corrupt ({type(exc).__name__}: "
-            f"{one_line(exc, limit=120)}): record the view again, or remove the "
-            "file"
-        ) from None
-    if not isinstance(value, dict):
-        raise ValueError(
-            f"{where} holds a {type(value).__name__}, not the dict of a {kind} "
-            "record: it was not written by ViewRecorder"
-        )
-    wrong = [k for k, t in _REQUIRED[kind].items() if not isinstance(value.get(k), t)]
-    if wrong:
-        raise ValueError(
-            f"{where} lacks or mistypes {', '.join(wrong)}: it is not a {kind} "
-            "record written by ViewRecorder"
-        )
-    return value

@@ -165,6 +165,26 @@ def test_a_resume_with_another_observe_every_is_refused_naming_the_view(tmp_path
     )
 
 
+def test_a_resume_that_would_leave_a_gap_in_the_view_is_refused_naming_it(tmp_path):
+    """Observers dropped for a stretch that reached a checkpoint, then added back: appending would
+    give a view missing the steps between, read as consecutive (and observed_bytes counting only
+    the last stretch)."""
+    out = tmp_path / "run"
+    with pytest.raises(Interrupted):  # records steps 0..14; the epoch-1 checkpoint is at step 13
+        run_with_stats(resumable(out, "observers=[1]"), stop_at=15)
+    with pytest.raises(Interrupted):  # steps 13..28 without observers; checkpoint at 26
+        run_with_stats(resumable(out), resume=True, stop_at=29)
+    folder = observed_dir(out, 1)
+    with pytest.raises(ValueError) as info:
+        run_with_stats(resumable(out, "observers=[1]"), resume=True)
+    assert str(info.value) == (
+        f"recorded view {folder} ends at step 14, but this run records from step 26 "
+        "(steps 15..25 ran without this observer): move that directory away to record a "
+        "new view from this step"
+    )
+    assert load_view(folder).steps == list(range(15))  # the view is left as it was
+
+
 # ---- view files: a full disk, damaged files, a killed writer's leftovers --------------------------
 
 
@@ -234,6 +254,16 @@ def directory(path):
     path.mkdir()
 
 
+def flip_a_message_byte(path):
+    """One bit-flipped byte in the first message's tensor: torch.load alone reads it silently as
+    another message; the zip member's CRC-32 no longer matches."""
+    data = bytearray(path.read_bytes())
+    tensor = torch.load(path, weights_only=True)["messages"][0]["tensor"]
+    at = bytes(data).index(tensor.numpy().tobytes())
+    data[at] ^= 0x55
+    path.write_bytes(bytes(data))
+
+
 VIEW_DAMAGES = [
     (
         "meta.pt",
@@ -271,6 +301,11 @@ VIEW_DAMAGES = [
         "meta.pt",
         fifo,
         "is a FIFO (named pipe), not a regular file: replace it with the file itself",
+    ),
+    (
+        "step-00000002.pt",
+        flip_a_message_byte,
+        "is corrupt (its part archive/data/",
     ),
     (
         "step-00000002.pt",
