@@ -18,7 +18,8 @@ from gossip_powersgd.training.trainer import train
 from tests.conftest import cli, no_space_for, one_error
 from tests.conftest import errors_on_every_rank as every_rank
 from tests.conftest import tiny_config as tiny
-from tests.privacy.test_views_reliability import interrupt_in_epoch_3, resumable, unblock_later
+from tests.privacy.test_view_files import unblock_later
+from tests.privacy.test_views_reliability import interrupt_in_epoch_3, resumable
 
 
 class _Foreign:
