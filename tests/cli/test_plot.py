@@ -54,6 +54,26 @@ def test_read_run_refuses_a_folder_without_metrics_and_names_a_bad_line(tmp_path
         read_run(run_dir)
 
 
+def test_read_run_takes_the_fullest_file_where_rank_0_was_away_for_part_of_the_run(tmp_path):
+    """A run with churn whose rank 0 left at step 10 (`leave:0@10`): its metrics file stops there
+    (two log records), while the members' go on to the end; gossip-plot drew rank 0's file, so
+    every figure ended at step 8, with no accuracy at all, and exit status 0. It now draws the
+    file with the most records (the lowest rank's among equals: rank 0's without churn)."""
+    log = [{"kind": "log", "step": s, "consensus_distance": 1.0 / s} for s in (4, 8)]
+    whole = log + [
+        {"kind": "eval", "epoch": 1, "step": 13, "test_acc_avg_model": 0.9, "test_acc_mean": 0.8},
+        {"kind": "log", "step": 16, "consensus_distance": 0.1},
+    ]
+    run_dir = make_run(tmp_path / "a", records=log)
+    for rank in (1, 2, 10):
+        text = "".join(json.dumps(r) + "\n" for r in (whole if rank != 1 else whole[:3]))
+        (run_dir / "metrics" / f"rank-{rank}.jsonl").write_text(text)
+    assert read_run(run_dir)["records"] == whole  # rank 2's: rank 1's lacks one, rank 10 ties
+    own = [dict(r, train_loss_local=0.5) for r in whole]  # as many records: rank 0's is read
+    (run_dir / "metrics" / "rank-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in own))
+    assert read_run(run_dir)["records"] == own  # as without churn
+
+
 def test_labels_add_the_folder_only_where_two_runs_share_an_algorithm(tmp_path):
     runs = [
         {"dir": tmp_path / "x", "algorithm": "exact"},
