@@ -60,8 +60,37 @@ def read_run(run_dir) -> Dict[str, object]:
                 f"{metrics}:{number}: a {type(record).__name__}, not a record (gossip-train "
                 "writes one JSON object a line): delete or fix that line"
             )
+        _check_record(record, f"{metrics}:{number}")
         records.append(record)
     return {"dir": run_dir, "algorithm": _algorithm(run_dir) or run_dir.name, "records": records}
+
+
+#: The numbers the figures read: every eval record's, and any record's that has a consensus distance.
+_EVAL_KEYS = ("epoch", "step", "mb_sent_per_peer")
+_CONSENSUS_KEYS = ("step", "consensus_distance")
+#: The accuracies the figures read where a record has them (`figures`' accuracy fallbacks).
+_ACCURACY_KEYS = (
+    "test_acc_avg_model",
+    "test_acc_mean",
+    "test_acc_avg_model_local",
+    "test_acc_local",
+)
+
+
+def _check_record(record: Dict[str, object], where: str) -> None:
+    """A one-line ValueError naming `where` (file:line) when `record` lacks a number the
+    figures read, or holds something else than a number there (null, text)."""
+    needed = [*(_EVAL_KEYS if record.get("kind") == "eval" else ())]
+    needed += [k for k in _CONSENSUS_KEYS if "consensus_distance" in record]
+    needed += [k for k in _ACCURACY_KEYS if k in record and record.get("kind") == "eval"]
+    for key in dict.fromkeys(needed):
+        value = record.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            what = "no" if key not in record else f"{json.dumps(value)} as its"
+            raise ValueError(
+                f"{where}: a record of kind {record.get('kind')!r} with {what} {key!r}, where "
+                "gossip-train writes a number: delete or fix that line"
+            )
 
 
 def _fullest_metrics(run_dir: Path) -> Path:
