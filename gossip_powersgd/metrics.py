@@ -191,25 +191,35 @@ def positive_points(history: Sequence[Dict]) -> List[Dict]:
     return [r for r in history if r["bits_per_peer"] > 0 and 0 < r["error"] < math.inf]
 
 
+def _logged_points(history: Sequence[Dict]) -> List[Dict]:
+    """The records after step 0 with a finite error, exact consensus (error 0) included."""
+    return [r for r in history if r["bits_per_peer"] > 0 and 0 <= r["error"] < math.inf]
+
+
 def error_at_bits(history: Sequence[Dict], bits: float) -> Optional[float]:
     """The error at `bits` per peer, log-log interpolated between the logged steps around it;
-    None when `bits` is before the first step's or after the last logged step's bits."""
-    rows = positive_points(history)
+    None when `bits` is before the first step's or after the last logged step's bits. Next to a
+    step at error 0 (exact consensus, as an all-reduce reaches: no log-log line goes there) the
+    error is that of the last logged step within `bits`."""
+    rows = _logged_points(history)
     if not rows or not rows[0]["bits_per_peer"] <= bits <= rows[-1]["bits_per_peer"]:
         return None
     for a, b in zip(rows, rows[1:]):
         if a["bits_per_peer"] <= bits <= b["bits_per_peer"]:
+            if a["error"] == 0 or b["error"] == 0:
+                return b["error"] if bits == b["bits_per_peer"] else a["error"]
             return _loglog(a["bits_per_peer"], a["error"], b["bits_per_peer"], b["error"], bits)
     return rows[0]["error"]  # a single logged step, exactly at `bits`
 
 
 def bits_to_reach(history: Sequence[Dict], relative: float) -> Optional[float]:
     """Bits per peer at which the error first falls to `relative` x the initial error, log-log
-    interpolated between the logged steps around the crossing; None if the run never got there."""
-    target, rows = relative * history[0]["error"], positive_points(history)
+    interpolated between the logged steps around the crossing (at a step that reaches error 0,
+    exact consensus, that step's bits); None if the run never got there."""
+    target, rows = relative * history[0]["error"], _logged_points(history)
     for k, row in enumerate(rows):
         if row["error"] <= target:
-            if k == 0:
+            if k == 0 or row["error"] == 0:
                 return row["bits_per_peer"]
             a, b = rows[k - 1], row
             return _loglog(a["error"], a["bits_per_peer"], b["error"], b["bits_per_peer"], target)

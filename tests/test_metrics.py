@@ -100,6 +100,20 @@ def test_error_at_bits_is_log_log_interpolated_between_logged_steps():
     assert error_at_bits(history, 2000) is None  # past the end of the run
 
 
+def test_a_curve_that_reaches_exact_consensus_reaches_every_target():
+    """An all-reduce reaches error exactly 0 in one step (the peers hold the same bits): that
+    record was left out as not log-log placeable, so bits_to_reach said None ("never got there")
+    for every target and error_at_bits None at that step's own bits. Both now count it: the step's
+    bits, and between the steps around it the last logged step's error (what the budget holds)."""
+    history = _curve([(0, 40.0), (4800, 0.0)])
+    assert bits_to_reach(history, 1e-6) == 4800.0
+    assert error_at_bits(history, 4800) == 0.0
+    history = _curve([(0, 40.0), (100, 4.0), (4800, 0.0), (9600, 0.0)])
+    assert bits_to_reach(history, 1e-6) == 4800.0 and bits_to_reach(history, 0.1) == 100.0
+    assert error_at_bits(history, 1000) == 4.0  # within the budget: step 1's state
+    assert error_at_bits(history, 4800) == 0.0 and error_at_bits(history, 5000) == 0.0
+
+
 def test_bits_to_reach_interpolates_the_crossing_and_says_when_never():
     history = _curve([(0, 100.0), (10, 10.0), (1000, 0.1)])
     assert bits_to_reach(history, 1e-2) == pytest.approx(100.0)  # error 1 = 1e-2 x 100

@@ -12,8 +12,10 @@ plots-<run>-vs-<run> beside the first run, named on stderr):
     consensus_vs_step.png        consensus distance (log scale) against steps
 
 Each run is one colour, labelled with its algorithm (and its directory name when two runs share an
-algorithm). The curves come from `metrics/rank-0.jsonl`: every rank records the same aggregated
-values, so rank 0's file is enough.
+algorithm). The curves come from one peer's `metrics/rank-K.jsonl`: every member records the same
+aggregated values, so one file is enough: rank 0's, unless another peer's holds more records (a run
+with churn whose rank 0 was away for part of it: its file stops where it left), then the lowest
+such rank's.
 """
 
 from __future__ import annotations
@@ -35,11 +37,10 @@ FIGURES = ("accuracy_vs_epoch.png", "accuracy_vs_mb.png", "consensus_vs_step.png
 
 
 def read_run(run_dir) -> Dict[str, object]:
-    """{"dir", "algorithm", "records"} of a run directory; ValueError if it is not one."""
+    """{"dir", "algorithm", "records"} of a run directory (the records of `_fullest_metrics`);
+    ValueError if it is not one."""
     run_dir = Path(run_dir)
-    metrics = run_dir / "metrics" / "rank-0.jsonl"
-    if not metrics.is_file():
-        raise ValueError(f"{run_dir} is not a run directory: {metrics} is missing")
+    metrics = _fullest_metrics(run_dir)
     try:
         text = metrics.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -59,8 +60,53 @@ def read_run(run_dir) -> Dict[str, object]:
                 f"{metrics}:{number}: a {type(record).__name__}, not a record (gossip-train "
                 "writes one JSON object a line): delete or fix that line"
             )
+        _check_record(record, f"{metrics}:{number}")
         records.append(record)
     return {"dir": run_dir, "algorithm": _algorithm(run_dir) or run_dir.name, "records": records}
+
+
+#: The numbers the figures read: every eval record's, and any record's that has a consensus distance.
+_EVAL_KEYS = ("epoch", "step", "mb_sent_per_peer")
+_CONSENSUS_KEYS = ("step", "consensus_distance")
+#: The accuracies the figures read where a record has them (`figures`' accuracy fallbacks).
+_ACCURACY_KEYS = (
+    "test_acc_avg_model",
+    "test_acc_mean",
+    "test_acc_avg_model_local",
+    "test_acc_local",
+)
+
+
+def _check_record(record: Dict[str, object], where: str) -> None:
+    """A one-line ValueError naming `where` (file:line) when `record` lacks a number the
+    figures read, or holds something else than a number there (null, text)."""
+    needed = [*(_EVAL_KEYS if record.get("kind") == "eval" else ())]
+    needed += [k for k in _CONSENSUS_KEYS if "consensus_distance" in record]
+    needed += [k for k in _ACCURACY_KEYS if k in record and record.get("kind") == "eval"]
+    for key in dict.fromkeys(needed):
+        value = record.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            what = "no" if key not in record else f"{json.dumps(value)} as its"
+            raise ValueError(
+                f"{where}: a record of kind {record.get('kind')!r} with {what} {key!r}, where "
+                "gossip-train writes a number: delete or fix that line"
+            )
+
+
+def _fullest_metrics(run_dir: Path) -> Path:
+    """The metrics file holding the most records (lines), the lowest rank's among equals: rank 0's
+    in a run without churn; another member's where rank 0 was away for part of the run (its file
+    stops where it left). ValueError where the run directory has none."""
+    found = {}
+    for path in (run_dir / "metrics").glob("rank-*.jsonl"):
+        rank = path.name[len("rank-") : -len(".jsonl")]
+        if rank.isdigit() and path.is_file():
+            found[int(rank)] = path
+    if not found:
+        missing = run_dir / "metrics" / "rank-0.jsonl"
+        raise ValueError(f"{run_dir} is not a run directory: {missing} is missing")
+    lines = {rank: path.read_bytes().count(b"\n") for rank, path in found.items()}
+    return found[min(lines, key=lambda rank: (-lines[rank], rank))]
 
 
 def _algorithm(run_dir: Path) -> Optional[str]:

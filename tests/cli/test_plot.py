@@ -54,6 +54,26 @@ def test_read_run_refuses_a_folder_without_metrics_and_names_a_bad_line(tmp_path
         read_run(run_dir)
 
 
+def test_read_run_takes_the_fullest_file_where_rank_0_was_away_for_part_of_the_run(tmp_path):
+    """A run with churn whose rank 0 left at step 10 (`leave:0@10`): its metrics file stops there
+    (two log records), while the members' go on to the end; gossip-plot drew rank 0's file, so
+    every figure ended at step 8, with no accuracy at all, and exit status 0. It now draws the
+    file with the most records (the lowest rank's among equals: rank 0's without churn)."""
+    log = [{"kind": "log", "step": s, "consensus_distance": 1.0 / s} for s in (4, 8)]
+    whole = log + [
+        {"kind": "eval", "epoch": 1, "step": 13, "test_acc_avg_model": 0.9, "mb_sent_per_peer": 1},
+        {"kind": "log", "step": 16, "consensus_distance": 0.1},
+    ]
+    run_dir = make_run(tmp_path / "a", records=log)
+    for rank in (1, 2, 10):
+        text = "".join(json.dumps(r) + "\n" for r in (whole if rank != 1 else whole[:3]))
+        (run_dir / "metrics" / f"rank-{rank}.jsonl").write_text(text)
+    assert read_run(run_dir)["records"] == whole  # rank 2's: rank 1's lacks one, rank 10 ties
+    own = [dict(r, train_loss_local=0.5) for r in whole]  # as many records: rank 0's is read
+    (run_dir / "metrics" / "rank-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in own))
+    assert read_run(run_dir)["records"] == own  # as without churn
+
+
 def test_labels_add_the_folder_only_where_two_runs_share_an_algorithm(tmp_path):
     runs = [
         {"dir": tmp_path / "x", "algorithm": "exact"},
@@ -96,23 +116,43 @@ def test_plot_writes_each_figure_and_says_where_several_runs_go(tmp_path, capsys
         plot_runs([])
 
 
+#: What each case of the next test appends to rank 0's metrics file (its line 4).
+DAMAGE = {
+    "metrics": b"[1, 2]\n",
+    "utf8": b"\xff\n",
+    "out": b"",
+    "epoch": b'{"kind": "eval", "step": 3, "mb_sent_per_peer": 0.1}\n',
+    "null": b'{"kind": "eval", "epoch": 2, "step": 4, "mb_sent_per_peer": 0.2, '
+    b'"test_acc_avg_model": null}\n',
+    "text": b'{"kind": "log", "step": 5, "consensus_distance": "x"}\n',
+}
+
+
 @pytest.mark.parametrize(
     "damage, message",
     [
         ("metrics", r"rank-0\.jsonl:4: a list, not a record \(gossip-train writes one JSON object"),
         ("utf8", r"rank-0\.jsonl is not UTF-8 text \(byte \d+\): not gossip-train's metrics$"),
         ("out", r"cannot write to .*figures: it exists and is not a directory; give another --out"),
+        (
+            "epoch",
+            r"rank-0\.jsonl:4: a record of kind 'eval' with no 'epoch', where gossip-train wri",
+        ),
+        ("null", r"rank-0\.jsonl:4: .* kind 'eval' with null as its 'test_acc_avg_model', where"),
+        ("text", r"rank-0\.jsonl:4: .* kind 'log' with \"x\" as its 'consensus_distance', where"),
     ],
 )
 def test_a_damaged_run_or_an_out_that_is_a_file_is_one_line(tmp_path, capsys, damage, message):
     """A metrics line that is JSON but not an object, a config.yaml that is not a mapping (its
     algorithm then: the folder's name) and --out naming a file stopped gossip-plot with a
     traceback and 'AttributeError: 'list' object has no attribute 'get'' (or a bare '[Errno 17]
-    File exists'); a metrics file that is not UTF-8 with Python's text, naming no file."""
+    File exists'); a metrics file that is not UTF-8 with Python's text, naming no file; a record
+    without a number the figures read (its epoch), or with null or text there, with a traceback
+    and 'KeyError' or 'TypeError: unsupported operand type(s)'."""
     run_dir = make_run(tmp_path / "a")
     (tmp_path / "figures").write_text("a file")
     with (run_dir / "metrics" / "rank-0.jsonl").open("ab") as f:
-        f.write({"metrics": b"[1, 2]\n", "utf8": b"\xff\n", "out": b""}[damage])
+        f.write(DAMAGE[damage])
     (run_dir / "config.yaml").write_text("- a list\n")
     if damage == "out":  # the run itself reads, its algorithm the folder's name
         assert read_run(run_dir)["algorithm"] == "a"
