@@ -210,7 +210,9 @@ def best_audit(
     confidence: float = CONFIDENCE,
 ) -> AuditResult:
     """The largest bound over the (k_pos, k_neg) of `counts`, fixed before the scores are seen,
-    each at significance (1 - confidence) / len(counts), so the best holds at `confidence`."""
+    each at significance (1 - confidence) / (the number of distinct counts), so the best holds at
+    `confidence` (a count given twice is tried, and paid for, once)."""
+    counts = _distinct(counts)
     if not counts:
         raise ValueError("give at least one (k_pos, k_neg)")
     split = 1.0 - (1.0 - float(confidence)) / len(counts)
@@ -241,17 +243,25 @@ def check_canary_count(m: int) -> None:
         )
 
 
+def _distinct(counts: Sequence[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """`counts` without repeats, in their order: trying a count twice gains nothing but would
+    split the significance one way more."""
+    return list(dict.fromkeys((int(a), int(b)) for a, b in counts))
+
+
 def audit_counts(m: int, fractions: Sequence[float] = COUNT_FRACTIONS) -> List[Tuple[int, int]]:
-    """The (k_pos, k_neg) to try for m canaries, fixed before any score is seen: for each fraction
-    f, f m guesses, half in and half out (at least one each); m is at least `MIN_CANARIES`."""
+    """The distinct (k_pos, k_neg) to try for m canaries, fixed before any score is seen: for each
+    fraction f, f m guesses, half in and half out (at least one each; fractions that give the same
+    count give it once); m is at least `MIN_CANARIES`."""
     check_canary_count(m)
-    return [(max(1, int(f * m) // 2), max(1, int(f * m) // 2)) for f in fractions]
+    return _distinct([(max(1, int(f * m) // 2), max(1, int(f * m) // 2)) for f in fractions])
 
 
 def audit_ceiling(
     m: int, counts: Sequence[Tuple[int, int]], delta: float, confidence: float = CONFIDENCE
 ) -> float:
     """The largest bound `best_audit` can give with m canaries and these counts: every guess
-    right, at the best count (with the significance split over the counts)."""
+    right, at the best count (with the significance split over the distinct counts)."""
+    counts = _distinct(counts)
     level = 1 - (1 - confidence) / len(counts)
     return max(epsilon_lower_bound(m, a + b, a + b, delta, level) for a, b in counts)

@@ -139,9 +139,14 @@ def gossip_references(
     cache_dir: Optional[Path] = None,
 ):
     """`count` reference runs by gossip (`reference_stats`, k = 0 .. count - 1) and the blind
-    model (trained alone on the observer's shard in `train`'s recipe, as `References.build`
-    does): an `attacks.References`, whose `seconds` is the CPU time this call took. `candidates`
-    must be `Candidates.of(split)` (every victim's): a subset is refused, before any training."""
+    model: an `attacks.References`, whose `seconds` is the CPU time this call took. `candidates`
+    must be `Candidates.of(split)` (every victim's): a subset is refused, before any training.
+
+    The blind model is trained alone on the observer's shard as `References.build` trains it
+    (`lira.train_classifier`: SGD with `train`'s lr, momentum, batch size, epochs and warm-up,
+    then a cosine decay), not with `train`'s optimizer, schedule or weight decay: a blind
+    baseline needs only a model that never saw a candidate, whose scores are independent of
+    membership whatever its recipe. The references themselves are runs of `train` itself."""
     from gossip_powersgd.privacy.attacks import References
     from gossip_powersgd.privacy.lira import inclusion_masks, train_classifier
     from gossip_powersgd.training.models import build_model

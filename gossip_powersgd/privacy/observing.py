@@ -61,7 +61,12 @@ class ObserverHooks(TrainingHooks):
 
     @property
     def bytes_recorded(self) -> int:
-        """Message bytes this rank recorded in this run, resumed parts included."""
+        """Message bytes this rank recorded in this run, resumed parts included; 0 on a rank that
+        does not observe in this run, even one that observed before the resume (a dropped
+        observer: its earlier count stays in the checkpoint, see `state_dict`)."""
+        return self._total() if self.recorder is not None else 0
+
+    def _total(self) -> int:
         mine = self.recorder.bytes_recorded if self.recorder is not None else 0
         return self._restored_bytes + mine
 
@@ -81,7 +86,9 @@ class ObserverHooks(TrainingHooks):
         }
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"bytes_recorded": self.bytes_recorded}
+        """The bytes of this rank's view so far, kept while it is not an observer: a resume that
+        makes it one again (with no gap in its view) counts on from them."""
+        return {"bytes_recorded": self._total()}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self._restored_bytes = int(state.get("bytes_recorded", 0))

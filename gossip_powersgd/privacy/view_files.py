@@ -31,10 +31,17 @@ _REQUIRED = {
 }
 
 
+#: The MS-DOS "directory" bit of a zip member's external attributes: torch's zip reader (miniz)
+#: reads a member carrying it as empty and leaves the tensor's memory unwritten.
+_DOS_DIRECTORY = 0x10
+
+
 def _check_crc(path: Path, where: str) -> None:
     """Refuse a view file whose stored CRC-32s do not match its contents: `torch.load` does not
     check them, so a flipped byte in a tensor (or the pickle) would load as a different view. A
-    file that is not a zip archive at all is left to `torch.load`, whose failure names it."""
+    member marked a directory (a flipped bit in its central-directory entry, outside the CRC)
+    is refused too: torch would load that tensor as whatever its fresh memory held. A file that
+    is not a zip archive at all is left to `torch.load`, whose failure names it."""
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError):
@@ -44,10 +51,21 @@ def _check_crc(path: Path, where: str) -> None:
             bad = archive.testzip()
         except Exception as exc:  # noqa: BLE001 - a damaged header: the archive does not read
             bad = f"(unreadable: {type(exc).__name__})"
+        folders = [
+            info.filename
+            for info in archive.infolist()
+            if info.is_dir() or info.external_attr & _DOS_DIRECTORY
+        ]
     if bad is not None:
         raise ValueError(
             f"{where} is corrupt (its part {escaped(bad)} fails its CRC-32 check: the file "
             "changed after it was written): record the view again, or remove the file"
+        )
+    if folders:
+        raise ValueError(
+            f"{where} is corrupt (its part {escaped(folders[0])} is marked a directory, "
+            "which torch.save never writes: the file changed after it was written): record "
+            "the view again, or remove the file"
         )
 
 

@@ -387,8 +387,8 @@ def load_view(source) -> ObservedView:
     """Read a view: a `<run>/observed/rank-K` directory, or a `ViewRecorder` kept in memory.
 
     Any file that is not a view file this version wrote (empty, truncated, changed after it was
-    written (a zip member whose CRC-32 fails), not a regular file, holding objects beyond tensors
-    and plain containers, or of the wrong shape) is a one-line
+    written (a zip member whose CRC-32 fails or that is marked a directory), not a regular file,
+    holding objects beyond tensors and plain containers, or of the wrong shape) is a one-line
     ValueError naming it; nothing in it is unpickled beyond what `weights_only=True` allows."""
     if isinstance(source, ViewRecorder):
         return ObservedView(source.meta, list(source.records))

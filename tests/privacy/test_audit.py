@@ -129,8 +129,26 @@ def randomized_response(included: torch.Tensor, epsilon: float, seed: int) -> np
 
 def test_the_counts_are_fixed_fractions_of_the_canaries_half_in_half_out():
     assert audit_counts(200) == [(2, 2), (5, 5), (10, 10), (20, 20), (50, 50)]
-    assert audit_counts(10) == [(1, 1)] * 4 + [(2, 2)]  # at least one guess each way
+    assert audit_counts(10) == [(1, 1), (2, 2)]  # at least one guess each way, each count once
+    assert audit_counts(64) == [(1, 1), (3, 3), (6, 6), (16, 16)]  # the quick pages' 2 x 32
     assert audit_counts(100, fractions=(0.5,)) == [(25, 25)]
+
+
+def test_a_count_given_twice_is_tried_and_paid_for_once():
+    """The Bonferroni split is over the distinct counts: a repeated (k_pos, k_neg) tries nothing
+    new, so it must not lower the bound (before: 5 ways for 4 distinct counts at m = 64, 1.446
+    instead of 1.491) nor the ceiling."""
+    rng = np.random.default_rng(0)
+    truth = rng.random(64) < 0.5
+    scores = truth + rng.normal(0, 0.5, 64)
+    distinct = [(1, 1), (3, 3), (6, 6), (16, 16)]
+    repeated = [(1, 1)] + distinct
+    once, twice = (
+        best_audit(scores, truth, 1e-5, distinct),
+        best_audit(scores, truth, 1e-5, repeated),
+    )
+    assert twice == once and twice.tried == 4 and twice.epsilon > 1.0
+    assert audit_ceiling(64, repeated, 1e-5) == audit_ceiling(64, distinct, 1e-5)
 
 
 def test_the_ceiling_is_what_best_audit_gives_when_every_guess_is_right():

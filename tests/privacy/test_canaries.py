@@ -59,5 +59,5 @@ def test_too_few_canaries_for_an_audit_are_refused_before_training_naming_the_fi
             audit_counts(m)
     with pytest.raises(ValueError, match=message.format(1)):
         canary_hooks([3], data, 1, seed=0)
-    assert audit_counts(2) == [(1, 1)] * 5  # two canaries: one guess each
+    assert audit_counts(2) == [(1, 1)]  # two canaries: one guess each
     assert len(canary_hooks([1, 3], data, 1, seed=0)) == 2  # one per victim, two in all

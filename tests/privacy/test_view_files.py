@@ -74,6 +74,20 @@ def flip_a_message_byte(path):
     path.write_bytes(bytes(data))
 
 
+def mark_a_tensor_a_directory(path):
+    """The MS-DOS directory bit set in a tensor member's central-directory entry (outside every
+    CRC-32): torch reads that member as empty and loads the tensor as uninitialised memory."""
+    data = bytearray(path.read_bytes())
+    at = data.index(b"PK\x01\x02")  # the first central-directory entry
+    while True:
+        name_length = int.from_bytes(data[at + 28 : at + 30], "little")
+        if data[at + 46 : at + 46 + name_length].split(b"/")[-2:-1] == [b"data"]:
+            break
+        at = data.index(b"PK\x01\x02", at + 4)
+    data[at + 38] |= 0x10  # the low byte of the external attributes
+    path.write_bytes(bytes(data))
+
+
 VIEW_DAMAGES = [
     (
         "meta.pt",
@@ -115,6 +129,11 @@ VIEW_DAMAGES = [
     (
         "step-00000002.pt",
         flip_a_message_byte,
+        "is corrupt (its part archive/data/",
+    ),
+    (
+        "step-00000002.pt",
+        mark_a_tensor_a_directory,
         "is corrupt (its part archive/data/",
     ),
     (

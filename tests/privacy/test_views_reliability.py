@@ -142,6 +142,18 @@ def test_a_run_resumes_with_observers_dropped(tmp_path):
     assert "observed_bytes" not in resumed[0][0]
 
 
+def test_an_observer_dropped_on_resume_reports_no_bytes(tmp_path):
+    """Resumed with observers [2] instead of [1]: rank 1 records nothing in the resumed run, yet it
+    reported the bytes it restored from the checkpoint (observed_bytes [0, N, M, 0] under
+    observers [2]; the table's total counted them beside rank 2 alone)."""
+    out = tmp_path / "run"
+    interrupt_in_epoch_3(resumable(out, "observers=[1]"))
+    resumed = run_with_stats(resumable(out, "observers=[2]"), resume=True)
+    summary = resumed[0][0]
+    assert summary["observers"] == [2]
+    assert summary["observed_bytes"] == [0, 0, message_bytes(load_view(observed_dir(out, 2))), 0]
+
+
 def test_a_refused_resume_writes_no_view(tmp_path):
     out = tmp_path / "run"
     interrupt_in_epoch_3(resumable(out))
