@@ -64,10 +64,14 @@ def parse_problem(problem: str) -> Tuple[str, Dict[str, float]]:
         if not eq or key not in OPTIONS[name]:
             takes = ", ".join(k + "=..." for k in OPTIONS[name])
             raise ValueError(f"problem {problem!r}: bad option {part!r}; {name} takes {takes}")
+        if key in options:
+            raise ValueError(f"problem {problem!r}: {key} is given twice; give it once")
         try:
             options[key] = float(value)
         except ValueError:
             raise ValueError(f"problem {problem!r}: {key}={value!r} is not a number") from None
+        if not math.isfinite(options[key]):  # before the integer checks: int(inf) overflows
+            raise ValueError(f"problem {problem!r}: {key}={value!r} must be a finite number")
     for key, default in OPTIONS[name].items():
         if key not in options and default is None:
             raise ValueError(f"problem {problem!r}: give {key}=..., e.g. the forms {VALID}")
@@ -77,8 +81,8 @@ def parse_problem(problem: str) -> Tuple[str, Dict[str, float]]:
             raise ValueError(f"problem {problem!r}: {key} must be an integer >= 1")
     if name == "lowrank" and options["r"] > options["n"]:
         raise ValueError(f"problem {problem!r}: r must be <= n={options['n']:g}")
-    if options.get("sigma", 0) < 0 or not all(math.isfinite(v) for v in options.values()):
-        raise ValueError(f"problem {problem!r}: sigma must be >= 0 and every option finite")
+    if options.get("sigma", 0) < 0:
+        raise ValueError(f"problem {problem!r}: sigma must be >= 0")
     return name, options
 
 

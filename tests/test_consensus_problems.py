@@ -99,6 +99,13 @@ def test_seed_zero_is_the_original_problem_and_seeds_differ():
         ("nope", "valid:"),
         ("models:epoch=2.5", "integer"),
         ("lowrank:r=200,sigma=0", "r must be <="),
+        ("lowrank:r=2,sigma=-1", "sigma must be >= 0"),
+        ("spectral:alpha=1,n=inf", "n='inf' must be a finite number"),
+        ("spectral:alpha=1,n=nan", "n='nan' must be a finite number"),
+        ("lowrank:r=inf,sigma=0", "r='inf' must be a finite number"),
+        ("models:epoch=1e400", "epoch='1e400' must be a finite number"),
+        ("spectral:alpha=nan", "alpha='nan' must be a finite number"),
+        ("offset:beta=1,beta=2", "beta is given twice"),
     ],
 )
 def test_bad_problem_names_are_one_line_errors(name, message):

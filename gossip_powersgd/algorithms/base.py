@@ -50,6 +50,20 @@ def named_tensors(params: ParamsLike) -> Tuple[List[str], List[Tensor]]:
     return names, tensors
 
 
+def refuse_repeated_tensors(names: Sequence[str], tensors: Sequence[Tensor]) -> None:
+    """Refuse one tensor passed twice (a tied weight listed once per module that uses it): each
+    copy would be gossiped and counted on its own, so the bytes double and the low-rank
+    algorithms step it as two matrices, silently unlike the same model with the tensor once."""
+    first: Dict[int, str] = {}
+    for name, tensor in zip(names, tensors):
+        if id(tensor) in first:
+            raise ValueError(
+                f"{name} is the same tensor as {first[id(tensor)]} (a tied weight?): pass each "
+                "tensor once, e.g. model.parameters(), which lists a shared one once"
+            )
+        first[id(tensor)] = name
+
+
 def signature(names: Sequence[str], tensors: Sequence[Tensor]) -> str:
     """What all peers must agree on: shapes and dtypes (names are not compared, shapes are)."""
     return ";".join(f"{tuple(t.shape)}:{t.dtype}" for t in tensors)
@@ -279,6 +293,7 @@ class GossipAlgorithm:
         self.comm = comm
         if not self.params:
             raise ValueError("no parameters given: pass model.parameters() or a list of tensors")
+        refuse_repeated_tensors(self.names, self.params)
         dtypes = {t.dtype for t in self.params}
         if len(dtypes) > 1:
             raise ValueError(

@@ -115,7 +115,7 @@ class RandomK(Compressor):
         numel = out.numel()
         values, _ = wire.get(payload, 0, out.dtype, self.k(numel))
         values = values.to(out.device)
-        if self.scaled:
+        if self.scaled and numel:  # an empty tensor sends nothing and has nothing to scale
             values = values * (numel / self.k(numel))
         flat = out.view(-1)
         flat.zero_()

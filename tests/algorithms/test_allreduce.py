@@ -233,6 +233,37 @@ def test_powersgd_names_a_missing_gradient_and_refuses_non_finite_ones():
         LocalCluster(topologies.ring(3)).run(nan)
 
 
+def test_powersgd_leaves_frozen_parameters_out():
+    """A frozen parameter (requires_grad=False) gets no gradient from backward(): PowerSGD leaves
+    it out (its .grad stays None, its bytes are not sent) and does, bit for bit and byte for byte,
+    what it does when only the others are passed; a model with nothing to train is refused."""
+
+    def peer(comm, freeze, pass_frozen=True):
+        params = make_params(comm)
+        for k in freeze:
+            params[k].requires_grad_(False)
+        passed = [p for p in params if pass_frozen or p.requires_grad]
+        algorithm = PowerSGDAllReduce(passed, comm, rank=2, start_iter=1)
+        sent = []
+        for step in range(3):  # a plain step, then two compressed ones
+            set_grads(params, comm, step)
+            for k in freeze:
+                params[k].grad = None
+            sent.append(algorithm.bytes_per_step())
+            algorithm.step()
+        return [p.grad for p in params], sent
+
+    topology = topologies.ring(3)
+    for (grads, sent), (alone, sent_alone) in zip(
+        LocalCluster(topology).run(peer, [1]), LocalCluster(topology).run(peer, [1], False)
+    ):
+        assert grads[1] is None and sent == sent_alone
+        assert all(torch.equal(a, b) for k, (a, b) in enumerate(zip(grads, alone)) if k != 1)
+
+    with pytest.raises(ValueError, match="none of the 4 parameters requires one"):
+        LocalCluster(topology).run(peer, [0, 1, 2, 3])
+
+
 def test_make_algorithm_builds_the_centralized_baselines():
     def peer(comm):
         params = make_params(comm)

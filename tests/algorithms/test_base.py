@@ -153,3 +153,34 @@ def test_an_algorithm_collected_during_a_parameter_registration_breaks_nothing()
     with pytest.raises(ValueError, match=r"parameter param\[0\] \(Linear.weight\) was replaced"):
         algorithms[0]._replaced.check("ExactGossip")
     algorithms[1]._replaced.check("ExactGossip")  # peer 1's model kept its tensors
+
+
+@pytest.mark.parametrize(
+    "spec", ["powergossip:rank=1", "exact", "pushsum", "choco:compressor=sign,gamma=0.1"]
+)
+def test_a_tensor_passed_twice_is_refused(spec):
+    """A tied weight listed once per module that uses it (named_parameters(remove_duplicate=False))
+    was gossiped as two tensors: twice its bytes, and PowerGossip stepped it as two matrices, so the
+    model ended elsewhere than with the tensor passed once. It is refused in one line, naming both."""
+    from gossip_powersgd.algorithms import make_algorithm
+
+    def peer(comm):
+        g = torch.Generator().manual_seed(comm.rank)
+        encoder = torch.nn.Embedding(12, 9, _weight=torch.randn(12, 9, generator=g))
+        decoder = torch.nn.Linear(9, 12, bias=False)
+        decoder.weight = encoder.weight  # tied
+        model = torch.nn.Sequential(encoder, decoder)
+        try:
+            make_algorithm(spec, model.named_parameters(remove_duplicate=False), comm)
+        except ValueError as error:
+            return str(error)
+
+    errors = LocalCluster(topologies.ring(2), timeout=30).run(peer)
+    assert (
+        errors
+        == [
+            "1.weight is the same tensor as 0.weight (a tied weight?): pass each tensor once, e.g. "
+            "model.parameters(), which lists a shared one once"
+        ]
+        * 2
+    )

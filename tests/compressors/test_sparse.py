@@ -70,3 +70,13 @@ def test_rescaled_scaled_randomk_is_the_plain_selection():
     torch.testing.assert_close(
         scaled.compress(x, 9) / scaled.contraction_scale(40), plain.compress(x, 9)
     )
+
+
+@pytest.mark.parametrize("shape", [(0,), (5, 0)])
+@pytest.mark.parametrize("compressor", [TopK(0.3), RandomK(0.3), RandomK(0.3, scaled=True)])
+def test_an_empty_tensor_sends_nothing_and_decodes_empty(compressor, shape):
+    """A zero-sized parameter (k = 0 entries kept): no bytes, and an empty result, not an error
+    (scaled random-k divided numel by k = 0)."""
+    x = torch.zeros(shape)
+    assert compressor.nbytes(x.shape, x.dtype) == 0
+    assert compressor.compress(x, 7).shape == shape
