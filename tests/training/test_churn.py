@@ -299,6 +299,18 @@ def test_exact_gossip_sends_its_own_baseline_through_any_churn(topology, churn, 
     assert summary["compression_ratio"] == pytest.approx(1.0, rel=1e-14)
 
 
+def test_the_state_handed_to_a_joiner_counts_after_its_senders_leave():
+    """summary.json's transfer_mb_sent is the state every change handed to joiners, over all its
+    senders: peer 3's return at step 10 on ring:4 (handed by peers 0 and 2) counts the same
+    whether or not peer 2 leaves afterwards. (Before, only the members at the end counted their
+    own bytes: half of it.) Both runs hand the same bytes, integers summed exactly: equal."""
+    changes = dict(checkpoint_every=0)
+    kept = run(config_for(churn="leave:3@5,join:3@10", **changes))[0]
+    left = run(config_for(churn="leave:3@5,join:3@10,leave:2@20", **changes))[0]
+    assert left["members_at_end"] == [0, 1, 3] and kept["members_at_end"] == [0, 1, 2, 3]
+    assert left["transfer_mb_sent"] == kept["transfer_mb_sent"] > 0
+
+
 def test_random_churn_trains_through_every_change_it_draws():
     from gossip_powersgd.membership.churn import churn_membership
 
