@@ -207,6 +207,18 @@ def test_what_cannot_follow_a_change_is_refused_in_one_line(changes, problem):
     assert "\n" not in str(info.value)
 
 
+def test_device_auto_that_is_cuda_here_is_refused_under_continue_on_torch(monkeypatch):
+    """device auto on a machine with CUDA is cuda (`setup.resolve_device`), and backend torch then
+    gossips over NCCL, which the continue policy's groups and hand-over (gloo, CPU tensors) do not
+    cover: refused as device cuda is (it was accepted); on a machine without CUDA it is the CPU."""
+    config = config_for(backend="torch", churn=None, device="auto")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match=r"over gloo in this version \(device auto is cuda on"):
+        validate_config(config, deep=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    validate_config(config, deep=False)
+
+
 def test_a_private_peer_counts_only_the_steps_it_trained(tmp_path):
     """Under DP each peer's epsilon is its own accountant's: peer 1, away for 23 of 52 steps,
     composes 29 steps, peer 3 the 20 it trained before it left."""
