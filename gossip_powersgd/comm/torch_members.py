@@ -17,7 +17,8 @@ Two things `TorchCommunicator` needs once a lost peer must not end the run:
   store, one per epoch number, collective over the members only); its ranks are positions in the
   ascending list of member ids, so peer ids (which never change) are mapped to positions here.
 
-CPU tensors only (gloo): a run with ``device: cuda`` and on_peer_loss: continue is refused.
+CPU tensors only (gloo): a run with ``device: cuda`` (or ``auto`` on a machine with CUDA) and
+on_peer_loss: continue is refused.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ the one in force, every peer of the old or the new epoch does, in this order:
 2. joiners get their state from the survivors (`transfer.hand_over`; a joiner loads it with
    `state.unpack`);
 3. with `measure_shift`, every peer of the old or the new epoch (the leaving ones too) takes part
-   in one all-reduce that measures how far the change moved the members' average (`Change.shift`);
+   in one all-reduce that measures how far the change moved the members' average (`Change.shift`)
+   and sums the bytes the senders handed to the joiners (`Change.transferred`: known then to every
+   peer of the change, so a run's total does not lose a sender that leaves later);
 4. members of the new epoch build the algorithm again and carry its state over
    (`algorithm.build_for_epoch`); leaving peers stop.
 
@@ -65,6 +67,9 @@ class Change:
     #: ||new members' average - old members' average|| of the parameters (float64), measured
     #: on every peer of either epoch; None when not measured.
     shift: Optional[float]
+    #: Bytes of state every sender handed to the joiners at this change, summed over the senders
+    #: (header and body, `transfer`); 0 without joiners, None when not measured.
+    transferred: Optional[int] = 0
 
     @property
     def left(self) -> Tuple[int, ...]:
@@ -138,18 +143,20 @@ class PeerMembership:
             self.comm.set_epoch(graph, new.live, new.number)
         survivors = sorted(set(old.live) & set(new.live))
         joiners = sorted(set(new.live) - set(old.live))
-        received = None
+        received, sent = None, self.comm.stats.transfer_bytes_sent
         if me in new:
             received = hand_over(
                 self.comm, me, joiners, graph, survivors, self.join, lambda: self._pack(state)
             )
             if received is not None:
                 state.unpack({k: v for k, v in received.items() if not k.startswith("algorithm.")})
-        measure = self.measure_shift and detected is None
-        shift = self._measure(old, new, me in new) if measure else None
+        sent = self.comm.stats.transfer_bytes_sent - sent
+        shift, transferred = None, (None if joiners else 0)
+        if self.measure_shift and detected is None:
+            shift, transferred = self._measure(old, new, me in new, sent)
         if me in new:
             self._rebuild(new, carried, received)
-        return Change(old, new, shift)
+        return Change(old, new, shift, transferred)
 
     def _pack(self, state) -> Dict[str, torch.Tensor]:
         packed = dict(state.pack())
@@ -158,16 +165,20 @@ class PeerMembership:
                 packed[f"algorithm.{name}"] = torch.tensor(value, dtype=torch.int64)
         return packed
 
-    def _measure(self, old: MembershipEpoch, new: MembershipEpoch, member: bool) -> float:
-        """||x̄_new - x̄_old||: one float64 all-reduce over the peers of either epoch."""
+    def _measure(
+        self, old: MembershipEpoch, new: MembershipEpoch, member: bool, sent: int
+    ) -> Tuple[float, int]:
+        """(||x̄_new - x̄_old||, the bytes every peer handed to the joiners): one float64
+        all-reduce over the peers of either epoch (`sent`: this peer's bytes, < 2^53)."""
         x = torch.cat([p.detach().reshape(-1).to(torch.float64) for p in self.algorithm.params])
         was, now = float(self.rank in old), float(member)
-        vector = torch.cat([x * was, x * now, torch.tensor([was, now], dtype=torch.float64)])
+        counts = torch.tensor([float(sent), was, now], dtype=torch.float64)
+        vector = torch.cat([x * was, x * now, counts])
         with self.comm.over(set(old.live) | set(new.live)):
             self.comm.allreduce_(vector, op="sum", metric=True)
         n = x.numel()
         before, after = vector[:n] / vector[-2], vector[n : 2 * n] / vector[-1]
-        return float(torch.linalg.vector_norm(after - before))
+        return float(torch.linalg.vector_norm(after - before)), int(vector[-3])
 
     def _rebuild(self, new: MembershipEpoch, carried, received) -> None:
         counters = None

@@ -79,10 +79,16 @@ def _validate(config) -> None:
             f"{config.backend} the membership changes when the liveness monitor finds a peer lost"
         )
     devices, kind = transport.peer_loss_devices, str(config.device).split(":")[0]
-    if devices is not None and kind != "auto" and kind not in devices:
+    auto = kind == "auto"
+    if auto:  # what the run will use on this machine (`setup.resolve_device`)
+        import torch
+
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if devices is not None and kind not in devices:
         raise ValueError(
             f"on_peer_loss: continue on backend {config.backend} moves CPU tensors over gloo in "
-            "this version: use device cpu, or on_peer_loss: abort"
+            f"this version{' (device auto is cuda on this machine)' if auto else ''}: use device "
+            "cpu, or on_peer_loss: abort"
         )
     _refuse_what_a_change_breaks(config)
 

@@ -10,6 +10,8 @@ away restores it. A joiner gets its model, optimizer state and step from its new
 trains on its own data. Evaluations, metrics and checkpoints are over the members of the moment;
 the eval records add `live_peers`, `membership_epoch`, `membership_changes` and
 `average_shift_total` (the summed norms of the jumps of the members' average at the changes).
+The summary's `transfer_mb_sent` is every change's state handed to joiners, summed over its senders
+at the change (`membership.peer.Change.transferred`), so a sender that leaves later still counts.
 The summary is written by the lowest-id member at the end; its exact-gossip baseline counts, for
 each member, the graphs in force in the rounds its traffic counters cover (`exact_messages`).
 """
@@ -62,6 +64,10 @@ class TrainingState:
         out["run.step"] = torch.tensor(self.run_state.step, dtype=torch.int64)
         out["run.changes"] = torch.tensor(self.driver.changes, dtype=torch.int64)
         out["run.shift_total"] = torch.tensor(self.driver.shift_total, dtype=torch.float64)
+        transferred = self.driver.transfer_bytes
+        out["run.transfer_bytes"] = torch.tensor(
+            -1 if transferred is None else transferred, dtype=torch.int64
+        )
         return out
 
     def unpack(self, state: Dict[str, torch.Tensor]) -> None:
@@ -82,6 +88,8 @@ class TrainingState:
         self.optimizer.load_state_dict({"state": fields, "param_groups": groups})
         self.driver.changes = int(state["run.changes"])
         self.driver.shift_total = float(state["run.shift_total"])
+        transferred = int(state["run.transfer_bytes"])
+        self.driver.transfer_bytes = None if transferred < 0 else transferred
 
 
 class ChurnRun(TrainingHooks):
@@ -101,6 +109,9 @@ class ChurnRun(TrainingHooks):
         self.detected = None  # torch: changes found by the liveness monitor (`membership.detected`)
         self.changes = 0
         self.shift_total = 0.0
+        #: Bytes of state handed to joiners in the run, every change's over all its senders
+        #: (`Change.transferred`); None after resuming a checkpoint from before it was kept.
+        self.transfer_bytes: Optional[int] = 0
         self.run = self.hooks = self.run_dir = None
         self.placed: Optional[int] = None  # a rejoining peer: the step its loop starts at
         self.admitted: Optional[int] = None  # ... and the step it is a member again from
@@ -195,6 +206,8 @@ class ChurnRun(TrainingHooks):
         if change is not None and (was_live or self.peer.live):
             self.changes += 1
             self.shift_total += change.shift or 0.0
+            if self.transfer_bytes is not None:
+                self.transfer_bytes += change.transferred or 0
         if change is not None and self.detected is not None:
             self.detected.continued(change.epoch.number)
         if was_live and not self.peer.live:
@@ -319,7 +332,12 @@ class ChurnRun(TrainingHooks):
                 for peer in change.get("joined", ())
             ],
             "average_shift_total": self.shift_total,
-            "transfer_mb_sent": float(sent[0]) / 1e6,
+            # every change's, summed over its senders (the members' own counters after resuming
+            # a checkpoint from before the run's total was kept)
+            "transfer_mb_sent": (
+                float(sent[0]) if self.transfer_bytes is None else float(self.transfer_bytes)
+            )
+            / 1e6,
             # steps whose gossip a lost peer interrupted, summed over the members (torch)
             "gossip_steps_dropped": int(sent[1]),
             "churn": self.config.churn,
@@ -353,11 +371,13 @@ class ChurnRun(TrainingHooks):
             "changes": self.changes,
             "shift_total": self.shift_total,
             "counted_from": self.counted_from,
+            "transfer_bytes": self.transfer_bytes,
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.changes, self.shift_total = int(state["changes"]), float(state["shift_total"])
         self.counted_from = int(state.get("counted_from", 0))  # (checkpoints from before it)
+        self.transfer_bytes = state.get("transfer_bytes")  # None: from before it was kept
 
 
 def call(what: str, fn, *args, **kwargs):

@@ -207,6 +207,18 @@ def test_what_cannot_follow_a_change_is_refused_in_one_line(changes, problem):
     assert "\n" not in str(info.value)
 
 
+def test_device_auto_that_is_cuda_here_is_refused_under_continue_on_torch(monkeypatch):
+    """device auto on a machine with CUDA is cuda (`setup.resolve_device`), and backend torch then
+    gossips over NCCL, which the continue policy's groups and hand-over (gloo, CPU tensors) do not
+    cover: refused as device cuda is (it was accepted); on a machine without CUDA it is the CPU."""
+    config = config_for(backend="torch", churn=None, device="auto")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match=r"over gloo in this version \(device auto is cuda on"):
+        validate_config(config, deep=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    validate_config(config, deep=False)
+
+
 def test_a_private_peer_counts_only_the_steps_it_trained(tmp_path):
     """Under DP each peer's epsilon is its own accountant's: peer 1, away for 23 of 52 steps,
     composes 29 steps, peer 3 the 20 it trained before it left."""
@@ -297,6 +309,18 @@ def test_exact_gossip_sends_its_own_baseline_through_any_churn(topology, churn, 
     summary = next(r for r in results if not r.get("departed"))
     assert summary["membership_changes"] > 0
     assert summary["compression_ratio"] == pytest.approx(1.0, rel=1e-14)
+
+
+def test_the_state_handed_to_a_joiner_counts_after_its_senders_leave():
+    """summary.json's transfer_mb_sent is the state every change handed to joiners, over all its
+    senders: peer 3's return at step 10 on ring:4 (handed by peers 0 and 2) counts the same
+    whether or not peer 2 leaves afterwards. (Before, only the members at the end counted their
+    own bytes: half of it.) Both runs hand the same bytes, integers summed exactly: equal."""
+    changes = dict(checkpoint_every=0)
+    kept = run(config_for(churn="leave:3@5,join:3@10", **changes))[0]
+    left = run(config_for(churn="leave:3@5,join:3@10,leave:2@20", **changes))[0]
+    assert left["members_at_end"] == [0, 1, 3] and kept["members_at_end"] == [0, 1, 2, 3]
+    assert left["transfer_mb_sent"] == kept["transfer_mb_sent"] > 0
 
 
 def test_random_churn_trains_through_every_change_it_draws():

@@ -23,13 +23,13 @@ def test_training_state_round_trip_carries_model_momentum_and_step():
         return model, optimizer
 
     class Driver:
-        changes, shift_total = 2, 0.5
+        changes, shift_total, transfer_bytes = 2, 0.5, 1234
 
     sender = TrainingState(*make(0), RunState(step=7), Driver())
     fresh_model = torch.nn.Linear(3, 2)
     fresh_optimizer = torch.optim.SGD(fresh_model.parameters(), lr=0.1, momentum=0.9)
     joiner_driver = Driver()
-    joiner_driver.changes, joiner_driver.shift_total = 0, 0.0
+    joiner_driver.changes, joiner_driver.shift_total, joiner_driver.transfer_bytes = 0, 0.0, 0
     joiner = TrainingState(fresh_model, fresh_optimizer, RunState(step=7), joiner_driver)
     joiner.unpack(sender.pack())  # a fresh optimizer (no state yet) takes the momentum too
     for a, b in zip(fresh_model.parameters(), sender.model.parameters()):
@@ -40,6 +40,7 @@ def test_training_state_round_trip_carries_model_momentum_and_step():
             sender.optimizer.state[b]["momentum_buffer"],
         )
     assert joiner_driver.changes == 2 and joiner_driver.shift_total == 0.5
+    assert joiner_driver.transfer_bytes == 1234
     with pytest.raises(ValueError, match="at step 8 but was handed the state of step 7"):
         TrainingState(fresh_model, fresh_optimizer, RunState(step=8), joiner_driver).unpack(
             sender.pack()
