@@ -241,6 +241,30 @@ def test_a_stop_counts_from_the_look_that_saw_it(monkeypatch):
         m.endpoint.close()
 
 
+@pytest.mark.parametrize("timeout", [1.0, 4.0, 20.0, 120.0])
+def test_no_threshold_is_shorter_than_a_pause_of_the_monitor_itself(monkeypatch, timeout):
+    """comm_timeout may be as short as 1 s; half of it named a peer stopped for 0.5 s lost, though
+    a pause of this rank's own looking up to GAP_SECONDS (a loaded machine, a job stopped and
+    resumed as a whole) is not told apart from a peer's below that (GOSSIP_STOPPED_SECONDS is refused
+    below it for that reason). Both thresholds are half the timeout, at least GAP_SECONDS, at most
+    their defaults."""
+    from gossip_powersgd.faults import monitor
+
+    monkeypatch.setattr(monitor.Monitor, "_run", lambda self: None)
+    monkeypatch.setattr(monitor.Monitor, "_beat", lambda self: None)
+    m = monitor.Monitor(0, 2)
+    try:
+        m.join([m.announce(), m.announce()], timeout)
+        assert m.stopped_after == min(
+            monitor.STOPPED_SECONDS, max(timeout / 2, monitor.GAP_SECONDS)
+        )
+        assert m.silent_after == min(monitor.SILENT_SECONDS, max(timeout / 2, monitor.GAP_SECONDS))
+        assert m.stopped_after >= monitor.GAP_SECONDS
+    finally:
+        m.closed = True
+        m.endpoint.close()
+
+
 @pytest.mark.mpi
 @pytest.mark.torchrun
 @pytest.mark.parametrize("launcher", ["mpi", "torch"])
