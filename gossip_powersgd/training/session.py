@@ -243,7 +243,9 @@ def _resume(comm: Comm, run_dir: Path, run: PeerRun, hooks: HookList, churn) -> 
         return resume(churn, comm, run_dir, run, restore)
     epoch = agree_resume_epoch(comm, run_dir)
     loaded = collectively(comm, load_for_resume, run_dir, epoch, **run.header_args)
-    return collectively(comm, restore, loaded["state"])
+    state = collectively(comm, restore, loaded["state"])
+    collectively(comm, ckpt.drop_newer, run_dir, comm.rank, epoch)  # an ended attempt's
+    return state
 
 
 def _save(
