@@ -273,6 +273,7 @@ def _save(
                 f"rank {comm.rank}: cannot write the epoch-{state.epoch} checkpoint in "
                 f"{ckpt.checkpoint_dir(run_dir)}: {exc.strerror or exc}; {advice}"
             ) from None
+        hooks.on_checkpoint()
 
     collectively(comm, write)
 
