@@ -143,6 +143,18 @@ class AlgorithmSpec:
 
     __hash__ = None
 
+    def meaning(self) -> Tuple[str, Tuple[Tuple[str, str], ...]]:
+        """What the spec builds, whatever its spelling: its name and the value of every option's
+        constructor argument, the default where it sets none ("powergossip:iters=1,rank=1" and
+        "powergossip:rank=1" mean the same). Values are compared by `repr` (a compressor's is its
+        canonical spec)."""
+        defaults = constructor_defaults(self.cls)
+        values = {}
+        for option in self.cls.options.values():
+            value = self.kwargs.get(option.argument, defaults.get(option.argument))
+            values[option.argument] = repr(value)
+        return self.name, tuple(sorted(values.items()))
+
     def label(self) -> str:
         """The legend label: "exact gossip", "PowerGossip r1 K2", "Choco sign", ... (no γ)."""
         return self.cls.label(dict(self.options))

@@ -409,14 +409,16 @@ class DifferentialPrivacy(TrainingHooks):
 
     def state_dict(self) -> Dict[str, Any]:
         """The accountant's history and the noise generator (Poisson batches are the loop's)."""
-        if self.record is not None:  # a checkpoint: digests older than those kept are pruned
-            self.record.checkpoint(self.dp)
         return self.dp.state_dict()
 
+    def on_checkpoint(self) -> None:
+        """Digests older than the checkpoints kept are pruned (an away file is none)."""
+        if self.record is not None:
+            self.record.checkpoint(self.dp)
+
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """The checkpoint's state; with ``dp_secret: os``, the steps released after it too (the
-        resumed run sends them again with new noise; `releases`); with ``run_dir``, the digests
-        of what it sent, which the steps it takes again are checked against."""
+        """The checkpoint's state, then what the release record adds (`ReleaseRecord.resume`:
+        under ``os`` the steps released after it, under ``run_dir`` the digests of replays)."""
         self.dp.load_state_dict(state)
         if self.record is not None:
             self.record.resume(self.dp)

@@ -3,7 +3,11 @@ the run directory they live in.
 
 Each rank K writes `RUN_DIR/checkpoints/rank-K-epoch-E.pt` and keeps its two newest, so that a job
 killed while some ranks had written epoch E and others had not can still resume from epoch E-1, the
-newest epoch every rank holds (`resume.agree_resume_epoch`). A file is written with `utils.atomic_write`
+newest epoch every rank holds (`resume.agree_resume_epoch`). A resumed run removes each rank's
+files of epochs after the one it resumed from (`drop_newer`): they are of the attempt that ended,
+held by some ranks only, and kept they would count among a rank's two newest, so that a second
+interruption could leave no epoch every rank holds, or pair one rank's stale file with another's
+new one of the same epoch. A file is written with `utils.atomic_write`
 (a temporary name in the same directory, fsynced, then renamed over the final name), so a reader
 sees either the old file or the complete new one.
 
@@ -230,6 +234,15 @@ def save_checkpoint(run_dir, header: Dict[str, Any], state: Dict[str, Any]) -> P
     return path
 
 
+def drop_newer(run_dir, rank: int, epoch: int) -> List[int]:
+    """Remove `rank`'s checkpoints of epochs after `epoch`, the one the run has resumed from (module
+    docstring); returns those epochs. Called once every rank has loaded `epoch`."""
+    newer = [e for e in available_epochs(run_dir, rank) if e > epoch]
+    for old in newer:
+        checkpoint_path(run_dir, rank, old).unlink(missing_ok=True)
+    return newer
+
+
 def _leftover_temporaries(run_dir, rank: int) -> List[Path]:
     """`rank`'s temporary checkpoint files: `utils.atomic_write` names them
     `.rank-K-epoch-E.pt.XXXXXXXX.tmp` (mkstemp); earlier versions wrote `.rank-K-epoch-E.pt.tmp-*`,
@@ -355,6 +368,7 @@ __all__ = [
     "check_run_dir",
     "checkpoint_dir",
     "checkpoint_path",
+    "drop_newer",
     "make_header",
     "metrics_path",
     "open_metrics",

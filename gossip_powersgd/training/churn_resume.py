@@ -115,4 +115,6 @@ def resume(driver, comm: Comm, run_dir, run, restore):
     resumed = restore(state)
     if not peer.live:
         resumed.step, resumed.epoch = epoch * spe, epoch
+    ckpt.drop_newer(run_dir, comm.rank, epoch)  # an ended attempt's (not collective: the
+    # members' comm no longer reaches the peers away at `epoch`)
     return resumed

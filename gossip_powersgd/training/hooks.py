@@ -16,6 +16,7 @@ this order (D-PSGD, see `trainer`)::
     on_evaluation(record)                          -> may return extra keys for the eval record
     on_record(record)                              each log / eval record, as written
     state_dict() / load_state_dict(state)          saved with every checkpoint, restored on resume
+    on_checkpoint()                                after this peer's checkpoint is written whole
     close()                                        once at the end, also when the run fails
     on_summary(summary)                            after close, when the run ended normally
 
@@ -144,6 +145,11 @@ class TrainingHooks:
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """On resume, after `setup`: what `state_dict` returned when the checkpoint was written."""
 
+    def on_checkpoint(self) -> None:
+        """After this peer's checkpoint file is written whole. `state_dict` is also taken for a
+        leaving peer's away file (churn), which is no checkpoint: a hook that prunes files of its
+        own to what the kept checkpoints need (DP's release digests) does it here."""
+
 
 def _check_json_values(hook: str, extra: Dict[str, Any]) -> None:
     """Refuse an eval key whose value is not a JSON value: the record goes to the metrics file and
@@ -256,6 +262,10 @@ class HookList:
     def state_dict(self) -> Dict[str, Dict[str, Any]]:
         """Each hook's state by key; an optional hook's key is prefixed `OPTIONAL` (see below)."""
         return {(OPTIONAL + h.key if h.optional else h.key): h.state_dict() for h in self.hooks}
+
+    def on_checkpoint(self) -> None:
+        for h in self.hooks:
+            h.on_checkpoint()
 
     def load_state_dict(self, state: Dict[str, Dict[str, Any]]) -> None:
         """Restore each hook's saved state; the checkpoint must hold exactly this run's hooks,

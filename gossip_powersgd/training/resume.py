@@ -1,6 +1,7 @@
 """Resuming a run from its checkpoints: which epoch (`agree_resume_epoch`, collective: the newest
 every rank holds), and whether a checkpoint belongs to this run (`check_header`: world size,
-topology, config and the sha256 of each data file this peer read; `load_for_resume`: the file's
+topology, config (an algorithm spec spelled otherwise but meaning the same is the same) and the
+sha256 of each data file this peer read; `load_for_resume`: the file's
 epoch is the one its name says). Every refusal is a one-line `ValueError` naming the file and the
 way out. The file format is `checkpoint`'s.
 """
@@ -59,12 +60,31 @@ def check_header(
         )
     if header.get("rank") != rank:
         raise ValueError(f"checkpoint {path} belongs to rank {header.get('rank')}, not rank {rank}")
-    if header.get("config_hash") != config_hash:
+    if header.get("config_hash") != config_hash and not _same_meaning(
+        header.get("config"), config_json
+    ):
         raise ValueError(
             f"checkpoint {path} was written with another config: "
             f"{describe_config_diff(header.get('config', '{}'), config_json)}"
         )
     _check_same_data(path, header.get("data") or {}, data or {})
+
+
+def _same_meaning(saved_json, current_json: str) -> bool:
+    """Whether a checkpoint's config and the resuming run's differ only in how their algorithm
+    spec is spelled (its options' order, a default written out: `AlgorithmSpec.meaning`)."""
+    from ..algorithms.registry import parse_algorithm
+
+    try:
+        saved, current = json.loads(saved_json), json.loads(current_json)
+        if not (isinstance(saved, dict) and isinstance(current, dict)):
+            return False
+        specs = (saved.pop("algorithm", None), current.pop("algorithm", None))
+        if saved != current or not all(isinstance(s, str) for s in specs):
+            return False
+        return parse_algorithm(specs[0]).meaning() == parse_algorithm(specs[1]).meaning()
+    except (TypeError, ValueError):  # unreadable JSON, or a spec this version does not parse
+        return False
 
 
 def _check_same_data(path, saved: Dict[str, str], current: Dict[str, str]) -> None:

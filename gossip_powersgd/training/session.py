@@ -243,7 +243,9 @@ def _resume(comm: Comm, run_dir: Path, run: PeerRun, hooks: HookList, churn) -> 
         return resume(churn, comm, run_dir, run, restore)
     epoch = agree_resume_epoch(comm, run_dir)
     loaded = collectively(comm, load_for_resume, run_dir, epoch, **run.header_args)
-    return collectively(comm, restore, loaded["state"])
+    state = collectively(comm, restore, loaded["state"])
+    collectively(comm, ckpt.drop_newer, run_dir, comm.rank, epoch)  # an ended attempt's
+    return state
 
 
 def _save(
@@ -271,6 +273,7 @@ def _save(
                 f"rank {comm.rank}: cannot write the epoch-{state.epoch} checkpoint in "
                 f"{ckpt.checkpoint_dir(run_dir)}: {exc.strerror or exc}; {advice}"
             ) from None
+        hooks.on_checkpoint()
 
     collectively(comm, write)
 

@@ -16,6 +16,7 @@ import torch
 
 from gossip_powersgd.privacy.dpsgd import DPSGD
 from gossip_powersgd.privacy.releases import digests_path
+from gossip_powersgd.training import checkpoint as ckpt
 from tests.privacy.test_training import (
     DP,
     Interrupted,
@@ -131,3 +132,25 @@ def test_a_replay_one_ulp_off_is_sent_as_fresh_noise_and_counted_as_dp_secret_os
         if again:
             first, second = released[(1, rank, STOP - again)], released[(2, rank, STOP - again)]
             assert (second - first).norm() > 0.5 * scale * math.sqrt(first.numel())
+
+
+def test_a_peers_away_file_leaves_the_digests_its_older_checkpoint_needs(tmp_path, capsys):
+    """Churn: peer 1 leaves at step 17 and is back at 20. Its away file counted as a checkpoint
+    and pruned its digests to those from step 17, while its epoch-1 checkpoint (step 13) was
+    still one of its two kept: resumed from epoch 1 (rank 2 killed before writing epoch 2), its
+    step 13 had no digest, went out as pure noise under a new key, and the other peers' replays
+    differed in turn. Now every step is sent again bit for bit and nothing is added."""
+    from tests.training.test_churn import Interrupted as Stopped
+    from tests.training.test_churn import config_for, run
+
+    dp = dict(momentum=0.0, dp_noise_multiplier=1.0, dp_max_grad_norm=1.0, dp_secret="run_dir")
+    config = config_for(tmp_path / "run", churn="leave:1@17,join:1@20", epochs=3, **dp)
+    with pytest.raises(Stopped):
+        run(config, stop_at=2 * PER_EPOCH + 4)  # after the epoch-2 checkpoint
+    ckpt.checkpoint_path(tmp_path / "run", 2, 2).unlink()  # rank 2 killed before writing it
+    resumed = run(config, resume=True)  # from epoch 1: steps 13 to 29 are taken again
+    assert "taken again after the resume" not in capsys.readouterr().err
+    for rank in range(PEERS):  # the steps each trained, peer 1 away for 3: none counted twice
+        peer = resumed[rank]["peer"]
+        assert peer["steps"] == 3 * PER_EPOCH - (3 if rank == 1 else 0)
+        assert "steps_released_before_restart" not in peer

@@ -150,3 +150,35 @@ def test_a_fifo_in_place_of_a_checkpoint_is_refused_on_every_rank(tmp_path):
         f"checkpoint {path} is a FIFO (named pipe), not a regular file: "
         "replace it with the file itself"
     }
+
+
+def _train(config, resume=False, stop_at=None):
+    """Every peer's summary; `stop_at`: the step at which the run is interrupted (RuntimeError)."""
+
+    def on_step(step):
+        if step == stop_at:
+            raise RuntimeError(f"interrupted at step {step}")
+
+    cluster = LocalCluster(topologies.parse(config.topology), timeout=30)
+    return cluster.run(train, config, resume=resume, on_step=on_step)
+
+
+def test_a_second_interruption_after_a_resume_still_leaves_an_epoch_every_rank_holds(tmp_path):
+    """A resumed run drops each rank's files newer than the epoch it resumed from: kept, rank 0's
+    stale epoch-4 file stayed among its two newest and pruned the epoch-2 file that was the only
+    one every rank still held after a second interruption (no epoch could be resumed)."""
+    out = tmp_path / "run"
+
+    def config(every):  # how often a run checkpoints may change on resume
+        return tiny(f"out_dir={out}", "epochs=4", f"checkpoint_every={every}")
+
+    finished = _train(config(2))
+    ckpt.checkpoint_path(out, 1, 4).unlink()  # rank 1 was killed before writing epoch 4
+    for name in ("summary.json", "summary.md"):
+        (out / name).unlink()
+    with pytest.raises(RuntimeError, match="interrupted at step 40"):
+        _train(config(1), resume=True, stop_at=3 * 13 + 1)  # resumed at 2, wrote 3, then killed
+    assert [ckpt.available_epochs(out, k) for k in range(4)] == [[2, 3]] * 4
+    ckpt.checkpoint_path(out, 1, 3).unlink()  # as if rank 1 had been killed before writing 3
+    resumed = _train(config(1), resume=True)  # from epoch 2, the newest every rank holds
+    assert [s["model_sha256"] for s in resumed] == [s["model_sha256"] for s in finished]

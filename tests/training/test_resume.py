@@ -156,3 +156,44 @@ def test_resume_auto_starts_again_unless_an_epoch_is_held_by_every_rank(tmp_path
         f"cannot resume {tmp_path}: its checkpoints were written by a run of 2 peers; this "
         "run has 4: resume with 2 peers"
     }
+
+
+def _config_header(algorithm, **more):
+    config = {"lr": 0.1, "epochs": 4, "algorithm": algorithm, **more}
+    return header(config_hash="hash of the text", config=json.dumps(config))
+
+
+@pytest.mark.parametrize(
+    "saved, current",
+    [
+        ("powergossip:rank=1,iters=1", "powergossip:iters=1,rank=1"),  # another order
+        ("powergossip:rank=1", "powergossip:rank=1,iters=1,warm=yes,gamma=none"),  # defaults
+        ("POWERGOSSIP:rank=1", "powergossip:rank=01"),
+        ("choco:compressor=[randomk:0.1],gamma=0.4", "choco:gamma=0.40,compressor=randomk:0.1"),
+    ],
+)
+def test_an_algorithm_spec_spelled_otherwise_but_meaning_the_same_resumes(saved, current):
+    run = expected(config_json=json.dumps({"lr": 0.1, "epochs": 4, "algorithm": current}))
+    check_header("f.pt", _config_header(saved), **run)
+
+
+@pytest.mark.parametrize(
+    "saved, current, more, message",
+    [
+        (
+            "powergossip:rank=1",
+            "powergossip:rank=2",
+            {},
+            "'powergossip:rank=1' -> 'powergossip:rank=2'",
+        ),
+        ("powergossip:rank=1", "powergossip:rank=1,iters=2", {}, "-> 'powergossip:rank=1,iters=2'"),
+        ("powergossip:rank=1", "powersgd:rank=1", {}, "-> 'powersgd:rank=1'"),
+        ("powergossip:rank=1,iters=1", "powergossip:iters=1,rank=1", {"lr": 0.3}, "lr 0.3 -> 0.1"),
+        ("gone:x=1", "powergossip:rank=1", {}, "algorithm 'gone:x=1' -> 'powergossip:rank=1'"),
+    ],
+)
+def test_an_algorithm_spec_that_means_another_run_is_still_refused(saved, current, more, message):
+    run = expected(config_json=json.dumps({"lr": 0.1, "epochs": 4, "algorithm": current}))
+    with pytest.raises(ValueError, match="f.pt was written with another config: ") as info:
+        check_header("f.pt", _config_header(saved, **more), **run)
+    assert message in str(info.value)
