@@ -49,9 +49,8 @@ from .liveness import PeerLost
 
 #: How often process states are read and heartbeats sent.
 CHECK_SECONDS = 1.0
-#: A peer seen stopped this long is lost (or half the comm timeout, if that is shorter, but at least
-#: GAP_SECONDS); a run may set its own (`Monitor(stopped=...)`: GOSSIP_STOPPED_SECONDS,
-#: `faults.stopped_seconds`).
+#: A peer seen stopped this long is lost (or half the comm timeout if shorter, but >= GAP_SECONDS);
+#: a run may set its own (`Monitor(stopped=...)`: GOSSIP_STOPPED_SECONDS, `faults.stopped_seconds`).
 STOPPED_SECONDS = 15.0
 #: A peer of another machine silent this long (since set-up if never heard) is probed (or half).
 SILENT_SECONDS = 10.0
@@ -152,8 +151,7 @@ class Monitor:
                 remote[k].heard, remote[k].last = address, when
         with self._lock:
             self.local, self.remote, self.joined, self.resting = local, remote, True, False
-            # half the timeout, but never below a pause of this rank's own looking (GAP_SECONDS)
-            half = max(timeout / 2, GAP_SECONDS)
+            half = max(timeout / 2, GAP_SECONDS)  # never below a pause of our own looking
             self.stopped_after = min(self.stopped_seconds, half)
             self.silent_after = min(SILENT_SECONDS, half)
         self._beat()  # at once: a peer stopped or cut off right after set-up has been heard
