@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import threading
 from typing import (
     TYPE_CHECKING,
@@ -113,6 +114,18 @@ def ring_allreduce_bytes(numel: int, element_size: int, size: int, rank: int) ->
     return (2 * numel - sum(stop - start for start, stop in skipped)) * element_size
 
 
+def checked_timeout(timeout: float | None) -> float:
+    """`timeout` in seconds (None: `DEFAULT_TIMEOUT`), refused unless positive and finite: a NaN
+    deadline is never passed, so a wait for a silent peer hung for ever instead of timing out."""
+    seconds = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    if not 0 < seconds < math.inf:
+        raise ValueError(
+            f"bad timeout {timeout!r}: it must be a positive, finite number of seconds "
+            f"(the default is {DEFAULT_TIMEOUT:g})"
+        )
+    return seconds
+
+
 def digest(text: str) -> bytes:
     return hashlib.sha256(text.encode()).digest()
 
@@ -174,9 +187,7 @@ class Communicator:
         self.size = topology.size
         #: The union graph's neighbours (a static topology's neighbours); a step's are `neighbors_at`.
         self.neighbors = union_neighbors(topology, rank)
-        self.timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
-        if self.timeout <= 0:
-            raise ValueError(f"timeout must be positive seconds, got {timeout}")
+        self.timeout = checked_timeout(timeout)
         self.stats = CommStats()
         # One operation at a time: two threads stepping algorithms on one communicator would pair
         # one algorithm's message with the other's whenever their shapes agree. Caught, not queued.

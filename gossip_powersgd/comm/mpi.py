@@ -36,6 +36,7 @@ from .base import (
     CommunicationError,
     Tensor,
     as_topology,
+    checked_timeout,
     describe_disagreement,
     digest,
 )
@@ -101,13 +102,12 @@ class MPICommunicator(Communicator):
     def __init__(
         self, topology: Topology, comm: MPIComm | None = None, timeout: float | None = None
     ):
-
+        self.timeout = checked_timeout(timeout)
         MPI = _mpi()
         self._MPI = MPI
         abort_on_uncaught_exception()
         topology = as_topology(topology, "MPICommunicator")
         mpi_world.count_communicator()
-        self.timeout = 120.0 if timeout is None else float(timeout)
         # A private duplicate, so that our messages never match a user's receives.
         self._comm = self._first_dup(comm if comm is not None else MPI.COMM_WORLD)
         # The all-reduce ring talks on its own duplicate, so its messages never match an exchange's.

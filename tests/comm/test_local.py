@@ -138,6 +138,43 @@ def test_a_silent_neighbour_times_out_naming_it():
         LocalCluster(topologies.ring(4), timeout=0.5).run(peer)
 
 
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0.0, -1.0])
+def test_a_timeout_that_is_not_positive_and_finite_is_refused_not_a_hang(timeout):
+    """A NaN deadline is never passed: before, a silent neighbour held the others for ever."""
+
+    def peer(comm):
+        if comm.rank == 0:
+            return  # never sends
+        comm.exchange(
+            {j: torch.zeros(1) for j in comm.neighbors}, {j: torch.zeros(1) for j in comm.neighbors}
+        )
+
+    outcome = []
+
+    def run():
+        try:
+            LocalCluster(topologies.ring(4), timeout=timeout, cooperative=False).run(peer)
+        except Exception as exc:  # noqa: BLE001 - looked at below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), f"timeout={timeout}: a silent neighbour hung the run"
+    assert len(outcome) == 1 and isinstance(outcome[0], ValueError), outcome
+    assert str(outcome[0]).startswith(f"bad timeout {timeout!r}: it must be a positive, finite")
+
+
+@pytest.mark.parametrize("kind", ["MPICommunicator", "TorchCommunicator"])
+def test_the_launched_transports_refuse_a_nan_timeout_first(kind):
+    """The same check, before any launcher or MPI is looked at (MPI waited with a NaN deadline,
+    torch failed converting it to a timedelta: "cannot convert float NaN to integer")."""
+    import gossip_powersgd.comm as comm_package
+
+    with pytest.raises(ValueError, match="bad timeout nan: it must be a positive, finite"):
+        getattr(comm_package, kind)(topologies.ring(2), timeout=float("nan"))
+
+
 def test_disagreeing_parameter_shapes_fail_identically_on_every_peer():
     def peer(comm):
         rows = 6 if comm.rank in (1, 2) else 5
