@@ -360,9 +360,28 @@ class Communicator:
         communicator, `comm.membership`, runs them over its live peers only)."""
         return range(self.size)
 
+    #: The reduce op of the ring all-reduce in flight (None outside one): its messages carry it
+    #: (an MPI tag, a local message's envelope), so that a peer reducing with another op is an
+    #: error naming it (`_check_op`), as torch's header makes it, not a silently mixed result.
+    _ring_op: str | None = None
+
+    def _check_op(self, source: int, got_op: str | None, want_op: str | None) -> None:
+        if got_op != want_op:
+            raise CommunicationError(
+                f"rank {self.rank}: all-reduce with op {want_op!r} here, but peer {source} "
+                f"reduces with {got_op!r} (do all peers run the same algorithm on the same model?)"
+            )
+
     def _ring_allreduce(self, tensor: Tensor, op: str) -> Tuple[int, int]:
         """The ring described in `allreduce_` (over `_ring_members`, positions for ranks);
         returns (bytes sent, messages sent)."""
+        self._ring_op = op
+        try:
+            return self._ring_steps(tensor, op)
+        finally:
+            self._ring_op = None
+
+    def _ring_steps(self, tensor: Tensor, op: str) -> Tuple[int, int]:
         members = self._ring_members()
         n, r = len(members), members.index(self.rank)
         work = tensor.detach()

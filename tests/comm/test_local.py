@@ -16,7 +16,7 @@ from gossip_powersgd import (
     LocalCluster,
     consensus_distance,
 )
-from gossip_powersgd.comm import ring_allreduce_bytes
+from gossip_powersgd.comm import LocalCommunicator, ring_allreduce_bytes
 from tests.conftest import ROOT
 
 
@@ -173,6 +173,25 @@ def test_the_launched_transports_refuse_a_nan_timeout_first(kind):
 
     with pytest.raises(ValueError, match="bad timeout nan: it must be a positive, finite"):
         getattr(comm_package, kind)(topologies.ring(2), timeout=float("nan"))
+
+
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_an_allreduce_with_another_op_on_one_peer_is_named_not_mixed(monkeypatch, shared_memory):
+    """Rank 0 sums where the others average: before, every peer got chunk 1 summed and the rest
+    averaged, silently (torch's header refused it; local and MPI did not)."""
+    monkeypatch.setattr(LocalCommunicator, "shared_memory_allreduce", shared_memory)
+
+    def peer(comm):
+        return comm.allreduce_(torch.ones(5), op="sum" if comm.rank == 0 else "mean")
+
+    with pytest.raises(CommunicationError) as info:
+        LocalCluster(topologies.ring(4), timeout=10).run(peer)
+    # the two peers that see the other op, rank 0 (from 3) and rank 1 (from 0), fail at once
+    assert str(info.value) in [
+        f"rank {rank}: all-reduce with op {here!r} here, but peer {left} reduces with {there!r} "
+        "(do all peers run the same algorithm on the same model?)"
+        for rank, here, left, there in ((0, "sum", 3, "mean"), (1, "mean", 0, "sum"))
+    ]
 
 
 def test_disagreeing_parameter_shapes_fail_identically_on_every_peer():
