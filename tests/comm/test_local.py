@@ -194,6 +194,22 @@ def test_an_allreduce_with_another_op_on_one_peer_is_named_not_mixed(monkeypatch
     ]
 
 
+def test_a_transposed_message_lands_in_a_flat_buffer_in_its_logical_order():
+    """MPI and torch send a non-contiguous tensor's elements in logical order (`.contiguous()`);
+    before, the local transport's copy kept the transposed strides and the flat receive buffer
+    raised "view size is not compatible with input tensor's size and stride"."""
+    sent = torch.arange(6.0).view(2, 3).t()
+
+    def peer(comm):
+        recv = {j: torch.zeros(6) for j in comm.neighbors}
+        comm.exchange({j: sent for j in comm.neighbors}, recv)
+        return recv
+
+    for recv in LocalCluster(topologies.ring(3)).run(peer):
+        for got in recv.values():
+            assert torch.equal(got, sent.reshape(-1))
+
+
 def test_disagreeing_parameter_shapes_fail_identically_on_every_peer():
     def peer(comm):
         rows = 6 if comm.rank in (1, 2) else 5
