@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import threading
 from typing import (
     TYPE_CHECKING,
@@ -113,6 +114,18 @@ def ring_allreduce_bytes(numel: int, element_size: int, size: int, rank: int) ->
     return (2 * numel - sum(stop - start for start, stop in skipped)) * element_size
 
 
+def checked_timeout(timeout: float | None) -> float:
+    """`timeout` in seconds (None: `DEFAULT_TIMEOUT`), refused unless positive and finite: a NaN
+    deadline is never passed, so a wait for a silent peer hung for ever instead of timing out."""
+    seconds = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    if not 0 < seconds < math.inf:
+        raise ValueError(
+            f"bad timeout {timeout!r}: it must be a positive, finite number of seconds "
+            f"(the default is {DEFAULT_TIMEOUT:g})"
+        )
+    return seconds
+
+
 def digest(text: str) -> bytes:
     return hashlib.sha256(text.encode()).digest()
 
@@ -174,9 +187,7 @@ class Communicator:
         self.size = topology.size
         #: The union graph's neighbours (a static topology's neighbours); a step's are `neighbors_at`.
         self.neighbors = union_neighbors(topology, rank)
-        self.timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
-        if self.timeout <= 0:
-            raise ValueError(f"timeout must be positive seconds, got {timeout}")
+        self.timeout = checked_timeout(timeout)
         self.stats = CommStats()
         # One operation at a time: two threads stepping algorithms on one communicator would pair
         # one algorithm's message with the other's whenever their shapes agree. Caught, not queued.
@@ -349,9 +360,28 @@ class Communicator:
         communicator, `comm.membership`, runs them over its live peers only)."""
         return range(self.size)
 
+    #: The reduce op of the ring all-reduce in flight (None outside one): its messages carry it
+    #: (an MPI tag, a local message's envelope), so that a peer reducing with another op is an
+    #: error naming it (`_check_op`), as torch's header makes it, not a silently mixed result.
+    _ring_op: str | None = None
+
+    def _check_op(self, source: int, got_op: str | None, want_op: str | None) -> None:
+        if got_op != want_op:
+            raise CommunicationError(
+                f"rank {self.rank}: all-reduce with op {want_op!r} here, but peer {source} "
+                f"reduces with {got_op!r} (do all peers run the same algorithm on the same model?)"
+            )
+
     def _ring_allreduce(self, tensor: Tensor, op: str) -> Tuple[int, int]:
         """The ring described in `allreduce_` (over `_ring_members`, positions for ranks);
         returns (bytes sent, messages sent)."""
+        self._ring_op = op
+        try:
+            return self._ring_steps(tensor, op)
+        finally:
+            self._ring_op = None
+
+    def _ring_steps(self, tensor: Tensor, op: str) -> Tuple[int, int]:
         members = self._ring_members()
         n, r = len(members), members.index(self.rank)
         work = tensor.detach()

@@ -90,7 +90,11 @@ class LocalCommunicator(Communicator):
                 # (`LocalCluster(lanes=2)`) every PyTorch call made from Python lets the other
                 # lane's peer take the GIL, and each such hand-over costs a context switch
                 # (measured 1.14x slower at 64 peers with them).
-                copies[id(buffer)] = (buffer.detach() if buffer.requires_grad else buffer).clone()
+                # Contiguous, in the tensor's logical order, as MPI and torch send it: a clone that
+                # kept a transposed tensor's strides could not be viewed in a flat receive buffer.
+                copies[id(buffer)] = (buffer.detach() if buffer.requires_grad else buffer).clone(
+                    memory_format=torch.contiguous_format
+                )
             self._shared.post(self.rank, j, copies[id(buffer)])
         deadline = time.monotonic() + self.timeout
         for j in recv:
@@ -98,8 +102,8 @@ class LocalCommunicator(Communicator):
 
     def _sendrecv(self, dest, send: Tensor, source, recv: Tensor) -> None:
         self._raise_if_aborted()
-        if dest is not None:
-            self._shared.post(self.rank, dest, send.detach().clone(), "ring")
+        if dest is not None:  # the op travels with the message, as in MPI's tag
+            self._shared.post(self.rank, dest, (send.detach().clone(), self._ring_op), "ring")
         if source is not None:
             self._receive(source, "ring", recv, time.monotonic() + self.timeout, "peer")
 
@@ -115,6 +119,9 @@ class LocalCommunicator(Communicator):
             )
         if message is None:
             message = self._wait_for(box, source, deadline, role)
+        if channel == "ring":
+            message, op = message
+            self._check_op(source, op, self._ring_op)
         self._check_message(source, message.numel() * message.element_size(), message.dtype, buffer)
         buffer.copy_(message if message.shape == buffer.shape else message.view(buffer.shape))
 
@@ -154,15 +161,18 @@ class LocalCommunicator(Communicator):
         work = tensor.detach()
         flat = work.view(-1) if work.is_contiguous() else work.reshape(-1).clone()
         bounds = ring_chunks(flat.numel(), n)
-        shared.slots[r] = flat
+        shared.slots[r], shared.ops[r] = flat, op
         self._wait_barrier()  # every peer's tensor is in place
-        inputs = list(shared.slots)
+        inputs, ops = list(shared.slots), list(shared.ops)
         left = (r - 1) % n
         # Like the ring, each peer checks what its left neighbour contributes; a peer whose
         # neighbours agree waits for the one that noticed (it fails the barrier below).
+        self._check_op(left, ops[left], op)
         if inputs[left].dtype != flat.dtype or inputs[left].numel() != flat.numel():
             self._check_message(left, nbytes(inputs[left]), inputs[left].dtype, flat)
-        if all(x.dtype == flat.dtype and x.numel() == flat.numel() for x in inputs):
+        if all(x.dtype == flat.dtype and x.numel() == flat.numel() for x in inputs) and all(
+            o == op for o in ops
+        ):
             c = (r + 1) % n
             start, stop = bounds[c]
             finished = inputs[c][start:stop].clone()

@@ -69,6 +69,7 @@ class _Shared:
         self.barrier = _Barrier(size)
         self.slots: List[Any] = [None] * size
         self.results: List[Any] = [None] * size  # the shared-memory all-reduce's finished chunks
+        self.ops: List[Any] = [None] * size  # and each peer's reduce op
         self.aborted = threading.Event()
         self.failed_rank: Optional[int] = None
         self.interrupted = False

@@ -2,10 +2,10 @@
 
 Point-to-point messages use mpi4py's upper-case buffer methods on zero-copy byte views of contiguous
 CPU tensors (tensors on another device are staged through the CPU). Sends are non-blocking and all
-posted before any receive; receives are matched with a probe so that a message of the wrong size or
-dtype (the dtype travels in the tag) is reported naming the sender before it touches our buffer.
-Every wait polls with a deadline, so a silent or dead neighbour becomes an error naming it rather
-than a hang.
+posted before any receive; receives are matched with a probe so that a message of the wrong size,
+dtype or all-reduce op (dtype and op travel in the tag) is reported naming the sender before it
+touches our buffer. Every wait polls with a deadline, so a silent or dead neighbour becomes an
+error naming it rather than a hang.
 
 Creating an `MPICommunicator` installs `abort_on_uncaught_exception`: an exception that escapes on
 one rank (a plain script, no `main_guard`) ends every rank within a few seconds, naming the rank
@@ -31,11 +31,13 @@ import torch
 from .base import (
     CODE_DTYPES,
     DTYPE_CODES,
+    REDUCE_OPS,
     AgreementError,
     Communicator,
     CommunicationError,
     Tensor,
     as_topology,
+    checked_timeout,
     describe_disagreement,
     digest,
 )
@@ -57,6 +59,8 @@ if TYPE_CHECKING:
     from topologies import Topology
 
 _TAG_BASE = 1000
+#: A ring all-reduce message's tag adds this times (1 + the op's index in REDUCE_OPS) to its dtype's.
+_OP_TAG_STEP = 100
 _NOTICE_TAG = 7
 # What a notice says happened to its culprit (`_EXITED` also on COMM_WORLD, see `mpi_world`).
 _SILENT = 3.0
@@ -101,13 +105,12 @@ class MPICommunicator(Communicator):
     def __init__(
         self, topology: Topology, comm: MPIComm | None = None, timeout: float | None = None
     ):
-
+        self.timeout = checked_timeout(timeout)
         MPI = _mpi()
         self._MPI = MPI
         abort_on_uncaught_exception()
         topology = as_topology(topology, "MPICommunicator")
         mpi_world.count_communicator()
-        self.timeout = 120.0 if timeout is None else float(timeout)
         # A private duplicate, so that our messages never match a user's receives.
         self._comm = self._first_dup(comm if comm is not None else MPI.COMM_WORLD)
         # The all-reduce ring talks on its own duplicate, so its messages never match an exchange's.
@@ -194,7 +197,12 @@ class MPICommunicator(Communicator):
         MPI = self._MPI
         comm = self._comm if comm is None else comm
         tag = status.Get_tag()
-        dtype = CODE_DTYPES.get(tag - _TAG_BASE, f"<unknown tag {tag}>")
+        op_number, code = divmod(tag - _TAG_BASE, _OP_TAG_STEP)
+        dtype = CODE_DTYPES.get(code, f"<unknown tag {tag}>")
+        if comm is self._ring_comm:
+            ops = (None, *REDUCE_OPS)
+            got = ops[op_number] if 0 <= op_number < len(ops) else f"<unknown tag {tag}>"
+            self._check_op(source, got, self._ring_op)
         self._check_message(source, status.Get_count(MPI.BYTE), dtype, buffer)
         in_place = buffer.device.type == "cpu" and buffer.is_contiguous()
         target = buffer if in_place else torch.empty(buffer.shape, dtype=buffer.dtype)
@@ -209,7 +217,8 @@ class MPICommunicator(Communicator):
             message = send.detach()
             if message.device.type != "cpu" or not message.is_contiguous():
                 message = message.to("cpu").contiguous()
-            tag = _TAG_BASE + DTYPE_CODES[message.dtype]
+            op_number = 0 if self._ring_op is None else 1 + REDUCE_OPS.index(self._ring_op)
+            tag = _TAG_BASE + DTYPE_CODES[message.dtype] + _OP_TAG_STEP * op_number
             requests.append(
                 self._ring_comm.Isend([_byte_view(message), MPI.BYTE], dest=dest, tag=tag)
             )

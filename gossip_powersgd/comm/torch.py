@@ -39,6 +39,7 @@ from .base import (
     CommunicationError,
     Tensor,
     as_topology,
+    checked_timeout,
     describe_disagreement,
     digest,
     nbytes,
@@ -86,11 +87,11 @@ class TorchCommunicator(Communicator):
         timeout: Optional[float] = None,
     ):
         global _store_for_exit, _instances
+        self.timeout = checked_timeout(timeout)
         topology = as_topology(topology, "TorchCommunicator")
         device, backend = resolve_device(device, backend)
         rank, world_size = launcher_environment()
         self.rank = rank
-        self.timeout = 120.0 if timeout is None else float(timeout)
         self._monitor = faults.start(rank, world_size)  # liveness, from before the rendezvous
         wait = datetime.timedelta(seconds=self.timeout)
         if device.type == "cuda":
@@ -131,8 +132,6 @@ class TorchCommunicator(Communicator):
     def _rendezvous(self, wait: datetime.timedelta):
         """Connect to the launcher's store; a failure is one line naming this rank and the timeout
         (torch's own error is a multi-line C++ trace that names neither)."""
-        if self.timeout <= 0:
-            raise ValueError(f"timeout must be positive seconds, got {self.timeout:g}")
         try:
             store, _, _ = next(dist.rendezvous("env://", timeout=wait))
         except (RuntimeError, ValueError) as exc:  # DistNetworkError and DistStoreError among them

@@ -41,12 +41,30 @@ def launcher_environment() -> Tuple[int, int]:
     env.setdefault("MASTER_ADDR", DEFAULT_MASTER_ADDR)
     env.setdefault("MASTER_PORT", DEFAULT_MASTER_PORT)
     try:
-        return int(env["RANK"]), int(env["WORLD_SIZE"])
+        rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
     except ValueError:
         raise ValueError(
             f"RANK={env['RANK']!r} and WORLD_SIZE={env['WORLD_SIZE']!r} must be "
             "integers (set by torchrun or mpiexec)"
         ) from None
+    _check_ranks(rank, world_size, env["MASTER_PORT"])
+    return rank, world_size
+
+
+def _check_ranks(rank: int, world_size: int, port: str) -> None:
+    """Refuse in one line what no rendezvous can work with: before, RANK=-1 crashed the liveness
+    thread with a traceback, and RANK=4 of WORLD_SIZE=4 or WORLD_SIZE=0 waited out the timeout and
+    then blamed another rank or the timeout."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(
+            f"RANK={rank} and WORLD_SIZE={world_size} do not fit: WORLD_SIZE must be >= 1 and "
+            f"RANK from 0 to WORLD_SIZE-1 (start one process per rank, as torchrun or mpiexec do)"
+        )
+    if not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(
+            f"MASTER_PORT={port!r} is not a port number: set it to a free TCP port from 1 to 65535 "
+            f"(the same on every rank), or unset it for {DEFAULT_MASTER_PORT}"
+        )
 
 
 def resolve_device(device, backend: Optional[str]) -> Tuple[torch.device, str]:

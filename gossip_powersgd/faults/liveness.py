@@ -165,14 +165,17 @@ def children_of(pid: int) -> List[int]:
 
 
 def launched_rank(env=None) -> Optional[Tuple[int, int]]:
-    """(rank, world size) set by mpiexec or torchrun in `env` (default: ours), else None."""
+    """(rank, world size) set by mpiexec or torchrun in `env` (default: ours), else None (also for
+    values that are no integers or a rank outside 0..size-1)."""
     env = os.environ if env is None else env
     for rank_var, size_var in (*RANK_VARS, TORCHRUN_VARS):
         if rank_var in env and size_var in env:
             try:
-                return int(env[rank_var]), int(env[size_var])
+                rank, size = int(env[rank_var]), int(env[size_var])
             except ValueError:
                 return None
+            # a rank out of range is no launcher's: the transport names it in one line
+            return (rank, size) if 0 <= rank < size else None
     return None
 
 

@@ -16,7 +16,7 @@ from gossip_powersgd import (
     LocalCluster,
     consensus_distance,
 )
-from gossip_powersgd.comm import ring_allreduce_bytes
+from gossip_powersgd.comm import LocalCommunicator, ring_allreduce_bytes
 from tests.conftest import ROOT
 
 
@@ -136,6 +136,78 @@ def test_a_silent_neighbour_times_out_naming_it():
 
     with pytest.raises(CommunicationError, match="no message from neighbour 0 within 0.5 s"):
         LocalCluster(topologies.ring(4), timeout=0.5).run(peer)
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0.0, -1.0])
+def test_a_timeout_that_is_not_positive_and_finite_is_refused_not_a_hang(timeout):
+    """A NaN deadline is never passed: before, a silent neighbour held the others for ever."""
+
+    def peer(comm):
+        if comm.rank == 0:
+            return  # never sends
+        comm.exchange(
+            {j: torch.zeros(1) for j in comm.neighbors}, {j: torch.zeros(1) for j in comm.neighbors}
+        )
+
+    outcome = []
+
+    def run():
+        try:
+            LocalCluster(topologies.ring(4), timeout=timeout, cooperative=False).run(peer)
+        except Exception as exc:  # noqa: BLE001 - looked at below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), f"timeout={timeout}: a silent neighbour hung the run"
+    assert len(outcome) == 1 and isinstance(outcome[0], ValueError), outcome
+    assert str(outcome[0]).startswith(f"bad timeout {timeout!r}: it must be a positive, finite")
+
+
+@pytest.mark.parametrize("kind", ["MPICommunicator", "TorchCommunicator"])
+def test_the_launched_transports_refuse_a_nan_timeout_first(kind):
+    """The same check, before any launcher or MPI is looked at (MPI waited with a NaN deadline,
+    torch failed converting it to a timedelta: "cannot convert float NaN to integer")."""
+    import gossip_powersgd.comm as comm_package
+
+    with pytest.raises(ValueError, match="bad timeout nan: it must be a positive, finite"):
+        getattr(comm_package, kind)(topologies.ring(2), timeout=float("nan"))
+
+
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_an_allreduce_with_another_op_on_one_peer_is_named_not_mixed(monkeypatch, shared_memory):
+    """Rank 0 sums where the others average: before, every peer got chunk 1 summed and the rest
+    averaged, silently (torch's header refused it; local and MPI did not)."""
+    monkeypatch.setattr(LocalCommunicator, "shared_memory_allreduce", shared_memory)
+
+    def peer(comm):
+        return comm.allreduce_(torch.ones(5), op="sum" if comm.rank == 0 else "mean")
+
+    with pytest.raises(CommunicationError) as info:
+        LocalCluster(topologies.ring(4), timeout=10).run(peer)
+    # the two peers that see the other op, rank 0 (from 3) and rank 1 (from 0), fail at once
+    assert str(info.value) in [
+        f"rank {rank}: all-reduce with op {here!r} here, but peer {left} reduces with {there!r} "
+        "(do all peers run the same algorithm on the same model?)"
+        for rank, here, left, there in ((0, "sum", 3, "mean"), (1, "mean", 0, "sum"))
+    ]
+
+
+def test_a_transposed_message_lands_in_a_flat_buffer_in_its_logical_order():
+    """MPI and torch send a non-contiguous tensor's elements in logical order (`.contiguous()`);
+    before, the local transport's copy kept the transposed strides and the flat receive buffer
+    raised "view size is not compatible with input tensor's size and stride"."""
+    sent = torch.arange(6.0).view(2, 3).t()
+
+    def peer(comm):
+        recv = {j: torch.zeros(6) for j in comm.neighbors}
+        comm.exchange({j: sent for j in comm.neighbors}, recv)
+        return recv
+
+    for recv in LocalCluster(topologies.ring(3)).run(peer):
+        for got in recv.values():
+            assert torch.equal(got, sent.reshape(-1))
 
 
 def test_disagreeing_parameter_shapes_fail_identically_on_every_peer():

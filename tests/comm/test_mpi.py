@@ -68,6 +68,17 @@ def test_mpi_wrong_message_size_ends_the_job_naming_the_peer():
 
 
 @pytest.mark.mpi
+def test_mpi_allreduce_with_another_op_on_one_rank_names_it_not_a_mixed_result():
+    result = run_mpi(2, [SUPPORT / "mpi_bad_inputs.py", "ops_differ"], timeout=60)
+    assert result.returncode != 0
+    for rank, here, there, peer in ((0, "sum", "mean", 1), (1, "mean", "sum", 0)):
+        assert (
+            f"error (rank {rank}): rank {rank}: all-reduce with op {here!r} here, but peer {peer} "
+            f"reduces with {there!r}"
+        ) in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.mpi
 @pytest.mark.timing
 def test_mpi_silent_peer_ends_the_job_naming_it():
     result = run_mpi(4, [SUPPORT / "mpi_bad_inputs.py", "silent_peer"], timeout=60)

@@ -326,6 +326,35 @@ def test_backend_torch_without_a_launcher_is_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_negative_rank_is_one_line_not_a_liveness_traceback(tmp_path):
+    """RANK=-1 (a launcher set by hand): before, the liveness monitor started at import crashed
+    its thread with a struct.error traceback; now the transport's line is all there is."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.train",
+            "--config",
+            str(ROOT / "experiments" / "configs" / "tiny.yaml"),
+            "--set",
+            "backend=torch",
+            "--set",
+            f"out_dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env({"RANK": "-1", "WORLD_SIZE": "4", "MASTER_PORT": str(free_port())}),
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [
+        "error (rank -1): RANK=-1 and WORLD_SIZE=4 do not fit: WORLD_SIZE must be >= 1 and RANK "
+        "from 0 to WORLD_SIZE-1 (start one process per rank, as torchrun or mpiexec do)"
+    ], result.stderr[-2000:]
+
+
 @pytest.mark.torchrun
 def test_backend_local_under_torchrun_is_one_line_not_a_lock_error(tmp_path):
     """One line from each rank: torchrun ends every worker once one has exited, so the first to

@@ -79,6 +79,39 @@ def test_no_launcher_and_a_rank_that_is_no_integer_are_one_line_errors(environme
         launcher_environment()
 
 
+@pytest.mark.parametrize(
+    "rank, size, port, message",
+    [
+        ("-1", "2", "29500", "RANK=-1 and WORLD_SIZE=2 do not fit"),
+        ("4", "4", "29500", "RANK=4 and WORLD_SIZE=4 do not fit"),
+        ("0", "0", "29500", "RANK=0 and WORLD_SIZE=0 do not fit"),
+        ("0", "2", "abc", "MASTER_PORT='abc' is not a port number"),
+        ("0", "2", "70000", "MASTER_PORT='70000' is not a port number"),
+    ],
+)
+def test_a_rank_outside_the_world_or_a_bad_port_is_one_line_before_any_rendezvous(
+    environment, rank, size, port, message
+):
+    """Before, RANK=-1 crashed the liveness thread (a struct.error traceback) and RANK=4 of 4 or
+    WORLD_SIZE=0 waited out the whole timeout, then blamed another rank or the timeout."""
+    environment.setenv("RANK", rank)
+    environment.setenv("WORLD_SIZE", size)
+    environment.setenv("MASTER_PORT", port)
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        launcher_environment()
+    assert "\n" not in str(info.value)
+
+
+def test_a_rank_outside_the_world_starts_no_liveness_monitor():
+    """The monitor packs its rank into every heartbeat: RANK=-1 crashed its thread with a
+    traceback (at import, in the training programs) before any one-line error could be said."""
+    from gossip_powersgd.faults.liveness import launched_rank
+
+    assert launched_rank({"RANK": "1", "WORLD_SIZE": "2"}) == (1, 2)
+    for rank, size in (("-1", "2"), ("2", "2"), ("0", "0")):
+        assert launched_rank({"RANK": rank, "WORLD_SIZE": size}) is None
+
+
 def test_the_cpu_takes_gloo_and_a_pair_that_cannot_work_is_refused_in_one_line():
     assert resolve_device(None, None) == (torch.device("cpu"), "gloo")
     assert resolve_device("cpu", "gloo") == (torch.device("cpu"), "gloo")

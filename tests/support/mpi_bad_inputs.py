@@ -56,8 +56,17 @@ def silent_peer() -> None:
     )
 
 
+def ops_differ() -> None:
+    from mpi4py import MPI
+
+    comm = MPICommunicator(topologies.ring(MPI.COMM_WORLD.Get_size()), timeout=20)
+    # rank 0 sums where the others average: before, every rank got a silently mixed result
+    comm.allreduce_(torch.ones(5), op="sum" if comm.rank == 0 else "mean")
+
+
 CASES = {
-    f.__name__: f for f in (world_size, topologies_differ, shapes_differ, message_size, silent_peer)
+    f.__name__: f
+    for f in (world_size, topologies_differ, shapes_differ, message_size, silent_peer, ops_differ)
 }
 
 if __name__ == "__main__":
