@@ -109,6 +109,7 @@ def resume(driver, comm: Comm, run_dir, run, restore):
     path = _source(run_dir, comm.rank, peer.membership, epoch, spe)
     loaded = collectively(comm, _load, path, run.header_args)
     peer.resume_at(epoch * spe - 1)  # members rebuild the algorithm of that membership
+    driver.hooks.on_membership(peer.epoch.step, peer.epoch.live)  # (before their state loads)
     state = dict(loaded["state"])
     if not peer.live:  # its algorithm waits for its return, when it is handed a new one
         state["algorithm"] = run.algorithm.state_dict()

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from ..comm.base import Comm
 
-__all__ = ["ChurnRun", "TrainingState", "call", "churn_run"]
+__all__ = ["ChurnRun", "TrainingState", "call", "churn_run", "rejoins"]
 
 
 def _scheduled(config, topology: AnyTopology, steps: int):
@@ -161,6 +161,7 @@ class ChurnRun(TrainingHooks):
         # lost after `placed` (in the same training epoch), it would train from `placed` as a
         # member of the group it left; `begin_step` keeps it away until `at` instead.
         self.peer.epoch = membership.at(at - 1)
+        self.hooks.on_membership(self.peer.epoch.step, self.peer.epoch.live)
         words = [self.config.seed, self.comm.rank, membership.last.number]
         seed = int(np.random.SeedSequence(words).generate_state(1)[0])
         batches = run.batches.state_dict()
@@ -181,7 +182,7 @@ class ChurnRun(TrainingHooks):
     @property
     def rejoining(self) -> bool:
         """Whether this process rejoins a running run (gossip-train --rejoin)."""
-        return bool(getattr(self.comm.transport, "_rejoined", False))
+        return rejoins(self.comm)
 
     @property
     def live(self) -> bool:
@@ -210,6 +211,8 @@ class ChurnRun(TrainingHooks):
                 self.transfer_bytes += change.transferred or 0
         if change is not None and self.detected is not None:
             self.detected.continued(change.epoch.number)
+        if change is not None:  # the hooks learn it (a leaving holder's trackers hand over)
+            self.hooks.on_membership(change.epoch.step, change.epoch.live)
         if was_live and not self.peer.live:
             self._write_away(state)
         if not was_live and self.peer.live and self.rejoining:
@@ -235,6 +238,7 @@ class ChurnRun(TrainingHooks):
             if change is not None:
                 self.changes += 1
                 self.detected.continued(change.epoch.number)
+                self.hooks.on_membership(change.epoch.step, change.epoch.live)
                 changed = True
         return changed
 
@@ -378,6 +382,12 @@ class ChurnRun(TrainingHooks):
         self.changes, self.shift_total = int(state["changes"]), float(state["shift_total"])
         self.counted_from = int(state.get("counted_from", 0))  # (checkpoints from before it)
         self.transfer_bytes = state.get("transfer_bytes")  # None: from before it was kept
+
+
+def rejoins(comm) -> bool:
+    """Whether `comm` (a `MemberCommunicator`, or a transport) is that of a process rejoining a
+    running run (gossip-train --rejoin), which is no member until the members admit it."""
+    return bool(getattr(getattr(comm, "transport", comm), "_rejoined", False))
 
 
 def call(what: str, fn, *args, **kwargs):

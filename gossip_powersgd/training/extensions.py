@@ -7,18 +7,20 @@ Both keys take a list whose entries are a name, or a one-key mapping from the na
 
 On the command line: ``--set loggers=[tensorboard]`` or ``--set 'hooks=[my_pkg.mod:Class]'``.
 
-A tracker logs, from rank 0 only, every record the run writes to rank 0's metrics file: the
-``eval`` records (accuracies, losses, consensus distance, traffic) and, with ``log_every: k``, the
-``log`` records every k steps (training loss, consensus distance, traffic), each number as
-``<kind>/<key>`` at the record's step, and at the end the summary's numbers as ``summary/<key>``:
-the same names in every tracker, explained in `metric_names.py` (accuracies are fractions in
-[0, 1]). Each run is named after the run directory and tagged with the run's provenance (commit,
-uncommitted changes, versions, backend, peers, hosts, the launcher's command line); config.yaml and
-summary.json go with it (`trackers.py`). Where the peers' statistics are private (differential
-privacy, `partition: local`, unless `release_peer_statistics: true`) a tracker logs only what of a
-record may leave rank 0 (`evaluation.shareable`): none of rank 0's own figures (its training loss,
-its accuracy and loss, its epsilon), which stay in its own metrics file. Each tracker's
-package is an optional extra (``pip install 'gossip_powersgd[tracking]'``):
+A tracker logs, from the lowest member only (rank 0, unless it left under ``on_peer_loss:
+continue``: then the next lowest member continues the same tracker runs, `tracker_base`), every
+record the run writes to that member's metrics file: the ``eval`` records (accuracies, losses,
+consensus distance, traffic) and, with ``log_every: k``, the ``log`` records every k steps
+(training loss, consensus distance, traffic), each number as ``<kind>/<key>`` at the record's step,
+and at the end the summary's numbers as ``summary/<key>``: the same names in every tracker,
+explained in `metric_names.py` (accuracies are fractions in [0, 1]). Each run is named after the
+run directory and tagged with the run's provenance (commit, uncommitted changes, versions, backend,
+peers, hosts, the launcher's command line); config.yaml and summary.json go with it
+(`trackers.py`). Where the peers' statistics are private (differential privacy, `partition: local`,
+unless `release_peer_statistics: true`) a tracker logs only what of a record may leave that peer
+(`evaluation.shareable`): none of its own figures (its training loss, its accuracy and loss, its
+epsilon), which stay in its own metrics file. Each tracker's package is an optional extra (``pip
+install 'gossip_powersgd[tracking]'``):
 
 - ``tensorboard``: ``SummaryWriter(**options)``, event files under ``<run>/tensorboard`` (option
   ``log_dir``; any other of SummaryWriter's own, e.g. ``flush_secs``); the config as hparams.
@@ -163,7 +165,8 @@ LOGGERS = register(
                 [],
                 coerce=_entry_list("loggers"),
                 type_name="list of names",
-                doc="Experiment trackers that log rank 0's log and eval records: tensorboard | "
+                doc="Experiment trackers that log the lowest member's (rank 0's unless it left) log "
+                "and eval records: tensorboard | "
                 "wandb | mlflow, each a name or {name: {option: value}} (see "
                 "training/extensions.py); [] = none.",
             )

@@ -15,6 +15,7 @@ this order (D-PSGD, see `trainer`)::
         after_step(step, loss)                     the step's training loss on this peer
     on_evaluation(record)                          -> may return extra keys for the eval record
     on_record(record)                              each log / eval record, as written
+    on_membership(step, members)                   on_peer_loss: continue: the members changed
     state_dict() / load_state_dict(state)          saved with every checkpoint, restored on resume
     on_checkpoint()                                after this peer's checkpoint is written whole
     close()                                        once at the end, also when the run fails
@@ -124,6 +125,15 @@ class TrainingHooks:
     def on_record(self, record: Dict[str, Any]) -> None:
         """After a `log` or `eval` record is written to this peer's metrics file (a copy)."""
 
+    def on_membership(self, step: int, members: Tuple[int, ...]) -> None:
+        """Under on_peer_loss: continue only: the peers that are members from step `step` on
+        (sorted ids), on every peer that sees the change (the departed one too, which learns that
+        it left; a lost process sees nothing): at the start of that step, before any of its work,
+        so a record of step `step` or earlier is the old members'. Also once when such a run
+        resumes (the membership in force at its checkpoint, before `load_state_dict`) and when a
+        process of gossip-train --rejoin waits for its admission. Without it every peer is a
+        member throughout and this is never called."""
+
     def close(self) -> None:
         """Once when the training loop ends, also when it fails: flush and close what was opened."""
 
@@ -221,6 +231,10 @@ class HookList:
     def on_record(self, record: Dict[str, Any]) -> None:
         for h in self.hooks:
             h.on_record(dict(record))
+
+    def on_membership(self, step: int, members: Tuple[int, ...]) -> None:
+        for h in self.hooks:
+            h.on_membership(step, tuple(members))
 
     def close(self) -> None:
         """Close every hook, even when one of them fails (the first error is raised after)."""

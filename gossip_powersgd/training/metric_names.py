@@ -2,9 +2,10 @@
 
 Where the numbers are. Every peer writes its records to ``RUN_DIR/metrics/rank-K.jsonl``: a
 ``log`` record every ``log_every`` steps and an ``eval`` record every ``eval_every`` epochs (and at
-the end). Rank 0 writes ``summary.json`` (the run's final figures) and each peer its own figures to
-``peers/rank-K.json``. The trackers (``loggers:``) log rank 0's records and the summary, each
-number under one name in every tracker (TensorBoard, W&B, MLflow alike)::
+the end). Rank 0 (the lowest member, after churn) writes ``summary.json`` (the run's final
+figures) and each peer its own figures to ``peers/rank-K.json``. The trackers (``loggers:``) log
+the records of the lowest member (rank 0's, unless it left under ``on_peer_loss: continue``) and
+the summary, each number under one name in every tracker (TensorBoard, W&B, MLflow alike)::
 
     <kind>/<key>        a record's number at the record's step: eval/test_acc_avg_model, log/lr
     summary/<key>       a summary.json number, once, at the run's last step
@@ -16,11 +17,11 @@ are seconds.
 
 Whose number. A key ending in ``_local`` (and ``bytes_sent``, ``messages_sent``,
 ``metric_bytes_sent``, ``epsilon``) is the figure of the peer that wrote the record, so what the
-trackers show under that name is rank 0's; ``_mean``, ``_min``, ``_max`` and ``_per_peer`` are
-over all peers; ``_avg_model`` is the averaged model's, the mean of all peers' parameters (what
-gossip converges to). Where the peers' statistics are private (differential privacy,
-``partition: local``, unless ``release_peer_statistics: true``) the records hold no mean training
-loss, and a peer's own figures are for its own files only.
+trackers show under that name is their holder's (rank 0's unless it left); ``_mean``, ``_min``,
+``_max`` and ``_per_peer`` are over all peers; ``_avg_model`` is the averaged model's, the mean of
+all peers' parameters (what gossip converges to). Where the peers' statistics are private
+(differential privacy, ``partition: local``, unless ``release_peer_statistics: true``) the records
+hold no mean training loss, and a peer's own figures are for its own files only.
 
 ===========================  ====================================================================
 key                          meaning

@@ -1,8 +1,10 @@
 """The experiment trackers of `loggers:` (TensorBoard, W&B, MLflow), each run tagged with where it
 came from.
 
-Every tracker, from rank 0 only, logs each record the run writes to rank 0's metrics file and, at
-the end, the summary, under the names of `metric_names` (``eval/<key>``, ``log/<key>``,
+Every tracker, on the peer that holds it (the lowest member: rank 0, unless it left under
+``on_peer_loss: continue``, when the next lowest takes the same tracker run over: `tracker_base`),
+logs each record the run writes to that peer's metrics file and, at the end, the summary, under
+the names of `metric_names` (``eval/<key>``, ``log/<key>``,
 ``summary/<key>``; accuracies as fractions). Each run is named after the run directory and carries
 the run's provenance (`provenance.py`): the commit and whether the checkout had uncommitted
 changes, the versions, the backend, the number of peers, the hosts and the launcher's command line
@@ -25,168 +27,41 @@ hparams in TensorBoard); a resumed run continues the same W&B and MLflow run, wh
 written after its checkpoint reach the tracker once: MLflow skips the steps its run holds (of each
 record kind), TensorBoard purges them (``purge_step``), W&B ignores steps below its run's last one.
 W&B resumes no offline run (a new offline run with the same id, of which `wandb sync` keeps one),
-so there the tracker logs the records up to the checkpoint again: the newest offline run holds all.
+so there the tracker logs the records up to the checkpoint again (from the metrics files of the
+peers that held it): the newest offline run holds all. A peer that takes the trackers over after a
+membership change continues their runs the same way, from the step of the change.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
-import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
-from ..extras import TRACKER_PACKAGES, installed
-from ..utils import one_line
-from .hooks import SetupContext, TrainingHooks
+from ..extras import TRACKER_PACKAGES
+from .evaluation import shareable
 from .metric_names import record_scalars, summary_scalars
 from .provenance import command_text, provenance_table, provenance_tags
-
-#: The run directory's files a tracker keeps with its run (W&B files, MLflow artifacts).
-RUN_FILES = ("config.yaml", "summary.json", "summary.md")
+from .tracker_base import RUN_FILES, Tracker
 
 
-class Tracker(TrainingHooks):
-    """Base of the experiment trackers: active on rank 0 only; subclasses open, write and finish.
+def _records(run_dir: Path, rank: int, after: int, last: int) -> List[Dict[str, Any]]:
+    """The records of rank `rank`'s metrics file whose step is in (after, last]."""
+    from .checkpoint import metrics_path
 
-    A tracker is opened at set-up (a resumed run's: when its checkpointed state, the tracker's run
-    id, is loaded, still before the first step), so that a tracker that cannot start stops the run
-    at once, with one line on every rank, not at its first record mid-run. It ends its run with the
-    summary (`on_summary`), or as failed when the run fails (`close` during an exception)."""
-
-    name = ""
-    package = ""  #: the module that must import (named in the error when it does not)
-
-    def __init__(self, **options: Any):
-        self.options = options
-        self.active = False
-        self.opened = False
-        self.run_id: Optional[str] = None  # a resumed run continues the tracker's run
-        self.step: Optional[int] = None  # the last record's (checkpointed: TensorBoard's purge)
-        self.logged: Dict[str, int] = {}  # per record kind, the last step the run already holds
-
-    @property
-    def key(self) -> str:
-        return f"logger.{self.name}"
-
-    @classmethod
-    def check_installed(cls) -> None:
-        """A one-line error when the tracker's package is missing (found without importing it)."""
-        if not installed(cls.package):
-            raise ValueError(
-                f"loggers: {cls.name} needs the {cls.package} package: "
-                "pip install 'gossip_powersgd[tracking]' (or drop it from loggers)"
-            )
-
-    @classmethod
-    def accepted_options(cls) -> List[str]:
-        """The options an entry may give: the tracker's own parameters (see each subclass)."""
-        raise NotImplementedError
-
-    @classmethod
-    def option_mistakes(cls, options: Dict[str, Any]) -> Optional[str]:
-        """The entry's options the tracker does not take, each with the nearest one it does, and
-        the list of those it does, as one clause; None when every option is one of them."""
-        if not options:  # nothing to check: the tracker's library is not imported for it
-            return None
-        valid = cls.accepted_options()
-        wrong = [k for k in options if k not in valid]
-        if not wrong:
-            return None
-        parts = []
-        for key in wrong:
-            near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
-            parts.append(f"no option {key!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
-        return f"{cls.name} has " + ", ".join(parts) + f"; its options: {', '.join(valid)}"
-
-    def setup(self, context: SetupContext) -> None:
-        from .features import peer_statistics_private
-        from .setup import collectively
-
-        self.active, self.opened = context.comm.rank == 0, False
-        self.private = peer_statistics_private(context.config)
-        if self.active:
-            out = context.config.out_dir
-            if out is None and not self._has_location():
-                raise ValueError(
-                    f"loggers: {self.name} needs a run directory (out_dir) or a "
-                    f"location option ({self._location_hint()})"
-                )
-            self.context, self.run_dir = context, Path(out) if out is not None else None
-            self.provenance = context.provenance or {}
-        if not context.resuming:  # a resumed run opens once its run id is loaded
-            collectively(context.comm, self._open)
-
-    def _open(self) -> None:
-        """Open the tracker (rank 0), every failure one line naming the tracker."""
-        if not self.active or self.opened:
-            return
+    path, found = metrics_path(run_dir, rank), []
+    for line in path.read_text().splitlines() if path.is_file() else []:
         try:
-            self.open(self.context, self.run_dir)
-        except ValueError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a tracker library's own errors, in one line
-            raise ValueError(f"loggers: {self.name} could not start: {one_line(exc)}") from None
-        self.opened = True
-
-    def on_record(self, record: Dict[str, Any]) -> None:
-        if self.active:
-            self._open()
-            from .evaluation import shareable
-
-            step = self.step = int(record.get("step", 0))
-            if step > self.logged.get(record.get("kind", "record"), -1):  # not yet in its run
-                # only what of a record may leave rank 0 (none of its own figures where private)
-                self.write(record_scalars(shareable(record, self.private)), step)
-
-    def close(self) -> None:
-        """A failing run (an exception on its way out) ends the tracker's run now, as failed; a
-        run that ends normally ends it in `on_summary`, with the summary."""
-        if self.active and self.opened and sys.exc_info()[0] is not None:
-            self._end(None)
-
-    def on_summary(self, summary: Optional[Dict[str, Any]]) -> None:
-        if self.active and self.opened:
-            self._end(summary)
-
-    def _end(self, summary: Optional[Dict[str, Any]]) -> None:
-        self.active = False
-        self.finish(summary)
-
-    def run_name(self) -> Optional[str]:
-        """The run directory's name: what each tracker names its run."""
-        return self.run_dir.resolve().name if self.run_dir is not None else None
-
-    def run_files(self) -> List[Path]:
-        """The run directory's `RUN_FILES` that exist."""
-        if self.run_dir is None:
-            return []
-        return [self.run_dir / f for f in RUN_FILES if (self.run_dir / f).is_file()]
-
-    def state_dict(self) -> Dict[str, Any]:
-        return {k: v for k, v in (("run_id", self.run_id), ("step", self.step)) if v is not None}
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self.run_id, self.step = state.get("run_id", self.run_id), state.get("step", self.step)
-        self._open()  # a resumed run: its tracker's run continues (at set-up, inside the resume)
-
-    # ---- what each tracker does ------------------------------------------------------------------
-    def _has_location(self) -> bool:
-        return False
-
-    def _location_hint(self) -> str:
-        return ""
-
-    def open(self, context: SetupContext, run_dir: Optional[Path]) -> None:
-        raise NotImplementedError
-
-    def write(self, scalars: Dict[str, float], step: int) -> None:
-        raise NotImplementedError
-
-    def finish(self, summary: Optional[Dict[str, Any]]) -> None:
-        """End the tracker's run: with the run's summary, or None when the run failed."""
-        raise NotImplementedError
+            record = json.loads(line)
+        except ValueError:  # a half-written last line
+            break
+        step = record["step"] = int(record.get("step", 0))
+        if step > last:
+            break
+        if step > after:
+            found.append(record)
+    return found
 
 
 def _parameters(function, reserved: Tuple[str, ...] = ()) -> List[str]:
@@ -232,11 +107,11 @@ class TensorBoardTracker(Tracker):
 
         log_dir = self.options.get("log_dir", run_dir / "tensorboard" if run_dir else None)
         # resumed: hide the first attempt's events after the checkpoint (after its last record
-        # before it; none: after step 0, the provenance's)
-        purge = {"purge_step": (self.step or 0) + 1} if context.resuming else {}
+        # before it; none: after step 0, the provenance's); taken over: after the change's step
+        purge = {"purge_step": (self.step or 0) + 1} if self.continuing else {}
         self.writer = SummaryWriter(**{**purge, **self.options, "log_dir": str(log_dir)})
         tags = provenance_tags(self.provenance)
-        if tags and not context.resuming:
+        if tags and not self.continuing:
             self.writer.add_text("provenance", provenance_table(tags), global_step=0)
 
     def write(self, scalars, step):
@@ -253,6 +128,9 @@ class TensorBoardTracker(Tracker):
             config = {k: _hparam(v) for k, v in self.context.config.to_dict().items()}
             for event in hparams(config, metrics):  # experiment, session start, session end
                 self.writer.file_writer.add_summary(event, global_step=step)
+        self.writer.close()
+
+    def release(self):
         self.writer.close()
 
 
@@ -308,25 +186,17 @@ class WandbTracker(Tracker):
         self.run_id = self.run.id
 
     def _replay_to_checkpoint(self) -> None:
-        """Log again the records up to the checkpoint, from rank 0's metrics file, into a W&B
-        run that a resumed run could not continue: W&B resumes no offline run (its resumed run is
-        a new offline run with the same id, starting at step 0, and `wandb sync` keeps one of the
-        two), so the newest offline run holds the whole history, each step once."""
-        from .checkpoint import metrics_path
-        from .evaluation import shareable
-
-        path = metrics_path(self.run_dir, 0) if self.run_dir is not None else None
-        if path is None or self.step is None or not path.is_file():
+        """Log again the records up to the checkpoint (or the takeover), from the metrics files
+        of the peers that held the trackers then, into a W&B run that could not be continued:
+        W&B resumes no offline run (its resumed run is a new offline run with the same id,
+        starting at step 0, and `wandb sync` keeps one of the two), so the newest offline run
+        holds the whole history, each step once."""
+        if self.run_dir is None or self.step is None:
             return
-        for line in path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:  # a half-written last line
-                break
-            step = int(record.get("step", 0))
-            if step > self.step:  # after the checkpoint: the resumed run writes it again
-                break
-            self.write(record_scalars(shareable(record, self.private)), step)
+        bounds = [after for after, _ in self.holders[1:]] + [self.step]
+        for (after, holder), last in zip(self.holders, bounds):
+            for record in _records(self.run_dir, holder, after, min(last, self.step)):
+                self.write(record_scalars(shareable(record, self.private)), record["step"])
 
     @staticmethod
     def _tags(origin: Dict[str, Any]) -> List[str]:
@@ -349,6 +219,9 @@ class WandbTracker(Tracker):
             for path in self.run_files():  # under <run name>/: W&B keeps its own config.yaml
                 self.run.save(str(path.resolve()), base_path=base, policy="now")
         self.run.finish(exit_code=0 if summary is not None else 1)
+
+    def release(self):
+        self.run.finish(exit_code=0)
 
 
 class MLflowTracker(Tracker):
