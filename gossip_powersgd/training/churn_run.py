@@ -384,7 +384,7 @@ class ChurnRun(TrainingHooks):
         self.transfer_bytes = state.get("transfer_bytes")  # None: from before it was kept
 
 
-def rejoins(comm) -> bool:
+def rejoins(comm: Comm) -> bool:
     """Whether `comm` (a `MemberCommunicator`, or a transport) is that of a process rejoining a
     running run (gossip-train --rejoin), which is no member until the members admit it."""
     return bool(getattr(getattr(comm, "transport", comm), "_rejoined", False))

@@ -18,13 +18,16 @@ from __future__ import annotations
 import difflib
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from ..extras import installed
 from ..utils import one_line
 from .evaluation import shareable
 from .hooks import SetupContext, TrainingHooks
 from .metric_names import record_scalars
+
+if TYPE_CHECKING:
+    from ..comm.base import Comm
 
 #: The run directory's files a tracker keeps with its run (W&B files, MLflow artifacts).
 RUN_FILES = ("config.yaml", "summary.json", "summary.md")
@@ -112,7 +115,7 @@ class Tracker(TrainingHooks):
             if context.config.on_peer_loss == "continue" and self.holder is not None:
                 self._share_run_id(context.comm)
 
-    def _share_run_id(self, comm) -> None:
+    def _share_run_id(self, comm: Comm) -> None:
         """Every peer learns the tracker's run id (and checkpoints it): whichever member holds the
         trackers later continues that run (collective)."""
         mine = (self.run_id or "").encode().ljust(RUN_ID_BYTES, b"\0")[:RUN_ID_BYTES]

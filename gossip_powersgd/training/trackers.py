@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
@@ -84,6 +85,19 @@ def _hparam(value: Any):
     return json.dumps(value, sort_keys=True)
 
 
+def after_every_event_file(log_dir: Path) -> None:
+    """Wait, if need be, for the second after the newest event file's in `log_dir`. TensorBoard
+    reads a log dir's files in name order, and a name is the second it was made in, the host, the
+    pid and a count of the process's writers in decimal ("10" sorts before "9"): a run resumed or
+    taken over in the same process within a second (in-process peers, a tiny run) was read first,
+    before the events it continues, and its purge hid nothing. (A stamp more than 2 s ahead,
+    another machine's clock, is not waited for.)"""
+    stamps = [p.name.split(".")[3] for p in log_dir.glob("events.out.tfevents.*")]
+    newest = max((int(s) for s in stamps if s.isdigit()), default=None)
+    if newest is not None and 0 < newest + 1 - time.time() <= 2:
+        time.sleep(max(0.0, newest + 1 - time.time()))
+
+
 class TensorBoardTracker(Tracker):
     """Options: ``torch.utils.tensorboard.SummaryWriter``'s (log_dir: ``<run>/tensorboard``)."""
 
@@ -109,6 +123,8 @@ class TensorBoardTracker(Tracker):
         # resumed: hide the first attempt's events after the checkpoint (after its last record
         # before it; none: after step 0, the provenance's); taken over: after the change's step
         purge = {"purge_step": (self.step or 0) + 1} if self.continuing else {}
+        if self.continuing and log_dir is not None:
+            after_every_event_file(Path(log_dir))
         self.writer = SummaryWriter(**{**purge, **self.options, "log_dir": str(log_dir)})
         tags = provenance_tags(self.provenance)
         if tags and not self.continuing:

@@ -122,6 +122,28 @@ def test_a_resumed_run_shows_each_tensorboard_step_once(tmp_path):
     assert steps_per_epoch + 2 in [r["step"] for r in records if r["kind"] == "log"]
 
 
+def test_a_continued_tensorboard_file_sorts_after_the_files_it_continues(tmp_path):
+    """TensorBoard reads a log dir's event files in name order: second, host, pid, then a count of
+    the process's writers in decimal. A resumed (or taken over) run in the same process and second
+    as the file before it could sort first ("10" before "9": the suite's earlier writers decide),
+    and be read before the events it purges. Here the earlier file is of this second from host
+    "~" (after any host name): the continued writer's file must still sort after it."""
+    import time
+
+    from gossip_powersgd.training.trackers import TensorBoardTracker
+
+    folder = tmp_path / "tensorboard"
+    folder.mkdir()
+    earlier = folder / f"events.out.tfevents.{int(time.time()):010d}.~.1.9"
+    earlier.write_bytes(b"")
+    tracker = TensorBoardTracker()
+    tracker.continuing, tracker.step, tracker.provenance = True, 5, {}
+    tracker.open(None, tmp_path)
+    tracker.writer.close()
+    names = sorted(p.name for p in folder.iterdir())
+    assert names[0] == earlier.name and len(names) == 2, names
+
+
 def test_a_resumed_run_whose_checkpoint_follows_no_record_shows_each_tensorboard_step_once(
     tmp_path,
 ):
