@@ -19,7 +19,7 @@ import pytest
 from experiments.engine import RowFile, run_pool, sweep
 
 from engine_pages import PAGE
-from tests.experiments.engine._support import ROOT, SUPPORT, _cli, _keys
+from tests.experiments.engine._support import ROOT, SUPPORT, _cli, _interrupted_pool_task, _keys
 
 
 def test_with_jobs_2_each_row_is_stored_as_its_run_finishes(tmp_path):
@@ -93,16 +93,22 @@ def test_the_pool_runs_in_order_in_process_and_raises_a_task_error():
         run_pool(pow, [(2, 3)], 0)
 
 
-def test_an_interrupted_pool_kills_its_workers_instead_of_waiting_for_their_runs():
-    """Ctrl-C arrives here (`done` raising KeyboardInterrupt stands for it) while two workers run
-    20-second tasks: the pool ends at once with the interrupt. Before, it waited for the running
-    tasks and the one queued behind them (40 s here), then dropped their results."""
-    started = time.monotonic()
+def test_an_interrupted_pool_kills_its_workers_instead_of_waiting_for_their_runs(tmp_path):
+    """Ctrl-C arrives here (`done` raising KeyboardInterrupt stands for it) once a worker runs a
+    long task: the pool ends with the interrupt, no long task ran to its end (each writes
+    `finished-PID` only then) and the workers that started one are gone. No clock is read: the
+    one margin is the 30 s a long task sleeps, in which the quick task's result, sent once a long
+    one has started, must reach the pool. Before, the pool waited for the running tasks and the
+    one queued behind them, then dropped their results (their `finished-PID` files existed)."""
 
     def done(index, result):
         raise KeyboardInterrupt
 
-    tasks = [(0.0,), (20.0,), (20.0,), (20.0,)]
+    folder = str(tmp_path)
+    tasks = [(folder, 0.0), (folder, 30.0), (folder, 30.0), (folder, 30.0)]  # the quick one first
     with pytest.raises(KeyboardInterrupt):
-        run_pool(time.sleep, tasks, 2, costs=[9.0, 1.0, 1.0, 1.0], done=done)
-    assert time.monotonic() - started < 15  # worker start-up on a loaded machine, not 20 s of task
+        run_pool(_interrupted_pool_task, tasks, 2, costs=[9.0, 1.0, 1.0, 1.0], done=done)
+    started = [int(p.name.split("-")[1]) for p in tmp_path.glob("started-*")]
+    assert started, "no long task started: the interrupt found none running"
+    assert not list(tmp_path.glob("finished-*")), "a long task ran to its end"
+    assert not any(map(_running, started)), started  # joined by the pool before it returned
