@@ -10,6 +10,7 @@ here (Ctrl-C, `done` raising) kills the workers at once: nobody would store what
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import os
 import signal
 import sys
@@ -23,16 +24,57 @@ class WorkerDied(RuntimeError):
     """A worker process ended without returning (killed, out of memory): one line for the CLI."""
 
 
-def _start_worker(parent: int, initializer: Optional[Callable[[], None]]) -> None:
+class _Workers:
+    """The pool's own record of its worker processes: each worker sends its pid first thing, so
+    that the pool can kill the ones running tasks (`kill`) without reading the executor's private
+    state. Passed to the workers (spawned: the pipe and the flag travel with them). Nothing here
+    takes a lock: a worker killed while holding one (a queue's, an event's) would stop every
+    later worker, or `kill` itself, for good."""
+
+    def __init__(self, context) -> None:
+        self.pids, self.sender = context.Pipe(duplex=False)
+        self.closing = context.RawValue("b", 0)  # shared memory, set once by `kill`
+
+    def join(self) -> None:
+        """In a worker, before its first task: send its pid (8 bytes, one write with their
+        header: atomic on a pipe), then end if the pool is closing. A worker whose pid `kill`
+        did not read sent it after `kill` had set `closing`, so it sees the flag."""
+        self.sender.send_bytes(os.getpid().to_bytes(8, "little"))
+        if self.closing.value:
+            os._exit(1)
+
+    def kill(self) -> None:
+        """End every worker now (SIGKILL). Without it, Ctrl-C (or a row that cannot be stored)
+        waited in `shutdown` for every running run, and the one queued behind each, to finish,
+        then dropped their rows: with hour-long runs, an interrupted sweep ran on for hours for
+        nothing. Only live children of this process are killed (the pid of a worker that ended
+        may be another process's by now); a worker still starting ends by itself (`join`)."""
+        self.closing.value = 1
+        pids = set()
+        while self.pids.poll():
+            pids.add(int.from_bytes(self.pids.recv_bytes(), "little"))
+        for process in multiprocessing.active_children():
+            if process.pid in pids:
+                try:
+                    process.kill()
+                except (OSError, ValueError):  # ended meanwhile, or closed
+                    pass
+
+
+def _start_worker(
+    parent: int, workers: _Workers, initializer: Optional[Callable[[], None]]
+) -> None:
     """In each worker, first: end with the sweep's process (Linux), which may be killed (kill -9,
     the out-of-memory killer) without ending its pool: a worker left alone would finish its run
-    for nobody (only the sweep stores rows), then wait for work forever."""
+    for nobody (only the sweep stores rows), then wait for work forever. Then join the pool's
+    record of its workers."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # the sweep ended before the call above
             os._exit(1)
+    workers.join()
     if initializer is not None:
         initializer()
 
@@ -58,14 +100,14 @@ def run_pool(
             results[index] = fn(*task)
             done(index, results[index])
         return results
-    import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
     costs = list(costs) if costs is not None else [1.0] * len(tasks)
     order = sorted(range(len(tasks)), key=lambda i: -costs[i])  # stable: plan order among equals
     context = multiprocessing.get_context("spawn")
-    start = functools.partial(_start_worker, os.getpid(), initializer)
+    workers = _Workers(context)
+    start = functools.partial(_start_worker, os.getpid(), workers, initializer)
     pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=context, initializer=start)
 
     def keep(finished) -> None:
@@ -94,21 +136,8 @@ def run_pool(
                     ) from error
                 raise error
     except BaseException:
-        _kill_workers(pool)  # idle ones after a task's error; else runs nobody would store
+        workers.kill()  # idle ones after a task's error; else runs nobody would store
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     return results
-
-
-def _kill_workers(pool) -> None:
-    """End `pool`'s worker processes now (SIGKILL). Without it, Ctrl-C (or a row that cannot be
-    stored) waited in `shutdown` for every running run, and the one queued behind each, to finish,
-    then dropped their rows: with hour-long runs, an interrupted sweep ran on for hours for
-    nothing. `_processes` is the executor's own record of its workers (no public call before
-    Python 3.14's `kill_workers`)."""
-    for process in list((getattr(pool, "_processes", None) or {}).values()):
-        try:
-            process.kill()
-        except (OSError, ValueError):  # already ended, or closed
-            pass

@@ -13,12 +13,13 @@ the eval records add `live_peers`, `membership_epoch`, `membership_changes` and
 The summary's `transfer_mb_sent` is every change's state handed to joiners, summed over its senders
 at the change (`membership.peer.Change.transferred`), so a sender that leaves later still counts.
 The summary is written by the lowest-id member at the end; its exact-gossip baseline counts, for
-each member, the graphs in force in the rounds its traffic counters cover (`exact_messages`).
+each member, the graphs in force in the rounds its traffic counters cover, less the rounds whose
+gossip a lost peer interrupted on it (`exact_messages`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -118,6 +119,10 @@ class ChurnRun(TrainingHooks):
         #: The first step this peer's traffic counters count (a rejoining process's: its
         #: admission; the counters of the process it replaces are gone): `exact_messages`.
         self.counted_from = 0
+        #: The training steps whose gossip a lost peer interrupted on this peer (torch): their
+        #: unfinished exchanges counted no byte sent, so `exact_messages` counts no round there.
+        self.interrupted: List[int] = []
+        self._dropped_seen = 0  # the algorithm's count of them when last looked at (this process)
 
     # ---- set-up ----------------------------------------------------------------------------------
     def start(self, run, hooks, run_dir) -> None:
@@ -222,6 +227,13 @@ class ChurnRun(TrainingHooks):
                 flush=True,
             )
         return self.peer.live
+
+    def after_gossip(self, step: int) -> None:
+        """Note `step` when its gossip was interrupted (`MemberAlgorithm.step` counts it)."""
+        dropped = getattr(self.peer.algorithm, "interrupted_steps", 0)
+        if dropped > self._dropped_seen:
+            self.interrupted.append(step)
+        self._dropped_seen = dropped
 
     def settle(self, state) -> bool:
         """After the last step (the end of the run): a loss found meanwhile is agreed on by the
@@ -351,12 +363,15 @@ class ChurnRun(TrainingHooks):
         """The models exact gossip would have had this peer send over communication rounds
         0..rounds-1 (round t after training step (t+1) x every - 1): in each round its traffic
         counters cover (from `counted_from`) and it was a member in, its neighbours in the graph
-        in force then (its epoch's, at round t on a schedule). None when the membership never
-        changed (the run's own graph throughout: `report` counts as without churn)."""
+        in force then (its epoch's, at round t on a schedule); none in a round whose gossip a lost
+        peer interrupted on it (`interrupted`: an exchange that did not finish counts no byte
+        sent, so exact gossip's ratio stays 1). None when the membership never changed (the
+        run's own graph throughout: `report` counts as without churn)."""
         membership, me = self.peer.membership, self.comm.rank
         epochs = membership.epochs
         if len(epochs) == 1:
             return None
+        dropped = {step // every for step in self.interrupted}
         total = 0
         for epoch, end in zip(epochs, [e.step for e in epochs[1:]] + [rounds * every]):
             first = max(epoch.step, self.counted_from) // every
@@ -365,9 +380,10 @@ class ChurnRun(TrainingHooks):
                 continue
             graph = membership.graph(epoch)
             if graph.period == 1:
-                total += len(span) * len(graph.at(0).neighbors(me))
+                kept = len(span) - sum(1 for t in dropped if t in span)
+                total += kept * len(graph.at(0).neighbors(me))
             else:
-                total += sum(len(graph.at(t).neighbors(me)) for t in span)
+                total += sum(len(graph.at(t).neighbors(me)) for t in span if t not in dropped)
         return total
 
     def state_dict(self) -> Dict[str, Any]:
@@ -376,12 +392,14 @@ class ChurnRun(TrainingHooks):
             "shift_total": self.shift_total,
             "counted_from": self.counted_from,
             "transfer_bytes": self.transfer_bytes,
+            "interrupted": list(self.interrupted),
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.changes, self.shift_total = int(state["changes"]), float(state["shift_total"])
         self.counted_from = int(state.get("counted_from", 0))  # (checkpoints from before it)
         self.transfer_bytes = state.get("transfer_bytes")  # None: from before it was kept
+        self.interrupted = [int(step) for step in state.get("interrupted", ())]  # (... before it)
 
 
 def rejoins(comm: Comm) -> bool:

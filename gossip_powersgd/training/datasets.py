@@ -118,8 +118,8 @@ class SyntheticLogreg(DatasetKind):
     W* has entries ~ N(0, 1/d) so teacher logits have unit variance whatever ``d`` is, which makes
     ``noise`` (std of the logit noise) comparable across dimensions. A linear model can represent
     the teacher exactly, so logistic regression learns it well. Each array it builds (teacher d x
-    classes, records n x d, logits n x classes) holds at most `_MAX_NUMBERS` float64s: a larger
-    spec is refused in one line, not left to fail allocating."""
+    classes, records n x d, logits n x classes) holds at most `records.MAX_GENERATED_NUMBERS`
+    float64s: a larger spec is refused in one line, not left to fail allocating."""
 
     name = "synthetic_logreg"
     summary = "seeded linear classification problem (a teacher a linear model can learn)"
@@ -151,22 +151,21 @@ class SyntheticLogreg(DatasetKind):
         return x[n_test:], y[n_test:], x[:n_test], y[:n_test], classes
 
 
-#: The most float64s one array of `synthetic_logreg` may hold (2 GiB).
-_MAX_NUMBERS = 1 << 28
-
-
 def _check_sizes(spec: str, **sizes: int) -> None:
     """Refuse (one line naming the sizes, the limit and the fix) a `synthetic_logreg` spec one of
-    whose arrays would hold more than `_MAX_NUMBERS` numbers: before, classes=1000000000 failed
-    with a MemoryError traceback allocating the teacher."""
+    whose arrays would hold more than `records.MAX_GENERATED_NUMBERS` numbers: before,
+    classes=1000000000 failed with a MemoryError traceback allocating the teacher."""
+    from . import records  # here, not above: records imports torch, this module does not
+
+    limit = records.MAX_GENERATED_NUMBERS
     for a, b in (("d", "classes"), ("n", "d"), ("n", "classes")):
         count = sizes[a] * sizes[b]
-        if count > _MAX_NUMBERS:
+        if count > limit:
             raise spec_error(
                 WHAT,
                 spec,
                 f"{a} x {b} = {sizes[a]} x {sizes[b]} = {count} numbers in one array, more than "
-                f"the {_MAX_NUMBERS} it builds at most; lower {a} or {b}",
+                f"the {limit} it builds at most; lower {a} or {b}",
             )
 
 

@@ -74,8 +74,9 @@ observed_bytes               observers: message bytes the writing peer's views r
 ``final_consensus_distance``, ``mb_sent_per_peer``, ``messages_sent_per_peer``,
 ``exact_gossip_mb_per_peer_formula`` (what exact gossip would send: model bytes x mean degree x
 rounds, a formula; after membership changes, model bytes x each member's neighbours in the graph in
-force at each round it took part in, averaged over the members at the end as mb_sent_per_peer is;
-the string ``exact_gossip_formula`` says which), ``compression_ratio`` (that formula /
+force at each round it took part in (none in a round whose gossip a lost peer interrupted on it),
+averaged over the members at the end as mb_sent_per_peer is; the string ``exact_gossip_formula``
+says which), ``compression_ratio`` (that formula /
 mb_sent_per_peer), ``wall_time_s`` (the slowest peer's), ``time_compute_s``,
 ``time_gossip_compute_s``, ``time_communication_s`` (means over peers), ``steps``, ``epochs_done``,
 ``parameters``, ``bytes_per_step``, ``communication_rounds``.

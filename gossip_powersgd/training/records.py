@@ -53,6 +53,12 @@ __all__ = [
     "CIFAR10_STD",
 ]
 
+#: The most numbers one array of a generated dataset (``synthetic_logreg``, ``synthetic_images``)
+#: may hold (2 GiB of float64): a spec asking for more is refused in one line before anything is
+#: allocated, not left to fail with a MemoryError traceback. Here, a module both already use,
+#: so that the two agree (datasets.py cannot be imported by synthetic_images.py: it imports it).
+MAX_GENERATED_NUMBERS = 1 << 28
+
 #: Per-channel mean and standard deviation of the CIFAR-10 training images (pixels in [0, 1]).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)

@@ -109,8 +109,10 @@ def _exact_gossip(comm: Comm, parameter_bytes, rounds, every, churn) -> Tuple[fl
     counted): a formula, not measured. The membership never changed: model bytes x the mean degree
     of the graph (each round's, on a schedule) x the communication rounds. It changed (churn):
     each member counts, per round its traffic counters cover and it was a member in, model bytes x
-    its neighbours in the graph in force then (`ChurnRun.exact_messages`); the mean over the members
-    at the end, the peers and rounds mb_sent_per_peer covers (collective)."""
+    its neighbours in the graph in force then, none in a round whose gossip a lost peer
+    interrupted on it (its unfinished exchanges counted no byte sent; `ChurnRun.exact_messages`);
+    the mean over the members at the end, the peers and rounds mb_sent_per_peer covers
+    (collective)."""
     messages = None if churn is None else churn.exact_messages(rounds, every)
     if messages is None:
         degree = mean_active_degree(comm.topology, rounds)  # per round's graph on a schedule
@@ -118,9 +120,11 @@ def _exact_gossip(comm: Comm, parameter_bytes, rounds, every, churn) -> Tuple[fl
         return parameter_bytes * degree * rounds, f"{words} {rounds} (formula, not measured)"
     mean = torch.tensor([float(parameter_bytes * messages)], dtype=torch.float64)
     comm.allreduce_(mean, op="mean", metric=True)
-    # (where peers are found lost, a restarted process's counters count from its admission)
+    # (where peers are found lost, a restarted process's counters count from its admission, and
+    # a round a loss interrupted counts neither in them nor here)
     rejoined = (
-        " (a peer restarted with --rejoin: from its admission)"
+        " (a peer restarted with --rejoin: from its admission; a round whose gossip a lost peer "
+        "interrupted counts none)"
         if churn.detected is not None
         else ""
     )

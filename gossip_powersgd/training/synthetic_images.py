@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import records
 from .records import RecordDataset, _drop_generator, _normalise, cifar_augment
 
 __all__ = ["synthetic_images", "OPTIONS", "LATENT_CHANNELS", "LATENT_SIZE", "MAX_SHIFT"]
@@ -114,24 +115,22 @@ def _balanced_labels(n: int, classes: int, seed: int, stream: int) -> np.ndarray
     return np.random.default_rng([seed, 3, stream]).permutation(np.arange(n) % classes)
 
 
-#: The most numbers one array of the dataset may hold (2 GiB of float64), as synthetic_logreg's.
-_MAX_NUMBERS = 1 << 28
-
-
 def _check_sizes(spec: str, n: int, test: int, classes: int) -> None:
-    """Refuse in one line a spec one of whose arrays would hold more than `_MAX_NUMBERS` numbers:
-    the training labels (n), the test images (test x 3 x 32 x 32), the class prototypes (classes x
-    the latent's size). Before, n=100000000000 failed with a MemoryError traceback."""
+    """Refuse in one line a spec one of whose arrays would hold more than
+    `records.MAX_GENERATED_NUMBERS` numbers (synthetic_logreg's limit too): the training labels
+    (n), the test images (test x 3 x 32 x 32), the class prototypes (classes x the latent's size).
+    Before, n=100000000000 failed with a MemoryError traceback."""
+    limit = records.MAX_GENERATED_NUMBERS
     latent = LATENT_CHANNELS * LATENT_SIZE * LATENT_SIZE
     for name, count, size in (
         ("n", n, 1),
         ("test", test, 3 * _SIDE * _SIDE),
         ("classes", classes, latent),
     ):
-        if count * size > _MAX_NUMBERS:
+        if count * size > limit:
             raise ValueError(
                 f"{spec!r}: {name}={count} needs {count * size} numbers in one array, more than the "
-                f"{_MAX_NUMBERS} it builds at most; lower {name} (at most {_MAX_NUMBERS // size})"
+                f"{limit} it builds at most; lower {name} (at most {limit // size})"
             )
 
 

@@ -315,14 +315,20 @@ def wait_for_line(path, pattern: str, processes, within: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "victim, sig", [(2, signal.SIGKILL), (1, signal.SIGSTOP)], ids=["kill", "stop"]
+    "victim, sig, algorithm",
+    [(2, signal.SIGKILL, None), (1, signal.SIGSTOP, None), (2, signal.SIGKILL, "exact")],
+    ids=["kill", "stop", "kill-exact"],
 )
-def test_the_training_program_survives_a_lost_peer(tmp_path, victim, sig):
+def test_the_training_program_survives_a_lost_peer(tmp_path, victim, sig, algorithm):
     """gossip-train on 4 processes: the victim is sent SIGKILL or SIGSTOP once rank 0 says 10 %
     of the steps are done; the survivors agree, print the new membership, finish with exit 0, and
-    the lowest live id (rank 0) prints the summary and writes summary.json with the change."""
+    the lowest live id (rank 0) prints the summary and writes summary.json with the change.
+    Exact gossip sends its own baseline here too (ratio 1): the rounds whose gossip the loss
+    interrupted count no message in either (their exchanges never finished, so nothing was
+    counted as sent; the baseline counted each as a full round, a ratio above 1)."""
     out = tmp_path / "run"
-    sets = [
+    sets = [f"algorithm={algorithm}"] if algorithm else []
+    sets += [
         "backend=torch",
         "on_peer_loss=continue",
         f"out_dir={out}",
@@ -362,6 +368,10 @@ def test_the_training_program_survives_a_lost_peer(tmp_path, victim, sig):
     (lost,) = summary["peers_lost"]
     assert (lost["peer"], lost["how"]) == (victim, how)
     assert tenth < lost["step"] < steps and lost["detection_to_continuation_s"] >= 0
+    if algorithm == "exact":  # a sum of exact integers over the 3 members / 3 / 1e6 in both
+        sent = summary["mb_sent_per_peer"]
+        assert summary["exact_gossip_mb_per_peer_formula"] == pytest.approx(sent, rel=1e-14)
+        assert summary["compression_ratio"] == pytest.approx(1.0, rel=1e-14)
 
 
 # ---- the policy ---------------------------------------------------------------------------------
@@ -475,9 +485,12 @@ def test_a_killed_peer_restarted_with_rejoin_is_admitted_handed_the_state_and_ca
     assert summary["transfer_mb_sent"] > 0  # the state went to the joiner over the new group
     # The exact-gossip baseline covers what mb_sent_per_peer does: every ring here (ring:4, the
     # ring of 0, 1, 3) gives 2 neighbours; the rejoined process's counters start at its admission
-    # (the killed one's are gone), the others' at step 0. Tolerance: a mean of 4 exact integers.
+    # (the killed one's are gone), the others' at step 0; a round whose gossip the loss
+    # interrupted on a member counts none (gossip_steps_dropped: one round each, over the
+    # members). Tolerance: a mean of 4 exact integers.
     model_bytes = summary["parameters"] * 4  # float32
     rounds = [REJOIN_STEPS] * 3 + [REJOIN_STEPS - joined["step"]]
+    rounds.append(-summary["gossip_steps_dropped"])
     expected = model_bytes * 2 * sum(rounds) / 4 / 1e6
     assert summary["exact_gossip_mb_per_peer_formula"] == pytest.approx(expected, rel=1e-14)
     line = f"peer 2 rejoins; the members, peers 0,1,2,3, from step {joined['step']} (epoch 2)"

@@ -1,5 +1,7 @@
 """training/churn_run.py: the state a joiner is handed (`TrainingState`) carries the model, the
-optimizer's momentum, the step and the membership counters, and refuses the state of another step.
+optimizer's momentum, the step and the membership counters, and refuses the state of another step;
+the exact-gossip baseline counts the rounds a peer's traffic counters cover, less those whose
+gossip a lost peer interrupted on it (noted after each gossip, kept in its checkpointed state).
 (The loop through membership changes, end to end on the local backend: tests/training/test_churn.py;
 across hosts: test_churn_hosts.py.)"""
 
@@ -50,7 +52,9 @@ def test_training_state_round_trip_carries_model_momentum_and_step():
 def test_exact_messages_count_the_rounds_a_peers_counters_cover():
     """ring:4, peer 2 away in steps 10..29: 2 neighbours in each round it is a member of; a
     process restarted with --rejoin and admitted at step 30 (`counted_from`) counts from there,
-    as its traffic counters do; with a round every 2 steps, round t follows step 2t + 1."""
+    as its traffic counters do; with a round every 2 steps, round t follows step 2t + 1. A round
+    whose gossip a lost peer interrupted on the peer counts no message, as its counters count no
+    byte of an exchange that did not finish (before, a full round: exact gossip's ratio above 1)."""
     from types import SimpleNamespace
 
     import topologies
@@ -59,11 +63,12 @@ def test_exact_messages_count_the_rounds_a_peers_counters_cover():
 
     changed = Membership(topologies.ring(4), [(10, (0, 1, 3)), (30, range(4))])
 
-    def messages(rank, rounds, every, counted_from=0, membership=changed):
+    def messages(rank, rounds, every, counted_from=0, membership=changed, interrupted=()):
         driver = SimpleNamespace(
             peer=SimpleNamespace(membership=membership),
             comm=SimpleNamespace(rank=rank),
             counted_from=counted_from,
+            interrupted=list(interrupted),
         )
         return ChurnRun.exact_messages(driver, rounds, every)
 
@@ -77,3 +82,38 @@ def test_exact_messages_count_the_rounds_a_peers_counters_cover():
     assert messages(2, 20, 1) == 2 * 10  # the run's rounds end the count
     # the membership never changed: the run's own graph, counted as without churn
     assert messages(2, 52, 1, membership=Membership(topologies.ring(4))) is None
+    # interrupted gossip (training steps): steps 3 and 31 are rounds 1 and 15 with a round
+    # every 2 steps; on a schedule, the interrupted round's own graph's neighbours are left out
+    assert messages(0, 52, 1, interrupted=[10, 11]) == 2 * 50
+    assert messages(2, 26, 2, interrupted=[3, 31]) == 2 * (4 + 10)
+    assert messages(2, 52, 1, interrupted=[20]) == 2 * (10 + 22)  # away then: nothing to drop
+    schedule = Membership(topologies.parse("one_peer_exponential:4"), [(10, (0, 1, 3))])
+    graph = schedule.graph(schedule.epochs[0])
+    full = messages(0, 20, 1, membership=schedule)
+    assert full - messages(0, 20, 1, membership=schedule, interrupted=[5]) == len(
+        graph.at(5).neighbors(0)
+    )
+
+
+def test_the_interrupted_gossip_steps_are_noted_after_each_gossip_and_kept_in_the_state():
+    """`after_gossip` notes a step when the algorithm's count of interrupted steps grew during
+    it; the list is in the hook's state (a resumed run counts the steps before its checkpoint
+    too), and a checkpoint from before it loads as none."""
+    from types import SimpleNamespace
+
+    from gossip_powersgd.training.churn_run import ChurnRun
+
+    algorithm = SimpleNamespace(interrupted_steps=0)
+    driver = SimpleNamespace(peer=SimpleNamespace(algorithm=algorithm), interrupted=[])
+    driver._dropped_seen = 0
+    for step, dropped in [(7, 0), (8, 1), (9, 2), (10, 2), (11, 3)]:
+        algorithm.interrupted_steps = dropped
+        ChurnRun.after_gossip(driver, step)
+    assert driver.interrupted == [8, 9, 11]
+    driver.changes, driver.shift_total, driver.counted_from = 1, 0.0, 0
+    state = ChurnRun.state_dict(driver)
+    resumed = SimpleNamespace()
+    ChurnRun.load_state_dict(resumed, state)
+    assert resumed.interrupted == [8, 9, 11]
+    ChurnRun.load_state_dict(resumed, {"changes": 1, "shift_total": 0.0})
+    assert resumed.interrupted == []

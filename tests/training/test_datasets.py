@@ -127,6 +127,22 @@ def test_synthetic_logreg_bad_options(spec, match):
         load_dataset(spec)
 
 
+def test_both_generated_datasets_take_their_size_limit_from_one_home(monkeypatch):
+    """synthetic_logreg and synthetic_images each defined 2**28 as their limit; both now read
+    `records.MAX_GENERATED_NUMBERS`, so lowering it there (to 1000) lowers both: the default
+    specs (n x d = 5000 x 20 records; n = 4096 labels) are then refused, naming it."""
+    from gossip_powersgd.training import records
+
+    assert records.MAX_GENERATED_NUMBERS == 1 << 28  # 2 GiB of float64
+    monkeypatch.setattr(records, "MAX_GENERATED_NUMBERS", 1000)
+    with pytest.raises(ValueError, match="more than the 1000 it builds at most; lower n or d"):
+        kind_load("synthetic_logreg")
+    with pytest.raises(
+        ValueError, match=r"more than the 1000 it builds at most; lower n \(at most 1000\)"
+    ):
+        kind_load("synthetic_images")
+
+
 @pytest.mark.parametrize(
     "options, product",
     [

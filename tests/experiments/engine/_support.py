@@ -1,10 +1,13 @@
 """Helpers of the engine's test files (tests/experiments/engine/test_*.py): `python -m
 experiments` on the test page's registry (tests/support/engine_pages.py, whose rows are made
-without training), the keys of a rows file, and stored rows written by hand."""
+without training), the keys of a rows file, stored rows written by hand, and the tasks of the
+interrupted pool's test (module-level: worker processes import them by name)."""
 
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 from experiments.engine import Record
@@ -46,3 +49,20 @@ def _line(key, i, seed=None, quick=False, **row):
         "abc1234", "2026-12-04 12:00 UTC", 1.0,
     )  # fmt: skip
     return record.to_line()
+
+
+def _interrupted_pool_task(folder: str, seconds: float) -> float:
+    """A task of the interrupted pool's test. The quick one (`seconds` 0) returns once a long one
+    has started (its `started-PID` file exists), so that the interrupt its result stands for finds
+    one running; it gives up after 10 minutes (the test then fails on the missing file instead of
+    hanging). A long one writes `started-PID`, sleeps `seconds`, then writes `finished-PID`,
+    which therefore exists only if the task ran to its end (nobody killed its worker)."""
+    if seconds == 0:
+        deadline = time.monotonic() + 600
+        while not any(Path(folder).glob("started-*")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return seconds
+    (Path(folder) / f"started-{os.getpid()}").touch()
+    time.sleep(seconds)
+    (Path(folder) / f"finished-{os.getpid()}").touch()
+    return seconds

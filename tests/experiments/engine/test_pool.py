@@ -6,8 +6,11 @@ the next sweep finishes."""
 
 from __future__ import annotations
 
+import functools
 import json
+import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -17,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from experiments.engine import RowFile, run_pool, sweep
+from experiments.engine.pool import _start_worker, _Workers
 
 from engine_pages import PAGE
-from tests.experiments.engine._support import ROOT, SUPPORT, _cli, _keys
+from tests.experiments.engine._support import ROOT, SUPPORT, _cli, _interrupted_pool_task, _keys
 
 
 def test_with_jobs_2_each_row_is_stored_as_its_run_finishes(tmp_path):
@@ -93,16 +97,44 @@ def test_the_pool_runs_in_order_in_process_and_raises_a_task_error():
         run_pool(pow, [(2, 3)], 0)
 
 
-def test_an_interrupted_pool_kills_its_workers_instead_of_waiting_for_their_runs():
-    """Ctrl-C arrives here (`done` raising KeyboardInterrupt stands for it) while two workers run
-    20-second tasks: the pool ends at once with the interrupt. Before, it waited for the running
-    tasks and the one queued behind them (40 s here), then dropped their results."""
-    started = time.monotonic()
+def test_an_interrupted_pool_kills_its_workers_instead_of_waiting_for_their_runs(tmp_path):
+    """Ctrl-C arrives here (`done` raising KeyboardInterrupt stands for it) once a worker runs a
+    long task: the pool ends with the interrupt, no long task ran to its end (each writes
+    `finished-PID` only then) and the workers that started one are gone. No clock is read: the
+    one margin is the 30 s a long task sleeps, in which the quick task's result, sent once a long
+    one has started, must reach the pool. Before, the pool waited for the running tasks and the
+    one queued behind them, then dropped their results (their `finished-PID` files existed)."""
 
     def done(index, result):
         raise KeyboardInterrupt
 
-    tasks = [(0.0,), (20.0,), (20.0,), (20.0,)]
+    folder = str(tmp_path)
+    tasks = [(folder, 0.0), (folder, 30.0), (folder, 30.0), (folder, 30.0)]  # the quick one first
     with pytest.raises(KeyboardInterrupt):
-        run_pool(time.sleep, tasks, 2, costs=[9.0, 1.0, 1.0, 1.0], done=done)
-    assert time.monotonic() - started < 15  # worker start-up on a loaded machine, not 20 s of task
+        run_pool(_interrupted_pool_task, tasks, 2, costs=[9.0, 1.0, 1.0, 1.0], done=done)
+    started = [int(p.name.split("-")[1]) for p in tmp_path.glob("started-*")]
+    assert started, "no long task started: the interrupt found none running"
+    assert not list(tmp_path.glob("finished-*")), "a long task ran to its end"
+    assert not any(map(_running, started)), started  # joined by the pool before it returned
+
+
+def test_the_pools_record_of_its_workers_kills_the_joined_ones_and_ends_the_late_ones():
+    """The pool kills its workers from its own record (each worker sends its pid first thing),
+    not from the executor's private `_processes`: a worker that has joined (here, then idling in
+    a 10-minute initializer) is killed; one that starts after the pool began closing (Ctrl-C
+    during the workers' start-up) ends by itself before taking a task, with exit status 1, and
+    is not held up by the killed one (with a queue, it waited for ever on the queue's lock when
+    the first was killed before releasing it)."""
+    context = multiprocessing.get_context("spawn")
+    workers = _Workers(context)
+    idle = functools.partial(time.sleep, 600)
+    joined = context.Process(target=_start_worker, args=(os.getpid(), workers, idle), daemon=True)
+    joined.start()
+    while not workers.pids.poll(0.1) and joined.is_alive():  # its pid sent, not read yet
+        pass
+    workers.kill()
+    joined.join(60)  # SIGKILL ends it at once; 60 s only so a failure does not hang
+    late = context.Process(target=_start_worker, args=(os.getpid(), workers, idle), daemon=True)
+    late.start()
+    late.join(60)
+    assert (joined.exitcode, late.exitcode) == (-signal.SIGKILL, 1)
