@@ -1,5 +1,5 @@
-"""What every gossip algorithm shares: the parameter list, the start-up agreement check, packing
-tensors into one message, and the finiteness guard on everything sent."""
+"""What every gossip algorithm shares: the parameter list (frozen parameters left out), the start-up
+agreement check, packing tensors into one message, and the finiteness guard on everything sent."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ import torch
 
 from ..comm.base import Tensor
 from ..errors import NonFiniteError  # noqa: F401 (re-exported)
+from .frozen import check_frozen_agree, check_still_frozen, leave_frozen_out
 
 if TYPE_CHECKING:
     from ..comm.base import Comm
@@ -234,6 +235,13 @@ class GossipAlgorithm:
     Construction is collective: every peer checks that all peers hold parameters of the same shapes
     and dtypes, and fails with the same `AgreementError` on every rank otherwise.
 
+    Frozen parameters (an `nn.Parameter` with ``requires_grad=False``) are left out, as the
+    optimizer and DDP leave them out (`frozen.py`): they are neither sent nor counted in
+    `bytes_per_step` and stay bit for bit as they are. Their values must be equal on every peer
+    (checked at construction; `build_model` draws every peer's model from one seed), a model with
+    every parameter frozen is refused, and so is a step after one of them was unfrozen. Plain
+    tensors are always gossiped, whatever their ``requires_grad``.
+
     A registered algorithm describes itself with the class attributes below (`registry.register`
     refuses a class that leaves one unset): its spec name, a one-line summary, its spec options,
     where its γ comes from, whether it runs on directed graphs, its legend label, the layout of its
@@ -289,7 +297,8 @@ class GossipAlgorithm:
         from `directed` already."""
 
     def __init__(self, params: ParamsLike, comm: Comm):
-        self.names, self.params = named_tensors(params)
+        who = type(self).__name__
+        self.names, self.params, self.frozen = leave_frozen_out(who, *named_tensors(params))
         self.comm = comm
         if not self.params:
             raise ValueError("no parameters given: pass model.parameters() or a list of tensors")
@@ -315,12 +324,14 @@ class GossipAlgorithm:
         self.time_total = 0.0
         self.time_communication = 0.0
         comm.check_agreement("parameter shapes and dtypes", signature(self.names, self.params))
+        check_frozen_agree(who, comm, self.frozen)
         self._replaced = ReplacedParameterWatch(self.names, self.params)
 
     def step(self) -> None:
         """One gossip round on the parameters, in place; refused in one line once a parameter was
         replaced in its module (`ReplacedParameterWatch`)."""
         self._replaced.check(type(self).__name__)
+        check_still_frozen(type(self).__name__, self.frozen)
         start = time.perf_counter()
         with torch.no_grad():
             self._step()

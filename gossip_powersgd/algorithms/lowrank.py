@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -87,6 +87,40 @@ def compressible_matrices(
         if (rows + cols) * r * min_compression_rate < rows * cols:
             shapes.setdefault((rows, cols), []).append(k)
     return shapes
+
+
+def largest_compression_rate(tensors: Sequence[Tensor], rank: int) -> Optional[float]:
+    """The largest rows * cols / ((rows + cols) * r) of `tensors`' matrices (None without one): a
+    matrix is compressed when `min_compression_rate` is below its rate (`compressible_matrices`)."""
+    rates = []
+    for t in tensors:
+        if t.dim() >= 2 and t.numel():
+            rows, cols = t.shape[0], t.numel() // t.shape[0]
+            rates.append(rows * cols / ((rows + cols) * min(rank, rows, cols)))
+    return max(rates, default=None)
+
+
+def refuse_rate_compressing_none(
+    who: str, tensors: Sequence[Tensor], rank: int, min_compression_rate: float
+) -> None:
+    """Refuse a finite `min_compression_rate` so high that no matrix is compressed although one
+    gets smaller in low-rank form (rate > 1): the run would be exact gossip under a low-rank label,
+    silently. A model none of whose matrices gets smaller (vectors only, or `rank` at full size:
+    exact is then the cheaper message) is not refused."""
+    largest = largest_compression_rate(tensors, rank)
+    if (
+        largest is None
+        or largest <= 1
+        or compressible_matrices(tensors, rank, min_compression_rate)
+    ):
+        return
+    below = math.floor(largest * 1000) / 1000  # rounded down: every rate below it compresses
+    raise ValueError(
+        f"{who}: min_compression_rate {min_compression_rate:g} compresses no parameter (the largest "
+        f"rate of this model's matrices at rank {rank} is {largest:.6g}), so the run would be "
+        f"exact gossip: set min_compression_rate below {below:g} (1 compresses whatever gets "
+        "smaller), or use the algorithm exact"
+    )
 
 
 def warn_if_rank_unreachable(who: str, tensors: Sequence[Tensor], rank: int) -> None:

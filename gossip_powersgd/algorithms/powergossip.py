@@ -85,8 +85,8 @@ class PowerGossip(GossipAlgorithm):
         seed: base of the per-edge seeds.
         min_compression_rate: a matrix is compressed only if (rows + cols) * r * rate < rows * cols;
             otherwise it is gossiped exactly. 1 compresses whatever gets smaller; 0 compresses every
-            matrix (useful in tests at full rank); nan and inf (which would compress none) are
-            refused.
+            matrix (useful in tests at full rank); nan, inf and a rate that compresses none of the
+            matrices that get smaller (exact gossip under this label) are refused.
         batch_neighbors: compute the products for all neighbours in one multiplication and add
             their updates in one multiply-add (True), or one product and one update per neighbour
             (False: the same algorithm and messages, kept as the benchmark's comparison).

@@ -22,7 +22,7 @@ import torch
 
 from ..comm.base import Tensor
 from .base import load_tensors_
-from .lowrank import MatrixStack, matrix_stacks, ortho_eps
+from .lowrank import MatrixStack, matrix_stacks, ortho_eps, refuse_rate_compressing_none
 
 if TYPE_CHECKING:
     from ..comm.base import Comm
@@ -90,6 +90,8 @@ class StackedParams:
         self.groups: List[MatrixGroup] = matrix_stacks(
             MatrixGroup, params, rank, min_compression_rate
         )
+        if not self.groups:  # a rate that compresses none of what would get smaller: refused
+            refuse_rate_compressing_none("PowerGossip", params, rank, min_compression_rate)
         self.compressed = {k for g in self.groups for k in g.indices}
         for group in self.groups:
             self._home(group)

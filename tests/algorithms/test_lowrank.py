@@ -1,5 +1,5 @@
 """The shared low-rank pieces (algorithms/lowrank.py): a rank above the smaller side of every matrix
-is clipped, with one warning."""
+is clipped, with one warning; a compression rate that compresses no parameter is refused."""
 
 import pytest
 import torch
@@ -103,3 +103,39 @@ def test_powersgd_on_a_zero_float16_gradient_gives_zero_not_nan():
         return torch.equal(params[0].grad, torch.zeros_like(params[0]))
 
     assert all(LocalCluster(topologies.ring(3)).run(peer))
+
+
+def test_a_rate_that_compresses_no_parameter_is_refused_at_set_up(tmp_path):
+    """min_compression_rate=1e9 compresses nothing: the run would be exact gossip labelled
+    PowerGossip. Refused in one line naming the largest rate (12x9 at rank 1: 108/21 = 5.142857)
+    and a bound below which it compresses (5.142 does); the CLI set-up refuses it the same way."""
+
+    def peer(comm, spec):
+        x = [torch.randn(12, 9, dtype=torch.float64), torch.randn(7, dtype=torch.float64)]
+        return make_algorithm(spec, x, comm).bytes_per_step()
+
+    def bytes_of(spec):
+        return LocalCluster(topologies.ring(3)).run(peer, spec)[0]
+
+    with pytest.raises(
+        ValueError, match=r"1e\+09 compresses no parameter \(the largest rate of th"
+    ):
+        bytes_of("powergossip:min_compression_rate=1e9")
+    with pytest.raises(ValueError, match=r"at rank 1 is 5.14286\), .*below 5.142 \(1 compresses"):
+        bytes_of("powergossip:min_compression_rate=5.143")
+    assert bytes_of("powergossip:min_compression_rate=5.142") < bytes_of("exact")
+    with pytest.raises(ValueError, match="compresses no parameter .* or use the algorithm exact$"):
+        train_cli(tmp_path, "algorithm=powergossip:min_compression_rate=1e9")
+
+
+def test_a_model_that_no_low_rank_form_makes_smaller_is_not_refused():
+    """A 1x8 matrix and a vector get no smaller in low-rank form at any rank: exact gossip is then
+    the cheaper message whatever the rate, and any rate is taken."""
+
+    def peer(comm):
+        x = [torch.randn(1, 8), torch.randn(5)]
+        algorithm = make_algorithm("powergossip:min_compression_rate=1e9", x, comm)
+        algorithm.step()
+        return algorithm.bytes_per_step()
+
+    assert all(b > 0 for b in LocalCluster(topologies.ring(3)).run(peer))
