@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
+from .specs import parse_spec
+
 __all__ = ["Setting", "Registry", "REGISTRIES", "HELP_ORDER"]
 
 
@@ -135,6 +137,21 @@ class Registry:
                 f"unknown {self.key} {name!r}; valid: {', '.join(self.names() + self.extra)}"
             )
         return entry
+
+    def meaning(self, spec: str) -> tuple:
+        """What `spec` (a value of `key`) selects, whatever its spelling, for a resume to compare:
+        an entry with options, its name and every option's value (defaults filled in by the
+        entry's `parse`: "synthetic_logreg:d=20,classes=4" and "synthetic_logreg:classes=4,d=20,
+        noise=0.1" mean the same); anything else (an entry without options, a bring-your-own
+        spec) its name, positional values and options in sorted order. A ValueError for a spec
+        that does not parse."""
+        what = f"{self.key} spec"
+        parsed = parse_spec(spec, what)
+        entry = self.entries.get(parsed.name)
+        if entry is not None and getattr(entry, "options", None) and hasattr(entry, "parse"):
+            values = entry.parse(spec, parsed)
+            return parsed.name, tuple(sorted((k, repr(v)) for k, v in values.items()))
+        return parsed.name, parsed.positional, tuple(sorted(parsed.options.items()))
 
     def __contains__(self, name: object) -> bool:
         return name in self.entries

@@ -81,3 +81,17 @@ def test_each_kind_refuses_an_incomplete_entry_naming_what_it_lacks():
         and "Blobs" not in DATASETS
         and "badoptions" not in MODELS
     )
+
+
+def test_a_spec_means_its_entry_and_option_values_whatever_its_spelling():
+    from gossip_powersgd.training.architectures import MODELS
+    from gossip_powersgd.training.datasets import DATASETS
+
+    same = DATASETS.meaning("synthetic_logreg:d=20,classes=4")
+    assert same == DATASETS.meaning("Synthetic_Logreg:classes=04,d=20,noise=0.1")
+    assert same != DATASETS.meaning("synthetic_logreg:d=20,classes=5")
+    # an entry without options, a bring-your-own spec: as written, options in sorted order
+    assert MODELS.meaning("MLP:8") == MODELS.meaning("mlp:8") != MODELS.meaning("mlp:8,8")
+    assert MODELS.meaning("pkg.mod:fn:b=1,a=2") == MODELS.meaning("pkg.mod:fn:a=2,b=1")
+    with pytest.raises(ValueError, match="dataset spec 'synthetic_logreg:d=x'"):
+        DATASETS.meaning("synthetic_logreg:d=x")

@@ -351,6 +351,11 @@ class EdgeFactors:
     def load_state_dict(self, state: Dict[str, object]) -> None:
         """Load what `state_dict` wrote, refusing a state of another model, topology or kind of
         topology with an error naming the key."""
+        if self.counters is None and any(str(key).startswith("edge_half_steps.") for key in state):
+            raise ValueError(
+                "PowerGossip state has per-edge counters ('edge_half_steps.<j>'): it was saved "
+                "on a schedule, and this run uses a static topology; resume on that schedule"
+            )
         for j in self.neighbors:
             load_tensors_(
                 "PowerGossip",
@@ -363,7 +368,7 @@ class EdgeFactors:
                 if key not in state:
                     raise ValueError(
                         f"PowerGossip state has no {key!r}: it was saved on a static "
-                        "topology, and this run uses a schedule"
+                        "topology, and this run uses a schedule; resume on that topology"
                     )
                 self.counters[j] = int(state[key])
 

@@ -131,6 +131,15 @@ def _refuse_what_a_change_breaks(config) -> None:
             )
 
 
+def _churn_meaning(spec: str, size: int) -> tuple:
+    """What a churn spec does, whatever its spelling (its options' order, a default written out):
+    its events, or its random churn's rate, down time and seed."""
+    from ..membership.churn import parse_churn
+
+    schedule = parse_churn(spec, size)
+    return schedule.events, schedule.rate, schedule.down, schedule.seed
+
+
 def _eval_text(record: Dict[str, Any]) -> str:
     if "live_peers" not in record:
         return ""
@@ -171,6 +180,7 @@ CHURN = register(
                 "local): leave:3@200,join:3@400 (peer 3 leaves at step 200, rejoins at 400) or "
                 "rate=0.02,down=50,seed=1 (each step a live peer leaves with probability rate "
                 "and comes back down steps later). null: no churn.",
+                meaning=_churn_meaning,
             ),
             Key(
                 "churn_join",

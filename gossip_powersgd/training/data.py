@@ -51,7 +51,7 @@ import torch
 
 from ..specs import UserCodeExit, accepts, import_object, parse_spec, unknown_name, user_code
 from .batches import Batches, ResumableBatches  # noqa: F401 (the iterators' home is batches.py)
-from .datasets import DATASETS, WHAT
+from .datasets import DATASETS, IN_MEMORY_DATA, WHAT
 from .torch_datasets import checked_labels
 from .partition import (  # noqa: F401 (partitions' home is partition.py; re-exported here)
     LOCAL_PARTITION,
@@ -425,7 +425,7 @@ def content_digests(dataset) -> dict[str, str]:
     files = getattr(dataset, "files", ())
     if files:
         return {f.path: f.sha256 for f in files}
-    return {f"the data of dataset spec {dataset.name!r}": dataset_digest(dataset)}
+    return {f"{IN_MEMORY_DATA}{dataset.name!r}": dataset_digest(dataset)}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -23,11 +23,15 @@ __all__ = [
     "register_dataset",
     "BYO_DATASET",
     "WHAT",
+    "IN_MEMORY_DATA",
     "augmentation_off",
 ]
 
 #: How dataset specs are named in errors (the grammar's style: ``dataset spec '<spec>': ...``).
 WHAT = "dataset spec"
+#: How a checkpoint names the digest of in-memory data (`data.content_digests`), before its dataset
+#: spec quoted as written.
+IN_MEMORY_DATA = "the data of dataset spec "
 #: The spelling of a bring-your-own dataset, accepted beside the registered names.
 BYO_DATASET = "package.module:function"
 

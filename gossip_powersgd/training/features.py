@@ -63,6 +63,9 @@ class Key:
     type_name: Optional[str] = None
     #: Changes no bit of the run (like `RECORDING_KEYS`): left out of the checkpoint's config hash.
     recording: bool = False
+    #: For a spec-valued key: (spec, world size) -> what it means whatever its spelling, so that a
+    #: resume accepts a spec written otherwise (`resume.check_header`); None: compared as written.
+    meaning: Optional[Callable[[str, int], Any]] = None
 
     def fresh_default(self) -> Any:
         """The default, copied when it is mutable (each config gets its own list)."""

@@ -22,7 +22,14 @@ import torch
 
 from ..specs import Spec, check_options, parse_spec, spec_error, unknown_name
 
-__all__ = ["partition", "label_histogram", "skew", "LOCAL_PARTITION", "PARTITION_NAMES"]
+__all__ = [
+    "partition",
+    "partition_meaning",
+    "label_histogram",
+    "skew",
+    "LOCAL_PARTITION",
+    "PARTITION_NAMES",
+]
 
 PARTITION_NAMES = ("iid", "dirichlet:<alpha>", "shards:<k>", "contiguous", "local")
 #: The partition whose data is never split by us: each peer's function call returns its own.
@@ -105,6 +112,16 @@ def partition(labels, num_peers: int, spec: str, seed: int) -> list[np.ndarray]:
     else:
         raise unknown_name(PARTITION_WHAT, spec, head, PARTITION_NAMES)
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+
+
+def partition_meaning(spec: str) -> tuple:
+    """What `spec` splits by, whatever its spelling, for a resume to compare: its name and its
+    number ("dirichlet:0.5", "dirichlet:alpha=0.50" -> ("dirichlet", 0.5); None for the
+    partitions without one). A ValueError for a spec that does not parse."""
+    parsed = parse_spec(spec, PARTITION_WHAT, imports=False)
+    if parsed.name in _PARTITION_NUMBER:
+        return parsed.name, _partition_number(spec, parsed)
+    return parsed.name, parsed.positional, tuple(sorted(parsed.options.items()))
 
 
 def _partition_number(spec: str, parsed: Spec):

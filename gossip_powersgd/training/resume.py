@@ -1,15 +1,16 @@
 """Resuming a run from its checkpoints: which epoch (`agree_resume_epoch`, collective: the newest
 every rank holds), and whether a checkpoint belongs to this run (`check_header`: world size,
-topology, config (an algorithm spec spelled otherwise but meaning the same is the same) and the
-sha256 of each data file this peer read; `load_for_resume`: the file's
-epoch is the one its name says). Every refusal is a one-line `ValueError` naming the file and the
-way out. The file format is `checkpoint`'s.
+topology, config (a spec spelled otherwise but meaning the same is the same: an algorithm, a
+topology, a dataset, a model, a partition, a feature's spec-valued key) and the sha256 of each
+data file this peer read; `load_for_resume`: the file's epoch is the one its name says). Every
+refusal is a one-line `ValueError` naming the file and the way out. The file format is
+`checkpoint`'s.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -30,6 +31,8 @@ __all__ = [
     "load_for_resume",
 ]
 
+#: How a config diff shows a key one config lacks.
+_ABSENT = "<absent>"
 #: How many of its newest epochs each rank offers when the ranks agree on the one to resume from.
 _OFFERED_EPOCHS = 8
 
@@ -60,36 +63,78 @@ def check_header(
         )
     if header.get("rank") != rank:
         raise ValueError(f"checkpoint {path} belongs to rank {header.get('rank')}, not rank {rank}")
-    if header.get("config_hash") != config_hash and not _same_meaning(
-        header.get("config"), config_json
-    ):
-        raise ValueError(
-            f"checkpoint {path} was written with another config: "
-            f"{describe_config_diff(header.get('config', '{}'), config_json)}"
-        )
+    if header.get("config_hash") != config_hash:
+        saved_json = header.get("config", "{}")
+        changed = _changed_keys(saved_json, config_json, world_size)
+        if changed != []:
+            raise ValueError(
+                f"checkpoint {path} was written with another config: "
+                f"{describe_config_diff(saved_json, config_json, changed)}"
+            )
     _check_same_data(path, header.get("data") or {}, data or {})
 
 
-def _same_meaning(saved_json, current_json: str) -> bool:
-    """Whether a checkpoint's config and the resuming run's differ only in how their algorithm
-    spec is spelled (its options' order, a default written out: `AlgorithmSpec.meaning`)."""
-    from ..algorithms.registry import parse_algorithm
+def _spec_meanings() -> Dict[str, Callable[[str, int], Any]]:
+    """{key: (spec, world size) -> what it means}: the core spec-valued keys (an algorithm, a
+    topology by its mixing matrix, a dataset, a model, a partition) and each feature key that
+    declares its own (`features.Key.meaning`)."""
+    import topologies
 
-    try:
-        saved, current = json.loads(saved_json), json.loads(current_json)
-        if not (isinstance(saved, dict) and isinstance(current, dict)):
-            return False
-        specs = (saved.pop("algorithm", None), current.pop("algorithm", None))
-        if saved != current or not all(isinstance(s, str) for s in specs):
-            return False
-        return parse_algorithm(specs[0]).meaning() == parse_algorithm(specs[1]).meaning()
-    except (TypeError, ValueError):  # unreadable JSON, or a spec this version does not parse
+    from ..algorithms.registry import parse_algorithm
+    from .architectures import MODELS
+    from .datasets import DATASETS
+    from .features import feature_keys
+    from .partition import partition_meaning
+
+    meanings = {
+        "algorithm": lambda spec, n: parse_algorithm(spec).meaning(),
+        "topology": lambda spec, n: topologies.parse(spec, n=n).fingerprint,
+        "dataset": lambda spec, n: DATASETS.meaning(spec),
+        "model": lambda spec, n: MODELS.meaning(spec),
+        "partition": lambda spec, n: partition_meaning(spec),
+    }
+    for name, key in feature_keys().items():
+        if key.meaning is not None:
+            meanings[name] = key.meaning
+    return meanings
+
+
+def _same(meaning, saved: Any, current: Any, world_size: int) -> bool:
+    """Whether a key's two values mean the same run: equal, or two specs spelled otherwise that
+    `meaning` (None: none) reads the same ("powergossip:iters=1,rank=1" and "powergossip:rank=1")."""
+    if saved == current:
+        return True
+    if meaning is None or not (isinstance(saved, str) and isinstance(current, str)):
         return False
+    try:
+        return meaning(saved, world_size) == meaning(current, world_size)
+    except (TypeError, ValueError):  # a spec this version does not parse
+        return False
+
+
+def _changed_keys(saved_json, current_json: str, world_size: int) -> Optional[List[str]]:
+    """The keys whose value in the resuming run's config (`current_json`) means another run than
+    in the checkpoint's (`saved_json`); None when the checkpoint's config is unreadable."""
+    try:
+        saved = json.loads(saved_json)
+    except (TypeError, ValueError):
+        return None
+    current = json.loads(current_json)
+    if not isinstance(saved, dict):
+        return None
+    meanings = _spec_meanings()
+    return [
+        key
+        for key in sorted(set(saved) | set(current))
+        if not _same(
+            meanings.get(key), saved.get(key, _ABSENT), current.get(key, _ABSENT), world_size
+        )
+    ]
 
 
 def _check_same_data(path, saved: Dict[str, str], current: Dict[str, str]) -> None:
     """The data the checkpoint was written with is the data read now (same spec, same bytes)."""
-    for name, digest in sorted(saved.items()):
+    for name, digest in sorted(_in_memory_renamed(saved, current).items()):
         now = current.get(name)
         if now != digest:
             state = "is gone" if now is None else "has changed since the checkpoint"
@@ -100,18 +145,31 @@ def _check_same_data(path, saved: Dict[str, str], current: Dict[str, str]) -> No
             )
 
 
-def describe_config_diff(saved_json: str, current_json: str) -> str:
+def _in_memory_renamed(saved: Dict[str, str], current: Dict[str, str]) -> Dict[str, str]:
+    """`saved` with its in-memory data's digest under the current run's name for it: that name
+    quotes the dataset spec as written, which the config check accepted as meaning the same."""
+    from .datasets import IN_MEMORY_DATA
+
+    then = [name for name in saved if name.startswith(IN_MEMORY_DATA)]
+    now = [name for name in current if name.startswith(IN_MEMORY_DATA)]
+    if len(then) != 1 or len(now) != 1:
+        return saved
+    return {now[0] if name == then[0] else name: digest for name, digest in saved.items()}
+
+
+def describe_config_diff(
+    saved_json: str, current_json: str, keys: Optional[List[str]] = None
+) -> str:
+    """ "key saved -> current" for each key that differs (of `keys` only, where given)."""
     try:
         saved = json.loads(saved_json)
     except (TypeError, ValueError):
         return "its recorded config is unreadable"
     current = json.loads(current_json)
     diffs = []
-    for key in sorted(set(saved) | set(current)):
-        if saved.get(key, "<absent>") != current.get(key, "<absent>"):
-            diffs.append(
-                f"{key} {saved.get(key, '<absent>')!r} -> {current.get(key, '<absent>')!r}"
-            )
+    for key in sorted(set(saved) | set(current)) if keys is None else keys:
+        if saved.get(key, _ABSENT) != current.get(key, _ABSENT):
+            diffs.append(f"{key} {saved.get(key, _ABSENT)!r} -> {current.get(key, _ABSENT)!r}")
     return "; ".join(diffs) if diffs else "(hash differs)"
 
 

@@ -300,3 +300,23 @@ def test_a_static_topologys_state_is_refused_on_a_schedule_naming_the_key():
 
     with pytest.raises(ValueError, match="has no 'edge_half_steps.\\d': it was saved on a static"):
         LocalCluster(topologies.parse("matchings:4"), cooperative=False).run(load)
+
+
+@pytest.mark.parametrize("schedule", ["matchings:4", "one_peer_exponential:4"])
+def test_a_schedules_state_is_refused_on_a_static_topology_naming_both(schedule):
+    # complete:4 is each schedule's union graph: the same neighbours, the same factors' shapes,
+    # so only the per-edge counters tell the kinds apart
+    scheduled = LocalCluster(topologies.parse(schedule), cooperative=False).run(
+        lambda comm: _edges(comm, pieces()).state_dict()
+    )
+    assert all("edge_half_steps.1" in state or "edge_half_steps.0" in state for state in scheduled)
+
+    def load(comm):
+        _edges(comm, pieces()).load_state_dict(scheduled[comm.rank])
+
+    with pytest.raises(ValueError) as info:
+        LocalCluster(topologies.complete(4), cooperative=False).run(load)
+    assert str(info.value) == (
+        "PowerGossip state has per-edge counters ('edge_half_steps.<j>'): it was saved on a "
+        "schedule, and this run uses a static topology; resume on that schedule"
+    )

@@ -226,6 +226,21 @@ def test_backend_keys_may_change_on_resume(tmp_path, reference):
     assert resumed[0]["model_sha256"] == reference[1][0]["model_sha256"]
 
 
+def test_a_config_with_its_specs_spelled_otherwise_resumes_exactly(tmp_path, reference):
+    # the reference's dataset, model and topology, written otherwise; its in-memory data's digest
+    # is named by the dataset spec as written, and still matched
+    out = _copy_run(reference, tmp_path)
+    for rank in range(4):
+        ckpt.checkpoint_path(out, rank, 4).unlink()
+    respelled = dict(
+        dataset="synthetic_logreg:n=2000,classes=4,d=20,noise=0.1",
+        model="LOGREG",
+        topology="RING:4",
+    )
+    resumed = run(config_for(out, **respelled), resume=True)
+    assert [s["model_sha256"] for s in resumed] == [s["model_sha256"] for s in reference[1]]
+
+
 @pytest.mark.parametrize(
     "damage, expected",
     [

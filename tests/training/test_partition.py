@@ -7,7 +7,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gossip_powersgd.training.partition import label_histogram, partition, skew
+from gossip_powersgd.training.partition import (
+    label_histogram,
+    partition,
+    partition_meaning,
+    skew,
+)
 from tests.training.test_data import balanced_labels
 
 
@@ -170,3 +175,12 @@ def test_shards_of_one_class_each_give_every_peer_one_label_and_the_skew_its_clo
     assert skew(parts, labels, 10) == pytest.approx(0.9, rel=1e-15)
     with pytest.raises(ValueError, match="peer 1 has no samples"):
         skew([np.arange(300), np.array([], dtype=np.int64)], labels, 10)
+
+
+def test_a_partition_spec_means_its_name_and_number_whatever_its_spelling():
+    assert partition_meaning("dirichlet:0.5") == partition_meaning("Dirichlet:alpha=0.50")
+    assert partition_meaning("dirichlet:0.5") != partition_meaning("dirichlet:0.6")
+    assert partition_meaning("shards:2") == partition_meaning("shards:k=02") == ("shards", 2)
+    assert partition_meaning("iid") == partition_meaning(" IID ") != partition_meaning("contiguous")
+    with pytest.raises(ValueError, match="partition spec 'shards:two'"):
+        partition_meaning("shards:two")

@@ -197,3 +197,89 @@ def test_an_algorithm_spec_that_means_another_run_is_still_refused(saved, curren
     with pytest.raises(ValueError, match="f.pt was written with another config: ") as info:
         check_header("f.pt", _config_header(saved, **more), **run)
     assert message in str(info.value)
+
+
+def _check_spec(key, saved, current, data=None):
+    """check_header of a config whose `key` was `saved` at the checkpoint and is `current` now."""
+
+    def config(value):
+        return json.dumps({"lr": 0.1, "epochs": 4, key: value})
+
+    run = expected(config_json=config(current), **({"data": data} if data else {}))
+    saved_header = header(config_hash="hash of the text", config=config(saved))
+    if data:
+        saved_header["data"] = {k.replace(current, saved): v for k, v in data.items()}
+    check_header("f.pt", saved_header, **run)
+
+
+@pytest.mark.parametrize(
+    "key, saved, current",
+    [
+        ("dataset", "synthetic_logreg:d=20,classes=4", "synthetic_logreg:classes=4,d=20"),
+        ("dataset", "synthetic_logreg:d=20", "SYNTHETIC_LOGREG:d=020,noise=0.1,test=0.2"),
+        ("partition", "dirichlet:0.5", "dirichlet:alpha=0.50"),
+        ("partition", "shards:k=2", "shards:2"),
+        ("model", "cnn1d", "cnn1d:channels=32"),
+        ("model", "vgg16:width=64,bn=true", "VGG16:bn=yes"),
+        ("model", "mlp:8,8", "MLP:8, 8"),
+        ("topology", "ring:4", "RING:4"),
+        ("topology", "ring", "ring:4"),  # a spec without a size takes the run's 4 peers
+        ("churn", "rate=0.02,down=50", "down=50,rate=0.020,seed=0"),
+        ("churn", "leave:3@200,join:3@400", "leave:3@200, join:3@0400"),
+    ],
+)
+def test_a_spec_spelled_otherwise_but_meaning_the_same_resumes(key, saved, current):
+    _check_spec(key, saved, current)
+
+
+@pytest.mark.parametrize(
+    "key, saved, current",
+    [
+        ("dataset", "synthetic_logreg:d=20,classes=4", "synthetic_logreg:classes=4,d=21"),
+        ("dataset", "gone_dataset", "synthetic_logreg:d=20"),  # a spec this version cannot parse
+        ("partition", "dirichlet:0.5", "dirichlet:alpha=0.6"),
+        ("partition", "iid", "contiguous"),
+        ("model", "mlp:8", "mlp:9"),
+        ("model", "cnn1d", "cnn1d:channels=16"),
+        ("topology", "complete:4", "ring:4"),
+        ("topology", "ring", "ring:5"),  # a spec of another size than the run's never passes
+        ("churn", "leave:3@200", "leave:3@201"),
+        ("churn", "rate=0.02,down=50", "rate=0.02,down=50,seed=1"),
+    ],
+)
+def test_a_spec_that_means_another_run_is_refused_naming_its_key(key, saved, current):
+    with pytest.raises(ValueError) as info:
+        _check_spec(key, saved, current)
+    assert str(info.value) == (
+        f"checkpoint f.pt was written with another config: {key} {saved!r} -> {current!r}"
+    )
+
+
+def test_a_real_change_beside_a_respelled_spec_names_the_change_only():
+    saved = {"lr": 0.3, "epochs": 4, "dataset": "synthetic_logreg:d=20", "model": "MLP:8"}
+    current = {
+        "lr": 0.1,
+        "epochs": 4,
+        "dataset": "synthetic_logreg:d=20,classes=10",
+        "model": "mlp:8",
+    }
+    run = expected(config_json=json.dumps(current))
+    with pytest.raises(ValueError) as info:
+        check_header("f.pt", header(config_hash="x", config=json.dumps(saved)), **run)
+    assert str(info.value) == "checkpoint f.pt was written with another config: lr 0.3 -> 0.1"
+
+
+def test_in_memory_data_named_by_a_respelled_dataset_spec_is_still_compared_by_its_bytes():
+    saved, current = "synthetic_logreg:d=20,classes=4", "synthetic_logreg:classes=4,d=20"
+    name = f"the data of dataset spec {current!r}"
+    _check_spec("dataset", saved, current, data={name: "d" * 64})
+    run = expected(config_json=json.dumps({"dataset": current}), data={name: "e" * 64})
+    then = header(config=json.dumps({"dataset": saved}), config_hash="x")
+    then["data"] = {f"the data of dataset spec {saved!r}": "d" * 64}
+    with pytest.raises(ValueError) as info:
+        check_header("f.pt", then, **run)
+    assert str(info.value) == (
+        f"checkpoint f.pt was written with other data: {name} has changed since the checkpoint "
+        "(sha256 dddddddddddd... then, eeeeeeeeeeee... now); resume with the data the run was "
+        "started with, or start a new run"
+    )
