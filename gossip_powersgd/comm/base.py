@@ -28,6 +28,7 @@ import torch
 
 from ..errors import AgreementError, CommunicationError, PeerAborted  # noqa: F401 (re-exported)
 from ..utils import format_ranks
+from .dtypes import CODE_DTYPES, DTYPE_CODES, dtype_code  # noqa: F401 (re-exported)
 from .protocol import Comm, CommStats  # noqa: F401 (re-exported: every `comm` is annotated `Comm`)
 
 if TYPE_CHECKING:
@@ -39,22 +40,6 @@ Tensor = torch.Tensor
 DEFAULT_TIMEOUT = 120.0
 
 REDUCE_OPS = ("sum", "mean", "max", "min")
-
-# Message tags carry the dtype so that a receiver can reject a message of the wrong dtype even though
-# only raw bytes travel.
-DTYPE_CODES = {
-    torch.float32: 1,
-    torch.float64: 2,
-    torch.float16: 3,
-    torch.bfloat16: 4,
-    torch.uint8: 5,
-    torch.int8: 6,
-    torch.int16: 7,
-    torch.int32: 8,
-    torch.int64: 9,
-    torch.bool: 10,
-}
-CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 
 def nbytes(tensor: Tensor) -> int:
@@ -260,10 +245,11 @@ class Communicator:
         `step` is None, else the neighbours of that step (`neighbors_at(step)`); a step in which
         this peer has no neighbour is no exchange at all (nothing sent, no round counted). The
         receive buffers are preallocated by the caller: a message whose byte size or dtype differs
-        raises `CommunicationError` naming the sending peer. Returns when every message has been
-        received and every send has completed. A communicator carries one exchange or collective
-        at a time: one started from another thread while the first is in flight raises
-        `CommunicationError`.
+        raises `CommunicationError` naming the sending peer; a buffer of a dtype that no transport
+        carries (`comm.dtypes`) raises `ValueError` before anything is sent. Returns when every
+        message has been received and every send has completed. A communicator carries one
+        exchange or collective at a time: one started from another thread while the first is in
+        flight raises `CommunicationError`.
         """
         expected = self.neighbors if step is None else self.neighbors_at(step)
         if not expected:
@@ -293,7 +279,10 @@ class Communicator:
         self._transfer_counted({j: send[j] for j in outs}, {k: recv[k] for k in ins})
 
     def _transfer_counted(self, send: Dict[int, Tensor], recv: Dict[int, Tensor]) -> None:
+        for j, buffer in send.items():
+            dtype_code(buffer.dtype, self.rank, f"the message for peer {j}")
         for j, buffer in recv.items():
+            dtype_code(buffer.dtype, self.rank, f"the receive buffer for peer {j}")
             if not buffer.is_contiguous():
                 raise ValueError(
                     f"rank {self.rank}: the receive buffer for peer {j} is not contiguous"
@@ -340,6 +329,7 @@ class Communicator:
         """
         if op not in REDUCE_OPS:
             raise ValueError(f"unknown reduce op {op!r}; valid: {', '.join(REDUCE_OPS)}")
+        dtype_code(tensor.dtype, self.rank, "the all-reduced tensor")
         members = len(self._ring_members())
         if members == 1:
             return tensor  # the reduction of one value is itself, for every op

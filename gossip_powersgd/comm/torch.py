@@ -103,7 +103,8 @@ class TorchCommunicator(Communicator):
             store = dist.distributed_c10d._get_default_store()
         _instances += 1
         self._store = dist.PrefixStore(f"gossip_powersgd/{_instances}/", store)
-        _store_for_exit = (self._store, world_size)
+        self._claim_rank()
+        _store_for_exit = (self._store, world_size)  # only a store of this job's own
         self._agree_before_joining(topology, world_size, device)
         if self._owns_group:
             # peers on other hosts must reach this one where gloo listens
@@ -137,12 +138,32 @@ class TorchCommunicator(Communicator):
         except (RuntimeError, ValueError) as exc:  # DistNetworkError and DistStoreError among them
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
             where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+            if "EADDRINUSE" in first or "address already in use" in first.lower():
+                raise CommunicationError(
+                    f"rank {self.rank}: port {where} is already in use (another job on this "
+                    "host, or a process still holding it): give this job a free port, "
+                    "MASTER_PORT=... (torchrun --master-port), the same on every rank"
+                ) from None
             raise CommunicationError(
                 f"rank {self.rank}: could not join the process group at {where} within "
                 f"{self.timeout:g} s ({first}): raise the timeout (comm_timeout in a config) if the peers "
                 "are just slow to start, and check that MASTER_ADDR and MASTER_PORT reach rank 0"
             ) from None
         return store
+
+    def _claim_rank(self) -> None:
+        """Take this rank's place in the store, refused if a process already took it: one of
+        another job on the same MASTER_PORT (the default 29500 under mpiexec), whose store this
+        rank reached because its own rank 0 could not listen there. Before, such a rank passed the
+        set-up checks against the other job's keys and then talked to its peers. A --rejoin
+        process comes back to its own place (`torch_rejoin`)."""
+        if not self._rejoined and self._store.add(f"claim/{self.rank}", 1) > 1:
+            where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+            raise CommunicationError(
+                f"rank {self.rank}: another process already joined as rank {self.rank} at "
+                f"{where} (two jobs on one port?): give each job its own free port, "
+                "MASTER_PORT=... (torchrun --master-port), the same on every rank"
+            )
 
     def _agree_before_joining(
         self, topology: Topology, world_size: int, device: torch.device

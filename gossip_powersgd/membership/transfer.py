@@ -5,15 +5,15 @@ optimizer state, step counters: whatever the caller's `pack()` holds — from th
 were members before the change (the survivors), in one of two modes (`JOIN_MODES`):
 
 * ``average``: from every survivor among its neighbours in the new graph (its union graph, on a
-  schedule), each floating tensor averaged over them in float64 in id order, every other tensor
-  (counters) taken from the lowest id;
+  schedule), each floating tensor averaged over them in float64 (a complex one in complex128) in
+  id order, every other tensor (counters) taken from the lowest id;
 * ``copy``: from the lowest-id survivor among them alone.
 
 A joiner without a surviving neighbour (all of them join with it) gets the state of the
 lowest-id survivor. Each sender sends two messages: a header (two int64: the byte lengths of the
 layout and of the data) and a body (the layout, a JSON list of [name, shape, dtype], then every
 tensor's raw bytes back to back). Nothing is pickled; the layout is plain text, checked (known
-dtypes, sizes that add up) before any byte is read as a tensor. The messages go through
+dtypes: those the transports carry, `comm.dtypes`; sizes that add up) before any byte is read as a tensor. The messages go through
 `MemberCommunicator.transfer`, counted as transfer traffic. A joiner waits for its first message
 without a deadline (the survivors may be far behind it), the second one with the run's timeout.
 """
@@ -101,10 +101,11 @@ def _combine(
             )
     out = {}
     for name, tensor in first.items():
-        if tensor.is_floating_point() and len(states) > 1:
-            total = torch.zeros(tensor.shape, dtype=torch.float64)
+        if (tensor.is_floating_point() or tensor.is_complex()) and len(states) > 1:
+            wide = torch.complex128 if tensor.is_complex() else torch.float64
+            total = torch.zeros(tensor.shape, dtype=wide)
             for state in states:  # in id order: the same bits wherever it runs
-                total.add_(state[name].to(torch.float64))
+                total.add_(state[name].to(wide))
             out[name] = total.div_(len(states)).to(tensor.dtype)
         else:
             out[name] = tensor

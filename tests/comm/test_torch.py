@@ -200,6 +200,60 @@ def test_a_timeout_too_short_to_join_is_one_line_naming_the_rank():
     assert "within 1e-06 s" in stderr and "Traceback" not in stderr
 
 
+def _worker(rank, size, port, case="join_ring"):
+    """One worker process, rank `rank` of `size`, on a port the test holds."""
+    env = {"RANK": str(rank), "WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1"}
+    return subprocess.Popen(
+        [sys.executable, str(SUPPORT / "torch_worker.py"), "--case", case],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+        env=_env({**env, "MASTER_PORT": str(port)}),
+    )
+
+
+def test_a_port_in_use_asks_for_a_free_port_not_a_longer_timeout():
+    """Rank 0 cannot listen on a port another process holds: before, the line said to raise the
+    timeout, which never helps; now it names the port and MASTER_PORT."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        process = _worker(0, 1, port)
+        out, err = _communicate(process, 60, "join_ring")
+    assert process.returncode != 0
+    assert (
+        f"error (rank 0): rank 0: port 127.0.0.1:{port} is already in use (another job on this "
+        "host, or a process still holding it): give this job a free port, MASTER_PORT=" in err
+    ), err[-2000:]
+    assert "raise the timeout" not in err and "Traceback" not in err
+
+
+def test_a_rank_of_a_second_job_on_the_same_port_is_refused_and_leaves_the_first_alone():
+    """A second job's rank 1 whose rank 0 could not listen (the first job holds the port) reaches
+    the first job's store: before, it overwrote the first job's rank-1 keys, passed the set-up
+    checks against them and talked to its peers. Now its place is taken: one line naming the clash
+    and MASTER_PORT, and the first job's keys as they were."""
+    import torch.distributed as dist
+
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    first = dist.PrefixStore("gossip_powersgd/1/", store)
+    first.add("claim/1", 1)  # the first job's rank 1 is in
+    first.set("hello/1", "first job")
+    process = _worker(1, 2, port)
+    out, err = _communicate(process, 60, "join_ring")
+    assert process.returncode != 0
+    assert (
+        f"error (rank 1): rank 1: another process already joined as rank 1 at 127.0.0.1:{port} "
+        "(two jobs on one port?): give each job its own free port, MASTER_PORT=" in err
+    ), err[-2000:]
+    assert first.get("hello/1") == b"first job" and not first.check(["failed"])
+    assert first.add("claim/0", 0) == 0  # it claimed nothing else
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_nccl_without_cuda_fails_on_every_rank():
     codes, stderr = run_ranks(4, "nccl_without_cuda")

@@ -40,8 +40,22 @@ def test_floating_state_is_averaged_in_float64_and_counters_are_the_first_sender
 
 
 def test_a_dtype_that_cannot_travel_is_refused_naming_the_tensor():
-    with pytest.raises(ValueError, match="state 'z' has dtype torch.complex64"):
-        pack_state({"z": torch.zeros(2, dtype=torch.complex64)})
+    with pytest.raises(ValueError, match="state 'z' has dtype torch.bits8"):
+        pack_state({"z": torch.zeros(2, dtype=torch.bits8)})
+
+
+def test_complex_state_travels_and_is_averaged_in_complex128():
+    """A complex64 tensor (the transports carry it) comes back bit for bit and is averaged like a
+    float one, real and imaginary parts each as the float64 mean rounded once, not copied from the
+    first sender."""
+    from gossip_powersgd.membership.transfer import unpack_state
+
+    g = torch.Generator().manual_seed(1)
+    states = [{"z": torch.randn(50, generator=g, dtype=torch.complex64)} for _ in range(3)]
+    assert torch.equal(unpack_state(*pack_state(states[0]), source=2)["z"], states[0]["z"])
+    out = _combine(states, [2, 4, 6])["z"]
+    exact = (sum(s["z"].to(torch.complex128) for s in states) / 3).to(torch.complex64)
+    assert out.dtype == torch.complex64 and torch.equal(out, exact)
 
 
 def test_a_state_travels_as_raw_bytes_and_a_bad_layout_is_refused():

@@ -95,6 +95,11 @@ def tiny_timeout() -> None:
     TorchCommunicator(topologies.ring(int(os.environ["WORLD_SIZE"])), timeout=1e-6)
 
 
+def join_ring() -> None:
+    # joins a ring of WORLD_SIZE peers and leaves (a test holds the port or the store)
+    TorchCommunicator(topologies.ring(int(os.environ["WORLD_SIZE"])), timeout=10).close()
+
+
 CASES = {
     f.__name__: f
     for f in (
@@ -106,6 +111,7 @@ CASES = {
         nccl_without_cuda,
         device_differs,
         tiny_timeout,
+        join_ring,
     )
 }
 
