@@ -417,14 +417,16 @@ def exit_after_peers(code: int) -> None:
 
     When every rank failed (a disagreement found by a collective check) each prints its own line
     before any exits, so a launcher that stops the job at the first exit cuts nobody's message off;
-    when only some did, the wait runs out and the launcher takes the others down. A rank that
-    fails before it has a communicator meets the others in torchrun's store (`faults.agent_store`).
+    when only some did, the wait runs out and the launcher takes the others down; under
+    on_peer_loss: continue this rank then tells the others it is lost (`faults.fail`), and they
+    go on without it. A rank that fails before it has a communicator meets the others in
+    torchrun's store (`faults.agent_store`).
     """
     global _failing
     _failing = True
     store_and_size = _store_for_exit or faults.agent_store(GRACE_SECONDS)
-    if store_and_size is not None:
-        faults.wait_for_failed_peers(*store_and_size, GRACE_SECONDS)
+    if store_and_size is None or not faults.wait_for_failed_peers(*store_and_size, GRACE_SECONDS):
+        faults.fail()
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(code)

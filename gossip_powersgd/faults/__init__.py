@@ -135,16 +135,34 @@ def agent_store(seconds: float):
     return dist.PrefixStore("gossip_powersgd/exit/", store), world_size
 
 
-def wait_for_failed_peers(store, world_size: int, seconds: float) -> None:
+def wait_for_failed_peers(store, world_size: int, seconds: float) -> bool:
     """Count this rank as failed in `store` and wait until all `world_size` ranks have (each has
-    printed its line), `seconds` at most."""
+    printed its line), `seconds` at most. True if they all have (False: not, or no store)."""
     try:
-        store.add("failed", 1)
+        count = store.add("failed", 1)
         deadline = time.monotonic() + seconds
-        while store.add("failed", 0) < world_size and time.monotonic() < deadline:
+        while count < world_size and time.monotonic() < deadline:
             time.sleep(0.02)
+            count = store.add("failed", 0)
+        return count >= world_size
     except Exception:  # noqa: BLE001 - the store may be gone with its host; exit regardless
-        pass
+        return False
+
+
+def fail() -> None:
+    """This rank ends with an error while others go on (on_peer_loss: continue): tell them it is
+    lost ("failed") in place of the clean goodbye its exit would give (`Monitor.leave`), so that
+    they go on without it at once rather than wait out comm_timeout for a peer that said it left
+    cleanly. Under abort, or after a loss that ends the job, nothing (its end is told already)."""
+    m = _monitor
+    if m is None or m.policy != "continue":
+        return
+    with m._lock:
+        if m.closed or m.event is not None:
+            return
+        m.event = PeerLost(m.rank, "failed", m.host)
+        m.closed = True  # no look, no loss and no goodbye after this
+    m._beat()
 
 
 def on_import() -> None:

@@ -65,6 +65,8 @@ class PeerLost:
                 f"peer {p} on host {host} is gone: its process ended without a word (killed: "
                 "kill -9, the OOM killer?)"
             )
+        elif self.how == "failed":  # told by the peer itself, as it ends (`faults.fail`)
+            return f"peer {p} on host {host} ended with an error (its own line says which)"
         elif self.how == "hung":
             text = (
                 f"peer {p} on host {host} sent no heartbeat for {s} s though its host answers: "

@@ -62,7 +62,7 @@ SPEAK_SECONDS = 3.0
 #: starts every count again, so that a job stopped and resumed as a whole is not taken for a loss.
 GAP_SECONDS = 3 * CHECK_SECONDS
 #: The ways a peer is lost, by their code in a heartbeat (1-based; 0 is none).
-HOWS = ("stopped", "killed", "hung", "unreachable", "isolated")
+HOWS = ("stopped", "killed", "hung", "unreachable", "isolated", "failed")
 #: The announcement a rank gives at set-up: pid, machine key, token, UDP port, probe port, up to
 #: four IPv4 addresses and its host name (raw bytes, never pickle).
 _ANNOUNCE = struct.Struct("!q8sIHH16s64s")

@@ -65,8 +65,9 @@ def _distance2(x: torch.Tensor, mean: torch.Tensor) -> float:
     return float(torch.sum((x - mean) ** 2))
 
 
-def _probe(watchers: Dict[int, ParameterWatcher], step: int, joiner: int, leader: int):
-    """The joiner against the other members at evaluation `step`."""
+def _probe(watchers: Dict[int, ParameterWatcher], step: int, joiner: int, leader: ParameterWatcher):
+    """The joiner against the other members at evaluation `step` (`leader`: the watcher of its
+    lowest member, whose record has the consensus distance)."""
     members = {r: w for r, w in watchers.items() if step in w.params}
     mean = torch.stack([w.params[step] for w in members.values()]).mean(0)
     acc = {
@@ -85,27 +86,46 @@ def _probe(watchers: Dict[int, ParameterWatcher], step: int, joiner: int, leader
         "others_distance2_mean": math.fsum(distances[r] for r in others) / len(others),
         "members_distance2_mean": math.fsum(distances.values()) / len(members),
         "consensus_distance": next(
-            e["consensus_distance"] for e in members[leader].evals if e["step"] == step
+            e["consensus_distance"] for e in leader.evals if e["step"] == step
         ),
     }
 
 
+def _leaders(watchers: Dict[int, ParameterWatcher]) -> Dict[int, ParameterWatcher]:
+    """Each evaluation step -> the watcher of the lowest member that evaluated there (the one that
+    logs then: peer 0 need not stay a member throughout)."""
+    leaders: Dict[int, ParameterWatcher] = {}
+    for rank in sorted(watchers, reverse=True):
+        for record in watchers[rank].evals:
+            leaders[int(record["step"])] = watchers[rank]
+    return leaders
+
+
 def rejoin_figures(config: Mapping[str, Any], joiner: int, join_step: int) -> Dict[str, Any]:
     """One leave-and-rejoin run (`config`'s churn schedule brings `joiner` back at `join_step`;
-    the lowest peer stays throughout and evaluates before and after it): ``shift_at_join`` (the
-    members' average's jump between the evaluations around the join), the run's total shift,
+    each evaluation's figures are its lowest member's, whoever that is then): ``shift_at_join``
+    (the members' average's jump between the evaluations around the join), the run's total shift,
     membership changes, state-transfer MB and final accuracy, and ``probes``: at each evaluation
-    after the join, its steps after it and `_probe`'s figures (the joiner's accuracy and squared
-    distance to the members' average; the others' mean, min and max accuracy and mean distance;
-    the members' mean distance, which is the eval record's consensus distance)."""
+    after the join that the joiner takes part in, its steps after it and `_probe`'s figures (the
+    joiner's accuracy and squared distance to the members' average; the others' mean, min and max
+    accuracy and mean distance; the members' mean distance, which is the eval record's consensus
+    distance)."""
     summary, watchers = watched_run(config)
-    leader = min(watchers)
-    shifts = {int(e["step"]): e["average_shift_total"] for e in watchers[leader].evals}
+    leaders = _leaders(watchers)
+    shifts = {
+        step: next(e for e in w.evals if e["step"] == step)["average_shift_total"]
+        for step, w in leaders.items()
+    }
+    if not any(s <= join_step for s in shifts) or not any(s > join_step for s in shifts):
+        raise ValueError(
+            f"no evaluation on each side of the join at step {join_step} (evaluations at steps "
+            f"{sorted(shifts)}): lower eval_every or move the join between two evaluations"
+        )
     before = max(s for s in shifts if s <= join_step)
     after = min(s for s in shifts if s > join_step)
     probes = [
-        dict(steps_after_join=step - join_step, **_probe(watchers, step, joiner, leader))
-        for step in sorted(s for s in shifts if s > join_step)
+        dict(steps_after_join=step - join_step, **_probe(watchers, step, joiner, leaders[step]))
+        for step in sorted(s for s in shifts if s > join_step and s in watchers[joiner].params)
     ]
     return {
         "shift_at_join": shifts[after] - shifts[before],

@@ -354,7 +354,8 @@ class ChurnRun(TrainingHooks):
                 float(sent[0]) if self.transfer_bytes is None else float(self.transfer_bytes)
             )
             / 1e6,
-            # steps whose gossip a lost peer interrupted, summed over the members (torch)
+            # member-steps, not steps: each member's steps whose gossip a lost peer interrupted,
+            # summed over the members at the end (torch; docs/concepts/churn.md says so)
             "gossip_steps_dropped": int(sent[1]),
             "churn": self.config.churn,
         }

@@ -6,8 +6,8 @@ the trainer's own loop (`training.trainer.train`) on a communicator with a `Step
 stops it once enough periods of H steps (H = local_steps, else 1) are measured. Per period it keeps
 the wall time, the algorithm's own arithmetic and its time inside the transport, as the algorithm
 already counts them (`GossipAlgorithm.time_total` / `time_communication`); the rest of a period
-(forward, backward, optimizer, data) is compute. Period 0 (connections made, buffers allocated) is
-not used. After period 1 the peers agree on how many periods to measure (the slowest peer's period
+(forward, backward, optimizer, data) is compute; evaluations and log records are taken out.
+Period 0 (connections made, buffers allocated) is not used. After period 1 the peers agree on how many periods to measure (the slowest peer's period
 1 against the time budget). The last period's communicator calls are recorded (`CallRecorder`) and
 then replayed `repeats` times with no computation at all between them, each replay after a barrier:
 the communication time with compute out of the way. `measure_evaluation` times one call of the
@@ -85,7 +85,7 @@ def clamp(value: float, low: int, high: int) -> int:
 
 class StepTimer(TrainingHooks):
     """Per period of `local_steps` steps: (wall, arithmetic, communication, CPU) seconds, the
-    time of any evaluation that fell inside it taken out (and kept in `evaluations`). CPU is this
+    time of any evaluation (kept in `evaluations`) or log record that fell inside it taken out. CPU is this
     process's CPU time (all its threads): what the period costs a core, whatever else shares it."""
 
     name = "step_timer"
@@ -142,11 +142,21 @@ class StepTimer(TrainingHooks):
         self.last = self._mark()
 
     def on_evaluation(self, record):
+        self.evaluations.append(self._exclude())
+        return None
+
+    def on_record(self, record) -> None:
+        """A log record (log_every: its metric all-reduces, its line in the metrics file) is no
+        part of a training step either: taken out of its period like an evaluation."""
+        if record.get("kind") == "log":
+            self._exclude()
+
+    def _exclude(self) -> float:
+        """Take the time since the last step ended out of the period (wall and CPU): returns it."""
         took = time.perf_counter() - self.step_end
-        self.evaluations.append(took)
         self.excluded += took
         self.excluded_cpu += time.process_time() - self.cpu_end
-        return None
+        return took
 
     def finished(self, step: int) -> None:
         """`train`'s on_step: stop once the wanted periods are done."""

@@ -121,3 +121,42 @@ def test_a_loss_found_after_the_main_thread_ended_is_not_recorded(quiet_monitor,
     assert ended.value.code == 0 and quiet_monitor.closed
     quiet_monitor.lost(faults.PeerLost(1, "killed", "h"))
     assert quiet_monitor.event is None and "ending the job" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("policy", ["continue", "abort"])
+def test_a_rank_that_fails_under_continue_tells_the_others_it_is_lost(monkeypatch, policy):
+    """A rank ending with an error (`comm.torch.exit_after_peers`, the others still training)
+    used to say in its exit's heartbeat that it left cleanly, so under continue the survivors
+    watched it no more and waited out comm_timeout, then failed too. Now it names itself lost
+    ("failed") and says no goodbye: a survivor's monitor hands the loss to the membership. Under
+    abort nothing changes (the others end through their own failed waits)."""
+    import os
+
+    from gossip_powersgd.comm import torch as torch_comm
+    from gossip_powersgd.faults import liveness, monitor
+
+    failing, survivor = monitor.Monitor(2, 3), monitor.Monitor(0, 3)
+    sent = []
+    try:
+        for m in (failing, survivor):
+            m.joined, m.policy = True, policy
+        failing.local = {0: os.getpid()}
+        monkeypatch.setattr(failing.endpoint, "send_local", lambda peer, data: sent.append(data))
+        monkeypatch.setattr(faults, "_monitor", failing)
+        monkeypatch.setattr(faults, "agent_store", lambda seconds: None)
+        monkeypatch.setattr(torch_comm, "_store_for_exit", None)
+        monkeypatch.setattr(torch_comm, "_failing", False)
+        with pytest.raises(SystemExit):
+            torch_comm.exit_after_peers(1)
+        failing.leave()  # the interpreter's exit functions
+        leaving = [bool(liveness.unpack_heartbeat(d)[3] & liveness.LEAVING) for d in sent]
+        assert any(leaving) == (policy == "abort")
+        for data in sent:
+            survivor._heard(data, None)
+        lost = [(e.peer, e.how) for e, _ in survivor.losses]
+        assert lost == ([(2, "failed")] if policy == "continue" else [])
+        assert survivor.event is None  # a loss to go on without, not the end of the job
+    finally:
+        for m in (failing, survivor):
+            m.closed = True
+            m.endpoint.close()

@@ -42,3 +42,29 @@ def test_rejoin_figures_match_the_runs_own_metrics():
         assert p["members"] == 4
         assert p["members_distance2_mean"] == pytest.approx(p["consensus_distance"], rel=1e-9)
         assert p["others_acc_min"] <= p["others_acc_mean"] <= p["others_acc_max"]
+
+
+@pytest.mark.parametrize(
+    "churn, joiner, members_after",
+    [("leave:0@6,join:0@25", 0, [4, 4]), ("leave:1@6,join:1@25,leave:0@30", 1, [4, 3])],
+    ids=["peer-0-rejoins", "peer-0-leaves-after"],
+)
+def test_rejoin_figures_take_each_evaluation_from_its_lowest_member(churn, joiner, members_after):
+    """Peer 0 need not be a member throughout: each evaluation's shift and consensus distance are
+    its lowest member's. (Before, peer 0's records only: away at step 13, the run whose peer 0
+    rejoins failed with a traceback; gone from step 30, the probe at step 39 was silently left
+    out.) The consensus distance matches the copies' as above (rel 1e-9)."""
+    out = rejoin_figures(dict(CONFIG, churn=churn), joiner=joiner, join_step=25)
+    assert 0.0 <= out["shift_at_join"] <= out["shift_total"]
+    probes = out["probes"]
+    assert [p["steps_after_join"] for p in probes] == [1, 14]
+    assert [p["members"] for p in probes] == members_after
+    for p in probes:
+        assert p["members_distance2_mean"] == pytest.approx(p["consensus_distance"], rel=1e-9)
+
+
+def test_rejoin_figures_without_an_evaluation_on_each_side_of_the_join_are_refused():
+    """A join before the first evaluation (step 13) has no shift to measure: one line, not a
+    traceback from max() of nothing."""
+    with pytest.raises(ValueError, match="no evaluation on each side of the join at step 8"):
+        rejoin_figures(dict(CONFIG, churn="leave:1@2,join:1@8"), joiner=1, join_step=8)

@@ -118,3 +118,33 @@ def test_the_interrupted_gossip_steps_are_noted_after_each_gossip_and_kept_in_th
     assert resumed.interrupted == [8, 9, 11]
     ChurnRun.load_state_dict(resumed, {"changes": 1, "shift_total": 0.0})
     assert resumed.interrupted == []
+
+
+def test_every_key_the_churn_summary_adds_is_defined_in_the_churn_docs():
+    """summary.json's churn keys are read by users: each is defined in docs/concepts/churn.md.
+    `gossip_steps_dropped` adds up each member's interrupted steps (one step interrupted on three
+    survivors counts 3), which its name alone would not tell: the docs say it counts member-steps."""
+    import re
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from gossip_powersgd.training.churn_run import ChurnRun
+
+    fake = SimpleNamespace(
+        peer=SimpleNamespace(algorithm=SimpleNamespace(interrupted_steps=1), epoch=None),
+        comm=SimpleNamespace(
+            stats=SimpleNamespace(transfer_bytes_sent=0), allreduce_=lambda *a, **k: None
+        ),
+        detected=None,
+        changes=0,
+        shift_total=0.0,
+        transfer_bytes=None,
+        config=SimpleNamespace(churn=None),
+    )
+    fake.peer.epoch = SimpleNamespace(live=(0, 1, 2))
+    keys = ChurnRun.summary_fields(fake)
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "concepts" / "churn.md").read_text()
+    assert [k for k in keys if f"`{k}`" not in docs] == []
+    text = " ".join(docs.split())
+    sentence = re.search(r"`gossip_steps_dropped`[^.]*\.", text).group(0)
+    assert "member-steps" in sentence and "counts 3" in text

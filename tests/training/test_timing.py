@@ -84,3 +84,40 @@ def test_one_peer_alone_trains_and_is_timed_period_by_period():
     assert all(wall > 0 and cpu > 0 for wall, _, _, cpu in measured["periods"])
     assert measured["per_step"]["rounds"] == pytest.approx(0.5)  # one exchange per 2 steps
     assert measured["eval"]["metric_bytes"] > 0 and math.isfinite(measured["eval"]["cpu"])
+
+
+def test_log_records_are_taken_out_of_the_periods_like_evaluations(monkeypatch):
+    """With log_every > 0 a log record (metric all-reduces, a line written) fell inside its period
+    and counted as training time. The timer's clock here is a counter that only log records
+    advance (by 100 s each, one per step), so a period holds none of it exactly (no timing)."""
+    from types import SimpleNamespace
+
+    from gossip_powersgd.training import session, timing
+    from gossip_powersgd.training.timing import measure_alone
+
+    clock = [0.0]
+    fake = SimpleNamespace(perf_counter=lambda: clock[0], process_time=lambda: clock[0])
+    monkeypatch.setattr(timing, "time", fake)
+    original = session.log_record
+
+    def slow_log_record(*args, **kwargs):
+        clock[0] += 100.0
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(session, "log_record", slow_log_record)
+    config = dict(
+        dataset="mnist1d:num_samples=1200",
+        model="mlp:64",
+        optimizer="sgd",
+        batch_size=32,
+        epochs=1000,
+        eval_every=1000,
+        quiet=True,
+        log_every=1,
+        checkpoint_every=0,
+        out_dir=None,
+    )
+    config.update(topology="ring:4", algorithm="powergossip:rank=1", lr=0.1, local_steps=2, seed=0)
+    measured = measure_alone(config, {"train": 0.0, "periods": [4, 6], "replay": 0})
+    assert clock[0] >= 800.0  # every step's log record ran (8 steps)
+    assert [(wall, cpu) for wall, _, _, cpu in measured["periods"]] == [(0.0, 0.0)] * 3
