@@ -320,7 +320,7 @@ class ChurnRun(TrainingHooks):
 
     def summary_fields(self) -> Dict[str, Any]:
         """What summary.json adds (collective over the members: the transfer traffic)."""
-        dropped = getattr(self.peer.algorithm, "interrupted_steps", 0)
+        dropped = len(self.interrupted)  # checkpointed: a resumed run's steps before it too
         sent = torch.tensor(
             [float(self.comm.stats.transfer_bytes_sent), float(dropped)], dtype=torch.float64
         )

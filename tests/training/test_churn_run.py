@@ -140,6 +140,7 @@ def test_every_key_the_churn_summary_adds_is_defined_in_the_churn_docs():
         shift_total=0.0,
         transfer_bytes=None,
         config=SimpleNamespace(churn=None),
+        interrupted=[],
     )
     fake.peer.epoch = SimpleNamespace(live=(0, 1, 2))
     keys = ChurnRun.summary_fields(fake)
@@ -148,3 +149,34 @@ def test_every_key_the_churn_summary_adds_is_defined_in_the_churn_docs():
     text = " ".join(docs.split())
     sentence = re.search(r"`gossip_steps_dropped`[^.]*\.", text).group(0)
     assert "member-steps" in sentence and "counts 3" in text
+
+
+def test_the_dropped_gossip_steps_of_a_resumed_run_count_the_steps_before_its_checkpoint():
+    """summary.json's `gossip_steps_dropped` came from the algorithm's own counter, which starts
+    at 0 in a resumed process: the steps a loss interrupted before the checkpoint were left out.
+    It is now the checkpointed list's length (`interrupted`), summed over the members."""
+    from types import SimpleNamespace
+
+    from gossip_powersgd.training.churn_run import ChurnRun
+
+    summed = []
+
+    def allreduce_(tensor, op, metric):
+        summed.append(tensor.tolist())
+        tensor.mul_(3)  # three members, each with this one's counts
+
+    resumed = SimpleNamespace(
+        peer=SimpleNamespace(
+            algorithm=SimpleNamespace(interrupted_steps=0), epoch=SimpleNamespace(live=(0, 1, 3))
+        ),
+        comm=SimpleNamespace(stats=SimpleNamespace(transfer_bytes_sent=0), allreduce_=allreduce_),
+        detected=None,
+        changes=1,
+        shift_total=0.0,
+        transfer_bytes=None,
+        config=SimpleNamespace(churn=None),
+        interrupted=[],
+    )
+    ChurnRun.load_state_dict(resumed, {"changes": 1, "shift_total": 0.0, "interrupted": [12, 13]})
+    assert ChurnRun.summary_fields(resumed)["gossip_steps_dropped"] == 6
+    assert summed == [[0.0, 2.0]]
