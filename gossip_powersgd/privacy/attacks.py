@@ -251,23 +251,31 @@ def null_band_of(members: int, nonmembers: int, permutations: int = 400) -> Dict
 class Snapshots(TrainingHooks):
     """This peer's parameters when the steps at `fractions` of the run start their gossip (the
     instant of a recorded view's `own`: no algorithm changes the parameters before a step's first
-    exchange): `parameters[step]`, for each step of `steps`."""
+    exchange): `parameters[step]`, for each step of `steps`. Steps are gossip steps, numbered as
+    a view numbers them: with ``local_steps`` H, gossip step g follows optimizer step
+    (g + 1) H - 1 (a gradient averager gossips in every optimizer step)."""
 
     name = "snapshots"
 
     def __init__(self, fractions: Sequence[float]):
         self.fractions = fractions
         self.context: Optional[SetupContext] = None
+        self.every = 1  #: optimizer steps per gossip step
         self.steps: List[int] = []
         self.parameters: Dict[int, List[torch.Tensor]] = {}
 
     def setup(self, context: SetupContext) -> None:
         self.context = context
-        total = context.config.epochs * context.steps_per_epoch
+        mixes_parameters = getattr(context.algorithm, "acts_on", "parameters") == "parameters"
+        self.every = context.config.local_steps if mixes_parameters else 1
+        total = context.config.epochs * context.steps_per_epoch // self.every
         self.steps = sorted({max(0, round(f * total) - 1) for f in self.fractions})
 
     def after_optimizer_step(self, step: int) -> None:
-        if step in self.steps:
-            self.parameters[step] = [
+        if (step + 1) % self.every:
+            return  # no gossip after this optimizer step
+        gossip_step = (step + 1) // self.every - 1
+        if gossip_step in self.steps:
+            self.parameters[gossip_step] = [
                 p.detach().cpu().clone() for p in self.context.algorithm.params
             ]

@@ -91,9 +91,11 @@ def _window(view: ObservedView, neighbor: int, step: int, window: int) -> List[D
     return messages[-int(window) :]
 
 
-def _with_exact(view, estimate, messages, step):
+def _with_exact(view, estimate, neighbor, step):
+    """`estimate` with the tensors PowerGossip sends exactly read off the step's first message
+    (whatever the least-squares window: a window shorter than a step's messages leaves it out)."""
     shapes, _, exact_indices = _layout(view)
-    first = next(m for m in messages if m["step"] == step)
+    first = next(m for m in view.messages_from(neighbor) if m["step"] == step)
     exact = _cut(view, first)[1]
     if exact is not None and exact_indices:
         offset = 0
@@ -148,7 +150,7 @@ def difference_estimates(
             base = _matrices(own[step], indices, rows, cols)
             for slot, k in enumerate(indices):
                 estimate[k] = (base[slot] + d[slot]).to(dtype).reshape(shapes[k])
-        out[step] = _with_exact(view, estimate, messages, step)
+        out[step] = _with_exact(view, estimate, neighbor, step)
     return out
 
 
@@ -192,7 +194,7 @@ def oracle_estimates(
             seen = d - (eye_r - pi_p) @ d @ (eye_c - pi_q)
             for slot, k in enumerate(indices):
                 estimate[k] = (base[slot] + seen[slot]).to(dtype).reshape(shapes[k])
-        out[step] = _with_exact(view, estimate, messages, step)
+        out[step] = _with_exact(view, estimate, neighbor, step)
     return out
 
 

@@ -126,6 +126,8 @@ def colluder_attack(
     initial: Sequence[torch.Tensor],
     regime: str,
     modes: Mapping[str, Tuple[str, int]],
+    *,
+    gamma: Optional[float] = None,
 ) -> Dict[str, Any]:
     """The attack of `colluders` on every other peer of a recorded run, scored against the truth.
 
@@ -134,6 +136,10 @@ def colluder_attack(
     regime: "averaging" or "dsgd" (module docstring). modes: {name: (updates, tie)}, the attacks
         to run (e.g. {"once": ("once", 1)}, or {"every_step": ("every_step", 1), "tie=8":
         ("every_step", 8)}).
+    gamma: the run's consensus step, which the colluders know from the config (the algorithm
+        spec's own, `algorithms.registry.spec_gamma`); None: the topology's, the default of exact
+        gossip and PowerGossip. Another step than the run's gives a wrong system, whose solution
+        is wrong where it claims to be determined.
 
     Returns {"colluders", "parts": {part: parameters}, "peers": {str(peer): cell}}, a cell holding
     the peer's graph distance to the nearest colluder and, per part ("exact", "compressed"),
@@ -159,7 +165,7 @@ def colluder_attack(
         own = {j: flat(views[j].own_trajectory()[step], indices) - x0_flat for j in views}
         mean = np.mean([own[c] for c in colluders], axis=0)
         for mode, (updates, tie) in modes.items():
-            system = system_from_views(mine, topology, updates=updates, tie=tie)
+            system = system_from_views(mine, topology, gamma=gamma, updates=updates, tie=tie)
             rhs = _rhs(system, mine, initial, indices, None if name == "exact" else estimates)
             solution = system.solve(rhs)
             determined = {p: _determined(system, p, regime, step) for p in range(len(far))}
@@ -216,7 +222,8 @@ def attack_run(
     """Train `config` (a `gossip_powersgd.run` config; ``averaging`` sets it up with
     `averaging_config` and `epoch_steps`, the local steps of an epoch) with every view recorded
     (`observe_every_peer`), then run each colluder set's attack (`colluder_attack`) in every mode
-    of `attack_modes(regime, tie)`.
+    of `attack_modes(regime, tie)`, with the consensus step the config's algorithm gossips with
+    (its spec's gamma, else the topology's: the colluders know the config).
 
     Returns {"steps": gossip steps, "modes": [mode names], "accuracy": the averaged model's final
     test accuracy, "local_accuracy": the peers' own models' mean, "attacks": [colluder_attack's
@@ -236,15 +243,28 @@ def attack_run(
             f"{epoch_steps} is not an epoch, so the first gossip step is not after it"
         )
     topology = config["topology"]
+    gamma = _run_gamma(config, topology)
     return {
         "steps": 1 + max(views[0].steps),
         "modes": list(modes),
         "accuracy": summary["final_test_acc_avg_model"],
         "local_accuracy": summary["final_test_acc_local_mean"],
         "attacks": [
-            colluder_attack(views, list(c), topology, x0, regime, modes) for c in colluder_sets
+            colluder_attack(views, list(c), topology, x0, regime, modes, gamma=gamma)
+            for c in colluder_sets
         ],
     }
+
+
+def _run_gamma(config: Mapping[str, Any], topology: str) -> Optional[float]:
+    """The consensus step the run's algorithm gossips with (its spec's, else the topology's)."""
+    import topologies
+
+    from gossip_powersgd.algorithms.registry import spec_gamma
+    from gossip_powersgd.training.config import TrainConfig
+
+    spec = config.get("algorithm", TrainConfig.algorithm)
+    return spec_gamma(spec, topologies.parse(topology))
 
 
 def summarize(attacks: Sequence[Mapping[str, Any]], modes: Sequence[str]) -> List[Dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from gossip_powersgd.privacy.heldout import make_split
 from gossip_powersgd.privacy.membership import null_auc_std
@@ -49,6 +50,28 @@ def test_an_observed_exact_gossip_run_reads_the_victims_model_off_and_attacks_it
     pool = Candidates.of(split)
     members = int(pool.member.sum())
     assert abs(values["auc/class prior"] - 0.5) < 4 * null_auc_std(members, len(pool.y) - members)
+
+
+def test_snapshots_with_local_steps_are_taken_at_the_views_gossip_steps():
+    """local_steps 2: the view numbers gossip steps (0..7 of 16 optimizer steps), and the truth
+    an estimate is judged against must be the victim's parameters at that same gossip step, so
+    what the observer reads off exact gossip equals it bit for bit at every snapshot step (it
+    was the parameters of optimizer step 3 against the model sent at gossip step 3, 0.18 apart,
+    and the last snapshot step, 15, was no step of the view)."""
+    from gossip_powersgd.privacy.attack_run import READ_OFF, observe, reconstructions
+
+    split = make_split(SPLIT_DATA, 4, "iid", 0, victims=[1, 3], fraction=0.5, split_seed=0)
+    config = dict(topology="ring:4", model="logreg", epochs=2, batch_size=16, lr=0.2, seed=0)
+    config.update(algorithm="exact", quiet=True, log_every=0, checkpoint_every=0, out_dir=None)
+    config.update(release_peer_statistics=True, local_steps=2)
+    run = observe(config, split, observer=0, fractions=(0.25, 0.5, 1.0))
+    assert run.result.summary["steps"] == 16 and run.view.steps == list(range(8))
+    assert run.steps == [1, 3, 7]
+    estimates = reconstructions(run.view, [1, 3], run.steps)
+    for step in run.steps:
+        for victim in (1, 3):
+            read = estimates[step][READ_OFF][victim]
+            assert all(torch.equal(a, b) for a, b in zip(read, run.snapshots[victim][step]))
 
 
 def test_recheck_audit_is_best_audit_on_the_stored_scores_and_truth():

@@ -67,3 +67,21 @@ def test_difference_estimate_of_a_static_difference_is_exact_once_the_factors_sp
     estimate = difference_estimates(view, 1, steps=[last], window=12)[last]
     truth = [a + b for a, b in zip(own[last], shift)]
     assert relative_error(estimate, truth) < 1e-8  # float64 solve of well-conditioned 6 x 6 sums
+
+
+def test_the_exact_tensors_are_read_off_whatever_the_window(tmp_path):
+    """Two half-steps a step (iters=2): only a step's first message carries the tensors
+    PowerGossip sends exactly, so a window of one message holds the second only; the estimate
+    still reads them off the step's first message, equal to what the neighbour sent bit for bit
+    (it kept the observer's own, 0.1 away), as `reconstruct` does, for both estimators."""
+    results, views = run_views("powergossip:rank=1,iters=2", steps=4, tmp=tmp_path)
+    view, truth = views[0], dict(enumerate(results[1]["sent"]))
+    exact = view.meta["exact_indices"]
+    assert exact
+    for window in (1, 2):
+        lsq = difference_estimates(view, 1, steps=[1, 3], window=window)
+        oracle = oracle_estimates(view, 1, truth, steps=[1, 3], window=window)
+        for step in (1, 3):
+            for k in exact:
+                assert torch.equal(lsq[step][k], truth[step][k])
+                assert torch.equal(oracle[step][k], truth[step][k])

@@ -73,6 +73,19 @@ def test_powergossip_gives_away_its_exact_vector_and_never_its_compressed_matrix
         assert not cell["compressed/once"]["determined"]
 
 
+@pytest.mark.parametrize("spec", ["exact:gamma=0.3", "powergossip:rank=1,gamma=0.3"])
+def test_the_attack_solves_with_the_runs_consensus_step(spec):
+    """A run gossiping with gamma 0.3 (ring:4's own is 1): the colluder's system is built with the
+    step the config gives, so every value it calls determined is recovered (float64 messages, a
+    4 x 4 system: 1e-9); with the topology's step instead, the same rows claimed determined
+    were off by 0.16 to 1.1."""
+    views = views_of(spec, "ring:4", 3)
+    out = colluder_attack(views, [0], "ring:4", initial(), "averaging", ONCE, gamma=0.3)
+    for cell in out["peers"].values():
+        assert cell["exact/once"]["determined"]
+        assert cell["exact/once"]["error"] < 1e-9
+
+
 def test_an_unknown_regime_is_refused():
     with pytest.raises(ValueError, match="regime must be one of averaging, dsgd"):
         colluder_attack({}, [0], "ring:4", initial(), "gossip", ONCE)
@@ -128,6 +141,18 @@ def test_attack_run_averaging_gives_one_curious_peer_every_privately_trained_mod
         assert cell["exact/once"]["error"] < 1e-5
         assert cell["exact/blind_initial"] == pytest.approx(1.0)
     assert 0.0 <= out["accuracy"] <= 1.0
+
+
+def test_attack_run_attacks_with_the_configs_consensus_step():
+    """As above through `attack_run`: algorithm exact with gamma 0.4 on ring:6 (the topology's
+    own is 1.2), the step read from the config: every peer recovered to float32 level (as in the
+    test above)."""
+    from gossip_powersgd.privacy.knowledge_attack import attack_run
+
+    out = attack_run(_run_config(algorithm="exact:gamma=0.4"), "averaging", [[0]], epoch_steps=2)
+    for cell in out["attacks"][0]["peers"].values():
+        assert cell["exact/once"]["determined"]
+        assert cell["exact/once"]["error"] < 1e-5
 
 
 def test_attack_run_refuses_an_averaging_epoch_that_is_not_one():
