@@ -202,8 +202,8 @@ def check_noise_scale(
 
 def _check_dp_keys_need_dp(config) -> None:
     """Refuse a ``dp_*`` key set while differential privacy is off: without this, a run given
-    only ``dp_max_grad_norm`` (or ``dp_secure_noise``, ...) would train with no privacy at all and
-    look as if it had some."""
+    only ``dp_max_grad_norm`` (or ``dp_secure_noise``, ``dp_public_randomness``, ...) would train
+    with no privacy at all and look as if it had some."""
     if dp_enabled(config.dp_noise_multiplier, config.dp_target_epsilon):
         return
     for key in DP_KEYS:
@@ -218,6 +218,7 @@ def _check_dp_keys_need_dp(config) -> None:
                 "dp_exchanged_subspace",
                 "dp_public_shard_size",
                 "dp_secret",
+                "dp_public_randomness",
             )
             and getattr(config, key.name) != key.default
         ):

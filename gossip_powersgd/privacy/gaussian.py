@@ -86,9 +86,34 @@ def _phi(x: float) -> float:
     return 0.5 * math.erfc(-x / math.sqrt(2.0))
 
 
+#: Below -this, log Phi(x) comes from its asymptotic series: 0.5 erfc(-x / sqrt 2) would be a
+#: subnormal (losing digits) from x = -37.5 and 0 from x = -38.5.
+_LOG_PHI_SERIES = 30.0
+#: math.exp overflows from 709.78; below this the product e^eps Phi(.) is computed as it reads.
+_EXP_LIMIT = 700.0
+
+
+def _log_phi(x: float) -> float:
+    """log Phi(x) for x <= 0, with no underflow: directly down to -30, below it the asymptotic
+    series log Phi(x) = -x^2/2 - log(-x sqrt(2 pi)) + log(1 - 1/x^2 + 3/x^4 - ...), whose terms
+    are (2k-1)!!/x^2k: 12 of them leave 23!!/30^24, under 1e-19 relative."""
+    if x > -_LOG_PHI_SERIES:
+        return math.log(_phi(x))
+    series, term, inverse = 1.0, 1.0, 1.0 / (x * x)
+    for k in range(1, 13):
+        term *= -(2 * k - 1) * inverse
+        series += term
+    return -0.5 * x * x - math.log(-x * math.sqrt(2.0 * math.pi)) + math.log(series)
+
+
 def _gaussian_delta(mu: float, eps: float) -> float:
-    """delta(eps) of the Gaussian mechanism of sensitivity mu (in noise units), Balle & Wang 2018."""
-    return _phi(mu / 2 - eps / mu) - math.exp(eps) * _phi(-mu / 2 - eps / mu)
+    """delta(eps) of the Gaussian mechanism of sensitivity mu (in noise units), Balle & Wang 2018:
+    Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu). From eps = `_EXP_LIMIT` (reached from mu = 37
+    at delta = 1e-5) e^eps would overflow a double: the second term is then exp(eps + log Phi(..)),
+    whose exponent is at most -(mu/2 - eps/mu)^2 / 2 <= 0."""
+    if eps < _EXP_LIMIT:
+        return _phi(mu / 2 - eps / mu) - math.exp(eps) * _phi(-mu / 2 - eps / mu)
+    return _phi(mu / 2 - eps / mu) - math.exp(eps + _log_phi(-mu / 2 - eps / mu))
 
 
 def gaussian_epsilon(mu, delta: float):

@@ -23,6 +23,7 @@ from tests.conftest import errors_on_every_rank as every_rank
         "dp_accountant=prv",
         "dp_fix_model=true",
         "dp_secret=run_dir",
+        "dp_public_randomness=true",
     ],
 )
 def test_a_dp_key_while_dp_is_off_is_refused_naming_it(setting, capsys, tmp_path):

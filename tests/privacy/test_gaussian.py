@@ -64,3 +64,33 @@ def test_gaussian_epsilon_agrees_with_dp_accounting():
         # Their PLD rounds the privacy loss up to a grid of 1e-4: pessimistic, and measured 2e-8
         # above the exact value at this grid (4e-9 at mu = 1); 1e-6 leaves a margin of 50.
         assert 0 <= theirs - gaussian_epsilon(mu, DELTA) <= 1e-6
+
+
+def test_gaussian_epsilon_of_a_large_sensitivity_is_the_exact_root_not_an_overflow():
+    """From mu = 37 at delta = 1e-5 the root lies above eps = 709, where e^eps overflows a double
+    (math.exp raised OverflowError): a network figure with little noise (ring:8, sigma 0.1, 20
+    steps of fresh noise) gave a traceback. The root is checked against the analytic Gaussian's
+    delta in 60-digit arithmetic: the bisection stops at adjacent doubles and delta(eps) is
+    evaluated to ~1e-15 relative (slope d delta / d eps ~ delta, well conditioned), so the root
+    is within a few ulp; 1e-12 relative leaves a wide margin."""
+    mp = pytest.importorskip("mpmath")
+    mp.mp.dps = 60
+
+    def exact(mu):
+        mu = mp.mpf(mu)
+
+        def excess(eps):
+            return mp.ncdf(mu / 2 - eps / mu) - mp.e**eps * mp.ncdf(-mu / 2 - eps / mu) - DELTA
+
+        upper = float(dp_epsilon(mu * mu / 2, DELTA))  # the RDP conversion: above the root
+        return float(mp.findroot(excess, (mp.mpf(0), mp.mpf(upper)), solver="anderson"))
+
+    for mu in (30.0, 37.0, 60.0, 100.0):
+        assert gaussian_epsilon(mu, DELTA) == pytest.approx(exact(mu), rel=1e-12)
+
+    import topologies
+
+    from gossip_powersgd.privacy import pairwise_epsilon
+
+    eps = pairwise_epsilon(topologies.ring(8), steps=20, sigma=0.1, delta=DELTA, noise="every_step")
+    assert np.isfinite(eps[0, 1]) and eps[0, 1] > 700
