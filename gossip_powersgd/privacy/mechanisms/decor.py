@@ -236,6 +236,11 @@ class Decor(Mechanism):
                 "dp_mechanism: decor needs dp_decor_sigma_cor (the pairs' noise "
                 "multiplier; dp_noise_multiplier is the independent one)"
             )
+        sigma = float(config.dp_decor_sigma_cor)
+        if not (math.isfinite(sigma) and sigma >= 0):
+            raise ValueError(
+                f"bad value for 'dp_decor_sigma_cor': {sigma!r} (must be finite and >= 0)"
+            )
         if config.dp_target_epsilon is not None:
             raise ValueError(
                 "dp_mechanism: decor takes dp_noise_multiplier (sigma_ind) and "

@@ -180,6 +180,9 @@ class ZipDL(Mechanism):
                 "dp_mechanism: zipdl needs dp_zipdl_sigma (the std of its per-edge "
                 "zero-sum noise on each message coordinate)"
             )
+        sigma = float(config.dp_zipdl_sigma)
+        if not (math.isfinite(sigma) and sigma >= 0):
+            raise ValueError(f"bad value for 'dp_zipdl_sigma': {sigma!r} (must be finite and >= 0)")
 
     def attach(self, config, comm: "Comm", dp, algorithm, randomness, resume: bool):
         if len(comm.neighbors) < 2:

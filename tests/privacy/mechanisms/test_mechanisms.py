@@ -92,6 +92,15 @@ def test_a_mechanism_trains_through_the_cli_and_is_refused_elsewhere_in_one_line
         ),
         (dict(dp_mechanism="decor"), "dp_mechanism: decor needs dp_decor_sigma_cor"),
         (dict(dp_mechanism="zipdl"), "dp_mechanism: zipdl needs dp_zipdl_sigma"),
+        # refused as the config is checked, not once the run attaches the mechanism (after the
+        # data has loaded, on every rank)
+        (dict(dp_mechanism="zipdl", dp_zipdl_sigma=-1.0), "bad value for 'dp_zipdl_sigma': -1.0"),
+        (dict(dp_mechanism="zipdl", dp_zipdl_sigma=float("nan")), "'dp_zipdl_sigma': nan"),
+        (
+            dict(dp_mechanism="decor", dp_decor_sigma_cor=float("inf")),
+            "bad value for 'dp_decor_sigma_cor': inf",
+        ),
+        (dict(dp_mechanism="decor", dp_decor_sigma_cor=-0.5), "'dp_decor_sigma_cor': -0.5"),
         (dict(dp_mechanism="secure_aggregation"), "dp_mechanism must be one of local, muffliato"),
         (dict(dp_decor_sigma_cor=1.0), "dp_decor_sigma_cor is for dp_mechanism: decor"),
         (
