@@ -219,7 +219,8 @@ def noise_for_target(
 def default_delta(largest_shard: int) -> float:
     """The delta used when none is configured: the largest power of ten <= 1 / (10 n).
 
-    ``n`` is the largest peer's shard size. The usual rule asks delta < 1/n (a mechanism that
+    ``n`` is the largest peer's shard size, or a public bound on it (the training set's size,
+    where the peers' sizes are private). The usual rule asks delta < 1/n (a mechanism that
     publishes one random record outright has delta = 1/n); one more factor of ten keeps the
     default clearly below it, and a power of ten keeps it readable: n = 1000 gives 1e-4,
     n = 1500 or 10000 gives 1e-5.

@@ -278,7 +278,8 @@ DP_KEYS = [
         "Optional[float]",
         None,
         "DP: the delta of the reported (epsilon, delta); None = the largest power of ten <= "
-        "1/(10 x the largest peer's shard size), stated in the summary.",
+        "1/(10 n), stated in the summary: n the largest peer's shard size where the peers' sizes "
+        "are released (release_peer_statistics), else the public training-set size (no smaller).",
     ),
     Key(
         "dp_target_epsilon",
