@@ -37,6 +37,7 @@ from .lowrank import (
     check_compression_rate,
     matrix_stacks,
     orthonormalize_,
+    refuse_rate_compressing_none,
     warn_if_rank_unreachable,
 )
 
@@ -142,7 +143,8 @@ class PowerSGDAllReduce(_Collective):
             (PyTorch's `start_powerSGD_iter`); the error memories start at zero after them.
         min_compression_rate: a matrix is compressed only if (rows + cols) * r * rate < rows * cols
             (PyTorch's rule); 1-D tensors and the others are averaged exactly. 0 compresses every
-            matrix; nan and inf (which would compress none) are refused.
+            matrix; nan, inf and a rate that compresses none of the matrices the default (2)
+            compresses (an exact all-reduce under this label) are refused.
         seed: seed of the generator that draws Q (identical on all ranks).
 
     Parameters with ``requires_grad=False`` (frozen layers) get no gradient from ``backward()``
@@ -208,6 +210,16 @@ class PowerSGDAllReduce(_Collective):
         self._groups = matrix_stacks(
             _ErrorFeedback, self.params, self.rank, self.min_compression_rate
         )
+        if not self._groups:  # a rate that compresses none of what the default compresses
+            refuse_rate_compressing_none(
+                "PowerSGDAllReduce",
+                self.params,
+                self.rank,
+                self.min_compression_rate,
+                default=constructor_defaults(type(self))["min_compression_rate"],
+                runs_as="an exact all-reduce of the gradients",
+                otherwise="raise start_iter (its steps are exact all-reduces)",
+            )
         compressed = {k for g in self._groups for k in g.indices}
         self._exact_indices = [k for k in range(len(self.params)) if k not in compressed]
 

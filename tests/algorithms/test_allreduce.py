@@ -8,6 +8,8 @@ import torch
 import topologies
 from gossip_powersgd import AllReduce, LocalCluster, NonFiniteError, PowerSGDAllReduce
 from gossip_powersgd.algorithms import make_algorithm
+from gossip_powersgd.comm import ring_allreduce_bytes
+from tests.training.test_validation import train_cli
 
 
 def peer_grads(comm, step=0, dtype=torch.float64):
@@ -262,6 +264,38 @@ def test_powersgd_leaves_frozen_parameters_out():
 
     with pytest.raises(ValueError, match="none of the 4 parameters requires one"):
         LocalCluster(topology).run(peer, [0, 1, 2, 3])
+
+
+def test_powersgd_refuses_a_rate_that_compresses_none_of_what_its_default_compresses(tmp_path):
+    """min_compression_rate=1e9 compresses nothing: the run would be an exact all-reduce labelled
+    PowerSGD. Refused in one line naming the largest rate (12x9 at rank 1: 108/21 = 5.142857) and a
+    bound below which it compresses (5.142 does, in fewer bytes); the CLI set-up refuses it the
+    same way. A model whose matrices the default (2, PyTorch's) compresses none of (3x3 at rank 1:
+    9/6 = 1.5) is not refused at any rate: PowerSGD keeps such matrices exact by design."""
+
+    def peer(comm, rate, shape=(12, 9)):
+        params = [torch.nn.Parameter(torch.zeros(shape)), torch.nn.Parameter(torch.zeros(7))]
+        algorithm = PowerSGDAllReduce(params, comm, min_compression_rate=rate, start_iter=0)
+        return algorithm.compressed_names, algorithm.bytes_per_step()
+
+    def run(rate, shape=(12, 9)):
+        return LocalCluster(topologies.ring(3)).run(peer, rate, shape)[0]
+
+    with pytest.raises(
+        ValueError, match=r"1e\+09 compresses no parameter \(the largest rate of th"
+    ):
+        run(1e9)
+    with pytest.raises(
+        ValueError,
+        match=r"at rank 1 is 5.14286\), so the run would be an exact all-reduce of the gradients: "
+        r"set min_compression_rate below 5.142 \(2 compresses what gets over 2x smaller\)",
+    ):
+        run(5.143)
+    names, sent = run(5.142)
+    assert names == ["param[0]"] and sent < ring_allreduce_bytes(12 * 9 + 7, 4, 3, 0)
+    assert run(1e9, (3, 3)) == ([], ring_allreduce_bytes(3 * 3 + 7, 4, 3, 0))
+    with pytest.raises(ValueError, match="compresses no parameter .* or raise start_iter"):
+        train_cli(tmp_path, "algorithm=powersgd:min_compression_rate=1e9")
 
 
 def test_make_algorithm_builds_the_centralized_baselines():
