@@ -6,7 +6,8 @@ built in float64, cast to the run's dtype), for `metrics.consensus_curve` to ave
 ||X_i||^2 = N^2; `lowrank:r=R,sigma=S[,n=N]` X_i = U diag(c_i) V^T / sqrt(R) + S E_i, U, V shared
 (x_i - x_j of rank <= R when S = 0); `offset:beta=B` `matrix` + B A, A shared; `models:epoch=E`
 the peers' parameters after E epochs of training, read from a file of
-{"epochs": {E: {rank: [tensors]}}} (experiments/pages/consensus/instance.py makes one).
+{"epochs": {E: {rank: [tensors]}}} (experiments/pages/consensus/instance.py makes one). A size
+whose building needs more than MAX_BUILD_BYTES (4 GiB) per peer is refused when it is parsed.
 
     tensors = make_problem("spectral:alpha=1", comm.rank, torch.float64, seed=0)
     curve = consensus_curve(comm, "exact", tensors, max_steps=1000, max_bits=1e7)  # metrics
@@ -34,6 +35,15 @@ OPTIONS: Dict[str, Dict[str, Optional[float]]] = {
     "offset": {"beta": None},
     "models": {"epoch": None},
 }
+#: The most bytes a peer may allocate to build its problem (4 GiB): the experiments use n <= 100;
+#: a size above it (n=100000: 5 x 80 GB) is refused at parsing rather than killed by the kernel.
+MAX_BUILD_BYTES = 4 * 2**30
+#: At most how many float64 matrices of the problem's shape each one holds at once while it is
+#: built (`make_problem`): matrix, the draw and its cast; offset, the offset, the draw and their sum;
+#: spectral, U, a QR's input and its two factors, and the signed copy; lowrank, the noise, the
+#: low-rank product, its scaled copy, the scaled noise and the sum (peaks measured at n=3000 cast to
+#: float32: 1.5, 3.0, 4.4 and 4.1 matrices).
+MATRICES_AT_ONCE = {"matrix": 2, "offset": 3, "spectral": 5, "lowrank": 5}
 VALID = "matrix, matrix:N, matrix:RxC, cnn, spectral:alpha=..., lowrank:r=...,sigma=..., "
 VALID += "offset:beta=..., models:epoch=..."
 
@@ -53,7 +63,9 @@ def parse_problem(problem: str) -> Tuple[str, Dict[str, float]]:
         match = re.fullmatch(r"(\d+)(?:x(\d+))?", arg or str(DEFAULT_SIZE))
         if not match or int(match.group(1)) < 1 or int(match.group(2) or 1) < 1:
             raise ValueError(f"problem {problem!r}: expected matrix, matrix:N or matrix:RxC")
-        return name, {"rows": int(match.group(1)), "cols": int(match.group(2) or match.group(1))}
+        rows, cols = int(match.group(1)), int(match.group(2) or match.group(1))
+        check_build_bytes(problem, name, rows, cols)
+        return name, {"rows": rows, "cols": cols}
     if name == "cnn" and not arg:
         return name, {}
     if name not in OPTIONS:
@@ -83,7 +95,25 @@ def parse_problem(problem: str) -> Tuple[str, Dict[str, float]]:
         raise ValueError(f"problem {problem!r}: r must be <= n={options['n']:g}")
     if options.get("sigma", 0) < 0:
         raise ValueError(f"problem {problem!r}: sigma must be >= 0")
+    if "n" in options:
+        check_build_bytes(problem, name, int(options["n"]), int(options["n"]))
     return name, options
+
+
+def check_build_bytes(problem: str, name: str, rows: int, cols: int) -> None:
+    """Refuse, in one line, a size whose building needs more than MAX_BUILD_BYTES per peer
+    (MATRICES_AT_ONCE float64 rows x cols matrices), naming that memory and the largest size."""
+    at_once = MATRICES_AT_ONCE[name]
+    need = at_once * rows * cols * 8
+    if need <= MAX_BUILD_BYTES:
+        return
+    side = math.isqrt(MAX_BUILD_BYTES // (8 * at_once))  # the largest square one under the bound
+    size = f"n <= {side}" if name != "matrix" else f"rows x cols <= {side * side} (matrix:{side})"
+    raise ValueError(
+        f"problem {problem!r}: building it needs about {need / 2**30:.3g} GiB per peer ({at_once} "
+        f"float64 {rows}x{cols} matrices at once), above the bound of "
+        f"{MAX_BUILD_BYTES / 2**30:g} GiB: use {size}"
+    )
 
 
 def problem_shapes(problem: str) -> List[Tuple[int, ...]]:

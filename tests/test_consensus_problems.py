@@ -112,3 +112,22 @@ def test_bad_problem_names_are_one_line_errors(name, message):
     with pytest.raises(ValueError, match=message) as info:
         problems.parse_problem(name)
     assert "\n" not in str(info.value)
+
+
+def test_a_size_whose_building_needs_more_than_the_bound_is_refused_in_one_line():
+    """n=100000 is 80 GB per float64 matrix, and spectral builds 5 at once: refused at parsing (so
+    before anything is allocated) naming the memory and the largest size under MAX_BUILD_BYTES
+    (4 GiB: floor(sqrt(2^32 / (5 x 8))) = 10362); that size itself is accepted (only parsed here:
+    building it takes 4 GiB). The shapes come first: on the old code they fail without building."""
+    assert problems.problem_shapes("lowrank:r=1,sigma=0,n=10362") == [(10362, 10362)]
+    with pytest.raises(ValueError, match=r"4 GiB: use n <= 10362$"):
+        problems.problem_shapes("lowrank:r=1,sigma=0,n=10363")
+    assert problems.problem_shapes("matrix:16384") == [(16384, 16384)]  # 2 x 2 GiB
+    with pytest.raises(ValueError, match=r"rows x cols <= 268435456 \(matrix:16384\)$"):
+        problems.problem_shapes("matrix:100000x100000")
+    with pytest.raises(
+        ValueError,
+        match=r"^problem 'spectral:alpha=1,n=100000': building it needs about 373 GiB per peer "
+        r"\(5 float64 100000x100000 matrices at once\), above the bound of 4 GiB: use n <= 10362$",
+    ):
+        problems.make_problem("spectral:alpha=1,n=100000", 0)

@@ -29,7 +29,6 @@ from .base import (
     ParamsLike,
     constructor_defaults,
     load_tensors_,
-    named_tensors,
 )
 from .layout import NoMessages
 from .lowrank import (
@@ -37,6 +36,7 @@ from .lowrank import (
     check_compression_rate,
     matrix_stacks,
     orthonormalize_,
+    refuse_rate_compressing_none,
     warn_if_rank_unreachable,
 )
 
@@ -90,21 +90,6 @@ class AllReduce(_Collective):
         return _allreduce_bytes(self.comm, buffer.numel(), buffer.element_size())
 
 
-def trainable(params: ParamsLike) -> list:
-    """The (name, tensor) pairs of `params` that take a gradient (``requires_grad``): a frozen
-    parameter's ``.grad`` stays None, so averaging it would fail at every step. All frozen is
-    refused in one line."""
-    names, tensors = named_tensors(params)
-    kept = [(name, t) for name, t in zip(names, tensors) if t.requires_grad]
-    if tensors and not kept:
-        raise ValueError(
-            f"PowerSGDAllReduce averages gradients, and none of the {len(tensors)} parameters "
-            "requires one (all have requires_grad=False): unfreeze at least one, or pass "
-            "model.parameters() of a model that trains"
-        )
-    return kept
-
-
 @dataclasses.dataclass
 class _ErrorFeedback(MatrixStack):
     """One matrix shape's compressed gradients: error memory, working matrix and factors, stacked."""
@@ -142,11 +127,16 @@ class PowerSGDAllReduce(_Collective):
             (PyTorch's `start_powerSGD_iter`); the error memories start at zero after them.
         min_compression_rate: a matrix is compressed only if (rows + cols) * r * rate < rows * cols
             (PyTorch's rule); 1-D tensors and the others are averaged exactly. 0 compresses every
-            matrix; nan and inf (which would compress none) are refused.
+            matrix; nan, inf and a rate that compresses none of the matrices the default (2)
+            compresses (an exact all-reduce under this label) are refused.
         seed: seed of the generator that draws Q (identical on all ranks).
 
-    Parameters with ``requires_grad=False`` (frozen layers) get no gradient from ``backward()``
-    and are left out, as the optimizer and DDP leave them out: their ``.grad`` stays as it is.
+    Frozen parameters (an `nn.Parameter` with ``requires_grad=False``) get no gradient from
+    ``backward()`` and are left out, as the optimizer and DDP leave them out: their ``.grad`` stays
+    as it is. The rule is every algorithm's (`frozen.py`): their values must agree between peers
+    (checked at construction: nothing ever averages them), and unfreezing one after construction
+    is refused at the step. A plain tensor is always averaged, whatever its ``requires_grad``: its
+    ``.grad`` is set by hand, and a missing one is refused in one line rather than left unaveraged.
 
     Since every result comes out of an all-reduce, all ranks hold bit-identical gradients after a
     step.
@@ -192,7 +182,7 @@ class PowerSGDAllReduce(_Collective):
         min_compression_rate: float = 2.0,
         seed: int = 0,
     ):
-        super().__init__(trainable(params), comm)
+        super().__init__(params, comm)
         self._check_arguments(rank, start_iter, min_compression_rate)
         self.rank = int(rank)
         self.warm_start = bool(warm_start)
@@ -208,6 +198,16 @@ class PowerSGDAllReduce(_Collective):
         self._groups = matrix_stacks(
             _ErrorFeedback, self.params, self.rank, self.min_compression_rate
         )
+        if not self._groups:  # a rate that compresses none of what the default compresses
+            refuse_rate_compressing_none(
+                "PowerSGDAllReduce",
+                self.params,
+                self.rank,
+                self.min_compression_rate,
+                default=constructor_defaults(type(self))["min_compression_rate"],
+                runs_as="an exact all-reduce of the gradients",
+                otherwise="raise start_iter (its steps are exact all-reduces)",
+            )
         compressed = {k for g in self._groups for k in g.indices}
         self._exact_indices = [k for k in range(len(self.params)) if k not in compressed]
 

@@ -1,4 +1,4 @@
-"""Frozen parameters (an `nn.Parameter` with ``requires_grad=False``): every gossip algorithm
+"""Frozen parameters (an `nn.Parameter` with ``requires_grad=False``): every algorithm (PowerSGD too)
 leaves them out, as the optimizer and DDP do (`GossipAlgorithm.__init__` calls these)."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def leave_frozen_out(
     if tensors and len(frozen) == len(tensors):
         raise ValueError(
             f"{who}: all {len(tensors)} parameters are frozen (requires_grad=False), so nothing "
-            "would be gossiped: unfreeze at least one, or pass the parameters of a model that trains"
+            "would be sent: unfreeze at least one, or pass the parameters of a model that trains"
         )
     kept = [(name, t) for name, t in zip(names, tensors) if not is_frozen(t)]
     return [name for name, _ in kept], [t for _, t in kept], frozen
@@ -50,8 +50,8 @@ def check_frozen_agree(who: str, comm: Comm, frozen: Sequence[Tuple[str, Tensor]
         comm.check_agreement(f"{who}: frozen parameters' values", values.hexdigest())
     except AgreementError as exc:
         raise AgreementError(
-            f"{exc} (they are left out of the gossip, so they would never agree): build them from "
-            "one seed on every peer, or unfreeze them (requires_grad=True) to gossip them"
+            f"{exc} (they are left out of the averaging, so they would never agree): build them from "
+            "one seed on every peer, or unfreeze them (requires_grad=True) to average them"
         ) from None
 
 

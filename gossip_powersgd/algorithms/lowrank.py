@@ -101,25 +101,33 @@ def largest_compression_rate(tensors: Sequence[Tensor], rank: int) -> Optional[f
 
 
 def refuse_rate_compressing_none(
-    who: str, tensors: Sequence[Tensor], rank: int, min_compression_rate: float
+    who: str,
+    tensors: Sequence[Tensor],
+    rank: int,
+    min_compression_rate: float,
+    default: float = 1.0,
+    runs_as: str = "exact gossip",
+    otherwise: str = "use the algorithm exact",
 ) -> None:
-    """Refuse a finite `min_compression_rate` so high that no matrix is compressed although one
-    gets smaller in low-rank form (rate > 1): the run would be exact gossip under a low-rank label,
-    silently. A model none of whose matrices gets smaller (vectors only, or `rank` at full size:
-    exact is then the cheaper message) is not refused."""
+    """Refuse a finite `min_compression_rate` so high that no matrix is compressed although the
+    algorithm's `default` rate compresses one: the run would be `runs_as` under a low-rank label,
+    silently. A model that compresses nothing at the default either (vectors only, `rank` at full
+    size, or for PowerSGD's default 2 only matrices less than twice smaller in low-rank form) is
+    not refused: the algorithm keeps them exact by design at any rate."""
     largest = largest_compression_rate(tensors, rank)
     if (
         largest is None
-        or largest <= 1
+        or largest <= max(1.0, default)
         or compressible_matrices(tensors, rank, min_compression_rate)
     ):
         return
     below = math.floor(largest * 1000) / 1000  # rounded down: every rate below it compresses
+    compresses = "whatever gets smaller" if default <= 1 else f"what gets over {default:g}x smaller"
     raise ValueError(
         f"{who}: min_compression_rate {min_compression_rate:g} compresses no parameter (the largest "
         f"rate of this model's matrices at rank {rank} is {largest:.6g}), so the run would be "
-        f"exact gossip: set min_compression_rate below {below:g} (1 compresses whatever gets "
-        "smaller), or use the algorithm exact"
+        f"{runs_as}: set min_compression_rate below {below:g} ({default:g} compresses "
+        f"{compresses}), or {otherwise}"
     )
 
 

@@ -16,7 +16,7 @@ _HOMES = {
     "Communicator": "base",
     "CommunicationError": "base",
     "PeerAborted": "base",
-    "reduce_in_rank_order": "base",
+    "reduce_in_rank_order": "reduce",
     "ring_allreduce_bytes": "base",
     "ring_chunks": "base",
     "LocalCluster": "local",
@@ -34,10 +34,10 @@ if TYPE_CHECKING:
         Communicator,
         CommunicationError,
         PeerAborted,
-        reduce_in_rank_order,
         ring_allreduce_bytes,
         ring_chunks,
     )
+    from .reduce import reduce_in_rank_order  # noqa: F401
     from .local import LocalCluster, LocalCommunicator, run_local  # noqa: F401
     from .mpi import MPICommunicator  # noqa: F401
     from .torch import TorchCommunicator  # noqa: F401

@@ -30,6 +30,12 @@ from ..errors import AgreementError, CommunicationError, PeerAborted  # noqa: F4
 from ..utils import format_ranks
 from .dtypes import CODE_DTYPES, DTYPE_CODES, dtype_code  # noqa: F401 (re-exported)
 from .protocol import Comm, CommStats  # noqa: F401 (re-exported: every `comm` is annotated `Comm`)
+from .reduce import (  # noqa: F401 (re-exported)
+    REDUCE_OPS,
+    _combine_,
+    check_reducible,
+    reduce_in_rank_order,
+)
 
 if TYPE_CHECKING:
     from topologies import Topology
@@ -39,34 +45,9 @@ Tensor = torch.Tensor
 #: Default seconds a peer waits for a neighbour's message before it gives up naming that neighbour.
 DEFAULT_TIMEOUT = 120.0
 
-REDUCE_OPS = ("sum", "mean", "max", "min")
-
 
 def nbytes(tensor: Tensor) -> int:
     return tensor.numel() * tensor.element_size()
-
-
-def reduce_in_rank_order(stacked: Sequence[Tensor], op: str) -> Tensor:
-    """Reduce per-rank tensors in rank order (for small control data that is gathered anyway).
-
-    Every peer reducing the same gathered list with this function gets the same bits. The
-    communicators' `allreduce_` does not gather: it runs the ring below.
-    """
-    result = stacked[0].clone()
-    for other in stacked[1:]:
-        _combine_(result, other, op)
-    if op == "mean":
-        result.div_(len(stacked))
-    return result
-
-
-def _combine_(accumulator: Tensor, other: Tensor, op: str) -> None:
-    if op in ("sum", "mean"):
-        accumulator.add_(other)
-    elif op == "max":
-        torch.maximum(accumulator, other, out=accumulator)
-    else:
-        torch.minimum(accumulator, other, out=accumulator)
 
 
 def ring_chunks(numel: int, size: int) -> List[Tuple[int, int]]:
@@ -327,9 +308,7 @@ class Communicator:
         tensor has fewer elements than there are peers: empty chunks do not travel), and that is
         what is charged: to the training counters, or with `metric=True` to the metric counters.
         """
-        if op not in REDUCE_OPS:
-            raise ValueError(f"unknown reduce op {op!r}; valid: {', '.join(REDUCE_OPS)}")
-        dtype_code(tensor.dtype, self.rank, "the all-reduced tensor")
+        check_reducible(tensor, op, self.rank)
         members = len(self._ring_members())
         if members == 1:
             return tensor  # the reduction of one value is itself, for every op

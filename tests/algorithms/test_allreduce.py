@@ -8,6 +8,9 @@ import torch
 import topologies
 from gossip_powersgd import AllReduce, LocalCluster, NonFiniteError, PowerSGDAllReduce
 from gossip_powersgd.algorithms import make_algorithm
+from gossip_powersgd.comm import ring_allreduce_bytes
+from gossip_powersgd.errors import AgreementError
+from tests.training.test_validation import train_cli
 
 
 def peer_grads(comm, step=0, dtype=torch.float64):
@@ -260,8 +263,84 @@ def test_powersgd_leaves_frozen_parameters_out():
         assert grads[1] is None and sent == sent_alone
         assert all(torch.equal(a, b) for k, (a, b) in enumerate(zip(grads, alone)) if k != 1)
 
-    with pytest.raises(ValueError, match="none of the 4 parameters requires one"):
+    with pytest.raises(ValueError, match="PowerSGDAllReduce: all 4 parameters are frozen"):
         LocalCluster(topology).run(peer, [0, 1, 2, 3])
+
+
+def test_powersgd_follows_every_algorithms_rule_for_plain_and_frozen_tensors():
+    """The rule of `algorithms/frozen.py`: only an nn.Parameter with requires_grad=False is left
+    out. A plain tensor is averaged whatever its requires_grad (its .grad set by hand: before, it
+    was left out and the peers' gradients stayed different, silently); one without a .grad is
+    refused in one line; frozen values that differ between peers are refused at construction (no
+    all-reduce ever touches them), and unfreezing one after construction at the step."""
+    topology = topologies.ring(3)
+
+    def plain(comm, with_grad=True):
+        matrix = torch.nn.Parameter(torch.zeros(6, 8, dtype=torch.float64))
+        vector = torch.zeros(6, dtype=torch.float64)  # a plain tensor: requires_grad=False
+        algorithm = PowerSGDAllReduce([matrix, vector], comm, start_iter=1)
+        matrix.grad = peer_grads(comm)[0]
+        if with_grad:
+            vector.grad = peer_grads(comm)[2]
+        algorithm.step()  # a plain (exact) step
+        return matrix.grad, vector.grad
+
+    expected = mean_over_peers(LocalCluster(topology).run(peer_grads))
+    for got in LocalCluster(topology).run(plain):
+        # the ring and torch.mean add 3 float64 values (|g| < 6) in other orders: each sum is off
+        # by at most 2 roundings of 18 (2 x 2^-48 = 7e-15), a third of that after the division
+        torch.testing.assert_close(list(got), [expected[0], expected[2]], rtol=0, atol=5e-15)
+    with pytest.raises(ValueError, match=r"rank \d: parameter param\[1\] has no gradient"):
+        LocalCluster(topology).run(plain, False)
+
+    def frozen(comm, differ=False, unfreeze=False):
+        params = make_params(comm)
+        params[1].requires_grad_(False)
+        if differ:
+            params[1].data.fill_(comm.rank)
+        algorithm = PowerSGDAllReduce(params, comm, start_iter=1)
+        set_grads(params, comm, 0)
+        params[1].grad = None
+        params[1].requires_grad_(unfreeze)
+        algorithm.step()
+
+    with pytest.raises(AgreementError, match="frozen parameters' values differs across ranks"):
+        LocalCluster(topology).run(frozen, True)
+    with pytest.raises(ValueError, match=r"param\[1\] was frozen when the algorithm was built"):
+        LocalCluster(topology).run(frozen, False, True)
+    LocalCluster(topology).run(frozen)  # equal frozen values, still frozen: runs
+
+
+def test_powersgd_refuses_a_rate_that_compresses_none_of_what_its_default_compresses(tmp_path):
+    """min_compression_rate=1e9 compresses nothing: the run would be an exact all-reduce labelled
+    PowerSGD. Refused in one line naming the largest rate (12x9 at rank 1: 108/21 = 5.142857) and a
+    bound below which it compresses (5.142 does, in fewer bytes); the CLI set-up refuses it the
+    same way. A model whose matrices the default (2, PyTorch's) compresses none of (3x3 at rank 1:
+    9/6 = 1.5) is not refused at any rate: PowerSGD keeps such matrices exact by design."""
+
+    def peer(comm, rate, shape=(12, 9)):
+        params = [torch.nn.Parameter(torch.zeros(shape)), torch.nn.Parameter(torch.zeros(7))]
+        algorithm = PowerSGDAllReduce(params, comm, min_compression_rate=rate, start_iter=0)
+        return algorithm.compressed_names, algorithm.bytes_per_step()
+
+    def run(rate, shape=(12, 9)):
+        return LocalCluster(topologies.ring(3)).run(peer, rate, shape)[0]
+
+    with pytest.raises(
+        ValueError, match=r"1e\+09 compresses no parameter \(the largest rate of th"
+    ):
+        run(1e9)
+    with pytest.raises(
+        ValueError,
+        match=r"at rank 1 is 5.14286\), so the run would be an exact all-reduce of the gradients: "
+        r"set min_compression_rate below 5.142 \(2 compresses what gets over 2x smaller\)",
+    ):
+        run(5.143)
+    names, sent = run(5.142)
+    assert names == ["param[0]"] and sent < ring_allreduce_bytes(12 * 9 + 7, 4, 3, 0)
+    assert run(1e9, (3, 3)) == ([], ring_allreduce_bytes(3 * 3 + 7, 4, 3, 0))
+    with pytest.raises(ValueError, match="compresses no parameter .* or raise start_iter"):
+        train_cli(tmp_path, "algorithm=powersgd:min_compression_rate=1e9")
 
 
 def test_make_algorithm_builds_the_centralized_baselines():

@@ -12,6 +12,7 @@ import torch
 
 import topologies
 from gossip_powersgd import LocalCluster
+from gossip_powersgd.comm.base import REDUCE_OPS
 from gossip_powersgd.comm.dtypes import DTYPE_CODES, dtype_code
 from tests.comm.test_torch import SUPPORT, assert_bit_equal, run_torchrun
 from tests.conftest import run_scenario_mpi
@@ -35,13 +36,20 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def every_dtype(comm):
-    """Each listed dtype exchanged with the neighbours and, where torch can add it, all-reduced
-    (sum); then each refused kind's error line, for the exchange and the all-reduce."""
-    out = {"received": {}, "summed": {}, "refused": {}}
+    """Each listed dtype exchanged with the neighbours; each listed dtype all-reduced with each op
+    ("reduced", or the refusal line); where torch can add it, all-reduced (sum), after the
+    refusals; then each refused kind's error line, for the exchange and the all-reduce."""
+    out = {"received": {}, "summed": {}, "refused": {}, "reduced": {}}
     for dtype in DTYPE_CODES:
         recv = {j: torch.empty(6, dtype=dtype) for j in comm.neighbors}
         comm.exchange({j: message(comm.rank, dtype) for j in comm.neighbors}, recv)
         out["received"][str(dtype)] = {j: as_bytes(t) for j, t in recv.items()}
+        for op in REDUCE_OPS:
+            try:
+                comm.allreduce_(torch.zeros(6, dtype=dtype), op=op)
+                out["reduced"][f"{dtype}/{op}"] = "reduced"
+            except ValueError as exc:
+                out["reduced"][f"{dtype}/{op}"] = str(exc)
     for dtype in (torch.float32, torch.complex64, torch.complex128, torch.int64, torch.bool):
         summed = comm.allreduce_(message(comm.rank, torch.uint8).to(dtype), op="sum")
         out["summed"][str(dtype)] = as_bytes(summed)
@@ -90,6 +98,44 @@ def test_an_unlisted_dtype_is_refused_in_one_line_naming_it(local):
             assert f"dtype {key.split('/')[0]}, which no transport carries" in text, key
     with pytest.raises(ValueError, match=r"rank 5: the x has dtype torch.qint8, which no "):
         dtype_code(torch.qint8, 5, "the x")
+
+
+def torch_reduces(dtype: torch.dtype, op: str) -> bool:
+    """Whether torch has the ring's steps for `op` on six elements of `dtype` (asked directly, not
+    through the transports' probe)."""
+    a, b = torch.zeros(6, dtype=dtype), torch.ones(6, dtype=torch.uint8).to(dtype)
+    steps = {
+        "sum": lambda: a.add_(b),
+        "mean": lambda: a.add_(b).div_(3),
+        "max": lambda: torch.maximum(a, b, out=a),
+        "min": lambda: torch.minimum(a, b, out=a),
+    }
+    try:
+        steps[op]()
+    except (RuntimeError, TypeError):  # NotImplementedError is a RuntimeError
+        return False
+    return True
+
+
+def test_an_op_torch_cannot_apply_to_a_dtype_is_refused_in_one_line_before_sending(local):
+    """uint16 or float8 travel but torch cannot add them, nor divide an integer for a mean, nor
+    take a complex maximum: each is one line naming the dtype and the op, and the ring stays in
+    step (the sums after the refusals are right); before, torch's own NotImplementedError came
+    out of the middle of the ring."""
+    refused = set()
+    for rank, result in enumerate(local):
+        for dtype in DTYPE_CODES:
+            for op in REDUCE_OPS:
+                text = result["reduced"][f"{dtype}/{op}"]
+                if torch_reduces(dtype, op):
+                    assert text == "reduced", (dtype, op, text)
+                    continue
+                refused.add((dtype, op))
+                assert "\n" not in text and text.startswith(f"rank {rank}: "), text
+                assert f"with op {op!r} cannot reduce dtype {dtype} " in text, text
+        total = sum(message(k, torch.uint8).to(torch.int64) for k in range(3))
+        assert torch.equal(result["summed"]["torch.int64"], as_bytes(total))
+    assert {(torch.uint16, "sum"), (torch.int64, "mean"), (torch.complex64, "max")} <= refused
 
 
 def launched(transport, tmp_path):
