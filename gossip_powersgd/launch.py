@@ -291,9 +291,37 @@ def report_and_exit(exc: BaseException, code: int = 1) -> None:
     sys.exit(code)
 
 
+def _exit_failed(exc: SystemExit) -> None:
+    """`sys.exit(N)` (N not 0) out of the run's own code (a hook, the dataset, the model) on a
+    process of a torch job under on_peer_loss: continue: a failure, as an exception is
+    (`report_and_exit`), not a goodbye. Its line, then `comm.torch.exit_after_peers`: the others
+    go on without it at once (they used to take its end for a clean one, wait out comm_timeout,
+    then fail). Status 0 (or None) is a clean end; under abort its end is told as before (the
+    others name it: `TorchCommunicator._tell_exit`)."""
+    from . import faults
+
+    code, monitor = exc.code, faults.current()
+    if code is None or code == 0 or monitor is None or monitor.policy != "continue":
+        return
+    if max(torch_world()[1], torchrun_world_size()) <= 1 or mpi_world()[1] > 1:
+        return
+    if faults.handled():  # a lost peer, already named: its end is told already
+        return
+    status = code if isinstance(code, int) else 1
+    why = f"exited with status {status}" if isinstance(code, int) else str(code)
+    write_stderr_line(
+        f"error (rank {monitor.rank}): {why} (SystemExit raised by the run's code: a hook, the "
+        "dataset or the model)"
+    )
+    from .comm.torch import exit_after_peers
+
+    exit_after_peers(status)
+
+
 def _exit_interrupted() -> None:
     """Ctrl-C: one line and status 130. Peer threads were told to stop (`LocalCluster.run`); files
-    are only ever replaced whole, so nothing half-written is left behind."""
+    are only ever replaced whole, so nothing half-written is left behind. A process of a job under
+    on_peer_loss: continue names itself lost (`faults.fail`): one interrupted alone is a failure."""
     rank, size = mpi_world()
     if size == 1:
         rank, size = torch_world()
@@ -305,6 +333,9 @@ def _exit_interrupted() -> None:
         flush=True,
     )
     sys.stdout.flush()
+    from . import faults
+
+    faults.fail()  # under on_peer_loss: continue, its peers go on without it (not "killed")
     if threading.active_count() > 1:
         # A peer thread still inside a long computation: leave without waiting for it, since the
         # interpreter's shutdown would otherwise tear down native threads under it (exit 134).
@@ -343,7 +374,8 @@ def main_guard(main: Callable[..., Optional[int]], *args, **kwargs) -> None:
     except KeyboardInterrupt:
         _exit_interrupted()
         return
-    except SystemExit:
+    except SystemExit as exc:
+        _exit_failed(exc)
         raise
     except BaseException as exc:  # noqa: BLE001
         report_and_exit(exc)

@@ -6,6 +6,7 @@ monitor records a loss that ends the job exiting non-zero. The monitor itself: t
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -155,6 +156,78 @@ def test_a_rank_that_fails_under_continue_tells_the_others_it_is_lost(monkeypatc
             survivor._heard(data, None)
         lost = [(e.peer, e.how) for e, _ in survivor.losses]
         assert lost == ([(2, "failed")] if policy == "continue" else [])
+        assert survivor.event is None  # a loss to go on without, not the end of the job
+    finally:
+        for m in (failing, survivor):
+            m.closed = True
+            m.endpoint.close()
+
+
+def _interrupted():
+    raise KeyboardInterrupt
+
+
+def _exit(code):
+    def main():
+        raise SystemExit(code)
+
+    return main
+
+
+@pytest.mark.parametrize(
+    "main, policy, status, line",
+    [
+        (_exit(1), "continue", 1, "error (rank 2): exited with status 1 (SystemExit raised by"),
+        (_exit(3), "continue", 3, "error (rank 2): exited with status 3 (SystemExit"),
+        (_exit("bye"), "continue", 1, "error (rank 2): bye (SystemExit"),
+        (_interrupted, "continue", 130, "rank 2: interrupted (Ctrl-C)"),
+        (_exit(0), "continue", 0, None),
+        (_exit(None), "continue", None, None),
+        (_exit(1), "abort", 1, None),  # as before: the others name it (its store record)
+    ],
+    ids=["exit-1", "exit-3", "exit-text", "interrupt", "exit-0", "exit-none", "exit-1-abort"],
+)
+def test_a_rank_that_exits_non_zero_under_continue_tells_the_others_it_is_lost(
+    monkeypatch, capfd, main, policy, status, line
+):
+    """`sys.exit(N)` with N not 0 (or KeyboardInterrupt) out of the run's own code on one process
+    of a torch job used to leave with a clean goodbye, so under continue the survivors watched it
+    no more, waited out comm_timeout and failed too (4 ranks, tiny.yaml, sys.exit(1) in a hook of
+    rank 2: every rank exits 1, after 30 to 65 s). Now it is a failure as an exception is
+    (test_a_rank_that_fails_under_continue_tells_the_others_it_is_lost): one line, the same
+    status, and a survivor's monitor hands the loss ("failed") to the membership. Status 0 (or
+    None) is still a goodbye: no loss; under abort nothing changes."""
+    import os
+
+    from gossip_powersgd import launch
+    from gossip_powersgd.comm import torch as torch_comm
+    from gossip_powersgd.faults import liveness, monitor
+
+    failing, survivor = monitor.Monitor(2, 3), monitor.Monitor(0, 3)
+    sent = []
+    try:
+        for m in (failing, survivor):
+            m.joined, m.policy = True, policy
+        failing.local = {0: os.getpid()}
+        monkeypatch.setattr(failing.endpoint, "send_local", lambda peer, data: sent.append(data))
+        monkeypatch.setattr(faults, "_monitor", failing)
+        monkeypatch.setattr(faults, "agent_store", lambda seconds: None)
+        monkeypatch.setattr(torch_comm, "_store_for_exit", None)
+        monkeypatch.setattr(torch_comm, "_failing", False)
+        monkeypatch.setattr(launch, "torch_world", lambda: (2, 3))
+        monkeypatch.setattr(launch.os, "_exit", lambda code: sys.exit(code))  # (Ctrl-C's end)
+        with pytest.raises(SystemExit) as ended:
+            launch.main_guard(main)
+        assert ended.value.code == status
+        failing.leave()  # the interpreter's exit functions
+        lost = line is not None
+        err = capfd.readouterr().err
+        assert err.count("\n") == int(lost) and err.startswith(line or "")
+        leaving = [bool(liveness.unpack_heartbeat(d)[3] & liveness.LEAVING) for d in sent]
+        assert any(leaving) == (not lost)
+        for data in sent:
+            survivor._heard(data, None)
+        assert [(e.peer, e.how) for e, _ in survivor.losses] == ([(2, "failed")] if lost else [])
         assert survivor.event is None  # a loss to go on without, not the end of the job
     finally:
         for m in (failing, survivor):
