@@ -5,8 +5,7 @@ daemon thread started before anything can block: before MPI_Init, before the ren
 the signals of `liveness` into one kind of event, `PeerLost(peer, how, host)`:
 
     stopped      a peer of this machine whose process state has been T (SIGSTOP, Ctrl-Z) for
-                 `stopped_after` seconds of our own looking. Its siblings are found in /proc from
-                 the start; after set-up, the pids the ranks told each other are used.
+                 `stopped_after` seconds of our own looking (found in /proc, then by set-up's pids).
     killed       a peer whose process ended without saying it leaves: gone from /proc (this
                  machine), or its probe port refuses connections (another machine).
     hung         a peer of another machine silent for `silent_after` seconds (since set-up, if
@@ -21,13 +20,12 @@ Heartbeats that a firewall stops never end a run: a peer never heard is named on
 completes the probe's connection and nobody takes it, else it is left to the comm timeout.
 
 Whoever finds a loss — this thread, or a transport whose wait failed (`diagnose`) — calls
-`Monitor.lost`, and the event goes to `on_peer_loss`, the one policy. Today it is **abort**: MPICH
-is fail-stop and a synchronous gossip step cannot go on without a neighbour, so this rank prints one
-line naming the peer, its host and how it was lost; its heartbeats tell the other ranks, which print
-theirs (naming who saw it); once every reachable rank has spoken, or SPEAK_SECONDS have passed, it
-ends a stopped peer of its machine (SIGKILL: a stopped process never acts on SIGTERM) and its own
-process with status 1. Under **continue** (`Monitor.policy`, set once training starts) the event
-goes to the membership instead (`Monitor.losses`), and this rank goes on without the peer.
+`Monitor.lost`; the event goes to `on_peer_loss`, the one policy. Under **abort** (the default:
+MPICH is fail-stop) this rank prints one line naming the peer, its host and how it was lost; its
+heartbeats tell the other ranks, which print theirs (naming who saw it); once every reachable rank
+has spoken, or SPEAK_SECONDS have passed, it ends a stopped peer of its machine (SIGKILL: a stopped
+process never acts on SIGTERM) and its own process with status 1. Under **continue**
+(`Monitor.policy`, set once training starts) the event goes to the membership (`Monitor.losses`).
 """
 
 from __future__ import annotations
@@ -58,8 +56,8 @@ SILENT_SECONDS = 10.0
 PROBE_SECONDS = 2.0
 #: How long a rank that ends the job waits for the other ranks to say why first.
 SPEAK_SECONDS = 3.0
-#: A pause of this rank's own looking longer than this (it was stopped itself, with the whole job)
-#: starts every count again, so that a job stopped and resumed as a whole is not taken for a loss.
+#: A pause of this rank's own looking longer than this (stopped itself, with the whole job) starts
+#: every count again: a job stopped and resumed as a whole is not taken for a loss.
 GAP_SECONDS = 3 * CHECK_SECONDS
 #: The ways a peer is lost, by their code in a heartbeat (1-based; 0 is none).
 HOWS = ("stopped", "killed", "hung", "unreachable", "isolated", "failed")
@@ -151,6 +149,9 @@ class Monitor:
                 remote[k].heard, remote[k].last = address, when
         with self._lock:
             self.local, self.remote, self.joined, self.resting = local, remote, True, False
+            # a new communicator (run() again): the last run's policy, losses and ends are over
+            self.policy, self.removed, self.losses, self.event = "abort", set(), [], None
+            self.leaving, self.spoken = set(), set()
             half = max(timeout / 2, GAP_SECONDS)  # never below a pause of our own looking
             self.stopped_after = min(self.stopped_seconds, half)
             self.silent_after = min(SILENT_SECONDS, half)
@@ -377,8 +378,7 @@ class Monitor:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
-            # Let the launcher see the stopped peer end first: torchrun names the first rank it
-            # sees fail as the root cause.
+            # the stopped peer ends first: torchrun names the first rank it sees fail as the cause
             deadline = time.monotonic() + 2 * CHECK_SECONDS
             while not liveness.is_gone(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)

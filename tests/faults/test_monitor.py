@@ -241,6 +241,29 @@ def test_a_stop_counts_from_the_look_that_saw_it(monkeypatch):
         m.endpoint.close()
 
 
+def test_a_new_communicator_starts_under_abort_with_no_loss_of_the_last_run(monkeypatch):
+    """One monitor per process: `run()` called again under the same launcher joined it again with
+    the first run's continue policy, its removed peers and its losses, so a loss in a run under
+    abort was taken as under continue (survivors "going on", then gloo's raw error). A new
+    communicator's set-up (`join`) starts from abort with nothing lost and nobody leaving."""
+    from gossip_powersgd.faults import monitor
+
+    monkeypatch.setattr(monitor.Monitor, "_run", lambda self: None)
+    monkeypatch.setattr(monitor.Monitor, "_beat", lambda self: None)
+    m = monitor.Monitor(0, 2)
+    try:
+        m.join([m.announce(), m.announce()], 20.0)
+        lost = monitor.PeerLost(1, "killed", "hostB")
+        m.policy, m.removed, m.losses, m.event = "continue", {1}, [(lost, 0.0)], lost
+        m.leaving, m.spoken = {1}, {1}
+        m.join([m.announce(), m.announce()], 20.0)
+        assert (m.policy, m.removed, m.losses, m.event) == ("abort", set(), [], None)
+        assert (m.leaving, m.spoken) == (set(), set()) and m._watched(1)
+    finally:
+        m.closed = True
+        m.endpoint.close()
+
+
 @pytest.mark.parametrize("timeout", [1.0, 4.0, 20.0, 120.0])
 def test_no_threshold_is_shorter_than_a_pause_of_the_monitor_itself(monkeypatch, timeout):
     """comm_timeout may be as short as 1 s; half of it named a peer stopped for 0.5 s lost, though
