@@ -213,7 +213,9 @@ def run(
     import torch
 
     from .launch import intra_op_threads
+    from .training.rundir import check_resume
 
+    check_resume(resume)
     config = load(config)
     topology = _topology(config)
     config = config.replace(peers=topology.size)

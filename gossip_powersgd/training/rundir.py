@@ -52,6 +52,13 @@ def set_aside_failed_attempt(run_dir) -> Optional[str]:
     )
 
 
+def check_resume(resume) -> None:
+    """Refuse, in one line, a `resume` other than True, False or "auto" (another string, say
+    "yes", was taken as True: a typo of "auto" resumed a run that has no checkpoint)."""
+    if not (resume is True or resume is False or resume == AUTO):
+        raise ValueError(f"resume must be True, False or {AUTO!r}, got {resume!r}")
+
+
 def check_run_dir(run_dir, resume: bool) -> None:
     """Refuse to start a run over an existing, non-empty directory, or to resume a missing one.
 
@@ -249,6 +256,7 @@ def claim_on_rank_0(rank: int, run_dir, resume: bool) -> Optional[RunLock]:
 
 __all__ = [
     "AUTO",
+    "check_resume",
     "ATTEMPTS_NAME",
     "LOCK_NAME",
     "RunLock",

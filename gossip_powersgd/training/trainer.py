@@ -155,6 +155,7 @@ def train(
     The returned dict (same on every peer except `rank`, `history`, this peer's records, and
     `peer`, its own figures as in `peers/rank-K.json`) is what `summary.json` holds, plus these.
     """
+    rundir.check_resume(resume)
     auto = resume == AUTO
     log = SetupLog(comm.rank, quiet=False)
     config = checked_config(comm, config, bool(resume))

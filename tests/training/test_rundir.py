@@ -282,3 +282,21 @@ def test_an_empty_or_multi_line_out_dir_is_refused(tmp_path, capsys, monkeypatch
     code, lines = cli(["--config", TINY, "--set", setting], capsys)
     assert code != 0 and len(lines) == 1 and lines[0].startswith(f"error: {words}"), lines
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("resume", ["yes", "Auto", "", 1.0, None])
+def test_a_resume_that_is_not_true_false_or_auto_is_refused_in_one_line(tmp_path, resume):
+    """run(..., resume="yes") was taken as resume=True (any string but "auto"), so a typo of
+    "auto" resumed, and failed on a run with no checkpoint, naming something else."""
+    from gossip_powersgd import run
+
+    config = dict(
+        topology="ring:2",
+        dataset="synthetic_logreg:d=4,classes=2,n=64",
+        model="logreg",
+        epochs=1,
+        out_dir=str(tmp_path / "run"),
+    )
+    with pytest.raises(ValueError, match=f"resume must be True, False or 'auto', got {resume!r}"):
+        run(config, resume=resume)
+    assert not (tmp_path / "run").exists()
