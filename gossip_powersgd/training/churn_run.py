@@ -208,6 +208,11 @@ class ChurnRun(TrainingHooks):
         joined = TrainingState(run.model, run.optimizer, state, self)
         if self.detected is not None and was_live:  # (a rejoining peer: from its admission)
             self.detected.before_step(state.step)
+        coming = self.peer.membership.at(state.step)
+        if coming.number != self.peer.epoch.number:  # the hooks learn it before the change:
+            # a leaving holder's trackers hand over before its part in the change's collective
+            # (`PeerMembership.advance`), which the next holder waits for before it opens them
+            self.hooks.on_membership(coming.step, coming.live)
         change = self.peer.advance(state.step, joined)
         if change is not None and (was_live or self.peer.live):
             self.changes += 1
@@ -216,8 +221,6 @@ class ChurnRun(TrainingHooks):
                 self.transfer_bytes += change.transferred or 0
         if change is not None and self.detected is not None:
             self.detected.continued(change.epoch.number)
-        if change is not None:  # the hooks learn it (a leaving holder's trackers hand over)
-            self.hooks.on_membership(change.epoch.step, change.epoch.live)
         if was_live and not self.peer.live:
             self._write_away(state)
         if not was_live and self.peer.live and self.rejoining:

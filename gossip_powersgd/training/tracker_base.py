@@ -4,8 +4,10 @@ them, when they open, what their checkpointed state is, and how they hand over.
 The trackers are held by one peer, the lowest member: rank 0, unless it left (under
 ``on_peer_loss: continue``). When the holder leaves (planned: it flushes and closes its tracker
 first) or is lost, or a lower peer comes back, the new lowest member takes the trackers over at the
-change and continues the same tracker run (`Tracker.on_membership`) as a resumed run does: the
-same TensorBoard log dir (purging the steps after the change), the same MLflow run id, the same
+change and continues the same tracker run (`Tracker.on_membership`) as a resumed run does (a
+leaving holder closes its tracker before its part in the change's collective, which the others
+finish only after it: the next holder opens a closed run, never one still open, which W&B, one
+active run per process, would hand back to in-process peers): the same TensorBoard log dir (purging the steps after the change), the same MLflow run id, the same
 W&B run id (resumed). The records up to the change's step are the old holder's, those after it
 the new one's: each record once. The run ids are shared with every peer at set-up (each peer's
 checkpoint holds them). Not covered: a process restarted with gossip-train --rejoin knows no run
