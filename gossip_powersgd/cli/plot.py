@@ -17,7 +17,8 @@ Each run is one colour, labelled with its algorithm (and its directory name when
 algorithm). The curves come from one peer's `metrics/rank-K.jsonl`: every member records the same
 aggregated values, so one file is enough: rank 0's, unless another peer's holds more records (a run
 with churn whose rank 0 was away for part of it: its file stops where it left), then the lowest
-such rank's.
+such rank's. A run still being written may end in half a line (no newline yet): it is skipped,
+said in one line on stderr.
 """
 
 from __future__ import annotations
@@ -49,13 +50,20 @@ def read_run(run_dir) -> Dict[str, object]:
         raise ValueError(
             f"{metrics} is not UTF-8 text (byte {exc.start}): not gossip-train's metrics"
         ) from None
-    records = []
-    for number, line in enumerate(text.splitlines(), 1):
+    records, lines = [], text.splitlines()
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except ValueError:
+            if number == len(lines) and not text.endswith("\n"):  # a record being written
+                print(
+                    f"{metrics}:{number}: skipped a last line not yet written whole (no newline "
+                    "at its end: the run is still writing it); plot again for its record",
+                    file=sys.stderr,
+                )
+                break
             raise ValueError(f"{metrics}:{number}: not valid JSON") from None
         if not isinstance(record, dict):
             raise ValueError(

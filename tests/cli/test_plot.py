@@ -54,6 +54,24 @@ def test_read_run_refuses_a_folder_without_metrics_and_names_a_bad_line(tmp_path
         read_run(run_dir)
 
 
+def test_read_run_skips_a_last_line_still_being_written_and_says_so(tmp_path, capsys):
+    """gossip-plot on a run still being written read the record it was writing, a last line
+    without its newline yet, and refused the whole run ("not valid JSON"). That line is skipped
+    now, said in one line on stderr; the same text with its newline (written whole, so damaged)
+    is still refused."""
+    run_dir = make_run(tmp_path / "a")
+    path = run_dir / "metrics" / "rank-0.jsonl"
+    path.write_text(path.read_text().rstrip("\n") + '\n{"kind": "eval", "epo')
+    assert len(read_run(run_dir)["records"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"{path}:3: skipped a last line not yet written whole (no newline" in err
+    with path.open("a") as f:
+        f.write("\n")
+    with pytest.raises(ValueError, match=r"rank-0\.jsonl:3: not valid JSON$"):
+        read_run(run_dir)
+
+
 def test_read_run_takes_the_fullest_file_where_rank_0_was_away_for_part_of_the_run(tmp_path):
     """A run with churn whose rank 0 left at step 10 (`leave:0@10`): its metrics file stops there
     (two log records), while the members' go on to the end; gossip-plot drew rank 0's file, so
