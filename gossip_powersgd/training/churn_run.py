@@ -49,8 +49,9 @@ def _scheduled(config, topology: AnyTopology, steps: int):
 
 
 class TrainingState:
-    """The `membership.peer.JoinState` of a training peer: model, optimizer state, step, and the
-    membership's own counters (so that a joiner's records go on from the members')."""
+    """The `membership.peer.JoinState` of a training peer: model, optimizer state, step, the
+    membership's own counters (so that a joiner's records go on from the members') and the
+    trackers' run ids (so that a joiner that holds them continues their runs: `Tracker.handed`)."""
 
     def __init__(self, model, optimizer, run_state, driver):
         self.model, self.optimizer, self.run_state = model, optimizer, run_state
@@ -69,7 +70,15 @@ class TrainingState:
         out["run.transfer_bytes"] = torch.tensor(
             -1 if transferred is None else transferred, dtype=torch.int64
         )
+        for tracker in self._trackers():
+            out.update({f"{tracker.key}.{k}": v for k, v in tracker.handed().items()})
         return out
+
+    def _trackers(self):
+        from .tracker_base import Tracker
+
+        hooks = getattr(getattr(self.driver, "hooks", None), "hooks", ())  # (a HookList's)
+        return [h for h in hooks if isinstance(h, Tracker)]
 
     def unpack(self, state: Dict[str, torch.Tensor]) -> None:
         step = int(state["run.step"])
@@ -91,6 +100,11 @@ class TrainingState:
         self.driver.shift_total = float(state["run.shift_total"])
         transferred = int(state["run.transfer_bytes"])
         self.driver.transfer_bytes = None if transferred < 0 else transferred
+        for tracker in self._trackers():
+            prefix = f"{tracker.key}."
+            tracker.take_handed(
+                {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+            )
 
 
 class ChurnRun(TrainingHooks):
