@@ -7,7 +7,9 @@ Writes, atomically, into DIR (default: the run directory for one run; for severa
 plots-<run>-vs-<run> beside the first run, named on stderr):
 
     accuracy_vs_epoch.png        averaged-model test accuracy (solid) and mean local accuracy
-                                 (dashed) against epochs
+                                 (dashed) against epochs; a run whose peers each test on
+                                 their own set shares no mean: both curves are then the read
+                                 file's rank's own figures, and its legend says so
     accuracy_vs_mb.png           averaged-model test accuracy against training MB sent per peer
     consensus_vs_step.png        consensus distance (log scale) against steps
 
@@ -15,7 +17,8 @@ Each run is one colour, labelled with its algorithm (and its directory name when
 algorithm). The curves come from one peer's `metrics/rank-K.jsonl`: every member records the same
 aggregated values, so one file is enough: rank 0's, unless another peer's holds more records (a run
 with churn whose rank 0 was away for part of it: its file stops where it left), then the lowest
-such rank's.
+such rank's. A run still being written may end in half a line (no newline yet): it is skipped,
+said in one line on stderr.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import io
 import json
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from gossip_powersgd.cli import program_name
 from gossip_powersgd.utils import atomic_write, check_writable_dir
@@ -37,8 +40,8 @@ FIGURES = ("accuracy_vs_epoch.png", "accuracy_vs_mb.png", "consensus_vs_step.png
 
 
 def read_run(run_dir) -> Dict[str, object]:
-    """{"dir", "algorithm", "records"} of a run directory (the records of `_fullest_metrics`);
-    ValueError if it is not one."""
+    """{"dir", "algorithm", "records", "rank"} of a run directory (the records of
+    `_fullest_metrics`, and the rank whose file it is); ValueError if it is not one."""
     run_dir = Path(run_dir)
     metrics = _fullest_metrics(run_dir)
     try:
@@ -47,13 +50,20 @@ def read_run(run_dir) -> Dict[str, object]:
         raise ValueError(
             f"{metrics} is not UTF-8 text (byte {exc.start}): not gossip-train's metrics"
         ) from None
-    records = []
-    for number, line in enumerate(text.splitlines(), 1):
+    records, lines = [], text.splitlines()
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except ValueError:
+            if number == len(lines) and not text.endswith("\n"):  # a record being written
+                print(
+                    f"{metrics}:{number}: skipped a last line not yet written whole (no newline "
+                    "at its end: the run is still writing it); plot again for its record",
+                    file=sys.stderr,
+                )
+                break
             raise ValueError(f"{metrics}:{number}: not valid JSON") from None
         if not isinstance(record, dict):
             raise ValueError(
@@ -62,7 +72,9 @@ def read_run(run_dir) -> Dict[str, object]:
             )
         _check_record(record, f"{metrics}:{number}")
         records.append(record)
-    return {"dir": run_dir, "algorithm": _algorithm(run_dir) or run_dir.name, "records": records}
+    rank = int(metrics.name[len("rank-") : -len(".jsonl")])
+    algorithm = _algorithm(run_dir) or run_dir.name
+    return {"dir": run_dir, "algorithm": algorithm, "records": records, "rank": rank}
 
 
 #: The numbers the figures read: every eval record's, and any record's that has a consensus distance.
@@ -128,6 +140,21 @@ def _labels(runs: List[Dict[str, object]]) -> List[str]:
     ]
 
 
+def _accuracy_labels(run: Dict[str, object], label: str) -> Tuple[str, str]:
+    """The legends of a run's two accuracy-vs-epoch curves (averaged model, local models). Where
+    its eval records lack the peers' figures (private statistics with each peer's own test set:
+    the figures' fallbacks), both curves are the read file's rank's own: the legend says so."""
+    evals = [r for r in run["records"] if r.get("kind") == "eval"]
+    rank = run.get("rank")
+    whose = f"rank {rank}'s" if rank is not None else "one peer's"
+    averaged, local = f"{label}, averaged model", f"{label}, local mean"
+    if any("test_acc_avg_model" not in r for r in evals):
+        averaged += f" ({whose} test set)"
+    if any("test_acc_mean" not in r for r in evals):
+        local = f"{label}, {whose} own model ({whose} test set)"
+    return averaged, local
+
+
 def _png(fig) -> bytes:
     """The figure as PNG bytes (written atomically by the caller: a crash leaves the old or none)."""
     buffer = io.BytesIO()
@@ -178,27 +205,28 @@ def figures(runs: List[Dict[str, object]]) -> Dict[str, bytes]:
         return [r for r in run["records"] if r.get("kind") == "eval"]
 
     def accuracy(r, key):
-        # private statistics with each peer's own test set: rank 0's own figure (its own file)
+        # private statistics with each peer's own test set: the read file's rank's own figure
         return 100 * r.get(key, r.get(f"{key}_local", r.get("test_acc_local", float("nan"))))
 
     # accuracy vs epoch
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for k, (run, label) in enumerate(zip(runs, labels)):
         rs, color = evals(run), colors[k % len(colors)]
+        averaged, local = _accuracy_labels(run, label)
         ax.plot(
             [r["epoch"] for r in rs],
             [accuracy(r, "test_acc_avg_model") for r in rs],
             "-o",
             color=color,
             ms=3,
-            label=f"{label}, averaged model",
+            label=averaged,
         )
         ax.plot(
             [r["epoch"] for r in rs],
             [accuracy(r, "test_acc_mean") for r in rs],
             "--",
             color=color,
-            label=f"{label}, local mean",
+            label=local,
         )
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy (%)")

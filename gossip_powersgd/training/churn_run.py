@@ -49,8 +49,9 @@ def _scheduled(config, topology: AnyTopology, steps: int):
 
 
 class TrainingState:
-    """The `membership.peer.JoinState` of a training peer: model, optimizer state, step, and the
-    membership's own counters (so that a joiner's records go on from the members')."""
+    """The `membership.peer.JoinState` of a training peer: model, optimizer state, step, the
+    membership's own counters (so that a joiner's records go on from the members') and the
+    trackers' run ids (so that a joiner that holds them continues their runs: `Tracker.handed`)."""
 
     def __init__(self, model, optimizer, run_state, driver):
         self.model, self.optimizer, self.run_state = model, optimizer, run_state
@@ -69,7 +70,15 @@ class TrainingState:
         out["run.transfer_bytes"] = torch.tensor(
             -1 if transferred is None else transferred, dtype=torch.int64
         )
+        for tracker in self._trackers():
+            out.update({f"{tracker.key}.{k}": v for k, v in tracker.handed().items()})
         return out
+
+    def _trackers(self):
+        from .tracker_base import Tracker
+
+        hooks = getattr(getattr(self.driver, "hooks", None), "hooks", ())  # (a HookList's)
+        return [h for h in hooks if isinstance(h, Tracker)]
 
     def unpack(self, state: Dict[str, torch.Tensor]) -> None:
         step = int(state["run.step"])
@@ -91,6 +100,11 @@ class TrainingState:
         self.driver.shift_total = float(state["run.shift_total"])
         transferred = int(state["run.transfer_bytes"])
         self.driver.transfer_bytes = None if transferred < 0 else transferred
+        for tracker in self._trackers():
+            prefix = f"{tracker.key}."
+            tracker.take_handed(
+                {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+            )
 
 
 class ChurnRun(TrainingHooks):
@@ -208,6 +222,11 @@ class ChurnRun(TrainingHooks):
         joined = TrainingState(run.model, run.optimizer, state, self)
         if self.detected is not None and was_live:  # (a rejoining peer: from its admission)
             self.detected.before_step(state.step)
+        coming = self.peer.membership.at(state.step)
+        if coming.number != self.peer.epoch.number:  # the hooks learn it before the change:
+            # a leaving holder's trackers hand over before its part in the change's collective
+            # (`PeerMembership.advance`), which the next holder waits for before it opens them
+            self.hooks.on_membership(coming.step, coming.live)
         change = self.peer.advance(state.step, joined)
         if change is not None and (was_live or self.peer.live):
             self.changes += 1
@@ -216,8 +235,6 @@ class ChurnRun(TrainingHooks):
                 self.transfer_bytes += change.transferred or 0
         if change is not None and self.detected is not None:
             self.detected.continued(change.epoch.number)
-        if change is not None:  # the hooks learn it (a leaving holder's trackers hand over)
-            self.hooks.on_membership(change.epoch.step, change.epoch.live)
         if was_live and not self.peer.live:
             self._write_away(state)
         if not was_live and self.peer.live and self.rejoining:

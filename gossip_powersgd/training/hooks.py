@@ -128,10 +128,11 @@ class TrainingHooks:
     def on_membership(self, step: int, members: Tuple[int, ...]) -> None:
         """Under on_peer_loss: continue only: the peers that are members from step `step` on
         (sorted ids), on every peer that sees the change (the departed one too, which learns that
-        it left; a lost process sees nothing): at the start of that step, before any of its work,
-        so a record of step `step` or earlier is the old members'. Also once when such a run
-        resumes (the membership in force at its checkpoint, before `load_state_dict`) and when a
-        process of gossip-train --rejoin waits for its admission. Without it every peer is a
+        it left; a lost process sees nothing): at the start of that step, before any of its work
+        and before the change itself (the state handed to joiners, the shift measured), so a
+        record of step `step` or earlier is the old members'. Also once when such a run resumes
+        (the membership in force at its checkpoint, before `load_state_dict`) and when a process
+        of gossip-train --rejoin waits for its admission. Without it every peer is a
         member throughout and this is never called."""
 
     def close(self) -> None:

@@ -4,13 +4,16 @@ them, when they open, what their checkpointed state is, and how they hand over.
 The trackers are held by one peer, the lowest member: rank 0, unless it left (under
 ``on_peer_loss: continue``). When the holder leaves (planned: it flushes and closes its tracker
 first) or is lost, or a lower peer comes back, the new lowest member takes the trackers over at the
-change and continues the same tracker run (`Tracker.on_membership`) as a resumed run does: the
-same TensorBoard log dir (purging the steps after the change), the same MLflow run id, the same
+change and continues the same tracker run (`Tracker.on_membership`) as a resumed run does (a
+leaving holder closes its tracker before its part in the change's collective, which the others
+finish only after it: the next holder opens a closed run, never one still open, which W&B, one
+active run per process, would hand back to in-process peers): the same TensorBoard log dir (purging the steps after the change), the same MLflow run id, the same
 W&B run id (resumed). The records up to the change's step are the old holder's, those after it
 the new one's: each record once. The run ids are shared with every peer at set-up (each peer's
-checkpoint holds them). Not covered: a process restarted with gossip-train --rejoin knows no run
-id (it was handed a model, not the trackers), so where it becomes the holder its MLflow and W&B
-runs are new ones; and a record that a lost holder had not yet passed on when it was lost.
+checkpoint holds them), and a joining peer is handed them with its state (`Tracker.handed`, raw
+bytes): a process restarted with gossip-train --rejoin that becomes the holder continues the same
+MLflow and W&B runs. Not covered: a record that a lost holder had not yet passed on when it was
+lost.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import difflib
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+import torch
 
 from ..extras import installed
 from ..utils import one_line
@@ -118,9 +123,21 @@ class Tracker(TrainingHooks):
     def _share_run_id(self, comm: Comm) -> None:
         """Every peer learns the tracker's run id (and checkpoints it): whichever member holds the
         trackers later continues that run (collective)."""
-        mine = (self.run_id or "").encode().ljust(RUN_ID_BYTES, b"\0")[:RUN_ID_BYTES]
-        known = [g.rstrip(b"\0").decode() for g in comm.allgather_bytes(mine)]
+        known = [_run_id(g, self.name) for g in comm.allgather_bytes(_id_bytes(self.run_id))]
         self.run_id = next((i for i in known if i), None)
+
+    def handed(self) -> Dict[str, torch.Tensor]:
+        """What a joining peer is handed of the trackers (`churn_run.TrainingState`, raw tensors):
+        the run id (`RUN_ID_BYTES` bytes) and who held them from which step (`holders`), so that
+        a joiner that holds them later continues their runs (a --rejoin process knows neither)."""
+        run_id = torch.frombuffer(bytearray(_id_bytes(self.run_id)), dtype=torch.uint8)
+        holders = torch.tensor(self.holders, dtype=torch.int64).reshape(-1, 2)
+        return {"run_id": run_id, "holders": holders}
+
+    def take_handed(self, state: Dict[str, torch.Tensor]) -> None:
+        """Take what the members handed (`handed`), this joiner's own view replaced."""
+        self.run_id = _run_id(bytes(state["run_id"].numpy().tobytes()), self.name) or None
+        self.holders = [[int(a), int(h)] for a, h in state["holders"].tolist()]
 
     def _open(self) -> None:
         """Open the tracker (its holder), every failure one line naming the tracker."""
@@ -211,6 +228,23 @@ class Tracker(TrainingHooks):
 
     def release(self) -> None:
         """Hand the tracker's run over (its holder left): flush and close, without ending it."""
+
+
+def _id_bytes(run_id: Optional[str]) -> bytes:
+    """A run id as `RUN_ID_BYTES` bytes (zero-padded; none: all zeros)."""
+    return (run_id or "").encode().ljust(RUN_ID_BYTES, b"\0")[:RUN_ID_BYTES]
+
+
+def _run_id(raw: bytes, name: str) -> str:
+    """The run id of `_id_bytes`'s bytes from another peer ("" for none); a one-line error where
+    they are not one."""
+    try:
+        return raw.rstrip(b"\0").decode("ascii")
+    except UnicodeDecodeError:
+        raise ValueError(
+            f"loggers: {name}: another peer sent a run id that is not ASCII text "
+            f"({raw[:16]!r}...): the peers run different versions of gossip_powersgd"
+        ) from None
 
 
 __all__ = ["RUN_FILES", "RUN_ID_BYTES", "Tracker"]

@@ -54,6 +54,24 @@ def test_read_run_refuses_a_folder_without_metrics_and_names_a_bad_line(tmp_path
         read_run(run_dir)
 
 
+def test_read_run_skips_a_last_line_still_being_written_and_says_so(tmp_path, capsys):
+    """gossip-plot on a run still being written read the record it was writing, a last line
+    without its newline yet, and refused the whole run ("not valid JSON"). That line is skipped
+    now, said in one line on stderr; the same text with its newline (written whole, so damaged)
+    is still refused."""
+    run_dir = make_run(tmp_path / "a")
+    path = run_dir / "metrics" / "rank-0.jsonl"
+    path.write_text(path.read_text().rstrip("\n") + '\n{"kind": "eval", "epo')
+    assert len(read_run(run_dir)["records"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"{path}:3: skipped a last line not yet written whole (no newline" in err
+    with path.open("a") as f:
+        f.write("\n")
+    with pytest.raises(ValueError, match=r"rank-0\.jsonl:3: not valid JSON$"):
+        read_run(run_dir)
+
+
 def test_read_run_takes_the_fullest_file_where_rank_0_was_away_for_part_of_the_run(tmp_path):
     """A run with churn whose rank 0 left at step 10 (`leave:0@10`): its metrics file stops there
     (two log records), while the members' go on to the end; gossip-plot drew rank 0's file, so
@@ -161,3 +179,33 @@ def test_a_damaged_run_or_an_out_that_is_a_file_is_one_line(tmp_path, capsys, da
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 1 and len(err) == 1, err
     assert err[0].startswith("error: ") and re.search(message, err[0])
+
+
+def test_a_private_runs_accuracy_legend_names_the_rank_whose_own_figures_it_draws(
+    tmp_path, monkeypatch
+):
+    """With private statistics and each peer's own test set an eval record holds no mean over
+    the peers, only its peer's own figures (``*_local``): the dashed curve, labelled "local
+    mean", was the read file's rank's own model's accuracy, the solid one the averaged model's
+    on that rank's test set. The legend now names them (rank 1's file here)."""
+    legends = []
+
+    def finish(plt, fig, ax):
+        legends.append(ax.get_legend_handles_labels()[1])
+        plt.close(fig)
+        return b""
+
+    monkeypatch.setattr(plot, "_finish", finish)
+    own = {"kind": "eval", "epoch": 1, "step": 2, "mb_sent_per_peer": 0.1}
+    own.update(test_acc_avg_model_local=0.5, test_acc_local=0.4)
+    private = make_run(tmp_path / "p", records=[])
+    (private / "metrics" / "rank-0.jsonl").unlink()
+    (private / "metrics" / "rank-1.jsonl").write_text(json.dumps(own) + "\n")
+    shared = make_run(tmp_path / "s", algorithm="exact")
+    plot.figures([read_run(private), read_run(shared)])
+    assert legends[0] == [
+        "powergossip:rank=1, averaged model (rank 1's test set)",
+        "powergossip:rank=1, rank 1's own model (rank 1's test set)",
+        "exact, averaged model",
+        "exact, local mean",
+    ]

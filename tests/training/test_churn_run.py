@@ -180,3 +180,51 @@ def test_the_dropped_gossip_steps_of_a_resumed_run_count_the_steps_before_its_ch
     ChurnRun.load_state_dict(resumed, {"changes": 1, "shift_total": 0.0, "interrupted": [12, 13]})
     assert ChurnRun.summary_fields(resumed)["gossip_steps_dropped"] == 6
     assert summed == [[0.0, 2.0]]
+
+
+def test_a_joiner_is_handed_the_trackers_run_ids_and_continues_the_same_mlflow_run(tmp_path):
+    """A process of gossip-train --rejoin knows no tracker run id: where it became the holder
+    its MLflow and W&B runs were new ones. The members now hand it the run ids (raw bytes, with
+    who held the trackers from which step) with its state, through the transfer's own bytes
+    (`pack_state` / `unpack_state`, as `hand_over` sends them), and its MLflow tracker, opened
+    as the holder, continues the members' run: the experiment holds one run, with the records of
+    both."""
+    from mlflow.tracking import MlflowClient
+
+    from gossip_powersgd.membership.transfer import pack_state, unpack_state
+    from gossip_powersgd.training.hooks import HookList
+    from gossip_powersgd.training.runstate import RunState
+    from gossip_powersgd.training.trackers import MLflowTracker, WandbTracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.create_experiment("churn")
+    member_run = client.create_run(experiment).info.run_id
+    client.log_metric(member_run, "log/train_loss", 1.0, step=10)
+
+    def peer(run_ids, holders):
+        model = torch.nn.Linear(3, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        trackers = [MLflowTracker(tracking_uri=uri), WandbTracker(mode="offline")]
+        for tracker, run_id in zip(trackers, run_ids):
+            tracker.run_id, tracker.holders = run_id, holders
+
+        class Driver:
+            changes, shift_total, transfer_bytes = 1, 0.0, 0
+            hooks = HookList(trackers)
+
+        return TrainingState(model, optimizer, RunState(step=20), Driver()), trackers
+
+    member, _ = peer([member_run, "ab12cd34"], [[-1, 0], [10, 1], [20, 0]])
+    joiner, (mlflow, wandb) = peer([None, None], [[-1, 0], [19, 1]])
+    header, body = pack_state(member.pack())
+    joiner.unpack(unpack_state(header, body, source=1))
+    assert (mlflow.run_id, wandb.run_id) == (member_run, "ab12cd34")
+    assert mlflow.holders == wandb.holders == [[-1, 0], [10, 1], [20, 0]]
+    mlflow.active, mlflow.context, mlflow.run_dir = True, None, None  # the holder from step 20
+    mlflow._open()
+    mlflow.write({"log/train_loss": 0.5}, 25)
+    mlflow.finish(None)
+    (run,) = client.search_runs([experiment])
+    history = client.get_metric_history(run.info.run_id, "log/train_loss")
+    assert sorted((m.step, m.value) for m in history) == [(10, 1.0), (25, 0.5)]

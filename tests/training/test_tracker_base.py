@@ -128,3 +128,87 @@ def test_a_resumed_run_whose_rank_0_had_left_continues_the_same_tracker_runs(tmp
     assert 30 in [r["step"] for r in survivor]  # written before the interruption and again
     assert steps_of(events, client, run, "summary/steps") == ([39], [39])
     assert run.info.status == "FINISHED"
+
+
+def wandb_churn_run(tmp_path, monkeypatch, churn: str):
+    """A 3-epoch run with `churn`, logged to an offline W&B run (every record: log_every 1), its
+    peers free threads; (run dir, the offline runs' files oldest first, the order in which the
+    peers' trackers released and opened their W&B runs). A leaving peer, once through its part
+    of the change, waits (up to 10 s) until another peer has opened the trackers: what a slow
+    leaver lets happen, at once."""
+    import threading
+
+    import topologies
+    from gossip_powersgd import LocalCluster
+    from gossip_powersgd.membership.peer import PeerMembership
+    from gossip_powersgd.training.trackers import WandbTracker
+    from gossip_powersgd.training.trainer import train
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    order, opened = [], threading.Event()
+    for name in ("open", "release"):
+
+        def noted(self, *args, _name=name, _original=getattr(WandbTracker, name)):
+            _original(self, *args)  # noted once done: a release has finished its run then
+            order.append((_name, self.rank))
+            if _name == "open" and len(order) > 1:  # a holder after the first
+                opened.set()
+
+        monkeypatch.setattr(WandbTracker, name, noted)
+    advance = PeerMembership.advance
+
+    def slow_leaver(self, step, state):
+        change = advance(self, step, state)
+        if change is not None and self.rank in set(change.previous.live) - set(change.epoch.live):
+            opened.wait(timeout=10)
+        return change
+
+    monkeypatch.setattr(PeerMembership, "advance", slow_leaver)
+    config = tiny(
+        tmp_path,
+        epochs=3,
+        log_every=1,
+        on_peer_loss="continue",
+        churn=churn,
+        loggers=[{"wandb": {"mode": "offline"}}],
+    )
+    cluster = LocalCluster(topologies.parse(config.topology), timeout=60, cooperative=False)
+    cluster.run(train, config)
+    run_dir = Path(config.out_dir)
+    files = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    return run_dir, sorted(files, key=lambda path: path.stat().st_mtime_ns), order
+
+
+@pytest.mark.parametrize(
+    "churn, holders",
+    [("leave:0@2", [0, 1]), ("leave:0@2,join:0@20", [0, 1, 0])],
+)
+def test_a_wandb_holder_releases_its_run_before_the_next_holder_opens_it(
+    tmp_path, monkeypatch, churn, holders
+):
+    """W&B keeps one active run per process, and in-process peers are threads of one process:
+    a new holder whose wandb.init came before the leaving holder's run.finish was handed that
+    run back (W&B returns the active run), which the leaving holder then finished: the new
+    holder's records and summary failed ("Run ... is finished"). The leaving holder released
+    after its part in the change's collective, so the others could open first (a slow leaver,
+    as `wandb_churn_run` makes it); it now releases before it. The newest offline run holds
+    every record of the run once (W&B resumes no offline run: each holder logs the earlier
+    ones again), with the summary, and ends with exit code 0."""
+    from tests.training.test_trackers import wandb_items, wandb_records
+
+    run_dir, files, order = wandb_churn_run(tmp_path, monkeypatch, churn)
+    expected = [("open", holders[0])]
+    for old, new in zip(holders, holders[1:]):
+        expected += [("release", old), ("open", new)]
+    assert order == expected
+    assert len(files) == len(holders)  # one offline run per holder, each its own
+    rows = wandb_records(files[-1])
+    history = [r for r in rows if r.WhichOneof("record_type") == "history"]
+    survivor = records(run_dir, 1)  # a member throughout: every record of the run
+    steps = [wandb_items(r.history.item)["_step"] for r in history]
+    assert steps == sorted({r["step"] for r in survivor})  # rising: each step once
+    summary = json.loads((run_dir / "summary.json").read_text())
+    final = {k: v for r in rows for k, v in wandb_items(r.summary.update).items()}
+    assert final["summary/final_test_acc_avg_model"] == summary["final_test_acc_avg_model"]
+    (exit_record,) = [r.exit for r in rows if r.WhichOneof("record_type") == "exit"]
+    assert exit_record.exit_code == 0
