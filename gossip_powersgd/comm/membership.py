@@ -28,7 +28,7 @@ from .base import AgreementError, Communicator, Tensor, digest, nbytes, union_ne
 if TYPE_CHECKING:
     from topologies import AnyTopology
 
-__all__ = ["MemberCommunicator", "NO_DEADLINE"]
+__all__ = ["MemberCommunicator", "NO_DEADLINE", "rejoins"]
 
 #: The wait of a peer for others that may be far behind it (a joiner's admission, the end of the
 #: run): a year, the longest wait every platform's thread primitives take.
@@ -155,3 +155,9 @@ class MemberCommunicator(Communicator):
         for buffer in send.values():
             self.stats.transfer_bytes_sent += nbytes(buffer)
             self.stats.transfer_messages_sent += 1
+
+
+def rejoins(comm: Communicator) -> bool:
+    """Whether `comm` (a `MemberCommunicator`, or a transport) is that of a process rejoining a
+    running run (gossip-train --rejoin), which is no member until the members admit it."""
+    return bool(getattr(getattr(comm, "transport", comm), "_rejoined", False))

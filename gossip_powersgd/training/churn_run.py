@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from ..comm.base import Comm
 
-__all__ = ["ChurnRun", "TrainingState", "call", "churn_run", "rejoins"]
+__all__ = ["ChurnRun", "TrainingState", "call", "churn_run"]
 
 
 def _scheduled(config, topology: AnyTopology, steps: int):
@@ -201,6 +201,8 @@ class ChurnRun(TrainingHooks):
     @property
     def rejoining(self) -> bool:
         """Whether this process rejoins a running run (gossip-train --rejoin)."""
+        from ..comm.membership import rejoins
+
         return rejoins(self.comm)
 
     @property
@@ -418,12 +420,6 @@ class ChurnRun(TrainingHooks):
         self.counted_from = int(state.get("counted_from", 0))  # (checkpoints from before it)
         self.transfer_bytes = state.get("transfer_bytes")  # None: from before it was kept
         self.interrupted = [int(step) for step in state.get("interrupted", ())]  # (... before it)
-
-
-def rejoins(comm: Comm) -> bool:
-    """Whether `comm` (a `MemberCommunicator`, or a transport) is that of a process rejoining a
-    running run (gossip-train --rejoin), which is no member until the members admit it."""
-    return bool(getattr(getattr(comm, "transport", comm), "_rejoined", False))
 
 
 def call(what: str, fn, *args, **kwargs):

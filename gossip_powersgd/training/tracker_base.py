@@ -99,7 +99,7 @@ class Tracker(TrainingHooks):
         return f"{cls.name} has " + ", ".join(parts) + f"; its options: {', '.join(valid)}"
 
     def setup(self, context: SetupContext) -> None:
-        from .churn_run import rejoins
+        from ..comm.membership import rejoins
         from .features import peer_statistics_private
         from .setup import collectively
 
