@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import yaml
 
 from . import features as _features
-from .yaml_loader import read_config_text, strict_yaml_load
+from .yaml_loader import read_config_text, strict_yaml_load, yaml11_float
 
 # Validation lives in validation.py (which imports nothing of this module); its names stay
 # importable from here.
@@ -204,7 +204,7 @@ class TrainConfig(_CoreConfig):
         """A one-line ValueError for the first value of the wrong type (a value set in code
         rather than read from YAML, which `config_from_dict` checks)."""
         for key in valid_keys():
-            _coerce(key, getattr(self, key))
+            _coerce(key, getattr(self, key), from_yaml=False)
 
 
 #: How a run is executed, not what it computes: excluded from the peers' agreement check.
@@ -287,8 +287,9 @@ def _type_name(key: str) -> str:
     return _TYPE_NAMES.get(_kind(key), _kind(key))
 
 
-def _coerce(key: str, value: Any) -> Any:
-    """Check the YAML value of `key` has the right type; ints are accepted where floats are."""
+def _coerce(key: str, value: Any, from_yaml: bool = True) -> Any:
+    """Check the YAML value of `key` has the right type; ints are accepted where floats are, and
+    (`from_yaml`) the YAML 1.1 text of a number, 1e-3, where a number is."""
     feature_key = _features.feature_keys().get(key)
     if feature_key is not None and feature_key.coerce is not None:
         return feature_key.coerce(value)
@@ -303,19 +304,18 @@ def _coerce(key: str, value: Any) -> Any:
     elif base == "int":
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif base == "float":
-        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
+        value = yaml11_float(value, from_yaml)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         if ok:
             value = float(value)
     elif base == "bool":
         ok = isinstance(value, bool)
     elif key == "milestones":
+        value = yaml11_float(value, from_yaml)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = [value]
+        if isinstance(value, (list, tuple)):
+            value = [yaml11_float(v, from_yaml) for v in value]
         ok = isinstance(value, (list, tuple)) and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
         )

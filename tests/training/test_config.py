@@ -295,6 +295,22 @@ def test_a_mistyped_value_names_its_type_with_its_article():
     assert str(info.value) == "bad value for 'lr': 'fast' is not a number"
 
 
+def test_milestones_written_as_yaml_1_1_exponents_are_numbers_as_lr_is(tmp_path):
+    """YAML 1.1 reads 1.5e2 (no exponent sign) as text: lr: 1e-3 was a number but milestones:
+    [1.5e2, 2.25e2] was refused as "not a list of numbers". Values set in code stay strict: a
+    string there is a slip, refused in one line (it failed inside validation with a TypeError)."""
+    path = write(tmp_path, "schedule: step\nmilestones: [1.5e2, 2.25e2]\nepochs: 300\n")
+    assert load_config(path, deep=False).milestones == [150.0, 225.0]
+    assert tiny("schedule=step", "milestones=[1e0, 2e0]").milestones == [1.0, 2.0]
+    assert tiny("schedule=step", "milestones=2e0").milestones == [2.0]
+    with pytest.raises(ValueError) as info:
+        tiny("schedule=step", "milestones=[1, soon]")
+    assert str(info.value) == "bad value for 'milestones': [1, 'soon'] is not a list of numbers"
+    for values, key in ((dict(lr="1e-3"), "lr"), (dict(milestones=["5"]), "milestones")):
+        with pytest.raises(ValueError, match=f"^bad value for '{key}': .* is not a"):
+            validate_config(TrainConfig(schedule="step", **values), deep=False)
+
+
 def test_a_string_key_takes_the_set_text_as_typed(tmp_path):
     # YAML would read these as a date, a timestamp, a boolean and a number
     for text in ("2024-01-01", "2024-01-01T10:00:00", "yes", "1e3"):
