@@ -14,10 +14,9 @@ by `TrainConfig` alongside: `config.dp_noise_multiplier` reads like a field. A f
 section may also be written nested (``dp: {noise_multiplier: 1.0}``, ``--set dp.delta=1e-5``);
 the flat spelling is the canonical one (dumped, hashed).
 
-Some keys only say *how* a run is executed, not *what* it computes (`BACKEND_KEYS`); peers need not
-agree on them and a checkpoint may be resumed with other values. `RUN_KEYS` (where the run is
-written, how often it is checkpointed) and `RECORDING_KEYS` (which messages are recorded) are
-likewise left out of the checkpoint's config hash.
+Some keys only say *how* a run is executed, not *what* it computes (`BACKEND_KEYS`): peers need not
+agree on them, a checkpoint may use others. `RUN_KEYS` (where the run is written, how often it is
+checkpointed) and `RECORDING_KEYS` (which messages are recorded) are also left out of its hash.
 """
 
 from __future__ import annotations
@@ -125,7 +124,8 @@ class _CoreConfig:
     #: Torch intra-op threads per process (1 keeps runs bit-reproducible across backends); more
     #: than the CPUs this process may use are cut to them, with a warning.
     threads: int = 1
-    #: Device of the models: cpu | cuda | cuda:K | auto (cuda:rank%count when a GPU is present).
+    #: Device of the models: cpu | cuda | cuda:K | auto (cuda:rank%count when a GPU is present;
+    #: under backend torch, cuda is each host's LOCAL_RANK-th GPU).
     device: str = "cpu"
     #: DP runs and partition: local: gather every peer's shard size, label histogram and training
     #: loss into the summary, logs and progress line; epsilon is then replace-one's (sizes public).
