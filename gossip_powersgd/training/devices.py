@@ -15,14 +15,21 @@ __all__ = ["resolve_device", "model_device"]
 
 def resolve_device(spec: str, rank: int) -> torch.device:
     """The torch device of `spec` ("cpu", "cuda", "cuda:K", "auto") for `rank`: plain "cuda" spreads
-    the ranks over the visible GPUs."""
+    the ranks over the visible GPUs; a cuda:K beyond them is refused in one line."""
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     if spec.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {spec!r} requested but CUDA is not available (use device: cpu)")
     if spec == "cuda":
         return torch.device(f"cuda:{rank % torch.cuda.device_count()}")
-    return torch.device(spec)
+    device = torch.device(spec)
+    if device.type == "cuda" and device.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()  # CUDA itself fails later: "invalid device ordinal"
+        raise ValueError(
+            f"bad value for 'device': {spec!r} (this machine has {count} GPU(s), cuda:0 to "
+            f"cuda:{count - 1}; or device cuda spreads the peers over them)"
+        )
+    return device
 
 
 def model_device(spec: str, comm: Comm) -> torch.device:

@@ -153,6 +153,9 @@ def test_missing_file(tmp_path):
         ("warmup_epochs=99", "'warmup_epochs'"),
         ("quiet=maybe", "'quiet'"),
         ("device=tpu", "'device'"),
+        # torch's own "Invalid device string" at set-up, past validation
+        ("device=cuda:x", r"'device': 'cuda:x' \(valid: cpu, cuda, cuda:K \(K = 0, 1, \.\.\."),
+        ("device=cuda:-1", "'device'"),
         ("comm_timeout=0", "'comm_timeout'"),
         # below the second a process group's set-up needs (torch's socket error named neither rank nor key)
         ("comm_timeout=1e-6", r"'comm_timeout': 1e-06 \(must be in \[1, 604800\] seconds"),

@@ -84,3 +84,22 @@ def test_a_cuda_model_takes_the_gpu_its_torch_transport_moves_tensors_on(monkeyp
         "bad value for 'device': 'cuda:1' (this process's transport moves tensors on its host's "
         "LOCAL_RANK-th GPU, cuda:0: set device cuda or auto)"
     )
+
+
+def test_a_gpu_index_beyond_the_machines_gpus_is_refused_in_one_line(monkeypatch):
+    """device cuda:3 on a machine of 1 GPU passed to torch, whose "invalid device ordinal" came
+    at the model's first use, in several lines of CUDA's."""
+    import torch
+
+    from gossip_powersgd.training.setup import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("cuda:0", 2) == torch.device("cuda", 0)
+    assert resolve_device("cuda", 2) == torch.device("cuda", 0)
+    with pytest.raises(ValueError) as info:
+        resolve_device("cuda:3", 0)
+    assert str(info.value) == (
+        "bad value for 'device': 'cuda:3' (this machine has 1 GPU(s), cuda:0 to cuda:0; or "
+        "device cuda spreads the peers over them)"
+    )
