@@ -87,10 +87,28 @@ def resolve_device(device, backend: Optional[str]) -> Tuple[torch.device, str]:
                 "use device cuda, or backend gloo on the CPU"
             )
         if device.index is None:
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            device = torch.device("cuda", _local_gpu(backend))
     elif device.type != "cpu":
         raise ValueError(f"device {device} is not supported: use cpu (gloo) or cuda (nccl)")
     return device, backend
+
+
+def _local_gpu(backend: str) -> int:
+    """The GPU of this process: the LOCAL_RANK-th. Processes beyond the host's GPUs share them
+    (LOCAL_RANK modulo their count) under gloo. NCCL cannot put two ranks on one GPU: there a host
+    running more processes (torchrun's LOCAL_WORLD_SIZE, else this LOCAL_RANK + 1) than it has
+    GPUs is refused in one line, by each of its processes alike (the index alone failed later, on
+    the processes beyond the GPUs only, as CUDA's "invalid device ordinal")."""
+    env = os.environ
+    local, count = int(env.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+    processes = max(local + 1, int(env.get("LOCAL_WORLD_SIZE", "0")))
+    if backend == "nccl" and processes > count:
+        raise ValueError(
+            f"this host runs {processes} processes but has {count} GPU(s), and NCCL puts one "
+            f"process on each: start at most {count} per host (torchrun --nproc-per-node "
+            f"{count}), or use device cpu (gloo)"
+        )
+    return local % count
 
 
 __all__ = ["DEFAULT_MASTER_ADDR", "DEFAULT_MASTER_PORT", "launcher_environment", "resolve_device"]

@@ -2,17 +2,19 @@
 
 Gossip mixes the parameters only; BatchNorm's running statistics are buffers, never gossiped. Each
 local model keeps (and is evaluated with) its own statistics, which belong to its own parameters.
-The averaged model's are recomputed at every evaluation (`refresh_batch_norm`) on a few of each
-peer's own training batches (`refresh_inputs`) and pooled over the peers, because the average of
-the peers' statistics does not describe the averaged parameters. Under differential privacy
-(private peer statistics) the trainer skips the refresh: a peer's batch statistics would leave it
-outside the mechanism, and the averaged model keeps the peers' mean statistics.
+The averaged model's are recomputed at every evaluation (`refresh_batch_norm`) on a few batches of
+a seeded sample of each peer's own training data (`refresh_inputs`) and pooled over the peers,
+because the average of the peers' statistics does not describe the averaged parameters. Under
+differential privacy (private peer statistics) the trainer skips the refresh: a peer's batch
+statistics would leave it outside the mechanism, and the averaged model keeps the peers' mean
+statistics.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable, Iterator
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -24,6 +26,8 @@ __all__ = ["BN_REFRESH_BATCHES", "refresh_batch_norm", "refresh_inputs"]
 #: How many of its own training batches each peer runs the averaged model on to recompute its
 #: BatchNorm statistics (`refresh_batch_norm`).
 BN_REFRESH_BATCHES = 8
+#: Distinguishes the draw of the samples `refresh_inputs` takes from every other seeded stream.
+_SAMPLE_STREAM = 0xB18
 
 
 def refresh_batch_norm(model: torch.nn.Module, inputs: Iterable[torch.Tensor], comm: Comm) -> bool:
@@ -88,14 +92,24 @@ def refresh_batch_norm(model: torch.nn.Module, inputs: Iterable[torch.Tensor], c
 
 
 def refresh_inputs(batches, step: int, count: int = BN_REFRESH_BATCHES) -> Iterator[torch.Tensor]:
-    """The first `count` mini-batches of this peer's shard (`batches.x`; of 2 samples at least,
-    where the batch size is 1), through its per-batch transform with a generator of (seed, rank,
-    step): what `refresh_batch_norm` runs on. Leaves the batch iterator's position alone."""
+    """`count` mini-batches (of 2 samples at least, where the batch size is 1) of a sample of this
+    peer's shard (`batches.x`) drawn without replacement from a generator of (seed, rank, step),
+    through its per-batch transform: what `refresh_batch_norm` runs on. Leaves the batch
+    iterator's position alone.
+
+    A sample, not the shard's first records: a shard keeps its dataset's order, and a dataset
+    stored class by class (torchvision's ImageFolder, a user's arrays sorted by label) gave the
+    averaged model the statistics of its first class only."""
     size = getattr(batches, "batch_size", None) or round(batches.sample_rate * len(batches.x))
     size = max(2, size)  # training-mode BN needs more than one value per channel
-    for i in range(min(count, -(-len(batches.x) // size))):
-        x = batches.x[i * size : (i + 1) * size]
-        if len(x) < 2:  # a shard's last sample alone: not a batch BN can measure
+    n = len(batches.x)
+    words = [getattr(batches, "seed", 0), getattr(batches, "rank", 0), step, _SAMPLE_STREAM]
+    rng = np.random.default_rng(np.random.SeedSequence(words))
+    order = torch.from_numpy(rng.choice(n, size=min(count * size, n), replace=False))
+    order = order.to(batches.x.device)
+    for i in range(-(-len(order) // size)):
+        x = batches.x[order[i * size : (i + 1) * size]]
+        if len(x) < 2:  # a last sample alone: not a batch BN can measure
             break
         if batches.transform is not None:
             from .batches import BN_STREAM

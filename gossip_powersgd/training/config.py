@@ -14,10 +14,9 @@ by `TrainConfig` alongside: `config.dp_noise_multiplier` reads like a field. A f
 section may also be written nested (``dp: {noise_multiplier: 1.0}``, ``--set dp.delta=1e-5``);
 the flat spelling is the canonical one (dumped, hashed).
 
-Some keys only say *how* a run is executed, not *what* it computes (`BACKEND_KEYS`); peers need not
-agree on them and a checkpoint may be resumed with other values. `RUN_KEYS` (where the run is
-written, how often it is checkpointed) and `RECORDING_KEYS` (which messages are recorded) are
-likewise left out of the checkpoint's config hash.
+Some keys only say *how* a run is executed, not *what* it computes (`BACKEND_KEYS`): peers need not
+agree on them, a checkpoint may use others. `RUN_KEYS` (where the run is written, how often it is
+checkpointed) and `RECORDING_KEYS` (which messages are recorded) are also left out of its hash.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import yaml
 
 from . import features as _features
-from .yaml_loader import read_config_text, strict_yaml_load
+from .yaml_loader import read_config_text, strict_yaml_load, yaml11_float
 
 # Validation lives in validation.py (which imports nothing of this module); its names stay
 # importable from here.
@@ -125,7 +124,8 @@ class _CoreConfig:
     #: Torch intra-op threads per process (1 keeps runs bit-reproducible across backends); more
     #: than the CPUs this process may use are cut to them, with a warning.
     threads: int = 1
-    #: Device of the models: cpu | cuda | cuda:K | auto (cuda:rank%count when a GPU is present).
+    #: Device of the models: cpu | cuda | cuda:K | auto (cuda:rank%count when a GPU is present;
+    #: under backend torch, cuda is each host's LOCAL_RANK-th GPU).
     device: str = "cpu"
     #: DP runs and partition: local: gather every peer's shard size, label histogram and training
     #: loss into the summary, logs and progress line; epsilon is then replace-one's (sizes public).
@@ -204,7 +204,7 @@ class TrainConfig(_CoreConfig):
         """A one-line ValueError for the first value of the wrong type (a value set in code
         rather than read from YAML, which `config_from_dict` checks)."""
         for key in valid_keys():
-            _coerce(key, getattr(self, key))
+            _coerce(key, getattr(self, key), from_yaml=False)
 
 
 #: How a run is executed, not what it computes: excluded from the peers' agreement check.
@@ -287,8 +287,9 @@ def _type_name(key: str) -> str:
     return _TYPE_NAMES.get(_kind(key), _kind(key))
 
 
-def _coerce(key: str, value: Any) -> Any:
-    """Check the YAML value of `key` has the right type; ints are accepted where floats are."""
+def _coerce(key: str, value: Any, from_yaml: bool = True) -> Any:
+    """Check the YAML value of `key` has the right type; ints are accepted where floats are, and
+    (`from_yaml`) the YAML 1.1 text of a number, 1e-3, where a number is."""
     feature_key = _features.feature_keys().get(key)
     if feature_key is not None and feature_key.coerce is not None:
         return feature_key.coerce(value)
@@ -303,19 +304,18 @@ def _coerce(key: str, value: Any) -> Any:
     elif base == "int":
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif base == "float":
-        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
+        value = yaml11_float(value, from_yaml)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         if ok:
             value = float(value)
     elif base == "bool":
         ok = isinstance(value, bool)
     elif key == "milestones":
+        value = yaml11_float(value, from_yaml)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = [value]
+        if isinstance(value, (list, tuple)):
+            value = [yaml11_float(v, from_yaml) for v in value]
         ok = isinstance(value, (list, tuple)) and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
         )

@@ -23,6 +23,7 @@ from ..algorithms import make_algorithm
 from ..comm.base import AgreementError
 from ..launch import collectively
 from ..utils import warn
+from .devices import model_device, resolve_device  # noqa: F401 (resolve_device: re-exported)
 from .config import (
     TrainConfig,
     agreement_text,
@@ -38,18 +39,6 @@ from .validation import check_algorithm, warmup_steps
 
 if TYPE_CHECKING:
     from ..comm.base import Comm
-
-
-def resolve_device(spec: str, rank: int) -> torch.device:
-    """The torch device of `spec` ("cpu", "cuda", "cuda:K", "auto") for `rank`: plain "cuda" spreads
-    the ranks over the visible GPUs."""
-    if spec == "auto":
-        spec = "cuda" if torch.cuda.is_available() else "cpu"
-    if spec.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {spec!r} requested but CUDA is not available (use device: cpu)")
-    if spec == "cuda":
-        return torch.device(f"cuda:{rank % torch.cuda.device_count()}")
-    return torch.device(spec)
 
 
 def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
@@ -145,7 +134,7 @@ def build_run(
     from .models import count_parameters
 
     rank, size = comm.rank, comm.size
-    device = resolve_device(config.device, rank)
+    device = model_device(config.device, comm)
     owns_process = _process_owned(comm)
     if owns_process:
         _seed_process(config.seed, rank)

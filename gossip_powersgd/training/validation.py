@@ -246,13 +246,11 @@ def _check_run_settings(c: TrainConfig) -> None:
     )
     _check(c.threads >= 1, "threads", c.threads, "must be >= 1")
     _check(
-        c.device == "auto"
-        or c.device == "cpu"
-        or c.device == "cuda"
-        or c.device.startswith("cuda:"),
+        c.device in ("auto", "cpu", "cuda")
+        or (c.device.startswith("cuda:") and c.device[5:].isdigit() and c.device[5:].isascii()),
         "device",
         c.device,
-        "valid: cpu, cuda, cuda:K, auto",
+        "valid: cpu, cuda, cuda:K (K = 0, 1, ...: a GPU's index), auto",
     )
     _check(c.out_dir is None or c.out_dir.strip() != "", "out_dir", c.out_dir, "must not be empty")
     _check(

@@ -99,6 +99,17 @@ def strict_yaml_load(text: str, where: str) -> Any:
         loader.dispose()
 
 
+def yaml11_float(value: Any, from_yaml: bool) -> Any:
+    """`value` as a float where it is YAML text of one (YAML 1.1 reads 1e-3 and 1.5e2, without a
+    dot or an exponent's sign, as strings); anything else, or a value set in code, as it is."""
+    if from_yaml and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
 def read_config_text(path) -> str:
     """The text of the config file `path`, read as UTF-8; a one-line ValueError naming the file
     and the first byte that is not UTF-8 (Python's own message names neither)."""
@@ -111,4 +122,10 @@ def read_config_text(path) -> str:
         ) from None
 
 
-__all__ = ["read_config_text", "strict_yaml_load", "MAX_CONFIG_BYTES", "MAX_EXPANDED_NODES"]
+__all__ = [
+    "read_config_text",
+    "strict_yaml_load",
+    "yaml11_float",
+    "MAX_CONFIG_BYTES",
+    "MAX_EXPANDED_NODES",
+]

@@ -134,3 +134,33 @@ def test_nccl_or_cuda_without_cuda_names_the_cpu_way():
         assert str(info.value) == (
             f"{first} needs CUDA, which this machine does not have: use backend gloo on device cpu"
         )
+
+
+def test_a_host_with_more_nccl_processes_than_gpus_is_refused_by_each_and_gloo_shares(
+    environment,
+):
+    """`torchrun --nproc-per-node 8` with device auto (the paper's ResNet-20 grid) on a host of 4
+    GPUs: LOCAL_RANK 4-7 were sent to cuda:4-7, CUDA's "invalid device ordinal" on those ranks
+    only, while ranks 0-3 waited out the rendezvous. Under NCCL every process of such a host now
+    refuses it in one line; under gloo the processes share the GPUs."""
+    monkeypatch = environment
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    for local in ("0", "4", "7"):
+        monkeypatch.setenv("LOCAL_RANK", local)
+        with pytest.raises(ValueError) as info:
+            resolve_device("cuda", None)
+        assert str(info.value) == (
+            "this host runs 8 processes but has 4 GPU(s), and NCCL puts one process on each: "
+            "start at most 4 per host (torchrun --nproc-per-node 4), or use device cpu (gloo)"
+        )
+    monkeypatch.setenv("LOCAL_RANK", "5")
+    assert resolve_device("cuda", "gloo") == (torch.device("cuda", 1), "gloo")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert resolve_device("cuda", None) == (torch.device("cuda", 3), "nccl")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")  # an MPI launcher's: LOCAL_RANK alone tells
+    monkeypatch.setenv("LOCAL_RANK", "4")
+    with pytest.raises(ValueError, match="^this host runs 5 processes but has 4 GPU"):
+        resolve_device("cuda", "nccl")
