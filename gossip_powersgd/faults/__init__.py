@@ -153,9 +153,11 @@ def fail() -> None:
     """This rank ends with an error while others go on (on_peer_loss: continue): tell them it is
     lost ("failed") in place of the clean goodbye its exit would give (`Monitor.leave`), so that
     they go on without it at once rather than wait out comm_timeout for a peer that said it left
-    cleanly. Under abort, or after a loss that ends the job, nothing (its end is told already)."""
+    cleanly. Under abort, or after a loss that ends the job, nothing (its end is told already);
+    nor from a resting monitor (a --rejoin process not admitted is no member: named lost, its id
+    would be the live member's)."""
     m = _monitor
-    if m is None or m.policy != "continue":
+    if m is None or m.policy != "continue" or m.resting:
         return
     with m._lock:
         if m.closed or m.event is not None:

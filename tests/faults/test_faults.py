@@ -124,13 +124,17 @@ def test_a_loss_found_after_the_main_thread_ended_is_not_recorded(quiet_monitor,
     assert quiet_monitor.event is None and "ending the job" not in capfd.readouterr().err
 
 
-@pytest.mark.parametrize("policy", ["continue", "abort"])
+@pytest.mark.parametrize("policy", ["continue", "abort", "continue-resting"])
 def test_a_rank_that_fails_under_continue_tells_the_others_it_is_lost(monkeypatch, policy):
     """A rank ending with an error (`comm.torch.exit_after_peers`, the others still training)
     used to say in its exit's heartbeat that it left cleanly, so under continue the survivors
     watched it no more and waited out comm_timeout, then failed too. Now it names itself lost
     ("failed") and says no goodbye: a survivor's monitor hands the loss to the membership. Under
-    abort nothing changes (the others end through their own failed waits)."""
+    abort nothing changes (the others end through their own failed waits). A resting monitor (a
+    `--rejoin` process not admitted: refused, e.g. its peer is still a member) is no member: it
+    names nobody lost, least of all the live member of its id (the members removed it)."""
+    resting = policy.endswith("-resting")
+    policy = policy.removesuffix("-resting")
     import os
 
     from gossip_powersgd.comm import torch as torch_comm
@@ -141,6 +145,7 @@ def test_a_rank_that_fails_under_continue_tells_the_others_it_is_lost(monkeypatc
     try:
         for m in (failing, survivor):
             m.joined, m.policy = True, policy
+        failing.resting = resting
         failing.local = {0: os.getpid()}
         monkeypatch.setattr(failing.endpoint, "send_local", lambda peer, data: sent.append(data))
         monkeypatch.setattr(faults, "_monitor", failing)
@@ -151,11 +156,11 @@ def test_a_rank_that_fails_under_continue_tells_the_others_it_is_lost(monkeypatc
             torch_comm.exit_after_peers(1)
         failing.leave()  # the interpreter's exit functions
         leaving = [bool(liveness.unpack_heartbeat(d)[3] & liveness.LEAVING) for d in sent]
-        assert any(leaving) == (policy == "abort")
+        assert any(leaving) == (policy == "abort" or resting)
         for data in sent:
             survivor._heard(data, None)
         lost = [(e.peer, e.how) for e, _ in survivor.losses]
-        assert lost == ([(2, "failed")] if policy == "continue" else [])
+        assert lost == ([(2, "failed")] if policy == "continue" and not resting else [])
         assert survivor.event is None  # a loss to go on without, not the end of the job
     finally:
         for m in (failing, survivor):
