@@ -249,6 +249,8 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
         return None
     if args.rejoin is not None:  # the peer id is the rank (checked in `check_rejoin`)
         os.environ.setdefault("RANK", str(args.rejoin))
+        if os.environ.get("WORLD_SIZE", "").isdigit():  # before the launcher's check of RANK
+            check_rejoin_id(args.rejoin, int(os.environ["WORLD_SIZE"]))
     # The first sign of life, from the launcher's environment: before MPI and torch are loaded.
     launched = launched_rank() or (None if launched_by_mpiexec() else (0, 1))
     started = time.perf_counter()
@@ -303,6 +305,15 @@ def run(argv: Optional[List[str]] = None, *, module: str = MODULE) -> Optional[D
     return summary
 
 
+def check_rejoin_id(peer: int, size: int) -> None:
+    """--rejoin ID of a run of `size` peers: 1..size-1 (a one-line ValueError otherwise)."""
+    if not 0 < peer < size:
+        where = "peer 0 hosts the rendezvous store, which the run cannot lose" if peer == 0 else ""
+        raise ValueError(
+            f"--rejoin {peer}: out of range (peers 1..{size - 1} can rejoin{'; ' if where else ''}{where})"
+        )
+
+
 def check_rejoin(peer: int, config, size: int, resume: bool) -> None:
     """--rejoin ID: a one-line ValueError for what cannot rejoin (on every process: each one runs
     this before it connects)."""
@@ -317,11 +328,7 @@ def check_rejoin(peer: int, config, size: int, resume: bool) -> None:
         raise ValueError(
             "--rejoin and --resume exclude each other: a rejoining peer is handed its state"
         )
-    if not 0 < peer < size:
-        where = "peer 0 hosts the rendezvous store, which the run cannot lose" if peer == 0 else ""
-        raise ValueError(
-            f"--rejoin {peer}: out of range (peers 1..{size - 1} can rejoin{'; ' if where else ''}{where})"
-        )
+    check_rejoin_id(peer, size)
     if os.environ.get("RANK", str(peer)) != str(peer):
         raise ValueError(
             f"--rejoin {peer} but RANK={os.environ['RANK']}: the peer id is stable; start the "
