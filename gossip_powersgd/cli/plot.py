@@ -106,9 +106,11 @@ def _check_record(record: Dict[str, object], where: str) -> None:
 
 
 def _fullest_metrics(run_dir: Path) -> Path:
-    """The metrics file holding the most records (lines), the lowest rank's among equals: rank 0's
-    in a run without churn; another member's where rank 0 was away for part of the run (its file
-    stops where it left). ValueError where the run directory has none."""
+    """The metrics file holding the most records (non-blank lines ended by a newline: blank lines
+    are not records, and a last line without its newline is still being written), the lowest
+    rank's among equals: rank 0's in a run without churn; another member's where rank 0 was away
+    for part of the run (its file stops where it left). ValueError where the run directory has
+    none."""
     found = {}
     for path in (run_dir / "metrics").glob("rank-*.jsonl"):
         rank = path.name[len("rank-") : -len(".jsonl")]
@@ -117,8 +119,13 @@ def _fullest_metrics(run_dir: Path) -> Path:
     if not found:
         missing = run_dir / "metrics" / "rank-0.jsonl"
         raise ValueError(f"{run_dir} is not a run directory: {missing} is missing")
-    lines = {rank: path.read_bytes().count(b"\n") for rank, path in found.items()}
-    return found[min(lines, key=lambda rank: (-lines[rank], rank))]
+    records = {rank: _records(path) for rank, path in found.items()}
+    return found[min(records, key=lambda rank: (-records[rank], rank))]
+
+
+def _records(path: Path) -> int:
+    """The records of a metrics file: its non-blank lines ended by a newline."""
+    return sum(1 for line in path.read_bytes().split(b"\n")[:-1] if line.strip())
 
 
 def _algorithm(run_dir: Path) -> Optional[str]:

@@ -228,9 +228,11 @@ def colluders_needed(
     """The fewest colluders, none of them `target` or its neighbour, whose knowledge determines
     one of `target`'s private contributions (in averaging its value, in D-GD one of its
     updates), and the first such set in lexicographic order; (None, ()) if no set of at most
-    `most` does."""
-    graphs = network_dp._graphs(topology)
-    near = {target, *graphs.at(0).neighbors(target)}
+    `most` does. On a schedule a neighbour is a peer paired with `target` at any of the `steps`
+    (a periodic schedule's whole period once `steps` covers it): each of them hears `target`'s
+    values as sent."""
+    graphs, steps, _ = _check(topology, steps, updates, tie)
+    near = {target, *(j for t in range(steps) for j in graphs.at(t).neighbors(target))}
     candidates = [p for p in range(graphs.size) if p not in near]
     for k in range(1, most + 1):
         for group in itertools.combinations(candidates, k):

@@ -83,7 +83,9 @@ def observe_every_peer(config: Mapping[str, Any]):
 
 def _rhs(system, views, x0, indices, estimates):
     """The right-hand side on `indices`: the colluders' own values, and for a received row the
-    value the messages carry exactly (`estimates` None) or the colluder's estimate of it."""
+    value the messages carry exactly (`estimates` None) or the estimate of the first colluder
+    that received the sender's message at that step (on a schedule a colluder's edge to the
+    sender is idle at some steps, so its estimates hold only the steps it heard the sender)."""
     from gossip_powersgd.privacy.knowledge import observations
 
     if estimates is None:
@@ -94,7 +96,7 @@ def _rhs(system, views, x0, indices, estimates):
         if sender in views:
             value = views[sender].own_trajectory()[t]
         else:
-            value = next(e[sender][t] for c, e in estimates.items() if sender in e)
+            value = next(e[sender][t] for e in estimates.values() if t in e.get(sender, {}))
         out.append(flat(value, indices) - base)
     return np.stack(out)
 

@@ -92,6 +92,23 @@ def test_read_run_takes_the_fullest_file_where_rank_0_was_away_for_part_of_the_r
     assert read_run(run_dir)["records"] == own  # as without churn
 
 
+def test_read_run_counts_records_not_blank_lines_to_find_the_fullest_file(tmp_path):
+    """Rank 0 left early (two records) and its file ends in blank lines; rank 1 holds all four.
+    The fullest file was the one with the most newlines, blank lines included, so rank 0's five
+    newlines beat rank 1's four and the figures ended where rank 0 left. Records are counted
+    now: rank 1's file is read; a last line still being written counts for nothing either."""
+    log = [{"kind": "log", "step": s, "consensus_distance": 1.0 / s} for s in (4, 8)]
+    whole = log + [{"kind": "log", "step": s, "consensus_distance": 0.1} for s in (12, 16)]
+    run_dir = make_run(tmp_path / "a", records=log)
+    path = run_dir / "metrics" / "rank-0.jsonl"
+    path.write_text(path.read_text() + "\n\n")  # 2 records, 5 newlines
+    (run_dir / "metrics" / "rank-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in whole))
+    assert read_run(run_dir)["records"] == whole
+    tail = '\n{"kind": "log", "step": 20'  # rank 0: 3 lines with text, the last not whole
+    path.write_text("".join(json.dumps(r) + "\n" for r in whole[:3]) + tail)
+    assert read_run(run_dir)["records"] == whole  # 3 records against rank 1's 4
+
+
 def test_labels_add_the_folder_only_where_two_runs_share_an_algorithm(tmp_path):
     runs = [
         {"dir": tmp_path / "x", "algorithm": "exact"},

@@ -110,6 +110,20 @@ def test_one_peer_determines_everyone_on_a_ring_once_the_steps_carry_the_values_
     assert colluders_needed("ring:6", 3, 3, updates="once") == (1, (0,))
 
 
+def test_on_a_schedule_no_colluder_is_a_peer_paired_with_the_target_at_any_step():
+    """one_peer_exponential:8 pairs 7 with 6, 5 and 3 at steps 0, 1 and 2 (7 XOR 1, 2, 4): all
+    three hear 7's values as sent. In D-SGD over those steps 3 hears y_7(2) and 5 heard y_7(1)
+    and holds its own y_5(1), the two values 7 mixed before it, so 3 and 5 together determine
+    7's last update. Only step 0's neighbour was left out, so (2, (3, 5)) came back, two of 7's
+    neighbours; now every step's are, and no set of at most 3 of the others determines one."""
+    schedule = topologies.parse("one_peer_exponential:8")
+    paired = {j for t in range(3) for j in schedule.at(t).neighbors(7)}
+    assert paired == {3, 5, 6}
+    system = knowledge_matrix(schedule, 3, [3, 5])
+    assert system.determined(np.eye(len(system.unknowns))[system.unknowns.index((2, 7))])[0]
+    assert colluders_needed(schedule, 3, 7) == (None, ())
+
+
 def test_the_structure_report_counts_what_peer_0_determines_at_each_distance():
     """ring:6 averaging after 3 steps: every peer at every distance is determined (both
     neighbours, both at distance 2, the opposite peer), so is every model; the farthest peer is

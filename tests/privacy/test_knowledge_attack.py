@@ -5,6 +5,7 @@ the exactly gossiped vector is recovered and the compressed matrix is never coun
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -71,6 +72,35 @@ def test_powergossip_gives_away_its_exact_vector_and_never_its_compressed_matrix
     for cell in out["peers"].values():
         assert cell["exact/once"]["error"] < 1e-9
         assert not cell["compressed/once"]["determined"]
+
+
+def test_on_a_schedule_each_received_row_takes_the_estimate_of_a_colluder_that_heard_it():
+    """one_peer_exponential:8 pairs i with i XOR 2^t at step t: colluders 0 and 3 both have peers
+    1 and 2 in their union graphs, but 0 hears 1 at step 0 only and 3 hears it at step 1 only
+    (2: the other way round). Each received row took the estimate of the first colluder with
+    the sender among its neighbours, 0's, which holds no step 0 of peer 2: KeyError. Now each row
+    takes a colluder's that heard it: on the exactly gossiped vector that estimate is the
+    message's value itself (the same float64 numbers the exact route reads), the peers the
+    colluders pin down (1 and 2, heard alone at step 0; 4..7 reach them only as one average) are
+    recovered (a 12 x 8 system of float64 messages: 1e-9) and the matrix is never determined."""
+    from gossip_powersgd.privacy.knowledge import attackable_indices, system_from_views
+    from gossip_powersgd.privacy.knowledge_attack import _rhs
+    from gossip_powersgd.privacy.reconstruction import reconstruct
+
+    spec, schedule = "powergossip:rank=1,min_compression_rate=0,gamma=1.0", "one_peer_exponential:8"
+    views = views_of(spec, schedule, 3)
+    out = colluder_attack(views, [0, 3], schedule, initial(), "averaging", ONCE)
+    determined = {int(p) for p, c in out["peers"].items() if c["exact/once"]["determined"]}
+    assert determined == {1, 2}
+    assert all(out["peers"][str(p)]["exact/once"]["error"] < 1e-9 for p in determined)
+    assert not any(c["compressed/once"]["determined"] for c in out["peers"].values())
+    mine = {c: views[c] for c in (0, 3)}
+    system = system_from_views(mine, schedule, updates="once")
+    assert {(0, 2), (1, 1)} <= set(system.rows)  # 3 heard 2 at step 0, 1 at step 1
+    estimates = {c: {j: reconstruct(v, j) for j in v.meta["neighbors"]} for c, v in mine.items()}
+    exact = attackable_indices(views[0])
+    heard = _rhs(system, mine, initial(), exact, estimates)
+    assert np.array_equal(heard, _rhs(system, mine, initial(), exact, None))
 
 
 @pytest.mark.parametrize("spec", ["exact:gamma=0.3", "powergossip:rank=1,gamma=0.3"])
