@@ -4,9 +4,9 @@ A config file is a flat YAML mapping of the keys below; anything not given takes
 `load_config(path, ["lr=0.05", "algorithm=exact"])` applies command-line overrides (each value is
 parsed as YAML, so `milestones=[5,8]`, `peers=null` and `quiet=true` work, except that a string
 key takes the text as typed: `out_dir=2024-01-01` is a directory, not a date) and validates the
-result. YAML is loaded safely (plain data only), and a duplicate key, an alias bomb or a file far
-larger than a config is refused (`yaml_loader.py`). Validation: an unknown key or a bad value
-raises a one-line `ValueError` that lists the valid keys or values.
+result. YAML is loaded safely (plain data only), and a duplicate key, an alias bomb, a number
+not in decimal (`1:30`) or a huge file is refused (`yaml_loader.py`). Validation: an unknown key
+or a bad value raises a one-line `ValueError` that lists the valid keys or values.
 
 The core keys are the fields below; the keys of config-driven features (differential privacy
 `dp_*`, observers, loggers, user hooks, ...) are declared by each feature (`features.py`) and held
@@ -416,7 +416,7 @@ def parse_override(text: str) -> tuple:
             if key == "out_dir"
             else f"--set {key}= gives no value: give one, or {key}=null for its default"
         )
-    parsed = strict_yaml_load(value, f"--set {key}={value}") if value.strip() else None
+    parsed = strict_yaml_load(value, f"--set {key}={value}", decimal=not text_key)
     if (
         text_key
         and parsed is not None
