@@ -420,11 +420,11 @@ def parse_override(text: str) -> tuple:
     if (
         text_key
         and parsed is not None
-        and (not isinstance(parsed, (str, list, dict)) or "\n" in value)
+        and (not isinstance(parsed, str) and value.strip()[0] not in "[{" or "\n" in value)
     ):
-        # A string key takes the text as typed: --set out_dir=2024-01-01 is a directory, not a
-        # date (YAML reads dates, numbers and yes/no as such), and a line break stays one (YAML
-        # folds it into a space; validation then names it); null still means None.
+        # A string key takes the text as typed: out_dir=2024-01-01 is a directory, not a date,
+        # device=cuda: a device, not a mapping (only [...] and {...} stay a list or mapping), and
+        # a line break stays one (YAML folds it into a space; validation names it); null is None.
         parsed = value.strip()
     return key, parsed
 

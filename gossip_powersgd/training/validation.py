@@ -246,6 +246,13 @@ def _check_run_settings(c: TrainConfig) -> None:
     )
     _check(c.threads >= 1, "threads", c.threads, "must be >= 1")
     _check(
+        c.device.strip() != "cuda:",  # the index left out (--set device=cuda: is this text)
+        "device",
+        c.device,
+        "no GPU index after 'cuda:': write cuda (the peers spread over the GPUs), cuda:K "
+        "(K = 0, 1, ...) or auto",
+    )
+    _check(
         c.device in ("auto", "cpu", "cuda")
         or (c.device.startswith("cuda:") and c.device[5:].isdigit() and c.device[5:].isascii()),
         "device",
