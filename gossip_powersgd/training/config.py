@@ -80,7 +80,7 @@ class _CoreConfig:
     warmup_epochs: float = 0.0
     #: Learning-rate schedule after the warm-up, applied every step: constant | step | cosine (to 0).
     schedule: str = "constant"
-    #: `step` schedule: epochs (may be fractional) at which the learning rate is multiplied by `decay`.
+    #: `step` schedule: epochs (may be fractional; none inside the warm-up) at which lr *= `decay`.
     milestones: List[float] = dataclasses.field(default_factory=list)
     #: `step` schedule: the factor applied at each milestone, in (0, 1].
     decay: float = 0.1

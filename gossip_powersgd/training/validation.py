@@ -215,6 +215,18 @@ def _check_schedule_and_counts(c: TrainConfig) -> None:
         c.milestones,
         "milestones are for schedule: step",
     )
+    # The trainer's learning_rate follows the warm-up alone until it ends: the decay of a milestone
+    # inside it would come at the warm-up's end, not at the epoch it names.
+    early = [m for m in c.milestones if m < c.warmup_epochs]
+    if early:
+        _check(
+            False,
+            "milestones",
+            c.milestones,
+            f"milestone {early[0]:g} falls inside the warm-up, which ends at epoch "
+            f"{c.warmup_epochs:g} (warmup_epochs), and would only take effect then: move it to "
+            f"{c.warmup_epochs:g} or later, or shorten warmup_epochs",
+        )
     _check(
         c.schedule == "step" or c.decay == type(c).decay,  # the default: not set
         "decay",
