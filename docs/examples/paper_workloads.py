@@ -47,7 +47,9 @@ for k in range(1, 6):
 # %%
 # ResNet-20 (``resnet20``: 272,474 parameters for 10 classes, BatchNorm) on 4 peers. The averaged
 # model of a BatchNorm network gets its statistics recomputed on a few batches of each peer before
-# it is evaluated. On noise, the accuracy means nothing; the bytes do: PowerGossip rank 1 sends
+# it is evaluated, except where the peers' statistics are private (under differential privacy,
+# and under ``partition: local``, unless ``release_peer_statistics: true``): it then keeps the
+# peers' mean statistics, since a peer's batch statistics would leave it. On noise, the accuracy means nothing; the bytes do: PowerGossip rank 1 sends
 # far less than the formula for exact gossip.
 
 runs = Path(tempfile.mkdtemp(prefix="paper-runs-"))

@@ -4,10 +4,12 @@ Gossip mixes the parameters only; BatchNorm's running statistics are buffers, ne
 local model keeps (and is evaluated with) its own statistics, which belong to its own parameters.
 The averaged model's are recomputed at every evaluation (`refresh_batch_norm`) on a few batches of
 a seeded sample of each peer's own training data (`refresh_inputs`) and pooled over the peers,
-because the average of the peers' statistics does not describe the averaged parameters. Under
-differential privacy (private peer statistics) the trainer skips the refresh: a peer's batch
-statistics would leave it outside the mechanism, and the averaged model keeps the peers' mean
-statistics.
+because the average of the peers' statistics does not describe the averaged parameters. Where the
+peers' statistics are private (`features.peer_statistics_private`: under differential privacy, and
+under `partition: local`, each unless `release_peer_statistics: true`) the trainer skips the
+refresh: a peer's batch statistics are functions of its private data and would leave it (outside
+the DP mechanism; under `partition: local`, data that exists on its peer only), so the averaged
+model keeps the peers' mean statistics.
 """
 
 from __future__ import annotations

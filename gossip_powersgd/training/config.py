@@ -4,9 +4,9 @@ A config file is a flat YAML mapping of the keys below; anything not given takes
 `load_config(path, ["lr=0.05", "algorithm=exact"])` applies command-line overrides (each value is
 parsed as YAML, so `milestones=[5,8]`, `peers=null` and `quiet=true` work, except that a string
 key takes the text as typed: `out_dir=2024-01-01` is a directory, not a date) and validates the
-result. YAML is loaded safely (plain data only), and a duplicate key, an alias bomb or a file far
-larger than a config is refused (`yaml_loader.py`). Validation: an unknown key or a bad value
-raises a one-line `ValueError` that lists the valid keys or values.
+result. YAML is loaded safely (plain data only), and a duplicate key, an alias bomb, a number
+not in decimal (`1:30`) or a huge file is refused (`yaml_loader.py`). Validation: an unknown key
+or a bad value raises a one-line `ValueError` that lists the valid keys or values.
 
 The core keys are the fields below; the keys of config-driven features (differential privacy
 `dp_*`, observers, loggers, user hooks, ...) are declared by each feature (`features.py`) and held
@@ -80,7 +80,7 @@ class _CoreConfig:
     warmup_epochs: float = 0.0
     #: Learning-rate schedule after the warm-up, applied every step: constant | step | cosine (to 0).
     schedule: str = "constant"
-    #: `step` schedule: epochs (may be fractional) at which the learning rate is multiplied by `decay`.
+    #: `step` schedule: epochs (may be fractional; none inside the warm-up) at which lr *= `decay`.
     milestones: List[float] = dataclasses.field(default_factory=list)
     #: `step` schedule: the factor applied at each milestone, in (0, 1].
     decay: float = 0.1
@@ -416,15 +416,15 @@ def parse_override(text: str) -> tuple:
             if key == "out_dir"
             else f"--set {key}= gives no value: give one, or {key}=null for its default"
         )
-    parsed = strict_yaml_load(value, f"--set {key}={value}") if value.strip() else None
+    parsed = strict_yaml_load(value, f"--set {key}={value}", decimal=not text_key)
     if (
         text_key
         and parsed is not None
-        and (not isinstance(parsed, (str, list, dict)) or "\n" in value)
+        and (not isinstance(parsed, str) and value.strip()[0] not in "[{" or "\n" in value)
     ):
-        # A string key takes the text as typed: --set out_dir=2024-01-01 is a directory, not a
-        # date (YAML reads dates, numbers and yes/no as such), and a line break stays one (YAML
-        # folds it into a space; validation then names it); null still means None.
+        # A string key takes the text as typed: out_dir=2024-01-01 is a directory, not a date,
+        # device=cuda: a device, not a mapping (only [...] and {...} stay a list or mapping), and
+        # a line break stays one (YAML folds it into a space; validation names it); null is None.
         parsed = value.strip()
     return key, parsed
 

@@ -244,8 +244,8 @@ def eval_record(
     nothing computed on a test set is all-reduced either (an all-reduce hands a peer's value to
     the peers that sum it first): the record has this peer's own figures only (``*_local``).
     `bn_inputs`: this peer's batches for `refresh_batch_norm` of the averaged model (None: the
-    averaged model keeps the peers' mean BatchNorm statistics, as under DP, where a peer's batch
-    statistics would leave it outside the mechanism).
+    averaged model keeps the peers' mean BatchNorm statistics, as where the peers' statistics are
+    private, under DP or `partition: local`: a peer's batch statistics would leave it).
     """
     average_state_into(model, averaged, comm)
     if bn_inputs is not None:

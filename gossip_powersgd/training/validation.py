@@ -215,6 +215,18 @@ def _check_schedule_and_counts(c: TrainConfig) -> None:
         c.milestones,
         "milestones are for schedule: step",
     )
+    # The trainer's learning_rate follows the warm-up alone until it ends: the decay of a milestone
+    # inside it would come at the warm-up's end, not at the epoch it names.
+    early = [m for m in c.milestones if m < c.warmup_epochs]
+    if early:
+        _check(
+            False,
+            "milestones",
+            c.milestones,
+            f"milestone {early[0]:g} falls inside the warm-up, which ends at epoch "
+            f"{c.warmup_epochs:g} (warmup_epochs), and would only take effect then: move it to "
+            f"{c.warmup_epochs:g} or later, or shorten warmup_epochs",
+        )
     _check(
         c.schedule == "step" or c.decay == type(c).decay,  # the default: not set
         "decay",
@@ -245,6 +257,13 @@ def _check_run_settings(c: TrainConfig) -> None:
         f"must be in [{MIN_COMM_TIMEOUT:g}, {MAX_COMM_TIMEOUT:g}] seconds (1 s to a week)",
     )
     _check(c.threads >= 1, "threads", c.threads, "must be >= 1")
+    _check(
+        c.device.strip() != "cuda:",  # the index left out (--set device=cuda: is this text)
+        "device",
+        c.device,
+        "no GPU index after 'cuda:': write cuda (the peers spread over the GPUs), cuda:K "
+        "(K = 0, 1, ...) or auto",
+    )
     _check(
         c.device in ("auto", "cpu", "cuda")
         or (c.device.startswith("cuda:") and c.device[5:].isdigit() and c.device[5:].isascii()),

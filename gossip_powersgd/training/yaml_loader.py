@@ -4,14 +4,16 @@ PyYAML's safe loader builds only plain data, but it still lets a duplicate key s
 first one (`lr: 0.1` ... `lr: 0.5` trains with 0.5) and an alias bomb (nine anchors, each a list of
 nine aliases of the previous one) stand for 9**9 values that the first walk over the config (its
 hash, its validation) expands until the machine runs out of memory. Both are refused here, before
-anything walks the data, as is a file far larger than any config. `read_config_text` reads a config
-file as UTF-8, naming the file where it is not.
+anything walks the data, as is a file far larger than any config. So is a number that YAML 1.1
+reads otherwise than a reader does (`lr: 1:30` is base 60, 90; `peers: 010` octal, 8): a config's
+numbers are written in decimal, and the refusal names the key (`_check_decimal`). `read_config_text`
+reads a config file as UTF-8, naming the file where it is not.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Set
 
 import yaml
 
@@ -60,6 +62,54 @@ def _expanded_size(node, memo: Dict[int, int]) -> int:
     return size
 
 
+_INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+
+
+def _non_decimal(node) -> Optional[str]:
+    """What kind of number the int or float scalar `node` is where YAML 1.1 reads its text in
+    another base than 10 (None for a decimal number or anything else)."""
+    if not isinstance(node, yaml.ScalarNode) or node.tag not in (_INT_TAG, _FLOAT_TAG):
+        return None
+    text = node.value.replace("_", "").lstrip("+-")
+    if ":" in text:
+        return "a base-60 (sexagesimal) number"
+    if node.tag == _FLOAT_TAG:
+        return None
+    if text.startswith("0x"):
+        return "a hexadecimal number"
+    if text.startswith("0b"):
+        return "a binary number"
+    return "an octal number" if len(text) > 1 and text.startswith("0") else None
+
+
+def _check_decimal(node, key: Optional[str], where: str, loader, seen: Set[int]) -> None:
+    """Refuse a number written in another base than 10 anywhere under `node` (the value of `key`;
+    None: the document itself), naming its key: YAML 1.1 reads `1:30` as 90 and `010` as 8, which
+    is not what its writer meant (`lr: 1:30`, `peers: 010`). Hexadecimal and binary numbers are
+    refused alike: one rule, numbers in decimal, and the message gives the value YAML read."""
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value in node.value:
+            name = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?"
+            _check_decimal(value, name if key is None else f"{key}.{name}", where, loader, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for child in node.value:
+            _check_decimal(child, key, where, loader, seen)
+    else:
+        kind = _non_decimal(node)
+        if kind is None:
+            return
+        read = loader.construct_object(node)
+        at = "" if key is None else f"{key}: "
+        line = "" if key is None else f" (line {node.start_mark.line + 1})"
+        raise ValueError(
+            f"{where}: {at}{node.value} is {kind} in YAML 1.1, read as {read}{line}; a config's "
+            f"numbers are decimal: write the number you mean, or quote '{node.value}' for text"
+        )
+
+
 def _describe(exc: yaml.YAMLError) -> str:
     """A YAML error in one line: what is wrong and where (the library's text spans several lines)."""
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
@@ -70,8 +120,10 @@ def _describe(exc: yaml.YAMLError) -> str:
     return " ".join(str(exc).split())
 
 
-def strict_yaml_load(text: str, where: str) -> Any:
-    """Parse YAML text as `yaml.safe_load` does, refusing duplicate keys, alias bombs and huge input.
+def strict_yaml_load(text: str, where: str, decimal: bool = True) -> Any:
+    """Parse YAML text as `yaml.safe_load` does, refusing duplicate keys, alias bombs, huge input
+    and (`decimal`) a number not written in decimal (`_check_decimal`; off for the text of a string
+    key's --set, which is taken as typed).
 
     Errors are `ValueError`s of one line that start with `where` (a file name or "--set key").
     """
@@ -92,6 +144,8 @@ def strict_yaml_load(text: str, where: str) -> Any:
                 f"YAML alias bomb?); a config may stand for at most "
                 f"{MAX_EXPANDED_NODES}: write the values out"
             )
+        if decimal:
+            _check_decimal(node, None, where, loader, set())
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise ValueError(f"{where}: not valid YAML ({_describe(exc)})") from None

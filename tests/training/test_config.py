@@ -328,3 +328,26 @@ def test_a_string_key_takes_the_set_text_as_typed(tmp_path):
         "bad value for 'out_dir': datetime.date(2024, 1, 1) is not a string or "
         "null; quote it in the YAML file: out_dir: '2024-01-01'"
     )
+
+
+def test_a_cuda_device_without_its_gpu_index_is_named_as_such(tmp_path):
+    """--set device=cuda: was read by YAML as the mapping {'cuda': None} and refused as "{'cuda':
+    None} is not a string", naming neither the slip nor the fix."""
+    expected = (
+        "bad value for 'device': 'cuda:' (no GPU index after 'cuda:': write cuda (the peers spread "
+        "over the GPUs), cuda:K (K = 0, 1, ...) or auto)"
+    )
+    for override in ("device=cuda:", "device= cuda: "):
+        with pytest.raises(ValueError) as info:
+            tiny(override)
+        assert str(info.value) == expected
+    path = tmp_path / "c.yaml"
+    path.write_text(TINY.read_text() + "device: 'cuda:'\n")
+    with pytest.raises(ValueError) as info:
+        load_config(path)
+    assert str(info.value) == expected
+    # a mapping or list written as one is still YAML's, refused as not a string
+    for override, value in (("device={cuda: 0}", "{'cuda': 0}"), ("device=[cuda]", "['cuda']")):
+        with pytest.raises(ValueError) as info:
+            tiny(override)
+        assert str(info.value) == f"bad value for 'device': {value} is not a string"

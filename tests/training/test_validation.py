@@ -148,3 +148,21 @@ def test_a_decay_without_the_step_schedule_is_refused_as_milestones_are(schedule
     assert str(info.value) == "bad value for 'decay': 0.5 (decay is for schedule: step)"
     assert tiny(f"schedule={schedule}").decay == 0.1  # the default, not set: fine
     assert tiny("schedule=step", "milestones=[2]", "decay=0.5").decay == 0.5
+
+
+def test_a_milestone_inside_the_warm_up_is_refused_naming_it_and_the_warm_ups_end():
+    """A step-schedule milestone before warmup_epochs took effect only when the warm-up ended,
+    without a word; one at the warm-up's end decays the first step after it, as it names."""
+    from gossip_powersgd.training.config import TrainConfig
+    from gossip_powersgd.training.trainer import learning_rate
+
+    with pytest.raises(ValueError) as info:
+        tiny("schedule=step", "warmup_epochs=2", "milestones=[0.5, 3]")
+    assert str(info.value) == (
+        "bad value for 'milestones': [0.5, 3.0] (milestone 0.5 falls inside the warm-up, which "
+        "ends at epoch 2 (warmup_epochs), and would only take effect then: move it to 2 or later, "
+        "or shorten warmup_epochs)"
+    )
+    assert tiny("schedule=step", "warmup_epochs=2", "milestones=[2, 3]").milestones == [2.0, 3.0]
+    at_end = TrainConfig(lr=1.0, epochs=4, warmup_epochs=1, schedule="step", milestones=[1])
+    assert [learning_rate(at_end, s, 10) for s in (8, 9, 10)] == pytest.approx([0.9, 1.0, 0.1])
