@@ -198,7 +198,14 @@ def averaging_config(config: Mapping[str, Any], epoch_steps: int) -> Dict[str, A
     """`config` (a `gossip_powersgd.run` config) in the averaging regime: each peer trains alone
     for `epoch_steps` local steps (an epoch, so the first gossip step comes after it), then the
     learning rate drops by FREEZE (the models stop changing) and the peers gossip-average their
-    privately trained models."""
+    privately trained models. A warm-up longer than that epoch is refused (the freeze would come
+    after it, with the models still training while they gossip)."""
+    warmup = float(config.get("warmup_epochs") or 0.0)
+    if warmup > 1:
+        raise ValueError(
+            f"the averaging regime freezes the models after their first epoch (one epoch of "
+            f"local steps, then gossip): warmup_epochs {warmup:g} ends after it; set it <= 1"
+        )
     out = dict(config, local_steps=epoch_steps, schedule="step", milestones=[1.0])
     return dict(out, decay=FREEZE)
 

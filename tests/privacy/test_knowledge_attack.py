@@ -194,6 +194,17 @@ def test_attack_run_refuses_an_averaging_epoch_that_is_not_one():
         attack_run(_run_config(), "averaging", [[0]])
 
 
+def test_an_averaging_config_with_a_warm_up_past_its_epoch_is_refused_naming_the_regime():
+    """The averaging regime freezes the learning rate at epoch 1 (milestone 1.0); a warm-up longer
+    than that used to move the freeze to its end (the models still training while they gossip),
+    then was refused as a milestone the user never wrote: now named as the regime's own limit."""
+    from gossip_powersgd.privacy.knowledge_attack import averaging_config
+
+    assert averaging_config(dict(warmup_epochs=1.0), 13)["milestones"] == [1.0]
+    with pytest.raises(ValueError, match="averaging regime freezes .* warmup_epochs 2 ends after"):
+        averaging_config(dict(warmup_epochs=2), 13)
+
+
 def test_attack_modes_per_regime():
     from gossip_powersgd.privacy.knowledge_attack import attack_modes
 
