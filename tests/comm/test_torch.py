@@ -352,25 +352,17 @@ def test_training_under_torchrun_equals_the_local_backend(tmp_path):
     assert summary["mb_sent_per_peer"] == local["mb_sent_per_peer"]
 
 
+def tiny_torch_process(tmp_path, env) -> subprocess.CompletedProcess:
+    """experiments/train.py on tiny.yaml with backend torch, one process started by hand (no
+    launcher, or launcher variables set in `env`); 120 s: one interpreter importing torch."""
+    config = ROOT / "experiments" / "configs" / "tiny.yaml"
+    args = [sys.executable, "-m", "experiments.train", "--config", str(config)]
+    args += ["--set", "backend=torch", "--set", f"out_dir={tmp_path / 'run'}"]
+    return subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+
+
 def test_backend_torch_without_a_launcher_is_one_line(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "experiments.train",
-            "--config",
-            str(ROOT / "experiments" / "configs" / "tiny.yaml"),
-            "--set",
-            "backend=torch",
-            "--set",
-            f"out_dir={tmp_path / 'run'}",
-        ],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        cwd=ROOT,
-        timeout=120,
-    )
+    result = tiny_torch_process(tmp_path, _env())
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == [
@@ -383,24 +375,8 @@ def test_backend_torch_without_a_launcher_is_one_line(tmp_path):
 def test_a_negative_rank_is_one_line_not_a_liveness_traceback(tmp_path):
     """RANK=-1 (a launcher set by hand): before, the liveness monitor started at import crashed
     its thread with a struct.error traceback; now the transport's line is all there is."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "experiments.train",
-            "--config",
-            str(ROOT / "experiments" / "configs" / "tiny.yaml"),
-            "--set",
-            "backend=torch",
-            "--set",
-            f"out_dir={tmp_path / 'run'}",
-        ],
-        capture_output=True,
-        text=True,
-        env=_env({"RANK": "-1", "WORLD_SIZE": "4", "MASTER_PORT": str(free_port())}),
-        cwd=ROOT,
-        timeout=120,
-    )
+    env = _env({"RANK": "-1", "WORLD_SIZE": "4", "MASTER_PORT": str(free_port())})
+    result = tiny_torch_process(tmp_path, env)
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == [

@@ -62,22 +62,18 @@ def test_a_peer_alone_echoes_its_messages_and_counts_them_as_the_transports_do()
     assert comm.stats.bytes_sent == 2 * 16 + 2 * ring_allreduce_bytes(10, 4, 8, 0)
 
 
+def alone_config(log_every: int) -> dict:
+    """One peer of ring:4 timed alone (MNIST-1D, an MLP, PowerGossip rank 1, 2 local steps)."""
+    config = dict(dataset="mnist1d:num_samples=1200", model="mlp:64", optimizer="sgd")
+    config.update(batch_size=32, epochs=1000, eval_every=1000, quiet=True, log_every=log_every)
+    config.update(checkpoint_every=0, out_dir=None, topology="ring:4", lr=0.1, local_steps=2)
+    return dict(config, algorithm="powergossip:rank=1", seed=0)
+
+
 def test_one_peer_alone_trains_and_is_timed_period_by_period():
     from gossip_powersgd.training.timing import measure_alone
 
-    config = dict(
-        dataset="mnist1d:num_samples=1200",
-        model="mlp:64",
-        optimizer="sgd",
-        batch_size=32,
-        epochs=1000,
-        eval_every=1000,
-        quiet=True,
-        log_every=0,
-        checkpoint_every=0,
-        out_dir=None,
-    )
-    config.update(topology="ring:4", algorithm="powergossip:rank=1", lr=0.1, local_steps=2, seed=0)
+    config = alone_config(log_every=0)
     measured = measure_alone(config, {"train": 0.0, "periods": [4, 6], "replay": 0})
     assert len(measured["periods"]) == 3  # periods 1..3 of 4 (period 0 untimed)
     assert measured["steps"] == 8 and measured["local_steps"] == 2
@@ -105,19 +101,7 @@ def test_log_records_are_taken_out_of_the_periods_like_evaluations(monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(session, "log_record", slow_log_record)
-    config = dict(
-        dataset="mnist1d:num_samples=1200",
-        model="mlp:64",
-        optimizer="sgd",
-        batch_size=32,
-        epochs=1000,
-        eval_every=1000,
-        quiet=True,
-        log_every=1,
-        checkpoint_every=0,
-        out_dir=None,
-    )
-    config.update(topology="ring:4", algorithm="powergossip:rank=1", lr=0.1, local_steps=2, seed=0)
+    config = alone_config(log_every=1)
     measured = measure_alone(config, {"train": 0.0, "periods": [4, 6], "replay": 0})
     assert clock[0] >= 800.0  # every step's log record ran (8 steps)
     assert [(wall, cpu) for wall, _, _, cpu in measured["periods"]] == [(0.0, 0.0)] * 3
