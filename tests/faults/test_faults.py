@@ -124,6 +124,28 @@ def test_a_loss_found_after_the_main_thread_ended_is_not_recorded(quiet_monitor,
     assert quiet_monitor.event is None and "ending the job" not in capfd.readouterr().err
 
 
+def _failing_and_survivor(monkeypatch, policy: str):
+    """Monitors of rank 2 (about to fail) and rank 0 of a 3-rank job under `policy`, with no
+    thread of their own; the failing one's heartbeats collected in `sent` (for the survivor to
+    hear), and no store to wait in: (failing, survivor, sent)."""
+    import os
+
+    from gossip_powersgd.comm import torch as torch_comm
+    from gossip_powersgd.faults import monitor
+
+    failing, survivor = monitor.Monitor(2, 3), monitor.Monitor(0, 3)
+    sent = []
+    for m in (failing, survivor):
+        m.joined, m.policy = True, policy
+    failing.local = {0: os.getpid()}
+    monkeypatch.setattr(failing.endpoint, "send_local", lambda peer, data: sent.append(data))
+    monkeypatch.setattr(faults, "_monitor", failing)
+    monkeypatch.setattr(faults, "agent_store", lambda seconds: None)
+    monkeypatch.setattr(torch_comm, "_store_for_exit", None)
+    monkeypatch.setattr(torch_comm, "_failing", False)
+    return failing, survivor, sent
+
+
 @pytest.mark.parametrize("policy", ["continue", "abort", "continue-resting"])
 def test_a_rank_that_fails_under_continue_tells_the_others_it_is_lost(monkeypatch, policy):
     """A rank ending with an error (`comm.torch.exit_after_peers`, the others still training)
@@ -135,23 +157,13 @@ def test_a_rank_that_fails_under_continue_tells_the_others_it_is_lost(monkeypatc
     names nobody lost, least of all the live member of its id (the members removed it)."""
     resting = policy.endswith("-resting")
     policy = policy.removesuffix("-resting")
-    import os
 
     from gossip_powersgd.comm import torch as torch_comm
-    from gossip_powersgd.faults import liveness, monitor
+    from gossip_powersgd.faults import liveness
 
-    failing, survivor = monitor.Monitor(2, 3), monitor.Monitor(0, 3)
-    sent = []
+    failing, survivor, sent = _failing_and_survivor(monkeypatch, policy)
     try:
-        for m in (failing, survivor):
-            m.joined, m.policy = True, policy
         failing.resting = resting
-        failing.local = {0: os.getpid()}
-        monkeypatch.setattr(failing.endpoint, "send_local", lambda peer, data: sent.append(data))
-        monkeypatch.setattr(faults, "_monitor", failing)
-        monkeypatch.setattr(faults, "agent_store", lambda seconds: None)
-        monkeypatch.setattr(torch_comm, "_store_for_exit", None)
-        monkeypatch.setattr(torch_comm, "_failing", False)
         with pytest.raises(SystemExit):
             torch_comm.exit_after_peers(1)
         failing.leave()  # the interpreter's exit functions
@@ -202,23 +214,12 @@ def test_a_rank_that_exits_non_zero_under_continue_tells_the_others_it_is_lost(
     (test_a_rank_that_fails_under_continue_tells_the_others_it_is_lost): one line, the same
     status, and a survivor's monitor hands the loss ("failed") to the membership. Status 0 (or
     None) is still a goodbye: no loss; under abort nothing changes."""
-    import os
 
     from gossip_powersgd import launch
-    from gossip_powersgd.comm import torch as torch_comm
-    from gossip_powersgd.faults import liveness, monitor
+    from gossip_powersgd.faults import liveness
 
-    failing, survivor = monitor.Monitor(2, 3), monitor.Monitor(0, 3)
-    sent = []
+    failing, survivor, sent = _failing_and_survivor(monkeypatch, policy)
     try:
-        for m in (failing, survivor):
-            m.joined, m.policy = True, policy
-        failing.local = {0: os.getpid()}
-        monkeypatch.setattr(failing.endpoint, "send_local", lambda peer, data: sent.append(data))
-        monkeypatch.setattr(faults, "_monitor", failing)
-        monkeypatch.setattr(faults, "agent_store", lambda seconds: None)
-        monkeypatch.setattr(torch_comm, "_store_for_exit", None)
-        monkeypatch.setattr(torch_comm, "_failing", False)
         monkeypatch.setattr(launch, "torch_world", lambda: (2, 3))
         monkeypatch.setattr(launch.os, "_exit", lambda code: sys.exit(code))  # (Ctrl-C's end)
         with pytest.raises(SystemExit) as ended:
