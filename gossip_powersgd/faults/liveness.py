@@ -329,7 +329,12 @@ class Endpoint:
             s.close()
 
 
-_OUTCOMES = {errno.ECONNREFUSED: "refused", errno.ENETUNREACH: "noroute"}
+#: A reset before the connection was seen made: the listener closed with it in its queue.
+_OUTCOMES = {
+    errno.ECONNREFUSED: "refused",
+    errno.ECONNRESET: "refused",
+    errno.ENETUNREACH: "noroute",
+}
 
 
 def probe(

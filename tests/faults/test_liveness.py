@@ -76,6 +76,30 @@ def test_a_probe_tells_a_running_peer_from_a_stopped_one_and_an_ended_one():
     assert outcome == {0: "alive", 1: "answers", 2: "refused", 3: "refused"}
 
 
+def test_a_listener_that_closes_before_the_probe_first_looks_is_refused(monkeypatch):
+    """The probe's connection completes in the dying process's listener queue and the listener
+    closes before the probe first looks (a host whose processes were all SIGKILLed, probed at
+    once): the connection is reset before it was ever seen connected, and a reset is the
+    process gone, not a host that does not answer (a CI run named such a peer "unreachable")."""
+    import select
+
+    dying = socket.socket()
+    dying.bind(("127.0.0.1", 0))
+    dying.listen(4)
+    real, calls = select.select, []
+
+    def after_the_listener_closed(*args):
+        if not calls:
+            dying.close()  # resets the connection waiting in its queue, unaccepted
+            time.sleep(0.05)  # loopback delivers the reset at once; margin for a loaded host
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(select, "select", after_the_listener_closed)
+    port = dying.getsockname()[1]
+    assert liveness.probe([(0, "127.0.0.1", port)], 2.0) == {0: "refused"}
+
+
 def test_the_ranks_of_a_launcher_are_found_without_any_message():
     """This process plays the launcher: its children with a rank in their environment are the
     siblings (a child without one is not)."""
