@@ -386,14 +386,21 @@ def main_guard(main: Callable[..., Optional[int]], *args, **kwargs) -> None:
     if faults.ended_by_loss():  # the rank said "ending the job": no success, whatever main says
         faults.finish(code or 1)
     monitor = faults.current()
-    if monitor is not None and monitor.policy == "continue" and monitor.removed:
+    if monitor is not None and monitor.policy == "continue" and (monitor.removed or _rejoined()):
         _exit_without_finalizing(code or 0)
     sys.exit(code or 0)
 
 
+def _rejoined() -> bool:
+    """This is a `gossip-train --rejoin` process: its groups are its members' (`MemberGroup`), and
+    gloo's threads of them abort it as the interpreter finalizes, like a survivor's."""
+    rejoin = sys.modules.get("gossip_powersgd.comm.torch_rejoin")  # loaded by every --rejoin
+    return rejoin is not None and rejoin.rejoining() is not None
+
+
 def _exit_without_finalizing(code: int) -> None:
-    """End a survivor of a lost peer (on_peer_loss: continue) without the interpreter's
-    finalization: a thread still inside torch's C++ code as it finalizes (gloo's side of the
+    """End a survivor of a lost peer (on_peer_loss: continue), or a process that rejoined, without
+    the interpreter's finalization: a thread still inside torch's C++ code as it finalizes (gloo's side of the
     connections to the lost peer) aborts the process after a run that finished, "terminate called
     without an active exception", now and then on a loaded machine.
     The exit functions run first (the communicator's close, the monitor's goodbye, the trackers'),

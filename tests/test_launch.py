@@ -67,3 +67,27 @@ def test_a_survivor_of_a_lost_peer_ends_without_finalizing_after_its_exit_functi
     with pytest.raises(SystemExit):  # (os._exit is replaced here, so sys.exit follows it)
         launch.main_guard(lambda: 3)
     assert ended == ["exit functions", 3]
+
+
+def test_a_rejoined_process_ends_without_finalizing_though_it_lost_nobody(monkeypatch):
+    """A `--rejoin` process that saw no loss after its admission (the second of two rejoins)
+    also ends by os._exit after its exit functions: its members' groups are torch's too, and a
+    CI run saw it abort at exit ("terminate called without an active exception")."""
+    import atexit
+    import types
+
+    import pytest
+
+    from gossip_powersgd import faults, launch
+    from gossip_powersgd.comm import torch_rejoin
+
+    ended = []
+    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: ended.append("exit functions"))
+    monkeypatch.setattr(os, "_exit", lambda code: ended.append(code))
+    monkeypatch.setattr(
+        faults, "current", lambda: types.SimpleNamespace(policy="continue", removed=set())
+    )
+    monkeypatch.setattr(torch_rejoin, "_rejoining", 1)
+    with pytest.raises(SystemExit):  # (os._exit is replaced here, so sys.exit follows it)
+        launch.main_guard(lambda: 0)
+    assert ended == ["exit functions", 0]
