@@ -1,8 +1,7 @@
-"""What the bandwidth page runs (torch-free): the recipe, the algorithms and their grids, the
-link rates, and the plan, in waves as rows come in: the lr grids (`tune/T/A/lr=V`, tuning
-topology T, seed 0), the γ grids at the all-reduce's chosen lr (`tune/T/A/g=V`), every algorithm
-at its chosen values on every topology and seed (`train/T/A/seedS`) and the best at twice the
-epochs (`plateau/T/A`), then the measurements (`alone/`, `timing/`, `e2e/`, `fault/`)."""
+"""What the bandwidth page runs (torch-free), in waves as rows come in: the lr grids (`tune/T/A/lr=V`,
+tuning topology T, seed 0), the γ grids at the all-reduce's chosen lr, every algorithm at its
+chosen values on every topology and seed (`train/T/A/seedS`), the best at twice the epochs
+(`plateau/T/A`), then the measurements (`alone/`, `timing/`, `e2e/`, `fault/`)."""
 
 from __future__ import annotations
 
@@ -12,16 +11,12 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from experiments.engine import Run
 from experiments.suite.runs import LOCAL
 
-from .faults import CASES as FAULT_CASES
-from .faults import runs as fault_runs
-
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
-    """One row of the page. `spec`: "{gamma}" filled in per run; `tune`: "lr", "gamma" or
-    "gamma_x" (γ = value × the topology's γ) over `grid`; `timing`: the spec timed (cost does not
-    depend on γ); `warmup`: (steps, row key) whose steps cost that row's (PowerSGD's exact
-    all-reduces); `over_all_hosts`: an all-reduce, timed on the tuning topology only."""
+    """A row of the page: `spec` ("{gamma}" filled in per run) tuned over `grid` by `tune` ("lr",
+    "gamma", "gamma_x": × the topology's γ), timed as `timing` (cost does not depend on γ);
+    `warmup`: (steps, row key) whose steps cost that row's; `over_all_hosts`: an all-reduce."""
 
     key: str
     label: str
@@ -66,13 +61,11 @@ BY_KEY = {a.key: a for a in ALGORITHMS}
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """The sizes of one plan (full or --quick). `seeds`: per topology, the `COMPARED` rows' (the
+    """The sizes of one plan (full or --quick): `seeds` per topology (the `COMPARED` rows'; the
     others run the first); `slow`: (base rate, slowed host, its rate) on `slow_topologies` for
-    `slow_algorithms` (default: all); `e2e`: (topology, algorithm, rate) of the complete runs;
-    `grids`: the plan's own; `only`: per topology, the algorithms trained and timed on it (an
-    all-reduce's rows are the tuning topology's); `rates_of`: per topology, its rates (default:
-    all); `untimed_at`: per rate, algorithms not timed; `eval_untimed_at`: rates without a timed
-    evaluation; `faults`: (launcher, fault) (faults.py); `quick`: cluster rows may be skipped."""
+    `slow_algorithms`; `e2e`: (topology, algorithm, rate) of the complete runs; `only`, `rates_of`:
+    per topology, what is trained and timed on it (default: all); `untimed_at`, `eval_untimed_at`:
+    what is not timed at a rate; `faults`: (launcher, fault); `quick`: cluster rows may be skipped."""
 
     base: Mapping[str, Any]
     algorithms: Tuple[str, ...]
@@ -103,6 +96,10 @@ FULL_BASE.update(warmup_epochs=1, schedule="cosine", batch_size=32, epochs=20, e
 FULL_BASE.update(LOCAL)
 QUICK_BASE = dict(FULL_BASE, dataset="mnist1d:num_samples=1200", model="mlp:64", epochs=2)
 
+#: (launcher, fault) of the full page's faults across hosts (rows.fault_row): the three faults under
+#: both launchers, and every process of a host killed under torchrun (its agent too).
+FAULT_CASES = tuple((lc, f) for lc in ("torch", "mpi") for f in ("cut", "kill", "stop"))
+FAULT_CASES += (("torch", "kill-all"),)
 #: Sized to finish in about 80 minutes on 2 shared cores (the page says what was cut and why).
 FULL = Setting(
     base=FULL_BASE,
@@ -167,10 +164,6 @@ def own_on(s: Setting, topology: str) -> List[str]:
     return [k for k in algorithms_on(s, topology) if measured_on(s, k, topology) == topology]
 
 
-def grid(s: Setting, algorithm: Algorithm) -> Tuple[float, ...]:
-    return tuple(s.grids.get(algorithm.key, algorithm.grid))
-
-
 def topology_gamma(topology: str) -> float:
     import topologies
 
@@ -186,11 +179,10 @@ def train_run(key: str, s: Setting, a: Algorithm, topology: str, seed: int, lr, 
 
 
 def tuning_keys(s: Setting, algorithm: Algorithm) -> List[Tuple[float, str]]:
-    """(value, row key) of each point of the algorithm's grid (values spelt `:.9g`: stable where
-    a computed float differs in its last bits)."""
+    """(value, row key) of each point of the algorithm's grid (`:.9g`: stable across float bits)."""
     label = {"lr": "lr", "gamma": "g", "gamma_x": "gx"}[algorithm.tune]
     where = f"tune/{s.tune_topology}/{algorithm.key}/{label}"
-    return [(v, f"{where}={v:.9g}") for v in grid(s, algorithm)]
+    return [(v, f"{where}={v:.9g}") for v in s.grids.get(algorithm.key, algorithm.grid)]
 
 
 def best_value(s: Setting, algorithm: Algorithm, rows: Rows):
@@ -283,6 +275,7 @@ def rate_name(rate: str, slow: Optional[Tuple[str, str]] = None) -> str:
 
 
 def timing_key(topology: str, rate: str, slow: Optional[Tuple[str, str]] = None) -> str:
+    """The key of a step-time row."""
     return f"timing/{topology}/{rate_name(rate, slow)}"
 
 
@@ -326,7 +319,8 @@ def measurement_runs(s: Setting, rows: Rows) -> List[Run]:
             config.update(gamma=source.config["gamma"], train=dict(source.config["train"]))
             key_of = f"e2e/{topology}/{key}/{rate}"
             runs.append(Run(key=key_of, config=config, seed=source.seed, cost=3.0))
-    return runs + fault_runs(s.faults, s.quick)
+    fault = {"kind": "fault", "quick": s.quick}
+    return runs + [Run(f"fault/{lc}/{f}", dict(fault, launcher=lc, fault=f)) for lc, f in s.faults]
 
 
 def plan(quick: bool, rows: Rows) -> List[Run]:

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import re
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
@@ -31,6 +35,10 @@ ON_THE_CLUSTER = dict(timing="the step times", e2e="the complete runs")
 ON_THE_CLUSTER.update(fault="the faults across hosts")
 #: How long the link check's one TCP stream runs at the link's rate.
 LINK_CHECK_SECONDS = 3.0
+#: A fault across hosts: the scenario, written once for the test (tests/faults/test_liveness_hosts.py)
+#: and the page, and the longest it may take (start, the fault, the end) before it counts as a hang.
+SCENARIO = ROOT / "tests" / "support" / "host_faults.py"
+FAULT_LIMIT = 600.0
 
 
 def row(run: Run) -> Dict[str, Any]:
@@ -166,11 +174,30 @@ def timing_row(run: Run) -> Dict[str, Any]:
 
 
 def fault_row(run: Run) -> Dict[str, Any]:
-    """A fault on one of 3 hosts, mid-run (`faults.py`), on a cluster of this process's prefix."""
-    from .faults import row as scenario
-
+    """A fault on one of 3 hosts, mid-run: `SCENARIO` on a cluster of this process's prefix (made
+    and removed by the scenario), when every rank ended and what each said."""
     remove_stale()
-    return scenario(run, f"{PREFIX}{os.getpid()}")
+    c, prefix = run.config, f"{PREFIX}{os.getpid()}"
+    with tempfile.TemporaryDirectory(prefix="bandwidth-fault-") as tmp:
+        out, log = Path(tmp) / "result.json", Path(tmp) / "log.txt"
+        argv = [sys.executable, str(SCENARIO), prefix, c["launcher"], c["fault"], str(out)]
+        with open(log, "w") as sink:  # a file, not a pipe: the launchers' children inherit it
+            process = subprocess.Popen(
+                argv, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        try:
+            status = process.wait(timeout=FAULT_LIMIT)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            status = None
+        if status != 0 or not out.is_file():
+            what = "ran past its limit" if status is None else f"exited with status {status}"
+            tail = log.read_text()[-1500:]
+            raise RuntimeError(f"fault scenario {c['launcher']}/{c['fault']} {what}: {tail}")
+        result = json.loads(out.read_text())
+    result.pop("pids", None)
+    return result
 
 
 def e2e_row(run: Run) -> Dict[str, Any]:

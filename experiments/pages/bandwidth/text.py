@@ -7,8 +7,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 from experiments.pages._markdown import Column, columns, fill, grid_end, snippets, table
 
-from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, rates_on
-from .recipe import grid as _grid
+from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, rates_on, tuning_keys
 
 #: The page's fixed text (page.md beside this file), by part.
 TEXT = snippets(__file__, "page.md")
@@ -100,7 +99,7 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
         where, keys = ", ".join(s.slow_topologies), _labels(s.slow_algorithms)
         cut.append(fill(TEXT["cut slow"], topologies=where, keys=keys))
     cut.append(TEXT["cut e2e"])  # the full plan (`recipe.FULL`) makes none: --quick does
-    sizes = sorted({len(_grid(s, BY_KEY[a])) for a in s.algorithms})
+    sizes = sorted({len(tuning_keys(s, BY_KEY[a])) for a in s.algorithms})
     cut.append(fill(TEXT["cut grids"], sizes=f"{sizes[0]} to {sizes[-1]}"))
     costs = f.get("costs", {}).get(s.tune_topology, {}).get(s.rates[-1], {})
     slow_step, why = costs.get("steps", {}).get("exact"), []
