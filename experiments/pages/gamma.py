@@ -81,7 +81,7 @@ def _good(rows: Sequence[Dict[str, Any]], name: str) -> List[Dict[str, Any]]:
 
 
 def gamma_verdict(rows: Sequence[Dict[str, Any]], gamma: float) -> List[str]:
-    """PowerGossip at the topology's γ vs its sweep's best, its spread, Choco's, the failed runs."""
+    """PowerGossip at the topology's γ vs its sweep's best, its spread, Choco's, the failures."""
     lines, failed = [], [r for r in rows if "error" in r]
     pg, ch = (_good(rows, name) for name in ("powergossip", "choco"))
     if pg:

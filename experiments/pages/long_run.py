@@ -1,6 +1,6 @@
-"""`python -m experiments long_run`: many PowerGossip steps on 100x100 N(0,1) matrices (seeded 42 +
-rank): the relative drift of the average (gossip must keep it at float rounding) and resident memory,
-checked against limits, and the consensus distance."""
+"""`python -m experiments long_run`: many PowerGossip steps on 100x100 N(0,1) matrices (seeded
+42 + rank): the relative drift of the average (gossip must keep it at float rounding) and resident
+memory, checked against limits, and the consensus distance."""
 
 from __future__ import annotations
 

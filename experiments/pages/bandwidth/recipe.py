@@ -1,7 +1,7 @@
-"""What the bandwidth page runs (torch-free), in waves as rows come in: the lr grids (`tune/T/A/lr=V`,
-tuning topology T, seed 0), the γ grids at the all-reduce's chosen lr, every algorithm at its
-chosen values on every topology and seed (`train/T/A/seedS`), the best at twice the epochs
-(`plateau/T/A`), then the measurements (`alone/`, `timing/`, `e2e/`, `fault/`)."""
+"""What the bandwidth page runs (torch-free), in waves as rows come in: the lr grids
+(`tune/T/A/lr=V`, tuning topology T, seed 0), the γ grids at the all-reduce's chosen lr, every
+algorithm at its chosen values on every topology and seed (`train/T/A/seedS`), the best at twice
+the epochs (`plateau/T/A`), then the measurements (`alone/`, `timing/`, `e2e/`, `fault/`)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ class Setting:
     others run the first); `slow`: (base rate, slowed host, its rate) on `slow_topologies` for
     `slow_algorithms`; `e2e`: (topology, algorithm, rate) of the complete runs; `only`, `rates_of`:
     per topology, what is trained and timed on it (default: all); `untimed_at`, `eval_untimed_at`:
-    what is not timed at a rate; `faults`: (launcher, fault); `quick`: cluster rows may be skipped."""
+    what is not timed at a rate; `faults`: (launcher, fault); `quick`: cluster rows may skip."""
 
     base: Mapping[str, Any]
     algorithms: Tuple[str, ...]
@@ -154,8 +154,8 @@ def rates_on(s: Setting, topology: str) -> Tuple[str, ...]:
 
 
 def measured_on(s: Setting, key: str, topology: str) -> str:
-    """The topology whose measurements give algorithm `key`'s step on `topology`: its own, or
-    for an all-reduce (its ring goes through all hosts, whatever the topology) the tuning one."""
+    """The topology whose rows time `key` on `topology`: the tuning one for an all-reduce (its ring
+    goes through all hosts, whatever the topology), else its own."""
     return s.tune_topology if BY_KEY[key].over_all_hosts else topology
 
 
@@ -171,8 +171,8 @@ def topology_gamma(topology: str) -> float:
 
 
 def train_run(key: str, s: Setting, a: Algorithm, topology: str, seed: int, lr, gamma, **extra):
-    """An in-process training run: `train` is the whole config but its seed; γ goes into the
-    spec when the row is made ("{gamma}"), so that the stored config holds it as a number."""
+    """An in-process training run; γ goes into the spec when the row is made ("{gamma}"), so that
+    the stored config holds it as a number."""
     train = dict(s.base, topology=topology, algorithm=a.spec, lr=lr, local_steps=a.local_steps)
     config = {"kind": "train", "algorithm": a.key, "gamma": gamma, "train": dict(train, **extra)}
     return Run(key=key, config=config, seed=seed, cost=float(config["train"]["epochs"]))
@@ -186,8 +186,8 @@ def tuning_keys(s: Setting, algorithm: Algorithm) -> List[Tuple[float, str]]:
 
 
 def best_value(s: Setting, algorithm: Algorithm, rows: Rows):
-    """(value, key) of the grid's run with the highest final averaged-model accuracy (the first
-    on a tie; a failed or diverged run never wins), or None until the whole grid has rows."""
+    """(value, key) of the grid's most accurate run (the first on a tie; a failed one never wins),
+    or None until the whole grid has rows."""
     keys = tuning_keys(s, algorithm)
     if any(k not in rows for _, k in keys):
         return None
@@ -218,8 +218,8 @@ def gamma_on(a: Algorithm, value, topology: str):
 
 
 def main_key(s: Setting, key: str, topology: str, seed: int, rows: Rows) -> Optional[str]:
-    """The row key of algorithm `key` on `topology`, seed `seed`: the chosen tuning run for the
-    tuning topology's seed 0, else its own `train/...` run; None until the choice is made."""
+    """The row key of `key` on `topology`, seed `seed` (the chosen tuning run's on the tuning
+    topology's seed 0), None until the choice is made."""
     pick = chosen(s, key, rows)
     if pick is None:
         return None
@@ -236,8 +236,7 @@ def train_keys(s: Setting, key: str, topology: str, rows: Rows) -> List[str]:
 
 
 def best_main(s: Setting, rows: Rows, among=None) -> Optional[Tuple[str, str]]:
-    """(algorithm, row key) with the best final accuracy on the tuning topology, seed 0, among
-    `among` (default: every algorithm), once their choices are made."""
+    """(algorithm, row key) of the best on the tuning topology, seed 0, among `among` (or all)."""
     among = [k for k in s.algorithms if among is None or k in among]
     keys = {k: main_key(s, k, s.tune_topology, 0, rows) for k in among}
     if any(v is None or v not in rows for v in keys.values()):
@@ -246,8 +245,7 @@ def best_main(s: Setting, rows: Rows, among=None) -> Optional[Tuple[str, str]]:
 
 
 def training_runs(s: Setting, rows: Rows) -> List[Run]:
-    """The grids (lr first, γ once the all-reduce's lr is chosen), every algorithm's runs at its
-    chosen values (but the chosen tuning run), and the best compared row at twice the epochs."""
+    """The grids (γ's once the lr is chosen), the runs at the chosen values, the plateau run."""
     tune, lr_star, runs = s.tune_topology, chosen_lr(s, rows), []
     for a in (BY_KEY[k] for k in s.algorithms):
         if a.tune == "lr" or lr_star is not None:
@@ -286,9 +284,8 @@ def timed_settings(s: Setting) -> List[Tuple[str, str, Optional[Tuple[str, str]]
 
 
 def measurement_runs(s: Setting, rows: Rows) -> List[Run]:
-    """The timed runs, one at a time: a peer alone per algorithm and topology, the cluster's step
-    times per topology and rate, the complete cluster runs, the faults across hosts. They stop
-    themselves (`training.timing.StepTimer`) and time their one evaluation on its own."""
+    """The timed runs (they stop themselves: `training.timing.StepTimer`): a peer alone, the step
+    times per topology and rate, the complete cluster runs, the faults across hosts."""
     probe = {k: v for k, v in s.base.items() if k not in ("backend", "out_dir")}
     probe.update(epochs=PROBE_EPOCHS, eval_every=PROBE_EPOCHS)
     runs = []

@@ -23,12 +23,6 @@ from .text import TEXT, _label, _mb, paragraph, rate_text, seconds_text
 REDUCE = tuple(a.key for a in ALGORITHMS if a.over_all_hosts)
 #: The issue's bound on a host fault: every rank gone within 30 s, naming the host.
 ISSUE_SECONDS = 30.0
-WHAT = {
-    "cut": "link cut (`ip link set eth0 down` on the host)",
-    "kill": "its rank SIGKILLed",
-    "stop": "every process SIGSTOPped",
-    "kill-all": "every process SIGKILLed (agent too)",
-}
 LAUNCHERS = {"torch": "torchrun", "mpi": "mpiexec"}
 
 
@@ -253,7 +247,7 @@ def _row(launcher: str, fault: str, r: Mapping[str, Any]) -> str:
     """A case's line of the section's table."""
     lost = r.get("lost_says")
     exits = ", ".join(f"{k}: {_seconds(v, 'not ended')}" for k, v in r["exits"].items())
-    fields = dict(launcher=LAUNCHERS[launcher], what=WHAT[fault], exits=exits)
+    fields = dict(launcher=LAUNCHERS[launcher], what=TEXT[f"fault {fault}"], exits=exits)
     fields["gone"] = _seconds(r["seconds"], "not within 90 s")
     fields["named_after"] = _seconds(r["named_after"])
     fields["named"] = ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in r["named"].items())

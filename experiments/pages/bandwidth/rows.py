@@ -35,8 +35,8 @@ ON_THE_CLUSTER = dict(timing="the step times", e2e="the complete runs")
 ON_THE_CLUSTER.update(fault="the faults across hosts")
 #: How long the link check's one TCP stream runs at the link's rate.
 LINK_CHECK_SECONDS = 3.0
-#: A fault across hosts: the scenario, written once for the test (tests/faults/test_liveness_hosts.py)
-#: and the page, and the longest it may take (start, the fault, the end) before it counts as a hang.
+#: A fault across hosts: the scenario (tests/faults/test_liveness_hosts.py runs it too), and the
+#: longest it may take (start, the fault, the end) before it counts as a hang.
 SCENARIO = ROOT / "tests" / "support" / "host_faults.py"
 FAULT_LIMIT = 600.0
 
@@ -76,8 +76,7 @@ def timed(before: List[float]) -> Dict[str, Any]:
 
 
 def train_row(run: Run) -> Dict[str, Any]:
-    """In-process (`gossip_powersgd.run`): accuracy after every epoch, training and metric bytes,
-    the traffic counters, the final models' digests."""
+    """In-process (`gossip_powersgd.run`): accuracy per epoch, bytes, the models' digests."""
     from gossip_powersgd import run as train
 
     config = training_config(run)
@@ -105,8 +104,7 @@ def train_row(run: Run) -> Dict[str, Any]:
 
 
 def alone_row(run: Run) -> Dict[str, Any]:
-    """One peer's step by itself (`training.timing.measure_alone`): the median period's parts per
-    step (wall, the algorithm's arithmetic, the echo, compute, CPU)."""
+    """One peer's step by itself (`training.timing.measure_alone`): the median period's parts."""
     from gossip_powersgd.training.timing import measure_alone
 
     before = load()
@@ -144,7 +142,7 @@ def remove_stale() -> None:
 @contextlib.contextmanager
 def cluster(topology: str, rate: str, slow=None) -> Iterator[tuple]:
     """Cluster bw<pid> of `topology`'s hosts at `rate` (`slow`: (host, its rate)), removed after:
-    yields its prefix, the hosts and the launch options (from the checkout, a thread a process)."""
+    yields its prefix, the hosts and the launch options."""
     import topologies
 
     from gossip_powersgd.cluster import down, parse_rate, up
@@ -160,8 +158,7 @@ def cluster(topology: str, rate: str, slow=None) -> Iterator[tuple]:
 
 
 def timing_row(run: Run) -> Dict[str, Any]:
-    """The step times of `run`'s algorithms on a cluster at its rate (`cluster.step_times`), then
-    the link's own rate (`link_check`)."""
+    """`run`'s step times on a cluster at its rate (`cluster.step_times`), then the link's rate."""
     from gossip_powersgd.cluster.step_times import link_check, step_times
 
     c, before = run.config, load()

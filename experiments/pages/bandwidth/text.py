@@ -221,8 +221,7 @@ def table_of(t: Mapping, topology: str, rates, figure: str):
 
 
 def answer(s: Setting, t: Mapping, target: Optional[float], acc=None) -> List[str]:
-    """The answer in words, per topology, from the core-each figure (training only), with what
-    the measured figure and the evaluations change."""
+    """The answer in words per topology (core each, training only) and what other figures change."""
     if target is None or not t:
         return []
     out, pct = [], f"{100 * target:.0f} %"

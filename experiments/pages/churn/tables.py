@@ -1,5 +1,5 @@
-"""The churn page from its rows alone (`render_page`): churn.md (page.md, lines.md's verdicts, soak.md
-where a soak row exists; mean ± std over seeds), churn.json and churn.png."""
+"""The churn page from its rows alone (`render_page`): churn.md (page.md, lines.md's verdicts,
+soak.md where a soak row exists; mean ± std over seeds), churn.json and churn.png."""
 
 from __future__ import annotations
 
@@ -214,7 +214,7 @@ def soak_section(rows: Rows) -> str:
 
 
 def wall_span(rows: Rows) -> str:
-    """The wall time from the first start (a finish, to the minute, less its run time) to the end."""
+    """The wall time from the first start (a finish, to the minute, less its time) to the end."""
     if not rows.records:
         return ""
     ends = [datetime.datetime.strptime(r.finished, "%Y-%m-%d %H:%M UTC") for r in rows.records]

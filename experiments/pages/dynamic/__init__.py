@@ -95,10 +95,10 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def render(rows: Rows) -> Outputs:
-    """dynamic.md, its two CSVs, dynamic.json and the two plots."""
+    """dynamic.md (its text: page.md beside this file), its two CSVs, dynamic.json, the plots."""
     from gossip_powersgd.metrics import bits_to_reach, error_at_bits
 
-    p = setting(rows.quick)
+    p, n = setting(rows.quick), 4 if rows.quick else 16
     stored = [r for r in rows.records if r.config["section"] == "consensus"]
     consensus = [r.row for r in stored]
     training = [r.row for r in rows.records if r.config["section"] == "training"]
@@ -117,38 +117,32 @@ def render(rows: Rows) -> Outputs:
     # the accuracy every PowerGossip run reached: the lowest final accuracy among them
     finals = [r["acc_avg"] for r in training if r["label"] == POWERGOSSIP and "error" not in r]
     target = min(finals) if finals else None
-    text = page(shown, training, p, target, made_by(rows), seconds, consensus_seconds)
-    data = {"command": old.get("command", rows.command), "seconds": seconds, "plan": p}
-    data.update(consensus=consensus, training=training)
-    return {
-        "dynamic.md": text,
-        "dynamic_consensus.csv": consensus_tables(shown, p["budgets"])[1],
-        "dynamic_training.csv": build_csv(training),
-        "dynamic.json": json.dumps(data, indent=1, default=str) + "\n",
-        **plots(shown, training, p),
-    }
-
-
-def page(consensus, training, p, target, generated: str, seconds: float, consensus_s: float) -> str:
-    """dynamic.md (its text: page.md beside this file) from the rows of both sections."""
-    data, n = QUICK_BASE if p["quick"] else BASE, 4 if p["quick"] else 16
-    running = TEXT["running"].format(minutes=seconds / 60, consensus_minutes=consensus_s / 60)
+    running = TEXT["running"].format(minutes=seconds / 60, consensus_minutes=consensus_seconds / 60)
     title = f"Gossip on graphs that change every step, {n} peers" + " (--quick)" * p["quick"]
     reach = [] if target is None else block(TEXT["reach"].format(target=_pct(target)) + "\n\n")
+    consensus_md, consensus_csv = consensus_tables(shown, p["budgets"])
     text = fill(
         TEXT["page"],
         **p,
-        **data,
-        header=header(title, generated, running),
-        verdict=verdict(consensus, training, p, target),
+        **(QUICK_BASE if p["quick"] else BASE),
+        header=header(title, made_by(rows), running),
+        verdict=verdict(shown, training, p, target),
         stop=min(TARGETS) / 2,
-        consensus=block(consensus_tables(consensus, p["budgets"])[0]),
+        consensus=block(consensus_md),
         n=n,
         eval_every=max(1, p["epochs"] // 10),
         training=block(build_table(training)),
         reach=reach + block(reach_table(training, target) if reach else ""),
     )
-    return text + "\n"
+    data = {"command": old.get("command", rows.command), "seconds": seconds, "plan": p}
+    data.update(consensus=consensus, training=training)
+    return {
+        "dynamic.md": text + "\n",
+        "dynamic_consensus.csv": consensus_csv,
+        "dynamic_training.csv": build_csv(training),
+        "dynamic.json": json.dumps(data, indent=1, default=str) + "\n",
+        **plots(shown, training, p),
+    }
 
 
 def _num(value: Optional[float], missing: str = "—") -> str:
