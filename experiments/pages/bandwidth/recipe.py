@@ -223,8 +223,7 @@ def main_key(s: Setting, key: str, topology: str, seed: int, rows: Rows) -> Opti
     pick = chosen(s, key, rows)
     if pick is None:
         return None
-    if BY_KEY[key].over_all_hosts:  # its model does not depend on the graph (a test checks)
-        topology = s.tune_topology
+    topology = measured_on(s, key, topology)  # an all-reduce's model: any graph's (a test checks)
     own = f"train/{topology}/{key}/seed{seed}"
     return pick[2] if (topology, seed) == (s.tune_topology, 0) else own
 

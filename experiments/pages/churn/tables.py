@@ -127,17 +127,16 @@ def _spread(a: Dict[str, Any], b: Dict[str, Any], field: str) -> float:
 def grid_verdict(cells: Dict[Cell, Dict[str, Any]], rates: Sequence[float]) -> List[str]:
     """A line per (topology, algorithm) at the highest rate vs no churn, then the cells beyond
     the seeds' spread and those whose consensus distance more than doubles."""
-    lines, top = [], max(rates)
-    churned = [(k, c, cells[k[:2] + (0.0,)]) for k, c in cells.items() if k[:2] + (0.0,) in cells]
-    churned = [x for x in churned if x[0][2] > 0]
-    for (topology, label, rate), c, b in churned:
-        if rate == top:
-            fields = dict(topology=topology, label=label, top=100 * top, c=c, b=b, pp=_pp(c, b))
-            fields.update(acc=_acc(c, "acc_avg"), base_acc=_acc(b, "acc_avg"))
-            fields.update(low=_acc(c, "acc_local_min"), base_low=_acc(b, "acc_local_min"))
-            lines.append(fill(TEXT["grid"], **fields))
+    churned = [(k, c, cells.get(k[:2] + (0.0,))) for k, c in cells.items() if k[2] > 0]
+    churned = [x for x in churned if x[2] is not None]
     if not churned:
-        return lines
+        return []
+    lines = []
+    for (topology, label, rate), c, b in (x for x in churned if x[0][2] == max(rates)):
+        fields = dict(topology=topology, label=label, top=100 * rate, c=c, b=b, pp=_pp(c, b))
+        fields.update(acc=_acc(c, "acc_avg"), base_acc=_acc(b, "acc_avg"))
+        fields.update(low=_acc(c, "acc_local_min"), base_low=_acc(b, "acc_local_min"))
+        lines.append(fill(TEXT["grid"], **fields))
     top = max(k[2] for k, _, _ in churned)
     beyond = sum(abs(c["acc_avg"] - b["acc_avg"]) > _spread(c, b, "acc_avg") for _, c, b in churned)
     grows = [

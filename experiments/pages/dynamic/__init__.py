@@ -260,7 +260,7 @@ def verdict(consensus, training, p: Dict[str, Any], target: Optional[float]) -> 
     text = ", ".join(f"{g} {_pct(a)}" for g, a in finals.items())
     lines.append(TEXT["finals"].format(finals=text))
     static_finals = [finals[g] for g in args[1] if finals.get(g) is not None]
-    higher = min(static_finals) if static_finals else None
+    higher = min(static_finals, default=None)
     if higher is not None and higher > target:
         # The common bar is the weakest run's final accuracy; the static graphs' bar shows whether
         # the schedules' byte saving survives a higher accuracy.
