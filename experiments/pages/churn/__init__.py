@@ -116,8 +116,7 @@ SUMMARY.update({k: k for k in ("transfer_mb_sent", "steps", "parameters")})
 
 
 def grid_row(config: Dict[str, Any], seed: int) -> Dict[str, Any]:
-    """One (algorithm, topology, churn rate, seed) run's row: its summary's figures and the
-    schedule's own (`membership.churn.schedule_figures`)."""
+    """A grid run's row: its summary's figures and its schedule's (`schedule_figures`)."""
     from gossip_powersgd import run
     from gossip_powersgd.membership.churn import schedule_figures
 

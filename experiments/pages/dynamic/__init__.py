@@ -150,8 +150,7 @@ def _num(value: Optional[float], missing: str = "—") -> str:
 
 
 def consensus_tables(rows: Sequence[Dict[str, Any]], budgets: Sequence[float]) -> Tuple[str, str]:
-    """The consensus table (markdown: relative error at matched bits and bits to reach each
-    target) and dynamic_consensus.csv (the same to 6 digits), a row per run."""
+    """The consensus table (markdown) and dynamic_consensus.csv (to 6 digits), a row per run."""
     head = ["graph", "algorithm", "steps run", "bits run", "stop"]
     head += [f"rel. error @ {b:.0e} bits" for b in budgets]
     head += [f"bits to rel. error {t:.0e}" for t in TARGETS]
@@ -239,8 +238,7 @@ def _compare(name: str, values: Dict[str, Optional[float]], schedules, statics, 
 
 
 def verdict(consensus, training, p: Dict[str, Any], target: Optional[float]) -> List[str]:
-    """The question answered from the rows: fewer bytes on a one-peer schedule than on a ring or
-    torus? (Its sentences: page.md beside this file.)"""
+    """Fewer bytes on a one-peer schedule than on a ring or torus? (Its sentences: page.md.)"""
     graphs, schedules = p["topologies"], p["schedules"]
     args = (schedules, [t for t in graphs if t not in schedules])
     lines = []
