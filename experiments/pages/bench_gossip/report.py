@@ -270,7 +270,7 @@ KERNELS = (
 
 def render_kernels(k: Dict[str, Any]) -> List[str]:
     """The kernel diagnosis: kernels.md filled in from the kernels' run."""
-    fields = dict(k, copy_mb=k.get("copy_mb", 256), mb=math.prod(k["group"]) * 4 / 1e6)
+    fields = dict(k, mb=math.prod(k["group"]) * 4 / 1e6)
     fields.update(kernels=columns(KERNELS, k["kernels"]), prediction=kernel_prediction(k))
     return fill(template(__file__, "kernels.md"), **fields).split("\n")
 
