@@ -48,24 +48,20 @@ STAGES = (
 )
 #: The state's lists of runs, in the CSV's order.
 RUN_LISTS = ("sweeps", "iid", "noniid", "noniid_extra", "wide", "reference")
-#: The full page's budget: epochs of the CNN rows, seeds of the iid rows (Choco: `choco_seeds`),
-#: epochs of the γ sweep, of the wide model and of the reference runs, epochs between evaluations.
-FULL = dict(epochs=60, seeds=3, choco_seeds=1, sweep_epochs=10, wide_epochs=30)
-FULL.update(reference_epochs=100, eval_every=2)
+#: What the page runs: the rows, the γ grids, seeds of the iid rows (Choco: `choco_seeds`), epochs
+#: of the CNN rows, of the γ sweep, of the wide model and of the reference runs, between evaluations.
+FULL = dict(topology=TOPOLOGY, iid=IID, noniid=NONIID, rows=ROWS, grid=GAMMA_GRID, seeds=(0, 1, 2))
+FULL.update(choco_seeds=1, noniid_rows=NONIID_ROWS, wide_rows=WIDE_ROWS, eval_every=2, epochs=60)
+FULL.update(reference_rows=REFERENCE_ROWS, reference_epochs=100, sweep_epochs=10, wide_epochs=30)
 #: --quick: ring:4, exact and PowerGossip r1, 1 epoch, nothing else.
-QUICK = dict(topology="ring:4", iid=IID, noniid=NONIID, grid={}, seeds=(0,), choco_seeds=1)
-QUICK.update(epochs=1, sweep_epochs=1, eval_every=1, wide_rows=[], wide_epochs=1)
-QUICK.update(reference_rows=[], reference_epochs=1)
+QUICK = dict(FULL, topology="ring:4", rows=ROWS[1:3], grid={}, seeds=(0,), wide_rows=[])
+QUICK.update(noniid_rows=NONIID_ROWS[:1], reference_rows=[], epochs=1, sweep_epochs=1)
+QUICK.update(wide_epochs=1, reference_epochs=1, eval_every=1)
 
 
 def settings(quick: bool) -> Dict[str, Any]:
-    """What the page runs. --quick: ring:4, exact and PowerGossip r1, 1 epoch, nothing else."""
-    if quick:
-        rows = [(EXACT, "exact"), (POWERGOSSIP, "powergossip:rank=1,iters=1")]
-        return dict(QUICK, rows=rows, noniid_rows=NONIID_ROWS[:1])
-    full = dict(FULL, topology=TOPOLOGY, iid=IID, noniid=NONIID, rows=ROWS, grid=GAMMA_GRID)
-    full.update(seeds=tuple(range(FULL["seeds"])), noniid_rows=NONIID_ROWS, wide_rows=WIDE_ROWS)
-    return dict(full, reference_rows=REFERENCE_ROWS)
+    """What the page runs (`QUICK` or `FULL`), a copy."""
+    return dict(QUICK if quick else FULL)
 
 
 def chosen_gamma(label: str, sweeps: List[Dict[str, Any]]) -> Optional[float]:
