@@ -138,11 +138,8 @@ def render(page: Page, out: Path) -> List[Path]:
     planned = {run.key for run in runs}
     stale = [key for key in stored if key not in planned]
     if stale:
-        log(
-            f"{len(stale)} row(s) of {store.path} are not in the plan, left off the page: "
-            + ", ".join(stale[:5])
-            + (" ..." if len(stale) > 5 else "")
-        )
+        shown = ", ".join(stale[:5]) + (" ..." if len(stale) > 5 else "")
+        log(f"{len(stale)} row(s) of {store.path} are not in the plan, left off the page: {shown}")
     rows = Rows(page.name, quick, [stored[r.key] for r in runs if r.key in stored], len(runs))
     if not rows.records:  # a page of nothing would replace the page there (or fail to draw)
         raise ValueError(

@@ -158,17 +158,11 @@ def floats_per_exchange(model: str, topology: str) -> Dict[str, Any]:
     rows, cols = sum(m for m, _ in matrices), sum(n for _, n in matrices)
     parameters = sum(p.numel() for p in net.parameters())
     closed_pg = (rows + cols) / 2 + vectors
-    return {
-        "model": model,
-        "parameters": parameters,
-        "exact_floats": measured["exact"],
-        "powergossip_r1_floats": measured["powergossip:rank=1"],
-        "ratio": measured["exact"] / measured["powergossip:rank=1"],
-        "closed_exact": parameters,
-        "closed_powergossip_r1": closed_pg,
-        "closed_ratio": parameters / closed_pg,
-        "closed_text": f"{parameters:,} / (({rows:,} + {cols:,}) / 2 + {vectors:,})",
-    }
+    exact, pg = measured["exact"], measured["powergossip:rank=1"]
+    out = dict(model=model, parameters=parameters, exact_floats=exact, powergossip_r1_floats=pg)
+    out.update(ratio=exact / pg, closed_exact=parameters, closed_powergossip_r1=closed_pg)
+    text = f"{parameters:,} / (({rows:,} + {cols:,}) / 2 + {vectors:,})"
+    return dict(out, closed_ratio=parameters / closed_pg, closed_text=text)
 
 
 def step_seconds(model: str, batch: int, reps: int) -> Dict[str, float]:
