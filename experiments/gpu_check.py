@@ -116,31 +116,14 @@ def compare(
     def flat(tensors) -> torch.Tensor:
         return torch.cat([t.reshape(-1).double() for t in tensors])
 
-    model_diff = max(
-        relative(flat(r["params"]), flat(ref["params"])) for r, ref in zip(runs, reference)
-    )
+    diff = max(relative(flat(r["params"]), flat(ref["params"])) for r, ref in zip(runs, reference))
     start = torch.stack([flat(make_params(shapes, k)) for k in range(len(runs))]).mean(0)
-    average_drift = relative(torch.stack([flat(r["params"]) for r in runs]).mean(0), start)
-    ok = len(runs) == len(reference) and model_diff <= MODEL_TOLERANCE[algorithm]
-    return dict(
-        model_diff=model_diff,
-        average_drift=average_drift,
-        ok=ok and average_drift <= AVERAGE_TOLERANCE,
-    )
+    drift = relative(torch.stack([flat(r["params"]) for r in runs]).mean(0), start)
+    ok = len(runs) == len(reference) and diff <= MODEL_TOLERANCE[algorithm]
+    return dict(model_diff=diff, average_drift=drift, ok=ok and drift <= AVERAGE_TOLERANCE)
 
 
 # ---- torch.distributed -----------------------------------------------------------------------------
-def torch_peers(device: torch.device, peers: int) -> tuple:
-    """(processes to launch, or 0, and why not) for the torch.distributed part."""
-    gpus = torch.cuda.device_count() if device.type != "cpu" else peers
-    if gpus < 2:
-        return 0, (
-            f"NCCL wants one GPU per rank and this machine has {gpus}; run the check on a "
-            "machine with at least two GPUs for this part"
-        )
-    return min(peers, gpus), ""
-
-
 def launch_torch(processes: int, args, folder: Path) -> str:
     """Run this program's workers under torchrun; '' on success, else the failure in one line."""
     command = [*local_torchrun(processes), "-m", "experiments.gpu_check"]
@@ -160,11 +143,8 @@ def worker_main(folder: str, args) -> int:
     from gossip_powersgd.launch import run_peers
 
     def peer(comm: Comm):
-        shapes = check_shapes(args.dry_run)
-        out = {
-            name: gossip_peer(comm, name, shapes, args.steps, str(comm.device))
-            for name in ALGORITHMS
-        }
+        shapes, device = check_shapes(args.dry_run), str(comm.device)
+        out = {name: gossip_peer(comm, name, shapes, args.steps, device) for name in ALGORITHMS}
         torch.save(out, Path(folder) / f"rank-{comm.rank}.pt")
 
     device = "cpu" if args.device == "cpu" else "cuda"
@@ -175,21 +155,23 @@ def worker_main(folder: str, args) -> int:
 
 def torch_rows(args, device: torch.device, shapes, reference) -> List[Dict[str, Any]]:
     """Part (2): both algorithms under torchrun against the CPU run (or why they were not run)."""
-    processes, why_not = torch_peers(device, args.peers)
-    backend = "gloo" if device.type == "cpu" else "nccl"
+    gpus = torch.cuda.device_count() if device.type != "cpu" else args.peers
+    processes = min(args.peers, gpus) if gpus >= 2 else 0
     if processes and processes != args.peers:
         reference = {
             name: run_local(processes, name, shapes, args.steps, "cpu") for name in ALGORITHMS
         }
+    backend = "gloo" if device.type == "cpu" else "nccl"
+    transport = f"torch/{backend}, {processes or args.peers} processes"
+    why = f"NCCL wants one GPU per rank and this machine has {gpus}; run the check on a machine "
+    why += "with at least two GPUs for this part"
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as folder:
         failure = launch_torch(processes, args, Path(folder)) if processes else ""
         for name in ALGORITHMS:
-            row = dict(
-                transport=f"torch/{backend}, {processes or args.peers} processes", algorithm=name
-            )
+            row = dict(transport=transport, algorithm=name)
             if not processes:
-                rows.append({**row, "skipped": why_not})
+                rows.append({**row, "skipped": why})
             elif failure:
                 rows.append({**row, "error": failure, "ok": False})
             else:
@@ -235,11 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--peers", type=int, default=4, help="peers on the ring (default 4)")
     add("--steps", type=int, default=6, help="gossip steps per run (default 6)")
     add("--timeout", type=float, default=300.0, help="seconds for the torchrun part")
-    add(
-        "--out",
-        help="page to write (default runs/gpu_check.md; the committed page: "
-        "--out experiments/results/gpu_check.md; none in a dry run unless given)",
-    )
+    out = "page to write (default runs/gpu_check.md; the committed page: --out "
+    add("--out", help=out + "experiments/results/gpu_check.md; none in a dry run unless given)")
     add("--worker", help=argparse.SUPPRESS)
     return parser
 
@@ -255,45 +234,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from gossip_powersgd.utils import atomic_write
 
     start, date = time.perf_counter(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    shapes = check_shapes(args.dry_run)
+    shapes, on = check_shapes(args.dry_run), str(device)
     reference = {
         name: run_local(args.peers, name, shapes, args.steps, "cpu") for name in ALGORITHMS
     }
-    rows = [
-        dict(
-            transport=f"local on {device.type}",
-            algorithm=name,
-            **compare(
-                run_local(args.peers, name, shapes, args.steps, str(device)),
-                reference[name],
-                shapes,
-                name,
-            ),
-        )
-        for name in ALGORITHMS
-    ]
+    rows = []
+    for name in ALGORITHMS:
+        runs = run_local(args.peers, name, shapes, args.steps, on)
+        compared = compare(runs, reference[name], shapes, name)
+        rows.append(dict(transport=f"local on {device.type}", algorithm=name, **compared))
     rows += torch_rows(args, device, shapes, reference)
     timing_set = shapes if args.dry_run else model_shapes("vgg16")
     timings = {
-        name: sum(r["seconds"] for r in run_local(args.peers, name, timing_set, 3, str(device)))
-        / args.peers
+        name: sum(r["seconds"] for r in run_local(args.peers, name, timing_set, 3, on)) / args.peers
         for name in ALGORITHMS
     }
-    command = "python -m experiments.gpu_check" + (
-        f" --device {args.device} --dry-run" if args.dry_run else ""
+    command = (
+        "python -m experiments.gpu_check" + f" --device {args.device} --dry-run" * args.dry_run
     )
-    meta = dict(
-        command=command + (f" --out {args.out}" if args.out else ""),
-        date=date,
-        seconds=time.perf_counter() - start,
-        device_name=torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else "cpu (dry run)",
-        peers=args.peers,
-        steps=args.steps,
-        timing_shapes="small dry-run shapes"
-        if args.dry_run
-        else "VGG-16 shapes, 15.2 M parameters",
+    meta = dict(command=command + (f" --out {args.out}" if args.out else ""), date=date)
+    meta.update(seconds=time.perf_counter() - start, peers=args.peers, steps=args.steps)
+    cuda = device.type == "cuda"
+    meta["device_name"] = torch.cuda.get_device_name(device) if cuda else "cpu (dry run)"
+    meta["timing_shapes"] = (
+        "small dry-run shapes" if args.dry_run else "VGG-16 shapes, 15.2 M parameters"
     )
     page = render(rows, timings, meta)
     out = args.out or (None if args.dry_run else str(DEFAULT_OUT))

@@ -1,23 +1,14 @@
 """`python -m experiments.train`: the `gossip-train` program (`gossip_powersgd.cli.train`) run
 from a checkout; it names this module in its help and error hints, so commands stay as they were."""
 
-from typing import Any, Dict, List, Optional
+import functools
 
 from gossip_powersgd.cli import train as _program
 from gossip_powersgd.cli.train import build_parser, resolve
 
-MODULE = "experiments.train"
-
-
-def run(argv: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
-    """`gossip_powersgd.cli.train.run`, as `python -m experiments.train`."""
-    return _program.run(argv, module=MODULE)
-
-
-def main(argv: Optional[List[str]] = None) -> None:
-    """`gossip_powersgd.cli.train.main`, as `python -m experiments.train`."""
-    _program.main(argv, module=MODULE)
-
+#: `gossip_powersgd.cli.train.run` and `.main`, as `python -m experiments.train`.
+run = functools.partial(_program.run, module="experiments.train")
+main = functools.partial(_program.main, module="experiments.train")
 
 __all__ = ["build_parser", "main", "resolve", "run"]
 

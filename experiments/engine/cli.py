@@ -32,15 +32,11 @@ class _Parser(argparse.ArgumentParser):
 
 def jobs_count(text: str) -> int:
     """--jobs: a whole number of worker processes, 1 to MAX_JOBS."""
-    try:
-        value = int(text.strip(), 10)
-    except ValueError:
+    if not text.strip().isdecimal() or not 1 <= int(text) <= MAX_JOBS:
         raise argparse.ArgumentTypeError(
-            f"takes a whole number of worker processes, got {text!r}"
-        ) from None
-    if not 1 <= value <= MAX_JOBS:
-        raise argparse.ArgumentTypeError(f"{text}: give 1 to {MAX_JOBS} worker processes")
-    return value
+            f"give a whole number of worker processes from 1 to {MAX_JOBS}, got {text!r}"
+        )
+    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,13 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--list", action="store_true", help="list the pages, one line each")
     add("--quick", action="store_true", help="the page's smoke-test plan (seconds; for CI)")
     jobs = "runs at once, each in its own worker process (the costliest first; default 1: one "
-    add(
-        "--jobs",
-        type=jobs_count,
-        default=1,
-        metavar="N",
-        help=jobs + "after another in this process)",
-    )
+    jobs += "after another in this process)"
+    add("--jobs", type=jobs_count, default=1, metavar="N", help=jobs)
     render = "draw the page from its stored rows (OUT/PAGE.jsonl) without running anything"
     add("--render-only", action="store_true", help=render)
     merge = "join these PAGE.jsonl files (sweeps made apart) into OUT/PAGE.jsonl, then draw"
@@ -88,18 +79,14 @@ def writable_folder(path: Path) -> Path:
 
 def listing(pages: Mapping[str, Page]) -> str:
     width = max((len(name) for name in pages), default=0)
-    lines = [f"  {name.ljust(width)}  {page.title}" for name, page in sorted(pages.items())]
-    return "pages (python -m experiments PAGE [--quick] [--jobs N] [--render-only]):\n" + (
-        "\n".join(lines) + "\n"
-    )
+    lines = "".join(f"  {name.ljust(width)}  {p.title}\n" for name, p in sorted(pages.items()))
+    return "pages (python -m experiments PAGE [--quick] [--jobs N] [--render-only]):\n" + lines
 
 
 def _dispatch(args: argparse.Namespace, page: Page) -> None:
-    from .pipeline import merge, render, sweep
-    from .provenance import ROOT
+    from .pipeline import default_out, merge, render, sweep
 
-    default = ROOT / "runs" / ("experiments-quick" if args.quick else "experiments")
-    out = writable_folder(args.out if args.out is not None else default)
+    out = writable_folder(args.out if args.out is not None else default_out(args.quick))
     if args.render_only and args.merge:
         raise ValueError("give --render-only or --merge, not both")
     if args.render_only:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import subprocess
+from pathlib import Path
 from typing import Iterable, List, Tuple
 
 from .provenance import ROOT
@@ -23,53 +25,14 @@ class Erratum:
     text: str  #: what the page says, one paragraph of markdown
 
 
-ERRATA = (
-    Erratum(
-        "fec9682",
-        "2026-12-05 21:49 UTC",
-        (
-            "privacy",
-            "privacy_attacks",
-            "privacy_attacks_overfit",
-            "privacy_dp_budget",
-            "privacy_dp_subspace",
-            "privacy_dp_sweep",
-            "privacy_mechanisms",
-            "privacy_mechanisms_budget",
-            "privacy_mechanisms_logreg",
-            "privacy_regime",
-        ),
-        "**Erratum: under differential privacy, the averaged-model accuracy on this page is the "
-        "peers' own models'.** These rows were made before commit fec9682, when the evaluation's "
-        "copy of a model wrapped for per-example clipping computed with the peer's own "
-        "parameters, whatever average was loaded into it: a private row's averaged-model figure "
-        "is rank 0's own model's accuracy where the peers share a test set, the peers' own models' "
-        "pooled accuracy where each holds its own test data. Non-private rows, the victims' own "
-        "accuracy, every attack, audit and ε are unaffected (they build their models from "
-        "parameters). Exact gossip keeps the peers close to their average, so its private rows "
-        "differ little; compressed gossip's (PowerGossip, Choco) can differ more. The rows are "
-        "to be made again.",
-    ),
-    Erratum(
-        "79d7a6e",
-        "2026-12-04 21:54 UTC",
-        (
-            "privacy",
-            "privacy_attacks_overfit",
-            "privacy_dp_budget",
-            "privacy_dp_subspace",
-            "privacy_dp_sweep",
-        ),
-        "**Erratum: the ε on this page is an add/remove bound, which does not hold here.** These "
-        "rows were made before commit 79d7a6e, when σ was solved for the target ε, and ε "
-        "reported, by Opacus' RDP accountant for add/remove adjacency although every peer's "
-        "shard size was released with the run's results. With the sizes public, only "
-        "replace-one adjacency holds, and at the same σ, sampling rate and steps its ε is larger "
-        "(dp-accounting's PLD, `privacy/accounting.py`): each private row is less private than "
-        "its ε says. Accuracies, attacks and audits are those of the σ shown. The rows are to be "
-        "made again.",
-    ),
-)
+def _read() -> Tuple[Erratum, ...]:
+    """The errata of errata.md beside this file (its format: that file's first lines)."""
+    text = (Path(__file__).parent / "errata.md").read_text(encoding="utf-8")
+    found = re.findall(r"^<!-- (\w+) (.+ UTC): (.+) -->\n(.+)$", text, re.MULTILINE)
+    return tuple(Erratum(fix, at, tuple(pages.split()), body) for fix, at, pages, body in found)
+
+
+ERRATA = _read()
 
 
 @functools.lru_cache(maxsize=None)

@@ -138,11 +138,8 @@ def render(page: Page, out: Path) -> List[Path]:
     planned = {run.key for run in runs}
     stale = [key for key in stored if key not in planned]
     if stale:
-        log(
-            f"{len(stale)} row(s) of {store.path} are not in the plan, left off the page: "
-            + ", ".join(stale[:5])
-            + (" ..." if len(stale) > 5 else "")
-        )
+        shown = ", ".join(stale[:5]) + (" ..." if len(stale) > 5 else "")
+        log(f"{len(stale)} row(s) of {store.path} are not in the plan, left off the page: {shown}")
     rows = Rows(page.name, quick, [stored[r.key] for r in runs if r.key in stored], len(runs))
     if not rows.records:  # a page of nothing would replace the page there (or fail to draw)
         raise ValueError(
@@ -204,15 +201,14 @@ def sweep_command(name: str, out: Path, quick: bool = False) -> str:
     """The command that makes page `name`'s rows in `out`: --quick where `out` is the quick
     sweeps' default folder (a bare command would make full rows elsewhere) or `quick` (the rows
     there are --quick ones), --out where `out` is no default folder."""
-    where = Path(out).resolve()
-    if where == _default_out(False):
-        return f"python -m experiments {name}"
-    if where == _default_out(True):
-        return f"python -m experiments {name} --quick"
-    return f"python -m experiments {name}{' --quick' if quick else ''} --out {out}"
+    where, command = Path(out).resolve(), f"python -m experiments {name}"
+    if where in (default_out(False), default_out(True)):
+        return command + " --quick" * (where == default_out(True))
+    return f"{command}{' --quick' * quick} --out {out}"
 
 
-def _default_out(quick: bool) -> Path:
+def default_out(quick: bool) -> Path:
+    """Where a sweep's rows and page go without --out (git-ignored)."""
     from .provenance import ROOT
 
     return (ROOT / "runs" / ("experiments-quick" if quick else "experiments")).resolve()

@@ -61,9 +61,7 @@ class _Workers:
                     pass
 
 
-def _start_worker(
-    parent: int, workers: _Workers, initializer: Optional[Callable[[], None]]
-) -> None:
+def _start_worker(parent: int, workers: _Workers) -> None:
     """In each worker, first: end with the sweep's process (Linux), which may be killed (kill -9,
     the out-of-memory killer) without ending its pool: a worker left alone would finish its run
     for nobody (only the sweep stores rows), then wait for work forever. Then join the pool's
@@ -75,8 +73,6 @@ def _start_worker(
         if os.getppid() != parent:  # the sweep ended before the call above
             os._exit(1)
     workers.join()
-    if initializer is not None:
-        initializer()
 
 
 def run_pool(
@@ -85,17 +81,14 @@ def run_pool(
     jobs: int = 1,
     costs: Optional[Sequence[float]] = None,
     done: Optional[Callable[[int, Any], None]] = None,
-    initializer: Optional[Callable[[], None]] = None,
 ) -> List[Any]:
     """[fn(*task) for task in tasks], `jobs` processes at a time (see the module docstring).
-    `fn` and `initializer` must be module-level functions (workers import them by name)."""
+    `fn` must be a module-level function (workers import it by name)."""
     if not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
         raise ValueError(f"jobs must be a whole number from 1 to {MAX_JOBS}, got {jobs!r}")
     results: List[Any] = [None] * len(tasks)
     done = done or (lambda index, result: None)
     if jobs == 1 or len(tasks) <= 1:
-        if initializer is not None:
-            initializer()
         for index, task in enumerate(tasks):
             results[index] = fn(*task)
             done(index, results[index])
@@ -107,7 +100,7 @@ def run_pool(
     order = sorted(range(len(tasks)), key=lambda i: -costs[i])  # stable: plan order among equals
     context = multiprocessing.get_context("spawn")
     workers = _Workers(context)
-    start = functools.partial(_start_worker, os.getpid(), workers, initializer)
+    start = functools.partial(_start_worker, os.getpid(), workers)
     pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=context, initializer=start)
 
     def keep(finished) -> None:

@@ -70,6 +70,14 @@ def spread(values: Sequence[float], dash: str = "–") -> str:
     return f"{median(values):.2f} ({min(values):.2f}{dash}{max(values):.2f})"
 
 
+def fmt_bytes(value: float, fmt: str = ".3g") -> str:
+    """A byte count in GB, MB, kB (`fmt`ted) or B."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= scale:
+            return f"{value / scale:{fmt}} {unit}"
+    return f"{value:.0f} B"
+
+
 def copy_buffers(megabytes: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """A source and a destination of `megabytes` MB for `copy_bandwidth`, touched once."""
     src = torch.ones(megabytes * 2**20 // 4)

@@ -102,18 +102,13 @@ def row(run: Run) -> Dict[str, Any]:
     load = [os.getloadavg()[0]]
     for repetition in range(setting["repetitions"]):
         for kind, command in commands.items():
-            out = tempfile.mkdtemp(prefix="bench-startup-")
-            argv = [
-                sys.executable if a == "python" else a.replace("out_dir=OUT", f"out_dir={out}/run")
-                for a in command
-            ]
-            argv[0] = shutil.which(argv[0], path=env["PATH"]) or argv[0]
-            try:
+            with tempfile.TemporaryDirectory(prefix="bench-startup-") as out:
+                argv = [a.replace("out_dir=OUT", f"out_dir={out}/run") for a in command]
+                argv = [sys.executable if a == "python" else a for a in argv]
+                argv[0] = shutil.which(argv[0], path=env["PATH"]) or argv[0]
                 prefixes = PREFIXES.get(kind.split("/")[1], [p for _, p in MARKS])
                 measured = _launch(argv, prefixes, env, 900.0)
                 launches.append(dict(measured, kind=kind, repetition=repetition))
-            finally:
-                shutil.rmtree(out, ignore_errors=True)
     load.append(os.getloadavg()[0])
     shown = dict(
         mpiexec=f"mpiexec -n {processes}", torchrun=f"torchrun --nproc-per-node {processes}"

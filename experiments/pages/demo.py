@@ -19,7 +19,6 @@ LAUNCH_KEYS = ("backend", "out_dir", "checkpoint_every", "quiet")
 QUICK = dict(topology="ring:4", dataset="synthetic_logreg:d=20,classes=4,n=2000", model="logreg")
 QUICK.update(lr=0.5, momentum=0.0, weight_decay=0.0, warmup_epochs=0, epochs=2, eval_every=1)
 QUICK.update(log_every=5)
-PLOTS = ("accuracy_vs_epoch.png", "accuracy_vs_mb.png", "consensus_vs_step.png")
 
 
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
@@ -36,8 +35,7 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 
 def row(run: Run) -> Dict[str, Any]:
-    """The run's summary (summary.json's content), its summary.md and its records (the plots'
-    data), and how it was launched."""
+    """The run's summary, its summary.md, its records (the plots' data) and how it was launched."""
     from gossip_powersgd import run as train
     from gossip_powersgd.training.report import format_summary
 
@@ -55,16 +53,13 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def render(rows: Rows) -> Outputs:
-    """demo.md (its text: demo.md beside this file) and, when the row has its records, the three
-    plots in demo/."""
+    """demo.md (its text: demo.md beside this file) and, from the row's records, demo/'s plots."""
     (record,) = rows.records
     data, summary = record.row, record.row["summary"]
     fields = {**summary, **data, "summary_md": data["summary_md"].strip(), "page": rows.page}
     fields.update(finished=record.finished, commit=record.commit, command=rows.command)
     fields.update(quick=" (--quick)" * rows.quick, backend=summary["provenance"]["backend"])
-    plots = " ".join(f"![{name[:-4]}](demo/{name})" for name in PLOTS)
-    text = fill(template(__file__, "demo.md"), **fields, plots=plots)
-    outputs: Outputs = {"demo.md": text}
+    outputs: Outputs = {"demo.md": fill(template(__file__, "demo.md"), **fields)}
     if data.get("records"):  # a row converted from the committed page has no records
         from gossip_powersgd.cli.plot import figures
 

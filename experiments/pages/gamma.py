@@ -32,8 +32,7 @@ def _topology_gamma(topology: str) -> float:
 
 
 def grids(quick: bool) -> Dict[str, List[float]]:
-    """The γ values of each algorithm: PowerGossip around the topology's γ, Choco top-k on a
-    log grid."""
+    """The γ values: PowerGossip's around the topology's γ, Choco top-k's on a log grid."""
     g = _topology_gamma(SETTING[quick][0])
     if quick:
         return {"powergossip": [0.5, g], "choco": [0.05]}
@@ -82,8 +81,7 @@ def _good(rows: Sequence[Dict[str, Any]], name: str) -> List[Dict[str, Any]]:
 
 
 def gamma_verdict(rows: Sequence[Dict[str, Any]], gamma: float) -> List[str]:
-    """The verdict's lines: PowerGossip at the topology's γ against its sweep's best, its spread,
-    what tuning moves Choco by, and the runs that failed."""
+    """PowerGossip at the topology's γ vs its sweep's best, its spread, Choco's, the failures."""
     lines, failed = [], [r for r in rows if "error" in r]
     pg, ch = (_good(rows, name) for name in ("powergossip", "choco"))
     if pg:
@@ -100,9 +98,8 @@ def gamma_verdict(rows: Sequence[Dict[str, Any]], gamma: float) -> List[str]:
         best, worst = (f(ch, key=lambda r: r["acc_avg"]) for f in (max, min))
         cells = dict(best=_pct(best["acc_avg"]), worst=_pct(worst["acc_avg"]))
         cells.update(best_gamma=best["gamma"], worst_gamma=worst["gamma"])
-        lines.append(
-            TEXT["choco"].format(**cells, moves=100 * (best["acc_avg"] - worst["acc_avg"]))
-        )
+        moves = 100 * (best["acc_avg"] - worst["acc_avg"])
+        lines.append(TEXT["choco"].format(**cells, moves=moves))
     if failed:
         runs = "; ".join(f"{r['label']} γ = {r['gamma']:.3g}: {r['error'][:60]}" for r in failed)
         lines.append(TEXT["failed"].format(count=len(failed), runs=runs))
@@ -112,7 +109,6 @@ def gamma_verdict(rows: Sequence[Dict[str, Any]], gamma: float) -> List[str]:
 def plot_gamma(rows: Sequence[Dict[str, Any]], topo_gamma: float) -> bytes:
     """Averaged-model accuracy against γ for both algorithms (PNG bytes)."""
     plt = pyplot()
-
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for name, _, legend, _ in SWEEPS:
         pts = sorted((r["gamma"], 100 * r["acc_avg"]) for r in _good(rows, name))

@@ -66,14 +66,13 @@ def measurements(
     return dict(out, run_seconds=seconds, curve=curve, evals=[dict(e) for e in evals])
 
 
-def projected_seconds(
-    m: Dict[str, Any], bandwidth_bytes_per_second: float, latency: float = LATENCY_S
-) -> float:
-    """Measured compute + projected communication (`CommStats.projected_seconds` on the counters)."""
+def projected_seconds(m: Dict[str, Any], bandwidth_bytes_per_second: float) -> float:
+    """Measured compute + projected communication (`CommStats.projected_seconds` on the counters,
+    `LATENCY_S`)."""
     from gossip_powersgd.comm.base import CommStats
 
     comm = CommStats(rounds=int(m["rounds"]), critical_bytes=int(m["critical_bytes"]))
-    return float(m["compute_s"]) + comm.projected_seconds(latency, bandwidth_bytes_per_second)
+    return float(m["compute_s"]) + comm.projected_seconds(LATENCY_S, bandwidth_bytes_per_second)
 
 
 def combine(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:

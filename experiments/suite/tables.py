@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Optional, Sequence
 
-from experiments.pages._markdown import csv_text
+from experiments.pages._markdown import csv_text, snippets
 
 from .runs import BANDWIDTHS, projected_seconds
 
@@ -41,11 +41,9 @@ def ratio_to_exact(row: Dict[str, Any], exact: Optional[Dict[str, Any]]) -> Opti
     return exact["mb_per_step"] / row["mb_per_step"]
 
 
-TABLE_HEADER = (
-    "| topology | partition | algorithm | γ | epochs | seeds | averaged-model acc | "
-    "local acc mean | local acc min | MB sent / peer | exact MB ÷ MB (per step) | "
-    "projected time @ 1 Gbit/s (comm part) | @ 10 Gbit/s (comm part) |"
-)
+#: The header line of the table and the pages' header paragraph (in tables.md).
+SAY = snippets(__file__, "tables.md")
+TABLE_HEADER = SAY["table header"]
 
 
 def table_row(row: Dict[str, Any], exact: Optional[Dict[str, Any]]) -> str:
@@ -111,9 +109,4 @@ def build_csv(rows: Sequence[Dict[str, Any]]) -> str:
 
 def header(title: str, generated: str, extra: str = "") -> str:
     """A page's title and header paragraph (`generated`: its "made by" sentence)."""
-    return (
-        f"# {title}\n\n{generated} "
-        f"Backend: `local` (every peer a thread of one process, `LocalCluster`); the MPI transport "
-        f"runs the same algorithm code and MPI ≡ local equality is tested in tests/, not here. "
-        f"{extra}\n\n"
-    )
+    return SAY["header"].format(title=title, generated=generated, extra=extra) + "\n\n"

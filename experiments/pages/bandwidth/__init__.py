@@ -1,8 +1,8 @@
 """`python -m experiments bandwidth [--quick] [--jobs N] --out experiments/results`: time to a target
 accuracy per algorithm, topology and link rate, on hosts emulated on this machine (page.md says
-how). recipe.py: the plan; rows.py: the runs; figures.py: the arithmetic; text.py,
-faults.py and render.py: the page. --quick runs the same pipeline on 2 hosts with a tiny model;
-where namespaces cannot be made its cluster rows say why, and the full page stops with one line."""
+how). recipe.py: the plan; rows.py: the runs; figures.py: the arithmetic; text.py and render.py:
+the page. --quick: the same pipeline on 2 hosts with a tiny model (where namespaces cannot be made
+its cluster rows say why; the full page stops with one line)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Everything the bandwidth page shows, computed from its rows (`collect`, pure): the JSON the
-page writes and what its text and plot are drawn from; and its arithmetic: steps to the target
-accuracy, a step's cost three ways (measured, core each, projected: page.md defines them) and the
-time to a step (`Schedule`)."""
+"""Everything the bandwidth page shows, computed from its rows (`collect`, pure; its JSON): steps to
+the target, a step's cost three ways (measured, core each, projected: page.md defines them) and
+the time to a step (`Schedule`)."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ from .text import answer
 
 
 def first_reach(evals: Sequence[Sequence[float]], target: float) -> Optional[Tuple[int, float]]:
-    """(step, training MB per peer) of the first evaluation ([step, accuracy, MB]) at which the
-    averaged model's accuracy is at least `target`; None if none is."""
+    """(step, training MB per peer) of the first evaluation ([step, accuracy, MB]) at `target`."""
     for step, accuracy, mb in evals:
         if accuracy >= target - 1e-12:
             return int(step), float(mb)
@@ -52,13 +50,8 @@ def mean_curve(curves: Sequence[Sequence[Sequence[float]]]) -> List[Tuple[int, f
 
 
 def step_costs(timing: Mapping, alone: Mapping, rate: str) -> Dict[str, float]:
-    """Seconds per step of one algorithm at link rate `rate` (with a host slowed: the rate the
-    projection assumes for every host), from its timing row's entry (per-host lists) and its
-    alone row: the three figures (measured: the slowest host's mean step; core each; projected)
-    and their parts: the slowest host's median step; one peer's step alone (CPU; the
-    arithmetic's wall); the median host's compute, arithmetic, CPU and time in the transport on
-    the cluster; the communication replayed (slowest host), projected, and by the egress model
-    (every byte through the host's one link at its payload rate); bytes and rounds per step."""
+    """Seconds per step of one algorithm at `rate` (the projection's, for every host), from its
+    timing row's entry (per-host lists) and its alone row: the three figures and their parts."""
     bits, median = rate_bits(rate), statistics.median
     rounds, replayed, fixed = max(timing["rounds"]), median(timing["replay"]), alone["cpu"]
     projected_comm = rounds * LATENCY_S + max(timing["critical_bytes"]) * 8 / bits
@@ -82,8 +75,7 @@ def step_costs(timing: Mapping, alone: Mapping, rate: str) -> Dict[str, float]:
 
 
 def eval_costs(timing: Mapping, alone: Mapping) -> Dict[str, Any]:
-    """An evaluation: the slowest host's on the cluster (measured); one peer's alone (CPU) plus
-    its communication replayed (core each); the most bytes a host sends (metric_bytes)."""
+    """An evaluation: measured (slowest host), core each (alone, CPU, + replayed), its bytes."""
     e = timing["eval"]
     core_each = alone["eval_cpu"] + statistics.median(e["replay"])
     return dict(
@@ -93,8 +85,8 @@ def eval_costs(timing: Mapping, alone: Mapping) -> Dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """What a run's steps cost: `per_step` seconds each, except the first `warm_steps`, which
-    cost `warm_per_step` each; every evaluation `per_eval`."""
+    """A run's cost: `per_step` seconds a step (`warm_per_step` for the first `warm_steps`), and
+    `per_eval` an evaluation."""
 
     per_step: float
     warm_steps: int = 0
@@ -112,8 +104,7 @@ class Schedule:
 
 
 def per_seed_times(curves, target: float, schedule: Schedule) -> List[Optional[float]]:
-    """Seconds to `target` per seed (steps and evaluations up to the first evaluation that
-    reaches it), None for a seed that never does."""
+    """Seconds to `target` per seed (to the first evaluation at it; None: never reached)."""
     hits = [(first_reach(evals, target), evals) for evals in curves]
     return [
         None if h is None else schedule.until(h[0], evaluations_until(e, h[0])) for h, e in hits
@@ -184,8 +175,7 @@ def _curves(rows: List[Dict], target: Optional[float]) -> Dict[str, Any]:
 
 
 def target_of(s: Setting, acc: Mapping[str, Any]) -> Optional[float]:
-    """The common target: the highest whole percent every run of the compared algorithms (every
-    topology, every seed) reaches."""
+    """The highest whole percent every run of the compared algorithms reaches (`common_target`)."""
     peaks = []
     for topology in s.topologies:
         for key in (k for k in COMPARED if k in s.algorithms):
@@ -197,9 +187,8 @@ def target_of(s: Setting, acc: Mapping[str, Any]) -> Optional[float]:
 
 
 def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
-    """Per topology and rate (and slow-host setting): each algorithm's `step_costs`, the
-    evaluation's `eval_costs` and the rows' facts; an all-reduce's step and the evaluation come
-    from the tuning topology's rows (`recipe.measured_on`)."""
+    """Per topology and rate: each algorithm's `step_costs`, the `eval_costs` and the rows' facts
+    (an all-reduce's step and the evaluation from the tuning topology's: `recipe.measured_on`)."""
     out: Dict[str, Any] = {}
     for topology, rate, slow in timed_settings(s):
         row = data.get(timing_key(topology, rate, slow))
@@ -208,7 +197,7 @@ def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
         per, borrowed = {}, {}
         for key in s.algorithms:
             source = measured_on(s, key, topology)
-            timed = row if source == topology else data.get(timing_key(source, rate, slow))
+            timed = data.get(timing_key(source, rate, slow))
             alone = data.get(f"alone/{source}/{key}")
             if _ok(timed) and key in timed["algorithms"] and _ok(alone):
                 per[key] = step_costs(timed["algorithms"][key], alone, rate)
@@ -216,9 +205,8 @@ def costs(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
                     borrowed[key] = source
         home = row if "eval" in row else data.get(timing_key(s.tune_topology, rate, slow))
         alone = data.get(f"alone/{s.tune_topology}/{s.algorithms[0]}")
-        evaluation = None
-        if _ok(home) and "eval" in home and _ok(alone):
-            evaluation = eval_costs(home, alone)
+        ok = _ok(home) and "eval" in home and _ok(alone)
+        evaluation = eval_costs(home, alone) if ok else None
         timed = row["algorithms"]
         out.setdefault(topology, {})[rate_name(rate, slow)] = {
             "steps": per,
@@ -243,8 +231,7 @@ def _share(row: Mapping, phase: str) -> Optional[Dict[str, float]]:
 
 
 def schedule(steps: Mapping[str, Dict], ev: Optional[Dict], key: str, figure: str):
-    """The `Schedule` of algorithm `key` under `figure`, or None when a part is missing;
-    evaluations cost the same figure (projected: the core-each one)."""
+    """The `Schedule` of `key` under `figure` (evaluations: projected's is core each), or None."""
     warmup = BY_KEY[key].warmup
     if key not in steps or (warmup is not None and warmup[1] not in steps):
         return None
@@ -254,8 +241,7 @@ def schedule(steps: Mapping[str, Dict], ev: Optional[Dict], key: str, figure: st
 
 
 def times(s: Setting, acc: Mapping, cost: Mapping, target: Optional[float]) -> Dict[str, Any]:
-    """Seconds to the target per topology, rate and algorithm: each figure, training only and
-    with the evaluations (where timed), per seed with mean/min/max (`_seeds`)."""
+    """Seconds to the target per topology, rate, algorithm and figure, with and without evals."""
     out: Dict[str, Any] = {}
     for topology, by_rate in cost.items() if target is not None else ():
         for name, c in by_rate.items():
@@ -343,8 +329,7 @@ def plateau(s: Setting, data: Mapping[str, Dict]) -> Optional[Dict[str, Any]]:
 
 
 def collect(s: Setting, data: Mapping[str, Dict]) -> Dict[str, Any]:
-    """Everything the page shows; `run_seconds`: an in-process training run's median wall time
-    (the plateau run left out)."""
+    """Everything the page shows; `run_seconds`: a training run's median wall time (no plateau)."""
     target = target_of(s, accuracy(s, data, None))
     acc, cost = accuracy(s, data, target), costs(s, data)
     t = times(s, acc, cost, target)

@@ -1,8 +1,7 @@
-"""What the bandwidth page runs (torch-free): the recipe, the algorithms and their grids, the
-link rates, and the plan, in waves as rows come in: the lr grids (`tune/T/A/lr=V`, tuning
-topology T, seed 0), the γ grids at the all-reduce's chosen lr (`tune/T/A/g=V`), every algorithm
-at its chosen values on every topology and seed (`train/T/A/seedS`) and the best at twice the
-epochs (`plateau/T/A`), then the measurements (`alone/`, `timing/`, `e2e/`, `fault/`)."""
+"""What the bandwidth page runs (torch-free), in waves as rows come in: the lr grids
+(`tune/T/A/lr=V`, tuning topology T, seed 0), the γ grids at the all-reduce's chosen lr, every
+algorithm at its chosen values on every topology and seed (`train/T/A/seedS`), the best at twice
+the epochs (`plateau/T/A`), then the measurements (`alone/`, `timing/`, `e2e/`, `fault/`)."""
 
 from __future__ import annotations
 
@@ -12,16 +11,12 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from experiments.engine import Run
 from experiments.suite.runs import LOCAL
 
-from .faults import CASES as FAULT_CASES
-from .faults import runs as fault_runs
-
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
-    """One row of the page. `spec`: "{gamma}" filled in per run; `tune`: "lr", "gamma" or
-    "gamma_x" (γ = value × the topology's γ) over `grid`; `timing`: the spec timed (cost does not
-    depend on γ); `warmup`: (steps, row key) whose steps cost that row's (PowerSGD's exact
-    all-reduces); `over_all_hosts`: an all-reduce, timed on the tuning topology only."""
+    """A row of the page: `spec` ("{gamma}" filled in per run) tuned over `grid` by `tune` ("lr",
+    "gamma", "gamma_x": × the topology's γ), timed as `timing` (cost does not depend on γ);
+    `warmup`: (steps, row key) whose steps cost that row's; `over_all_hosts`: an all-reduce."""
 
     key: str
     label: str
@@ -66,13 +61,11 @@ BY_KEY = {a.key: a for a in ALGORITHMS}
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """The sizes of one plan (full or --quick). `seeds`: per topology, the `COMPARED` rows' (the
+    """The sizes of one plan (full or --quick): `seeds` per topology (the `COMPARED` rows'; the
     others run the first); `slow`: (base rate, slowed host, its rate) on `slow_topologies` for
-    `slow_algorithms` (default: all); `e2e`: (topology, algorithm, rate) of the complete runs;
-    `grids`: the plan's own; `only`: per topology, the algorithms trained and timed on it (an
-    all-reduce's rows are the tuning topology's); `rates_of`: per topology, its rates (default:
-    all); `untimed_at`: per rate, algorithms not timed; `eval_untimed_at`: rates without a timed
-    evaluation; `faults`: (launcher, fault) (faults.py); `quick`: cluster rows may be skipped."""
+    `slow_algorithms`; `e2e`: (topology, algorithm, rate) of the complete runs; `only`, `rates_of`:
+    per topology, what is trained and timed on it (default: all); `untimed_at`, `eval_untimed_at`:
+    what is not timed at a rate; `faults`: (launcher, fault); `quick`: cluster rows may skip."""
 
     base: Mapping[str, Any]
     algorithms: Tuple[str, ...]
@@ -103,6 +96,10 @@ FULL_BASE.update(warmup_epochs=1, schedule="cosine", batch_size=32, epochs=20, e
 FULL_BASE.update(LOCAL)
 QUICK_BASE = dict(FULL_BASE, dataset="mnist1d:num_samples=1200", model="mlp:64", epochs=2)
 
+#: (launcher, fault) of the full page's faults across hosts (rows.fault_row): the three faults under
+#: both launchers, and every process of a host killed under torchrun (its agent too).
+FAULT_CASES = tuple((lc, f) for lc in ("torch", "mpi") for f in ("cut", "kill", "stop"))
+FAULT_CASES += (("torch", "kill-all"),)
 #: Sized to finish in about 80 minutes on 2 shared cores (the page says what was cut and why).
 FULL = Setting(
     base=FULL_BASE,
@@ -157,18 +154,14 @@ def rates_on(s: Setting, topology: str) -> Tuple[str, ...]:
 
 
 def measured_on(s: Setting, key: str, topology: str) -> str:
-    """The topology whose measurements give algorithm `key`'s step on `topology`: its own, or
-    for an all-reduce (its ring goes through all hosts, whatever the topology) the tuning one."""
+    """The topology whose rows time `key` on `topology`: the tuning one for an all-reduce (its ring
+    goes through all hosts, whatever the topology), else its own."""
     return s.tune_topology if BY_KEY[key].over_all_hosts else topology
 
 
 def own_on(s: Setting, topology: str) -> List[str]:
     """The algorithms trained and timed on `topology` itself (not borrowing another's rows)."""
     return [k for k in algorithms_on(s, topology) if measured_on(s, k, topology) == topology]
-
-
-def grid(s: Setting, algorithm: Algorithm) -> Tuple[float, ...]:
-    return tuple(s.grids.get(algorithm.key, algorithm.grid))
 
 
 def topology_gamma(topology: str) -> float:
@@ -178,24 +171,23 @@ def topology_gamma(topology: str) -> float:
 
 
 def train_run(key: str, s: Setting, a: Algorithm, topology: str, seed: int, lr, gamma, **extra):
-    """An in-process training run: `train` is the whole config but its seed; γ goes into the
-    spec when the row is made ("{gamma}"), so that the stored config holds it as a number."""
+    """An in-process training run; γ goes into the spec when the row is made ("{gamma}"), so that
+    the stored config holds it as a number."""
     train = dict(s.base, topology=topology, algorithm=a.spec, lr=lr, local_steps=a.local_steps)
     config = {"kind": "train", "algorithm": a.key, "gamma": gamma, "train": dict(train, **extra)}
     return Run(key=key, config=config, seed=seed, cost=float(config["train"]["epochs"]))
 
 
 def tuning_keys(s: Setting, algorithm: Algorithm) -> List[Tuple[float, str]]:
-    """(value, row key) of each point of the algorithm's grid (values spelt `:.9g`: stable where
-    a computed float differs in its last bits)."""
+    """(value, row key) of each point of the algorithm's grid (`:.9g`: stable across float bits)."""
     label = {"lr": "lr", "gamma": "g", "gamma_x": "gx"}[algorithm.tune]
     where = f"tune/{s.tune_topology}/{algorithm.key}/{label}"
-    return [(v, f"{where}={v:.9g}") for v in grid(s, algorithm)]
+    return [(v, f"{where}={v:.9g}") for v in s.grids.get(algorithm.key, algorithm.grid)]
 
 
 def best_value(s: Setting, algorithm: Algorithm, rows: Rows):
-    """(value, key) of the grid's run with the highest final averaged-model accuracy (the first
-    on a tie; a failed or diverged run never wins), or None until the whole grid has rows."""
+    """(value, key) of the grid's most accurate run (the first on a tie; a failed one never wins),
+    or None until the whole grid has rows."""
     keys = tuning_keys(s, algorithm)
     if any(k not in rows for _, k in keys):
         return None
@@ -226,13 +218,12 @@ def gamma_on(a: Algorithm, value, topology: str):
 
 
 def main_key(s: Setting, key: str, topology: str, seed: int, rows: Rows) -> Optional[str]:
-    """The row key of algorithm `key` on `topology`, seed `seed`: the chosen tuning run for the
-    tuning topology's seed 0, else its own `train/...` run; None until the choice is made."""
+    """The row key of `key` on `topology`, seed `seed` (the chosen tuning run's on the tuning
+    topology's seed 0), None until the choice is made."""
     pick = chosen(s, key, rows)
     if pick is None:
         return None
-    if BY_KEY[key].over_all_hosts:  # its model does not depend on the graph (a test checks)
-        topology = s.tune_topology
+    topology = measured_on(s, key, topology)  # an all-reduce's model: any graph's (a test checks)
     own = f"train/{topology}/{key}/seed{seed}"
     return pick[2] if (topology, seed) == (s.tune_topology, 0) else own
 
@@ -244,8 +235,7 @@ def train_keys(s: Setting, key: str, topology: str, rows: Rows) -> List[str]:
 
 
 def best_main(s: Setting, rows: Rows, among=None) -> Optional[Tuple[str, str]]:
-    """(algorithm, row key) with the best final accuracy on the tuning topology, seed 0, among
-    `among` (default: every algorithm), once their choices are made."""
+    """(algorithm, row key) of the best on the tuning topology, seed 0, among `among` (or all)."""
     among = [k for k in s.algorithms if among is None or k in among]
     keys = {k: main_key(s, k, s.tune_topology, 0, rows) for k in among}
     if any(v is None or v not in rows for v in keys.values()):
@@ -254,8 +244,7 @@ def best_main(s: Setting, rows: Rows, among=None) -> Optional[Tuple[str, str]]:
 
 
 def training_runs(s: Setting, rows: Rows) -> List[Run]:
-    """The grids (lr first, γ once the all-reduce's lr is chosen), every algorithm's runs at its
-    chosen values (but the chosen tuning run), and the best compared row at twice the epochs."""
+    """The grids (γ's once the lr is chosen), the runs at the chosen values, the plateau run."""
     tune, lr_star, runs = s.tune_topology, chosen_lr(s, rows), []
     for a in (BY_KEY[k] for k in s.algorithms):
         if a.tune == "lr" or lr_star is not None:
@@ -283,6 +272,7 @@ def rate_name(rate: str, slow: Optional[Tuple[str, str]] = None) -> str:
 
 
 def timing_key(topology: str, rate: str, slow: Optional[Tuple[str, str]] = None) -> str:
+    """The key of a step-time row."""
     return f"timing/{topology}/{rate_name(rate, slow)}"
 
 
@@ -293,9 +283,8 @@ def timed_settings(s: Setting) -> List[Tuple[str, str, Optional[Tuple[str, str]]
 
 
 def measurement_runs(s: Setting, rows: Rows) -> List[Run]:
-    """The timed runs, one at a time: a peer alone per algorithm and topology, the cluster's step
-    times per topology and rate, the complete cluster runs, the faults across hosts. They stop
-    themselves (`training.timing.StepTimer`) and time their one evaluation on its own."""
+    """The timed runs (they stop themselves: `training.timing.StepTimer`): a peer alone, the step
+    times per topology and rate, the complete cluster runs, the faults across hosts."""
     probe = {k: v for k, v in s.base.items() if k not in ("backend", "out_dir")}
     probe.update(epochs=PROBE_EPOCHS, eval_every=PROBE_EPOCHS)
     runs = []
@@ -326,7 +315,8 @@ def measurement_runs(s: Setting, rows: Rows) -> List[Run]:
             config.update(gamma=source.config["gamma"], train=dict(source.config["train"]))
             key_of = f"e2e/{topology}/{key}/{rate}"
             runs.append(Run(key=key_of, config=config, seed=source.seed, cost=3.0))
-    return runs + fault_runs(s.faults, s.quick)
+    fault = {"kind": "fault", "quick": s.quick}
+    return runs + [Run(f"fault/{lc}/{f}", dict(fault, launcher=lc, fault=f)) for lc, f in s.faults]
 
 
 def plan(quick: bool, rows: Rows) -> List[Run]:

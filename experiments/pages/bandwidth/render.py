@@ -8,19 +8,22 @@ import itertools
 import json
 import statistics
 from collections import Counter, defaultdict
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from experiments.engine import Outputs, Rows, made_by
 from experiments.pages._figures import png, pyplot
 from experiments.pages._markdown import fill, table
 
-from . import faults, text
+from . import text
 from .figures import PAYLOAD_SHARE, collect, rate_bits, schedule
 from .recipe import ALGORITHMS, BY_KEY, FULL, QUICK, Setting
 from .text import TEXT, _label, _mb, paragraph, rate_text, seconds_text
 
 #: The all-reduces (one ring of all hosts) among the rows.
 REDUCE = tuple(a.key for a in ALGORITHMS if a.over_all_hosts)
+#: The issue's bound on a host fault: every rank gone within 30 s, naming the host.
+ISSUE_SECONDS = 30.0
+LAUNCHERS = {"torch": "torchrun", "mpi": "mpiexec"}
 
 
 def render(rows: Rows) -> Outputs:
@@ -31,7 +34,7 @@ def render(rows: Rows) -> Outputs:
     page += [made_by(rows) + " " + facts["sentence"], "", *text.method(s, f)]
     page += text.answer_section(s, f) + text.accuracy_section(s, f) + cost_sections(s, f)
     page += text.time_sections(s, f) + eval_section(s, f) + slow_section(s, f)
-    page += e2e_section(f) + faults.section(s.faults, data) + notes(f)
+    page += e2e_section(f) + faults_section(s.faults, data) + notes(f)
     out: Outputs = {"bandwidth.md": "\n".join(page).rstrip() + "\n"}
     accuracy = {
         t: {k: {x: y for x, y in v.items() if x != "curves"} for k, v in per.items()}
@@ -234,3 +237,44 @@ def plot(s: Setting, f: Mapping[str, Any]) -> bytes:
     fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels) or 1), fontsize=8)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return png(fig, dpi=100)
+
+
+def _seconds(value: Optional[float], none: str = "—") -> str:
+    return none if value is None else f"{value:.2f}"
+
+
+def _row(launcher: str, fault: str, r: Mapping[str, Any]) -> str:
+    """A case's line of the section's table."""
+    lost = r.get("lost_says")
+    exits = ", ".join(f"{k}: {_seconds(v, 'not ended')}" for k, v in r["exits"].items())
+    fields = dict(launcher=LAUNCHERS[launcher], what=TEXT[f"fault {fault}"], exits=exits)
+    fields["gone"] = _seconds(r["seconds"], "not within 90 s")
+    fields["named_after"] = _seconds(r["named_after"])
+    fields["named"] = ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in r["named"].items())
+    fields["said"] = "—" if lost is None else "`" + lost.split(": ", 1)[1][:140] + "`"
+    return fill(TEXT["fault row"], **fields)
+
+
+def faults_section(
+    cases: Sequence[Tuple[str, str]], data: Mapping[str, Dict[str, Any]]
+) -> List[str]:
+    """ "Faults across hosts": a line per case that has a row, against the issue's 30 s."""
+    found = [(lc, f, data[f"fault/{lc}/{f}"]) for lc, f in cases if f"fault/{lc}/{f}" in data]
+    skipped = [r["skipped"] for _, _, r in found if "skipped" in r]
+    ran = [x for x in found if "skipped" not in x[2]]
+    if not found:
+        return []
+    lines = ["## Faults across hosts", ""] + ([f"Not run: {skipped[0]}", ""] if skipped else [])
+    if not ran:
+        return lines
+    late = [
+        f"{LAUNCHERS[lc]} {f}"
+        for lc, f, r in ran
+        if r["seconds"] is None or r["seconds"] > ISSUE_SECONDS
+    ]
+    verdict = f"was gone within the issue's {ISSUE_SECONDS:g} s in every case"
+    if late:
+        verdict = f"was NOT gone within {ISSUE_SECONDS:g} s in: {', '.join(late)}"
+    bound = ", ".join(f"{b:g}" for b in sorted({r["bound"] for _, _, r in ran}))
+    text = fill(TEXT["faults"], verdict=verdict, bound=bound)
+    return lines + [TEXT["fault table"], *(_row(*x) for x in ran), "", text, ""]

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import re
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
@@ -31,6 +35,10 @@ ON_THE_CLUSTER = dict(timing="the step times", e2e="the complete runs")
 ON_THE_CLUSTER.update(fault="the faults across hosts")
 #: How long the link check's one TCP stream runs at the link's rate.
 LINK_CHECK_SECONDS = 3.0
+#: A fault across hosts: the scenario (tests/faults/test_liveness_hosts.py runs it too), and the
+#: longest it may take (start, the fault, the end) before it counts as a hang.
+SCENARIO = ROOT / "tests" / "support" / "host_faults.py"
+FAULT_LIMIT = 600.0
 
 
 def row(run: Run) -> Dict[str, Any]:
@@ -68,8 +76,7 @@ def timed(before: List[float]) -> Dict[str, Any]:
 
 
 def train_row(run: Run) -> Dict[str, Any]:
-    """In-process (`gossip_powersgd.run`): accuracy after every epoch, training and metric bytes,
-    the traffic counters, the final models' digests."""
+    """In-process (`gossip_powersgd.run`): accuracy per epoch, bytes, the models' digests."""
     from gossip_powersgd import run as train
 
     config = training_config(run)
@@ -97,8 +104,7 @@ def train_row(run: Run) -> Dict[str, Any]:
 
 
 def alone_row(run: Run) -> Dict[str, Any]:
-    """One peer's step by itself (`training.timing.measure_alone`): the median period's parts per
-    step (wall, the algorithm's arithmetic, the echo, compute, CPU)."""
+    """One peer's step by itself (`training.timing.measure_alone`): the median period's parts."""
     from gossip_powersgd.training.timing import measure_alone
 
     before = load()
@@ -136,7 +142,7 @@ def remove_stale() -> None:
 @contextlib.contextmanager
 def cluster(topology: str, rate: str, slow=None) -> Iterator[tuple]:
     """Cluster bw<pid> of `topology`'s hosts at `rate` (`slow`: (host, its rate)), removed after:
-    yields its prefix, the hosts and the launch options (from the checkout, a thread a process)."""
+    yields its prefix, the hosts and the launch options."""
     import topologies
 
     from gossip_powersgd.cluster import down, parse_rate, up
@@ -152,8 +158,7 @@ def cluster(topology: str, rate: str, slow=None) -> Iterator[tuple]:
 
 
 def timing_row(run: Run) -> Dict[str, Any]:
-    """The step times of `run`'s algorithms on a cluster at its rate (`cluster.step_times`), then
-    the link's own rate (`link_check`)."""
+    """`run`'s step times on a cluster at its rate (`cluster.step_times`), then the link's rate."""
     from gossip_powersgd.cluster.step_times import link_check, step_times
 
     c, before = run.config, load()
@@ -166,11 +171,30 @@ def timing_row(run: Run) -> Dict[str, Any]:
 
 
 def fault_row(run: Run) -> Dict[str, Any]:
-    """A fault on one of 3 hosts, mid-run (`faults.py`), on a cluster of this process's prefix."""
-    from .faults import row as scenario
-
+    """A fault on one of 3 hosts, mid-run: `SCENARIO` on a cluster of this process's prefix (made
+    and removed by the scenario), when every rank ended and what each said."""
     remove_stale()
-    return scenario(run, f"{PREFIX}{os.getpid()}")
+    c, prefix = run.config, f"{PREFIX}{os.getpid()}"
+    with tempfile.TemporaryDirectory(prefix="bandwidth-fault-") as tmp:
+        out, log = Path(tmp) / "result.json", Path(tmp) / "log.txt"
+        argv = [sys.executable, str(SCENARIO), prefix, c["launcher"], c["fault"], str(out)]
+        with open(log, "w") as sink:  # a file, not a pipe: the launchers' children inherit it
+            process = subprocess.Popen(
+                argv, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        try:
+            status = process.wait(timeout=FAULT_LIMIT)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            status = None
+        if status != 0 or not out.is_file():
+            what = "ran past its limit" if status is None else f"exited with status {status}"
+            tail = log.read_text()[-1500:]
+            raise RuntimeError(f"fault scenario {c['launcher']}/{c['fault']} {what}: {tail}")
+        result = json.loads(out.read_text())
+    result.pop("pids", None)
+    return result
 
 
 def e2e_row(run: Run) -> Dict[str, Any]:

@@ -7,8 +7,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 from experiments.pages._markdown import Column, columns, fill, grid_end, snippets, table
 
-from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, rates_on
-from .recipe import grid as _grid
+from .recipe import BY_KEY, COMPARED, Setting, algorithms_on, rates_on, tuning_keys
 
 #: The page's fixed text (page.md beside this file), by part.
 TEXT = snippets(__file__, "page.md")
@@ -100,16 +99,15 @@ def cuts(s: Setting, f: Mapping[str, Any]) -> List[str]:
         where, keys = ", ".join(s.slow_topologies), _labels(s.slow_algorithms)
         cut.append(fill(TEXT["cut slow"], topologies=where, keys=keys))
     cut.append(TEXT["cut e2e"])  # the full plan (`recipe.FULL`) makes none: --quick does
-    sizes = sorted({len(_grid(s, BY_KEY[a])) for a in s.algorithms})
+    sizes = sorted({len(tuning_keys(s, BY_KEY[a])) for a in s.algorithms})
     cut.append(fill(TEXT["cut grids"], sizes=f"{sizes[0]} to {sizes[-1]}"))
     costs = f.get("costs", {}).get(s.tune_topology, {}).get(s.rates[-1], {})
-    slow_step, why = costs.get("steps", {}).get("exact"), []
+    step, why = costs.get("steps", {}).get("exact"), []
     if f.get("run_seconds"):
-        why.append(f"an in-process training run took {seconds_text(f['run_seconds'])} (median)")
-    if slow_step:
+        why.append(fill(TEXT["why run"], run=seconds_text(f["run_seconds"])))
+    if step:
         where = f"{s.tune_topology} at {rate_text(s.rates[-1])}"
-        step = seconds_text(slow_step["measured"])
-        why.append(f"an exact-gossip step on {where} {step} measured")
+        why.append(fill(TEXT["why step"], where=where, step=seconds_text(step["measured"])))
     why_text = f" ({'; '.join(why)})" if why else ""
     return lines("cuts", why=why_text, parts="; ".join(cut))
 
@@ -181,27 +179,22 @@ def accuracy_section(s: Setting, f: Mapping[str, Any]) -> List[str]:
     return out
 
 
-#: The time tables: (figure, what the title says).
-TIME_TABLES = (
-    ("core_each", "hosts with a core each, training time"),
-    ("core_each_with_evals", "hosts with a core each, with an evaluation after every epoch"),
-    ("measured", "measured on the cluster (cores shared), training time"),
-    ("projected", "projected (compute alone + the project's projected comm)"),
-)
+#: The time tables' figures, in the page's order (their titles: page.md's "time FIGURE").
+TIME_TABLES = ("core_each", "core_each_with_evals", "measured", "projected")
 
 
 def time_sections(s: Setting, f: Mapping[str, Any]) -> List[str]:
     """Per topology the time to the target under each figure (`TIME_TABLES`), rates as columns."""
     out = []
     for topology, by_rate in f["times"].items():
-        for key, what in TIME_TABLES:
+        for key in TIME_TABLES:
             spec: List[Column] = [("algorithm", _label)]
             spec += [
                 (rate_text(r), lambda k, r=r: _seconds_cell(by_rate[r].get(k, {}).get(key)))
                 for r in s.rates
                 if r in by_rate
             ]
-            out += [f"## Time to {_pct(f['target'])}: {topology}, {what}", ""]
+            out += [f"## Time to {_pct(f['target'])}: {topology}, {TEXT['time ' + key]}", ""]
             out += columns(spec, algorithms_on(s, topology))
         out += paragraph("time note")
     return out
@@ -222,8 +215,7 @@ def table_of(t: Mapping, topology: str, rates, figure: str):
 
 
 def answer(s: Setting, t: Mapping, target: Optional[float], acc=None) -> List[str]:
-    """The answer in words, per topology, from the core-each figure (training only), with what
-    the measured figure and the evaluations change."""
+    """The answer in words per topology (core each, training only) and what other figures change."""
     if target is None or not t:
         return []
     out, pct = [], f"{100 * target:.0f} %"
@@ -254,11 +246,8 @@ def _other_figures(t: Mapping, topology: str, rates, core: Mapping) -> List[str]
     """Whether the measured figure, and a core each with the evaluations, change the verdicts."""
     import topologies
 
-    hosts = topologies.parse(topology).size
-    out = []
-    measured = f"the step as measured here ({hosts} hosts on this machine's cores)"
-    evaluated = "a core each, with an evaluation after every epoch"
-    for figure, what in (("measured", measured), ("core_each_with_evals", evaluated)):
+    out, hosts = [], topologies.parse(topology).size
+    for figure in ("measured", "core_each_with_evals"):
         other = table_of(t, topology, rates, figure)
         compared = [r for r in rates if other[r].get("pg-r1") is not None]
         if not compared:
@@ -274,7 +263,7 @@ def _other_figures(t: Mapping, topology: str, rates, core: Mapping) -> List[str]
         missing = [rate_text(r) for r in rates if r not in compared]
         if missing:
             verdict += f" (not timed at {', '.join(missing)})"
-        out.append(f"With {what}: {verdict}.")
+        out.append(fill(TEXT[f"with {figure}"], hosts=hosts, verdict=verdict))
     return out
 
 

@@ -1,8 +1,7 @@
 """`python -m experiments bench_gossip`: PowerGossip (rank 1) against exact gossip on the zoo's
 ResNet-20 and VGG-16 shapes, 8 peers, in-process and under MPI (`measure.py` the child): bytes,
 time per step, the naive and `BEFORE`'s PowerGossip in interleaved blocks, compute efficiency in
-situ and for one isolated peer; the kernels; the default VGG-16's bytes (page.md says how). A row
-holds a setting's raw numbers and their summary (`summarize_setting`)."""
+situ and for one isolated peer; the kernels; the default VGG-16's bytes (page.md says how)."""
 
 from __future__ import annotations
 
@@ -93,10 +92,14 @@ def row(run: Run) -> Dict[str, Any]:
     return {"summary": summary, "raw": compact(raw)}
 
 
-# ---- per-setting numbers from what every peer measured: means over peers, medians over the
-# interleaved repetitions, efficiencies and speedups (a row's summary) ----
+# ---- a setting's summary: means over peers, medians over the interleaved repetitions ----
+def _steps(blocks: List[Dict[str, Any]], side: Optional[str] = None) -> List[Dict[str, Any]]:
+    """The steps of `blocks` (of one side)."""
+    return [st for b in blocks for st in b["steps"] if side in (None, st["side"])]
+
+
 def _block_means(block: Dict[str, Any], side: Optional[str] = None) -> Dict[str, float]:
-    steps = [s for s in block["steps"] if side is None or s["side"] == side]
+    steps = _steps([block], side)
     n = max(1, len(steps))
     total, comm = sum(s["total"] for s in steps) / n, sum(s["comm"] for s in steps) / n
     return {"total": total, "comm": comm, "compute": total - comm}
@@ -112,22 +115,14 @@ def _ratios(a: List[Dict[str, float]], b: List[Dict[str, float]]) -> Dict[str, f
     return {k: median([x[k] / y[k] for x, y in zip(a, b)]) for k in ("compute", "total")}
 
 
-def _steps(blocks_per_peer, side=None):
-    """Each peer's steps (of one side), over its blocks."""
-    return [
-        [st for b in blocks for st in b["steps"] if side is None or st["side"] == side]
-        for blocks in blocks_per_peer
-    ]
-
-
 def _sent(blocks_per_peer, side=None) -> float:
     """Bytes per step, mean over steps and peers."""
-    per_peer = _steps(blocks_per_peer, side)
+    per_peer = [_steps(blocks, side) for blocks in blocks_per_peer]
     return sum(sum(st["bytes"] for st in p) / max(1, len(p)) for p in per_peer) / len(per_peer)
 
 
 def _match(blocks_per_peer) -> bool:
-    return all(st["bytes"] == st["expected"] for p in _steps(blocks_per_peer) for st in p)
+    return all(st["bytes"] == st["expected"] for b in blocks_per_peer for st in _steps(b))
 
 
 def summarize_setting(
@@ -153,9 +148,8 @@ def summarize_setting(
         v.update(bytes_right=_sent(blocks, "right"), bytes_left=_sent(blocks, "left"))
         v.update(bytes_match=_match(blocks), bytes_ratio=s["exact"]["bytes"] / v["bytes"])
         if not cfg.bytes_only:
-            reps = [_mean([_block_means(b[r]) for b in blocks]) for r in range(len(blocks[0]))]
-            v["reps"] = reps
-            v.update({k: median([r[k] for r in reps]) for k in TIMES})
+            v["reps"] = [_mean([_block_means(b[r]) for b in blocks]) for r in range(len(blocks[0]))]
+            v.update({k: median([r[k] for r in v["reps"]]) for k in TIMES})
             # K = 1 half-step per step, so compute per step is compute per half-step.
             if s["bandwidth_concurrent"]:
                 v["efficiency_in_situ"] = (
@@ -174,12 +168,12 @@ def summarize_setting(
 def summarize_before(
     cfg: BenchConfig, peers: List[Dict[str, Any]], variants: Dict[str, Any]
 ) -> Dict[str, Any]:
-    """`cfg.before`'s PowerGossip against this tree's (both batched, interleaved blocks): time
-    ratios new / old, medians over adjacent block pairs; whether every peer sent the same bytes
-    at every step; whether every peer's final parameters are bit-identical."""
+    """`cfg.before`'s PowerGossip against this tree's: time ratios new / old (medians over
+    adjacent block pairs), whether every peer sent the same bytes at every step and ended with
+    bit-identical parameters."""
 
     def sent(p, name):
-        return [st["bytes"] for b in p["variants"][name] for st in b["steps"]]
+        return [st["bytes"] for st in _steps(p["variants"][name])]
 
     return {
         "commit": cfg.before,

@@ -97,22 +97,17 @@ def peer_benchmark(comm: Comm, cfg: BenchConfig) -> Dict[str, Any]:
     if cfg.exact_steps > 1:
         run_block(exact, comm, 1)  # warm-up (first-touch allocations)
         comm.barrier()
-    out["exact"] = run_block(exact, comm, cfg.exact_steps)
-    out["exact_warmup"] = cfg.exact_steps > 1
+    out.update(exact=run_block(exact, comm, cfg.exact_steps), exact_warmup=cfg.exact_steps > 1)
     out["exact"]["param_bytes"] = _bytes(exact.params)
     del exact
     gossips = build(variants(cfg), base, comm)
     del base
     first = next(iter(gossips.values()))
-    out["compressed_fraction"] = first.compressed_fraction
-    out["param_bytes"] = _bytes(first.params)
-    out["compressed_bytes"] = compressed_bytes(first)
-    out["gamma"] = first.gamma
+    out.update(compressed_fraction=first.compressed_fraction, param_bytes=_bytes(first.params))
+    out.update(compressed_bytes=compressed_bytes(first), gamma=first.gamma)
     if cfg.bytes_only:
         comm.barrier()
-        out["variants"] = {"batched": [run_block(first, comm, 2)]}
-        out["bandwidth_concurrent"] = []
-        return out
+        return dict(out, variants={"batched": [run_block(first, comm, 2)]}, bandwidth_concurrent=[])
     # every peer copies at the same time: the bandwidth each gets in this setting
     out["variants"], out["bandwidth_concurrent"] = interleaved_blocks(
         gossips, comm, cfg, cfg.concurrent_copy_mb, comm.barrier
@@ -139,9 +134,7 @@ def variants(cfg: BenchConfig) -> Dict[str, Tuple[type, bool]]:
     out = {"batched": (PowerGossip, True)}
     if cfg.before is not None and not cfg.bytes_only:
         out["before"] = (before_powergossip(cfg.before), True)
-    if cfg.naive and not cfg.bytes_only:
-        out["naive"] = (PowerGossip, False)
-    return out
+    return dict(out, naive=(PowerGossip, False)) if cfg.naive and not cfg.bytes_only else out
 
 
 def build(algorithms: Dict[str, Tuple[type, bool]], base, comm: Comm) -> Dict[str, Any]:
@@ -166,13 +159,9 @@ def isolated_benchmark(
     params = make_params(cfg.parameter_shapes(), 0)
     gossips = build(algorithms or variants(cfg), params, comm)
     blocks, bandwidth = interleaved_blocks(gossips, comm, cfg, cfg.isolated_copy_mb, lambda: None)
-    return {
-        "degree": len(comm.neighbors),
-        "compressed_bytes": compressed_bytes(next(iter(gossips.values()))),
-        "threads": torch.get_num_threads(),
-        "bandwidth": bandwidth,
-        "variants": blocks,
-    }
+    first = next(iter(gossips.values()))
+    out = dict(degree=len(comm.neighbors), compressed_bytes=compressed_bytes(first))
+    return dict(out, threads=torch.get_num_threads(), bandwidth=bandwidth, variants=blocks)
 
 
 def interleaved_blocks(gossips: Dict[str, Any], comm: Comm, cfg: BenchConfig, copy_mb, barrier):
@@ -249,23 +238,13 @@ def kernel_benchmark(rounds: int) -> Dict[str, Any]:
             speed = KERNELS[key][1] * M.numel() * 4 / (time.perf_counter() - start) / 1e9
             measured[(k, key)].append((speed, copy))
     kernels = [
-        {
-            "key": f"k{k}.{key}",
-            "k": k,
-            "name": f"k={k} {KERNELS[key][0]}",
-            "gbps": median([speed for speed, _ in pairs]),
-            "of_copy": median([speed / copy for speed, copy in pairs]),
-        }
+        dict(key=f"k{k}.{key}", k=k, name=f"k={k} {KERNELS[key][0]}")
+        | dict(gbps=median([s for s, _ in pairs]), of_copy=median([s / c for s, c in pairs]))
         for (k, key), pairs in measured.items()
     ]
-    return {
-        "threads": torch.get_num_threads(),
-        "rounds": rounds,
-        "group": [b, rows, cols],
-        "copy": median([copy for pairs in measured.values() for _, copy in pairs]),
-        "copy_mb": src.numel() * 4 // 2**20,
-        "kernels": kernels,
-    }
+    out = dict(threads=torch.get_num_threads(), rounds=rounds, group=[b, rows, cols])
+    copies = [copy for pairs in measured.values() for _, copy in pairs]
+    return dict(out, copy=median(copies), copy_mb=src.numel() * 4 // 2**20, kernels=kernels)
 
 
 def mpi_peer(comm: Comm, cfg: BenchConfig, topology: AnyTopology) -> Dict[str, Any]:

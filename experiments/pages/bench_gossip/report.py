@@ -4,21 +4,18 @@ tables, the isolated-peer and kernel tables. Fixed text: the .md files beside th
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
-from experiments.pages._bench import MODELS, count_params, median, model_shapes
+from experiments.pages._bench import MODELS, count_params, fmt_bytes, median, model_shapes
 from experiments.pages._markdown import columns, fill, snippets, table, table_rows, template
 
 PARTS = snippets(__file__, "parts.md")
 TARGET_BYTES_RATIO, TARGET_EFFICIENCY, TARGET_SPEEDUP = 500.0, 0.5, 1.8
 
 
-def _mb(x: float) -> str:
-    for unit, scale in (("MB", 1e6), ("kB", 1e3)):
-        if x >= scale:
-            return f"{x / scale:.2f} {unit}"
-    return f"{x:.0f} B"
+_mb = functools.partial(fmt_bytes, fmt=".2f")
 
 
 def _ms(x: Optional[float]) -> str:
@@ -89,9 +86,7 @@ def targets(summaries: List[Dict[str, Any]]) -> List[str]:
 
 def _speedup(s: Dict[str, Any]) -> str:
     iso = s.get("isolated", {}).get("speedup")
-    return f"{s['backend']} {_x(s['speedup']['compute'])}" + (
-        f" (isolated {_x(iso)})" if iso else ""
-    )
+    return f"{s['backend']} {_x(s['speedup']['compute'])}" + (f" (isolated {_x(iso)})" * bool(iso))
 
 
 def _prediction(speed: Dict[str, float], k: int) -> Dict[str, float]:
@@ -275,7 +270,7 @@ KERNELS = (
 
 def render_kernels(k: Dict[str, Any]) -> List[str]:
     """The kernel diagnosis: kernels.md filled in from the kernels' run."""
-    fields = dict(k, copy_mb=k.get("copy_mb", 256), mb=math.prod(k["group"]) * 4 / 1e6)
+    fields = dict(k, mb=math.prod(k["group"]) * 4 / 1e6)
     fields.update(kernels=columns(KERNELS, k["kernels"]), prediction=kernel_prediction(k))
     return fill(template(__file__, "kernels.md"), **fields).split("\n")
 

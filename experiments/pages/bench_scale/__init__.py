@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -14,7 +15,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
-from experiments.pages._bench import compact, count_params, header, on_machine, python_child
+from experiments.pages._bench import compact, count_params, fmt_bytes, header, on_machine
+from experiments.pages._bench import python_child
 from experiments.pages._bench import quick_mark, run_child
 from experiments.pages._markdown import fill, snippets, table, table_rows, template
 
@@ -76,21 +78,16 @@ def notes(records: List[Dict[str, Any]]) -> List[str]:
         if "ring" not in p["kinds"]:
             out.append(f"{label(p)}: {PARTS['big point']}")
         elif "gather" not in p["kinds"]:
-            size = 4 * r["ranks"][0]["numel"] if "ranks" in r else tensor_bytes(p["params"])
+            mb = (4 * r["ranks"][0]["numel"] if "ranks" in r else tensor_bytes(p["params"])) / 1e6
             budget = GATHER_BUDGET_BYTES >> 30
-            out.append(
-                PARTS["gather skipped"].format(label=label(p), mb=size / 1e6, budget=budget, **p)
-            )
+            out.append(PARTS["gather skipped"].format(label=label(p), mb=mb, budget=budget, **p))
     return sorted(out)
 
 
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
+    key = "{section}/{backend}/ring:{peers}/{params}"
     return [
-        Run(
-            key=f"{p['section']}/{p['backend']}/ring:{p['peers']}/{p['params']}",
-            config=dict(p, timeout=TIMEOUT[quick]),
-            cost=p["peers"] * p["steps"],
-        )
+        Run(key.format(**p), dict(p, timeout=TIMEOUT[quick]), cost=p["peers"] * p["steps"])
         for p in points(quick)
     ]
 
@@ -138,36 +135,20 @@ def summarize(record: Dict[str, Any]) -> Dict[str, Dict[str, float]]:
     return out
 
 
-def fmt_bytes(value: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if value >= scale:
-            return f"{value / scale:.3g} {unit}"
-    return f"{value:.0f} B"
-
-
 def fmt_seconds(value: float) -> str:
     return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
 
 
 def slope(points: Sequence[Tuple[float, float]]) -> Optional[float]:
-    """Least-squares exponent a of y ∝ x^a (None with fewer than two positive points)."""
+    """Least-squares exponent a of y ∝ x^a (None without two distinct positive x)."""
     pts = [(math.log(x), math.log(y)) for x, y in points if x > 0 and y > 0]
-    if len(pts) < 2:
-        return None
-    mx, my = sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts)
-    var = sum((p[0] - mx) ** 2 for p in pts)
-    return sum((p[0] - mx) * (p[1] - my) for p in pts) / var if var else None
+    return statistics.linear_regression(*zip(*pts)).slope if len(dict(pts)) > 1 else None
 
 
 def _ok(records, section, backend=None):
     """The measured points of a section (and backend)."""
-    return [
-        r
-        for r in records
-        if "ranks" in r
-        and r["point"]["section"] == section
-        and backend in (None, r["point"]["backend"])
-    ]
+    ok = [r for r in records if "ranks" in r and r["point"]["section"] == section]
+    return [r for r in ok if backend in (None, r["point"]["backend"])]
 
 
 def cost_table(records: List[Dict[str, Any]], name) -> List[str]:

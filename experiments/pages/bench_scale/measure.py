@@ -27,8 +27,12 @@ from gossip_powersgd.utils import atomic_write
 if TYPE_CHECKING:
     from gossip_powersgd.comm.base import Comm
 
-#: The two reductions of one flat tensor a point can time (beside four algorithms, a `step()` each).
+#: The two reductions of one flat tensor a point can time, and the four algorithms (a `step()` each).
 REDUCTIONS = ("ring", "gather")
+ALGORITHMS = {"exact": (ExactGossip, {}), "powergossip": (PowerGossip, {"rank": 1})}
+ALGORITHMS.update(
+    allreduce=(AllReduce, {}), powersgd=(PowerSGDAllReduce, {"rank": 1, "start_iter": 0})
+)
 
 
 def parameter_shapes(params: str) -> Shapes:
@@ -98,18 +102,12 @@ def build(kind: str, comm: Comm, shapes: Shapes):
                 comm.shared_memory_allreduce = False
             return (lambda: comm.allreduce_(flat, "mean")), flat
         return (lambda: gather_reduce_(comm, flat)), flat
-    if kind == "exact":
-        algorithm = ExactGossip(params, comm)
-    elif kind == "powergossip":
-        algorithm = PowerGossip(params, comm, rank=1)
-    elif kind == "allreduce":
-        algorithm = AllReduce(params, comm)
-    elif kind == "powersgd":
-        for p in params:
-            p.grad = torch.randn_like(p)
-        algorithm = PowerSGDAllReduce(params, comm, rank=1, start_iter=0)
-    else:
-        raise ValueError(f"unknown kind {kind!r}")
+    if kind not in ALGORITHMS:
+        raise ValueError(f"unknown kind {kind!r} (valid: {', '.join([*ALGORITHMS, *REDUCTIONS])})")
+    for p in params if kind == "powersgd" else ():  # PowerSGD compresses the gradients
+        p.grad = torch.randn_like(p)
+    algorithm, options = ALGORITHMS[kind]
+    algorithm = algorithm(params, comm, **options)
     return algorithm.step, algorithm
 
 

@@ -12,6 +12,8 @@ from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
 from experiments.suite.runs import BASE, QUICK_BASE
 
+from .tables import render_page
+
 #: (label, algorithm spec): the grid's rows, in the table's order. Choco sign's γ = 1 is the one
 #: the training page's γ sweep chose (ring:8, 10 epochs, of 0.5 / 1 / 1.3), not tuned again here.
 ALGORITHMS = (
@@ -114,8 +116,7 @@ SUMMARY.update({k: k for k in ("transfer_mb_sent", "steps", "parameters")})
 
 
 def grid_row(config: Dict[str, Any], seed: int) -> Dict[str, Any]:
-    """One (algorithm, topology, churn rate, seed) run's row: its summary's figures and the
-    schedule's own (`membership.churn.schedule_figures`)."""
+    """A grid run's row: its summary's figures and its schedule's (`schedule_figures`)."""
     from gossip_powersgd import run
     from gossip_powersgd.membership.churn import schedule_figures
 
@@ -144,15 +145,15 @@ def row(run: Run) -> Dict[str, Any]:
     return rejoin_figures(dict(c["train"], seed=run.seed), c["joiner"], c["join_step"])
 
 
-def render(rows: Rows) -> Outputs:
-    """churn.md, churn.json and churn.png from the rows alone."""
-    from .tables import render_page
-
-    return render_page(rows, setting(rows.quick))
-
-
 TITLE = (
     "training through churn in-process: accuracy, consensus and average shift vs churn "
     "rate, 16 peers; rejoining by average vs copy"
 )
+
+
+def render(rows: Rows) -> Outputs:
+    """churn.md, churn.json and churn.png from the rows alone (`tables.render_page`)."""
+    return render_page(rows, setting(rows.quick))
+
+
 PAGE = register(Page(name="churn", title=TITLE, plan=plan, row=row, render=render))

@@ -1,6 +1,5 @@
-"""The churn page from its rows alone (`render_page`): churn.md (page.md filled in with the
-tables, mean ± std over seeds, and verdicts worded in lines.md; soak.md where a soak row
-exists), churn.json and churn.png (`plot`)."""
+"""The churn page from its rows alone (`render_page`): churn.md (page.md, lines.md's verdicts,
+soak.md where a soak row exists; mean ± std over seeds), churn.json and churn.png."""
 
 from __future__ import annotations
 
@@ -69,8 +68,7 @@ def grid_list(cells: Dict[Cell, Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 
 def grid_table(cells: Dict[Cell, Dict[str, Any]], spe: int) -> str:
-    """One line per (topology, algorithm, rate), the no-churn line first in each group, with the
-    averaged-model accuracy's difference to it."""
+    """A line per (topology, algorithm, rate), no churn first, with the accuracy's Δ to it."""
 
     def line(c: Dict[str, Any]) -> List[str]:
         rate, base = c["rate_per_epoch"], cells.get((c["topology"], c["algorithm"], 0.0))
@@ -84,8 +82,7 @@ def grid_table(cells: Dict[Cell, Dict[str, Any]], spe: int) -> str:
 
 
 def join_cells(rows: Rows) -> Dict[Tuple[str, str], Dict[str, Any]]:
-    """{(label, mode): the rejoin figures over seeds}: the shift at the join and, at each probe
-    (steps after the join), the joiner's and the others' accuracy and squared distance."""
+    """{(label, mode): the rejoin figures over seeds}, at the join and at each probe after it."""
     out = {}
     for key, runs in _sections(rows, "join", "label", "mode").items():
         fields = ("shift_at_join", "acc_avg", "transfer_mb_sent")
@@ -103,9 +100,8 @@ def join_cells(rows: Rows) -> Dict[Tuple[str, str], Dict[str, Any]]:
 
 
 def join_table(joins, cells, topology: str) -> str:
-    """The rejoin table: per algorithm and mode, the shift at the join, the run's final accuracy
-    next to the no-churn grid row's, and the joiner against the others at the first, second and
-    last evaluation after the join (the first four cells only on a mode's first line)."""
+    """The rejoin table: per algorithm and mode, the joiner against the others at the first,
+    second and last evaluation after the join (the first four cells on a mode's first line)."""
     lines = [TEXT["join header"]]
     for (label, mode), cell in joins.items():
         base = cells.get((topology, label, 0.0))
@@ -129,20 +125,18 @@ def _spread(a: Dict[str, Any], b: Dict[str, Any], field: str) -> float:
 
 
 def grid_verdict(cells: Dict[Cell, Dict[str, Any]], rates: Sequence[float]) -> List[str]:
-    """One line per (topology, algorithm): accuracy and shift at the highest rate vs no churn;
-    then how many churned cells differ from their no-churn row by more than the seeds' spread,
-    and whose consensus distance more than doubles at the highest rate."""
-    lines, top = [], max(rates)
-    churned = [(k, c, cells[k[:2] + (0.0,)]) for k, c in cells.items() if k[:2] + (0.0,) in cells]
-    churned = [x for x in churned if x[0][2] > 0]
-    for (topology, label, rate), c, b in churned:
-        if rate == top:
-            fields = dict(topology=topology, label=label, top=100 * top, c=c, b=b, pp=_pp(c, b))
-            fields.update(acc=_acc(c, "acc_avg"), base_acc=_acc(b, "acc_avg"))
-            fields.update(low=_acc(c, "acc_local_min"), base_low=_acc(b, "acc_local_min"))
-            lines.append(fill(TEXT["grid"], **fields))
+    """A line per (topology, algorithm) at the highest rate vs no churn, then the cells beyond
+    the seeds' spread and those whose consensus distance more than doubles."""
+    churned = [(k, c, cells.get(k[:2] + (0.0,))) for k, c in cells.items() if k[2] > 0]
+    churned = [x for x in churned if x[2] is not None]
     if not churned:
-        return lines
+        return []
+    lines = []
+    for (topology, label, rate), c, b in (x for x in churned if x[0][2] == max(rates)):
+        fields = dict(topology=topology, label=label, top=100 * rate, c=c, b=b, pp=_pp(c, b))
+        fields.update(acc=_acc(c, "acc_avg"), base_acc=_acc(b, "acc_avg"))
+        fields.update(low=_acc(c, "acc_local_min"), base_low=_acc(b, "acc_local_min"))
+        lines.append(fill(TEXT["grid"], **fields))
     top = max(k[2] for k, _, _ in churned)
     beyond = sum(abs(c["acc_avg"] - b["acc_avg"]) > _spread(c, b, "acc_avg") for _, c, b in churned)
     grows = [
@@ -155,8 +149,7 @@ def grid_verdict(cells: Dict[Cell, Dict[str, Any]], rates: Sequence[float]) -> L
 
 
 def join_verdict(joins) -> List[str]:
-    """Average vs copy, per algorithm: the shift at the join and the joiner's gap to the others'
-    mean accuracy at the first evaluation after the join."""
+    """Average vs copy, per algorithm: the shift and the joiner's gap at the first evaluation."""
     lines = []
     for label in dict.fromkeys(label for label, _ in joins):
         avg, copy = joins.get((label, "average")), joins.get((label, "copy"))
@@ -179,8 +172,7 @@ def _seconds(values: Sequence[float]) -> str:
 
 
 def soak_section(rows: Rows) -> str:
-    """The emulated-cluster soak (`cluster.soak.soak`'s row; its text: soak.md): what happened to
-    the run, then a line per fault kind. Empty without a soak row."""
+    """soak.md from the soak's row (`cluster.soak.soak`), a line per fault kind; "" without one."""
     record = next((r for r in rows.records if r.config.get("section") == "soak"), None)
     if record is None:
         return ""
@@ -221,8 +213,7 @@ def soak_section(rows: Rows) -> str:
 
 
 def wall_span(rows: Rows) -> str:
-    """ "Wall time about M min ..." from the first start (a row's finish, to the minute, less its
-    run time) to the last finish."""
+    """The wall time from the first start (a finish, to the minute, less its time) to the end."""
     if not rows.records:
         return ""
     ends = [datetime.datetime.strptime(r.finished, "%Y-%m-%d %H:%M UTC") for r in rows.records]
@@ -290,8 +281,7 @@ PANELS = (
 
 
 def plot(cells: Dict[Cell, Dict[str, Any]], s: Dict[str, Any]) -> bytes:
-    """Averaged-model accuracy, consensus distance and average shift against the churn rate,
-    one column per topology, one line per algorithm (error bars: std over seeds)."""
+    """`PANELS` against the churn rate, a column per topology, a line per algorithm (± std)."""
     plt = pyplot()
     n = len(s["topologies"])
     fig, axes = plt.subplots(3, n, figsize=(5.2 * n, 9.5), squeeze=False)

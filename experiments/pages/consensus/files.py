@@ -40,14 +40,11 @@ def columns(budgets: Sequence[float]) -> List[Tuple[str, float]]:
 def chosen_runs(instance: Dict) -> Dict[str, Dict[int, Dict]]:
     """Per label, per seed, the run the winner map uses: the one run of an untuned algorithm, and
     a tuned one at the γ that is best on seed 0 at the largest budget (the only γ later seeds run)."""
-    chosen: Dict[str, Dict[int, Dict]] = {}
-    for label, entry in instance["summary"].items():
-        for result in instance["results"]:
-            if result["label"] == label and (
-                result["seed"] or result["spec"] == entry["plot_spec"]
-            ):
-                chosen.setdefault(label, {})[result["seed"]] = result
-    return chosen
+    summary, chosen = instance["summary"], {label: {} for label in instance["summary"]}
+    for r in instance["results"]:
+        if r["seed"] or r["spec"] == summary[r["label"]]["plot_spec"]:
+            chosen[r["label"]][r["seed"]] = r
+    return {label: runs for label, runs in chosen.items() if runs}
 
 
 def _value(result: Dict, kind: str, key: float) -> Optional[Tuple[float, bool, bool]]:
@@ -134,9 +131,7 @@ def powergossip_ratio(instance: Dict, kind: str, key: float) -> Optional[float]:
     below 1, PowerGossip needs less (error, or bits)."""
     pg = winner_cell(instance, kind, key, POWERGOSSIP_LABELS)
     baselines = [
-        label
-        for label in instance["summary"]
-        if label.startswith("Choco") and label.split()[1] in ("sign", "topk")
+        x for x in instance["summary"] if x.split()[:2] in (["Choco", "sign"], ["Choco", "topk"])
     ]
     base = winner_cell(instance, kind, key, baselines)
     if pg["winner"] is None or base["winner"] is None:

@@ -59,6 +59,8 @@ FULL_GRID = (
 #: The local backend runs one thread per peer; a longer GIL switch interval than the default 5 ms
 #: runs the same (deterministic: peers synchronise on every message) computation 2-4x faster.
 SWITCH_INTERVAL_S = 0.05
+#: A stored run's curve: a list of each of these, a value per recorded step.
+CURVE = ("step", "bits_per_peer", "error")
 
 
 #: The `models:epoch=E` problem's tensors: every peer's `cnn1d` parameters after E epochs of D-PSGD
@@ -169,7 +171,7 @@ def run_instance(
             if any(v["history"] != h for v in values.values()):
                 raise RuntimeError(f"{spec}: the peers recorded different histories")
             out = {k: values[0][k] for k in ("stop", "seconds", "floor")}
-            curve = {k: [r[k] for r in h] for k in ("step", "bits_per_peer", "error")}
+            curve = {k: [r[k] for r in h] for k in CURVE}
             gamma = spec_gamma(spec, topo)
             return {**item, "gamma": gamma, "stage": stage, "seed": seed, **out, "curve": curve}
 
@@ -200,12 +202,8 @@ def run_instance(
 
 
 def history(run: Dict) -> List[Dict]:
-    """A stored run's curve as records [{"step", "bits_per_peer", "error"}, ...]."""
-    c = run["curve"]
-    return [
-        dict(step=s, bits_per_peer=b, error=e)
-        for s, b, e in zip(c["step"], c["bits_per_peer"], c["error"])
-    ]
+    """A stored run's curve (a list per key of CURVE) as records, a dict per step."""
+    return [dict(zip(CURVE, values)) for values in zip(*(run["curve"][k] for k in CURVE))]
 
 
 def with_cells(run: Dict, budgets: Sequence[float]) -> Dict:

@@ -95,10 +95,10 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def render(rows: Rows) -> Outputs:
-    """dynamic.md, its two CSVs, dynamic.json and the two plots."""
+    """dynamic.md (its text: page.md beside this file), its two CSVs, dynamic.json, the plots."""
     from gossip_powersgd.metrics import bits_to_reach, error_at_bits
 
-    p = setting(rows.quick)
+    p, n = setting(rows.quick), 4 if rows.quick else 16
     stored = [r for r in rows.records if r.config["section"] == "consensus"]
     consensus = [r.row for r in stored]
     training = [r.row for r in rows.records if r.config["section"] == "training"]
@@ -117,38 +117,32 @@ def render(rows: Rows) -> Outputs:
     # the accuracy every PowerGossip run reached: the lowest final accuracy among them
     finals = [r["acc_avg"] for r in training if r["label"] == POWERGOSSIP and "error" not in r]
     target = min(finals) if finals else None
-    text = page(shown, training, p, target, made_by(rows), seconds, consensus_seconds)
-    data = {"command": old.get("command", rows.command), "seconds": seconds, "plan": p}
-    data.update(consensus=consensus, training=training)
-    return {
-        "dynamic.md": text,
-        "dynamic_consensus.csv": consensus_tables(shown, p["budgets"])[1],
-        "dynamic_training.csv": build_csv(training),
-        "dynamic.json": json.dumps(data, indent=1, default=str) + "\n",
-        **plots(shown, training, p),
-    }
-
-
-def page(consensus, training, p, target, generated: str, seconds: float, consensus_s: float) -> str:
-    """dynamic.md (its text: page.md beside this file) from the rows of both sections."""
-    data, n = QUICK_BASE if p["quick"] else BASE, 4 if p["quick"] else 16
-    running = TEXT["running"].format(minutes=seconds / 60, consensus_minutes=consensus_s / 60)
+    running = TEXT["running"].format(minutes=seconds / 60, consensus_minutes=consensus_seconds / 60)
     title = f"Gossip on graphs that change every step, {n} peers" + " (--quick)" * p["quick"]
     reach = [] if target is None else block(TEXT["reach"].format(target=_pct(target)) + "\n\n")
+    consensus_md, consensus_csv = consensus_tables(shown, p["budgets"])
     text = fill(
         TEXT["page"],
         **p,
-        **data,
-        header=header(title, generated, running),
-        verdict=verdict(consensus, training, p, target),
+        **(QUICK_BASE if p["quick"] else BASE),
+        header=header(title, made_by(rows), running),
+        verdict=verdict(shown, training, p, target),
         stop=min(TARGETS) / 2,
-        consensus=block(consensus_tables(consensus, p["budgets"])[0]),
+        consensus=block(consensus_md),
         n=n,
         eval_every=max(1, p["epochs"] // 10),
         training=block(build_table(training)),
         reach=reach + block(reach_table(training, target) if reach else ""),
     )
-    return text + "\n"
+    data = {"command": old.get("command", rows.command), "seconds": seconds, "plan": p}
+    data.update(consensus=consensus, training=training)
+    return {
+        "dynamic.md": text + "\n",
+        "dynamic_consensus.csv": consensus_csv,
+        "dynamic_training.csv": build_csv(training),
+        "dynamic.json": json.dumps(data, indent=1, default=str) + "\n",
+        **plots(shown, training, p),
+    }
 
 
 def _num(value: Optional[float], missing: str = "—") -> str:
@@ -156,8 +150,7 @@ def _num(value: Optional[float], missing: str = "—") -> str:
 
 
 def consensus_tables(rows: Sequence[Dict[str, Any]], budgets: Sequence[float]) -> Tuple[str, str]:
-    """The consensus table (markdown: relative error at matched bits and bits to reach each
-    target) and dynamic_consensus.csv (the same to 6 digits), a row per run."""
+    """The consensus table (markdown) and dynamic_consensus.csv (to 6 digits), a row per run."""
     head = ["graph", "algorithm", "steps run", "bits run", "stop"]
     head += [f"rel. error @ {b:.0e} bits" for b in budgets]
     head += [f"bits to rel. error {t:.0e}" for t in TARGETS]
@@ -245,8 +238,7 @@ def _compare(name: str, values: Dict[str, Optional[float]], schedules, statics, 
 
 
 def verdict(consensus, training, p: Dict[str, Any], target: Optional[float]) -> List[str]:
-    """The question answered from the rows: fewer bytes on a one-peer schedule than on a ring or
-    torus? (Its sentences: page.md beside this file.)"""
+    """Fewer bytes on a one-peer schedule than on a ring or torus? (Its sentences: page.md.)"""
     graphs, schedules = p["topologies"], p["schedules"]
     args = (schedules, [t for t in graphs if t not in schedules])
     lines = []
@@ -266,7 +258,7 @@ def verdict(consensus, training, p: Dict[str, Any], target: Optional[float]) -> 
     text = ", ".join(f"{g} {_pct(a)}" for g, a in finals.items())
     lines.append(TEXT["finals"].format(finals=text))
     static_finals = [finals[g] for g in args[1] if finals.get(g) is not None]
-    higher = min(static_finals) if static_finals else None
+    higher = min(static_finals, default=None)
     if higher is not None and higher > target:
         # The common bar is the weakest run's final accuracy; the static graphs' bar shows whether
         # the schedules' byte saving survives a higher accuracy.

@@ -50,9 +50,6 @@ SETTINGS: Dict[bool, Dict[str, Any]] = {False: FULL, True: dict(QUICK, traffic_m
 #: The paper's CIFAR-10 run, for the projection: 300 epochs of 50,000 images, 8 peers x 128.
 PAPER_EPOCHS, CIFAR_TRAIN, PAPER_PEERS, PAPER_BATCH = 300, 50_000, 8, 128
 
-#: The training recipe's keys a row takes from the page's setting.
-RECIPE = ("topology", "dataset", "model", "batch_size", "lr", "momentum", "weight_decay")
-RECIPE += ("warmup_epochs", "schedule", "epochs", "eval_every")
 EVAL_KEYS = ("epoch", "step", "mb", "acc_avg", "acc_local_mean", "acc_local_min")
 EVAL_KEYS += ("consensus_distance", "train_loss")
 #: A row's fields from the run's summary: {field: the summary's name}, and those per step.
@@ -106,8 +103,7 @@ def train_row(
     before and after, for the page's header)."""
     from gossip_powersgd import run
 
-    config = {k: setting[k] for k in RECIPE}
-    config.update(algorithm=spec, local_steps=local_steps, optimizer="sgd", seed=seed)
+    config = dict(setting, algorithm=spec, local_steps=local_steps, optimizer="sgd", seed=seed)
     config.update(LOCAL, comm_timeout=1800.0)
     load = os.getloadavg()[0]
     wall, cpu = time.perf_counter(), time.process_time()
@@ -162,17 +158,11 @@ def floats_per_exchange(model: str, topology: str) -> Dict[str, Any]:
     rows, cols = sum(m for m, _ in matrices), sum(n for _, n in matrices)
     parameters = sum(p.numel() for p in net.parameters())
     closed_pg = (rows + cols) / 2 + vectors
-    return {
-        "model": model,
-        "parameters": parameters,
-        "exact_floats": measured["exact"],
-        "powergossip_r1_floats": measured["powergossip:rank=1"],
-        "ratio": measured["exact"] / measured["powergossip:rank=1"],
-        "closed_exact": parameters,
-        "closed_powergossip_r1": closed_pg,
-        "closed_ratio": parameters / closed_pg,
-        "closed_text": f"{parameters:,} / (({rows:,} + {cols:,}) / 2 + {vectors:,})",
-    }
+    exact, pg = measured["exact"], measured["powergossip:rank=1"]
+    out = dict(model=model, parameters=parameters, exact_floats=exact, powergossip_r1_floats=pg)
+    out.update(ratio=exact / pg, closed_exact=parameters, closed_powergossip_r1=closed_pg)
+    text = f"{parameters:,} / (({rows:,} + {cols:,}) / 2 + {vectors:,})"
+    return dict(out, closed_ratio=parameters / closed_pg, closed_text=text)
 
 
 def step_seconds(model: str, batch: int, reps: int) -> Dict[str, float]:

@@ -30,42 +30,29 @@ SLOW_ROWS = (CHOCO_SIGN, CHOCO_TOPK)
 TOPOLOGY, IID, NONIID = "ring:8", "iid", "dirichlet:0.5"
 #: A wider model, where PowerGossip's saving is larger (its matrices are 512x512).
 WIDE_MODEL = "mlp:512,512"
-WIDE_ROWS = [
-    (EXACT, "exact"),
-    (POWERGOSSIP, "powergossip:rank=1,iters=1"),
-    (ALLREDUCE, "allreduce"),
-    ("PowerGossip r1 (2 iters)", "powergossip:rank=1,iters=2"),
-]
-#: The reference runs: the same recipe with the demo's 100 epochs, to show how far `epochs` is.
-REFERENCE_ROWS = [(EXACT, "exact"), (POWERGOSSIP, "powergossip:rank=1,iters=1")]
-STAGES = (
-    "γ sweep",
-    "iid, first seed",
-    "Dirichlet and the non-IID grid",
-    "wide model",
-    "iid, further seeds",
-    "reference runs",
-)
+#: exact gossip, PowerGossip r1, all-reduce and PowerGossip r1 with 2 iterations.
+WIDE_ROWS = [ROWS[1], ROWS[2], ROWS[0], NONIID_ROWS[1]]
+#: The reference runs (exact gossip, PowerGossip r1): the same recipe with the demo's 100 epochs,
+#: to show how far `epochs` is.
+REFERENCE_ROWS = ROWS[1:3]
+STAGES = ("γ sweep", "iid, first seed", "Dirichlet and the non-IID grid", "wide model")
+STAGES += ("iid, further seeds", "reference runs")
 #: The state's lists of runs, in the CSV's order.
 RUN_LISTS = ("sweeps", "iid", "noniid", "noniid_extra", "wide", "reference")
-#: The full page's budget: epochs of the CNN rows, seeds of the iid rows (Choco: `choco_seeds`),
-#: epochs of the γ sweep, of the wide model and of the reference runs, epochs between evaluations.
-FULL = dict(epochs=60, seeds=3, choco_seeds=1, sweep_epochs=10, wide_epochs=30)
-FULL.update(reference_epochs=100, eval_every=2)
+#: What the page runs: the rows, the γ grids, seeds of the iid rows (Choco: `choco_seeds`), epochs
+#: of the CNN rows, of the γ sweep, of the wide model and of the reference runs, between evaluations.
+FULL = dict(topology=TOPOLOGY, iid=IID, noniid=NONIID, rows=ROWS, grid=GAMMA_GRID, seeds=(0, 1, 2))
+FULL.update(choco_seeds=1, noniid_rows=NONIID_ROWS, wide_rows=WIDE_ROWS, eval_every=2, epochs=60)
+FULL.update(reference_rows=REFERENCE_ROWS, reference_epochs=100, sweep_epochs=10, wide_epochs=30)
 #: --quick: ring:4, exact and PowerGossip r1, 1 epoch, nothing else.
-QUICK = dict(topology="ring:4", iid=IID, noniid=NONIID, grid={}, seeds=(0,), choco_seeds=1)
-QUICK.update(epochs=1, sweep_epochs=1, eval_every=1, wide_rows=[], wide_epochs=1)
-QUICK.update(reference_rows=[], reference_epochs=1)
+QUICK = dict(FULL, topology="ring:4", rows=ROWS[1:3], grid={}, seeds=(0,), wide_rows=[])
+QUICK.update(noniid_rows=NONIID_ROWS[:1], reference_rows=[], epochs=1, sweep_epochs=1)
+QUICK.update(wide_epochs=1, reference_epochs=1, eval_every=1)
 
 
 def settings(quick: bool) -> Dict[str, Any]:
-    """What the page runs. --quick: ring:4, exact and PowerGossip r1, 1 epoch, nothing else."""
-    if quick:
-        rows = [(EXACT, "exact"), (POWERGOSSIP, "powergossip:rank=1,iters=1")]
-        return dict(QUICK, rows=rows, noniid_rows=NONIID_ROWS[:1])
-    full = dict(FULL, topology=TOPOLOGY, iid=IID, noniid=NONIID, rows=ROWS, grid=GAMMA_GRID)
-    full.update(seeds=tuple(range(FULL["seeds"])), noniid_rows=NONIID_ROWS, wide_rows=WIDE_ROWS)
-    return dict(full, reference_rows=REFERENCE_ROWS)
+    """What the page runs (`QUICK` or `FULL`), a copy."""
+    return dict(QUICK if quick else FULL)
 
 
 def chosen_gamma(label: str, sweeps: List[Dict[str, Any]]) -> Optional[float]:

@@ -42,22 +42,18 @@ def gamma_text(run: Dict[str, Any], swept: set) -> str:
     return "topology" if gamma_kind(run["spec"]) == "topology" else "—"
 
 
-def _stage_seconds(rows: Rows) -> Dict[str, float]:
-    """The rows' own wall times summed by stage, for the stages that have rows."""
-    seconds: Dict[str, float] = {}
-    for record in rows.records:
-        stage = stage_of(record.row)
-        seconds[stage] = seconds.get(stage, 0.0) + record.seconds
-    return {name: seconds[name] for name in STAGES if name in seconds}
-
-
 def state_of(rows: Rows) -> Dict[str, Any]:
     """The runs of `rows` by list (RUN_LISTS), with their γ text and curves, and the plan."""
     s = settings(rows.quick)
     swept = [label for label, template in s["rows"] if "{gamma}" in template]
     main_labels = {label for label, _ in s["rows"]}
+    seconds: Dict[str, float] = {}  # the rows' own wall times summed by stage
+    for record in rows.records:
+        stage = stage_of(record.row)
+        seconds[stage] = seconds.get(stage, 0.0) + record.seconds
     state: Dict[str, Any] = dict(plan=s, quick=rows.quick, command=rows.command)
-    state.update(stage_seconds=_stage_seconds(rows), **{k: [] for k in RUN_LISTS})
+    state.update(stage_seconds={name: seconds[name] for name in STAGES if name in seconds})
+    state.update({k: [] for k in RUN_LISTS})
     for run in with_curves(rows.data):
         run["gamma_text"] = gamma_text(run, set(swept))
         kind = {"sweep": "sweeps"}.get(run["model_kind"], run["model_kind"])

@@ -1,7 +1,7 @@
 """Helpers of the engine's test files (tests/experiments/engine/test_*.py): `python -m
 experiments` on the test page's registry (tests/support/engine_pages.py, whose rows are made
 without training), the keys of a rows file, stored rows written by hand, and the tasks of the
-interrupted pool's test (module-level: worker processes import them by name)."""
+interrupted pool's and the killed workers' tests (module-level: worker processes import them by name)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from experiments.engine import Record
 from experiments.engine.cli import main
+from experiments.engine.pool import _start_worker
 
 import engine_pages
 from engine_pages import registry
@@ -66,3 +67,9 @@ def _interrupted_pool_task(folder: str, seconds: float) -> float:
     time.sleep(seconds)
     (Path(folder) / f"finished-{os.getpid()}").touch()
     return seconds
+
+
+def _joined_then_idle(parent: int, workers) -> None:
+    """A pool worker that has joined its pool's record, then idles (10 minutes) before any task."""
+    _start_worker(parent, workers)
+    time.sleep(600)

@@ -67,10 +67,10 @@ def test_the_command_named_for_missing_rows_makes_them_where_they_are_looked_for
     """Rows missing from the quick sweeps' default folder are made by a --quick sweep (the hint
     named the bare command, which makes full rows in the other default folder); elsewhere --out
     names the folder."""
-    from experiments.engine.pipeline import _default_out, sweep_command
+    from experiments.engine.pipeline import default_out, sweep_command
 
-    assert sweep_command("p", _default_out(False)) == "python -m experiments p"
-    assert sweep_command("p", _default_out(True)) == "python -m experiments p --quick"
+    assert sweep_command("p", default_out(False)) == "python -m experiments p"
+    assert sweep_command("p", default_out(True)) == "python -m experiments p --quick"
     assert sweep_command("p", tmp_path) == f"python -m experiments p --out {tmp_path}"
 
 

@@ -6,7 +6,6 @@ the next sweep finishes."""
 
 from __future__ import annotations
 
-import functools
 import json
 import multiprocessing
 import os
@@ -24,6 +23,7 @@ from experiments.engine.pool import _start_worker, _Workers
 
 from engine_pages import PAGE
 from tests.experiments.engine._support import ROOT, SUPPORT, _cli, _interrupted_pool_task, _keys
+from tests.experiments.engine._support import _joined_then_idle
 
 
 def test_with_jobs_2_each_row_is_stored_as_its_run_finishes(tmp_path):
@@ -121,20 +121,19 @@ def test_an_interrupted_pool_kills_its_workers_instead_of_waiting_for_their_runs
 def test_the_pools_record_of_its_workers_kills_the_joined_ones_and_ends_the_late_ones():
     """The pool kills its workers from its own record (each worker sends its pid first thing),
     not from the executor's private `_processes`: a worker that has joined (here, then idling in
-    a 10-minute initializer) is killed; one that starts after the pool began closing (Ctrl-C
+    10 minutes) is killed; one that starts after the pool began closing (Ctrl-C
     during the workers' start-up) ends by itself before taking a task, with exit status 1, and
     is not held up by the killed one (with a queue, it waited for ever on the queue's lock when
     the first was killed before releasing it)."""
     context = multiprocessing.get_context("spawn")
     workers = _Workers(context)
-    idle = functools.partial(time.sleep, 600)
-    joined = context.Process(target=_start_worker, args=(os.getpid(), workers, idle), daemon=True)
+    joined = context.Process(target=_joined_then_idle, args=(os.getpid(), workers), daemon=True)
     joined.start()
     while not workers.pids.poll(0.1) and joined.is_alive():  # its pid sent, not read yet
         pass
     workers.kill()
     joined.join(60)  # SIGKILL ends it at once; 60 s only so a failure does not hang
-    late = context.Process(target=_start_worker, args=(os.getpid(), workers, idle), daemon=True)
+    late = context.Process(target=_start_worker, args=(os.getpid(), workers), daemon=True)
     late.start()
     late.join(60)
     assert (joined.exitcode, late.exitcode) == (-signal.SIGKILL, 1)
