@@ -56,9 +56,7 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def cells(rows: Sequence[Dict[str, Any]]) -> Dict[Tuple[str, float], Dict[str, Any]]:
-    """Per (label, target) over its seeds (failed runs left out, and counted): accuracy mean and
-    sd (nan for one seed), the end consensus distance's geometric mean (it spans decades), and
-    per evaluation the geometric mean of the consensus distances."""
+    """Per (label, target) over seeds: accuracy, consensus geometric means, failed runs."""
     out: Dict[Tuple[str, float], Dict[str, Any]] = {}
     for r in rows:
         key = (r["label"], r["target"])
@@ -90,9 +88,7 @@ def _acc(cell: Dict[str, Any]) -> str:
 
 
 def comparisons(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence[float]):
-    """Each variant against the plain algorithm of its rank at the same epsilon, where both have
-    finished runs: the accuracy difference and twice the larger seed sd of the two (in pp; nan,
-    and `one_seed`, where a cell has a single seed), and both cells' numbers in words."""
+    """Each variant against its rank's plain algorithm at the same ε, where both finished."""
     for target in targets:
         for label, _, extra in VARIANTS:
             base_label = label.split(",")[0]
@@ -106,8 +102,7 @@ def comparisons(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequenc
 
 
 def verdict_text(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence[float]) -> str:
-    """Each variant against the plain algorithm of its rank (`comparisons`), in words: a
-    difference counts only beyond twice the larger of the two cells' seed sds."""
+    """`comparisons` in words: a difference counts beyond twice the larger seed sd."""
     lines = []
     for c in comparisons(table, targets):
         diff, spread = c["diff"], c["spread"]
@@ -119,8 +114,7 @@ def verdict_text(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequen
 
 
 def conclusion(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence[float]) -> str:
-    """The answer in one paragraph, from the numbers: does the projection lower the drift, does
-    it pay in accuracy, and how far the plainer remedy (rank 4) is from exact gossip."""
+    """The answer: does the projection lower the drift, does it pay, how far rank 4 is."""
 
     def got(variant: int, target: float, key: str) -> Optional[float]:
         cell = table.get((VARIANTS[variant][0], target))
@@ -146,8 +140,7 @@ def conclusion(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence
 
 
 def _message_dp(rows: Sequence[Dict[str, Any]], targets: Sequence[float]) -> str:
-    """What DP on the sent messages would cost at this page's epsilons: a Gaussian mechanism per
-    message clipped to norm B (q = 1, sensitivity 2B), one a step, by Opacus' RDP accountant."""
+    """What DP on the messages would cost: one Gaussian release per step, q = 1, norm B."""
     from gossip_powersgd.privacy.accounting import noise_for_target
 
     parts = []

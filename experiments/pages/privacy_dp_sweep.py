@@ -13,7 +13,8 @@ from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
 from experiments.pages._markdown import fill, snippets
 from experiments.pages._privacy import BASE, DELTA, NONPRIVATE, PER_PEER, QUICK, SWEEP, TARGET
-from experiments.pages._privacy import page_fields, pct, with_load
+from experiments.pages._privacy import page_fields, with_load
+from experiments.suite.tables import _pct as pct
 
 #: The label of part 1's last row, the chosen regime clipped without noise.
 CLIPPED = "chosen, clipped, no noise"
@@ -31,8 +32,7 @@ TEXT = snippets(__file__, "privacy_dp_sweep.md")
 
 
 def _run(part, label, algorithm, batch, lr, clip, epochs, target, quick) -> Run:
-    """A row's run: no clipping without `clip`; clipping without noise (sigma = 0) with `clip`
-    and no `target`; DP-SGD at target epsilon `target` with both."""
+    """A row's run: no clip, no DP; clip and no target: sigma 0; both: DP-SGD at `target`."""
     epochs = 1 if quick else epochs
     row = dict(label=label, algorithm=algorithm, batch=batch, lr=lr, clip=clip, epochs=epochs)
     row["target"] = target
@@ -79,8 +79,7 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 
 def row(run: Run) -> Dict[str, Any]:
-    """One run (threads): accuracy, every peer's epsilon and the evaluations over time; a run
-    that fails is a row saying so."""
+    """One run (threads): accuracy, epsilons, evaluations; a failed run: a row saying so."""
     from gossip_powersgd import run as train
     from gossip_powersgd.privacy.dp_report import dp_measurements
 

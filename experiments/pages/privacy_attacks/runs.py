@@ -22,8 +22,7 @@ def key(spec: str, target, seed: int) -> str:
 
 
 def configs(r: Mapping[str, Any]):
-    """(split, train, reference) of regime `r`: the membership split's config, the non-private
-    training config every run starts from, and how its LiRA references are trained."""
+    """(split, train, reference) configs of regime `r`: the split, the base run, the references."""
     setting = r["setting"]
     split = {k: setting[k] for k in ("dataset", "partition", "topology")}
     split.update(fraction=FRACTION, observer=OBSERVER)
@@ -91,8 +90,7 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def reference_row(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
-    """One gossip-trained LiRA reference run (`privacy.gossip_references.reference_stats`):
-    built and cached for the attacked runs of its seed; its row says what it cost."""
+    """One gossip-trained LiRA reference run, cached for its seed's runs; its row: its cost."""
     import time
 
     from gossip_powersgd.privacy.attacks import Candidates

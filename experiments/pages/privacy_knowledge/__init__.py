@@ -65,9 +65,7 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 
 def row(run: Run) -> Dict[str, Any]:
-    """A structural row, or one attack run (`privacy.knowledge_attack.attack_run`) of the config's
-    regime: ``averaging`` (an epoch alone, then gossip-averaging) or ``dsgd`` (a local step per
-    gossip step)."""
+    """A structural row, or one attack run (`knowledge_attack.attack_run`) of its regime."""
     from gossip_powersgd.privacy.knowledge import structure_report
 
     config = dict(run.config)

@@ -51,8 +51,7 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 
 def sections(rows: Rows) -> List[Dict[str, Any]]:
-    """Per topology (plan order): its setting, calibration, runs' rows, and whether Muffliato's
-    runs are local DP-SGD's (the same noise)."""
+    """Per topology (plan order): setting, calibration, rows, and whether Muffliato reuses local."""
     out = []
     for record in rows.records:
         setting = record.config["setting"]

@@ -39,8 +39,7 @@ def _pm(values: List[float]) -> str:
 
 
 def groups(rows, algorithms, names=("none",) + PRIVATE, reused: bool = False):
-    """(mechanism, algorithm, its rows) of every pair that has rows, mechanism by mechanism;
-    `reused`: Muffliato's rows are local DP-SGD's where it has none of its own."""
+    """(mechanism, algorithm, rows) per pair with rows; `reused`: Muffliato may show local's."""
     own = {r["mechanism"] for r in rows}
     for name in names:
         source = "local" if reused and name == "muffliato" and name not in own else name
@@ -51,8 +50,7 @@ def groups(rows, algorithms, names=("none",) + PRIVATE, reused: bool = False):
 
 
 def outputs(name: str, text: str, rows: Rows, sections, c, load, nice, **fields) -> Outputs:
-    """`name`.md (`text` filled with `fields`, `c` and what `shown` shows of `sections`) and
-    `name`.csv; `load`, `nice`: how the runs were made (`how_run`)."""
+    """`name`.md (`text` filled with `fields`, `c` and `shown(sections)`) and `name`.csv."""
     runs = [r for s in sections for r in s["rows"]]
     fields.update(generated=made_by(rows), command=rows.command, how_run=how_run(load, nice))
     fields["per_step"] = fmean(r["run_seconds"] / r["steps"] for r in runs)
@@ -61,8 +59,7 @@ def outputs(name: str, text: str, rows: Rows, sections, c, load, nice, **fields)
 
 
 def shown(sections, c) -> Dict[str, List[str]]:
-    """The calibration, the accuracy table and its plateau check, the attacks and the answers
-    (`c`: the target and the algorithms' names)."""
+    """The calibration, accuracy, plateau, attack and answer lines of `sections`."""
     tables: Dict[str, Dict[tuple, List[float]]] = {}
     results, plateau = results_lines(sections, c, tables)
     answers = [
@@ -130,8 +127,7 @@ def plateau_lines(sections, plateau) -> List[str]:
 
 
 def _clear(delta: float, spread: float, seeds: int, words=("helps", "hurts", "no clear effect")):
-    """`words[0]` where `delta` exceeds twice `spread`, `words[1]` below minus that, else the
-    last; "one seed" with a single seed."""
+    """`words[0]` beyond twice `spread`, `words[1]` below minus it, else the last; or one seed."""
     if seeds < 2:
         return "one seed"
     return words[0] if delta > 2 * spread else words[1] if delta < -2 * spread else words[2]
@@ -173,8 +169,7 @@ def _cell(group, key: str) -> str:
 
 
 def attack_lines(sections, c) -> List[str]:
-    """The neighbour's membership attack per topology, mechanism and algorithm, and the
-    received-model attacks above the chance band."""
+    """The neighbour's attack per topology, mechanism and algorithm, and what beats chance."""
     lines = []
     outside = []
     names = ("none", "local", "zipdl", "decor", "muffliato")
@@ -200,8 +195,7 @@ def attack_lines(sections, c) -> List[str]:
 
 
 def how_run(loads, nice) -> str:
-    """The machine's load while the page's runs were made (one start/end pair per run), and
-    whether they were niced where that was recorded (said nothing of where it was not)."""
+    """The machine's load over the runs (start/end per run) and whether they were niced."""
     nice = nice or [None]
     known = all(n is not None for n in nice)
     if len(loads) == 1:

@@ -10,6 +10,7 @@ import time
 from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Run
+from experiments.pages._privacy import quarters, with_load
 
 DELTA, CLIP, TARGET = 1e-5, 1.0, 4.0
 #: DECOR's sigma_cor / sigma_ind and ZIP-DL's per-draw std over DP-SGD's noise std on the model
@@ -30,8 +31,6 @@ def row(run: Run) -> Dict[str, Any]:
     """A calibration, or one run trained (and, unless the plan says not, attacked) as its row."""
     import torch
 
-    from experiments.pages._privacy import with_load
-
     c = run.config
     if c["kind"] == "calibration":
         return calibrate(c["setting"])
@@ -46,8 +45,7 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
-    """{mechanism: its noise (sigma, extra noise) and epsilons} on `setting`'s topology
-    (`privacy.mechanisms.calibration.calibrate`, each mechanism with its own valid accountant)."""
+    """{mechanism: noise and epsilons} on `setting`'s topology, each by its own accountant."""
     from gossip_powersgd.privacy.mechanisms.calibration import calibrate as solve
 
     keys = ("topology", "batch_size", "shard", "epochs", "lr", "schedule")
@@ -109,8 +107,7 @@ def train(setting, label, spec, mechanism, noise, seed, attack=True) -> Dict[str
 
 
 def neighbour_attack(setting, split, view, snaps, seed) -> Dict[str, Any]:
-    """The observer's attacks on its neighbours at the last step through what it received and
-    their own models (`attack_run.received_attack`); LiRA references once per setting and seed."""
+    """The observer's attacks on its neighbours at the last step (`received_attack`)."""
     from gossip_powersgd.privacy.attack_run import received_attack
     from gossip_powersgd.privacy.attacks import Candidates, References
     from gossip_powersgd.training.models import build_model
@@ -134,8 +131,7 @@ def neighbour_attack(setting, split, view, snaps, seed) -> Dict[str, Any]:
 
 
 def plan_runs(prefix: str, setting: Dict[str, Any], algorithms, mechanisms, rows: Mapping, attack):
-    """One topology's runs: its calibration, then (once calibrated) every (algorithm,
-    mechanism, seed); Muffliato is not run where its noise is DP-SGD's (its rows are local's)."""
+    """A topology's calibration, then its runs (Muffliato's unless DP-SGD's)."""
     name = setting["topology"]
     runs = [Run(f"{prefix}calibration/{name}", dict(kind="calibration", setting=setting))]
     noises = rows.get(runs[0].key)
@@ -167,9 +163,3 @@ def noise_config(mechanism: str, noise: Mapping[str, Any]) -> Dict[str, Any]:
     if mechanism == "decor":
         out["dp_decor_sigma_cor"] = noise["sigma_cor"]
     return out
-
-
-def quarters(evals, epochs: int) -> Dict[str, float]:
-    """The averaged-model accuracy at half and three quarters of the run (nan: not evaluated)."""
-    at = {round(e["epoch"] * 4 / epochs): e["acc_avg"] for e in evals}
-    return dict(acc_half=at.get(2, float("nan")), acc_3q=at.get(3, float("nan")))
