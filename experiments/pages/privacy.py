@@ -1,6 +1,5 @@
-"""`python -m experiments privacy`: accuracy vs epsilon for five gossip algorithms under per-peer
-DP-SGD in the privacy pages' regime (`_privacy`), a row per (algorithm, epsilon) over SEEDS; the
-page, its CSV and a plot of accuracy against epsilon per algorithm."""
+"""`python -m experiments privacy`: accuracy vs ε for five gossip algorithms under per-peer DP-SGD
+in the privacy pages' regime (`_privacy`), a row per (algorithm, ε) over SEEDS."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """`python -m experiments privacy_dp_budget`: does the privacy pages' DP regime train to a plateau?
-Each cell of CELLS at each of BUDGETS; per epsilon, the smallest budget after which doubling gains
-less than THRESHOLD_PP on every cell (`verdicts`) is `_privacy.DP_EPOCHS` there (a test holds it)."""
+Per ε, the budget from which doubling no longer pays (`verdicts`) is `_privacy.DP_EPOCHS`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """`python -m experiments privacy_dp_subspace`: does keeping the private update in the exchanged
-subspace (gossip_powersgd/privacy/subspace.py) rescue PowerGossip under DP? Each variant beside
-plain PowerGossip r1, r4 and exact gossip in the privacy pages' DP regime, 3 seeds each."""
+subspace (privacy/subspace.py) rescue PowerGossip under DP? In the privacy pages' DP regime."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""`python -m experiments privacy_dp_sweep`: the small sweep that chose the privacy pages' DP regime
-(`_privacy`). Part 1: exact gossip without DP, then DP at target ε 8 for a few (batch, lr, C); the
-best DP row is the chosen regime, run once more clipped without noise. Part 2, once part 1 is
-done: PowerGossip and Choco sign in the chosen regime and without DP (consensus over time)."""
+"""`python -m experiments privacy_dp_sweep`: the sweep that chose the privacy pages' DP regime:
+part 1, exact gossip at a few (batch, lr, C), the best DP row run once more clipped without noise;
+part 2, PowerGossip and Choco sign in the chosen regime and without DP."""
 
 from __future__ import annotations
 

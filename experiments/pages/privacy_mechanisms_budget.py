@@ -1,6 +1,5 @@
 """`python -m experiments privacy_mechanisms_budget`: does doubling the logreg mechanisms page's
-budget still pay? Its plan at each budget of BUDGETS, not attacked, each run's noise solved for its
-own steps; the rule (declared before the 256-epoch runs): `doublings`, `verdicts`."""
+budget still pay? The rule (declared before the 256-epoch runs): `doublings`, `verdicts`."""
 
 from __future__ import annotations
 

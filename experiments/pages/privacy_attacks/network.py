@@ -1,6 +1,5 @@
-"""The network-DP section of privacy_attacks.md: the exact pairwise epsilon of noisy exact gossip
-per topology and case (`privacy.network_report`), beside the local-DP ceiling and, with noise
-once, Muffliato's per-message sum (not a bound) converted the same way; a table and heat maps."""
+"""The network-DP section of privacy_attacks.md: the exact pairwise ε of noisy exact gossip per
+topology and case (`privacy.network_report`) beside the local-DP ceiling; a table and heat maps."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The attack pages' plans and runs: the network-DP matrices, each seed's membership split, then
-the attacked runs in the regime's order of priority: trained while observer 0 records its view,
-then its two neighbours attacked at each of ROUNDS through every model the observer can form."""
+"""The attack pages' plans and runs: the network-DP matrices, each seed's split, then the runs in
+order of priority, observer 0 recording, its two neighbours attacked at each of ROUNDS."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""`python -m experiments privacy_knowledge`: the knowledge-matrix attack (El Mrini, Cyffers, Bellet,
-ICML 2024) on exact gossip and PowerGossip: the attack's structure on several graphs (no training),
-and real runs whose recorded views the colluders attack. `page` renders."""
+"""`python -m experiments privacy_knowledge`: the knowledge-matrix attack (El Mrini, Cyffers and
+Bellet, ICML 2024) on exact gossip and PowerGossip: its structure on graphs, and attacked runs."""
 
 from __future__ import annotations
 

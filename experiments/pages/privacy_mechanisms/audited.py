@@ -1,6 +1,5 @@
-"""`python -m experiments privacy_mechanisms`: the mechanisms at equal epsilon in the attack pages'
-regime: the calibration, each seed's split, then every (algorithm, mechanism, seed) trained,
-attacked and audited as privacy_attacks.md's runs are; rows in the logreg page's format."""
+"""`python -m experiments privacy_mechanisms`: the mechanisms at equal ε in the attack pages'
+regime, trained, attacked and audited as privacy_attacks.md's runs are."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What both mechanisms pages show of their rows (tables' headers: their templates; sentences:
-words.md): the calibration, the accuracy table and its plateau check, the neighbour's attack, the
-answers, how the runs were made, and the CSV (`outputs`)."""
+"""What both mechanisms pages show of their rows (`outputs`; headers: their templates; sentences:
+words.md): calibration, accuracy and plateau, the neighbour's attack, answers, the CSV."""
 
 from __future__ import annotations
 

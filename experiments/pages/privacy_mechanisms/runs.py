@@ -1,6 +1,5 @@
-"""The logreg mechanisms pages' runs: a topology's calibration (each mechanism's noise for TARGET
-against a neighbour), and one (mechanism, algorithm, seed) with its noise, attacked at the last
-step by observer 0 (the budget page's runs: not attacked)."""
+"""The logreg mechanisms pages' runs: a topology's calibration (each mechanism's noise for TARGET),
+and one (mechanism, algorithm, seed) attacked at its last step by observer 0 (budget page: not)."""
 
 from __future__ import annotations
 
