@@ -3,6 +3,7 @@ privacy_dp_budget.md its epochs at each ε) and `dp_row`, one run of it on every
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -38,6 +39,7 @@ NONPRIVATE_LR = 0.1
 #: Epochs of the privacy pages' DP rows per target epsilon: privacy_dp_budget.md's verdicts (a test
 #: holds the two equal; at a fixed epsilon a longer run adds more noise per step).
 DP_EPOCHS = {8.0: 30, 3.0: 15, 1.0: 15}
+_REFS: Dict[str, Any] = {}  #: this process's LiRA references (`references`)
 #: --quick: a tiny problem (seconds).
 QUICK = dict(BASE, dataset="synthetic_logreg:d=20,classes=4,n=2000", model="logreg")
 QUICK.update(topology="ring:4", warmup_epochs=0)
@@ -105,14 +107,14 @@ def train_config(
 
 
 def dp_row(c: Mapping[str, Any], seed: int) -> Dict[str, Any]:
-    """`c["train"]` at `seed` as a row (`dp_measurements` too), or its "error"."""
+    """`c["train"]` at `seed` as a row (`dp_measurements`, the load), or its "error"."""
     from gossip_powersgd import run
     from gossip_powersgd.privacy.dp_report import dp_measurements
 
     from experiments.suite.runs import measurements
 
     row = dict(label=c["label"], spec=c["spec"], partition=c["partition"], target=c["target"])
-    row["seed"] = seed
+    row["seed"], start = seed, os.getloadavg()[0]
     try:
         result = run(dict(c["train"], seed=seed))
         stats = [result.stats[k] for k in sorted(result.stats)]
@@ -120,7 +122,7 @@ def dp_row(c: Mapping[str, Any], seed: int) -> Dict[str, Any]:
         row.update(m, **dp_measurements(result))
     except Exception as exc:  # a failing run is a row saying so, not a lost page
         row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
-    return row
+    return with_load(row, start)
 
 
 def membership_split(c: Mapping[str, Any], seed: int):
@@ -140,6 +142,14 @@ def quarters(evals, epochs: int) -> Dict[str, float]:
     for e in evals:
         at.setdefault(round(4 * e["epoch"] / epochs), e["acc_avg"])
     return dict(acc_half=at.get(2, float("nan")), acc_3q=at.get(3, float("nan")))
+
+
+def references(key: Any, build: Callable[[], Any]) -> Any:
+    """`build()` once per `key` in this process: the LiRA references that a seed's runs share."""
+    key = json.dumps(key, sort_keys=True)
+    if key not in _REFS:
+        _REFS[key] = build()
+    return _REFS[key]
 
 
 def with_load(row: Dict[str, Any], start: float) -> Dict[str, Any]:

@@ -3,7 +3,6 @@ Per ε, the budget from which doubling no longer pays (`verdicts`) is `_privacy.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from experiments.engine import Outputs, Page, Rows, Run
@@ -44,9 +43,7 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 def row(run: Run) -> Dict[str, Any]:
     """One DP run of the privacy pages' regime at the run's epochs (evaluated every quarter)."""
-    start = os.getloadavg()[0]
-    out = regime.dp_row(run.config, run.seed)
-    return regime.with_load(dict(out, epochs=run.config["train"]["epochs"]), start)
+    return dict(regime.dp_row(run.config, run.seed), epochs=run.config["train"]["epochs"])
 
 
 def gains(rows: Sequence[Dict[str, Any]]) -> Dict[Tuple[str, float], List[Tuple[int, int, float]]]:

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
-from experiments.pages._markdown import block, fill, mean_sd, pm, snippets
+from experiments.pages._markdown import block, fill, mean_sd, pm, snippets, table_rows
 from experiments.pages._markdown import table as table_lines
-from experiments.pages._markdown import table_rows
 from experiments.pages._privacy import DELTA, dp_epochs, dp_row, page_fields, recipe, run_line
-from experiments.pages._privacy import train_config, with_load
+from experiments.pages._privacy import train_config
 
 _SUBSPACE = dict(dp_exchanged_subspace=True)
 _FEEDBACK = dict(dp_exchanged_subspace=True, dp_subspace_feedback=True)
@@ -50,8 +48,7 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 def row(run: Run) -> Dict[str, Any]:
     """One DP run of the privacy pages' regime with the variant's keys, at target's budget."""
-    start = os.getloadavg()[0]
-    return with_load(dict(dp_row(run.config, run.seed), extra=run.config["extra"]), start)
+    return dict(dp_row(run.config, run.seed), extra=run.config["extra"])
 
 
 def cells(rows: Sequence[Dict[str, Any]]) -> Dict[Tuple[str, float], Dict[str, Any]]:

@@ -4,16 +4,14 @@ order of priority, observer 0 recording, its two neighbours attacked at each of 
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import os
 from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Run
-from experiments.pages._privacy import DELTA, NONPRIVATE_LR, membership_split
+from experiments.pages._privacy import DELTA, NONPRIVATE_LR, membership_split, references
 
 from .regimes import FRACTION, OBSERVER, ROUNDS, dp_recipe, regime
-
-_REFS: Dict[str, Any] = {}  #: this process's LiRA references, per (reference recipe, seed)
 
 
 def key(spec: str, target, seed: int) -> str:
@@ -122,16 +120,14 @@ def attacked(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
     def make():
         return build_model(config.model, base.input_shape, base.num_classes, 0)
 
-    cache = f"{json.dumps(c['reference'], sort_keys=True)} {c['references']} {split.key()}"
-    if cache not in _REFS:
-        count = c["references"]
-        if c["reference"].get("kind") == "gossip":
-            train = c["reference"]["train"]
-            _REFS[cache] = gossip_references(split, candidates, train, count, seed, OBSERVER)
-        else:
-            build = References.build
-            _REFS[cache] = build(split, candidates, OBSERVER, make, count, c["reference"], seed)
-    refs = _REFS[cache]
+    reference, count = c["reference"], c["references"]
+    if reference.get("kind") == "gossip":
+        args = (split, candidates, reference["train"], count, seed, OBSERVER)
+        build = functools.partial(gossip_references, *args)
+    else:
+        args = (split, candidates, OBSERVER, make, count, reference, seed)
+        build = functools.partial(References.build, *args)
+    refs = references([reference, count, split.key()], build)
     out = {"rounds": neighbour_report(run, split, OBSERVER, refs, make, base.x_test)}
     evals = [dict(epoch=e["epoch"], acc_avg=e["test_acc_avg_model"]) for e in run.result.evals]
     for e, record in zip(evals, run.result.evals):

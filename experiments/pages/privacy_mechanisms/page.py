@@ -3,14 +3,12 @@ words.md): calibration, accuracy and plateau, the neighbour's attack, answers, t
 
 from __future__ import annotations
 
-import csv
-import io
 import math
-import statistics
-from statistics import fmean
+from statistics import fmean, stdev
 from typing import Dict, List, Tuple
 
 from experiments.engine import Outputs, Rows, made_by
+from experiments.pages._markdown import csv_text as md_csv
 from experiments.pages._markdown import fill, mean_sd, pm, snippets, table_rows
 
 NAMES = dict(none="non-private", local="local DP-SGD", muffliato="Muffliato", zipdl="ZIP-DL")
@@ -28,7 +26,7 @@ OUTSIDE = (("auc", "AUC", ".3f"), ("tpr1", "TPR", ".2%"))
 
 
 def _sd(values) -> float:
-    return statistics.stdev(values) if len(values) > 1 else 0.0
+    return stdev(values) if len(values) > 1 else 0.0
 
 
 def _pm(values: List[float]) -> str:
@@ -214,8 +212,4 @@ def csv_text(rows) -> str:
     ).split()
     keys += [f"{x}/{m}/{a}" for m in models for a in attacks for x in ("auc", "tpr1", "tpr0.1")]
     keys += [f"{x}/class prior" for x in ("auc", "tpr1", "tpr0.1")]
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=keys, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
+    return md_csv(keys, ([r.get(k, "") for k in keys] for r in rows)).replace("\n", "\r\n")

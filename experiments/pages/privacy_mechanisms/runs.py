@@ -3,13 +3,13 @@ and one (mechanism, algorithm, seed) attacked at its last step by observer 0 (bu
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 import time
 from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Run
-from experiments.pages._privacy import quarters, with_load
+from experiments.pages._privacy import quarters, references, with_load
 
 DELTA, CLIP, TARGET = 1e-5, 1.0, 4.0
 #: DECOR's sigma_cor / sigma_ind and ZIP-DL's per-draw std over DP-SGD's noise std on the model
@@ -23,7 +23,6 @@ NETWORK_STEPS = 128
 OBSERVER, FRACTION = 0, 0.5
 #: The budget page's rows: what it shows of a run.
 KEEP = ("topology", "mechanism", "algorithm", "seed", "epochs", "steps", "acc_avg", "acc_3q")
-_REFS: Dict[str, Any] = {}  #: this process's LiRA references, per setting and seed
 
 
 def row(run: Run) -> Dict[str, Any]:
@@ -118,13 +117,10 @@ def neighbour_attack(setting, split, view, snaps, seed) -> Dict[str, Any]:
     def make():
         return build_model(setting["model"], base.input_shape, base.num_classes, 0)
 
-    cache = json.dumps([setting, seed], sort_keys=True)
-    if cache not in _REFS:
-        recipe = dict(epochs=setting["epochs"], lr=setting["lr"], batch=setting["batch_size"])
-        recipe["momentum"] = 0.0
-        count = setting["references"]
-        _REFS[cache] = References.build(split, candidates, OBSERVER, make, count, recipe, seed)
-    refs = _REFS[cache]
+    recipe = dict(epochs=setting["epochs"], lr=setting["lr"], batch=setting["batch_size"])
+    recipe["momentum"] = 0.0
+    args = (split, candidates, OBSERVER, make, setting["references"], recipe, seed)
+    refs = references([setting, seed], functools.partial(References.build, *args))
     out = received_attack(view, snaps, candidates, refs, make, window=4)
     return dict(out, victims=victims, reference_seconds=refs.seconds)
 
