@@ -3,11 +3,13 @@ privacy_dp_budget.md its epochs at each ε) and `dp_row`, one run of it on every
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from experiments.engine import made_by
 from experiments.suite.runs import LOCAL, QUICK_BASE
+from experiments.suite.tables import _pct
 
 #: 8 peers x PER_PEER training samples (20 % more are the test set): batches large enough to
 #: drown DP-SGD's noise (sigma C / batch) at a small sampling rate.
@@ -37,6 +39,7 @@ NONPRIVATE_LR = 0.1
 #: Epochs of the privacy pages' DP rows per target epsilon: privacy_dp_budget.md's verdicts (a test
 #: holds the two equal; at a fixed epsilon a longer run adds more noise per step).
 DP_EPOCHS = {8.0: 30, 3.0: 15, 1.0: 15}
+_REFS: Dict[str, Any] = {}  #: this process's LiRA references (`references`)
 #: --quick: a tiny problem (seconds).
 QUICK = dict(BASE, dataset="synthetic_logreg:d=20,classes=4,n=2000", model="logreg")
 QUICK.update(topology="ring:4", warmup_epochs=0)
@@ -53,6 +56,15 @@ def dp_epochs(target: float) -> int:
         ) from None
 
 
+def plateau_budget(budgets: Sequence[int], settled: Callable[[int], bool]) -> Optional[int]:
+    """The smallest of `budgets` from which every doubling is `settled`, or None."""
+    for e in budgets:
+        later = [b for b in budgets if b >= e and 2 * b in budgets]
+        if later and all(map(settled, later)):
+            return e
+    return None
+
+
 def budget_text() -> str:
     """DP_EPOCHS in words, for the pages: '30 epochs at ε = 8, 15 at ε = 3 and 1'."""
     by: Dict[int, List[float]] = {}
@@ -65,9 +77,7 @@ def budget_text() -> str:
 
 
 def recipe(quick: bool, epochs: Optional[int] = None) -> Dict[str, Any]:
-    """The privacy pages' recipe: non-private rows at the sweep's reference batch and epochs but
-    NONPRIVATE_LR, private rows at CHOSEN for their epsilon's DP_EPOCHS; `epochs` overrides both
-    kinds of rows' epochs. --quick: the suite's tiny problem, 1 epoch."""
+    """The privacy pages' recipe (`epochs` overrides both kinds of row's; --quick: tiny)."""
     if quick:
         batch, lr = QUICK_BASE["batch_size"], QUICK_BASE["lr"]
         out = dict(quick=True, topology="ring:4", epochs=epochs or 1, dp_epochs=epochs or 1)
@@ -80,9 +90,7 @@ def recipe(quick: bool, epochs: Optional[int] = None) -> Dict[str, Any]:
 def train_config(
     plan: Mapping[str, Any], spec: str, target: Optional[float], partition="iid", extra=None
 ) -> Dict[str, Any]:
-    """The training config (without its seed) of a row of `plan` (a `recipe`): `spec` in the
-    regime, DP at `target` epsilon or none, evaluated at every quarter (the plateau check), with
-    the config keys of `extra` on top (a variant of the regime, e.g. dp_exchanged_subspace)."""
+    """The training config (no seed) of `spec` in `plan`, DP at `target` or none."""
     private = target is not None
     epochs = (plan["dp_epochs"] or dp_epochs(target)) if private else plan["epochs"]
     config = {k: v for k, v in (QUICK_BASE if plan["quick"] else BASE).items() if k != "seed"}
@@ -99,17 +107,14 @@ def train_config(
 
 
 def dp_row(c: Mapping[str, Any], seed: int) -> Dict[str, Any]:
-    """One row: `c["train"]` (a `train_config`) at `seed` on every peer (threads), labelled by
-    `c`'s label, spec, partition and target: the training suite's measurements plus the private
-    run's (`dp_measurements`: each peer's epsilon and rate, sigma, the averaged model's accuracy
-    at ¾ of the run, the consensus distance at every evaluation); a failed run: its "error"."""
+    """`c["train"]` at `seed` as a row (`dp_measurements`, the load), or its "error"."""
     from gossip_powersgd import run
     from gossip_powersgd.privacy.dp_report import dp_measurements
 
     from experiments.suite.runs import measurements
 
     row = dict(label=c["label"], spec=c["spec"], partition=c["partition"], target=c["target"])
-    row["seed"] = seed
+    row["seed"], start = seed, os.getloadavg()[0]
     try:
         result = run(dict(c["train"], seed=seed))
         stats = [result.stats[k] for k in sorted(result.stats)]
@@ -117,12 +122,11 @@ def dp_row(c: Mapping[str, Any], seed: int) -> Dict[str, Any]:
         row.update(m, **dp_measurements(result))
     except Exception as exc:  # a failing run is a row saying so, not a lost page
         row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
-    return row
+    return with_load(row, start)
 
 
 def membership_split(c: Mapping[str, Any], seed: int):
-    """The seed's membership split of config `c` (dataset, partition, topology, observer,
-    fraction): the observer's neighbours are the victims."""
+    """The seed's membership split of config `c`: the observer's neighbours are the victims."""
     import topologies
 
     from gossip_powersgd.privacy.heldout import make_split
@@ -132,15 +136,29 @@ def membership_split(c: Mapping[str, Any], seed: int):
     return make_split(c["dataset"], topology.size, c["partition"], 0, victims, c["fraction"], seed)
 
 
+def quarters(evals, epochs: int) -> Dict[str, float]:
+    """The averaged-model accuracy at half and three quarters of the run (nan: not evaluated)."""
+    at: Dict[int, float] = {}
+    for e in evals:
+        at.setdefault(round(4 * e["epoch"] / epochs), e["acc_avg"])
+    return dict(acc_half=at.get(2, float("nan")), acc_3q=at.get(3, float("nan")))
+
+
+def references(key: Any, build: Callable[[], Any]) -> Any:
+    """`build()` once per `key` in this process: the LiRA references that a seed's runs share."""
+    key = json.dumps(key, sort_keys=True)
+    if key not in _REFS:
+        _REFS[key] = build()
+    return _REFS[key]
+
+
 def with_load(row: Dict[str, Any], start: float) -> Dict[str, Any]:
     """`row` with the machine's 1-minute load average at the run's start and end, and its cores."""
     return dict(row, load=[start, os.getloadavg()[0]], cores=os.cpu_count())
 
 
 def page_fields(rows) -> Dict[str, Any]:
-    """The fields of the DP pages' opening paragraph: who made the rows, how many ran at once on
-    how many cores under what load (min–max of the rows' 1-minute load averages), the regime's
-    setting and its DP recipe."""
+    """The DP pages' opening fields: who made the rows, at what load, the setting, the recipe."""
     origin = rows.records[0].origin or {}
     plan = recipe(rows.quick)
     setting = (
@@ -157,12 +175,8 @@ def page_fields(rows) -> Dict[str, Any]:
     return dict(out, **{k: plan[k] for k in ("dp_batch", "dp_lr", "warmup")})
 
 
-def pct(v) -> str:
-    return "n/a" if v is None else f"{100 * v:.2f} %"
-
-
 def run_line(text: Mapping[str, str], r: Mapping[str, Any]) -> str:
     """A run's line of a DP page's runs table: `text`'s `run` piece, or `failed` with its error."""
-    words = dict(r, acc=pct(r.get("acc_avg")), at_3q=pct(r.get("acc_3q")))
+    words = dict(r, acc=_pct(r.get("acc_avg")), at_3q=_pct(r.get("acc_3q")))
     words.update(error=r.get("error", "").replace("|", "/"))
     return text["failed" if "error" in r else "run"].format_map(words)

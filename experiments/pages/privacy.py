@@ -1,6 +1,5 @@
-"""`python -m experiments privacy`: accuracy vs epsilon for five gossip algorithms under per-peer
-DP-SGD in the privacy pages' regime (`_privacy`), a row per (algorithm, epsilon) over SEEDS; the
-page, its CSV and a plot of accuracy against epsilon per algorithm."""
+"""`python -m experiments privacy`: accuracy vs ε for five gossip algorithms under per-peer DP-SGD
+in the privacy pages' regime (`_privacy`), a row per (algorithm, ε) over SEEDS."""
 
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ ALGORITHMS = (
 EPSILONS = (1.0, 3.0, 8.0, None)
 #: iid only: privacy_dp_sweep.md chose its regime on iid shards (a Dirichlet partition gives the
 #: peers different sampling rates, and the smallest shard sets everyone's sigma).
-PARTITIONS = ("iid",)
+PARTITION = "iid"
 #: Every row runs with these seeds (mean and std over them on the page).
 SEEDS = (0, 1, 2)
 #: --quick: (algorithms, epsilons, seeds) on the regime's tiny problem.
@@ -49,18 +48,17 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
     algorithms, epsilons, seeds = QUICK if quick else (ALGORITHMS, EPSILONS, SEEDS)
     recipe = regime.recipe(quick)
     runs = []
-    for partition, target, (label, spec) in itertools.product(PARTITIONS, epsilons, algorithms):
-        train = regime.train_config(recipe, spec, target, partition)
-        config = dict(label=label, spec=spec, partition=partition, target=target)
+    for target, (label, spec) in itertools.product(epsilons, algorithms):
+        train = regime.train_config(recipe, spec, target, PARTITION)
+        config = dict(label=label, spec=spec, partition=PARTITION, target=target)
         config.update(seeds=list(seeds), train=train)
-        key = f"{partition}/eps={_eps(target)}/{label}"
+        key = f"{PARTITION}/eps={_eps(target)}/{label}"
         runs.append(Run(key, config, cost=len(seeds) * train["epochs"]))
     return runs
 
 
 def row(run: Run) -> Dict[str, Any]:
-    """The row's seeds, one after another: accuracies as mean and std over the runs that
-    finished, each peer's epsilon as [min, max] over them, the rest the first run's."""
+    """The row's seeds: accuracies' mean and std, ε's [min, max], the rest the first run's."""
     runs = [regime.dp_row(run.config, seed) for seed in run.config["seeds"]]
     good = [r for r in runs if "error" not in r]
     if not good:
@@ -91,17 +89,15 @@ def _line(r: Dict[str, Any]) -> str:
 
 def findings(rows: Sequence[Dict[str, Any]], algorithms, epsilons) -> List[str]:
     """What the rows show: the cost of privacy per algorithm, measured."""
-    acc = {
-        (r["label"], r["partition"], r["target"]): r["acc_avg"] for r in rows if "error" not in r
-    }
+    acc = {(r["label"], r["target"]): r["acc_avg"] for r in rows if "error" not in r}
     lines = []
-    for partition, (label, _) in itertools.product(PARTITIONS, algorithms):
-        base = acc.get((label, partition, None))
+    for label, _ in algorithms:
+        base = acc.get((label, None))
         if base is None:
             continue
-        drops = [(t, acc.get((label, partition, t))) for t in epsilons if t is not None]
+        drops = [(t, acc.get((label, t))) for t in epsilons if t is not None]
         parts = [f"ε={_eps(t)}: {100 * (a - base):+.1f} pp" for t, a in drops if a is not None]
-        words = dict(partition=partition, label=label, base=_pct(base), drops=", ".join(parts))
+        words = dict(partition=PARTITION, label=label, base=_pct(base), drops=", ".join(parts))
         lines.append(TEXT["finding"].format(**words))
     return lines
 
@@ -130,28 +126,25 @@ def render(rows: Rows) -> Outputs:
 
 
 def plot(rows: Sequence[Dict[str, Any]]) -> bytes:
-    """Averaged-model accuracy against ε, one line per algorithm, one panel per partition."""
+    """Averaged-model accuracy against ε, one line per algorithm (the one partition's panel)."""
     plt = _figures.pyplot()
-    partitions = list(dict.fromkeys(r["partition"] for r in rows))
-    fig, axes = plt.subplots(1, len(partitions), figsize=(6 * len(partitions), 4.2), squeeze=False)
+    fig, ax = plt.subplots(figsize=(6, 4.2))
     finite = [r["target"] for r in rows if r["target"] is not None]
     infinity = 2 * max(finite) if finite else 1.0  # where the non-private point is drawn
-    for ax, partition in zip(axes.flat, partitions):
-        for label in dict.fromkeys(r["label"] for r in rows):
-            points = sorted(
-                (infinity if r["target"] is None else r["target"], 100 * r["acc_avg"])
-                for r in rows
-                if r["label"] == label and r["partition"] == partition and "error" not in r
-            )
-            if points:
-                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
-        ax.set_xscale("log")
-        ticks = sorted(set(finite)) + [infinity]
-        ax.set_xticks(ticks, [f"{t:g}" for t in ticks[:-1]] + ["∞"])
-        ax.set(xlabel="target ε (δ = 1e-5)", ylabel="averaged-model test accuracy (%)")
-        ax.set_title(partition)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    for label in dict.fromkeys(r["label"] for r in rows):
+        points = sorted(
+            (infinity if r["target"] is None else r["target"], 100 * r["acc_avg"])
+            for r in rows
+            if r["label"] == label and "error" not in r
+        )
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    ticks = sorted(set(finite)) + [infinity]
+    ax.set_xscale("log")
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks[:-1]] + ["∞"])
+    ax.set(xlabel="target ε (δ = 1e-5)", ylabel="averaged-model test accuracy (%)", title=PARTITION)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return _figures.png(fig, 120)
 

@@ -1,10 +1,8 @@
 """`python -m experiments privacy_dp_budget`: does the privacy pages' DP regime train to a plateau?
-Each cell of CELLS at each of BUDGETS; per epsilon, the smallest budget after which doubling gains
-less than THRESHOLD_PP on every cell (`verdicts`) is `_privacy.DP_EPOCHS` there (a test holds it)."""
+Per ε, the budget from which doubling no longer pays (`verdicts`) is `_privacy.DP_EPOCHS`."""
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from experiments.engine import Outputs, Page, Rows, Run
@@ -45,14 +43,11 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 def row(run: Run) -> Dict[str, Any]:
     """One DP run of the privacy pages' regime at the run's epochs (evaluated every quarter)."""
-    start = os.getloadavg()[0]
-    out = regime.dp_row(run.config, run.seed)
-    return regime.with_load(dict(out, epochs=run.config["train"]["epochs"]), start)
+    return dict(regime.dp_row(run.config, run.seed), epochs=run.config["train"]["epochs"])
 
 
 def gains(rows: Sequence[Dict[str, Any]]) -> Dict[Tuple[str, float], List[Tuple[int, int, float]]]:
-    """Per (label, target): (epochs, doubled epochs, accuracy gain in pp) for every budget whose
-    double also ran; failed runs give no gain."""
+    """Per (label, target): (epochs, doubled, gain in pp) of each doubling run (failed: none)."""
     by_cell: Dict[Tuple[str, float], Dict[int, float]] = {}
     for r in rows:
         if "error" not in r:
@@ -66,18 +61,13 @@ def gains(rows: Sequence[Dict[str, Any]]) -> Dict[Tuple[str, float], List[Tuple[
 def verdict(
     rows: Sequence[Dict[str, Any]], budgets: Sequence[int], threshold: float = THRESHOLD_PP
 ) -> Optional[int]:
-    """The smallest budget whose doubling gains less than `threshold` pp on every cell (and
-    every larger budget's doubling too), or None when no budget of the plan is one."""
+    """The smallest budget from which no doubling gains `threshold` pp on any cell, or None."""
     per_cell = gains(rows)  # a cell whose runs all failed has no gain: never a plateau
     cells = {(r["label"], r["target"]) for r in rows}
     measured = [{a: g for a, _, g in per_cell.get(cell, [])} for cell in cells]
-    for e in budgets:
-        later = [b for b in budgets if b >= e and 2 * b in budgets]
-        if not later:
-            return None
-        if all(b in m and m[b] < threshold for m in measured for b in later):
-            return e
-    return None
+    return regime.plateau_budget(
+        budgets, lambda b: all(b in m and m[b] < threshold for m in measured)
+    )
 
 
 def verdicts(

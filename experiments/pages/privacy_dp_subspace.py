@@ -1,22 +1,19 @@
 """`python -m experiments privacy_dp_subspace`: does keeping the private update in the exchanged
-subspace (gossip_powersgd/privacy/subspace.py) rescue PowerGossip under DP? Each variant beside
-plain PowerGossip r1, r4 and exact gossip in the privacy pages' DP regime, 3 seeds each."""
+subspace (privacy/subspace.py) rescue PowerGossip under DP? In the privacy pages' DP regime."""
 
 from __future__ import annotations
 
 import itertools
 import math
-import os
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
-from experiments.pages._markdown import block, fill, mean_sd, pm, snippets
+from experiments.pages._markdown import block, fill, mean_sd, pm, snippets, table_rows
 from experiments.pages._markdown import table as table_lines
-from experiments.pages._markdown import table_rows
 from experiments.pages._privacy import DELTA, dp_epochs, dp_row, page_fields, recipe, run_line
-from experiments.pages._privacy import train_config, with_load
+from experiments.pages._privacy import train_config
 
 _SUBSPACE = dict(dp_exchanged_subspace=True)
 _FEEDBACK = dict(dp_exchanged_subspace=True, dp_subspace_feedback=True)
@@ -51,14 +48,11 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 def row(run: Run) -> Dict[str, Any]:
     """One DP run of the privacy pages' regime with the variant's keys, at target's budget."""
-    start = os.getloadavg()[0]
-    return with_load(dict(dp_row(run.config, run.seed), extra=run.config["extra"]), start)
+    return dict(dp_row(run.config, run.seed), extra=run.config["extra"])
 
 
 def cells(rows: Sequence[Dict[str, Any]]) -> Dict[Tuple[str, float], Dict[str, Any]]:
-    """Per (label, target) over its seeds (failed runs left out, and counted): accuracy mean and
-    sd (nan for one seed), the end consensus distance's geometric mean (it spans decades), and
-    per evaluation the geometric mean of the consensus distances."""
+    """Per (label, target) over seeds: accuracy, consensus geometric means, failed runs."""
     out: Dict[Tuple[str, float], Dict[str, Any]] = {}
     for r in rows:
         key = (r["label"], r["target"])
@@ -90,9 +84,7 @@ def _acc(cell: Dict[str, Any]) -> str:
 
 
 def comparisons(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence[float]):
-    """Each variant against the plain algorithm of its rank at the same epsilon, where both have
-    finished runs: the accuracy difference and twice the larger seed sd of the two (in pp; nan,
-    and `one_seed`, where a cell has a single seed), and both cells' numbers in words."""
+    """Each variant against its rank's plain algorithm at the same ε, where both finished."""
     for target in targets:
         for label, _, extra in VARIANTS:
             base_label = label.split(",")[0]
@@ -106,8 +98,7 @@ def comparisons(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequenc
 
 
 def verdict_text(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence[float]) -> str:
-    """Each variant against the plain algorithm of its rank (`comparisons`), in words: a
-    difference counts only beyond twice the larger of the two cells' seed sds."""
+    """`comparisons` in words: a difference counts beyond twice the larger seed sd."""
     lines = []
     for c in comparisons(table, targets):
         diff, spread = c["diff"], c["spread"]
@@ -119,8 +110,7 @@ def verdict_text(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequen
 
 
 def conclusion(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence[float]) -> str:
-    """The answer in one paragraph, from the numbers: does the projection lower the drift, does
-    it pay in accuracy, and how far the plainer remedy (rank 4) is from exact gossip."""
+    """The answer: does the projection lower the drift, does it pay, how far rank 4 is."""
 
     def got(variant: int, target: float, key: str) -> Optional[float]:
         cell = table.get((VARIANTS[variant][0], target))
@@ -146,8 +136,7 @@ def conclusion(table: Dict[Tuple[str, float], Dict[str, Any]], targets: Sequence
 
 
 def _message_dp(rows: Sequence[Dict[str, Any]], targets: Sequence[float]) -> str:
-    """What DP on the sent messages would cost at this page's epsilons: a Gaussian mechanism per
-    message clipped to norm B (q = 1, sensitivity 2B), one a step, by Opacus' RDP accountant."""
+    """What DP on the messages would cost: one Gaussian release per step, q = 1, norm B."""
     from gossip_powersgd.privacy.accounting import noise_for_target
 
     parts = []

@@ -1,7 +1,6 @@
-"""`python -m experiments privacy_dp_sweep`: the small sweep that chose the privacy pages' DP regime
-(`_privacy`). Part 1: exact gossip without DP, then DP at target ε 8 for a few (batch, lr, C); the
-best DP row is the chosen regime, run once more clipped without noise. Part 2, once part 1 is
-done: PowerGossip and Choco sign in the chosen regime and without DP (consensus over time)."""
+"""`python -m experiments privacy_dp_sweep`: the sweep that chose the privacy pages' DP regime:
+part 1, exact gossip at a few (batch, lr, C), the best DP row run once more clipped without noise;
+part 2, PowerGossip and Choco sign in the chosen regime and without DP."""
 
 from __future__ import annotations
 
@@ -13,7 +12,8 @@ from experiments.engine import Outputs, Page, Rows, Run
 from experiments.pages import register
 from experiments.pages._markdown import fill, snippets
 from experiments.pages._privacy import BASE, DELTA, NONPRIVATE, PER_PEER, QUICK, SWEEP, TARGET
-from experiments.pages._privacy import page_fields, pct, with_load
+from experiments.pages._privacy import page_fields, with_load
+from experiments.suite.tables import _pct as pct
 
 #: The label of part 1's last row, the chosen regime clipped without noise.
 CLIPPED = "chosen, clipped, no noise"
@@ -31,8 +31,7 @@ TEXT = snippets(__file__, "privacy_dp_sweep.md")
 
 
 def _run(part, label, algorithm, batch, lr, clip, epochs, target, quick) -> Run:
-    """A row's run: no clipping without `clip`; clipping without noise (sigma = 0) with `clip`
-    and no `target`; DP-SGD at target epsilon `target` with both."""
+    """A row's run: no clip, no DP; clip and no target: sigma 0; both: DP-SGD at `target`."""
     epochs = 1 if quick else epochs
     row = dict(label=label, algorithm=algorithm, batch=batch, lr=lr, clip=clip, epochs=epochs)
     row["target"] = target
@@ -79,8 +78,7 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 
 def row(run: Run) -> Dict[str, Any]:
-    """One run (threads): accuracy, every peer's epsilon and the evaluations over time; a run
-    that fails is a row saying so."""
+    """One run (threads): accuracy, epsilons, evaluations; a failed run: a row saying so."""
     from gossip_powersgd import run as train
     from gossip_powersgd.privacy.dp_report import dp_measurements
 

@@ -1,6 +1,5 @@
 """`python -m experiments privacy_mechanisms_budget`: does doubling the logreg mechanisms page's
-budget still pay? Its plan at each budget of BUDGETS, not attacked, each run's noise solved for its
-own steps; the rule (declared before the 256-epoch runs): `doublings`, `verdicts`."""
+budget still pay? The rule (declared before the 256-epoch runs): `doublings`, `verdicts`."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 from experiments.engine import Outputs, Page, Rows, Run, made_by
 from experiments.pages import register
 from experiments.pages._markdown import fill, table, template
+from experiments.pages._privacy import plateau_budget
 
 from experiments.pages.privacy_mechanisms import ALGORITHMS, MECHANISMS, setting_of
 from experiments.pages.privacy_mechanisms.page import NAMES, WORDS
@@ -49,9 +49,7 @@ def cells(rows: Sequence[Dict[str, Any]]) -> Table:
 
 
 def doublings(accs: Dict[int, List[float]]) -> List[Dict[str, Any]]:
-    """Every budget whose double was also run: the gain in pp, the larger seed std, and whether
-    the doubling pays (gain > CLEAR x that std; None with a single seed at either budget, which
-    has no spread to judge by, and which no verdict takes for a plateau)."""
+    """Each doubling run: gain in pp, larger seed std, pays (None: a single seed)."""
     out = []
     for epochs in (e for e in sorted(accs) if 2 * e in accs):
         (a, sa), (b, sb) = _stats(accs[epochs]), _stats(accs[2 * epochs])
@@ -63,19 +61,15 @@ def doublings(accs: Dict[int, List[float]]) -> List[Dict[str, Any]]:
 
 
 def verdicts(table: Table) -> Dict[str, Any]:
-    """Per topology, the smallest budget from which no private row pays to double (None: every
-    budget has a row that still pays, so no plateau is shown)."""
+    """Per topology, the smallest budget from which no private row pays to double."""
     out: Dict[str, Any] = {}
     for topology in dict.fromkeys(k[0] for k in table):
         private = [v for k, v in table.items() if k[0] == topology and k[1] != "none"]
         budgets = sorted({e for accs in private for e in accs})
-
-        def settled(e: int) -> bool:  # a doubling from e on is measured, and none of them pays
-            later = [b for b in budgets if b >= e and 2 * b in budgets]
-            steps = [d for accs in private for d in doublings(accs) if d["epochs"] in later]
-            return bool(later) and all(d["pays"] is False for d in steps)
-
-        out[topology] = next((e for e in budgets if settled(e)), None)
+        steps = [d for accs in private for d in doublings(accs)]
+        out[topology] = plateau_budget(
+            budgets, lambda b: all(d["pays"] is False for d in steps if d["epochs"] == b)
+        )
     return out
 
 

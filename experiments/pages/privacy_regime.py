@@ -1,8 +1,6 @@
-"""`python -m experiments privacy_regime`: the sweep that chose privacy_attacks.md's regime, where a
-curious neighbour's LOSS attack works without DP and DP stops it at a useful accuracy: each
-candidate (`CANDIDATES`) without DP, each (records per peer, model) at `TARGET` in every recipe of
-`RECIPES`, one seed each. `choose`: the selection rule, fixed before the runs; `tuning_epsilon`:
-what choosing a recipe costs."""
+"""`python -m experiments privacy_regime`: the sweep that chose privacy_attacks.md's regime (LOSS
+works without DP, DP stops it at a useful accuracy): `CANDIDATES` without DP, each (records, model)
+in every DP recipe; `choose`: the rule, fixed before the runs; `tuning_epsilon`: what it costs."""
 
 from __future__ import annotations
 
@@ -116,8 +114,7 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def with_recipes(records) -> List[Dict[str, Any]]:
-    """The stored rows (`engine.Record`s), each with its DP recipe (batch, lr; None without DP)
-    read from the config it was trained with."""
+    """The stored rows (`engine.Record`s), each with its DP batch and lr from its config."""
     out = []
     for record in records:
         train, private = record.config["train"], record.row["target"] is not None
@@ -131,8 +128,7 @@ def recipe_of(row: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def pairs(rows) -> Dict[str, Dict[str, Any]]:
-    """{candidate: {"plain": its non-private row, "dp": the best DP row of its records and model
-    (highest victims' accuracy; None where none)}}."""
+    """{candidate: {"plain": its non-private row, "dp": its (records, model)'s best DP row}}."""
     dp: Dict[Any, List[Dict[str, Any]]] = {}
     for r in rows:
         if r["target"] is not None:
@@ -154,15 +150,13 @@ def _qualified(p) -> List[tuple]:
 
 
 def choose(rows) -> Optional[str]:
-    """The selection rule (the module docstring): the qualifying candidate whose best DP recipe
-    has the highest victims' accuracy; None when no candidate qualifies (or has a DP row)."""
+    """The qualifying candidate whose best DP recipe has the highest victims' accuracy, or None."""
     ok = _qualified(pairs(rows))
     return max(ok)[1] if ok else None
 
 
 def chosen_setting(rows) -> Optional[Dict[str, Any]]:
-    """(records per peer, model, epochs) of the chosen candidate, as `CANDIDATES` spells it, and
-    its DP recipe (`RECIPES`' fields)."""
+    """The chosen candidate's records per peer, model, epochs, and DP recipe (`RECIPES`')."""
     name = choose(rows)
     if name is None:
         return None
@@ -170,20 +164,13 @@ def chosen_setting(rows) -> Optional[Dict[str, Any]]:
     return dict({k: plain[k] for k in ("records", "model", "epochs")}, dp=recipe_of(dp))
 
 
-def victims_history(row: Mapping[str, Any]) -> List[Any]:
-    """A DP row's (sigma, sampling rate, steps) for its victims: Poisson batches of `batch_size`
-    from each victim's members (the pooled members over the two victims)."""
-    return [(row["sigma"], row["batch_size"] / (row["members"] / 2), row["steps"])]
-
-
 def tuning_epsilon(rows, records: int) -> float:
-    """Every private run of the sweep on `records` per peer (the same victims' records: the split
-    depends only on the dataset and seed), composed: dp-accounting's PLD, replace-one, at DELTA,
-    as each run's own epsilon."""
+    """Every private run on `records` per peer (the same victims' records) composed by PLD,
+    replace-one, as each run's own ε: (sigma, a victim's rate: batch over half the members, steps)."""
     from gossip_powersgd.privacy.accounting import pld_epsilon
 
     private = [r for r in rows if r["target"] is not None and r["records"] == records]
-    history = [h for r in private for h in victims_history(r)]
+    history = [(r["sigma"], r["batch_size"] / (r["members"] / 2), r["steps"]) for r in private]
     return pld_epsilon(history, DELTA, replace_one=True)
 
 

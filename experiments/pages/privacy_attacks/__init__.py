@@ -1,6 +1,5 @@
 """`python -m experiments privacy_attacks` and `privacy_attacks_overfit`: what a curious neighbour
-learns, in privacy_regime.md's regime (with the one-run audit and network DP) and in one where the
-models memorise. The regimes: `regimes`; the runs: `runs`; the page: `page`, `tables`, `network`."""
+learns, in privacy_regime.md's regime and where the models memorise (`regimes`, `runs`, `page`)."""
 
 from __future__ import annotations
 

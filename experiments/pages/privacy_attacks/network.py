@@ -1,6 +1,5 @@
-"""The network-DP section of privacy_attacks.md: the exact pairwise epsilon of noisy exact gossip
-per topology and case (`privacy.network_report`), beside the local-DP ceiling and, with noise
-once, Muffliato's per-message sum (not a bound) converted the same way; a table and heat maps."""
+"""The network-DP section of privacy_attacks.md: the exact pairwise ε of noisy exact gossip per
+topology and case (`privacy.network_report`) beside the local-DP ceiling; a table and heat maps."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ NOISE_TEXT = {"once": "once", "every_step": "every step"}
 
 
 def network_dp(c: Mapping[str, Any]) -> Dict[str, Any]:
-    """Exact pairwise epsilon[u, v] (u towards observer v's whole view) of noisy exact gossip per
-    case (noise, steps) and topology of `c` (`privacy.network_report.pairwise_report`)."""
+    """Exact pairwise ε[u, v] of noisy exact gossip per case and topology of `c`."""
     from gossip_powersgd.privacy.network_report import pairwise_report
 
     sigma, delta = c["sigma"], c["delta"]
@@ -45,8 +43,7 @@ def network_text(network: Dict[str, Any]) -> str:
 
 
 def plot_network(network: Dict[str, Any]) -> bytes:
-    """epsilon[u, v] heat maps on one colour scale (log), one row per case, one column per
-    topology; white: epsilon = 0 (u's noise does not reach v)."""
+    """ε[u, v] heat maps on one log scale, a row per case; white: u's noise never reaches v."""
     import numpy as np
     from matplotlib.colors import LogNorm
 

@@ -26,8 +26,7 @@ AT = (("auc", ""), ("tpr", "1"))
 
 
 def render(name: str, rows: Rows) -> Outputs:
-    """The page of regime `name` from its rows: the attacked rows in the plan's (spec, target)
-    order, seed by seed; the network section when the plan has one."""
+    """The page of regime `name`: attacked rows in plan order, the network section if planned."""
     r, by = regime(name, rows.quick), rows.by_key
     network = by.get("network")
     order = [runs.key(s, t, seed) for g in r["groups"] for s, t in g for seed in r["seeds"]]
@@ -106,8 +105,7 @@ def low_rank_answers(gs) -> List[str]:
 
 
 def _verdict(above, at_chance, aucs) -> str:
-    """Where the TPR is above chance and where at it, and where all four AUCs are above the band
-    (`aucs`: (ε, the four AUCs, the band's upper end) per row)."""
+    """Where the TPR is above chance or at it, and where all four AUCs are above the band."""
     verdict = ""
     if above and at_chance:
         high = min(above)

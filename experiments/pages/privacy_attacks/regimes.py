@@ -102,6 +102,5 @@ def regime(name: str, quick: bool) -> Dict[str, Any]:
 
 
 def dp_recipe(setting: Dict[str, Any], target: float) -> Dict[str, Any]:
-    """The DP keys a row of `target` epsilon trains with in `setting`: a regime's own DP recipe
-    carries its epochs; the default one (DP) takes its epsilon's budget (`_privacy.dp_epochs`)."""
+    """The DP keys of a row at `target` (the default recipe takes that ε's `dp_epochs`)."""
     return setting.get("dp") or dict(DP, epochs=dp.dp_epochs(target))

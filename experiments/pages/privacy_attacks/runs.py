@@ -1,20 +1,17 @@
-"""The attack pages' plans and runs: the network-DP matrices, each seed's membership split, then
-the attacked runs in the regime's order of priority: trained while observer 0 records its view,
-then its two neighbours attacked at each of ROUNDS through every model the observer can form."""
+"""The attack pages' plans and runs: the network-DP matrices, each seed's split, then the runs in
+order of priority, observer 0 recording, its two neighbours attacked at each of ROUNDS."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import os
 from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Run
-from experiments.pages._privacy import DELTA, NONPRIVATE_LR, membership_split
+from experiments.pages._privacy import DELTA, NONPRIVATE_LR, membership_split, references
 
 from .regimes import FRACTION, OBSERVER, ROUNDS, dp_recipe, regime
-
-_REFS: Dict[str, Any] = {}  #: this process's LiRA references, per (reference recipe, seed)
 
 
 def key(spec: str, target, seed: int) -> str:
@@ -22,8 +19,7 @@ def key(spec: str, target, seed: int) -> str:
 
 
 def configs(r: Mapping[str, Any]):
-    """(split, train, reference) of regime `r`: the membership split's config, the non-private
-    training config every run starts from, and how its LiRA references are trained."""
+    """(split, train, reference) configs of regime `r`: the split, the base run, the references."""
     setting = r["setting"]
     split = {k: setting[k] for k in ("dataset", "partition", "topology")}
     split.update(fraction=FRACTION, observer=OBSERVER)
@@ -91,8 +87,7 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def reference_row(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
-    """One gossip-trained LiRA reference run (`privacy.gossip_references.reference_stats`):
-    built and cached for the attacked runs of its seed; its row says what it cost."""
+    """One gossip-trained LiRA reference run, cached for its seed's runs; its row: its cost."""
     import time
 
     from gossip_powersgd.privacy.attacks import Candidates
@@ -125,16 +120,14 @@ def attacked(c: Mapping[str, Any], seed: int, split) -> Dict[str, Any]:
     def make():
         return build_model(config.model, base.input_shape, base.num_classes, 0)
 
-    cache = f"{json.dumps(c['reference'], sort_keys=True)} {c['references']} {split.key()}"
-    if cache not in _REFS:
-        count = c["references"]
-        if c["reference"].get("kind") == "gossip":
-            train = c["reference"]["train"]
-            _REFS[cache] = gossip_references(split, candidates, train, count, seed, OBSERVER)
-        else:
-            build = References.build
-            _REFS[cache] = build(split, candidates, OBSERVER, make, count, c["reference"], seed)
-    refs = _REFS[cache]
+    reference, count = c["reference"], c["references"]
+    if reference.get("kind") == "gossip":
+        args = (split, candidates, reference["train"], count, seed, OBSERVER)
+        build = functools.partial(gossip_references, *args)
+    else:
+        args = (split, candidates, OBSERVER, make, count, reference, seed)
+        build = functools.partial(References.build, *args)
+    refs = references([reference, count, split.key()], build)
     out = {"rounds": neighbour_report(run, split, OBSERVER, refs, make, base.x_test)}
     evals = [dict(epoch=e["epoch"], acc_avg=e["test_acc_avg_model"]) for e in run.result.evals]
     for e, record in zip(evals, run.result.evals):

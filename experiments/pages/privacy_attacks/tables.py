@@ -1,17 +1,17 @@
-"""The attack pages' tables from their rows, a list of rows each (headers: page.md): figures as
-mean ± sd over seeds beside the blind baselines and the null band; the one-run audit section
-(Steinke, Nasr and Jagielski 2023: audit.md); a log-scale ROC."""
+"""The attack pages' tables (headers: page.md), the one-run audit section (Steinke, Nasr and
+Jagielski 2023: audit.md) and a log-scale ROC, figures as mean ± sd over seeds."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Sequence
 
 from gossip_powersgd.privacy.attacks import ATTACKS, null_band_of
 from gossip_powersgd.privacy.audit import audit_ceiling
 
 from experiments.pages._markdown import fill, mean_sd, pm, snippets, table_rows, template
+from experiments.pages._privacy import quarters
 
 from .regimes import ALGORITHMS
 
@@ -51,8 +51,7 @@ def _reconstructions(r: Dict[str, Any]) -> List[str]:
 
 
 def _strongest(group: Sequence[Dict[str, Any]]) -> str:
-    """The observer's estimator with the highest mean headline AUC (not the oracle: it uses the
-    truth)."""
+    """The observer's estimator of highest mean headline AUC (not the oracle: it uses the truth)."""
     names = [n for n in _reconstructions(group[0]) if not n.startswith("oracle")]
     return max(names, key=lambda n: statistics.fmean(_flats(group, f"auc/{n}/{HEADLINE}")))
 
@@ -87,9 +86,7 @@ def _head(group: Sequence[Dict[str, Any]]) -> List[str]:
 
 
 def blind_check(group: Sequence[Dict[str, Any]]) -> str:
-    """How many seeds have both blind baselines inside the permutation null band: the class
-    prior's AUC (it takes ~10 values: no threshold has FPR <= 1 %), and the blind model's AUC and
-    TPR at 0.1 % and 1 % FPR (headline attack)."""
+    """How many seeds have the class prior's AUC and the blind model's figures in the null band."""
     ok = 0
     for r in group:
         band, blind = _band(r), _last(r)["evaluation"]["blind_model"][HEADLINE]
@@ -98,20 +95,11 @@ def blind_check(group: Sequence[Dict[str, Any]]) -> str:
     return f"{ok}/{len(group)}"
 
 
-def _acc_at(r: Dict[str, Any], quarter: int) -> Optional[float]:
-    """The averaged-model accuracy at the evaluation ending quarter `quarter` of the run."""
-    for e in r.get("evals") or ():
-        if round(4 * e["epoch"] / r["epochs"]) == quarter:
-            return e["acc_avg"]
-    return None
-
-
 def plateau(group: Sequence[Dict[str, Any]]) -> tuple:
-    """(accuracy at half the run, at three quarters, change over the last quarter in pp), each
-    as mean ± sd over the group's seeds, "n/a" for rows evaluated only at their end."""
-    three = [_acc_at(r, 3) for r in group]
-    change = [100 * (r["acc_avg"] - t) for r, t in zip(group, three) if t is not None]
-    pct = [_stat(v, 2, True) for v in ([_acc_at(r, 2) for r in group], three)]
+    """Accuracy at ½ and ¾ of the run and the last quarter's change, mean ± sd over seeds."""
+    at = [quarters(r.get("evals") or (), r["epochs"]) for r in group]
+    change = [100 * (r["acc_avg"] - q["acc_3q"]) for r, q in zip(group, at)]
+    pct = [_stat([q[k] for q in at], 2, True) for k in ("acc_half", "acc_3q")]
     return tuple(v if v == "n/a" else v + " %" for v in pct) + (_stat(change, 2),)
 
 
@@ -189,8 +177,7 @@ def per_class_table(rows) -> List[str]:
 
 
 def plot_roc(rows) -> bytes:
-    """Log-log ROC of the headline attack, seed of each group's first row: the victim's model and
-    the strongest reconstruction, the blind model, chance."""
+    """Log-log ROC of the headline attack on each group's first row: victim, reconstruction."""
     from experiments.pages._figures import png, pyplot
 
     plt, gs = pyplot(), groups(rows)
@@ -226,8 +213,7 @@ def bounds(group, source: str) -> str:
 
 
 def audit_section(groups) -> str:
-    """The one-run audit beside the claim, per (algorithm, ε) of the rows that carry canaries (its
-    fixed text: audit.md beside this file)."""
+    """The one-run audit beside the claim per (algorithm, ε) with canaries (text: audit.md)."""
     lines = []
     for g in groups:
         if not all("audit" in r for r in g):
@@ -258,9 +244,7 @@ def audit_answers(groups) -> List[str]:
 
 
 def audit_words(private, claims, plain, share: bool) -> List[str]:
-    """The audit's answers (words.md beside this file): how many `private` rows' bounds refute
-    their `claims` (with `share`: the largest bound's share of its claim), and what the audit
-    proves of the `plain` (non-private) rows."""
+    """How many `private` rows' bounds refute their `claims`, and the audit without DP."""
     out = []
     if private:
         bounds = [max(r["audit"][s]["epsilon"] for s in ("observer", "victim")) for r in private]

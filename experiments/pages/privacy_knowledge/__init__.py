@@ -1,6 +1,5 @@
-"""`python -m experiments privacy_knowledge`: the knowledge-matrix attack (El Mrini, Cyffers, Bellet,
-ICML 2024) on exact gossip and PowerGossip: the attack's structure on several graphs (no training),
-and real runs whose recorded views the colluders attack. `page` renders."""
+"""`python -m experiments privacy_knowledge`: the knowledge-matrix attack (El Mrini, Cyffers and
+Bellet, ICML 2024) on exact gossip and PowerGossip: its structure on graphs, and attacked runs."""
 
 from __future__ import annotations
 
@@ -65,9 +64,7 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 
 def row(run: Run) -> Dict[str, Any]:
-    """A structural row, or one attack run (`privacy.knowledge_attack.attack_run`) of the config's
-    regime: ``averaging`` (an epoch alone, then gossip-averaging) or ``dsgd`` (a local step per
-    gossip step)."""
+    """A structural row, or one attack run (`knowledge_attack.attack_run`) of its regime."""
     from gossip_powersgd.privacy.knowledge import structure_report
 
     config = dict(run.config)

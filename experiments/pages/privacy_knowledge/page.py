@@ -104,8 +104,7 @@ def verdict(structure: List[Dict[str, Any]], summaries: List[Dict[str, Any]]) ->
 
 
 def _far(r: Dict[str, Any], all_: bool = False) -> List[Sequence[int]]:
-    """(determined, of) of a structural row's updates per distance, beyond the neighbours (or at
-    every distance with `all_`)."""
+    """(determined, of) per distance of a structural row, beyond the neighbours (`all_`: all)."""
     return [c for d, c in r["updates_by_distance"].items() if all_ or d != "1"]
 
 
@@ -116,8 +115,7 @@ def _shown(s: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def low_rank_answer(summaries: List[Dict[str, Any]]) -> List[str]:
-    """Do low-rank messages reduce what non-neighbours lose? Per algorithm, under averaging with
-    peer 0 alone: the parameters reconstructed to float level and those no better than blind."""
+    """Do low-rank messages reduce what non-neighbours lose? Per algorithm, from the rows."""
     lines = []
     mine = _alone(summaries, "averaging")
     for algorithm in dict.fromkeys(s["algorithm"] for s in mine):

@@ -1,8 +1,6 @@
-"""`python -m experiments privacy_mechanisms_logreg`: local DP-SGD, Muffliato, ZIP-DL and DECOR at
-equal epsilon against a neighbour, on exact gossip and PowerGossip r1, on three topologies of a
-small linear problem: per topology the calibration, then every (mechanism, algorithm, seed),
-attacked by the neighbour (`runs`; what both pages show: `page`). `privacy_mechanisms`: the same
-in the attack pages' regime, audited too (`audited`)."""
+"""`python -m experiments privacy_mechanisms_logreg`: DP-SGD, Muffliato, ZIP-DL and DECOR at equal
+ε, calibrated then attacked by a neighbour on three topologies of a linear problem (`runs`, `page`);
+`privacy_mechanisms`: the same in the attack pages' regime, audited too (`audited`)."""
 
 from __future__ import annotations
 
@@ -51,8 +49,7 @@ def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:
 
 
 def sections(rows: Rows) -> List[Dict[str, Any]]:
-    """Per topology (plan order): its setting, calibration, runs' rows, and whether Muffliato's
-    runs are local DP-SGD's (the same noise)."""
+    """Per topology (plan order): setting, calibration, rows, and whether Muffliato reuses local."""
     out = []
     for record in rows.records:
         setting = record.config["setting"]

@@ -1,6 +1,5 @@
-"""`python -m experiments privacy_mechanisms`: the mechanisms at equal epsilon in the attack pages'
-regime: the calibration, each seed's split, then every (algorithm, mechanism, seed) trained,
-attacked and audited as privacy_attacks.md's runs are; rows in the logreg page's format."""
+"""`python -m experiments privacy_mechanisms`: the mechanisms at equal ε in the attack pages'
+regime, trained, attacked and audited as privacy_attacks.md's runs are."""
 
 from __future__ import annotations
 
@@ -13,14 +12,14 @@ from gossip_powersgd.privacy.attack_run import MOVING, READ_OFF
 
 from experiments.engine import Outputs, Rows, Run
 from experiments.pages._markdown import table_rows, template
-from experiments.pages._privacy import membership_split
+from experiments.pages._privacy import membership_split, quarters
 from experiments.pages.privacy_attacks import regimes
 from experiments.pages.privacy_attacks import tables as attack_tables
 from experiments.pages.privacy_attacks import runs as attack_runs
 
 from . import page
 from .page import NAMES, PRIVATE
-from .runs import DECOR_RATIO, RATIOS, noise_config, quarters, reuses_local
+from .runs import DECOR_RATIO, RATIOS, noise_config, reuses_local
 
 ALGORITHMS = (("exact gossip", "exact"), ("PowerGossip r1", "powergossip:rank=1"))
 #: The target epsilon against a direct neighbour: the one the regime's DP recipe was chosen at.
@@ -39,8 +38,7 @@ def calibration_setting(quick: bool) -> Dict[str, Any]:
 
 
 def calibrate(c: Mapping[str, Any]) -> Dict[str, Any]:
-    """{mechanism: noise and epsilons} at the victims' rate (batch / members) for the run's steps,
-    plus the public sizes the runs declare."""
+    """{mechanism: noise and epsilons} at the victims' rate for the run's steps, public sizes."""
     from gossip_powersgd.privacy.mechanisms.calibration import calibrate as solve
 
     import topologies
@@ -99,8 +97,7 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def mechanism_row(out: Dict[str, Any], c: Mapping[str, Any]) -> Dict[str, Any]:
-    """An attacked run's row (`privacy_attacks.runs.attacked`) as the mechanisms pages read it: the
-    attacks through the received model, the victim's and the blind one, the audit without scores."""
+    """An attacked run's row (`attack_runs.attacked`) in the mechanisms pages' format."""
     last = out["rounds"][str(out["last"])]
     flat, band = last["flat"], last["evaluation"]["null_band"]
     models = {"received": RECEIVED[c["spec"].split(":")[0]], "victim's own": "victim"}
@@ -123,8 +120,7 @@ def mechanism_row(out: Dict[str, Any], c: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def render(rows: Rows) -> Outputs:
-    """The page (audited.md beside this file) and its CSV: the one topology's section (as `page`
-    reads it: setting, calibration, rows), the audit, and the regime it ran in."""
+    """The page (audited.md) and its CSV: the one topology's section, the audit, the regime."""
     (calibrated,) = [r for r in rows.records if r.config["kind"] == "calibration"]
     runs = [r.row for r in rows.records if r.config["kind"] == "attack"]
     noises = {k: v for k, v in calibrated.row.items() if k in PRIVATE}
@@ -145,8 +141,7 @@ def render(rows: Rows) -> Outputs:
 
 
 def audit_lines(section, c) -> List[str]:
-    """The audit per (mechanism, algorithm): the claim, and the lower bound through the
-    observer's reconstruction, the victim's own model and the blind model, one value per seed."""
+    """The claim and the audit's bounds per (mechanism, algorithm), a value per seed."""
     out = []
     for name, algorithm, group in page.groups(section["rows"], c["algorithms"]):
         n = section["noises"].get(name)
@@ -157,8 +152,7 @@ def audit_lines(section, c) -> List[str]:
 
 
 def audit_answers(section) -> List[str]:
-    """Is a claim refuted, how close the audit comes, what it proves without DP, and whether the
-    blind baseline stays at chance."""
+    """The audit's answers, and whether the blind baseline stays at chance."""
     rows, noises = section["rows"], section["noises"]
     private = [r for r in rows if r["mechanism"] != "none"]
     claims = [noises[r["mechanism"]]["neighbour"] for r in private]

@@ -1,17 +1,14 @@
-"""What both mechanisms pages show of their rows (tables' headers: their templates; sentences:
-words.md): the calibration, the accuracy table and its plateau check, the neighbour's attack, the
-answers, how the runs were made, and the CSV (`outputs`)."""
+"""What both mechanisms pages show of their rows (`outputs`; headers: their templates; sentences:
+words.md): calibration, accuracy and plateau, the neighbour's attack, answers, the CSV."""
 
 from __future__ import annotations
 
-import csv
-import io
 import math
-import statistics
-from statistics import fmean
+from statistics import fmean, stdev
 from typing import Dict, List, Tuple
 
 from experiments.engine import Outputs, Rows, made_by
+from experiments.pages._markdown import csv_text as md_csv
 from experiments.pages._markdown import fill, mean_sd, pm, snippets, table_rows
 
 NAMES = dict(none="non-private", local="local DP-SGD", muffliato="Muffliato", zipdl="ZIP-DL")
@@ -29,7 +26,7 @@ OUTSIDE = (("auc", "AUC", ".3f"), ("tpr1", "TPR", ".2%"))
 
 
 def _sd(values) -> float:
-    return statistics.stdev(values) if len(values) > 1 else 0.0
+    return stdev(values) if len(values) > 1 else 0.0
 
 
 def _pm(values: List[float]) -> str:
@@ -39,8 +36,7 @@ def _pm(values: List[float]) -> str:
 
 
 def groups(rows, algorithms, names=("none",) + PRIVATE, reused: bool = False):
-    """(mechanism, algorithm, its rows) of every pair that has rows, mechanism by mechanism;
-    `reused`: Muffliato's rows are local DP-SGD's where it has none of its own."""
+    """(mechanism, algorithm, rows) per pair with rows; `reused`: Muffliato may show local's."""
     own = {r["mechanism"] for r in rows}
     for name in names:
         source = "local" if reused and name == "muffliato" and name not in own else name
@@ -51,8 +47,7 @@ def groups(rows, algorithms, names=("none",) + PRIVATE, reused: bool = False):
 
 
 def outputs(name: str, text: str, rows: Rows, sections, c, load, nice, **fields) -> Outputs:
-    """`name`.md (`text` filled with `fields`, `c` and what `shown` shows of `sections`) and
-    `name`.csv; `load`, `nice`: how the runs were made (`how_run`)."""
+    """`name`.md (`text` filled with `fields`, `c` and `shown(sections)`) and `name`.csv."""
     runs = [r for s in sections for r in s["rows"]]
     fields.update(generated=made_by(rows), command=rows.command, how_run=how_run(load, nice))
     fields["per_step"] = fmean(r["run_seconds"] / r["steps"] for r in runs)
@@ -61,8 +56,7 @@ def outputs(name: str, text: str, rows: Rows, sections, c, load, nice, **fields)
 
 
 def shown(sections, c) -> Dict[str, List[str]]:
-    """The calibration, the accuracy table and its plateau check, the attacks and the answers
-    (`c`: the target and the algorithms' names)."""
+    """The calibration, accuracy, plateau, attack and answer lines of `sections`."""
     tables: Dict[str, Dict[tuple, List[float]]] = {}
     results, plateau = results_lines(sections, c, tables)
     answers = [
@@ -130,8 +124,7 @@ def plateau_lines(sections, plateau) -> List[str]:
 
 
 def _clear(delta: float, spread: float, seeds: int, words=("helps", "hurts", "no clear effect")):
-    """`words[0]` where `delta` exceeds twice `spread`, `words[1]` below minus that, else the
-    last; "one seed" with a single seed."""
+    """`words[0]` beyond twice `spread`, `words[1]` below minus it, else the last; or one seed."""
     if seeds < 2:
         return "one seed"
     return words[0] if delta > 2 * spread else words[1] if delta < -2 * spread else words[2]
@@ -173,8 +166,7 @@ def _cell(group, key: str) -> str:
 
 
 def attack_lines(sections, c) -> List[str]:
-    """The neighbour's membership attack per topology, mechanism and algorithm, and the
-    received-model attacks above the chance band."""
+    """The neighbour's attack per topology, mechanism and algorithm, and what beats chance."""
     lines = []
     outside = []
     names = ("none", "local", "zipdl", "decor", "muffliato")
@@ -200,8 +192,7 @@ def attack_lines(sections, c) -> List[str]:
 
 
 def how_run(loads, nice) -> str:
-    """The machine's load while the page's runs were made (one start/end pair per run), and
-    whether they were niced where that was recorded (said nothing of where it was not)."""
+    """The machine's load over the runs (start/end per run) and whether they were niced."""
     nice = nice or [None]
     known = all(n is not None for n in nice)
     if len(loads) == 1:
@@ -221,8 +212,4 @@ def csv_text(rows) -> str:
     ).split()
     keys += [f"{x}/{m}/{a}" for m in models for a in attacks for x in ("auc", "tpr1", "tpr0.1")]
     keys += [f"{x}/class prior" for x in ("auc", "tpr1", "tpr0.1")]
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=keys, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
+    return md_csv(keys, ([r.get(k, "") for k in keys] for r in rows)).replace("\n", "\r\n")

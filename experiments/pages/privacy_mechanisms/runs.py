@@ -1,15 +1,15 @@
-"""The logreg mechanisms pages' runs: a topology's calibration (each mechanism's noise for TARGET
-against a neighbour), and one (mechanism, algorithm, seed) with its noise, attacked at the last
-step by observer 0 (the budget page's runs: not attacked)."""
+"""The logreg mechanisms pages' runs: a topology's calibration (each mechanism's noise for TARGET),
+and one (mechanism, algorithm, seed) attacked at its last step by observer 0 (budget page: not)."""
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 import time
 from typing import Any, Dict, List, Mapping
 
 from experiments.engine import Run
+from experiments.pages._privacy import quarters, references, with_load
 
 DELTA, CLIP, TARGET = 1e-5, 1.0, 4.0
 #: DECOR's sigma_cor / sigma_ind and ZIP-DL's per-draw std over DP-SGD's noise std on the model
@@ -23,14 +23,11 @@ NETWORK_STEPS = 128
 OBSERVER, FRACTION = 0, 0.5
 #: The budget page's rows: what it shows of a run.
 KEEP = ("topology", "mechanism", "algorithm", "seed", "epochs", "steps", "acc_avg", "acc_3q")
-_REFS: Dict[str, Any] = {}  #: this process's LiRA references, per setting and seed
 
 
 def row(run: Run) -> Dict[str, Any]:
     """A calibration, or one run trained (and, unless the plan says not, attacked) as its row."""
     import torch
-
-    from experiments.pages._privacy import with_load
 
     c = run.config
     if c["kind"] == "calibration":
@@ -46,8 +43,7 @@ def row(run: Run) -> Dict[str, Any]:
 
 
 def calibrate(setting: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
-    """{mechanism: its noise (sigma, extra noise) and epsilons} on `setting`'s topology
-    (`privacy.mechanisms.calibration.calibrate`, each mechanism with its own valid accountant)."""
+    """{mechanism: noise and epsilons} on `setting`'s topology, each by its own accountant."""
     from gossip_powersgd.privacy.mechanisms.calibration import calibrate as solve
 
     keys = ("topology", "batch_size", "shard", "epochs", "lr", "schedule")
@@ -109,8 +105,7 @@ def train(setting, label, spec, mechanism, noise, seed, attack=True) -> Dict[str
 
 
 def neighbour_attack(setting, split, view, snaps, seed) -> Dict[str, Any]:
-    """The observer's attacks on its neighbours at the last step through what it received and
-    their own models (`attack_run.received_attack`); LiRA references once per setting and seed."""
+    """The observer's attacks on its neighbours at the last step (`received_attack`)."""
     from gossip_powersgd.privacy.attack_run import received_attack
     from gossip_powersgd.privacy.attacks import Candidates, References
     from gossip_powersgd.training.models import build_model
@@ -122,20 +117,16 @@ def neighbour_attack(setting, split, view, snaps, seed) -> Dict[str, Any]:
     def make():
         return build_model(setting["model"], base.input_shape, base.num_classes, 0)
 
-    cache = json.dumps([setting, seed], sort_keys=True)
-    if cache not in _REFS:
-        recipe = dict(epochs=setting["epochs"], lr=setting["lr"], batch=setting["batch_size"])
-        recipe["momentum"] = 0.0
-        count = setting["references"]
-        _REFS[cache] = References.build(split, candidates, OBSERVER, make, count, recipe, seed)
-    refs = _REFS[cache]
+    recipe = dict(epochs=setting["epochs"], lr=setting["lr"], batch=setting["batch_size"])
+    recipe["momentum"] = 0.0
+    args = (split, candidates, OBSERVER, make, setting["references"], recipe, seed)
+    refs = references([setting, seed], functools.partial(References.build, *args))
     out = received_attack(view, snaps, candidates, refs, make, window=4)
     return dict(out, victims=victims, reference_seconds=refs.seconds)
 
 
 def plan_runs(prefix: str, setting: Dict[str, Any], algorithms, mechanisms, rows: Mapping, attack):
-    """One topology's runs: its calibration, then (once calibrated) every (algorithm,
-    mechanism, seed); Muffliato is not run where its noise is DP-SGD's (its rows are local's)."""
+    """A topology's calibration, then its runs (Muffliato's unless DP-SGD's)."""
     name = setting["topology"]
     runs = [Run(f"{prefix}calibration/{name}", dict(kind="calibration", setting=setting))]
     noises = rows.get(runs[0].key)
@@ -167,9 +158,3 @@ def noise_config(mechanism: str, noise: Mapping[str, Any]) -> Dict[str, Any]:
     if mechanism == "decor":
         out["dp_decor_sigma_cor"] = noise["sigma_cor"]
     return out
-
-
-def quarters(evals, epochs: int) -> Dict[str, float]:
-    """The averaged-model accuracy at half and three quarters of the run (nan: not evaluated)."""
-    at = {round(e["epoch"] * 4 / epochs): e["acc_avg"] for e in evals}
-    return dict(acc_half=at.get(2, float("nan")), acc_3q=at.get(3, float("nan")))

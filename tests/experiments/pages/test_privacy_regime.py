@@ -78,7 +78,7 @@ def _committed():
 
 
 def test_the_tuning_cost_of_one_run_is_its_own_epsilon_and_grows_with_every_run():
-    """`victims_history` rebuilds a run's accountant from its row: composing that one run alone
+    """`tuning_epsilon` rebuilds a run's accountant from its row: composing that one run alone
     gives back the ε the run reported (both dp-accounting's PLD at the same discretisation, so to
     its float noise; 1e-9 relative), and every further run on the same records adds to it."""
     rows = [r for r in _committed() if r["target"] is not None]
