@@ -402,29 +402,31 @@ def test_the_continue_policy_hands_each_lost_peer_over_once_and_goes_on():
 
 
 # ---- --rejoin -------------------------------------------------------------------------------------
-#: The rejoin run: 2 training epochs of 1950 steps (3900 steps, about 50 s on an idle machine), on
-#: tiny.yaml's problem with REJOIN_DATASET's records: 62,400 training records a peer (batches of
-#: 32) and tiny.yaml's 400 test records, so that the loss and the admission fall in one training
-#: epoch, as in a real run with long epochs and a restart within seconds (the two-rejoins test
-#: below has them in different ones). Peer 2 is killed at 10 % and restarted at once with
-#: --rejoin 2, one evaluation, at the end (none at the kill: a loss during an evaluation still
-#: ends the run). It must be admitted before half the run,
-#: leaving it at least ADMITTED_BEFORE steps with the members: its own start (one interpreter
-#: importing torch) against the members' 1560 further steps, both slowed alike by a loaded machine.
-#: (Not shorter: the live peer 3's request is refused only after comm_timeout, 20 s, which the run
-#: must outlast on a fast machine too: 3900 steps took 60 s on the 2-core CI machine.)
-REJOIN_EPOCHS, REJOIN_STEPS, ADMITTED_BEFORE = 2, 3900, 1950
-REJOIN_DATASET = "synthetic_logreg:d=20,classes=4,n=250000,test=0.0016"
-#: The run of the two successive rejoins (150 epochs, 1950 steps): peer 2 killed at 10 % (step
-#: 195), each rejoin admitted about 180 steps after its kill on the 2-core machine (a CI-like run:
-#: killed at 391, admitted at 572), both slowed alike by load; the two take about 370 of the
-#: 1755 steps left, under a quarter.
-WATCH_EPOCHS = 150
+#: The rejoin run: 2 training epochs of 625 steps (1250 steps), on tiny.yaml's problem with
+#: REJOIN_DATASET's records: 20,000 training records a peer (batches of 32) and 400 test records
+#: (80,400 x 0.004975, rounded), so that the loss and the admission fall in one training epoch, as
+#: in a real run with long epochs and a restart within seconds (the two-rejoins test below has
+#: them in different ones). Each step is paced to last REJOIN_PACE seconds at least (a sleep:
+#: tests/support/pace.py), as a model's computation would: the run lasts over 31 s on any machine
+#: in few steps, and its processes mostly wait. Peer 2 is killed at 10 % and restarted at once
+#: with --rejoin 2, one evaluation, at the end (none at the kill: a loss during an evaluation still
+#: ends the run). It must be admitted before half the run, leaving it at least ADMITTED_BEFORE
+#: steps with the members: its own start (one interpreter importing torch, a few seconds) against
+#: the members' 500 further steps, 12.5 s of sleep alone. (Not shorter: the live peer 3's request
+#: is refused only after comm_timeout, 20 s, which the run must outlast on a fast machine too.)
+REJOIN_EPOCHS, REJOIN_STEPS, ADMITTED_BEFORE, REJOIN_PACE = 2, 1250, 625, 0.025
+REJOIN_DATASET = "synthetic_logreg:d=20,classes=4,n=80400,test=0.004975"
+#: The run of the two successive rejoins (50 epochs, 650 steps, each paced to last WATCH_PACE
+#: seconds at least: over 26 s on any machine): peer 2 killed at 10 % (step 65), each rejoin
+#: admitted within a few seconds of its kill (an interpreter importing torch; at most about 125
+#: paced steps on a loaded machine, whose load slows the members' steps too), the two under half
+#: of the 585 steps left.
+WATCH_EPOCHS, WATCH_PACE = 50, 0.04
 
 
-def rejoin_program(out, epochs, dataset=None):
+def rejoin_program(out, epochs, dataset=None, pace=None):
     """gossip-train on tiny.yaml (its problem, or `dataset`), evaluating every 50 epochs and at
-    the end."""
+    the end; each step paced to last `pace` seconds at least (tests/support/pace.py)."""
     sets = [
         "backend=torch",
         "on_peer_loss=continue",
@@ -435,6 +437,7 @@ def rejoin_program(out, epochs, dataset=None):
         "checkpoint_every=0",
         f"comm_timeout={TIMEOUT:g}",
     ] + ([f"dataset={dataset}"] if dataset else [])
+    sets += [f'hooks=[{{"pace:Paced": {{"seconds": {pace}}}}}]'] if pace else []
     return ["-m", "gossip_powersgd.cli.train", "--config", str(TINY)] + [
         a for s in sets for a in ("--set", s)
     ]
@@ -456,13 +459,14 @@ def test_a_killed_peer_restarted_with_rejoin_is_admitted_handed_the_state_and_ca
     from churn_torch import start
 
     out = tmp_path / "run"
-    program = rejoin_program(out, REJOIN_EPOCHS, REJOIN_DATASET)
+    program = rejoin_program(out, REJOIN_EPOCHS, REJOIN_DATASET, REJOIN_PACE)
     processes = launch(4, program, tmp_path)
     extra = []
     try:
         wait_for_line(tmp_path / "rank-0.out", "progress: step 1/", processes, WITHIN)
         extra.append(start(3, 4, launch.port, program + ["--rejoin", "3"], tmp_path, "-live"))
-        wait_for_line(tmp_path / "rank-0.out", "progress: step 390/", processes, WITHIN)
+        tenth = REJOIN_STEPS // 10  # rank 0's progress lines: every tenth
+        wait_for_line(tmp_path / "rank-0.out", f"progress: step {tenth}/", processes, WITHIN)
         processes[2].kill()
         processes[2].wait()
         extra.append(start(2, 4, launch.port, program + ["--rejoin", "2"], tmp_path, "-rejoin"))
@@ -480,7 +484,7 @@ def test_a_killed_peer_restarted_with_rejoin_is_admitted_handed_the_state_and_ca
     assert summary["membership_changes"] == 2
     (lost,), (joined,) = summary["peers_lost"], summary["peers_joined"]
     assert (lost["peer"], lost["how"], joined["peer"]) == (2, "killed", 2)
-    assert 390 < lost["step"] < joined["step"] < ADMITTED_BEFORE, (lost, joined)
+    assert REJOIN_STEPS // 10 < lost["step"] < joined["step"] < ADMITTED_BEFORE, (lost, joined)
     assert joined["step"] < REJOIN_STEPS // REJOIN_EPOCHS  # both in the first training epoch
     assert summary["transfer_mb_sent"] > 0  # the state went to the joiner over the new group
     # The exact-gossip baseline covers what mb_sent_per_peer does: every ring here (ring:4, the
@@ -531,7 +535,7 @@ def test_a_peer_that_rejoins_after_another_rejoined_watches_that_ones_new_proces
     from churn_torch import start
 
     out = tmp_path / "run"
-    program = rejoin_program(out, WATCH_EPOCHS)
+    program = rejoin_program(out, WATCH_EPOCHS, pace=WATCH_PACE)
     tenth = WATCH_EPOCHS * STEPS_PER_EPOCH // 10  # rank 0's progress lines: every tenth
     processes = launch(4, program, tmp_path)
     extra = []
