@@ -35,8 +35,17 @@ QUICK = [
 ]
 
 
+def _without_drawing(monkeypatch) -> None:
+    """Figures are made but not drawn (their files empty): what these tests compare is the text a
+    page's rows render to (TEXT), and drawing is most of a render's time (consensus: 51 figures,
+    about 17 of its 18 s). The quick sweep itself draws every page's figures."""
+    import matplotlib.figure
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *args, **kwargs: None)
+
+
 @pytest.mark.parametrize("name", QUICK)
-def test_quick_sweep_makes_every_row_and_renders_again_identically(quick_sweep, name):
+def test_quick_sweep_makes_every_row_and_renders_again_identically(quick_sweep, name, monkeypatch):
     sweep = quick_sweep(name)
     out, before = sweep.out, sweep.before
     assert sweep.code == 0
@@ -50,13 +59,15 @@ def test_quick_sweep_makes_every_row_and_renders_again_identically(quick_sweep, 
     written = {p: data for p, data in sweep.written.items() if p.suffix in TEXT}
     assert any(p.suffix == ".md" for p in written)
     assert all("FAILED" not in data.decode() for p, data in written.items() if p.suffix == ".md")
+    _without_drawing(monkeypatch)
     assert main([name, "--render-only", "--out", str(out)], pages) == 0
     assert {p: p.read_bytes() for p in written} == written
     assert checkout_state() == before
 
 
 @pytest.mark.parametrize("name", PAGES)
-def test_committed_rows_render_the_committed_page_byte_for_byte(tmp_path, name):
+def test_committed_rows_render_the_committed_page_byte_for_byte(tmp_path, name, monkeypatch):
+    _without_drawing(monkeypatch)
     rows = RESULTS / f"{name}.jsonl"
     assert rows.is_file(), f"page {name} has no committed rows ({rows})"
     shutil.copy(rows, tmp_path / rows.name)
