@@ -400,9 +400,9 @@ def _rejoined() -> bool:
 
 def _exit_without_finalizing(code: int) -> None:
     """End a survivor of a lost peer (on_peer_loss: continue), or a process that rejoined, without
-    the interpreter's finalization: a thread still inside torch's C++ code as it finalizes (gloo's side of the
-    connections to the lost peer) aborts the process after a run that finished, "terminate called
-    without an active exception", now and then on a loaded machine.
+    the interpreter's finalization: a thread still inside torch's C++ code as it finalizes (gloo's
+    side of the connections to the lost peer) aborts the process after a run that finished,
+    "terminate called without an active exception", now and then on a loaded machine.
     The exit functions run first (the communicator's close, the monitor's goodbye, the trackers'),
     every record is already flushed; then os._exit with the run's status."""
     import atexit

@@ -43,28 +43,38 @@ def test_ctrl_c_on_the_local_backend_stops_every_peer_and_exits_130():
     assert "terminate called" not in stderr
 
 
+def _ending(monkeypatch, monitor) -> list:
+    """What `main_guard` does at the end, with `monitor` as the current one: the exit functions
+    and os._exit are recorded (os._exit is replaced, so sys.exit follows it)."""
+    import atexit
+
+    from gossip_powersgd import faults
+
+    ended = []
+    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: ended.append("exit functions"))
+    monkeypatch.setattr(os, "_exit", lambda code: ended.append(code))
+    monkeypatch.setattr(faults, "current", lambda: monitor)
+    return ended
+
+
 def test_a_survivor_of_a_lost_peer_ends_without_finalizing_after_its_exit_functions(monkeypatch):
     """`main_guard` ends a run that went on without a lost peer (on_peer_loss: continue) by
     os._exit with its status once the exit functions have run: a thread still in torch's C++
     code as the interpreter finalizes aborts the process ("terminate called"). Any other run
     exits as usual (SystemExit)."""
-    import atexit
     import types
 
     import pytest
 
-    from gossip_powersgd import faults, launch
+    from gossip_powersgd import launch
 
-    ended = []
-    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: ended.append("exit functions"))
-    monkeypatch.setattr(os, "_exit", lambda code: ended.append(code))
     monitor = types.SimpleNamespace(policy="continue", removed=set())
-    monkeypatch.setattr(faults, "current", lambda: monitor)
+    ended = _ending(monkeypatch, monitor)
     with pytest.raises(SystemExit):  # nobody lost: the usual exit
         launch.main_guard(lambda: 0)
     assert ended == []
     monitor.removed.add(2)
-    with pytest.raises(SystemExit):  # (os._exit is replaced here, so sys.exit follows it)
+    with pytest.raises(SystemExit):
         launch.main_guard(lambda: 3)
     assert ended == ["exit functions", 3]
 
@@ -73,21 +83,15 @@ def test_a_rejoined_process_ends_without_finalizing_though_it_lost_nobody(monkey
     """A `--rejoin` process that saw no loss after its admission (the second of two rejoins)
     also ends by os._exit after its exit functions: its members' groups are torch's too, and a
     CI run saw it abort at exit ("terminate called without an active exception")."""
-    import atexit
     import types
 
     import pytest
 
-    from gossip_powersgd import faults, launch
+    from gossip_powersgd import launch
     from gossip_powersgd.comm import torch_rejoin
 
-    ended = []
-    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: ended.append("exit functions"))
-    monkeypatch.setattr(os, "_exit", lambda code: ended.append(code))
-    monkeypatch.setattr(
-        faults, "current", lambda: types.SimpleNamespace(policy="continue", removed=set())
-    )
+    ended = _ending(monkeypatch, types.SimpleNamespace(policy="continue", removed=set()))
     monkeypatch.setattr(torch_rejoin, "_rejoining", 1)
-    with pytest.raises(SystemExit):  # (os._exit is replaced here, so sys.exit follows it)
+    with pytest.raises(SystemExit):
         launch.main_guard(lambda: 0)
     assert ended == ["exit functions", 0]
