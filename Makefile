@@ -41,12 +41,12 @@ lint: $(STAMP)
 # The suite in two parts, side by side: the independent tests on $(TEST_WORKERS) workers
 # (pytest-xdist, a worker taking another's queued tests when it runs out) at a lower priority
 # (nice 10), and the tests marked `timing` (a detection or response time checked against the
-# design's bound, a timeout of seconds) one at a time at the usual priority: they wait far more
-# than they compute (about 115 CPU-seconds in 330 s), so the CPU is theirs the moment they need
-# it, and the others use the rest. Three workers on two cores: many tests wait too (a launch, a
-# fault found), and a third keeps the cores busy meanwhile (2 quiet cores: 706 s with two, 660 s
-# with three, 682 s with four). The timing tests' output follows the others'. Both run; either
-# failing fails.
+# design's bound, a timeout of seconds, a run paced on the clock) one at a time at the usual
+# priority: they wait far more than they compute (about 170 CPU-seconds in 510 s), so the CPU is
+# theirs the moment they need it, and the others use the rest. Three workers on two cores: many
+# tests wait too (a launch, a fault found), and a third keeps the cores busy meanwhile (2 quiet
+# cores: 655 s with two, 619 s with three). The timing tests' output follows the others'. Both
+# run; either failing fails.
 TEST_WORKERS ?= 3
 test: $(STAMP) iproute2
 	status=0; timing_log=$$(mktemp); \

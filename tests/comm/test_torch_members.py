@@ -199,6 +199,7 @@ def test_a_neighbour_posting_after_the_lost_peer_died_goes_on(tmp_path):
     went_on_without_the_victim(tmp_path, "KILL", "late", "killed")
 
 
+@pytest.mark.timing  # the receives' timeout must come before the monitor's finding
 def test_a_wait_that_times_out_before_the_monitor_finds_the_loss_goes_on(tmp_path):
     """The churn soak's fault 44 (a link cut, on a machine loaded enough that the monitors paused
     and counted again): the victim's neighbours' receives time out before their monitors find it.
@@ -448,6 +449,7 @@ def last_eval(out, rank):
     return [json.loads(x) for x in lines if '"kind": "eval"' in x][-1]
 
 
+@pytest.mark.timing  # each admission inside its window of paced steps; comm_timeout outlasted
 def test_a_killed_peer_restarted_with_rejoin_is_admitted_handed_the_state_and_catches_up(tmp_path):
     """ring:4 gossip-train; peer 2 SIGKILLed at 10 % of the steps and restarted with --rejoin 2
     (a process of peer 3, still running, asks to rejoin too and is refused in one line). The
@@ -526,6 +528,7 @@ def test_a_killed_peer_restarted_with_rejoin_is_admitted_handed_the_state_and_ca
     assert mine > 0.8 * 400
 
 
+@pytest.mark.timing  # each rejoin admitted inside its window of paced steps
 def test_a_peer_that_rejoins_after_another_rejoined_watches_that_ones_new_process(tmp_path):
     """ring:4: peer 2 killed and rejoined, then peer 1 killed and rejoined. The second joiner
     watched the first by its set-up entry, the killed process's pid, found it gone at once and

@@ -64,7 +64,7 @@ def test_a_failing_rank_waits_until_every_rank_has_counted_itself():
     assert store.count == 4 and store.calls == 5  # it stopped asking once all four had counted
 
 
-@pytest.mark.timing  # a deadline checked on the clock: run alone, after the others
+@pytest.mark.timing  # a deadline checked on the clock: run one at a time, at the usual priority
 def test_a_failing_rank_waits_no_longer_than_its_grace_nor_for_a_store_that_is_gone():
     began = time.monotonic()
     faults.wait_for_failed_peers(_Store(), 4, seconds=0.2)  # nobody else ever counts
