@@ -21,10 +21,10 @@ BACKENDS = ("local", "mpi", "torch")
 #: The page's run and --quick's.
 SETTING = {
     False: dict(config="experiments/configs/ring8_mnist1d_powergossip.yaml", peers=8, reps=2),
-    True: dict(config="experiments/configs/tiny.yaml", peers=4, reps=1),
+    True: dict(config="experiments/configs/tiny.yaml", peers=2, reps=1),
 }
 SETTING[False].update(set=["epochs=3"], timeout=900.0)
-SETTING[True].update(set=["epochs=1"], timeout=300.0)
+SETTING[True].update(set=["epochs=1", "topology=ring:2"], timeout=300.0)
 
 
 def plan(quick: bool, rows: Mapping[str, Dict[str, Any]]) -> List[Run]:

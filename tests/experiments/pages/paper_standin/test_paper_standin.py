@@ -5,40 +5,41 @@ the other seed beside seed 0."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from experiments.engine import Record, Rows, Run
+from experiments.engine import Record, RowFile, Rows, Run
 from experiments.pages import paper_standin
 
 
 LABELS = ("exact gossip", "PowerGossip r1", "exact gossip H=4", "exact gossip H=16")
 
 
-@pytest.mark.slow  # ~30 s on the shared 2-core machine: 5 tiny ring:4 runs plus set-up
-def test_quick_rows_obey_the_closed_forms_and_draw_the_page():
-    wanted = [f"seed0/{k}" for k in ("traffic/resnet20:width=4", "timing", *LABELS)] + [
-        "seed1/exact gossip"
-    ]
-    runs = {run.key: run for run in paper_standin.plan(True, {})}
-    runs["seed1/exact gossip"] = Run(
-        "seed1/exact gossip", runs["seed0/exact gossip"].config, seed=1
-    )
-    records = []
-    for key in wanted:
-        row = json.loads(json.dumps(paper_standin.row(runs[key])))  # as stored
-        records.append(
-            Record(
-                key,
-                **runs[key].identity(),
-                quick=True,
-                row=row,
-                commit="c",
-                finished="f",
-                seconds=1.0,
-            )
+@pytest.mark.slow  # one tiny ring:4 run (seed 1) and the session's quick sweep
+def test_quick_rows_obey_the_closed_forms_and_draw_the_page(quick_sweep):
+    """The quick sweep's own rows (`python -m experiments paper_standin --quick`, run once per
+    session), and one more: exact gossip with seed 1, for the page's other-seed section."""
+    wanted = [f"seed0/{k}" for k in ("traffic/resnet20:width=4", "timing", *LABELS)]
+    sweep = quick_sweep("paper_standin")
+    assert sweep.code == 0
+    stored = RowFile(sweep.out / "paper_standin.jsonl").read()
+    records = [dataclasses.replace(stored[key], commit="c", finished="f") for key in wanted]
+    seed0 = {run.key: run for run in paper_standin.plan(True, {})}["seed0/exact gossip"]
+    seed1 = Run("seed1/exact gossip", seed0.config, seed=1)
+    row = json.loads(json.dumps(paper_standin.row(seed1)))  # as stored
+    records.append(
+        Record(
+            seed1.key,
+            **seed1.identity(),
+            quick=True,
+            row=row,
+            commit="c",
+            finished="f",
+            seconds=1.0,
         )
+    )
     by = {r.key: r.row for r in records}
     traffic = by["seed0/traffic/resnet20:width=4"]
     assert traffic["exact_floats"] == traffic["closed_exact"] == traffic["parameters"]
