@@ -250,6 +250,9 @@ def test_a_rank_that_joined_first_is_heard_and_a_rank_beats_as_it_joins(recorded
     late.joined = False
     first.token = 42  # the job's token (rank 0's), in the heartbeats of every rank that joined
     first.remote = {1: monitor._Remote("hostA", ["127.0.0.1"], late.endpoint.udp_port, 1)}
+    # Its beat, now that it has the tables: its thread's look at start (10 ms after it was made)
+    # may have come before them, beating to nobody, and the next look is 30 s away.
+    first._beat()
     assert _until(lambda: 0 in late._early, 10), "the early heartbeat did not arrive"
     first.closed = True  # no heartbeat from it after this one
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as inbox:  # where rank 0 gets beats
