@@ -221,7 +221,7 @@ def test_a_changed_pair_key_is_refused_under_mpiexec(tmp_path):
         "--set",
         "algorithm=exact",
         "--set",
-        "topology=ring:3",  # the fewest ranks with a pair key on every edge
+        "topology=ring:3",  # one rank fewer than tiny's ring:4; each still has two neighbours
         "--set",
         "dp_noise_multiplier=0.5",
         "--set",
