@@ -8,12 +8,11 @@ from __future__ import annotations
 import functools
 import graphlib
 import importlib.util
+import linecache
 import re
 import subprocess
 import sys
-import tempfile
 import threading
-from pathlib import Path
 from typing import Dict, Optional
 
 from experiments.engine import ROOT
@@ -84,15 +83,15 @@ def _load(commit: str, helpers: bool) -> Optional[type]:
     }
     order = graphlib.TopologicalSorter(graph).static_order()
     suffix = _suffix(commit, helpers)
-    folder = Path(tempfile.mkdtemp(prefix="commit_code_"))
-    for name in order:
-        path = folder / f"{name}_{suffix}.py"
-        path.write_text(_rewire(sources[name], set(sources), suffix))
+    for name in order:  # from memory: no file is written; tracebacks read the lines from linecache
+        text = _rewire(sources[name], set(sources), suffix)
+        origin = f"<{commit}:{FOLDER}/{name}.py>"
+        linecache.cache[origin] = (len(text), None, text.splitlines(True), origin)
         qualified = f"{PACKAGE}._{name}_{suffix}"
-        spec = importlib.util.spec_from_file_location(qualified, path)
-        module = importlib.util.module_from_spec(spec)
+        module = importlib.util.module_from_spec(importlib.util.spec_from_loader(qualified, None))
+        module.__file__ = origin
         sys.modules[qualified] = module
-        spec.loader.exec_module(module)
+        exec(compile(text, origin, "exec"), module.__dict__)
     return sys.modules[f"{PACKAGE}._powergossip_{suffix}"].PowerGossip
 
 
