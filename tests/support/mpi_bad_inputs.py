@@ -1,6 +1,6 @@
 """Misbehaving MPI programs, one per bad input; each must end with a clear error on every rank.
 
-mpiexec -n 4 python tests/mpi_bad_inputs.py CASE
+mpiexec -n 3 python tests/support/mpi_bad_inputs.py CASE
 """
 
 import sys
@@ -20,7 +20,7 @@ def topologies_differ() -> None:
     from mpi4py import MPI
 
     n = MPI.COMM_WORLD.Get_size()
-    spec = "complete" if MPI.COMM_WORLD.Get_rank() == n - 1 else "ring"
+    spec = "star" if MPI.COMM_WORLD.Get_rank() == n - 1 else "ring"  # star:3 is no ring:3
     MPICommunicator(topologies.parse(spec, n=n))
 
 

@@ -45,7 +45,7 @@ def world_size() -> None:
 
 def topologies_differ() -> None:
     n = int(os.environ["WORLD_SIZE"])
-    spec = "complete" if int(os.environ["RANK"]) == n - 1 else "ring"
+    spec = "star" if int(os.environ["RANK"]) == n - 1 else "ring"  # star:3 is no ring:3
     TorchCommunicator(topologies.parse(spec, n=n), timeout=20)
 
 
@@ -79,7 +79,7 @@ def nccl_without_cuda() -> None:
 
 
 def device_differs() -> None:
-    # rank 3 claims a CUDA device; on a machine without CUDA the local check fires first, so the
+    # the last rank claims a CUDA device; on a machine without CUDA the local check fires first, so the
     # disagreement is staged with a device type the store compares before any tensor moves
     n = int(os.environ["WORLD_SIZE"])
     comm_class = TorchCommunicator
