@@ -26,8 +26,8 @@ import topologies
 from gossip_powersgd import LocalCluster, consensus_distance
 from gossip_powersgd.algorithms import make_algorithm
 from gossip_powersgd.algorithms.registry import REGISTRY, algorithm_class
-from tests.comm.test_torch import assert_bit_equal, run_torchrun
-from tests.conftest import SUPPORT, run_scenario_mpi
+import ring4_launch
+from tests.comm.test_torch import assert_bit_equal
 
 #: Spellings that reach an algorithm's other code paths; an algorithm not named here runs with
 #: `default_spec`.
@@ -185,7 +185,8 @@ def test_state_dict_resumes_bit_exactly(spec):
 
 # ---- every transport gives the same bits ----------------------------------------------------------
 def every_algorithm(comm, steps="4"):
-    """Every spec's run on this peer, float32 (one launch per transport: start-up dominates)."""
+    """Every spec's run on this peer, float32 (launched with the other ring:4 comparisons, once
+    per transport: tests/support/ring4_launch.py)."""
     out = {}
     for spec in SPECS:
         comm.stats.reset()
@@ -204,34 +205,6 @@ def every_algorithm(comm, steps="4"):
     return out
 
 
-_LAUNCHED: dict = {}
-
-
-def launched(transport, tmp_path_factory):
-    """Per-rank results of `every_algorithm` on ring:4 under `transport`, one launch a session."""
-    if transport not in _LAUNCHED:
-        out_dir = tmp_path_factory.mktemp(f"contract-{transport}")
-        scenario = "tests.algorithms.test_contract:every_algorithm"
-        if transport == "mpi":
-            _LAUNCHED[transport] = run_scenario_mpi(4, scenario, "ring:4", out_dir, timeout=180)
-        else:
-            result = run_torchrun(4, [SUPPORT / "torch_worker.py", scenario, "ring:4", out_dir])
-            assert result.returncode == 0, result.stderr[-3000:]
-            _LAUNCHED[transport] = [
-                torch.load(out_dir / f"rank-{k}.pt", weights_only=True) for k in range(4)
-            ]
-    return _LAUNCHED[transport]
-
-
-_LOCAL: dict = {}
-
-
-def local_results():
-    if "ring:4" not in _LOCAL:
-        _LOCAL["ring:4"] = LocalCluster(topologies.ring(4)).run(every_algorithm)
-    return _LOCAL["ring:4"]
-
-
 TRANSPORTS = [
     pytest.param("mpi", marks=pytest.mark.mpi),
     pytest.param("torch", marks=pytest.mark.torchrun),
@@ -243,8 +216,8 @@ TRANSPORTS = [
 def test_every_transport_gives_the_same_bits(spec, transport, tmp_path_factory):
     """The same models, algorithm state and byte counts as in-process, bit for bit; the bytes are
     the algorithm's own `bytes_per_step` summed; an all-reduce leaves every rank the same."""
-    remote = [r[spec] for r in launched(transport, tmp_path_factory)]
-    local = [r[spec] for r in local_results()]
+    remote = [r["contract"][spec] for r in ring4_launch.results(transport, tmp_path_factory)]
+    local = [r["contract"][spec] for r in ring4_launch.local()]
     for rank, (a, b) in enumerate(zip(remote, local)):
         assert_bit_equal(a, b, f"{transport} vs local, {spec}, rank {rank}")
         assert a["bytes"] == a["expected_bytes"]

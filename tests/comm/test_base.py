@@ -6,10 +6,10 @@ tests/comm/test_local.py and the contract suite over every transport
 import pytest
 import torch
 
+import ring4_launch
 import topologies
 from gossip_powersgd import CommunicationError, LocalCluster
 from gossip_powersgd.comm import LocalCommunicator, ring_allreduce_bytes, ring_chunks
-from tests.conftest import run_scenario_mpi
 
 # Awkward sizes for 4 peers: fewer elements than peers, not divisible by 4, divisible, one element.
 AWKWARD_SIZES = (1, 3, 5, 7, 30, 1001)
@@ -154,9 +154,10 @@ def test_mismatched_sizes_fail_naming_a_peer_instead_of_hanging():
 
 
 @pytest.mark.mpi
-def test_mpi_ring_allreduce_is_bit_equal_to_local(tmp_path):
-    mpi = run_scenario_mpi(4, "tests.comm.test_base:awkward_allreduces", "ring:4", tmp_path)
-    local = LocalCluster(topologies.ring(4)).run(awkward_allreduces)
+def test_mpi_ring_allreduce_is_bit_equal_to_local(tmp_path_factory):
+    # awkward_allreduces under mpiexec on ring:4, launched with the other ring:4 comparisons
+    mpi = [r["allreduce"] for r in ring4_launch.results("mpi", tmp_path_factory)]
+    local = [r["allreduce"] for r in ring4_launch.local()]
     for a, b in zip(mpi, local):
         assert a.keys() == b.keys()
         assert all(torch.equal(a[k], b[k]) for k in a)

@@ -12,10 +12,9 @@ import sys
 import pytest
 import torch
 
-import topologies
-from gossip_powersgd import LocalCluster
+import ring4_launch
 from tests.comm.test_torch_launch import LAUNCHER_VARIABLES
-from tests.conftest import ROOT, SUPPORT, run_scenario_mpi
+from tests.conftest import ROOT, SUPPORT
 
 
 def free_port() -> int:
@@ -102,23 +101,6 @@ def run_ranks(n, case, timeout=90, silent=None):
     return [p.returncode for p in processes], "".join(results[k][1] for k in range(n))
 
 
-def gossip_scenarios(comm):
-    """Every algorithm the transports must agree on, in one launch (start-up dominates)."""
-    from tests.comm.test_base import awkward_allreduces
-    from tests.algorithms.test_powergossip import mpi_scenario
-    from tests.comm.test_local import exact_gossip_run
-
-    out = {}
-    for name, scenario in (
-        ("allreduce", awkward_allreduces),
-        ("exact", exact_gossip_run),
-        ("power", mpi_scenario),
-    ):
-        comm.stats.reset()
-        out[name] = scenario(comm)
-    return out
-
-
 def assert_bit_equal(a, b, where=""):
     if isinstance(a, torch.Tensor):
         assert torch.equal(a, b), where
@@ -136,26 +118,13 @@ def assert_bit_equal(a, b, where=""):
 
 @pytest.mark.mpi
 @pytest.mark.torchrun
-def test_torch_equals_mpi_equals_local_bit_for_bit(tmp_path):
-    (tmp_path / "torch").mkdir()
-    (tmp_path / "mpi").mkdir()
-    result = run_torchrun(
-        4,
-        [
-            SUPPORT / "torch_worker.py",
-            "tests.comm.test_torch:gossip_scenarios",
-            "ring:4",
-            tmp_path / "torch",
-        ],
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    over_torch = [
-        torch.load(tmp_path / "torch" / f"rank-{k}.pt", weights_only=True) for k in range(4)
-    ]
-    over_mpi = run_scenario_mpi(
-        4, "tests.comm.test_torch:gossip_scenarios", "ring:4", tmp_path / "mpi", timeout=180
-    )
-    local = LocalCluster(topologies.ring(4)).run(gossip_scenarios)
+def test_torch_equals_mpi_equals_local_bit_for_bit(tmp_path_factory):
+    """Every ring:4 scenario of tests/support/ring4_launch.py (every algorithm, the awkward
+    all-reduces, exact gossip, PowerGossip with a restart), one launch per transport: torch.distributed
+    and MPI give the in-process cluster's bits on every rank."""
+    over_torch = ring4_launch.results("torch", tmp_path_factory)
+    over_mpi = ring4_launch.results("mpi", tmp_path_factory)
+    local = ring4_launch.local()
     for rank in range(4):
         assert_bit_equal(over_torch[rank], local[rank], f"torch vs local, rank {rank}")
         assert_bit_equal(over_mpi[rank], local[rank], f"mpi vs local, rank {rank}")
