@@ -252,7 +252,10 @@ class Monitor:
         self._last_look = now
         if not self.joined:  # (a supervised sibling's child appears a moment after its parent)
             self.local.update(liveness.sibling_ranks(self.launcher, os.getpid()))
-        self._beat(leaving=self.resting)
+        with self._lock:  # never after `leave`'s goodbye: a later heartbeat would undo it
+            if self.closed:
+                return
+            self._beat(leaving=self.resting)
         if self.event is None and not self.resting:
             event = self._look_at_processes(now) or self._look_at_silence(now)
             if event is not None:

@@ -378,6 +378,20 @@ def test_a_peer_that_leaves_cleanly_is_no_loss_and_a_loss_is_told_to_the_others(
     assert seen[0].text().endswith("(seen by rank 1)")
 
 
+def test_a_look_that_was_under_way_as_the_peer_left_does_not_undo_its_goodbye(recorded):
+    """b's thread decided to look just before b left (it had read `closed` as False): its look
+    sends no heartbeat after the goodbye. It used to send one without the leaving flag, which
+    made a forget that b left; b, closed, was silent from then on, and a reported it hung 2 s
+    later (seen once in make test, under load). Here the late look is called by the test."""
+    seen, make = recorded
+    a, b = _pair(make, silent_after=2.0)
+    b.leave()
+    b._look(time.monotonic())  # what b's thread does when it checked `closed` before `leave`
+    assert _until(lambda: 1 in a.leaving, 10), "the goodbye did not arrive"
+    time.sleep(0.5)  # any heartbeat b sent after its goodbye has arrived by now (loopback)
+    assert 1 in a.leaving and seen == []
+
+
 def test_a_failed_wait_s_diagnosis_goes_to_the_same_policy(recorded):
     """A transport whose wait failed asks `diagnose`: a peer of this machine whose process is gone
     without saying it leaves is reported as killed, through the one policy, and only once."""
