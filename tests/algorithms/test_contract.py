@@ -26,7 +26,7 @@ import topologies
 from gossip_powersgd import LocalCluster, consensus_distance
 from gossip_powersgd.algorithms import make_algorithm
 from gossip_powersgd.algorithms.registry import REGISTRY, algorithm_class
-import ring4_launch
+import shared_launches
 from tests.comm.test_torch import assert_bit_equal
 
 #: Spellings that reach an algorithm's other code paths; an algorithm not named here runs with
@@ -186,7 +186,7 @@ def test_state_dict_resumes_bit_exactly(spec):
 # ---- every transport gives the same bits ----------------------------------------------------------
 def every_algorithm(comm, steps="4"):
     """Every spec's run on this peer, float32 (launched with the other ring:4 comparisons, once
-    per transport: tests/support/ring4_launch.py)."""
+    per transport: tests/support/shared_launches.py)."""
     out = {}
     for spec in SPECS:
         comm.stats.reset()
@@ -216,8 +216,8 @@ TRANSPORTS = [
 def test_every_transport_gives_the_same_bits(spec, transport, tmp_path_factory):
     """The same models, algorithm state and byte counts as in-process, bit for bit; the bytes are
     the algorithm's own `bytes_per_step` summed; an all-reduce leaves every rank the same."""
-    remote = [r["contract"][spec] for r in ring4_launch.results(transport, tmp_path_factory)]
-    local = [r["contract"][spec] for r in ring4_launch.local()]
+    remote = [r["contract"][spec] for r in shared_launches.ring4(transport, tmp_path_factory)]
+    local = [r["contract"][spec] for r in shared_launches.ring4_local()]
     for rank, (a, b) in enumerate(zip(remote, local)):
         assert_bit_equal(a, b, f"{transport} vs local, {spec}, rank {rank}")
         assert a["bytes"] == a["expected_bytes"]

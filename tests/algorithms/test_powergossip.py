@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-import ring4_launch
+import shared_launches
 import topologies
 from gossip_powersgd import ExactGossip, LocalCluster, PowerGossip, consensus_distance
 from gossip_powersgd.algorithms.lowrank import orthonormalize_
@@ -367,9 +367,9 @@ def mpi_scenario(comm, steps="6"):
 @pytest.mark.mpi
 @pytest.mark.parametrize("n, spec", [(4, "ring:4"), (8, "torus:2x4")])
 def test_mpi_equals_local_bit_for_bit(tmp_path, tmp_path_factory, n, spec):
-    if spec == "ring:4":  # launched with the other ring:4 comparisons (ring4_launch)
-        mpi = [r["power"] for r in ring4_launch.results("mpi", tmp_path_factory)]
-        local = [r["power"] for r in ring4_launch.local()]
+    if spec == "ring:4":  # launched with the other ring:4 comparisons (shared_launches)
+        mpi = [r["power"] for r in shared_launches.ring4("mpi", tmp_path_factory)]
+        local = [r["power"] for r in shared_launches.ring4_local()]
     else:
         scenario = "tests.algorithms.test_powergossip:mpi_scenario"
         mpi = run_scenario_mpi(n, scenario, spec, tmp_path, timeout=180)

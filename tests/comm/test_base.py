@@ -6,7 +6,7 @@ tests/comm/test_local.py and the contract suite over every transport
 import pytest
 import torch
 
-import ring4_launch
+import shared_launches
 import topologies
 from gossip_powersgd import CommunicationError, LocalCluster
 from gossip_powersgd.comm import LocalCommunicator, ring_allreduce_bytes, ring_chunks
@@ -156,8 +156,8 @@ def test_mismatched_sizes_fail_naming_a_peer_instead_of_hanging():
 @pytest.mark.mpi
 def test_mpi_ring_allreduce_is_bit_equal_to_local(tmp_path_factory):
     # awkward_allreduces under mpiexec on ring:4, launched with the other ring:4 comparisons
-    mpi = [r["allreduce"] for r in ring4_launch.results("mpi", tmp_path_factory)]
-    local = [r["allreduce"] for r in ring4_launch.local()]
+    mpi = [r["allreduce"] for r in shared_launches.ring4("mpi", tmp_path_factory)]
+    local = [r["allreduce"] for r in shared_launches.ring4_local()]
     for a, b in zip(mpi, local):
         assert a.keys() == b.keys()
         assert all(torch.equal(a[k], b[k]) for k in a)

@@ -5,7 +5,7 @@ naming the peer."""
 import pytest
 import torch
 
-import ring4_launch
+import shared_launches
 import topologies
 from gossip_powersgd import LocalCluster
 from tests.comm.test_local import exact_gossip_run
@@ -15,8 +15,8 @@ from tests.conftest import SUPPORT, run_mpi, run_scenario_mpi
 @pytest.mark.mpi
 def test_mpi_closed_form_and_equality_with_local(tmp_path_factory):
     # rank_valued_step under mpiexec on ring:4, launched with the other ring:4 comparisons
-    mpi = [r["rank_valued"] for r in ring4_launch.results("mpi", tmp_path_factory)]
-    local = [r["rank_valued"] for r in ring4_launch.local()]
+    mpi = [r["rank_valued"] for r in shared_launches.ring4("mpi", tmp_path_factory)]
+    local = [r["rank_valued"] for r in shared_launches.ring4_local()]
     for i in range(4):
         expected = (i + (i - 1) % 4 + (i + 1) % 4) / 3
         assert torch.allclose(mpi[i], torch.full_like(mpi[i], expected), rtol=0, atol=1e-12)

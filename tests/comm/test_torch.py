@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-import ring4_launch
+import shared_launches
 from tests.comm.test_torch_launch import LAUNCHER_VARIABLES
 from tests.conftest import ROOT, SUPPORT
 
@@ -119,12 +119,12 @@ def assert_bit_equal(a, b, where=""):
 @pytest.mark.mpi
 @pytest.mark.torchrun
 def test_torch_equals_mpi_equals_local_bit_for_bit(tmp_path_factory):
-    """Every ring:4 scenario of tests/support/ring4_launch.py (every algorithm, the awkward
-    all-reduces, exact gossip, PowerGossip with a restart), one launch per transport: torch.distributed
-    and MPI give the in-process cluster's bits on every rank."""
-    over_torch = ring4_launch.results("torch", tmp_path_factory)
-    over_mpi = ring4_launch.results("mpi", tmp_path_factory)
-    local = ring4_launch.local()
+    """Every ring:4 scenario of tests/support/shared_launches.py (every algorithm, the awkward
+    all-reduces, exact gossip, PowerGossip with a restart), one launch per transport:
+    torch.distributed and MPI give the in-process cluster's bits on every rank."""
+    over_torch = shared_launches.ring4("torch", tmp_path_factory)
+    over_mpi = shared_launches.ring4("mpi", tmp_path_factory)
+    local = shared_launches.ring4_local()
     for rank in range(4):
         assert_bit_equal(over_torch[rank], local[rank], f"torch vs local, rank {rank}")
         assert_bit_equal(over_mpi[rank], local[rank], f"mpi vs local, rank {rank}")

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+import shared_launches
 import topologies
 from gossip_powersgd import LocalCluster
 from gossip_powersgd.algorithms import REGISTRY, register
@@ -372,21 +373,28 @@ def _dataset_for(partition):
     return "tests.privacy.test_training:own_rank_only" if partition == "local" else DP.dataset
 
 
+DP_PARTITIONS = ("dirichlet:0.5", "local")
+_DP_LOCAL: list = []
+
+
+def mpi_dp_scenarios(comm):
+    """Both partitions' private runs, one after the other, in one launch (start-up dominates)."""
+    return {partition: mpi_dp_scenario(comm, partition) for partition in DP_PARTITIONS}
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("partition", ["dirichlet:0.5", "local"])
-def test_mpi_equals_local_with_dp_on(tmp_path, partition):
-    mpi = run_scenario_mpi(
-        PEERS,
-        "tests.privacy.test_training:mpi_dp_scenario",
-        DP.topology,
-        tmp_path,
-        timeout=240,
-        extra=(partition,),
-    )
-    threads = LocalCluster(topologies.parse(DP.topology), timeout=60).run(
-        mpi_dp_scenario, partition
-    )
-    assert mpi == threads
+@pytest.mark.parametrize("partition", DP_PARTITIONS)
+def test_mpi_equals_local_with_dp_on(tmp_path_factory, partition):
+    def launch(folder):
+        target = "tests.privacy.test_training:mpi_dp_scenarios"
+        run_scenario_mpi(PEERS, target, DP.topology, folder, timeout=240)
+
+    folder = shared_launches.once("dp-mpi", tmp_path_factory, launch)
+    mpi = [torch.load(folder / f"rank-{k}.pt", weights_only=True) for k in range(PEERS)]
+    if not _DP_LOCAL:  # the same two runs in turn, as in each MPI process
+        cluster = LocalCluster(topologies.parse(DP.topology), timeout=60)
+        _DP_LOCAL.extend(cluster.run(mpi_dp_scenarios))
+    assert [r[partition] for r in mpi] == [r[partition] for r in _DP_LOCAL]
 
 
 # ---- data that exists only on its peer ---------------------------------------------------------
