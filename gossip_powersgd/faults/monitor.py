@@ -377,10 +377,8 @@ class Monitor:
         pid = self.local.get(event.peer) if event is not None else None
         if pid is not None and event.how == "stopped":
             if event.told_by is None and liveness.is_stopped(pid):
-                try:
+                with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
             # the stopped peer ends first: torchrun names the first rank it sees fail as the cause
             deadline = time.monotonic() + 2 * CHECK_SECONDS
             while not liveness.is_gone(pid) and time.monotonic() < deadline:
@@ -389,10 +387,8 @@ class Monitor:
         time.sleep(CHECK_SECONDS)
         self._beat()
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(Exception):  # a closed stream: nothing left to save
                 stream.flush()
-            except Exception:  # noqa: BLE001 - a closed stream: nothing left to save
-                pass
         os._exit(1)
 
 
