@@ -374,7 +374,6 @@ def _dataset_for(partition):
 
 
 DP_PARTITIONS = ("dirichlet:0.5", "local")
-_DP_LOCAL: list = []
 
 
 def mpi_dp_scenarios(comm):
@@ -389,12 +388,11 @@ def test_mpi_equals_local_with_dp_on(tmp_path_factory, partition):
         target = "tests.privacy.test_training:mpi_dp_scenarios"
         run_scenario_mpi(PEERS, target, DP.topology, folder, timeout=240)
 
-    folder = shared_launches.once("dp-mpi", tmp_path_factory, launch)
-    mpi = [torch.load(folder / f"rank-{k}.pt", weights_only=True) for k in range(PEERS)]
-    if not _DP_LOCAL:  # the same two runs in turn, as in each MPI process
-        cluster = LocalCluster(topologies.parse(DP.topology), timeout=60)
-        _DP_LOCAL.extend(cluster.run(mpi_dp_scenarios))
-    assert [r[partition] for r in mpi] == [r[partition] for r in _DP_LOCAL]
+    mpi = shared_launches.once("dp-mpi", tmp_path_factory, launch, PEERS)
+    # the same two runs in turn, as in each MPI process
+    topology = topologies.parse(DP.topology)
+    local = shared_launches.in_process("dp", topology, mpi_dp_scenarios, timeout=60)
+    assert [r[partition] for r in mpi] == [r[partition] for r in local]
 
 
 # ---- data that exists only on its peer ---------------------------------------------------------

@@ -11,11 +11,11 @@ per transport (`ring4_scenarios`), and each test reads its part:
     "power"        tests/algorithms/test_powergossip.py's mpi_scenario    (mpi, torch)
     "rank_valued"  tests/comm/test_local.py's rank_valued_step            (mpi)
 
-`ring4(transport, tmp_path_factory)` launches once a session (`once`, which other tests use for
-their own shared launches): under pytest-xdist the first worker that needs a transport's results
-launches it while holding a lock in the session's temporary folder, and the others wait for the
-lock and read the same files. `ring4_local()` is the same function
-run by `LocalCluster` (once a process), what every launch is compared with.
+`once(name, tmp_path_factory, launch, ranks)` runs a launch once a session and gives each rank's
+results: under pytest-xdist the first worker that needs them launches while holding a lock in the
+session's temporary folder, and the others wait for the lock and read the same files.
+`in_process(name, topology, function)` is the in-process run they are compared with (LocalCluster,
+once a process). `ring4(transport, tmp_path_factory)` and `ring4_local()` are the two for ring:4.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Callable, Dict, List
 import torch
 
 _LAUNCHED: Dict[str, List[dict]] = {}
-_LOCAL: List[dict] = []
+_LOCAL: Dict[str, List[dict]] = {}
 RANKS = 4
 
 
@@ -52,40 +52,45 @@ def ring4_scenarios(comm) -> dict:
     return out
 
 
-def ring4_local() -> List[dict]:
-    """`ring4_scenarios` on ring:4 in this process (LocalCluster), computed once."""
-    if not _LOCAL:
-        import topologies
+def once(name: str, tmp_path_factory, launch: Callable[[Path], None], ranks: int) -> List[dict]:
+    """Each rank's results (`rank-K.pt`) of `launch(folder)`, launched once a session: under
+    pytest-xdist the first worker to ask runs it holding a lock in the session's temporary folder
+    (every worker's own is in it), and the others wait for the lock and read the files. A launch
+    that fails leaves no mark: the next to ask runs it again."""
+    if name not in _LAUNCHED:
+        base = tmp_path_factory.getbasetemp()
+        folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+        folder.mkdir(exist_ok=True)
+        with open(folder / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process ends
+            if not (folder / "done").exists():
+                launch(folder)
+                (folder / "done").touch()
+        _LAUNCHED[name] = [
+            torch.load(folder / f"rank-{k}.pt", weights_only=True) for k in range(ranks)
+        ]
+    return _LAUNCHED[name]
+
+
+def in_process(name: str, topology, function: Callable, **cluster_options) -> List[dict]:
+    """`function` on every peer of `topology` in this process (LocalCluster), computed once."""
+    if name not in _LOCAL:
         from gossip_powersgd import LocalCluster
 
-        _LOCAL.extend(LocalCluster(topologies.ring(RANKS)).run(ring4_scenarios))
-    return _LOCAL
-
-
-def once(name: str, tmp_path_factory, launch: Callable[[Path], None]) -> Path:
-    """The folder where `launch(folder)` wrote its files, run once a session: under pytest-xdist
-    the first worker to ask runs it holding a lock in the session's temporary folder (every
-    worker's own is in it), and the others wait for the lock and find the files. A launch that
-    fails leaves no mark: the next to ask runs it again."""
-    base = tmp_path_factory.getbasetemp()
-    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
-    folder.mkdir(exist_ok=True)
-    with open(folder / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process ends
-        if not (folder / "done").exists():
-            launch(folder)
-            (folder / "done").touch()
-    return folder
+        _LOCAL[name] = LocalCluster(topology, **cluster_options).run(function)
+    return _LOCAL[name]
 
 
 def ring4(transport: str, tmp_path_factory) -> List[dict]:
     """Each rank's `ring4_scenarios` under `transport` ("mpi" or "torch"), once a session."""
-    if transport not in _LAUNCHED:
-        folder = once(f"ring4-{transport}", tmp_path_factory, lambda f: _launch(transport, f))
-        _LAUNCHED[transport] = [
-            torch.load(folder / f"rank-{k}.pt", weights_only=True) for k in range(RANKS)
-        ]
-    return _LAUNCHED[transport]
+    return once(f"ring4-{transport}", tmp_path_factory, lambda f: _launch(transport, f), RANKS)
+
+
+def ring4_local() -> List[dict]:
+    """`ring4_scenarios` on ring:4 in this process."""
+    import topologies
+
+    return in_process("ring4", topologies.ring(RANKS), ring4_scenarios)
 
 
 def _launch(transport: str, folder) -> None:
